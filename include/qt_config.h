@@ -1,0 +1,89 @@
+/* qt_config.h — one YAML file describes a run; `--set a.b=v` overrides keys.
+ *
+ * Every key, its type, range and default is listed in configs/README.md (and in the key table of
+ * src/config.c, which is the single source of truth: the README is checked against it by a test).
+ * Errors name the file, line:column and key and say what was expected:
+ *   configs/x.yaml:12:3: optim.lr: expected a number > 0, got "fast"  */
+#ifndef QT_CONFIG_H
+#define QT_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qt_model.h"
+
+#define QT_PATH_MAX 1024
+
+typedef enum { QT_SCHED_COSINE, QT_SCHED_LINEAR, QT_SCHED_WSD } qt_sched_kind;
+typedef enum { QT_DEVICE_AUTO, QT_DEVICE_CPU, QT_DEVICE_CUDA } qt_device_kind;
+typedef enum { QT_COMM_AUTO, QT_COMM_PEER, QT_COMM_HOST, QT_COMM_HOST_WC } qt_comm_kind;
+
+typedef struct {
+    char path[QT_PATH_MAX];       /* the YAML file (for messages) */
+
+    /* model: either hf_config (a config.json) or the inline fields; model_set says which were given */
+    char hf_config[QT_PATH_MAX];
+    qt_model_cfg model;
+    int model_inline;             /* 1 when any inline model key was given */
+
+    /* init */
+    char init_from[QT_PATH_MAX];  /* HF dir (config.json + model.safetensors); "" = from scratch */
+    uint64_t init_seed;
+    float init_std;
+
+    /* data */
+    char train_glob[QT_PATH_MAX], eval_glob[QT_PATH_MAX];
+    int seq_len, micro_batch, grad_accum;
+
+    /* optim */
+    float lr, final_lr_frac, beta1, beta2, eps, weight_decay, grad_clip;
+    int warmup, cooldown, steps;
+    qt_sched_kind schedule;
+    int decay_embeddings;         /* weight decay on the embedding / LM head too */
+
+    /* eval */
+    int eval_every, eval_batches;
+
+    /* checkpoint */
+    char ckpt_dir[QT_PATH_MAX];
+    int ckpt_every, ckpt_keep;
+
+    /* export: HF safetensors + config.json at the end of the run */
+    char export_dir[QT_PATH_MAX]; /* "" = <checkpoint.dir>/export */
+    int export_bf16;              /* export.dtype: bf16 (1) or fp32 (0) */
+
+    /* log */
+    char log_file[QT_PATH_MAX];
+    int log_every;
+
+    uint64_t seed;
+    qt_device_kind device;
+
+    /* precision (GPU) */
+    int model_dtype, matmul_dtype, grad_dtype, opt_m_dtype, opt_v_dtype; /* qt_dtype values */
+    int stochastic_rounding, persistent_quants;
+
+    /* memory / perf (GPU) */
+    int lmhead_chunks;
+    int cuda_graphs;
+
+    /* parallel */
+    int gpus;                     /* 0 = all visible */
+    qt_comm_kind comm;
+} qt_config;
+
+/* Fills every field with its default. */
+void qt_config_defaults(qt_config *c);
+/* Loads path over the defaults, then applies overrides ("optim.lr=3e-4"; the value is parsed as a
+ * YAML scalar). Returns 0, or -1 with one message in err (file:line:col: key: expected ..., got ...;
+ * "--set optim.lr=x: ..." for overrides). */
+int qt_config_load(qt_config *c, const char *path, const char *const *overrides, int n_overrides,
+                   char *err, size_t errlen);
+/* The same from YAML text in memory; name stands in for the file name in messages. */
+int qt_config_load_string(qt_config *c, const char *yaml, const char *name,
+                          const char *const *overrides, int n_overrides, char *err, size_t errlen);
+/* Writes every key with its resolved value as YAML that qt_config_load_string reads back to an
+ * equal config. Returns the length written (excluding NUL), truncating at cap like snprintf. */
+size_t qt_config_dump(const qt_config *c, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,26 @@
+/* qt_cpu_model.h — the Llama/Qwen2 forward and backward on the CPU in fp32, built from qt_ref ops.
+ *
+ * Per block: x -> RMSNorm -> QKV (+bias) -> RoPE -> causal GQA attention -> O -> +residual
+ *              -> RMSNorm -> gate|up -> SiLU(gate)*up -> down -> +residual;
+ * then final RMSNorm, LM head (tied or not), mean cross-entropy over the non-ignored targets. */
+#ifndef QT_CPU_MODEL_H
+#define QT_CPU_MODEL_H
+
+#include "qt_model.h"
+
+typedef struct qt_cpu_model qt_cpu_model;
+
+/* Allocates the activations for B sequences of T tokens (T <= max_seq_len). The layout is borrowed
+ * and must outlive the model. Free with qt_cpu_model_free. */
+qt_cpu_model *qt_cpu_model_create(const qt_layout *L, int B, int T);
+void qt_cpu_model_free(qt_cpu_model *m);
+
+/* Forward over tokens[B*T]; returns the mean loss over targets >= 0 (targets may be NULL: logits
+ * only, returns 0). Keeps what backward needs. */
+float qt_cpu_model_forward(qt_cpu_model *m, const float *w, const int32_t *tokens, const int32_t *targets);
+/* Backward of the last forward: grad[numel] += grad_scale * d(mean loss)/dw   (+=). */
+void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale);
+/* The last forward's logits [B*T, V] (overwritten by backward). */
+const float *qt_cpu_model_logits(const qt_cpu_model *m);
+
+#endif

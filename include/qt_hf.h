@@ -1,0 +1,25 @@
+/* qt_hf.h — Hugging Face interchange: config.json and model.safetensors (Qwen2 or Llama naming).
+ *
+ * Export writes <dir>/model.safetensors (fp32 or bf16, HF tensor names, the tied lm_head omitted)
+ * and <dir>/config.json (model_type qwen2 or llama) that transformers loads. Import reads F32, BF16
+ * or F16 tensors into the fp32 flat array, checking every name, shape and that nothing is missing. */
+#ifndef QT_HF_H
+#define QT_HF_H
+
+#include <stddef.h>
+
+#include "qt_model.h"
+
+/* Reads a config.json into cfg (hidden_size, num_hidden_layers, num_attention_heads,
+ * num_key_value_heads, intermediate_size, vocab_size, rope_theta or rope_parameters.rope_theta,
+ * rms_norm_eps, tie_word_embeddings, max_position_embeddings, head_dim, model_type). */
+int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t errlen);
+int qt_hf_write_config(const char *path, const qt_model_cfg *cfg, int bf16, char *err, size_t errlen);
+/* Writes dir/model.safetensors and dir/config.json (creating dir), atomically each. */
+int qt_hf_export(const char *dir, const qt_layout *L, const float *w, int bf16, char *err, size_t errlen);
+/* Reads dir/model.safetensors (or a .safetensors path) into w[L->numel] (padding zeroed). Errors
+ * name the file and tensor: "x/model.safetensors: model.layers.0.mlp.up_proj.weight: expected shape
+ * [4864, 896], got [896, 4864]". */
+int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen);
+
+#endif

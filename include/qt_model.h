@@ -1,0 +1,83 @@
+/* qt_model.h — the Llama/Qwen2 model description and the flat parameter layout.
+ *
+ * All parameters of a model live in one flat array (fp32 on the CPU; bf16 + fp32 master on the GPU)
+ * in the order of qt_layout's tensor table. Tensors that one fused matmul reads are adjacent:
+ *   q_proj, k_proj, v_proj  -> one [(H + 2*Hkv) * D, C] matrix  (and their biases -> one vector)
+ *   gate_proj, up_proj      -> one [2F, C] matrix (gate rows first)
+ * Every tensor group starts at a multiple of QT_LAYOUT_ALIGN elements; the padding is zero and stays
+ * zero (its gradient is zero and it takes no weight decay). Names are the HF ones
+ * ("model.layers.3.self_attn.q_proj.weight"), so checkpoints and safetensors use them as they are. */
+#ifndef QT_MODEL_H
+#define QT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QT_LAYOUT_ALIGN 64
+
+typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1 } qt_arch;
+
+typedef struct {
+    qt_arch arch;          /* naming in config.json; the maths is the same but for qkv_bias */
+    int vocab_size;
+    int hidden_size;       /* C */
+    int num_layers;        /* L */
+    int num_heads;         /* H */
+    int num_kv_heads;      /* Hkv; H % Hkv == 0 */
+    int head_dim;          /* D; hidden_size / num_heads unless set */
+    int intermediate_size; /* F */
+    int max_seq_len;
+    float rope_theta;
+    float rms_norm_eps;
+    int tie_embeddings;    /* lm_head shares the embedding matrix */
+    int qkv_bias;          /* Qwen2: q/k/v projections carry a bias */
+} qt_model_cfg;
+
+typedef enum {
+    QT_T_EMBED, QT_T_NORM, QT_T_Q, QT_T_K, QT_T_V, QT_T_QB, QT_T_KB, QT_T_VB, QT_T_O,
+    QT_T_GATE, QT_T_UP, QT_T_DOWN, QT_T_FINAL_NORM, QT_T_LM_HEAD
+} qt_tensor_kind;
+
+typedef struct {
+    char name[96];       /* HF name */
+    qt_tensor_kind kind;
+    int layer;           /* -1 outside the blocks */
+    int ndim;            /* 1 or 2 */
+    int64_t shape[2];    /* [rows, cols] for matrices, [n] for vectors */
+    size_t offset;       /* into the flat array, elements */
+    size_t numel;
+    int is_matrix;       /* projection matrices: the ones AdamW decays by default */
+} qt_tensor;
+
+typedef struct {
+    size_t ln1, wqkv, bqkv, wo, ln2, wgu, wdown; /* offsets; bqkv == SIZE_MAX without qkv bias */
+} qt_layer_offsets;
+
+typedef struct {
+    qt_model_cfg cfg;
+    int n_tensors;
+    qt_tensor *tensors;        /* owned */
+    qt_layer_offsets *layers;  /* owned, cfg.num_layers entries */
+    size_t embed, final_norm, lm_head; /* lm_head == embed when tied */
+    size_t numel;              /* length of the flat array, padding included */
+    size_t n_params;           /* real parameters (tied embedding counted once) */
+} qt_layout;
+
+/* Checks cfg (positive sizes, H % Hkv, head_dim even, ...). Returns 0, or -1 with a message naming
+ * the field ("model.num_kv_heads: expected a divisor of num_heads (14), got 3"). */
+int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
+/* Fills head_dim (when 0) and arch defaults. */
+void qt_model_cfg_finish(qt_model_cfg *cfg);
+/* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
+int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);
+void qt_layout_free(qt_layout *L);
+/* The tensor with this HF name, or NULL. */
+const qt_tensor *qt_layout_find(const qt_layout *L, const char *name);
+/* Fills w (L->numel floats): matrices and embeddings ~ N(0, std) from the seed, norms 1, biases and
+ * padding 0. Deterministic for a seed whatever the thread count. */
+void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float std);
+/* Matmul FLOPs per token of one training step (6 x every matmul parameter, LM head included, plus
+ * causal attention 6*L*H*D*T... see the definition). T = sequence length. */
+double qt_model_flops_per_token(const qt_model_cfg *cfg, int T);
+
+#endif

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test binary in $BUILD/tests and every tests/test_*.py, prints their lines and ends with
+# "N passed, N failed[, N skipped]". Exit status 1 when anything failed or a binary crashed.
+set -u
+BUILD=${BUILD:-build}
+cd "$(dirname "$0")/.."
+pass=0 fail=0 skip=0
+run_one() {
+    local name=$1; shift
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out" | sed "s|^|[$name] |"
+    local p f s
+    p=$(printf '%s\n' "$out" | grep -c '^PASS ') ; f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
+    s=$(printf '%s\n' "$out" | grep -c '^SKIP ')
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "[$name] FAIL: exited with status $rc"; fail=$((fail + 1))
+    fi
+}
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] && [ "${t%.o}" = "$t" ] && [ "${t%.d}" = "$t" ] || continue
+    run_one "$(basename "$t")" "$t"
+done
+for py in tests/test_*.py; do
+    [ -f "$py" ] || continue
+    run_one "$(basename "$py")" env BUILD="$BUILD" python3 "$py"
+done
+if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
+[ "$fail" -eq 0 ]
