@@ -15,7 +15,7 @@ CUDA_ARCH ?= 80 89 90a 120
 CUDNN_RPATH ?= /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
 
 OPT       ?= -O2
-CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -fopenmp -D_GNU_SOURCE -Iinclude \
+CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude \
              -I$(CUDA_HOME)/include -MMD -MP $(EXTRA_CFLAGS)
 NVFLAGS   := -O3 -g -std=c++17 -Iinclude -lineinfo --expt-relaxed-constexpr \
              $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
@@ -26,7 +26,7 @@ LDLIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDNN_RPATH) -lcudnn -lcublasLt -
 LIB_C   := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard cuda/*.c comm/*.c)
 LIB_CU  := $(wildcard cuda/*.cu comm/*.cu)
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
-TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
+TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 
 .PHONY: all test bench quickstart clean

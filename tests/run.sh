@@ -18,7 +18,7 @@ run_one() {
         echo "[$name] FAIL: exited with status $rc"; fail=$((fail + 1))
     fi
 }
-for t in "$BUILD"/tests/test_*; do
+for t in "$BUILD"/tests/test_*; do  # tool_* binaries are driven by the python tests
     [ -x "$t" ] && [ "${t%.o}" = "$t" ] && [ "${t%.d}" = "$t" ] || continue
     run_one "$(basename "$t")" "$t"
 done

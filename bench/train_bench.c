@@ -1,0 +1,156 @@
+/* train_bench.c — training throughput of one config on one GPU, and its speed of light.
+ *
+ *   build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml [--steps 10] [--warmup 3] [--set k=v ...]
+ *
+ * Trains on random tokens (the data's content does not change the speed), times each optimizer step
+ * (host wall clock between the per-step syncs), and measures the bf16 cuBLASLt GEMM rate at 8192^3 in
+ * the same process. Prints tokens/s (median step), model TFLOP/s with the FLOP count of
+ * qt_model_flops_per_token, SOL = model FLOP/s / measured GEMM FLOP/s, and peak device memory.
+ * Ends with a "RESULT {json}" line for bench/run.sh. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+
+#include "qt_config.h"
+#include "qt_device.h"
+#include "qt_engine.h"
+#include "qt_error.h"
+#include "qt_kernels.h"
+#include "qt_matmul.h"
+#include "qt_rng.h"
+#include "qt_train.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* bf16 GEMM rate (TFLOP/s) at m=n=k=8192 with the context's tuned algorithm: median of 20. */
+static double gemm_ceiling(void) {
+    const int n = 8192;
+    size_t bytes = (size_t)n * n * 2;
+    void *a, *b, *c;
+    QT_CUDA(cudaMalloc(&a, bytes));
+    QT_CUDA(cudaMalloc(&b, bytes));
+    QT_CUDA(cudaMalloc(&c, bytes));
+    float *tmp;
+    QT_CUDA(cudaMalloc((void **)&tmp, (size_t)n * n * 4));
+    qt_fill(tmp, QT_DT_F32, 0.5f, (size_t)n * n, 0);
+    qt_cast_f32_to_bf16(a, tmp, (size_t)n * n, 0);
+    qt_cast_f32_to_bf16(b, tmp, (size_t)n * n, 0);
+    QT_CUDA(cudaFree(tmp));
+    qt_matmul_ctx *mm = qt_matmul_create(0);
+    cudaEvent_t e0, e1;
+    QT_CUDA(cudaEventCreate(&e0));
+    QT_CUDA(cudaEventCreate(&e1));
+    double t[20];
+    for (int i = 0; i < 25; i++) {
+        QT_CUDA(cudaEventRecord(e0, 0));
+        qt_matmul_fwd(mm, c, QT_DT_BF16, a, b, NULL, n, n, n, 0, 0);
+        QT_CUDA(cudaEventRecord(e1, 0));
+        QT_CUDA(cudaEventSynchronize(e1));
+        float ms;
+        QT_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 5) t[i - 5] = ms;
+    }
+    qsort(t, 20, sizeof t[0], cmp_d);
+    qt_matmul_free(mm);
+    QT_CUDA(cudaFree(a));
+    QT_CUDA(cudaFree(b));
+    QT_CUDA(cudaFree(c));
+    return 2.0 * n * n * (double)n / (t[10] * 1e-3) * 1e-12;
+}
+
+int main(int argc, char **argv) {
+    const char *path = NULL, *sets[64];
+    int nsets = 0, steps = 10, warmup = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < 64) sets[nsets++] = argv[++i];
+        else path = argv[i];
+    }
+    if (!path) {
+        fprintf(stderr, "usage: train_bench config.yaml [--steps N] [--warmup N] [--set k=v ...]\n");
+        return 2;
+    }
+    if (qt_cuda_device_count() == 0) {
+        printf("SKIP train_bench: no CUDA device\n");
+        return 0;
+    }
+    static qt_config cfg;
+    char err[2048];
+    if (qt_config_load(&cfg, path, sets, nsets, err, sizeof err)) {
+        fprintf(stderr, "train_bench: %s\n", err);
+        return 1;
+    }
+    cfg.init_from[0] = 0; /* from scratch: the bench needs no files */
+    cfg.device = QT_DEVICE_CUDA;
+    qt_layout L;
+    float *w0;
+    if (qt_model_setup(&cfg, &L, &w0, err, sizeof err)) {
+        fprintf(stderr, "train_bench: %s\n", err);
+        return 1;
+    }
+    QT_CUDA(cudaSetDevice(0));
+    double ceiling = gemm_ceiling();
+    size_t free0, total;
+    QT_CUDA(cudaMemGetInfo(&free0, &total));
+    qt_engine *e = qt_engine_create(&L, &cfg, w0, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "train_bench: %s\n", err);
+        return 1;
+    }
+    e->ops->print_memory(e);
+    long N = (long)cfg.micro_batch * cfg.seq_len;
+    int32_t *in = malloc(N * 4), *tgt = malloc(N * 4);
+    qt_rng r;
+    qt_rng_seed(&r, 1);
+    double *t = calloc(steps, sizeof *t);
+    float loss = 0, gn = 0, first = 0;
+    for (int s = 0; s < warmup + steps; s++) {
+        double t0 = now_s();
+        for (int a = 0; a < cfg.grad_accum; a++) {
+            for (long i = 0; i < N; i++) in[i] = (int32_t)qt_rng_below(&r, L.cfg.vocab_size);
+            for (long i = 0; i < N; i++) tgt[i] = i + 1 < N ? in[i + 1] : in[0];
+            e->ops->micro_step(e, in, tgt, 1.0f / cfg.grad_accum);
+        }
+        e->ops->opt_step(e, 1e-4f, s + 1, &loss, &gn);
+        if (s == 0) first = loss;
+        if (s >= warmup) t[s - warmup] = now_s() - t0;
+        printf("step %d: loss %.4f gnorm %.3f %.1f ms\n", s + 1, loss, gn, (now_s() - t0) * 1e3);
+    }
+    size_t free1;
+    QT_CUDA(cudaMemGetInfo(&free1, &total));
+    qsort(t, steps, sizeof *t, cmp_d);
+    double step_s = t[steps / 2], tok = (double)N * cfg.grad_accum / step_s;
+    double flops = qt_model_flops_per_token(&L.cfg, cfg.seq_len), tflops = tok * flops * 1e-12;
+    cudaDeviceProp p;
+    QT_CUDA(cudaGetDeviceProperties(&p, 0));
+    printf("%s on %s: %.0f tokens/s, %.1f ms/step, %.1f model TFLOP/s (%.3f GFLOP/token), "
+           "bf16 GEMM ceiling %.1f TFLOP/s, SOL %.1f%%, device memory used %.2f GiB\n",
+           path, p.name, tok, step_s * 1e3, tflops, flops * 1e-9, ceiling, 100 * tflops / ceiling,
+           (total - free1) / 1073741824.0);
+    printf("RESULT {\"config\":\"%s\",\"device\":\"%s\",\"tokens_per_s\":%.0f,\"step_ms\":%.2f,\"model_tflops\":%.1f,"
+           "\"gflop_per_token\":%.4f,\"gemm_ceiling_tflops\":%.1f,\"sol\":%.4f,\"mem_used_gib\":%.2f,"
+           "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
+           path, p.name, tok, step_s * 1e3, tflops, flops * 1e-9, ceiling, tflops / ceiling,
+           (total - free1) / 1073741824.0, first, loss);
+    e->ops->free(e);
+    free(t);
+    free(in);
+    free(tgt);
+    free(w0);
+    qt_layout_free(&L);
+    return isfinite(loss) ? 0 : 1;
+}

@@ -1,0 +1,55 @@
+/* qt_engine.h — what the training loop needs from a compute path (CPU fp32 reference, one GPU, or N
+ * GPU threads), so the loop in src/train.c is the same for all of them.
+ *
+ * A step is: micro_step x grad_accum (gradients accumulate), then opt_step (global norm, clipping,
+ * AdamW, gradients zeroed). opt_step is the only call that waits for the device: it returns the mean
+ * loss of the micro-steps and the gradient norm. */
+#ifndef QT_ENGINE_H
+#define QT_ENGINE_H
+
+#include <stdint.h>
+
+#include "qt_ckpt.h"
+#include "qt_config.h"
+#include "qt_model.h"
+
+typedef struct qt_engine qt_engine;
+
+typedef struct {
+    const char *name;
+    /* Forward + backward of one micro-batch [B*T]; grads += grad_scale * d(mean loss)/dw. */
+    void (*micro_step)(qt_engine *e, const int32_t *inputs, const int32_t *targets, float grad_scale);
+    /* Global norm, clip to cfg grad_clip, AdamW at lr with 1-based step t, zero grads.
+     * *loss = mean loss of the micro-steps since the last opt_step; *gnorm = pre-clip norm. */
+    void (*opt_step)(qt_engine *e, float lr, long t, float *loss, float *gnorm);
+    /* Mean loss of one micro-batch, no gradients. */
+    float (*eval_loss)(qt_engine *e, const int32_t *inputs, const int32_t *targets);
+    /* Host fp32 copies of the weights [L->numel] / the accumulated gradients (before opt_step). */
+    void (*get_weights)(qt_engine *e, float *w);
+    void (*get_grads)(qt_engine *e, float *g);
+    /* Logits [B*T, V] of a forward without loss (may be NULL when the engine cannot). */
+    void (*forward_logits)(qt_engine *e, const int32_t *inputs, float *logits);
+    /* The full optimizer state as checkpoint blobs (weights, master copy, m, v in their own dtypes).
+     * The blobs point into engine-owned host buffers valid until the next call. Returns the count. */
+    int (*state_items)(qt_engine *e, qt_ckpt_item *items, int cap);
+    /* Restores what state_items saved; -1 with err naming the blob when one is missing or its size or
+     * dtype differs. */
+    int (*load_state)(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
+    /* Prints the memory plan (the GPU allocator table); may be NULL. */
+    void (*print_memory)(qt_engine *e);
+    void (*free)(qt_engine *e);
+} qt_engine_ops;
+
+struct qt_engine {
+    const qt_engine_ops *ops;
+    const qt_layout *L;  /* borrowed */
+    const qt_config *cfg; /* borrowed */
+};
+
+/* CPU fp32 reference engine. w0 [L->numel] are the initial weights (copied). */
+qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0);
+/* Single-GPU engine (NULL with err when CUDA or the config cannot be served). */
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+                                size_t errlen);
+
+#endif

@@ -1,0 +1,91 @@
+/* qt_gpu_model.h — the Llama/Qwen2 model on one GPU in bf16: its memory plan, forward and backward.
+ *
+ * Everything lives in one device allocation carved by a plan (printed as the allocator table at start):
+ * bf16 weights, fp32 master weights, fp32 gradients, AdamW m and v (fp32 or bf16), per-layer saved
+ * activations for one micro-batch, the LM-head logits chunk, and the workspaces. The layout of every
+ * parameter buffer is the flat qt_layout array, so checkpoints and HF export see the CPU's layout. */
+#ifndef QT_GPU_MODEL_H
+#define QT_GPU_MODEL_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "qt_attention.h"
+#include "qt_config.h"
+#include "qt_dtype.h"
+#include "qt_kernels.h"
+#include "qt_matmul.h"
+#include "qt_model.h"
+
+/* One layer's saved activations (bf16 unless noted), N = B*T tokens. */
+typedef struct {
+    void *res;      /* [N,C] residual stream entering the layer (input of ln1) */
+    void *ln1;      /* [N,C] */
+    float *rstd1;   /* [N] */
+    void *qkv;      /* [N,(H+2Hkv)D] after RoPE */
+    void *att;      /* [N,H*D] attention output */
+    float *lse;     /* [B,H,T] attention softmax statistics */
+    void *res_mid;  /* [N,C] o_proj output, then (after the fused add) the residual after attention */
+    void *ln2;      /* [N,C] */
+    float *rstd2;   /* [N] */
+    void *gu;       /* [N,2F] gate|up */
+    void *h;        /* [N,F] SwiGLU output */
+} qt_gpu_layer;
+
+typedef struct {
+    const qt_layout *L; /* borrowed */
+    const qt_config *cfg; /* borrowed */
+    int B, T;
+    long N;
+    cudaStream_t stream;
+    qt_matmul_ctx *mm;
+    qt_attn_ctx *attn;
+    char *arena;        /* the one allocation (owned) */
+    size_t arena_bytes;
+    /* parameters, [L->numel] each */
+    void *w;            /* bf16 */
+    float *master, *grad;
+    void *m, *v;
+    qt_dtype m_dt, v_dt;
+    /* activations */
+    qt_gpu_layer *layers; /* host array of L->cfg.num_layers (owned) */
+    void *res_final;    /* [N,C] down output of the last layer, then the final residual */
+    void *lnf;          /* [N,C] */
+    float *rstdf;       /* [N] */
+    void *logits;       /* [N/chunks, V] */
+    float *losses;      /* [N] */
+    double *loss_sum;   /* device scalar: sum of losses since the last read */
+    float *norm, *clip; /* device scalars */
+    /* gradient scratch */
+    float *dres;        /* [N,C] fp32 residual-stream gradient */
+    void *dres_bf;      /* [N,C] its bf16 copy for the matmuls */
+    void *dln;          /* [N,C] */
+    void *datt;         /* [N,H*D] */
+    void *dqkv;         /* [N,(H+2Hkv)D] */
+    void *dlnf;         /* [N,C] */
+    int32_t *tok, *tgt; /* [N] device */
+    float *rope_cs;     /* [T, D] */
+    void *ws;           /* kernel workspace */
+    size_t ws_bytes;
+    qt_adamw_plan *adamw;
+    int lm_chunks;
+    /* plan, for the allocator table */
+    int n_plan;
+    struct { const char *kind; size_t bytes; } plan[24];
+} qt_gpu_model;
+
+/* Plans and allocates everything on the current device for micro-batches of B x T, uploads w0 (fp32
+ * [L->numel]) to the master and bf16 weights. NULL with err when it does not fit (names the plan). */
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+                                  size_t errlen);
+void qt_gpu_model_free(qt_gpu_model *g);
+void qt_gpu_model_print_plan(const qt_gpu_model *g);
+
+/* Forward of the tokens already in g->tok / g->tgt. With backward: grads += d(loss_scale * sum of
+ * token losses)/dw and the LM head's backward runs chunk by chunk inside the forward. Without: loss
+ * only (logits overwritten). The token losses are added to *g->loss_sum. Asynchronous on g->stream. */
+void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward);
+/* Logits [N, V] as fp32 on the host for the tokens in g->tok (synchronises). */
+void qt_gpu_model_logits(qt_gpu_model *g, float *host_logits);
+
+#endif

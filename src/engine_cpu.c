@@ -1,0 +1,135 @@
+/* engine_cpu.c — the CPU fp32 reference engine: qt_cpu_model + AdamW on host arrays. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_cpu_model.h"
+#include "qt_dtype.h"
+#include "qt_engine.h"
+#include "qt_error.h"
+#include "qt_optim.h"
+
+typedef struct {
+    qt_engine base;
+    qt_cpu_model *model;
+    float *w, *g, *m, *v; /* owned, L->numel each */
+    double loss_sum;
+    int n_micro;
+} cpu_engine;
+
+static void cpu_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale) {
+    cpu_engine *c = (cpu_engine *)e;
+    c->loss_sum += qt_cpu_model_forward(c->model, c->w, in, tgt);
+    c->n_micro++;
+    qt_cpu_model_backward(c->model, c->w, c->g, grad_scale);
+}
+
+/* AdamW tensor by tensor so each gets its own weight decay; padding between groups has zero grads
+ * and zero weights, so skipping it leaves it zero. */
+static void cpu_opt_step(qt_engine *e, float lr, long t, float *loss, float *gnorm) {
+    cpu_engine *c = (cpu_engine *)e;
+    const qt_config *cfg = e->cfg;
+    double norm = qt_grad_norm_cpu(c->g, e->L->numel);
+    float scale = qt_clip_scale(norm, cfg->grad_clip);
+    qt_adamw_hp hp = {lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay};
+    for (int i = 0; i < e->L->n_tensors; i++) {
+        const qt_tensor *tt = &e->L->tensors[i];
+        int decay = tt->is_matrix || (cfg->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
+        size_t o = tt->offset;
+        qt_adamw_cpu(c->w + o, c->g + o, c->m + o, c->v + o, tt->numel, &hp, decay ? cfg->weight_decay : 0.0f,
+                     t, scale);
+    }
+    memset(c->g, 0, e->L->numel * sizeof(float));
+    *loss = c->n_micro ? (float)(c->loss_sum / c->n_micro) : 0.0f;
+    *gnorm = (float)norm;
+    c->loss_sum = 0;
+    c->n_micro = 0;
+}
+
+static float cpu_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt) {
+    cpu_engine *c = (cpu_engine *)e;
+    return qt_cpu_model_forward(c->model, c->w, in, tgt);
+}
+
+static void cpu_get_weights(qt_engine *e, float *w) {
+    memcpy(w, ((cpu_engine *)e)->w, e->L->numel * sizeof(float));
+}
+
+static void cpu_get_grads(qt_engine *e, float *g) {
+    memcpy(g, ((cpu_engine *)e)->g, e->L->numel * sizeof(float));
+}
+
+static void cpu_forward_logits(qt_engine *e, const int32_t *in, float *logits) {
+    cpu_engine *c = (cpu_engine *)e;
+    qt_cpu_model_forward(c->model, c->w, in, NULL);
+    memcpy(logits, qt_cpu_model_logits(c->model),
+           (size_t)e->cfg->micro_batch * e->cfg->seq_len * e->L->cfg.vocab_size * sizeof(float));
+}
+
+static int cpu_state_items(qt_engine *e, qt_ckpt_item *items, int cap) {
+    cpu_engine *c = (cpu_engine *)e;
+    size_t bytes = e->L->numel * sizeof(float);
+    QT_CHECK(cap >= 3, "need room for 3 checkpoint items, got %d", cap);
+    items[0] = (qt_ckpt_item){"weights", QT_DT_F32, c->w, bytes};
+    items[1] = (qt_ckpt_item){"adam_m", QT_DT_F32, c->m, bytes};
+    items[2] = (qt_ckpt_item){"adam_v", QT_DT_F32, c->v, bytes};
+    return 3;
+}
+
+static int cpu_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen) {
+    cpu_engine *c = (cpu_engine *)e;
+    const char *names[3] = {"weights", "adam_m", "adam_v"};
+    float *dst[3] = {c->w, c->m, c->v};
+    size_t want = e->L->numel * sizeof(float);
+    for (int i = 0; i < 3; i++) {
+        size_t bytes;
+        int dt;
+        const void *p = qt_ckpt_get(ck, names[i], &bytes, &dt);
+        if (!p || bytes != want || dt != QT_DT_F32) {
+            snprintf(err, errlen, "checkpoint blob %s: expected %zu bytes of fp32 (the CPU engine's state), got %s",
+                     names[i], want, p ? "a different size or dtype" : "none");
+            return -1;
+        }
+        memcpy(dst[i], p, want);
+    }
+    return 0;
+}
+
+static void cpu_free(qt_engine *e) {
+    cpu_engine *c = (cpu_engine *)e;
+    qt_cpu_model_free(c->model);
+    free(c->w);
+    free(c->g);
+    free(c->m);
+    free(c->v);
+    free(c);
+}
+
+static const qt_engine_ops cpu_ops = {
+    .name = "cpu-fp32",
+    .micro_step = cpu_micro_step,
+    .opt_step = cpu_opt_step,
+    .eval_loss = cpu_eval_loss,
+    .get_weights = cpu_get_weights,
+    .get_grads = cpu_get_grads,
+    .forward_logits = cpu_forward_logits,
+    .state_items = cpu_state_items,
+    .load_state = cpu_load_state,
+    .print_memory = NULL,
+    .free = cpu_free,
+};
+
+qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0) {
+    cpu_engine *c = calloc(1, sizeof *c);
+    QT_CHECK(c, "out of host memory");
+    c->base = (qt_engine){&cpu_ops, L, cfg};
+    size_t bytes = L->numel * sizeof(float);
+    c->w = malloc(bytes);
+    c->g = calloc(L->numel, sizeof(float));
+    c->m = calloc(L->numel, sizeof(float));
+    c->v = calloc(L->numel, sizeof(float));
+    QT_CHECK(c->w && c->g && c->m && c->v, "out of host memory for %zu parameters", L->numel);
+    memcpy(c->w, w0, bytes);
+    c->model = qt_cpu_model_create(L, cfg->micro_batch, cfg->seq_len);
+    return &c->base;
+}

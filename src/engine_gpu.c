@@ -1,0 +1,221 @@
+/* engine_gpu.c — the single-GPU engine: token upload, micro-steps (optionally replayed from a CUDA
+ * graph), the optimizer step with the one host read per step, and checkpoint state. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_engine.h"
+#include "qt_error.h"
+#include "qt_gpu_model.h"
+
+typedef struct {
+    qt_engine base;
+    qt_gpu_model *g;
+    int32_t *pin[2];        /* pinned token staging [2][tok | tgt], alternated */
+    cudaEvent_t pin_free[2]; /* recorded after the upload that read pin[k] */
+    int k;
+    long valid_total;       /* targets >= 0 since the last opt_step */
+    struct { double loss; float norm; } *out; /* pinned: the one read per optimizer step */
+    void *host_state[4];    /* state_items' host copies (owned) */
+    cudaGraphExec_t graph;
+    float graph_scale;
+    int micro_done;
+} gpu_engine;
+
+/* Host -> pinned -> device without racing an upload still in flight from the same pinned buffer. */
+static long upload(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
+    qt_gpu_model *g = e->g;
+    int k = e->k ^= 1;
+    QT_CUDA(cudaEventSynchronize(e->pin_free[k]));
+    int32_t *p = e->pin[k];
+    long n = g->N, valid = 0;
+    memcpy(p, in, n * 4);
+    if (tgt) {
+        memcpy(p + n, tgt, n * 4);
+        for (long i = 0; i < n; i++) valid += tgt[i] >= 0;
+    } else {
+        memset(p + n, 0xff, n * 4); /* all ignored */
+    }
+    QT_CUDA(cudaMemcpyAsync(g->tok, p, n * 4, cudaMemcpyHostToDevice, g->stream));
+    QT_CUDA(cudaMemcpyAsync(g->tgt, p + n, n * 4, cudaMemcpyHostToDevice, g->stream));
+    QT_CUDA(cudaEventRecord(e->pin_free[k], g->stream));
+    return valid;
+}
+
+static void run_step(gpu_engine *e, float scale) {
+    qt_gpu_model *g = e->g;
+    /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
+     * cannot happen under capture. A new loss scale means a new graph. */
+    if (!e->base.cfg->cuda_graphs || e->micro_done == 0) {
+        qt_gpu_model_step(g, scale, 1);
+        return;
+    }
+    if (!e->graph || e->graph_scale != scale) {
+        cudaGraph_t graph;
+        if (e->graph) QT_CUDA(cudaGraphExecDestroy(e->graph));
+        QT_CUDA(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+        qt_gpu_model_step(g, scale, 1);
+        QT_CUDA(cudaStreamEndCapture(g->stream, &graph));
+        QT_CUDA(cudaGraphInstantiate(&e->graph, graph, 0));
+        QT_CUDA(cudaGraphDestroy(graph));
+        e->graph_scale = scale;
+    }
+    QT_CUDA(cudaGraphLaunch(e->graph, g->stream));
+}
+
+static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
+    gpu_engine *e = (gpu_engine *)b;
+    long valid = upload(e, in, tgt);
+    e->valid_total += valid;
+    run_step(e, valid ? grad_scale / valid : 0.0f);
+    e->micro_done++;
+}
+
+static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
+    gpu_engine *e = (gpu_engine *)b;
+    qt_gpu_model *g = e->g;
+    const qt_config *c = b->cfg;
+    cudaStream_t s = g->stream;
+    qt_grad_norm(g->norm, g->clip, g->grad, b->L->numel, c->grad_clip, g->ws, s);
+    qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
+    qt_adamw_step(g->adamw, g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
+    qt_zero(g->grad, b->L->numel * 4, s);
+    QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
+    QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->norm, 4, cudaMemcpyDeviceToHost, s));
+    qt_zero(g->loss_sum, 8, s);
+    QT_CUDA(cudaStreamSynchronize(s));
+    *loss = e->valid_total ? (float)(e->out->loss / e->valid_total) : 0.0f;
+    *gnorm = e->out->norm;
+    e->valid_total = 0;
+}
+
+static float gpu_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
+    gpu_engine *e = (gpu_engine *)b;
+    qt_gpu_model *g = e->g;
+    long valid = upload(e, in, tgt);
+    qt_gpu_model_step(g, 0.0f, 0);
+    QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, g->stream));
+    qt_zero(g->loss_sum, 8, g->stream);
+    QT_CUDA(cudaStreamSynchronize(g->stream));
+    return valid ? (float)(e->out->loss / valid) : 0.0f;
+}
+
+static void gpu_get_weights(qt_engine *b, float *w) {
+    qt_gpu_model *g = ((gpu_engine *)b)->g;
+    QT_CUDA(cudaStreamSynchronize(g->stream));
+    QT_CUDA(cudaMemcpy(w, g->master, b->L->numel * 4, cudaMemcpyDeviceToHost));
+}
+
+static void gpu_get_grads(qt_engine *b, float *gr) {
+    qt_gpu_model *g = ((gpu_engine *)b)->g;
+    QT_CUDA(cudaStreamSynchronize(g->stream));
+    QT_CUDA(cudaMemcpy(gr, g->grad, b->L->numel * 4, cudaMemcpyDeviceToHost));
+}
+
+static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
+    gpu_engine *e = (gpu_engine *)b;
+    upload(e, in, NULL);
+    qt_gpu_model_logits(e->g, logits);
+}
+
+/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths),
+ * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. */
+static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
+    gpu_engine *e = (gpu_engine *)b;
+    qt_gpu_model *g = e->g;
+    size_t n = b->L->numel;
+    const char *names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
+    const void *src[4] = {g->master, g->w, g->m, g->v};
+    int dts[4] = {QT_DT_F32, QT_DT_BF16, g->m_dt, g->v_dt};
+    QT_CHECK(cap >= 4, "need room for 4 checkpoint items, got %d", cap);
+    QT_CUDA(cudaStreamSynchronize(g->stream));
+    for (int i = 0; i < 4; i++) {
+        size_t bytes = n * qt_dtype_size(dts[i]);
+        if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes));
+        QT_CUDA(cudaMemcpy(e->host_state[i], src[i], bytes, cudaMemcpyDeviceToHost));
+        items[i] = (qt_ckpt_item){names[i], dts[i], e->host_state[i], bytes};
+    }
+    return 4;
+}
+
+static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errlen) {
+    gpu_engine *e = (gpu_engine *)b;
+    qt_gpu_model *g = e->g;
+    size_t n = b->L->numel;
+    const char *names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
+    void *dst[4] = {g->master, g->w, g->m, g->v};
+    int dts[4] = {QT_DT_F32, QT_DT_BF16, g->m_dt, g->v_dt};
+    for (int i = 0; i < 4; i++) {
+        size_t bytes, want = n * qt_dtype_size(dts[i]);
+        int dt;
+        const void *p = qt_ckpt_get(ck, names[i], &bytes, &dt);
+        if (!p && i == 1) { /* a CPU checkpoint: derive the bf16 copy */
+            qt_cast_f32_to_bf16(g->w, g->master, n, g->stream);
+            continue;
+        }
+        if (!p || bytes != want || dt != dts[i]) {
+            snprintf(err, errlen, "checkpoint blob %s: expected %zu bytes of %s (precision.opt_*_dtype must match the run that wrote it), got %s",
+                     names[i], want, qt_dtype_name(dts[i]), p ? "another size or dtype" : "none");
+            return -1;
+        }
+        QT_CUDA(cudaMemcpyAsync(dst[i], p, want, cudaMemcpyHostToDevice, g->stream));
+    }
+    QT_CUDA(cudaStreamSynchronize(g->stream));
+    return 0;
+}
+
+static void gpu_print_memory(qt_engine *b) { qt_gpu_model_print_plan(((gpu_engine *)b)->g); }
+
+static void gpu_free(qt_engine *b) {
+    gpu_engine *e = (gpu_engine *)b;
+    QT_CUDA(cudaStreamSynchronize(e->g->stream));
+    if (e->graph) QT_CUDA(cudaGraphExecDestroy(e->graph));
+    for (int i = 0; i < 2; i++) {
+        QT_CUDA(cudaFreeHost(e->pin[i]));
+        QT_CUDA(cudaEventDestroy(e->pin_free[i]));
+    }
+    for (int i = 0; i < 4; i++)
+        if (e->host_state[i]) QT_CUDA(cudaFreeHost(e->host_state[i]));
+    QT_CUDA(cudaFreeHost(e->out));
+    qt_gpu_model_free(e->g);
+    free(e);
+}
+
+static const qt_engine_ops gpu_ops = {
+    .name = "cuda-bf16",
+    .micro_step = gpu_micro_step,
+    .opt_step = gpu_opt_step,
+    .eval_loss = gpu_eval_loss,
+    .get_weights = gpu_get_weights,
+    .get_grads = gpu_get_grads,
+    .forward_logits = gpu_forward_logits,
+    .state_items = gpu_state_items,
+    .load_state = gpu_load_state,
+    .print_memory = gpu_print_memory,
+    .free = gpu_free,
+};
+
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+                                size_t errlen) {
+    if (cfg->matmul_dtype != QT_DT_BF16) {
+        snprintf(err, errlen, "%s: precision.matmul_dtype: %s is not available in this build yet; use bf16",
+                 cfg->path, qt_dtype_name(cfg->matmul_dtype));
+        return NULL;
+    }
+    QT_CUDA(cudaSetDevice(0));
+    gpu_engine *e = calloc(1, sizeof *e);
+    QT_CHECK(e, "out of host memory");
+    e->base = (qt_engine){&gpu_ops, L, cfg};
+    e->g = qt_gpu_model_create(L, cfg, w0, err, errlen);
+    if (!e->g) {
+        free(e);
+        return NULL;
+    }
+    for (int i = 0; i < 2; i++) {
+        QT_CUDA(cudaMallocHost((void **)&e->pin[i], 2 * e->g->N * sizeof(int32_t)));
+        QT_CUDA(cudaEventCreateWithFlags(&e->pin_free[i], cudaEventDisableTiming));
+        QT_CUDA(cudaEventRecord(e->pin_free[i], e->g->stream));
+    }
+    QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
+    return &e->base;
+}

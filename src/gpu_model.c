@@ -1,0 +1,277 @@
+/* gpu_model.c — the model on one GPU: memory plan, forward (with the chunked LM-head loss and its
+ * backward folded in) and backward, in bf16 with fp32 accumulation and fp32 gradients.
+ *
+ * The residual stream needs no copies: the fused RMSNorm adds the branch input into the buffer that
+ * holds the branch output (o_proj / down output), which then *is* the next residual and stays saved
+ * for the backward. dres, the residual-stream gradient, is fp32 and accumulates across the blocks. */
+#include "qt_gpu_model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+
+#define ALIGN_BYTES 256
+
+static size_t plan_add(qt_gpu_model *g, const char *kind, size_t bytes) {
+    bytes = (bytes + ALIGN_BYTES - 1) / ALIGN_BYTES * ALIGN_BYTES;
+    for (int i = 0; i < g->n_plan; i++)
+        if (!strcmp(g->plan[i].kind, kind)) {
+            g->plan[i].bytes += bytes;
+            return bytes;
+        }
+    QT_CHECK(g->n_plan < 24, "memory plan has too many kinds");
+    g->plan[g->n_plan].kind = kind;
+    g->plan[g->n_plan++].bytes = bytes;
+    return bytes;
+}
+
+/* Two passes over the same carve list: the first (arena NULL) only sizes the plan. */
+static void *carve(qt_gpu_model *g, size_t *off, const char *kind, size_t bytes) {
+    size_t b = plan_add(g, kind, bytes);
+    void *p = g->arena ? g->arena + *off : NULL;
+    *off += b;
+    return p;
+}
+
+static size_t carve_all(qt_gpu_model *g) {
+    const qt_model_cfg *c = &g->L->cfg;
+    long N = g->N;
+    size_t n = g->L->numel, C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    size_t HD = (size_t)c->num_heads * c->head_dim, QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
+    size_t off = 0, chunk = (N + g->lm_chunks - 1) / g->lm_chunks;
+    g->n_plan = 0;
+    g->w = carve(g, &off, "weights (bf16)", n * 2);
+    g->master = carve(g, &off, "master weights (fp32)", n * 4);
+    g->grad = carve(g, &off, "gradients (fp32)", n * 4);
+    g->m = carve(g, &off, g->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", n * qt_dtype_size(g->m_dt));
+    g->v = carve(g, &off, g->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", n * qt_dtype_size(g->v_dt));
+    for (int l = 0; l < c->num_layers; l++) {
+        qt_gpu_layer *a = &g->layers[l];
+        a->res = carve(g, &off, "activations: residual", N * C * 2);
+        a->ln1 = carve(g, &off, "activations: norms", N * C * 2);
+        a->rstd1 = carve(g, &off, "activations: norms", N * 4);
+        a->qkv = carve(g, &off, "activations: qkv", N * QKV * 2);
+        a->att = carve(g, &off, "activations: attention", N * HD * 2);
+        a->lse = carve(g, &off, "activations: attention", (size_t)N * c->num_heads * 4);
+        a->res_mid = carve(g, &off, "activations: residual", N * C * 2);
+        a->ln2 = carve(g, &off, "activations: norms", N * C * 2);
+        a->rstd2 = carve(g, &off, "activations: norms", N * 4);
+        a->gu = carve(g, &off, "activations: gate|up", N * 2 * F * 2);
+        a->h = carve(g, &off, "activations: swiglu", N * F * 2);
+    }
+    g->res_final = carve(g, &off, "activations: residual", N * C * 2);
+    g->lnf = carve(g, &off, "activations: norms", N * C * 2);
+    g->rstdf = carve(g, &off, "activations: norms", N * 4);
+    g->logits = carve(g, &off, "lm-head logits chunk", chunk * V * 2);
+    g->losses = carve(g, &off, "lm-head logits chunk", N * 4);
+    g->loss_sum = carve(g, &off, "scratch: gradients", 8);
+    g->norm = carve(g, &off, "scratch: gradients", 4);
+    g->clip = carve(g, &off, "scratch: gradients", 4);
+    g->dres = carve(g, &off, "scratch: gradients", N * C * 4);
+    g->dres_bf = carve(g, &off, "scratch: gradients", N * C * 2);
+    g->dln = carve(g, &off, "scratch: gradients", N * C * 2);
+    g->dlnf = carve(g, &off, "scratch: gradients", N * C * 2);
+    g->datt = carve(g, &off, "scratch: gradients", N * HD * 2);
+    g->dqkv = carve(g, &off, "scratch: gradients", N * QKV * 2);
+    g->tok = carve(g, &off, "tokens, rope table", N * 4);
+    g->tgt = carve(g, &off, "tokens, rope table", N * 4);
+    g->rope_cs = carve(g, &off, "tokens, rope table", (size_t)g->T * c->head_dim * 4);
+    size_t ws = qt_embedding_bwd_ws_bytes(N, (int)V);
+    size_t cr = qt_colreduce_ws_bytes((int)(QKV > C ? QKV : C));
+    if (cr > ws) ws = cr;
+    if (qt_grad_norm_ws_bytes() > ws) ws = qt_grad_norm_ws_bytes();
+    g->ws_bytes = ws;
+    g->ws = carve(g, &off, "kernel workspace", ws);
+    return off;
+}
+
+static void *Wp(const qt_gpu_model *g, size_t off) { return (char *)g->w + off * 2; }
+static float *Gp(const qt_gpu_model *g, size_t off) { return g->grad + off; }
+
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+                                  size_t errlen) {
+    qt_gpu_model *g = calloc(1, sizeof *g);
+    QT_CHECK(g, "out of host memory");
+    g->L = L;
+    g->cfg = cfg;
+    g->B = cfg->micro_batch;
+    g->T = cfg->seq_len;
+    g->N = (long)g->B * g->T;
+    g->m_dt = cfg->opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    g->v_dt = cfg->opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    g->lm_chunks = cfg->lmhead_chunks > 0 ? cfg->lmhead_chunks : 1;
+    if (g->lm_chunks > g->N) g->lm_chunks = (int)g->N;
+    g->layers = calloc(L->cfg.num_layers, sizeof *g->layers);
+    g->arena_bytes = carve_all(g);
+    size_t free_b, total_b;
+    QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    if (cudaMalloc((void **)&g->arena, g->arena_bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(err, errlen,
+                 "%s: the GPU memory plan needs %.2f GiB but %.2f GiB are free: lower data.micro_batch (%d) "
+                 "or raise memory.lmhead_chunks (%d)",
+                 cfg->path, g->arena_bytes / 1073741824.0, free_b / 1073741824.0, g->B, g->lm_chunks);
+        free(g->layers);
+        free(g);
+        return NULL;
+    }
+    carve_all(g); /* second pass: now with real addresses */
+    QT_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    g->mm = qt_matmul_create(0);
+    g->attn = qt_attn_create();
+    cudaStream_t s = g->stream;
+    size_t n = L->numel;
+    QT_CUDA(cudaMemcpyAsync(g->master, w0, n * 4, cudaMemcpyHostToDevice, s));
+    qt_cast_f32_to_bf16(g->w, g->master, n, s);
+    qt_zero(g->grad, n * 4, s);
+    qt_zero(g->m, n * qt_dtype_size(g->m_dt), s);
+    qt_zero(g->v, n * qt_dtype_size(g->v_dt), s);
+    qt_zero(g->loss_sum, 8, s);
+    qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
+    /* AdamW's per-tensor table: decay on matrices (and embeddings when configured); padding untouched. */
+    qt_adamw_tensor *t = calloc(L->n_tensors, sizeof *t);
+    for (int i = 0; i < L->n_tensors; i++) {
+        const qt_tensor *tt = &L->tensors[i];
+        int decay = tt->is_matrix || (cfg->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
+        t[i] = (qt_adamw_tensor){tt->offset, tt->numel, decay ? cfg->weight_decay : 0.0f};
+    }
+    g->adamw = qt_adamw_plan_create(t, L->n_tensors);
+    free(t);
+    QT_CUDA(cudaStreamSynchronize(s));
+    return g;
+}
+
+void qt_gpu_model_free(qt_gpu_model *g) {
+    if (!g) return;
+    qt_adamw_plan_free(g->adamw);
+    qt_attn_free(g->attn);
+    qt_matmul_free(g->mm);
+    QT_CUDA(cudaStreamDestroy(g->stream));
+    QT_CUDA(cudaFree(g->arena));
+    free(g->layers);
+    free(g);
+}
+
+void qt_gpu_model_print_plan(const qt_gpu_model *g) {
+    cudaDeviceProp p;
+    int dev;
+    size_t free_b, total_b;
+    QT_CUDA(cudaGetDevice(&dev));
+    QT_CUDA(cudaGetDeviceProperties(&p, dev));
+    QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    printf("qtrain: GPU %d %s (sm_%d%d), memory plan for micro-batch %d x %d tokens:\n", dev, p.name, p.major,
+           p.minor, g->B, g->T);
+    for (int i = 0; i < g->n_plan; i++) printf("  %-28s %10.1f MiB\n", g->plan[i].kind, g->plan[i].bytes / 1048576.0);
+    printf("  %-28s %10.1f MiB\n", "total (one allocation)", g->arena_bytes / 1048576.0);
+    printf("  %-28s %10.1f MiB of %.1f MiB (cuBLASLt and cuDNN workspaces come out of this)\n", "free now",
+           free_b / 1048576.0, total_b / 1048576.0);
+}
+
+/* The LM head over chunks of tokens: logits, loss and dlogits in place, then (with backward) dlnf and
+ * the head's weight gradient, so the full [N, V] logits never exist. */
+static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
+    const qt_model_cfg *c = &g->L->cfg;
+    cudaStream_t s = g->stream;
+    long chunk = (g->N + g->lm_chunks - 1) / g->lm_chunks;
+    int C = c->hidden_size, V = c->vocab_size;
+    for (long r0 = 0; r0 < g->N; r0 += chunk) {
+        long n = g->N - r0 < chunk ? g->N - r0 : chunk;
+        void *x = (char *)g->lnf + r0 * C * 2;
+        qt_matmul_fwd(g->mm, g->logits, QT_DT_BF16, x, Wp(g, g->L->lm_head), NULL, n, C, V, 0, s);
+        qt_lmhead_loss(g->logits, g->losses + r0, NULL, g->tgt + r0, n, V, loss_scale, s);
+        if (!backward) continue;
+        qt_matmul_dgrad(g->mm, (char *)g->dlnf + r0 * C * 2, QT_DT_BF16, g->logits, Wp(g, g->L->lm_head), n, C, V, 0, s);
+        qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), QT_DT_F32, NULL, g->logits, x, n, C, V, 1, s);
+    }
+    qt_sum_f32(g->loss_sum, g->losses, g->N, s);
+}
+
+static void forward(qt_gpu_model *g) {
+    const qt_model_cfg *c = &g->L->cfg;
+    cudaStream_t s = g->stream;
+    int C = c->hidden_size, F = c->intermediate_size, H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
+    int HD = H * D, QKV = (H + 2 * Hkv) * D;
+    long N = g->N;
+    float eps = c->rms_norm_eps;
+    qt_embedding_fwd(g->layers[0].res, g->tok, Wp(g, g->L->embed), N, C, c->vocab_size, s);
+    for (int l = 0; l < c->num_layers; l++) {
+        const qt_layer_offsets *o = &g->L->layers[l];
+        qt_gpu_layer *a = &g->layers[l];
+        /* res (the previous block's down output) += the previous block's residual, then norm */
+        qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, l ? g->layers[l - 1].res_mid : NULL, Wp(g, o->ln1), N, C, eps, s);
+        qt_matmul_fwd(g->mm, a->qkv, QT_DT_BF16, a->ln1, Wp(g, o->wqkv), c->qkv_bias ? Wp(g, o->bqkv) : NULL, N, C,
+                      QKV, 0, s);
+        qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
+        qt_attn_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, H, Hkv, D, s);
+        qt_matmul_fwd(g->mm, a->res_mid, QT_DT_BF16, a->att, Wp(g, o->wo), NULL, N, HD, C, 0, s);
+        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, C, eps, s);
+        qt_matmul_fwd(g->mm, a->gu, QT_DT_BF16, a->ln2, Wp(g, o->wgu), NULL, N, C, 2 * F, 0, s);
+        qt_swiglu_fwd(a->h, a->gu, N, F, s);
+        void *out = l + 1 < c->num_layers ? g->layers[l + 1].res : g->res_final;
+        qt_matmul_fwd(g->mm, out, QT_DT_BF16, a->h, Wp(g, o->wdown), NULL, N, F, C, 0, s);
+    }
+    qt_rmsnorm_fwd(g->lnf, g->rstdf, g->res_final, g->layers[c->num_layers - 1].res_mid, Wp(g, g->L->final_norm), N,
+                   C, eps, s);
+}
+
+static void backward(qt_gpu_model *g) {
+    const qt_model_cfg *c = &g->L->cfg;
+    cudaStream_t s = g->stream;
+    int C = c->hidden_size, F = c->intermediate_size, H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
+    int HD = H * D, QKV = (H + 2 * Hkv) * D;
+    long N = g->N;
+    size_t NC = (size_t)N * C;
+    qt_zero(g->dres, NC * 4, s);
+    qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, g->L->final_norm), g->dlnf, g->res_final, Wp(g, g->L->final_norm),
+                   g->rstdf, N, C, g->ws, s);
+    for (int l = c->num_layers - 1; l >= 0; l--) {
+        const qt_layer_offsets *o = &g->L->layers[l];
+        qt_gpu_layer *a = &g->layers[l];
+        /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
+        qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
+        qt_matmul_wgrad(g->mm, Gp(g, o->wdown), QT_DT_F32, NULL, g->dres_bf, a->h, N, F, C, 1, s);
+        qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, g->dres_bf, Wp(g, o->wdown), N, F, C, 0, s);
+        qt_swiglu_bwd(a->gu, a->h, a->gu, N, F, s);
+        qt_matmul_wgrad(g->mm, Gp(g, o->wgu), QT_DT_F32, NULL, a->gu, a->ln2, N, C, 2 * F, 1, s);
+        qt_matmul_dgrad(g->mm, g->dln, QT_DT_BF16, a->gu, Wp(g, o->wgu), N, C, 2 * F, 0, s);
+        qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln2), g->dln, a->res_mid, Wp(g, o->ln2), a->rstd2, N, C, g->ws, s);
+        /* attention */
+        qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
+        qt_matmul_wgrad(g->mm, Gp(g, o->wo), QT_DT_F32, NULL, g->dres_bf, a->att, N, HD, C, 1, s);
+        qt_matmul_dgrad(g->mm, g->datt, QT_DT_BF16, g->dres_bf, Wp(g, o->wo), N, HD, C, 0, s);
+        qt_attn_bwd(g->attn, g->dqkv, g->datt, a->qkv, a->att, a->lse, g->B, g->T, H, Hkv, D, s);
+        qt_rope_bwd(g->dqkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
+        if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), g->dqkv, N, QKV, g->ws, s);
+        qt_matmul_wgrad(g->mm, Gp(g, o->wqkv), QT_DT_F32, NULL, g->dqkv, a->ln1, N, C, QKV, 1, s);
+        qt_matmul_dgrad(g->mm, g->dln, QT_DT_BF16, g->dqkv, Wp(g, o->wqkv), N, C, QKV, 0, s);
+        qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1), a->rstd1, N, C, g->ws, s);
+    }
+    qt_embedding_bwd(Gp(g, g->L->embed), g->dres, QT_DT_F32, g->tok, N, C, c->vocab_size, g->ws, s);
+}
+
+void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward_too) {
+    forward(g);
+    lm_head(g, loss_scale, backward_too);
+    if (backward_too) backward(g);
+}
+
+void qt_gpu_model_logits(qt_gpu_model *g, float *host) {
+    const qt_model_cfg *c = &g->L->cfg;
+    cudaStream_t s = g->stream;
+    long chunk = (g->N + g->lm_chunks - 1) / g->lm_chunks;
+    size_t V = c->vocab_size;
+    uint16_t *tmp = malloc(chunk * V * 2);
+    QT_CHECK(tmp, "out of host memory");
+    forward(g);
+    for (long r0 = 0; r0 < g->N; r0 += chunk) {
+        long n = g->N - r0 < chunk ? g->N - r0 : chunk;
+        qt_matmul_fwd(g->mm, g->logits, QT_DT_BF16, (char *)g->lnf + r0 * c->hidden_size * 2, Wp(g, g->L->lm_head),
+                      NULL, n, c->hidden_size, (int)V, 0, s);
+        QT_CUDA(cudaMemcpyAsync(tmp, g->logits, n * V * 2, cudaMemcpyDeviceToHost, s));
+        QT_CUDA(cudaStreamSynchronize(s));
+        for (size_t i = 0; i < n * V; i++) host[r0 * V + i] = qt_bf16_to_f32(tmp[i]);
+    }
+    free(tmp);
+}

@@ -1,0 +1,58 @@
+/* setup.c — from a config to a model layout, initial weights and an engine. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_device.h"
+#include "qt_engine.h"
+#include "qt_hf.h"
+#include "qt_train.h"
+
+int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen) {
+    qt_model_cfg mc = cfg->model;
+    char path[QT_PATH_MAX + 32];
+    if (cfg->hf_config[0]) {
+        if (qt_hf_read_config(cfg->hf_config, &mc, err, errlen)) return -1;
+    } else if (cfg->init_from[0] && !cfg->model_inline) {
+        snprintf(path, sizeof path, "%s/config.json", cfg->init_from);
+        if (qt_hf_read_config(path, &mc, err, errlen)) return -1;
+    }
+    qt_model_cfg_finish(&mc);
+    if (mc.max_seq_len < cfg->seq_len) {
+        snprintf(err, errlen, "%s: data.seq_len: expected <= model max_seq_len (%d), got %d", cfg->path,
+                 mc.max_seq_len, cfg->seq_len);
+        return -1;
+    }
+    if (qt_layout_init(L, &mc, err, errlen)) return -1;
+    *w = calloc(L->numel, sizeof(float));
+    if (!*w) {
+        snprintf(err, errlen, "out of host memory for %zu parameters", L->numel);
+        qt_layout_free(L);
+        return -1;
+    }
+    if (cfg->init_from[0]) {
+        if (qt_hf_import(cfg->init_from, L, *w, err, errlen)) {
+            free(*w);
+            qt_layout_free(L);
+            return -1;
+        }
+    } else {
+        qt_layout_init_weights(L, *w, cfg->init_seed, cfg->init_std);
+    }
+    return 0;
+}
+
+qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+                            size_t errlen) {
+    int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
+    if (cfg->device == QT_DEVICE_CUDA && ngpu == 0) {
+        snprintf(err, errlen, "%s: device: cuda was asked for but no CUDA device is visible", cfg->path);
+        return NULL;
+    }
+    if (ngpu == 0) {
+        if (cfg->device == QT_DEVICE_AUTO)
+            printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
+        return qt_engine_cpu_create(L, cfg, w0);
+    }
+    return qt_engine_gpu_create(L, cfg, w0, err, errlen);
+}

@@ -1,0 +1,157 @@
+/* test_train.c — the training loop end to end on the CPU: bit-exact resume, export, and learning
+ * tinyshakespeare (byte-level) until the eval loss is far below ln(256). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "qt_config.h"
+#include "qt_data.h"
+#include "qt_test.h"
+#include "qt_train.h"
+
+static char g_dir[256];
+
+static int load_cfg(qt_config *c, const char *yaml) {
+    char err[1024];
+    int rc = qt_config_load_string(c, yaml, "test.yaml", NULL, 0, err, sizeof err);
+    if (rc) printf("  config: %s\n", err);
+    return rc;
+}
+
+static char *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc(len + 1);
+    if (fread(buf, 1, len, f) != (size_t)len) len = 0;
+    fclose(f);
+    *n = len;
+    return buf;
+}
+
+/* A learnable synthetic stream: each token mostly follows from the previous one. */
+static void write_synthetic(const char *path, uint64_t n, uint64_t seed) {
+    uint32_t *t = malloc(n * sizeof *t);
+    uint64_t x = seed;
+    t[0] = 1;
+    for (uint64_t i = 1; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (x >> 60) == 0 ? (uint32_t)((x >> 33) % 64) : (t[i - 1] * 7 + 3) % 64;
+    }
+    char err[512];
+    if (qt_shard_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
+    free(t);
+}
+
+static void test_resume_bit_exact(void) {
+    char yaml[4096], p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
+    snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
+    write_synthetic(p1, 20000, 1);
+    write_synthetic(p2, 3000, 2);
+    const char *fmt =
+        "model: {vocab_size: 64, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2,\n"
+        "        intermediate_size: 48, max_seq_len: 64, qkv_bias: true, tie_embeddings: %s}\n"
+        "data: {train: '%s/syn_train_*.bin.zst', eval: '%s/syn_eval_*.bin', seq_len: 24, micro_batch: 3, grad_accum: 2}\n"
+        "optim: {lr: 0.003, warmup: 3, steps: 20, schedule: cosine, grad_clip: 1.0, weight_decay: 0.1}\n"
+        "eval: {every: 5, batches: 2}\n"
+        "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 2}\n"
+        "log: {file: '%s/log_%s.jsonl', every: 5}\n"
+        "device: cpu\n";
+    const char *tie[2] = {"true", "false"};
+    for (int k = 0; k < 2; k++) {
+        qt_config a, b;
+        char err[1024];
+        float la[20], lb[20];
+        snprintf(yaml, sizeof yaml, fmt, tie[k], g_dir, g_dir, g_dir, "a", g_dir, "a");
+        QT_REQUIRE(load_cfg(&a, yaml) == 0, "config");
+        snprintf(yaml, sizeof yaml, fmt, tie[k], g_dir, g_dir, g_dir, "b", g_dir, "b");
+        QT_REQUIRE(load_cfg(&b, yaml) == 0, "config");
+        qt_train_opts oa = {NULL, -1, 0, la}, ob1 = {NULL, 10, 0, lb}, ob2 = {"latest", -1, 0, lb};
+        qt_train_stats st;
+        QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
+        QT_REQUIRE(st.steps_done == 20, "steps %ld", st.steps_done);
+        QT_REQUIRE(qt_train_run(&b, &ob1, &st, err, sizeof err) == 0, "first half: %s", err);
+        QT_REQUIRE(st.steps_done == 10, "stopped at %ld", st.steps_done);
+        QT_REQUIRE(qt_train_run(&b, &ob2, &st, err, sizeof err) == 0, "resumed half: %s", err);
+        for (int i = 0; i < 20; i++)
+            QT_EXPECT(memcmp(&la[i], &lb[i], 4) == 0, "tie=%s step %d: straight %.9g, resumed %.9g", tie[k], i + 1, la[i], lb[i]);
+        QT_EXPECT(la[19] < la[0], "loss did not fall: %g -> %g", la[0], la[19]);
+        /* The final exports of both runs must be byte-identical. */
+        char ea[512], eb[512];
+        size_t na = 0, nb = 0;
+        snprintf(ea, sizeof ea, "%s/ckpt_a/export/model.safetensors", g_dir);
+        snprintf(eb, sizeof eb, "%s/ckpt_b/export/model.safetensors", g_dir);
+        char *fa = read_file(ea, &na), *fb = read_file(eb, &nb);
+        QT_EXPECT(fa && fb && na == nb && na > 0 && memcmp(fa, fb, na) == 0, "exports differ (%zu vs %zu bytes)", na, nb);
+        free(fa);
+        free(fb);
+    }
+}
+
+static void test_resume_errors(void) {
+    qt_config c;
+    char yaml[2048], err[1024];
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 48}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 24, micro_batch: 3}\n"
+             "optim: {steps: 4}\ncheckpoint: {dir: '%s/ckpt_empty'}\ndevice: cpu\n", g_dir, g_dir);
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    qt_train_opts o = {"latest", -1, 0, NULL};
+    QT_EXPECT(qt_train_run(&c, &o, NULL, err, sizeof err) == -1 && strstr(err, "no checkpoint"), "got: %s", err);
+    /* A checkpoint of another model must be refused, naming the problem. */
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 32, num_layers: 3, num_heads: 4, num_kv_heads: 2, intermediate_size: 48}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 24, micro_batch: 3}\n"
+             "optim: {steps: 4}\ncheckpoint: {dir: '%s/ckpt_a'}\ndevice: cpu\n", g_dir, g_dir);
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    QT_EXPECT(qt_train_run(&c, &o, NULL, err, sizeof err) == -1 && strstr(err, "model differs"), "got: %s", err);
+    snprintf(yaml, sizeof yaml, "data: {train: '%s/nothing_*.bin'}\ndevice: cpu\n", g_dir);
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "nothing_"), "got: %s", err);
+}
+
+static void test_tinyshakespeare_learns(void) {
+    size_t n;
+    char *text = read_file("../shared/data/tinyshakespeare.txt", &n);
+    if (!text) QT_SKIP("../shared/data/tinyshakespeare.txt is absent");
+    size_t ne = n / 20, nt = n - ne;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    for (size_t i = 0; i < n; i++) tok[i] = (unsigned char)text[i];
+    char p[512], err[1024];
+    snprintf(p, sizeof p, "%s/ts_train_0.bin", g_dir);
+    QT_REQUIRE(qt_shard_write(p, tok, nt, 2, 256, 0, err, sizeof err) == 0, "%s", err);
+    snprintf(p, sizeof p, "%s/ts_eval_0.bin", g_dir);
+    QT_REQUIRE(qt_shard_write(p, tok + nt, ne, 2, 256, 0, err, sizeof err) == 0, "%s", err);
+    free(tok);
+    free(text);
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 256, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,\n"
+             "        intermediate_size: 192, max_seq_len: 64}\n"
+             "data: {train: '%s/ts_train_*.bin', eval: '%s/ts_eval_*.bin', seq_len: 64, micro_batch: 8}\n"
+             "optim: {lr: 0.004, warmup: 20, steps: 250, schedule: cosine, final_lr_frac: 0.1}\n"
+             "eval: {every: 50, batches: 8}\ncheckpoint: {dir: '%s/ckpt_ts'}\nlog: {file: '', every: 50}\ndevice: cpu\n",
+             g_dir, g_dir, g_dir);
+    qt_config c;
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    qt_train_stats st;
+    QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s", err);
+    printf("  eval loss %.3f -> %.3f (ln 256 = %.3f), %.0f tokens/s\n", st.first_eval, st.last_eval, log(256.0), st.tokens_per_s);
+    QT_EXPECT(st.last_eval < 2.7, "eval loss %.3f is not well below ln(256) = 5.545", st.last_eval);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/qt_train_XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    QT_RUN(test_resume_bit_exact);
+    QT_RUN(test_resume_errors);
+    QT_RUN(test_tinyshakespeare_learns);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (system(cmd)) printf("  could not remove %s\n", g_dir);
+    return qt_test_end();
+}
