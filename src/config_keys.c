@@ -107,7 +107,7 @@ static const qt_config_key keys[] = {
     I("checkpoint.keep", ckpt_keep, 1, INT_MAX, "3", "all", 0, "newest checkpoints kept; older ones are deleted"),
 
     S("export.dir", export_dir, "", "all",
-      "HF export (config.json + model.safetensors) at the end; \"\" = <checkpoint.dir>/export"),
+      "HF export (config.json + model.safetensors) at the end; \"\" = checkpoint.dir + \"/export\""),
     E("export.dtype", export_bf16, export_names, "fp32", "all", 0, "dtype of the exported weights"),
 
     S("log.file", log_file, "", "all", "JSON-lines log file; \"\" = stdout only"),
