@@ -21,7 +21,7 @@ typedef enum { QT_COMM_AUTO, QT_COMM_PEER, QT_COMM_HOST, QT_COMM_HOST_WC } qt_co
 typedef struct {
     char path[QT_PATH_MAX];       /* the YAML file (for messages) */
 
-    /* model: either hf_config (a config.json) or the inline fields; model_set says which were given */
+    /* model: either hf_config (a config.json) or the inline fields; model_inline says which were given */
     char hf_config[QT_PATH_MAX];
     qt_model_cfg model;
     int model_inline;             /* 1 when any inline model key was given */

@@ -92,13 +92,13 @@ static const char *suggest(const char *path, char *buf, size_t cap) {
     buf[0] = 0;
     for (int i = 0; qt_config_key_at(i); i++) {
         const char *p = qt_config_key_at(i)->path, *dot = strchr(p, '.');
-        char cand[2][KEY_MAX];
-        snprintf(cand[0], KEY_MAX, "%s", p);
-        snprintf(cand[1], KEY_MAX, "%.*s", dot ? (int)(dot - p) : (int)strlen(p), p); /* its section */
-        for (int j = 0; j < 2; j++) {
+        char sec[KEY_MAX];
+        snprintf(sec, sizeof sec, "%.*s", dot ? (int)(dot - p) : 0, p);
+        const char *cand[2] = {p, sec}; /* the key and its section */
+        for (int j = 0; j < 2 && cand[j][0]; j++) {
             size_t d = edit_distance(path, cand[j]);
-            const char *cl = strrchr(cand[j], '.') ? strrchr(cand[j], '.') + 1 : cand[j];
-            if (j == 0 && !strcmp(cl, leaf) && d > 1) d = 1; /* right key, wrong section */
+            if (j == 0 && !strcmp(dot ? dot + 1 : p, leaf) && d > 1) d = 1; /* right key, wrong section */
+            if (j == 0 && strlen(leaf) >= 3 && !strncmp(p, path, strlen(path)) && d > 1) d = 1; /* cut short */
             if (d < best) { best = d; snprintf(buf, cap, "%s", cand[j]); }
         }
     }
@@ -147,7 +147,7 @@ static int next(ctx *x) {
         yaml_parser_t *p = &x->parser;
         where w = mark_at(p->problem_mark);
         if (p->context)
-            return fail(x, w, NULL, "YAML syntax error: %s %s (line %d)", p->problem, p->context,
+            return fail(x, w, NULL, "YAML syntax error: %s %s that starts at line %d", p->problem, p->context,
                         (int)p->context_mark.line + 1);
         return fail(x, w, NULL, "YAML syntax error: %s", p->problem ? p->problem : "unreadable input");
     }
