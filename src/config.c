@@ -94,11 +94,12 @@ static const char *suggest(const char *path, char *buf, size_t cap) {
         const char *p = qt_config_key_at(i)->path, *dot = strchr(p, '.');
         char sec[KEY_MAX];
         snprintf(sec, sizeof sec, "%.*s", dot ? (int)(dot - p) : 0, p);
-        const char *cand[2] = {p, sec}; /* the key and its section */
-        for (int j = 0; j < 2 && cand[j][0]; j++) {
+        const char *cand[2] = {sec, p}; /* its section first: "opt" suggests "optim", not a key */
+        for (int j = 0; j < 2; j++) {
+            if (!cand[j][0]) continue;
             size_t d = edit_distance(path, cand[j]);
-            if (j == 0 && !strcmp(dot ? dot + 1 : p, leaf) && d > 1) d = 1; /* right key, wrong section */
-            if (j == 0 && strlen(leaf) >= 3 && !strncmp(p, path, strlen(path)) && d > 1) d = 1; /* cut short */
+            if (j == 1 && !strcmp(dot ? dot + 1 : p, leaf) && d > 1) d = 1; /* right key, wrong section */
+            if (strlen(leaf) >= 3 && !strncmp(cand[j], path, strlen(path)) && d > 1) d = 1; /* cut short */
             if (d < best) { best = d; snprintf(buf, cap, "%s", cand[j]); }
         }
     }
