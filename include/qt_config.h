@@ -21,7 +21,7 @@ typedef enum { QT_COMM_AUTO, QT_COMM_PEER, QT_COMM_HOST, QT_COMM_HOST_WC } qt_co
 typedef struct {
     char path[QT_PATH_MAX];       /* the YAML file (for messages) */
 
-    /* model: either hf_config (a config.json) or the inline fields; model_set says which were given */
+    /* model: either hf_config (a config.json) or the inline fields; model_inline says which were given */
     char hf_config[QT_PATH_MAX];
     qt_model_cfg model;
     int model_inline;             /* 1 when any inline model key was given */
@@ -71,6 +71,42 @@ typedef struct {
     int gpus;                     /* 0 = all visible */
     qt_comm_kind comm;
 } qt_config;
+
+/* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,
+ * qt_config_dump and the table in configs/README.md. */
+typedef enum { QT_KEY_INT, QT_KEY_U64, QT_KEY_FLOAT, QT_KEY_BOOL, QT_KEY_STRING, QT_KEY_ENUM } qt_key_type;
+typedef struct {
+    const char *name;
+    int value;
+} qt_key_enum;
+typedef struct {
+    const char *path;          /* "optim.lr" */
+    qt_key_type type;
+    size_t offset;             /* of the field in qt_config (int, uint64_t, float or char[QT_PATH_MAX]) */
+    double lo, hi;             /* numeric range; -HUGE_VAL / HUGE_VAL when unbounded */
+    int lo_open, hi_open;      /* 1: the bound itself is excluded */
+    const qt_key_enum *names;  /* QT_KEY_ENUM: {NULL, 0}-terminated */
+    const char *def;           /* default, as YAML scalar text */
+    const char *used_by;       /* which trainer path reads it: "all", "GPU", "multi-GPU" */
+    int model_inline;          /* 1: an inline model key (sets qt_config.model_inline) */
+    const char *help;
+} qt_config_key;
+
+/* Row i of the key table, or NULL when i is past the end. */
+const qt_config_key *qt_config_key_at(int i);
+/* The row for a dotted path ("optim.lr"), or NULL. */
+const qt_config_key *qt_config_key_find(const char *path);
+/* Parses text (a YAML scalar's value) into k's field of c. Returns 0, or -1 leaving c unchanged. */
+int qt_config_key_set(qt_config *c, const qt_config_key *k, const char *text);
+/* Writes k's value in c as a YAML scalar that qt_config_key_set reads back exactly. */
+void qt_config_key_format(const qt_config *c, const qt_config_key *k, char *buf, size_t cap);
+/* Writes what k accepts, as error messages say it: "a number > 0", "one of cosine|linear|wsd". */
+void qt_config_key_expect(const qt_config_key *k, char *buf, size_t cap);
+/* 1 when every key (and model_inline) is equal in a and b; else 0 and *diff names the first key. */
+int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff);
+/* Writes the markdown key table of configs/README.md (header and one row per key). Returns the
+ * length written (excluding NUL), truncating at cap like snprintf. */
+size_t qt_config_doc_table(char *buf, size_t cap);
 
 /* Fills every field with its default. */
 void qt_config_defaults(qt_config *c);

@@ -1,0 +1,371 @@
+/* config.c — loads a run's YAML file and `--set a.b=v` overrides into a qt_config, checks it, dumps it.
+ *
+ * The YAML is walked as libyaml events (so every key keeps its line:column); each scalar goes through
+ * the key table in config_keys.c. Errors read "<file>:<line>:<col>: <key>: expected <what>, got ...". */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+#include "qt_config.h"
+
+#define MAX_KEYS 128
+#define MAX_SECTIONS 32
+#define KEY_MAX 256
+
+/* Where a key's value came from: line > 0 for the file (1-based), ovr >= 0 for --set number ovr. */
+typedef struct {
+    int line, col, ovr;
+} where;
+
+typedef struct {
+    qt_config *c;
+    const char *name;                    /* file name for messages */
+    const char *const *ovr;
+    yaml_parser_t parser;
+    yaml_event_t ev;                     /* the current event; deleted before the next is parsed */
+    int have_ev;
+    where at[MAX_KEYS];                  /* per key; line == 0 && ovr < 0: default */
+    char sections[MAX_SECTIONS][KEY_MAX]; /* section mappings seen, for duplicates */
+    where section_at[MAX_SECTIONS];
+    int n_sections;
+    int first_inline;                    /* key index of the first inline model key given, or -1 */
+    char *err;
+    size_t errlen;
+} ctx;
+
+static int key_index(const qt_config_key *k) {
+    for (int i = 0; qt_config_key_at(i); i++)
+        if (qt_config_key_at(i) == k) return i;
+    return -1;
+}
+
+/* "<file>:<line>:<col>" or "--set <text>". */
+static void where_text(const ctx *x, where w, char *buf, size_t cap) {
+    if (w.ovr >= 0) snprintf(buf, cap, "--set %s", x->ovr[w.ovr]);
+    else if (w.line > 0) snprintf(buf, cap, "%s:%d:%d", x->name, w.line, w.col);
+    else snprintf(buf, cap, "%s", x->name);
+}
+
+static int fail(ctx *x, where w, const char *key, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail(ctx *x, where w, const char *key, const char *fmt, ...) {
+    char loc[KEY_MAX + 64];
+    where_text(x, w, loc, sizeof loc);
+    int n = snprintf(x->err, x->errlen, "%s: %s%s", loc, key ? key : "", key ? ": " : "");
+    if (n >= 0 && (size_t)n < x->errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(x->err + n, x->errlen - n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static where mark_at(yaml_mark_t m) { return (where){(int)m.line + 1, (int)m.column + 1, -1}; }
+
+static size_t edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b), row[KEY_MAX + 1];
+    if (la > KEY_MAX || lb > KEY_MAX) return (size_t)-1;
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* The known key (or section) closest to an unknown path, when it is close enough to be a typo or the
+ * same leaf name under another section; NULL otherwise. Writes into buf. */
+static const char *suggest(const char *path, char *buf, size_t cap) {
+    const char *leaf = strrchr(path, '.') ? strrchr(path, '.') + 1 : path;
+    size_t best = (size_t)-1;
+    buf[0] = 0;
+    for (int i = 0; qt_config_key_at(i); i++) {
+        const char *p = qt_config_key_at(i)->path, *dot = strchr(p, '.');
+        char sec[KEY_MAX];
+        snprintf(sec, sizeof sec, "%.*s", dot ? (int)(dot - p) : 0, p);
+        const char *cand[2] = {sec, p}; /* its section first: "opt" suggests "optim", not a key */
+        for (int j = 0; j < 2; j++) {
+            if (!cand[j][0]) continue;
+            size_t d = edit_distance(path, cand[j]);
+            if (j == 1 && !strcmp(dot ? dot + 1 : p, leaf) && d > 1) d = 1; /* right key, wrong section */
+            if (strlen(leaf) >= 3 && !strncmp(cand[j], path, strlen(path)) && d > 1) d = 1; /* cut short */
+            if (d < best) { best = d; snprintf(buf, cap, "%s", cand[j]); }
+        }
+    }
+    size_t allow = strlen(path) < 6 ? 1 : strlen(path) < 12 ? 2 : 3;
+    return best <= allow ? buf : NULL;
+}
+
+static int unknown_key(ctx *x, where w, const char *path) {
+    char s[KEY_MAX];
+    if (suggest(path, s, sizeof s))
+        return fail(x, w, path, "expected a known key (did you mean \"%s\"?), got \"%s\"", s, path);
+    return fail(x, w, path, "expected a known key (see configs/README.md), got \"%s\"", path);
+}
+
+/* 1 when path names a section: some key lives below it. */
+static int is_section(const char *path) {
+    size_t n = strlen(path);
+    for (int i = 0; qt_config_key_at(i); i++) {
+        const char *p = qt_config_key_at(i)->path;
+        if (!strncmp(p, path, n) && p[n] == '.') return 1;
+    }
+    return 0;
+}
+
+/* Sets key k from a scalar's text, recording where; plain null scalars count as "" for strings. */
+static int apply(ctx *x, const qt_config_key *k, const char *text, int plain, where w) {
+    int idx = key_index(k);
+    if (k->type == QT_KEY_STRING && plain && (!strcmp(text, "~") || !strcasecmp(text, "null"))) text = "";
+    if (qt_config_key_set(x->c, k, text)) {
+        char what[200];
+        qt_config_key_expect(k, what, sizeof what);
+        return fail(x, w, k->path, "expected %s, got \"%.200s\"", what, text);
+    }
+    x->at[idx] = w;
+    if (k->model_inline) {
+        x->c->model_inline = 1;
+        if (x->first_inline < 0) x->first_inline = idx;
+    }
+    return 0;
+}
+
+static int next(ctx *x) {
+    if (x->have_ev) yaml_event_delete(&x->ev);
+    x->have_ev = 0;
+    if (!yaml_parser_parse(&x->parser, &x->ev)) {
+        yaml_parser_t *p = &x->parser;
+        where w = mark_at(p->problem_mark);
+        if (p->context)
+            return fail(x, w, NULL, "YAML syntax error: %s %s that starts at line %d", p->problem, p->context,
+                        (int)p->context_mark.line + 1);
+        return fail(x, w, NULL, "YAML syntax error: %s", p->problem ? p->problem : "unreadable input");
+    }
+    x->have_ev = 1;
+    return 0;
+}
+
+static const char *node_kind(const yaml_event_t *e) {
+    return e->type == YAML_MAPPING_START_EVENT ? "a mapping"
+           : e->type == YAML_SEQUENCE_START_EVENT ? "a sequence"
+           : e->type == YAML_ALIAS_EVENT ? "an alias (quote values that start with '*')"
+                                           : "something else";
+}
+
+static int section_seen(ctx *x, const char *path, where w) {
+    for (int i = 0; i < x->n_sections; i++)
+        if (!strcmp(x->sections[i], path))
+            return fail(x, w, path, "expected each key once (first at line %d), got it again", x->section_at[i].line);
+    if (x->n_sections < MAX_SECTIONS) {
+        snprintf(x->sections[x->n_sections], KEY_MAX, "%s", path);
+        x->section_at[x->n_sections++] = w;
+    }
+    return 0;
+}
+
+/* Reads the pairs of a mapping whose MAPPING_START is the current event; prefix = its dotted path. */
+static int read_mapping(ctx *x, const char *prefix) {
+    for (;;) {
+        if (next(x)) return -1;
+        if (x->ev.type == YAML_MAPPING_END_EVENT) return 0;
+        where w = mark_at(x->ev.start_mark);
+        if (x->ev.type != YAML_SCALAR_EVENT)
+            return fail(x, w, prefix[0] ? prefix : NULL, "expected a key name, got %s", node_kind(&x->ev));
+        char path[KEY_MAX];
+        int n = snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", (const char *)x->ev.data.scalar.value);
+        if (n < 0 || (size_t)n >= sizeof path) return fail(x, w, prefix, "expected a known key, got a %d-byte key", n);
+        const qt_config_key *k = qt_config_key_find(path);
+        int section = !k && is_section(path);
+        if (!k && !section) return unknown_key(x, w, path);
+        if (k && (x->at[key_index(k)].line > 0))
+            return fail(x, w, path, "expected each key once (first at line %d), got it again", x->at[key_index(k)].line);
+        if (next(x)) return -1;
+        if (section) {
+            if (x->ev.type != YAML_MAPPING_START_EVENT) {
+                if (x->ev.type == YAML_SCALAR_EVENT)
+                    return fail(x, w, path, "expected a mapping of %s.* keys, got \"%.200s\"", path,
+                                (const char *)x->ev.data.scalar.value);
+                return fail(x, w, path, "expected a mapping of %s.* keys, got %s", path, node_kind(&x->ev));
+            }
+            if (section_seen(x, path, w) || read_mapping(x, path)) return -1;
+        } else {
+            char what[200];
+            qt_config_key_expect(k, what, sizeof what);
+            if (x->ev.type != YAML_SCALAR_EVENT) return fail(x, w, path, "expected %s, got %s", what, node_kind(&x->ev));
+            if (apply(x, k, (const char *)x->ev.data.scalar.value,
+                      x->ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE, w))
+                return -1;
+        }
+    }
+}
+
+/* stream := STREAM_START [DOCUMENT_START (MAPPING | empty scalar) DOCUMENT_END] STREAM_END */
+static int read_stream(ctx *x) {
+    if (next(x)) return -1;                       /* STREAM_START */
+    if (next(x)) return -1;
+    if (x->ev.type == YAML_STREAM_END_EVENT) return 0; /* empty file: all defaults */
+    if (next(x)) return -1;                       /* the root node */
+    where w = mark_at(x->ev.start_mark);
+    if (x->ev.type == YAML_MAPPING_START_EVENT) {
+        if (read_mapping(x, "")) return -1;
+    } else if (x->ev.type == YAML_SCALAR_EVENT) {
+        const char *v = (const char *)x->ev.data.scalar.value;
+        if (v[0] && strcmp(v, "~") && strcasecmp(v, "null"))
+            return fail(x, w, NULL, "expected a mapping of config keys, got \"%.200s\"", v);
+    } else
+        return fail(x, w, NULL, "expected a mapping of config keys, got %s", node_kind(&x->ev));
+    if (next(x)) return -1;                       /* DOCUMENT_END */
+    if (next(x)) return -1;
+    if (x->ev.type != YAML_STREAM_END_EVENT)
+        return fail(x, mark_at(x->ev.start_mark), NULL, "expected one YAML document, got a second one");
+    return 0;
+}
+
+/* Parses one --set value as a YAML scalar (so quoting works as in the file). */
+static int apply_override(ctx *x, int i) {
+    const char *s = x->ovr[i], *eq = strchr(s, '=');
+    where w = {0, 0, i};
+    if (!eq || eq == s) return fail(x, w, NULL, "expected key=value, got \"%s\"", s);
+    char path[KEY_MAX];
+    snprintf(path, sizeof path, "%.*s", (int)(eq - s) < KEY_MAX - 1 ? (int)(eq - s) : KEY_MAX - 1, s);
+    const qt_config_key *k = qt_config_key_find(path);
+    if (!k) return unknown_key(x, w, path);
+    yaml_parser_t p;
+    yaml_event_t e;
+    if (!yaml_parser_initialize(&p)) return fail(x, w, path, "expected memory for the YAML parser, got none");
+    yaml_parser_set_input_string(&p, (const unsigned char *)eq + 1, strlen(eq + 1));
+    int rc = -1, done = 0;
+    char what[200];
+    qt_config_key_expect(k, what, sizeof what);
+    while (!done) { /* skip to the first node: a scalar, another node, or the end of an empty value */
+        if (!yaml_parser_parse(&p, &e)) {
+            rc = fail(x, w, path, "expected %s, got \"%s\" (YAML: %s)", what, eq + 1, p.problem ? p.problem : "?");
+            break;
+        }
+        if (e.type == YAML_SCALAR_EVENT) {
+            rc = apply(x, k, (const char *)e.data.scalar.value, e.data.scalar.style == YAML_PLAIN_SCALAR_STYLE, w);
+            done = 1;
+        } else if (e.type == YAML_STREAM_END_EVENT) {
+            rc = apply(x, k, "", 1, w);
+            done = 1;
+        } else if (e.type != YAML_STREAM_START_EVENT && e.type != YAML_DOCUMENT_START_EVENT) {
+            rc = fail(x, w, path, "expected %s, got %s", what, node_kind(&e));
+            done = 1;
+        }
+        yaml_event_delete(&e);
+    }
+    yaml_parser_delete(&p);
+    return rc;
+}
+
+static where at_of(const ctx *x, const char *path) { return x->at[key_index(qt_config_key_find(path))]; }
+static int given(where w) { return w.line > 0 || w.ovr >= 0; }
+
+/* Checks that span keys: model source, schedule length, sequence length. */
+static int cross_check(ctx *x) {
+    qt_config *c = x->c;
+    if (c->hf_config[0] && c->model_inline) {
+        const qt_config_key *k = qt_config_key_at(x->first_inline);
+        char v[QT_PATH_MAX + 8];
+        qt_config_key_format(c, k, v, sizeof v);
+        return fail(x, x->at[x->first_inline], k->path,
+                    "expected no inline model keys when model.hf_config is set, got \"%s\"", v);
+    }
+    if ((long)c->warmup + c->cooldown > c->steps) {
+        where ww = at_of(x, "optim.warmup"), wc = at_of(x, "optim.cooldown");
+        const char *key = given(ww) ? "optim.warmup" : given(wc) ? "optim.cooldown" : "optim.steps";
+        int v = given(ww) ? c->warmup : given(wc) ? c->cooldown : c->steps;
+        if (!strcmp(key, "optim.steps"))
+            return fail(x, at_of(x, key), key, "expected >= warmup + cooldown (%d), got \"%d\"",
+                        c->warmup + c->cooldown, v);
+        return fail(x, at_of(x, key), key, "expected warmup + cooldown <= steps (%d), got \"%d\"", c->steps, v);
+    }
+    /* Only when this file defines the model: hf_config / init.from are resolved by the trainer. */
+    if (!c->hf_config[0] && !c->init_from[0] && c->seq_len > c->model.max_seq_len) {
+        where ws = at_of(x, "data.seq_len");
+        const char *key = given(ws) ? "data.seq_len" : "model.max_seq_len";
+        if (given(ws))
+            return fail(x, ws, key, "expected <= model.max_seq_len (%d), got \"%d\"", c->model.max_seq_len, c->seq_len);
+        return fail(x, at_of(x, key), key, "expected >= data.seq_len (%d), got \"%d\"", c->seq_len,
+                    c->model.max_seq_len);
+    }
+    return 0;
+}
+
+/* The shared body of load and load_string: text == NULL reads the file at name. */
+static int load(qt_config *c, const char *text, size_t len, FILE *f, const char *name,
+                const char *const *overrides, int n_overrides, char *err, size_t errlen) {
+    ctx x;
+    memset(&x, 0, sizeof x);
+    x.c = c;
+    x.name = name;
+    x.ovr = overrides;
+    x.err = err;
+    x.errlen = errlen;
+    x.first_inline = -1;
+    for (int i = 0; i < MAX_KEYS; i++) x.at[i].ovr = -1;
+    if (err && errlen) err[0] = 0;
+    qt_config_defaults(c);
+    snprintf(c->path, sizeof c->path, "%s", name);
+    if (qt_config_key_at(MAX_KEYS)) return fail(&x, (where){0, 0, -1}, NULL, "expected <= %d config keys", MAX_KEYS);
+    if (!yaml_parser_initialize(&x.parser)) return fail(&x, (where){0, 0, -1}, NULL, "out of memory");
+    if (f) yaml_parser_set_input_file(&x.parser, f);
+    else yaml_parser_set_input_string(&x.parser, (const unsigned char *)text, len);
+    int rc = read_stream(&x);
+    if (x.have_ev) yaml_event_delete(&x.ev);
+    yaml_parser_delete(&x.parser);
+    for (int i = 0; i < n_overrides && !rc; i++) rc = apply_override(&x, i);
+    if (!rc) rc = cross_check(&x);
+    return rc;
+}
+
+int qt_config_load_string(qt_config *c, const char *yaml, const char *name, const char *const *overrides,
+                          int n_overrides, char *err, size_t errlen) {
+    return load(c, yaml, strlen(yaml), NULL, name ? name : "<string>", overrides, n_overrides, err, errlen);
+}
+
+int qt_config_load(qt_config *c, const char *path, const char *const *overrides, int n_overrides, char *err,
+                   size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: expected a readable YAML file, got \"%s\"", path, strerror(errno));
+        return -1;
+    }
+    int rc = load(c, NULL, 0, f, path, overrides, n_overrides, err, errlen);
+    fclose(f);
+    return rc;
+}
+
+size_t qt_config_dump(const qt_config *c, char *buf, size_t cap) {
+    size_t n = 0;
+    char section[KEY_MAX] = "", val[2 * QT_PATH_MAX + 8];
+#define OUT(...) do { int w_ = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__); \
+                      if (w_ > 0) n += (size_t)w_; } while (0)
+    OUT("# qtrain config: every key with its resolved value\n");
+    for (int i = 0; qt_config_key_at(i); i++) {
+        const qt_config_key *k = qt_config_key_at(i);
+        const char *dot = strchr(k->path, '.');
+        size_t sl = dot ? (size_t)(dot - k->path) : 0;
+        if (dot && (strlen(section) != sl || strncmp(section, k->path, sl))) {
+            snprintf(section, sizeof section, "%.*s", (int)sl, k->path);
+            OUT("%s:\n", section);
+        }
+        qt_config_key_format(c, k, val, sizeof val);
+        /* Inline model keys were not given: comment them out so that reading back keeps them unset. */
+        const char *hash = k->model_inline && !c->model_inline ? "# " : "";
+        OUT("%s%s%s: %s\n", dot ? "  " : "", hash, dot ? dot + 1 : k->path, val);
+    }
+#undef OUT
+    return n;
+}

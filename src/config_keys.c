@@ -1,0 +1,320 @@
+/* config_keys.c — the config key table and per-key parse, format, range text, defaults and docs.
+ *
+ * Everything that knows a key's type, range or default reads it from keys[] below; config.c walks the
+ * YAML and calls in here, so adding a key is adding one row (and its README row, which a test checks). */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "qt_config.h"
+#include "qt_dtype.h"
+
+_Static_assert(sizeof(qt_sched_kind) == sizeof(int) && sizeof(qt_device_kind) == sizeof(int) &&
+                   sizeof(qt_comm_kind) == sizeof(int) && sizeof(qt_arch) == sizeof(int),
+               "enum keys are stored as int");
+
+static const qt_key_enum arch_names[] = {{"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {NULL, 0}};
+static const qt_key_enum sched_names[] = {
+    {"cosine", QT_SCHED_COSINE}, {"linear", QT_SCHED_LINEAR}, {"wsd", QT_SCHED_WSD}, {NULL, 0}};
+static const qt_key_enum device_names[] = {
+    {"auto", QT_DEVICE_AUTO}, {"cpu", QT_DEVICE_CPU}, {"cuda", QT_DEVICE_CUDA}, {NULL, 0}};
+static const qt_key_enum comm_names[] = {{"auto", QT_COMM_AUTO},
+                                         {"peer", QT_COMM_PEER},
+                                         {"host", QT_COMM_HOST},
+                                         {"host_wc", QT_COMM_HOST_WC},
+                                         {NULL, 0}};
+static const qt_key_enum f32_bf16_names[] = {{"fp32", QT_DT_F32}, {"bf16", QT_DT_BF16}, {NULL, 0}};
+static const qt_key_enum matmul_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_E4M3}, {NULL, 0}};
+static const qt_key_enum grad_names[] = {
+    {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
+static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
+
+#define OFF(f) offsetof(qt_config, f)
+#define NOLO (-HUGE_VAL)
+#define NOHI HUGE_VAL
+/* Row builders: I(nt) range [lo, hi]; F(loat) with open/closed bounds; B(ool), S(tring), E(num), U64. */
+#define I(p, f, lo, hi, d, u, m, h) {p, QT_KEY_INT, OFF(f), lo, hi, 0, 0, NULL, d, u, m, h}
+#define F(p, f, lo, hi, lo_o, hi_o, d, u, m, h) {p, QT_KEY_FLOAT, OFF(f), lo, hi, lo_o, hi_o, NULL, d, u, m, h}
+#define U64(p, f, d, u, h) {p, QT_KEY_U64, OFF(f), NOLO, NOHI, 0, 0, NULL, d, u, 0, h}
+#define B(p, f, d, u, m, h) {p, QT_KEY_BOOL, OFF(f), NOLO, NOHI, 0, 0, NULL, d, u, m, h}
+#define S(p, f, d, u, h) {p, QT_KEY_STRING, OFF(f), NOLO, NOHI, 0, 0, NULL, d, u, 0, h}
+#define E(p, f, n, d, u, m, h) {p, QT_KEY_ENUM, OFF(f), NOLO, NOHI, 0, 0, n, d, u, m, h}
+
+static const qt_config_key keys[] = {
+    U64("seed", seed, "1234", "all", "seeds the data order (and, on the GPU, stochastic rounding)"),
+    E("device", device, device_names, "auto", "all", 0,
+      "where to train; auto = cuda when a GPU is visible, else cpu"),
+
+    S("model.hf_config", hf_config, "", "all",
+      "an HF config.json to take the model from; exclusive with the inline model keys below"),
+    E("model.arch", model.arch, arch_names, "qwen2", "all", 1,
+      "architecture name written on export (the maths differs only by qkv_bias)"),
+    I("model.vocab_size", model.vocab_size, 1, INT_MAX, "256", "all", 1, "vocabulary size"),
+    I("model.hidden_size", model.hidden_size, 1, INT_MAX, "128", "all", 1, "model width C"),
+    I("model.num_layers", model.num_layers, 1, INT_MAX, "4", "all", 1, "transformer blocks"),
+    I("model.num_heads", model.num_heads, 1, INT_MAX, "4", "all", 1, "attention (query) heads"),
+    I("model.num_kv_heads", model.num_kv_heads, 1, INT_MAX, "2", "all", 1,
+      "key/value heads (grouped-query attention); must divide num_heads"),
+    I("model.head_dim", model.head_dim, 0, INT_MAX, "0", "all", 1, "per-head width; 0 = hidden_size / num_heads"),
+    I("model.intermediate_size", model.intermediate_size, 1, INT_MAX, "384", "all", 1, "SwiGLU MLP width F"),
+    F("model.rope_theta", model.rope_theta, 0, NOHI, 1, 0, "10000", "all", 1, "RoPE base frequency"),
+    F("model.rms_norm_eps", model.rms_norm_eps, 0, NOHI, 1, 0, "1e-06", "all", 1, "RMSNorm epsilon"),
+    B("model.tie_embeddings", model.tie_embeddings, "true", "all", 1,
+      "the LM head shares the embedding matrix"),
+    B("model.qkv_bias", model.qkv_bias, "true", "all", 1,
+      "q/k/v projections carry a bias (Qwen2: true; set false for Llama)"),
+    I("model.max_seq_len", model.max_seq_len, 1, INT_MAX, "256", "all", 1,
+      "longest sequence the model supports (HF max_position_embeddings); data.seq_len must fit"),
+
+    S("init.from", init_from, "", "all",
+      "HF model directory (config.json + model.safetensors) to start from; \"\" = from scratch"),
+    U64("init.seed", init_seed, "1234", "all", "seeds the random weight init"),
+    F("init.std", init_std, 0, NOHI, 1, 0, "0.02", "all", 0, "std of the normal init of matrices and embeddings"),
+
+    S("data.train", train_glob, "", "all", "glob of training token shards; must be set to train"),
+    S("data.eval", eval_glob, "", "all", "glob of eval token shards; \"\" = no eval"),
+    I("data.seq_len", seq_len, 1, INT_MAX, "256", "all", 0, "tokens per sequence"),
+    I("data.micro_batch", micro_batch, 1, INT_MAX, "8", "all", 0, "sequences per forward/backward (per GPU)"),
+    I("data.grad_accum", grad_accum, 1, INT_MAX, "1", "all", 0, "micro-batches per optimizer step"),
+
+    F("optim.lr", lr, 0, NOHI, 1, 0, "0.0003", "all", 0, "peak learning rate"),
+    I("optim.warmup", warmup, 0, INT_MAX, "0", "all", 0, "linear warmup steps; warmup + cooldown <= steps"),
+    I("optim.cooldown", cooldown, 0, INT_MAX, "0", "all", 0,
+      "wsd: steps of the final decay to final_lr_frac * lr; ignored by cosine and linear"),
+    E("optim.schedule", schedule, sched_names, "cosine", "all", 0,
+      "decay after warmup: cosine or linear to final_lr_frac * lr, or wsd (constant, then cooldown)"),
+    F("optim.final_lr_frac", final_lr_frac, 0, 1, 0, 0, "0.1", "all", 0, "last-step lr as a fraction of lr"),
+    F("optim.beta1", beta1, 0, 1, 0, 1, "0.9", "all", 0, "AdamW first-moment decay"),
+    F("optim.beta2", beta2, 0, 1, 0, 1, "0.95", "all", 0, "AdamW second-moment decay"),
+    F("optim.eps", eps, 0, NOHI, 1, 0, "1e-08", "all", 0, "AdamW epsilon"),
+    F("optim.weight_decay", weight_decay, 0, NOHI, 0, 0, "0.1", "all", 0,
+      "decoupled weight decay of the projection matrices"),
+    F("optim.grad_clip", grad_clip, 0, NOHI, 0, 0, "1", "all", 0, "max global gradient L2 norm; 0 = off"),
+    I("optim.steps", steps, 1, INT_MAX, "1000", "all", 0, "optimizer steps in the run"),
+    B("optim.decay_embeddings", decay_embeddings, "false", "all", 0,
+      "apply weight decay to the embedding and LM head too"),
+
+    I("eval.every", eval_every, 0, INT_MAX, "100", "all", 0, "evaluate every N steps (and at the end); 0 = never"),
+    I("eval.batches", eval_batches, 1, INT_MAX, "8", "all", 0, "micro-batches per evaluation"),
+
+    S("checkpoint.dir", ckpt_dir, "ckpt", "all", "directory for checkpoints"),
+    I("checkpoint.every", ckpt_every, 0, INT_MAX, "0", "all", 0, "checkpoint every N steps; 0 = only at the end"),
+    I("checkpoint.keep", ckpt_keep, 1, INT_MAX, "3", "all", 0, "newest checkpoints kept; older ones are deleted"),
+
+    S("export.dir", export_dir, "", "all",
+      "HF export (config.json + model.safetensors) at the end; \"\" = checkpoint.dir + \"/export\""),
+    E("export.dtype", export_bf16, export_names, "fp32", "all", 0, "dtype of the exported weights"),
+
+    S("log.file", log_file, "", "all", "JSON-lines log file; \"\" = stdout only"),
+    I("log.every", log_every, 1, INT_MAX, "10", "all", 0, "log the training loss every N steps"),
+
+    E("precision.model_dtype", model_dtype, f32_bf16_names, "bf16", "GPU", 0,
+      "dtype of the GPU weights and activations (fp32 master copy kept)"),
+    E("precision.matmul_dtype", matmul_dtype, matmul_names, "bf16", "GPU", 0,
+      "matmul input dtype; e4m3 = FP8 (reserved: accepted and validated, used by the GPU trainer)"),
+    E("precision.grad_dtype", grad_dtype, grad_names, "bf16", "GPU", 0,
+      "activation-gradient dtype in backward matmuls (FP8: reserved, used by the GPU trainer)"),
+    E("precision.opt_m_dtype", opt_m_dtype, f32_bf16_names, "fp32", "GPU", 0, "AdamW first-moment storage"),
+    E("precision.opt_v_dtype", opt_v_dtype, f32_bf16_names, "fp32", "GPU", 0, "AdamW second-moment storage"),
+    B("precision.stochastic_rounding", stochastic_rounding, "false", "GPU", 0,
+      "round bf16 weight updates stochastically (reserved: accepted and validated, used by the GPU trainer)"),
+    B("precision.persistent_quants", persistent_quants, "false", "GPU", 0,
+      "keep FP8 weight copies between steps (reserved: accepted and validated, used by the GPU trainer)"),
+
+    I("memory.lmhead_chunks", lmhead_chunks, 1, INT_MAX, "1", "GPU", 0,
+      "split the LM head + loss over tokens into N chunks to bound logits memory"),
+    B("perf.cuda_graphs", cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
+
+    I("parallel.gpus", gpus, 0, INT_MAX, "0", "multi-GPU", 0,
+      "GPUs to use; 0 = all visible (reserved: accepted and validated, used by the multi-GPU trainer)"),
+    E("parallel.comm", comm, comm_names, "auto", "multi-GPU", 0,
+      "collective transport: peer copies, host staging, write-combined host (reserved: multi-GPU trainer)"),
+};
+#define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
+
+const qt_config_key *qt_config_key_at(int i) { return i >= 0 && i < N_KEYS ? &keys[i] : NULL; }
+
+const qt_config_key *qt_config_key_find(const char *path) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].path, path)) return &keys[i];
+    return NULL;
+}
+
+static int in_range(const qt_config_key *k, double v) {
+    if (k->lo_open ? !(v > k->lo) : !(v >= k->lo)) return 0;
+    if (k->hi_open ? !(v < k->hi) : !(v <= k->hi)) return 0;
+    return 1;
+}
+
+/* YAML 1.1/1.2 booleans, in the three casings YAML allows. */
+static int parse_bool(const char *t, int *out) {
+    static const char *yes[] = {"true", "yes", "on"}, *no[] = {"false", "no", "off"};
+    for (int i = 0; i < 3; i++) {
+        if (!strcasecmp(t, yes[i])) { *out = 1; return 0; }
+        if (!strcasecmp(t, no[i])) { *out = 0; return 0; }
+    }
+    return -1;
+}
+
+int qt_config_key_set(qt_config *c, const qt_config_key *k, const char *t) {
+    char *field = (char *)c + k->offset, *end;
+    errno = 0;
+    switch (k->type) {
+    case QT_KEY_INT: {
+        long long v = strtoll(t, &end, 10);
+        if (!*t || *end || errno || v < INT_MIN || v > INT_MAX || !in_range(k, (double)v)) return -1;
+        *(int *)field = (int)v;
+        return 0;
+    }
+    case QT_KEY_U64: {
+        if (!*t || *t == '-' || *t == '+' || *t == ' ') return -1;
+        unsigned long long v = strtoull(t, &end, 10);
+        if (*end || errno) return -1;
+        *(uint64_t *)field = (uint64_t)v;
+        return 0;
+    }
+    case QT_KEY_FLOAT: {
+        float v = strtof(t, &end);
+        if (!*t || *end || !isfinite(v) || !in_range(k, v)) return -1;
+        *(float *)field = v;
+        return 0;
+    }
+    case QT_KEY_BOOL: return parse_bool(t, (int *)field);
+    case QT_KEY_STRING:
+        if (strlen(t) >= QT_PATH_MAX) return -1;
+        memcpy(field, t, strlen(t) + 1);
+        return 0;
+    case QT_KEY_ENUM:
+        for (const qt_key_enum *e = k->names; e->name; e++)
+            if (!strcmp(e->name, t)) { *(int *)field = e->value; return 0; }
+        return -1;
+    }
+    return -1;
+}
+
+/* Shortest %g that reads back to the same float, so dumps stay readable ("0.02", not 0.0199999996). */
+static void format_float(float v, char *buf, size_t cap) {
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, cap, "%.*g", prec, (double)v);
+        if (strtof(buf, NULL) == v) return;
+    }
+}
+
+/* A YAML double-quoted scalar: backslash escapes for quote, backslash and control bytes. */
+static void format_string(const char *s, char *buf, size_t cap) {
+    size_t n = 0;
+#define PUT(ch) do { if (n + 1 < cap) buf[n] = (ch); n++; } while (0)
+    PUT('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') { PUT('\\'); PUT((char)*p); }
+        else if (*p < 0x20 || *p == 0x7f) {
+            char hex[8];
+            snprintf(hex, sizeof hex, "\\x%02x", *p);
+            for (char *h = hex; *h; h++) PUT(*h);
+        } else PUT((char)*p);
+    }
+    PUT('"');
+#undef PUT
+    if (cap) buf[n < cap ? n : cap - 1] = 0;
+}
+
+void qt_config_key_format(const qt_config *c, const qt_config_key *k, char *buf, size_t cap) {
+    const char *field = (const char *)c + k->offset;
+    switch (k->type) {
+    case QT_KEY_INT: snprintf(buf, cap, "%d", *(const int *)field); return;
+    case QT_KEY_U64: snprintf(buf, cap, "%llu", (unsigned long long)*(const uint64_t *)field); return;
+    case QT_KEY_FLOAT: format_float(*(const float *)field, buf, cap); return;
+    case QT_KEY_BOOL: snprintf(buf, cap, "%s", *(const int *)field ? "true" : "false"); return;
+    case QT_KEY_STRING: format_string(field, buf, cap); return;
+    case QT_KEY_ENUM:
+        for (const qt_key_enum *e = k->names; e->name; e++)
+            if (e->value == *(const int *)field) { snprintf(buf, cap, "%s", e->name); return; }
+        snprintf(buf, cap, "%d", *(const int *)field); /* not a valid name: reading it back fails loudly */
+        return;
+    }
+}
+
+/* The range alone: ">= 1", "> 0", "[0, 1)"; "" when unbounded. sep joins enum names. */
+static void range_text(const qt_config_key *k, const char *sep, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (k->type == QT_KEY_ENUM) {
+        size_t n = 0;
+        for (const qt_key_enum *e = k->names; e->name && n < cap; e++)
+            n += snprintf(buf + n, cap - n, "%s%s", e == k->names ? "" : sep, e->name);
+        return;
+    }
+    if (k->type != QT_KEY_INT && k->type != QT_KEY_FLOAT) return;
+    int has_hi = k->hi != NOHI && !(k->type == QT_KEY_INT && k->hi >= INT_MAX);
+    if (k->lo != NOLO && has_hi)
+        snprintf(buf, cap, "%c%g, %g%c", k->lo_open ? '(' : '[', k->lo, k->hi, k->hi_open ? ')' : ']');
+    else if (k->lo != NOLO) snprintf(buf, cap, "%s %g", k->lo_open ? ">" : ">=", k->lo);
+    else if (has_hi) snprintf(buf, cap, "%s %g", k->hi_open ? "<" : "<=", k->hi);
+}
+
+void qt_config_key_expect(const qt_config_key *k, char *buf, size_t cap) {
+    char r[160];
+    range_text(k, "|", r, sizeof r);
+    const char *join = r[0] == '[' || r[0] == '(' ? " in " : " ";
+    switch (k->type) {
+    case QT_KEY_INT: snprintf(buf, cap, "an integer%s%s", r[0] ? join : "", r); return;
+    case QT_KEY_FLOAT: snprintf(buf, cap, "a number%s%s", r[0] ? join : "", r); return;
+    case QT_KEY_U64: snprintf(buf, cap, "an integer in [0, 2^64)"); return;
+    case QT_KEY_BOOL: snprintf(buf, cap, "true or false"); return;
+    case QT_KEY_STRING: snprintf(buf, cap, "a string of at most %d bytes", QT_PATH_MAX - 1); return;
+    case QT_KEY_ENUM: snprintf(buf, cap, "one of %s", r); return;
+    }
+}
+
+void qt_config_defaults(qt_config *c) {
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < N_KEYS; i++) {
+        int rc = qt_config_key_set(c, &keys[i], keys[i].def);
+        (void)rc; /* a bad default in the table is caught by test_config's defaults test */
+    }
+}
+
+int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff) {
+    static const size_t width[] = {sizeof(int), sizeof(uint64_t), sizeof(float), sizeof(int), 0, sizeof(int)};
+    for (int i = 0; i < N_KEYS; i++) {
+        const char *fa = (const char *)a + keys[i].offset, *fb = (const char *)b + keys[i].offset;
+        int same = keys[i].type == QT_KEY_STRING ? !strcmp(fa, fb) : !memcmp(fa, fb, width[keys[i].type]);
+        if (!same) {
+            if (diff) *diff = keys[i].path;
+            return 0;
+        }
+    }
+    if (a->model_inline != b->model_inline) {
+        if (diff) *diff = "model_inline";
+        return 0;
+    }
+    return 1;
+}
+
+static const char *type_name(qt_key_type t) {
+    static const char *n[] = {"int", "uint64", "float", "bool", "string", "enum"};
+    return n[t];
+}
+
+size_t qt_config_doc_table(char *buf, size_t cap) {
+    size_t n = 0;
+#define OUT(...) do { int w_ = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__); \
+                      if (w_ > 0) n += (size_t)w_; } while (0)
+    OUT("| key | type | range | default | used by | meaning |\n");
+    OUT("|-----|------|-------|---------|---------|---------|\n");
+    for (int i = 0; i < N_KEYS; i++) {
+        const qt_config_key *k = &keys[i];
+        char r[160], d[64];
+        range_text(k, " \\| ", r, sizeof r);
+        if (k->type == QT_KEY_STRING) snprintf(d, sizeof d, "`\"%s\"`", k->def);
+        else snprintf(d, sizeof d, "`%s`", k->def);
+        OUT("| `%s` | %s | %s | %s | %s | %s |\n", k->path, type_name(k->type), r[0] ? r : "-", d, k->used_by,
+            k->help);
+    }
+#undef OUT
+    return n;
+}

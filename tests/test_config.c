@@ -1,0 +1,395 @@
+/* test_config.c — config loading, every error kind and its message, overrides, dump round trip, docs.
+ *
+ * Run from the repository root (it reads configs/). `test_config --doc` prints the key table that
+ * configs/README.md must contain. */
+#include <glob.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "qt_config.h"
+#include "qt_dtype.h"
+#include "qt_test.h"
+
+/* Failure messages quote whole error strings and paths; cutting them at qt_t_msg's size is fine. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
+
+static qt_config cfg, cfg2; /* large (path buffers): static rather than on the stack */
+static char err[2048];
+
+/* Loads yaml (named "t.yaml") and expects failure with exactly msg. */
+#define EXPECT_ERR(yaml, msg)                                                                      \
+    do {                                                                                           \
+        err[0] = 0;                                                                                \
+        int rc_ = qt_config_load_string(&cfg, yaml, "t.yaml", NULL, 0, err, sizeof err);           \
+        QT_EXPECT(rc_ == -1 && !strcmp(err, msg), "rc %d\n  got  %s\n  want %s", rc_, err, msg);  \
+    } while (0)
+
+static int load(const char *yaml, const char *const *ovr, int n) {
+    err[0] = 0;
+    return qt_config_load_string(&cfg, yaml, "t.yaml", ovr, n, err, sizeof err);
+}
+
+static void test_defaults(void) {
+    qt_config d;
+    qt_config_defaults(&d);
+    QT_REQUIRE(load("", NULL, 0) == 0, "empty file: %s", err);
+    const char *diff = NULL;
+    QT_EXPECT(qt_config_equal(&d, &cfg, &diff), "empty file differs from defaults at %s", diff);
+    QT_REQUIRE(load("# only a comment\n", NULL, 0) == 0, "comment-only file: %s", err);
+    QT_EXPECT(load("~\n", NULL, 0) == 0, "null document: %s", err);
+    QT_EXPECT(d.model.vocab_size == 256 && d.model.hidden_size == 128 && d.model.num_layers == 4 &&
+                  d.model.num_heads == 4 && d.model.num_kv_heads == 2 && d.model.intermediate_size == 384 &&
+                  d.model.rope_theta == 10000.f && d.model.rms_norm_eps == 1e-6f && d.model.max_seq_len == 256 &&
+                  d.model.tie_embeddings == 1 && d.model.qkv_bias == 1 && d.model.arch == QT_ARCH_QWEN2,
+              "tiny model defaults");
+    QT_EXPECT(d.init_std == 0.02f && d.model_inline == 0 && d.hf_config[0] == 0 && d.init_from[0] == 0,
+              "init defaults");
+    QT_EXPECT(d.matmul_dtype == QT_DT_BF16 && d.opt_m_dtype == QT_DT_F32 && d.decay_embeddings == 0 &&
+                  d.schedule == QT_SCHED_COSINE && d.device == QT_DEVICE_AUTO && d.comm == QT_COMM_AUTO &&
+                  d.lmhead_chunks == 1 && d.gpus == 0,
+              "enum/bool defaults");
+    /* Every default in the table parses and formats back to itself. */
+    for (int i = 0; qt_config_key_at(i); i++) {
+        const qt_config_key *k = qt_config_key_at(i);
+        qt_config t;
+        memset(&t, 0, sizeof t);
+        QT_REQUIRE(qt_config_key_set(&t, k, k->def) == 0, "%s: default \"%s\" does not parse", k->path, k->def);
+        char buf[QT_PATH_MAX + 8], want[QT_PATH_MAX + 8];
+        qt_config_key_format(&t, k, buf, sizeof buf);
+        if (k->type == QT_KEY_STRING) snprintf(want, sizeof want, "\"%s\"", k->def);
+        else snprintf(want, sizeof want, "%s", k->def);
+        QT_EXPECT(!strcmp(buf, want), "%s: default formats as %s, table says %s", k->path, buf, want);
+    }
+}
+
+static void test_examples_load(void) {
+    glob_t g;
+    QT_REQUIRE(glob("configs/*.yaml", 0, NULL, &g) == 0, "no configs/*.yaml (run from the repo root)");
+    int named = 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        const char *p = g.gl_pathv[i];
+        int rc = qt_config_load(&cfg, p, NULL, 0, err, sizeof err);
+        QT_EXPECT(rc == 0, "%s: %s", p, err);
+        if (rc) continue;
+        QT_EXPECT(!strcmp(cfg.path, p), "path %s", cfg.path);
+        if (strstr(p, "/tiny-cpu.yaml")) {
+            named++;
+            QT_EXPECT(cfg.seq_len == 128 && cfg.micro_batch == 8 && cfg.steps == 300 && cfg.warmup == 30 &&
+                          cfg.lr == 3e-3f && cfg.eval_every == 50 && cfg.schedule == QT_SCHED_COSINE &&
+                          cfg.model_inline && cfg.device == QT_DEVICE_AUTO,
+                      "tiny-cpu values");
+            QT_EXPECT(!strcmp(cfg.train_glob, "runs/quickstart/data/train_*.bin") &&
+                          !strcmp(cfg.eval_glob, "runs/quickstart/data/eval_*.bin") &&
+                          !strcmp(cfg.ckpt_dir, "runs/quickstart/ckpt") &&
+                          !strcmp(cfg.log_file, "runs/quickstart/log.jsonl"),
+                      "tiny-cpu paths");
+        } else if (strstr(p, "/llama-tiny.yaml")) {
+            named++;
+            QT_EXPECT(cfg.model.arch == QT_ARCH_LLAMA && !cfg.model.tie_embeddings && !cfg.model.qkv_bias,
+                      "llama-tiny model");
+        } else if (strstr(p, "/qwen2.5-0.5b-bf16.yaml") || strstr(p, "/qwen2.5-0.5b-fp8.yaml")) {
+            named++;
+            int fp8 = strstr(p, "fp8") != NULL;
+            QT_EXPECT(cfg.model.hidden_size == 896 && cfg.model.num_layers == 24 && cfg.model.num_heads == 14 &&
+                          cfg.model.num_kv_heads == 2 && cfg.model.intermediate_size == 4864 &&
+                          cfg.model.vocab_size == 151936 && cfg.model.tie_embeddings && cfg.model.qkv_bias &&
+                          cfg.model.rope_theta == 1e6f && cfg.model.rms_norm_eps == 1e-6f,
+                      "%s: model", p);
+            QT_EXPECT(cfg.seq_len == 1024 && cfg.micro_batch == 16 && cfg.device == QT_DEVICE_CUDA &&
+                          cfg.model_dtype == QT_DT_BF16 && cfg.matmul_dtype == (fp8 ? QT_DT_E4M3 : QT_DT_BF16),
+                      "%s: run", p);
+        } else if (strstr(p, "/qwen2.5-1.5b-fp8.yaml")) {
+            named++;
+            QT_EXPECT(cfg.model.hidden_size == 1536 && cfg.model.num_layers == 28 && cfg.model.num_heads == 12 &&
+                          cfg.model.num_kv_heads == 2 && cfg.model.intermediate_size == 8960 &&
+                          cfg.model.vocab_size == 151936 && cfg.model.tie_embeddings &&
+                          cfg.matmul_dtype == QT_DT_E4M3,
+                      "1.5b model");
+        }
+    }
+    globfree(&g);
+    QT_EXPECT(named == 5, "found %d of the 5 named example configs", named);
+}
+
+static void test_error_unknown_key(void) {
+    EXPECT_ERR("optim:\n  lrr: 1\n", "t.yaml:2:3: optim.lrr: expected a known key (did you mean \"optim.lr\"?), got \"optim.lrr\"");
+    EXPECT_ERR("data:\n  micro_bacth: 4\n",
+               "t.yaml:2:3: data.micro_bacth: expected a known key (did you mean \"data.micro_batch\"?), got \"data.micro_bacth\"");
+    /* The right key under the wrong section. */
+    EXPECT_ERR("seed: 1\noptim:\n  seq_len: 64\n",
+               "t.yaml:3:3: optim.seq_len: expected a known key (did you mean \"data.seq_len\"?), got \"optim.seq_len\"");
+    EXPECT_ERR("optimm:\n  lr: 1\n", "t.yaml:1:1: optimm: expected a known key (did you mean \"optim\"?), got \"optimm\"");
+    EXPECT_ERR("model:\n  hidden: 64\n",
+               "t.yaml:2:3: model.hidden: expected a known key (did you mean \"model.hidden_size\"?), got \"model.hidden\"");
+    EXPECT_ERR("banana: 1\n", "t.yaml:1:1: banana: expected a known key (see configs/README.md), got \"banana\"");
+}
+
+static void test_error_type_and_range(void) {
+    EXPECT_ERR("optim:\n  lr: fast\n", "t.yaml:2:3: optim.lr: expected a number > 0, got \"fast\"");
+    EXPECT_ERR("optim:\n  lr: 0\n", "t.yaml:2:3: optim.lr: expected a number > 0, got \"0\"");
+    EXPECT_ERR("optim:\n  lr: .nan\n", "t.yaml:2:3: optim.lr: expected a number > 0, got \".nan\"");
+    EXPECT_ERR("optim:\n  lr: 1e40\n", "t.yaml:2:3: optim.lr: expected a number > 0, got \"1e40\"");
+    EXPECT_ERR("optim:\n    beta2: 1\n", "t.yaml:2:5: optim.beta2: expected a number in [0, 1), got \"1\"");
+    EXPECT_ERR("optim:\n  final_lr_frac: -0.5\n",
+               "t.yaml:2:3: optim.final_lr_frac: expected a number in [0, 1], got \"-0.5\"");
+    EXPECT_ERR("data:\n  seq_len: 1.5\n", "t.yaml:2:3: data.seq_len: expected an integer >= 1, got \"1.5\"");
+    EXPECT_ERR("data:\n  micro_batch: 0\n", "t.yaml:2:3: data.micro_batch: expected an integer >= 1, got \"0\"");
+    EXPECT_ERR("data:\n  grad_accum: 3000000000\n",
+               "t.yaml:2:3: data.grad_accum: expected an integer >= 1, got \"3000000000\"");
+    EXPECT_ERR("model:\n  qkv_bias: maybe\n", "t.yaml:2:3: model.qkv_bias: expected true or false, got \"maybe\"");
+    EXPECT_ERR("optim:\n  schedule: cosin\n",
+               "t.yaml:2:3: optim.schedule: expected one of cosine|linear|wsd, got \"cosin\"");
+    EXPECT_ERR("precision:\n  matmul_dtype: fp32\n",
+               "t.yaml:2:3: precision.matmul_dtype: expected one of bf16|e4m3, got \"fp32\"");
+    EXPECT_ERR("seed: -1\n", "t.yaml:1:1: seed: expected an integer in [0, 2^64), got \"-1\"");
+    EXPECT_ERR("seed: 18446744073709551616\n",
+               "t.yaml:1:1: seed: expected an integer in [0, 2^64), got \"18446744073709551616\"");
+    /* Quoted numbers are accepted: the key's type decides, not the YAML tag. */
+    QT_EXPECT(load("optim:\n  lr: \"3e-4\"\n  decay_embeddings: yes\n", NULL, 0) == 0 && cfg.lr == 3e-4f &&
+                  cfg.decay_embeddings == 1,
+              "quoted number: %s", err);
+    char big[QT_PATH_MAX + 64];
+    int n = snprintf(big, sizeof big, "log:\n  file: ");
+    memset(big + n, 'a', QT_PATH_MAX);
+    big[n + QT_PATH_MAX] = 0;
+    QT_EXPECT(load(big, NULL, 0) == -1 && strstr(err, "t.yaml:2:3: log.file: expected a string of at most 1023 bytes"),
+              "long string: %s", err);
+}
+
+static void test_error_structure(void) {
+    EXPECT_ERR("optim: 3\n", "t.yaml:1:1: optim: expected a mapping of optim.* keys, got \"3\"");
+    EXPECT_ERR("optim:\n  - lr\n", "t.yaml:1:1: optim: expected a mapping of optim.* keys, got a sequence");
+    EXPECT_ERR("optim:\n  lr: {a: 1}\n", "t.yaml:2:3: optim.lr: expected a number > 0, got a mapping");
+    EXPECT_ERR("data:\n  train: [a, b]\n",
+               "t.yaml:2:3: data.train: expected a string of at most 1023 bytes, got a sequence");
+    EXPECT_ERR("- a\n- b\n", "t.yaml:1:1: expected a mapping of config keys, got a sequence");
+    EXPECT_ERR("hello\n", "t.yaml:1:1: expected a mapping of config keys, got \"hello\"");
+    EXPECT_ERR("seed: 1\n---\nseed: 2\n", "t.yaml:2:1: expected one YAML document, got a second one");
+    EXPECT_ERR("optim:\n  lr: 1\n  steps: 5\n  lr: 2\n",
+               "t.yaml:4:3: optim.lr: expected each key once (first at line 2), got it again");
+    EXPECT_ERR("optim:\n  lr: 1\ndata:\n  seq_len: 8\noptim:\n  steps: 5\n",
+               "t.yaml:5:1: optim: expected each key once (first at line 1), got it again");
+    EXPECT_ERR("optim:\n  lr: *a\n",
+               "t.yaml:2:3: optim.lr: expected a number > 0, got an alias (quote values that start with '*')");
+}
+
+static void test_error_syntax(void) {
+    QT_EXPECT(load("optim:\n  lr: 1\n  steps: 5: 6\n", NULL, 0) == -1, "'5: 6' accepted");
+    int line = 0, col = 0;
+    QT_EXPECT(sscanf(err, "t.yaml:%d:%d: YAML syntax error: ", &line, &col) == 2 && line == 3 && col >= 3 &&
+                  strstr(err, "YAML syntax error"),
+              "message: %s", err);
+    QT_EXPECT(load("optim:\n  lr: 1\n bad: 2\n", NULL, 0) == -1 && !strncmp(err, "t.yaml:3:", 9) &&
+                  strstr(err, "YAML syntax error"),
+              "bad indent: %s", err);
+    QT_EXPECT(load("log:\n  file: \"unterminated\n", NULL, 0) == -1 && !strncmp(err, "t.yaml:", 7) &&
+                  strstr(err, "YAML syntax error"),
+              "unterminated quote: %s", err);
+}
+
+static void test_error_files(void) {
+    const char *missing = "/nonexistent-qtrain/x.yaml";
+    QT_EXPECT(qt_config_load(&cfg, missing, NULL, 0, err, sizeof err) == -1 &&
+                  !strcmp(err, "/nonexistent-qtrain/x.yaml: expected a readable YAML file, got \"No such file or directory\""),
+              "missing file: %s", err);
+    char path[] = "/tmp/qt_test_config_XXXXXX";
+    int fd = mkstemp(path);
+    QT_REQUIRE(fd >= 0, "mkstemp");
+    const char *text = "# a comment\noptim:\n  steps: 10\n  lr: fast\n";
+    QT_REQUIRE(write(fd, text, strlen(text)) == (ssize_t)strlen(text), "write");
+    close(fd);
+    char want[256];
+    snprintf(want, sizeof want, "%s:4:3: optim.lr: expected a number > 0, got \"fast\"", path);
+    QT_EXPECT(qt_config_load(&cfg, path, NULL, 0, err, sizeof err) == -1 && !strcmp(err, want), "got %s\nwant %s",
+              err, want);
+    unlink(path);
+}
+
+static void test_cross_checks(void) {
+    EXPECT_ERR("optim:\n  steps: 100\n  warmup: 60\n  cooldown: 50\n  schedule: wsd\n",
+               "t.yaml:3:3: optim.warmup: expected warmup + cooldown <= steps (100), got \"60\"");
+    EXPECT_ERR("optim:\n  steps: 100\n  cooldown: 150\n",
+               "t.yaml:3:3: optim.cooldown: expected warmup + cooldown <= steps (100), got \"150\"");
+    QT_EXPECT(load("optim:\n  steps: 100\n  warmup: 50\n  cooldown: 50\n", NULL, 0) == 0, "sum == steps: %s", err);
+    EXPECT_ERR("data:\n  seq_len: 512\n", "t.yaml:2:3: data.seq_len: expected <= model.max_seq_len (256), got \"512\"");
+    EXPECT_ERR("model:\n  max_seq_len: 64\n", "t.yaml:2:3: model.max_seq_len: expected >= data.seq_len (256), got \"64\"");
+    /* The model comes from elsewhere: its max_seq_len is not known here. */
+    QT_EXPECT(load("model:\n  hf_config: m/config.json\ndata:\n  seq_len: 4096\n", NULL, 0) == 0 && !cfg.model_inline,
+              "hf_config + long seq: %s", err);
+    EXPECT_ERR("model:\n  hf_config: m/config.json\n  hidden_size: 896\n  num_layers: 3\n",
+               "t.yaml:3:3: model.hidden_size: expected no inline model keys when model.hf_config is set, got \"896\"");
+    EXPECT_ERR("model:\n  num_layers: 3\n  hf_config: m/config.json\n",
+               "t.yaml:2:3: model.num_layers: expected no inline model keys when model.hf_config is set, got \"3\"");
+    QT_EXPECT(load("model:\n  hf_config: \"\"\n  num_layers: 3\n", NULL, 0) == 0 && cfg.model_inline, "empty hf_config: %s", err);
+}
+
+static void test_overrides(void) {
+    const char *file = "optim:\n  lr: 1e-3\n  steps: 200\n";
+    const char *o1[] = {"optim.lr=3e-4", "optim.warmup=20", "data.train=\"*.bin\"", "log.every=5",
+                        "model.head_dim=32", "optim.lr=5e-4"};
+    QT_REQUIRE(load(file, o1, 6) == 0, "%s", err);
+    QT_EXPECT(cfg.lr == 5e-4f && cfg.steps == 200 && cfg.warmup == 20 && !strcmp(cfg.train_glob, "*.bin") &&
+                  cfg.log_every == 5 && cfg.model.head_dim == 32 && cfg.model_inline,
+              "override values lr %g warmup %d train %s", cfg.lr, cfg.warmup, cfg.train_glob);
+    const char *o2[] = {"data.eval=", "export.dir='a b: c'"};
+    QT_REQUIRE(load("data:\n  eval: x\n", o2, 2) == 0, "%s", err);
+    QT_EXPECT(cfg.eval_glob[0] == 0 && !strcmp(cfg.export_dir, "a b: c"), "eval %s export %s", cfg.eval_glob,
+              cfg.export_dir);
+    const char *bad[] = {"optim.lr=fast"};
+    QT_EXPECT(load(file, bad, 1) == -1 && !strcmp(err, "--set optim.lr=fast: optim.lr: expected a number > 0, got \"fast\""),
+              "bad override: %s", err);
+    const char *unk[] = {"optim.lrr=1"};
+    QT_EXPECT(load(file, unk, 1) == -1 &&
+                  !strcmp(err, "--set optim.lrr=1: optim.lrr: expected a known key (did you mean \"optim.lr\"?), got \"optim.lrr\""),
+              "unknown override: %s", err);
+    const char *noeq[] = {"optim.lr"};
+    QT_EXPECT(load(file, noeq, 1) == -1 && !strcmp(err, "--set optim.lr: expected key=value, got \"optim.lr\""),
+              "no '=': %s", err);
+    const char *map[] = {"optim.lr={a: 1}"};
+    QT_EXPECT(load(file, map, 1) == -1 && !strcmp(err, "--set optim.lr={a: 1}: optim.lr: expected a number > 0, got a mapping"),
+              "mapping override: %s", err);
+    const char *sect[] = {"optim=3"};
+    QT_EXPECT(load(file, sect, 1) == -1 && strstr(err, "--set optim=3: optim: expected a known key"), "section: %s", err);
+    /* An override that breaks a cross-field rule is reported at the override. */
+    const char *cross[] = {"optim.warmup=500"};
+    QT_EXPECT(load(file, cross, 1) == -1 &&
+                  !strcmp(err, "--set optim.warmup=500: optim.warmup: expected warmup + cooldown <= steps (200), got \"500\""),
+              "cross override: %s", err);
+    const char *hf[] = {"model.hf_config=c.json"};
+    QT_EXPECT(load("model:\n  num_layers: 2\n", hf, 1) == -1 &&
+                  !strcmp(err, "t.yaml:2:3: model.num_layers: expected no inline model keys when model.hf_config is set, got \"2\""),
+              "hf_config override: %s", err);
+}
+
+static void check_roundtrip(const char *what) {
+    static char buf[1 << 16];
+    size_t n = qt_config_dump(&cfg, buf, sizeof buf);
+    QT_REQUIRE(n > 0 && n < sizeof buf, "%s: dump length %zu", what, n);
+    QT_REQUIRE(qt_config_dump(&cfg, NULL, 0) == n, "%s: length-only dump differs", what);
+    int rc = qt_config_load_string(&cfg2, buf, "dump.yaml", NULL, 0, err, sizeof err);
+    QT_REQUIRE(rc == 0, "%s: dump does not load: %s\n%s", what, err, buf);
+    const char *diff = "?";
+    QT_EXPECT(qt_config_equal(&cfg, &cfg2, &diff), "%s: %s differs after the round trip", what, diff);
+    for (int i = 0; qt_config_key_at(i); i++) {
+        const char *p = qt_config_key_at(i)->path, *leaf = strrchr(p, '.') ? strrchr(p, '.') + 1 : p;
+        char pat[128], commented[128]; /* unset inline model keys are written as comments */
+        snprintf(pat, sizeof pat, "\n%s%s: ", strchr(p, '.') ? "  " : "", leaf);
+        snprintf(commented, sizeof commented, "\n  # %s: ", leaf);
+        QT_EXPECT(strstr(buf, pat) || (qt_config_key_at(i)->model_inline && !cfg.model_inline && strstr(buf, commented)),
+                  "%s: dump lacks %s", what, p);
+    }
+}
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 11;
+}
+
+/* Fills every key with a random valid value (strings with characters that need escaping). */
+static void randomize(uint64_t *s) {
+    static const char *strs[] = {"", "plain", "with \"quotes\" and \\back\\slash", "tab\there\nnewline",
+                                 "*.bin", "a: b # not a comment", "ünïcode/路径", "'single'", "- dash", "null", "~"};
+    for (int i = 0; qt_config_key_at(i); i++) {
+        const qt_config_key *k = qt_config_key_at(i);
+        char *f = (char *)&cfg + k->offset;
+        switch (k->type) {
+        case QT_KEY_INT: *(int *)f = (int)(lcg(s) % 1000) + (int)k->lo + 1; break;
+        case QT_KEY_U64: *(uint64_t *)f = lcg(s) * 2654435761ull + (lcg(s) & 1 ? UINT64_MAX - 5 : 0); break;
+        case QT_KEY_FLOAT: {
+            float v;
+            do {
+                uint32_t u = (uint32_t)lcg(s) & 0x7fffffffu;
+                memcpy(&v, &u, 4);
+            } while (!(isfinite(v) && (k->lo_open ? v > k->lo : v >= k->lo) && (k->hi_open ? v < k->hi : v <= k->hi)));
+            *(float *)f = v;
+            break;
+        }
+        case QT_KEY_BOOL: *(int *)f = (int)(lcg(s) & 1); break;
+        case QT_KEY_STRING: snprintf(f, QT_PATH_MAX, "%s", strs[lcg(s) % (sizeof strs / sizeof strs[0])]); break;
+        case QT_KEY_ENUM: {
+            int n = 0;
+            while (k->names[n].name) n++;
+            *(int *)f = k->names[lcg(s) % n].value;
+            break;
+        }
+        }
+    }
+    cfg.hf_config[0] = 0;
+    cfg.model_inline = 1;
+    cfg.warmup = cfg.cooldown = 0;
+    if (cfg.model.max_seq_len < cfg.seq_len) cfg.model.max_seq_len = cfg.seq_len;
+}
+
+static void test_dump_roundtrip(void) {
+    QT_REQUIRE(load("", NULL, 0) == 0, "%s", err);
+    check_roundtrip("defaults");
+    glob_t g;
+    if (glob("configs/*.yaml", 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            QT_REQUIRE(qt_config_load(&cfg, g.gl_pathv[i], NULL, 0, err, sizeof err) == 0, "%s", err);
+            check_roundtrip(g.gl_pathv[i]);
+        }
+        globfree(&g);
+    }
+    /* hf_config set: the (unset) inline keys are dumped as comments, so the dump reloads. */
+    QT_REQUIRE(load("model:\n  hf_config: \"x/config.json\"\n", NULL, 0) == 0, "%s", err);
+    check_roundtrip("hf_config");
+    uint64_t s = 12345;
+    for (int t = 0; t < 300 && !qt_t_failed; t++) {
+        qt_config_defaults(&cfg);
+        randomize(&s);
+        char what[32];
+        snprintf(what, sizeof what, "random config %d", t);
+        check_roundtrip(what);
+    }
+}
+
+static void test_readme_covers_keys(void) {
+    FILE *f = fopen("configs/README.md", "r");
+    QT_REQUIRE(f, "configs/README.md not found (run from the repo root)");
+    static char readme[1 << 17], table[1 << 16];
+    size_t n = fread(readme, 1, sizeof readme - 1, f);
+    fclose(f);
+    readme[n] = 0;
+    qt_config_doc_table(table, sizeof table);
+    /* Every generated row is in the README verbatim (type, range, default and meaning up to date). */
+    for (char *line = strtok(table, "\n"); line; line = strtok(NULL, "\n")) {
+        char row[1024];
+        snprintf(row, sizeof row, "\n%s\n", line);
+        QT_EXPECT(strstr(readme, row), "README lacks or has a stale row (regenerate: test_config --doc):\n%s", line);
+    }
+    /* And every key row in the README is a key of the table. */
+    int rows = 0;
+    for (char *line = strtok(readme, "\n"); line; line = strtok(NULL, "\n")) {
+        char key[256];
+        if (sscanf(line, "| `%255[^`]` |", key) != 1 || strstr(line, ".yaml`")) continue;
+        rows++;
+        QT_EXPECT(qt_config_key_find(key), "README documents \"%s\", which is not a key", key);
+    }
+    int nkeys = 0;
+    while (qt_config_key_at(nkeys)) nkeys++;
+    QT_EXPECT(rows == nkeys, "README has %d key rows, the table %d keys", rows, nkeys);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--doc")) {
+        static char table[1 << 16];
+        qt_config_doc_table(table, sizeof table);
+        fputs(table, stdout);
+        return 0;
+    }
+    QT_RUN(test_defaults);
+    QT_RUN(test_examples_load);
+    QT_RUN(test_error_unknown_key);
+    QT_RUN(test_error_type_and_range);
+    QT_RUN(test_error_structure);
+    QT_RUN(test_error_syntax);
+    QT_RUN(test_error_files);
+    QT_RUN(test_cross_checks);
+    QT_RUN(test_overrides);
+    QT_RUN(test_dump_roundtrip);
+    QT_RUN(test_readme_covers_keys);
+    return qt_test_end();
+}
