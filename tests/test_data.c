@@ -306,6 +306,19 @@ static void test_loader_epoch_coverage(void) {
                       (unsigned long long)nw);
         }
         QT_EXPECT(memcmp(f, f + nw, nw * 4) != 0, "T=%d: epochs 0 and 1 in the same order", T);
+        /* each shard's windows are contiguous in an epoch; shards come in a shuffled order */
+        int changes = 0, order[2][N_SHARDS], k[2] = {0, 0}, shuffled = 0;
+        for (uint64_t i = 0; i < 2 * nw; i++) {
+            int e = i >= nw, s = f[i] / 1000000;
+            if (i % nw == 0 || s != f[i - 1] / 1000000) {
+                changes++;
+                if (k[e] < N_SHARDS) order[e][k[e]++] = s;
+            }
+        }
+        for (int e = 0; e < 2; e++)
+            for (int s = 0; s < N_SHARDS; s++) shuffled |= order[e][s] != s;
+        QT_EXPECT(changes == 2 * N_SHARDS, "T=%d: %d shard switches in 2 epochs, want %d", T, changes, 2 * N_SHARDS);
+        QT_EXPECT(shuffled, "T=%d: shards visited in file order in both epochs", T);
         qt_loader_pos p = qt_loader_get_pos(l);
         QT_EXPECT(p.epoch == 2 && p.shard_cursor == 0 && p.window_cursor == 0, "T=%d: pos after 2 epochs %llu/%llu/%llu",
                   T, (unsigned long long)p.epoch, (unsigned long long)p.shard_cursor, (unsigned long long)p.window_cursor);
