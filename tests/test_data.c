@@ -460,6 +460,44 @@ static void test_loader_errors(void) {
     clean_dir();
 }
 
+/* Shards written by tools/tokenize (Python) load in C: same layout, same checksum, zstd via the CLI. */
+static void test_tokenize_tool_shards(void) {
+    if (access("tools/tokenize", X_OK) != 0) QT_SKIP("tools/tokenize not found (run from the repository root)");
+    if (system("python3 -c '' >/dev/null 2>&1") != 0) QT_SKIP("no python3");
+    make_dir();
+    char text[3000], cmd[1400], err[512];
+    for (int i = 0; i < (int)sizeof text; i++) text[i] = (char)(32 + (i * 7 + i / 13) % 95);
+    FILE *f = fopen(path_of("in.txt"), "wb");
+    QT_REQUIRE(f && fwrite(text, 1, sizeof text, f) == sizeof text, "write in.txt");
+    fclose(f);
+    int zst = system("command -v zstd >/dev/null 2>&1 || python3 -c 'import zstandard' 2>/dev/null") == 0;
+    snprintf(cmd, sizeof cmd, "python3 tools/tokenize --byte-level %s --out %s --eval-frac 0.1 --shard-tokens 1000 "
+             "--quiet %s >/dev/null", path_of("in.txt"), g_dir, zst ? "--zstd" : "");
+    QT_REQUIRE(system(cmd) == 0, "tools/tokenize failed");
+    /* 2700 train tokens in 3 shards of 900, 300 eval tokens; read back in order they equal the text */
+    const char *names[4] = {"train_000000.bin", "train_000001.bin", "train_000002.bin", "eval_000000.bin"};
+    uint64_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s%s", names[i], zst ? ".zst" : "");
+        uint32_t *t = NULL;
+        qt_shard_header h;
+        QT_REQUIRE(qt_shard_read(path_of(name), &t, &h, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(h.n_tokens == (i < 3 ? 900u : 300u) && h.vocab_size == 256 && h.token_bytes == 2, "%s: header", name);
+        for (uint64_t j = 0; j < h.n_tokens && off + j < sizeof text; j++)
+            QT_EXPECT(t[j] == (uint8_t)text[off + j], "%s: token %llu", name, (unsigned long long)j);
+        off += h.n_tokens;
+        free(t);
+    }
+    QT_EXPECT(off == sizeof text, "%llu tokens in all", (unsigned long long)off);
+    char glob[600];
+    snprintf(glob, sizeof glob, "%s/train_*", g_dir);
+    qt_loader *l = qt_loader_open(glob, 64, 2, 0, 1, 1, 1, 256, err, sizeof err);
+    QT_EXPECT(l && qt_loader_windows(l) == 3 * (899 / 64), "loader on tool shards: %s", l ? "window count" : err);
+    qt_loader_free(l);
+    clean_dir();
+}
+
 int main(void) {
     QT_RUN(test_fnv_vectors);
     QT_RUN(test_shard_roundtrip);
@@ -471,5 +509,6 @@ int main(void) {
     QT_RUN(test_loader_save_restore);
     QT_RUN(test_loader_eval_order);
     QT_RUN(test_loader_errors);
+    QT_RUN(test_tokenize_tool_shards);
     return qt_test_end();
 }
