@@ -29,7 +29,7 @@ struct qt_loader {
     uint64_t seed, total_windows;
     uint32_t vocab_limit;
     qt_loader_pos pos; /* start of the next window of the stream */
-    uint32_t *order;   /* file index of the shard at each cursor, valid for epoch order_epoch */
+    uint64_t *order;   /* file index of the shard at each cursor, valid for epoch order_epoch */
     uint64_t order_epoch;
     int order_valid;
     uint64_t *wperm; /* window order of shard wperm_file in epoch wperm_epoch (shuffle only) */
@@ -43,18 +43,7 @@ struct qt_loader {
 #define TAG_ORDER 0x51544f52444552ull
 #define TAG_WINDOWS 0x515457494e444f57ull
 
-static void shuffle_u32(uint32_t *a, uint64_t n, uint64_t seed) {
-    qt_rng r;
-    qt_rng_seed(&r, seed);
-    for (uint64_t i = n; i > 1; i--) {
-        uint64_t j = qt_rng_below(&r, i);
-        uint32_t t = a[i - 1];
-        a[i - 1] = a[j];
-        a[j] = t;
-    }
-}
-
-static void shuffle_u64(uint64_t *a, uint64_t n, uint64_t seed) {
+static void shuffle(uint64_t *a, uint64_t n, uint64_t seed) {
     qt_rng r;
     qt_rng_seed(&r, seed);
     for (uint64_t i = n; i > 1; i--) {
@@ -67,8 +56,8 @@ static void shuffle_u64(uint64_t *a, uint64_t n, uint64_t seed) {
 
 static void ensure_order(qt_loader *l) {
     if (l->order_valid && l->order_epoch == l->pos.epoch) return;
-    for (int i = 0; i < l->n_sh; i++) l->order[i] = (uint32_t)i;
-    if (l->shuffle) shuffle_u32(l->order, (uint64_t)l->n_sh, qt_hash64(qt_hash64(l->seed, TAG_ORDER), l->pos.epoch));
+    for (int i = 0; i < l->n_sh; i++) l->order[i] = (uint64_t)i;
+    if (l->shuffle) shuffle(l->order, (uint64_t)l->n_sh, qt_hash64(qt_hash64(l->seed, TAG_ORDER), l->pos.epoch));
     l->order_epoch = l->pos.epoch;
     l->order_valid = 1;
 }
@@ -115,7 +104,7 @@ static int ensure_shard(qt_loader *l) {
         QT_CHECK(l->wperm != NULL, "cannot allocate the window order of %s (%llu windows)", l->sh[f].path,
                  (unsigned long long)n);
         for (uint64_t i = 0; i < n; i++) l->wperm[i] = i;
-        shuffle_u64(l->wperm, n, qt_hash64(qt_hash64(qt_hash64(l->seed, TAG_WINDOWS), l->pos.epoch), (uint64_t)f));
+        shuffle(l->wperm, n, qt_hash64(qt_hash64(qt_hash64(l->seed, TAG_WINDOWS), l->pos.epoch), (uint64_t)f));
         l->wperm_file = f;
         l->wperm_epoch = l->pos.epoch;
     }

@@ -131,7 +131,7 @@ static int write_file(FILE *f, const uint32_t *tokens, uint64_t n, int tb, const
         encode_tokens(buf, tokens + i, m, tb);
         rc = write_bytes(f, cctx, buf, m * tb, 0, zbuf, zcap);
     }
-    if (rc == 0 && cctx) rc = write_bytes(f, cctx, NULL, 0, 1, zbuf, zcap);
+    if (rc == 0 && cctx) rc = write_bytes(f, cctx, "", 0, 1, zbuf, zcap);
     ZSTD_freeCCtx(cctx);
     free(zbuf);
     free(buf);
@@ -227,13 +227,6 @@ static int64_t zreader_read(zreader *z, void *dst, size_t cap, const char *path,
     return (int64_t)ob.pos;
 }
 
-static int file_size(const char *path, int fd, uint64_t *size, char *err, size_t errlen) {
-    struct stat st;
-    if (fstat(fd, &st) != 0) return fail(err, errlen, path, "cannot stat: %s", strerror(errno));
-    *size = (uint64_t)st.st_size;
-    return 0;
-}
-
 static int check_bin_size(const char *path, const qt_shard_header *h, uint64_t size, char *err, size_t errlen) {
     uint64_t want = QT_SHARD_HEADER_BYTES + h->n_tokens * h->token_bytes;
     if (size < want)
@@ -245,42 +238,59 @@ static int check_bin_size(const char *path, const qt_shard_header *h, uint64_t s
     return 0;
 }
 
-int qt_shard_read_header(const char *path, qt_shard_header *h, char *err, size_t errlen) {
+/* Opens a .bin and checks its header and file size. Returns the open fd (the caller closes it) or -1. */
+static int open_bin(const char *path, qt_shard_header *h, uint64_t *size, char *err, size_t errlen) {
     uint8_t hb[QT_SHARD_HEADER_BYTES];
-    if (is_zst(path)) {
-        zreader z;
-        int64_t got = zreader_open(&z, path, err, errlen) ? -1 : zreader_read(&z, hb, sizeof hb, path, err, errlen);
-        zreader_close(&z);
-        if (got < 0) return -1;
-        if (got < QT_SHARD_HEADER_BYTES)
-            return fail(err, errlen, path, "truncated: %lld bytes decompressed, fewer than the %d-byte header",
-                        (long long)got, QT_SHARD_HEADER_BYTES);
-        return decode_header(hb, h, path, err, errlen);
-    }
+    struct stat st;
     int fd = open(path, O_RDONLY);
     if (fd < 0) return fail(err, errlen, path, "cannot open: %s", strerror(errno));
-    uint64_t size = 0;
-    int rc = file_size(path, fd, &size, err, errlen);
-    if (rc == 0 && size < QT_SHARD_HEADER_BYTES)
+    int rc = 0;
+    if (fstat(fd, &st) != 0) rc = fail(err, errlen, path, "cannot stat: %s", strerror(errno));
+    *size = rc ? 0 : (uint64_t)st.st_size;
+    if (rc == 0 && *size < QT_SHARD_HEADER_BYTES)
         rc = fail(err, errlen, path, "truncated: file has %llu bytes, fewer than the %d-byte header",
-                  (unsigned long long)size, QT_SHARD_HEADER_BYTES);
+                  (unsigned long long)*size, QT_SHARD_HEADER_BYTES);
     if (rc == 0 && pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb)
         rc = fail(err, errlen, path, "cannot read header: %s", strerror(errno));
-    close(fd);
     if (rc == 0) rc = decode_header(hb, h, path, err, errlen);
-    if (rc == 0) rc = check_bin_size(path, h, size, err, errlen);
-    return rc;
+    if (rc == 0) rc = check_bin_size(path, h, *size, err, errlen);
+    if (rc != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Opens a .zst and decompresses and checks its header; z is left open either way (zreader_close). */
+static int open_zst(zreader *z, const char *path, qt_shard_header *h, char *err, size_t errlen) {
+    uint8_t hb[QT_SHARD_HEADER_BYTES];
+    if (zreader_open(z, path, err, errlen) != 0) return -1;
+    int64_t got = zreader_read(z, hb, sizeof hb, path, err, errlen);
+    if (got < 0) return -1;
+    if (got < QT_SHARD_HEADER_BYTES)
+        return fail(err, errlen, path, "truncated: %lld bytes decompressed, fewer than the %d-byte header",
+                    (long long)got, QT_SHARD_HEADER_BYTES);
+    return decode_header(hb, h, path, err, errlen);
+}
+
+int qt_shard_read_header(const char *path, qt_shard_header *h, char *err, size_t errlen) {
+    if (is_zst(path)) {
+        zreader z;
+        int rc = open_zst(&z, path, h, err, errlen);
+        zreader_close(&z);
+        return rc;
+    }
+    uint64_t size;
+    int fd = open_bin(path, h, &size, err, errlen);
+    if (fd < 0) return -1;
+    close(fd);
+    return 0;
 }
 
 static int load_zst(const char *path, qt_shard_data *d, char *err, size_t errlen) {
     zreader z;
-    uint8_t hb[QT_SHARD_HEADER_BYTES], extra[16];
-    int rc = zreader_open(&z, path, err, errlen);
-    int64_t got = rc ? -1 : zreader_read(&z, hb, sizeof hb, path, err, errlen);
-    if (got >= 0 && got < QT_SHARD_HEADER_BYTES)
-        got = fail(err, errlen, path, "truncated: %lld bytes decompressed, fewer than the %d-byte header",
-                   (long long)got, QT_SHARD_HEADER_BYTES);
-    if (got >= 0 && decode_header(hb, &d->h, path, err, errlen) != 0) got = -1;
+    uint8_t extra[16];
+    int64_t got = open_zst(&z, path, &d->h, err, errlen);
     size_t plen = got >= 0 ? (size_t)(d->h.n_tokens * d->h.token_bytes) : 0;
     if (got >= 0 && !(d->base_ = malloc(plen ? plen : 1)))
         got = fail(err, errlen, path, "cannot allocate %zu bytes for the payload", plen);
@@ -309,32 +319,19 @@ static int load_zst(const char *path, qt_shard_data *d, char *err, size_t errlen
 }
 
 static int load_bin(const char *path, qt_shard_data *d, char *err, size_t errlen) {
-    uint8_t hb[QT_SHARD_HEADER_BYTES];
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, errlen, path, "cannot open: %s", strerror(errno));
-    uint64_t size = 0;
-    int rc = file_size(path, fd, &size, err, errlen);
-    if (rc == 0 && size < QT_SHARD_HEADER_BYTES)
-        rc = fail(err, errlen, path, "truncated: file has %llu bytes, fewer than the %d-byte header",
-                  (unsigned long long)size, QT_SHARD_HEADER_BYTES);
-    if (rc == 0 && pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb)
-        rc = fail(err, errlen, path, "cannot read header: %s", strerror(errno));
-    if (rc == 0) rc = decode_header(hb, &d->h, path, err, errlen);
-    if (rc == 0) rc = check_bin_size(path, &d->h, size, err, errlen);
-    if (rc == 0) {
-        void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            rc = fail(err, errlen, path, "mmap failed: %s", strerror(errno));
-        } else {
-            madvise(m, (size_t)size, MADV_SEQUENTIAL);
-            d->base_ = m;
-            d->len_ = (size_t)size;
-            d->mapped_ = 1;
-            d->payload = (const uint8_t *)m + QT_SHARD_HEADER_BYTES;
-        }
-    }
+    uint64_t size;
+    int fd = open_bin(path, &d->h, &size, err, errlen);
+    if (fd < 0) return -1;
+    void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int saved = errno;
     close(fd);
-    return rc;
+    if (m == MAP_FAILED) return fail(err, errlen, path, "mmap failed: %s", strerror(saved));
+    madvise(m, (size_t)size, MADV_SEQUENTIAL);
+    d->base_ = m;
+    d->len_ = (size_t)size;
+    d->mapped_ = 1;
+    d->payload = (const uint8_t *)m + QT_SHARD_HEADER_BYTES;
+    return 0;
 }
 
 int qt_shard_load(const char *path, uint32_t vocab_limit, qt_shard_data *d, char *err, size_t errlen) {

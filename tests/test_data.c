@@ -455,7 +455,7 @@ static void test_loader_errors(void) {
         msg[n] = 0;
         fclose(f);
     }
-    QT_EXPECT(strstr(msg, "checksum mismatch") && strstr(msg, "train_0.bin"), "child said: %s", msg);
+    QT_EXPECT(strstr(msg, "checksum mismatch") && strstr(msg, "train_0.bin"), "child said: %.400s", msg);
     qt_loader_free(l);
     clean_dir();
 }
