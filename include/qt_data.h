@@ -12,7 +12,9 @@
  * the shards in a seeded random order and each shard's windows in a seeded random order. A global
  * batch is world*micro_batch consecutive windows of that stream; rank r takes windows
  * [r*micro_batch, (r+1)*micro_batch). The position (epoch, shard cursor, window cursor) can be saved
- * and restored exactly. */
+ * and restored exactly. It marks the start of the next global batch, so it is the same on every rank
+ * (save it from any rank) and does not depend on world or rank. Only the shard being read is held in
+ * memory. */
 #ifndef QT_DATA_H
 #define QT_DATA_H
 
@@ -35,6 +37,33 @@ uint64_t qt_fnv1a64(const void *data, size_t n, uint64_t h); /* start with h = Q
  * file and rename. token_bytes 2 requires vocab_size <= 65536. Returns 0 or -1 with err. */
 int qt_shard_write(const char *path, const uint32_t *tokens, uint64_t n, int token_bytes,
                    uint32_t vocab_size, int zstd_level, char *err, size_t errlen);
+/* Reads and checks only the header: magic, version, token_bytes, and for a plain .bin the file size
+ * (64 + n_tokens*token_bytes). A .zst shard is decompressed only as far as its header. Returns 0 or
+ * -1 with err naming the file and problem. */
+int qt_shard_read_header(const char *path, qt_shard_header *h, char *err, size_t errlen);
+
+/* A shard's payload held in memory: mmap'ed for .bin, decompressed into a malloc'ed buffer for .zst.
+ * Tokens stay little-endian at their stored width; read token i with qt_shard_token(). */
+typedef struct {
+    qt_shard_header h;
+    const uint8_t *payload; /* n_tokens * token_bytes bytes */
+    void *base_;            /* owned mapping or buffer; released by qt_shard_unload */
+    size_t len_;
+    int mapped_;
+} qt_shard_data;
+
+/* Loads and verifies a shard (header, size, checksum, every token < vocab_size and, when
+ * vocab_limit > 0, a header vocab_size <= vocab_limit). Returns 0 or -1 with err; on error d holds
+ * nothing to unload. */
+int qt_shard_load(const char *path, uint32_t vocab_limit, qt_shard_data *d, char *err, size_t errlen);
+void qt_shard_unload(qt_shard_data *d); /* releases d's memory; safe on a zeroed or unloaded d */
+static inline uint32_t qt_shard_token(const qt_shard_data *d, uint64_t i) {
+    const uint8_t *p = d->payload + i * d->h.token_bytes;
+    return d->h.token_bytes == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8
+                                 : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                       (uint32_t)p[3] << 24;
+}
+
 /* Reads and verifies a whole shard (magic, version, size, checksum, every token < vocab_size).
  * *tokens is malloc'ed; the caller frees it. Returns 0 or -1 with err naming the file and problem. */
 int qt_shard_read(const char *path, uint32_t **tokens, qt_shard_header *h, char *err, size_t errlen);
@@ -45,7 +74,8 @@ typedef struct {
 
 typedef struct qt_loader qt_loader;
 
-/* Opens every file matching glob (sorted). shuffle=0 visits shards and windows in file order
+/* Opens every file matching glob: one or more comma-separated glob(7) patterns, each of which must
+ * match at least one file; matches are sorted within a pattern and patterns keep their order. shuffle=0 visits shards and windows in file order
  * (eval). vocab_limit > 0: any token >= vocab_limit, or a shard whose vocab_size exceeds it, is an
  * error. Returns NULL with err on failure (no match, bad shard, shard shorter than a window). */
 qt_loader *qt_loader_open(const char *glob, int seq_len, int micro_batch, int rank, int world,

@@ -1,0 +1,257 @@
+/* loader.c — the data loader: shards -> seeded stream of seq_len+1 windows -> per-rank micro-batches.
+ *
+ * The stream: epoch e visits the shards in the order of a Fisher-Yates shuffle seeded from
+ * (seed, e), and shard s's windows in the order of a shuffle seeded from (seed, e, s). Window w of a
+ * shard is tokens [w*seq_len, w*seq_len + seq_len] (stride seq_len, one token of overlap for the
+ * last target), so a shard of n tokens has (n-1)/seq_len windows. A global batch is the next
+ * world*micro_batch windows of the stream; rank r reads its slice and only moves the cursors over the
+ * others' windows, so shards that hold none of its windows are never loaded. */
+#include "qt_data.h"
+
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+#include "qt_rng.h"
+
+typedef struct {
+    char *path;
+    qt_shard_header h;
+    uint64_t n_windows;
+} shard_info;
+
+struct qt_loader {
+    shard_info *sh;
+    int n_sh;
+    int seq_len, micro_batch, rank, world, shuffle;
+    uint64_t seed, total_windows;
+    uint32_t vocab_limit;
+    qt_loader_pos pos; /* start of the next window of the stream */
+    uint64_t *order;   /* file index of the shard at each cursor, valid for epoch order_epoch */
+    uint64_t order_epoch;
+    int order_valid;
+    uint64_t *wperm; /* window order of shard wperm_file in epoch wperm_epoch (shuffle only) */
+    uint64_t wperm_epoch;
+    int wperm_file;
+    qt_shard_data data; /* the shard being read (data_file), or nothing (-1) */
+    int data_file;
+};
+
+/* Distinct stream tags keep the shard-order and window-order generators independent. */
+#define TAG_ORDER 0x51544f52444552ull
+#define TAG_WINDOWS 0x515457494e444f57ull
+
+static void shuffle(uint64_t *a, uint64_t n, uint64_t seed) {
+    qt_rng r;
+    qt_rng_seed(&r, seed);
+    for (uint64_t i = n; i > 1; i--) {
+        uint64_t j = qt_rng_below(&r, i);
+        uint64_t t = a[i - 1];
+        a[i - 1] = a[j];
+        a[j] = t;
+    }
+}
+
+static void ensure_order(qt_loader *l) {
+    if (l->order_valid && l->order_epoch == l->pos.epoch) return;
+    for (int i = 0; i < l->n_sh; i++) l->order[i] = (uint64_t)i;
+    if (l->shuffle) shuffle(l->order, (uint64_t)l->n_sh, qt_hash64(qt_hash64(l->seed, TAG_ORDER), l->pos.epoch));
+    l->order_epoch = l->pos.epoch;
+    l->order_valid = 1;
+}
+
+static uint64_t cur_windows(qt_loader *l) {
+    ensure_order(l);
+    return l->sh[l->order[l->pos.shard_cursor]].n_windows;
+}
+
+/* Moves the cursors k windows on, across shards and epochs, without loading anything. */
+static void advance(qt_loader *l, uint64_t k) {
+    while (k > 0) {
+        uint64_t rem = cur_windows(l) - l->pos.window_cursor;
+        if (k < rem) {
+            l->pos.window_cursor += k;
+            return;
+        }
+        k -= rem;
+        l->pos.window_cursor = 0;
+        if (++l->pos.shard_cursor == (uint64_t)l->n_sh) {
+            l->pos.shard_cursor = 0;
+            l->pos.epoch++;
+        }
+    }
+}
+
+/* Makes the shard under the cursor the loaded one (with its window order) and returns its index. */
+static int ensure_shard(qt_loader *l) {
+    ensure_order(l);
+    int f = (int)l->order[l->pos.shard_cursor];
+    if (l->data_file != f) {
+        char err[512];
+        qt_shard_unload(&l->data);
+        l->data_file = -1;
+        QT_CHECK(qt_shard_load(l->sh[f].path, l->vocab_limit, &l->data, err, sizeof err) == 0, "%s", err);
+        QT_CHECK(l->data.h.n_tokens == l->sh[f].h.n_tokens && l->data.h.checksum == l->sh[f].h.checksum,
+                 "%s: shard changed on disk since the loader opened it", l->sh[f].path);
+        l->data_file = f;
+    }
+    if (l->shuffle && (l->wperm_file != f || l->wperm_epoch != l->pos.epoch)) {
+        uint64_t n = l->sh[f].n_windows;
+        free(l->wperm);
+        l->wperm = malloc(n * sizeof *l->wperm);
+        QT_CHECK(l->wperm != NULL, "cannot allocate the window order of %s (%llu windows)", l->sh[f].path,
+                 (unsigned long long)n);
+        for (uint64_t i = 0; i < n; i++) l->wperm[i] = i;
+        shuffle(l->wperm, n, qt_hash64(qt_hash64(qt_hash64(l->seed, TAG_WINDOWS), l->pos.epoch), (uint64_t)f));
+        l->wperm_file = f;
+        l->wperm_epoch = l->pos.epoch;
+    }
+    return f;
+}
+
+static void read_window(qt_loader *l, int32_t *in, int32_t *tg) {
+    ensure_shard(l);
+    uint64_t w = l->shuffle ? l->wperm[l->pos.window_cursor] : l->pos.window_cursor;
+    uint64_t start = w * (uint64_t)l->seq_len;
+    uint32_t prev = qt_shard_token(&l->data, start);
+    for (int t = 0; t < l->seq_len; t++) {
+        uint32_t next = qt_shard_token(&l->data, start + t + 1);
+        in[t] = (int32_t)prev;
+        tg[t] = (int32_t)next;
+        prev = next;
+    }
+    advance(l, 1);
+}
+
+void qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets) {
+    uint64_t mb = (uint64_t)l->micro_batch;
+    advance(l, (uint64_t)l->rank * mb);
+    for (uint64_t i = 0; i < mb; i++)
+        read_window(l, inputs + i * (uint64_t)l->seq_len, targets + i * (uint64_t)l->seq_len);
+    advance(l, (uint64_t)(l->world - 1 - l->rank) * mb);
+}
+
+qt_loader_pos qt_loader_get_pos(const qt_loader *l) { return l->pos; }
+
+void qt_loader_set_pos(qt_loader *l, qt_loader_pos p) {
+    QT_CHECK(p.shard_cursor < (uint64_t)l->n_sh,
+             "loader position: shard cursor %llu, but the data has %d shards (did the data change since the "
+             "checkpoint?)", (unsigned long long)p.shard_cursor, l->n_sh);
+    l->pos = p;
+    uint64_t nw = cur_windows(l);
+    QT_CHECK(p.window_cursor < nw,
+             "loader position: window cursor %llu, but shard %s has %llu windows (did the data or seq_len "
+             "change since the checkpoint?)", (unsigned long long)p.window_cursor,
+             l->sh[l->order[p.shard_cursor]].path, (unsigned long long)nw);
+}
+
+void qt_loader_reset(qt_loader *l) { qt_loader_set_pos(l, (qt_loader_pos){0, 0, 0}); }
+
+uint64_t qt_loader_windows(const qt_loader *l) { return l->total_windows; }
+
+void qt_loader_free(qt_loader *l) {
+    if (!l) return;
+    qt_shard_unload(&l->data);
+    for (int i = 0; i < l->n_sh; i++) free(l->sh[i].path);
+    free(l->sh);
+    free(l->order);
+    free(l->wperm);
+    free(l);
+}
+
+/* Appends every file matching one pattern, sorted. */
+static int add_pattern(qt_loader *l, const char *pat, char *err, size_t errlen) {
+    glob_t g;
+    int rc = glob(pat, 0, NULL, &g);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
+        snprintf(err, errlen, "no files match %s", pat);
+        if (rc == 0) globfree(&g);
+        return -1;
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: glob failed (%s)", pat, rc == GLOB_NOSPACE ? "out of memory" : "read error");
+        return -1;
+    }
+    shard_info *sh = realloc(l->sh, (l->n_sh + g.gl_pathc) * sizeof *sh);
+    if (!sh) {
+        globfree(&g);
+        snprintf(err, errlen, "%s: out of memory", pat);
+        return -1;
+    }
+    l->sh = sh;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        shard_info *s = &l->sh[l->n_sh];
+        memset(s, 0, sizeof *s);
+        s->path = strdup(g.gl_pathv[i]);
+        if (!s->path) {
+            snprintf(err, errlen, "%s: out of memory", pat);
+            globfree(&g);
+            return -1;
+        }
+        l->n_sh++;
+    }
+    globfree(&g);
+    return 0;
+}
+
+/* Reads every header; checks vocab against vocab_limit and that each shard holds a window. */
+static int scan_shards(qt_loader *l, char *err, size_t errlen) {
+    uint64_t need = (uint64_t)l->seq_len + 1;
+    for (int i = 0; i < l->n_sh; i++) {
+        shard_info *s = &l->sh[i];
+        if (qt_shard_read_header(s->path, &s->h, err, errlen) != 0) return -1;
+        if (l->vocab_limit > 0 && s->h.vocab_size > l->vocab_limit) {
+            snprintf(err, errlen, "%s: vocab_size %u > the model's vocab %u", s->path, s->h.vocab_size,
+                     l->vocab_limit);
+            return -1;
+        }
+        if (s->h.n_tokens < need) {
+            snprintf(err, errlen, "%s: shard has %llu tokens, fewer than one window of seq_len+1 = %llu", s->path,
+                     (unsigned long long)s->h.n_tokens, (unsigned long long)need);
+            return -1;
+        }
+        s->n_windows = (s->h.n_tokens - 1) / (uint64_t)l->seq_len;
+        l->total_windows += s->n_windows;
+    }
+    return 0;
+}
+
+qt_loader *qt_loader_open(const char *glob_list, int seq_len, int micro_batch, int rank, int world,
+                          uint64_t seed, int shuffle, uint32_t vocab_limit, char *err, size_t errlen) {
+    if (seq_len < 1 || micro_batch < 1 || world < 1 || rank < 0 || rank >= world) {
+        snprintf(err, errlen, "%s: bad loader arguments seq_len %d, micro_batch %d, rank %d, world %d "
+                 "(expected seq_len >= 1, micro_batch >= 1, 0 <= rank < world)", glob_list, seq_len,
+                 micro_batch, rank, world);
+        return NULL;
+    }
+    qt_loader *l = calloc(1, sizeof *l);
+    char *pats = strdup(glob_list);
+    if (!l || !pats) {
+        snprintf(err, errlen, "%s: out of memory", glob_list);
+        free(l);
+        free(pats);
+        return NULL;
+    }
+    *l = (qt_loader){.seq_len = seq_len, .micro_batch = micro_batch, .rank = rank, .world = world,
+                     .shuffle = shuffle != 0, .seed = seed, .vocab_limit = vocab_limit, .wperm_file = -1,
+                     .data_file = -1};
+    int rc = 0, any = 0;
+    for (char *save = NULL, *p = strtok_r(pats, ",", &save); p && rc == 0; p = strtok_r(NULL, ",", &save)) {
+        while (*p == ' ') p++;
+        if (!*p) continue;
+        any = 1;
+        rc = add_pattern(l, p, err, errlen);
+    }
+    free(pats);
+    if (rc == 0 && !any) rc = -1, snprintf(err, errlen, "no data files given (empty glob \"%s\")", glob_list);
+    if (rc == 0) rc = scan_shards(l, err, errlen);
+    if (rc == 0 && !(l->order = malloc((size_t)l->n_sh * sizeof *l->order)))
+        rc = -1, snprintf(err, errlen, "%s: out of memory", glob_list);
+    if (rc != 0) {
+        qt_loader_free(l);
+        return NULL;
+    }
+    return l;
+}
