@@ -267,7 +267,8 @@ int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items
     free(meta);
     for (int i = 0; ok && i < n; i++) {
         size_t pad = align64(pos) - pos;
-        ok = fwrite(zeros, 1, pad, f) == pad && fwrite(items[i].data, 1, items[i].bytes, f) == items[i].bytes;
+        ok = fwrite(zeros, 1, pad, f) == pad &&
+             (!items[i].bytes || fwrite(items[i].data, 1, items[i].bytes, f) == items[i].bytes);
         pos += pad + items[i].bytes;
     }
     if (ok && fb > pos) ok = fwrite(zeros, 1, fb - pos, f) == fb - pos;

@@ -77,9 +77,8 @@ static void test_json_errors(void) {
     deep[1000] = 0;
     QT_EXPECT(qt_json_parse(deep, 1000, err, sizeof err) == NULL && strstr(err, "nesting"), "deep: %s", err);
     /* Not NUL-terminated: parsing stops at n. */
-    QT_EXPECT(qt_json_parse("123456", 3, err, sizeof err) != NULL, "prefix rejected: %s", err);
     qt_json *j = qt_json_parse("123456", 3, err, sizeof err);
-    QT_EXPECT(j && qt_json_root(j)->num == 123, "prefix value");
+    QT_EXPECT(j && qt_json_root(j)->num == 123, "prefix: %s", j ? "wrong value" : err);
     qt_json_free(j);
 }
 
