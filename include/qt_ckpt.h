@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct {
     const char *name;  /* at most 95 bytes */
@@ -17,7 +18,8 @@ typedef struct {
     size_t bytes;
 } qt_ckpt_item;
 
-/* Creates dir if needed. Returns 0 or -1 with err; on failure no ckpt_*.qtc is created or changed. */
+/* Creates dir if needed. Returns 0 or -1 with err; on failure no ckpt_*.qtc is created or changed.
+ * keep <= 0 keeps every file; the file just written is never deleted, even when older by step. */
 int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items, int n, char *err,
                  size_t errlen);
 
@@ -30,5 +32,14 @@ long qt_ckpt_step(const qt_ckpt *ck);
 void qt_ckpt_close(qt_ckpt *ck);
 /* Path of the newest ckpt_*.qtc in dir. Returns 0, or -1 when there is none. */
 int qt_ckpt_latest(const char *dir, char *path, size_t cap);
+
+/* Helpers shared with the HF export (both write files the same careful way). */
+/* The 64-bit checksum of the blobs (XXH64, seed 0). */
+uint64_t qt_ckpt_hash64(const void *data, size_t n);
+/* mkdir -p. Returns 0, or -1 with err naming the component that is not a directory. */
+int qt_ckpt_mkdirs(const char *dir, char *err, size_t errlen);
+/* Finishes a file written to tmp: fflush, fsync, fclose (always), rename to final, fsync the
+ * directory. Returns 0, or -1 with err (tmp removed). */
+int qt_ckpt_commit_file(FILE *f, const char *tmp, const char *final, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,409 @@
+/* ckpt.c — checkpoint files of named, checksummed blobs, written atomically (temp, fsync, rename).
+ *
+ * File (all integers little-endian; this code assumes a little-endian host, as x86 and arm64 are):
+ *   [0,64)   header: "QTCKPT01", u32 version, u32 count, i64 step, u64 file_bytes, u64 meta_hash, 0...
+ *   table    count x 128 bytes: char name[96] (NUL padded), i32 dtype, u32 0, u64 bytes, u64 offset,
+ *            u64 hash
+ *   data     each blob at a 64-byte aligned offset, zero padding between; file_bytes = total size.
+ * meta_hash = hash64 of header bytes [0,32) then the table; each blob's hash = hash64 of its bytes.
+ * hash64 is XXH64 (seed 0): 32-byte stripes in four lanes, so it runs at memory speed. */
+#include "qt_ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CK_MAGIC "QTCKPT01"
+#define CK_VERSION 1u
+#define CK_HDR 64
+#define CK_ENTRY 128
+#define CK_NAME 96
+
+static const uint64_t P1 = 11400714785074694791ull, P2 = 14029467366897019727ull,
+                      P3 = 1609587929392839161ull, P4 = 9650029242287828579ull, P5 = 2870177450012600261ull;
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t xx_round(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
+static uint64_t xx_merge(uint64_t h, uint64_t v) { return (h ^ xx_round(0, v)) * P1 + P4; }
+
+/* Lanes, length and unconsumed tail of a hash64 fed in pieces (header, then table). */
+typedef struct { uint64_t v[4], len; unsigned char buf[32]; int nbuf; } xx_state;
+
+static void xx_init(xx_state *s) {
+    s->v[0] = P1 + P2; s->v[1] = P2; s->v[2] = 0; s->v[3] = -P1;
+    s->len = 0; s->nbuf = 0;
+}
+
+/* Every update but the last must be a multiple of 32 bytes (the header part is exactly 32). */
+static void xx_update(xx_state *s, const void *data, size_t n) {
+    const unsigned char *p = data;
+    if (n == 0) return;
+    s->len += n;
+    uint64_t v0 = s->v[0], v1 = s->v[1], v2 = s->v[2], v3 = s->v[3];
+    for (; n >= 32; p += 32, n -= 32) {
+        v0 = xx_round(v0, rd64(p)); v1 = xx_round(v1, rd64(p + 8));
+        v2 = xx_round(v2, rd64(p + 16)); v3 = xx_round(v3, rd64(p + 24));
+    }
+    s->v[0] = v0; s->v[1] = v1; s->v[2] = v2; s->v[3] = v3;
+    memcpy(s->buf, p, n);
+    s->nbuf = (int)n;
+}
+
+static uint64_t xx_final(const xx_state *s) {
+    uint64_t h;
+    if (s->len >= 32) {
+        h = rotl64(s->v[0], 1) + rotl64(s->v[1], 7) + rotl64(s->v[2], 12) + rotl64(s->v[3], 18);
+        for (int i = 0; i < 4; i++) h = xx_merge(h, s->v[i]);
+    } else h = P5;
+    h += s->len;
+    const unsigned char *p = s->buf;
+    int n = s->nbuf;
+    for (; n >= 8; p += 8, n -= 8) h = rotl64(h ^ xx_round(0, rd64(p)), 27) * P1 + P4;
+    if (n >= 4) { h = rotl64(h ^ (uint64_t)rd32(p) * P1, 23) * P2 + P3; p += 4; n -= 4; }
+    for (; n > 0; p++, n--) h = rotl64(h ^ *p * P5, 11) * P1;
+    h ^= h >> 33; h *= P2; h ^= h >> 29; h *= P3; h ^= h >> 32;
+    return h;
+}
+
+uint64_t qt_ckpt_hash64(const void *data, size_t n) {
+    xx_state s;
+    xx_init(&s);
+    xx_update(&s, data, n);
+    return xx_final(&s);
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+int qt_ckpt_mkdirs(const char *dir, char *err, size_t errlen) {
+    char p[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof p) return fail(err, errlen, "%s: bad directory name", dir);
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char c = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            return fail(err, errlen, "%s: cannot create directory %s: %s", dir, p, strerror(errno));
+        struct stat st;
+        if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))
+            return fail(err, errlen, "%s: %s exists and is not a directory", dir, p);
+        p[i] = c;
+    }
+    return 0;
+}
+
+int qt_ckpt_commit_file(FILE *f, const char *tmp, const char *final, char *err, size_t errlen) {
+    int bad = fflush(f) != 0 || ferror(f);
+    int e = errno;
+    if (!bad && fsync(fileno(f)) != 0) { bad = 1; e = errno; }
+    if (fclose(f) != 0 && !bad) { bad = 1; e = errno; }
+    if (bad) {
+        unlink(tmp);
+        return fail(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, final) != 0) {
+        e = errno;
+        unlink(tmp);
+        return fail(err, errlen, "%s: cannot rename to %s: %s", tmp, final, strerror(e));
+    }
+    /* The rename lives in the directory: sync it so a crash cannot forget the new name. */
+    char d[4096];
+    snprintf(d, sizeof d, "%s", final);
+    char *slash = strrchr(d, '/');
+    if (slash) *(slash == d ? slash + 1 : slash) = 0;
+    else snprintf(d, sizeof d, ".");
+    int fd = open(d, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    return 0;
+}
+
+/* Step of a file named ckpt_<digits>.qtc, or -1 for any other name (temp files included). */
+static long ckpt_name_step(const char *name) {
+    if (strncmp(name, "ckpt_", 5) != 0) return -1;
+    const char *p = name + 5;
+    long step = 0;
+    int nd = 0;
+    for (; *p >= '0' && *p <= '9'; p++, nd++) {
+        if (step > (0x7fffffffffffffffL - 9) / 10) return -1;
+        step = step * 10 + (*p - '0');
+    }
+    return nd > 0 && strcmp(p, ".qtc") == 0 ? step : -1;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Lists the checkpoint steps in dir, newest first. Caller frees. */
+static long *list_steps(const char *dir, int *count) {
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    long *steps = NULL;
+    int cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long s = ckpt_name_step(e->d_name);
+        if (s < 0) continue;
+        if (*count == cap) {
+            cap = cap ? 2 * cap : 16;
+            long *ns = realloc(steps, (size_t)cap * sizeof *ns);
+            if (!ns) break;
+            steps = ns;
+        }
+        steps[(*count)++] = s;
+    }
+    closedir(d);
+    if (*count) qsort(steps, (size_t)*count, sizeof *steps, cmp_desc);
+    return steps;
+}
+
+static void apply_retention(const char *dir, long just_written, int keep) {
+    if (keep <= 0) return;
+    int n;
+    long *steps = list_steps(dir, &n);
+    for (int i = keep; i < n; i++) {
+        if (steps[i] == just_written) continue; /* an older step saved after a newer one survives */
+        char p[4096];
+        snprintf(p, sizeof p, "%s/ckpt_%08ld.qtc", dir, steps[i]);
+        if (unlink(p) != 0) fprintf(stderr, "warning: %s: cannot delete old checkpoint: %s\n", p, strerror(errno));
+    }
+    free(steps);
+}
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static int check_items(const qt_ckpt_item *items, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        size_t len = items[i].name ? strlen(items[i].name) : 0;
+        if (len == 0 || len >= CK_NAME)
+            return fail(err, errlen, "checkpoint item %d: name must be 1..%d bytes, got %zu", i, CK_NAME - 1, len);
+        if (items[i].bytes && !items[i].data)
+            return fail(err, errlen, "checkpoint item %s: %zu bytes but no data", items[i].name, items[i].bytes);
+        for (int j = 0; j < i; j++)
+            if (strcmp(items[j].name, items[i].name) == 0)
+                return fail(err, errlen, "checkpoint item %s: duplicate name", items[i].name);
+    }
+    return 0;
+}
+
+/* Header + table for the items (hashes computed here), laid out as described at the top. */
+static unsigned char *build_meta(long step, const qt_ckpt_item *items, int n, size_t *meta_bytes,
+                                 size_t *file_bytes) {
+    size_t mb = CK_HDR + (size_t)n * CK_ENTRY, off = align64(mb);
+    unsigned char *m = calloc(1, mb);
+    if (!m) return NULL;
+    for (int i = 0; i < n; i++) {
+        unsigned char *e = m + CK_HDR + (size_t)i * CK_ENTRY;
+        int32_t dt = items[i].dtype;
+        uint64_t bytes = items[i].bytes, o = off, h = qt_ckpt_hash64(items[i].data, items[i].bytes);
+        memcpy(e, items[i].name, strlen(items[i].name));
+        memcpy(e + 96, &dt, 4);
+        memcpy(e + 104, &bytes, 8);
+        memcpy(e + 112, &o, 8);
+        memcpy(e + 120, &h, 8);
+        off = align64(off + items[i].bytes);
+    }
+    uint32_t ver = CK_VERSION, cnt = (uint32_t)n;
+    int64_t st = step;
+    uint64_t fb = off;
+    memcpy(m, CK_MAGIC, 8);
+    memcpy(m + 8, &ver, 4);
+    memcpy(m + 12, &cnt, 4);
+    memcpy(m + 16, &st, 8);
+    memcpy(m + 24, &fb, 8);
+    xx_state s;
+    xx_init(&s);
+    xx_update(&s, m, 32);
+    xx_update(&s, m + CK_HDR, mb - CK_HDR);
+    uint64_t mh = xx_final(&s);
+    memcpy(m + 32, &mh, 8);
+    *meta_bytes = mb;
+    *file_bytes = off;
+    return m;
+}
+
+int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items, int n, char *err,
+                 size_t errlen) {
+    if (step < 0 || n < 0) return fail(err, errlen, "%s: bad checkpoint step %ld or count %d", dir, step, n);
+    if (check_items(items, n, err, errlen) || qt_ckpt_mkdirs(dir, err, errlen)) return -1;
+    char tmp[4100], final[4096];
+    if (snprintf(final, sizeof final, "%s/ckpt_%08ld.qtc", dir, step) >= (int)sizeof final)
+        return fail(err, errlen, "%s: path too long", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", final);
+    size_t mb, fb;
+    unsigned char *meta = build_meta(step, items, n, &mb, &fb);
+    if (!meta) return fail(err, errlen, "%s: out of memory building the checkpoint table", final);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        free(meta);
+        return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    static const unsigned char zeros[64];
+    size_t pos = mb;
+    int ok = fwrite(meta, 1, mb, f) == mb;
+    free(meta);
+    for (int i = 0; ok && i < n; i++) {
+        size_t pad = align64(pos) - pos;
+        ok = fwrite(zeros, 1, pad, f) == pad &&
+             (!items[i].bytes || fwrite(items[i].data, 1, items[i].bytes, f) == items[i].bytes);
+        pos += pad + items[i].bytes;
+    }
+    if (ok && fb > pos) ok = fwrite(zeros, 1, fb - pos, f) == fb - pos;
+    if (!ok) {
+        int e = errno;
+        fclose(f);
+        unlink(tmp);
+        return fail(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+    }
+    if (qt_ckpt_commit_file(f, tmp, final, err, errlen)) return -1;
+    apply_retention(dir, step, keep);
+    return 0;
+}
+
+typedef struct {
+    const char *name;
+    int dtype;
+    size_t bytes;
+    const void *data;
+} ck_blob;
+
+struct qt_ckpt {
+    unsigned char *buf;
+    size_t size;
+    long step;
+    int count;
+    ck_blob *blobs;
+};
+
+void qt_ckpt_close(qt_ckpt *ck) {
+    if (!ck) return;
+    free(ck->buf);
+    free(ck->blobs);
+    free(ck);
+}
+
+static unsigned char *read_whole(const char *path, size_t *size, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fail(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        fail(err, errlen, "%s: not a regular file", path);
+        return NULL;
+    }
+    void *buf = NULL;
+    size_t n = (size_t)st.st_size;
+    if (posix_memalign(&buf, 64, n ? n : 64) != 0) {
+        fclose(f);
+        fail(err, errlen, "%s: out of memory reading %zu bytes", path, n);
+        return NULL;
+    }
+    size_t got = fread(buf, 1, n, f);
+    fclose(f);
+    if (got != n) {
+        free(buf);
+        fail(err, errlen, "%s: read %zu of %zu bytes", path, got, n);
+        return NULL;
+    }
+    *size = n;
+    return buf;
+}
+
+/* Checks the header and table of a file read whole; fills ck->blobs. */
+static int parse_meta(qt_ckpt *ck, const char *path, char *err, size_t errlen) {
+    const unsigned char *b = ck->buf;
+    if (ck->size < CK_HDR || memcmp(b, CK_MAGIC, 8) != 0)
+        return fail(err, errlen, "%s: not a qtrain checkpoint (expected magic %s)", path, CK_MAGIC);
+    uint32_t ver = rd32(b + 8), cnt = rd32(b + 12);
+    uint64_t fb = rd64(b + 24), mh = rd64(b + 32);
+    int64_t step;
+    memcpy(&step, b + 16, 8);
+    if (ver != CK_VERSION) return fail(err, errlen, "%s: version %u, expected %u", path, ver, CK_VERSION);
+    if (fb != ck->size)
+        return fail(err, errlen, "%s: truncated or extended: header says %llu bytes, file has %zu", path,
+                    (unsigned long long)fb, ck->size);
+    size_t mb = CK_HDR + (size_t)cnt * CK_ENTRY;
+    if (cnt > (ck->size - CK_HDR) / CK_ENTRY)
+        return fail(err, errlen, "%s: %u blobs do not fit in %zu bytes", path, cnt, ck->size);
+    xx_state s;
+    xx_init(&s);
+    xx_update(&s, b, 32);
+    xx_update(&s, b + CK_HDR, mb - CK_HDR);
+    if (xx_final(&s) != mh) return fail(err, errlen, "%s: header/table checksum mismatch (corrupted)", path);
+    ck->step = step;
+    ck->count = (int)cnt;
+    ck->blobs = calloc(cnt ? cnt : 1, sizeof *ck->blobs);
+    if (!ck->blobs) return fail(err, errlen, "%s: out of memory", path);
+    for (uint32_t i = 0; i < cnt; i++) {
+        unsigned char *e = ck->buf + CK_HDR + (size_t)i * CK_ENTRY;
+        if (memchr(e, 0, CK_NAME) == NULL) return fail(err, errlen, "%s: blob %u: name not terminated", path, i);
+        int32_t dt;
+        memcpy(&dt, e + 96, 4);
+        uint64_t bytes = rd64(e + 104), off = rd64(e + 112), h = rd64(e + 120);
+        const char *name = (const char *)e;
+        if (off < mb || off > ck->size || bytes > ck->size - off)
+            return fail(err, errlen, "%s: blob %s: bytes [%llu, +%llu) outside the %zu-byte file", path, name,
+                        (unsigned long long)off, (unsigned long long)bytes, ck->size);
+        uint64_t got = qt_ckpt_hash64(ck->buf + off, bytes);
+        if (got != h)
+            return fail(err, errlen, "%s: blob %s: checksum mismatch (stored %016llx, computed %016llx): corrupted",
+                        path, name, (unsigned long long)h, (unsigned long long)got);
+        ck->blobs[i] = (ck_blob){name, dt, bytes, ck->buf + off};
+    }
+    return 0;
+}
+
+qt_ckpt *qt_ckpt_open(const char *path, char *err, size_t errlen) {
+    qt_ckpt *ck = calloc(1, sizeof *ck);
+    if (!ck) { fail(err, errlen, "%s: out of memory", path); return NULL; }
+    ck->buf = read_whole(path, &ck->size, err, errlen);
+    if (!ck->buf || parse_meta(ck, path, err, errlen)) {
+        qt_ckpt_close(ck);
+        return NULL;
+    }
+    return ck;
+}
+
+const void *qt_ckpt_get(const qt_ckpt *ck, const char *name, size_t *bytes, int *dtype) {
+    for (int i = 0; i < ck->count; i++) {
+        if (strcmp(ck->blobs[i].name, name) != 0) continue;
+        if (bytes) *bytes = ck->blobs[i].bytes;
+        if (dtype) *dtype = ck->blobs[i].dtype;
+        return ck->blobs[i].data;
+    }
+    return NULL;
+}
+
+long qt_ckpt_step(const qt_ckpt *ck) { return ck->step; }
+
+int qt_ckpt_latest(const char *dir, char *path, size_t cap) {
+    int n;
+    long *steps = list_steps(dir, &n);
+    int rc = -1;
+    if (n > 0 && snprintf(path, cap, "%s/ckpt_%08ld.qtc", dir, steps[0]) < (int)cap) rc = 0;
+    free(steps);
+    return rc;
+}

@@ -1,0 +1,479 @@
+/* hf.c — Hugging Face config.json and safetensors export/import for the Qwen2/Llama layout.
+ *
+ * safetensors: u64 little-endian header length N, N bytes of JSON {"name": {"dtype", "shape",
+ * "data_offsets": [b, e]}, "__metadata__": {...}} padded with spaces to a multiple of 8, then the
+ * data; offsets are relative to the data start. Export writes tensors in layout order (tied models
+ * omit lm_head.weight); import accepts F32/BF16/F16 and sharded checkpoints through
+ * model.safetensors.index.json. */
+#include "qt_hf.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "qt_ckpt.h"
+#include "qt_dtype.h"
+#include "qt_json.h"
+
+#define HF_MAX_HEADER (256u << 20)
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* Reads a whole (small) file; caller frees. */
+static char *slurp(const char *path, size_t *n, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fail(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    struct stat st;
+    char *buf = NULL;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (buf = malloc((size_t)st.st_size + 1))) {
+        *n = fread(buf, 1, (size_t)st.st_size, f);
+        if (*n != (size_t)st.st_size) { free(buf); buf = NULL; }
+    }
+    fclose(f);
+    if (!buf) fail(err, errlen, "%s: cannot read", path);
+    else buf[*n] = 0;
+    return buf;
+}
+
+/* ---- config.json ---- */
+
+static const char *type_name(const qt_json_node *x) {
+    static const char *n[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+    return x ? n[x->type] : "nothing";
+}
+
+/* Integer member in [lo, hi]; absent (or null) -> def, or an error when def < lo (required). */
+static int get_int(const char *path, const qt_json_node *o, const char *key, int def, int lo, int hi, int *out,
+                   char *err, size_t errlen) {
+    const qt_json_node *x = qt_json_get(o, key);
+    if (!x || x->type == QT_JSON_NULL) {
+        if (def < lo) return fail(err, errlen, "%s: %s: missing (expected an integer >= %d)", path, key, lo);
+        *out = def;
+        return 0;
+    }
+    if (x->type != QT_JSON_NUM || x->num != floor(x->num) || x->num < lo || x->num > hi)
+        return fail(err, errlen, "%s: %s: expected an integer in [%d, %d], got %s%s%.17g", path, key, lo, hi,
+                    type_name(x), x->type == QT_JSON_NUM ? " " : "", x->type == QT_JSON_NUM ? x->num : 0.0);
+    *out = (int)x->num;
+    return 0;
+}
+
+static int get_num(const char *path, const qt_json_node *o, const char *key, float def, float *out, char *err,
+                   size_t errlen) {
+    const qt_json_node *x = qt_json_get(o, key);
+    if (!x || x->type == QT_JSON_NULL) { *out = def; return 0; }
+    if (x->type != QT_JSON_NUM || !(x->num > 0))
+        return fail(err, errlen, "%s: %s: expected a number > 0, got %s", path, key, type_name(x));
+    *out = (float)x->num;
+    return 0;
+}
+
+static int get_bool(const char *path, const qt_json_node *o, const char *key, int def, int *out, char *err,
+                    size_t errlen) {
+    const qt_json_node *x = qt_json_get(o, key);
+    if (!x || x->type == QT_JSON_NULL) { *out = def; return 0; }
+    if (x->type != QT_JSON_BOOL) return fail(err, errlen, "%s: %s: expected true or false, got %s", path, key, type_name(x));
+    *out = x->num != 0;
+    return 0;
+}
+
+/* Rejects configs whose maths we do not implement (scaled RoPE, sliding window, other activations). */
+static int check_unsupported(const char *path, const qt_json_node *r, char *err, size_t errlen) {
+    const qt_json_node *x = qt_json_get(r, "hidden_act");
+    if (x && (x->type != QT_JSON_STR || strcmp(x->str, "silu") != 0))
+        return fail(err, errlen, "%s: hidden_act: expected \"silu\", got %s%s", path, x->type == QT_JSON_STR ? x->str : "",
+                    x->type == QT_JSON_STR ? "" : type_name(x));
+    const char *rk[2] = {"rope_scaling", "rope_parameters"};
+    for (int i = 0; i < 2; i++) {
+        x = qt_json_get(r, rk[i]);
+        if (!x || x->type == QT_JSON_NULL) continue;
+        const qt_json_node *t = qt_json_get(x, "rope_type");
+        if (!t) t = qt_json_get(x, "type");
+        if (x->type != QT_JSON_OBJ || (t && (t->type != QT_JSON_STR || strcmp(t->str, "default") != 0)))
+            return fail(err, errlen, "%s: %s: only the default RoPE is supported, got rope_type %s", path, rk[i],
+                        t && t->type == QT_JSON_STR ? t->str : "(not a string)");
+    }
+    int flag = 0;
+    if (get_bool(path, r, "use_sliding_window", 0, &flag, err, errlen)) return -1;
+    if (flag) return fail(err, errlen, "%s: use_sliding_window: sliding-window attention is not supported", path);
+    if (get_bool(path, r, "mlp_bias", 0, &flag, err, errlen)) return -1;
+    if (flag) return fail(err, errlen, "%s: mlp_bias: MLP biases are not supported", path);
+    return 0;
+}
+
+static int read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, char *err, size_t errlen) {
+    const int big = 1 << 30;
+    if (get_int(path, r, "hidden_size", -1, 1, big, &c->hidden_size, err, errlen) ||
+        get_int(path, r, "num_hidden_layers", -1, 1, big, &c->num_layers, err, errlen) ||
+        get_int(path, r, "num_attention_heads", -1, 1, big, &c->num_heads, err, errlen) ||
+        get_int(path, r, "num_key_value_heads", c->num_heads, 1, big, &c->num_kv_heads, err, errlen) ||
+        get_int(path, r, "intermediate_size", -1, 1, big, &c->intermediate_size, err, errlen) ||
+        get_int(path, r, "vocab_size", -1, 1, big, &c->vocab_size, err, errlen) ||
+        get_int(path, r, "head_dim", 0, 0, big, &c->head_dim, err, errlen) ||
+        get_int(path, r, "max_position_embeddings", 2048, 1, big, &c->max_seq_len, err, errlen) ||
+        get_num(path, r, "rms_norm_eps", 1e-6f, &c->rms_norm_eps, err, errlen) ||
+        get_bool(path, r, "tie_word_embeddings", 0, &c->tie_embeddings, err, errlen))
+        return -1;
+    c->rope_theta = 10000.0f;
+    const qt_json_node *rp = qt_json_get(r, "rope_parameters");
+    if (qt_json_get(r, "rope_theta")) return get_num(path, r, "rope_theta", 10000.0f, &c->rope_theta, err, errlen);
+    if (rp && rp->type == QT_JSON_OBJ) return get_num(path, rp, "rope_theta", 10000.0f, &c->rope_theta, err, errlen);
+    return 0;
+}
+
+int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t errlen) {
+    size_t n;
+    char *text = slurp(path, &n, err, errlen);
+    if (!text) return -1;
+    char jerr[256];
+    qt_json *j = qt_json_parse(text, n, jerr, sizeof jerr);
+    free(text);
+    if (!j) return fail(err, errlen, "%s: invalid JSON: %s", path, jerr);
+    const qt_json_node *r = qt_json_root(j), *mt = qt_json_get(r, "model_type");
+    qt_model_cfg c;
+    memset(&c, 0, sizeof c);
+    int rc = -1;
+    if (r->type != QT_JSON_OBJ) fail(err, errlen, "%s: expected a JSON object, got %s", path, type_name(r));
+    else if (!mt || mt->type != QT_JSON_STR || (strcmp(mt->str, "qwen2") && strcmp(mt->str, "llama")))
+        fail(err, errlen, "%s: model_type: expected \"qwen2\" or \"llama\", got %s%s%s", path,
+             mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : type_name(mt),
+             mt && mt->type == QT_JSON_STR ? "\"" : "");
+    else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen)) {
+        c.arch = strcmp(mt->str, "qwen2") == 0 ? QT_ARCH_QWEN2 : QT_ARCH_LLAMA;
+        int bias = 0;
+        rc = 0;
+        if (c.arch == QT_ARCH_QWEN2) c.qkv_bias = 1; /* Qwen2 always carries q/k/v biases */
+        else if (get_bool(path, r, "attention_bias", 0, &bias, err, errlen)) rc = -1;
+        else if (bias) /* HF Llama's attention_bias also puts a bias on o_proj, which we do not have */
+            rc = fail(err, errlen, "%s: attention_bias: true is not supported for llama (it adds an o_proj bias)", path);
+    }
+    qt_json_free(j);
+    if (rc) return -1;
+    qt_model_cfg_finish(&c);
+    char verr[256];
+    if (qt_model_cfg_validate(&c, verr, sizeof verr)) return fail(err, errlen, "%s: %s", path, verr);
+    *cfg = c;
+    return 0;
+}
+
+/* Shortest %g text that reads back to the same float. */
+static void fmt_float(char *out, size_t cap, float x) {
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(out, cap, "%.*g", prec, (double)x);
+        if (strtof(out, NULL) == x) return;
+    }
+}
+
+int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *err, size_t errlen) {
+    const int qwen = c->arch == QT_ARCH_QWEN2;
+    if (qwen && !c->qkv_bias) return fail(err, errlen, "%s: a qwen2 model must have qkv_bias (use arch llama)", path);
+    if (!qwen && c->qkv_bias)
+        return fail(err, errlen, "%s: a llama model with qkv_bias has no HF equivalent (use arch qwen2)", path);
+    char eps[32], theta[32], buf[4096];
+    fmt_float(eps, sizeof eps, c->rms_norm_eps);
+    fmt_float(theta, sizeof theta, c->rope_theta);
+    const char *dt = bf16 ? "bfloat16" : "float32";
+    int head_dim = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
+    int k = snprintf(buf, sizeof buf,
+        "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n  \"hidden_size\": %d,\n"
+        "  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
+        "  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n  \"vocab_size\": %d,\n"
+        "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n"
+        "  \"rope_parameters\": {\"rope_theta\": %s, \"rope_type\": \"default\"},\n"
+        "  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": %s,\n"
+        "  \"attention_dropout\": 0.0,\n  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n%s"
+        "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n",
+        qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", qwen ? "qwen2" : "llama", c->hidden_size,
+        c->intermediate_size, c->num_layers, c->num_heads, c->num_kv_heads, head_dim, c->vocab_size, c->max_seq_len,
+        eps, theta, theta, c->tie_embeddings ? "true" : "false", c->qkv_bias && !qwen ? "true" : "false",
+        qwen ? "  \"use_sliding_window\": false,\n" : "  \"mlp_bias\": false,\n", dt, dt);
+    if (k < 0 || (size_t)k >= sizeof buf) return fail(err, errlen, "%s: config text too long", path);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    if (fwrite(buf, 1, (size_t)k, f) != (size_t)k) {
+        int e = errno;
+        fclose(f);
+        unlink(tmp);
+        return fail(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+    }
+    return qt_ckpt_commit_file(f, tmp, path, err, errlen);
+}
+
+/* ---- safetensors export ---- */
+
+static int exported(const qt_layout *L, const qt_tensor *t) {
+    return !(t->kind == QT_T_LM_HEAD && L->cfg.tie_embeddings);
+}
+
+/* The JSON header, padded with spaces to a multiple of 8; caller frees. */
+static char *st_header(const qt_layout *L, int bf16, size_t *len) {
+    size_t cap = 256 + (size_t)L->n_tensors * 256, k = 0, off = 0;
+    char *h = malloc(cap);
+    if (!h) return NULL;
+    k += (size_t)snprintf(h + k, cap - k, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < L->n_tensors; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        if (!exported(L, t)) continue;
+        size_t bytes = t->numel * (bf16 ? 2 : 4);
+        k += (size_t)snprintf(h + k, cap - k, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld", t->name, bf16 ? "BF16" : "F32",
+                              (long long)t->shape[0]);
+        if (t->ndim == 2) k += (size_t)snprintf(h + k, cap - k, ",%lld", (long long)t->shape[1]);
+        k += (size_t)snprintf(h + k, cap - k, "],\"data_offsets\":[%zu,%zu]}", off, off + bytes);
+        off += bytes;
+    }
+    k += (size_t)snprintf(h + k, cap - k, "}");
+    while (k % 8) h[k++] = ' ';
+    *len = k;
+    return h;
+}
+
+static int write_tensors(FILE *f, const qt_layout *L, const float *w, int bf16) {
+    enum { CHUNK = 1 << 16 };
+    uint16_t *buf = bf16 ? malloc(CHUNK * sizeof *buf) : NULL;
+    if (bf16 && !buf) return -1;
+    int rc = 0;
+    for (int i = 0; i < L->n_tensors && !rc; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        if (!exported(L, t)) continue;
+        const float *src = w + t->offset;
+        if (!bf16) {
+            rc = fwrite(src, 4, t->numel, f) != t->numel;
+            continue;
+        }
+        for (size_t j = 0; j < t->numel && !rc; j += CHUNK) {
+            size_t m = t->numel - j < CHUNK ? t->numel - j : CHUNK;
+            for (size_t q = 0; q < m; q++) buf[q] = qt_f32_to_bf16(src[j + q]);
+            rc = fwrite(buf, 2, m, f) != m;
+        }
+    }
+    free(buf);
+    return rc ? -1 : 0;
+}
+
+int qt_hf_export(const char *dir, const qt_layout *L, const float *w, int bf16, char *err, size_t errlen) {
+    char path[4096], tmp[4200];
+    if (qt_ckpt_mkdirs(dir, err, errlen)) return -1;
+    if (snprintf(path, sizeof path, "%s/model.safetensors", dir) >= (int)sizeof path)
+        return fail(err, errlen, "%s: path too long", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    size_t hlen;
+    char *h = st_header(L, bf16, &hlen);
+    if (!h) return fail(err, errlen, "%s: out of memory", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        free(h);
+        return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    uint64_t n64 = hlen; /* little-endian host */
+    int bad = fwrite(&n64, 8, 1, f) != 1 || fwrite(h, 1, hlen, f) != hlen || write_tensors(f, L, w, bf16);
+    free(h);
+    if (bad) {
+        int e = errno;
+        fclose(f);
+        unlink(tmp);
+        return fail(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+    }
+    if (qt_ckpt_commit_file(f, tmp, path, err, errlen)) return -1;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return qt_hf_write_config(path, &L->cfg, bf16, err, errlen);
+}
+
+/* ---- safetensors import ---- */
+
+static void shape_str(char *o, size_t cap, const int64_t *s, int nd) {
+    if (nd == 1) snprintf(o, cap, "[%lld]", (long long)s[0]);
+    else if (nd == 2) snprintf(o, cap, "[%lld, %lld]", (long long)s[0], (long long)s[1]);
+    else snprintf(o, cap, "(%d dims)", nd);
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+static int read_at(FILE *f, void *dst, size_t bytes, long long off) {
+    return fseeko(f, (off_t)off, SEEK_SET) == 0 && fread(dst, 1, bytes, f) == bytes ? 0 : -1;
+}
+
+/* Copies one tensor's data (dtype dt, at file offset `at`) into dst as fp32. */
+static int load_tensor(FILE *f, const char *dt, long long at, float *dst, size_t numel) {
+    if (strcmp(dt, "F32") == 0) return read_at(f, dst, numel * 4, at);
+    enum { CHUNK = 1 << 16 };
+    uint16_t *buf = malloc(CHUNK * 2);
+    if (!buf) return -1;
+    const int is_bf16 = strcmp(dt, "BF16") == 0;
+    int rc = 0;
+    for (size_t j = 0; j < numel && !rc; j += CHUNK) {
+        size_t m = numel - j < CHUNK ? numel - j : CHUNK;
+        rc = read_at(f, buf, m * 2, at + (long long)j * 2);
+        for (size_t q = 0; q < m && !rc; q++) dst[j + q] = is_bf16 ? qt_bf16_to_f32(buf[q]) : qt_f16_to_f32(buf[q]);
+    }
+    free(buf);
+    return rc;
+}
+
+/* Checks one header entry against the layout; on success *t is the tensor (NULL: skip it). */
+static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e, unsigned long long data_bytes,
+                       const qt_tensor **tp, long long *b_out, char *err, size_t errlen) {
+    const char *name = e->key;
+    const qt_json_node *dt = qt_json_get(e, "dtype"), *sh = qt_json_get(e, "shape"), *of = qt_json_get(e, "data_offsets");
+    const qt_tensor *t = qt_layout_find(L, name);
+    *tp = NULL;
+    if (!t) {
+        if ((strcmp(name, "lm_head.weight") == 0 && L->cfg.tie_embeddings) || ends_with(name, ".rotary_emb.inv_freq"))
+            return 0; /* a tied model's copy of the embedding, or a buffer older exports carry */
+        return fail(err, errlen, "%s: %s: unexpected tensor (not in a %s model of this config)", fp, name,
+                    L->cfg.arch == QT_ARCH_QWEN2 ? "qwen2" : "llama");
+    }
+    if (!dt || dt->type != QT_JSON_STR || !sh || sh->type != QT_JSON_ARR || !of || of->type != QT_JSON_ARR)
+        return fail(err, errlen, "%s: %s: header entry needs dtype, shape and data_offsets", fp, name);
+    int es = !strcmp(dt->str, "F32") ? 4 : !strcmp(dt->str, "BF16") || !strcmp(dt->str, "F16") ? 2 : 0;
+    if (!es) return fail(err, errlen, "%s: %s: expected dtype F32, BF16 or F16, got %s", fp, name, dt->str);
+    int64_t s[8];
+    int nd = 0, ok = 1;
+    for (const qt_json_node *x = sh->child; x; x = x->next, nd++) {
+        if (x->type != QT_JSON_NUM || x->num < 0 || x->num != floor(x->num) || nd >= 8) { ok = 0; break; }
+        s[nd] = (int64_t)x->num;
+    }
+    char want[64], got[64];
+    shape_str(want, sizeof want, t->shape, t->ndim);
+    if (!ok) return fail(err, errlen, "%s: %s: bad shape in the header (expected %s)", fp, name, want);
+    shape_str(got, sizeof got, s, nd);
+    if (nd != t->ndim || s[0] != t->shape[0] || (nd == 2 && s[1] != t->shape[1]))
+        return fail(err, errlen, "%s: %s: expected shape %s, got %s", fp, name, want, got);
+    const qt_json_node *b = of->child, *en = b ? b->next : NULL;
+    if (!b || !en || en->next || b->type != QT_JSON_NUM || en->type != QT_JSON_NUM || b->num < 0 || en->num < b->num)
+        return fail(err, errlen, "%s: %s: data_offsets: expected [begin, end] with begin <= end", fp, name);
+    if (en->num > (double)data_bytes)
+        return fail(err, errlen, "%s: %s: data_offsets [%.0f, %.0f] beyond the %llu data bytes (truncated file?)", fp,
+                    name, b->num, en->num, data_bytes);
+    if (en->num - b->num != (double)t->numel * es)
+        return fail(err, errlen, "%s: %s: data_offsets span %.0f bytes, expected %zu (%s %s)", fp, name,
+                    en->num - b->num, t->numel * es, dt->str, want);
+    *tp = t;
+    *b_out = (long long)b->num;
+    return 0;
+}
+
+/* Header of an open safetensors file, parsed; sets *data_start and *data_bytes. */
+static qt_json *st_open_header(FILE *f, const char *fp, long long *data_start, unsigned long long *data_bytes,
+                               char *err, size_t errlen) {
+    struct stat st;
+    uint64_t hlen = 0;
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 8 || fread(&hlen, 8, 1, f) != 1) {
+        fail(err, errlen, "%s: too short for a safetensors file", fp);
+        return NULL;
+    }
+    if (hlen > HF_MAX_HEADER || hlen > (uint64_t)st.st_size - 8) {
+        fail(err, errlen, "%s: header length %llu exceeds the file (%lld bytes; truncated or not safetensors)", fp,
+             (unsigned long long)hlen, (long long)st.st_size);
+        return NULL;
+    }
+    char *h = malloc(hlen + 1), jerr[256];
+    if (!h || fread(h, 1, hlen, f) != hlen) {
+        free(h);
+        fail(err, errlen, "%s: cannot read the %llu-byte header", fp, (unsigned long long)hlen);
+        return NULL;
+    }
+    qt_json *j = qt_json_parse(h, hlen, jerr, sizeof jerr);
+    free(h);
+    if (!j) { fail(err, errlen, "%s: header JSON: %s", fp, jerr); return NULL; }
+    if (qt_json_root(j)->type != QT_JSON_OBJ) {
+        qt_json_free(j);
+        fail(err, errlen, "%s: header JSON: expected an object", fp);
+        return NULL;
+    }
+    *data_start = 8 + (long long)hlen;
+    *data_bytes = (unsigned long long)st.st_size - 8 - hlen;
+    return j;
+}
+
+/* Loads every tensor of one file into w, marking seen[]. */
+static int import_file(const char *fp, const qt_layout *L, float *w, unsigned char *seen, char *err, size_t errlen) {
+    FILE *f = fopen(fp, "rb");
+    if (!f) return fail(err, errlen, "%s: cannot open: %s", fp, strerror(errno));
+    long long ds;
+    unsigned long long db;
+    qt_json *j = st_open_header(f, fp, &ds, &db, err, errlen);
+    int rc = j ? 0 : -1;
+    for (const qt_json_node *e = j ? qt_json_root(j)->child : NULL; e && !rc; e = e->next) {
+        if (strcmp(e->key, "__metadata__") == 0) continue;
+        const qt_tensor *t;
+        long long b;
+        if ((rc = check_entry(fp, L, e, db, &t, &b, err, errlen)) || !t) continue;
+        int idx = (int)(t - L->tensors);
+        if (seen[idx]) rc = fail(err, errlen, "%s: %s: tensor appears twice", fp, t->name);
+        else if (load_tensor(f, qt_json_get(e, "dtype")->str, ds + b, w + t->offset, t->numel))
+            rc = fail(err, errlen, "%s: %s: cannot read the tensor data", fp, t->name);
+        seen[idx] = 1;
+    }
+    qt_json_free(j);
+    fclose(f);
+    return rc;
+}
+
+/* A sharded checkpoint: imports every file named in index.json's weight_map (once each). */
+static int import_sharded(const char *dir, const char *index, const qt_layout *L, float *w, unsigned char *seen,
+                          char *err, size_t errlen) {
+    size_t n;
+    char *text = slurp(index, &n, err, errlen), jerr[256];
+    if (!text) return -1;
+    qt_json *j = qt_json_parse(text, n, jerr, sizeof jerr);
+    free(text);
+    if (!j) return fail(err, errlen, "%s: invalid JSON: %s", index, jerr);
+    const qt_json_node *wm = qt_json_get(qt_json_root(j), "weight_map");
+    int rc = wm && wm->type == QT_JSON_OBJ ? 0 : fail(err, errlen, "%s: weight_map: expected an object", index);
+    for (const qt_json_node *e = wm && !rc ? wm->child : NULL; e && !rc; e = e->next) {
+        if (e->type != QT_JSON_STR || strchr(e->str, '/')) {
+            rc = fail(err, errlen, "%s: weight_map.%s: expected a file name", index, e->key);
+            break;
+        }
+        int dup = 0; /* each shard once: skip a file name met earlier in the map */
+        for (const qt_json_node *p = wm->child; p != e && !dup; p = p->next) dup = strcmp(p->str, e->str) == 0;
+        if (dup) continue;
+        char fp[4096];
+        snprintf(fp, sizeof fp, "%s/%s", dir, e->str);
+        rc = import_file(fp, L, w, seen, err, errlen);
+    }
+    qt_json_free(j);
+    return rc;
+}
+
+int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen) {
+    unsigned char *seen = calloc((size_t)L->n_tensors + 1, 1);
+    if (!seen) return fail(err, errlen, "%s: out of memory", path);
+    memset(w, 0, L->numel * sizeof *w);
+    char fp[4096], index[4096];
+    struct stat st;
+    int rc;
+    snprintf(fp, sizeof fp, "%s/model.safetensors", path);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", path);
+    if (ends_with(path, ".safetensors")) snprintf(fp, sizeof fp, "%s", path);
+    if (!ends_with(path, ".safetensors") && stat(fp, &st) != 0 && stat(index, &st) == 0)
+        rc = import_sharded(path, index, L, w, seen, err, errlen);
+    else rc = import_file(fp, L, w, seen, err, errlen);
+    for (int i = 0; i < L->n_tensors && !rc; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        char want[64];
+        shape_str(want, sizeof want, t->shape, t->ndim);
+        if (!seen[i]) rc = fail(err, errlen, "%s: %s: missing tensor (expected shape %s)", path, t->name, want);
+    }
+    free(seen);
+    return rc;
+}

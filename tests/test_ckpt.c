@@ -1,0 +1,239 @@
+/* test_ckpt.c — checkpoint round trip, retention, latest, corruption/truncation detection, write
+ * failures, and the blob checksum against published XXH64 values. */
+#include "qt_ckpt.h"
+#include "qt_dtype.h"
+#include "qt_rng.h"
+#include "qt_test.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char g_root[256];
+
+/* A fresh empty directory under the test's temp root. */
+static void fresh_dir(char *out, size_t cap, const char *name) {
+    snprintf(out, cap, "%s/%s", g_root, name);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
+    if (system(cmd) != 0) fprintf(stderr, "warning: %s failed\n", cmd);
+}
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static void test_hash64_known_values(void) {
+    /* XXH64 (seed 0) values: the first three are the published ones; the 40- and 1000-byte ones
+     * (four-lane stripe path) come from the reference libxxhash 0.8.1 via ctypes. */
+    QT_EXPECT(qt_ckpt_hash64("", 0) == 0xEF46DB3751D8E999ull, "'' -> %016llx", (unsigned long long)qt_ckpt_hash64("", 0));
+    QT_EXPECT(qt_ckpt_hash64("a", 1) == 0xD24EC4F1A98C6E5Bull, "'a' -> %016llx", (unsigned long long)qt_ckpt_hash64("a", 1));
+    QT_EXPECT(qt_ckpt_hash64("abc", 3) == 0x44BC2CF5AD770999ull, "'abc' -> %016llx",
+              (unsigned long long)qt_ckpt_hash64("abc", 3));
+    unsigned char buf[1000];
+    for (int i = 0; i < 40; i++) buf[i] = (unsigned char)i;
+    QT_EXPECT(qt_ckpt_hash64(buf, 40) == 0xF5DA40F1B11741E9ull, "0..39 -> %016llx",
+              (unsigned long long)qt_ckpt_hash64(buf, 40));
+    for (int i = 0; i < 1000; i++) buf[i] = (unsigned char)(i * 7 + 3);
+    uint64_t h = qt_ckpt_hash64(buf, 1000);
+    QT_EXPECT(h == 0x5F235FA033F1A3FBull, "1000 bytes -> %016llx", (unsigned long long)h);
+    buf[517] ^= 1;
+    QT_EXPECT(qt_ckpt_hash64(buf, 1000) != h, "one flipped bit not seen");
+}
+
+static void test_roundtrip(void) {
+    char dir[512], path[600], err[512];
+    fresh_dir(dir, sizeof dir, "rt/nested"); /* nested: save creates both levels */
+    size_t nbig = (3u << 20) / 4 + 5;       /* > 1 MiB, not a multiple of 64 bytes */
+    float *big = malloc(nbig * 4);
+    QT_REQUIRE(big, "oom");
+    qt_rng r;
+    qt_rng_seed(&r, 3);
+    for (size_t i = 0; i < nbig; i++) big[i] = qt_rng_normal(&r);
+    uint16_t small[7] = {1, 2, 3, 4, 5, 6, 7};
+    long long step_blob = 1234567890123ll;
+    const char *cfg = "model:\n  hidden_size: 64\n";
+    qt_ckpt_item items[] = {
+        {"model.embed_tokens.weight", QT_DT_F32, big, nbig * 4},
+        {"empty", -1, NULL, 0},
+        {"m.small", QT_DT_BF16, small, sizeof small},
+        {"loader.pos", -1, &step_blob, sizeof step_blob},
+        {"config", -1, cfg, strlen(cfg) + 1},
+    };
+    int n = (int)(sizeof items / sizeof items[0]);
+    QT_REQUIRE(qt_ckpt_save(dir, 42, 3, items, n, err, sizeof err) == 0, "save: %s", err);
+    QT_REQUIRE(qt_ckpt_latest(dir, path, sizeof path) == 0, "no latest");
+    QT_EXPECT(strstr(path, "ckpt_00000042.qtc") != NULL, "latest %s", path);
+    qt_ckpt *ck = qt_ckpt_open(path, err, sizeof err);
+    QT_REQUIRE(ck, "open: %s", err);
+    QT_EXPECT(qt_ckpt_step(ck) == 42, "step %ld", qt_ckpt_step(ck));
+    for (int i = 0; i < n; i++) {
+        size_t bytes = 99;
+        int dt = 99;
+        const void *p = qt_ckpt_get(ck, items[i].name, &bytes, &dt);
+        QT_EXPECT(p != NULL, "%s missing", items[i].name);
+        QT_EXPECT(bytes == items[i].bytes && dt == items[i].dtype, "%s: bytes %zu dtype %d", items[i].name, bytes, dt);
+        if (p && bytes == items[i].bytes && bytes)
+            QT_EXPECT(memcmp(p, items[i].data, bytes) == 0, "%s: data differs", items[i].name);
+        if (p) QT_EXPECT(((uintptr_t)p & 63) == 0, "%s: not 64-byte aligned", items[i].name);
+    }
+    QT_EXPECT(qt_ckpt_get(ck, "nope", NULL, NULL) == NULL, "absent blob found");
+    qt_ckpt_close(ck);
+    free(big);
+}
+
+static void test_retention_and_latest(void) {
+    char dir[512], path[600], err[512];
+    fresh_dir(dir, sizeof dir, "keep");
+    int x = 7;
+    qt_ckpt_item it = {"x", -1, &x, sizeof x};
+    long steps[4] = {100, 200, 300, 400};
+    for (int i = 0; i < 4; i++) {
+        x = (int)steps[i];
+        QT_REQUIRE(qt_ckpt_save(dir, steps[i], 2, &it, 1, err, sizeof err) == 0, "save %ld: %s", steps[i], err);
+    }
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/ckpt_%08ld.qtc", dir, steps[i]);
+        QT_EXPECT(file_exists(path) == (i >= 2), "step %ld: exists %d", steps[i], file_exists(path));
+    }
+    /* A leftover temp file with a higher step (a crash mid-save) is not a checkpoint. */
+    snprintf(path, sizeof path, "%s/ckpt_00000900.qtc.tmp", dir);
+    FILE *f = fopen(path, "wb");
+    QT_REQUIRE(f, "cannot create %s", path);
+    fputs("partial", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/ckpt_abc.qtc", dir);
+    f = fopen(path, "wb");
+    QT_REQUIRE(f, "cannot create %s", path);
+    fclose(f);
+    QT_REQUIRE(qt_ckpt_latest(dir, path, sizeof path) == 0, "no latest");
+    QT_EXPECT(strstr(path, "ckpt_00000400.qtc") && !strstr(path, ".tmp"), "latest %s", path);
+    qt_ckpt *ck = qt_ckpt_open(path, err, sizeof err);
+    QT_REQUIRE(ck, "open: %s", err);
+    const int *px = qt_ckpt_get(ck, "x", NULL, NULL);
+    QT_EXPECT(px && *px == 400 && qt_ckpt_step(ck) == 400, "content of latest");
+    qt_ckpt_close(ck);
+    /* Saving an older step after newer ones (a resume from an older file) never deletes it. */
+    QT_REQUIRE(qt_ckpt_save(dir, 50, 2, &it, 1, err, sizeof err) == 0, "save 50: %s", err);
+    snprintf(path, sizeof path, "%s/ckpt_00000050.qtc", dir);
+    QT_EXPECT(file_exists(path), "the just-written older checkpoint was deleted");
+    /* An empty directory and a missing one have no latest. */
+    fresh_dir(dir, sizeof dir, "empty");
+    QT_EXPECT(qt_ckpt_latest(dir, path, sizeof path) == -1, "latest in a missing dir");
+}
+
+/* Saves one checkpoint with two blobs and returns its path in out. */
+static int save_two(const char *name, char *out, size_t cap, char *err, size_t errlen) {
+    char dir[512];
+    fresh_dir(dir, sizeof dir, name);
+    static float a[1000], b[300];
+    for (int i = 0; i < 1000; i++) a[i] = (float)i;
+    for (int i = 0; i < 300; i++) b[i] = -(float)i;
+    qt_ckpt_item items[] = {{"adam.m", QT_DT_F32, a, sizeof a}, {"adam.v", QT_DT_F32, b, sizeof b}};
+    if (qt_ckpt_save(dir, 7, 0, items, 2, err, errlen)) return -1;
+    return qt_ckpt_latest(dir, out, cap);
+}
+
+static void test_corruption_detected(void) {
+    char path[600], err[512] = "";
+    QT_REQUIRE(save_two("corrupt", path, sizeof path, err, sizeof err) == 0, "save: %s", err);
+    qt_ckpt *ck = qt_ckpt_open(path, err, sizeof err);
+    QT_REQUIRE(ck, "clean file rejected: %s", err);
+    const unsigned char *v = qt_ckpt_get(ck, "adam.v", NULL, NULL);
+    const unsigned char *base = qt_ckpt_get(ck, "adam.m", NULL, NULL);
+    QT_REQUIRE(v && base, "blobs missing");
+    /* adam.m starts at a fixed offset in the file; find adam.v's offset relative to it. */
+    long off_v = (long)(v - base);
+    qt_ckpt_close(ck);
+    FILE *f = fopen(path, "r+b");
+    QT_REQUIRE(f, "reopen");
+    /* header + 2 table entries = 320 bytes: adam.m begins at 320, adam.v at 320 + off_v. */
+    long pos = 320 + off_v + 100;
+    fseek(f, pos, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, pos, SEEK_SET);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+    err[0] = 0;
+    ck = qt_ckpt_open(path, err, sizeof err);
+    QT_EXPECT(ck == NULL, "corrupted file accepted");
+    QT_EXPECT(strstr(err, "adam.v") && strstr(err, "checksum") && strstr(err, path), "message: %s", err);
+    qt_ckpt_close(ck);
+    /* A flipped byte in the table (a blob's size) is caught by the table checksum. */
+    QT_REQUIRE(save_two("corrupt2", path, sizeof path, err, sizeof err) == 0, "save: %s", err);
+    f = fopen(path, "r+b");
+    QT_REQUIRE(f, "reopen");
+    fseek(f, 64 + 104, SEEK_SET);
+    fputc(0x11, f);
+    fclose(f);
+    ck = qt_ckpt_open(path, err, sizeof err);
+    QT_EXPECT(ck == NULL && strstr(err, path) && strstr(err, "checksum"), "table corruption: %s", err);
+    qt_ckpt_close(ck);
+}
+
+static void test_truncation_detected(void) {
+    char path[600], err[512] = "";
+    QT_REQUIRE(save_two("trunc", path, sizeof path, err, sizeof err) == 0, "save: %s", err);
+    struct stat st;
+    QT_REQUIRE(stat(path, &st) == 0, "stat");
+    long sizes[] = {(long)st.st_size - 1, (long)st.st_size / 2, 100, 10, 0};
+    for (int i = 0; i < 5; i++) {
+        QT_REQUIRE(truncate(path, sizes[i]) == 0, "truncate");
+        err[0] = 0;
+        qt_ckpt *ck = qt_ckpt_open(path, err, sizeof err);
+        QT_EXPECT(ck == NULL, "file truncated to %ld accepted", sizes[i]);
+        QT_EXPECT(strstr(err, path) != NULL, "size %ld: message lacks the file: %s", sizes[i], err);
+        qt_ckpt_close(ck);
+    }
+    QT_EXPECT(strstr(err, "not a qtrain checkpoint") != NULL, "empty file message: %s", err);
+}
+
+static void test_write_failures(void) {
+    char dir[512], file[600], sub[700], path[800], err[512];
+    fresh_dir(dir, sizeof dir, "fail");
+    int x = 1;
+    qt_ckpt_item it = {"x", -1, &x, sizeof x};
+    char e2[512];
+    QT_REQUIRE(qt_ckpt_mkdirs(dir, e2, sizeof e2) == 0, "mkdirs: %s", e2);
+    snprintf(file, sizeof file, "%s/a_file", dir);
+    FILE *f = fopen(file, "wb");
+    QT_REQUIRE(f, "create");
+    fclose(f);
+    err[0] = 0;
+    QT_EXPECT(qt_ckpt_save(file, 1, 2, &it, 1, err, sizeof err) == -1, "saved into a regular file");
+    QT_EXPECT(strstr(err, file) != NULL, "message: %s", err);
+    snprintf(sub, sizeof sub, "%s/below", file);
+    err[0] = 0;
+    QT_EXPECT(qt_ckpt_save(sub, 1, 2, &it, 1, err, sizeof err) == -1, "saved below a regular file");
+    QT_EXPECT(err[0] != 0, "no message");
+    /* Bad item names are refused before anything is written. */
+    qt_ckpt_item dup[2] = {{"x", -1, &x, 4}, {"x", -1, &x, 4}};
+    err[0] = 0;
+    QT_EXPECT(qt_ckpt_save(dir, 1, 2, dup, 2, err, sizeof err) == -1 && strstr(err, "duplicate"), "dup: %s", err);
+    QT_EXPECT(qt_ckpt_latest(dir, path, sizeof path) == -1, "a failed save left a checkpoint: %s", path);
+    /* A read-only directory (meaningless as root, who may write anyway). */
+    if (geteuid() != 0) {
+        char ro[600];
+        snprintf(ro, sizeof ro, "%s/ro", dir);
+        QT_REQUIRE(qt_ckpt_mkdirs(ro, e2, sizeof e2) == 0, "mkdirs: %s", e2);
+        chmod(ro, 0500);
+        err[0] = 0;
+        QT_EXPECT(qt_ckpt_save(ro, 1, 2, &it, 1, err, sizeof err) == -1, "saved into a read-only dir");
+        QT_EXPECT(strstr(err, ro) != NULL, "message: %s", err);
+        chmod(ro, 0700);
+    }
+}
+
+int main(void) {
+    snprintf(g_root, sizeof g_root, "/tmp/qt_test_ckpt_%d", (int)getpid());
+    QT_RUN(test_hash64_known_values);
+    QT_RUN(test_roundtrip);
+    QT_RUN(test_retention_and_latest);
+    QT_RUN(test_corruption_detected);
+    QT_RUN(test_truncation_detected);
+    QT_RUN(test_write_failures);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
+    if (system(cmd) != 0) fprintf(stderr, "warning: cleanup of %s failed\n", g_root);
+    return qt_test_end();
+}

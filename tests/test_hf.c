@@ -1,0 +1,428 @@
+/* test_hf.c — the JSON reader, HF config.json round trips and errors, safetensors export/import
+ * round trips (fp32 bit-exact, bf16 = RNE-rounded, F16 input), import errors, and (when python3
+ * with safetensors is present) a check that another reader accepts our file. */
+#include "qt_ckpt.h"
+#include "qt_dtype.h"
+#include "qt_hf.h"
+#include "qt_json.h"
+#include "qt_test.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char g_root[256];
+
+static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", g_root, name); }
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+/* ---- JSON ---- */
+
+static void test_json_values(void) {
+    const char *t = " {\"a\": [1, -2.5e3, 0, 1e-6, true, false, null],\n \"s\": \"q\\\"b\\\\s\\/n\\n\\t\\u00e9\\ud83d\\ude00\","
+                    " \"o\": {\"x\": {}}, \"e\": [] , \"z\": \"\"} ";
+    char err[256];
+    qt_json *j = qt_json_parse(t, strlen(t), err, sizeof err);
+    QT_REQUIRE(j, "parse: %s", err);
+    const qt_json_node *r = qt_json_root(j), *a = qt_json_get(r, "a"), *s = qt_json_get(r, "s");
+    QT_REQUIRE(r->type == QT_JSON_OBJ && a && a->type == QT_JSON_ARR && s && s->type == QT_JSON_STR, "structure");
+    const double want[4] = {1, -2500, 0, 1e-6};
+    const qt_json_node *x = a->child;
+    for (int i = 0; i < 4; i++, x = x->next) QT_REQUIRE(x && x->type == QT_JSON_NUM && x->num == want[i], "a[%d]", i);
+    QT_EXPECT(x->type == QT_JSON_BOOL && x->num == 1 && x->next->type == QT_JSON_BOOL && x->next->num == 0, "bools");
+    QT_EXPECT(x->next->next->type == QT_JSON_NULL && x->next->next->next == NULL, "null / end");
+    /* é = C3 A9, U+1F600 = F0 9F 98 80 */
+    QT_EXPECT(strcmp(s->str, "q\"b\\s/n\n\t\xc3\xa9\xf0\x9f\x98\x80") == 0, "string '%s'", s->str);
+    const qt_json_node *o = qt_json_get(r, "o");
+    QT_EXPECT(o && qt_json_get(o, "x") && qt_json_get(o, "x")->type == QT_JSON_OBJ && !qt_json_get(o, "x")->child, "nested");
+    QT_EXPECT(qt_json_get(r, "e") && qt_json_get(r, "e")->child == NULL, "empty array");
+    QT_EXPECT(qt_json_get(r, "z") && qt_json_get(r, "z")->str[0] == 0, "empty string");
+    QT_EXPECT(qt_json_get(r, "missing") == NULL && qt_json_get(a, "a") == NULL, "absent member");
+    QT_EXPECT(r->begin == 1 && t[r->end - 1] == '}', "root range [%zu, %zu)", r->begin, r->end);
+    qt_json_free(j);
+}
+
+static void test_json_errors(void) {
+    struct { const char *text, *want; } c[] = {
+        {"{\"a\" 1}", "offset 5: expected ':'"},
+        {"[1,]", "offset 3: expected a value"},
+        {"\"abc", "offset 0: unterminated string"},
+        {"{\"a\":1} x", "offset 8: unexpected 'x'"},
+        {"01", "offset 1: unexpected '1'"},
+        {"\"\\x\"", "offset 1: invalid escape"},
+        {"[1.]", "offset 3: expected a digit"},
+        {"\"\\ud800\"", "low surrogate"},
+        {"\"\\u12g4\"", "hex digit"},
+        {"[1 2]", "offset 3: expected ',' or ']'"},
+        {"{1:2}", "offset 1: expected a member name"},
+        {"", "offset 0: unexpected end"},
+        {"tru", "offset 0: expected a value"},
+        {"\"a\nb\"", "control character"},
+    };
+    char err[256];
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        err[0] = 0;
+        qt_json *j = qt_json_parse(c[i].text, strlen(c[i].text), err, sizeof err);
+        QT_EXPECT(j == NULL, "accepted '%s'", c[i].text);
+        QT_EXPECT(strstr(err, c[i].want) != NULL, "'%s': message '%s', want '%s'", c[i].text, err, c[i].want);
+        qt_json_free(j);
+    }
+    char deep[1001];
+    memset(deep, '[', 1000);
+    deep[1000] = 0;
+    QT_EXPECT(qt_json_parse(deep, 1000, err, sizeof err) == NULL && strstr(err, "nesting"), "deep: %s", err);
+    /* Not NUL-terminated: parsing stops at n. */
+    qt_json *j = qt_json_parse("123456", 3, err, sizeof err);
+    QT_EXPECT(j && qt_json_root(j)->num == 123, "prefix: %s", j ? "wrong value" : err);
+    qt_json_free(j);
+}
+
+/* ---- config.json ---- */
+
+static qt_model_cfg small_cfg(qt_arch arch, int tied) {
+    qt_model_cfg c = {0};
+    c.arch = arch;
+    c.vocab_size = 131;
+    c.hidden_size = 48;
+    c.num_layers = 2;
+    c.num_heads = 6;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.intermediate_size = 72;
+    c.max_seq_len = 512;
+    c.rope_theta = 1000000.0f;
+    c.rms_norm_eps = 1e-6f;
+    c.tie_embeddings = tied;
+    c.qkv_bias = arch == QT_ARCH_QWEN2;
+    return c;
+}
+
+static void test_config_roundtrip(void) {
+    char path[512], err[512];
+    path_in(path, sizeof path, "config.json");
+    for (int k = 0; k < 4; k++) {
+        qt_model_cfg c = small_cfg(k & 1 ? QT_ARCH_LLAMA : QT_ARCH_QWEN2, k >> 1), back;
+        if (k == 3) { c.rms_norm_eps = 1e-5f; c.rope_theta = 500000.0f; c.head_dim = 16; }
+        QT_REQUIRE(qt_hf_write_config(path, &c, k & 1, err, sizeof err) == 0, "write %d: %s", k, err);
+        memset(&back, 0x5a, sizeof back);
+        QT_REQUIRE(qt_hf_read_config(path, &back, err, sizeof err) == 0, "read %d: %s", k, err);
+        QT_EXPECT(memcmp(&c, &back, sizeof c) == 0, "case %d: differs (arch %d/%d C %d/%d eps %g/%g theta %g/%g tie %d/%d bias %d/%d)",
+                  k, c.arch, back.arch, c.hidden_size, back.hidden_size, c.rms_norm_eps, back.rms_norm_eps, c.rope_theta,
+                  back.rope_theta, c.tie_embeddings, back.tie_embeddings, c.qkv_bias, back.qkv_bias);
+    }
+    /* The written file carries the transformers names. */
+    size_t n = 0;
+    char text[4096];
+    FILE *f = fopen(path, "rb");
+    QT_REQUIRE(f, "reopen");
+    n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    QT_EXPECT(strstr(text, "\"LlamaForCausalLM\"") && strstr(text, "\"rope_type\": \"default\"") &&
+              strstr(text, "\"dtype\": \"bfloat16\"") && strstr(text, "\"rms_norm_eps\": 1e-05"), "%.600s", text);
+}
+
+static void test_config_read_hf(void) {
+    char path[512], err[512];
+    path_in(path, sizeof path, "hf_config.json");
+    /* A Qwen2.5-0.5B-style config (transformers 4 names, rope_theta at top level). */
+    QT_REQUIRE(write_text(path,
+        "{\"architectures\": [\"Qwen2ForCausalLM\"], \"attention_dropout\": 0.0, \"bos_token_id\": 151643,\n"
+        " \"eos_token_id\": 151643, \"hidden_act\": \"silu\", \"hidden_size\": 896, \"initializer_range\": 0.02,\n"
+        " \"intermediate_size\": 4864, \"max_position_embeddings\": 32768, \"max_window_layers\": 24,\n"
+        " \"model_type\": \"qwen2\", \"num_attention_heads\": 14, \"num_hidden_layers\": 24,\n"
+        " \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, \"rope_scaling\": null, \"rope_theta\": 1000000.0,\n"
+        " \"sliding_window\": 32768, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\",\n"
+        " \"transformers_version\": \"4.43.1\", \"use_cache\": true, \"use_sliding_window\": false,\n"
+        " \"vocab_size\": 151936}\n") == 0, "write");
+    qt_model_cfg c;
+    QT_REQUIRE(qt_hf_read_config(path, &c, err, sizeof err) == 0, "read: %s", err);
+    QT_EXPECT(c.arch == QT_ARCH_QWEN2 && c.hidden_size == 896 && c.num_layers == 24 && c.num_heads == 14 &&
+              c.num_kv_heads == 2 && c.head_dim == 64 && c.intermediate_size == 4864 && c.vocab_size == 151936 &&
+              c.max_seq_len == 32768 && c.rope_theta == 1e6f && c.rms_norm_eps == 1e-6f && c.tie_embeddings == 1 &&
+              c.qkv_bias == 1, "fields");
+    /* transformers 5: rope_theta only inside rope_parameters. */
+    QT_REQUIRE(write_text(path,
+        "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+        " \"intermediate_size\": 96, \"vocab_size\": 100, \"rope_parameters\": {\"rope_theta\": 50000.0,"
+        " \"rope_type\": \"default\"}, \"dtype\": \"float32\"}") == 0, "write");
+    QT_REQUIRE(qt_hf_read_config(path, &c, err, sizeof err) == 0, "read: %s", err);
+    QT_EXPECT(c.arch == QT_ARCH_LLAMA && c.rope_theta == 50000.0f && c.num_kv_heads == 4 && c.qkv_bias == 0 &&
+              c.tie_embeddings == 0, "v5 fields");
+    struct { const char *text, *want; } bad[] = {
+        {"{\"model_type\": \"gpt2\"}", "model_type: expected \"qwen2\" or \"llama\", got \"gpt2\""},
+        {"{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1}", "hidden_size: missing"},
+        {"{\"model_type\": \"qwen2\", \"hidden_size\": 64.5}", "hidden_size: expected an integer"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+         " \"intermediate_size\": 96, \"vocab_size\": 100, \"rope_scaling\": {\"rope_type\": \"llama3\"}}", "llama3"},
+        {"{\"model_type\": \"llama\", \"hidden_act\": \"gelu\"}", "hidden_act"},
+        {"{\"model_type\": \"qwen2\",}", "invalid JSON: offset"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        QT_REQUIRE(write_text(path, bad[i].text) == 0, "write");
+        err[0] = 0;
+        QT_EXPECT(qt_hf_read_config(path, &c, err, sizeof err) == -1, "accepted %s", bad[i].text);
+        QT_EXPECT(strstr(err, bad[i].want) && strstr(err, path), "case %zu: '%s'", i, err);
+    }
+}
+
+/* ---- safetensors ---- */
+
+static float *random_weights(const qt_layout *L, uint64_t seed) {
+    float *w = malloc(L->numel * sizeof *w);
+    if (w) qt_layout_init_weights(L, w, seed, 0.5f);
+    /* Biases and norms get non-trivial values too, so every tensor's data is checked. */
+    for (int i = 0; w && i < L->n_tensors; i++)
+        if (L->tensors[i].ndim == 1)
+            for (size_t j = 0; j < L->tensors[i].numel; j++) w[L->tensors[i].offset + j] = 0.001f * (float)(i * 31 + j) - 0.3f;
+    return w;
+}
+
+static void test_export_import_roundtrip(void) {
+    char dir[512], err[512];
+    for (int k = 0; k < 6; k++) {
+        int bf16 = k % 2, tied = (k / 2) % 2;
+        qt_model_cfg c = small_cfg(k >= 4 ? QT_ARCH_LLAMA : QT_ARCH_QWEN2, tied);
+        qt_layout L;
+        QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+        float *w = random_weights(&L, 100 + k), *back = malloc(L.numel * sizeof *back);
+        QT_REQUIRE(w && back, "oom");
+        for (size_t i = 0; i < L.numel; i++) back[i] = NAN;
+        snprintf(dir, sizeof dir, "%s/export%d/sub", g_root, k);
+        QT_REQUIRE(qt_hf_export(dir, &L, w, bf16, err, sizeof err) == 0, "export %d: %s", k, err);
+        QT_REQUIRE(qt_hf_import(dir, &L, back, err, sizeof err) == 0, "import %d: %s", k, err);
+        long bad = -1;
+        for (size_t i = 0; i < L.numel && bad < 0; i++) {
+            float want = bf16 ? qt_bf16_to_f32(qt_f32_to_bf16(w[i])) : w[i];
+            if (memcmp(&want, &back[i], 4) != 0) bad = (long)i;
+        }
+        QT_EXPECT(bad < 0, "case %d (bf16 %d tied %d): element %ld got %.9g want %.9g", k, bf16, tied, bad,
+                  bad >= 0 ? back[bad] : 0, bad >= 0 ? w[bad] : 0);
+        char cpath[600];
+        qt_model_cfg back_cfg;
+        snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+        QT_EXPECT(qt_hf_read_config(cpath, &back_cfg, err, sizeof err) == 0 && memcmp(&back_cfg, &c, sizeof c) == 0,
+                  "case %d: config.json: %s", k, err);
+        /* A tied model omits lm_head; an untied one carries it. File size = 8 + header + data. */
+        char spath[600];
+        snprintf(spath, sizeof spath, "%s/model.safetensors", dir);
+        struct stat st;
+        QT_REQUIRE(stat(spath, &st) == 0, "stat");
+        size_t data = 0;
+        for (int i = 0; i < L.n_tensors; i++) data += L.tensors[i].numel * (bf16 ? 2 : 4);
+        QT_EXPECT((size_t)st.st_size > data && (size_t)st.st_size < data + 8192, "file %lld bytes for %zu data bytes",
+                  (long long)st.st_size, data);
+        free(w);
+        free(back);
+        qt_layout_free(&L);
+    }
+}
+
+/* Writes a safetensors file for L by hand (independent of src/hf.c), every tensor as F16 (f16=1)
+ * or F32, dropping `drop` and transposing `transpose` in the header. */
+static int write_st(const char *path, const qt_layout *L, const float *w, int f16, const char *drop,
+                    const char *transpose) {
+    size_t cap = 1 << 16, k = 0, off = 0;
+    char *h = malloc(cap);
+    k += (size_t)snprintf(h, cap, "{");
+    for (int i = 0; i < L->n_tensors; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        if (drop && strcmp(t->name, drop) == 0) continue;
+        int tr = transpose && strcmp(t->name, transpose) == 0 && t->ndim == 2;
+        size_t bytes = t->numel * (f16 ? 2 : 4);
+        k += (size_t)snprintf(h + k, cap - k, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld", k > 1 ? "," : "", t->name,
+                              f16 ? "F16" : "F32", (long long)t->shape[tr ? 1 : 0]);
+        if (t->ndim == 2) k += (size_t)snprintf(h + k, cap - k, ",%lld", (long long)t->shape[tr ? 0 : 1]);
+        k += (size_t)snprintf(h + k, cap - k, "],\"data_offsets\":[%zu,%zu]}", off, off + bytes);
+        off += bytes;
+    }
+    k += (size_t)snprintf(h + k, cap - k, "}");
+    FILE *f = fopen(path, "wb");
+    uint64_t n = k;
+    fwrite(&n, 8, 1, f);
+    fwrite(h, 1, k, f);
+    for (int i = 0; i < L->n_tensors; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        if (drop && strcmp(t->name, drop) == 0) continue;
+        for (size_t j = 0; j < t->numel; j++) {
+            float x = w[t->offset + j];
+            if (!f16) { fwrite(&x, 4, 1, f); continue; }
+            /* values are multiples of 2^-10 in [-2, 2]: exact in F16 */
+            int e = 0;
+            uint16_t hv = 0;
+            float a = fabsf(x);
+            if (a > 0) {
+                float mnt = frexpf(a, &e); /* a = mnt * 2^e, mnt in [0.5, 1) */
+                hv = (uint16_t)(((e - 1 + 15) << 10) | ((uint16_t)((mnt * 2 - 1) * 1024) & 0x3ff));
+            }
+            if (x < 0) hv |= 0x8000;
+            fwrite(&hv, 2, 1, f);
+        }
+    }
+    free(h);
+    return fclose(f);
+}
+
+static void test_import_f16_and_tied_mix(void) {
+    char path[512], err[512];
+    path_in(path, sizeof path, "f16.safetensors");
+    qt_model_cfg c = small_cfg(QT_ARCH_QWEN2, 0);
+    qt_layout L, Lt;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+    float *w = calloc(L.numel, 4), *back = malloc(L.numel * 4);
+    for (int i = 0; i < L.n_tensors; i++)
+        for (size_t j = 0; j < L.tensors[i].numel; j++)
+            w[L.tensors[i].offset + j] = (float)((int)((i * 977 + j * 131) % 2001) - 1000) / 1024.0f;
+    QT_REQUIRE(write_st(path, &L, w, 1, NULL, NULL) == 0, "write");
+    QT_REQUIRE(qt_hf_import(path, &L, back, err, sizeof err) == 0, "import f16: %s", err);
+    QT_EXPECT(qt_t_close("f16", back, w, (long)L.numel, 0, 0), "f16 values");
+    /* An untied file into a tied model: lm_head.weight is ignored. */
+    c.tie_embeddings = 1;
+    QT_REQUIRE(qt_layout_init(&Lt, &c, err, sizeof err) == 0, "layout: %s", err);
+    QT_REQUIRE(write_st(path, &L, w, 0, NULL, NULL) == 0, "write");
+    QT_EXPECT(qt_hf_import(path, &Lt, back, err, sizeof err) == 0, "untied into tied: %s", err);
+    QT_EXPECT(back[Lt.final_norm] == w[L.final_norm], "final norm value");
+    qt_layout_free(&Lt);
+    free(w);
+    free(back);
+    qt_layout_free(&L);
+}
+
+static void test_import_errors(void) {
+    char path[512], err[512];
+    path_in(path, sizeof path, "bad.safetensors");
+    qt_model_cfg c = small_cfg(QT_ARCH_QWEN2, 0);
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+    float *w = random_weights(&L, 9), *back = malloc(L.numel * 4);
+    QT_REQUIRE(w && back, "oom");
+    /* wrong shape */
+    QT_REQUIRE(write_st(path, &L, w, 0, NULL, "model.layers.1.mlp.up_proj.weight") == 0, "write");
+    err[0] = 0;
+    QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1, "transposed accepted");
+    QT_EXPECT(strstr(err, path) && strstr(err, "model.layers.1.mlp.up_proj.weight: expected shape [72, 48], got [48, 72]"),
+              "shape message: %s", err);
+    /* missing tensor, and an untied model without lm_head */
+    const char *drops[2] = {"model.layers.0.self_attn.k_proj.bias", "lm_head.weight"};
+    for (int i = 0; i < 2; i++) {
+        QT_REQUIRE(write_st(path, &L, w, 0, drops[i], NULL) == 0, "write");
+        err[0] = 0;
+        QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1, "missing %s accepted", drops[i]);
+        QT_EXPECT(strstr(err, drops[i]) && strstr(err, "missing"), "missing message: %s", err);
+    }
+    /* an extra, unknown tensor: a llama layout (no biases) reading a qwen2 file */
+    qt_model_cfg cl = small_cfg(QT_ARCH_LLAMA, 0);
+    qt_layout Ll;
+    QT_REQUIRE(qt_layout_init(&Ll, &cl, err, sizeof err) == 0, "layout: %s", err);
+    QT_REQUIRE(write_st(path, &L, w, 0, NULL, NULL) == 0, "write");
+    QT_EXPECT(qt_hf_import(path, &Ll, back, err, sizeof err) == -1 && strstr(err, "q_proj.bias: unexpected"), "%s", err);
+    qt_layout_free(&Ll);
+    /* truncated data, truncated header */
+    struct stat st;
+    QT_REQUIRE(stat(path, &st) == 0, "stat");
+    QT_REQUIRE(truncate(path, st.st_size - 3) == 0, "truncate");
+    QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1 && strstr(err, "lm_head.weight") && strstr(err, "truncated"),
+              "truncated data: %s", err);
+    QT_REQUIRE(truncate(path, 100) == 0, "truncate");
+    QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1 && strstr(err, "header length"), "truncated header: %s", err);
+    /* bad header JSON */
+    FILE *f = fopen(path, "wb");
+    const char *hj = "{\"a\": [1, 2}   ";
+    uint64_t n = strlen(hj);
+    fwrite(&n, 8, 1, f);
+    fwrite(hj, 1, n, f);
+    fclose(f);
+    QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1 && strstr(err, "header JSON: offset 11"), "bad JSON: %s", err);
+    /* a missing file, a bad dtype */
+    path_in(path, sizeof path, "no_such_dir");
+    QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1 && strstr(err, "no_such_dir/model.safetensors"), "%s", err);
+    free(w);
+    free(back);
+    qt_layout_free(&L);
+}
+
+static void test_import_sharded(void) {
+    char dir[512], p[700], err[512];
+    path_in(dir, sizeof dir, "sharded");
+    QT_REQUIRE(qt_ckpt_mkdirs(dir, err, sizeof err) == 0, "%s", err);
+    qt_model_cfg c = small_cfg(QT_ARCH_LLAMA, 1);
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+    float *w = random_weights(&L, 4), *back = malloc(L.numel * 4);
+    /* shard 1: everything but the final norm; shard 2: the final norm only */
+    snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", dir);
+    QT_REQUIRE(write_st(p, &L, w, 0, "model.norm.weight", NULL) == 0, "write");
+    qt_layout one = L;
+    one.tensors = (qt_tensor *)qt_layout_find(&L, "model.norm.weight");
+    one.n_tensors = 1;
+    snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", dir);
+    QT_REQUIRE(write_st(p, &one, w, 0, NULL, NULL) == 0, "write");
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    QT_REQUIRE(write_text(p, "{\"metadata\": {}, \"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\","
+                             " \"model.norm.weight\": \"model-00002-of-00002.safetensors\","
+                             " \"model.layers.0.input_layernorm.weight\": \"model-00001-of-00002.safetensors\"}}") == 0, "w");
+    QT_REQUIRE(qt_hf_import(dir, &L, back, err, sizeof err) == 0, "sharded: %s", err);
+    QT_EXPECT(memcmp(w, back, L.numel * 4) == 0, "sharded values differ");
+    free(w);
+    free(back);
+    qt_layout_free(&L);
+}
+
+/* Another reader (the safetensors package) opens our fp32 export: names, shapes, dtypes, values. */
+static void test_python_reads_export(void) {
+    if (system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0)
+        QT_SKIP("python3 with safetensors and numpy not available");
+    char dir[512], py[600], err[512];
+    path_in(dir, sizeof dir, "pyexport");
+    qt_model_cfg c = small_cfg(QT_ARCH_QWEN2, 1);
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+    float *w = random_weights(&L, 77);
+    QT_REQUIRE(qt_hf_export(dir, &L, w, 0, err, sizeof err) == 0, "export: %s", err);
+    snprintf(py, sizeof py, "%s/check.py", g_root);
+    FILE *f = fopen(py, "w");
+    QT_REQUIRE(f, "script");
+    fprintf(f, "import sys, numpy as np, safetensors.numpy as st\nd = st.load_file('%s/model.safetensors')\nwant = {\n", dir);
+    for (int i = 0; i < L.n_tensors; i++) {
+        const qt_tensor *t = &L.tensors[i];
+        char shape[64];
+        if (t->ndim == 2) snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)t->shape[0], (long long)t->shape[1]);
+        else snprintf(shape, sizeof shape, "(%lld,)", (long long)t->shape[0]);
+        fprintf(f, " '%s': (%s, %.9g, %.9g),\n", t->name, shape, w[t->offset], w[t->offset + t->numel - 1]);
+    }
+    fprintf(f, "}\nassert set(d) == set(want), sorted(set(d) ^ set(want))\n"
+               "for k, (shape, first, last) in want.items():\n"
+               "    a = d[k]\n    assert a.dtype == np.float32 and a.shape == shape, (k, a.dtype, a.shape, shape)\n"
+               "    assert a.flat[0] == np.float32(first) and a.flat[-1] == np.float32(last), (k, a.flat[0], first)\n"
+               "print('ok', len(d))\n");
+    fclose(f);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "python3 '%s'", py);
+    QT_EXPECT(system(cmd) == 0, "python reader rejected the export (see output above)");
+    free(w);
+    qt_layout_free(&L);
+}
+
+int main(void) {
+    snprintf(g_root, sizeof g_root, "/tmp/qt_test_hf_%d", (int)getpid());
+    char err[256];
+    if (qt_ckpt_mkdirs(g_root, err, sizeof err)) { printf("FAIL setup: %s\n", err); return 1; }
+    QT_RUN(test_json_values);
+    QT_RUN(test_json_errors);
+    QT_RUN(test_config_roundtrip);
+    QT_RUN(test_config_read_hf);
+    QT_RUN(test_export_import_roundtrip);
+    QT_RUN(test_import_f16_and_tied_mix);
+    QT_RUN(test_import_errors);
+    QT_RUN(test_import_sharded);
+    QT_RUN(test_python_reads_export);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
+    if (system(cmd) != 0) fprintf(stderr, "warning: cleanup of %s failed\n", g_root);
+    return qt_test_end();
+}
