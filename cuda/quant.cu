@@ -145,14 +145,18 @@ __global__ void quant_transpose_fwd_kernel(uint8_t *y, uint8_t *yT, const void *
             int full = gc + 8 <= C;
             float v[8];
             if (vin && full) load8(x, xbf16, off / 8, v);
-            else
+            else {
+#pragma unroll
                 for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1(x, xbf16, off + k) : 0.0f;
+            }
             q = quant8(v, s, e5m2);
             if (y) {
                 if (vy && full) *(uint2 *)(y + off) = q;
-                else
-                    for (int k = 0; k < 8 && gc + k < C; k++)
-                        y[off + k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
+                else {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) /* unrolled: constant k keeps q in registers */
+                        if (gc + k < C) y[off + k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
+                }
             }
         }
         *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
@@ -172,8 +176,11 @@ __global__ void quant_transpose_fwd_kernel(uint8_t *y, uint8_t *yT, const void *
         }
         uint8_t *dst = yT + gc * R + gr;
         if (vt && gr + 16 <= R) *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
-        else
-            for (int k = 0; k < 16 && gr + k < R; k++) dst[k] = (uint8_t)(w[k >> 2] >> (8 * (k & 3)));
+        else {
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                if (gr + k < R) dst[k] = (uint8_t)(w[k >> 2] >> (8 * (k & 3)));
+        }
     }
 }
 
