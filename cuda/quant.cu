@@ -111,7 +111,7 @@ __global__ void scale_fwd_kernel(qt_fp8_scale *sc, float fmax, int *flag, int ta
 }
 
 /* y[n] = fp8(x * scale); vec: x 16-byte and y 8-byte aligned. */
-__global__ void quant_fwd_kernel(uint8_t *y, const void *x, long n, int xbf16, int e5m2, float fmax,
+__global__ void quant_fwd_kernel(uint8_t *__restrict__ y, const void *__restrict__ x, long n, int xbf16, int e5m2, float fmax,
                                  const float *scale, qt_fp8_scale *sc, int *flag, int tag, int vec) {
     float s = kernel_scale(scale, sc, fmax, flag, tag);
     long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, nth = (long)gridDim.x * blockDim.x;
@@ -129,14 +129,17 @@ __global__ void quant_fwd_kernel(uint8_t *y, const void *x, long n, int xbf16, i
  * the column reads of phase 2 (8 columns x 4 row groups per warp) hit 8 distinct banks.
  * vin: x 16-byte aligned and cols % 8 == 0; vy: y 8-byte aligned and cols % 8 == 0;
  * vt: yT 16-byte aligned and rows % 16 == 0. */
-__global__ void quant_transpose_fwd_kernel(uint8_t *y, uint8_t *yT, const void *x, long R, long C,
+__global__ void quant_transpose_fwd_kernel(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
+                                           const void *__restrict__ x, long R, long C,
                                            long ntc, int xbf16, int e5m2, float fmax, const float *scale,
                                            qt_fp8_scale *sc, int *flag, int tag, int vin, int vy,
                                            int vt) {
     __shared__ __align__(16) uint8_t t[TILE * TILE];
     float s = kernel_scale(scale, sc, fmax, flag, tag);
     long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
-    for (int u = threadIdx.x; u < TILE * TILE / 8; u += blockDim.x) {
+    /* Fixed stride (launched with QUANT_THREADS) so both units' loads are issued before any store. */
+#pragma unroll
+    for (int u = threadIdx.x; u < TILE * TILE / 8; u += QUANT_THREADS) {
         int lr = u >> 3, cc = u & 7;
         long gr = r0 + lr, gc = c0 + cc * 8;
         uint2 q = make_uint2(0u, 0u);
@@ -162,7 +165,7 @@ __global__ void quant_transpose_fwd_kernel(uint8_t *y, uint8_t *yT, const void *
         *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
     }
     __syncthreads();
-    for (int p = threadIdx.x; p < TILE * TILE / 16; p += blockDim.x) {
+    for (int p = threadIdx.x; p < TILE * TILE / 16; p += QUANT_THREADS) {
         int lc = p >> 2, j = p & 3; /* yT row c0+lc, columns r0+16j .. r0+16j+15 */
         long gc = c0 + lc, gr = r0 + 16 * j;
         if (gc >= C || gr >= R) continue;
