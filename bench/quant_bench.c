@@ -1,0 +1,120 @@
+/* quant_bench.c — GB/s of the fp8 quantize kernels (amax, quantize, quantize+transpose) at the
+ * model's shapes against the 3.0 TB/s H100 copy ceiling and a measured device-to-device copy.
+ * Median of 20 timed runs (CUDA events) after 3 warm-ups. Usage: quant_bench [bf16|fp32] */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+#include "qt_quant.h"
+
+#define REPS 20
+#define CEIL_GBS 3000.0
+
+typedef struct {
+    qt_dtype xdt;
+    void *x, *x2;
+    uint8_t *y, *yT;
+    float *scale;
+    qt_fp8_scale *sc;
+    int *flag;
+    long R, C;
+} bench_ctx;
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void op_copy(bench_ctx *b) {
+    QT_CUDA(cudaMemcpyAsync(b->x2, b->x, (size_t)(b->R * b->C) * qt_dtype_size(b->xdt), cudaMemcpyDeviceToDevice, 0));
+}
+static void op_amax(bench_ctx *b) { qt_quant_amax(b->xdt, b->x, b->R * b->C, &b->sc->amax, 0, 0); }
+static void op_quant(bench_ctx *b) { qt_quant_fp8(QT_DT_E4M3, b->y, b->xdt, b->x, b->R * b->C, b->scale, 0); }
+static void op_quant_cur(bench_ctx *b) {
+    qt_quant_fp8_cur(QT_DT_E4M3, b->y, b->xdt, b->x, b->R * b->C, b->sc, b->flag, 1, 0);
+}
+static void op_qt(bench_ctx *b) { qt_quant_fp8_transpose(QT_DT_E4M3, b->y, b->yT, b->xdt, b->x, b->R, b->C, b->scale, 0); }
+static void op_qt_only_t(bench_ctx *b) {
+    qt_quant_fp8_transpose(QT_DT_E4M3, NULL, b->yT, b->xdt, b->x, b->R, b->C, b->scale, 0);
+}
+static void op_qt_cur(bench_ctx *b) {
+    qt_quant_fp8_transpose_cur(QT_DT_E5M2, b->y, b->yT, b->xdt, b->x, b->R, b->C, b->sc, b->flag, 1, 0);
+}
+
+/* Median milliseconds of one call of op. */
+static float time_op(void (*op)(bench_ctx *), bench_ctx *b) {
+    cudaEvent_t e0, e1;
+    float ms[REPS];
+    QT_CUDA(cudaEventCreate(&e0));
+    QT_CUDA(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; i++) op(b);
+    for (int i = 0; i < REPS; i++) {
+        QT_CUDA(cudaEventRecord(e0, 0));
+        op(b);
+        QT_CUDA(cudaEventRecord(e1, 0));
+        QT_CUDA(cudaEventSynchronize(e1));
+        QT_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    QT_CUDA(cudaEventDestroy(e0));
+    QT_CUDA(cudaEventDestroy(e1));
+    qsort(ms, REPS, sizeof ms[0], cmp_float);
+    return (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2;
+}
+
+int main(int argc, char **argv) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("quant_bench: no CUDA device, skipped\n");
+        return 0;
+    }
+    qt_dtype xdt = argc > 1 && !strcmp(argv[1], "fp32") ? QT_DT_F32 : QT_DT_BF16;
+    const long shapes[][2] = {{16384, 896}, {16384, 4864}, {896, 4864}};
+    struct cudaDeviceProp prop;
+    QT_CUDA(cudaGetDeviceProperties(&prop, 0));
+    printf("quant_bench on %s, input %s, median of %d; %% is of the %.1f TB/s copy ceiling\n", prop.name,
+           qt_dtype_name(xdt), REPS, CEIL_GBS / 1000);
+    printf("%-14s %-34s %10s %9s %7s\n", "shape", "kernel", "us", "GB/s", "%ceil");
+    for (int si = 0; si < 3; si++) {
+        bench_ctx b = {.xdt = xdt, .R = shapes[si][0], .C = shapes[si][1]};
+        long n = b.R * b.C;
+        size_t xs = (size_t)n * qt_dtype_size(xdt);
+        QT_CUDA(cudaMalloc(&b.x, xs));
+        QT_CUDA(cudaMalloc(&b.x2, xs));
+        QT_CUDA(cudaMalloc((void **)&b.y, (size_t)n));
+        QT_CUDA(cudaMalloc((void **)&b.yT, (size_t)n));
+        QT_CUDA(cudaMalloc((void **)&b.scale, sizeof(float)));
+        QT_CUDA(cudaMalloc((void **)&b.sc, sizeof(qt_fp8_scale)));
+        QT_CUDA(cudaMalloc((void **)&b.flag, sizeof(int)));
+        QT_CUDA(cudaMemset(b.x, 0x3c, xs)); /* finite values: 0x3c3c (bf16) / 0x3c3c3c3c (fp32) */
+        QT_CUDA(cudaMemset(b.flag, 0, sizeof(int)));
+        float one = 1.0f;
+        QT_CUDA(cudaMemcpy(b.scale, &one, sizeof one, cudaMemcpyHostToDevice));
+        qt_quant_amax(xdt, b.x, n, &b.sc->amax, 0, 0);
+        struct {
+            const char *name;
+            void (*op)(bench_ctx *);
+            double bytes;
+        } ops[] = {
+            {"copy (cudaMemcpy D2D)", op_copy, 2.0 * xs},
+            {"amax", op_amax, (double)xs},
+            {"quantize e4m3", op_quant, (double)xs + n},
+            {"quantize e4m3, scale from amax", op_quant_cur, (double)xs + n},
+            {"quant+transpose e4m3 (y, yT)", op_qt, (double)xs + 2.0 * n},
+            {"quant+transpose e4m3 (yT only)", op_qt_only_t, (double)xs + n},
+            {"quant+transpose e5m2 from amax", op_qt_cur, (double)xs + 2.0 * n},
+        };
+        char shape[32];
+        snprintf(shape, sizeof shape, "%ldx%ld", b.R, b.C);
+        for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+            float ms = time_op(ops[k].op, &b);
+            double gbs = ops[k].bytes / (ms * 1e-3) / 1e9;
+            printf("%-14s %-34s %10.1f %9.0f %6.0f%%\n", shape, ops[k].name, ms * 1e3, gbs, 100 * gbs / CEIL_GBS);
+        }
+        QT_CUDA(cudaDeviceSynchronize());
+        cudaFree(b.x); cudaFree(b.x2); cudaFree(b.y); cudaFree(b.yT);
+        cudaFree(b.scale); cudaFree(b.sc); cudaFree(b.flag);
+    }
+    return 0;
+}

@@ -1,0 +1,310 @@
+/* quant.cu — fp8 (e4m3/e5m2) per-tensor quantization kernels: abs-max, scale, quantize,
+ * quantize+transpose, dequantize. Contract and scaling rule: include/qt_quant.h.
+ *
+ * x: bf16 or fp32, [n] or [rows, cols] row-major. y: fp8 [n] / [rows, cols], yT: fp8 [cols, rows].
+ * Math in fp32: v = fp32(x) * scale (one RNE multiply, never contracted), then one RNE conversion to
+ * fp8 with __NV_SATFINITE (cvt.rn.satfinite on sm_89+, cuda_fp8.h's software path on sm_80).
+ * abs-max: unsigned max on the bits of |x|, so the result is order-free and NaN-propagating.
+ * Vector paths: 8 elements per step (16-byte bf16 / 2x16-byte fp32 loads, 8-byte fp8 stores), 16-byte
+ * yT stores; scalar code covers unaligned pointers and ragged edges. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <stdint.h>
+
+#include "qt_error.h"
+#include "qt_quant.h"
+
+#define QUANT_THREADS 256
+#define QUANT_MAX_BLOCKS 8192L
+#define TILE 64 /* quantize-transpose tile: TILE x TILE elements, QUANT_THREADS threads */
+
+/* ---- device helpers ---- */
+
+static __device__ __forceinline__ float bf16_bits_to_f32(unsigned h) { return __uint_as_float(h << 16); }
+
+static __device__ __forceinline__ float load1(const void *x, int xbf16, long i) {
+    if (xbf16) return bf16_bits_to_f32(((const unsigned short *)x)[i]);
+    return ((const float *)x)[i];
+}
+
+/* Elements [8u, 8u+8) of a 16-byte aligned x. */
+static __device__ __forceinline__ void load8(const void *x, int xbf16, long u, float v[8]) {
+    if (xbf16) {
+        uint4 r = ((const uint4 *)x)[u];
+        unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[2 * k] = __uint_as_float(w[k] << 16);
+            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    } else {
+        float4 a = ((const float4 *)x)[2 * u], b = ((const float4 *)x)[2 * u + 1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+}
+
+/* Two values -> two fp8 codes (a in the low byte). */
+static __device__ __forceinline__ unsigned cvt2(float a, float b, int e5m2) {
+    float2 f = make_float2(a, b);
+    return e5m2 ? (unsigned)__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E5M2)
+                : (unsigned)__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+}
+
+/* Eight values times scale -> eight fp8 codes, element 0 in the lowest byte. */
+static __device__ __forceinline__ uint2 quant8(const float v[8], float s, int e5m2) {
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) w[k] = cvt2(__fmul_rn(v[2 * k], s), __fmul_rn(v[2 * k + 1], s), e5m2);
+    return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+}
+
+static __device__ __forceinline__ uint8_t quant1(float v, float s, int e5m2) {
+    return (uint8_t)(cvt2(__fmul_rn(v, s), 0.0f, e5m2) & 0xffu);
+}
+
+/* The scale rule of qt_fp8_scale_ref, in the same IEEE operations. */
+static __device__ __forceinline__ float scale_of(float amax, float fmax) {
+    if (!(amax <= FLT_MAX)) return __uint_as_float(0x7fffffffu);
+    if (amax == 0.0f) return 1.0f;
+    return fminf(__fdiv_rn(fmax, amax), FLT_MAX);
+}
+
+/* Scale for this kernel: *scale, or derived from sc->amax (block 0 publishes it and the flag). */
+static __device__ __forceinline__ float kernel_scale(const float *scale, qt_fp8_scale *sc, float fmax,
+                                                     int *flag, int tag) {
+    if (!sc) return *scale;
+    float s = scale_of(sc->amax, fmax);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        sc->scale = s;
+        sc->descale = __frcp_rn(s);
+        if (flag && isnan(s)) atomicCAS(flag, 0, tag);
+    }
+    return s;
+}
+
+/* ---- kernels ---- */
+
+/* amax[0] = max(amax[0], max |x|); vec: x is 16-byte aligned. */
+__global__ void amax_fwd_kernel(float *amax, const void *x, long n, int xbf16, int vec) {
+    long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, nth = (long)gridDim.x * blockDim.x;
+    long nv = vec ? n / 8 : 0;
+    unsigned m = 0;
+    for (long u = tid; u < nv; u += nth) {
+        float v[8];
+        load8(x, xbf16, u, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) m = qt_amax_fold(m, v[k]);
+    }
+    for (long i = nv * 8 + tid; i < n; i += nth) m = qt_amax_fold(m, load1(x, xbf16, i));
+    qt_amax_block_commit(amax, m);
+}
+
+__global__ void scale_fwd_kernel(qt_fp8_scale *sc, float fmax, int *flag, int tag) {
+    float s = scale_of(sc->amax, fmax);
+    sc->scale = s;
+    sc->descale = __frcp_rn(s);
+    if (flag && isnan(s)) atomicCAS(flag, 0, tag);
+}
+
+/* y[n] = fp8(x * scale); vec: x 16-byte and y 8-byte aligned. */
+__global__ void quant_fwd_kernel(uint8_t *__restrict__ y, const void *__restrict__ x, long n, int xbf16, int e5m2, float fmax,
+                                 const float *scale, qt_fp8_scale *sc, int *flag, int tag, int vec) {
+    float s = kernel_scale(scale, sc, fmax, flag, tag);
+    long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, nth = (long)gridDim.x * blockDim.x;
+    long nv = vec ? n / 8 : 0;
+    for (long u = tid; u < nv; u += nth) {
+        float v[8];
+        load8(x, xbf16, u, v);
+        ((uint2 *)y)[u] = quant8(v, s, e5m2);
+    }
+    for (long i = nv * 8 + tid; i < n; i += nth) y[i] = quant1(load1(x, xbf16, i), s, e5m2);
+}
+
+/* One TILE x TILE tile per block: quantize rows into y and a shared tile, then write the tile's
+ * columns as rows of yT. The shared tile stores 8-byte chunks XOR-swizzled by (row / 16) so that
+ * the column reads of phase 2 (8 columns x 4 row groups per warp) hit 8 distinct banks.
+ * vin: x 16-byte aligned and cols % 8 == 0; vy: y 8-byte aligned and cols % 8 == 0;
+ * vt: yT 16-byte aligned and rows % 16 == 0. */
+__global__ void quant_transpose_fwd_kernel(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
+                                           const void *__restrict__ x, long R, long C,
+                                           long ntc, int xbf16, int e5m2, float fmax, const float *scale,
+                                           qt_fp8_scale *sc, int *flag, int tag, int vin, int vy,
+                                           int vt) {
+    __shared__ __align__(16) uint8_t t[TILE * TILE];
+    float s = kernel_scale(scale, sc, fmax, flag, tag);
+    long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
+    /* Fixed stride (launched with QUANT_THREADS) so both units' loads are issued before any store. */
+#pragma unroll
+    for (int u = threadIdx.x; u < TILE * TILE / 8; u += QUANT_THREADS) {
+        int lr = u >> 3, cc = u & 7;
+        long gr = r0 + lr, gc = c0 + cc * 8;
+        uint2 q = make_uint2(0u, 0u);
+        if (gr < R && gc < C) {
+            long off = gr * C + gc;
+            int full = gc + 8 <= C;
+            float v[8];
+            if (vin && full) load8(x, xbf16, off / 8, v);
+            else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1(x, xbf16, off + k) : 0.0f;
+            }
+            q = quant8(v, s, e5m2);
+            if (y) {
+                if (vy && full) *(uint2 *)(y + off) = q;
+                else {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) /* unrolled: constant k keeps q in registers */
+                        if (gc + k < C) y[off + k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
+                }
+            }
+        }
+        *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < TILE * TILE / 16; p += QUANT_THREADS) {
+        int lc = p >> 2, j = p & 3; /* yT row c0+lc, columns r0+16j .. r0+16j+15 */
+        long gc = c0 + lc, gr = r0 + 16 * j;
+        if (gc >= C || gr >= R) continue;
+        const uint8_t *col = t + 8 * ((lc >> 3) ^ j) + (lc & 7);
+        unsigned w[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            w[q] = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) w[q] |= (unsigned)col[(16 * j + 4 * q + k) * TILE] << (8 * k);
+        }
+        uint8_t *dst = yT + gc * R + gr;
+        if (vt && gr + 16 <= R) *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+        else {
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                if (gr + k < R) dst[k] = (uint8_t)(w[k >> 2] >> (8 * (k & 3)));
+        }
+    }
+}
+
+/* y[n] = decode(x) * descale (descale may be NULL: 1). */
+__global__ void dequant_fwd_kernel(void *y, int ybf16, const uint8_t *x, long n, int e5m2,
+                                   const float *descale) {
+    float d = descale ? *descale : 1.0f;
+    long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, nth = (long)gridDim.x * blockDim.x;
+    for (long i = tid; i < n; i += nth) {
+        __half_raw h = e5m2 ? __nv_cvt_fp8_to_halfraw(x[i], __NV_E5M2) : __nv_cvt_fp8_to_halfraw(x[i], __NV_E4M3);
+        float v = __half2float(__half(h));
+        if (descale) v = __fmul_rn(v, d);
+        if (ybf16) ((__nv_bfloat16 *)y)[i] = __float2bfloat16_rn(v);
+        else ((float *)y)[i] = v;
+    }
+}
+
+/* ---- launchers ---- */
+
+static int aligned(const void *p, int a) { return ((uintptr_t)p & (uintptr_t)(a - 1)) == 0; }
+
+static int grid_for(long work) {
+    long b = (work + QUANT_THREADS - 1) / QUANT_THREADS;
+    return (int)(b < 1 ? 1 : b > QUANT_MAX_BLOCKS ? QUANT_MAX_BLOCKS : b);
+}
+
+static void check_x(qt_dtype xdt) {
+    QT_CHECK(xdt == QT_DT_BF16 || xdt == QT_DT_F32, "quant input must be bf16 or fp32, got %s",
+             qt_dtype_name(xdt));
+}
+
+static void check_fp8(qt_dtype dt) {
+    QT_CHECK(dt == QT_DT_E4M3 || dt == QT_DT_E5M2, "fp8 dtype must be e4m3 or e5m2, got %s",
+             qt_dtype_name(dt));
+}
+
+extern "C" void qt_quant_amax(qt_dtype xdt, const void *x, long n, float *amax, int accumulate,
+                              cudaStream_t s) {
+    check_x(xdt);
+    QT_CHECK(n >= 0, "qt_quant_amax: n = %ld", n);
+    if (!accumulate) QT_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), s));
+    if (n == 0) return;
+    int vec = aligned(x, 16);
+    amax_fwd_kernel<<<grid_for(vec ? n / 8 + 1 : n), QUANT_THREADS, 0, s>>>(amax, x, n, xdt == QT_DT_BF16, vec);
+    QT_CUDA(cudaGetLastError());
+}
+
+extern "C" void qt_quant_scale_reset(qt_fp8_scale *sc, int n, cudaStream_t s) {
+    QT_CUDA(cudaMemsetAsync(sc, 0, (size_t)n * sizeof(qt_fp8_scale), s));
+}
+
+extern "C" void qt_quant_scale(qt_dtype ydt, qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s) {
+    check_fp8(ydt);
+    QT_CHECK(tag != 0, "qt_quant_scale: tag must be nonzero");
+    scale_fwd_kernel<<<1, 1, 0, s>>>(sc, qt_fp8_max(ydt), nonfinite, tag);
+    QT_CUDA(cudaGetLastError());
+}
+
+static void quant_launch(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, const float *scale,
+                         qt_fp8_scale *sc, int *flag, int tag, cudaStream_t s) {
+    check_fp8(ydt);
+    check_x(xdt);
+    QT_CHECK(n >= 0, "qt_quant_fp8: n = %ld", n);
+    QT_CHECK(!sc || tag != 0, "qt_quant_fp8_cur: tag must be nonzero");
+    if (n == 0 && !sc) return;
+    int vec = aligned(x, 16) && aligned(y, 8);
+    quant_fwd_kernel<<<grid_for(vec ? n / 8 + 1 : n), QUANT_THREADS, 0, s>>>(
+        (uint8_t *)y, x, n, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt), scale, sc, flag, tag,
+        vec);
+    QT_CUDA(cudaGetLastError());
+}
+
+extern "C" void qt_quant_fp8(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, const float *scale,
+                             cudaStream_t s) {
+    quant_launch(ydt, y, xdt, x, n, scale, NULL, NULL, 0, s);
+}
+
+extern "C" void qt_quant_fp8_cur(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, qt_fp8_scale *sc,
+                                 int *nonfinite, int tag, cudaStream_t s) {
+    quant_launch(ydt, y, xdt, x, n, NULL, sc, nonfinite, tag, s);
+}
+
+static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, long R, long C,
+                             const float *scale, qt_fp8_scale *sc, int *flag, int tag, cudaStream_t s) {
+    check_fp8(ydt);
+    check_x(xdt);
+    QT_CHECK(R >= 0 && C >= 0, "qt_quant_fp8_transpose: rows = %ld, cols = %ld", R, C);
+    QT_CHECK(!sc || tag != 0, "qt_quant_fp8_transpose_cur: tag must be nonzero");
+    long ntr = (R + TILE - 1) / TILE, ntc = (C + TILE - 1) / TILE, nt = ntr * ntc;
+    if (nt == 0) {
+        if (sc) quant_launch(ydt, NULL, xdt, x, 0, NULL, sc, flag, tag, s); /* still publish the scale */
+        return;
+    }
+    QT_CHECK(nt <= 0x7fffffffL, "qt_quant_fp8_transpose: %ld x %ld needs too many tiles", R, C);
+    int vin = aligned(x, 16) && C % 8 == 0, vy = y && aligned(y, 8) && C % 8 == 0;
+    int vt = aligned(yT, 16) && R % 16 == 0;
+    quant_transpose_fwd_kernel<<<(unsigned)nt, QUANT_THREADS, 0, s>>>(
+        (uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt),
+        scale, sc, flag, tag, vin, vy, vt);
+    QT_CUDA(cudaGetLastError());
+}
+
+extern "C" void qt_quant_fp8_transpose(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, long rows,
+                                       long cols, const float *scale, cudaStream_t s) {
+    transpose_launch(ydt, y, yT, xdt, x, rows, cols, scale, NULL, NULL, 0, s);
+}
+
+extern "C" void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x,
+                                           long rows, long cols, qt_fp8_scale *sc, int *nonfinite, int tag,
+                                           cudaStream_t s) {
+    transpose_launch(ydt, y, yT, xdt, x, rows, cols, NULL, sc, nonfinite, tag, s);
+}
+
+extern "C" void qt_quant_dequant(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, const float *descale,
+                                 cudaStream_t s) {
+    check_fp8(xdt);
+    QT_CHECK(ydt == QT_DT_BF16 || ydt == QT_DT_F32, "dequant output must be bf16 or fp32, got %s",
+             qt_dtype_name(ydt));
+    QT_CHECK(n >= 0, "qt_quant_dequant: n = %ld", n);
+    if (n == 0) return;
+    dequant_fwd_kernel<<<grid_for(n), QUANT_THREADS, 0, s>>>(y, ydt == QT_DT_BF16, (const uint8_t *)x, n,
+                                                              xdt == QT_DT_E5M2, descale);
+    QT_CUDA(cudaGetLastError());
+}
