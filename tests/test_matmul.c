@@ -276,7 +276,8 @@ static int check_fp8(qt_matmul_ctx *c, qt_rng *r, long M, int N, int K, int b_e5
     char what[160];
     snprintf(what, sizeof what, "fp8 e4m3 x %s M=%ld N=%d K=%d -> %s bias=%d fast_accum=%d", b_e5m2 ? "e5m2" : "e4m3", M,
              N, K, qt_dtype_name(dt), bias, fast);
-    double tol = dt == QT_DT_BF16 ? 1e-2 : fast ? 2e-3 : 1e-4;
+    /* fast accumulation keeps ~13 mantissa bits in the running sums: a few 1e-3 over K ~ 1000 */
+    double tol = dt == QT_DT_BF16 ? (fast ? 1.5e-2 : 1e-2) : (fast ? 1e-2 : 1e-4);
     int ok = e == cudaSuccess && qt_t_close(what, got, ref, M * N, tol, tol);
     printf("  %s: max rel err %.3g\n", what, max_rel(got, ref, M * N));
     free(a), free(b), free(ha), free(hb), free(bv), free(ref), free(got);
