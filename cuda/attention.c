@@ -1,0 +1,497 @@
+/* attention.c — causal GQA SDPA forward/backward as cuDNN backend-API graphs (no C++ frontend).
+ *
+ * Shapes: qkv[B,T,(H+2Hkv)*D] bf16 read in place: q = [B,H,T,D], K^T = [B,Hkv,D,T], v = [B,Hkv,T,D]
+ * described by strides into the token rows (row length W = (H+2Hkv)*D). out[B,T,H*D] bf16,
+ * stats[B,H,T,1] fp32. The graphs are the op patterns cuDNN's fused flash-attention engines match
+ * (the ones cudnn-frontend's SDPA nodes emit):
+ *   fwd  S = Q.K^T (fp32) -> *scale -> causal select(row >= col ? S : -FLT_MAX) -> max, S-max, exp,
+ *        sum, log, max+log = Stats (out), exp/sum = P (bf16) -> O = P.V
+ *   bwd  Ssum = rowsum(dO*O)*1 (fp32, workspace); P = exp(causal(S*scale - Stats));
+ *        dV = P^T.dO; dS = P*(dP*1 - Ssum)*scale with dP = dO.V^T; dK = dS^T.Q; dQacc = dS.K (fp32,
+ *        workspace) -> dQ. With Hkv < H, dK and dV are computed per query head and summed over the
+ *        group by a reduction (so they come back with Hkv heads).
+ * Accumulation fp32 throughout; P and dS are bf16 matmul operands; outputs rounded once to bf16. */
+#include "qt_attention.h"
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+
+#define MAX_DESC 256
+#define MAX_OPS 64
+#define MAX_CFG 8
+
+/* Unique ids of the tensors the caller binds; virtual tensors count up from VIRTUAL_UID. */
+enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG, U_ONE, U_DO, U_DQ, U_DK, U_DV, U_SSUM, U_DQACC, VIRTUAL_UID = 100 };
+
+typedef cudnnBackendDescriptor_t desc_t;
+
+typedef struct { /* a graph under construction; every descriptor it made lives until the context dies */
+    cudnnHandle_t h;
+    desc_t all[MAX_DESC], ops[MAX_OPS];
+    int nall, nops;
+    int64_t next_uid;
+    int failed;
+    char err[768];
+    const char *shape;
+} gb;
+
+typedef struct {
+    int B, T, H, Hkv, D, bwd;
+    gb g;
+    desc_t plan;
+    int64_t plan_ws; /* bytes the engine needs */
+    size_t ws;       /* all workspace bytes: plan_ws, then (bwd) the softmax sums and the fp32 dQ */
+    int ok;
+    char shape[96];
+    float scale, neg, one; /* host values of the by-value scalars (the variant pack points at them) */
+} att_plan;
+
+struct qt_attention_ctx {
+    cudnnHandle_t h;
+    att_plan **plans;
+    int nplans, cap;
+    long built;
+    void *ws;
+    size_t ws_bytes;
+};
+
+/* ---- graph-building helpers: each is a no-op once the graph failed; the first failure is kept ---- */
+
+static void gb_fail(gb *g, const char *what, cudnnStatus_t st) {
+    if (g->failed) return;
+    char detail[512] = "";
+    cudnnGetLastErrorString(detail, sizeof detail);
+    snprintf(g->err, sizeof g->err, "cuDNN %zu: attention %s: %s: %s%s%s", cudnnGetVersion(), g->shape, what,
+             cudnnGetErrorString(st), detail[0] ? ": " : "", detail);
+    g->failed = 1;
+}
+
+static desc_t gb_new(gb *g, cudnnBackendDescriptorType_t t, const char *what) {
+    desc_t d = NULL;
+    if (g->failed) return NULL;
+    QT_CHECK(g->nall < MAX_DESC, "attention graph: more than %d descriptors", MAX_DESC);
+    cudnnStatus_t st = cudnnBackendCreateDescriptor(t, &d);
+    if (st != CUDNN_STATUS_SUCCESS) { gb_fail(g, what, st); return NULL; }
+    g->all[g->nall++] = d;
+    return d;
+}
+
+static void gb_set(gb *g, desc_t d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n,
+                   const void *v, const char *what) {
+    if (g->failed) return;
+    cudnnStatus_t st = cudnnBackendSetAttribute(d, a, t, n, v);
+    if (st != CUDNN_STATUS_SUCCESS) gb_fail(g, what, st);
+}
+
+static void gb_fin(gb *g, desc_t d, const char *what) {
+    if (g->failed) return;
+    cudnnStatus_t st = cudnnBackendFinalize(d);
+    if (st != CUDNN_STATUS_SUCCESS) gb_fail(g, what, st);
+}
+
+static void gb_op(gb *g, desc_t op, const char *what) {
+    gb_fin(g, op, what);
+    if (g->failed) return;
+    QT_CHECK(g->nops < MAX_OPS, "attention graph: more than %d operations", MAX_OPS);
+    g->ops[g->nops++] = op;
+}
+
+/* A tensor [4 dims]; uid 0 takes the next virtual id. */
+static desc_t tensor(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
+                     const int64_t str[4], bool virt, bool by_value) {
+    desc_t d = gb_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, name);
+    int64_t align = 16;
+    if (!uid) uid = g->next_uid++;
+    gb_set(g, d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, name);
+    gb_set(g, d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim, name);
+    gb_set(g, d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str, name);
+    gb_set(g, d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, name);
+    gb_set(g, d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, name);
+    gb_set(g, d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt, name);
+    if (by_value) gb_set(g, d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, name);
+    gb_fin(g, d, name);
+    return d;
+}
+
+static desc_t virt(gb *g, const char *name, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4]) {
+    return tensor(g, name, 0, dt, dim, str, true, false);
+}
+
+static desc_t scalar(gb *g, const char *name, int64_t uid) {
+    static const int64_t one[4] = {1, 1, 1, 1};
+    return tensor(g, name, uid, CUDNN_DATA_FLOAT, one, one, false, true);
+}
+
+/* y = mode(x[, b][, t]); prec is the math precision; axis >= 0 for GEN_INDEX. Returns y. */
+static desc_t pw(gb *g, const char *name, cudnnPointwiseMode_t mode, cudnnDataType_t prec, int64_t axis, desc_t x,
+                 desc_t b, desc_t t, desc_t y) {
+    desc_t p = gb_new(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, name);
+    gb_set(g, p, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, name);
+    gb_set(g, p, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, name);
+    if (axis >= 0) gb_set(g, p, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, name);
+    gb_fin(g, p, name);
+    desc_t op = gb_new(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &p, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, name);
+    if (b) gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, name);
+    if (t) gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, name);
+    gb_op(g, op, name);
+    return y;
+}
+
+static desc_t reduce(gb *g, const char *name, cudnnReduceTensorOp_t red, desc_t x, desc_t y) {
+    cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    desc_t r = gb_new(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, name);
+    gb_set(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red, name);
+    gb_set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, name);
+    gb_fin(g, r, name);
+    desc_t op = gb_new(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r, name);
+    gb_op(g, op, name);
+    return y;
+}
+
+static desc_t matmul(gb *g, const char *name, desc_t a, desc_t b, desc_t c) {
+    cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    desc_t m = gb_new(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, name);
+    gb_set(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, name);
+    gb_fin(g, m, name);
+    desc_t op = gb_new(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m, name);
+    gb_op(g, op, name);
+    return c;
+}
+
+static desc_t reshape(gb *g, const char *name, desc_t x, desc_t y) {
+    desc_t op = gb_new(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, name);
+    gb_set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, name);
+    gb_op(g, op, name);
+    return y;
+}
+
+/* ---- the two graphs ---- */
+
+typedef struct { /* dims and strides shared by both graphs */
+    int64_t q_dim[4], q_str[4], kt_dim[4], kt_str[4], kv_dim[4], kv_str[4], o_dim[4], o_str[4];
+    int64_t s_dim[4], s_str[4], st_str[4], row_dim[4], row_str[4], full_str[4];
+} att_shapes;
+
+static void shapes_of(att_shapes *a, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+    int64_t W = (H + 2 * Hkv) * D;
+    const int64_t q_dim[4] = {B, H, T, D}, q_str[4] = {T * W, D, W, 1};
+    const int64_t kt_dim[4] = {B, Hkv, D, T}, kt_str[4] = {T * W, D, 1, W};
+    const int64_t kv_dim[4] = {B, Hkv, T, D}, kv_str[4] = {T * W, D, W, 1};
+    const int64_t o_str[4] = {T * H * D, D, H * D, 1};
+    const int64_t s_dim[4] = {B, H, T, T}, s_str[4] = {H * T * T, T * T, T, 1}, st_str[4] = {H * T * T, T * T, 1, T};
+    const int64_t row_dim[4] = {B, H, T, 1}, row_str[4] = {H * T, T, 1, 1}, full_str[4] = {H * T * D, T * D, D, 1};
+    memcpy(a->q_dim, q_dim, sizeof q_dim), memcpy(a->q_str, q_str, sizeof q_str);
+    memcpy(a->kt_dim, kt_dim, sizeof kt_dim), memcpy(a->kt_str, kt_str, sizeof kt_str);
+    memcpy(a->kv_dim, kv_dim, sizeof kv_dim), memcpy(a->kv_str, kv_str, sizeof kv_str);
+    memcpy(a->o_dim, q_dim, sizeof q_dim), memcpy(a->o_str, o_str, sizeof o_str);
+    memcpy(a->s_dim, s_dim, sizeof s_dim), memcpy(a->s_str, s_str, sizeof s_str), memcpy(a->st_str, st_str, sizeof st_str);
+    memcpy(a->row_dim, row_dim, sizeof row_dim), memcpy(a->row_str, row_str, sizeof row_str);
+    memcpy(a->full_str, full_str, sizeof full_str);
+}
+
+/* Keeps s where row >= col, -FLT_MAX elsewhere (the causal mask as GEN_INDEX / CMP_GE / BINARY_SELECT). */
+static desc_t causal(gb *g, const att_shapes *a, desc_t s, desc_t neg) {
+    desc_t row = virt(g, "gen_row_index", CUDNN_DATA_INT32, a->s_dim, a->s_str);
+    desc_t col = virt(g, "gen_col_index", CUDNN_DATA_INT32, a->s_dim, a->s_str);
+    desc_t keep = virt(g, "row_ge_col", CUDNN_DATA_BOOLEAN, a->s_dim, a->s_str);
+    desc_t out = virt(g, "causal_select", CUDNN_DATA_FLOAT, a->s_dim, a->s_str);
+    pw(g, "gen_row_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, s, NULL, NULL, row);
+    pw(g, "gen_col_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, s, NULL, NULL, col);
+    pw(g, "row_ge_col", CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, -1, row, col, NULL, keep);
+    return pw(g, "causal_select", CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, -1, s, neg, keep, out);
+}
+
+#define F32 CUDNN_DATA_FLOAT
+#define BF16 CUDNN_DATA_BFLOAT16
+
+/* Elementwise binary op into a new fp32 virtual tensor of dims/strides (dim, str). */
+static desc_t pw2(gb *g, const char *name, cudnnPointwiseMode_t mode, desc_t x, desc_t b, const int64_t *dim,
+                  const int64_t *str) {
+    return pw(g, name, mode, F32, -1, x, b, NULL, virt(g, name, F32, dim, str));
+}
+
+static void build_fwd(gb *g, const att_shapes *a) {
+    desc_t q = tensor(g, "Q", U_Q, BF16, a->q_dim, a->q_str, false, false);
+    desc_t kt = tensor(g, "K^T", U_K, BF16, a->kt_dim, a->kt_str, false, false);
+    desc_t v = tensor(g, "V", U_V, BF16, a->kv_dim, a->kv_str, false, false);
+    desc_t o = tensor(g, "O", U_O, BF16, a->o_dim, a->o_str, false, false);
+    desc_t stats = tensor(g, "Stats", U_STATS, F32, a->row_dim, a->row_str, false, false);
+    desc_t scale = scalar(g, "attn_scale", U_SCALE), neg = scalar(g, "mask_value", U_NEG);
+    desc_t s = matmul(g, "bmm1 Q.K^T", q, kt, virt(g, "S", F32, a->s_dim, a->s_str));
+    s = pw2(g, "attn_scale", CUDNN_POINTWISE_MUL, s, scale, a->s_dim, a->s_str);
+    s = causal(g, a, s, neg);
+    desc_t m = reduce(g, "softmax max", CUDNN_REDUCE_TENSOR_MAX, s, virt(g, "M", F32, a->row_dim, a->row_str));
+    desc_t e = pw2(g, "softmax sub", CUDNN_POINTWISE_SUB, s, m, a->s_dim, a->s_str);
+    e = pw(g, "softmax exp", CUDNN_POINTWISE_EXP, F32, -1, e, NULL, NULL, virt(g, "E", F32, a->s_dim, a->s_str));
+    desc_t z = reduce(g, "softmax sum", CUDNN_REDUCE_TENSOR_ADD, e, virt(g, "Z", F32, a->row_dim, a->row_str));
+    desc_t lz = pw(g, "softmax log", CUDNN_POINTWISE_LOG, F32, -1, z, NULL, NULL, virt(g, "logZ", F32, a->row_dim, a->row_str));
+    pw(g, "softmax stats", CUDNN_POINTWISE_ADD, F32, -1, m, lz, NULL, stats);
+    desc_t p = pw(g, "softmax div", CUDNN_POINTWISE_DIV, F32, -1, e, z, NULL, virt(g, "P", BF16, a->s_dim, a->s_str));
+    matmul(g, "bmm2 P.V", p, v, o);
+}
+
+static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv) {
+    const int64_t *qd = a->q_dim, *sd = a->s_dim, *ss = a->s_str, *rd = a->row_dim, *rs = a->row_str;
+    int64_t vt_dim[4] = {a->kt_dim[0], a->kt_dim[1], a->kt_dim[2], a->kt_dim[3]};
+    int64_t odd_str[4] = {a->full_str[0], a->full_str[1], a->o_str[2], 1}; /* cudnn-frontend's dO*O layout */
+    desc_t q = tensor(g, "Q", U_Q, BF16, qd, a->q_str, false, false);
+    desc_t kt = tensor(g, "K^T", U_K, BF16, a->kt_dim, a->kt_str, false, false);
+    desc_t vt = tensor(g, "V^T", U_V, BF16, vt_dim, a->kt_str, false, false);
+    desc_t o = tensor(g, "O", U_O, BF16, a->o_dim, a->o_str, false, false);
+    desc_t dout = tensor(g, "dO", U_DO, BF16, a->o_dim, a->o_str, false, false);
+    desc_t stats = tensor(g, "Stats", U_STATS, F32, rd, rs, false, false);
+    desc_t dq = tensor(g, "dQ", U_DQ, BF16, qd, a->q_str, false, false);
+    desc_t dk = tensor(g, "dK", U_DK, BF16, a->kv_dim, a->kv_str, false, false);
+    desc_t dv = tensor(g, "dV", U_DV, BF16, a->kv_dim, a->kv_str, false, false);
+    desc_t ssum = tensor(g, "softmax_sum", U_SSUM, F32, rd, rs, false, false);
+    desc_t dqacc = tensor(g, "dQ_accum", U_DQACC, F32, qd, a->full_str, false, false);
+    desc_t scale = scalar(g, "attn_scale", U_SCALE), neg = scalar(g, "mask_value", U_NEG), one = scalar(g, "one", U_ONE);
+
+    desc_t t = pw2(g, "mul dO*O", CUDNN_POINTWISE_MUL, dout, o, qd, odd_str);
+    t = reduce(g, "reduce dO*O", CUDNN_REDUCE_TENSOR_ADD, t, virt(g, "rowsum dO*O", F32, rd, rs));
+    pw(g, "softmax_sum", CUDNN_POINTWISE_MUL, F32, -1, t, one, NULL, ssum);
+
+    desc_t s = matmul(g, "bmm Q.K^T", q, kt, virt(g, "S", F32, sd, ss));
+    s = pw2(g, "attn_scale", CUDNN_POINTWISE_MUL, s, scale, sd, ss);
+    s = pw2(g, "sub stats", CUDNN_POINTWISE_SUB, s, stats, sd, ss);
+    s = causal(g, a, s, neg);
+    desc_t p = pw(g, "exp", CUDNN_POINTWISE_EXP, F32, -1, s, NULL, NULL, virt(g, "P", F32, sd, ss));
+
+    desc_t pt = reshape(g, "P^T", p, virt(g, "P^T", BF16, sd, a->st_str));
+    if (H == Hkv) {
+        matmul(g, "bmm P^T.dO", pt, dout, dv);
+    } else {
+        desc_t full = matmul(g, "bmm P^T.dO", pt, dout, virt(g, "dV per q head", BF16, qd, a->full_str));
+        reduce(g, "dV group sum", CUDNN_REDUCE_TENSOR_ADD, full, dv);
+    }
+    desc_t dp = matmul(g, "bmm dO.V^T", dout, vt, virt(g, "dP", F32, sd, ss));
+    dp = pw2(g, "dP*1", CUDNN_POINTWISE_MUL, dp, one, sd, ss);
+    dp = pw2(g, "dP-softmax_sum", CUDNN_POINTWISE_SUB, dp, ssum, sd, ss);
+    dp = pw2(g, "dS=P*(dP-sum)", CUDNN_POINTWISE_MUL, dp, p, sd, ss);
+    desc_t ds = pw2(g, "dS*scale", CUDNN_POINTWISE_MUL, dp, scale, sd, ss);
+
+    desc_t dst = reshape(g, "dS^T", ds, virt(g, "dS^T", BF16, sd, a->st_str));
+    if (H == Hkv) {
+        matmul(g, "bmm dS^T.Q", dst, q, dk);
+    } else {
+        desc_t full = matmul(g, "bmm dS^T.Q", dst, q, virt(g, "dK per q head", BF16, qd, a->full_str));
+        reduce(g, "dK group sum", CUDNN_REDUCE_TENSOR_ADD, full, dk);
+    }
+    desc_t k = reshape(g, "K", kt, virt(g, "K", BF16, a->kv_dim, a->kv_str));
+    matmul(g, "bmm dS.K", ds, k, dqacc);
+    pw(g, "dQ", CUDNN_POINTWISE_IDENTITY, F32, -1, dqacc, NULL, NULL, dq);
+}
+
+static void keep(gb *g, desc_t d) {
+    QT_CHECK(g->nall < MAX_DESC, "attention graph: more than %d descriptors", MAX_DESC);
+    g->all[g->nall++] = d;
+}
+
+/* Finalizes the graph and takes the first engine config (heuristic mode A, then the fallback list)
+ * that yields an execution plan. */
+static desc_t make_plan(gb *g, int64_t *ws) {
+    desc_t graph = gb_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
+    gb_set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops, "operation graph");
+    gb_set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &g->h, "operation graph");
+    gb_fin(g, graph, "operation graph finalize");
+    if (g->failed) return NULL;
+    const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    char last[512] = "no engine config returned";
+    int tried = 0;
+    for (int mi = 0; mi < 2; mi++) {
+        desc_t heur = NULL, cfg[MAX_CFG];
+        int64_t n = 0;
+        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur) != CUDNN_STATUS_SUCCESS) continue;
+        int ok = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                          &graph) == CUDNN_STATUS_SUCCESS &&
+                 cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[mi]) ==
+                     CUDNN_STATUS_SUCCESS &&
+                 cudnnBackendFinalize(heur) == CUDNN_STATUS_SUCCESS;
+        for (int i = 0; i < MAX_CFG; i++) QT_CUDNN(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg[i]));
+        if (ok) ok = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                              MAX_CFG, &n, cfg) == CUDNN_STATUS_SUCCESS;
+        if (!ok) cudnnGetLastErrorString(last, sizeof last);
+        desc_t plan = NULL;
+        for (int64_t i = 0; ok && i < n && i < MAX_CFG && !plan; i++, tried++) {
+            desc_t p;
+            QT_CUDNN(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p));
+            cudnnStatus_t st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &g->h);
+            if (st == CUDNN_STATUS_SUCCESS)
+                st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                              &cfg[i]);
+            if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(p);
+            if (st == CUDNN_STATUS_SUCCESS) {
+                int64_t cnt = 0;
+                QT_CUDNN(cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, ws));
+                plan = p;
+            } else {
+                char d[400] = "";
+                cudnnGetLastErrorString(d, sizeof d);
+                snprintf(last, sizeof last, "%s%s%s", cudnnGetErrorString(st), d[0] ? ": " : "", d);
+                cudnnBackendDestroyDescriptor(p);
+            }
+        }
+        /* Kept with the graph until the context dies: the plan may refer to its engine config. */
+        for (int i = 0; i < MAX_CFG; i++) keep(g, cfg[i]);
+        keep(g, heur);
+        if (plan) return plan;
+    }
+    snprintf(g->err, sizeof g->err,
+             "cuDNN %zu: attention %s: no engine supports the graph (%d engine configs tried; last: %s)",
+             cudnnGetVersion(), g->shape, tried, last);
+    g->failed = 1;
+    return NULL;
+}
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static att_plan *get_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd) {
+    for (int i = 0; i < c->nplans; i++) {
+        att_plan *p = c->plans[i];
+        if (p->B == B && p->T == T && p->H == H && p->Hkv == Hkv && p->D == D && p->bwd == bwd) return p;
+    }
+    att_plan *p = calloc(1, sizeof *p);
+    QT_CHECK(p != NULL, "out of host memory");
+    *p = (att_plan){.B = B, .T = T, .H = H, .Hkv = Hkv, .D = D, .bwd = bwd};
+    p->scale = 1.0f / sqrtf((float)D);
+    p->neg = -FLT_MAX; /* what cudnn-frontend's causal mask writes: exp() of it minus anything is 0 */
+    p->one = 1.0f;
+    snprintf(p->shape, sizeof p->shape, "%s B=%d T=%d H=%d Hkv=%d D=%d", bwd ? "bwd" : "fwd", B, T, H, Hkv, D);
+    gb *g = &p->g;
+    g->h = c->h;
+    g->next_uid = VIRTUAL_UID;
+    g->shape = p->shape;
+    if (B < 1 || T < 1 || Hkv < 1 || H % Hkv || D % 8) {
+        snprintf(g->err, sizeof g->err, "attention %s: expected B, T >= 1, H %% Hkv == 0 and D %% 8 == 0", p->shape);
+        g->failed = 1;
+    } else {
+        att_shapes a;
+        shapes_of(&a, B, T, H, Hkv, D);
+        if (bwd) build_bwd(g, &a, H, Hkv);
+        else build_fwd(g, &a);
+        p->plan = make_plan(g, &p->plan_ws);
+    }
+    p->ok = !g->failed;
+    p->ws = align256((size_t)p->plan_ws);
+    if (bwd) p->ws += align256((size_t)B * H * T * 4) + align256((size_t)B * H * T * D * 4);
+    if (c->nplans == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 8;
+        c->plans = realloc(c->plans, (size_t)c->cap * sizeof *c->plans);
+        QT_CHECK(c->plans != NULL, "out of host memory");
+    }
+    c->plans[c->nplans++] = p;
+    c->built++;
+    return p;
+}
+
+qt_attention_ctx *qt_attention_create(void) {
+    qt_attention_ctx *c = calloc(1, sizeof *c);
+    QT_CHECK(c != NULL, "out of host memory");
+    QT_CUDNN(cudnnCreate(&c->h));
+    return c;
+}
+
+void qt_attention_free(qt_attention_ctx *c) {
+    if (!c) return;
+    for (int i = 0; i < c->nplans; i++) {
+        att_plan *p = c->plans[i];
+        if (p->plan) cudnnBackendDestroyDescriptor(p->plan);
+        for (int j = p->g.nall - 1; j >= 0; j--) cudnnBackendDestroyDescriptor(p->g.all[j]);
+        free(p);
+    }
+    free(c->plans);
+    cudaFree(c->ws);
+    cudnnDestroy(c->h);
+    free(c);
+}
+
+long qt_attention_plan_count(const qt_attention_ctx *c) { return c->built; }
+
+int qt_attention_prepare(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, char *err, size_t errlen) {
+    for (int bwd = 0; bwd < 2; bwd++) {
+        att_plan *p = get_plan(c, B, T, H, Hkv, D, bwd);
+        if (!p->ok) {
+            if (err && errlen) snprintf(err, errlen, "%s", p->g.err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The plan of this shape, failing hard with its build error; grows the workspace to fit it. */
+static att_plan *ready_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd) {
+    att_plan *p = get_plan(c, B, T, H, Hkv, D, bwd);
+    QT_CHECK(p->ok, "%s", p->g.err);
+    if (p->ws > c->ws_bytes) {
+        QT_CUDA(cudaFree(c->ws)); /* synchronises: nothing in flight still uses the old one */
+        c->ws = NULL;
+        QT_CUDA(cudaMalloc(&c->ws, p->ws));
+        c->ws_bytes = p->ws;
+    }
+    return p;
+}
+
+static void execute(qt_attention_ctx *c, att_plan *p, const int64_t *uids, void *const *ptrs, int n, cudaStream_t s) {
+    desc_t vp;
+    void *ws = c->ws;
+    QT_CUDNN(cudnnSetStream(c->h, s));
+    QT_CUDNN(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
+    QT_CUDNN(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids));
+    QT_CUDNN(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs));
+    QT_CUDNN(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws));
+    QT_CUDNN(cudnnBackendFinalize(vp));
+    cudnnStatus_t st = cudnnBackendExecute(c->h, p->plan, vp);
+    cudnnBackendDestroyDescriptor(vp);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        char d[512] = "";
+        cudnnGetLastErrorString(d, sizeof d);
+        qt_fail(__FILE__, __LINE__, "cudnnBackendExecute", "cuDNN %zu: attention %s: %s%s%s", cudnnGetVersion(),
+                p->shape, cudnnGetErrorString(st), d[0] ? ": " : "", d);
+    }
+}
+
+void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
+                      int D, cudaStream_t s) {
+    att_plan *p = ready_plan(c, B, T, H, Hkv, D, 0);
+    const uint16_t *q = qkv;
+    const int64_t uids[7] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG};
+    void *const ptrs[7] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), out, lse,
+                           &p->scale, &p->neg};
+    execute(c, p, uids, ptrs, 7, s);
+}
+
+void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                      const float *lse, int B, int T, int H, int Hkv, int D, cudaStream_t s) {
+    att_plan *p = ready_plan(c, B, T, H, Hkv, D, 1);
+    const uint16_t *q = qkv;
+    uint16_t *dq = dqkv;
+    char *ssum = (char *)c->ws + align256((size_t)p->plan_ws);
+    char *dqacc = ssum + align256((size_t)B * H * T * 4);
+    /* cuDNN before 9.6 expects the fp32 dQ accumulator zeroed by the caller; later ones do not mind. */
+    QT_CUDA(cudaMemsetAsync(dqacc, 0, (size_t)B * H * T * D * 4, s));
+    const int64_t uids[14] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_SCALE, U_NEG, U_ONE, U_SSUM, U_DQACC};
+    void *const ptrs[14] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), (void *)out,
+                            (void *)dout, (void *)lse, dq, dq + (size_t)H * D, dq + (size_t)(H + Hkv) * D, &p->scale,
+                            &p->neg, &p->one, ssum, dqacc};
+    execute(c, p, uids, ptrs, 14, s);
+}

@@ -1,0 +1,344 @@
+/* matmul.c — cuBLASLt GEMMs: bf16 fwd/dgrad/wgrad and fp8 TN, a per-shape plan cache, autotuning.
+ *
+ * Row-major callers, column-major cuBLASLt: a row-major [r,c] buffer IS the column-major [c,r]
+ * matrix (ld = c), so every product is computed transposed:
+ *   fwd   Y^T[O,N]  = W[O,I] (buffer W, op T) . X^T[I,N] (buffer X, op N)     m=O n=N k=I  "TN"
+ *   dgrad dX^T[I,N] = W^T[I,O] (buffer W, op N) . dY^T[O,N] (buffer dY, op N) m=I n=N k=O  "NN"
+ *   wgrad dW^T[I,O] = X^T[I,N] (buffer X, op N) . dY[N,O] (buffer dY, op T)   m=I n=O k=N  "NT"
+ *   fp8   D^T[N,M]  = B[N,K] (buffer B, op T) . A^T[K,M] (buffer A, op N)     m=N n=M k=K  "TN"
+ * Hence the forward/fp8 bias runs along m (EPILOGUE_BIAS adds one value per row of the col-major D =
+ * per column of the row-major output) and wgrad's bias gradient reduces B = dY over k (BGRADB).
+ * Compute fp32 (CUBLAS_COMPUTE_32F), alpha = 1, beta = 0 or 1 (accumulate into the output). */
+#include "qt_matmul.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+
+#define MAX_ALGOS 8
+#define TUNE_SCRATCH_MAX ((size_t)1 << 30) /* largest scratch output allocated to tune an accumulating GEMM */
+
+typedef struct { /* everything a plan depends on; memset to 0 before filling so memcmp works */
+    int32_t transa, transb, atype, btype, dtype, epi, bias_type, fast_accum;
+    int64_t m, n, k, lda, ldb, ldd;
+    int32_t align_a, align_b, align_d, pad;
+} mm_key;
+
+typedef struct {
+    mm_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    int ok; /* 0: the heuristic offered nothing (an unsupported epilogue) */
+} mm_plan;
+
+typedef struct { /* the pointers of one call */
+    const void *a, *b;
+    void *d;
+    const void *bias;
+    const float *sa, *sb;
+    int accumulate;
+    cudaStream_t s;
+} mm_call;
+
+struct qt_matmul_ctx {
+    cublasLtHandle_t lt;
+    void *ws;
+    size_t ws_bytes;
+    int autotune, cc, device;
+    char dev_name[256];
+    mm_plan *plans;
+    int nplans, cap;
+    long built;
+};
+
+static cudaDataType_t cuda_type(qt_dtype t) {
+    switch (t) {
+    case QT_DT_F32: return CUDA_R_32F;
+    case QT_DT_BF16: return CUDA_R_16BF;
+    case QT_DT_F16: return CUDA_R_16F;
+    case QT_DT_E4M3: return CUDA_R_8F_E4M3;
+    case QT_DT_E5M2: return CUDA_R_8F_E5M2;
+    }
+    QT_CHECK(0, "unknown dtype %d", (int)t);
+    return CUDA_R_32F;
+}
+
+static int ptr_align(const void *p) { /* the alignment cuBLASLt may assume, 256 at most */
+    uintptr_t u = (uintptr_t)p;
+    int a = 256;
+    while (a > 1 && (u % (uintptr_t)a)) a >>= 1;
+    return a;
+}
+
+qt_matmul_ctx *qt_matmul_create(size_t ws_bytes) {
+    qt_matmul_ctx *c = calloc(1, sizeof *c);
+    QT_CHECK(c != NULL, "out of host memory");
+    QT_CUBLAS(cublasLtCreate(&c->lt));
+    c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)64 << 20);
+    QT_CUDA(cudaMalloc(&c->ws, c->ws_bytes));
+    const char *e = getenv("QT_MATMUL_AUTOTUNE");
+    c->autotune = !(e && e[0] == '0');
+    struct cudaDeviceProp prop;
+    QT_CUDA(cudaGetDevice(&c->device));
+    QT_CUDA(cudaGetDeviceProperties(&prop, c->device));
+    c->cc = prop.major * 10 + prop.minor;
+    snprintf(c->dev_name, sizeof c->dev_name, "%s", prop.name);
+    return c;
+}
+
+void qt_matmul_free(qt_matmul_ctx *c) {
+    if (!c) return;
+    for (int i = 0; i < c->nplans; i++) {
+        mm_plan *p = &c->plans[i];
+        cublasLtMatrixLayoutDestroy(p->la);
+        cublasLtMatrixLayoutDestroy(p->lb);
+        cublasLtMatrixLayoutDestroy(p->ld);
+        cublasLtMatmulDescDestroy(p->desc);
+    }
+    free(c->plans);
+    cudaFree(c->ws);
+    cublasLtDestroy(c->lt);
+    free(c);
+}
+
+void qt_matmul_set_autotune(qt_matmul_ctx *c, int on) { c->autotune = on; }
+long qt_matmul_plan_count(const qt_matmul_ctx *c) { return c->built; }
+int qt_matmul_cc(const qt_matmul_ctx *c) { return c->cc; }
+
+static void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
+    QT_CUBLAS(cublasLtMatmulDescSetAttribute(d, a, v, n));
+}
+
+/* One cublasLtMatmul with the plan's descriptors; the per-call pointers go into the shared desc. */
+static cublasStatus_t mm_launch(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, const cublasLtMatmulAlgo_t *algo,
+                                void *d) {
+    if (p->key.epi != CUBLASLT_EPILOGUE_DEFAULT) set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &k->bias, sizeof k->bias);
+    if (p->key.atype == CUDA_R_8F_E4M3 || p->key.atype == CUDA_R_8F_E5M2) {
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &k->sa, sizeof k->sa);
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &k->sb, sizeof k->sb);
+    }
+    float one = 1.0f, beta = k->accumulate ? 1.0f : 0.0f;
+    return cublasLtMatmul(c->lt, p->desc, &one, k->a, p->la, k->b, p->lb, &beta, d, p->ld, d, p->ld, algo, c->ws,
+                          c->ws_bytes, k->s);
+}
+
+/* Mean time of 5 runs after 2 warm-ups, in ms; a negative value when the algorithm fails. */
+static float time_algo(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, const cublasLtMatmulAlgo_t *algo, void *d,
+                       cudaEvent_t e0, cudaEvent_t e1) {
+    for (int i = 0; i < 2; i++)
+        if (mm_launch(c, p, k, algo, d) != CUBLAS_STATUS_SUCCESS) return -1;
+    QT_CUDA(cudaEventRecord(e0, k->s));
+    for (int i = 0; i < 5; i++)
+        if (mm_launch(c, p, k, algo, d) != CUBLAS_STATUS_SUCCESS) return -1;
+    QT_CUDA(cudaEventRecord(e1, k->s));
+    QT_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    QT_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    return ms / 5;
+}
+
+/* Picks the fastest of the heuristic's candidates. Accumulating calls run on a scratch output so the
+ * caller's partial sums survive; when that cannot be had, the first candidate stays. */
+static int tune(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, const cublasLtMatmulHeuristicResult_t *res, int n) {
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    QT_CUDA(cudaStreamIsCapturing(k->s, &cap));
+    if (cap != cudaStreamCaptureStatusNone) return 0;
+    void *d = k->d, *scratch = NULL;
+    if (k->accumulate) {
+        size_t dsz = p->key.dtype == CUDA_R_32F ? 4 : 2, bytes = (size_t)p->key.ldd * (size_t)p->key.n * dsz;
+        if (bytes > TUNE_SCRATCH_MAX || cudaMalloc(&scratch, bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); /* an out-of-memory here only means "do not tune" */
+            return 0;
+        }
+        d = scratch;
+    }
+    cudaEvent_t e0, e1;
+    QT_CUDA(cudaEventCreate(&e0));
+    QT_CUDA(cudaEventCreate(&e1));
+    int best = 0;
+    float best_ms = -1;
+    for (int i = 0; i < n; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        float ms = time_algo(c, p, k, &res[i].algo, d, e0, e1);
+        if (ms >= 0 && (best_ms < 0 || ms < best_ms)) { best_ms = ms; best = i; }
+    }
+    QT_CUDA(cudaEventDestroy(e0));
+    QT_CUDA(cudaEventDestroy(e1));
+    if (scratch) QT_CUDA(cudaFree(scratch));
+    return best;
+}
+
+static void build_plan(qt_matmul_ctx *c, mm_plan *p, const mm_call *k) {
+    const mm_key *y = &p->key;
+    QT_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = y->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = y->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)y->epi;
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (y->epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        int32_t bt = y->bias_type;
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    }
+    if (y->atype == CUDA_R_8F_E4M3 || y->atype == CUDA_R_8F_E5M2) {
+        int8_t fa = (int8_t)y->fast_accum;
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa);
+    }
+    /* Stored shapes: op(A) is m x k, op(B) is k x n, D is m x n (column-major). */
+    QT_CUBLAS(cublasLtMatrixLayoutCreate(&p->la, (cudaDataType_t)y->atype, y->transa ? y->k : y->m,
+                                         y->transa ? y->m : y->k, y->lda));
+    QT_CUBLAS(cublasLtMatrixLayoutCreate(&p->lb, (cudaDataType_t)y->btype, y->transb ? y->n : y->k,
+                                         y->transb ? y->k : y->n, y->ldb));
+    QT_CUBLAS(cublasLtMatrixLayoutCreate(&p->ld, (cudaDataType_t)y->dtype, y->m, y->n, y->ldd));
+
+    cublasLtMatmulPreference_t pref;
+    QT_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t wsb = c->ws_bytes;
+    uint32_t aa = (uint32_t)y->align_a, ab = (uint32_t)y->align_b, ad = (uint32_t)y->align_d;
+    QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+    QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+    QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
+    QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
+    cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
+    int n = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, MAX_ALGOS,
+                                                       res, &n);
+    QT_CUBLAS(cublasLtMatmulPreferenceDestroy(pref));
+    c->built++;
+    if (st != CUBLAS_STATUS_SUCCESS || n == 0) {
+        /* An unsupported fused epilogue is the caller's to handle; a plain GEMM without kernel is fatal. */
+        QT_CHECK(y->epi == CUBLASLT_EPILOGUE_BGRADB,
+                 "cuBLASLt (%zu) has no algorithm for m=%ld n=%ld k=%ld trans=%c%c types a=%d b=%d d=%d epilogue=%d "
+                 "on %s (cc %d): status %d",
+                 cublasLtGetVersion(), (long)y->m, (long)y->n, (long)y->k, y->transa ? 'T' : 'N',
+                 y->transb ? 'T' : 'N', y->atype, y->btype, y->dtype, y->epi, c->dev_name, c->cc, (int)st);
+        p->ok = 0;
+        return;
+    }
+    int best = (c->autotune && n > 1) ? tune(c, p, k, res, n) : 0;
+    p->algo = res[best].algo;
+    p->ok = 1;
+}
+
+static mm_plan *get_plan(qt_matmul_ctx *c, const mm_key *key, const mm_call *k) {
+    for (int i = 0; i < c->nplans; i++)
+        if (!memcmp(&c->plans[i].key, key, sizeof *key)) return &c->plans[i];
+    if (c->nplans == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 16;
+        c->plans = realloc(c->plans, (size_t)c->cap * sizeof *c->plans);
+        QT_CHECK(c->plans != NULL, "out of host memory");
+    }
+    mm_plan *p = &c->plans[c->nplans];
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    build_plan(c, p, k);
+    c->nplans++;
+    return p;
+}
+
+/* Fills the key's shape part and alignments; types and epilogue are the caller's. */
+static void key_shape(mm_key *y, int ta, int tb, long m, long n, long k, long lda, long ldb, long ldd,
+                      const mm_call *call) {
+    y->transa = ta;
+    y->transb = tb;
+    y->m = m;
+    y->n = n;
+    y->k = k;
+    y->lda = lda;
+    y->ldb = ldb;
+    y->ldd = ldd;
+    y->align_a = ptr_align(call->a);
+    y->align_b = ptr_align(call->b);
+    y->align_d = ptr_align(call->d);
+}
+
+static int run(qt_matmul_ctx *c, const mm_key *key, const mm_call *k) {
+    mm_plan *p = get_plan(c, key, k);
+    if (!p->ok) return 0;
+    QT_CUBLAS(mm_launch(c, p, k, &p->algo, k->d));
+    return 1;
+}
+
+static void check_out_type(qt_dtype t, const char *fn) {
+    QT_CHECK(t == QT_DT_BF16 || t == QT_DT_F32, "%s: output dtype %s: expected bf16 or fp32", fn, qt_dtype_name(t));
+}
+
+void qt_matmul_fwd(qt_matmul_ctx *c, void *y, qt_dtype ydt, const void *x, const void *w, const void *bias, long N,
+                   int I, int O, int accumulate, cudaStream_t s) {
+    check_out_type(ydt, "qt_matmul_fwd");
+    mm_call k = {.a = w, .b = x, .d = y, .bias = bias, .accumulate = accumulate, .s = s};
+    mm_key key;
+    memset(&key, 0, sizeof key);
+    key_shape(&key, 1, 0, O, N, I, I, I, O, &k);
+    key.atype = key.btype = CUDA_R_16BF;
+    key.dtype = cuda_type(ydt);
+    key.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    key.bias_type = key.dtype;
+    run(c, &key, &k);
+}
+
+void qt_matmul_dgrad(qt_matmul_ctx *c, void *dx, qt_dtype dxdt, const void *dy, const void *w, long N, int I, int O,
+                     int accumulate, cudaStream_t s) {
+    check_out_type(dxdt, "qt_matmul_dgrad");
+    mm_call k = {.a = w, .b = dy, .d = dx, .accumulate = accumulate, .s = s};
+    mm_key key;
+    memset(&key, 0, sizeof key);
+    key_shape(&key, 0, 0, I, N, O, I, O, I, &k);
+    key.atype = key.btype = CUDA_R_16BF;
+    key.dtype = cuda_type(dxdt);
+    key.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    run(c, &key, &k);
+}
+
+int qt_matmul_wgrad(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, void *dbias, const void *dy, const void *x, long N,
+                    int I, int O, int accumulate, cudaStream_t s) {
+    check_out_type(dwdt, "qt_matmul_wgrad");
+    mm_call k = {.a = x, .b = dy, .d = dw, .bias = dbias, .accumulate = accumulate, .s = s};
+    mm_key key;
+    memset(&key, 0, sizeof key);
+    key_shape(&key, 0, 1, I, O, N, I, O, I, &k);
+    key.atype = key.btype = CUDA_R_16BF;
+    key.dtype = cuda_type(dwdt);
+    key.bias_type = key.dtype;
+    if (dbias) {
+        key.epi = CUBLASLT_EPILOGUE_BGRADB;
+        if (run(c, &key, &k)) return 1;
+    }
+    key.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    key.bias_type = 0;
+    k.bias = NULL;
+    run(c, &key, &k);
+    return 0;
+}
+
+void qt_matmul_fp8(qt_matmul_ctx *c, void *d, qt_dtype ddt, const void *a, qt_dtype adt, const float *a_scale,
+                   const void *b, qt_dtype bdt, const float *b_scale, const void *bias, long M, int N, int K,
+                   int fast_accum, int accumulate, cudaStream_t s) {
+    QT_CHECK(c->cc >= 89, "fp8 matmul needs fp8 tensor cores (cc >= 8.9): device %d \"%s\" has cc %d.%d", c->device,
+             c->dev_name, c->cc / 10, c->cc % 10);
+    QT_CHECK((adt == QT_DT_E4M3 || adt == QT_DT_E5M2) && (bdt == QT_DT_E4M3 || bdt == QT_DT_E5M2) &&
+                 !(adt == QT_DT_E5M2 && bdt == QT_DT_E5M2),
+             "qt_matmul_fp8: operand types %s x %s: expected e4m3 x e4m3, e4m3 x e5m2 or e5m2 x e4m3",
+             qt_dtype_name(adt), qt_dtype_name(bdt));
+    QT_CHECK(K % 16 == 0 && N % 16 == 0, "qt_matmul_fp8: K=%d N=%d: both must be multiples of 16", K, N);
+    check_out_type(ddt, "qt_matmul_fp8");
+    /* cuBLASLt's A is our B (see the mapping at the top), so the scales swap too. */
+    mm_call k = {.a = b, .b = a, .d = d, .bias = bias, .sa = b_scale, .sb = a_scale, .accumulate = accumulate, .s = s};
+    mm_key key;
+    memset(&key, 0, sizeof key);
+    key_shape(&key, 1, 0, N, M, K, K, K, N, &k);
+    key.atype = cuda_type(bdt);
+    key.btype = cuda_type(adt);
+    key.dtype = cuda_type(ddt);
+    key.fast_accum = fast_accum ? 1 : 0;
+    key.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    key.bias_type = CUDA_R_16BF; /* fp8 kernels take a bf16 bias whatever D is */
+    run(c, &key, &k);
+}

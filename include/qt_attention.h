@@ -1,0 +1,45 @@
+/* qt_attention.h — causal grouped-query attention (SDPA) through cuDNN's fused flash-attention graphs.
+ *
+ * Layouts (row-major, bf16 unless said): qkv[B,T,(H+2*Hkv)*D] holds per token the H query heads, then
+ * the Hkv key heads, then the Hkv value heads; q, k and v are read in place through strides. Query head
+ * h uses kv head h / (H/Hkv). out[B,T,H*D]; lse[B,H,T] fp32 = log sum_j exp(scale * q.k_j), natural
+ * log, scale = 1/sqrt(D) — the softmax statistics cuDNN saves for the backward ("Stats" [B,H,T,1]),
+ * the same quantity as qt_ref_attention_fwd's lse. dqkv has qkv's layout; dK and dV come back with
+ * Hkv heads (cuDNN sums the query-head group). Softmax in fp32; P and dS are rounded to bf16 before
+ * the second matmuls (cuDNN's flash kernels), outputs rounded once to bf16.
+ *
+ * A context holds a cuDNN handle, the plans (execution plan per (B,T,H,Hkv,D) and direction, built on
+ * first use and cached) and a workspace that grows to the largest plan's need. One thread, one stream
+ * at a time. Needs D % 8 == 0, D <= 128 (256 on Hopper), H % Hkv == 0. */
+#ifndef QT_ATTENTION_H
+#define QT_ATTENTION_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct qt_attention_ctx qt_attention_ctx;
+
+/* Creates the context on the current device. Caller frees it with qt_attention_free. */
+qt_attention_ctx *qt_attention_create(void);
+void qt_attention_free(qt_attention_ctx *c);
+/* Builds (and caches) the forward and backward plans of this shape. Returns 0, or -1 with a message in
+ * err naming the shape, the failing step, cuDNN's version and its error string. The fwd/bwd calls
+ * below fail hard with that message instead. */
+int qt_attention_prepare(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, char *err, size_t errlen);
+/* out (=) and lse (=) from qkv. */
+void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
+                      int D, cudaStream_t s);
+/* dqkv (=, every element) from dout[B,T,H*D], qkv and the forward's out and lse. */
+void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                      const float *lse, int B, int T, int H, int Hkv, int D, cudaStream_t s);
+/* Number of plans built so far (a shape's fwd and bwd count one each). */
+long qt_attention_plan_count(const qt_attention_ctx *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
