@@ -65,7 +65,7 @@ static __device__ __forceinline__ void st_mv(void *p, int is_bf16, unsigned long
 __global__ void __launch_bounds__(ADAM_THREADS)
 adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const float *g, void *m, void *v,
                  const float *grad_scale, float *absmax, adam_params p) {
-    __shared__ float sh[32];
+    __shared__ unsigned int sh[32];
     unsigned long long b = blockIdx.x;
     int lo = 0, hi = ntab - 1; /* last entry with block0 <= b */
     while (lo < hi) {
@@ -76,7 +76,8 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
     adam_entry e = tab[lo];
     unsigned long long c0 = (b - e.block0) * ADAM_CH;
     unsigned long long c1 = c0 + ADAM_CH < e.numel ? c0 + ADAM_CH : e.numel;
-    float gs = grad_scale ? *grad_scale : 1.0f, wd = e.wd, amax = 0.0f;
+    float gs = grad_scale ? *grad_scale : 1.0f, wd = e.wd;
+    unsigned int amax = 0; /* bit pattern of max |w|: NaN (0x7fc00000) sorts above inf, so it survives */
     for (unsigned long long j = c0 + threadIdx.x; j < c1; j += ADAM_THREADS) {
         unsigned long long i = e.offset + j;
         float gi = __fmul_rn(g[i], gs);
@@ -94,17 +95,15 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
             wb[i] = h;
             wa = __bfloat162float(h);
         }
-        amax = fmaxf(amax, fabsf(wa));
-        if (wa != wa) amax = wa; /* fmaxf drops NaN; keep it visible */
+        amax = max(amax, __float_as_uint(fabsf(wa)));
     }
     if (absmax) {
-        /* Block max keeping NaN: compare bit patterns of |x| (NaN's pattern is above inf's). */
-        unsigned int u = __float_as_uint(fabsf(amax));
+        unsigned int u = amax;
         for (int o = 16; o > 0; o >>= 1) u = max(u, __shfl_xor_sync(0xffffffffu, u, o));
-        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = __uint_as_float(u);
+        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = u;
         __syncthreads();
         if (threadIdx.x == 0) {
-            for (int k = 1; k < ADAM_THREADS / 32; k++) u = max(u, __float_as_uint(sh[k]));
+            for (int k = 1; k < ADAM_THREADS / 32; k++) u = max(u, sh[k]);
             atomicMax((unsigned int *)&absmax[lo], u);
         }
     }
