@@ -1,0 +1,167 @@
+/* adamw.cu — AdamW over the whole flat parameter array in one launch (multi-tensor via a block table).
+ *
+ * Per element i of tensor k (wd_k from the plan's table), with gs = *grad_scale:
+ *   g = g_i * gs;  m = b1 m + (1-b1) g;  v = b2 v + ((1-b2) g) g
+ *   w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd_k w),   bc = 1 - b^t (double, rounded to fp32)
+ * exactly the fp32 operations of qt_adamw_cpu, in the same order, with explicit _rn intrinsics so the
+ * compiler cannot contract them into FMAs: the fp32 master path matches the CPU bit for bit.
+ * m, v: fp32 or bf16 (RNE). Weight: fp32 master (optional) and/or bf16 copy (RNE, or stochastic:
+ * add 16 random bits from hash(seed, t, i) under the bf16 mantissa, then truncate).
+ * absmax[k] = max |new weight| over tensor k: block max, then atomicMax on the fp32 bit pattern, which
+ * orders like the value for non-negative floats, so the result does not depend on block order.
+ * Grid: every tensor is cut into ADAM_CH-element chunks, one block each; a block finds its tensor by
+ * binary search over the table's first-block column. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kcommon.cuh"
+#include "qt_kernels.h"
+
+#define ADAM_THREADS 256
+#define ADAM_CH 4096
+
+typedef struct {
+    unsigned long long offset, numel, block0;
+    float wd;
+} adam_entry;
+
+struct qt_adamw_plan {
+    adam_entry *table; /* device */
+    int n;
+    unsigned long long blocks;
+};
+
+typedef struct {
+    float lr, b1, b2, omb1, omb2, eps, bc1, bc2;
+    long t;
+    unsigned long long seed;
+    int sr, m_bf16, v_bf16;
+} adam_params;
+
+static __device__ __forceinline__ unsigned int adam_hash(unsigned long long seed, long t,
+                                                         unsigned long long i) {
+    unsigned long long z = seed + 0x9E3779B97F4A7C15ull * (unsigned long long)(t + 1);
+    z ^= i * 0xD6E8FEB86659FD93ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (unsigned int)(z ^ (z >> 31));
+}
+
+static __device__ __forceinline__ bf16 round_sr(float w, unsigned int r) {
+    unsigned int u = __float_as_uint(w);
+    if ((u & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(w); /* inf / NaN */
+    u += r & 0xffffu;
+    return __ushort_as_bfloat16((unsigned short)(u >> 16));
+}
+
+static __device__ __forceinline__ float ld_mv(const void *p, int is_bf16, unsigned long long i) {
+    return is_bf16 ? __bfloat162float(((const bf16 *)p)[i]) : ((const float *)p)[i];
+}
+static __device__ __forceinline__ void st_mv(void *p, int is_bf16, unsigned long long i, float x) {
+    if (is_bf16) ((bf16 *)p)[i] = __float2bfloat16_rn(x);
+    else ((float *)p)[i] = x;
+}
+
+__global__ void __launch_bounds__(ADAM_THREADS)
+adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const float *g, void *m, void *v,
+                 const float *grad_scale, float *absmax, adam_params p) {
+    __shared__ unsigned int sh[32];
+    unsigned long long b = blockIdx.x;
+    int lo = 0, hi = ntab - 1; /* last entry with block0 <= b */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tab[mid].block0 <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    adam_entry e = tab[lo];
+    unsigned long long c0 = (b - e.block0) * ADAM_CH;
+    unsigned long long c1 = c0 + ADAM_CH < e.numel ? c0 + ADAM_CH : e.numel;
+    float gs = grad_scale ? *grad_scale : 1.0f, wd = e.wd;
+    unsigned int amax = 0; /* bit pattern of max |w|: NaN (0x7fc00000) sorts above inf, so it survives */
+    for (unsigned long long j = c0 + threadIdx.x; j < c1; j += ADAM_THREADS) {
+        unsigned long long i = e.offset + j;
+        float gi = __fmul_rn(g[i], gs);
+        float mi = __fadd_rn(__fmul_rn(p.b1, ld_mv(m, p.m_bf16, i)), __fmul_rn(p.omb1, gi));
+        float vi = __fadd_rn(__fmul_rn(p.b2, ld_mv(v, p.v_bf16, i)), __fmul_rn(__fmul_rn(p.omb2, gi), gi));
+        st_mv(m, p.m_bf16, i, mi);
+        st_mv(v, p.v_bf16, i, vi);
+        float upd = __fdiv_rn(__fdiv_rn(mi, p.bc1), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, p.bc2)), p.eps));
+        float w = master ? master[i] : __bfloat162float(wb[i]);
+        w = __fsub_rn(w, __fmul_rn(p.lr, __fadd_rn(upd, __fmul_rn(wd, w))));
+        float wa = w;
+        if (master) master[i] = w;
+        if (wb) {
+            bf16 h = p.sr ? round_sr(w, adam_hash(p.seed, p.t, i)) : __float2bfloat16_rn(w);
+            wb[i] = h;
+            wa = __bfloat162float(h);
+        }
+        amax = max(amax, __float_as_uint(fabsf(wa)));
+    }
+    if (absmax) {
+        unsigned int u = amax;
+        for (int o = 16; o > 0; o >>= 1) u = max(u, __shfl_xor_sync(0xffffffffu, u, o));
+        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = u;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < ADAM_THREADS / 32; k++) u = max(u, sh[k]);
+            atomicMax((unsigned int *)&absmax[lo], u);
+        }
+    }
+}
+
+extern "C" qt_adamw_plan *qt_adamw_plan_create(const qt_adamw_tensor *t, int n_tensors) {
+    QT_CHECK(n_tensors > 0, "adamw plan: %d tensors", n_tensors);
+    adam_entry *h = (adam_entry *)malloc(sizeof(adam_entry) * (size_t)n_tensors);
+    qt_adamw_plan *p = (qt_adamw_plan *)calloc(1, sizeof *p);
+    QT_CHECK(h && p, "out of host memory");
+    unsigned long long blocks = 0;
+    for (int k = 0; k < n_tensors; k++) {
+        h[k].offset = t[k].offset;
+        h[k].numel = t[k].numel;
+        h[k].wd = t[k].wd;
+        h[k].block0 = blocks;
+        blocks += (t[k].numel + ADAM_CH - 1) / ADAM_CH;
+    }
+    /* An empty tensor would share its block0 with the next one; the binary search picks the last. */
+    QT_CHECK(blocks < 0x7fffffffull, "adamw plan: %llu blocks exceed the grid limit", blocks);
+    QT_CUDA(cudaMalloc((void **)&p->table, sizeof(adam_entry) * (size_t)n_tensors));
+    QT_CUDA(cudaMemcpy(p->table, h, sizeof(adam_entry) * (size_t)n_tensors, cudaMemcpyHostToDevice));
+    free(h);
+    p->n = n_tensors;
+    p->blocks = blocks;
+    return p;
+}
+
+extern "C" void qt_adamw_plan_free(qt_adamw_plan *p) {
+    if (!p) return;
+    QT_CUDA(cudaFree(p->table));
+    free(p);
+}
+
+extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *master, const float *g, void *m,
+                              qt_dtype m_dt, void *v, qt_dtype v_dt, const float *grad_scale, float *absmax,
+                              const qt_adamw_args *a, cudaStream_t s) {
+    QT_CHECK(w_bf16 || master, "adamw: neither bf16 weights nor fp32 master weights given");
+    QT_CHECK((m_dt == QT_DT_F32 || m_dt == QT_DT_BF16) && (v_dt == QT_DT_F32 || v_dt == QT_DT_BF16),
+             "adamw: m dtype %s, v dtype %s: expected fp32 or bf16", qt_dtype_name(m_dt), qt_dtype_name(v_dt));
+    QT_CHECK(a->t >= 1, "adamw: step t=%ld: expected >= 1 (1-based)", a->t);
+    adam_params q;
+    q.lr = a->lr;
+    q.b1 = a->beta1;
+    q.b2 = a->beta2;
+    q.omb1 = 1.0f - a->beta1;
+    q.omb2 = 1.0f - a->beta2;
+    q.eps = a->eps;
+    q.bc1 = (float)(1.0 - pow((double)a->beta1, (double)a->t));
+    q.bc2 = (float)(1.0 - pow((double)a->beta2, (double)a->t));
+    q.t = a->t;
+    q.seed = a->seed;
+    q.sr = a->stochastic && w_bf16;
+    q.m_bf16 = m_dt == QT_DT_BF16;
+    q.v_bf16 = v_dt == QT_DT_BF16;
+    if (absmax) QT_CUDA(cudaMemsetAsync(absmax, 0, sizeof(float) * (size_t)p->n, s));
+    if (p->blocks == 0) return;
+    adamw_fwd_kernel<<<(unsigned)p->blocks, ADAM_THREADS, 0, s>>>(p->table, p->n, (bf16 *)w_bf16, master, g, m,
+                                                                  v, grad_scale, absmax, q);
+    QT_CUDA(cudaGetLastError());
+}

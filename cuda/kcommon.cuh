@@ -1,0 +1,89 @@
+/* kcommon.cuh — device helpers shared by the kernels in cuda/: bf16x8 vector loads/stores, fixed-order
+ * warp/block reductions, launch sizing. Private to cuda/ (never included by C code).
+ *
+ * Reductions are trees in a fixed shape (warp shuffles, then warp 0 over the per-warp values), so a
+ * kernel that uses them gives bitwise-identical results run after run. */
+#ifndef QT_KCOMMON_CUH
+#define QT_KCOMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "qt_error.h"
+
+typedef __nv_bfloat16 bf16;
+
+/* 8 bf16 = 16 bytes: the unit of every vectorised load and store. */
+typedef struct __align__(16) { bf16 h[8]; } bf16x8;
+
+static __device__ __forceinline__ void ld8(float *f, const bf16 *p) {
+    bf16x8 v = *(const bf16x8 *)p;
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = __bfloat162float(v.h[i]);
+}
+static __device__ __forceinline__ void st8(bf16 *p, const float *f) {
+    bf16x8 v;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v.h[i] = __float2bfloat16_rn(f[i]);
+    *(bf16x8 *)p = v;
+}
+
+static __host__ __device__ __forceinline__ int qt_aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
+static __device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+static __device__ __forceinline__ double warp_sum_d(double x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+static __device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+/* Block-wide sum, result valid in every thread. blockDim.x % 32 == 0, <= 1024. sh: 32 floats. */
+static __device__ __forceinline__ float block_sum(float x, float *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_sum(x);
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0) sh[wid] = x;
+    __syncthreads();
+    x = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(x);
+}
+static __device__ __forceinline__ double block_sum_d(double x, double *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_sum_d(x);
+    __syncthreads();
+    if (lane == 0) sh[wid] = x;
+    __syncthreads();
+    x = lane < nw ? sh[lane] : 0.0;
+    return warp_sum_d(x);
+}
+static __device__ __forceinline__ float block_max(float x, float *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_max(x);
+    __syncthreads();
+    if (lane == 0) sh[wid] = x;
+    __syncthreads();
+    x = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(x);
+}
+
+/* Blocks for a grid-stride loop over n work items: enough to fill the GPU, capped so the grid fits. */
+static inline unsigned qt_grid_for(long long n, int threads) {
+    long long b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535LL * 16) b = 65535LL * 16;
+    return (unsigned)b;
+}
+
+#endif

@@ -1,0 +1,51 @@
+/* norm.cu — global gradient L2 norm and the clip scale, computed on the GPU (no host round trip).
+ *
+ * g[n] fp32 -> *norm = sqrt(sum g^2) (fp32), *scale = max_norm / norm when max_norm > 0 and
+ * norm > max_norm, else 1 (the formula of qt_clip_scale, in double, rounded once).
+ * Deterministic two passes: a FIXED grid of NORM_BLOCKS x NORM_THREADS threads (independent of n and
+ * of the GPU) each sums squares in fp64 over a grid-stride walk (float4 loads when g is 16-byte
+ * aligned), blocks reduce in a fixed tree into ws[NORM_BLOCKS] (fp64); one block then adds the
+ * partials in a fixed tree and writes norm and scale. */
+#include "kcommon.cuh"
+#include "qt_kernels.h"
+
+#define NORM_BLOCKS 512
+#define NORM_THREADS 256
+
+__global__ void __launch_bounds__(NORM_THREADS) grad_norm_fwd_kernel(double *part, const float *g, size_t n,
+                                                                    int vec) {
+    __shared__ double sh[32];
+    size_t tid = (size_t)blockIdx.x * NORM_THREADS + threadIdx.x, stride = (size_t)NORM_BLOCKS * NORM_THREADS;
+    size_t n4 = vec ? n / 4 : 0;
+    double acc = 0.0;
+    for (size_t i = tid; i < n4; i += stride) {
+        float4 a = ((const float4 *)g)[i];
+        acc += (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
+    }
+    for (size_t i = n4 * 4 + tid; i < n; i += stride) acc += (double)g[i] * g[i];
+    acc = block_sum_d(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+__global__ void grad_norm_scale_fwd_kernel(float *norm, float *scale, const double *part, float max_norm) {
+    __shared__ double sh[32];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < NORM_BLOCKS; i += blockDim.x) acc += part[i];
+    acc = block_sum_d(acc, sh);
+    if (threadIdx.x == 0) {
+        double nr = sqrt(acc);
+        if (norm) *norm = (float)nr;
+        if (scale) *scale = (!(max_norm > 0) || !(nr > max_norm)) ? 1.0f : (float)((double)max_norm / nr);
+    }
+}
+
+extern "C" size_t qt_grad_norm_ws_bytes(void) { return NORM_BLOCKS * sizeof(double); }
+
+extern "C" void qt_grad_norm(float *norm, float *scale, const float *g, size_t n, float max_norm, void *ws,
+                             cudaStream_t s) {
+    int vec = qt_aligned16(g);
+    grad_norm_fwd_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, s>>>((double *)ws, g, n, vec);
+    QT_CUDA(cudaGetLastError());
+    grad_norm_scale_fwd_kernel<<<1, NORM_THREADS, 0, s>>>(norm, scale, (const double *)ws, max_norm);
+    QT_CUDA(cudaGetLastError());
+}

@@ -1,0 +1,136 @@
+/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, RoPE, SwiGLU,
+ * bias, LM-head loss, AdamW, gradient norm, casts). Matmul (qt_matmul.h), attention and fp8 quantize
+ * live elsewhere.
+ *
+ * Conventions: "bf16" buffers are passed as void* and hold __nv_bfloat16; math is fp32 and each output
+ * is rounded once (RNE) unless a comment says otherwise. Row-major; n rows (tokens) of c columns.
+ * "=" writes the output, "+=" accumulates into it. Every launch is asynchronous on stream s and never
+ * reads device memory back to the host. Semantics match the CPU reference ops of qt_ref.h/qt_optim.h.
+ * Reductions are deterministic: fixed grids and fixed-order trees, no float atomics, so the same
+ * inputs give bitwise-identical outputs. Workspaces are caller-owned device memory. */
+#ifndef QT_KERNELS_H
+#define QT_KERNELS_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qt_dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- casts (cast.cu) ---- */
+/* dst[i] = bf16_rne(src[i])   (=) */
+void qt_cast_f32_to_bf16(void *dst, const float *src, size_t n, cudaStream_t s);
+/* dst[i] = (float)src[i]   (=) */
+void qt_cast_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s);
+/* dst[i] = v for a QT_DT_F32 or QT_DT_BF16 buffer   (=) */
+void qt_fill(void *dst, qt_dtype dt, float v, size_t n, cudaStream_t s);
+/* Zeroes `bytes` bytes (cudaMemsetAsync). */
+void qt_zero(void *dst, size_t bytes, cudaStream_t s);
+/* y[i] += x[i]; y is fp32 or bf16, x is fp32 or bf16   (+=) */
+void qt_add_inplace(void *y, qt_dtype ydt, const void *x, qt_dtype xdt, size_t n, cudaStream_t s);
+
+/* ---- embedding (embedding.cu) ---- */
+/* out[n,c] (bf16) = wte[tok[n]] (bf16)   (=); tokens outside [0, v) give a zero row. */
+void qt_embedding_fwd(void *out, const int32_t *tok, const void *wte, long n, int c, int v, cudaStream_t s);
+/* Bytes of workspace qt_embedding_bwd needs for n tokens and vocabulary v. */
+size_t qt_embedding_bwd_ws_bytes(long n, int v);
+/* dwte[v,c] (fp32) += sum over rows with tok==v of dout (fp32 or bf16, dout_dt), summed in row order
+ * (deterministic: tokens are bucketed by id, each bucket sorted by row, one block per touched id).
+ * Tokens outside [0, v) are skipped. ws: qt_embedding_bwd_ws_bytes(n, v) bytes, 16-byte aligned. */
+void qt_embedding_bwd(float *dwte, const void *dout, qt_dtype dout_dt, const int32_t *tok, long n, int c,
+                      int v, void *ws, cudaStream_t s);
+
+/* ---- column reductions (bias.cu; RMSNorm dw uses the same machinery) ---- */
+/* Bytes of workspace qt_bias_bwd / qt_rmsnorm_bwd need for c columns. */
+size_t qt_colreduce_ws_bytes(int c);
+/* y[n,o] (bf16) += b[o] (bf16)   (+=, in place) */
+void qt_bias_add(void *y, const void *b, long n, int o, cudaStream_t s);
+/* db[o] (fp32) += sum over n rows of dy[n,o] (bf16); fixed-order two-pass reduction.
+ * ws: qt_colreduce_ws_bytes(o) bytes. */
+void qt_bias_bwd(float *db, const void *dy, long n, int o, void *ws, cudaStream_t s);
+
+/* ---- RMSNorm fused with the residual add (rmsnorm.cu) ---- */
+/* When x != NULL: res = bf16(res + x) first (res updated in place). Then
+ * y = res * rstd * w, rstd[n] = 1/sqrt(mean(res^2) + eps) (fp32). All of y, res, x, w bf16   (=).
+ * x == NULL is the plain (final) norm. y may not alias res or x. */
+void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
+                    float eps, cudaStream_t s);
+/* dx[n,c] += d(y)/d(res) . dy, dx fp32 or bf16 (dx_dt) — the residual-stream gradient   (+=)
+ * dw[c] (fp32) += sum_n dy * res * rstd, deterministic two-pass (ws: qt_colreduce_ws_bytes(c) bytes)
+ * (+=). dw may be NULL (skipped). res is the saved normalised input (bf16), rstd from the forward. */
+void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, float *dw, const void *dy, const void *res, const void *w,
+                    const float *rstd, long n, int c, void *ws, cudaStream_t s);
+
+/* ---- rotary embedding (rope.cu) ---- */
+/* cs[t, i] = (cos a, sin a) with a = theta^(-2i/d) * t, for t < T, i < d/2: T*d floats (fp32 pairs),
+ * computed in double, rounded once. Fill once per (T, d, theta). */
+void qt_rope_table(float *cs, int T, int d, float theta, cudaStream_t s);
+/* In place on the q and k heads of qkv[B,T,(H+2*Hkv)*D] (bf16), HF rotate-half; v heads untouched.
+ * Token t of each sequence has position t; cs from qt_rope_table(T, D). D even. */
+void qt_rope_fwd(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D, cudaStream_t s);
+/* The inverse rotation (the transpose), in place on dqkv's q and k heads. */
+void qt_rope_bwd(void *dqkv, const float *cs, int B, int T, int H, int Hkv, int D, cudaStream_t s);
+
+/* ---- SwiGLU (swiglu.cu) ---- */
+/* out[n,f] = silu(gu[n, 0:f]) * gu[n, f:2f]   (=), bf16 */
+void qt_swiglu_fwd(void *out, const void *gu, long n, int f, cudaStream_t s);
+/* dgu[n,2f] (bf16) from dout[n,f] and gu   (=). dgu may alias gu (each element is read before its
+ * own write by the same thread). */
+void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, cudaStream_t s);
+
+/* ---- fused LM-head loss (lmhead_loss.cu) ---- */
+/* For a chunk of n rows of logits[n,v] (bf16): loss[r] = lse - logits[r, tgt[r]] (fp32, =) and, in
+ * place, logits[r] = bf16(scale * (softmax(logits[r]) - onehot(tgt[r]))). Rows with tgt < 0 are
+ * ignored (loss 0, dlogits 0); tgt >= v gives loss NaN (a data bug made visible) and dlogits 0.
+ * lse[r] (fp32, =) may be NULL; 0 on ignored rows. One block per row, two passes over the row. */
+void qt_lmhead_loss(void *logits, float *loss, float *lse, const int32_t *tgt, long n, int v, float scale,
+                    cudaStream_t s);
+/* *sum (fp64 device scalar) += sum of x[0..n) (fp32), in a fixed order (one block)   (+=) */
+void qt_sum_f32(double *sum, const float *x, long n, cudaStream_t s);
+
+/* ---- AdamW over the flat parameter array (adamw.cu) ---- */
+/* One tensor of the flat array: elements [offset, offset+numel) take weight decay wd. Elements that
+ * no entry covers (alignment padding) are left untouched. */
+typedef struct {
+    size_t offset, numel;
+    float wd;
+} qt_adamw_tensor;
+typedef struct qt_adamw_plan qt_adamw_plan;
+/* Uploads the tensor table to the current device. Caller frees with qt_adamw_plan_free. */
+qt_adamw_plan *qt_adamw_plan_create(const qt_adamw_tensor *t, int n_tensors);
+void qt_adamw_plan_free(qt_adamw_plan *p);
+
+typedef struct {
+    float lr, beta1, beta2, eps;
+    long t;            /* 1-based step, for the bias corrections */
+    uint64_t seed;     /* stochastic rounding: hash of (seed, t, index) */
+    int stochastic;    /* 1: bf16 weights rounded stochastically; 0: RNE */
+} qt_adamw_args;
+/* One AdamW step, the arithmetic of qt_adamw_cpu (same fp32 operations in the same order):
+ *   g' = g * (*grad_scale) (grad_scale: device pointer, NULL = 1); m, v updated (fp32 or bf16, m_dt /
+ *   v_dt); the weight is master[i] (fp32) when master != NULL, else w_bf16[i]; the updated weight is
+ *   written back to master and/or w_bf16 (bf16, RNE or stochastic). Either may be NULL, not both.
+ *   absmax[k] (fp32, =) = max |new weight| of tensor k (the bf16 value when w_bf16 is given), for fp8
+ *   weight scaling; may be NULL. One launch for the whole array. */
+void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *master, const float *g, void *m,
+                   qt_dtype m_dt, void *v, qt_dtype v_dt, const float *grad_scale, float *absmax,
+                   const qt_adamw_args *a, cudaStream_t s);
+
+/* ---- global gradient norm and clip scale (norm.cu) ---- */
+/* Bytes of workspace qt_grad_norm needs (fixed: the grid does not depend on n). */
+size_t qt_grad_norm_ws_bytes(void);
+/* norm = sqrt(sum g^2) over the fp32 buffer g[0..n), squares accumulated in fp64 by a fixed grid then
+ * summed in fixed order; writes *norm (fp32, may be NULL) and *scale (fp32, may be NULL), the formula
+ * of qt_clip_scale: max_norm/norm when max_norm > 0 and norm > max_norm, else 1 (NaN norm: 1; the
+ * caller sees the NaN norm). Both device pointers   (=). */
+void qt_grad_norm(float *norm, float *scale, const float *g, size_t n, float max_norm, void *ws,
+                  cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
