@@ -14,28 +14,66 @@
 
 /* ---- C[M,Nc] (= or +=) A[M,K] . B[K,Nc], all row-major, fp32 accumulation in k order ---- */
 
-#define MR 4
-#define NR 16
+/* Register-blocked tiles: the accumulators of one tile stay in vector registers over the whole K.
+ * Each output element is still sum_k a*b added in k order with separate multiply and add (no FMA:
+ * -std=c11 keeps contraction off), so the AVX2 and the SSE paths give bit-identical results. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
 
-/* One MR x NR tile (full size) over the whole K: the accumulators stay in registers. */
-static void tile_full(float *Cp, long ldc, const float *A, long lda, const float *B, long ldb, long K, int acc) {
-    float c[MR][NR];
+#define MR_AVX 6  /* 6 x 16 tile: 12 ymm accumulators */
+#define NR_AVX 16
+#define MR_SSE 4  /* 4 x 8 tile: 8 xmm accumulators */
+#define NR_SSE 8
+
+__attribute__((target("avx2"))) static void tile_avx2(float *Cp, long ldc, const float *A, long lda,
+                                                      const float *B, long ldb, long K, int acc) {
+    v8 c[MR_AVX][2], b[2];
     memset(c, 0, sizeof c);
     for (long k = 0; k < K; k++) {
-        const float *b = B + k * ldb;
-        for (int r = 0; r < MR; r++) {
+        memcpy(b, B + k * ldb, sizeof b);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR_AVX; r++) {
             float a = A[r * lda + k];
-            for (int j = 0; j < NR; j++) c[r][j] += a * b[j];
+            c[r][0] += a * b[0];
+            c[r][1] += a * b[1];
         }
     }
-    for (int r = 0; r < MR; r++)
-        for (int j = 0; j < NR; j++) Cp[r * ldc + j] = acc ? Cp[r * ldc + j] + c[r][j] : c[r][j];
+    for (int r = 0; r < MR_AVX; r++) {
+        if (acc) {
+            memcpy(b, Cp + r * ldc, sizeof b);
+            c[r][0] += b[0];
+            c[r][1] += b[1];
+        }
+        memcpy(Cp + r * ldc, c[r], sizeof c[r]);
+    }
 }
 
-/* An edge tile of mr <= MR rows and nr <= NR columns; same summation order as tile_full. */
+static void tile_sse(float *Cp, long ldc, const float *A, long lda, const float *B, long ldb, long K, int acc) {
+    v4 c[MR_SSE][2], b[2];
+    memset(c, 0, sizeof c);
+    for (long k = 0; k < K; k++) {
+        memcpy(b, B + k * ldb, sizeof b);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR_SSE; r++) {
+            float a = A[r * lda + k];
+            c[r][0] += a * b[0];
+            c[r][1] += a * b[1];
+        }
+    }
+    for (int r = 0; r < MR_SSE; r++) {
+        if (acc) {
+            memcpy(b, Cp + r * ldc, sizeof b);
+            c[r][0] += b[0];
+            c[r][1] += b[1];
+        }
+        memcpy(Cp + r * ldc, c[r], sizeof c[r]);
+    }
+}
+
+/* An edge tile of mr rows and nr columns (any size); same summation order as the vector tiles. */
 static void tile_edge(float *Cp, long ldc, const float *A, long lda, const float *B, long ldb, long K, int mr,
                       int nr, int acc) {
-    float c[MR][NR];
+    float c[MR_AVX][NR_AVX];
     memset(c, 0, sizeof c);
     for (long k = 0; k < K; k++) {
         const float *b = B + k * ldb;
@@ -49,16 +87,20 @@ static void tile_edge(float *Cp, long ldc, const float *A, long lda, const float
 }
 
 static void gemm_nn(float *Cm, const float *A, const float *B, long M, long K, long Nc, int acc) {
+    static int avx2 = -1;
+    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0; /* benign race: same value */
+    long MR = avx2 ? MR_AVX : MR_SSE, NR = avx2 ? NR_AVX : NR_SSE;
     long mt = (M + MR - 1) / MR, nt = (Nc + NR - 1) / NR;
     /* column tiles outermost so that one B panel (K x NR) is reused from cache by all row tiles */
 #pragma omp parallel for collapse(2) schedule(static)
     for (long jt = 0; jt < nt; jt++)
         for (long it = 0; it < mt; it++) {
             long i0 = it * MR, j0 = jt * NR;
-            int mr = M - i0 < MR ? (int)(M - i0) : MR, nr = Nc - j0 < NR ? (int)(Nc - j0) : NR;
+            int mr = M - i0 < MR ? (int)(M - i0) : (int)MR, nr = Nc - j0 < NR ? (int)(Nc - j0) : (int)NR;
             float *Cp = Cm + i0 * Nc + j0;
-            if (mr == MR && nr == NR) tile_full(Cp, Nc, A + i0 * K, K, B + j0, Nc, K, acc);
-            else tile_edge(Cp, Nc, A + i0 * K, K, B + j0, Nc, K, mr, nr, acc);
+            if (mr < MR || nr < NR) tile_edge(Cp, Nc, A + i0 * K, K, B + j0, Nc, K, mr, nr, acc);
+            else if (avx2) tile_avx2(Cp, Nc, A + i0 * K, K, B + j0, Nc, K, acc);
+            else tile_sse(Cp, Nc, A + i0 * K, K, B + j0, Nc, K, acc);
         }
 }
 
