@@ -87,8 +87,7 @@ static void tile_edge(float *Cp, long ldc, const float *A, long lda, const float
 }
 
 static void gemm_nn(float *Cm, const float *A, const float *B, long M, long K, long Nc, int acc) {
-    static int avx2 = -1;
-    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0; /* benign race: same value */
+    int avx2 = __builtin_cpu_supports("avx2") != 0; /* reads a flag libgcc sets at load time */
     long MR = avx2 ? MR_AVX : MR_SSE, NR = avx2 ? NR_AVX : NR_SSE;
     long mt = (M + MR - 1) / MR, nt = (Nc + NR - 1) / NR;
     /* column tiles outermost so that one B panel (K x NR) is reused from cache by all row tiles */
