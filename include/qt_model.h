@@ -66,7 +66,8 @@ typedef struct {
 /* Checks cfg (positive sizes, H % Hkv, head_dim even, ...). Returns 0, or -1 with a message naming
  * the field ("model.num_kv_heads: expected a divisor of num_heads (14), got 3"). */
 int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
-/* Fills head_dim (when 0) and arch defaults. */
+/* Fills head_dim (when 0: C/H), num_kv_heads (when 0: H), and the family's rope_theta and
+ * rms_norm_eps when 0 (qwen2 1e6, 1e-6; llama 1e4, 1e-5). */
 void qt_model_cfg_finish(qt_model_cfg *cfg);
 /* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);
@@ -76,8 +77,10 @@ const qt_tensor *qt_layout_find(const qt_layout *L, const char *name);
 /* Fills w (L->numel floats): matrices and embeddings ~ N(0, std) from the seed, norms 1, biases and
  * padding 0. Deterministic for a seed whatever the thread count. */
 void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float std);
-/* Matmul FLOPs per token of one training step (6 x every matmul parameter, LM head included, plus
- * causal attention 6*L*H*D*T... see the definition). T = sequence length. */
+/* Matmul FLOPs per token of one training step (forward + backward), T = sequence length:
+ *   6 * (L * (C*(H+2*Hkv)*D + H*D*C + 3*C*F) + V*C)   every matmul weight, the LM head even when tied
+ * + 6 * L * H * D * T                                 causal attention: QK^T and PV take 2*2*H*D*T/2
+ *                                                     forward per token per layer, x3 for fwd + bwd */
 double qt_model_flops_per_token(const qt_model_cfg *cfg, int T);
 
 #endif

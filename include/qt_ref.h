@@ -3,7 +3,8 @@
  *
  * Row-major; N = B*T tokens; C hidden, I/O matmul in/out features, F intermediate, V vocab,
  * H heads, Hkv kv heads, D head dim. "=" writes the output, "+=" accumulates into it.
- * fp32 storage; sums of more than a few terms accumulate in double where it is cheap.
+ * fp32 storage; sums of more than a few terms accumulate in double where it is cheap (norms, softmax,
+ * attention, biases); matmuls accumulate in fp32 in k order, one rounding per multiply and per add.
  * Deterministic: every output element is reduced by one thread in a fixed order, so results do not
  * depend on the thread count (bit-exact resume relies on this). OpenMP-parallel over rows. */
 #ifndef QT_REF_H

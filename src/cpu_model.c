@@ -1,0 +1,190 @@
+/* cpu_model.c — the Llama/Qwen2 forward and backward on the CPU in fp32, composed of qt_ref ops.
+ *
+ * Activations for N = B*T tokens; forward keeps per layer the block input and the mid-block residual
+ * (both RMSNorm inputs), the norm outputs and rstd, qkv after RoPE, attention out and lse, gate|up
+ * and the SwiGLU output; then the final norm and the logits. Backward writes dlogits over the logits
+ * and accumulates weight gradients straight into grad (the CE scale carries grad_scale / count). */
+#include "qt_cpu_model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+#include "qt_ref.h"
+
+typedef struct {
+    float *x, *mid;        /* [N,C] block input, residual after attention */
+    float *ln1, *ln2;      /* [N,C] norm outputs */
+    float *rstd1, *rstd2;  /* [N] */
+    float *qkv;            /* [N,(H+2Hkv)D] after rope */
+    float *att, *lse;      /* [N,H*D], [B,H,T] */
+    float *gu, *sw;        /* [N,2F], [N,F] */
+} layer_acts;
+
+struct qt_cpu_model {
+    const qt_layout *L;
+    int B, T;
+    long N;
+    layer_acts *la;
+    float *xf;             /* [N,C] output of the last block */
+    float *lnf, *rstdf;    /* [N,C], [N] */
+    float *logits;         /* [N,V]; dlogits after backward */
+    float *losses;         /* [N] */
+    int32_t *tokens, *targets;
+    long n_targets;        /* rows with target >= 0 in the last forward */
+    int has_targets;
+    /* backward scratch */
+    float *dres, *dln, *datt, *dqkv, *dgu, *dsw;
+};
+
+static float *falloc(long n) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    QT_CHECK(p, "out of memory allocating %ld floats of CPU activations", n);
+    return p;
+}
+
+qt_cpu_model *qt_cpu_model_create(const qt_layout *L, int B, int T) {
+    const qt_model_cfg *c = &L->cfg;
+    QT_CHECK(B > 0 && T > 0 && T <= c->max_seq_len, "cpu model: B=%d, T=%d (max_seq_len %d)", B, T, c->max_seq_len);
+    qt_cpu_model *m = calloc(1, sizeof *m);
+    QT_CHECK(m, "out of memory");
+    long N = (long)B * T, C = c->hidden_size, HD = (long)c->num_heads * c->head_dim;
+    long QKV = (long)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim, F = c->intermediate_size;
+    m->L = L;
+    m->B = B;
+    m->T = T;
+    m->N = N;
+    m->la = calloc((size_t)c->num_layers, sizeof *m->la);
+    QT_CHECK(m->la, "out of memory");
+    for (int l = 0; l < c->num_layers; l++) {
+        layer_acts *a = &m->la[l];
+        a->x = falloc(N * C);
+        a->mid = falloc(N * C);
+        a->ln1 = falloc(N * C);
+        a->ln2 = falloc(N * C);
+        a->rstd1 = falloc(N);
+        a->rstd2 = falloc(N);
+        a->qkv = falloc(N * QKV);
+        a->att = falloc(N * HD);
+        a->lse = falloc((long)B * c->num_heads * T);
+        a->gu = falloc(N * 2 * F);
+        a->sw = falloc(N * F);
+    }
+    m->xf = falloc(N * C);
+    m->lnf = falloc(N * C);
+    m->rstdf = falloc(N);
+    m->logits = falloc(N * c->vocab_size);
+    m->losses = falloc(N);
+    m->tokens = malloc((size_t)N * sizeof *m->tokens);
+    m->targets = malloc((size_t)N * sizeof *m->targets);
+    QT_CHECK(m->tokens && m->targets, "out of memory");
+    m->dres = falloc(N * C);
+    m->dln = falloc(N * C);
+    m->datt = falloc(N * HD);
+    m->dqkv = falloc(N * QKV);
+    m->dgu = falloc(N * 2 * F);
+    m->dsw = falloc(N * F);
+    return m;
+}
+
+void qt_cpu_model_free(qt_cpu_model *m) {
+    if (!m) return;
+    for (int l = 0; l < m->L->cfg.num_layers; l++) {
+        layer_acts *a = &m->la[l];
+        float *p[] = {a->x, a->mid, a->ln1, a->ln2, a->rstd1, a->rstd2, a->qkv, a->att, a->lse, a->gu, a->sw};
+        for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
+    }
+    free(m->la);
+    float *p[] = {m->xf, m->lnf, m->rstdf, m->logits, m->losses, m->dres, m->dln, m->datt, m->dqkv, m->dgu,
+                  m->dsw};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
+    free(m->tokens);
+    free(m->targets);
+    free(m);
+}
+
+/* One block: a->x in, out[N,C] = the block's output residual stream. */
+static void block_fwd(qt_cpu_model *m, const float *w, int l, float *out) {
+    const qt_model_cfg *c = &m->L->cfg;
+    const qt_layer_offsets *o = &m->L->layers[l];
+    layer_acts *a = &m->la[l];
+    long N = m->N;
+    int C = c->hidden_size, H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim, F = c->intermediate_size;
+    int HD = H * D, QKV = (H + 2 * Hkv) * D;
+    qt_ref_rmsnorm_fwd(a->ln1, a->rstd1, a->x, w + o->ln1, N, C, c->rms_norm_eps);
+    qt_ref_matmul_fwd(a->qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
+    qt_ref_rope_fwd(a->qkv, m->B, m->T, H, Hkv, D, c->rope_theta);
+    qt_ref_attention_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D);
+    qt_ref_matmul_fwd(a->mid, a->att, w + o->wo, NULL, N, HD, C);
+    qt_ref_add_inplace(a->mid, a->x, N * C);
+    qt_ref_rmsnorm_fwd(a->ln2, a->rstd2, a->mid, w + o->ln2, N, C, c->rms_norm_eps);
+    qt_ref_matmul_fwd(a->gu, a->ln2, w + o->wgu, NULL, N, C, 2 * F);
+    qt_ref_swiglu_fwd(a->sw, a->gu, N, F);
+    qt_ref_matmul_fwd(out, a->sw, w + o->wdown, NULL, N, F, C);
+    qt_ref_add_inplace(out, a->mid, N * C);
+}
+
+float qt_cpu_model_forward(qt_cpu_model *m, const float *w, const int32_t *tokens, const int32_t *targets) {
+    const qt_model_cfg *c = &m->L->cfg;
+    long N = m->N;
+    int C = c->hidden_size, V = c->vocab_size, nl = c->num_layers;
+    for (long n = 0; n < N; n++)
+        QT_CHECK(tokens[n] >= 0 && tokens[n] < V, "token %d at %ld outside the vocabulary [0, %d)", tokens[n], n, V);
+    memcpy(m->tokens, tokens, (size_t)N * sizeof *tokens);
+    qt_ref_embedding_fwd(m->la[0].x, tokens, w + m->L->embed, N, C);
+    for (int l = 0; l < nl; l++) block_fwd(m, w, l, l + 1 < nl ? m->la[l + 1].x : m->xf);
+    qt_ref_rmsnorm_fwd(m->lnf, m->rstdf, m->xf, w + m->L->final_norm, N, C, c->rms_norm_eps);
+    qt_ref_matmul_fwd(m->logits, m->lnf, w + m->L->lm_head, NULL, N, C, V);
+    m->has_targets = targets != NULL;
+    m->n_targets = 0;
+    if (!targets) return 0;
+    memcpy(m->targets, targets, (size_t)N * sizeof *targets);
+    qt_ref_cross_entropy_fwd(m->losses, m->logits, targets, N, V);
+    double sum = 0; /* sequential: the loss must not depend on the thread count */
+    for (long n = 0; n < N; n++)
+        if (targets[n] >= 0) {
+            sum += m->losses[n];
+            m->n_targets++;
+        }
+    return m->n_targets ? (float)(sum / m->n_targets) : 0.0f;
+}
+
+/* One block backward: m->dres holds d(block output) on entry and d(block input) on return. */
+static void block_bwd(qt_cpu_model *m, const float *w, float *grad, int l) {
+    const qt_model_cfg *c = &m->L->cfg;
+    const qt_layer_offsets *o = &m->L->layers[l];
+    layer_acts *a = &m->la[l];
+    long N = m->N;
+    int C = c->hidden_size, H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim, F = c->intermediate_size;
+    int HD = H * D, QKV = (H + 2 * Hkv) * D;
+    /* MLP: out = mid + down(swiglu(gate|up(norm2(mid)))) */
+    qt_ref_matmul_bwd(m->dsw, grad + o->wdown, NULL, m->dres, a->sw, w + o->wdown, N, F, C);
+    qt_ref_swiglu_bwd(m->dgu, m->dsw, a->gu, N, F);
+    qt_ref_matmul_bwd(m->dln, grad + o->wgu, NULL, m->dgu, a->ln2, w + o->wgu, N, C, 2 * F);
+    qt_ref_rmsnorm_bwd(m->dres, grad + o->ln2, m->dln, a->mid, w + o->ln2, a->rstd2, N, C);
+    /* attention: mid = x + o_proj(attn(rope(qkv(norm1(x))))) */
+    qt_ref_matmul_bwd(m->datt, grad + o->wo, NULL, m->dres, a->att, w + o->wo, N, HD, C);
+    qt_ref_attention_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D);
+    qt_ref_rope_bwd(m->dqkv, m->B, m->T, H, Hkv, D, c->rope_theta);
+    qt_ref_matmul_bwd(m->dln, grad + o->wqkv, o->bqkv == SIZE_MAX ? NULL : grad + o->bqkv, m->dqkv, a->ln1,
+                      w + o->wqkv, N, C, QKV);
+    qt_ref_rmsnorm_bwd(m->dres, grad + o->ln1, m->dln, a->x, w + o->ln1, a->rstd1, N, C);
+}
+
+void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale) {
+    QT_CHECK(m->has_targets, "qt_cpu_model_backward: the last forward had no targets");
+    const qt_model_cfg *c = &m->L->cfg;
+    long N = m->N;
+    int C = c->hidden_size, V = c->vocab_size;
+    if (m->n_targets == 0) return; /* the mean over no targets is constant 0 */
+    float scale = grad_scale / (float)m->n_targets;
+    qt_ref_cross_entropy_bwd(m->logits, m->logits, m->targets, N, V, scale);
+    /* tied: the LM head's dw lands on the embedding rows, which embedding_bwd adds to as well */
+    qt_ref_matmul_bwd(m->dln, grad + m->L->lm_head, NULL, m->logits, m->lnf, w + m->L->lm_head, N, C, V);
+    memset(m->dres, 0, (size_t)N * C * sizeof *m->dres);
+    qt_ref_rmsnorm_bwd(m->dres, grad + m->L->final_norm, m->dln, m->xf, w + m->L->final_norm, m->rstdf, N, C);
+    for (int l = c->num_layers - 1; l >= 0; l--) block_bwd(m, w, grad, l);
+    qt_ref_embedding_bwd(grad + m->L->embed, m->dres, m->tokens, N, C, V);
+}
+
+const float *qt_cpu_model_logits(const qt_cpu_model *m) { return m->logits; }

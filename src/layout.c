@@ -1,0 +1,183 @@
+/* layout.c — model config checks, the flat parameter layout (HF tensor order, fused groups aligned
+ * to QT_LAYOUT_ALIGN elements), weight initialisation and the FLOPs-per-token count. */
+#include "qt_model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+#include "qt_rng.h"
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+void qt_model_cfg_finish(qt_model_cfg *cfg) {
+    if (cfg->num_kv_heads == 0) cfg->num_kv_heads = cfg->num_heads;
+    if (cfg->head_dim == 0 && cfg->num_heads > 0) cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+    /* the transformers defaults of each family */
+    if (cfg->rope_theta == 0) cfg->rope_theta = cfg->arch == QT_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
+    if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = cfg->arch == QT_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+}
+
+int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
+    static const char *pos = "expected an integer > 0, got";
+    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA)
+        return fail(err, errlen, "model.arch: expected qwen2 or llama, got %d", (int)c->arch);
+    if (c->vocab_size <= 0) return fail(err, errlen, "model.vocab_size: %s %d", pos, c->vocab_size);
+    if (c->hidden_size <= 0) return fail(err, errlen, "model.hidden_size: %s %d", pos, c->hidden_size);
+    if (c->num_layers <= 0) return fail(err, errlen, "model.num_layers: %s %d", pos, c->num_layers);
+    if (c->num_heads <= 0) return fail(err, errlen, "model.num_heads: %s %d", pos, c->num_heads);
+    if (c->num_kv_heads <= 0) return fail(err, errlen, "model.num_kv_heads: %s %d", pos, c->num_kv_heads);
+    if (c->num_heads % c->num_kv_heads)
+        return fail(err, errlen, "model.num_kv_heads: expected a divisor of num_heads (%d), got %d",
+                    c->num_heads, c->num_kv_heads);
+    if (c->head_dim < 0) return fail(err, errlen, "model.head_dim: expected an integer >= 0, got %d", c->head_dim);
+    if (c->head_dim == 0 && c->hidden_size % c->num_heads)
+        return fail(err, errlen, "model.head_dim: unset, and hidden_size (%d) is not a multiple of num_heads (%d)",
+                    c->hidden_size, c->num_heads);
+    int D = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
+    if (D % 2) return fail(err, errlen, "model.head_dim: expected an even number (rotary pairs), got %d", D);
+    if (c->intermediate_size <= 0)
+        return fail(err, errlen, "model.intermediate_size: %s %d", pos, c->intermediate_size);
+    if (c->max_seq_len <= 0) return fail(err, errlen, "model.max_seq_len: %s %d", pos, c->max_seq_len);
+    if (!(c->rope_theta > 0)) return fail(err, errlen, "model.rope_theta: expected a number > 0, got %g", c->rope_theta);
+    if (!(c->rms_norm_eps > 0))
+        return fail(err, errlen, "model.rms_norm_eps: expected a number > 0, got %g", c->rms_norm_eps);
+    if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
+        return fail(err, errlen, "model.tie_embeddings: expected 0 or 1, got %d", c->tie_embeddings);
+    if (c->qkv_bias != 0 && c->qkv_bias != 1)
+        return fail(err, errlen, "model.qkv_bias: expected 0 or 1, got %d", c->qkv_bias);
+    return 0;
+}
+
+static size_t align_up(size_t x) { return (x + QT_LAYOUT_ALIGN - 1) / QT_LAYOUT_ALIGN * QT_LAYOUT_ALIGN; }
+
+/* Appends one tensor at *cur (which the caller aligned for the first tensor of a group). */
+static size_t add(qt_layout *L, size_t *cur, qt_tensor_kind kind, int layer, const char *name, int64_t rows,
+                  int64_t cols) {
+    qt_tensor *t = &L->tensors[L->n_tensors++];
+    memset(t, 0, sizeof *t);
+    if (layer >= 0) snprintf(t->name, sizeof t->name, "model.layers.%d.%s", layer, name);
+    else snprintf(t->name, sizeof t->name, "%s", name);
+    t->kind = kind;
+    t->layer = layer;
+    t->ndim = cols ? 2 : 1;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+    t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
+    t->offset = *cur;
+    t->is_matrix = kind == QT_T_Q || kind == QT_T_K || kind == QT_T_V || kind == QT_T_O || kind == QT_T_GATE ||
+                   kind == QT_T_UP || kind == QT_T_DOWN;
+    *cur += t->numel;
+    L->n_params += t->numel;
+    return t->offset;
+}
+
+int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg_in, char *err, size_t errlen) {
+    memset(L, 0, sizeof *L);
+    qt_model_cfg c = *cfg_in;
+    qt_model_cfg_finish(&c);
+    if (qt_model_cfg_validate(&c, err, errlen)) return -1;
+    L->cfg = c;
+    int64_t V = c.vocab_size, C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
+    int64_t Hq = (int64_t)c.num_heads * D, Hk = (int64_t)c.num_kv_heads * D;
+    int per_layer = 9 + (c.qkv_bias ? 3 : 0);
+    L->tensors = calloc((size_t)c.num_layers * per_layer + 3, sizeof *L->tensors);
+    L->layers = calloc((size_t)c.num_layers, sizeof *L->layers);
+    QT_CHECK(L->tensors && L->layers, "out of memory for the layout of %d layers", c.num_layers);
+    size_t cur = 0;
+    L->embed = add(L, &cur, QT_T_EMBED, -1, "model.embed_tokens.weight", V, C);
+    for (int i = 0; i < c.num_layers; i++) {
+        qt_layer_offsets *o = &L->layers[i];
+        cur = align_up(cur);
+        o->ln1 = add(L, &cur, QT_T_NORM, i, "input_layernorm.weight", C, 0);
+        cur = align_up(cur);
+        o->wqkv = add(L, &cur, QT_T_Q, i, "self_attn.q_proj.weight", Hq, C);
+        add(L, &cur, QT_T_K, i, "self_attn.k_proj.weight", Hk, C);
+        add(L, &cur, QT_T_V, i, "self_attn.v_proj.weight", Hk, C);
+        o->bqkv = SIZE_MAX;
+        if (c.qkv_bias) {
+            cur = align_up(cur);
+            o->bqkv = add(L, &cur, QT_T_QB, i, "self_attn.q_proj.bias", Hq, 0);
+            add(L, &cur, QT_T_KB, i, "self_attn.k_proj.bias", Hk, 0);
+            add(L, &cur, QT_T_VB, i, "self_attn.v_proj.bias", Hk, 0);
+        }
+        cur = align_up(cur);
+        o->wo = add(L, &cur, QT_T_O, i, "self_attn.o_proj.weight", C, Hq);
+        cur = align_up(cur);
+        o->ln2 = add(L, &cur, QT_T_NORM, i, "post_attention_layernorm.weight", C, 0);
+        cur = align_up(cur);
+        o->wgu = add(L, &cur, QT_T_GATE, i, "mlp.gate_proj.weight", F, C);
+        add(L, &cur, QT_T_UP, i, "mlp.up_proj.weight", F, C);
+        cur = align_up(cur);
+        o->wdown = add(L, &cur, QT_T_DOWN, i, "mlp.down_proj.weight", C, F);
+    }
+    cur = align_up(cur);
+    L->final_norm = add(L, &cur, QT_T_FINAL_NORM, -1, "model.norm.weight", C, 0);
+    if (c.tie_embeddings) {
+        L->lm_head = L->embed;
+    } else {
+        cur = align_up(cur);
+        L->lm_head = add(L, &cur, QT_T_LM_HEAD, -1, "lm_head.weight", V, C);
+    }
+    L->numel = align_up(cur);
+    return 0;
+}
+
+void qt_layout_free(qt_layout *L) {
+    free(L->tensors);
+    free(L->layers);
+    L->tensors = NULL;
+    L->layers = NULL;
+    L->n_tensors = 0;
+}
+
+const qt_tensor *qt_layout_find(const qt_layout *L, const char *name) {
+    for (int i = 0; i < L->n_tensors; i++)
+        if (!strcmp(L->tensors[i].name, name)) return &L->tensors[i];
+    return NULL;
+}
+
+/* N(0,1) for flat index i: Box-Muller on two hashed uniforms, so any thread can draw any element. */
+static float hashed_normal(uint64_t seed, uint64_t i) {
+    double u1 = ((qt_hash64(seed, 2 * i) >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
+    double u2 = (qt_hash64(seed, 2 * i + 1) >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float std) {
+    long n = (long)L->numel;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) w[i] = 0;
+    for (int k = 0; k < L->n_tensors; k++) {
+        const qt_tensor *t = &L->tensors[k];
+        float *p = w + t->offset;
+        long m = (long)t->numel;
+        if (t->kind == QT_T_NORM || t->kind == QT_T_FINAL_NORM) {
+            for (long i = 0; i < m; i++) p[i] = 1.0f;
+        } else if (t->ndim == 2) {
+            uint64_t base = t->offset;
+#pragma omp parallel for schedule(static)
+            for (long i = 0; i < m; i++) p[i] = std * hashed_normal(seed, base + (uint64_t)i);
+        } /* biases stay 0 */
+    }
+}
+
+double qt_model_flops_per_token(const qt_model_cfg *c, int T) {
+    double C = c->hidden_size, D = c->head_dim ? c->head_dim : (double)c->hidden_size / c->num_heads;
+    double H = c->num_heads, Hkv = c->num_kv_heads, F = c->intermediate_size, V = c->vocab_size;
+    double per_layer = C * (H + 2 * Hkv) * D + H * D * C + 3 * C * F;
+    double matmul = c->num_layers * per_layer + V * C; /* LM head counted even when tied */
+    return 6 * matmul + 6.0 * c->num_layers * H * D * T;
+}

@@ -1,0 +1,109 @@
+/* ref_attention.c — CPU fp32 reference of causal grouped-query attention, forward and backward.
+ *
+ * qkv[B,T,(H+2*Hkv)*D]: q heads, k heads, v heads; query head h reads kv head h / (H/Hkv).
+ * fwd: out[B,T,H*D], lse[B,H,T] (natural log of the softmax denominator, scale 1/sqrt(D) applied).
+ * bwd: dS = P * (dP - rowsum(dO * O)) with P recomputed from lse; no T x T matrix is stored.
+ * Dot products and sums accumulate in double; results are rounded to fp32 once. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+#include "qt_ref.h"
+
+static double dot(const float *a, const float *b, int D) {
+    double s = 0;
+    for (int i = 0; i < D; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D) {
+    QT_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H=%d is not a multiple of Hkv=%d", H, Hkv);
+    long row = (long)(H + 2 * Hkv) * D;
+    int grp = H / Hkv;
+    double scale = 1.0 / sqrt((double)D);
+#pragma omp parallel
+    {
+        double *s = malloc((size_t)T * sizeof *s), *acc = malloc((size_t)D * sizeof *acc);
+        QT_CHECK(s && acc, "out of memory for attention scratch (T=%d)", T);
+#pragma omp for collapse(3) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    int g = h / grp;
+                    const float *base = qkv + (long)b * T * row, *q = base + t * row + (long)h * D;
+                    double m = -INFINITY, sum = 0;
+                    for (int j = 0; j <= t; j++) {
+                        s[j] = scale * dot(q, base + j * row + (long)(H + g) * D, D);
+                        if (s[j] > m) m = s[j];
+                    }
+                    memset(acc, 0, (size_t)D * sizeof *acc);
+                    for (int j = 0; j <= t; j++) {
+                        double p = exp(s[j] - m);
+                        const float *v = base + j * row + (long)(H + Hkv + g) * D;
+                        sum += p;
+                        for (int i = 0; i < D; i++) acc[i] += p * v[i];
+                    }
+                    float *o = out + ((long)b * T + t) * H * D + (long)h * D;
+                    for (int i = 0; i < D; i++) o[i] = (float)(acc[i] / sum);
+                    lse[((long)b * H + h) * T + t] = (float)(m + log(sum));
+                }
+        free(s);
+        free(acc);
+    }
+}
+
+/* Backward of one (batch, kv head): the query heads of the group, then dk and dv of that kv head.
+ * dk and dv sum over the group's heads and all later queries: one task owns them, in a fixed order. */
+static void attn_bwd_group(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                           int b, int g, int T, int H, int Hkv, int D, double *dk, double *dv, double *dq) {
+    long row = (long)(H + 2 * Hkv) * D;
+    int grp = H / Hkv;
+    double scale = 1.0 / sqrt((double)D);
+    const float *base = qkv + (long)b * T * row;
+    memset(dk, 0, (size_t)T * D * sizeof *dk);
+    memset(dv, 0, (size_t)T * D * sizeof *dv);
+    for (int h = g * grp; h < (g + 1) * grp; h++)
+        for (int t = 0; t < T; t++) {
+            long ot = ((long)b * T + t) * H * D + (long)h * D;
+            const float *q = base + t * row + (long)h * D, *dO = dout + ot;
+            double di = dot(dO, out + ot, D), l = lse[((long)b * H + h) * T + t];
+            memset(dq, 0, (size_t)D * sizeof *dq);
+            for (int j = 0; j <= t; j++) {
+                const float *k = base + j * row + (long)(H + g) * D, *v = base + j * row + (long)(H + Hkv + g) * D;
+                double p = exp(scale * dot(q, k, D) - l);
+                double ds = p * (dot(dO, v, D) - di) * scale;
+                for (int i = 0; i < D; i++) {
+                    dq[i] += ds * k[i];
+                    dk[(long)j * D + i] += ds * q[i];
+                    dv[(long)j * D + i] += p * dO[i];
+                }
+            }
+            float *dqo = dqkv + ((long)b * T + t) * row + (long)h * D;
+            for (int i = 0; i < D; i++) dqo[i] = (float)dq[i];
+        }
+    for (int j = 0; j < T; j++) {
+        float *dko = dqkv + ((long)b * T + j) * row + (long)(H + g) * D, *dvo = dko + (long)Hkv * D;
+        for (int i = 0; i < D; i++) {
+            dko[i] = (float)dk[(long)j * D + i];
+            dvo[i] = (float)dv[(long)j * D + i];
+        }
+    }
+}
+
+void qt_ref_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                          const float *lse, int B, int T, int H, int Hkv, int D) {
+    QT_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H=%d is not a multiple of Hkv=%d", H, Hkv);
+#pragma omp parallel
+    {
+        double *dk = malloc((size_t)T * D * sizeof *dk), *dv = malloc((size_t)T * D * sizeof *dv);
+        double *dq = malloc((size_t)D * sizeof *dq);
+        QT_CHECK(dk && dv && dq, "out of memory for attention scratch (T=%d, D=%d)", T, D);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int g = 0; g < Hkv; g++) attn_bwd_group(dqkv, dout, qkv, out, lse, b, g, T, H, Hkv, D, dk, dv, dq);
+        free(dk);
+        free(dv);
+        free(dq);
+    }
+}

@@ -1,0 +1,331 @@
+/* ref_ops.c — CPU fp32 reference ops (embedding, RMSNorm, matmul, RoPE, SwiGLU, cross-entropy),
+ * forward and backward; attention lives in ref_attention.c.
+ *
+ * Determinism: every output element is reduced by exactly one thread in a fixed order; parallel
+ * loops split outputs, never a sum. Matmuls accumulate in fp32 in k order (vectorised across output
+ * columns, never across the sum, so SIMD width does not change the result); row reductions of
+ * norms and softmaxes accumulate in double. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+#include "qt_ref.h"
+
+/* ---- C[M,Nc] (= or +=) A[M,K] . B[K,Nc], all row-major, fp32 accumulation in k order ---- */
+
+/* Register-blocked tiles: the accumulators of one tile stay in vector registers over the whole K.
+ * Each output element is still sum_k a*b added in k order with separate multiply and add (no FMA:
+ * -std=c11 keeps contraction off), so the AVX2 and the SSE paths give bit-identical results. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+#define MR_AVX 6  /* 6 x 16 tile: 12 ymm accumulators */
+#define NR_AVX 16
+#define MR_SSE 4  /* 4 x 8 tile: 8 xmm accumulators */
+#define NR_SSE 8
+
+__attribute__((target("avx2"))) static void tile_avx2(float *Cp, long ldc, const float *A, long lda,
+                                                      const float *B, long ldb, long K, int acc) {
+    v8 c[MR_AVX][2], b[2];
+    memset(c, 0, sizeof c);
+    for (long k = 0; k < K; k++) {
+        memcpy(b, B + k * ldb, sizeof b);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR_AVX; r++) {
+            float a = A[r * lda + k];
+            c[r][0] += a * b[0];
+            c[r][1] += a * b[1];
+        }
+    }
+    for (int r = 0; r < MR_AVX; r++) {
+        if (acc) {
+            memcpy(b, Cp + r * ldc, sizeof b);
+            c[r][0] += b[0];
+            c[r][1] += b[1];
+        }
+        memcpy(Cp + r * ldc, c[r], sizeof c[r]);
+    }
+}
+
+static void tile_sse(float *Cp, long ldc, const float *A, long lda, const float *B, long ldb, long K, int acc) {
+    v4 c[MR_SSE][2], b[2];
+    memset(c, 0, sizeof c);
+    for (long k = 0; k < K; k++) {
+        memcpy(b, B + k * ldb, sizeof b);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR_SSE; r++) {
+            float a = A[r * lda + k];
+            c[r][0] += a * b[0];
+            c[r][1] += a * b[1];
+        }
+    }
+    for (int r = 0; r < MR_SSE; r++) {
+        if (acc) {
+            memcpy(b, Cp + r * ldc, sizeof b);
+            c[r][0] += b[0];
+            c[r][1] += b[1];
+        }
+        memcpy(Cp + r * ldc, c[r], sizeof c[r]);
+    }
+}
+
+/* An edge tile of mr rows and nr columns (any size); same summation order as the vector tiles. */
+static void tile_edge(float *Cp, long ldc, const float *A, long lda, const float *B, long ldb, long K, int mr,
+                      int nr, int acc) {
+    float c[MR_AVX][NR_AVX];
+    memset(c, 0, sizeof c);
+    for (long k = 0; k < K; k++) {
+        const float *b = B + k * ldb;
+        for (int r = 0; r < mr; r++) {
+            float a = A[r * lda + k];
+            for (int j = 0; j < nr; j++) c[r][j] += a * b[j];
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) Cp[r * ldc + j] = acc ? Cp[r * ldc + j] + c[r][j] : c[r][j];
+}
+
+static void gemm_nn(float *Cm, const float *A, const float *B, long M, long K, long Nc, int acc) {
+    int avx2 = __builtin_cpu_supports("avx2") != 0; /* reads a flag libgcc sets at load time */
+    long MR = avx2 ? MR_AVX : MR_SSE, NR = avx2 ? NR_AVX : NR_SSE;
+    long mt = (M + MR - 1) / MR, nt = (Nc + NR - 1) / NR;
+    /* column tiles outermost so that one B panel (K x NR) is reused from cache by all row tiles */
+#pragma omp parallel for collapse(2) schedule(static)
+    for (long jt = 0; jt < nt; jt++)
+        for (long it = 0; it < mt; it++) {
+            long i0 = it * MR, j0 = jt * NR;
+            int mr = M - i0 < MR ? (int)(M - i0) : (int)MR, nr = Nc - j0 < NR ? (int)(Nc - j0) : (int)NR;
+            float *Cp = Cm + i0 * Nc + j0;
+            if (mr < MR || nr < NR) tile_edge(Cp, Nc, A + i0 * K, K, B + j0, Nc, K, mr, nr, acc);
+            else if (avx2) tile_avx2(Cp, Nc, A + i0 * K, K, B + j0, Nc, K, acc);
+            else tile_sse(Cp, Nc, A + i0 * K, K, B + j0, Nc, K, acc);
+        }
+}
+
+/* dst[c,r] = src[r,c]; caller frees. */
+static float *transpose(const float *src, long R, long Cn) {
+    float *t = malloc((size_t)R * Cn * sizeof *t);
+    QT_CHECK(t, "out of memory transposing [%ld, %ld]", R, Cn);
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < Cn; c++)
+        for (long r = 0; r < R; r++) t[c * R + r] = src[r * Cn + c];
+    return t;
+}
+
+/* ---- embedding ---- */
+
+void qt_ref_embedding_fwd(float *out, const int32_t *tok, const float *wte, long N, int C) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) memcpy(out + n * C, wte + (long)tok[n] * C, (size_t)C * sizeof *out);
+}
+
+void qt_ref_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, long N, int C, int V) {
+    /* bucket the rows by token (counting sort, stable) so each vocab row sums its rows in order */
+    long *start = calloc((size_t)V + 1, sizeof *start), *rows = malloc((size_t)(N ? N : 1) * sizeof *rows);
+    QT_CHECK(start && rows, "out of memory for the embedding backward (V=%d, N=%ld)", V, N);
+    for (long n = 0; n < N; n++) {
+        QT_CHECK(tok[n] >= 0 && tok[n] < V, "token %d at row %ld outside the vocabulary [0, %d)", tok[n], n, V);
+        start[tok[n] + 1]++;
+    }
+    for (int v = 0; v < V; v++) start[v + 1] += start[v];
+    long *fill = malloc((size_t)V * sizeof *fill);
+    QT_CHECK(fill, "out of memory");
+    memcpy(fill, start, (size_t)V * sizeof *fill);
+    for (long n = 0; n < N; n++) rows[fill[tok[n]]++] = n;
+#pragma omp parallel for schedule(dynamic, 16)
+    for (int v = 0; v < V; v++) {
+        float *d = dwte + (long)v * C;
+        for (long k = start[v]; k < start[v + 1]; k++) {
+            const float *g = dout + rows[k] * C;
+            for (int c = 0; c < C; c++) d[c] += g[c];
+        }
+    }
+    free(start);
+    free(rows);
+    free(fill);
+}
+
+/* ---- RMSNorm ---- */
+
+void qt_ref_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, long N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        const float *xr = x + n * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+        float r = (float)(1.0 / sqrt(ss / C + eps));
+        rstd[n] = r;
+        for (int c = 0; c < C; c++) y[n * C + c] = xr[c] * r * w[c];
+    }
+}
+
+#define COLS 32 /* dw columns per task: rows of x are read in 128-byte pieces */
+
+void qt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                        const float *rstd, long N, int C) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        const float *xr = x + n * C, *g = dy + n * C;
+        double dot = 0; /* sum_c dy*w*x */
+        for (int c = 0; c < C; c++) dot += (double)g[c] * w[c] * xr[c];
+        float r = rstd[n], k = (float)(dot * r * r * r / C);
+        for (int c = 0; c < C; c++) dx[n * C + c] += g[c] * w[c] * r - xr[c] * k;
+    }
+    int nb = (C + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < nb; b++) {
+        int c0 = b * COLS, nc = C - c0 < COLS ? C - c0 : COLS;
+        double acc[COLS] = {0};
+        for (long n = 0; n < N; n++) {
+            const float *xr = x + n * C + c0, *g = dy + n * C + c0;
+            for (int c = 0; c < nc; c++) acc[c] += (double)g[c] * xr[c] * rstd[n];
+        }
+        for (int c = 0; c < nc; c++) dw[c0 + c] += (float)acc[c];
+    }
+}
+
+/* ---- matmul ---- */
+
+void qt_ref_matmul_fwd(float *y, const float *x, const float *w, const float *b, long N, int I, int O) {
+    float *wt = transpose(w, O, I); /* [I, O]: the inner loop then runs over contiguous outputs */
+    gemm_nn(y, x, wt, N, I, O, 0);
+    free(wt);
+    if (b) {
+#pragma omp parallel for schedule(static)
+        for (long n = 0; n < N; n++)
+            for (int o = 0; o < O; o++) y[n * O + o] += b[o];
+    }
+}
+
+void qt_ref_matmul_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                       long N, int I, int O) {
+    if (dx) gemm_nn(dx, dy, w, N, O, I, 0);
+    if (dw) {
+        float *dyt = transpose(dy, N, O); /* [O, N] */
+        gemm_nn(dw, dyt, x, O, N, I, 1);
+        free(dyt);
+    }
+    if (db) {
+        int nb = (O + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static)
+        for (int bk = 0; bk < nb; bk++) {
+            int o0 = bk * COLS, no = O - o0 < COLS ? O - o0 : COLS;
+            double acc[COLS] = {0};
+            for (long n = 0; n < N; n++)
+                for (int o = 0; o < no; o++) acc[o] += dy[n * O + o0 + o];
+            for (int o = 0; o < no; o++) db[o0 + o] += (float)acc[o];
+        }
+    }
+}
+
+/* ---- rotary embedding ---- */
+
+/* cos/sin[T, D/2] of t * theta^(-2i/D), computed in double; caller frees. */
+static float *rope_table(int T, int D, float theta) {
+    int h = D / 2;
+    float *cs = malloc((size_t)T * h * 2 * sizeof *cs);
+    QT_CHECK(cs, "out of memory for the rope table (T=%d, D=%d)", T, D);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < h; i++) {
+            double a = t * pow((double)theta, -2.0 * i / D);
+            cs[((long)t * h + i) * 2] = (float)cos(a);
+            cs[((long)t * h + i) * 2 + 1] = (float)sin(a);
+        }
+    return cs;
+}
+
+/* sign = +1 rotates by +a (forward), -1 by -a (the transpose, for backward). */
+static void rope_apply(float *qkv, int B, int T, int H, int Hkv, int D, float theta, float sign) {
+    QT_CHECK(D % 2 == 0, "rope: head_dim %d must be even", D);
+    float *cs = rope_table(T, D, theta);
+    int h = D / 2, nh = H + Hkv;
+    long row = (long)(H + 2 * Hkv) * D;
+#pragma omp parallel for schedule(static)
+    for (long bt = 0; bt < (long)B * T; bt++) {
+        const float *tab = cs + (bt % T) * h * 2;
+        for (int k = 0; k < nh; k++) {
+            float *v = qkv + bt * row + (long)k * D;
+            for (int i = 0; i < h; i++) {
+                float c = tab[2 * i], s = sign * tab[2 * i + 1], x0 = v[i], x1 = v[i + h];
+                v[i] = x0 * c - x1 * s;
+                v[i + h] = x1 * c + x0 * s;
+            }
+        }
+    }
+    free(cs);
+}
+
+void qt_ref_rope_fwd(float *qkv, int B, int T, int H, int Hkv, int D, float theta) {
+    rope_apply(qkv, B, T, H, Hkv, D, theta, 1.0f);
+}
+
+void qt_ref_rope_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, float theta) {
+    rope_apply(dqkv, B, T, H, Hkv, D, theta, -1.0f);
+}
+
+/* ---- SwiGLU ---- */
+
+void qt_ref_swiglu_fwd(float *out, const float *gu, long N, int F) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        const float *g = gu + n * 2 * F, *u = g + F;
+        for (int f = 0; f < F; f++) out[n * F + f] = g[f] / (1.0f + expf(-g[f])) * u[f];
+    }
+}
+
+void qt_ref_swiglu_bwd(float *dgu, const float *dout, const float *gu, long N, int F) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        const float *g = gu + n * 2 * F, *u = g + F, *d = dout + n * F;
+        float *dg = dgu + n * 2 * F, *du = dg + F;
+        for (int f = 0; f < F; f++) {
+            float sg = 1.0f / (1.0f + expf(-g[f]));
+            du[f] = d[f] * g[f] * sg;
+            dg[f] = d[f] * u[f] * sg * (1.0f + g[f] * (1.0f - sg));
+        }
+    }
+}
+
+/* ---- cross-entropy ---- */
+
+/* max and log-sum-exp of one row, in double. */
+static double row_lse(const float *l, int V) {
+    float m = l[0];
+    for (int v = 1; v < V; v++) m = l[v] > m ? l[v] : m;
+    double s = 0;
+    for (int v = 0; v < V; v++) s += exp((double)l[v] - m);
+    return m + log(s);
+}
+
+void qt_ref_cross_entropy_fwd(float *loss, const float *logits, const int32_t *tgt, long N, int V) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        if (tgt[n] < 0) { loss[n] = 0; continue; }
+        QT_CHECK(tgt[n] < V, "target %d at row %ld outside the vocabulary [0, %d)", tgt[n], n, V);
+        const float *l = logits + n * V;
+        loss[n] = (float)(row_lse(l, V) - l[tgt[n]]);
+    }
+}
+
+void qt_ref_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t *tgt, long N, int V,
+                              float scale) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        const float *l = logits + n * V;
+        float *d = dlogits + n * V;
+        if (tgt[n] < 0) {
+            memset(d, 0, (size_t)V * sizeof *d);
+            continue;
+        }
+        QT_CHECK(tgt[n] < V, "target %d at row %ld outside the vocabulary [0, %d)", tgt[n], n, V);
+        double lse = row_lse(l, V); /* read the whole row before overwriting it (in place) */
+        for (int v = 0; v < V; v++) d[v] = (float)(scale * exp((double)l[v] - lse));
+        d[tgt[n]] -= scale;
+    }
+}
+
+void qt_ref_add_inplace(float *y, const float *x, long n) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) y[i] += x[i];
+}

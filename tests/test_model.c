@@ -1,0 +1,403 @@
+/* test_model.c — the parameter layout and the CPU fp32 model: whole-model finite-difference gradient
+ * checks (qwen2-style and llama-style), loss = mean CE of the logits, "+=" gradients, bit-identical
+ * results for 1 and 2 OpenMP threads, and the fwd+bwd time of the tiny-cpu shape. */
+#include <omp.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "qt_cpu_model.h"
+#include "qt_model.h"
+#include "qt_ref.h"
+#include "qt_rng.h"
+#include "qt_test.h"
+
+static qt_model_cfg cfg_qwen(void) { /* GQA 6:2, qkv bias, tied, head_dim != C/H */
+    qt_model_cfg c = {.arch = QT_ARCH_QWEN2, .vocab_size = 37, .hidden_size = 24, .num_layers = 2, .num_heads = 6,
+                      .num_kv_heads = 2, .head_dim = 8, .intermediate_size = 40, .max_seq_len = 32,
+                      .rope_theta = 10000.0f, .rms_norm_eps = 1e-6f, .tie_embeddings = 1, .qkv_bias = 1};
+    return c;
+}
+
+static qt_model_cfg cfg_llama(void) { /* GQA 4:2, no bias, untied, head_dim from C/H */
+    qt_model_cfg c = {.arch = QT_ARCH_LLAMA, .vocab_size = 41, .hidden_size = 32, .num_layers = 2, .num_heads = 4,
+                      .num_kv_heads = 2, .intermediate_size = 56, .max_seq_len = 16, .rope_theta = 500.0f,
+                      .rms_norm_eps = 1e-5f, .tie_embeddings = 0, .qkv_bias = 0};
+    return c;
+}
+
+static qt_model_cfg cfg_tiny_cpu(void) {
+    qt_model_cfg c = {.arch = QT_ARCH_LLAMA, .vocab_size = 256, .hidden_size = 128, .num_layers = 4, .num_heads = 4,
+                      .num_kv_heads = 2, .intermediate_size = 384, .max_seq_len = 128, .rope_theta = 10000.0f,
+                      .rms_norm_eps = 1e-5f, .tie_embeddings = 1};
+    return c;
+}
+
+/* Weights with every tensor kind perturbed away from its init (norms != 1, biases != 0), so that a
+ * backward that ignored one of them would show. Caller frees. */
+static float *random_weights(const qt_layout *L, uint64_t seed, float std) {
+    float *w = malloc(L->numel * sizeof *w);
+    qt_layout_init_weights(L, w, seed, std);
+    qt_rng r;
+    qt_rng_seed(&r, seed + 1);
+    for (int k = 0; k < L->n_tensors; k++) {
+        const qt_tensor *t = &L->tensors[k];
+        if (t->ndim == 1)
+            for (size_t i = 0; i < t->numel; i++) w[t->offset + i] += 0.2f * qt_rng_normal(&r);
+    }
+    return w;
+}
+
+static void random_tokens(int32_t *tok, int32_t *tgt, long N, int V, uint64_t seed) {
+    qt_rng r;
+    qt_rng_seed(&r, seed);
+    for (long n = 0; n < N; n++) {
+        tok[n] = (int32_t)qt_rng_below(&r, V);
+        tgt[n] = (int32_t)qt_rng_below(&r, V);
+    }
+    if (tgt) tgt[N / 2] = tgt[N - 1] = -1; /* ignored rows */
+}
+
+static double loss_at(qt_cpu_model *m, const float *w, const int32_t *tok, const int32_t *tgt) {
+    return qt_cpu_model_forward(m, w, tok, tgt);
+}
+
+static void fd_model(qt_model_cfg c, const char *what) {
+    char err[256];
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
+    int B = 2, T = 11;
+    long N = (long)B * T;
+    qt_cpu_model *m = qt_cpu_model_create(&L, B, T);
+    float *w = random_weights(&L, 11, 0.15f), *g = calloc(L.numel, sizeof *g), *w2 = malloc(L.numel * sizeof *w2);
+    int32_t tok[64], tgt[64];
+    random_tokens(tok, tgt, N, c.vocab_size, 5);
+    double l0 = loss_at(m, w, tok, tgt);
+    qt_cpu_model_backward(m, w, g, 1.0f);
+    QT_EXPECT(isfinite(l0) && l0 > 0, "loss %g", l0);
+    qt_rng r;
+    qt_rng_seed(&r, 99);
+    /* random directions over all parameters (padding stays 0) */
+    double worst_dir = 0;
+    for (int k = 0; k < 4; k++) {
+        double ana = 0;
+        float eps = 1e-3f;
+        float *d = calloc(L.numel, sizeof *d);
+        for (int t = 0; t < L.n_tensors; t++)
+            for (size_t i = 0; i < L.tensors[t].numel; i++) d[L.tensors[t].offset + i] = qt_rng_normal(&r);
+        for (size_t i = 0; i < L.numel; i++) ana += (double)g[i] * d[i];
+        for (size_t i = 0; i < L.numel; i++) w2[i] = w[i] + eps * d[i];
+        double lp = loss_at(m, w2, tok, tgt);
+        for (size_t i = 0; i < L.numel; i++) w2[i] = w[i] - eps * d[i];
+        double num = (lp - loss_at(m, w2, tok, tgt)) / (2.0 * eps);
+        double rel = fabs(num - ana) / fabs(ana);
+        if (rel > worst_dir) worst_dir = rel;
+        QT_EXPECT(rel < 1e-2, "%s direction %d: analytic %.6g numeric %.6g", what, k, ana, num);
+        free(d);
+    }
+    /* per tensor: the largest-gradient coordinate of a random sample, and one random coordinate */
+    double worst_coord = 0;
+    memcpy(w2, w, L.numel * sizeof *w2);
+    for (int t = 0; t < L.n_tensors; t++) {
+        const qt_tensor *ts = &L.tensors[t];
+        size_t best = ts->offset + qt_rng_below(&r, ts->numel), pick[2];
+        for (int s = 0; s < 12; s++) {
+            size_t i = ts->offset + qt_rng_below(&r, ts->numel);
+            if (fabsf(g[i]) > fabsf(g[best])) best = i;
+        }
+        pick[0] = best;
+        pick[1] = ts->offset + qt_rng_below(&r, ts->numel);
+        for (int p = 0; p < 2; p++) {
+            size_t i = pick[p];
+            float eps = 1e-2f;
+            w2[i] = w[i] + eps;
+            double lp = loss_at(m, w2, tok, tgt);
+            w2[i] = w[i] - eps;
+            double lm = loss_at(m, w2, tok, tgt);
+            w2[i] = w[i];
+            double num = (lp - lm) / (2.0 * eps), ana = g[i], err_abs = fabs(num - ana);
+            if (p == 0 && fabs(ana) > 0) worst_coord = fmax(worst_coord, err_abs / fabs(ana));
+            QT_EXPECT(err_abs <= 2e-2 * fabs(ana) + 2e-5, "%s %s[%zu]: analytic %.6g numeric %.6g", what, ts->name,
+                      i - ts->offset, ana, num);
+        }
+        QT_EXPECT(fabsf(g[best]) > 1e-5f, "%s %s: no gradient (max sampled |g| = %g)", what, ts->name, g[best]);
+    }
+    printf("  %s: loss %.5f, max rel err: directions %.2e, largest-|g| coordinates %.2e\n", what, l0, worst_dir,
+           worst_coord);
+    for (size_t i = 0; i < L.numel; i++) QT_EXPECT(isfinite(g[i]), "%s grad[%zu] = %g", what, i, g[i]);
+    free(w);
+    free(w2);
+    free(g);
+    qt_cpu_model_free(m);
+    qt_layout_free(&L);
+}
+
+static void test_fd_qwen2_gqa_bias_tied(void) { fd_model(cfg_qwen(), "qwen2"); }
+static void test_fd_llama_gqa_untied(void) { fd_model(cfg_llama(), "llama"); }
+
+/* The model's loss is the mean of qt_ref_cross_entropy_fwd over its logits; backward is "+=" and scales. */
+static void test_loss_and_accumulation(void) {
+    char err[256];
+    qt_model_cfg c = cfg_qwen();
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
+    int B = 2, T = 11, V = c.vocab_size;
+    long N = (long)B * T;
+    qt_cpu_model *m = qt_cpu_model_create(&L, B, T);
+    float *w = random_weights(&L, 3, 0.1f), *g1 = calloc(L.numel, sizeof *g1), *g2 = malloc(L.numel * sizeof *g2);
+    float *loss = malloc(N * sizeof *loss);
+    int32_t tok[64], tgt[64];
+    random_tokens(tok, tgt, N, V, 8);
+    float l = qt_cpu_model_forward(m, w, tok, tgt);
+    qt_ref_cross_entropy_fwd(loss, qt_cpu_model_logits(m), tgt, N, V);
+    double s = 0;
+    int cnt = 0;
+    for (long n = 0; n < N; n++)
+        if (tgt[n] >= 0) s += loss[n], cnt++;
+    QT_EXPECT(cnt == N - 2 && fabs(l - s / cnt) <= 1e-6 * fabs(l), "model %.8g vs mean CE %.8g", l, s / cnt);
+    /* logits only: returns 0 */
+    QT_EXPECT(qt_cpu_model_forward(m, w, tok, NULL) == 0.0f, "no targets must give 0");
+    qt_cpu_model_forward(m, w, tok, tgt);
+    qt_cpu_model_backward(m, w, g1, 1.0f);
+    for (size_t i = 0; i < L.numel; i++) g2[i] = g1[i];
+    qt_cpu_model_forward(m, w, tok, tgt);
+    qt_cpu_model_backward(m, w, g2, 2.0f); /* g2 = g1 + 2 g1 */
+    for (size_t i = 0; i < L.numel; i++) g1[i] *= 3.0f;
+    QT_EXPECT(qt_t_close("3g", g2, g1, (long)L.numel, 1e-7, 1e-5), "grad_scale / += mismatch");
+    /* padding gets no gradient */
+    size_t end = 0;
+    for (int t = 0; t < L.n_tensors; t++) {
+        const qt_tensor *ts = &L.tensors[t];
+        for (size_t i = end; i < ts->offset; i++) QT_EXPECT(g2[i] == 0.0f, "padding grad[%zu] = %g", i, g2[i]);
+        if (ts->offset + ts->numel > end) end = ts->offset + ts->numel;
+    }
+    free(w);
+    free(g1);
+    free(g2);
+    free(loss);
+    qt_cpu_model_free(m);
+    qt_layout_free(&L);
+}
+
+/* Loss, logits and gradients are bit-identical with 1 and with 2 threads. */
+static void test_thread_determinism(void) {
+    char err[256];
+    qt_model_cfg c = {.arch = QT_ARCH_QWEN2, .vocab_size = 70, .hidden_size = 48, .num_layers = 2, .num_heads = 6,
+                      .num_kv_heads = 3, .intermediate_size = 72, .max_seq_len = 64, .rope_theta = 1e6f,
+                      .rms_norm_eps = 1e-6f, .tie_embeddings = 1, .qkv_bias = 1};
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
+    int B = 3, T = 37;
+    long N = (long)B * T;
+    float *w = random_weights(&L, 21, 0.05f), *g[2];
+    float loss[2];
+    int32_t *tok = malloc(N * sizeof *tok), *tgt = malloc(N * sizeof *tgt);
+    random_tokens(tok, tgt, N, c.vocab_size, 4);
+    int saved = omp_get_max_threads();
+    for (int k = 0; k < 2; k++) {
+        omp_set_num_threads(k + 1);
+        qt_cpu_model *m = qt_cpu_model_create(&L, B, T);
+        g[k] = calloc(L.numel, sizeof *g[k]);
+        loss[k] = qt_cpu_model_forward(m, w, tok, tgt);
+        qt_cpu_model_backward(m, w, g[k], 0.5f);
+        qt_cpu_model_free(m);
+    }
+    omp_set_num_threads(saved);
+    QT_EXPECT(memcmp(&loss[0], &loss[1], sizeof(float)) == 0, "loss %.9g vs %.9g", loss[0], loss[1]);
+    size_t diff = 0;
+    for (size_t i = 0; i < L.numel; i++) diff += memcmp(&g[0][i], &g[1][i], sizeof(float)) != 0;
+    QT_EXPECT(diff == 0, "%zu of %zu gradient elements differ between 1 and 2 threads", diff, L.numel);
+    free(g[0]);
+    free(g[1]);
+    free(w);
+    free(tok);
+    free(tgt);
+    qt_layout_free(&L);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+/* The tiny-cpu shape: time fwd+bwd, and check the init loss is ~ln(V) and a few SGD steps on one
+ * batch lower it. */
+static void test_tiny_cpu_speed(void) {
+    char err[256];
+    qt_model_cfg c = cfg_tiny_cpu();
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
+    int B = 8, T = 128;
+    long N = (long)B * T;
+    qt_cpu_model *m = qt_cpu_model_create(&L, B, T);
+    float *w = malloc(L.numel * sizeof *w), *g = malloc(L.numel * sizeof *g);
+    qt_layout_init_weights(&L, w, 1, 0.02f);
+    int32_t *tok = malloc(N * sizeof *tok), *tgt = malloc(N * sizeof *tgt);
+    random_tokens(tok, tgt, N, c.vocab_size, 2);
+    for (long n = 0; n < N; n++) tgt[n] = (tok[n] * 7 + 3) % c.vocab_size; /* learnable */
+    float first = 0, last = 0;
+    double t0 = 0;
+    int steps = 6;
+    for (int s = 0; s <= steps; s++) {
+        if (s == 1) t0 = now_s(); /* step 0 warms up */
+        memset(g, 0, L.numel * sizeof *g);
+        last = qt_cpu_model_forward(m, w, tok, tgt);
+        if (s == 0) first = last;
+        qt_cpu_model_backward(m, w, g, 1.0f);
+        for (size_t i = 0; i < L.numel; i++) w[i] -= 0.5f * g[i];
+    }
+    double ms = (now_s() - t0) * 1e3 / steps;
+    double gf = qt_model_flops_per_token(&L.cfg, T) * N / (ms * 1e-3) * 1e-9;
+    printf("  tiny-cpu (%.2fM params, B=%d T=%d, %d threads): %.1f ms per fwd+bwd, %.1f GFLOP/s; loss %.4f -> %.4f\n",
+           L.n_params * 1e-6, B, T, omp_get_max_threads(), ms, gf, first, last);
+    QT_EXPECT(fabs(first - log(256.0)) < 0.05, "init loss %g, expected ~ln(256) = %g", first, log(256.0));
+    QT_EXPECT(last < first - 0.05, "loss did not fall: %g -> %g", first, last);
+    free(w);
+    free(g);
+    free(tok);
+    free(tgt);
+    qt_cpu_model_free(m);
+    qt_layout_free(&L);
+}
+
+/* ---- layout ---- */
+
+/* Groups start aligned, fused members are adjacent, nothing overlaps and numel covers everything. */
+static void check_layout_shape(const qt_layout *L) {
+    size_t end = 0;
+    for (int t = 0; t < L->n_tensors; t++) {
+        const qt_tensor *ts = &L->tensors[t];
+        QT_EXPECT(ts->offset >= end, "%s at %zu overlaps the previous tensor (ends %zu)", ts->name, ts->offset, end);
+        int follows = ts->kind == QT_T_K || ts->kind == QT_T_V || ts->kind == QT_T_KB || ts->kind == QT_T_VB ||
+                      ts->kind == QT_T_UP;
+        if (follows) QT_EXPECT(ts->offset == end, "%s at %zu not adjacent to its group (%zu)", ts->name, ts->offset, end);
+        else QT_EXPECT(ts->offset % QT_LAYOUT_ALIGN == 0, "%s at %zu not aligned", ts->name, ts->offset);
+        end = ts->offset + ts->numel;
+    }
+    QT_EXPECT(L->numel >= end && L->numel % QT_LAYOUT_ALIGN == 0, "numel %zu, end %zu", L->numel, end);
+}
+
+static void test_layout_qwen05b(void) {
+    qt_model_cfg c = {.arch = QT_ARCH_QWEN2, .vocab_size = 151936, .hidden_size = 896, .num_layers = 24,
+                      .num_heads = 14, .num_kv_heads = 2, .intermediate_size = 4864, .max_seq_len = 32768,
+                      .tie_embeddings = 1, .qkv_bias = 1};
+    char err[256];
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(L.cfg.head_dim == 64 && L.cfg.rope_theta == 1e6f && L.cfg.rms_norm_eps == 1e-6f, "finish: D=%d",
+              L.cfg.head_dim);
+    QT_EXPECT(L.n_params == 494032768, "Qwen2.5-0.5B has 494032768 parameters, got %zu", L.n_params);
+    QT_EXPECT(L.n_tensors == 1 + 24 * 12 + 1, "%d tensors", L.n_tensors);
+    QT_EXPECT(L.lm_head == L.embed && !qt_layout_find(&L, "lm_head.weight"), "tied head has its own entry");
+    const qt_tensor *q = qt_layout_find(&L, "model.layers.3.self_attn.q_proj.weight");
+    const qt_tensor *k = qt_layout_find(&L, "model.layers.3.self_attn.k_proj.weight");
+    const qt_tensor *vb = qt_layout_find(&L, "model.layers.3.self_attn.v_proj.bias");
+    const qt_tensor *up = qt_layout_find(&L, "model.layers.3.mlp.up_proj.weight");
+    const qt_tensor *nrm = qt_layout_find(&L, "model.norm.weight");
+    QT_REQUIRE(q && k && vb && up && nrm, "missing tensor names");
+    QT_EXPECT(q->shape[0] == 896 && q->shape[1] == 896 && q->is_matrix && q->layer == 3, "q_proj");
+    QT_EXPECT(k->shape[0] == 128 && k->offset == q->offset + q->numel, "k_proj");
+    QT_EXPECT(L.layers[3].wqkv == q->offset && L.layers[3].bqkv + 896 + 128 == vb->offset, "layer offsets");
+    QT_EXPECT(vb->ndim == 1 && !vb->is_matrix && vb->shape[0] == 128, "v bias");
+    QT_EXPECT(up->offset == L.layers[3].wgu + (size_t)4864 * 896, "up follows gate");
+    QT_EXPECT(nrm->offset == L.final_norm && !nrm->is_matrix && nrm->layer == -1, "final norm");
+    QT_EXPECT(!L.tensors[0].is_matrix && L.tensors[0].offset == 0, "embedding");
+    check_layout_shape(&L);
+    qt_layout_free(&L);
+}
+
+static void test_layout_untied_llama(void) {
+    qt_model_cfg c = cfg_llama();
+    char err[256];
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
+    const qt_tensor *h = qt_layout_find(&L, "lm_head.weight");
+    QT_REQUIRE(h, "untied model has no lm_head.weight");
+    QT_EXPECT(h->offset == L.lm_head && L.lm_head != L.embed && h->shape[0] == 41 && !h->is_matrix, "lm_head");
+    QT_EXPECT(L.layers[0].bqkv == SIZE_MAX && !qt_layout_find(&L, "model.layers.0.self_attn.q_proj.bias"), "bias");
+    QT_EXPECT(L.cfg.head_dim == 8, "head_dim %d", L.cfg.head_dim);
+    size_t want = 41 * 32 * 2 + 32 + 2 * (2 * 32 + 32 * 32 * 2 + 16 * 32 * 2 + 3 * 32 * 56);
+    QT_EXPECT(L.n_params == want, "n_params %zu, want %zu", L.n_params, want);
+    check_layout_shape(&L);
+    qt_layout_free(&L);
+}
+
+static void test_cfg_validate(void) {
+    char err[256];
+    qt_model_cfg c = cfg_qwen();
+    QT_EXPECT(qt_model_cfg_validate(&c, err, sizeof err) == 0, "valid config rejected: %s", err);
+    c.num_heads = 14;
+    c.num_kv_heads = 3;
+    QT_EXPECT(qt_model_cfg_validate(&c, err, sizeof err) == -1, "H=14 Hkv=3 accepted");
+    QT_EXPECT(!strcmp(err, "model.num_kv_heads: expected a divisor of num_heads (14), got 3"), "message: %s", err);
+    c = cfg_qwen();
+    c.head_dim = 7;
+    QT_EXPECT(qt_model_cfg_validate(&c, err, sizeof err) == -1 && strstr(err, "model.head_dim") && strstr(err, "7"),
+              "odd head_dim: %s", err);
+    c = cfg_qwen();
+    c.vocab_size = 0;
+    qt_layout L;
+    QT_EXPECT(qt_layout_init(&L, &c, err, sizeof err) == -1 && strstr(err, "model.vocab_size"), "vocab 0: %s", err);
+    c = cfg_qwen();
+    c.rope_theta = -1;
+    QT_EXPECT(qt_model_cfg_validate(&c, err, sizeof err) == -1 && strstr(err, "model.rope_theta"), "theta: %s", err);
+}
+
+static void test_flops(void) {
+    qt_model_cfg c = cfg_qwen(); /* C=24 H=6 Hkv=2 D=8 F=40 V=37 L=2 */
+    double per_layer = 24.0 * 10 * 8 + 48 * 24 + 3 * 24 * 40, want = 6 * (2 * per_layer + 37 * 24) + 6.0 * 2 * 6 * 8 * 11;
+    double got = qt_model_flops_per_token(&c, 11);
+    QT_EXPECT(fabs(got - want) < 1e-6 * want, "flops %.1f, want %.1f", got, want);
+}
+
+static void test_init_weights(void) {
+    qt_model_cfg c = cfg_qwen();
+    c.hidden_size = 96;
+    c.intermediate_size = 200;
+    char err[256];
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
+    float *a = malloc(L.numel * sizeof *a), *b = malloc(L.numel * sizeof *b);
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    qt_layout_init_weights(&L, a, 7, 0.02f);
+    omp_set_num_threads(2);
+    for (size_t i = 0; i < L.numel; i++) b[i] = NAN;
+    qt_layout_init_weights(&L, b, 7, 0.02f);
+    omp_set_num_threads(saved);
+    QT_EXPECT(memcmp(a, b, L.numel * sizeof *a) == 0, "init depends on the thread count");
+    size_t end = 0;
+    double s = 0, s2 = 0, n = 0;
+    for (int t = 0; t < L.n_tensors; t++) {
+        const qt_tensor *ts = &L.tensors[t];
+        for (size_t i = end; i < ts->offset; i++) QT_EXPECT(a[i] == 0, "padding [%zu] = %g", i, a[i]);
+        end = ts->offset + ts->numel;
+        for (size_t i = ts->offset; i < end; i++) {
+            if (ts->kind == QT_T_NORM || ts->kind == QT_T_FINAL_NORM) QT_EXPECT(a[i] == 1, "%s = %g", ts->name, a[i]);
+            else if (ts->ndim == 1) QT_EXPECT(a[i] == 0, "%s = %g", ts->name, a[i]);
+            else s += a[i], s2 += (double)a[i] * a[i], n++;
+        }
+    }
+    for (size_t i = end; i < L.numel; i++) QT_EXPECT(a[i] == 0, "tail padding [%zu] = %g", i, a[i]);
+    double mean = s / n, sd = sqrt(s2 / n - mean * mean);
+    QT_EXPECT(fabs(mean) < 5e-4 && fabs(sd - 0.02) < 5e-4, "N(0, 0.02) drew mean %g sd %g over %.0f", mean, sd, n);
+    qt_layout_init_weights(&L, b, 8, 0.02f);
+    QT_EXPECT(memcmp(a, b, L.numel * sizeof *a) != 0, "seeds 7 and 8 agree");
+    free(a);
+    free(b);
+    qt_layout_free(&L);
+}
+
+int main(void) {
+    QT_RUN(test_layout_qwen05b);
+    QT_RUN(test_layout_untied_llama);
+    QT_RUN(test_cfg_validate);
+    QT_RUN(test_flops);
+    QT_RUN(test_init_weights);
+    QT_RUN(test_fd_qwen2_gqa_bias_tied);
+    QT_RUN(test_fd_llama_gqa_untied);
+    QT_RUN(test_loss_and_accumulation);
+    QT_RUN(test_thread_determinism);
+    QT_RUN(test_tiny_cpu_speed);
+    return qt_test_end();
+}
