@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
     qsort(t, steps, sizeof *t, cmp_d);
     double step_s = t[steps / 2], tok = (double)N * cfg.grad_accum / step_s;
     double flops = qt_model_flops_per_token(&L.cfg, cfg.seq_len), tflops = tok * flops * 1e-12;
-    cudaDeviceProp p;
+    struct cudaDeviceProp p;
     QT_CUDA(cudaGetDeviceProperties(&p, 0));
     printf("%s on %s: %.0f tokens/s, %.1f ms/step, %.1f model TFLOP/s (%.3f GFLOP/token), "
            "bf16 GEMM ceiling %.1f TFLOP/s, SOL %.1f%%, device memory used %.2f GiB\n",

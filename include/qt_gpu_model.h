@@ -39,7 +39,7 @@ typedef struct {
     long N;
     cudaStream_t stream;
     qt_matmul_ctx *mm;
-    qt_attn_ctx *attn;
+    qt_attention_ctx *attn;
     char *arena;        /* the one allocation (owned) */
     size_t arena_bytes;
     /* parameters, [L->numel] each */

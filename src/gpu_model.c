@@ -120,7 +120,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     carve_all(g); /* second pass: now with real addresses */
     QT_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     g->mm = qt_matmul_create(0);
-    g->attn = qt_attn_create();
+    g->attn = qt_attention_create();
     cudaStream_t s = g->stream;
     size_t n = L->numel;
     QT_CUDA(cudaMemcpyAsync(g->master, w0, n * 4, cudaMemcpyHostToDevice, s));
@@ -146,7 +146,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
 void qt_gpu_model_free(qt_gpu_model *g) {
     if (!g) return;
     qt_adamw_plan_free(g->adamw);
-    qt_attn_free(g->attn);
+    qt_attention_free(g->attn);
     qt_matmul_free(g->mm);
     QT_CUDA(cudaStreamDestroy(g->stream));
     QT_CUDA(cudaFree(g->arena));
@@ -155,7 +155,7 @@ void qt_gpu_model_free(qt_gpu_model *g) {
 }
 
 void qt_gpu_model_print_plan(const qt_gpu_model *g) {
-    cudaDeviceProp p;
+    struct cudaDeviceProp p;
     int dev;
     size_t free_b, total_b;
     QT_CUDA(cudaGetDevice(&dev));
@@ -204,7 +204,7 @@ static void forward(qt_gpu_model *g) {
         qt_matmul_fwd(g->mm, a->qkv, QT_DT_BF16, a->ln1, Wp(g, o->wqkv), c->qkv_bias ? Wp(g, o->bqkv) : NULL, N, C,
                       QKV, 0, s);
         qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
-        qt_attn_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, H, Hkv, D, s);
+        qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, H, Hkv, D, s);
         qt_matmul_fwd(g->mm, a->res_mid, QT_DT_BF16, a->att, Wp(g, o->wo), NULL, N, HD, C, 0, s);
         qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, C, eps, s);
         qt_matmul_fwd(g->mm, a->gu, QT_DT_BF16, a->ln2, Wp(g, o->wgu), NULL, N, C, 2 * F, 0, s);
@@ -241,7 +241,7 @@ static void backward(qt_gpu_model *g) {
         qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
         qt_matmul_wgrad(g->mm, Gp(g, o->wo), QT_DT_F32, NULL, g->dres_bf, a->att, N, HD, C, 1, s);
         qt_matmul_dgrad(g->mm, g->datt, QT_DT_BF16, g->dres_bf, Wp(g, o->wo), N, HD, C, 0, s);
-        qt_attn_bwd(g->attn, g->dqkv, g->datt, a->qkv, a->att, a->lse, g->B, g->T, H, Hkv, D, s);
+        qt_attention_bwd(g->attn, g->dqkv, g->datt, a->qkv, a->att, a->lse, g->B, g->T, H, Hkv, D, s);
         qt_rope_bwd(g->dqkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
         if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), g->dqkv, N, QKV, g->ws, s);
         qt_matmul_wgrad(g->mm, Gp(g, o->wqkv), QT_DT_F32, NULL, g->dqkv, a->ln1, N, C, QKV, 1, s);

@@ -25,9 +25,13 @@ except Exception as exc:  # noqa: BLE001
     sys.exit(0)
 
 
-def build_model(kind, tied, path):
-    common = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+# cuDNN's fused attention wants head_dim 64/128: the GPU models are wider (head_dim 64, still GQA).
+DIMS = {"cpu": dict(hidden_size=48, intermediate_size=80, num_attention_heads=6, num_key_value_heads=2),
+        "cuda": dict(hidden_size=256, intermediate_size=200, num_attention_heads=4, num_key_value_heads=2)}
+
+
+def build_model(kind, tied, device, path):
+    common = dict(vocab_size=96, num_hidden_layers=2, **DIMS[device], max_position_embeddings=64,
                   rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=tied, initializer_range=0.2,
                   attn_implementation="eager", torch_dtype=torch.float32)
     if kind == "qwen2":
@@ -54,9 +58,9 @@ def rel(a, b):
 
 def check(kind, tied, device, tmp):
     name = f"{kind}_{'tied' if tied else 'untied'}_{device}"
-    mdir = os.path.join(tmp, f"{kind}_{tied}")
+    mdir = os.path.join(tmp, f"{kind}_{tied}_{device}")
     if not os.path.exists(os.path.join(mdir, "config.json")):
-        build_model(kind, tied, mdir)
+        build_model(kind, tied, device, mdir)
     model = (transformers.Qwen2ForCausalLM if kind == "qwen2" else transformers.LlamaForCausalLM).from_pretrained(
         mdir, torch_dtype=torch.float32, attn_implementation="eager").float()
     B, T = 2, 11

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
+# out/gpu-check). Stages (default: all): build unit model train bench
+#   tools/gpu-check.sh unit model     # kernel/matmul/attention/quant tests, then HF + training checks
+# Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu-check}
+mkdir -p "$OUT"
+stages=${*:-build unit model train bench}
+export QT_DATA_DIR=${QT_DATA_DIR:-$( [ -f ../shared/data/tinyshakespeare.txt ] && echo ../shared/data || echo out/data )}
+export PYTHONUNBUFFERED=1
+has() { case " $stages " in *" $1 "*) return 0;; esac; return 1; }
+step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout "$limit" "$@"; echo "== $name: exit $?"; }
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+} > "$OUT/env.txt" 2>&1
+
+if has build; then step build 600 make -j16 CUDA_ARCH=90a all > "$OUT/build.log" 2>&1; tail -3 "$OUT/build.log"; fi
+if has unit; then
+    for t in test_kernels test_matmul test_attention test_quant; do step "$t" 300 "build/tests/$t"; done 2>&1 | tee "$OUT/unit.log" | grep -E '^(PASS|FAIL|SKIP|==)'
+fi
+if has model; then
+    { step hf_compare 300 env QT_DEVICES=cpu,cuda python3 tests/test_hf_compare.py
+      step test_train 600 build/tests/test_train; } 2>&1 | tee "$OUT/model.log" | grep -E '^(PASS|FAIL|SKIP|==)|eval [0-9]|worst'
+fi
+if has bench; then
+    { step gemm_bench 300 build/bench/gemm_bench
+      step kernels_bench 200 build/bench/kernels_bench
+      step quant_bench 200 build/bench/quant_bench
+      step train_bench_0.5b 400 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml --steps 10
+      step torch_eager 300 python3 bench/torch_baseline.py --model qwen2.5-0.5b --micro-batch 16
+    } 2>&1 | tee "$OUT/bench.log" | grep -E 'RESULT|tokens/s|TFLOP|==' | head -80
+fi
