@@ -16,6 +16,11 @@ if [ -x "$BUILD/bench/comm_bench" ]; then
     t0=$(date +%s)
     "$BUILD/bench/comm_bench" --tsv "$OUT_DIR/comm.tsv" --md "$OUT_DIR/comm.md" "$@" || echo "comm_bench failed ($?)"
     if [ -s "$OUT_DIR/comm.tsv" ]; then
+        ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+        if [ "$ngpu" -ge 4 ]; then # the N = 2 row on a bigger box, without the overlap run
+            "$BUILD/bench/comm_bench" --ranks 2 --no-overlap --tsv "$OUT_DIR/comm.tsv" --md "$OUT_DIR/comm.md" "$@" ||
+                echo "comm_bench --ranks 2 failed ($?)"
+        fi
         NCCL_P2P_DISABLE=1 "$BUILD/bench/comm_bench" --nccl-only --nccl-p2p-disable --tsv "$OUT_DIR/comm.tsv" \
             --md "$OUT_DIR/comm.md" "$@" || echo "comm_bench (NCCL, P2P off) failed ($?)"
         python3 tools/plot_comm.py "$OUT_DIR/comm.tsv" "$OUT_DIR/comm.png" "$OUT_DIR/comm.md" || echo "plot skipped"

@@ -26,10 +26,14 @@ def main():
     for ax, op in zip(axes[0], ops):
         sel = [r for r in rows if r["op"] == op]
         ceilings = {}
-        for strat in dict.fromkeys(r["strategy"] for r in sel):
-            pts = sorted((int(r["bytes"]), float(r["busbw_GBs"])) for r in sel if r["strategy"] == strat)
-            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=strat)
-            ce = max(float(r["ceiling_GBs"]) for r in sel if r["strategy"] == strat)
+        multi = len({r["ranks"] for r in sel}) > 1
+        for key in dict.fromkeys((r["strategy"], r["ranks"]) for r in sel):
+            mine = [r for r in sel if (r["strategy"], r["ranks"]) == key]
+            pts = sorted((int(r["bytes"]), float(r["busbw_GBs"])) for r in mine)
+            name = f"{key[0]} n={key[1]}" if multi else key[0]
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name,
+                            ls="-" if key[1] == sel[0]["ranks"] else ":")
+            ce = max(float(r["ceiling_GBs"]) for r in mine)
             if ce > 0:
                 ceilings.setdefault(round(ce, 1), line.get_color())
         for ce, color in ceilings.items():
@@ -37,7 +41,7 @@ def main():
             ax.text(4096, ce, f" ceiling {ce:.0f}", va="bottom", fontsize=7, color=color)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"{op} (bf16), {sel[0]['ranks']} ranks")
+        ax.set_title(f"{op} (bf16), " + "/".join(dict.fromkeys(r["ranks"] for r in sel)) + " ranks")
         ax.set_xlabel("size (bytes, full tensor)")
         ax.set_ylabel("busbw (GB/s)")
         ax.grid(True, which="both", alpha=0.3)
