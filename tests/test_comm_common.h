@@ -26,6 +26,8 @@ typedef struct {
     void (*get)(int r, cudaStream_t s, void *host, const void *src, size_t bytes); /* after s's work */
     cudaStream_t (*stream)(int r);
     void (*stream_free)(int r, cudaStream_t s);
+    void *(*halloc)(size_t bytes); /* pinned host memory (all_gather_host sources) */
+    void (*hrelease)(void *p);
 } ct_mem;
 
 typedef struct {
@@ -115,6 +117,18 @@ static void ct_ops(ct_job *j, int r, cudaStream_t s) {
     ct_cmp(j, r, "all_gather fp32", h, j->ag_f, n * 4, 4);
     free(h);
     m->release(r, src);
+    m->release(r, dst - CT_G);
+
+    /* all-gather from pinned host shards: host->device only */
+    char *hsrc = m->halloc(len * 4 + 16);
+    memcpy(hsrc, j->xf[r] + off, len * 4);
+    dst = ct_dbuf(j, r, s, n * 4);
+    ct_delay(j, &g);
+    ct_check_rc(j, r, qt_comm_all_gather_host(c, r, dst, hsrc, n, QT_DT_F32, s), "all_gather_host");
+    h = ct_read(j, r, s, dst, n * 4, "all_gather_host fp32");
+    ct_cmp(j, r, "all_gather_host fp32", h, j->ag_f, n * 4, 4);
+    free(h);
+    m->hrelease(hsrc); /* safe: the collective ends on my stream only after every peer finished reading */
     m->release(r, dst - CT_G);
 
     /* all-gather bf16, in place */

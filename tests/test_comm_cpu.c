@@ -10,7 +10,9 @@ static void h_put(int r, cudaStream_t s, void *d, const void *h, size_t b) { (vo
 static void h_get(int r, cudaStream_t s, void *h, const void *d, size_t b) { (void)r; (void)s; memcpy(h, d, b); }
 static cudaStream_t h_stream(int r) { (void)r; return NULL; }
 static void h_stream_free(int r, cudaStream_t s) { (void)r; (void)s; }
-static const ct_mem g_host = {h_alloc, h_release, h_put, h_get, h_stream, h_stream_free};
+static void *h_halloc(size_t b) { return malloc(b ? b : 1); }
+static void h_hrelease(void *p) { free(p); }
+static const ct_mem g_host = {h_alloc, h_release, h_put, h_get, h_stream, h_stream_free, h_halloc, h_hrelease};
 
 static void test_shard(void) {
     for (int n = 1; n <= QT_COMM_MAX_RANKS; n++)

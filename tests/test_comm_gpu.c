@@ -41,7 +41,13 @@ static void d_stream_free(int r, cudaStream_t s) {
     QT_CUDA(cudaStreamSynchronize(s));
     QT_CUDA(cudaStreamDestroy(s));
 }
-static const ct_mem g_dmem = {d_alloc, d_release, d_put, d_get, d_stream, d_stream_free};
+static void *d_halloc(size_t b) {
+    void *p = NULL;
+    QT_CUDA(cudaHostAlloc(&p, b ? b : 16, cudaHostAllocPortable));
+    return p;
+}
+static void d_hrelease(void *p) { QT_CUDA(cudaFreeHost(p)); }
+static const ct_mem g_dmem = {d_alloc, d_release, d_put, d_get, d_stream, d_stream_free, d_halloc, d_hrelease};
 
 static int have_gpu(void) {
     static int n = -1;
