@@ -1,2 +1,29 @@
 #!/usr/bin/env bash
-echo "no benchmarks yet"
+# `make bench`: runs every benchmark section in turn. Outputs go under $BENCH_OUT (default
+# $BUILD/bench-out); each section appends its markdown to $BENCH_OUT/<section>.md for bench/RESULTS.md.
+# Extra arguments are passed to the comm bench. New sections go below, each guarded by its binary.
+set -u
+BUILD=${BUILD:-build}
+cd "$(dirname "$0")/.."
+OUT_DIR=${BENCH_OUT:-$BUILD/bench-out}
+mkdir -p "$OUT_DIR"
+
+# ---- comm: our strategies + NCCL, then NCCL alone with P2P disabled (a fresh process: NCCL reads
+# its environment once), then the plot. NCCL_NVLS_ENABLE=0 is forced inside comm_bench as well.
+if [ -x "$BUILD/bench/comm_bench" ]; then
+    rm -f "$OUT_DIR/comm.tsv" "$OUT_DIR/comm.md" "$OUT_DIR/comm.png"
+    export NCCL_NVLS_ENABLE=0
+    t0=$(date +%s)
+    "$BUILD/bench/comm_bench" --tsv "$OUT_DIR/comm.tsv" --md "$OUT_DIR/comm.md" "$@" || echo "comm_bench failed ($?)"
+    if [ -s "$OUT_DIR/comm.tsv" ]; then
+        ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+        if [ "$ngpu" -ge 4 ]; then # the N = 2 row on a bigger box, without the overlap run
+            "$BUILD/bench/comm_bench" --ranks 2 --no-overlap --tsv "$OUT_DIR/comm.tsv" --md "$OUT_DIR/comm.md" "$@" ||
+                echo "comm_bench --ranks 2 failed ($?)"
+        fi
+        NCCL_P2P_DISABLE=1 "$BUILD/bench/comm_bench" --nccl-only --nccl-p2p-disable --tsv "$OUT_DIR/comm.tsv" \
+            --md "$OUT_DIR/comm.md" "$@" || echo "comm_bench (NCCL, P2P off) failed ($?)"
+        python3 tools/plot_comm.py "$OUT_DIR/comm.tsv" "$OUT_DIR/comm.png" "$OUT_DIR/comm.md" || echo "plot skipped"
+    fi
+    echo "comm section: $(( $(date +%s) - t0 )) s; outputs in $OUT_DIR (comm.tsv, comm.md, comm.png)"
+fi

@@ -1,0 +1,511 @@
+/* comm.c — the collective schedules, written once for both backends (GPU streams or CPU memcpy).
+ *
+ * peer kinds pull every foreign shard straight from its owner's buffer (direct: one stream per peer,
+ * all at once; ring: one peer per step on one stream, step s reads rank r-s). host kinds stage
+ * through one shared pinned arena: each owner copies its piece device->host once in chunks and
+ * records one event per chunk, every reader copies host->device chunk by chunk as those events
+ * complete (so D2H of chunk k+1 overlaps H2D of chunk k). Collectives larger than the arena run as
+ * several windows, each a full collective. Reduce-scatter pulls chunk k+1 into a double-buffered
+ * staging area while chunk k is reduced on the caller's stream (ascending rank order, fp32). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_internal.h"
+#include "qt_error.h"
+
+/* ---- backend dispatch: on the CPU every step runs synchronously in the calling thread ---- */
+
+static void b_copy(qt_comm *c, int r, int lane, cudaStream_t s, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return;
+    if (c->gpu) qt_commg_copy(c, r, lane, s, dst, src, bytes);
+    else memmove(dst, src, bytes);
+}
+static void b_dep(qt_comm *c, int r, int from, int to, cudaStream_t s) {
+    if (c->gpu) qt_commg_dep(c, r, from, to, s);
+}
+static void b_mark(qt_comm *c, int r, int lane, cudaStream_t s, int which, int slot, int chunk) {
+    if (c->gpu) qt_commg_mark(c, r, lane, s, which, slot, chunk);
+}
+static void b_wait_peer(qt_comm *c, int r, int lane, cudaStream_t s, int j, int which, int slot, int chunk) {
+    if (c->gpu) qt_commg_wait_peer(c, r, lane, s, j, which, slot, chunk);
+}
+static void b_rec_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf) {
+    if (c->gpu) qt_commg_record_pulled(c, r, lane, s, buf);
+}
+static void b_wait_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf) {
+    if (c->gpu) qt_commg_wait_pulled(c, r, lane, s, buf);
+}
+
+static inline float red_max(float acc, float v) { return (v > acc || v != v) ? v : acc; }
+
+static void cpu_reduce(qt_dtype dt, void *dst, const void *const *srcs, int nsrc, size_t n, qt_comm_op op) {
+    for (size_t i = 0; i < n; i++) {
+        float acc = 0;
+        for (int k = 0; k < nsrc; k++) {
+            float v = dt == QT_DT_F32 ? ((const float *)srcs[k])[i] : qt_bf16_to_f32(((const uint16_t *)srcs[k])[i]);
+            acc = k == 0 ? v : op == QT_COMM_SUM ? acc + v : red_max(acc, v);
+        }
+        if (dt == QT_DT_F32) ((float *)dst)[i] = acc;
+        else ((uint16_t *)dst)[i] = qt_f32_to_bf16(acc);
+    }
+}
+
+static void b_reduce(qt_comm *c, cudaStream_t s, qt_dtype dt, void *dst, const void *const *srcs, int nsrc,
+                     size_t n, qt_comm_op op) {
+    if (!n) return;
+    if (c->gpu) qt_comm_reduce_launch(dt, dst, srcs, nsrc, n, op, s);
+    else cpu_reduce(dt, dst, srcs, nsrc, n, op);
+}
+
+/* ---- the per-collective protocol (see comm_internal.h) ---- */
+
+typedef struct {
+    int64_t seq;
+    int slot;
+} qt_coll;
+
+static const char *op_name(int op) {
+    switch (op) {
+    case QT_OP_AG: return "all_gather";
+    case QT_OP_AG_HOST: return "all_gather_host";
+    case QT_OP_RS: return "reduce_scatter";
+    case QT_OP_BC: return "broadcast";
+    case QT_OP_SCAL: return "all_reduce_scalars";
+    case QT_OP_BARRIER: return "barrier";
+    default: return "?";
+    }
+}
+
+static int coll_begin(qt_comm *c, int r, const qt_comm_desc *d, const void *src, qt_coll *k) {
+    if (atomic_load(&c->aborted)) return -1;
+    k->seq = ++c->seq[r];
+    k->slot = (int)(k->seq % QT_COMM_SLOTS);
+    /* The slot's pointers and events were last used QT_COMM_SLOTS collectives ago: reuse them only
+     * after every rank enqueued all its waits on them (posted C). */
+    if (k->seq > QT_COMM_SLOTS && qt_comm_wait_all(c, QT_PH_C, r, k->seq - QT_COMM_SLOTS)) return -1;
+    c->slot[k->slot].src[r] = src;
+    c->slot[k->slot].desc[r] = *d;
+    return 0;
+}
+
+static int coll_phase_a(qt_comm *c, int r, const qt_coll *k, cudaStream_t s) {
+    b_mark(c, r, 0, s, QT_EV_READY, k->slot, 0);
+    qt_comm_post(c, QT_PH_A, r, k->seq);
+    if (qt_comm_wait_all(c, QT_PH_A, r, k->seq)) return -1;
+    const qt_comm_desc *me = &c->slot[k->slot].desc[r];
+    for (int j = 0; j < c->n; j++) {
+        const qt_comm_desc *o = &c->slot[k->slot].desc[j];
+        QT_CHECK(o->op == me->op && o->dt == me->dt && o->count == me->count && o->root == me->root &&
+                     o->red == me->red && o->win == me->win,
+                 "collective #%lld: rank %d called %s(count=%zu, %s, root=%d, op=%d) but rank %d called "
+                 "%s(count=%zu, %s, root=%d, op=%d): every rank must call the same collectives in order",
+                 (long long)k->seq, r, op_name(me->op), me->count, qt_dtype_name((qt_dtype)me->dt), me->root,
+                 me->red, j, op_name(o->op), o->count, qt_dtype_name((qt_dtype)o->dt), o->root, o->red);
+    }
+    return 0;
+}
+
+static int coll_end(qt_comm *c, int r, const qt_coll *k, cudaStream_t s) {
+    b_mark(c, r, 0, s, QT_EV_DONE, k->slot, 0);
+    qt_comm_post(c, QT_PH_B, r, k->seq);
+    if (qt_comm_wait_all(c, QT_PH_B, r, k->seq)) return -1;
+    /* No rank's stream passes this collective before every rank finished reading its buffers. */
+    for (int j = 0; j < c->n; j++)
+        if (j != r) b_wait_peer(c, r, 0, s, j, QT_EV_DONE, k->slot, 0);
+    qt_comm_post(c, QT_PH_C, r, k->seq);
+    return 0;
+}
+
+static int enter(qt_comm *c, int r) {
+    QT_CHECK(r >= 0 && r < c->n, "rank %d out of range [0, %d)", r, c->n);
+    if (atomic_load(&c->aborted)) return -1;
+    if (c->gpu) qt_commg_enter(c, r);
+    return 0;
+}
+
+void qt_comm_shard(size_t count, int n, int r, size_t *off, size_t *len) {
+    size_t q = count / (size_t)n, m = count % (size_t)n, ur = (size_t)r;
+    *off = ur * q + (ur < m ? ur : m);
+    *len = q + (ur < m ? 1 : 0);
+}
+
+int qt_comm_size(const qt_comm *c) { return c->n; }
+qt_comm_kind qt_comm_kind_of(const qt_comm *c) { return c->kind; }
+const char *qt_comm_name(const qt_comm *c) { return c->name; }
+
+static int is_host_kind(const qt_comm *c) { return c->kind == QT_COMM_HOST || c->kind == QT_COMM_HOST_WC; }
+
+/* Elements per chunk and per arena region (a multiple of the chunk, at most QT_COMM_MAX_CHUNKS). */
+static size_t chunk_elems(const qt_comm *c, size_t es) { return c->chunk_bytes / es; }
+static size_t piece_elems(const qt_comm *c, size_t es, size_t nregions) {
+    size_t ch = chunk_elems(c, es), k = c->arena_bytes / (nregions * es) / ch;
+    if (k > QT_COMM_MAX_CHUNKS) k = QT_COMM_MAX_CHUNKS;
+    QT_CHECK(k >= 1, "comm arena %zu B too small for %zu regions of %zu B", c->arena_bytes, nregions, c->chunk_bytes);
+    return k * ch;
+}
+static size_t clampsub(size_t a, size_t b, size_t cap) { return a <= b ? 0 : (a - b < cap ? a - b : cap); }
+static size_t cdiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* ---- all-gather and broadcast: every foreign segment is copied into dst ---- */
+
+/* Segment of owner j in dst (broadcast: only root owns, all of it). */
+static void seg(int op, size_t count, int n, int root, int j, size_t *off, size_t *len) {
+    if (op == QT_OP_BC) { *off = 0; *len = j == root ? count : 0; }
+    else qt_comm_shard(count, n, j, off, len);
+}
+
+static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, int op,
+                       int root, cudaStream_t s) {
+    size_t es = qt_dtype_size(dt), o, l;
+    qt_comm_desc d = {op, dt, root, 0, count, 0};
+    qt_coll k;
+    if (coll_begin(c, r, &d, src, &k)) return -1;
+    seg(op, count, c->n, root, r, &o, &l);
+    if (op != QT_OP_BC) b_copy(c, r, 0, s, dst + o * es, src, l * es);
+    if (coll_phase_a(c, r, &k, s)) return -1;
+    int used[QT_COMM_LANES + 1] = {0};
+    for (int step = 1; step < c->n; step++) {
+        int j = (r - step + c->n) % c->n, lane = c->ring ? 1 : step;
+        seg(op, count, c->n, root, j, &o, &l);
+        if (!l) continue;
+        if (!used[lane]) b_dep(c, r, 0, lane, s);
+        used[lane] = 1;
+        b_wait_peer(c, r, lane, s, j, QT_EV_READY, k.slot, 0);
+        b_copy(c, r, lane, s, dst + o * es, c->slot[k.slot].src[j], l * es);
+    }
+    for (int lane = 1; lane <= QT_COMM_LANES; lane++)
+        if (used[lane]) b_dep(c, r, lane, 0, s);
+    return coll_end(c, r, &k, s);
+}
+
+static int gather_staged(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, int op,
+                         int root, cudaStream_t s) {
+    size_t es = qt_dtype_size(dt), ch = chunk_elems(c, es), o, l;
+    size_t nreg = op == QT_OP_BC ? 1 : (size_t)c->n, piece = piece_elems(c, es, nreg);
+    size_t maxlen = op == QT_OP_BC ? count : cdiv(count, (size_t)c->n);
+    seg(op, count, c->n, root, r, &o, &l);
+    if (op != QT_OP_BC) b_copy(c, r, 0, s, dst + o * es, src, l * es);
+    for (size_t w = 0; w * piece < maxlen; w++) {
+        qt_comm_desc d = {op, dt, root, 0, count, w};
+        qt_coll k;
+        if (coll_begin(c, r, &d, NULL, &k)) return -1;
+        size_t base = w * piece, pl = clampsub(l, base, piece);
+        char *mine = (char *)c->arena + (op == QT_OP_BC ? 0 : (size_t)r) * piece * es;
+        for (size_t i = 0; i * ch < pl; i++) {
+            if (i == 0) b_dep(c, r, 0, 1, s);
+            size_t cl = pl - i * ch < ch ? pl - i * ch : ch;
+            b_copy(c, r, 1, s, mine + i * ch * es, src + (base + i * ch) * es, cl * es);
+            b_mark(c, r, 1, s, QT_EV_CHUNK, k.slot, (int)i);
+        }
+        if (coll_phase_a(c, r, &k, s)) return -1;
+        int used = 0;
+        for (size_t i = 0; i * ch < clampsub(maxlen, base, piece); i++) {
+            for (int step = 1; step < c->n; step++) {
+                int j = (r + step) % c->n;
+                size_t oj, lj;
+                seg(op, count, c->n, root, j, &oj, &lj);
+                size_t plj = clampsub(lj, base, piece);
+                if (i * ch >= plj) continue;
+                size_t cl = plj - i * ch < ch ? plj - i * ch : ch;
+                if (!used) b_dep(c, r, 0, 2, s);
+                used = 1;
+                const char *theirs = (const char *)c->arena + (op == QT_OP_BC ? 0 : (size_t)j) * piece * es;
+                b_wait_peer(c, r, 2, s, j, QT_EV_CHUNK, k.slot, (int)i);
+                b_copy(c, r, 2, s, dst + (oj + base + i * ch) * es, theirs + i * ch * es, cl * es);
+            }
+        }
+        if (pl) b_dep(c, r, 1, 0, s);
+        if (used) b_dep(c, r, 2, 0, s);
+        if (coll_end(c, r, &k, s)) return -1;
+    }
+    return 0;
+}
+
+static int gather_any(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt, int op,
+                      int root, cudaStream_t s) {
+    if (enter(c, r)) return -1;
+    if (!count) return 0;
+    size_t es = qt_dtype_size(dt), o, l;
+    if (c->n == 1) {
+        seg(op, count, 1, root, 0, &o, &l);
+        if (op != QT_OP_BC) b_copy(c, r, 0, s, dst, src, count * es);
+        return 0;
+    }
+    if (op == QT_OP_AG_HOST || !is_host_kind(c)) return gather_pull(c, r, dst, src, count, dt, op, root, s);
+    return gather_staged(c, r, dst, src, count, dt, op, root, s);
+}
+
+int qt_comm_all_gather(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt, cudaStream_t s) {
+    return gather_any(c, r, dst, src, count, dt, QT_OP_AG, 0, s);
+}
+int qt_comm_all_gather_host(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
+                            cudaStream_t s) {
+    return gather_any(c, r, dst, src, count, dt, QT_OP_AG_HOST, 0, s);
+}
+int qt_comm_broadcast(qt_comm *c, int r, int root, void *buf, size_t count, qt_dtype dt, cudaStream_t s) {
+    QT_CHECK(root >= 0 && root < c->n, "broadcast root %d out of range [0, %d)", root, c->n);
+    return gather_any(c, r, buf, buf, count, dt, QT_OP_BC, root, s);
+}
+
+/* ---- reduce-scatter ---- */
+
+typedef struct {
+    qt_comm *c;
+    int r, staged, slot;
+    cudaStream_t s;
+    qt_dtype dt;
+    size_t es, ch, piece, base; /* staged: arena piece and window start; pull: base = 0 */
+    const char *own;            /* my src at my shard's window start */
+    char *dst;                  /* my dst at the window start */
+    size_t myoff;               /* pull: my shard's offset in every rank's src */
+    size_t len;                 /* elements of my shard in this window */
+    int used[QT_COMM_LANES + 1];
+} qt_rs;
+
+static char *rs_stage(qt_rs *x, int buf, int q) {
+    return (char *)x->c->stage[x->r] + ((size_t)buf * (x->c->n - 1) + (size_t)q) * x->ch * x->es;
+}
+static size_t rs_region(int n, int j, int i) { return (size_t)j * (n - 1) + (size_t)(i < j ? i : i - 1); }
+
+/* Copies chunk i of my shard from every peer into staging buffer i % 2. */
+static void rs_fetch(qt_rs *x, size_t i) {
+    qt_comm *c = x->c;
+    int n = c->n, r = x->r, buf = (int)(i % 2);
+    size_t cl = x->len - i * x->ch < x->ch ? x->len - i * x->ch : x->ch;
+    for (int step = 1; step < n; step++) {
+        int j = (r - step + n) % n, lane = x->staged ? 2 : c->ring ? 1 : step;
+        if (!x->used[lane]) b_dep(c, r, 0, lane, x->s);
+        x->used[lane] = 1;
+        const char *from;
+        if (x->staged) {
+            b_wait_peer(c, r, lane, x->s, j, QT_EV_CHUNK, x->slot, (int)i);
+            from = (const char *)c->arena + (rs_region(n, j, r) * x->piece + i * x->ch) * x->es;
+        } else {
+            if (i == 0) b_wait_peer(c, r, lane, x->s, j, QT_EV_READY, x->slot, 0);
+            from = (const char *)c->slot[x->slot].src[j] + (x->myoff + i * x->ch) * x->es;
+        }
+        b_copy(c, r, lane, x->s, rs_stage(x, buf, step - 1), from, cl * x->es);
+    }
+    for (int lane = 1; lane <= QT_COMM_LANES; lane++)
+        if (x->used[lane]) b_rec_pulled(c, r, lane, x->s, buf);
+}
+
+/* Pipelined fetch/reduce over my shard's chunks; fetch(i+1) is enqueued before reduce(i), so it
+ * waits only for reduce(i-1), the last reader of its buffer. */
+static void rs_consume(qt_rs *x) {
+    qt_comm *c = x->c;
+    int n = c->n, r = x->r;
+    size_t nch = cdiv(x->len, x->ch);
+    if (nch) rs_fetch(x, 0);
+    for (size_t i = 0; i < nch; i++) {
+        if (i + 1 < nch) {
+            for (int lane = 1; lane <= QT_COMM_LANES; lane++)
+                if (x->used[lane]) b_dep(c, r, 0, lane, x->s);
+            rs_fetch(x, i + 1);
+        }
+        for (int lane = 1; lane <= QT_COMM_LANES; lane++)
+            if (x->used[lane]) b_wait_pulled(c, r, lane, x->s, (int)(i % 2));
+        const void *srcs[QT_COMM_MAX_RANKS];
+        for (int j = 0; j < n; j++)
+            srcs[j] = j == r ? (const void *)(x->own + i * x->ch * x->es)
+                             : (const void *)rs_stage(x, (int)(i % 2), (r - j + n) % n - 1);
+        size_t cl = x->len - i * x->ch < x->ch ? x->len - i * x->ch : x->ch;
+        b_reduce(c, x->s, x->dt, x->dst + i * x->ch * x->es, srcs, n, cl, QT_COMM_SUM);
+    }
+    for (int lane = 1; lane <= QT_COMM_LANES; lane++)
+        if (x->used[lane]) b_dep(c, r, lane, 0, x->s);
+}
+
+static int rs_pull(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, cudaStream_t s) {
+    qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count, 0};
+    qt_coll k;
+    if (coll_begin(c, r, &d, src, &k)) return -1;
+    if (coll_phase_a(c, r, &k, s)) return -1;
+    qt_rs x = {0};
+    x.c = c; x.r = r; x.slot = k.slot; x.s = s; x.dt = dt;
+    x.es = qt_dtype_size(dt); x.ch = chunk_elems(c, x.es);
+    qt_comm_shard(count, c->n, r, &x.myoff, &x.len);
+    x.own = src + x.myoff * x.es;
+    x.dst = dst;
+    rs_consume(&x);
+    return coll_end(c, r, &k, s);
+}
+
+static int rs_staged(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, cudaStream_t s) {
+    int n = c->n;
+    size_t es = qt_dtype_size(dt), ch = chunk_elems(c, es), piece = piece_elems(c, es, (size_t)n * (n - 1));
+    size_t maxlen = cdiv(count, (size_t)n), myoff, mylen;
+    qt_comm_shard(count, n, r, &myoff, &mylen);
+    for (size_t w = 0; w * piece < maxlen; w++) {
+        qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count, w};
+        qt_coll k;
+        if (coll_begin(c, r, &d, NULL, &k)) return -1;
+        size_t base = w * piece;
+        int wrote = 0;
+        /* Producer: chunk i of my src for every other rank's shard, one event per chunk index. */
+        for (size_t i = 0; i * ch < clampsub(maxlen, base, piece); i++) {
+            int any = 0;
+            for (int step = 1; step < n; step++) {
+                int dest = (r + step) % n;
+                size_t od, ld;
+                qt_comm_shard(count, n, dest, &od, &ld);
+                size_t pl = clampsub(ld, base, piece);
+                if (i * ch >= pl) continue;
+                size_t cl = pl - i * ch < ch ? pl - i * ch : ch;
+                if (!wrote) b_dep(c, r, 0, 1, s);
+                wrote = any = 1;
+                char *to = (char *)c->arena + (rs_region(n, r, dest) * piece + i * ch) * es;
+                b_copy(c, r, 1, s, to, src + (od + base + i * ch) * es, cl * es);
+            }
+            if (any) b_mark(c, r, 1, s, QT_EV_CHUNK, k.slot, (int)i);
+        }
+        if (coll_phase_a(c, r, &k, s)) return -1;
+        qt_rs x = {0};
+        x.c = c; x.r = r; x.staged = 1; x.slot = k.slot; x.s = s; x.dt = dt;
+        x.es = es; x.ch = ch; x.piece = piece; x.base = base;
+        x.myoff = myoff + base;
+        x.len = clampsub(mylen, base, piece);
+        x.own = src + (myoff + base) * es;
+        x.dst = dst + base * es;
+        rs_consume(&x);
+        if (wrote) b_dep(c, r, 1, 0, s);
+        if (coll_end(c, r, &k, s)) return -1;
+    }
+    return 0;
+}
+
+int qt_comm_reduce_scatter(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
+                           cudaStream_t s) {
+    QT_CHECK(dt == QT_DT_F32 || dt == QT_DT_BF16, "reduce_scatter: dtype %s, expected fp32 or bf16",
+             qt_dtype_name(dt));
+    if (enter(c, r)) return -1;
+    if (!count) return 0;
+    if (c->n == 1) {
+        b_copy(c, r, 0, s, dst, src, count * qt_dtype_size(dt));
+        return 0;
+    }
+    return is_host_kind(c) ? rs_staged(c, r, dst, src, count, dt, s) : rs_pull(c, r, dst, src, count, dt, s);
+}
+
+int qt_comm_all_reduce(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt, cudaStream_t s) {
+    QT_CHECK(dt == QT_DT_F32 || dt == QT_DT_BF16, "all_reduce: dtype %s, expected fp32 or bf16",
+             qt_dtype_name(dt));
+    if (enter(c, r)) return -1;
+    if (!count) return 0;
+    size_t es = qt_dtype_size(dt), off, len;
+    if (c->n == 1) {
+        b_copy(c, r, 0, s, dst, src, count * es);
+        return 0;
+    }
+    qt_comm_shard(count, c->n, r, &off, &len);
+    char *mine = (char *)dst + off * es;
+    if (qt_comm_reduce_scatter(c, r, mine, src, count, dt, s)) return -1;
+    return qt_comm_all_gather(c, r, dst, mine, count, dt, s);
+}
+
+/* ---- small ones: scalars through the pinned arena, barrier ---- */
+
+int qt_comm_all_reduce_scalars(qt_comm *c, int r, float *vals, int nv, qt_comm_op op, cudaStream_t s) {
+    QT_CHECK(nv >= 0 && nv <= QT_COMM_MAX_SCALARS, "all_reduce_scalars: n=%d, expected 0..%d", nv,
+             QT_COMM_MAX_SCALARS);
+    if (enter(c, r)) return -1;
+    if (!nv || c->n == 1) return 0;
+    qt_comm_desc d = {QT_OP_SCAL, QT_DT_F32, 0, op, (size_t)nv, 0};
+    qt_coll k;
+    if (coll_begin(c, r, &d, NULL, &k)) return -1;
+    b_copy(c, r, 0, s, c->scal + (size_t)r * QT_COMM_MAX_SCALARS, vals, (size_t)nv * 4);
+    if (coll_phase_a(c, r, &k, s)) return -1;
+    for (int j = 0; j < c->n; j++)
+        if (j != r) b_wait_peer(c, r, 0, s, j, QT_EV_READY, k.slot, 0);
+    b_copy(c, r, 0, s, c->scal_stage[r], c->scal, (size_t)c->n * QT_COMM_MAX_SCALARS * 4);
+    const void *srcs[QT_COMM_MAX_RANKS];
+    for (int j = 0; j < c->n; j++) srcs[j] = c->scal_stage[r] + (size_t)j * QT_COMM_MAX_SCALARS;
+    b_reduce(c, s, QT_DT_F32, vals, srcs, c->n, (size_t)nv, op);
+    return coll_end(c, r, &k, s);
+}
+
+int qt_comm_barrier(qt_comm *c, int r, cudaStream_t s) {
+    if (enter(c, r)) return -1;
+    if (c->n == 1) return 0;
+    qt_comm_desc d = {QT_OP_BARRIER, 0, 0, 0, 0, 0};
+    qt_coll k;
+    if (coll_begin(c, r, &d, NULL, &k)) return -1;
+    if (coll_phase_a(c, r, &k, s)) return -1;
+    for (int j = 0; j < c->n; j++)
+        if (j != r) b_wait_peer(c, r, 0, s, j, QT_EV_READY, k.slot, 0);
+    return coll_end(c, r, &k, s);
+}
+
+/* ---- creation (the GPU part is in comm_gpu.c) ---- */
+
+static const char *kind_name(qt_comm_kind k, int ring) {
+    switch (k) {
+    case QT_COMM_PEER: return ring ? "peer_ring" : "peer";
+    case QT_COMM_HOST: return "host";
+    case QT_COMM_HOST_WC: return "host_wc";
+    default: return "auto";
+    }
+}
+
+/* Common part of both constructors; kind must already be resolved. */
+qt_comm *qt_comm_alloc(int n, qt_comm_kind kind, size_t arena_bytes, const qt_comm_opts *opts, int gpu) {
+    QT_CHECK(n >= 1 && n <= QT_COMM_MAX_RANKS, "comm: %d ranks, expected 1..%d", n, QT_COMM_MAX_RANKS);
+    qt_comm *c = calloc(1, sizeof *c);
+    QT_CHECK(c != NULL, "out of memory");
+    c->n = n;
+    c->gpu = gpu;
+    c->kind = kind;
+    c->ring = opts ? opts->ring : 0;
+    c->timeout_s = opts ? opts->timeout_s : 0;
+    int host = kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC;
+    size_t chunk = opts && opts->chunk_bytes ? opts->chunk_bytes : host ? (4u << 20) : (16u << 20);
+    c->chunk_bytes = chunk < 64 ? 64 : chunk / 16 * 16;
+    if (!host) arena_bytes = 0;
+    else {
+        if (!arena_bytes) arena_bytes = 256u << 20;
+        size_t need = (size_t)n * (n > 1 ? n - 1 : 1) * c->chunk_bytes;
+        if (arena_bytes < need) arena_bytes = need; /* one chunk per reduce-scatter region at least */
+    }
+    c->arena_bytes = arena_bytes / 16 * 16;
+    c->stage_bytes = n > 1 ? 2 * (size_t)(n - 1) * c->chunk_bytes : 0;
+    snprintf(c->name, sizeof c->name, "%s", kind_name(kind, c->ring));
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    for (int p = 0; p < 3; p++)
+        for (int j = 0; j < QT_COMM_MAX_RANKS; j++) atomic_init(&c->posted[p][j], 0);
+    atomic_init(&c->aborted, 0);
+    return c;
+}
+
+qt_comm *qt_comm_create_cpu(int n, qt_comm_kind kind, size_t arena_bytes, const qt_comm_opts *opts) {
+    if (kind == QT_COMM_AUTO) kind = QT_COMM_PEER;
+    qt_comm *c = qt_comm_alloc(n, kind, arena_bytes, opts, 0);
+    size_t scal = (size_t)n * QT_COMM_MAX_SCALARS * sizeof(float);
+    c->arena = malloc(scal + c->arena_bytes);
+    QT_CHECK(c->arena != NULL, "out of memory for a %zu B comm arena", scal + c->arena_bytes);
+    c->scal = (float *)c->arena;
+    c->arena += scal;
+    for (int r = 0; r < n; r++) {
+        c->stage[r] = malloc(c->stage_bytes ? c->stage_bytes : 16);
+        c->scal_stage[r] = malloc(scal);
+        QT_CHECK(c->stage[r] && c->scal_stage[r], "out of memory for comm staging");
+    }
+    qt_comm_register(c);
+    return c;
+}
+
+void qt_comm_free(qt_comm *c) {
+    if (!c) return;
+    qt_comm_unregister(c);
+    if (c->gpu) qt_commg_free(c);
+    else {
+        for (int r = 0; r < c->n; r++) {
+            free(c->stage[r]);
+            free(c->scal_stage[r]);
+        }
+        free(c->scal);
+    }
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}

@@ -1,0 +1,170 @@
+/* comm_gpu.c — the GPU backend of comm: per-rank streams ("lanes"), the cross-rank events of each slot,
+ * the shared pinned arena, device staging, peer access, and qt_comm_create.
+ *
+ * Every cross-rank event is waited on only after its owner posted the phase in which it recorded it
+ * (comm_internal.h), and is re-recorded only after every waiter enqueued its wait, so
+ * cudaStreamWaitEvent always captures the intended record. Local events (dep, pulled) are recorded and
+ * waited by the same thread in program order. */
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_internal.h"
+#include "qt_error.h"
+
+struct qt_comm_gpu {
+    int dev, nlanes;
+    cudaStream_t lane[QT_COMM_LANES];
+    cudaEvent_t ready[QT_COMM_SLOTS], done[QT_COMM_SLOTS];
+    cudaEvent_t chunk[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS];
+    cudaEvent_t dep[QT_COMM_LANES + 1];
+    cudaEvent_t pulled[QT_COMM_LANES + 1][2];
+    int have_chunk;
+};
+
+static cudaStream_t lane_stream(qt_comm *c, int r, int lane, cudaStream_t s) {
+    if (lane == 0) return s;
+    QT_CHECK(lane <= c->g[r]->nlanes, "comm lane %d of %d", lane, c->g[r]->nlanes);
+    return c->g[r]->lane[lane - 1];
+}
+
+void qt_commg_enter(qt_comm *c, int r) { QT_CUDA(cudaSetDevice(c->g[r]->dev)); }
+
+void qt_commg_copy(qt_comm *c, int r, int lane, cudaStream_t s, void *dst, const void *src, size_t bytes) {
+    QT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane_stream(c, r, lane, s)));
+}
+
+void qt_commg_dep(qt_comm *c, int r, int from, int to, cudaStream_t s) {
+    cudaEvent_t e = c->g[r]->dep[from];
+    QT_CUDA(cudaEventRecord(e, lane_stream(c, r, from, s)));
+    QT_CUDA(cudaStreamWaitEvent(lane_stream(c, r, to, s), e, 0));
+}
+
+static cudaEvent_t slot_event(qt_comm *c, int r, int which, int slot, int chunk) {
+    qt_comm_gpu *g = c->g[r];
+    if (which == QT_EV_READY) return g->ready[slot];
+    if (which == QT_EV_DONE) return g->done[slot];
+    QT_CHECK(g->have_chunk && chunk >= 0 && chunk < QT_COMM_MAX_CHUNKS, "comm chunk event %d", chunk);
+    return g->chunk[slot][chunk];
+}
+
+void qt_commg_mark(qt_comm *c, int r, int lane, cudaStream_t s, int which, int slot, int chunk) {
+    QT_CUDA(cudaEventRecord(slot_event(c, r, which, slot, chunk), lane_stream(c, r, lane, s)));
+}
+
+void qt_commg_wait_peer(qt_comm *c, int r, int lane, cudaStream_t s, int j, int which, int slot, int chunk) {
+    QT_CUDA(cudaStreamWaitEvent(lane_stream(c, r, lane, s), slot_event(c, j, which, slot, chunk), 0));
+}
+
+void qt_commg_record_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf) {
+    QT_CUDA(cudaEventRecord(c->g[r]->pulled[lane][buf], lane_stream(c, r, lane, s)));
+}
+
+void qt_commg_wait_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf) {
+    QT_CUDA(cudaStreamWaitEvent(s, c->g[r]->pulled[lane][buf], 0));
+}
+
+static void enable_peers(qt_comm *c) {
+    for (int a = 0; a < c->n; a++)
+        for (int b = 0; b < c->n; b++) {
+            int da = c->devices[a], db = c->devices[b], ok = 0;
+            if (da == db) continue;
+            QT_CUDA(cudaDeviceCanAccessPeer(&ok, da, db));
+            if (!ok) continue;
+            QT_CUDA(cudaSetDevice(da));
+            cudaError_t e = cudaDeviceEnablePeerAccess(db, 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+            else QT_CUDA(e);
+        }
+}
+
+void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
+    unsigned flags = cudaHostAllocPortable | (wc ? cudaHostAllocWriteCombined : 0);
+    void *arena = NULL;
+    QT_CUDA(cudaSetDevice(c->devices[0]));
+    QT_CUDA(cudaHostAlloc(&arena, arena_total, flags));
+    c->scal = arena;
+    c->arena = (unsigned char *)arena + (size_t)c->n * QT_COMM_MAX_SCALARS * sizeof(float);
+    int host = c->kind == QT_COMM_HOST || c->kind == QT_COMM_HOST_WC;
+    for (int r = 0; r < c->n; r++) {
+        qt_comm_gpu *g = calloc(1, sizeof *g);
+        QT_CHECK(g != NULL, "out of memory");
+        c->g[r] = g;
+        g->dev = c->devices[r];
+        g->nlanes = c->n - 1 > 2 ? c->n - 1 : 2;
+        QT_CUDA(cudaSetDevice(g->dev));
+        for (int l = 0; l < g->nlanes; l++) QT_CUDA(cudaStreamCreateWithFlags(&g->lane[l], cudaStreamNonBlocking));
+        unsigned ef = cudaEventDisableTiming;
+        for (int k = 0; k < QT_COMM_SLOTS; k++) {
+            QT_CUDA(cudaEventCreateWithFlags(&g->ready[k], ef));
+            QT_CUDA(cudaEventCreateWithFlags(&g->done[k], ef));
+            for (int i = 0; host && i < QT_COMM_MAX_CHUNKS; i++) QT_CUDA(cudaEventCreateWithFlags(&g->chunk[k][i], ef));
+        }
+        g->have_chunk = host;
+        for (int l = 0; l <= g->nlanes; l++) {
+            QT_CUDA(cudaEventCreateWithFlags(&g->dep[l], ef));
+            QT_CUDA(cudaEventCreateWithFlags(&g->pulled[l][0], ef));
+            QT_CUDA(cudaEventCreateWithFlags(&g->pulled[l][1], ef));
+        }
+        if (c->stage_bytes) QT_CUDA(cudaMalloc(&c->stage[r], c->stage_bytes));
+        QT_CUDA(cudaMalloc((void **)&c->scal_stage[r], (size_t)c->n * QT_COMM_MAX_SCALARS * sizeof(float)));
+    }
+    if (c->kind == QT_COMM_PEER) enable_peers(c);
+}
+
+void qt_commg_free(qt_comm *c) {
+    for (int r = 0; r < c->n; r++) {
+        qt_comm_gpu *g = c->g[r];
+        if (!g) continue;
+        QT_CUDA(cudaSetDevice(g->dev));
+        for (int l = 0; l < g->nlanes; l++) {
+            QT_CUDA(cudaStreamSynchronize(g->lane[l]));
+            QT_CUDA(cudaStreamDestroy(g->lane[l]));
+        }
+        for (int k = 0; k < QT_COMM_SLOTS; k++) {
+            QT_CUDA(cudaEventDestroy(g->ready[k]));
+            QT_CUDA(cudaEventDestroy(g->done[k]));
+            for (int i = 0; g->have_chunk && i < QT_COMM_MAX_CHUNKS; i++) QT_CUDA(cudaEventDestroy(g->chunk[k][i]));
+        }
+        for (int l = 0; l <= g->nlanes; l++) {
+            QT_CUDA(cudaEventDestroy(g->dep[l]));
+            QT_CUDA(cudaEventDestroy(g->pulled[l][0]));
+            QT_CUDA(cudaEventDestroy(g->pulled[l][1]));
+        }
+        if (c->stage[r]) QT_CUDA(cudaFree(c->stage[r]));
+        QT_CUDA(cudaFree(c->scal_stage[r]));
+        free(g);
+    }
+    if (c->scal) QT_CUDA(cudaFreeHost(c->scal));
+}
+
+qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t host_arena_bytes,
+                        const qt_comm_opts *opts) {
+    int ndev = 0;
+    QT_CUDA(cudaGetDeviceCount(&ndev));
+    QT_CHECK(n >= 1 && n <= QT_COMM_MAX_RANKS, "comm: %d ranks, expected 1..%d", n, QT_COMM_MAX_RANKS);
+    for (int r = 0; r < n; r++)
+        QT_CHECK(devices[r] >= 0 && devices[r] < ndev, "comm: rank %d on device %d, but %d devices exist", r,
+                 devices[r], ndev);
+    if (kind == QT_COMM_AUTO) {
+        qt_comm_probe_result p;
+        const qt_comm_probe_result *pp = opts ? opts->probe : NULL;
+        if (!pp) {
+            /* Probe each distinct device once. */
+            int uniq[QT_COMM_MAX_RANKS], nu = 0;
+            for (int r = 0; r < n; r++) {
+                int seen = 0;
+                for (int u = 0; u < nu; u++) seen |= uniq[u] == devices[r];
+                if (!seen) uniq[nu++] = devices[r];
+            }
+            QT_CHECK(qt_comm_probe(nu, uniq, &p) == 0, "comm: the link probe failed");
+            pp = &p;
+        }
+        kind = pp->pick;
+    }
+    qt_comm *c = qt_comm_alloc(n, kind, host_arena_bytes, opts, 1);
+    memcpy(c->devices, devices, (size_t)n * sizeof(int));
+    qt_commg_init(c, (size_t)n * QT_COMM_MAX_SCALARS * sizeof(float) + c->arena_bytes, kind == QT_COMM_HOST_WC);
+    qt_comm_register(c);
+    return c;
+}

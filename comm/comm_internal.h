@@ -1,0 +1,83 @@
+/* comm_internal.h — the communicator's state, shared by the schedules (comm.c), the host rendezvous
+ * (sync.c) and the GPU backend (comm_gpu.c). Not a public header.
+ *
+ * Ordering: the k-th collective of every rank uses slot k % QT_COMM_SLOTS. A rank publishes its
+ * pointers in the slot and records its events, then posts phase A; peers wait for A before they
+ * enqueue waits on those events (so cudaStreamWaitEvent never sees a stale record). After enqueueing
+ * its reads a rank records its done event and posts B; after waiting for every B it makes its stream
+ * wait on every done event and posts C. A slot (and its events) is reused only once every rank posted
+ * C for the collective that used it QT_COMM_SLOTS earlier. Counters are monotonic 64-bit. */
+#ifndef QT_COMM_INTERNAL_H
+#define QT_COMM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "qt_comm.h"
+
+#define QT_COMM_SLOTS 4
+#define QT_COMM_MAX_CHUNKS 64 /* chunk events per rank and slot; a window has at most this many chunks */
+#define QT_COMM_LANES QT_COMM_MAX_RANKS /* internal streams per rank (>= max(2, N-1)) */
+
+enum { QT_PH_A = 0, QT_PH_B = 1, QT_PH_C = 2 };
+enum { QT_OP_AG = 1, QT_OP_AG_HOST, QT_OP_RS, QT_OP_BC, QT_OP_SCAL, QT_OP_BARRIER };
+
+typedef struct {
+    int op, dt, root, red;
+    size_t count, win; /* win: window index of a windowed collective */
+} qt_comm_desc;
+
+typedef struct {
+    const void *src[QT_COMM_MAX_RANKS];
+    qt_comm_desc desc[QT_COMM_MAX_RANKS];
+} qt_comm_slot;
+
+typedef struct qt_comm_gpu qt_comm_gpu; /* per-rank GPU state, comm_gpu.c */
+
+struct qt_comm {
+    int n, gpu, ring;
+    qt_comm_kind kind;
+    int devices[QT_COMM_MAX_RANKS];
+    size_t chunk_bytes;
+    double timeout_s;
+    char name[32];
+
+    unsigned char *arena;   /* shared staging: [scalars: n*MAX_SCALARS floats][main: arena_bytes] */
+    size_t arena_bytes;     /* main part */
+    float *scal;            /* start of the arena */
+
+    _Atomic int64_t posted[3][QT_COMM_MAX_RANKS];
+    _Atomic int aborted;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    qt_comm_slot slot[QT_COMM_SLOTS];
+    int64_t seq[QT_COMM_MAX_RANKS]; /* written only by rank r's thread */
+
+    qt_comm_gpu *g[QT_COMM_MAX_RANKS];
+    void *stage[QT_COMM_MAX_RANKS];      /* reduce-scatter staging, 2*(n-1)*chunk_bytes (device or host) */
+    float *scal_stage[QT_COMM_MAX_RANKS]; /* n*QT_COMM_MAX_SCALARS floats (device or host) */
+    size_t stage_bytes;
+};
+
+qt_comm *qt_comm_alloc(int n, qt_comm_kind kind, size_t arena_bytes, const qt_comm_opts *opts, int gpu);
+
+/* sync.c: post / wait on phase counters; wait returns -1 when aborted (fails after timeout_s). */
+void qt_comm_post(qt_comm *c, int ph, int r, int64_t seq);
+int qt_comm_wait_all(qt_comm *c, int ph, int r, int64_t seq);
+void qt_comm_register(qt_comm *c);
+void qt_comm_unregister(qt_comm *c);
+
+/* comm_gpu.c: the GPU backend. Lane 0 is the caller's stream, lanes 1.. are the rank's own streams. */
+void qt_commg_init(qt_comm *c, size_t arena_total, int wc);
+void qt_commg_free(qt_comm *c);
+void qt_commg_enter(qt_comm *c, int r);
+void qt_commg_copy(qt_comm *c, int r, int lane, cudaStream_t s, void *dst, const void *src, size_t bytes);
+void qt_commg_dep(qt_comm *c, int r, int from, int to, cudaStream_t s); /* to waits from's current point */
+void qt_commg_mark(qt_comm *c, int r, int lane, cudaStream_t s, int which, int slot, int chunk);
+void qt_commg_wait_peer(qt_comm *c, int r, int lane, cudaStream_t s, int j, int which, int slot, int chunk);
+void qt_commg_record_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf);
+void qt_commg_wait_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf);
+enum { QT_EV_READY = 0, QT_EV_DONE = 1, QT_EV_CHUNK = 2 };
+
+#endif

@@ -1,0 +1,118 @@
+/* qt_comm.h — collectives between the GPU threads of one process, on our own copy schedules (no NCCL).
+ *
+ * A communicator is made once (main thread) for N ranks; each rank's thread then calls the
+ * collectives with its rank and its own stream. Every rank must call the same collectives in the same
+ * order with the same counts (checked: a mismatch fails with a message naming both calls). Work is
+ * enqueued on the caller's stream and returns at once: ranks rendezvous on the host only to exchange
+ * pointers and events (never to wait for GPU work), so a thread runs at most one collective ahead.
+ *
+ * Shards are uneven when N does not divide count: rank r owns [off, off+len) from qt_comm_shard
+ * (the first count%N ranks get one element more). Sizes are 64-bit. In-place use is allowed where
+ * a function says so. Reductions accumulate in fp32 in ascending rank order (acc = x_0; acc += x_1;
+ * ...) and round once to the output dtype, so every rank gets bitwise the same result.
+ *
+ * A CPU backend (qt_comm_create_cpu: host buffers, memcpy, the same schedules) lets CI test the
+ * slot/ordering logic and lets the CPU trainer use the same API with stream = NULL.
+ *
+ * Every collective returns 0, or -1 after qt_comm_abort (the caller must then stop using the comm). */
+#ifndef QT_COMM_H
+#define QT_COMM_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include <cuda_runtime_api.h>
+
+#include "qt_config.h" /* qt_comm_kind: QT_COMM_AUTO | PEER | HOST | HOST_WC */
+#include "qt_dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QT_COMM_MAX_RANKS 8
+#define QT_COMM_MAX_SCALARS 64
+
+typedef struct qt_comm qt_comm;
+typedef enum { QT_COMM_SUM = 0, QT_COMM_MAX = 1 } qt_comm_op;
+
+/* What the start-up probe measured (GB/s = 1e9 B/s; 0 where not measured). */
+typedef struct {
+    int n;                                             /* GPUs probed */
+    int devices[QT_COMM_MAX_RANKS];
+    char name[128];                                    /* device 0's name */
+    int driver, runtime;                               /* cudaDriverGetVersion / cudaRuntimeGetVersion */
+    int can_access[QT_COMM_MAX_RANKS][QT_COMM_MAX_RANKS]; /* cudaDeviceCanAccessPeer */
+    double h2d[QT_COMM_MAX_RANKS], d2h[QT_COMM_MAX_RANKS]; /* pinned, one GPU at a time */
+    double h2d_all, d2h_all;                           /* per GPU, all GPUs at once */
+    double bidir_all;                                  /* per GPU, H2D + D2H at once on all GPUs (sum of both) */
+    double peer[QT_COMM_MAX_RANKS][QT_COMM_MAX_RANKS]; /* i -> j alone, peer access enabled */
+    double peer_bidir_min;                             /* min over pairs of i<->j both at once (sum) */
+    double peer_min;                                   /* min over pairs of peer[i][j] */
+    double seconds;                                    /* how long the probe took */
+    qt_comm_kind pick;                                 /* what AUTO resolves to */
+} qt_comm_probe_result;
+
+/* Optional knobs; zero-initialised means the defaults. */
+typedef struct {
+    int ring;                 /* peer: 1 = ring-ordered pulls (one peer per step), 0 = all peers at once */
+    size_t chunk_bytes;       /* pipeline chunk; 0 = 4 MiB for host kinds, 16 MiB for peer */
+    double timeout_s;         /* a rank waiting longer for a peer fails with a message; 0 = never */
+    const qt_comm_probe_result *probe; /* AUTO decides from this; NULL = run the probe */
+} qt_comm_opts;
+
+/* Measures links between devices[0..n) (about a second) and picks a kind. 0 on success. */
+int qt_comm_probe(int n, const int *devices, qt_comm_probe_result *out);
+/* Prints the probe as text (fp) or as a markdown section (md = 1). */
+void qt_comm_probe_print(const qt_comm_probe_result *p, FILE *fp, int md);
+
+/* Makes a GPU communicator (main thread). Rank r runs on devices[r]; several ranks may share a
+ * device. host_arena_bytes sizes the shared pinned staging arena of the host kinds (0 = 256 MiB);
+ * bigger collectives run in several windows. opts may be NULL. Fails via qt_fail on CUDA errors.
+ * The caller owns the result; free it with qt_comm_free once every rank has stopped. */
+qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t host_arena_bytes,
+                        const qt_comm_opts *opts);
+/* The same schedules on host memory for CPU threads (stream arguments are ignored). */
+qt_comm *qt_comm_create_cpu(int n, qt_comm_kind kind, size_t host_arena_bytes, const qt_comm_opts *opts);
+void qt_comm_free(qt_comm *c);
+
+int qt_comm_size(const qt_comm *c);
+/* The kind in use (AUTO resolved) and a short name such as "peer", "peer_ring", "host_wc". */
+qt_comm_kind qt_comm_kind_of(const qt_comm *c);
+const char *qt_comm_name(const qt_comm *c);
+/* Rank r's shard of count elements: [*off, *off + *len). */
+void qt_comm_shard(size_t count, int n, int r, size_t *off, size_t *len);
+
+/* dst[count] = concatenation of every rank's src[len_r]. In place when src == dst + off_r. */
+int qt_comm_all_gather(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
+                       cudaStream_t s);
+/* The same when every rank's src is pinned host memory (offloaded shards): host->device only. */
+int qt_comm_all_gather_host(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
+                            cudaStream_t s);
+/* dst[len_r] = sum over ranks of src[off_r .. off_r+len_r); fp32 or bf16. In place when
+ * dst == src + off_r. The rest of src is left unchanged. */
+int qt_comm_reduce_scatter(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
+                           cudaStream_t s);
+/* dst[count] = sum over ranks of src[count] (reduce-scatter then all-gather); dst == src allowed. */
+int qt_comm_all_reduce(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
+                       cudaStream_t s);
+/* buf[count] on every rank = root's buf. */
+int qt_comm_broadcast(qt_comm *c, int r, int root, void *buf, size_t count, qt_dtype dt, cudaStream_t s);
+/* vals[n] (device memory on GPU comms, n <= QT_COMM_MAX_SCALARS, fp32) = sum or max over ranks, in
+ * place. Max propagates NaN. Latency-bound: for loss, norm^2, abs-max. */
+int qt_comm_all_reduce_scalars(qt_comm *c, int r, float *vals, int n, qt_comm_op op, cudaStream_t s);
+/* Work after the barrier on any rank's stream starts after every rank's stream reached it. */
+int qt_comm_barrier(qt_comm *c, int r, cudaStream_t s);
+
+/* Makes every waiting and future call on c return -1 (also run for all live comms by qt_fail). */
+void qt_comm_abort(qt_comm *c);
+
+/* Reduction kernel (comm/reduce.cu): dst[i] = op over srcs[0..nsrc) of src[k][i] in ascending k,
+ * fp32 accumulation, rounded once to dt (fp32 or bf16). dst may alias srcs[0] or any src exactly. */
+void qt_comm_reduce_launch(qt_dtype dt, void *dst, const void *const *srcs, int nsrc, size_t n,
+                           qt_comm_op op, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,322 @@
+/* test_comm_gpu.c — comm on GPUs: every op and kind with as many ranks as devices, with 3 ranks on one
+ * device and with 1 rank; odd sizes, chunk and window edges, random delays, 10,000 back-to-back
+ * collectives, abort, an injected failure (child process), and collectives above 4 GiB.
+ * Skips cleanly without a CUDA device. */
+#include <cuda_runtime.h>
+
+#include "test_comm_common.h"
+
+static int g_dev[QT_COMM_MAX_RANKS];
+static int g_ndev;
+
+static void *d_alloc(int r, size_t b) {
+    void *p = NULL;
+    QT_CUDA(cudaSetDevice(g_dev[r]));
+    QT_CUDA(cudaMalloc(&p, b ? b : 16));
+    return p;
+}
+static void d_release(int r, void *p) {
+    QT_CUDA(cudaSetDevice(g_dev[r]));
+    QT_CUDA(cudaFree(p));
+}
+static void d_put(int r, cudaStream_t s, void *d, const void *h, size_t b) {
+    (void)r;
+    if (!b) return;
+    QT_CUDA(cudaMemcpyAsync(d, h, b, cudaMemcpyDefault, s));
+    QT_CUDA(cudaStreamSynchronize(s));
+}
+static void d_get(int r, cudaStream_t s, void *h, const void *d, size_t b) {
+    (void)r;
+    if (b) QT_CUDA(cudaMemcpyAsync(h, d, b, cudaMemcpyDefault, s));
+    QT_CUDA(cudaStreamSynchronize(s));
+}
+static cudaStream_t d_stream(int r) {
+    cudaStream_t s;
+    QT_CUDA(cudaSetDevice(g_dev[r]));
+    QT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+}
+static void d_stream_free(int r, cudaStream_t s) {
+    (void)r;
+    QT_CUDA(cudaStreamSynchronize(s));
+    QT_CUDA(cudaStreamDestroy(s));
+}
+static void *d_halloc(size_t b) {
+    void *p = NULL;
+    QT_CUDA(cudaHostAlloc(&p, b ? b : 16, cudaHostAllocPortable));
+    return p;
+}
+static void d_hrelease(void *p) { QT_CUDA(cudaFreeHost(p)); }
+static const ct_mem g_dmem = {d_alloc, d_release, d_put, d_get, d_stream, d_stream_free, d_halloc, d_hrelease};
+
+static int have_gpu(void) {
+    static int n = -1;
+    if (n < 0) {
+        if (cudaGetDeviceCount(&n) != cudaSuccess) {
+            (void)cudaGetLastError();
+            n = 0;
+        }
+    }
+    g_ndev = n;
+    return n > 0;
+}
+
+/* Layouts: 0 = one rank per device (needs >= 2), 1 = three ranks on device 0, 2 = one rank. */
+static int layout(int which) {
+    int n = which == 0 ? (g_ndev > QT_COMM_MAX_RANKS ? QT_COMM_MAX_RANKS : g_ndev) : which == 1 ? 3 : 1;
+    for (int r = 0; r < n; r++) g_dev[r] = which == 0 ? r : 0;
+    return which == 0 && g_ndev < 2 ? 0 : n;
+}
+
+static qt_comm *make(int n, qt_comm_kind kind, int ring, size_t chunk, size_t arena) {
+    qt_comm_opts o = {0};
+    o.ring = ring;
+    o.chunk_bytes = chunk;
+    o.timeout_s = 120;
+    return qt_comm_create(n, g_dev, kind, arena, &o);
+}
+
+static const size_t g_sizes[] = {0, 1, 2, 7, 13, 257, 1009, 16383, 16384, 16385, 100003, 1000003};
+
+static void run_kind(qt_comm_kind kind, int ring, int delay) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    ct_job j;
+    for (int lay = 0; lay < 3; lay++) {
+        int n = layout(lay);
+        if (!n) continue;
+        /* 64 KiB chunks (16384 fp32) and a 1 MiB arena: chunk edges and several windows. */
+        qt_comm *c = make(n, kind, ring, 64 << 10, 1 << 20);
+        for (size_t si = 0; si < sizeof g_sizes / sizeof g_sizes[0]; si++) {
+            if (delay && g_sizes[si] > 100003) continue;
+            const char *e = ct_script(c, &g_dmem, g_sizes[si], delay, 31 * n + si, &j);
+            QT_EXPECT(e == NULL, "%s, %d ranks (layout %d): %s", qt_comm_name(c), n, lay, e);
+            if (e) break;
+        }
+        qt_comm_free(c);
+    }
+}
+
+static void test_peer_direct(void) { run_kind(QT_COMM_PEER, 0, 0); }
+static void test_peer_ring(void) { run_kind(QT_COMM_PEER, 1, 0); }
+static void test_host(void) { run_kind(QT_COMM_HOST, 0, 0); }
+static void test_host_wc(void) { run_kind(QT_COMM_HOST_WC, 0, 0); }
+static void test_random_delays(void) {
+    run_kind(QT_COMM_PEER, 1, 1);
+    run_kind(QT_COMM_HOST, 0, 1);
+}
+
+static void test_auto_default_chunks(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    int n = layout(g_ndev >= 2 ? 0 : 1);
+    qt_comm *c = qt_comm_create(n, g_dev, QT_COMM_AUTO, 0, NULL);
+    ct_job j;
+    const char *e = ct_script(c, &g_dmem, 3000017, 0, 99, &j);
+    QT_EXPECT(e == NULL, "auto -> %s: %s", qt_comm_name(c), e);
+    qt_comm_free(c);
+}
+
+static void test_stress_10000(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    for (int v = 0; v < 2; v++) {
+        int n = layout(g_ndev >= 2 ? 0 : 1);
+        qt_comm *c = make(n, v ? QT_COMM_HOST : QT_COMM_PEER, 0, 0, 0);
+        ct_stress st;
+        const char *e = ct_stress_run(c, &g_dmem, 10000, 1000, 0, &st);
+        QT_EXPECT(e == NULL, "%s: %s", qt_comm_name(c), e);
+        qt_comm_free(c);
+    }
+}
+
+static void test_abort(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    int n = layout(g_ndev >= 2 ? 0 : 1);
+    qt_comm *c = make(n, QT_COMM_HOST, 0, 0, 0);
+    char msg[256];
+    QT_EXPECT(ct_abort_run(c, &g_dmem, msg, sizeof msg) == 0, "%s", msg);
+    qt_comm_free(c);
+}
+
+/* ---- above 4 GiB: memset shards plus random patches, checked at sampled windows ---- */
+
+typedef struct {
+    qt_comm *c;
+    int r, op, rc;
+    size_t count;
+    char *buf, *out;
+} big_arg;
+
+static uint8_t big_byte(int r) { return (uint8_t)(r * 37 + 11); }
+
+static void *big_worker(void *p) {
+    big_arg *a = p;
+    cudaStream_t s = d_stream(a->r);
+    a->rc = a->op == 0 ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_E4M3, s)
+                       : qt_comm_reduce_scatter(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s);
+    d_stream_free(a->r, s);
+    return NULL;
+}
+
+static void big_case(int n, qt_comm_kind kind, int op) {
+    size_t count = op == 0 ? ((size_t)9 << 29) + 12345 : ((size_t)9 << 28) + 777; /* 4.5 GiB of bytes / of bf16 */
+    size_t es = op == 0 ? 1 : 2;
+    qt_comm *c = make(n, kind, 0, 0, 0);
+    big_arg a[QT_COMM_MAX_RANKS];
+    pthread_t t[QT_COMM_MAX_RANKS];
+    enum { PATCH = 4096 };
+    static uint8_t patch[PATCH], got[PATCH], want[PATCH];
+    qt_rng g;
+    qt_rng_seed(&g, 4);
+    for (int i = 0; i < PATCH; i++) patch[i] = (uint8_t)qt_rng_u64(&g);
+    size_t poff = ((size_t)1 << 32) - 1000; /* a patch across the 4 GiB mark (element offset, all-gather) */
+    for (int r = 0; r < n; r++) {
+        size_t off, len;
+        qt_comm_shard(count, n, r, &off, &len);
+        a[r] = (big_arg){c, r, op, 0, count, NULL, NULL};
+        size_t in = op == 0 ? len : count, outb = op == 0 ? count : len;
+        a[r].buf = d_alloc(r, in * es);
+        a[r].out = d_alloc(r, outb * es);
+        QT_CUDA(cudaMemset(a[r].buf, big_byte(r), in * es));
+        QT_CUDA(cudaMemset(a[r].out, 0xff, outb * es));
+        if (op == 0 && poff >= off && poff + PATCH <= off + len)
+            QT_CUDA(cudaMemcpy(a[r].buf + (poff - off), patch, PATCH, cudaMemcpyHostToDevice));
+        QT_CUDA(cudaDeviceSynchronize());
+    }
+    for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, big_worker, &a[r]);
+    for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < n && !qt_t_failed; r++) {
+        QT_EXPECT(a[r].rc == 0, "rank %d rc %d", r, a[r].rc);
+        QT_CUDA(cudaSetDevice(g_dev[r]));
+        size_t off, len;
+        qt_comm_shard(count, n, r, &off, &len);
+        size_t outn = op == 0 ? count : len;
+        /* Sample: both ends, every shard boundary, the patch, and 32 random spots. */
+        size_t spots[64], ns = 0;
+        spots[ns++] = 0;
+        spots[ns++] = outn > PATCH ? outn - PATCH : 0;
+        for (int q = 1; q < n && op == 0; q++) {
+            size_t o2, l2;
+            qt_comm_shard(count, n, q, &o2, &l2);
+            spots[ns++] = o2 - PATCH / 2;
+        }
+        if (op == 0) spots[ns++] = poff;
+        for (int q = 0; q < 32; q++) spots[ns++] = qt_rng_below(&g, outn - PATCH / es);
+        for (size_t q = 0; q < ns; q++) {
+            size_t e0 = spots[q], ne = PATCH / es;
+            if (e0 + ne > outn) ne = outn - e0;
+            QT_CUDA(cudaMemcpy(got, a[r].out + e0 * es, ne * es, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < ne; i++) {
+                size_t ge = e0 + i;
+                if (op == 0) {
+                    int owner = 0;
+                    for (int q2 = 0; q2 < n; q2++) {
+                        size_t o2, l2;
+                        qt_comm_shard(count, n, q2, &o2, &l2);
+                        if (ge >= o2 && ge < o2 + l2) owner = q2;
+                    }
+                    want[i] = ge >= poff && ge < poff + PATCH ? patch[ge - poff] : big_byte(owner);
+                    if (got[i] != want[i]) {
+                        QT_EXPECT(0, "%s all_gather %zu B, rank %d: byte %zu = %u, expected %u", qt_comm_name(c), count, r,
+                                  ge, got[i], want[i]);
+                        break;
+                    }
+                } else {
+                    float acc = 0;
+                    for (int q2 = 0; q2 < n; q2++) {
+                        uint16_t b = (uint16_t)(big_byte(q2) * 0x101u);
+                        acc = q2 ? acc + qt_bf16_to_f32(b) : qt_bf16_to_f32(b);
+                    }
+                    uint16_t w = qt_f32_to_bf16(acc), gv;
+                    memcpy(&gv, got + i * 2, 2);
+                    if (gv != w) {
+                        QT_EXPECT(0, "%s reduce_scatter %zu bf16, rank %d: element %zu = %04x, expected %04x",
+                                  qt_comm_name(c), count, r, off + ge, gv, w);
+                        break;
+                    }
+                }
+            }
+            if (qt_t_failed) break;
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        d_release(r, a[r].buf);
+        d_release(r, a[r].out);
+    }
+    qt_comm_free(c);
+}
+
+static void test_above_4gib(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    int n = layout(g_ndev >= 2 ? 0 : 1);
+    if (n > 4) n = 4;
+    size_t fr = 0, tot = 0;
+    QT_CUDA(cudaSetDevice(0));
+    QT_CUDA(cudaMemGetInfo(&fr, &tot));
+    size_t need = (g_ndev >= 2 ? 1 : (size_t)n) * ((size_t)7 << 30);
+    if (fr < need) QT_SKIP("needs %zu GiB free on device 0, has %zu", need >> 30, fr >> 30);
+    big_case(n, QT_COMM_PEER, 0);
+    big_case(n, QT_COMM_HOST, 0);
+    big_case(n, QT_COMM_PEER, 1);
+    big_case(n, QT_COMM_HOST, 1);
+}
+
+/* ---- an injected failure in a child process: all ranks stop, exit status 1, a message ---- */
+
+typedef struct {
+    qt_comm *c;
+    int r;
+} kid_arg;
+
+static void *kid_worker(void *p) {
+    kid_arg *a = p;
+    qt_error_set_rank(a->r);
+    cudaStream_t s = d_stream(a->r);
+    float *buf = d_alloc(a->r, 1024 * 4);
+    for (int it = 0; it < 100000; it++) {
+        if (a->r == 1 && it == 40) QT_CHECK(0, "injected failure at iteration %d", it);
+        if (qt_comm_all_gather(a->c, a->r, buf, buf, 1024, QT_DT_F32, s)) break;
+    }
+    return NULL;
+}
+
+static void kid_main(void *p) {
+    (void)p;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) _exit(77);
+    g_ndev = n;
+    int k = layout(n >= 2 ? 0 : 1);
+    qt_comm *c = make(k, QT_COMM_HOST, 0, 0, 0);
+    kid_arg a[QT_COMM_MAX_RANKS];
+    pthread_t t[QT_COMM_MAX_RANKS];
+    for (int r = 0; r < k; r++) {
+        a[r] = (kid_arg){c, r};
+        pthread_create(&t[r], NULL, kid_worker, &a[r]);
+    }
+    for (int r = 0; r < k; r++) pthread_join(t[r], NULL);
+    fprintf(stderr, "child finished without failing\n");
+    _exit(0);
+}
+
+static int g_fork_status;
+static char g_fork_out[4096];
+
+static void test_injected_failure_stops_all(void) {
+    if (g_fork_status == 77) QT_SKIP("no CUDA device");
+    QT_EXPECT(g_fork_status == 1, "child exit status %d (-2 = hung), expected 1; stderr: %.600s", g_fork_status, g_fork_out);
+    QT_EXPECT(strstr(g_fork_out, "[rank 1]") && strstr(g_fork_out, "injected failure"), "stderr: %.600s", g_fork_out);
+}
+
+int main(void) {
+    /* Fork before this process touches CUDA: a child of a CUDA process cannot use CUDA. */
+    g_fork_status = ct_fork(kid_main, NULL, 60, g_fork_out, sizeof g_fork_out);
+    QT_RUN(test_injected_failure_stops_all);
+    QT_RUN(test_peer_direct);
+    QT_RUN(test_peer_ring);
+    QT_RUN(test_host);
+    QT_RUN(test_host_wc);
+    QT_RUN(test_random_delays);
+    QT_RUN(test_auto_default_chunks);
+    QT_RUN(test_stress_10000);
+    QT_RUN(test_abort);
+    QT_RUN(test_above_4gib);
+    return qt_test_end();
+}
