@@ -20,8 +20,11 @@ CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -fo
 NVFLAGS   := -O3 -g -std=c++17 -Iinclude -lineinfo --expt-relaxed-constexpr \
              $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
              -Xcompiler -Wall,-Werror -Wno-deprecated-gpu-targets -MMD -MP $(EXTRA_NVFLAGS)
+# libyaml and zstd link statically when their archives exist, so binaries run on GPU machines
+# that lack the shared libraries.
+STATIC_LIBS := $(foreach l,yaml zstd,$(if $(wildcard /usr/lib/x86_64-linux-gnu/lib$(l).a),-l:lib$(l).a,-l$(l)))
 LDLIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDNN_RPATH) -lcudnn -lcublasLt -lcudart \
-             -lyaml -lzstd -lstdc++ -lpthread -ldl -lm -fopenmp
+             $(STATIC_LIBS) -lstdc++ -lpthread -ldl -lm -fopenmp
 
 LIB_C   := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard cuda/*.c comm/*.c)
 LIB_CU  := $(wildcard cuda/*.cu comm/*.cu)

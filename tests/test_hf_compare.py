@@ -30,9 +30,14 @@ DIMS = {"cpu": dict(hidden_size=48, intermediate_size=80, num_attention_heads=6,
         "cuda": dict(hidden_size=256, intermediate_size=200, num_attention_heads=4, num_key_value_heads=2)}
 
 
+# fp32 is checked in a sharp regime (large weights); bf16 at a realistic init, where bf16 rounding
+# is not amplified by saturated softmaxes (torch's own bf16 is off by 20% there).
+INIT_STD = {"cpu": 0.2, "cuda": 0.02}
+
+
 def build_model(kind, tied, device, path):
     common = dict(vocab_size=96, num_hidden_layers=2, **DIMS[device], max_position_embeddings=64,
-                  rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=tied, initializer_range=0.2,
+                  rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=tied, initializer_range=INIT_STD[device],
                   attn_implementation="eager", torch_dtype=torch.float32)
     if kind == "qwen2":
         cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
@@ -77,6 +82,14 @@ def check(kind, tied, device, tmp):
     logits = model(input_ids=ids).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
     loss.backward()
+    ref16 = {}
+    if device == "cuda":  # what bf16 costs torch itself on this model: printed beside ours
+        m16 = type(model).from_pretrained(mdir, torch_dtype=torch.bfloat16, attn_implementation="eager")
+        lg16 = m16(input_ids=ids).logits.float()
+        l16 = torch.nn.functional.cross_entropy(lg16.reshape(-1, lg16.shape[-1]), tgt.reshape(-1))
+        l16.backward()
+        ref16 = {n: rel(p.grad.float().numpy(), dict(model.named_parameters())[n].grad.numpy()) for n, p in m16.named_parameters()}
+        ref16["logits"] = rel(lg16.detach().reshape(B * T, -1).numpy(), logits.detach().reshape(B * T, -1).numpy())
     tol = TOL[device]; ok = True; rows = []
     ours_loss = float(open(os.path.join(out, "loss.txt")).read())
     e = abs(ours_loss - loss.item()) / abs(loss.item()); rows.append(("loss", e, tol["loss"]))
@@ -94,7 +107,8 @@ def check(kind, tied, device, tmp):
     worst = max(rows, key=lambda x: x[1] / x[2])
     for n, err, t in rows:
         flag = "" if err <= t else "   <-- over bound"
-        print(f"  {name}: {n:55s} rel err {err:.2e} (bound {t:.0e}){flag}")
+        extra = f"  torch-bf16 {ref16[n]:.2e}" if n in ref16 else ""
+        print(f"  {name}: {n:55s} rel err {err:.2e} (bound {t:.0e}){extra}{flag}")
         ok &= err <= t
     print(f"{'PASS' if ok else 'FAIL'} hf_compare_{name}: loss {ours_loss:.6f} vs torch {loss.item():.6f}, worst {worst[0]} {worst[1]:.2e}")
     return ok
