@@ -52,4 +52,8 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const 
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
                                 size_t errlen);
 
+/* GPU engine only: per-op timing of the following steps, printed as ms per optimizer step. */
+void qt_engine_gpu_profile(qt_engine *e, int on);
+void qt_engine_gpu_profile_print(qt_engine *e, int steps);
+
 #endif

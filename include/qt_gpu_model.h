@@ -69,6 +69,7 @@ typedef struct {
     size_t ws_bytes;
     qt_adamw_plan *adamw;
     int lm_chunks;
+    struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
     /* plan, for the allocator table */
     int n_plan;
     struct { const char *kind; size_t bytes; } plan[24];
@@ -85,6 +86,14 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g);
  * token losses)/dw and the LM head's backward runs chunk by chunk inside the forward. Without: loss
  * only (logits overwritten). The token losses are added to *g->loss_sum. Asynchronous on g->stream. */
 void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward);
+/* Per-op timing with CUDA events (train_bench --breakdown). mark() starts an interval named label on
+ * the stream (a no-op when profiling is off); collect() waits for the stream and adds the closed
+ * intervals to per-label totals; print() prints ms per step over `steps` steps and resets. */
+void qt_gpu_model_profile(qt_gpu_model *g, int on);
+void qt_gpu_model_mark(qt_gpu_model *g, const char *label);
+void qt_gpu_model_profile_collect(qt_gpu_model *g);
+void qt_gpu_model_profile_print(qt_gpu_model *g, int steps);
+
 /* Logits [N, V] as fp32 on the host for the tokens in g->tok (synchronises). */
 void qt_gpu_model_logits(qt_gpu_model *g, float *host_logits);
 

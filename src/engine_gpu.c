@@ -46,7 +46,7 @@ static void run_step(gpu_engine *e, float scale) {
     qt_gpu_model *g = e->g;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
      * cannot happen under capture. A new loss scale means a new graph. */
-    if (!e->base.cfg->cuda_graphs || e->micro_done == 0) {
+    if (!e->base.cfg->cuda_graphs || e->micro_done == 0 || g->prof) {
         qt_gpu_model_step(g, scale, 1);
         return;
     }
@@ -76,6 +76,7 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_gpu_model *g = e->g;
     const qt_config *c = b->cfg;
     cudaStream_t s = g->stream;
+    qt_gpu_model_mark(g, "optimizer: norm + adamw");
     qt_grad_norm(g->norm, g->clip, g->grad, b->L->numel, c->grad_clip, g->ws, s);
     qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
     qt_adamw_step(g->adamw, g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
@@ -84,6 +85,7 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->norm, 4, cudaMemcpyDeviceToHost, s));
     qt_zero(g->loss_sum, 8, s);
     QT_CUDA(cudaStreamSynchronize(s));
+    qt_gpu_model_profile_collect(g);
     *loss = e->valid_total ? (float)(e->out->loss / e->valid_total) : 0.0f;
     *gnorm = e->out->norm;
     e->valid_total = 0;
@@ -194,6 +196,9 @@ static const qt_engine_ops gpu_ops = {
     .print_memory = gpu_print_memory,
     .free = gpu_free,
 };
+
+void qt_engine_gpu_profile(qt_engine *b, int on) { qt_gpu_model_profile(((gpu_engine *)b)->g, on); }
+void qt_engine_gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_print(((gpu_engine *)b)->g, steps); }
 
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
                                 size_t errlen) {

@@ -179,12 +179,16 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
     for (long r0 = 0; r0 < g->N; r0 += chunk) {
         long n = g->N - r0 < chunk ? g->N - r0 : chunk;
         void *x = (char *)g->lnf + r0 * C * 2;
+        qt_gpu_model_mark(g, "lm head: matmul fwd");
         qt_matmul_fwd(g->mm, g->logits, QT_DT_BF16, x, Wp(g, g->L->lm_head), NULL, n, C, V, 0, s);
+        qt_gpu_model_mark(g, "lm head: loss");
         qt_lmhead_loss(g->logits, g->losses + r0, NULL, g->tgt + r0, n, V, loss_scale, s);
         if (!backward) continue;
+        qt_gpu_model_mark(g, "lm head: dgrad + wgrad");
         qt_matmul_dgrad(g->mm, (char *)g->dlnf + r0 * C * 2, QT_DT_BF16, g->logits, Wp(g, g->L->lm_head), n, C, V, 0, s);
         qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), QT_DT_F32, NULL, g->logits, x, n, C, V, 1, s);
     }
+    qt_gpu_model_mark(g, "lm head: loss");
     qt_sum_f32(g->loss_sum, g->losses, g->N, s);
 }
 
@@ -195,23 +199,34 @@ static void forward(qt_gpu_model *g) {
     int HD = H * D, QKV = (H + 2 * Hkv) * D;
     long N = g->N;
     float eps = c->rms_norm_eps;
+    qt_gpu_model_mark(g, "embedding fwd");
     qt_embedding_fwd(g->layers[0].res, g->tok, Wp(g, g->L->embed), N, C, c->vocab_size, s);
     for (int l = 0; l < c->num_layers; l++) {
         const qt_layer_offsets *o = &g->L->layers[l];
         qt_gpu_layer *a = &g->layers[l];
         /* res (the previous block's down output) += the previous block's residual, then norm */
+        qt_gpu_model_mark(g, "rmsnorm fwd");
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, l ? g->layers[l - 1].res_mid : NULL, Wp(g, o->ln1), N, C, eps, s);
+        qt_gpu_model_mark(g, "matmul fwd: qkv");
         qt_matmul_fwd(g->mm, a->qkv, QT_DT_BF16, a->ln1, Wp(g, o->wqkv), c->qkv_bias ? Wp(g, o->bqkv) : NULL, N, C,
                       QKV, 0, s);
+        qt_gpu_model_mark(g, "rope");
         qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
+        qt_gpu_model_mark(g, "attention fwd");
         qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, H, Hkv, D, s);
+        qt_gpu_model_mark(g, "matmul fwd: o");
         qt_matmul_fwd(g->mm, a->res_mid, QT_DT_BF16, a->att, Wp(g, o->wo), NULL, N, HD, C, 0, s);
+        qt_gpu_model_mark(g, "rmsnorm fwd");
         qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, C, eps, s);
+        qt_gpu_model_mark(g, "matmul fwd: gate|up");
         qt_matmul_fwd(g->mm, a->gu, QT_DT_BF16, a->ln2, Wp(g, o->wgu), NULL, N, C, 2 * F, 0, s);
+        qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_fwd(a->h, a->gu, N, F, s);
         void *out = l + 1 < c->num_layers ? g->layers[l + 1].res : g->res_final;
+        qt_gpu_model_mark(g, "matmul fwd: down");
         qt_matmul_fwd(g->mm, out, QT_DT_BF16, a->h, Wp(g, o->wdown), NULL, N, F, C, 0, s);
     }
+    qt_gpu_model_mark(g, "rmsnorm fwd");
     qt_rmsnorm_fwd(g->lnf, g->rstdf, g->res_final, g->layers[c->num_layers - 1].res_mid, Wp(g, g->L->final_norm), N,
                    C, eps, s);
 }
@@ -223,6 +238,7 @@ static void backward(qt_gpu_model *g) {
     int HD = H * D, QKV = (H + 2 * Hkv) * D;
     long N = g->N;
     size_t NC = (size_t)N * C;
+    qt_gpu_model_mark(g, "rmsnorm bwd");
     qt_zero(g->dres, NC * 4, s);
     qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, g->L->final_norm), g->dlnf, g->res_final, Wp(g, g->L->final_norm),
                    g->rstdf, N, C, g->ws, s);
@@ -230,24 +246,37 @@ static void backward(qt_gpu_model *g) {
         const qt_layer_offsets *o = &g->L->layers[l];
         qt_gpu_layer *a = &g->layers[l];
         /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
+        qt_gpu_model_mark(g, "cast dres");
         qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
+        qt_gpu_model_mark(g, "matmul bwd: down");
         qt_matmul_wgrad(g->mm, Gp(g, o->wdown), QT_DT_F32, NULL, g->dres_bf, a->h, N, F, C, 1, s);
         qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, g->dres_bf, Wp(g, o->wdown), N, F, C, 0, s);
+        qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_bwd(a->gu, a->h, a->gu, N, F, s);
+        qt_gpu_model_mark(g, "matmul bwd: gate|up");
         qt_matmul_wgrad(g->mm, Gp(g, o->wgu), QT_DT_F32, NULL, a->gu, a->ln2, N, C, 2 * F, 1, s);
         qt_matmul_dgrad(g->mm, g->dln, QT_DT_BF16, a->gu, Wp(g, o->wgu), N, C, 2 * F, 0, s);
+        qt_gpu_model_mark(g, "rmsnorm bwd");
         qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln2), g->dln, a->res_mid, Wp(g, o->ln2), a->rstd2, N, C, g->ws, s);
         /* attention */
+        qt_gpu_model_mark(g, "cast dres");
         qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
+        qt_gpu_model_mark(g, "matmul bwd: o");
         qt_matmul_wgrad(g->mm, Gp(g, o->wo), QT_DT_F32, NULL, g->dres_bf, a->att, N, HD, C, 1, s);
         qt_matmul_dgrad(g->mm, g->datt, QT_DT_BF16, g->dres_bf, Wp(g, o->wo), N, HD, C, 0, s);
+        qt_gpu_model_mark(g, "attention bwd");
         qt_attention_bwd(g->attn, g->dqkv, g->datt, a->qkv, a->att, a->lse, g->B, g->T, H, Hkv, D, s);
+        qt_gpu_model_mark(g, "rope");
         qt_rope_bwd(g->dqkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
+        qt_gpu_model_mark(g, "bias grad");
         if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), g->dqkv, N, QKV, g->ws, s);
+        qt_gpu_model_mark(g, "matmul bwd: qkv");
         qt_matmul_wgrad(g->mm, Gp(g, o->wqkv), QT_DT_F32, NULL, g->dqkv, a->ln1, N, C, QKV, 1, s);
         qt_matmul_dgrad(g->mm, g->dln, QT_DT_BF16, g->dqkv, Wp(g, o->wqkv), N, C, QKV, 0, s);
+        qt_gpu_model_mark(g, "rmsnorm bwd");
         qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1), a->rstd1, N, C, g->ws, s);
     }
+    qt_gpu_model_mark(g, "embedding bwd");
     qt_embedding_bwd(Gp(g, g->L->embed), g->dres, QT_DT_F32, g->tok, N, C, c->vocab_size, g->ws, s);
 }
 
@@ -255,6 +284,66 @@ void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward_too) {
     forward(g);
     lm_head(g, loss_scale, backward_too);
     if (backward_too) backward(g);
+    qt_gpu_model_profile_collect(g);
+}
+
+/* ---- per-op timing ---- */
+#define PROF_EVENTS 4096
+#define PROF_LABELS 48
+struct qt_gpu_prof {
+    cudaEvent_t ev[PROF_EVENTS];
+    const char *at[PROF_EVENTS]; /* label of the interval that starts at ev[i] */
+    int n;
+    const char *label[PROF_LABELS];
+    double ms[PROF_LABELS];
+    int nlabels;
+};
+
+void qt_gpu_model_profile(qt_gpu_model *g, int on) {
+    if (on && !g->prof) {
+        g->prof = calloc(1, sizeof *g->prof);
+        QT_CHECK(g->prof, "out of host memory");
+        for (int i = 0; i < PROF_EVENTS; i++) QT_CUDA(cudaEventCreate(&g->prof->ev[i]));
+    } else if (!on && g->prof) {
+        for (int i = 0; i < PROF_EVENTS; i++) QT_CUDA(cudaEventDestroy(g->prof->ev[i]));
+        free(g->prof);
+        g->prof = NULL;
+    }
+}
+
+void qt_gpu_model_mark(qt_gpu_model *g, const char *label) {
+    struct qt_gpu_prof *p = g->prof;
+    if (!p || p->n == PROF_EVENTS) return;
+    QT_CUDA(cudaEventRecord(p->ev[p->n], g->stream));
+    p->at[p->n++] = label;
+}
+
+void qt_gpu_model_profile_collect(qt_gpu_model *g) {
+    struct qt_gpu_prof *p = g->prof;
+    if (!p || p->n == 0) return;
+    qt_gpu_model_mark(g, NULL); /* closes the last interval */
+    QT_CUDA(cudaStreamSynchronize(g->stream));
+    for (int i = 0; i + 1 < p->n; i++) {
+        float ms;
+        QT_CUDA(cudaEventElapsedTime(&ms, p->ev[i], p->ev[i + 1]));
+        int k = 0;
+        while (k < p->nlabels && strcmp(p->label[k], p->at[i])) k++;
+        if (k == p->nlabels && k < PROF_LABELS) p->label[p->nlabels++] = p->at[i];
+        if (k < PROF_LABELS) p->ms[k] += ms;
+    }
+    p->n = 0;
+}
+
+void qt_gpu_model_profile_print(qt_gpu_model *g, int steps) {
+    struct qt_gpu_prof *p = g->prof;
+    if (!p) return;
+    double total = 0;
+    for (int k = 0; k < p->nlabels; k++) total += p->ms[k];
+    printf("time per optimizer step by op (CUDA events, %d steps):\n", steps);
+    for (int k = 0; k < p->nlabels; k++)
+        printf("  %-28s %8.2f ms  %5.1f%%\n", p->label[k], p->ms[k] / steps, 100 * p->ms[k] / total);
+    printf("  %-28s %8.2f ms\n", "total", total / steps);
+    memset(p->ms, 0, sizeof p->ms);
 }
 
 void qt_gpu_model_logits(qt_gpu_model *g, float *host) {

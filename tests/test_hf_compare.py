@@ -13,7 +13,7 @@ import os, subprocess, sys, tempfile
 BUILD = os.environ.get("BUILD", "build")
 TOOL = os.path.join(BUILD, "tests", "tool_hf_dump")
 # fp32 CPU engine: agreement to float rounding. bf16 GPU engine: bf16 activations and weights.
-TOL = {"cpu": {"logits": 1e-4, "loss": 1e-5, "grad": 1e-3}, "cuda": {"logits": 3e-2, "loss": 1e-2, "grad": 6e-2}}
+TOL = {"cpu": {"logits": 1e-4, "loss": 1e-5, "grad": 1e-3}, "cuda": {"logits": 3e-2, "loss": 1e-2, "grad": 3e-2}}
 
 try:
     import numpy as np
@@ -106,6 +106,8 @@ def check(kind, tied, device, tmp):
         rows.append((pname, rel(grads[pname], p.grad.numpy()), tol["grad"]))
     worst = max(rows, key=lambda x: x[1] / x[2])
     for n, err, t in rows:
+        if n in ref16:  # bf16: within 4x of the error torch's own bf16 makes on the same tensor
+            t = max(t, 4 * ref16[n])
         flag = "" if err <= t else "   <-- over bound"
         extra = f"  torch-bf16 {ref16[n]:.2e}" if n in ref16 else ""
         print(f"  {name}: {n:55s} rel err {err:.2e} (bound {t:.0e}){extra}{flag}")

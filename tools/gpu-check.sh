@@ -30,7 +30,9 @@ if has bench; then
     { step gemm_bench 300 build/bench/gemm_bench
       step kernels_bench 200 build/bench/kernels_bench
       step quant_bench 200 build/bench/quant_bench
-      step train_bench_0.5b 400 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml --steps 10
+      step train_bench_0.5b 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml --steps 10 --breakdown
+      step train_bench_0.5b_graphs 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml --steps 10 --set perf.cuda_graphs=true
       step torch_eager 300 python3 bench/torch_baseline.py --model qwen2.5-0.5b --micro-batch 16
-    } 2>&1 | tee "$OUT/bench.log" | grep -E 'RESULT|tokens/s|TFLOP|==' | head -80
+      step torch_compile 300 python3 bench/torch_baseline.py --model qwen2.5-0.5b --micro-batch 16 --compile
+    } 2>&1 | tee "$OUT/bench.log" | grep -E 'RESULT|tokens/s|==' | head -80
 fi
