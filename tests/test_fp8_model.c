@@ -12,6 +12,7 @@
 #include "qt_data.h"
 #include "qt_device.h"
 #include "qt_engine.h"
+#include "qt_gpu_fp8.h"
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_train.h"
@@ -156,6 +157,39 @@ static void test_fp8_config_errors(void) {
     qt_layout_free(&L);
 }
 
+/* Host-side planning (no GPU needed): region sizes, the guard rails' messages, tag names. */
+static void test_fp8_plan_and_checks(void) {
+    qt_config c;
+    QT_REQUIRE(grad_cfg(&c, "e4m3", "e4m3", "true") == 0, "config");
+    qt_model_cfg m = c.model;
+    qt_model_cfg_finish(&m);
+    size_t C = 128, F = 384, QKV = 256, HD = 128, N = 256, nl = 2;
+    /* W and W^T of the four matrices (multiples of 256 bytes here), 24 scale records (384 -> 512), flag */
+    size_t w = nl * 2 * (QKV * C + HD * C + 2 * F * C + F * C) + 512 + 256;
+    QT_EXPECT(qt_fp8_weight_bytes(&m) == w, "weight bytes %zu, expected %zu", qt_fp8_weight_bytes(&m), w);
+    size_t a = N * F + nl * N * (C + HD + C + F), ag = a + 2 * N * (2 * F);
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16) == a, "act bytes (bf16 grads) %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16), a);
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2) == ag, "act bytes %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2), ag);
+    char err[512] = "";
+    QT_EXPECT(qt_fp8_check(&m, &c, (long)N, 90, err, sizeof err) == 0, "valid config refused: %s", err);
+    QT_EXPECT(qt_fp8_check(&m, &c, (long)N, 80, err, sizeof err) == -1 && strstr(err, "compute capability") &&
+                  strstr(err, "8.0") && strstr(err, "test_fp8.yaml"),
+              "cc 8.0: %s", err);
+    QT_EXPECT(qt_fp8_check(&m, &c, 180, 90, err, sizeof err) == -1 && strstr(err, "180") && strstr(err, "multiple of 16"),
+              "180 tokens: %s", err);
+    qt_model_cfg odd = m;
+    odd.intermediate_size = 200; /* 2F = 400 is fine, F = 200 is not a multiple of 16 */
+    QT_EXPECT(qt_fp8_check(&odd, &c, (long)N, 90, err, sizeof err) == -1 && strstr(err, "down") && strstr(err, "200"),
+              "F=200: %s", err);
+    char name[96];
+    QT_EXPECT(!strcmp(qt_fp8_tag_name(1 + (1 * 4 + 3) * 3 + 0, name, sizeof name), "layer 1 down weight"), "tag: %s",
+              name);
+    QT_EXPECT(!strcmp(qt_fp8_tag_name(1 + (0 * 4 + 0) * 3 + 2, name, sizeof name), "layer 0 qkv output gradient"),
+              "tag: %s", name);
+}
+
 static char *read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -226,6 +260,7 @@ static void test_fp8_tinyshakespeare(void) {
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/qt_fp8_XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
+    QT_RUN(test_fp8_plan_and_checks);
     QT_RUN(test_fp8_config_errors);
     QT_RUN(test_fp8_grads_e4m3);
     QT_RUN(test_fp8_grads_e5m2);
