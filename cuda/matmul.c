@@ -275,7 +275,16 @@ static void key_shape(mm_key *y, int ta, int tb, long m, long n, long k, long ld
 static int run(qt_matmul_ctx *c, const mm_key *key, const mm_call *k) {
     mm_plan *p = get_plan(c, key, k);
     if (!p->ok) return 0;
-    QT_CUBLAS(mm_launch(c, p, k, &p->algo, k->d));
+    cublasStatus_t st = mm_launch(c, p, k, &p->algo, k->d);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        const mm_key *y = &p->key;
+        fprintf(stderr, "cuBLASLt (%zu) launch failed: m=%ld n=%ld k=%ld trans=%c%c types a=%d b=%d d=%d epilogue=%d "
+                "lda=%ld ldb=%ld ldd=%ld align a/b/d=%d/%d/%d fast_accum=%d on %s (cc %d)\n", cublasLtGetVersion(),
+                (long)y->m, (long)y->n, (long)y->k, y->transa ? 'T' : 'N', y->transb ? 'T' : 'N', y->atype, y->btype,
+                y->dtype, y->epi, (long)y->lda, (long)y->ldb, (long)y->ldd, y->align_a, y->align_b, y->align_d,
+                y->fast_accum, c->dev_name, c->cc);
+        QT_CUBLAS(st);
+    }
     return 1;
 }
 
