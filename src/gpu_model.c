@@ -3,7 +3,9 @@
  *
  * The residual stream needs no copies: the fused RMSNorm adds the branch input into the buffer that
  * holds the branch output (o_proj / down output), which then *is* the next residual and stays saved
- * for the backward. dres, the residual-stream gradient, is fp32 and accumulates across the blocks. */
+ * for the backward. dres, the residual-stream gradient, is fp32 and accumulates across the blocks.
+ * With precision.matmul_dtype: e4m3 the blocks' four matmuls go through src/gpu_fp8.c (lin_fwd/lin_bwd);
+ * its buffers are the plan's "fp8 weights (persistent)" and "fp8 activations" rows. */
 #include "qt_gpu_model.h"
 
 #include <stdio.h>
