@@ -143,8 +143,9 @@ static float time_algo(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, const cub
     return ms / 5;
 }
 
-/* Picks the fastest of the heuristic's candidates. Accumulating calls run on a scratch output so the
- * caller's partial sums survive; when that cannot be had, the first candidate stays. */
+/* Picks the fastest of the heuristic's candidates; -1 when none of them launches. Accumulating calls run
+ * on a scratch output so the caller's partial sums survive; when that cannot be had (or under graph
+ * capture), the first candidate stays. */
 static int tune(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, const cublasLtMatmulHeuristicResult_t *res, int n) {
     enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     QT_CUDA(cudaStreamIsCapturing(k->s, &cap));
@@ -171,7 +172,7 @@ static int tune(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, const cublasLtMa
     QT_CUDA(cudaEventDestroy(e0));
     QT_CUDA(cudaEventDestroy(e1));
     if (scratch) QT_CUDA(cudaFree(scratch));
-    return best;
+    return best_ms < 0 ? -1 : best;
 }
 
 static void build_plan(qt_matmul_ctx *c, mm_plan *p, const mm_call *k) {
@@ -189,6 +190,9 @@ static void build_plan(qt_matmul_ctx *c, mm_plan *p, const mm_call *k) {
     if (y->atype == CUDA_R_8F_E4M3 || y->atype == CUDA_R_8F_E5M2) {
         int8_t fa = (int8_t)y->fast_accum;
         set_desc(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa);
+        /* The heuristic sees the same descriptor the launches use: scale pointers set, as at launch. */
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &k->sa, sizeof k->sa);
+        set_desc(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &k->sb, sizeof k->sb);
     }
     /* Stored shapes: op(A) is m x k, op(B) is k x n, D is m x n (column-major). */
     QT_CUBLAS(cublasLtMatrixLayoutCreate(&p->la, (cudaDataType_t)y->atype, y->transa ? y->k : y->m,
@@ -223,6 +227,15 @@ static void build_plan(qt_matmul_ctx *c, mm_plan *p, const mm_call *k) {
         return;
     }
     int best = (c->autotune && n > 1) ? tune(c, p, k, res, n) : 0;
+    if (best < 0) { /* every candidate failed to launch: say which problem, not just the status */
+        p->ok = 0;
+        QT_CHECK(y->epi == CUBLASLT_EPILOGUE_BGRADB,
+                 "cuBLASLt (%zu): none of the %d algorithms offered for m=%ld n=%ld k=%ld trans=%c%c types a=%d b=%d "
+                 "d=%d epilogue=%d launches on %s (cc %d)",
+                 cublasLtGetVersion(), n, (long)y->m, (long)y->n, (long)y->k, y->transa ? 'T' : 'N',
+                 y->transb ? 'T' : 'N', y->atype, y->btype, y->dtype, y->epi, c->dev_name, c->cc);
+        return;
+    }
     p->algo = res[best].algo;
     p->ok = 1;
 }
@@ -262,7 +275,16 @@ static void key_shape(mm_key *y, int ta, int tb, long m, long n, long k, long ld
 static int run(qt_matmul_ctx *c, const mm_key *key, const mm_call *k) {
     mm_plan *p = get_plan(c, key, k);
     if (!p->ok) return 0;
-    QT_CUBLAS(mm_launch(c, p, k, &p->algo, k->d));
+    cublasStatus_t st = mm_launch(c, p, k, &p->algo, k->d);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        const mm_key *y = &p->key;
+        fprintf(stderr, "cuBLASLt (%zu) launch failed: m=%ld n=%ld k=%ld trans=%c%c types a=%d b=%d d=%d epilogue=%d "
+                "lda=%ld ldb=%ld ldd=%ld align a/b/d=%d/%d/%d fast_accum=%d on %s (cc %d)\n", cublasLtGetVersion(),
+                (long)y->m, (long)y->n, (long)y->k, y->transa ? 'T' : 'N', y->transb ? 'T' : 'N', y->atype, y->btype,
+                y->dtype, y->epi, (long)y->lda, (long)y->ldb, (long)y->ldd, y->align_a, y->align_b, y->align_d,
+                y->fast_accum, c->dev_name, c->cc);
+        QT_CUBLAS(st);
+    }
     return 1;
 }
 
@@ -327,7 +349,13 @@ void qt_matmul_fp8(qt_matmul_ctx *c, void *d, qt_dtype ddt, const void *a, qt_dt
                  !(adt == QT_DT_E5M2 && bdt == QT_DT_E5M2),
              "qt_matmul_fp8: operand types %s x %s: expected e4m3 x e4m3, e4m3 x e5m2 or e5m2 x e4m3",
              qt_dtype_name(adt), qt_dtype_name(bdt));
-    QT_CHECK(K % 16 == 0 && N % 16 == 0, "qt_matmul_fp8: K=%d N=%d: both must be multiples of 16", K, N);
+    /* Hopper's fp8 kernels (TMA tiles) need every dimension of the TN problem 16-byte aligned, M (the
+     * column count of cuBLASLt's col-major D) included: M=1/7/33 pass the heuristic and then fail in
+     * cublasLtMatmul with CUBLAS_STATUS_NOT_SUPPORTED. Say so here instead. */
+    QT_CHECK(M % 16 == 0 && K % 16 == 0 && N % 16 == 0,
+             "qt_matmul_fp8: M=%ld N=%d K=%d: cuBLASLt's fp8 kernels need all three to be multiples of 16", M, N, K);
+    QT_CHECK(ptr_align(a) >= 16 && ptr_align(b) >= 16 && ptr_align(d) >= 16 && (!bias || ptr_align(bias) >= 16),
+             "qt_matmul_fp8: operand pointers must be 16-byte aligned (a %p b %p d %p bias %p)", a, b, (void *)d, bias);
     check_out_type(ddt, "qt_matmul_fp8");
     /* cuBLASLt's A is our B (see the mapping at the top), so the scales swap too. */
     mm_call k = {.a = b, .b = a, .d = d, .bias = bias, .sa = b_scale, .sb = a_scale, .accumulate = accumulate, .s = s};

@@ -13,6 +13,7 @@
 #include "qt_attention.h"
 #include "qt_config.h"
 #include "qt_dtype.h"
+#include "qt_gpu_fp8.h"
 #include "qt_kernels.h"
 #include "qt_matmul.h"
 #include "qt_model.h"
@@ -70,6 +71,9 @@ typedef struct {
     qt_adamw_plan *adamw;
     int lm_chunks;
     struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
+    /* fp8 blocks (precision.matmul_dtype: e4m3); NULL/unused in bf16 */
+    qt_gpu_fp8 *fp8;    /* owned host state; its device buffers are the two regions below */
+    void *fp8_w, *fp8_a;
     /* plan, for the allocator table */
     int n_plan;
     struct { const char *kind; size_t bytes; } plan[24];

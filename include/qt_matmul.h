@@ -56,8 +56,9 @@ int qt_matmul_wgrad(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, void *dbias, cons
                     long N, int I, int O, int accumulate, cudaStream_t s);
 /* D[M,N] = (sa*A[M,K]) . (sb*B[N,K])^T (+ bias[N], bf16) (+ D when accumulate). a, b e4m3 or e5m2
  * (not both e5m2); a_scale, b_scale: DEVICE pointers to one fp32 each (NULL: 1). d of ddt (bf16 or
- * fp32). fast_accum: Hopper's fp8 fast accumulation (no periodic fp32 promotion). K % 16 == 0 and
- * N % 16 == 0 (cuBLASLt's fp8 alignment). Fails naming the device and its cc below sm_89. */
+ * fp32). fast_accum: Hopper's fp8 fast accumulation (no periodic fp32 promotion). M, N and K % 16 == 0
+ * and 16-byte aligned pointers (cuBLASLt's fp8 kernels; others fail with a message, e.g. M=1 is
+ * refused). Fails naming the device and its cc below sm_89. */
 void qt_matmul_fp8(qt_matmul_ctx *c, void *d, qt_dtype ddt, const void *a, qt_dtype adt, const float *a_scale,
                    const void *b, qt_dtype bdt, const float *b_scale, const void *bias, long M, int N, int K,
                    int fast_accum, int accumulate, cudaStream_t s);

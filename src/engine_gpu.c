@@ -15,7 +15,7 @@ typedef struct {
     cudaEvent_t pin_free[2]; /* recorded after the upload that read pin[k] */
     int k;
     long valid_total;       /* targets >= 0 since the last opt_step */
-    struct { double loss; float norm; } *out; /* pinned: the one read per optimizer step */
+    struct { double loss; float norm; int nonfinite; } *out; /* pinned: the one read per optimizer step */
     void *host_state[4];    /* state_items' host copies (owned) */
     cudaGraphExec_t graph;
     float graph_scale;
@@ -80,11 +80,18 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_grad_norm(g->norm, g->clip, g->grad, b->L->numel, c->grad_clip, g->ws, s);
     qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
     qt_adamw_step(g->adamw, g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
+    if (g->fp8) qt_fp8_quantize_weights(g->fp8, b->L, g->w, s); /* once per step: the persistent quants */
     qt_zero(g->grad, b->L->numel * 4, s);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->norm, 4, cudaMemcpyDeviceToHost, s));
+    if (g->fp8) QT_CUDA(cudaMemcpyAsync(&e->out->nonfinite, g->fp8->nonfinite, 4, cudaMemcpyDeviceToHost, s));
     qt_zero(g->loss_sum, 8, s);
     QT_CUDA(cudaStreamSynchronize(s));
+    if (g->fp8 && e->out->nonfinite) {
+        char name[96];
+        QT_CHECK(0, "step %ld: fp8 scale of %s is NaN/Inf (its abs-max was not finite): the run diverged", t,
+                 qt_fp8_tag_name(e->out->nonfinite, name, sizeof name));
+    }
     qt_gpu_model_profile_collect(g);
     *loss = e->valid_total ? (float)(e->out->loss / e->valid_total) : 0.0f;
     *gnorm = e->out->norm;
@@ -162,6 +169,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
         }
         QT_CUDA(cudaMemcpyAsync(dst[i], p, want, cudaMemcpyHostToDevice, g->stream));
     }
+    if (g->fp8) qt_fp8_quantize_weights(g->fp8, b->L, g->w, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     return 0;
 }
@@ -202,12 +210,18 @@ void qt_engine_gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile
 
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
                                 size_t errlen) {
-    if (cfg->matmul_dtype != QT_DT_BF16) {
-        snprintf(err, errlen, "%s: precision.matmul_dtype: %s is not available in this build yet; use bf16",
-                 cfg->path, qt_dtype_name(cfg->matmul_dtype));
+    if (cfg->matmul_dtype != QT_DT_BF16 && cfg->matmul_dtype != QT_DT_E4M3) {
+        snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
+                 qt_dtype_name(cfg->matmul_dtype));
         return NULL;
     }
     QT_CUDA(cudaSetDevice(0));
+    if (cfg->matmul_dtype == QT_DT_E4M3) {
+        struct cudaDeviceProp p;
+        QT_CUDA(cudaGetDeviceProperties(&p, 0));
+        if (qt_fp8_check(&L->cfg, cfg, (long)cfg->micro_batch * cfg->seq_len, p.major * 10 + p.minor, err, errlen))
+            return NULL;
+    }
     gpu_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
     e->base = (qt_engine){&gpu_ops, L, cfg};

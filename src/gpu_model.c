@@ -3,7 +3,9 @@
  *
  * The residual stream needs no copies: the fused RMSNorm adds the branch input into the buffer that
  * holds the branch output (o_proj / down output), which then *is* the next residual and stays saved
- * for the backward. dres, the residual-stream gradient, is fp32 and accumulates across the blocks. */
+ * for the backward. dres, the residual-stream gradient, is fp32 and accumulates across the blocks.
+ * With precision.matmul_dtype: e4m3 the blocks' four matmuls go through src/gpu_fp8.c (lin_fwd/lin_bwd);
+ * its buffers are the plan's "fp8 weights (persistent)" and "fp8 activations" rows. */
 #include "qt_gpu_model.h"
 
 #include <stdio.h>
@@ -84,6 +86,10 @@ static size_t carve_all(qt_gpu_model *g) {
     if (qt_grad_norm_ws_bytes() > ws) ws = qt_grad_norm_ws_bytes();
     g->ws_bytes = ws;
     g->ws = carve(g, &off, "kernel workspace", ws);
+    if (g->cfg->matmul_dtype == QT_DT_E4M3) {
+        g->fp8_w = carve(g, &off, "fp8 weights (persistent)", qt_fp8_weight_bytes(c));
+        g->fp8_a = carve(g, &off, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->grad_dtype));
+    }
     return off;
 }
 
@@ -139,12 +145,17 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     }
     g->adamw = qt_adamw_plan_create(t, L->n_tensors);
     free(t);
+    if (cfg->matmul_dtype == QT_DT_E4M3) {
+        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);
+        qt_fp8_quantize_weights(g->fp8, L, g->w, s);
+    }
     QT_CUDA(cudaStreamSynchronize(s));
     return g;
 }
 
 void qt_gpu_model_free(qt_gpu_model *g) {
     if (!g) return;
+    qt_fp8_free(g->fp8);
     qt_adamw_plan_free(g->adamw);
     qt_attention_free(g->attn);
     qt_matmul_free(g->mm);
@@ -192,6 +203,27 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
     qt_sum_f32(g->loss_sum, g->losses, g->N, s);
 }
 
+/* One block matmul forward: fp8 when configured, else bf16. */
+static void lin_fwd(qt_gpu_model *g, int l, qt_fp8_mm k, void *y, const void *x, size_t w, const void *bias, int I,
+                    int O) {
+    if (g->fp8) qt_fp8_fwd(g->fp8, g->mm, l, k, y, x, bias, g->stream);
+    else qt_matmul_fwd(g->mm, y, QT_DT_BF16, x, Wp(g, w), bias, g->N, I, O, 0, g->stream);
+}
+
+/* One block matmul backward, weight gradient first (dx may overwrite x's buffer): dW += dY^T X, dX = dY W. */
+static void lin_bwd(qt_gpu_model *g, int l, qt_fp8_mm k, void *dx, const void *dy, const void *x, size_t w, int I,
+                    int O) {
+    cudaStream_t s = g->stream;
+    if (g->fp8 && g->fp8->grad_dt != QT_DT_BF16) {
+        qt_fp8_quant_grad(g->fp8, l, k, dy, s);
+        qt_fp8_wgrad(g->fp8, g->mm, l, k, Gp(g, w), s);
+        qt_fp8_dgrad(g->fp8, g->mm, l, k, dx, s);
+        return;
+    }
+    qt_matmul_wgrad(g->mm, Gp(g, w), QT_DT_F32, NULL, dy, x, g->N, I, O, 1, s);
+    qt_matmul_dgrad(g->mm, dx, QT_DT_BF16, dy, Wp(g, w), g->N, I, O, 0, s);
+}
+
 static void forward(qt_gpu_model *g) {
     const qt_model_cfg *c = &g->L->cfg;
     cudaStream_t s = g->stream;
@@ -208,23 +240,22 @@ static void forward(qt_gpu_model *g) {
         qt_gpu_model_mark(g, "rmsnorm fwd");
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, l ? g->layers[l - 1].res_mid : NULL, Wp(g, o->ln1), N, C, eps, s);
         qt_gpu_model_mark(g, "matmul fwd: qkv");
-        qt_matmul_fwd(g->mm, a->qkv, QT_DT_BF16, a->ln1, Wp(g, o->wqkv), c->qkv_bias ? Wp(g, o->bqkv) : NULL, N, C,
-                      QKV, 0, s);
+        lin_fwd(g, l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, C, QKV);
         qt_gpu_model_mark(g, "rope");
         qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
         qt_gpu_model_mark(g, "attention fwd");
         qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, H, Hkv, D, s);
         qt_gpu_model_mark(g, "matmul fwd: o");
-        qt_matmul_fwd(g->mm, a->res_mid, QT_DT_BF16, a->att, Wp(g, o->wo), NULL, N, HD, C, 0, s);
+        lin_fwd(g, l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, HD, C);
         qt_gpu_model_mark(g, "rmsnorm fwd");
         qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, C, eps, s);
         qt_gpu_model_mark(g, "matmul fwd: gate|up");
-        qt_matmul_fwd(g->mm, a->gu, QT_DT_BF16, a->ln2, Wp(g, o->wgu), NULL, N, C, 2 * F, 0, s);
+        lin_fwd(g, l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, C, 2 * F);
         qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_fwd(a->h, a->gu, N, F, s);
         void *out = l + 1 < c->num_layers ? g->layers[l + 1].res : g->res_final;
         qt_gpu_model_mark(g, "matmul fwd: down");
-        qt_matmul_fwd(g->mm, out, QT_DT_BF16, a->h, Wp(g, o->wdown), NULL, N, F, C, 0, s);
+        lin_fwd(g, l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, F, C);
     }
     qt_gpu_model_mark(g, "rmsnorm fwd");
     qt_rmsnorm_fwd(g->lnf, g->rstdf, g->res_final, g->layers[c->num_layers - 1].res_mid, Wp(g, g->L->final_norm), N,
@@ -249,21 +280,18 @@ static void backward(qt_gpu_model *g) {
         qt_gpu_model_mark(g, "cast dres");
         qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
         qt_gpu_model_mark(g, "matmul bwd: down");
-        qt_matmul_wgrad(g->mm, Gp(g, o->wdown), QT_DT_F32, NULL, g->dres_bf, a->h, N, F, C, 1, s);
-        qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, g->dres_bf, Wp(g, o->wdown), N, F, C, 0, s);
+        lin_bwd(g, l, QT_FP8_DOWN, a->h, g->dres_bf, a->h, o->wdown, F, C);
         qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_bwd(a->gu, a->h, a->gu, N, F, s);
         qt_gpu_model_mark(g, "matmul bwd: gate|up");
-        qt_matmul_wgrad(g->mm, Gp(g, o->wgu), QT_DT_F32, NULL, a->gu, a->ln2, N, C, 2 * F, 1, s);
-        qt_matmul_dgrad(g->mm, g->dln, QT_DT_BF16, a->gu, Wp(g, o->wgu), N, C, 2 * F, 0, s);
+        lin_bwd(g, l, QT_FP8_GU, g->dln, a->gu, a->ln2, o->wgu, C, 2 * F);
         qt_gpu_model_mark(g, "rmsnorm bwd");
         qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln2), g->dln, a->res_mid, Wp(g, o->ln2), a->rstd2, N, C, g->ws, s);
         /* attention */
         qt_gpu_model_mark(g, "cast dres");
         qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
         qt_gpu_model_mark(g, "matmul bwd: o");
-        qt_matmul_wgrad(g->mm, Gp(g, o->wo), QT_DT_F32, NULL, g->dres_bf, a->att, N, HD, C, 1, s);
-        qt_matmul_dgrad(g->mm, g->datt, QT_DT_BF16, g->dres_bf, Wp(g, o->wo), N, HD, C, 0, s);
+        lin_bwd(g, l, QT_FP8_O, g->datt, g->dres_bf, a->att, o->wo, HD, C);
         qt_gpu_model_mark(g, "attention bwd");
         qt_attention_bwd(g->attn, g->dqkv, g->datt, a->qkv, a->att, a->lse, g->B, g->T, H, Hkv, D, s);
         qt_gpu_model_mark(g, "rope");
@@ -271,8 +299,7 @@ static void backward(qt_gpu_model *g) {
         qt_gpu_model_mark(g, "bias grad");
         if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), g->dqkv, N, QKV, g->ws, s);
         qt_gpu_model_mark(g, "matmul bwd: qkv");
-        qt_matmul_wgrad(g->mm, Gp(g, o->wqkv), QT_DT_F32, NULL, g->dqkv, a->ln1, N, C, QKV, 1, s);
-        qt_matmul_dgrad(g->mm, g->dln, QT_DT_BF16, g->dqkv, Wp(g, o->wqkv), N, C, QKV, 0, s);
+        lin_bwd(g, l, QT_FP8_QKV, g->dln, g->dqkv, a->ln1, o->wqkv, C, QKV);
         qt_gpu_model_mark(g, "rmsnorm bwd");
         qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1), a->rstd1, N, C, g->ws, s);
     }
@@ -281,6 +308,8 @@ static void backward(qt_gpu_model *g) {
 }
 
 void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward_too) {
+    /* without persistent quants the fp8 weights are rebuilt for every micro-batch */
+    if (g->fp8 && !g->cfg->persistent_quants) qt_fp8_quantize_weights(g->fp8, g->L, g->w, g->stream);
     forward(g);
     lm_head(g, loss_scale, backward_too);
     if (backward_too) backward(g);

@@ -1,0 +1,73 @@
+/* qt_gpu_fp8.h — fp8 (e4m3 forward, e4m3/e5m2 gradients) linear layers of the GPU model's transformer
+ * blocks: persistent weight quants, saved fp8 activations, per-tensor current scaling, cuBLASLt TN GEMMs.
+ *
+ * The four block matmuls per layer (QKV, O, gate|up, down) are Y[N,O] = X[N,I] . W[O,I]^T (+ bias).
+ * Device memory comes from the model's arena in two regions the model carves (sizes below):
+ *   "fp8 weights (persistent)": Wq[O,I] and Wq^T[I,O] (e4m3) of every block matrix + the scale
+ *     records + the nonfinite flag; rebuilt by qt_fp8_quantize_weights once per optimizer step;
+ *   "fp8 activations": Xq^T[I,N] of every block matmul input, saved by the forward for the wgrad, and
+ *     the scratch Xq[N,I], dYq[N,O], dYq^T[O,N] shared by all layers (stream-ordered reuse). */
+#ifndef QT_GPU_FP8_H
+#define QT_GPU_FP8_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qt_config.h"
+#include "qt_dtype.h"
+#include "qt_matmul.h"
+#include "qt_model.h"
+#include "qt_quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { QT_FP8_QKV = 0, QT_FP8_O = 1, QT_FP8_GU = 2, QT_FP8_DOWN = 3, QT_FP8_NMM = 4 } qt_fp8_mm;
+
+/* Host-side state; the device pointers point into the model's arena (borrowed). */
+typedef struct {
+    int n_layers;
+    long N;                     /* tokens per micro-batch */
+    int in[QT_FP8_NMM], out[QT_FP8_NMM]; /* I and O of each block matmul */
+    qt_dtype grad_dt;           /* e4m3 / e5m2, or bf16: the backward stays bf16 */
+    uint8_t **wq, **wqT;        /* [n_layers * 4] */
+    uint8_t **xqT;              /* [n_layers * 4] */
+    uint8_t *xq, *dyq, *dyqT;   /* scratch */
+    qt_fp8_scale *sc;           /* [n_layers * 4 * 3]: weight, input, output gradient */
+    int *nonfinite;             /* device int: 0, or the tag of the first tensor whose scale went NaN/Inf */
+} qt_gpu_fp8;
+
+/* Bytes of the two regions for model c, N tokens per micro-batch, gradient dtype grad_dt. */
+size_t qt_fp8_weight_bytes(const qt_model_cfg *c);
+size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt);
+/* 0 when fp8 can run model c with N tokens per micro-batch on a device of compute capability cc
+ * (major*10+minor); else -1 with err naming the config file, the field and what fp8 needs. */
+int qt_fp8_check(const qt_model_cfg *c, const qt_config *cfg, long N, int cc, char *err, size_t errlen);
+/* Lays the state out in the two regions (sizes as above, 256-byte aligned) and zeroes the flag.
+ * Caller frees the returned host struct with qt_fp8_free; the regions stay the caller's. */
+qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, void *wregion, void *aregion,
+                          cudaStream_t s);
+void qt_fp8_free(qt_gpu_fp8 *f);
+
+/* Re-quantizes every block matrix from the bf16 weights w (the flat array of L): abs-max, then
+ * Wq and Wq^T in one quantize-transpose pass with the scale derived on the device. */
+void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, cudaStream_t s);
+/* y[N,O] (bf16) = x . W^T (+ bias, bf16) in fp8: x (bf16 [N,I]) quantized with current scaling into
+ * Xq (scratch) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul). */
+void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *x,
+                const void *bias, cudaStream_t s);
+/* Quantizes dy (bf16 [N,O]) in grad_dt into dYq and dYq^T; call before qt_fp8_dgrad/qt_fp8_wgrad. */
+void qt_fp8_quant_grad(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *dy, cudaStream_t s);
+/* dx[N,I] (bf16, =) = dYq . Wq from the last qt_fp8_quant_grad. */
+void qt_fp8_dgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *dx, cudaStream_t s);
+/* dw[O,I] (fp32, +=) = dYq^T . Xq from the last qt_fp8_quant_grad and the forward's saved Xq^T. */
+void qt_fp8_wgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, float *dw, cudaStream_t s);
+/* Names the tensor behind a nonfinite tag ("layer 3 down weight"); writes into buf. */
+const char *qt_fp8_tag_name(int tag, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,216 @@
+/* gpu_fp8.c — the transformer blocks' four linear layers in fp8 through cuBLASLt (TN only on Hopper).
+ *
+ * Every operand handed to qt_matmul_fp8 is K-major (row-major with the contracted dimension as the
+ * row), which is cuBLASLt's "TN"; the quantize-transpose kernel produces the transposed copies, so no
+ * separate transpose runs:
+ *   fwd    Y[N,O]  = Xq[N,I]    . (Wq[O,I])^T          A = Xq   (K=I)   B = Wq    M=N  N=O  K=I
+ *   dgrad  dX[N,I] = dYq[N,O]   . (Wq^T[I,O])^T        A = dYq  (K=O)   B = Wq^T  M=N  N=I  K=O
+ *   wgrad  dW[O,I] += dYq^T[O,N] . (Xq^T[I,N])^T       A = dYq^T (K=N)  B = Xq^T  M=O  N=I  K=N
+ * Wq, Wq^T: one quantize-transpose of W[O,I] per optimizer step (persistent quants, shared by all
+ * micro-batches). Xq, Xq^T: one quantize-transpose of the bf16 input in the forward; Xq^T stays for the
+ * wgrad. dYq, dYq^T: one quantize-transpose of the bf16 output gradient in grad_dt (e4m3 / e5m2).
+ * Scaling: per-tensor current scaling (qt_quant.h): a separate abs-max pass (the producers — RMSNorm,
+ * SwiGLU, cuDNN attention, the gradient casts — are not ours to fuse into yet), then the scale is
+ * derived on the device inside the quantize launch; the GEMMs read &sc->descale through cuBLASLt's
+ * scale pointers, so nothing reaches the host. Output bf16 (fwd, dgrad) or fp32 accumulated into the
+ * fp32 gradients (wgrad), fp32 accumulation throughout. Fast accumulation only where K is a feature
+ * dimension (fwd, dgrad); the wgrad contracts over all N tokens and keeps the periodic fp32 promotion.
+ * A NaN/Inf abs-max sets *nonfinite to the tensor's tag (first one wins), read once per optimizer step. */
+#include "qt_gpu_fp8.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+#include "qt_kernels.h"
+
+#define AL 256 /* sub-buffer alignment inside the regions */
+#define NSC 3  /* scale records per matmul: weight, input, output gradient */
+
+enum { SC_W = 0, SC_X = 1, SC_DY = 2 };
+
+static const char *MM_NAME[QT_FP8_NMM] = {"qkv", "o_proj", "gate|up", "down"};
+static const char *SC_NAME[NSC] = {"weight", "input activation", "output gradient"};
+
+static size_t up(size_t b) { return (b + AL - 1) / AL * AL; }
+
+static void dims(const qt_model_cfg *c, int in[QT_FP8_NMM], int out[QT_FP8_NMM]) {
+    int C = c->hidden_size, F = c->intermediate_size, HD = c->num_heads * c->head_dim;
+    int QKV = (c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
+    in[QT_FP8_QKV] = C, out[QT_FP8_QKV] = QKV;
+    in[QT_FP8_O] = HD, out[QT_FP8_O] = C;
+    in[QT_FP8_GU] = C, out[QT_FP8_GU] = 2 * F;
+    in[QT_FP8_DOWN] = F, out[QT_FP8_DOWN] = C;
+}
+
+static int max4(const int v[QT_FP8_NMM]) {
+    int m = 0;
+    for (int k = 0; k < QT_FP8_NMM; k++) m = v[k] > m ? v[k] : m;
+    return m;
+}
+
+static size_t scale_bytes(const qt_model_cfg *c) {
+    return up((size_t)c->num_layers * QT_FP8_NMM * NSC * sizeof(qt_fp8_scale)) + up(sizeof(int));
+}
+
+size_t qt_fp8_weight_bytes(const qt_model_cfg *c) {
+    int in[QT_FP8_NMM], out[QT_FP8_NMM];
+    dims(c, in, out);
+    size_t b = scale_bytes(c);
+    for (int k = 0; k < QT_FP8_NMM; k++) b += 2 * up((size_t)in[k] * out[k]) * c->num_layers;
+    return b;
+}
+
+size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt) {
+    int in[QT_FP8_NMM], out[QT_FP8_NMM];
+    dims(c, in, out);
+    size_t b = up((size_t)N * max4(in)); /* Xq scratch */
+    for (int k = 0; k < QT_FP8_NMM; k++) b += up((size_t)N * in[k]) * c->num_layers;
+    if (grad_dt != QT_DT_BF16) b += 2 * up((size_t)N * max4(out));
+    return b;
+}
+
+int qt_fp8_check(const qt_model_cfg *c, const qt_config *cfg, long N, int cc, char *err, size_t errlen) {
+    if (cc < 89) {
+        snprintf(err, errlen,
+                 "%s: precision.matmul_dtype: e4m3 needs fp8 tensor cores (compute capability >= 8.9, e.g. "
+                 "Ada/Hopper); this GPU has cc %d.%d: use bf16",
+                 cfg->path, cc / 10, cc % 10);
+        return -1;
+    }
+    if (cfg->grad_dtype != QT_DT_E4M3 && cfg->grad_dtype != QT_DT_E5M2 && cfg->grad_dtype != QT_DT_BF16) {
+        snprintf(err, errlen, "%s: precision.grad_dtype: %s with matmul_dtype e4m3: expected e4m3, e5m2 or bf16",
+                 cfg->path, qt_dtype_name(cfg->grad_dtype));
+        return -1;
+    }
+    int in[QT_FP8_NMM], out[QT_FP8_NMM];
+    dims(c, in, out);
+    for (int k = 0; k < QT_FP8_NMM; k++)
+        if (in[k] % 16 || out[k] % 16) {
+            snprintf(err, errlen,
+                     "%s: precision.matmul_dtype: e4m3: the %s matmul is %d -> %d features; cuBLASLt's fp8 GEMMs "
+                     "need multiples of 16 (check hidden_size, intermediate_size, heads x head_dim)",
+                     cfg->path, MM_NAME[k], in[k], out[k]);
+            return -1;
+        }
+    if (N % 16) {
+        snprintf(err, errlen,
+                 "%s: precision.matmul_dtype: e4m3: data.micro_batch x data.seq_len = %ld tokens; cuBLASLt's fp8 "
+                 "GEMMs need a multiple of 16",
+                 cfg->path, N);
+        return -1;
+    }
+    return 0;
+}
+
+static void *take(char **p, size_t bytes) {
+    void *r = *p;
+    *p += up(bytes);
+    return r;
+}
+
+qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, void *wregion, void *aregion,
+                          cudaStream_t s) {
+    qt_gpu_fp8 *f = calloc(1, sizeof *f);
+    QT_CHECK(f, "out of host memory");
+    int nl = c->num_layers;
+    f->n_layers = nl;
+    f->N = N;
+    f->grad_dt = grad_dt;
+    dims(c, f->in, f->out);
+    f->wq = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->wq);
+    f->wqT = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->wqT);
+    f->xqT = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->xqT);
+    QT_CHECK(f->wq && f->wqT && f->xqT, "out of host memory");
+    char *w = wregion, *a = aregion;
+    f->sc = take(&w, (size_t)nl * QT_FP8_NMM * NSC * sizeof(qt_fp8_scale));
+    f->nonfinite = take(&w, sizeof(int));
+    for (int l = 0; l < nl; l++)
+        for (int k = 0; k < QT_FP8_NMM; k++) {
+            size_t n = (size_t)f->in[k] * f->out[k];
+            f->wq[l * QT_FP8_NMM + k] = take(&w, n);
+            f->wqT[l * QT_FP8_NMM + k] = take(&w, n);
+        }
+    QT_CHECK((size_t)(w - (char *)wregion) == qt_fp8_weight_bytes(c), "fp8 weight region layout mismatch");
+    f->xq = take(&a, (size_t)N * max4(f->in));
+    for (int l = 0; l < nl; l++)
+        for (int k = 0; k < QT_FP8_NMM; k++) f->xqT[l * QT_FP8_NMM + k] = take(&a, (size_t)N * f->in[k]);
+    if (grad_dt != QT_DT_BF16) {
+        f->dyq = take(&a, (size_t)N * max4(f->out));
+        f->dyqT = take(&a, (size_t)N * max4(f->out));
+    }
+    QT_CHECK((size_t)(a - (char *)aregion) == qt_fp8_act_bytes(c, N, grad_dt), "fp8 activation region layout mismatch");
+    qt_quant_scale_reset(f->sc, nl * QT_FP8_NMM * NSC, s);
+    qt_zero(f->nonfinite, sizeof(int), s);
+    return f;
+}
+
+void qt_fp8_free(qt_gpu_fp8 *f) {
+    if (!f) return;
+    free(f->wq);
+    free(f->wqT);
+    free(f->xqT);
+    free(f);
+}
+
+/* Tags are 1 + (layer*4 + matmul)*3 + record, so 0 stays "all finite". */
+static int tag_of(int layer, qt_fp8_mm k, int which) { return 1 + (layer * QT_FP8_NMM + (int)k) * NSC + which; }
+
+const char *qt_fp8_tag_name(int tag, char *buf, size_t len) {
+    int t = tag - 1, which = t % NSC, k = (t / NSC) % QT_FP8_NMM, layer = t / NSC / QT_FP8_NMM;
+    if (tag <= 0) snprintf(buf, len, "no tensor");
+    else snprintf(buf, len, "layer %d %s %s", layer, MM_NAME[k], SC_NAME[which]);
+    return buf;
+}
+
+static qt_fp8_scale *sc_of(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int which) {
+    return &f->sc[(layer * QT_FP8_NMM + (int)k) * NSC + which];
+}
+
+/* abs-max pass + one quantize-transpose launch with the scale derived from it on the device. */
+static void quant_cur(qt_gpu_fp8 *f, qt_dtype ydt, void *y, void *yT, const void *x, long rows, long cols,
+                      qt_fp8_scale *sc, int tag, cudaStream_t s) {
+    qt_quant_amax(QT_DT_BF16, x, rows * cols, &sc->amax, 0, s);
+    qt_quant_fp8_transpose_cur(ydt, y, yT, QT_DT_BF16, x, rows, cols, sc, f->nonfinite, tag, s);
+}
+
+void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, cudaStream_t s) {
+    for (int l = 0; l < f->n_layers; l++) {
+        const qt_layer_offsets *o = &L->layers[l];
+        size_t off[QT_FP8_NMM] = {o->wqkv, o->wo, o->wgu, o->wdown};
+        for (int k = 0; k < QT_FP8_NMM; k++) {
+            const void *w = (const char *)w_bf16 + off[k] * 2;
+            quant_cur(f, QT_DT_E4M3, f->wq[l * QT_FP8_NMM + k], f->wqT[l * QT_FP8_NMM + k], w, f->out[k], f->in[k],
+                      sc_of(f, l, k, SC_W), tag_of(l, k, SC_W), s);
+        }
+    }
+}
+
+void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *x,
+                const void *bias, cudaStream_t s) {
+    int I = f->in[k], O = f->out[k];
+    qt_fp8_scale *sx = sc_of(f, layer, k, SC_X), *sw = sc_of(f, layer, k, SC_W);
+    quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, I, sx, tag_of(layer, k, SC_X), s);
+    qt_matmul_fp8(mm, y, QT_DT_BF16, f->xq, QT_DT_E4M3, &sx->descale, f->wq[layer * QT_FP8_NMM + k], QT_DT_E4M3,
+                  &sw->descale, bias, f->N, O, I, 1, 0, s);
+}
+
+void qt_fp8_quant_grad(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *dy, cudaStream_t s) {
+    QT_CHECK(f->grad_dt != QT_DT_BF16, "qt_fp8_quant_grad: grad_dtype is bf16 (the backward stays bf16)");
+    quant_cur(f, f->grad_dt, f->dyq, f->dyqT, dy, f->N, f->out[k], sc_of(f, layer, k, SC_DY),
+              tag_of(layer, k, SC_DY), s);
+}
+
+void qt_fp8_dgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *dx, cudaStream_t s) {
+    qt_fp8_scale *sd = sc_of(f, layer, k, SC_DY), *sw = sc_of(f, layer, k, SC_W);
+    qt_matmul_fp8(mm, dx, QT_DT_BF16, f->dyq, f->grad_dt, &sd->descale, f->wqT[layer * QT_FP8_NMM + k], QT_DT_E4M3,
+                  &sw->descale, NULL, f->N, f->in[k], f->out[k], 1, 0, s);
+}
+
+void qt_fp8_wgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, float *dw, cudaStream_t s) {
+    qt_fp8_scale *sd = sc_of(f, layer, k, SC_DY), *sx = sc_of(f, layer, k, SC_X);
+    QT_CHECK(f->N <= 0x7fffffffL, "qt_fp8_wgrad: %ld tokens do not fit cuBLASLt's int K", f->N);
+    qt_matmul_fp8(mm, dw, QT_DT_F32, f->dyqT, f->grad_dt, &sd->descale, f->xqT[layer * QT_FP8_NMM + k], QT_DT_E4M3,
+                  &sx->descale, NULL, f->out[k], f->in[k], (int)f->N, 0, 1, s);
+}

@@ -1,0 +1,273 @@
+/* test_fp8_model.c — fp8 (e4m3) block matmuls in the GPU model against the bf16 path: per-tensor
+ * gradient cosine and loss on one random model and batch, config guard rails, and 300 steps of
+ * tinyshakespeare (final eval loss within 2% of bf16). Skips without a CUDA device or without sm_89+. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "qt_config.h"
+#include "qt_data.h"
+#include "qt_device.h"
+#include "qt_engine.h"
+#include "qt_gpu_fp8.h"
+#include "qt_rng.h"
+#include "qt_test.h"
+#include "qt_train.h"
+
+static char g_dir[256];
+
+/* 0: runnable; else a skip reason was printed by the caller. */
+static int fp8_device_cc(void) {
+    if (qt_cuda_device_count() == 0) return 0;
+    struct cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return 0;
+    return p.major * 10 + p.minor;
+}
+
+static int load_cfg(qt_config *c, const char *yaml) {
+    char err[1024];
+    int rc = qt_config_load_string(c, yaml, "test_fp8.yaml", NULL, 0, err, sizeof err);
+    if (rc) printf("  config: %s\n", err);
+    return rc;
+}
+
+/* head_dim 64 (cuDNN), every matmul dimension and the token count multiples of 16 (cuBLASLt fp8). */
+static const char *MODEL =
+    "model: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+    "        intermediate_size: 384, max_seq_len: 128, qkv_bias: true, tie_embeddings: %s}\n";
+
+static int grad_cfg(qt_config *c, const char *matmul, const char *grad, const char *tie) {
+    char yaml[2048], model[512];
+    snprintf(model, sizeof model, MODEL, tie);
+    snprintf(yaml, sizeof yaml,
+             "%sdata: {train: '%s/none_*.bin', seq_len: 64, micro_batch: 4}\n"
+             "precision: {matmul_dtype: %s, grad_dtype: %s, persistent_quants: true}\n"
+             "init: {seed: 7, std: 0.02}\ndevice: cuda\n",
+             model, g_dir, matmul, grad);
+    return load_cfg(c, yaml);
+}
+
+static double cosine(const float *a, const float *b, size_t n, double *rel) {
+    double ab = 0, aa = 0, bb = 0, dd = 0;
+    for (size_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i], aa += (double)a[i] * a[i], bb += (double)b[i] * b[i];
+        dd += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    }
+    *rel = aa > 0 ? sqrt(dd / aa) : sqrt(dd);
+    if (aa == 0 && bb == 0) return 1.0;
+    return ab / (sqrt(aa) * sqrt(bb) + 1e-300);
+}
+
+/* One micro-batch through a bf16 engine and an fp8 engine built from the same layout and weights. */
+static void compare_grads(const char *grad_dt, const char *tie, double min_cos) {
+    qt_config cb, cf;
+    QT_REQUIRE(grad_cfg(&cb, "bf16", "bf16", tie) == 0 && grad_cfg(&cf, "e4m3", grad_dt, tie) == 0, "config");
+    qt_layout L;
+    float *w;
+    char err[1024];
+    QT_REQUIRE(qt_model_setup(&cb, &L, &w, err, sizeof err) == 0, "%s", err);
+    qt_engine *eb = qt_engine_gpu_create(&L, &cb, w, err, sizeof err);
+    QT_REQUIRE(eb, "bf16 engine: %s", err);
+    qt_engine *ef = qt_engine_gpu_create(&L, &cf, w, err, sizeof err);
+    QT_REQUIRE(ef, "fp8 engine: %s", err);
+    long N = (long)cb.micro_batch * cb.seq_len;
+    int32_t *in = malloc(N * sizeof *in), *tgt = malloc(N * sizeof *tgt);
+    qt_rng r;
+    qt_rng_seed(&r, 99);
+    for (long i = 0; i < N; i++) in[i] = (int32_t)(qt_rng_u64(&r) % 256), tgt[i] = (int32_t)(qt_rng_u64(&r) % 256);
+    tgt[5] = -1; /* an ignored target, as in padded data */
+    /* eval_loss first: it reads and clears the loss sum that micro_step also adds to */
+    float lb = eb->ops->eval_loss(eb, in, tgt), lf = ef->ops->eval_loss(ef, in, tgt);
+    eb->ops->micro_step(eb, in, tgt, 1.0f);
+    ef->ops->micro_step(ef, in, tgt, 1.0f);
+    float *gb = calloc(L.numel, sizeof *gb), *gf = calloc(L.numel, sizeof *gf);
+    eb->ops->get_grads(eb, gb);
+    ef->ops->get_grads(ef, gf);
+    double lrel = fabs(lf - lb) / fabs(lb);
+    printf("  grad_dtype %s tie=%s: loss bf16 %.5f fp8 %.5f (rel %.3f%%)\n", grad_dt, tie, lb, lf, 100 * lrel);
+    QT_EXPECT(isfinite(lf) && lrel < 0.01, "loss differs by %.3f%%", 100 * lrel);
+    double worst = 2;
+    const char *worst_name = "";
+    for (int i = 0; i < L.n_tensors; i++) {
+        const qt_tensor *t = &L.tensors[i];
+        double rel, c = cosine(gb + t->offset, gf + t->offset, t->numel, &rel);
+        printf("    %-40s cos %.5f  rel L2 %.4f\n", t->name, c, rel);
+        QT_EXPECT(c >= min_cos, "%s: gradient cosine %.5f < %.3f (grad_dtype %s)", t->name, c, min_cos, grad_dt);
+        if (c < worst) worst = c, worst_name = t->name;
+    }
+    printf("  worst cosine %.5f (%s)\n", worst, worst_name);
+    free(gb), free(gf), free(in), free(tgt), free(w);
+    ef->ops->free(ef);
+    eb->ops->free(eb);
+    qt_layout_free(&L);
+}
+
+static int need_fp8(void) {
+    int cc = fp8_device_cc();
+    if (qt_cuda_device_count() == 0) return 0;
+    if (cc < 89) printf("  device cc %d has no fp8 tensor cores\n", cc);
+    return cc >= 89;
+}
+
+static void test_fp8_grads_e4m3(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
+    compare_grads("e4m3", "false", 0.99);
+    compare_grads("e4m3", "true", 0.99);
+}
+
+static void test_fp8_grads_e5m2(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
+    compare_grads("e5m2", "false", 0.99);
+}
+
+static void test_fp8_grads_bf16_backward(void) { /* e4m3 forward, bf16 backward (grad_dtype: bf16) */
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
+    compare_grads("bf16", "false", 0.99);
+}
+
+/* Config guard rails: a token count fp8 cannot serve is refused with the fields named. */
+static void test_fp8_config_errors(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    char yaml[2048], model[512], err[1024] = "";
+    snprintf(model, sizeof model, MODEL, "true");
+    snprintf(yaml, sizeof yaml,
+             "%sdata: {train: '%s/none_*.bin', seq_len: 60, micro_batch: 3}\n"
+             "precision: {matmul_dtype: e4m3, grad_dtype: e4m3}\ndevice: cuda\n",
+             model, g_dir);
+    qt_config c;
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    qt_layout L;
+    float *w;
+    QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
+    qt_engine *e = qt_engine_gpu_create(&L, &c, w, err, sizeof err);
+    printf("  refused: %s\n", err);
+    QT_EXPECT(e == NULL, "an fp8 engine for 180 tokens per micro-batch was created");
+    if (fp8_device_cc() >= 89)
+        QT_EXPECT(strstr(err, "data.micro_batch") && strstr(err, "multiple of 16"), "message: %s", err);
+    else
+        QT_EXPECT(strstr(err, "compute capability") != NULL, "message: %s", err);
+    if (e) e->ops->free(e);
+    free(w);
+    qt_layout_free(&L);
+}
+
+/* Host-side planning (no GPU needed): region sizes, the guard rails' messages, tag names. */
+static void test_fp8_plan_and_checks(void) {
+    qt_config c;
+    QT_REQUIRE(grad_cfg(&c, "e4m3", "e4m3", "true") == 0, "config");
+    qt_model_cfg m = c.model;
+    qt_model_cfg_finish(&m);
+    size_t C = 128, F = 384, QKV = 256, HD = 128, N = 256, nl = 2;
+    /* W and W^T of the four matrices (multiples of 256 bytes here), 24 scale records (384 -> 512), flag */
+    size_t w = nl * 2 * (QKV * C + HD * C + 2 * F * C + F * C) + 512 + 256;
+    QT_EXPECT(qt_fp8_weight_bytes(&m) == w, "weight bytes %zu, expected %zu", qt_fp8_weight_bytes(&m), w);
+    size_t a = N * F + nl * N * (C + HD + C + F), ag = a + 2 * N * (2 * F);
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16) == a, "act bytes (bf16 grads) %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16), a);
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2) == ag, "act bytes %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2), ag);
+    char err[512] = "";
+    QT_EXPECT(qt_fp8_check(&m, &c, (long)N, 90, err, sizeof err) == 0, "valid config refused: %s", err);
+    QT_EXPECT(qt_fp8_check(&m, &c, (long)N, 80, err, sizeof err) == -1 && strstr(err, "compute capability") &&
+                  strstr(err, "8.0") && strstr(err, "test_fp8.yaml"),
+              "cc 8.0: %s", err);
+    QT_EXPECT(qt_fp8_check(&m, &c, 180, 90, err, sizeof err) == -1 && strstr(err, "180") && strstr(err, "multiple of 16"),
+              "180 tokens: %s", err);
+    qt_model_cfg odd = m;
+    odd.intermediate_size = 200; /* 2F = 400 is fine, F = 200 is not a multiple of 16 */
+    QT_EXPECT(qt_fp8_check(&odd, &c, (long)N, 90, err, sizeof err) == -1 && strstr(err, "down") && strstr(err, "200"),
+              "F=200: %s", err);
+    char name[96];
+    QT_EXPECT(!strcmp(qt_fp8_tag_name(1 + (1 * 4 + 3) * 3 + 0, name, sizeof name), "layer 1 down weight"), "tag: %s",
+              name);
+    QT_EXPECT(!strcmp(qt_fp8_tag_name(1 + (0 * 4 + 0) * 3 + 2, name, sizeof name), "layer 0 qkv output gradient"),
+              "tag: %s", name);
+}
+
+static char *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc(len + 1);
+    if (fread(buf, 1, len, f) != (size_t)len) len = 0;
+    fclose(f);
+    *n = len;
+    return buf;
+}
+
+/* Byte-level shards in g_dir, as in test_train.c; 0 when the text is absent. */
+static int write_tinyshakespeare(void) {
+    size_t n;
+    char path[512], *text;
+    const char *dir = getenv("QT_DATA_DIR");
+    snprintf(path, sizeof path, "%s/tinyshakespeare.txt", dir ? dir : "../shared/data");
+    if (!(text = read_file(path, &n))) return 0;
+    size_t ne = n / 20, nt = n - ne;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    for (size_t i = 0; i < n; i++) tok[i] = (unsigned char)text[i];
+    char p[512], err[1024];
+    snprintf(p, sizeof p, "%s/ts_train_0.bin", g_dir);
+    if (qt_shard_write(p, tok, nt, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
+    snprintf(p, sizeof p, "%s/ts_eval_0.bin", g_dir);
+    if (qt_shard_write(p, tok + nt, ne, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
+    free(tok);
+    free(text);
+    return 1;
+}
+
+/* 300 steps, same seed and data: fp8 final eval loss within 2% of bf16. Logs kept in $QT_LOG_DIR. */
+static void test_fp8_tinyshakespeare(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
+    if (!write_tinyshakespeare()) QT_SKIP("tinyshakespeare.txt is absent (../shared/data or $QT_DATA_DIR)");
+    const char *logdir = getenv("QT_LOG_DIR") ? getenv("QT_LOG_DIR") : g_dir;
+    const char *prec[2] = {"bf16", "fp8"};
+    const char *pyaml[2] = {"{matmul_dtype: bf16}", "{matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}"};
+    float last[2], first[2];
+    for (int k = 0; k < 2; k++) {
+        char yaml[3072], model[512], logp[512], err[1024];
+        snprintf(model, sizeof model, MODEL, "true");
+        snprintf(logp, sizeof logp, "%s/fp8_curve_%s.jsonl", logdir, prec[k]);
+        snprintf(yaml, sizeof yaml,
+                 "%sdata: {train: '%s/ts_train_*.bin', eval: '%s/ts_eval_*.bin', seq_len: 128, micro_batch: 8}\n"
+                 "optim: {lr: 0.003, warmup: 20, steps: 300, schedule: cosine, final_lr_frac: 0.1}\n"
+                 "precision: %s\n"
+                 "eval: {every: 50, batches: 8}\ncheckpoint: {dir: '%s/ckpt_fp8_%s'}\nlog: {file: '%s', every: 10}\n"
+                 "device: cuda\n",
+                 model, g_dir, g_dir, pyaml[k], g_dir, prec[k], logp);
+        qt_config c;
+        QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+        qt_train_stats st;
+        QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s: %s", prec[k], err);
+        first[k] = st.first_eval, last[k] = st.last_eval;
+        printf("  %s: eval loss %.4f -> %.4f, %.0f tokens/s, log %s\n", prec[k], st.first_eval, st.last_eval,
+               st.tokens_per_s, logp);
+    }
+    double rel = fabs(last[1] - last[0]) / last[0];
+    printf("  final eval: bf16 %.4f fp8 %.4f, rel diff %.2f%%\n", last[0], last[1], 100 * rel);
+    QT_EXPECT(last[0] < first[0] - 1.0f, "bf16 did not learn: %.3f -> %.3f", first[0], last[0]);
+    QT_EXPECT(isfinite(last[1]) && rel < 0.02, "fp8 final eval %.4f vs bf16 %.4f (%.2f%%)", last[1], last[0], 100 * rel);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/qt_fp8_XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    QT_RUN(test_fp8_plan_and_checks);
+    QT_RUN(test_fp8_config_errors);
+    QT_RUN(test_fp8_grads_e4m3);
+    QT_RUN(test_fp8_grads_e5m2);
+    QT_RUN(test_fp8_grads_bf16_backward);
+    QT_RUN(test_fp8_tinyshakespeare);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (system(cmd)) printf("  could not remove %s\n", g_dir);
+    return qt_test_end();
+}
