@@ -54,10 +54,12 @@ void qt_fp8_free(qt_gpu_fp8 *f);
 /* Re-quantizes every block matrix from the bf16 weights w (the flat array of L): abs-max, then
  * Wq and Wq^T in one quantize-transpose pass with the scale derived on the device. */
 void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, cudaStream_t s);
-/* y[N,O] (bf16) = x . W^T (+ bias, bf16) in fp8: x (bf16 [N,I]) quantized with current scaling into
- * Xq (scratch) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul). */
-void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *x,
-                const void *bias, cudaStream_t s);
+/* Quantizes the block input x (bf16 [N,I]) with current scaling into Xq (scratch, for the next
+ * qt_fp8_fwd) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul). */
+void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s);
+/* y[N,O] (bf16) = Xq . Wq^T (+ bias, bf16), Xq from qt_fp8_quant_input. */
+void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
+                cudaStream_t s);
 /* Quantizes dy (bf16 [N,O]) in grad_dt into dYq and dYq^T; call before qt_fp8_dgrad/qt_fp8_wgrad. */
 void qt_fp8_quant_grad(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *dy, cudaStream_t s);
 /* dx[N,I] (bf16, =) = dYq . Wq from the last qt_fp8_quant_grad. */

@@ -80,7 +80,10 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_grad_norm(g->norm, g->clip, g->grad, b->L->numel, c->grad_clip, g->ws, s);
     qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
     qt_adamw_step(g->adamw, g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
-    if (g->fp8) qt_fp8_quantize_weights(g->fp8, b->L, g->w, s); /* once per step: the persistent quants */
+    if (g->fp8) { /* once per step: the persistent quants */
+        qt_gpu_model_mark(g, "fp8 quantize: weights");
+        qt_fp8_quantize_weights(g->fp8, b->L, g->w, s);
+    }
     qt_zero(g->grad, b->L->numel * 4, s);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->norm, 4, cudaMemcpyDeviceToHost, s));

@@ -187,11 +187,15 @@ void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf
     }
 }
 
-void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *x,
-                const void *bias, cudaStream_t s) {
+void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
+    quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, f->in[k], sc_of(f, layer, k, SC_X),
+              tag_of(layer, k, SC_X), s);
+}
+
+void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
+                cudaStream_t s) {
     int I = f->in[k], O = f->out[k];
     qt_fp8_scale *sx = sc_of(f, layer, k, SC_X), *sw = sc_of(f, layer, k, SC_W);
-    quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, I, sx, tag_of(layer, k, SC_X), s);
     qt_matmul_fp8(mm, y, QT_DT_BF16, f->xq, QT_DT_E4M3, &sx->descale, f->wq[layer * QT_FP8_NMM + k], QT_DT_E4M3,
                   &sw->descale, bias, f->N, O, I, 1, 0, s);
 }

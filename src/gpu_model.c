@@ -204,22 +204,32 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
 }
 
 /* One block matmul forward: fp8 when configured, else bf16. */
-static void lin_fwd(qt_gpu_model *g, int l, qt_fp8_mm k, void *y, const void *x, size_t w, const void *bias, int I,
-                    int O) {
-    if (g->fp8) qt_fp8_fwd(g->fp8, g->mm, l, k, y, x, bias, g->stream);
-    else qt_matmul_fwd(g->mm, y, QT_DT_BF16, x, Wp(g, w), bias, g->N, I, O, 0, g->stream);
+static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *y, const void *x, size_t w,
+                    const void *bias, int I, int O) {
+    if (g->fp8) {
+        qt_gpu_model_mark(g, "fp8 quantize: activations");
+        qt_fp8_quant_input(g->fp8, l, k, x, g->stream);
+        qt_gpu_model_mark(g, label);
+        qt_fp8_fwd(g->fp8, g->mm, l, k, y, bias, g->stream);
+    } else {
+        qt_gpu_model_mark(g, label);
+        qt_matmul_fwd(g->mm, y, QT_DT_BF16, x, Wp(g, w), bias, g->N, I, O, 0, g->stream);
+    }
 }
 
 /* One block matmul backward, weight gradient first (dx may overwrite x's buffer): dW += dY^T X, dX = dY W. */
-static void lin_bwd(qt_gpu_model *g, int l, qt_fp8_mm k, void *dx, const void *dy, const void *x, size_t w, int I,
-                    int O) {
+static void lin_bwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *dx, const void *dy, const void *x,
+                    size_t w, int I, int O) {
     cudaStream_t s = g->stream;
     if (g->fp8 && g->fp8->grad_dt != QT_DT_BF16) {
+        qt_gpu_model_mark(g, "fp8 quantize: gradients");
         qt_fp8_quant_grad(g->fp8, l, k, dy, s);
+        qt_gpu_model_mark(g, label);
         qt_fp8_wgrad(g->fp8, g->mm, l, k, Gp(g, w), s);
         qt_fp8_dgrad(g->fp8, g->mm, l, k, dx, s);
         return;
     }
+    qt_gpu_model_mark(g, label);
     qt_matmul_wgrad(g->mm, Gp(g, w), QT_DT_F32, NULL, dy, x, g->N, I, O, 1, s);
     qt_matmul_dgrad(g->mm, dx, QT_DT_BF16, dy, Wp(g, w), g->N, I, O, 0, s);
 }
@@ -239,23 +249,19 @@ static void forward(qt_gpu_model *g) {
         /* res (the previous block's down output) += the previous block's residual, then norm */
         qt_gpu_model_mark(g, "rmsnorm fwd");
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, l ? g->layers[l - 1].res_mid : NULL, Wp(g, o->ln1), N, C, eps, s);
-        qt_gpu_model_mark(g, "matmul fwd: qkv");
-        lin_fwd(g, l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, C, QKV);
+        lin_fwd(g, "matmul fwd: qkv", l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, C, QKV);
         qt_gpu_model_mark(g, "rope");
         qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
         qt_gpu_model_mark(g, "attention fwd");
         qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, H, Hkv, D, s);
-        qt_gpu_model_mark(g, "matmul fwd: o");
-        lin_fwd(g, l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, HD, C);
+        lin_fwd(g, "matmul fwd: o", l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, HD, C);
         qt_gpu_model_mark(g, "rmsnorm fwd");
         qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, C, eps, s);
-        qt_gpu_model_mark(g, "matmul fwd: gate|up");
-        lin_fwd(g, l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, C, 2 * F);
+        lin_fwd(g, "matmul fwd: gate|up", l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, C, 2 * F);
         qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_fwd(a->h, a->gu, N, F, s);
         void *out = l + 1 < c->num_layers ? g->layers[l + 1].res : g->res_final;
-        qt_gpu_model_mark(g, "matmul fwd: down");
-        lin_fwd(g, l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, F, C);
+        lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, F, C);
     }
     qt_gpu_model_mark(g, "rmsnorm fwd");
     qt_rmsnorm_fwd(g->lnf, g->rstdf, g->res_final, g->layers[c->num_layers - 1].res_mid, Wp(g, g->L->final_norm), N,
@@ -279,27 +285,23 @@ static void backward(qt_gpu_model *g) {
         /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
         qt_gpu_model_mark(g, "cast dres");
         qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
-        qt_gpu_model_mark(g, "matmul bwd: down");
-        lin_bwd(g, l, QT_FP8_DOWN, a->h, g->dres_bf, a->h, o->wdown, F, C);
+        lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, g->dres_bf, a->h, o->wdown, F, C);
         qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_bwd(a->gu, a->h, a->gu, N, F, s);
-        qt_gpu_model_mark(g, "matmul bwd: gate|up");
-        lin_bwd(g, l, QT_FP8_GU, g->dln, a->gu, a->ln2, o->wgu, C, 2 * F);
+        lin_bwd(g, "matmul bwd: gate|up", l, QT_FP8_GU, g->dln, a->gu, a->ln2, o->wgu, C, 2 * F);
         qt_gpu_model_mark(g, "rmsnorm bwd");
         qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln2), g->dln, a->res_mid, Wp(g, o->ln2), a->rstd2, N, C, g->ws, s);
         /* attention */
         qt_gpu_model_mark(g, "cast dres");
         qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
-        qt_gpu_model_mark(g, "matmul bwd: o");
-        lin_bwd(g, l, QT_FP8_O, g->datt, g->dres_bf, a->att, o->wo, HD, C);
+        lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, g->datt, g->dres_bf, a->att, o->wo, HD, C);
         qt_gpu_model_mark(g, "attention bwd");
         qt_attention_bwd(g->attn, g->dqkv, g->datt, a->qkv, a->att, a->lse, g->B, g->T, H, Hkv, D, s);
         qt_gpu_model_mark(g, "rope");
         qt_rope_bwd(g->dqkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
         qt_gpu_model_mark(g, "bias grad");
         if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), g->dqkv, N, QKV, g->ws, s);
-        qt_gpu_model_mark(g, "matmul bwd: qkv");
-        lin_bwd(g, l, QT_FP8_QKV, g->dln, g->dqkv, a->ln1, o->wqkv, C, QKV);
+        lin_bwd(g, "matmul bwd: qkv", l, QT_FP8_QKV, g->dln, g->dqkv, a->ln1, o->wqkv, C, QKV);
         qt_gpu_model_mark(g, "rmsnorm bwd");
         qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1), a->rstd1, N, C, g->ws, s);
     }
@@ -309,7 +311,10 @@ static void backward(qt_gpu_model *g) {
 
 void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward_too) {
     /* without persistent quants the fp8 weights are rebuilt for every micro-batch */
-    if (g->fp8 && !g->cfg->persistent_quants) qt_fp8_quantize_weights(g->fp8, g->L, g->w, g->stream);
+    if (g->fp8 && !g->cfg->persistent_quants) {
+        qt_gpu_model_mark(g, "fp8 quantize: weights");
+        qt_fp8_quantize_weights(g->fp8, g->L, g->w, g->stream);
+    }
     forward(g);
     lm_head(g, loss_scale, backward_too);
     if (backward_too) backward(g);
