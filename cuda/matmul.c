@@ -356,6 +356,10 @@ void qt_matmul_fp8(qt_matmul_ctx *c, void *d, qt_dtype ddt, const void *a, qt_dt
              "qt_matmul_fp8: M=%ld N=%d K=%d: cuBLASLt's fp8 kernels need all three to be multiples of 16", M, N, K);
     QT_CHECK(ptr_align(a) >= 16 && ptr_align(b) >= 16 && ptr_align(d) >= 16 && (!bias || ptr_align(bias) >= 16),
              "qt_matmul_fp8: operand pointers must be 16-byte aligned (a %p b %p d %p bias %p)", a, b, (void *)d, bias);
+    /* A 4-byte aligned scale pointer makes every algorithm fail at launch with NOT_SUPPORTED. */
+    QT_CHECK((!a_scale || ptr_align(a_scale) >= 16) && (!b_scale || ptr_align(b_scale) >= 16),
+             "qt_matmul_fp8: scale pointers must be 16-byte aligned (a_scale %p b_scale %p)", (const void *)a_scale,
+             (const void *)b_scale);
     check_out_type(ddt, "qt_matmul_fp8");
     /* cuBLASLt's A is our B (see the mapping at the top), so the scales swap too. */
     mm_call k = {.a = b, .b = a, .d = d, .bias = bias, .sa = b_scale, .sb = a_scale, .accumulate = accumulate, .s = s};

@@ -34,8 +34,9 @@ extern "C" {
 
 /* Device-resident scaling state of one quantized tensor (16 bytes; amax first so &sc->amax is the
  * float* producers fold into). Owned by the caller (e.g. one array per model, cudaMalloc'ed). */
-typedef struct {
-    float amax, scale, descale;
+typedef struct __attribute__((aligned(16))) {
+    float descale; /* first: cuBLASLt's scale pointers must be 16-byte aligned (seen on H100/H200) */
+    float amax, scale;
     int pad;
 } qt_fp8_scale;
 

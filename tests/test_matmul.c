@@ -247,7 +247,7 @@ static uint8_t *rand_fp8(qt_rng *r, long n, float sd, int e5m2, float **dec) {
 }
 
 static int check_fp8(qt_matmul_ctx *c, qt_rng *r, long M, int N, int K, int b_e5m2, qt_dtype dt, int bias, int fast) {
-    float *a, *b, sa = 0.5f, sb = 2.0f, scales[2] = {sa, sb};
+    float *a, *b, sa = 0.5f, sb = 2.0f, scales[8] = {sa, 0, 0, 0, sb}; /* cuBLASLt wants 16-byte aligned scale pointers */
     uint8_t *ha = rand_fp8(r, M * K, 1.0f, 0, &a), *hb = rand_fp8(r, (long)N * K, 1.0f / sqrtf(K), b_e5m2, &b);
     float *bv = calloc((size_t)N, sizeof *bv), *ref = malloc((size_t)(M * N) * sizeof *ref);
     for (int n = 0; n < N && bias; n++) bv[n] = qt_bf16_to_f32(qt_f32_to_bf16(qt_rng_normal(r)));
@@ -269,7 +269,7 @@ static int check_fp8(qt_matmul_ctx *c, qt_rng *r, long M, int N, int K, int b_e5
         cudaMalloc(&dbias, (size_t)N * 2);
         upload_as(dbias, bv, N, QT_DT_BF16);
     }
-    qt_matmul_fp8(c, dd, dt, da, QT_DT_E4M3, dscales, db, b_e5m2 ? QT_DT_E5M2 : QT_DT_E4M3, dscales + 1, dbias, M, N, K,
+    qt_matmul_fp8(c, dd, dt, da, QT_DT_E4M3, dscales, db, b_e5m2 ? QT_DT_E5M2 : QT_DT_E4M3, dscales + 4, dbias, M, N, K,
                   fast, 0, 0);
     cudaError_t e = cudaDeviceSynchronize();
     float *got = download(dd, M * N, dt);
