@@ -227,7 +227,10 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     }
     gpu_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
-    e->base = (qt_engine){&gpu_ops, L, cfg};
+    static qt_engine_ops fp8_ops; /* the same ops under the name the run's log shows */
+    fp8_ops = gpu_ops;
+    fp8_ops.name = "cuda-fp8 (e4m3 blocks)";
+    e->base = (qt_engine){cfg->matmul_dtype == QT_DT_E4M3 ? &fp8_ops : &gpu_ops, L, cfg};
     e->g = qt_gpu_model_create(L, cfg, w0, err, errlen);
     if (!e->g) {
         free(e);

@@ -253,7 +253,8 @@ static void test_fp8_tinyshakespeare(void) {
     }
     double rel = fabs(last[1] - last[0]) / last[0];
     printf("  final eval: bf16 %.4f fp8 %.4f, rel diff %.2f%%\n", last[0], last[1], 100 * rel);
-    QT_EXPECT(last[0] < first[0] - 1.0f, "bf16 did not learn: %.3f -> %.3f", first[0], last[0]);
+    /* the first eval comes after 50 steps; learning is judged against the uniform loss ln(256) = 5.545 */
+    QT_EXPECT(last[0] < logf(256.0f) - 2.0f, "bf16 did not learn: eval %.3f (first %.3f)", last[0], first[0]);
     QT_EXPECT(isfinite(last[1]) && rel < 0.02, "fp8 final eval %.4f vs bf16 %.4f (%.2f%%)", last[1], last[0], 100 * rel);
 }
 

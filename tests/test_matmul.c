@@ -277,7 +277,9 @@ static int check_fp8(qt_matmul_ctx *c, qt_rng *r, long M, int N, int K, int b_e5
     snprintf(what, sizeof what, "fp8 e4m3 x %s M=%ld N=%d K=%d -> %s bias=%d fast_accum=%d", b_e5m2 ? "e5m2" : "e4m3", M,
              N, K, qt_dtype_name(dt), bias, fast);
     /* fast accumulation keeps ~13 mantissa bits in the running sums: a few 1e-3 over K ~ 1000 */
-    double tol = dt == QT_DT_BF16 ? (fast ? 1.5e-2 : 1e-2) : (fast ? 1e-2 : 1e-4);
+    /* Hopper's fp8 MMA accumulates with ~13-14 mantissa bits between fp32 promotions even without fast
+     * accumulation (seen on H200: 5e-4 relative at K=64), so fp32 output is not fp32-exact. */
+    double tol = dt == QT_DT_BF16 ? (fast ? 1.5e-2 : 1e-2) : (fast ? 1e-2 : 2e-3);
     int ok = e == cudaSuccess && qt_t_close(what, got, ref, M * N, tol, tol);
     printf("  %s: max rel err %.3g\n", what, max_rel(got, ref, M * N));
     free(a), free(b), free(ha), free(hb), free(bv), free(ref), free(got);
