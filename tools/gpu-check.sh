@@ -20,7 +20,9 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout
 
 if has build; then step build 600 make -j16 CUDA_ARCH=90a all > "$OUT/build.log" 2>&1; tail -3 "$OUT/build.log"; fi
 if has unit; then
-    for t in test_kernels test_matmul test_attention test_quant; do step "$t" 300 "build/tests/$t"; done 2>&1 | tee "$OUT/unit.log" | grep -E '^(PASS|FAIL|SKIP|==)'
+    for t in test_kernels test_matmul test_attention test_quant test_fp8_model; do
+        QT_LOG_DIR=$OUT step "$t" 300 "build/tests/$t"
+    done 2>&1 | tee "$OUT/unit.log" | grep -E '^(PASS|FAIL|SKIP|==)|final eval|worst cos'
 fi
 if has model; then
     { step hf_compare 300 env QT_DEVICES=cpu,cuda python3 tests/test_hf_compare.py
@@ -32,6 +34,10 @@ if has bench; then
       step quant_bench 200 build/bench/quant_bench
       step train_bench_0.5b 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml --steps 10 --breakdown
       step train_bench_0.5b_graphs 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml --steps 10 --set perf.cuda_graphs=true
+      step train_bench_0.5b_fp8 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --steps 10 --breakdown
+      step train_bench_1.5b_bf16 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --steps 8 \
+          --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16
+      step train_bench_1.5b_fp8 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --steps 8
       step torch_eager 300 python3 bench/torch_baseline.py --model qwen2.5-0.5b --micro-batch 16
       step torch_compile 300 python3 bench/torch_baseline.py --model qwen2.5-0.5b --micro-batch 16 --compile
     } 2>&1 | tee "$OUT/bench.log" | grep -E 'RESULT|tokens/s|==' | head -80
