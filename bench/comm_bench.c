@@ -4,10 +4,14 @@
  * Per point: after warm-up, each timed iteration is a barrier then the op between two events on every
  * rank's stream; the iteration's time is the slowest rank's; we report the median (p10, p90) of
  * --iters (>= 20). algbw = S / t with S the full tensor (gathered, unreduced); busbw = algbw * (n-1)/n
- * for all-gather and reduce-scatter, 2(n-1)/n for all-reduce (nccl-tests). % = busbw over the measured
- * ceiling: the slowest peer pair one way for peer paths, per-GPU H2D (all GPUs at once) for the host
- * all-gather, half the per-GPU H2D+D2H rate for host reduce-scatter/all-reduce. Prints a table, and
- * appends TSV rows and a markdown section when --tsv / --md are given. */
+ * for all-gather and reduce-scatter, 2(n-1)/n for all-reduce (nccl-tests). busbw is the bytes one GPU
+ * moves in ONE direction per second, so % = busbw over the one-direction rate of the link it uses:
+ * peer paths, the slowest peer pair one way; host paths, the per-GPU rate with all GPUs at once of
+ * the direction that bounds the op: H2D for all-gather and all-reduce (each GPU receives (n-1)/n S,
+ * resp. 2(n-1)/n S, host->device), min(H2D, D2H) for reduce-scatter (each GPU sends and receives
+ * (n-1)/n S). (Half of the H2D+D2H-together rate, used before, undercounted: the copies overlap
+ * better in a collective than in the probe, giving > 100%.) Prints a table, and appends TSV rows and
+ * a markdown section when --tsv / --md are given. */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -22,8 +26,10 @@
 #define MAXIT 200
 enum { OP_AG, OP_RS, OP_AR, NOPS };
 static const char *op_names[NOPS] = {"all_gather", "reduce_scatter", "all_reduce"};
-enum { S_PEER, S_RING, S_HOST, S_HOST_WC, S_NCCL, NSTRAT };
-static const char *strat_names[NSTRAT] = {"peer", "peer_ring", "host", "host_wc", "nccl"};
+enum { S_PEER, S_RING, S_LOAD, S_HOST, S_HOST_WC, S_NCCL, NSTRAT };
+/* peer_load: the peer kind with QT_COMM_RS_LOAD (its all-gather is peer's; reduce-scatter and
+ * all-reduce differ); peer and peer_ring use QT_COMM_RS_COPY. */
+static const char *strat_names[NSTRAT] = {"peer", "peer_ring", "peer_load", "host", "host_wc", "nccl"};
 
 /* ---- NCCL through dlopen ---- */
 typedef int (*nccl_init_all_t)(void **comms, int n, const int *devs);
@@ -150,7 +156,8 @@ static double ceiling_of(int strat, int op) {
     const qt_comm_probe_result *p = &G.probe;
     int host = strat == S_HOST || strat == S_HOST_WC || (strat == S_NCCL && getenv("NCCL_P2P_DISABLE"));
     if (!host) return p->peer_min;
-    return op == OP_AG ? p->h2d_all : p->bidir_all / 2;
+    if (op == OP_RS) return p->h2d_all < p->d2h_all ? p->h2d_all : p->d2h_all;
+    return p->h2d_all;
 }
 
 static const char *row_name(int strat) {
@@ -423,14 +430,20 @@ int main(int argc, char **argv) {
                 getenv("NCCL_P2P_DISABLE") ? ", NCCL_P2P_DISABLE=1" : "");
         if (G.label[0]) fprintf(G.md, "Label: %s\n\n", G.label);
         if (!nccl_only) qt_comm_probe_print(&G.probe, G.md, 1);
+        fprintf(G.md, "busbw = bytes one GPU moves one way per second (nccl-tests). %% of ceiling = busbw over the "
+                      "one-way rate of the link used: peer rows, the slowest pair one way; host rows (and NCCL with "
+                      "P2P off), per-GPU H2D with all GPUs at once for all_gather and all_reduce, min(H2D, D2H) for "
+                      "reduce_scatter. peer_load = peer with the reduce-scatter reading peers' shards through "
+                      "peer pointers (its all_gather is peer's).\n");
     }
     int shown[NSTRAT], ns = 0;
     if (!nccl_only) {
         for (int st = S_PEER; st <= S_HOST_WC; st++) {
             qt_comm_opts o = {0};
             o.ring = st == S_RING;
+            o.peer_rs = st == S_LOAD ? QT_COMM_RS_LOAD : QT_COMM_RS_COPY;
             o.timeout_s = 300;
-            qt_comm_kind k = st <= S_RING ? QT_COMM_PEER : st == S_HOST ? QT_COMM_HOST : QT_COMM_HOST_WC;
+            qt_comm_kind k = st <= S_LOAD ? QT_COMM_PEER : st == S_HOST ? QT_COMM_HOST : QT_COMM_HOST_WC;
             qt_comm *c = qt_comm_create(G.n, G.devices, k, (size_t)G.n * (256u << 20), &o);
             sweep(st, c, !no_overlap);
             qt_comm_free(c);

@@ -65,12 +65,16 @@ void qt_commg_wait_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf) 
 }
 
 static void enable_peers(qt_comm *c) {
+    c->all_peer = 1;
     for (int a = 0; a < c->n; a++)
         for (int b = 0; b < c->n; b++) {
             int da = c->devices[a], db = c->devices[b], ok = 0;
             if (da == db) continue;
             QT_CUDA(cudaDeviceCanAccessPeer(&ok, da, db));
-            if (!ok) continue;
+            if (!ok) {
+                c->all_peer = 0;
+                continue;
+            }
             QT_CUDA(cudaSetDevice(da));
             cudaError_t e = cudaDeviceEnablePeerAccess(db, 0);
             if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
@@ -146,9 +150,9 @@ qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t hos
     for (int r = 0; r < n; r++)
         QT_CHECK(devices[r] >= 0 && devices[r] < ndev, "comm: rank %d on device %d, but %d devices exist", r,
                  devices[r], ndev);
+    qt_comm_probe_result p;
+    const qt_comm_probe_result *pp = opts ? opts->probe : NULL;
     if (kind == QT_COMM_AUTO) {
-        qt_comm_probe_result p;
-        const qt_comm_probe_result *pp = opts ? opts->probe : NULL;
         if (!pp) {
             /* Probe each distinct device once. */
             int uniq[QT_COMM_MAX_RANKS], nu = 0;
@@ -165,6 +169,12 @@ qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t hos
     qt_comm *c = qt_comm_alloc(n, kind, host_arena_bytes, opts, 1);
     memcpy(c->devices, devices, (size_t)n * sizeof(int));
     qt_commg_init(c, (size_t)n * QT_COMM_MAX_SCALARS * sizeof(float) + c->arena_bytes, kind == QT_COMM_HOST_WC);
+    qt_comm_set_rs(c, opts, pp);
+    if (c->rs_load && !c->all_peer) { /* a kernel cannot load through a pair without peer access */
+        qt_comm_opts o = opts ? *opts : (qt_comm_opts){0};
+        o.peer_rs = QT_COMM_RS_COPY;
+        qt_comm_set_rs(c, &o, NULL);
+    }
     qt_comm_register(c);
     return c;
 }

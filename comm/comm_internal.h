@@ -37,6 +37,9 @@ typedef struct qt_comm_gpu qt_comm_gpu; /* per-rank GPU state, comm_gpu.c */
 
 struct qt_comm {
     int n, gpu, ring;
+    int all_peer;   /* GPU peer kind: every pair of distinct devices has peer access enabled */
+    int rs_load;    /* peer reduce-scatter through peer-pointer loads (QT_COMM_RS_LOAD resolved) */
+    int chunk_auto; /* host kinds without opts->chunk_bytes: chunk sized per collective, chunk_bytes = max */
     qt_comm_kind kind;
     int devices[QT_COMM_MAX_RANKS];
     size_t chunk_bytes;
@@ -61,6 +64,8 @@ struct qt_comm {
 };
 
 qt_comm *qt_comm_alloc(int n, qt_comm_kind kind, size_t arena_bytes, const qt_comm_opts *opts, int gpu);
+/* Sets c->rs_load (opts->peer_rs, AUTO resolved from probe when not NULL) and the name. */
+void qt_comm_set_rs(qt_comm *c, const qt_comm_opts *opts, const qt_comm_probe_result *probe);
 
 /* sync.c: post / wait on phase counters; wait returns -1 when aborted (fails after timeout_s). */
 void qt_comm_post(qt_comm *c, int ph, int r, int64_t seq);

@@ -1,5 +1,6 @@
 /* probe.c — measures the links comm can use (pinned H2D/D2H per GPU alone and all at once, both
- * directions at once, peer access and pair bandwidth) in about a second, and picks the AUTO kind.
+ * directions at once, peer access and pair bandwidth by copy engines and by SM loads) in about a
+ * second, and picks the AUTO kind and the peer reduce-scatter variant.
  *
  * Timing is wall clock around copies on every GPU followed by a sync of all of them (the only clock
  * that spans devices); sizes are large enough (64 MiB host, 256 MiB peer) that launch cost is < 2%.
@@ -13,6 +14,7 @@
 
 #define HOST_B ((size_t)64 << 20)
 #define PEER_B ((size_t)256 << 20)
+#define QT_PROBE_LOAD_VS_COPY 0.85 /* see pick_rs below */
 
 typedef struct {
     int n;
@@ -33,6 +35,25 @@ static void sync_all(qt_probe_ctx *x) {
         QT_CUDA(cudaStreamSynchronize(x->up[i]));
         QT_CUDA(cudaStreamSynchronize(x->down[i]));
     }
+}
+
+/* i <-> j both at once with SM loads: a kernel on each GPU copies the other's buffer through its peer
+ * pointer (the reduction kernel with one source, the access pattern of the LOAD reduce-scatter). */
+static double time_peer_load(qt_probe_ctx *x, int i, int j) {
+    double best = 1e30;
+    size_t n = PEER_B / 2; /* bf16 elements */
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = wall();
+        const void *si = x->d[j] + PEER_B, *sj = x->d[i] + PEER_B;
+        QT_CUDA(cudaSetDevice(x->dev[i]));
+        qt_comm_reduce_launch(QT_DT_BF16, x->d[i], &si, 1, n, QT_COMM_SUM, x->up[i]);
+        QT_CUDA(cudaSetDevice(x->dev[j]));
+        qt_comm_reduce_launch(QT_DT_BF16, x->d[j], &sj, 1, n, QT_COMM_SUM, x->up[j]);
+        sync_all(x);
+        double t = wall() - t0;
+        if (rep > 0 && t < best) best = t;
+    }
+    return best;
 }
 
 /* mask bit i: device i takes part; dirs bit 0 = H2D, bit 1 = D2H. Returns the best seconds of 3. */
@@ -110,7 +131,7 @@ int qt_comm_probe(int n, const int *devices, qt_comm_probe_result *out) {
     out->bidir_all = 2.0 * HOST_B / time_host(&x, all, 3) / 1e9;
 
     int all_peer = n > 1;
-    out->peer_min = out->peer_bidir_min = n > 1 ? 1e30 : 0;
+    out->peer_min = out->peer_bidir_min = out->peer_load_bidir_min = n > 1 ? 1e30 : 0;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
             if (i == j || devices[i] == devices[j]) continue;
@@ -126,12 +147,20 @@ int qt_comm_probe(int n, const int *devices, qt_comm_probe_result *out) {
             if (i < j) {
                 double b = 2.0 * PEER_B / time_peer(&x, i, j, 1) / 1e9;
                 if (b < out->peer_bidir_min) out->peer_bidir_min = b;
+                b = 2.0 * PEER_B / time_peer_load(&x, i, j) / 1e9;
+                if (b < out->peer_load_bidir_min) out->peer_load_bidir_min = b;
             }
         }
     if (out->peer_min > 1e29) out->peer_min = 0;
     if (out->peer_bidir_min > 1e29) out->peer_bidir_min = 0;
+    if (out->peer_load_bidir_min > 1e29) out->peer_load_bidir_min = 0;
     /* Peer wins where every pair has access and the slowest pair beats a GPU's host link. */
     out->pick = n == 1 || (all_peer && out->peer_min > out->h2d_all) ? QT_COMM_PEER : QT_COMM_HOST;
+    /* LOAD moves each byte over the link once with no staging pass and no per-chunk handshakes, which
+     * cost the COPY reduce-scatter ~15% against a raw copy: LOAD wins unless SM loads are clearly
+     * slower than the copy engines on the same pairs. */
+    out->pick_rs = all_peer && out->peer_load_bidir_min >= QT_PROBE_LOAD_VS_COPY * out->peer_bidir_min
+                       ? QT_COMM_RS_LOAD : QT_COMM_RS_COPY;
 
     for (int i = 0; i < n; i++) {
         QT_CUDA(cudaSetDevice(devices[i]));
@@ -162,7 +191,9 @@ void qt_comm_probe_print(const qt_comm_probe_result *p, FILE *fp, int md) {
                 else fprintf(fp, " %d:%5.0f", p->can_access[i][j], p->peer[i][j]);
             fprintf(fp, "\n");
         }
-        fprintf(fp, "  slowest pair: %.1f GB/s one way, %.1f GB/s both ways at once\n", p->peer_min, p->peer_bidir_min);
+        fprintf(fp, "  slowest pair: %.1f GB/s one way, %.1f GB/s both ways at once (SM loads both ways: %.1f)"
+                    " -> peer reduce-scatter by %s\n", p->peer_min, p->peer_bidir_min, p->peer_load_bidir_min,
+                p->pick_rs == QT_COMM_RS_LOAD ? "loads" : "copies");
         return;
     }
     fprintf(fp, "Probe (%.2f s): %d x %s, driver %d, runtime %d; `auto` picks **%s**.\n\n", p->seconds, p->n, p->name,
@@ -175,6 +206,8 @@ void qt_comm_probe_print(const qt_comm_probe_result *p, FILE *fp, int md) {
         fprintf(fp, " |\n");
     }
     fprintf(fp, "\nAll GPUs at once, per GPU: H2D %.1f GB/s, D2H %.1f GB/s, H2D+D2H together %.1f GB/s. "
-                "Slowest pair: %.1f GB/s one way, %.1f GB/s both ways.\n\n",
-            p->h2d_all, p->d2h_all, p->bidir_all, p->peer_min, p->peer_bidir_min);
+                "Slowest pair: %.1f GB/s one way, %.1f GB/s both ways (copy engines), %.1f GB/s both ways with SM "
+                "loads through peer pointers; `auto` peer reduce-scatter uses **%s**.\n\n",
+            p->h2d_all, p->d2h_all, p->bidir_all, p->peer_min, p->peer_bidir_min, p->peer_load_bidir_min,
+            p->pick_rs == QT_COMM_RS_LOAD ? "loads" : "copies");
 }

@@ -28,8 +28,10 @@ __device__ __forceinline__ float ld_one(const void *p, size_t i, int dt) {
 __device__ __forceinline__ void unpack(uint4 u, int dt, float *v) {
     uint32_t w[4] = {u.x, u.y, u.z, u.w};
     if (dt == QT_DT_F32) {
+#pragma unroll
         for (int k = 0; k < 4; k++) v[k] = __uint_as_float(w[k]);
     } else {
+#pragma unroll
         for (int k = 0; k < 4; k++) {
             v[2 * k] = __uint_as_float(w[k] << 16);
             v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
@@ -39,31 +41,51 @@ __device__ __forceinline__ void unpack(uint4 u, int dt, float *v) {
 
 __device__ __forceinline__ uint16_t to_bf16(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 
+/* One 16-byte vector of every source. dt is a literal at each call site, so after inlining every loop
+ * has constant bounds and the arrays stay in registers (a runtime element count spilled them to local
+ * memory). All sources are loaded before any is used, so a thread has nsrc loads in flight: remote
+ * (NVLink) loads take microseconds and need that parallelism. */
+__device__ __forceinline__ void vec_step(qt_reduce_srcs a, void *dst, int nsrc, size_t i, const int dt,
+                                         int op) {
+    const int per = dt == QT_DT_F32 ? 4 : 8;
+    uint4 u[QT_COMM_MAX_RANKS];
+#pragma unroll
+    for (int k = 0; k < QT_COMM_MAX_RANKS; k++)
+        if (k < nsrc) u[k] = __ldcs(((const uint4 *)a.src[k]) + i);
+    float acc[8], v[8];
+    unpack(u[0], dt, acc);
+#pragma unroll
+    for (int k = 1; k < QT_COMM_MAX_RANKS; k++) {
+        if (k >= nsrc) break;
+        unpack(u[k], dt, v);
+#pragma unroll
+        for (int e = 0; e < per; e++) acc[e] = red_op(acc[e], v[e], op);
+    }
+    uint4 o;
+    if (dt == QT_DT_F32) {
+        o.x = __float_as_uint(acc[0]); o.y = __float_as_uint(acc[1]);
+        o.z = __float_as_uint(acc[2]); o.w = __float_as_uint(acc[3]);
+    } else {
+        o.x = to_bf16(acc[0]) | ((uint32_t)to_bf16(acc[1]) << 16);
+        o.y = to_bf16(acc[2]) | ((uint32_t)to_bf16(acc[3]) << 16);
+        o.z = to_bf16(acc[4]) | ((uint32_t)to_bf16(acc[5]) << 16);
+        o.w = to_bf16(acc[6]) | ((uint32_t)to_bf16(acc[7]) << 16);
+    }
+    ((uint4 *)dst)[i] = o;
+}
+
 __global__ void reduce_fwd_kernel(qt_reduce_srcs a, void *dst, int nsrc, size_t n, int dt, int op, int vec) {
     size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
     size_t per = dt == QT_DT_F32 ? 4 : 8, nv = vec ? n / per : 0;
-    for (size_t i = tid; i < nv; i += stride) {
-        float acc[8], v[8];
-        unpack(((const uint4 *)a.src[0])[i], dt, acc);
-        for (int k = 1; k < nsrc; k++) {
-            unpack(((const uint4 *)a.src[k])[i], dt, v);
-            for (int e = 0; e < (int)per; e++) acc[e] = red_op(acc[e], v[e], op);
-        }
-        uint4 o;
-        if (dt == QT_DT_F32) {
-            o.x = __float_as_uint(acc[0]); o.y = __float_as_uint(acc[1]);
-            o.z = __float_as_uint(acc[2]); o.w = __float_as_uint(acc[3]);
-        } else {
-            o.x = to_bf16(acc[0]) | ((uint32_t)to_bf16(acc[1]) << 16);
-            o.y = to_bf16(acc[2]) | ((uint32_t)to_bf16(acc[3]) << 16);
-            o.z = to_bf16(acc[4]) | ((uint32_t)to_bf16(acc[5]) << 16);
-            o.w = to_bf16(acc[6]) | ((uint32_t)to_bf16(acc[7]) << 16);
-        }
-        ((uint4 *)dst)[i] = o;
-    }
+    if (dt == QT_DT_F32)
+        for (size_t i = tid; i < nv; i += stride) vec_step(a, dst, nsrc, i, QT_DT_F32, op);
+    else
+        for (size_t i = tid; i < nv; i += stride) vec_step(a, dst, nsrc, i, QT_DT_BF16, op);
     for (size_t i = nv * per + tid; i < n; i += stride) {
         float acc = ld_one(a.src[0], i, dt);
-        for (int k = 1; k < nsrc; k++) acc = red_op(acc, ld_one(a.src[k], i, dt), op);
+#pragma unroll
+        for (int k = 1; k < QT_COMM_MAX_RANKS; k++) /* constant indices: the pointers stay in registers */
+            if (k < nsrc) acc = red_op(acc, ld_one(a.src[k], i, dt), op);
         if (dt == QT_DT_F32) ((float *)dst)[i] = acc;
         else ((uint16_t *)dst)[i] = to_bf16(acc);
     }
@@ -79,8 +101,10 @@ extern "C" void qt_comm_reduce_launch(qt_dtype dt, void *dst, const void *const 
     for (int k = 0; k < QT_COMM_MAX_RANKS; k++) a.src[k] = k < nsrc ? srcs[k] : NULL;
     for (int k = 0; k < nsrc; k++) vec &= ((uintptr_t)srcs[k] & 15) == 0;
     size_t per = dt == QT_DT_F32 ? 4 : 8, work = vec ? n / per + n % per : n;
+    /* Enough resident threads to keep ~MBs of loads in flight (NVLink latency), capped so big calls
+     * grid-stride instead of paying block scheduling. */
     size_t blocks = (work + 255) / 256;
-    if (blocks > 2048) blocks = 2048;
+    if (blocks > 4096) blocks = 4096;
     reduce_fwd_kernel<<<(unsigned)blocks, 256, 0, s>>>(a, dst, nsrc, n, (int)dt, (int)op, vec);
     QT_CUDA(cudaGetLastError());
 }

@@ -49,14 +49,26 @@ typedef struct {
     double peer[QT_COMM_MAX_RANKS][QT_COMM_MAX_RANKS]; /* i -> j alone, peer access enabled */
     double peer_bidir_min;                             /* min over pairs of i<->j both at once (sum) */
     double peer_min;                                   /* min over pairs of peer[i][j] */
+    double peer_load_bidir_min;                        /* min over pairs of i<->j both at once (sum), SM
+                                                          loads through peer pointers (a copy kernel) */
     double seconds;                                    /* how long the probe took */
     qt_comm_kind pick;                                 /* what AUTO resolves to */
+    int pick_rs;                                       /* QT_COMM_RS_COPY or _LOAD for peer reduce-scatter */
 } qt_comm_probe_result;
+
+/* How the peer kind reduces: copy engines pull foreign pieces into device staging and a local kernel
+ * reduces them (COPY), or the reduction kernel reads every rank's shard in place through peer pointers
+ * (LOAD: NVLink loads, data crosses once, no staging, but it uses SMs). Same result bitwise. */
+enum { QT_COMM_RS_AUTO = 0, QT_COMM_RS_COPY = 1, QT_COMM_RS_LOAD = 2 };
 
 /* Optional knobs; zero-initialised means the defaults. */
 typedef struct {
     int ring;                 /* peer: 1 = ring-ordered pulls (one peer per step), 0 = all peers at once */
-    size_t chunk_bytes;       /* pipeline chunk; 0 = 4 MiB for host kinds, 16 MiB for peer */
+    size_t chunk_bytes;       /* pipeline chunk; 0 = 16 MiB for peer, and for host kinds 1/32 of a rank's
+                                 piece clamped to [256 KiB, 4 MiB] (short pipeline fill and drain) */
+    int peer_rs;              /* QT_COMM_RS_*: AUTO = the probe's pick_rs when a probe is at hand
+                                 (kind AUTO or opts->probe), else COPY; LOAD falls back to COPY where a
+                                 pair of devices lacks peer access */
     double timeout_s;         /* a rank waiting longer for a peer fails with a message; 0 = never */
     const qt_comm_probe_result *probe; /* AUTO decides from this; NULL = run the probe */
 } qt_comm_opts;

@@ -35,9 +35,10 @@ static void test_shard(void) {
 
 static const size_t g_sizes[] = {0, 1, 2, 3, 5, 15, 16, 17, 31, 32, 33, 63, 64, 65, 257, 1009, 4099, 10007};
 
-static void run_kind(qt_comm_kind kind, int ring, size_t chunk, size_t arena, int delay) {
+static void run_kind_rs(qt_comm_kind kind, int ring, size_t chunk, size_t arena, int delay, int peer_rs) {
     qt_comm_opts o = {0};
     o.ring = ring;
+    o.peer_rs = peer_rs;
     o.chunk_bytes = chunk;
     o.timeout_s = 60;
     ct_job j;
@@ -52,8 +53,22 @@ static void run_kind(qt_comm_kind kind, int ring, size_t chunk, size_t arena, in
     }
 }
 
+static void run_kind(qt_comm_kind kind, int ring, size_t chunk, size_t arena, int delay) {
+    run_kind_rs(kind, ring, chunk, arena, delay, QT_COMM_RS_AUTO);
+}
+
 static void test_peer_direct(void) { run_kind(QT_COMM_PEER, 0, 64, 0, 0); }
 static void test_peer_ring(void) { run_kind(QT_COMM_PEER, 1, 128, 0, 0); }
+/* Reduce-scatter reading every rank's src in place (one reduction over the whole shard). */
+static void test_peer_load(void) {
+    qt_comm *c = qt_comm_create_cpu(2, QT_COMM_PEER, 0, &(qt_comm_opts){.peer_rs = QT_COMM_RS_LOAD});
+    QT_EXPECT(!strcmp(qt_comm_name(c), "peer_load"), "name %s, expected peer_load", qt_comm_name(c));
+    qt_comm_free(c);
+    run_kind_rs(QT_COMM_PEER, 0, 64, 0, 0, QT_COMM_RS_LOAD);
+    run_kind_rs(QT_COMM_PEER, 1, 64, 0, 1, QT_COMM_RS_LOAD);
+}
+/* Default host chunks (sized per collective from count and N): the path every rank must agree on. */
+static void test_host_auto_chunk(void) { run_kind(QT_COMM_HOST, 0, 0, 0, 0); }
 /* 64 B chunks and a 4 KiB arena: dozens of windows per call at 10007 elements. */
 static void test_host_small_arena(void) { run_kind(QT_COMM_HOST, 0, 64, 4096, 0); }
 /* Big enough that the 64-chunk cap per window binds. */
@@ -80,17 +95,18 @@ static void *ar_worker(void *p) {
 static void test_deterministic_across_chunkings(void) {
     /* The reduce order is fixed by rank, so neither chunk size nor kind may change a bit. */
     enum { N = 3, COUNT = 5003 };
-    float *x[N], *out[3];
+    float *x[N], *out[4];
     qt_rng g;
     qt_rng_seed(&g, 5);
     for (int r = 0; r < N; r++) {
         x[r] = malloc(COUNT * 4);
         for (int i = 0; i < COUNT; i++) x[r][i] = qt_rng_normal(&g) * (r == 1 ? 1e4f : 1e-3f);
     }
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
         qt_comm_opts o = {0};
         o.chunk_bytes = v == 0 ? 48 : v == 1 ? 4096 : 160;
-        qt_comm *c = qt_comm_create_cpu(N, v == 1 ? QT_COMM_PEER : QT_COMM_HOST, 4096, &o);
+        o.peer_rs = v == 3 ? QT_COMM_RS_LOAD : QT_COMM_RS_COPY;
+        qt_comm *c = qt_comm_create_cpu(N, v == 1 || v == 3 ? QT_COMM_PEER : QT_COMM_HOST, 4096, &o);
         out[v] = malloc((size_t)N * COUNT * 4);
         ar_arg a[N];
         pthread_t t[N];
@@ -105,8 +121,9 @@ static void test_deterministic_across_chunkings(void) {
         qt_comm_free(c);
     }
     QT_EXPECT(!memcmp(out[0], out[1], COUNT * 4) && !memcmp(out[0], out[2], COUNT * 4), "results depend on chunking");
+    QT_EXPECT(!memcmp(out[0], out[3], COUNT * 4), "peer_load differs from the copy variants");
     for (int r = 0; r < N; r++) free(x[r]);
-    for (int v = 0; v < 3; v++) free(out[v]);
+    for (int v = 0; v < 4; v++) free(out[v]);
 }
 
 static void test_stress_10000(void) {
@@ -188,6 +205,8 @@ int main(void) {
     QT_RUN(test_shard);
     QT_RUN(test_peer_direct);
     QT_RUN(test_peer_ring);
+    QT_RUN(test_peer_load);
+    QT_RUN(test_host_auto_chunk);
     QT_RUN(test_host_small_arena);
     QT_RUN(test_host_chunk_cap);
     QT_RUN(test_random_delays);

@@ -68,9 +68,12 @@ static int layout(int which) {
     return which == 0 && g_ndev < 2 ? 0 : n;
 }
 
+static int g_peer_rs; /* QT_COMM_RS_* for make() */
+
 static qt_comm *make(int n, qt_comm_kind kind, int ring, size_t chunk, size_t arena) {
     qt_comm_opts o = {0};
     o.ring = ring;
+    o.peer_rs = g_peer_rs;
     o.chunk_bytes = chunk;
     o.timeout_s = 120;
     return qt_comm_create(n, g_dev, kind, arena, &o);
@@ -98,6 +101,30 @@ static void run_kind(qt_comm_kind kind, int ring, int delay) {
 
 static void test_peer_direct(void) { run_kind(QT_COMM_PEER, 0, 0); }
 static void test_peer_ring(void) { run_kind(QT_COMM_PEER, 1, 0); }
+/* Reduce-scatter through peer-pointer loads, plain and with random delays (which would expose a
+ * missing READY wait or an early DONE: a peer overwriting src while it is read). */
+static void test_peer_load(void) {
+    g_peer_rs = QT_COMM_RS_LOAD;
+    run_kind(QT_COMM_PEER, 0, 0);
+    run_kind(QT_COMM_PEER, 0, 1);
+    g_peer_rs = QT_COMM_RS_AUTO;
+}
+/* Host kinds with the default (per-collective) chunk size, up to 1000003 elements (several chunks). */
+static void test_host_auto_chunk(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    ct_job j;
+    for (int lay = 0; lay < 3; lay++) {
+        int n = layout(lay);
+        if (!n) continue;
+        qt_comm *c = make(n, QT_COMM_HOST, 0, 0, 0);
+        for (size_t si = 0; si < sizeof g_sizes / sizeof g_sizes[0]; si++) {
+            const char *e = ct_script(c, &g_dmem, g_sizes[si], 0, 57 * n + si, &j);
+            QT_EXPECT(e == NULL, "%s auto chunk, %d ranks (layout %d): %s", qt_comm_name(c), n, lay, e);
+            if (e) break;
+        }
+        qt_comm_free(c);
+    }
+}
 static void test_host(void) { run_kind(QT_COMM_HOST, 0, 0); }
 static void test_host_wc(void) { run_kind(QT_COMM_HOST_WC, 0, 0); }
 static void test_random_delays(void) {
@@ -311,6 +338,8 @@ int main(void) {
     QT_RUN(test_injected_failure_stops_all);
     QT_RUN(test_peer_direct);
     QT_RUN(test_peer_ring);
+    QT_RUN(test_peer_load);
+    QT_RUN(test_host_auto_chunk);
     QT_RUN(test_host);
     QT_RUN(test_host_wc);
     QT_RUN(test_random_delays);
