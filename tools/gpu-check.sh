@@ -15,7 +15,7 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout
 
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
-    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "commit ${QT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 } > "$OUT/env.txt" 2>&1
 
 if has build; then step build 600 make -j16 CUDA_ARCH=90a all > "$OUT/build.log" 2>&1; tail -3 "$OUT/build.log"; fi
