@@ -21,4 +21,7 @@ python3 tools/tokenize --byte-level "$src" --out "$run/data" --eval-frac 0.05
 if python3 -c 'import matplotlib' 2>/dev/null; then
     python3 tools/plot "$run/log.jsonl" -o "$run/curves.png" --title "quickstart (byte-level)"
 fi
+if python3 -c 'import torch, transformers' 2>/dev/null; then # the export must load in transformers
+    python3 tools/check_export.py "$run/ckpt/export" "$run/data/eval_000000.bin" 2>/dev/null
+fi
 echo "quickstart: checkpoints in $run/ckpt, HF export in $run/ckpt/export, log $run/log.jsonl"
