@@ -7,6 +7,8 @@
 #ifndef QT_ERROR_H
 #define QT_ERROR_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -16,6 +18,10 @@ void qt_fail(const char *file, int line, const char *call, const char *fmt, ...)
 void qt_fail_cuda(const char *file, int line, const char *call, int status) __attribute__((noreturn));
 void qt_fail_cublas(const char *file, int line, const char *call, int status) __attribute__((noreturn));
 void qt_fail_cudnn(const char *file, int line, const char *call, int status) __attribute__((noreturn));
+
+/* Formats a user-facing error into err (when err and errlen are set) and returns -1, so a parser can
+ * `return qt_errf(err, errlen, "%s:%d: ...", ...)`. */
+int qt_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* The rank printed in messages from this thread (-1, the default, prints none). */
 void qt_error_set_rank(int rank);

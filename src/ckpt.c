@@ -7,6 +7,7 @@
  *   data     each blob at a 64-byte aligned offset, zero padding between; file_bytes = total size.
  * meta_hash = hash64 of header bytes [0,32) then the table; each blob's hash = hash64 of its bytes.
  * hash64 is XXH64 (seed 0): 32-byte stripes in four lanes, so it runs at memory speed. */
+#include "qt_error.h"
 #include "qt_ckpt.h"
 
 #include <dirent.h>
@@ -80,31 +81,21 @@ uint64_t qt_ckpt_hash64(const void *data, size_t n) {
     return xx_final(&s);
 }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 int qt_ckpt_mkdirs(const char *dir, char *err, size_t errlen) {
     char p[4096];
     size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof p) return fail(err, errlen, "%s: bad directory name", dir);
+    if (n == 0 || n >= sizeof p) return qt_errf(err, errlen, "%s: bad directory name", dir);
     memcpy(p, dir, n + 1);
     for (size_t i = 1; i <= n; i++) {
         if (p[i] != '/' && p[i] != 0) continue;
         char c = p[i];
         p[i] = 0;
         if (mkdir(p, 0777) != 0 && errno != EEXIST)
-            return fail(err, errlen, "%s: cannot create directory %s: %s", dir, p, strerror(errno));
+            return qt_errf(err, errlen, "%s: cannot create directory %s: %s", dir, p, strerror(errno));
         struct stat st;
         if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))
-            return fail(err, errlen, "%s: %s exists and is not a directory", dir, p);
+            return qt_errf(err, errlen, "%s: %s exists and is not a directory", dir, p);
         p[i] = c;
     }
     return 0;
@@ -117,12 +108,12 @@ int qt_ckpt_commit_file(FILE *f, const char *tmp, const char *final, char *err, 
     if (fclose(f) != 0 && !bad) { bad = 1; e = errno; }
     if (bad) {
         unlink(tmp);
-        return fail(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+        return qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(e));
     }
     if (rename(tmp, final) != 0) {
         e = errno;
         unlink(tmp);
-        return fail(err, errlen, "%s: cannot rename to %s: %s", tmp, final, strerror(e));
+        return qt_errf(err, errlen, "%s: cannot rename to %s: %s", tmp, final, strerror(e));
     }
     /* The rename lives in the directory: sync it so a crash cannot forget the new name. */
     char d[4096];
@@ -199,12 +190,12 @@ static int check_items(const qt_ckpt_item *items, int n, char *err, size_t errle
     for (int i = 0; i < n; i++) {
         size_t len = items[i].name ? strlen(items[i].name) : 0;
         if (len == 0 || len >= CK_NAME)
-            return fail(err, errlen, "checkpoint item %d: name must be 1..%d bytes, got %zu", i, CK_NAME - 1, len);
+            return qt_errf(err, errlen, "checkpoint item %d: name must be 1..%d bytes, got %zu", i, CK_NAME - 1, len);
         if (items[i].bytes && !items[i].data)
-            return fail(err, errlen, "checkpoint item %s: %zu bytes but no data", items[i].name, items[i].bytes);
+            return qt_errf(err, errlen, "checkpoint item %s: %zu bytes but no data", items[i].name, items[i].bytes);
         for (int j = 0; j < i; j++)
             if (strcmp(items[j].name, items[i].name) == 0)
-                return fail(err, errlen, "checkpoint item %s: duplicate name", items[i].name);
+                return qt_errf(err, errlen, "checkpoint item %s: duplicate name", items[i].name);
     }
     return 0;
 }
@@ -247,19 +238,19 @@ static unsigned char *build_meta(long step, const qt_ckpt_item *items, int n, si
 
 int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items, int n, char *err,
                  size_t errlen) {
-    if (step < 0 || n < 0) return fail(err, errlen, "%s: bad checkpoint step %ld or count %d", dir, step, n);
+    if (step < 0 || n < 0) return qt_errf(err, errlen, "%s: bad checkpoint step %ld or count %d", dir, step, n);
     if (check_items(items, n, err, errlen) || qt_ckpt_mkdirs(dir, err, errlen)) return -1;
     char tmp[4100], final[4096];
     if (snprintf(final, sizeof final, "%s/ckpt_%08ld.qtc", dir, step) >= (int)sizeof final)
-        return fail(err, errlen, "%s: path too long", dir);
+        return qt_errf(err, errlen, "%s: path too long", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
     size_t mb, fb;
     unsigned char *meta = build_meta(step, items, n, &mb, &fb);
-    if (!meta) return fail(err, errlen, "%s: out of memory building the checkpoint table", final);
+    if (!meta) return qt_errf(err, errlen, "%s: out of memory building the checkpoint table", final);
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         free(meta);
-        return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        return qt_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     }
     static const unsigned char zeros[64];
     size_t pos = mb;
@@ -276,7 +267,7 @@ int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items
         int e = errno;
         fclose(f);
         unlink(tmp);
-        return fail(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+        return qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(e));
     }
     if (qt_ckpt_commit_file(f, tmp, final, err, errlen)) return -1;
     apply_retention(dir, step, keep);
@@ -307,25 +298,25 @@ void qt_ckpt_close(qt_ckpt *ck) {
 
 static unsigned char *read_whole(const char *path, size_t *size, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) { fail(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    if (!f) { qt_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        fail(err, errlen, "%s: not a regular file", path);
+        qt_errf(err, errlen, "%s: not a regular file", path);
         return NULL;
     }
     void *buf = NULL;
     size_t n = (size_t)st.st_size;
     if (posix_memalign(&buf, 64, n ? n : 64) != 0) {
         fclose(f);
-        fail(err, errlen, "%s: out of memory reading %zu bytes", path, n);
+        qt_errf(err, errlen, "%s: out of memory reading %zu bytes", path, n);
         return NULL;
     }
     size_t got = fread(buf, 1, n, f);
     fclose(f);
     if (got != n) {
         free(buf);
-        fail(err, errlen, "%s: read %zu of %zu bytes", path, got, n);
+        qt_errf(err, errlen, "%s: read %zu of %zu bytes", path, got, n);
         return NULL;
     }
     *size = n;
@@ -336,40 +327,40 @@ static unsigned char *read_whole(const char *path, size_t *size, char *err, size
 static int parse_meta(qt_ckpt *ck, const char *path, char *err, size_t errlen) {
     const unsigned char *b = ck->buf;
     if (ck->size < CK_HDR || memcmp(b, CK_MAGIC, 8) != 0)
-        return fail(err, errlen, "%s: not a qtrain checkpoint (expected magic %s)", path, CK_MAGIC);
+        return qt_errf(err, errlen, "%s: not a qtrain checkpoint (expected magic %s)", path, CK_MAGIC);
     uint32_t ver = rd32(b + 8), cnt = rd32(b + 12);
     uint64_t fb = rd64(b + 24), mh = rd64(b + 32);
     int64_t step;
     memcpy(&step, b + 16, 8);
-    if (ver != CK_VERSION) return fail(err, errlen, "%s: version %u, expected %u", path, ver, CK_VERSION);
+    if (ver != CK_VERSION) return qt_errf(err, errlen, "%s: version %u, expected %u", path, ver, CK_VERSION);
     if (fb != ck->size)
-        return fail(err, errlen, "%s: truncated or extended: header says %llu bytes, file has %zu", path,
+        return qt_errf(err, errlen, "%s: truncated or extended: header says %llu bytes, file has %zu", path,
                     (unsigned long long)fb, ck->size);
     size_t mb = CK_HDR + (size_t)cnt * CK_ENTRY;
     if (cnt > (ck->size - CK_HDR) / CK_ENTRY)
-        return fail(err, errlen, "%s: %u blobs do not fit in %zu bytes", path, cnt, ck->size);
+        return qt_errf(err, errlen, "%s: %u blobs do not fit in %zu bytes", path, cnt, ck->size);
     xx_state s;
     xx_init(&s);
     xx_update(&s, b, 32);
     xx_update(&s, b + CK_HDR, mb - CK_HDR);
-    if (xx_final(&s) != mh) return fail(err, errlen, "%s: header/table checksum mismatch (corrupted)", path);
+    if (xx_final(&s) != mh) return qt_errf(err, errlen, "%s: header/table checksum mismatch (corrupted)", path);
     ck->step = step;
     ck->count = (int)cnt;
     ck->blobs = calloc(cnt ? cnt : 1, sizeof *ck->blobs);
-    if (!ck->blobs) return fail(err, errlen, "%s: out of memory", path);
+    if (!ck->blobs) return qt_errf(err, errlen, "%s: out of memory", path);
     for (uint32_t i = 0; i < cnt; i++) {
         unsigned char *e = ck->buf + CK_HDR + (size_t)i * CK_ENTRY;
-        if (memchr(e, 0, CK_NAME) == NULL) return fail(err, errlen, "%s: blob %u: name not terminated", path, i);
+        if (memchr(e, 0, CK_NAME) == NULL) return qt_errf(err, errlen, "%s: blob %u: name not terminated", path, i);
         int32_t dt;
         memcpy(&dt, e + 96, 4);
         uint64_t bytes = rd64(e + 104), off = rd64(e + 112), h = rd64(e + 120);
         const char *name = (const char *)e;
         if (off < mb || off > ck->size || bytes > ck->size - off)
-            return fail(err, errlen, "%s: blob %s: bytes [%llu, +%llu) outside the %zu-byte file", path, name,
+            return qt_errf(err, errlen, "%s: blob %s: bytes [%llu, +%llu) outside the %zu-byte file", path, name,
                         (unsigned long long)off, (unsigned long long)bytes, ck->size);
         uint64_t got = qt_ckpt_hash64(ck->buf + off, bytes);
         if (got != h)
-            return fail(err, errlen, "%s: blob %s: checksum mismatch (stored %016llx, computed %016llx): corrupted",
+            return qt_errf(err, errlen, "%s: blob %s: checksum mismatch (stored %016llx, computed %016llx): corrupted",
                         path, name, (unsigned long long)h, (unsigned long long)got);
         ck->blobs[i] = (ck_blob){name, dt, bytes, ck->buf + off};
     }
@@ -378,7 +369,7 @@ static int parse_meta(qt_ckpt *ck, const char *path, char *err, size_t errlen) {
 
 qt_ckpt *qt_ckpt_open(const char *path, char *err, size_t errlen) {
     qt_ckpt *ck = calloc(1, sizeof *ck);
-    if (!ck) { fail(err, errlen, "%s: out of memory", path); return NULL; }
+    if (!ck) { qt_errf(err, errlen, "%s: out of memory", path); return NULL; }
     ck->buf = read_whole(path, &ck->size, err, errlen);
     if (!ck->buf || parse_meta(ck, path, err, errlen)) {
         qt_ckpt_close(ck);

@@ -5,6 +5,7 @@
  * data; offsets are relative to the data start. Export writes tensors in layout order (tied models
  * omit lm_head.weight); import accepts F32/BF16/F16 and sharded checkpoints through
  * model.safetensors.index.json. */
+#include "qt_error.h"
 #include "qt_hf.h"
 
 #include <errno.h>
@@ -22,21 +23,11 @@
 
 #define HF_MAX_HEADER (256u << 20)
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* Reads a whole (small) file; caller frees. */
 static char *slurp(const char *path, size_t *n, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (!f) { fail(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    if (!f) { qt_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
     struct stat st;
     char *buf = NULL;
     if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (buf = malloc((size_t)st.st_size + 1))) {
@@ -44,7 +35,7 @@ static char *slurp(const char *path, size_t *n, char *err, size_t errlen) {
         if (*n != (size_t)st.st_size) { free(buf); buf = NULL; }
     }
     fclose(f);
-    if (!buf) fail(err, errlen, "%s: cannot read", path);
+    if (!buf) qt_errf(err, errlen, "%s: cannot read", path);
     else buf[*n] = 0;
     return buf;
 }
@@ -61,12 +52,12 @@ static int get_int(const char *path, const qt_json_node *o, const char *key, int
                    char *err, size_t errlen) {
     const qt_json_node *x = qt_json_get(o, key);
     if (!x || x->type == QT_JSON_NULL) {
-        if (def < lo) return fail(err, errlen, "%s: %s: missing (expected an integer >= %d)", path, key, lo);
+        if (def < lo) return qt_errf(err, errlen, "%s: %s: missing (expected an integer >= %d)", path, key, lo);
         *out = def;
         return 0;
     }
     if (x->type != QT_JSON_NUM || x->num != floor(x->num) || x->num < lo || x->num > hi)
-        return fail(err, errlen, "%s: %s: expected an integer in [%d, %d], got %s%s%.17g", path, key, lo, hi,
+        return qt_errf(err, errlen, "%s: %s: expected an integer in [%d, %d], got %s%s%.17g", path, key, lo, hi,
                     type_name(x), x->type == QT_JSON_NUM ? " " : "", x->type == QT_JSON_NUM ? x->num : 0.0);
     *out = (int)x->num;
     return 0;
@@ -77,7 +68,7 @@ static int get_num(const char *path, const qt_json_node *o, const char *key, flo
     const qt_json_node *x = qt_json_get(o, key);
     if (!x || x->type == QT_JSON_NULL) { *out = def; return 0; }
     if (x->type != QT_JSON_NUM || !(x->num > 0))
-        return fail(err, errlen, "%s: %s: expected a number > 0, got %s", path, key, type_name(x));
+        return qt_errf(err, errlen, "%s: %s: expected a number > 0, got %s", path, key, type_name(x));
     *out = (float)x->num;
     return 0;
 }
@@ -86,7 +77,7 @@ static int get_bool(const char *path, const qt_json_node *o, const char *key, in
                     size_t errlen) {
     const qt_json_node *x = qt_json_get(o, key);
     if (!x || x->type == QT_JSON_NULL) { *out = def; return 0; }
-    if (x->type != QT_JSON_BOOL) return fail(err, errlen, "%s: %s: expected true or false, got %s", path, key, type_name(x));
+    if (x->type != QT_JSON_BOOL) return qt_errf(err, errlen, "%s: %s: expected true or false, got %s", path, key, type_name(x));
     *out = x->num != 0;
     return 0;
 }
@@ -95,7 +86,7 @@ static int get_bool(const char *path, const qt_json_node *o, const char *key, in
 static int check_unsupported(const char *path, const qt_json_node *r, char *err, size_t errlen) {
     const qt_json_node *x = qt_json_get(r, "hidden_act");
     if (x && (x->type != QT_JSON_STR || strcmp(x->str, "silu") != 0))
-        return fail(err, errlen, "%s: hidden_act: expected \"silu\", got %s%s", path, x->type == QT_JSON_STR ? x->str : "",
+        return qt_errf(err, errlen, "%s: hidden_act: expected \"silu\", got %s%s", path, x->type == QT_JSON_STR ? x->str : "",
                     x->type == QT_JSON_STR ? "" : type_name(x));
     const char *rk[2] = {"rope_scaling", "rope_parameters"};
     for (int i = 0; i < 2; i++) {
@@ -104,14 +95,14 @@ static int check_unsupported(const char *path, const qt_json_node *r, char *err,
         const qt_json_node *t = qt_json_get(x, "rope_type");
         if (!t) t = qt_json_get(x, "type");
         if (x->type != QT_JSON_OBJ || (t && (t->type != QT_JSON_STR || strcmp(t->str, "default") != 0)))
-            return fail(err, errlen, "%s: %s: only the default RoPE is supported, got rope_type %s", path, rk[i],
+            return qt_errf(err, errlen, "%s: %s: only the default RoPE is supported, got rope_type %s", path, rk[i],
                         t && t->type == QT_JSON_STR ? t->str : "(not a string)");
     }
     int flag = 0;
     if (get_bool(path, r, "use_sliding_window", 0, &flag, err, errlen)) return -1;
-    if (flag) return fail(err, errlen, "%s: use_sliding_window: sliding-window attention is not supported", path);
+    if (flag) return qt_errf(err, errlen, "%s: use_sliding_window: sliding-window attention is not supported", path);
     if (get_bool(path, r, "mlp_bias", 0, &flag, err, errlen)) return -1;
-    if (flag) return fail(err, errlen, "%s: mlp_bias: MLP biases are not supported", path);
+    if (flag) return qt_errf(err, errlen, "%s: mlp_bias: MLP biases are not supported", path);
     return 0;
 }
 
@@ -142,14 +133,14 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
     char jerr[256];
     qt_json *j = qt_json_parse(text, n, jerr, sizeof jerr);
     free(text);
-    if (!j) return fail(err, errlen, "%s: invalid JSON: %s", path, jerr);
+    if (!j) return qt_errf(err, errlen, "%s: invalid JSON: %s", path, jerr);
     const qt_json_node *r = qt_json_root(j), *mt = qt_json_get(r, "model_type");
     qt_model_cfg c;
     memset(&c, 0, sizeof c);
     int rc = -1;
-    if (r->type != QT_JSON_OBJ) fail(err, errlen, "%s: expected a JSON object, got %s", path, type_name(r));
+    if (r->type != QT_JSON_OBJ) qt_errf(err, errlen, "%s: expected a JSON object, got %s", path, type_name(r));
     else if (!mt || mt->type != QT_JSON_STR || (strcmp(mt->str, "qwen2") && strcmp(mt->str, "llama")))
-        fail(err, errlen, "%s: model_type: expected \"qwen2\" or \"llama\", got %s%s%s", path,
+        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\" or \"llama\", got %s%s%s", path,
              mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : type_name(mt),
              mt && mt->type == QT_JSON_STR ? "\"" : "");
     else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen)) {
@@ -159,13 +150,13 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
         if (c.arch == QT_ARCH_QWEN2) c.qkv_bias = 1; /* Qwen2 always carries q/k/v biases */
         else if (get_bool(path, r, "attention_bias", 0, &bias, err, errlen)) rc = -1;
         else if (bias) /* HF Llama's attention_bias also puts a bias on o_proj, which we do not have */
-            rc = fail(err, errlen, "%s: attention_bias: true is not supported for llama (it adds an o_proj bias)", path);
+            rc = qt_errf(err, errlen, "%s: attention_bias: true is not supported for llama (it adds an o_proj bias)", path);
     }
     qt_json_free(j);
     if (rc) return -1;
     qt_model_cfg_finish(&c);
     char verr[256];
-    if (qt_model_cfg_validate(&c, verr, sizeof verr)) return fail(err, errlen, "%s: %s", path, verr);
+    if (qt_model_cfg_validate(&c, verr, sizeof verr)) return qt_errf(err, errlen, "%s: %s", path, verr);
     *cfg = c;
     return 0;
 }
@@ -180,9 +171,9 @@ static void fmt_float(char *out, size_t cap, float x) {
 
 int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *err, size_t errlen) {
     const int qwen = c->arch == QT_ARCH_QWEN2;
-    if (qwen && !c->qkv_bias) return fail(err, errlen, "%s: a qwen2 model must have qkv_bias (use arch llama)", path);
+    if (qwen && !c->qkv_bias) return qt_errf(err, errlen, "%s: a qwen2 model must have qkv_bias (use arch llama)", path);
     if (!qwen && c->qkv_bias)
-        return fail(err, errlen, "%s: a llama model with qkv_bias has no HF equivalent (use arch qwen2)", path);
+        return qt_errf(err, errlen, "%s: a llama model with qkv_bias has no HF equivalent (use arch qwen2)", path);
     char eps[32], theta[32], buf[4096];
     fmt_float(eps, sizeof eps, c->rms_norm_eps);
     fmt_float(theta, sizeof theta, c->rope_theta);
@@ -201,16 +192,16 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
         c->intermediate_size, c->num_layers, c->num_heads, c->num_kv_heads, head_dim, c->vocab_size, c->max_seq_len,
         eps, theta, theta, c->tie_embeddings ? "true" : "false", c->qkv_bias && !qwen ? "true" : "false",
         qwen ? "  \"use_sliding_window\": false,\n" : "  \"mlp_bias\": false,\n", dt, dt);
-    if (k < 0 || (size_t)k >= sizeof buf) return fail(err, errlen, "%s: config text too long", path);
+    if (k < 0 || (size_t)k >= sizeof buf) return qt_errf(err, errlen, "%s: config text too long", path);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
-    if (!f) return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    if (!f) return qt_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     if (fwrite(buf, 1, (size_t)k, f) != (size_t)k) {
         int e = errno;
         fclose(f);
         unlink(tmp);
-        return fail(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+        return qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(e));
     }
     return qt_ckpt_commit_file(f, tmp, path, err, errlen);
 }
@@ -270,15 +261,15 @@ int qt_hf_export(const char *dir, const qt_layout *L, const float *w, int bf16, 
     char path[4096], tmp[4200];
     if (qt_ckpt_mkdirs(dir, err, errlen)) return -1;
     if (snprintf(path, sizeof path, "%s/model.safetensors", dir) >= (int)sizeof path)
-        return fail(err, errlen, "%s: path too long", dir);
+        return qt_errf(err, errlen, "%s: path too long", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     size_t hlen;
     char *h = st_header(L, bf16, &hlen);
-    if (!h) return fail(err, errlen, "%s: out of memory", path);
+    if (!h) return qt_errf(err, errlen, "%s: out of memory", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         free(h);
-        return fail(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        return qt_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     }
     uint64_t n64 = hlen; /* little-endian host */
     int bad = fwrite(&n64, 8, 1, f) != 1 || fwrite(h, 1, hlen, f) != hlen || write_tensors(f, L, w, bf16);
@@ -287,7 +278,7 @@ int qt_hf_export(const char *dir, const qt_layout *L, const float *w, int bf16, 
         int e = errno;
         fclose(f);
         unlink(tmp);
-        return fail(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+        return qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(e));
     }
     if (qt_ckpt_commit_file(f, tmp, path, err, errlen)) return -1;
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -338,13 +329,13 @@ static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e
     if (!t) {
         if ((strcmp(name, "lm_head.weight") == 0 && L->cfg.tie_embeddings) || ends_with(name, ".rotary_emb.inv_freq"))
             return 0; /* a tied model's copy of the embedding, or a buffer older exports carry */
-        return fail(err, errlen, "%s: %s: unexpected tensor (not in a %s model of this config)", fp, name,
+        return qt_errf(err, errlen, "%s: %s: unexpected tensor (not in a %s model of this config)", fp, name,
                     L->cfg.arch == QT_ARCH_QWEN2 ? "qwen2" : "llama");
     }
     if (!dt || dt->type != QT_JSON_STR || !sh || sh->type != QT_JSON_ARR || !of || of->type != QT_JSON_ARR)
-        return fail(err, errlen, "%s: %s: header entry needs dtype, shape and data_offsets", fp, name);
+        return qt_errf(err, errlen, "%s: %s: header entry needs dtype, shape and data_offsets", fp, name);
     int es = !strcmp(dt->str, "F32") ? 4 : !strcmp(dt->str, "BF16") || !strcmp(dt->str, "F16") ? 2 : 0;
-    if (!es) return fail(err, errlen, "%s: %s: expected dtype F32, BF16 or F16, got %s", fp, name, dt->str);
+    if (!es) return qt_errf(err, errlen, "%s: %s: expected dtype F32, BF16 or F16, got %s", fp, name, dt->str);
     int64_t s[8];
     int nd = 0, ok = 1;
     for (const qt_json_node *x = sh->child; x; x = x->next, nd++) {
@@ -353,18 +344,18 @@ static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e
     }
     char want[64], got[64];
     shape_str(want, sizeof want, t->shape, t->ndim);
-    if (!ok) return fail(err, errlen, "%s: %s: bad shape in the header (expected %s)", fp, name, want);
+    if (!ok) return qt_errf(err, errlen, "%s: %s: bad shape in the header (expected %s)", fp, name, want);
     shape_str(got, sizeof got, s, nd);
     if (nd != t->ndim || s[0] != t->shape[0] || (nd == 2 && s[1] != t->shape[1]))
-        return fail(err, errlen, "%s: %s: expected shape %s, got %s", fp, name, want, got);
+        return qt_errf(err, errlen, "%s: %s: expected shape %s, got %s", fp, name, want, got);
     const qt_json_node *b = of->child, *en = b ? b->next : NULL;
     if (!b || !en || en->next || b->type != QT_JSON_NUM || en->type != QT_JSON_NUM || b->num < 0 || en->num < b->num)
-        return fail(err, errlen, "%s: %s: data_offsets: expected [begin, end] with begin <= end", fp, name);
+        return qt_errf(err, errlen, "%s: %s: data_offsets: expected [begin, end] with begin <= end", fp, name);
     if (en->num > (double)data_bytes)
-        return fail(err, errlen, "%s: %s: data_offsets [%.0f, %.0f] beyond the %llu data bytes (truncated file?)", fp,
+        return qt_errf(err, errlen, "%s: %s: data_offsets [%.0f, %.0f] beyond the %llu data bytes (truncated file?)", fp,
                     name, b->num, en->num, data_bytes);
     if (en->num - b->num != (double)t->numel * es)
-        return fail(err, errlen, "%s: %s: data_offsets span %.0f bytes, expected %zu (%s %s)", fp, name,
+        return qt_errf(err, errlen, "%s: %s: data_offsets span %.0f bytes, expected %zu (%s %s)", fp, name,
                     en->num - b->num, t->numel * es, dt->str, want);
     *tp = t;
     *b_out = (long long)b->num;
@@ -377,26 +368,26 @@ static qt_json *st_open_header(FILE *f, const char *fp, long long *data_start, u
     struct stat st;
     uint64_t hlen = 0;
     if (fstat(fileno(f), &st) != 0 || st.st_size < 8 || fread(&hlen, 8, 1, f) != 1) {
-        fail(err, errlen, "%s: too short for a safetensors file", fp);
+        qt_errf(err, errlen, "%s: too short for a safetensors file", fp);
         return NULL;
     }
     if (hlen > HF_MAX_HEADER || hlen > (uint64_t)st.st_size - 8) {
-        fail(err, errlen, "%s: header length %llu exceeds the file (%lld bytes; truncated or not safetensors)", fp,
+        qt_errf(err, errlen, "%s: header length %llu exceeds the file (%lld bytes; truncated or not safetensors)", fp,
              (unsigned long long)hlen, (long long)st.st_size);
         return NULL;
     }
     char *h = malloc(hlen + 1), jerr[256];
     if (!h || fread(h, 1, hlen, f) != hlen) {
         free(h);
-        fail(err, errlen, "%s: cannot read the %llu-byte header", fp, (unsigned long long)hlen);
+        qt_errf(err, errlen, "%s: cannot read the %llu-byte header", fp, (unsigned long long)hlen);
         return NULL;
     }
     qt_json *j = qt_json_parse(h, hlen, jerr, sizeof jerr);
     free(h);
-    if (!j) { fail(err, errlen, "%s: header JSON: %s", fp, jerr); return NULL; }
+    if (!j) { qt_errf(err, errlen, "%s: header JSON: %s", fp, jerr); return NULL; }
     if (qt_json_root(j)->type != QT_JSON_OBJ) {
         qt_json_free(j);
-        fail(err, errlen, "%s: header JSON: expected an object", fp);
+        qt_errf(err, errlen, "%s: header JSON: expected an object", fp);
         return NULL;
     }
     *data_start = 8 + (long long)hlen;
@@ -407,7 +398,7 @@ static qt_json *st_open_header(FILE *f, const char *fp, long long *data_start, u
 /* Loads every tensor of one file into w, marking seen[]. */
 static int import_file(const char *fp, const qt_layout *L, float *w, unsigned char *seen, char *err, size_t errlen) {
     FILE *f = fopen(fp, "rb");
-    if (!f) return fail(err, errlen, "%s: cannot open: %s", fp, strerror(errno));
+    if (!f) return qt_errf(err, errlen, "%s: cannot open: %s", fp, strerror(errno));
     long long ds;
     unsigned long long db;
     qt_json *j = st_open_header(f, fp, &ds, &db, err, errlen);
@@ -418,9 +409,9 @@ static int import_file(const char *fp, const qt_layout *L, float *w, unsigned ch
         long long b;
         if ((rc = check_entry(fp, L, e, db, &t, &b, err, errlen)) || !t) continue;
         int idx = (int)(t - L->tensors);
-        if (seen[idx]) rc = fail(err, errlen, "%s: %s: tensor appears twice", fp, t->name);
+        if (seen[idx]) rc = qt_errf(err, errlen, "%s: %s: tensor appears twice", fp, t->name);
         else if (load_tensor(f, qt_json_get(e, "dtype")->str, ds + b, w + t->offset, t->numel))
-            rc = fail(err, errlen, "%s: %s: cannot read the tensor data", fp, t->name);
+            rc = qt_errf(err, errlen, "%s: %s: cannot read the tensor data", fp, t->name);
         seen[idx] = 1;
     }
     qt_json_free(j);
@@ -436,12 +427,12 @@ static int import_sharded(const char *dir, const char *index, const qt_layout *L
     if (!text) return -1;
     qt_json *j = qt_json_parse(text, n, jerr, sizeof jerr);
     free(text);
-    if (!j) return fail(err, errlen, "%s: invalid JSON: %s", index, jerr);
+    if (!j) return qt_errf(err, errlen, "%s: invalid JSON: %s", index, jerr);
     const qt_json_node *wm = qt_json_get(qt_json_root(j), "weight_map");
-    int rc = wm && wm->type == QT_JSON_OBJ ? 0 : fail(err, errlen, "%s: weight_map: expected an object", index);
+    int rc = wm && wm->type == QT_JSON_OBJ ? 0 : qt_errf(err, errlen, "%s: weight_map: expected an object", index);
     for (const qt_json_node *e = wm && !rc ? wm->child : NULL; e && !rc; e = e->next) {
         if (e->type != QT_JSON_STR || strchr(e->str, '/')) {
-            rc = fail(err, errlen, "%s: weight_map.%s: expected a file name", index, e->key);
+            rc = qt_errf(err, errlen, "%s: weight_map.%s: expected a file name", index, e->key);
             break;
         }
         int dup = 0; /* each shard once: skip a file name met earlier in the map */
@@ -457,7 +448,7 @@ static int import_sharded(const char *dir, const char *index, const qt_layout *L
 
 int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen) {
     unsigned char *seen = calloc((size_t)L->n_tensors + 1, 1);
-    if (!seen) return fail(err, errlen, "%s: out of memory", path);
+    if (!seen) return qt_errf(err, errlen, "%s: out of memory", path);
     memset(w, 0, L->numel * sizeof *w);
     char fp[4096], index[4096];
     struct stat st;
@@ -472,7 +463,7 @@ int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size
         const qt_tensor *t = &L->tensors[i];
         char want[64];
         shape_str(want, sizeof want, t->shape, t->ndim);
-        if (!seen[i]) rc = fail(err, errlen, "%s: %s: missing tensor (expected shape %s)", path, t->name, want);
+        if (!seen[i]) rc = qt_errf(err, errlen, "%s: %s: missing tensor (expected shape %s)", path, t->name, want);
     }
     free(seen);
     return rc;

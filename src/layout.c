@@ -11,16 +11,6 @@
 #include "qt_error.h"
 #include "qt_rng.h"
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 void qt_model_cfg_finish(qt_model_cfg *cfg) {
     if (cfg->num_kv_heads == 0) cfg->num_kv_heads = cfg->num_heads;
@@ -33,31 +23,31 @@ void qt_model_cfg_finish(qt_model_cfg *cfg) {
 int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
     static const char *pos = "expected an integer > 0, got";
     if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA)
-        return fail(err, errlen, "model.arch: expected qwen2 or llama, got %d", (int)c->arch);
-    if (c->vocab_size <= 0) return fail(err, errlen, "model.vocab_size: %s %d", pos, c->vocab_size);
-    if (c->hidden_size <= 0) return fail(err, errlen, "model.hidden_size: %s %d", pos, c->hidden_size);
-    if (c->num_layers <= 0) return fail(err, errlen, "model.num_layers: %s %d", pos, c->num_layers);
-    if (c->num_heads <= 0) return fail(err, errlen, "model.num_heads: %s %d", pos, c->num_heads);
-    if (c->num_kv_heads <= 0) return fail(err, errlen, "model.num_kv_heads: %s %d", pos, c->num_kv_heads);
+        return qt_errf(err, errlen, "model.arch: expected qwen2 or llama, got %d", (int)c->arch);
+    if (c->vocab_size <= 0) return qt_errf(err, errlen, "model.vocab_size: %s %d", pos, c->vocab_size);
+    if (c->hidden_size <= 0) return qt_errf(err, errlen, "model.hidden_size: %s %d", pos, c->hidden_size);
+    if (c->num_layers <= 0) return qt_errf(err, errlen, "model.num_layers: %s %d", pos, c->num_layers);
+    if (c->num_heads <= 0) return qt_errf(err, errlen, "model.num_heads: %s %d", pos, c->num_heads);
+    if (c->num_kv_heads <= 0) return qt_errf(err, errlen, "model.num_kv_heads: %s %d", pos, c->num_kv_heads);
     if (c->num_heads % c->num_kv_heads)
-        return fail(err, errlen, "model.num_kv_heads: expected a divisor of num_heads (%d), got %d",
+        return qt_errf(err, errlen, "model.num_kv_heads: expected a divisor of num_heads (%d), got %d",
                     c->num_heads, c->num_kv_heads);
-    if (c->head_dim < 0) return fail(err, errlen, "model.head_dim: expected an integer >= 0, got %d", c->head_dim);
+    if (c->head_dim < 0) return qt_errf(err, errlen, "model.head_dim: expected an integer >= 0, got %d", c->head_dim);
     if (c->head_dim == 0 && c->hidden_size % c->num_heads)
-        return fail(err, errlen, "model.head_dim: unset, and hidden_size (%d) is not a multiple of num_heads (%d)",
+        return qt_errf(err, errlen, "model.head_dim: unset, and hidden_size (%d) is not a multiple of num_heads (%d)",
                     c->hidden_size, c->num_heads);
     int D = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
-    if (D % 2) return fail(err, errlen, "model.head_dim: expected an even number (rotary pairs), got %d", D);
+    if (D % 2) return qt_errf(err, errlen, "model.head_dim: expected an even number (rotary pairs), got %d", D);
     if (c->intermediate_size <= 0)
-        return fail(err, errlen, "model.intermediate_size: %s %d", pos, c->intermediate_size);
-    if (c->max_seq_len <= 0) return fail(err, errlen, "model.max_seq_len: %s %d", pos, c->max_seq_len);
-    if (!(c->rope_theta > 0)) return fail(err, errlen, "model.rope_theta: expected a number > 0, got %g", c->rope_theta);
+        return qt_errf(err, errlen, "model.intermediate_size: %s %d", pos, c->intermediate_size);
+    if (c->max_seq_len <= 0) return qt_errf(err, errlen, "model.max_seq_len: %s %d", pos, c->max_seq_len);
+    if (!(c->rope_theta > 0)) return qt_errf(err, errlen, "model.rope_theta: expected a number > 0, got %g", c->rope_theta);
     if (!(c->rms_norm_eps > 0))
-        return fail(err, errlen, "model.rms_norm_eps: expected a number > 0, got %g", c->rms_norm_eps);
+        return qt_errf(err, errlen, "model.rms_norm_eps: expected a number > 0, got %g", c->rms_norm_eps);
     if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
-        return fail(err, errlen, "model.tie_embeddings: expected 0 or 1, got %d", c->tie_embeddings);
+        return qt_errf(err, errlen, "model.tie_embeddings: expected 0 or 1, got %d", c->tie_embeddings);
     if (c->qkv_bias != 0 && c->qkv_bias != 1)
-        return fail(err, errlen, "model.qkv_bias: expected 0 or 1, got %d", c->qkv_bias);
+        return qt_errf(err, errlen, "model.qkv_bias: expected 0 or 1, got %d", c->qkv_bias);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "qt_gpu_fp8.h"
 #include "qt_rng.h"
 #include "qt_test.h"
+#include "qt_test_data.h"
 #include "qt_train.h"
 
 static char g_dir[256];
@@ -190,44 +191,11 @@ static void test_fp8_plan_and_checks(void) {
               "tag: %s", name);
 }
 
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc(len + 1);
-    if (fread(buf, 1, len, f) != (size_t)len) len = 0;
-    fclose(f);
-    *n = len;
-    return buf;
-}
-
-/* Byte-level shards in g_dir, as in test_train.c; 0 when the text is absent. */
-static int write_tinyshakespeare(void) {
-    size_t n;
-    char path[512], *text;
-    const char *dir = getenv("QT_DATA_DIR");
-    snprintf(path, sizeof path, "%s/tinyshakespeare.txt", dir ? dir : "../shared/data");
-    if (!(text = read_file(path, &n))) return 0;
-    size_t ne = n / 20, nt = n - ne;
-    uint32_t *tok = malloc(n * sizeof *tok);
-    for (size_t i = 0; i < n; i++) tok[i] = (unsigned char)text[i];
-    char p[512], err[1024];
-    snprintf(p, sizeof p, "%s/ts_train_0.bin", g_dir);
-    if (qt_shard_write(p, tok, nt, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
-    snprintf(p, sizeof p, "%s/ts_eval_0.bin", g_dir);
-    if (qt_shard_write(p, tok + nt, ne, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
-    free(tok);
-    free(text);
-    return 1;
-}
-
 /* 300 steps, same seed and data: fp8 final eval loss within 2% of bf16. Logs kept in $QT_LOG_DIR. */
 static void test_fp8_tinyshakespeare(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
-    if (!write_tinyshakespeare()) QT_SKIP("tinyshakespeare.txt is absent (../shared/data or $QT_DATA_DIR)");
+    if (!qt_t_write_tinyshakespeare(g_dir)) QT_SKIP("tinyshakespeare.txt is absent (../shared/data or $QT_DATA_DIR)");
     const char *logdir = getenv("QT_LOG_DIR") ? getenv("QT_LOG_DIR") : g_dir;
     const char *prec[2] = {"bf16", "fp8"};
     const char *pyaml[2] = {"{matmul_dtype: bf16}", "{matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}"};

@@ -9,6 +9,7 @@
 #include "qt_data.h"
 #include "qt_device.h"
 #include "qt_test.h"
+#include "qt_test_data.h"
 #include "qt_train.h"
 
 static char g_dir[256];
@@ -18,19 +19,6 @@ static int load_cfg(qt_config *c, const char *yaml) {
     int rc = qt_config_load_string(c, yaml, "test.yaml", NULL, 0, err, sizeof err);
     if (rc) printf("  config: %s\n", err);
     return rc;
-}
-
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc(len + 1);
-    if (fread(buf, 1, len, f) != (size_t)len) len = 0;
-    fclose(f);
-    *n = len;
-    return buf;
 }
 
 /* A learnable synthetic stream: each token mostly follows from the previous one. */
@@ -91,7 +79,7 @@ static void resume_bit_exact(const char *device) {
         size_t na = 0, nb = 0;
         snprintf(ea, sizeof ea, "%s/ckpt_%s%d/export/model.safetensors", g_dir, device, k);
         snprintf(eb, sizeof eb, "%s/ckpt_%s%d/export/model.safetensors", g_dir, device, k + 2);
-        char *fa = read_file(ea, &na), *fb = read_file(eb, &nb);
+        char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
         QT_EXPECT(fa && fb && na == nb && na > 0 && memcmp(fa, fb, na) == 0, "exports differ (%zu vs %zu bytes)", na, nb);
         free(fa);
         free(fb);
@@ -127,29 +115,8 @@ static void test_resume_errors(void) {
     QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "nothing_"), "got: %s", err);
 }
 
-/* Byte-level tinyshakespeare shards in g_dir (ts_train_0.bin, ts_eval_0.bin); 0 when the text is absent.
- * QT_DATA_DIR overrides ../shared/data (the GPU machine has no ../shared). */
-static int write_tinyshakespeare(void) {
-    size_t n;
-    char path[512], *text;
-    const char *dir = getenv("QT_DATA_DIR");
-    snprintf(path, sizeof path, "%s/tinyshakespeare.txt", dir ? dir : "../shared/data");
-    if (!(text = read_file(path, &n))) return 0;
-    size_t ne = n / 20, nt = n - ne;
-    uint32_t *tok = malloc(n * sizeof *tok);
-    for (size_t i = 0; i < n; i++) tok[i] = (unsigned char)text[i];
-    char p[512], err[1024];
-    snprintf(p, sizeof p, "%s/ts_train_0.bin", g_dir);
-    if (qt_shard_write(p, tok, nt, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
-    snprintf(p, sizeof p, "%s/ts_eval_0.bin", g_dir);
-    if (qt_shard_write(p, tok + nt, ne, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
-    free(tok);
-    free(text);
-    return 1;
-}
-
 static void test_tinyshakespeare_learns(void) {
-    if (!write_tinyshakespeare()) QT_SKIP("tinyshakespeare.txt is absent (../shared/data or $QT_DATA_DIR)");
+    if (!qt_t_write_tinyshakespeare(g_dir)) QT_SKIP("tinyshakespeare.txt is absent (../shared/data or $QT_DATA_DIR)");
     char yaml[2048], err[1024];
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 256, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,\n"
@@ -171,7 +138,7 @@ static void test_tinyshakespeare_learns(void) {
  * at a high learning rate: the curves drift apart by ~1-2%). */
 static void test_gpu_bf16_tracks_cpu_fp32(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    if (!write_tinyshakespeare()) QT_SKIP("tinyshakespeare.txt is absent (../shared/data or $QT_DATA_DIR)");
+    if (!qt_t_write_tinyshakespeare(g_dir)) QT_SKIP("tinyshakespeare.txt is absent (../shared/data or $QT_DATA_DIR)");
     const char *dev[2] = {"cpu", "cuda"};
     float ev[2][5];
     for (int d = 0; d < 2; d++) {

@@ -1,0 +1,46 @@
+/* qt_test_data.h — test helpers that read files and write the tinyshakespeare shards. */
+#ifndef QT_TEST_DATA_H
+#define QT_TEST_DATA_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "qt_data.h"
+
+/* The whole file, malloc'ed (caller frees), or NULL; *n is its length. */
+static inline char *qt_t_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc(len + 1);
+    if (fread(buf, 1, len, f) != (size_t)len) len = 0;
+    fclose(f);
+    *n = len;
+    return buf;
+}
+
+/* Byte-level tinyshakespeare shards dir/ts_train_0.bin and dir/ts_eval_0.bin (the last 5%); 0 when
+ * the text is absent. QT_DATA_DIR overrides ../shared/data (the GPU machine has no ../shared). */
+static inline int qt_t_write_tinyshakespeare(const char *dir) {
+    size_t n;
+    char path[512], err[1024];
+    const char *src = getenv("QT_DATA_DIR");
+    snprintf(path, sizeof path, "%s/tinyshakespeare.txt", src ? src : "../shared/data");
+    char *text = qt_t_read_file(path, &n);
+    if (!text) return 0;
+    size_t ne = n / 20, nt = n - ne;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    for (size_t i = 0; i < n; i++) tok[i] = (unsigned char)text[i];
+    snprintf(path, sizeof path, "%s/ts_train_0.bin", dir);
+    if (qt_shard_write(path, tok, nt, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
+    snprintf(path, sizeof path, "%s/ts_eval_0.bin", dir);
+    if (qt_shard_write(path, tok + nt, ne, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
+    free(tok);
+    free(text);
+    return 1;
+}
+
+#endif
