@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
     run(filter, "grad_norm", shp, 4.0 * NPARAM, k_norm, &b);
     run(filter, "cast_f32_bf16", shp, 6.0 * NPARAM, k_cast, &b);
     printf("lmhead_loss counts one read and one write of the chunk (its second read may hit L2);\n"
-           "rmsnorm_bwd counts dy, res, dx read + dx write (the dw pass re-reads dy and res).\n");
+           "rmsnorm_bwd counts dy, res, dx read + dx write (dw is summed in the same pass).\n");
     qt_adamw_plan_free(b.plan);
     return 0;
 }

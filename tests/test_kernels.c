@@ -238,6 +238,8 @@ static void test_rmsnorm_bwd(void) {
     rmsnorm_bwd_case(1000, 896, QT_DT_F32);
     rmsnorm_bwd_case(65, 100, QT_DT_F32); /* scalar path */
     rmsnorm_bwd_case(129, 896, QT_DT_BF16);
+    rmsnorm_bwd_case(1537, 200, QT_DT_F32);  /* several rows per dw partial, uneven last chunk */
+    rmsnorm_bwd_case(3, 12296, QT_DT_F32);   /* dw row too big for shared memory: separate pass */
 }
 
 /* ---- RoPE ---- */
