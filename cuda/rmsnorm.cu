@@ -2,7 +2,8 @@
  *
  * fwd: res[n,c] = bf16(res + x) (when x is given), then y[n,c] = res * rstd * w[c],
  *      rstd[n] = 1/sqrt(mean(res^2) + eps) over the rounded res (the value the backward sees).
- * bwd: dx[n,c] += rstd * (dy*w - res * rstd^2 * mean(dy*w*res))   (dx fp32 or bf16: one rounding)
+ * bwd: dx[n,c] += rstd * (dy*w - res * rstd^2 * mean(dy*w*res))   (dx fp32 or bf16: one rounding),
+ *      optionally also written as bf16 (RNE of the new dx) for the next matmuls
  *      dw[c]   += sum_n dy * res * rstd, in the same pass (dy and res read once): each block sums its
  *      row chunk per warp in shared memory, then per block in warp order into ws; a second kernel adds
  *      the block partials in a fixed tree. Deterministic: the partition depends on (n, c) only. When
@@ -73,8 +74,8 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *
 /* One block per row chunk [b*chunk, min(n, (b+1)*chunk)); warp w takes rows r0+w, r0+w+nw, ...
  * dx as before; with part != NULL each warp also sums dy*(res*rstd) over its rows into its own
  * shared-memory row acc[w][c] (each lane owns its columns: no conflicts), and the block writes
- * part[b][j] = sum over warps in warp order. */
-__global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, float *part, const bf16 *dy,
+ * part[b][j] = sum over warps in warp order. dxb != NULL receives bf16(new dx). */
+__global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *part, const bf16 *dy,
                                    const bf16 *res, const bf16 *w, const float *rstd, long n, int c, long chunk,
                                    int vec) {
     extern __shared__ float4 rn_sh4[];
@@ -131,6 +132,7 @@ __global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, float *part, const bf1
                     p[0] = make_float4(o[0], o[1], o[2], o[3]);
                     p[1] = make_float4(o[4], o[5], o[6], o[7]);
                 }
+                if (dxb) st8(dxb + base + j, o);
                 if (part) {
                     float4 *q = (float4 *)(my + j);
                     float4 q0 = q[0], q1 = q[1];
@@ -156,6 +158,7 @@ __global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, float *part, const bf1
                     o = ((float *)dx)[base + j] + g;
                     ((float *)dx)[base + j] = o;
                 }
+                if (dxb) dxb[base + j] = __float2bfloat16_rn(o);
                 if (part) my[j] += d * (a * rs);
             }
         }
@@ -198,12 +201,14 @@ extern "C" void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, c
     QT_CUDA(cudaGetLastError());
 }
 
-extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, float *dw, const void *dy, const void *res,
-                               const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s) {
+extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *dw, const void *dy,
+                               const void *res, const void *w, const float *rstd, long n, int c, void *ws,
+                               cudaStream_t s) {
     QT_CHECK(dx_dt == QT_DT_F32 || dx_dt == QT_DT_BF16, "dx dtype %s: expected fp32 or bf16",
              qt_dtype_name(dx_dt));
     if (n <= 0 || c <= 0) return;
-    int vec = c % 8 == 0 && qt_aligned16(dx) && qt_aligned16(dy) && qt_aligned16(res) && qt_aligned16(w);
+    int vec = c % 8 == 0 && qt_aligned16(dx) && qt_aligned16(dy) && qt_aligned16(res) && qt_aligned16(w) &&
+              qt_aligned16(dx_bf16);
     int nw = RN_WARPS;
     while (nw > 1 && (size_t)nw * c * sizeof(float) > RN_SMEM) nw /= 2;
     /* dw fused unless even one warp's accumulator row does not fit: then the separate column pass */
@@ -216,7 +221,8 @@ extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, float *dw, const void *
     }
     parts = (n + chunk - 1) / chunk;
     size_t smem = fused ? (size_t)nw * c * sizeof(float) : 0;
-    rmsnorm_bwd_kernel<<<(unsigned)parts, nw * 32, smem, s>>>(dx, dx_dt == QT_DT_BF16, fused ? (float *)ws : NULL,
+    rmsnorm_bwd_kernel<<<(unsigned)parts, nw * 32, smem, s>>>(dx, dx_dt == QT_DT_BF16, (bf16 *)dx_bf16,
+                                                              fused ? (float *)ws : NULL,
                                                               (const bf16 *)dy, (const bf16 *)res, (const bf16 *)w,
                                                               rstd, n, c, chunk, vec);
     QT_CUDA(cudaGetLastError());
