@@ -392,8 +392,10 @@ static void test_lmhead_loss(void) {
 }
 
 /* ---- AdamW ---- */
-#define NT 4
-static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f}, {5056, 7, 0.0f}, {5120, 10000, 0.1f}, {15168, 1, 0.0f}};
+#define NT 5
+/* the last tensor starts off a multiple of 4: scalar head, groups of 4, scalar tail */
+static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f}, {5056, 7, 0.0f}, {5120, 10000, 0.1f}, {15168, 1, 0.0f},
+                                         {15171, 14, 0.1f}};
 #define ATOT 15232
 
 static void test_adamw_master(void) {
