@@ -78,7 +78,7 @@ static void k_emb_fwd(bufs *b) { qt_embedding_fwd(b->y, b->tok, b->wte, N, C, V,
 static void k_emb_bwd(bufs *b) { qt_embedding_bwd(b->dwte, b->dy, QT_DT_BF16, b->tok, N, C, V, b->ws_emb, 0); }
 static void k_rms_fwd(bufs *b) { qt_rmsnorm_fwd(b->y, b->rstd, b->res, b->x, b->w, N, C, 1e-6f, 0); }
 static void k_rms_bwd(bufs *b) {
-    qt_rmsnorm_bwd(b->dx, QT_DT_BF16, b->db, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
+    qt_rmsnorm_bwd(b->dx, QT_DT_BF16, NULL, b->db, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
 }
 static void k_rope_fwd(bufs *b) { qt_rope_fwd(b->qkv, b->cs, (int)(N / 1024), 1024, H, HKV, D, 0); }
 static void k_swiglu_fwd(bufs *b) { qt_swiglu_fwd(b->fout, b->gu, N, F, 0); }
@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
     run(filter, "grad_norm", shp, 4.0 * NPARAM, k_norm, &b);
     run(filter, "cast_f32_bf16", shp, 6.0 * NPARAM, k_cast, &b);
     printf("lmhead_loss counts one read and one write of the chunk (its second read may hit L2);\n"
-           "rmsnorm_bwd counts dy, res, dx read + dx write (the dw pass re-reads dy and res).\n");
+           "rmsnorm_bwd counts dy, res, dx read + dx write (dw is summed in the same pass).\n");
     qt_adamw_plan_free(b.plan);
     return 0;
 }

@@ -10,7 +10,10 @@
  * absmax[k] = max |new weight| over tensor k: block max, then atomicMax on the fp32 bit pattern, which
  * orders like the value for non-negative floats, so the result does not depend on block order.
  * Grid: every tensor is cut into ADAM_CH-element chunks, one block each; a block finds its tensor by
- * binary search over the table's first-block column. */
+ * binary search over the table's first-block column. Within a chunk, threads take groups of 4
+ * elements at flat indices that are multiples of 4 (float4 loads/stores of the fp32 arrays, 8-byte
+ * ones of the bf16 arrays), with the chunk's unaligned head and tail done element by element; the
+ * arithmetic per element is the same function either way. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -54,6 +57,45 @@ static __device__ __forceinline__ bf16 round_sr(float w, unsigned int r) {
     return __ushort_as_bfloat16((unsigned short)(u >> 16));
 }
 
+/* The update of one element: m, v, w in, m, v, w out. Explicit _rn intrinsics: no FMA contraction. */
+static __device__ __forceinline__ void adam_elem(float gr, float *m, float *v, float *w, float gs, float wd,
+                                                 const adam_params *p) {
+    float gi = __fmul_rn(gr, gs);
+    float mi = __fadd_rn(__fmul_rn(p->b1, *m), __fmul_rn(p->omb1, gi));
+    float vi = __fadd_rn(__fmul_rn(p->b2, *v), __fmul_rn(__fmul_rn(p->omb2, gi), gi));
+    float upd = __fdiv_rn(__fdiv_rn(mi, p->bc1), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, p->bc2)), p->eps));
+    *m = mi;
+    *v = vi;
+    *w = __fsub_rn(*w, __fmul_rn(p->lr, __fadd_rn(upd, __fmul_rn(wd, *w))));
+}
+
+/* bf16 rounding of the new weight at flat index i (RNE or stochastic). */
+static __device__ __forceinline__ bf16 adam_round(float w, unsigned long long i, const adam_params *p) {
+    return p->sr ? round_sr(w, adam_hash(p->seed, p->t, i)) : __float2bfloat16_rn(w);
+}
+
+/* 4 consecutive fp32 or bf16 values at element i (i % 4 == 0; 16- or 8-byte aligned). */
+static __device__ __forceinline__ void ld4(float *f, const void *p, int is_bf16, unsigned long long i) {
+    if (is_bf16) {
+        uint2 u = *(const uint2 *)((const bf16 *)p + i);
+        __nv_bfloat162 a = *(__nv_bfloat162 *)&u.x, b = *(__nv_bfloat162 *)&u.y;
+        f[0] = __low2float(a); f[1] = __high2float(a); f[2] = __low2float(b); f[3] = __high2float(b);
+    } else {
+        float4 a = *(const float4 *)((const float *)p + i);
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+    }
+}
+static __device__ __forceinline__ void st4(void *p, int is_bf16, unsigned long long i, const float *f) {
+    if (is_bf16) {
+        __nv_bfloat162 a = __floats2bfloat162_rn(f[0], f[1]), b = __floats2bfloat162_rn(f[2], f[3]);
+        uint2 u;
+        u.x = *(unsigned int *)&a;
+        u.y = *(unsigned int *)&b;
+        *(uint2 *)((bf16 *)p + i) = u;
+    } else {
+        *(float4 *)((float *)p + i) = make_float4(f[0], f[1], f[2], f[3]);
+    }
+}
 static __device__ __forceinline__ float ld_mv(const void *p, int is_bf16, unsigned long long i) {
     return is_bf16 ? __bfloat162float(((const bf16 *)p)[i]) : ((const float *)p)[i];
 }
@@ -62,9 +104,28 @@ static __device__ __forceinline__ void st_mv(void *p, int is_bf16, unsigned long
     else ((float *)p)[i] = x;
 }
 
+/* One scalar element (chunk head/tail, or every element when the arrays are not aligned). */
+static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, bf16 *wb, float *master,
+                                                        const float *g, void *m, void *v, float gs, float wd,
+                                                        const adam_params *p) {
+    float mi = ld_mv(m, p->m_bf16, i), vi = ld_mv(v, p->v_bf16, i);
+    float w = master ? master[i] : __bfloat162float(wb[i]);
+    adam_elem(g[i], &mi, &vi, &w, gs, wd, p);
+    st_mv(m, p->m_bf16, i, mi);
+    st_mv(v, p->v_bf16, i, vi);
+    float wa = w;
+    if (master) master[i] = w;
+    if (wb) {
+        bf16 h = adam_round(w, i, p);
+        wb[i] = h;
+        wa = __bfloat162float(h);
+    }
+    return __float_as_uint(fabsf(wa));
+}
+
 __global__ void __launch_bounds__(ADAM_THREADS)
 adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const float *g, void *m, void *v,
-                 const float *grad_scale, float *absmax, adam_params p) {
+                 const float *grad_scale, float *absmax, adam_params p, int vec) {
     __shared__ unsigned int sh[32];
     unsigned long long b = blockIdx.x;
     int lo = 0, hi = ntab - 1; /* last entry with block0 <= b */
@@ -78,25 +139,45 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
     unsigned long long c1 = c0 + ADAM_CH < e.numel ? c0 + ADAM_CH : e.numel;
     float gs = grad_scale ? *grad_scale : 1.0f, wd = e.wd;
     unsigned int amax = 0; /* bit pattern of max |w|: NaN (0x7fc00000) sorts above inf, so it survives */
-    for (unsigned long long j = c0 + threadIdx.x; j < c1; j += ADAM_THREADS) {
-        unsigned long long i = e.offset + j;
-        float gi = __fmul_rn(g[i], gs);
-        float mi = __fadd_rn(__fmul_rn(p.b1, ld_mv(m, p.m_bf16, i)), __fmul_rn(p.omb1, gi));
-        float vi = __fadd_rn(__fmul_rn(p.b2, ld_mv(v, p.v_bf16, i)), __fmul_rn(__fmul_rn(p.omb2, gi), gi));
-        st_mv(m, p.m_bf16, i, mi);
-        st_mv(v, p.v_bf16, i, vi);
-        float upd = __fdiv_rn(__fdiv_rn(mi, p.bc1), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, p.bc2)), p.eps));
-        float w = master ? master[i] : __bfloat162float(wb[i]);
-        w = __fsub_rn(w, __fmul_rn(p.lr, __fadd_rn(upd, __fmul_rn(wd, w))));
-        float wa = w;
-        if (master) master[i] = w;
-        if (wb) {
-            bf16 h = p.sr ? round_sr(w, adam_hash(p.seed, p.t, i)) : __float2bfloat16_rn(w);
-            wb[i] = h;
-            wa = __bfloat162float(h);
+    /* absolute range [a0, a1): scalar head up to a multiple of 4, groups of 4, scalar tail */
+    unsigned long long a0 = e.offset + c0, a1 = e.offset + c1, h = a0, t = a0;
+    if (vec) {
+        h = (a0 + 3) & ~3ull;
+        if (h > a1) h = a1;
+        t = h + ((a1 - h) & ~3ull);
+        for (unsigned long long q = h / 4 + threadIdx.x; q < t / 4; q += ADAM_THREADS) {
+            unsigned long long i = q * 4;
+            float4 g4 = *(const float4 *)(g + i);
+            float gr[4] = {g4.x, g4.y, g4.z, g4.w}, mi[4], vi[4], w[4];
+            ld4(mi, m, p.m_bf16, i);
+            ld4(vi, v, p.v_bf16, i);
+            if (master) ld4(w, master, 0, i);
+            else ld4(w, wb, 1, i);
+#pragma unroll
+            for (int k = 0; k < 4; k++) adam_elem(gr[k], &mi[k], &vi[k], &w[k], gs, wd, &p);
+            st4(m, p.m_bf16, i, mi);
+            st4(v, p.v_bf16, i, vi);
+            if (master) st4(master, 0, i, w);
+            if (wb) {
+                bf16 hb[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    hb[k] = adam_round(w[k], i + k, &p);
+                    w[k] = __bfloat162float(hb[k]);
+                }
+                uint2 u;
+                u.x = (unsigned int)__bfloat16_as_ushort(hb[0]) | ((unsigned int)__bfloat16_as_ushort(hb[1]) << 16);
+                u.y = (unsigned int)__bfloat16_as_ushort(hb[2]) | ((unsigned int)__bfloat16_as_ushort(hb[3]) << 16);
+                *(uint2 *)(wb + i) = u;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) amax = max(amax, __float_as_uint(fabsf(w[k])));
         }
-        amax = max(amax, __float_as_uint(fabsf(wa)));
     }
+    for (unsigned long long i = a0 + threadIdx.x; i < h; i += ADAM_THREADS)
+        amax = max(amax, adam_one(i, wb, master, g, m, v, gs, wd, &p));
+    for (unsigned long long i = t + threadIdx.x; i < a1; i += ADAM_THREADS)
+        amax = max(amax, adam_one(i, wb, master, g, m, v, gs, wd, &p));
     if (absmax) {
         unsigned int u = amax;
         for (int o = 16; o > 0; o >>= 1) u = max(u, __shfl_xor_sync(0xffffffffu, u, o));
@@ -161,7 +242,10 @@ extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *maste
     q.v_bf16 = v_dt == QT_DT_BF16;
     if (absmax) QT_CUDA(cudaMemsetAsync(absmax, 0, sizeof(float) * (size_t)p->n, s));
     if (p->blocks == 0) return;
+    /* groups of 4 when every array's base is aligned for its 4-element load (16 B fp32, 8 B bf16) */
+    int vec = qt_aligned16(g) && qt_aligned16(master) && ((uintptr_t)w_bf16 & 7) == 0 &&
+              ((uintptr_t)m & (q.m_bf16 ? 7 : 15)) == 0 && ((uintptr_t)v & (q.v_bf16 ? 7 : 15)) == 0;
     adamw_fwd_kernel<<<(unsigned)p->blocks, ADAM_THREADS, 0, s>>>(p->table, p->n, (bf16 *)w_bf16, master, g, m,
-                                                                  v, grad_scale, absmax, q);
+                                                                  v, grad_scale, absmax, q, vec);
     QT_CUDA(cudaGetLastError());
 }

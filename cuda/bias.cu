@@ -94,7 +94,10 @@ void qt_colreduce(float *out, const bf16 *dy, const bf16 *x, const float *rstd, 
     QT_CUDA(cudaGetLastError());
 }
 
-extern "C" size_t qt_colreduce_ws_bytes(int c) { return (size_t)QT_COLREDUCE_CHUNKS * c * sizeof(float); }
+extern "C" size_t qt_colreduce_ws_bytes(int c) {
+    size_t rows = QT_COLREDUCE_CHUNKS > QT_RMSNORM_BWD_PARTS ? QT_COLREDUCE_CHUNKS : QT_RMSNORM_BWD_PARTS;
+    return rows * (size_t)(c > 0 ? c : 0) * sizeof(float);
+}
 
 extern "C" void qt_bias_add(void *y, const void *b, long n, int o, cudaStream_t s) {
     if (n <= 0 || o <= 0) return;

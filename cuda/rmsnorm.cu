@@ -2,8 +2,12 @@
  *
  * fwd: res[n,c] = bf16(res + x) (when x is given), then y[n,c] = res * rstd * w[c],
  *      rstd[n] = 1/sqrt(mean(res^2) + eps) over the rounded res (the value the backward sees).
- * bwd: dx[n,c] += rstd * (dy*w - res * rstd^2 * mean(dy*w*res))   (dx fp32 or bf16: one rounding)
- *      dw[c]   += sum_n dy * res * rstd   (deterministic two-pass column reduction, colreduce.cuh)
+ * bwd: dx[n,c] += rstd * (dy*w - res * rstd^2 * mean(dy*w*res))   (dx fp32 or bf16: one rounding),
+ *      optionally also written as bf16 (RNE of the new dx) for the next matmuls
+ *      dw[c]   += sum_n dy * res * rstd, in the same pass (dy and res read once): each block sums its
+ *      row chunk per warp in shared memory, then per block in warp order into ws; a second kernel adds
+ *      the block partials in a fixed tree. Deterministic: the partition depends on (n, c) only. When
+ *      one row of accumulators does not fit in shared memory, the colreduce.cuh two-pass instead.
  * bf16 storage, fp32 math, fp32 row sums over one warp's lanes in a fixed shuffle tree. One warp per
  * row; 16-byte vectors when c % 8 == 0 and the pointers are 16-byte aligned, scalar otherwise. */
 #include "colreduce.cuh"
@@ -62,59 +66,128 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *
     }
 }
 
-__global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, const bf16 *dy, const bf16 *res, const bf16 *w,
-                                   const float *rstd, long n, int c, int vec) {
-    long r = (long)blockIdx.x * RN_WARPS + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (r >= n) return;
-    long long base = (long long)r * c;
-    const bf16 *dyr = dy + base, *xr = res + base;
-    float dot = 0.0f;
-    if (vec) {
-        for (int j = lane * 8; j < c; j += 256) {
-            float d[8], a[8], g[8];
-            ld8(d, dyr + j);
-            ld8(a, xr + j);
-            ld8(g, w + j);
-#pragma unroll
-            for (int i = 0; i < 8; i++) dot += d[i] * g[i] * a[i];
-        }
-    } else {
-        for (int j = lane; j < c; j += 32)
-            dot += __bfloat162float(dyr[j]) * __bfloat162float(w[j]) * __bfloat162float(xr[j]);
+/* Rows of the backward are cut into at most QT_RMSNORM_BWD_PARTS contiguous chunks, one block each (a fixed
+ * partition for a given n, so dw's summation order depends on the shape only). */
+/* Per-warp dw accumulators live in shared memory: at most this many bytes per block (no opt-in). */
+#define RN_SMEM (48 * 1024)
+
+/* One block per row chunk [b*chunk, min(n, (b+1)*chunk)); warp w takes rows r0+w, r0+w+nw, ...
+ * dx as before; with part != NULL each warp also sums dy*(res*rstd) over its rows into its own
+ * shared-memory row acc[w][c] (each lane owns its columns: no conflicts), and the block writes
+ * part[b][j] = sum over warps in warp order. dxb != NULL receives bf16(new dx). */
+__global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *part, const bf16 *dy,
+                                   const bf16 *res, const bf16 *w, const float *rstd, long n, int c, long chunk,
+                                   int vec) {
+    extern __shared__ float4 rn_sh4[];
+    float *acc = (float *)rn_sh4;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    long r0 = (long)blockIdx.x * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
+    float *my = acc + (long long)wid * c;
+    if (part) {
+        if (vec)
+            for (int j = lane * 8; j < c; j += 256) {
+                ((float4 *)(my + j))[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+                ((float4 *)(my + j))[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        else
+            for (int j = lane; j < c; j += 32) my[j] = 0.0f;
     }
-    dot = warp_sum(dot);
-    float rs = rstd[r], k = rs * rs * dot / (float)c;
-    if (vec) {
-        for (int j = lane * 8; j < c; j += 256) {
-            float d[8], a[8], g[8], o[8];
-            ld8(d, dyr + j);
-            ld8(a, xr + j);
-            ld8(g, w + j);
-            if (dx_bf16) ld8(o, (const bf16 *)dx + base + j);
-            else {
-                const float4 *p = (const float4 *)((const float *)dx + base + j);
-                float4 p0 = p[0], p1 = p[1];
-                o[0] = p0.x; o[1] = p0.y; o[2] = p0.z; o[3] = p0.w;
-                o[4] = p1.x; o[5] = p1.y; o[6] = p1.z; o[7] = p1.w;
-            }
+    for (long r = r0 + wid; r < r1; r += nw) {
+        long long base = (long long)r * c;
+        const bf16 *dyr = dy + base, *xr = res + base;
+        float dot = 0.0f;
+        if (vec) {
+            for (int j = lane * 8; j < c; j += 256) {
+                float d[8], a[8], g[8];
+                ld8(d, dyr + j);
+                ld8(a, xr + j);
+                ld8(g, w + j);
 #pragma unroll
-            for (int i = 0; i < 8; i++) o[i] += rs * (d[i] * g[i] - a[i] * k);
-            if (dx_bf16) st8((bf16 *)dx + base + j, o);
-            else {
-                float4 *p = (float4 *)((float *)dx + base + j);
-                p[0] = make_float4(o[0], o[1], o[2], o[3]);
-                p[1] = make_float4(o[4], o[5], o[6], o[7]);
+                for (int i = 0; i < 8; i++) dot += d[i] * g[i] * a[i];
+            }
+        } else {
+            for (int j = lane; j < c; j += 32)
+                dot += __bfloat162float(dyr[j]) * __bfloat162float(w[j]) * __bfloat162float(xr[j]);
+        }
+        dot = warp_sum(dot);
+        float rs = rstd[r], k = rs * rs * dot / (float)c;
+        if (vec) {
+            for (int j = lane * 8; j < c; j += 256) {
+                float d[8], a[8], g[8], o[8];
+                ld8(d, dyr + j);
+                ld8(a, xr + j);
+                ld8(g, w + j);
+                if (dx_bf16) ld8(o, (const bf16 *)dx + base + j);
+                else {
+                    const float4 *p = (const float4 *)((const float *)dx + base + j);
+                    float4 p0 = p[0], p1 = p[1];
+                    o[0] = p0.x; o[1] = p0.y; o[2] = p0.z; o[3] = p0.w;
+                    o[4] = p1.x; o[5] = p1.y; o[6] = p1.z; o[7] = p1.w;
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++) o[i] += rs * (d[i] * g[i] - a[i] * k);
+                if (dx_bf16) st8((bf16 *)dx + base + j, o);
+                else {
+                    float4 *p = (float4 *)((float *)dx + base + j);
+                    p[0] = make_float4(o[0], o[1], o[2], o[3]);
+                    p[1] = make_float4(o[4], o[5], o[6], o[7]);
+                }
+                if (dxb) st8(dxb + base + j, o);
+                if (part) {
+                    float4 *q = (float4 *)(my + j);
+                    float4 q0 = q[0], q1 = q[1];
+                    q0.x += d[0] * (a[0] * rs); q0.y += d[1] * (a[1] * rs);
+                    q0.z += d[2] * (a[2] * rs); q0.w += d[3] * (a[3] * rs);
+                    q1.x += d[4] * (a[4] * rs); q1.y += d[5] * (a[5] * rs);
+                    q1.z += d[6] * (a[6] * rs); q1.w += d[7] * (a[7] * rs);
+                    q[0] = q0;
+                    q[1] = q1;
+                }
+            }
+        } else {
+            for (int j = lane; j < c; j += 32) {
+                float d = __bfloat162float(dyr[j]), a = __bfloat162float(xr[j]);
+                float g = rs * (d * __bfloat162float(w[j]) - a * k);
+                float o;
+                if (dx_bf16) {
+                    bf16 *p = (bf16 *)dx + base + j;
+                    bf16 h = __float2bfloat16_rn(__bfloat162float(*p) + g);
+                    *p = h;
+                    o = __bfloat162float(h);
+                } else {
+                    o = ((float *)dx)[base + j] + g;
+                    ((float *)dx)[base + j] = o;
+                }
+                if (dxb) dxb[base + j] = __float2bfloat16_rn(o);
+                if (part) my[j] += d * (a * rs);
             }
         }
-    } else {
-        for (int j = lane; j < c; j += 32) {
-            float g = rs * (__bfloat162float(dyr[j]) * __bfloat162float(w[j]) - __bfloat162float(xr[j]) * k);
-            if (dx_bf16) {
-                bf16 *p = (bf16 *)dx + base + j;
-                *p = __float2bfloat16_rn(__bfloat162float(*p) + g);
-            } else ((float *)dx)[base + j] += g;
-        }
+    }
+    if (!part) return;
+    __syncthreads();
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+        float s = acc[j];
+        for (int q = 1; q < nw; q++) s += acc[(long long)q * c + j];
+        part[(long long)blockIdx.x * c + j] = s;
+    }
+}
+
+/* Second level: dw[j] += sum of part[0..parts)[j]. Block (RS_X columns, RS_Y lanes): lane y sums the
+ * partials y, y+RS_Y, ... in order, then the RS_Y lane sums are added in lane order. */
+#define RS_X 8
+#define RS_Y 32
+__global__ void rmsnorm_dw_sum_bwd_kernel(float *dw, const float *part, int parts, int c) {
+    __shared__ float sh[RS_Y][RS_X];
+    int j = blockIdx.x * RS_X + threadIdx.x;
+    float s = 0.0f;
+    if (j < c)
+        for (int k = threadIdx.y; k < parts; k += RS_Y) s += part[(long long)k * c + j];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < c) {
+        float t = sh[0][threadIdx.x];
+        for (int l = 1; l < RS_Y; l++) t += sh[l][threadIdx.x];
+        dw[j] += t;
     }
 }
 
@@ -128,15 +201,36 @@ extern "C" void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, c
     QT_CUDA(cudaGetLastError());
 }
 
-extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, float *dw, const void *dy, const void *res,
-                               const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s) {
+extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *dw, const void *dy,
+                               const void *res, const void *w, const float *rstd, long n, int c, void *ws,
+                               cudaStream_t s) {
     QT_CHECK(dx_dt == QT_DT_F32 || dx_dt == QT_DT_BF16, "dx dtype %s: expected fp32 or bf16",
              qt_dtype_name(dx_dt));
     if (n <= 0 || c <= 0) return;
-    int vec = c % 8 == 0 && qt_aligned16(dx) && qt_aligned16(dy) && qt_aligned16(res) && qt_aligned16(w);
-    unsigned grid = (unsigned)((n + RN_WARPS - 1) / RN_WARPS);
-    rmsnorm_bwd_kernel<<<grid, RN_WARPS * 32, 0, s>>>(dx, dx_dt == QT_DT_BF16, (const bf16 *)dy,
-                                                      (const bf16 *)res, (const bf16 *)w, rstd, n, c, vec);
+    int vec = c % 8 == 0 && qt_aligned16(dx) && qt_aligned16(dy) && qt_aligned16(res) && qt_aligned16(w) &&
+              qt_aligned16(dx_bf16);
+    int nw = RN_WARPS;
+    while (nw > 1 && (size_t)nw * c * sizeof(float) > RN_SMEM) nw /= 2;
+    /* dw fused unless even one warp's accumulator row does not fit: then the separate column pass */
+    int fused = dw && (size_t)c * sizeof(float) <= RN_SMEM;
+    if (!fused) nw = RN_WARPS;
+    long chunk = nw, parts;
+    if (fused) {
+        parts = n < QT_RMSNORM_BWD_PARTS ? n : QT_RMSNORM_BWD_PARTS;
+        chunk = (n + parts - 1) / parts;
+    }
+    parts = (n + chunk - 1) / chunk;
+    size_t smem = fused ? (size_t)nw * c * sizeof(float) : 0;
+    rmsnorm_bwd_kernel<<<(unsigned)parts, nw * 32, smem, s>>>(dx, dx_dt == QT_DT_BF16, (bf16 *)dx_bf16,
+                                                              fused ? (float *)ws : NULL,
+                                                              (const bf16 *)dy, (const bf16 *)res, (const bf16 *)w,
+                                                              rstd, n, c, chunk, vec);
     QT_CUDA(cudaGetLastError());
-    if (dw) qt_colreduce(dw, (const bf16 *)dy, (const bf16 *)res, rstd, n, c, ws, s);
+    if (fused) {
+        rmsnorm_dw_sum_bwd_kernel<<<(unsigned)((c + RS_X - 1) / RS_X), dim3(RS_X, RS_Y), 0, s>>>(
+            dw, (const float *)ws, (int)parts, c);
+        QT_CUDA(cudaGetLastError());
+    } else if (dw) {
+        qt_colreduce(dw, (const bf16 *)dy, (const bf16 *)res, rstd, n, c, ws, s);
+    }
 }

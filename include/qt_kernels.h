@@ -60,10 +60,11 @@ void qt_bias_bwd(float *db, const void *dy, long n, int o, void *ws, cudaStream_
 void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
                     float eps, cudaStream_t s);
 /* dx[n,c] += d(y)/d(res) . dy, dx fp32 or bf16 (dx_dt) — the residual-stream gradient   (+=)
+ * dx_bf16[n,c] (bf16, =) = the updated dx rounded RNE, in the same pass; NULL = none.
  * dw[c] (fp32) += sum_n dy * res * rstd, deterministic two-pass (ws: qt_colreduce_ws_bytes(c) bytes)
  * (+=). dw may be NULL (skipped). res is the saved normalised input (bf16), rstd from the forward. */
-void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, float *dw, const void *dy, const void *res, const void *w,
-                    const float *rstd, long n, int c, void *ws, cudaStream_t s);
+void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *dw, const void *dy, const void *res,
+                    const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
 
 /* ---- rotary embedding (rope.cu) ---- */
 /* cs[t, i] = (cos a, sin a) with a = theta^(-2i/d) * t, for t < T, i < d/2: T*d floats (fp32 pairs),

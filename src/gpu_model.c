@@ -277,23 +277,22 @@ static void backward(qt_gpu_model *g) {
     size_t NC = (size_t)N * C;
     qt_gpu_model_mark(g, "rmsnorm bwd");
     qt_zero(g->dres, NC * 4, s);
-    qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, g->L->final_norm), g->dlnf, g->res_final, Wp(g, g->L->final_norm),
-                   g->rstdf, N, C, g->ws, s);
+    /* Each rmsnorm bwd also writes dres_bf (bf16 of the updated dres) for the next branch's matmuls:
+     * no separate cast. The last one (layer 0's ln1) has no matmul after it. */
+    qt_rmsnorm_bwd(g->dres, QT_DT_F32, g->dres_bf, Gp(g, g->L->final_norm), g->dlnf, g->res_final,
+                   Wp(g, g->L->final_norm), g->rstdf, N, C, g->ws, s);
     for (int l = c->num_layers - 1; l >= 0; l--) {
         const qt_layer_offsets *o = &g->L->layers[l];
         qt_gpu_layer *a = &g->layers[l];
         /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
-        qt_gpu_model_mark(g, "cast dres");
-        qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
         lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, g->dres_bf, a->h, o->wdown, F, C);
         qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_bwd(a->gu, a->h, a->gu, N, F, s);
         lin_bwd(g, "matmul bwd: gate|up", l, QT_FP8_GU, g->dln, a->gu, a->ln2, o->wgu, C, 2 * F);
         qt_gpu_model_mark(g, "rmsnorm bwd");
-        qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln2), g->dln, a->res_mid, Wp(g, o->ln2), a->rstd2, N, C, g->ws, s);
+        qt_rmsnorm_bwd(g->dres, QT_DT_F32, g->dres_bf, Gp(g, o->ln2), g->dln, a->res_mid, Wp(g, o->ln2), a->rstd2,
+                       N, C, g->ws, s);
         /* attention */
-        qt_gpu_model_mark(g, "cast dres");
-        qt_cast_f32_to_bf16(g->dres_bf, g->dres, NC, s);
         lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, g->datt, g->dres_bf, a->att, o->wo, HD, C);
         qt_gpu_model_mark(g, "attention bwd");
         qt_attention_bwd(g->attn, g->dqkv, g->datt, a->qkv, a->att, a->lse, g->B, g->T, H, Hkv, D, s);
@@ -303,7 +302,8 @@ static void backward(qt_gpu_model *g) {
         if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), g->dqkv, N, QKV, g->ws, s);
         lin_bwd(g, "matmul bwd: qkv", l, QT_FP8_QKV, g->dln, g->dqkv, a->ln1, o->wqkv, C, QKV);
         qt_gpu_model_mark(g, "rmsnorm bwd");
-        qt_rmsnorm_bwd(g->dres, QT_DT_F32, Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1), a->rstd1, N, C, g->ws, s);
+        qt_rmsnorm_bwd(g->dres, QT_DT_F32, l > 0 ? g->dres_bf : NULL, Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1),
+                       a->rstd1, N, C, g->ws, s);
     }
     qt_gpu_model_mark(g, "embedding bwd");
     qt_embedding_bwd(Gp(g, g->L->embed), g->dres, QT_DT_F32, g->tok, N, C, c->vocab_size, g->ws, s);

@@ -213,9 +213,17 @@ static void rmsnorm_bwd_case(long n, int c, qt_dtype dxdt) {
     void *dres = d_bf16(res, n * c), *dw_ = d_bf16(w, c), *ddy = d_bf16(dy, n * c);
     void *ddx = dxdt == QT_DT_BF16 ? d_bf16(dx0, n * c) : d_f32(dx0, n * c);
     float *drstd = d_f32(rstd, n), *ddw = d_f32(dw0, c), *ddw2 = d_f32(dw0, c);
-    void *ws = d_poison(qt_colreduce_ws_bytes(c));
-    qt_rmsnorm_bwd(ddx, dxdt, ddw, ddy, dres, dw_, drstd, n, c, ws, 0);
+    void *ws = d_poison(qt_colreduce_ws_bytes(c)), *ddxb = d_poison((size_t)n * c * 2);
+    qt_rmsnorm_bwd(ddx, dxdt, ddxb, ddw, ddy, dres, dw_, drstd, n, c, ws, 0);
     float *gdx = dxdt == QT_DT_BF16 ? g_bf16(ddx, n * c) : g_f32(ddx, n * c), *gdw = g_f32(ddw, c);
+    /* the bf16 copy is exactly the RNE rounding of the new dx */
+    float *gdxb = g_bf16(ddxb, n * c), *rdxb = h_copy(gdx, n * c);
+    h_round(rdxb, n * c);
+    long bad = -1;
+    for (long i = 0; i < n * c && bad < 0; i++)
+        if (memcmp(&gdxb[i], &rdxb[i], 4) != 0) bad = i;
+    QT_EXPECT(bad < 0, "n=%ld c=%d: dx_bf16[%ld] = %g, expected bf16(dx) = %g", n, c, bad,
+              bad < 0 ? 0.0 : gdxb[bad], bad < 0 ? 0.0 : rdxb[bad]);
     float *rdx = h_copy(dx0, n * c), *rdw = h_copy(dw0, c);
     qt_ref_rmsnorm_bwd(rdx, rdw, dy, res, w, rstd, n, c);
     /* fp32 dx: the row dot product runs over c terms in fp32 (the reference in double), and the
@@ -223,12 +231,12 @@ static void rmsnorm_bwd_case(long n, int c, qt_dtype dxdt) {
     double tol = dxdt == QT_DT_BF16 ? 1e-2 : 1e-5;
     QT_EXPECT(qt_t_close("dx", gdx, rdx, n * c, tol, tol), "n=%ld c=%d dx %s", n, c, qt_dtype_name(dxdt));
     QT_EXPECT(qt_t_close("dw", gdw, rdw, c, 1e-5, 1e-5), "n=%ld c=%d", n, c);
-    qt_rmsnorm_bwd(ddx, dxdt, ddw2, ddy, dres, dw_, drstd, n, c, ws, 0);
+    qt_rmsnorm_bwd(ddx, dxdt, NULL, ddw2, ddy, dres, dw_, drstd, n, c, ws, 0);
     float *gdw2 = g_f32(ddw2, c);
     QT_EXPECT(memcmp(gdw, gdw2, (size_t)c * 4) == 0, "n=%ld c=%d: dw differs between runs", n, c);
     free(res); free(w); free(dy); free(dx0); free(dw0); free(rstd); free(tmp); free(gdx); free(gdw);
-    free(rdx); free(rdw); free(gdw2);
-    cudaFree(dres); cudaFree(dw_); cudaFree(ddy); cudaFree(ddx); cudaFree(drstd); cudaFree(ddw);
+    free(rdx); free(rdw); free(gdw2); free(gdxb); free(rdxb);
+    cudaFree(ddxb); cudaFree(dres); cudaFree(dw_); cudaFree(ddy); cudaFree(ddx); cudaFree(drstd); cudaFree(ddw);
     cudaFree(ddw2); cudaFree(ws);
 }
 static void test_rmsnorm_bwd(void) {
@@ -238,6 +246,8 @@ static void test_rmsnorm_bwd(void) {
     rmsnorm_bwd_case(1000, 896, QT_DT_F32);
     rmsnorm_bwd_case(65, 100, QT_DT_F32); /* scalar path */
     rmsnorm_bwd_case(129, 896, QT_DT_BF16);
+    rmsnorm_bwd_case(1537, 200, QT_DT_F32);  /* several rows per dw partial, uneven last chunk */
+    rmsnorm_bwd_case(3, 12296, QT_DT_F32);   /* dw row too big for shared memory: separate pass */
 }
 
 /* ---- RoPE ---- */
@@ -382,8 +392,10 @@ static void test_lmhead_loss(void) {
 }
 
 /* ---- AdamW ---- */
-#define NT 4
-static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f}, {5056, 7, 0.0f}, {5120, 10000, 0.1f}, {15168, 1, 0.0f}};
+#define NT 5
+/* the last tensor starts off a multiple of 4: scalar head, groups of 4, scalar tail */
+static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f}, {5056, 7, 0.0f}, {5120, 10000, 0.1f}, {15168, 1, 0.0f},
+                                         {15171, 14, 0.1f}};
 #define ATOT 15232
 
 static void test_adamw_master(void) {
