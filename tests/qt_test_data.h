@@ -43,4 +43,17 @@ static inline int qt_t_write_tinyshakespeare(const char *dir) {
     return 1;
 }
 
+/* A fresh /tmp/<prefix>_XXXXXX directory in dir[cap]; 0 on failure. */
+static inline int qt_t_mkdtemp(char *dir, size_t cap, const char *prefix) {
+    snprintf(dir, cap, "/tmp/%s_XXXXXX", prefix);
+    return mkdtemp(dir) != NULL;
+}
+
+/* Removes dir and everything below it. */
+static inline void qt_t_rmtree(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) printf("  could not remove %s\n", dir);
+}
+
 #endif

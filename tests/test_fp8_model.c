@@ -227,16 +227,13 @@ static void test_fp8_tinyshakespeare(void) {
 }
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/qt_fp8_XXXXXX");
-    if (!mkdtemp(g_dir)) return 1;
+    if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_fp8")) return 1;
     QT_RUN(test_fp8_plan_and_checks);
     QT_RUN(test_fp8_config_errors);
     QT_RUN(test_fp8_grads_e4m3);
     QT_RUN(test_fp8_grads_e5m2);
     QT_RUN(test_fp8_grads_bf16_backward);
     QT_RUN(test_fp8_tinyshakespeare);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd)) printf("  could not remove %s\n", g_dir);
+    qt_t_rmtree(g_dir);
     return qt_test_end();
 }

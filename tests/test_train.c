@@ -176,15 +176,12 @@ static void test_gpu_bf16_tracks_cpu_fp32(void) {
 }
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/qt_train_XXXXXX");
-    if (!mkdtemp(g_dir)) return 1;
+    if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_train")) return 1;
     QT_RUN(test_resume_bit_exact);
     QT_RUN(test_resume_errors);
     QT_RUN(test_tinyshakespeare_learns);
     QT_RUN(test_resume_bit_exact_gpu);
     QT_RUN(test_gpu_bf16_tracks_cpu_fp32);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd)) printf("  could not remove %s\n", g_dir);
+    qt_t_rmtree(g_dir);
     return qt_test_end();
 }
