@@ -78,7 +78,14 @@ static struct {
     FILE *tsv, *md;
     const char *label, *nccl_tag;
     char cmd[1024];
+    double enqueue_us[QT_COMM_MAX_RANKS]; /* last point: median host time to enqueue one op */
 } G;
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
 
 typedef struct {
     int strat, op, r;
@@ -109,6 +116,11 @@ static void do_barrier(job *j, cudaStream_t s) {
     else QT_CHECK(qt_comm_barrier(j->c, j->r, s) == 0, "barrier");
 }
 
+static int cmpf(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
 static void *rank_main(void *p) {
     job *j = p;
     int r = j->r;
@@ -116,21 +128,22 @@ static void *rank_main(void *p) {
     QT_CUDA(cudaSetDevice(G.devices[r]));
     cudaStream_t s = G.s[r];
     int total = G.warmup + G.iters;
+    float host[MAXIT];
     for (int it = 0; it < total; it++) {
         do_barrier(j, s);
         if (it >= G.warmup) QT_CUDA(cudaEventRecord(G.e0[r][it - G.warmup], s));
+        double t0 = now_us();
         for (int k = 0; k < j->reps; k++) QT_CHECK(do_op(j, s) == 0, "collective aborted");
+        if (it >= G.warmup) host[it - G.warmup] = (float)(now_us() - t0);
         if (it >= G.warmup) QT_CUDA(cudaEventRecord(G.e1[r][it - G.warmup], s));
     }
+    qsort(host, (size_t)G.iters, sizeof host[0], cmpf);
+    G.enqueue_us[r] = host[G.iters / 2];
     QT_CUDA(cudaStreamSynchronize(s));
     for (int it = 0; it < G.iters; it++) QT_CUDA(cudaEventElapsedTime(&j->ms[it], G.e0[r][it], G.e1[r][it]));
     return NULL;
 }
 
-static int cmpf(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* Runs one point on every rank; returns median seconds per op and fills p10/p90. */
 static double run_point(int strat, qt_comm *c, int op, size_t bytes, double *p10, double *p90) {
@@ -344,7 +357,7 @@ static void md_table(const int *strats, int ns) {
 int main(int argc, char **argv) {
     struct timespec ts0;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
-    int ndev = 0, nccl_only = 0, no_nccl = 0, no_overlap = 0, want_n = 0;
+    int ndev = 0, nccl_only = 0, no_nccl = 0, no_overlap = 0, want_n = 0, host_sweep = 0;
     const char *tsv = NULL, *md = NULL;
     G.iters = 20;
     G.warmup = 3;
@@ -364,10 +377,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--nccl-only")) nccl_only = 1;
         else if (!strcmp(a, "--no-nccl")) no_nccl = 1;
         else if (!strcmp(a, "--no-overlap")) no_overlap = 1;
+        else if (!strcmp(a, "--host-sweep")) host_sweep = 1;
         else if (!strcmp(a, "--nccl-p2p-disable")) { setenv("NCCL_P2P_DISABLE", "1", 1); G.nccl_tag = "_p2p_off"; }
         else {
             fprintf(stderr, "usage: %s [--ranks N] [--iters K>=20] [--max-mib M] [--label L] [--tsv F] [--md F]\n"
-                            "          [--nccl-only] [--no-nccl] [--no-overlap] [--nccl-p2p-disable]\n", argv[0]);
+                            "          [--nccl-only] [--no-nccl] [--no-overlap] [--nccl-p2p-disable] [--host-sweep]\n", argv[0]);
             return 2;
         }
     }
@@ -435,6 +449,25 @@ int main(int argc, char **argv) {
                       "P2P off), per-GPU H2D with all GPUs at once for all_gather and all_reduce, min(H2D, D2H) for "
                       "reduce_scatter. peer_load = peer with the reduce-scatter reading peers' shards through "
                       "peer pointers (its all_gather is peer's).\n");
+    }
+    if (host_sweep) { /* the host all-gather's chunk size: what chunk_elems' cost model is fitted to */
+        const size_t chunks[] = {0, 512u << 10, 1u << 20, 2u << 20, 3u << 20, 4u << 20, 6u << 20, 8u << 20};
+        for (int ci = 0; ci < 8; ci++) {
+            qt_comm_opts o = {0};
+            o.chunk_bytes = chunks[ci];
+            o.timeout_s = 300;
+            qt_comm *c = qt_comm_create(G.n, G.devices, QT_COMM_HOST, (size_t)G.n * (256u << 20), &o);
+            for (size_t b = 16u << 20; b <= G.max_bytes && b <= (256u << 20); b *= 4) {
+                double p10, p90, t = run_point(S_HOST, c, OP_AG, b, &p10, &p90);
+                double bus = b / t / 1e9 * (G.n - 1) / G.n;
+                printf("host-sweep chunk %4zu KiB (0 = auto) %4zu MiB: %8.1f us (host enqueue %6.1f us) busbw %5.1f "
+                       "GB/s = %.0f%% of H2D %.1f\n", chunks[ci] >> 10, b >> 20, t * 1e6, G.enqueue_us[0], bus,
+                       100 * bus / G.probe.h2d_all, G.probe.h2d_all);
+                fflush(stdout);
+            }
+            qt_comm_free(c);
+        }
+        return 0;
     }
     int shown[NSTRAT], ns = 0;
     if (!nccl_only) {

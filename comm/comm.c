@@ -10,6 +10,7 @@
  * peer "load" variant instead runs one reduction kernel that reads every rank's src in place. A
  * rank's copy of its own shard is enqueued after the cross-rank copies have forked off its stream,
  * so it overlaps them. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,14 +139,19 @@ const char *qt_comm_name(const qt_comm *c) { return c->name; }
 
 static int is_host_kind(const qt_comm *c) { return c->kind == QT_COMM_HOST || c->kind == QT_COMM_HOST_WC; }
 
-/* Elements per chunk for a collective whose largest per-rank piece is maxlen elements. Host kinds
- * with the default chunk use 1/32 of the piece (in [256 KiB, chunk_bytes]): the pipeline's fill and
- * drain cost about one chunk each, which at 4 MiB was ~10% of a 64 MiB all-gather. The size depends
- * only on (count, n), so every rank computes the same one. */
+/* Elements per chunk for a collective whose largest per-rank piece is maxlen elements. A staged
+ * collective costs about S/R + c/R + (S/c)*o for a piece of S bytes in chunks of c: the last chunk's
+ * copy runs after everything else (fill/drain), and each chunk costs o beyond its bytes. On 2 x H200
+ * (bench --host-sweep: R ~ 50 GB/s per direction with both busy, o ~ 6 us) that is smallest at
+ * c = sqrt(S * o * R) = sqrt(S * 300 KB): 1.5 MiB at 16 MiB, 3 MiB at 64 MiB (fixed 1/32 of the
+ * piece: 69% of H2D at 64 MiB; this: 76%). Chunks above 4 MiB measured slower than the model says
+ * (8 MiB: 72% at 256 MiB vs 83% at 4 MiB), hence the 4 MiB cap. Host kinds with the default chunk use
+ * that, in [256 KiB, chunk_bytes]. The size depends only on (count, n), so every rank computes the
+ * same one. */
 static size_t chunk_elems(const qt_comm *c, size_t es, size_t maxlen) {
     size_t b = c->chunk_bytes;
     if (c->chunk_auto) {
-        size_t want = (maxlen * es / 32 + 15) / 16 * 16, lo = (size_t)256 << 10;
+        size_t want = (size_t)sqrt((double)maxlen * es * 300e3) / 65536 * 65536, lo = (size_t)256 << 10;
         if (want < lo) want = lo;
         if (want < b) b = want;
     }

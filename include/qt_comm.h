@@ -64,8 +64,8 @@ enum { QT_COMM_RS_AUTO = 0, QT_COMM_RS_COPY = 1, QT_COMM_RS_LOAD = 2 };
 /* Optional knobs; zero-initialised means the defaults. */
 typedef struct {
     int ring;                 /* peer: 1 = ring-ordered pulls (one peer per step), 0 = all peers at once */
-    size_t chunk_bytes;       /* pipeline chunk; 0 = 16 MiB for peer, and for host kinds 1/32 of a rank's
-                                 piece clamped to [256 KiB, 4 MiB] (short pipeline fill and drain) */
+    size_t chunk_bytes;       /* pipeline chunk; 0 = 16 MiB for peer, and for host kinds sqrt(piece bytes
+                                 x 300 KB) clamped to [256 KiB, 4 MiB] (fill/drain vs per-chunk cost) */
     int peer_rs;              /* QT_COMM_RS_*: AUTO = the probe's pick_rs when a probe is at hand
                                  (kind AUTO or opts->probe), else COPY; LOAD falls back to COPY where a
                                  pair of devices lacks peer access */
