@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
-# out/gpu-check). Stages (default: all): build unit model train bench
+# out/gpu-check). Stages (default: all): build unit model train bench llmq
 #   tools/gpu-check.sh unit model     # kernel/matmul/attention/quant tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
 mkdir -p "$OUT"
-stages=${*:-build unit model train bench}
+stages=${*:-build unit model train bench llmq}
 export QT_DATA_DIR=${QT_DATA_DIR:-$( [ -f ../shared/data/tinyshakespeare.txt ] && echo ../shared/data || echo out/data )}
 export PYTHONUNBUFFERED=1
 has() { case " $stages " in *" $1 "*) return 0;; esac; return 1; }
@@ -41,4 +41,19 @@ if has bench; then
       step torch_eager 300 python3 bench/torch_baseline.py --model qwen2.5-0.5b --micro-batch 16
       step torch_compile 300 python3 bench/torch_baseline.py --model qwen2.5-0.5b --micro-batch 16 --compile
     } 2>&1 | tee "$OUT/bench.log" | grep -E 'RESULT|tokens/s|==' | head -80
+fi
+# LLM.Q's published H100 setting: global batch 524,288 tokens (micro-batch 32 x 16 accumulation steps at
+# 0.5B), bf16 AdamW moments, CUDA graphs. We keep fp32 master weights and fp32 weight gradients.
+if has llmq; then
+    llmq="--set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set perf.cuda_graphs=true"
+    { step llmq_0.5b_bf16 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml --warmup 1 --steps 3 $llmq \
+          --set data.micro_batch=32 --set data.grad_accum=16
+      step llmq_0.5b_fp8 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --warmup 1 --steps 3 $llmq \
+          --set data.micro_batch=32 --set data.grad_accum=16
+      step llmq_1.5b_bf16 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --warmup 1 --steps 3 $llmq \
+          --set data.micro_batch=${QT_MB15:-16} --set data.grad_accum=$((512 / ${QT_MB15:-16})) \
+          --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16
+      step llmq_1.5b_fp8 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --warmup 1 --steps 3 $llmq \
+          --set data.micro_batch=${QT_MB15:-16} --set data.grad_accum=$((512 / ${QT_MB15:-16}))
+    } 2>&1 | tee "$OUT/llmq.log" | grep -E 'RESULT|tokens/s|==|rror' | head -40
 fi
