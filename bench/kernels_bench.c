@@ -76,13 +76,21 @@ static void run(const char *filter, const char *name, const char *shape, double 
 
 static void k_emb_fwd(bufs *b) { qt_embedding_fwd(b->y, b->tok, b->wte, N, C, V, 0); }
 static void k_emb_bwd(bufs *b) { qt_embedding_bwd(b->dwte, b->dy, QT_DT_BF16, b->tok, N, C, V, b->ws_emb, 0); }
-static void k_rms_fwd(bufs *b) { qt_rmsnorm_fwd(b->y, b->rstd, b->res, b->x, b->w, N, C, 1e-6f, 0); }
+static void k_rms_fwd(bufs *b) { qt_rmsnorm_fwd(b->y, b->rstd, b->res, b->x, b->w, N, C, 1e-6f, NULL, 0); }
 static void k_rms_bwd(bufs *b) {
-    qt_rmsnorm_bwd(b->dx, QT_DT_BF16, NULL, b->db, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
+    qt_rmsnorm_bwd(b->dx, QT_DT_BF16, NULL, NULL, b->db, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
 }
 static void k_rope_fwd(bufs *b) { qt_rope_fwd(b->qkv, b->cs, (int)(N / 1024), 1024, H, HKV, D, 0); }
-static void k_swiglu_fwd(bufs *b) { qt_swiglu_fwd(b->fout, b->gu, N, F, 0); }
-static void k_swiglu_bwd(bufs *b) { qt_swiglu_bwd(b->dgu, b->fout, b->gu, N, F, 0); }
+static void k_swiglu_fwd(bufs *b) { qt_swiglu_fwd(b->fout, b->gu, N, F, NULL, 0); }
+static void k_swiglu_bwd(bufs *b) { qt_swiglu_bwd(b->dgu, b->fout, b->gu, N, F, NULL, 0); }
+/* the fp8 path's variants: fused abs-max (into absmax[0]; it only grows, which is all the kernels need) */
+static void k_rms_fwd_amax(bufs *b) { qt_rmsnorm_fwd(b->y, b->rstd, b->res, b->x, b->w, N, C, 1e-6f, b->absmax, 0); }
+static void k_rms_bwd_amax(bufs *b) { /* as the model: fp32 dx (in dgu, large enough), bf16 copy + abs-max */
+    qt_rmsnorm_bwd(b->dgu, QT_DT_F32, b->dx, b->absmax, b->db, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
+}
+static void k_rope_bwd_amax(bufs *b) { qt_rope_bwd(b->qkv, b->cs, (int)(N / 1024), 1024, H, HKV, D, b->absmax, 0); }
+static void k_swiglu_fwd_amax(bufs *b) { qt_swiglu_fwd(b->fout, b->gu, N, F, b->absmax, 0); }
+static void k_swiglu_bwd_amax(bufs *b) { qt_swiglu_bwd(b->dgu, b->fout, b->gu, N, F, b->absmax, 0); }
 static void k_bias_bwd(bufs *b) { qt_bias_bwd(b->db, b->qkv, N, (H + 2 * HKV) * D, b->ws_col, 0); }
 static void k_loss(bufs *b) { qt_lmhead_loss(b->logits, b->loss, NULL, b->tgt, CHUNK, V, 1.0f / N, 0); }
 static void k_adamw(bufs *b) {
@@ -152,11 +160,16 @@ int main(int argc, char **argv) {
     run(filter, "embedding_bwd", shp, nc * 2 + (double)N * C * 8, k_emb_bwd, &b);
     run(filter, "rmsnorm_fwd+res", shp, 4.0 * nc * 2, k_rms_fwd, &b);
     run(filter, "rmsnorm_bwd", shp, 4.0 * nc * 2, k_rms_bwd, &b);
+    run(filter, "rmsnorm_fwd+res+amax", shp, 4.0 * nc * 2, k_rms_fwd_amax, &b);
+    run(filter, "rmsnorm_bwd_f32+bf16+amax", shp, 3.0 * nc * 2 + 2.0 * nc * 4, k_rms_bwd_amax, &b);
     snprintf(shp, sizeof shp, "N=%ld H=%d Hkv=%d D=%d", N, H, HKV, D);
     run(filter, "rope_fwd", shp, 2.0 * N * (H + HKV) * D * 2, k_rope_fwd, &b);
+    run(filter, "rope_bwd+amax", shp, (2.0 * (H + HKV) + HKV) * N * D * 2, k_rope_bwd_amax, &b);
     snprintf(shp, sizeof shp, "N=%ld F=%d", N, F);
     run(filter, "swiglu_fwd", shp, 3.0 * nf * 2, k_swiglu_fwd, &b);
     run(filter, "swiglu_bwd", shp, 5.0 * nf * 2, k_swiglu_bwd, &b);
+    run(filter, "swiglu_fwd+amax", shp, 3.0 * nf * 2, k_swiglu_fwd_amax, &b);
+    run(filter, "swiglu_bwd+amax", shp, 5.0 * nf * 2, k_swiglu_bwd_amax, &b);
     snprintf(shp, sizeof shp, "N=%ld O=%d", N, (H + 2 * HKV) * D);
     run(filter, "bias_bwd", shp, (double)nq * 2, k_bias_bwd, &b);
     snprintf(shp, sizeof shp, "n=%ld V=%d", CHUNK, V);

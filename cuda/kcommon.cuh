@@ -1,5 +1,6 @@
-/* kcommon.cuh — device helpers shared by the kernels in cuda/: bf16x8 vector loads/stores, fixed-order
- * warp/block reductions, launch sizing. Private to cuda/ (never included by C code).
+/* kcommon.cuh — device helpers shared by the kernels in cuda/: bf16x8 vector loads/stores (optionally
+ * folding an fp8 abs-max), fixed-order warp/block reductions, launch sizing. Private to cuda/ (never
+ * included by C code).
  *
  * Reductions are trees in a fixed shape (warp shuffles, then warp 0 over the per-warp values), so a
  * kernel that uses them gives bitwise-identical results run after run. */
@@ -11,6 +12,7 @@
 #include <stdint.h>
 
 #include "qt_error.h"
+#include "qt_quant.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -27,6 +29,26 @@ static __device__ __forceinline__ void st8(bf16 *p, const float *f) {
 #pragma unroll
     for (int i = 0; i < 8; i++) v.h[i] = __float2bfloat16_rn(f[i]);
     *(bf16x8 *)p = v;
+}
+
+/* st8 / one bf16 store that, when fold is set, also fold the stored (bf16-rounded) values into the
+ * abs-max bits m (qt_amax_fold): the fused abs-max of a producer must see exactly what it wrote.
+ * fold is uniform per launch (amax != NULL): without it these cost what a plain store costs. */
+static __device__ __forceinline__ unsigned st8_fold(bf16 *p, const float *f, unsigned m, int fold) {
+    bf16x8 v;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v.h[i] = __float2bfloat16_rn(f[i]);
+    *(bf16x8 *)p = v;
+    if (fold) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) m = qt_amax_fold(m, __bfloat162float(v.h[i]));
+    }
+    return m;
+}
+static __device__ __forceinline__ unsigned st1_fold(bf16 *p, float f, unsigned m, int fold) {
+    bf16 h = __float2bfloat16_rn(f);
+    *p = h;
+    return fold ? qt_amax_fold(m, __bfloat162float(h)) : m;
 }
 
 static __host__ __device__ __forceinline__ int qt_aligned16(const void *p) {

@@ -9,17 +9,19 @@
  *      the block partials in a fixed tree. Deterministic: the partition depends on (n, c) only. When
  *      one row of accumulators does not fit in shared memory, the colreduce.cuh two-pass instead.
  * bf16 storage, fp32 math, fp32 row sums over one warp's lanes in a fixed shuffle tree. One warp per
- * row; 16-byte vectors when c % 8 == 0 and the pointers are 16-byte aligned, scalar otherwise. */
+ * row; 16-byte vectors when c % 8 == 0 and the pointers are 16-byte aligned, scalar otherwise.
+ * Optional fused fp8 abs-max of the bf16 y (fwd) / bf16 dx copy (bwd): one atomicMax per block. */
 #include "colreduce.cuh"
 #include "qt_kernels.h"
 
 #define RN_WARPS 8
 
-__global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *x, const bf16 *w, long n,
-                                   int c, float eps, int vec) {
-    long r = (long)blockIdx.x * RN_WARPS + (threadIdx.x >> 5);
+/* Row r by one warp; returns the abs-max bits of the y it wrote when fold (else 0). */
+static __device__ __forceinline__ unsigned rmsnorm_fwd_row(bf16 *y, float *rstd, bf16 *res, const bf16 *x,
+                                                           const bf16 *w, long r, int c, float eps, int vec,
+                                                           int fold) {
     int lane = threadIdx.x & 31;
-    if (r >= n) return;
+    unsigned m = 0;
     bf16 *rr = res + (long long)r * c, *yr = y + (long long)r * c;
     const bf16 *xr = x ? x + (long long)r * c : NULL;
     float ss = 0.0f;
@@ -58,12 +60,22 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *
             ld8(g, w + j);
 #pragma unroll
             for (int i = 0; i < 8; i++) a[i] = a[i] * rs * g[i];
-            st8(yr + j, a);
+            m = st8_fold(yr + j, a, m, fold);
         }
     } else {
         for (int j = lane; j < c; j += 32)
-            yr[j] = __float2bfloat16_rn(__bfloat162float(rr[j]) * rs * __bfloat162float(w[j]));
+            m = st1_fold(yr + j, __bfloat162float(rr[j]) * rs * __bfloat162float(w[j]), m, fold);
     }
+    return m;
+}
+
+/* RN_WARPS rows per block; amax != NULL: max |y| folded in, one atomic per block (no early return:
+ * the block reduce needs every thread). */
+__global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *x, const bf16 *w, long n,
+                                   int c, float eps, int vec, float *amax) {
+    long r = (long)blockIdx.x * RN_WARPS + (threadIdx.x >> 5);
+    unsigned m = r < n ? rmsnorm_fwd_row(y, rstd, res, x, w, r, c, eps, vec, amax != NULL) : 0u;
+    if (amax) qt_amax_block_commit(amax, m);
 }
 
 /* Rows of the backward are cut into at most QT_RMSNORM_BWD_PARTS contiguous chunks, one block each (a fixed
@@ -74,8 +86,10 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *
 /* One block per row chunk [b*chunk, min(n, (b+1)*chunk)); warp w takes rows r0+w, r0+w+nw, ...
  * dx as before; with part != NULL each warp also sums dy*(res*rstd) over its rows into its own
  * shared-memory row acc[w][c] (each lane owns its columns: no conflicts), and the block writes
- * part[b][j] = sum over warps in warp order. dxb != NULL receives bf16(new dx). */
-__global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *part, const bf16 *dy,
+ * part[b][j] = sum over warps in warp order. dxb != NULL receives bf16(new dx); amax != NULL (needs
+ * dxb) gets max |dxb| folded in, one atomic per block, reduced through the start of the dynamic shared
+ * memory once the partials are out (C = 1536 fills all 48 KiB: no room for a static array). */
+__global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, const bf16 *dy,
                                    const bf16 *res, const bf16 *w, const float *rstd, long n, int c, long chunk,
                                    int vec) {
     extern __shared__ float4 rn_sh4[];
@@ -83,6 +97,8 @@ __global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *part
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     long r0 = (long)blockIdx.x * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
     float *my = acc + (long long)wid * c;
+    unsigned m = 0;
+    int fold = amax != NULL;
     if (part) {
         if (vec)
             for (int j = lane * 8; j < c; j += 256) {
@@ -132,7 +148,7 @@ __global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *part
                     p[0] = make_float4(o[0], o[1], o[2], o[3]);
                     p[1] = make_float4(o[4], o[5], o[6], o[7]);
                 }
-                if (dxb) st8(dxb + base + j, o);
+                if (dxb) m = st8_fold(dxb + base + j, o, m, fold);
                 if (part) {
                     float4 *q = (float4 *)(my + j);
                     float4 q0 = q[0], q1 = q[1];
@@ -158,18 +174,20 @@ __global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *part
                     o = ((float *)dx)[base + j] + g;
                     ((float *)dx)[base + j] = o;
                 }
-                if (dxb) dxb[base + j] = __float2bfloat16_rn(o);
+                if (dxb) m = st1_fold(dxb + base + j, o, m, fold);
                 if (part) my[j] += d * (a * rs);
             }
         }
     }
-    if (!part) return;
-    __syncthreads();
-    for (int j = threadIdx.x; j < c; j += blockDim.x) {
-        float s = acc[j];
-        for (int q = 1; q < nw; q++) s += acc[(long long)q * c + j];
-        part[(long long)blockIdx.x * c + j] = s;
+    if (part) {
+        __syncthreads();
+        for (int j = threadIdx.x; j < c; j += blockDim.x) {
+            float s = acc[j];
+            for (int q = 1; q < nw; q++) s += acc[(long long)q * c + j];
+            part[(long long)blockIdx.x * c + j] = s;
+        }
     }
+    if (amax) qt_amax_block_commit_sh(amax, m, (unsigned *)acc);
 }
 
 /* Second level: dw[j] += sum of part[0..parts)[j]. Block (RS_X columns, RS_Y lanes): lane y sums the
@@ -192,20 +210,21 @@ __global__ void rmsnorm_dw_sum_bwd_kernel(float *dw, const float *part, int part
 }
 
 extern "C" void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
-                               float eps, cudaStream_t s) {
+                               float eps, float *amax, cudaStream_t s) {
     if (n <= 0 || c <= 0) return;
     int vec = c % 8 == 0 && qt_aligned16(y) && qt_aligned16(res) && qt_aligned16(w) && (!x || qt_aligned16(x));
     unsigned grid = (unsigned)((n + RN_WARPS - 1) / RN_WARPS);
     rmsnorm_fwd_kernel<<<grid, RN_WARPS * 32, 0, s>>>((bf16 *)y, rstd, (bf16 *)res, (const bf16 *)x,
-                                                      (const bf16 *)w, n, c, eps, vec);
+                                                      (const bf16 *)w, n, c, eps, vec, amax);
     QT_CUDA(cudaGetLastError());
 }
 
-extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *dw, const void *dy,
+extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, float *dw, const void *dy,
                                const void *res, const void *w, const float *rstd, long n, int c, void *ws,
                                cudaStream_t s) {
     QT_CHECK(dx_dt == QT_DT_F32 || dx_dt == QT_DT_BF16, "dx dtype %s: expected fp32 or bf16",
              qt_dtype_name(dx_dt));
+    QT_CHECK(!amax || dx_bf16, "qt_rmsnorm_bwd: amax is the abs-max of dx_bf16, which is NULL");
     if (n <= 0 || c <= 0) return;
     int vec = c % 8 == 0 && qt_aligned16(dx) && qt_aligned16(dy) && qt_aligned16(res) && qt_aligned16(w) &&
               qt_aligned16(dx_bf16);
@@ -220,8 +239,9 @@ extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *d
         chunk = (n + parts - 1) / parts;
     }
     parts = (n + chunk - 1) / chunk;
-    size_t smem = fused ? (size_t)nw * c * sizeof(float) : 0;
-    rmsnorm_bwd_kernel<<<(unsigned)parts, nw * 32, smem, s>>>(dx, dx_dt == QT_DT_BF16, (bf16 *)dx_bf16,
+    /* the abs-max reduce needs nw words of it (the dw rows are at least that) */
+    size_t smem = fused ? (size_t)nw * c * sizeof(float) : amax ? nw * sizeof(unsigned) : 0;
+    rmsnorm_bwd_kernel<<<(unsigned)parts, nw * 32, smem, s>>>(dx, dx_dt == QT_DT_BF16, (bf16 *)dx_bf16, amax,
                                                               fused ? (float *)ws : NULL,
                                                               (const bf16 *)dy, (const bf16 *)res, (const bf16 *)w,
                                                               rstd, n, c, chunk, vec);

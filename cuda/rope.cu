@@ -6,7 +6,9 @@
  *   bwd: the transpose (s -> -s).
  * The table cs[T, D/2] of (cos, sin) fp32 pairs is computed in double from theta and rounded once.
  * fp32 math, one RNE rounding per element. 8 pairs per thread with 16-byte loads when D/2 % 8 == 0 and
- * qkv is 16-byte aligned; one pair per thread otherwise. */
+ * qkv is 16-byte aligned; one pair per thread otherwise.
+ * amax != NULL (bwd): max |dqkv| over the whole buffer after the rotation, v heads included (they are
+ * read for it, not written), folded into *amax with one atomicMax per block. */
 #include "kcommon.cuh"
 #include "qt_kernels.h"
 
@@ -22,10 +24,12 @@ __global__ void rope_table_fwd_kernel(float *cs, int T, int d, double theta) {
     }
 }
 
-/* sg = +1 forward, -1 backward. */
+/* sg = +1 forward, -1 backward. Heads h < H+Hkv are rotated; with amax the v heads are visited too. */
 __global__ void rope_fwd_kernel(bf16 *qkv, const float *cs, long long rows, int T, int H, int Hkv, int D,
-                                float sg, int vec) {
-    int half = D / 2, nh = H + Hkv, per_head = vec ? half / 8 : half;
+                                float sg, int vec, float *amax) {
+    int half = D / 2, nrot = H + Hkv, nh = nrot + (amax ? Hkv : 0), per_head = vec ? half / 8 : half;
+    unsigned m = 0;
+    int fold = amax != NULL;
     long long total = rows * nh * per_head;
     int stride_row = (H + 2 * Hkv) * D;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total;
@@ -40,6 +44,11 @@ __global__ void rope_fwd_kernel(bf16 *qkv, const float *cs, long long rows, int 
             float a[8], b[8];
             ld8(a, x + i0);
             ld8(b, x + half + i0);
+            if (h >= nrot) { /* a v head: read for the abs-max only */
+#pragma unroll
+                for (int i = 0; i < 8; i++) m = qt_amax_fold(qt_amax_fold(m, a[i]), b[i]);
+                continue;
+            }
             const float4 *q = (const float4 *)(tab + 2 * i0);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -51,15 +60,20 @@ __global__ void rope_fwd_kernel(bf16 *qkv, const float *cs, long long rows, int 
                 a[2 * j + 1] = a1 * c1 - b1 * s1;
                 b[2 * j + 1] = b1 * c1 + a1 * s1;
             }
-            st8(x + i0, a);
-            st8(x + half + i0, b);
+            m = st8_fold(x + i0, a, m, fold);
+            m = st8_fold(x + half + i0, b, m, fold);
         } else {
-            float c = tab[2 * p], s = sg * tab[2 * p + 1];
             float a = __bfloat162float(x[p]), b = __bfloat162float(x[p + half]);
-            x[p] = __float2bfloat16_rn(a * c - b * s);
-            x[p + half] = __float2bfloat16_rn(b * c + a * s);
+            if (h >= nrot) {
+                m = qt_amax_fold(qt_amax_fold(m, a), b);
+                continue;
+            }
+            float c = tab[2 * p], s = sg * tab[2 * p + 1];
+            m = st1_fold(x + p, a * c - b * s, m, fold);
+            m = st1_fold(x + p + half, b * c + a * s, m, fold);
         }
     }
+    if (amax) qt_amax_block_commit(amax, m);
 }
 
 extern "C" void qt_rope_table(float *cs, int T, int d, float theta, cudaStream_t s) {
@@ -69,19 +83,21 @@ extern "C" void qt_rope_table(float *cs, int T, int d, float theta, cudaStream_t
     QT_CUDA(cudaGetLastError());
 }
 
-static void rope(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D, float sg, cudaStream_t s) {
+static void rope(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D, float sg, float *amax,
+                 cudaStream_t s) {
     QT_CHECK(D > 0 && D % 2 == 0, "rope: head dim %d: expected a positive even number", D);
     if (B <= 0 || T <= 0 || H + Hkv <= 0) return;
     int vec = (D / 2) % 8 == 0 && qt_aligned16(qkv) && qt_aligned16(cs);
-    long long rows = (long long)B * T, work = rows * (H + Hkv) * (vec ? D / 16 : D / 2);
-    rope_fwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)qkv, cs, rows, T, H, Hkv, D, sg, vec);
+    long long rows = (long long)B * T, work = rows * (H + Hkv + (amax ? Hkv : 0)) * (vec ? D / 16 : D / 2);
+    rope_fwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)qkv, cs, rows, T, H, Hkv, D, sg, vec, amax);
     QT_CUDA(cudaGetLastError());
 }
 
 extern "C" void qt_rope_fwd(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D, cudaStream_t s) {
-    rope(qkv, cs, B, T, H, Hkv, D, 1.0f, s);
+    rope(qkv, cs, B, T, H, Hkv, D, 1.0f, NULL, s);
 }
 
-extern "C" void qt_rope_bwd(void *dqkv, const float *cs, int B, int T, int H, int Hkv, int D, cudaStream_t s) {
-    rope(dqkv, cs, B, T, H, Hkv, D, -1.0f, s);
+extern "C" void qt_rope_bwd(void *dqkv, const float *cs, int B, int T, int H, int Hkv, int D, float *amax,
+                            cudaStream_t s) {
+    rope(dqkv, cs, B, T, H, Hkv, D, -1.0f, amax, s);
 }

@@ -3,14 +3,17 @@
  * fwd: out[n,f] = silu(g) * u,  g = gu[n, j], u = gu[n, f+j],  silu(g) = g * sigmoid(g)
  * bwd: dgu[n, j] = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  dgu[n, f+j] = dout * silu(g)
  * bf16 storage, fp32 math (expf), one RNE rounding per output ("=" both). 8 columns per thread with
- * 16-byte loads when f % 8 == 0 and the pointers are 16-byte aligned; one column otherwise. */
+ * 16-byte loads when f % 8 == 0 and the pointers are 16-byte aligned; one column otherwise.
+ * amax != NULL: max |output| (the bf16 values written) folded into *amax, one atomicMax per block. */
 #include "kcommon.cuh"
 #include "qt_kernels.h"
 
 static __device__ __forceinline__ float sigm(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-__global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int vec) {
+__global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int vec, float *amax) {
     long long per_row = vec ? f / 8 : f, total = (long long)n * per_row;
+    unsigned m = 0;
+    int fold = amax != NULL;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total;
          k += (long long)gridDim.x * blockDim.x) {
         long long r = k / per_row, j = k - r * per_row;
@@ -21,16 +24,20 @@ __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int 
             ld8(u, gr + f + j * 8);
 #pragma unroll
             for (int i = 0; i < 8; i++) g[i] = g[i] * sigm(g[i]) * u[i];
-            st8(out + r * f + j * 8, g);
+            m = st8_fold(out + r * f + j * 8, g, m, fold);
         } else {
             float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
-            out[r * f + j] = __float2bfloat16_rn(g * sigm(g) * u);
+            m = st1_fold(out + r * f + j, g * sigm(g) * u, m, fold);
         }
     }
+    if (amax) qt_amax_block_commit(amax, m);
 }
 
-__global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, long n, int f, int vec) {
+__global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, long n, int f, int vec,
+                                  float *amax) {
     long long per_row = vec ? f / 8 : f, total = (long long)n * per_row;
+    unsigned m = 0;
+    int fold = amax != NULL;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total;
          k += (long long)gridDim.x * blockDim.x) {
         long long r = k / per_row, j = k - r * per_row;
@@ -47,30 +54,32 @@ __global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, l
                 g[i] = d[i] * u[i] * sg * (1.0f + gi * (1.0f - sg));
                 u[i] = d[i] * gi * sg;
             }
-            st8(dr + j * 8, g);
-            st8(dr + f + j * 8, u);
+            m = st8_fold(dr + j * 8, g, m, fold);
+            m = st8_fold(dr + f + j * 8, u, m, fold);
         } else {
             float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
             float d = __bfloat162float(dout[r * f + j]), sg = sigm(g);
-            dr[j] = __float2bfloat16_rn(d * u * sg * (1.0f + g * (1.0f - sg)));
-            dr[f + j] = __float2bfloat16_rn(d * g * sg);
+            m = st1_fold(dr + j, d * u * sg * (1.0f + g * (1.0f - sg)), m, fold);
+            m = st1_fold(dr + f + j, d * g * sg, m, fold);
         }
     }
+    if (amax) qt_amax_block_commit(amax, m);
 }
 
-extern "C" void qt_swiglu_fwd(void *out, const void *gu, long n, int f, cudaStream_t s) {
+extern "C" void qt_swiglu_fwd(void *out, const void *gu, long n, int f, float *amax, cudaStream_t s) {
     if (n <= 0 || f <= 0) return;
     int vec = f % 8 == 0 && qt_aligned16(out) && qt_aligned16(gu);
     long long work = (long long)n * (vec ? f / 8 : f);
-    swiglu_fwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)out, (const bf16 *)gu, n, f, vec);
+    swiglu_fwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)out, (const bf16 *)gu, n, f, vec, amax);
     QT_CUDA(cudaGetLastError());
 }
 
-extern "C" void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, cudaStream_t s) {
+extern "C" void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, float *amax,
+                              cudaStream_t s) {
     if (n <= 0 || f <= 0) return;
     int vec = f % 8 == 0 && qt_aligned16(dgu) && qt_aligned16(dout) && qt_aligned16(gu);
     long long work = (long long)n * (vec ? f / 8 : f);
     swiglu_bwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)dgu, (const bf16 *)dout,
-                                                             (const bf16 *)gu, n, f, vec);
+                                                             (const bf16 *)gu, n, f, vec, amax);
     QT_CUDA(cudaGetLastError());
 }

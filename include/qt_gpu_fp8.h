@@ -35,8 +35,10 @@ typedef struct {
     uint8_t **wq, **wqT;        /* [n_layers * 4] */
     uint8_t **xqT;              /* [n_layers * 4] */
     uint8_t *xq, *dyq, *dyqT;   /* scratch */
-    qt_fp8_scale *sc;           /* [n_layers * 4 * 3]: weight, input, output gradient */
+    qt_fp8_scale *sc;           /* [n_layers * 4 * 3]: the weights', then (input, output gradient) pairs */
     int *nonfinite;             /* device int: 0, or the tag of the first tensor whose scale went NaN/Inf */
+    int fuse_amax;              /* 1: producers may fold abs-maxes (env QT_FP8_FUSED_AMAX=0 turns it off) */
+    unsigned char *amax_ready;  /* host [n_layers * 4 * 2]: slot handed to a producer since the reset */
 } qt_gpu_fp8;
 
 /* Bytes of the two regions for model c, N tokens per micro-batch, gradient dtype grad_dt. */
@@ -54,6 +56,16 @@ void qt_fp8_free(qt_gpu_fp8 *f);
 /* Re-quantizes every block matrix from the bf16 weights w (the flat array of L): abs-max, then
  * Wq and Wq^T in one quantize-transpose pass with the scale derived on the device. */
 void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, cudaStream_t s);
+/* Zeroes the abs-max records of every block input and output gradient (one memset, fine inside a
+ * captured CUDA graph) and forgets earlier qt_fp8_producer_amax hand-outs. Once per micro-step,
+ * before the forward. */
+void qt_fp8_reset_amax(qt_gpu_fp8 *f, cudaStream_t s);
+/* The device fp32 abs-max slot that the kernel producing matmul k's input (grad = 0) or output
+ * gradient (grad = 1) folds into (an `amax` argument of qt_kernels.h), enqueued on the stream after
+ * qt_fp8_reset_amax and before the matching qt_fp8_quant_input / qt_fp8_quant_grad, which then skips
+ * its own abs-max pass. NULL (the separate pass stays) when that tensor is not quantized (grad with
+ * grad_dtype bf16) or fusion is off (QT_FP8_FUSED_AMAX=0: the old separate passes, bitwise equal). */
+float *qt_fp8_producer_amax(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad);
 /* Quantizes the block input x (bf16 [N,I]) with current scaling into Xq (scratch, for the next
  * qt_fp8_fwd) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul). */
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s);

@@ -7,7 +7,11 @@
  * "=" writes the output, "+=" accumulates into it. Every launch is asynchronous on stream s and never
  * reads device memory back to the host. Semantics match the CPU reference ops of qt_ref.h/qt_optim.h.
  * Reductions are deterministic: fixed grids and fixed-order trees, no float atomics, so the same
- * inputs give bitwise-identical outputs. Workspaces are caller-owned device memory. */
+ * inputs give bitwise-identical outputs. Workspaces are caller-owned device memory.
+ * Fused fp8 abs-max: an `amax` argument (device fp32, NULL = not computed) receives
+ * max(*amax, max |v|) over the bf16 values v the kernel writes to the named output — exactly what a
+ * later qt_quant_amax over that output would give (max on the bits of |v|: order-free, NaN wins), so
+ * *amax must be zeroed earlier on the stream. One atomicMax per block. */
 #ifndef QT_KERNELS_H
 #define QT_KERNELS_H
 
@@ -56,15 +60,16 @@ void qt_bias_bwd(float *db, const void *dy, long n, int o, void *ws, cudaStream_
 /* ---- RMSNorm fused with the residual add (rmsnorm.cu) ---- */
 /* When x != NULL: res = bf16(res + x) first (res updated in place). Then
  * y = res * rstd * w, rstd[n] = 1/sqrt(mean(res^2) + eps) (fp32). All of y, res, x, w bf16   (=).
- * x == NULL is the plain (final) norm. y may not alias res or x. */
+ * x == NULL is the plain (final) norm. y may not alias res or x. amax: of y (may be NULL). */
 void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
-                    float eps, cudaStream_t s);
+                    float eps, float *amax, cudaStream_t s);
 /* dx[n,c] += d(y)/d(res) . dy, dx fp32 or bf16 (dx_dt) — the residual-stream gradient   (+=)
  * dx_bf16[n,c] (bf16, =) = the updated dx rounded RNE, in the same pass; NULL = none.
+ * amax: of dx_bf16 (may be NULL; needs dx_bf16).
  * dw[c] (fp32) += sum_n dy * res * rstd, deterministic two-pass (ws: qt_colreduce_ws_bytes(c) bytes)
  * (+=). dw may be NULL (skipped). res is the saved normalised input (bf16), rstd from the forward. */
-void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *dw, const void *dy, const void *res,
-                    const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
+void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, float *dw, const void *dy,
+                    const void *res, const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
 
 /* ---- rotary embedding (rope.cu) ---- */
 /* cs[t, i] = (cos a, sin a) with a = theta^(-2i/d) * t, for t < T, i < d/2: T*d floats (fp32 pairs),
@@ -73,15 +78,16 @@ void qt_rope_table(float *cs, int T, int d, float theta, cudaStream_t s);
 /* In place on the q and k heads of qkv[B,T,(H+2*Hkv)*D] (bf16), HF rotate-half; v heads untouched.
  * Token t of each sequence has position t; cs from qt_rope_table(T, D). D even. */
 void qt_rope_fwd(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D, cudaStream_t s);
-/* The inverse rotation (the transpose), in place on dqkv's q and k heads. */
-void qt_rope_bwd(void *dqkv, const float *cs, int B, int T, int H, int Hkv, int D, cudaStream_t s);
+/* The inverse rotation (the transpose), in place on dqkv's q and k heads. amax: of the whole dqkv
+ * afterwards, v heads included (read for it; may be NULL). */
+void qt_rope_bwd(void *dqkv, const float *cs, int B, int T, int H, int Hkv, int D, float *amax, cudaStream_t s);
 
 /* ---- SwiGLU (swiglu.cu) ---- */
-/* out[n,f] = silu(gu[n, 0:f]) * gu[n, f:2f]   (=), bf16 */
-void qt_swiglu_fwd(void *out, const void *gu, long n, int f, cudaStream_t s);
+/* out[n,f] = silu(gu[n, 0:f]) * gu[n, f:2f]   (=), bf16. amax: of out (may be NULL). */
+void qt_swiglu_fwd(void *out, const void *gu, long n, int f, float *amax, cudaStream_t s);
 /* dgu[n,2f] (bf16) from dout[n,f] and gu   (=). dgu may alias gu (each element is read before its
- * own write by the same thread). */
-void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, cudaStream_t s);
+ * own write by the same thread). amax: of dgu (may be NULL). */
+void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, float *amax, cudaStream_t s);
 
 /* ---- fused LM-head loss (lmhead_loss.cu) ---- */
 /* For a chunk of n rows of logits[n,v] (bf16): loss[r] = lse - logits[r, tgt[r]] (fp32, =) and, in

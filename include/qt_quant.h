@@ -104,24 +104,30 @@ static __device__ __forceinline__ unsigned qt_amax_fold(unsigned m, float v) {
     unsigned b = __float_as_uint(v) & 0x7fffffffu;
     return b > m ? b : m;
 }
-/* Block-wide max of m (bits of |v|); the result is valid in thread 0. Contains __syncthreads. */
-static __device__ __forceinline__ unsigned qt_amax_block_reduce(unsigned m) {
-    __shared__ unsigned qt_amax_sm_[32];
+/* Block-wide max of m (bits of |v|) through sh, blockDim.x/32 words of shared memory that the caller
+ * may use for something else before and after; the result is valid in thread 0. Contains
+ * __syncthreads (one first: earlier reads of sh finish before it is overwritten). */
+static __device__ __forceinline__ unsigned qt_amax_block_reduce_sh(unsigned m, unsigned *sh) {
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = (blockDim.x + 31) >> 5;
-    __syncthreads(); /* a previous call may still be reading qt_amax_sm_ */
-    if (lane == 0) qt_amax_sm_[warp] = m;
+    __syncthreads();
+    if (lane == 0) sh[warp] = m;
     __syncthreads();
     if (warp == 0) {
-        m = lane < nwarp ? qt_amax_sm_[lane] : 0u;
+        m = lane < nwarp ? sh[lane] : 0u;
         for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     }
     return m;
 }
-/* Block reduce, then one atomicMax into *amax (valid because every candidate is >= +0). */
-static __device__ __forceinline__ void qt_amax_block_commit(float *amax, unsigned m) {
-    m = qt_amax_block_reduce(m);
+/* Block reduce, then one atomicMax into *amax (valid because every candidate is >= +0). The _sh form
+ * reuses the caller's shared memory (a kernel at the 48 KiB limit has no room for another array). */
+static __device__ __forceinline__ void qt_amax_block_commit_sh(float *amax, unsigned m, unsigned *sh) {
+    m = qt_amax_block_reduce_sh(m, sh);
     if (threadIdx.x == 0 && m) atomicMax((unsigned *)amax, m);
+}
+static __device__ __forceinline__ void qt_amax_block_commit(float *amax, unsigned m) {
+    __shared__ unsigned qt_amax_sm_[32];
+    qt_amax_block_commit_sh(amax, m, qt_amax_sm_);
 }
 #endif
 

@@ -9,10 +9,12 @@
  * Wq, Wq^T: one quantize-transpose of W[O,I] per optimizer step (persistent quants, shared by all
  * micro-batches). Xq, Xq^T: one quantize-transpose of the bf16 input in the forward; Xq^T stays for the
  * wgrad. dYq, dYq^T: one quantize-transpose of the bf16 output gradient in grad_dt (e4m3 / e5m2).
- * Scaling: per-tensor current scaling (qt_quant.h): a separate abs-max pass (the producers — RMSNorm,
- * SwiGLU, cuDNN attention, the gradient casts — are not ours to fuse into yet), then the scale is
- * derived on the device inside the quantize launch; the GEMMs read &sc->descale through cuBLASLt's
- * scale pointers, so nothing reaches the host. Output bf16 (fwd, dgrad) or fp32 accumulated into the
+ * Scaling: per-tensor current scaling (qt_quant.h). The abs-max of a block input or output gradient
+ * comes from the kernel that produced the tensor (RMSNorm, SwiGLU, RoPE bwd fold it into the slot of
+ * qt_fp8_producer_amax, zeroed once per micro-step by qt_fp8_reset_amax) or, where no producer did
+ * (the cuDNN attention output, the weights), from a separate abs-max pass. The scale is derived on
+ * the device inside the quantize launch; the GEMMs read &sc->descale through cuBLASLt's scale
+ * pointers, so nothing reaches the host. Output bf16 (fwd, dgrad) or fp32 accumulated into the
  * fp32 gradients (wgrad), fp32 accumulation throughout. Fast accumulation only where K is a feature
  * dimension (fwd, dgrad); the wgrad contracts over all N tokens and keeps the periodic fp32 promotion.
  * A NaN/Inf abs-max sets *nonfinite to the tensor's tag (first one wins), read once per optimizer step. */
@@ -122,7 +124,10 @@ qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, void 
     f->wq = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->wq);
     f->wqT = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->wqT);
     f->xqT = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->xqT);
-    QT_CHECK(f->wq && f->wqT && f->xqT, "out of host memory");
+    f->amax_ready = calloc((size_t)nl * QT_FP8_NMM * 2, 1);
+    QT_CHECK(f->wq && f->wqT && f->xqT && f->amax_ready, "out of host memory");
+    const char *e = getenv("QT_FP8_FUSED_AMAX");
+    f->fuse_amax = !(e && e[0] == '0');
     char *w = wregion, *a = aregion;
     f->sc = take(&w, (size_t)nl * QT_FP8_NMM * NSC * sizeof(qt_fp8_scale));
     f->nonfinite = take(&w, sizeof(int));
@@ -151,6 +156,7 @@ void qt_fp8_free(qt_gpu_fp8 *f) {
     free(f->wq);
     free(f->wqT);
     free(f->xqT);
+    free(f->amax_ready);
     free(f);
 }
 
@@ -164,14 +170,39 @@ const char *qt_fp8_tag_name(int tag, char *buf, size_t len) {
     return buf;
 }
 
+/* The weights' records first, then an (input, output gradient) pair per matmul: the per-micro-step
+ * reset of the latter is one memset that leaves the persistent weight scales alone. */
 static qt_fp8_scale *sc_of(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int which) {
-    return &f->sc[(layer * QT_FP8_NMM + (int)k) * NSC + which];
+    int mm = layer * QT_FP8_NMM + (int)k;
+    if (which == SC_W) return &f->sc[mm];
+    return &f->sc[f->n_layers * QT_FP8_NMM + mm * 2 + (which - SC_X)];
 }
 
-/* abs-max pass + one quantize-transpose launch with the scale derived from it on the device. */
+void qt_fp8_reset_amax(qt_gpu_fp8 *f, cudaStream_t s) {
+    int nmm = f->n_layers * QT_FP8_NMM;
+    memset(f->amax_ready, 0, (size_t)nmm * 2);
+    if (f->fuse_amax) qt_quant_scale_reset(f->sc + nmm, nmm * 2, s);
+}
+
+float *qt_fp8_producer_amax(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad) {
+    if (!f->fuse_amax || (grad && f->grad_dt == QT_DT_BF16)) return NULL;
+    f->amax_ready[(layer * QT_FP8_NMM + (int)k) * 2 + grad] = 1;
+    return &sc_of(f, layer, k, grad ? SC_DY : SC_X)->amax;
+}
+
+/* Whether a producer filled the slot since the reset (and consumes that: the next use needs a new one). */
+static int take_ready(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad) {
+    unsigned char *r = &f->amax_ready[(layer * QT_FP8_NMM + (int)k) * 2 + grad];
+    int ready = *r;
+    *r = 0;
+    return ready;
+}
+
+/* One quantize-transpose launch with the scale derived on the device from sc->amax, after a separate
+ * abs-max pass unless the producer of x already folded it in (amax_ready). */
 static void quant_cur(qt_gpu_fp8 *f, qt_dtype ydt, void *y, void *yT, const void *x, long rows, long cols,
-                      qt_fp8_scale *sc, int tag, cudaStream_t s) {
-    qt_quant_amax(QT_DT_BF16, x, rows * cols, &sc->amax, 0, s);
+                      qt_fp8_scale *sc, int amax_ready, int tag, cudaStream_t s) {
+    if (!amax_ready) qt_quant_amax(QT_DT_BF16, x, rows * cols, &sc->amax, 0, s);
     qt_quant_fp8_transpose_cur(ydt, y, yT, QT_DT_BF16, x, rows, cols, sc, f->nonfinite, tag, s);
 }
 
@@ -182,14 +213,14 @@ void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf
         for (int k = 0; k < QT_FP8_NMM; k++) {
             const void *w = (const char *)w_bf16 + off[k] * 2;
             quant_cur(f, QT_DT_E4M3, f->wq[l * QT_FP8_NMM + k], f->wqT[l * QT_FP8_NMM + k], w, f->out[k], f->in[k],
-                      sc_of(f, l, k, SC_W), tag_of(l, k, SC_W), s);
+                      sc_of(f, l, k, SC_W), 0, tag_of(l, k, SC_W), s);
         }
     }
 }
 
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
     quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, f->in[k], sc_of(f, layer, k, SC_X),
-              tag_of(layer, k, SC_X), s);
+              take_ready(f, layer, k, 0), tag_of(layer, k, SC_X), s);
 }
 
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
@@ -203,7 +234,7 @@ void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *
 void qt_fp8_quant_grad(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *dy, cudaStream_t s) {
     QT_CHECK(f->grad_dt != QT_DT_BF16, "qt_fp8_quant_grad: grad_dtype is bf16 (the backward stays bf16)");
     quant_cur(f, f->grad_dt, f->dyq, f->dyqT, dy, f->N, f->out[k], sc_of(f, layer, k, SC_DY),
-              tag_of(layer, k, SC_DY), s);
+              take_ready(f, layer, k, 1), tag_of(layer, k, SC_DY), s);
 }
 
 void qt_fp8_dgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *dx, cudaStream_t s) {

@@ -5,7 +5,9 @@
  * holds the branch output (o_proj / down output), which then *is* the next residual and stays saved
  * for the backward. dres, the residual-stream gradient, is fp32 and accumulates across the blocks.
  * With precision.matmul_dtype: e4m3 the blocks' four matmuls go through src/gpu_fp8.c (lin_fwd/lin_bwd);
- * its buffers are the plan's "fp8 weights (persistent)" and "fp8 activations" rows. */
+ * its buffers are the plan's "fp8 weights (persistent)" and "fp8 activations" rows. The kernels that
+ * produce a matmul's input or output gradient (RMSNorm, SwiGLU, RoPE bwd) also fold its abs-max into
+ * the fp8 scale record (fp8_amax), which saves the quantizer a pass over the tensor. */
 #include "qt_gpu_model.h"
 
 #include <stdio.h>
@@ -203,6 +205,12 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
     qt_sum_f32(g->loss_sum, g->losses, g->N, s);
 }
 
+/* The abs-max slot the producer of layer l's matmul k input (grad 0) / output gradient (grad 1) fills;
+ * NULL in bf16 (nothing to quantize). */
+static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
+    return g->fp8 ? qt_fp8_producer_amax(g->fp8, l, k, grad) : NULL;
+}
+
 /* One block matmul forward: fp8 when configured, else bf16. */
 static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *y, const void *x, size_t w,
                     const void *bias, int I, int O) {
@@ -241,6 +249,7 @@ static void forward(qt_gpu_model *g) {
     int HD = H * D, QKV = (H + 2 * Hkv) * D;
     long N = g->N;
     float eps = c->rms_norm_eps;
+    if (g->fp8) qt_fp8_reset_amax(g->fp8, s); /* a micro-step starts here */
     qt_gpu_model_mark(g, "embedding fwd");
     qt_embedding_fwd(g->layers[0].res, g->tok, Wp(g, g->L->embed), N, C, c->vocab_size, s);
     for (int l = 0; l < c->num_layers; l++) {
@@ -248,7 +257,8 @@ static void forward(qt_gpu_model *g) {
         qt_gpu_layer *a = &g->layers[l];
         /* res (the previous block's down output) += the previous block's residual, then norm */
         qt_gpu_model_mark(g, "rmsnorm fwd");
-        qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, l ? g->layers[l - 1].res_mid : NULL, Wp(g, o->ln1), N, C, eps, s);
+        qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, l ? g->layers[l - 1].res_mid : NULL, Wp(g, o->ln1), N, C, eps,
+                       fp8_amax(g, l, QT_FP8_QKV, 0), s);
         lin_fwd(g, "matmul fwd: qkv", l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, C, QKV);
         qt_gpu_model_mark(g, "rope");
         qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
@@ -256,16 +266,17 @@ static void forward(qt_gpu_model *g) {
         qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, H, Hkv, D, s);
         lin_fwd(g, "matmul fwd: o", l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, HD, C);
         qt_gpu_model_mark(g, "rmsnorm fwd");
-        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, C, eps, s);
+        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, C, eps, fp8_amax(g, l, QT_FP8_GU, 0),
+                       s);
         lin_fwd(g, "matmul fwd: gate|up", l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, C, 2 * F);
         qt_gpu_model_mark(g, "swiglu");
-        qt_swiglu_fwd(a->h, a->gu, N, F, s);
+        qt_swiglu_fwd(a->h, a->gu, N, F, fp8_amax(g, l, QT_FP8_DOWN, 0), s);
         void *out = l + 1 < c->num_layers ? g->layers[l + 1].res : g->res_final;
         lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, F, C);
     }
     qt_gpu_model_mark(g, "rmsnorm fwd");
     qt_rmsnorm_fwd(g->lnf, g->rstdf, g->res_final, g->layers[c->num_layers - 1].res_mid, Wp(g, g->L->final_norm), N,
-                   C, eps, s);
+                   C, eps, NULL, s);
 }
 
 static void backward(qt_gpu_model *g) {
@@ -277,33 +288,35 @@ static void backward(qt_gpu_model *g) {
     size_t NC = (size_t)N * C;
     qt_gpu_model_mark(g, "rmsnorm bwd");
     qt_zero(g->dres, NC * 4, s);
-    /* Each rmsnorm bwd also writes dres_bf (bf16 of the updated dres) for the next branch's matmuls:
-     * no separate cast. The last one (layer 0's ln1) has no matmul after it. */
-    qt_rmsnorm_bwd(g->dres, QT_DT_F32, g->dres_bf, Gp(g, g->L->final_norm), g->dlnf, g->res_final,
-                   Wp(g, g->L->final_norm), g->rstdf, N, C, g->ws, s);
-    for (int l = c->num_layers - 1; l >= 0; l--) {
+    /* Each rmsnorm bwd also writes dres_bf (bf16 of the updated dres) for the next branch's matmuls
+     * (the dY of down, then of o), with its abs-max: no separate cast. The last one (layer 0's ln1) has
+     * no matmul after it. */
+    int nl = c->num_layers;
+    qt_rmsnorm_bwd(g->dres, QT_DT_F32, g->dres_bf, fp8_amax(g, nl - 1, QT_FP8_DOWN, 1), Gp(g, g->L->final_norm),
+                   g->dlnf, g->res_final, Wp(g, g->L->final_norm), g->rstdf, N, C, g->ws, s);
+    for (int l = nl - 1; l >= 0; l--) {
         const qt_layer_offsets *o = &g->L->layers[l];
         qt_gpu_layer *a = &g->layers[l];
         /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
         lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, g->dres_bf, a->h, o->wdown, F, C);
         qt_gpu_model_mark(g, "swiglu");
-        qt_swiglu_bwd(a->gu, a->h, a->gu, N, F, s);
+        qt_swiglu_bwd(a->gu, a->h, a->gu, N, F, fp8_amax(g, l, QT_FP8_GU, 1), s);
         lin_bwd(g, "matmul bwd: gate|up", l, QT_FP8_GU, g->dln, a->gu, a->ln2, o->wgu, C, 2 * F);
         qt_gpu_model_mark(g, "rmsnorm bwd");
-        qt_rmsnorm_bwd(g->dres, QT_DT_F32, g->dres_bf, Gp(g, o->ln2), g->dln, a->res_mid, Wp(g, o->ln2), a->rstd2,
-                       N, C, g->ws, s);
+        qt_rmsnorm_bwd(g->dres, QT_DT_F32, g->dres_bf, fp8_amax(g, l, QT_FP8_O, 1), Gp(g, o->ln2), g->dln, a->res_mid,
+                       Wp(g, o->ln2), a->rstd2, N, C, g->ws, s);
         /* attention */
         lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, g->datt, g->dres_bf, a->att, o->wo, HD, C);
         qt_gpu_model_mark(g, "attention bwd");
         qt_attention_bwd(g->attn, g->dqkv, g->datt, a->qkv, a->att, a->lse, g->B, g->T, H, Hkv, D, s);
         qt_gpu_model_mark(g, "rope");
-        qt_rope_bwd(g->dqkv, g->rope_cs, g->B, g->T, H, Hkv, D, s);
+        qt_rope_bwd(g->dqkv, g->rope_cs, g->B, g->T, H, Hkv, D, fp8_amax(g, l, QT_FP8_QKV, 1), s);
         qt_gpu_model_mark(g, "bias grad");
         if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), g->dqkv, N, QKV, g->ws, s);
         lin_bwd(g, "matmul bwd: qkv", l, QT_FP8_QKV, g->dln, g->dqkv, a->ln1, o->wqkv, C, QKV);
         qt_gpu_model_mark(g, "rmsnorm bwd");
-        qt_rmsnorm_bwd(g->dres, QT_DT_F32, l > 0 ? g->dres_bf : NULL, Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1),
-                       a->rstd1, N, C, g->ws, s);
+        qt_rmsnorm_bwd(g->dres, QT_DT_F32, l > 0 ? g->dres_bf : NULL, l > 0 ? fp8_amax(g, l - 1, QT_FP8_DOWN, 1) : NULL,
+                       Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1), a->rstd1, N, C, g->ws, s);
     }
     qt_gpu_model_mark(g, "embedding bwd");
     qt_embedding_bwd(Gp(g, g->L->embed), g->dres, QT_DT_F32, g->tok, N, C, c->vocab_size, g->ws, s);

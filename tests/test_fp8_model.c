@@ -1,6 +1,7 @@
 /* test_fp8_model.c — fp8 (e4m3) block matmuls in the GPU model against the bf16 path: per-tensor
- * gradient cosine and loss on one random model and batch, config guard rails, and 300 steps of
- * tinyshakespeare (final eval loss within 2% of bf16). Skips without a CUDA device or without sm_89+. */
+ * gradient cosine and loss on one random model and batch, the producers' fused abs-maxes against the
+ * separate passes (bitwise), config guard rails, and 300 steps of tinyshakespeare (final eval loss
+ * within 2% of bf16). Skips without a CUDA device or without sm_89+. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -132,6 +133,76 @@ static void test_fp8_grads_bf16_backward(void) { /* e4m3 forward, bf16 backward 
     compare_grads("bf16", "false", 0.99);
 }
 
+/* Sets (v != NULL) or clears environment variable k; returns its old value (caller frees) for restore_env. */
+static char *swap_env(const char *k, const char *v) {
+    const char *old = getenv(k);
+    char *saved = old ? strdup(old) : NULL;
+    if (v) setenv(k, v, 1);
+    else unsetenv(k);
+    return saved;
+}
+static void restore_env(const char *k, char *saved) {
+    swap_env(k, saved);
+    free(saved);
+}
+
+/* The abs-maxes that RMSNorm, SwiGLU and RoPE bwd fold in while writing their outputs are those of the
+ * separate passes, so with QT_FP8_FUSED_AMAX=0 (the separate passes) the eval loss and the gradients
+ * of two micro-steps (the second replayed from a CUDA graph: the amax reset is a memset node) are
+ * equal bit for bit. Matmul autotuning is off in both engines so both pick the same GEMM kernels. */
+static void fused_amax_case(const char *grad_dt) {
+    qt_config c;
+    QT_REQUIRE(grad_cfg(&c, "e4m3", grad_dt, "false") == 0, "config");
+    c.cuda_graphs = 1;
+    qt_layout L;
+    float *w;
+    char err[1024];
+    QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
+    char *tune = swap_env("QT_MATMUL_AUTOTUNE", "0");
+    qt_engine *e[2];
+    for (int k = 0; k < 2; k++) { /* 0: fused, 1: separate passes */
+        char *fused = swap_env("QT_FP8_FUSED_AMAX", k ? "0" : NULL);
+        e[k] = qt_engine_gpu_create(&L, &c, w, err, sizeof err);
+        restore_env("QT_FP8_FUSED_AMAX", fused);
+    }
+    restore_env("QT_MATMUL_AUTOTUNE", tune);
+    QT_REQUIRE(e[0] && e[1], "fp8 engine: %s", err);
+    long N = (long)c.micro_batch * c.seq_len;
+    int32_t *in = malloc(N * sizeof *in), *tgt = malloc(N * sizeof *tgt);
+    float loss[2], *g[2];
+    for (int k = 0; k < 2; k++) {
+        qt_rng r;
+        qt_rng_seed(&r, 5);
+        for (long i = 0; i < N; i++) in[i] = (int32_t)(qt_rng_u64(&r) % 256), tgt[i] = (int32_t)(qt_rng_u64(&r) % 256);
+        loss[k] = e[k]->ops->eval_loss(e[k], in, tgt);
+        e[k]->ops->micro_step(e[k], in, tgt, 1.0f);
+        for (long i = 0; i < N; i++) in[i] = (int32_t)(qt_rng_u64(&r) % 256), tgt[i] = (int32_t)(qt_rng_u64(&r) % 256);
+        e[k]->ops->micro_step(e[k], in, tgt, 1.0f);
+        g[k] = calloc(L.numel, sizeof *g[k]);
+        e[k]->ops->get_grads(e[k], g[k]);
+    }
+    size_t diff = 0, first = 0;
+    for (size_t i = L.numel; i-- > 0;)
+        if (memcmp(&g[0][i], &g[1][i], 4) != 0) diff++, first = i;
+    printf("  grad_dtype %s: loss fused %.9g separate %.9g; %zu of %zu gradients differ\n", grad_dt, loss[0], loss[1],
+           diff, L.numel);
+    QT_EXPECT(memcmp(&loss[0], &loss[1], 4) == 0, "grad_dtype %s: eval loss %.9g fused vs %.9g separate", grad_dt,
+              loss[0], loss[1]);
+    QT_EXPECT(diff == 0, "grad_dtype %s: %zu gradients differ, first [%zu]: %.9g fused vs %.9g separate", grad_dt, diff,
+              first, diff ? g[0][first] : 0.0, diff ? g[1][first] : 0.0);
+    for (int k = 0; k < 2; k++) e[k]->ops->free(e[k]), free(g[k]);
+    free(in), free(tgt), free(w);
+    qt_layout_free(&L);
+}
+
+static void test_fp8_fused_amax_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
+    fused_amax_case("e4m3");
+    fused_amax_case("e5m2");
+    fused_amax_case("bf16"); /* fused input abs-maxes only: the backward stays bf16 */
+}
+
 /* Config guard rails: a token count fp8 cannot serve is refused with the fields named. */
 static void test_fp8_config_errors(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
@@ -233,6 +304,7 @@ int main(void) {
     QT_RUN(test_fp8_grads_e4m3);
     QT_RUN(test_fp8_grads_e5m2);
     QT_RUN(test_fp8_grads_bf16_backward);
+    QT_RUN(test_fp8_fused_amax_bitwise);
     QT_RUN(test_fp8_tinyshakespeare);
     qt_t_rmtree(g_dir);
     return qt_test_end();

@@ -3,7 +3,10 @@
  * Inputs are drawn fresh, rounded to bf16 where the kernel reads bf16 (so the comparison measures the
  * kernel's own error), outputs are poisoned with NaN (0xff bytes) before each call. Bounds: bf16
  * outputs rtol 1e-2; fp32 outputs 1e-5 unless a comment says why more. Odd shapes throughout
- * (N=1, N=7, C=24, C not a multiple of 8, misaligned pointers for the scalar paths). Skips without a GPU. */
+ * (N=1, N=7, C=24, C not a multiple of 8, misaligned pointers for the scalar paths). The fused fp8
+ * abs-maxes (RMSNorm, RoPE bwd, SwiGLU) must match max |v| over the kernel's own bf16 output and a
+ * separate qt_quant_amax pass bit for bit, and the outputs must not depend on whether one is asked
+ * for. Skips without a GPU. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +17,7 @@
 #include "qt_error.h"
 #include "qt_kernels.h"
 #include "qt_optim.h"
+#include "qt_quant.h"
 #include "qt_ref.h"
 #include "qt_rng.h"
 #include "qt_test.h"
@@ -85,6 +89,26 @@ static float *g_f32(const void *d, long n) {
     QT_CUDA(cudaDeviceSynchronize());
     QT_CUDA(cudaMemcpy(x, d, (size_t)n * 4, cudaMemcpyDeviceToHost));
     return x;
+}
+
+/* A zeroed device abs-max slot, as the fused kernels expect. */
+static float *d_amax(void) {
+    float *d = d_poison(4);
+    QT_CUDA(cudaMemset(d, 0, 4));
+    return d;
+}
+/* 1 when the fused abs-max in damax equals, bit for bit, both max |v| over out (the kernel's bf16 output
+ * read back, n values) and a separate qt_quant_amax pass over the device copy dout. */
+static int amax_exact(const char *what, float *damax, const void *dout, const float *out, long n) {
+    float *sep = d_poison(4), ref = 0.0f;
+    qt_quant_amax(QT_DT_BF16, dout, n, sep, 0, 0);
+    float *g = g_f32(damax, 1), *gs = g_f32(sep, 1);
+    for (long i = 0; i < n; i++) ref = fabsf(out[i]) > ref ? fabsf(out[i]) : ref;
+    int ok = memcmp(g, &ref, 4) == 0 && memcmp(gs, &ref, 4) == 0;
+    if (!ok) printf("  %s: fused amax %.9g, separate pass %.9g, max |out| %.9g\n", what, *g, *gs, ref);
+    free(g); free(gs);
+    cudaFree(sep);
+    return ok;
 }
 
 /* ---- casts ---- */
@@ -183,8 +207,8 @@ static void rmsnorm_case(long n, int c, int with_x) {
     float *res = h_rand(n * c, 1.0f), *x = h_rand(n * c, 1.0f), *w = h_rand(c, 0.5f);
     h_round(res, n * c); h_round(x, n * c); h_round(w, c);
     void *dres = d_bf16(res, n * c), *dx = d_bf16(x, n * c), *dw = d_bf16(w, c), *y = d_poison((size_t)n * c * 2);
-    float *rstd = d_poison((size_t)n * 4);
-    qt_rmsnorm_fwd(y, rstd, dres, with_x ? dx : NULL, dw, n, c, 1e-6f, 0);
+    float *rstd = d_poison((size_t)n * 4), *amax = d_amax();
+    qt_rmsnorm_fwd(y, rstd, dres, with_x ? dx : NULL, dw, n, c, 1e-6f, amax, 0);
     if (with_x)
         for (long i = 0; i < n * c; i++) res[i] = qt_bf16_to_f32(qt_f32_to_bf16(res[i] + x[i]));
     float *gres = g_bf16(dres, n * c), *gy = g_bf16(y, n * c), *gr = g_f32(rstd, n);
@@ -193,8 +217,14 @@ static void rmsnorm_case(long n, int c, int with_x) {
     QT_EXPECT(qt_t_close("res", gres, res, n * c, 0, 0), "n=%ld c=%d: residual sum not exact", n, c);
     QT_EXPECT(qt_t_close("y", gy, ry, n * c, 1e-2, 1e-2), "n=%ld c=%d x=%d", n, c, with_x);
     QT_EXPECT(qt_t_close("rstd", gr, rr, n, 0, 1e-5), "n=%ld c=%d", n, c);
-    free(res); free(x); free(w); free(gres); free(gy); free(gr); free(ry); free(rr);
-    cudaFree(dres); cudaFree(dx); cudaFree(dw); cudaFree(y); cudaFree(rstd);
+    QT_EXPECT(amax_exact("rmsnorm fwd", amax, y, gy, n * c), "n=%ld c=%d x=%d", n, c, with_x);
+    /* no abs-max, a plain norm of the updated res: the same y */
+    void *y2 = d_poison((size_t)n * c * 2);
+    qt_rmsnorm_fwd(y2, rstd, dres, NULL, dw, n, c, 1e-6f, NULL, 0);
+    float *gy2 = g_bf16(y2, n * c);
+    QT_EXPECT(memcmp(gy, gy2, (size_t)n * c * 4) == 0, "n=%ld c=%d: y differs without amax", n, c);
+    free(res); free(x); free(w); free(gres); free(gy); free(gr); free(ry); free(rr); free(gy2);
+    cudaFree(dres); cudaFree(dx); cudaFree(dw); cudaFree(y); cudaFree(rstd); cudaFree(amax); cudaFree(y2);
 }
 static void test_rmsnorm_fwd(void) {
     NEED_GPU();
@@ -214,7 +244,8 @@ static void rmsnorm_bwd_case(long n, int c, qt_dtype dxdt) {
     void *ddx = dxdt == QT_DT_BF16 ? d_bf16(dx0, n * c) : d_f32(dx0, n * c);
     float *drstd = d_f32(rstd, n), *ddw = d_f32(dw0, c), *ddw2 = d_f32(dw0, c);
     void *ws = d_poison(qt_colreduce_ws_bytes(c)), *ddxb = d_poison((size_t)n * c * 2);
-    qt_rmsnorm_bwd(ddx, dxdt, ddxb, ddw, ddy, dres, dw_, drstd, n, c, ws, 0);
+    float *amax = d_amax();
+    qt_rmsnorm_bwd(ddx, dxdt, ddxb, amax, ddw, ddy, dres, dw_, drstd, n, c, ws, 0);
     float *gdx = dxdt == QT_DT_BF16 ? g_bf16(ddx, n * c) : g_f32(ddx, n * c), *gdw = g_f32(ddw, c);
     /* the bf16 copy is exactly the RNE rounding of the new dx */
     float *gdxb = g_bf16(ddxb, n * c), *rdxb = h_copy(gdx, n * c);
@@ -224,6 +255,7 @@ static void rmsnorm_bwd_case(long n, int c, qt_dtype dxdt) {
         if (memcmp(&gdxb[i], &rdxb[i], 4) != 0) bad = i;
     QT_EXPECT(bad < 0, "n=%ld c=%d: dx_bf16[%ld] = %g, expected bf16(dx) = %g", n, c, bad,
               bad < 0 ? 0.0 : gdxb[bad], bad < 0 ? 0.0 : rdxb[bad]);
+    QT_EXPECT(amax_exact("rmsnorm bwd", amax, ddxb, gdxb, n * c), "n=%ld c=%d dx %s", n, c, qt_dtype_name(dxdt));
     float *rdx = h_copy(dx0, n * c), *rdw = h_copy(dw0, c);
     qt_ref_rmsnorm_bwd(rdx, rdw, dy, res, w, rstd, n, c);
     /* fp32 dx: the row dot product runs over c terms in fp32 (the reference in double), and the
@@ -231,13 +263,13 @@ static void rmsnorm_bwd_case(long n, int c, qt_dtype dxdt) {
     double tol = dxdt == QT_DT_BF16 ? 1e-2 : 1e-5;
     QT_EXPECT(qt_t_close("dx", gdx, rdx, n * c, tol, tol), "n=%ld c=%d dx %s", n, c, qt_dtype_name(dxdt));
     QT_EXPECT(qt_t_close("dw", gdw, rdw, c, 1e-5, 1e-5), "n=%ld c=%d", n, c);
-    qt_rmsnorm_bwd(ddx, dxdt, NULL, ddw2, ddy, dres, dw_, drstd, n, c, ws, 0);
+    qt_rmsnorm_bwd(ddx, dxdt, NULL, NULL, ddw2, ddy, dres, dw_, drstd, n, c, ws, 0);
     float *gdw2 = g_f32(ddw2, c);
     QT_EXPECT(memcmp(gdw, gdw2, (size_t)c * 4) == 0, "n=%ld c=%d: dw differs between runs", n, c);
     free(res); free(w); free(dy); free(dx0); free(dw0); free(rstd); free(tmp); free(gdx); free(gdw);
     free(rdx); free(rdw); free(gdw2); free(gdxb); free(rdxb);
     cudaFree(ddxb); cudaFree(dres); cudaFree(dw_); cudaFree(ddy); cudaFree(ddx); cudaFree(drstd); cudaFree(ddw);
-    cudaFree(ddw2); cudaFree(ws);
+    cudaFree(ddw2); cudaFree(ws); cudaFree(amax);
 }
 static void test_rmsnorm_bwd(void) {
     NEED_GPU();
@@ -268,16 +300,22 @@ static void rope_case(int B, int T, int H, int Hkv, int D) {
         for (long j = v0; j < row; j++)
             if (got[r * row + j] != q[r * row + j]) { bad = r * row + j; break; }
     QT_EXPECT(bad < 0, "v head changed at %ld", bad);
-    /* backward: on a fresh gradient */
-    float *g = h_rand(n, 1.0f);
+    /* backward: on a fresh gradient whose largest value sits in the last v head (the abs-max covers
+     * the heads RoPE leaves alone) */
+    float *g = h_rand(n, 1.0f), *amax = d_amax();
     h_round(g, n);
-    void *dg = d_bf16(g, n);
-    qt_rope_bwd(dg, cs, B, T, H, Hkv, D, 0);
+    g[n - 1] = -9.0f;
+    void *dg = d_bf16(g, n), *dg2 = d_bf16(g, n);
+    qt_rope_bwd(dg, cs, B, T, H, Hkv, D, amax, 0);
     float *gotb = g_bf16(dg, n), *refb = h_copy(g, n);
     qt_ref_rope_bwd(refb, B, T, H, Hkv, D, theta);
     QT_EXPECT(qt_t_close("rope bwd", gotb, refb, n, 1e-2, 1e-2), "B=%d T=%d D=%d", B, T, D);
-    free(q); free(got); free(ref); free(g); free(gotb); free(refb);
-    cudaFree(cs); cudaFree(d); cudaFree(dg);
+    QT_EXPECT(amax_exact("rope bwd", amax, dg, gotb, n), "B=%d T=%d H=%d Hkv=%d D=%d", B, T, H, Hkv, D);
+    qt_rope_bwd(dg2, cs, B, T, H, Hkv, D, NULL, 0);
+    float *gotb2 = g_bf16(dg2, n);
+    QT_EXPECT(memcmp(gotb, gotb2, (size_t)n * 4) == 0, "B=%d T=%d D=%d: bwd differs without amax", B, T, D);
+    free(q); free(got); free(ref); free(g); free(gotb); free(refb); free(gotb2);
+    cudaFree(cs); cudaFree(d); cudaFree(dg); cudaFree(dg2); cudaFree(amax);
 }
 static void test_rope(void) {
     NEED_GPU();
@@ -292,21 +330,27 @@ static void swiglu_case(long n, int f) {
     float *gu = h_rand(n * 2 * f, 2.0f), *dout = h_rand(n * f, 1.0f);
     h_round(gu, n * 2 * f); h_round(dout, n * f);
     void *dgu = d_bf16(gu, n * 2 * f), *dd = d_bf16(dout, n * f), *out = d_poison((size_t)n * f * 2);
-    void *dgrad = d_poison((size_t)n * 2 * f * 2);
-    qt_swiglu_fwd(out, dgu, n, f, 0);
-    qt_swiglu_bwd(dgrad, dd, dgu, n, f, 0);
+    void *dgrad = d_poison((size_t)n * 2 * f * 2), *out2 = d_poison((size_t)n * f * 2);
+    float *amf = d_amax(), *amb = d_amax();
+    qt_swiglu_fwd(out, dgu, n, f, amf, 0);
+    qt_swiglu_bwd(dgrad, dd, dgu, n, f, amb, 0);
     float *go = g_bf16(out, n * f), *gg = g_bf16(dgrad, n * 2 * f);
     float *ro = malloc((size_t)n * f * 4), *rg = malloc((size_t)n * 2 * f * 4);
     qt_ref_swiglu_fwd(ro, gu, n, f);
     qt_ref_swiglu_bwd(rg, dout, gu, n, f);
     QT_EXPECT(qt_t_close("swiglu fwd", go, ro, n * f, 1e-2, 1e-2), "n=%ld f=%d", n, f);
     QT_EXPECT(qt_t_close("swiglu bwd", gg, rg, n * 2 * f, 1e-2, 1e-2), "n=%ld f=%d", n, f);
-    /* in place (dgu == gu) gives the same bits */
-    qt_swiglu_bwd(dgu, dd, dgu, n, f, 0);
+    QT_EXPECT(amax_exact("swiglu fwd", amf, out, go, n * f), "n=%ld f=%d", n, f);
+    QT_EXPECT(amax_exact("swiglu bwd", amb, dgrad, gg, n * 2 * f), "n=%ld f=%d", n, f);
+    /* without amax the same bits; in place (dgu == gu) too */
+    qt_swiglu_fwd(out2, dgu, n, f, NULL, 0);
+    float *go2 = g_bf16(out2, n * f);
+    QT_EXPECT(memcmp(go2, go, (size_t)n * f * 4) == 0, "n=%ld f=%d: fwd differs without amax", n, f);
+    qt_swiglu_bwd(dgu, dd, dgu, n, f, NULL, 0);
     float *gi = g_bf16(dgu, n * 2 * f);
     QT_EXPECT(memcmp(gi, gg, (size_t)n * 2 * f * 4) == 0, "n=%ld f=%d: in-place bwd differs", n, f);
-    free(gu); free(dout); free(go); free(gg); free(ro); free(rg); free(gi);
-    cudaFree(dgu); cudaFree(dd); cudaFree(out); cudaFree(dgrad);
+    free(gu); free(dout); free(go); free(gg); free(ro); free(rg); free(gi); free(go2);
+    cudaFree(dgu); cudaFree(dd); cudaFree(out); cudaFree(dgrad); cudaFree(out2); cudaFree(amf); cudaFree(amb);
 }
 static void test_swiglu(void) {
     NEED_GPU();
