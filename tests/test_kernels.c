@@ -176,6 +176,7 @@ static void test_embedding(void) {
     embedding_case(5000, 24, 1000, 60, QT_DT_BF16); /* bucket of ~3000 rows: sorted in global memory */
     embedding_case(777, 20, 300, 10, QT_DT_F32);    /* c % 8 != 0: scalar path, fp32 dout */
     embedding_case(2048, 64, 151936, 5, QT_DT_F32);
+    embedding_case(3000, 16, 2049, 0, QT_DT_BF16); /* the id scan's last tile holds one id */
 }
 
 /* ---- RMSNorm ---- */
