@@ -70,7 +70,7 @@ static void run(const char *filter, const char *name, const char *shape, double 
     }
     qsort(ms, RUNS, sizeof ms[0], cmpf);
     double med = 0.5 * (ms[RUNS / 2 - 1] + ms[RUNS / 2]), gbs = bytes / (med * 1e-3) / 1e9;
-    printf("%-18s %-28s %10.1f %10.1f %9.1f %6.1f%%\n", name, shape, med * 1e3, bytes / 1e6, gbs,
+    printf("%-20s %-28s %10.1f %10.1f %9.1f %6.1f%%\n", name, shape, med * 1e3, bytes / 1e6, gbs,
            100.0 * gbs / CEIL_GBS);
 }
 
@@ -92,7 +92,12 @@ static void k_rope_bwd_amax(bufs *b) { qt_rope_bwd(b->qkv, b->cs, (int)(N / 1024
 static void k_swiglu_fwd_amax(bufs *b) { qt_swiglu_fwd(b->fout, b->gu, N, F, b->absmax, 0); }
 static void k_swiglu_bwd_amax(bufs *b) { qt_swiglu_bwd(b->dgu, b->fout, b->gu, N, F, b->absmax, 0); }
 static void k_bias_bwd(bufs *b) { qt_bias_bwd(b->db, b->qkv, N, (H + 2 * HKV) * D, b->ws_col, 0); }
-static void k_loss(bufs *b) { qt_lmhead_loss(b->logits, b->loss, NULL, b->tgt, CHUNK, V, 1.0f / N, 0); }
+static void loss_with(bufs *b, qt_lmhead_impl impl) {
+    qt_lmhead_impl ran = qt_lmhead_loss_with(impl, b->logits, b->loss, NULL, b->tgt, CHUNK, V, 1.0f / N, 0);
+    QT_CHECK(ran == impl, "lmhead loss: implementation %d is not available on this GPU", impl);
+}
+static void k_loss_2pass(bufs *b) { loss_with(b, QT_LMHEAD_TWO_PASS); }
+static void k_loss_cluster(bufs *b) { loss_with(b, QT_LMHEAD_CLUSTER); }
 static void k_adamw(bufs *b) {
     qt_adamw_args a = {1e-4f, 0.9f, 0.95f, 1e-8f, 10, 1, 0};
     qt_adamw_step(b->plan, b->wb, b->master, b->g, b->m, QT_DT_F32, b->v, QT_DT_F32, b->scal, b->absmax, &a, 0);
@@ -111,7 +116,7 @@ int main(int argc, char **argv) {
     QT_CUDA(cudaGetDeviceProperties(&prop, 0));
     printf("kernels_bench on %s; median of %d runs; GB/s vs the %.1f TB/s HBM copy ceiling\n", prop.name, RUNS,
            CEIL_GBS / 1e3);
-    printf("%-18s %-28s %10s %10s %9s %7s\n", "kernel", "shape", "us", "MB moved", "GB/s", "of ceil");
+    printf("%-20s %-28s %10s %10s %9s %7s\n", "kernel", "shape", "us", "MB moved", "GB/s", "of ceil");
     bufs b;
     memset(&b, 0, sizeof b);
     size_t nc = (size_t)N * C, nf = (size_t)N * F, nq = (size_t)N * (H + 2 * HKV) * D;
@@ -173,12 +178,14 @@ int main(int argc, char **argv) {
     snprintf(shp, sizeof shp, "N=%ld O=%d", N, (H + 2 * HKV) * D);
     run(filter, "bias_bwd", shp, (double)nq * 2, k_bias_bwd, &b);
     snprintf(shp, sizeof shp, "n=%ld V=%d", CHUNK, V);
-    run(filter, "lmhead_loss", shp, 2.0 * CHUNK * V * 2, k_loss, &b);
+    run(filter, "lmhead_loss_2pass", shp, 2.0 * CHUNK * V * 2, k_loss_2pass, &b);
+    if (prop.major >= 9) run(filter, "lmhead_loss_cluster", shp, 2.0 * CHUNK * V * 2, k_loss_cluster, &b);
     snprintf(shp, sizeof shp, "%ld params", NPARAM);
     run(filter, "adamw_fp32_mv", shp, 30.0 * NPARAM, k_adamw, &b);
     run(filter, "grad_norm", shp, 4.0 * NPARAM, k_norm, &b);
     run(filter, "cast_f32_bf16", shp, 6.0 * NPARAM, k_cast, &b);
-    printf("lmhead_loss counts one read and one write of the chunk (its second read may hit L2);\n"
+    printf("lmhead_loss counts one read and one write of the chunk (2pass reads it twice, the second\n"
+           "  time partly from L2; cluster, sm_90+, reads it once);\n"
            "rmsnorm_bwd counts dy, res, dx read + dx write (dw is summed in the same pass).\n");
     qt_adamw_plan_free(b.plan);
     return 0;

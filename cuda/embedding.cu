@@ -5,13 +5,17 @@
  *   No float atomics: tokens are counted per id (integer atomics), an exclusive scan gives each id a
  *   bucket, rows are scattered into their buckets, and one block per touched id sorts its bucket by
  *   row (bitonic sort, so the order no longer depends on atomic scheduling) and sums the rows in that
- *   order, starting from dwte's value, in fp32. Same inputs -> bitwise-identical dwte. */
+ *   order, starting from dwte's value, in fp32. Same inputs -> bitwise-identical dwte.
+ *   The scan is spread over blocks of SCAN_TILE ids (tile sums first, then each tile scanned from the
+ *   sums before it) with coalesced accesses: one block striding over all v ids took most of the time. */
 #include <limits.h>
 
 #include "kcommon.cuh"
 #include "qt_kernels.h"
 
-#define SCAN_THREADS 1024
+#define SCAN_THREADS 256
+#define SCAN_PER 4 /* consecutive ids per scan thread */
+#define SCAN_TILE (SCAN_THREADS * SCAN_PER)
 #define BUCKET_SHARED 2048 /* buckets up to this many rows are sorted in shared memory */
 
 __global__ void embedding_fwd_kernel(bf16 *out, const int32_t *tok, const bf16 *wte, long n, int c, int v,
@@ -69,29 +73,51 @@ static __device__ int block_excl_scan(int x, int *total) {
     return warp_tot[wid] + inc - x;
 }
 
-/* One block: off[id] = exclusive scan of cnt, cursor = off, touched[] = the ids with cnt > 0 in
- * ascending order, meta[0] = number of touched ids. off[v] = number of valid tokens. */
-__global__ void embedding_scan_bwd_kernel(const int *cnt, int *off, int *cursor, int *touched, int *meta,
-                                          int v) {
-    int per = (v + SCAN_THREADS - 1) / SCAN_THREADS;
-    int lo = threadIdx.x * per, hi = min(lo + per, v);
-    int s = 0, u = 0;
+/* sums[2b], sums[2b+1] = the tokens and the touched ids in tile b of cnt (SCAN_TILE ids). */
+__global__ void embedding_tile_bwd_kernel(const int *cnt, int *sums, int v) {
+    int lo = blockIdx.x * SCAN_TILE + threadIdx.x * SCAN_PER, hi = min(lo + SCAN_PER, v);
+    int s = 0, u = 0, stot, utot;
     for (int i = lo; i < hi; i++) {
         s += cnt[i];
         u += cnt[i] > 0;
     }
-    int stot, utot;
-    int sp = block_excl_scan(s, &stot);
-    int up = block_excl_scan(u, &utot);
+    block_excl_scan(s, &stot);
+    block_excl_scan(u, &utot);
+    if (threadIdx.x == 0) {
+        sums[2 * blockIdx.x] = stot;
+        sums[2 * blockIdx.x + 1] = utot;
+    }
+}
+
+/* One block per tile of ids: off[id] = exclusive scan of cnt, cursor = off, touched[] = the ids with
+ * cnt > 0 in ascending order; the tile starts from the sums of the tiles before it. The last tile
+ * writes off[v] = number of valid tokens and meta[0] = number of touched ids. */
+__global__ void embedding_scan_bwd_kernel(const int *cnt, const int *sums, int *off, int *cursor, int *touched,
+                                          int *meta, int v) {
+    int s = 0, u = 0, sp, up, stot, utot;
+    for (int b = threadIdx.x; b < (int)blockIdx.x; b += blockDim.x) {
+        s += sums[2 * b];
+        u += sums[2 * b + 1];
+    }
+    block_excl_scan(s, &sp);
+    block_excl_scan(u, &up);
+    int lo = blockIdx.x * SCAN_TILE + threadIdx.x * SCAN_PER, hi = min(lo + SCAN_PER, v);
+    s = u = 0;
+    for (int i = lo; i < hi; i++) {
+        s += cnt[i];
+        u += cnt[i] > 0;
+    }
+    sp += block_excl_scan(s, &stot);
+    up += block_excl_scan(u, &utot);
     for (int i = lo; i < hi; i++) {
         off[i] = sp;
         cursor[i] = sp;
         sp += cnt[i];
         if (cnt[i] > 0) touched[up++] = i;
     }
-    if (threadIdx.x == 0) {
-        off[v] = stot;
-        meta[0] = utot;
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == blockDim.x - 1) {
+        off[v] = sp; /* the last thread's running sums end at the totals */
+        meta[0] = up;
     }
 }
 
@@ -180,9 +206,11 @@ extern "C" void qt_embedding_fwd(void *out, const int32_t *tok, const void *wte,
     QT_CUDA(cudaGetLastError());
 }
 
-/* Workspace, in ints: cnt[v] | off[v+1] | cursor[v] | rows[n] | touched[n] | meta[1]. */
+static int scan_tiles(int v) { return (v + SCAN_TILE - 1) / SCAN_TILE; }
+
+/* Workspace, in ints: cnt[v] | off[v+1] | cursor[v] | rows[n] | touched[n] | meta[1] | sums[2*tiles]. */
 extern "C" size_t qt_embedding_bwd_ws_bytes(long n, int v) {
-    return ((size_t)3 * v + 1 + 2 * (size_t)n + 1) * sizeof(int);
+    return ((size_t)3 * v + 1 + 2 * (size_t)n + 1 + 2 * (size_t)scan_tiles(v)) * sizeof(int);
 }
 
 extern "C" void qt_embedding_bwd(float *dwte, const void *dout, qt_dtype dout_dt, const int32_t *tok, long n,
@@ -192,12 +220,14 @@ extern "C" void qt_embedding_bwd(float *dwte, const void *dout, qt_dtype dout_dt
     QT_CHECK(n < INT_MAX && v > 0, "embedding bwd: n=%ld tokens (max %d), v=%d", n, INT_MAX - 1, v);
     if (n <= 0 || c <= 0) return;
     int *cnt = (int *)ws, *off = cnt + v, *cursor = off + v + 1, *rows = cursor + v, *touched = rows + n;
-    int *meta = touched + n;
+    int *meta = touched + n, *sums = meta + 1, tiles = scan_tiles(v);
     QT_CUDA(cudaMemsetAsync(cnt, 0, (size_t)v * sizeof(int), s));
     unsigned g = qt_grid_for(n, 256);
     embedding_hist_bwd_kernel<<<g, 256, 0, s>>>(cnt, tok, n, v);
     QT_CUDA(cudaGetLastError());
-    embedding_scan_bwd_kernel<<<1, SCAN_THREADS, 0, s>>>(cnt, off, cursor, touched, meta, v);
+    embedding_tile_bwd_kernel<<<tiles, SCAN_THREADS, 0, s>>>(cnt, sums, v);
+    QT_CUDA(cudaGetLastError());
+    embedding_scan_bwd_kernel<<<tiles, SCAN_THREADS, 0, s>>>(cnt, sums, off, cursor, touched, meta, v);
     QT_CUDA(cudaGetLastError());
     embedding_scatter_bwd_kernel<<<g, 256, 0, s>>>(rows, cursor, tok, n, v);
     QT_CUDA(cudaGetLastError());

@@ -2,16 +2,29 @@
  *
  * logits[n,v] bf16, tgt[n] int32 -> loss[n] fp32 (=), lse[n] fp32 (=, optional) and, over the logits,
  * dlogits[n,v] = bf16(scale * (softmax - onehot(tgt)))  (one RNE rounding).
- * One block per row, two passes over the row: (1) an online max / sum-of-exponentials per thread,
- * combined over the block in a fixed tree (fp32), lse = max + log(sum); (2) p = exp(x - lse) and the
- * in-place write. fp32 math throughout; exponentials via exp2f on prescaled arguments. 16-byte vectors
- * when v % 8 == 0 and logits is 16-byte aligned. Rows with tgt < 0 are ignored (loss 0, lse 0, dlogits
- * 0); tgt >= v gives loss NaN and dlogits 0 so that the bad target cannot go unnoticed.
+ * Two kernels, the same arithmetic (fp32; exponentials via exp2f on prescaled arguments; per-thread
+ * partials merged as (max, sum of exp(x - max)) pairs in fixed trees, so each is deterministic):
+ *  - cluster (sm_90+, v <= LMC_MAX_V): a thread-block cluster of up to 8 CTAs per row. Each CTA loads
+ *    its slice of the row into registers once, the CTAs swap their (max, sum) partials through
+ *    distributed shared memory, and each writes dlogits from the values it holds: one read and one
+ *    write of the row, where the two-pass kernel reads it twice (the second read mostly misses L2:
+ *    the rows in flight exceed it). 16-byte vectors on any alignment: a scalar head up to the first
+ *    16-byte boundary of the row and a scalar tail, held by the last CTA.
+ *  - two-pass (any GPU, any v): one block per row; (1) an online max / sum per thread, (2) p =
+ *    exp(x - lse) and the in-place write. 16-byte vectors when v % 8 == 0 and logits is 16-byte aligned.
+ * Rows with tgt < 0 are ignored (loss 0, lse 0, dlogits 0); tgt >= v gives loss NaN and dlogits 0 so
+ * that the bad target cannot go unnoticed.
  * qt_sum_f32: one block, fp64 accumulation in a fixed order. */
+#include <cooperative_groups.h>
+
 #include "kcommon.cuh"
 #include "qt_kernels.h"
 
 #define LM_THREADS 512
+#define LMC_VECS 8    /* bf16x8 vectors each thread of the cluster kernel holds in registers */
+#define LMC_TARGET 4  /* vectors per thread below which a row takes a smaller cluster */
+#define LMC_MAX_CLUSTER 8 /* the portable cluster size */
+#define LMC_MAX_V (LMC_MAX_CLUSTER * LM_THREADS * LMC_VECS * 8)
 #define L2E 1.4426950408889634f
 
 /* Merges (m2, s2) into (m, s): both are max and sum of exp(x - max) over disjoint sets. */
@@ -22,9 +35,40 @@ static __device__ __forceinline__ void ms_merge(float *m, float *s, float m2, fl
     *m = M;
 }
 
+/* Merges every thread's (m, s) over the block in a fixed-shape tree (warp shuffles, then warp 0 over
+ * the per-warp pairs); the result is valid in thread 0. Once per kernel: its shared slots are not
+ * guarded against a second call. */
+static __device__ void block_ms(float *m, float *s) {
+    __shared__ float shm[32], shs[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, *m, o), s2 = __shfl_xor_sync(0xffffffffu, *s, o);
+        ms_merge(m, s, m2, s2);
+    }
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) { shm[wid] = *m; shs[wid] = *s; }
+    __syncthreads();
+    if (wid == 0) {
+        *m = lane < nw ? shm[lane] : -INFINITY;
+        *s = lane < nw ? shs[lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, *m, o), s2 = __shfl_xor_sync(0xffffffffu, *s, o);
+            ms_merge(m, s, m2, s2);
+        }
+    }
+}
+
+/* dlogit of one element x at column j, from the row's lse; the target's thread also writes the loss. */
+static __device__ __forceinline__ float dlogit(float x, int j, int t, float l, float scale, float *loss) {
+    float p = exp2f((x - l) * L2E);
+    if (j == t) {
+        *loss = l - x;
+        p -= 1.0f;
+    }
+    return scale * p;
+}
+
 __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int32_t *tgt, int v,
                                        float scale, int vec) {
-    __shared__ float shm[32], shs[32];
     __shared__ float sh_lse;
     long long row = blockIdx.x;
     bf16 *x = logits + row * v;
@@ -37,7 +81,6 @@ __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out
         }
         return;
     }
-    float xt = __bfloat162float(x[t]); /* read before pass 2 overwrites it */
     float m = -INFINITY, s = 0.0f;
     if (vec) {
         for (int j = threadIdx.x * 8; j < v; j += blockDim.x * 8) {
@@ -63,27 +106,11 @@ __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out
             s += exp2f((a - m) * L2E);
         }
     }
-    /* Fixed-shape tree: warp shuffles, then warp 0 over the per-warp pairs. */
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        ms_merge(&m, &s, m2, s2);
-    }
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) { shm[wid] = m; shs[wid] = s; }
-    __syncthreads();
-    if (wid == 0) {
-        m = lane < nw ? shm[lane] : -INFINITY;
-        s = lane < nw ? shs[lane] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) {
-            float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-            ms_merge(&m, &s, m2, s2);
-        }
-        if (lane == 0) {
-            float l = m + logf(s);
-            sh_lse = l;
-            loss[row] = l - xt;
-            if (lse_out) lse_out[row] = l;
-        }
+    block_ms(&m, &s);
+    if (threadIdx.x == 0) {
+        float l = m + logf(s);
+        sh_lse = l;
+        if (lse_out) lse_out[row] = l;
     }
     __syncthreads();
     float l = sh_lse;
@@ -92,15 +119,102 @@ __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out
             float a[8];
             ld8(a, x + j);
 #pragma unroll
-            for (int i = 0; i < 8; i++) a[i] = scale * (exp2f((a[i] - l) * L2E) - (j + i == t ? 1.0f : 0.0f));
+            for (int i = 0; i < 8; i++) a[i] = dlogit(a[i], j + i, t, l, scale, &loss[row]);
             st8(x + j, a);
         }
     } else {
-        for (int j = threadIdx.x; j < v; j += blockDim.x) {
-            float p = exp2f((__bfloat162float(x[j]) - l) * L2E);
-            x[j] = __float2bfloat16_rn(scale * (p - (j == t ? 1.0f : 0.0f)));
+        for (int j = threadIdx.x; j < v; j += blockDim.x)
+            x[j] = __float2bfloat16_rn(dlogit(__bfloat162float(x[j]), j, t, l, scale, &loss[row]));
+    }
+}
+
+/* One cluster of cn CTAs per row (grid = n * cn). The row is h scalars up to its first 16-byte boundary,
+ * nv bf16x8 vectors, then a scalar tail; CTA r holds vectors [r*per, (r+1)*per) in registers, thread k
+ * of the last CTA holds scalar k. The launcher guarantees per <= LM_THREADS * LMC_VECS. */
+__global__ void __launch_bounds__(LM_THREADS, 2)
+lmhead_loss_cluster_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int32_t *tgt, int v,
+                               float scale) {
+#if __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    __shared__ float part[2], sh_lse;
+    int cn = (int)cl.num_blocks(), cr = (int)cl.block_rank(), tid = threadIdx.x;
+    long long row = blockIdx.x / cn;
+    bf16 *x = logits + row * v;
+    int t = tgt[row];
+    int h = min((int)(((16 - ((uintptr_t)x & 15)) & 15) >> 1), v), nv = (v - h) >> 3, ns = v - 8 * nv;
+    int per = (nv + cn - 1) / cn, v0 = cr * per, v1 = min(v0 + per, nv);
+    bf16x8 *xv = (bf16x8 *)(x + h), *p = xv + v0 + threadIdx.x;
+    int sj = cr == cn - 1 && tid < ns ? tid + (tid < h ? 0 : 8 * nv) : -1; /* this thread's scalar column */
+    if (t < 0 || t >= v) { /* the same row for the whole cluster: all CTAs leave here together */
+        float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = v0 + tid; j < v1; j += LM_THREADS) st8((bf16 *)(xv + j), z);
+        if (sj >= 0) x[sj] = __float2bfloat16_rn(0.0f);
+        if (cr == 0 && tid == 0) {
+            loss[row] = t < 0 ? 0.0f : __int_as_float(0x7fc00000);
+            if (lse_out) lse_out[row] = 0.0f;
+        }
+        return;
+    }
+    /* Every load is issued before any is used, so the whole slice is in flight at once. Thread tid holds
+     * vectors j = v0 + tid + k*LM_THREADS for k < cnt. */
+    int cnt = v1 - v0 - tid > 0 ? (v1 - v0 - tid + LM_THREADS - 1) / LM_THREADS : 0;
+    bf16x8 d[LMC_VECS];
+#pragma unroll
+    for (int k = 0; k < LMC_VECS; k++)
+        if (k < cnt) d[k] = p[k * LM_THREADS];
+    float xs = sj >= 0 ? __bfloat162float(x[sj]) : -INFINITY;
+    /* The max in packed bf16 (exact): unpacking to fp32 here would keep 64 floats live. */
+    __nv_bfloat162 m2 = __float2bfloat162_rn(-INFINITY);
+#pragma unroll
+    for (int k = 0; k < LMC_VECS; k++)
+        if (k < cnt)
+#pragma unroll
+            for (int i = 0; i < 4; i++) m2 = __hmax2(m2, ((const __nv_bfloat162 *)&d[k])[i]);
+    float m = fmaxf(xs, fmaxf(__low2float(m2), __high2float(m2))), s = 0.0f;
+    if (sj >= 0) s = exp2f((xs - m) * L2E);
+#pragma unroll
+    for (int k = 0; k < LMC_VECS; k++)
+        if (k < cnt)
+#pragma unroll
+            for (int i = 0; i < 8; i++) s += exp2f((__bfloat162float(d[k].h[i]) - m) * L2E);
+    block_ms(&m, &s);
+    if (tid == 0) { part[0] = m; part[1] = s; }
+    cl.sync(); /* every CTA's partial is visible cluster-wide (and every CTA has started) */
+    if (tid < 32) {
+        /* Lanes 0..cn-1 fetch the partials; every CTA merges them in the same tree: the same lse. */
+        float pm = -INFINITY, ps = 0.0f;
+        if (tid < cn) {
+            const float *q = cl.map_shared_rank(part, tid);
+            pm = q[0];
+            ps = q[1];
+        }
+        for (int o = LMC_MAX_CLUSTER / 2; o > 0; o >>= 1) {
+            float qm = __shfl_xor_sync(0xffffffffu, pm, o), qs = __shfl_xor_sync(0xffffffffu, ps, o);
+            ms_merge(&pm, &ps, qm, qs);
+        }
+        if (tid == 0) sh_lse = pm + logf(ps);
+    }
+    cl.barrier_arrive(); /* done reading the other CTAs' shared memory; they may exit after the wait */
+    __syncthreads();
+    float l = sh_lse;
+    if (cr == 0 && tid == 0 && lse_out) lse_out[row] = l;
+    int tc = t - h - 8 * (v0 + tid); /* the target's column relative to this thread's first vector */
+#pragma unroll
+    for (int k = 0; k < LMC_VECS; k++) {
+        if (k < cnt) {
+            float a[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                a[i] = dlogit(__bfloat162float(d[k].h[i]), 8 * k * LM_THREADS + i, tc, l, scale, &loss[row]);
+            st8((bf16 *)(p + k * LM_THREADS), a);
         }
     }
+    if (sj >= 0) x[sj] = __float2bfloat16_rn(dlogit(xs, sj, t, l, scale, &loss[row]));
+    cl.barrier_wait();
+#elif defined(__CUDA_ARCH__)
+    __trap(); /* the launcher picks this kernel on sm_90+ only */
+#endif
 }
 
 __global__ void sum_fwd_kernel(double *sum, const float *x, long n) {
@@ -111,13 +225,48 @@ __global__ void sum_fwd_kernel(double *sum, const float *x, long n) {
     if (threadIdx.x == 0) *sum += acc;
 }
 
-extern "C" void qt_lmhead_loss(void *logits, float *loss, float *lse, const int32_t *tgt, long n, int v,
-                               float scale, cudaStream_t s) {
+/* CTAs per row for the cluster kernel: the fewest (1, 2, 4, 8) that leave each thread at most
+ * LMC_TARGET vectors, else 8; 0 when the row does not fit LMC_MAX_CLUSTER CTAs' registers. */
+static int lmc_cluster_size(int v) {
+    long nv = v / 8; /* at least the kernel's nv */
+    if (nv > (long)LMC_MAX_CLUSTER * LM_THREADS * LMC_VECS) return 0;
+    int cn = 1;
+    while (cn < LMC_MAX_CLUSTER && nv > (long)cn * LM_THREADS * LMC_TARGET) cn *= 2;
+    return cn;
+}
+
+extern "C" qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse,
+                                              const int32_t *tgt, long n, int v, float scale, cudaStream_t s) {
     QT_CHECK(n < 2147483647L, "lmhead loss: chunk of %ld rows: expected fewer than 2^31", n);
-    if (n <= 0 || v <= 0) return;
+    if (n <= 0 || v <= 0) return QT_LMHEAD_TWO_PASS;
+    int dev, major, cn = lmc_cluster_size(v);
+    QT_CUDA(cudaGetDevice(&dev));
+    QT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (impl != QT_LMHEAD_TWO_PASS && major >= 9 && cn > 0 && n * cn < 2147483647L) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)cn;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)(n * cn));
+        cfg.blockDim = dim3(LM_THREADS);
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        QT_CUDA(cudaLaunchKernelEx(&cfg, lmhead_loss_cluster_fwd_kernel, (bf16 *)logits, loss, lse, tgt, v,
+                                   scale));
+        return QT_LMHEAD_CLUSTER;
+    }
     int vec = v % 8 == 0 && qt_aligned16(logits);
     lmhead_loss_fwd_kernel<<<(unsigned)n, LM_THREADS, 0, s>>>((bf16 *)logits, loss, lse, tgt, v, scale, vec);
     QT_CUDA(cudaGetLastError());
+    return QT_LMHEAD_TWO_PASS;
+}
+
+extern "C" void qt_lmhead_loss(void *logits, float *loss, float *lse, const int32_t *tgt, long n, int v,
+                               float scale, cudaStream_t s) {
+    qt_lmhead_loss_with(QT_LMHEAD_AUTO, logits, loss, lse, tgt, n, v, scale, s);
 }
 
 extern "C" void qt_sum_f32(double *sum, const float *x, long n, cudaStream_t s) {

@@ -93,9 +93,16 @@ void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, f
 /* For a chunk of n rows of logits[n,v] (bf16): loss[r] = lse - logits[r, tgt[r]] (fp32, =) and, in
  * place, logits[r] = bf16(scale * (softmax(logits[r]) - onehot(tgt[r]))). Rows with tgt < 0 are
  * ignored (loss 0, dlogits 0); tgt >= v gives loss NaN (a data bug made visible) and dlogits 0.
- * lse[r] (fp32, =) may be NULL; 0 on ignored rows. One block per row, two passes over the row. */
+ * lse[r] (fp32, =) may be NULL; 0 on ignored rows. On sm_90+ with v <= 262144 one thread-block cluster
+ * per row reads the row once; otherwise one block per row reads it twice. */
 void qt_lmhead_loss(void *logits, float *loss, float *lse, const int32_t *tgt, long n, int v, float scale,
                     cudaStream_t s);
+/* The two implementations, for tests and benchmarks. */
+typedef enum { QT_LMHEAD_AUTO, QT_LMHEAD_TWO_PASS, QT_LMHEAD_CLUSTER } qt_lmhead_impl;
+/* qt_lmhead_loss with the implementation chosen: AUTO is what qt_lmhead_loss runs, CLUSTER falls back
+ * to TWO_PASS where the cluster kernel cannot run. Returns the one launched. */
+qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse, const int32_t *tgt,
+                                   long n, int v, float scale, cudaStream_t s);
 /* *sum (fp64 device scalar) += sum of x[0..n) (fp32), in a fixed order (one block)   (+=) */
 void qt_sum_f32(double *sum, const float *x, long n, cudaStream_t s);
 

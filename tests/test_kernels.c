@@ -200,6 +200,7 @@ static void test_embedding(void) {
     embedding_case(5000, 24, 1000, 60, QT_DT_BF16); /* bucket of ~3000 rows: sorted in global memory */
     embedding_case(777, 20, 300, 10, QT_DT_F32);    /* c % 8 != 0: scalar path, fp32 dout */
     embedding_case(2048, 64, 151936, 5, QT_DT_F32);
+    embedding_case(3000, 16, 2049, 0, QT_DT_BF16); /* the id scan's last tile holds one id */
 }
 
 /* ---- RMSNorm ---- */
@@ -390,49 +391,98 @@ static void test_bias(void) {
 }
 
 /* ---- LM-head loss ---- */
-static void loss_case(long n, int v, float std) {
-    float *lg = h_rand(n * v, std);
-    h_round(lg, n * v);
-    int32_t *tgt = malloc((size_t)n * 4);
+/* Both implementations (cluster and two-pass) on the same inputs, each on a fresh poisoned copy placed
+ * `off` elements past a 16-byte boundary, and run twice (bitwise the same). Row 1 is ignored (tgt -1);
+ * with bad=1, row 3 has tgt = v (loss NaN, dlogits 0). `want` is the implementation the cluster request
+ * must get on sm_90+ (TWO_PASS where v is too large for it). */
+static void loss_case(long n, int v, float std, int off, int bad, qt_lmhead_impl want) {
+    long nv = n * v;
+    float *lg = h_rand(nv, std);
+    h_round(lg, nv);
+    uint16_t *hb = malloc((size_t)nv * 2);
+    int32_t *tgt = malloc((size_t)n * 4), *rtgt = malloc((size_t)n * 4);
+    QT_CHECK(hb && tgt && rtgt, "out of memory");
+    for (long i = 0; i < nv; i++) hb[i] = qt_f32_to_bf16(lg[i]);
     int valid = 0;
     for (long i = 0; i < n; i++) {
-        tgt[i] = i == 1 ? -1 : (int32_t)qt_rng_below(&R, (uint64_t)v); /* row 1 ignored */
-        valid += tgt[i] >= 0;
+        tgt[i] = i == 1 ? -1 : bad && i == 3 ? v : (int32_t)qt_rng_below(&R, (uint64_t)v);
+        rtgt[i] = tgt[i] < v ? tgt[i] : -1; /* the reference takes the bad row as ignored */
+        valid += tgt[i] >= 0 && tgt[i] < v;
     }
     float scale = 1.0f / (valid ? valid : 1);
+    float *rl = malloc((size_t)n * 4), *rd = malloc((size_t)nv * 4), *rlse = malloc((size_t)n * 4);
+    QT_CHECK(rl && rd && rlse, "out of memory");
+    qt_ref_cross_entropy_fwd(rl, lg, rtgt, n, v);
+    qt_ref_cross_entropy_bwd(rd, lg, rtgt, n, v, scale);
+    for (long i = 0; i < n; i++) rlse[i] = rtgt[i] < 0 ? 0.0f : rl[i] + lg[i * v + rtgt[i]];
+    int dev, major;
+    QT_CUDA(cudaGetDevice(&dev));
+    QT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     int32_t *dt;
     QT_CUDA(cudaMalloc((void **)&dt, (size_t)n * 4));
     QT_CUDA(cudaMemcpy(dt, tgt, (size_t)n * 4, cudaMemcpyHostToDevice));
-    void *dl = d_bf16(lg, n * v);
+    void *buf = d_poison((size_t)(nv + off) * 2);
+    uint16_t *dl = (uint16_t *)buf + off;
     float *loss = d_poison((size_t)n * 4), *lse = d_poison((size_t)n * 4);
-    qt_lmhead_loss(dl, loss, lse, dt, n, v, scale, 0);
-    float *gl = g_f32(loss, n), *gd = g_bf16(dl, n * v);
-    float *rl = malloc((size_t)n * 4), *rd = malloc((size_t)n * v * 4);
-    qt_ref_cross_entropy_fwd(rl, lg, tgt, n, v);
-    qt_ref_cross_entropy_bwd(rd, lg, tgt, n, v, scale);
-    /* loss ~ log(v) ~ 12: an fp32 sum of v exponentials vs a double one */
-    QT_EXPECT(qt_t_close("loss", gl, rl, n, 1e-5, 1e-5), "n=%ld v=%d", n, v);
-    /* dlogits: bf16 rounding of scale*p; p can be ~1e-8, so atol stays far below scale/v */
-    QT_EXPECT(qt_t_close("dlogits", gd, rd, n * v, 1e-3 * scale / v, 1e-2), "n=%ld v=%d", n, v);
+    for (int impl = QT_LMHEAD_TWO_PASS; impl <= QT_LMHEAD_CLUSTER; impl++) {
+        float *gl[2], *gs[2], *gd[2];
+        for (int rep = 0; rep < 2; rep++) {
+            QT_CUDA(cudaMemcpy(dl, hb, (size_t)nv * 2, cudaMemcpyHostToDevice));
+            QT_CUDA(cudaMemset(loss, 0xff, (size_t)n * 4));
+            QT_CUDA(cudaMemset(lse, 0xff, (size_t)n * 4));
+            qt_lmhead_impl ran = qt_lmhead_loss_with((qt_lmhead_impl)impl, dl, loss, lse, dt, n, v, scale, 0);
+            qt_lmhead_impl expect = impl == QT_LMHEAD_CLUSTER && major >= 9 ? want : QT_LMHEAD_TWO_PASS;
+            QT_EXPECT(ran == expect, "n=%ld v=%d: asked for %d on sm_%d, ran %d", n, v, impl, major, ran);
+            gl[rep] = g_f32(loss, n);
+            gs[rep] = g_f32(lse, n);
+            gd[rep] = g_bf16(dl, nv);
+        }
+        if (bad) {
+            QT_EXPECT(isnan(gl[0][3]), "n=%ld v=%d impl %d: target v gave loss %g, expected NaN", n, v, impl,
+                      gl[0][3]);
+            gl[0][3] = 0.0f;
+        }
+        /* loss ~ log(v) ~ 12: an fp32 sum of v exponentials vs a double one */
+        QT_EXPECT(qt_t_close("loss", gl[0], rl, n, 1e-5, 1e-5), "n=%ld v=%d impl %d", n, v, impl);
+        QT_EXPECT(qt_t_close("lse", gs[0], rlse, n, 1e-5, 1e-5), "n=%ld v=%d impl %d", n, v, impl);
+        /* dlogits: bf16 rounding of scale*p; p can be ~1e-8, so atol stays far below scale/v */
+        QT_EXPECT(qt_t_close("dlogits", gd[0], rd, nv, 1e-3 * scale / v, 1e-2), "n=%ld v=%d impl %d", n, v, impl);
+        QT_EXPECT(memcmp(gd[0], gd[1], (size_t)nv * 4) == 0 && memcmp(gs[0], gs[1], (size_t)n * 4) == 0,
+                  "n=%ld v=%d impl %d: two runs differ", n, v, impl);
+        if (off) { /* the poison before the first row is untouched */
+            uint16_t before = 0;
+            QT_CUDA(cudaMemcpy(&before, dl - 1, 2, cudaMemcpyDeviceToHost));
+            QT_EXPECT(before == 0xffff, "n=%ld v=%d impl %d: wrote before the logits", n, v, impl);
+        }
+        for (int rep = 0; rep < 2; rep++) { free(gl[rep]); free(gs[rep]); free(gd[rep]); }
+    }
     double *dsum;
     QT_CUDA(cudaMalloc((void **)&dsum, sizeof(double)));
     QT_CUDA(cudaMemset(dsum, 0, sizeof(double)));
+    float *gl = g_f32(loss, n);
     qt_sum_f32(dsum, loss, n, 0);
     qt_sum_f32(dsum, loss, n, 0);
     double hs, rs = 0;
     QT_CUDA(cudaDeviceSynchronize());
     QT_CUDA(cudaMemcpy(&hs, dsum, sizeof hs, cudaMemcpyDeviceToHost));
     for (long i = 0; i < n; i++) rs += 2.0 * gl[i];
-    QT_EXPECT(fabs(hs - rs) <= 1e-9 * fabs(rs) + 1e-12, "loss sum %.17g vs %.17g", hs, rs);
-    free(lg); free(tgt); free(gl); free(gd); free(rl); free(rd);
-    cudaFree(dt); cudaFree(dl); cudaFree(loss); cudaFree(lse); cudaFree(dsum);
+    QT_EXPECT(bad || fabs(hs - rs) <= 1e-9 * fabs(rs) + 1e-12, "loss sum %.17g vs %.17g", hs, rs);
+    free(lg); free(hb); free(tgt); free(rtgt); free(gl); free(rl); free(rd); free(rlse);
+    cudaFree(dt); cudaFree(buf); cudaFree(loss); cudaFree(lse); cudaFree(dsum);
 }
 static void test_lmhead_loss(void) {
     NEED_GPU();
-    loss_case(3, 151936, 2.0f);
-    loss_case(7, 1000, 4.0f);
-    loss_case(5, 1003, 1.0f); /* v % 8 != 0: scalar path */
-    loss_case(2, 8, 0.5f);    /* the ignored row plus one */
+    const qt_lmhead_impl CL = QT_LMHEAD_CLUSTER;
+    loss_case(3, 151936, 2.0f, 0, 0, CL);  /* Qwen's vocabulary: 8 CTAs per row */
+    loss_case(13, 151936, 2.0f, 3, 1, CL); /* rows start off a 16-byte boundary; a bad target */
+    loss_case(11, 50257, 3.0f, 0, 1, CL);  /* odd v: each row's head and tail differ; 4 CTAs */
+    loss_case(300, 32000, 2.0f, 0, 0, CL); /* many clusters of 2 */
+    loss_case(9, 1009, 4.0f, 1, 0, CL);    /* a prime v, clusters of 1 */
+    loss_case(7, 1000, 4.0f, 0, 0, CL);
+    loss_case(5, 1003, 1.0f, 0, 1, CL);    /* v % 8 != 0: the two-pass scalar path */
+    loss_case(2, 8, 0.5f, 0, 0, CL);       /* the ignored row plus one */
+    loss_case(5, 3, 1.0f, 5, 0, CL);       /* rows shorter than the scalar head */
+    loss_case(2, 300007, 1.0f, 0, 0, QT_LMHEAD_TWO_PASS); /* past the cluster's registers: falls back */
 }
 
 /* ---- AdamW ---- */
