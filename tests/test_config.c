@@ -97,7 +97,8 @@ static void test_examples_load(void) {
                           cfg.model.vocab_size == 151936 && cfg.model.tie_embeddings && cfg.model.qkv_bias &&
                           cfg.model.rope_theta == 1e6f && cfg.model.rms_norm_eps == 1e-6f,
                       "%s: model", p);
-            QT_EXPECT(cfg.seq_len == 1024 && cfg.micro_batch == 16 && cfg.device == QT_DEVICE_CUDA &&
+            QT_EXPECT(cfg.seq_len == 1024 && cfg.micro_batch == 32 && cfg.grad_accum == 16 && cfg.cuda_graphs &&
+                          cfg.device == QT_DEVICE_CUDA &&
                           cfg.model_dtype == QT_DT_BF16 && cfg.matmul_dtype == (fp8 ? QT_DT_E4M3 : QT_DT_BF16),
                       "%s: run", p);
         } else if (strstr(p, "/qwen2.5-1.5b-fp8.yaml")) {
