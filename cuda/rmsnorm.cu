@@ -10,6 +10,9 @@
  *      one row of accumulators does not fit in shared memory, the colreduce.cuh two-pass instead.
  * bf16 storage, fp32 math, fp32 row sums over one warp's lanes in a fixed shuffle tree. One warp per
  * row; 16-byte vectors when c % 8 == 0 and the pointers are 16-byte aligned, scalar otherwise.
+ * bwd with vectors and c <= 1536 holds the whole row (dy, res, dx) in registers: every load of a row is
+ * issued before its dot-product shuffle, one memory round trip per row instead of two plus L1/L2
+ * re-reads of dy and res. Same per-lane operation order as the looped path: bitwise the same results.
  * Optional fused fp8 abs-max of the bf16 y (fwd) / bf16 dx copy (bwd): one atomicMax per block. */
 #include "colreduce.cuh"
 #include "qt_kernels.h"
@@ -83,20 +86,110 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *
 /* Per-warp dw accumulators live in shared memory: at most this many bytes per block (no opt-in). */
 #define RN_SMEM (48 * 1024)
 
+/* Columns [j, j+8) of a backward row, given dy (d), res (a), w (g) and the old dx (o): dx = o + rs*(d*g - a*k)
+ * stored in dx's dtype, the bf16 copy (+ abs-max fold) when dxb, and dy*(res*rs) added to the warp's
+ * dw row my when not NULL. Shared by both bwd paths so their results are the same bits. */
+static __device__ __forceinline__ unsigned rmsnorm_bwd_vec8(void *dx, int dx_bf16, bf16 *dxb, int fold, float *my,
+                                                            long long base, int j, float rs, float k,
+                                                            const float *d, const float *a, const float *g,
+                                                            float *o, unsigned m) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] += rs * (d[i] * g[i] - a[i] * k);
+    if (dx_bf16) st8((bf16 *)dx + base + j, o);
+    else {
+        float4 *p = (float4 *)((float *)dx + base + j);
+        p[0] = make_float4(o[0], o[1], o[2], o[3]);
+        p[1] = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    if (dxb) m = st8_fold(dxb + base + j, o, m, fold);
+    if (my) {
+        float4 *q = (float4 *)(my + j);
+        float4 q0 = q[0], q1 = q[1];
+        q0.x += d[0] * (a[0] * rs); q0.y += d[1] * (a[1] * rs);
+        q0.z += d[2] * (a[2] * rs); q0.w += d[3] * (a[3] * rs);
+        q1.x += d[4] * (a[4] * rs); q1.y += d[5] * (a[5] * rs);
+        q1.z += d[6] * (a[6] * rs); q1.w += d[7] * (a[7] * rs);
+        q[0] = q0;
+        q[1] = q1;
+    }
+    return m;
+}
+
+/* Row r of the backward for c <= NV * 256 (vectors): lane l owns columns l*8 + 256*t, t < NV. Loads
+ * are clamped in bounds (c >= 8) so they are unconditional and all issue before the shuffle; the
+ * math is exactly the looped path's (same expressions, same per-lane order). Returns the folded amax. */
+template <int NV>
+static __device__ __forceinline__ unsigned rmsnorm_bwd_row_regs(void *dx, int dx_bf16, bf16 *dxb, int fold,
+                                                                float *my, const bf16 *dy, const bf16 *res,
+                                                                const bf16 *w, float rs, long long base, int c,
+                                                                unsigned m) {
+    int lane = threadIdx.x & 31;
+    uint4 dv[NV], av[NV], ov[NV][2]; /* raw bits: converting here would stall on each load in turn */
+#pragma unroll
+    for (int t = 0; t < NV; t++) {
+        int j = min(lane * 8 + 256 * t, c - 8);
+        dv[t] = *(const uint4 *)(dy + base + j);
+        av[t] = *(const uint4 *)(res + base + j);
+        if (dx_bf16) ov[t][0] = *(const uint4 *)((const bf16 *)dx + base + j);
+        else {
+            const uint4 *p = (const uint4 *)((const float *)dx + base + j);
+            ov[t][0] = p[0];
+            ov[t][1] = p[1];
+        }
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int t = 0; t < NV; t++) {
+        int j = lane * 8 + 256 * t;
+        if (j < c) {
+            float d[8], a[8], g[8];
+            ld8(d, (const bf16 *)&dv[t]);
+            ld8(a, (const bf16 *)&av[t]);
+            ld8(g, w + j);
+#pragma unroll
+            for (int i = 0; i < 8; i++) dot += d[i] * g[i] * a[i];
+        }
+    }
+    dot = warp_sum(dot);
+    float k = rs * rs * dot / (float)c;
+#pragma unroll
+    for (int t = 0; t < NV; t++) {
+        int j = lane * 8 + 256 * t;
+        if (j < c) {
+            float d[8], a[8], g[8], o[8];
+            ld8(d, (const bf16 *)&dv[t]);
+            ld8(a, (const bf16 *)&av[t]);
+            ld8(g, w + j);
+            if (dx_bf16) ld8(o, (const bf16 *)&ov[t][0]);
+            else {
+                const float *f = (const float *)&ov[t][0];
+#pragma unroll
+                for (int i = 0; i < 8; i++) o[i] = f[i];
+            }
+            m = rmsnorm_bwd_vec8(dx, dx_bf16, dxb, fold, my, base, j, rs, k, d, a, g, o, m);
+        }
+    }
+    return m;
+}
+
 /* One block per row chunk [b*chunk, min(n, (b+1)*chunk)); warp w takes rows r0+w, r0+w+nw, ...
  * dx as before; with part != NULL each warp also sums dy*(res*rstd) over its rows into its own
  * shared-memory row acc[w][c] (each lane owns its columns: no conflicts), and the block writes
  * part[b][j] = sum over warps in warp order. dxb != NULL receives bf16(new dx); amax != NULL (needs
  * dxb) gets max |dxb| folded in, one atomic per block, reduced through the start of the dynamic shared
- * memory once the partials are out (C = 1536 fills all 48 KiB: no room for a static array). */
-__global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, const bf16 *dy,
-                                   const bf16 *res, const bf16 *w, const float *rstd, long n, int c, long chunk,
-                                   int vec) {
+ * memory once the partials are out (C = 1536 fills all 48 KiB: no room for a static array).
+ * NV > 0: vectors with c <= NV * 256, row held in registers, capped at 128 registers so two blocks fit
+ * per SM (NV = 6 spills 32 bytes to L1, cheaper than half the warps); NV == 0: the looped path, any c
+ * (uncapped: forcing three blocks per SM there spills in the row loop). */
+template <int NV>
+__global__ void __launch_bounds__(RN_WARPS * 32, NV > 0 ? 2 : 1)
+rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, const bf16 *dy, const bf16 *res,
+                   const bf16 *w, const float *rstd, long n, int c, long chunk, int vec) {
     extern __shared__ float4 rn_sh4[];
     float *acc = (float *)rn_sh4;
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     long r0 = (long)blockIdx.x * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
-    float *my = acc + (long long)wid * c;
+    float *my = part ? acc + (long long)wid * c : NULL;
     unsigned m = 0;
     int fold = amax != NULL;
     if (part) {
@@ -110,6 +203,10 @@ __global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax
     }
     for (long r = r0 + wid; r < r1; r += nw) {
         long long base = (long long)r * c;
+        if (NV > 0) {
+            m = rmsnorm_bwd_row_regs<NV ? NV : 1>(dx, dx_bf16, dxb, fold, my, dy, res, w, rstd[r], base, c, m);
+            continue;
+        }
         const bf16 *dyr = dy + base, *xr = res + base;
         float dot = 0.0f;
         if (vec) {
@@ -140,25 +237,7 @@ __global__ void rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax
                     o[0] = p0.x; o[1] = p0.y; o[2] = p0.z; o[3] = p0.w;
                     o[4] = p1.x; o[5] = p1.y; o[6] = p1.z; o[7] = p1.w;
                 }
-#pragma unroll
-                for (int i = 0; i < 8; i++) o[i] += rs * (d[i] * g[i] - a[i] * k);
-                if (dx_bf16) st8((bf16 *)dx + base + j, o);
-                else {
-                    float4 *p = (float4 *)((float *)dx + base + j);
-                    p[0] = make_float4(o[0], o[1], o[2], o[3]);
-                    p[1] = make_float4(o[4], o[5], o[6], o[7]);
-                }
-                if (dxb) m = st8_fold(dxb + base + j, o, m, fold);
-                if (part) {
-                    float4 *q = (float4 *)(my + j);
-                    float4 q0 = q[0], q1 = q[1];
-                    q0.x += d[0] * (a[0] * rs); q0.y += d[1] * (a[1] * rs);
-                    q0.z += d[2] * (a[2] * rs); q0.w += d[3] * (a[3] * rs);
-                    q1.x += d[4] * (a[4] * rs); q1.y += d[5] * (a[5] * rs);
-                    q1.z += d[6] * (a[6] * rs); q1.w += d[7] * (a[7] * rs);
-                    q[0] = q0;
-                    q[1] = q1;
-                }
+                m = rmsnorm_bwd_vec8(dx, dx_bf16, dxb, fold, my, base, j, rs, k, d, a, g, o, m);
             }
         } else {
             for (int j = lane; j < c; j += 32) {
@@ -219,6 +298,9 @@ extern "C" void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, c
     QT_CUDA(cudaGetLastError());
 }
 
+typedef void (*rn_bwd_fn)(void *, int, bf16 *, float *, float *, const bf16 *, const bf16 *, const bf16 *,
+                          const float *, long, int, long, int);
+
 extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, float *dw, const void *dy,
                                const void *res, const void *w, const float *rstd, long n, int c, void *ws,
                                cudaStream_t s) {
@@ -241,10 +323,15 @@ extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *a
     parts = (n + chunk - 1) / chunk;
     /* the abs-max reduce needs nw words of it (the dw rows are at least that) */
     size_t smem = fused ? (size_t)nw * c * sizeof(float) : amax ? nw * sizeof(unsigned) : 0;
-    rmsnorm_bwd_kernel<<<(unsigned)parts, nw * 32, smem, s>>>(dx, dx_dt == QT_DT_BF16, (bf16 *)dx_bf16, amax,
-                                                              fused ? (float *)ws : NULL,
-                                                              (const bf16 *)dy, (const bf16 *)res, (const bf16 *)w,
-                                                              rstd, n, c, chunk, vec);
+    /* registers per row: ceil(c / 256) vectors per lane, rounded up to an even count to bound the
+     * number of instantiations (the extra ones are masked); past 1536 columns the row no longer fits
+     * in 128 registers without heavy spills, so the looped path */
+    int rv = vec && c <= 1536 ? ((c + 511) / 512) * 2 : 0;
+    rn_bwd_fn k = rv == 2 ? rmsnorm_bwd_kernel<2> : rv == 4 ? rmsnorm_bwd_kernel<4>
+                : rv == 6 ? rmsnorm_bwd_kernel<6> : rmsnorm_bwd_kernel<0>;
+    k<<<(unsigned)parts, nw * 32, smem, s>>>(dx, dx_dt == QT_DT_BF16, (bf16 *)dx_bf16, amax,
+                                            fused ? (float *)ws : NULL, (const bf16 *)dy, (const bf16 *)res,
+                                            (const bf16 *)w, rstd, n, c, chunk, vec);
     QT_CUDA(cudaGetLastError());
     if (fused) {
         rmsnorm_dw_sum_bwd_kernel<<<(unsigned)((c + RS_X - 1) / RS_X), dim3(RS_X, RS_Y), 0, s>>>(

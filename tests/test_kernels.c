@@ -281,6 +281,8 @@ static void test_rmsnorm_bwd(void) {
     rmsnorm_bwd_case(129, 896, QT_DT_BF16);
     rmsnorm_bwd_case(1537, 200, QT_DT_F32);  /* several rows per dw partial, uneven last chunk */
     rmsnorm_bwd_case(3, 12296, QT_DT_F32);   /* dw row too big for shared memory: separate pass */
+    rmsnorm_bwd_case(300, 1536, QT_DT_F32);  /* widest row held in registers (6 vectors per lane) */
+    rmsnorm_bwd_case(40, 1544, QT_DT_BF16);  /* just past it: the looped vector path */
 }
 
 /* ---- RoPE ---- */
