@@ -98,6 +98,7 @@ static void loss_with(bufs *b, qt_lmhead_impl impl) {
 }
 static void k_loss_2pass(bufs *b) { loss_with(b, QT_LMHEAD_TWO_PASS); }
 static void k_loss_cluster(bufs *b) { loss_with(b, QT_LMHEAD_CLUSTER); }
+static void k_loss_pipe(bufs *b) { loss_with(b, QT_LMHEAD_CLUSTER_PIPE); }
 static void k_adamw(bufs *b) {
     qt_adamw_args a = {1e-4f, 0.9f, 0.95f, 1e-8f, 10, 1, 0};
     qt_adamw_step(b->plan, b->wb, b->master, b->g, b->m, QT_DT_F32, b->v, QT_DT_F32, b->scal, b->absmax, &a, 0);
@@ -180,12 +181,13 @@ int main(int argc, char **argv) {
     snprintf(shp, sizeof shp, "n=%ld V=%d", CHUNK, V);
     run(filter, "lmhead_loss_2pass", shp, 2.0 * CHUNK * V * 2, k_loss_2pass, &b);
     if (prop.major >= 9) run(filter, "lmhead_loss_cluster", shp, 2.0 * CHUNK * V * 2, k_loss_cluster, &b);
+    if (prop.major >= 9) run(filter, "lmhead_loss_pipe", shp, 2.0 * CHUNK * V * 2, k_loss_pipe, &b);
     snprintf(shp, sizeof shp, "%ld params", NPARAM);
     run(filter, "adamw_fp32_mv", shp, 30.0 * NPARAM, k_adamw, &b);
     run(filter, "grad_norm", shp, 4.0 * NPARAM, k_norm, &b);
     run(filter, "cast_f32_bf16", shp, 6.0 * NPARAM, k_cast, &b);
     printf("lmhead_loss counts one read and one write of the chunk (2pass reads it twice, the second\n"
-           "  time partly from L2; cluster, sm_90+, reads it once);\n"
+           "  time partly from L2; cluster and pipe, sm_90+, read it once);\n"
            "rmsnorm_bwd counts dy, res, dx read + dx write (dw is summed in the same pass).\n");
     qt_adamw_plan_free(b.plan);
     return 0;

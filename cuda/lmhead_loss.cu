@@ -10,6 +10,9 @@
  *    write of the row, where the two-pass kernel reads it twice (the second read mostly misses L2:
  *    the rows in flight exceed it). 16-byte vectors on any alignment: a scalar head up to the first
  *    16-byte boundary of the row and a scalar tail, held by the last CTA.
+ *  - pipelined (sm_90+, the same v): the cluster kernel's arithmetic in persistent clusters that stage
+ *    two rows in shared memory (cp.async), so that the next row's loads are in flight while a CTA
+ *    reduces, waits at the cluster barrier and writes back. Still one read and one write.
  *  - two-pass (any GPU, any v): one block per row; (1) an online max / sum per thread, (2) p =
  *    exp(x - lse) and the in-place write. 16-byte vectors when v % 8 == 0 and logits is 16-byte aligned.
  * Rows with tgt < 0 are ignored (loss 0, lse 0, dlogits 0); tgt >= v gives loss NaN and dlogits 0 so
@@ -36,8 +39,8 @@ static __device__ __forceinline__ void ms_merge(float *m, float *s, float m2, fl
 }
 
 /* Merges every thread's (m, s) over the block in a fixed-shape tree (warp shuffles, then warp 0 over
- * the per-warp pairs); the result is valid in thread 0. Once per kernel: its shared slots are not
- * guarded against a second call. */
+ * the per-warp pairs); the result is valid in thread 0. Its shared slots are not guarded: a second
+ * call must come after a __syncthreads that follows the first call's reads (warp 0's). */
 static __device__ void block_ms(float *m, float *s) {
     __shared__ float shm[32], shs[32];
     for (int o = 16; o > 0; o >>= 1) {
@@ -128,64 +131,75 @@ __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out
     }
 }
 
-/* One cluster of cn CTAs per row (grid = n * cn). The row is h scalars up to its first 16-byte boundary,
- * nv bf16x8 vectors, then a scalar tail; CTA r holds vectors [r*per, (r+1)*per) in registers, thread k
- * of the last CTA holds scalar k. The launcher guarantees per <= LM_THREADS * LMC_VECS. */
-__global__ void __launch_bounds__(LM_THREADS, 2)
-lmhead_loss_cluster_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int32_t *tgt, int v,
-                               float scale) {
-#if __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    __shared__ float part[2], sh_lse;
-    int cn = (int)cl.num_blocks(), cr = (int)cl.block_rank(), tid = threadIdx.x;
-    long long row = blockIdx.x / cn;
-    bf16 *x = logits + row * v;
-    int t = tgt[row];
-    int h = min((int)(((16 - ((uintptr_t)x & 15)) & 15) >> 1), v), nv = (v - h) >> 3, ns = v - 8 * nv;
-    int per = (nv + cn - 1) / cn, v0 = cr * per, v1 = min(v0 + per, nv);
-    bf16x8 *xv = (bf16x8 *)(x + h), *p = xv + v0 + threadIdx.x;
-    int sj = cr == cn - 1 && tid < ns ? tid + (tid < h ? 0 : 8 * nv) : -1; /* this thread's scalar column */
-    if (t < 0 || t >= v) { /* the same row for the whole cluster: all CTAs leave here together */
-        float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int j = v0 + tid; j < v1; j += LM_THREADS) st8((bf16 *)(xv + j), z);
-        if (sj >= 0) x[sj] = __float2bfloat16_rn(0.0f);
-        if (cr == 0 && tid == 0) {
-            loss[row] = t < 0 ? 0.0f : __int_as_float(0x7fc00000);
-            if (lse_out) lse_out[row] = 0.0f;
-        }
-        return;
-    }
-    /* Every load is issued before any is used, so the whole slice is in flight at once. Thread tid holds
-     * vectors j = v0 + tid + k*LM_THREADS for k < cnt. */
-    int cnt = v1 - v0 - tid > 0 ? (v1 - v0 - tid + LM_THREADS - 1) / LM_THREADS : 0;
-    bf16x8 d[LMC_VECS];
-#pragma unroll
-    for (int k = 0; k < LMC_VECS; k++)
-        if (k < cnt) d[k] = p[k * LM_THREADS];
-    float xs = sj >= 0 ? __bfloat162float(x[sj]) : -INFINITY;
+#if __CUDA_ARCH__ >= 900 /* the cluster kernels' helpers (their bodies are sm_90+ only) */
+/* Where one row lies for CTA cr of a cluster of cn: h scalars up to the row's first 16-byte boundary, nv
+ * bf16x8 vectors, then a scalar tail. CTA cr takes vectors [v0, v1); its thread tid holds the cnt vectors
+ * v0 + tid + k*LM_THREADS, and thread tid of the last CTA scalar column sj (-1: none). */
+typedef struct { int h, nv, v0, v1, cnt, sj; } lmc_geom;
+static __device__ __forceinline__ lmc_geom lmc_slice(const bf16 *x, int v, int cn, int cr) {
+    lmc_geom q;
+    int tid = threadIdx.x;
+    q.h = min((int)(((16 - ((uintptr_t)x & 15)) & 15) >> 1), v);
+    q.nv = (v - q.h) >> 3;
+    int ns = v - 8 * q.nv, per = (q.nv + cn - 1) / cn;
+    q.v0 = cr * per;
+    q.v1 = min(q.v0 + per, q.nv);
+    q.cnt = q.v1 - q.v0 - tid > 0 ? (q.v1 - q.v0 - tid + LM_THREADS - 1) / LM_THREADS : 0;
+    q.sj = cr == cn - 1 && tid < ns ? tid + (tid < q.h ? 0 : 8 * q.nv) : -1;
+    return q;
+}
+
+/* This thread's (max, sum of exp(x - max)) over its vectors d[k*stride], k < cnt, and (has_s) xs. */
+static __device__ __forceinline__ void lmc_ms(const bf16x8 *d, int stride, int cnt, float xs, int has_s, float *m,
+                                              float *s) {
     /* The max in packed bf16 (exact): unpacking to fp32 here would keep 64 floats live. */
     __nv_bfloat162 m2 = __float2bfloat162_rn(-INFINITY);
 #pragma unroll
     for (int k = 0; k < LMC_VECS; k++)
         if (k < cnt)
 #pragma unroll
-            for (int i = 0; i < 4; i++) m2 = __hmax2(m2, ((const __nv_bfloat162 *)&d[k])[i]);
-    float m = fmaxf(xs, fmaxf(__low2float(m2), __high2float(m2))), s = 0.0f;
-    if (sj >= 0) s = exp2f((xs - m) * L2E);
+            for (int i = 0; i < 4; i++) m2 = __hmax2(m2, ((const __nv_bfloat162 *)&d[k * stride])[i]);
+    *m = fmaxf(xs, fmaxf(__low2float(m2), __high2float(m2)));
+    *s = has_s ? exp2f((xs - *m) * L2E) : 0.0f;
 #pragma unroll
     for (int k = 0; k < LMC_VECS; k++)
         if (k < cnt)
 #pragma unroll
-            for (int i = 0; i < 8; i++) s += exp2f((__bfloat162float(d[k].h[i]) - m) * L2E);
+            for (int i = 0; i < 8; i++) *s += exp2f((__bfloat162float(d[k * stride].h[i]) - *m) * L2E);
+}
+
+/* Writes the dlogits of the staged vectors d[k*stride], k < cnt, to p[k*LM_THREADS] (zeros unless ok).
+ * tc: the target's column relative to this thread's first vector. */
+static __device__ __forceinline__ void lmc_store(bf16x8 *p, const bf16x8 *d, int stride, int cnt, int tc, float l,
+                                                 float scale, float *loss, int ok) {
+#pragma unroll
+    for (int k = 0; k < LMC_VECS; k++)
+        if (k < cnt) {
+            float a[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                a[i] = ok ? dlogit(__bfloat162float(d[k * stride].h[i]), 8 * k * LM_THREADS + i, tc, l, scale, loss)
+                          : 0.0f;
+            st8((bf16 *)(p + k * LM_THREADS), a);
+        }
+}
+
+/* The row's lse from every thread's (m, s) over the cluster, in every thread; one cluster barrier. part: 2
+ * floats of this CTA's shared memory that the other CTAs read after the barrier, so the caller keeps
+ * them (and this CTA) until a later cluster barrier. Every CTA merges the partials in the same tree:
+ * the same lse. */
+static __device__ __forceinline__ float cluster_lse(float *part, float m, float s) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    __shared__ float sh_lse;
+    int cn = (int)cl.num_blocks();
     block_ms(&m, &s);
-    if (tid == 0) { part[0] = m; part[1] = s; }
+    if (threadIdx.x == 0) { part[0] = m; part[1] = s; }
     cl.sync(); /* every CTA's partial is visible cluster-wide (and every CTA has started) */
-    if (tid < 32) {
-        /* Lanes 0..cn-1 fetch the partials; every CTA merges them in the same tree: the same lse. */
+    if (threadIdx.x < 32) {
         float pm = -INFINITY, ps = 0.0f;
-        if (tid < cn) {
-            const float *q = cl.map_shared_rank(part, tid);
+        if ((int)threadIdx.x < cn) {
+            const float *q = cl.map_shared_rank(part, threadIdx.x);
             pm = q[0];
             ps = q[1];
         }
@@ -193,25 +207,120 @@ lmhead_loss_cluster_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const 
             float qm = __shfl_xor_sync(0xffffffffu, pm, o), qs = __shfl_xor_sync(0xffffffffu, ps, o);
             ms_merge(&pm, &ps, qm, qs);
         }
-        if (tid == 0) sh_lse = pm + logf(ps);
+        if (threadIdx.x == 0) sh_lse = pm + logf(ps);
     }
-    cl.barrier_arrive(); /* done reading the other CTAs' shared memory; they may exit after the wait */
     __syncthreads();
-    float l = sh_lse;
-    if (cr == 0 && tid == 0 && lse_out) lse_out[row] = l;
-    int tc = t - h - 8 * (v0 + tid); /* the target's column relative to this thread's first vector */
+    return sh_lse;
+}
+
+/* Starts copying this thread's vectors of row `row` (none past the last row) into sb[k*LM_THREADS +
+ * tid], as one cp.async group (committed even when empty, so that groups and rows stay in step). .cg:
+ * the row is streamed, L1 would only evict. */
+static __device__ __forceinline__ void lmp_fetch(bf16x8 *sb, bf16 *logits, long long row, long long n, int v,
+                                                 int cn, int cr) {
+    if (row < n) {
+        bf16 *x = logits + row * v;
+        lmc_geom q = lmc_slice(x, v, cn, cr);
+        const bf16x8 *src = (const bf16x8 *)(x + q.h) + q.v0 + threadIdx.x;
 #pragma unroll
-    for (int k = 0; k < LMC_VECS; k++) {
-        if (k < cnt) {
-            float a[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                a[i] = dlogit(__bfloat162float(d[k].h[i]), 8 * k * LM_THREADS + i, tc, l, scale, &loss[row]);
-            st8((bf16 *)(p + k * LM_THREADS), a);
-        }
+        for (int k = 0; k < LMC_VECS; k++)
+            if (k < q.cnt) {
+                unsigned dst = (unsigned)__cvta_generic_to_shared(sb + k * LM_THREADS + threadIdx.x);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src + k * LM_THREADS)
+                             : "memory");
+            }
     }
-    if (sj >= 0) x[sj] = __float2bfloat16_rn(dlogit(xs, sj, t, l, scale, &loss[row]));
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+#endif
+
+/* One cluster of cn CTAs per row (grid = n * cn), the slice (lmc_slice) in registers. The launcher
+ * guarantees per <= LM_THREADS * LMC_VECS. */
+__global__ void __launch_bounds__(LM_THREADS, 2)
+lmhead_loss_cluster_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int32_t *tgt, int v,
+                               float scale) {
+#if __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    __shared__ float part[2];
+    int cn = (int)cl.num_blocks(), cr = (int)cl.block_rank(), tid = threadIdx.x;
+    long long row = blockIdx.x / cn;
+    bf16 *x = logits + row * v;
+    int t = tgt[row];
+    lmc_geom q = lmc_slice(x, v, cn, cr);
+    bf16x8 *xv = (bf16x8 *)(x + q.h), *p = xv + q.v0 + tid;
+    if (t < 0 || t >= v) { /* the same row for the whole cluster: all CTAs leave here together */
+        float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = q.v0 + tid; j < q.v1; j += LM_THREADS) st8((bf16 *)(xv + j), z);
+        if (q.sj >= 0) x[q.sj] = __float2bfloat16_rn(0.0f);
+        if (cr == 0 && tid == 0) {
+            loss[row] = t < 0 ? 0.0f : __int_as_float(0x7fc00000);
+            if (lse_out) lse_out[row] = 0.0f;
+        }
+        return;
+    }
+    /* Every load is issued before any is used, so the whole slice is in flight at once. */
+    bf16x8 d[LMC_VECS];
+#pragma unroll
+    for (int k = 0; k < LMC_VECS; k++)
+        if (k < q.cnt) d[k] = p[k * LM_THREADS];
+    float xs = q.sj >= 0 ? __bfloat162float(x[q.sj]) : -INFINITY, m, s;
+    lmc_ms(d, 1, q.cnt, xs, q.sj >= 0, &m, &s);
+    float l = cluster_lse(part, m, s);
+    cl.barrier_arrive(); /* done reading the other CTAs' shared memory; they may exit after the wait */
+    if (cr == 0 && tid == 0 && lse_out) lse_out[row] = l;
+    lmc_store(p, d, 1, q.cnt, t - q.h - 8 * (q.v0 + tid), l, scale, &loss[row], 1);
+    if (q.sj >= 0) x[q.sj] = __float2bfloat16_rn(dlogit(xs, q.sj, t, l, scale, &loss[row]));
     cl.barrier_wait();
+#elif defined(__CUDA_ARCH__)
+    __trap(); /* the launcher picks this kernel on sm_90+ only */
+#endif
+}
+
+/* Persistent clusters (grid = g * cn, g <= n clusters, all resident): cluster c takes rows c, c+g, ...
+ * Each CTA stages its slices (lmc_slice) in shared memory, two rows deep: row i+1 is in flight (cp.async)
+ * while row i is reduced, waits at the cluster barrier and is written back, so the SM keeps loads
+ * outstanding through the barrier and the compute, which the one-row-per-cluster kernel cannot (its
+ * loads stop from its first exponential to its exit). Dynamic shared memory: 2 * cap * LM_THREADS
+ * bf16x8, cap >= every row's cnt. */
+__global__ void __launch_bounds__(LM_THREADS, 2)
+lmhead_loss_pipe_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int32_t *tgt, long long n, int v,
+                            float scale, int cap) {
+#if __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    extern __shared__ __align__(16) unsigned char lmp_smem[];
+    __shared__ float part[2][2]; /* by barrier parity: a slot is rewritten two barriers after its reads */
+    cg::cluster_group cl = cg::this_cluster();
+    int cn = (int)cl.num_blocks(), cr = (int)cl.block_rank(), tid = threadIdx.x, nb = 0;
+    long long g = gridDim.x / cn, row = blockIdx.x / cn;
+    bf16x8 *sb0 = (bf16x8 *)lmp_smem, *sb1 = sb0 + cap * LM_THREADS;
+    lmp_fetch(sb0, logits, row, n, v, cn, cr);
+    lmp_fetch(sb1, logits, row + g, n, v, cn, cr);
+    for (long long i = 0; row < n; row += g, i++) {
+        bf16x8 *sb = i & 1 ? sb1 : sb0;
+        bf16 *x = logits + row * v;
+        lmc_geom q = lmc_slice(x, v, cn, cr);
+        int t = tgt[row], ok = t >= 0 && t < v; /* the same row for the whole cluster: barriers stay paired */
+        float xs = q.sj >= 0 ? __bfloat162float(x[q.sj]) : -INFINITY, l = 0.0f;
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* this row's group; the next stays in flight */
+        if (ok) {
+            float m, s;
+            lmc_ms(sb + tid, LM_THREADS, q.cnt, xs, q.sj >= 0, &m, &s);
+            l = cluster_lse(part[nb++ & 1], m, s);
+        }
+        lmc_store((bf16x8 *)(x + q.h) + q.v0 + tid, sb + tid, LM_THREADS, q.cnt, t - q.h - 8 * (q.v0 + tid), l,
+                  scale, &loss[row], ok);
+        if (q.sj >= 0)
+            x[q.sj] = __float2bfloat16_rn(ok ? dlogit(xs, q.sj, t, l, scale, &loss[row]) : 0.0f);
+        if (cr == 0 && tid == 0) {
+            if (!ok) loss[row] = t < 0 ? 0.0f : __int_as_float(0x7fc00000);
+            if (lse_out) lse_out[row] = l;
+        }
+        /* cp.async writes are not ordered after this thread's own earlier reads of the stage */
+        __syncthreads();
+        lmp_fetch(sb, logits, row + 2 * g, n, v, cn, cr);
+    }
+    cl.sync(); /* no CTA exits while another may still read its part[] */
 #elif defined(__CUDA_ARCH__)
     __trap(); /* the launcher picks this kernel on sm_90+ only */
 #endif
@@ -235,6 +344,41 @@ static int lmc_cluster_size(int v) {
     return cn;
 }
 
+/* Launches the cluster (one row per cluster) or the pipelined (persistent clusters) kernel with clusters of
+ * cn CTAs; returns 0, launching nothing, where the pipelined one cannot be resident. */
+static int lmc_launch(qt_lmhead_impl impl, bf16 *logits, float *loss, float *lse, const int32_t *tgt, long n,
+                      int v, float scale, int cn, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)cn;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(LM_THREADS);
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (impl != QT_LMHEAD_CLUSTER_PIPE) {
+        cfg.gridDim = dim3((unsigned)(n * cn));
+        QT_CUDA(cudaLaunchKernelEx(&cfg, lmhead_loss_cluster_fwd_kernel, logits, loss, lse, tgt, v, scale));
+        return 1;
+    }
+    /* cap: vectors per thread of the widest slice (h = 0); <= LMC_VECS by lmc_cluster_size */
+    int cap = ((v / 8 + cn - 1) / cn + LM_THREADS - 1) / LM_THREADS, g = 0;
+    cfg.dynamicSmemBytes = (size_t)2 * cap * LM_THREADS * sizeof(bf16x8);
+    /* the largest stage pair any v may ask for: the same value from every thread, so no race */
+    QT_CUDA(cudaFuncSetAttribute(lmhead_loss_pipe_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)(2 * LMC_VECS * LM_THREADS * sizeof(bf16x8))));
+    cfg.gridDim = dim3((unsigned)cn);
+    QT_CUDA(cudaOccupancyMaxActiveClusters(&g, lmhead_loss_pipe_fwd_kernel, &cfg));
+    if (g < 1) return 0;
+    if (g > n) g = (int)n;
+    cfg.gridDim = dim3((unsigned)(g * cn));
+    QT_CUDA(cudaLaunchKernelEx(&cfg, lmhead_loss_pipe_fwd_kernel, logits, loss, lse, tgt, (long long)n, v, scale,
+                               cap));
+    return 1;
+}
+
 extern "C" qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse,
                                               const int32_t *tgt, long n, int v, float scale, cudaStream_t s) {
     QT_CHECK(n < 2147483647L, "lmhead loss: chunk of %ld rows: expected fewer than 2^31", n);
@@ -242,22 +386,10 @@ extern "C" qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits,
     int dev, major, cn = lmc_cluster_size(v);
     QT_CUDA(cudaGetDevice(&dev));
     QT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (impl != QT_LMHEAD_TWO_PASS && major >= 9 && cn > 0 && n * cn < 2147483647L) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = (unsigned)cn;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)(n * cn));
-        cfg.blockDim = dim3(LM_THREADS);
-        cfg.stream = s;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        QT_CUDA(cudaLaunchKernelEx(&cfg, lmhead_loss_cluster_fwd_kernel, (bf16 *)logits, loss, lse, tgt, v,
-                                   scale));
-        return QT_LMHEAD_CLUSTER;
-    }
+    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_CLUSTER;
+    if (impl != QT_LMHEAD_TWO_PASS && major >= 9 && cn > 0 && n * cn < 2147483647L &&
+        lmc_launch(impl, (bf16 *)logits, loss, lse, tgt, n, v, scale, cn, s))
+        return impl;
     int vec = v % 8 == 0 && qt_aligned16(logits);
     lmhead_loss_fwd_kernel<<<(unsigned)n, LM_THREADS, 0, s>>>((bf16 *)logits, loss, lse, tgt, v, scale, vec);
     QT_CUDA(cudaGetLastError());

@@ -97,10 +97,11 @@ void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, f
  * per row reads the row once; otherwise one block per row reads it twice. */
 void qt_lmhead_loss(void *logits, float *loss, float *lse, const int32_t *tgt, long n, int v, float scale,
                     cudaStream_t s);
-/* The two implementations, for tests and benchmarks. */
-typedef enum { QT_LMHEAD_AUTO, QT_LMHEAD_TWO_PASS, QT_LMHEAD_CLUSTER } qt_lmhead_impl;
-/* qt_lmhead_loss with the implementation chosen: AUTO is what qt_lmhead_loss runs, CLUSTER falls back
- * to TWO_PASS where the cluster kernel cannot run. Returns the one launched. */
+/* The implementations, for tests and benchmarks: CLUSTER one cluster per row, holding it in registers;
+ * CLUSTER_PIPE persistent clusters with the next row's loads in flight (shared memory). */
+typedef enum { QT_LMHEAD_AUTO, QT_LMHEAD_TWO_PASS, QT_LMHEAD_CLUSTER, QT_LMHEAD_CLUSTER_PIPE } qt_lmhead_impl;
+/* qt_lmhead_loss with the implementation chosen: AUTO is what qt_lmhead_loss runs (CLUSTER), CLUSTER and
+ * CLUSTER_PIPE fall back to TWO_PASS where they cannot run. Returns the one launched. */
 qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse, const int32_t *tgt,
                                    long n, int v, float scale, cudaStream_t s);
 /* *sum (fp64 device scalar) += sum of x[0..n) (fp32), in a fixed order (one block)   (+=) */

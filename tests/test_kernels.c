@@ -393,10 +393,10 @@ static void test_bias(void) {
 }
 
 /* ---- LM-head loss ---- */
-/* Both implementations (cluster and two-pass) on the same inputs, each on a fresh poisoned copy placed
+/* Every implementation (two-pass, cluster, pipelined cluster) on the same inputs, each on a fresh poisoned copy placed
  * `off` elements past a 16-byte boundary, and run twice (bitwise the same). Row 1 is ignored (tgt -1);
- * with bad=1, row 3 has tgt = v (loss NaN, dlogits 0). `want` is the implementation the cluster request
- * must get on sm_90+ (TWO_PASS where v is too large for it). */
+ * with bad=1, row 3 has tgt = v (loss NaN, dlogits 0). `want` is the implementation the cluster requests
+ * must get on sm_90+ (CLUSTER: the one asked for; TWO_PASS where v is too large for them). */
 static void loss_case(long n, int v, float std, int off, int bad, qt_lmhead_impl want) {
     long nv = n * v;
     float *lg = h_rand(nv, std);
@@ -426,14 +426,15 @@ static void loss_case(long n, int v, float std, int off, int bad, qt_lmhead_impl
     void *buf = d_poison((size_t)(nv + off) * 2);
     uint16_t *dl = (uint16_t *)buf + off;
     float *loss = d_poison((size_t)n * 4), *lse = d_poison((size_t)n * 4);
-    for (int impl = QT_LMHEAD_TWO_PASS; impl <= QT_LMHEAD_CLUSTER; impl++) {
+    for (int impl = QT_LMHEAD_TWO_PASS; impl <= QT_LMHEAD_CLUSTER_PIPE; impl++) {
         float *gl[2], *gs[2], *gd[2];
         for (int rep = 0; rep < 2; rep++) {
             QT_CUDA(cudaMemcpy(dl, hb, (size_t)nv * 2, cudaMemcpyHostToDevice));
             QT_CUDA(cudaMemset(loss, 0xff, (size_t)n * 4));
             QT_CUDA(cudaMemset(lse, 0xff, (size_t)n * 4));
             qt_lmhead_impl ran = qt_lmhead_loss_with((qt_lmhead_impl)impl, dl, loss, lse, dt, n, v, scale, 0);
-            qt_lmhead_impl expect = impl == QT_LMHEAD_CLUSTER && major >= 9 ? want : QT_LMHEAD_TWO_PASS;
+            qt_lmhead_impl expect = impl >= QT_LMHEAD_CLUSTER && major >= 9 && want == QT_LMHEAD_CLUSTER
+                                        ? (qt_lmhead_impl)impl : QT_LMHEAD_TWO_PASS;
             QT_EXPECT(ran == expect, "n=%ld v=%d: asked for %d on sm_%d, ran %d", n, v, impl, major, ran);
             gl[rep] = g_f32(loss, n);
             gs[rep] = g_f32(lse, n);
@@ -479,6 +480,9 @@ static void test_lmhead_loss(void) {
     loss_case(13, 151936, 2.0f, 3, 1, CL); /* rows start off a 16-byte boundary; a bad target */
     loss_case(11, 50257, 3.0f, 0, 1, CL);  /* odd v: each row's head and tail differ; 4 CTAs */
     loss_case(300, 32000, 2.0f, 0, 0, CL); /* many clusters of 2 */
+    /* more rows than resident clusters: the pipelined kernel loops, with ignored and bad rows inside */
+    loss_case(70, 151936, 2.0f, 3, 1, CL);
+    loss_case(400, 50257, 3.0f, 1, 1, CL);
     loss_case(9, 1009, 4.0f, 1, 0, CL);    /* a prime v, clusters of 1 */
     loss_case(7, 1000, 4.0f, 0, 0, CL);
     loss_case(5, 1003, 1.0f, 0, 1, CL);    /* v % 8 != 0: the two-pass scalar path */
