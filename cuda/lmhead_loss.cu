@@ -18,6 +18,9 @@
  * Rows with tgt < 0 are ignored (loss 0, lse 0, dlogits 0); tgt >= v gives loss NaN and dlogits 0 so
  * that the bad target cannot go unnoticed.
  * qt_sum_f32: one block, fp64 accumulation in a fixed order. */
+#include <stdlib.h>
+#include <string.h>
+
 #include <cooperative_groups.h>
 
 #include "kcommon.cuh"
@@ -386,7 +389,10 @@ extern "C" qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits,
     int dev, major, cn = lmc_cluster_size(v);
     QT_CUDA(cudaGetDevice(&dev));
     QT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_CLUSTER;
+    if (impl == QT_LMHEAD_AUTO) { /* QT_LMHEAD=cluster|2pass: A/B timing in whole-model runs */
+        const char *e = getenv("QT_LMHEAD");
+        impl = !e ? QT_LMHEAD_CLUSTER_PIPE : !strcmp(e, "2pass") ? QT_LMHEAD_TWO_PASS : QT_LMHEAD_CLUSTER;
+    }
     if (impl != QT_LMHEAD_TWO_PASS && major >= 9 && cn > 0 && n * cn < 2147483647L &&
         lmc_launch(impl, (bf16 *)logits, loss, lse, tgt, n, v, scale, cn, s))
         return impl;
