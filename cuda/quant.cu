@@ -124,70 +124,66 @@ __global__ void quant_fwd_kernel(uint8_t *__restrict__ y, const void *__restrict
     for (long i = nv * 8 + tid; i < n; i += nth) y[i] = quant1(load1(x, xbf16, i), s, e5m2);
 }
 
-/* TILE x TILE tiles b = blockIdx.x, + gridDim.x, ... < nt (the launcher sizes the grid so every block
- * gets the same tile count): quantize rows into y and a shared tile, then write the tile's
+/* One TILE x TILE tile per block: quantize rows into y and a shared tile, then write the tile's
  * columns as rows of yT. The shared tile stores 8-byte chunks XOR-swizzled by (row / 16) so that
  * the column reads of phase 2 (8 columns x 4 row groups per warp) hit 8 distinct banks.
  * vin: x 16-byte aligned and cols % 8 == 0; vy: y 8-byte aligned and cols % 8 == 0;
  * vt: yT 16-byte aligned and rows % 16 == 0. */
 __global__ void quant_transpose_fwd_kernel(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
                                            const void *__restrict__ x, long R, long C,
-                                           long ntc, long nt, int xbf16, int e5m2, float fmax, const float *scale,
+                                           long ntc, int xbf16, int e5m2, float fmax, const float *scale,
                                            qt_fp8_scale *sc, int *flag, int tag, int vin, int vy,
                                            int vt) {
     __shared__ __align__(16) uint8_t t[TILE * TILE];
     float s = kernel_scale(scale, sc, fmax, flag, tag);
-    for (long b = blockIdx.x; b < nt; b += gridDim.x) {
-        long r0 = (b / ntc) * TILE, c0 = (b % ntc) * TILE;
-        /* Fixed stride (launched with QUANT_THREADS) so both units' loads are issued before any store. */
+    long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
+    /* Fixed stride (launched with QUANT_THREADS) so both units' loads are issued before any store. */
 #pragma unroll
-        for (int u = threadIdx.x; u < TILE * TILE / 8; u += QUANT_THREADS) {
-            int lr = u >> 3, cc = u & 7;
-            long gr = r0 + lr, gc = c0 + cc * 8;
-            uint2 q = make_uint2(0u, 0u);
-            if (gr < R && gc < C) {
-                long off = gr * C + gc;
-                int full = gc + 8 <= C;
-                float v[8];
-                if (vin && full) load8(x, xbf16, off / 8, v);
-                else {
-#pragma unroll
-                    for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1(x, xbf16, off + k) : 0.0f;
-                }
-                q = quant8(v, s, e5m2);
-                if (y) {
-                    if (vy && full) *(uint2 *)(y + off) = q;
-                    else {
-#pragma unroll
-                        for (int k = 0; k < 8; k++) /* unrolled: constant k keeps q in registers */
-                            if (gc + k < C) y[off + k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
-                    }
-                }
-            }
-            *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
-        }
-        __syncthreads();
-        for (int p = threadIdx.x; p < TILE * TILE / 16; p += QUANT_THREADS) {
-            int lc = p >> 2, j = p & 3; /* yT row c0+lc, columns r0+16j .. r0+16j+15 */
-            long gc = c0 + lc, gr = r0 + 16 * j;
-            if (gc >= C || gr >= R) continue;
-            const uint8_t *col = t + 8 * ((lc >> 3) ^ j) + (lc & 7);
-            unsigned w[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                w[q] = 0;
-#pragma unroll
-                for (int k = 0; k < 4; k++) w[q] |= (unsigned)col[(16 * j + 4 * q + k) * TILE] << (8 * k);
-            }
-            uint8_t *dst = yT + gc * R + gr;
-            if (vt && gr + 16 <= R) *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int u = threadIdx.x; u < TILE * TILE / 8; u += QUANT_THREADS) {
+        int lr = u >> 3, cc = u & 7;
+        long gr = r0 + lr, gc = c0 + cc * 8;
+        uint2 q = make_uint2(0u, 0u);
+        if (gr < R && gc < C) {
+            long off = gr * C + gc;
+            int full = gc + 8 <= C;
+            float v[8];
+            if (vin && full) load8(x, xbf16, off / 8, v);
             else {
 #pragma unroll
-                for (int k = 0; k < 16; k++)
-                    if (gr + k < R) dst[k] = (uint8_t)(w[k >> 2] >> (8 * (k & 3)));
+                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1(x, xbf16, off + k) : 0.0f;
+            }
+            q = quant8(v, s, e5m2);
+            if (y) {
+                if (vy && full) *(uint2 *)(y + off) = q;
+                else {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) /* unrolled: constant k keeps q in registers */
+                        if (gc + k < C) y[off + k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
+                }
             }
         }
-        __syncthreads(); /* the next tile overwrites t */
+        *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < TILE * TILE / 16; p += QUANT_THREADS) {
+        int lc = p >> 2, j = p & 3; /* yT row c0+lc, columns r0+16j .. r0+16j+15 */
+        long gc = c0 + lc, gr = r0 + 16 * j;
+        if (gc >= C || gr >= R) continue;
+        const uint8_t *col = t + 8 * ((lc >> 3) ^ j) + (lc & 7);
+        unsigned w[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            w[q] = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) w[q] |= (unsigned)col[(16 * j + 4 * q + k) * TILE] << (8 * k);
+        }
+        uint8_t *dst = yT + gc * R + gr;
+        if (vt && gr + 16 <= R) *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+        else {
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                if (gr + k < R) dst[k] = (uint8_t)(w[k >> 2] >> (8 * (k & 3)));
+        }
     }
 }
 
@@ -284,18 +280,8 @@ static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, cons
     QT_CHECK(nt <= 0x7fffffffL, "qt_quant_fp8_transpose: %ld x %ld needs too many tiles", R, C);
     int vin = aligned(x, 16) && C % 8 == 0, vy = y && aligned(y, 8) && C % 8 == 0;
     int vt = aligned(yT, 16) && R % 16 == 0;
-    /* Balanced grid: one tile per block in waves of `resident` leaves the last wave part-empty
-     * (16384x896: 3584 tiles = 3.39 waves of 1056, the last 39% full, 72% of bandwidth). Instead
-     * each block loops over ceil(nt / resident) tiles and the grid shrinks to match, so all blocks
-     * are resident and finish together. Codes do not depend on the tiling. */
-    int dev, sms, per_sm;
-    QT_CUDA(cudaGetDevice(&dev));
-    QT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    QT_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, quant_transpose_fwd_kernel, QUANT_THREADS, 0));
-    long resident = (long)sms * (per_sm > 0 ? per_sm : 1), per_block = (nt + resident - 1) / resident;
-    long grid = (nt + per_block - 1) / per_block;
-    quant_transpose_fwd_kernel<<<(unsigned)grid, QUANT_THREADS, 0, s>>>(
-        (uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, nt, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt),
+    quant_transpose_fwd_kernel<<<(unsigned)nt, QUANT_THREADS, 0, s>>>(
+        (uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt),
         scale, sc, flag, tag, vin, vy, vt);
     QT_CUDA(cudaGetLastError());
 }
