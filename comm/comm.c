@@ -144,10 +144,10 @@ static int is_host_kind(const qt_comm *c) { return c->kind == QT_COMM_HOST || c-
  * copy runs after everything else (fill/drain), and each chunk costs o beyond its bytes. On 2 x H200
  * (bench --host-sweep: R ~ 50 GB/s per direction with both busy, o ~ 6 us) that is smallest at
  * c = sqrt(S * o * R) = sqrt(S * 300 KB): 1.5 MiB at 16 MiB, 3 MiB at 64 MiB (fixed 1/32 of the
- * piece: 69% of H2D at 64 MiB; this: 76%). Chunks above 4 MiB measured slower than the model says
- * (8 MiB: 72% at 256 MiB vs 83% at 4 MiB), hence the 4 MiB cap. Host kinds with the default chunk use
- * that, in [256 KiB, chunk_bytes]. The size depends only on (count, n), so every rank computes the
- * same one. */
+ * piece: 69% of H2D at 64 MiB; this: 76%). Chunks above 4 MiB gained nothing in the sweeps and were
+ * erratic (8 MiB at 256 MiB: 72% in one run, 81% in another), hence the 4 MiB cap. Host kinds with
+ * the default chunk use that, in [256 KiB, chunk_bytes]. The size depends only on (count, n), so
+ * every rank computes the same one. */
 static size_t chunk_elems(const qt_comm *c, size_t es, size_t maxlen) {
     size_t b = c->chunk_bytes;
     if (c->chunk_auto) {
