@@ -15,7 +15,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -354,6 +356,92 @@ static void md_table(const int *strats, int ns) {
     }
 }
 
+/* ---- host traffic bound: the floor an all-gather through host cannot beat on this machine ----
+ * Each GPU's link carries its own shard up while the others' come down, so the host's bidirectional
+ * rate, not the pipeline, limits the host all-gather. These are exactly its copies with no cross-rank
+ * dependencies (H2D copies read regions while their owners write them: bytes matter, not values). */
+
+/* Rank r's copies: D2H of its shard into its region of h on G.s[r], H2D of every other region into
+ * its dst on G.gs[r]; ch = 0: one copy each, else ch-byte copies. */
+static void bound_copies(int r, char *h, size_t count, size_t ch) {
+    for (int step = 0; step < G.n; step++) {
+        int j = (r + step) % G.n;
+        size_t off, len;
+        qt_comm_shard(count, G.n, j, &off, &len);
+        size_t o = off * 2, b = len * 2, cb = ch ? ch : b;
+        for (size_t k = 0; k < b; k += cb) {
+            size_t l = b - k < cb ? b - k : cb;
+            if (step == 0) QT_CUDA(cudaMemcpyAsync(h + o + k, G.b[r] + k, l, cudaMemcpyDeviceToHost, G.s[r]));
+            else QT_CUDA(cudaMemcpyAsync(G.a[r] + o + k, h + o + k, l, cudaMemcpyHostToDevice, G.gs[r]));
+        }
+    }
+}
+
+/* Holds rank 0's stream until every rank's copies are queued, so the enqueue's skew is not timed. */
+static void bound_gate(void *p) {
+    while (!atomic_load((atomic_int *)p)) {}
+}
+
+/* One run on every rank at once; ms from rank 0's start event to the last stream's end. */
+static float bound_run(char *h, size_t count, size_t ch) {
+    atomic_int go = 0;
+    cudaEvent_t t0 = G.e0[0][0], t1 = G.e1[0][0];
+    QT_CUDA(cudaSetDevice(G.devices[0]));
+    QT_CUDA(cudaLaunchHostFunc(G.s[0], bound_gate, &go));
+    QT_CUDA(cudaEventRecord(t0, G.s[0]));
+    for (int r = 0; r < G.n; r++) {
+        QT_CUDA(cudaSetDevice(G.devices[r]));
+        if (r) QT_CUDA(cudaStreamWaitEvent(G.s[r], t0, 0));
+        QT_CUDA(cudaStreamWaitEvent(G.gs[r], t0, 0));
+        bound_copies(r, h, count, ch);
+        QT_CUDA(cudaEventRecord(G.e0[r][1], G.s[r]));
+        QT_CUDA(cudaEventRecord(G.e0[r][2], G.gs[r]));
+    }
+    QT_CUDA(cudaSetDevice(G.devices[0]));
+    for (int r = 0; r < G.n; r++) {
+        QT_CUDA(cudaStreamWaitEvent(G.s[0], G.e0[r][1], 0));
+        QT_CUDA(cudaStreamWaitEvent(G.s[0], G.e0[r][2], 0));
+    }
+    QT_CUDA(cudaEventRecord(t1, G.s[0]));
+    atomic_store(&go, 1);
+    for (int r = 0; r < G.n; r++) {
+        QT_CUDA(cudaSetDevice(G.devices[r]));
+        QT_CUDA(cudaDeviceSynchronize());
+    }
+    float ms;
+    QT_CUDA(cudaEventElapsedTime(&ms, t0, t1));
+    return ms;
+}
+
+/* Prints single-copy and chunked bounds for the sweep's sizes (16 MiB..cap, x4); the chunk is the
+ * comm's auto choice (chunk_elems in comm/comm.c) for this size and rank count. */
+static void host_bound(size_t cap) {
+    if (cap < (16u << 20)) return;
+    char *h;
+    QT_CUDA(cudaHostAlloc((void **)&h, cap, cudaHostAllocPortable));
+    for (size_t b = 16u << 20; b <= cap; b *= 4) {
+        size_t piece = (b / 2 + G.n - 1) / G.n * 2;
+        size_t ch = (size_t)sqrt((double)piece * 300e3) / 65536 * 65536;
+        ch = ch < (256u << 10) ? 256u << 10 : ch > (4u << 20) ? 4u << 20 : ch;
+        for (int k = 0; k < 2; k++) {
+            float ms[MAXIT];
+            for (int it = 0; it < G.warmup + G.iters; it++) {
+                float t = bound_run(h, b / 2, k ? ch : 0);
+                if (it >= G.warmup) ms[it - G.warmup] = t;
+            }
+            qsort(ms, (size_t)G.iters, sizeof ms[0], cmpf);
+            double t = ms[G.iters / 2] * 1e-3, bus = b / t / 1e9 * (G.n - 1) / G.n;
+            char lab[32];
+            if (k) snprintf(lab, sizeof lab, "chunked %zu KiB:", ch >> 10);
+            else snprintf(lab, sizeof lab, "single copies:");
+            printf("host-bound %3zu MiB  %-17s %8.1f us busbw %5.1f GB/s (%.0f%% of H2D)\n", b >> 20, lab, t * 1e6,
+                   bus, 100 * bus / G.probe.h2d_all);
+            fflush(stdout);
+        }
+    }
+    QT_CUDA(cudaFreeHost(h));
+}
+
 int main(int argc, char **argv) {
     struct timespec ts0;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
@@ -467,6 +555,7 @@ int main(int argc, char **argv) {
             }
             qt_comm_free(c);
         }
+        host_bound(G.max_bytes < (256u << 20) ? G.max_bytes : 256u << 20);
         return 0;
     }
     int shown[NSTRAT], ns = 0;
