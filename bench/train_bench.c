@@ -144,7 +144,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     e->ops->print_memory(e);
-    long N = (long)cfg.micro_batch * cfg.seq_len;
+    long N = (long)cfg.micro_batch * cfg.seq_len * e->ranks; /* tokens per micro-step, all ranks */
     int32_t *in = malloc(N * 4), *tgt = malloc(N * 4);
     qt_rng r;
     qt_rng_seed(&r, 1);
@@ -163,28 +163,29 @@ int main(int argc, char **argv) {
         printf("step %d: loss %.4f gnorm %.3f %.1f ms\n", s + 1, loss, gn, (now_s() - t0) * 1e3);
     }
     if (breakdown) { /* extra steps with an event around every op (they slow the step a little) */
-        qt_engine_gpu_profile(e, 1);
+        qt_engine_profile(e, 1);
         for (int s = 0; s < 3; s++) {
             for (int a = 0; a < cfg.grad_accum; a++) e->ops->micro_step(e, in, tgt, 1.0f / cfg.grad_accum);
             e->ops->opt_step(e, 1e-4f, warmup + steps + s + 1, &loss, &gn);
         }
-        qt_engine_gpu_profile_print(e, 3);
-        qt_engine_gpu_profile(e, 0);
+        qt_engine_profile_print(e, 3);
+        qt_engine_profile(e, 0);
     }
     size_t free1;
     QT_CUDA(cudaMemGetInfo(&free1, &total));
     qsort(t, steps, sizeof *t, cmp_d);
     double step_s = t[steps / 2], tok = (double)N * cfg.grad_accum / step_s;
-    double flops = qt_model_flops_per_token(&L.cfg, cfg.seq_len), tflops = tok * flops * 1e-12;
-    printf("%s on %s (%s matmuls): %.0f tokens/s, %.1f ms/step, %.1f model TFLOP/s (%.3f GFLOP/token), "
+    /* SOL per GPU: all ranks' FLOP/s over all ranks' ceilings */
+    double flops = qt_model_flops_per_token(&L.cfg, cfg.seq_len), tflops = tok * flops * 1e-12 / e->ranks;
+    printf("%s on %d x %s (%s matmuls): %.0f tokens/s, %.1f ms/step, %.1f model TFLOP/s per GPU (%.3f GFLOP/token), "
            "GEMM ceilings bf16 %.1f / fp8 %.1f TFLOP/s, SOL %.1f%% (vs %s), device memory used %.2f GiB\n",
-           path, p.name, fp8 ? "e4m3" : "bf16", tok, step_s * 1e3, tflops, flops * 1e-9, ceiling_bf16, ceiling_fp8,
+           path, e->ranks, p.name, fp8 ? "e4m3" : "bf16", tok, step_s * 1e3, tflops, flops * 1e-9, ceiling_bf16, ceiling_fp8,
            100 * tflops / ceiling, fp8 ? "fp8" : "bf16", (total - free1) / 1073741824.0);
-    printf("RESULT {\"config\":\"%s\",\"device\":\"%s\",\"matmul_dtype\":\"%s\",\"tokens_per_s\":%.0f,"
+    printf("RESULT {\"config\":\"%s\",\"gpus\":%d,\"device\":\"%s\",\"matmul_dtype\":\"%s\",\"tokens_per_s\":%.0f,"
            "\"step_ms\":%.2f,\"model_tflops\":%.1f,\"gflop_per_token\":%.4f,\"gemm_ceiling_tflops\":%.1f,"
            "\"gemm_ceiling_bf16_tflops\":%.1f,\"gemm_ceiling_fp8_tflops\":%.1f,\"sol\":%.4f,\"mem_used_gib\":%.2f,"
            "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
-           path, p.name, fp8 ? "e4m3" : "bf16", tok, step_s * 1e3, tflops, flops * 1e-9, ceiling, ceiling_bf16,
+           path, e->ranks, p.name, fp8 ? "e4m3" : "bf16", tok, step_s * 1e3, tflops, flops * 1e-9, ceiling, ceiling_bf16,
            ceiling_fp8, tflops / ceiling, (total - free1) / 1073741824.0, first, loss);
     e->ops->free(e);
     free(t);

@@ -162,6 +162,7 @@ qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t hos
                 if (!seen) uniq[nu++] = devices[r];
             }
             QT_CHECK(qt_comm_probe(nu, uniq, &p) == 0, "comm: the link probe failed");
+            if (opts && opts->probe_log) qt_comm_probe_print(&p, opts->probe_log, 0);
             pp = &p;
         }
         kind = pp->pick;

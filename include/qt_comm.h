@@ -71,6 +71,7 @@ typedef struct {
                                  pair of devices lacks peer access */
     double timeout_s;         /* a rank waiting longer for a peer fails with a message; 0 = never */
     const qt_comm_probe_result *probe; /* AUTO decides from this; NULL = run the probe */
+    FILE *probe_log;          /* where qt_comm_create prints the probe it runs (NULL = silent) */
 } qt_comm_opts;
 
 /* Measures links between devices[0..n) (about a second) and picks a kind. 0 on success. */

@@ -37,6 +37,9 @@ typedef struct {
     int (*load_state)(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
     /* Prints the memory plan (the GPU allocator table); may be NULL. */
     void (*print_memory)(qt_engine *e);
+    /* Per-op timing of the following steps (GPU engines; NULL elsewhere), printed as ms per step. */
+    void (*profile)(qt_engine *e, int on);
+    void (*profile_print)(qt_engine *e, int steps);
     void (*free)(qt_engine *e);
 } qt_engine_ops;
 
@@ -44,16 +47,29 @@ struct qt_engine {
     const qt_engine_ops *ops;
     const qt_layout *L;  /* borrowed */
     const qt_config *cfg; /* borrowed */
+    int ranks;            /* micro-batches per micro_step: inputs/targets hold ranks x [B*T], one per GPU */
 };
 
 /* CPU fp32 reference engine. w0 [L->numel] are the initial weights (copied). */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0);
-/* Single-GPU engine (NULL with err when CUDA or the config cannot be served). */
-qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
-                                size_t errlen);
+/* One GPU's engine on CUDA device `device` (NULL with err when CUDA or the config cannot be served). */
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
+                                char *err, size_t errlen);
+/* Makes a GPU engine a data-parallel rank: opt_step first sums the gradients over comm (every rank
+ * calls opt_step, each from its own thread). */
+struct qt_comm;
+void qt_engine_gpu_attach(qt_engine *e, struct qt_comm *comm, int rank);
+/* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
+void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 
-/* GPU engine only: per-op timing of the following steps, printed as ms per optimizer step. */
-void qt_engine_gpu_profile(qt_engine *e, int on);
-void qt_engine_gpu_profile_print(qt_engine *e, int steps);
+/* Data-parallel engine: one thread per rank on devices[0..n) (a device may repeat), each with a full
+ * replica; gradients are all-reduced (sum, fixed rank order) over cfg->comm, so replicas stay bitwise
+ * identical. NULL with err on failure. */
+qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
+                               const int *devices, char *err, size_t errlen);
+
+/* Per-op timing where the engine supports it (no-op elsewhere). */
+void qt_engine_profile(qt_engine *e, int on);
+void qt_engine_profile_print(qt_engine *e, int steps);
 
 #endif

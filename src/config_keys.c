@@ -131,9 +131,9 @@ static const qt_config_key keys[] = {
     B("perf.cuda_graphs", cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
 
     I("parallel.gpus", gpus, 0, INT_MAX, "0", "multi-GPU", 0,
-      "GPUs to use; 0 = all visible (reserved: accepted and validated, used by the multi-GPU trainer)"),
+      "GPUs to train on, data parallel (one thread and one full replica each; a step then holds micro_batch x grad_accum x gpus sequences); 0 = all visible, up to 8"),
     E("parallel.comm", comm, comm_names, "auto", "multi-GPU", 0,
-      "collective transport: peer copies, host staging, write-combined host (reserved: multi-GPU trainer)"),
+      "how the GPUs sum gradients: peer copies (NVLink/PCIe P2P), host staging through pinned memory, write-combined host; auto = from the link probe printed at start"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

@@ -122,7 +122,7 @@ static const qt_engine_ops cpu_ops = {
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0) {
     cpu_engine *c = calloc(1, sizeof *c);
     QT_CHECK(c, "out of host memory");
-    c->base = (qt_engine){&cpu_ops, L, cfg};
+    c->base = (qt_engine){&cpu_ops, L, cfg, 1};
     size_t bytes = L->numel * sizeof(float);
     c->w = malloc(bytes);
     c->g = calloc(L->numel, sizeof(float));

@@ -1,9 +1,11 @@
-/* engine_gpu.c — the single-GPU engine: token upload, micro-steps (optionally replayed from a CUDA
- * graph), the optimizer step with the one host read per step, and checkpoint state. */
+/* engine_gpu.c — one GPU's engine: token upload, micro-steps (optionally replayed from a CUDA graph),
+ * the optimizer step with the one host read per step, and checkpoint state. As a rank of the
+ * data-parallel engine (engine_dp.c) it sums the gradients over the ranks before the optimizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "qt_comm.h"
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
@@ -20,6 +22,10 @@ typedef struct {
     cudaGraphExec_t graph;
     float graph_scale;
     int micro_done;
+    qt_comm *comm;          /* data-parallel rank: gradients are summed over comm before the norm */
+    int rank;
+    double last_loss_sum;   /* the last opt_step's loss sum and target count, for the ranks' mean */
+    long last_valid;
 } gpu_engine;
 
 /* Host -> pinned -> device without racing an upload still in flight from the same pinned buffer. */
@@ -76,6 +82,11 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_gpu_model *g = e->g;
     const qt_config *c = b->cfg;
     cudaStream_t s = g->stream;
+    if (e->comm) {
+        qt_gpu_model_mark(g, "optimizer: gradient all-reduce");
+        QT_CHECK(qt_comm_all_reduce(e->comm, e->rank, g->grad, g->grad, b->L->numel, QT_DT_F32, s) == 0,
+                 "rank %d: gradient all-reduce aborted (another rank failed)", e->rank);
+    }
     qt_gpu_model_mark(g, "optimizer: norm + adamw");
     qt_grad_norm(g->norm, g->clip, g->grad, b->L->numel, c->grad_clip, g->ws, s);
     qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
@@ -98,6 +109,8 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_gpu_model_profile_collect(g);
     *loss = e->valid_total ? (float)(e->out->loss / e->valid_total) : 0.0f;
     *gnorm = e->out->norm;
+    e->last_loss_sum = e->out->loss;
+    e->last_valid = e->valid_total;
     e->valid_total = 0;
 }
 
@@ -194,43 +207,47 @@ static void gpu_free(qt_engine *b) {
     free(e);
 }
 
-static const qt_engine_ops gpu_ops = {
-    .name = "cuda-bf16",
-    .micro_step = gpu_micro_step,
-    .opt_step = gpu_opt_step,
-    .eval_loss = gpu_eval_loss,
-    .get_weights = gpu_get_weights,
-    .get_grads = gpu_get_grads,
-    .forward_logits = gpu_forward_logits,
-    .state_items = gpu_state_items,
-    .load_state = gpu_load_state,
-    .print_memory = gpu_print_memory,
-    .free = gpu_free,
-};
+static void gpu_profile(qt_engine *b, int on) { qt_gpu_model_profile(((gpu_engine *)b)->g, on); }
+static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_print(((gpu_engine *)b)->g, steps); }
 
-void qt_engine_gpu_profile(qt_engine *b, int on) { qt_gpu_model_profile(((gpu_engine *)b)->g, on); }
-void qt_engine_gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_print(((gpu_engine *)b)->g, steps); }
+/* The same ops under the name the run's log shows. */
+#define GPU_OPS(nm)                                                                                   \
+    {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
+     .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .forward_logits = gpu_forward_logits, \
+     .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
+     .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free}
+static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
-qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
-                                size_t errlen) {
+
+void qt_engine_gpu_attach(qt_engine *b, qt_comm *comm, int rank) {
+    gpu_engine *e = (gpu_engine *)b;
+    e->comm = comm;
+    e->rank = rank;
+}
+
+void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
+    const gpu_engine *e = (const gpu_engine *)b;
+    *sum = e->last_loss_sum;
+    *valid = e->last_valid;
+}
+
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
+                                char *err, size_t errlen) {
     if (cfg->matmul_dtype != QT_DT_BF16 && cfg->matmul_dtype != QT_DT_E4M3) {
         snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
                  qt_dtype_name(cfg->matmul_dtype));
         return NULL;
     }
-    QT_CUDA(cudaSetDevice(0));
+    QT_CUDA(cudaSetDevice(device));
     if (cfg->matmul_dtype == QT_DT_E4M3) {
         struct cudaDeviceProp p;
-        QT_CUDA(cudaGetDeviceProperties(&p, 0));
+        QT_CUDA(cudaGetDeviceProperties(&p, device));
         if (qt_fp8_check(&L->cfg, cfg, (long)cfg->micro_batch * cfg->seq_len, p.major * 10 + p.minor, err, errlen))
             return NULL;
     }
     gpu_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
-    static qt_engine_ops fp8_ops; /* the same ops under the name the run's log shows */
-    fp8_ops = gpu_ops;
-    fp8_ops.name = "cuda-fp8 (e4m3 blocks)";
-    e->base = (qt_engine){cfg->matmul_dtype == QT_DT_E4M3 ? &fp8_ops : &gpu_ops, L, cfg};
+    e->base = (qt_engine){cfg->matmul_dtype == QT_DT_E4M3 ? &fp8_ops : &gpu_ops, L, cfg, 1};
     e->g = qt_gpu_model_create(L, cfg, w0, err, errlen);
     if (!e->g) {
         free(e);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qt_comm.h"
 #include "qt_device.h"
 #include "qt_engine.h"
 #include "qt_hf.h"
@@ -54,5 +55,39 @@ qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const floa
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
         return qt_engine_cpu_create(L, cfg, w0);
     }
-    return qt_engine_gpu_create(L, cfg, w0, err, errlen);
+    int devs[QT_COMM_MAX_RANKS], n = cfg->gpus ? cfg->gpus : ngpu;
+    const char *env = getenv("QT_DP_DEVICES"); /* a test hook: "0,0" puts two ranks on GPU 0 */
+    if (env && *env) {
+        n = 0;
+        for (const char *p = env; *p && n < QT_COMM_MAX_RANKS; p += *p == ',') {
+            char *end;
+            long d = strtol(p, &end, 10);
+            if (end == p || d < 0 || d >= ngpu) {
+                snprintf(err, errlen, "QT_DP_DEVICES=%s: expected a comma-separated list of device ids < %d", env, ngpu);
+                return NULL;
+            }
+            devs[n++] = (int)d;
+            p = end;
+        }
+    } else {
+        if (n > ngpu) {
+            snprintf(err, errlen, "%s: parallel.gpus: %d GPUs asked for, %d visible", cfg->path, n, ngpu);
+            return NULL;
+        }
+        if (n > QT_COMM_MAX_RANKS && !cfg->gpus) n = QT_COMM_MAX_RANKS; /* "all visible", up to what comm serves */
+        if (n > QT_COMM_MAX_RANKS) {
+            snprintf(err, errlen, "%s: parallel.gpus: %d, expected at most %d", cfg->path, n, QT_COMM_MAX_RANKS);
+            return NULL;
+        }
+        for (int r = 0; r < n; r++) devs[r] = r;
+    }
+    if (n == 1) return qt_engine_gpu_create(L, cfg, w0, devs[0], err, errlen);
+    return qt_engine_dp_create(L, cfg, w0, n, devs, err, errlen);
+}
+
+void qt_engine_profile(qt_engine *e, int on) {
+    if (e->ops->profile) e->ops->profile(e, on);
+}
+void qt_engine_profile_print(qt_engine *e, int steps) {
+    if (e->ops->profile_print) e->ops->profile_print(e, steps);
 }

@@ -1,7 +1,8 @@
 /* train.c — the training loop: steps of grad_accum micro-batches, logging, eval, checkpoints, export.
  *
- * One step, top to bottom: lr from the schedule -> grad_accum x (loader_next -> engine micro_step)
- * -> engine opt_step (norm, clip, AdamW; the one device sync) -> log -> eval -> checkpoint. */
+ * One step, top to bottom: lr from the schedule -> grad_accum x (loader_next once per rank -> engine
+ * micro_step) -> engine opt_step (gradient sum over ranks, norm, clip, AdamW; the one device sync)
+ * -> log -> eval -> checkpoint. With N GPUs a step holds micro_batch x grad_accum x N sequences. */
 #include "qt_train.h"
 
 #include <math.h>
@@ -47,7 +48,7 @@ typedef struct {
     const qt_config *cfg;
     qt_engine *eng;
     qt_loader *train, *eval;
-    int32_t *in, *tgt; /* one micro-batch */
+    int32_t *in, *tgt; /* one micro-batch per rank */
     FILE *log;
     qt_rng rng;        /* trainer randomness (saved so resumed runs draw the same numbers) */
     long step;         /* steps done */
@@ -169,14 +170,16 @@ static int open_loaders(trainer *t, const qt_layout *L, char *err, size_t errlen
 static int train_loop(trainer *t, const qt_train_opts *o, qt_train_stats *st, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
     qt_sched sched = {c->schedule, c->lr, c->final_lr_frac, c->warmup, c->cooldown, c->steps};
-    double tok_per_step = (double)c->micro_batch * c->seq_len * c->grad_accum;
+    int ranks = t->eng->ranks;
+    size_t ntok = (size_t)c->micro_batch * c->seq_len;
+    double tok_per_step = (double)ntok * c->grad_accum * ranks;
     double t0 = now_s(), tlast = t0;
     long start = t->step, last_logged = t->step;
     long stop = o->stop_after >= 0 && o->stop_after < c->steps ? o->stop_after : c->steps;
     while (t->step < stop) {
         float lr = qt_sched_lr(&sched, t->step), loss, gnorm;
         for (int a = 0; a < c->grad_accum; a++) {
-            qt_loader_next(t->train, t->in, t->tgt);
+            for (int r = 0; r < ranks; r++) qt_loader_next(t->train, t->in + r * ntok, t->tgt + r * ntok);
             t->eng->ops->micro_step(t->eng, t->in, t->tgt, 1.0f / c->grad_accum);
         }
         t->eng->ops->opt_step(t->eng, lr, t->step + 1, &loss, &gnorm);
@@ -222,12 +225,16 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     trainer t = {.cfg = cfg};
     qt_rng_seed(&t.rng, cfg->seed);
     int rc = -1;
-    size_t ntok = (size_t)cfg->micro_batch * cfg->seq_len;
-    t.in = malloc(ntok * sizeof(int32_t));
-    t.tgt = malloc(ntok * sizeof(int32_t));
-    if (!t.in || !t.tgt || open_loaders(&t, &L, err, errlen)) goto done;
+    if (open_loaders(&t, &L, err, errlen)) goto done;
     t.eng = qt_engine_create(&L, cfg, w0, err, errlen);
     if (!t.eng) goto done;
+    size_t ntok = (size_t)cfg->micro_batch * cfg->seq_len * t.eng->ranks;
+    t.in = malloc(ntok * sizeof(int32_t));
+    t.tgt = malloc(ntok * sizeof(int32_t));
+    if (!t.in || !t.tgt) {
+        snprintf(err, errlen, "out of host memory for %zu tokens", ntok);
+        goto done;
+    }
     printf("qtrain: %s | %zu parameters | %d layers, hidden %d, heads %d/%d, vocab %d | %s | %.2f GFLOP/token\n",
            cfg->path, L.n_params, L.cfg.num_layers, L.cfg.hidden_size, L.cfg.num_heads, L.cfg.num_kv_heads,
            L.cfg.vocab_size, t.eng->ops->name, qt_model_flops_per_token(&L.cfg, cfg->seq_len) * 1e-9);

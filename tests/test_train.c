@@ -35,8 +35,9 @@ static void write_synthetic(const char *path, uint64_t n, uint64_t seed) {
     free(t);
 }
 
-/* 10 steps + resume + 10 steps must equal 20 straight steps bit for bit, tied and untied. */
-static void resume_bit_exact(const char *device) {
+/* 10 steps + resume + 10 steps must equal 20 straight steps bit for bit, tied and untied. tag names
+ * the run's folders; par is the parallel: line. */
+static void resume_bit_exact(const char *device, const char *tag, const char *par) {
     char yaml[4096], p1[512], p2[512];
     snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
     snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
@@ -54,15 +55,15 @@ static void resume_bit_exact(const char *device) {
         "eval: {every: 5, batches: 2}\n"
         "checkpoint: {dir: '%s/ckpt_%s%d', every: 0, keep: 2}\n"
         "log: {file: '%s/log_%s%d.jsonl', every: 5}\n"
-        "device: %s\n";
+        "device: %s\n%s\n";
     const char *tie[2] = {"true", "false"};
     for (int k = 0; k < 2; k++) {
         qt_config a, b;
         char err[1024];
         float la[20], lb[20];
-        snprintf(yaml, sizeof yaml, fmt, shape, tie[k], g_dir, g_dir, g_dir, device, k, g_dir, device, k, device);
+        snprintf(yaml, sizeof yaml, fmt, shape, tie[k], g_dir, g_dir, g_dir, tag, k, g_dir, tag, k, device, par);
         QT_REQUIRE(load_cfg(&a, yaml) == 0, "config");
-        snprintf(yaml, sizeof yaml, fmt, shape, tie[k], g_dir, g_dir, g_dir, device, k + 2, g_dir, device, k + 2, device);
+        snprintf(yaml, sizeof yaml, fmt, shape, tie[k], g_dir, g_dir, g_dir, tag, k + 2, g_dir, tag, k + 2, device, par);
         QT_REQUIRE(load_cfg(&b, yaml) == 0, "config");
         qt_train_opts oa = {NULL, -1, 0, la}, ob1 = {NULL, 10, 0, lb}, ob2 = {"latest", -1, 0, lb};
         qt_train_stats st;
@@ -77,8 +78,8 @@ static void resume_bit_exact(const char *device) {
         /* The final exports of both runs must be byte-identical. */
         char ea[512], eb[512];
         size_t na = 0, nb = 0;
-        snprintf(ea, sizeof ea, "%s/ckpt_%s%d/export/model.safetensors", g_dir, device, k);
-        snprintf(eb, sizeof eb, "%s/ckpt_%s%d/export/model.safetensors", g_dir, device, k + 2);
+        snprintf(ea, sizeof ea, "%s/ckpt_%s%d/export/model.safetensors", g_dir, tag, k);
+        snprintf(eb, sizeof eb, "%s/ckpt_%s%d/export/model.safetensors", g_dir, tag, k + 2);
         char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
         QT_EXPECT(fa && fb && na == nb && na > 0 && memcmp(fa, fb, na) == 0, "exports differ (%zu vs %zu bytes)", na, nb);
         free(fa);
@@ -86,11 +87,98 @@ static void resume_bit_exact(const char *device) {
     }
 }
 
-static void test_resume_bit_exact(void) { resume_bit_exact("cpu"); }
+static void test_resume_bit_exact(void) { resume_bit_exact("cpu", "cpu", ""); }
 
 static void test_resume_bit_exact_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    resume_bit_exact("cuda");
+    resume_bit_exact("cuda", "cuda", "parallel: {gpus: 1}");
+}
+
+/* Two data-parallel ranks: on two GPUs when there are, else both on GPU 0 (QT_DP_DEVICES). Returns
+ * the parallel: line; dp_end undoes the environment. */
+static const char *dp_begin(void) {
+    if (qt_cuda_device_count() >= 2) return "parallel: {gpus: 2}";
+    setenv("QT_DP_DEVICES", "0,0", 1);
+    return "";
+}
+static void dp_end(void) { unsetenv("QT_DP_DEVICES"); }
+
+static void test_resume_bit_exact_data_parallel(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    resume_bit_exact("cuda", "dp", dp_begin());
+    dp_end();
+}
+
+/* grad_norm of each step from a jsonl log written with log.every 1. */
+static int read_gnorms(const char *path, float *g, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[512];
+    int k = 0;
+    while (fgets(line, sizeof line, f) && k < cap) {
+        const char *p = strstr(line, "\"grad_norm\":");
+        if (strstr(line, "\"train\"") && p) g[k++] = strtof(p + 12, NULL);
+    }
+    fclose(f);
+    return k;
+}
+
+/* Two ranks x 2 accumulation steps see the same 4 micro-batches per step as one GPU x 4: the losses
+ * and gradient norms must agree (only the order of the fp32 gradient sums differs), and the replicas
+ * must stay bitwise equal (the engine checks every step's norm and the exported weights). */
+static void test_data_parallel_matches_one_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
+    snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
+    write_synthetic(p1, 20000, 1);
+    write_synthetic(p2, 3000, 2);
+    enum { STEPS = 20 };
+    float loss[2][STEPS], gn[2][STEPS];
+    const char *tag[2] = {"one", "dp"};
+    for (int k = 0; k < 2; k++) {
+        char yaml[4096], err[1024], logp[512];
+        snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag[k]);
+        const char *par = k ? dp_begin() : "parallel: {gpus: 1}";
+        snprintf(yaml, sizeof yaml,
+                 "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+                 "        intermediate_size: 96, max_seq_len: 64}\n"
+                 "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
+                 "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
+                 "checkpoint: {dir: '%s/ckpt_match_%s'}\nlog: {file: '%s', every: 1}\ndevice: cuda\n%s\n",
+                 g_dir, k ? 2 : 4, STEPS, g_dir, tag[k], logp, par);
+        qt_config c;
+        QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+        qt_train_opts o = {NULL, -1, 0, loss[k]};
+        qt_train_stats st;
+        int rc = qt_train_run(&c, &o, &st, err, sizeof err);
+        if (k) dp_end();
+        QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);
+        QT_REQUIRE(read_gnorms(logp, gn[k], STEPS) == STEPS, "%s: %d grad_norm records", tag[k], read_gnorms(logp, gn[k], STEPS));
+    }
+    double worst_l = 0, worst_g = 0;
+    for (int i = 0; i < STEPS; i++) {
+        double rl = fabs(loss[1][i] - loss[0][i]) / loss[0][i], rg = fabs(gn[1][i] - gn[0][i]) / gn[0][i];
+        worst_l = rl > worst_l ? rl : worst_l;
+        worst_g = rg > worst_g ? rg : worst_g;
+        if (i == 0) {
+            QT_EXPECT(rl < 1e-6, "step 1 loss: one GPU %.9g, 2 ranks %.9g", loss[0][0], loss[1][0]);
+            QT_EXPECT(rg < 1e-4, "step 1 grad norm: one GPU %.9g, 2 ranks %.9g", gn[0][0], gn[1][0]);
+        }
+    }
+    printf("  %d steps: loss %.4f -> %.4f; worst relative difference 1 GPU vs 2 ranks: loss %.2e, grad norm %.2e\n",
+           STEPS, loss[0][0], loss[0][STEPS - 1], worst_l, worst_g);
+    QT_EXPECT(worst_l < 1e-3 && worst_g < 1e-2, "the runs drifted apart: loss %.2e, grad norm %.2e", worst_l, worst_g);
+    QT_EXPECT(loss[1][STEPS - 1] < loss[1][0], "loss did not fall: %g -> %g", loss[1][0], loss[1][STEPS - 1]);
+    /* more GPUs than visible is refused with the key's name */
+    qt_config c;
+    char yaml[1024], err[1024];
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 128, num_layers: 1, num_heads: 2, num_kv_heads: 1, intermediate_size: 96}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3}\noptim: {steps: 1}\n"
+             "checkpoint: {dir: '%s/ckpt_toomany'}\ndevice: cuda\nparallel: {gpus: 64}\n", g_dir, g_dir);
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "parallel.gpus"), "got: %s", err);
 }
 
 static void test_resume_errors(void) {
@@ -150,7 +238,7 @@ static void test_gpu_bf16_tracks_cpu_fp32(void) {
                  "data: {train: '%s/ts_train_*.bin', eval: '%s/ts_eval_*.bin', seq_len: 128, micro_batch: 8}\n"
                  "optim: {lr: 0.003, warmup: 20, steps: 200, schedule: cosine, final_lr_frac: 0.1}\n"
                  "eval: {every: 40, batches: 8}\ncheckpoint: {dir: '%s/ckpt_curve_%s'}\nlog: {file: '%s', every: 50}\n"
-                 "device: %s\n",
+                 "device: %s\nparallel: {gpus: 1}\n",
                  g_dir, g_dir, g_dir, dev[d], logp, dev[d]);
         qt_config c;
         QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
@@ -181,6 +269,8 @@ int main(void) {
     QT_RUN(test_resume_errors);
     QT_RUN(test_tinyshakespeare_learns);
     QT_RUN(test_resume_bit_exact_gpu);
+    QT_RUN(test_resume_bit_exact_data_parallel);
+    QT_RUN(test_data_parallel_matches_one_gpu);
     QT_RUN(test_gpu_bf16_tracks_cpu_fp32);
     qt_t_rmtree(g_dir);
     return qt_test_end();

@@ -26,6 +26,7 @@ int main(int argc, char **argv) {
     cfg.device = !strcmp(argv[2], "cuda") ? QT_DEVICE_CUDA : QT_DEVICE_CPU;
     int B = atoi(argv[4]), T = atoi(argv[5]);
     cfg.micro_batch = B;
+    cfg.gpus = 1; /* one replica is enough for logits */
     cfg.seq_len = T;
     snprintf(cfg.path, sizeof cfg.path, "tool_hf_dump");
     qt_layout L;

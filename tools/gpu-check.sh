@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
-# out/gpu-check). Stages (default: all): build unit model train bench llmq
+# out/gpu-check). Stages (default: all but dp): build unit model train bench llmq; dp (several GPUs)
 #   tools/gpu-check.sh unit model     # kernel/matmul/attention/quant tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -30,7 +30,7 @@ if has model; then
 fi
 if has bench; then
     # one micro-batch of 16 x 1024 per optimizer step: the per-op breakdown and the older rows of RESULTS.md
-    one="--set data.micro_batch=16 --set data.grad_accum=1"
+    one="--set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
     { step gemm_bench 300 build/bench/gemm_bench
       step kernels_bench 200 build/bench/kernels_bench
       step quant_bench 200 build/bench/quant_bench
@@ -43,11 +43,23 @@ fi
 # The configs as shipped: LLM.Q's published setting (524,288 tokens per optimizer step, CUDA graphs);
 # LLM.Q's runs also keep AdamW's moments in bf16, so do we here (fp32 master weights and gradients kept).
 if has llmq; then
-    llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set parallel.gpus=1"
     { step llmq_0.5b_bf16 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml $llmq
       step llmq_0.5b_fp8 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml $llmq
       step llmq_1.5b_bf16 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq \
           --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16
       step llmq_1.5b_fp8 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq
     } 2>&1 | tee "$OUT/llmq.log" | grep -E 'RESULT|tokens/s|==|rror' | head -40
+fi
+# Data parallel on every visible GPU against one GPU, same setting as llmq (a step is then N x 524,288
+# tokens); test_train holds the multi-GPU checks (bit-exact resume, 2 ranks vs 1 GPU).
+if has dp; then
+    llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    { step test_train 600 build/tests/test_train
+      for p in bf16 fp8; do
+          step dp_0.5b_${p}_1gpu 300 build/bench/train_bench configs/qwen2.5-0.5b-$p.yaml $llmq --set parallel.gpus=1
+          step dp_0.5b_${p}_all 300 build/bench/train_bench configs/qwen2.5-0.5b-$p.yaml $llmq
+      done
+      step dp_0.5b_fp8_all_host 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml $llmq --set parallel.comm=host
+    } 2>&1 | tee "$OUT/dp.log" | grep -E '^(PASS|FAIL|SKIP|==)|worst|tokens/s|rror' | head -60
 fi

@@ -1,0 +1,302 @@
+/* engine_dp.c — data parallelism over the GPUs of this process: one pthread per rank, each driving its
+ * own single-GPU engine (a full replica) on its device.
+ *
+ * The training loop stays single-threaded: every engine call is handed to the rank threads at once
+ * and returns when each has run it (micro-steps only enqueue GPU work, so the hand-off costs
+ * microseconds, not a device sync). Each rank trains on its own micro-batch; opt_step sums the
+ * gradients over the comm (fp32, ascending rank order: every rank gets the same bits) before the norm
+ * and AdamW, so the replicas' weights and optimizer state stay bitwise identical. get_weights and
+ * opt_step check that; checkpoints are rank 0's state. A failure in any rank thread ends in qt_fail,
+ * which aborts the comm (waking ranks blocked in a collective) and exits with the rank's message. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "qt_comm.h"
+#include "qt_engine.h"
+#include "qt_error.h"
+
+typedef struct dp_engine dp_engine;
+typedef void (*dp_job)(dp_engine *d, int r);
+typedef struct {
+    dp_engine *d;
+    int r;
+} rank_arg;
+
+struct dp_engine {
+    qt_engine base;
+    qt_engine_ops ops;
+    char name[160];
+    int n;
+    int dev[QT_COMM_MAX_RANKS];
+    qt_engine *rk[QT_COMM_MAX_RANKS]; /* owned; made and freed by their rank's thread */
+    qt_comm *comm;                    /* owned */
+    pthread_t th[QT_COMM_MAX_RANKS];
+    rank_arg arg[QT_COMM_MAX_RANKS];
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    long gen;      /* job generation: each rank runs every new job once */
+    int pending;   /* ranks still running the current job */
+    int only;      /* the job's single rank, or -1 for all */
+    int quit;
+    dp_job job;
+    /* the current job's arguments and results */
+    const float *w0;
+    char err[QT_COMM_MAX_RANKS][512];
+    const int32_t *in, *tgt;
+    float scale, lr, eval;
+    long t;
+    float loss[QT_COMM_MAX_RANKS], gnorm[QT_COMM_MAX_RANKS];
+    float *out;
+    qt_ckpt_item *items;
+    int cap, nitems, on;
+    const qt_ckpt *ck;
+    int rc[QT_COMM_MAX_RANKS];
+};
+
+/* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
+static void run(dp_engine *d, dp_job job, int only) {
+    pthread_mutex_lock(&d->mu);
+    d->job = job;
+    d->only = only;
+    d->pending = d->n;
+    d->gen++;
+    pthread_cond_broadcast(&d->go);
+    while (d->pending) pthread_cond_wait(&d->done, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void *rank_loop(void *p) {
+    dp_engine *d = ((rank_arg *)p)->d;
+    int r = ((rank_arg *)p)->r;
+    qt_error_set_rank(r);
+    QT_CUDA(cudaSetDevice(d->dev[r]));
+    long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        while (d->gen == seen) pthread_cond_wait(&d->go, &d->mu);
+        seen = d->gen;
+        dp_job job = d->job;
+        int mine = d->only < 0 || d->only == r, quit = d->quit;
+        pthread_mutex_unlock(&d->mu);
+        if (quit) return NULL;
+        if (mine) job(d, r);
+        pthread_mutex_lock(&d->mu);
+        if (--d->pending == 0) pthread_cond_signal(&d->done);
+        pthread_mutex_unlock(&d->mu);
+    }
+}
+
+/* ---- jobs (run in rank r's thread, its device current) ---- */
+
+static void job_create(dp_engine *d, int r) {
+    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], d->err[r], sizeof d->err[r]);
+    if (d->rk[r]) qt_engine_gpu_attach(d->rk[r], d->comm, r);
+}
+static void job_micro(dp_engine *d, int r) {
+    size_t ntok = (size_t)d->base.cfg->micro_batch * d->base.cfg->seq_len;
+    d->rk[r]->ops->micro_step(d->rk[r], d->in + r * ntok, d->tgt ? d->tgt + r * ntok : NULL, d->scale);
+}
+static void job_opt(dp_engine *d, int r) { d->rk[r]->ops->opt_step(d->rk[r], d->lr, d->t, &d->loss[r], &d->gnorm[r]); }
+static void job_eval(dp_engine *d, int r) { d->eval = d->rk[r]->ops->eval_loss(d->rk[r], d->in, d->tgt); }
+static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->out); }
+static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], d->out); }
+static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->in, d->out); }
+static void job_items(dp_engine *d, int r) { d->nitems = d->rk[r]->ops->state_items(d->rk[r], d->items, d->cap); }
+static void job_load(dp_engine *d, int r) { d->rc[r] = d->rk[r]->ops->load_state(d->rk[r], d->ck, d->err[r], sizeof d->err[r]); }
+static void job_memory(dp_engine *d, int r) { d->rk[r]->ops->print_memory(d->rk[r]); }
+static void job_profile(dp_engine *d, int r) { d->rk[r]->ops->profile(d->rk[r], d->on); }
+static void job_profile_print(dp_engine *d, int r) { d->rk[r]->ops->profile_print(d->rk[r], d->on); }
+static void job_free(dp_engine *d, int r) {
+    if (d->rk[r]) d->rk[r]->ops->free(d->rk[r]);
+    d->rk[r] = NULL;
+}
+
+/* ---- the engine ops ---- */
+
+static void dp_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
+    dp_engine *d = (dp_engine *)b;
+    d->in = in;
+    d->tgt = tgt;
+    d->scale = grad_scale / d->n; /* the sum over ranks is then the mean over all micro-batches */
+    run(d, job_micro, -1);
+}
+
+static void dp_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
+    dp_engine *d = (dp_engine *)b;
+    d->lr = lr;
+    d->t = t;
+    run(d, job_opt, -1);
+    double sum = 0;
+    long valid = 0;
+    for (int r = 0; r < d->n; r++) {
+        double s;
+        long v;
+        qt_engine_gpu_last_loss(d->rk[r], &s, &v);
+        sum += s;
+        valid += v;
+        QT_CHECK(memcmp(&d->gnorm[r], &d->gnorm[0], sizeof(float)) == 0,
+                 "step %ld: rank %d's gradient norm %.9g differs from rank 0's %.9g: the replicas diverged", t, r,
+                 d->gnorm[r], d->gnorm[0]);
+    }
+    *loss = valid ? (float)(sum / valid) : 0.0f;
+    *gnorm = d->gnorm[0];
+}
+
+static float dp_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
+    dp_engine *d = (dp_engine *)b;
+    d->in = in;
+    d->tgt = tgt;
+    run(d, job_eval, 0);
+    return d->eval;
+}
+
+/* Rank 0's weights, after checking every replica holds the same bits (one extra host copy). */
+static void dp_get_weights(qt_engine *b, float *w) {
+    dp_engine *d = (dp_engine *)b;
+    size_t n = b->L->numel;
+    d->out = w;
+    run(d, job_weights, 0);
+    if (d->n == 1) return;
+    float *tmp = malloc(n * sizeof(float));
+    QT_CHECK(tmp, "out of host memory for a replica check of %zu weights", n);
+    d->out = tmp;
+    for (int r = 1; r < d->n; r++) {
+        run(d, job_weights, r);
+        QT_CHECK(memcmp(tmp, w, n * sizeof(float)) == 0, "rank %d's weights differ from rank 0's: the replicas diverged", r);
+    }
+    free(tmp);
+}
+
+/* The gradients accumulated since the last opt_step, summed over the ranks in rank order. */
+static void dp_get_grads(qt_engine *b, float *g) {
+    dp_engine *d = (dp_engine *)b;
+    size_t n = b->L->numel;
+    d->out = g;
+    run(d, job_grads, 0);
+    float *tmp = malloc(n * sizeof(float));
+    QT_CHECK(tmp, "out of host memory for %zu gradients", n);
+    d->out = tmp;
+    for (int r = 1; r < d->n; r++) {
+        run(d, job_grads, r);
+        for (size_t i = 0; i < n; i++) g[i] += tmp[i];
+    }
+    free(tmp);
+}
+
+static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
+    dp_engine *d = (dp_engine *)b;
+    d->in = in;
+    d->out = logits;
+    run(d, job_logits, 0);
+}
+
+static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
+    dp_engine *d = (dp_engine *)b;
+    d->items = items;
+    d->cap = cap;
+    run(d, job_items, 0);
+    return d->nitems;
+}
+
+static int dp_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errlen) {
+    dp_engine *d = (dp_engine *)b;
+    d->ck = ck;
+    run(d, job_load, -1);
+    for (int r = 0; r < d->n; r++)
+        if (d->rc[r]) {
+            snprintf(err, errlen, "%s", d->err[r]);
+            return -1;
+        }
+    return 0;
+}
+
+static void dp_print_memory(qt_engine *b) {
+    dp_engine *d = (dp_engine *)b;
+    printf("qtrain: data parallel over %d ranks (comm %s), each with the plan below\n", d->n, qt_comm_name(d->comm));
+    run(d, job_memory, 0);
+}
+
+static void dp_profile(qt_engine *b, int on) {
+    dp_engine *d = (dp_engine *)b;
+    d->on = on;
+    run(d, job_profile, 0);
+}
+static void dp_profile_print(qt_engine *b, int steps) {
+    dp_engine *d = (dp_engine *)b;
+    d->on = steps;
+    run(d, job_profile_print, 0);
+}
+
+static void dp_free(qt_engine *b) {
+    dp_engine *d = (dp_engine *)b;
+    run(d, job_free, -1);
+    pthread_mutex_lock(&d->mu);
+    d->quit = 1;
+    d->gen++;
+    pthread_cond_broadcast(&d->go);
+    pthread_mutex_unlock(&d->mu);
+    for (int r = 0; r < d->n; r++) pthread_join(d->th[r], NULL);
+    qt_comm_free(d->comm);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->go);
+    pthread_cond_destroy(&d->done);
+    free(d);
+}
+
+static const qt_engine_ops dp_ops = {
+    .micro_step = dp_micro_step,
+    .opt_step = dp_opt_step,
+    .eval_loss = dp_eval_loss,
+    .get_weights = dp_get_weights,
+    .get_grads = dp_get_grads,
+    .forward_logits = dp_forward_logits,
+    .state_items = dp_state_items,
+    .load_state = dp_load_state,
+    .print_memory = dp_print_memory,
+    .profile = dp_profile,
+    .profile_print = dp_profile_print,
+    .free = dp_free,
+};
+
+qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
+                               const int *devices, char *err, size_t errlen) {
+    if (n < 1 || n > QT_COMM_MAX_RANKS) {
+        snprintf(err, errlen, "%s: parallel.gpus: %d ranks, expected 1..%d", cfg->path, n, QT_COMM_MAX_RANKS);
+        return NULL;
+    }
+    dp_engine *d = calloc(1, sizeof *d);
+    QT_CHECK(d, "out of host memory");
+    d->ops = dp_ops;
+    d->base = (qt_engine){&d->ops, L, cfg, n};
+    d->n = n;
+    memcpy(d->dev, devices, (size_t)n * sizeof(int));
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->go, NULL);
+    pthread_cond_init(&d->done, NULL);
+    qt_comm_opts opts = {.probe_log = stdout}; /* auto: the link probe decides, printed once */
+    d->comm = qt_comm_create(n, devices, cfg->comm, 0, &opts);
+    QT_CUDA(cudaSetDevice(devices[0]));
+    for (int r = 0; r < n; r++) {
+        d->arg[r].d = d;
+        d->arg[r].r = r;
+        QT_CHECK(pthread_create(&d->th[r], NULL, rank_loop, &d->arg[r]) == 0, "cannot start the thread of rank %d", r);
+    }
+    d->w0 = w0;
+    run(d, job_create, -1); /* in parallel: each rank allocates and initialises its own GPU */
+    for (int r = 0; r < n; r++)
+        if (!d->rk[r]) {
+            snprintf(err, errlen, "rank %d (GPU %d): %s", r, d->dev[r], d->err[r]);
+            dp_free(&d->base);
+            return NULL;
+        }
+    char devs[64] = "";
+    for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
+    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s)", d->rk[0]->ops->name, n, devs,
+             qt_comm_name(d->comm));
+    d->ops.name = d->name;
+    return &d->base;
+}
