@@ -55,6 +55,8 @@ struct dp_engine {
     int cap, nitems, on;
     const qt_ckpt *ck;
     int rc[QT_COMM_MAX_RANKS];
+    int fail_rank; /* QT_DP_FAIL=rank:step (tests): that rank fails just before that optimizer step */
+    long fail_step;
 };
 
 /* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
@@ -100,7 +102,11 @@ static void job_micro(dp_engine *d, int r) {
     size_t ntok = (size_t)d->base.cfg->micro_batch * d->base.cfg->seq_len;
     d->rk[r]->ops->micro_step(d->rk[r], d->in + r * ntok, d->tgt ? d->tgt + r * ntok : NULL, d->scale);
 }
-static void job_opt(dp_engine *d, int r) { d->rk[r]->ops->opt_step(d->rk[r], d->lr, d->t, &d->loss[r], &d->gnorm[r]); }
+static void job_opt(dp_engine *d, int r) {
+    /* the other ranks are then already waiting in the gradient all-reduce: they must stop too */
+    QT_CHECK(r != d->fail_rank || d->t != d->fail_step, "injected failure (QT_DP_FAIL) before step %ld", d->t);
+    d->rk[r]->ops->opt_step(d->rk[r], d->lr, d->t, &d->loss[r], &d->gnorm[r]);
+}
 static void job_eval(dp_engine *d, int r) { d->eval = d->rk[r]->ops->eval_loss(d->rk[r], d->in, d->tgt); }
 static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->out); }
 static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], d->out); }
@@ -274,6 +280,8 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     d->base = (qt_engine){&d->ops, L, cfg, n};
     d->n = n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
+    const char *fail = getenv("QT_DP_FAIL");
+    if (!fail || sscanf(fail, "%d:%ld", &d->fail_rank, &d->fail_step) != 2) d->fail_rank = -1;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->go, NULL);
     pthread_cond_init(&d->done, NULL);

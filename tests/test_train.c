@@ -2,7 +2,10 @@
  * tinyshakespeare (byte-level) until the eval loss is far below ln(256). */
 #include <stdint.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "qt_config.h"
@@ -13,6 +16,7 @@
 #include "qt_train.h"
 
 static char g_dir[256];
+static char g_qtrain[512]; /* the qtrain program, beside this test's build folder */
 
 static int load_cfg(qt_config *c, const char *yaml) {
     char err[1024];
@@ -221,6 +225,57 @@ static void test_tinyshakespeare_learns(void) {
     QT_EXPECT(st.last_eval < 2.7, "eval loss %.3f is not well below ln(256) = 5.545", st.last_eval);
 }
 
+/* A rank that fails mid-run (QT_DP_FAIL=1:3: rank 1 just before step 3, while rank 0 already waits in
+ * the gradient all-reduce) must stop the whole process with rank 1's message and status 1 — no hang.
+ * Runs the qtrain program in a child process, killed if it outlives 120 s. */
+static void test_data_parallel_failure_stops_all(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (access(g_qtrain, X_OK)) QT_SKIP("%s is not built", g_qtrain);
+    char yaml[1024], cfgp[512], errp[512];
+    snprintf(cfgp, sizeof cfgp, "%s/fail.yaml", g_dir);
+    snprintf(errp, sizeof errp, "%s/fail.err", g_dir);
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 96}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3}\noptim: {steps: 6}\n"
+             "checkpoint: {dir: '%s/ckpt_fail'}\ndevice: cuda\n%s\n",
+             g_dir, g_dir, qt_cuda_device_count() >= 2 ? "parallel: {gpus: 2}" : "");
+    FILE *f = fopen(cfgp, "w");
+    QT_REQUIRE(f && fputs(yaml, f) >= 0 && fclose(f) == 0, "cannot write %s", cfgp);
+    pid_t pid = fork();
+    QT_REQUIRE(pid >= 0, "fork failed");
+    if (pid == 0) { /* exec at once: the child never touches the parent's CUDA state */
+        int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        setenv("QT_DP_FAIL", "1:3", 1);
+        if (qt_cuda_device_count() < 2) setenv("QT_DP_DEVICES", "0,0", 1);
+        execl(g_qtrain, g_qtrain, cfgp, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0, waited = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0 && waited < 1200) {
+        usleep(100000);
+        waited++;
+    }
+    if (waited >= 1200) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        QT_REQUIRE(0, "qtrain still running 120 s after the injected failure: a rank hung");
+    }
+    size_t n = 0;
+    char *out = qt_t_read_file(errp, &n);
+    QT_REQUIRE(out, "no output in %s", errp);
+    const char *msg = strstr(out, "[rank 1]");
+    printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, waited / 10.0,
+           msg ? (int)(strcspn(msg, "\n") + 1) : 0, msg ? msg : "");
+    QT_EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 1, "expected exit status 1, got %d", status);
+    QT_EXPECT(msg && strstr(msg, "injected failure"), "rank 1's message is missing:\n%s", out);
+    QT_EXPECT(!strstr(out, "step      3/"), "step 3 was logged although rank 1 failed before it");
+    free(out);
+}
+
 /* bf16 on the GPU against the fp32 CPU reference: the same 200 steps must land within 2% (final eval)
  * and stay within 3% at every eval on the way (bf16 activations and residual stream on a tiny model
  * at a high learning rate: the curves drift apart by ~1-2%). */
@@ -263,7 +318,11 @@ static void test_gpu_bf16_tracks_cpu_fp32(void) {
     }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    snprintf(g_qtrain, sizeof g_qtrain, "%s", argv[0]);
+    char *slash = strrchr(g_qtrain, '/');
+    snprintf(slash ? slash + 1 : g_qtrain, sizeof g_qtrain - (slash ? (size_t)(slash + 1 - g_qtrain) : 0), "../qtrain");
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_train")) return 1;
     QT_RUN(test_resume_bit_exact);
     QT_RUN(test_resume_errors);
@@ -271,6 +330,7 @@ int main(void) {
     QT_RUN(test_resume_bit_exact_gpu);
     QT_RUN(test_resume_bit_exact_data_parallel);
     QT_RUN(test_data_parallel_matches_one_gpu);
+    QT_RUN(test_data_parallel_failure_stops_all);
     QT_RUN(test_gpu_bf16_tracks_cpu_fp32);
     qt_t_rmtree(g_dir);
     return qt_test_end();
