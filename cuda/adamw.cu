@@ -13,7 +13,10 @@
  * binary search over the table's first-block column. Within a chunk, threads take groups of 4
  * elements at flat indices that are multiples of 4 (float4 loads/stores of the fp32 arrays, 8-byte
  * ones of the bf16 arrays), with the chunk's unaligned head and tail done element by element; the
- * arithmetic per element is the same function either way. */
+ * arithmetic per element is the same function either way.
+ * Sharded state (ZeRO-1): master, m and v may hold only the flat elements from `base` on (a rank's
+ * shard; the plan then covers only that range), indexed i - base; w_bf16 and g stay whole arrays and
+ * the stochastic-rounding hash keeps the flat index, so a shard updates exactly as the whole would. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -39,6 +42,7 @@ typedef struct {
     long t;
     unsigned long long seed;
     int sr, m_bf16, v_bf16;
+    unsigned long long base; /* flat index of master[0], m[0], v[0] */
 } adam_params;
 
 static __device__ __forceinline__ unsigned int adam_hash(unsigned long long seed, long t,
@@ -108,13 +112,14 @@ static __device__ __forceinline__ void st_mv(void *p, int is_bf16, unsigned long
 static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, bf16 *wb, float *master,
                                                         const float *g, void *m, void *v, float gs, float wd,
                                                         const adam_params *p) {
-    float mi = ld_mv(m, p->m_bf16, i), vi = ld_mv(v, p->v_bf16, i);
-    float w = master ? master[i] : __bfloat162float(wb[i]);
+    unsigned long long j = i - p->base;
+    float mi = ld_mv(m, p->m_bf16, j), vi = ld_mv(v, p->v_bf16, j);
+    float w = master ? master[j] : __bfloat162float(wb[i]);
     adam_elem(g[i], &mi, &vi, &w, gs, wd, p);
-    st_mv(m, p->m_bf16, i, mi);
-    st_mv(v, p->v_bf16, i, vi);
+    st_mv(m, p->m_bf16, j, mi);
+    st_mv(v, p->v_bf16, j, vi);
     float wa = w;
-    if (master) master[i] = w;
+    if (master) master[j] = w;
     if (wb) {
         bf16 h = adam_round(w, i, p);
         wb[i] = h;
@@ -146,18 +151,18 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
         if (h > a1) h = a1;
         t = h + ((a1 - h) & ~3ull);
         for (unsigned long long q = h / 4 + threadIdx.x; q < t / 4; q += ADAM_THREADS) {
-            unsigned long long i = q * 4;
+            unsigned long long i = q * 4, j = i - p.base;
             float4 g4 = *(const float4 *)(g + i);
             float gr[4] = {g4.x, g4.y, g4.z, g4.w}, mi[4], vi[4], w[4];
-            ld4(mi, m, p.m_bf16, i);
-            ld4(vi, v, p.v_bf16, i);
-            if (master) ld4(w, master, 0, i);
+            ld4(mi, m, p.m_bf16, j);
+            ld4(vi, v, p.v_bf16, j);
+            if (master) ld4(w, master, 0, j);
             else ld4(w, wb, 1, i);
 #pragma unroll
             for (int k = 0; k < 4; k++) adam_elem(gr[k], &mi[k], &vi[k], &w[k], gs, wd, &p);
-            st4(m, p.m_bf16, i, mi);
-            st4(v, p.v_bf16, i, vi);
-            if (master) st4(master, 0, i, w);
+            st4(m, p.m_bf16, j, mi);
+            st4(v, p.v_bf16, j, vi);
+            if (master) st4(master, 0, j, w);
             if (wb) {
                 bf16 hb[4];
 #pragma unroll
@@ -240,11 +245,13 @@ extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *maste
     q.sr = a->stochastic && w_bf16;
     q.m_bf16 = m_dt == QT_DT_BF16;
     q.v_bf16 = v_dt == QT_DT_BF16;
+    q.base = a->state_base;
     if (absmax) QT_CUDA(cudaMemsetAsync(absmax, 0, sizeof(float) * (size_t)p->n, s));
     if (p->blocks == 0) return;
     /* groups of 4 when every array's base is aligned for its 4-element load (16 B fp32, 8 B bf16) */
     int vec = qt_aligned16(g) && qt_aligned16(master) && ((uintptr_t)w_bf16 & 7) == 0 &&
-              ((uintptr_t)m & (q.m_bf16 ? 7 : 15)) == 0 && ((uintptr_t)v & (q.v_bf16 ? 7 : 15)) == 0;
+              ((uintptr_t)m & (q.m_bf16 ? 7 : 15)) == 0 && ((uintptr_t)v & (q.v_bf16 ? 7 : 15)) == 0 &&
+              q.base % 4 == 0;
     adamw_fwd_kernel<<<(unsigned)p->blocks, ADAM_THREADS, 0, s>>>(p->table, p->n, (bf16 *)w_bf16, master, g, m,
                                                                   v, grad_scale, absmax, q, vec);
     QT_CUDA(cudaGetLastError());

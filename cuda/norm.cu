@@ -5,7 +5,8 @@
  * Deterministic two passes: a FIXED grid of NORM_BLOCKS x NORM_THREADS threads (independent of n and
  * of the GPU) each sums squares in fp64 over a grid-stride walk (float4 loads when g is 16-byte
  * aligned), blocks reduce in a fixed tree into ws[NORM_BLOCKS] (fp64); one block then adds the
- * partials in a fixed tree and writes norm and scale. */
+ * partials in a fixed tree (the sum of squares); one thread adds the ranks' sums in rank order (one
+ * sum on a single GPU) and writes norm and scale. */
 #include "kcommon.cuh"
 #include "qt_kernels.h"
 
@@ -27,25 +28,42 @@ __global__ void __launch_bounds__(NORM_THREADS) grad_norm_fwd_kernel(double *par
     if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 
-__global__ void grad_norm_scale_fwd_kernel(float *norm, float *scale, const double *part, float max_norm) {
+/* Adds the fixed grid's partials in a fixed tree. */
+__global__ void grad_sumsq_fwd_kernel(double *out, const double *part) {
     __shared__ double sh[32];
     double acc = 0.0;
     for (int i = threadIdx.x; i < NORM_BLOCKS; i += blockDim.x) acc += part[i];
     acc = block_sum_d(acc, sh);
-    if (threadIdx.x == 0) {
-        double nr = sqrt(acc);
-        if (norm) *norm = (float)nr;
-        if (scale) *scale = (!(max_norm > 0) || !(nr > max_norm)) ? 1.0f : (float)((double)max_norm / nr);
-    }
+    if (threadIdx.x == 0) *out = acc;
 }
 
-extern "C" size_t qt_grad_norm_ws_bytes(void) { return NORM_BLOCKS * sizeof(double); }
+__global__ void clip_scale_fwd_kernel(float *norm, float *scale, const double *sumsq, int nparts, float max_norm) {
+    double acc = 0.0;
+    for (int k = 0; k < nparts; k++) acc += sumsq[k];
+    double nr = sqrt(acc);
+    if (norm) *norm = (float)nr;
+    if (scale) *scale = (!(max_norm > 0) || !(nr > max_norm)) ? 1.0f : (float)((double)max_norm / nr);
+}
+
+/* ws: the grid's partials, then the total */
+extern "C" size_t qt_grad_norm_ws_bytes(void) { return (NORM_BLOCKS + 1) * sizeof(double); }
+
+extern "C" void qt_grad_sumsq(double *sumsq, const float *g, size_t n, void *ws, cudaStream_t s) {
+    grad_norm_fwd_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, s>>>((double *)ws, g, n, qt_aligned16(g));
+    QT_CUDA(cudaGetLastError());
+    grad_sumsq_fwd_kernel<<<1, NORM_THREADS, 0, s>>>(sumsq, (const double *)ws);
+    QT_CUDA(cudaGetLastError());
+}
+
+extern "C" void qt_clip_from_sumsq(float *norm, float *scale, const double *sumsq, int nparts, float max_norm,
+                                   cudaStream_t s) {
+    clip_scale_fwd_kernel<<<1, 1, 0, s>>>(norm, scale, sumsq, nparts, max_norm);
+    QT_CUDA(cudaGetLastError());
+}
 
 extern "C" void qt_grad_norm(float *norm, float *scale, const float *g, size_t n, float max_norm, void *ws,
                              cudaStream_t s) {
-    int vec = qt_aligned16(g);
-    grad_norm_fwd_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, s>>>((double *)ws, g, n, vec);
-    QT_CUDA(cudaGetLastError());
-    grad_norm_scale_fwd_kernel<<<1, NORM_THREADS, 0, s>>>(norm, scale, (const double *)ws, max_norm);
-    QT_CUDA(cudaGetLastError());
+    double *total = (double *)ws + NORM_BLOCKS;
+    qt_grad_sumsq(total, g, n, ws, s);
+    qt_clip_from_sumsq(norm, scale, total, 1, max_norm, s);
 }

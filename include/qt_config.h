@@ -70,6 +70,7 @@ typedef struct {
     /* parallel */
     int gpus;                     /* 0 = all visible */
     qt_comm_kind comm;
+    int shard_optimizer;          /* ZeRO-1: master weights and AdamW moments split over the GPUs */
 } qt_config;
 
 /* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,

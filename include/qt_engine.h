@@ -52,9 +52,13 @@ struct qt_engine {
 
 /* CPU fp32 reference engine. w0 [L->numel] are the initial weights (copied). */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0);
-/* One GPU's engine on CUDA device `device` (NULL with err when CUDA or the config cannot be served). */
+/* One GPU's engine on CUDA device `device` (NULL with err when CUDA or the config cannot be served).
+ * sh: this rank's ZeRO-1 slice of the optimizer state (qt_gpu_model.h), NULL for all of it. */
+struct qt_shard_s;
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
-                                char *err, size_t errlen);
+                                const struct qt_shard_s *sh, char *err, size_t errlen);
+/* The slice of master weights and moments the engine holds (the whole array unless sharded). */
+const struct qt_shard_s *qt_engine_gpu_shard(const qt_engine *e);
 /* Makes a GPU engine a data-parallel rank: opt_step first sums the gradients over comm (every rank
  * calls opt_step, each from its own thread). */
 struct qt_comm;

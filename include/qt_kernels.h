@@ -124,6 +124,7 @@ typedef struct {
     long t;            /* 1-based step, for the bias corrections */
     uint64_t seed;     /* stochastic rounding: hash of (seed, t, index) */
     int stochastic;    /* 1: bf16 weights rounded stochastically; 0: RNE */
+    size_t state_base; /* master, m, v hold flat elements from here on (a ZeRO-1 shard; 0 = whole) */
 } qt_adamw_args;
 /* One AdamW step, the arithmetic of qt_adamw_cpu (same fp32 operations in the same order):
  *   g' = g * (*grad_scale) (grad_scale: device pointer, NULL = 1); m, v updated (fp32 or bf16, m_dt /
@@ -144,6 +145,12 @@ size_t qt_grad_norm_ws_bytes(void);
  * caller sees the NaN norm). Both device pointers   (=). */
 void qt_grad_norm(float *norm, float *scale, const float *g, size_t n, float max_norm, void *ws,
                   cudaStream_t s);
+/* The same split for gradients sharded over ranks: *sumsq (fp64, device) = sum g^2 over g[0..n) (the
+ * fixed-grid sum of qt_grad_norm); then norm and scale from the ranks' sumsq[0..nparts) added in
+ * ascending order (every rank gets the same bits). With one part this is qt_grad_norm, bit for bit. */
+void qt_grad_sumsq(double *sumsq, const float *g, size_t n, void *ws, cudaStream_t s);
+void qt_clip_from_sumsq(float *norm, float *scale, const double *sumsq, int nparts, float max_norm,
+                        cudaStream_t s);
 
 #ifdef __cplusplus
 }

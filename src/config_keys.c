@@ -134,6 +134,8 @@ static const qt_config_key keys[] = {
       "GPUs to train on, data parallel (one thread and one full replica each; a step then holds micro_batch x grad_accum x gpus sequences); 0 = all visible, up to 8"),
     E("parallel.comm", comm, comm_names, "auto", "multi-GPU", 0,
       "how the GPUs sum gradients: peer copies (NVLink/PCIe P2P), host staging through pinned memory, write-combined host; auto = from the link probe printed at start"),
+    B("parallel.shard_optimizer", shard_optimizer, "true", "multi-GPU", 0,
+      "each GPU keeps the fp32 master weights and AdamW moments of 1/N of the parameters (ZeRO-1): gradients are reduce-scattered, AdamW updates the shard, the bf16 weights are all-gathered"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

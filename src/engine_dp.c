@@ -5,8 +5,11 @@
  * and returns when each has run it (micro-steps only enqueue GPU work, so the hand-off costs
  * microseconds, not a device sync). Each rank trains on its own micro-batch; opt_step sums the
  * gradients over the comm (fp32, ascending rank order: every rank gets the same bits) before the norm
- * and AdamW, so the replicas' weights and optimizer state stay bitwise identical. get_weights and
- * opt_step check that; checkpoints are rank 0's state. A failure in any rank thread ends in qt_fail,
+ * and AdamW, so the replicas' weights stay bitwise identical (opt_step checks the norms). With
+ * parallel.shard_optimizer (ZeRO-1, the default) each rank holds the master weights and moments of
+ * 1/N of the parameters: gradients are reduce-scattered, each rank updates its slice, the bf16
+ * weights are all-gathered; checkpoints and get_weights assemble the slices. Otherwise every rank
+ * keeps all of it (all-reduce) and get_weights checks the replicas agree. A failure in any rank thread ends in qt_fail,
  * which aborts the comm (waking ranks blocked in a collective) and exits with the rank's message. */
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include "qt_comm.h"
 #include "qt_engine.h"
 #include "qt_error.h"
+#include "qt_gpu_model.h"
 
 typedef struct dp_engine dp_engine;
 typedef void (*dp_job)(dp_engine *d, int r);
@@ -57,6 +61,9 @@ struct dp_engine {
     int rc[QT_COMM_MAX_RANKS];
     int fail_rank; /* QT_DP_FAIL=rank:step (tests): that rank fails just before that optimizer step */
     long fail_step;
+    qt_shard shard[QT_COMM_MAX_RANKS];
+    int sharded;
+    void *state[4]; /* sharded: the whole checkpoint arrays, assembled from the ranks (owned) */
 };
 
 /* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
@@ -95,7 +102,8 @@ static void *rank_loop(void *p) {
 /* ---- jobs (run in rank r's thread, its device current) ---- */
 
 static void job_create(dp_engine *d, int r) {
-    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], d->err[r], sizeof d->err[r]);
+    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], d->sharded ? &d->shard[r] : NULL,
+                                    d->err[r], sizeof d->err[r]);
     if (d->rk[r]) qt_engine_gpu_attach(d->rk[r], d->comm, r);
 }
 static void job_micro(dp_engine *d, int r) {
@@ -160,13 +168,14 @@ static float dp_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
     return d->eval;
 }
 
-/* Rank 0's weights, after checking every replica holds the same bits (one extra host copy). */
+/* Sharded: every rank writes its slice. Else rank 0's weights, after checking every replica holds the
+ * same bits (one extra host copy). */
 static void dp_get_weights(qt_engine *b, float *w) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
     d->out = w;
-    run(d, job_weights, 0);
-    if (d->n == 1) return;
+    run(d, job_weights, d->sharded ? -1 : 0);
+    if (d->n == 1 || d->sharded) return;
     float *tmp = malloc(n * sizeof(float));
     QT_CHECK(tmp, "out of host memory for a replica check of %zu weights", n);
     d->out = tmp;
@@ -200,11 +209,32 @@ static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     run(d, job_logits, 0);
 }
 
+/* Rank 0's blobs; sharded, the slices of weights, adam_m and adam_v from every rank put together. */
 static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     dp_engine *d = (dp_engine *)b;
     d->items = items;
     d->cap = cap;
     run(d, job_items, 0);
+    if (!d->sharded) return d->nitems;
+    size_t es[4];
+    for (int k = 0; k < 4; k++) {
+        if (k == 1) continue; /* the bf16 weights are whole on every rank */
+        es[k] = qt_dtype_size((qt_dtype)items[k].dtype);
+        if (!d->state[k]) QT_CUDA(cudaMallocHost(&d->state[k], b->L->numel * es[k]));
+    }
+    qt_ckpt_item mine[8];
+    for (int r = 0; r < d->n; r++) {
+        d->items = mine;
+        run(d, job_items, r);
+        for (int k = 0; k < 4; k++)
+            if (k != 1) memcpy((char *)d->state[k] + d->shard[r].off * es[k], mine[k].data, mine[k].bytes);
+        if (r == 0) items[1] = mine[1];
+    }
+    for (int k = 0; k < 4; k++)
+        if (k != 1) {
+            items[k].data = d->state[k];
+            items[k].bytes = b->L->numel * es[k];
+        }
     return d->nitems;
 }
 
@@ -247,6 +277,8 @@ static void dp_free(qt_engine *b) {
     pthread_mutex_unlock(&d->mu);
     for (int r = 0; r < d->n; r++) pthread_join(d->th[r], NULL);
     qt_comm_free(d->comm);
+    for (int k = 0; k < 4; k++)
+        if (d->state[k]) QT_CUDA(cudaFreeHost(d->state[k]));
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->go);
     pthread_cond_destroy(&d->done);
@@ -280,6 +312,11 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     d->base = (qt_engine){&d->ops, L, cfg, n};
     d->n = n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
+    /* ZeRO-1 slices: equal lengths, multiples of 64 elements, the array padded to n of them */
+    d->sharded = cfg->shard_optimizer && n > 1;
+    size_t len = (L->numel + (size_t)n - 1) / (size_t)n;
+    len = (len + 63) / 64 * 64;
+    for (int r = 0; r < n; r++) d->shard[r] = (qt_shard){(size_t)r * len, len, len * (size_t)n, r, n};
     const char *fail = getenv("QT_DP_FAIL");
     if (!fail || sscanf(fail, "%d:%ld", &d->fail_rank, &d->fail_step) != 2) d->fail_rank = -1;
     pthread_mutex_init(&d->mu, NULL);
@@ -303,8 +340,8 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
         }
     char devs[64] = "";
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
-    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s)", d->rk[0]->ops->name, n, devs,
-             qt_comm_name(d->comm));
+    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s)", d->rk[0]->ops->name, n, devs,
+             qt_comm_name(d->comm), d->sharded ? ", optimizer state sharded" : "");
     d->ops.name = d->name;
     return &d->base;
 }

@@ -77,25 +77,52 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
     e->micro_done++;
 }
 
+/* Gradients summed over the ranks (when a data-parallel rank), then the norm and clip scale. Sharded
+ * (ZeRO-1): each rank gets the sum of its shard only, the norm adds the ranks' sums of squares. */
+static void reduce_grads(gpu_engine *e, cudaStream_t s) {
+    qt_gpu_model *g = e->g;
+    const qt_shard *sh = &g->shard;
+    float clip = e->base.cfg->grad_clip;
+    if (e->comm && sh->n_ranks == 1) {
+        qt_gpu_model_mark(g, "optimizer: gradient all-reduce");
+        QT_CHECK(qt_comm_all_reduce(e->comm, e->rank, g->grad, g->grad, sh->total, QT_DT_F32, s) == 0,
+                 "rank %d: gradient all-reduce aborted (another rank failed)", e->rank);
+    }
+    if (sh->n_ranks == 1) {
+        qt_gpu_model_mark(g, "optimizer: norm + adamw");
+        qt_grad_norm(g->norm, g->clip, g->grad, sh->total, clip, g->ws, s);
+        return;
+    }
+    qt_gpu_model_mark(g, "optimizer: gradient reduce-scatter");
+    QT_CHECK(qt_comm_reduce_scatter(e->comm, e->rank, g->grad + sh->off, g->grad, sh->total, QT_DT_F32, s) == 0,
+             "rank %d: gradient reduce-scatter aborted (another rank failed)", e->rank);
+    qt_gpu_model_mark(g, "optimizer: norm + adamw");
+    qt_grad_sumsq(g->sumsq + e->rank, g->grad + sh->off, sh->len, g->ws, s);
+    /* every rank's fp64 sum (two fp32 words each), gathered in place */
+    QT_CHECK(qt_comm_all_gather(e->comm, e->rank, g->sumsq, g->sumsq + e->rank, 2 * (size_t)sh->n_ranks, QT_DT_F32, s) == 0,
+             "rank %d: gradient norm all-gather aborted (another rank failed)", e->rank);
+    qt_clip_from_sumsq(g->norm, g->clip, g->sumsq, sh->n_ranks, clip, s);
+}
+
 static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
     const qt_config *c = b->cfg;
+    const qt_shard *sh = &g->shard;
     cudaStream_t s = g->stream;
-    if (e->comm) {
-        qt_gpu_model_mark(g, "optimizer: gradient all-reduce");
-        QT_CHECK(qt_comm_all_reduce(e->comm, e->rank, g->grad, g->grad, b->L->numel, QT_DT_F32, s) == 0,
-                 "rank %d: gradient all-reduce aborted (another rank failed)", e->rank);
-    }
-    qt_gpu_model_mark(g, "optimizer: norm + adamw");
-    qt_grad_norm(g->norm, g->clip, g->grad, b->L->numel, c->grad_clip, g->ws, s);
-    qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
+    reduce_grads(e, s);
+    qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding, sh->off};
     qt_adamw_step(g->adamw, g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
+    if (sh->n_ranks > 1) {
+        qt_gpu_model_mark(g, "optimizer: weight all-gather");
+        QT_CHECK(qt_comm_all_gather(e->comm, e->rank, g->w, (uint16_t *)g->w + sh->off, sh->total, QT_DT_BF16, s) == 0,
+                 "rank %d: weight all-gather aborted (another rank failed)", e->rank);
+    }
     if (g->fp8) { /* once per step: the persistent quants */
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, b->L, g->w, s);
     }
-    qt_zero(g->grad, b->L->numel * 4, s);
+    qt_zero(g->grad, sh->total * 4, s);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->norm, 4, cudaMemcpyDeviceToHost, s));
     if (g->fp8) QT_CUDA(cudaMemcpyAsync(&e->out->nonfinite, g->fp8->nonfinite, 4, cudaMemcpyDeviceToHost, s));
@@ -125,10 +152,18 @@ static float gpu_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) 
     return valid ? (float)(e->out->loss / valid) : 0.0f;
 }
 
+/* Elements of the shard that are parameters (the padded tail past L->numel is not). */
+static size_t shard_params(const qt_gpu_model *g) {
+    size_t n = g->L->numel, o = g->shard.off;
+    return o >= n ? 0 : (n - o < g->shard.len ? n - o : g->shard.len);
+}
+
+/* Sharded: only this rank's slice w[off, off + len) is written (the data-parallel engine fills the
+ * rest from the other ranks). */
 static void gpu_get_weights(qt_engine *b, float *w) {
     qt_gpu_model *g = ((gpu_engine *)b)->g;
     QT_CUDA(cudaStreamSynchronize(g->stream));
-    QT_CUDA(cudaMemcpy(w, g->master, b->L->numel * 4, cudaMemcpyDeviceToHost));
+    QT_CUDA(cudaMemcpy(w + g->shard.off, g->master, shard_params(g) * 4, cudaMemcpyDeviceToHost));
 }
 
 static void gpu_get_grads(qt_engine *b, float *gr) {
@@ -144,29 +179,31 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 }
 
 /* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths),
- * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. */
+ * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. Sharded:
+ * weights, adam_m and adam_v hold this rank's slice only (qt_engine_gpu_shard says which). */
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
-    size_t n = b->L->numel;
+    size_t n = b->L->numel, ns = shard_params(g);
     const char *names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
     const void *src[4] = {g->master, g->w, g->m, g->v};
     int dts[4] = {QT_DT_F32, QT_DT_BF16, g->m_dt, g->v_dt};
     QT_CHECK(cap >= 4, "need room for 4 checkpoint items, got %d", cap);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     for (int i = 0; i < 4; i++) {
-        size_t bytes = n * qt_dtype_size(dts[i]);
-        if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes));
+        size_t bytes = (i == 1 ? n : ns) * qt_dtype_size(dts[i]);
+        if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
         QT_CUDA(cudaMemcpy(e->host_state[i], src[i], bytes, cudaMemcpyDeviceToHost));
         items[i] = (qt_ckpt_item){names[i], dts[i], e->host_state[i], bytes};
     }
     return 4;
 }
 
+/* Checkpoints hold whole arrays; a sharded rank takes its slice. */
 static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errlen) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
-    size_t n = b->L->numel;
+    size_t n = b->L->numel, ns = shard_params(g), o = g->shard.off;
     const char *names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
     void *dst[4] = {g->master, g->w, g->m, g->v};
     int dts[4] = {QT_DT_F32, QT_DT_BF16, g->m_dt, g->v_dt};
@@ -174,8 +211,10 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
         size_t bytes, want = n * qt_dtype_size(dts[i]);
         int dt;
         const void *p = qt_ckpt_get(ck, names[i], &bytes, &dt);
-        if (!p && i == 1) { /* a CPU checkpoint: derive the bf16 copy */
-            qt_cast_f32_to_bf16(g->w, g->master, n, g->stream);
+        if (!p && i == 1) { /* a CPU checkpoint: the bf16 copy from all of "weights", via the gradients */
+            QT_CUDA(cudaMemcpyAsync(g->grad, qt_ckpt_get(ck, names[0], NULL, NULL), n * 4, cudaMemcpyHostToDevice, g->stream));
+            qt_cast_f32_to_bf16(g->w, g->grad, n, g->stream);
+            qt_zero(g->grad, g->shard.total * 4, g->stream);
             continue;
         }
         if (!p || bytes != want || dt != dts[i]) {
@@ -183,7 +222,9 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                      names[i], want, qt_dtype_name(dts[i]), p ? "another size or dtype" : "none");
             return -1;
         }
-        QT_CUDA(cudaMemcpyAsync(dst[i], p, want, cudaMemcpyHostToDevice, g->stream));
+        size_t es = qt_dtype_size(dts[i]);
+        if (i == 1) QT_CUDA(cudaMemcpyAsync(dst[i], p, want, cudaMemcpyHostToDevice, g->stream));
+        else if (ns) QT_CUDA(cudaMemcpyAsync(dst[i], (const char *)p + o * es, ns * es, cudaMemcpyHostToDevice, g->stream));
     }
     if (g->fp8) qt_fp8_quantize_weights(g->fp8, b->L, g->w, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
@@ -231,8 +272,10 @@ void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
     *valid = e->last_valid;
 }
 
+const qt_shard *qt_engine_gpu_shard(const qt_engine *b) { return &((const gpu_engine *)b)->g->shard; }
+
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
-                                char *err, size_t errlen) {
+                                const qt_shard *sh, char *err, size_t errlen) {
     if (cfg->matmul_dtype != QT_DT_BF16 && cfg->matmul_dtype != QT_DT_E4M3) {
         snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
                  qt_dtype_name(cfg->matmul_dtype));
@@ -248,7 +291,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     gpu_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
     e->base = (qt_engine){cfg->matmul_dtype == QT_DT_E4M3 ? &fp8_ops : &gpu_ops, L, cfg, 1};
-    e->g = qt_gpu_model_create(L, cfg, w0, err, errlen);
+    e->g = qt_gpu_model_create(L, cfg, w0, sh, err, errlen);
     if (!e->g) {
         free(e);
         return NULL;

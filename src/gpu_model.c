@@ -42,15 +42,16 @@ static void *carve(qt_gpu_model *g, size_t *off, const char *kind, size_t bytes)
 static size_t carve_all(qt_gpu_model *g) {
     const qt_model_cfg *c = &g->L->cfg;
     long N = g->N;
-    size_t n = g->L->numel, C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    size_t n = g->shard.total, ns = g->shard.len, C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     size_t HD = (size_t)c->num_heads * c->head_dim, QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
     size_t off = 0, chunk = (N + g->lm_chunks - 1) / g->lm_chunks;
     g->n_plan = 0;
     g->w = carve(g, &off, "weights (bf16)", n * 2);
-    g->master = carve(g, &off, "master weights (fp32)", n * 4);
+    g->master = carve(g, &off, "master weights (fp32)", ns * 4);
     g->grad = carve(g, &off, "gradients (fp32)", n * 4);
-    g->m = carve(g, &off, g->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", n * qt_dtype_size(g->m_dt));
-    g->v = carve(g, &off, g->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", n * qt_dtype_size(g->v_dt));
+    g->m = carve(g, &off, g->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(g->m_dt));
+    g->v = carve(g, &off, g->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(g->v_dt));
+    g->sumsq = carve(g, &off, "scratch: gradients", QT_SHARD_MAX_RANKS * 8);
     for (int l = 0; l < c->num_layers; l++) {
         qt_gpu_layer *a = &g->layers[l];
         a->res = carve(g, &off, "activations: residual", N * C * 2);
@@ -98,10 +99,13 @@ static size_t carve_all(qt_gpu_model *g) {
 static void *Wp(const qt_gpu_model *g, size_t off) { return (char *)g->w + off * 2; }
 static float *Gp(const qt_gpu_model *g, size_t off) { return g->grad + off; }
 
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
-                                  size_t errlen) {
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0,
+                                  const qt_shard *sh, char *err, size_t errlen) {
     qt_gpu_model *g = calloc(1, sizeof *g);
     QT_CHECK(g, "out of host memory");
+    g->shard = sh ? *sh : (qt_shard){0, L->numel, L->numel, 0, 1};
+    QT_CHECK(g->shard.total >= L->numel && g->shard.off + g->shard.len <= g->shard.total && g->shard.off % 4 == 0,
+             "shard [%zu, +%zu) of %zu for %zu parameters", g->shard.off, g->shard.len, g->shard.total, L->numel);
     g->L = L;
     g->cfg = cfg;
     g->B = cfg->micro_batch;
@@ -130,22 +134,29 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->mm = qt_matmul_create(0);
     g->attn = qt_attention_create();
     cudaStream_t s = g->stream;
-    size_t n = L->numel;
-    QT_CUDA(cudaMemcpyAsync(g->master, w0, n * 4, cudaMemcpyHostToDevice, s));
-    qt_cast_f32_to_bf16(g->w, g->master, n, s);
-    qt_zero(g->grad, n * 4, s);
-    qt_zero(g->m, n * qt_dtype_size(g->m_dt), s);
-    qt_zero(g->v, n * qt_dtype_size(g->v_dt), s);
+    size_t n = L->numel, tot = g->shard.total, ns = g->shard.len, o = g->shard.off;
+    /* w0 through the gradient buffer (zeroed right after): bf16 copy of all, master of the shard */
+    qt_zero(g->grad, tot * 4, s);
+    QT_CUDA(cudaMemcpyAsync(g->grad, w0, n * 4, cudaMemcpyHostToDevice, s));
+    qt_cast_f32_to_bf16(g->w, g->grad, tot, s);
+    QT_CUDA(cudaMemcpyAsync(g->master, g->grad + o, ns * 4, cudaMemcpyDeviceToDevice, s));
+    qt_zero(g->grad, tot * 4, s);
+    qt_zero(g->m, ns * qt_dtype_size(g->m_dt), s);
+    qt_zero(g->v, ns * qt_dtype_size(g->v_dt), s);
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
-    /* AdamW's per-tensor table: decay on matrices (and embeddings when configured); padding untouched. */
-    qt_adamw_tensor *t = calloc(L->n_tensors, sizeof *t);
+    /* AdamW's per-tensor table, cut to this shard: decay on matrices (and embeddings when configured);
+     * padding untouched. A shard may hold no parameter at all (tiny models on many ranks). */
+    qt_adamw_tensor *t = calloc(L->n_tensors + 1, sizeof *t);
+    int nt = 0;
     for (int i = 0; i < L->n_tensors; i++) {
         const qt_tensor *tt = &L->tensors[i];
         int decay = tt->is_matrix || (cfg->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
-        t[i] = (qt_adamw_tensor){tt->offset, tt->numel, decay ? cfg->weight_decay : 0.0f};
+        size_t a = tt->offset > o ? tt->offset : o, b = tt->offset + tt->numel < o + ns ? tt->offset + tt->numel : o + ns;
+        if (a < b) t[nt++] = (qt_adamw_tensor){a, b - a, decay ? cfg->weight_decay : 0.0f};
     }
-    g->adamw = qt_adamw_plan_create(t, L->n_tensors);
+    if (nt == 0) t[nt++] = (qt_adamw_tensor){o, 0, 0.0f};
+    g->adamw = qt_adamw_plan_create(t, nt);
     free(t);
     if (cfg->matmul_dtype == QT_DT_E4M3) {
         g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);

@@ -81,7 +81,7 @@ qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const floa
         }
         for (int r = 0; r < n; r++) devs[r] = r;
     }
-    if (n == 1) return qt_engine_gpu_create(L, cfg, w0, devs[0], err, errlen);
+    if (n == 1) return qt_engine_gpu_create(L, cfg, w0, devs[0], NULL, err, errlen);
     return qt_engine_dp_create(L, cfg, w0, n, devs, err, errlen);
 }
 

@@ -508,7 +508,7 @@ static void test_adamw_master(void) {
     float *absmax = d_poison(NT * 4), *gs = d_poison(4), hgs = 0.5f;
     QT_CUDA(cudaMemcpy(gs, &hgs, 4, cudaMemcpyHostToDevice));
     qt_adamw_plan *p = qt_adamw_plan_create(ATAB, NT);
-    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 0, 0};
+    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 0, 0, 0};
     qt_adamw_hp hp = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
     for (long t = 1; t <= 3; t++) {
         float *g = h_rand(ATOT, 1.0f);
@@ -552,7 +552,7 @@ static void test_adamw_bf16(void) {
     void *dw = d_bf16(w, ATOT), *dw2 = d_bf16(w, ATOT), *dm = d_bf16(zero, ATOT), *dv = d_bf16(zero, ATOT);
     float *dg = d_f32(g, ATOT);
     qt_adamw_plan *p = qt_adamw_plan_create(ATAB, NT);
-    qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 1234, 1};
+    qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 1234, 1, 0};
     qt_adamw_hp hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
     qt_adamw_step(p, dw, NULL, dg, dm, QT_DT_BF16, dv, QT_DT_BF16, NULL, NULL, &a, 0);
     for (int k = 0; k < NT; k++) {
@@ -586,6 +586,60 @@ static void test_adamw_bf16(void) {
     cudaFree(dw); cudaFree(dw2); cudaFree(dm); cudaFree(dv); cudaFree(dg);
 }
 
+/* ZeRO-1: two ranks' shards (master, m, v holding only [base, base + len), plans cut to it) must
+ * update exactly like the whole array, stochastic rounding included. */
+static void test_adamw_sharded(void) {
+    NEED_GPU();
+    const size_t cut = 7616; /* a multiple of 64 inside tensor 2 */
+    float *w = h_rand(ATOT, 0.5f), *zero = calloc(ATOT, 4);
+    float *dmaster = d_f32(w, ATOT), *dm = d_f32(zero, ATOT), *dv = d_f32(zero, ATOT), *dg = d_poison(ATOT * 4);
+    void *wb = d_bf16(w, ATOT), *wb2 = d_bf16(w, ATOT);
+    float *sm[2], *smm[2], *smv[2];
+    qt_adamw_plan *whole = qt_adamw_plan_create(ATAB, NT), *part[2];
+    for (int r = 0; r < 2; r++) {
+        size_t lo = r ? cut : 0, hi = r ? ATOT : cut;
+        qt_adamw_tensor t[NT];
+        int nt = 0;
+        for (int k = 0; k < NT; k++) {
+            size_t a = ATAB[k].offset > lo ? ATAB[k].offset : lo;
+            size_t b = ATAB[k].offset + ATAB[k].numel < hi ? ATAB[k].offset + ATAB[k].numel : hi;
+            if (a < b) t[nt++] = (qt_adamw_tensor){a, b - a, ATAB[k].wd};
+        }
+        part[r] = qt_adamw_plan_create(t, nt);
+        sm[r] = d_f32(w + lo, hi - lo);
+        smm[r] = d_f32(zero, hi - lo);
+        smv[r] = d_f32(zero, hi - lo);
+    }
+    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 77, 1, 0};
+    for (long t = 1; t <= 3; t++) {
+        float *g = h_rand(ATOT, 1.0f);
+        QT_CUDA(cudaMemcpy(dg, g, ATOT * 4, cudaMemcpyHostToDevice));
+        a.t = t;
+        a.state_base = 0;
+        qt_adamw_step(whole, wb, dmaster, dg, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
+        for (int r = 0; r < 2; r++) {
+            a.state_base = r ? cut : 0;
+            qt_adamw_step(part[r], wb2, sm[r], dg, smm[r], QT_DT_F32, smv[r], QT_DT_F32, NULL, NULL, &a, 0);
+        }
+        free(g);
+    }
+    float *gw = g_f32(dmaster, ATOT), *gm = g_f32(dm, ATOT), *gv = g_f32(dv, ATOT);
+    float *gb = g_bf16(wb, ATOT), *gb2 = g_bf16(wb2, ATOT);
+    for (int r = 0; r < 2; r++) {
+        size_t lo = r ? cut : 0, n = (r ? ATOT : cut) - lo;
+        float *hm = g_f32(sm[r], n), *hmm = g_f32(smm[r], n), *hmv = g_f32(smv[r], n);
+        QT_EXPECT(memcmp(hm, gw + lo, n * 4) == 0 && memcmp(hmm, gm + lo, n * 4) == 0 && memcmp(hmv, gv + lo, n * 4) == 0,
+                  "shard %d: master/m/v differ from the whole array's", r);
+        free(hm); free(hmm); free(hmv);
+        cudaFree(sm[r]); cudaFree(smm[r]); cudaFree(smv[r]);
+        qt_adamw_plan_free(part[r]);
+    }
+    QT_EXPECT(memcmp(gb, gb2, ATOT * 4) == 0, "bf16 weights (stochastic rounding) differ between sharded and whole");
+    qt_adamw_plan_free(whole);
+    free(w); free(zero); free(gw); free(gm); free(gv); free(gb); free(gb2);
+    cudaFree(dmaster); cudaFree(dm); cudaFree(dv); cudaFree(dg); cudaFree(wb); cudaFree(wb2);
+}
+
 /* ---- gradient norm ---- */
 static void test_grad_norm(void) {
     NEED_GPU();
@@ -608,6 +662,24 @@ static void test_grad_norm(void) {
             free(h); free(h2);
         }
     }
+    /* split over ranks: sums of squares of two slices, added in order; one part is qt_grad_norm itself */
+    double *sq = (double *)d_poison(16);
+    size_t half = 1500032;
+    qt_grad_sumsq(sq, dg, half, ws, 0);
+    qt_grad_sumsq(sq + 1, dg + half, (size_t)n - half, ws, 0);
+    qt_clip_from_sumsq(out, out + 1, sq, 2, 1.0f, 0);
+    float *h = g_f32(out, 2);
+    double ref = qt_grad_norm_cpu(g, (size_t)n);
+    QT_EXPECT(fabs(h[0] - ref) <= 1e-6 * ref, "2 parts: norm %.9g vs %.9g", h[0], ref);
+    QT_EXPECT(fabsf(h[1] - qt_clip_scale(ref, 1.0f)) <= 1e-6f, "2 parts: scale %.9g", h[1]);
+    qt_grad_sumsq(sq, dg, (size_t)n, ws, 0);
+    qt_clip_from_sumsq(out, out + 1, sq, 1, 1.0f, 0);
+    float *h1 = g_f32(out, 2);
+    qt_grad_norm(out, out + 1, dg, (size_t)n, 1.0f, ws, 0);
+    float *h2 = g_f32(out, 2);
+    QT_EXPECT(memcmp(h1, h2, 8) == 0, "one part %.9g differs from qt_grad_norm %.9g", h1[0], h2[0]);
+    free(h); free(h1); free(h2);
+    cudaFree(sq);
     free(g);
     cudaFree(dg); cudaFree(out); cudaFree(ws);
 }
@@ -623,6 +695,7 @@ int main(void) {
     QT_RUN(test_bias);
     QT_RUN(test_lmhead_loss);
     QT_RUN(test_adamw_master);
+    QT_RUN(test_adamw_sharded);
     QT_RUN(test_adamw_bf16);
     QT_RUN(test_grad_norm);
     return qt_test_end();

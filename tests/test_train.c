@@ -98,18 +98,20 @@ static void test_resume_bit_exact_gpu(void) {
     resume_bit_exact("cuda", "cuda", "parallel: {gpus: 1}");
 }
 
-/* Two data-parallel ranks: on two GPUs when there are, else both on GPU 0 (QT_DP_DEVICES). Returns
- * the parallel: line; dp_end undoes the environment. */
-static const char *dp_begin(void) {
-    if (qt_cuda_device_count() >= 2) return "parallel: {gpus: 2}";
+/* Two data-parallel ranks: on two GPUs when there are, else both on GPU 0 (QT_DP_DEVICES, which then
+ * overrides parallel.gpus). Returns the parallel.gpus to write; dp_end undoes the environment. */
+static int dp_begin(void) {
+    if (qt_cuda_device_count() >= 2) return 2;
     setenv("QT_DP_DEVICES", "0,0", 1);
-    return "";
+    return 1;
 }
 static void dp_end(void) { unsetenv("QT_DP_DEVICES"); }
 
 static void test_resume_bit_exact_data_parallel(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    resume_bit_exact("cuda", "dp", dp_begin());
+    char par[64];
+    snprintf(par, sizeof par, "parallel: {gpus: %d}", dp_begin());
+    resume_bit_exact("cuda", "dp", par);
     dp_end();
 }
 
@@ -127,9 +129,34 @@ static int read_gnorms(const char *path, float *g, int cap) {
     return k;
 }
 
+/* Run `kind` of the comparison below (0: one GPU x 4 accumulation steps, 1: 2 ranks x 2 sharded, 2:
+ * replicated) for `steps` steps in folder ckpt_match_<tag>, optionally resuming. */
+static int match_run(int kind, const char *tag, int steps, const char *resume, const char *logp, float *losses,
+                     char *err, size_t errlen) {
+    char yaml[4096], par[128];
+    if (kind == 0) snprintf(par, sizeof par, "parallel: {gpus: 1}");
+    else snprintf(par, sizeof par, "parallel: {gpus: %d, shard_optimizer: %s}", dp_begin(), kind == 1 ? "true" : "false");
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+             "        intermediate_size: 96, max_seq_len: 64}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
+             "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
+             "checkpoint: {dir: '%s/ckpt_match_%s'}\nlog: {file: '%s', every: 1}\ndevice: cuda\n%s\n",
+             g_dir, kind ? 2 : 4, steps, g_dir, tag, logp, par);
+    qt_config c;
+    int rc = load_cfg(&c, yaml);
+    if (rc == 0) {
+        qt_train_opts o = {resume, -1, 0, losses};
+        rc = qt_train_run(&c, &o, NULL, err, errlen);
+    }
+    if (kind) dp_end();
+    return rc;
+}
+
 /* Two ranks x 2 accumulation steps see the same 4 micro-batches per step as one GPU x 4: the losses
- * and gradient norms must agree (only the order of the fp32 gradient sums differs), and the replicas
- * must stay bitwise equal (the engine checks every step's norm and the exported weights). */
+ * and gradient norms must agree (only the order of the fp32 gradient sums differs), with the optimizer
+ * state sharded (ZeRO-1, the default) and replicated. The engine checks the ranks agree bitwise on
+ * every step's norm (and, replicated, on the exported weights). */
 static void test_data_parallel_matches_one_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     char p1[512], p2[512];
@@ -137,43 +164,43 @@ static void test_data_parallel_matches_one_gpu(void) {
     snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
     write_synthetic(p1, 20000, 1);
     write_synthetic(p2, 3000, 2);
-    enum { STEPS = 20 };
-    float loss[2][STEPS], gn[2][STEPS];
-    const char *tag[2] = {"one", "dp"};
-    for (int k = 0; k < 2; k++) {
-        char yaml[4096], err[1024], logp[512];
+    enum { STEPS = 20, RUNS = 3 };
+    float loss[RUNS][STEPS], gn[RUNS][STEPS];
+    const char *tag[RUNS] = {"one", "dp_sharded", "dp_replicated"};
+    for (int k = 0; k < RUNS; k++) {
+        char err[1024], logp[512];
         snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag[k]);
-        const char *par = k ? dp_begin() : "parallel: {gpus: 1}";
-        snprintf(yaml, sizeof yaml,
-                 "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
-                 "        intermediate_size: 96, max_seq_len: 64}\n"
-                 "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
-                 "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
-                 "checkpoint: {dir: '%s/ckpt_match_%s'}\nlog: {file: '%s', every: 1}\ndevice: cuda\n%s\n",
-                 g_dir, k ? 2 : 4, STEPS, g_dir, tag[k], logp, par);
-        qt_config c;
-        QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
-        qt_train_opts o = {NULL, -1, 0, loss[k]};
-        qt_train_stats st;
-        int rc = qt_train_run(&c, &o, &st, err, sizeof err);
-        if (k) dp_end();
+        int rc = match_run(k, tag[k], STEPS, NULL, logp, loss[k], err, sizeof err);
         QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);
         QT_REQUIRE(read_gnorms(logp, gn[k], STEPS) == STEPS, "%s: %d grad_norm records", tag[k], read_gnorms(logp, gn[k], STEPS));
     }
-    double worst_l = 0, worst_g = 0;
-    for (int i = 0; i < STEPS; i++) {
-        double rl = fabs(loss[1][i] - loss[0][i]) / loss[0][i], rg = fabs(gn[1][i] - gn[0][i]) / gn[0][i];
-        worst_l = rl > worst_l ? rl : worst_l;
-        worst_g = rg > worst_g ? rg : worst_g;
-        if (i == 0) {
-            QT_EXPECT(rl < 1e-6, "step 1 loss: one GPU %.9g, 2 ranks %.9g", loss[0][0], loss[1][0]);
-            QT_EXPECT(rg < 1e-4, "step 1 grad norm: one GPU %.9g, 2 ranks %.9g", gn[0][0], gn[1][0]);
+    for (int k = 1; k < RUNS; k++) {
+        double worst_l = 0, worst_g = 0;
+        for (int i = 0; i < STEPS; i++) {
+            double rl = fabs(loss[k][i] - loss[0][i]) / loss[0][i], rg = fabs(gn[k][i] - gn[0][i]) / gn[0][i];
+            worst_l = rl > worst_l ? rl : worst_l;
+            worst_g = rg > worst_g ? rg : worst_g;
+            if (i == 0) {
+                QT_EXPECT(rl < 1e-6, "%s step 1 loss: one GPU %.9g, 2 ranks %.9g", tag[k], loss[0][0], loss[k][0]);
+                QT_EXPECT(rg < 1e-4, "%s step 1 grad norm: one GPU %.9g, 2 ranks %.9g", tag[k], gn[0][0], gn[k][0]);
+            }
         }
+        printf("  %s, %d steps: loss %.4f -> %.4f; worst relative difference vs 1 GPU: loss %.2e, grad norm %.2e\n",
+               tag[k], STEPS, loss[k][0], loss[k][STEPS - 1], worst_l, worst_g);
+        QT_EXPECT(worst_l < 1e-3 && worst_g < 1e-2, "%s drifted apart: loss %.2e, grad norm %.2e", tag[k], worst_l, worst_g);
+        QT_EXPECT(loss[k][STEPS - 1] < loss[k][0], "%s: loss did not fall: %g -> %g", tag[k], loss[k][0], loss[k][STEPS - 1]);
     }
-    printf("  %d steps: loss %.4f -> %.4f; worst relative difference 1 GPU vs 2 ranks: loss %.2e, grad norm %.2e\n",
-           STEPS, loss[0][0], loss[0][STEPS - 1], worst_l, worst_g);
-    QT_EXPECT(worst_l < 1e-3 && worst_g < 1e-2, "the runs drifted apart: loss %.2e, grad norm %.2e", worst_l, worst_g);
-    QT_EXPECT(loss[1][STEPS - 1] < loss[1][0], "loss did not fall: %g -> %g", loss[1][0], loss[1][STEPS - 1]);
+    /* checkpoints hold whole arrays: one GPU continues the sharded run's, 2 sharded ranks the one GPU's */
+    for (int k = 0; k < 2; k++) {
+        float more[STEPS + 2];
+        char err[1024], logp[512];
+        const char *src = k ? tag[0] : tag[1];
+        snprintf(logp, sizeof logp, "%s/log_more_%d.jsonl", g_dir, k);
+        QT_REQUIRE(match_run(k ? 1 : 0, src, STEPS + 2, "latest", logp, more, err, sizeof err) == 0, "resume %s: %s", src, err);
+        float prev = loss[k ? 0 : 1][STEPS - 1];
+        QT_EXPECT(isfinite(more[STEPS + 1]) && fabsf(more[STEPS + 1] - prev) < 0.2f * prev,
+                  "%s continued on %s: loss %g after %g", src, k ? "2 ranks" : "one GPU", more[STEPS + 1], prev);
+    }
     /* more GPUs than visible is refused with the key's name */
     qt_config c;
     char yaml[1024], err[1024];

@@ -52,7 +52,8 @@ if has llmq; then
     } 2>&1 | tee "$OUT/llmq.log" | grep -E 'RESULT|tokens/s|==|rror' | head -40
 fi
 # Data parallel on every visible GPU against one GPU, same setting as llmq (a step is then N x 524,288
-# tokens); test_train holds the multi-GPU checks (bit-exact resume, 2 ranks vs 1 GPU).
+# tokens), optimizer state sharded (the default) and replicated; test_train holds the multi-GPU checks
+# (bit-exact resume, 2 ranks vs 1 GPU, checkpoints across GPU counts, a failing rank).
 if has dp; then
     llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
     { step test_train 600 build/tests/test_train
@@ -60,6 +61,9 @@ if has dp; then
           step dp_0.5b_${p}_1gpu 300 build/bench/train_bench configs/qwen2.5-0.5b-$p.yaml $llmq --set parallel.gpus=1
           step dp_0.5b_${p}_all 300 build/bench/train_bench configs/qwen2.5-0.5b-$p.yaml $llmq
       done
+      step dp_0.5b_fp8_all_replicated 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml $llmq \
+          --set parallel.shard_optimizer=false
       step dp_0.5b_fp8_all_host 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml $llmq --set parallel.comm=host
+      step dp_1.5b_fp8_all 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq
     } 2>&1 | tee "$OUT/dp.log" | grep -E '^(PASS|FAIL|SKIP|==)|worst|tokens/s|rror' | head -60
 fi
