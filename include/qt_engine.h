@@ -57,8 +57,6 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const 
 struct qt_shard_s;
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
                                 const struct qt_shard_s *sh, char *err, size_t errlen);
-/* The slice of master weights and moments the engine holds (the whole array unless sharded). */
-const struct qt_shard_s *qt_engine_gpu_shard(const qt_engine *e);
 /* Makes a GPU engine a data-parallel rank: opt_step first sums the gradients over comm (every rank
  * calls opt_step, each from its own thread). */
 struct qt_comm;
@@ -66,9 +64,10 @@ void qt_engine_gpu_attach(qt_engine *e, struct qt_comm *comm, int rank);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 
-/* Data-parallel engine: one thread per rank on devices[0..n) (a device may repeat), each with a full
- * replica; gradients are all-reduced (sum, fixed rank order) over cfg->comm, so replicas stay bitwise
- * identical. NULL with err on failure. */
+/* Data-parallel engine: one thread per rank on devices[0..n) (a device may repeat), each with the
+ * whole model; gradients are summed in a fixed rank order over cfg->comm, so the ranks' weights stay
+ * bitwise identical; with cfg->shard_optimizer each rank keeps the optimizer state of 1/n of the
+ * parameters. NULL with err on failure. */
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
                                const int *devices, char *err, size_t errlen);
 

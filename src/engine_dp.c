@@ -1,16 +1,17 @@
 /* engine_dp.c — data parallelism over the GPUs of this process: one pthread per rank, each driving its
- * own single-GPU engine (a full replica) on its device.
+ * own single-GPU engine (the whole model) on its device.
  *
  * The training loop stays single-threaded: every engine call is handed to the rank threads at once
  * and returns when each has run it (micro-steps only enqueue GPU work, so the hand-off costs
  * microseconds, not a device sync). Each rank trains on its own micro-batch; opt_step sums the
  * gradients over the comm (fp32, ascending rank order: every rank gets the same bits) before the norm
- * and AdamW, so the replicas' weights stay bitwise identical (opt_step checks the norms). With
+ * and AdamW, so the ranks' weights stay bitwise identical (opt_step checks the norms). With
  * parallel.shard_optimizer (ZeRO-1, the default) each rank holds the master weights and moments of
  * 1/N of the parameters: gradients are reduce-scattered, each rank updates its slice, the bf16
  * weights are all-gathered; checkpoints and get_weights assemble the slices. Otherwise every rank
- * keeps all of it (all-reduce) and get_weights checks the replicas agree. A failure in any rank thread ends in qt_fail,
- * which aborts the comm (waking ranks blocked in a collective) and exits with the rank's message. */
+ * keeps all of it (all-reduce) and get_weights checks the replicas agree. A failure in any rank
+ * thread ends in qt_fail, which aborts the comm (waking ranks blocked in a collective) and exits with
+ * the rank's message. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,8 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
+
+_Static_assert(QT_SHARD_MAX_RANKS >= QT_COMM_MAX_RANKS, "a rank's gradient sum of squares needs a slot per rank");
 
 typedef struct dp_engine dp_engine;
 typedef void (*dp_job)(dp_engine *d, int r);

@@ -180,7 +180,7 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 
 /* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths),
  * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. Sharded:
- * weights, adam_m and adam_v hold this rank's slice only (qt_engine_gpu_shard says which). */
+ * weights, adam_m and adam_v hold this rank's slice only (the model's shard says which). */
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
@@ -259,7 +259,6 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
-
 void qt_engine_gpu_attach(qt_engine *b, qt_comm *comm, int rank) {
     gpu_engine *e = (gpu_engine *)b;
     e->comm = comm;
@@ -271,8 +270,6 @@ void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
     *sum = e->last_loss_sum;
     *valid = e->last_valid;
 }
-
-const qt_shard *qt_engine_gpu_shard(const qt_engine *b) { return &((const gpu_engine *)b)->g->shard; }
 
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
                                 const qt_shard *sh, char *err, size_t errlen) {
