@@ -130,26 +130,29 @@ static int read_gnorms(const char *path, float *g, int cap) {
 }
 
 /* Run `kind` of the comparison below (0: one GPU x 4 accumulation steps, 1: 2 ranks x 2 sharded, 2:
- * replicated) for `steps` steps in folder ckpt_match_<tag>, optionally resuming. */
+ * replicated; 3 and 4: 0 and 1 with fp8 matmuls) for `steps` steps in folder ckpt_match_<tag>,
+ * optionally resuming. */
 static int match_run(int kind, const char *tag, int steps, const char *resume, const char *logp, float *losses,
                      char *err, size_t errlen) {
-    char yaml[4096], par[128];
-    if (kind == 0) snprintf(par, sizeof par, "parallel: {gpus: 1}");
-    else snprintf(par, sizeof par, "parallel: {gpus: %d, shard_optimizer: %s}", dp_begin(), kind == 1 ? "true" : "false");
+    char yaml[4096], par[160];
+    int one = kind == 0 || kind == 3;
+    if (one) snprintf(par, sizeof par, "parallel: {gpus: 1}");
+    else snprintf(par, sizeof par, "parallel: {gpus: %d, shard_optimizer: %s}", dp_begin(), kind == 2 ? "false" : "true");
+    if (kind >= 3) strcat(par, "\nprecision: {matmul_dtype: e4m3}");
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
              "        intermediate_size: 96, max_seq_len: 64}\n"
              "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
              "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
              "checkpoint: {dir: '%s/ckpt_match_%s'}\nlog: {file: '%s', every: 1}\ndevice: cuda\n%s\n",
-             g_dir, kind ? 2 : 4, steps, g_dir, tag, logp, par);
+             g_dir, one ? 4 : 2, steps, g_dir, tag, logp, par);
     qt_config c;
     int rc = load_cfg(&c, yaml);
     if (rc == 0) {
         qt_train_opts o = {resume, -1, 0, losses};
         rc = qt_train_run(&c, &o, NULL, err, errlen);
     }
-    if (kind) dp_end();
+    if (!one) dp_end();
     return rc;
 }
 
@@ -164,9 +167,9 @@ static void test_data_parallel_matches_one_gpu(void) {
     snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
     write_synthetic(p1, 20000, 1);
     write_synthetic(p2, 3000, 2);
-    enum { STEPS = 20, RUNS = 3 };
+    enum { STEPS = 20, RUNS = 5 };
     float loss[RUNS][STEPS], gn[RUNS][STEPS];
-    const char *tag[RUNS] = {"one", "dp_sharded", "dp_replicated"};
+    const char *tag[RUNS] = {"one", "dp_sharded", "dp_replicated", "one_fp8", "dp_sharded_fp8"};
     for (int k = 0; k < RUNS; k++) {
         char err[1024], logp[512];
         snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag[k]);
@@ -174,20 +177,23 @@ static void test_data_parallel_matches_one_gpu(void) {
         QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);
         QT_REQUIRE(read_gnorms(logp, gn[k], STEPS) == STEPS, "%s: %d grad_norm records", tag[k], read_gnorms(logp, gn[k], STEPS));
     }
-    for (int k = 1; k < RUNS; k++) {
-        double worst_l = 0, worst_g = 0;
+    /* each data-parallel run against its one-GPU run; fp8 roundings amplify the summation-order noise */
+    const int pair[3][2] = {{1, 0}, {2, 0}, {4, 3}};
+    for (int q = 0; q < 3; q++) {
+        int k = pair[q][0], b = pair[q][1];
+        double worst_l = 0, worst_g = 0, tl = k == 4 ? 5e-3 : 1e-3, tg = k == 4 ? 5e-2 : 1e-2;
         for (int i = 0; i < STEPS; i++) {
-            double rl = fabs(loss[k][i] - loss[0][i]) / loss[0][i], rg = fabs(gn[k][i] - gn[0][i]) / gn[0][i];
+            double rl = fabs(loss[k][i] - loss[b][i]) / loss[b][i], rg = fabs(gn[k][i] - gn[b][i]) / gn[b][i];
             worst_l = rl > worst_l ? rl : worst_l;
             worst_g = rg > worst_g ? rg : worst_g;
             if (i == 0) {
-                QT_EXPECT(rl < 1e-6, "%s step 1 loss: one GPU %.9g, 2 ranks %.9g", tag[k], loss[0][0], loss[k][0]);
-                QT_EXPECT(rg < 1e-4, "%s step 1 grad norm: one GPU %.9g, 2 ranks %.9g", tag[k], gn[0][0], gn[k][0]);
+                QT_EXPECT(rl < 1e-6, "%s step 1 loss: one GPU %.9g, 2 ranks %.9g", tag[k], loss[b][0], loss[k][0]);
+                QT_EXPECT(rg < 1e-4, "%s step 1 grad norm: one GPU %.9g, 2 ranks %.9g", tag[k], gn[b][0], gn[k][0]);
             }
         }
         printf("  %s, %d steps: loss %.4f -> %.4f; worst relative difference vs 1 GPU: loss %.2e, grad norm %.2e\n",
                tag[k], STEPS, loss[k][0], loss[k][STEPS - 1], worst_l, worst_g);
-        QT_EXPECT(worst_l < 1e-3 && worst_g < 1e-2, "%s drifted apart: loss %.2e, grad norm %.2e", tag[k], worst_l, worst_g);
+        QT_EXPECT(worst_l < tl && worst_g < tg, "%s drifted apart: loss %.2e, grad norm %.2e", tag[k], worst_l, worst_g);
         QT_EXPECT(loss[k][STEPS - 1] < loss[k][0], "%s: loss did not fall: %g -> %g", tag[k], loss[k][0], loss[k][STEPS - 1]);
     }
     /* checkpoints hold whole arrays: one GPU continues the sharded run's, 2 sharded ranks the one GPU's */
