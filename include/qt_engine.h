@@ -22,7 +22,8 @@ typedef struct {
     /* Global norm, clip to cfg grad_clip, AdamW at lr with 1-based step t, zero grads.
      * *loss = mean loss of the micro-steps since the last opt_step; *gnorm = pre-clip norm. */
     void (*opt_step)(qt_engine *e, float lr, long t, float *loss, float *gnorm);
-    /* Mean loss of one micro-batch, no gradients. */
+    /* Mean loss of a micro-batch, no gradients: one per rank ([ranks x B*T]), summed over the ranks
+     * in rank order; a micro-batch whose targets are all < 0 adds 0. */
     float (*eval_loss)(qt_engine *e, const int32_t *inputs, const int32_t *targets);
     /* Host fp32 copies of the weights [L->numel] / the accumulated gradients (before opt_step). */
     void (*get_weights)(qt_engine *e, float *w);

@@ -54,7 +54,7 @@ struct dp_engine {
     const float *w0;
     char err[QT_COMM_MAX_RANKS][512];
     const int32_t *in, *tgt;
-    float scale, lr, eval;
+    float scale, lr;
     long t;
     float loss[QT_COMM_MAX_RANKS], gnorm[QT_COMM_MAX_RANKS];
     float *out;
@@ -118,7 +118,10 @@ static void job_opt(dp_engine *d, int r) {
     QT_CHECK(r != d->fail_rank || d->t != d->fail_step, "injected failure (QT_DP_FAIL) before step %ld", d->t);
     d->rk[r]->ops->opt_step(d->rk[r], d->lr, d->t, &d->loss[r], &d->gnorm[r]);
 }
-static void job_eval(dp_engine *d, int r) { d->eval = d->rk[r]->ops->eval_loss(d->rk[r], d->in, d->tgt); }
+static void job_eval(dp_engine *d, int r) {
+    size_t ntok = (size_t)d->base.cfg->micro_batch * d->base.cfg->seq_len;
+    d->loss[r] = d->rk[r]->ops->eval_loss(d->rk[r], d->in + r * ntok, d->tgt + r * ntok);
+}
 static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->out); }
 static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], d->out); }
 static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->in, d->out); }
@@ -167,8 +170,10 @@ static float dp_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
     dp_engine *d = (dp_engine *)b;
     d->in = in;
     d->tgt = tgt;
-    run(d, job_eval, 0);
-    return d->eval;
+    run(d, job_eval, -1);
+    float sum = 0;
+    for (int r = 0; r < d->n; r++) sum += d->loss[r];
+    return sum;
 }
 
 /* Sharded: every rank writes its slice. Else rank 0's weights, after checking every replica holds the

@@ -57,8 +57,16 @@ typedef struct {
 static float run_eval(trainer *t) {
     qt_loader_reset(t->eval);
     double sum = 0;
-    for (int i = 0; i < t->cfg->eval_batches; i++) {
-        qt_loader_next(t->eval, t->in, t->tgt);
+    int ranks = t->eng->ranks;
+    size_t ntok = (size_t)t->cfg->micro_batch * t->cfg->seq_len;
+    for (int i = 0; i < t->cfg->eval_batches; i += ranks) { /* one batch per GPU; spare GPUs get none */
+        for (int r = 0; r < ranks; r++) {
+            if (i + r < t->cfg->eval_batches) qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok);
+            else { /* token 0, every target ignored */
+                memset(t->in + r * ntok, 0, ntok * sizeof(int32_t));
+                memset(t->tgt + r * ntok, 0xff, ntok * sizeof(int32_t));
+            }
+        }
         sum += t->eng->ops->eval_loss(t->eng, t->in, t->tgt);
     }
     return (float)(sum / t->cfg->eval_batches);

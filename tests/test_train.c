@@ -115,18 +115,21 @@ static void test_resume_bit_exact_data_parallel(void) {
     dp_end();
 }
 
-/* grad_norm of each step from a jsonl log written with log.every 1. */
-static int read_gnorms(const char *path, float *g, int cap) {
+/* The `key` of every `type` record in a jsonl log (grad_norm of train records written with log.every
+ * 1, loss of eval records). */
+static int read_log(const char *path, const char *type, const char *key, float *g, int cap) {
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    char line[512];
-    int k = 0;
-    while (fgets(line, sizeof line, f) && k < cap) {
-        const char *p = strstr(line, "\"grad_norm\":");
-        if (strstr(line, "\"train\"") && p) g[k++] = strtof(p + 12, NULL);
+    char line[512], t[64], k[64];
+    snprintf(t, sizeof t, "\"%s\"", type);
+    snprintf(k, sizeof k, "\"%s\":", key);
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < cap) {
+        const char *p = strstr(line, k);
+        if (strstr(line, t) && p) g[n++] = strtof(p + strlen(k), NULL);
     }
     fclose(f);
-    return k;
+    return n;
 }
 
 /* Run `kind` of the comparison below (0: one GPU x 4 accumulation steps, 1: 2 ranks x 2 sharded, 2:
@@ -142,10 +145,11 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
              "        intermediate_size: 96, max_seq_len: 64}\n"
-             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', eval: '%s/syn_eval_*.bin', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
              "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
+             "eval: {every: 10, batches: 3}\n" /* 3 batches on 2 GPUs: the second call has a spare GPU */
              "checkpoint: {dir: '%s/ckpt_match_%s'}\nlog: {file: '%s', every: 1}\ndevice: cuda\n%s\n",
-             g_dir, one ? 4 : 2, steps, g_dir, tag, logp, par);
+             g_dir, g_dir, one ? 4 : 2, steps, g_dir, tag, logp, par);
     qt_config c;
     int rc = load_cfg(&c, yaml);
     if (rc == 0) {
@@ -168,14 +172,15 @@ static void test_data_parallel_matches_one_gpu(void) {
     write_synthetic(p1, 20000, 1);
     write_synthetic(p2, 3000, 2);
     enum { STEPS = 20, RUNS = 5 };
-    float loss[RUNS][STEPS], gn[RUNS][STEPS];
+    float loss[RUNS][STEPS], gn[RUNS][STEPS], ev[RUNS][2];
     const char *tag[RUNS] = {"one", "dp_sharded", "dp_replicated", "one_fp8", "dp_sharded_fp8"};
     for (int k = 0; k < RUNS; k++) {
         char err[1024], logp[512];
         snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag[k]);
         int rc = match_run(k, tag[k], STEPS, NULL, logp, loss[k], err, sizeof err);
         QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);
-        QT_REQUIRE(read_gnorms(logp, gn[k], STEPS) == STEPS, "%s: %d grad_norm records", tag[k], read_gnorms(logp, gn[k], STEPS));
+        int ng = read_log(logp, "train", "grad_norm", gn[k], STEPS), ne = read_log(logp, "eval", "loss", ev[k], 2);
+        QT_REQUIRE(ng == STEPS && ne == 2, "%s: %d grad_norm and %d eval records", tag[k], ng, ne);
     }
     /* each data-parallel run against its one-GPU run; fp8 roundings amplify the summation-order noise */
     const int pair[3][2] = {{1, 0}, {2, 0}, {4, 3}};
@@ -191,8 +196,10 @@ static void test_data_parallel_matches_one_gpu(void) {
                 QT_EXPECT(rg < 1e-4, "%s step 1 grad norm: one GPU %.9g, 2 ranks %.9g", tag[k], gn[b][0], gn[k][0]);
             }
         }
-        printf("  %s, %d steps: loss %.4f -> %.4f; worst relative difference vs 1 GPU: loss %.2e, grad norm %.2e\n",
-               tag[k], STEPS, loss[k][0], loss[k][STEPS - 1], worst_l, worst_g);
+        double re = fabs(ev[k][1] - ev[b][1]) / ev[b][1];
+        printf("  %s, %d steps: loss %.4f -> %.4f; worst relative difference vs 1 GPU: loss %.2e, grad norm %.2e; "
+               "final eval %.4f vs %.4f\n", tag[k], STEPS, loss[k][0], loss[k][STEPS - 1], worst_l, worst_g, ev[k][1], ev[b][1]);
+        QT_EXPECT(re < tl, "%s: final eval loss %.6f vs %.6f on one GPU", tag[k], ev[k][1], ev[b][1]);
         QT_EXPECT(worst_l < tl && worst_g < tg, "%s drifted apart: loss %.2e, grad norm %.2e", tag[k], worst_l, worst_g);
         QT_EXPECT(loss[k][STEPS - 1] < loss[k][0], "%s: loss did not fall: %g -> %g", tag[k], loss[k][0], loss[k][STEPS - 1]);
     }
