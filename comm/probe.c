@@ -125,6 +125,7 @@ int qt_comm_probe(int n, const int *devices, qt_comm_probe_result *out) {
     for (int i = 0; i < n; i++) {
         out->h2d[i] = HOST_B / time_host(&x, 1u << i, 1) / 1e9;
         out->d2h[i] = HOST_B / time_host(&x, 1u << i, 2) / 1e9;
+        out->bidir[i] = 2.0 * HOST_B / time_host(&x, 1u << i, 3) / 1e9;
     }
     out->h2d_all = HOST_B / time_host(&x, all, 1) / 1e9;
     out->d2h_all = HOST_B / time_host(&x, all, 2) / 1e9;
@@ -180,7 +181,8 @@ void qt_comm_probe_print(const qt_comm_probe_result *p, FILE *fp, int md) {
         fprintf(fp, "probe: %d x %s, driver %d, runtime %d, %.2f s -> auto = %s\n", p->n, p->name, p->driver,
                 p->runtime, p->seconds, pick);
         for (int i = 0; i < p->n; i++)
-            fprintf(fp, "  gpu %d (dev %d): H2D %.1f GB/s, D2H %.1f GB/s alone\n", i, p->devices[i], p->h2d[i], p->d2h[i]);
+            fprintf(fp, "  gpu %d (dev %d): H2D %.1f GB/s, D2H %.1f GB/s, H2D+D2H %.1f GB/s alone\n", i, p->devices[i],
+                    p->h2d[i], p->d2h[i], p->bidir[i]);
         fprintf(fp, "  all GPUs at once, per GPU: H2D %.1f, D2H %.1f, H2D+D2H %.1f GB/s\n", p->h2d_all, p->d2h_all,
                 p->bidir_all);
         fprintf(fp, "  peer access / one-way GB/s (row = source):\n");
@@ -198,9 +200,10 @@ void qt_comm_probe_print(const qt_comm_probe_result *p, FILE *fp, int md) {
     }
     fprintf(fp, "Probe (%.2f s): %d x %s, driver %d, runtime %d; `auto` picks **%s**.\n\n", p->seconds, p->n, p->name,
             p->driver, p->runtime, pick);
-    fprintf(fp, "| GPU | H2D alone | D2H alone | peer access to (one-way GB/s) |\n| --- | --- | --- | --- |\n");
+    fprintf(fp, "| GPU | H2D alone | D2H alone | H2D+D2H alone | peer access to (one-way GB/s) |\n"
+                "| --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < p->n; i++) {
-        fprintf(fp, "| %d | %.1f | %.1f |", p->devices[i], p->h2d[i], p->d2h[i]);
+        fprintf(fp, "| %d | %.1f | %.1f | %.1f |", p->devices[i], p->h2d[i], p->d2h[i], p->bidir[i]);
         for (int j = 0; j < p->n; j++)
             if (j != i) fprintf(fp, " %d: %s %.0f;", p->devices[j], p->can_access[i][j] ? "yes" : "no", p->peer[i][j]);
         fprintf(fp, " |\n");

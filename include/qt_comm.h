@@ -44,6 +44,7 @@ typedef struct {
     int driver, runtime;                               /* cudaDriverGetVersion / cudaRuntimeGetVersion */
     int can_access[QT_COMM_MAX_RANKS][QT_COMM_MAX_RANKS]; /* cudaDeviceCanAccessPeer */
     double h2d[QT_COMM_MAX_RANKS], d2h[QT_COMM_MAX_RANKS]; /* pinned, one GPU at a time */
+    double bidir[QT_COMM_MAX_RANKS];                   /* H2D + D2H at once, one GPU at a time (sum) */
     double h2d_all, d2h_all;                           /* per GPU, all GPUs at once */
     double bidir_all;                                  /* per GPU, H2D + D2H at once on all GPUs (sum of both) */
     double peer[QT_COMM_MAX_RANKS][QT_COMM_MAX_RANKS]; /* i -> j alone, peer access enabled */
