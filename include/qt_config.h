@@ -71,6 +71,7 @@ typedef struct {
     int gpus;                     /* 0 = all visible */
     qt_comm_kind comm;
     int shard_optimizer;          /* ZeRO-1: master weights and AdamW moments split over the GPUs */
+    int reduce_dtype;             /* qt_dtype the gradients cross between GPUs in (fp32 or bf16) */
 } qt_config;
 
 /* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,

@@ -136,6 +136,8 @@ static const qt_config_key keys[] = {
       "how the GPUs sum gradients: peer copies (NVLink/PCIe P2P), host staging through pinned memory, write-combined host; auto = from the link probe printed at start"),
     B("parallel.shard_optimizer", shard_optimizer, "true", "multi-GPU", 0,
       "each GPU keeps the fp32 master weights and AdamW moments of 1/N of the parameters (ZeRO-1): gradients are reduce-scattered, AdamW updates the shard, the bf16 weights are all-gathered"),
+    E("parallel.reduce_dtype", reduce_dtype, f32_bf16_names, "fp32", "multi-GPU", 0,
+      "dtype the gradients cross between GPUs in: bf16 halves the bytes (each GPU's sum is rounded to bf16 once, the sum over GPUs is still taken in fp32)"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

@@ -78,15 +78,24 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
 }
 
 /* Gradients summed over the ranks (when a data-parallel rank), then the norm and clip scale. Sharded
- * (ZeRO-1): each rank gets the sum of its shard only, the norm adds the ranks' sums of squares. */
+ * (ZeRO-1): each rank gets the sum of its shard only, the norm adds the ranks' sums of squares. With
+ * parallel.reduce_dtype bf16 the sum travels in the bf16 weight buffer: nothing reads the weights
+ * between the backward and AdamW, which rewrites every parameter of the shard (the all-gather the
+ * rest), and its gaps and tail stay zero because the gradient's are. */
 static void reduce_grads(gpu_engine *e, cudaStream_t s) {
     qt_gpu_model *g = e->g;
     const qt_shard *sh = &g->shard;
     float clip = e->base.cfg->grad_clip;
+    int half = e->base.cfg->reduce_dtype == QT_DT_BF16;
+    qt_dtype dt = half ? QT_DT_BF16 : QT_DT_F32;
+    void *buf = half ? g->w : (void *)g->grad;
+    size_t es = qt_dtype_size(dt);
+    if (e->comm && half) qt_cast_f32_to_bf16(g->w, g->grad, sh->total, s);
     if (e->comm && sh->n_ranks == 1) {
         qt_gpu_model_mark(g, "optimizer: gradient all-reduce");
-        QT_CHECK(qt_comm_all_reduce(e->comm, e->rank, g->grad, g->grad, sh->total, QT_DT_F32, s) == 0,
+        QT_CHECK(qt_comm_all_reduce(e->comm, e->rank, buf, buf, sh->total, dt, s) == 0,
                  "rank %d: gradient all-reduce aborted (another rank failed)", e->rank);
+        if (half) qt_cast_bf16_to_f32(g->grad, g->w, sh->total, s);
     }
     if (sh->n_ranks == 1) {
         qt_gpu_model_mark(g, "optimizer: norm + adamw");
@@ -94,8 +103,10 @@ static void reduce_grads(gpu_engine *e, cudaStream_t s) {
         return;
     }
     qt_gpu_model_mark(g, "optimizer: gradient reduce-scatter");
-    QT_CHECK(qt_comm_reduce_scatter(e->comm, e->rank, g->grad + sh->off, g->grad, sh->total, QT_DT_F32, s) == 0,
+    void *mine = (char *)buf + sh->off * es;
+    QT_CHECK(qt_comm_reduce_scatter(e->comm, e->rank, mine, buf, sh->total, dt, s) == 0,
              "rank %d: gradient reduce-scatter aborted (another rank failed)", e->rank);
+    if (half) qt_cast_bf16_to_f32(g->grad + sh->off, mine, sh->len, s);
     qt_gpu_model_mark(g, "optimizer: norm + adamw");
     qt_grad_sumsq(g->sumsq + e->rank, g->grad + sh->off, sh->len, g->ws, s);
     /* every rank's fp64 sum (two fp32 words each), gathered in place */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
-# out/gpu-check). Stages (default: all but dp): build unit model train bench llmq; dp (several GPUs)
+# out/gpu-check). Stages (default: all but dp): build unit model train bench llmq; dp, dpcomm (several GPUs)
 #   tools/gpu-check.sh unit model     # kernel/matmul/attention/quant tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -66,4 +66,14 @@ if has dp; then
       step dp_0.5b_fp8_all_host 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml $llmq --set parallel.comm=host
       step dp_1.5b_fp8_all 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq
     } 2>&1 | tee "$OUT/dp.log" | grep -E '^(PASS|FAIL|SKIP|==)|worst|tokens/s|rror' | head -60
+fi
+# Data parallel with one 16 x 1024 micro-batch per GPU per step, where summing the gradients is a large
+# part of the step: gradients summed in fp32 vs bf16 (parallel.reduce_dtype), over peer copies and host.
+if has dpcomm; then
+    small="--steps 10 --set data.micro_batch=16 --set data.grad_accum=1"
+    { for comm in peer host; do for rd in fp32 bf16; do
+          step dpcomm_0.5b_bf16_${comm}_${rd} 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml $small \
+              --set parallel.comm=$comm --set parallel.reduce_dtype=$rd
+      done; done
+    } 2>&1 | tee "$OUT/dpcomm.log" | grep -E '==|tokens/s|rror' | head -40
 fi
