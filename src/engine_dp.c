@@ -332,6 +332,9 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     pthread_cond_init(&d->done, NULL);
     qt_comm_opts opts = {.probe_log = stdout}; /* auto: the link probe decides, printed once */
     d->comm = qt_comm_create(n, devices, cfg->comm, 0, &opts);
+    qt_comm_kind kind = qt_comm_kind_of(d->comm);
+    if ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && cfg->reduce_dtype == QT_DT_F32)
+        printf("qtrain: the gradients cross host memory as fp32; parallel.reduce_dtype: bf16 halves those bytes\n");
     QT_CUDA(cudaSetDevice(devices[0]));
     for (int r = 0; r < n; r++) {
         d->arg[r].d = d;
@@ -348,8 +351,9 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
         }
     char devs[64] = "";
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
-    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s)", d->rk[0]->ops->name, n, devs,
-             qt_comm_name(d->comm), d->sharded ? ", optimizer state sharded" : "");
+    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s%s)", d->rk[0]->ops->name, n, devs,
+             qt_comm_name(d->comm), d->sharded ? ", optimizer state sharded" : "",
+             cfg->reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "");
     d->ops.name = d->name;
     return &d->base;
 }
