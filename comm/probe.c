@@ -46,9 +46,9 @@ static double time_peer_load(qt_probe_ctx *x, int i, int j) {
         double t0 = wall();
         const void *si = x->d[j] + PEER_B, *sj = x->d[i] + PEER_B;
         QT_CUDA(cudaSetDevice(x->dev[i]));
-        qt_comm_reduce_launch(QT_DT_BF16, x->d[i], &si, 1, n, QT_COMM_SUM, x->up[i]);
+        qt_comm_reduce_launch(QT_DT_BF16, x->d[i], &si, 1, 1, n, QT_COMM_SUM, x->up[i]);
         QT_CUDA(cudaSetDevice(x->dev[j]));
-        qt_comm_reduce_launch(QT_DT_BF16, x->d[j], &sj, 1, n, QT_COMM_SUM, x->up[j]);
+        qt_comm_reduce_launch(QT_DT_BF16, x->d[j], &sj, 1, 1, n, QT_COMM_SUM, x->up[j]);
         sync_all(x);
         double t = wall() - t0;
         if (rep > 0 && t < best) best = t;

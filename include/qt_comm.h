@@ -122,8 +122,9 @@ int qt_comm_barrier(qt_comm *c, int r, cudaStream_t s);
 void qt_comm_abort(qt_comm *c);
 
 /* Reduction kernel (comm/reduce.cu): dst[i] = op over srcs[0..nsrc) of src[k][i] in ascending k,
- * fp32 accumulation, rounded once to dt (fp32 or bf16). dst may alias srcs[0] or any src exactly. */
-void qt_comm_reduce_launch(qt_dtype dt, void *dst, const void *const *srcs, int nsrc, size_t n,
+ * fp32 accumulation, rounded once to dt (fp32 or bf16). dst may alias srcs[0] or any src exactly.
+ * remote: how many of the sources are read through peer pointers (it sizes the grid). */
+void qt_comm_reduce_launch(qt_dtype dt, void *dst, const void *const *srcs, int nsrc, int remote, size_t n,
                            qt_comm_op op, cudaStream_t s);
 
 #ifdef __cplusplus
