@@ -105,7 +105,8 @@ extern "C" void qt_comm_reduce_launch(qt_dtype dt, void *dst, const void *const 
      * grid-stride instead of paying block scheduling. With several peers loaded at once, fewer
      * loaders do better: every GPU also serves its peers' loads. 4 x H200, 256 MiB bf16 reduce-scatter
      * by loads: 288 GB/s with 4096 blocks, 310 with one block per SM (264 blocks of 128 threads: the
-     * same); 2 x H200 (one peer) does best with the full grid (321 vs 311). */
+     * same); 2 x H200 (one peer) does best with the full grid (321 vs 311). In between (two peers,
+     * not measured) 8 / remote^2 blocks per SM interpolates: 2 per SM. */
     size_t blocks = (work + 255) / 256, cap = 4096;
     if (remote >= 2) {
         int dev = 0, sms = 0;
