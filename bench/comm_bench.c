@@ -1,10 +1,12 @@
 /* comm_bench.c — every comm strategy x op x size on this machine's GPUs, NCCL as a reference row
  * (dlopen, never linked), and an overlap run (a bf16 cuBLASLt GEMM loop beside each strategy).
+ * Bandwidth ops (all-gather, reduce-scatter, all-reduce, broadcast from rank 0) sweep 4 KiB..1 GiB;
+ * the scalar all-reduce (8 fp32) and the barrier are timed once each, as latencies.
  *
  * Per point: after warm-up, each timed iteration is a barrier then the op between two events on every
  * rank's stream; the iteration's time is the slowest rank's; we report the median (p10, p90) of
  * --iters (>= 20). algbw = S / t with S the full tensor (gathered, unreduced); busbw = algbw * (n-1)/n
- * for all-gather and reduce-scatter, 2(n-1)/n for all-reduce (nccl-tests). busbw is the bytes one GPU
+ * for all-gather and reduce-scatter, 2(n-1)/n for all-reduce, 1 for broadcast (nccl-tests). busbw is the bytes one GPU
  * moves in ONE direction per second, so % = busbw over the one-direction rate of the link it uses:
  * peer paths, the slowest peer pair one way; host paths, the per-GPU rate with all GPUs at once of
  * the direction that bounds the op: H2D for all-gather and all-reduce (each GPU receives (n-1)/n S,
@@ -26,8 +28,11 @@
 #include "qt_error.h"
 
 #define MAXIT 200
-enum { OP_AG, OP_RS, OP_AR, NOPS };
-static const char *op_names[NOPS] = {"all_gather", "reduce_scatter", "all_reduce"};
+/* Bandwidth ops are swept over sizes; the latency ops run once (8 fp32 scalars; a barrier). */
+enum { OP_AG, OP_RS, OP_AR, OP_BC, NOPS, OP_SCAL = NOPS, OP_BAR, NALLOPS };
+static const char *op_names[NALLOPS] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                        "all_reduce_scalars", "barrier"};
+#define NSCAL 8
 enum { S_PEER, S_RING, S_LOAD, S_HOST, S_HOST_WC, S_NCCL, NSTRAT };
 /* peer_load: the peer kind with QT_COMM_RS_LOAD (its all-gather is peer's; reduce-scatter and
  * all-reduce differ); peer and peer_ring use QT_COMM_RS_COPY. */
@@ -37,12 +42,14 @@ static const char *strat_names[NSTRAT] = {"peer", "peer_ring", "peer_load", "hos
 typedef int (*nccl_init_all_t)(void **comms, int n, const int *devs);
 typedef int (*nccl_ag_t)(const void *, void *, size_t, int, void *, cudaStream_t);
 typedef int (*nccl_red_t)(const void *, void *, size_t, int, int, void *, cudaStream_t);
+typedef int (*nccl_bc_t)(const void *, void *, size_t, int, int root, void *, cudaStream_t);
 typedef int (*nccl_destroy_t)(void *);
 typedef int (*nccl_ver_t)(int *);
 static struct {
     nccl_init_all_t init_all;
     nccl_ag_t ag;
     nccl_red_t rs, ar;
+    nccl_bc_t bc;
     nccl_destroy_t destroy;
     int version;
     void *comms[QT_COMM_MAX_RANKS];
@@ -58,9 +65,10 @@ static int nccl_load(char *why, size_t n) {
     g_nccl.ag = (nccl_ag_t)dlsym(h, "ncclAllGather");
     g_nccl.rs = (nccl_red_t)dlsym(h, "ncclReduceScatter");
     g_nccl.ar = (nccl_red_t)dlsym(h, "ncclAllReduce");
+    g_nccl.bc = (nccl_bc_t)dlsym(h, "ncclBroadcast");
     g_nccl.destroy = (nccl_destroy_t)dlsym(h, "ncclCommDestroy");
     nccl_ver_t ver = (nccl_ver_t)dlsym(h, "ncclGetVersion");
-    if (!g_nccl.init_all || !g_nccl.ag || !g_nccl.rs || !g_nccl.ar || !g_nccl.destroy || !ver) {
+    if (!g_nccl.init_all || !g_nccl.ag || !g_nccl.rs || !g_nccl.ar || !g_nccl.bc || !g_nccl.destroy || !ver) {
         snprintf(why, n, "libnccl.so.2 lacks a symbol");
         return -1;
     }
@@ -71,11 +79,12 @@ static int nccl_load(char *why, size_t n) {
 /* ---- the run state ---- */
 static struct {
     int n, devices[QT_COMM_MAX_RANKS], iters, warmup, shared_dev;
+    unsigned ops; /* bit per op (--ops) */
     size_t max_bytes;
     cudaStream_t s[QT_COMM_MAX_RANKS], gs[QT_COMM_MAX_RANKS];
     cudaEvent_t e0[QT_COMM_MAX_RANKS][MAXIT], e1[QT_COMM_MAX_RANKS][MAXIT];
     char *a[QT_COMM_MAX_RANKS], *b[QT_COMM_MAX_RANKS];
-    float *one[QT_COMM_MAX_RANKS];
+    float *one[QT_COMM_MAX_RANKS]; /* NSCAL floats: the barrier's and the scalar all-reduce's operand */
     qt_comm_probe_result probe;
     FILE *tsv, *md;
     const char *label, *nccl_tag;
@@ -102,15 +111,23 @@ static int do_op(job *j, cudaStream_t s) {
     size_t count = j->bytes / 2, off, len;
     qt_comm_shard(count, n, r, &off, &len);
     if (j->strat == S_NCCL) {
-        int rc = j->op == OP_AG   ? g_nccl.ag(G.b[r], G.a[r], count / n, NCCL_BF16, g_nccl.comms[r], s)
-                 : j->op == OP_RS ? g_nccl.rs(G.a[r], G.b[r], count / n, NCCL_BF16, NCCL_SUM, g_nccl.comms[r], s)
-                                  : g_nccl.ar(G.a[r], G.b[r], count, NCCL_BF16, NCCL_SUM, g_nccl.comms[r], s);
+        void *nc = g_nccl.comms[r];
+        int rc = j->op == OP_AG   ? g_nccl.ag(G.b[r], G.a[r], count / n, NCCL_BF16, nc, s)
+                 : j->op == OP_RS ? g_nccl.rs(G.a[r], G.b[r], count / n, NCCL_BF16, NCCL_SUM, nc, s)
+                 : j->op == OP_AR ? g_nccl.ar(G.a[r], G.b[r], count, NCCL_BF16, NCCL_SUM, nc, s)
+                 : j->op == OP_BC ? g_nccl.bc(G.a[r], G.a[r], count, NCCL_BF16, 0, nc, s)
+                                  : g_nccl.ar(G.one[r], G.one[r], NSCAL, NCCL_F32, NCCL_SUM, nc, s);
         QT_CHECK(rc == 0, "NCCL %s returned %d", op_names[j->op], rc);
         return 0;
     }
-    if (j->op == OP_AG) return qt_comm_all_gather(j->c, r, G.a[r], G.b[r], count, QT_DT_BF16, s);
-    if (j->op == OP_RS) return qt_comm_reduce_scatter(j->c, r, G.b[r], G.a[r], count, QT_DT_BF16, s);
-    return qt_comm_all_reduce(j->c, r, G.b[r], G.a[r], count, QT_DT_BF16, s);
+    switch (j->op) {
+    case OP_AG: return qt_comm_all_gather(j->c, r, G.a[r], G.b[r], count, QT_DT_BF16, s);
+    case OP_RS: return qt_comm_reduce_scatter(j->c, r, G.b[r], G.a[r], count, QT_DT_BF16, s);
+    case OP_AR: return qt_comm_all_reduce(j->c, r, G.b[r], G.a[r], count, QT_DT_BF16, s);
+    case OP_BC: return qt_comm_broadcast(j->c, r, 0, G.a[r], count, QT_DT_BF16, s);
+    case OP_SCAL: return qt_comm_all_reduce_scalars(j->c, r, G.one[r], NSCAL, QT_COMM_SUM, s);
+    default: return qt_comm_barrier(j->c, r, s);
+    }
 }
 
 static void do_barrier(job *j, cudaStream_t s) {
@@ -167,6 +184,11 @@ static double run_point(int strat, qt_comm *c, int op, size_t bytes, double *p10
     return worst[G.iters / 2] * 1e-3;
 }
 
+/* nccl-tests: busbw = algbw x this. */
+static double bus_factor(int op) {
+    return op == OP_AR ? 2.0 * (G.n - 1) / G.n : op == OP_BC ? 1.0 : (double)(G.n - 1) / G.n;
+}
+
 static double ceiling_of(int strat, int op) {
     const qt_comm_probe_result *p = &G.probe;
     int host = strat == S_HOST || strat == S_HOST_WC || (strat == S_NCCL && getenv("NCCL_P2P_DISABLE"));
@@ -183,10 +205,13 @@ static const char *row_name(int strat) {
 }
 
 static void emit(int strat, int op, size_t bytes, double t, double p10, double p90, double gslow, double cslow) {
-    double fac = op == OP_AR ? 2.0 * (G.n - 1) / G.n : (double)(G.n - 1) / G.n;
-    double alg = bytes / t / 1e9, bus = alg * fac, ceil = ceiling_of(strat, op);
+    int lat = op >= NOPS;
+    double alg = lat ? 0 : bytes / t / 1e9, bus = alg * bus_factor(op), ceil = lat ? 0 : ceiling_of(strat, op);
     double pct = ceil > 0 ? 100 * bus / ceil : 0;
-    if (gslow > -1e8)
+    if (lat)
+        printf("%-16s %-19s %6zu B %9.1f us (p10 %.1f, p90 %.1f; host enqueue %.1f us)\n", row_name(strat),
+               op_names[op], bytes, t * 1e6, p10 * 1e6, p90 * 1e6, G.enqueue_us[0]);
+    else if (gslow > -1e8)
         printf("%-16s %-15s %9.1f MiB  comm %8.1f us (alone) -> slowdown %+6.1f%%, GEMM slowdown %+6.1f%%\n",
                row_name(strat), op_names[op], bytes / 1048576.0, t * 1e6, cslow, gslow);
     else
@@ -316,27 +341,35 @@ static void overlap(int strat, qt_comm *c, int op, size_t bytes) {
 
 /* ---- the sweep ---- */
 static double g_res[NSTRAT][NOPS][16];
+static double g_lat[NSTRAT][NALLOPS]; /* median us of the latency ops and of the smallest size; 0 = not run */
 static size_t g_sizes[16];
 static int g_nsizes;
 
 static void sweep(int strat, qt_comm *c, int do_overlap) {
     for (int op = 0; op < NOPS; op++)
-        for (int si = 0; si < g_nsizes; si++) {
+        for (int si = 0; (G.ops >> op & 1) && si < g_nsizes; si++) {
             double p10, p90, t = run_point(strat, c, op, g_sizes[si], &p10, &p90);
-            double fac = op == OP_AR ? 2.0 * (G.n - 1) / G.n : (double)(G.n - 1) / G.n;
-            g_res[strat][op][si] = g_sizes[si] / t / 1e9 * fac;
+            g_res[strat][op][si] = g_sizes[si] / t / 1e9 * bus_factor(op);
+            if (si == 0) g_lat[strat][op] = t * 1e6;
             emit(strat, op, g_sizes[si], t, p10, p90, -1e9, 0);
         }
+    for (int op = NOPS; op < NALLOPS; op++) {
+        if (!(G.ops >> op & 1) || (strat == S_NCCL && op == OP_BAR)) continue; /* NCCL has no barrier */
+        double p10, p90, t = run_point(strat, c, op, op == OP_SCAL ? NSCAL * 4 : 0, &p10, &p90);
+        g_lat[strat][op] = t * 1e6;
+        emit(strat, op, op == OP_SCAL ? NSCAL * 4 : 0, t, p10, p90, -1e9, 0);
+    }
     if (do_overlap) {
         size_t ob = G.max_bytes < ((size_t)256 << 20) ? G.max_bytes : (size_t)256 << 20;
-        overlap(strat, c, OP_AG, ob);
-        overlap(strat, c, OP_RS, ob);
+        if (G.ops >> OP_AG & 1) overlap(strat, c, OP_AG, ob);
+        if (G.ops >> OP_RS & 1) overlap(strat, c, OP_RS, ob);
     }
 }
 
 static void md_table(const int *strats, int ns) {
     if (!G.md) return;
     for (int op = 0; op < NOPS; op++) {
+        if (!(G.ops >> op & 1)) continue;
         fprintf(G.md, "\n**%s**, bf16, busbw GB/s (%% of ceiling)\n\n| size |", op_names[op]);
         for (int k = 0; k < ns; k++) fprintf(G.md, " %s |", row_name(strats[k]));
         fprintf(G.md, "\n| --- |");
@@ -354,6 +387,24 @@ static void md_table(const int *strats, int ns) {
             fprintf(G.md, "\n");
         }
     }
+    /* Latency: the smallest size of each bandwidth op and the two latency ops, one row per strategy. */
+    int cols[NALLOPS], nc = 0;
+    for (int op = 0; op < NALLOPS; op++)
+        if (G.ops >> op & 1) cols[nc++] = op;
+    fprintf(G.md, "\n**latency**, median us per op (%zu KiB for the bandwidth ops, %d fp32 for the scalars)\n\n"
+                  "| strategy |", g_sizes[0] >> 10, NSCAL);
+    for (int k = 0; k < nc; k++) fprintf(G.md, " %s |", op_names[cols[k]]);
+    fprintf(G.md, "\n| --- |");
+    for (int k = 0; k < nc; k++) fprintf(G.md, " --- |");
+    for (int k = 0; k < ns; k++) {
+        fprintf(G.md, "\n| %s |", row_name(strats[k]));
+        for (int q = 0; q < nc; q++) {
+            double us = g_lat[strats[k]][cols[q]];
+            if (us > 0) fprintf(G.md, " %.1f |", us);
+            else fprintf(G.md, " - |");
+        }
+    }
+    fprintf(G.md, "\n");
 }
 
 /* ---- host traffic bound: the floor an all-gather through host cannot beat on this machine ----
@@ -449,6 +500,7 @@ int main(int argc, char **argv) {
     const char *tsv = NULL, *md = NULL;
     G.iters = 20;
     G.warmup = 3;
+    G.ops = (1u << NALLOPS) - 1;
     G.max_bytes = (size_t)1 << 30;
     G.label = "";
     G.nccl_tag = "";
@@ -462,6 +514,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--iters") && v) G.iters = atoi(argv[++i]);
         else if (!strcmp(a, "--max-mib") && v) G.max_bytes = (size_t)atol(argv[++i]) << 20;
         else if (!strcmp(a, "--label") && v) G.label = argv[++i];
+        else if (!strcmp(a, "--ops") && v) {
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", argv[++i]);
+            G.ops = 0;
+            for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+                int op = 0;
+                while (op < NALLOPS && strcmp(t, op_names[op])) op++;
+                QT_CHECK(op < NALLOPS, "--ops: unknown op '%s', expected all_gather, reduce_scatter, all_reduce, "
+                                       "broadcast, all_reduce_scalars or barrier", t);
+                G.ops |= 1u << op;
+            }
+        }
         else if (!strcmp(a, "--nccl-only")) nccl_only = 1;
         else if (!strcmp(a, "--no-nccl")) no_nccl = 1;
         else if (!strcmp(a, "--no-overlap")) no_overlap = 1;
@@ -469,7 +533,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--nccl-p2p-disable")) { setenv("NCCL_P2P_DISABLE", "1", 1); G.nccl_tag = "_p2p_off"; }
         else {
             fprintf(stderr, "usage: %s [--ranks N] [--iters K>=20] [--max-mib M] [--label L] [--tsv F] [--md F]\n"
-                            "          [--nccl-only] [--no-nccl] [--no-overlap] [--nccl-p2p-disable] [--host-sweep]\n", argv[0]);
+                            "          [--ops a,b,..] [--nccl-only] [--no-nccl] [--no-overlap] [--nccl-p2p-disable]\n"
+                            "          [--host-sweep]\n", argv[0]);
             return 2;
         }
     }
@@ -516,10 +581,10 @@ int main(int argc, char **argv) {
         }
         QT_CUDA(cudaMalloc((void **)&G.a[r], maxb));
         QT_CUDA(cudaMalloc((void **)&G.b[r], maxb));
-        QT_CUDA(cudaMalloc((void **)&G.one[r], 16));
+        QT_CUDA(cudaMalloc((void **)&G.one[r], NSCAL * sizeof(float)));
         QT_CUDA(cudaMemset(G.a[r], 0x3c, maxb));
         QT_CUDA(cudaMemset(G.b[r], 0x3c, maxb));
-        QT_CUDA(cudaMemset(G.one[r], 0, 16));
+        QT_CUDA(cudaMemset(G.one[r], 0, NSCAL * sizeof(float)));
         if (!no_overlap) gemm_init(r);
     }
     for (int r = 0; r < G.n; r++) {
@@ -534,9 +599,10 @@ int main(int argc, char **argv) {
         if (!nccl_only) qt_comm_probe_print(&G.probe, G.md, 1);
         fprintf(G.md, "busbw = bytes one GPU moves one way per second (nccl-tests). %% of ceiling = busbw over the "
                       "one-way rate of the link used: peer rows, the slowest pair one way; host rows (and NCCL with "
-                      "P2P off), per-GPU H2D with all GPUs at once for all_gather and all_reduce, min(H2D, D2H) for "
-                      "reduce_scatter. peer_load = peer with the reduce-scatter reading peers' shards through "
-                      "peer pointers (its all_gather is peer's).\n");
+                      "P2P off), per-GPU H2D with all GPUs at once for all_gather, all_reduce and broadcast, min(H2D, D2H) "
+                      "for reduce_scatter. peer_load = peer with the reduce-scatter reading peers' shards through "
+                      "peer pointers, and the all-reduce in one kernel that also stores each reduced shard into every rank's "
+                      "dst (its all_gather and broadcast are peer's).\n");
     }
     if (host_sweep) { /* the host all-gather's chunk size: what chunk_elems' cost model is fitted to */
         const size_t chunks[] = {0, 512u << 10, 1u << 20, 2u << 20, 3u << 20, 4u << 20, 6u << 20, 8u << 20};

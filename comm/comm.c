@@ -9,7 +9,9 @@
  * staging area while chunk k is reduced on the caller's stream (ascending rank order, fp32); the
  * peer "load" variant instead runs one reduction kernel that reads every rank's src in place. A
  * rank's copy of its own shard is enqueued after the cross-rank copies have forked off its stream,
- * so it overlaps them (host kinds: on the device->host lane after its last chunk). */
+ * so it overlaps them (host kinds: on the device->host lane after its last chunk). The peer kinds'
+ * broadcast on 3+ ranks is a scatter from the root then an all-gather; the peer "load" all-reduce of
+ * up to QT_COMM_AR_FUSED_MAX bytes is one kernel that reduces a shard and stores it to every rank. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,23 +44,31 @@ static void b_wait_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf) 
 
 static inline float red_max(float acc, float v) { return (v > acc || v != v) ? v : acc; }
 
-static void cpu_reduce(qt_dtype dt, void *dst, const void *const *srcs, int nsrc, size_t n, qt_comm_op op) {
+static void cpu_reduce(qt_dtype dt, void *const *dsts, int ndst, const void *const *srcs, int nsrc, size_t n,
+                       qt_comm_op op) {
     for (size_t i = 0; i < n; i++) {
         float acc = 0;
         for (int k = 0; k < nsrc; k++) {
             float v = dt == QT_DT_F32 ? ((const float *)srcs[k])[i] : qt_bf16_to_f32(((const uint16_t *)srcs[k])[i]);
             acc = k == 0 ? v : op == QT_COMM_SUM ? acc + v : red_max(acc, v);
         }
-        if (dt == QT_DT_F32) ((float *)dst)[i] = acc;
-        else ((uint16_t *)dst)[i] = qt_f32_to_bf16(acc);
+        for (int d = 0; d < ndst; d++) {
+            if (dt == QT_DT_F32) ((float *)dsts[d])[i] = acc;
+            else ((uint16_t *)dsts[d])[i] = qt_f32_to_bf16(acc);
+        }
     }
 }
 
+/* dsts[0..ndst) = the reduction of srcs (see qt_comm_reduce_launch). */
+static void b_reduce_to(qt_comm *c, cudaStream_t s, qt_dtype dt, void *const *dsts, int ndst,
+                        const void *const *srcs, int nsrc, int remote, size_t n, qt_comm_op op) {
+    if (!n) return;
+    if (c->gpu) qt_comm_reduce_launch(dt, dsts, ndst, srcs, nsrc, remote, n, op, s);
+    else cpu_reduce(dt, dsts, ndst, srcs, nsrc, n, op);
+}
 static void b_reduce(qt_comm *c, cudaStream_t s, qt_dtype dt, void *dst, const void *const *srcs, int nsrc,
                      int remote, size_t n, qt_comm_op op) {
-    if (!n) return;
-    if (c->gpu) qt_comm_reduce_launch(dt, dst, srcs, nsrc, remote, n, op, s);
-    else cpu_reduce(dt, dst, srcs, nsrc, n, op);
+    b_reduce_to(c, s, dt, &dst, 1, srcs, nsrc, remote, n, op);
 }
 
 /* ---- the per-collective protocol (see comm_internal.h) ---- */
@@ -73,6 +83,8 @@ static const char *op_name(int op) {
     case QT_OP_AG: return "all_gather";
     case QT_OP_AG_HOST: return "all_gather_host";
     case QT_OP_RS: return "reduce_scatter";
+    case QT_OP_AR: return "all_reduce";
+    case QT_OP_SCATTER: return "broadcast (scatter)";
     case QT_OP_BC: return "broadcast";
     case QT_OP_SCAL: return "all_reduce_scalars";
     case QT_OP_BARRIER: return "barrier";
@@ -186,18 +198,20 @@ static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t cou
      * of queueing behind it (it was ~20% of a 256 MiB all-gather). */
     if (coll_phase_a(c, r, &k, s)) return -1;
     size_t myo, myl;
-    seg(op, count, c->n, root, r, &myo, &myl);
+    seg(op == QT_OP_SCATTER ? QT_OP_AG : op, count, c->n, root, r, &myo, &myl);
     int used[QT_COMM_LANES + 1] = {0};
     for (int step = 1; step < c->n; step++) {
         int j = (r - step + c->n) % c->n, lane = c->ring ? 1 : step;
-        seg(op, count, c->n, root, j, &o, &l);
+        if (op == QT_OP_SCATTER) { o = myo; l = j == root ? myl : 0; } /* my shard of root's buffer */
+        else seg(op, count, c->n, root, j, &o, &l);
         if (!l) continue;
         if (!used[lane]) b_dep(c, r, 0, lane, s);
         used[lane] = 1;
         b_wait_peer(c, r, lane, s, j, QT_EV_READY, k.slot, 0);
-        b_copy(c, r, lane, s, dst + o * es, c->slot[k.slot].src[j], l * es);
+        const char *from = (const char *)c->slot[k.slot].src[j] + (op == QT_OP_SCATTER ? o * es : 0);
+        b_copy(c, r, lane, s, dst + o * es, from, l * es);
     }
-    if (op != QT_OP_BC) b_copy(c, r, 0, s, dst + myo * es, src, myl * es);
+    if (op == QT_OP_AG || op == QT_OP_AG_HOST) b_copy(c, r, 0, s, dst + myo * es, src, myl * es);
     for (int lane = 1; lane <= QT_COMM_LANES; lane++)
         if (used[lane]) b_dep(c, r, lane, 0, s);
     return coll_end(c, r, &k, s);
@@ -263,6 +277,14 @@ static int gather_any(qt_comm *c, int r, void *dst, const void *src, size_t coun
         seg(op, count, 1, root, 0, &o, &l);
         if (op != QT_OP_BC) b_copy(c, r, 0, s, dst, src, count * es);
         return 0;
+    }
+    if (op == QT_OP_BC && !is_host_kind(c) && c->n >= 3) {
+        /* Every rank pulls its shard from the root, then all gather: the root sends about twice the
+         * buffer instead of n-1 copies of it (pulls from it share its link). With 2 ranks one pull is
+         * the whole job. */
+        if (gather_pull(c, r, dst, src, count, dt, QT_OP_SCATTER, root, s)) return -1;
+        qt_comm_shard(count, c->n, r, &o, &l);
+        return gather_pull(c, r, dst, (char *)dst + o * es, count, dt, QT_OP_AG, 0, s);
     }
     if (op == QT_OP_AG_HOST || !is_host_kind(c)) return gather_pull(c, r, dst, src, count, dt, op, root, s);
     return gather_staged(c, r, dst, src, count, dt, op, root, s);
@@ -439,6 +461,30 @@ int qt_comm_reduce_scatter(qt_comm *c, int r, void *dst, const void *src, size_t
     return c->rs_load ? rs_load(c, r, dst, src, count, dt, s) : rs_pull(c, r, dst, src, count, dt, s);
 }
 
+/* All-reduce with peer loads and stores (peer kind with rs_load): one kernel per rank reads its shard's
+ * range of every rank's src, reduces it in rank order and stores the result into that range of every
+ * rank's dst — reduce-scatter and all-gather in one pass with one handshake. Peers' stores into my
+ * dst have landed once my stream passed coll_end's waits on their DONE events, and their READY
+ * events say their dst is free. In place is safe: only rank r reads or writes range r anywhere. */
+static int ar_load(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, cudaStream_t s) {
+    qt_comm_desc d = {QT_OP_AR, dt, 0, QT_COMM_SUM, count, 0};
+    qt_coll k;
+    if (coll_begin(c, r, &d, src, &k)) return -1;
+    c->slot[k.slot].dst[r] = dst;
+    if (coll_phase_a(c, r, &k, s)) return -1;
+    size_t es = qt_dtype_size(dt), off, len;
+    qt_comm_shard(count, c->n, r, &off, &len);
+    const void *srcs[QT_COMM_MAX_RANKS];
+    void *dsts[QT_COMM_MAX_RANKS];
+    for (int j = 0; j < c->n; j++) {
+        if (j != r) b_wait_peer(c, r, 0, s, j, QT_EV_READY, k.slot, 0);
+        srcs[j] = (const char *)c->slot[k.slot].src[j] + off * es;
+        dsts[j] = (char *)c->slot[k.slot].dst[j] + off * es;
+    }
+    b_reduce_to(c, s, dt, dsts, c->n, srcs, c->n, c->n - 1, len, QT_COMM_SUM);
+    return coll_end(c, r, &k, s);
+}
+
 int qt_comm_all_reduce(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt, cudaStream_t s) {
     QT_CHECK(dt == QT_DT_F32 || dt == QT_DT_BF16, "all_reduce: dtype %s, expected fp32 or bf16",
              qt_dtype_name(dt));
@@ -449,6 +495,13 @@ int qt_comm_all_reduce(qt_comm *c, int r, void *dst, const void *src, size_t cou
         b_copy(c, r, 0, s, dst, src, count * es);
         return 0;
     }
+    /* The fused kernel moves what reduce-scatter + all-gather move, with one handshake instead of two,
+     * but SM loads and stores together run below what the loads and then the copy engines reach one
+     * after the other. Fused / split, busbw GB/s: 4 x H200 4 KiB 29 / 83 us, 16 MiB 233 / 170, 64
+     * MiB 294 / 250-277, 256 MiB 314 / 331; 2 x H200 4 KiB 15 / 26 us, 16 MiB 256 / 220, 64 MiB 316
+     * / 308 (bench/RESULTS.md). */
+    if (c->rs_load && !is_host_kind(c) && count * es <= QT_COMM_AR_FUSED_MAX)
+        return ar_load(c, r, dst, src, count, dt, s);
     qt_comm_shard(count, c->n, r, &off, &len);
     char *mine = (char *)dst + off * es;
     if (qt_comm_reduce_scatter(c, r, mine, src, count, dt, s)) return -1;

@@ -18,10 +18,11 @@
 
 #define QT_COMM_SLOTS 4
 #define QT_COMM_MAX_CHUNKS 64 /* chunk events per rank and slot; a window has at most this many chunks */
+#define QT_COMM_AR_FUSED_MAX ((size_t)64 << 20) /* peer_load all-reduce: one fused kernel up to this many bytes */
 #define QT_COMM_LANES QT_COMM_MAX_RANKS /* internal streams per rank (>= max(2, N-1)) */
 
 enum { QT_PH_A = 0, QT_PH_B = 1, QT_PH_C = 2 };
-enum { QT_OP_AG = 1, QT_OP_AG_HOST, QT_OP_RS, QT_OP_BC, QT_OP_SCAL, QT_OP_BARRIER };
+enum { QT_OP_AG = 1, QT_OP_AG_HOST, QT_OP_RS, QT_OP_AR, QT_OP_BC, QT_OP_SCATTER, QT_OP_SCAL, QT_OP_BARRIER };
 
 typedef struct {
     int op, dt, root, red;
@@ -30,6 +31,7 @@ typedef struct {
 
 typedef struct {
     const void *src[QT_COMM_MAX_RANKS];
+    void *dst[QT_COMM_MAX_RANKS]; /* only the fused all-reduce publishes it (peers store into it) */
     qt_comm_desc desc[QT_COMM_MAX_RANKS];
 } qt_comm_slot;
 

@@ -45,10 +45,11 @@ static double time_peer_load(qt_probe_ctx *x, int i, int j) {
     for (int rep = 0; rep < 4; rep++) {
         double t0 = wall();
         const void *si = x->d[j] + PEER_B, *sj = x->d[i] + PEER_B;
+        void *di = x->d[i], *dj = x->d[j];
         QT_CUDA(cudaSetDevice(x->dev[i]));
-        qt_comm_reduce_launch(QT_DT_BF16, x->d[i], &si, 1, 1, n, QT_COMM_SUM, x->up[i]);
+        qt_comm_reduce_launch(QT_DT_BF16, &di, 1, &si, 1, 1, n, QT_COMM_SUM, x->up[i]);
         QT_CUDA(cudaSetDevice(x->dev[j]));
-        qt_comm_reduce_launch(QT_DT_BF16, x->d[j], &sj, 1, 1, n, QT_COMM_SUM, x->up[j]);
+        qt_comm_reduce_launch(QT_DT_BF16, &dj, 1, &sj, 1, 1, n, QT_COMM_SUM, x->up[j]);
         sync_all(x);
         double t = wall() - t0;
         if (rep > 0 && t < best) best = t;

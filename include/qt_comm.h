@@ -107,7 +107,9 @@ int qt_comm_all_gather_host(qt_comm *c, int r, void *dst, const void *src, size_
  * dst == src + off_r. The rest of src is left unchanged. */
 int qt_comm_reduce_scatter(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
                            cudaStream_t s);
-/* dst[count] = sum over ranks of src[count] (reduce-scatter then all-gather); dst == src allowed. */
+/* dst[count] = sum over ranks of src[count] (reduce-scatter then all-gather, or for peer_load up to
+ * 64 MiB one kernel per rank that stores its reduced shard into every rank's dst); dst == src allowed,
+ * otherwise dst and src must not overlap. */
 int qt_comm_all_reduce(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
                        cudaStream_t s);
 /* buf[count] on every rank = root's buf. */
@@ -121,11 +123,12 @@ int qt_comm_barrier(qt_comm *c, int r, cudaStream_t s);
 /* Makes every waiting and future call on c return -1 (also run for all live comms by qt_fail). */
 void qt_comm_abort(qt_comm *c);
 
-/* Reduction kernel (comm/reduce.cu): dst[i] = op over srcs[0..nsrc) of src[k][i] in ascending k,
- * fp32 accumulation, rounded once to dt (fp32 or bf16). dst may alias srcs[0] or any src exactly.
+/* Reduction kernel (comm/reduce.cu): dsts[d][i] = op over srcs[0..nsrc) of src[k][i] in ascending k,
+ * fp32 accumulation, rounded once to dt (fp32 or bf16), stored to each of dsts[0..ndst). A dst may
+ * alias any src exactly (each element is read before it is written, by the same thread).
  * remote: how many of the sources are read through peer pointers (it sizes the grid). */
-void qt_comm_reduce_launch(qt_dtype dt, void *dst, const void *const *srcs, int nsrc, int remote, size_t n,
-                           qt_comm_op op, cudaStream_t s);
+void qt_comm_reduce_launch(qt_dtype dt, void *const *dsts, int ndst, const void *const *srcs, int nsrc,
+                           int remote, size_t n, qt_comm_op op, cudaStream_t s);
 
 #ifdef __cplusplus
 }

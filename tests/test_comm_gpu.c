@@ -1,6 +1,7 @@
 /* test_comm_gpu.c — comm on GPUs: every op and kind with as many ranks as devices, with 3 ranks on one
  * device and with 1 rank; odd sizes, chunk and window edges, random delays, 10,000 back-to-back
- * collectives, abort, an injected failure (child process), and collectives above 4 GiB.
+ * collectives, abort, an injected failure (child process), all-reduce on both sides of the fused
+ * kernel's limit, and collectives above 4 GiB.
  * Skips cleanly without a CUDA device. */
 #include <cuda_runtime.h>
 
@@ -286,6 +287,77 @@ static void test_above_4gib(void) {
     big_case(n, QT_COMM_HOST, 1);
 }
 
+/* ---- all-reduce on both sides of the peer_load fused-kernel limit (64 MiB), random bf16 data ---- */
+
+typedef struct {
+    qt_comm *c;
+    int r, rc;
+    size_t count;
+    uint16_t *src, *dst; /* device; dst == src: in place */
+} ar_arg;
+
+static void *ar_worker(void *p) {
+    ar_arg *a = p;
+    cudaStream_t s = d_stream(a->r);
+    a->rc = qt_comm_all_reduce(a->c, a->r, a->dst, a->src, a->count, QT_DT_BF16, s);
+    d_stream_free(a->r, s);
+    return NULL;
+}
+
+static void ar_case(int n, size_t count, int in_place) {
+    qt_comm *c = make(n, QT_COMM_PEER, 0, 0, 0);
+    uint16_t *h = malloc(count * 2), *got = malloc(count * 2);
+    float *acc = malloc(count * 4);
+    QT_CHECK(h && got && acc, "out of memory");
+    qt_rng g;
+    qt_rng_seed(&g, count + (size_t)n);
+    ar_arg a[QT_COMM_MAX_RANKS];
+    pthread_t t[QT_COMM_MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        for (size_t i = 0; i < count; i++) {
+            h[i] = qt_f32_to_bf16(qt_rng_uniform(&g) * 4 - 2);
+            float v = qt_bf16_to_f32(h[i]);
+            acc[i] = r ? acc[i] + v : v;
+        }
+        a[r] = (ar_arg){c, r, 0, count, d_alloc(r, count * 2), NULL};
+        a[r].dst = in_place ? a[r].src : d_alloc(r, count * 2);
+        QT_CUDA(cudaMemcpy(a[r].src, h, count * 2, cudaMemcpyHostToDevice));
+        if (!in_place) QT_CUDA(cudaMemset(a[r].dst, 0xff, count * 2)); /* poisoned: NaN */
+    }
+    for (size_t i = 0; i < count; i++) h[i] = qt_f32_to_bf16(acc[i]);
+    for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, ar_worker, &a[r]);
+    for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < n; r++) {
+        QT_EXPECT(a[r].rc == 0, "rank %d rc %d", r, a[r].rc);
+        QT_CUDA(cudaSetDevice(g_dev[r]));
+        QT_CUDA(cudaMemcpy(got, a[r].dst, count * 2, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        while (bad < count && got[bad] == h[bad]) bad++;
+        QT_EXPECT(bad == count, "%s all_reduce bf16 count %zu%s, %d ranks, rank %d: element %zu = %04x, expected %04x",
+                  qt_comm_name(c), count, in_place ? " in place" : "", n, r, bad, bad < count ? got[bad] : 0,
+                  bad < count ? h[bad] : 0);
+        d_release(r, a[r].src);
+        if (!in_place) d_release(r, a[r].dst);
+    }
+    free(h);
+    free(got);
+    free(acc);
+    qt_comm_free(c);
+}
+
+static void test_all_reduce_fused_and_split(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    g_peer_rs = QT_COMM_RS_LOAD;
+    for (int lay = 0; lay < 2; lay++) {
+        int n = layout(lay);
+        if (!n) continue;
+        ar_case(n, ((size_t)8 << 20) + 5, 0);  /* 16 MiB: one fused kernel */
+        ar_case(n, ((size_t)40 << 20) + 3, 0); /* 80 MiB: reduce-scatter then all-gather */
+        ar_case(n, ((size_t)40 << 20) + 3, 1);
+    }
+    g_peer_rs = QT_COMM_RS_AUTO;
+}
+
 /* ---- an injected failure in a child process: all ranks stop, exit status 1, a message ---- */
 
 typedef struct {
@@ -346,6 +418,7 @@ int main(void) {
     QT_RUN(test_auto_default_chunks);
     QT_RUN(test_stress_10000);
     QT_RUN(test_abort);
+    QT_RUN(test_all_reduce_fused_and_split);
     QT_RUN(test_above_4gib);
     return qt_test_end();
 }

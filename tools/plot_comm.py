@@ -21,7 +21,7 @@ def main():
     if not rows:
         print("plot_comm: no rows in", tsv)
         return 0
-    ops = [o for o in ("all_gather", "reduce_scatter", "all_reduce") if any(r["op"] == o for r in rows)]
+    ops = [o for o in ("all_gather", "reduce_scatter", "all_reduce", "broadcast") if any(r["op"] == o for r in rows)]
     fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
     for ax, op in zip(axes[0], ops):
         sel = [r for r in rows if r["op"] == op]
