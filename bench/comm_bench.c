@@ -6,11 +6,11 @@
  * Per point: after warm-up, each timed iteration is a barrier then the op between two events on every
  * rank's stream; the iteration's time is the slowest rank's; we report the median (p10, p90) of
  * --iters (>= 20). algbw = S / t with S the full tensor (gathered, unreduced); busbw = algbw * (n-1)/n
- * for all-gather and reduce-scatter, 2(n-1)/n for all-reduce, 1 for broadcast (nccl-tests). busbw is the bytes one GPU
- * moves in ONE direction per second, so % = busbw over the one-direction rate of the link it uses:
- * peer paths, the slowest peer pair one way; host paths, the per-GPU rate with all GPUs at once of
- * the direction that bounds the op: H2D for all-gather and all-reduce (each GPU receives (n-1)/n S,
- * resp. 2(n-1)/n S, host->device), min(H2D, D2H) for reduce-scatter (each GPU sends and receives
+ * for all-gather and reduce-scatter, 2(n-1)/n for all-reduce, 1 for broadcast (nccl-tests). busbw is
+ * the bytes one GPU moves in ONE direction per second, so % = busbw over the one-direction rate of the
+ * link it uses: peer paths, the slowest peer pair one way; host paths, the per-GPU rate with all GPUs
+ * at once of the direction that bounds the op: H2D for all-gather, all-reduce and broadcast (each GPU
+ * receives (n-1)/n S, 2(n-1)/n S, S host->device), min(H2D, D2H) for reduce-scatter (each GPU sends and receives
  * (n-1)/n S). (Half of the H2D+D2H-together rate, used before, undercounted: the copies overlap
  * better in a collective than in the probe, giving > 100%.) Prints a table, and appends TSV rows and
  * a markdown section when --tsv / --md are given. */
