@@ -166,6 +166,8 @@ static void test_abort(void) {
 
 /* ---- above 4 GiB: memset shards plus random patches, checked at sampled windows ---- */
 
+/* One rank's call: op 0 all-gather (e4m3 bytes), 1 reduce-scatter (bf16), 2 all-reduce (bf16; out ==
+ * buf is in place). */
 typedef struct {
     qt_comm *c;
     int r, op, rc;
@@ -178,8 +180,9 @@ static uint8_t big_byte(int r) { return (uint8_t)(r * 37 + 11); }
 static void *big_worker(void *p) {
     big_arg *a = p;
     cudaStream_t s = d_stream(a->r);
-    a->rc = a->op == 0 ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_E4M3, s)
-                       : qt_comm_reduce_scatter(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s);
+    a->rc = a->op == 0   ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_E4M3, s)
+            : a->op == 1 ? qt_comm_reduce_scatter(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
+                         : qt_comm_all_reduce(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s);
     d_stream_free(a->r, s);
     return NULL;
 }
@@ -289,21 +292,6 @@ static void test_above_4gib(void) {
 
 /* ---- all-reduce on both sides of the peer_load fused-kernel limit (64 MiB), random bf16 data ---- */
 
-typedef struct {
-    qt_comm *c;
-    int r, rc;
-    size_t count;
-    uint16_t *src, *dst; /* device; dst == src: in place */
-} ar_arg;
-
-static void *ar_worker(void *p) {
-    ar_arg *a = p;
-    cudaStream_t s = d_stream(a->r);
-    a->rc = qt_comm_all_reduce(a->c, a->r, a->dst, a->src, a->count, QT_DT_BF16, s);
-    d_stream_free(a->r, s);
-    return NULL;
-}
-
 static void ar_case(int n, size_t count, int in_place) {
     qt_comm *c = make(n, QT_COMM_PEER, 0, 0, 0);
     uint16_t *h = malloc(count * 2), *got = malloc(count * 2);
@@ -311,7 +299,7 @@ static void ar_case(int n, size_t count, int in_place) {
     QT_CHECK(h && got && acc, "out of memory");
     qt_rng g;
     qt_rng_seed(&g, count + (size_t)n);
-    ar_arg a[QT_COMM_MAX_RANKS];
+    big_arg a[QT_COMM_MAX_RANKS];
     pthread_t t[QT_COMM_MAX_RANKS];
     for (int r = 0; r < n; r++) {
         for (size_t i = 0; i < count; i++) {
@@ -319,25 +307,25 @@ static void ar_case(int n, size_t count, int in_place) {
             float v = qt_bf16_to_f32(h[i]);
             acc[i] = r ? acc[i] + v : v;
         }
-        a[r] = (ar_arg){c, r, 0, count, d_alloc(r, count * 2), NULL};
-        a[r].dst = in_place ? a[r].src : d_alloc(r, count * 2);
-        QT_CUDA(cudaMemcpy(a[r].src, h, count * 2, cudaMemcpyHostToDevice));
-        if (!in_place) QT_CUDA(cudaMemset(a[r].dst, 0xff, count * 2)); /* poisoned: NaN */
+        a[r] = (big_arg){c, r, 2, 0, count, d_alloc(r, count * 2), NULL};
+        a[r].out = in_place ? a[r].buf : d_alloc(r, count * 2);
+        QT_CUDA(cudaMemcpy(a[r].buf, h, count * 2, cudaMemcpyHostToDevice));
+        if (!in_place) QT_CUDA(cudaMemset(a[r].out, 0xff, count * 2)); /* poisoned: NaN */
     }
     for (size_t i = 0; i < count; i++) h[i] = qt_f32_to_bf16(acc[i]);
-    for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, ar_worker, &a[r]);
+    for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, big_worker, &a[r]);
     for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
     for (int r = 0; r < n; r++) {
         QT_EXPECT(a[r].rc == 0, "rank %d rc %d", r, a[r].rc);
         QT_CUDA(cudaSetDevice(g_dev[r]));
-        QT_CUDA(cudaMemcpy(got, a[r].dst, count * 2, cudaMemcpyDeviceToHost));
+        QT_CUDA(cudaMemcpy(got, a[r].out, count * 2, cudaMemcpyDeviceToHost));
         size_t bad = 0;
         while (bad < count && got[bad] == h[bad]) bad++;
         QT_EXPECT(bad == count, "%s all_reduce bf16 count %zu%s, %d ranks, rank %d: element %zu = %04x, expected %04x",
                   qt_comm_name(c), count, in_place ? " in place" : "", n, r, bad, bad < count ? got[bad] : 0,
                   bad < count ? h[bad] : 0);
-        d_release(r, a[r].src);
-        if (!in_place) d_release(r, a[r].dst);
+        d_release(r, a[r].buf);
+        if (!in_place) d_release(r, a[r].out);
     }
     free(h);
     free(got);
