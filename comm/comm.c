@@ -10,8 +10,9 @@
  * peer "load" variant instead runs one reduction kernel that reads every rank's src in place. A
  * rank's copy of its own shard is enqueued after the cross-rank copies have forked off its stream,
  * so it overlaps them (host kinds: on the device->host lane after its last chunk). The peer kinds'
- * broadcast on 3+ ranks is a scatter from the root then an all-gather; the peer "load" all-reduce of
- * up to QT_COMM_AR_FUSED_MAX bytes is one kernel that reduces a shard and stores it to every rank. */
+ * broadcast on 3+ ranks above QT_COMM_BC_DIRECT_MAX is a chunked chain from the root; the peer "load"
+ * all-reduce of up to QT_COMM_AR_FUSED_MAX bytes is one kernel that reduces a shard and stores it to
+ * every rank. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,7 +85,6 @@ static const char *op_name(int op) {
     case QT_OP_AG_HOST: return "all_gather_host";
     case QT_OP_RS: return "reduce_scatter";
     case QT_OP_AR: return "all_reduce";
-    case QT_OP_SCATTER: return "broadcast (scatter)";
     case QT_OP_BC: return "broadcast";
     case QT_OP_SCAL: return "all_reduce_scalars";
     case QT_OP_BARRIER: return "barrier";
@@ -104,21 +104,28 @@ static int coll_begin(qt_comm *c, int r, const qt_comm_desc *d, const void *src,
     return 0;
 }
 
+/* Rank j (which posted A for this collective) called the same one as rank r. */
+static void check_same(qt_comm *c, int r, const qt_coll *k, int j) {
+    const qt_comm_desc *me = &c->slot[k->slot].desc[r], *o = &c->slot[k->slot].desc[j];
+    QT_CHECK(o->op == me->op && o->dt == me->dt && o->count == me->count && o->root == me->root &&
+                 o->red == me->red && o->win == me->win,
+             "collective #%lld: rank %d called %s(count=%zu, %s, root=%d, op=%d) but rank %d called "
+             "%s(count=%zu, %s, root=%d, op=%d): every rank must call the same collectives in order",
+             (long long)k->seq, r, op_name(me->op), me->count, qt_dtype_name((qt_dtype)me->dt), me->root,
+             me->red, j, op_name(o->op), o->count, qt_dtype_name((qt_dtype)o->dt), o->root, o->red);
+}
+
+/* Waits until every rank posted A, then checks they all called the same collective. */
+static int coll_sync_a(qt_comm *c, int r, const qt_coll *k) {
+    if (qt_comm_wait_all(c, QT_PH_A, r, k->seq)) return -1;
+    for (int j = 0; j < c->n; j++) check_same(c, r, k, j);
+    return 0;
+}
+
 static int coll_phase_a(qt_comm *c, int r, const qt_coll *k, cudaStream_t s) {
     b_mark(c, r, 0, s, QT_EV_READY, k->slot, 0);
     qt_comm_post(c, QT_PH_A, r, k->seq);
-    if (qt_comm_wait_all(c, QT_PH_A, r, k->seq)) return -1;
-    const qt_comm_desc *me = &c->slot[k->slot].desc[r];
-    for (int j = 0; j < c->n; j++) {
-        const qt_comm_desc *o = &c->slot[k->slot].desc[j];
-        QT_CHECK(o->op == me->op && o->dt == me->dt && o->count == me->count && o->root == me->root &&
-                     o->red == me->red && o->win == me->win,
-                 "collective #%lld: rank %d called %s(count=%zu, %s, root=%d, op=%d) but rank %d called "
-                 "%s(count=%zu, %s, root=%d, op=%d): every rank must call the same collectives in order",
-                 (long long)k->seq, r, op_name(me->op), me->count, qt_dtype_name((qt_dtype)me->dt), me->root,
-                 me->red, j, op_name(o->op), o->count, qt_dtype_name((qt_dtype)o->dt), o->root, o->red);
-    }
-    return 0;
+    return coll_sync_a(c, r, k);
 }
 
 static int coll_end(qt_comm *c, int r, const qt_coll *k, cudaStream_t s) {
@@ -198,18 +205,16 @@ static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t cou
      * of queueing behind it (it was ~20% of a 256 MiB all-gather). */
     if (coll_phase_a(c, r, &k, s)) return -1;
     size_t myo, myl;
-    seg(op == QT_OP_SCATTER ? QT_OP_AG : op, count, c->n, root, r, &myo, &myl);
+    seg(op, count, c->n, root, r, &myo, &myl);
     int used[QT_COMM_LANES + 1] = {0};
     for (int step = 1; step < c->n; step++) {
         int j = (r - step + c->n) % c->n, lane = c->ring ? 1 : step;
-        if (op == QT_OP_SCATTER) { o = myo; l = j == root ? myl : 0; } /* my shard of root's buffer */
-        else seg(op, count, c->n, root, j, &o, &l);
+        seg(op, count, c->n, root, j, &o, &l);
         if (!l) continue;
         if (!used[lane]) b_dep(c, r, 0, lane, s);
         used[lane] = 1;
         b_wait_peer(c, r, lane, s, j, QT_EV_READY, k.slot, 0);
-        const char *from = (const char *)c->slot[k.slot].src[j] + (op == QT_OP_SCATTER ? o * es : 0);
-        b_copy(c, r, lane, s, dst + o * es, from, l * es);
+        b_copy(c, r, lane, s, dst + o * es, c->slot[k.slot].src[j], l * es);
     }
     if (op == QT_OP_AG || op == QT_OP_AG_HOST) b_copy(c, r, 0, s, dst + myo * es, src, myl * es);
     for (int lane = 1; lane <= QT_COMM_LANES; lane++)
@@ -268,24 +273,61 @@ static int gather_staged(qt_comm *c, int r, char *dst, const char *src, size_t c
     return 0;
 }
 
+/* Elements per chunk of the broadcast chain. With h = n-1 hops the last rank finishes h-1 chunks after
+ * the root's link sent everything, and each chunk costs o beyond its bytes (a cross-device event wait
+ * and a copy launch, partly hidden by the lanes): T = (S + (h-1)c)/B + (S/c)o, smallest at
+ * c = sqrt(S o B / (h-1)). o B ~ 2 MB fits the 4 x H200 sweep (fixed 4/8/16/32 MiB chunks: best 8 MiB
+ * at 64 MiB, 16 at 256 MiB, 32 at 1 GiB). At most QT_COMM_MAX_CHUNKS chunks (one event each). */
+static size_t chain_chunk(const qt_comm *c, size_t es, size_t count) {
+    size_t b = c->chunk_bytes, lo = cdiv(count * es, QT_COMM_MAX_CHUNKS);
+    if (!c->chunk_given) b = ((size_t)sqrt((double)count * es * 2e6 / (c->n - 2)) + 65535) / 65536 * 65536;
+    return cdiv(b > lo ? b : lo, es);
+}
+
+/* Broadcast as a chain root -> root+1 -> ... (peer kinds, 3+ ranks, above QT_COMM_BC_DIRECT_MAX): each
+ * rank pulls chunk i from its predecessor once the predecessor's copy of chunk i completed, so every
+ * link carries the buffer once and the hops overlap. Consecutive chunks go to different lanes so one
+ * chunk's wait overlaps another's copy (one lane: 242 GB/s at 256 MiB on 4 x H200, three: 273). A rank
+ * enqueues its waits on its predecessor's chunk events only after the predecessor posted A, which it
+ * does after recording them. */
+static int bc_chain(qt_comm *c, int r, char *buf, size_t count, qt_dtype dt, int root, cudaStream_t s) {
+    size_t es = qt_dtype_size(dt), ch = chain_chunk(c, es, count);
+    int pred = (r - 1 + c->n) % c->n, last = (r + 1) % c->n == root, nl = c->n - 1 > 2 ? c->n - 1 : 2;
+    qt_comm_desc d = {QT_OP_BC, dt, root, 0, count, 0};
+    qt_coll k;
+    if (coll_begin(c, r, &d, buf, &k)) return -1;
+    if (r == root) b_mark(c, r, 0, s, QT_EV_READY, k.slot, 0);
+    else {
+        if (qt_comm_wait_one(c, QT_PH_A, r, pred, k.seq)) return -1;
+        check_same(c, r, &k, pred);
+        const char *from = c->slot[k.slot].src[pred];
+        for (size_t i = 0; i * ch < count; i++) {
+            size_t cl = count - i * ch < ch ? count - i * ch : ch;
+            int lane = 1 + (int)(i % (size_t)nl);
+            if (i < (size_t)nl) b_dep(c, r, 0, lane, s);
+            if (pred != root) b_wait_peer(c, r, lane, s, pred, QT_EV_CHUNK, k.slot, (int)i);
+            else if (i < (size_t)nl) b_wait_peer(c, r, lane, s, pred, QT_EV_READY, k.slot, 0);
+            b_copy(c, r, lane, s, buf + i * ch * es, from + i * ch * es, cl * es);
+            if (!last) b_mark(c, r, lane, s, QT_EV_CHUNK, k.slot, (int)i);
+        }
+        for (int lane = 1; lane <= nl && (size_t)(lane - 1) * ch < count; lane++) b_dep(c, r, lane, 0, s);
+    }
+    qt_comm_post(c, QT_PH_A, r, k.seq);
+    if (coll_sync_a(c, r, &k)) return -1;
+    return coll_end(c, r, &k, s);
+}
+
 static int gather_any(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt, int op,
                       int root, cudaStream_t s) {
     if (enter(c, r)) return -1;
     if (!count) return 0;
-    size_t es = qt_dtype_size(dt), o, l;
+    size_t es = qt_dtype_size(dt);
     if (c->n == 1) {
-        seg(op, count, 1, root, 0, &o, &l);
         if (op != QT_OP_BC) b_copy(c, r, 0, s, dst, src, count * es);
         return 0;
     }
-    if (op == QT_OP_BC && !is_host_kind(c) && c->n >= 3) {
-        /* Every rank pulls its shard from the root, then all gather: the root sends about twice the
-         * buffer instead of n-1 copies of it (pulls from it share its link). With 2 ranks one pull is
-         * the whole job. */
-        if (gather_pull(c, r, dst, src, count, dt, QT_OP_SCATTER, root, s)) return -1;
-        qt_comm_shard(count, c->n, r, &o, &l);
-        return gather_pull(c, r, dst, (char *)dst + o * es, count, dt, QT_OP_AG, 0, s);
-    }
+    if (op == QT_OP_BC && !is_host_kind(c) && c->n >= 3 && count * es > QT_COMM_BC_DIRECT_MAX)
+        return bc_chain(c, r, dst, count, dt, root, s);
     if (op == QT_OP_AG_HOST || !is_host_kind(c)) return gather_pull(c, r, dst, src, count, dt, op, root, s);
     return gather_staged(c, r, dst, src, count, dt, op, root, s);
 }
@@ -564,7 +606,8 @@ qt_comm *qt_comm_alloc(int n, qt_comm_kind kind, size_t arena_bytes, const qt_co
     c->timeout_s = opts ? opts->timeout_s : 0;
     int host = kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC;
     size_t chunk = opts && opts->chunk_bytes ? opts->chunk_bytes : host ? (4u << 20) : (16u << 20);
-    c->chunk_auto = host && !(opts && opts->chunk_bytes);
+    c->chunk_given = opts && opts->chunk_bytes;
+    c->chunk_auto = host && !c->chunk_given;
     c->chunk_bytes = chunk < 64 ? 64 : chunk / 16 * 16;
     if (!host) arena_bytes = 0;
     else {

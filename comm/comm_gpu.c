@@ -19,7 +19,6 @@ struct qt_comm_gpu {
     cudaEvent_t chunk[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS];
     cudaEvent_t dep[QT_COMM_LANES + 1];
     cudaEvent_t pulled[QT_COMM_LANES + 1][2];
-    int have_chunk;
 };
 
 static cudaStream_t lane_stream(qt_comm *c, int r, int lane, cudaStream_t s) {
@@ -44,7 +43,7 @@ static cudaEvent_t slot_event(qt_comm *c, int r, int which, int slot, int chunk)
     qt_comm_gpu *g = c->g[r];
     if (which == QT_EV_READY) return g->ready[slot];
     if (which == QT_EV_DONE) return g->done[slot];
-    QT_CHECK(g->have_chunk && chunk >= 0 && chunk < QT_COMM_MAX_CHUNKS, "comm chunk event %d", chunk);
+    QT_CHECK(chunk >= 0 && chunk < QT_COMM_MAX_CHUNKS, "comm chunk event %d", chunk);
     return g->chunk[slot][chunk];
 }
 
@@ -89,7 +88,6 @@ void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
     QT_CUDA(cudaHostAlloc(&arena, arena_total, flags));
     c->scal = arena;
     c->arena = (unsigned char *)arena + (size_t)c->n * QT_COMM_MAX_SCALARS * sizeof(float);
-    int host = c->kind == QT_COMM_HOST || c->kind == QT_COMM_HOST_WC;
     for (int r = 0; r < c->n; r++) {
         qt_comm_gpu *g = calloc(1, sizeof *g);
         QT_CHECK(g != NULL, "out of memory");
@@ -102,9 +100,8 @@ void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
         for (int k = 0; k < QT_COMM_SLOTS; k++) {
             QT_CUDA(cudaEventCreateWithFlags(&g->ready[k], ef));
             QT_CUDA(cudaEventCreateWithFlags(&g->done[k], ef));
-            for (int i = 0; host && i < QT_COMM_MAX_CHUNKS; i++) QT_CUDA(cudaEventCreateWithFlags(&g->chunk[k][i], ef));
+            for (int i = 0; i < QT_COMM_MAX_CHUNKS; i++) QT_CUDA(cudaEventCreateWithFlags(&g->chunk[k][i], ef));
         }
-        g->have_chunk = host;
         for (int l = 0; l <= g->nlanes; l++) {
             QT_CUDA(cudaEventCreateWithFlags(&g->dep[l], ef));
             QT_CUDA(cudaEventCreateWithFlags(&g->pulled[l][0], ef));
@@ -128,7 +125,7 @@ void qt_commg_free(qt_comm *c) {
         for (int k = 0; k < QT_COMM_SLOTS; k++) {
             QT_CUDA(cudaEventDestroy(g->ready[k]));
             QT_CUDA(cudaEventDestroy(g->done[k]));
-            for (int i = 0; g->have_chunk && i < QT_COMM_MAX_CHUNKS; i++) QT_CUDA(cudaEventDestroy(g->chunk[k][i]));
+            for (int i = 0; i < QT_COMM_MAX_CHUNKS; i++) QT_CUDA(cudaEventDestroy(g->chunk[k][i]));
         }
         for (int l = 0; l <= g->nlanes; l++) {
             QT_CUDA(cudaEventDestroy(g->dep[l]));

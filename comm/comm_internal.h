@@ -19,10 +19,13 @@
 #define QT_COMM_SLOTS 4
 #define QT_COMM_MAX_CHUNKS 64 /* chunk events per rank and slot; a window has at most this many chunks */
 #define QT_COMM_AR_FUSED_MAX ((size_t)64 << 20) /* peer_load all-reduce: one fused kernel up to this many bytes */
+/* Peer broadcast on 3+ ranks: every rank pulls from the root up to this many bytes, a chain above
+ * (4 x H200: 1 MiB 23.5 vs 18.2 GB/s, 4 MiB 60.6 vs 51.3; 16 MiB 100.4 vs 107.5, 64 MiB 123 vs 198). */
+#define QT_COMM_BC_DIRECT_MAX ((size_t)4 << 20)
 #define QT_COMM_LANES QT_COMM_MAX_RANKS /* internal streams per rank (>= max(2, N-1)) */
 
 enum { QT_PH_A = 0, QT_PH_B = 1, QT_PH_C = 2 };
-enum { QT_OP_AG = 1, QT_OP_AG_HOST, QT_OP_RS, QT_OP_AR, QT_OP_BC, QT_OP_SCATTER, QT_OP_SCAL, QT_OP_BARRIER };
+enum { QT_OP_AG = 1, QT_OP_AG_HOST, QT_OP_RS, QT_OP_AR, QT_OP_BC, QT_OP_SCAL, QT_OP_BARRIER };
 
 typedef struct {
     int op, dt, root, red;
@@ -42,6 +45,7 @@ struct qt_comm {
     int all_peer;   /* GPU peer kind: every pair of distinct devices has peer access enabled */
     int rs_load;    /* peer reduce-scatter through peer-pointer loads (QT_COMM_RS_LOAD resolved) */
     int chunk_auto; /* host kinds without opts->chunk_bytes: chunk sized per collective, chunk_bytes = max */
+    int chunk_given; /* opts->chunk_bytes was set (the peer broadcast chain sizes its chunks otherwise) */
     qt_comm_kind kind;
     int devices[QT_COMM_MAX_RANKS];
     size_t chunk_bytes;
@@ -72,6 +76,7 @@ void qt_comm_set_rs(qt_comm *c, const qt_comm_opts *opts, const qt_comm_probe_re
 /* sync.c: post / wait on phase counters; wait returns -1 when aborted (fails after timeout_s). */
 void qt_comm_post(qt_comm *c, int ph, int r, int64_t seq);
 int qt_comm_wait_all(qt_comm *c, int ph, int r, int64_t seq);
+int qt_comm_wait_one(qt_comm *c, int ph, int r, int j, int64_t seq); /* rank j only (all when j < 0) */
 void qt_comm_register(qt_comm *c);
 void qt_comm_unregister(qt_comm *c);
 

@@ -58,9 +58,10 @@ void qt_comm_post(qt_comm *c, int ph, int r, int64_t seq) {
     pthread_mutex_unlock(&c->mu);
 }
 
-/* The first rank whose phase-ph counter is below seq, or -1 when all reached it. */
-static int laggard(qt_comm *c, int ph, int64_t seq) {
-    for (int j = 0; j < c->n; j++)
+/* The first rank (of all, or only rank `only` when >= 0) whose phase-ph counter is below seq, or -1
+ * when they all reached it. */
+static int laggard(qt_comm *c, int ph, int64_t seq, int only) {
+    for (int j = only < 0 ? 0 : only; j < (only < 0 ? c->n : only + 1); j++)
         if (atomic_load_explicit(&c->posted[ph][j], memory_order_acquire) < seq) return j;
     return -1;
 }
@@ -71,16 +72,18 @@ static double now_s(void) {
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-int qt_comm_wait_all(qt_comm *c, int ph, int r, int64_t seq) {
+int qt_comm_wait_all(qt_comm *c, int ph, int r, int64_t seq) { return qt_comm_wait_one(c, ph, r, -1, seq); }
+
+int qt_comm_wait_one(qt_comm *c, int ph, int r, int only, int64_t seq) {
     for (int spin = 0; spin < 4000; spin++) {
         if (atomic_load(&c->aborted)) return -1;
-        if (laggard(c, ph, seq) < 0) return 0;
+        if (laggard(c, ph, seq, only) < 0) return 0;
         if (spin > 200) sched_yield();
     }
     double t0 = now_s();
     pthread_mutex_lock(&c->mu);
     int j;
-    while (!atomic_load(&c->aborted) && (j = laggard(c, ph, seq)) >= 0) {
+    while (!atomic_load(&c->aborted) && (j = laggard(c, ph, seq, only)) >= 0) {
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
         dl.tv_sec += 1;

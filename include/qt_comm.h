@@ -65,8 +65,9 @@ enum { QT_COMM_RS_AUTO = 0, QT_COMM_RS_COPY = 1, QT_COMM_RS_LOAD = 2 };
 /* Optional knobs; zero-initialised means the defaults. */
 typedef struct {
     int ring;                 /* peer: 1 = ring-ordered pulls (one peer per step), 0 = all peers at once */
-    size_t chunk_bytes;       /* pipeline chunk; 0 = 16 MiB for peer, and for host kinds sqrt(piece bytes
-                                 x 300 KB) clamped to [256 KiB, 4 MiB] (fill/drain vs per-chunk cost) */
+    size_t chunk_bytes;       /* pipeline chunk; 0 = 16 MiB for peer, for host kinds sqrt(piece bytes
+                                 x 300 KB) clamped to [256 KiB, 4 MiB], for the peer broadcast chain
+                                 sqrt(bytes x 2 MB / (N-2)) (fill/drain vs per-chunk cost) */
     int peer_rs;              /* QT_COMM_RS_*: AUTO = the probe's pick_rs when a probe is at hand
                                  (kind AUTO or opts->probe), else COPY; LOAD falls back to COPY where a
                                  pair of devices lacks peer access */
@@ -112,7 +113,8 @@ int qt_comm_reduce_scatter(qt_comm *c, int r, void *dst, const void *src, size_t
  * otherwise dst and src must not overlap. */
 int qt_comm_all_reduce(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
                        cudaStream_t s);
-/* buf[count] on every rank = root's buf. */
+/* buf[count] on every rank = root's buf. Peer kinds with 3+ ranks pass it along a chain of ranks in
+ * chunks above 4 MiB (every link carries it once); below, every rank pulls it from the root. */
 int qt_comm_broadcast(qt_comm *c, int r, int root, void *buf, size_t count, qt_dtype dt, cudaStream_t s);
 /* vals[n] (device memory on GPU comms, n <= QT_COMM_MAX_SCALARS, fp32) = sum or max over ranks, in
  * place. Max propagates NaN. Latency-bound: for loss, norm^2, abs-max. */

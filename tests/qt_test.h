@@ -4,7 +4,8 @@
  *   int main(void) { QT_RUN(test_roundtrip); return qt_test_end(); }
  *
  * Each QT_RUN prints "PASS name", "FAIL name: first failure" or "SKIP name: why"; tests/run.sh
- * adds them up. QT_REQUIRE returns from the test on failure; QT_SKIP marks it skipped and returns. */
+ * adds them up. QT_REQUIRE returns from the test on failure; QT_SKIP marks it skipped and returns.
+ * QT_TEST_ONLY=part runs only the tests whose name contains part (device runs of one test). */
 #ifndef QT_TEST_H
 #define QT_TEST_H
 
@@ -38,8 +39,14 @@ static char qt_t_msg[1024];
         qt_t_skipped = 1;                                                                           \
         return;                                                                                     \
     } while (0)
+static inline int qt_t_selected(const char *name) {
+    const char *only = getenv("QT_TEST_ONLY");
+    return !only || !*only || strstr(name, only) != NULL;
+}
+
 #define QT_RUN(fn)                                                                                  \
     do {                                                                                            \
+        if (!qt_t_selected(#fn)) break;                                                             \
         qt_t_failed = qt_t_skipped = 0;                                                             \
         qt_t_msg[0] = 0;                                                                            \
         fn();                                                                                       \

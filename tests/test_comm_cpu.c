@@ -1,5 +1,6 @@
 /* test_comm_cpu.c — comm's schedules, slots and ordering on the CPU backend (host buffers, threads):
  * every op and kind for N = 1..5 and odd sizes (tiny chunks and arenas force many chunks and windows),
+ * the chained broadcast,
  * random per-thread delays, 10,000 back-to-back collectives, abort, an injected failure, mismatched
  * calls and the wait timeout. */
 #include "test_comm_common.h"
@@ -66,6 +67,20 @@ static void test_peer_load(void) {
     qt_comm_free(c);
     run_kind_rs(QT_COMM_PEER, 0, 64, 0, 0, QT_COMM_RS_LOAD);
     run_kind_rs(QT_COMM_PEER, 1, 64, 0, 1, QT_COMM_RS_LOAD);
+}
+/* Broadcasts above the direct-pull limit (4 MiB) run as a chain through the ranks (peer kinds, N >= 3):
+ * given chunks (the 64-chunk cap binds), sized ones, random delays; every root (ct_script moves it). */
+static void test_peer_broadcast_chain(void) {
+    ct_job j;
+    for (int n = 3; n <= 5; n++)
+        for (int v = 0; v < 3; v++) {
+            qt_comm_opts o = {.chunk_bytes = v == 0 ? 4096 : 0, .timeout_s = 60};
+            qt_comm *c = qt_comm_create_cpu(n, QT_COMM_PEER, 0, &o);
+            size_t count = v == 2 ? 1500007 : (size_t)1100003 + (size_t)n;
+            const char *e = ct_script(c, &g_host, count, v == 1, 7 * n + v, &j);
+            QT_EXPECT(e == NULL, "n=%d count=%zu chunk=%zu: %s", n, count, o.chunk_bytes, e);
+            qt_comm_free(c);
+        }
 }
 /* Default host chunks (sized per collective from count and N): the path every rank must agree on. */
 static void test_host_auto_chunk(void) { run_kind(QT_COMM_HOST, 0, 0, 0, 0); }
@@ -206,6 +221,7 @@ int main(void) {
     QT_RUN(test_peer_direct);
     QT_RUN(test_peer_ring);
     QT_RUN(test_peer_load);
+    QT_RUN(test_peer_broadcast_chain);
     QT_RUN(test_host_auto_chunk);
     QT_RUN(test_host_small_arena);
     QT_RUN(test_host_chunk_cap);

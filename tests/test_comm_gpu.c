@@ -1,7 +1,7 @@
 /* test_comm_gpu.c — comm on GPUs: every op and kind with as many ranks as devices, with 3 ranks on one
  * device and with 1 rank; odd sizes, chunk and window edges, random delays, 10,000 back-to-back
  * collectives, abort, an injected failure (child process), all-reduce on both sides of the fused
- * kernel's limit, and collectives above 4 GiB.
+ * kernel's limit, the broadcast chain behind a late root, and collectives above 4 GiB.
  * Skips cleanly without a CUDA device. */
 #include <cuda_runtime.h>
 
@@ -80,7 +80,8 @@ static qt_comm *make(int n, qt_comm_kind kind, int ring, size_t chunk, size_t ar
     return qt_comm_create(n, g_dev, kind, arena, &o);
 }
 
-static const size_t g_sizes[] = {0, 1, 2, 7, 13, 257, 1009, 16383, 16384, 16385, 100003, 1000003};
+/* 1500007 fp32 (6 MB) is above the peer broadcast's direct-pull limit: a chain on 3+ ranks. */
+static const size_t g_sizes[] = {0, 1, 2, 7, 13, 257, 1009, 16383, 16384, 16385, 100003, 1000003, 1500007};
 
 static void run_kind(qt_comm_kind kind, int ring, int delay) {
     if (!have_gpu()) QT_SKIP("no CUDA device");
@@ -167,7 +168,7 @@ static void test_abort(void) {
 /* ---- above 4 GiB: memset shards plus random patches, checked at sampled windows ---- */
 
 /* One rank's call: op 0 all-gather (e4m3 bytes), 1 reduce-scatter (bf16), 2 all-reduce (bf16; out ==
- * buf is in place). */
+ * buf is in place), 3 broadcast of buf from rank 0 (bf16) after stalling rank 0's stream 20 ms. */
 typedef struct {
     qt_comm *c;
     int r, op, rc;
@@ -177,12 +178,19 @@ typedef struct {
 
 static uint8_t big_byte(int r) { return (uint8_t)(r * 37 + 11); }
 
+static void CUDART_CB stall_20ms(void *p) {
+    (void)p;
+    usleep(20000);
+}
+
 static void *big_worker(void *p) {
     big_arg *a = p;
     cudaStream_t s = d_stream(a->r);
+    if (a->op == 3 && a->r == 0) QT_CUDA(cudaLaunchHostFunc(s, stall_20ms, NULL));
     a->rc = a->op == 0   ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_E4M3, s)
             : a->op == 1 ? qt_comm_reduce_scatter(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
-                         : qt_comm_all_reduce(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s);
+            : a->op == 2 ? qt_comm_all_reduce(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
+                         : qt_comm_broadcast(a->c, a->r, 0, a->buf, a->count, QT_DT_BF16, s);
     d_stream_free(a->r, s);
     return NULL;
 }
@@ -346,6 +354,43 @@ static void test_all_reduce_fused_and_split(void) {
     g_peer_rs = QT_COMM_RS_AUTO;
 }
 
+/* ---- the broadcast chain with a late root: every rank's stream but the root's is idle, so a rank that
+ * copied from its predecessor without waiting for that one's chunk would copy poison ---- */
+
+static void test_broadcast_chain_late_root(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    size_t count = ((size_t)3 << 20) + 1; /* 6 MiB of bf16: above the direct-pull limit */
+    uint16_t *want = malloc(count * 2), *got = malloc(count * 2);
+    QT_REQUIRE(want && got, "out of memory");
+    for (size_t i = 0; i < count; i++) want[i] = (uint16_t)((i * 2654435761u) >> 9);
+    for (int lay = 0; lay < 2; lay++) {
+        int n = layout(lay);
+        if (n < 3) continue;
+        qt_comm *c = make(n, QT_COMM_PEER, 0, 64 << 10, 0); /* 64 chunks */
+        big_arg a[QT_COMM_MAX_RANKS];
+        pthread_t t[QT_COMM_MAX_RANKS];
+        for (int r = 0; r < n; r++) {
+            a[r] = (big_arg){c, r, 3, 0, count, d_alloc(r, count * 2), NULL};
+            if (r == 0) QT_CUDA(cudaMemcpy(a[r].buf, want, count * 2, cudaMemcpyHostToDevice));
+            else QT_CUDA(cudaMemset(a[r].buf, 0xff, count * 2));
+        }
+        for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, big_worker, &a[r]);
+        for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+        for (int r = 0; r < n; r++) {
+            QT_EXPECT(a[r].rc == 0, "rank %d: rc %d", r, a[r].rc);
+            QT_CUDA(cudaSetDevice(g_dev[r]));
+            QT_CUDA(cudaMemcpy(got, a[r].buf, count * 2, cudaMemcpyDeviceToHost));
+            size_t i = 0;
+            while (i < count && got[i] == want[i]) i++;
+            QT_EXPECT(i == count, "%d ranks (layout %d), rank %d: first difference at element %zu", n, lay, r, i);
+            d_release(r, a[r].buf);
+        }
+        qt_comm_free(c);
+    }
+    free(want);
+    free(got);
+}
+
 /* ---- an injected failure in a child process: all ranks stop, exit status 1, a message ---- */
 
 typedef struct {
@@ -407,6 +452,7 @@ int main(void) {
     QT_RUN(test_stress_10000);
     QT_RUN(test_abort);
     QT_RUN(test_all_reduce_fused_and_split);
+    QT_RUN(test_broadcast_chain_late_root);
     QT_RUN(test_above_4gib);
     return qt_test_end();
 }
