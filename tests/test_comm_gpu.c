@@ -195,12 +195,18 @@ static void *big_worker(void *p) {
     return NULL;
 }
 
+/* Runs big_worker for ranks 0..n-1, one thread each, and waits for all. */
+static void big_run(big_arg *a, int n) {
+    pthread_t t[QT_COMM_MAX_RANKS];
+    for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, big_worker, &a[r]);
+    for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+}
+
 static void big_case(int n, qt_comm_kind kind, int op) {
     size_t count = op == 0 ? ((size_t)9 << 29) + 12345 : ((size_t)9 << 28) + 777; /* 4.5 GiB of bytes / of bf16 */
     size_t es = op == 0 ? 1 : 2;
     qt_comm *c = make(n, kind, 0, 0, 0);
     big_arg a[QT_COMM_MAX_RANKS];
-    pthread_t t[QT_COMM_MAX_RANKS];
     enum { PATCH = 4096 };
     static uint8_t patch[PATCH], got[PATCH], want[PATCH];
     qt_rng g;
@@ -220,8 +226,7 @@ static void big_case(int n, qt_comm_kind kind, int op) {
             QT_CUDA(cudaMemcpy(a[r].buf + (poff - off), patch, PATCH, cudaMemcpyHostToDevice));
         QT_CUDA(cudaDeviceSynchronize());
     }
-    for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, big_worker, &a[r]);
-    for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+    big_run(a, n);
     for (int r = 0; r < n && !qt_t_failed; r++) {
         QT_EXPECT(a[r].rc == 0, "rank %d rc %d", r, a[r].rc);
         QT_CUDA(cudaSetDevice(g_dev[r]));
@@ -308,7 +313,6 @@ static void ar_case(int n, size_t count, int in_place) {
     qt_rng g;
     qt_rng_seed(&g, count + (size_t)n);
     big_arg a[QT_COMM_MAX_RANKS];
-    pthread_t t[QT_COMM_MAX_RANKS];
     for (int r = 0; r < n; r++) {
         for (size_t i = 0; i < count; i++) {
             h[i] = qt_f32_to_bf16(qt_rng_uniform(&g) * 4 - 2);
@@ -321,8 +325,7 @@ static void ar_case(int n, size_t count, int in_place) {
         if (!in_place) QT_CUDA(cudaMemset(a[r].out, 0xff, count * 2)); /* poisoned: NaN */
     }
     for (size_t i = 0; i < count; i++) h[i] = qt_f32_to_bf16(acc[i]);
-    for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, big_worker, &a[r]);
-    for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+    big_run(a, n);
     for (int r = 0; r < n; r++) {
         QT_EXPECT(a[r].rc == 0, "rank %d rc %d", r, a[r].rc);
         QT_CUDA(cudaSetDevice(g_dev[r]));
@@ -368,14 +371,12 @@ static void test_broadcast_chain_late_root(void) {
         if (n < 3) continue;
         qt_comm *c = make(n, QT_COMM_PEER, 0, 64 << 10, 0); /* 64 chunks */
         big_arg a[QT_COMM_MAX_RANKS];
-        pthread_t t[QT_COMM_MAX_RANKS];
         for (int r = 0; r < n; r++) {
             a[r] = (big_arg){c, r, 3, 0, count, d_alloc(r, count * 2), NULL};
             if (r == 0) QT_CUDA(cudaMemcpy(a[r].buf, want, count * 2, cudaMemcpyHostToDevice));
             else QT_CUDA(cudaMemset(a[r].buf, 0xff, count * 2));
         }
-        for (int r = 0; r < n; r++) pthread_create(&t[r], NULL, big_worker, &a[r]);
-        for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+        big_run(a, n);
         for (int r = 0; r < n; r++) {
             QT_EXPECT(a[r].rc == 0, "rank %d: rc %d", r, a[r].rc);
             QT_CUDA(cudaSetDevice(g_dev[r]));
