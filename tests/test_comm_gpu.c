@@ -195,6 +195,15 @@ static void *big_worker(void *p) {
     return NULL;
 }
 
+/* Index of the first bf16 element of rank r's device buffer d that differs from want (count when none). */
+static size_t d_first_diff(int r, const void *d, const uint16_t *want, uint16_t *got, size_t count) {
+    QT_CUDA(cudaSetDevice(g_dev[r]));
+    QT_CUDA(cudaMemcpy(got, d, count * 2, cudaMemcpyDeviceToHost));
+    size_t i = 0;
+    while (i < count && got[i] == want[i]) i++;
+    return i;
+}
+
 /* Runs big_worker for ranks 0..n-1, one thread each, and waits for all. */
 static void big_run(big_arg *a, int n) {
     pthread_t t[QT_COMM_MAX_RANKS];
@@ -328,10 +337,7 @@ static void ar_case(int n, size_t count, int in_place) {
     big_run(a, n);
     for (int r = 0; r < n; r++) {
         QT_EXPECT(a[r].rc == 0, "rank %d rc %d", r, a[r].rc);
-        QT_CUDA(cudaSetDevice(g_dev[r]));
-        QT_CUDA(cudaMemcpy(got, a[r].out, count * 2, cudaMemcpyDeviceToHost));
-        size_t bad = 0;
-        while (bad < count && got[bad] == h[bad]) bad++;
+        size_t bad = d_first_diff(r, a[r].out, h, got, count);
         QT_EXPECT(bad == count, "%s all_reduce bf16 count %zu%s, %d ranks, rank %d: element %zu = %04x, expected %04x",
                   qt_comm_name(c), count, in_place ? " in place" : "", n, r, bad, bad < count ? got[bad] : 0,
                   bad < count ? h[bad] : 0);
@@ -379,10 +385,7 @@ static void test_broadcast_chain_late_root(void) {
         big_run(a, n);
         for (int r = 0; r < n; r++) {
             QT_EXPECT(a[r].rc == 0, "rank %d: rc %d", r, a[r].rc);
-            QT_CUDA(cudaSetDevice(g_dev[r]));
-            QT_CUDA(cudaMemcpy(got, a[r].buf, count * 2, cudaMemcpyDeviceToHost));
-            size_t i = 0;
-            while (i < count && got[i] == want[i]) i++;
+            size_t i = d_first_diff(r, a[r].buf, want, got, count);
             QT_EXPECT(i == count, "%d ranks (layout %d), rank %d: first difference at element %zu", n, lay, r, i);
             d_release(r, a[r].buf);
         }
