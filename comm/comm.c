@@ -2,17 +2,18 @@
  *
  * peer kinds pull every foreign shard straight from its owner's buffer (direct: one stream per peer,
  * all at once; ring: one peer per step on one stream, step s reads rank r-s). host kinds stage
- * through one shared pinned arena: each owner copies its piece device->host once in chunks and
- * records one event per chunk, every reader copies host->device chunk by chunk as those events
- * complete (so D2H of chunk k+1 overlaps H2D of chunk k). Collectives larger than the arena run as
- * several windows, each a full collective. Reduce-scatter pulls chunk k+1 into a double-buffered
- * staging area while chunk k is reduced on the caller's stream (ascending rank order, fp32); the
- * peer "load" variant instead runs one reduction kernel that reads every rank's src in place. A
- * rank's copy of its own shard is enqueued after the cross-rank copies have forked off its stream,
- * so it overlaps them (host kinds: on the device->host lane after its last chunk). The peer kinds'
- * broadcast on 3+ ranks above QT_COMM_BC_DIRECT_MAX is a chunked chain from the root; the peer "load"
- * all-reduce of up to QT_COMM_AR_FUSED_MAX bytes is one kernel that reduces a shard and stores it to
- * every rank. */
+ * through one shared pinned arena: for an all-gather each owner copies its piece device->host once in
+ * chunks through a small ring of arena slots and records one event per chunk, every reader copies
+ * host->device chunk by chunk as those events complete (so D2H of chunk k+1 overlaps H2D of chunk k),
+ * and an owner reuses a slot once every reader's copy out of it completed. Reduce-scatters larger than
+ * the arena run as several windows, each a full collective. Reduce-scatter pulls chunk k+1 into a
+ * double-buffered staging area while chunk k is reduced on the caller's stream (ascending rank order,
+ * fp32); the peer "load" variant instead runs one reduction kernel that reads every rank's src in
+ * place. A rank's copy of its own shard is enqueued after the cross-rank copies have forked off its
+ * stream, so it overlaps them (host kinds: on the device->host lane after its last chunk). The peer
+ * kinds' broadcast on 3+ ranks above QT_COMM_BC_DIRECT_MAX is a chunked chain from the root; the peer
+ * "load" all-reduce of up to QT_COMM_AR_FUSED_MAX bytes is one kernel that reduces a shard and stores
+ * it to every rank. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,17 @@ static size_t piece_elems(const qt_comm *c, size_t es, size_t ch, size_t nregion
     QT_CHECK(k >= 1, "comm arena %zu B too small for %zu regions of %zu B", c->arena_bytes, nregions, c->chunk_bytes);
     return k * ch;
 }
+/* Arena slots per owner region for the host all-gather ring: as many as fit QT_COMM_RING_BYTES (at least
+ * two, so an owner copies chunk i+1 up while chunk i is read), at most what the arena holds,
+ * QT_COMM_MAX_CHUNKS (one event pair each) and the number of chunks. */
+static size_t ring_slots(const qt_comm *c, size_t es, size_t ch, size_t nregions, size_t nch) {
+    size_t per = nregions * ch * es, fit = c->arena_bytes / per, k = QT_COMM_RING_BYTES / per;
+    QT_CHECK(fit >= 1, "comm arena %zu B too small for %zu regions of %zu B", c->arena_bytes, nregions, ch * es);
+    if (k < 2) k = 2;
+    if (k > fit) k = fit;
+    if (k > QT_COMM_MAX_CHUNKS) k = QT_COMM_MAX_CHUNKS;
+    return k < nch ? k : nch;
+}
 static size_t clampsub(size_t a, size_t b, size_t cap) { return a <= b ? 0 : (a - b < cap ? a - b : cap); }
 static size_t cdiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -222,55 +234,68 @@ static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t cou
     return coll_end(c, r, &k, s);
 }
 
+/* Host all-gather / broadcast through a ring of arena slots: owner j copies chunk i of its piece
+ * device->host into slot i % nslot of its region and every reader copies it host->device, so the
+ * arena needs nslot chunks per owner whatever the size. The ranks' threads enqueue in lockstep, one
+ * chunk step at a time (host counters W and R, no GPU waits): a reader enqueues its wait on chunk i's
+ * event after the owner posted W for step i (the event is recorded), and the owner overwrites slot
+ * i % nslot (re-recording its events) only after every reader posted R for step i - nslot, having
+ * enqueued its copy out of it and recorded the PULL event the owner's device->host lane waits on. */
 static int gather_staged(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, int op,
                          int root, cudaStream_t s) {
     size_t es = qt_dtype_size(dt), o, l;
     size_t maxlen = op == QT_OP_BC ? count : cdiv(count, (size_t)c->n), ch = chunk_elems(c, es, maxlen);
-    size_t nreg = op == QT_OP_BC ? 1 : (size_t)c->n, piece = piece_elems(c, es, ch, nreg);
+    size_t nch = cdiv(maxlen, ch), nslot = ring_slots(c, es, ch, op == QT_OP_BC ? 1 : (size_t)c->n, nch);
+    QT_CHECK(nch < ((size_t)1 << QT_COMM_STEP_BITS), "host all-gather of %zu elements in %zu chunks: too many "
+             "chunks (chunk_bytes %zu)", count, nch, c->chunk_bytes);
     seg(op, count, c->n, root, r, &o, &l);
-    int own_done = 0;
-    for (size_t w = 0; w * piece < maxlen; w++) {
-        qt_comm_desc d = {op, dt, root, 0, count, w};
-        qt_coll k;
-        if (coll_begin(c, r, &d, NULL, &k)) return -1;
-        size_t base = w * piece, pl = clampsub(l, base, piece);
-        char *mine = (char *)c->arena + (op == QT_OP_BC ? 0 : (size_t)r) * piece * es;
-        for (size_t i = 0; i * ch < pl; i++) {
-            if (i == 0) b_dep(c, r, 0, 1, s);
-            size_t cl = pl - i * ch < ch ? pl - i * ch : ch;
-            b_copy(c, r, 1, s, mine + i * ch * es, src + (base + i * ch) * es, cl * es);
-            b_mark(c, r, 1, s, QT_EV_CHUNK, k.slot, (int)i);
-        }
-        /* My own shard right after my last chunk went up: it runs while the H2D lane still copies
-         * the last chunk down (one chunk behind), instead of beside the first chunks, where a
-         * device->device copy slowed the link copies (2 x H200, 64 MiB: 43.0 vs 42.2 GB/s). */
-        if (op != QT_OP_BC && pl && (w + 1) * piece >= maxlen) {
-            b_copy(c, r, 1, s, dst + o * es, src, l * es);
-            own_done = 1;
-        }
-        if (coll_phase_a(c, r, &k, s)) return -1;
-        int used = 0;
-        for (size_t i = 0; i * ch < clampsub(maxlen, base, piece); i++) {
-            for (int step = 1; step < c->n; step++) {
-                int j = (r + step) % c->n;
-                size_t oj, lj;
-                seg(op, count, c->n, root, j, &oj, &lj);
-                size_t plj = clampsub(lj, base, piece);
-                if (i * ch >= plj) continue;
-                size_t cl = plj - i * ch < ch ? plj - i * ch : ch;
-                if (!used) b_dep(c, r, 0, 2, s);
-                used = 1;
-                const char *theirs = (const char *)c->arena + (op == QT_OP_BC ? 0 : (size_t)j) * piece * es;
-                b_wait_peer(c, r, 2, s, j, QT_EV_CHUNK, k.slot, (int)i);
-                b_copy(c, r, 2, s, dst + (oj + base + i * ch) * es, theirs + i * ch * es, cl * es);
+    qt_comm_desc d = {op, dt, root, 0, count, 0};
+    qt_coll k;
+    if (coll_begin(c, r, &d, NULL, &k) || coll_phase_a(c, r, &k, s)) return -1;
+    int64_t step0 = k.seq << QT_COMM_STEP_BITS;
+    char *arena = (char *)c->arena;
+    int wrote = 0, read = 0;
+    for (size_t i = 0; i < nch; i++) {
+        int ev = (int)(i % nslot);
+        size_t off = ev * ch;
+        if (i * ch < l) {
+            if (i >= nslot) { /* every reader is done with chunk i - nslot, which used this slot */
+                if (qt_comm_wait_all(c, QT_PH_R, r, step0 + (int64_t)(i - nslot) + 1)) return -1;
+                for (int j = 0; j < c->n; j++)
+                    if (j != r) b_wait_peer(c, r, 1, s, j, QT_EV_PULL, k.slot, ev);
             }
+            if (!wrote) b_dep(c, r, 0, 1, s);
+            wrote = 1;
+            size_t cl = l - i * ch < ch ? l - i * ch : ch;
+            char *mine = arena + ((op == QT_OP_BC ? 0 : (size_t)r) * nslot * ch + off) * es;
+            b_copy(c, r, 1, s, mine, src + i * ch * es, cl * es);
+            b_mark(c, r, 1, s, QT_EV_CHUNK, k.slot, ev);
+            /* My own shard right after my last chunk went up: it runs while the H2D lane still copies
+             * the last chunk down, instead of beside the first chunks, where a device->device copy
+             * slowed the link copies (2 x H200, 64 MiB: 43.0 vs 42.2 GB/s). */
+            if (op != QT_OP_BC && (i + 1) * ch >= l) b_copy(c, r, 1, s, dst + o * es, src, l * es);
         }
-        if (pl) b_dep(c, r, 1, 0, s);
-        if (used) b_dep(c, r, 2, 0, s);
-        if (coll_end(c, r, &k, s)) return -1;
+        qt_comm_post(c, QT_PH_W, r, step0 + (int64_t)i + 1);
+        if (qt_comm_wait_all(c, QT_PH_W, r, step0 + (int64_t)i + 1)) return -1;
+        int any = 0;
+        for (int st = 1; st < c->n; st++) {
+            int j = (r + st) % c->n;
+            size_t oj, lj;
+            seg(op, count, c->n, root, j, &oj, &lj);
+            if (i * ch >= lj) continue;
+            size_t cl = lj - i * ch < ch ? lj - i * ch : ch;
+            if (!read) b_dep(c, r, 0, 2, s);
+            read = any = 1;
+            const char *theirs = arena + ((op == QT_OP_BC ? 0 : (size_t)j) * nslot * ch + off) * es;
+            b_wait_peer(c, r, 2, s, j, QT_EV_CHUNK, k.slot, ev);
+            b_copy(c, r, 2, s, dst + (oj + i * ch) * es, theirs, cl * es);
+        }
+        if (any) b_mark(c, r, 2, s, QT_EV_PULL, k.slot, ev);
+        qt_comm_post(c, QT_PH_R, r, step0 + (int64_t)i + 1);
     }
-    if (op != QT_OP_BC && !own_done) b_copy(c, r, 0, s, dst + o * es, src, l * es);
-    return 0;
+    if (wrote) b_dep(c, r, 1, 0, s);
+    if (read) b_dep(c, r, 2, 0, s);
+    return coll_end(c, r, &k, s);
 }
 
 /* Elements per chunk of the broadcast chain. With h = n-1 hops the last rank finishes h-1 chunks after
@@ -620,7 +645,7 @@ qt_comm *qt_comm_alloc(int n, qt_comm_kind kind, size_t arena_bytes, const qt_co
     qt_comm_set_rs(c, opts, opts ? opts->probe : NULL);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    for (int p = 0; p < 3; p++)
+    for (int p = 0; p < QT_PH_N; p++)
         for (int j = 0; j < QT_COMM_MAX_RANKS; j++) atomic_init(&c->posted[p][j], 0);
     atomic_init(&c->aborted, 0);
     return c;

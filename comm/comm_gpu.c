@@ -16,7 +16,7 @@ struct qt_comm_gpu {
     int dev, nlanes;
     cudaStream_t lane[QT_COMM_LANES];
     cudaEvent_t ready[QT_COMM_SLOTS], done[QT_COMM_SLOTS];
-    cudaEvent_t chunk[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS];
+    cudaEvent_t chunk[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS], pull[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS];
     cudaEvent_t dep[QT_COMM_LANES + 1];
     cudaEvent_t pulled[QT_COMM_LANES + 1][2];
 };
@@ -44,7 +44,7 @@ static cudaEvent_t slot_event(qt_comm *c, int r, int which, int slot, int chunk)
     if (which == QT_EV_READY) return g->ready[slot];
     if (which == QT_EV_DONE) return g->done[slot];
     QT_CHECK(chunk >= 0 && chunk < QT_COMM_MAX_CHUNKS, "comm chunk event %d", chunk);
-    return g->chunk[slot][chunk];
+    return which == QT_EV_PULL ? g->pull[slot][chunk] : g->chunk[slot][chunk];
 }
 
 void qt_commg_mark(qt_comm *c, int r, int lane, cudaStream_t s, int which, int slot, int chunk) {
@@ -100,7 +100,10 @@ void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
         for (int k = 0; k < QT_COMM_SLOTS; k++) {
             QT_CUDA(cudaEventCreateWithFlags(&g->ready[k], ef));
             QT_CUDA(cudaEventCreateWithFlags(&g->done[k], ef));
-            for (int i = 0; i < QT_COMM_MAX_CHUNKS; i++) QT_CUDA(cudaEventCreateWithFlags(&g->chunk[k][i], ef));
+            for (int i = 0; i < QT_COMM_MAX_CHUNKS; i++) {
+                QT_CUDA(cudaEventCreateWithFlags(&g->chunk[k][i], ef));
+                QT_CUDA(cudaEventCreateWithFlags(&g->pull[k][i], ef));
+            }
         }
         for (int l = 0; l <= g->nlanes; l++) {
             QT_CUDA(cudaEventCreateWithFlags(&g->dep[l], ef));
@@ -125,7 +128,10 @@ void qt_commg_free(qt_comm *c) {
         for (int k = 0; k < QT_COMM_SLOTS; k++) {
             QT_CUDA(cudaEventDestroy(g->ready[k]));
             QT_CUDA(cudaEventDestroy(g->done[k]));
-            for (int i = 0; i < QT_COMM_MAX_CHUNKS; i++) QT_CUDA(cudaEventDestroy(g->chunk[k][i]));
+            for (int i = 0; i < QT_COMM_MAX_CHUNKS; i++) {
+                QT_CUDA(cudaEventDestroy(g->chunk[k][i]));
+                QT_CUDA(cudaEventDestroy(g->pull[k][i]));
+            }
         }
         for (int l = 0; l <= g->nlanes; l++) {
             QT_CUDA(cudaEventDestroy(g->dep[l]));

@@ -17,14 +17,22 @@
 #include "qt_comm.h"
 
 #define QT_COMM_SLOTS 4
-#define QT_COMM_MAX_CHUNKS 64 /* chunk events per rank and slot; a window has at most this many chunks */
+#define QT_COMM_MAX_CHUNKS 64 /* chunk events per rank and slot: chunks of a reduce-scatter window, slots of
+                                 the host all-gather ring */
+/* Host all-gather: the arena slots of all owners together hold about this much. A small footprint is
+ * what 4 x H200 rewards (host all-gather busbw at 256 MiB: 47.4 GB/s with 32 MiB of slots, 41.7 with 48,
+ * 39.3 with 64, ~36-37 with the whole piece staged); 2 x H200 is flat from 3 slots per owner up. */
+#define QT_COMM_RING_BYTES ((size_t)32 << 20)
 #define QT_COMM_AR_FUSED_MAX ((size_t)64 << 20) /* peer_load all-reduce: one fused kernel up to this many bytes */
 /* Peer broadcast on 3+ ranks: every rank pulls from the root up to this many bytes, a chain above
  * (4 x H200: 1 MiB 23.5 vs 18.2 GB/s, 4 MiB 60.6 vs 51.3; 16 MiB 100.4 vs 107.5, 64 MiB 123 vs 198). */
 #define QT_COMM_BC_DIRECT_MAX ((size_t)4 << 20)
 #define QT_COMM_LANES QT_COMM_MAX_RANKS /* internal streams per rank (>= max(2, N-1)) */
 
-enum { QT_PH_A = 0, QT_PH_B = 1, QT_PH_C = 2 };
+/* Phases A, B, C count collectives; W and R count the chunk steps of a host all-gather ring
+ * (collective seq << QT_COMM_STEP_BITS | step + 1), posted after a rank enqueued its write / reads. */
+enum { QT_PH_A = 0, QT_PH_B = 1, QT_PH_C = 2, QT_PH_W = 3, QT_PH_R = 4, QT_PH_N = 5 };
+#define QT_COMM_STEP_BITS 24
 enum { QT_OP_AG = 1, QT_OP_AG_HOST, QT_OP_RS, QT_OP_AR, QT_OP_BC, QT_OP_SCAL, QT_OP_BARRIER };
 
 typedef struct {
@@ -56,7 +64,7 @@ struct qt_comm {
     size_t arena_bytes;     /* main part */
     float *scal;            /* start of the arena */
 
-    _Atomic int64_t posted[3][QT_COMM_MAX_RANKS];
+    _Atomic int64_t posted[QT_PH_N][QT_COMM_MAX_RANKS];
     _Atomic int aborted;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -90,6 +98,6 @@ void qt_commg_mark(qt_comm *c, int r, int lane, cudaStream_t s, int which, int s
 void qt_commg_wait_peer(qt_comm *c, int r, int lane, cudaStream_t s, int j, int which, int slot, int chunk);
 void qt_commg_record_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf);
 void qt_commg_wait_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf);
-enum { QT_EV_READY = 0, QT_EV_DONE = 1, QT_EV_CHUNK = 2 };
+enum { QT_EV_READY = 0, QT_EV_DONE = 1, QT_EV_CHUNK = 2, QT_EV_PULL = 3 };
 
 #endif

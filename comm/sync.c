@@ -91,9 +91,11 @@ int qt_comm_wait_one(qt_comm *c, int ph, int r, int only, int64_t seq) {
         if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s) {
             long long got = (long long)atomic_load(&c->posted[ph][j]);
             pthread_mutex_unlock(&c->mu);
-            QT_CHECK(0, "rank %d waited %.0f s in collective #%lld (phase %c) for rank %d, which is at #%lld: "
+            int sh = ph >= QT_PH_W ? QT_COMM_STEP_BITS : 0; /* W/R count chunk steps inside a collective */
+            QT_CHECK(0, "rank %d waited %.0f s in collective #%lld (phase %c%s) for rank %d, which is at #%lld: "
                      "a rank stopped calling, or ranks call different collectives",
-                     r, c->timeout_s, (long long)seq, 'A' + ph, j, got);
+                     r, c->timeout_s, (long long)(seq >> sh), "ABCWR"[ph], sh ? ", host all-gather chunk steps" : "",
+                     j, got >> sh);
         }
     }
     int ab = atomic_load(&c->aborted);

@@ -83,7 +83,8 @@ void qt_comm_probe_print(const qt_comm_probe_result *p, FILE *fp, int md);
 
 /* Makes a GPU communicator (main thread). Rank r runs on devices[r]; several ranks may share a
  * device. host_arena_bytes sizes the shared pinned staging arena of the host kinds (0 = 256 MiB);
- * bigger collectives run in several windows. opts may be NULL. Fails via qt_fail on CUDA errors.
+ * an all-gather streams through a ring of arena slots (about 32 MiB); bigger reduce-scatters run in
+ * several windows. opts may be NULL. Fails via qt_fail on CUDA errors.
  * The caller owns the result; free it with qt_comm_free once every rank has stopped. */
 qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t host_arena_bytes,
                         const qt_comm_opts *opts);

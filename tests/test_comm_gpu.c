@@ -1,7 +1,8 @@
 /* test_comm_gpu.c — comm on GPUs: every op and kind with as many ranks as devices, with 3 ranks on one
- * device and with 1 rank; odd sizes, chunk and window edges, random delays, 10,000 back-to-back
+ * device and with 1 rank; odd sizes, chunk, window and ring-slot edges, random delays, 10,000 back-to-back
  * collectives, abort, an injected failure (child process), all-reduce on both sides of the fused
- * kernel's limit, the broadcast chain behind a late root, and collectives above 4 GiB.
+ * kernel's limit, the broadcast chain behind a late root, the host all-gather ring behind a late reader,
+ * and collectives above 4 GiB.
  * Skips cleanly without a CUDA device. */
 #include <cuda_runtime.h>
 
@@ -89,7 +90,7 @@ static void run_kind(qt_comm_kind kind, int ring, int delay) {
     for (int lay = 0; lay < 3; lay++) {
         int n = layout(lay);
         if (!n) continue;
-        /* 64 KiB chunks (16384 fp32) and a 1 MiB arena: chunk edges and several windows. */
+        /* 64 KiB chunks (16384 fp32) and a 1 MiB arena: chunk edges, windows, reused ring slots. */
         qt_comm *c = make(n, kind, ring, 64 << 10, 1 << 20);
         for (size_t si = 0; si < sizeof g_sizes / sizeof g_sizes[0]; si++) {
             if (delay && g_sizes[si] > 100003) continue;
@@ -168,7 +169,8 @@ static void test_abort(void) {
 /* ---- above 4 GiB: memset shards plus random patches, checked at sampled windows ---- */
 
 /* One rank's call: op 0 all-gather (e4m3 bytes), 1 reduce-scatter (bf16), 2 all-reduce (bf16; out ==
- * buf is in place), 3 broadcast of buf from rank 0 (bf16) after stalling rank 0's stream 20 ms. */
+ * buf is in place), 3 broadcast of buf from rank 0 (bf16) after stalling rank 0's stream 20 ms, 4
+ * all-gather (bf16) after stalling the last rank's stream 20 ms. */
 typedef struct {
     qt_comm *c;
     int r, op, rc;
@@ -186,8 +188,10 @@ static void CUDART_CB stall_20ms(void *p) {
 static void *big_worker(void *p) {
     big_arg *a = p;
     cudaStream_t s = d_stream(a->r);
-    if (a->op == 3 && a->r == 0) QT_CUDA(cudaLaunchHostFunc(s, stall_20ms, NULL));
+    if ((a->op == 3 && a->r == 0) || (a->op == 4 && a->r == qt_comm_size(a->c) - 1))
+        QT_CUDA(cudaLaunchHostFunc(s, stall_20ms, NULL));
     a->rc = a->op == 0   ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_E4M3, s)
+            : a->op == 4 ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
             : a->op == 1 ? qt_comm_reduce_scatter(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
             : a->op == 2 ? qt_comm_all_reduce(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
                          : qt_comm_broadcast(a->c, a->r, 0, a->buf, a->count, QT_DT_BF16, s);
@@ -363,10 +367,11 @@ static void test_all_reduce_fused_and_split(void) {
     g_peer_rs = QT_COMM_RS_AUTO;
 }
 
-/* ---- the broadcast chain with a late root: every rank's stream but the root's is idle, so a rank that
- * copied from its predecessor without waiting for that one's chunk would copy poison ---- */
+/* ---- a late rank: every other rank's stream is idle, so a rank that copied from its predecessor (the
+ * broadcast chain) or overwrote an arena slot (the host all-gather ring) without waiting for that
+ * rank's events would copy poison or lose a chunk ---- */
 
-static void test_broadcast_chain_late_root(void) {
+static void late_case(int op) {
     if (!have_gpu()) QT_SKIP("no CUDA device");
     size_t count = ((size_t)3 << 20) + 1; /* 6 MiB of bf16: above the direct-pull limit */
     uint16_t *want = malloc(count * 2), *got = malloc(count * 2);
@@ -374,26 +379,39 @@ static void test_broadcast_chain_late_root(void) {
     for (size_t i = 0; i < count; i++) want[i] = (uint16_t)((i * 2654435761u) >> 9);
     for (int lay = 0; lay < 2; lay++) {
         int n = layout(lay);
-        if (n < 3) continue;
-        qt_comm *c = make(n, QT_COMM_PEER, 0, 64 << 10, 0); /* 64 chunks */
+        if (n < (op == 3 ? 3 : 2)) continue;
+        /* chain: 64 chunks; ring: 64 KiB chunks through 8 (2 ranks) or 4 (3-4 ranks) slots per owner */
+        qt_comm *c = op == 3 ? make(n, QT_COMM_PEER, 0, 64 << 10, 0) : make(n, QT_COMM_HOST, 0, 64 << 10, 1 << 20);
         big_arg a[QT_COMM_MAX_RANKS];
         for (int r = 0; r < n; r++) {
-            a[r] = (big_arg){c, r, 3, 0, count, d_alloc(r, count * 2), NULL};
-            if (r == 0) QT_CUDA(cudaMemcpy(a[r].buf, want, count * 2, cudaMemcpyHostToDevice));
-            else QT_CUDA(cudaMemset(a[r].buf, 0xff, count * 2));
+            size_t off, len;
+            qt_comm_shard(count, n, r, &off, &len);
+            a[r] = (big_arg){c, r, op, 0, count, d_alloc(r, count * 2), NULL};
+            if (op == 3) {
+                if (r == 0) QT_CUDA(cudaMemcpy(a[r].buf, want, count * 2, cudaMemcpyHostToDevice));
+                else QT_CUDA(cudaMemset(a[r].buf, 0xff, count * 2));
+            } else {
+                a[r].out = d_alloc(r, count * 2);
+                QT_CUDA(cudaMemcpy(a[r].buf, want + off, len * 2, cudaMemcpyHostToDevice));
+                QT_CUDA(cudaMemset(a[r].out, 0xff, count * 2));
+            }
         }
         big_run(a, n);
         for (int r = 0; r < n; r++) {
             QT_EXPECT(a[r].rc == 0, "rank %d: rc %d", r, a[r].rc);
-            size_t i = d_first_diff(r, a[r].buf, want, got, count);
-            QT_EXPECT(i == count, "%d ranks (layout %d), rank %d: first difference at element %zu", n, lay, r, i);
+            size_t i = d_first_diff(r, op == 3 ? a[r].buf : a[r].out, want, got, count);
+            QT_EXPECT(i == count, "%s, %d ranks (layout %d), rank %d: first difference at element %zu", qt_comm_name(c),
+                      n, lay, r, i);
             d_release(r, a[r].buf);
+            if (a[r].out) d_release(r, a[r].out);
         }
         qt_comm_free(c);
     }
     free(want);
     free(got);
 }
+static void test_broadcast_chain_late_root(void) { late_case(3); }
+static void test_host_ring_late_reader(void) { late_case(4); }
 
 /* ---- an injected failure in a child process: all ranks stop, exit status 1, a message ---- */
 
@@ -457,6 +475,7 @@ int main(void) {
     QT_RUN(test_abort);
     QT_RUN(test_all_reduce_fused_and_split);
     QT_RUN(test_broadcast_chain_late_root);
+    QT_RUN(test_host_ring_late_reader);
     QT_RUN(test_above_4gib);
     return qt_test_end();
 }
