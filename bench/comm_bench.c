@@ -604,20 +604,24 @@ int main(int argc, char **argv) {
                       "peer pointers, and the all-reduce in one kernel that also stores each reduced shard into every rank's "
                       "dst (its all_gather and broadcast are peer's).\n");
     }
-    if (host_sweep) { /* the host all-gather's chunk size: what chunk_elems' cost model is fitted to */
+    if (host_sweep) { /* the host chunk size: what chunk_elems' cost model is fitted to (--ops: which ops) */
         const size_t chunks[] = {0, 512u << 10, 1u << 20, 2u << 20, 3u << 20, 4u << 20, 6u << 20, 8u << 20};
         for (int ci = 0; ci < 8; ci++) {
             qt_comm_opts o = {0};
             o.chunk_bytes = chunks[ci];
             o.timeout_s = 300;
             qt_comm *c = qt_comm_create(G.n, G.devices, QT_COMM_HOST, (size_t)G.n * (256u << 20), &o);
-            for (size_t b = 16u << 20; b <= G.max_bytes && b <= (256u << 20); b *= 4) {
-                double p10, p90, t = run_point(S_HOST, c, OP_AG, b, &p10, &p90);
-                double bus = b / t / 1e9 * (G.n - 1) / G.n;
-                printf("host-sweep chunk %4zu KiB (0 = auto) %4zu MiB: %8.1f us (host enqueue %6.1f us) busbw %5.1f "
-                       "GB/s = %.0f%% of H2D %.1f\n", chunks[ci] >> 10, b >> 20, t * 1e6, G.enqueue_us[0], bus,
-                       100 * bus / G.probe.h2d_all, G.probe.h2d_all);
-                fflush(stdout);
+            for (int op = OP_AG; op <= OP_RS; op++) {
+                if (!(G.ops >> op & 1)) continue;
+                double ceil = ceiling_of(S_HOST, op);
+                for (size_t b = 16u << 20; b <= G.max_bytes && b <= (256u << 20); b *= 4) {
+                    double p10, p90, t = run_point(S_HOST, c, op, b, &p10, &p90);
+                    double bus = b / t / 1e9 * (G.n - 1) / G.n;
+                    printf("host-sweep %s chunk %4zu KiB (0 = auto) %4zu MiB: %8.1f us (host enqueue %6.1f us) busbw "
+                           "%5.1f GB/s = %.0f%% of %.1f\n", op_names[op], chunks[ci] >> 10, b >> 20, t * 1e6,
+                           G.enqueue_us[0], bus, 100 * bus / ceil, ceil);
+                    fflush(stdout);
+                }
             }
             qt_comm_free(c);
         }

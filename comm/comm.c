@@ -5,8 +5,8 @@
  * through one shared pinned arena: for an all-gather each owner copies its piece device->host once in
  * chunks through a small ring of arena slots and records one event per chunk, every reader copies
  * host->device chunk by chunk as those events complete (so D2H of chunk k+1 overlaps H2D of chunk k),
- * and an owner reuses a slot once every reader's copy out of it completed. Reduce-scatters larger than
- * the arena run as several windows, each a full collective. Reduce-scatter pulls chunk k+1 into a
+ * and an owner reuses a slot once every reader's copy out of it completed; a host reduce-scatter runs
+ * the same ring with one region per (owner, reader) pair. Reduce-scatter fetches chunk k+1 into a
  * double-buffered staging area while chunk k is reduced on the caller's stream (ascending rank order,
  * fp32); the peer "load" variant instead runs one reduction kernel that reads every rank's src in
  * place. A rank's copy of its own shard is enqueued after the cross-rank copies have forked off its
@@ -109,7 +109,7 @@ static int coll_begin(qt_comm *c, int r, const qt_comm_desc *d, const void *src,
 static void check_same(qt_comm *c, int r, const qt_coll *k, int j) {
     const qt_comm_desc *me = &c->slot[k->slot].desc[r], *o = &c->slot[k->slot].desc[j];
     QT_CHECK(o->op == me->op && o->dt == me->dt && o->count == me->count && o->root == me->root &&
-                 o->red == me->red && o->win == me->win,
+                 o->red == me->red,
              "collective #%lld: rank %d called %s(count=%zu, %s, root=%d, op=%d) but rank %d called "
              "%s(count=%zu, %s, root=%d, op=%d): every rank must call the same collectives in order",
              (long long)k->seq, r, op_name(me->op), me->count, qt_dtype_name((qt_dtype)me->dt), me->root,
@@ -165,28 +165,25 @@ static int is_host_kind(const qt_comm *c) { return c->kind == QT_COMM_HOST || c-
  * (bench --host-sweep: R ~ 50 GB/s per direction with both busy, o ~ 6 us) that is smallest at
  * c = sqrt(S * o * R) = sqrt(S * 300 KB): 1.5 MiB at 16 MiB, 3 MiB at 64 MiB (fixed 1/32 of the
  * piece: 69% of H2D at 64 MiB; this: 76%). Chunks above 4 MiB gained nothing in the sweeps and were
- * erratic (8 MiB at 256 MiB: 72% in one run, 81% in another), hence the 4 MiB cap. Host kinds with
- * the default chunk use that, in [256 KiB, chunk_bytes]. The size depends only on (count, n), so
- * every rank computes the same one. */
-static size_t chunk_elems(const qt_comm *c, size_t es, size_t maxlen) {
+ * erratic (8 MiB at 256 MiB: 72% in one run, 81% in another), hence the 4 MiB cap. Two ring slots of
+ * every arena region must also fit QT_COMM_RING_BYTES (ring_slots): with 4 ranks a reduce-scatter
+ * has 12 regions, and 1 MiB chunks ran at 34-35 GB/s where the sqrt rule's 2-4 MiB (a footprint of
+ * 48-96 MiB) ran at 25-29. Host kinds with the default chunk use that, in [256 KiB, chunk_bytes]. The
+ * size depends only on (count, n, nregions), so every rank computes the same one. */
+static size_t chunk_elems(const qt_comm *c, size_t es, size_t maxlen, size_t nregions) {
     size_t b = c->chunk_bytes;
     if (c->chunk_auto) {
-        size_t want = (size_t)sqrt((double)maxlen * es * 300e3) / 65536 * 65536, lo = (size_t)256 << 10;
-        if (want < lo) want = lo;
+        size_t want = (size_t)sqrt((double)maxlen * es * 300e3), fit = QT_COMM_RING_BYTES / (2 * nregions);
+        if (want > fit) want = fit;
+        want = want / 65536 * 65536;
+        if (want < ((size_t)256 << 10)) want = (size_t)256 << 10;
         if (want < b) b = want;
     }
     return b / es;
 }
-/* Elements per arena region (a multiple of the chunk ch, at most QT_COMM_MAX_CHUNKS chunks). */
-static size_t piece_elems(const qt_comm *c, size_t es, size_t ch, size_t nregions) {
-    size_t k = c->arena_bytes / (nregions * es) / ch;
-    if (k > QT_COMM_MAX_CHUNKS) k = QT_COMM_MAX_CHUNKS;
-    QT_CHECK(k >= 1, "comm arena %zu B too small for %zu regions of %zu B", c->arena_bytes, nregions, c->chunk_bytes);
-    return k * ch;
-}
-/* Arena slots per owner region for the host all-gather ring: as many as fit QT_COMM_RING_BYTES (at least
- * two, so an owner copies chunk i+1 up while chunk i is read), at most what the arena holds,
- * QT_COMM_MAX_CHUNKS (one event pair each) and the number of chunks. */
+/* Arena slots per region for the host rings (all-gather, broadcast, reduce-scatter): as many as fit
+ * QT_COMM_RING_BYTES (at least two, so an owner copies chunk i+1 up while chunk i is read), at most what
+ * the arena holds, QT_COMM_MAX_CHUNKS (one event pair each) and the number of chunks. */
 static size_t ring_slots(const qt_comm *c, size_t es, size_t ch, size_t nregions, size_t nch) {
     size_t per = nregions * ch * es, fit = c->arena_bytes / per, k = QT_COMM_RING_BYTES / per;
     QT_CHECK(fit >= 1, "comm arena %zu B too small for %zu regions of %zu B", c->arena_bytes, nregions, ch * es);
@@ -195,7 +192,6 @@ static size_t ring_slots(const qt_comm *c, size_t es, size_t ch, size_t nregions
     if (k > QT_COMM_MAX_CHUNKS) k = QT_COMM_MAX_CHUNKS;
     return k < nch ? k : nch;
 }
-static size_t clampsub(size_t a, size_t b, size_t cap) { return a <= b ? 0 : (a - b < cap ? a - b : cap); }
 static size_t cdiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
 /* ---- all-gather and broadcast: every foreign segment is copied into dst ---- */
@@ -209,7 +205,7 @@ static void seg(int op, size_t count, int n, int root, int j, size_t *off, size_
 static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, int op,
                        int root, cudaStream_t s) {
     size_t es = qt_dtype_size(dt), o, l;
-    qt_comm_desc d = {op, dt, root, 0, count, 0};
+    qt_comm_desc d = {op, dt, root, 0, count};
     qt_coll k;
     if (coll_begin(c, r, &d, src, &k)) return -1;
     /* READY is recorded before my own-shard copy, and the pull lanes fork from the caller's stream
@@ -244,12 +240,12 @@ static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t cou
 static int gather_staged(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, int op,
                          int root, cudaStream_t s) {
     size_t es = qt_dtype_size(dt), o, l;
-    size_t maxlen = op == QT_OP_BC ? count : cdiv(count, (size_t)c->n), ch = chunk_elems(c, es, maxlen);
-    size_t nch = cdiv(maxlen, ch), nslot = ring_slots(c, es, ch, op == QT_OP_BC ? 1 : (size_t)c->n, nch);
+    size_t maxlen = op == QT_OP_BC ? count : cdiv(count, (size_t)c->n), nreg = op == QT_OP_BC ? 1 : (size_t)c->n;
+    size_t ch = chunk_elems(c, es, maxlen, nreg), nch = cdiv(maxlen, ch), nslot = ring_slots(c, es, ch, nreg, nch);
     QT_CHECK(nch < ((size_t)1 << QT_COMM_STEP_BITS), "host all-gather of %zu elements in %zu chunks: too many "
              "chunks (chunk_bytes %zu)", count, nch, c->chunk_bytes);
     seg(op, count, c->n, root, r, &o, &l);
-    qt_comm_desc d = {op, dt, root, 0, count, 0};
+    qt_comm_desc d = {op, dt, root, 0, count};
     qt_coll k;
     if (coll_begin(c, r, &d, NULL, &k) || coll_phase_a(c, r, &k, s)) return -1;
     int64_t step0 = k.seq << QT_COMM_STEP_BITS;
@@ -318,7 +314,7 @@ static size_t chain_chunk(const qt_comm *c, size_t es, size_t count) {
 static int bc_chain(qt_comm *c, int r, char *buf, size_t count, qt_dtype dt, int root, cudaStream_t s) {
     size_t es = qt_dtype_size(dt), ch = chain_chunk(c, es, count);
     int pred = (r - 1 + c->n) % c->n, last = (r + 1) % c->n == root, nl = c->n - 1 > 2 ? c->n - 1 : 2;
-    qt_comm_desc d = {QT_OP_BC, dt, root, 0, count, 0};
+    qt_comm_desc d = {QT_OP_BC, dt, root, 0, count};
     qt_coll k;
     if (coll_begin(c, r, &d, buf, &k)) return -1;
     if (r == root) b_mark(c, r, 0, s, QT_EV_READY, k.slot, 0);
@@ -376,20 +372,22 @@ typedef struct {
     int r, staged, slot;
     cudaStream_t s;
     qt_dtype dt;
-    size_t es, ch, piece, base; /* staged: arena piece and window start; pull: base = 0 */
-    const char *own;            /* my src at my shard's window start */
-    char *dst;                  /* my dst at the window start */
-    size_t myoff;               /* pull: my shard's offset in every rank's src */
-    size_t len;                 /* elements of my shard in this window */
+    size_t es, ch, nslot; /* staged: chunks per arena region (ring slots) */
+    const char *own;      /* my src at my shard */
+    char *dst;
+    size_t myoff;         /* pull: my shard's offset in every rank's src */
+    size_t len;           /* elements of my shard */
     int used[QT_COMM_LANES + 1];
 } qt_rs;
 
 static char *rs_stage(qt_rs *x, int buf, int q) {
     return (char *)x->c->stage[x->r] + ((size_t)buf * (x->c->n - 1) + (size_t)q) * x->ch * x->es;
 }
+/* Arena region that owner j fills for rank i's shard (j != i). */
 static size_t rs_region(int n, int j, int i) { return (size_t)j * (n - 1) + (size_t)(i < j ? i : i - 1); }
 
-/* Copies chunk i of my shard from every peer into staging buffer i % 2. */
+/* Copies chunk i of my shard from every peer into staging buffer i % 2 (host kinds: out of ring slot
+ * i % nslot of the peer's region for me, once the peer's copy into it completed). */
 static void rs_fetch(qt_rs *x, size_t i) {
     qt_comm *c = x->c;
     int n = c->n, r = x->r, buf = (int)(i % 2);
@@ -400,8 +398,9 @@ static void rs_fetch(qt_rs *x, size_t i) {
         x->used[lane] = 1;
         const char *from;
         if (x->staged) {
-            b_wait_peer(c, r, lane, x->s, j, QT_EV_CHUNK, x->slot, (int)i);
-            from = (const char *)c->arena + (rs_region(n, j, r) * x->piece + i * x->ch) * x->es;
+            int ev = (int)(i % x->nslot);
+            b_wait_peer(c, r, lane, x->s, j, QT_EV_CHUNK, x->slot, ev);
+            from = (const char *)c->arena + (rs_region(n, j, r) * x->nslot + (size_t)ev) * x->ch * x->es;
         } else {
             if (i == 0) b_wait_peer(c, r, lane, x->s, j, QT_EV_READY, x->slot, 0);
             from = (const char *)c->slot[x->slot].src[j] + (x->myoff + i * x->ch) * x->es;
@@ -412,51 +411,62 @@ static void rs_fetch(qt_rs *x, size_t i) {
         if (x->used[lane]) b_rec_pulled(c, r, lane, x->s, buf);
 }
 
-/* Pipelined fetch/reduce over my shard's chunks; fetch(i+1) is enqueued before reduce(i), so it
- * waits only for reduce(i-1), the last reader of its buffer. */
-static void rs_consume(qt_rs *x) {
+/* Makes the fetch lanes wait for my stream's current point: the reduction that last read the
+ * staging buffer the next fetch fills. */
+static void rs_lanes_after_me(qt_rs *x) {
+    for (int lane = 1; lane <= QT_COMM_LANES; lane++)
+        if (x->used[lane]) b_dep(x->c, x->r, 0, lane, x->s);
+}
+
+/* Reduces chunk i (my src + the fetched pieces, ascending rank order) into dst on my stream. */
+static void rs_reduce(qt_rs *x, size_t i) {
     qt_comm *c = x->c;
     int n = c->n, r = x->r;
-    size_t nch = cdiv(x->len, x->ch);
-    if (nch) rs_fetch(x, 0);
-    for (size_t i = 0; i < nch; i++) {
-        if (i + 1 < nch) {
-            for (int lane = 1; lane <= QT_COMM_LANES; lane++)
-                if (x->used[lane]) b_dep(c, r, 0, lane, x->s);
-            rs_fetch(x, i + 1);
-        }
-        for (int lane = 1; lane <= QT_COMM_LANES; lane++)
-            if (x->used[lane]) b_wait_pulled(c, r, lane, x->s, (int)(i % 2));
-        const void *srcs[QT_COMM_MAX_RANKS];
-        for (int j = 0; j < n; j++)
-            srcs[j] = j == r ? (const void *)(x->own + i * x->ch * x->es)
-                             : (const void *)rs_stage(x, (int)(i % 2), (r - j + n) % n - 1);
-        size_t cl = x->len - i * x->ch < x->ch ? x->len - i * x->ch : x->ch;
-        b_reduce(c, x->s, x->dt, x->dst + i * x->ch * x->es, srcs, n, 0, cl, QT_COMM_SUM);
-    }
     for (int lane = 1; lane <= QT_COMM_LANES; lane++)
-        if (x->used[lane]) b_dep(c, r, lane, 0, x->s);
+        if (x->used[lane]) b_wait_pulled(c, r, lane, x->s, (int)(i % 2));
+    const void *srcs[QT_COMM_MAX_RANKS];
+    for (int j = 0; j < n; j++)
+        srcs[j] = j == r ? (const void *)(x->own + i * x->ch * x->es)
+                         : (const void *)rs_stage(x, (int)(i % 2), (r - j + n) % n - 1);
+    size_t cl = x->len - i * x->ch < x->ch ? x->len - i * x->ch : x->ch;
+    b_reduce(c, x->s, x->dt, x->dst + i * x->ch * x->es, srcs, n, 0, cl, QT_COMM_SUM);
+}
+
+static void rs_join(qt_rs *x) {
+    for (int lane = 1; lane <= QT_COMM_LANES; lane++)
+        if (x->used[lane]) b_dep(x->c, x->r, lane, 0, x->s);
 }
 
 static int rs_pull(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, cudaStream_t s) {
-    qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count, 0};
+    qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count};
     qt_coll k;
     if (coll_begin(c, r, &d, src, &k)) return -1;
     if (coll_phase_a(c, r, &k, s)) return -1;
     qt_rs x = {0};
     x.c = c; x.r = r; x.slot = k.slot; x.s = s; x.dt = dt;
-    x.es = qt_dtype_size(dt); x.ch = chunk_elems(c, x.es, cdiv(count, (size_t)c->n));
+    x.es = qt_dtype_size(dt); x.ch = chunk_elems(c, x.es, cdiv(count, (size_t)c->n), 1);
     qt_comm_shard(count, c->n, r, &x.myoff, &x.len);
     x.own = src + x.myoff * x.es;
     x.dst = dst;
-    rs_consume(&x);
+    /* fetch(i+1) is enqueued before reduce(i), so it waits only for reduce(i-1), the last reader of
+     * its buffer */
+    size_t nch = cdiv(x.len, x.ch);
+    if (nch) rs_fetch(&x, 0);
+    for (size_t i = 0; i < nch; i++) {
+        if (i + 1 < nch) {
+            rs_lanes_after_me(&x);
+            rs_fetch(&x, i + 1);
+        }
+        rs_reduce(&x, i);
+    }
+    rs_join(&x);
     return coll_end(c, r, &k, s);
 }
 
 /* Reduce-scatter with P2P loads: one kernel on my stream reads my shard's range of every rank's src
  * in place (through peer pointers on GPUs), in ascending rank order; no staging, no chunks. */
 static int rs_load(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, cudaStream_t s) {
-    qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count, 0};
+    qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count};
     qt_coll k;
     if (coll_begin(c, r, &d, src, &k)) return -1;
     if (coll_phase_a(c, r, &k, s)) return -1;
@@ -471,47 +481,59 @@ static int rs_load(qt_comm *c, int r, char *dst, const char *src, size_t count, 
     return coll_end(c, r, &k, s);
 }
 
+/* Host reduce-scatter through a ring of arena slots, in the all-gather's lockstep (gather_staged): at
+ * step i every owner copies chunk i of each other rank's shard device->host into slot i % nslot of
+ * its region for that rank (once that rank's copy out of the slot, nslot steps ago, completed), then
+ * every rank fetches chunk i of its shard from all owners' regions and reduces chunk i-1 meanwhile. */
 static int rs_staged(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, cudaStream_t s) {
     int n = c->n;
-    size_t es = qt_dtype_size(dt), maxlen = cdiv(count, (size_t)n), ch = chunk_elems(c, es, maxlen);
-    size_t piece = piece_elems(c, es, ch, (size_t)n * (n - 1)), myoff, mylen;
+    size_t es = qt_dtype_size(dt), maxlen = cdiv(count, (size_t)n), nreg = (size_t)n * (n - 1);
+    size_t ch = chunk_elems(c, es, maxlen, nreg), nch = cdiv(maxlen, ch), nslot = ring_slots(c, es, ch, nreg, nch);
+    size_t myoff, mylen;
+    QT_CHECK(nch < ((size_t)1 << QT_COMM_STEP_BITS), "host reduce-scatter of %zu elements in %zu chunks: too "
+             "many chunks (chunk_bytes %zu)", count, nch, c->chunk_bytes);
     qt_comm_shard(count, n, r, &myoff, &mylen);
-    for (size_t w = 0; w * piece < maxlen; w++) {
-        qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count, w};
-        qt_coll k;
-        if (coll_begin(c, r, &d, NULL, &k)) return -1;
-        size_t base = w * piece;
-        int wrote = 0;
-        /* Producer: chunk i of my src for every other rank's shard, one event per chunk index. */
-        for (size_t i = 0; i * ch < clampsub(maxlen, base, piece); i++) {
-            int any = 0;
-            for (int step = 1; step < n; step++) {
-                int dest = (r + step) % n;
-                size_t od, ld;
-                qt_comm_shard(count, n, dest, &od, &ld);
-                size_t pl = clampsub(ld, base, piece);
-                if (i * ch >= pl) continue;
-                size_t cl = pl - i * ch < ch ? pl - i * ch : ch;
-                if (!wrote) b_dep(c, r, 0, 1, s);
-                wrote = any = 1;
-                char *to = (char *)c->arena + (rs_region(n, r, dest) * piece + i * ch) * es;
-                b_copy(c, r, 1, s, to, src + (od + base + i * ch) * es, cl * es);
-            }
-            if (any) b_mark(c, r, 1, s, QT_EV_CHUNK, k.slot, (int)i);
+    qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count};
+    qt_coll k;
+    if (coll_begin(c, r, &d, NULL, &k) || coll_phase_a(c, r, &k, s)) return -1;
+    int64_t step0 = k.seq << QT_COMM_STEP_BITS;
+    qt_rs x = {0};
+    x.c = c; x.r = r; x.staged = 1; x.slot = k.slot; x.s = s; x.dt = dt;
+    x.es = es; x.ch = ch; x.nslot = nslot;
+    x.len = mylen;
+    x.own = src + myoff * es;
+    x.dst = dst;
+    int wrote = 0;
+    for (size_t i = 0; i < nch; i++) {
+        int ev = (int)(i % nslot), any = 0;
+        if (i >= nslot && qt_comm_wait_all(c, QT_PH_R, r, step0 + (int64_t)(i - nslot) + 1)) return -1;
+        for (int step = 1; step < n; step++) {
+            int dest = (r + step) % n;
+            size_t od, ld;
+            qt_comm_shard(count, n, dest, &od, &ld);
+            if (i * ch >= ld) continue;
+            if (i >= nslot) b_wait_peer(c, r, 1, s, dest, QT_EV_PULL, k.slot, ev);
+            if (!wrote) b_dep(c, r, 0, 1, s);
+            wrote = any = 1;
+            size_t cl = ld - i * ch < ch ? ld - i * ch : ch;
+            char *to = (char *)c->arena + (rs_region(n, r, dest) * nslot + (size_t)ev) * ch * es;
+            b_copy(c, r, 1, s, to, src + (od + i * ch) * es, cl * es);
         }
-        if (coll_phase_a(c, r, &k, s)) return -1;
-        qt_rs x = {0};
-        x.c = c; x.r = r; x.staged = 1; x.slot = k.slot; x.s = s; x.dt = dt;
-        x.es = es; x.ch = ch; x.piece = piece; x.base = base;
-        x.myoff = myoff + base;
-        x.len = clampsub(mylen, base, piece);
-        x.own = src + (myoff + base) * es;
-        x.dst = dst + base * es;
-        rs_consume(&x);
-        if (wrote) b_dep(c, r, 1, 0, s);
-        if (coll_end(c, r, &k, s)) return -1;
+        if (any) b_mark(c, r, 1, s, QT_EV_CHUNK, k.slot, ev);
+        qt_comm_post(c, QT_PH_W, r, step0 + (int64_t)i + 1);
+        if (qt_comm_wait_all(c, QT_PH_W, r, step0 + (int64_t)i + 1)) return -1;
+        if (i * ch < mylen) {
+            if (i) rs_lanes_after_me(&x);
+            rs_fetch(&x, i);
+            b_mark(c, r, 2, s, QT_EV_PULL, k.slot, ev);
+        }
+        qt_comm_post(c, QT_PH_R, r, step0 + (int64_t)i + 1);
+        if (i && (i - 1) * ch < mylen) rs_reduce(&x, i - 1);
     }
-    return 0;
+    if (nch && (nch - 1) * ch < mylen) rs_reduce(&x, nch - 1);
+    rs_join(&x);
+    if (wrote) b_dep(c, r, 1, 0, s);
+    return coll_end(c, r, &k, s);
 }
 
 int qt_comm_reduce_scatter(qt_comm *c, int r, void *dst, const void *src, size_t count, qt_dtype dt,
@@ -534,7 +556,7 @@ int qt_comm_reduce_scatter(qt_comm *c, int r, void *dst, const void *src, size_t
  * dst have landed once my stream passed coll_end's waits on their DONE events, and their READY
  * events say their dst is free. In place is safe: only rank r reads or writes range r anywhere. */
 static int ar_load(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, cudaStream_t s) {
-    qt_comm_desc d = {QT_OP_AR, dt, 0, QT_COMM_SUM, count, 0};
+    qt_comm_desc d = {QT_OP_AR, dt, 0, QT_COMM_SUM, count};
     qt_coll k;
     if (coll_begin(c, r, &d, src, &k)) return -1;
     c->slot[k.slot].dst[r] = dst;
@@ -582,7 +604,7 @@ int qt_comm_all_reduce_scalars(qt_comm *c, int r, float *vals, int nv, qt_comm_o
              QT_COMM_MAX_SCALARS);
     if (enter(c, r)) return -1;
     if (!nv || c->n == 1) return 0;
-    qt_comm_desc d = {QT_OP_SCAL, QT_DT_F32, 0, op, (size_t)nv, 0};
+    qt_comm_desc d = {QT_OP_SCAL, QT_DT_F32, 0, op, (size_t)nv};
     qt_coll k;
     if (coll_begin(c, r, &d, NULL, &k)) return -1;
     b_copy(c, r, 0, s, c->scal + (size_t)r * QT_COMM_MAX_SCALARS, vals, (size_t)nv * 4);
@@ -599,7 +621,7 @@ int qt_comm_all_reduce_scalars(qt_comm *c, int r, float *vals, int nv, qt_comm_o
 int qt_comm_barrier(qt_comm *c, int r, cudaStream_t s) {
     if (enter(c, r)) return -1;
     if (c->n == 1) return 0;
-    qt_comm_desc d = {QT_OP_BARRIER, 0, 0, 0, 0, 0};
+    qt_comm_desc d = {QT_OP_BARRIER, 0, 0, 0, 0};
     qt_coll k;
     if (coll_begin(c, r, &d, NULL, &k)) return -1;
     if (coll_phase_a(c, r, &k, s)) return -1;
@@ -636,7 +658,7 @@ qt_comm *qt_comm_alloc(int n, qt_comm_kind kind, size_t arena_bytes, const qt_co
     c->chunk_bytes = chunk < 64 ? 64 : chunk / 16 * 16;
     if (!host) arena_bytes = 0;
     else {
-        if (!arena_bytes) arena_bytes = 256u << 20;
+        if (!arena_bytes) arena_bytes = 2 * QT_COMM_RING_BYTES; /* the rings use ~QT_COMM_RING_BYTES */
         size_t need = (size_t)n * (n > 1 ? n - 1 : 1) * c->chunk_bytes;
         if (arena_bytes < need) arena_bytes = need; /* one chunk per reduce-scatter region at least */
     }

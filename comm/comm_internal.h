@@ -17,9 +17,9 @@
 #include "qt_comm.h"
 
 #define QT_COMM_SLOTS 4
-#define QT_COMM_MAX_CHUNKS 64 /* chunk events per rank and slot: chunks of a reduce-scatter window, slots of
-                                 the host all-gather ring */
-/* Host all-gather: the arena slots of all owners together hold about this much. A small footprint is
+#define QT_COMM_MAX_CHUNKS 64 /* chunk events per rank and slot: the most ring slots of a host collective and
+                                 the most chunks of a broadcast chain */
+/* Host collectives: the ring slots of all regions together hold about this much. A small footprint is
  * what 4 x H200 rewards (host all-gather busbw at 256 MiB: 47.4 GB/s with 32 MiB of slots, 41.7 with 48,
  * 39.3 with 64, ~36-37 with the whole piece staged); 2 x H200 is flat from 3 slots per owner up. */
 #define QT_COMM_RING_BYTES ((size_t)32 << 20)
@@ -29,7 +29,7 @@
 #define QT_COMM_BC_DIRECT_MAX ((size_t)4 << 20)
 #define QT_COMM_LANES QT_COMM_MAX_RANKS /* internal streams per rank (>= max(2, N-1)) */
 
-/* Phases A, B, C count collectives; W and R count the chunk steps of a host all-gather ring
+/* Phases A, B, C count collectives; W and R count the chunk steps of a host ring
  * (collective seq << QT_COMM_STEP_BITS | step + 1), posted after a rank enqueued its write / reads. */
 enum { QT_PH_A = 0, QT_PH_B = 1, QT_PH_C = 2, QT_PH_W = 3, QT_PH_R = 4, QT_PH_N = 5 };
 #define QT_COMM_STEP_BITS 24
@@ -37,7 +37,7 @@ enum { QT_OP_AG = 1, QT_OP_AG_HOST, QT_OP_RS, QT_OP_AR, QT_OP_BC, QT_OP_SCAL, QT
 
 typedef struct {
     int op, dt, root, red;
-    size_t count, win; /* win: window index of a windowed collective */
+    size_t count;
 } qt_comm_desc;
 
 typedef struct {

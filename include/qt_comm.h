@@ -82,9 +82,9 @@ int qt_comm_probe(int n, const int *devices, qt_comm_probe_result *out);
 void qt_comm_probe_print(const qt_comm_probe_result *p, FILE *fp, int md);
 
 /* Makes a GPU communicator (main thread). Rank r runs on devices[r]; several ranks may share a
- * device. host_arena_bytes sizes the shared pinned staging arena of the host kinds (0 = 256 MiB);
- * an all-gather streams through a ring of arena slots (about 32 MiB); bigger reduce-scatters run in
- * several windows. opts may be NULL. Fails via qt_fail on CUDA errors.
+ * device. host_arena_bytes sizes the shared pinned staging arena of the host kinds (0 = 64 MiB, at
+ * least one chunk per rank pair); host collectives stream through rings of arena slots (about 32 MiB),
+ * so any size fits. opts may be NULL. Fails via qt_fail on CUDA errors.
  * The caller owns the result; free it with qt_comm_free once every rank has stopped. */
 qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t host_arena_bytes,
                         const qt_comm_opts *opts);

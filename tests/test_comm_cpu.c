@@ -1,6 +1,6 @@
 /* test_comm_cpu.c — comm's schedules, slots and ordering on the CPU backend (host buffers, threads):
- * every op and kind for N = 1..5 and odd sizes (tiny chunks and arenas force many chunks, reused ring
- * slots and windows), the chained broadcast,
+ * every op and kind for N = 1..5 and odd sizes (tiny chunks and arenas force many chunks and reused ring
+ * slots), the chained broadcast,
  * random per-thread delays, 10,000 back-to-back collectives, abort, an injected failure, mismatched
  * calls and the wait timeout. */
 #include "test_comm_common.h"
@@ -84,9 +84,9 @@ static void test_peer_broadcast_chain(void) {
 }
 /* Default host chunks (sized per collective from count and N): the path every rank must agree on. */
 static void test_host_auto_chunk(void) { run_kind(QT_COMM_HOST, 0, 0, 0, 0); }
-/* 64 B chunks and a 4 KiB arena: dozens of reduce-scatter windows and all-gather slot reuses per call. */
+/* 64 B chunks and a 4 KiB arena: ring slots reused dozens of times per call at 10007 elements. */
 static void test_host_small_arena(void) { run_kind(QT_COMM_HOST, 0, 64, 4096, 0); }
-/* Big enough that the 64-chunk cap per window binds. */
+/* Big enough that the 64-slot cap of the rings binds. */
 static void test_host_chunk_cap(void) { run_kind(QT_COMM_HOST_WC, 0, 16, 1 << 20, 0); }
 static void test_random_delays(void) {
     run_kind(QT_COMM_HOST, 0, 64, 8192, 1);

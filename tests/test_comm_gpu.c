@@ -1,7 +1,7 @@
 /* test_comm_gpu.c — comm on GPUs: every op and kind with as many ranks as devices, with 3 ranks on one
- * device and with 1 rank; odd sizes, chunk, window and ring-slot edges, random delays, 10,000 back-to-back
+ * device and with 1 rank; odd sizes, chunk and ring-slot edges, random delays, 10,000 back-to-back
  * collectives, abort, an injected failure (child process), all-reduce on both sides of the fused
- * kernel's limit, the broadcast chain behind a late root, the host all-gather ring behind a late reader,
+ * kernel's limit, the broadcast chain behind a late root, the host rings behind a late reader,
  * and collectives above 4 GiB.
  * Skips cleanly without a CUDA device. */
 #include <cuda_runtime.h>
@@ -90,7 +90,7 @@ static void run_kind(qt_comm_kind kind, int ring, int delay) {
     for (int lay = 0; lay < 3; lay++) {
         int n = layout(lay);
         if (!n) continue;
-        /* 64 KiB chunks (16384 fp32) and a 1 MiB arena: chunk edges, windows, reused ring slots. */
+        /* 64 KiB chunks (16384 fp32) and a 1 MiB arena: chunk edges and reused ring slots. */
         qt_comm *c = make(n, kind, ring, 64 << 10, 1 << 20);
         for (size_t si = 0; si < sizeof g_sizes / sizeof g_sizes[0]; si++) {
             if (delay && g_sizes[si] > 100003) continue;
@@ -170,7 +170,7 @@ static void test_abort(void) {
 
 /* One rank's call: op 0 all-gather (e4m3 bytes), 1 reduce-scatter (bf16), 2 all-reduce (bf16; out ==
  * buf is in place), 3 broadcast of buf from rank 0 (bf16) after stalling rank 0's stream 20 ms, 4
- * all-gather (bf16) after stalling the last rank's stream 20 ms. */
+ * all-gather (bf16) and 5 reduce-scatter (bf16) after stalling the last rank's stream 20 ms. */
 typedef struct {
     qt_comm *c;
     int r, op, rc;
@@ -188,11 +188,11 @@ static void CUDART_CB stall_20ms(void *p) {
 static void *big_worker(void *p) {
     big_arg *a = p;
     cudaStream_t s = d_stream(a->r);
-    if ((a->op == 3 && a->r == 0) || (a->op == 4 && a->r == qt_comm_size(a->c) - 1))
+    if ((a->op == 3 && a->r == 0) || (a->op >= 4 && a->r == qt_comm_size(a->c) - 1))
         QT_CUDA(cudaLaunchHostFunc(s, stall_20ms, NULL));
     a->rc = a->op == 0   ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_E4M3, s)
             : a->op == 4 ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
-            : a->op == 1 ? qt_comm_reduce_scatter(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
+            : a->op == 1 || a->op == 5 ? qt_comm_reduce_scatter(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
             : a->op == 2 ? qt_comm_all_reduce(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
                          : qt_comm_broadcast(a->c, a->r, 0, a->buf, a->count, QT_DT_BF16, s);
     d_stream_free(a->r, s);
@@ -368,19 +368,29 @@ static void test_all_reduce_fused_and_split(void) {
 }
 
 /* ---- a late rank: every other rank's stream is idle, so a rank that copied from its predecessor (the
- * broadcast chain) or overwrote an arena slot (the host all-gather ring) without waiting for that
- * rank's events would copy poison or lose a chunk ---- */
+ * broadcast chain) or overwrote an arena slot (the host rings) without waiting for that rank's events
+ * would copy poison or lose a chunk ---- */
+
+/* Rank q's reduce-scatter input: small integers, exact in bf16, that differ between chunks. */
+static uint16_t late_rs_val(size_t i, int q) { return qt_f32_to_bf16((float)((i * 31 + (size_t)q * 7) % 251) - 125.0f); }
 
 static void late_case(int op) {
     if (!have_gpu()) QT_SKIP("no CUDA device");
     size_t count = ((size_t)3 << 20) + 1; /* 6 MiB of bf16: above the direct-pull limit */
     uint16_t *want = malloc(count * 2), *got = malloc(count * 2);
     QT_REQUIRE(want && got, "out of memory");
-    for (size_t i = 0; i < count; i++) want[i] = (uint16_t)((i * 2654435761u) >> 9);
     for (int lay = 0; lay < 2; lay++) {
         int n = layout(lay);
         if (n < (op == 3 ? 3 : 2)) continue;
-        /* chain: 64 chunks; ring: 64 KiB chunks through 8 (2 ranks) or 4 (3-4 ranks) slots per owner */
+        for (size_t i = 0; i < count; i++) {
+            want[i] = (uint16_t)((i * 2654435761u) >> 9);
+            if (op == 5) { /* the sum over ranks in ascending order, rounded once */
+                float acc = 0;
+                for (int q = 0; q < n; q++) acc += qt_bf16_to_f32(late_rs_val(i, q));
+                want[i] = qt_f32_to_bf16(acc);
+            }
+        }
+        /* chain: 64 chunks; rings: 64 KiB chunks in a 1 MiB arena, 1 to 8 slots per region */
         qt_comm *c = op == 3 ? make(n, QT_COMM_PEER, 0, 64 << 10, 0) : make(n, QT_COMM_HOST, 0, 64 << 10, 1 << 20);
         big_arg a[QT_COMM_MAX_RANKS];
         for (int r = 0; r < n; r++) {
@@ -390,6 +400,11 @@ static void late_case(int op) {
             if (op == 3) {
                 if (r == 0) QT_CUDA(cudaMemcpy(a[r].buf, want, count * 2, cudaMemcpyHostToDevice));
                 else QT_CUDA(cudaMemset(a[r].buf, 0xff, count * 2));
+            } else if (op == 5) {
+                for (size_t i = 0; i < count; i++) got[i] = late_rs_val(i, r);
+                QT_CUDA(cudaMemcpy(a[r].buf, got, count * 2, cudaMemcpyHostToDevice));
+                a[r].out = d_alloc(r, len * 2);
+                QT_CUDA(cudaMemset(a[r].out, 0xff, len * 2));
             } else {
                 a[r].out = d_alloc(r, count * 2);
                 QT_CUDA(cudaMemcpy(a[r].buf, want + off, len * 2, cudaMemcpyHostToDevice));
@@ -398,10 +413,12 @@ static void late_case(int op) {
         }
         big_run(a, n);
         for (int r = 0; r < n; r++) {
+            size_t off = 0, len = count;
+            if (op == 5) qt_comm_shard(count, n, r, &off, &len);
             QT_EXPECT(a[r].rc == 0, "rank %d: rc %d", r, a[r].rc);
-            size_t i = d_first_diff(r, op == 3 ? a[r].buf : a[r].out, want, got, count);
-            QT_EXPECT(i == count, "%s, %d ranks (layout %d), rank %d: first difference at element %zu", qt_comm_name(c),
-                      n, lay, r, i);
+            size_t i = d_first_diff(r, op == 3 ? a[r].buf : a[r].out, want + off, got, len);
+            QT_EXPECT(i == len, "%s op %d, %d ranks (layout %d), rank %d: first difference at element %zu",
+                      qt_comm_name(c), op, n, lay, r, off + i);
             d_release(r, a[r].buf);
             if (a[r].out) d_release(r, a[r].out);
         }
@@ -411,7 +428,10 @@ static void late_case(int op) {
     free(got);
 }
 static void test_broadcast_chain_late_root(void) { late_case(3); }
-static void test_host_ring_late_reader(void) { late_case(4); }
+static void test_host_ring_late_reader(void) {
+    late_case(4);
+    late_case(5);
+}
 
 /* ---- an injected failure in a child process: all ranks stop, exit status 1, a message ---- */
 
