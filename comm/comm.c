@@ -185,6 +185,8 @@ static size_t chunk_elems(const qt_comm *c, size_t es, size_t maxlen, size_t nre
  * QT_COMM_RING_BYTES (at least two, so an owner copies chunk i+1 up while chunk i is read), at most what
  * the arena holds, QT_COMM_MAX_CHUNKS (one event pair each) and the number of chunks. */
 static size_t ring_slots(const qt_comm *c, size_t es, size_t ch, size_t nregions, size_t nch) {
+    QT_CHECK(nch < ((size_t)1 << QT_COMM_STEP_BITS), "host collective in %zu chunks of %zu B: too many chunks",
+             nch, ch * es);
     size_t per = nregions * ch * es, fit = c->arena_bytes / per, k = QT_COMM_RING_BYTES / per;
     QT_CHECK(fit >= 1, "comm arena %zu B too small for %zu regions of %zu B", c->arena_bytes, nregions, ch * es);
     if (k < 2) k = 2;
@@ -193,6 +195,17 @@ static size_t ring_slots(const qt_comm *c, size_t es, size_t ch, size_t nregions
     return k < nch ? k : nch;
 }
 static size_t cdiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* The rings' lockstep (gather_staged, rs_staged); step0 = collective seq << QT_COMM_STEP_BITS. Before an
+ * owner writes chunk i: every reader enqueued its copies of chunk i - nslot (same slot). */
+static int ring_slot_free(qt_comm *c, int r, int64_t step0, size_t i, size_t nslot) {
+    return i >= nslot && qt_comm_wait_all(c, QT_PH_R, r, step0 + (int64_t)(i - nslot) + 1);
+}
+/* After my write of chunk i is enqueued: wait until every owner's is, before enqueueing my reads. */
+static int ring_written(qt_comm *c, int r, int64_t step0, size_t i) {
+    qt_comm_post(c, QT_PH_W, r, step0 + (int64_t)i + 1);
+    return qt_comm_wait_all(c, QT_PH_W, r, step0 + (int64_t)i + 1);
+}
 
 /* ---- all-gather and broadcast: every foreign segment is copied into dst ---- */
 
@@ -242,8 +255,6 @@ static int gather_staged(qt_comm *c, int r, char *dst, const char *src, size_t c
     size_t es = qt_dtype_size(dt), o, l;
     size_t maxlen = op == QT_OP_BC ? count : cdiv(count, (size_t)c->n), nreg = op == QT_OP_BC ? 1 : (size_t)c->n;
     size_t ch = chunk_elems(c, es, maxlen, nreg), nch = cdiv(maxlen, ch), nslot = ring_slots(c, es, ch, nreg, nch);
-    QT_CHECK(nch < ((size_t)1 << QT_COMM_STEP_BITS), "host all-gather of %zu elements in %zu chunks: too many "
-             "chunks (chunk_bytes %zu)", count, nch, c->chunk_bytes);
     seg(op, count, c->n, root, r, &o, &l);
     qt_comm_desc d = {op, dt, root, 0, count};
     qt_coll k;
@@ -255,11 +266,10 @@ static int gather_staged(qt_comm *c, int r, char *dst, const char *src, size_t c
         int ev = (int)(i % nslot);
         size_t off = ev * ch;
         if (i * ch < l) {
-            if (i >= nslot) { /* every reader is done with chunk i - nslot, which used this slot */
-                if (qt_comm_wait_all(c, QT_PH_R, r, step0 + (int64_t)(i - nslot) + 1)) return -1;
+            if (ring_slot_free(c, r, step0, i, nslot)) return -1;
+            if (i >= nslot) /* every reader's copy of chunk i - nslot, which used this slot, completed */
                 for (int j = 0; j < c->n; j++)
                     if (j != r) b_wait_peer(c, r, 1, s, j, QT_EV_PULL, k.slot, ev);
-            }
             if (!wrote) b_dep(c, r, 0, 1, s);
             wrote = 1;
             size_t cl = l - i * ch < ch ? l - i * ch : ch;
@@ -271,8 +281,7 @@ static int gather_staged(qt_comm *c, int r, char *dst, const char *src, size_t c
              * slowed the link copies (2 x H200, 64 MiB: 43.0 vs 42.2 GB/s). */
             if (op != QT_OP_BC && (i + 1) * ch >= l) b_copy(c, r, 1, s, dst + o * es, src, l * es);
         }
-        qt_comm_post(c, QT_PH_W, r, step0 + (int64_t)i + 1);
-        if (qt_comm_wait_all(c, QT_PH_W, r, step0 + (int64_t)i + 1)) return -1;
+        if (ring_written(c, r, step0, i)) return -1;
         int any = 0;
         for (int st = 1; st < c->n; st++) {
             int j = (r + st) % c->n;
@@ -490,8 +499,6 @@ static int rs_staged(qt_comm *c, int r, char *dst, const char *src, size_t count
     size_t es = qt_dtype_size(dt), maxlen = cdiv(count, (size_t)n), nreg = (size_t)n * (n - 1);
     size_t ch = chunk_elems(c, es, maxlen, nreg), nch = cdiv(maxlen, ch), nslot = ring_slots(c, es, ch, nreg, nch);
     size_t myoff, mylen;
-    QT_CHECK(nch < ((size_t)1 << QT_COMM_STEP_BITS), "host reduce-scatter of %zu elements in %zu chunks: too "
-             "many chunks (chunk_bytes %zu)", count, nch, c->chunk_bytes);
     qt_comm_shard(count, n, r, &myoff, &mylen);
     qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count};
     qt_coll k;
@@ -506,7 +513,7 @@ static int rs_staged(qt_comm *c, int r, char *dst, const char *src, size_t count
     int wrote = 0;
     for (size_t i = 0; i < nch; i++) {
         int ev = (int)(i % nslot), any = 0;
-        if (i >= nslot && qt_comm_wait_all(c, QT_PH_R, r, step0 + (int64_t)(i - nslot) + 1)) return -1;
+        if (ring_slot_free(c, r, step0, i, nslot)) return -1;
         for (int step = 1; step < n; step++) {
             int dest = (r + step) % n;
             size_t od, ld;
@@ -520,8 +527,7 @@ static int rs_staged(qt_comm *c, int r, char *dst, const char *src, size_t count
             b_copy(c, r, 1, s, to, src + (od + i * ch) * es, cl * es);
         }
         if (any) b_mark(c, r, 1, s, QT_EV_CHUNK, k.slot, ev);
-        qt_comm_post(c, QT_PH_W, r, step0 + (int64_t)i + 1);
-        if (qt_comm_wait_all(c, QT_PH_W, r, step0 + (int64_t)i + 1)) return -1;
+        if (ring_written(c, r, step0, i)) return -1;
         if (i * ch < mylen) {
             if (i) rs_lanes_after_me(&x);
             rs_fetch(&x, i);
