@@ -496,7 +496,7 @@ static void host_bound(size_t cap) {
 int main(int argc, char **argv) {
     struct timespec ts0;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
-    int ndev = 0, nccl_only = 0, no_nccl = 0, no_overlap = 0, want_n = 0, host_sweep = 0;
+    int ndev = 0, nccl_only = 0, no_nccl = 0, no_overlap = 0, want_n = 0, host_sweep = 0, oneshot_sweep = 0;
     const char *tsv = NULL, *md = NULL;
     G.iters = 20;
     G.warmup = 3;
@@ -530,11 +530,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--no-nccl")) no_nccl = 1;
         else if (!strcmp(a, "--no-overlap")) no_overlap = 1;
         else if (!strcmp(a, "--host-sweep")) host_sweep = 1;
+        else if (!strcmp(a, "--oneshot-sweep")) oneshot_sweep = 1;
         else if (!strcmp(a, "--nccl-p2p-disable")) { setenv("NCCL_P2P_DISABLE", "1", 1); G.nccl_tag = "_p2p_off"; }
         else {
             fprintf(stderr, "usage: %s [--ranks N] [--iters K>=20] [--max-mib M] [--label L] [--tsv F] [--md F]\n"
                             "          [--ops a,b,..] [--nccl-only] [--no-nccl] [--no-overlap] [--nccl-p2p-disable]\n"
-                            "          [--host-sweep]\n", argv[0]);
+                            "          [--host-sweep] [--oneshot-sweep]\n", argv[0]);
             return 2;
         }
     }
@@ -626,6 +627,33 @@ int main(int argc, char **argv) {
             qt_comm_free(c);
         }
         host_bound(G.max_bytes < (256u << 20) ? G.max_bytes : 256u << 20);
+        return 0;
+    }
+    if (oneshot_sweep) { /* where one kernel per rank beats the copy-engine schedules (QT_COMM_ONESHOT_*_MAX) */
+        for (int st = S_LOAD; st <= S_HOST; st += S_HOST - S_LOAD) {
+            qt_comm *c[2];
+            for (int v = 0; v < 2; v++) {
+                qt_comm_opts o = {0};
+                o.peer_rs = QT_COMM_RS_LOAD;
+                o.timeout_s = 300;
+                o.no_oneshot = !v;
+                o.oneshot_max = (size_t)1 << 40;
+                c[v] = qt_comm_create(G.n, G.devices, st == S_HOST ? QT_COMM_HOST : QT_COMM_PEER, (size_t)G.n * (256u << 20), &o);
+            }
+            for (int op = 0; op < NALLOPS; op++) {
+                if (!(G.ops >> op & 1)) continue;
+                for (int si = 0; si < g_nsizes; si++) {
+                    size_t b = g_sizes[si];
+                    if (op >= NOPS && si) break;
+                    double p10, p90, t[2];
+                    for (int v = 0; v < 2; v++) t[v] = run_point(st, c[v], op, op >= NOPS ? 0 : b, &p10, &p90);
+                    printf("oneshot-sweep %-9s %-18s %9zu B: copy engines %8.1f us, one kernel %8.1f us (%.2fx)\n",
+                           strat_names[st], op_names[op], op >= NOPS ? (size_t)0 : b, t[0] * 1e6, t[1] * 1e6, t[0] / t[1]);
+                    fflush(stdout);
+                }
+            }
+            for (int v = 0; v < 2; v++) qt_comm_free(c[v]);
+        }
         return 0;
     }
     int shown[NSTRAT], ns = 0;

@@ -13,7 +13,8 @@
  * stream, so it overlaps them (host kinds: on the device->host lane after its last chunk). The peer
  * kinds' broadcast on 3+ ranks above QT_COMM_BC_DIRECT_MAX is a chunked chain from the root; the peer
  * "load" all-reduce of up to QT_COMM_AR_FUSED_MAX bytes is one kernel that reduces a shard and stores
- * it to every rank. */
+ * it to every rank. Below the one-shot limits (GPU comms) every collective is instead one kernel per rank
+ * that meets its peers through flags (oneshot.h): no events, no copy engines. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +216,79 @@ static void seg(int op, size_t count, int n, int root, int j, size_t *off, size_
     else qt_comm_shard(count, n, j, off, len);
 }
 
+/* ---- small collectives: one kernel per rank that meets its peers through flags (oneshot.h) ---- */
+
+/* Arena bytes per rank for a host-kind one-shot collective whose ranks publish up to pub bytes. */
+static size_t os_region(size_t pub) { return (pub + 255) / 256 * 256; }
+
+/* Whether a collective of `bytes` (the whole tensor) whose ranks publish up to pub bytes runs as one kernel. */
+static int os_fits(const qt_comm *c, size_t bytes, size_t pub) {
+    if (!c->gpu || !c->oneshot_on || bytes > c->oneshot_max) return 0;
+    return is_host_kind(c) ? (size_t)c->n * os_region(pub) <= c->arena_bytes : c->all_peer;
+}
+
+/* d->op on rank r: all-gather and broadcast copy every foreign piece into dst; reduce-scatter reduces my
+ * shard of every rank's src; all-reduce (and the scalars) reduce everything: host kinds, each rank all of
+ * it out of the arena; peer kinds, each rank its shard, stored into every rank's dst (in place is safe:
+ * only rank r touches range r anywhere). Peer kinds read peers' buffers in place; host kinds read what
+ * each rank published into its arena region (my own input straight from src). */
+static int oneshot(qt_comm *c, int r, const qt_comm_desc *d, const void *src, void *dst, cudaStream_t s) {
+    qt_coll k;
+    if (coll_begin(c, r, d, src, &k)) return -1;
+    c->slot[k.slot].dst[r] = dst;
+    qt_comm_post(c, QT_PH_A, r, k.seq);
+    if (coll_sync_a(c, r, &k)) return -1;
+    const qt_comm_slot *sl = &c->slot[k.slot];
+    int n = c->n, host = is_host_kind(c), op = d->op;
+    size_t es = op == QT_OP_BARRIER ? 1 : qt_dtype_size((qt_dtype)d->dt), count = d->count, off, len, o, l;
+    qt_comm_shard(count, n, r, &off, &len);
+    size_t pub = op == QT_OP_AG ? cdiv(count, (size_t)n) * es : count * es; /* the most any rank publishes */
+    const char *in[QT_COMM_MAX_RANKS];
+    for (int j = 0; j < n; j++)
+        in[j] = !host ? sl->src[j] : j == r ? (const char *)src : (const char *)c->arena + (size_t)j * os_region(pub);
+    qt_oneshot a = {0};
+    a.n = n;
+    a.r = r;
+    a.seq = (unsigned long long)k.seq;
+    a.dt = d->dt;
+    a.red = d->red;
+    if (host && op != QT_OP_BARRIER && (op != QT_OP_BC || r == d->root)) {
+        a.pub_src = src;
+        a.pub_dst = c->arena + (size_t)r * os_region(pub);
+        a.pub_bytes = op == QT_OP_AG ? len * es : count * es;
+    }
+    if (op == QT_OP_AG || (op == QT_OP_BC && r != d->root)) {
+        for (int j = 0; j < n; j++) {
+            seg(op, count, n, d->root, j, &o, &l);
+            if (!l || (char *)dst + o * es == in[j]) continue;
+            a.src[a.npiece] = in[j];
+            a.dst[a.npiece] = (char *)dst + o * es;
+            a.bytes[a.npiece++] = l * es;
+        }
+    } else if (op == QT_OP_RS || ((op == QT_OP_AR || op == QT_OP_SCAL) && !host)) {
+        a.reduce = 1;
+        a.nsrc = n;
+        a.ndst = op == QT_OP_RS ? 1 : n;
+        a.nelem = len;
+        for (int j = 0; j < n; j++) {
+            a.src[j] = in[j] + off * es;
+            if (op != QT_OP_RS) a.dst[j] = (char *)sl->dst[j] + off * es;
+        }
+        if (op == QT_OP_RS) a.dst[0] = dst;
+    } else if (op == QT_OP_AR || op == QT_OP_SCAL) {
+        a.reduce = 1;
+        a.nsrc = n;
+        a.ndst = 1;
+        a.nelem = count;
+        for (int j = 0; j < n; j++) a.src[j] = in[j];
+        a.dst[0] = dst;
+    }
+    qt_commg_oneshot(c, r, &a, s);
+    qt_comm_post(c, QT_PH_B, r, k.seq);
+    qt_comm_post(c, QT_PH_C, r, k.seq);
+    return 0;
+}
+
 static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t count, qt_dtype dt, int op,
                        int root, cudaStream_t s) {
     size_t es = qt_dtype_size(dt), o, l;
@@ -355,6 +429,10 @@ static int gather_any(qt_comm *c, int r, void *dst, const void *src, size_t coun
     if (c->n == 1) {
         if (op != QT_OP_BC) b_copy(c, r, 0, s, dst, src, count * es);
         return 0;
+    }
+    if (op != QT_OP_AG_HOST && os_fits(c, count * es, op == QT_OP_BC ? count * es : cdiv(count, (size_t)c->n) * es)) {
+        qt_comm_desc d = {op, dt, root, 0, count};
+        return oneshot(c, r, &d, src, dst, s);
     }
     if (op == QT_OP_BC && !is_host_kind(c) && c->n >= 3 && count * es > QT_COMM_BC_DIRECT_MAX)
         return bc_chain(c, r, dst, count, dt, root, s);
@@ -552,6 +630,10 @@ int qt_comm_reduce_scatter(qt_comm *c, int r, void *dst, const void *src, size_t
         b_copy(c, r, 0, s, dst, src, count * qt_dtype_size(dt));
         return 0;
     }
+    if (os_fits(c, count * qt_dtype_size(dt), count * qt_dtype_size(dt))) {
+        qt_comm_desc d = {QT_OP_RS, dt, 0, QT_COMM_SUM, count};
+        return oneshot(c, r, &d, src, dst, s);
+    }
     if (is_host_kind(c)) return rs_staged(c, r, dst, src, count, dt, s);
     return c->rs_load ? rs_load(c, r, dst, src, count, dt, s) : rs_pull(c, r, dst, src, count, dt, s);
 }
@@ -590,6 +672,10 @@ int qt_comm_all_reduce(qt_comm *c, int r, void *dst, const void *src, size_t cou
         b_copy(c, r, 0, s, dst, src, count * es);
         return 0;
     }
+    if (os_fits(c, count * es, count * es)) {
+        qt_comm_desc d = {QT_OP_AR, dt, 0, QT_COMM_SUM, count};
+        return oneshot(c, r, &d, src, dst, s);
+    }
     /* The fused kernel moves what reduce-scatter + all-gather move, with one handshake instead of two,
      * but SM loads and stores together run below what the loads and then the copy engines reach one
      * after the other. Fused / split, busbw GB/s: 4 x H200 4 KiB 29 / 83 us, 16 MiB 233 / 170, 64
@@ -611,6 +697,7 @@ int qt_comm_all_reduce_scalars(qt_comm *c, int r, float *vals, int nv, qt_comm_o
     if (enter(c, r)) return -1;
     if (!nv || c->n == 1) return 0;
     qt_comm_desc d = {QT_OP_SCAL, QT_DT_F32, 0, op, (size_t)nv};
+    if (os_fits(c, 0, (size_t)nv * 4)) return oneshot(c, r, &d, vals, vals, s);
     qt_coll k;
     if (coll_begin(c, r, &d, NULL, &k)) return -1;
     b_copy(c, r, 0, s, c->scal + (size_t)r * QT_COMM_MAX_SCALARS, vals, (size_t)nv * 4);
@@ -628,6 +715,7 @@ int qt_comm_barrier(qt_comm *c, int r, cudaStream_t s) {
     if (enter(c, r)) return -1;
     if (c->n == 1) return 0;
     qt_comm_desc d = {QT_OP_BARRIER, 0, 0, 0, 0};
+    if (os_fits(c, 0, 0)) return oneshot(c, r, &d, NULL, NULL, s);
     qt_coll k;
     if (coll_begin(c, r, &d, NULL, &k)) return -1;
     if (coll_phase_a(c, r, &k, s)) return -1;
@@ -662,6 +750,8 @@ qt_comm *qt_comm_alloc(int n, qt_comm_kind kind, size_t arena_bytes, const qt_co
     c->chunk_given = opts && opts->chunk_bytes;
     c->chunk_auto = host && !c->chunk_given;
     c->chunk_bytes = chunk < 64 ? 64 : chunk / 16 * 16;
+    c->oneshot_on = !(opts && opts->no_oneshot);
+    c->oneshot_max = opts && opts->oneshot_max ? opts->oneshot_max : host ? QT_COMM_ONESHOT_HOST_MAX : QT_COMM_ONESHOT_PEER_MAX;
     if (!host) arena_bytes = 0;
     else {
         if (!arena_bytes) arena_bytes = 2 * QT_COMM_RING_BYTES; /* the rings use ~QT_COMM_RING_BYTES */

@@ -19,6 +19,9 @@ struct qt_comm_gpu {
     cudaEvent_t chunk[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS], pull[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS];
     cudaEvent_t dep[QT_COMM_LANES + 1];
     cudaEvent_t pulled[QT_COMM_LANES + 1][2];
+    unsigned long long *flags; /* one-shot flag cells (QT_COMM_MAX_RANKS), device memory */
+    qt_oneshot_local *local;   /* one-shot kernel words, device memory */
+    int max_blocks;            /* one-shot grid cap: this device's SMs over the ranks on it */
 };
 
 static cudaStream_t lane_stream(qt_comm *c, int r, int lane, cudaStream_t s) {
@@ -63,6 +66,15 @@ void qt_commg_wait_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf) 
     QT_CUDA(cudaStreamWaitEvent(s, c->g[r]->pulled[lane][buf], 0));
 }
 
+void qt_commg_oneshot(qt_comm *c, int r, qt_oneshot *a, cudaStream_t s) {
+    for (int j = 0; j < c->n; j++)
+        a->flags[j] = c->all_peer ? c->g[j]->flags : c->hflags + (size_t)j * QT_COMM_MAX_RANKS;
+    a->abort = c->abort_word;
+    a->local = c->g[r]->local;
+    a->max_blocks = c->g[r]->max_blocks;
+    qt_comm_oneshot_launch(a, s);
+}
+
 static void enable_peers(qt_comm *c) {
     c->all_peer = 1;
     for (int a = 0; a < c->n; a++)
@@ -88,6 +100,11 @@ void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
     QT_CUDA(cudaHostAlloc(&arena, arena_total, flags));
     c->scal = arena;
     c->arena = (unsigned char *)arena + (size_t)c->n * QT_COMM_MAX_SCALARS * sizeof(float);
+    /* The abort word (first 64 bytes) and the host kinds' one-shot flags; owned by c (qt_commg_free). */
+    size_t sync_bytes = 64 + (size_t)c->n * QT_COMM_MAX_RANKS * sizeof(unsigned long long);
+    QT_CUDA(cudaHostAlloc((void **)&c->abort_word, sync_bytes, cudaHostAllocPortable | cudaHostAllocMapped));
+    memset(c->abort_word, 0, sync_bytes);
+    c->hflags = (unsigned long long *)((char *)c->abort_word + 64);
     for (int r = 0; r < c->n; r++) {
         qt_comm_gpu *g = calloc(1, sizeof *g);
         QT_CHECK(g != NULL, "out of memory");
@@ -112,6 +129,15 @@ void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
         }
         if (c->stage_bytes) QT_CUDA(cudaMalloc(&c->stage[r], c->stage_bytes));
         QT_CUDA(cudaMalloc((void **)&c->scal_stage[r], (size_t)c->n * QT_COMM_MAX_SCALARS * sizeof(float)));
+        QT_CUDA(cudaMalloc((void **)&g->flags, QT_COMM_MAX_RANKS * sizeof(unsigned long long)));
+        QT_CUDA(cudaMalloc((void **)&g->local, sizeof(qt_oneshot_local)));
+        QT_CUDA(cudaMemset(g->flags, 0, QT_COMM_MAX_RANKS * sizeof(unsigned long long)));
+        QT_CUDA(cudaMemset(g->local, 0, sizeof(qt_oneshot_local)));
+        int sms = 0, here = 0;
+        QT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->dev));
+        for (int j = 0; j < c->n; j++) here += c->devices[j] == g->dev;
+        g->max_blocks = sms / here > 1 ? sms / here : 1;
+        QT_CUDA(cudaDeviceSynchronize()); /* the memsets ran on the legacy stream; our streams do not wait for it */
     }
     if (c->kind == QT_COMM_PEER) enable_peers(c);
 }
@@ -140,9 +166,12 @@ void qt_commg_free(qt_comm *c) {
         }
         if (c->stage[r]) QT_CUDA(cudaFree(c->stage[r]));
         QT_CUDA(cudaFree(c->scal_stage[r]));
+        QT_CUDA(cudaFree(g->flags));
+        QT_CUDA(cudaFree(g->local));
         free(g);
     }
     if (c->scal) QT_CUDA(cudaFreeHost(c->scal));
+    if (c->abort_word) QT_CUDA(cudaFreeHost(c->abort_word));
 }
 
 qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t host_arena_bytes,

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "oneshot.h"
 #include "qt_comm.h"
 
 #define QT_COMM_SLOTS 4
@@ -27,6 +28,12 @@
 /* Peer broadcast on 3+ ranks: every rank pulls from the root up to this many bytes, a chain above
  * (4 x H200: 1 MiB 23.5 vs 18.2 GB/s, 4 MiB 60.6 vs 51.3; 16 MiB 100.4 vs 107.5, 64 MiB 123 vs 198). */
 #define QT_COMM_BC_DIRECT_MAX ((size_t)4 << 20)
+/* Default one-kernel limits (the whole tensor's bytes; oneshot.h). comm_bench --oneshot-sweep on 4 x H200,
+ * 4 and 2 ranks, one kernel against the copy-engine schedules: peer kinds 1.5-3.9x faster up to 4 MiB,
+ * 1.03-1.34x at 16 MiB, 0.6-0.9x for all-gather and broadcast at 64 MiB; host kinds 1.4-4.4x up to 256 KiB,
+ * 1.0-1.7x at 1 MiB, 0.7-1.3x at 4 MiB (SM loads from pinned memory are slower than the copy engines). */
+#define QT_COMM_ONESHOT_PEER_MAX ((size_t)16 << 20)
+#define QT_COMM_ONESHOT_HOST_MAX ((size_t)1 << 20)
 #define QT_COMM_LANES QT_COMM_MAX_RANKS /* internal streams per rank (>= max(2, N-1)) */
 
 /* Phases A, B, C count collectives; W and R count the chunk steps of a host ring
@@ -54,6 +61,8 @@ struct qt_comm {
     int rs_load;    /* peer reduce-scatter through peer-pointer loads (QT_COMM_RS_LOAD resolved) */
     int chunk_auto; /* host kinds without opts->chunk_bytes: chunk sized per collective, chunk_bytes = max */
     int chunk_given; /* opts->chunk_bytes was set (the peer broadcast chain sizes its chunks otherwise) */
+    int oneshot_on;     /* GPU comms: collectives up to oneshot_max bytes run as one kernel per rank */
+    size_t oneshot_max;
     qt_comm_kind kind;
     int devices[QT_COMM_MAX_RANKS];
     size_t chunk_bytes;
@@ -66,6 +75,8 @@ struct qt_comm {
 
     _Atomic int64_t posted[QT_PH_N][QT_COMM_MAX_RANKS];
     _Atomic int aborted;
+    int *abort_word;               /* GPU comms: pinned host copy of aborted, polled by one-shot kernels */
+    unsigned long long *hflags;    /* GPU host kinds: one-shot flag cells, QT_COMM_MAX_RANKS per rank (pinned) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     qt_comm_slot slot[QT_COMM_SLOTS];
@@ -98,6 +109,8 @@ void qt_commg_mark(qt_comm *c, int r, int lane, cudaStream_t s, int which, int s
 void qt_commg_wait_peer(qt_comm *c, int r, int lane, cudaStream_t s, int j, int which, int slot, int chunk);
 void qt_commg_record_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf);
 void qt_commg_wait_pulled(qt_comm *c, int r, int lane, cudaStream_t s, int buf);
+/* Fills a's flags, abort word, counters and grid cap for rank r and launches it on s. */
+void qt_commg_oneshot(qt_comm *c, int r, qt_oneshot *a, cudaStream_t s);
 enum { QT_EV_READY = 0, QT_EV_DONE = 1, QT_EV_CHUNK = 2, QT_EV_PULL = 3 };
 
 #endif

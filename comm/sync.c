@@ -46,6 +46,7 @@ void qt_comm_unregister(qt_comm *c) {
 
 void qt_comm_abort(qt_comm *c) {
     atomic_store(&c->aborted, 1);
+    if (c->abort_word) *(volatile int *)c->abort_word = 1; /* one-shot kernels waiting on a dead rank return */
     pthread_mutex_lock(&c->mu);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);

@@ -71,11 +71,14 @@ static int layout(int which) {
 }
 
 static int g_peer_rs; /* QT_COMM_RS_* for make() */
+static int g_oneshot; /* for make(): 0 = default one-shot limit, 1 = one-shot at every size that fits, -1 = never */
 
 static qt_comm *make(int n, qt_comm_kind kind, int ring, size_t chunk, size_t arena) {
     qt_comm_opts o = {0};
     o.ring = ring;
     o.peer_rs = g_peer_rs;
+    o.no_oneshot = g_oneshot < 0;
+    o.oneshot_max = g_oneshot > 0 ? (size_t)1 << 40 : 0;
     o.chunk_bytes = chunk;
     o.timeout_s = 120;
     return qt_comm_create(n, g_dev, kind, arena, &o);
@@ -90,8 +93,9 @@ static void run_kind(qt_comm_kind kind, int ring, int delay) {
     for (int lay = 0; lay < 3; lay++) {
         int n = layout(lay);
         if (!n) continue;
-        /* 64 KiB chunks (16384 fp32) and a 1 MiB arena: chunk edges and reused ring slots. */
-        qt_comm *c = make(n, kind, ring, 64 << 10, 1 << 20);
+        /* 64 KiB chunks (16384 fp32) and a 1 MiB arena: chunk edges and reused ring slots (with one-shot
+         * forced, 32 MiB: every size runs as one kernel). */
+        qt_comm *c = make(n, kind, ring, 64 << 10, g_oneshot > 0 ? 32 << 20 : 1 << 20);
         for (size_t si = 0; si < sizeof g_sizes / sizeof g_sizes[0]; si++) {
             if (delay && g_sizes[si] > 100003) continue;
             const char *e = ct_script(c, &g_dmem, g_sizes[si], delay, 31 * n + si, &j);
@@ -135,6 +139,18 @@ static void test_random_delays(void) {
     run_kind(QT_COMM_HOST, 0, 1);
 }
 
+/* Every size as one kernel per rank (plain and with random delays: a missing flag wait lets a rank read
+ * a peer's input before it is there or overwrite its own while a peer reads it), then no size (the
+ * copy-engine schedules on the tiny sizes the default sends to the kernel). */
+static void test_oneshot_forced_and_off(void) {
+    for (g_oneshot = 1; g_oneshot >= -1; g_oneshot -= 2)
+        for (int delay = 0; delay <= (g_oneshot > 0); delay++) {
+            run_kind(QT_COMM_PEER, 0, delay);
+            run_kind(QT_COMM_HOST, 0, delay);
+        }
+    g_oneshot = 0;
+}
+
 static void test_auto_default_chunks(void) {
     if (!have_gpu()) QT_SKIP("no CUDA device");
     int n = layout(g_ndev >= 2 ? 0 : 1);
@@ -170,7 +186,7 @@ static void test_abort(void) {
 
 /* One rank's call: op 0 all-gather (e4m3 bytes), 1 reduce-scatter (bf16), 2 all-reduce (bf16; out ==
  * buf is in place), 3 broadcast of buf from rank 0 (bf16) after stalling rank 0's stream 20 ms, 4
- * all-gather (bf16) and 5 reduce-scatter (bf16) after stalling the last rank's stream 20 ms. */
+ * all-gather, 5 reduce-scatter and 6 all-reduce (bf16) after stalling the last rank's stream 20 ms. */
 typedef struct {
     qt_comm *c;
     int r, op, rc;
@@ -193,7 +209,7 @@ static void *big_worker(void *p) {
     a->rc = a->op == 0   ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_E4M3, s)
             : a->op == 4 ? qt_comm_all_gather(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
             : a->op == 1 || a->op == 5 ? qt_comm_reduce_scatter(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
-            : a->op == 2 ? qt_comm_all_reduce(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
+            : a->op == 2 || a->op == 6 ? qt_comm_all_reduce(a->c, a->r, a->out, a->buf, a->count, QT_DT_BF16, s)
                          : qt_comm_broadcast(a->c, a->r, 0, a->buf, a->count, QT_DT_BF16, s);
     d_stream_free(a->r, s);
     return NULL;
@@ -374,24 +390,29 @@ static void test_all_reduce_fused_and_split(void) {
 /* Rank q's reduce-scatter input: small integers, exact in bf16, that differ between chunks. */
 static uint16_t late_rs_val(size_t i, int q) { return qt_f32_to_bf16((float)((i * 31 + (size_t)q * 7) % 251) - 125.0f); }
 
-static void late_case(int op) {
+/* small: 65539 bf16 (128 KiB), one kernel per rank on both kinds, where the early ranks' kernels must
+ * wait on the late rank's flags. */
+static void late_case(int op, int small) {
     if (!have_gpu()) QT_SKIP("no CUDA device");
-    size_t count = ((size_t)3 << 20) + 1; /* 6 MiB of bf16: above the direct-pull limit */
+    size_t count = small ? 65539 : ((size_t)3 << 20) + 1; /* 6 MiB of bf16: above the direct-pull limit */
     uint16_t *want = malloc(count * 2), *got = malloc(count * 2);
     QT_REQUIRE(want && got, "out of memory");
-    for (int lay = 0; lay < 2; lay++) {
-        int n = layout(lay);
+    for (int lay = 0; lay < 2 * (1 + small); lay++) {
+        int n = layout(lay % 2);
+        qt_comm_kind kind = lay < 2 ? QT_COMM_HOST : QT_COMM_PEER;
         if (n < (op == 3 ? 3 : 2)) continue;
         for (size_t i = 0; i < count; i++) {
             want[i] = (uint16_t)((i * 2654435761u) >> 9);
-            if (op == 5) { /* the sum over ranks in ascending order, rounded once */
+            if (op >= 5) { /* the sum over ranks in ascending order, rounded once */
                 float acc = 0;
                 for (int q = 0; q < n; q++) acc += qt_bf16_to_f32(late_rs_val(i, q));
                 want[i] = qt_f32_to_bf16(acc);
             }
         }
         /* chain: 64 chunks; rings: 64 KiB chunks in a 1 MiB arena, 1 to 8 slots per region */
-        qt_comm *c = op == 3 ? make(n, QT_COMM_PEER, 0, 64 << 10, 0) : make(n, QT_COMM_HOST, 0, 64 << 10, 1 << 20);
+        qt_comm *c = small     ? make(n, kind, 0, 0, 0)
+                     : op == 3 ? make(n, QT_COMM_PEER, 0, 64 << 10, 0)
+                               : make(n, QT_COMM_HOST, 0, 64 << 10, 1 << 20);
         big_arg a[QT_COMM_MAX_RANKS];
         for (int r = 0; r < n; r++) {
             size_t off, len;
@@ -400,11 +421,12 @@ static void late_case(int op) {
             if (op == 3) {
                 if (r == 0) QT_CUDA(cudaMemcpy(a[r].buf, want, count * 2, cudaMemcpyHostToDevice));
                 else QT_CUDA(cudaMemset(a[r].buf, 0xff, count * 2));
-            } else if (op == 5) {
+            } else if (op >= 5) {
+                size_t outn = op == 5 ? len : count;
                 for (size_t i = 0; i < count; i++) got[i] = late_rs_val(i, r);
                 QT_CUDA(cudaMemcpy(a[r].buf, got, count * 2, cudaMemcpyHostToDevice));
-                a[r].out = d_alloc(r, len * 2);
-                QT_CUDA(cudaMemset(a[r].out, 0xff, len * 2));
+                a[r].out = d_alloc(r, outn * 2);
+                QT_CUDA(cudaMemset(a[r].out, 0xff, outn * 2));
             } else {
                 a[r].out = d_alloc(r, count * 2);
                 QT_CUDA(cudaMemcpy(a[r].buf, want + off, len * 2, cudaMemcpyHostToDevice));
@@ -418,7 +440,7 @@ static void late_case(int op) {
             QT_EXPECT(a[r].rc == 0, "rank %d: rc %d", r, a[r].rc);
             size_t i = d_first_diff(r, op == 3 ? a[r].buf : a[r].out, want + off, got, len);
             QT_EXPECT(i == len, "%s op %d, %d ranks (layout %d), rank %d: first difference at element %zu",
-                      qt_comm_name(c), op, n, lay, r, off + i);
+                      qt_comm_name(c), op, n, lay % 2, r, off + i);
             d_release(r, a[r].buf);
             if (a[r].out) d_release(r, a[r].out);
         }
@@ -427,10 +449,13 @@ static void late_case(int op) {
     free(want);
     free(got);
 }
-static void test_broadcast_chain_late_root(void) { late_case(3); }
+static void test_broadcast_chain_late_root(void) { late_case(3, 0); }
 static void test_host_ring_late_reader(void) {
-    late_case(4);
-    late_case(5);
+    late_case(4, 0);
+    late_case(5, 0);
+}
+static void test_oneshot_late_rank(void) {
+    for (int op = 3; op <= 6; op++) late_case(op, 1);
 }
 
 /* ---- an injected failure in a child process: all ranks stop, exit status 1, a message ---- */
@@ -490,6 +515,8 @@ int main(void) {
     QT_RUN(test_host);
     QT_RUN(test_host_wc);
     QT_RUN(test_random_delays);
+    QT_RUN(test_oneshot_forced_and_off);
+    QT_RUN(test_oneshot_late_rank);
     QT_RUN(test_auto_default_chunks);
     QT_RUN(test_stress_10000);
     QT_RUN(test_abort);
