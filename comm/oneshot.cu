@@ -21,6 +21,12 @@ __device__ __forceinline__ unsigned long long ld_acquire(const unsigned long lon
     return v;
 }
 
+__device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ void st_release(unsigned long long *p, unsigned long long v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -31,14 +37,8 @@ __device__ __forceinline__ void post(const qt_oneshot *a, unsigned long long v) 
     if (t < a->n && t != a->r) st_release(a->flags[t] + a->r, v);
 }
 
-__device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long *p) {
-    unsigned long long v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-/* Threads 1..n-1 of the calling block wait until every peer's cell in my flags reaches v; 0 if the comm
- * was aborted first. */
+/* Threads 0..n-1 (but r) of the calling block wait until every peer's cell in my flags reaches v;
+ * 0 if the comm was aborted first. */
 __device__ __forceinline__ int wait_flags(const qt_oneshot *a, unsigned long long v) {
     __shared__ int ok;
     int t = threadIdx.x;
