@@ -71,7 +71,9 @@ static int layout(int which) {
 }
 
 static int g_peer_rs; /* QT_COMM_RS_* for make() */
-static int g_oneshot; /* for make(): 0 = default one-shot limit, 1 = one-shot at every size that fits, -1 = never */
+/* for make(): -1 = never one kernel per rank (the tests named after a schedule run it at every size),
+ * 0 = the default one-shot limits, 1 = one kernel at every size that fits */
+static int g_oneshot = -1;
 
 static qt_comm *make(int n, qt_comm_kind kind, int ring, size_t chunk, size_t arena) {
     qt_comm_opts o = {0};
@@ -139,16 +141,16 @@ static void test_random_delays(void) {
     run_kind(QT_COMM_HOST, 0, 1);
 }
 
-/* Every size as one kernel per rank (plain and with random delays: a missing flag wait lets a rank read
- * a peer's input before it is there or overwrite its own while a peer reads it), then no size (the
- * copy-engine schedules on the tiny sizes the default sends to the kernel). */
-static void test_oneshot_forced_and_off(void) {
-    for (g_oneshot = 1; g_oneshot >= -1; g_oneshot -= 2)
-        for (int delay = 0; delay <= (g_oneshot > 0); delay++) {
+/* Every size as one kernel per rank, plain and with random delays (a missing flag wait lets a rank read
+ * a peer's input before it is there or overwrite its own while a peer reads it), then the default
+ * limits (one kernel for the small sizes, the schedules above them). */
+static void test_oneshot_forced_and_default(void) {
+    for (g_oneshot = 1; g_oneshot >= 0; g_oneshot--)
+        for (int delay = 0; delay <= g_oneshot; delay++) {
             run_kind(QT_COMM_PEER, 0, delay);
             run_kind(QT_COMM_HOST, 0, delay);
         }
-    g_oneshot = 0;
+    g_oneshot = -1;
 }
 
 static void test_auto_default_chunks(void) {
@@ -161,25 +163,31 @@ static void test_auto_default_chunks(void) {
     qt_comm_free(c);
 }
 
+/* Both with the copy-engine schedules and with the default one-shot limits. */
 static void test_stress_10000(void) {
     if (!have_gpu()) QT_SKIP("no CUDA device");
-    for (int v = 0; v < 2; v++) {
-        int n = layout(g_ndev >= 2 ? 0 : 1);
-        qt_comm *c = make(n, v ? QT_COMM_HOST : QT_COMM_PEER, 0, 0, 0);
-        ct_stress st;
-        const char *e = ct_stress_run(c, &g_dmem, 10000, 1000, 0, &st);
-        QT_EXPECT(e == NULL, "%s: %s", qt_comm_name(c), e);
-        qt_comm_free(c);
-    }
+    for (g_oneshot = -1; g_oneshot <= 0; g_oneshot++)
+        for (int v = 0; v < 2; v++) {
+            int n = layout(g_ndev >= 2 ? 0 : 1);
+            qt_comm *c = make(n, v ? QT_COMM_HOST : QT_COMM_PEER, 0, 0, 0);
+            ct_stress st;
+            const char *e = ct_stress_run(c, &g_dmem, 10000, 1000, 0, &st);
+            QT_EXPECT(e == NULL, "%s%s: %s", qt_comm_name(c), g_oneshot ? "" : " (one-shot limits)", e);
+            qt_comm_free(c);
+        }
+    g_oneshot = -1;
 }
 
 static void test_abort(void) {
     if (!have_gpu()) QT_SKIP("no CUDA device");
-    int n = layout(g_ndev >= 2 ? 0 : 1);
-    qt_comm *c = make(n, QT_COMM_HOST, 0, 0, 0);
-    char msg[256];
-    QT_EXPECT(ct_abort_run(c, &g_dmem, msg, sizeof msg) == 0, "%s", msg);
-    qt_comm_free(c);
+    for (g_oneshot = -1; g_oneshot <= 0; g_oneshot++) {
+        int n = layout(g_ndev >= 2 ? 0 : 1);
+        qt_comm *c = make(n, QT_COMM_HOST, 0, 0, 0);
+        char msg[256];
+        QT_EXPECT(ct_abort_run(c, &g_dmem, msg, sizeof msg) == 0, "%s", msg);
+        qt_comm_free(c);
+    }
+    g_oneshot = -1;
 }
 
 /* ---- above 4 GiB: memset shards plus random patches, checked at sampled windows ---- */
@@ -455,7 +463,9 @@ static void test_host_ring_late_reader(void) {
     late_case(5, 0);
 }
 static void test_oneshot_late_rank(void) {
+    g_oneshot = 0;
     for (int op = 3; op <= 6; op++) late_case(op, 1);
+    g_oneshot = -1;
 }
 
 /* ---- an injected failure in a child process: all ranks stop, exit status 1, a message ---- */
@@ -482,6 +492,7 @@ static void kid_main(void *p) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) _exit(77);
     g_ndev = n;
+    g_oneshot = 0; /* its 1024-float all-gathers run as one kernel: the abort word must stop the waiting ones */
     int k = layout(n >= 2 ? 0 : 1);
     qt_comm *c = make(k, QT_COMM_HOST, 0, 0, 0);
     kid_arg a[QT_COMM_MAX_RANKS];
@@ -515,7 +526,7 @@ int main(void) {
     QT_RUN(test_host);
     QT_RUN(test_host_wc);
     QT_RUN(test_random_delays);
-    QT_RUN(test_oneshot_forced_and_off);
+    QT_RUN(test_oneshot_forced_and_default);
     QT_RUN(test_oneshot_late_rank);
     QT_RUN(test_auto_default_chunks);
     QT_RUN(test_stress_10000);
