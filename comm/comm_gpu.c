@@ -21,7 +21,7 @@ struct qt_comm_gpu {
     cudaEvent_t pulled[QT_COMM_LANES + 1][2];
     unsigned long long *flags; /* one-shot flag cells (QT_COMM_MAX_RANKS), device memory */
     qt_oneshot_local *local;   /* one-shot kernel words, device memory */
-    int max_blocks;            /* one-shot grid cap: this device's SMs over the ranks on it */
+    int max_blocks;            /* one-shot grid cap: this device's SMs (every block resident at once) */
 };
 
 static cudaStream_t lane_stream(qt_comm *c, int r, int lane, cudaStream_t s) {
@@ -133,10 +133,12 @@ void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
         QT_CUDA(cudaMalloc((void **)&g->local, sizeof(qt_oneshot_local)));
         QT_CUDA(cudaMemset(g->flags, 0, QT_COMM_MAX_RANKS * sizeof(unsigned long long)));
         QT_CUDA(cudaMemset(g->local, 0, sizeof(qt_oneshot_local)));
-        int sms = 0, here = 0;
-        QT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->dev));
-        for (int j = 0; j < c->n; j++) here += c->devices[j] == g->dev;
-        g->max_blocks = sms / here > 1 ? sms / here : 1;
+        QT_CUDA(cudaDeviceGetAttribute(&g->max_blocks, cudaDevAttrMultiProcessorCount, g->dev));
+        /* Ranks that share a device never run one-shot kernels: a kernel spinning for a peer on the same
+         * GPU blocks that peer's work queued behind it wherever their streams share a hardware queue (3
+         * ranks on one H100 with CUDA_DEVICE_MAX_CONNECTIONS=1 hung; test_one_hardware_queue). */
+        for (int j = 0; j < c->n; j++)
+            if (j != r && c->devices[j] == g->dev) c->oneshot_on = 0;
         QT_CUDA(cudaDeviceSynchronize()); /* the memsets ran on the legacy stream; our streams do not wait for it */
     }
     if (c->kind == QT_COMM_PEER) enable_peers(c);

@@ -63,7 +63,8 @@ struct qt_comm {
     int rs_load;    /* peer reduce-scatter through peer-pointer loads (QT_COMM_RS_LOAD resolved) */
     int chunk_auto; /* host kinds without opts->chunk_bytes: chunk sized per collective, chunk_bytes = max */
     int chunk_given; /* opts->chunk_bytes was set (the peer broadcast chain sizes its chunks otherwise) */
-    int oneshot_on;     /* GPU comms: collectives up to oneshot_max bytes run as one kernel per rank */
+    int oneshot_on;     /* GPU comms, one rank per device: collectives up to oneshot_max bytes run as one
+                           kernel per rank */
     size_t oneshot_max;
     qt_comm_kind kind;
     int devices[QT_COMM_MAX_RANKS];

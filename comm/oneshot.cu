@@ -3,8 +3,7 @@
  * Flags are posted with st.release.sys after every block's writes were fenced at system scope, and read
  * with ld.acquire.sys, so a rank that sees a peer's flag also sees what the peer published (in its arena
  * region, through host memory) or stored (into this rank's output, over NVLink). The grid is capped so all
- * blocks are resident at once: a block spins on flags that other blocks of this kernel (or the kernel of
- * a rank on the same device) must still post. */
+ * blocks are resident at once: a block spins on flags that other blocks of this kernel must still post. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 

@@ -46,7 +46,7 @@ typedef struct {
     unsigned long long *flags[QT_COMM_MAX_RANKS]; /* rank j's cells, indexed by the posting rank */
     const int *abort;         /* pinned host word, nonzero once the comm is aborted */
     qt_oneshot_local *local;  /* mine */
-    int max_blocks;           /* grid cap (ranks sharing a device must fit on it together) */
+    int max_blocks;           /* grid cap: the device's SMs (blocks spin on each other: all must be resident) */
     const void *pub_src;      /* step 1 (host kinds): pub_bytes from pub_src to pub_dst */
     void *pub_dst;
     size_t pub_bytes;

@@ -5,8 +5,9 @@
  * order with the same counts (checked: a mismatch fails with a message naming both calls). Work is
  * enqueued on the caller's stream and returns at once: ranks rendezvous on the host only to exchange
  * pointers and events (never to wait for GPU work), so a thread runs at most one collective ahead.
- * Small collectives on GPU comms (opts.oneshot_max) run as one kernel per rank whose ranks meet through
- * flags in memory; a rank must issue those in order on one stream (or order the streams it uses).
+ * Small collectives on GPU comms with one rank per device (opts.oneshot_max) run as one kernel per rank
+ * whose ranks meet through flags in memory; a rank must issue those in order on one stream (or order the
+ * streams it uses).
  *
  * Shards are uneven when N does not divide count: rank r owns [off, off+len) from qt_comm_shard
  * (the first count%N ranks get one element more). Sizes are 64-bit. In-place use is allowed where
@@ -78,9 +79,10 @@ typedef struct {
     size_t oneshot_max;       /* GPU comms: collectives of up to this many bytes (the whole tensor), barriers
                                  and scalar all-reduces run as one kernel per rank that meets its peers
                                  through flags (comm/oneshot.h); needs peer access between all devices for
-                                 the peer kind, an arena of N x the bytes for host kinds. 0 = 16 MiB (peer),
-                                 1 MiB (host kinds). Each rank must then issue its collectives in order
-                                 on one stream. */
+                                 the peer kind, an arena of N x the bytes for host kinds, and one rank per
+                                 device (ranks sharing a GPU always use the copy-engine schedules). 0 = 16
+                                 MiB (peer), 1 MiB (host kinds). Each rank must then issue its collectives
+                                 in order on one stream. */
     const qt_comm_probe_result *probe; /* AUTO decides from this; NULL = run the probe */
     FILE *probe_log;          /* where qt_comm_create prints the probe it runs (NULL = silent) */
 } qt_comm_opts;

@@ -1,8 +1,8 @@
 /* test_comm_gpu.c — comm on GPUs: every op and kind with as many ranks as devices, with 3 ranks on one
- * device and with 1 rank; odd sizes, chunk and ring-slot edges, random delays, 10,000 back-to-back
- * collectives, abort, an injected failure (child process), all-reduce on both sides of the fused
- * kernel's limit, the broadcast chain behind a late root, the host rings behind a late reader,
- * and collectives above 4 GiB.
+ * device, with 1 rank and with 8 (round-robin over the devices); odd sizes, chunk and ring-slot edges,
+ * random delays, 10,000 back-to-back collectives, abort, an injected failure and one hardware queue per
+ * device (child processes), all-reduce on both sides of the fused kernel's limit, the broadcast chain
+ * behind a late root, the host rings behind a late reader, and collectives above 4 GiB.
  * Skips cleanly without a CUDA device. */
 #include <cuda_runtime.h>
 
@@ -143,7 +143,8 @@ static void test_random_delays(void) {
 
 /* Every size as one kernel per rank, plain and with random delays (a missing flag wait lets a rank read
  * a peer's input before it is there or overwrite its own while a peer reads it), then the default
- * limits (one kernel for the small sizes, the schedules above them). */
+ * limits (one kernel for the small sizes, the schedules above them). One rank per GPU only: ranks that
+ * share a GPU never run the kernel (test_one_hardware_queue). */
 static void test_oneshot_forced_and_default(void) {
     for (g_oneshot = 1; g_oneshot >= 0; g_oneshot--)
         for (int delay = 0; delay <= g_oneshot; delay++) {
@@ -161,6 +162,34 @@ static void test_auto_default_chunks(void) {
     const char *e = ct_script(c, &g_dmem, 3000017, 0, 99, &j);
     QT_EXPECT(e == NULL, "auto -> %s: %s", qt_comm_name(c), e);
     qt_comm_free(c);
+}
+
+/* The most ranks a comm takes, round-robin over the GPUs (two per GPU on four, all on one): each kind with
+ * the copy-engine schedules and at the default one-shot limits, sizes across chunk edges and the chain's
+ * limit, then 2,000 back-to-back collectives. */
+static void test_eight_ranks(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    int n = QT_COMM_MAX_RANKS;
+    static const size_t sizes[] = {1, 13, 16385, 100003, 1500007};
+    ct_job j;
+    for (int v = 0; v < 6; v++) {
+        for (int r = 0; r < n; r++) g_dev[r] = r % g_ndev;
+        g_oneshot = v < 3 ? -1 : 0;
+        g_peer_rs = v % 3 == 1 ? QT_COMM_RS_LOAD : QT_COMM_RS_COPY;
+        qt_comm *c = make(n, v % 3 == 2 ? QT_COMM_HOST : QT_COMM_PEER, 0, 64 << 10, 0);
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            const char *e = ct_script(c, &g_dmem, sizes[si], si == 2, 71 + si, &j);
+            QT_EXPECT(e == NULL, "%s, %d ranks on %d GPU(s)%s: %s", qt_comm_name(c), n, g_ndev,
+                      g_oneshot ? "" : " (one-shot limits)", e);
+            if (e) break;
+        }
+        ct_stress st;
+        const char *e = ct_stress_run(c, &g_dmem, 2000, 1000, 0, &st);
+        QT_EXPECT(e == NULL, "%s, %d ranks, stress: %s", qt_comm_name(c), n, e);
+        qt_comm_free(c);
+    }
+    g_oneshot = -1;
+    g_peer_rs = QT_COMM_RS_AUTO;
 }
 
 /* Both with the copy-engine schedules and with the default one-shot limits. */
@@ -398,8 +427,8 @@ static void test_all_reduce_fused_and_split(void) {
 /* Rank q's reduce-scatter input: small integers, exact in bf16, that differ between chunks. */
 static uint16_t late_rs_val(size_t i, int q) { return qt_f32_to_bf16((float)((i * 31 + (size_t)q * 7) % 251) - 125.0f); }
 
-/* small: 65539 bf16 (128 KiB), one kernel per rank on both kinds, where the early ranks' kernels must
- * wait on the late rank's flags. */
+/* small: 65539 bf16 (128 KiB), one kernel per rank on both kinds (one rank per GPU; the copy-engine
+ * schedules where ranks share one), where the early ranks' kernels must wait on the late rank's flags. */
 static void late_case(int op, int small) {
     if (!have_gpu()) QT_SKIP("no CUDA device");
     size_t count = small ? 65539 : ((size_t)3 << 20) + 1; /* 6 MiB of bf16: above the direct-pull limit */
@@ -492,7 +521,7 @@ static void kid_main(void *p) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) _exit(77);
     g_ndev = n;
-    g_oneshot = 0; /* its 1024-float all-gathers run as one kernel: the abort word must stop the waiting ones */
+    g_oneshot = 0; /* on 2+ GPUs its 1024-float all-gathers run as one kernel: the abort word must stop them */
     int k = layout(n >= 2 ? 0 : 1);
     qt_comm *c = make(k, QT_COMM_HOST, 0, 0, 0);
     kid_arg a[QT_COMM_MAX_RANKS];
@@ -509,6 +538,47 @@ static void kid_main(void *p) {
 static int g_fork_status;
 static char g_fork_out[4096];
 
+/* A child with CUDA_DEVICE_MAX_CONNECTIONS=1: every stream of a device feeds one hardware queue, so a GPU
+ * wait (a cross-rank event wait, a kernel spinning on a flag) that precedes, in that queue, the work it
+ * waits for never ends. Three ranks on GPU 0 (where one-shot kernels once hung), then one rank per GPU,
+ * each kind, with and without one-shot kernels; exits 0 when every script passed. */
+static void kid_one_queue(void *p) {
+    (void)p;
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+    int nd = 0;
+    if (cudaGetDeviceCount(&nd) != cudaSuccess || nd == 0) _exit(77);
+    g_ndev = nd;
+    static const size_t sizes[] = {13, 16385, 1000003, 1500007};
+    ct_job j;
+    for (int lay = 1; lay >= 0; lay--) {
+        int n = layout(lay);
+        for (int v = 0; v < 6 && n; v++) {
+            g_oneshot = v < 3 ? -1 : 0;
+            g_peer_rs = v % 3 == 1 ? QT_COMM_RS_LOAD : QT_COMM_RS_COPY;
+            qt_comm *c = make(n, v % 3 == 2 ? QT_COMM_HOST : QT_COMM_PEER, 0, 64 << 10, 1 << 20);
+            for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+                fprintf(stderr, "%d ranks (layout %d), %s%s, %zu elements\n", n, lay, qt_comm_name(c),
+                        g_oneshot ? "" : " (one-shot limits)", sizes[si]);
+                const char *e = ct_script(c, &g_dmem, sizes[si], 0, 5 + si, &j);
+                if (e) {
+                    fprintf(stderr, "%s\n", e);
+                    _exit(1);
+                }
+            }
+            qt_comm_free(c);
+        }
+    }
+    _exit(0);
+}
+static int g_queue_status;
+static char g_queue_out[4096];
+
+static void test_one_hardware_queue(void) {
+    if (g_queue_status == 77) QT_SKIP("no CUDA device");
+    QT_EXPECT(g_queue_status == 0, "child exit status %d (-2 = hung 60 s), expected 0; its log: %.2000s", g_queue_status,
+              g_queue_out);
+}
+
 static void test_injected_failure_stops_all(void) {
     if (g_fork_status == 77) QT_SKIP("no CUDA device");
     QT_EXPECT(g_fork_status == 1, "child exit status %d (-2 = hung), expected 1; stderr: %.600s", g_fork_status, g_fork_out);
@@ -518,6 +588,7 @@ static void test_injected_failure_stops_all(void) {
 int main(void) {
     /* Fork before this process touches CUDA: a child of a CUDA process cannot use CUDA. */
     g_fork_status = ct_fork(kid_main, NULL, 60, g_fork_out, sizeof g_fork_out);
+    g_queue_status = ct_fork(kid_one_queue, NULL, 60, g_queue_out, sizeof g_queue_out);
     QT_RUN(test_injected_failure_stops_all);
     QT_RUN(test_peer_direct);
     QT_RUN(test_peer_ring);
@@ -529,6 +600,8 @@ int main(void) {
     QT_RUN(test_oneshot_forced_and_default);
     QT_RUN(test_oneshot_late_rank);
     QT_RUN(test_auto_default_chunks);
+    QT_RUN(test_one_hardware_queue);
+    QT_RUN(test_eight_ranks);
     QT_RUN(test_stress_10000);
     QT_RUN(test_abort);
     QT_RUN(test_all_reduce_fused_and_split);
