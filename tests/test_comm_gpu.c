@@ -164,6 +164,14 @@ static void test_auto_default_chunks(void) {
     qt_comm_free(c);
 }
 
+/* Variant v in 0..5: peer, peer_load and host with the copy-engine schedules (v < 3), then the same at the
+ * default one-shot limits (sets g_oneshot and g_peer_rs; the caller resets them). */
+static qt_comm *make_variant(int v, int n, size_t arena) {
+    g_oneshot = v < 3 ? -1 : 0;
+    g_peer_rs = v % 3 == 1 ? QT_COMM_RS_LOAD : QT_COMM_RS_COPY;
+    return make(n, v % 3 == 2 ? QT_COMM_HOST : QT_COMM_PEER, 0, 64 << 10, arena);
+}
+
 /* The most ranks a comm takes, round-robin over the GPUs (two per GPU on four, all on one): each kind with
  * the copy-engine schedules and at the default one-shot limits, sizes across chunk edges and the chain's
  * limit, then 2,000 back-to-back collectives. */
@@ -174,9 +182,7 @@ static void test_eight_ranks(void) {
     ct_job j;
     for (int v = 0; v < 6; v++) {
         for (int r = 0; r < n; r++) g_dev[r] = r % g_ndev;
-        g_oneshot = v < 3 ? -1 : 0;
-        g_peer_rs = v % 3 == 1 ? QT_COMM_RS_LOAD : QT_COMM_RS_COPY;
-        qt_comm *c = make(n, v % 3 == 2 ? QT_COMM_HOST : QT_COMM_PEER, 0, 64 << 10, 0);
+        qt_comm *c = make_variant(v, n, 0);
         for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
             const char *e = ct_script(c, &g_dmem, sizes[si], si == 2, 71 + si, &j);
             QT_EXPECT(e == NULL, "%s, %d ranks on %d GPU(s)%s: %s", qt_comm_name(c), n, g_ndev,
@@ -553,9 +559,7 @@ static void kid_one_queue(void *p) {
     for (int lay = 1; lay >= 0; lay--) {
         int n = layout(lay);
         for (int v = 0; v < 6 && n; v++) {
-            g_oneshot = v < 3 ? -1 : 0;
-            g_peer_rs = v % 3 == 1 ? QT_COMM_RS_LOAD : QT_COMM_RS_COPY;
-            qt_comm *c = make(n, v % 3 == 2 ? QT_COMM_HOST : QT_COMM_PEER, 0, 64 << 10, 1 << 20);
+            qt_comm *c = make_variant(v, n, 1 << 20);
             for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
                 fprintf(stderr, "%d ranks (layout %d), %s%s, %zu elements\n", n, lay, qt_comm_name(c),
                         g_oneshot ? "" : " (one-shot limits)", sizes[si]);
