@@ -14,9 +14,10 @@
  * elements at flat indices that are multiples of 4 (float4 loads/stores of the fp32 arrays, 8-byte
  * ones of the bf16 arrays), with the chunk's unaligned head and tail done element by element; the
  * arithmetic per element is the same function either way.
- * Sharded state (ZeRO-1): master, m and v may hold only the flat elements from `base` on (a rank's
- * shard; the plan then covers only that range), indexed i - base; w_bf16 and g stay whole arrays and
- * the stochastic-rounding hash keeps the flat index, so a shard updates exactly as the whole would. */
+ * Sharded state (ZeRO-1): master, m and v may hold only a rank's pieces of the array (the plan then
+ * covers only those), each table entry saying where its elements sit (index i - shift); w_bf16 and g
+ * stay whole arrays and the stochastic-rounding hash keeps the flat index, so a shard updates exactly
+ * as the whole would. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -28,6 +29,7 @@
 
 typedef struct {
     unsigned long long offset, numel, block0;
+    unsigned long long shift; /* flat index - state index of this entry's elements */
     float wd;
 } adam_entry;
 
@@ -35,6 +37,7 @@ struct qt_adamw_plan {
     adam_entry *table; /* device */
     int n;
     unsigned long long blocks;
+    int shift4;        /* every shift is a multiple of 4 (the vector path keeps its alignment) */
 };
 
 typedef struct {
@@ -42,7 +45,6 @@ typedef struct {
     long t;
     unsigned long long seed;
     int sr, m_bf16, v_bf16;
-    unsigned long long base; /* flat index of master[0], m[0], v[0] */
 } adam_params;
 
 static __device__ __forceinline__ unsigned int adam_hash(unsigned long long seed, long t,
@@ -109,10 +111,9 @@ static __device__ __forceinline__ void st_mv(void *p, int is_bf16, unsigned long
 }
 
 /* One scalar element (chunk head/tail, or every element when the arrays are not aligned). */
-static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, bf16 *wb, float *master,
-                                                        const float *g, void *m, void *v, float gs, float wd,
-                                                        const adam_params *p) {
-    unsigned long long j = i - p->base;
+static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, unsigned long long j, bf16 *wb,
+                                                        float *master, const float *g, void *m, void *v, float gs,
+                                                        float wd, const adam_params *p) {
     float mi = ld_mv(m, p->m_bf16, j), vi = ld_mv(v, p->v_bf16, j);
     float w = master ? master[j] : __bfloat162float(wb[i]);
     adam_elem(g[i], &mi, &vi, &w, gs, wd, p);
@@ -151,7 +152,7 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
         if (h > a1) h = a1;
         t = h + ((a1 - h) & ~3ull);
         for (unsigned long long q = h / 4 + threadIdx.x; q < t / 4; q += ADAM_THREADS) {
-            unsigned long long i = q * 4, j = i - p.base;
+            unsigned long long i = q * 4, j = i - e.shift;
             float4 g4 = *(const float4 *)(g + i);
             float gr[4] = {g4.x, g4.y, g4.z, g4.w}, mi[4], vi[4], w[4];
             ld4(mi, m, p.m_bf16, j);
@@ -180,9 +181,9 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
         }
     }
     for (unsigned long long i = a0 + threadIdx.x; i < h; i += ADAM_THREADS)
-        amax = max(amax, adam_one(i, wb, master, g, m, v, gs, wd, &p));
+        amax = max(amax, adam_one(i, i - e.shift, wb, master, g, m, v, gs, wd, &p));
     for (unsigned long long i = t + threadIdx.x; i < a1; i += ADAM_THREADS)
-        amax = max(amax, adam_one(i, wb, master, g, m, v, gs, wd, &p));
+        amax = max(amax, adam_one(i, i - e.shift, wb, master, g, m, v, gs, wd, &p));
     if (absmax) {
         unsigned int u = amax;
         for (int o = 16; o > 0; o >>= 1) u = max(u, __shfl_xor_sync(0xffffffffu, u, o));
@@ -201,7 +202,12 @@ extern "C" qt_adamw_plan *qt_adamw_plan_create(const qt_adamw_tensor *t, int n_t
     qt_adamw_plan *p = (qt_adamw_plan *)calloc(1, sizeof *p);
     QT_CHECK(h && p, "out of host memory");
     unsigned long long blocks = 0;
+    p->shift4 = 1;
     for (int k = 0; k < n_tensors; k++) {
+        QT_CHECK(t[k].state <= t[k].offset, "adamw plan: tensor %d at %zu has its state at %zu (expected <= offset)", k,
+                 t[k].offset, t[k].state);
+        h[k].shift = t[k].offset - t[k].state;
+        p->shift4 &= h[k].shift % 4 == 0;
         h[k].offset = t[k].offset;
         h[k].numel = t[k].numel;
         h[k].wd = t[k].wd;
@@ -245,13 +251,12 @@ extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *maste
     q.sr = a->stochastic && w_bf16;
     q.m_bf16 = m_dt == QT_DT_BF16;
     q.v_bf16 = v_dt == QT_DT_BF16;
-    q.base = a->state_base;
     if (absmax) QT_CUDA(cudaMemsetAsync(absmax, 0, sizeof(float) * (size_t)p->n, s));
     if (p->blocks == 0) return;
     /* groups of 4 when every array's base is aligned for its 4-element load (16 B fp32, 8 B bf16) */
     int vec = qt_aligned16(g) && qt_aligned16(master) && ((uintptr_t)w_bf16 & 7) == 0 &&
               ((uintptr_t)m & (q.m_bf16 ? 7 : 15)) == 0 && ((uintptr_t)v & (q.v_bf16 ? 7 : 15)) == 0 &&
-              q.base % 4 == 0;
+              p->shift4;
     adamw_fwd_kernel<<<(unsigned)p->blocks, ADAM_THREADS, 0, s>>>(p->table, p->n, (bf16 *)w_bf16, master, g, m,
                                                                   v, grad_scale, absmax, q, vec);
     QT_CUDA(cudaGetLastError());

@@ -17,6 +17,7 @@
 #include "qt_kernels.h"
 #include "qt_matmul.h"
 #include "qt_model.h"
+#include "qt_partition.h"
 
 /* One layer's saved activations (bf16 unless noted), N = B*T tokens. */
 typedef struct {
@@ -33,13 +34,6 @@ typedef struct {
     void *h;        /* [N,F] SwiGLU output */
 } qt_gpu_layer;
 
-/* A rank's slice of the flat parameter array for the optimizer state (ZeRO-1): elements [off, off +
- * len) of an array padded to total = n_ranks x len, len a multiple of 64 (aligned vector loads). */
-#define QT_SHARD_MAX_RANKS 8
-typedef struct qt_shard_s {
-    size_t off, len, total;
-    int rank, n_ranks;
-} qt_shard;
 
 typedef struct {
     const qt_layout *L; /* borrowed */
@@ -51,14 +45,18 @@ typedef struct {
     qt_attention_ctx *attn;
     char *arena;        /* the one allocation (owned) */
     size_t arena_bytes;
-    /* parameters: w and grad [shard.total] (L->numel, padded for the ranks' equal shards); master, m, v
-     * [shard.len], the flat elements [shard.off, shard.off + shard.len) (all of them on one GPU) */
+    /* parameters: w and grad [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v
+     * [shard.len], this rank's pieces of the buckets back to back (all of the array on one GPU) */
     void *w;            /* bf16 */
     float *master, *grad;
     void *m, *v;
     qt_dtype m_dt, v_dt;
     qt_shard shard;
-    double *sumsq;      /* [QT_SHARD_MAX_RANKS] the ranks' gradient sums of squares (sharded norm) */
+    double *sumsq;      /* [ranks][buckets] the gradient sums of squares of every rank's pieces (sharded norm) */
+    /* Called (when set) while the backward is enqueued, each time every gradient at flat index >= from
+     * is final on g->stream: after the final norm, after each layer, and with 0 at the end. */
+    void (*grads_ready)(void *ctx, size_t from);
+    void *grads_ctx;
     /* activations */
     qt_gpu_layer *layers; /* host array of L->cfg.num_layers (owned) */
     void *res_final;    /* [N,C] down output of the last layer, then the final residual */
@@ -91,7 +89,7 @@ typedef struct {
 } qt_gpu_model;
 
 /* Plans and allocates everything on the current device for micro-batches of B x T, uploads w0 (fp32
- * [L->numel]) to the bf16 weights and this shard's master copy (sh NULL: one GPU, no sharding). NULL
+ * [L->numel]) to the bf16 weights and this shard's master copy (sh NULL: one GPU, one bucket). NULL
  * with err when it does not fit (names the plan). */
 qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0,
                                   const qt_shard *sh, char *err, size_t errlen);

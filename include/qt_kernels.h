@@ -108,11 +108,14 @@ qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *los
 void qt_sum_f32(double *sum, const float *x, long n, cudaStream_t s);
 
 /* ---- AdamW over the flat parameter array (adamw.cu) ---- */
-/* One tensor of the flat array: elements [offset, offset+numel) take weight decay wd. Elements that
- * no entry covers (alignment padding) are left untouched. */
+/* One tensor of the flat array: elements [offset, offset+numel) take weight decay wd; their master
+ * weights and moments sit at master/m/v[state ..] (state = offset for whole arrays; a ZeRO-1 rank keeps
+ * only its pieces, back to back). offset - state must be a multiple of 4 for the vector path. Elements
+ * that no entry covers (alignment padding) are left untouched. */
 typedef struct {
     size_t offset, numel;
     float wd;
+    size_t state;
 } qt_adamw_tensor;
 typedef struct qt_adamw_plan qt_adamw_plan;
 /* Uploads the tensor table to the current device. Caller frees with qt_adamw_plan_free. */
@@ -124,7 +127,6 @@ typedef struct {
     long t;            /* 1-based step, for the bias corrections */
     uint64_t seed;     /* stochastic rounding: hash of (seed, t, index) */
     int stochastic;    /* 1: bf16 weights rounded stochastically; 0: RNE */
-    size_t state_base; /* master, m, v hold flat elements from here on (a ZeRO-1 shard; 0 = whole) */
 } qt_adamw_args;
 /* One AdamW step, the arithmetic of qt_adamw_cpu (same fp32 operations in the same order):
  *   g' = g * (*grad_scale) (grad_scale: device pointer, NULL = 1); m, v updated (fp32 or bf16, m_dt /

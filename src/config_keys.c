@@ -138,6 +138,8 @@ static const qt_config_key keys[] = {
       "each GPU keeps the fp32 master weights and AdamW moments of 1/N of the parameters (ZeRO-1): gradients are reduce-scattered, AdamW updates the shard, the bf16 weights are all-gathered"),
     E("parallel.reduce_dtype", reduce_dtype, f32_bf16_names, "fp32", "multi-GPU", 0,
       "dtype the gradients cross between GPUs in: bf16 halves the bytes (each GPU's sum is rounded to bf16 once, the sum over GPUs is still taken in fp32)"),
+    B("parallel.overlap_comm", overlap_comm, "true", "multi-GPU", 0,
+      "in the last micro-batch of a step, sum each layer's gradients over the GPUs while the backward goes on to the layers below (one bucket per layer); false: one sum after the backward"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

@@ -7,9 +7,11 @@
  * gradients over the comm (fp32, ascending rank order: every rank gets the same bits) before the norm
  * and AdamW, so the ranks' weights stay bitwise identical (opt_step checks the norms). With
  * parallel.shard_optimizer (ZeRO-1, the default) each rank holds the master weights and moments of
- * 1/N of the parameters: gradients are reduce-scattered, each rank updates its slice, the bf16
- * weights are all-gathered; checkpoints and get_weights assemble the slices. Otherwise every rank
- * keeps all of it (all-reduce) and get_weights checks the replicas agree. A failure in any rank
+ * 1/N of the parameters (its piece of every bucket, qt_partition.h): gradients are reduce-scattered,
+ * each rank updates its pieces, the bf16 weights are all-gathered; checkpoints and get_weights
+ * assemble the pieces. Otherwise every rank keeps all of it (all-reduce) and get_weights checks the
+ * replicas agree. With parallel.overlap_comm the buckets are one per layer and each is summed while
+ * the backward of the layers below runs (engine_gpu.c). A failure in any rank
  * thread ends in qt_fail, which aborts the comm (waking ranks blocked in a collective) and exits with
  * the rank's message. */
 #include <pthread.h>
@@ -36,7 +38,7 @@ typedef struct {
 struct dp_engine {
     qt_engine base;
     qt_engine_ops ops;
-    char name[160];
+    char name[256];
     int n;
     int dev[QT_COMM_MAX_RANKS];
     qt_engine *rk[QT_COMM_MAX_RANKS]; /* owned; made and freed by their rank's thread */
@@ -105,8 +107,7 @@ static void *rank_loop(void *p) {
 /* ---- jobs (run in rank r's thread, its device current) ---- */
 
 static void job_create(dp_engine *d, int r) {
-    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], d->sharded ? &d->shard[r] : NULL,
-                                    d->err[r], sizeof d->err[r]);
+    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], &d->shard[r], d->err[r], sizeof d->err[r]);
     if (d->rk[r]) qt_engine_gpu_attach(d->rk[r], d->comm, r);
 }
 static void job_micro(dp_engine *d, int r) {
@@ -217,7 +218,7 @@ static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     run(d, job_logits, 0);
 }
 
-/* Rank 0's blobs; sharded, the slices of weights, adam_m and adam_v from every rank put together. */
+/* Rank 0's blobs; sharded, the pieces of weights, adam_m and adam_v from every rank put together. */
 static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     dp_engine *d = (dp_engine *)b;
     d->items = items;
@@ -234,8 +235,14 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     for (int r = 0; r < d->n; r++) {
         d->items = mine;
         run(d, job_items, r);
+        const qt_shard *sh = &d->shard[r];
         for (int k = 0; k < 4; k++)
-            if (k != 1) memcpy((char *)d->state[k] + d->shard[r].off * es[k], mine[k].data, mine[k].bytes);
+            for (int i = 0; k != 1 && i < sh->n_buckets; i++) {
+                size_t off, len, st;
+                qt_shard_piece(sh, i, &off, &len, &st);
+                memcpy((char *)d->state[k] + off * es[k], (const char *)mine[k].data + st * es[k],
+                       qt_shard_params(off, len, b->L->numel) * es[k]);
+            }
         if (r == 0) items[1] = mine[1];
     }
     for (int k = 0; k < 4; k++)
@@ -320,17 +327,17 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     d->base = (qt_engine){&d->ops, L, cfg, n};
     d->n = n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
-    /* ZeRO-1 slices: equal lengths, multiples of 64 elements, the array padded to n of them */
     d->sharded = cfg->shard_optimizer && n > 1;
-    size_t len = (L->numel + (size_t)n - 1) / (size_t)n;
-    len = (len + 63) / 64 * 64;
-    for (int r = 0; r < n; r++) d->shard[r] = (qt_shard){(size_t)r * len, len, len * (size_t)n, r, n};
+    for (int r = 0; r < n; r++)
+        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, cfg->overlap_comm && n > 1);
     const char *fail = getenv("QT_DP_FAIL");
     if (!fail || sscanf(fail, "%d:%ld", &d->fail_rank, &d->fail_step) != 2) d->fail_rank = -1;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->go, NULL);
     pthread_cond_init(&d->done, NULL);
-    qt_comm_opts opts = {.probe_log = stdout}; /* auto: the link probe decides, printed once */
+    /* auto: the link probe decides, printed once. Sums that overlap the backward pull with copy engines
+     * and reduce locally: reductions that load from peers take SMs from the backward (slower there). */
+    qt_comm_opts opts = {.probe_log = stdout, .peer_rs = cfg->overlap_comm && n > 1 ? QT_COMM_RS_COPY : QT_COMM_RS_AUTO};
     d->comm = qt_comm_create(n, devices, cfg->comm, 0, &opts);
     qt_comm_kind kind = qt_comm_kind_of(d->comm);
     if ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && cfg->reduce_dtype == QT_DT_F32)
@@ -351,9 +358,10 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
         }
     char devs[64] = "";
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
-    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s%s)", d->rk[0]->ops->name, n, devs,
+    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs,
              qt_comm_name(d->comm), d->sharded ? ", optimizer state sharded" : "",
-             cfg->reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "");
+             cfg->reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "",
+             cfg->overlap_comm && n > 1 ? ", sums overlapped with the backward" : "");
     d->ops.name = d->name;
     return &d->base;
 }

@@ -1,6 +1,9 @@
 /* engine_gpu.c — one GPU's engine: token upload, micro-steps (optionally replayed from a CUDA graph),
  * the optimizer step with the one host read per step, and checkpoint state. As a rank of the
- * data-parallel engine (engine_dp.c) it sums the gradients over the ranks before the optimizer. */
+ * data-parallel engine (engine_dp.c) it sums the gradients over the ranks before the optimizer, bucket
+ * by bucket (qt_partition.h): with parallel.overlap_comm the last micro-step of a step hands each bucket
+ * to a comm stream as soon as the backward has finished it (its CUDA graph is cut into segments there,
+ * the sums enqueued between their launches). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +12,16 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
+
+/* A micro-step replayed as CUDA graph segments: after segment k, every gradient from flat index
+ * seg[k].from up is final (NO_CUT: nothing to hand over), so the bucket sums are enqueued between the
+ * launches. An ordinary micro-step is one segment. */
+#define NO_CUT SIZE_MAX
+typedef struct {
+    struct { cudaGraphExec_t exec; size_t from; } *seg; /* owned, cap entries */
+    int n, cap;
+    float scale;            /* the loss scale captured in the graphs */
+} graph_set;
 
 typedef struct {
     qt_engine base;
@@ -19,11 +32,14 @@ typedef struct {
     long valid_total;       /* targets >= 0 since the last opt_step */
     struct { double loss; float norm; int nonfinite; } *out; /* pinned: the one read per optimizer step */
     void *host_state[4];    /* state_items' host copies (owned) */
-    cudaGraphExec_t graph;
-    float graph_scale;
+    graph_set graphs[2];    /* a micro-step; the last one of a step, cut where its buckets are final */
     int micro_done;
     qt_comm *comm;          /* data-parallel rank: gradients are summed over comm before the norm */
     int rank;
+    cudaStream_t comm_stream; /* the buckets summed while the backward runs (owned, with comm_ev) */
+    cudaEvent_t comm_ev;
+    int sent;               /* lowest bucket handed to comm_stream this step (n_buckets: none) */
+    int micro_in_step;      /* micro-steps since the last opt_step */
     double last_loss_sum;   /* the last opt_step's loss sum and target count, for the ranks' mean */
     long last_valid;
 } gpu_engine;
@@ -48,71 +64,146 @@ static long upload(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
     return valid;
 }
 
-static void run_step(gpu_engine *e, float scale) {
+/* Sums bucket b over the ranks on stream s: all of it (replicated optimizer state) or this rank's piece
+ * (sharded). With parallel.reduce_dtype bf16 the sum travels in the bf16 weight buffer: nothing reads a
+ * finished bucket's weights before AdamW, which rewrites every parameter of the rank's pieces (the
+ * all-gather the rest), and its gaps and tail stay zero because the gradient's are. */
+static void reduce_bucket(gpu_engine *e, int b, cudaStream_t s) {
+    qt_gpu_model *g = e->g;
+    const qt_shard *sh = &g->shard;
+    int half = e->base.cfg->reduce_dtype == QT_DT_BF16;
+    qt_dtype dt = half ? QT_DT_BF16 : QT_DT_F32;
+    size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
+    char *buf = half ? (char *)g->w : (char *)g->grad;
+    if (half) qt_cast_f32_to_bf16((uint16_t *)g->w + lo, g->grad + lo, count, s);
+    if (sh->n_ranks == 1) {
+        QT_CHECK(qt_comm_all_reduce(e->comm, e->rank, buf + lo * es, buf + lo * es, count, dt, s) == 0,
+                 "rank %d: gradient all-reduce aborted (another rank failed)", e->rank);
+    } else {
+        qt_shard_piece(sh, b, &off, &len, &st);
+        QT_CHECK(qt_comm_reduce_scatter(e->comm, e->rank, buf + off * es, buf + lo * es, count, dt, s) == 0,
+                 "rank %d: gradient reduce-scatter aborted (another rank failed)", e->rank);
+    }
+    if (half) qt_cast_bf16_to_f32(g->grad + off, (uint16_t *)g->w + off, len, s);
+}
+
+/* The model's grads_ready hook: every gradient from flat index `from` up is final on the model's
+ * stream, so the buckets that became final go to the comm stream (in descending order, the same on
+ * every rank). */
+static void grads_ready(void *ctx, size_t from) {
+    gpu_engine *e = ctx;
+    int b = qt_shard_final_from(&e->g->shard, from);
+    if (b >= e->sent) return;
+    QT_CUDA(cudaEventRecord(e->comm_ev, e->g->stream));
+    QT_CUDA(cudaStreamWaitEvent(e->comm_stream, e->comm_ev, 0));
+    while (e->sent > b) reduce_bucket(e, --e->sent, e->comm_stream);
+}
+
+/* Adds a captured graph as the next segment; an empty one only moves the previous segment's cut down. */
+static void add_segment(graph_set *gs, cudaGraph_t graph, size_t from) {
+    size_t nodes = 0;
+    QT_CUDA(cudaGraphGetNodes(graph, NULL, &nodes));
+    if (nodes) {
+        QT_CHECK(gs->n < gs->cap, "a micro-step cut into more than %d graph segments", gs->cap);
+        QT_CUDA(cudaGraphInstantiate(&gs->seg[gs->n].exec, graph, 0));
+        gs->seg[gs->n++].from = from;
+    } else if (from != NO_CUT && gs->n) {
+        gs->seg[gs->n - 1].from = from;
+    }
+    QT_CUDA(cudaGraphDestroy(graph));
+}
+
+/* The grads_ready hook while capturing the last micro-step: ends the segment there. */
+static void cut_capture(void *ctx, size_t from) {
+    gpu_engine *e = ctx;
+    cudaGraph_t graph;
+    QT_CUDA(cudaStreamEndCapture(e->g->stream, &graph));
+    add_segment(&e->graphs[1], graph, from);
+    QT_CUDA(cudaStreamBeginCapture(e->g->stream, cudaStreamCaptureModeThreadLocal));
+}
+
+/* One micro-step's forward + backward. last: the last of a step with parallel.overlap_comm, whose
+ * finished buckets go to the comm stream while the backward goes on. */
+static void run_step(gpu_engine *e, float scale, int last) {
     qt_gpu_model *g = e->g;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
-     * cannot happen under capture. A new loss scale means a new graph. */
+     * cannot happen under capture. A new loss scale means new graphs. */
     if (!e->base.cfg->cuda_graphs || e->micro_done == 0 || g->prof) {
+        g->grads_ready = last ? grads_ready : NULL;
+        g->grads_ctx = e;
         qt_gpu_model_step(g, scale, 1);
+        g->grads_ready = NULL;
         return;
     }
-    if (!e->graph || e->graph_scale != scale) {
+    graph_set *gs = &e->graphs[last];
+    if (!gs->n || gs->scale != scale) {
+        for (int k = 0; k < gs->n; k++) QT_CUDA(cudaGraphExecDestroy(gs->seg[k].exec));
+        gs->n = 0;
         cudaGraph_t graph;
-        if (e->graph) QT_CUDA(cudaGraphExecDestroy(e->graph));
         QT_CUDA(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+        g->grads_ready = last ? cut_capture : NULL;
+        g->grads_ctx = e;
         qt_gpu_model_step(g, scale, 1);
+        g->grads_ready = NULL;
         QT_CUDA(cudaStreamEndCapture(g->stream, &graph));
-        QT_CUDA(cudaGraphInstantiate(&e->graph, graph, 0));
-        QT_CUDA(cudaGraphDestroy(graph));
-        e->graph_scale = scale;
+        add_segment(gs, graph, NO_CUT);
+        gs->scale = scale;
     }
-    QT_CUDA(cudaGraphLaunch(e->graph, g->stream));
+    for (int k = 0; k < gs->n; k++) {
+        QT_CUDA(cudaGraphLaunch(gs->seg[k].exec, g->stream));
+        if (last && gs->seg[k].from != NO_CUT) grads_ready(e, gs->seg[k].from);
+    }
 }
 
 static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
     gpu_engine *e = (gpu_engine *)b;
+    qt_gpu_model *g = e->g;
+    QT_CHECK(e->sent == g->shard.n_buckets,
+             "rank %d: a micro-step after this step's gradients were summed over the GPUs: with parallel.overlap_comm "
+             "a step is data.grad_accum (%d) micro-steps", e->rank, b->cfg->grad_accum);
     long valid = upload(e, in, tgt);
     e->valid_total += valid;
-    run_step(e, valid ? grad_scale / valid : 0.0f);
+    int last = e->comm && b->cfg->overlap_comm && ++e->micro_in_step == b->cfg->grad_accum;
+    run_step(e, valid ? grad_scale / valid : 0.0f, last);
     e->micro_done++;
 }
 
-/* Gradients summed over the ranks (when a data-parallel rank), then the norm and clip scale. Sharded
- * (ZeRO-1): each rank gets the sum of its shard only, the norm adds the ranks' sums of squares. With
- * parallel.reduce_dtype bf16 the sum travels in the bf16 weight buffer: nothing reads the weights
- * between the backward and AdamW, which rewrites every parameter of the shard (the all-gather the
- * rest), and its gaps and tail stay zero because the gradient's are. */
+/* Gradients summed over the ranks (when a data-parallel rank; already on the comm stream when the
+ * last micro-step handed the buckets over), then the norm and clip scale. Sharded (ZeRO-1): each rank
+ * has the sums of its pieces only; the norm adds every rank's pieces' sums of squares in order. */
 static void reduce_grads(gpu_engine *e, cudaStream_t s) {
     qt_gpu_model *g = e->g;
     const qt_shard *sh = &g->shard;
     float clip = e->base.cfg->grad_clip;
-    int half = e->base.cfg->reduce_dtype == QT_DT_BF16;
-    qt_dtype dt = half ? QT_DT_BF16 : QT_DT_F32;
-    void *buf = half ? g->w : (void *)g->grad;
-    size_t es = qt_dtype_size(dt);
-    if (e->comm && half) qt_cast_f32_to_bf16(g->w, g->grad, sh->total, s);
-    if (e->comm && sh->n_ranks == 1) {
-        qt_gpu_model_mark(g, "optimizer: gradient all-reduce");
-        QT_CHECK(qt_comm_all_reduce(e->comm, e->rank, buf, buf, sh->total, dt, s) == 0,
-                 "rank %d: gradient all-reduce aborted (another rank failed)", e->rank);
-        if (half) qt_cast_bf16_to_f32(g->grad, g->w, sh->total, s);
+    if (e->comm) {
+        if (e->sent < sh->n_buckets) {
+            QT_CHECK(e->sent == 0, "rank %d: the backward handed over buckets %d.. of %d only", e->rank, e->sent,
+                     sh->n_buckets);
+            QT_CUDA(cudaEventRecord(e->comm_ev, e->comm_stream));
+            QT_CUDA(cudaStreamWaitEvent(s, e->comm_ev, 0));
+        } else {
+            qt_gpu_model_mark(g, "optimizer: gradient sum");
+            for (int b = sh->n_buckets - 1; b >= 0; b--) reduce_bucket(e, b, s);
+        }
+        e->sent = sh->n_buckets;
+        e->micro_in_step = 0;
     }
+    qt_gpu_model_mark(g, "optimizer: norm + adamw");
     if (sh->n_ranks == 1) {
-        qt_gpu_model_mark(g, "optimizer: norm + adamw");
         qt_grad_norm(g->norm, g->clip, g->grad, sh->total, clip, g->ws, s);
         return;
     }
-    qt_gpu_model_mark(g, "optimizer: gradient reduce-scatter");
-    void *mine = (char *)buf + sh->off * es;
-    QT_CHECK(qt_comm_reduce_scatter(e->comm, e->rank, mine, buf, sh->total, dt, s) == 0,
-             "rank %d: gradient reduce-scatter aborted (another rank failed)", e->rank);
-    if (half) qt_cast_bf16_to_f32(g->grad + sh->off, mine, sh->len, s);
-    qt_gpu_model_mark(g, "optimizer: norm + adamw");
-    qt_grad_sumsq(g->sumsq + e->rank, g->grad + sh->off, sh->len, g->ws, s);
-    /* every rank's fp64 sum (two fp32 words each), gathered in place */
-    QT_CHECK(qt_comm_all_gather(e->comm, e->rank, g->sumsq, g->sumsq + e->rank, 2 * (size_t)sh->n_ranks, QT_DT_F32, s) == 0,
+    int nb = sh->n_buckets;
+    double *mine = g->sumsq + (size_t)sh->rank * nb;
+    for (int b = 0; b < nb; b++) {
+        size_t off, len, st;
+        qt_shard_piece(sh, b, &off, &len, &st);
+        qt_grad_sumsq(mine + b, g->grad + off, len, g->ws, s);
+    }
+    /* every rank's fp64 sums (two fp32 words each), gathered in place */
+    QT_CHECK(qt_comm_all_gather(e->comm, e->rank, g->sumsq, mine, 2 * (size_t)nb * sh->n_ranks, QT_DT_F32, s) == 0,
              "rank %d: gradient norm all-gather aborted (another rank failed)", e->rank);
-    qt_clip_from_sumsq(g->norm, g->clip, g->sumsq, sh->n_ranks, clip, s);
+    qt_clip_from_sumsq(g->norm, g->clip, g->sumsq, sh->n_ranks * nb, clip, s);
 }
 
 static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
@@ -122,12 +213,17 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     const qt_shard *sh = &g->shard;
     cudaStream_t s = g->stream;
     reduce_grads(e, s);
-    qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding, sh->off};
+    qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
     qt_adamw_step(g->adamw, g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
     if (sh->n_ranks > 1) {
         qt_gpu_model_mark(g, "optimizer: weight all-gather");
-        QT_CHECK(qt_comm_all_gather(e->comm, e->rank, g->w, (uint16_t *)g->w + sh->off, sh->total, QT_DT_BF16, s) == 0,
-                 "rank %d: weight all-gather aborted (another rank failed)", e->rank);
+        for (int k = 0; k < sh->n_buckets; k++) {
+            size_t lo = sh->bucket[k], off, len, st;
+            qt_shard_piece(sh, k, &off, &len, &st);
+            QT_CHECK(qt_comm_all_gather(e->comm, e->rank, (uint16_t *)g->w + lo, (uint16_t *)g->w + off,
+                                        sh->bucket[k + 1] - lo, QT_DT_BF16, s) == 0,
+                     "rank %d: weight all-gather aborted (another rank failed)", e->rank);
+        }
     }
     if (g->fp8) { /* once per step: the persistent quants */
         qt_gpu_model_mark(g, "fp8 quantize: weights");
@@ -163,18 +259,16 @@ static float gpu_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) 
     return valid ? (float)(e->out->loss / valid) : 0.0f;
 }
 
-/* Elements of the shard that are parameters (the padded tail past L->numel is not). */
-static size_t shard_params(const qt_gpu_model *g) {
-    size_t n = g->L->numel, o = g->shard.off;
-    return o >= n ? 0 : (n - o < g->shard.len ? n - o : g->shard.len);
-}
-
-/* Sharded: only this rank's slice w[off, off + len) is written (the data-parallel engine fills the
- * rest from the other ranks). */
+/* Sharded: only this rank's pieces of w are written (the data-parallel engine fills the rest from the
+ * other ranks). */
 static void gpu_get_weights(qt_engine *b, float *w) {
     qt_gpu_model *g = ((gpu_engine *)b)->g;
     QT_CUDA(cudaStreamSynchronize(g->stream));
-    QT_CUDA(cudaMemcpy(w + g->shard.off, g->master, shard_params(g) * 4, cudaMemcpyDeviceToHost));
+    for (int k = 0; k < g->shard.n_buckets; k++) {
+        size_t off, len, st;
+        qt_shard_piece(&g->shard, k, &off, &len, &st);
+        QT_CUDA(cudaMemcpy(w + off, g->master + st, qt_shard_params(off, len, b->L->numel) * 4, cudaMemcpyDeviceToHost));
+    }
 }
 
 static void gpu_get_grads(qt_engine *b, float *gr) {
@@ -191,11 +285,12 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 
 /* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths),
  * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. Sharded:
- * weights, adam_m and adam_v hold this rank's slice only (the model's shard says which). */
+ * weights, adam_m and adam_v hold this rank's pieces only, back to back with their padding (the model's
+ * shard says where each goes). */
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
-    size_t n = b->L->numel, ns = shard_params(g);
+    size_t n = b->L->numel, ns = g->shard.len;
     const char *names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
     const void *src[4] = {g->master, g->w, g->m, g->v};
     int dts[4] = {QT_DT_F32, QT_DT_BF16, g->m_dt, g->v_dt};
@@ -210,11 +305,11 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     return 4;
 }
 
-/* Checkpoints hold whole arrays; a sharded rank takes its slice. */
+/* Checkpoints hold whole arrays; a sharded rank takes its pieces. */
 static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errlen) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
-    size_t n = b->L->numel, ns = shard_params(g), o = g->shard.off;
+    size_t n = b->L->numel;
     const char *names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
     void *dst[4] = {g->master, g->w, g->m, g->v};
     int dts[4] = {QT_DT_F32, QT_DT_BF16, g->m_dt, g->v_dt};
@@ -234,8 +329,17 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
             return -1;
         }
         size_t es = qt_dtype_size(dts[i]);
-        if (i == 1) QT_CUDA(cudaMemcpyAsync(dst[i], p, want, cudaMemcpyHostToDevice, g->stream));
-        else if (ns) QT_CUDA(cudaMemcpyAsync(dst[i], (const char *)p + o * es, ns * es, cudaMemcpyHostToDevice, g->stream));
+        if (i == 1) {
+            QT_CUDA(cudaMemcpyAsync(dst[i], p, want, cudaMemcpyHostToDevice, g->stream));
+            continue;
+        }
+        for (int k = 0; k < g->shard.n_buckets; k++) {
+            size_t off, len, st, np;
+            qt_shard_piece(&g->shard, k, &off, &len, &st);
+            if ((np = qt_shard_params(off, len, n)))
+                QT_CUDA(cudaMemcpyAsync((char *)dst[i] + st * es, (const char *)p + off * es, np * es,
+                                        cudaMemcpyHostToDevice, g->stream));
+        }
     }
     if (g->fp8) qt_fp8_quantize_weights(g->fp8, b->L, g->w, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
@@ -247,7 +351,15 @@ static void gpu_print_memory(qt_engine *b) { qt_gpu_model_print_plan(((gpu_engin
 static void gpu_free(qt_engine *b) {
     gpu_engine *e = (gpu_engine *)b;
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
-    if (e->graph) QT_CUDA(cudaGraphExecDestroy(e->graph));
+    if (e->comm_stream) {
+        QT_CUDA(cudaStreamSynchronize(e->comm_stream));
+        QT_CUDA(cudaStreamDestroy(e->comm_stream));
+        QT_CUDA(cudaEventDestroy(e->comm_ev));
+    }
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < e->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(e->graphs[i].seg[k].exec));
+        free(e->graphs[i].seg);
+    }
     for (int i = 0; i < 2; i++) {
         QT_CUDA(cudaFreeHost(e->pin[i]));
         QT_CUDA(cudaEventDestroy(e->pin_free[i]));
@@ -274,6 +386,10 @@ void qt_engine_gpu_attach(qt_engine *b, qt_comm *comm, int rank) {
     gpu_engine *e = (gpu_engine *)b;
     e->comm = comm;
     e->rank = rank;
+    /* default priority: with a high one the bucket sums' kernels took SMs ahead of the backward's (slower
+     * steps on 2 x H200, bench/RESULTS.md section 5) */
+    QT_CUDA(cudaStreamCreateWithFlags(&e->comm_stream, cudaStreamNonBlocking));
+    QT_CUDA(cudaEventCreateWithFlags(&e->comm_ev, cudaEventDisableTiming));
 }
 
 void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
@@ -310,5 +426,11 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
         QT_CUDA(cudaEventRecord(e->pin_free[i], e->g->stream));
     }
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
+    e->sent = e->g->shard.n_buckets;
+    for (int i = 0; i < 2; i++) { /* cut after the final norm, each layer, the embeddings */
+        e->graphs[i].cap = i ? L->cfg.num_layers + 3 : 1;
+        e->graphs[i].seg = calloc((size_t)e->graphs[i].cap, sizeof *e->graphs[i].seg);
+        QT_CHECK(e->graphs[i].seg, "out of host memory");
+    }
     return &e->base;
 }

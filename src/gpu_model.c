@@ -51,7 +51,7 @@ static size_t carve_all(qt_gpu_model *g) {
     g->grad = carve(g, &off, "gradients (fp32)", n * 4);
     g->m = carve(g, &off, g->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(g->m_dt));
     g->v = carve(g, &off, g->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(g->v_dt));
-    g->sumsq = carve(g, &off, "scratch: gradients", QT_SHARD_MAX_RANKS * 8);
+    g->sumsq = carve(g, &off, "scratch: gradients", (size_t)g->shard.n_ranks * g->shard.n_buckets * 8);
     for (int l = 0; l < c->num_layers; l++) {
         qt_gpu_layer *a = &g->layers[l];
         a->res = carve(g, &off, "activations: residual", N * C * 2);
@@ -103,9 +103,8 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
                                   const qt_shard *sh, char *err, size_t errlen) {
     qt_gpu_model *g = calloc(1, sizeof *g);
     QT_CHECK(g, "out of host memory");
-    g->shard = sh ? *sh : (qt_shard){0, L->numel, L->numel, 0, 1};
-    QT_CHECK(g->shard.total >= L->numel && g->shard.off + g->shard.len <= g->shard.total && g->shard.off % 4 == 0,
-             "shard [%zu, +%zu) of %zu for %zu parameters", g->shard.off, g->shard.len, g->shard.total, L->numel);
+    if (sh) g->shard = *sh;
+    else qt_shard_init(&g->shard, L, 1, 0, 0);
     g->L = L;
     g->cfg = cfg;
     g->B = cfg->micro_batch;
@@ -134,28 +133,39 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->mm = qt_matmul_create(0);
     g->attn = qt_attention_create();
     cudaStream_t s = g->stream;
-    size_t n = L->numel, tot = g->shard.total, ns = g->shard.len, o = g->shard.off;
-    /* w0 through the gradient buffer (zeroed right after): bf16 copy of all, master of the shard */
+    const qt_shard *sp = &g->shard;
+    size_t n = L->numel, tot = sp->total, ns = sp->len;
+    /* w0 through the gradient buffer (zeroed right after): bf16 copy of all, master of this rank's pieces */
     qt_zero(g->grad, tot * 4, s);
     QT_CUDA(cudaMemcpyAsync(g->grad, w0, n * 4, cudaMemcpyHostToDevice, s));
     qt_cast_f32_to_bf16(g->w, g->grad, tot, s);
-    QT_CUDA(cudaMemcpyAsync(g->master, g->grad + o, ns * 4, cudaMemcpyDeviceToDevice, s));
+    for (int b = 0; b < sp->n_buckets; b++) {
+        size_t off, len, st;
+        qt_shard_piece(sp, b, &off, &len, &st);
+        QT_CUDA(cudaMemcpyAsync(g->master + st, g->grad + off, len * 4, cudaMemcpyDeviceToDevice, s));
+    }
     qt_zero(g->grad, tot * 4, s);
     qt_zero(g->m, ns * qt_dtype_size(g->m_dt), s);
     qt_zero(g->v, ns * qt_dtype_size(g->v_dt), s);
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
-    /* AdamW's per-tensor table, cut to this shard: decay on matrices (and embeddings when configured);
-     * padding untouched. A shard may hold no parameter at all (tiny models on many ranks). */
-    qt_adamw_tensor *t = calloc(L->n_tensors + 1, sizeof *t);
+    /* AdamW's per-tensor table, cut to this rank's pieces: decay on matrices (and embeddings when
+     * configured); padding untouched. A rank may hold no parameter at all (tiny models on many ranks). */
+    qt_adamw_tensor *t = calloc((size_t)(L->n_tensors + 1) * sp->n_buckets, sizeof *t);
+    QT_CHECK(t, "out of host memory");
     int nt = 0;
-    for (int i = 0; i < L->n_tensors; i++) {
-        const qt_tensor *tt = &L->tensors[i];
-        int decay = tt->is_matrix || (cfg->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
-        size_t a = tt->offset > o ? tt->offset : o, b = tt->offset + tt->numel < o + ns ? tt->offset + tt->numel : o + ns;
-        if (a < b) t[nt++] = (qt_adamw_tensor){a, b - a, decay ? cfg->weight_decay : 0.0f};
+    for (int b = 0; b < sp->n_buckets; b++) {
+        size_t lo, len, st;
+        qt_shard_piece(sp, b, &lo, &len, &st);
+        for (int i = 0; i < L->n_tensors; i++) {
+            const qt_tensor *tt = &L->tensors[i];
+            int decay = tt->is_matrix || (cfg->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
+            size_t a = tt->offset > lo ? tt->offset : lo;
+            size_t e = tt->offset + tt->numel < lo + len ? tt->offset + tt->numel : lo + len;
+            if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? cfg->weight_decay : 0.0f, st + (a - lo)};
+        }
     }
-    if (nt == 0) t[nt++] = (qt_adamw_tensor){o, 0, 0.0f};
+    if (nt == 0) t[nt++] = (qt_adamw_tensor){0, 0, 0.0f, 0};
     g->adamw = qt_adamw_plan_create(t, nt);
     free(t);
     if (cfg->matmul_dtype == QT_DT_E4M3) {
@@ -290,6 +300,11 @@ static void forward(qt_gpu_model *g) {
                    C, eps, NULL, s);
 }
 
+/* Tells the grads_ready hook that every gradient from flat index `from` up is final. */
+static void grads_final(qt_gpu_model *g, size_t from) {
+    if (g->grads_ready) g->grads_ready(g->grads_ctx, from);
+}
+
 static void backward(qt_gpu_model *g) {
     const qt_model_cfg *c = &g->L->cfg;
     cudaStream_t s = g->stream;
@@ -305,6 +320,7 @@ static void backward(qt_gpu_model *g) {
     int nl = c->num_layers;
     qt_rmsnorm_bwd(g->dres, QT_DT_F32, g->dres_bf, fp8_amax(g, nl - 1, QT_FP8_DOWN, 1), Gp(g, g->L->final_norm),
                    g->dlnf, g->res_final, Wp(g, g->L->final_norm), g->rstdf, N, C, g->ws, s);
+    grads_final(g, g->L->final_norm); /* the untied LM head above it was done by lm_head() */
     for (int l = nl - 1; l >= 0; l--) {
         const qt_layer_offsets *o = &g->L->layers[l];
         qt_gpu_layer *a = &g->layers[l];
@@ -328,9 +344,11 @@ static void backward(qt_gpu_model *g) {
         qt_gpu_model_mark(g, "rmsnorm bwd");
         qt_rmsnorm_bwd(g->dres, QT_DT_F32, l > 0 ? g->dres_bf : NULL, l > 0 ? fp8_amax(g, l - 1, QT_FP8_DOWN, 1) : NULL,
                        Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1), a->rstd1, N, C, g->ws, s);
+        grads_final(g, o->ln1);
     }
     qt_gpu_model_mark(g, "embedding bwd");
     qt_embedding_bwd(Gp(g, g->L->embed), g->dres, QT_DT_F32, g->tok, N, C, c->vocab_size, g->ws, s);
+    grads_final(g, 0);
 }
 
 void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward_too) {

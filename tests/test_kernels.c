@@ -494,8 +494,8 @@ static void test_lmhead_loss(void) {
 /* ---- AdamW ---- */
 #define NT 5
 /* the last tensor starts off a multiple of 4: scalar head, groups of 4, scalar tail */
-static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f}, {5056, 7, 0.0f}, {5120, 10000, 0.1f}, {15168, 1, 0.0f},
-                                         {15171, 14, 0.1f}};
+static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f, 0}, {5056, 7, 0.0f, 5056}, {5120, 10000, 0.1f, 5120},
+                                         {15168, 1, 0.0f, 15168}, {15171, 14, 0.1f, 15171}};
 #define ATOT 15232
 
 static void test_adamw_master(void) {
@@ -508,7 +508,7 @@ static void test_adamw_master(void) {
     float *absmax = d_poison(NT * 4), *gs = d_poison(4), hgs = 0.5f;
     QT_CUDA(cudaMemcpy(gs, &hgs, 4, cudaMemcpyHostToDevice));
     qt_adamw_plan *p = qt_adamw_plan_create(ATAB, NT);
-    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 0, 0, 0};
+    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 0, 0};
     qt_adamw_hp hp = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
     for (long t = 1; t <= 3; t++) {
         float *g = h_rand(ATOT, 1.0f);
@@ -552,7 +552,7 @@ static void test_adamw_bf16(void) {
     void *dw = d_bf16(w, ATOT), *dw2 = d_bf16(w, ATOT), *dm = d_bf16(zero, ATOT), *dv = d_bf16(zero, ATOT);
     float *dg = d_f32(g, ATOT);
     qt_adamw_plan *p = qt_adamw_plan_create(ATAB, NT);
-    qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 1234, 1, 0};
+    qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 1234, 1};
     qt_adamw_hp hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
     qt_adamw_step(p, dw, NULL, dg, dm, QT_DT_BF16, dv, QT_DT_BF16, NULL, NULL, &a, 0);
     for (int k = 0; k < NT; k++) {
@@ -586,50 +586,56 @@ static void test_adamw_bf16(void) {
     cudaFree(dw); cudaFree(dw2); cudaFree(dm); cudaFree(dv); cudaFree(dg);
 }
 
-/* ZeRO-1: two ranks' shards (master, m, v holding only [base, base + len), plans cut to it) must
- * update exactly like the whole array, stochastic rounding included. */
+/* ZeRO-1: two ranks, two buckets (as qt_partition cuts them): each rank's master, m, v hold its piece of
+ * each bucket back to back and its plan covers only those; they must update exactly like the whole
+ * array, stochastic rounding included. */
 static void test_adamw_sharded(void) {
     NEED_GPU();
-    const size_t cut = 7616; /* a multiple of 64 inside tensor 2 */
+    const size_t bucket[3] = {0, 5120, ATOT}; /* multiples of 128, the second inside tensor 2 */
     float *w = h_rand(ATOT, 0.5f), *zero = calloc(ATOT, 4);
     float *dmaster = d_f32(w, ATOT), *dm = d_f32(zero, ATOT), *dv = d_f32(zero, ATOT), *dg = d_poison(ATOT * 4);
     void *wb = d_bf16(w, ATOT), *wb2 = d_bf16(w, ATOT);
     float *sm[2], *smm[2], *smv[2];
     qt_adamw_plan *whole = qt_adamw_plan_create(ATAB, NT), *part[2];
     for (int r = 0; r < 2; r++) {
-        size_t lo = r ? cut : 0, hi = r ? ATOT : cut;
-        qt_adamw_tensor t[NT];
+        qt_adamw_tensor t[2 * NT];
         int nt = 0;
-        for (int k = 0; k < NT; k++) {
-            size_t a = ATAB[k].offset > lo ? ATAB[k].offset : lo;
-            size_t b = ATAB[k].offset + ATAB[k].numel < hi ? ATAB[k].offset + ATAB[k].numel : hi;
-            if (a < b) t[nt++] = (qt_adamw_tensor){a, b - a, ATAB[k].wd};
+        float *hw = malloc(ATOT / 2 * 4);
+        for (int bk = 0; bk < 2; bk++) {
+            size_t len = (bucket[bk + 1] - bucket[bk]) / 2, lo = bucket[bk] + r * len, hi = lo + len, st = bucket[bk] / 2;
+            memcpy(hw + st, w + lo, len * 4);
+            for (int k = 0; k < NT; k++) {
+                size_t a = ATAB[k].offset > lo ? ATAB[k].offset : lo;
+                size_t b = ATAB[k].offset + ATAB[k].numel < hi ? ATAB[k].offset + ATAB[k].numel : hi;
+                if (a < b) t[nt++] = (qt_adamw_tensor){a, b - a, ATAB[k].wd, st + (a - lo)};
+            }
         }
         part[r] = qt_adamw_plan_create(t, nt);
-        sm[r] = d_f32(w + lo, hi - lo);
-        smm[r] = d_f32(zero, hi - lo);
-        smv[r] = d_f32(zero, hi - lo);
+        sm[r] = d_f32(hw, ATOT / 2);
+        smm[r] = d_f32(zero, ATOT / 2);
+        smv[r] = d_f32(zero, ATOT / 2);
+        free(hw);
     }
-    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 77, 1, 0};
+    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 77, 1};
     for (long t = 1; t <= 3; t++) {
         float *g = h_rand(ATOT, 1.0f);
         QT_CUDA(cudaMemcpy(dg, g, ATOT * 4, cudaMemcpyHostToDevice));
         a.t = t;
-        a.state_base = 0;
         qt_adamw_step(whole, wb, dmaster, dg, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
-        for (int r = 0; r < 2; r++) {
-            a.state_base = r ? cut : 0;
+        for (int r = 0; r < 2; r++)
             qt_adamw_step(part[r], wb2, sm[r], dg, smm[r], QT_DT_F32, smv[r], QT_DT_F32, NULL, NULL, &a, 0);
-        }
         free(g);
     }
     float *gw = g_f32(dmaster, ATOT), *gm = g_f32(dm, ATOT), *gv = g_f32(dv, ATOT);
     float *gb = g_bf16(wb, ATOT), *gb2 = g_bf16(wb2, ATOT);
     for (int r = 0; r < 2; r++) {
-        size_t lo = r ? cut : 0, n = (r ? ATOT : cut) - lo;
-        float *hm = g_f32(sm[r], n), *hmm = g_f32(smm[r], n), *hmv = g_f32(smv[r], n);
-        QT_EXPECT(memcmp(hm, gw + lo, n * 4) == 0 && memcmp(hmm, gm + lo, n * 4) == 0 && memcmp(hmv, gv + lo, n * 4) == 0,
-                  "shard %d: master/m/v differ from the whole array's", r);
+        float *hm = g_f32(sm[r], ATOT / 2), *hmm = g_f32(smm[r], ATOT / 2), *hmv = g_f32(smv[r], ATOT / 2);
+        for (int bk = 0; bk < 2; bk++) {
+            size_t len = (bucket[bk + 1] - bucket[bk]) / 2, lo = bucket[bk] + r * len, st = bucket[bk] / 2;
+            QT_EXPECT(memcmp(hm + st, gw + lo, len * 4) == 0 && memcmp(hmm + st, gm + lo, len * 4) == 0 &&
+                          memcmp(hmv + st, gv + lo, len * 4) == 0,
+                      "rank %d, bucket %d: master/m/v differ from the whole array's", r, bk);
+        }
         free(hm); free(hmm); free(hmv);
         cudaFree(sm[r]); cudaFree(smm[r]); cudaFree(smv[r]);
         qt_adamw_plan_free(part[r]);

@@ -7,6 +7,7 @@
 
 #include "qt_cpu_model.h"
 #include "qt_model.h"
+#include "qt_partition.h"
 #include "qt_ref.h"
 #include "qt_rng.h"
 #include "qt_test.h"
@@ -388,9 +389,78 @@ static void test_init_weights(void) {
     qt_layout_free(&L);
 }
 
+/* The data-parallel partition: buckets tile the padded array at layer boundaries, every bucket splits
+ * into n equal pieces of multiples of 64, a rank's pieces sit back to back in its state, and a bucket
+ * is reported final only once the backward has passed every layer in it. */
+static void check_partition(const qt_layout *L, int n, int per_layer) {
+    size_t q = 64 * (size_t)n, state_end[QT_SHARD_MAX_RANKS] = {0};
+    int nl = L->cfg.num_layers;
+    for (int r = 0; r < n; r++) {
+        qt_shard sh;
+        qt_shard_init(&sh, L, n, r, per_layer);
+        QT_EXPECT(sh.total >= L->numel && sh.total < L->numel + q && sh.total % q == 0 && sh.len * n == sh.total,
+                  "n=%d: total %zu, len %zu for %zu parameters", n, sh.total, sh.len, L->numel);
+        QT_EXPECT(sh.bucket[0] == 0 && sh.bucket[sh.n_buckets] == sh.total && sh.n_buckets <= QT_SHARD_MAX_BUCKETS,
+                  "n=%d: %d buckets from %zu to %zu", n, sh.n_buckets, sh.bucket[0], sh.bucket[sh.n_buckets]);
+        /* per layer: embeddings, the layers, the final norm (and untied head) unless it rounds into the last layer's */
+        int lo = per_layer ? (nl > QT_SHARD_MAX_BUCKETS - 2 ? QT_SHARD_MAX_BUCKETS / 2 : nl + 1) : 1;
+        int hi = per_layer ? (nl > QT_SHARD_MAX_BUCKETS - 2 ? QT_SHARD_MAX_BUCKETS : nl + 2) : 1;
+        QT_EXPECT(sh.n_buckets >= lo && sh.n_buckets <= hi, "n=%d per_layer=%d: %d buckets, expected %d..%d", n, per_layer,
+                  sh.n_buckets, lo, hi);
+        size_t next_state = 0;
+        for (int b = 0; b < sh.n_buckets; b++) {
+            size_t off, len, st;
+            qt_shard_piece(&sh, b, &off, &len, &st);
+            QT_EXPECT(sh.bucket[b + 1] > sh.bucket[b] && (sh.bucket[b + 1] - sh.bucket[b]) % q == 0,
+                      "n=%d bucket %d: [%zu, %zu)", n, b, sh.bucket[b], sh.bucket[b + 1]);
+            QT_EXPECT(off == sh.bucket[b] + r * len && len * n == sh.bucket[b + 1] - sh.bucket[b] && len % 64 == 0 &&
+                          st == next_state,
+                      "n=%d rank %d bucket %d: piece [%zu, +%zu) at state %zu, expected state %zu", n, r, b, off, len, st,
+                      next_state);
+            QT_EXPECT(qt_shard_params(off, len, L->numel) == (off >= L->numel ? 0 : off + len > L->numel ? L->numel - off : len),
+                      "params of the piece");
+            next_state += len;
+        }
+        state_end[r] = next_state;
+        /* after layer l's backward (every gradient from its first element up is final) */
+        for (int l = 0; l < nl; l++) {
+            int b = qt_shard_final_from(&sh, L->layers[l].ln1);
+            QT_EXPECT(b == sh.n_buckets || sh.bucket[b] >= L->layers[l].ln1, "layer %d: bucket %d starts below it", l, b);
+            QT_EXPECT(b == 0 || sh.bucket[b - 1] < L->layers[l].ln1, "layer %d: bucket %d held back", l, b - 1);
+            if (per_layer && nl <= QT_SHARD_MAX_BUCKETS - 2)
+                QT_EXPECT(b == l + 1, "layer %d done: buckets from %d final, expected %d", l, b, l + 1);
+        }
+        QT_EXPECT(qt_shard_final_from(&sh, 0) == 0 && qt_shard_final_from(&sh, sh.total + 1) == sh.n_buckets,
+                  "the ends");
+    }
+    for (int r = 0; r < n; r++) QT_EXPECT(state_end[r] == state_end[0] && state_end[0] * n >= L->numel, "state lengths");
+}
+
+static void test_partition(void) {
+    char err[256];
+    qt_model_cfg tiny = {.arch = QT_ARCH_QWEN2, .vocab_size = 64, .hidden_size = 128, .num_layers = 2, .num_heads = 2,
+                         .num_kv_heads = 1, .intermediate_size = 96, .max_seq_len = 64, .tie_embeddings = 1};
+    qt_model_cfg q05 = {.arch = QT_ARCH_QWEN2, .vocab_size = 151936, .hidden_size = 896, .num_layers = 24,
+                        .num_heads = 14, .num_kv_heads = 2, .intermediate_size = 4864, .max_seq_len = 32768,
+                        .tie_embeddings = 1, .qkv_bias = 1};
+    qt_model_cfg deep = tiny, small = tiny;
+    deep.num_layers = 300; /* more layers than buckets: several per bucket */
+    small.hidden_size = 8, small.num_heads = 1, small.intermediate_size = 8, small.tie_embeddings = 0;
+    qt_model_cfg llama = cfg_llama();
+    const qt_model_cfg *cs[5] = {&tiny, &q05, &deep, &small, &llama};
+    for (int k = 0; k < 5; k++) {
+        qt_layout L;
+        QT_REQUIRE(qt_layout_init(&L, cs[k], err, sizeof err) == 0, "%s", err);
+        for (int n = 1; n <= QT_SHARD_MAX_RANKS; n++)
+            for (int per_layer = 0; per_layer < 2; per_layer++) check_partition(&L, n, per_layer);
+        qt_layout_free(&L);
+    }
+}
+
 int main(void) {
     QT_RUN(test_layout_qwen05b);
     QT_RUN(test_layout_untied_llama);
+    QT_RUN(test_partition);
     QT_RUN(test_cfg_validate);
     QT_RUN(test_flops);
     QT_RUN(test_init_weights);

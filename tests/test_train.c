@@ -133,16 +133,20 @@ static int read_log(const char *path, const char *type, const char *key, float *
 }
 
 /* Run `kind` of the comparison below (0: one GPU x 4 accumulation steps, 1: 2 ranks x 2 sharded, 2:
- * replicated; 3 and 4: 0 and 1 with fp8 matmuls; 5 and 6: 1 and 2 with the gradients summed in bf16)
- * for `steps` steps in folder ckpt_match_<tag>, optionally resuming. */
+ * replicated; 3 and 4: 0 and 1 with fp8 matmuls; 5 and 6: 1 and 2 with the gradients summed in bf16;
+ * 7 and 8: 1 and 2 with one gradient sum after the backward instead of one per layer while it runs)
+ * for `steps` steps in folder ckpt_match_<tag>, optionally resuming. 1, 2, 7 and 8 replay the first
+ * micro-step of each step from a CUDA graph (the second, which sums the buckets, runs eagerly). */
 static int match_run(int kind, const char *tag, int steps, const char *resume, const char *logp, float *losses,
                      char *err, size_t errlen) {
     char yaml[4096], par[160];
     int one = kind == 0 || kind == 3;
     if (one) snprintf(par, sizeof par, "parallel: {gpus: 1}");
-    else snprintf(par, sizeof par, "parallel: {gpus: %d, shard_optimizer: %s, reduce_dtype: %s}", dp_begin(),
-                  kind == 2 || kind == 6 ? "false" : "true", kind >= 5 ? "bf16" : "fp32");
+    else snprintf(par, sizeof par, "parallel: {gpus: %d, shard_optimizer: %s, reduce_dtype: %s, overlap_comm: %s}",
+                  dp_begin(), kind == 2 || kind == 6 || kind == 8 ? "false" : "true", kind == 5 || kind == 6 ? "bf16" : "fp32",
+                  kind >= 7 ? "false" : "true");
     if (kind == 3 || kind == 4) strcat(par, "\nprecision: {matmul_dtype: e4m3}");
+    if (kind == 1 || kind == 2 || kind >= 7) strcat(par, "\nperf: {cuda_graphs: true}");
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
              "        intermediate_size: 96, max_seq_len: 64}\n"
@@ -164,7 +168,10 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
 /* Two ranks x 2 accumulation steps see the same 4 micro-batches per step as one GPU x 4: the losses
  * and gradient norms must agree (only the order of the fp32 gradient sums differs), with the optimizer
  * state sharded (ZeRO-1, the default) and replicated. The engine checks the ranks agree bitwise on
- * every step's norm (and, replicated, on the exported weights). */
+ * every step's norm (and, replicated, on the exported weights). Summing the gradients bucket by bucket
+ * while the backward runs changes no sum: replicated, the runs must be bitwise equal to one sum after
+ * the backward (sharded, the norm adds per-bucket sums of squares). Autotuning is off so that every
+ * run multiplies with the same cuBLASLt algorithms. */
 static void test_data_parallel_matches_one_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     char p1[512], p2[512];
@@ -172,10 +179,11 @@ static void test_data_parallel_matches_one_gpu(void) {
     snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
     write_synthetic(p1, 20000, 1);
     write_synthetic(p2, 3000, 2);
-    enum { STEPS = 20, RUNS = 7 };
+    enum { STEPS = 20, RUNS = 9 };
     float loss[RUNS][STEPS], gn[RUNS][STEPS], ev[RUNS][2];
     const char *tag[RUNS] = {"one", "dp_sharded", "dp_replicated", "one_fp8", "dp_sharded_fp8", "dp_sharded_bf16sum",
-                             "dp_replicated_bf16sum"};
+                             "dp_replicated_bf16sum", "dp_sharded_no_overlap", "dp_replicated_no_overlap"};
+    setenv("QT_MATMUL_AUTOTUNE", "0", 1);
     for (int k = 0; k < RUNS; k++) {
         char err[1024], logp[512];
         snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag[k]);
@@ -208,6 +216,17 @@ static void test_data_parallel_matches_one_gpu(void) {
         QT_EXPECT(worst_l < tl && worst_g < tg, "%s drifted apart: loss %.2e, grad norm %.2e", tag[k], worst_l, worst_g);
         QT_EXPECT(loss[k][STEPS - 1] < loss[k][0], "%s: loss did not fall: %g -> %g", tag[k], loss[k][0], loss[k][STEPS - 1]);
     }
+    for (int k = 7; k <= 8; k++) {
+        int o = k - 6, same = memcmp(loss[k], loss[o], sizeof loss[k]) == 0 && memcmp(gn[k], gn[o], sizeof gn[k]) == 0;
+        double worst = 0;
+        for (int i = 0; i < STEPS; i++) {
+            double r = fabs(loss[k][i] - loss[o][i]) / loss[o][i] + fabs(gn[k][i] - gn[o][i]) / gn[o][i];
+            worst = r > worst ? r : worst;
+        }
+        printf("  %s vs %s: %s (worst relative difference %.2e)\n", tag[o], tag[k], same ? "bitwise equal" : "differ", worst);
+        QT_EXPECT(k == 7 ? worst < 1e-5 : same, "%s vs %s: losses or gradient norms differ (%.2e)", tag[o], tag[k], worst);
+    }
+    unsetenv("QT_MATMUL_AUTOTUNE");
     /* checkpoints hold whole arrays: one GPU continues the sharded run's, 2 sharded ranks the one GPU's */
     for (int k = 0; k < 2; k++) {
         float more[STEPS + 2];

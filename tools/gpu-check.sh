@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
-# out/gpu-check). Stages (default: all but dp): build unit model train bench llmq; dp, dpcomm (several GPUs)
+# out/gpu-check). Stages (default: all but dp): build unit model train bench llmq; dp, dpcomm, overlap (several GPUs)
 #   tools/gpu-check.sh unit model     # kernel/matmul/attention/quant tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -76,4 +76,21 @@ if has dpcomm; then
               --set parallel.comm=$comm --set parallel.reduce_dtype=$rd
       done; done
     } 2>&1 | tee "$OUT/dpcomm.log" | grep -E '==|tokens/s|rror' | head -40
+fi
+# The gradient sum overlapped with the backward (parallel.overlap_comm) against one sum after it, in the
+# same run: one 16 x 1024 micro-batch per GPU per step (the sum is a large part of the step), then the
+# llmq setting (16 micro-batches of 32 x 1024 per GPU per step). comm auto: peer_load without overlap,
+# peer copies with it (engine_dp.c).
+if has overlap; then
+    small="--steps 10 --set data.micro_batch=16 --set data.grad_accum=1"
+    llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    { for comm in auto host; do for ov in false true; do
+          step overlap_small_0.5b_bf16_${comm}_${ov} 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml $small \
+              --set parallel.comm=$comm --set parallel.overlap_comm=$ov
+      done; done
+      for comm in auto host; do for ov in false true; do
+          step overlap_llmq_0.5b_fp8_${comm}_${ov} 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml $llmq \
+              --set parallel.comm=$comm --set parallel.overlap_comm=$ov
+      done; done
+    } 2>&1 | tee "$OUT/overlap.log" | grep -E '==|tokens/s|rror' | head -40
 fi

@@ -1,0 +1,44 @@
+/* qt_partition.h — how the flat parameter array is cut between data-parallel ranks.
+ *
+ * The array (padded to `total`) is cut into buckets at whole-layer boundaries, in the layout's order
+ * (embeddings, layer 0 .. L-1, final norm and LM head). The backward finishes the gradients from the
+ * top of the array down, so a bucket's gradients are final as soon as the backward has passed its
+ * first layer: it can be summed over the ranks while the backward goes on (parallel.overlap_comm).
+ * Every bucket is a multiple of 64 x n_ranks elements; rank r holds the r-th of the n_ranks equal
+ * pieces of every bucket (ZeRO-1): its optimizer state (master, m, v) keeps those pieces back to back,
+ * so the piece of bucket b sits at state index bucket[b] / n_ranks. One bucket is one contiguous slice
+ * per rank. */
+#ifndef QT_PARTITION_H
+#define QT_PARTITION_H
+
+#include <stddef.h>
+
+#include "qt_model.h"
+
+#define QT_SHARD_MAX_RANKS 8
+#define QT_SHARD_MAX_BUCKETS 256
+
+typedef struct qt_shard_s {
+    size_t total;   /* padded flat elements: numel rounded up to a multiple of 64 x n_ranks */
+    size_t len;     /* elements of optimizer state this rank holds: total / n_ranks */
+    int rank, n_ranks;
+    int n_buckets;
+    size_t bucket[QT_SHARD_MAX_BUCKETS + 1]; /* 0 = bucket[0] < ... < bucket[n_buckets] = total */
+} qt_shard;
+
+/* Rank `rank` of n_ranks (1..QT_SHARD_MAX_RANKS). per_layer: a bucket for the embeddings, one per layer
+ * (consecutive layers share one past QT_SHARD_MAX_BUCKETS - 2 layers) and one for the final norm and
+ * untied LM head; else one bucket. */
+void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer);
+
+/* This rank's piece of bucket b: flat elements [*off, *off + *len), at state index *state. */
+void qt_shard_piece(const qt_shard *sh, int b, size_t *off, size_t *len, size_t *state);
+
+/* How many of the piece's elements [off, off + len) are parameters (below numel; the rest is padding). */
+size_t qt_shard_params(size_t off, size_t len, size_t numel);
+
+/* The lowest bucket whose gradients are all final once every gradient at flat index >= from is
+ * (n_buckets when none is). */
+int qt_shard_final_from(const qt_shard *sh, size_t from);
+
+#endif

@@ -1,0 +1,49 @@
+/* partition.c — buckets of whole layers and each rank's pieces of them (see qt_partition.h). */
+#include "qt_partition.h"
+
+#include <string.h>
+
+#include "qt_error.h"
+
+static size_t round_up(size_t x, size_t q) { return (x + q - 1) / q * q; }
+
+/* Appends a boundary unless it adds an empty bucket (tiny layers rounded to the same multiple). */
+static void cut(qt_shard *sh, size_t at) {
+    if (at > sh->bucket[sh->n_buckets]) sh->bucket[++sh->n_buckets] = at;
+}
+
+void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer) {
+    QT_CHECK(n_ranks >= 1 && n_ranks <= QT_SHARD_MAX_RANKS && rank >= 0 && rank < n_ranks,
+             "shard: rank %d of %d ranks (expected 1..%d ranks)", rank, n_ranks, QT_SHARD_MAX_RANKS);
+    memset(sh, 0, sizeof *sh);
+    size_t q = 64 * (size_t)n_ranks; /* aligned vector loads in every piece */
+    sh->rank = rank;
+    sh->n_ranks = n_ranks;
+    sh->total = round_up(L->numel, q);
+    sh->len = sh->total / (size_t)n_ranks;
+    /* A boundary rounded up past a layer's first element leaves that layer's head in the bucket below,
+     * which the backward finishes later still: a bucket stays final once its first layer is done. */
+    if (per_layer) {
+        int nl = L->cfg.num_layers, group = (nl + QT_SHARD_MAX_BUCKETS - 3) / (QT_SHARD_MAX_BUCKETS - 2);
+        for (int l = 0; l < nl; l += group) cut(sh, round_up(L->layers[l].ln1, q));
+        cut(sh, round_up(L->final_norm, q));
+    }
+    cut(sh, sh->total);
+}
+
+void qt_shard_piece(const qt_shard *sh, int b, size_t *off, size_t *len, size_t *state) {
+    size_t w = (sh->bucket[b + 1] - sh->bucket[b]) / (size_t)sh->n_ranks;
+    *off = sh->bucket[b] + (size_t)sh->rank * w;
+    *len = w;
+    *state = sh->bucket[b] / (size_t)sh->n_ranks;
+}
+
+size_t qt_shard_params(size_t off, size_t len, size_t numel) {
+    return off >= numel ? 0 : numel - off < len ? numel - off : len;
+}
+
+int qt_shard_final_from(const qt_shard *sh, size_t from) {
+    int b = sh->n_buckets;
+    while (b > 0 && sh->bucket[b - 1] >= from) b--;
+    return b;
+}
