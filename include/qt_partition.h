@@ -27,8 +27,8 @@ typedef struct qt_shard_s {
 } qt_shard;
 
 /* Rank `rank` of n_ranks (1..QT_SHARD_MAX_RANKS). per_layer: a bucket for the embeddings, one per layer
- * (consecutive layers share one past QT_SHARD_MAX_BUCKETS - 2 layers) and one for the final norm and
- * untied LM head; else one bucket. */
+ * (consecutive layers share one past QT_SHARD_MAX_BUCKETS - 2 layers; the last one takes the final norm)
+ * and one for an untied LM head with the final norm; else one bucket. */
 void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer);
 
 /* This rank's piece of bucket b: flat elements [*off, *off + *len), at state index *state. */

@@ -26,7 +26,7 @@ void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int 
     if (per_layer) {
         int nl = L->cfg.num_layers, group = (nl + QT_SHARD_MAX_BUCKETS - 3) / (QT_SHARD_MAX_BUCKETS - 2);
         for (int l = 0; l < nl; l += group) cut(sh, round_up(L->layers[l].ln1, q));
-        cut(sh, round_up(L->final_norm, q));
+        if (L->lm_head != L->embed) cut(sh, round_up(L->final_norm, q)); /* a final norm alone is too small */
     }
     cut(sh, sh->total);
 }
