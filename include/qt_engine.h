@@ -25,7 +25,8 @@ typedef struct {
     /* Mean loss of a micro-batch, no gradients: one per rank ([ranks x B*T]), summed over the ranks
      * in rank order; a micro-batch whose targets are all < 0 adds 0. */
     float (*eval_loss)(qt_engine *e, const int32_t *inputs, const int32_t *targets);
-    /* Host fp32 copies of the weights [L->numel] / the accumulated gradients (before opt_step). */
+    /* Host fp32 copies of the weights [L->numel] / the accumulated gradients (before opt_step; data
+     * parallel with parallel.overlap_comm, not after a step's last micro-step, which sums them). */
     void (*get_weights)(qt_engine *e, float *w);
     void (*get_grads)(qt_engine *e, float *g);
     /* Logits [B*T, V] of a forward without loss (may be NULL when the engine cannot). */

@@ -272,7 +272,10 @@ static void gpu_get_weights(qt_engine *b, float *w) {
 }
 
 static void gpu_get_grads(qt_engine *b, float *gr) {
-    qt_gpu_model *g = ((gpu_engine *)b)->g;
+    gpu_engine *e = (gpu_engine *)b;
+    qt_gpu_model *g = e->g;
+    QT_CHECK(e->sent == g->shard.n_buckets, "rank %d: get_grads after the last micro-step of a step summed the gradients "
+             "over the GPUs (parallel.overlap_comm): set it false to read each rank's own", e->rank);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     QT_CUDA(cudaMemcpy(gr, g->grad, b->L->numel * 4, cudaMemcpyDeviceToHost));
 }
