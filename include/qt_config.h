@@ -72,7 +72,7 @@ typedef struct {
     qt_comm_kind comm;
     int shard_optimizer;          /* ZeRO-1: master weights and AdamW moments split over the GPUs */
     int reduce_dtype;             /* qt_dtype the gradients cross between GPUs in (fp32 or bf16) */
-    int overlap_comm;             /* sum each layer's gradients over the GPUs while the backward goes on */
+    int overlap_comm;             /* sums overlap the backward, the weight all-gather the next forward */
 } qt_config;
 
 /* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,

@@ -53,9 +53,9 @@ qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, void 
                           cudaStream_t s);
 void qt_fp8_free(qt_gpu_fp8 *f);
 
-/* Re-quantizes every block matrix from the bf16 weights w (the flat array of L): abs-max, then
- * Wq and Wq^T in one quantize-transpose pass with the scale derived on the device. */
-void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, cudaStream_t s);
+/* Re-quantizes the block matrices of layers [l0, l1) from the bf16 weights w (the flat array of L):
+ * abs-max, then Wq and Wq^T in one quantize-transpose pass with the scale derived on the device. */
+void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l0, int l1, cudaStream_t s);
 /* Zeroes the abs-max records of every block input and output gradient (one memset, fine inside a
  * captured CUDA graph) and forgets earlier qt_fp8_producer_amax hand-outs. Once per micro-step,
  * before the forward. */

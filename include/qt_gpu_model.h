@@ -53,10 +53,13 @@ typedef struct {
     qt_dtype m_dt, v_dt;
     qt_shard shard;
     double *sumsq;      /* [ranks][buckets] the gradient sums of squares of every rank's pieces (sharded norm) */
-    /* Called (when set) while the backward is enqueued, each time every gradient at flat index >= from
-     * is final on g->stream: after the final norm, after each layer, and with 0 at the end. */
+    /* Hooks (when set), called as the work is enqueued. weights_needed: the next op on g->stream reads
+     * weights below flat index upto (before the embeddings, each layer, the final norm and LM head; a
+     * data-parallel rank waits there for the all-gather of those weights). grads_ready: every gradient
+     * at flat index >= from is final on g->stream (after the final norm, each layer, and 0 at the end). */
+    void (*weights_needed)(void *ctx, size_t upto);
     void (*grads_ready)(void *ctx, size_t from);
-    void *grads_ctx;
+    void *hook_ctx;
     /* activations */
     qt_gpu_layer *layers; /* host array of L->cfg.num_layers (owned) */
     void *res_final;    /* [N,C] down output of the last layer, then the final residual */

@@ -72,6 +72,10 @@ void qt_model_cfg_finish(qt_model_cfg *cfg);
 /* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);
 void qt_layout_free(qt_layout *L);
+/* One past layer l's last element in the flat array: the next layer's first (ln1), or the final norm. */
+static inline size_t qt_layer_end(const qt_layout *L, int l) {
+    return l + 1 < L->cfg.num_layers ? L->layers[l + 1].ln1 : L->final_norm;
+}
 /* The tensor with this HF name, or NULL. */
 const qt_tensor *qt_layout_find(const qt_layout *L, const char *name);
 /* Fills w (L->numel floats): matrices and embeddings ~ N(0, std) from the seed, norms 1, biases and

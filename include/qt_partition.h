@@ -41,4 +41,7 @@ size_t qt_shard_params(size_t off, size_t len, size_t numel);
  * (n_buckets when none is). */
 int qt_shard_final_from(const qt_shard *sh, size_t from);
 
+/* How many buckets (from bucket 0 up) hold the weights below flat index upto. */
+int qt_shard_needed(const qt_shard *sh, size_t upto);
+
 #endif

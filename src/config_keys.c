@@ -139,7 +139,7 @@ static const qt_config_key keys[] = {
     E("parallel.reduce_dtype", reduce_dtype, f32_bf16_names, "fp32", "multi-GPU", 0,
       "dtype the gradients cross between GPUs in: bf16 halves the bytes (each GPU's sum is rounded to bf16 once, the sum over GPUs is still taken in fp32)"),
     B("parallel.overlap_comm", overlap_comm, "true", "multi-GPU", 0,
-      "in the last micro-batch of a step, sum each layer's gradients over the GPUs while the backward goes on to the layers below (one bucket per layer); false: one sum after the backward"),
+      "in the last micro-batch of a step, sum each layer's gradients over the GPUs while the backward goes on to the layers below (one bucket per layer), and (sharded) all-gather the updated weights while the next forward runs, each layer waiting for its own; false: one sum after the backward, one all-gather before the next forward"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

@@ -1,27 +1,36 @@
 /* engine_gpu.c — one GPU's engine: token upload, micro-steps (optionally replayed from a CUDA graph),
  * the optimizer step with the one host read per step, and checkpoint state. As a rank of the
  * data-parallel engine (engine_dp.c) it sums the gradients over the ranks before the optimizer, bucket
- * by bucket (qt_partition.h): with parallel.overlap_comm the last micro-step of a step hands each bucket
- * to a comm stream as soon as the backward has finished it (its CUDA graph is cut into segments there,
- * the sums enqueued between their launches). */
+ * by bucket (qt_partition.h). With parallel.overlap_comm the last micro-step of a step hands each
+ * bucket to a comm stream as soon as the backward has finished it, and a sharded rank's weight
+ * all-gather after AdamW runs on that stream while the next micro-step's forward waits for each bucket
+ * just before its layers (the micro-step's CUDA graph is cut into segments at those points, the sums
+ * enqueued and the waits made between their launches). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "qt_comm.h"
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
 
-/* A micro-step replayed as CUDA graph segments: after segment k, every gradient from flat index
- * seg[k].from up is final (NO_CUT: nothing to hand over), so the bucket sums are enqueued between the
- * launches. An ordinary micro-step is one segment. */
+/* A micro-step replayed as CUDA graph segments: segment k reads the weights below flat index
+ * seg[k].wait (0: no wait), so it waits for their all-gather first; after it, every gradient from flat
+ * index seg[k].from up is final (NO_CUT: nothing to hand over), so the bucket sums are enqueued. An
+ * ordinary micro-step is one segment. */
 #define NO_CUT SIZE_MAX
 typedef struct {
-    struct { cudaGraphExec_t exec; size_t from; } *seg; /* owned, cap entries */
+    struct { cudaGraphExec_t exec; size_t wait, from; } *seg; /* owned, cap entries */
     int n, cap;
+    size_t wait;            /* while capturing: what the next segment waits for */
     float scale;            /* the loss scale captured in the graphs */
 } graph_set;
+
+/* Micro-step kinds, the graph_set index: the last of a step, whose bucket sums overlap the backward;
+ * the first after an overlapped weight all-gather, whose forward waits for it bucket by bucket. */
+enum { MS_SUMS = 1, MS_WAITS = 2 };
 
 typedef struct {
     qt_engine base;
@@ -32,13 +41,17 @@ typedef struct {
     long valid_total;       /* targets >= 0 since the last opt_step */
     struct { double loss; float norm; int nonfinite; } *out; /* pinned: the one read per optimizer step */
     void *host_state[4];    /* state_items' host copies (owned) */
-    graph_set graphs[2];    /* a micro-step; the last one of a step, cut where its buckets are final */
+    graph_set graphs[4];    /* by micro-step kind (MS_*) */
+    graph_set *capture;     /* the set being captured */
     int micro_done;
     qt_comm *comm;          /* data-parallel rank: gradients are summed over comm before the norm */
     int rank;
     cudaStream_t comm_stream; /* the buckets summed while the backward runs (owned, with comm_ev) */
     cudaEvent_t comm_ev;
     int sent;               /* lowest bucket handed to comm_stream this step (n_buckets: none) */
+    cudaEvent_t *ag_ev;     /* [n_buckets] bucket k's weights all-gathered on comm_stream (owned; overlap, sharded) */
+    int gathered;           /* buckets whose all-gather the model's stream waits for (n_buckets: none pending) */
+    long ag_delay_ms;       /* test hook QT_DP_AG_DELAY_MS: the comm stream sleeps before each weight all-gather */
     int micro_in_step;      /* micro-steps since the last opt_step */
     double last_loss_sum;   /* the last opt_step's loss sum and target count, for the ranks' mean */
     long last_valid;
@@ -99,59 +112,86 @@ static void grads_ready(void *ctx, size_t from) {
     while (e->sent > b) reduce_bucket(e, --e->sent, e->comm_stream);
 }
 
-/* Adds a captured graph as the next segment; an empty one only moves the previous segment's cut down. */
+/* The model's weights_needed hook: the model's stream waits for the all-gather of every bucket below
+ * flat index upto (one event: the buckets are gathered in order on one stream). */
+static void weights_wait(void *ctx, size_t upto) {
+    gpu_engine *e = ctx;
+    int k = qt_shard_needed(&e->g->shard, upto);
+    if (k <= e->gathered) return;
+    QT_CUDA(cudaStreamWaitEvent(e->g->stream, e->ag_ev[k - 1], 0));
+    e->gathered = k;
+}
+
+/* Before anything but a micro-step's forward touches the bf16 weights. */
+static void join_weights(gpu_engine *e) { weights_wait(e, SIZE_MAX); }
+
+/* Adds a captured graph as the next segment; an empty one only moves the previous segment's cut down
+ * (a pending wait stays with the next segment). */
 static void add_segment(graph_set *gs, cudaGraph_t graph, size_t from) {
     size_t nodes = 0;
     QT_CUDA(cudaGraphGetNodes(graph, NULL, &nodes));
     if (nodes) {
         QT_CHECK(gs->n < gs->cap, "a micro-step cut into more than %d graph segments", gs->cap);
         QT_CUDA(cudaGraphInstantiate(&gs->seg[gs->n].exec, graph, 0));
+        gs->seg[gs->n].wait = gs->wait;
         gs->seg[gs->n++].from = from;
+        gs->wait = 0;
     } else if (from != NO_CUT && gs->n) {
         gs->seg[gs->n - 1].from = from;
     }
     QT_CUDA(cudaGraphDestroy(graph));
 }
 
-/* The grads_ready hook while capturing the last micro-step: ends the segment there. */
-static void cut_capture(void *ctx, size_t from) {
-    gpu_engine *e = ctx;
+/* Ends the segment being captured (and starts the next): after it, gradients from `from` up are final. */
+static void cut(gpu_engine *e, size_t from) {
     cudaGraph_t graph;
     QT_CUDA(cudaStreamEndCapture(e->g->stream, &graph));
-    add_segment(&e->graphs[1], graph, from);
+    add_segment(e->capture, graph, from);
     QT_CUDA(cudaStreamBeginCapture(e->g->stream, cudaStreamCaptureModeThreadLocal));
 }
 
-/* One micro-step's forward + backward. last: the last of a step with parallel.overlap_comm, whose
- * finished buckets go to the comm stream while the backward goes on. */
-static void run_step(gpu_engine *e, float scale, int last) {
+/* The hooks while capturing: cut there. */
+static void cut_grads(void *ctx, size_t from) { cut(ctx, from); }
+static void cut_weights(void *ctx, size_t upto) {
+    gpu_engine *e = ctx;
+    cut(e, NO_CUT);
+    if (upto > e->capture->wait) e->capture->wait = upto;
+}
+
+/* One micro-step's forward + backward, of kind MS_* (outside a capture the model's weights_needed
+ * hook is weights_wait whenever an all-gather can be pending). */
+static void run_step(gpu_engine *e, float scale, int kind) {
     qt_gpu_model *g = e->g;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
      * cannot happen under capture. A new loss scale means new graphs. */
     if (!e->base.cfg->cuda_graphs || e->micro_done == 0 || g->prof) {
-        g->grads_ready = last ? grads_ready : NULL;
-        g->grads_ctx = e;
+        g->grads_ready = kind & MS_SUMS ? grads_ready : NULL;
         qt_gpu_model_step(g, scale, 1);
         g->grads_ready = NULL;
         return;
     }
-    graph_set *gs = &e->graphs[last];
+    graph_set *gs = &e->graphs[kind];
     if (!gs->n || gs->scale != scale) {
         for (int k = 0; k < gs->n; k++) QT_CUDA(cudaGraphExecDestroy(gs->seg[k].exec));
         gs->n = 0;
+        gs->wait = 0;
+        e->capture = gs;
+        void (*wn)(void *, size_t) = g->weights_needed;
         cudaGraph_t graph;
         QT_CUDA(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
-        g->grads_ready = last ? cut_capture : NULL;
-        g->grads_ctx = e;
+        g->grads_ready = kind & MS_SUMS ? cut_grads : NULL;
+        g->weights_needed = kind & MS_WAITS ? cut_weights : NULL;
         qt_gpu_model_step(g, scale, 1);
         g->grads_ready = NULL;
+        g->weights_needed = wn;
         QT_CUDA(cudaStreamEndCapture(g->stream, &graph));
         add_segment(gs, graph, NO_CUT);
         gs->scale = scale;
     }
     for (int k = 0; k < gs->n; k++) {
+        if (gs->seg[k].wait) weights_wait(e, gs->seg[k].wait);
         QT_CUDA(cudaGraphLaunch(gs->seg[k].exec, g->stream));
-        if (last && gs->seg[k].from != NO_CUT) grads_ready(e, gs->seg[k].from);
+        if (gs->seg[k].from != NO_CUT) grads_ready(e, gs->seg[k].from);
     }
 }
 
@@ -163,8 +203,9 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
              "a step is data.grad_accum (%d) micro-steps", e->rank, b->cfg->grad_accum);
     long valid = upload(e, in, tgt);
     e->valid_total += valid;
-    int last = e->comm && b->cfg->overlap_comm && ++e->micro_in_step == b->cfg->grad_accum;
-    run_step(e, valid ? grad_scale / valid : 0.0f, last);
+    int kind = (e->comm && b->cfg->overlap_comm && ++e->micro_in_step == b->cfg->grad_accum ? MS_SUMS : 0) |
+               (e->gathered < g->shard.n_buckets ? MS_WAITS : 0);
+    run_step(e, valid ? grad_scale / valid : 0.0f, kind);
     e->micro_done++;
 }
 
@@ -206,28 +247,56 @@ static void reduce_grads(gpu_engine *e, cudaStream_t s) {
     qt_clip_from_sumsq(g->norm, g->clip, g->sumsq, sh->n_ranks * nb, clip, s);
 }
 
+static void CUDART_CB sleep_ms(void *ms) {
+    struct timespec t = {*(long *)ms / 1000, *(long *)ms % 1000 * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* A sharded rank's bf16 weights after AdamW: every rank's pieces, all-gathered bucket by bucket, and
+ * the fp8 quants of the layers each bucket completes. With parallel.overlap_comm this runs on the comm
+ * stream, each bucket's event recorded for the next forward (weights_wait); else on the model's. */
+static void gather_weights(gpu_engine *e) {
+    qt_gpu_model *g = e->g;
+    const qt_shard *sh = &g->shard;
+    const qt_layout *L = e->base.L;
+    int overlap = e->ag_ev != NULL, nl = L->cfg.num_layers, ql = 0;
+    cudaStream_t s = overlap ? e->comm_stream : g->stream;
+    qt_gpu_model_mark(g, "optimizer: weight all-gather");
+    if (overlap) {
+        QT_CUDA(cudaEventRecord(e->comm_ev, g->stream));
+        QT_CUDA(cudaStreamWaitEvent(s, e->comm_ev, 0));
+        if (e->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &e->ag_delay_ms));
+    }
+    for (int k = 0; k < sh->n_buckets; k++) {
+        size_t lo = sh->bucket[k], hi = sh->bucket[k + 1], off, len, st;
+        qt_shard_piece(sh, k, &off, &len, &st);
+        QT_CHECK(qt_comm_all_gather(e->comm, e->rank, (uint16_t *)g->w + lo, (uint16_t *)g->w + off, hi - lo,
+                                    QT_DT_BF16, s) == 0,
+                 "rank %d: weight all-gather aborted (another rank failed)", e->rank);
+        int l1 = ql; /* the layers now whole */
+        while (l1 < nl && qt_layer_end(L, l1) <= hi) l1++;
+        if (g->fp8 && l1 > ql) qt_fp8_quantize_weights(g->fp8, L, g->w, ql, l1, s);
+        ql = l1;
+        if (overlap) QT_CUDA(cudaEventRecord(e->ag_ev[k], s));
+    }
+    if (overlap) e->gathered = 0;
+}
+
 static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
     const qt_config *c = b->cfg;
     const qt_shard *sh = &g->shard;
     cudaStream_t s = g->stream;
+    join_weights(e);
     reduce_grads(e, s);
     qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
     qt_adamw_step(g->adamw, g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
     if (sh->n_ranks > 1) {
-        qt_gpu_model_mark(g, "optimizer: weight all-gather");
-        for (int k = 0; k < sh->n_buckets; k++) {
-            size_t lo = sh->bucket[k], off, len, st;
-            qt_shard_piece(sh, k, &off, &len, &st);
-            QT_CHECK(qt_comm_all_gather(e->comm, e->rank, (uint16_t *)g->w + lo, (uint16_t *)g->w + off,
-                                        sh->bucket[k + 1] - lo, QT_DT_BF16, s) == 0,
-                     "rank %d: weight all-gather aborted (another rank failed)", e->rank);
-        }
-    }
-    if (g->fp8) { /* once per step: the persistent quants */
+        gather_weights(e);
+    } else if (g->fp8) { /* once per step: the persistent quants */
         qt_gpu_model_mark(g, "fp8 quantize: weights");
-        qt_fp8_quantize_weights(g->fp8, b->L, g->w, s);
+        qt_fp8_quantize_weights(g->fp8, b->L, g->w, 0, b->L->cfg.num_layers, s);
     }
     qt_zero(g->grad, sh->total * 4, s);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
@@ -298,6 +367,7 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     const void *src[4] = {g->master, g->w, g->m, g->v};
     int dts[4] = {QT_DT_F32, QT_DT_BF16, g->m_dt, g->v_dt};
     QT_CHECK(cap >= 4, "need room for 4 checkpoint items, got %d", cap);
+    join_weights(e);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     for (int i = 0; i < 4; i++) {
         size_t bytes = (i == 1 ? n : ns) * qt_dtype_size(dts[i]);
@@ -316,6 +386,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
     const char *names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
     void *dst[4] = {g->master, g->w, g->m, g->v};
     int dts[4] = {QT_DT_F32, QT_DT_BF16, g->m_dt, g->v_dt};
+    join_weights(e);
     for (int i = 0; i < 4; i++) {
         size_t bytes, want = n * qt_dtype_size(dts[i]);
         int dt;
@@ -344,7 +415,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                                         cudaMemcpyHostToDevice, g->stream));
         }
     }
-    if (g->fp8) qt_fp8_quantize_weights(g->fp8, b->L, g->w, g->stream);
+    if (g->fp8) qt_fp8_quantize_weights(g->fp8, b->L, g->w, 0, b->L->cfg.num_layers, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     return 0;
 }
@@ -359,7 +430,9 @@ static void gpu_free(qt_engine *b) {
         QT_CUDA(cudaStreamDestroy(e->comm_stream));
         QT_CUDA(cudaEventDestroy(e->comm_ev));
     }
-    for (int i = 0; i < 2; i++) {
+    for (int k = 0; e->ag_ev && k < e->g->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(e->ag_ev[k]));
+    free(e->ag_ev);
+    for (int i = 0; i < 4; i++) {
         for (int k = 0; k < e->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(e->graphs[i].seg[k].exec));
         free(e->graphs[i].seg);
     }
@@ -393,6 +466,16 @@ void qt_engine_gpu_attach(qt_engine *b, qt_comm *comm, int rank) {
      * steps on 2 x H200, bench/RESULTS.md section 5) */
     QT_CUDA(cudaStreamCreateWithFlags(&e->comm_stream, cudaStreamNonBlocking));
     QT_CUDA(cudaEventCreateWithFlags(&e->comm_ev, cudaEventDisableTiming));
+    const qt_shard *sh = &e->g->shard;
+    if (sh->n_ranks > 1 && b->cfg->overlap_comm) {
+        e->ag_ev = calloc((size_t)sh->n_buckets, sizeof *e->ag_ev);
+        QT_CHECK(e->ag_ev, "out of host memory");
+        for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&e->ag_ev[k], cudaEventDisableTiming));
+        e->g->weights_needed = weights_wait;
+        /* a forward that did not wait for the all-gather would then read last step's weights (test_train) */
+        const char *d = getenv("QT_DP_AG_DELAY_MS");
+        e->ag_delay_ms = d ? atol(d) : 0;
+    }
 }
 
 void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
@@ -429,9 +512,11 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
         QT_CUDA(cudaEventRecord(e->pin_free[i], e->g->stream));
     }
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
-    e->sent = e->g->shard.n_buckets;
-    for (int i = 0; i < 2; i++) { /* cut after the final norm, each layer, the embeddings */
-        e->graphs[i].cap = i ? L->cfg.num_layers + 3 : 1;
+    e->sent = e->gathered = e->g->shard.n_buckets;
+    e->g->hook_ctx = e;
+    for (int i = 0; i < 4; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final norm;
+                                   * MS_SUMS after the final norm, each layer and the embeddings */
+        e->graphs[i].cap = 1 + (i & MS_WAITS ? L->cfg.num_layers + 2 : 0) + (i & MS_SUMS ? L->cfg.num_layers + 2 : 0);
         e->graphs[i].seg = calloc((size_t)e->graphs[i].cap, sizeof *e->graphs[i].seg);
         QT_CHECK(e->graphs[i].seg, "out of host memory");
     }

@@ -206,8 +206,9 @@ static void quant_cur(qt_gpu_fp8 *f, qt_dtype ydt, void *y, void *yT, const void
     qt_quant_fp8_transpose_cur(ydt, y, yT, QT_DT_BF16, x, rows, cols, sc, f->nonfinite, tag, s);
 }
 
-void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, cudaStream_t s) {
-    for (int l = 0; l < f->n_layers; l++) {
+void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l0, int l1, cudaStream_t s) {
+    QT_CHECK(l0 >= 0 && l0 <= l1 && l1 <= f->n_layers, "qt_fp8_quantize_weights: layers [%d, %d) of %d", l0, l1, f->n_layers);
+    for (int l = l0; l < l1; l++) {
         const qt_layer_offsets *o = &L->layers[l];
         size_t off[QT_FP8_NMM] = {o->wqkv, o->wo, o->wgu, o->wdown};
         for (int k = 0; k < QT_FP8_NMM; k++) {

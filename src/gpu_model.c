@@ -170,7 +170,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     free(t);
     if (cfg->matmul_dtype == QT_DT_E4M3) {
         g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);
-        qt_fp8_quantize_weights(g->fp8, L, g->w, s);
+        qt_fp8_quantize_weights(g->fp8, L, g->w, 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
     return g;
@@ -263,6 +263,11 @@ static void lin_bwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void
     qt_matmul_dgrad(g->mm, dx, QT_DT_BF16, dy, Wp(g, w), g->N, I, O, 0, s);
 }
 
+/* Tells the weights_needed hook that the next op reads weights below flat index upto. */
+static void weights_needed(qt_gpu_model *g, size_t upto) {
+    if (g->weights_needed) g->weights_needed(g->hook_ctx, upto);
+}
+
 static void forward(qt_gpu_model *g) {
     const qt_model_cfg *c = &g->L->cfg;
     cudaStream_t s = g->stream;
@@ -271,11 +276,13 @@ static void forward(qt_gpu_model *g) {
     long N = g->N;
     float eps = c->rms_norm_eps;
     if (g->fp8) qt_fp8_reset_amax(g->fp8, s); /* a micro-step starts here */
+    weights_needed(g, g->L->layers[0].ln1);
     qt_gpu_model_mark(g, "embedding fwd");
     qt_embedding_fwd(g->layers[0].res, g->tok, Wp(g, g->L->embed), N, C, c->vocab_size, s);
     for (int l = 0; l < c->num_layers; l++) {
         const qt_layer_offsets *o = &g->L->layers[l];
         qt_gpu_layer *a = &g->layers[l];
+        weights_needed(g, qt_layer_end(g->L, l));
         /* res (the previous block's down output) += the previous block's residual, then norm */
         qt_gpu_model_mark(g, "rmsnorm fwd");
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, l ? g->layers[l - 1].res_mid : NULL, Wp(g, o->ln1), N, C, eps,
@@ -295,6 +302,7 @@ static void forward(qt_gpu_model *g) {
         void *out = l + 1 < c->num_layers ? g->layers[l + 1].res : g->res_final;
         lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, F, C);
     }
+    weights_needed(g, g->L->numel); /* the final norm and an untied LM head */
     qt_gpu_model_mark(g, "rmsnorm fwd");
     qt_rmsnorm_fwd(g->lnf, g->rstdf, g->res_final, g->layers[c->num_layers - 1].res_mid, Wp(g, g->L->final_norm), N,
                    C, eps, NULL, s);
@@ -302,7 +310,7 @@ static void forward(qt_gpu_model *g) {
 
 /* Tells the grads_ready hook that every gradient from flat index `from` up is final. */
 static void grads_final(qt_gpu_model *g, size_t from) {
-    if (g->grads_ready) g->grads_ready(g->grads_ctx, from);
+    if (g->grads_ready) g->grads_ready(g->hook_ctx, from);
 }
 
 static void backward(qt_gpu_model *g) {
@@ -354,8 +362,9 @@ static void backward(qt_gpu_model *g) {
 void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward_too) {
     /* without persistent quants the fp8 weights are rebuilt for every micro-batch */
     if (g->fp8 && !g->cfg->persistent_quants) {
+        weights_needed(g, g->L->numel);
         qt_gpu_model_mark(g, "fp8 quantize: weights");
-        qt_fp8_quantize_weights(g->fp8, g->L, g->w, g->stream);
+        qt_fp8_quantize_weights(g->fp8, g->L, g->w, 0, g->L->cfg.num_layers, g->stream);
     }
     forward(g);
     lm_head(g, loss_scale, backward_too);

@@ -47,3 +47,9 @@ int qt_shard_final_from(const qt_shard *sh, size_t from) {
     while (b > 0 && sh->bucket[b - 1] >= from) b--;
     return b;
 }
+
+int qt_shard_needed(const qt_shard *sh, size_t upto) {
+    int b = 0;
+    while (b < sh->n_buckets && sh->bucket[b] < upto) b++;
+    return b;
+}

@@ -432,6 +432,17 @@ static void check_partition(const qt_layout *L, int n, int per_layer) {
         }
         QT_EXPECT(qt_shard_final_from(&sh, 0) == 0 && qt_shard_final_from(&sh, sh.total + 1) == sh.n_buckets,
                   "the ends");
+        /* before layer l's forward (every weight below its end is read next): exactly the buckets that
+         * hold part of [0, end) are waited for */
+        for (int l = -1; l <= nl; l++) {
+            size_t end = l < 0 ? L->layers[0].ln1 : l < nl ? qt_layer_end(L, l) : L->numel;
+            int k = qt_shard_needed(&sh, end);
+            QT_EXPECT(k >= 1 && sh.bucket[k - 1] < end && (k == sh.n_buckets || sh.bucket[k] >= end),
+                      "n=%d weights below %zu: buckets [0, %d) waited for", n, end, k);
+            if (per_layer && nl <= QT_SHARD_MAX_BUCKETS - 2 && l >= 0 && l < nl - 1)
+                QT_EXPECT(k == l + 2, "layer %d's forward waits for buckets [0, %d), expected [0, %d)", l, k, l + 2);
+        }
+        QT_EXPECT(qt_shard_needed(&sh, 0) == 0 && qt_shard_needed(&sh, SIZE_MAX) == sh.n_buckets, "the ends (needed)");
     }
     for (int r = 0; r < n; r++) QT_EXPECT(state_end[r] == state_end[0] && state_end[0] * n >= L->numel, "state lengths");
 }

@@ -77,7 +77,8 @@ if has dpcomm; then
       done; done
     } 2>&1 | tee "$OUT/dpcomm.log" | grep -E '==|tokens/s|rror' | head -40
 fi
-# The gradient sum overlapped with the backward (parallel.overlap_comm) against one sum after it, in the
+# The gradient sum overlapped with the backward and the weight all-gather with the next forward
+# (parallel.overlap_comm) against one sum after the backward and one all-gather before the forward, in the
 # same run: one 16 x 1024 micro-batch per GPU per step (the sum is a large part of the step), then the
 # llmq setting (16 micro-batches of 32 x 1024 per GPU per step). comm auto: peer_load without overlap,
 # peer copies with it (engine_dp.c).
