@@ -171,9 +171,10 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
  * state sharded (ZeRO-1, the default) and replicated. The engine checks the ranks agree bitwise on
  * every step's norm (and, replicated, on the exported weights). Summing the gradients bucket by bucket
  * while the backward runs changes no sum: replicated, the runs must be bitwise equal to one sum after
- * the backward (sharded, the norm adds per-bucket sums of squares). The overlapped sharded runs hold
- * their weight all-gather back 20 ms each step (QT_DP_AG_DELAY_MS): a forward that did not wait for it
- * would read the last step's weights of the other rank's pieces. Autotuning is off so that every run
+ * the backward (sharded, the norm adds per-bucket sums of squares). The overlapped sharded runs (bf16
+ * and fp8, graphs and eager) hold their weight all-gather back 20 ms each step (QT_DP_AG_DELAY_MS): a
+ * forward that did not wait for it (or for the fp8 weight quants made after it) would read the last
+ * step's weights of the other rank's pieces. Autotuning is off so that every run
  * multiplies with the same cuBLASLt algorithms. */
 static void test_data_parallel_matches_one_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
@@ -191,7 +192,7 @@ static void test_data_parallel_matches_one_gpu(void) {
     for (int k = 0; k < RUNS; k++) {
         char err[1024], logp[512];
         snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag[k]);
-        if (k == 1 || k == 9) setenv("QT_DP_AG_DELAY_MS", "20", 1);
+        if (k == 1 || k == 4 || k == 5 || k == 9) setenv("QT_DP_AG_DELAY_MS", "20", 1); /* sharded, overlapped */
         int rc = match_run(k, tag[k], STEPS, NULL, logp, loss[k], err, sizeof err);
         unsetenv("QT_DP_AG_DELAY_MS");
         QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);

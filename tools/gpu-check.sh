@@ -85,7 +85,8 @@ fi
 if has overlap; then
     small="--steps 10 --set data.micro_batch=16 --set data.grad_accum=1"
     llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
-    { for comm in auto host; do for ov in false true; do
+    { step overlap_small_0.5b_bf16_1gpu 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml $small --set parallel.gpus=1
+      for comm in auto host; do for ov in false true; do
           step overlap_small_0.5b_bf16_${comm}_${ov} 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml $small \
               --set parallel.comm=$comm --set parallel.overlap_comm=$ov
       done; done
