@@ -150,12 +150,16 @@ static __device__ void block_bitonic_sort(int *a, int m) {
     }
 }
 
-/* One block per touched id: sort its bucket, then dwte[id] += its rows in ascending order. */
-__global__ void embedding_bwd_kernel(float *dwte, const void *dout, int dout_bf16, int *rows,
-                                     const int *off, const int *touched, const int *meta, int c, int vec) {
+/* One block per touched id: sort its bucket, then dwte[id] += its rows in ascending order, for the
+ * table elements in [lo, hi) (vec: multiples of 8). */
+__global__ void embedding_bwd_kernel(float *dwte, long long lo_el, long long hi_el, const void *dout, int dout_bf16,
+                                     int *rows, const int *off, const int *touched, const int *meta, int c, int vec) {
     __shared__ int sh[BUCKET_SHARED];
     if ((int)blockIdx.x >= meta[0]) return;
     int id = touched[blockIdx.x], lo = off[id], m = off[id + 1] - lo;
+    long long row0 = (long long)id * c;
+    int c0 = (int)max(0LL, lo_el - row0), c1 = (int)min((long long)c, hi_el - row0);
+    if (c0 >= c1) return; /* the whole block: the row is outside the range */
     int *r = rows + lo;
     if (m > 1 && m <= BUCKET_SHARED) {
         for (int i = threadIdx.x; i < m; i += blockDim.x) sh[i] = r[i];
@@ -163,9 +167,9 @@ __global__ void embedding_bwd_kernel(float *dwte, const void *dout, int dout_bf1
         r = sh;
     }
     if (m > 1) block_bitonic_sort(r, m);
-    float *dst = dwte + (long long)id * c;
-    int groups = vec ? c / 8 : c;
-    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    float *dst = dwte + row0;
+    int g0 = vec ? c0 / 8 : c0, g1 = vec ? c1 / 8 : c1;
+    for (int g = g0 + threadIdx.x; g < g1; g += blockDim.x) {
         if (vec) {
             float acc[8], x[8];
             float4 a0 = ((float4 *)(dst + g * 8))[0], a1 = ((float4 *)(dst + g * 8))[1];
@@ -215,9 +219,15 @@ extern "C" size_t qt_embedding_bwd_ws_bytes(long n, int v) {
 
 extern "C" void qt_embedding_bwd(float *dwte, const void *dout, qt_dtype dout_dt, const int32_t *tok, long n,
                                  int c, int v, void *ws, cudaStream_t s) {
+    qt_embedding_bwd_range(dwte, 0, (size_t)v * c, dout, dout_dt, tok, n, c, v, ws, s);
+}
+
+extern "C" void qt_embedding_bwd_range(float *dwte, size_t lo, size_t hi, const void *dout, qt_dtype dout_dt,
+                                       const int32_t *tok, long n, int c, int v, void *ws, cudaStream_t s) {
     QT_CHECK(dout_dt == QT_DT_F32 || dout_dt == QT_DT_BF16, "dout dtype %s: expected fp32 or bf16",
              qt_dtype_name(dout_dt));
     QT_CHECK(n < INT_MAX && v > 0, "embedding bwd: n=%ld tokens (max %d), v=%d", n, INT_MAX - 1, v);
+    QT_CHECK(lo <= hi, "embedding bwd: range [%zu, %zu)", lo, hi);
     if (n <= 0 || c <= 0) return;
     int *cnt = (int *)ws, *off = cnt + v, *cursor = off + v + 1, *rows = cursor + v, *touched = rows + n;
     int *meta = touched + n, *sums = meta + 1, tiles = scan_tiles(v);
@@ -232,9 +242,10 @@ extern "C" void qt_embedding_bwd(float *dwte, const void *dout, qt_dtype dout_dt
     embedding_scatter_bwd_kernel<<<g, 256, 0, s>>>(rows, cursor, tok, n, v);
     QT_CUDA(cudaGetLastError());
     int es = qt_dtype_size(dout_dt);
-    int vec = c % 8 == 0 && qt_aligned16(dwte) && qt_aligned16(dout) && ((size_t)c * es) % 16 == 0;
+    int vec = c % 8 == 0 && lo % 8 == 0 && hi % 8 == 0 && qt_aligned16(dwte) && qt_aligned16(dout) &&
+              ((size_t)c * es) % 16 == 0;
     long nblk = n < v ? n : v;
-    embedding_bwd_kernel<<<(unsigned)nblk, 128, 0, s>>>(dwte, dout, dout_dt == QT_DT_BF16, rows, off, touched,
-                                                        meta, c, vec);
+    embedding_bwd_kernel<<<(unsigned)nblk, 128, 0, s>>>(dwte, (long long)lo, (long long)hi, dout, dout_dt == QT_DT_BF16,
+                                                        rows, off, touched, meta, c, vec);
     QT_CUDA(cudaGetLastError());
 }

@@ -59,13 +59,20 @@ typedef struct {
      * at flat index >= from is final on g->stream (after the final norm, each layer, and 0 at the end). */
     void (*weights_needed)(void *ctx, size_t upto);
     void (*grads_ready)(void *ctx, size_t from);
+    /* embed_ready: called once the LM head's backward is done (with skip_lookups: every gradient of
+     * the embedding table is then final but for this micro-batch's lookups). */
+    void (*embed_ready)(void *ctx);
     void *hook_ctx;
+    int skip_lookups;   /* leave the embedding backward out: the engine adds every rank's lookups to its
+                         * piece itself, from dres and tok, through `lookups` */
     /* activations */
     qt_gpu_layer *layers; /* host array of L->cfg.num_layers (owned) */
     void *res_final;    /* [N,C] down output of the last layer, then the final residual */
     void *lnf;          /* [N,C] */
     float *rstdf;       /* [N] */
     void *logits;       /* [N/chunks, V] */
+    void *lookups;      /* over logits (sharded data parallel; else NULL): [ranks][N] tokens, [ranks][N][C]
+                         * fp32 dres, an embedding-backward workspace (qt_gpu_model_lookups_bytes) */
     float *losses;      /* [N] */
     double *loss_sum;   /* device scalar: sum of losses since the last read */
     float *norm, *clip; /* device scalars */
@@ -110,6 +117,10 @@ void qt_gpu_model_profile(qt_gpu_model *g, int on);
 void qt_gpu_model_mark(qt_gpu_model *g, const char *label);
 void qt_gpu_model_profile_collect(qt_gpu_model *g);
 void qt_gpu_model_profile_print(qt_gpu_model *g, int steps);
+
+/* g->lookups cut into every rank's tokens [ranks][N], residual gradients at the embeddings [ranks][N][C]
+ * and a qt_embedding_bwd workspace; returns its bytes (base NULL: only the size). */
+size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws);
 
 /* Logits [N, V] as fp32 on the host for the tokens in g->tok (synchronises). */
 void qt_gpu_model_logits(qt_gpu_model *g, float *host_logits);

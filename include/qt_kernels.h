@@ -47,6 +47,10 @@ size_t qt_embedding_bwd_ws_bytes(long n, int v);
  * Tokens outside [0, v) are skipped. ws: qt_embedding_bwd_ws_bytes(n, v) bytes, 16-byte aligned. */
 void qt_embedding_bwd(float *dwte, const void *dout, qt_dtype dout_dt, const int32_t *tok, long n, int c,
                       int v, void *ws, cudaStream_t s);
+/* The same, adding only to the table elements dwte[lo..hi) (flat indices into [v, c]): one
+ * data-parallel rank's piece of the embedding gradient. */
+void qt_embedding_bwd_range(float *dwte, size_t lo, size_t hi, const void *dout, qt_dtype dout_dt,
+                            const int32_t *tok, long n, int c, int v, void *ws, cudaStream_t s);
 
 /* ---- column reductions (bias.cu; RMSNorm dw uses the same machinery) ---- */
 /* Bytes of workspace qt_bias_bwd / qt_rmsnorm_bwd need for c columns. */

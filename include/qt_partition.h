@@ -26,7 +26,8 @@ typedef struct qt_shard_s {
     size_t bucket[QT_SHARD_MAX_BUCKETS + 1]; /* 0 = bucket[0] < ... < bucket[n_buckets] = total */
 } qt_shard;
 
-/* Rank `rank` of n_ranks (1..QT_SHARD_MAX_RANKS). per_layer: a bucket for the embeddings, one per layer
+/* Rank `rank` of n_ranks (1..QT_SHARD_MAX_RANKS). per_layer: a bucket of embeddings only (none when
+ * they are fewer than 64 x n_ranks elements), one per layer
  * (consecutive layers share one past QT_SHARD_MAX_BUCKETS - 2 layers; the last one takes the final norm)
  * and one for an untied LM head with the final norm; else one bucket. */
 void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer);

@@ -5,7 +5,10 @@
  * bucket to a comm stream as soon as the backward has finished it, and a sharded rank's weight
  * all-gather after AdamW runs on that stream while the next micro-step's forward waits for each bucket
  * just before its layers (the micro-step's CUDA graph is cut into segments at those points, the sums
- * enqueued and the waits made between their launches). */
+ * enqueued and the waits made between their launches). A sharded step's last micro-step leaves its
+ * embedding lookups out of the backward: the embeddings' bucket is summed right after the LM head, and
+ * every rank's lookups are added to the sums afterwards (add_lookups), overlapped or not, so the bits
+ * are the same either way. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +24,7 @@
  * index seg[k].from up is final (NO_CUT: nothing to hand over), so the bucket sums are enqueued. An
  * ordinary micro-step is one segment. */
 #define NO_CUT SIZE_MAX
+#define EMBED_CUT (SIZE_MAX - 1) /* from: the embeddings' bucket is final but for this micro-batch's lookups */
 typedef struct {
     struct { cudaGraphExec_t exec; size_t wait, from; } *seg; /* owned, cap entries */
     int n, cap;
@@ -29,8 +33,9 @@ typedef struct {
 } graph_set;
 
 /* Micro-step kinds, the graph_set index: the last of a step, whose bucket sums overlap the backward;
- * the first after an overlapped weight all-gather, whose forward waits for it bucket by bucket. */
-enum { MS_SUMS = 1, MS_WAITS = 2 };
+ * the first after an overlapped weight all-gather, whose forward waits for it bucket by bucket; the
+ * last of a sharded step, which leaves its embedding lookups out (add_lookups adds every rank's). */
+enum { MS_SUMS = 1, MS_WAITS = 2, MS_LOOKUPS = 4, MS_KINDS = 8 };
 
 typedef struct {
     qt_engine base;
@@ -41,7 +46,7 @@ typedef struct {
     long valid_total;       /* targets >= 0 since the last opt_step */
     struct { double loss; float norm; int nonfinite; } *out; /* pinned: the one read per optimizer step */
     void *host_state[4];    /* state_items' host copies (owned) */
-    graph_set graphs[4];    /* by micro-step kind (MS_*) */
+    graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
     graph_set *capture;     /* the set being captured */
     int micro_done;
     qt_comm *comm;          /* data-parallel rank: gradients are summed over comm before the norm */
@@ -49,6 +54,8 @@ typedef struct {
     cudaStream_t comm_stream; /* the buckets summed while the backward runs (owned, with comm_ev) */
     cudaEvent_t comm_ev;
     int sent;               /* lowest bucket handed to comm_stream this step (n_buckets: none) */
+    int early;              /* buckets [0, early) handed over right after the LM head (embeddings only) */
+    int lookups_due;        /* the last micro-step left its lookups out: add_lookups before the norm */
     cudaEvent_t *ag_ev;     /* [n_buckets] bucket k's weights all-gathered on comm_stream (owned; overlap, sharded) */
     int gathered;           /* buckets whose all-gather the model's stream waits for (n_buckets: none pending) */
     long ag_delay_ms;       /* test hook QT_DP_AG_DELAY_MS: the comm stream sleeps before each weight all-gather */
@@ -100,16 +107,64 @@ static void reduce_bucket(gpu_engine *e, int b, cudaStream_t s) {
     if (half) qt_cast_bf16_to_f32(g->grad + off, (uint16_t *)g->w + off, len, s);
 }
 
-/* The model's grads_ready hook: every gradient from flat index `from` up is final on the model's
- * stream, so the buckets that became final go to the comm stream (in descending order, the same on
- * every rank). */
-static void grads_ready(void *ctx, size_t from) {
-    gpu_engine *e = ctx;
-    int b = qt_shard_final_from(&e->g->shard, from);
-    if (b >= e->sent) return;
+/* The comm stream continues after what the model's stream has enqueued so far. */
+static void comm_follows(gpu_engine *e) {
     QT_CUDA(cudaEventRecord(e->comm_ev, e->g->stream));
     QT_CUDA(cudaStreamWaitEvent(e->comm_stream, e->comm_ev, 0));
+}
+
+/* The model's embed_ready hook (sharded, last micro-step): the buckets of embeddings only are final
+ * but for this micro-batch's lookups, which add_lookups adds later, so they are summed now, while the
+ * whole backward still runs: that bucket is the largest (27% of Qwen2.5-0.5B with its tied LM head). */
+static void send_embedding(void *ctx) {
+    gpu_engine *e = ctx;
+    const qt_shard *sh = &e->g->shard;
+    int k = 0;
+    while (k < sh->n_buckets && sh->bucket[k + 1] <= e->base.L->layers[0].ln1) k++;
+    if (!k) return;
+    comm_follows(e);
+    for (int b = 0; b < k; b++) reduce_bucket(e, b, e->comm_stream);
+    e->early = k;
+}
+
+/* Adds this micro-step's embedding lookups of every rank, in rank order, to this rank's pieces of the
+ * embedding gradient (already summed without them): the tokens and the residual gradient at the
+ * embeddings (N x C, a fraction of the table) are all-gathered instead of the table's gradient. */
+static void add_lookups(gpu_engine *e, cudaStream_t cs) {
+    qt_gpu_model *g = e->g;
+    const qt_shard *sh = &g->shard;
+    const qt_model_cfg *c = &e->base.L->cfg;
+    size_t n = (size_t)sh->n_ranks, N = (size_t)g->N, C = (size_t)c->hidden_size, end = e->base.L->layers[0].ln1;
+    int32_t *tok;
+    float *dres;
+    void *ws;
+    qt_gpu_model_lookups(g, g->lookups, &tok, &dres, &ws);
+    QT_CHECK(qt_comm_all_gather(e->comm, e->rank, tok, g->tok, n * N, QT_DT_F32, cs) == 0 &&
+                 qt_comm_all_gather(e->comm, e->rank, dres, g->dres, n * N * C, QT_DT_F32, cs) == 0,
+             "rank %d: embedding lookups all-gather aborted (another rank failed)", e->rank);
+    for (size_t j = 0; j < n; j++)
+        for (int b = 0; b < sh->n_buckets && sh->bucket[b] < end; b++) {
+            size_t off, len, st;
+            qt_shard_piece(sh, b, &off, &len, &st);
+            size_t hi = off + len < end ? off + len : end; /* the embeddings sit at flat index 0 */
+            if (off < hi)
+                qt_embedding_bwd_range(g->grad, off, hi, dres + j * N * C, QT_DT_F32, tok + j * N, (long)N,
+                                       (int)C, c->vocab_size, ws, cs);
+        }
+}
+
+/* The model's grads_ready hook: every gradient from flat index `from` up is final on the model's
+ * stream, so the buckets that became final go to the comm stream (in descending order, the same on
+ * every rank); at the end (from 0) of a micro-step that left its lookups out, they follow. */
+static void grads_ready(void *ctx, size_t from) {
+    gpu_engine *e = ctx;
+    int b = qt_shard_final_from(&e->g->shard, from), lookups = from == 0 && e->lookups_due;
+    if (b < e->early) b = e->early;
+    if (b >= e->sent && !lookups) return;
+    comm_follows(e);
     while (e->sent > b) reduce_bucket(e, --e->sent, e->comm_stream);
+    if (lookups) add_lookups(e, e->comm_stream);
+    if (from == 0) e->sent = e->early = e->lookups_due = 0;
 }
 
 /* The model's weights_needed hook: the model's stream waits for the all-gather of every bucket below
@@ -152,6 +207,7 @@ static void cut(gpu_engine *e, size_t from) {
 
 /* The hooks while capturing: cut there. */
 static void cut_grads(void *ctx, size_t from) { cut(ctx, from); }
+static void cut_embed(void *ctx) { cut(ctx, EMBED_CUT); }
 static void cut_weights(void *ctx, size_t upto) {
     gpu_engine *e = ctx;
     cut(e, NO_CUT);
@@ -162,12 +218,17 @@ static void cut_weights(void *ctx, size_t upto) {
  * hook is weights_wait whenever an all-gather can be pending). */
 static void run_step(gpu_engine *e, float scale, int kind) {
     qt_gpu_model *g = e->g;
+    int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
+    e->lookups_due = g->skip_lookups = (kind & MS_LOOKUPS) != 0;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
      * cannot happen under capture. A new loss scale means new graphs. */
     if (!e->base.cfg->cuda_graphs || e->micro_done == 0 || g->prof) {
         g->grads_ready = kind & MS_SUMS ? grads_ready : NULL;
+        g->embed_ready = early ? send_embedding : NULL;
         qt_gpu_model_step(g, scale, 1);
         g->grads_ready = NULL;
+        g->embed_ready = NULL;
+        g->skip_lookups = 0;
         return;
     }
     graph_set *gs = &e->graphs[kind];
@@ -181,8 +242,10 @@ static void run_step(gpu_engine *e, float scale, int kind) {
         QT_CUDA(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
         g->grads_ready = kind & MS_SUMS ? cut_grads : NULL;
         g->weights_needed = kind & MS_WAITS ? cut_weights : NULL;
+        g->embed_ready = early ? cut_embed : NULL;
         qt_gpu_model_step(g, scale, 1);
         g->grads_ready = NULL;
+        g->embed_ready = NULL;
         g->weights_needed = wn;
         QT_CUDA(cudaStreamEndCapture(g->stream, &graph));
         add_segment(gs, graph, NO_CUT);
@@ -191,19 +254,22 @@ static void run_step(gpu_engine *e, float scale, int kind) {
     for (int k = 0; k < gs->n; k++) {
         if (gs->seg[k].wait) weights_wait(e, gs->seg[k].wait);
         QT_CUDA(cudaGraphLaunch(gs->seg[k].exec, g->stream));
-        if (gs->seg[k].from != NO_CUT) grads_ready(e, gs->seg[k].from);
+        if (gs->seg[k].from == EMBED_CUT) send_embedding(e);
+        else if (gs->seg[k].from != NO_CUT) grads_ready(e, gs->seg[k].from);
     }
+    g->skip_lookups = 0;
 }
 
 static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
-    QT_CHECK(e->sent == g->shard.n_buckets,
-             "rank %d: a micro-step after this step's gradients were summed over the GPUs: with parallel.overlap_comm "
-             "a step is data.grad_accum (%d) micro-steps", e->rank, b->cfg->grad_accum);
+    QT_CHECK(e->sent == g->shard.n_buckets && !e->lookups_due,
+             "rank %d: a micro-step after the last of this step (a step is data.grad_accum = %d micro-steps)", e->rank,
+             b->cfg->grad_accum);
     long valid = upload(e, in, tgt);
     e->valid_total += valid;
-    int kind = (e->comm && b->cfg->overlap_comm && ++e->micro_in_step == b->cfg->grad_accum ? MS_SUMS : 0) |
+    int last = e->comm && ++e->micro_in_step == b->cfg->grad_accum;
+    int kind = (last && b->cfg->overlap_comm ? MS_SUMS : 0) | (last && g->lookups ? MS_LOOKUPS : 0) |
                (e->gathered < g->shard.n_buckets ? MS_WAITS : 0);
     run_step(e, valid ? grad_scale / valid : 0.0f, kind);
     e->micro_done++;
@@ -225,6 +291,8 @@ static void reduce_grads(gpu_engine *e, cudaStream_t s) {
         } else {
             qt_gpu_model_mark(g, "optimizer: gradient sum");
             for (int b = sh->n_buckets - 1; b >= 0; b--) reduce_bucket(e, b, s);
+            if (e->lookups_due) add_lookups(e, s); /* as the overlapped sums do: the same bits */
+            e->lookups_due = 0;
         }
         e->sent = sh->n_buckets;
         e->micro_in_step = 0;
@@ -343,8 +411,9 @@ static void gpu_get_weights(qt_engine *b, float *w) {
 static void gpu_get_grads(qt_engine *b, float *gr) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
-    QT_CHECK(e->sent == g->shard.n_buckets, "rank %d: get_grads after the last micro-step of a step summed the gradients "
-             "over the GPUs (parallel.overlap_comm): set it false to read each rank's own", e->rank);
+    QT_CHECK(e->sent == g->shard.n_buckets && !e->lookups_due,
+             "rank %d: get_grads after the last micro-step of a step: its gradients are summed over the GPUs (or "
+             "wait for the other ranks' embedding lookups); read them before that micro-step", e->rank);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     QT_CUDA(cudaMemcpy(gr, g->grad, b->L->numel * 4, cudaMemcpyDeviceToHost));
 }
@@ -432,7 +501,7 @@ static void gpu_free(qt_engine *b) {
     }
     for (int k = 0; e->ag_ev && k < e->g->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(e->ag_ev[k]));
     free(e->ag_ev);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < MS_KINDS; i++) {
         for (int k = 0; k < e->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(e->graphs[i].seg[k].exec));
         free(e->graphs[i].seg);
     }
@@ -514,9 +583,9 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     e->sent = e->gathered = e->g->shard.n_buckets;
     e->g->hook_ctx = e;
-    for (int i = 0; i < 4; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final norm;
-                                   * MS_SUMS after the final norm, each layer and the embeddings */
-        e->graphs[i].cap = 1 + (i & MS_WAITS ? L->cfg.num_layers + 2 : 0) + (i & MS_SUMS ? L->cfg.num_layers + 2 : 0);
+    for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final
+                                          * norm; MS_SUMS after the LM head, final norm, each layer and the embeddings */
+        e->graphs[i].cap = 1 + (i & MS_WAITS ? L->cfg.num_layers + 2 : 0) + (i & MS_SUMS ? L->cfg.num_layers + 3 : 0);
         e->graphs[i].seg = calloc((size_t)e->graphs[i].cap, sizeof *e->graphs[i].seg);
         QT_CHECK(e->graphs[i].seg, "out of host memory");
     }

@@ -39,6 +39,18 @@ static void *carve(qt_gpu_model *g, size_t *off, const char *kind, size_t bytes)
     return p;
 }
 
+static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws) {
+    size_t n = (size_t)g->shard.n_ranks * g->N, a = align256(n * 4), d = align256(n * g->L->cfg.hidden_size * 4);
+    if (base) {
+        *tok = base;
+        *dres = (float *)((char *)base + a);
+        *ws = (char *)base + a + d;
+    }
+    return a + d + qt_embedding_bwd_ws_bytes(g->N, g->L->cfg.vocab_size);
+}
+
 static size_t carve_all(qt_gpu_model *g) {
     const qt_model_cfg *c = &g->L->cfg;
     long N = g->N;
@@ -69,7 +81,9 @@ static size_t carve_all(qt_gpu_model *g) {
     g->res_final = carve(g, &off, "activations: residual", N * C * 2);
     g->lnf = carve(g, &off, "activations: norms", N * C * 2);
     g->rstdf = carve(g, &off, "activations: norms", N * 4);
-    g->logits = carve(g, &off, "lm-head logits chunk", chunk * V * 2);
+    size_t lk = g->shard.n_ranks > 1 ? qt_gpu_model_lookups(g, NULL, NULL, NULL, NULL) : 0;
+    g->logits = carve(g, &off, "lm-head logits chunk", chunk * V * 2 > lk ? chunk * V * 2 : lk);
+    g->lookups = lk ? g->logits : NULL; /* dead from the LM head's end to the next micro-step's */
     g->losses = carve(g, &off, "lm-head logits chunk", N * 4);
     g->loss_sum = carve(g, &off, "scratch: gradients", 8);
     g->norm = carve(g, &off, "scratch: gradients", 4);
@@ -354,8 +368,10 @@ static void backward(qt_gpu_model *g) {
                        Gp(g, o->ln1), g->dln, a->res, Wp(g, o->ln1), a->rstd1, N, C, g->ws, s);
         grads_final(g, o->ln1);
     }
-    qt_gpu_model_mark(g, "embedding bwd");
-    qt_embedding_bwd(Gp(g, g->L->embed), g->dres, QT_DT_F32, g->tok, N, C, c->vocab_size, g->ws, s);
+    if (!g->skip_lookups) {
+        qt_gpu_model_mark(g, "embedding bwd");
+        qt_embedding_bwd(Gp(g, g->L->embed), g->dres, QT_DT_F32, g->tok, N, C, c->vocab_size, g->ws, s);
+    }
     grads_final(g, 0);
 }
 
@@ -368,6 +384,7 @@ void qt_gpu_model_step(qt_gpu_model *g, float loss_scale, int backward_too) {
     }
     forward(g);
     lm_head(g, loss_scale, backward_too);
+    if (backward_too && g->embed_ready) g->embed_ready(g->hook_ctx);
     if (backward_too) backward(g);
     qt_gpu_model_profile_collect(g);
 }

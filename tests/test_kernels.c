@@ -190,7 +190,18 @@ static void embedding_case(long n, int c, int v, int hot, qt_dtype ddt) {
     QT_EXPECT(qt_t_close("embedding bwd", g1, rw, (long)v * c, 1e-6, 1e-5), "n=%ld c=%d v=%d %s", n, c, v,
               qt_dtype_name(ddt));
     QT_EXPECT(memcmp(g1, g2, (size_t)v * c * 4) == 0, "n=%ld c=%d: two runs differ", n, c);
-    free(tok); free(wte); free(dout); free(dw0); free(got); free(ref); free(g1); free(g2); free(rw);
+    /* a rank's piece [lo, hi) of the table (64-element multiples, cutting rows): exactly the full
+     * backward's bits inside, the old values outside */
+    size_t total = (size_t)v * c, lo = total / 3 / 64 * 64, hi = (total - total / 5) / 64 * 64;
+    QT_CUDA(cudaMemcpy(ddw2, dw0, total * 4, cudaMemcpyHostToDevice));
+    QT_CUDA(cudaMemset(ws, 0xff, qt_embedding_bwd_ws_bytes(n, v)));
+    qt_embedding_bwd_range(ddw2, lo, hi, dout_d, ddt, dtok, n, c, v, ws, 0);
+    float *g3 = g_f32(ddw2, (long)total);
+    size_t bad = SIZE_MAX;
+    for (size_t i = 0; i < total && bad == SIZE_MAX; i++)
+        if (memcmp(&g3[i], i >= lo && i < hi ? &g1[i] : &dw0[i], 4)) bad = i;
+    QT_EXPECT(bad == SIZE_MAX, "n=%ld c=%d v=%d: range [%zu, %zu) wrong at element %zu", n, c, v, lo, hi, bad);
+    free(tok); free(wte); free(dout); free(dw0); free(got); free(ref); free(g1); free(g2); free(g3); free(rw);
     cudaFree(dtok); cudaFree(dwte); cudaFree(dout_d); cudaFree(out); cudaFree(ddw); cudaFree(ddw2); cudaFree(ws);
 }
 static void test_embedding(void) {

@@ -427,9 +427,14 @@ static void check_partition(const qt_layout *L, int n, int per_layer) {
             int b = qt_shard_final_from(&sh, L->layers[l].ln1);
             QT_EXPECT(b == sh.n_buckets || sh.bucket[b] >= L->layers[l].ln1, "layer %d: bucket %d starts below it", l, b);
             QT_EXPECT(b == 0 || sh.bucket[b - 1] < L->layers[l].ln1, "layer %d: bucket %d held back", l, b - 1);
+            /* layer 0's bucket starts below it (the embeddings' tail): final with the embeddings */
+            int want = l + 1 + (l == 0 && sh.bucket[1] < L->layers[0].ln1);
             if (per_layer && nl <= QT_SHARD_MAX_BUCKETS - 2)
-                QT_EXPECT(b == l + 1, "layer %d done: buckets from %d final, expected %d", l, b, l + 1);
+                QT_EXPECT(b == want, "layer %d done: buckets from %d final, expected %d", l, b, want);
         }
+        if (per_layer) /* the embeddings' bucket holds nothing else (summed before the layers' are final) */
+            QT_EXPECT(sh.bucket[1] <= L->layers[0].ln1 && sh.bucket[1] + q > L->layers[0].ln1,
+                      "n=%d: bucket 0 is [0, %zu), the embeddings [0, %zu)", n, sh.bucket[1], L->layers[0].ln1);
         QT_EXPECT(qt_shard_final_from(&sh, 0) == 0 && qt_shard_final_from(&sh, sh.total + 1) == sh.n_buckets,
                   "the ends");
         /* before layer l's forward (every weight below its end is read next): exactly the buckets that

@@ -170,8 +170,9 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
  * and gradient norms must agree (only the order of the fp32 gradient sums differs), with the optimizer
  * state sharded (ZeRO-1, the default) and replicated. The engine checks the ranks agree bitwise on
  * every step's norm (and, replicated, on the exported weights). Summing the gradients bucket by bucket
- * while the backward runs changes no sum: replicated, the runs must be bitwise equal to one sum after
- * the backward (sharded, the norm adds per-bucket sums of squares). The overlapped sharded runs (bf16
+ * while the backward runs changes no sum (sharded, the embedding lookups are added after the sums
+ * either way): the runs must be bitwise equal to one sum after the backward (sharded, the norm adds
+ * per-bucket sums of squares: within 1e-5). The overlapped sharded runs (bf16
  * and fp8, graphs and eager) hold their weight all-gather back 20 ms each step (QT_DP_AG_DELAY_MS): a
  * forward that did not wait for it (or for the fp8 weight quants made after it) would read the last
  * step's weights of the other rank's pieces. Autotuning is off so that every run
