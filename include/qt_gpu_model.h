@@ -72,7 +72,7 @@ typedef struct {
     float *rstdf;       /* [N] */
     void *logits;       /* [N/chunks, V] */
     void *lookups;      /* over logits (sharded data parallel; else NULL): [ranks][N] tokens, [ranks][N][C]
-                         * fp32 dres, an embedding-backward workspace (qt_gpu_model_lookups_bytes) */
+                         * fp32 dres, an embedding-backward workspace (qt_gpu_model_lookups) */
     float *losses;      /* [N] */
     double *loss_sum;   /* device scalar: sum of losses since the last read */
     float *norm, *clip; /* device scalars */

@@ -17,9 +17,10 @@
 #include "qt_error.h"
 
 #define ALIGN_BYTES 256
+static size_t aligned(size_t bytes) { return (bytes + ALIGN_BYTES - 1) / ALIGN_BYTES * ALIGN_BYTES; }
 
 static size_t plan_add(qt_gpu_model *g, const char *kind, size_t bytes) {
-    bytes = (bytes + ALIGN_BYTES - 1) / ALIGN_BYTES * ALIGN_BYTES;
+    bytes = aligned(bytes);
     for (int i = 0; i < g->n_plan; i++)
         if (!strcmp(g->plan[i].kind, kind)) {
             g->plan[i].bytes += bytes;
@@ -39,10 +40,8 @@ static void *carve(qt_gpu_model *g, size_t *off, const char *kind, size_t bytes)
     return p;
 }
 
-static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
-
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws) {
-    size_t n = (size_t)g->shard.n_ranks * g->N, a = align256(n * 4), d = align256(n * g->L->cfg.hidden_size * 4);
+    size_t n = (size_t)g->shard.n_ranks * g->N, a = aligned(n * 4), d = aligned(n * g->L->cfg.hidden_size * 4);
     if (base) {
         *tok = base;
         *dres = (float *)((char *)base + a);
