@@ -71,8 +71,9 @@ typedef struct {
     void *lnf;          /* [N,C] */
     float *rstdf;       /* [N] */
     void *logits;       /* [N/chunks, V] */
-    void *lookups;      /* over logits (sharded data parallel; else NULL): [ranks][N] tokens, [ranks][N][C]
-                         * fp32 dres, an embedding-backward workspace (qt_gpu_model_lookups) */
+    void *lookups;      /* over logits (sharded data parallel where ranks x N x (C+1) < V x C; else NULL):
+                         * [ranks][N] tokens, [ranks][N][C] fp32 dres, an embedding-backward workspace
+                         * (qt_gpu_model_lookups) */
     float *losses;      /* [N] */
     double *loss_sum;   /* device scalar: sum of losses since the last read */
     float *norm, *clip; /* device scalars */

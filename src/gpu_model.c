@@ -80,7 +80,10 @@ static size_t carve_all(qt_gpu_model *g) {
     g->res_final = carve(g, &off, "activations: residual", N * C * 2);
     g->lnf = carve(g, &off, "activations: norms", N * C * 2);
     g->rstdf = carve(g, &off, "activations: norms", N * 4);
-    size_t lk = g->shard.n_ranks > 1 ? qt_gpu_model_lookups(g, NULL, NULL, NULL, NULL) : 0;
+    /* Every rank's lookups instead of the table's gradient, where they are the fewer bytes (n N (C+1) <
+     * V C: 2 ranks of 16 x 1024 tokens at V = 151936, not 8 ranks of 32 x 1024). */
+    size_t nr = (size_t)g->shard.n_ranks;
+    size_t lk = nr > 1 && nr * N * (C + 1) < V * C ? qt_gpu_model_lookups(g, NULL, NULL, NULL, NULL) : 0;
     g->logits = carve(g, &off, "lm-head logits chunk", chunk * V * 2 > lk ? chunk * V * 2 : lk);
     g->lookups = lk ? g->logits : NULL; /* dead from the LM head's end to the next micro-step's */
     g->losses = carve(g, &off, "lm-head logits chunk", N * 4);
