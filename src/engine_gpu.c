@@ -6,9 +6,9 @@
  * all-gather after AdamW runs on that stream while the next micro-step's forward waits for each bucket
  * just before its layers (the micro-step's CUDA graph is cut into segments at those points, the sums
  * enqueued and the waits made between their launches). A sharded step's last micro-step leaves its
- * embedding lookups out of the backward where they are fewer bytes than the table (g->lookups): the embeddings' bucket is summed right after the LM head, and
- * every rank's lookups are added to the sums afterwards (add_lookups), overlapped or not, so the bits
- * are the same either way. */
+ * embedding lookups out of the backward where they are fewer bytes than the table (g->lookups): the
+ * embeddings' bucket is summed right after the LM head, and every rank's lookups are added to the sums
+ * afterwards (add_lookups), overlapped or not, so the bits are the same either way. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
