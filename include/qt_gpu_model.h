@@ -88,7 +88,8 @@ typedef struct {
     float *rope_cs;     /* [T, D] */
     void *ws;           /* kernel workspace */
     size_t ws_bytes;
-    qt_adamw_plan *adamw;
+    qt_adamw_plan *adamw[2]; /* this rank's pieces: [0] of bucket 0 (the embeddings, gathered while [1] runs),
+                              * [1] of the rest; with one bucket, [0] of all and [1] NULL */
     int lm_chunks;
     struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
     /* fp8 blocks (precision.matmul_dtype: e4m3); NULL/unused in bf16 */

@@ -320,22 +320,24 @@ static void CUDART_CB sleep_ms(void *ms) {
     nanosleep(&t, NULL);
 }
 
-/* A sharded rank's bf16 weights after AdamW: every rank's pieces, all-gathered bucket by bucket, and
- * the fp8 quants of the layers each bucket completes. With parallel.overlap_comm this runs on the comm
- * stream, each bucket's event recorded for the next forward (weights_wait); else on the model's. */
-static void gather_weights(gpu_engine *e) {
+/* A sharded rank's bf16 weights after AdamW of buckets [k0, k1): every rank's pieces, all-gathered
+ * bucket by bucket, and the fp8 quants of the layers each bucket completes. With parallel.overlap_comm
+ * this runs on the comm stream, each bucket's event recorded for the next forward (weights_wait); else
+ * on the model's. */
+static void gather_weights(gpu_engine *e, int k0, int k1) {
     qt_gpu_model *g = e->g;
     const qt_shard *sh = &g->shard;
     const qt_layout *L = e->base.L;
     int overlap = e->ag_ev != NULL, nl = L->cfg.num_layers, ql = 0;
     cudaStream_t s = overlap ? e->comm_stream : g->stream;
-    qt_gpu_model_mark(g, "optimizer: weight all-gather");
+    while (ql < nl && qt_layer_end(L, ql) <= sh->bucket[k0]) ql++; /* quantized with an earlier bucket */
+    if (k0 == 0) qt_gpu_model_mark(g, "optimizer: weight all-gather");
     if (overlap) {
-        QT_CUDA(cudaEventRecord(e->comm_ev, g->stream));
-        QT_CUDA(cudaStreamWaitEvent(s, e->comm_ev, 0));
-        if (e->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &e->ag_delay_ms));
+        comm_follows(e);
+        if (k0 == 0 && e->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &e->ag_delay_ms));
+        if (k0 == 0) e->gathered = 0;
     }
-    for (int k = 0; k < sh->n_buckets; k++) {
+    for (int k = k0; k < k1; k++) {
         size_t lo = sh->bucket[k], hi = sh->bucket[k + 1], off, len, st;
         qt_shard_piece(sh, k, &off, &len, &st);
         QT_CHECK(qt_comm_all_gather(e->comm, e->rank, (uint16_t *)g->w + lo, (uint16_t *)g->w + off, hi - lo,
@@ -347,7 +349,6 @@ static void gather_weights(gpu_engine *e) {
         ql = l1;
         if (overlap) QT_CUDA(cudaEventRecord(e->ag_ev[k], s));
     }
-    if (overlap) e->gathered = 0;
 }
 
 static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
@@ -359,10 +360,12 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     join_weights(e);
     reduce_grads(e, s);
     qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
-    qt_adamw_step(g->adamw, g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
-    if (sh->n_ranks > 1) {
-        gather_weights(e);
-    } else if (g->fp8) { /* once per step: the persistent quants */
+    /* bucket 0 first: its all-gather (the embeddings, read first by the next forward) runs beside the rest */
+    for (int i = 0; i < 2 && g->adamw[i]; i++) {
+        qt_adamw_step(g->adamw[i], g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
+        if (sh->n_ranks > 1) gather_weights(e, i, g->adamw[1] && !i ? 1 : sh->n_buckets);
+    }
+    if (sh->n_ranks == 1 && g->fp8) { /* once per step: the persistent quants */
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, b->L, g->w, 0, b->L->cfg.num_layers, s);
     }

@@ -169,8 +169,9 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
      * configured); padding untouched. A rank may hold no parameter at all (tiny models on many ranks). */
     qt_adamw_tensor *t = calloc((size_t)(L->n_tensors + 1) * sp->n_buckets, sizeof *t);
     QT_CHECK(t, "out of host memory");
-    int nt = 0;
+    int nt = 0, first = 0;
     for (int b = 0; b < sp->n_buckets; b++) {
+        if (b == 1) first = nt;
         size_t lo, len, st;
         qt_shard_piece(sp, b, &lo, &len, &st);
         for (int i = 0; i < L->n_tensors; i++) {
@@ -181,8 +182,13 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
             if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? cfg->weight_decay : 0.0f, st + (a - lo)};
         }
     }
-    if (nt == 0) t[nt++] = (qt_adamw_tensor){0, 0, 0.0f, 0};
-    g->adamw = qt_adamw_plan_create(t, nt);
+    if (first > 0 && first < nt) {
+        g->adamw[0] = qt_adamw_plan_create(t, first);
+        g->adamw[1] = qt_adamw_plan_create(t + first, nt - first);
+    } else {
+        if (nt == 0) t[nt++] = (qt_adamw_tensor){0, 0, 0.0f, 0};
+        g->adamw[0] = qt_adamw_plan_create(t, nt);
+    }
     free(t);
     if (cfg->matmul_dtype == QT_DT_E4M3) {
         g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);
@@ -195,7 +201,8 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
 void qt_gpu_model_free(qt_gpu_model *g) {
     if (!g) return;
     qt_fp8_free(g->fp8);
-    qt_adamw_plan_free(g->adamw);
+    for (int i = 0; i < 2; i++)
+        if (g->adamw[i]) qt_adamw_plan_free(g->adamw[i]);
     qt_attention_free(g->attn);
     qt_matmul_free(g->mm);
     QT_CUDA(cudaStreamDestroy(g->stream));
