@@ -65,6 +65,7 @@ typedef struct {
 
     /* memory / perf (GPU) */
     int lmhead_chunks;
+    int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
     int cuda_graphs;
 
     /* parallel */

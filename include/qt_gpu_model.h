@@ -2,7 +2,8 @@
  *
  * Everything lives in one device allocation carved by a plan (printed as the allocator table at start):
  * bf16 weights, fp32 master weights, fp32 gradients, AdamW m and v (fp32 or bf16), per-layer saved
- * activations for one micro-batch, the LM-head logits chunk, and the workspaces. The layout of every
+ * activations for one micro-batch, the LM-head logits chunk, and the workspaces (with
+ * memory.offload_optimizer, master, m and v live in pinned host memory instead, see qt_gpu_optim.h). The layout of every
  * parameter buffer is the flat qt_layout array, so checkpoints and HF export see the CPU's layout. */
 #ifndef QT_GPU_MODEL_H
 #define QT_GPU_MODEL_H
@@ -14,6 +15,7 @@
 #include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_gpu_fp8.h"
+#include "qt_gpu_optim.h"
 #include "qt_kernels.h"
 #include "qt_matmul.h"
 #include "qt_model.h"
@@ -48,7 +50,7 @@ typedef struct {
     /* parameters: w and grad [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v
      * [shard.len], this rank's pieces of the buckets back to back (all of the array on one GPU) */
     void *w;            /* bf16 */
-    float *master, *grad;
+    float *master, *grad; /* master: device, or host_state when offloaded (m and v too) */
     void *m, *v;
     qt_dtype m_dt, v_dt;
     qt_shard shard;
@@ -88,8 +90,12 @@ typedef struct {
     float *rope_cs;     /* [T, D] */
     void *ws;           /* kernel workspace */
     size_t ws_bytes;
-    qt_adamw_plan *adamw[2]; /* this rank's pieces: [0] of bucket 0 (the embeddings, gathered while [1] runs),
-                              * [1] of the rest; with one bucket, [0] of all and [1] NULL */
+    qt_gpu_optim *opt;  /* AdamW of this rank's pieces: group 0 bucket 0 (the embeddings, gathered while
+                         * group 1 runs), group 1 the rest; one group with one bucket */
+    char *host_state;   /* memory.offload_optimizer: pinned host memory holding master, m and v (owned) */
+    size_t host_state_bytes;
+    void *opt_slots;    /* offloaded: the device slots the state streams through, opt_chunk elements each */
+    size_t opt_chunk;
     int lm_chunks;
     struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
     /* fp8 blocks (precision.matmul_dtype: e4m3); NULL/unused in bf16 */

@@ -128,6 +128,8 @@ static const qt_config_key keys[] = {
 
     I("memory.lmhead_chunks", lmhead_chunks, 1, INT_MAX, "1", "GPU", 0,
       "split the LM head + loss over tokens into N chunks to bound logits memory"),
+    B("memory.offload_optimizer", offload_optimizer, "false", "GPU", 0,
+      "keep the fp32 master weights and AdamW m, v (a GPU's shard when sharded) in pinned host memory, streamed through the GPU in chunks by AdamW: 12 bytes per parameter less GPU memory (8 with bf16 moments), the same bytes each way over PCIe per optimizer step"),
     B("perf.cuda_graphs", cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
 
     I("parallel.gpus", gpus, 0, INT_MAX, "0", "multi-GPU", 0,

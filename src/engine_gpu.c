@@ -361,9 +361,10 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     reduce_grads(e, s);
     qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
     /* bucket 0 first: its all-gather (the embeddings, read first by the next forward) runs beside the rest */
-    for (int i = 0; i < 2 && g->adamw[i]; i++) {
-        qt_adamw_step(g->adamw[i], g->w, g->master, g->grad, g->m, g->m_dt, g->v, g->v_dt, g->clip, NULL, &a, s);
-        if (sh->n_ranks > 1) gather_weights(e, i, g->adamw[1] && !i ? 1 : sh->n_buckets);
+    int groups = qt_gpu_optim_groups(g->opt);
+    for (int i = 0; i < groups; i++) {
+        qt_gpu_optim_step(g->opt, i, g->w, g->grad, g->clip, &a, s);
+        if (sh->n_ranks > 1) gather_weights(e, i, groups == 2 && !i ? 1 : sh->n_buckets);
     }
     if (sh->n_ranks == 1 && g->fp8) { /* once per step: the persistent quants */
         qt_gpu_model_mark(g, "fp8 quantize: weights");
@@ -407,7 +408,7 @@ static void gpu_get_weights(qt_engine *b, float *w) {
     for (int k = 0; k < g->shard.n_buckets; k++) {
         size_t off, len, st;
         qt_shard_piece(&g->shard, k, &off, &len, &st);
-        QT_CUDA(cudaMemcpy(w + off, g->master + st, qt_shard_params(off, len, b->L->numel) * 4, cudaMemcpyDeviceToHost));
+        QT_CUDA(cudaMemcpy(w + off, g->master + st, qt_shard_params(off, len, b->L->numel) * 4, cudaMemcpyDefault));
     }
 }
 
@@ -444,7 +445,7 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     for (int i = 0; i < 4; i++) {
         size_t bytes = (i == 1 ? n : ns) * qt_dtype_size(dts[i]);
         if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
-        QT_CUDA(cudaMemcpy(e->host_state[i], src[i], bytes, cudaMemcpyDeviceToHost));
+        QT_CUDA(cudaMemcpy(e->host_state[i], src[i], bytes, cudaMemcpyDefault)); /* master, m, v: maybe host */
         items[i] = (qt_ckpt_item){names[i], dts[i], e->host_state[i], bytes};
     }
     return 4;
@@ -484,7 +485,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
             qt_shard_piece(&g->shard, k, &off, &len, &st);
             if ((np = qt_shard_params(off, len, n)))
                 QT_CUDA(cudaMemcpyAsync((char *)dst[i] + st * es, (const char *)p + off * es, np * es,
-                                        cudaMemcpyHostToDevice, g->stream));
+                                        cudaMemcpyDefault, g->stream));
         }
     }
     if (g->fp8) qt_fp8_quantize_weights(g->fp8, b->L, g->w, 0, b->L->cfg.num_layers, g->stream);

@@ -58,10 +58,14 @@ static size_t carve_all(qt_gpu_model *g) {
     size_t off = 0, chunk = (N + g->lm_chunks - 1) / g->lm_chunks;
     g->n_plan = 0;
     g->w = carve(g, &off, "weights (bf16)", n * 2);
-    g->master = carve(g, &off, "master weights (fp32)", ns * 4);
     g->grad = carve(g, &off, "gradients (fp32)", n * 4);
-    g->m = carve(g, &off, g->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(g->m_dt));
-    g->v = carve(g, &off, g->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(g->v_dt));
+    if (g->host_state_bytes) { /* master, m and v in host memory (host_state) */
+        g->opt_slots = carve(g, &off, "optimizer slots (offload)", qt_gpu_optim_slot_bytes(g->opt_chunk, g->m_dt, g->v_dt));
+    } else {
+        g->master = carve(g, &off, "master weights (fp32)", ns * 4);
+        g->m = carve(g, &off, g->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(g->m_dt));
+        g->v = carve(g, &off, g->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(g->v_dt));
+    }
     g->sumsq = carve(g, &off, "scratch: gradients", (size_t)g->shard.n_ranks * g->shard.n_buckets * 8);
     for (int l = 0; l < c->num_layers; l++) {
         qt_gpu_layer *a = &g->layers[l];
@@ -131,15 +135,35 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->lm_chunks = cfg->lmhead_chunks > 0 ? cfg->lmhead_chunks : 1;
     if (g->lm_chunks > g->N) g->lm_chunks = (int)g->N;
     g->layers = calloc(L->cfg.num_layers, sizeof *g->layers);
+    size_t ns = g->shard.len;
+    if (cfg->offload_optimizer) {
+        const char *oc = getenv("QT_OFFLOAD_CHUNK"); /* tests: many chunks in a small model */
+        g->opt_chunk = oc && atol(oc) > 0 ? (size_t)atol(oc) : QT_GPU_OPTIM_CHUNK;
+        size_t st_b[3] = {aligned(ns * 4), aligned(ns * qt_dtype_size(g->m_dt)), aligned(ns * qt_dtype_size(g->v_dt))};
+        g->host_state_bytes = st_b[0] + st_b[1] + st_b[2];
+        if (cudaHostAlloc((void **)&g->host_state, g->host_state_bytes, cudaHostAllocDefault) != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(err, errlen, "%s: memory.offload_optimizer: %.2f GiB of pinned host memory for the optimizer state "
+                     "could not be allocated", cfg->path, g->host_state_bytes / 1073741824.0);
+            free(g->layers);
+            free(g);
+            return NULL;
+        }
+        memset(g->host_state, 0, g->host_state_bytes); /* m, v start at zero; padding stays defined */
+        g->master = (float *)g->host_state;
+        g->m = g->host_state + st_b[0];
+        g->v = g->host_state + st_b[0] + st_b[1];
+    }
     g->arena_bytes = carve_all(g);
     size_t free_b, total_b;
     QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
     if (cudaMalloc((void **)&g->arena, g->arena_bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(err, errlen,
-                 "%s: the GPU memory plan needs %.2f GiB but %.2f GiB are free: lower data.micro_batch (%d) "
-                 "or raise memory.lmhead_chunks (%d)",
+                 "%s: the GPU memory plan needs %.2f GiB but %.2f GiB are free: lower data.micro_batch (%d), "
+                 "raise memory.lmhead_chunks (%d) or set memory.offload_optimizer",
                  cfg->path, g->arena_bytes / 1073741824.0, free_b / 1073741824.0, g->B, g->lm_chunks);
+        if (g->host_state) QT_CUDA(cudaFreeHost(g->host_state));
         free(g->layers);
         free(g);
         return NULL;
@@ -150,7 +174,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->attn = qt_attention_create();
     cudaStream_t s = g->stream;
     const qt_shard *sp = &g->shard;
-    size_t n = L->numel, tot = sp->total, ns = sp->len;
+    size_t n = L->numel, tot = sp->total;
     /* w0 through the gradient buffer (zeroed right after): bf16 copy of all, master of this rank's pieces */
     qt_zero(g->grad, tot * 4, s);
     QT_CUDA(cudaMemcpyAsync(g->grad, w0, n * 4, cudaMemcpyHostToDevice, s));
@@ -158,11 +182,13 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     for (int b = 0; b < sp->n_buckets; b++) {
         size_t off, len, st;
         qt_shard_piece(sp, b, &off, &len, &st);
-        QT_CUDA(cudaMemcpyAsync(g->master + st, g->grad + off, len * 4, cudaMemcpyDeviceToDevice, s));
+        QT_CUDA(cudaMemcpyAsync(g->master + st, g->grad + off, len * 4, cudaMemcpyDefault, s));
     }
     qt_zero(g->grad, tot * 4, s);
-    qt_zero(g->m, ns * qt_dtype_size(g->m_dt), s);
-    qt_zero(g->v, ns * qt_dtype_size(g->v_dt), s);
+    if (!g->host_state) {
+        qt_zero(g->m, ns * qt_dtype_size(g->m_dt), s);
+        qt_zero(g->v, ns * qt_dtype_size(g->v_dt), s);
+    }
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     /* AdamW's per-tensor table, cut to this rank's pieces: decay on matrices (and embeddings when
@@ -182,13 +208,8 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
             if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? cfg->weight_decay : 0.0f, st + (a - lo)};
         }
     }
-    if (first > 0 && first < nt) {
-        g->adamw[0] = qt_adamw_plan_create(t, first);
-        g->adamw[1] = qt_adamw_plan_create(t + first, nt - first);
-    } else {
-        if (nt == 0) t[nt++] = (qt_adamw_tensor){0, 0, 0.0f, 0};
-        g->adamw[0] = qt_adamw_plan_create(t, nt);
-    }
+    g->opt = qt_gpu_optim_create(t, nt, first > 0 && first < nt ? first : nt, g->master, g->m, g->m_dt, g->v,
+                                 g->v_dt, g->host_state ? g->opt_slots : NULL, g->opt_chunk);
     free(t);
     if (cfg->matmul_dtype == QT_DT_E4M3) {
         g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);
@@ -201,12 +222,12 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
 void qt_gpu_model_free(qt_gpu_model *g) {
     if (!g) return;
     qt_fp8_free(g->fp8);
-    for (int i = 0; i < 2; i++)
-        if (g->adamw[i]) qt_adamw_plan_free(g->adamw[i]);
+    qt_gpu_optim_free(g->opt);
     qt_attention_free(g->attn);
     qt_matmul_free(g->mm);
     QT_CUDA(cudaStreamDestroy(g->stream));
     QT_CUDA(cudaFree(g->arena));
+    if (g->host_state) QT_CUDA(cudaFreeHost(g->host_state));
     free(g->layers);
     free(g);
 }
@@ -222,6 +243,9 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
            p.minor, g->B, g->T);
     for (int i = 0; i < g->n_plan; i++) printf("  %-28s %10.1f MiB\n", g->plan[i].kind, g->plan[i].bytes / 1048576.0);
     printf("  %-28s %10.1f MiB\n", "total (one allocation)", g->arena_bytes / 1048576.0);
+    if (g->host_state)
+        printf("  %-28s %10.1f MiB (pinned host memory: master weights, adam m, v)\n", "offloaded optimizer state",
+               g->host_state_bytes / 1048576.0);
     printf("  %-28s %10.1f MiB of %.1f MiB (cuBLASLt and cuDNN workspaces come out of this)\n", "free now",
            free_b / 1048576.0, total_b / 1048576.0);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
-# out/gpu-check). Stages (default: all but dp): build unit model train bench llmq; dp, dpcomm, overlap (several GPUs)
+# out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
+# overlap (several GPUs)
 #   tools/gpu-check.sh unit model     # kernel/matmul/attention/quant tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -50,6 +51,33 @@ if has llmq; then
           --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16
       step llmq_1.5b_fp8 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq
     } 2>&1 | tee "$OUT/llmq.log" | grep -E 'RESULT|tokens/s|==|rror' | head -40
+fi
+# memory.offload_optimizer: its tests, then the cost on one GPU — the optimizer step's time in the
+# per-op breakdown (one 16 x 1024 micro-batch per step) and tokens/s at the llmq setting, off and on in
+# one run. offload_big: the same at 1.5B, and 3B at LLM.Q's 16 x 32, which fits on 80 GB only offloaded.
+if has offload; then
+    llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set parallel.gpus=1"
+    one="--steps 10 --breakdown --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
+    { QT_TEST_ONLY=offload step test_kernels 300 build/tests/test_kernels
+      step test_train 600 build/tests/test_train
+      for o in false true; do
+          step offload_${o}_0.5b_bf16_breakdown 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml $one \
+              --set memory.offload_optimizer=$o
+          step offload_${o}_0.5b_bf16_llmq 300 build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml $llmq \
+              --set memory.offload_optimizer=$o
+      done
+    } 2>&1 | tee "$OUT/offload.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|optimizer: norm|tokens/s|rror'
+fi
+if has offload_big; then
+    llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set parallel.gpus=1"
+    { for o in false true; do
+          step offload_${o}_1.5b_bf16_llmq 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq \
+              --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16 --set memory.offload_optimizer=$o
+      done
+      step offload_3b_bf16_llmq 400 build/bench/train_bench configs/qwen2.5-3b-bf16.yaml $llmq
+      step offload_false_3b_bf16_llmq 120 build/bench/train_bench configs/qwen2.5-3b-bf16.yaml $llmq \
+          --set memory.offload_optimizer=false
+    } 2>&1 | tee "$OUT/offload_big.log" | grep -E '==|tokens/s|rror|offloaded optimizer|total \(one'
 fi
 # Data parallel on every visible GPU against one GPU, same setting as llmq (a step is then N x 524,288
 # tokens), optimizer state sharded (the default) and replicated; test_train holds the multi-GPU checks

@@ -1,0 +1,42 @@
+/* qt_gpu_optim.h — AdamW over one GPU's pieces of the flat parameter array, in one or two groups
+ * (a sharded rank's bucket 0, whose weights the next forward reads first, then the rest), with the
+ * optimizer state — fp32 master weights, m and v — in device memory or, with
+ * memory.offload_optimizer, in pinned host memory. Offloaded, the state streams through three device
+ * slots on two copy streams: chunk k+1 comes up while chunk k is updated and chunk k-1 goes back
+ * down, so the GPU holds only the slots and the copy engines move 12 bytes per parameter each way
+ * per step (fp32 moments; 8 with bf16 ones). The arithmetic is qt_adamw_step's either way, so both
+ * placements give the same bits. */
+#ifndef QT_GPU_OPTIM_H
+#define QT_GPU_OPTIM_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include "qt_dtype.h"
+#include "qt_kernels.h"
+
+typedef struct qt_gpu_optim qt_gpu_optim;
+
+/* State elements per slot: 48 MiB with fp32 moments, about 1 ms each way over PCIe 5. */
+#define QT_GPU_OPTIM_CHUNK ((size_t)1 << 22)
+
+/* Device bytes of the slots an offloaded state of m_dt / v_dt moments streams through in chunks of
+ * `chunk` state elements (rounded up to a multiple of 4). */
+size_t qt_gpu_optim_slot_bytes(size_t chunk, qt_dtype m_dt, qt_dtype v_dt);
+
+/* t[0..n): this rank's tensor pieces in ascending state order; the second group starts at entry
+ * `split` (split == n: one group). master, m, v: the state arrays (borrowed), on the device when
+ * slots is NULL, else in pinned host memory with slots (borrowed) the qt_gpu_optim_slot_bytes(chunk)
+ * of device memory they stream through. Makes its streams and events on the current device. */
+qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, int split, float *master, void *m,
+                                  qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk);
+void qt_gpu_optim_free(qt_gpu_optim *o);
+int qt_gpu_optim_groups(const qt_gpu_optim *o);
+
+/* AdamW of group k on s (w_bf16, g and grad_scale on the device; see qt_adamw_step). Offloaded, s
+ * waits after the last group until all of the state is back in host memory, so whoever syncs s
+ * may read it. */
+void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, const float *grad_scale,
+                       const qt_adamw_args *a, cudaStream_t s);
+
+#endif

@@ -1,0 +1,160 @@
+/* gpu_optim.c — AdamW plans per group, and the offloaded state's stream through the device slots.
+ *
+ * Offloaded, the state is cut into chunks at multiples of `chunk` state elements (so every
+ * vector-aligned tensor stays aligned in its slot), each with its own AdamW plan whose state indices
+ * are relative to the chunk's slot. Chunk c uses slot c % OPT_SLOTS: the up stream waits until the
+ * slot's last user went back down, copies master/m/v up and records `ready`; the model's stream runs
+ * the plan and records `done`; the down stream copies the slot back and records `back`. The down
+ * stream is in order, so any `back` also covers every earlier chunk's way down — which is what lets
+ * the next step's upload of a chunk wait only for its slot. */
+#include "qt_gpu_optim.h"
+
+#include <stdlib.h>
+
+#include "qt_error.h"
+
+#define OPT_SLOTS 3
+
+typedef struct {
+    qt_adamw_plan *plan;
+    size_t lo, hi, c0; /* state [lo, hi), in a slot that starts at state c0 (0 on the device) */
+} opt_chunk;
+
+struct qt_gpu_optim {
+    opt_chunk *chunk;  /* owned */
+    int n_chunks, groups, group_end[2];
+    size_t size;       /* state elements per chunk (a multiple of 4), offloaded */
+    float *master;     /* borrowed: device, or pinned host when slots */
+    void *m, *v;
+    qt_dtype m_dt, v_dt;
+    char *slots;       /* borrowed device memory; NULL: the state is on the device */
+    cudaStream_t up, down;
+    cudaEvent_t ready[OPT_SLOTS], done[OPT_SLOTS], back[OPT_SLOTS];
+    long next;         /* chunks streamed so far: picks the slot */
+};
+
+static size_t round4(size_t chunk) { return (chunk + 3) / 4 * 4; }
+
+static size_t slot_stride(size_t chunk, qt_dtype m_dt, qt_dtype v_dt) {
+    return round4(chunk) * (4 + qt_dtype_size(m_dt) + qt_dtype_size(v_dt));
+}
+
+size_t qt_gpu_optim_slot_bytes(size_t chunk, qt_dtype m_dt, qt_dtype v_dt) {
+    return OPT_SLOTS * slot_stride(chunk, m_dt, v_dt);
+}
+
+/* The plan of t[j0..j1)'s elements whose state lies in [lo, hi), state indices counted from c0. */
+static int add_chunk(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1, size_t lo, size_t hi, size_t c0) {
+    qt_adamw_tensor *p = malloc(sizeof *p * (size_t)(j1 - j0));
+    QT_CHECK(p, "out of host memory");
+    int n = 0;
+    for (int j = j0; j < j1; j++) {
+        size_t a = t[j].state > lo ? t[j].state : lo, e = t[j].state + t[j].numel < hi ? t[j].state + t[j].numel : hi;
+        if (a < e) p[n++] = (qt_adamw_tensor){t[j].offset + (a - t[j].state), e - a, t[j].wd, a - c0};
+    }
+    if (n) o->chunk[o->n_chunks++] = (opt_chunk){qt_adamw_plan_create(p, n), lo, hi, c0};
+    free(p);
+    return n > 0;
+}
+
+static void add_group(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1) {
+    if (j0 < j1) {
+        size_t lo = t[j0].state, hi = t[j1 - 1].state + t[j1 - 1].numel;
+        if (!o->slots) add_chunk(o, t, j0, j1, lo, hi, 0);
+        else
+            for (size_t c = lo / o->size * o->size; c < hi; c += o->size)
+                add_chunk(o, t, j0, j1, c > lo ? c : lo, c + o->size < hi ? c + o->size : hi, c);
+    }
+    o->group_end[o->groups++] = o->n_chunks;
+}
+
+qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, int split, float *master, void *m,
+                                  qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk) {
+    qt_gpu_optim *o = calloc(1, sizeof *o);
+    QT_CHECK(o, "out of host memory");
+    *o = (qt_gpu_optim){.master = master, .m = m, .v = v, .m_dt = m_dt, .v_dt = v_dt, .slots = slots,
+                        .size = round4(chunk)};
+    QT_CHECK(!slots || o->size > 0, "offloaded adamw: chunks of 0 elements");
+    size_t cap = 2; /* a chunk per group on the device; offloaded, one per `size` of state + 2 per group */
+    if (slots && n) cap = (t[n - 1].state + t[n - 1].numel - t[0].state) / o->size + 4;
+    o->chunk = calloc(cap, sizeof *o->chunk);
+    QT_CHECK(o->chunk, "out of host memory");
+    QT_CHECK(split >= 0 && split <= n, "adamw groups: split %d of %d tensors", split, n);
+    add_group(o, t, 0, split);
+    if (split < n) add_group(o, t, split, n);
+    if (slots) {
+        QT_CUDA(cudaStreamCreateWithFlags(&o->up, cudaStreamNonBlocking));
+        QT_CUDA(cudaStreamCreateWithFlags(&o->down, cudaStreamNonBlocking));
+        for (int i = 0; i < OPT_SLOTS; i++) {
+            QT_CUDA(cudaEventCreateWithFlags(&o->ready[i], cudaEventDisableTiming));
+            QT_CUDA(cudaEventCreateWithFlags(&o->done[i], cudaEventDisableTiming));
+            QT_CUDA(cudaEventCreateWithFlags(&o->back[i], cudaEventDisableTiming));
+        }
+    }
+    return o;
+}
+
+void qt_gpu_optim_free(qt_gpu_optim *o) {
+    if (!o) return;
+    for (int c = 0; c < o->n_chunks; c++) qt_adamw_plan_free(o->chunk[c].plan);
+    if (o->slots) {
+        QT_CUDA(cudaStreamSynchronize(o->up));
+        QT_CUDA(cudaStreamSynchronize(o->down));
+        for (int i = 0; i < OPT_SLOTS; i++) {
+            QT_CUDA(cudaEventDestroy(o->ready[i]));
+            QT_CUDA(cudaEventDestroy(o->done[i]));
+            QT_CUDA(cudaEventDestroy(o->back[i]));
+        }
+        QT_CUDA(cudaStreamDestroy(o->up));
+        QT_CUDA(cudaStreamDestroy(o->down));
+    }
+    free(o->chunk);
+    free(o);
+}
+
+int qt_gpu_optim_groups(const qt_gpu_optim *o) { return o->groups; }
+
+/* Slot i's master, m and v (each holding state [c0, c0 + size) of its chunk). */
+static void slot_arrays(const qt_gpu_optim *o, int i, char *p[3]) {
+    p[0] = o->slots + (size_t)i * slot_stride(o->size, o->m_dt, o->v_dt);
+    p[1] = p[0] + o->size * 4;
+    p[2] = p[1] + o->size * qt_dtype_size(o->m_dt);
+}
+
+/* Chunk ch between host and slot i, all three arrays, on stream s. */
+static void move(const qt_gpu_optim *o, const opt_chunk *ch, int i, int up, cudaStream_t s) {
+    char *dev[3], *host[3] = {(char *)o->master, o->m, o->v};
+    size_t es[3] = {4, qt_dtype_size(o->m_dt), qt_dtype_size(o->v_dt)};
+    slot_arrays(o, i, dev);
+    for (int k = 0; k < 3; k++) {
+        char *h = host[k] + ch->lo * es[k], *d = dev[k] + (ch->lo - ch->c0) * es[k];
+        size_t bytes = (ch->hi - ch->lo) * es[k];
+        QT_CUDA(cudaMemcpyAsync(up ? d : h, up ? h : d, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s));
+    }
+}
+
+void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, const float *grad_scale,
+                       const qt_adamw_args *a, cudaStream_t s) {
+    QT_CHECK(k >= 0 && k < o->groups, "adamw group %d of %d", k, o->groups);
+    for (int c = k ? o->group_end[k - 1] : 0; c < o->group_end[k]; c++) {
+        const opt_chunk *ch = &o->chunk[c];
+        if (!o->slots) {
+            qt_adamw_step(ch->plan, w_bf16, o->master, g, o->m, o->m_dt, o->v, o->v_dt, grad_scale, NULL, a, s);
+            continue;
+        }
+        int i = (int)(o->next++ % OPT_SLOTS);
+        char *p[3];
+        slot_arrays(o, i, p);
+        QT_CUDA(cudaStreamWaitEvent(o->up, o->back[i], 0));
+        move(o, ch, i, 1, o->up);
+        QT_CUDA(cudaEventRecord(o->ready[i], o->up));
+        QT_CUDA(cudaStreamWaitEvent(s, o->ready[i], 0));
+        qt_adamw_step(ch->plan, w_bf16, (float *)p[0], g, p[1], o->m_dt, p[2], o->v_dt, grad_scale, NULL, a, s);
+        QT_CUDA(cudaEventRecord(o->done[i], s));
+        QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));
+        move(o, ch, i, 0, o->down);
+        QT_CUDA(cudaEventRecord(o->back[i], o->down));
+    }
+    if (o->slots && k == o->groups - 1 && o->next)
+        QT_CUDA(cudaStreamWaitEvent(s, o->back[(o->next - 1) % OPT_SLOTS], 0));
+}
