@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "qt_dtype.h"
 #include "qt_error.h"
@@ -659,63 +660,80 @@ static void test_adamw_sharded(void) {
 }
 
 /* memory.offload_optimizer: the state in pinned host memory, streamed through the three slots in chunks
- * of 1002 (rounded to 1004) elements — 17 chunks in two groups per step, every slot reused several
- * times — must update bit for bit as the state on the device does, padding untouched, and be readable
- * on the host once the caller's stream is done. fp32 moments with RNE, bf16 ones with stochastic
- * rounding. */
+ * of 160002 (rounded to 160004) elements — 11 chunks in two groups per step, every slot reused — must
+ * update bit for bit as the state on the device does, padding untouched, fp32 moments with RNE and bf16
+ * ones with stochastic rounding. Each step's stream first sleeps 5 ms, so the copy streams would run
+ * ahead of the updates if a slot were refilled before its chunk went back down; the last chunk's state
+ * is copied on the host right after the stream syncs, so it must be back by then. */
+#define OT 5
+static const qt_adamw_tensor OTAB[OT] = {{0, 400000, 0.1f, 0}, {400032, 7, 0.0f, 400032}, {400096, 1, 0.0f, 400096},
+                                         {400099, 14, 0.1f, 400099}, {400128, 1100000, 0.1f, 400128}};
+#define OTOT 1500128
+#define OCHUNK 160002
+static void CUDART_CB sleep_5ms(void *unused) {
+    (void)unused;
+    struct timespec t = {0, 5000000L};
+    nanosleep(&t, NULL);
+}
 static void test_adamw_offload(void) {
     NEED_GPU();
     cudaStream_t s;
     QT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const size_t tail = OTOT - OTOT / (OCHUNK + 2) * (OCHUNK + 2); /* the last chunk: 60092 elements */
     for (int bf = 0; bf < 2; bf++) {
         qt_dtype dt = bf ? QT_DT_BF16 : QT_DT_F32;
         size_t es = qt_dtype_size(dt);
-        float *w = h_rand(ATOT, 0.5f);
-        for (int k = 0; k < NT; k++) /* padding sentinels */
-            for (size_t i = ATAB[k].offset + ATAB[k].numel; i < (k + 1 < NT ? ATAB[k + 1].offset : ATOT); i++) w[i] = 7.0f;
-        float *dmaster = d_f32(w, ATOT), *dg = d_poison(ATOT * 4), *hmaster;
-        void *dm = d_poison(ATOT * es), *dv = d_poison(ATOT * es), *hm, *hv;
-        void *wb = d_bf16(w, ATOT), *wb2 = d_bf16(w, ATOT), *slots = d_poison(qt_gpu_optim_slot_bytes(1002, dt, dt));
-        QT_CUDA(cudaMemset(dm, 0, ATOT * es));
-        QT_CUDA(cudaMemset(dv, 0, ATOT * es));
-        QT_CUDA(cudaHostAlloc((void **)&hmaster, ATOT * 4, cudaHostAllocDefault));
-        QT_CUDA(cudaHostAlloc(&hm, ATOT * es, cudaHostAllocDefault));
-        QT_CUDA(cudaHostAlloc(&hv, ATOT * es, cudaHostAllocDefault));
-        memcpy(hmaster, w, ATOT * 4);
-        memset(hm, 0, ATOT * es);
-        memset(hv, 0, ATOT * es);
-        qt_gpu_optim *dev = qt_gpu_optim_create(ATAB, NT, 2, dmaster, dm, dt, dv, dt, NULL, 0);
-        qt_gpu_optim *off = qt_gpu_optim_create(ATAB, NT, 2, hmaster, hm, dt, hv, dt, slots, 1002);
+        float *w = h_rand(OTOT, 0.5f);
+        for (int k = 0; k < OT; k++) /* padding sentinels */
+            for (size_t i = OTAB[k].offset + OTAB[k].numel; i < (k + 1 < OT ? OTAB[k + 1].offset : OTOT); i++) w[i] = 7.0f;
+        float *dmaster = d_f32(w, OTOT), *dg = d_poison(OTOT * 4), *hmaster;
+        void *dm = d_poison(OTOT * es), *dv = d_poison(OTOT * es), *hm, *hv;
+        void *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT), *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, dt, dt));
+        QT_CUDA(cudaMemset(dm, 0, OTOT * es));
+        QT_CUDA(cudaMemset(dv, 0, OTOT * es));
+        QT_CUDA(cudaHostAlloc((void **)&hmaster, OTOT * 4, cudaHostAllocDefault));
+        QT_CUDA(cudaHostAlloc(&hm, OTOT * es, cudaHostAllocDefault));
+        QT_CUDA(cudaHostAlloc(&hv, OTOT * es, cudaHostAllocDefault));
+        memcpy(hmaster, w, OTOT * 4);
+        memset(hm, 0, OTOT * es);
+        memset(hv, 0, OTOT * es);
+        qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, 2, dmaster, dm, dt, dv, dt, NULL, 0);
+        qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, 2, hmaster, hm, dt, hv, dt, slots, OCHUNK);
         QT_EXPECT(qt_gpu_optim_groups(dev) == 2 && qt_gpu_optim_groups(off) == 2, "two groups expected");
         qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf};
+        float *snap = malloc(tail * 4);
         for (long t = 1; t <= 3; t++) {
-            float *g = h_rand(ATOT, 1.0f);
-            QT_CUDA(cudaMemcpyAsync(dg, g, ATOT * 4, cudaMemcpyHostToDevice, s));
+            float *g = h_rand(OTOT, 1.0f);
+            QT_CUDA(cudaMemcpyAsync(dg, g, OTOT * 4, cudaMemcpyHostToDevice, s));
+            QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
             a.t = t;
             for (int k = 0; k < 2; k++) {
                 qt_gpu_optim_step(dev, k, wb, dg, NULL, &a, s);
                 qt_gpu_optim_step(off, k, wb2, dg, NULL, &a, s);
             }
-            QT_CUDA(cudaStreamSynchronize(s)); /* g is reused: the host state must be back by now */
+            QT_CUDA(cudaStreamSynchronize(s));
+            memcpy(snap, hmaster + OTOT - tail, tail * 4);
             free(g);
         }
-        float *gw = g_f32(dmaster, ATOT), *gb = g_bf16(wb, ATOT), *gb2 = g_bf16(wb2, ATOT);
-        void *gm = malloc(ATOT * es), *gv = malloc(ATOT * es);
-        QT_CUDA(cudaMemcpy(gm, dm, ATOT * es, cudaMemcpyDeviceToHost));
-        QT_CUDA(cudaMemcpy(gv, dv, ATOT * es, cudaMemcpyDeviceToHost));
+        float *gw = g_f32(dmaster, OTOT), *gb = g_bf16(wb, OTOT), *gb2 = g_bf16(wb2, OTOT);
+        void *gm = malloc(OTOT * es), *gv = malloc(OTOT * es);
+        QT_CUDA(cudaMemcpy(gm, dm, OTOT * es, cudaMemcpyDeviceToHost));
+        QT_CUDA(cudaMemcpy(gv, dv, OTOT * es, cudaMemcpyDeviceToHost));
         int moved = 0;
-        for (size_t i = 0; i < ATOT; i++) moved += gw[i] != w[i];
-        QT_EXPECT(moved > ATOT / 2, "%s: only %d weights changed", qt_dtype_name(dt), moved);
-        QT_EXPECT(memcmp(hmaster, gw, ATOT * 4) == 0, "%s: offloaded master differs from the device's", qt_dtype_name(dt));
-        QT_EXPECT(memcmp(hm, gm, ATOT * es) == 0 && memcmp(hv, gv, ATOT * es) == 0, "%s: offloaded m / v differ",
+        for (size_t i = 0; i < OTOT; i++) moved += gw[i] != w[i];
+        QT_EXPECT(moved > OTOT / 2, "%s: only %d weights changed", qt_dtype_name(dt), moved);
+        QT_EXPECT(memcmp(snap, gw + OTOT - tail, tail * 4) == 0, "%s: the last chunk was not back when the stream synced",
                   qt_dtype_name(dt));
-        QT_EXPECT(memcmp(gb, gb2, ATOT * 4) == 0, "%s: bf16 weights differ", qt_dtype_name(dt));
-        for (int k = 0; k < NT; k++)
-            for (size_t i = ATAB[k].offset + ATAB[k].numel; i < (k + 1 < NT ? ATAB[k + 1].offset : ATOT); i++)
+        QT_EXPECT(memcmp(hmaster, gw, OTOT * 4) == 0, "%s: offloaded master differs from the device's", qt_dtype_name(dt));
+        QT_EXPECT(memcmp(hm, gm, OTOT * es) == 0 && memcmp(hv, gv, OTOT * es) == 0, "%s: offloaded m / v differ",
+                  qt_dtype_name(dt));
+        QT_EXPECT(memcmp(gb, gb2, OTOT * 4) == 0, "%s: bf16 weights differ", qt_dtype_name(dt));
+        for (int k = 0; k < OT; k++)
+            for (size_t i = OTAB[k].offset + OTAB[k].numel; i < (k + 1 < OT ? OTAB[k + 1].offset : OTOT); i++)
                 QT_REQUIRE(hmaster[i] == 7.0f, "padding [%zu] of the offloaded master: %g", i, hmaster[i]);
         qt_gpu_optim_free(dev);
         qt_gpu_optim_free(off);
-        free(w); free(gw); free(gb); free(gb2); free(gm); free(gv);
+        free(w); free(gw); free(gb); free(gb2); free(gm); free(gv); free(snap);
         cudaFree(dmaster); cudaFree(dg); cudaFree(dm); cudaFree(dv); cudaFree(wb); cudaFree(wb2); cudaFree(slots);
         cudaFreeHost(hmaster); cudaFreeHost(hm); cudaFreeHost(hv);
     }
