@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
-# overlap (several GPUs)
+# overlap, dp_offload (several GPUs)
 #   tools/gpu-check.sh unit model     # kernel/matmul/attention/quant tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -78,6 +78,17 @@ if has offload_big; then
       step offload_false_3b_bf16_llmq 120 build/bench/train_bench configs/qwen2.5-3b-bf16.yaml $llmq \
           --set memory.offload_optimizer=false
     } 2>&1 | tee "$OUT/offload_big.log" | grep -E '==|tokens/s|rror|offloaded optimizer|total \(one'
+fi
+# The offloaded optimizer state with data parallel on every visible GPU (sharded: each GPU streams its
+# 1/N of the state): test_train's 2-rank checks, then 3B at the llmq setting per GPU, off and on.
+if has dp_offload; then
+    llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    { QT_TEST_ONLY=data_parallel step test_train 600 build/tests/test_train
+      for o in false true; do
+          step dp_offload_${o}_3b_bf16_llmq 400 build/bench/train_bench configs/qwen2.5-3b-bf16.yaml $llmq \
+              --set memory.offload_optimizer=$o
+      done
+    } 2>&1 | tee "$OUT/dp_offload.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|tokens/s|rror|offloaded optimizer'
 fi
 # Data parallel on every visible GPU against one GPU, same setting as llmq (a step is then N x 524,288
 # tokens), optimizer state sharded (the default) and replicated; test_train holds the multi-GPU checks
