@@ -1,5 +1,7 @@
-/* qt_gpu_optim.h — AdamW over one GPU's pieces of the flat parameter array, in one or two groups
- * (a sharded rank's bucket 0, whose weights the next forward reads first, then the rest), with the
+/* qt_gpu_optim.h — AdamW over one GPU's pieces of the flat parameter array, in groups of buckets
+ * updated one after the other (a sharded rank's bucket 0, whose weights the next forward reads first,
+ * then the rest; one GPU offloaded: every bucket, so that each layer's next forward can start once its
+ * own bucket is updated), with the
  * optimizer state — fp32 master weights, m and v — in device memory or, with
  * memory.offload_optimizer, in pinned host memory. Offloaded, the state streams through three device
  * slots on two copy streams: chunk k+1 comes up while chunk k is updated and chunk k-1 goes back
@@ -24,12 +26,12 @@ typedef struct qt_gpu_optim qt_gpu_optim;
  * `chunk` state elements (rounded up to a multiple of 4). */
 size_t qt_gpu_optim_slot_bytes(size_t chunk, qt_dtype m_dt, qt_dtype v_dt);
 
-/* t[0..n): this rank's tensor pieces in ascending state order; the second group starts at entry
- * `split` (split == n: one group). master, m, v: the state arrays (borrowed), on the device when
+/* t[0..n): this rank's tensor pieces in ascending state order; group k starts at entry start[k]
+ * (start[0] == 0, ascending; a group may be empty). master, m, v: the state arrays (borrowed), on the device when
  * slots is NULL, else in pinned host memory with slots (borrowed) the qt_gpu_optim_slot_bytes(chunk)
  * of device memory they stream through. Makes its streams and events on the current device. */
-qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, int split, float *master, void *m,
-                                  qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk);
+qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *start, int groups, float *master,
+                                  void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk);
 void qt_gpu_optim_free(qt_gpu_optim *o);
 int qt_gpu_optim_groups(const qt_gpu_optim *o);
 

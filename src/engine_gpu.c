@@ -8,7 +8,9 @@
  * enqueued and the waits made between their launches). A sharded step's last micro-step leaves its
  * embedding lookups out of the backward where they are fewer bytes than the table (g->lookups): the
  * embeddings' bucket is summed right after the LM head, and every rank's lookups are added to the sums
- * afterwards (add_lookups), overlapped or not, so the bits are the same either way. */
+ * afterwards (add_lookups), overlapped or not, so the bits are the same either way. One GPU with its
+ * optimizer state offloaded (memory.offload_optimizer) runs AdamW itself on the comm stream, bucket by
+ * bucket, with the same per-bucket waits in the next forward. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,8 +322,9 @@ static void CUDART_CB sleep_ms(void *ms) {
     nanosleep(&t, NULL);
 }
 
-/* A sharded rank's bf16 weights after AdamW of buckets [k0, k1): every rank's pieces, all-gathered
- * bucket by bucket, and the fp8 quants of the layers each bucket completes. With parallel.overlap_comm
+/* The bf16 weights after AdamW of buckets [k0, k1): a sharded rank all-gathers every rank's pieces
+ * bucket by bucket, then the fp8 quants of the layers each bucket completes follow. With ag_ev
+ * (parallel.overlap_comm sharded, or one GPU offloaded, where AdamW itself ran on the comm stream)
  * this runs on the comm stream, each bucket's event recorded for the next forward (weights_wait); else
  * on the model's. */
 static void gather_weights(gpu_engine *e, int k0, int k1) {
@@ -331,7 +334,7 @@ static void gather_weights(gpu_engine *e, int k0, int k1) {
     int overlap = e->ag_ev != NULL, nl = L->cfg.num_layers, ql = 0;
     cudaStream_t s = overlap ? e->comm_stream : g->stream;
     while (ql < nl && qt_layer_end(L, ql) <= sh->bucket[k0]) ql++; /* quantized with an earlier bucket */
-    if (k0 == 0) qt_gpu_model_mark(g, "optimizer: weight all-gather");
+    if (k0 == 0 && sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather");
     if (overlap) {
         comm_follows(e);
         if (k0 == 0 && e->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &e->ag_delay_ms));
@@ -340,8 +343,8 @@ static void gather_weights(gpu_engine *e, int k0, int k1) {
     for (int k = k0; k < k1; k++) {
         size_t lo = sh->bucket[k], hi = sh->bucket[k + 1], off, len, st;
         qt_shard_piece(sh, k, &off, &len, &st);
-        QT_CHECK(qt_comm_all_gather(e->comm, e->rank, (uint16_t *)g->w + lo, (uint16_t *)g->w + off, hi - lo,
-                                    QT_DT_BF16, s) == 0,
+        QT_CHECK(sh->n_ranks == 1 || qt_comm_all_gather(e->comm, e->rank, (uint16_t *)g->w + lo,
+                                                        (uint16_t *)g->w + off, hi - lo, QT_DT_BF16, s) == 0,
                  "rank %d: weight all-gather aborted (another rank failed)", e->rank);
         int l1 = ql; /* the layers now whole */
         while (l1 < nl && qt_layer_end(L, l1) <= hi) l1++;
@@ -360,17 +363,25 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     join_weights(e);
     reduce_grads(e, s);
     qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
-    /* bucket 0 first: its all-gather (the embeddings, read first by the next forward) runs beside the rest */
-    int groups = qt_gpu_optim_groups(g->opt);
+    /* Group i: bucket 0 first, its all-gather (the embeddings, read first by the next forward) beside
+     * AdamW of the rest; one GPU offloaded: AdamW bucket by bucket on the comm stream (`ahead`), the
+     * gradients zeroed behind it, while the next forward waits for each bucket before its layers. */
+    int groups = qt_gpu_optim_groups(g->opt), nb = sh->n_buckets, ahead = e->ag_ev && sh->n_ranks == 1;
+    cudaStream_t os = ahead ? e->comm_stream : s;
+    if (ahead) comm_follows(e);
     for (int i = 0; i < groups; i++) {
-        qt_gpu_optim_step(g->opt, i, g->w, g->grad, g->clip, &a, s);
-        if (sh->n_ranks > 1) gather_weights(e, i, groups == 2 && !i ? 1 : sh->n_buckets);
+        int k0 = i == 0 ? 0 : groups == nb ? i : 1, k1 = i == groups - 1 ? nb : k0 + 1;
+        qt_gpu_optim_step(g->opt, i, g->w, g->grad, g->clip, &a, os);
+        if (ahead) qt_zero(g->grad + sh->bucket[k0], (sh->bucket[k1] - sh->bucket[k0]) * 4, os);
+        if (sh->n_ranks > 1 || ahead) gather_weights(e, k0, k1);
     }
-    if (sh->n_ranks == 1 && g->fp8) { /* once per step: the persistent quants */
-        qt_gpu_model_mark(g, "fp8 quantize: weights");
-        qt_fp8_quantize_weights(g->fp8, b->L, g->w, 0, b->L->cfg.num_layers, s);
+    if (!ahead) {
+        if (sh->n_ranks == 1 && g->fp8) { /* once per step: the persistent quants */
+            qt_gpu_model_mark(g, "fp8 quantize: weights");
+            qt_fp8_quantize_weights(g->fp8, b->L, g->w, 0, b->L->cfg.num_layers, s);
+        }
+        qt_zero(g->grad, sh->total * 4, s);
     }
-    qt_zero(g->grad, sh->total * 4, s);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->norm, 4, cudaMemcpyDeviceToHost, s));
     if (g->fp8) QT_CUDA(cudaMemcpyAsync(&e->out->nonfinite, g->fp8->nonfinite, 4, cudaMemcpyDeviceToHost, s));
@@ -404,6 +415,7 @@ static float gpu_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) 
  * other ranks). */
 static void gpu_get_weights(qt_engine *b, float *w) {
     qt_gpu_model *g = ((gpu_engine *)b)->g;
+    join_weights((gpu_engine *)b); /* the master weights too, where AdamW runs ahead */
     QT_CUDA(cudaStreamSynchronize(g->stream));
     for (int k = 0; k < g->shard.n_buckets; k++) {
         size_t off, len, st;
@@ -418,6 +430,7 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
     QT_CHECK(e->sent == g->shard.n_buckets && !e->lookups_due,
              "rank %d: get_grads after the last micro-step of a step: its gradients are summed over the GPUs (or "
              "wait for the other ranks' embedding lookups); read them before that micro-step", e->rank);
+    join_weights(e); /* AdamW running ahead zeroes them */
     QT_CUDA(cudaStreamSynchronize(g->stream));
     QT_CUDA(cudaMemcpy(gr, g->grad, b->L->numel * 4, cudaMemcpyDeviceToHost));
 }
@@ -531,24 +544,29 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
-void qt_engine_gpu_attach(qt_engine *b, qt_comm *comm, int rank) {
-    gpu_engine *e = (gpu_engine *)b;
-    e->comm = comm;
-    e->rank = rank;
-    /* default priority: with a high one the bucket sums' kernels took SMs ahead of the backward's (slower
-     * steps on 2 x H200, bench/RESULTS.md section 5) */
+/* The comm stream (default priority: with a high one the bucket sums' kernels took SMs ahead of the
+ * backward's, slower steps on 2 x H200, bench/RESULTS.md section 5) and, with weights_ahead, the
+ * per-bucket events the next forward waits for. */
+static void comm_streams(gpu_engine *e, int weights_ahead) {
     QT_CUDA(cudaStreamCreateWithFlags(&e->comm_stream, cudaStreamNonBlocking));
     QT_CUDA(cudaEventCreateWithFlags(&e->comm_ev, cudaEventDisableTiming));
     const qt_shard *sh = &e->g->shard;
-    if (sh->n_ranks > 1 && b->cfg->overlap_comm) {
+    if (weights_ahead) {
         e->ag_ev = calloc((size_t)sh->n_buckets, sizeof *e->ag_ev);
         QT_CHECK(e->ag_ev, "out of host memory");
         for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&e->ag_ev[k], cudaEventDisableTiming));
         e->g->weights_needed = weights_wait;
-        /* a forward that did not wait for the all-gather would then read last step's weights (test_train) */
+        /* a forward that did not wait for its bucket would then read last step's weights (test_train) */
         const char *d = getenv("QT_DP_AG_DELAY_MS");
         e->ag_delay_ms = d ? atol(d) : 0;
     }
+}
+
+void qt_engine_gpu_attach(qt_engine *b, qt_comm *comm, int rank) {
+    gpu_engine *e = (gpu_engine *)b;
+    e->comm = comm;
+    e->rank = rank;
+    comm_streams(e, e->g->shard.n_ranks > 1 && b->cfg->overlap_comm);
 }
 
 void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
@@ -586,6 +604,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     }
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     e->sent = e->gathered = e->g->shard.n_buckets;
+    if (!sh && cfg->offload_optimizer) comm_streams(e, 1); /* one GPU offloaded: AdamW runs ahead */
     e->g->hook_ctx = e;
     for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final
                                           * norm; MS_SUMS after the LM head, final norm, each layer and the embeddings */

@@ -124,7 +124,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_gpu_model *g = calloc(1, sizeof *g);
     QT_CHECK(g, "out of host memory");
     if (sh) g->shard = *sh;
-    else qt_shard_init(&g->shard, L, 1, 0, 0);
+    else qt_shard_init(&g->shard, L, 1, 0, cfg->offload_optimizer); /* offloaded: AdamW bucket by bucket */
     g->L = L;
     g->cfg = cfg;
     g->B = cfg->micro_batch;
@@ -194,10 +194,10 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     /* AdamW's per-tensor table, cut to this rank's pieces: decay on matrices (and embeddings when
      * configured); padding untouched. A rank may hold no parameter at all (tiny models on many ranks). */
     qt_adamw_tensor *t = calloc((size_t)(L->n_tensors + 1) * sp->n_buckets, sizeof *t);
-    QT_CHECK(t, "out of host memory");
-    int nt = 0, first = 0;
+    int *start = calloc((size_t)sp->n_buckets, sizeof *start), nt = 0;
+    QT_CHECK(t && start, "out of host memory");
     for (int b = 0; b < sp->n_buckets; b++) {
-        if (b == 1) first = nt;
+        start[b] = nt;
         size_t lo, len, st;
         qt_shard_piece(sp, b, &lo, &len, &st);
         for (int i = 0; i < L->n_tensors; i++) {
@@ -208,9 +208,12 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
             if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? cfg->weight_decay : 0.0f, st + (a - lo)};
         }
     }
-    g->opt = qt_gpu_optim_create(t, nt, first > 0 && first < nt ? first : nt, g->master, g->m, g->m_dt, g->v,
-                                 g->v_dt, g->host_state ? g->opt_slots : NULL, g->opt_chunk);
+    /* groups: every bucket (one GPU, offloaded), else bucket 0 and the rest (sharded), else one */
+    int groups = !sh && g->host_state ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
+    g->opt = qt_gpu_optim_create(t, nt, start, groups, g->master, g->m, g->m_dt, g->v, g->v_dt,
+                                 g->host_state ? g->opt_slots : NULL, g->opt_chunk);
     free(t);
+    free(start);
     if (cfg->matmul_dtype == QT_DT_E4M3) {
         g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);
         qt_fp8_quantize_weights(g->fp8, L, g->w, 0, L->cfg.num_layers, s);

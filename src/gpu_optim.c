@@ -22,7 +22,7 @@ typedef struct {
 
 struct qt_gpu_optim {
     opt_chunk *chunk;  /* owned */
-    int n_chunks, groups, group_end[2];
+    int n_chunks, groups, *group_end; /* owned: chunks [group_end[k-1], group_end[k]) are group k's */
     size_t size;       /* state elements per chunk (a multiple of 4), offloaded */
     float *master;     /* borrowed: device, or pinned host when slots */
     void *m, *v;
@@ -68,20 +68,24 @@ static void add_group(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1)
     o->group_end[o->groups++] = o->n_chunks;
 }
 
-qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, int split, float *master, void *m,
-                                  qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk) {
+qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *start, int groups, float *master,
+                                  void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk) {
     qt_gpu_optim *o = calloc(1, sizeof *o);
     QT_CHECK(o, "out of host memory");
     *o = (qt_gpu_optim){.master = master, .m = m, .v = v, .m_dt = m_dt, .v_dt = v_dt, .slots = slots,
                         .size = round4(chunk)};
     QT_CHECK(!slots || o->size > 0, "offloaded adamw: chunks of 0 elements");
-    size_t cap = 2; /* a chunk per group on the device; offloaded, one per `size` of state + 2 per group */
-    if (slots && n) cap = (t[n - 1].state + t[n - 1].numel - t[0].state) / o->size + 4;
+    /* a chunk per group on the device; offloaded, one per `size` of state + 2 per group */
+    size_t cap = (size_t)groups * 2 + (slots && n ? (t[n - 1].state + t[n - 1].numel - t[0].state) / o->size : 0);
     o->chunk = calloc(cap, sizeof *o->chunk);
-    QT_CHECK(o->chunk, "out of host memory");
-    QT_CHECK(split >= 0 && split <= n, "adamw groups: split %d of %d tensors", split, n);
-    add_group(o, t, 0, split);
-    if (split < n) add_group(o, t, split, n);
+    o->group_end = calloc((size_t)groups, sizeof *o->group_end);
+    QT_CHECK(o->chunk && o->group_end, "out of host memory");
+    QT_CHECK(groups >= 1 && start[0] == 0, "adamw: %d groups, the first at entry %d", groups, groups ? start[0] : -1);
+    for (int k = 0; k < groups; k++) {
+        int end = k + 1 < groups ? start[k + 1] : n;
+        QT_CHECK(start[k] <= end && end <= n, "adamw group %d: entries %d..%d of %d", k, start[k], end, n);
+        add_group(o, t, start[k], end);
+    }
     if (slots) {
         QT_CUDA(cudaStreamCreateWithFlags(&o->up, cudaStreamNonBlocking));
         QT_CUDA(cudaStreamCreateWithFlags(&o->down, cudaStreamNonBlocking));
@@ -109,6 +113,7 @@ void qt_gpu_optim_free(qt_gpu_optim *o) {
         QT_CUDA(cudaStreamDestroy(o->down));
     }
     free(o->chunk);
+    free(o->group_end);
     free(o);
 }
 

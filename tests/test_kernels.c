@@ -697,8 +697,9 @@ static void test_adamw_offload(void) {
         memcpy(hmaster, w, OTOT * 4);
         memset(hm, 0, OTOT * es);
         memset(hv, 0, OTOT * es);
-        qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, 2, dmaster, dm, dt, dv, dt, NULL, 0);
-        qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, 2, hmaster, hm, dt, hv, dt, slots, OCHUNK);
+        const int start[2] = {0, 2};
+        qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, dmaster, dm, dt, dv, dt, NULL, 0);
+        qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hmaster, hm, dt, hv, dt, slots, OCHUNK);
         QT_EXPECT(qt_gpu_optim_groups(dev) == 2 && qt_gpu_optim_groups(off) == 2, "two groups expected");
         qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf};
         float *snap = malloc(tail * 4);

@@ -144,8 +144,8 @@ static int read_log(const char *path, const char *type, const char *key, float *
  * replicated; 3 and 4: 0 and 1 with fp8 matmuls; 5 and 6: 1 and 2 with the gradients summed in bf16;
  * 7 and 8: 1 and 2 with one gradient sum after the backward instead of one per layer while it runs,
  * and the weight all-gather before the next forward instead of during it; 9 and 10: 1 and 7 with one
- * micro-step per step; 11 and 12: 0 and 1 with the optimizer state offloaded to host memory, streamed
- * in chunks of 10,000 elements) for `steps` steps in folder ckpt_match_<tag>, optionally resuming. 1, 2 and 7-10
+ * micro-step per step; 11-14: 0-3 with the optimizer state offloaded to host memory, streamed in
+ * chunks of 10,000 elements, 11 from CUDA graphs) for `steps` steps in folder ckpt_match_<tag>, optionally resuming. 1, 2 and 7-10
  * replay the micro-steps from CUDA graphs. Vocabulary 256: the sharded runs add the ranks' embedding
  * lookups after the sums (2 x 96 tokens x 129 < 256 x 128 elements; the resume tests' vocabulary of 64
  * keeps the table's gradient in the sum). */
@@ -160,7 +160,7 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
                   dp_begin(), kind == 2 || kind == 6 || kind == 8 ? "false" : "true", kind == 5 || kind == 6 ? "bf16" : "fp32",
                   kind == 7 || kind == 8 || kind == 10 ? "false" : "true");
     if (kind == 3 || kind == 4) strcat(par, "\nprecision: {matmul_dtype: e4m3}");
-    if (kind == 1 || kind == 2 || kind >= 7) strcat(par, "\nperf: {cuda_graphs: true}");
+    if (kind == 1 || kind == 2 || kind >= 7 || (offload && kind == 0)) strcat(par, "\nperf: {cuda_graphs: true}");
     if (offload) strcat(par, "\nmemory: {offload_optimizer: true}");
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
@@ -187,10 +187,11 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
  * while the backward runs changes no sum (sharded, the embedding lookups are added after the sums
  * either way): the runs must be bitwise equal to one sum after the backward (sharded, the norm adds
  * per-bucket sums of squares: within 1e-5), and the optimizer state streamed from host memory changes
- * no bit (one GPU and sharded). The overlapped sharded runs (bf16
+ * no bit (one GPU bf16 and fp8, sharded, replicated). The overlapped sharded runs (bf16
  * and fp8, graphs and eager) hold their weight all-gather back 20 ms each step (QT_DP_AG_DELAY_MS): a
  * forward that did not wait for it (or for the fp8 weight quants made after it) would read the last
- * step's weights of the other rank's pieces. Autotuning is off so that every run
+ * step's weights of the other rank's pieces; so do the offloaded one-GPU runs, whose AdamW runs bucket
+ * by bucket beside the next forward. Autotuning is off so that every run
  * multiplies with the same cuBLASLt algorithms. */
 static void test_data_parallel_matches_one_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
@@ -199,17 +200,19 @@ static void test_data_parallel_matches_one_gpu(void) {
     snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
     write_synthetic(p1, 20000, 1);
     write_synthetic(p2, 3000, 2);
-    enum { STEPS = 20, RUNS = 13 };
+    enum { STEPS = 20, RUNS = 15 };
     float loss[RUNS][STEPS], gn[RUNS][STEPS], ev[RUNS][2];
     const char *tag[RUNS] = {"one", "dp_sharded", "dp_replicated", "one_fp8", "dp_sharded_fp8", "dp_sharded_bf16sum",
                              "dp_replicated_bf16sum", "dp_sharded_no_overlap", "dp_replicated_no_overlap",
-                             "dp_sharded_accum1", "dp_sharded_accum1_no_overlap", "one_offload", "dp_sharded_offload"};
+                             "dp_sharded_accum1", "dp_sharded_accum1_no_overlap", "one_offload", "dp_sharded_offload",
+                             "dp_replicated_offload", "one_fp8_offload"};
     setenv("QT_MATMUL_AUTOTUNE", "0", 1);
     setenv("QT_OFFLOAD_CHUNK", "10000", 1);
     for (int k = 0; k < RUNS; k++) {
         char err[1024], logp[512];
         snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag[k]);
-        if (k == 1 || k == 4 || k == 5 || k == 9 || k == 12) setenv("QT_DP_AG_DELAY_MS", "20", 1); /* sharded, overlapped */
+        /* sharded and overlapped, or one GPU offloaded (AdamW ahead of the next forward) */
+        if (k == 1 || k == 4 || k == 5 || k == 9 || k == 11 || k == 12 || k == 14) setenv("QT_DP_AG_DELAY_MS", "20", 1);
         int rc = match_run(k, tag[k], STEPS, NULL, logp, loss[k], err, sizeof err);
         unsetenv("QT_DP_AG_DELAY_MS");
         QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);
@@ -241,8 +244,8 @@ static void test_data_parallel_matches_one_gpu(void) {
         QT_EXPECT(loss[k][STEPS - 1] < loss[k][0], "%s: loss did not fall: %g -> %g", tag[k], loss[k][0], loss[k][STEPS - 1]);
     }
     /* overlap off, on; the optimizer state offloaded, on the GPU */
-    const int same_as[5][2] = {{7, 1}, {8, 2}, {10, 9}, {11, 0}, {12, 1}};
-    for (int q = 0; q < 5; q++) {
+    const int same_as[7][2] = {{7, 1}, {8, 2}, {10, 9}, {11, 0}, {12, 1}, {13, 2}, {14, 3}};
+    for (int q = 0; q < 7; q++) {
         int k = same_as[q][0], o = same_as[q][1], same = memcmp(loss[k], loss[o], sizeof loss[k]) == 0 && memcmp(gn[k], gn[o], sizeof gn[k]) == 0;
         double worst = 0;
         for (int i = 0; i < STEPS; i++) {
