@@ -3,7 +3,7 @@
  * Offloaded, the state is cut into chunks at multiples of `chunk` state elements (so every
  * vector-aligned tensor stays aligned in its slot), each with its own AdamW plan whose state indices
  * are relative to the chunk's slot. Chunk c uses slot c % OPT_SLOTS: the up stream waits until the
- * slot's last user went back down, copies master/m/v up and records `ready`; the model's stream runs
+ * slot's last user went back down, copies master/m/v up and records `ready`; the caller's stream runs
  * the plan and records `done`; the down stream copies the slot back and records `back`. The down
  * stream is in order, so any `back` also covers every earlier chunk's way down — which is what lets
  * the next step's upload of a chunk wait only for its slot. */
@@ -44,7 +44,7 @@ size_t qt_gpu_optim_slot_bytes(size_t chunk, qt_dtype m_dt, qt_dtype v_dt) {
 }
 
 /* The plan of t[j0..j1)'s elements whose state lies in [lo, hi), state indices counted from c0. */
-static int add_chunk(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1, size_t lo, size_t hi, size_t c0) {
+static void add_chunk(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1, size_t lo, size_t hi, size_t c0) {
     qt_adamw_tensor *p = malloc(sizeof *p * (size_t)(j1 - j0));
     QT_CHECK(p, "out of host memory");
     int n = 0;
@@ -54,7 +54,6 @@ static int add_chunk(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1, 
     }
     if (n) o->chunk[o->n_chunks++] = (opt_chunk){qt_adamw_plan_create(p, n), lo, hi, c0};
     free(p);
-    return n > 0;
 }
 
 static void add_group(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1) {
