@@ -3,7 +3,8 @@
  * Everything lives in one device allocation carved by a plan (printed as the allocator table at start):
  * bf16 weights, fp32 master weights, fp32 gradients, AdamW m and v (fp32 or bf16), per-layer saved
  * activations for one micro-batch, the LM-head logits chunk, and the workspaces (with
- * memory.offload_optimizer, master, m and v live in pinned host memory instead, see qt_gpu_optim.h). The layout of every
+ * memory.offload_optimizer, master, m and v live in pinned host memory instead: qt_gpu_optim.h).
+ * The layout of every
  * parameter buffer is the flat qt_layout array, so checkpoints and HF export see the CPU's layout. */
 #ifndef QT_GPU_MODEL_H
 #define QT_GPU_MODEL_H
@@ -90,8 +91,9 @@ typedef struct {
     float *rope_cs;     /* [T, D] */
     void *ws;           /* kernel workspace */
     size_t ws_bytes;
-    qt_gpu_optim *opt;  /* AdamW of this rank's pieces: group 0 bucket 0 (the embeddings, gathered while
-                         * group 1 runs), group 1 the rest; one group with one bucket */
+    qt_gpu_optim *opt;  /* AdamW of this rank's pieces in groups: sharded, bucket 0 (the embeddings,
+                         * gathered while group 1 runs) and the rest; one GPU offloaded, one group per
+                         * (per-layer) bucket; else one group */
     char *host_state;   /* memory.offload_optimizer: pinned host memory holding master, m and v (owned) */
     size_t host_state_bytes;
     void *opt_slots;    /* offloaded: the device slots the state streams through, opt_chunk elements each */
