@@ -4,8 +4,8 @@
  * bf16 weights, fp32 master weights, fp32 gradients, AdamW m and v (fp32 or bf16), per-layer saved
  * activations for one micro-batch, the LM-head logits chunk, and the workspaces (with
  * memory.offload_optimizer, master, m and v live in pinned host memory instead: qt_gpu_optim.h).
- * The layout of every
- * parameter buffer is the flat qt_layout array, so checkpoints and HF export see the CPU's layout. */
+ * The layout of every parameter buffer is the flat qt_layout array, so checkpoints and HF export see
+ * the CPU's layout. */
 #ifndef QT_GPU_MODEL_H
 #define QT_GPU_MODEL_H
 
