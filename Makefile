@@ -25,16 +25,16 @@ endif
 CUDNN_DIR := $(word 2,$(CUDNN_FOUND))
 
 OPT       ?= -O2
-CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude -I$(BUILD)/gen \
-             -I$(CUDA_HOME)/include -MMD -MP $(EXTRA_CFLAGS)
+CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude \
+             -I$(BUILD)/gen -I$(CUDA_HOME)/include -MMD -MP $(EXTRA_CFLAGS)
 NVFLAGS   := -O3 -g -std=c++17 -Iinclude -lineinfo --expt-relaxed-constexpr \
              $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
              -Xcompiler -Wall,-Werror -Wno-deprecated-gpu-targets -MMD -MP $(EXTRA_NVFLAGS)
 # libyaml and zstd link statically when their archives exist, so binaries run on GPU machines
 # that lack the shared libraries.
 STATIC_LIBS := $(foreach l,yaml zstd,$(if $(wildcard /usr/lib/x86_64-linux-gnu/lib$(l).a),-l:lib$(l).a,-l$(l)))
-LDLIBS    := $(if $(CUDNN_DIR),-L$(CUDNN_DIR) -Xlinker -rpath -Xlinker $(CUDNN_DIR)) -Wl,--enable-new-dtags -L$(CUDA_HOME)/lib64 \
-             -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart \
+LDLIBS    := $(if $(CUDNN_DIR),-L$(CUDNN_DIR) -Xlinker -rpath -Xlinker $(CUDNN_DIR)) -Wl,--enable-new-dtags \
+             -L$(CUDA_HOME)/lib64 -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart \
              $(STATIC_LIBS) -lstdc++ -lpthread -ldl -lm -fopenmp
 
 LIB_C   := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard cuda/*.c comm/*.c)

@@ -82,25 +82,29 @@ cudnn)
     [ -n "$major" ] && [ -n "$libdir" ] && echo "$major $libdir"
     exit 0 ;;
 check)
-    missing=() apt=()
-    need() { missing+=("  $1"); [ -n "${2:-}" ] && apt+=("$2"); }
+    missing=() pkgs=()
+    need() { missing+=("  $1"); pkgs+=("$2"); }   # what is missing, the Debian package that has it
     has yaml.h || need "yaml.h (libyaml headers)" libyaml-dev
     has zstd.h || need "zstd.h (zstd headers)" libzstd-dev
-    [ -x "$NVCC" ] || need "nvcc ($NVCC): the CUDA toolkit 13; set CUDA_HOME=dir if it is installed elsewhere" cuda-toolkit-13-0
+    [ -x "$NVCC" ] || need "nvcc ($NVCC): the CUDA toolkit 13; set CUDA_HOME=dir if it is elsewhere" \
+        cuda-toolkit-13-0
     has cublasLt.h || need "cublasLt.h (cuBLASLt headers, part of the CUDA toolkit)" libcublas-dev-13-0
     find_cudnn
     if [ -z "$major" ] || ! has cudnn.h; then
-        need "cudnn.h / cudnn_version.h (cuDNN 9 headers) under $CUDA_HOME/include or /usr/include" cudnn9-cuda-13
+        need "cudnn.h, cudnn_version.h (cuDNN 9 headers) under $CUDA_HOME/include or /usr/include" cudnn9-cuda-13
     elif [ -z "$libdir" ]; then
-        need "libcudnn.so.$major version $major.$minor or later (matching $header)${CUDNN_LIB:+ in CUDNN_LIB=$CUDNN_LIB}; set CUDNN_LIB=dir to name its directory" cudnn9-cuda-13
+        need "libcudnn.so.$major version $major.$minor or later (matching $header)${CUDNN_LIB:+ in \
+CUDNN_LIB=$CUDNN_LIB}; set CUDNN_LIB=dir to name its directory" cudnn9-cuda-13
     fi
     [ ${#missing[@]} -eq 0 ] && exit 0
-    echo "make: the build needs what this machine lacks:" >&2
-    printf '%s\n' "${missing[@]}" >&2
-    if [ ${#apt[@]} -gt 0 ]; then
-        echo "install with:  sudo apt-get install $(printf '%s\n' "${apt[@]}" | awk '!seen[$0]++' | tr '\n' ' ')" >&2
-        case " ${apt[*]} " in *cuda*|*cudnn*|*cublas*) echo "(CUDA, cuBLAS and cuDNN packages come from NVIDIA's apt repository: https://developer.nvidia.com/cuda-downloads)" >&2;; esac
-    fi
+    {
+        echo "make: the build needs what this machine lacks:"
+        printf '%s\n' "${missing[@]}"
+        echo "install with:  apt-get install $(printf '%s\n' "${pkgs[@]}" | awk '!seen[$0]++' | tr '\n' ' ')"
+        case " ${pkgs[*]} " in *cuda*|*cudnn*|*cublas*)
+            echo "(the CUDA, cuBLAS and cuDNN packages come from NVIDIA's apt repository:" \
+                 "https://developer.nvidia.com/cuda-downloads)";; esac
+    } >&2
     exit 1 ;;
 *)
     echo "usage: tools/prereqs.sh cudnn|cudnn-wheel|check" >&2; exit 2 ;;
