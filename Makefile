@@ -5,25 +5,36 @@
 # bench/*.c (one binary each). Everything but main.c goes into build/libqtrain.a.
 #
 # CUDA_ARCH picks the GPU targets: `make CUDA_ARCH=90a` for a fast Hopper-only build.
+# Before compiling, tools/prereqs.sh checks the headers, nvcc and cuDNN and names the packages to install.
 
 BUILD     ?= build
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CC        ?= gcc
 CUDA_ARCH ?= 80 89 90a 120
-# Where the device machine keeps the cuDNN that matches our 9.19 headers (searched before the system 9.14).
-CUDNN_RPATH ?= /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
+# cuDNN: the libcudnn.so.MAJOR whose cudnnGetVersion() matches the cudnn_version.h we compile against,
+# found by tools/prereqs.sh (python3's nvidia-cudnn wheel, next to the headers, the toolkit, ldconfig's
+# cache); `make CUDNN_LIB=dir` names it. Linked with a RUNPATH, so LD_LIBRARY_PATH still wins at run time.
+# --version prints GIT_COMMIT, baked into $(BUILD)/gen/qt_build_info.h (rewritten only when it changes).
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+CUDNN_FOUND := $(shell CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" CUDNN_LIB="$(CUDNN_LIB)" bash tools/prereqs.sh cudnn)
+GIT_COMMIT  ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
+$(shell mkdir -p $(BUILD)/gen && printf '#define QT_GIT_COMMIT "%s"\n' '$(GIT_COMMIT)' > $(BUILD)/gen/info.tmp && \
+        { cmp -s $(BUILD)/gen/info.tmp $(BUILD)/gen/qt_build_info.h || cp $(BUILD)/gen/info.tmp $(BUILD)/gen/qt_build_info.h; })
+endif
+CUDNN_DIR := $(word 2,$(CUDNN_FOUND))
 
 OPT       ?= -O2
 CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude \
-             -I$(CUDA_HOME)/include -MMD -MP $(EXTRA_CFLAGS)
+             -I$(BUILD)/gen -I$(CUDA_HOME)/include -MMD -MP $(EXTRA_CFLAGS)
 NVFLAGS   := -O3 -g -std=c++17 -Iinclude -lineinfo --expt-relaxed-constexpr \
              $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
              -Xcompiler -Wall,-Werror -Wno-deprecated-gpu-targets -MMD -MP $(EXTRA_NVFLAGS)
 # libyaml and zstd link statically when their archives exist, so binaries run on GPU machines
 # that lack the shared libraries.
 STATIC_LIBS := $(foreach l,yaml zstd,$(if $(wildcard /usr/lib/x86_64-linux-gnu/lib$(l).a),-l:lib$(l).a,-l$(l)))
-LDLIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDNN_RPATH) -lcudnn -lcublasLt -lcudart \
+LDLIBS    := $(if $(CUDNN_DIR),-L$(CUDNN_DIR) -Xlinker -rpath -Xlinker $(CUDNN_DIR)) -Wl,--enable-new-dtags \
+             -L$(CUDA_HOME)/lib64 -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart \
              $(STATIC_LIBS) -lstdc++ -lpthread -ldl -lm -fopenmp
 
 LIB_C   := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard cuda/*.c comm/*.c)
@@ -32,15 +43,18 @@ LIB_OBJ := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 
-.PHONY: all test bench quickstart clean
+.PHONY: all prereqs test bench quickstart clean
 .SECONDARY:
 all: $(BUILD)/qtrain $(TESTS) $(BENCHES)
 
-$(BUILD)/%.o: %.c
+prereqs:
+	@CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" NVCC="$(NVCC)" CUDNN_LIB="$(CUDNN_LIB)" bash tools/prereqs.sh check
+
+$(BUILD)/%.o: %.c | prereqs
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu | prereqs
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

@@ -6,6 +6,10 @@
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The GPU machine's system cuDNN (9.14) is older than the headers we build against (9.19); python3's
+# nvidia-cudnn wheel has 9.19. Binaries link cuDNN with a RUNPATH, so this wins whatever path was baked in.
+cudnn_lib=$(bash tools/prereqs.sh cudnn-wheel)
+if [ -d "$cudnn_lib" ]; then export LD_LIBRARY_PATH=$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
 OUT=${OUT:-out/gpu-check}
 mkdir -p "$OUT"
 stages=${*:-build unit model train bench llmq}

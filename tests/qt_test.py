@@ -1,0 +1,36 @@
+"""qt_test.py — the Python tests' harness (the counterpart of qt_test.h): runs every test_* function of
+a test file in a fresh temporary directory and prints PASS/FAIL/SKIP lines that tests/run.sh counts."""
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, os.environ.get("BUILD", "build"))
+
+
+class Skip(Exception):
+    """Raised by a test that cannot run here; the message says why."""
+
+
+def run_tests(names):
+    """Runs each callable test_* in names (a module's globals()) as fn(tmpdir); returns the exit status."""
+    failed = 0
+    for name, fn in list(names.items()):
+        if not name.startswith("test_") or not callable(fn):
+            continue
+        tmp = tempfile.mkdtemp(prefix="qt_py_")
+        try:
+            fn(tmp)
+            print(f"PASS {name}")
+        except Skip as e:
+            print(f"SKIP {name}: {e}")
+        except Exception as e:  # noqa: BLE001 — any error is this test's failure
+            failed += 1
+            print(f"FAIL {name}: {e}")
+            traceback.print_exc(limit=3, file=sys.stdout)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        sys.stdout.flush()
+    return 1 if failed else 0

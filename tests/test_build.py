@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""test_build.py — what `make` needs from the machine: a missing header stops the build before anything
+compiles, naming the package and the apt-get line; cuDNN is the library that matches the headers we
+compile against (tools/prereqs.sh), and the binaries' RUNPATH names its directory, no machine's path."""
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from qt_test import BUILD, ROOT, Skip, run_tests
+
+CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+
+
+def make(*args):
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(["make", "--no-print-directory", "-C", ROOT, *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def fake_toolkit(tmp, headers):
+    """A CUDA_HOME with empty stand-ins for the given headers and an nvcc that fails if ever run."""
+    os.makedirs(os.path.join(tmp, "include"))
+    os.makedirs(os.path.join(tmp, "bin"))
+    for h in headers:
+        with open(os.path.join(tmp, "include", h), "w") as f:
+            f.write("#define CUDNN_MAJOR 9\n#define CUDNN_MINOR 19\n" if h == "cudnn_version.h" else "\n")
+    nvcc = os.path.join(tmp, "bin", "nvcc")
+    with open(nvcc, "w") as f:
+        f.write("#!/bin/sh\necho fake nvcc ran >&2; exit 1\n")
+    os.chmod(nvcc, 0o755)
+
+
+def test_missing_header_stops_make(tmp):
+    if not shutil.which("make") or not shutil.which("gcc"):
+        raise Skip("needs make and gcc")
+    # -nostdinc hides the system's headers: only the fake toolkit's are found, zstd.h is not among them.
+    fake_toolkit(tmp, ["yaml.h", "cublasLt.h", "cudnn.h", "cudnn_version.h"])
+    r = make(f"BUILD={tmp}/build", "CC=gcc -nostdinc", f"CUDA_HOME={tmp}")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, "make succeeded without zstd.h"
+    assert "zstd.h" in out and re.search(r"apt-get install .*libzstd-dev", out), f"no apt-get line:\n{out}"
+    assert "yaml.h" not in out and "libyaml-dev" not in out, f"yaml.h reported missing though present:\n{out}"
+    assert "libcudnn.so.9" in out and "CUDNN_LIB" in out, f"missing libcudnn not reported:\n{out}"
+    objs = [f for _, _, fs in os.walk(os.path.join(tmp, "build")) for f in fs if f.endswith(".o")]
+    assert not objs and "fake nvcc ran" not in out, f"compiled before checking: {objs[:3]}"
+
+
+def test_missing_toolkit(tmp):
+    r = make(f"BUILD={tmp}/build", f"CUDA_HOME={tmp}/none", "prereqs")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and f"nvcc ({tmp}/none/bin/nvcc)" in out and "CUDA_HOME" in out, out
+
+
+def test_prereqs_present(tmp):
+    r = make(f"BUILD={tmp}/build", "prereqs")
+    assert r.returncode == 0 and not r.stderr.strip(), f"make prereqs on this machine: {r.stderr}"
+
+
+def test_cudnn_matches_headers(tmp):
+    r = subprocess.run(["bash", os.path.join(ROOT, "tools", "prereqs.sh"), "cudnn"], capture_output=True, text=True)
+    assert r.returncode == 0, f"tools/prereqs.sh cudnn: {r.stderr}"
+    if not r.stdout.strip():
+        raise Skip("no cuDNN here")
+    major, libdir = r.stdout.split()
+    hdr = open(os.path.join(CUDA_HOME, "include", "cudnn_version.h")).read()
+    want = [int(re.search(rf"#define CUDNN_{k}\s+(\d+)", hdr).group(1)) for k in ("MAJOR", "MINOR")]
+    got = ctypes.CDLL(os.path.join(libdir, f"libcudnn.so.{major}")).cudnnGetVersion()
+    assert got // 10000 == want[0] and got // 100 % 100 >= want[1], f"{libdir}: cuDNN {got}, headers {want}"
+    # CUDNN_LIB names the directory; one without a matching library is refused.
+    r = make(f"BUILD={tmp}/build", f"CUDNN_LIB={tmp}", "prereqs")
+    assert r.returncode != 0 and f"CUDNN_LIB={tmp}" in r.stderr, r.stderr
+    if not shutil.which("readelf") or not os.path.exists(os.path.join(BUILD, "qtrain")):
+        raise Skip("readelf or build/qtrain missing: RUNPATH not checked")
+    dyn = subprocess.run(["readelf", "-d", os.path.join(BUILD, "qtrain")], capture_output=True, text=True).stdout
+    m = re.search(r"\((RUNPATH|RPATH)\)\s+Library r\w*path: \[(.*)\]", dyn)
+    # RUNPATH, not RPATH: LD_LIBRARY_PATH must still win on a machine where another cuDNN is wanted.
+    assert m and m.group(1) == "RUNPATH" and m.group(2).split(":") == [libdir], f"build/qtrain: {m and m.group(0)}"
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests(globals()))
