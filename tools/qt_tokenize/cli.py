@@ -90,7 +90,8 @@ def parse_args(argv):
     if a.chat and a.byte_level:
         ap.error("--chat needs --tokenizer (a chat template and its tokens)")
     if a.doc_sep is not None:
-        a.doc_sep = a.doc_sep.encode("utf-8").decode("unicode_escape").encode("utf-8")
+        # escapes such as \n or \x00 are decoded; other characters are kept as they are
+        a.doc_sep = a.doc_sep.encode("latin-1", "backslashreplace").decode("unicode_escape").encode("utf-8")
         if not a.doc_sep:
             ap.error("--doc-sep is empty")
     return ap, a

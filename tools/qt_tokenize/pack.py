@@ -47,6 +47,10 @@ class Packer:
         self.after_gap = False
 
     def add(self, toks, mask, lens, ends):
+        if not self.S:  # no packing: the stream is the documents back to back
+            self.sink.write(toks, mask)
+            self.docs += int(np.count_nonzero(ends))
+            return
         off = 0
         for n, end in zip(lens.tolist(), ends.tolist()):
             t = toks[off:off + n]
@@ -55,9 +59,7 @@ class Packer:
             self._segment(t, m, end)
 
     def _segment(self, t, m, end):
-        if not self.S:  # no packing: the stream is the documents back to back
-            self.sink.write(t, m)
-        elif self.state == "drop":
+        if self.state == "drop":
             self.dropped_tokens += len(t)
         elif self.state == "split":
             self._emit(t, m)
