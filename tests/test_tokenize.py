@@ -389,6 +389,32 @@ def test_chat_masks_vs_transformers(tmp):
     assert got_m == want_m, f"mask differs from transformers':\n{got_m}\n{want_m}"
 
 
+def test_chat_parquet_same_as_jsonl(tmp):
+    """The same conversations from Parquet (messages as a list of structs, and prompt/completion columns)
+    give the same tokens and mask as from JSON lines."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise Skip("no pyarrow (pip install pyarrow)")
+    tok, tj = chat_tokenizer(tmp, CHATML)
+    rows = chat_rows()
+    outs = []
+    for name in ("jsonl", "parquet"):
+        src = [os.path.join(tmp, f"m.{name}"), os.path.join(tmp, f"p.{name}")]
+        msgs, pc = [r for r in rows if "messages" in r], [r for r in rows if "prompt" in r]
+        if name == "jsonl":
+            open(src[0], "w").write("".join(json.dumps(r) + "\n" for r in msgs))
+            open(src[1], "w").write("".join(json.dumps(r) + "\n" for r in pc))
+        else:
+            pq.write_table(pa.Table.from_pylist(msgs), src[0])
+            pq.write_table(pa.Table.from_pylist(pc), src[1])
+        out = os.path.join(tmp, "out-" + name)
+        run_tool("--tokenizer", tj, "--chat", *src, "--out", out, "--quiet")
+        outs.append(all_tokens(out))
+    assert outs[0] == outs[1] and sum(outs[0][1]) > 0, "parquet conversations differ from JSON lines"
+
+
 def test_packing(tmp):
     """Documents of 3..40 tokens in windows of 17 (seq_len 16): each short document inside one window,
     pads of mask 0, long ones dropped or split, counted in the summary; shards share one token."""
@@ -436,9 +462,12 @@ def test_argument_errors(tmp):
     r = run_tool(src, "--out", tmp, ok=False)
     assert r.returncode != 0 and "--byte-level" in r.stderr, r.stderr
     bad = os.path.join(tmp, "bad.jsonl")
-    open(bad, "w").write('{"text": "a"}\n{"txt": "b"}\n')
-    r = run_tool("--byte-level", bad, "--out", tmp, ok=False)
-    assert r.returncode != 0 and "bad.jsonl:2: no field 'text'" in r.stderr, r.stderr
+    open(bad, "w").write('{"text": "a"}\n' + "\n" * 300 + '{"txt": "b"}\n')  # blank lines are counted
+    r = run_tool("--byte-level", bad, "--out", tmp, "--chunk-bytes", "16", ok=False)
+    assert r.returncode != 0 and "bad.jsonl:302: no field 'text'" in r.stderr, r.stderr
+    open(bad, "w").write('{"messages": [{"role": "user"}]}\n')
+    r = run_tool("--tokenizer", chat_tokenizer(tmp, CHATML)[1], "--chat", bad, "--out", tmp, ok=False)
+    assert r.returncode != 0 and "bad.jsonl:1: message 0: expected {role, content: string}" in r.stderr, r.stderr
 
 
 def main():

@@ -4,6 +4,7 @@ independently of the worker count and their results are consumed in input order.
 worker are in flight, so memory stays bounded whatever the input size."""
 import argparse
 import collections
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -169,12 +170,14 @@ def main(argv=None):
             tokenize_all(a, files, opts, src, packer)
         finally:
             sink.close()
-        with open(tmp_t, "rb") as tf, open(tmp_m, "rb") if tmp_m else open(os.devnull, "rb") as mf:
+        with contextlib.ExitStack() as files_open:
+            tf = files_open.enter_context(open(tmp_t, "rb"))
+            mf = files_open.enter_context(open(tmp_m, "rb")) if tmp_m else None
             index = {"train": 0, "eval": 0}
             for name, start, n in shard.plan(sink.n, a.eval_frac, a.shard_tokens, a.seq_len):
                 path = os.path.join(a.out, f"{name}_{index[name]:06d}.bin")
                 index[name] += 1
-                written.append((shard.write(path, tf, mf if tmp_m else None, start, n, token_bytes, vocab,
+                written.append((shard.write(path, tf, mf, start, n, token_bytes, vocab,
                                             a.zstd_level if a.zstd else None), name, n))
     except (sources.InputError, worker.WorkError, ChatError, shard.ShardError, tok.TokError) as e:
         sys.exit(f"tokenize: {e}")

@@ -226,7 +226,7 @@ class Tasks:
             end = len(buf) if not data else buf.rfind(b"\n") + 1
             if end > 0 and buf[:end].strip():
                 yield ("jsonl", (path, line), buf[:end])
-                line += buf.count(b"\n", 0, end)
+            line += buf.count(b"\n", 0, end)
             buf = buf[end:]
             if not data:
                 r.close()
