@@ -454,6 +454,39 @@ def test_packing(tmp):
         assert summary.startswith(expect), f"summary {summary!r}, expected {expect!r}"
 
 
+def test_killed_worker_ends_the_run(tmp):
+    """A worker killed mid-run (as the OOM killer would) ends the run with an error, not a hang."""
+    import signal
+    import time
+    tok, tj = bpe_tokenizer(tmp, WS_TEXT, vocab=300)
+    src = os.path.join(tmp, "big.txt")
+    open(src, "w").write(WS_TEXT * 200)
+    p = subprocess.Popen([sys.executable, TOOL, "--tokenizer", tj, src, "--out", os.path.join(tmp, "out"),
+                          "--workers", "2", "--chunk-bytes", "65536", "--quiet"], stderr=subprocess.PIPE, text=True)
+    victim, t0 = None, time.time()
+    while victim is None and time.time() - t0 < 30 and p.poll() is None:
+        time.sleep(0.2)
+        try:
+            kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
+        except OSError:
+            raise Skip("no /proc children list")
+        for k in kids:
+            try:
+                if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read():
+                    victim = int(k)
+            except OSError:
+                pass
+    assert victim is not None, "no worker process seen"
+    time.sleep(1.0)
+    os.kill(victim, signal.SIGKILL)
+    try:
+        _, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("the tool hung after a worker was killed")
+    assert p.returncode != 0 and "worker process died" in err, (p.returncode, err)
+
+
 def test_argument_errors(tmp):
     r = run_tool("--byte-level", os.path.join(tmp, "missing.txt"), "--out", tmp, ok=False)
     assert r.returncode != 0 and "missing.txt: no such file" in r.stderr, r.stderr
@@ -470,6 +503,9 @@ def test_argument_errors(tmp):
     open(bad, "w").write('{"messages": [{"role": "user"}]}\n')
     r = run_tool("--tokenizer", chat_tokenizer(tmp, CHATML)[1], "--chat", bad, "--out", tmp, ok=False)
     assert r.returncode != 0 and "bad.jsonl:1: message 0: expected {role, content: string}" in r.stderr, r.stderr
+    tok, tj = bpe_tokenizer(os.path.join(tmp, "plain"), "some text", specials=("<|eos|>",))
+    r = run_tool("--tokenizer", tj, "--chat", bad, "--out", tmp, ok=False)
+    assert r.returncode != 0 and "has no chat_template" in r.stderr, r.stderr
 
 
 def main():

@@ -9,9 +9,11 @@ import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from . import pack, shard, sources, tok, worker
-from .chat import ChatError
+from .chat import ChatError, Renderer
 
 CHUNK_BYTES = 1 << 20
 
@@ -120,6 +122,11 @@ def setup(ap, a):
     pad = a.pad_id if a.pad_id is not None else (eos if eos is not None else 0)
     if not 0 <= pad < vocab:
         ap.error(f"--pad-id {pad} is outside the vocab (size {vocab})")
+    if a.chat:  # checked here: a worker that fails to start would only break the pool
+        try:
+            Renderer(spec["chat_template"], spec["special"])
+        except ChatError as e:
+            sys.exit(f"tokenize: {a.chat_template or a.tokenizer}: {e}")
     opts = {"spec": spec, "chat": a.chat, "field": a.field, "messages_field": a.messages_field,
             "eos_id": eos, "bos_id": bos, "chat_template": spec["chat_template"] if spec else None}
     src = {"chunk": a.chunk_bytes, "doc_sep": a.doc_sep, "field": a.field, "chat": a.chat,
@@ -129,23 +136,30 @@ def setup(ap, a):
 
 
 def tokenize_all(a, files, opts, src, packer):
-    """Runs the tasks on the worker pool, results in input order into the packer."""
+    """Runs the tasks on the worker processes, results in input order into the packer. A worker that
+    dies (killed, out of memory) breaks the pool and ends the run with an error, never a hang."""
     total = sources.input_bytes(files, a.split)
     prog = Progress("tokenize", total, a.quiet)
     tasks = sources.Tasks(files, src)
     ctx = multiprocessing.get_context("spawn")  # no fork: the tokenizers thread pool does not survive it
     pending = collections.deque()
-    with ctx.Pool(a.workers, initializer=worker.init, initargs=(opts,)) as pool:
-        def take():
-            res, done = pending.popleft()
-            packer.add(*res.get())
-            prog.show(done, f", {packer.sink.n:,} tokens")
+    pool = ProcessPoolExecutor(a.workers, mp_context=ctx, initializer=worker.init, initargs=(opts,))
+
+    def take():
+        fut, done = pending.popleft()
+        packer.add(*fut.result())
+        prog.show(done, f", {packer.sink.n:,} tokens")
+    try:
         for task, done in tasks:
-            pending.append((pool.apply_async(worker.run, (task,)), done))
+            pending.append((pool.submit(worker.run, task), done))
             while len(pending) >= 2 * a.workers:
                 take()
         while pending:
             take()
+    except BrokenProcessPool:
+        raise worker.WorkError("a worker process died (killed, or out of memory?)")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     packer.finish()
     prog.show(total, f", {packer.sink.n:,} tokens", final=True)
 
