@@ -274,15 +274,21 @@ def test_parquet_and_datasets(tmp):
 
 
 def test_missing_package_message(tmp):
-    """A Parquet input without pyarrow: one line naming what to pip install (pyarrow hidden here)."""
-    tok, tj = formats_tokenizer(tmp)
-    shadow = os.path.join(tmp, "shadow", "pyarrow")
-    os.makedirs(shadow)
-    open(os.path.join(shadow, "__init__.py"), "w").write("raise ImportError('hidden by the test')\n")
+    """Without pyarrow (Parquet), jinja2 (--chat) or tokenizers (--tokenizer): one line naming what to
+    pip install. The packages are hidden by shadow modules that fail to import."""
+    tok, tj = chat_tokenizer(tmp, CHATML)
     open(os.path.join(tmp, "x.parquet"), "wb").write(b"PAR1")
-    env = dict(os.environ, PYTHONPATH=os.path.join(tmp, "shadow"))
-    r = run_tool("--tokenizer", tj, os.path.join(tmp, "x.parquet"), "--out", tmp, ok=False, env=env)
-    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "pip install pyarrow" in r.stderr, r.stderr
+    open(os.path.join(tmp, "c.jsonl"), "w").write(json.dumps(chat_rows()[0]) + "\n")
+    for pkg, args in (("pyarrow", [os.path.join(tmp, "x.parquet")]),
+                      ("jinja2", ["--chat", os.path.join(tmp, "c.jsonl")]),
+                      ("tokenizers", [os.path.join(tmp, "c.jsonl")])):
+        shadow = os.path.join(tmp, "shadow-" + pkg)
+        os.makedirs(os.path.join(shadow, pkg))
+        open(os.path.join(shadow, pkg, "__init__.py"), "w").write("raise ImportError('hidden by the test')\n")
+        env = dict(os.environ, PYTHONPATH=shadow)
+        r = run_tool("--tokenizer", tj, *args, "--out", os.path.join(tmp, "out"), ok=False, env=env)
+        assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and f"pip install {pkg}" in r.stderr, \
+            (pkg, r.stderr)
 
 
 def test_workers_same_bytes(tmp):

@@ -72,6 +72,8 @@ def load(path, config_path=None, template_path=None):
     except Exception as e:  # noqa: BLE001 — the tokenizers error type is not public
         raise TokError(f"{path}: cannot load tokenizer ({e})")
     folder = os.path.dirname(os.path.abspath(path))
+    with open(path, encoding="utf-8") as f:
+        tj = json.load(f)
     cfg = _read_json(config_path or os.path.join(folder, "tokenizer_config.json"))
     stm = _read_json(os.path.join(folder, "special_tokens_map.json"))
     special = {}
@@ -81,8 +83,7 @@ def load(path, config_path=None, template_path=None):
             special[key] = v
     eos = special.get("eos_token")
     if eos is None:  # no config: a special added token with a usual EOS name
-        added = {t["content"] for t in json.load(open(path, encoding="utf-8")).get("added_tokens", [])
-                 if t.get("special")}
+        added = {t["content"] for t in tj.get("added_tokens", []) if t.get("special")}
         eos = next((n for n in EOS_NAMES if n in added), None)
     template = None
     tp = template_path or os.path.join(folder, "chat_template.jinja")
@@ -97,7 +98,7 @@ def load(path, config_path=None, template_path=None):
         raise TokError(f"{template_path}: no such chat template file")
     spec = {"path": path, "vocab": tok.get_vocab_size(with_added_tokens=True), "eos": eos,
             "bos": special.get("bos_token"), "add_bos": bool(cfg.get("add_bos_token", False)),
-            "chat_template": template, "special": special, "cut": cut_rules(tok, path)}
+            "chat_template": template, "special": special, "cut": cut_rules(tok, tj)}
     for key in ("eos", "bos"):
         if spec[key] is not None and tok.token_to_id(spec[key]) is None:
             raise TokError(f"{path}: {key} token {spec[key]!r} (from the tokenizer config) is not in the vocab")
@@ -139,10 +140,9 @@ def _structure_ok(tj):
     return splits > 0
 
 
-def cut_rules(tok, path):
-    """Names of the cut rules ("nl", "sp") that provably change no token for this tokenizer."""
-    with open(path, encoding="utf-8") as f:
-        tj = json.load(f)
+def cut_rules(tok, tj):
+    """Names of the cut rules ("nl", "sp") that provably change no token for the tokenizer `tok`, whose
+    tokenizer.json is the dict tj."""
     if not _structure_ok(tj):
         return []
     added = tj.get("added_tokens", [])
