@@ -244,6 +244,11 @@ def test_input_formats(tmp):
         out = os.path.join(tmp, "out-" + name)
         run_tool("--tokenizer", tj, *args, "--out", out, "--chunk-bytes", "300", "--quiet")
         assert all_tokens(out)[0] == want, f"{name}: ids differ from HF encode per document"
+    out = os.path.join(tmp, "out-mixed")  # formats mixed: the order of the arguments is kept
+    run_tool("--tokenizer", tj, os.path.join(d, "000.txt"), os.path.join(tmp, "c.jsonl"), os.path.join(d, "001.txt"),
+             "--out", out, "--quiet")
+    one = [[bos] + ids(tok, doc) + [eos] for doc in DOCS]
+    assert all_tokens(out)[0] == one[0] + want + one[1], "text, JSON lines, text: order not kept"
 
 
 def test_parquet_and_datasets(tmp):

@@ -180,6 +180,9 @@ class Tasks:
                         yield ("pieces", path, pieces), self.progress()
                         pieces, size = [], 0
             else:
+                if pieces:  # the text before this file goes first
+                    yield ("pieces", path, pieces), self.progress()
+                    pieces, size = [], 0
                 gen = {"jsonl": self._jsonl, "parquet": self._parquet, "arrow": self._arrow,
                        "hf": self._hf}[fmt]
                 for task in gen(path):
