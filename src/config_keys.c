@@ -75,7 +75,7 @@ static const qt_config_key keys[] = {
       "longest sequence the model supports (HF max_position_embeddings); data.seq_len must fit"),
 
     S("init.from", init_from, "", "all",
-      "HF model directory (config.json + model.safetensors) to start from; \"\" = from scratch"),
+      "HF model to start from: its directory (config.json + model.safetensors), that .safetensors file or its model.safetensors.index.json; \"\" = from scratch"),
     U64("init.seed", init_seed, "1234", "all", "seeds the random weight init"),
     F("init.std", init_std, 0, NOHI, 1, 0, "0.02", "all", 0, "std of the normal init of matrices and embeddings"),
 
