@@ -6,6 +6,7 @@
 #include "qt_hf.h"
 #include "qt_json.h"
 #include "qt_test.h"
+#include "qt_train.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -501,6 +502,27 @@ static void test_init_from_paths(void) {
               "file: %s", out);
     QT_EXPECT(qt_hf_config_path("model.safetensors", out, sizeof out, err, sizeof err) == 0 && !strcmp(out, "./config.json"),
               "bare file: %s", out);
+    /* The trainer's setup from init.from = the folder and = its model.safetensors: the same model. */
+    qt_model_cfg c = small_cfg(QT_ARCH_LLAMA, 1);
+    qt_layout L, L2;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+    float *w = random_weights(&L, 77), *w1 = NULL, *w2 = NULL;
+    path_in(dir, sizeof dir, "from_file");
+    QT_REQUIRE(qt_hf_export(dir, &L, w, 0, err, sizeof err) == 0, "export: %s", err);
+    static qt_config cfg;
+    qt_config_defaults(&cfg);
+    cfg.seq_len = 16;
+    snprintf(cfg.init_from, sizeof cfg.init_from, "%s", dir);
+    QT_REQUIRE(qt_model_setup(&cfg, &L2, &w1, err, sizeof err) == 0, "from the folder: %s", err);
+    qt_layout_free(&L2);
+    snprintf(cfg.init_from, sizeof cfg.init_from, "%s/model.safetensors", dir);
+    QT_REQUIRE(qt_model_setup(&cfg, &L2, &w2, err, sizeof err) == 0, "from the file: %s", err);
+    QT_EXPECT(L2.numel == L.numel && !memcmp(w1, w2, L.numel * 4) && !memcmp(w, w2, L.numel * 4), "weights differ");
+    qt_layout_free(&L2);
+    qt_layout_free(&L);
+    free(w);
+    free(w1);
+    free(w2);
 }
 
 /* Another reader (the safetensors package) opens our fp32 export: names, shapes, dtypes, values. */
