@@ -84,4 +84,51 @@ quickstart: $(BUILD)/qtrain
 clean:
 	rm -rf $(BUILD)
 
+# ---- fuzzing (libFuzzer, clang) and the sanitizer build of the tests ----
+# `make fuzz` builds the harnesses of tests/fuzz/ (host readers only, no CUDA) and runs each from its
+# seed corpus tests/fuzz/corpus/<name> for FUZZ_RUNS executions; new inputs go to
+# $(BUILD)/fuzz/corpus/<name>, a finding to $(BUILD)/fuzz/crash-* and a non-zero exit. The long pass
+# (README, "Inputs and fuzzing"): `make fuzz FUZZ_RUNS=1000000`.
+FUZZ_CC    ?= clang
+FUZZ_RUNS  ?= 20000
+FUZZERS    := config json safetensors shard ckpt
+FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -Wall -Wno-unknown-pragmas -Iinclude -Itests/fuzz \
+              -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+FUZZ_LIB   := src/config.c src/config_keys.c src/layout.c src/hf.c src/json.c src/shard.c src/ckpt.c src/rng.c \
+              tests/fuzz/fuzz_support.c
+FUZZ_ENV   := ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
+
+.PHONY: fuzz fuzz-build fuzz-seeds test-asan
+fuzz-build: $(FUZZERS:%=$(BUILD)/fuzz/fuzz_%)
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) $(wildcard tests/fuzz/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_LIB) -o $@ $(STATIC_LIBS) -lm
+
+fuzz: fuzz-build
+	@for f in $(FUZZERS); do \
+	  mkdir -p $(BUILD)/fuzz/corpus/$$f; \
+	  $(FUZZ_ENV) $(BUILD)/fuzz/fuzz_$$f -runs=$(FUZZ_RUNS) -seed=1 -timeout=10 -rss_limit_mb=2048 \
+	    -artifact_prefix=$(BUILD)/fuzz/ -print_final_stats=1 $(BUILD)/fuzz/corpus/$$f tests/fuzz/corpus/$$f \
+	    > $(BUILD)/fuzz/$$f.log 2>&1 || { tail -40 $(BUILD)/fuzz/$$f.log; echo "fuzz_$$f: FINDING (see above)"; exit 1; }; \
+	  echo "fuzz_$$f: $$(grep -o 'stat::number_of_executed_units: [0-9]*' $(BUILD)/fuzz/$$f.log | grep -o '[0-9]*$$') executions, no finding"; \
+	done
+
+# Rewrites the binary seeds (safetensors, shard, ckpt) with qtrain's own writers.
+fuzz-seeds:
+	@mkdir -p $(BUILD)/fuzz/seedtmp tests/fuzz/corpus/safetensors tests/fuzz/corpus/shard tests/fuzz/corpus/ckpt
+	$(FUZZ_CC) -std=c11 -g -D_GNU_SOURCE -Iinclude -Itests/fuzz tests/fuzz/seeds.c $(FUZZ_LIB) -o $(BUILD)/fuzz/seeds $(STATIC_LIBS) -lm
+	$(BUILD)/fuzz/seeds
+
+# `make test` with every C object (library, tests, tools) built with ASan + UBSan in ASAN_BUILD; the
+# CUDA objects are the ones of $(BUILD), copied (nvcc code is not instrumented).
+ASAN_BUILD ?= build-asan
+ASAN_CC    := $(CC) -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+ASAN_ENV   := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1
+test-asan: $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
+	@for o in $(LIB_CU:%.cu=%.cu.o); do mkdir -p $(ASAN_BUILD)/$$(dirname $$o); cp -p $(BUILD)/$$o $(ASAN_BUILD)/$$o; done
+	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) CC="$(ASAN_CC)" $(ASAN_BUILD)/qtrain \
+	  $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TESTS))
+	@$(ASAN_ENV) BUILD=$(ASAN_BUILD) bash tests/run.sh
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

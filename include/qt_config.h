@@ -102,7 +102,11 @@ const qt_config_key *qt_config_key_at(int i);
 const qt_config_key *qt_config_key_find(const char *path);
 /* Parses text (a YAML scalar's value) into k's field of c. Returns 0, or -1 leaving c unchanged. */
 int qt_config_key_set(qt_config *c, const qt_config_key *k, const char *text);
-/* Writes k's value in c as a YAML scalar that qt_config_key_set reads back exactly. */
+/* The longest text qt_config_key_format writes, NUL included: a string of QT_PATH_MAX - 1 bytes
+ * whose every byte needs a 4-character escape, and its quotes. */
+#define QT_KEY_TEXT_MAX (4 * QT_PATH_MAX + 8)
+/* Writes k's value in c as a YAML scalar that the loader reads back exactly (cap >= QT_KEY_TEXT_MAX
+ * for every value to fit). */
 void qt_config_key_format(const qt_config *c, const qt_config_key *k, char *buf, size_t cap);
 /* Writes what k accepts, as error messages say it: "a number > 0", "one of cosine|linear|wsd". */
 void qt_config_key_expect(const qt_config_key *k, char *buf, size_t cap);

@@ -10,16 +10,23 @@
 
 #include "qt_model.h"
 
-/* Reads a config.json into cfg (hidden_size, num_hidden_layers, num_attention_heads,
+/* Reads a config.json into cfg (every number checked: integers in range, floats finite and > 0 in
+ * the float range; then qt_model_cfg_validate) (hidden_size, num_hidden_layers, num_attention_heads,
  * num_key_value_heads, intermediate_size, vocab_size, rope_theta or rope_parameters.rope_theta,
  * rms_norm_eps, tie_word_embeddings, max_position_embeddings, head_dim, model_type). */
 int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t errlen);
 int qt_hf_write_config(const char *path, const qt_model_cfg *cfg, int bf16, char *err, size_t errlen);
 /* Writes dir/model.safetensors and dir/config.json (creating dir), atomically each. */
 int qt_hf_export(const char *dir, const qt_layout *L, const float *w, int bf16, char *err, size_t errlen);
-/* Reads dir/model.safetensors (or a .safetensors path) into w[L->numel] (padding zeroed). Errors
- * name the file and tensor: "x/model.safetensors: model.layers.0.mlp.up_proj.weight: expected shape
- * [4864, 896], got [896, 4864]". */
+/* Reads an HF model into w[L->numel] (padding zeroed). path is a directory (its model.safetensors,
+ * else the shards its model.safetensors.index.json names), a .safetensors file or an index.json.
+ * Each file's header is checked before any data is read: known dtypes, integer shapes, data_offsets
+ * in bounds, dtype-sized and tiling the data without gap or overlap. NaN or Inf weights are refused.
+ * Errors name the file and tensor: "x/model.safetensors: model.layers.0.mlp.up_proj.weight:
+ * expected shape [4864, 896], got [896, 4864]". */
 int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen);
+/* The config.json that goes with init.from's path (a directory, or a file inside one). Returns 0, or
+ * -1 with err when it does not fit cap. */
+int qt_hf_config_path(const char *from, char *out, size_t cap, char *err, size_t errlen);
 
 #endif

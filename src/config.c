@@ -3,11 +3,14 @@
  * The YAML is walked as libyaml events (so every key keeps its line:column); each scalar goes through
  * the key table in config_keys.c. Errors read "<file>:<line>:<col>: <key>: expected <what>, got ...". */
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 #include "qt_config.h"
@@ -96,15 +99,17 @@ static const char *suggest(const char *path, char *buf, size_t cap) {
         snprintf(sec, sizeof sec, "%.*s", dot ? (int)(dot - p) : 0, p);
         const char *cand[2] = {sec, p}; /* its section first: "opt" suggests "optim", not a key */
         for (int j = 0; j < 2; j++) {
-            if (!cand[j][0]) continue;
+            /* A key (dotted path) is never answered with a section: "optim.b" is not a typo of "optim". */
+            if (!cand[j][0] || (j == 0 && strchr(path, '.'))) continue;
             size_t d = edit_distance(path, cand[j]);
             if (j == 1 && !strcmp(dot ? dot + 1 : p, leaf) && d > 1) d = 1; /* right key, wrong section */
             if (strlen(leaf) >= 3 && !strncmp(cand[j], path, strlen(path)) && d > 1) d = 1; /* cut short */
             if (d < best) { best = d; snprintf(buf, cap, "%s", cand[j]); }
         }
     }
+    /* Close means a few edits, and fewer than the typed leaf has letters: "optim.b" is not "optim.lr". */
     size_t allow = strlen(path) < 6 ? 1 : strlen(path) < 12 ? 2 : 3;
-    return best <= allow ? buf : NULL;
+    return best <= allow && best < strlen(leaf) ? buf : NULL;
 }
 
 static int unknown_key(ctx *x, where w, const char *path) {
@@ -124,6 +129,17 @@ static int is_section(const char *path) {
     return 0;
 }
 
+/* Why a number that reads as one was refused though it may look in range: floats are 32-bit. */
+static const char *float_range_note(const qt_config_key *k, const char *text) {
+    if (k->type != QT_KEY_FLOAT) return "";
+    char *end;
+    double v = strtod(text, &end);
+    if (!*text || *end || !isfinite(v)) return "";
+    if (fabs(v) > FLT_MAX) return " (beyond the 32-bit float range, |x| <= 3.4e38)";
+    if (v != 0 && (float)v == 0) return " (below the 32-bit float range: it rounds to 0)";
+    return "";
+}
+
 /* Sets key k from a scalar's text, recording where; plain null scalars count as "" for strings. */
 static int apply(ctx *x, const qt_config_key *k, const char *text, int plain, where w) {
     int idx = key_index(k);
@@ -131,7 +147,7 @@ static int apply(ctx *x, const qt_config_key *k, const char *text, int plain, wh
     if (qt_config_key_set(x->c, k, text)) {
         char what[200];
         qt_config_key_expect(k, what, sizeof what);
-        return fail(x, w, k->path, "expected %s, got \"%.200s\"", what, text);
+        return fail(x, w, k->path, "expected %s, got \"%.200s\"%s", what, text, float_range_note(k, text));
     }
     x->at[idx] = w;
     if (k->model_inline) {
@@ -272,15 +288,30 @@ static int apply_override(ctx *x, int i) {
 static where at_of(const ctx *x, const char *path) { return x->at[key_index(qt_config_key_find(path))]; }
 static int given(where w) { return w.line > 0 || w.ovr >= 0; }
 
-/* Checks that span keys: model source, schedule length, sequence length. */
+/* Where the key a qt_model_cfg_validate message starts with ("model.num_heads: ...") was given;
+ * the file itself when the message blames no single key. */
+static where model_key_at(const ctx *x, const char *msg) {
+    char key[KEY_MAX];
+    size_t n = strcspn(msg, ":");
+    snprintf(key, sizeof key, "%.*s", (int)(n < KEY_MAX ? n : KEY_MAX - 1), msg);
+    const qt_config_key *k = qt_config_key_find(key);
+    if (k && given(x->at[key_index(k)])) return x->at[key_index(k)];
+    /* A derived size (head_dim = hidden_size / num_heads, the total): num_heads, else the first model key. */
+    if (given(at_of(x, "model.num_heads"))) return at_of(x, "model.num_heads");
+    return x->first_inline >= 0 ? x->at[x->first_inline] : (where){0, 0, -1};
+}
+
+/* Checks that span keys: model source, the inline model's shape, schedule length, sequence length. */
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
-    if (c->hf_config[0] && c->model_inline) {
+    if ((c->hf_config[0] || c->init_from[0]) && c->model_inline) {
         const qt_config_key *k = qt_config_key_at(x->first_inline);
-        char v[QT_PATH_MAX + 8];
+        char v[QT_KEY_TEXT_MAX];
         qt_config_key_format(c, k, v, sizeof v);
-        return fail(x, x->at[x->first_inline], k->path,
-                    "expected no inline model keys when model.hf_config is set, got \"%s\"", v);
+        return fail(x, x->at[x->first_inline], k->path, "expected no inline model keys when %s, got \"%s\"",
+                    c->hf_config[0] ? "model.hf_config is set"
+                                    : "init.from is set (its config.json defines the model)",
+                    v);
     }
     if ((long)c->warmup + c->cooldown > c->steps) {
         where ww = at_of(x, "optim.warmup"), wc = at_of(x, "optim.cooldown");
@@ -291,8 +322,22 @@ static int cross_check(ctx *x) {
                         c->warmup + c->cooldown, v);
         return fail(x, at_of(x, key), key, "expected warmup + cooldown <= steps (%d), got \"%d\"", c->steps, v);
     }
+    if ((int64_t)c->micro_batch * c->seq_len > INT32_MAX) {
+        where wm = at_of(x, "data.micro_batch");
+        const char *key = given(wm) ? "data.micro_batch" : "data.seq_len";
+        return fail(x, at_of(x, key), key, "expected micro_batch x seq_len <= 2^31 - 1 tokens, got %d x %d",
+                    c->micro_batch, c->seq_len);
+    }
     /* Only when this file defines the model: hf_config / init.from are resolved by the trainer. */
-    if (!c->hf_config[0] && !c->init_from[0] && c->seq_len > c->model.max_seq_len) {
+    if (c->hf_config[0] || c->init_from[0]) return 0;
+    qt_model_cfg m = c->model;
+    char msg[256];
+    qt_model_cfg_finish(&m);
+    if (qt_model_cfg_validate(&m, msg, sizeof msg)) {
+        where w = model_key_at(x, msg);
+        return fail(x, w, NULL, "%s", msg);
+    }
+    if (c->seq_len > c->model.max_seq_len) {
         where ws = at_of(x, "data.seq_len");
         const char *key = given(ws) ? "data.seq_len" : "model.max_seq_len";
         if (given(ws))
@@ -342,6 +387,12 @@ int qt_config_load(qt_config *c, const char *path, const char *const *overrides,
         snprintf(err, errlen, "%s: expected a readable YAML file, got \"%s\"", path, strerror(errno));
         return -1;
     }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        snprintf(err, errlen, "%s: expected a YAML file, got a directory", path);
+        return -1;
+    }
     int rc = load(c, NULL, 0, f, path, overrides, n_overrides, err, errlen);
     fclose(f);
     return rc;
@@ -349,7 +400,7 @@ int qt_config_load(qt_config *c, const char *path, const char *const *overrides,
 
 size_t qt_config_dump(const qt_config *c, char *buf, size_t cap) {
     size_t n = 0;
-    char section[KEY_MAX] = "", val[2 * QT_PATH_MAX + 8];
+    char section[KEY_MAX] = "", val[QT_KEY_TEXT_MAX];
 #define OUT(...) do { int w_ = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, __VA_ARGS__); \
                       if (w_ > 0) n += (size_t)w_; } while (0)
     OUT("# qtrain config: every key with its resolved value\n");

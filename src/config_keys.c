@@ -28,6 +28,9 @@ static const qt_key_enum comm_names[] = {{"auto", QT_COMM_AUTO},
                                          {"host", QT_COMM_HOST},
                                          {"host_wc", QT_COMM_HOST_WC},
                                          {NULL, 0}};
+/* fp32 GPU weights are not implemented: the GPU path trains bf16 weights (fp32 master copy) and the
+ * CPU path fp32, so the key takes bf16 only and a config asking for fp32 is refused when read. */
+static const qt_key_enum model_dtype_names[] = {{"bf16", QT_DT_BF16}, {NULL, 0}};
 static const qt_key_enum f32_bf16_names[] = {{"fp32", QT_DT_F32}, {"bf16", QT_DT_BF16}, {NULL, 0}};
 static const qt_key_enum matmul_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_E4M3}, {NULL, 0}};
 static const qt_key_enum grad_names[] = {
@@ -72,7 +75,7 @@ static const qt_config_key keys[] = {
       "longest sequence the model supports (HF max_position_embeddings); data.seq_len must fit"),
 
     S("init.from", init_from, "", "all",
-      "HF model directory (config.json + model.safetensors) to start from; \"\" = from scratch"),
+      "HF model to start from: its directory (config.json + model.safetensors), that .safetensors file or its model.safetensors.index.json; \"\" = from scratch"),
     U64("init.seed", init_seed, "1234", "all", "seeds the random weight init"),
     F("init.std", init_std, 0, NOHI, 1, 0, "0.02", "all", 0, "std of the normal init of matrices and embeddings"),
 
@@ -113,8 +116,8 @@ static const qt_config_key keys[] = {
     S("log.file", log_file, "", "all", "JSON-lines log file; \"\" = stdout only"),
     I("log.every", log_every, 1, INT_MAX, "10", "all", 0, "log the training loss every N steps"),
 
-    E("precision.model_dtype", model_dtype, f32_bf16_names, "bf16", "GPU", 0,
-      "dtype of the GPU weights and activations (fp32 master copy kept)"),
+    E("precision.model_dtype", model_dtype, model_dtype_names, "bf16", "GPU", 0,
+      "dtype of the GPU weights and activations (fp32 master copy kept); bf16 only: fp32 GPU weights are not implemented (the CPU path trains fp32)"),
     E("precision.matmul_dtype", matmul_dtype, matmul_names, "bf16", "GPU", 0,
       "dtype of the transformer blocks' matmul inputs; e4m3 = FP8 with per-tensor current scaling (GPU, sm_89+)"),
     E("precision.grad_dtype", grad_dtype, grad_names, "bf16", "GPU", 0,
@@ -187,8 +190,8 @@ int qt_config_key_set(qt_config *c, const qt_config_key *k, const char *t) {
         return 0;
     }
     case QT_KEY_FLOAT: {
-        float v = strtof(t, &end);
-        if (!*t || *end || !isfinite(v) || !in_range(k, v)) return -1;
+        float v = strtof(t, &end); /* ERANGE with 0: so small it became 0 (subnormals are kept) */
+        if (!*t || *end || !isfinite(v) || (errno == ERANGE && v == 0) || !in_range(k, v)) return -1;
         *(float *)field = v;
         return 0;
     }
@@ -213,18 +216,43 @@ static void format_float(float v, char *buf, size_t cap) {
     }
 }
 
-/* A YAML double-quoted scalar: backslash escapes for quote, backslash and control bytes. */
+/* The code point of the UTF-8 sequence at p (its length in *len); -1 when it is not valid UTF-8. */
+static long utf8_at(const unsigned char *p, int *len) {
+    int n = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3 : (p[0] & 0xf8) == 0xf0 ? 4 : 0;
+    if (!n) return -1;
+    long cp = n == 1 ? p[0] : p[0] & (0x7f >> n);
+    for (int i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) return -1;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    *len = n;
+    return cp;
+}
+
+/* A YAML double-quoted scalar that libyaml reads back to the same bytes: backslash escapes for the
+ * quote, the backslash, and every code point YAML does not allow raw or folds as a line break
+ * (C0 and C1 controls, DEL, U+2028/9, U+FEFF, U+FFFE/F). A byte that is not UTF-8 (which the YAML
+ * loader never produces) is written as \xNN. */
 static void format_string(const char *s, char *buf, size_t cap) {
     size_t n = 0;
 #define PUT(ch) do { if (n + 1 < cap) buf[n] = (ch); n++; } while (0)
     PUT('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') { PUT('\\'); PUT((char)*p); }
-        else if (*p < 0x20 || *p == 0x7f) {
-            char hex[8];
-            snprintf(hex, sizeof hex, "\\x%02x", *p);
-            for (char *h = hex; *h; h++) PUT(*h);
-        } else PUT((char)*p);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int len = 1;
+        long cp = utf8_at(p, &len);
+        char esc[12] = "";
+        if (cp < 0) snprintf(esc, sizeof esc, "\\x%02x", *p);
+        else if (cp == '"' || cp == '\\') snprintf(esc, sizeof esc, "\\%c", (char)cp);
+        else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) snprintf(esc, sizeof esc, "\\x%02lx", cp);
+        else if (cp == 0x2028 || cp == 0x2029 || cp == 0xfeff || cp == 0xfffe || cp == 0xffff ||
+                 (cp >= 0xd800 && cp <= 0xdfff))
+            snprintf(esc, sizeof esc, "\\u%04lx", cp);
+        if (esc[0]) {
+            for (char *e = esc; *e; e++) PUT(*e);
+        } else {
+            for (int i = 0; i < len; i++) PUT((char)p[i]);
+        }
+        p += cp < 0 ? 1 : len;
     }
     PUT('"');
 #undef PUT

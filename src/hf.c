@@ -9,6 +9,7 @@
 #include "qt_hf.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,9 +57,10 @@ static int get_int(const char *path, const qt_json_node *o, const char *key, int
         *out = def;
         return 0;
     }
-    if (x->type != QT_JSON_NUM || x->num != floor(x->num) || x->num < lo || x->num > hi)
-        return qt_errf(err, errlen, "%s: %s: expected an integer in [%d, %d], got %s%s%.17g", path, key, lo, hi,
-                    type_name(x), x->type == QT_JSON_NUM ? " " : "", x->type == QT_JSON_NUM ? x->num : 0.0);
+    if (x->type != QT_JSON_NUM)
+        return qt_errf(err, errlen, "%s: %s: expected an integer in [%d, %d], got %s", path, key, lo, hi, type_name(x));
+    if (x->num != floor(x->num) || x->num < lo || x->num > hi)
+        return qt_errf(err, errlen, "%s: %s: expected an integer in [%d, %d], got %.17g", path, key, lo, hi, x->num);
     *out = (int)x->num;
     return 0;
 }
@@ -67,8 +69,12 @@ static int get_num(const char *path, const qt_json_node *o, const char *key, flo
                    size_t errlen) {
     const qt_json_node *x = qt_json_get(o, key);
     if (!x || x->type == QT_JSON_NULL) { *out = def; return 0; }
-    if (x->type != QT_JSON_NUM || !(x->num > 0))
+    /* A float field: the value must survive the conversion (1e300 would become inf, 1e-50 zero). */
+    if (x->type != QT_JSON_NUM)
         return qt_errf(err, errlen, "%s: %s: expected a number > 0, got %s", path, key, type_name(x));
+    if (!(x->num > 0) || x->num > FLT_MAX || (float)x->num == 0)
+        return qt_errf(err, errlen, "%s: %s: expected a number > 0 within the 32-bit float range (1.4e-45 .. 3.4e38), got %.17g",
+                       path, key, x->num);
     *out = (float)x->num;
     return 0;
 }
@@ -171,6 +177,8 @@ static void fmt_float(char *out, size_t cap, float x) {
 
 int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *err, size_t errlen) {
     const int qwen = c->arch == QT_ARCH_QWEN2;
+    char verr[256]; /* every number written must be one JSON can hold: no inf or nan */
+    if (qt_model_cfg_validate(c, verr, sizeof verr)) return qt_errf(err, errlen, "%s: %s", path, verr);
     if (qwen && !c->qkv_bias) return qt_errf(err, errlen, "%s: a qwen2 model must have qkv_bias (use arch llama)", path);
     if (!qwen && c->qkv_bias)
         return qt_errf(err, errlen, "%s: a llama model with qkv_bias has no HF equivalent (use arch qwen2)", path);
@@ -319,56 +327,113 @@ static int load_tensor(FILE *f, const char *dt, long long at, float *dst, size_t
     return rc;
 }
 
-/* Checks one header entry against the layout; on success *t is the tensor (NULL: skip it). */
-static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e, unsigned long long data_bytes,
-                       const qt_tensor **tp, long long *b_out, char *err, size_t errlen) {
+/* Bytes per element of a safetensors dtype; 0 when unknown. */
+static int st_dtype_size(const char *dt) {
+    static const struct { const char *name; int size; } t[] = {
+        {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+        {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(dt, t[i].name)) return t[i].size;
+    return 0;
+}
+
+/* A JSON number that is an exact integer in [0, 2^53] (every such double is one). */
+static int st_uint(const qt_json_node *x, uint64_t *out) {
+    if (!x || x->type != QT_JSON_NUM || !(x->num >= 0) || x->num > 9007199254740992.0 || x->num != floor(x->num))
+        return 0;
+    *out = (uint64_t)x->num;
+    return 1;
+}
+
+/* One header entry, checked on its own: dtype, shape, data_offsets. */
+typedef struct {
+    const qt_json_node *e;
+    const qt_tensor *t;   /* the layout tensor it fills; NULL: skipped (tied lm_head, rotary buffers) */
+    uint64_t begin, end;  /* data_offsets, relative to the data start */
+} st_entry;
+
+/* Checks entry e against the layout and the data size; fills *out. */
+static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e, uint64_t data_bytes, st_entry *out,
+                       char *err, size_t errlen) {
     const char *name = e->key;
     const qt_json_node *dt = qt_json_get(e, "dtype"), *sh = qt_json_get(e, "shape"), *of = qt_json_get(e, "data_offsets");
     const qt_tensor *t = qt_layout_find(L, name);
-    *tp = NULL;
-    if (!t) {
-        if ((strcmp(name, "lm_head.weight") == 0 && L->cfg.tie_embeddings) || ends_with(name, ".rotary_emb.inv_freq"))
-            return 0; /* a tied model's copy of the embedding, or a buffer older exports carry */
+    out->e = e;
+    out->t = t;
+    if (!t && !(strcmp(name, "lm_head.weight") == 0 && L->cfg.tie_embeddings) && !ends_with(name, ".rotary_emb.inv_freq"))
         return qt_errf(err, errlen, "%s: %s: unexpected tensor (not in a %s model of this config)", fp, name,
                     L->cfg.arch == QT_ARCH_QWEN2 ? "qwen2" : "llama");
-    }
-    if (!dt || dt->type != QT_JSON_STR || !sh || sh->type != QT_JSON_ARR || !of || of->type != QT_JSON_ARR)
+    if (e->type != QT_JSON_OBJ || !dt || dt->type != QT_JSON_STR || !sh || sh->type != QT_JSON_ARR || !of ||
+        of->type != QT_JSON_ARR)
         return qt_errf(err, errlen, "%s: %s: header entry needs dtype, shape and data_offsets", fp, name);
-    int es = !strcmp(dt->str, "F32") ? 4 : !strcmp(dt->str, "BF16") || !strcmp(dt->str, "F16") ? 2 : 0;
-    if (!es) return qt_errf(err, errlen, "%s: %s: expected dtype F32, BF16 or F16, got %s", fp, name, dt->str);
-    int64_t s[8];
-    int nd = 0, ok = 1;
+    int es = st_dtype_size(dt->str);
+    if (t && strcmp(dt->str, "F32") && strcmp(dt->str, "BF16") && strcmp(dt->str, "F16"))
+        return qt_errf(err, errlen, "%s: %s: expected dtype F32, BF16 or F16, got %.40s", fp, name, dt->str);
+    if (!es) return qt_errf(err, errlen, "%s: %s: unknown dtype %.40s", fp, name, dt->str);
+    /* The element count, saturating: a shape of huge dimensions is refused below, never wrapped. */
+    int64_t s[2] = {0, 0};
+    int nd = 0;
+    uint64_t numel = 1;
     for (const qt_json_node *x = sh->child; x; x = x->next, nd++) {
-        if (x->type != QT_JSON_NUM || x->num < 0 || x->num != floor(x->num) || nd >= 8) { ok = 0; break; }
-        s[nd] = (int64_t)x->num;
+        uint64_t d;
+        if (nd >= 8 || !st_uint(x, &d))
+            return qt_errf(err, errlen, "%s: %s: shape: expected at most 8 integers in [0, 2^53]", fp, name);
+        if (nd < 2) s[nd] = (int64_t)d;
+        if (__builtin_mul_overflow(numel, d, &numel)) numel = UINT64_MAX;
     }
-    char want[64], got[64];
-    shape_str(want, sizeof want, t->shape, t->ndim);
-    if (!ok) return qt_errf(err, errlen, "%s: %s: bad shape in the header (expected %s)", fp, name, want);
-    shape_str(got, sizeof got, s, nd);
-    if (nd != t->ndim || s[0] != t->shape[0] || (nd == 2 && s[1] != t->shape[1]))
-        return qt_errf(err, errlen, "%s: %s: expected shape %s, got %s", fp, name, want, got);
+    if (t) {
+        char want[64], got[64];
+        shape_str(want, sizeof want, t->shape, t->ndim);
+        shape_str(got, sizeof got, s, nd);
+        if (nd != t->ndim || s[0] != t->shape[0] || (nd == 2 && s[1] != t->shape[1]))
+            return qt_errf(err, errlen, "%s: %s: expected shape %s, got %s", fp, name, want, got);
+    }
     const qt_json_node *b = of->child, *en = b ? b->next : NULL;
-    if (!b || !en || en->next || b->type != QT_JSON_NUM || en->type != QT_JSON_NUM || b->num < 0 || en->num < b->num)
-        return qt_errf(err, errlen, "%s: %s: data_offsets: expected [begin, end] with begin <= end", fp, name);
-    if (en->num > (double)data_bytes)
-        return qt_errf(err, errlen, "%s: %s: data_offsets [%.0f, %.0f] beyond the %llu data bytes (truncated file?)", fp,
-                    name, b->num, en->num, data_bytes);
-    if (en->num - b->num != (double)t->numel * es)
-        return qt_errf(err, errlen, "%s: %s: data_offsets span %.0f bytes, expected %zu (%s %s)", fp, name,
-                    en->num - b->num, t->numel * es, dt->str, want);
-    *tp = t;
-    *b_out = (long long)b->num;
+    if (!b || !en || en->next || !st_uint(b, &out->begin) || !st_uint(en, &out->end) || out->end < out->begin)
+        return qt_errf(err, errlen, "%s: %s: data_offsets: expected [begin, end], integers with begin <= end", fp, name);
+    if (out->end > data_bytes)
+        return qt_errf(err, errlen, "%s: %s: data_offsets [%llu, %llu] beyond the %llu data bytes (truncated file?)", fp,
+                    name, (unsigned long long)out->begin, (unsigned long long)out->end, (unsigned long long)data_bytes);
+    uint64_t bytes;
+    if (__builtin_mul_overflow(numel, (uint64_t)es, &bytes) || out->end - out->begin != bytes)
+        return qt_errf(err, errlen, "%s: %s: data_offsets span %llu bytes, expected %llu elements x %d bytes (%s)", fp,
+                    name, (unsigned long long)(out->end - out->begin), (unsigned long long)numel, es, dt->str);
+    return 0;
+}
+
+static int by_begin(const void *a, const void *b) {
+    const st_entry *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* The entries must tile the data exactly, as the safetensors format requires: sorted by offset,
+ * each starts where the previous ended, the first at 0, the last at the end of the file. */
+static int check_tiling(const char *fp, st_entry *v, int n, uint64_t data_bytes, char *err, size_t errlen) {
+    qsort(v, (size_t)n, sizeof *v, by_begin);
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (v[i].begin < at)
+            return qt_errf(err, errlen, "%s: %s: data_offsets [%llu, %llu] overlap %s (which ends at %llu)", fp,
+                           v[i].e->key, (unsigned long long)v[i].begin, (unsigned long long)v[i].end,
+                           v[i - 1].e->key, (unsigned long long)at);
+        if (v[i].begin > at)
+            return qt_errf(err, errlen, "%s: %s: data_offsets start at %llu, expected %llu (a gap in the data)", fp,
+                           v[i].e->key, (unsigned long long)v[i].begin, (unsigned long long)at);
+        at = v[i].end;
+    }
+    if (at != data_bytes)
+        return qt_errf(err, errlen, "%s: the tensors cover %llu of the %llu data bytes (trailing bytes)", fp,
+                       (unsigned long long)at, (unsigned long long)data_bytes);
     return 0;
 }
 
 /* Header of an open safetensors file, parsed; sets *data_start and *data_bytes. */
-static qt_json *st_open_header(FILE *f, const char *fp, long long *data_start, unsigned long long *data_bytes,
+static qt_json *st_open_header(FILE *f, const char *fp, long long *data_start, uint64_t *data_bytes,
                                char *err, size_t errlen) {
     struct stat st;
     uint64_t hlen = 0;
-    if (fstat(fileno(f), &st) != 0 || st.st_size < 8 || fread(&hlen, 8, 1, f) != 1) {
-        qt_errf(err, errlen, "%s: too short for a safetensors file", fp);
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8 || fread(&hlen, 8, 1, f) != 1) {
+        qt_errf(err, errlen, "%s: too short for a safetensors file (or not a regular file)", fp);
         return NULL;
     }
     if (hlen > HF_MAX_HEADER || hlen > (uint64_t)st.st_size - 8) {
@@ -391,29 +456,53 @@ static qt_json *st_open_header(FILE *f, const char *fp, long long *data_start, u
         return NULL;
     }
     *data_start = 8 + (long long)hlen;
-    *data_bytes = (unsigned long long)st.st_size - 8 - hlen;
+    *data_bytes = (uint64_t)st.st_size - 8 - hlen;
     return j;
 }
 
-/* Loads every tensor of one file into w, marking seen[]. */
+/* Checks a parsed header: every entry, then that they tile the data. *out (caller frees) lists the
+ * entries; *n_out their count. */
+static int st_check_header(const char *fp, const qt_layout *L, const qt_json *j, uint64_t data_bytes, st_entry **out,
+                           int *n_out, char *err, size_t errlen) {
+    int n = 0;
+    for (const qt_json_node *e = qt_json_root(j)->child; e; e = e->next) n++;
+    st_entry *v = calloc((size_t)n + 1, sizeof *v);
+    if (!v) return qt_errf(err, errlen, "%s: out of memory for %d header entries", fp, n);
+    int k = 0, rc = 0;
+    for (const qt_json_node *e = qt_json_root(j)->child; e && !rc; e = e->next)
+        if (strcmp(e->key, "__metadata__") != 0) rc = check_entry(fp, L, e, data_bytes, &v[k++], err, errlen);
+    if (!rc) rc = check_tiling(fp, v, k, data_bytes, err, errlen);
+    if (rc) { free(v); return -1; }
+    *out = v;
+    *n_out = k;
+    return 0;
+}
+
+/* Loads every tensor of one file into w, marking seen[]; refuses NaN and Inf weights by name. */
 static int import_file(const char *fp, const qt_layout *L, float *w, unsigned char *seen, char *err, size_t errlen) {
     FILE *f = fopen(fp, "rb");
     if (!f) return qt_errf(err, errlen, "%s: cannot open: %s", fp, strerror(errno));
     long long ds;
-    unsigned long long db;
+    uint64_t db;
+    st_entry *v = NULL;
+    int n = 0;
     qt_json *j = st_open_header(f, fp, &ds, &db, err, errlen);
-    int rc = j ? 0 : -1;
-    for (const qt_json_node *e = j ? qt_json_root(j)->child : NULL; e && !rc; e = e->next) {
-        if (strcmp(e->key, "__metadata__") == 0) continue;
-        const qt_tensor *t;
-        long long b;
-        if ((rc = check_entry(fp, L, e, db, &t, &b, err, errlen)) || !t) continue;
+    int rc = j ? st_check_header(fp, L, j, db, &v, &n, err, errlen) : -1;
+    for (int i = 0; i < n && !rc; i++) {
+        const qt_tensor *t = v[i].t;
+        if (!t) continue;
         int idx = (int)(t - L->tensors);
+        float *dst = w + t->offset;
         if (seen[idx]) rc = qt_errf(err, errlen, "%s: %s: tensor appears twice", fp, t->name);
-        else if (load_tensor(f, qt_json_get(e, "dtype")->str, ds + b, w + t->offset, t->numel))
+        else if (load_tensor(f, qt_json_get(v[i].e, "dtype")->str, ds + (long long)v[i].begin, dst, t->numel))
             rc = qt_errf(err, errlen, "%s: %s: cannot read the tensor data", fp, t->name);
+        for (size_t q = 0; q < t->numel && !rc; q++)
+            if (!isfinite(dst[q]))
+                rc = qt_errf(err, errlen, "%s: %s: element %zu is %s: expected finite weights", fp, t->name, q,
+                             isnan(dst[q]) ? "NaN" : "Inf");
         seen[idx] = 1;
     }
+    free(v);
     qt_json_free(j);
     fclose(f);
     return rc;
@@ -446,18 +535,49 @@ static int import_sharded(const char *dir, const char *index, const qt_layout *L
     return rc;
 }
 
+/* What init.from names: a directory, a .safetensors file, or a model.safetensors.index.json. */
+typedef enum { HF_DIR, HF_FILE, HF_INDEX } hf_source;
+
+static hf_source source_kind(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0) return S_ISDIR(st.st_mode) ? HF_DIR : ends_with(path, ".json") ? HF_INDEX : HF_FILE;
+    /* missing: the name says what was meant, so the error names the file that is missing */
+    return ends_with(path, ".safetensors") ? HF_FILE : ends_with(path, ".json") ? HF_INDEX : HF_DIR;
+}
+
+/* The directory part of a file path ("." for a bare name). */
+static void dir_of(const char *path, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, cap, ".");
+    else snprintf(out, cap, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+}
+
+int qt_hf_config_path(const char *from, char *out, size_t cap, char *err, size_t errlen) {
+    char dir[4096];
+    if (source_kind(from) == HF_DIR) snprintf(dir, sizeof dir, "%s", from);
+    else dir_of(from, dir, sizeof dir);
+    if (snprintf(out, cap, "%s/config.json", dir) >= (int)cap) return qt_errf(err, errlen, "%s: path too long", from);
+    return 0;
+}
+
 int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen) {
     unsigned char *seen = calloc((size_t)L->n_tensors + 1, 1);
     if (!seen) return qt_errf(err, errlen, "%s: out of memory", path);
     memset(w, 0, L->numel * sizeof *w);
-    char fp[4096], index[4096];
+    char fp[4096], index[4096], dir[4096];
     struct stat st;
     int rc;
+    hf_source kind = source_kind(path);
     snprintf(fp, sizeof fp, "%s/model.safetensors", path);
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", path);
-    if (ends_with(path, ".safetensors")) snprintf(fp, sizeof fp, "%s", path);
-    if (!ends_with(path, ".safetensors") && stat(fp, &st) != 0 && stat(index, &st) == 0)
-        rc = import_sharded(path, index, L, w, seen, err, errlen);
+    snprintf(dir, sizeof dir, "%s", path);
+    if (kind == HF_FILE) snprintf(fp, sizeof fp, "%s", path);
+    if (kind == HF_INDEX) {
+        snprintf(index, sizeof index, "%s", path);
+        dir_of(path, dir, sizeof dir);
+    }
+    if (kind == HF_INDEX || (kind == HF_DIR && stat(fp, &st) != 0 && stat(index, &st) == 0))
+        rc = import_sharded(dir, index, L, w, seen, err, errlen);
     else rc = import_file(fp, L, w, seen, err, errlen);
     for (int i = 0; i < L->n_tensors && !rc; i++) {
         const qt_tensor *t = &L->tensors[i];

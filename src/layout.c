@@ -2,6 +2,7 @@
  * to QT_LAYOUT_ALIGN elements), weight initialisation and the FLOPs-per-token count. */
 #include "qt_model.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,10 +15,38 @@
 
 void qt_model_cfg_finish(qt_model_cfg *cfg) {
     if (cfg->num_kv_heads == 0) cfg->num_kv_heads = cfg->num_heads;
-    if (cfg->head_dim == 0 && cfg->num_heads > 0) cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+    /* Only an exact quotient: a truncated one (64 / 6 = 10) would silently train another model, so
+     * head_dim stays 0 and qt_model_cfg_validate reports it. */
+    if (cfg->head_dim == 0 && cfg->num_heads > 0 && cfg->hidden_size % cfg->num_heads == 0)
+        cfg->head_dim = cfg->hidden_size / cfg->num_heads;
     /* the transformers defaults of each family */
     if (cfg->rope_theta == 0) cfg->rope_theta = cfg->arch == QT_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
     if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = cfg->arch == QT_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+}
+
+/* a * b and a + b in uint64, saturating at UINT64_MAX: the size checks below compare the result
+ * with limits far below it, so saturation reads as "too big", never as a wrapped small number. */
+static uint64_t mul_sat(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+static uint64_t add_sat(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+uint64_t qt_model_cfg_numel(const qt_model_cfg *c) {
+    uint64_t V = (uint64_t)c->vocab_size, C = (uint64_t)c->hidden_size, F = (uint64_t)c->intermediate_size;
+    uint64_t D = (uint64_t)(c->head_dim ? c->head_dim : c->num_heads > 0 ? c->hidden_size / c->num_heads : 0);
+    uint64_t Hq = mul_sat((uint64_t)c->num_heads, D), Hk = mul_sat((uint64_t)c->num_kv_heads, D);
+    uint64_t qkv = add_sat(Hq, mul_sat(2, Hk));
+    uint64_t layer = add_sat(mul_sat(qkv, C), mul_sat(Hq, C));              /* q, k, v, o */
+    layer = add_sat(layer, mul_sat(mul_sat(3, F), C));                       /* gate, up, down */
+    layer = add_sat(layer, add_sat(mul_sat(2, C), c->qkv_bias ? qkv : 0));  /* norms, biases */
+    layer = add_sat(layer, 7 * QT_LAYOUT_ALIGN);                             /* padding of 7 groups */
+    uint64_t n = mul_sat(layer, (uint64_t)c->num_layers);
+    n = add_sat(n, mul_sat(mul_sat(V, C), c->tie_embeddings ? 1 : 2));       /* embedding, lm_head */
+    return add_sat(n, add_sat(C, 3 * QT_LAYOUT_ALIGN));                      /* final norm, padding */
 }
 
 int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
@@ -27,6 +56,8 @@ int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
     if (c->vocab_size <= 0) return qt_errf(err, errlen, "model.vocab_size: %s %d", pos, c->vocab_size);
     if (c->hidden_size <= 0) return qt_errf(err, errlen, "model.hidden_size: %s %d", pos, c->hidden_size);
     if (c->num_layers <= 0) return qt_errf(err, errlen, "model.num_layers: %s %d", pos, c->num_layers);
+    if (c->num_layers > QT_MODEL_MAX_LAYERS) /* the tensor table has ~12 rows per layer */
+        return qt_errf(err, errlen, "model.num_layers: expected at most %d, got %d", QT_MODEL_MAX_LAYERS, c->num_layers);
     if (c->num_heads <= 0) return qt_errf(err, errlen, "model.num_heads: %s %d", pos, c->num_heads);
     if (c->num_kv_heads <= 0) return qt_errf(err, errlen, "model.num_kv_heads: %s %d", pos, c->num_kv_heads);
     if (c->num_heads % c->num_kv_heads)
@@ -34,20 +65,41 @@ int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
                     c->num_heads, c->num_kv_heads);
     if (c->head_dim < 0) return qt_errf(err, errlen, "model.head_dim: expected an integer >= 0, got %d", c->head_dim);
     if (c->head_dim == 0 && c->hidden_size % c->num_heads)
-        return qt_errf(err, errlen, "model.head_dim: unset, and hidden_size (%d) is not a multiple of num_heads (%d)",
-                    c->hidden_size, c->num_heads);
+        return qt_errf(err, errlen,
+                       "model.head_dim: unset, and hidden_size (%d) is not a multiple of num_heads (%d); "
+                       "set head_dim or change num_heads",
+                       c->hidden_size, c->num_heads);
     int D = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
     if (D % 2) return qt_errf(err, errlen, "model.head_dim: expected an even number (rotary pairs), got %d", D);
     if (c->intermediate_size <= 0)
         return qt_errf(err, errlen, "model.intermediate_size: %s %d", pos, c->intermediate_size);
     if (c->max_seq_len <= 0) return qt_errf(err, errlen, "model.max_seq_len: %s %d", pos, c->max_seq_len);
-    if (!(c->rope_theta > 0)) return qt_errf(err, errlen, "model.rope_theta: expected a number > 0, got %g", c->rope_theta);
-    if (!(c->rms_norm_eps > 0))
-        return qt_errf(err, errlen, "model.rms_norm_eps: expected a number > 0, got %g", c->rms_norm_eps);
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
+        return qt_errf(err, errlen, "model.rope_theta: expected a finite number > 0, got %g", c->rope_theta);
+    if (!(c->rms_norm_eps > 0) || !isfinite(c->rms_norm_eps))
+        return qt_errf(err, errlen, "model.rms_norm_eps: expected a finite number > 0, got %g", c->rms_norm_eps);
     if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
         return qt_errf(err, errlen, "model.tie_embeddings: expected 0 or 1, got %d", c->tie_embeddings);
     if (c->qkv_bias != 0 && c->qkv_bias != 1)
         return qt_errf(err, errlen, "model.qkv_bias: expected 0 or 1, got %d", c->qkv_bias);
+    /* Sizes: the trainers index rows of the fused q|k|v and gate|up matrices and the attention
+     * heads with int, and the whole model must be a plausible allocation. */
+    uint64_t qkv_rows = mul_sat((uint64_t)c->num_heads + 2 * (uint64_t)c->num_kv_heads, (uint64_t)D);
+    if (qkv_rows > INT_MAX)
+        return qt_errf(err, errlen,
+                       "model.head_dim: (num_heads + 2 * num_kv_heads) * head_dim = (%d + 2 * %d) * %d, "
+                       "expected at most 2^31 - 1 rows of the fused q|k|v matrix",
+                       c->num_heads, c->num_kv_heads, D);
+    if (2 * (uint64_t)c->intermediate_size > INT_MAX)
+        return qt_errf(err, errlen, "model.intermediate_size: expected at most 2^30 - 1 (gate|up rows fused), got %d",
+                       c->intermediate_size);
+    uint64_t n = qt_model_cfg_numel(c);
+    if (n > QT_MODEL_MAX_NUMEL)
+        return qt_errf(err, errlen,
+                       "model: hidden_size %d, num_layers %d, intermediate_size %d, vocab_size %d, %d + 2 x %d "
+                       "heads of %d give %s%.4g parameters, expected at most 2^40",
+                       c->hidden_size, c->num_layers, c->intermediate_size, c->vocab_size, c->num_heads,
+                       c->num_kv_heads, D, n == UINT64_MAX ? "over " : "", (double)n);
     return 0;
 }
 
@@ -85,7 +137,10 @@ int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg_in, char *err, size_t e
     int per_layer = 9 + (c.qkv_bias ? 3 : 0);
     L->tensors = calloc((size_t)c.num_layers * per_layer + 3, sizeof *L->tensors);
     L->layers = calloc((size_t)c.num_layers, sizeof *L->layers);
-    QT_CHECK(L->tensors && L->layers, "out of memory for the layout of %d layers", c.num_layers);
+    if (!L->tensors || !L->layers) {
+        qt_layout_free(L);
+        return qt_errf(err, errlen, "model.num_layers: out of memory for the tensor table of %d layers", c.num_layers);
+    }
     size_t cur = 0;
     L->embed = add(L, &cur, QT_T_EMBED, -1, "model.embed_tokens.weight", V, C);
     for (int i = 0; i < c.num_layers; i++) {

@@ -15,8 +15,7 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
     if (cfg->hf_config[0]) {
         if (qt_hf_read_config(cfg->hf_config, &mc, err, errlen)) return -1;
     } else if (cfg->init_from[0] && !cfg->model_inline) {
-        snprintf(path, sizeof path, "%s/config.json", cfg->init_from);
-        if (qt_hf_read_config(path, &mc, err, errlen)) return -1;
+        if (qt_hf_config_path(cfg->init_from, path, sizeof path, err, errlen) || qt_hf_read_config(path, &mc, err, errlen)) return -1;
     }
     qt_model_cfg_finish(&mc);
     if (mc.max_seq_len < cfg->seq_len) {

@@ -125,13 +125,21 @@ static void test_error_unknown_key(void) {
     EXPECT_ERR("model:\n  hidden: 64\n",
                "t.yaml:2:3: model.hidden: expected a known key (did you mean \"model.hidden_size\"?), got \"model.hidden\"");
     EXPECT_ERR("banana: 1\n", "t.yaml:1:1: banana: expected a known key (see configs/README.md), got \"banana\"");
+    /* A key under a known section is not answered with the section, nor with a key it barely shares. */
+    EXPECT_ERR("optim:\n  b: 1\n", "t.yaml:2:3: optim.b: expected a known key (see configs/README.md), got \"optim.b\"");
+    EXPECT_ERR("data:\n  x: 1\n", "t.yaml:2:3: data.x: expected a known key (see configs/README.md), got \"data.x\"");
+    EXPECT_ERR("optimm:\n  lr: 1\n", "t.yaml:1:1: optimm: expected a known key (did you mean \"optim\"?), got \"optimm\"");
 }
 
 static void test_error_type_and_range(void) {
     EXPECT_ERR("optim:\n  lr: fast\n", "t.yaml:2:3: optim.lr: expected a number > 0, got \"fast\"");
     EXPECT_ERR("optim:\n  lr: 0\n", "t.yaml:2:3: optim.lr: expected a number > 0, got \"0\"");
     EXPECT_ERR("optim:\n  lr: .nan\n", "t.yaml:2:3: optim.lr: expected a number > 0, got \".nan\"");
-    EXPECT_ERR("optim:\n  lr: 1e40\n", "t.yaml:2:3: optim.lr: expected a number > 0, got \"1e40\"");
+    /* A number beyond (or below) the 32-bit float range says so, rather than only repeating the range. */
+    EXPECT_ERR("optim:\n  lr: 1e39\n",
+               "t.yaml:2:3: optim.lr: expected a number > 0, got \"1e39\" (beyond the 32-bit float range, |x| <= 3.4e38)");
+    EXPECT_ERR("optim:\n  weight_decay: 1e-50\n",
+               "t.yaml:2:3: optim.weight_decay: expected a number >= 0, got \"1e-50\" (below the 32-bit float range: it rounds to 0)");
     EXPECT_ERR("optim:\n    beta2: 1\n", "t.yaml:2:5: optim.beta2: expected a number in [0, 1), got \"1\"");
     EXPECT_ERR("optim:\n  final_lr_frac: -0.5\n",
                "t.yaml:2:3: optim.final_lr_frac: expected a number in [0, 1], got \"-0.5\"");
@@ -206,6 +214,10 @@ static void test_error_files(void) {
     QT_EXPECT(qt_config_load(&cfg, path, NULL, 0, err, sizeof err) == -1 && !strcmp(err, want), "got %s\nwant %s",
               err, want);
     unlink(path);
+    /* A directory opens on Linux and then fails to read: say what it is. */
+    QT_EXPECT(qt_config_load(&cfg, "configs", NULL, 0, err, sizeof err) == -1 &&
+                  !strcmp(err, "configs: expected a YAML file, got a directory"),
+              "directory: %s", err);
 }
 
 static void test_cross_checks(void) {
@@ -224,6 +236,50 @@ static void test_cross_checks(void) {
     EXPECT_ERR("model:\n  num_layers: 3\n  hf_config: m/config.json\n",
                "t.yaml:2:3: model.num_layers: expected no inline model keys when model.hf_config is set, got \"3\"");
     QT_EXPECT(load("model:\n  hf_config: \"\"\n  num_layers: 3\n", NULL, 0) == 0 && cfg.model_inline, "empty hf_config: %s", err);
+    /* init.from's config.json defines the model: inline keys would silently be mixed with it. */
+    EXPECT_ERR("init:\n  from: hf/qwen\nmodel:\n  num_layers: 2\n",
+               "t.yaml:4:3: model.num_layers: expected no inline model keys when init.from is set (its config.json "
+               "defines the model), got \"2\"");
+    QT_EXPECT(load("init:\n  from: hf/qwen\nmodel:\n  hf_config: hf/qwen/config.json\n", NULL, 0) == 0,
+              "init.from + hf_config: %s", err);
+}
+
+/* The inline model's shape is checked when the file is read, at the key that breaks it. */
+static void test_model_shape(void) {
+    /* hidden 64 over 6 heads used to train with head_dim 10 (64 / 6 truncated). */
+    EXPECT_ERR("model:\n  hidden_size: 64\n  num_heads: 6\n  num_kv_heads: 2\n",
+               "t.yaml:3:3: model.head_dim: unset, and hidden_size (64) is not a multiple of num_heads (6); set "
+               "head_dim or change num_heads");
+    QT_EXPECT(load("model:\n  hidden_size: 64\n  num_heads: 6\n  num_kv_heads: 2\n  head_dim: 10\n", NULL, 0) == 0,
+              "explicit head_dim: %s", err);
+    EXPECT_ERR("model:\n  num_layers: 2\n  num_kv_heads: 3\n",
+               "t.yaml:3:3: model.num_kv_heads: expected a divisor of num_heads (4), got 3");
+    EXPECT_ERR("model:\n  head_dim: 7\n", "t.yaml:2:3: model.head_dim: expected an even number (rotary pairs), got 7");
+    /* Sizes whose products overflow: used to wrap the parameter count and write past a buffer. */
+    EXPECT_ERR("model:\n  hidden_size: 4\n  num_heads: 1073741824\n  num_kv_heads: 1073741824\n  head_dim: 1073741824\n"
+               "  qkv_bias: false\n",
+               "t.yaml:5:3: model.head_dim: (num_heads + 2 * num_kv_heads) * head_dim = (1073741824 + 2 * 1073741824) "
+               "* 1073741824, expected at most 2^31 - 1 rows of the fused q|k|v matrix");
+    EXPECT_ERR("model:\n  hidden_size: 65536\n  intermediate_size: 1000000\n  num_layers: 1000\n",
+               "t.yaml:2:3: model: hidden_size 65536, num_layers 1000, intermediate_size 1000000, vocab_size 256, "
+               "4 + 2 x 2 heads of 16384 give 2.095e+14 parameters, expected at most 2^40");
+    EXPECT_ERR("model:\n  num_layers: 1000000\n", "t.yaml:2:3: model.num_layers: expected at most 65536, got 1000000");
+    EXPECT_ERR("model:\n  intermediate_size: 2000000000\n",
+               "t.yaml:2:3: model.intermediate_size: expected at most 2^30 - 1 (gate|up rows fused), got 2000000000");
+    EXPECT_ERR("data:\n  seq_len: 100000\n  micro_batch: 100000\nmodel:\n  max_seq_len: 100000\n",
+               "t.yaml:3:3: data.micro_batch: expected micro_batch x seq_len <= 2^31 - 1 tokens, got 100000 x 100000");
+    /* An override is blamed when it breaks the shape. */
+    const char *o[] = {"model.num_heads=6"};
+    QT_EXPECT(load("model:\n  hidden_size: 64\n", o, 1) == -1 &&
+                  !strcmp(err, "--set model.num_heads=6: model.head_dim: unset, and hidden_size (64) is not a multiple "
+                               "of num_heads (6); set head_dim or change num_heads"),
+              "override: %s", err);
+}
+
+/* precision.model_dtype: fp32 was parsed and documented but the GPU trained bf16 anyway. */
+static void test_model_dtype(void) {
+    EXPECT_ERR("precision:\n  model_dtype: fp32\n", "t.yaml:2:3: precision.model_dtype: expected one of bf16, got \"fp32\"");
+    QT_EXPECT(load("precision:\n  model_dtype: bf16\n", NULL, 0) == 0 && cfg.model_dtype == QT_DT_BF16, "%s", err);
 }
 
 static void test_overrides(void) {
@@ -290,8 +346,13 @@ static uint64_t lcg(uint64_t *s) {
 
 /* Fills every key with a random valid value (strings with characters that need escaping). */
 static void randomize(uint64_t *s) {
+    static char long_ctl[QT_PATH_MAX]; /* the longest string, every byte escaped in the dump */
+    memset(long_ctl, 1, QT_PATH_MAX - 1);
     static const char *strs[] = {"", "plain", "with \"quotes\" and \\back\\slash", "tab\there\nnewline",
-                                 "*.bin", "a: b # not a comment", "ünïcode/路径", "'single'", "- dash", "null", "~"};
+                                 "*.bin", "a: b # not a comment", "ünïcode/路径", "'single'", "- dash", "null", "~",
+                                 /* what YAML folds as a line break (U+0085, U+2028, U+2029) or refuses raw
+                                  * (C1 controls, U+FEFF inside a scalar): written escaped */
+                                 "nel\xc2\x85 ls\xe2\x80\xa8 ps\xe2\x80\xa9 c1\xc2\x80 bom\xef\xbb\xbf", long_ctl};
     for (int i = 0; qt_config_key_at(i); i++) {
         const qt_config_key *k = qt_config_key_at(i);
         char *f = (char *)&cfg + k->offset;
@@ -317,8 +378,13 @@ static void randomize(uint64_t *s) {
         }
         }
     }
-    cfg.hf_config[0] = 0;
+    cfg.hf_config[0] = cfg.init_from[0] = 0;
     cfg.model_inline = 1;
+    /* A model shape that qt_model_cfg_validate accepts: Hkv | H, even head_dim. */
+    cfg.model.num_kv_heads = 1 + (int)(lcg(s) % 8);
+    cfg.model.num_heads = cfg.model.num_kv_heads * (1 + (int)(lcg(s) % 4));
+    cfg.model.head_dim = lcg(s) & 1 ? 0 : 2 * (1 + (int)(lcg(s) % 64));
+    if (!cfg.model.head_dim) cfg.model.hidden_size = cfg.model.num_heads * 2 * (1 + (int)(lcg(s) % 16));
     cfg.warmup = cfg.cooldown = 0;
     if (cfg.model.max_seq_len < cfg.seq_len) cfg.model.max_seq_len = cfg.seq_len;
 }
@@ -389,6 +455,8 @@ int main(int argc, char **argv) {
     QT_RUN(test_error_syntax);
     QT_RUN(test_error_files);
     QT_RUN(test_cross_checks);
+    QT_RUN(test_model_shape);
+    QT_RUN(test_model_dtype);
     QT_RUN(test_overrides);
     QT_RUN(test_dump_roundtrip);
     QT_RUN(test_readme_covers_keys);

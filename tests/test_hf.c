@@ -6,6 +6,7 @@
 #include "qt_hf.h"
 #include "qt_json.h"
 #include "qt_test.h"
+#include "qt_train.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -123,6 +124,10 @@ static void test_config_roundtrip(void) {
     n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
     text[n] = 0;
+    /* A value JSON cannot hold is refused rather than written as "inf". */
+    qt_model_cfg bad = small_cfg(QT_ARCH_QWEN2, 0);
+    bad.rope_theta = INFINITY;
+    QT_EXPECT(qt_hf_write_config(path, &bad, 0, err, sizeof err) == -1 && strstr(err, "model.rope_theta"), "inf theta: %s", err);
     QT_EXPECT(strstr(text, "\"LlamaForCausalLM\"") && strstr(text, "\"rope_type\": \"default\"") &&
               strstr(text, "\"dtype\": \"bfloat16\"") && strstr(text, "\"rms_norm_eps\": 1e-05"), "%.600s", text);
 }
@@ -162,6 +167,24 @@ static void test_config_read_hf(void) {
          " \"intermediate_size\": 96, \"vocab_size\": 100, \"rope_scaling\": {\"rope_type\": \"llama3\"}}", "llama3"},
         {"{\"model_type\": \"llama\", \"hidden_act\": \"gelu\"}", "hidden_act"},
         {"{\"model_type\": \"qwen2\",}", "invalid JSON: offset"},
+        /* a string where an integer belongs: no stray "0" after the type */
+        {"{\"model_type\": \"qwen2\", \"hidden_size\": \"64\"}",
+         "hidden_size: expected an integer in [1, 1073741824], got a string"},
+        /* floats must survive the conversion to float: 1e300 used to become inf (and export wrote "inf") */
+        {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+         " \"intermediate_size\": 96, \"vocab_size\": 100, \"rope_theta\": 1e300}",
+         "rope_theta: expected a number > 0 within the 32-bit float range (1.4e-45 .. 3.4e38), got 1.0000000000000001e+300"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+         " \"intermediate_size\": 96, \"vocab_size\": 100, \"rms_norm_eps\": 1e-50}", "rms_norm_eps: expected a number > 0"},
+        /* sizes: the divisibility check runs for HF configs too, and overflowing products are refused */
+        {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 6,"
+         " \"num_key_value_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 100}",
+         "model.head_dim: unset, and hidden_size (64) is not a multiple of num_heads (6)"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 4, \"num_hidden_layers\": 1, \"num_attention_heads\": 1073741824,"
+         " \"num_key_value_heads\": 1073741824, \"head_dim\": 1073741824, \"intermediate_size\": 4, \"vocab_size\": 4}",
+         "expected at most 2^31 - 1 rows of the fused q|k|v matrix"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 65536, \"num_hidden_layers\": 4096, \"num_attention_heads\": 64,"
+         " \"intermediate_size\": 1000000, \"vocab_size\": 1000000}", "parameters, expected at most 2^40"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         QT_REQUIRE(write_text(path, bad[i].text) == 0, "write");
@@ -169,6 +192,11 @@ static void test_config_read_hf(void) {
         QT_EXPECT(qt_hf_read_config(path, &c, err, sizeof err) == -1, "accepted %s", bad[i].text);
         QT_EXPECT(strstr(err, bad[i].want) && strstr(err, path), "case %zu: '%s'", i, err);
     }
+    /* The whole message: it used to read "got a string0". */
+    char want[700];
+    snprintf(want, sizeof want, "%s: hidden_size: expected an integer in [1, 1073741824], got a string", path);
+    QT_REQUIRE(write_text(path, "{\"model_type\": \"qwen2\", \"hidden_size\": \"64\"}") == 0, "write");
+    QT_EXPECT(qt_hf_read_config(path, &c, err, sizeof err) == -1 && !strcmp(err, want), "got %s", err);
 }
 
 /* ---- safetensors ---- */
@@ -368,9 +396,133 @@ static void test_import_sharded(void) {
                              " \"model.layers.0.input_layernorm.weight\": \"model-00001-of-00002.safetensors\"}}") == 0, "w");
     QT_REQUIRE(qt_hf_import(dir, &L, back, err, sizeof err) == 0, "sharded: %s", err);
     QT_EXPECT(memcmp(w, back, L.numel * 4) == 0, "sharded values differ");
+    /* init.from may name the index file itself */
+    memset(back, 0, L.numel * 4);
+    QT_EXPECT(qt_hf_import(p, &L, back, err, sizeof err) == 0 && memcmp(w, back, L.numel * 4) == 0, "index path: %s", err);
     free(w);
     free(back);
     qt_layout_free(&L);
+}
+
+/* Rewrites the safetensors file at path with the first `from` in its header replaced by `to` and
+ * `extra` zero bytes appended to the data (the header length is recomputed). */
+static int patch_st(const char *path, const char *from, const char *to, int extra) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1), *h = malloc((size_t)n + 4096);
+    uint64_t hl = 0;
+    int ok = b && h && fread(b, 1, (size_t)n, f) == (size_t)n;
+    fclose(f);
+    if (ok) memcpy(&hl, b, 8);
+    char *hdr = ok ? strndup(b + 8, hl) : NULL, *at = hdr ? strstr(hdr, from) : NULL;
+    if (at) {
+        size_t k = (size_t)snprintf(h, (size_t)n + 4096, "%.*s%s%s", (int)(at - hdr), hdr, to, at + strlen(from));
+        uint64_t nh = k;
+        f = fopen(path, "wb");
+        ok = f && fwrite(&nh, 8, 1, f) == 1 && fwrite(h, 1, k, f) == k &&
+             fwrite(b + 8 + hl, 1, (size_t)n - 8 - hl, f) == (size_t)n - 8 - hl;
+        for (int i = 0; ok && i < extra; i++) ok = fputc(0, f) != EOF;
+        if (f && fclose(f)) ok = 0;
+    }
+    free(b);
+    free(h);
+    free(hdr);
+    return at && ok ? 0 : -1;
+}
+
+/* A header must describe the data exactly (the safetensors rule): overlapping, fractional or gapped
+ * data_offsets, trailing bytes, huge shapes and unknown dtypes are refused before any data is read;
+ * so are NaN and Inf weights, by tensor name. */
+static void test_import_header_and_values(void) {
+    char path[512], err[512];
+    path_in(path, sizeof path, "hdr.safetensors");
+    qt_model_cfg c = small_cfg(QT_ARCH_QWEN2, 0);
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+    float *w = random_weights(&L, 5), *back = malloc(L.numel * 4);
+    QT_REQUIRE(w && back, "oom");
+    /* embed [131, 48] F32 = [0, 25152], then input_layernorm [48] = [25152, 25344] */
+    struct { const char *from, *to; int extra; const char *want; } cases[] = {
+        {"[25152,25344]", "[25148,25340]", 0,
+         "model.layers.0.input_layernorm.weight: data_offsets [25148, 25340] overlap model.embed_tokens.weight"},
+        {"[25152,25344]", "[25156,25348]", 0,
+         "model.layers.0.input_layernorm.weight: data_offsets start at 25156, expected 25152 (a gap in the data)"},
+        {"[0,25152]", "[0.5,25152.5]", 0, "model.embed_tokens.weight: data_offsets: expected [begin, end], integers"},
+        {"[0,25152]", "[0,25152]", 8, "the tensors cover"},
+        {"\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[48]", "\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[1e300]", 0,
+         "model.norm.weight: shape: expected at most 8 integers in [0, 2^53]"},
+        {"{", "{\"m.rotary_emb.inv_freq\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]},", 0,
+         "m.rotary_emb.inv_freq: data_offsets span 0 bytes"},
+        {"{", "{\"m.rotary_emb.inv_freq\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,0]},", 0,
+         "m.rotary_emb.inv_freq: shape: expected at most 8 integers"},
+        {"{", "{\"m.rotary_emb.inv_freq\":{\"dtype\":\"Q4\",\"shape\":[0],\"data_offsets\":[0,0]},", 0,
+         "m.rotary_emb.inv_freq: unknown dtype Q4"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        QT_REQUIRE(write_st(path, &L, w, 0, NULL, NULL) == 0, "write");
+        QT_REQUIRE(patch_st(path, cases[i].from, cases[i].to, cases[i].extra) == 0, "patch %zu", i);
+        err[0] = 0;
+        QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1 && strstr(err, cases[i].want) && strstr(err, path),
+                  "case %zu: %s", i, err);
+    }
+    /* A well-formed rotary buffer is skipped. */
+    QT_REQUIRE(write_st(path, &L, w, 0, NULL, NULL) == 0, "write");
+    QT_REQUIRE(patch_st(path, "{", "{\"m.rotary_emb.inv_freq\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},", 0) == 0,
+               "patch");
+    QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == 0, "empty rotary buffer: %s", err);
+    /* NaN and Inf weights: an error naming the tensor, not a divergence blamed on the lr later. */
+    const qt_tensor *t = qt_layout_find(&L, "model.layers.1.mlp.down_proj.weight");
+    w[t->offset + 7] = NAN;
+    QT_REQUIRE(write_st(path, &L, w, 0, NULL, NULL) == 0, "write");
+    QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1 &&
+                  strstr(err, "model.layers.1.mlp.down_proj.weight: element 7 is NaN: expected finite weights"),
+              "NaN: %s", err);
+    w[t->offset + 7] = -INFINITY;
+    QT_REQUIRE(write_st(path, &L, w, 0, NULL, NULL) == 0, "write");
+    QT_EXPECT(qt_hf_import(path, &L, back, err, sizeof err) == -1 && strstr(err, "down_proj.weight: element 7 is Inf"),
+              "Inf: %s", err);
+    free(w);
+    free(back);
+    qt_layout_free(&L);
+}
+
+/* init.from names the model directory or its model.safetensors: both find the config.json. */
+static void test_init_from_paths(void) {
+    char out[600], err[256], dir[512];
+    path_in(dir, sizeof dir, "export0/sub");
+    QT_EXPECT(qt_hf_config_path(dir, out, sizeof out, err, sizeof err) == 0 && strstr(out, "export0/sub/config.json") &&
+                  !strstr(out, "//"),
+              "dir: %s", out);
+    strcat(dir, "/model.safetensors");
+    QT_EXPECT(qt_hf_config_path(dir, out, sizeof out, err, sizeof err) == 0 && strstr(out, "export0/sub/config.json") &&
+                  !strstr(out, "safetensors"),
+              "file: %s", out);
+    QT_EXPECT(qt_hf_config_path("model.safetensors", out, sizeof out, err, sizeof err) == 0 && !strcmp(out, "./config.json"),
+              "bare file: %s", out);
+    /* The trainer's setup from init.from = the folder and = its model.safetensors: the same model. */
+    qt_model_cfg c = small_cfg(QT_ARCH_LLAMA, 1);
+    qt_layout L, L2;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+    float *w = random_weights(&L, 77), *w1 = NULL, *w2 = NULL;
+    path_in(dir, sizeof dir, "from_file");
+    QT_REQUIRE(qt_hf_export(dir, &L, w, 0, err, sizeof err) == 0, "export: %s", err);
+    static qt_config cfg;
+    qt_config_defaults(&cfg);
+    cfg.seq_len = 16;
+    snprintf(cfg.init_from, sizeof cfg.init_from, "%s", dir);
+    QT_REQUIRE(qt_model_setup(&cfg, &L2, &w1, err, sizeof err) == 0, "from the folder: %s", err);
+    qt_layout_free(&L2);
+    snprintf(cfg.init_from, sizeof cfg.init_from, "%s/model.safetensors", dir);
+    QT_REQUIRE(qt_model_setup(&cfg, &L2, &w2, err, sizeof err) == 0, "from the file: %s", err);
+    QT_EXPECT(L2.numel == L.numel && !memcmp(w1, w2, L.numel * 4) && !memcmp(w, w2, L.numel * 4), "weights differ");
+    qt_layout_free(&L2);
+    qt_layout_free(&L);
+    free(w);
+    free(w1);
+    free(w2);
 }
 
 /* Another reader (the safetensors package) opens our fp32 export: names, shapes, dtypes, values. */
@@ -420,6 +572,8 @@ int main(void) {
     QT_RUN(test_import_f16_and_tied_mix);
     QT_RUN(test_import_errors);
     QT_RUN(test_import_sharded);
+    QT_RUN(test_import_header_and_values);
+    QT_RUN(test_init_from_paths);
     QT_RUN(test_python_reads_export);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);

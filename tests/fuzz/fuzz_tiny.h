@@ -1,0 +1,24 @@
+/* fuzz_tiny.h — the tiny model the safetensors harness imports into (and seeds.c exports). */
+#ifndef QT_FUZZ_TINY_H
+#define QT_FUZZ_TINY_H
+
+#include "qt_model.h"
+
+/* qwen2, untied: every tensor kind, biases included; 8 x 8 embeddings. */
+static inline qt_model_cfg fuzz_tiny_cfg(void) {
+    qt_model_cfg c = {0};
+    c.arch = QT_ARCH_QWEN2;
+    c.vocab_size = 8;
+    c.hidden_size = 8;
+    c.num_layers = 1;
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.intermediate_size = 8;
+    c.max_seq_len = 16;
+    c.rope_theta = 10000.0f;
+    c.rms_norm_eps = 1e-6f;
+    c.qkv_bias = 1;
+    return c;
+}
+
+#endif

@@ -1,0 +1,73 @@
+/* seeds.c — writes the binary seed corpora of tests/fuzz/corpus/ (safetensors, shard, ckpt) with
+ * qtrain's own writers; the text seeds (YAML, JSON) are kept as files. Run from the repository root:
+ *   make fuzz-seeds   (rebuilds this program and rewrites tests/fuzz/corpus/{safetensors,shard,ckpt}) */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_tiny.h"
+#include "qt_ckpt.h"
+#include "qt_data.h"
+#include "qt_hf.h"
+
+static char err[512];
+
+static void check(int rc, const char *what) {
+    if (rc) {
+        fprintf(stderr, "seeds: %s: %s\n", what, err);
+        exit(1);
+    }
+}
+
+/* Copies src to dst, with a mode byte in front when mode >= 0 (the shard and ckpt harnesses read one). */
+static void with_mode(const char *src, const char *dst, int mode) {
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    if (!in || !out) { fprintf(stderr, "seeds: %s -> %s\n", src, dst); exit(1); }
+    if (mode >= 0) fputc(mode, out);
+    int ch;
+    while ((ch = fgetc(in)) != EOF) fputc(ch, out);
+    fclose(in);
+    fclose(out);
+}
+
+int main(void) {
+    const char *root = "tests/fuzz/corpus", *tmp = "build/fuzz/seedtmp";
+    char p[512], q[512];
+    qt_model_cfg c = fuzz_tiny_cfg();
+    qt_layout L;
+    check(qt_layout_init(&L, &c, err, sizeof err), "layout");
+    float *w = malloc(L.numel * sizeof *w);
+    qt_layout_init_weights(&L, w, 1, 0.5f);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        snprintf(p, sizeof p, "%s/st%d", tmp, bf16);
+        check(qt_hf_export(p, &L, w, bf16, err, sizeof err), "export");
+        snprintf(q, sizeof q, "%s/model.safetensors", p);
+        snprintf(p, sizeof p, "%s/safetensors/tiny_%s.safetensors", root, bf16 ? "bf16" : "f32");
+        with_mode(q, p, -1);
+    }
+    uint32_t tok[40];
+    for (int i = 0; i < 40; i++) tok[i] = (uint32_t)(i * 7 % 50);
+    const char *names[] = {"a.bin", "a.bin.zst"};
+    for (int z = 0; z < 2; z++) {
+        snprintf(p, sizeof p, "%s/%s", tmp, names[z]);
+        check(qt_shard_write(p, tok, 40, 2, 50, 3, err, sizeof err), "shard");
+        snprintf(q, sizeof q, "%s/shard/%s", root, z ? "zst_raw" : "bin");
+        with_mode(p, q, z ? 1 : 0);
+    }
+    snprintf(p, sizeof p, "%s/a.bin", tmp);
+    snprintf(q, sizeof q, "%s/shard/zst_by_harness", root);
+    with_mode(p, q, 5 | 2);
+    qt_ckpt_item items[3] = {{"weights", 0, w, 64 * sizeof(float)}, {"step", -1, "\x05\0\0\0\0\0\0\0", 8},
+                             {"config", -1, "seed: 1\n", 8}};
+    snprintf(p, sizeof p, "%s/ck", tmp);
+    check(qt_ckpt_save(p, 5, 0, items, 3, err, sizeof err), "ckpt");
+    snprintf(p, sizeof p, "%s/ck/ckpt_00000005.qtc", tmp);
+    snprintf(q, sizeof q, "%s/ckpt/three_blobs", root);
+    with_mode(p, q, 0);
+    snprintf(q, sizeof q, "%s/ckpt/three_blobs_fixed", root);
+    with_mode(p, q, 1);
+    free(w);
+    qt_layout_free(&L);
+    return 0;
+}
