@@ -196,7 +196,7 @@ static void run_gpu_rows(void) {
         op_start(r, &CASES[i], row_seed(i));
         if (op_gpu_pass(r, 0)) op_gpu_pass(r, 1);
         if (r->nfail) {
-            printf("FAIL %s (row %d, seed %#llx):\n%s\n", label, i, (unsigned long long)r->seed, r->log);
+            printf("FAIL %s (row %d, seed %#llx):%s\n", label, i, (unsigned long long)r->seed, r->log);
             qt_t_nfail++;
         } else {
             printf("PASS %s\n", label);
