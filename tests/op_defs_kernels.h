@@ -119,7 +119,9 @@ static void emb_range(const op_run *r, size_t *lo, size_t *hi) {
 static void emb_bwd_build(op_run *r) {
     tokens(r);
     t_in(r, "dout", r->c->dt, S(0) * S(1), 1.0f);
-    t_upd(r, "dwte", QT_DT_F32, S(2) * S(1), 0.1f, 1e-6, 1e-5, T_ADD);
+    float *dw = t_upd(r, "dwte", QT_DT_F32, S(2) * S(1), 0.1f, 1e-6, 1e-5, T_ADD);
+    if (OPT(O_RANGE)) /* the whole backward from the same start, for the bitwise comparison in derive */
+        memcpy(t_upd(r, "dwte_full", QT_DT_F32, S(2) * S(1), 0, 1e-6, 1e-5, T_ADD), dw, (size_t)(S(2) * S(1)) * sizeof *dw);
     t_ws(r, "ws", qt_embedding_bwd_ws_bytes(S(0), (int)S(2)));
 }
 static void emb_bwd_ref(op_run *r) {
@@ -132,6 +134,7 @@ static void emb_bwd_ref(op_run *r) {
             tok[k++] = tok[i];
         }
     qt_ref_embedding_bwd(REF(r, "dwte"), dout, tok, k, (int)c, (int)S(2));
+    if (T(r, "dwte_full")) memcpy(REF(r, "dwte_full"), REF(r, "dwte"), (size_t)(S(2) * c) * sizeof(float));
     free(tok);
     free(dout);
 }
@@ -139,11 +142,24 @@ static void emb_bwd_launch(op_run *r, int pass) {
     (void)pass;
     size_t lo, hi;
     emb_range(r, &lo, &hi);
-    if (OPT(O_RANGE))
+    if (OPT(O_RANGE)) {
         qt_embedding_bwd_range(D(r, "dwte"), lo, hi, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2),
                                D(r, "ws"), 0);
-    else
+        qt_embedding_bwd(D(r, "dwte_full"), D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
+    } else
         qt_embedding_bwd(D(r, "dwte"), D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
+}
+/* A rank's piece holds exactly the whole backward's bits (the ranks' pieces must add up to it). */
+static void emb_bwd_derive(op_run *r, int pass) {
+    size_t lo, hi;
+    emb_range(r, &lo, &hi);
+    if (!T(r, "dwte_full")) return;
+    for (size_t i = lo; i < hi; i++)
+        if (op_bits(GOT(r, "dwte", pass)[i]) != op_bits(GOT(r, "dwte_full", pass)[i])) {
+            op_fail(r, "  pass %d: range [%zu, %zu): element %zu is %.9g, the whole backward's %.9g", pass, lo, hi, i,
+                    GOT(r, "dwte", pass)[i], GOT(r, "dwte_full", pass)[i]);
+            return;
+        }
 }
 static int emb_bwd_keep(const op_run *r, const op_tensor *t, long i) {
     size_t lo, hi;
@@ -151,7 +167,7 @@ static int emb_bwd_keep(const op_run *r, const op_tensor *t, long i) {
     return !strcmp(t->name, "dwte") && ((size_t)i < lo || (size_t)i >= hi);
 }
 static const op_def OP_EMB_BWD = {"embedding_bwd", "n c v hot", 1, NULL, emb_bwd_build, emb_bwd_ref, emb_bwd_launch,
-                                  NULL, emb_bwd_keep, 0, 0, 0};
+                                  emb_bwd_derive, emb_bwd_keep, 0, 0, 0};
 
 /* ---- bias (bias.cu): s = n o ---- */
 static void bias_add_build(op_run *r) {

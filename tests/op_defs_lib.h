@@ -76,14 +76,15 @@ static const op_def OP_SCALE = {"quant_scale", "special prior", 1, NULL, scale_b
 /* ---- quantize (quant.cu): y = sat(rne(x * scale)) in fp8, bit for bit with the CPU codec (any NaN code
  * for a NaN). s = n gen: 0 wide random values with exact fp8 ties every third element (when the scale is
  * a power of two), 1 all 256 codes of dt decoded (NaN, Inf: saturate), 2 values past the fp8 range
- * (3, the transpose's: N(0, 3) values).
+ * (3, the transpose's: N(0, 3) values; 4: those with one NaN, which +cur turns into a NaN scale and the flag).
  * dt = fp8 type, dt2 = x's type; f = scale (0: random); +cur: the scale comes from sc->amax (= max|x|),
  * written back with descale and the flag. ---- */
 static void quant_input(op_run *r, long n, long gen) {
     static const float big[] = {449.0f, 464.0f, 465.0f, 480.0f, 57344.0f, 61440.0f, 70000.0f, 1e6f, FLT_MAX, INFINITY};
     float *x = t_in(r, "x", r->c->dt2, n, 3.0f), s = r->c->f != 0 ? r->c->f : 1.0f;
     qt_dtype dt = r->c->dt;
-    for (long i = 0; i < n && gen != 3; i++) {
+    if (gen == 4 && n) x[n / 2] = NAN;
+    for (long i = 0; i < n && gen < 3; i++) {
         if (gen == 1) x[i] = qt_fp8_decode(dt, (uint8_t)i);
         else if (gen == 2) x[i] = (i & 1 ? -1 : 1) * big[(i / 2) % 10];
         else if (i % 3 == 0) {

@@ -377,14 +377,14 @@ static void op_compare(op_run *r, const op_tensor *t, int pass) {
                 op_start_value(t, kbad, pass), t->h ? "its old value" : "the poison", got[kbad]);
 }
 
-/* Everything a pass must satisfy, given each output's got[pass]. */
-static void op_verify(op_run *r, int pass) {
+/* Everything a pass must satisfy, given each output's got[pass] (only: that tensor alone; NULL: all). */
+static void op_verify(op_run *r, int pass, const op_tensor *only) {
     const op_def *op = r->c->op;
     r->pass = pass;
     if (op->derive) op->derive(r, pass);
     for (int k = 0; k < r->nt; k++) {
         op_tensor *t = &r->t[k];
-        if (t->role != T_OUT && t->role != T_UPD) continue;
+        if ((t->role != T_OUT && t->role != T_UPD) || (only && t != only)) continue;
         if (pass == 1 && (t->flags & T_PASS0)) { /* passed as NULL: untouched */
             for (long i = 0; i < t->n; i++)
                 if (op_bits(t->got[1][i]) != op_bits(op_start_value(t, i, 1))) {
@@ -397,6 +397,16 @@ static void op_verify(op_run *r, int pass) {
         op_compare(r, t, pass);
         if (pass == 1 && !(op->flags & OP_NONDET)) op_twin(r, t);
     }
+}
+
+/* An input read back after the launch must hold what was uploaded. Returns 1 when so. */
+static int op_same_input(op_run *r, const op_tensor *t, const float *g, int pass) {
+    for (long i = 0; i < t->n; i++)
+        if (op_bits(g[i]) != op_bits(t->h[i])) {
+            op_fail(r, "  pass %d: input %s changed at [%ld]: %.9g -> %.9g", pass, t->name, i, t->h[i], g[i]);
+            return 0;
+        }
+    return 1;
 }
 
 /* First byte of raw[0..total) outside [pre, pre+body) that is not the poison byte pb; -1 if none. */
@@ -460,17 +470,13 @@ static int op_gpu_pass(op_run *r, int pass) {
         op_decode(t->dt, raw + pre, t->n, g);
         free(raw);
         if (t->role == T_IN) {
-            for (long i = 0; i < t->n; i++)
-                if (op_bits(g[i]) != op_bits(t->h[i])) {
-                    op_fail(r, "  pass %d: input %s changed at [%ld]: %.9g -> %.9g", pass, t->name, i, t->h[i], g[i]);
-                    break;
-                }
+            op_same_input(r, t, g, pass);
             free(g);
         } else {
             t->got[pass] = g;
         }
     }
-    op_verify(r, pass);
+    op_verify(r, pass, NULL);
     return r->nfail == 0;
 }
 
@@ -509,13 +515,15 @@ static float op_mutate(const op_tensor *t, float v) {
     return m;
 }
 
-/* Compares tensor t of pass 0, which holds one planted bug; returns 1 when it is caught and (when `want`
- * is set) the log names it. */
-static int op_caught(op_run *r, const op_tensor *t, const char *want) {
+/* Any other value of dt: v moved well outside its bound, or 0 for a NaN / Inf. */
+static float op_other(const op_tensor *t, float v) { return isfinite(v) ? op_mutate(t, v) : 0.0f; }
+
+/* Verifies tensor t of a pass that holds one planted bug; returns 1 when it is caught and (when `want` is
+ * set) the log names it. */
+static int op_caught(op_run *r, int pass, const op_tensor *t, const char *want) {
     r->nfail = 0;
     r->log[0] = 0;
-    if (r->c->op->derive) r->c->op->derive(r, 0);
-    op_compare(r, t, 0);
+    op_verify(r, pass, t);
     return r->nfail > 0 && (!want || strstr(r->log, want));
 }
 
@@ -525,11 +533,25 @@ static int op_selfcheck_row(op_run *r, int *planted) {
     int missed = 0;
     op_emulate(r, 0);
     op_emulate(r, 1);
-    op_verify(r, 0);
-    op_verify(r, 1);
+    op_verify(r, 0, NULL);
+    op_verify(r, 1, NULL);
     if (r->nfail) return 1;
     for (int k = 0; k < r->nt; k++) {
         op_tensor *t = &r->t[k];
+        if (t->h && t->n) { /* the upload is lossless: what the device gets is what the reference read */
+            void *raw = malloc((size_t)t->n * (size_t)op_es(t->dt));
+            float *back = op_alloc(t->n);
+            QT_CHECK(raw, "out of host memory");
+            op_encode(t->dt, t->h, t->n, raw);
+            op_decode(t->dt, raw, t->n, back);
+            if (!op_same_input(r, t, back, 0)) missed++, printf("  missed: %s does not survive its upload\n", t->name);
+            back[t->n - 1] = op_other(t, t->h[t->n - 1]); /* an input the kernel overwrote */
+            (*planted)++;
+            r->nfail = 0;
+            if (op_same_input(r, t, back, 0)) missed++, printf("  missed: input %s changed went unnoticed\n", t->name);
+            free(raw);
+            free(back);
+        }
         if ((t->role != T_OUT && t->role != T_UPD) || t->n == 0) continue;
         float *g = t->got[0], *save = op_alloc(t->n);
         memcpy(save, g, (size_t)t->n * sizeof *g);
@@ -545,23 +567,23 @@ static int op_selfcheck_row(op_run *r, int *planted) {
             snprintf(at, sizeof at, "worst [%ld]", i);
             g[i] = op_mutate(t, t->ref[i]); /* one element off: caught, and named */
             (*planted)++;
-            if (!op_caught(r, t, at)) missed++, printf("  missed: %s[%ld] off by a bound went unnoticed\n", t->name, i);
+            if (!op_caught(r, 0, t, at)) missed++, printf("  missed: %s[%ld] off by a bound went unnoticed\n", t->name, i);
             g[i] = op_poison(t->dt, 0); /* one element never written */
             (*planted)++;
-            if (!op_caught(r, t, at)) missed++, printf("  missed: %s[%ld] left as poison went unnoticed\n", t->name, i);
+            if (!op_caught(r, 0, t, at)) missed++, printf("  missed: %s[%ld] left as poison went unnoticed\n", t->name, i);
             memcpy(g, save, (size_t)t->n * sizeof *g);
         }
         if (kept >= 0) { /* an element the op must leave alone, written */
-            g[kept] = t->h ? op_mutate(t, t->h[kept]) : 0.0f;
+            g[kept] = op_other(t, op_start_value(t, kept, 0));
             (*planted)++;
-            if (!op_caught(r, t, "must keep")) missed++, printf("  missed: %s[%ld] overwritten went unnoticed\n", t->name, kept);
+            if (!op_caught(r, 0, t, "must keep")) missed++, printf("  missed: %s[%ld] overwritten went unnoticed\n", t->name, kept);
             memcpy(g, save, (size_t)t->n * sizeof *g);
         }
         if (t->flags & T_ADD) { /* "=" instead of "+=": the starting values lost */
             for (long j = 0; j < t->n; j++)
                 if (!op_kept(t, j)) g[j] = op_round(t->dt, t->ref[j] - t->h[j]);
             (*planted)++;
-            if (!op_caught(r, t, NULL)) missed++, printf("  missed: %s written instead of accumulated went unnoticed\n", t->name);
+            if (!op_caught(r, 0, t, NULL)) missed++, printf("  missed: %s written instead of accumulated went unnoticed\n", t->name);
             memcpy(g, save, (size_t)t->n * sizeof *g);
         }
         if (i >= 0 && !(r->c->op->flags & OP_NONDET) && !(t->flags & T_PASS0)) { /* pass 1 one step away */
@@ -569,9 +591,16 @@ static int op_selfcheck_row(op_run *r, int *planted) {
             g1[i] = op_round(t->dt, (float)(g1[i] + op_ulp(t->dt, g1[i]) * 1.5));
             if (g1[i] == keep1) g1[i] = op_round(t->dt, (float)(keep1 - op_ulp(t->dt, keep1) * 1.5));
             (*planted)++;
-            if (op_twin(r, t))
+            if (!op_caught(r, 1, t, "differs between passes"))
                 missed++, printf("  missed: %s[%ld] different in pass 1 went unnoticed\n", t->name, i);
             g1[i] = keep1;
+        }
+        if (t->flags & T_PASS0) { /* an optional output written although NULL was passed */
+            float *g1 = t->got[1], keep1 = g1[0];
+            g1[0] = op_other(t, op_start_value(t, 0, 1));
+            (*planted)++;
+            if (!op_caught(r, 1, t, "not asked for")) missed++, printf("  missed: %s written in pass 1 went unnoticed\n", t->name);
+            g1[0] = keep1;
         }
         free(save);
     }

@@ -134,6 +134,7 @@ static const op_case CASES[] = {
     {&OP_QUANT, {256, 1}, E4M3, F32, 0, 1.0f, 0}, {&OP_QUANT, {256, 1}, E5M2, F32, 0, 1.0f, 0},
     {&OP_QUANT, {256, 1}, E4M3, BF16, 0, 1.0f, 0}, {&OP_QUANT, {256, 1}, E5M2, BF16, 0, 1.0f, 0},
     {&OP_QUANT, {20, 2}, E4M3, F32, 0, 1.0f, 0}, {&OP_QUANT, {20, 2}, E5M2, F32, 0, 1.0f, 0},
+    {&OP_QUANT, {300, 4}, E4M3, F32, O_CUR, 0, 0}, {&OP_QUANT, {300, 4}, E5M2, BF16, O_CUR, 0, 0},
     /* quantize + transpose: rows cols */
     {&OP_QUANT_T, {1, 1}, E4M3, F32, 0, 0, 0}, {&OP_QUANT_T, {7, 13}, E5M2, BF16, O_CUR, 0, 0},
     {&OP_QUANT_T, {896, 4864}, E4M3, F32, 0, 0, 0}, {&OP_QUANT_T, {896, 4864}, E5M2, BF16, O_CUR, 0, 0},
