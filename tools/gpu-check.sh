@@ -2,7 +2,7 @@
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
 # overlap, dp_offload (several GPUs)
-#   tools/gpu-check.sh unit model     # kernel/matmul/attention/quant tests, then HF + training checks
+#   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout
 
 if has build; then step build 600 make -j16 CUDA_ARCH=90a all > "$OUT/build.log" 2>&1; tail -3 "$OUT/build.log"; fi
 if has unit; then
-    for t in test_kernels test_matmul test_attention test_quant test_fp8_model; do
+    for t in test_ops_gpu test_kernels test_quant test_fp8_model; do
         QT_LOG_DIR=$OUT step "$t" 300 "build/tests/$t"
     done 2>&1 | tee "$OUT/unit.log" | grep -E '^(PASS|FAIL|SKIP|==)|final eval|worst cos'
 fi
