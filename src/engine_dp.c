@@ -107,8 +107,8 @@ static void *rank_loop(void *p) {
 /* ---- jobs (run in rank r's thread, its device current) ---- */
 
 static void job_create(dp_engine *d, int r) {
-    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], &d->shard[r], d->err[r], sizeof d->err[r]);
-    if (d->rk[r]) qt_engine_gpu_attach(d->rk[r], d->comm, r);
+    qt_gpu_rank rank = {d->comm, r, &d->shard[r]};
+    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
 }
 static void job_micro(dp_engine *d, int r) {
     size_t ntok = (size_t)d->base.cfg->micro_batch * d->base.cfg->seq_len;
