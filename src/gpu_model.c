@@ -108,6 +108,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     carve_all(g, g->arena); /* second pass: now with real addresses */
     QT_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     g->mm = qt_matmul_create(0);
+    qt_matmul_set_autotune(g->mm, cfg->matmul_autotune);
     g->attn = qt_attention_create();
     cudaStream_t s = g->stream;
     qt_param_store_init(g->ps, cfg, w0, s);
