@@ -340,12 +340,12 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
 
 void qt_dp_sync_free(qt_dp_sync *d) {
     if (!d) return;
-    if (d->side) {
+    if (d->plan.side_stream) {
         QT_CUDA(cudaStreamSynchronize(d->side));
         QT_CUDA(cudaStreamDestroy(d->side));
         QT_CUDA(cudaEventDestroy(d->side_ev));
     }
-    for (int k = 0; d->ag_ev && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
+    for (int k = 0; d->plan.weights_ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
     free(d->ag_ev);
     for (int i = 0; i < MS_KINDS; i++) {
         for (int k = 0; k < d->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(d->graphs[i].seg[k].exec));

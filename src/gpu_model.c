@@ -1,5 +1,7 @@
-/* gpu_model.c — the model on one GPU: memory plan, forward (with the chunked LM-head loss and its
- * backward folded in) and backward, in bf16 with fp32 accumulation and fp32 gradients.
+/* gpu_model.c — the model's math on one GPU: the forward block by block (with the chunked LM-head loss
+ * and its backward folded in) and the backward block by block, in bf16 with fp32 accumulation and fp32
+ * gradients; its buffers come from the parameter store, the activation store and its own rows of the
+ * memory plan (carve_all).
  *
  * The residual stream needs no copies: the fused RMSNorm adds the branch input into the buffer that
  * holds the branch output (o_proj / down output), which then *is* the next residual and stays saved
@@ -7,7 +9,9 @@
  * With precision.matmul_dtype: e4m3 the blocks' four matmuls go through src/gpu_fp8.c (lin_fwd/lin_bwd);
  * its buffers are the plan's "fp8 weights (persistent)" and "fp8 activations" rows. The kernels that
  * produce a matmul's input or output gradient (RMSNorm, SwiGLU, RoPE bwd) also fold its abs-max into
- * the fp8 scale record (fp8_amax), which saves the quantizer a pass over the tensor. */
+ * the fp8 scale record (fp8_amax), which saves the quantizer a pass over the tensor. Weights are read
+ * only after qt_param_acquire_weights and gradients handed on with qt_param_release_grads, so the
+ * engine's sync (and a future sharded or streamed placement) sees every layer boundary. */
 #include "qt_gpu_model.h"
 
 #include <stdio.h>
@@ -61,7 +65,7 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     if (qt_grad_norm_ws_bytes() > ws) ws = qt_grad_norm_ws_bytes();
     g->ws_bytes = ws;
     g->ws = qt_mem_plan_carve(p, "kernel workspace", ws);
-    if (g->cfg->matmul_dtype == QT_DT_E4M3) {
+    if (g->fp8_fwd) {
         g->fp8_w = qt_mem_plan_carve(p, "fp8 weights (persistent)", qt_fp8_weight_bytes(c));
         g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->grad_dtype));
     }
@@ -88,6 +92,8 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->N = (long)g->B * g->T;
     g->lm_chunks = cfg->lmhead_chunks > 0 ? cfg->lmhead_chunks : 1;
     if (g->lm_chunks > g->N) g->lm_chunks = (int)g->N;
+    g->fp8_fwd = cfg->matmul_dtype == QT_DT_E4M3;
+    g->fp8_bwd = g->fp8_fwd && cfg->grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
     g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, QT_ACT_SAVE, err, errlen) : NULL;
     if (!g->as) {
@@ -114,7 +120,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_param_store_init(g->ps, cfg, w0, s);
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
-    if (cfg->matmul_dtype == QT_DT_E4M3) {
+    if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);
         qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
     }
@@ -172,13 +178,13 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
 /* The abs-max slot the producer of layer l's matmul k input (grad 0) / output gradient (grad 1) fills;
  * NULL in bf16 (nothing to quantize). */
 static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
-    return g->fp8 ? qt_fp8_producer_amax(g->fp8, l, k, grad) : NULL;
+    return g->fp8_fwd ? qt_fp8_producer_amax(g->fp8, l, k, grad) : NULL;
 }
 
 /* One block matmul forward: fp8 when configured, else bf16. */
 static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *y, const void *x, size_t w,
                     const void *bias, int I, int O) {
-    if (g->fp8) {
+    if (g->fp8_fwd) {
         qt_gpu_model_mark(g, "fp8 quantize: activations");
         qt_fp8_quant_input(g->fp8, l, k, x, g->stream);
         qt_gpu_model_mark(g, label);
@@ -193,7 +199,7 @@ static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void
 static void lin_bwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *dx, const void *dy, const void *x,
                     size_t w, int I, int O) {
     cudaStream_t s = g->stream;
-    if (g->fp8 && g->fp8->grad_dt != QT_DT_BF16) {
+    if (g->fp8_bwd) {
         qt_gpu_model_mark(g, "fp8 quantize: gradients");
         qt_fp8_quant_grad(g->fp8, l, k, dy, s);
         qt_gpu_model_mark(g, label);
@@ -249,7 +255,7 @@ static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
     qt_act_store *as = g->as;
     cudaStream_t s = g->stream;
     int nl = c->num_layers;
-    if (g->fp8) qt_fp8_reset_amax(g->fp8, s); /* a micro-step starts here */
+    if (g->fp8_fwd) qt_fp8_reset_amax(g->fp8, s); /* a micro-step starts here */
     qt_param_acquire_weights(g->ps, h, g->L->layers[0].ln1);
     qt_gpu_model_mark(g, "embedding fwd");
     qt_embedding_fwd(qt_act_forward(as, 0)->res, g->tok, Wp(g, g->L->embed), g->N, c->hidden_size, c->vocab_size, s);
@@ -317,7 +323,7 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
 
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a) {
     /* without persistent quants the fp8 weights are rebuilt for every micro-batch */
-    if (g->fp8 && !g->cfg->persistent_quants) {
+    if (g->fp8_fwd && !g->cfg->persistent_quants) {
         qt_param_acquire_weights(g->ps, a->hooks, g->L->numel);
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, g->L, g->ps->w, 0, g->L->cfg.num_layers, g->stream);

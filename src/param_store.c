@@ -16,6 +16,8 @@
 
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen) {
+    QT_CHECK((pl->zero == 1) == (sh->n_ranks > 1), "parameter store: ZeRO-%d placement on a shard of %d ranks", pl->zero,
+             sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
