@@ -390,12 +390,8 @@ extern "C" qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits,
     QT_CUDA(cudaGetDevice(&dev));
     QT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     /* The pipelined variant measured slower on H100 (360.8 vs 317.2 us at 1024 x 151936: two 40 KB
-     * row buffers per CTA cap residency); QT_LMHEAD=pipe|2pass selects the others for A/B runs. */
-    if (impl == QT_LMHEAD_AUTO) {
-        const char *e = getenv("QT_LMHEAD");
-        impl = !e ? QT_LMHEAD_CLUSTER : !strcmp(e, "2pass") ? QT_LMHEAD_TWO_PASS
-                                      : !strcmp(e, "pipe") ? QT_LMHEAD_CLUSTER_PIPE : QT_LMHEAD_CLUSTER;
-    }
+     * row buffers per CTA cap residency); kernels_bench and test_kernels call the others by name. */
+    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_CLUSTER;
     if (impl != QT_LMHEAD_TWO_PASS && major >= 9 && cn > 0 && n * cn < 2147483647L &&
         lmc_launch(impl, (bf16 *)logits, loss, lse, tgt, n, v, scale, cn, s))
         return impl;

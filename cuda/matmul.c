@@ -82,8 +82,7 @@ qt_matmul_ctx *qt_matmul_create(size_t ws_bytes) {
     QT_CUBLAS(cublasLtCreate(&c->lt));
     c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)64 << 20);
     QT_CUDA(cudaMalloc(&c->ws, c->ws_bytes));
-    const char *e = getenv("QT_MATMUL_AUTOTUNE");
-    c->autotune = !(e && e[0] == '0');
+    c->autotune = 1; /* the trainer sets perf.matmul_autotune through qt_matmul_set_autotune */
     struct cudaDeviceProp prop;
     QT_CUDA(cudaGetDevice(&c->device));
     QT_CUDA(cudaGetDeviceProperties(&prop, c->device));

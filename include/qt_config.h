@@ -18,6 +18,12 @@ typedef enum { QT_SCHED_COSINE, QT_SCHED_LINEAR, QT_SCHED_WSD } qt_sched_kind;
 typedef enum { QT_DEVICE_AUTO, QT_DEVICE_CPU, QT_DEVICE_CUDA } qt_device_kind;
 typedef enum { QT_COMM_AUTO, QT_COMM_PEER, QT_COMM_HOST, QT_COMM_HOST_WC } qt_comm_kind;
 
+#define QT_LIST_MAX 16
+typedef struct {
+    int n;                 /* entries used; the rest of v stays zero */
+    int v[QT_LIST_MAX];
+} qt_int_list;
+
 typedef struct {
     char path[QT_PATH_MAX];       /* the YAML file (for messages) */
 
@@ -67,9 +73,11 @@ typedef struct {
     int lmhead_chunks;
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
     int cuda_graphs;
+    int matmul_autotune;          /* time cuBLASLt's candidate algorithms on each shape's first use */
 
     /* parallel */
     int gpus;                     /* 0 = all visible */
+    qt_int_list devices;          /* one rank per entry, on that CUDA device (may repeat); n 0 = by gpus */
     qt_comm_kind comm;
     int shard_optimizer;          /* ZeRO-1: master weights and AdamW moments split over the GPUs */
     int reduce_dtype;             /* qt_dtype the gradients cross between GPUs in (fp32 or bf16) */
@@ -78,7 +86,7 @@ typedef struct {
 
 /* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,
  * qt_config_dump and the table in configs/README.md. */
-typedef enum { QT_KEY_INT, QT_KEY_U64, QT_KEY_FLOAT, QT_KEY_BOOL, QT_KEY_STRING, QT_KEY_ENUM } qt_key_type;
+typedef enum { QT_KEY_INT, QT_KEY_U64, QT_KEY_FLOAT, QT_KEY_BOOL, QT_KEY_STRING, QT_KEY_ENUM, QT_KEY_INT_LIST } qt_key_type;
 typedef struct {
     const char *name;
     int value;
@@ -86,8 +94,9 @@ typedef struct {
 typedef struct {
     const char *path;          /* "optim.lr" */
     qt_key_type type;
-    size_t offset;             /* of the field in qt_config (int, uint64_t, float or char[QT_PATH_MAX]) */
-    double lo, hi;             /* numeric range; -HUGE_VAL / HUGE_VAL when unbounded */
+    size_t offset;             /* of the field in qt_config (int, uint64_t, float, char[QT_PATH_MAX] or
+                                * qt_int_list) */
+    double lo, hi;             /* numeric range (of each entry of a list); -HUGE_VAL / HUGE_VAL when unbounded */
     int lo_open, hi_open;      /* 1: the bound itself is excluded */
     const qt_key_enum *names;  /* QT_KEY_ENUM: {NULL, 0}-terminated */
     const char *def;           /* default, as YAML scalar text */

@@ -55,15 +55,20 @@ struct qt_engine {
 
 /* CPU fp32 reference engine. w0 [L->numel] are the initial weights (copied). */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0);
-/* One GPU's engine on CUDA device `device` (NULL with err when CUDA or the config cannot be served).
- * sh: this rank's ZeRO-1 slice of the optimizer state (qt_gpu_model.h), NULL for all of it. */
-struct qt_shard_s;
-qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
-                                const struct qt_shard_s *sh, char *err, size_t errlen);
-/* Makes a GPU engine a data-parallel rank: opt_step first sums the gradients over comm (every rank
- * calls opt_step, each from its own thread). */
+/* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when
+ * shard->n_ranks > 1; qt_partition.h). */
 struct qt_comm;
-void qt_engine_gpu_attach(qt_engine *e, struct qt_comm *comm, int rank);
+struct qt_shard_s;
+typedef struct {
+    struct qt_comm *comm;
+    int rank;
+    const struct qt_shard_s *shard;
+} qt_gpu_rank;
+/* One GPU's engine on CUDA device `device` (NULL with err when CUDA or the config cannot be served).
+ * rank NULL: one GPU; else a data-parallel rank whose opt_step first sums the gradients over the comm
+ * (every rank calls opt_step, each from its own thread). Its step plan is fixed here (qt_step_plan.h). */
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
+                                const qt_gpu_rank *rank, char *err, size_t errlen);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 

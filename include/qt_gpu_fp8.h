@@ -37,7 +37,7 @@ typedef struct {
     uint8_t *xq, *dyq, *dyqT;   /* scratch */
     qt_fp8_scale *sc;           /* [n_layers * 4 * 3]: the weights', then (input, output gradient) pairs */
     int *nonfinite;             /* device int: 0, or the tag of the first tensor whose scale went NaN/Inf */
-    int fuse_amax;              /* 1: producers may fold abs-maxes (env QT_FP8_FUSED_AMAX=0 turns it off) */
+    int fuse_amax;              /* 1: producers may fold abs-maxes (test hook fp8_unfused_amax turns it off) */
     unsigned char *amax_ready;  /* host [n_layers * 4 * 2]: slot handed to a producer since the reset */
 } qt_gpu_fp8;
 
@@ -64,7 +64,7 @@ void qt_fp8_reset_amax(qt_gpu_fp8 *f, cudaStream_t s);
  * gradient (grad = 1) folds into (an `amax` argument of qt_kernels.h), enqueued on the stream after
  * qt_fp8_reset_amax and before the matching qt_fp8_quant_input / qt_fp8_quant_grad, which then skips
  * its own abs-max pass. NULL (the separate pass stays) when that tensor is not quantized (grad with
- * grad_dtype bf16) or fusion is off (QT_FP8_FUSED_AMAX=0: the old separate passes, bitwise equal). */
+ * grad_dtype bf16) or fusion is off (test hook fp8_unfused_amax: the old separate passes, bitwise equal). */
 float *qt_fp8_producer_amax(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad);
 /* Quantizes the block input x (bf16 [N,I]) with current scaling into Xq (scratch, for the next
  * qt_fp8_fwd) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul). */

@@ -12,8 +12,8 @@
  * the chosen algorithm). It is used by one thread on one stream at a time (the workspace is shared by
  * every call). On the first call of a shape it asks the heuristic for up to 8 algorithms and times
  * them (2 warm-ups + 5 timed runs each) on the caller's buffers, or on a scratch output when the call
- * accumulates, and keeps the fastest. QT_MATMUL_AUTOTUNE=0 in the environment (or
- * qt_matmul_set_autotune(c, 0)) keeps the heuristic's first choice instead. Tuning synchronises the
+ * accumulates, and keeps the fastest. qt_matmul_set_autotune(c, 0) (the trainer's
+ * perf.matmul_autotune: false) keeps the heuristic's first choice instead. Tuning synchronises the
  * stream, so warm every shape up before capturing a CUDA graph (under capture it is skipped). */
 #ifndef QT_MATMUL_H
 #define QT_MATMUL_H
@@ -33,7 +33,7 @@ typedef struct qt_matmul_ctx qt_matmul_ctx;
  * with qt_matmul_free. */
 qt_matmul_ctx *qt_matmul_create(size_t ws_bytes);
 void qt_matmul_free(qt_matmul_ctx *c);
-/* 1: time the heuristic's candidates on a shape's first use (the default unless QT_MATMUL_AUTOTUNE=0);
+/* 1: time the heuristic's candidates on a shape's first use (the default);
  * 0: take the heuristic's first. Affects plans built afterwards. */
 void qt_matmul_set_autotune(qt_matmul_ctx *c, int on);
 /* Number of plans built so far (cache misses); a repeated shape adds none. */

@@ -190,6 +190,22 @@ static int section_seen(ctx *x, const char *path, where w) {
     return 0;
 }
 
+/* A list key's sequence (its SEQUENCE_START is the current event): the scalars joined with commas. */
+static int read_list(ctx *x, const qt_config_key *k, where w) {
+    char text[512] = "", what[200];
+    size_t n = 0;
+    qt_config_key_expect(k, what, sizeof what);
+    for (;;) {
+        if (next(x)) return -1;
+        if (x->ev.type == YAML_SEQUENCE_END_EVENT) return apply(x, k, text, 1, w);
+        if (x->ev.type != YAML_SCALAR_EVENT)
+            return fail(x, w, k->path, "expected %s, got %s in the list", what, node_kind(&x->ev));
+        const char *v = (const char *)x->ev.data.scalar.value;
+        if (n + strlen(v) + 2 >= sizeof text) return fail(x, w, k->path, "expected %s, got a longer list", what);
+        n += (size_t)snprintf(text + n, sizeof text - n, "%s%s", n ? "," : "", v);
+    }
+}
+
 /* Reads the pairs of a mapping whose MAPPING_START is the current event; prefix = its dotted path. */
 static int read_mapping(ctx *x, const char *prefix) {
     for (;;) {
@@ -215,6 +231,8 @@ static int read_mapping(ctx *x, const char *prefix) {
                 return fail(x, w, path, "expected a mapping of %s.* keys, got %s", path, node_kind(&x->ev));
             }
             if (section_seen(x, path, w) || read_mapping(x, path)) return -1;
+        } else if (k->type == QT_KEY_INT_LIST && x->ev.type == YAML_SEQUENCE_START_EVENT) {
+            if (read_list(x, k, w)) return -1;
         } else {
             char what[200];
             qt_config_key_expect(k, what, sizeof what);
@@ -257,6 +275,7 @@ static int apply_override(ctx *x, int i) {
     snprintf(path, sizeof path, "%.*s", (int)(eq - s) < KEY_MAX - 1 ? (int)(eq - s) : KEY_MAX - 1, s);
     const qt_config_key *k = qt_config_key_find(path);
     if (!k) return unknown_key(x, w, path);
+    if (k->type == QT_KEY_INT_LIST) return apply(x, k, eq + 1, 1, w); /* "[0,0]" or "0,0" */
     yaml_parser_t p;
     yaml_event_t e;
     if (!yaml_parser_initialize(&p)) return fail(x, w, path, "expected memory for the YAML parser, got none");

@@ -47,6 +47,7 @@ static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 #define B(p, f, d, u, m, h) {p, QT_KEY_BOOL, OFF(f), NOLO, NOHI, 0, 0, NULL, d, u, m, h}
 #define S(p, f, d, u, h) {p, QT_KEY_STRING, OFF(f), NOLO, NOHI, 0, 0, NULL, d, u, 0, h}
 #define E(p, f, n, d, u, m, h) {p, QT_KEY_ENUM, OFF(f), NOLO, NOHI, 0, 0, n, d, u, m, h}
+#define IL(p, f, lo, hi, d, u, h) {p, QT_KEY_INT_LIST, OFF(f), lo, hi, 0, 0, NULL, d, u, 0, h}
 
 static const qt_config_key keys[] = {
     U64("seed", seed, "1234", "all", "seeds the data order (and, on the GPU, stochastic rounding)"),
@@ -134,9 +135,13 @@ static const qt_config_key keys[] = {
     B("memory.offload_optimizer", offload_optimizer, "false", "GPU", 0,
       "keep the fp32 master weights and AdamW m, v (a GPU's shard when sharded) in pinned host memory, streamed through the GPU in chunks by AdamW: 12 bytes per parameter less GPU memory (8 with bf16 moments), the same bytes each way over PCIe per optimizer step"),
     B("perf.cuda_graphs", cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
+    B("perf.matmul_autotune", matmul_autotune, "true", "GPU", 0,
+      "time cuBLASLt's candidate algorithms on each matmul shape's first use and keep the fastest; false = the heuristic's first choice (the same algorithms on every run, for A/B comparisons)"),
 
     I("parallel.gpus", gpus, 0, INT_MAX, "0", "multi-GPU", 0,
       "GPUs to train on, data parallel (one thread and one full replica each; a step then holds micro_batch x grad_accum x gpus sequences); 0 = all visible, up to 8"),
+    IL("parallel.devices", devices, 0, INT_MAX, "[]", "multi-GPU",
+       "one data-parallel rank per entry, on that CUDA device: [0, 1] = two GPUs, [0, 0, 0] = three ranks sharing GPU 0 (so every data-parallel feature can be tested on one GPU); [] = parallel.gpus decides"),
     E("parallel.comm", comm, comm_names, "auto", "multi-GPU", 0,
       "how the GPUs sum gradients: peer copies (NVLink/PCIe P2P), host staging through pinned memory, write-combined host; auto = from the link probe printed at start"),
     B("parallel.shard_optimizer", shard_optimizer, "true", "multi-GPU", 0,
@@ -172,6 +177,30 @@ static int parse_bool(const char *t, int *out) {
     return -1;
 }
 
+/* "[1, 2]", "1,2", "[]" or "": integers in k's range, at most QT_LIST_MAX (the config reader joins a
+ * YAML sequence's scalars with commas). */
+static int parse_int_list(const qt_config_key *k, const char *t, qt_int_list *out) {
+    qt_int_list l = {0};
+    while (*t == ' ') t++;
+    int bracket = *t == '[';
+    t += bracket;
+    for (;;) {
+        while (*t == ' ') t++;
+        if (!*t || *t == ']') break;
+        char *end;
+        errno = 0;
+        long long v = strtoll(t, &end, 10);
+        if (end == t || errno || v < INT_MIN || v > INT_MAX || !in_range(k, (double)v) || l.n == QT_LIST_MAX) return -1;
+        l.v[l.n++] = (int)v;
+        for (t = end; *t == ' '; t++) {}
+        if (*t == ',') t++;
+        else if (*t && *t != ']') return -1;
+    }
+    if (bracket != (*t == ']') || (*t == ']' && t[1])) return -1;
+    *out = l;
+    return 0;
+}
+
 int qt_config_key_set(qt_config *c, const qt_config_key *k, const char *t) {
     char *field = (char *)c + k->offset, *end;
     errno = 0;
@@ -204,6 +233,7 @@ int qt_config_key_set(qt_config *c, const qt_config_key *k, const char *t) {
         for (const qt_key_enum *e = k->names; e->name; e++)
             if (!strcmp(e->name, t)) { *(int *)field = e->value; return 0; }
         return -1;
+    case QT_KEY_INT_LIST: return parse_int_list(k, t, (qt_int_list *)field);
     }
     return -1;
 }
@@ -272,6 +302,13 @@ void qt_config_key_format(const qt_config *c, const qt_config_key *k, char *buf,
             if (e->value == *(const int *)field) { snprintf(buf, cap, "%s", e->name); return; }
         snprintf(buf, cap, "%d", *(const int *)field); /* not a valid name: reading it back fails loudly */
         return;
+    case QT_KEY_INT_LIST: {
+        const qt_int_list *l = (const qt_int_list *)field;
+        size_t n = (size_t)snprintf(buf, cap, "[");
+        for (int i = 0; i < l->n && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, i ? ", %d" : "%d", l->v[i]);
+        if (n < cap) snprintf(buf + n, cap - n, "]");
+        return;
+    }
     }
 }
 
@@ -284,8 +321,8 @@ static void range_text(const qt_config_key *k, const char *sep, char *buf, size_
             n += snprintf(buf + n, cap - n, "%s%s", e == k->names ? "" : sep, e->name);
         return;
     }
-    if (k->type != QT_KEY_INT && k->type != QT_KEY_FLOAT) return;
-    int has_hi = k->hi != NOHI && !(k->type == QT_KEY_INT && k->hi >= INT_MAX);
+    if (k->type != QT_KEY_INT && k->type != QT_KEY_FLOAT && k->type != QT_KEY_INT_LIST) return;
+    int has_hi = k->hi != NOHI && !(k->type != QT_KEY_FLOAT && k->hi >= INT_MAX);
     if (k->lo != NOLO && has_hi)
         snprintf(buf, cap, "%c%g, %g%c", k->lo_open ? '(' : '[', k->lo, k->hi, k->hi_open ? ')' : ']');
     else if (k->lo != NOLO) snprintf(buf, cap, "%s %g", k->lo_open ? ">" : ">=", k->lo);
@@ -303,6 +340,7 @@ void qt_config_key_expect(const qt_config_key *k, char *buf, size_t cap) {
     case QT_KEY_BOOL: snprintf(buf, cap, "true or false"); return;
     case QT_KEY_STRING: snprintf(buf, cap, "a string of at most %d bytes", QT_PATH_MAX - 1); return;
     case QT_KEY_ENUM: snprintf(buf, cap, "one of %s", r); return;
+    case QT_KEY_INT_LIST: snprintf(buf, cap, "a list of at most %d integers%s%s", QT_LIST_MAX, r[0] ? " " : "", r); return;
     }
 }
 
@@ -315,7 +353,8 @@ void qt_config_defaults(qt_config *c) {
 }
 
 int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff) {
-    static const size_t width[] = {sizeof(int), sizeof(uint64_t), sizeof(float), sizeof(int), 0, sizeof(int)};
+    static const size_t width[] = {sizeof(int), sizeof(uint64_t), sizeof(float), sizeof(int), 0, sizeof(int),
+                                   sizeof(qt_int_list)};
     for (int i = 0; i < N_KEYS; i++) {
         const char *fa = (const char *)a + keys[i].offset, *fb = (const char *)b + keys[i].offset;
         int same = keys[i].type == QT_KEY_STRING ? !strcmp(fa, fb) : !memcmp(fa, fb, width[keys[i].type]);
@@ -332,7 +371,7 @@ int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff) {
 }
 
 static const char *type_name(qt_key_type t) {
-    static const char *n[] = {"int", "uint64", "float", "bool", "string", "enum"};
+    static const char *n[] = {"int", "uint64", "float", "bool", "string", "enum", "int list"};
     return n[t];
 }
 

@@ -25,6 +25,7 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
+#include "qt_test_hooks.h"
 
 _Static_assert(QT_SHARD_MAX_RANKS >= QT_COMM_MAX_RANKS, "a rank's gradient sum of squares needs a slot per rank");
 
@@ -64,7 +65,7 @@ struct dp_engine {
     int cap, nitems, on;
     const qt_ckpt *ck;
     int rc[QT_COMM_MAX_RANKS];
-    int fail_rank; /* QT_DP_FAIL=rank:step (tests): that rank fails just before that optimizer step */
+    int fail_rank; /* test hook (qt_test_hooks): that rank fails just before optimizer step fail_step */
     long fail_step;
     qt_shard shard[QT_COMM_MAX_RANKS];
     int sharded;
@@ -107,8 +108,8 @@ static void *rank_loop(void *p) {
 /* ---- jobs (run in rank r's thread, its device current) ---- */
 
 static void job_create(dp_engine *d, int r) {
-    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], &d->shard[r], d->err[r], sizeof d->err[r]);
-    if (d->rk[r]) qt_engine_gpu_attach(d->rk[r], d->comm, r);
+    qt_gpu_rank rank = {d->comm, r, &d->shard[r]};
+    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
 }
 static void job_micro(dp_engine *d, int r) {
     size_t ntok = (size_t)d->base.cfg->micro_batch * d->base.cfg->seq_len;
@@ -116,7 +117,7 @@ static void job_micro(dp_engine *d, int r) {
 }
 static void job_opt(dp_engine *d, int r) {
     /* the other ranks are then already waiting in the gradient all-reduce: they must stop too */
-    QT_CHECK(r != d->fail_rank || d->t != d->fail_step, "injected failure (QT_DP_FAIL) before step %ld", d->t);
+    QT_CHECK(r != d->fail_rank || d->t != d->fail_step, "injected failure (test hook dp_fail_step) before step %ld", d->t);
     d->rk[r]->ops->opt_step(d->rk[r], d->lr, d->t, &d->loss[r], &d->gnorm[r]);
 }
 static void job_eval(dp_engine *d, int r) {
@@ -330,8 +331,9 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     d->sharded = cfg->shard_optimizer && n > 1;
     for (int r = 0; r < n; r++)
         qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, cfg->overlap_comm && n > 1);
-    const char *fail = getenv("QT_DP_FAIL");
-    if (!fail || sscanf(fail, "%d:%ld", &d->fail_rank, &d->fail_step) != 2) d->fail_rank = -1;
+    const qt_test_hooks *th = qt_test_hooks_get();
+    d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
+    d->fail_step = th->dp_fail_step;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->go, NULL);
     pthread_cond_init(&d->done, NULL);

@@ -26,6 +26,7 @@
 
 #include "qt_error.h"
 #include "qt_kernels.h"
+#include "qt_test_hooks.h"
 
 #define AL 256 /* sub-buffer alignment inside the regions */
 #define NSC 3  /* scale records per matmul: weight, input, output gradient */
@@ -126,8 +127,7 @@ qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, void 
     f->xqT = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->xqT);
     f->amax_ready = calloc((size_t)nl * QT_FP8_NMM * 2, 1);
     QT_CHECK(f->wq && f->wqT && f->xqT && f->amax_ready, "out of host memory");
-    const char *e = getenv("QT_FP8_FUSED_AMAX");
-    f->fuse_amax = !(e && e[0] == '0');
+    f->fuse_amax = !qt_test_hooks_get()->fp8_unfused_amax;
     char *w = wregion, *a = aregion;
     f->sc = take(&w, (size_t)nl * QT_FP8_NMM * NSC * sizeof(qt_fp8_scale));
     f->nonfinite = take(&w, sizeof(int));

@@ -55,18 +55,19 @@ qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const floa
         return qt_engine_cpu_create(L, cfg, w0);
     }
     int devs[QT_COMM_MAX_RANKS], n = cfg->gpus ? cfg->gpus : ngpu;
-    const char *env = getenv("QT_DP_DEVICES"); /* a test hook: "0,0" puts two ranks on GPU 0 */
-    if (env && *env) {
-        n = 0;
-        for (const char *p = env; *p && n < QT_COMM_MAX_RANKS; p += *p == ',') {
-            char *end;
-            long d = strtol(p, &end, 10);
-            if (end == p || d < 0 || d >= ngpu) {
-                snprintf(err, errlen, "QT_DP_DEVICES=%s: expected a comma-separated list of device ids < %d", env, ngpu);
+    if (cfg->devices.n) { /* one rank per entry, several may share a GPU */
+        n = cfg->devices.n;
+        if (n > QT_COMM_MAX_RANKS) {
+            snprintf(err, errlen, "%s: parallel.devices: %d ranks, expected at most %d", cfg->path, n, QT_COMM_MAX_RANKS);
+            return NULL;
+        }
+        for (int r = 0; r < n; r++) {
+            if (cfg->devices.v[r] >= ngpu) {
+                snprintf(err, errlen, "%s: parallel.devices: entry %d is device %d, expected a device id < %d (%d visible)",
+                         cfg->path, r, cfg->devices.v[r], ngpu, ngpu);
                 return NULL;
             }
-            devs[n++] = (int)d;
-            p = end;
+            devs[r] = cfg->devices.v[r];
         }
     } else {
         if (n > ngpu) {

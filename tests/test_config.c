@@ -376,6 +376,13 @@ static void randomize(uint64_t *s) {
             *(int *)f = k->names[lcg(s) % n].value;
             break;
         }
+        case QT_KEY_INT_LIST: {
+            qt_int_list *l = (qt_int_list *)f;
+            memset(l, 0, sizeof *l);
+            l->n = (int)(lcg(s) % 4);
+            for (int j = 0; j < l->n; j++) l->v[j] = (int)(lcg(s) % 8) + (int)k->lo;
+            break;
+        }
         }
     }
     cfg.hf_config[0] = cfg.init_from[0] = 0;

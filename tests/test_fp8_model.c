@@ -17,6 +17,7 @@
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
+#include "qt_test_hooks.h"
 #include "qt_train.h"
 
 static char g_dir[256];
@@ -133,21 +134,8 @@ static void test_fp8_grads_bf16_backward(void) { /* e4m3 forward, bf16 backward 
     compare_grads("bf16", "false", 0.99);
 }
 
-/* Sets (v != NULL) or clears environment variable k; returns its old value (caller frees) for restore_env. */
-static char *swap_env(const char *k, const char *v) {
-    const char *old = getenv(k);
-    char *saved = old ? strdup(old) : NULL;
-    if (v) setenv(k, v, 1);
-    else unsetenv(k);
-    return saved;
-}
-static void restore_env(const char *k, char *saved) {
-    swap_env(k, saved);
-    free(saved);
-}
-
 /* The abs-maxes that RMSNorm, SwiGLU and RoPE bwd fold in while writing their outputs are those of the
- * separate passes, so with QT_FP8_FUSED_AMAX=0 (the separate passes) the eval loss and the gradients
+ * separate passes, so with the test hook fp8_unfused_amax (the separate passes) the eval loss and the gradients
  * of two micro-steps (the second replayed from a CUDA graph: the amax reset is a memset node) are
  * equal bit for bit. Matmul autotuning is off in both engines so both pick the same GEMM kernels. */
 static void fused_amax_case(const char *grad_dt) {
@@ -158,14 +146,14 @@ static void fused_amax_case(const char *grad_dt) {
     float *w;
     char err[1024];
     QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
-    char *tune = swap_env("QT_MATMUL_AUTOTUNE", "0");
+    c.matmul_autotune = 0;
     qt_engine *e[2];
     for (int k = 0; k < 2; k++) { /* 0: fused, 1: separate passes */
-        char *fused = swap_env("QT_FP8_FUSED_AMAX", k ? "0" : NULL);
+        qt_test_hooks h = {.fp8_unfused_amax = k};
+        qt_test_hooks_set(&h);
         e[k] = qt_engine_gpu_create(&L, &c, w, 0, NULL, err, sizeof err);
-        restore_env("QT_FP8_FUSED_AMAX", fused);
+        qt_test_hooks_set(NULL);
     }
-    restore_env("QT_MATMUL_AUTOTUNE", tune);
     QT_REQUIRE(e[0] && e[1], "fp8 engine: %s", err);
     long N = (long)c.micro_batch * c.seq_len;
     int32_t *in = malloc(N * sizeof *in), *tgt = malloc(N * sizeof *tgt);

@@ -13,10 +13,11 @@
 #include "qt_device.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
+#include "qt_test_hooks.h"
 #include "qt_train.h"
 
 static char g_dir[256];
-static char g_qtrain[512]; /* the qtrain program, beside this test's build folder */
+static char g_fault[512]; /* tool_train_fault, beside this test */
 
 static int load_cfg(qt_config *c, const char *yaml) {
     char err[1024];
@@ -101,26 +102,20 @@ static void test_resume_bit_exact_gpu(void) {
 /* The optimizer state in host memory, streamed in chunks of 1000 elements, through a checkpoint. */
 static void test_resume_bit_exact_offload(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    setenv("QT_OFFLOAD_CHUNK", "1000", 1);
+    qt_test_hooks h = {.offload_chunk = 1000};
+    qt_test_hooks_set(&h);
     resume_bit_exact("cuda", "offload", "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}");
-    unsetenv("QT_OFFLOAD_CHUNK");
+    qt_test_hooks_set(NULL);
 }
 
-/* Two data-parallel ranks: on two GPUs when there are, else both on GPU 0 (QT_DP_DEVICES, which then
- * overrides parallel.gpus). Returns the parallel.gpus to write; dp_end undoes the environment. */
-static int dp_begin(void) {
-    if (qt_cuda_device_count() >= 2) return 2;
-    setenv("QT_DP_DEVICES", "0,0", 1);
-    return 1;
-}
-static void dp_end(void) { unsetenv("QT_DP_DEVICES"); }
+/* Two data-parallel ranks, as parallel: keys: on two GPUs when there are, else both on GPU 0. */
+static const char *two_ranks(void) { return qt_cuda_device_count() >= 2 ? "gpus: 2" : "devices: [0, 0]"; }
 
 static void test_resume_bit_exact_data_parallel(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     char par[64];
-    snprintf(par, sizeof par, "parallel: {gpus: %d}", dp_begin());
+    snprintf(par, sizeof par, "parallel: {%s}", two_ranks());
     resume_bit_exact("cuda", "dp", par);
-    dp_end();
 }
 
 /* The `key` of every `type` record in a jsonl log (grad_norm of train records written with log.every
@@ -156,11 +151,12 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
     if (offload) kind -= 11;
     int one = kind == 0 || kind == 3;
     if (one) snprintf(par, sizeof par, "parallel: {gpus: 1}");
-    else snprintf(par, sizeof par, "parallel: {gpus: %d, shard_optimizer: %s, reduce_dtype: %s, overlap_comm: %s}",
-                  dp_begin(), kind == 2 || kind == 6 || kind == 8 ? "false" : "true", kind == 5 || kind == 6 ? "bf16" : "fp32",
+    else snprintf(par, sizeof par, "parallel: {%s, shard_optimizer: %s, reduce_dtype: %s, overlap_comm: %s}",
+                  two_ranks(), kind == 2 || kind == 6 || kind == 8 ? "false" : "true", kind == 5 || kind == 6 ? "bf16" : "fp32",
                   kind == 7 || kind == 8 || kind == 10 ? "false" : "true");
     if (kind == 3 || kind == 4) strcat(par, "\nprecision: {matmul_dtype: e4m3}");
-    if (kind == 1 || kind == 2 || kind >= 7 || (offload && kind == 0)) strcat(par, "\nperf: {cuda_graphs: true}");
+    int graphs = kind == 1 || kind == 2 || kind >= 7 || (offload && kind == 0);
+    strcat(par, graphs ? "\nperf: {cuda_graphs: true, matmul_autotune: false}" : "\nperf: {matmul_autotune: false}");
     if (offload) strcat(par, "\nmemory: {offload_optimizer: true}");
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
@@ -176,7 +172,6 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
         qt_train_opts o = {resume, -1, 0, losses};
         rc = qt_train_run(&c, &o, NULL, err, errlen);
     }
-    if (!one) dp_end();
     return rc;
 }
 
@@ -188,7 +183,8 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
  * either way): the runs must be bitwise equal to one sum after the backward (sharded, the norm adds
  * per-bucket sums of squares: within 1e-5), and the optimizer state streamed from host memory changes
  * no bit (one GPU bf16 and fp8, sharded, replicated). The overlapped sharded runs (bf16
- * and fp8, graphs and eager) hold their weight all-gather back 20 ms each step (QT_DP_AG_DELAY_MS): a
+ * and fp8, graphs and eager) hold their weight all-gather back 20 ms each step (test hook
+ * dp_ag_delay_ms): a
  * forward that did not wait for it (or for the fp8 weight quants made after it) would read the last
  * step's weights of the other rank's pieces; so do the offloaded one-GPU runs, whose AdamW runs bucket
  * by bucket beside the next forward. Autotuning is off so that every run
@@ -206,15 +202,15 @@ static void test_data_parallel_matches_one_gpu(void) {
                              "dp_replicated_bf16sum", "dp_sharded_no_overlap", "dp_replicated_no_overlap",
                              "dp_sharded_accum1", "dp_sharded_accum1_no_overlap", "one_offload", "dp_sharded_offload",
                              "dp_replicated_offload", "one_fp8_offload"};
-    setenv("QT_MATMUL_AUTOTUNE", "0", 1);
-    setenv("QT_OFFLOAD_CHUNK", "10000", 1);
     for (int k = 0; k < RUNS; k++) {
         char err[1024], logp[512];
         snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag[k]);
         /* sharded and overlapped, or one GPU offloaded (AdamW ahead of the next forward) */
-        if (k == 1 || k == 4 || k == 5 || k == 9 || k == 11 || k == 12 || k == 14) setenv("QT_DP_AG_DELAY_MS", "20", 1);
+        int delay = k == 1 || k == 4 || k == 5 || k == 9 || k == 11 || k == 12 || k == 14;
+        qt_test_hooks h = {.offload_chunk = 10000, .dp_ag_delay_ms = delay ? 20 : 0};
+        qt_test_hooks_set(&h);
         int rc = match_run(k, tag[k], STEPS, NULL, logp, loss[k], err, sizeof err);
-        unsetenv("QT_DP_AG_DELAY_MS");
+        qt_test_hooks_set(NULL);
         QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);
         int ng = read_log(logp, "train", "grad_norm", gn[k], STEPS), ne = read_log(logp, "eval", "loss", ev[k], 2);
         QT_REQUIRE(ng == STEPS && ne == 2, "%s: %d grad_norm and %d eval records", tag[k], ng, ne);
@@ -256,8 +252,6 @@ static void test_data_parallel_matches_one_gpu(void) {
         QT_EXPECT(k == 7 || k == 10 ? worst < 1e-5 : same, "%s vs %s: losses or gradient norms differ (%.2e)", tag[o],
                   tag[k], worst);
     }
-    unsetenv("QT_MATMUL_AUTOTUNE");
-    unsetenv("QT_OFFLOAD_CHUNK");
     /* checkpoints hold whole arrays: one GPU continues the sharded run's, 2 sharded ranks the one GPU's */
     for (int k = 0; k < 2; k++) {
         float more[STEPS + 2];
@@ -320,12 +314,12 @@ static void test_tinyshakespeare_learns(void) {
     QT_EXPECT(st.last_eval < 2.7, "eval loss %.3f is not well below ln(256) = 5.545", st.last_eval);
 }
 
-/* A rank that fails mid-run (QT_DP_FAIL=1:3: rank 1 just before step 3, while rank 0 already waits in
- * the gradient all-reduce) must stop the whole process with rank 1's message and status 1 — no hang.
- * Runs the qtrain program in a child process, killed if it outlives 120 s. */
+/* A rank that fails mid-run (test hook dp_fail_*: rank 1 just before step 3, while rank 0 already waits
+ * in the gradient all-reduce) must stop the whole process with rank 1's message and status 1 — no hang.
+ * Runs tool_train_fault in a child process, killed if it outlives 120 s. */
 static void test_data_parallel_failure_stops_all(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    if (access(g_qtrain, X_OK)) QT_SKIP("%s is not built", g_qtrain);
+    if (access(g_fault, X_OK)) QT_SKIP("%s is not built", g_fault);
     char yaml[1024], cfgp[512], errp[512];
     snprintf(cfgp, sizeof cfgp, "%s/fail.yaml", g_dir);
     snprintf(errp, sizeof errp, "%s/fail.err", g_dir);
@@ -333,7 +327,7 @@ static void test_data_parallel_failure_stops_all(void) {
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 96}\n"
              "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3}\noptim: {steps: 6}\n"
              "checkpoint: {dir: '%s/ckpt_fail'}\ndevice: cuda\n%s\n",
-             g_dir, g_dir, qt_cuda_device_count() >= 2 ? "parallel: {gpus: 2}" : "");
+             g_dir, g_dir, qt_cuda_device_count() >= 2 ? "parallel: {gpus: 2}" : "parallel: {devices: [0, 0]}");
     FILE *f = fopen(cfgp, "w");
     QT_REQUIRE(f && fputs(yaml, f) >= 0 && fclose(f) == 0, "cannot write %s", cfgp);
     pid_t pid = fork();
@@ -344,9 +338,7 @@ static void test_data_parallel_failure_stops_all(void) {
             dup2(fd, 1);
             dup2(fd, 2);
         }
-        setenv("QT_DP_FAIL", "1:3", 1);
-        if (qt_cuda_device_count() < 2) setenv("QT_DP_DEVICES", "0,0", 1);
-        execl(g_qtrain, g_qtrain, cfgp, (char *)NULL);
+        execl(g_fault, g_fault, cfgp, "1", "3", (char *)NULL);
         _exit(127);
     }
     int status = 0, waited = 0;
@@ -415,9 +407,9 @@ static void test_gpu_bf16_tracks_cpu_fp32(void) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    snprintf(g_qtrain, sizeof g_qtrain, "%s", argv[0]);
-    char *slash = strrchr(g_qtrain, '/');
-    snprintf(slash ? slash + 1 : g_qtrain, sizeof g_qtrain - (slash ? (size_t)(slash + 1 - g_qtrain) : 0), "../qtrain");
+    snprintf(g_fault, sizeof g_fault, "%s", argv[0]);
+    char *slash = strrchr(g_fault, '/');
+    snprintf(slash ? slash + 1 : g_fault, sizeof g_fault - (slash ? (size_t)(slash + 1 - g_fault) : 0), "tool_train_fault");
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_train")) return 1;
     QT_RUN(test_resume_bit_exact);
     QT_RUN(test_resume_errors);

@@ -54,7 +54,7 @@ if has llmq; then
       step llmq_1.5b_bf16 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq \
           --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16
       step llmq_1.5b_fp8 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq
-    } 2>&1 | tee "$OUT/llmq.log" | grep -E 'RESULT|tokens/s|==|rror' | head -40
+    } 2>&1 | tee "$OUT/llmq.log" | grep -E 'RESULT|tokens/s|==|rror|total \(one' | head -40
 fi
 # memory.offload_optimizer: its tests, then the cost on one GPU — the optimizer step's time in the
 # per-op breakdown (one 16 x 1024 micro-batch per step) and tokens/s at the llmq setting, off and on in

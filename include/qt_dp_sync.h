@@ -1,0 +1,55 @@
+/* qt_dp_sync.h — the synchronisation of one GPU rank's model stream with its side stream and the other
+ * ranks: the gradient sums of the buckets (qt_partition.h), the embedding lookups of a sharded step,
+ * the weight gathers after AdamW and the waits of the next forward for them, and the CUDA graphs of a
+ * micro-step, cut into segments at those points.
+ *
+ * It gives the model its hooks for one micro-step as an argument (qt_param_hooks): with
+ * parallel.overlap_comm the last micro-step of a step hands each bucket to the side (comm) stream as
+ * soon as the backward has finished it; a sharded rank's weight all-gather after AdamW runs on that
+ * stream while the next micro-step's forward waits for each bucket just before its layers. A sharded
+ * step's last micro-step leaves its embedding lookups out of the backward where they are fewer bytes
+ * than the table (g->lookups): the embeddings' bucket is summed right after the LM head, and every
+ * rank's lookups are added to the sums afterwards (add_lookups), overlapped or not, so the bits are the
+ * same either way. One GPU with its optimizer state offloaded runs AdamW on the side stream, bucket by
+ * bucket, with the same per-bucket waits in the next forward. With one plain GPU there is nothing to
+ * sync: the hooks are empty and a micro-step's graph is one segment. Every mode comes from the step
+ * plan (qt_step_plan.h). */
+#ifndef QT_DP_SYNC_H
+#define QT_DP_SYNC_H
+
+#include <cuda_runtime.h>
+
+#include "qt_comm.h"
+#include "qt_gpu_model.h"
+#include "qt_step_plan.h"
+
+typedef struct qt_dp_sync qt_dp_sync;
+
+/* For model g (borrowed) of a rank on comm (NULL with one GPU) as plan p says; makes the side stream and
+ * events on the current device. ag_delay_ms: test hook, the side stream sleeps before each step's weight
+ * gather (0: off). */
+qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_config *cfg, qt_comm *comm,
+                              long ag_delay_ms);
+void qt_dp_sync_free(qt_dp_sync *d);
+
+/* One micro-step's forward + backward at loss scale `scale`; last: the last of a step. eager: not
+ * from a CUDA graph (the first micro-step autotunes and builds plans; profiling). */
+void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager);
+/* 1 when no bucket of this step is still owed to the sums (a micro-step or get_grads may come). */
+int qt_dp_sync_idle(const qt_dp_sync *d);
+/* The hooks of a forward outside a micro-step (eval, logits): waits for pending weight gathers. */
+const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d);
+/* The model's stream waits for every pending weight update or gather (before anything but a forward
+ * touches the weights, the master copy or the gradients). */
+void qt_dp_sync_join(qt_dp_sync *d);
+
+/* Optimizer step, in order: reduce (the gradients summed over the ranks where they were not during the
+ * backward; then norm and clip scale into the store's scalars), then per AdamW group its stream
+ * (opt_stream: the model's, or with plan.opt_ahead the side stream, which then follows what the model's
+ * stream has enqueued so far), then release (gathers of buckets [k0, k1) and their fp8 quants). On the model's stream
+ * but for what the plan puts on the side stream. */
+void qt_dp_sync_reduce(qt_dp_sync *d);
+cudaStream_t qt_dp_sync_opt_stream(qt_dp_sync *d);
+void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1);
+
+#endif

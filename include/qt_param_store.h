@@ -1,0 +1,115 @@
+/* qt_param_store.h — the parameters of one GPU rank and everything kept per parameter: the bf16
+ * weights, the fp32 gradients, the optimizer state (fp32 master weights, AdamW m and v), this rank's
+ * shard of that state (qt_shard), the slots and pinned host memory of an offloaded state, and the
+ * gradient norm / clip scalars.
+ *
+ * Placement: where each item lives is chosen once, at creation (qt_param_placement), and each store
+ * adds its own rows to the memory plan. Today's placements: everything on the GPU; the optimizer state
+ * offloaded to pinned host memory (streamed through device slots by qt_gpu_optim); the optimizer state
+ * sharded over the ranks (ZeRO-1; gradients and weights stay whole). A new placement (gradient or weight
+ * shards, more offloaded items) is a new case behind the same calls.
+ *
+ * Access is per bucket (a range of whole layers, qt_partition.h), through acquire/release calls that
+ * the forward, the backward and the optimizer make as they enqueue work:
+ *   qt_param_acquire_weights: the next op reads the weights below flat index upto;
+ *   qt_param_release_grads:   every gradient at flat index >= from is final;
+ *   qt_param_release_embed:   the LM head's backward is done (the embedding table's gradient is then
+ *                             final but for this micro-batch's lookups).
+ * Each forwards to the step's hooks (qt_param_hooks, passed by the engine for one micro-step: the
+ * data-parallel sync waits for weight gathers there and hands finished buckets to the comm stream);
+ * a sharded-weight placement would gather into its slots there. */
+#ifndef QT_PARAM_STORE_H
+#define QT_PARAM_STORE_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include "qt_config.h"
+#include "qt_dtype.h"
+#include "qt_gpu_optim.h"
+#include "qt_kernels.h"
+#include "qt_mem_plan.h"
+#include "qt_model.h"
+#include "qt_partition.h"
+
+/* Where the optimizer state lives. */
+typedef enum {
+    QT_OPT_STATE_DEVICE,  /* master, m, v in the device arena */
+    QT_OPT_STATE_HOST,    /* pinned host memory, streamed through device slots (memory.offload_optimizer) */
+} qt_opt_state_place;
+
+typedef struct {
+    qt_opt_state_place opt;
+    int zero;             /* 0: this rank holds all of the optimizer state; 1: its pieces (ZeRO-1) */
+    int opt_per_bucket;   /* one AdamW group per bucket (one GPU offloaded: AdamW runs ahead of the forward);
+                           * else bucket 0 and the rest when sharded, else one group */
+    int reduce_bf16;      /* the gradients cross between ranks in bf16: a comm buffer of the largest bucket */
+    size_t opt_chunk;     /* QT_OPT_STATE_HOST: state elements per streamed chunk */
+} qt_param_placement;
+
+/* The engine's hooks for one micro-step (NULL members: nothing to do there). */
+typedef struct {
+    void (*weights_needed)(void *ctx, size_t upto);
+    void (*grads_ready)(void *ctx, size_t from);
+    void (*embed_ready)(void *ctx);
+    void *ctx;
+} qt_param_hooks;
+
+typedef struct {
+    const qt_layout *L;   /* borrowed */
+    qt_param_placement place;
+    qt_shard shard;
+    /* w and grad [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len],
+     * this rank's pieces of the buckets back to back (all of the array when not sharded) */
+    void *w;              /* bf16, device */
+    float *grad;          /* fp32, device */
+    float *master;        /* device, or host_state */
+    void *m, *v;
+    qt_dtype m_dt, v_dt;
+    double *sumsq;        /* [ranks][buckets] every rank's pieces' gradient sums of squares (sharded norm) */
+    float *norm, *clip;   /* device scalars */
+    void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
+    float *staging;       /* [stage_n] fp32: host weights come up through it to be cast to bf16 */
+    size_t stage_n;
+    char *host_state;     /* QT_OPT_STATE_HOST: master, m and v (owned, pinned) */
+    size_t host_state_bytes;
+    void *opt_slots;      /* QT_OPT_STATE_HOST: the device slots the state streams through */
+    qt_gpu_optim *opt;    /* AdamW of this rank's pieces, in groups (qt_param_opt_groups) */
+} qt_param_store;
+
+/* A store for layout L, shard sh (this rank's buckets and pieces), placement pl; m/v dtypes from cfg.
+ * Allocates the host state when offloaded: NULL with err when that fails. No device memory yet. */
+qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
+                                      const qt_param_placement *pl, char *err, size_t errlen);
+/* Adds the store's rows to p (sizing pass) or takes its buffers (second pass). */
+void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p);
+/* Once the arena exists: uploads w0 (fp32 [L->numel], host) to the bf16 weights and this rank's master
+ * pieces, zeroes the gradients and moments, and builds the AdamW groups (decay per cfg). On s. */
+void qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const float *w0, cudaStream_t s);
+void qt_param_store_free(qt_param_store *ps);
+
+/* bf16 weights [0, n) = RNE(host[0, n)), through the staging buffer, on s (host pageable fp32). */
+void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s);
+
+static inline void *qt_param_w(const qt_param_store *ps, size_t off) { return (char *)ps->w + off * 2; }
+static inline float *qt_param_g(const qt_param_store *ps, size_t off) { return ps->grad + off; }
+
+/* The acquire/release calls of the forward and backward (see the top of this file); h may be NULL. */
+void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto);
+void qt_param_release_grads(const qt_param_store *ps, const qt_param_hooks *h, size_t from);
+void qt_param_release_embed(const qt_param_store *ps, const qt_param_hooks *h);
+
+/* The optimizer's groups: group i covers buckets [*k0, *k1) and is updated by qt_param_opt_step (AdamW
+ * of this rank's pieces there: master, m, v and the bf16 weights, gradients scaled by ps->clip). */
+int qt_param_opt_groups(const qt_param_store *ps);
+void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1);
+void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s);
+/* Zeroes the gradients of buckets [k0, k1) on s. */
+void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s);
+
+/* w[0, numel) (host) = this rank's master pieces (synchronous; the caller has joined the streams). */
+void qt_param_get_master(const qt_param_store *ps, float *w);
+/* Bytes per element and base of the state item i: 0 master, 1 bf16 weights, 2 m, 3 v. */
+void *qt_param_item(const qt_param_store *ps, int i, qt_dtype *dt);
+
+#endif

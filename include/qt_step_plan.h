@@ -1,0 +1,40 @@
+/* qt_step_plan.h — how one GPU engine runs a training step, decided once when the engine is created
+ * and stored as a value: every mode question in engine_gpu.c and dp_sync.c reads it.
+ *
+ * A step is grad_accum micro-steps (forward + backward; the last one of a data-parallel step may hand
+ * its gradients over bucket by bucket while the backward runs), then the optimizer step: gradients
+ * summed over the ranks (data parallel), norm and clip, AdamW per group of buckets, the bf16 weights of
+ * the other ranks' pieces gathered (sharded) and the fp8 weight quants rebuilt (persistent quants). */
+#ifndef QT_STEP_PLAN_H
+#define QT_STEP_PLAN_H
+
+#include "qt_config.h"
+#include "qt_model.h"
+
+typedef enum {
+    QT_DP_ONE,        /* one GPU, no other rank */
+    QT_DP_REPLICATED, /* data-parallel rank with all of the optimizer state: gradients all-reduced */
+    QT_DP_SHARDED,    /* ZeRO-1 rank: gradients reduce-scattered, AdamW of its pieces, weights all-gathered */
+} qt_dp_mode;
+
+typedef struct {
+    qt_dp_mode dp;
+    int n_ranks, rank;
+    int offload_opt;   /* master, m, v in pinned host memory (memory.offload_optimizer) */
+    int overlap;       /* data parallel: the last micro-step's bucket sums overlap its backward */
+    int opt_ahead;     /* one GPU offloaded: AdamW bucket by bucket on the side stream, ahead of the next forward */
+    int weights_ahead; /* the next forward waits for each bucket's weights (updated or gathered on the side
+                        * stream): sharded with overlap, or opt_ahead */
+    int side_stream;   /* a second stream for sums, gathers or AdamW: data parallel or opt_ahead */
+    int lookups;       /* sharded: the last micro-step leaves its embedding lookups out (fewer bytes than
+                        * the table's gradient), added to the sums afterwards */
+    int reduce_bf16;   /* the gradients cross between ranks in bf16 */
+    int graphs;        /* micro-steps replayed from CUDA graphs (cut into segments at the sync points) */
+    int fp8;           /* fp8 block matmuls */
+    int persistent_quants; /* fp8 weight quants rebuilt once per optimizer step, not per micro-step */
+} qt_step_plan;
+
+/* The plan for a rank `rank` of n_ranks (n_ranks 0: one GPU, no data parallelism), sharded or not. */
+void qt_step_plan_make(qt_step_plan *p, const qt_layout *L, const qt_config *cfg, int n_ranks, int rank, int sharded);
+
+#endif

@@ -1,0 +1,25 @@
+/* qt_test_hooks.h — TEST-ONLY switches of the library: fault injection, timing perturbations and
+ * small-model overrides that tests and benches set through qt_test_hooks_set. Never read from the
+ * environment or a config; a production run leaves them all zero (off). Process-wide: set them before
+ * creating the engine they should affect. */
+#ifndef QT_TEST_HOOKS_H
+#define QT_TEST_HOOKS_H
+
+#include <stddef.h>
+
+typedef struct {
+    size_t offload_chunk;   /* > 0: state elements per chunk of an offloaded optimizer (many chunks in a
+                             * small model); 0: QT_GPU_OPTIM_CHUNK */
+    long dp_ag_delay_ms;    /* > 0: a rank's side stream sleeps this long before each step's weight
+                             * gather/update: a forward that did not wait for it reads stale weights */
+    int dp_fail_rank;       /* with dp_fail_step > 0: that data-parallel rank fails just before that */
+    long dp_fail_step;      /* optimizer step (1-based) */
+    int fp8_unfused_amax;   /* 1: fp8 abs-maxes in separate passes instead of folded into producers */
+} qt_test_hooks;
+
+/* Copies h (NULL: all off). */
+void qt_test_hooks_set(const qt_test_hooks *h);
+/* The hooks in force (all zero unless a test set them). */
+const qt_test_hooks *qt_test_hooks_get(void);
+
+#endif

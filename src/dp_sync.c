@@ -1,0 +1,355 @@
+/* dp_sync.c — bucket sums, embedding lookups, weight gathers and graph segments of one GPU rank
+ * (see qt_dp_sync.h). */
+#include "qt_dp_sync.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "qt_error.h"
+
+/* A micro-step replayed as CUDA graph segments: segment k reads the weights below flat index
+ * seg[k].wait (0: no wait), so it waits for their all-gather first; after it, every gradient from flat
+ * index seg[k].from up is final (NO_CUT: nothing to hand over), so the bucket sums are enqueued. An
+ * ordinary micro-step is one segment. */
+#define NO_CUT SIZE_MAX
+#define EMBED_CUT (SIZE_MAX - 1) /* from: the embeddings' bucket is final but for this micro-batch's lookups */
+typedef struct {
+    struct { cudaGraphExec_t exec; size_t wait, from; } *seg; /* owned, cap entries */
+    int n, cap;
+    size_t wait;            /* while capturing: what the next segment waits for */
+    float scale;            /* the loss scale captured in the graphs */
+} graph_set;
+
+/* Micro-step kinds, the graph_set index: the last of a step, whose bucket sums overlap the backward;
+ * the first after an overlapped weight all-gather, whose forward waits for it bucket by bucket; the
+ * last of a sharded step, which leaves its embedding lookups out (add_lookups adds every rank's). */
+enum { MS_SUMS = 1, MS_WAITS = 2, MS_LOOKUPS = 4, MS_KINDS = 8 };
+
+struct qt_dp_sync {
+    qt_gpu_model *g;        /* borrowed */
+    qt_param_store *ps;     /* g's */
+    const qt_layout *L;
+    qt_step_plan plan;
+    float grad_clip;
+    qt_comm *comm;          /* borrowed; NULL with one GPU */
+    cudaStream_t side;      /* plan.side_stream: sums, gathers or AdamW beside the model's stream (owned) */
+    cudaEvent_t side_ev;
+    int sent;               /* lowest bucket handed to the side stream this step (n_buckets: none) */
+    int early;              /* buckets [0, early) handed over right after the LM head (embeddings only) */
+    int lookups_due;        /* the last micro-step left its lookups out: add_lookups before the norm */
+    cudaEvent_t *ag_ev;     /* plan.weights_ahead: [n_buckets] bucket k's weights ready on the side stream */
+    int gathered;           /* buckets whose gather the model's stream waits for (n_buckets: none pending) */
+    long ag_delay_ms;       /* test hook: the side stream sleeps before each weight gather */
+    graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
+    graph_set *capture;     /* the set being captured */
+    qt_param_hooks wait_hooks;
+};
+
+/* Sums bucket b over the ranks on stream s: all of it (replicated optimizer state) or this rank's piece
+ * (sharded). With parallel.reduce_dtype bf16 the sum travels in the store's bf16 comm buffer. */
+static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
+    qt_param_store *ps = d->ps;
+    const qt_shard *sh = &ps->shard;
+    int half = d->plan.reduce_bf16, rank = d->plan.rank;
+    qt_dtype dt = half ? QT_DT_BF16 : QT_DT_F32;
+    size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
+    char *buf = half ? (char *)ps->comm_buf : (char *)(ps->grad + lo); /* the bucket's elements */
+    if (half) qt_cast_f32_to_bf16(buf, ps->grad + lo, count, s);
+    if (sh->n_ranks == 1) {
+        QT_CHECK(qt_comm_all_reduce(d->comm, rank, buf, buf, count, dt, s) == 0,
+                 "rank %d: gradient all-reduce aborted (another rank failed)", rank);
+    } else {
+        qt_shard_piece(sh, b, &off, &len, &st);
+        QT_CHECK(qt_comm_reduce_scatter(d->comm, rank, buf + (off - lo) * es, buf, count, dt, s) == 0,
+                 "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
+    }
+    if (half) qt_cast_bf16_to_f32(ps->grad + off, buf + (off - lo) * es, len, s);
+}
+
+/* The side stream continues after what the model's stream has enqueued so far. */
+static void side_follows(qt_dp_sync *d) {
+    QT_CUDA(cudaEventRecord(d->side_ev, d->g->stream));
+    QT_CUDA(cudaStreamWaitEvent(d->side, d->side_ev, 0));
+}
+
+/* embed_ready (sharded, last micro-step): the buckets of embeddings only are final but for this
+ * micro-batch's lookups, which add_lookups adds later, so they are summed now, while the whole
+ * backward still runs: that bucket is the largest (27% of Qwen2.5-0.5B with its tied LM head). */
+static void send_embedding(void *ctx) {
+    qt_dp_sync *d = ctx;
+    const qt_shard *sh = &d->ps->shard;
+    int k = 0;
+    while (k < sh->n_buckets && sh->bucket[k + 1] <= d->L->layers[0].ln1) k++;
+    if (!k) return;
+    side_follows(d);
+    for (int b = 0; b < k; b++) reduce_bucket(d, b, d->side);
+    d->early = k;
+}
+
+/* Adds this micro-step's embedding lookups of every rank, in rank order, to this rank's pieces of the
+ * embedding gradient (already summed without them): the tokens and the residual gradient at the
+ * embeddings (N x C, a fraction of the table) are all-gathered instead of the table's gradient. */
+static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
+    qt_gpu_model *g = d->g;
+    const qt_shard *sh = &d->ps->shard;
+    const qt_model_cfg *c = &d->L->cfg;
+    size_t n = (size_t)sh->n_ranks, N = (size_t)g->N, C = (size_t)c->hidden_size, end = d->L->layers[0].ln1;
+    int32_t *tok;
+    float *dres;
+    void *ws;
+    int rank = d->plan.rank;
+    qt_gpu_model_lookups(g, g->lookups, &tok, &dres, &ws);
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, tok, g->tok, n * N, QT_DT_F32, cs) == 0 &&
+                 qt_comm_all_gather(d->comm, rank, dres, g->as->dres, n * N * C, QT_DT_F32, cs) == 0,
+             "rank %d: embedding lookups all-gather aborted (another rank failed)", rank);
+    for (size_t j = 0; j < n; j++)
+        for (int b = 0; b < sh->n_buckets && sh->bucket[b] < end; b++) {
+            size_t off, len, st;
+            qt_shard_piece(sh, b, &off, &len, &st);
+            size_t hi = off + len < end ? off + len : end; /* the embeddings sit at flat index 0 */
+            if (off < hi)
+                qt_embedding_bwd_range(d->ps->grad, off, hi, dres + j * N * C, QT_DT_F32, tok + j * N, (long)N,
+                                       (int)C, c->vocab_size, ws, cs);
+        }
+}
+
+/* grads_ready: every gradient from flat index `from` up is final on the model's stream, so the buckets
+ * that became final go to the side stream (in descending order, the same on every rank); at the end
+ * (from 0) of a micro-step that left its lookups out, they follow. */
+static void grads_ready(void *ctx, size_t from) {
+    qt_dp_sync *d = ctx;
+    int b = qt_shard_final_from(&d->ps->shard, from), lookups = from == 0 && d->lookups_due;
+    if (b < d->early) b = d->early;
+    if (b >= d->sent && !lookups) return;
+    side_follows(d);
+    while (d->sent > b) reduce_bucket(d, --d->sent, d->side);
+    if (lookups) add_lookups(d, d->side);
+    if (from == 0) d->sent = d->early = d->lookups_due = 0;
+}
+
+/* weights_needed: the model's stream waits for the gather of every bucket below flat index upto (one
+ * event: the buckets are gathered in order on one stream). */
+static void weights_wait(void *ctx, size_t upto) {
+    qt_dp_sync *d = ctx;
+    int k = qt_shard_needed(&d->ps->shard, upto);
+    if (k <= d->gathered) return;
+    QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->ag_ev[k - 1], 0));
+    d->gathered = k;
+}
+
+void qt_dp_sync_join(qt_dp_sync *d) {
+    if (d->plan.weights_ahead) weights_wait(d, SIZE_MAX);
+}
+
+const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d) { return &d->wait_hooks; }
+
+int qt_dp_sync_idle(const qt_dp_sync *d) { return d->sent == d->ps->shard.n_buckets && !d->lookups_due; }
+
+/* Adds a captured graph as the next segment; an empty one only moves the previous segment's cut down
+ * (a pending wait stays with the next segment). */
+static void add_segment(graph_set *gs, cudaGraph_t graph, size_t from) {
+    size_t nodes = 0;
+    QT_CUDA(cudaGraphGetNodes(graph, NULL, &nodes));
+    if (nodes) {
+        QT_CHECK(gs->n < gs->cap, "a micro-step cut into more than %d graph segments", gs->cap);
+        QT_CUDA(cudaGraphInstantiate(&gs->seg[gs->n].exec, graph, 0));
+        gs->seg[gs->n].wait = gs->wait;
+        gs->seg[gs->n++].from = from;
+        gs->wait = 0;
+    } else if (from != NO_CUT && gs->n) {
+        gs->seg[gs->n - 1].from = from;
+    }
+    QT_CUDA(cudaGraphDestroy(graph));
+}
+
+/* Ends the segment being captured (and starts the next): after it, gradients from `from` up are final. */
+static void cut(qt_dp_sync *d, size_t from) {
+    cudaGraph_t graph;
+    QT_CUDA(cudaStreamEndCapture(d->g->stream, &graph));
+    add_segment(d->capture, graph, from);
+    QT_CUDA(cudaStreamBeginCapture(d->g->stream, cudaStreamCaptureModeThreadLocal));
+}
+
+/* The hooks while capturing: cut there. */
+static void cut_grads(void *ctx, size_t from) { cut(ctx, from); }
+static void cut_embed(void *ctx) { cut(ctx, EMBED_CUT); }
+static void cut_weights(void *ctx, size_t upto) {
+    qt_dp_sync *d = ctx;
+    cut(d, NO_CUT);
+    if (upto > d->capture->wait) d->capture->wait = upto;
+}
+
+/* Captures kind's graph set at loss scale `scale` (a new loss scale means new graphs). */
+static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int kind) {
+    qt_gpu_model *g = d->g;
+    int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS);
+    for (int k = 0; k < gs->n; k++) QT_CUDA(cudaGraphExecDestroy(gs->seg[k].exec));
+    gs->n = 0;
+    gs->wait = 0;
+    d->capture = gs;
+    qt_param_hooks h = {kind & MS_WAITS ? cut_weights : NULL, kind & MS_SUMS ? cut_grads : NULL,
+                        early ? cut_embed : NULL, d};
+    qt_gpu_step_args ca = *a;
+    ca.hooks = &h;
+    cudaGraph_t graph;
+    QT_CUDA(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+    qt_gpu_model_step(g, &ca);
+    QT_CUDA(cudaStreamEndCapture(g->stream, &graph));
+    add_segment(gs, graph, NO_CUT);
+    gs->scale = a->loss_scale;
+}
+
+void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
+    const qt_step_plan *p = &d->plan;
+    int kind = (last && p->overlap ? MS_SUMS : 0) | (last && p->lookups ? MS_LOOKUPS : 0) |
+               (d->gathered < d->ps->shard.n_buckets ? MS_WAITS : 0);
+    int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
+    qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
+    d->lookups_due = a.skip_lookups;
+    if (eager) {
+        qt_param_hooks h = {p->weights_ahead ? weights_wait : NULL, kind & MS_SUMS ? grads_ready : NULL,
+                            early ? send_embedding : NULL, d};
+        a.hooks = &h;
+        qt_gpu_model_step(d->g, &a);
+        return;
+    }
+    graph_set *gs = &d->graphs[kind];
+    if (!gs->n || gs->scale != scale) capture(d, gs, &a, kind);
+    for (int k = 0; k < gs->n; k++) {
+        if (gs->seg[k].wait) weights_wait(d, gs->seg[k].wait);
+        QT_CUDA(cudaGraphLaunch(gs->seg[k].exec, d->g->stream));
+        if (gs->seg[k].from == EMBED_CUT) send_embedding(d);
+        else if (gs->seg[k].from != NO_CUT) grads_ready(d, gs->seg[k].from);
+    }
+}
+
+/* Gradients summed over the ranks (data parallel; already on the side stream when the last micro-step
+ * handed the buckets over), then the norm and clip scale. Sharded (ZeRO-1): each rank has the sums of
+ * its pieces only; the norm adds every rank's pieces' sums of squares in order. */
+void qt_dp_sync_reduce(qt_dp_sync *d) {
+    qt_gpu_model *g = d->g;
+    qt_param_store *ps = d->ps;
+    const qt_shard *sh = &ps->shard;
+    cudaStream_t s = g->stream;
+    int rank = d->plan.rank;
+    if (d->plan.dp != QT_DP_ONE) {
+        if (d->sent < sh->n_buckets) {
+            QT_CHECK(d->sent == 0, "rank %d: the backward handed over buckets %d.. of %d only", rank, d->sent,
+                     sh->n_buckets);
+            QT_CUDA(cudaEventRecord(d->side_ev, d->side));
+            QT_CUDA(cudaStreamWaitEvent(s, d->side_ev, 0));
+        } else {
+            qt_gpu_model_mark(g, "optimizer: gradient sum");
+            for (int b = sh->n_buckets - 1; b >= 0; b--) reduce_bucket(d, b, s);
+            if (d->lookups_due) add_lookups(d, s); /* as the overlapped sums do: the same bits */
+            d->lookups_due = 0;
+        }
+        d->sent = sh->n_buckets;
+    }
+    qt_gpu_model_mark(g, "optimizer: norm + adamw");
+    if (sh->n_ranks == 1) {
+        qt_grad_norm(ps->norm, ps->clip, ps->grad, sh->total, d->grad_clip, g->ws, s);
+        return;
+    }
+    int nb = sh->n_buckets;
+    double *mine = ps->sumsq + (size_t)sh->rank * nb;
+    for (int b = 0; b < nb; b++) {
+        size_t off, len, st;
+        qt_shard_piece(sh, b, &off, &len, &st);
+        qt_grad_sumsq(mine + b, ps->grad + off, len, g->ws, s);
+    }
+    /* every rank's fp64 sums (two fp32 words each), gathered in place */
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->sumsq, mine, 2 * (size_t)nb * sh->n_ranks, QT_DT_F32, s) == 0,
+             "rank %d: gradient norm all-gather aborted (another rank failed)", rank);
+    qt_clip_from_sumsq(ps->norm, ps->clip, ps->sumsq, sh->n_ranks * nb, d->grad_clip, s);
+}
+
+cudaStream_t qt_dp_sync_opt_stream(qt_dp_sync *d) {
+    if (!d->plan.opt_ahead) return d->g->stream;
+    side_follows(d);
+    return d->side;
+}
+
+static void CUDART_CB sleep_ms(void *ms) {
+    struct timespec t = {*(long *)ms / 1000, *(long *)ms % 1000 * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* The bf16 weights after AdamW of buckets [k0, k1): a sharded rank all-gathers every rank's pieces
+ * bucket by bucket, then the fp8 quants of the layers each bucket completes follow. With
+ * plan.weights_ahead this runs on the side stream, each bucket's event recorded for the next forward
+ * (weights_wait); else on the model's. One GPU (no gather): only with opt_ahead, for the quants and
+ * the events. */
+void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
+    qt_gpu_model *g = d->g;
+    const qt_shard *sh = &d->ps->shard;
+    const qt_layout *L = d->L;
+    int ahead = d->plan.weights_ahead, nl = L->cfg.num_layers, ql = 0, rank = d->plan.rank;
+    if (sh->n_ranks == 1 && !d->plan.opt_ahead) return;
+    cudaStream_t s = ahead ? d->side : g->stream;
+    while (ql < nl && qt_layer_end(L, ql) <= sh->bucket[k0]) ql++; /* quantized with an earlier bucket */
+    if (k0 == 0 && sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather");
+    if (ahead) {
+        side_follows(d);
+        if (k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
+        if (k0 == 0) d->gathered = 0;
+    }
+    for (int k = k0; k < k1; k++) {
+        size_t lo = sh->bucket[k], hi = sh->bucket[k + 1], off, len, st;
+        qt_shard_piece(sh, k, &off, &len, &st);
+        QT_CHECK(sh->n_ranks == 1 || qt_comm_all_gather(d->comm, rank, (uint16_t *)d->ps->w + lo,
+                                                        (uint16_t *)d->ps->w + off, hi - lo, QT_DT_BF16, s) == 0,
+                 "rank %d: weight all-gather aborted (another rank failed)", rank);
+        int l1 = ql; /* the layers now whole */
+        while (l1 < nl && qt_layer_end(L, l1) <= hi) l1++;
+        if (d->plan.fp8 && l1 > ql) qt_fp8_quantize_weights(g->fp8, L, d->ps->w, ql, l1, s);
+        ql = l1;
+        if (ahead) QT_CUDA(cudaEventRecord(d->ag_ev[k], s));
+    }
+}
+
+qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_config *cfg, qt_comm *comm,
+                              long ag_delay_ms) {
+    qt_dp_sync *d = calloc(1, sizeof *d);
+    QT_CHECK(d, "out of host memory");
+    const qt_shard *sh = &g->ps->shard;
+    int nl = g->L->cfg.num_layers;
+    *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = cfg->grad_clip, .comm = comm,
+                      .sent = sh->n_buckets, .gathered = sh->n_buckets, .ag_delay_ms = ag_delay_ms};
+    d->wait_hooks = (qt_param_hooks){p->weights_ahead ? weights_wait : NULL, NULL, NULL, d};
+    /* The side stream has default priority: with a high one the bucket sums' kernels took SMs ahead of
+     * the backward's, slower steps on 2 x H200 (bench/RESULTS.md section 5). */
+    if (p->side_stream) {
+        QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
+        QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));
+    }
+    if (p->weights_ahead) {
+        d->ag_ev = calloc((size_t)sh->n_buckets, sizeof *d->ag_ev);
+        QT_CHECK(d->ag_ev, "out of host memory");
+        for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&d->ag_ev[k], cudaEventDisableTiming));
+    }
+    for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final
+                                          * norm; MS_SUMS after the LM head, final norm, each layer and the embeddings */
+        d->graphs[i].cap = 1 + (i & MS_WAITS ? nl + 2 : 0) + (i & MS_SUMS ? nl + 3 : 0);
+        d->graphs[i].seg = calloc((size_t)d->graphs[i].cap, sizeof *d->graphs[i].seg);
+        QT_CHECK(d->graphs[i].seg, "out of host memory");
+    }
+    return d;
+}
+
+void qt_dp_sync_free(qt_dp_sync *d) {
+    if (!d) return;
+    if (d->plan.side_stream) {
+        QT_CUDA(cudaStreamSynchronize(d->side));
+        QT_CUDA(cudaStreamDestroy(d->side));
+        QT_CUDA(cudaEventDestroy(d->side_ev));
+    }
+    for (int k = 0; d->plan.weights_ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
+    free(d->ag_ev);
+    for (int i = 0; i < MS_KINDS; i++) {
+        for (int k = 0; k < d->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(d->graphs[i].seg[k].exec));
+        free(d->graphs[i].seg);
+    }
+    free(d);
+}

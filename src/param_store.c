@@ -1,0 +1,181 @@
+/* param_store.c — the parameters, their gradients and optimizer state on one rank (qt_param_store.h).
+ *
+ * Offloaded (QT_OPT_STATE_HOST), master, m and v sit back to back in one pinned allocation; qt_gpu_optim
+ * streams them through the device slots carved here. Host weights come up in stage_n pieces through a
+ * small fp32 staging buffer and are cast to bf16 on the device (RNE, the same bits as one cast of the
+ * whole array), so no gradient or weight buffer ever doubles as staging. */
+#include "qt_param_store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_error.h"
+
+#define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
+
+qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
+                                      const qt_param_placement *pl, char *err, size_t errlen) {
+    QT_CHECK((pl->zero == 1) == (sh->n_ranks > 1), "parameter store: ZeRO-%d placement on a shard of %d ranks", pl->zero,
+             sh->n_ranks);
+    qt_param_store *ps = calloc(1, sizeof *ps);
+    QT_CHECK(ps, "out of host memory");
+    ps->L = L;
+    ps->place = *pl;
+    ps->shard = *sh;
+    ps->m_dt = cfg->opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->v_dt = cfg->opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
+    if (pl->opt != QT_OPT_STATE_HOST) return ps;
+    size_t ns = sh->len;
+    size_t b[3] = {qt_mem_aligned(ns * 4), qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
+                   qt_mem_aligned(ns * qt_dtype_size(ps->v_dt))};
+    ps->host_state_bytes = b[0] + b[1] + b[2];
+    if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(err, errlen, "%s: memory.offload_optimizer: %.2f GiB of pinned host memory for the optimizer state "
+                 "could not be allocated", cfg->path, ps->host_state_bytes / 1073741824.0);
+        free(ps);
+        return NULL;
+    }
+    memset(ps->host_state, 0, ps->host_state_bytes); /* m, v start at zero; padding stays defined */
+    ps->master = (float *)ps->host_state;
+    ps->m = ps->host_state + b[0];
+    ps->v = ps->host_state + b[0] + b[1];
+    return ps;
+}
+
+void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
+    size_t n = ps->shard.total, ns = ps->shard.len;
+    ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
+    ps->grad = qt_mem_plan_carve(p, "gradients (fp32)", n * 4);
+    if (ps->place.opt == QT_OPT_STATE_HOST) {
+        ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
+                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->m_dt, ps->v_dt));
+        qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
+    } else {
+        ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
+        ps->m = qt_mem_plan_carve(p, ps->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(ps->m_dt));
+        ps->v = qt_mem_plan_carve(p, ps->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(ps->v_dt));
+    }
+    ps->sumsq = qt_mem_plan_carve(p, "scratch: gradients", (size_t)ps->shard.n_ranks * ps->shard.n_buckets * 8);
+    ps->norm = qt_mem_plan_carve(p, "scratch: gradients", 4);
+    ps->clip = qt_mem_plan_carve(p, "scratch: gradients", 4);
+    if (ps->place.reduce_bf16) {
+        size_t big = 0;
+        for (int b = 0; b < ps->shard.n_buckets; b++)
+            if (ps->shard.bucket[b + 1] - ps->shard.bucket[b] > big) big = ps->shard.bucket[b + 1] - ps->shard.bucket[b];
+        ps->comm_buf = qt_mem_plan_carve(p, "gradient comm buffer (bf16)", big * 2);
+    }
+    ps->staging = qt_mem_plan_carve(p, "load staging (fp32)", ps->stage_n * 4);
+}
+
+void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s) {
+    for (size_t i = 0; i < n; i += ps->stage_n) {
+        size_t c = n - i < ps->stage_n ? n - i : ps->stage_n;
+        QT_CUDA(cudaMemcpyAsync(ps->staging, host + i, c * 4, cudaMemcpyHostToDevice, s));
+        qt_cast_f32_to_bf16(qt_param_w(ps, i), ps->staging, c, s);
+    }
+}
+
+/* AdamW's per-tensor table, cut to this rank's pieces: decay on matrices (and embeddings when
+ * configured); padding untouched. A rank may hold no parameter at all (tiny models on many ranks).
+ * Groups: every bucket (opt_per_bucket), else bucket 0 and the rest (when both hold some), else one. */
+static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
+    const qt_layout *L = ps->L;
+    const qt_shard *sp = &ps->shard;
+    qt_adamw_tensor *t = calloc((size_t)(L->n_tensors + 1) * sp->n_buckets, sizeof *t);
+    int *start = calloc((size_t)sp->n_buckets, sizeof *start), nt = 0;
+    QT_CHECK(t && start, "out of host memory");
+    for (int b = 0; b < sp->n_buckets; b++) {
+        start[b] = nt;
+        size_t lo, len, st;
+        qt_shard_piece(sp, b, &lo, &len, &st);
+        for (int i = 0; i < L->n_tensors; i++) {
+            const qt_tensor *tt = &L->tensors[i];
+            int decay = tt->is_matrix || (cfg->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
+            size_t a = tt->offset > lo ? tt->offset : lo;
+            size_t e = tt->offset + tt->numel < lo + len ? tt->offset + tt->numel : lo + len;
+            if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? cfg->weight_decay : 0.0f, st + (a - lo)};
+        }
+    }
+    int groups = ps->place.opt_per_bucket ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
+    int host = ps->place.opt == QT_OPT_STATE_HOST;
+    ps->opt = qt_gpu_optim_create(t, nt, start, groups, ps->master, ps->m, ps->m_dt, ps->v, ps->v_dt,
+                                  host ? ps->opt_slots : NULL, ps->place.opt_chunk);
+    free(t);
+    free(start);
+}
+
+void qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const float *w0, cudaStream_t s) {
+    const qt_shard *sp = &ps->shard;
+    size_t n = ps->L->numel, ns = sp->len;
+    int host = ps->place.opt == QT_OPT_STATE_HOST;
+    qt_zero(ps->w, sp->total * 2, s); /* the padding stays zero */
+    qt_param_upload_bf16(ps, w0, n, s);
+    if (!host) {
+        qt_zero(ps->master, ns * 4, s);
+        qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
+        qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
+    }
+    for (int b = 0; b < sp->n_buckets; b++) {
+        size_t off, len, st, np;
+        qt_shard_piece(sp, b, &off, &len, &st);
+        if ((np = qt_shard_params(off, len, n)))
+            QT_CUDA(cudaMemcpyAsync(ps->master + st, w0 + off, np * 4, cudaMemcpyDefault, s));
+    }
+    qt_zero(ps->grad, sp->total * 4, s);
+    make_optimizer(ps, cfg);
+}
+
+void qt_param_store_free(qt_param_store *ps) {
+    if (!ps) return;
+    qt_gpu_optim_free(ps->opt);
+    if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
+    free(ps);
+}
+
+void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto) {
+    (void)ps; /* every weight is on this GPU in today's placements */
+    if (h && h->weights_needed) h->weights_needed(h->ctx, upto);
+}
+
+void qt_param_release_grads(const qt_param_store *ps, const qt_param_hooks *h, size_t from) {
+    (void)ps;
+    if (h && h->grads_ready) h->grads_ready(h->ctx, from);
+}
+
+void qt_param_release_embed(const qt_param_store *ps, const qt_param_hooks *h) {
+    (void)ps;
+    if (h && h->embed_ready) h->embed_ready(h->ctx);
+}
+
+int qt_param_opt_groups(const qt_param_store *ps) { return qt_gpu_optim_groups(ps->opt); }
+
+void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
+    int groups = qt_gpu_optim_groups(ps->opt), nb = ps->shard.n_buckets;
+    *k0 = i == 0 ? 0 : groups == nb ? i : 1;
+    *k1 = i == groups - 1 ? nb : *k0 + 1;
+}
+
+void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
+    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->clip, a, s);
+}
+
+void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
+    qt_zero(ps->grad + ps->shard.bucket[k0], (ps->shard.bucket[k1] - ps->shard.bucket[k0]) * 4, s);
+}
+
+void qt_param_get_master(const qt_param_store *ps, float *w) {
+    for (int k = 0; k < ps->shard.n_buckets; k++) {
+        size_t off, len, st;
+        qt_shard_piece(&ps->shard, k, &off, &len, &st);
+        QT_CUDA(cudaMemcpy(w + off, ps->master + st, qt_shard_params(off, len, ps->L->numel) * 4, cudaMemcpyDefault));
+    }
+}
+
+void *qt_param_item(const qt_param_store *ps, int i, qt_dtype *dt) {
+    static const qt_dtype fixed[2] = {QT_DT_F32, QT_DT_BF16};
+    *dt = i < 2 ? fixed[i] : i == 2 ? ps->m_dt : ps->v_dt;
+    return i == 0 ? (void *)ps->master : i == 1 ? ps->w : i == 2 ? ps->m : ps->v;
+}

@@ -1,0 +1,197 @@
+/* test_stores.c — the host side of the GPU trainer's structure, without a GPU: the memory plan's rows
+ * (each store's, summing to the allocation), the step plan chosen from a config, and the
+ * parallel.devices key. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_act_store.h"
+#include "qt_config.h"
+#include "qt_mem_plan.h"
+#include "qt_param_store.h"
+#include "qt_step_plan.h"
+#include "qt_test.h"
+
+static size_t al(size_t b) { return (b + 255) / 256 * 256; }
+
+static size_t row(const qt_mem_plan *p, const char *kind) {
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->row[i].kind, kind)) return p->row[i].bytes;
+    return 0;
+}
+
+static size_t rows_sum(const qt_mem_plan *p) {
+    size_t s = 0;
+    for (int i = 0; i < p->n; i++) s += p->row[i].bytes;
+    return s;
+}
+
+/* A small Qwen2-shaped layout with an odd width (C = 96: rows are not multiples of 256 bytes). */
+static void small_layout(qt_layout *L, int tie) {
+    qt_model_cfg c = {.vocab_size = 300, .hidden_size = 96, .num_layers = 3, .num_heads = 3, .num_kv_heads = 1,
+                      .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
+                      .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
+    qt_model_cfg_finish(&c);
+    char err[256];
+    QT_REQUIRE(qt_layout_init(L, &c, err, sizeof err) == 0, "%s", err);
+}
+
+/* Carving: sizes align to 256, rows of one kind merge, the second pass hands out the addresses the
+ * sizing pass counted, in order. */
+static void test_mem_plan(void) {
+    qt_mem_plan p;
+    const char *k[4] = {"a", "b", "a", "c"};
+    size_t b[4] = {1, 300, 256, 0};
+    void *at[4];
+    qt_mem_plan_begin(&p, NULL);
+    for (int i = 0; i < 4; i++) QT_EXPECT(qt_mem_plan_carve(&p, k[i], b[i]) == NULL, "sizing pass gave an address");
+    size_t total = p.off;
+    QT_EXPECT(total == 256 + 512 + 256 + 0, "total %zu", total);
+    QT_EXPECT(p.n == 3 && row(&p, "a") == 512 && row(&p, "b") == 512 && row(&p, "c") == 0, "rows %d", p.n);
+    char *base = (char *)0x100000;
+    qt_mem_plan_begin(&p, base);
+    for (int i = 0; i < 4; i++) at[i] = qt_mem_plan_carve(&p, k[i], b[i]);
+    QT_EXPECT(at[0] == base && at[1] == base + 256 && at[2] == base + 768 && at[3] == base + 1024 && p.off == total,
+              "addresses %p %p %p %p", at[0], at[1], at[2], at[3]);
+    qt_mem_plan_host(&p, "h", 123);
+    QT_EXPECT(p.n_host == 1 && p.host[0].bytes == 123 && p.n == 3, "host rows");
+}
+
+/* The parameter store's rows for each placement: weights, gradients, master/m/v or the offload slots,
+ * the scalars, the bf16 comm buffer (the largest bucket) and the load staging; they sum to its bytes. */
+static void test_param_store_rows(void) {
+    qt_layout L;
+    small_layout(&L, 0);
+    qt_config cfg;
+    qt_config_defaults(&cfg);
+    cfg.opt_v_dtype = QT_DT_BF16;
+    char err[256];
+    for (int k = 0; k < 3; k++) { /* one GPU; 2 ranks sharded with bf16 sums; 2 ranks replicated */
+        int n = k ? 2 : 1;
+        qt_shard sh;
+        qt_shard_init(&sh, &L, k == 1 ? n : 1, k == 1 ? 1 : 0, k > 0);
+        qt_param_placement pl = {QT_OPT_STATE_DEVICE, k == 1, 0, k == 1, QT_GPU_OPTIM_CHUNK};
+        qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
+        QT_REQUIRE(ps, "%s", err);
+        qt_mem_plan p;
+        qt_mem_plan_begin(&p, NULL);
+        qt_param_store_carve(ps, &p);
+        size_t big = 0;
+        for (int b = 0; b < sh.n_buckets; b++)
+            if (sh.bucket[b + 1] - sh.bucket[b] > big) big = sh.bucket[b + 1] - sh.bucket[b];
+        size_t stage = sh.total < ((size_t)1 << 20) ? sh.total : (size_t)1 << 20;
+        QT_EXPECT(row(&p, "weights (bf16)") == al(sh.total * 2) && row(&p, "gradients (fp32)") == al(sh.total * 4),
+                  "case %d: weights %zu, gradients %zu", k, row(&p, "weights (bf16)"), row(&p, "gradients (fp32)"));
+        QT_EXPECT(row(&p, "master weights (fp32)") == al(sh.len * 4) && row(&p, "adam m (fp32)") == al(sh.len * 4) &&
+                      row(&p, "adam v (bf16)") == al(sh.len * 2),
+                  "case %d: optimizer rows for %zu state elements", k, sh.len);
+        QT_EXPECT(row(&p, "gradient comm buffer (bf16)") == (k == 1 ? al(big * 2) : 0), "case %d: comm buffer %zu", k,
+                  row(&p, "gradient comm buffer (bf16)"));
+        QT_EXPECT(row(&p, "load staging (fp32)") == al(stage * 4), "case %d: staging", k);
+        QT_EXPECT(rows_sum(&p) == p.off, "case %d: rows %zu != total %zu", k, rows_sum(&p), p.off);
+        qt_param_store_free(ps);
+    }
+    qt_layout_free(&L);
+}
+
+/* The activation store: per layer res, ln1, rstd1, qkv, att, lse, res_mid, ln2, rstd2, gu, h; the final
+ * norm's; the backward scratch. Policies other than save are refused with a message. */
+static void test_act_store_rows(void) {
+    qt_layout L;
+    small_layout(&L, 1);
+    const qt_model_cfg *c = &L.cfg;
+    long N = 3 * 17; /* odd token count */
+    char err[256];
+    qt_act_store *as = qt_act_store_create(c, N, QT_ACT_SAVE, err, sizeof err);
+    QT_REQUIRE(as, "%s", err);
+    qt_mem_plan p;
+    qt_mem_plan_begin(&p, NULL);
+    qt_act_store_carve(as, &p);
+    size_t C = c->hidden_size, F = c->intermediate_size, HD = 3 * 32, QKV = 5 * 32, nl = c->num_layers;
+    size_t res = nl * 2 * al(N * C * 2) + al(N * C * 2), norms = nl * (2 * al(N * C * 2) + 2 * al(N * 4)) + al(N * C * 2) + al(N * 4);
+    QT_EXPECT(row(&p, "activations: residual") == res && row(&p, "activations: norms") == norms, "residual %zu, norms %zu",
+              row(&p, "activations: residual"), row(&p, "activations: norms"));
+    QT_EXPECT(row(&p, "activations: qkv") == nl * al(N * QKV * 2) && row(&p, "activations: gate|up") == nl * al(N * 2 * F * 2) &&
+                  row(&p, "activations: swiglu") == nl * al(N * F * 2) &&
+                  row(&p, "activations: attention") == nl * (al(N * HD * 2) + al(N * 3 * 4)),
+              "per-layer rows");
+    QT_EXPECT(row(&p, "scratch: gradients") == al(N * C * 4) + 3 * al(N * C * 2) + al(N * HD * 2) + al(N * QKV * 2),
+              "scratch %zu", row(&p, "scratch: gradients"));
+    QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
+    QT_EXPECT(qt_act_forward(as, 1) == qt_act_backward(as, 1) && qt_act_forward(as, 1) == &as->layers[1], "save: one buffer set");
+    qt_act_store_free(as);
+    QT_EXPECT(!qt_act_store_create(c, N, QT_ACT_RECOMPUTE, err, sizeof err) && strstr(err, "recompute"), "got: %s", err);
+    QT_EXPECT(!qt_act_store_create(c, N, QT_ACT_OFFLOAD, err, sizeof err) && strstr(err, "offload"), "got: %s", err);
+    qt_layout_free(&L);
+}
+
+/* The step plan from the config and the rank's place: every mode is a value, decided here. */
+static void test_step_plan(void) {
+    qt_layout L;
+    small_layout(&L, 1);
+    qt_config c;
+    qt_config_defaults(&c);
+    c.micro_batch = 1;
+    c.seq_len = 8;
+    qt_step_plan p;
+    qt_step_plan_make(&p, &L, &c, 0, 0, 0); /* one GPU */
+    QT_EXPECT(p.dp == QT_DP_ONE && p.n_ranks == 1 && !p.side_stream && !p.weights_ahead && !p.opt_ahead && !p.overlap &&
+                  !p.lookups && !p.reduce_bf16 && !p.fp8,
+              "one GPU");
+    c.offload_optimizer = 1;
+    c.reduce_dtype = QT_DT_BF16;
+    qt_step_plan_make(&p, &L, &c, 0, 0, 0); /* one GPU offloaded: AdamW ahead */
+    QT_EXPECT(p.opt_ahead && p.weights_ahead && p.side_stream && p.offload_opt && !p.reduce_bf16, "one GPU offloaded");
+    qt_step_plan_make(&p, &L, &c, 2, 1, 1); /* sharded, overlapped (default), offloaded */
+    QT_EXPECT(p.dp == QT_DP_SHARDED && p.rank == 1 && p.n_ranks == 2 && p.overlap && p.weights_ahead && !p.opt_ahead &&
+                  p.side_stream && p.reduce_bf16,
+              "sharded");
+    QT_EXPECT(p.lookups, "2 ranks x 8 tokens x 97 < 300 x 96: lookups pay");
+    c.micro_batch = 64;
+    qt_step_plan_make(&p, &L, &c, 2, 0, 1);
+    QT_EXPECT(!p.lookups, "2 x 512 x 97 > 300 x 96: the table's gradient is summed");
+    c.overlap_comm = 0;
+    c.matmul_dtype = QT_DT_E4M3;
+    c.persistent_quants = 1;
+    qt_step_plan_make(&p, &L, &c, 2, 0, 0); /* replicated, no overlap */
+    QT_EXPECT(p.dp == QT_DP_REPLICATED && !p.overlap && !p.weights_ahead && !p.opt_ahead && p.side_stream && !p.lookups &&
+                  p.fp8 && p.persistent_quants,
+              "replicated");
+    qt_layout_free(&L);
+}
+
+/* parallel.devices: a YAML list (flow or block), --set, the dump reads back; bad entries are refused
+ * naming the key. */
+static void test_parallel_devices_key(void) {
+    qt_config c;
+    char err[512];
+    QT_REQUIRE(qt_config_load_string(&c, "parallel: {devices: [0, 0, 2]}\n", "t.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(c.devices.n == 3 && c.devices.v[0] == 0 && c.devices.v[1] == 0 && c.devices.v[2] == 2, "flow list: %d", c.devices.n);
+    QT_REQUIRE(qt_config_load_string(&c, "parallel:\n  devices:\n    - 1\n    - 3\n", "t.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(c.devices.n == 2 && c.devices.v[0] == 1 && c.devices.v[1] == 3, "block list: %d", c.devices.n);
+    const char *set[1] = {"parallel.devices=[4,4]"};
+    QT_REQUIRE(qt_config_load_string(&c, "", "t.yaml", set, 1, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(c.devices.n == 2 && c.devices.v[1] == 4, "--set: %d", c.devices.n);
+    QT_REQUIRE(qt_config_load_string(&c, "parallel: {devices: []}\n", "t.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(c.devices.n == 0, "empty list: %d", c.devices.n);
+    static char dump[1 << 16];
+    qt_config d;
+    QT_REQUIRE(qt_config_load_string(&c, "parallel: {devices: [0, 0, 2]}\n", "t.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    qt_config_dump(&c, dump, sizeof dump);
+    QT_EXPECT(strstr(dump, "  devices: [0, 0, 2]\n"), "dump:\n%s", dump);
+    QT_REQUIRE(qt_config_load_string(&d, dump, "dump.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_config_equal(&c, &d, NULL), "the dump reads back to another config");
+    const char *bad[3] = {"parallel: {devices: [0, -1]}\n", "parallel: {devices: [a]}\n", "parallel: {devices: [[0]]}\n"};
+    for (int i = 0; i < 3; i++)
+        QT_EXPECT(qt_config_load_string(&c, bad[i], "t.yaml", NULL, 0, err, sizeof err) == -1 &&
+                      strstr(err, "t.yaml:1:") && strstr(err, "parallel.devices") && strstr(err, "list of at most"),
+                  "%s -> %s", bad[i], err);
+}
+
+int main(void) {
+    QT_RUN(test_mem_plan);
+    QT_RUN(test_param_store_rows);
+    QT_RUN(test_act_store_rows);
+    QT_RUN(test_step_plan);
+    QT_RUN(test_parallel_devices_key);
+    return qt_test_end();
+}
