@@ -56,6 +56,21 @@ if has llmq; then
       step llmq_1.5b_fp8 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $llmq
     } 2>&1 | tee "$OUT/llmq.log" | grep -E 'RESULT|tokens/s|==|rror|total \(one' | head -40
 fi
+# A build of the previous commit's train_bench (build-base/train_bench, carried) against this one at the
+# llmq setting, alternating base/new per row in one run on one device: a refactor must stay within noise.
+if has compare; then
+    llmq="--warmup 1 --steps 3 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set parallel.gpus=1"
+    { for row in "0.5b_bf16 configs/qwen2.5-0.5b-bf16.yaml" "0.5b_fp8 configs/qwen2.5-0.5b-fp8.yaml" \
+                 "1.5b_bf16 configs/qwen2.5-1.5b-fp8.yaml --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16" \
+                 "1.5b_fp8 configs/qwen2.5-1.5b-fp8.yaml"; do
+          set -- $row; name=$1; shift
+          for b in base new; do
+              bin=build/bench/train_bench; [ $b = base ] && bin=build-base/train_bench
+              step compare_${name}_$b 300 $bin "$@" $llmq
+          done
+      done
+    } 2>&1 | tee "$OUT/compare.log" | grep -E 'RESULT|tokens/s|==|rror' | head -60
+fi
 # memory.offload_optimizer: its tests, then the cost on one GPU — the optimizer step's time in the
 # per-op breakdown (one 16 x 1024 micro-batch per step) and tokens/s at the llmq setting, off and on in
 # one run. offload_big: the same at 1.5B, and 3B at LLM.Q's 16 x 32, which fits on 80 GB only offloaded.
