@@ -273,7 +273,7 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
     int last = e->comm && ++e->micro_in_step == b->cfg->grad_accum;
     int kind = (last && b->cfg->overlap_comm ? MS_SUMS : 0) | (last && g->lookups ? MS_LOOKUPS : 0) |
                (e->gathered < g->shard.n_buckets ? MS_WAITS : 0);
-    run_step(e, valid ? grad_scale / valid : 0.0f, kind);
+    run_step(e, grad_scale, kind); /* the weight of one target (qt_loss_scale); rows with tgt < 0 get 0 */
     e->micro_done++;
 }
 
