@@ -182,7 +182,11 @@ static int export_model(trainer *t, char *err, size_t errlen) {
     int rc = qt_hf_export(dir, t->eng->L, w, t->cfg->export_bf16, err, errlen);
     free(w);
     if (rc == 0) printf("qtrain: exported %s/model.safetensors and config.json (%s)\n", dir, t->cfg->export_bf16 ? "bf16" : "fp32");
-    return rc;
+    /* the tokenizer the data was made with: data.tokenizer, else init.from's when it has one */
+    const char *tok = t->cfg->tokenizer_dir[0] ? t->cfg->tokenizer_dir : t->cfg->init_from;
+    int n = rc == 0 && tok[0] ? qt_hf_export_tokenizer(dir, tok, t->cfg->tokenizer_dir[0] != 0, err, errlen) : 0;
+    if (n > 0) printf("qtrain: exported %d tokenizer files from %s\n", n, tok);
+    return rc == 0 && n >= 0 ? 0 : -1;
 }
 
 static void log_train(trainer *t, float loss, float gnorm, float lr, double tok_s, double eta_s) {
@@ -286,6 +290,7 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     trainer t = {.cfg = cfg};
     qt_rng_seed(&t.rng, cfg->seed);
     int rc = -1;
+    if (cfg->tokenizer_dir[0] && qt_hf_check_tokenizer(cfg->tokenizer_dir, err, errlen)) goto done;
     if (open_loaders(&t, &L, err, errlen)) goto done;
     t.eng = qt_engine_create(&L, cfg, w0, err, errlen);
     if (!t.eng) goto done;

@@ -1,0 +1,646 @@
+/* test_sft.c — supervised fine-tuning data end to end: CRC-32, shard format v2 with a loss mask
+ * (and v1 still read), masked targets through the loader, shards truncated under the loader, the
+ * per-target loss scale (bit-identical to the old per-micro-batch one without masks), masked losses
+ * and exactly-zero gradients, grad accumulation 1x4 = 4x1 with masks, a chat SFT run whose
+ * assistant-token eval loss falls, the tokenizer files in the export, and (GPU) bf16/fp8 masked
+ * losses and gradients against the CPU reference. */
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "qt_config.h"
+#include "qt_crc32.h"
+#include "qt_data.h"
+#include "qt_device.h"
+#include "qt_engine.h"
+#include "qt_hf.h"
+#include "qt_ref.h"
+#include "qt_rng.h"
+#include "qt_test.h"
+#include "qt_test_data.h"
+#include "qt_train.h"
+
+static char g_dir[256];
+
+static const char *path_of(const char *name) {
+    static char buf[8][512];
+    static int k;
+    char *p = buf[k++ & 7];
+    snprintf(p, 512, "%s/%s", g_dir, name);
+    return p;
+}
+
+static int load_cfg(qt_config *c, const char *yaml) {
+    char err[1024];
+    int rc = qt_config_load_string(c, yaml, "test_sft.yaml", NULL, 0, err, sizeof err);
+    if (rc) printf("  config: %s\n", err);
+    return rc;
+}
+
+/* ---- CRC-32 ---- */
+
+static uint32_t crc_bitwise(const uint8_t *p, size_t n) { /* the definition, one bit at a time */
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    }
+    return ~c;
+}
+
+static void test_crc32_vectors(void) {
+    QT_EXPECT(qt_crc32(0, "", 0) == 0, "empty");
+    QT_EXPECT(qt_crc32(0, "123456789", 9) == 0xcbf43926u, "check value 0x%08x", qt_crc32(0, "123456789", 9));
+    QT_EXPECT(qt_crc32(0, "a", 1) == 0xe8b7be43u, "a");
+    QT_EXPECT(qt_crc32(qt_crc32(0, "12345", 5), "6789", 4) == 0xcbf43926u, "chained");
+    /* every length 0..300 at every alignment 0..7 against the bit-serial definition */
+    uint8_t buf[320];
+    qt_rng r;
+    qt_rng_seed(&r, 3);
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)qt_rng_u64(&r);
+    int bad = 0;
+    for (int a = 0; a < 8; a++)
+        for (size_t n = 0; n <= 300; n++) bad += qt_crc32(0, buf + a, n) != crc_bitwise(buf + a, n);
+    QT_EXPECT(bad == 0, "%d lengths/alignments differ from the bitwise CRC", bad);
+    /* and against Python's zlib.crc32, computed here */
+    if (system("python3 -c 'import zlib' >/dev/null 2>&1") != 0) return;
+    FILE *f = popen("python3 -c \"import zlib; d=bytes((i*7+3)%256 for i in range(100003)); "
+                    "print(zlib.crc32(d), zlib.crc32(d[:13]), zlib.crc32(b'qtrain'))\"", "r");
+    unsigned long z[3] = {0};
+    QT_REQUIRE(f && fscanf(f, "%lu %lu %lu", &z[0], &z[1], &z[2]) == 3, "python zlib.crc32 failed");
+    pclose(f);
+    uint8_t *d = malloc(100003);
+    for (int i = 0; i < 100003; i++) d[i] = (uint8_t)((i * 7 + 3) % 256);
+    QT_EXPECT(qt_crc32(0, d, 100003) == z[0] && qt_crc32(0, d, 13) == z[1] && qt_crc32(0, "qtrain", 6) == z[2],
+              "vs zlib: 0x%08x/0x%08lx 0x%08x/0x%08lx", qt_crc32(0, d, 100003), z[0], qt_crc32(0, d, 13), z[1]);
+    free(d);
+}
+
+/* ---- shard format v2 ---- */
+
+static void write_raw(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(b, 1, n, f) != n) perror(path);
+    if (f) fclose(f);
+}
+
+static void put_le(uint8_t *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A hand-made shard: header fields as given, checksum fnv (v1) or crc (v2) over payload. */
+static size_t make_shard(uint8_t *b, uint32_t version, uint32_t flags, const uint8_t *pay, size_t plen,
+                         uint64_t n_tokens) {
+    memset(b, 0, 64);
+    memcpy(b, "QTTOKENS", 8);
+    put_le(b + 8, version, 4);
+    put_le(b + 12, 2, 4);
+    put_le(b + 16, n_tokens, 8);
+    put_le(b + 24, 300, 4);
+    put_le(b + 28, flags, 4);
+    put_le(b + 32, version == 1 ? qt_fnv1a64(pay, plen, QT_FNV_INIT) : qt_crc32(0, pay, plen), 8);
+    memcpy(b + 64, pay, plen);
+    return 64 + plen;
+}
+
+static void expect_load_error(const char *path, const char *want) {
+    char err[512] = "";
+    qt_shard_data d;
+    int rc = qt_shard_load(path, 0, &d, err, sizeof err);
+    QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, path), "%s: rc %d, message \"%s\" lacks \"%s\"", path,
+              rc, err, want);
+    if (rc == 0) qt_shard_unload(&d);
+}
+
+static void test_shard_v2_mask(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    char err[512];
+    uint32_t t[5] = {7, 299, 0, 42, 1};
+    uint8_t m[5] = {0, 1, 1, 0, 1};
+    const char *names[2] = {"m.bin", "m.bin.zst"};
+    for (int z = 0; z < 2; z++) {
+        const char *p = path_of(names[z]);
+        QT_REQUIRE(qt_shard_write_masked(p, t, m, 5, 2, 300, 3, err, sizeof err) == 0, "%s", err);
+        qt_shard_data d;
+        QT_REQUIRE(qt_shard_load(p, 0, &d, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(d.h.version == 2 && d.h.flags == QT_SHARD_FLAG_MASK && d.mask && memcmp(d.mask, m, 5) == 0,
+                  "%s: v%u flags %u mask %p", p, d.h.version, d.h.flags, (const void *)d.mask);
+        for (int i = 0; i < 5; i++) QT_EXPECT(qt_shard_token(&d, i) == t[i], "%s token %d", p, i);
+        qt_shard_unload(&d);
+    }
+    /* the bytes: header (flags 1 at offset 28, CRC-32 of tokens then mask), tokens, mask */
+    uint8_t b[64 + 15], want[64 + 15], pay[15] = {7, 0, 0x2b, 1, 0, 0, 42, 0, 1, 0, 0, 1, 1, 0, 1};
+    FILE *f = fopen(path_of("m.bin"), "rb");
+    QT_REQUIRE(f && fread(b, 1, sizeof b, f) == sizeof b && fgetc(f) == EOF, "m.bin is not 64 + 5*2 + 5 bytes");
+    fclose(f);
+    make_shard(want, 2, 1, pay, 15, 5);
+    QT_EXPECT(memcmp(b, want, sizeof b) == 0, "m.bin bytes differ from the spec");
+    /* unmasked: flags 0, no mask */
+    QT_REQUIRE(qt_shard_write(path_of("u.bin"), t, 5, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    qt_shard_data d;
+    QT_REQUIRE(qt_shard_load(path_of("u.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(d.h.version == 2 && d.h.flags == 0 && !d.mask, "unmasked v2: flags %u", d.h.flags);
+    qt_shard_unload(&d);
+    /* errors: a mask byte 2 (checksum matching), unknown flags, flags in v1, a short mask, the writer */
+    pay[12] = 2;
+    write_raw(path_of("bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
+    expect_load_error(path_of("bad.bin"), "mask byte 2 at index 3 (expected 0 or 1)");
+    pay[12] = 1;
+    write_raw(path_of("bad.bin"), want, make_shard(want, 2, 3, pay, 15, 5));
+    expect_load_error(path_of("bad.bin"), "unknown flags 0x3");
+    write_raw(path_of("bad.bin"), want, make_shard(want, 1, 1, pay, 15, 5));
+    expect_load_error(path_of("bad.bin"), "unknown flags 0x1 in a version 1 header");
+    write_raw(path_of("bad.bin"), want, make_shard(want, 2, 1, pay, 14, 5));
+    expect_load_error(path_of("bad.bin"), "truncated: header says 5 tokens and their mask (79 bytes), file has 78");
+    pay[14] ^= 1;
+    write_raw(path_of("bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
+    want[64 + 14] ^= 1; /* a flipped mask byte after the checksum was taken */
+    write_raw(path_of("bad.bin"), want, 79);
+    expect_load_error(path_of("bad.bin"), "checksum mismatch");
+    m[2] = 5;
+    QT_EXPECT(qt_shard_write_masked(path_of("w.bin"), t, m, 5, 2, 300, 0, err, sizeof err) == -1 &&
+                  strstr(err, "mask byte 5 at index 2"), "writer: %s", err);
+    qt_t_rmtree(g_dir);
+}
+
+/* Version 1 (FNV-1a checksum, no flags) is still read. */
+static void test_shard_v1_read(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    uint8_t pay[6] = {1, 0, 0x2b, 1, 9, 0}, b[70];
+    write_raw(path_of("v1.bin"), b, make_shard(b, 1, 0, pay, 6, 3));
+    char err[512];
+    uint32_t *t = NULL;
+    qt_shard_header h;
+    QT_REQUIRE(qt_shard_read(path_of("v1.bin"), &t, &h, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(h.version == 1 && h.n_tokens == 3 && t[0] == 1 && t[1] == 299 && t[2] == 9, "v1 content");
+    free(t);
+    b[64] ^= 1; /* its FNV checksum is checked */
+    write_raw(path_of("v1.bin"), b, 70);
+    expect_load_error(path_of("v1.bin"), "checksum mismatch");
+    qt_t_rmtree(g_dir);
+}
+
+/* ---- the loader ---- */
+
+static void test_loader_masked_targets(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    char err[512], glob[600];
+    enum { N = 300, T = 8 };
+    uint32_t t[N]; /* token i = i, so a window's input tells the target's index */
+    uint8_t m[N];
+    for (int i = 0; i < N; i++) t[i] = (uint32_t)i, m[i] = (uint8_t)(i % 3 != 0);
+    QT_REQUIRE(qt_shard_write_masked(path_of("train_0.bin.zst"), t, m, N, 2, 300, 1, err, sizeof err) == 0, "%s", err);
+    snprintf(glob, sizeof glob, "%s/train_*", g_dir);
+    qt_loader *l = qt_loader_open(glob, T, 2, 0, 1, 5, 1, 300, err, sizeof err);
+    QT_REQUIRE(l, "open: %s", err);
+    int32_t in[2 * T], tg[2 * T];
+    int bad = 0, masked = 0;
+    for (int b = 0; b < 40; b++) {
+        QT_REQUIRE(qt_loader_next(l, in, tg, err, sizeof err) == 0, "next: %s", err);
+        for (int k = 0; k < 2 * T; k++) {
+            int32_t i = in[k] + 1; /* the target's index */
+            masked += tg[k] == -1;
+            bad += tg[k] != (m[i] ? i : -1);
+        }
+    }
+    QT_EXPECT(bad == 0 && masked > 0, "%d targets wrong (%d masked)", bad, masked);
+    qt_loader_free(l);
+    qt_t_rmtree(g_dir);
+}
+
+/* A shard truncated after the loader opened it is an error from qt_loader_next, not SIGBUS or exit;
+ * and a shard loaded before it was truncated stays readable (it was mmap'ed: SIGBUS on touch). */
+static void test_truncated_under_us(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    char err[512], glob[600];
+    enum { N = 200000 };
+    uint32_t *t = malloc(N * sizeof *t);
+    for (int i = 0; i < N; i++) t[i] = (uint32_t)(i * 2654435761u % 300);
+    QT_REQUIRE(qt_shard_write(path_of("train_0.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    snprintf(glob, sizeof glob, "%s/train_*", g_dir);
+    qt_loader *l = qt_loader_open(glob, 16, 2, 0, 1, 5, 1, 300, err, sizeof err);
+    QT_REQUIRE(l, "open: %s", err);
+    QT_REQUIRE(truncate(path_of("train_0.bin"), 64 + N) == 0, "truncate");
+    int32_t in[32], tg[32];
+    int rc = qt_loader_next(l, in, tg, err, sizeof err);
+    QT_EXPECT(rc == -1 && strstr(err, "truncated") && strstr(err, "train_0.bin"), "rc %d: %s", rc, err);
+    qt_loader_free(l);
+    /* loaded, then truncated to nothing: every token still reads */
+    QT_REQUIRE(qt_shard_write(path_of("s.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    qt_shard_data d;
+    QT_REQUIRE(qt_shard_load(path_of("s.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(truncate(path_of("s.bin"), 0) == 0, "truncate");
+    uint64_t sum = 0, want = 0;
+    for (int i = 0; i < N; i++) sum += qt_shard_token(&d, i), want += t[i];
+    QT_EXPECT(sum == want, "tokens changed after truncation");
+    qt_shard_unload(&d);
+    free(t);
+    qt_t_rmtree(g_dir);
+}
+
+/* ---- the loss normalization ---- */
+
+/* Without masks qt_loss_scale equals, bit for bit, the per-target weight the engines used before:
+ * (1/grad_accum)/count on one GPU (count = micro_batch*seq_len), ((1/grad_accum)/ranks)/count in data
+ * parallel. With masks it is 1/valid within a few float roundings. */
+static void test_loss_scale_bitwise(void) {
+    long counts[] = {1, 3, 7, 24, 64, 100, 129, 1000, 4095, 4096, 12288, 65535, 100003, 1 << 20, 3 << 20};
+    int bad = 0, checked = 0;
+    for (int ga = 1; ga <= 33; ga++)
+        for (int ranks = 1; ranks <= 8; ranks++)
+            for (size_t k = 0; k < sizeof counts / sizeof *counts; k++) {
+                long n = counts[k];
+                float grad_scale = 1.0f / ga;                             /* train.c, before */
+                float old = ranks == 1 ? grad_scale / n                    /* engine_cpu/gpu, before */
+                                       : grad_scale / ranks / n;           /* engine_dp, then gpu, before */
+                float now = qt_loss_scale(ga, ranks, (long)ga * ranks * n);
+                bad += memcmp(&old, &now, 4) != 0;
+                checked++;
+                double exact = 1.0 / ((double)ga * ranks * n);
+                float masked = qt_loss_scale(ga, ranks, (long)ga * ranks * n - 1 - k);
+                double exact_m = 1.0 / ((double)ga * ranks * n - 1 - k);
+                if ((long)ga * ranks * n - 1 - (long)k > 0) bad += fabs(masked - exact_m) > 4 * 6e-8 * exact_m;
+                (void)exact;
+            }
+    QT_EXPECT(bad == 0, "%d of %d scales differ from the old values or from 1/valid", bad, checked);
+    QT_EXPECT(qt_loss_scale(4, 2, 0) == 0.0f, "no targets: scale 0");
+}
+
+/* A model every device can run: head_dim 64 (cuDNN), dimensions multiples of 16 (cuBLASLt fp8). */
+static int engine_cfg(qt_config *c, const char *device, int mb, int ga, const char *matmul) {
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+             "        intermediate_size: 384, max_seq_len: 128, qkv_bias: true, tie_embeddings: false}\n"
+             "data: {train: 'none_*.bin', seq_len: 64, micro_batch: %d, grad_accum: %d}\n"
+             "precision: {matmul_dtype: %s, persistent_quants: true}\n"
+             "init: {seed: 7, std: 0.05}\ndevice: %s\n",
+             mb, ga, matmul, device);
+    return load_cfg(c, yaml);
+}
+
+enum { B = 4, T = 64, TAIL = 8, TAIL_TOK = 200 };
+
+/* 4 sequences: tokens of the last TAIL positions from [TAIL_TOK, 256) and nowhere else, their
+ * targets masked; about a third of the other targets masked too, sequence 3 entirely. */
+static long masked_batch(int32_t *in, int32_t *tgt, int32_t *full) {
+    qt_rng r;
+    qt_rng_seed(&r, 11);
+    long valid = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int i = b * T + t, tail = t >= T - TAIL;
+            in[i] = (int32_t)(tail ? TAIL_TOK + qt_rng_below(&r, 256 - TAIL_TOK) : qt_rng_below(&r, TAIL_TOK));
+            full[i] = (int32_t)qt_rng_below(&r, 256);
+            tgt[i] = tail || b == 3 || qt_rng_below(&r, 3) == 0 ? -1 : full[i];
+            valid += tgt[i] >= 0;
+        }
+    return valid;
+}
+
+/* The mean cross-entropy over the targets >= 0, in double, from the logits. */
+static double ref_loss(const float *logits, const int32_t *tgt, long n, int V) {
+    double s = 0;
+    long c = 0;
+    for (long i = 0; i < n; i++) {
+        if (tgt[i] < 0) continue;
+        const float *l = logits + i * V;
+        double mx = l[0], z = 0;
+        for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+        for (int v = 0; v < V; v++) z += exp((double)l[v] - mx);
+        s += mx + log(z) - l[tgt[i]];
+        c++;
+    }
+    return c ? s / c : 0;
+}
+
+/* The masked loss is the mean over the unmasked targets; masked positions give exactly zero
+ * gradient: the embedding rows of tokens seen only at masked tail positions stay 0.0f, and changing
+ * those tokens changes no gradient bit. */
+static void test_masked_loss_and_zero_grads(void) {
+    qt_config c;
+    QT_REQUIRE(engine_cfg(&c, "cpu", B, 1, "bf16") == 0, "config");
+    qt_layout L;
+    float *w;
+    char err[1024];
+    QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
+    qt_engine *e = qt_engine_cpu_create(&L, &c, w);
+    int32_t in[B * T], tgt[B * T], full[B * T];
+    long valid = masked_batch(in, tgt, full);
+    float *logits = malloc((size_t)B * T * 256 * sizeof *logits), *g = malloc(L.numel * sizeof *g);
+    float *g2 = malloc(L.numel * sizeof *g2);
+    e->ops->forward_logits(e, in, logits);
+    double ref = ref_loss(logits, tgt, B * T, 256), ref_full = ref_loss(logits, full, B * T, 256);
+    float l = e->ops->eval_loss(e, in, tgt);
+    printf("  masked loss %.7f (reference %.7f; unmasked %.7f; %ld of %d targets)\n", l, ref, ref_full, valid, B * T);
+    QT_EXPECT(fabs(l - ref) <= 2e-6 * ref, "masked loss %.8g, reference %.8g", l, ref);
+    QT_EXPECT(fabs(ref - ref_full) > 1e-3, "the mask changed nothing");
+    e->ops->micro_step(e, in, tgt, qt_loss_scale(1, 1, valid));
+    e->ops->get_grads(e, g);
+    long nz = 0, any = 0;
+    for (int v = 0; v < 256; v++)
+        for (int k = 0; k < 128; k++) {
+            float x = g[L.embed + (size_t)v * 128 + k];
+            if (v >= TAIL_TOK) nz += x != 0.0f;
+            else any += x != 0.0f;
+        }
+    QT_EXPECT(nz == 0 && any > 0, "%ld embedding gradients of tail-only tokens are nonzero (%ld elsewhere)", nz, any);
+    float lo, gn;
+    e->ops->opt_step(e, 0.0f, 1, &lo, &gn); /* zeroes the gradients */
+    for (int b = 0; b < B; b++)
+        for (int t = T - TAIL; t < T; t++) in[b * T + t] = TAIL_TOK + (in[b * T + t] - TAIL_TOK + 17) % (256 - TAIL_TOK);
+    e->ops->micro_step(e, in, tgt, qt_loss_scale(1, 1, valid));
+    e->ops->get_grads(e, g2);
+    QT_EXPECT(memcmp(g, g2, L.numel * sizeof *g) == 0, "masked tail tokens changed the gradient");
+    e->ops->free(e);
+    free(logits), free(g), free(g2), free(w);
+    qt_layout_free(&L);
+}
+
+/* Grad accumulation with masks: 4 micro-batches of 1 sequence give the gradient of 1 micro-batch of
+ * 4 (the sequences hold 0..64 targets each). The two differ only in fp32 summation order (the
+ * matmul backward sums 4T rows at once vs 4 sums of T rows), so the bound is a few ulps of the
+ * largest terms: rel L2 1e-5. The old normalization (each micro-batch's own mean / grad_accum) is
+ * off by far more, which the test checks too, so it would catch a return to it. */
+static void test_accum_1x4_vs_4x1(void) {
+    qt_config c1, c4;
+    QT_REQUIRE(engine_cfg(&c4, "cpu", B, 1, "bf16") == 0 && engine_cfg(&c1, "cpu", 1, B, "bf16") == 0, "config");
+    qt_layout L;
+    float *w;
+    char err[1024];
+    QT_REQUIRE(qt_model_setup(&c4, &L, &w, err, sizeof err) == 0, "%s", err);
+    qt_engine *e4 = qt_engine_cpu_create(&L, &c4, w), *e1 = qt_engine_cpu_create(&L, &c1, w);
+    qt_engine *eo = qt_engine_cpu_create(&L, &c1, w);
+    int32_t in[B * T], tgt[B * T], full[B * T];
+    long valid = masked_batch(in, tgt, full);
+    tgt[2 * T + 5] = full[2 * T + 5]; /* sequences with different counts, one with none */
+    valid++;
+    e4->ops->micro_step(e4, in, tgt, qt_loss_scale(1, 1, valid));
+    for (int a = 0; a < B; a++) {
+        long v = 0;
+        for (int t = 0; t < T; t++) v += tgt[a * T + t] >= 0;
+        e1->ops->micro_step(e1, in + a * T, tgt + a * T, qt_loss_scale(B, 1, valid));
+        eo->ops->micro_step(eo, in + a * T, tgt + a * T, v ? 1.0f / B / v : 0.0f); /* the old way */
+    }
+    float *g4 = malloc(L.numel * 4), *g1 = malloc(L.numel * 4), *go = malloc(L.numel * 4);
+    e4->ops->get_grads(e4, g4);
+    e1->ops->get_grads(e1, g1);
+    eo->ops->get_grads(eo, go);
+    double amax = 0;
+    for (size_t i = 0; i < L.numel; i++) amax = fmax(amax, fabs(g4[i]));
+    QT_EXPECT(qt_t_close("4x1 vs 1x4", g1, g4, (long)L.numel, 1e-5 * amax, 1e-5), "accumulation differs");
+    double num = 0, den = 0;
+    for (size_t i = 0; i < L.numel; i++) num += (go[i] - g4[i]) * (double)(go[i] - g4[i]), den += (double)g4[i] * g4[i];
+    printf("  rel L2: 4x1 vs 1x4 within bound; per-micro-batch normalization %.3g off\n", sqrt(num / den));
+    QT_EXPECT(sqrt(num / den) > 1e-2, "the old normalization agrees too: the test cannot tell them apart");
+    float l4, l1, gn;
+    e4->ops->opt_step(e4, 0.0f, 1, &l4, &gn);
+    e1->ops->opt_step(e1, 0.0f, 1, &l1, &gn);
+    QT_EXPECT(fabs(l4 - l1) <= 1e-6 * l4, "step loss 1x4 %.8g vs 4x1 %.8g", l4, l1);
+    e4->ops->free(e4), e1->ops->free(e1), eo->ops->free(eo);
+    free(g4), free(g1), free(go), free(w);
+    qt_layout_free(&L);
+}
+
+/* ---- chat SFT on tinyshakespeare ---- */
+
+/* Conversations made of consecutive non-empty lines: "U: <line>\nA: <next line>\n"; the mask keeps
+ * the assistant's line and its newline. Byte-level tokens. Returns the token count (0: no text). */
+static size_t make_chats(uint32_t **tok, uint8_t **mask) {
+    size_t n;
+    char path[512];
+    const char *src = getenv("QT_DATA_DIR");
+    snprintf(path, sizeof path, "%s/tinyshakespeare.txt", src ? src : "../shared/data");
+    char *text = qt_t_read_file(path, &n);
+    if (!text) return 0;
+    uint32_t *t = malloc((2 * n + 16) * sizeof *t);
+    uint8_t *m = malloc(2 * n + 16);
+    size_t k = 0, nl = 0;
+    const char *lines[2];
+    size_t lens[2];
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && text[j] != '\n') j++;
+        if (j > i) {
+            lines[nl] = text + i, lens[nl] = j - i, nl++;
+            if (nl == 2) {
+                for (int r = 0; r < 2; r++) {
+                    const char *tag = r ? "A: " : "U: ";
+                    for (int q = 0; q < 3; q++) t[k] = (uint8_t)tag[q], m[k++] = 0;
+                    for (size_t q = 0; q <= lens[r]; q++)
+                        t[k] = q < lens[r] ? (uint8_t)lines[r][q] : '\n', m[k++] = (uint8_t)r;
+                }
+                nl = 0;
+            }
+        }
+        i = j + 1;
+    }
+    free(text);
+    *tok = t, *mask = m;
+    return k;
+}
+
+/* The same shard written by an independent Python writer of the spec (struct + zlib.crc32). */
+static int python_writes_same(const uint32_t *t, const uint8_t *m, size_t n, const char *c_path) {
+    if (system("python3 -c 'import zlib' >/dev/null 2>&1") != 0) return -1;
+    const char *raw = path_of("raw.u32"), *py = path_of("py.bin");
+    FILE *f = fopen(raw, "wb");
+    for (size_t i = 0; i < n; i++) fputc((int)t[i], f), fputc(m[i], f);
+    fclose(f);
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd,
+             "python3 -c \"import struct, zlib, sys\n"
+             "r = open('%s', 'rb').read(); t = r[0::2]; m = r[1::2]; n = len(t)\n"
+             "pay = struct.pack('<%%dH' %% n, *t) + m\n"
+             "h = b'QTTOKENS' + struct.pack('<IIQIIQ', 2, 2, n, 256, 1, zlib.crc32(pay)) + bytes(24)\n"
+             "open('%s', 'wb').write(h + pay)\"",
+             raw, py);
+    if (system(cmd) != 0) return 0;
+    snprintf(cmd, sizeof cmd, "cmp -s %s %s", py, c_path);
+    return system(cmd) == 0;
+}
+
+static void test_sft_run(void) {
+    uint32_t *t;
+    uint8_t *m;
+    size_t n = make_chats(&t, &m);
+    if (!n) QT_SKIP("no ../shared/data/tinyshakespeare.txt (set QT_DATA_DIR)");
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    char err[1024], yaml[3000];
+    size_t ne = n / 20, kept = 0;
+    for (size_t i = 0; i < n; i++) kept += m[i];
+    printf("  %zu chat tokens, %.1f%% assistant (learned)\n", n, 100.0 * kept / n);
+    QT_REQUIRE(qt_shard_write_masked(path_of("sft_train_0.bin"), t, m, n - ne, 2, 256, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_shard_write_masked(path_of("sft_eval_0.bin"), t + n - ne, m + n - ne, ne, 2, 256, 0, err, sizeof err) == 0,
+               "%s", err);
+    int same = python_writes_same(t + n - ne, m + n - ne, ne, path_of("sft_eval_0.bin"));
+    if (same < 0) printf("  no python3: the Python writer cross-check is skipped\n");
+    else QT_EXPECT(same == 1, "the Python writer of the spec wrote different bytes");
+    /* grad accumulation through the training loop: 1x4 and 4x1 (same windows) log the same losses */
+    const char *fmt = "model: {vocab_size: 256, hidden_size: 64, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+                      "        intermediate_size: 192, max_seq_len: 64, qkv_bias: true, tie_embeddings: true}\n"
+                      "data: {train: '%s/sft_train_*.bin', eval: '%s/sft_eval_*.bin', seq_len: 64, micro_batch: %d,"
+                      " grad_accum: %d}\n"
+                      "optim: {lr: 0.004, warmup: 2, steps: %d, grad_clip: 1.0}\n"
+                      "eval: {every: 10, batches: 4}\ncheckpoint: {dir: '%s/ckpt_%d', every: 0}\n"
+                      "log: {every: 10}\ndevice: cpu\nseed: 5\n";
+    float la[3], lb[3];
+    qt_config ca, cb;
+    qt_train_stats st;
+    snprintf(yaml, sizeof yaml, fmt, g_dir, g_dir, 4, 1, 3, g_dir, 1);
+    QT_REQUIRE(load_cfg(&ca, yaml) == 0, "config");
+    snprintf(yaml, sizeof yaml, fmt, g_dir, g_dir, 1, 4, 3, g_dir, 2);
+    QT_REQUIRE(load_cfg(&cb, yaml) == 0, "config");
+    qt_train_opts oa = {NULL, -1, 0, la}, ob = {NULL, -1, 0, lb};
+    QT_REQUIRE(qt_train_run(&ca, &oa, &st, err, sizeof err) == 0, "1x4: %s", err);
+    QT_REQUIRE(qt_train_run(&cb, &ob, &st, err, sizeof err) == 0, "4x1: %s", err);
+    for (int i = 0; i < 3; i++)
+        QT_EXPECT(fabs(la[i] - lb[i]) <= 2e-5 * la[i], "step %d: 1x4 loss %.8g, 4x1 %.8g", i + 1, la[i], lb[i]);
+    /* SFT: the assistant-token eval loss falls */
+    snprintf(yaml, sizeof yaml, fmt, g_dir, g_dir, 4, 1, 30, g_dir, 3);
+    QT_REQUIRE(load_cfg(&ca, yaml) == 0, "config");
+    ca.eval_every = 3;
+    QT_REQUIRE(qt_train_run(&ca, NULL, &st, err, sizeof err) == 0, "sft: %s", err);
+    printf("  assistant-token eval loss %.4f (step 3) -> %.4f (step 30)\n", st.first_eval, st.last_eval);
+    QT_EXPECT(st.last_eval < st.first_eval - 1.0 && st.last_eval < 4.0, "eval loss %.4f -> %.4f", st.first_eval,
+              st.last_eval);
+    free(t), free(m);
+    qt_t_rmtree(g_dir);
+}
+
+/* ---- tokenizer files in the export ---- */
+
+static void test_export_tokenizer(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    char err[1024], src[600], out[600], p[700];
+    snprintf(src, sizeof src, "%s/tok", g_dir);
+    snprintf(out, sizeof out, "%s/export", g_dir);
+    mkdir(src, 0755);
+    const char *files[4] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                            "generation_config.json"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", src, files[i]);
+        char body[100];
+        snprintf(body, sizeof body, "{\"file\": %d}\n", i);
+        write_raw(p, body, strlen(body));
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", src);
+    write_raw(p, "x", 1);
+    /* through a whole export-only run with data.tokenizer */
+    uint32_t tok[100] = {0};
+    QT_REQUIRE(qt_shard_write(path_of("train_0.bin"), tok, 100, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    char yaml[2000];
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1,"
+             " intermediate_size: 48, max_seq_len: 16}\n"
+             "data: {train: '%s/train_*.bin', seq_len: 8, micro_batch: 1, tokenizer: '%s'}\n"
+             "export: {dir: '%s'}\ncheckpoint: {dir: '%s/ck'}\ndevice: cpu\n",
+             g_dir, src, out, g_dir);
+    qt_config c;
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    qt_train_opts o = {NULL, -1, 1, NULL};
+    QT_REQUIRE(qt_train_run(&c, &o, NULL, err, sizeof err) == 0, "export: %s", err);
+    for (int i = 0; i < 4; i++) {
+        size_t n;
+        snprintf(p, sizeof p, "%s/%s", out, files[i]);
+        char *got = qt_t_read_file(p, &n), want[100];
+        snprintf(want, sizeof want, "{\"file\": %d}\n", i);
+        QT_EXPECT(got && n == strlen(want) && !memcmp(got, want, n), "%s missing or different", p);
+        free(got);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    struct stat st;
+    QT_EXPECT(stat(p, &st) == 0 && st.st_size > 1, "the model was not exported");
+    /* from init.from's folder (here: a path to its model file) when data.tokenizer is unset */
+    char out2[700];
+    snprintf(out2, sizeof out2, "%s/export2", g_dir);
+    mkdir(out2, 0755);
+    snprintf(p, sizeof p, "%s/model.safetensors", src);
+    QT_EXPECT(qt_hf_export_tokenizer(out2, p, 0, err, sizeof err) == 4, "from a file's folder: %s", err);
+    /* a data.tokenizer folder without a tokenizer is refused before training */
+    snprintf(p, sizeof p, "%s/empty", g_dir);
+    mkdir(p, 0755);
+    QT_EXPECT(qt_hf_export_tokenizer(out2, p, 0, err, sizeof err) == 0, "optional and absent: 0 files");
+    snprintf(c.tokenizer_dir, sizeof c.tokenizer_dir, "%s", p);
+    int rc = qt_train_run(&c, &o, NULL, err, sizeof err);
+    QT_EXPECT(rc == -1 && strstr(err, "data.tokenizer") && strstr(err, "empty"), "rc %d: %s", rc, err);
+    qt_t_rmtree(g_dir);
+}
+
+/* ---- GPU: bf16 and fp8 masked losses and gradients against the CPU reference ---- */
+
+static double cosine(const float *a, const float *b, size_t n, double *rel) {
+    double ab = 0, aa = 0, bb = 0, dd = 0;
+    for (size_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i], aa += (double)a[i] * a[i], bb += (double)b[i] * b[i];
+        dd += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    }
+    *rel = aa > 0 ? sqrt(dd / aa) : sqrt(dd);
+    return aa == 0 && bb == 0 ? 1.0 : ab / (sqrt(aa) * sqrt(bb) + 1e-300);
+}
+
+static void gpu_case(const char *matmul, double loss_rel, double min_cos) {
+    qt_config cc, cg;
+    QT_REQUIRE(engine_cfg(&cc, "cpu", B, 1, "bf16") == 0 && engine_cfg(&cg, "cuda", B, 1, matmul) == 0, "config");
+    qt_layout L;
+    float *w;
+    char err[1024];
+    QT_REQUIRE(qt_model_setup(&cc, &L, &w, err, sizeof err) == 0, "%s", err);
+    qt_engine *ec = qt_engine_cpu_create(&L, &cc, w), *eg = qt_engine_gpu_create(&L, &cg, w, 0, NULL, err, sizeof err);
+    QT_REQUIRE(eg, "gpu engine: %s", err);
+    int32_t in[B * T], tgt[B * T], full[B * T];
+    long valid = masked_batch(in, tgt, full);
+    float lc = ec->ops->eval_loss(ec, in, tgt), lg = eg->ops->eval_loss(eg, in, tgt);
+    float lcf = ec->ops->eval_loss(ec, in, full);
+    ec->ops->micro_step(ec, in, tgt, qt_loss_scale(1, 1, valid));
+    eg->ops->micro_step(eg, in, tgt, qt_loss_scale(1, 1, valid));
+    float *gc = malloc(L.numel * 4), *gg = malloc(L.numel * 4);
+    ec->ops->get_grads(ec, gc);
+    eg->ops->get_grads(eg, gg);
+    printf("  %s: masked loss gpu %.6f cpu %.6f (unmasked cpu %.6f)\n", matmul, lg, lc, lcf);
+    QT_EXPECT(fabs(lg - lc) <= loss_rel * lc, "%s: loss gpu %.6f vs cpu %.6f", matmul, lg, lc);
+    double worst = 2;
+    const char *wn = "";
+    for (int i = 0; i < L.n_tensors; i++) {
+        const qt_tensor *t = &L.tensors[i];
+        double rel, c = cosine(gc + t->offset, gg + t->offset, t->numel, &rel);
+        if (c < worst) worst = c, wn = t->name;
+        QT_EXPECT(c >= min_cos, "%s: %s gradient cosine %.5f < %.3f (rel L2 %.4f)", matmul, t->name, c, min_cos, rel);
+    }
+    long nz = 0;
+    for (size_t k = (size_t)TAIL_TOK * 128; k < 256 * 128; k++) nz += gg[L.embed + k] != 0.0f;
+    QT_EXPECT(nz == 0, "%s: %ld embedding gradients of masked-only tokens are nonzero", matmul, nz);
+    printf("  %s: worst gradient cosine %.5f (%s); masked-only embedding rows exactly 0\n", matmul, worst, wn);
+    ec->ops->free(ec), eg->ops->free(eg);
+    free(gc), free(gg), free(w);
+    qt_layout_free(&L);
+}
+
+static void test_gpu_masked_vs_cpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    gpu_case("bf16", 5e-3, 0.999);
+    struct cudaDeviceProp p;
+    int cc = cudaGetDeviceProperties(&p, 0) == cudaSuccess ? p.major * 10 + p.minor : 0;
+    if (cc < 89) {
+        printf("  device cc %d has no fp8 tensor cores: fp8 case skipped\n", cc);
+        return;
+    }
+    gpu_case("e4m3", 2e-2, 0.99);
+}
+
+int main(void) {
+    QT_RUN(test_crc32_vectors);
+    QT_RUN(test_shard_v2_mask);
+    QT_RUN(test_shard_v1_read);
+    QT_RUN(test_loader_masked_targets);
+    QT_RUN(test_truncated_under_us);
+    QT_RUN(test_loss_scale_bitwise);
+    QT_RUN(test_masked_loss_and_zero_grads);
+    QT_RUN(test_accum_1x4_vs_4x1);
+    QT_RUN(test_export_tokenizer);
+    QT_RUN(test_sft_run);
+    QT_RUN(test_gpu_masked_vs_cpu);
+    return qt_test_end();
+}
