@@ -223,7 +223,8 @@ static void run_step(gpu_engine *e, float scale, int kind) {
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     e->lookups_due = g->skip_lookups = (kind & MS_LOOKUPS) != 0;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
-     * cannot happen under capture. A new loss scale means new graphs. */
+     * cannot happen under capture. A new loss scale means new graphs (with loss masks the scale, 1/the
+     * step's target count, changes every step: one capture per micro-step kind per step). */
     if (!e->base.cfg->cuda_graphs || e->micro_done == 0 || g->prof) {
         g->grads_ready = kind & MS_SUMS ? grads_ready : NULL;
         g->embed_ready = early ? send_embedding : NULL;

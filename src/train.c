@@ -77,11 +77,11 @@ static int run_eval(trainer *t, float *loss, char *err, size_t errlen) {
     size_t ntok = (size_t)t->cfg->micro_batch * t->cfg->seq_len;
     for (int i = 0; i < t->cfg->eval_batches; i += ranks) { /* one batch per GPU; spare GPUs get none */
         int n = t->cfg->eval_batches - i < ranks ? t->cfg->eval_batches - i : ranks, same = 1;
-        long v = 0, first = 0;
+        long first = 0;
         for (int r = 0; r < ranks; r++) {
             if (r < n) {
                 if (qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok, err, errlen)) return -1;
-                v = count_targets(t->tgt + r * ntok, ntok);
+                long v = count_targets(t->tgt + r * ntok, ntok);
                 if (v0 < 0) v0 = v;
                 if (r == 0) first = v;
                 same &= v == first;
@@ -95,7 +95,7 @@ static int run_eval(trainer *t, float *loss, char *err, size_t errlen) {
         if (same) {
             float l = t->eng->ops->eval_loss(t->eng, t->in, t->tgt);
             sum += l;
-            tok_sum += (double)l * v;
+            tok_sum += (double)l * first; /* every batch of the call holds `first` targets */
             continue;
         }
         int32_t *keep = malloc((size_t)n * ntok * sizeof(int32_t)); /* rare: masked multi-GPU eval */

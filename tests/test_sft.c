@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "qt_config.h"
 #include "qt_crc32.h"
@@ -146,7 +147,7 @@ static void test_shard_v2_mask(void) {
     /* errors: a mask byte 2 (checksum matching), unknown flags, flags in v1, a short mask, the writer */
     pay[12] = 2;
     write_raw(path_of("bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
-    expect_load_error(path_of("bad.bin"), "mask byte 2 at index 3 (expected 0 or 1)");
+    expect_load_error(path_of("bad.bin"), "mask byte 2 at index 2 (expected 0 or 1)");
     pay[12] = 1;
     write_raw(path_of("bad.bin"), want, make_shard(want, 2, 3, pay, 15, 5));
     expect_load_error(path_of("bad.bin"), "unknown flags 0x3");
@@ -237,6 +238,31 @@ static void test_truncated_under_us(void) {
     QT_EXPECT(sum == want, "tokens changed after truncation");
     qt_shard_unload(&d);
     free(t);
+    qt_t_rmtree(g_dir);
+}
+
+/* Opening checks every shard's header, .zst ones too (decompressed as far as the header), and a .bin's
+ * size, so a bad shard anywhere in the list fails at start, not when first read mid-run. */
+static void test_open_checks_every_header(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    char err[512], glob[600];
+    uint32_t t[100] = {0};
+    QT_REQUIRE(qt_shard_write(path_of("train_0.bin"), t, 100, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    uint8_t pay[200] = {0}, b[264], z[600];
+    size_t zn = ZSTD_compress(z, sizeof z, b, make_shard(b, 2, 4, pay, 200, 100), 3);
+    QT_REQUIRE(!ZSTD_isError(zn), "zstd");
+    write_raw(path_of("train_1.bin.zst"), z, zn);
+    snprintf(glob, sizeof glob, "%s/train_*", g_dir);
+    QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "train_1.bin.zst") &&
+                  strstr(err, "unknown flags 0x4"), "zst header: %s", err);
+    zn = ZSTD_compress(z, sizeof z, b, 40, 3); /* a stream that ends inside the header */
+    write_raw(path_of("train_1.bin.zst"), z, zn);
+    QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "train_1.bin.zst") &&
+                  strstr(err, "fewer than the 64-byte header"), "short zst: %s", err);
+    unlink(path_of("train_1.bin.zst"));
+    write_raw(path_of("train_2.bin"), b, make_shard(b, 2, 0, pay, 200, 100) - 1);
+    QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "train_2.bin") &&
+                  strstr(err, "truncated"), "short bin: %s", err);
     qt_t_rmtree(g_dir);
 }
 
@@ -402,6 +428,57 @@ static void test_accum_1x4_vs_4x1(void) {
     e4->ops->free(e4), e1->ops->free(e1), eo->ops->free(eo);
     free(g4), free(g1), free(go), free(w);
     qt_layout_free(&L);
+}
+
+/* The eval loss is the mean over every unmasked target of the eval batches, not the mean of the
+ * batches' means: batches here hold very different target counts. lr 1e-30 leaves the weights
+ * bit-identical after the one step, so the reference is the initial model's per-batch losses. */
+static void test_eval_token_mean(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    enum { N = 2000 };
+    uint32_t t[N];
+    uint8_t m[N];
+    qt_rng r;
+    qt_rng_seed(&r, 21);
+    for (int i = 0; i < N; i++) t[i] = (uint32_t)qt_rng_below(&r, 256), m[i] = (i / 64) % 3 ? i % 9 == 0 : 1;
+    char err[1024], yaml[2000];
+    QT_REQUIRE(qt_shard_write_masked(path_of("ev_0.bin"), t, m, N, 2, 256, 0, err, sizeof err) == 0, "%s", err);
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 256, hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1,"
+             " intermediate_size: 48, max_seq_len: 64}\n"
+             "data: {train: '%s/ev_*.bin', eval: '%s/ev_*.bin', seq_len: 64, micro_batch: 2}\n"
+             "optim: {lr: 1e-30, steps: 1}\neval: {every: 1, batches: 5}\ncheckpoint: {dir: '%s/ck'}\n"
+             "device: cpu\n",
+             g_dir, g_dir, g_dir);
+    qt_config c;
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    qt_train_stats st;
+    QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s", err);
+    qt_layout L;
+    float *w;
+    QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
+    qt_engine *e = qt_engine_cpu_create(&L, &c, w);
+    qt_loader *l = qt_loader_open(c.eval_glob, 64, 2, 0, 1, c.seed, 0, 256, err, sizeof err);
+    QT_REQUIRE(l, "%s", err);
+    double tok = 0, means = 0;
+    long valid = 0;
+    for (int b = 0; b < 5; b++) {
+        int32_t in[128], tg[128];
+        QT_REQUIRE(qt_loader_next(l, in, tg, err, sizeof err) == 0, "%s", err);
+        long v = 0;
+        for (int i = 0; i < 128; i++) v += tg[i] >= 0;
+        float lb = e->ops->eval_loss(e, in, tg);
+        tok += (double)lb * v, means += lb, valid += v;
+    }
+    double ref = tok / valid;
+    printf("  eval loss %.6f, token mean %.6f, mean of batch means %.6f\n", st.last_eval, ref, means / 5);
+    QT_EXPECT(fabs(st.last_eval - ref) <= 1e-6 * ref, "eval %.8g vs token mean %.8g", st.last_eval, ref);
+    QT_EXPECT(fabs(ref - means / 5) > 1e-3, "the batches' counts do not matter here: the test cannot fail");
+    qt_loader_free(l);
+    e->ops->free(e);
+    free(w);
+    qt_layout_free(&L);
+    qt_t_rmtree(g_dir);
 }
 
 /* ---- chat SFT on tinyshakespeare ---- */
@@ -636,9 +713,11 @@ int main(void) {
     QT_RUN(test_shard_v1_read);
     QT_RUN(test_loader_masked_targets);
     QT_RUN(test_truncated_under_us);
+    QT_RUN(test_open_checks_every_header);
     QT_RUN(test_loss_scale_bitwise);
     QT_RUN(test_masked_loss_and_zero_grads);
     QT_RUN(test_accum_1x4_vs_4x1);
+    QT_RUN(test_eval_token_mean);
     QT_RUN(test_export_tokenizer);
     QT_RUN(test_sft_run);
     QT_RUN(test_gpu_masked_vs_cpu);
