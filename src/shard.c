@@ -5,7 +5,7 @@
  * (not mmap'ed: a file truncated under a mapping kills the process with SIGBUS, a short pread is an
  * error we can report); a .zst shard is read by ZSTD_decompressStream into a buffer sized from the
  * header (never from the frame content size, which streaming writers such as `zstd -` leave out).
- * Version 2 checksums with CRC-32 (qt_crc32.h, ~10x faster than the byte-serial FNV-1a of version 1,
+ * Version 2 checksums with CRC-32 (qt_crc32.h, 2.5x faster than the byte-serial FNV-1a of version 1,
  * which is still read) and may carry a loss mask after the tokens. */
 #include "qt_data.h"
 
