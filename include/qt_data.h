@@ -76,8 +76,9 @@ static inline uint32_t qt_shard_token(const qt_shard_data *d, uint64_t i) {
                                        (uint32_t)p[3] << 24;
 }
 
-/* Reads and verifies a whole shard (magic, version, size, checksum, every token < vocab_size).
- * *tokens is malloc'ed; the caller frees it. Returns 0 or -1 with err naming the file and problem. */
+/* Reads and verifies a whole shard (magic, version, size, checksum, every token < vocab_size); the
+ * tokens only (a mask is checked, not returned: qt_shard_load has it). *tokens is malloc'ed; the
+ * caller frees it. Returns 0 or -1 with err naming the file and problem. */
 int qt_shard_read(const char *path, uint32_t **tokens, qt_shard_header *h, char *err, size_t errlen);
 
 typedef struct {
