@@ -150,12 +150,13 @@ int main(int argc, char **argv) {
     qt_rng_seed(&r, 1);
     double *t = calloc(steps, sizeof *t);
     float loss = 0, gn = 0, first = 0;
+    float scale = qt_loss_scale(cfg.grad_accum, e->ranks, N * cfg.grad_accum); /* every target valid */
     for (int s = 0; s < warmup + steps; s++) {
         double t0 = now_s();
         for (int a = 0; a < cfg.grad_accum; a++) {
             for (long i = 0; i < N; i++) in[i] = (int32_t)qt_rng_below(&r, L.cfg.vocab_size);
             for (long i = 0; i < N; i++) tgt[i] = i + 1 < N ? in[i + 1] : in[0];
-            e->ops->micro_step(e, in, tgt, 1.0f / cfg.grad_accum);
+            e->ops->micro_step(e, in, tgt, scale);
         }
         e->ops->opt_step(e, 1e-4f, s + 1, &loss, &gn);
         if (s == 0) first = loss;
@@ -165,7 +166,7 @@ int main(int argc, char **argv) {
     if (breakdown) { /* extra steps with an event around every op (they slow the step a little) */
         qt_engine_profile(e, 1);
         for (int s = 0; s < 3; s++) {
-            for (int a = 0; a < cfg.grad_accum; a++) e->ops->micro_step(e, in, tgt, 1.0f / cfg.grad_accum);
+            for (int a = 0; a < cfg.grad_accum; a++) e->ops->micro_step(e, in, tgt, scale);
             e->ops->opt_step(e, 1e-4f, warmup + steps + s + 1, &loss, &gn);
         }
         qt_engine_profile_print(e, 3);

@@ -39,6 +39,7 @@ typedef struct {
 
     /* data */
     char train_glob[QT_PATH_MAX], eval_glob[QT_PATH_MAX];
+    char tokenizer_dir[QT_PATH_MAX]; /* HF tokenizer folder the shards were made with; "" = init.from's */
     int seq_len, micro_batch, grad_accum;
 
     /* optim */

@@ -18,8 +18,12 @@ void qt_cpu_model_free(qt_cpu_model *m);
 /* Forward over tokens[B*T]; returns the mean loss over targets >= 0 (targets may be NULL: logits
  * only, returns 0). Keeps what backward needs. */
 float qt_cpu_model_forward(qt_cpu_model *m, const float *w, const int32_t *tokens, const int32_t *targets);
-/* Backward of the last forward: grad[numel] += grad_scale * d(mean loss)/dw   (+=). */
+/* Backward of the last forward: grad[numel] += grad_scale * d(sum of the losses of the targets >= 0)/dw
+ * (+=). grad_scale is the weight of one target: 1/qt_cpu_model_targets(m) gives the gradient of the
+ * mean loss; the trainer passes qt_loss_scale() so a step averages over all its targets. */
 void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale);
+/* The number of targets >= 0 in the last forward. */
+long qt_cpu_model_targets(const qt_cpu_model *m);
 /* The last forward's logits [B*T, V] (overwritten by backward). */
 const float *qt_cpu_model_logits(const qt_cpu_model *m);
 

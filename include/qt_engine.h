@@ -16,12 +16,30 @@
 
 typedef struct qt_engine qt_engine;
 
+/* The gradient weight of one target (micro_step's grad_scale) for a step of grad_accum micro-steps
+ * on each of `ranks` data-parallel ranks holding `valid` targets >= 0 in all: 1/valid, so the step's
+ * gradient is that of the mean loss over all its targets, whatever the split into micro-steps and
+ * ranks (with loss masks the micro-batches hold different target counts, and averaging each one's
+ * mean would weight a target by 1/count of its own micro-batch). It is computed as
+ * (1/grad_accum)/ranks / (valid/(grad_accum*ranks)) so that when every micro-batch holds the same
+ * count n (no mask) it is bit for bit the (1/grad_accum)/ranks/n that the engines computed before
+ * masks existed: valid/(grad_accum*ranks) is then exactly n. Otherwise it is 1/valid within 4 float
+ * roundings. 0 when valid is 0 (nothing to learn from). */
+static inline float qt_loss_scale(int grad_accum, int ranks, long valid) {
+    if (valid <= 0) return 0.0f;
+    float s = 1.0f / grad_accum / ranks;
+    return s / (float)((double)valid / ((double)grad_accum * ranks));
+}
+
 typedef struct {
     const char *name;
-    /* Forward + backward of one micro-batch [B*T]; grads += grad_scale * d(mean loss)/dw. */
+    /* Forward + backward of one micro-batch [B*T] (ranks x [B*T] for data parallel);
+     * grads += grad_scale * d(sum of the losses of the targets >= 0)/dw: grad_scale is the weight of
+     * one target, qt_loss_scale() of the whole step's target count. */
     void (*micro_step)(qt_engine *e, const int32_t *inputs, const int32_t *targets, float grad_scale);
     /* Global norm, clip to cfg grad_clip, AdamW at lr with 1-based step t, zero grads.
-     * *loss = mean loss of the micro-steps since the last opt_step; *gnorm = pre-clip norm. */
+     * *loss = mean loss over the targets >= 0 of the micro-steps since the last opt_step (all ranks);
+     * *gnorm = pre-clip norm. */
     void (*opt_step)(qt_engine *e, float lr, long t, float *loss, float *gnorm);
     /* Mean loss of a micro-batch, no gradients: one per rank ([ranks x B*T]), summed over the ranks
      * in rank order; a micro-batch whose targets are all < 0 adds 0. */

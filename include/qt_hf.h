@@ -18,6 +18,14 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
 int qt_hf_write_config(const char *path, const qt_model_cfg *cfg, int bf16, char *err, size_t errlen);
 /* Writes dir/model.safetensors and dir/config.json (creating dir), atomically each. */
 int qt_hf_export(const char *dir, const qt_layout *L, const float *w, int bf16, char *err, size_t errlen);
+/* Copies the tokenizer files of folder src that exist (tokenizer.json, tokenizer_config.json,
+ * special_tokens_map.json, generation_config.json, and the slow tokenizers' vocab.json, merges.txt,
+ * tokenizer.model, added_tokens.json) into dir, atomically each, so AutoTokenizer loads from the
+ * export (src may also be a file in that folder, as init.from may be). required: src must hold tokenizer.json or tokenizer_config.json (else an error naming src).
+ * Returns the number of files copied, or -1 with err. */
+int qt_hf_export_tokenizer(const char *dir, const char *src, int required, char *err, size_t errlen);
+/* 0 when folder src holds a readable tokenizer.json or tokenizer_config.json, else -1 with err. */
+int qt_hf_check_tokenizer(const char *src, char *err, size_t errlen);
 /* Reads an HF model into w[L->numel] (padding zeroed). path is a directory (its model.safetensors,
  * else the shards its model.safetensors.index.json names), a .safetensors file or an index.json.
  * Each file's header is checked before any data is read: known dtypes, integer shapes, data_offsets

@@ -82,6 +82,9 @@ static const qt_config_key keys[] = {
 
     S("data.train", train_glob, "", "all", "glob of training token shards; must be set to train"),
     S("data.eval", eval_glob, "", "all", "glob of eval token shards; \"\" = no eval"),
+    S("data.tokenizer", tokenizer_dir, "", "all",
+      "HF tokenizer folder the shards were made with (tokenizer.json, tokenizer_config.json, ...), copied "
+      "into the export; \"\" = init.from's tokenizer files when it has them"),
     I("data.seq_len", seq_len, 1, INT_MAX, "256", "all", 0, "tokens per sequence"),
     I("data.micro_batch", micro_batch, 1, INT_MAX, "8", "all", 0, "sequences per forward/backward (per GPU)"),
     I("data.grad_accum", grad_accum, 1, INT_MAX, "1", "all", 0, "micro-batches per optimizer step"),

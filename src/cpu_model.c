@@ -3,7 +3,8 @@
  * Activations for N = B*T tokens; forward keeps per layer the block input and the mid-block residual
  * (both RMSNorm inputs), the norm outputs and rstd, qkv after RoPE, attention out and lse, gate|up
  * and the SwiGLU output; then the final norm and the logits. Backward writes dlogits over the logits
- * and accumulates weight gradients straight into grad (the CE scale carries grad_scale / count). */
+ * and accumulates weight gradients straight into grad (the CE scale is grad_scale, the weight of one
+ * target; the caller divides by the target count it averages over). */
 #include "qt_cpu_model.h"
 
 #include <stdlib.h>
@@ -176,9 +177,8 @@ void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float g
     const qt_model_cfg *c = &m->L->cfg;
     long N = m->N;
     int C = c->hidden_size, V = c->vocab_size;
-    if (m->n_targets == 0) return; /* the mean over no targets is constant 0 */
-    float scale = grad_scale / (float)m->n_targets;
-    qt_ref_cross_entropy_bwd(m->logits, m->logits, m->targets, N, V, scale);
+    if (m->n_targets == 0) return; /* no target: the loss is constant 0 */
+    qt_ref_cross_entropy_bwd(m->logits, m->logits, m->targets, N, V, grad_scale);
     /* tied: the LM head's dw lands on the embedding rows, which embedding_bwd adds to as well */
     qt_ref_matmul_bwd(m->dln, grad + m->L->lm_head, NULL, m->logits, m->lnf, w + m->L->lm_head, N, C, V);
     memset(m->dres, 0, (size_t)N * C * sizeof *m->dres);
@@ -188,3 +188,5 @@ void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float g
 }
 
 const float *qt_cpu_model_logits(const qt_cpu_model *m) { return m->logits; }
+
+long qt_cpu_model_targets(const qt_cpu_model *m) { return m->n_targets; }

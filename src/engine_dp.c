@@ -143,7 +143,7 @@ static void dp_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, f
     dp_engine *d = (dp_engine *)b;
     d->in = in;
     d->tgt = tgt;
-    d->scale = grad_scale / d->n; /* the sum over ranks is then the mean over all micro-batches */
+    d->scale = grad_scale; /* per target, over all ranks' targets (qt_loss_scale): the sum over ranks is the mean */
     run(d, job_micro, -1);
 }
 

@@ -65,7 +65,7 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
      * cannot happen under capture. */
     int eager = !e->plan.graphs || e->micro_done == 0 || e->g->prof;
-    qt_dp_sync_micro_step(e->sync, valid ? grad_scale / valid : 0.0f, last, eager);
+    qt_dp_sync_micro_step(e->sync, grad_scale, last, eager); /* the weight of one target (qt_loss_scale) */
     e->micro_done++;
 }
 

@@ -293,6 +293,52 @@ int qt_hf_export(const char *dir, const qt_layout *L, const float *w, int bf16, 
     return qt_hf_write_config(path, &L->cfg, bf16, err, errlen);
 }
 
+static const char *const tokenizer_files[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+    "vocab.json",     "merges.txt",            "tokenizer.model",         "added_tokens.json"};
+
+int qt_hf_check_tokenizer(const char *src, char *err, size_t errlen) {
+    char p[4096];
+    for (int i = 0; i < 2; i++) { /* tokenizer.json or tokenizer_config.json */
+        snprintf(p, sizeof p, "%s/%s", src, tokenizer_files[i]);
+        if (access(p, R_OK) == 0) return 0;
+    }
+    return qt_errf(err, errlen, "data.tokenizer: %s holds no readable tokenizer.json or tokenizer_config.json", src);
+}
+
+int qt_hf_export_tokenizer(const char *dir, const char *src_path, int required, char *err, size_t errlen) {
+    char from[4096], to[4096], tmp[4200], src[4096];
+    int copied = 0;
+    struct stat st;
+    snprintf(src, sizeof src, "%s", src_path);
+    char *slash = strrchr(src, '/');
+    if (stat(src, &st) == 0 && S_ISREG(st.st_mode)) { /* a file (init.from's model.safetensors): its folder */
+        if (slash) *slash = 0;
+        else snprintf(src, sizeof src, ".");
+    }
+    if (required && qt_hf_check_tokenizer(src, err, errlen)) return -1;
+    for (size_t i = 0; i < sizeof tokenizer_files / sizeof *tokenizer_files; i++) {
+        snprintf(from, sizeof from, "%s/%s", src, tokenizer_files[i]);
+        if (access(from, F_OK) != 0) continue;
+        size_t n;
+        char *buf = slurp(from, &n, err, errlen);
+        if (!buf) return -1;
+        snprintf(to, sizeof to, "%s/%s", dir, tokenizer_files[i]);
+        snprintf(tmp, sizeof tmp, "%s.tmp", to);
+        FILE *f = fopen(tmp, "wb");
+        int bad = !f || fwrite(buf, 1, n, f) != n;
+        free(buf);
+        if (bad) {
+            int e = errno;
+            if (f) fclose(f), unlink(tmp);
+            return qt_errf(err, errlen, "%s: cannot write: %s", tmp, strerror(e));
+        }
+        if (qt_ckpt_commit_file(f, tmp, to, err, errlen)) return -1;
+        copied++;
+    }
+    return copied;
+}
+
 /* ---- safetensors import ---- */
 
 static void shape_str(char *o, size_t cap, const int64_t *s, int nd) {

@@ -5,7 +5,9 @@
  * shard is tokens [w*seq_len, w*seq_len + seq_len] (stride seq_len, one token of overlap for the
  * last target), so a shard of n tokens has (n-1)/seq_len windows. A global batch is the next
  * world*micro_batch windows of the stream; rank r reads its slice and only moves the cursors over the
- * others' windows, so shards that hold none of its windows are never loaded. */
+ * others' windows, so shards that hold none of its windows are never loaded. A masked shard's target
+ * t of a window is -1 when the mask byte of its token (start + t + 1) is 0. Read errors come back to
+ * the caller (the training loop saves a checkpoint before it stops), never exit the process. */
 #include "qt_data.h"
 
 #include <glob.h>
@@ -84,53 +86,69 @@ static void advance(qt_loader *l, uint64_t k) {
     }
 }
 
-/* Makes the shard under the cursor the loaded one (with its window order) and returns its index. */
-static int ensure_shard(qt_loader *l) {
+/* Makes the shard under the cursor the loaded one (with its window order). Returns 0 or -1 with err. */
+static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
     ensure_order(l);
     int f = (int)l->order[l->pos.shard_cursor];
     if (l->data_file != f) {
-        char err[512];
+        const qt_shard_header *a = &l->sh[f].h, *b = &l->data.h;
         qt_shard_unload(&l->data);
         l->data_file = -1;
-        QT_CHECK(qt_shard_load(l->sh[f].path, l->vocab_limit, &l->data, err, sizeof err) == 0, "%s", err);
-        QT_CHECK(l->data.h.n_tokens == l->sh[f].h.n_tokens && l->data.h.checksum == l->sh[f].h.checksum,
-                 "%s: shard changed on disk since the loader opened it", l->sh[f].path);
+        if (qt_shard_load(l->sh[f].path, l->vocab_limit, &l->data, err, errlen) != 0) return -1;
+        if (b->n_tokens != a->n_tokens || b->checksum != a->checksum || b->flags != a->flags ||
+            b->token_bytes != a->token_bytes) {
+            qt_shard_unload(&l->data);
+            snprintf(err, errlen, "%s: shard changed on disk since the loader opened it", l->sh[f].path);
+            return -1;
+        }
         l->data_file = f;
     }
     if (l->shuffle && (l->wperm_file != f || l->wperm_epoch != l->pos.epoch)) {
         uint64_t n = l->sh[f].n_windows;
         free(l->wperm);
+        l->wperm_file = -1;
         l->wperm = malloc(n * sizeof *l->wperm);
-        QT_CHECK(l->wperm != NULL, "cannot allocate the window order of %s (%llu windows)", l->sh[f].path,
-                 (unsigned long long)n);
+        if (!l->wperm) {
+            snprintf(err, errlen, "cannot allocate the window order of %s (%llu windows)", l->sh[f].path,
+                     (unsigned long long)n);
+            return -1;
+        }
         for (uint64_t i = 0; i < n; i++) l->wperm[i] = i;
         shuffle(l->wperm, n, qt_hash64(qt_hash64(qt_hash64(l->seed, TAG_WINDOWS), l->pos.epoch), (uint64_t)f));
         l->wperm_file = f;
         l->wperm_epoch = l->pos.epoch;
     }
-    return f;
+    return 0;
 }
 
-static void read_window(qt_loader *l, int32_t *in, int32_t *tg) {
-    ensure_shard(l);
+static int read_window(qt_loader *l, int32_t *in, int32_t *tg, char *err, size_t errlen) {
+    if (ensure_shard(l, err, errlen) != 0) return -1;
     uint64_t w = l->shuffle ? l->wperm[l->pos.window_cursor] : l->pos.window_cursor;
     uint64_t start = w * (uint64_t)l->seq_len;
+    const uint8_t *mask = l->data.mask;
     uint32_t prev = qt_shard_token(&l->data, start);
     for (int t = 0; t < l->seq_len; t++) {
-        uint32_t next = qt_shard_token(&l->data, start + t + 1);
+        uint64_t i = start + t + 1;
+        uint32_t next = qt_shard_token(&l->data, i);
         in[t] = (int32_t)prev;
-        tg[t] = (int32_t)next;
+        tg[t] = !mask || mask[i] ? (int32_t)next : -1;
         prev = next;
     }
     advance(l, 1);
+    return 0;
 }
 
-void qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets) {
+int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen) {
+    qt_loader_pos start = l->pos;
     uint64_t mb = (uint64_t)l->micro_batch;
     advance(l, (uint64_t)l->rank * mb);
     for (uint64_t i = 0; i < mb; i++)
-        read_window(l, inputs + i * (uint64_t)l->seq_len, targets + i * (uint64_t)l->seq_len);
+        if (read_window(l, inputs + i * (uint64_t)l->seq_len, targets + i * (uint64_t)l->seq_len, err, errlen)) {
+            l->pos = start;
+            return -1;
+        }
     advance(l, (uint64_t)(l->world - 1 - l->rank) * mb);
+    return 0;
 }
 
 qt_loader_pos qt_loader_get_pos(const qt_loader *l) { return l->pos; }

@@ -1,9 +1,12 @@
 /* shard.c — token shards: write, read the header, load and verify the payload (.bin or .bin.zst).
  *
  * The byte layout is in include/qt_data.h and tools/README.md. Every integer is encoded byte by byte
- * so the files are little-endian whatever the host. A .bin payload is mmap'ed; a .zst shard is read
- * by ZSTD_decompressStream into a buffer sized from the header (never from the frame content size,
- * which streaming writers such as `zstd -` leave out). */
+ * so the files are little-endian whatever the host. A .bin payload is read with pread into a buffer
+ * (not mmap'ed: a file truncated under a mapping kills the process with SIGBUS, a short pread is an
+ * error we can report); a .zst shard is read by ZSTD_decompressStream into a buffer sized from the
+ * header (never from the frame content size, which streaming writers such as `zstd -` leave out).
+ * Version 2 checksums with CRC-32 (qt_crc32.h, 2.5x faster than the byte-serial FNV-1a of version 1,
+ * which is still read) and may carry a loss mask after the tokens. */
 #include "qt_data.h"
 
 #include <errno.h>
@@ -12,10 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
+
+#include "qt_crc32.h"
 
 #define CHUNK_TOKENS 65536
 
@@ -62,6 +66,7 @@ static void encode_header(uint8_t *b, const qt_shard_header *h) {
     put32(b + 12, h->token_bytes);
     put64(b + 16, h->n_tokens);
     put32(b + 24, h->vocab_size);
+    put32(b + 28, h->flags);
     put64(b + 32, h->checksum);
 }
 
@@ -72,14 +77,19 @@ static int decode_header(const uint8_t *b, qt_shard_header *h, const char *path,
     h->token_bytes = get32(b + 12);
     h->n_tokens = get64(b + 16);
     h->vocab_size = get32(b + 24);
+    h->flags = get32(b + 28);
     h->checksum = get64(b + 32);
-    if (h->version != QT_SHARD_VERSION)
-        return fail(err, errlen, path, "unsupported version %u (expected %d)", h->version, QT_SHARD_VERSION);
+    if (h->version != 1 && h->version != QT_SHARD_VERSION)
+        return fail(err, errlen, path, "unsupported version %u (expected 1 or %d)", h->version, QT_SHARD_VERSION);
+    uint32_t known = h->version == 1 ? 0 : QT_SHARD_FLAG_MASK; /* version 1: the field is reserved, 0 */
+    if (h->flags & ~known)
+        return fail(err, errlen, path, "unknown flags 0x%x in a version %u header (expected 0x%x or less)",
+                    h->flags, h->version, known);
     if (h->token_bytes != 2 && h->token_bytes != 4)
         return fail(err, errlen, path, "token_bytes is %u (expected 2 or 4)", h->token_bytes);
     if (h->vocab_size == 0 || (h->token_bytes == 2 && h->vocab_size > 65536))
         return fail(err, errlen, path, "vocab_size %u does not fit token_bytes %u", h->vocab_size, h->token_bytes);
-    if (h->n_tokens > (SIZE_MAX - QT_SHARD_HEADER_BYTES) / h->token_bytes)
+    if (h->n_tokens > (SIZE_MAX - QT_SHARD_HEADER_BYTES) / (h->token_bytes + 1))
         return fail(err, errlen, path, "header says %llu tokens, too many for this machine",
                     (unsigned long long)h->n_tokens);
     return 0;
@@ -110,9 +120,9 @@ static int write_bytes(FILE *f, ZSTD_CCtx *cctx, const void *src, size_t n, int 
     }
 }
 
-/* use_zstd: compress the whole file (header + payload) as one zstd frame at zstd_level. */
-static int write_file(FILE *f, const uint32_t *tokens, uint64_t n, int tb, const qt_shard_header *h,
-                      int use_zstd, int zstd_level) {
+/* use_zstd: compress the whole file (header + tokens + mask) as one zstd frame at zstd_level. */
+static int write_file(FILE *f, const uint32_t *tokens, const uint8_t *mask, uint64_t n, int tb,
+                      const qt_shard_header *h, int use_zstd, int zstd_level) {
     uint8_t hb[QT_SHARD_HEADER_BYTES];
     encode_header(hb, h);
     ZSTD_CCtx *cctx = NULL;
@@ -131,6 +141,10 @@ static int write_file(FILE *f, const uint32_t *tokens, uint64_t n, int tb, const
         encode_tokens(buf, tokens + i, m, tb);
         rc = write_bytes(f, cctx, buf, m * tb, 0, zbuf, zcap);
     }
+    for (uint64_t i = 0; rc == 0 && mask && i < n; i += CHUNK_TOKENS) {
+        size_t m = (size_t)(n - i < CHUNK_TOKENS ? n - i : CHUNK_TOKENS);
+        rc = write_bytes(f, cctx, mask + i, m, 0, zbuf, zcap);
+    }
     if (rc == 0 && cctx) rc = write_bytes(f, cctx, "", 0, 1, zbuf, zcap);
     ZSTD_freeCCtx(cctx);
     free(zbuf);
@@ -140,14 +154,19 @@ static int write_file(FILE *f, const uint32_t *tokens, uint64_t n, int tb, const
 
 int qt_shard_write(const char *path, const uint32_t *tokens, uint64_t n, int token_bytes,
                    uint32_t vocab_size, int zstd_level, char *err, size_t errlen) {
+    return qt_shard_write_masked(path, tokens, NULL, n, token_bytes, vocab_size, zstd_level, err, errlen);
+}
+
+int qt_shard_write_masked(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
+                          int token_bytes, uint32_t vocab_size, int zstd_level, char *err, size_t errlen) {
     if (token_bytes != 2 && token_bytes != 4)
         return fail(err, errlen, path, "token_bytes %d (expected 2 or 4)", token_bytes);
     if (vocab_size == 0 || (token_bytes == 2 && vocab_size > 65536))
         return fail(err, errlen, path, "vocab_size %u does not fit token_bytes %d", vocab_size, token_bytes);
-    /* First pass: range check and the checksum of the encoded payload, so the header goes first
-     * even into a zstd stream that cannot seek back. */
+    /* First pass: range checks and the checksum of the encoded payload (tokens, then mask), so the
+     * header goes first even into a zstd stream that cannot seek back. */
     uint8_t buf[4 * 1024];
-    uint64_t sum = QT_FNV_INIT;
+    uint32_t sum = 0;
     for (uint64_t i = 0; i < n; i += 1024) {
         size_t m = (size_t)(n - i < 1024 ? n - i : 1024);
         for (size_t j = 0; j < m; j++)
@@ -155,9 +174,16 @@ int qt_shard_write(const char *path, const uint32_t *tokens, uint64_t n, int tok
                 return fail(err, errlen, path, "token %u at index %llu >= vocab_size %u", tokens[i + j],
                             (unsigned long long)(i + j), vocab_size);
         encode_tokens(buf, tokens + i, m, token_bytes);
-        sum = qt_fnv1a64(buf, m * token_bytes, sum);
+        sum = qt_crc32(sum, buf, m * token_bytes);
     }
-    qt_shard_header h = {QT_SHARD_VERSION, (uint32_t)token_bytes, vocab_size, n, sum};
+    for (uint64_t i = 0; mask && i < n; i++)
+        if (mask[i] > 1)
+            return fail(err, errlen, path, "mask byte %u at index %llu (expected 0 or 1)", mask[i],
+                        (unsigned long long)i);
+    if (mask) sum = qt_crc32(sum, mask, (size_t)n);
+    qt_shard_header h = {.version = QT_SHARD_VERSION, .token_bytes = (uint32_t)token_bytes,
+                         .vocab_size = vocab_size, .flags = mask ? QT_SHARD_FLAG_MASK : 0, .n_tokens = n,
+                         .checksum = sum};
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
     if (!tmp) return fail(err, errlen, path, "out of memory");
@@ -168,7 +194,7 @@ int qt_shard_write(const char *path, const uint32_t *tokens, uint64_t n, int tok
         free(tmp);
         return -1;
     }
-    int rc = write_file(f, tokens, n, token_bytes, &h, is_zst(path), zstd_level);
+    int rc = write_file(f, tokens, mask, n, token_bytes, &h, is_zst(path), zstd_level);
     int saved = errno;
     if (fclose(f) != 0 && rc == 0) rc = -1, saved = errno;
     if (rc == 0 && rename(tmp, path) != 0) rc = -1, saved = errno;
@@ -227,14 +253,19 @@ static int64_t zreader_read(zreader *z, void *dst, size_t cap, const char *path,
     return (int64_t)ob.pos;
 }
 
+uint64_t qt_shard_payload_bytes(const qt_shard_header *h) {
+    return h->n_tokens * (h->token_bytes + (h->flags & QT_SHARD_FLAG_MASK ? 1 : 0));
+}
+
 static int check_bin_size(const char *path, const qt_shard_header *h, uint64_t size, char *err, size_t errlen) {
-    uint64_t want = QT_SHARD_HEADER_BYTES + h->n_tokens * h->token_bytes;
+    uint64_t want = QT_SHARD_HEADER_BYTES + qt_shard_payload_bytes(h);
+    const char *what = h->flags & QT_SHARD_FLAG_MASK ? " and their mask" : "";
     if (size < want)
-        return fail(err, errlen, path, "truncated: header says %llu tokens (%llu bytes), file has %llu bytes",
-                    (unsigned long long)h->n_tokens, (unsigned long long)want, (unsigned long long)size);
+        return fail(err, errlen, path, "truncated: header says %llu tokens%s (%llu bytes), file has %llu bytes",
+                    (unsigned long long)h->n_tokens, what, (unsigned long long)want, (unsigned long long)size);
     if (size > want)
-        return fail(err, errlen, path, "trailing data: header says %llu tokens (%llu bytes), file has %llu bytes",
-                    (unsigned long long)h->n_tokens, (unsigned long long)want, (unsigned long long)size);
+        return fail(err, errlen, path, "trailing data: header says %llu tokens%s (%llu bytes), file has %llu bytes",
+                    (unsigned long long)h->n_tokens, what, (unsigned long long)want, (unsigned long long)size);
     return 0;
 }
 
@@ -291,7 +322,7 @@ static int load_zst(const char *path, qt_shard_data *d, char *err, size_t errlen
     zreader z;
     uint8_t extra[16];
     int64_t got = open_zst(&z, path, &d->h, err, errlen);
-    size_t plen = got >= 0 ? (size_t)(d->h.n_tokens * d->h.token_bytes) : 0;
+    size_t plen = got >= 0 ? (size_t)qt_shard_payload_bytes(&d->h) : 0;
     if (got >= 0 && !(d->base_ = malloc(plen ? plen : 1)))
         got = fail(err, errlen, path, "cannot allocate %zu bytes for the payload", plen);
     if (got >= 0 && (got = zreader_read(&z, d->base_, plen, path, err, errlen)) >= 0 && (size_t)got < plen)
@@ -314,23 +345,36 @@ static int load_zst(const char *path, qt_shard_data *d, char *err, size_t errlen
         return -1;
     }
     d->payload = d->base_;
-    d->len_ = plen;
     return 0;
 }
 
+/* Reads the payload with pread: a file truncated since open_bin checked its size is a short read,
+ * reported as an error (with mmap it would be SIGBUS on first touch). */
 static int load_bin(const char *path, qt_shard_data *d, char *err, size_t errlen) {
     uint64_t size;
     int fd = open_bin(path, &d->h, &size, err, errlen);
     if (fd < 0) return -1;
-    void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int saved = errno;
+    size_t plen = (size_t)qt_shard_payload_bytes(&d->h), done = 0;
+    uint8_t *buf = malloc(plen ? plen : 1);
+    int rc = buf ? 0 : fail(err, errlen, path, "cannot allocate %zu bytes for the payload", plen);
+    while (rc == 0 && done < plen) {
+        size_t want = plen - done < ((size_t)1 << 30) ? plen - done : (size_t)1 << 30;
+        ssize_t got = pread(fd, buf + done, want, (off_t)(QT_SHARD_HEADER_BYTES + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) rc = fail(err, errlen, path, "read error at byte %zu: %s", QT_SHARD_HEADER_BYTES + done,
+                               strerror(errno));
+        else if (got == 0)
+            rc = fail(err, errlen, path, "truncated while reading: %zu of %zu payload bytes (the file shrank "
+                      "after it was opened)", done, plen);
+        else done += (size_t)got;
+    }
     close(fd);
-    if (m == MAP_FAILED) return fail(err, errlen, path, "mmap failed: %s", strerror(saved));
-    madvise(m, (size_t)size, MADV_SEQUENTIAL);
-    d->base_ = m;
-    d->len_ = (size_t)size;
-    d->mapped_ = 1;
-    d->payload = (const uint8_t *)m + QT_SHARD_HEADER_BYTES;
+    if (rc != 0) {
+        free(buf);
+        return -1;
+    }
+    d->base_ = buf;
+    d->payload = buf;
     return 0;
 }
 
@@ -341,10 +385,20 @@ int qt_shard_load(const char *path, uint32_t vocab_limit, qt_shard_data *d, char
     int rc = 0;
     if (vocab_limit > 0 && h->vocab_size > vocab_limit)
         rc = fail(err, errlen, path, "vocab_size %u > the model's vocab %u", h->vocab_size, vocab_limit);
-    uint64_t sum = rc ? 0 : qt_fnv1a64(d->payload, (size_t)(h->n_tokens * h->token_bytes), QT_FNV_INIT);
+    size_t plen = (size_t)qt_shard_payload_bytes(h);
+    uint64_t sum = rc                  ? 0
+                   : h->version == 1 ? qt_fnv1a64(d->payload, plen, QT_FNV_INIT)
+                                     : qt_crc32(0, d->payload, plen);
     if (rc == 0 && sum != h->checksum)
         rc = fail(err, errlen, path, "checksum mismatch (header 0x%016llx, payload 0x%016llx)",
                   (unsigned long long)h->checksum, (unsigned long long)sum);
+    if (rc == 0 && (h->flags & QT_SHARD_FLAG_MASK)) {
+        d->mask = d->payload + h->n_tokens * h->token_bytes;
+        for (uint64_t i = 0; i < h->n_tokens && rc == 0; i++)
+            if (d->mask[i] > 1)
+                rc = fail(err, errlen, path, "mask byte %u at index %llu (expected 0 or 1)", d->mask[i],
+                          (unsigned long long)i);
+    }
     if (rc == 0 && (h->token_bytes == 4 || h->vocab_size < 65536)) {
         for (uint64_t i = 0; i < h->n_tokens; i++) {
             uint32_t t = qt_shard_token(d, i);
@@ -360,8 +414,7 @@ int qt_shard_load(const char *path, uint32_t vocab_limit, qt_shard_data *d, char
 }
 
 void qt_shard_unload(qt_shard_data *d) {
-    if (d->mapped_) munmap(d->base_, d->len_);
-    else free(d->base_);
+    free(d->base_);
     memset(d, 0, sizeof *d);
 }
 

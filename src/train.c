@@ -1,8 +1,13 @@
 /* train.c — the training loop: steps of grad_accum micro-batches, logging, eval, checkpoints, export.
  *
- * One step, top to bottom: lr from the schedule -> grad_accum x (loader_next once per rank -> engine
- * micro_step) -> engine opt_step (gradient sum over ranks, norm, clip, AdamW; the one device sync)
- * -> log -> eval -> checkpoint. With N GPUs a step holds micro_batch x grad_accum x N sequences. */
+ * One step, top to bottom: lr from the schedule -> the step's grad_accum x N micro-batches read (loader
+ * next once per rank and micro-step) and their targets counted -> grad_accum x engine micro_step with
+ * the weight of one target, 1/(the step's target count) -> engine opt_step (gradient sum over ranks,
+ * norm, clip, AdamW; the one device sync) -> log -> eval -> checkpoint. With N GPUs a step holds
+ * micro_batch x grad_accum x N sequences. Normalizing by the whole step's count (not each
+ * micro-batch's) makes the gradient that of the mean loss over every target of the step, so
+ * accumulation and data parallel give the one-big-batch result also when loss masks leave the
+ * micro-batches with different target counts (qt_loss_scale in qt_engine.h). */
 #include "qt_train.h"
 
 #include <math.h>
@@ -48,28 +53,67 @@ typedef struct {
     const qt_config *cfg;
     qt_engine *eng;
     qt_loader *train, *eval;
-    int32_t *in, *tgt; /* one micro-batch per rank */
+    int32_t *in, *tgt; /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len] */
     FILE *log;
     qt_rng rng;        /* trainer randomness (saved so resumed runs draw the same numbers) */
     long step;         /* steps done */
 } trainer;
 
-static float run_eval(trainer *t) {
+static long count_targets(const int32_t *tgt, size_t n) {
+    long v = 0;
+    for (size_t i = 0; i < n; i++) v += tgt[i] >= 0;
+    return v;
+}
+
+/* The eval loss: the mean over every target >= 0 of the eval batches. When all batches hold the same
+ * count (no masks) that is the mean of the batch means, computed so to keep the bits of earlier
+ * versions; otherwise each batch mean is weighted by its count, and a multi-GPU call whose batches
+ * hold different counts is split into one call per batch (eval_loss sums the ranks' means). */
+static int run_eval(trainer *t, float *loss, char *err, size_t errlen) {
     qt_loader_reset(t->eval);
-    double sum = 0;
-    int ranks = t->eng->ranks;
+    double sum = 0, tok_sum = 0;
+    long valid = 0, v0 = -1;
+    int ranks = t->eng->ranks, uneven = 0;
     size_t ntok = (size_t)t->cfg->micro_batch * t->cfg->seq_len;
     for (int i = 0; i < t->cfg->eval_batches; i += ranks) { /* one batch per GPU; spare GPUs get none */
+        int n = t->cfg->eval_batches - i < ranks ? t->cfg->eval_batches - i : ranks, same = 1;
+        long first = 0;
         for (int r = 0; r < ranks; r++) {
-            if (i + r < t->cfg->eval_batches) qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok);
-            else { /* token 0, every target ignored */
+            if (r < n) {
+                if (qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok, err, errlen)) return -1;
+                long v = count_targets(t->tgt + r * ntok, ntok);
+                if (v0 < 0) v0 = v;
+                if (r == 0) first = v;
+                same &= v == first;
+                uneven |= v != v0;
+                valid += v;
+            } else { /* token 0, every target ignored */
                 memset(t->in + r * ntok, 0, ntok * sizeof(int32_t));
                 memset(t->tgt + r * ntok, 0xff, ntok * sizeof(int32_t));
             }
         }
-        sum += t->eng->ops->eval_loss(t->eng, t->in, t->tgt);
+        if (same) {
+            float l = t->eng->ops->eval_loss(t->eng, t->in, t->tgt);
+            sum += l;
+            tok_sum += (double)l * first; /* every batch of the call holds `first` targets */
+            continue;
+        }
+        int32_t *keep = malloc((size_t)n * ntok * sizeof(int32_t)); /* rare: masked multi-GPU eval */
+        if (!keep) {
+            snprintf(err, errlen, "out of host memory for %zu eval targets", (size_t)n * ntok);
+            return -1;
+        }
+        memcpy(keep, t->tgt, (size_t)n * ntok * sizeof(int32_t));
+        for (int r = 0; r < n; r++) { /* batch r alone, the other ranks' targets all ignored */
+            memset(t->tgt, 0xff, (size_t)ranks * ntok * sizeof(int32_t));
+            memcpy(t->tgt + r * ntok, keep + r * ntok, ntok * sizeof(int32_t));
+            tok_sum += (double)t->eng->ops->eval_loss(t->eng, t->in, t->tgt) * count_targets(keep + r * ntok, ntok);
+        }
+        free(keep);
     }
-    return (float)(sum / t->cfg->eval_batches);
+    if (uneven) *loss = valid ? (float)(tok_sum / valid) : 0.0f;
+    else *loss = (float)(sum / t->cfg->eval_batches);
+    return 0;
 }
 
 /* Everything that makes a resumed run continue bit-for-bit: the engine's optimizer state plus the
@@ -138,7 +182,11 @@ static int export_model(trainer *t, char *err, size_t errlen) {
     int rc = qt_hf_export(dir, t->eng->L, w, t->cfg->export_bf16, err, errlen);
     free(w);
     if (rc == 0) printf("qtrain: exported %s/model.safetensors and config.json (%s)\n", dir, t->cfg->export_bf16 ? "bf16" : "fp32");
-    return rc;
+    /* the tokenizer the data was made with: data.tokenizer, else init.from's when it has one */
+    const char *tok = t->cfg->tokenizer_dir[0] ? t->cfg->tokenizer_dir : t->cfg->init_from;
+    int n = rc == 0 && tok[0] ? qt_hf_export_tokenizer(dir, tok, t->cfg->tokenizer_dir[0] != 0, err, errlen) : 0;
+    if (n > 0) printf("qtrain: exported %d tokenizer files from %s\n", n, tok);
+    return rc == 0 && n >= 0 ? 0 : -1;
 }
 
 static void log_train(trainer *t, float loss, float gnorm, float lr, double tok_s, double eta_s) {
@@ -186,10 +234,18 @@ static int train_loop(trainer *t, const qt_train_opts *o, qt_train_stats *st, ch
     long stop = o->stop_after >= 0 && o->stop_after < c->steps ? o->stop_after : c->steps;
     while (t->step < stop) {
         float lr = qt_sched_lr(&sched, t->step), loss, gnorm;
-        for (int a = 0; a < c->grad_accum; a++) {
-            for (int r = 0; r < ranks; r++) qt_loader_next(t->train, t->in + r * ntok, t->tgt + r * ntok);
-            t->eng->ops->micro_step(t->eng, t->in, t->tgt, 1.0f / c->grad_accum);
+        qt_loader_pos p0 = qt_loader_get_pos(t->train);
+        long valid = 0;
+        for (size_t k = 0; k < (size_t)c->grad_accum * ranks; k++) {
+            if (qt_loader_next(t->train, t->in + k * ntok, t->tgt + k * ntok, err, errlen)) {
+                qt_loader_set_pos(t->train, p0); /* back to the step's start, as a checkpoint wants it */
+                return -1;
+            }
+            valid += count_targets(t->tgt + k * ntok, ntok);
         }
+        float scale = qt_loss_scale(c->grad_accum, ranks, valid);
+        for (size_t a = 0; a < (size_t)c->grad_accum; a++)
+            t->eng->ops->micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale);
         t->eng->ops->opt_step(t->eng, lr, t->step + 1, &loss, &gnorm);
         if (!isfinite(loss) || !isfinite(gnorm)) {
             snprintf(err, errlen, "step %ld: loss %g, grad norm %g: training diverged (lower optim.lr?)",
@@ -207,7 +263,8 @@ static int train_loop(trainer *t, const qt_train_opts *o, qt_train_stats *st, ch
             last_logged = t->step;
         }
         if (t->eval && ((c->eval_every > 0 && t->step % c->eval_every == 0) || t->step == c->steps)) {
-            float el = run_eval(t);
+            float el;
+            if (run_eval(t, &el, err, errlen)) return -1;
             if (isnan(st->first_eval)) st->first_eval = el;
             st->last_eval = el;
             log_eval(t, el);
@@ -233,10 +290,11 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     trainer t = {.cfg = cfg};
     qt_rng_seed(&t.rng, cfg->seed);
     int rc = -1;
+    if (cfg->tokenizer_dir[0] && qt_hf_check_tokenizer(cfg->tokenizer_dir, err, errlen)) goto done;
     if (open_loaders(&t, &L, err, errlen)) goto done;
     t.eng = qt_engine_create(&L, cfg, w0, err, errlen);
     if (!t.eng) goto done;
-    size_t ntok = (size_t)cfg->micro_batch * cfg->seq_len * t.eng->ranks;
+    size_t ntok = (size_t)cfg->micro_batch * cfg->seq_len * t.eng->ranks * cfg->grad_accum;
     t.in = malloc(ntok * sizeof(int32_t));
     t.tgt = malloc(ntok * sizeof(int32_t));
     if (!t.in || !t.tgt) {

@@ -22,6 +22,13 @@ static inline char *qt_t_read_file(const char *path, size_t *n) {
     return buf;
 }
 
+/* Writes n bytes to path (a message on failure). */
+static inline void qt_t_write_file(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(b, 1, n, f) != n) perror(path);
+    if (f) fclose(f);
+}
+
 /* Byte-level tinyshakespeare shards dir/ts_train_0.bin and dir/ts_eval_0.bin (the last 5%); 0 when
  * the text is absent. QT_DATA_DIR overrides ../shared/data (the GPU machine has no ../shared). */
 static inline int qt_t_write_tinyshakespeare(const char *dir) {

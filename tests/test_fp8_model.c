@@ -84,8 +84,8 @@ static void compare_grads(const char *grad_dt, const char *tie, double min_cos) 
     tgt[5] = -1; /* an ignored target, as in padded data */
     /* eval_loss first: it reads and clears the loss sum that micro_step also adds to */
     float lb = eb->ops->eval_loss(eb, in, tgt), lf = ef->ops->eval_loss(ef, in, tgt);
-    eb->ops->micro_step(eb, in, tgt, 1.0f);
-    ef->ops->micro_step(ef, in, tgt, 1.0f);
+    eb->ops->micro_step(eb, in, tgt, qt_loss_scale(1, 1, N - 1)); /* the mean loss's gradient */
+    ef->ops->micro_step(ef, in, tgt, qt_loss_scale(1, 1, N - 1));
     float *gb = calloc(L.numel, sizeof *gb), *gf = calloc(L.numel, sizeof *gf);
     eb->ops->get_grads(eb, gb);
     ef->ops->get_grads(ef, gf);
@@ -163,9 +163,9 @@ static void fused_amax_case(const char *grad_dt) {
         qt_rng_seed(&r, 5);
         for (long i = 0; i < N; i++) in[i] = (int32_t)(qt_rng_u64(&r) % 256), tgt[i] = (int32_t)(qt_rng_u64(&r) % 256);
         loss[k] = e[k]->ops->eval_loss(e[k], in, tgt);
-        e[k]->ops->micro_step(e[k], in, tgt, 1.0f);
+        e[k]->ops->micro_step(e[k], in, tgt, qt_loss_scale(1, 1, N));
         for (long i = 0; i < N; i++) in[i] = (int32_t)(qt_rng_u64(&r) % 256), tgt[i] = (int32_t)(qt_rng_u64(&r) % 256);
-        e[k]->ops->micro_step(e[k], in, tgt, 1.0f);
+        e[k]->ops->micro_step(e[k], in, tgt, qt_loss_scale(1, 1, N));
         g[k] = calloc(L.numel, sizeof *g[k]);
         e[k]->ops->get_grads(e[k], g[k]);
     }

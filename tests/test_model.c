@@ -73,7 +73,7 @@ static void fd_model(qt_model_cfg c, const char *what) {
     int32_t tok[64], tgt[64];
     random_tokens(tok, tgt, N, c.vocab_size, 5);
     double l0 = loss_at(m, w, tok, tgt);
-    qt_cpu_model_backward(m, w, g, 1.0f);
+    qt_cpu_model_backward(m, w, g, 1.0f / qt_cpu_model_targets(m)); /* d(mean loss) */
     QT_EXPECT(isfinite(l0) && l0 > 0, "loss %g", l0);
     qt_rng r;
     qt_rng_seed(&r, 99);
@@ -158,10 +158,11 @@ static void test_loss_and_accumulation(void) {
     /* logits only: returns 0 */
     QT_EXPECT(qt_cpu_model_forward(m, w, tok, NULL) == 0.0f, "no targets must give 0");
     qt_cpu_model_forward(m, w, tok, tgt);
-    qt_cpu_model_backward(m, w, g1, 1.0f);
+    QT_EXPECT(qt_cpu_model_targets(m) == N - 2, "%ld targets counted, expected %ld", qt_cpu_model_targets(m), N - 2);
+    qt_cpu_model_backward(m, w, g1, 1.0f / cnt);
     for (size_t i = 0; i < L.numel; i++) g2[i] = g1[i];
     qt_cpu_model_forward(m, w, tok, tgt);
-    qt_cpu_model_backward(m, w, g2, 2.0f); /* g2 = g1 + 2 g1 */
+    qt_cpu_model_backward(m, w, g2, 2.0f / cnt); /* g2 = g1 + 2 g1 */
     for (size_t i = 0; i < L.numel; i++) g1[i] *= 3.0f;
     QT_EXPECT(qt_t_close("3g", g2, g1, (long)L.numel, 1e-7, 1e-5), "grad_scale / += mismatch");
     /* padding gets no gradient */
@@ -199,7 +200,7 @@ static void test_thread_determinism(void) {
         qt_cpu_model *m = qt_cpu_model_create(&L, B, T);
         g[k] = calloc(L.numel, sizeof *g[k]);
         loss[k] = qt_cpu_model_forward(m, w, tok, tgt);
-        qt_cpu_model_backward(m, w, g[k], 0.5f);
+        qt_cpu_model_backward(m, w, g[k], 0.5f / qt_cpu_model_targets(m));
         qt_cpu_model_free(m);
     }
     omp_set_num_threads(saved);
@@ -244,7 +245,7 @@ static void test_tiny_cpu_speed(void) {
         memset(g, 0, L.numel * sizeof *g);
         last = qt_cpu_model_forward(m, w, tok, tgt);
         if (s == 0) first = last;
-        qt_cpu_model_backward(m, w, g, 1.0f);
+        qt_cpu_model_backward(m, w, g, 1.0f / N);
         for (size_t i = 0; i < L.numel; i++) w[i] -= 0.5f * g[i];
     }
     double ms = (now_s() - t0) * 1e3 / steps;

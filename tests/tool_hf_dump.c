@@ -65,7 +65,9 @@ int main(int argc, char **argv) {
         free(logits);
     }
     float loss = e->ops->eval_loss(e, in, tgt);
-    e->ops->micro_step(e, in, tgt, 1.0f);
+    long valid = 0; /* the gradient of the mean loss: one target weighs 1/valid */
+    for (long i = 0; i < (long)B * T; i++) valid += tgt[i] >= 0;
+    e->ops->micro_step(e, in, tgt, qt_loss_scale(1, 1, valid));
     float *g = malloc(L.numel * sizeof(float));
     e->ops->get_grads(e, g);
     /* grads travel in the weights' file format: same names and shapes */

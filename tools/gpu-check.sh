@@ -25,7 +25,7 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout
 
 if has build; then step build 600 make -j16 CUDA_ARCH=90a all > "$OUT/build.log" 2>&1; tail -3 "$OUT/build.log"; fi
 if has unit; then
-    for t in test_ops_gpu test_kernels test_quant test_fp8_model; do
+    for t in test_ops_gpu test_kernels test_quant test_fp8_model test_sft; do
         QT_LOG_DIR=$OUT step "$t" 300 "build/tests/$t"
     done 2>&1 | tee "$OUT/unit.log" | grep -E '^(PASS|FAIL|SKIP|==)|final eval|worst cos'
 fi
