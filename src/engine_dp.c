@@ -11,7 +11,7 @@
  * each rank updates its pieces, the bf16 weights are all-gathered; checkpoints and get_weights
  * assemble the pieces. Otherwise every rank keeps all of it (all-reduce) and get_weights checks the
  * replicas agree. With parallel.overlap_comm the buckets are one per layer and each is summed while
- * the backward of the layers below runs (engine_gpu.c). A failure in any rank
+ * the backward of the layers below runs (dp_sync.c). A failure in any rank
  * thread ends in qt_fail, which aborts the comm (waking ranks blocked in a collective) and exits with
  * the rank's message. */
 #include <pthread.h>

@@ -24,8 +24,8 @@ void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int 
     /* A boundary rounded up past a layer's first element leaves that layer's head in the bucket below,
      * which the backward finishes later still: a bucket stays final once its first layer is done. The
      * embeddings' bucket is rounded down instead, so that it holds embeddings only (its tail joins layer
-     * 0's): a sharded step sums it as soon as the LM head's backward is done (qt_gpu_model.h,
-     * embed_ready). */
+     * 0's): a sharded step sums it as soon as the LM head's backward is done (qt_param_release_embed,
+     * qt_dp_sync.h). */
     if (per_layer) {
         int nl = L->cfg.num_layers, group = (nl + QT_SHARD_MAX_BUCKETS - 3) / (QT_SHARD_MAX_BUCKETS - 2);
         for (int l = 0; l < nl; l += group) cut(sh, l ? round_up(L->layers[l].ln1, q) : L->layers[0].ln1 / q * q);

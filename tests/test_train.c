@@ -272,6 +272,13 @@ static void test_data_parallel_matches_one_gpu(void) {
              "checkpoint: {dir: '%s/ckpt_toomany'}\ndevice: cuda\nparallel: {gpus: 64}\n", g_dir, g_dir);
     QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
     QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "parallel.gpus"), "got: %s", err);
+    /* so is a device id that is not visible, naming the entry */
+    char *at = strstr(yaml, "parallel: {gpus: 64}");
+    QT_REQUIRE(at, "yaml");
+    strcpy(at, "parallel: {devices: [0, 64]}\n");
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "parallel.devices: entry 1 is device 64"),
+              "got: %s", err);
 }
 
 static void test_resume_errors(void) {
