@@ -43,7 +43,6 @@ def test_missing_header_stops_make(tmp):
     assert r.returncode != 0, "make succeeded without zstd.h"
     assert "zstd.h" in out and re.search(r"apt-get install .*libzstd-dev", out), f"no apt-get line:\n{out}"
     assert "yaml.h" not in out and "libyaml-dev" not in out, f"yaml.h reported missing though present:\n{out}"
-    assert "libcudnn.so.9" in out and "CUDNN_LIB" in out, f"missing libcudnn not reported:\n{out}"
     objs = [f for _, _, fs in os.walk(os.path.join(tmp, "build")) for f in fs if f.endswith(".o")]
     assert not objs and "fake nvcc ran" not in out, f"compiled before checking: {objs[:3]}"
 
