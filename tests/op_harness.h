@@ -121,10 +121,11 @@ static float op_fp8_value(qt_dtype dt, uint8_t code) {
     }
     return tab[dt == QT_DT_E5M2][code];
 }
-/* The value the device stores for x (bf16 RNE, fp8 RNE saturating, int32 by truncation). */
+/* The value the device stores for x (bf16 RNE; fp8 RNE without saturation, so Inf and NaN codes survive;
+ * int32 by truncation). */
 static float op_round(qt_dtype dt, float x) {
     if (dt == QT_DT_BF16) return qt_bf16_to_f32(qt_f32_to_bf16(x));
-    if (op_is_fp8(dt)) return op_fp8_value(dt, qt_fp8_encode(dt, x, 1));
+    if (op_is_fp8(dt)) return op_fp8_value(dt, qt_fp8_encode(dt, x, 0));
     if (dt == DT_I32) return (float)(int32_t)x;
     return x;
 }
@@ -141,7 +142,7 @@ static void op_encode(qt_dtype dt, const float *x, long n, void *raw) {
     for (long i = 0; i < n; i++) {
         if (dt == QT_DT_F32) memcpy((float *)raw + i, &x[i], 4);
         else if (dt == QT_DT_BF16) ((uint16_t *)raw)[i] = qt_f32_to_bf16(x[i]);
-        else if (op_is_fp8(dt)) ((uint8_t *)raw)[i] = qt_fp8_encode(dt, x[i], 1);
+        else if (op_is_fp8(dt)) ((uint8_t *)raw)[i] = qt_fp8_encode(dt, x[i], 0);
         else if (dt == DT_I32) ((int32_t *)raw)[i] = (int32_t)x[i];
         else ((double *)raw)[i] = x[i];
     }
