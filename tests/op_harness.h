@@ -17,10 +17,13 @@
  *     NULL in pass 1 and must then stay untouched, and the other outputs must not change.
  * On failure the row prints the tensor, the worst index, got and ref, and the row's seed.
  *
- * The CPU self-check (op_selfcheck) runs every row without a GPU: the "device" result is the reference
- * rounded to the output dtype, which must pass (the bounds admit the dtype's rounding), and planted bugs
- * (one element off, one element left poisoned, a kept element written, "=" instead of "+=", a pass that
- * differs, a guard byte written) must each be caught. */
+ * The CPU self-check (op_selfcheck_row) runs every row without a GPU: the "device" result is the
+ * reference rounded to the output dtype, which must pass (the bounds admit the dtype's rounding; uploads
+ * are lossless), and planted bugs must each be caught by the same op_verify the GPU run uses: one element
+ * off by a bound (and named as the worst), one element left as the poison, a kept element written, "="
+ * instead of "+=", pass 1 one ulp away from pass 0, an optional output written although NULL was passed,
+ * an input changed; test_selfcheck_guards plants guard bytes. It checks the harness and each row's bounds,
+ * not the CPU references (test_ops.c checks those against finite differences). */
 #ifndef OP_HARNESS_H
 #define OP_HARNESS_H
 
