@@ -316,7 +316,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_selfcheck);
     if (have_gpu()) run_gpu_rows();
     else if (selected_rows()) {
-        printf("SKIP test_ops_gpu: no CUDA device (%d rows selected; QT_TEST_ONLY=selfcheck runs them all on the CPU)\n", selected_rows());
+        printf("SKIP test_ops_gpu: no CUDA device (%d rows selected; test_selfcheck runs every row on the CPU)\n", selected_rows());
         qt_t_nskip++;
     }
     QT_RUN(test_matmul_plan_cache);
