@@ -17,10 +17,13 @@
  *     NULL in pass 1 and must then stay untouched, and the other outputs must not change.
  * On failure the row prints the tensor, the worst index, got and ref, and the row's seed.
  *
- * The CPU self-check (op_selfcheck) runs every row without a GPU: the "device" result is the reference
- * rounded to the output dtype, which must pass (the bounds admit the dtype's rounding), and planted bugs
- * (one element off, one element left poisoned, a kept element written, "=" instead of "+=", a pass that
- * differs, a guard byte written) must each be caught. */
+ * The CPU self-check (op_selfcheck_row) runs every row without a GPU: the "device" result is the
+ * reference rounded to the output dtype, which must pass (the bounds admit the dtype's rounding; uploads
+ * are lossless), and planted bugs must each be caught by the same op_verify the GPU run uses: one element
+ * off by a bound (and named as the worst), one element left as the poison, a kept element written, "="
+ * instead of "+=", pass 1 one ulp away from pass 0, an optional output written although NULL was passed,
+ * an input changed; test_selfcheck_guards plants guard bytes. It checks the harness and each row's bounds,
+ * not the CPU references (test_ops.c checks those against finite differences). */
 #ifndef OP_HARNESS_H
 #define OP_HARNESS_H
 
@@ -121,10 +124,11 @@ static float op_fp8_value(qt_dtype dt, uint8_t code) {
     }
     return tab[dt == QT_DT_E5M2][code];
 }
-/* The value the device stores for x (bf16 RNE, fp8 RNE saturating, int32 by truncation). */
+/* The value the device stores for x (bf16 RNE; fp8 RNE without saturation, so Inf and NaN codes survive;
+ * int32 by truncation). */
 static float op_round(qt_dtype dt, float x) {
     if (dt == QT_DT_BF16) return qt_bf16_to_f32(qt_f32_to_bf16(x));
-    if (op_is_fp8(dt)) return op_fp8_value(dt, qt_fp8_encode(dt, x, 1));
+    if (op_is_fp8(dt)) return op_fp8_value(dt, qt_fp8_encode(dt, x, 0));
     if (dt == DT_I32) return (float)(int32_t)x;
     return x;
 }
@@ -141,7 +145,7 @@ static void op_encode(qt_dtype dt, const float *x, long n, void *raw) {
     for (long i = 0; i < n; i++) {
         if (dt == QT_DT_F32) memcpy((float *)raw + i, &x[i], 4);
         else if (dt == QT_DT_BF16) ((uint16_t *)raw)[i] = qt_f32_to_bf16(x[i]);
-        else if (op_is_fp8(dt)) ((uint8_t *)raw)[i] = qt_fp8_encode(dt, x[i], 1);
+        else if (op_is_fp8(dt)) ((uint8_t *)raw)[i] = qt_fp8_encode(dt, x[i], 0);
         else if (dt == DT_I32) ((int32_t *)raw)[i] = (int32_t)x[i];
         else ((double *)raw)[i] = x[i];
     }

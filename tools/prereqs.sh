@@ -36,9 +36,12 @@ lib_version() {
     return $rc
 }
 
-# The lib directory of python3's nvidia-cudnn wheel (a namespace package in recent wheels: no __file__).
+# The lib directory of python3's nvidia-cudnn wheel.
 wheel_lib() {
-    python3 -c 'import nvidia.cudnn as m, os; print(os.path.join(m.__file__ and os.path.dirname(m.__file__) or list(m.__path__)[0], "lib"))' 2>/dev/null
+    python3 - 2>/dev/null <<'PY'
+import os, nvidia.cudnn as m  # a namespace package in recent wheels: no __file__
+print(os.path.join(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0], "lib"))
+PY
 }
 
 # Directories that may hold libcudnn: python3's nvidia-cudnn wheel, next to the headers, the toolkit,
