@@ -21,6 +21,9 @@ def quickstart(top):
     for f in ("quickstart.sh", "toy_corpus.py", "tokenize"):
         if os.path.exists(os.path.join(ROOT, "tools", f)):  # a missing one fails the run below
             shutil.copy(os.path.join(ROOT, "tools", f), tools)
+    pkg = os.path.join(ROOT, "tools", "qt_tokenize")  # tools/tokenize's package, where it has one
+    if os.path.isdir(pkg):
+        shutil.copytree(pkg, os.path.join(tools, "qt_tokenize"), ignore=shutil.ignore_patterns("__pycache__"))
     r = subprocess.run(["bash", os.path.join(tools, "quickstart.sh"), "--prepare-only"], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, f"quickstart.sh --prepare-only: exit {r.returncode}\n{r.stdout}{r.stderr}"
