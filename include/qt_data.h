@@ -81,8 +81,9 @@ typedef struct qt_loader qt_loader;
 qt_loader *qt_loader_open(const char *glob, int seq_len, int micro_batch, int rank, int world,
                           uint64_t seed, int shuffle, uint32_t vocab_limit, char *err, size_t errlen);
 /* This rank's next micro-batch: inputs and targets [micro_batch * seq_len] each. Wraps to the next
- * epoch at the end of the data. Exits via QT_CHECK on read errors of shards that changed on disk. */
-void qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets);
+ * epoch at the end of the data. Returns 0, or -1 with err naming the shard when it cannot be read or
+ * changed on disk since the loader opened it (the position is then undefined). */
+int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen);
 qt_loader_pos qt_loader_get_pos(const qt_loader *l);
 void qt_loader_set_pos(qt_loader *l, qt_loader_pos p);
 void qt_loader_reset(qt_loader *l);             /* back to the start of epoch 0 */

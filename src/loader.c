@@ -84,35 +84,39 @@ static void advance(qt_loader *l, uint64_t k) {
     }
 }
 
-/* Makes the shard under the cursor the loaded one (with its window order) and returns its index. */
-static int ensure_shard(qt_loader *l) {
+/* Makes the shard under the cursor the loaded one (with its window order). Returns 0, or -1 with err
+ * when the shard cannot be read or changed on disk since the loader opened it. */
+static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
     ensure_order(l);
     int f = (int)l->order[l->pos.shard_cursor];
     if (l->data_file != f) {
-        char err[512];
         qt_shard_unload(&l->data);
         l->data_file = -1;
-        QT_CHECK(qt_shard_load(l->sh[f].path, l->vocab_limit, &l->data, err, sizeof err) == 0, "%s", err);
-        QT_CHECK(l->data.h.n_tokens == l->sh[f].h.n_tokens && l->data.h.checksum == l->sh[f].h.checksum,
-                 "%s: shard changed on disk since the loader opened it", l->sh[f].path);
+        if (qt_shard_load(l->sh[f].path, l->vocab_limit, &l->data, err, errlen)) return -1;
+        if (l->data.h.n_tokens != l->sh[f].h.n_tokens || l->data.h.checksum != l->sh[f].h.checksum) {
+            qt_shard_unload(&l->data);
+            return qt_errf(err, errlen, "%s: shard changed on disk since the loader opened it", l->sh[f].path);
+        }
         l->data_file = f;
     }
     if (l->shuffle && (l->wperm_file != f || l->wperm_epoch != l->pos.epoch)) {
         uint64_t n = l->sh[f].n_windows;
         free(l->wperm);
+        l->wperm_file = -1;
         l->wperm = malloc(n * sizeof *l->wperm);
-        QT_CHECK(l->wperm != NULL, "cannot allocate the window order of %s (%llu windows)", l->sh[f].path,
-                 (unsigned long long)n);
+        if (!l->wperm)
+            return qt_errf(err, errlen, "cannot allocate the window order of %s (%llu windows)", l->sh[f].path,
+                           (unsigned long long)n);
         for (uint64_t i = 0; i < n; i++) l->wperm[i] = i;
         shuffle(l->wperm, n, qt_hash64(qt_hash64(qt_hash64(l->seed, TAG_WINDOWS), l->pos.epoch), (uint64_t)f));
         l->wperm_file = f;
         l->wperm_epoch = l->pos.epoch;
     }
-    return f;
+    return 0;
 }
 
-static void read_window(qt_loader *l, int32_t *in, int32_t *tg) {
-    ensure_shard(l);
+static int read_window(qt_loader *l, int32_t *in, int32_t *tg, char *err, size_t errlen) {
+    if (ensure_shard(l, err, errlen)) return -1;
     uint64_t w = l->shuffle ? l->wperm[l->pos.window_cursor] : l->pos.window_cursor;
     uint64_t start = w * (uint64_t)l->seq_len;
     uint32_t prev = qt_shard_token(&l->data, start);
@@ -123,14 +127,17 @@ static void read_window(qt_loader *l, int32_t *in, int32_t *tg) {
         prev = next;
     }
     advance(l, 1);
+    return 0;
 }
 
-void qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets) {
+int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen) {
     uint64_t mb = (uint64_t)l->micro_batch;
     advance(l, (uint64_t)l->rank * mb);
     for (uint64_t i = 0; i < mb; i++)
-        read_window(l, inputs + i * (uint64_t)l->seq_len, targets + i * (uint64_t)l->seq_len);
+        if (read_window(l, inputs + i * (uint64_t)l->seq_len, targets + i * (uint64_t)l->seq_len, err, errlen))
+            return -1;
     advance(l, (uint64_t)(l->world - 1 - l->rank) * mb);
+    return 0;
 }
 
 qt_loader_pos qt_loader_get_pos(const qt_loader *l) { return l->pos; }

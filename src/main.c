@@ -14,6 +14,8 @@ static int usage(void) {
             "  --resume [path]   continue from the newest checkpoint in checkpoint.dir, or from path\n"
             "  --stop-after N    stop (with a checkpoint) once N steps are done\n"
             "  --export          write the HF export of the initial or resumed weights, then exit\n"
+            "  --allow-changed K  with --resume: accept these changed keys (comma list of data.train,\n"
+            "                    data.seq_len, data.micro_batch, seed; or all)\n"
             "  --print-config    print the resolved config and exit\n"
             "Config keys: configs/README.md\n");
     return 2;
@@ -22,7 +24,8 @@ static int usage(void) {
 int main(int argc, char **argv) {
     const char *path = NULL, *sets[256];
     int nsets = 0, print_cfg = 0;
-    qt_train_opts o = {NULL, -1, 0, NULL};
+    qt_train_opts o = {NULL, -1, 0, NULL, NULL};
+    qt_train_install_signal_handlers(); /* first: a signal during setup still stops cleanly */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--set") && i + 1 < argc && nsets < 256) sets[nsets++] = argv[++i];
@@ -30,6 +33,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--resume")) o.resume = (i + 1 < argc && argv[i + 1][0] != '-') ? argv[++i] : "latest";
         else if (!strcmp(a, "--stop-after") && i + 1 < argc) o.stop_after = atol(argv[++i]);
         else if (!strcmp(a, "--export")) o.export_only = 1;
+        else if (!strcmp(a, "--allow-changed") && i + 1 < argc) o.allow_changed = argv[++i];
         else if (!strcmp(a, "--print-config")) print_cfg = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage();
         else if (a[0] != '-' && !path) path = a;
@@ -51,7 +55,9 @@ int main(int argc, char **argv) {
         fputs(buf, stdout);
         return 0;
     }
-    if (qt_train_run(&cfg, &o, NULL, err, sizeof err)) {
+    int rc = qt_train_run(&cfg, &o, NULL, err, sizeof err);
+    if (rc == QT_TRAIN_STOPPED) return QT_EXIT_STOPPED;
+    if (rc) {
         fprintf(stderr, "qtrain: %s\n", err);
         return 1;
     }

@@ -244,7 +244,7 @@ static int read_firsts(qt_loader *l, int seq_len, int mb, int n, int32_t *firsts
     int ok = 1;
     for (int b = 0; b < n; b++) {
         for (int i = 0; i < mb * seq_len; i++) in[i] = tg[i] = -1;
-        qt_loader_next(l, in, tg);
+        qt_loader_next(l, in, tg, NULL, 0);
         for (int w = 0; w < mb; w++) {
             int32_t *x = in + w * seq_len, *y = tg + w * seq_len;
             firsts[b * mb + w] = x[0];
@@ -442,7 +442,7 @@ static void test_loader_errors(void) {
         int fd = open(path_of("child.err"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 2);
         int32_t in[8], tg[8];
-        qt_loader_next(l, in, tg);
+        qt_loader_next(l, in, tg, NULL, 0);
         _exit(0);
     }
     int status = 0;
