@@ -61,6 +61,9 @@ void qt_trainer_ckpt_free(qt_trainer *t);
  * is named in a warning and moved aside to *.bad; else a path). Training runs (t->train set) refuse
  * a checkpoint whose identity keys differ from the config's unless allow names them. 0 or -1. */
 int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *err, size_t errlen);
+/* The writer's check (ctx: the qt_trainer; reads t->eng->L and t->saved_step): an fp32 or bf16 blob
+ * of L->numel elements holding a NaN/Inf is refused, naming the blob, the tensor and the element. */
+int qt_trainer_check_finite(const qt_ckpt_item *item, void *ctx, char *err, size_t errlen);
 /* "model.layers.1.mlp.down_proj.weight[17]" for flat element i of L. */
 void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap);
 /* "the newest checkpoint, <path>, is kept" or "no checkpoint was written". */

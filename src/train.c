@@ -199,7 +199,8 @@ static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st,
     }
     double dt = now_s() - t0;
     st->tokens_per_s = dt > 0 ? (t->step - start) * t->tok_per_step / dt : 0;
-    return atomic_load(&g_stop) ? qt_trainer_stop(t, atomic_load(&g_stop), err, errlen) : 0;
+    /* a request that comes after the last step lets the run finish (and export) */
+    return t->step < stop ? qt_trainer_stop(t, atomic_load(&g_stop), err, errlen) : 0;
 }
 
 /* What the run will need later, checked before the (long) model setup: checkpoint.dir created,

@@ -46,9 +46,8 @@ void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap) {
     free(steps);
 }
 
-/* The writer's check: an fp32 or bf16 blob of the model's size holding a NaN/Inf is refused, naming
- * the tensor. Runs on the writer thread: reads only the layout and the blob. */
-static int check_finite(const qt_ckpt_item *it, void *ctx, char *err, size_t errlen) {
+/* Runs on the writer thread: reads only the layout, saved_step and the blob. */
+int qt_trainer_check_finite(const qt_ckpt_item *it, void *ctx, char *err, size_t errlen) {
     const qt_trainer *t = ctx;
     const qt_layout *L = t->eng->L;
     size_t n = L->numel, bad = (size_t)-1;
@@ -75,7 +74,7 @@ static int check_finite(const qt_ckpt_item *it, void *ctx, char *err, size_t err
 
 int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     t->cfgtext = malloc(CFG_CAP);
-    t->writer = qt_ckpt_writer_create(check_finite, t);
+    t->writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
     if (!t->cfgtext || !t->writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
     t->pos = qt_loader_get_pos(t->train);
     return 0;
@@ -136,7 +135,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     items[n++] = (qt_ckpt_item){"model_cfg", -1, &t->eng->L->cfg, sizeof t->eng->L->cfg};
     items[n++] = (qt_ckpt_item){"config", -1, t->cfgtext, cl < CFG_CAP ? cl : CFG_CAP - 1};
     if (snapshot(t, items, t->eng->ops->state_is_snapshot ? ne : 0, n, err, errlen)) return -1;
-    t->saved_step = t->step; /* read by check_finite on the writer thread, which starts after this */
+    t->saved_step = t->step; /* read by qt_trainer_check_finite on the writer thread, which starts after this */
     t->write_bytes = 0;
     for (int i = 0; i < n; i++) t->write_bytes += items[i].bytes;
     if (qt_ckpt_writer_start(t->writer, t->cfg->ckpt_dir, t->step, t->cfg->ckpt_keep, items, n, err, errlen)) return -1;
