@@ -20,6 +20,7 @@
 
 #include "qt_ckpt.h"
 #include "qt_data.h"
+#include "qt_device.h"
 #include "qt_dtype.h"
 #include "qt_engine.h"
 #include "qt_json.h"
@@ -30,6 +31,7 @@
 static char g_dir[256];
 static char g_qtrain[512];
 static unsigned g_seed;
+static int g_gpu; /* 1: the runs train on the GPU (head_dim 64 for cuDNN's attention) */
 
 static double mono_s(void) {
     struct timespec ts;
@@ -49,14 +51,15 @@ static void write_cfg(char *path, size_t cap, const char *name, int steps, int e
     FILE *f = fopen(path, "w");
     if (!f) return;
     fprintf(f,
-            "model: {vocab_size: 64, hidden_size: 16, num_layers: 1, num_heads: 2, num_kv_heads: 1,\n"
+            "model: {vocab_size: 64, hidden_size: %d, num_layers: 1, num_heads: 2, num_kv_heads: 1,\n"
             "        intermediate_size: 32, max_seq_len: 16}\n"
             "data: {train: '%s/tr_*.bin', seq_len: 16, micro_batch: 2}\n"
             "optim: {lr: 0.003, warmup: 3, steps: %d}\n"
             "checkpoint: {dir: '%s/%s', every: %d, keep: %d}\n"
             "log: {file: '%s/%s.jsonl', every: 1}\n"
-            "device: cpu\n%s\n",
-            g_dir, steps, g_dir, name, every, keep, g_dir, name, extra ? extra : "");
+            "device: %s\n%s\n",
+            g_gpu ? 128 : 16, g_dir, steps, g_dir, name, every, keep, g_dir, name, g_gpu ? "cuda\nparallel: {gpus: 1}" : "cpu",
+            extra ? extra : "");
     fclose(f);
 }
 
@@ -524,14 +527,14 @@ static int interrupt_until_done(const char *name, int steps, int sig, int want_s
 /* SIGINTs at random times during training and checkpointing (the writes take longer than the 2
  * steps between them, so many land mid-write): every stop exits 75, and the resumed runs end with a
  * checkpoint and export byte-identical to an uninterrupted run's. */
-static void test_sigint_random_resume_bit_exact(void) {
-    QT_REQUIRE(run_to_end("ref", 60, 2, 2, NULL) == 0, "reference run failed");
-    int sent = interrupt_until_done("int", 60, SIGINT, 20, 0.1, &(int){0});
-    QT_REQUIRE(sent > 0, "interrupted runs failed (see %s/int.out)", g_dir);
+static void sigint_random_resume_bit_exact(const char *ref, const char *intr) {
+    QT_REQUIRE(run_to_end(ref, 60, 2, 2, NULL) == 0, "reference run failed");
+    int sent = interrupt_until_done(intr, 60, SIGINT, 20, 0.1, &(int){0});
+    QT_REQUIRE(sent > 0, "interrupted runs failed (see %s/%s.out)", g_dir, intr);
     char why[256] = "", a[512], b[512];
-    QT_EXPECT(same_state("ref", "int", 60, why, sizeof why), "final checkpoints differ: %s", why);
-    snprintf(a, sizeof a, "%s/ref/export/model.safetensors", g_dir);
-    snprintf(b, sizeof b, "%s/int/export/model.safetensors", g_dir);
+    QT_EXPECT(same_state(ref, intr, 60, why, sizeof why), "final checkpoints differ: %s", why);
+    snprintf(a, sizeof a, "%s/%s/export/model.safetensors", g_dir, ref);
+    snprintf(b, sizeof b, "%s/%s/export/model.safetensors", g_dir, intr);
     size_t na = 0, nb = 0;
     char *fa = qt_t_read_file(a, &na), *fb = qt_t_read_file(b, &nb);
     QT_EXPECT(fa && fb && na == nb && memcmp(fa, fb, na) == 0, "exports differ (%zu vs %zu bytes)", na, nb);
@@ -541,17 +544,33 @@ static void test_sigint_random_resume_bit_exact(void) {
 }
 
 /* 50 SIGKILLs, half at random times (setup, training, writes), half as a checkpoint write begins:
- * after each, the next run resumes from the
- * newest checkpoint, which must be valid (no fallback warning), and the final state equals the
- * uninterrupted run's. */
-static void test_sigkill_50_always_resumes(void) {
-    QT_REQUIRE(newest_step("ref") == 60 || run_to_end("ref", 60, 2, 2, NULL) == 0, "reference run failed");
-    int mid = 0, kills = interrupt_until_done("kill", 60, SIGKILL, 50, 0.4, &mid);
-    QT_REQUIRE(kills == 50, "kill loop failed after %d kills (see %s/kill.out)", kills, g_dir);
+ * after each, the next run resumes from the newest checkpoint, which must be valid (no fallback
+ * warning), and the final state equals the uninterrupted run's. */
+static void sigkill_50_always_resumes(const char *ref, const char *killed, double max_delay_s) {
+    QT_REQUIRE(newest_step(ref) == 60 || run_to_end(ref, 60, 2, 2, NULL) == 0, "reference run failed");
+    int mid = 0, kills = interrupt_until_done(killed, 60, SIGKILL, 50, max_delay_s, &mid);
+    QT_REQUIRE(kills == 50, "kill loop failed after %d kills (see %s/%s.out)", kills, g_dir, killed);
     char why[256] = "";
-    QT_EXPECT(same_state("ref", "kill", 60, why, sizeof why), "final checkpoints differ: %s", why);
+    QT_EXPECT(same_state(ref, killed, 60, why, sizeof why), "final checkpoints differ: %s", why);
     printf("  50 SIGKILLs (25 at random times, 25 as a write began), %d left a partial write (.tmp); every resume "
            "found a valid checkpoint\n", mid);
+}
+
+static void test_sigint_random_resume_bit_exact(void) { sigint_random_resume_bit_exact("ref", "int"); }
+static void test_sigkill_50_always_resumes(void) { sigkill_50_always_resumes("ref", "kill", 0.4); }
+
+/* The same on one GPU (CUDA start-up takes seconds: random kills within 6 s). */
+static void test_sigint_random_resume_bit_exact_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    g_gpu = 1;
+    sigint_random_resume_bit_exact("ref_gpu", "int_gpu");
+    g_gpu = 0;
+}
+static void test_sigkill_50_always_resumes_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    g_gpu = 1;
+    sigkill_50_always_resumes("ref_gpu", "kill_gpu", 6.0);
+    g_gpu = 0;
 }
 
 int main(int argc, char **argv) {
@@ -594,6 +613,8 @@ int main(int argc, char **argv) {
     QT_RUN(test_concurrent_run_refused);
     QT_RUN(test_sigint_random_resume_bit_exact);
     QT_RUN(test_sigkill_50_always_resumes);
+    QT_RUN(test_sigint_random_resume_bit_exact_gpu);
+    QT_RUN(test_sigkill_50_always_resumes_gpu);
     if (!qt_t_nfail) qt_t_rmtree(g_dir);
     else printf("  files kept in %s\n", g_dir);
     return qt_test_end();
