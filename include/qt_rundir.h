@@ -19,6 +19,8 @@
 
 typedef struct {
     int lock_fd;          /* -1 when not locked */
+    int created;          /* qt_rundir_open made dir */
+    int wrote_identity;   /* a fresh run wrote run.json */
     char dir[QT_PATH_MAX];
     char run_id[17];
 } qt_rundir;
@@ -27,7 +29,9 @@ typedef struct {
  * qt_rundir_close or the end of the process). Deletes the temp files (ckpt_*.qtc.tmp) a killed write
  * left. Returns 0, or -1 with err (another run holds the lock, not a writable directory). */
 int qt_rundir_open(qt_rundir *r, const char *dir, char *err, size_t errlen);
-void qt_rundir_close(qt_rundir *r);
+/* Drops the lock. discard (a run that failed before its first checkpoint): also removes what this
+ * run made — a fresh run's run.json, the lock file, dir itself when it made it and it is empty. */
+void qt_rundir_close(qt_rundir *r, int discard);
 /* Fresh run (resume 0): refuses a dir that holds checkpoints, then writes run.json with a new run id.
  * Resume: keeps run.json's id (makes one when the file is missing) and rewrites it with cfg's hash.
  * Returns 0, or -1 with err. */

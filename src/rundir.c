@@ -51,7 +51,9 @@ static void remove_stale_temps(const char *dir) {
 int qt_rundir_open(qt_rundir *r, const char *dir, char *err, size_t errlen) {
     r->lock_fd = -1;
     r->run_id[0] = 0;
+    r->wrote_identity = 0;
     snprintf(r->dir, sizeof r->dir, "%s", dir);
+    r->created = access(dir, F_OK) != 0;
     char p[QT_PATH_MAX + 64], e2[QT_PATH_MAX + 256];
     if (qt_ckpt_mkdirs(dir, e2, sizeof e2)) return qt_errf(err, errlen, "checkpoint.dir: %s", e2);
     snprintf(p, sizeof p, "%s/.write_test.%d", dir, (int)getpid());
@@ -84,8 +86,17 @@ int qt_rundir_open(qt_rundir *r, const char *dir, char *err, size_t errlen) {
     return 0;
 }
 
-void qt_rundir_close(qt_rundir *r) {
-    if (r->lock_fd >= 0) close(r->lock_fd); /* drops the flock */
+void qt_rundir_close(qt_rundir *r, int discard) {
+    if (r->lock_fd < 0) return;
+    if (discard) { /* under the lock, so no other run is using these names */
+        char p[QT_PATH_MAX + 16];
+        snprintf(p, sizeof p, "%s/run.json", r->dir);
+        if (r->wrote_identity) unlink(p);
+        snprintf(p, sizeof p, "%s/.lock", r->dir);
+        unlink(p);
+        if (r->created) rmdir(r->dir); /* only when empty */
+    }
+    close(r->lock_fd); /* drops the flock */
     r->lock_fd = -1;
 }
 
@@ -162,6 +173,7 @@ int qt_rundir_identity(qt_rundir *r, const qt_config *cfg, int resume, char *err
                        "continue that run with --resume, or give a new checkpoint.dir (or delete the old one)",
                        r->dir, n, n == 1 ? "" : "s", r->run_id[0] ? r->run_id : "(no run.json)", newest);
     if (!resume || !r->run_id[0]) new_run_id(r->run_id);
+    r->wrote_identity = !resume;
     return write_run_json(r, cfg, err, errlen);
 }
 

@@ -266,7 +266,7 @@ done:
     st->steps_done = t.step;
     qt_trainer_ckpt_free(&t);
     if (qt_train_log_close(&t.log, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
-    qt_rundir_close(&t.dir);
+    qt_rundir_close(&t.dir, rc < 0 && t.saved_step < 0); /* a run that failed before saving leaves nothing */
     if (t.eng) t.eng->ops->free(t.eng);
     if (t.train) qt_loader_free(t.train);
     if (t.eval) qt_loader_free(t.eval);

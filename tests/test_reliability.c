@@ -252,6 +252,13 @@ static void test_unwritable_ckpt_dir_found_at_start(void) {
     int st = run_qtrain(out, args);
     QT_EXPECT(st == 1 && file_has(out, "checkpoint.dir") && !file_has(out, "step      1/"),
               "unusable checkpoint.dir: status %d, trained first: %d (see %s)", st, file_has(out, "step      1/"), out);
+    /* a run refused later in its setup (no data) leaves no checkpoint.dir behind */
+    char d[512], nodata[600];
+    snprintf(nodata, sizeof nodata, "data.train=%s/no_such_*.bin", g_dir);
+    const char *args2[] = {cfg, "--set", nodata, NULL};
+    st = run_qtrain(out, args2);
+    snprintf(d, sizeof d, "%s/afile_run", g_dir);
+    QT_EXPECT(st == 1 && file_has(out, "no_such_") && !exists(d), "no data: status %d, %s left: %d", st, d, exists(d));
 }
 
 static void test_log_write_failure_is_an_error(void) {
@@ -368,16 +375,24 @@ static void test_export_needs_no_data(void) {
     QT_EXPECT(st == 0 && exists(p), "--export without data: status %d (see %s)", st, out);
 }
 
+/* Starts run `name` with 1,000,000 steps (cfg and out filled) and waits for `text` in its output.
+ * Returns the pid, or -1 when the text did not come. */
+static pid_t start_long_run(const char *name, char *cfg, char *out, size_t cap, const char *text) {
+    write_cfg(cfg, cap, name, 1000000, 0, 2, NULL);
+    snprintf(out, cap, "%s/%s.out", g_dir, name);
+    unlink(out);
+    const char *args[] = {cfg, NULL};
+    pid_t pid = spawn(out, args);
+    return wait_text(out, text, pid, 60) ? pid : -1;
+}
+
 /* SIGINT during training: the step ends, a checkpoint is written, exit 75; SIGTERM after a resume
  * the same. Then two signals at once: the second ends the process at once. */
 static void test_signal_checkpoints_and_exits_75(void) {
     char cfg[512], out[512];
-    write_cfg(cfg, sizeof cfg, "sig", 1000000, 0, 2, NULL);
-    snprintf(out, sizeof out, "%s/sig.out", g_dir);
-    unlink(out);
-    const char *args[] = {cfg, NULL}, *res[] = {cfg, "--resume", NULL};
-    pid_t pid = spawn(out, args);
-    QT_REQUIRE(wait_text(out, "step      2/", pid, 60), "no step 2 (see %s)", out);
+    pid_t pid = start_long_run("sig", cfg, out, sizeof out, "step      2/");
+    QT_REQUIRE(pid > 0, "no step 2 (see %s)", out);
+    const char *res[] = {cfg, "--resume", NULL};
     kill(pid, SIGINT);
     int st = wait_status(pid, 60);
     long s = newest_step("sig");
@@ -401,13 +416,9 @@ static void test_signal_checkpoints_and_exits_75(void) {
  * with time, elapsed_s and tokens; every line parses as JSON. */
 static void test_log_survives_kill(void) {
     char cfg[512], out[512], logp[512], err[512];
-    write_cfg(cfg, sizeof cfg, "klog", 1000000, 0, 2, NULL);
-    snprintf(out, sizeof out, "%s/klog.out", g_dir);
     snprintf(logp, sizeof logp, "%s/klog.jsonl", g_dir);
-    unlink(out);
-    const char *args[] = {cfg, NULL};
-    pid_t pid = spawn(out, args);
-    QT_REQUIRE(wait_text(out, "step     12/", pid, 60), "no step 12 (see %s)", out);
+    pid_t pid = start_long_run("klog", cfg, out, sizeof out, "step     12/");
+    QT_REQUIRE(pid > 0, "no step 12 (see %s)", out);
     kill(pid, SIGKILL);
     wait_status(pid, 10);
     size_t n = 0;
@@ -439,14 +450,11 @@ static void test_log_survives_kill(void) {
 /* Another run on a checkpoint.dir that a run holds is refused. */
 static void test_concurrent_run_refused(void) {
     char cfg[512], out[512], out2[512];
-    write_cfg(cfg, sizeof cfg, "lock", 1000000, 0, 2, NULL);
-    snprintf(out, sizeof out, "%s/lock.out", g_dir);
+    pid_t pid = start_long_run("lock", cfg, out, sizeof out, "step      2/");
+    QT_REQUIRE(pid > 0, "no step 2 (see %s)", out);
     snprintf(out2, sizeof out2, "%s/lock2.out", g_dir);
-    unlink(out);
-    const char *args[] = {cfg, NULL};
-    pid_t pid = spawn(out, args);
-    QT_REQUIRE(wait_text(out, "step      2/", pid, 60), "no step 2 (see %s)", out);
     unlink(out2);
+    const char *args[] = {cfg, NULL};
     int st = wait_status(spawn(out2, args), 20);
     QT_EXPECT(st == 1 && file_has(out2, "in use by another run"), "second run: status %d (see %s)", st, out2);
     kill(pid, SIGINT);
