@@ -44,7 +44,8 @@ struct qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, con
  * Returns 0 when done; QT_TRAIN_STOPPED after a stop request (checkpoint written and waited for); or
  * -1 with err for user errors (missing files, bad shards, incompatible checkpoint, a used
  * checkpoint.dir, divergence, a failed write). A data or log error found mid-run first saves a
- * checkpoint of the last completed step. Device failures stop the process through QT_CHECK. */
+ * checkpoint of the last completed step; an engine failure (a CUDA call, a failed rank) comes back as
+ * -1 with its message, without a new checkpoint. */
 int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats *st, char *err, size_t errlen);
 
 /* Asks the running (or the next) qt_train_run to stop after its current optimizer step — every GPU

@@ -66,7 +66,8 @@ static void fmt_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
-/* Mean eval loss into *out. Returns 0, or -1 with err when an eval shard cannot be read. */
+/* Mean eval loss into *out. Returns 0; 1 with err when an eval shard cannot be read (the run can
+ * still be saved); -1 with err when the engine failed. */
 static int run_eval(qt_trainer *t, float *out, char *err, size_t errlen) {
     qt_loader_reset(t->eval);
     double sum = 0;
@@ -75,13 +76,15 @@ static int run_eval(qt_trainer *t, float *out, char *err, size_t errlen) {
     for (int i = 0; i < t->cfg->eval_batches; i += ranks) { /* one batch per GPU; spare GPUs get none */
         for (int r = 0; r < ranks; r++) {
             if (i + r < t->cfg->eval_batches) {
-                if (qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok, err, errlen)) return -1;
+                if (qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok, err, errlen)) return 1;
             } else { /* token 0, every target ignored */
                 memset(t->in + r * ntok, 0, ntok * sizeof(int32_t));
                 memset(t->tgt + r * ntok, 0xff, ntok * sizeof(int32_t));
             }
         }
-        sum += t->eng->ops->eval_loss(t->eng, t->in, t->tgt);
+        float l;
+        if (qt_engine_eval_loss(t->eng, t->in, t->tgt, &l, err, errlen)) return -1;
+        sum += l;
     }
     *out = (float)(sum / t->cfg->eval_batches);
     return 0;
@@ -96,8 +99,7 @@ static int export_model(qt_trainer *t, char *err, size_t errlen) {
         snprintf(err, errlen, "out of host memory for the export");
         return -1;
     }
-    t->eng->ops->get_weights(t->eng, w);
-    int rc = qt_hf_export(dir, t->eng->L, w, t->cfg->export_bf16, err, errlen);
+    int rc = qt_engine_get_weights(t->eng, w, err, errlen) ? -1 : qt_hf_export(dir, t->eng->L, w, t->cfg->export_bf16, err, errlen);
     free(w);
     if (rc == 0) printf("qtrain: exported %s/model.safetensors and config.json (%s)\n", dir, t->cfg->export_bf16 ? "bf16" : "fp32");
     return rc;
@@ -145,8 +147,8 @@ static int diverged(qt_trainer *t, long bad, float loss, float gnorm, char *err,
                    "diverged (lower optim.lr?); nothing saved, %s", t->step + 1, name, loss, gnorm, newest);
 }
 
-/* One optimizer step. Returns 0, 1 on a data error (err set; the step did not happen) or -1 on
- * divergence. */
+/* One optimizer step. Returns 0; 1 on a data error (err set; the step did not happen, the last one
+ * can be saved); -1 on divergence or an engine failure. */
 static int one_step(qt_trainer *t, float lr, float *loss, float *gnorm, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
     int ranks = t->eng->ranks;
@@ -154,9 +156,9 @@ static int one_step(qt_trainer *t, float lr, float *loss, float *gnorm, char *er
     for (int a = 0; a < c->grad_accum; a++) {
         for (int r = 0; r < ranks; r++)
             if (qt_loader_next(t->train, t->in + r * ntok, t->tgt + r * ntok, err, errlen)) return 1;
-        t->eng->ops->micro_step(t->eng, t->in, t->tgt, 1.0f / c->grad_accum);
+        if (qt_engine_micro_step(t->eng, t->in, t->tgt, 1.0f / c->grad_accum, err, errlen)) return -1;
     }
-    t->eng->ops->opt_step(t->eng, lr, t->step + 1, loss, gnorm);
+    if (qt_engine_opt_step(t->eng, lr, t->step + 1, loss, gnorm, err, errlen)) return -1;
     if (!isfinite(*loss) || !isfinite(*gnorm))
         return qt_errf(err, errlen, "step %ld: loss %g, grad norm %g: training diverged (lower optim.lr?)",
                        t->step + 1, *loss, *gnorm);
@@ -189,8 +191,9 @@ static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st,
         }
         if (t->eval && ((c->eval_every > 0 && t->step % c->eval_every == 0) || t->step == c->steps)) {
             float el;
-            if (run_eval(t, &el, err, errlen) || log_eval(t, el, err, errlen))
-                return qt_trainer_save_after_error(t, err, errlen);
+            int erc = run_eval(t, &el, err, errlen);
+            if (erc < 0) return -1;
+            if (erc || log_eval(t, el, err, errlen)) return qt_trainer_save_after_error(t, err, errlen);
             if (isnan(st->first_eval)) st->first_eval = el;
             st->last_eval = el;
         }
@@ -267,7 +270,7 @@ done:
     qt_trainer_ckpt_free(&t);
     if (qt_train_log_close(&t.log, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
     qt_rundir_close(&t.dir, rc < 0 && t.saved_step < 0); /* a run that failed before saving leaves nothing */
-    if (t.eng) t.eng->ops->free(t.eng);
+    qt_engine_free(t.eng);
     if (t.train) qt_loader_free(t.train);
     if (t.eval) qt_loader_free(t.eval);
     free(t.in);

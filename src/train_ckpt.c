@@ -126,7 +126,8 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     if (finish_write(t, err, errlen)) return -1;
     double waited = now_s() - t0;
     qt_ckpt_item items[24];
-    int ne = t->eng->ops->state_items(t->eng, items, 16), n = ne;
+    int ne = qt_engine_state_items(t->eng, items, 16, err, errlen), n = ne;
+    if (ne < 0) return -1;
     int64_t step = t->step;
     size_t cl = qt_config_dump(t->cfg, t->cfgtext, CFG_CAP);
     items[n++] = (qt_ckpt_item){"step", -1, &step, sizeof step};
@@ -270,7 +271,7 @@ int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *e
     } else if (nb != sizeof(qt_model_cfg) || memcmp(mc, &t->eng->L->cfg, nb)) {
         qt_errf(err, errlen, "%s: the checkpoint's model differs from the config's model", path);
     } else if ((!t->train || check_config(t, ck, path, allow, &data_moved, err, errlen) == 0) &&
-               t->eng->ops->load_state(t->eng, ck, err, errlen) == 0) {
+               qt_engine_load_state(t->eng, ck, err, errlen) == 0) {
         int64_t s;
         qt_loader_pos p;
         memcpy(&s, step, sizeof s);

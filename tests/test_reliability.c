@@ -462,16 +462,25 @@ static void test_concurrent_run_refused(void) {
     QT_EXPECT(st == QT_EXIT_STOPPED, "first run: status %d", st);
 }
 
-/* Waits until a checkpoint file newer than step `after` appears in dir — the temp file of a write just
- * begun, or (were writes not atomic) the checkpoint itself. 0 when pid ended or timeout_s passed. */
-static int wait_new_ckpt_file(const char *dir, long after, pid_t pid, double timeout_s) {
+/* 1 when dir/name was modified at or after Unix time t. */
+static int modified_since(const char *dir, const char *name, double t) {
+    char p[800];
+    struct stat fs;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &fs) == 0 && fs.st_mtim.tv_sec + fs.st_mtim.tv_nsec * 1e-9 >= t;
+}
+
+/* Waits until a checkpoint file newer than step `after` and written since Unix time `since` appears in
+ * dir — the temp file of a write just begun, or (were writes not atomic) the checkpoint itself; a temp
+ * file an earlier kill left is not one. 0 when pid ended or timeout_s passed. */
+static int wait_new_ckpt_file(const char *dir, long after, double since, pid_t pid, double timeout_s) {
     double t0 = mono_s();
     while (mono_s() - t0 < timeout_s) {
         DIR *d = opendir(dir);
         struct dirent *e;
         int found = 0;
         while (d && !found && (e = readdir(d)))
-            found = !strncmp(e->d_name, "ckpt_", 5) && atol(e->d_name + 5) > after;
+            found = !strncmp(e->d_name, "ckpt_", 5) && atol(e->d_name + 5) > after && modified_since(dir, e->d_name, since);
         if (d) closedir(d);
         if (found) return 1;
         if (waitpid(pid, NULL, WNOHANG) != 0) return 0;
@@ -480,43 +489,43 @@ static int wait_new_ckpt_file(const char *dir, long after, pid_t pid, double tim
     return 0;
 }
 
-/* Stops run `name` (steps, checkpoint every 2) with sig at random times until it completes; every
- * process must end as `sig` allows. Returns the number of signals sent, -1 on a failure. */
-static int interrupt_until_done(const char *name, int steps, int sig, int want_signals, double max_delay_s,
+/* Stops run `name` (steps, checkpoint every 2) with sig until it completes; every process must end as
+ * `sig` allows. SIGINT: 0-100 ms after setup. SIGKILL, in turn: 0-startup_s after the start (mostly
+ * during setup), as a checkpoint write begins, 0-300 ms after setup, as a write begins. Returns the
+ * number of signals sent, -1 on a failure. */
+static int interrupt_until_done(const char *name, int steps, int sig, int want_signals, double startup_s,
                                 int *mid_write) {
-    char cfg[512], out[512];
+    char cfg[512], out[512], d[512];
     write_cfg(cfg, sizeof cfg, name, steps, 2, 2, NULL);
     snprintf(out, sizeof out, "%s/%s.out", g_dir, name);
+    snprintf(d, sizeof d, "%s/%s", g_dir, name);
     int sent = 0;
     for (int attempt = 0; attempt < 400; attempt++) {
         int resume = newest_step(name) >= 0;
         if (newest_step(name) == steps) return sent; /* killed after the last checkpoint */
         const char *a1[] = {cfg, NULL}, *a2[] = {cfg, "--resume", NULL};
         unlink(out);
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        double started = now.tv_sec + now.tv_nsec * 1e-9;
         pid_t pid = spawn(out, resume ? a2 : a1);
-        int signal_it = sent < want_signals;
-        char d[512];
-        snprintf(d, sizeof d, "%s/%s", g_dir, name);
-        if (signal_it && sig == SIGINT && !wait_text(out, "qtrain: run ", pid, 60)) signal_it = 0;
-        if (signal_it && sig == SIGKILL && sent % 2) { /* every other kill: as a checkpoint write begins */
-            if (wait_new_ckpt_file(d, newest_step(name), pid, 60)) {
-                kill(pid, sig);
-                sent++;
-            }
-            signal_it = 0;
-        }
-        if (signal_it) {
-            usleep((useconds_t)(rand() / (RAND_MAX + 1.0) * max_delay_s * 1e6));
+        int kind = sig == SIGINT ? 2 : sent % 4; /* 0: from the start, 1 and 3: a write, 2: after setup */
+        double delay = kind == 0 ? startup_s : sig == SIGINT ? 0.1 : 0.3;
+        int go = sent < want_signals;
+        if (go && kind == 2) go = wait_text(out, "qtrain: run ", pid, 60);
+        if (go && kind % 2) go = wait_new_ckpt_file(d, newest_step(name), started, pid, 60);
+        else if (go) usleep((useconds_t)(rand() / (RAND_MAX + 1.0) * delay * 1e6));
+        if (go) {
             kill(pid, sig);
             sent++;
         }
         int st = wait_status(pid, 120);
         if (sig == SIGKILL && st == 128 + SIGKILL) {
-            char tmp[600];
+            char tmp[64];
             long *s = NULL;
             int n = qt_ckpt_list(d, &s);
-            snprintf(tmp, sizeof tmp, "%s/ckpt_%08ld.qtc.tmp", d, n ? s[0] + 2 : 2L);
-            *mid_write += exists(tmp);
+            snprintf(tmp, sizeof tmp, "ckpt_%08ld.qtc.tmp", n ? s[0] + 2 : 2L);
+            *mid_write += modified_since(d, tmp, started); /* not one a start-up kill left alone */
             free(s);
         }
         int ok = st == 0 || (sig == SIGINT && st == QT_EXIT_STOPPED) || (sig == SIGKILL && st == 128 + SIGKILL);
@@ -537,7 +546,7 @@ static int interrupt_until_done(const char *name, int steps, int sig, int want_s
  * checkpoint and export byte-identical to an uninterrupted run's. */
 static void sigint_random_resume_bit_exact(const char *ref, const char *intr) {
     QT_REQUIRE(run_to_end(ref, 60, 2, 2, NULL) == 0, "reference run failed");
-    int sent = interrupt_until_done(intr, 60, SIGINT, 20, 0.1, &(int){0});
+    int sent = interrupt_until_done(intr, 60, SIGINT, 20, 0, &(int){0});
     QT_REQUIRE(sent > 0, "interrupted runs failed (see %s/%s.out)", g_dir, intr);
     char why[256] = "", a[512], b[512];
     QT_EXPECT(same_state(ref, intr, 60, why, sizeof why), "final checkpoints differ: %s", why);
@@ -551,23 +560,23 @@ static void sigint_random_resume_bit_exact(const char *ref, const char *intr) {
     printf("  %d SIGINTs (random delays 0-100 ms after setup); resumed bit-exactly\n", sent);
 }
 
-/* 50 SIGKILLs, half at random times (setup, training, writes), half as a checkpoint write begins:
- * after each, the next run resumes from the newest checkpoint, which must be valid (no fallback
- * warning), and the final state equals the uninterrupted run's. */
-static void sigkill_50_always_resumes(const char *ref, const char *killed, double max_delay_s) {
-    QT_REQUIRE(newest_step(ref) == 60 || run_to_end(ref, 60, 2, 2, NULL) == 0, "reference run failed");
-    int mid = 0, kills = interrupt_until_done(killed, 60, SIGKILL, 50, max_delay_s, &mid);
+/* 50 SIGKILLs (a quarter at random times from the start, a quarter at random times in training, half
+ * as a checkpoint write begins): after each, the next run resumes from the newest checkpoint, which
+ * must be valid (no fallback warning), and the final state equals an uninterrupted run's. */
+static void sigkill_50_always_resumes(const char *ref, const char *killed, int steps, double startup_s) {
+    QT_REQUIRE(newest_step(ref) == steps || run_to_end(ref, steps, 2, 2, NULL) == 0, "reference run failed");
+    int mid = 0, kills = interrupt_until_done(killed, steps, SIGKILL, 50, startup_s, &mid);
     QT_REQUIRE(kills == 50, "kill loop failed after %d kills (see %s/%s.out)", kills, g_dir, killed);
     char why[256] = "";
-    QT_EXPECT(same_state(ref, killed, 60, why, sizeof why), "final checkpoints differ: %s", why);
-    printf("  50 SIGKILLs (25 at random times, 25 as a write began), %d left a partial write (.tmp); every resume "
-           "found a valid checkpoint\n", mid);
+    QT_EXPECT(same_state(ref, killed, steps, why, sizeof why), "final checkpoints differ: %s", why);
+    printf("  50 SIGKILLs (13 from the start, 12 in training, 25 as a write began), %d left a partial write "
+           "(.tmp); every resume found a valid checkpoint\n", mid);
 }
 
 static void test_sigint_random_resume_bit_exact(void) { sigint_random_resume_bit_exact("ref", "int"); }
-static void test_sigkill_50_always_resumes(void) { sigkill_50_always_resumes("ref", "kill", 0.4); }
+static void test_sigkill_50_always_resumes(void) { sigkill_50_always_resumes("ref400", "kill", 400, 0.15); }
 
-/* The same on one GPU (CUDA start-up takes seconds: random kills within 6 s). */
+/* The same on one GPU (CUDA start-up takes seconds: the first kind of kill comes within 4 s). */
 static void test_sigint_random_resume_bit_exact_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     g_gpu = 1;
@@ -577,7 +586,7 @@ static void test_sigint_random_resume_bit_exact_gpu(void) {
 static void test_sigkill_50_always_resumes_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     g_gpu = 1;
-    sigkill_50_always_resumes("ref_gpu", "kill_gpu", 6.0);
+    sigkill_50_always_resumes("ref_gpu400", "kill_gpu", 400, 4.0);
     g_gpu = 0;
 }
 
