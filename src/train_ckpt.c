@@ -239,15 +239,19 @@ static int check_config(const qt_trainer *t, const qt_ckpt *ck, const char *path
     *data_moved = 0;
     if (!text) return 0;
     char *yaml = malloc(nb + 1), e2[2048];
-    static qt_config old; /* large; the trainer runs one at a time */
-    if (!yaml) return qt_errf(err, errlen, "out of host memory");
-    memcpy(yaml, text, nb);
-    yaml[nb] = 0;
+    qt_config *old = malloc(sizeof *old);
     int rc = 0;
-    if (qt_config_load_string(&old, yaml, path, NULL, 0, e2, sizeof e2))
-        fprintf(stderr, "qtrain: warning: %s: its config does not load (%s); data and seed keys not compared\n", path, e2);
-    else rc = qt_rundir_check_resume(&old, t->cfg, allow, path, data_moved, err, errlen);
+    if (!yaml || !old) {
+        rc = qt_errf(err, errlen, "out of host memory");
+    } else {
+        memcpy(yaml, text, nb);
+        yaml[nb] = 0;
+        if (qt_config_load_string(old, yaml, path, NULL, 0, e2, sizeof e2))
+            fprintf(stderr, "qtrain: warning: %s: its config does not load (%s); data and seed keys not compared\n", path, e2);
+        else rc = qt_rundir_check_resume(old, t->cfg, allow, path, data_moved, err, errlen);
+    }
     free(yaml);
+    free(old);
     return rc;
 }
 
