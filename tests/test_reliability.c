@@ -6,7 +6,8 @@
  * without data.
  *
  * Most tests drive the qtrain program (beside this test's build folder, or argv[1]) in child
- * processes, with OMP_NUM_THREADS=1 so that a loaded machine does not slow the CPU path to a crawl.
+ * processes, with OMP_NUM_THREADS=1 so that a loaded machine does not slow the CPU path to a crawl
+ * (and QT_MATMUL_AUTOTUNE=0, so that GPU runs in different processes stay bitwise comparable).
  * Random times come from a seed printed at the start (argv[2] repeats a run). */
 #include <dirent.h>
 #include <fcntl.h>
@@ -78,6 +79,7 @@ static pid_t spawn(const char *out, const char *const *args) {
             dup2(fd, 2);
         }
         setenv("OMP_NUM_THREADS", "1", 1);
+        setenv("QT_MATMUL_AUTOTUNE", "0", 1); /* GPU: every process multiplies with the same algorithms */
         execv(g_qtrain, (char *const *)argv);
         _exit(127);
     }
