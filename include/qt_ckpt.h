@@ -32,6 +32,31 @@ long qt_ckpt_step(const qt_ckpt *ck);
 void qt_ckpt_close(qt_ckpt *ck);
 /* Path of the newest ckpt_*.qtc in dir. Returns 0, or -1 when there is none. */
 int qt_ckpt_latest(const char *dir, char *path, size_t cap);
+/* Steps of the ckpt_*.qtc files in dir, newest first, in *steps (malloc'ed, caller frees; NULL when
+ * none). Returns their count: 0 when there are none or dir does not exist. */
+int qt_ckpt_list(const char *dir, long **steps);
+
+/* Background writing: qt_ckpt_save on a thread of its own, so training goes on while a checkpoint is
+ * hashed, written, fsync'ed and renamed. One write at a time. A kill at any moment leaves every
+ * checkpoint already renamed intact; the temp file is never taken for a checkpoint. */
+typedef struct qt_ckpt_writer qt_ckpt_writer;
+/* Runs on the writer's thread on each item before anything is written; non-zero (with err) cancels
+ * the save, which then fails with that message. */
+typedef int (*qt_ckpt_check_fn)(const qt_ckpt_item *item, void *ctx, char *err, size_t errlen);
+/* check may be NULL. NULL when out of memory. Free with qt_ckpt_writer_free (which waits). */
+qt_ckpt_writer *qt_ckpt_writer_create(qt_ckpt_check_fn check, void *ctx);
+/* Starts qt_ckpt_save(dir, step, keep, items, n) on the writer's thread and returns at once. The
+ * items' names and data are borrowed until qt_ckpt_writer_wait returns: they must stay unchanged
+ * until then. n <= 32. Returns 0, or -1 with err (a write still in flight: wait first). */
+int qt_ckpt_writer_start(qt_ckpt_writer *w, const char *dir, long step, int keep, const qt_ckpt_item *items,
+                         int n, char *err, size_t errlen);
+/* 1 while a write is in flight and not finished (qt_ckpt_writer_wait then returns at once). */
+int qt_ckpt_writer_running(qt_ckpt_writer *w);
+/* Waits for the write in flight. Returns 1 when none was in flight, 0 when it was saved, -1 with err
+ * when it failed or its check refused it; *step and *seconds (the write's wall time), when non-NULL,
+ * describe it. */
+int qt_ckpt_writer_wait(qt_ckpt_writer *w, long *step, double *seconds, char *err, size_t errlen);
+void qt_ckpt_writer_free(qt_ckpt_writer *w);
 
 /* Helpers shared with the HF export (both write files the same careful way). */
 /* The 64-bit checksum of the blobs (XXH64, seed 0). */

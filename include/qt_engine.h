@@ -53,6 +53,13 @@ typedef struct {
     /* The full optimizer state as checkpoint blobs (weights, master copy, m, v in their own dtypes).
      * The blobs point into engine-owned host buffers valid until the next call. Returns the count. */
     int (*state_items)(qt_engine *e, qt_ckpt_item *items, int cap);
+    /* 1 when state_items' blobs are host copies that only the next state_items call overwrites (the
+     * trainer then writes them in the background as they are); 0 when they alias live state (the
+     * trainer copies them first). */
+    int state_is_snapshot;
+    /* After opt_step: the flat index of the first weight that is NaN or Inf, -1 when all are finite.
+     * May be NULL (the checkpoint writer still refuses non-finite state, found later). */
+    long (*nonfinite_weight)(qt_engine *e);
     /* Restores what state_items saved; -1 with err naming the blob when one is missing or its size or
      * dtype differs. */
     int (*load_state)(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);

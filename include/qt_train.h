@@ -7,17 +7,27 @@
 #include "qt_config.h"
 
 typedef struct {
-    const char *resume;  /* NULL: from scratch; "latest": newest in checkpoint.dir; else a path */
+    const char *resume;  /* NULL: from scratch; "latest": newest valid one in checkpoint.dir; else a path */
     long stop_after;     /* >= 0: stop (with a checkpoint) once this many steps are done */
-    int export_only;     /* load (init or resume) and export, no training */
+    int export_only;     /* load (init or resume) and export, no training (needs no data) */
     float *losses;       /* optional [cfg->steps]: each step's mean training loss */
+    const char *allow_changed; /* resume: identity keys that may differ from the checkpoint's config
+                                * (comma separated, or "all"; qt_rundir.h); NULL: none */
 } qt_train_opts;
 
 typedef struct {
     long steps_done;     /* the step count reached */
     float first_eval, last_eval; /* NAN when no eval ran */
     double tokens_per_s; /* over the whole run */
+    int ckpts;           /* checkpoints started by this run */
+    double ckpt_stall_max_s; /* the longest training stopped for one of them (snapshot + waiting for
+                              * the previous write); the write itself runs in the background */
 } qt_train_stats;
+
+/* qt_train_run's returns besides 0 and -1, and the exit status the qtrain program maps them to. */
+#define QT_TRAIN_STOPPED 1 /* a stop was requested (qt_train_request_stop, SIGINT, SIGTERM): the
+                            * current step finished, a checkpoint was written, the run can resume */
+#define QT_EXIT_STOPPED 75 /* EX_TEMPFAIL: "try again later" — here, with --resume */
 
 /* Resolves the model (model.hf_config, else init.from's config.json when no inline model keys were
  * given, else the inline keys), validates it, builds L and the initial weights: init.from's
@@ -29,8 +39,22 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
 struct qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
                                    size_t errlen);
 
-/* Runs cfg. Returns 0, or -1 with err for user errors (missing files, bad shards, incompatible
- * checkpoint); device failures stop the process through QT_CHECK. */
+/* Runs cfg: checks first what the run will need (checkpoint.dir writable and locked, log.file
+ * writable, the data's shards), then trains, logs, evaluates, checkpoints in the background, exports.
+ * Returns 0 when done; QT_TRAIN_STOPPED after a stop request (checkpoint written and waited for); or
+ * -1 with err for user errors (missing files, bad shards, incompatible checkpoint, a used
+ * checkpoint.dir, divergence, a failed write). A data or log error found mid-run first saves a
+ * checkpoint of the last completed step; an engine failure (a CUDA call, a failed rank) comes back as
+ * -1 with its message, without a new checkpoint. */
 int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats *st, char *err, size_t errlen);
+
+/* Asks the running (or the next) qt_train_run to stop after its current optimizer step — every GPU
+ * thread finishes that step — save a checkpoint and return QT_TRAIN_STOPPED. Safe from any thread
+ * and from a signal handler (it only sets a flag). The request is cleared when qt_train_run returns. */
+void qt_train_request_stop(void);
+/* Installs SIGINT and SIGTERM handlers: the first signal calls qt_train_request_stop (and says so on
+ * stderr); a second one ends the process at once, killed by that signal (shell status 130 or 143).
+ * Checkpoints already written stay intact either way. */
+void qt_train_install_signal_handlers(void);
 
 #endif

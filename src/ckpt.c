@@ -390,6 +390,12 @@ const void *qt_ckpt_get(const qt_ckpt *ck, const char *name, size_t *bytes, int 
 
 long qt_ckpt_step(const qt_ckpt *ck) { return ck->step; }
 
+int qt_ckpt_list(const char *dir, long **steps) {
+    int n;
+    *steps = list_steps(dir, &n);
+    return n;
+}
+
 int qt_ckpt_latest(const char *dir, char *path, size_t cap) {
     int n;
     long *steps = list_steps(dir, &n);

@@ -1,4 +1,5 @@
 /* engine_cpu.c — the CPU fp32 reference engine: qt_cpu_model + AdamW on host arrays. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,13 @@ static int cpu_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t err
     return 0;
 }
 
+static long cpu_nonfinite_weight(qt_engine *e) {
+    const float *w = ((cpu_engine *)e)->w;
+    for (size_t i = 0; i < e->L->numel; i++)
+        if (!isfinite(w[i])) return (long)i;
+    return -1;
+}
+
 static void cpu_free(qt_engine *e) {
     cpu_engine *c = (cpu_engine *)e;
     qt_cpu_model_free(c->model);
@@ -127,6 +135,7 @@ static const qt_engine_ops cpu_ops = {
     .forward_logits = cpu_forward_logits,
     .state_items = cpu_state_items,
     .load_state = cpu_load_state,
+    .nonfinite_weight = cpu_nonfinite_weight,
     .print_memory = NULL,
     .free = cpu_free,
 };

@@ -309,6 +309,7 @@ static const qt_engine_ops dp_ops = {
     .get_grads = dp_get_grads,
     .forward_logits = dp_forward_logits,
     .state_items = dp_state_items,
+    .state_is_snapshot = 1,
     .load_state = dp_load_state,
     .print_memory = dp_print_memory,
     .profile = dp_profile,

@@ -246,7 +246,7 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
     {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
      .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .forward_logits = gpu_forward_logits, \
      .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
-     .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free}
+     .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
 void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {

@@ -18,6 +18,8 @@ static const char USAGE[] =
     "  --resume [path]   continue from the newest checkpoint in checkpoint.dir, or from path\n"
     "  --stop-after N    stop (with a checkpoint) once N steps are done (N >= 1)\n"
     "  --export          write the HF export of the initial or resumed weights, then exit\n"
+    "  --allow-changed K with --resume: accept these changed run-identity keys (comma list of\n"
+    "                    data.train, data.seq_len, data.micro_batch, seed; or all)\n"
     "  --print-config    print the resolved config and exit\n"
     "  -h, --help        print this help and exit\n"
     "  --version         print the version (and the git commit it was built from) and exit\n"
@@ -44,7 +46,8 @@ static int parse_count(const char *s, long *out) {
 int main(int argc, char **argv) {
     const char *path = NULL, *sets[256];
     int nsets = 0, print_cfg = 0;
-    qt_train_opts o = {NULL, -1, 0, NULL};
+    qt_train_opts o = {NULL, -1, 0, NULL, NULL};
+    qt_train_install_signal_handlers(); /* first: a signal during setup still stops cleanly */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -90,7 +93,9 @@ int main(int argc, char **argv) {
         fputs(buf, stdout);
         return 0;
     }
-    if (qt_train_run(&cfg, &o, NULL, err, sizeof err)) {
+    int rc = qt_train_run(&cfg, &o, NULL, err, sizeof err);
+    if (rc == QT_TRAIN_STOPPED) return QT_EXIT_STOPPED;
+    if (rc) {
         fprintf(stderr, "qtrain: %s\n", err);
         return 1;
     }

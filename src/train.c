@@ -3,44 +3,66 @@
  * One step, top to bottom: lr from the schedule -> the step's grad_accum x N micro-batches read (loader
  * next once per rank and micro-step) and their targets counted -> grad_accum x engine micro_step with
  * the weight of one target, 1/(the step's target count) -> engine opt_step (gradient sum over ranks,
- * norm, clip, AdamW; the one device sync) -> log -> eval -> checkpoint. With N GPUs a step holds
- * micro_batch x grad_accum x N sequences. Normalizing by the whole step's count (not each
- * micro-batch's) makes the gradient that of the mean loss over every target of the step, so
- * accumulation and data parallel give the one-big-batch result also when loss masks leave the
- * micro-batches with different target counts (qt_loss_scale in qt_engine.h). */
+ * norm, clip, AdamW; the one device sync) -> finiteness of the new weights -> log -> eval ->
+ * checkpoint. With N GPUs a step holds micro_batch x grad_accum x N sequences. Normalizing by the
+ * whole step's count (not each micro-batch's) makes the gradient that of the mean loss over every
+ * target of the step, so accumulation and data parallel give the one-big-batch result also when loss
+ * masks leave the micro-batches with different target counts (qt_loss_scale in qt_engine.h). A stop
+ * request is looked at between steps, so every GPU thread ends the same step. Checkpoints are
+ * snapshots written by a background thread (train_ckpt.c). */
 #include "qt_train.h"
 
 #include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
-#include "qt_ckpt.h"
 #include "qt_data.h"
-#include "qt_dtype.h"
 #include "qt_engine.h"
+#include "qt_error.h"
 #include "qt_hf.h"
 #include "qt_optim.h"
-#include "qt_rng.h"
+#include "qt_train_ckpt.h"
+
+/* 0: run on; > 0: the signal that asked for a stop; -1: qt_train_request_stop. Lock-free, so a signal
+ * handler may set it. */
+static atomic_int g_stop;
+
+void qt_train_request_stop(void) {
+    int none = 0;
+    atomic_compare_exchange_strong(&g_stop, &none, -1);
+}
+
+static void on_signal(int sig) {
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&g_stop, &none, sig)) { /* the second signal: go now */
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    static const char msg[] = "\nqtrain: stop requested: finishing this step, then saving a checkpoint "
+                              "(signal again to quit at once)\n";
+    if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do about it in a handler */ }
+}
+
+void qt_train_install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* mkdir -p of path's directory, so log.file may point into a fresh run folder. */
-static void make_parent_dirs(const char *path) {
-    char buf[QT_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        mkdir(buf, 0777);
-        *p = '/';
-    }
 }
 
 static void fmt_duration(char *buf, size_t n, double s) {
@@ -49,27 +71,19 @@ static void fmt_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
-typedef struct {
-    const qt_config *cfg;
-    qt_engine *eng;
-    qt_loader *train, *eval;
-    int32_t *in, *tgt; /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len] */
-    FILE *log;
-    qt_rng rng;        /* trainer randomness (saved so resumed runs draw the same numbers) */
-    long step;         /* steps done */
-} trainer;
-
 static long count_targets(const int32_t *tgt, size_t n) {
     long v = 0;
     for (size_t i = 0; i < n; i++) v += tgt[i] >= 0;
     return v;
 }
 
-/* The eval loss: the mean over every target >= 0 of the eval batches. When all batches hold the same
- * count (no masks) that is the mean of the batch means, computed so to keep the bits of earlier
- * versions; otherwise each batch mean is weighted by its count, and a multi-GPU call whose batches
- * hold different counts is split into one call per batch (eval_loss sums the ranks' means). */
-static int run_eval(trainer *t, float *loss, char *err, size_t errlen) {
+/* The eval loss into *out: the mean over every target >= 0 of the eval batches. When all batches hold
+ * the same count (no masks) that is the mean of the batch means, computed so to keep the bits of
+ * earlier versions; otherwise each batch mean is weighted by its count, and a multi-GPU call whose
+ * batches hold different counts is split into one call per batch (eval_loss sums the ranks' means).
+ * Returns 0; 1 with err when an eval shard cannot be read (the run can still be saved); -1 with err
+ * when the engine failed. */
+static int run_eval(qt_trainer *t, float *out, char *err, size_t errlen) {
     qt_loader_reset(t->eval);
     double sum = 0, tok_sum = 0;
     long valid = 0, v0 = -1;
@@ -80,7 +94,7 @@ static int run_eval(trainer *t, float *loss, char *err, size_t errlen) {
         long first = 0;
         for (int r = 0; r < ranks; r++) {
             if (r < n) {
-                if (qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok, err, errlen)) return -1;
+                if (qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok, err, errlen)) return 1;
                 long v = count_targets(t->tgt + r * ntok, ntok);
                 if (v0 < 0) v0 = v;
                 if (r == 0) first = v;
@@ -92,84 +106,33 @@ static int run_eval(trainer *t, float *loss, char *err, size_t errlen) {
                 memset(t->tgt + r * ntok, 0xff, ntok * sizeof(int32_t));
             }
         }
+        float l;
         if (same) {
-            float l = t->eng->ops->eval_loss(t->eng, t->in, t->tgt);
+            if (qt_engine_eval_loss(t->eng, t->in, t->tgt, &l, err, errlen)) return -1;
             sum += l;
             tok_sum += (double)l * first; /* every batch of the call holds `first` targets */
             continue;
         }
         int32_t *keep = malloc((size_t)n * ntok * sizeof(int32_t)); /* rare: masked multi-GPU eval */
-        if (!keep) {
-            snprintf(err, errlen, "out of host memory for %zu eval targets", (size_t)n * ntok);
-            return -1;
-        }
+        if (!keep) return qt_errf(err, errlen, "out of host memory for %zu eval targets", (size_t)n * ntok);
         memcpy(keep, t->tgt, (size_t)n * ntok * sizeof(int32_t));
         for (int r = 0; r < n; r++) { /* batch r alone, the other ranks' targets all ignored */
             memset(t->tgt, 0xff, (size_t)ranks * ntok * sizeof(int32_t));
             memcpy(t->tgt + r * ntok, keep + r * ntok, ntok * sizeof(int32_t));
-            tok_sum += (double)t->eng->ops->eval_loss(t->eng, t->in, t->tgt) * count_targets(keep + r * ntok, ntok);
+            if (qt_engine_eval_loss(t->eng, t->in, t->tgt, &l, err, errlen)) {
+                free(keep);
+                return -1;
+            }
+            tok_sum += (double)l * count_targets(keep + r * ntok, ntok);
         }
         free(keep);
     }
-    if (uneven) *loss = valid ? (float)(tok_sum / valid) : 0.0f;
-    else *loss = (float)(sum / t->cfg->eval_batches);
+    if (uneven) *out = valid ? (float)(tok_sum / valid) : 0.0f;
+    else *out = (float)(sum / t->cfg->eval_batches);
     return 0;
 }
 
-/* Everything that makes a resumed run continue bit-for-bit: the engine's optimizer state plus the
- * step, the trainer RNG, the loader position and the model/config it was made with. */
-static int save_checkpoint(trainer *t, char *err, size_t errlen) {
-    qt_ckpt_item items[16];
-    int n = t->eng->ops->state_items(t->eng, items, 10);
-    int64_t step = t->step;
-    qt_loader_pos pos = qt_loader_get_pos(t->train);
-    static char cfgtext[1 << 16];
-    size_t cl = qt_config_dump(t->cfg, cfgtext, sizeof cfgtext);
-    items[n++] = (qt_ckpt_item){"step", -1, &step, sizeof step};
-    items[n++] = (qt_ckpt_item){"rng", -1, &t->rng, sizeof t->rng};
-    items[n++] = (qt_ckpt_item){"loader_pos", -1, &pos, sizeof pos};
-    items[n++] = (qt_ckpt_item){"model_cfg", -1, &t->eng->L->cfg, sizeof t->eng->L->cfg};
-    items[n++] = (qt_ckpt_item){"config", -1, cfgtext, cl < sizeof cfgtext ? cl : sizeof cfgtext - 1};
-    return qt_ckpt_save(t->cfg->ckpt_dir, t->step, t->cfg->ckpt_keep, items, n, err, errlen);
-}
-
-static int load_checkpoint(trainer *t, const char *which, char *err, size_t errlen) {
-    char path[QT_PATH_MAX + 64];
-    if (!strcmp(which, "latest")) {
-        if (qt_ckpt_latest(t->cfg->ckpt_dir, path, sizeof path)) {
-            snprintf(err, errlen, "--resume: no checkpoint (ckpt_*.qtc) in %s", t->cfg->ckpt_dir);
-            return -1;
-        }
-    } else {
-        snprintf(path, sizeof path, "%s", which);
-    }
-    qt_ckpt *ck = qt_ckpt_open(path, err, errlen);
-    if (!ck) return -1;
-    size_t nb;
-    const void *mc = qt_ckpt_get(ck, "model_cfg", &nb, NULL);
-    const void *step = qt_ckpt_get(ck, "step", NULL, NULL), *rng = qt_ckpt_get(ck, "rng", NULL, NULL);
-    const void *pos = qt_ckpt_get(ck, "loader_pos", NULL, NULL);
-    int rc = -1;
-    if (!mc || !step || !rng || !pos) {
-        snprintf(err, errlen, "%s: not a qtrain training checkpoint (missing step/rng/loader_pos/model_cfg)", path);
-    } else if (nb != sizeof(qt_model_cfg) || memcmp(mc, &t->eng->L->cfg, nb)) {
-        snprintf(err, errlen, "%s: the checkpoint's model differs from the config's model", path);
-    } else if (t->eng->ops->load_state(t->eng, ck, err, errlen) == 0) {
-        int64_t s;
-        qt_loader_pos p;
-        memcpy(&s, step, sizeof s);
-        memcpy(&t->rng, rng, sizeof t->rng);
-        memcpy(&p, pos, sizeof p);
-        qt_loader_set_pos(t->train, p);
-        t->step = s;
-        printf("qtrain: resumed from %s at step %ld\n", path, t->step);
-        rc = 0;
-    }
-    qt_ckpt_close(ck);
-    return rc;
-}
-
-static int export_model(trainer *t, char *err, size_t errlen) {
+static int export_model(qt_trainer *t, char *err, size_t errlen) {
     char dir[QT_PATH_MAX + 16];
     if (t->cfg->export_dir[0]) snprintf(dir, sizeof dir, "%s", t->cfg->export_dir);
     else snprintf(dir, sizeof dir, "%s/export", t->cfg->ckpt_dir);
@@ -178,8 +141,7 @@ static int export_model(trainer *t, char *err, size_t errlen) {
         snprintf(err, errlen, "out of host memory for the export");
         return -1;
     }
-    t->eng->ops->get_weights(t->eng, w);
-    int rc = qt_hf_export(dir, t->eng->L, w, t->cfg->export_bf16, err, errlen);
+    int rc = qt_engine_get_weights(t->eng, w, err, errlen) ? -1 : qt_hf_export(dir, t->eng->L, w, t->cfg->export_bf16, err, errlen);
     free(w);
     if (rc == 0) printf("qtrain: exported %s/model.safetensors and config.json (%s)\n", dir, t->cfg->export_bf16 ? "bf16" : "fp32");
     /* the tokenizer the data was made with: data.tokenizer, else init.from's when it has one */
@@ -189,28 +151,27 @@ static int export_model(trainer *t, char *err, size_t errlen) {
     return rc == 0 && n >= 0 ? 0 : -1;
 }
 
-static void log_train(trainer *t, float loss, float gnorm, float lr, double tok_s, double eta_s) {
+static int log_train(qt_trainer *t, float loss, float gnorm, float lr, double tok_s, double eta_s, char *err,
+                     size_t errlen) {
     const qt_config *c = t->cfg;
-    char eta[32];
+    char eta[32], f[256];
     fmt_duration(eta, sizeof eta, eta_s);
     printf("step %6ld/%d | loss %.4f | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->steps,
            loss, gnorm, lr, tok_s, eta);
     fflush(stdout);
-    if (t->log)
-        fprintf(t->log, "{\"type\":\"train\",\"step\":%ld,\"loss\":%.6f,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f}\n",
-                t->step, loss, gnorm, lr, tok_s);
+    snprintf(f, sizeof f, "\"loss\":%.6f,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f", loss, gnorm, lr, tok_s);
+    return qt_train_log_write(&t->log, "train", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
-static void log_eval(trainer *t, float loss) {
+static int log_eval(qt_trainer *t, float loss, char *err, size_t errlen) {
+    char f[64];
     printf("eval %6ld/%d | loss %.4f | ppl %.2f\n", t->step, t->cfg->steps, loss, exp(loss));
     fflush(stdout);
-    if (t->log) {
-        fprintf(t->log, "{\"type\":\"eval\",\"step\":%ld,\"loss\":%.6f}\n", t->step, loss);
-        fflush(t->log);
-    }
+    snprintf(f, sizeof f, "\"loss\":%.6f", loss);
+    return qt_train_log_write(&t->log, "eval", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
-static int open_loaders(trainer *t, const qt_layout *L, char *err, size_t errlen) {
+static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
     t->train = qt_loader_open(c->train_glob, c->seq_len, c->micro_batch, 0, 1, c->seed, 1,
                               (uint32_t)L->cfg.vocab_size, err, errlen);
@@ -223,78 +184,120 @@ static int open_loaders(trainer *t, const qt_layout *L, char *err, size_t errlen
     return 0;
 }
 
-static int train_loop(trainer *t, const qt_train_opts *o, qt_train_stats *st, char *err, size_t errlen) {
+/* The weights after step t->step + 1 hold a NaN/Inf: an error naming the tensor (nothing is saved). */
+static int diverged(qt_trainer *t, long bad, float loss, float gnorm, char *err, size_t errlen) {
+    char name[128], newest[QT_PATH_MAX + 32];
+    qt_trainer_tensor_name(t->eng->L, (size_t)bad, name, sizeof name);
+    qt_trainer_newest(t, newest, sizeof newest);
+    return qt_errf(err, errlen, "step %ld: %s is NaN/Inf after the update (loss %g, grad norm %g): training "
+                   "diverged (lower optim.lr?); nothing saved, %s", t->step + 1, name, loss, gnorm, newest);
+}
+
+/* One optimizer step. Returns 0; 1 on a data error (err set; the step did not happen, the last one
+ * can be saved); -1 on divergence or an engine failure. */
+static int one_step(qt_trainer *t, float lr, float *loss, float *gnorm, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
-    qt_sched sched = {c->schedule, c->lr, c->final_lr_frac, c->warmup, c->cooldown, c->steps};
     int ranks = t->eng->ranks;
     size_t ntok = (size_t)c->micro_batch * c->seq_len;
-    double tok_per_step = (double)ntok * c->grad_accum * ranks;
+    long valid = 0;
+    for (size_t k = 0; k < (size_t)c->grad_accum * ranks; k++) {
+        if (qt_loader_next(t->train, t->in + k * ntok, t->tgt + k * ntok, err, errlen)) return 1;
+        valid += count_targets(t->tgt + k * ntok, ntok);
+    }
+    float scale = qt_loss_scale(c->grad_accum, ranks, valid);
+    for (size_t a = 0; a < (size_t)c->grad_accum; a++)
+        if (qt_engine_micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale, err, errlen))
+            return -1;
+    if (qt_engine_opt_step(t->eng, lr, t->step + 1, loss, gnorm, err, errlen)) return -1;
+    if (!isfinite(*loss) || !isfinite(*gnorm))
+        return qt_errf(err, errlen, "step %ld: loss %g, grad norm %g: training diverged (lower optim.lr?)",
+                       t->step + 1, *loss, *gnorm);
+    long bad = t->eng->ops->nonfinite_weight ? t->eng->ops->nonfinite_weight(t->eng) : -1;
+    if (bad >= 0) return diverged(t, bad, *loss, *gnorm, err, errlen);
+    return 0;
+}
+
+static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st, char *err, size_t errlen) {
+    const qt_config *c = t->cfg;
+    qt_sched sched = {c->schedule, c->lr, c->final_lr_frac, c->warmup, c->cooldown, c->steps};
     double t0 = now_s(), tlast = t0;
     long start = t->step, last_logged = t->step;
     long stop = o->stop_after >= 0 && o->stop_after < c->steps ? o->stop_after : c->steps;
-    while (t->step < stop) {
+    while (t->step < stop && !atomic_load(&g_stop)) {
+        if (qt_trainer_poll_write(t, err, errlen)) return -1;
         float lr = qt_sched_lr(&sched, t->step), loss, gnorm;
-        qt_loader_pos p0 = qt_loader_get_pos(t->train);
-        long valid = 0;
-        for (size_t k = 0; k < (size_t)c->grad_accum * ranks; k++) {
-            if (qt_loader_next(t->train, t->in + k * ntok, t->tgt + k * ntok, err, errlen)) {
-                qt_loader_set_pos(t->train, p0); /* back to the step's start, as a checkpoint wants it */
-                return -1;
-            }
-            valid += count_targets(t->tgt + k * ntok, ntok);
-        }
-        float scale = qt_loss_scale(c->grad_accum, ranks, valid);
-        for (size_t a = 0; a < (size_t)c->grad_accum; a++)
-            t->eng->ops->micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale);
-        t->eng->ops->opt_step(t->eng, lr, t->step + 1, &loss, &gnorm);
-        if (!isfinite(loss) || !isfinite(gnorm)) {
-            snprintf(err, errlen, "step %ld: loss %g, grad norm %g: training diverged (lower optim.lr?)",
-                     t->step + 1, loss, gnorm);
-            return -1;
-        }
+        int rc = one_step(t, lr, &loss, &gnorm, err, errlen);
+        if (rc) return rc > 0 ? qt_trainer_save_after_error(t, err, errlen) : -1;
         if (o->losses) o->losses[t->step] = loss;
         t->step++;
+        t->pos = qt_loader_get_pos(t->train);
         int last = t->step == stop;
         if (t->step % c->log_every == 0 || last || t->step == start + 1) {
-            double tn = now_s(), tok_s = (t->step - last_logged) * tok_per_step / (tn - tlast);
+            double tn = now_s(), tok_s = (t->step - last_logged) * t->tok_per_step / (tn - tlast);
             double eta = (tn - t0) / (t->step - start) * (c->steps - t->step);
-            log_train(t, loss, gnorm, lr, tok_s, eta);
+            if (log_train(t, loss, gnorm, lr, tok_s, eta, err, errlen)) return qt_trainer_save_after_error(t, err, errlen);
             tlast = tn;
             last_logged = t->step;
         }
         if (t->eval && ((c->eval_every > 0 && t->step % c->eval_every == 0) || t->step == c->steps)) {
             float el;
-            if (run_eval(t, &el, err, errlen)) return -1;
+            int erc = run_eval(t, &el, err, errlen);
+            if (erc < 0) return -1;
+            if (erc || log_eval(t, el, err, errlen)) return qt_trainer_save_after_error(t, err, errlen);
             if (isnan(st->first_eval)) st->first_eval = el;
             st->last_eval = el;
-            log_eval(t, el);
         }
-        if ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last) {
-            if (save_checkpoint(t, err, errlen)) return -1;
-        }
+        if ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last)
+            if (qt_trainer_save(t, err, errlen)) return -1;
     }
     double dt = now_s() - t0;
-    st->tokens_per_s = dt > 0 ? (t->step - start) * tok_per_step / dt : 0;
-    return 0;
+    st->tokens_per_s = dt > 0 ? (t->step - start) * t->tok_per_step / dt : 0;
+    /* a request that comes after the last step lets the run finish (and export) */
+    return t->step < stop ? qt_trainer_stop(t, atomic_load(&g_stop), err, errlen) : 0;
+}
+
+/* What the run will need later, checked before the (long) model setup: checkpoint.dir created,
+ * writable and locked, not another run's (fresh runs), log.file writable. */
+static int check_run_needs(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
+    if (qt_rundir_open(&t->dir, t->cfg->ckpt_dir, err, errlen)) return -1;
+    if (!o->resume && qt_rundir_identity(&t->dir, t->cfg, 0, err, errlen)) return -1;
+    return qt_train_log_open(&t->log, t->cfg->log_file, o->resume != NULL, err, errlen);
+}
+
+/* From a resumed checkpoint on: refuses a run with nothing left to train, then records the run. */
+static int begin_training(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
+    const qt_config *c = t->cfg;
+    long stop = o->stop_after >= 0 && o->stop_after < c->steps ? o->stop_after : c->steps;
+    if (o->resume && t->step >= stop)
+        return qt_errf(err, errlen, "--resume: the checkpoint is at step %ld and the run ends at step %ld (%s): nothing "
+                       "to train; raise optim.steps (e.g. --set optim.steps=%ld)", t->step, stop,
+                       stop == c->steps ? "optim.steps" : "--stop-after", t->step + (c->steps > 0 ? c->steps : 1));
+    if (o->resume && qt_rundir_identity(&t->dir, c, 1, err, errlen)) return -1;
+    printf("qtrain: run %s, checkpoints in %s\n", t->dir.run_id, c->ckpt_dir);
+    if (qt_train_log_config(&t->log, c, t->dir.run_id, o->resume != NULL, err, errlen)) return -1;
+    return qt_trainer_ckpt_init(t, err, errlen);
 }
 
 int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats *st, char *err, size_t errlen) {
-    qt_train_opts dflt = {NULL, -1, 0, NULL};
+    qt_train_opts dflt = {NULL, -1, 0, NULL, NULL};
     qt_train_stats dst;
     const qt_train_opts *o = opts ? opts : &dflt;
     if (!st) st = &dst;
-    *st = (qt_train_stats){0, NAN, NAN, 0};
-    qt_layout L;
+    *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0};
+    qt_layout L = {0};
     float *w0 = NULL;
-    if (qt_model_setup(cfg, &L, &w0, err, errlen)) return -1;
-    trainer t = {.cfg = cfg};
+    qt_trainer t = {.cfg = cfg, .dir = {.lock_fd = -1}, .st = st, .saved_step = -1};
     qt_rng_seed(&t.rng, cfg->seed);
-    int rc = -1;
+    int rc = -1, training = !o->export_only;
     if (cfg->tokenizer_dir[0] && qt_hf_check_tokenizer(cfg->tokenizer_dir, err, errlen)) goto done;
-    if (open_loaders(&t, &L, err, errlen)) goto done;
+    if (training && check_run_needs(&t, o, err, errlen)) goto done;
+    if (qt_model_setup(cfg, &L, &w0, err, errlen)) goto done;
+    if (training && open_loaders(&t, &L, err, errlen)) goto done; /* an export needs no data */
     t.eng = qt_engine_create(&L, cfg, w0, err, errlen);
     if (!t.eng) goto done;
+    /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
     size_t ntok = (size_t)cfg->micro_batch * cfg->seq_len * t.eng->ranks * cfg->grad_accum;
+    t.tok_per_step = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum * t.eng->ranks;
     t.in = malloc(ntok * sizeof(int32_t));
     t.tgt = malloc(ntok * sizeof(int32_t));
     if (!t.in || !t.tgt) {
@@ -305,29 +308,27 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
            cfg->path, L.n_params, L.cfg.num_layers, L.cfg.hidden_size, L.cfg.num_heads, L.cfg.num_kv_heads,
            L.cfg.vocab_size, t.eng->ops->name, qt_model_flops_per_token(&L.cfg, cfg->seq_len) * 1e-9);
     if (t.eng->ops->print_memory) t.eng->ops->print_memory(t.eng);
-    if (o->resume && load_checkpoint(&t, o->resume, err, errlen)) goto done;
-    if (!o->export_only) {
-        if (cfg->log_file[0]) {
-            make_parent_dirs(cfg->log_file);
-            t.log = fopen(cfg->log_file, o->resume ? "a" : "w");
-            if (!t.log) {
-                snprintf(err, errlen, "%s: log.file: cannot open %s for writing", cfg->path, cfg->log_file);
-                goto done;
-            }
-        }
-        if (train_loop(&t, o, st, err, errlen)) goto done;
+    if (o->resume && qt_trainer_load(&t, o->resume, o->allow_changed, err, errlen)) goto done;
+    if (training) {
+        if (begin_training(&t, o, err, errlen)) goto done;
+        rc = train_loop(&t, o, st, err, errlen);
+        if (qt_trainer_ckpt_finish(&t, rc, err, errlen)) rc = -1;
+        if (rc) goto done;
     }
     st->steps_done = t.step;
-    if (t.step == cfg->steps || o->export_only) rc = export_model(&t, err, errlen);
-    else rc = 0;
+    rc = t.step == cfg->steps || o->export_only ? export_model(&t, err, errlen) : 0;
 done:
-    if (t.log) fclose(t.log);
-    if (t.eng) t.eng->ops->free(t.eng);
+    st->steps_done = t.step;
+    qt_trainer_ckpt_free(&t);
+    if (qt_train_log_close(&t.log, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
+    qt_rundir_close(&t.dir, rc < 0 && t.saved_step < 0); /* a run that failed before saving leaves nothing */
+    qt_engine_free(t.eng);
     if (t.train) qt_loader_free(t.train);
     if (t.eval) qt_loader_free(t.eval);
     free(t.in);
     free(t.tgt);
     free(w0);
-    qt_layout_free(&L);
+    if (L.tensors) qt_layout_free(&L);
+    atomic_store(&g_stop, 0);
     return rc;
 }

@@ -224,6 +224,49 @@ static void test_write_failures(void) {
     }
 }
 
+/* The background writer: a write in flight refuses a second one, its outcome (file, step, failure)
+ * comes back from wait, and qt_ckpt_list sees the result newest first. */
+static void test_background_writer(void) {
+    char dir[512], bad[600], err[512], path[600];
+    fresh_dir(dir, sizeof dir, "bg");
+    size_t n = (8u << 20) / 4;
+    float *big = malloc(n * 4);
+    QT_REQUIRE(big, "oom");
+    for (size_t i = 0; i < n; i++) big[i] = (float)i;
+    qt_ckpt_item it = {"weights", QT_DT_F32, big, n * 4};
+    qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
+    QT_REQUIRE(w, "create");
+    QT_EXPECT(qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err) == 1, "wait with nothing in flight");
+    for (long step = 10; step <= 30; step += 10) {
+        QT_REQUIRE(qt_ckpt_writer_start(w, dir, step, 2, &it, 1, err, sizeof err) == 0, "start: %s", err);
+        err[0] = 0;
+        QT_EXPECT(qt_ckpt_writer_start(w, dir, step + 1, 2, &it, 1, err, sizeof err) == -1 && strstr(err, "in flight"),
+                  "a second write while one is in flight: %s", err);
+        long got = -1;
+        double sec = -1;
+        QT_EXPECT(qt_ckpt_writer_wait(w, &got, &sec, err, sizeof err) == 0 && got == step && sec >= 0, "wait: %s", err);
+        QT_EXPECT(!qt_ckpt_writer_running(w), "still running after wait");
+    }
+    long *steps = NULL;
+    int k = qt_ckpt_list(dir, &steps);
+    QT_EXPECT(k == 2 && steps[0] == 30 && steps[1] == 20, "list: %d checkpoints, newest %ld", k, k ? steps[0] : -1);
+    free(steps);
+    snprintf(path, sizeof path, "%s/ckpt_00000030.qtc", dir);
+    qt_ckpt *ck = qt_ckpt_open(path, err, sizeof err);
+    size_t nb = 0;
+    const void *p = ck ? qt_ckpt_get(ck, "weights", &nb, NULL) : NULL;
+    QT_EXPECT(p && nb == n * 4 && memcmp(p, big, nb) == 0, "content of the background write: %s", ck ? "differs" : err);
+    qt_ckpt_close(ck);
+    /* a failing write comes back from wait with its message */
+    snprintf(bad, sizeof bad, "%s/ckpt_00000030.qtc/below", dir);
+    QT_REQUIRE(qt_ckpt_writer_start(w, bad, 40, 2, &it, 1, err, sizeof err) == 0, "start: %s", err);
+    err[0] = 0;
+    QT_EXPECT(qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err) == -1 && strstr(err, bad), "failed write: %s", err);
+    QT_EXPECT(qt_ckpt_list("/nonexistent/qt", &steps) == 0 && steps == NULL, "list of a missing dir");
+    qt_ckpt_writer_free(w);
+    free(big);
+}
+
 int main(void) {
     snprintf(g_root, sizeof g_root, "/tmp/qt_test_ckpt_%d", (int)getpid());
     QT_RUN(test_hash64_known_values);
@@ -232,6 +275,7 @@ int main(void) {
     QT_RUN(test_corruption_detected);
     QT_RUN(test_truncation_detected);
     QT_RUN(test_write_failures);
+    QT_RUN(test_background_writer);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
     if (system(cmd) != 0) fprintf(stderr, "warning: cleanup of %s failed\n", g_root);

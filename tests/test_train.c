@@ -70,7 +70,7 @@ static void resume_bit_exact(const char *device, const char *tag, const char *pa
         QT_REQUIRE(load_cfg(&a, yaml) == 0, "config");
         snprintf(yaml, sizeof yaml, fmt, shape, tie[k], g_dir, g_dir, g_dir, tag, k + 2, g_dir, tag, k + 2, device, par);
         QT_REQUIRE(load_cfg(&b, yaml) == 0, "config");
-        qt_train_opts oa = {NULL, -1, 0, la}, ob1 = {NULL, 10, 0, lb}, ob2 = {"latest", -1, 0, lb};
+        qt_train_opts oa = {NULL, -1, 0, la, NULL}, ob1 = {NULL, 10, 0, lb, NULL}, ob2 = {"latest", -1, 0, lb, NULL};
         qt_train_stats st;
         QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
         QT_REQUIRE(st.steps_done == 20, "steps %ld", st.steps_done);
@@ -169,7 +169,7 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
     qt_config c;
     int rc = load_cfg(&c, yaml);
     if (rc == 0) {
-        qt_train_opts o = {resume, -1, 0, losses};
+        qt_train_opts o = {resume, -1, 0, losses, NULL};
         rc = qt_train_run(&c, &o, NULL, err, errlen);
     }
     return rc;
@@ -289,7 +289,7 @@ static void test_resume_errors(void) {
              "data: {train: '%s/syn_train_*.bin.zst', seq_len: 24, micro_batch: 3}\n"
              "optim: {steps: 4}\ncheckpoint: {dir: '%s/ckpt_empty'}\ndevice: cpu\n", g_dir, g_dir);
     QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
-    qt_train_opts o = {"latest", -1, 0, NULL};
+    qt_train_opts o = {"latest", -1, 0, NULL, NULL};
     QT_EXPECT(qt_train_run(&c, &o, NULL, err, sizeof err) == -1 && strstr(err, "no checkpoint"), "got: %s", err);
     /* A checkpoint of another model must be refused, naming the problem. */
     snprintf(yaml, sizeof yaml,

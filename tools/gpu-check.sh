@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
-# overlap, dp_offload (several GPUs)
+# overlap, dp_offload (several GPUs); reliability; compare
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -153,4 +153,21 @@ if has overlap; then
               --set parallel.comm=$comm --set parallel.overlap_comm=$ov
       done; done
     } 2>&1 | tee "$OUT/overlap.log" | grep -E '==|tokens/s|rror' | head -40
+fi
+# Signals and kills on the GPU path (test_reliability's _gpu tests: SIGINTs at random times and a
+# bit-exact resume, 50 SIGKILLs), then the checkpoint stall: training paused per checkpoint (target
+# under 1 s at 0.5B; 3B offloaded stands in for the large models), the background write time and the
+# peak host memory, on byte-level tinyshakespeare shards, a checkpoint every 4 steps.
+if has reliability; then
+    d=$OUT/ckpt_stall
+    rm -rf "$d" && mkdir -p "$d"
+    python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$d/data" --eval-frac 0.05 > /dev/null
+    common="--set data.train=$d/data/train_*.bin --set eval.every=0 --set data.micro_batch=16 --set data.grad_accum=1
+            --set optim.steps=16 --set optim.warmup=2 --set checkpoint.every=4 --set log.every=4 --set parallel.gpus=1"
+    { QT_TEST_ONLY=_gpu step test_reliability 900 build/tests/test_reliability
+      step stall_0.5b_bf16 600 /usr/bin/time -v build/qtrain configs/qwen2.5-0.5b-bf16.yaml $common \
+          --set checkpoint.dir=$d/ck_0.5b --set log.file=$d/0.5b.jsonl
+      step stall_3b_bf16_offload 900 /usr/bin/time -v build/qtrain configs/qwen2.5-3b-bf16.yaml $common \
+          --set memory.offload_optimizer=true --set checkpoint.dir=$d/ck_3b --set log.file=$d/3b.jsonl
+    } 2>&1 | tee "$OUT/reliability.log" | grep -E '^(PASS|FAIL|SKIP|==)|SIGINTs|SIGKILLs|paused|saved|Maximum resident|rror'
 fi

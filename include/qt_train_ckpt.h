@@ -1,0 +1,72 @@
+/* qt_train_ckpt.h — the trainer's checkpoints (used by train.c only): what a training checkpoint
+ * holds, snapshots written in the background, non-finite state refused, resume with fallback to the
+ * newest valid checkpoint and a check of the keys that make the run what it is.
+ *
+ * A checkpoint holds the engine's state_items (weights, master copy, Adam m and v) plus step, rng,
+ * loader_pos (after the last completed step), model_cfg and config (the resolved YAML). Saving stops
+ * training only for the snapshot: state_items, plus a copy of the blobs when the engine's alias live
+ * state (the CPU engine: 12 bytes per parameter of host memory); GPU engines' state_items already are
+ * pinned host copies. The writer thread then checks every fp32/bf16 blob is finite, hashes, writes,
+ * fsyncs and renames. The next save waits for the previous write. */
+#ifndef QT_TRAIN_CKPT_H
+#define QT_TRAIN_CKPT_H
+
+#include <stddef.h>
+
+#include "qt_ckpt.h"
+#include "qt_data.h"
+#include "qt_engine.h"
+#include "qt_rng.h"
+#include "qt_rundir.h"
+#include "qt_train.h"
+#include "qt_train_log.h"
+
+typedef struct {
+    const qt_config *cfg;
+    qt_engine *eng;
+    qt_loader *train, *eval;  /* train NULL: an export, no data */
+    int32_t *in, *tgt;        /* one micro-batch per rank */
+    qt_train_log log;
+    qt_rundir dir;
+    qt_train_stats *st;
+    qt_rng rng;               /* trainer randomness (saved so resumed runs draw the same numbers) */
+    qt_loader_pos pos;        /* the train loader's position after the last completed step */
+    long step;                /* steps done */
+    double tok_per_step;
+    /* checkpoints */
+    qt_ckpt_writer *writer;
+    unsigned char *snap;      /* the copies being written (owned), snap_cap bytes */
+    size_t snap_cap, write_bytes;
+    char *cfgtext;            /* the resolved config as YAML (owned) */
+    long saved_step;          /* newest checkpoint written or being written; -1: none */
+} qt_trainer;
+
+/* After qt_trainer_load (or for a fresh run): the writer and the loader position. 0 or -1 with err. */
+int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen);
+/* Snapshots step t->step and starts writing it (waiting first for the previous write). 0 or -1. */
+int qt_trainer_save(qt_trainer *t, char *err, size_t errlen);
+/* When the write in flight has finished: reports it. Returns -1 with err when it failed. */
+int qt_trainer_poll_write(qt_trainer *t, char *err, size_t errlen);
+/* err holds a mid-run error (data, log): saves the last completed step when it is not yet saved,
+ * waits, and adds to err where the run can resume from. Returns -1. */
+int qt_trainer_save_after_error(qt_trainer *t, char *err, size_t errlen);
+/* A stop request (sig: the signal, or -1): saves the last completed step when not yet saved, waits,
+ * prints where. Returns QT_TRAIN_STOPPED, or -1 with err when the checkpoint failed. */
+int qt_trainer_stop(qt_trainer *t, int sig, char *err, size_t errlen);
+/* The end of training (rc: the loop's return): waits for the write in flight. Returns -1 with err
+ * when it failed and rc did not already carry an error; else 0. */
+int qt_trainer_ckpt_finish(qt_trainer *t, int rc, char *err, size_t errlen);
+void qt_trainer_ckpt_free(qt_trainer *t);
+/* Resumes from which ("latest": the newest valid checkpoint of checkpoint.dir, a damaged newer one
+ * is named in a warning and moved aside to *.bad; else a path). Training runs (t->train set) refuse
+ * a checkpoint whose identity keys differ from the config's unless allow names them. 0 or -1. */
+int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *err, size_t errlen);
+/* The writer's check (ctx: the qt_trainer; reads t->eng->L and t->saved_step): an fp32 or bf16 blob
+ * of L->numel elements holding a NaN/Inf is refused, naming the blob, the tensor and the element. */
+int qt_trainer_check_finite(const qt_ckpt_item *item, void *ctx, char *err, size_t errlen);
+/* "model.layers.1.mlp.down_proj.weight[17]" for flat element i of L. */
+void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap);
+/* "the newest checkpoint, <path>, is kept" or "no checkpoint was written". */
+void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap);
+
+#endif

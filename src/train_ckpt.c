@@ -1,0 +1,294 @@
+/* train_ckpt.c — the trainer's checkpoints: snapshot + background write, refusal of non-finite
+ * state, stop and error saves, resume with fallback and identity checks (qt_train_ckpt.h). */
+#include "qt_train_ckpt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "qt_dtype.h"
+#include "qt_error.h"
+
+#define CFG_CAP (1 << 16)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap) {
+    for (int k = 0; k < L->n_tensors; k++) {
+        const qt_tensor *tt = &L->tensors[k];
+        if (i >= tt->offset && i < tt->offset + tt->numel) {
+            snprintf(buf, cap, "%s[%zu]", tt->name, i - tt->offset);
+            return;
+        }
+    }
+    snprintf(buf, cap, "padding element %zu", i);
+}
+
+static void ckpt_path(const qt_trainer *t, long step, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/ckpt_%08ld.qtc", t->cfg->ckpt_dir, step);
+}
+
+void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap) {
+    char p[QT_PATH_MAX + 32];
+    long *steps = NULL;
+    int n = qt_ckpt_list(t->cfg->ckpt_dir, &steps);
+    if (n > 0) {
+        ckpt_path(t, steps[0], p, sizeof p);
+        snprintf(buf, cap, "the newest checkpoint, %s, is kept", p);
+    } else snprintf(buf, cap, "no checkpoint was written");
+    free(steps);
+}
+
+/* Runs on the writer thread: reads only the layout, saved_step and the blob. */
+int qt_trainer_check_finite(const qt_ckpt_item *it, void *ctx, char *err, size_t errlen) {
+    const qt_trainer *t = ctx;
+    const qt_layout *L = t->eng->L;
+    size_t n = L->numel, bad = (size_t)-1;
+    if (it->dtype == QT_DT_F32 && it->bytes == n * 4) {
+        const uint32_t *u = it->data;
+        for (size_t i = 0; i < n && bad == (size_t)-1; i += 4096) { /* one test per 4096: vectorizes */
+            size_t e = i + 4096 < n ? i + 4096 : n;
+            uint32_t any = 0;
+            for (size_t j = i; j < e; j++) any |= (u[j] & 0x7f800000u) == 0x7f800000u;
+            for (size_t j = i; any && j < e && bad == (size_t)-1; j++)
+                if ((u[j] & 0x7f800000u) == 0x7f800000u) bad = j;
+        }
+    } else if (it->dtype == QT_DT_BF16 && it->bytes == n * 2) {
+        const uint16_t *u = it->data;
+        for (size_t i = 0; i < n && bad == (size_t)-1; i++)
+            if ((u[i] & 0x7f80u) == 0x7f80u) bad = i;
+    }
+    if (bad == (size_t)-1) return 0;
+    char name[128];
+    qt_trainer_tensor_name(L, bad, name, sizeof name);
+    return qt_errf(err, errlen, "checkpoint of step %ld refused: %s holds NaN/Inf in %s (the run diverged)",
+                   t->saved_step, it->name, name);
+}
+
+int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
+    t->cfgtext = malloc(CFG_CAP);
+    t->writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
+    if (!t->cfgtext || !t->writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
+    t->pos = qt_loader_get_pos(t->train);
+    return 0;
+}
+
+/* Waits for the write in flight (if any) and reports it. 0, or -1 with err when it failed. */
+static int finish_write(qt_trainer *t, char *err, size_t errlen) {
+    long step;
+    double sec;
+    char e2[2048];
+    int rc = t->writer ? qt_ckpt_writer_wait(t->writer, &step, &sec, e2, sizeof e2) : 1;
+    if (rc < 0) return qt_errf(err, errlen, "%s", e2);
+    if (rc == 0) {
+        char p[QT_PATH_MAX + 32];
+        ckpt_path(t, step, p, sizeof p);
+        printf("qtrain: saved %s (%.1f MiB, written in %.2f s beside training)\n", p, t->write_bytes / 1048576.0, sec);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int qt_trainer_poll_write(qt_trainer *t, char *err, size_t errlen) {
+    if (!t->writer || qt_ckpt_writer_running(t->writer)) return 0;
+    return finish_write(t, err, errlen);
+}
+
+/* Copies items[from, n) into t->snap and points them there. */
+static int snapshot(qt_trainer *t, qt_ckpt_item *items, int from, int n, char *err, size_t errlen) {
+    size_t need = 0;
+    for (int i = from; i < n; i++) need += align64(items[i].bytes);
+    if (need > t->snap_cap) {
+        free(t->snap);
+        t->snap_cap = 0;
+        t->snap = malloc(need);
+        if (!t->snap) return qt_errf(err, errlen, "out of host memory for a %.1f MiB checkpoint snapshot", need / 1048576.0);
+        t->snap_cap = need;
+    }
+    size_t off = 0;
+    for (int i = from; i < n; i++) {
+        if (items[i].bytes) memcpy(t->snap + off, items[i].data, items[i].bytes);
+        items[i].data = t->snap + off;
+        off += align64(items[i].bytes);
+    }
+    return 0;
+}
+
+int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
+    double t0 = now_s();
+    if (finish_write(t, err, errlen)) return -1;
+    double waited = now_s() - t0;
+    qt_ckpt_item items[24];
+    int ne = qt_engine_state_items(t->eng, items, 16, err, errlen), n = ne;
+    if (ne < 0) return -1;
+    int64_t step = t->step;
+    size_t cl = qt_config_dump(t->cfg, t->cfgtext, CFG_CAP);
+    items[n++] = (qt_ckpt_item){"step", -1, &step, sizeof step};
+    items[n++] = (qt_ckpt_item){"rng", -1, &t->rng, sizeof t->rng};
+    items[n++] = (qt_ckpt_item){"loader_pos", -1, &t->pos, sizeof t->pos};
+    items[n++] = (qt_ckpt_item){"model_cfg", -1, &t->eng->L->cfg, sizeof t->eng->L->cfg};
+    items[n++] = (qt_ckpt_item){"config", -1, t->cfgtext, cl < CFG_CAP ? cl : CFG_CAP - 1};
+    if (snapshot(t, items, t->eng->ops->state_is_snapshot ? ne : 0, n, err, errlen)) return -1;
+    t->saved_step = t->step; /* read by qt_trainer_check_finite on the writer thread, which starts after this */
+    t->write_bytes = 0;
+    for (int i = 0; i < n; i++) t->write_bytes += items[i].bytes;
+    if (qt_ckpt_writer_start(t->writer, t->cfg->ckpt_dir, t->step, t->cfg->ckpt_keep, items, n, err, errlen)) return -1;
+    double stall = now_s() - t0;
+    t->st->ckpts++;
+    if (stall > t->st->ckpt_stall_max_s) t->st->ckpt_stall_max_s = stall;
+    printf("qtrain: checkpoint of step %ld: training paused %.3f s (%.3f s of it for the previous write), "
+           "writing %.1f MiB in the background\n", t->step, stall, waited, t->write_bytes / 1048576.0);
+    fflush(stdout);
+    char f[128], e2[512];
+    snprintf(f, sizeof f, "\"stall_s\":%.6f,\"wait_s\":%.6f,\"bytes\":%zu", stall, waited, t->write_bytes);
+    /* a failing log is reported by the next train record or the close; the checkpoint is under way */
+    qt_train_log_write(&t->log, "ckpt", t->step, t->step * t->tok_per_step, f, e2, sizeof e2);
+    return 0;
+}
+
+/* Saves the last completed step unless it is saved already, and waits. 0 or -1 with err. */
+static int save_now(qt_trainer *t, char *err, size_t errlen) {
+    if (t->step > t->saved_step && qt_trainer_save(t, err, errlen)) return -1;
+    return finish_write(t, err, errlen);
+}
+
+int qt_trainer_save_after_error(qt_trainer *t, char *err, size_t errlen) {
+    char e2[2048], p[QT_PATH_MAX + 32];
+    size_t n = strlen(err);
+    if (!t->writer) return -1;
+    if (save_now(t, e2, sizeof e2)) {
+        snprintf(err + n, errlen > n ? errlen - n : 0, " (and saving step %ld failed: %s)", t->step, e2);
+        return -1;
+    }
+    if (t->saved_step >= 0) {
+        ckpt_path(t, t->saved_step, p, sizeof p);
+        snprintf(err + n, errlen > n ? errlen - n : 0, "\nqtrain: steps up to %ld are saved in %s: fix the problem and "
+                 "continue with --resume", t->saved_step, p);
+    }
+    return -1;
+}
+
+int qt_trainer_stop(qt_trainer *t, int sig, char *err, size_t errlen) {
+    if (save_now(t, err, errlen)) return -1;
+    char why[32], p[QT_PATH_MAX + 32];
+    snprintf(why, sizeof why, "%s", sig == 2 ? "SIGINT" : sig == 15 ? "SIGTERM" : sig > 0 ? "a signal" : "request");
+    if (t->saved_step < 0) {
+        printf("qtrain: stopped by %s before the first step: nothing to save\n", why);
+    } else {
+        ckpt_path(t, t->saved_step, p, sizeof p);
+        printf("qtrain: stopped by %s after step %ld/%d; checkpoint %s; continue with --resume\n", why, t->step,
+               t->cfg->steps, p);
+    }
+    fflush(stdout);
+    return QT_TRAIN_STOPPED;
+}
+
+int qt_trainer_ckpt_finish(qt_trainer *t, int rc, char *err, size_t errlen) {
+    char e2[2048];
+    if (finish_write(t, e2, sizeof e2) == 0) return 0;
+    if (rc < 0) fprintf(stderr, "qtrain: %s\n", e2); /* err already holds the first error */
+    else snprintf(err, errlen, "%s", e2);
+    return -1;
+}
+
+void qt_trainer_ckpt_free(qt_trainer *t) {
+    qt_ckpt_writer_free(t->writer); /* waits for a write still in flight */
+    t->writer = NULL;
+    free(t->snap);
+    free(t->cfgtext);
+    t->snap = NULL;
+    t->cfgtext = NULL;
+}
+
+/* Opens the newest valid checkpoint in checkpoint.dir; damaged newer ones are named in a warning and
+ * (when this run holds the directory's lock) moved aside to <name>.bad. */
+static qt_ckpt *open_latest(qt_trainer *t, char *path, size_t cap, char *err, size_t errlen) {
+    long *steps = NULL;
+    int n = qt_ckpt_list(t->cfg->ckpt_dir, &steps);
+    qt_ckpt *ck = NULL;
+    for (int i = 0; i < n && !ck; i++) {
+        char e2[2048];
+        ckpt_path(t, steps[i], path, cap);
+        ck = qt_ckpt_open(path, e2, sizeof e2);
+        if (ck) break;
+        char bad[QT_PATH_MAX + 64];
+        snprintf(bad, sizeof bad, "%s.bad", path);
+        int moved = t->dir.lock_fd >= 0 && rename(path, bad) == 0;
+        fprintf(stderr, "qtrain: warning: %s\nqtrain: warning: skipping %s%s%s; trying the checkpoint before it\n", e2,
+                path, moved ? ", moved aside to " : "", moved ? bad : "");
+    }
+    if (!ck) {
+        if (n == 0) qt_errf(err, errlen, "--resume: no checkpoint (ckpt_*.qtc) in %s", t->cfg->ckpt_dir);
+        else qt_errf(err, errlen, "--resume: none of the %d checkpoints in %s is valid (see the warnings)", n, t->cfg->ckpt_dir);
+    }
+    free(steps);
+    return ck;
+}
+
+/* The identity keys of the checkpoint's config against ours (a config that no longer parses is
+ * warned about and not compared). Sets *data_moved. */
+static int check_config(const qt_trainer *t, const qt_ckpt *ck, const char *path, const char *allow,
+                        int *data_moved, char *err, size_t errlen) {
+    size_t nb;
+    const char *text = qt_ckpt_get(ck, "config", &nb, NULL);
+    *data_moved = 0;
+    if (!text) return 0;
+    char *yaml = malloc(nb + 1), e2[2048];
+    qt_config *old = malloc(sizeof *old);
+    int rc = 0;
+    if (!yaml || !old) {
+        rc = qt_errf(err, errlen, "out of host memory");
+    } else {
+        memcpy(yaml, text, nb);
+        yaml[nb] = 0;
+        if (qt_config_load_string(old, yaml, path, NULL, 0, e2, sizeof e2))
+            fprintf(stderr, "qtrain: warning: %s: its config does not load (%s); data and seed keys not compared\n", path, e2);
+        else rc = qt_rundir_check_resume(old, t->cfg, allow, path, data_moved, err, errlen);
+    }
+    free(yaml);
+    free(old);
+    return rc;
+}
+
+int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *err, size_t errlen) {
+    char path[QT_PATH_MAX + 64];
+    qt_ckpt *ck;
+    if (!strcmp(which, "latest")) {
+        ck = open_latest(t, path, sizeof path, err, errlen);
+    } else {
+        snprintf(path, sizeof path, "%s", which);
+        ck = qt_ckpt_open(path, err, errlen);
+    }
+    if (!ck) return -1;
+    size_t nb;
+    const void *mc = qt_ckpt_get(ck, "model_cfg", &nb, NULL);
+    const void *step = qt_ckpt_get(ck, "step", NULL, NULL), *rng = qt_ckpt_get(ck, "rng", NULL, NULL);
+    const void *pos = qt_ckpt_get(ck, "loader_pos", NULL, NULL);
+    int rc = -1, data_moved = 0;
+    if (!mc || !step || !rng || !pos) {
+        qt_errf(err, errlen, "%s: not a qtrain training checkpoint (missing step/rng/loader_pos/model_cfg)", path);
+    } else if (nb != sizeof(qt_model_cfg) || memcmp(mc, &t->eng->L->cfg, nb)) {
+        qt_errf(err, errlen, "%s: the checkpoint's model differs from the config's model", path);
+    } else if ((!t->train || check_config(t, ck, path, allow, &data_moved, err, errlen) == 0) &&
+               qt_engine_load_state(t->eng, ck, err, errlen) == 0) {
+        int64_t s;
+        qt_loader_pos p;
+        memcpy(&s, step, sizeof s);
+        memcpy(&t->rng, rng, sizeof t->rng);
+        memcpy(&p, pos, sizeof p);
+        if (t->train && !data_moved) qt_loader_set_pos(t->train, p);
+        t->step = t->saved_step = s;
+        printf("qtrain: resumed from %s at step %ld%s\n", path, t->step,
+               data_moved ? " (the data changed: reading it from its start)" : "");
+        rc = 0;
+    }
+    qt_ckpt_close(ck);
+    return rc;
+}

@@ -1,0 +1,640 @@
+/* test_reliability.c — how a training run ends badly and what survives, on the CPU path: signals
+ * (a checkpoint, exit 75, bit-exact resume after SIGINTs at random times), 50 SIGKILLs at random
+ * times, each followed by a resume from a valid checkpoint, a used or locked checkpoint.dir, resume
+ * fallback, identity keys and past-the-end resumes, problems found at start (checkpoint.dir,
+ * log.file), a data error mid-run, non-finite weights never saved, the JSONL log on a kill, an export
+ * without data.
+ *
+ * Most tests drive the qtrain program (beside this test's build folder, or argv[1]) in child
+ * processes, with OMP_NUM_THREADS=1 so that a loaded machine does not slow the CPU path to a crawl
+ * (and QT_MATMUL_AUTOTUNE=0, so that GPU runs in different processes stay bitwise comparable).
+ * Random times come from a seed printed at the start (argv[2] repeats a run). */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "qt_ckpt.h"
+#include "qt_data.h"
+#include "qt_device.h"
+#include "qt_dtype.h"
+#include "qt_engine.h"
+#include "qt_json.h"
+#include "qt_test.h"
+#include "qt_test_data.h"
+#include "qt_train_ckpt.h"
+
+static char g_dir[256];
+static char g_qtrain[512];
+static unsigned g_seed;
+static int g_gpu; /* 1: the runs train on the GPU (head_dim 64 for cuDNN's attention) */
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* The test's yaml for run `name`: a tiny model on the synthetic shard, checkpoint.dir g_dir/name,
+ * log.file g_dir/name.jsonl (log.every 1). extra: more YAML lines. Writes it to path. */
+static void write_cfg(char *path, size_t cap, const char *name, int steps, int every, int keep, const char *extra) {
+    snprintf(path, cap, "%s/%s.yaml", g_dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f,
+            "model: {vocab_size: 64, hidden_size: %d, num_layers: 1, num_heads: 2, num_kv_heads: 1,\n"
+            "        intermediate_size: 32, max_seq_len: 16}\n"
+            "data: {train: '%s/tr_*.bin', seq_len: 16, micro_batch: 2}\n"
+            "optim: {lr: 0.003, warmup: 3, steps: %d}\n"
+            "checkpoint: {dir: '%s/%s', every: %d, keep: %d}\n"
+            "log: {file: '%s/%s.jsonl', every: 1}\n"
+            "device: %s\n%s\n",
+            g_gpu ? 128 : 16, g_dir, steps, g_dir, name, every, keep, g_dir, name, g_gpu ? "cuda\nparallel: {gpus: 1}" : "cpu",
+            extra ? extra : "");
+    fclose(f);
+}
+
+/* Starts qtrain with args (NULL-terminated, after the program name), stdout and stderr appended to out. */
+static pid_t spawn(const char *out, const char *const *args) {
+    const char *argv[32] = {g_qtrain};
+    int n = 1;
+    for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        setenv("OMP_NUM_THREADS", "1", 1);
+        setenv("QT_MATMUL_AUTOTUNE", "0", 1); /* GPU: every process multiplies with the same algorithms */
+        execv(g_qtrain, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The exit status as a shell reports it (128 + signal when killed); -1 when it outlived timeout_s
+ * (it is then killed). */
+static int wait_status(pid_t pid, double timeout_s) {
+    int st = 0;
+    double t0 = mono_s();
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (mono_s() - t0 > timeout_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        usleep(2000);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int run_qtrain(const char *out, const char *const *args) {
+    unlink(out);
+    return wait_status(spawn(out, args), 120);
+}
+
+/* 1 once file holds text; 0 when pid ended or timeout_s passed first. */
+static int wait_text(const char *file, const char *text, pid_t pid, double timeout_s) {
+    double t0 = mono_s();
+    while (mono_s() - t0 < timeout_s) {
+        size_t n;
+        char *s = qt_t_read_file(file, &n);
+        int found = s && n && (s[n] = 0, strstr(s, text) != NULL);
+        free(s);
+        if (found) return 1;
+        if (waitpid(pid, NULL, WNOHANG) != 0) return 0;
+        usleep(2000);
+    }
+    return 0;
+}
+
+static int file_has(const char *file, const char *text) {
+    size_t n;
+    char *s = qt_t_read_file(file, &n);
+    int found = s && (s[n] = 0, strstr(s, text) != NULL);
+    free(s);
+    return found;
+}
+
+/* The newest checkpoint's step in g_dir/name, -1 when none. */
+static long newest_step(const char *name) {
+    char d[512];
+    long *steps = NULL;
+    snprintf(d, sizeof d, "%s/%s", g_dir, name);
+    int n = qt_ckpt_list(d, &steps);
+    long s = n ? steps[0] : -1;
+    free(steps);
+    return s;
+}
+
+static void ckpt_file(char *p, size_t cap, const char *name, long step) {
+    snprintf(p, cap, "%s/%s/ckpt_%08ld.qtc", g_dir, name, step);
+}
+
+/* 1 when the checkpoints of step of runs a and b hold the same state bytes (the config blob names
+ * other folders, so it is left out). */
+static int same_state(const char *a, const char *b, long step, char *why, size_t cap) {
+    char pa[512], pb[512], err[1024];
+    ckpt_file(pa, sizeof pa, a, step);
+    ckpt_file(pb, sizeof pb, b, step);
+    qt_ckpt *ca = qt_ckpt_open(pa, err, sizeof err), *cb = ca ? qt_ckpt_open(pb, err, sizeof err) : NULL;
+    int same = ca && cb;
+    if (!same) snprintf(why, cap, "%s", err);
+    const char *names[] = {"weights", "adam_m", "adam_v", "step", "rng", "loader_pos", "model_cfg"};
+    for (int i = 0; same && i < 7; i++) {
+        size_t na = 0, nb = 0;
+        const void *x = qt_ckpt_get(ca, names[i], &na, NULL), *y = qt_ckpt_get(cb, names[i], &nb, NULL);
+        same = x && y && na == nb && memcmp(x, y, na) == 0;
+        if (!same) snprintf(why, cap, "blob %s differs", names[i]);
+    }
+    qt_ckpt_close(ca);
+    qt_ckpt_close(cb);
+    return same;
+}
+
+/* Runs `name` to the end; returns its exit status. */
+static int run_to_end(const char *name, int steps, int every, int keep, const char *extra) {
+    char cfg[512], out[512];
+    write_cfg(cfg, sizeof cfg, name, steps, every, keep, extra);
+    snprintf(out, sizeof out, "%s/%s.out", g_dir, name);
+    const char *args[] = {cfg, NULL};
+    return run_qtrain(out, args);
+}
+
+static void test_fresh_run_refuses_used_dir(void) {
+    char cfg[512], out[512];
+    QT_REQUIRE(run_to_end("used", 4, 0, 2, NULL) == 0, "first run failed");
+    write_cfg(cfg, sizeof cfg, "used", 4, 0, 2, NULL);
+    snprintf(out, sizeof out, "%s/used2.out", g_dir);
+    const char *args[] = {cfg, NULL};
+    int st = run_qtrain(out, args);
+    QT_EXPECT(st == 1 && file_has(out, "already holds") && file_has(out, "--resume"),
+              "a fresh run in a used checkpoint.dir: status %d (see %s)", st, out);
+    QT_EXPECT(!file_has(out, "step      1/"), "the refused run trained");
+}
+
+static void test_resume_past_steps_refused(void) {
+    char cfg[512], out[512];
+    QT_REQUIRE(newest_step("used") == 4 || run_to_end("used", 4, 0, 2, NULL) == 0, "first run failed");
+    write_cfg(cfg, sizeof cfg, "used", 4, 0, 2, NULL);
+    snprintf(out, sizeof out, "%s/used3.out", g_dir);
+    const char *args[] = {cfg, "--resume", NULL};
+    int st = run_qtrain(out, args);
+    QT_EXPECT(st == 1 && file_has(out, "nothing to train") && file_has(out, "optim.steps"),
+              "--resume at step 4 of 4: status %d (see %s)", st, out);
+}
+
+static void test_resume_changed_keys_refused(void) {
+    char cfg[512], out[512];
+    QT_REQUIRE(newest_step("used") == 4 || run_to_end("used", 4, 0, 2, NULL) == 0, "first run failed");
+    write_cfg(cfg, sizeof cfg, "used", 4, 0, 2, NULL);
+    snprintf(out, sizeof out, "%s/used4.out", g_dir);
+    const char *args[] = {cfg, "--resume", "--set", "optim.steps=6", "--set", "data.seq_len=8", "--set", "seed=7", NULL};
+    int st = run_qtrain(out, args);
+    QT_EXPECT(st == 1 && file_has(out, "data.seq_len: checkpoint 16, config 8") &&
+              file_has(out, "seed: checkpoint 1234, config 7") && file_has(out, "--allow-changed data.seq_len,seed"),
+              "changed seq_len and seed: status %d (see %s)", st, out);
+    QT_EXPECT(!file_has(out, "step      5/"), "the refused resume trained");
+    const char *ok[] = {cfg, "--resume", "--set", "optim.steps=6", "--set", "data.seq_len=8", "--set", "seed=7",
+                        "--allow-changed", "data.seq_len,seed", NULL};
+    st = run_qtrain(out, ok);
+    QT_EXPECT(st == 0 && file_has(out, "the data changed") && newest_step("used") == 6,
+              "accepted change: status %d, newest step %ld (see %s)", st, newest_step("used"), out);
+    const char *typo[] = {cfg, "--resume", "--set", "optim.steps=8", "--allow-changed", "optim.lr", NULL};
+    st = run_qtrain(out, typo);
+    QT_EXPECT(st == 1 && file_has(out, "not a key a resume checks"), "--allow-changed optim.lr: status %d", st);
+}
+
+static void test_resume_falls_back_to_valid(void) {
+    char cfg[512], out[512], p[512], bad[600];
+    QT_REQUIRE(run_to_end("fb", 6, 2, 5, NULL) == 0, "first run failed");
+    ckpt_file(p, sizeof p, "fb", 6);
+    FILE *f = fopen(p, "r+b");
+    QT_REQUIRE(f, "open %s", p);
+    fseek(f, 1000, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, 1000, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+    write_cfg(cfg, sizeof cfg, "fb", 8, 2, 5, NULL);
+    snprintf(out, sizeof out, "%s/fb2.out", g_dir);
+    const char *args[] = {cfg, "--resume", NULL};
+    int st = run_qtrain(out, args);
+    snprintf(bad, sizeof bad, "%s.bad", p);
+    QT_EXPECT(st == 0 && file_has(out, "warning") && file_has(out, "ckpt_00000006.qtc") &&
+              file_has(out, "resumed from") && file_has(out, "ckpt_00000004.qtc at step 4"),
+              "resume past a damaged newest checkpoint: status %d (see %s)", st, out);
+    QT_EXPECT(exists(bad) && newest_step("fb") == 8, "moved aside: %d, newest %ld", exists(bad), newest_step("fb"));
+}
+
+static void test_unwritable_ckpt_dir_found_at_start(void) {
+    char cfg[512], out[512], file[512], set[600];
+    snprintf(file, sizeof file, "%s/afile", g_dir);
+    FILE *f = fopen(file, "w");
+    QT_REQUIRE(f, "create %s", file);
+    fclose(f);
+    write_cfg(cfg, sizeof cfg, "afile_run", 4, 0, 2, NULL);
+    snprintf(out, sizeof out, "%s/afile.out", g_dir);
+    snprintf(set, sizeof set, "checkpoint.dir=%s/ck", file); /* below a regular file */
+    const char *args[] = {cfg, "--set", set, NULL};
+    int st = run_qtrain(out, args);
+    QT_EXPECT(st == 1 && file_has(out, "checkpoint.dir") && !file_has(out, "step      1/"),
+              "unusable checkpoint.dir: status %d, trained first: %d (see %s)", st, file_has(out, "step      1/"), out);
+    /* a run refused later in its setup (no data) leaves no checkpoint.dir behind */
+    char d[512], nodata[600];
+    snprintf(nodata, sizeof nodata, "data.train=%s/no_such_*.bin", g_dir);
+    const char *args2[] = {cfg, "--set", nodata, NULL};
+    st = run_qtrain(out, args2);
+    snprintf(d, sizeof d, "%s/afile_run", g_dir);
+    QT_EXPECT(st == 1 && file_has(out, "no_such_") && !exists(d), "no data: status %d, %s left: %d", st, d, exists(d));
+}
+
+static void test_log_write_failure_is_an_error(void) {
+    char cfg[512], out[512];
+    write_cfg(cfg, sizeof cfg, "full", 4, 0, 2, NULL);
+    snprintf(out, sizeof out, "%s/full.out", g_dir);
+    const char *args[] = {cfg, "--set", "log.file=/dev/full", NULL};
+    int st = run_qtrain(out, args);
+    QT_EXPECT(st == 1 && file_has(out, "log.file") && file_has(out, "/dev/full") && !file_has(out, "step      1/"),
+              "log.file /dev/full: status %d (see %s)", st, out);
+}
+
+/* A second shard whose payload is damaged (its header is fine, so it passes the checks at start) is
+ * found when the loader first reads it: the run saves its last completed step, then fails naming it. */
+static void test_data_error_mid_run_saves(void) {
+    char cfg[512], out[512], bad[512], err[512];
+    uint32_t *t = malloc(4000 * sizeof *t);
+    for (int i = 0; i < 4000; i++) t[i] = (uint32_t)(i * 7 % 64);
+    snprintf(bad, sizeof bad, "%s/mix_1.bin", g_dir);
+    QT_REQUIRE(qt_shard_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    snprintf(bad, sizeof bad, "%s/mix_0.bin", g_dir); /* seed 1234 reads mix_1 first */
+    QT_REQUIRE(qt_shard_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    free(t);
+    FILE *f = fopen(bad, "r+b");
+    QT_REQUIRE(f, "open");
+    fseek(f, 64 + 100, SEEK_SET);
+    fputc(63, f);
+    fclose(f);
+    write_cfg(cfg, sizeof cfg, "mix", 1000, 0, 2, NULL);
+    snprintf(out, sizeof out, "%s/mix.out", g_dir);
+    char set[600];
+    snprintf(set, sizeof set, "data.train=%s/mix_*.bin", g_dir);
+    const char *args[] = {cfg, "--set", set, NULL};
+    int st = run_qtrain(out, args);
+    long s = newest_step("mix");
+    char p[512];
+    ckpt_file(p, sizeof p, "mix", s);
+    qt_ckpt *ck = s >= 0 ? qt_ckpt_open(p, err, sizeof err) : NULL;
+    printf("  damaged shard met after %ld steps\n", s);
+    QT_EXPECT(st == 1 && file_has(out, "mix_0.bin") && file_has(out, "are saved in") && ck && s > 0,
+              "status %d, newest checkpoint %ld (see %s)", st, s, out);
+    qt_ckpt_close(ck);
+}
+
+/* A step whose update makes weights Inf (lr 3.4e38, weight decay 100: |lr * (update + 100 w)| passes
+ * FLT_MAX) while its loss and norm are finite: an error naming a tensor, nothing saved, and the good
+ * checkpoint of step 6 stays although keep is 1. */
+static void test_nonfinite_state_never_saved(void) {
+    char cfg[512], out[512], p[512], err[512];
+    QT_REQUIRE(run_to_end("nan", 6, 3, 1, NULL) == 0, "first run failed");
+    write_cfg(cfg, sizeof cfg, "nan", 6, 3, 1, NULL);
+    snprintf(out, sizeof out, "%s/nan2.out", g_dir);
+    const char *args[] = {cfg, "--resume", "--set", "optim.steps=1000000", "--set", "optim.lr=3.4e38", "--set",
+                          "optim.warmup=0", "--set", "optim.weight_decay=100", "--set", "checkpoint.every=1", NULL};
+    int st = run_qtrain(out, args);
+    QT_EXPECT(st == 1 && file_has(out, "NaN/Inf") && file_has(out, "model."), "status %d (see %s)", st, out);
+    QT_REQUIRE(newest_step("nan") == 6, "newest checkpoint: step %ld, expected the good one of step 6", newest_step("nan"));
+    ckpt_file(p, sizeof p, "nan", 6);
+    qt_ckpt *ck = qt_ckpt_open(p, err, sizeof err);
+    QT_REQUIRE(ck, "%s", err);
+    size_t nb;
+    const float *w = qt_ckpt_get(ck, "weights", &nb, NULL);
+    size_t bad = 0;
+    for (size_t i = 0; w && i < nb / 4; i++) bad += !isfinite(w[i]);
+    QT_EXPECT(w && bad == 0, "%zu non-finite weights in the kept checkpoint", bad);
+    qt_ckpt_close(ck);
+}
+
+/* The writer's check, the guard for engines without a per-step finiteness hook (GPU): a NaN in an
+ * fp32 blob and an Inf in a bf16 one are refused, naming tensor and element; nothing is written. */
+static void test_writer_refuses_nonfinite_blob(void) {
+    qt_model_cfg mc = {.vocab_size = 64, .hidden_size = 16, .num_layers = 2, .num_heads = 2, .num_kv_heads = 1,
+                       .intermediate_size = 32, .max_seq_len = 16, .qkv_bias = 1, .tie_embeddings = 1};
+    qt_model_cfg_finish(&mc);
+    qt_layout L;
+    char err[1024], dir[512];
+    QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+    qt_engine eng = {NULL, &L, NULL, 1};
+    qt_trainer t = {.eng = &eng, .saved_step = 5};
+    qt_ckpt_writer *w = qt_ckpt_writer_create(qt_trainer_check_finite, &t);
+    float *wf = calloc(L.numel, sizeof(float));
+    uint16_t *wb = calloc(L.numel, sizeof(uint16_t));
+    const qt_tensor *tt = &L.tensors[L.n_tensors / 2];
+    snprintf(dir, sizeof dir, "%s/refuse", g_dir);
+    for (int k = 0; k < 3; k++) {
+        if (k == 1) wf[tt->offset + 3] = NAN;
+        if (k == 2) wf[tt->offset + 3] = 0, wb[tt->offset + 3] = 0x7f80; /* bf16 +Inf */
+        qt_ckpt_item items[2] = {{"weights", QT_DT_F32, wf, L.numel * 4}, {"weights_bf16", QT_DT_BF16, wb, L.numel * 2}};
+        QT_REQUIRE(qt_ckpt_writer_start(w, dir, 5 + k, 0, items, 2, err, sizeof err) == 0, "%s", err);
+        err[0] = 0;
+        int rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
+        char want[160];
+        snprintf(want, sizeof want, "%s[3]", tt->name);
+        if (k == 0) QT_EXPECT(rc == 0, "finite state refused: %s", err);
+        else QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, k == 1 ? "weights holds" : "weights_bf16 holds"),
+                       "case %d: rc %d: %s", k, rc, err);
+    }
+    QT_EXPECT(newest_step("refuse") == 5, "newest %ld: a refused state was written", newest_step("refuse"));
+    QT_EXPECT(qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err) == 1, "a wait with nothing in flight");
+    qt_ckpt_writer_free(w);
+    free(wf);
+    free(wb);
+    qt_layout_free(&L);
+}
+
+static void test_export_needs_no_data(void) {
+    char cfg[512], out[512], p[512], set[512];
+    write_cfg(cfg, sizeof cfg, "exp", 4, 0, 2, NULL);
+    snprintf(out, sizeof out, "%s/exp.out", g_dir);
+    snprintf(set, sizeof set, "data.train=%s/no_such_*.bin", g_dir);
+    const char *args[] = {cfg, "--export", "--set", set, NULL};
+    int st = run_qtrain(out, args);
+    snprintf(p, sizeof p, "%s/exp/export/model.safetensors", g_dir);
+    QT_EXPECT(st == 0 && exists(p), "--export without data: status %d (see %s)", st, out);
+}
+
+/* Starts run `name` with 1,000,000 steps (cfg and out filled) and waits for `text` in its output.
+ * Returns the pid, or -1 when the text did not come. */
+static pid_t start_long_run(const char *name, char *cfg, char *out, size_t cap, const char *text) {
+    write_cfg(cfg, cap, name, 1000000, 0, 2, NULL);
+    snprintf(out, cap, "%s/%s.out", g_dir, name);
+    unlink(out);
+    const char *args[] = {cfg, NULL};
+    pid_t pid = spawn(out, args);
+    return wait_text(out, text, pid, 60) ? pid : -1;
+}
+
+/* SIGINT during training: the step ends, a checkpoint is written, exit 75; SIGTERM after a resume
+ * the same. Then two signals at once: the second ends the process at once. */
+static void test_signal_checkpoints_and_exits_75(void) {
+    char cfg[512], out[512];
+    pid_t pid = start_long_run("sig", cfg, out, sizeof out, "step      2/");
+    QT_REQUIRE(pid > 0, "no step 2 (see %s)", out);
+    const char *res[] = {cfg, "--resume", NULL};
+    kill(pid, SIGINT);
+    int st = wait_status(pid, 60);
+    long s = newest_step("sig");
+    QT_EXPECT(st == QT_EXIT_STOPPED && s >= 2 && file_has(out, "stopped by SIGINT") && file_has(out, "continue with --resume"),
+              "SIGINT: status %d, checkpoint step %ld (see %s)", st, s, out);
+    pid = spawn(out, res);
+    QT_REQUIRE(wait_text(out, "resumed from", pid, 60), "no resume (see %s)", out);
+    kill(pid, SIGTERM);
+    st = wait_status(pid, 60);
+    QT_EXPECT(st == QT_EXIT_STOPPED && file_has(out, "stopped by SIGTERM") && newest_step("sig") >= s,
+              "SIGTERM: status %d (see %s)", st, out);
+    pid = spawn(out, res);
+    QT_REQUIRE(wait_text(out, "qtrain: run ", pid, 60), "no resume (see %s)", out);
+    kill(pid, SIGINT);
+    kill(pid, SIGINT);
+    st = wait_status(pid, 60);
+    QT_EXPECT(st == 128 + SIGINT, "two SIGINTs: status %d, expected death by SIGINT (130)", st);
+}
+
+/* The JSONL log of a killed run: a config line first, then one flushed record per printed step, each
+ * with time, elapsed_s and tokens; every line parses as JSON. */
+static void test_log_survives_kill(void) {
+    char cfg[512], out[512], logp[512], err[512];
+    snprintf(logp, sizeof logp, "%s/klog.jsonl", g_dir);
+    pid_t pid = start_long_run("klog", cfg, out, sizeof out, "step     12/");
+    QT_REQUIRE(pid > 0, "no step 12 (see %s)", out);
+    kill(pid, SIGKILL);
+    wait_status(pid, 10);
+    size_t n = 0;
+    char *text = qt_t_read_file(logp, &n);
+    QT_REQUIRE(text, "no log %s", logp);
+    text[n] = 0;
+    int lines = 0, train = 0, good = 1;
+    for (char *line = text, *next; *line; line = next) {
+        next = strchr(line, '\n');
+        QT_EXPECT(next, "line %d is not terminated", lines + 1);
+        if (!next) break;
+        *next++ = 0;
+        qt_json *j = qt_json_parse(line, strlen(line), err, sizeof err);
+        QT_EXPECT(j, "line %d is not JSON (%s): %s", lines + 1, err, line);
+        qt_json_free(j);
+        if (lines == 0) QT_EXPECT(strstr(line, "{\"type\":\"config\"") == line && strstr(line, "\"optim.lr\":0.003"),
+                                  "first line: %s", line);
+        else if (strstr(line, "\"type\":\"train\"")) {
+            train++;
+            good &= strstr(line, "\"time\":") && strstr(line, "\"elapsed_s\":") &&
+                    strstr(line, "\"tokens\":") != NULL;
+        }
+        lines++;
+    }
+    free(text);
+    QT_EXPECT(train >= 11 && good, "%d train records (12 steps were printed), fields present: %d", train, good);
+}
+
+/* Another run on a checkpoint.dir that a run holds is refused. */
+static void test_concurrent_run_refused(void) {
+    char cfg[512], out[512], out2[512];
+    pid_t pid = start_long_run("lock", cfg, out, sizeof out, "step      2/");
+    QT_REQUIRE(pid > 0, "no step 2 (see %s)", out);
+    snprintf(out2, sizeof out2, "%s/lock2.out", g_dir);
+    unlink(out2);
+    const char *args[] = {cfg, NULL};
+    int st = wait_status(spawn(out2, args), 20);
+    QT_EXPECT(st == 1 && file_has(out2, "in use by another run"), "second run: status %d (see %s)", st, out2);
+    kill(pid, SIGINT);
+    st = wait_status(pid, 60);
+    QT_EXPECT(st == QT_EXIT_STOPPED, "first run: status %d", st);
+}
+
+/* 1 when dir/name was modified at or after Unix time t. */
+static int modified_since(const char *dir, const char *name, double t) {
+    char p[800];
+    struct stat fs;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &fs) == 0 && fs.st_mtim.tv_sec + fs.st_mtim.tv_nsec * 1e-9 >= t;
+}
+
+/* Waits until a checkpoint file newer than step `after` and written since Unix time `since` appears in
+ * dir — the temp file of a write just begun, or (were writes not atomic) the checkpoint itself; a temp
+ * file an earlier kill left is not one. 0 when pid ended or timeout_s passed. */
+static int wait_new_ckpt_file(const char *dir, long after, double since, pid_t pid, double timeout_s) {
+    double t0 = mono_s();
+    while (mono_s() - t0 < timeout_s) {
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        int found = 0;
+        while (d && !found && (e = readdir(d)))
+            found = !strncmp(e->d_name, "ckpt_", 5) && atol(e->d_name + 5) > after && modified_since(dir, e->d_name, since);
+        if (d) closedir(d);
+        if (found) return 1;
+        if (waitpid(pid, NULL, WNOHANG) != 0) return 0;
+        usleep(100);
+    }
+    return 0;
+}
+
+/* Stops run `name` (steps, checkpoint every 2) with sig until it completes; every process must end as
+ * `sig` allows. SIGINT: 0-100 ms after setup. SIGKILL, in turn: 0-startup_s after the start (mostly
+ * during setup), as a checkpoint write begins, 0-300 ms after setup, as a write begins. Returns the
+ * number of signals sent, -1 on a failure. */
+static int interrupt_until_done(const char *name, int steps, int sig, int want_signals, double startup_s,
+                                int *mid_write) {
+    char cfg[512], out[512], d[512];
+    write_cfg(cfg, sizeof cfg, name, steps, 2, 2, NULL);
+    snprintf(out, sizeof out, "%s/%s.out", g_dir, name);
+    snprintf(d, sizeof d, "%s/%s", g_dir, name);
+    int sent = 0;
+    for (int attempt = 0; attempt < 400; attempt++) {
+        int resume = newest_step(name) >= 0;
+        if (newest_step(name) == steps) return sent; /* killed after the last checkpoint */
+        const char *a1[] = {cfg, NULL}, *a2[] = {cfg, "--resume", NULL};
+        unlink(out);
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        double started = now.tv_sec + now.tv_nsec * 1e-9;
+        pid_t pid = spawn(out, resume ? a2 : a1);
+        int kind = sig == SIGINT ? 2 : sent % 4; /* 0: from the start, 1 and 3: a write, 2: after setup */
+        double delay = kind == 0 ? startup_s : sig == SIGINT ? 0.1 : 0.3;
+        int go = sent < want_signals;
+        if (go && kind == 2) go = wait_text(out, "qtrain: run ", pid, 60);
+        if (go && kind % 2) go = wait_new_ckpt_file(d, newest_step(name), started, pid, 60);
+        else if (go) usleep((useconds_t)(rand() / (RAND_MAX + 1.0) * delay * 1e6));
+        if (go) {
+            kill(pid, sig);
+            sent++;
+        }
+        int st = wait_status(pid, 120);
+        if (sig == SIGKILL && st == 128 + SIGKILL) {
+            char tmp[64];
+            long *s = NULL;
+            int n = qt_ckpt_list(d, &s);
+            snprintf(tmp, sizeof tmp, "ckpt_%08ld.qtc.tmp", n ? s[0] + 2 : 2L);
+            *mid_write += modified_since(d, tmp, started); /* not one a start-up kill left alone */
+            free(s);
+        }
+        int ok = st == 0 || (sig == SIGINT && st == QT_EXIT_STOPPED) || (sig == SIGKILL && st == 128 + SIGKILL);
+        if (!ok || file_has(out, "warning")) {
+            printf("  attempt %d: status %d%s; output:\n", attempt, st, ok ? " with a warning" : "");
+            char cmd[600];
+            snprintf(cmd, sizeof cmd, "tail -5 '%s'", out);
+            if (system(cmd)) { /* the output is only a help */ }
+            return -1;
+        }
+        if (st == 0) return sent;
+    }
+    return -1;
+}
+
+/* SIGINTs at random times during training and checkpointing (the writes take longer than the 2
+ * steps between them, so many land mid-write): every stop exits 75, and the resumed runs end with a
+ * checkpoint and export byte-identical to an uninterrupted run's. */
+static void sigint_random_resume_bit_exact(const char *ref, const char *intr) {
+    QT_REQUIRE(run_to_end(ref, 60, 2, 2, NULL) == 0, "reference run failed");
+    int sent = interrupt_until_done(intr, 60, SIGINT, 20, 0, &(int){0});
+    QT_REQUIRE(sent > 0, "interrupted runs failed (see %s/%s.out)", g_dir, intr);
+    char why[256] = "", a[512], b[512];
+    QT_EXPECT(same_state(ref, intr, 60, why, sizeof why), "final checkpoints differ: %s", why);
+    snprintf(a, sizeof a, "%s/%s/export/model.safetensors", g_dir, ref);
+    snprintf(b, sizeof b, "%s/%s/export/model.safetensors", g_dir, intr);
+    size_t na = 0, nb = 0;
+    char *fa = qt_t_read_file(a, &na), *fb = qt_t_read_file(b, &nb);
+    QT_EXPECT(fa && fb && na == nb && memcmp(fa, fb, na) == 0, "exports differ (%zu vs %zu bytes)", na, nb);
+    free(fa);
+    free(fb);
+    printf("  %d SIGINTs (random delays 0-100 ms after setup); resumed bit-exactly\n", sent);
+}
+
+/* 50 SIGKILLs (a quarter at random times from the start, a quarter at random times in training, half
+ * as a checkpoint write begins): after each, the next run resumes from the newest checkpoint, which
+ * must be valid (no fallback warning), and the final state equals an uninterrupted run's. */
+static void sigkill_50_always_resumes(const char *ref, const char *killed, int steps, double startup_s) {
+    QT_REQUIRE(newest_step(ref) == steps || run_to_end(ref, steps, 2, 2, NULL) == 0, "reference run failed");
+    int mid = 0, kills = interrupt_until_done(killed, steps, SIGKILL, 50, startup_s, &mid);
+    QT_REQUIRE(kills == 50, "kill loop failed after %d kills (see %s/%s.out)", kills, g_dir, killed);
+    char why[256] = "";
+    QT_EXPECT(same_state(ref, killed, steps, why, sizeof why), "final checkpoints differ: %s", why);
+    printf("  50 SIGKILLs (13 from the start, 12 in training, 25 as a write began), %d left a partial write "
+           "(.tmp); every resume found a valid checkpoint\n", mid);
+}
+
+static void test_sigint_random_resume_bit_exact(void) { sigint_random_resume_bit_exact("ref", "int"); }
+static void test_sigkill_50_always_resumes(void) { sigkill_50_always_resumes("ref400", "kill", 400, 0.15); }
+
+/* The same on one GPU (CUDA start-up takes seconds: the first kind of kill comes within 4 s). */
+static void test_sigint_random_resume_bit_exact_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    g_gpu = 1;
+    sigint_random_resume_bit_exact("ref_gpu", "int_gpu");
+    g_gpu = 0;
+}
+static void test_sigkill_50_always_resumes_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    g_gpu = 1;
+    sigkill_50_always_resumes("ref_gpu400", "kill_gpu", 400, 4.0);
+    g_gpu = 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) snprintf(g_qtrain, sizeof g_qtrain, "%s", argv[1]);
+    else {
+        snprintf(g_qtrain, sizeof g_qtrain, "%s", argv[0]);
+        char *slash = strrchr(g_qtrain, '/');
+        snprintf(slash ? slash + 1 : g_qtrain, sizeof g_qtrain - (slash ? (size_t)(slash + 1 - g_qtrain) : 0), "../qtrain");
+    }
+    g_seed = argc > 2 ? (unsigned)atol(argv[2]) : (unsigned)time(NULL);
+    srand(g_seed);
+    printf("  qtrain %s, random seed %u\n", g_qtrain, g_seed);
+    if (access(g_qtrain, X_OK)) {
+        printf("FAIL setup: %s is not built\n", g_qtrain);
+        return 1;
+    }
+    if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_rel")) return 1;
+    uint32_t *t = malloc(20000 * sizeof *t);
+    uint64_t x = 1;
+    for (int i = 0; i < 20000; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (x >> 60) == 0 || i == 0 ? (uint32_t)((x >> 33) % 64) : (t[i - 1] * 7 + 3) % 64;
+    }
+    char p[512], err[512];
+    snprintf(p, sizeof p, "%s/tr_0.bin", g_dir);
+    if (qt_shard_write(p, t, 20000, 2, 64, 0, err, sizeof err)) printf("FAIL setup: %s\n", err);
+    free(t);
+    QT_RUN(test_fresh_run_refuses_used_dir);
+    QT_RUN(test_resume_past_steps_refused);
+    QT_RUN(test_resume_changed_keys_refused);
+    QT_RUN(test_resume_falls_back_to_valid);
+    QT_RUN(test_unwritable_ckpt_dir_found_at_start);
+    QT_RUN(test_log_write_failure_is_an_error);
+    QT_RUN(test_data_error_mid_run_saves);
+    QT_RUN(test_nonfinite_state_never_saved);
+    QT_RUN(test_writer_refuses_nonfinite_blob);
+    QT_RUN(test_export_needs_no_data);
+    QT_RUN(test_signal_checkpoints_and_exits_75);
+    QT_RUN(test_log_survives_kill);
+    QT_RUN(test_concurrent_run_refused);
+    QT_RUN(test_sigint_random_resume_bit_exact);
+    QT_RUN(test_sigkill_50_always_resumes);
+    QT_RUN(test_sigint_random_resume_bit_exact_gpu);
+    QT_RUN(test_sigkill_50_always_resumes_gpu);
+    if (!qt_t_nfail) qt_t_rmtree(g_dir);
+    else printf("  files kept in %s\n", g_dir);
+    return qt_test_end();
+}
