@@ -69,6 +69,9 @@ int main(int argc, char **argv) {
                 return usage_error("--stop-after: expected a whole number of steps >= 1, got \"%s\"", argv[i]);
         } else if (!strcmp(a, "--export")) {
             o.export_only = 1;
+        } else if (!strcmp(a, "--allow-changed")) {
+            if (i + 1 == argc) return usage_error("%s needs a comma list of keys (or all)", a);
+            o.allow_changed = argv[++i];
         } else if (!strcmp(a, "--print-config")) {
             print_cfg = 1;
         } else if (a[0] != '-' && !path) {

@@ -240,7 +240,7 @@ static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st,
             last_logged = t->step;
         }
         if (t->eval && ((c->eval_every > 0 && t->step % c->eval_every == 0) || t->step == c->steps)) {
-            float el;
+            float el = 0;
             int erc = run_eval(t, &el, err, errlen);
             if (erc < 0) return -1;
             if (erc || log_eval(t, el, err, errlen)) return qt_trainer_save_after_error(t, err, errlen);

@@ -251,6 +251,22 @@ def test_input_formats(tmp):
     assert all_tokens(out)[0] == one[0] + want + one[1], "text, JSON lines, text: order not kept"
 
 
+def test_bos_from_post_processor(tmp):
+    """No add_bos_token in the config but a TemplateProcessing post-processor that puts <s> first (as
+    Llama 3's tokenizer.json does): BOS before each document, as encode(add_special_tokens=True)."""
+    tk = need_tokenizers()
+    tok, tj = bpe_tokenizer(os.path.join(tmp, "tok"), "\n".join(DOCS), vocab=500, specials=("<s>", "</s>"),
+                            config={"eos_token": "</s>"})
+    tok.post_processor = tk.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok.save(tj)
+    src = os.path.join(tmp, "c.jsonl")
+    open(src, "w").write("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:5]))
+    out = os.path.join(tmp, "out")
+    run_tool("--tokenizer", tj, src, "--out", out, "--eval-frac", "0", "--quiet")
+    want = [t for d in DOCS[:5] for t in tok.encode(d).ids + [tok.token_to_id("</s>")]]
+    assert want[0] == 0 and all_tokens(out)[0] == want, "BOS of the post-processor not added"
+
+
 def test_parquet_and_datasets(tmp):
     try:
         import pyarrow as pa
@@ -522,6 +538,11 @@ def test_argument_errors(tmp):
 def main():
     global failed
     only = sys.argv[1:]
+    try:
+        import numpy  # noqa: F401 — tools/tokenize needs it
+    except ImportError:
+        print("SKIP test_tokenize: no numpy (pip install numpy)")
+        return 0
     for name, fn in list(globals().items()):
         if not name.startswith("test_") or not callable(fn) or (only and name not in only):
             continue

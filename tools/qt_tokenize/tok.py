@@ -99,6 +99,10 @@ def load(path, config_path=None, template_path=None):
     spec = {"path": path, "vocab": tok.get_vocab_size(with_added_tokens=True), "eos": eos,
             "bos": special.get("bos_token"), "add_bos": bool(cfg.get("add_bos_token", False)),
             "chat_template": template, "special": special, "cut": cut_rules(tok, tj)}
+    if "add_bos_token" not in cfg:  # no word from the config: what encode(add_special_tokens=True) adds
+        lead = _template_bos(tj.get("post_processor"))
+        if lead is not None:
+            spec["bos"], spec["add_bos"] = lead, True
     for key in ("eos", "bos"):
         if spec[key] is not None and tok.token_to_id(spec[key]) is None:
             raise TokError(f"{path}: {key} token {spec[key]!r} (from the tokenizer config) is not in the vocab")
@@ -107,6 +111,16 @@ def load(path, config_path=None, template_path=None):
     if spec["add_bos"] and spec["bos_id"] is None:
         raise TokError(f"{path}: tokenizer_config.json asks for add_bos_token but names no bos_token")
     return spec
+
+
+def _template_bos(node):
+    """The special token a TemplateProcessing post-processor puts before a single text (Llama 3's
+    <|begin_of_text|>), or None."""
+    for p in ([node] if node and node.get("type") != "Sequence" else (node or {}).get("processors", [])):
+        single = p.get("single") if p.get("type") == "TemplateProcessing" else None
+        if single and "SpecialToken" in single[0]:
+            return single[0]["SpecialToken"]["id"]
+    return None
 
 
 def _types(node):
