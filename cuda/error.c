@@ -1,4 +1,5 @@
-/* error.c — qt_fail and the CUDA/cuBLASLt/cuDNN status decoders behind the QT_* check macros. */
+/* error.c — qt_fail, the per-thread catch points, and the CUDA/cuBLASLt/cuDNN status decoders behind
+ * the QT_* check macros (qt_error.h). */
 #include "qt_error.h"
 
 #include <cublasLt.h>
@@ -8,8 +9,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static _Thread_local int g_rank = -1;
+static _Thread_local qt_catch *g_catch; /* innermost catch point of this thread */
 static void (*g_hooks[8])(void);
 static int g_nhooks;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -32,8 +35,39 @@ void qt_error_add_abort_hook(void (*hook)(void)) {
     pthread_mutex_unlock(&g_lock);
 }
 
-static void fail_end(void) {
-    /* One thread reports and exits; a second failing thread waits here until the exit happens. */
+void qt_catch_push(qt_catch *c) {
+    c->prev = g_catch;
+    c->kind = 0;
+    c->msg[0] = 0;
+    g_catch = c;
+}
+
+void qt_catch_pop(qt_catch *c) {
+    QT_CHECK(g_catch == c, "catch points popped out of order");
+    g_catch = c->prev;
+}
+
+static void run_hooks(void) {
+    pthread_mutex_lock(&g_lock);
+    int n = g_nhooks;
+    pthread_mutex_unlock(&g_lock);
+    for (int i = 0; i < n; i++) g_hooks[i]();
+}
+
+/* The message of this thread's failure in progress (formatted before the jump or the exit). */
+static _Thread_local char g_msg[1024];
+
+/* Jumps to this thread's innermost catch point with g_msg, or prints it and exits the process: one
+ * thread reports and exits; a second failing thread without a catch point waits here for the exit. */
+__attribute__((noreturn)) static void fail_end(qt_err_kind kind) {
+    qt_catch *c = g_catch;
+    if (c) {
+        g_catch = c->prev;
+        c->kind = kind;
+        snprintf(c->msg, sizeof c->msg, "%s", g_msg);
+        run_hooks();
+        longjmp(c->jb, 1);
+    }
     static int failing;
     pthread_mutex_lock(&g_lock);
     if (failing) {
@@ -41,21 +75,21 @@ static void fail_end(void) {
         for (;;) pthread_exit(NULL);
     }
     failing = 1;
-    int n = g_nhooks;
     pthread_mutex_unlock(&g_lock);
-    for (int i = 0; i < n; i++) g_hooks[i]();
+    fprintf(stderr, "qtrain: %s\n", g_msg);
+    run_hooks();
     fflush(stdout);
     fflush(stderr);
     exit(1);
 }
 
 static void vreport(const char *file, int line, const char *call, const char *fmt, va_list ap) {
-    char msg[1024];
+    char msg[768];
     vsnprintf(msg, sizeof msg, fmt, ap);
     if (g_rank >= 0)
-        fprintf(stderr, "qtrain: [rank %d] %s:%d: %s: %s\n", g_rank, file, line, call, msg);
+        snprintf(g_msg, sizeof g_msg, "[rank %d] %s:%d: %s: %s", g_rank, file, line, call, msg);
     else
-        fprintf(stderr, "qtrain: %s:%d: %s: %s\n", file, line, call, msg);
+        snprintf(g_msg, sizeof g_msg, "%s:%d: %s: %s", file, line, call, msg);
 }
 
 static void report(const char *file, int line, const char *call, const char *fmt, ...) {
@@ -70,21 +104,15 @@ void qt_fail(const char *file, int line, const char *call, const char *fmt, ...)
     va_start(ap, fmt);
     vreport(file, line, call, fmt, ap);
     va_end(ap);
-    fail_end();
-    __builtin_unreachable();
+    fail_end(QT_ERR_INTERNAL);
 }
 
 void qt_fail_cuda(const char *file, int line, const char *call, int status) {
     cudaError_t e = (cudaError_t)status;
-    const char *hint = e == cudaErrorMemoryAllocation
-                           ? " (hint: lower data.micro_batch or raise memory.lmhead_chunks)"
-                       : e == cudaErrorNoKernelImageForDevice
-                           ? " (hint: rebuild with make CUDA_ARCH=<your sm>)"
-                           : "";
+    const char *hint = e == cudaErrorNoKernelImageForDevice ? " (hint: rebuild with make CUDA_ARCH=<your sm>)" : "";
     report(file, line, call, "CUDA error %d %s: %s%s", status, cudaGetErrorName(e),
            cudaGetErrorString(e), hint);
-    fail_end();
-    __builtin_unreachable();
+    fail_end(e == cudaErrorMemoryAllocation ? QT_ERR_DEVICE_OOM : QT_ERR_DEVICE);
 }
 
 static const char *cublas_status_name(int s) {
@@ -104,8 +132,7 @@ static const char *cublas_status_name(int s) {
 void qt_fail_cublas(const char *file, int line, const char *call, int status) {
     report(file, line, call, "cuBLAS status %d %s (cuBLASLt %zu)", status,
            cublas_status_name(status), cublasLtGetVersion());
-    fail_end();
-    __builtin_unreachable();
+    fail_end(status == CUBLAS_STATUS_ALLOC_FAILED ? QT_ERR_DEVICE_OOM : QT_ERR_DEVICE);
 }
 
 void qt_fail_cudnn(const char *file, int line, const char *call, int status) {
@@ -114,6 +141,5 @@ void qt_fail_cudnn(const char *file, int line, const char *call, int status) {
     report(file, line, call, "cuDNN status %d %s (cuDNN %zu)%s%s", status,
            cudnnGetErrorString((cudnnStatus_t)status), cudnnGetVersion(), detail[0] ? ": " : "",
            detail);
-    fail_end();
-    __builtin_unreachable();
+    fail_end(status == CUDNN_STATUS_ALLOC_FAILED ? QT_ERR_DEVICE_OOM : QT_ERR_DEVICE);
 }

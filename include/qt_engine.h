@@ -7,6 +7,7 @@
 #ifndef QT_ENGINE_H
 #define QT_ENGINE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "qt_ckpt.h"
@@ -77,6 +78,22 @@ void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
  * parameters. NULL with err on failure. */
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
                                const int *devices, char *err, size_t errlen);
+
+/* The engine calls as the training loop and bindings make them (src/engine.c): each runs the op in a
+ * catch point and returns 0, or -1 with the failure's message in err (a failed CUDA call, a rank that
+ * failed: "[rank 1] file:line: call: message"); after a failed call the engine may only be freed.
+ * qt_engine_state_items returns the item count or -1. qt_engine_free takes NULL. */
+int qt_engine_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale, char *err,
+                         size_t errlen);
+int qt_engine_opt_step(qt_engine *e, float lr, long t, float *loss, float *gnorm, char *err, size_t errlen);
+int qt_engine_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt, float *loss, char *err,
+                        size_t errlen);
+int qt_engine_get_weights(qt_engine *e, float *w, char *err, size_t errlen);
+int qt_engine_get_grads(qt_engine *e, float *g, char *err, size_t errlen);
+int qt_engine_forward_logits(qt_engine *e, const int32_t *in, float *logits, char *err, size_t errlen);
+int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err, size_t errlen);
+int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
+void qt_engine_free(qt_engine *e);
 
 /* Per-op timing where the engine supports it (no-op elsewhere). */
 void qt_engine_profile(qt_engine *e, int on);

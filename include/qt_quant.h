@@ -40,10 +40,14 @@ typedef struct __attribute__((aligned(16))) {
     int pad;
 } qt_fp8_scale;
 
+/* Largest finite value of an fp8 dtype (448 or 57344); 0 for non-fp8 dtypes. Inline here, so that the
+ * kernels (cuda/quant.cu) and the CPU codec share it without an arrow from cuda/ into src/. */
+static inline float qt_fp8_max(qt_dtype dt) {
+    return dt == QT_DT_E4M3 ? QT_E4M3_MAX : dt == QT_DT_E5M2 ? QT_E5M2_MAX : 0.0f;
+}
+
 /* ---- CPU codec (src/fp8_ref.c): the reference for the kernels and for the CPU trainer. ---- */
 
-/* Largest finite value of an fp8 dtype (448 or 57344); 0 for non-fp8 dtypes. */
-float qt_fp8_max(qt_dtype dt);
 /* fp32 -> fp8 code, round to nearest even. saturate=1 clamps out-of-range values and +-Inf to
  * +-max (__NV_SATFINITE); saturate=0 gives Inf (e5m2) or NaN (e4m3, which has no Inf). NaN -> 0x7f.
  * Values below half the smallest subnormal become a signed zero. */

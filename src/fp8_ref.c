@@ -18,10 +18,6 @@ static fp8_fmt fmt_of(qt_dtype dt) {
     return (fp8_fmt){3, 7, 0x7e, -1};
 }
 
-float qt_fp8_max(qt_dtype dt) {
-    return dt == QT_DT_E4M3 ? QT_E4M3_MAX : dt == QT_DT_E5M2 ? QT_E5M2_MAX : 0.0f;
-}
-
 uint8_t qt_fp8_encode(qt_dtype dt, float x, int saturate) {
     fp8_fmt f = fmt_of(dt);
     uint32_t u;

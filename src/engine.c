@@ -1,0 +1,85 @@
+/* engine.c — the engine calls as the training loop and the bindings make them: each runs the engine's
+ * op inside a catch point (qt_error.h), so a failure deep in the engine — a CUDA call, a cuDNN plan, a
+ * rank of the data-parallel engine — comes back as -1 with its message instead of ending the process.
+ * After a failed call the engine is broken and may only be freed. */
+#include <stdio.h>
+#include <string.h>
+
+#include "qt_engine.h"
+#include "qt_error.h"
+
+/* The message of a caught failure, with what a user can do about running out of device memory. */
+static int caught(const qt_catch *c, char *err, size_t errlen) {
+    return qt_errf(err, errlen, "%s%s", c->msg,
+                   c->kind == QT_ERR_DEVICE_OOM
+                       ? " (out of GPU memory: lower data.micro_batch, raise memory.lmhead_chunks or set "
+                         "memory.offload_optimizer)"
+                       : "");
+}
+
+/* Runs `body` inside a catch point; on a failure the enclosing function returns caught(...). */
+#define CAUGHT(err, errlen, body)                                                                  \
+    do {                                                                                           \
+        qt_catch c_;                                                                               \
+        qt_catch_push(&c_);                                                                        \
+        if (setjmp(c_.jb)) return caught(&c_, err, errlen);                                        \
+        body;                                                                                      \
+        qt_catch_pop(&c_);                                                                         \
+    } while (0)
+
+int qt_engine_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale, char *err,
+                         size_t errlen) {
+    CAUGHT(err, errlen, e->ops->micro_step(e, in, tgt, grad_scale));
+    return 0;
+}
+
+int qt_engine_opt_step(qt_engine *e, float lr, long t, float *loss, float *gnorm, char *err, size_t errlen) {
+    CAUGHT(err, errlen, e->ops->opt_step(e, lr, t, loss, gnorm));
+    return 0;
+}
+
+int qt_engine_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt, float *loss, char *err,
+                        size_t errlen) {
+    CAUGHT(err, errlen, *loss = e->ops->eval_loss(e, in, tgt));
+    return 0;
+}
+
+int qt_engine_get_weights(qt_engine *e, float *w, char *err, size_t errlen) {
+    CAUGHT(err, errlen, e->ops->get_weights(e, w));
+    return 0;
+}
+
+int qt_engine_get_grads(qt_engine *e, float *g, char *err, size_t errlen) {
+    CAUGHT(err, errlen, e->ops->get_grads(e, g));
+    return 0;
+}
+
+int qt_engine_forward_logits(qt_engine *e, const int32_t *in, float *logits, char *err, size_t errlen) {
+    if (!e->ops->forward_logits) return qt_errf(err, errlen, "engine %s cannot return logits", e->ops->name);
+    CAUGHT(err, errlen, e->ops->forward_logits(e, in, logits));
+    return 0;
+}
+
+int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err, size_t errlen) {
+    volatile int n = 0;
+    CAUGHT(err, errlen, n = e->ops->state_items(e, items, cap));
+    return n;
+}
+
+int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen) {
+    volatile int rc = 0;
+    CAUGHT(err, errlen, rc = e->ops->load_state(e, ck, err, errlen));
+    return rc;
+}
+
+void qt_engine_free(qt_engine *e) {
+    if (!e) return;
+    qt_catch c;
+    qt_catch_push(&c);
+    if (setjmp(c.jb)) { /* a broken engine may fail again while it is taken down: say so, go on */
+        fprintf(stderr, "qtrain: while freeing the engine: %s\n", c.msg);
+        return;
+    }
+    e->ops->free(e);
+    qt_catch_pop(&c);
+}
