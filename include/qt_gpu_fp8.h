@@ -69,6 +69,11 @@ float *qt_fp8_producer_amax(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad);
 /* Quantizes the block input x (bf16 [N,I]) with current scaling into Xq (scratch, for the next
  * qt_fp8_fwd) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul). */
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s);
+/* The same quantization again for a recompute in the backward (memory.recompute), from the same x:
+ * the scale comes from the abs-max the forward left in the record (no abs-max pass, no producer slot
+ * consumed), so Xq, Xq^T, scale and descale are the forward's bytes. Valid until the next micro-step's
+ * qt_fp8_reset_amax. */
+void qt_fp8_requant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s);
 /* y[N,O] (bf16) = Xq . Wq^T (+ bias, bf16), Xq from qt_fp8_quant_input. */
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
                 cudaStream_t s);

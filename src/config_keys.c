@@ -33,6 +33,9 @@ static const qt_key_enum matmul_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_
 static const qt_key_enum grad_names[] = {
     {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
+static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
+                                              {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
+                                              {NULL, 0}};
 
 #define OFF(f) offsetof(qt_config, f)
 #define NOLO (-HUGE_VAL)
@@ -45,6 +48,7 @@ static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 #define S(p, f, d, u, h) {p, QT_KEY_STRING, OFF(f), NOLO, NOHI, 0, 0, NULL, d, u, 0, h}
 #define E(p, f, n, d, u, m, h) {p, QT_KEY_ENUM, OFF(f), NOLO, NOHI, 0, 0, n, d, u, m, h}
 #define IL(p, f, lo, hi, d, u, h) {p, QT_KEY_INT_LIST, OFF(f), lo, hi, 0, 0, NULL, d, u, 0, h}
+#define NL(p, f, n, d, u, h) {p, QT_KEY_NAME_LIST, OFF(f), NOLO, NOHI, 0, 0, n, d, u, 0, h}
 
 static const qt_config_key keys[] = {
     U64("seed", seed, "1234", "all", "seeds the data order (and, on the GPU, stochastic rounding)"),
@@ -129,6 +133,8 @@ static const qt_config_key keys[] = {
 
     I("memory.lmhead_chunks", lmhead_chunks, 1, INT_MAX, "1", "GPU", 0,
       "split the LM head + loss over tokens into N chunks to bound logits memory"),
+    NL("memory.recompute", recompute, recompute_names, "[]", "GPU",
+       "activations the backward recomputes before each layer instead of keeping them from the forward, with the same kernels and inputs (the same bits): one buffer for all layers instead of one per layer. swiglu: SwiGLU output, from the kept gate-up output; norm: both RMSNorm outputs, from the kept residuals; qkv: QKV projection and RoPE, from the norm output; att: attention output and softmax statistics (implies qkv); ffn: gate-up projection (implies swiglu); block: everything but the layer's input residual (implies att, ffn, norm). The resolved set is printed at start"),
     B("memory.offload_optimizer", offload_optimizer, "false", "GPU", 0,
       "keep the fp32 master weights and AdamW m, v (a GPU's shard when sharded) in pinned host memory, streamed through the GPU in chunks by AdamW: 12 bytes per parameter less GPU memory (8 with bf16 moments), the same bytes each way over PCIe per optimizer step"),
     B("perf.cuda_graphs", cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
@@ -162,6 +168,29 @@ static int in_range(const qt_config_key *k, double v) {
     if (k->lo_open ? !(v > k->lo) : !(v >= k->lo)) return 0;
     if (k->hi_open ? !(v < k->hi) : !(v <= k->hi)) return 0;
     return 1;
+}
+
+/* The names of k's table in text (the same list syntax as parse_int_list), OR-ed into *out. */
+static int parse_name_list(const qt_config_key *k, const char *t, int *out) {
+    int bits = 0;
+    while (*t == ' ') t++;
+    int bracket = *t == '[';
+    t += bracket;
+    for (;;) {
+        while (*t == ' ') t++;
+        if (!*t || *t == ']') break;
+        size_t n = strcspn(t, " ,]");
+        const qt_key_enum *e = k->names;
+        while (e->name && (strlen(e->name) != n || strncmp(e->name, t, n))) e++;
+        if (!e->name) return -1;
+        bits |= e->value;
+        for (t += n; *t == ' '; t++) {}
+        if (*t == ',') t++;
+        else if (*t && *t != ']') return -1;
+    }
+    if (bracket != (*t == ']') || (*t == ']' && t[1])) return -1;
+    *out = bits;
+    return 0;
 }
 
 /* YAML 1.1/1.2 booleans, in the three casings YAML allows. */
@@ -231,6 +260,7 @@ int qt_config_key_set(qt_config *c, const qt_config_key *k, const char *t) {
             if (!strcmp(e->name, t)) { *(int *)field = e->value; return 0; }
         return -1;
     case QT_KEY_INT_LIST: return parse_int_list(k, t, (qt_int_list *)field);
+    case QT_KEY_NAME_LIST: return parse_name_list(k, t, (int *)field);
     }
     return -1;
 }
@@ -281,13 +311,24 @@ void qt_config_key_format(const qt_config *c, const qt_config_key *k, char *buf,
         if (n < cap) snprintf(buf + n, cap - n, "]");
         return;
     }
+    case QT_KEY_NAME_LIST: {
+        int bits = *(const int *)field, first = 1;
+        size_t n = (size_t)snprintf(buf, cap, "[");
+        for (const qt_key_enum *e = k->names; e->name && n < cap; e++)
+            if (bits & e->value) {
+                n += (size_t)snprintf(buf + n, cap - n, first ? "%s" : ", %s", e->name);
+                first = 0;
+            }
+        if (n < cap) snprintf(buf + n, cap - n, "]");
+        return;
+    }
     }
 }
 
 /* The range alone: ">= 1", "> 0", "[0, 1)"; "" when unbounded. sep joins enum names. */
 static void range_text(const qt_config_key *k, const char *sep, char *buf, size_t cap) {
     buf[0] = 0;
-    if (k->type == QT_KEY_ENUM) {
+    if (k->type == QT_KEY_ENUM || k->type == QT_KEY_NAME_LIST) {
         size_t n = 0;
         for (const qt_key_enum *e = k->names; e->name && n < cap; e++)
             n += snprintf(buf + n, cap - n, "%s%s", e == k->names ? "" : sep, e->name);
@@ -313,6 +354,7 @@ void qt_config_key_expect(const qt_config_key *k, char *buf, size_t cap) {
     case QT_KEY_STRING: snprintf(buf, cap, "a string of at most %d bytes", QT_PATH_MAX - 1); return;
     case QT_KEY_ENUM: snprintf(buf, cap, "one of %s", r); return;
     case QT_KEY_INT_LIST: snprintf(buf, cap, "a list of at most %d integers%s%s", QT_LIST_MAX, r[0] ? " " : "", r); return;
+    case QT_KEY_NAME_LIST: snprintf(buf, cap, "a list of names from %s", r); return;
     }
 }
 
@@ -326,7 +368,7 @@ void qt_config_defaults(qt_config *c) {
 
 int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff) {
     static const size_t width[] = {sizeof(int), sizeof(uint64_t), sizeof(float), sizeof(int), 0, sizeof(int),
-                                   sizeof(qt_int_list)};
+                                   sizeof(qt_int_list), sizeof(int)};
     for (int i = 0; i < N_KEYS; i++) {
         const char *fa = (const char *)a + keys[i].offset, *fb = (const char *)b + keys[i].offset;
         int same = keys[i].type == QT_KEY_STRING ? !strcmp(fa, fb) : !memcmp(fa, fb, width[keys[i].type]);
@@ -343,7 +385,7 @@ int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff) {
 }
 
 static const char *type_name(qt_key_type t) {
-    static const char *n[] = {"int", "uint64", "float", "bool", "string", "enum", "int list"};
+    static const char *n[] = {"int", "uint64", "float", "bool", "string", "enum", "int list", "name list"};
     return n[t];
 }
 

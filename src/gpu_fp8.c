@@ -224,6 +224,11 @@ void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cu
               take_ready(f, layer, k, 0), tag_of(layer, k, SC_X), s);
 }
 
+void qt_fp8_requant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
+    quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, f->in[k], sc_of(f, layer, k, SC_X), 1,
+              tag_of(layer, k, SC_X), s);
+}
+
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
                 cudaStream_t s) {
     int I = f->in[k], O = f->out[k];

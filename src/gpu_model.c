@@ -95,7 +95,8 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->fp8_fwd = cfg->matmul_dtype == QT_DT_E4M3;
     g->fp8_bwd = g->fp8_fwd && cfg->grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
-    g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, QT_ACT_SAVE, err, errlen) : NULL;
+    qt_act_policy ap = {.recompute = cfg->recompute};
+    g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);
         return NULL;
@@ -147,6 +148,9 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
     QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
     printf("qtrain: GPU %d %s (sm_%d%d), memory plan for micro-batch %d x %d tokens:\n", dev, p.name, p.major,
            p.minor, g->B, g->T);
+    char rc[64];
+    printf("  memory.recompute: %s (one buffer for all layers, rebuilt before each layer's backward)\n",
+           qt_act_recompute_names(g->as->policy.recompute, rc, sizeof rc));
     qt_mem_plan_print(&g->plan);
     printf("  %-28s %10.1f MiB of %.1f MiB (cuBLASLt and cuDNN workspaces come out of this)\n", "free now",
            free_b / 1048576.0, total_b / 1048576.0);
@@ -181,12 +185,14 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
     return g->fp8_fwd ? qt_fp8_producer_amax(g->fp8, l, k, grad) : NULL;
 }
 
-/* One block matmul forward: fp8 when configured, else bf16. */
+/* One block matmul forward: fp8 when configured, else bf16. redo: a recompute in the backward, which
+ * quantizes x again with the forward's scale (qt_fp8_requant_input) and so multiplies the same bytes. */
 static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *y, const void *x, size_t w,
-                    const void *bias, int I, int O) {
+                    const void *bias, int I, int O, int redo) {
     if (g->fp8_fwd) {
         qt_gpu_model_mark(g, "fp8 quantize: activations");
-        qt_fp8_quant_input(g->fp8, l, k, x, g->stream);
+        if (redo) qt_fp8_requant_input(g->fp8, l, k, x, g->stream);
+        else qt_fp8_quant_input(g->fp8, l, k, x, g->stream);
         qt_gpu_model_mark(g, label);
         qt_fp8_fwd(g->fp8, g->mm, l, k, y, bias, g->stream);
     } else {
@@ -221,33 +227,58 @@ static dims dims_of(const qt_model_cfg *c) {
     return (dims){c->hidden_size, c->intermediate_size, H, Hkv, D, H * D, (H + 2 * Hkv) * D};
 }
 
-/* Block l's forward from the residual in its saved res: prev_mid (the previous block's residual after
- * attention) is first added into res by the fused RMSNorm (NULL: res already holds the sum, as when a
- * recompute runs the block again); the down projection writes into out (the next block's res, or
- * res_final). Acquires the block's weights first. */
-static void block_forward(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out) {
+/* Block l's ops. The forward (redo 0) runs them all from the residual in res: prev_mid (the previous
+ * block's residual after attention) is first added into res by the fused RMSNorm, the kernels fold the
+ * fp8 abs-maxes of the next matmuls' inputs, the down projection writes into out (the next block's res,
+ * or res_final); it acquires the block's weights first. A recompute (redo = the store's resolved
+ * memory.recompute parts; before the layer's backward) runs, in the same order, the same kernels on
+ * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
+ *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add)   qkv: qkv + RoPE
+ *   att: attention output and lse      block: o_proj into res_mid, then ln2 with the fused add again
+ *   ffn: gate|up                       swiglu: h
+ * It folds no abs-max (the forward's stay in the scale records) and writes no output. The weights and,
+ * in fp8, their quants are the forward's: nothing changes them before the optimizer step. */
+static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out, int redo) {
     const qt_model_cfg *c = &g->L->cfg;
     const qt_layer_offsets *o = &g->L->layers[l];
     dims d = dims_of(c);
     cudaStream_t s = g->stream;
     long N = g->N;
     float eps = c->rms_norm_eps;
-    qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
-    qt_gpu_layer *a = qt_act_forward(g->as, l);
-    qt_gpu_model_mark(g, "rmsnorm fwd");
-    qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, prev_mid, Wp(g, o->ln1), N, d.C, eps, fp8_amax(g, l, QT_FP8_QKV, 0), s);
-    lin_fwd(g, "matmul fwd: qkv", l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C, d.QKV);
-    qt_gpu_model_mark(g, "rope");
-    qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, s);
-    qt_gpu_model_mark(g, "attention fwd");
-    qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, d.H, d.Hkv, d.D, s);
-    lin_fwd(g, "matmul fwd: o", l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C);
-    qt_gpu_model_mark(g, "rmsnorm fwd");
-    qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps, fp8_amax(g, l, QT_FP8_GU, 0), s);
-    lin_fwd(g, "matmul fwd: gate|up", l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F);
-    qt_gpu_model_mark(g, "swiglu");
-    qt_swiglu_fwd(a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_DOWN, 0), s);
-    lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C);
+    int fwd = !redo;
+    qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
+    if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
+    if (fwd || redo & QT_RC_NORM) {
+        qt_gpu_model_mark(g, "rmsnorm fwd");
+        qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
+                       fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
+    }
+    if (fwd || redo & QT_RC_QKV) {
+        lin_fwd(g, "matmul fwd: qkv", l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C,
+                d.QKV, redo);
+        qt_gpu_model_mark(g, "rope");
+        qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, s);
+    }
+    if (fwd || redo & QT_RC_ATT) {
+        qt_gpu_model_mark(g, "attention fwd");
+        qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, d.H, d.Hkv, d.D, s);
+    }
+    if (fwd || redo & QT_RC_BLOCK) {
+        lin_fwd(g, "matmul fwd: o", l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
+        qt_gpu_model_mark(g, "rmsnorm fwd");
+        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps,
+                       fwd ? fp8_amax(g, l, QT_FP8_GU, 0) : NULL, s);
+    } else if (redo & QT_RC_NORM) {
+        qt_gpu_model_mark(g, "rmsnorm fwd");
+        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, NULL, Wp(g, o->ln2), N, d.C, eps, NULL, s);
+    }
+    if (fwd || redo & QT_RC_FFN)
+        lin_fwd(g, "matmul fwd: gate|up", l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F, redo);
+    if (fwd || redo & QT_RC_SWIGLU) {
+        qt_gpu_model_mark(g, "swiglu");
+        qt_swiglu_fwd(a->h, a->gu, N, d.F, fwd ? fp8_amax(g, l, QT_FP8_DOWN, 0) : NULL, s);
+    }
+    if (fwd) lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C, 0);
 }
 
 static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
@@ -260,7 +291,7 @@ static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
     qt_gpu_model_mark(g, "embedding fwd");
     qt_embedding_fwd(qt_act_forward(as, 0)->res, g->tok, Wp(g, g->L->embed), g->N, c->hidden_size, c->vocab_size, s);
     for (int l = 0; l < nl; l++)
-        block_forward(g, h, l, l ? as->layers[l - 1].res_mid : NULL, l + 1 < nl ? as->layers[l + 1].res : as->res_final);
+        block_run(g, h, l, l ? as->layers[l - 1].res_mid : NULL, l + 1 < nl ? as->layers[l + 1].res : as->res_final, 0);
     qt_param_acquire_weights(g->ps, h, g->L->numel); /* the final norm and an untied LM head */
     qt_gpu_model_mark(g, "rmsnorm fwd");
     qt_rmsnorm_fwd(as->lnf, as->rstdf, as->res_final, as->layers[nl - 1].res_mid, Wp(g, g->L->final_norm), g->N,
@@ -278,6 +309,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     dims d = dims_of(c);
     cudaStream_t s = g->stream;
     long N = g->N;
+    if (as->policy.recompute) block_run(g, h, l, NULL, NULL, as->policy.recompute);
     qt_gpu_layer *a = qt_act_backward(as, l);
     /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
     lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, as->dres_bf, a->h, o->wdown, d.F, d.C);

@@ -94,33 +94,73 @@ static void test_param_store_rows(void) {
 }
 
 /* The activation store: per layer res, ln1, rstd1, qkv, att, lse, res_mid, ln2, rstd2, gu, h; the final
- * norm's; the backward scratch. Policies other than save are refused with a message. */
+ * norm's; the backward scratch. A recomputed part's tensors have one buffer for all layers: every layer's
+ * pointer is layer 0's (what the backward's rebuild relies on and what the plan's rows show), every
+ * other tensor has its own per layer. Implications: block => att, ffn, norm; att => qkv; ffn => swiglu.
+ * Residual offload is refused with a message. */
 static void test_act_store_rows(void) {
     qt_layout L;
     small_layout(&L, 1);
     const qt_model_cfg *c = &L.cfg;
     long N = 3 * 17; /* odd token count */
     char err[256];
-    qt_act_store *as = qt_act_store_create(c, N, QT_ACT_SAVE, err, sizeof err);
-    QT_REQUIRE(as, "%s", err);
-    qt_mem_plan p;
-    qt_mem_plan_begin(&p, NULL);
-    qt_act_store_carve(as, &p);
+    QT_EXPECT(qt_act_recompute_resolve(QT_RC_BLOCK) == 63 && qt_act_recompute_resolve(QT_RC_ATT) == (QT_RC_ATT | QT_RC_QKV) &&
+                  qt_act_recompute_resolve(QT_RC_FFN | QT_RC_NORM) == (QT_RC_FFN | QT_RC_SWIGLU | QT_RC_NORM) &&
+                  qt_act_recompute_resolve(QT_RC_QKV) == QT_RC_QKV && qt_act_recompute_resolve(0) == 0,
+              "implications");
+    char names[64];
+    QT_EXPECT(!strcmp(qt_act_recompute_names(qt_act_recompute_resolve(QT_RC_ATT), names, sizeof names), "qkv, att") &&
+                  !strcmp(qt_act_recompute_names(0, names, sizeof names), "none"),
+              "names: %s", names);
+    const int sets[] = {0, QT_RC_SWIGLU, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_FFN, QT_RC_BLOCK, QT_RC_FFN | QT_RC_NORM};
     size_t C = c->hidden_size, F = c->intermediate_size, HD = 3 * 32, QKV = 5 * 32, nl = c->num_layers;
-    size_t res = nl * 2 * al(N * C * 2) + al(N * C * 2), norms = nl * (2 * al(N * C * 2) + 2 * al(N * 4)) + al(N * C * 2) + al(N * 4);
-    QT_EXPECT(row(&p, "activations: residual") == res && row(&p, "activations: norms") == norms, "residual %zu, norms %zu",
-              row(&p, "activations: residual"), row(&p, "activations: norms"));
-    QT_EXPECT(row(&p, "activations: qkv") == nl * al(N * QKV * 2) && row(&p, "activations: gate|up") == nl * al(N * 2 * F * 2) &&
-                  row(&p, "activations: swiglu") == nl * al(N * F * 2) &&
-                  row(&p, "activations: attention") == nl * (al(N * HD * 2) + al(N * 3 * 4)),
-              "per-layer rows");
-    QT_EXPECT(row(&p, "scratch: gradients") == al(N * C * 4) + 3 * al(N * C * 2) + al(N * HD * 2) + al(N * QKV * 2),
-              "scratch %zu", row(&p, "scratch: gradients"));
-    QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
-    QT_EXPECT(qt_act_forward(as, 1) == qt_act_backward(as, 1) && qt_act_forward(as, 1) == &as->layers[1], "save: one buffer set");
-    qt_act_store_free(as);
-    QT_EXPECT(!qt_act_store_create(c, N, QT_ACT_RECOMPUTE, err, sizeof err) && strstr(err, "recompute"), "got: %s", err);
-    QT_EXPECT(!qt_act_store_create(c, N, QT_ACT_OFFLOAD, err, sizeof err) && strstr(err, "offload"), "got: %s", err);
+    for (int k = 0; k < (int)(sizeof sets / sizeof sets[0]); k++) {
+        qt_act_policy pol = {.recompute = sets[k]};
+        qt_act_store *as = qt_act_store_create(c, N, pol, err, sizeof err);
+        QT_REQUIRE(as, "%s", err);
+        int r = as->policy.recompute;
+        QT_EXPECT(r == qt_act_recompute_resolve(sets[k]), "set %d: resolved %d", sets[k], r);
+        /* layers holding a buffer of the part's tensors: 1 when recomputed */
+#define NL_(part) ((r & (part)) ? 1 : nl)
+        qt_mem_plan p;
+        qt_mem_plan_begin(&p, NULL);
+        qt_act_store_carve(as, &p);
+        size_t res = (nl + NL_(QT_RC_BLOCK)) * al(N * C * 2) + al(N * C * 2);
+        size_t norms = 2 * NL_(QT_RC_NORM) * al(N * C * 2) + nl * 2 * al(N * 4) + al(N * C * 2) + al(N * 4);
+        QT_EXPECT(row(&p, "activations: residual") == res && row(&p, "activations: norms") == norms,
+                  "set %d: residual %zu (want %zu), norms %zu (want %zu)", sets[k], row(&p, "activations: residual"), res,
+                  row(&p, "activations: norms"), norms);
+        QT_EXPECT(row(&p, "activations: qkv") == NL_(QT_RC_QKV) * al(N * QKV * 2) &&
+                      row(&p, "activations: gate|up") == NL_(QT_RC_FFN) * al(N * 2 * F * 2) &&
+                      row(&p, "activations: swiglu") == NL_(QT_RC_SWIGLU) * al(N * F * 2) &&
+                      row(&p, "activations: attention") == NL_(QT_RC_ATT) * (al(N * HD * 2) + al(N * 3 * 4)),
+                  "set %d: per-layer rows", sets[k]);
+        QT_EXPECT(row(&p, "scratch: gradients") == al(N * C * 4) + 3 * al(N * C * 2) + al(N * HD * 2) + al(N * QKV * 2),
+                  "scratch %zu", row(&p, "scratch: gradients"));
+        QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
+#undef NL_
+        /* second pass with real addresses: who shares a buffer */
+        char *base = malloc(p.off);
+        QT_REQUIRE(base, "malloc");
+        size_t total = p.off;
+        qt_mem_plan_begin(&p, base);
+        qt_act_store_carve(as, &p);
+        QT_EXPECT(p.off == total, "second pass %zu != %zu", p.off, total);
+        for (int l = 1; l < (int)nl; l++) {
+            const qt_gpu_layer *a = &as->layers[l], *a0 = &as->layers[0];
+            const void *mine[] = {a->ln1, a->ln2, a->qkv, a->att, a->lse, a->res_mid, a->gu, a->h, a->res, a->rstd1, a->rstd2};
+            const void *first[] = {a0->ln1, a0->ln2, a0->qkv, a0->att, a0->lse, a0->res_mid, a0->gu, a0->h, a0->res, a0->rstd1, a0->rstd2};
+            const int part[] = {QT_RC_NORM, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_ATT, QT_RC_BLOCK, QT_RC_FFN, QT_RC_SWIGLU, 0, 0, 0};
+            for (int t = 0; t < 11; t++)
+                QT_EXPECT((mine[t] == first[t]) == !!(r & part[t]), "set %d: layer %d tensor %d %s layer 0's buffer", sets[k], l,
+                          t, mine[t] == first[t] ? "shares" : "does not share");
+        }
+        QT_EXPECT(qt_act_forward(as, 1) == qt_act_backward(as, 1) && qt_act_forward(as, 1) == &as->layers[1], "one buffer set");
+        free(base);
+        qt_act_store_free(as);
+    }
+    qt_act_policy off = {.offload_residual = 1};
+    QT_EXPECT(!qt_act_store_create(c, N, off, err, sizeof err) && strstr(err, "offload_residual"), "got: %s", err);
     qt_layout_free(&L);
 }
 
