@@ -82,8 +82,9 @@ static void free_host(qt_gpu_model *g) {
     free(g);
 }
 
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
-                                  const qt_param_placement *pl, char *err, size_t errlen) {
+/* The host side of a model: its fields, the stores, the plan sized (no device memory yet). NULL with err. */
+static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
+                               char *err, size_t errlen) {
     qt_gpu_model *g = calloc(1, sizeof *g);
     QT_CHECK(g, "out of host memory");
     g->L = L;
@@ -102,13 +103,31 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
         free_host(g);
         return NULL;
     }
-    size_t bytes = carve_all(g, NULL), free_b, total_b;
+    carve_all(g, NULL);
+    return g;
+}
+
+int qt_gpu_model_plan(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
+                      qt_mem_plan *plan, char *err, size_t errlen) {
+    qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
+    if (!g) return -1;
+    *plan = g->plan;
+    free_host(g);
+    return 0;
+}
+
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
+                                  const qt_param_placement *pl, char *err, size_t errlen) {
+    qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
+    if (!g) return NULL;
+    size_t bytes = g->plan.off, free_b, total_b;
     QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
     if (cudaMalloc((void **)&g->arena, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(err, errlen,
                  "%s: the GPU memory plan needs %.2f GiB but %.2f GiB are free: lower data.micro_batch (%d), "
-                 "raise memory.lmhead_chunks (%d) or set memory.offload_optimizer",
+                 "recompute more (memory.recompute: [ffn, norm] or [block]), raise memory.lmhead_chunks (%d) or set "
+                 "memory.offload_optimizer",
                  cfg->path, bytes / 1073741824.0, free_b / 1073741824.0, g->B, g->lm_chunks);
         free_host(g);
         return NULL;

@@ -6,6 +6,8 @@
 
 #include "qt_act_store.h"
 #include "qt_config.h"
+#include "qt_gpu_model.h"
+#include "qt_partition.h"
 #include "qt_mem_plan.h"
 #include "qt_param_store.h"
 #include "qt_step_plan.h"
@@ -227,11 +229,76 @@ static void test_parallel_devices_key(void) {
                   "%s -> %s", bad[i], err);
 }
 
+static size_t rows_from(const qt_mem_plan *p, const char *prefix) {
+    size_t s = 0;
+    for (int i = 0; i < p->n; i++)
+        if (!strncmp(p->row[i].kind, prefix, strlen(prefix))) s += p->row[i].bytes;
+    return s;
+}
+
+/* The GPU plan of the Qwen2.5-7B configs (configs/qwen2.5-7b-*.yaml: hidden 3584, 28 layers, 28/4 heads,
+ * ffn 18944, vocab 152064, untied) at micro-batch 1/4/8/16 with each recompute set, sized by
+ * qt_gpu_model_plan (the allocator's own code, no GPU). Prints the table (GiB): activations = the
+ * "activations:" rows; "offloaded" = the device total without master, m and v (memory.offload_optimizer
+ * keeps them in host memory; its streaming slots are not counted). Checks each set's saving against the
+ * shared buffers' sizes: every recomputed tensor leaves (layers - 1) copies. */
+static void test_plan_7b(void) {
+    const char *files[] = {"configs/qwen2.5-7b-bf16.yaml", "configs/qwen2.5-7b-fp8.yaml"};
+    const int sets[] = {0, QT_RC_SWIGLU, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_FFN, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK};
+    const int mbs[] = {1, 4, 8, 16};
+    const double G = 1073741824.0;
+    for (int f = 0; f < 2; f++) {
+        qt_config cfg;
+        char err[512], names[64];
+        QT_REQUIRE(qt_config_load(&cfg, files[f], NULL, 0, err, sizeof err) == 0, "%s", err);
+        qt_model_cfg mc = cfg.model;
+        qt_model_cfg_finish(&mc);
+        qt_layout L;
+        QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(L.numel > 7600000000ul && L.numel < 7700000000ul, "%s: %zu parameters", files[f], L.numel);
+        qt_shard one;
+        qt_shard_init(&one, &L, 1, 0, 0);
+        qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, 0};
+        printf("  %s (%.2fB parameters), GiB:\n  %3s %-38s %11s %9s %8s %9s\n", files[f], L.numel / 1e9, "mb", "recompute",
+               "activations", "fp8 acts", "total", "offloaded");
+        size_t C = mc.hidden_size, F = mc.intermediate_size, nl = mc.num_layers, H = mc.num_heads;
+        size_t HD = H * mc.head_dim, QKV = (H + 2 * mc.num_kv_heads) * mc.head_dim;
+        for (int b = 0; b < 4; b++) {
+            size_t act0 = 0;
+            for (int k = 0; k < 8; k++) {
+                cfg.micro_batch = mbs[b];
+                cfg.recompute = sets[k];
+                qt_mem_plan p;
+                QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
+                QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
+                size_t act = rows_from(&p, "activations:"), opt = row(&p, "master weights (fp32)") +
+                                                                 row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
+                if (k == 0) act0 = act;
+                /* the expected saving: (layers - 1) copies of each shared tensor (sizes are multiples of 256) */
+                size_t N = (size_t)mbs[b] * cfg.seq_len, r = qt_act_recompute_resolve(sets[k]), per = 0;
+                if (r & QT_RC_NORM) per += 2 * N * C * 2;
+                if (r & QT_RC_QKV) per += N * QKV * 2;
+                if (r & QT_RC_ATT) per += N * HD * 2 + N * H * 4;
+                if (r & QT_RC_BLOCK) per += N * C * 2;
+                if (r & QT_RC_FFN) per += N * 2 * F * 2;
+                if (r & QT_RC_SWIGLU) per += N * F * 2;
+                QT_EXPECT(act0 - act == (nl - 1) * per, "%s mb %d set %d: saves %zu, expected %zu", files[f], mbs[b], sets[k],
+                          act0 - act, (nl - 1) * per);
+                printf("  %3d %-38s %11.2f %9.2f %8.2f %9.2f\n", mbs[b],
+                       qt_act_recompute_names(qt_act_recompute_resolve(sets[k]), names, sizeof names), act / G,
+                       row(&p, "fp8 activations") / G, p.off / G, (p.off - opt) / G);
+            }
+        }
+        qt_layout_free(&L);
+    }
+}
+
 int main(void) {
     QT_RUN(test_mem_plan);
     QT_RUN(test_param_store_rows);
     QT_RUN(test_act_store_rows);
     QT_RUN(test_step_plan);
     QT_RUN(test_parallel_devices_key);
+    QT_RUN(test_plan_7b);
     return qt_test_end();
 }
