@@ -76,6 +76,7 @@ typedef struct {
     /* memory / perf (GPU) */
     int lmhead_chunks;
     int recompute;                /* memory.recompute: qt_recompute_part bits */
+    int attn_bwd_chunks;          /* attention backward over this many slices of the micro-batch */
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
     int cuda_graphs;
     int matmul_autotune;          /* time cuBLASLt's candidate algorithms on each shape's first use */

@@ -94,6 +94,7 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const q
     g->N = (long)g->B * g->T;
     g->lm_chunks = cfg->lmhead_chunks > 0 ? cfg->lmhead_chunks : 1;
     if (g->lm_chunks > g->N) g->lm_chunks = (int)g->N;
+    g->attn_chunks = cfg->attn_bwd_chunks < 1 ? 1 : cfg->attn_bwd_chunks > g->B ? g->B : cfg->attn_bwd_chunks;
     g->fp8_fwd = cfg->matmul_dtype == QT_DT_E4M3;
     g->fp8_bwd = g->fp8_fwd && cfg->grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
@@ -318,6 +319,21 @@ static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
                    c->hidden_size, c->rms_norm_eps, NULL, s);
 }
 
+/* The attention backward of layer a, over g->attn_chunks slices of whole sequences (the last may be
+ * shorter): each sequence's gradient depends on that sequence only, so the slices compute what one call
+ * would (the test checks the bits); cuDNN's workspace and fp32 dQ accumulator are sized by the slice. */
+static void attention_bwd(qt_gpu_model *g, const qt_gpu_layer *a, dims d) {
+    qt_act_store *as = g->as;
+    int per = (g->B + g->attn_chunks - 1) / g->attn_chunks;
+    for (int b0 = 0; b0 < g->B; b0 += per) {
+        int nb = g->B - b0 < per ? g->B - b0 : per;
+        size_t r = (size_t)b0 * g->T; /* first token of the slice */
+        qt_attention_bwd(g->attn, (char *)as->dqkv + r * d.QKV * 2, (const char *)as->datt + r * d.HD * 2,
+                         (const char *)a->qkv + r * d.QKV * 2, (const char *)a->att + r * d.HD * 2,
+                         a->lse + (size_t)b0 * d.H * g->T, nb, g->T, d.H, d.Hkv, d.D, g->stream);
+    }
+}
+
 /* Block l's backward: dres (fp32, with its bf16 copy dres_bf) holds the gradient at the block's output;
  * afterwards at its input. Each rmsnorm bwd also writes dres_bf (bf16 of the updated dres) for the next
  * branch's matmuls (the dY of down, then of o), with its abs-max: no separate cast. Layer 0's ln1 has
@@ -342,7 +358,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     /* attention */
     lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, as->datt, as->dres_bf, a->att, o->wo, d.HD, d.C);
     qt_gpu_model_mark(g, "attention bwd");
-    qt_attention_bwd(g->attn, as->dqkv, as->datt, a->qkv, a->att, a->lse, g->B, g->T, d.H, d.Hkv, d.D, s);
+    attention_bwd(g, a, d);
     qt_gpu_model_mark(g, "rope");
     qt_rope_bwd(as->dqkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, fp8_amax(g, l, QT_FP8_QKV, 1), s);
     qt_gpu_model_mark(g, "bias grad");

@@ -1,7 +1,7 @@
 /* test_recompute.c — memory.recompute changes no bit (GPU; skips without one).
  *
- * A 3-layer model trains 20 optimizer steps (2 micro-steps each) with each recompute set and without
- * recompute; every logged loss and gradient norm and the final checkpoint's weights (fp32 master and
+ * A 3-layer model trains 20 optimizer steps (2 micro-steps of 3 x 32 tokens each) with each recompute
+ * set (and memory.attn_bwd_chunks) and without; every logged loss and gradient norm and the final checkpoint's weights (fp32 master and
  * bf16), AdamW m and v must be the same bytes. Groups: bf16 eager, bf16 from CUDA graphs, fp8 with an
  * fp8 backward (grad_dtype e4m3) eager, the same from graphs with persistent quants, fp8 with a bf16
  * backward (the backward's matmuls read the bf16 activations the recompute rebuilds); 2 ranks sharing
@@ -51,7 +51,7 @@ static int run(const char *tag, const char *extra, run_out *o, char *err, size_t
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 256, hidden_size: 128, num_layers: 3, num_heads: 2, num_kv_heads: 1,\n"
              "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
-             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 2, grad_accum: 2}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: 2}\n"
              "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
              "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 1}\nlog: {file: '%s', every: 1}\ndevice: cuda\n%s\n",
              g_dir, STEPS, g_dir, tag, logp, extra);
@@ -98,10 +98,14 @@ static int same_bits(const run_out *a, const run_out *b, char *why, size_t cap) 
     return ok;
 }
 
-static const char *const SETS[] = {"[swiglu]", "[norm]", "[qkv]", "[att]", "[ffn]", "[block]", "[ffn, norm]"};
+/* memory: keys against none: each part alone, block, ffn+norm; the attention backward over 2 slices of the
+ * 3 sequences (2 + 1), alone and with block */
+static const char *const SETS[] = {"recompute: [swiglu]", "recompute: [norm]", "recompute: [qkv]",  "recompute: [att]",
+                                   "recompute: [ffn]",    "recompute: [block]", "recompute: [ffn, norm]",
+                                   "attn_bwd_chunks: 2",  "recompute: [block], attn_bwd_chunks: 2"};
 #define NSETS ((int)(sizeof SETS / sizeof SETS[0]))
 
-/* One group: the baseline without recompute, then each set in `sets` against it. */
+/* One group: the baseline without memory keys, then each `memory: {...}` of `sets` against it. */
 static void group(const char *name, const char *base, const char *const *sets, int nsets) {
     run_out ref, got;
     char err[1024], tag[128], extra[1024], why[512];
@@ -110,11 +114,11 @@ static void group(const char *name, const char *base, const char *const *sets, i
     QT_EXPECT(ref.loss[STEPS - 1] < ref.loss[0], "%s: loss did not fall: %g -> %g", tag, ref.loss[0], ref.loss[STEPS - 1]);
     for (int k = 0; k < nsets; k++) {
         snprintf(tag, sizeof tag, "%s_%d", name, k);
-        snprintf(extra, sizeof extra, "%s\nmemory: {recompute: %s}", base, sets[k]);
+        snprintf(extra, sizeof extra, "%s\nmemory: {%s}", base, sets[k]);
         QT_REQUIRE(run(tag, extra, &got, err, sizeof err) == 0, "%s %s: %s", name, sets[k], err);
         int same = same_bits(&ref, &got, why, sizeof why);
-        printf("  %-10s recompute %-14s %s\n", name, sets[k], same ? "bitwise equal" : why);
-        QT_EXPECT(same, "%s, recompute %s: %s", name, sets[k], why);
+        printf("  %-12s %-40s %s\n", name, sets[k], same ? "bitwise equal" : why);
+        QT_EXPECT(same, "%s, %s: %s", name, sets[k], why);
     }
 }
 
@@ -150,7 +154,7 @@ static void test_recompute_dp_offload(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
     const char *two = qt_cuda_device_count() >= 2 ? "gpus: 2" : "devices: [0, 0]";
-    const char *const dp_sets[] = {"[block]", "[ffn, norm]"};
+    const char *const dp_sets[] = {"recompute: [block]", "recompute: [ffn, norm]"};
     char base[512];
     snprintf(base, sizeof base, "parallel: {%s, shard_optimizer: true, overlap_comm: true}\n" GRAPHS, two);
     group("dp_bf16", base, dp_sets, 2);
@@ -160,7 +164,7 @@ static void test_recompute_dp_offload(void) {
     group("dp_fp8", base, dp_sets, 2);
     qt_test_hooks h = {.offload_chunk = 1000};
     qt_test_hooks_set(&h);
-    group("offload", "parallel: {gpus: 1}\n" NOTUNE "\nmemory: {offload_optimizer: true}", dp_sets, 1);
+    group("offload", "parallel: {gpus: 1}\n" NOTUNE, (const char *const[]){"recompute: [block], offload_optimizer: true"}, 1);
     qt_test_hooks_set(NULL);
 }
 
