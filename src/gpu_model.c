@@ -38,6 +38,17 @@ int qt_gpu_model_lookups_pay(const qt_layout *L, const qt_config *cfg, int n_ran
     return n > 1 && n * N * (C + 1) < V * C;
 }
 
+/* The fp8 matmuls whose Xq^T has one buffer for all layers (bit 1 << qt_fp8_mm). With a bf16 backward
+ * nothing reads Xq^T after the forward: all four. With an fp8 backward, those whose input the recompute
+ * quantizes again before the layer's wgrad (block_run): qkv (part qkv), o (block), gate|up (ffn), down
+ * (swiglu). */
+static unsigned fp8_xq_shared(const qt_gpu_model *g) {
+    if (!g->fp8_bwd) return (1u << QT_FP8_NMM) - 1;
+    int r = g->as->policy.recompute;
+    return (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
+           (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0) | (r & QT_RC_SWIGLU ? 1u << QT_FP8_DOWN : 0);
+}
+
 /* The plan: the stores' rows, then the model's own. Two passes: base NULL only sizes it. */
 static size_t carve_all(qt_gpu_model *g, char *base) {
     const qt_model_cfg *c = &g->L->cfg;
@@ -68,7 +79,7 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     g->ws = qt_mem_plan_carve(p, "kernel workspace", ws);
     if (g->fp8_fwd) {
         g->fp8_w = qt_mem_plan_carve(p, "fp8 weights (persistent)", qt_fp8_weight_bytes(c));
-        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->grad_dtype));
+        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->grad_dtype, fp8_xq_shared(g)));
     }
     return p->off;
 }
@@ -143,7 +154,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     if (g->fp8_fwd) {
-        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);
+        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
         qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
@@ -256,9 +267,11 @@ static dims dims_of(const qt_model_cfg *c) {
  * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
  *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add)   qkv: qkv + RoPE
  *   att: attention output and lse      block: o_proj into res_mid, then ln2 with the fused add again
- *   ffn: gate|up                       swiglu: h
- * It folds no abs-max (the forward's stay in the scale records) and writes no output. The weights and,
- * in fp8, their quants are the forward's: nothing changes them before the optimizer step. */
+ *   ffn: gate|up                       swiglu: h (in fp8, and its Xq^T for down's wgrad)
+ * In fp8 each rebuilt matmul input is quantized again with the forward's scale, which also rewrites the
+ * layer's Xq^T (one buffer for all layers where fp8_xq_shared says so). It folds no abs-max (the
+ * forward's stay in the scale records) and writes no block output. The weights and, in fp8, their
+ * quants are the forward's: nothing changes them before the optimizer step. */
 static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out, int redo) {
     const qt_model_cfg *c = &g->L->cfg;
     const qt_layer_offsets *o = &g->L->layers[l];
@@ -298,6 +311,10 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     if (fwd || (redo & QT_RC_SWIGLU && !(l > 0 && qt_test_hooks_get()->recompute_stale_h))) {
         qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_fwd(a->h, a->gu, N, d.F, fwd ? fp8_amax(g, l, QT_FP8_DOWN, 0) : NULL, s);
+    }
+    if (redo & QT_RC_SWIGLU && g->fp8_fwd && g->fp8->xq_shared >> QT_FP8_DOWN & 1) {
+        qt_gpu_model_mark(g, "fp8 quantize: activations"); /* down's wgrad reads Xq^T of h: shared */
+        qt_fp8_requant_input(g->fp8, l, QT_FP8_DOWN, a->h, s);
     }
     if (fwd) lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C, 0);
 }

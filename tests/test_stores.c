@@ -264,7 +264,7 @@ static void test_plan_7b(void) {
         size_t C = mc.hidden_size, F = mc.intermediate_size, nl = mc.num_layers, H = mc.num_heads;
         size_t HD = H * mc.head_dim, QKV = (H + 2 * mc.num_kv_heads) * mc.head_dim;
         for (int b = 0; b < 4; b++) {
-            size_t act0 = 0;
+            size_t act0 = 0, fp80 = 0;
             for (int k = 0; k < 8; k++) {
                 cfg.micro_batch = mbs[b];
                 cfg.recompute = sets[k];
@@ -273,7 +273,7 @@ static void test_plan_7b(void) {
                 QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
                 size_t act = rows_from(&p, "activations:"), opt = row(&p, "master weights (fp32)") +
                                                                  row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
-                if (k == 0) act0 = act;
+                if (k == 0) act0 = act, fp80 = row(&p, "fp8 activations");
                 /* the expected saving: (layers - 1) copies of each shared tensor (sizes are multiples of 256) */
                 size_t N = (size_t)mbs[b] * cfg.seq_len, r = qt_act_recompute_resolve(sets[k]), per = 0;
                 if (r & QT_RC_NORM) per += 2 * N * C * 2;
@@ -282,6 +282,11 @@ static void test_plan_7b(void) {
                 if (r & QT_RC_BLOCK) per += N * C * 2;
                 if (r & QT_RC_FFN) per += N * 2 * F * 2;
                 if (r & QT_RC_SWIGLU) per += N * F * 2;
+                /* fp8 backward: the Xq^T of qkv, o, gate|up, down inputs shared with qkv, block, ffn, swiglu */
+                size_t fper = f == 0 ? 0 : (r & QT_RC_QKV ? N * C : 0) + (r & QT_RC_BLOCK ? N * HD : 0) +
+                                                (r & QT_RC_FFN ? N * C : 0) + (r & QT_RC_SWIGLU ? N * F : 0);
+                QT_EXPECT(fp80 - row(&p, "fp8 activations") == (nl - 1) * fper, "%s mb %d set %d: fp8 saves %zu, expected %zu",
+                          files[f], mbs[b], sets[k], fp80 - row(&p, "fp8 activations"), (nl - 1) * fper);
                 QT_EXPECT(act0 - act == (nl - 1) * per, "%s mb %d set %d: saves %zu, expected %zu", files[f], mbs[b], sets[k],
                           act0 - act, (nl - 1) * per);
                 printf("  %3d %-38s %11.2f %9.2f %8.2f %9.2f\n", mbs[b],
