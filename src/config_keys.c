@@ -172,29 +172,6 @@ static int in_range(const qt_config_key *k, double v) {
     return 1;
 }
 
-/* The names of k's table in text (the same list syntax as parse_int_list), OR-ed into *out. */
-static int parse_name_list(const qt_config_key *k, const char *t, int *out) {
-    int bits = 0;
-    while (*t == ' ') t++;
-    int bracket = *t == '[';
-    t += bracket;
-    for (;;) {
-        while (*t == ' ') t++;
-        if (!*t || *t == ']') break;
-        size_t n = strcspn(t, " ,]");
-        const qt_key_enum *e = k->names;
-        while (e->name && (strlen(e->name) != n || strncmp(e->name, t, n))) e++;
-        if (!e->name) return -1;
-        bits |= e->value;
-        for (t += n; *t == ' '; t++) {}
-        if (*t == ',') t++;
-        else if (*t && *t != ']') return -1;
-    }
-    if (bracket != (*t == ']') || (*t == ']' && t[1])) return -1;
-    *out = bits;
-    return 0;
-}
-
 /* YAML 1.1/1.2 booleans, in the three casings YAML allows. */
 static int parse_bool(const char *t, int *out) {
     static const char *yes[] = {"true", "yes", "on"}, *no[] = {"false", "no", "off"};
@@ -205,27 +182,57 @@ static int parse_bool(const char *t, int *out) {
     return -1;
 }
 
-/* "[1, 2]", "1,2", "[]" or "": integers in k's range, at most QT_LIST_MAX (the config reader joins a
- * YAML sequence's scalars with commas). */
-static int parse_int_list(const qt_config_key *k, const char *t, qt_int_list *out) {
-    qt_int_list l = {0};
+/* A list value: "[a, b]", "a,b", "[]" or "" (the config reader joins a YAML sequence's scalars with
+ * commas); item(k, text, length, acc) takes each entry in turn, returning -1 to refuse it. */
+static int walk_list(const qt_config_key *k, const char *t, int (*item)(const qt_config_key *, const char *, size_t, void *),
+                     void *acc) {
     while (*t == ' ') t++;
     int bracket = *t == '[';
     t += bracket;
     for (;;) {
         while (*t == ' ') t++;
         if (!*t || *t == ']') break;
-        char *end;
-        errno = 0;
-        long long v = strtoll(t, &end, 10);
-        if (end == t || errno || v < INT_MIN || v > INT_MAX || !in_range(k, (double)v) || l.n == QT_LIST_MAX) return -1;
-        l.v[l.n++] = (int)v;
-        for (t = end; *t == ' '; t++) {}
+        size_t n = strcspn(t, " ,]");
+        if (item(k, t, n, acc)) return -1;
+        for (t += n; *t == ' '; t++) {}
         if (*t == ',') t++;
         else if (*t && *t != ']') return -1;
     }
-    if (bracket != (*t == ']') || (*t == ']' && t[1])) return -1;
+    return bracket != (*t == ']') || (*t == ']' && t[1]) ? -1 : 0;
+}
+
+/* An integer in k's range, at most QT_LIST_MAX of them. */
+static int int_item(const qt_config_key *k, const char *t, size_t n, void *acc) {
+    qt_int_list *l = acc;
+    char *end;
+    errno = 0;
+    long long v = strtoll(t, &end, 10);
+    if (end != t + n || n == 0 || errno || v < INT_MIN || v > INT_MAX || !in_range(k, (double)v) || l->n == QT_LIST_MAX)
+        return -1;
+    l->v[l->n++] = (int)v;
+    return 0;
+}
+
+/* A name of k's table, its bit OR-ed in. */
+static int name_item(const qt_config_key *k, const char *t, size_t n, void *acc) {
+    const qt_key_enum *e = k->names;
+    while (e->name && (strlen(e->name) != n || strncmp(e->name, t, n))) e++;
+    if (!e->name) return -1;
+    *(int *)acc |= e->value;
+    return 0;
+}
+
+static int parse_int_list(const qt_config_key *k, const char *t, qt_int_list *out) {
+    qt_int_list l = {0};
+    if (walk_list(k, t, int_item, &l)) return -1;
     *out = l;
+    return 0;
+}
+
+static int parse_name_list(const qt_config_key *k, const char *t, int *out) {
+    int bits = 0;
+    if (walk_list(k, t, name_item, &bits)) return -1;
+    *out = bits;
     return 0;
 }
 

@@ -25,20 +25,6 @@
 enum { STEPS = 20 };
 static char g_dir[256];
 
-/* A learnable synthetic stream: each token mostly follows from the previous one. */
-static void write_synthetic(const char *path, uint64_t n, uint64_t seed) {
-    uint32_t *t = malloc(n * sizeof *t);
-    uint64_t x = seed;
-    t[0] = 1;
-    for (uint64_t i = 1; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        t[i] = (x >> 60) == 0 ? (uint32_t)((x >> 33) % 64) : (t[i - 1] * 7 + 3) % 64;
-    }
-    char err[512];
-    if (qt_shard_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
-    free(t);
-}
-
 typedef struct {
     float loss[STEPS], gn[STEPS];
     char ckpt[512];
@@ -125,7 +111,7 @@ static void group(const char *name, const char *base, const char *const *sets, i
 static void setup_data(void) {
     char p[512];
     snprintf(p, sizeof p, "%s/syn_train_0.bin.zst", g_dir);
-    write_synthetic(p, 20000, 1);
+    qt_t_write_synthetic(p, 20000, 1);
 }
 
 #define NOTUNE "perf: {matmul_autotune: false}"
