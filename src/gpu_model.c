@@ -222,7 +222,7 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
 static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *y, const void *x, size_t w,
                     const void *bias, int I, int O, int redo) {
     if (g->fp8_fwd) {
-        qt_gpu_model_mark(g, "fp8 quantize: activations");
+        qt_gpu_model_mark(g, redo ? "recompute: fp8 quantize" : "fp8 quantize: activations");
         if (redo) qt_fp8_requant_input(g->fp8, l, k, x, g->stream);
         else qt_fp8_quant_input(g->fp8, l, k, x, g->stream);
         qt_gpu_model_mark(g, label);
@@ -280,43 +280,45 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     long N = g->N;
     float eps = c->rms_norm_eps;
     int fwd = !redo;
+#define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
     if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
     if (fwd || redo & QT_RC_NORM) {
-        qt_gpu_model_mark(g, "rmsnorm fwd");
+        qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
                        fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
     }
     if (fwd || redo & QT_RC_QKV) {
-        lin_fwd(g, "matmul fwd: qkv", l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C,
+        lin_fwd(g, LABEL("matmul fwd: qkv"), l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C,
                 d.QKV, redo);
-        qt_gpu_model_mark(g, "rope");
+        qt_gpu_model_mark(g, LABEL("rope"));
         qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, s);
     }
     if (fwd || redo & QT_RC_ATT) {
-        qt_gpu_model_mark(g, "attention fwd");
+        qt_gpu_model_mark(g, LABEL("attention fwd"));
         qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, d.H, d.Hkv, d.D, s);
     }
     if (fwd || redo & QT_RC_BLOCK) {
-        lin_fwd(g, "matmul fwd: o", l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
-        qt_gpu_model_mark(g, "rmsnorm fwd");
+        lin_fwd(g, LABEL("matmul fwd: o"), l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
+        qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps,
                        fwd ? fp8_amax(g, l, QT_FP8_GU, 0) : NULL, s);
     } else if (redo & QT_RC_NORM) {
-        qt_gpu_model_mark(g, "rmsnorm fwd");
+        qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, NULL, Wp(g, o->ln2), N, d.C, eps, NULL, s);
     }
     if (fwd || redo & QT_RC_FFN)
-        lin_fwd(g, "matmul fwd: gate|up", l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F, redo);
+        lin_fwd(g, LABEL("matmul fwd: gate|up"), l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F, redo);
     if (fwd || (redo & QT_RC_SWIGLU && !(l > 0 && qt_test_hooks_get()->recompute_stale_h))) {
-        qt_gpu_model_mark(g, "swiglu");
+        qt_gpu_model_mark(g, LABEL("swiglu"));
         qt_swiglu_fwd(a->h, a->gu, N, d.F, fwd ? fp8_amax(g, l, QT_FP8_DOWN, 0) : NULL, s);
     }
     if (redo & QT_RC_SWIGLU && g->fp8_fwd && g->fp8->xq_shared >> QT_FP8_DOWN & 1) {
-        qt_gpu_model_mark(g, "fp8 quantize: activations"); /* down's wgrad reads Xq^T of h: shared */
+        qt_gpu_model_mark(g, "recompute: fp8 quantize"); /* down's wgrad reads Xq^T of h: shared */
         qt_fp8_requant_input(g->fp8, l, QT_FP8_DOWN, a->h, s);
     }
     if (fwd) lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C, 0);
+#undef LABEL
 }
 
 static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
