@@ -5,7 +5,7 @@
  * resolved by qt_act_recompute_resolve) has ONE buffer shared by all layers instead of one per layer:
  * the forward of layer l overwrites it, and before layer l's backward the model rebuilds it from what
  * the layer kept (its input residual always; rstd1/rstd2 always) with the same kernels on the same
- * inputs, so the backward reads the same bits (gpu_model.c: block_recompute). Everything else stays
+ * inputs, so the backward reads the same bits (gpu_model.c: block_run). Everything else stays
  * per layer from the forward to the backward. Residual offload (issue 23 item 2) is declared and
  * refused until implemented. The forward takes layer l's buffers with qt_act_forward(l); the backward
  * with qt_act_backward(l), whose shared tensors the caller must rebuild before reading them

@@ -11,7 +11,9 @@
  * produce a matmul's input or output gradient (RMSNorm, SwiGLU, RoPE bwd) also fold its abs-max into
  * the fp8 scale record (fp8_amax), which saves the quantizer a pass over the tensor. Weights are read
  * only after qt_param_acquire_weights and gradients handed on with qt_param_release_grads, so the
- * engine's sync (and a future sharded or streamed placement) sees every layer boundary. */
+ * engine's sync (and a future sharded or streamed placement) sees every layer boundary. With
+ * memory.recompute the activation store gives the recomputed tensors one buffer for all layers, and
+ * block_run rebuilds them (the forward's ops again) before each layer's backward. */
 #include "qt_gpu_model.h"
 
 #include <stdio.h>
