@@ -138,8 +138,9 @@ fi
 # memory.recompute: the bitwise tests (each part, block, ffn+norm against none over 20 steps; bf16, fp8,
 # graphs, 2 ranks on GPU 0, offloaded optimizer; the stale-buffer mutant must differ), then the cost:
 # 1.5B at one 16 x 1024 micro-batch per step for none, each part, ffn+norm and block (per-op breakdown),
-# and 7B (configs/qwen2.5-7b-*.yaml: offloaded optimizer) at 8 micro-batches per step for the same sets,
-# then the 7B configs as shipped (LLM.Q's 524,288 tokens per step). A set that does not fit is refused.
+# and 7B (configs/qwen2.5-7b-*.yaml: offloaded optimizer) at 8 micro-batches of 4 x 1024 per step for
+# none, ffn+norm and block (RC7_SETS overrides), then the 7B configs as shipped (LLM.Q's 524,288 tokens
+# per step). A set that does not fit is refused with the plan's size.
 if has recompute; then
     { step test_recompute 900 build/tests/test_recompute
       step test_stores_7b_plan 60 env QT_TEST_ONLY=plan_7b build/tests/test_stores
@@ -152,7 +153,7 @@ if has recompute_bench; then
     { for r in $sets; do
           step rc_1.5b_fp8_$r 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $one --set "memory.recompute=$r"
       done
-      for p in fp8 bf16; do for r in $sets; do
+      for p in fp8 bf16; do for r in ${RC7_SETS:-[] [ffn,norm] [block]}; do
           step rc_7b_${p}_mb4_$r 400 build/bench/train_bench configs/qwen2.5-7b-$p.yaml $b7 --set data.micro_batch=4 \
               --set "memory.recompute=$r"
       done; done
