@@ -147,6 +147,7 @@ if has recompute; then
     } 2>&1 | tee "$OUT/recompute.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|step [0-9]'
 fi
 if has recompute_bench; then
+    set -f # the sets below are YAML lists, not globs
     one="--steps 10 --breakdown --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
     b7="--warmup 1 --steps 3 --set data.grad_accum=8 --set parallel.gpus=1 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
     sets="[] [swiglu] [norm] [qkv] [att] [ffn] [ffn,norm] [block]"
