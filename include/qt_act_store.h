@@ -1,13 +1,16 @@
 /* qt_act_store.h — the activations one micro-batch keeps from the forward for the backward, per
  * layer, and the backward's activation-gradient scratch.
  *
- * Policy (chosen at creation, one for all layers today): QT_ACT_SAVE keeps every layer's tensors on
- * the GPU from its forward to its backward. QT_ACT_RECOMPUTE (recompute parts in the backward from
- * the saved input residual, through the model's block_forward) and QT_ACT_OFFLOAD (residuals in pinned
- * host memory, back before the layer's backward) are declared for the memory work (issue 23) and
- * refused until then. The forward takes layer l's buffers with qt_act_forward(l); the backward with
- * qt_act_backward(l), which is where a recompute or offload policy rebuilds or fetches them, and gives
- * them back with qt_act_release(l) once that layer's backward is enqueued. */
+ * Policy (chosen at creation, one for all layers): a tensor of a recomputed part (memory.recompute,
+ * resolved by qt_act_recompute_resolve) has ONE buffer shared by all layers instead of one per layer:
+ * the forward of layer l overwrites it, and before layer l's backward the model rebuilds it from what
+ * the layer kept (its input residual always; rstd1/rstd2 always) with the same kernels on the same
+ * inputs, so the backward reads the same bits (gpu_model.c: block_run). Everything else stays
+ * per layer from the forward to the backward. Residual offload (issue 23 item 2) is declared and
+ * refused until implemented. The forward takes layer l's buffers with qt_act_forward(l); the backward
+ * with qt_act_backward(l), whose shared tensors the caller must rebuild before reading them
+ * (policy.recompute says which), and gives them back with qt_act_release(l) once that layer's backward
+ * is enqueued. */
 #ifndef QT_ACT_STORE_H
 #define QT_ACT_STORE_H
 
@@ -16,7 +19,15 @@
 #include "qt_mem_plan.h"
 #include "qt_model.h"
 
-typedef enum { QT_ACT_SAVE, QT_ACT_RECOMPUTE, QT_ACT_OFFLOAD } qt_act_policy;
+typedef struct {
+    int recompute;        /* resolved qt_recompute_part bits (qt_act_recompute_resolve) */
+    int offload_residual; /* refused for now */
+} qt_act_policy;
+
+/* The parts memory.recompute implies: block => att, ffn, norm; att => qkv; ffn => swiglu. */
+int qt_act_recompute_resolve(int parts);
+/* "swiglu, norm" (or "none"): the parts in bits, in the key's order. */
+const char *qt_act_recompute_names(int parts, char *buf, size_t cap);
 
 /* One layer's saved activations (bf16 unless noted), N = B*T tokens. */
 typedef struct {
@@ -37,7 +48,8 @@ typedef struct {
     const qt_model_cfg *c; /* borrowed */
     long N;
     qt_act_policy policy;
-    qt_gpu_layer *layers;  /* [num_layers] (owned host array) */
+    qt_gpu_layer *layers;  /* [num_layers] (owned host array); a recomputed tensor's pointer is the same
+                            * (shared) buffer in every layer */
     void *res_final;       /* [N,C] down output of the last layer, then the final residual */
     void *lnf;             /* [N,C] */
     float *rstdf;          /* [N] */
@@ -50,7 +62,8 @@ typedef struct {
     void *dlnf;            /* [N,C] */
 } qt_act_store;
 
-/* A store for N tokens of model c; NULL with err for a policy not implemented yet. */
+/* A store for N tokens of model c (policy.recompute resolved here); NULL with err for a policy not
+ * implemented yet. */
 qt_act_store *qt_act_store_create(const qt_model_cfg *c, long N, qt_act_policy policy, char *err, size_t errlen);
 void qt_act_store_free(qt_act_store *as);
 /* Adds the store's rows to p (sizing pass) or takes its buffers (second pass). */

@@ -17,6 +17,10 @@
 typedef enum { QT_SCHED_COSINE, QT_SCHED_LINEAR, QT_SCHED_WSD } qt_sched_kind;
 typedef enum { QT_DEVICE_AUTO, QT_DEVICE_CPU, QT_DEVICE_CUDA } qt_device_kind;
 typedef enum { QT_COMM_AUTO, QT_COMM_PEER, QT_COMM_HOST, QT_COMM_HOST_WC } qt_comm_kind;
+/* memory.recompute parts (bits), as given; qt_act_recompute_resolve (qt_act_store.h) adds the implied ones */
+typedef enum {
+    QT_RC_SWIGLU = 1, QT_RC_NORM = 2, QT_RC_QKV = 4, QT_RC_ATT = 8, QT_RC_FFN = 16, QT_RC_BLOCK = 32
+} qt_recompute_part;
 
 #define QT_LIST_MAX 16
 typedef struct {
@@ -72,6 +76,8 @@ typedef struct {
 
     /* memory / perf (GPU) */
     int lmhead_chunks;
+    int recompute;                /* memory.recompute: qt_recompute_part bits */
+    int attn_bwd_chunks;          /* attention backward over this many slices of the micro-batch */
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
     int cuda_graphs;
     int matmul_autotune;          /* time cuBLASLt's candidate algorithms on each shape's first use */
@@ -87,7 +93,8 @@ typedef struct {
 
 /* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,
  * qt_config_dump and the table in configs/README.md. */
-typedef enum { QT_KEY_INT, QT_KEY_U64, QT_KEY_FLOAT, QT_KEY_BOOL, QT_KEY_STRING, QT_KEY_ENUM, QT_KEY_INT_LIST } qt_key_type;
+typedef enum { QT_KEY_INT, QT_KEY_U64, QT_KEY_FLOAT, QT_KEY_BOOL, QT_KEY_STRING, QT_KEY_ENUM, QT_KEY_INT_LIST,
+              QT_KEY_NAME_LIST } qt_key_type;
 typedef struct {
     const char *name;
     int value;
@@ -95,11 +102,12 @@ typedef struct {
 typedef struct {
     const char *path;          /* "optim.lr" */
     qt_key_type type;
-    size_t offset;             /* of the field in qt_config (int, uint64_t, float, char[QT_PATH_MAX] or
-                                * qt_int_list) */
+    size_t offset;             /* of the field in qt_config (int, uint64_t, float, char[QT_PATH_MAX],
+                                * qt_int_list or, for a name list, int) */
     double lo, hi;             /* numeric range (of each entry of a list); -HUGE_VAL / HUGE_VAL when unbounded */
     int lo_open, hi_open;      /* 1: the bound itself is excluded */
-    const qt_key_enum *names;  /* QT_KEY_ENUM: {NULL, 0}-terminated */
+    const qt_key_enum *names;  /* QT_KEY_ENUM, QT_KEY_NAME_LIST (values are bits, stored OR-ed in an int):
+                                * {NULL, 0}-terminated */
     const char *def;           /* default, as YAML scalar text */
     const char *used_by;       /* which trainer path reads it: "all", "GPU", "multi-GPU" */
     int model_inline;          /* 1: an inline model key (sets qt_config.model_inline) */

@@ -33,7 +33,9 @@ typedef struct {
     int in[QT_FP8_NMM], out[QT_FP8_NMM]; /* I and O of each block matmul */
     qt_dtype grad_dt;           /* e4m3 / e5m2, or bf16: the backward stays bf16 */
     uint8_t **wq, **wqT;        /* [n_layers * 4] */
-    uint8_t **xqT;              /* [n_layers * 4] */
+    uint8_t **xqT;              /* [n_layers * 4]; a matmul in xq_shared has one buffer for all layers */
+    unsigned xq_shared;         /* bit k: matmul k's Xq^T is shared by the layers (its input is quantized
+                                 * again, qt_fp8_requant_input, before each layer's wgrad reads it) */
     uint8_t *xq, *dyq, *dyqT;   /* scratch */
     qt_fp8_scale *sc;           /* [n_layers * 4 * 3]: the weights', then (input, output gradient) pairs */
     int *nonfinite;             /* device int: 0, or the tag of the first tensor whose scale went NaN/Inf */
@@ -41,16 +43,17 @@ typedef struct {
     unsigned char *amax_ready;  /* host [n_layers * 4 * 2]: slot handed to a producer since the reset */
 } qt_gpu_fp8;
 
-/* Bytes of the two regions for model c, N tokens per micro-batch, gradient dtype grad_dt. */
+/* Bytes of the two regions for model c, N tokens per micro-batch, gradient dtype grad_dt, the Xq^T of
+ * the matmuls in xq_shared (bits 1 << qt_fp8_mm) once instead of once per layer. */
 size_t qt_fp8_weight_bytes(const qt_model_cfg *c);
-size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt);
+size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigned xq_shared);
 /* 0 when fp8 can run model c with N tokens per micro-batch on a device of compute capability cc
  * (major*10+minor); else -1 with err naming the config file, the field and what fp8 needs. */
 int qt_fp8_check(const qt_model_cfg *c, const qt_config *cfg, long N, int cc, char *err, size_t errlen);
 /* Lays the state out in the two regions (sizes as above, 256-byte aligned) and zeroes the flag.
  * Caller frees the returned host struct with qt_fp8_free; the regions stay the caller's. */
-qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, void *wregion, void *aregion,
-                          cudaStream_t s);
+qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, unsigned xq_shared, void *wregion,
+                          void *aregion, cudaStream_t s);
 void qt_fp8_free(qt_gpu_fp8 *f);
 
 /* Re-quantizes the block matrices of layers [l0, l1) from the bf16 weights w (the flat array of L):
@@ -69,6 +72,11 @@ float *qt_fp8_producer_amax(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad);
 /* Quantizes the block input x (bf16 [N,I]) with current scaling into Xq (scratch, for the next
  * qt_fp8_fwd) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul). */
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s);
+/* The same quantization again for a recompute in the backward (memory.recompute), from the same x:
+ * the scale comes from the abs-max the forward left in the record (no abs-max pass, no producer slot
+ * consumed), so Xq, Xq^T, scale and descale are the forward's bytes. Valid until the next micro-step's
+ * qt_fp8_reset_amax. */
+void qt_fp8_requant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s);
 /* y[N,O] (bf16) = Xq . Wq^T (+ bias, bf16), Xq from qt_fp8_quant_input. */
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
                 cudaStream_t s);

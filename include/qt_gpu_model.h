@@ -30,6 +30,7 @@ typedef struct {
     int B, T;
     long N;
     int lm_chunks;
+    int attn_chunks;       /* memory.attn_bwd_chunks, at most B */
     int fp8_fwd;           /* precision.matmul_dtype e4m3: the blocks' matmuls in fp8 (through g->fp8) */
     int fp8_bwd;           /* and their backward too (precision.grad_dtype e4m3 or e5m2; bf16: backward in bf16) */
     cudaStream_t stream;
@@ -73,6 +74,11 @@ typedef struct {
 qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
                                   const qt_param_placement *pl, char *err, size_t errlen);
 void qt_gpu_model_free(qt_gpu_model *g);
+/* The memory plan qt_gpu_model_create would allocate for these arguments (the same code), without a
+ * GPU and without device memory; 0, or -1 with err. Note: an offloaded optimizer's parameter store
+ * still allocates its pinned host state here (the host planner of issue 25 separates that). */
+int qt_gpu_model_plan(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
+                      qt_mem_plan *plan, char *err, size_t errlen);
 void qt_gpu_model_print_plan(const qt_gpu_model *g);
 
 /* Forward (and backward) of the tokens already in g->tok / g->tgt; the token losses are added to

@@ -15,6 +15,9 @@ typedef struct {
     int dp_fail_rank;       /* with dp_fail_step > 0: that data-parallel rank fails just before that */
     long dp_fail_step;      /* optimizer step (1-based) */
     int fp8_unfused_amax;   /* 1: fp8 abs-maxes in separate passes instead of folded into producers */
+    int recompute_stale_h;  /* 1: MUTANT: memory.recompute's rebuild of the SwiGLU output h is skipped for
+                             * layers 1.. (their backward reads what the layer above left in the shared
+                             * buffer): the recompute test must catch it */
 } qt_test_hooks;
 
 /* Copies h (NULL: all off). */

@@ -231,7 +231,7 @@ static int read_mapping(ctx *x, const char *prefix) {
                 return fail(x, w, path, "expected a mapping of %s.* keys, got %s", path, node_kind(&x->ev));
             }
             if (section_seen(x, path, w) || read_mapping(x, path)) return -1;
-        } else if (k->type == QT_KEY_INT_LIST && x->ev.type == YAML_SEQUENCE_START_EVENT) {
+        } else if ((k->type == QT_KEY_INT_LIST || k->type == QT_KEY_NAME_LIST) && x->ev.type == YAML_SEQUENCE_START_EVENT) {
             if (read_list(x, k, w)) return -1;
         } else {
             char what[200];
@@ -275,7 +275,7 @@ static int apply_override(ctx *x, int i) {
     snprintf(path, sizeof path, "%.*s", (int)(eq - s) < KEY_MAX - 1 ? (int)(eq - s) : KEY_MAX - 1, s);
     const qt_config_key *k = qt_config_key_find(path);
     if (!k) return unknown_key(x, w, path);
-    if (k->type == QT_KEY_INT_LIST) return apply(x, k, eq + 1, 1, w); /* "[0,0]" or "0,0" */
+    if (k->type == QT_KEY_INT_LIST || k->type == QT_KEY_NAME_LIST) return apply(x, k, eq + 1, 1, w); /* "[0,0]", "0,0" */
     yaml_parser_t p;
     yaml_event_t e;
     if (!yaml_parser_initialize(&p)) return fail(x, w, path, "expected memory for the YAML parser, got none");

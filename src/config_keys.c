@@ -36,6 +36,9 @@ static const qt_key_enum matmul_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_
 static const qt_key_enum grad_names[] = {
     {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
+static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
+                                              {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
+                                              {NULL, 0}};
 
 #define OFF(f) offsetof(qt_config, f)
 #define NOLO (-HUGE_VAL)
@@ -48,6 +51,7 @@ static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 #define S(p, f, d, u, h) {p, QT_KEY_STRING, OFF(f), NOLO, NOHI, 0, 0, NULL, d, u, 0, h}
 #define E(p, f, n, d, u, m, h) {p, QT_KEY_ENUM, OFF(f), NOLO, NOHI, 0, 0, n, d, u, m, h}
 #define IL(p, f, lo, hi, d, u, h) {p, QT_KEY_INT_LIST, OFF(f), lo, hi, 0, 0, NULL, d, u, 0, h}
+#define NL(p, f, n, d, u, h) {p, QT_KEY_NAME_LIST, OFF(f), NOLO, NOHI, 0, 0, n, d, u, 0, h}
 
 static const qt_config_key keys[] = {
     U64("seed", seed, "1234", "all", "seeds the data order (and, on the GPU, stochastic rounding)"),
@@ -135,6 +139,10 @@ static const qt_config_key keys[] = {
 
     I("memory.lmhead_chunks", lmhead_chunks, 1, INT_MAX, "1", "GPU", 0,
       "split the LM head + loss over tokens into N chunks to bound logits memory"),
+    NL("memory.recompute", recompute, recompute_names, "[]", "GPU",
+       "activations the backward recomputes before each layer instead of keeping them from the forward, with the same kernels and inputs (the same bits): one buffer for all layers instead of one per layer. swiglu: SwiGLU output, from the kept gate-up output; norm: both RMSNorm outputs, from the kept residuals; qkv: QKV projection and RoPE, from the norm output; att: attention output and softmax statistics (implies qkv); ffn: gate-up projection (implies swiglu); block: everything but the layer's input residual (implies att, ffn, norm). The resolved set is printed at start"),
+    I("memory.attn_bwd_chunks", attn_bwd_chunks, 1, INT_MAX, "1", "GPU", 0,
+      "run the attention backward over N slices of the micro-batch's sequences (at most micro_batch): cuDNN's workspace and fp32 dQ accumulator shrink N-fold"),
     B("memory.offload_optimizer", offload_optimizer, "false", "GPU", 0,
       "keep the fp32 master weights and AdamW m, v (a GPU's shard when sharded) in pinned host memory, streamed through the GPU in chunks by AdamW: 12 bytes per parameter less GPU memory (8 with bf16 moments), the same bytes each way over PCIe per optimizer step"),
     B("perf.cuda_graphs", cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
@@ -180,27 +188,57 @@ static int parse_bool(const char *t, int *out) {
     return -1;
 }
 
-/* "[1, 2]", "1,2", "[]" or "": integers in k's range, at most QT_LIST_MAX (the config reader joins a
- * YAML sequence's scalars with commas). */
-static int parse_int_list(const qt_config_key *k, const char *t, qt_int_list *out) {
-    qt_int_list l = {0};
+/* A list value: "[a, b]", "a,b", "[]" or "" (the config reader joins a YAML sequence's scalars with
+ * commas); item(k, text, length, acc) takes each entry in turn, returning -1 to refuse it. */
+static int walk_list(const qt_config_key *k, const char *t, int (*item)(const qt_config_key *, const char *, size_t, void *),
+                     void *acc) {
     while (*t == ' ') t++;
     int bracket = *t == '[';
     t += bracket;
     for (;;) {
         while (*t == ' ') t++;
         if (!*t || *t == ']') break;
-        char *end;
-        errno = 0;
-        long long v = strtoll(t, &end, 10);
-        if (end == t || errno || v < INT_MIN || v > INT_MAX || !in_range(k, (double)v) || l.n == QT_LIST_MAX) return -1;
-        l.v[l.n++] = (int)v;
-        for (t = end; *t == ' '; t++) {}
+        size_t n = strcspn(t, " ,]");
+        if (item(k, t, n, acc)) return -1;
+        for (t += n; *t == ' '; t++) {}
         if (*t == ',') t++;
         else if (*t && *t != ']') return -1;
     }
-    if (bracket != (*t == ']') || (*t == ']' && t[1])) return -1;
+    return bracket != (*t == ']') || (*t == ']' && t[1]) ? -1 : 0;
+}
+
+/* An integer in k's range, at most QT_LIST_MAX of them. */
+static int int_item(const qt_config_key *k, const char *t, size_t n, void *acc) {
+    qt_int_list *l = acc;
+    char *end;
+    errno = 0;
+    long long v = strtoll(t, &end, 10);
+    if (end != t + n || n == 0 || errno || v < INT_MIN || v > INT_MAX || !in_range(k, (double)v) || l->n == QT_LIST_MAX)
+        return -1;
+    l->v[l->n++] = (int)v;
+    return 0;
+}
+
+/* A name of k's table, its bit OR-ed in. */
+static int name_item(const qt_config_key *k, const char *t, size_t n, void *acc) {
+    const qt_key_enum *e = k->names;
+    while (e->name && (strlen(e->name) != n || strncmp(e->name, t, n))) e++;
+    if (!e->name) return -1;
+    *(int *)acc |= e->value;
+    return 0;
+}
+
+static int parse_int_list(const qt_config_key *k, const char *t, qt_int_list *out) {
+    qt_int_list l = {0};
+    if (walk_list(k, t, int_item, &l)) return -1;
     *out = l;
+    return 0;
+}
+
+static int parse_name_list(const qt_config_key *k, const char *t, int *out) {
+    int bits = 0;
+    if (walk_list(k, t, name_item, &bits)) return -1;
+    *out = bits;
     return 0;
 }
 
@@ -237,6 +275,7 @@ int qt_config_key_set(qt_config *c, const qt_config_key *k, const char *t) {
             if (!strcmp(e->name, t)) { *(int *)field = e->value; return 0; }
         return -1;
     case QT_KEY_INT_LIST: return parse_int_list(k, t, (qt_int_list *)field);
+    case QT_KEY_NAME_LIST: return parse_name_list(k, t, (int *)field);
     }
     return -1;
 }
@@ -312,13 +351,24 @@ void qt_config_key_format(const qt_config *c, const qt_config_key *k, char *buf,
         if (n < cap) snprintf(buf + n, cap - n, "]");
         return;
     }
+    case QT_KEY_NAME_LIST: {
+        int bits = *(const int *)field, first = 1;
+        size_t n = (size_t)snprintf(buf, cap, "[");
+        for (const qt_key_enum *e = k->names; e->name && n < cap; e++)
+            if (bits & e->value) {
+                n += (size_t)snprintf(buf + n, cap - n, first ? "%s" : ", %s", e->name);
+                first = 0;
+            }
+        if (n < cap) snprintf(buf + n, cap - n, "]");
+        return;
+    }
     }
 }
 
 /* The range alone: ">= 1", "> 0", "[0, 1)"; "" when unbounded. sep joins enum names. */
 static void range_text(const qt_config_key *k, const char *sep, char *buf, size_t cap) {
     buf[0] = 0;
-    if (k->type == QT_KEY_ENUM) {
+    if (k->type == QT_KEY_ENUM || k->type == QT_KEY_NAME_LIST) {
         size_t n = 0;
         for (const qt_key_enum *e = k->names; e->name && n < cap; e++)
             n += snprintf(buf + n, cap - n, "%s%s", e == k->names ? "" : sep, e->name);
@@ -344,6 +394,7 @@ void qt_config_key_expect(const qt_config_key *k, char *buf, size_t cap) {
     case QT_KEY_STRING: snprintf(buf, cap, "a string of at most %d bytes", QT_PATH_MAX - 1); return;
     case QT_KEY_ENUM: snprintf(buf, cap, "one of %s", r); return;
     case QT_KEY_INT_LIST: snprintf(buf, cap, "a list of at most %d integers%s%s", QT_LIST_MAX, r[0] ? " " : "", r); return;
+    case QT_KEY_NAME_LIST: snprintf(buf, cap, "a list of names from %s", r); return;
     }
 }
 
@@ -357,7 +408,7 @@ void qt_config_defaults(qt_config *c) {
 
 int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff) {
     static const size_t width[] = {sizeof(int), sizeof(uint64_t), sizeof(float), sizeof(int), 0, sizeof(int),
-                                   sizeof(qt_int_list)};
+                                   sizeof(qt_int_list), sizeof(int)};
     for (int i = 0; i < N_KEYS; i++) {
         const char *fa = (const char *)a + keys[i].offset, *fb = (const char *)b + keys[i].offset;
         int same = keys[i].type == QT_KEY_STRING ? !strcmp(fa, fb) : !memcmp(fa, fb, width[keys[i].type]);
@@ -374,7 +425,7 @@ int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff) {
 }
 
 static const char *type_name(qt_key_type t) {
-    static const char *n[] = {"int", "uint64", "float", "bool", "string", "enum", "int list"};
+    static const char *n[] = {"int", "uint64", "float", "bool", "string", "enum", "int list", "name list"};
     return n[t];
 }
 

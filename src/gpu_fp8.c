@@ -65,11 +65,11 @@ size_t qt_fp8_weight_bytes(const qt_model_cfg *c) {
     return b;
 }
 
-size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt) {
+size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigned xq_shared) {
     int in[QT_FP8_NMM], out[QT_FP8_NMM];
     dims(c, in, out);
     size_t b = up((size_t)N * max4(in)); /* Xq scratch */
-    for (int k = 0; k < QT_FP8_NMM; k++) b += up((size_t)N * in[k]) * c->num_layers;
+    for (int k = 0; k < QT_FP8_NMM; k++) b += up((size_t)N * in[k]) * (xq_shared >> k & 1 ? 1 : c->num_layers);
     if (grad_dt != QT_DT_BF16) b += 2 * up((size_t)N * max4(out));
     return b;
 }
@@ -113,14 +113,15 @@ static void *take(char **p, size_t bytes) {
     return r;
 }
 
-qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, void *wregion, void *aregion,
-                          cudaStream_t s) {
+qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, unsigned xq_shared, void *wregion,
+                          void *aregion, cudaStream_t s) {
     qt_gpu_fp8 *f = calloc(1, sizeof *f);
     QT_CHECK(f, "out of host memory");
     int nl = c->num_layers;
     f->n_layers = nl;
     f->N = N;
     f->grad_dt = grad_dt;
+    f->xq_shared = xq_shared;
     dims(c, f->in, f->out);
     f->wq = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->wq);
     f->wqT = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->wqT);
@@ -140,12 +141,14 @@ qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, void 
     QT_CHECK((size_t)(w - (char *)wregion) == qt_fp8_weight_bytes(c), "fp8 weight region layout mismatch");
     f->xq = take(&a, (size_t)N * max4(f->in));
     for (int l = 0; l < nl; l++)
-        for (int k = 0; k < QT_FP8_NMM; k++) f->xqT[l * QT_FP8_NMM + k] = take(&a, (size_t)N * f->in[k]);
+        for (int k = 0; k < QT_FP8_NMM; k++)
+            f->xqT[l * QT_FP8_NMM + k] = l && xq_shared >> k & 1 ? f->xqT[k] : take(&a, (size_t)N * f->in[k]);
     if (grad_dt != QT_DT_BF16) {
         f->dyq = take(&a, (size_t)N * max4(f->out));
         f->dyqT = take(&a, (size_t)N * max4(f->out));
     }
-    QT_CHECK((size_t)(a - (char *)aregion) == qt_fp8_act_bytes(c, N, grad_dt), "fp8 activation region layout mismatch");
+    QT_CHECK((size_t)(a - (char *)aregion) == qt_fp8_act_bytes(c, N, grad_dt, xq_shared),
+             "fp8 activation region layout mismatch");
     qt_quant_scale_reset(f->sc, nl * QT_FP8_NMM * NSC, s);
     qt_zero(f->nonfinite, sizeof(int), s);
     return f;
@@ -222,6 +225,11 @@ void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
     quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, f->in[k], sc_of(f, layer, k, SC_X),
               take_ready(f, layer, k, 0), tag_of(layer, k, SC_X), s);
+}
+
+void qt_fp8_requant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
+    quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, f->in[k], sc_of(f, layer, k, SC_X), 1,
+              tag_of(layer, k, SC_X), s);
 }
 
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,

@@ -11,7 +11,9 @@
  * produce a matmul's input or output gradient (RMSNorm, SwiGLU, RoPE bwd) also fold its abs-max into
  * the fp8 scale record (fp8_amax), which saves the quantizer a pass over the tensor. Weights are read
  * only after qt_param_acquire_weights and gradients handed on with qt_param_release_grads, so the
- * engine's sync (and a future sharded or streamed placement) sees every layer boundary. */
+ * engine's sync (and a future sharded or streamed placement) sees every layer boundary. With
+ * memory.recompute the activation store gives the recomputed tensors one buffer for all layers, and
+ * block_run rebuilds them (the forward's ops again) before each layer's backward. */
 #include "qt_gpu_model.h"
 
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #include "qt_error.h"
+#include "qt_test_hooks.h"
 
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws) {
     size_t n = (size_t)g->ps->shard.n_ranks * g->N, a = qt_mem_aligned(n * 4);
@@ -35,6 +38,17 @@ int qt_gpu_model_lookups_pay(const qt_layout *L, const qt_config *cfg, int n_ran
     size_t n = (size_t)n_ranks, N = (size_t)cfg->micro_batch * cfg->seq_len;
     size_t C = L->cfg.hidden_size, V = L->cfg.vocab_size;
     return n > 1 && n * N * (C + 1) < V * C;
+}
+
+/* The fp8 matmuls whose Xq^T has one buffer for all layers (bit 1 << qt_fp8_mm). With a bf16 backward
+ * nothing reads Xq^T after the forward: all four. With an fp8 backward, those whose input the recompute
+ * quantizes again before the layer's wgrad (block_run): qkv (part qkv), o (block), gate|up (ffn), down
+ * (swiglu). */
+static unsigned fp8_xq_shared(const qt_gpu_model *g) {
+    if (!g->fp8_bwd) return (1u << QT_FP8_NMM) - 1;
+    int r = g->as->policy.recompute;
+    return (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
+           (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0) | (r & QT_RC_SWIGLU ? 1u << QT_FP8_DOWN : 0);
 }
 
 /* The plan: the stores' rows, then the model's own. Two passes: base NULL only sizes it. */
@@ -67,7 +81,7 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     g->ws = qt_mem_plan_carve(p, "kernel workspace", ws);
     if (g->fp8_fwd) {
         g->fp8_w = qt_mem_plan_carve(p, "fp8 weights (persistent)", qt_fp8_weight_bytes(c));
-        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->grad_dtype));
+        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->grad_dtype, fp8_xq_shared(g)));
     }
     return p->off;
 }
@@ -81,8 +95,9 @@ static void free_host(qt_gpu_model *g) {
     free(g);
 }
 
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
-                                  const qt_param_placement *pl, char *err, size_t errlen) {
+/* The host side of a model: its fields, the stores, the plan sized (no device memory yet). NULL with err. */
+static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
+                               char *err, size_t errlen) {
     qt_gpu_model *g = calloc(1, sizeof *g);
     QT_CHECK(g, "out of host memory");
     g->L = L;
@@ -92,21 +107,41 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->N = (long)g->B * g->T;
     g->lm_chunks = cfg->lmhead_chunks > 0 ? cfg->lmhead_chunks : 1;
     if (g->lm_chunks > g->N) g->lm_chunks = (int)g->N;
+    g->attn_chunks = cfg->attn_bwd_chunks < 1 ? 1 : cfg->attn_bwd_chunks > g->B ? g->B : cfg->attn_bwd_chunks;
     g->fp8_fwd = cfg->matmul_dtype == QT_DT_E4M3;
     g->fp8_bwd = g->fp8_fwd && cfg->grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
-    g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, QT_ACT_SAVE, err, errlen) : NULL;
+    qt_act_policy ap = {.recompute = cfg->recompute};
+    g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);
         return NULL;
     }
-    size_t bytes = carve_all(g, NULL), free_b, total_b;
+    carve_all(g, NULL);
+    return g;
+}
+
+int qt_gpu_model_plan(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
+                      qt_mem_plan *plan, char *err, size_t errlen) {
+    qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
+    if (!g) return -1;
+    *plan = g->plan;
+    free_host(g);
+    return 0;
+}
+
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
+                                  const qt_param_placement *pl, char *err, size_t errlen) {
+    qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
+    if (!g) return NULL;
+    size_t bytes = g->plan.off, free_b, total_b;
     QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
     if (cudaMalloc((void **)&g->arena, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(err, errlen,
                  "%s: the GPU memory plan needs %.2f GiB but %.2f GiB are free: lower data.micro_batch (%d), "
-                 "raise memory.lmhead_chunks (%d) or set memory.offload_optimizer",
+                 "recompute more (memory.recompute: [ffn, norm] or [block]), raise memory.lmhead_chunks (%d) or set "
+                 "memory.offload_optimizer",
                  cfg->path, bytes / 1073741824.0, free_b / 1073741824.0, g->B, g->lm_chunks);
         free_host(g);
         return NULL;
@@ -121,7 +156,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     if (g->fp8_fwd) {
-        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, g->fp8_w, g->fp8_a, s);
+        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
         qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
@@ -147,6 +182,9 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
     QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
     printf("qtrain: GPU %d %s (sm_%d%d), memory plan for micro-batch %d x %d tokens:\n", dev, p.name, p.major,
            p.minor, g->B, g->T);
+    char rc[64];
+    printf("  memory.recompute: %s (one buffer for all layers, rebuilt before each layer's backward)\n",
+           qt_act_recompute_names(g->as->policy.recompute, rc, sizeof rc));
     qt_mem_plan_print(&g->plan);
     printf("  %-28s %10.1f MiB of %.1f MiB (cuBLASLt and cuDNN workspaces come out of this)\n", "free now",
            free_b / 1048576.0, total_b / 1048576.0);
@@ -181,12 +219,14 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
     return g->fp8_fwd ? qt_fp8_producer_amax(g->fp8, l, k, grad) : NULL;
 }
 
-/* One block matmul forward: fp8 when configured, else bf16. */
+/* One block matmul forward: fp8 when configured, else bf16. redo: a recompute in the backward, which
+ * quantizes x again with the forward's scale (qt_fp8_requant_input) and so multiplies the same bytes. */
 static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *y, const void *x, size_t w,
-                    const void *bias, int I, int O) {
+                    const void *bias, int I, int O, int redo) {
     if (g->fp8_fwd) {
-        qt_gpu_model_mark(g, "fp8 quantize: activations");
-        qt_fp8_quant_input(g->fp8, l, k, x, g->stream);
+        qt_gpu_model_mark(g, redo ? "recompute: fp8 quantize" : "fp8 quantize: activations");
+        if (redo) qt_fp8_requant_input(g->fp8, l, k, x, g->stream);
+        else qt_fp8_quant_input(g->fp8, l, k, x, g->stream);
         qt_gpu_model_mark(g, label);
         qt_fp8_fwd(g->fp8, g->mm, l, k, y, bias, g->stream);
     } else {
@@ -221,33 +261,66 @@ static dims dims_of(const qt_model_cfg *c) {
     return (dims){c->hidden_size, c->intermediate_size, H, Hkv, D, H * D, (H + 2 * Hkv) * D};
 }
 
-/* Block l's forward from the residual in its saved res: prev_mid (the previous block's residual after
- * attention) is first added into res by the fused RMSNorm (NULL: res already holds the sum, as when a
- * recompute runs the block again); the down projection writes into out (the next block's res, or
- * res_final). Acquires the block's weights first. */
-static void block_forward(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out) {
+/* Block l's ops. The forward (redo 0) runs them all from the residual in res: prev_mid (the previous
+ * block's residual after attention) is first added into res by the fused RMSNorm, the kernels fold the
+ * fp8 abs-maxes of the next matmuls' inputs, the down projection writes into out (the next block's res,
+ * or res_final); it acquires the block's weights first. A recompute (redo = the store's resolved
+ * memory.recompute parts; before the layer's backward) runs, in the same order, the same kernels on
+ * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
+ *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add)   qkv: qkv + RoPE
+ *   att: attention output and lse      block: o_proj into res_mid, then ln2 with the fused add again
+ *   ffn: gate|up                       swiglu: h (in fp8, and its Xq^T for down's wgrad)
+ * In fp8 each rebuilt matmul input is quantized again with the forward's scale, which also rewrites the
+ * layer's Xq^T (one buffer for all layers where fp8_xq_shared says so). It folds no abs-max (the
+ * forward's stay in the scale records) and writes no block output. The weights and, in fp8, their
+ * quants are the forward's: nothing changes them before the optimizer step. */
+static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out, int redo) {
     const qt_model_cfg *c = &g->L->cfg;
     const qt_layer_offsets *o = &g->L->layers[l];
     dims d = dims_of(c);
     cudaStream_t s = g->stream;
     long N = g->N;
     float eps = c->rms_norm_eps;
-    qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
-    qt_gpu_layer *a = qt_act_forward(g->as, l);
-    qt_gpu_model_mark(g, "rmsnorm fwd");
-    qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, prev_mid, Wp(g, o->ln1), N, d.C, eps, fp8_amax(g, l, QT_FP8_QKV, 0), s);
-    lin_fwd(g, "matmul fwd: qkv", l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C, d.QKV);
-    qt_gpu_model_mark(g, "rope");
-    qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, s);
-    qt_gpu_model_mark(g, "attention fwd");
-    qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, d.H, d.Hkv, d.D, s);
-    lin_fwd(g, "matmul fwd: o", l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C);
-    qt_gpu_model_mark(g, "rmsnorm fwd");
-    qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps, fp8_amax(g, l, QT_FP8_GU, 0), s);
-    lin_fwd(g, "matmul fwd: gate|up", l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F);
-    qt_gpu_model_mark(g, "swiglu");
-    qt_swiglu_fwd(a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_DOWN, 0), s);
-    lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C);
+    int fwd = !redo;
+#define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
+    qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
+    if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
+    if (fwd || redo & QT_RC_NORM) {
+        qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
+        qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
+                       fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
+    }
+    if (fwd || redo & QT_RC_QKV) {
+        lin_fwd(g, LABEL("matmul fwd: qkv"), l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C,
+                d.QKV, redo);
+        qt_gpu_model_mark(g, LABEL("rope"));
+        qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, s);
+    }
+    if (fwd || redo & QT_RC_ATT) {
+        qt_gpu_model_mark(g, LABEL("attention fwd"));
+        qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, d.H, d.Hkv, d.D, s);
+    }
+    if (fwd || redo & QT_RC_BLOCK) {
+        lin_fwd(g, LABEL("matmul fwd: o"), l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
+        qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
+        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps,
+                       fwd ? fp8_amax(g, l, QT_FP8_GU, 0) : NULL, s);
+    } else if (redo & QT_RC_NORM) {
+        qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
+        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, NULL, Wp(g, o->ln2), N, d.C, eps, NULL, s);
+    }
+    if (fwd || redo & QT_RC_FFN)
+        lin_fwd(g, LABEL("matmul fwd: gate|up"), l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F, redo);
+    if (fwd || (redo & QT_RC_SWIGLU && !(l > 0 && qt_test_hooks_get()->recompute_stale_h))) {
+        qt_gpu_model_mark(g, LABEL("swiglu"));
+        qt_swiglu_fwd(a->h, a->gu, N, d.F, fwd ? fp8_amax(g, l, QT_FP8_DOWN, 0) : NULL, s);
+    }
+    if (redo & QT_RC_SWIGLU && g->fp8_fwd && g->fp8->xq_shared >> QT_FP8_DOWN & 1) {
+        qt_gpu_model_mark(g, "recompute: fp8 quantize"); /* down's wgrad reads Xq^T of h: shared */
+        qt_fp8_requant_input(g->fp8, l, QT_FP8_DOWN, a->h, s);
+    }
+    if (fwd) lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C, 0);
+#undef LABEL
 }
 
 static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
@@ -260,11 +333,26 @@ static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
     qt_gpu_model_mark(g, "embedding fwd");
     qt_embedding_fwd(qt_act_forward(as, 0)->res, g->tok, Wp(g, g->L->embed), g->N, c->hidden_size, c->vocab_size, s);
     for (int l = 0; l < nl; l++)
-        block_forward(g, h, l, l ? as->layers[l - 1].res_mid : NULL, l + 1 < nl ? as->layers[l + 1].res : as->res_final);
+        block_run(g, h, l, l ? as->layers[l - 1].res_mid : NULL, l + 1 < nl ? as->layers[l + 1].res : as->res_final, 0);
     qt_param_acquire_weights(g->ps, h, g->L->numel); /* the final norm and an untied LM head */
     qt_gpu_model_mark(g, "rmsnorm fwd");
     qt_rmsnorm_fwd(as->lnf, as->rstdf, as->res_final, as->layers[nl - 1].res_mid, Wp(g, g->L->final_norm), g->N,
                    c->hidden_size, c->rms_norm_eps, NULL, s);
+}
+
+/* The attention backward of layer a, over g->attn_chunks slices of whole sequences (the last may be
+ * shorter): each sequence's gradient depends on that sequence only, so the slices compute what one call
+ * would (the test checks the bits); cuDNN's workspace and fp32 dQ accumulator are sized by the slice. */
+static void attention_bwd(qt_gpu_model *g, const qt_gpu_layer *a, dims d) {
+    qt_act_store *as = g->as;
+    int per = (g->B + g->attn_chunks - 1) / g->attn_chunks;
+    for (int b0 = 0; b0 < g->B; b0 += per) {
+        int nb = g->B - b0 < per ? g->B - b0 : per;
+        size_t r = (size_t)b0 * g->T; /* first token of the slice */
+        qt_attention_bwd(g->attn, (char *)as->dqkv + r * d.QKV * 2, (const char *)as->datt + r * d.HD * 2,
+                         (const char *)a->qkv + r * d.QKV * 2, (const char *)a->att + r * d.HD * 2,
+                         a->lse + (size_t)b0 * d.H * g->T, nb, g->T, d.H, d.Hkv, d.D, g->stream);
+    }
 }
 
 /* Block l's backward: dres (fp32, with its bf16 copy dres_bf) holds the gradient at the block's output;
@@ -278,6 +366,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     dims d = dims_of(c);
     cudaStream_t s = g->stream;
     long N = g->N;
+    if (as->policy.recompute) block_run(g, h, l, NULL, NULL, as->policy.recompute);
     qt_gpu_layer *a = qt_act_backward(as, l);
     /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
     lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, as->dres_bf, a->h, o->wdown, d.F, d.C);
@@ -290,7 +379,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     /* attention */
     lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, as->datt, as->dres_bf, a->att, o->wo, d.HD, d.C);
     qt_gpu_model_mark(g, "attention bwd");
-    qt_attention_bwd(g->attn, as->dqkv, as->datt, a->qkv, a->att, a->lse, g->B, g->T, d.H, d.Hkv, d.D, s);
+    attention_bwd(g, a, d);
     qt_gpu_model_mark(g, "rope");
     qt_rope_bwd(as->dqkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, fp8_amax(g, l, QT_FP8_QKV, 1), s);
     qt_gpu_model_mark(g, "bias grad");

@@ -8,6 +8,20 @@
 
 #include "qt_data.h"
 
+/* A learnable synthetic shard of n tokens (vocabulary 64): each token mostly follows from the previous one. */
+static inline void qt_t_write_synthetic(const char *path, uint64_t n, uint64_t seed) {
+    uint32_t *t = malloc(n * sizeof *t);
+    uint64_t x = seed;
+    t[0] = 1;
+    for (uint64_t i = 1; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (x >> 60) == 0 ? (uint32_t)((x >> 33) % 64) : (t[i - 1] * 7 + 3) % 64;
+    }
+    char err[512];
+    if (qt_shard_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
+    free(t);
+}
+
 /* The whole file, malloc'ed (caller frees), or NULL; *n is its length. */
 static inline char *qt_t_read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");

@@ -383,6 +383,12 @@ static void randomize(uint64_t *s) {
             for (int j = 0; j < l->n; j++) l->v[j] = (int)(lcg(s) % 8) + (int)k->lo;
             break;
         }
+        case QT_KEY_NAME_LIST: {
+            int bits = 0;
+            for (const qt_key_enum *e = k->names; e->name; e++) bits |= lcg(s) & 1 ? e->value : 0;
+            *(int *)f = bits;
+            break;
+        }
         }
     }
     cfg.hf_config[0] = cfg.init_from[0] = 0;
@@ -394,6 +400,23 @@ static void randomize(uint64_t *s) {
     if (!cfg.model.head_dim) cfg.model.hidden_size = cfg.model.num_heads * 2 * (1 + (int)(lcg(s) % 16));
     cfg.warmup = cfg.cooldown = 0;
     if (cfg.model.max_seq_len < cfg.seq_len) cfg.model.max_seq_len = cfg.seq_len;
+}
+
+/* memory.recompute: a YAML sequence, a flow list or a --set value; the given parts only (the store adds
+ * the implied ones); unknown names refused with the list of names. */
+static void test_recompute_list(void) {
+    QT_EXPECT(load("memory:\n  recompute: [ffn, norm]\n", NULL, 0) == 0 && cfg.recompute == (QT_RC_FFN | QT_RC_NORM),
+              "flow list: %s", err);
+    QT_EXPECT(load("memory:\n  recompute:\n    - block\n    - swiglu\n", NULL, 0) == 0 &&
+                  cfg.recompute == (QT_RC_BLOCK | QT_RC_SWIGLU),
+              "sequence: %s", err);
+    const char *ovr[] = {"memory.recompute=[att,qkv]"};
+    QT_EXPECT(load("", ovr, 1) == 0 && cfg.recompute == (QT_RC_ATT | QT_RC_QKV), "override: %s", err);
+    QT_EXPECT(load("memory: {recompute: []}\n", NULL, 0) == 0 && cfg.recompute == 0, "empty: %s", err);
+    EXPECT_ERR("memory:\n  recompute: [ffn, mlp]\n",
+               "t.yaml:2:3: memory.recompute: expected a list of names from swiglu|norm|qkv|att|ffn|block, got \"ffn,mlp\"");
+    EXPECT_ERR("memory:\n  recompute: [ffn, [norm]]\n",
+               "t.yaml:2:3: memory.recompute: expected a list of names from swiglu|norm|qkv|att|ffn|block, got a sequence in the list");
 }
 
 static void test_dump_roundtrip(void) {
@@ -465,6 +488,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_model_shape);
     QT_RUN(test_model_dtype);
     QT_RUN(test_overrides);
+    QT_RUN(test_recompute_list);
     QT_RUN(test_dump_roundtrip);
     QT_RUN(test_readme_covers_keys);
     return qt_test_end();

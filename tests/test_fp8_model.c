@@ -228,10 +228,10 @@ static void test_fp8_plan_and_checks(void) {
     size_t w = nl * 2 * (QKV * C + HD * C + 2 * F * C + F * C) + 512 + 256;
     QT_EXPECT(qt_fp8_weight_bytes(&m) == w, "weight bytes %zu, expected %zu", qt_fp8_weight_bytes(&m), w);
     size_t a = N * F + nl * N * (C + HD + C + F), ag = a + 2 * N * (2 * F);
-    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16) == a, "act bytes (bf16 grads) %zu, expected %zu",
-              qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16), a);
-    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2) == ag, "act bytes %zu, expected %zu",
-              qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2), ag);
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16, 0) == a, "act bytes (bf16 grads) %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16, 0), a);
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2, 0) == ag, "act bytes %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2, 0), ag);
     char err[512] = "";
     QT_EXPECT(qt_fp8_check(&m, &c, (long)N, 90, err, sizeof err) == 0, "valid config refused: %s", err);
     QT_EXPECT(qt_fp8_check(&m, &c, (long)N, 80, err, sizeof err) == -1 && strstr(err, "compute capability") &&

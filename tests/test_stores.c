@@ -6,6 +6,8 @@
 
 #include "qt_act_store.h"
 #include "qt_config.h"
+#include "qt_gpu_model.h"
+#include "qt_partition.h"
 #include "qt_mem_plan.h"
 #include "qt_param_store.h"
 #include "qt_step_plan.h"
@@ -94,33 +96,73 @@ static void test_param_store_rows(void) {
 }
 
 /* The activation store: per layer res, ln1, rstd1, qkv, att, lse, res_mid, ln2, rstd2, gu, h; the final
- * norm's; the backward scratch. Policies other than save are refused with a message. */
+ * norm's; the backward scratch. A recomputed part's tensors have one buffer for all layers: every layer's
+ * pointer is layer 0's (what the backward's rebuild relies on and what the plan's rows show), every
+ * other tensor has its own per layer. Implications: block => att, ffn, norm; att => qkv; ffn => swiglu.
+ * Residual offload is refused with a message. */
 static void test_act_store_rows(void) {
     qt_layout L;
     small_layout(&L, 1);
     const qt_model_cfg *c = &L.cfg;
     long N = 3 * 17; /* odd token count */
     char err[256];
-    qt_act_store *as = qt_act_store_create(c, N, QT_ACT_SAVE, err, sizeof err);
-    QT_REQUIRE(as, "%s", err);
-    qt_mem_plan p;
-    qt_mem_plan_begin(&p, NULL);
-    qt_act_store_carve(as, &p);
+    QT_EXPECT(qt_act_recompute_resolve(QT_RC_BLOCK) == 63 && qt_act_recompute_resolve(QT_RC_ATT) == (QT_RC_ATT | QT_RC_QKV) &&
+                  qt_act_recompute_resolve(QT_RC_FFN | QT_RC_NORM) == (QT_RC_FFN | QT_RC_SWIGLU | QT_RC_NORM) &&
+                  qt_act_recompute_resolve(QT_RC_QKV) == QT_RC_QKV && qt_act_recompute_resolve(0) == 0,
+              "implications");
+    char names[64];
+    QT_EXPECT(!strcmp(qt_act_recompute_names(qt_act_recompute_resolve(QT_RC_ATT), names, sizeof names), "qkv, att") &&
+                  !strcmp(qt_act_recompute_names(0, names, sizeof names), "none"),
+              "names: %s", names);
+    const int sets[] = {0, QT_RC_SWIGLU, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_FFN, QT_RC_BLOCK, QT_RC_FFN | QT_RC_NORM};
     size_t C = c->hidden_size, F = c->intermediate_size, HD = 3 * 32, QKV = 5 * 32, nl = c->num_layers;
-    size_t res = nl * 2 * al(N * C * 2) + al(N * C * 2), norms = nl * (2 * al(N * C * 2) + 2 * al(N * 4)) + al(N * C * 2) + al(N * 4);
-    QT_EXPECT(row(&p, "activations: residual") == res && row(&p, "activations: norms") == norms, "residual %zu, norms %zu",
-              row(&p, "activations: residual"), row(&p, "activations: norms"));
-    QT_EXPECT(row(&p, "activations: qkv") == nl * al(N * QKV * 2) && row(&p, "activations: gate|up") == nl * al(N * 2 * F * 2) &&
-                  row(&p, "activations: swiglu") == nl * al(N * F * 2) &&
-                  row(&p, "activations: attention") == nl * (al(N * HD * 2) + al(N * 3 * 4)),
-              "per-layer rows");
-    QT_EXPECT(row(&p, "scratch: gradients") == al(N * C * 4) + 3 * al(N * C * 2) + al(N * HD * 2) + al(N * QKV * 2),
-              "scratch %zu", row(&p, "scratch: gradients"));
-    QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
-    QT_EXPECT(qt_act_forward(as, 1) == qt_act_backward(as, 1) && qt_act_forward(as, 1) == &as->layers[1], "save: one buffer set");
-    qt_act_store_free(as);
-    QT_EXPECT(!qt_act_store_create(c, N, QT_ACT_RECOMPUTE, err, sizeof err) && strstr(err, "recompute"), "got: %s", err);
-    QT_EXPECT(!qt_act_store_create(c, N, QT_ACT_OFFLOAD, err, sizeof err) && strstr(err, "offload"), "got: %s", err);
+    for (int k = 0; k < (int)(sizeof sets / sizeof sets[0]); k++) {
+        qt_act_policy pol = {.recompute = sets[k]};
+        qt_act_store *as = qt_act_store_create(c, N, pol, err, sizeof err);
+        QT_REQUIRE(as, "%s", err);
+        int r = as->policy.recompute;
+        QT_EXPECT(r == qt_act_recompute_resolve(sets[k]), "set %d: resolved %d", sets[k], r);
+        /* layers holding a buffer of the part's tensors: 1 when recomputed */
+#define NL_(part) ((r & (part)) ? 1 : nl)
+        qt_mem_plan p;
+        qt_mem_plan_begin(&p, NULL);
+        qt_act_store_carve(as, &p);
+        size_t res = (nl + NL_(QT_RC_BLOCK)) * al(N * C * 2) + al(N * C * 2);
+        size_t norms = 2 * NL_(QT_RC_NORM) * al(N * C * 2) + nl * 2 * al(N * 4) + al(N * C * 2) + al(N * 4);
+        QT_EXPECT(row(&p, "activations: residual") == res && row(&p, "activations: norms") == norms,
+                  "set %d: residual %zu (want %zu), norms %zu (want %zu)", sets[k], row(&p, "activations: residual"), res,
+                  row(&p, "activations: norms"), norms);
+        QT_EXPECT(row(&p, "activations: qkv") == NL_(QT_RC_QKV) * al(N * QKV * 2) &&
+                      row(&p, "activations: gate|up") == NL_(QT_RC_FFN) * al(N * 2 * F * 2) &&
+                      row(&p, "activations: swiglu") == NL_(QT_RC_SWIGLU) * al(N * F * 2) &&
+                      row(&p, "activations: attention") == NL_(QT_RC_ATT) * (al(N * HD * 2) + al(N * 3 * 4)),
+                  "set %d: per-layer rows", sets[k]);
+        QT_EXPECT(row(&p, "scratch: gradients") == al(N * C * 4) + 3 * al(N * C * 2) + al(N * HD * 2) + al(N * QKV * 2),
+                  "scratch %zu", row(&p, "scratch: gradients"));
+        QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
+#undef NL_
+        /* second pass with real addresses: who shares a buffer */
+        char *base = malloc(p.off);
+        QT_REQUIRE(base, "malloc");
+        size_t total = p.off;
+        qt_mem_plan_begin(&p, base);
+        qt_act_store_carve(as, &p);
+        QT_EXPECT(p.off == total, "second pass %zu != %zu", p.off, total);
+        for (int l = 1; l < (int)nl; l++) {
+            const qt_gpu_layer *a = &as->layers[l], *a0 = &as->layers[0];
+            const void *mine[] = {a->ln1, a->ln2, a->qkv, a->att, a->lse, a->res_mid, a->gu, a->h, a->res, a->rstd1, a->rstd2};
+            const void *first[] = {a0->ln1, a0->ln2, a0->qkv, a0->att, a0->lse, a0->res_mid, a0->gu, a0->h, a0->res, a0->rstd1, a0->rstd2};
+            const int part[] = {QT_RC_NORM, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_ATT, QT_RC_BLOCK, QT_RC_FFN, QT_RC_SWIGLU, 0, 0, 0};
+            for (int t = 0; t < 11; t++)
+                QT_EXPECT((mine[t] == first[t]) == !!(r & part[t]), "set %d: layer %d tensor %d %s layer 0's buffer", sets[k], l,
+                          t, mine[t] == first[t] ? "shares" : "does not share");
+        }
+        QT_EXPECT(qt_act_forward(as, 1) == qt_act_backward(as, 1) && qt_act_forward(as, 1) == &as->layers[1], "one buffer set");
+        free(base);
+        qt_act_store_free(as);
+    }
+    qt_act_policy off = {.offload_residual = 1};
+    QT_EXPECT(!qt_act_store_create(c, N, off, err, sizeof err) && strstr(err, "offload_residual"), "got: %s", err);
     qt_layout_free(&L);
 }
 
@@ -187,11 +229,81 @@ static void test_parallel_devices_key(void) {
                   "%s -> %s", bad[i], err);
 }
 
+static size_t rows_from(const qt_mem_plan *p, const char *prefix) {
+    size_t s = 0;
+    for (int i = 0; i < p->n; i++)
+        if (!strncmp(p->row[i].kind, prefix, strlen(prefix))) s += p->row[i].bytes;
+    return s;
+}
+
+/* The GPU plan of the Qwen2.5-7B configs (configs/qwen2.5-7b-*.yaml: hidden 3584, 28 layers, 28/4 heads,
+ * ffn 18944, vocab 152064, untied) at micro-batch 1/4/8/16 with each recompute set, sized by
+ * qt_gpu_model_plan (the allocator's own code, no GPU). Prints the table (GiB): activations = the
+ * "activations:" rows; "offloaded" = the device total without master, m and v (memory.offload_optimizer
+ * keeps them in host memory; its streaming slots are not counted). Checks each set's saving against the
+ * shared buffers' sizes: every recomputed tensor leaves (layers - 1) copies. */
+static void test_plan_7b(void) {
+    const char *files[] = {"configs/qwen2.5-7b-bf16.yaml", "configs/qwen2.5-7b-fp8.yaml"};
+    const int sets[] = {0, QT_RC_SWIGLU, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_FFN, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK};
+    const int mbs[] = {1, 4, 8, 16};
+    const double G = 1073741824.0;
+    for (int f = 0; f < 2; f++) {
+        qt_config cfg;
+        char err[512], names[64];
+        QT_REQUIRE(qt_config_load(&cfg, files[f], NULL, 0, err, sizeof err) == 0, "%s", err);
+        qt_model_cfg mc = cfg.model;
+        qt_model_cfg_finish(&mc);
+        qt_layout L;
+        QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(L.numel > 7600000000ul && L.numel < 7700000000ul, "%s: %zu parameters", files[f], L.numel);
+        qt_shard one;
+        qt_shard_init(&one, &L, 1, 0, 0);
+        qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, 0};
+        printf("  %s (%.2fB parameters), GiB:\n  %3s %-38s %11s %9s %8s %9s\n", files[f], L.numel / 1e9, "mb", "recompute",
+               "activations", "fp8 acts", "total", "offloaded");
+        size_t C = mc.hidden_size, F = mc.intermediate_size, nl = mc.num_layers, H = mc.num_heads;
+        size_t HD = H * mc.head_dim, QKV = (H + 2 * mc.num_kv_heads) * mc.head_dim;
+        for (int b = 0; b < 4; b++) {
+            size_t act0 = 0, fp80 = 0;
+            for (int k = 0; k < 8; k++) {
+                cfg.micro_batch = mbs[b];
+                cfg.recompute = sets[k];
+                qt_mem_plan p;
+                QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
+                QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
+                size_t act = rows_from(&p, "activations:"), opt = row(&p, "master weights (fp32)") +
+                                                                 row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
+                if (k == 0) act0 = act, fp80 = row(&p, "fp8 activations");
+                /* the expected saving: (layers - 1) copies of each shared tensor (sizes are multiples of 256) */
+                size_t N = (size_t)mbs[b] * cfg.seq_len, r = qt_act_recompute_resolve(sets[k]), per = 0;
+                if (r & QT_RC_NORM) per += 2 * N * C * 2;
+                if (r & QT_RC_QKV) per += N * QKV * 2;
+                if (r & QT_RC_ATT) per += N * HD * 2 + N * H * 4;
+                if (r & QT_RC_BLOCK) per += N * C * 2;
+                if (r & QT_RC_FFN) per += N * 2 * F * 2;
+                if (r & QT_RC_SWIGLU) per += N * F * 2;
+                /* fp8 backward: the Xq^T of qkv, o, gate|up, down inputs shared with qkv, block, ffn, swiglu */
+                size_t fper = f == 0 ? 0 : (r & QT_RC_QKV ? N * C : 0) + (r & QT_RC_BLOCK ? N * HD : 0) +
+                                                (r & QT_RC_FFN ? N * C : 0) + (r & QT_RC_SWIGLU ? N * F : 0);
+                QT_EXPECT(fp80 - row(&p, "fp8 activations") == (nl - 1) * fper, "%s mb %d set %d: fp8 saves %zu, expected %zu",
+                          files[f], mbs[b], sets[k], fp80 - row(&p, "fp8 activations"), (nl - 1) * fper);
+                QT_EXPECT(act0 - act == (nl - 1) * per, "%s mb %d set %d: saves %zu, expected %zu", files[f], mbs[b], sets[k],
+                          act0 - act, (nl - 1) * per);
+                printf("  %3d %-38s %11.2f %9.2f %8.2f %9.2f\n", mbs[b],
+                       qt_act_recompute_names(qt_act_recompute_resolve(sets[k]), names, sizeof names), act / G,
+                       row(&p, "fp8 activations") / G, p.off / G, (p.off - opt) / G);
+            }
+        }
+        qt_layout_free(&L);
+    }
+}
+
 int main(void) {
     QT_RUN(test_mem_plan);
     QT_RUN(test_param_store_rows);
     QT_RUN(test_act_store_rows);
     QT_RUN(test_step_plan);
     QT_RUN(test_parallel_devices_key);
+    QT_RUN(test_plan_7b);
     return qt_test_end();
 }

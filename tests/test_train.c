@@ -26,28 +26,14 @@ static int load_cfg(qt_config *c, const char *yaml) {
     return rc;
 }
 
-/* A learnable synthetic stream: each token mostly follows from the previous one. */
-static void write_synthetic(const char *path, uint64_t n, uint64_t seed) {
-    uint32_t *t = malloc(n * sizeof *t);
-    uint64_t x = seed;
-    t[0] = 1;
-    for (uint64_t i = 1; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        t[i] = (x >> 60) == 0 ? (uint32_t)((x >> 33) % 64) : (t[i - 1] * 7 + 3) % 64;
-    }
-    char err[512];
-    if (qt_shard_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
-    free(t);
-}
-
 /* 10 steps + resume + 10 steps must equal 20 straight steps bit for bit, tied and untied. tag names
  * the run's folders; par is the parallel: line. */
 static void resume_bit_exact(const char *device, const char *tag, const char *par) {
     char yaml[4096], p1[512], p2[512];
     snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
     snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
-    write_synthetic(p1, 20000, 1);
-    write_synthetic(p2, 3000, 2);
+    qt_t_write_synthetic(p1, 20000, 1);
+    qt_t_write_synthetic(p2, 3000, 2);
     int gpu = !strcmp(device, "cuda");
     /* cuDNN's fused attention wants head_dim 64 or 128 */
     const char *shape = gpu ? "hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1"
@@ -194,8 +180,8 @@ static void test_data_parallel_matches_one_gpu(void) {
     char p1[512], p2[512];
     snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
     snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
-    write_synthetic(p1, 20000, 1);
-    write_synthetic(p2, 3000, 2);
+    qt_t_write_synthetic(p1, 20000, 1);
+    qt_t_write_synthetic(p2, 3000, 2);
     enum { STEPS = 20, RUNS = 15 };
     float loss[RUNS][STEPS], gn[RUNS][STEPS], ev[RUNS][2];
     const char *tag[RUNS] = {"one", "dp_sharded", "dp_replicated", "one_fp8", "dp_sharded_fp8", "dp_sharded_bf16sum",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
-# overlap, dp_offload (several GPUs); reliability; compare
+# overlap, dp_offload (several GPUs); reliability; compare; recompute, recompute_bench
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -170,4 +170,33 @@ if has reliability; then
       step stall_3b_bf16_offload 900 /usr/bin/time -v build/qtrain configs/qwen2.5-3b-bf16.yaml $common \
           --set memory.offload_optimizer=true --set checkpoint.dir=$d/ck_3b --set log.file=$d/3b.jsonl
     } 2>&1 | tee "$OUT/reliability.log" | grep -E '^(PASS|FAIL|SKIP|==)|SIGINTs|SIGKILLs|paused|saved|Maximum resident|rror'
+fi
+# memory.recompute: the bitwise tests (each part, block, ffn+norm against none over 20 steps; bf16, fp8,
+# graphs, 2 ranks on GPU 0, offloaded optimizer; the stale-buffer mutant must differ), then the cost:
+# 1.5B at one 16 x 1024 micro-batch per step for none, each part, ffn+norm and block (per-op breakdown),
+# and 7B (configs/qwen2.5-7b-*.yaml: offloaded optimizer) at 8 micro-batches of 4 x 1024 per step for
+# none, ffn+norm and block (RC7_SETS overrides), then the 7B configs as shipped (LLM.Q's 524,288 tokens
+# per step). A set that does not fit is refused with the plan's size.
+if has recompute; then
+    { step test_recompute 900 build/tests/test_recompute
+      step test_stores_7b_plan 60 env QT_TEST_ONLY=plan_7b build/tests/test_stores
+    } 2>&1 | tee "$OUT/recompute.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|step [0-9]'
+fi
+if has recompute_bench; then
+    set -f # the sets below are YAML lists, not globs
+    one="--steps 10 --breakdown --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
+    b7="--warmup 1 --steps 3 --set data.grad_accum=8 --set parallel.gpus=1 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    sets="[] [swiglu] [norm] [qkv] [att] [ffn] [ffn,norm] [block]"
+    { for r in $sets; do
+          step rc_1.5b_fp8_$r 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $one --set "memory.recompute=$r"
+      done
+      for p in fp8 bf16; do for r in ${RC7_SETS:-[] [ffn,norm] [block]}; do
+          step rc_7b_${p}_mb4_$r 400 build/bench/train_bench configs/qwen2.5-7b-$p.yaml $b7 --set data.micro_batch=4 \
+              --set "memory.recompute=$r"
+      done; done
+      step rc_7b_fp8_shipped 600 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 --set parallel.gpus=1 \
+          --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16
+      step rc_7b_bf16_shipped 600 build/bench/train_bench configs/qwen2.5-7b-bf16.yaml --warmup 1 --steps 2 --set parallel.gpus=1 \
+          --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16
+    } 2>&1 | tee "$OUT/recompute_bench.log" | grep -E '==|tokens/s|rror|memory.recompute|activations|total \(one'
 fi
