@@ -43,7 +43,7 @@ static int run(const char *tag, const char *extra, run_out *o, char *err, size_t
              g_dir, STEPS, g_dir, tag, logp, extra);
     qt_config c;
     if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
-    qt_train_opts opts = {NULL, -1, 0, o->loss};
+    qt_train_opts opts = {NULL, -1, 0, o->loss, NULL};
     if (qt_train_run(&c, &opts, NULL, err, errlen)) return -1;
     FILE *f = fopen(logp, "r");
     int n = 0;
