@@ -101,7 +101,9 @@ static const char *suggest(const char *path, char *buf, size_t cap) {
         for (int j = 0; j < 2; j++) {
             /* A key (dotted path) is never answered with a section: "optim.b" is not a typo of "optim". */
             if (!cand[j][0] || (j == 0 && strchr(path, '.'))) continue;
-            size_t d = edit_distance(path, cand[j]);
+            size_t lp = strlen(path), lc = strlen(cand[j]);
+            /* the distance is at least the length difference, and more than 3 is never suggested */
+            size_t d = (lp > lc ? lp - lc : lc - lp) > 3 ? (size_t)-1 : edit_distance(path, cand[j]);
             if (j == 1 && !strcmp(dot ? dot + 1 : p, leaf) && d > 1) d = 1; /* right key, wrong section */
             if (strlen(leaf) >= 3 && !strncmp(cand[j], path, strlen(path)) && d > 1) d = 1; /* cut short */
             if (d < best) { best = d; snprintf(buf, cap, "%s", cand[j]); }
