@@ -290,15 +290,15 @@ static int apply_override(ctx *x, int i) {
 static where at_of(const ctx *x, const char *path) { return x->at[key_index(qt_config_key_find(path))]; }
 static int given(where w) { return w.line > 0 || w.ovr >= 0; }
 
-/* Where the key a qt_model_cfg_validate message starts with ("model.num_heads: ...") was given;
- * the file itself when the message blames no single key. */
+/* Where the key a qt_model_cfg_validate message starts with ("model.num_heads: ...") was given.
+ * When that key was not given (a derived head_dim, the total size): num_heads, else the first
+ * inline model key, else the file itself. */
 static where model_key_at(const ctx *x, const char *msg) {
     char key[KEY_MAX];
     size_t n = strcspn(msg, ":");
     snprintf(key, sizeof key, "%.*s", (int)(n < KEY_MAX ? n : KEY_MAX - 1), msg);
     const qt_config_key *k = qt_config_key_find(key);
     if (k && given(x->at[key_index(k)])) return x->at[key_index(k)];
-    /* A derived size (head_dim = hidden_size / num_heads, the total): num_heads, else the first model key. */
     if (given(at_of(x, "model.num_heads"))) return at_of(x, "model.num_heads");
     return x->first_inline >= 0 ? x->at[x->first_inline] : (where){0, 0, -1};
 }
