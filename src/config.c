@@ -101,7 +101,9 @@ static const char *suggest(const char *path, char *buf, size_t cap) {
         for (int j = 0; j < 2; j++) {
             /* A key (dotted path) is never answered with a section: "optim.b" is not a typo of "optim". */
             if (!cand[j][0] || (j == 0 && strchr(path, '.'))) continue;
-            size_t d = edit_distance(path, cand[j]);
+            size_t lp = strlen(path), lc = strlen(cand[j]);
+            /* the distance is at least the length difference, and more than 3 is never suggested */
+            size_t d = (lp > lc ? lp - lc : lc - lp) > 3 ? (size_t)-1 : edit_distance(path, cand[j]);
             if (j == 1 && !strcmp(dot ? dot + 1 : p, leaf) && d > 1) d = 1; /* right key, wrong section */
             if (strlen(leaf) >= 3 && !strncmp(cand[j], path, strlen(path)) && d > 1) d = 1; /* cut short */
             if (d < best) { best = d; snprintf(buf, cap, "%s", cand[j]); }
@@ -307,15 +309,15 @@ static int apply_override(ctx *x, int i) {
 static where at_of(const ctx *x, const char *path) { return x->at[key_index(qt_config_key_find(path))]; }
 static int given(where w) { return w.line > 0 || w.ovr >= 0; }
 
-/* Where the key a qt_model_cfg_validate message starts with ("model.num_heads: ...") was given;
- * the file itself when the message blames no single key. */
+/* Where the key a qt_model_cfg_validate message starts with ("model.num_heads: ...") was given.
+ * When that key was not given (a derived head_dim, the total size): num_heads, else the first
+ * inline model key, else the file itself. */
 static where model_key_at(const ctx *x, const char *msg) {
     char key[KEY_MAX];
     size_t n = strcspn(msg, ":");
     snprintf(key, sizeof key, "%.*s", (int)(n < KEY_MAX ? n : KEY_MAX - 1), msg);
     const qt_config_key *k = qt_config_key_find(key);
     if (k && given(x->at[key_index(k)])) return x->at[key_index(k)];
-    /* A derived size (head_dim = hidden_size / num_heads, the total): num_heads, else the first model key. */
     if (given(at_of(x, "model.num_heads"))) return at_of(x, "model.num_heads");
     return x->first_inline >= 0 ? x->at[x->first_inline] : (where){0, 0, -1};
 }
