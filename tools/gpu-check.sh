@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
-# overlap, dp_offload (several GPUs); reliability; compare; recompute, recompute_bench
+# overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench;
+# tokenize_bench
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -167,9 +168,16 @@ if has reliability; then
     { QT_TEST_ONLY=_gpu step test_reliability 900 build/tests/test_reliability
       step stall_0.5b_bf16 600 /usr/bin/time -v build/qtrain configs/qwen2.5-0.5b-bf16.yaml $common \
           --set checkpoint.dir=$d/ck_0.5b --set log.file=$d/0.5b.jsonl
-      step stall_3b_bf16_offload 900 /usr/bin/time -v build/qtrain configs/qwen2.5-3b-bf16.yaml $common \
-          --set memory.offload_optimizer=true --set checkpoint.dir=$d/ck_3b --set log.file=$d/3b.jsonl
+      if has reliability_big; then
+          step stall_3b_bf16_offload 900 /usr/bin/time -v build/qtrain configs/qwen2.5-3b-bf16.yaml $common \
+              --set memory.offload_optimizer=true --set checkpoint.dir=$d/ck_3b --set log.file=$d/3b.jsonl
+      fi
     } 2>&1 | tee "$OUT/reliability.log" | grep -E '^(PASS|FAIL|SKIP|==)|SIGINTs|SIGKILLs|paused|saved|Maximum resident|rror'
+fi
+# tools/tokenize against HF tokenizers' own encode_batch on every core of this machine (300 MB corpus,
+# 32k BPE; figures into tools/README.md).
+if has tokenize_bench; then
+    step tokenize_bench 900 python3 bench/tokenize_bench.py --source "$QT_DATA_DIR/tinyshakespeare.txt" 2>&1 | tee "$OUT/tokenize_bench.log" | tail -25
 fi
 # memory.recompute: the bitwise tests (each part, block, ffn+norm against none over 20 steps; bf16, fp8,
 # graphs, 2 ranks on GPU 0, offloaded optimizer; the stale-buffer mutant must differ), then the cost:
