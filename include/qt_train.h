@@ -52,9 +52,11 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
  * thread finishes that step — save a checkpoint and return QT_TRAIN_STOPPED. Safe from any thread
  * and from a signal handler (it only sets a flag). The request is cleared when qt_train_run returns. */
 void qt_train_request_stop(void);
-/* Installs SIGINT and SIGTERM handlers: the first signal calls qt_train_request_stop (and says so on
- * stderr); a second one ends the process at once, killed by that signal (shell status 130 or 143).
- * Checkpoints already written stay intact either way. */
+/* Takes SIGINT and SIGTERM for the process: blocks them in the calling thread (and so in every thread
+ * made after it: call it first, before any other thread exists) and waits for them on a thread of its
+ * own. The first signal calls qt_train_request_stop (and says so on stderr); a second one ends the
+ * process at once, killed by that signal (shell status 130 or 143). Checkpoints already written stay
+ * intact either way. */
 void qt_train_install_signal_handlers(void);
 
 #endif

@@ -13,6 +13,7 @@
 #include "qt_train.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -37,26 +38,43 @@ void qt_train_request_stop(void) {
     atomic_compare_exchange_strong(&g_stop, &none, -1);
 }
 
-static void on_signal(int sig) {
-    int none = 0;
-    if (!atomic_compare_exchange_strong(&g_stop, &none, sig)) { /* the second signal: go now */
-        signal(sig, SIG_DFL);
-        raise(sig);
-        return;
+/* SIGINT and SIGTERM are blocked in every thread (the mask is inherited by the threads CUDA, cuDNN,
+ * OpenMP and we create later) and taken by one thread of ours with sigwait, so a signal never
+ * interrupts a system call inside a library (a SIGINT during the first step's cuDNN/NVRTC set-up ended
+ * the process with status 4 and no message when it was a handler) and no library's handler sees it.
+ * The first asks for a stop; the second ends the process at once with the signal's default action. */
+static sigset_t g_stop_signals;
+
+static void *signal_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        int sig;
+        if (sigwait(&g_stop_signals, &sig)) continue;
+        int none = 0;
+        if (!atomic_compare_exchange_strong(&g_stop, &none, sig)) { /* the second signal: go now */
+            signal(sig, SIG_DFL);
+            pthread_sigmask(SIG_UNBLOCK, &g_stop_signals, NULL);
+            raise(sig);
+        }
+        static const char msg[] = "\nqtrain: stop requested: finishing this step, then saving a checkpoint "
+                                  "(signal again to quit at once)\n";
+        if (write(2, msg, sizeof msg - 1) < 0) { /* stderr is gone: nothing to say it on */ }
     }
-    static const char msg[] = "\nqtrain: stop requested: finishing this step, then saving a checkpoint "
-                              "(signal again to quit at once)\n";
-    if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do about it in a handler */ }
+    return NULL;
+}
+
+static void start_signal_thread(void) {
+    pthread_t th;
+    if (pthread_create(&th, NULL, signal_thread, NULL) == 0) pthread_detach(th);
 }
 
 void qt_train_install_signal_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    sigemptyset(&g_stop_signals);
+    sigaddset(&g_stop_signals, SIGINT);
+    sigaddset(&g_stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &g_stop_signals, NULL); /* this thread and every thread made after it */
+    pthread_once(&once, start_signal_thread);
 }
 
 static double now_s(void) {
