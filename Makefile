@@ -1,6 +1,6 @@
 # qtrain — `make` builds build/qtrain, `make test` builds and runs every test, `make bench` benchmarks.
 #
-# Sources are found by wildcard: src/*.c (trainer; src/main.c is the program), cuda/*.cu and cuda/*.c
+# Sources are found by wildcard: src/*/*.c (the trainer in layer folders; src/train/main.c is the program), cuda/*.cu and cuda/*.c
 # (kernels and launchers), comm/*.c and comm/*.cu (collectives), tests/test_*.c (one binary each),
 # bench/*.c (one binary each). Everything but main.c goes into build/libqtrain.a.
 #
@@ -37,7 +37,7 @@ LDLIBS    := $(if $(CUDNN_DIR),-L$(CUDNN_DIR) -Xlinker -rpath -Xlinker $(CUDNN_D
              -L$(CUDA_HOME)/lib64 -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart \
              $(STATIC_LIBS) -lstdc++ -lpthread -ldl -lm -fopenmp
 
-LIB_C   := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard cuda/*.c comm/*.c)
+LIB_C   := $(filter-out src/train/main.c,$(wildcard src/*/*.c)) $(wildcard cuda/*.c comm/*.c)
 LIB_CU  := $(wildcard cuda/*.cu comm/*.cu)
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c))
@@ -62,7 +62,7 @@ $(BUILD)/libqtrain.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/qtrain: $(BUILD)/src/main.o $(BUILD)/libqtrain.a
+$(BUILD)/qtrain: $(BUILD)/src/train/main.o $(BUILD)/libqtrain.a
 	$(CC) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libqtrain.a
@@ -94,8 +94,8 @@ FUZZ_RUNS  ?= 20000
 FUZZERS    := config json safetensors shard ckpt
 FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -Wall -Wno-unknown-pragmas -Iinclude -Itests/fuzz \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-FUZZ_LIB   := src/config.c src/config_keys.c src/layout.c src/hf.c src/json.c src/shard.c src/ckpt.c src/rng.c \
-              tests/fuzz/fuzz_support.c
+FUZZ_LIB   := src/config/config.c src/config/config_keys.c src/core/layout.c src/io/hf.c src/core/json.c src/io/tokens.c src/io/ckpt.c src/core/rng.c \
+              src/core/crc32.c cuda/errf.c
 FUZZ_ENV   := ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 .PHONY: fuzz fuzz-build fuzz-seeds test-asan

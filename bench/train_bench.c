@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_bench: %s\n", err);
         return 1;
     }
-    cfg.init_from[0] = 0; /* from scratch: the bench needs no files */
+    cfg.init.from[0] = 0; /* from scratch: the bench needs no files */
     cfg.device = QT_DEVICE_CUDA;
     qt_layout L;
     float *w0;
@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
     struct cudaDeviceProp p;
     QT_CUDA(cudaGetDeviceProperties(&p, 0));
     if (p.major * 10 + p.minor >= 89) ceiling_fp8 = gemm_ceiling(1);
-    int fp8 = cfg.matmul_dtype == QT_DT_E4M3;
+    int fp8 = cfg.precision.matmul_dtype == QT_DT_E4M3;
     /* fp8 configs run the block matmuls in fp8 (the LM head and attention stay bf16): the fp8 ceiling
      * is the bar their SOL is held to, as in LLM.Q's figures */
     double ceiling = fp8 ? ceiling_fp8 : ceiling_bf16;
@@ -144,16 +144,16 @@ int main(int argc, char **argv) {
         return 1;
     }
     e->ops->print_memory(e);
-    long N = (long)cfg.micro_batch * cfg.seq_len * e->ranks; /* tokens per micro-step, all ranks */
+    long N = (long)cfg.data.micro_batch * cfg.data.seq_len * e->ranks; /* tokens per micro-step, all ranks */
     int32_t *in = malloc(N * 4), *tgt = malloc(N * 4);
     qt_rng r;
     qt_rng_seed(&r, 1);
     double *t = calloc(steps, sizeof *t);
     float loss = 0, gn = 0, first = 0;
-    float scale = qt_loss_scale(cfg.grad_accum, e->ranks, N * cfg.grad_accum); /* every target valid */
+    float scale = qt_loss_scale(cfg.data.grad_accum, e->ranks, N * cfg.data.grad_accum); /* every target valid */
     for (int s = 0; s < warmup + steps; s++) {
         double t0 = now_s();
-        for (int a = 0; a < cfg.grad_accum; a++) {
+        for (int a = 0; a < cfg.data.grad_accum; a++) {
             for (long i = 0; i < N; i++) in[i] = (int32_t)qt_rng_below(&r, L.cfg.vocab_size);
             for (long i = 0; i < N; i++) tgt[i] = i + 1 < N ? in[i + 1] : in[0];
             e->ops->micro_step(e, in, tgt, scale);
@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
     if (breakdown) { /* extra steps with an event around every op (they slow the step a little) */
         qt_engine_profile(e, 1);
         for (int s = 0; s < 3; s++) {
-            for (int a = 0; a < cfg.grad_accum; a++) e->ops->micro_step(e, in, tgt, scale);
+            for (int a = 0; a < cfg.data.grad_accum; a++) e->ops->micro_step(e, in, tgt, scale);
             e->ops->opt_step(e, 1e-4f, warmup + steps + s + 1, &loss, &gn);
         }
         qt_engine_profile_print(e, 3);
@@ -175,9 +175,9 @@ int main(int argc, char **argv) {
     size_t free1;
     QT_CUDA(cudaMemGetInfo(&free1, &total));
     qsort(t, steps, sizeof *t, cmp_d);
-    double step_s = t[steps / 2], tok = (double)N * cfg.grad_accum / step_s;
+    double step_s = t[steps / 2], tok = (double)N * cfg.data.grad_accum / step_s;
     /* SOL per GPU: all ranks' FLOP/s over all ranks' ceilings */
-    double flops = qt_model_flops_per_token(&L.cfg, cfg.seq_len), tflops = tok * flops * 1e-12 / e->ranks;
+    double flops = qt_model_flops_per_token(&L.cfg, cfg.data.seq_len), tflops = tok * flops * 1e-12 / e->ranks;
     printf("%s on %d x %s (%s matmuls): %.0f tokens/s, %.1f ms/step, %.1f model TFLOP/s per GPU (%.3f GFLOP/token), "
            "GEMM ceilings bf16 %.1f / fp8 %.1f TFLOP/s, SOL %.1f%% (vs %s), device memory used %.2f GiB\n",
            path, e->ranks, p.name, fp8 ? "e4m3" : "bf16", tok, step_s * 1e3, tflops, flops * 1e-9, ceiling_bf16, ceiling_fp8,

@@ -19,16 +19,6 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void qt_error_set_rank(int rank) { g_rank = rank; }
 
-int qt_errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 void qt_error_add_abort_hook(void (*hook)(void)) {
     pthread_mutex_lock(&g_lock);
     if (g_nhooks < 8) g_hooks[g_nhooks++] = hook;

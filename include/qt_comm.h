@@ -26,7 +26,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include "qt_config.h" /* qt_comm_kind: QT_COMM_AUTO | PEER | HOST | HOST_WC */
 #include "qt_dtype.h"
 
 #ifdef __cplusplus
@@ -34,6 +33,10 @@ extern "C" {
 #endif
 
 #define QT_COMM_MAX_RANKS 8
+
+/* How the ranks move data: auto (from the link probe), peer copies/loads, or host staging (pinned,
+ * optionally write-combined). */
+typedef enum { QT_COMM_AUTO, QT_COMM_PEER, QT_COMM_HOST, QT_COMM_HOST_WC } qt_comm_kind;
 #define QT_COMM_MAX_SCALARS 64
 
 typedef struct qt_comm qt_comm;

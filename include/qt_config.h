@@ -1,7 +1,7 @@
 /* qt_config.h — one YAML file describes a run; `--set a.b=v` overrides keys.
  *
  * Every key, its type, range and default is listed in configs/README.md (and in the key table of
- * src/config.c, which is the single source of truth: the README is checked against it by a test).
+ * src/config/config.c, which is the single source of truth: the README is checked against it by a test).
  * Errors name the file, line:column and key and say what was expected:
  *   configs/x.yaml:12:3: optim.lr: expected a number > 0, got "fast"  */
 #ifndef QT_CONFIG_H
@@ -16,7 +16,6 @@
 
 typedef enum { QT_SCHED_COSINE, QT_SCHED_LINEAR, QT_SCHED_WSD } qt_sched_kind;
 typedef enum { QT_DEVICE_AUTO, QT_DEVICE_CPU, QT_DEVICE_CUDA } qt_device_kind;
-typedef enum { QT_COMM_AUTO, QT_COMM_PEER, QT_COMM_HOST, QT_COMM_HOST_WC } qt_comm_kind;
 /* memory.recompute parts (bits), as given; qt_act_recompute_resolve (qt_act_store.h) adds the implied ones */
 typedef enum {
     QT_RC_SWIGLU = 1, QT_RC_NORM = 2, QT_RC_QKV = 4, QT_RC_ATT = 8, QT_RC_FFN = 16, QT_RC_BLOCK = 32
@@ -28,67 +27,91 @@ typedef struct {
     int v[QT_LIST_MAX];
 } qt_int_list;
 
+/* The config in sections, one struct per YAML section: the C path of a key is its YAML path
+ * (optim.lr is cfg->optim.lr). Each module is handed the section it reads. */
 typedef struct {
-    char path[QT_PATH_MAX];       /* the YAML file (for messages) */
+    char from[QT_PATH_MAX];       /* HF dir (config.json + model.safetensors) or a file in it; "" = scratch */
+    uint64_t seed;
+    float std;
+} qt_init_cfg;
 
-    /* model: either hf_config (a config.json) or the inline fields; model_inline says which were given */
-    char hf_config[QT_PATH_MAX];
-    qt_model_cfg model;
-    int model_inline;             /* 1 when any inline model key was given */
-
-    /* init */
-    char init_from[QT_PATH_MAX];  /* HF dir (config.json + model.safetensors); "" = from scratch */
-    uint64_t init_seed;
-    float init_std;
-
-    /* data */
-    char train_glob[QT_PATH_MAX], eval_glob[QT_PATH_MAX];
-    char tokenizer_dir[QT_PATH_MAX]; /* HF tokenizer folder the shards were made with; "" = init.from's */
+typedef struct {
+    char train[QT_PATH_MAX], eval[QT_PATH_MAX]; /* shard globs */
+    char tokenizer[QT_PATH_MAX];  /* HF tokenizer folder the shards were made with; "" = init.from's */
     int seq_len, micro_batch, grad_accum;
+} qt_data_cfg;
 
-    /* optim */
+typedef struct {
     float lr, final_lr_frac, beta1, beta2, eps, weight_decay, grad_clip;
     int warmup, cooldown, steps;
     qt_sched_kind schedule;
     int decay_embeddings;         /* weight decay on the embedding / LM head too */
+} qt_optim_cfg;
 
-    /* eval */
-    int eval_every, eval_batches;
+typedef struct {
+    int every, batches;
+} qt_eval_cfg;
 
-    /* checkpoint */
-    char ckpt_dir[QT_PATH_MAX];
-    int ckpt_every, ckpt_keep;
+typedef struct {
+    char dir[QT_PATH_MAX];
+    int every, keep;
+} qt_checkpoint_cfg;
 
-    /* export: HF safetensors + config.json at the end of the run */
-    char export_dir[QT_PATH_MAX]; /* "" = <checkpoint.dir>/export */
-    int export_bf16;              /* export.dtype: bf16 (1) or fp32 (0) */
+typedef struct {                  /* HF safetensors + config.json at the end of the run */
+    char dir[QT_PATH_MAX];        /* "" = <checkpoint.dir>/export */
+    int bf16;                     /* export.dtype: bf16 (1) or fp32 (0) */
+} qt_export_cfg;
 
-    /* log */
-    char log_file[QT_PATH_MAX];
-    int log_every;
+typedef struct {
+    char file[QT_PATH_MAX];
+    int every;
+} qt_log_cfg;
 
-    uint64_t seed;
-    qt_device_kind device;
-
-    /* precision (GPU) */
-    int model_dtype, matmul_dtype, grad_dtype, opt_m_dtype, opt_v_dtype; /* qt_dtype values */
+typedef struct {                  /* GPU; qt_dtype values */
+    int model_dtype, matmul_dtype, grad_dtype, opt_m_dtype, opt_v_dtype;
     int stochastic_rounding, persistent_quants;
+} qt_precision_cfg;
 
-    /* memory / perf (GPU) */
+typedef struct {                  /* GPU */
     int lmhead_chunks;
     int recompute;                /* memory.recompute: qt_recompute_part bits */
     int attn_bwd_chunks;          /* attention backward over this many slices of the micro-batch */
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
+} qt_memory_cfg;
+
+typedef struct {                  /* GPU */
     int cuda_graphs;
     int matmul_autotune;          /* time cuBLASLt's candidate algorithms on each shape's first use */
+} qt_perf_cfg;
 
-    /* parallel */
+typedef struct {
     int gpus;                     /* 0 = all visible */
     qt_int_list devices;          /* one rank per entry, on that CUDA device (may repeat); n 0 = by gpus */
-    qt_comm_kind comm;
+    int comm;                     /* qt_comm_kind (qt_comm.h): the transport between GPUs */
     int shard_optimizer;          /* ZeRO-1: master weights and AdamW moments split over the GPUs */
     int reduce_dtype;             /* qt_dtype the gradients cross between GPUs in (fp32 or bf16) */
     int overlap_comm;             /* sums overlap the backward, the weight all-gather the next forward */
+} qt_parallel_cfg;
+
+typedef struct {
+    char path[QT_PATH_MAX];       /* the YAML file (for messages) */
+    uint64_t seed;
+    qt_device_kind device;
+    /* model: either hf_config (a config.json) or the inline fields; model_inline says which were given */
+    char hf_config[QT_PATH_MAX];
+    qt_model_cfg model;
+    int model_inline;             /* 1 when any inline model key was given */
+    qt_init_cfg init;
+    qt_data_cfg data;
+    qt_optim_cfg optim;
+    qt_eval_cfg eval;
+    qt_checkpoint_cfg checkpoint;
+    qt_export_cfg export;
+    qt_log_cfg log;
+    qt_precision_cfg precision;
+    qt_memory_cfg memory;
+    qt_perf_cfg perf;
+    qt_parallel_cfg parallel;
 } qt_config;
 
 /* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,

@@ -4,7 +4,7 @@
  *   header, 64 bytes: magic "QTTOKENS" | u32 version (2; 1 is still read) | u32 token_bytes (2 or 4) |
  *                     u64 n_tokens | u32 vocab_size | u32 flags (version 1: reserved, 0) |
  *                     u64 checksum | 24 zero bytes
- *   payload: n_tokens tokens of token_bytes each, then, when flags & QT_SHARD_FLAG_MASK (version 2
+ *   payload: n_tokens tokens of token_bytes each, then, when flags & QT_TOKENS_FLAG_MASK (version 2
  *   only), n_tokens mask bytes, each 0 or 1: mask[i] = 1 means token i counts as a target.
  *   checksum: version 2: CRC-32 (IEEE, = Python's zlib.crc32) of all payload bytes, zero-extended;
  *   version 1: FNV-1a 64 of the payload bytes.
@@ -25,18 +25,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define QT_SHARD_MAGIC "QTTOKENS"
-#define QT_SHARD_VERSION 2 /* the version written */
-#define QT_SHARD_HEADER_BYTES 64
-#define QT_SHARD_FLAG_MASK 1u /* a loss mask follows the tokens */
+#define QT_TOKENS_MAGIC "QTTOKENS"
+#define QT_TOKENS_VERSION 2 /* the version written */
+#define QT_TOKENS_HEADER_BYTES 64
+#define QT_TOKENS_FLAG_MASK 1u /* a loss mask follows the tokens */
 
 typedef struct {
     uint32_t version, token_bytes, vocab_size, flags;
     uint64_t n_tokens, checksum;
-} qt_shard_header;
+} qt_tokens_header;
 
-/* Payload bytes after the header: the tokens, plus the mask when flags has QT_SHARD_FLAG_MASK. */
-uint64_t qt_shard_payload_bytes(const qt_shard_header *h);
+/* Payload bytes after the header: the tokens, plus the mask when flags has QT_TOKENS_FLAG_MASK. */
+uint64_t qt_tokens_payload_bytes(const qt_tokens_header *h);
 
 uint64_t qt_fnv1a64(const void *data, size_t n, uint64_t h); /* start with h = QT_FNV_INIT */
 #define QT_FNV_INIT 0xcbf29ce484222325ull
@@ -44,32 +44,32 @@ uint64_t qt_fnv1a64(const void *data, size_t n, uint64_t h); /* start with h = Q
 /* Writes tokens (and mask[n], each 0 or 1, when mask != NULL) as a version 2 shard to path
  * (zstd-compressed at zstd_level when path ends in ".zst"), via a temporary file and rename.
  * token_bytes 2 requires vocab_size <= 65536. Returns 0 or -1 with err. */
-int qt_shard_write_masked(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
+int qt_tokens_write_masked(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
                           int token_bytes, uint32_t vocab_size, int zstd_level, char *err, size_t errlen);
-/* qt_shard_write_masked without a mask. */
-int qt_shard_write(const char *path, const uint32_t *tokens, uint64_t n, int token_bytes,
+/* qt_tokens_write_masked without a mask. */
+int qt_tokens_write(const char *path, const uint32_t *tokens, uint64_t n, int token_bytes,
                    uint32_t vocab_size, int zstd_level, char *err, size_t errlen);
 /* Reads and checks only the header: magic, version, flags, token_bytes, and for a plain .bin the file
- * size (64 + qt_shard_payload_bytes). A .zst shard is decompressed only as far as its header. Returns
+ * size (64 + qt_tokens_payload_bytes). A .zst shard is decompressed only as far as its header. Returns
  * 0 or -1 with err naming the file and problem. */
-int qt_shard_read_header(const char *path, qt_shard_header *h, char *err, size_t errlen);
+int qt_tokens_read_header(const char *path, qt_tokens_header *h, char *err, size_t errlen);
 
 /* A shard's payload held in memory, in a malloc'ed buffer (read with pread for .bin, decompressed for
  * .zst; never mmap'ed, so a file truncated under us is an error, not SIGBUS). Tokens stay
- * little-endian at their stored width; read token i with qt_shard_token(). */
+ * little-endian at their stored width; read token i with qt_tokens_token(). */
 typedef struct {
-    qt_shard_header h;
+    qt_tokens_header h;
     const uint8_t *payload; /* n_tokens * token_bytes bytes (then the mask) */
     const uint8_t *mask;    /* [n_tokens] 0/1 inside payload, or NULL when the shard has no mask */
-    void *base_;            /* owned buffer; released by qt_shard_unload */
-} qt_shard_data;
+    void *base_;            /* owned buffer; released by qt_tokens_unload */
+} qt_tokens_data;
 
 /* Loads and verifies a shard (header, size, checksum, every token < vocab_size, mask bytes 0 or 1
  * and, when vocab_limit > 0, a header vocab_size <= vocab_limit). Returns 0 or -1 with err; on error
  * d holds nothing to unload. */
-int qt_shard_load(const char *path, uint32_t vocab_limit, qt_shard_data *d, char *err, size_t errlen);
-void qt_shard_unload(qt_shard_data *d); /* releases d's memory; safe on a zeroed or unloaded d */
-static inline uint32_t qt_shard_token(const qt_shard_data *d, uint64_t i) {
+int qt_tokens_load(const char *path, uint32_t vocab_limit, qt_tokens_data *d, char *err, size_t errlen);
+void qt_tokens_unload(qt_tokens_data *d); /* releases d's memory; safe on a zeroed or unloaded d */
+static inline uint32_t qt_tokens_token(const qt_tokens_data *d, uint64_t i) {
     const uint8_t *p = d->payload + i * d->h.token_bytes;
     return d->h.token_bytes == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8
                                  : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
@@ -77,9 +77,9 @@ static inline uint32_t qt_shard_token(const qt_shard_data *d, uint64_t i) {
 }
 
 /* Reads and verifies a whole shard (magic, version, size, checksum, every token < vocab_size); the
- * tokens only (a mask is checked, not returned: qt_shard_load has it). *tokens is malloc'ed; the
+ * tokens only (a mask is checked, not returned: qt_tokens_load has it). *tokens is malloc'ed; the
  * caller frees it. Returns 0 or -1 with err naming the file and problem. */
-int qt_shard_read(const char *path, uint32_t **tokens, qt_shard_header *h, char *err, size_t errlen);
+int qt_tokens_read(const char *path, uint32_t **tokens, qt_tokens_header *h, char *err, size_t errlen);
 
 typedef struct {
     uint64_t epoch, shard_cursor, window_cursor;

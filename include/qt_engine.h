@@ -1,5 +1,5 @@
 /* qt_engine.h — what the training loop needs from a compute path (CPU fp32 reference, one GPU, or N
- * GPU threads), so the loop in src/train.c is the same for all of them.
+ * GPU threads), so the loop in src/train/train.c is the same for all of them.
  *
  * A step is: micro_step x grad_accum (gradients accumulate), then opt_step (global norm, clipping,
  * AdamW, gradients zeroed). opt_step is the only call that waits for the device: it returns the mean
@@ -104,7 +104,7 @@ void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
                                const int *devices, char *err, size_t errlen);
 
-/* The engine calls as the training loop and bindings make them (src/engine.c): each runs the op in a
+/* The engine calls as the training loop and bindings make them (src/engine/engine.c): each runs the op in a
  * catch point and returns 0, or -1 with the failure's message in err (a failed CUDA call, a rank that
  * failed: "[rank 1] file:line: call: message"); after a failed call the engine may only be freed.
  * qt_engine_state_items returns the item count or -1. qt_engine_free takes NULL. */

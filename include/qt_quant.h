@@ -1,5 +1,5 @@
 /* qt_quant.h — fp8 (e4m3/e5m2) per-tensor quantization: abs-max, scales, quantize (+transpose),
- * dequantize on the GPU (cuda/quant.cu), and the CPU fp8 codec they are tested against (src/fp8_ref.c).
+ * dequantize on the GPU (cuda/quant.cu), and the CPU fp8 codec they are tested against (src/ref/fp8_ref.c).
  *
  * Per-tensor current scaling, with no host round trip:
  *   amax    = max |x|                          (device fp32; NaN/Inf in x make it NaN/Inf)
@@ -46,7 +46,7 @@ static inline float qt_fp8_max(qt_dtype dt) {
     return dt == QT_DT_E4M3 ? QT_E4M3_MAX : dt == QT_DT_E5M2 ? QT_E5M2_MAX : 0.0f;
 }
 
-/* ---- CPU codec (src/fp8_ref.c): the reference for the kernels and for the CPU trainer. ---- */
+/* ---- CPU codec (src/ref/fp8_ref.c): the reference for the kernels and for the CPU trainer. ---- */
 
 /* fp32 -> fp8 code, round to nearest even. saturate=1 clamps out-of-range values and +-Inf to
  * +-max (__NV_SATFINITE); saturate=0 gives Inf (e5m2) or NaN (e4m3, which has no Inf). NaN -> 0x7f.

@@ -1,5 +1,5 @@
 /* op_defs_lib.h — the ops of qt_quant.h (cuda/quant.cu), qt_matmul.h (cuBLASLt) and qt_attention.h (cuDNN)
- * for the op table of tests/test_ops_gpu.c. References: the CPU fp8 codec (src/fp8_ref.c, itself checked
+ * for the op table of tests/test_ops_gpu.c. References: the CPU fp8 codec (src/ref/fp8_ref.c, itself checked
  * against cuda_fp8.h by test_quant), qt_ref_matmul_*, qt_ref_attention_*, and an fp64 dot product of the
  * decoded fp8 values for the fp8 GEMM (written here: the CPU trainer has no fp8 GEMM). */
 #ifndef OP_DEFS_LIB_H

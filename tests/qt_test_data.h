@@ -18,7 +18,7 @@ static inline void qt_t_write_synthetic(const char *path, uint64_t n, uint64_t s
         t[i] = (x >> 60) == 0 ? (uint32_t)((x >> 33) % 64) : (t[i - 1] * 7 + 3) % 64;
     }
     char err[512];
-    if (qt_shard_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
+    if (qt_tokens_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
     free(t);
 }
 
@@ -56,9 +56,9 @@ static inline int qt_t_write_tinyshakespeare(const char *dir) {
     uint32_t *tok = malloc(n * sizeof *tok);
     for (size_t i = 0; i < n; i++) tok[i] = (unsigned char)text[i];
     snprintf(path, sizeof path, "%s/ts_train_0.bin", dir);
-    if (qt_shard_write(path, tok, nt, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
+    if (qt_tokens_write(path, tok, nt, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
     snprintf(path, sizeof path, "%s/ts_eval_0.bin", dir);
-    if (qt_shard_write(path, tok + nt, ne, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
+    if (qt_tokens_write(path, tok + nt, ne, 2, 256, 0, err, sizeof err)) printf("  %s\n", err);
     free(tok);
     free(text);
     return 1;

@@ -19,7 +19,7 @@ def qtrain(*args):
 
 
 def test_help(tmp):
-    flags = set(re.findall(r'"(--[a-z][a-z-]*)', open(os.path.join(ROOT, "src", "main.c")).read()))
+    flags = set(re.findall(r'"(--[a-z][a-z-]*)', open(os.path.join(ROOT, "src", "train", "main.c")).read()))
     assert {"--help", "--version", "--stop-after", "--set"} <= flags, f"flags found in main.c: {flags}"
     for arg in ("--help", "-h"):
         r = qtrain(arg)

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "qt_comm.h"
 #include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_test.h"
@@ -44,11 +45,11 @@ static void test_defaults(void) {
                   d.model.rope_theta == 10000.f && d.model.rms_norm_eps == 1e-6f && d.model.max_seq_len == 256 &&
                   d.model.tie_embeddings == 1 && d.model.qkv_bias == 1 && d.model.arch == QT_ARCH_QWEN2,
               "tiny model defaults");
-    QT_EXPECT(d.init_std == 0.02f && d.model_inline == 0 && d.hf_config[0] == 0 && d.init_from[0] == 0,
+    QT_EXPECT(d.init.std == 0.02f && d.model_inline == 0 && d.hf_config[0] == 0 && d.init.from[0] == 0,
               "init defaults");
-    QT_EXPECT(d.matmul_dtype == QT_DT_BF16 && d.opt_m_dtype == QT_DT_F32 && d.decay_embeddings == 0 &&
-                  d.schedule == QT_SCHED_COSINE && d.device == QT_DEVICE_AUTO && d.comm == QT_COMM_AUTO &&
-                  d.lmhead_chunks == 1 && d.gpus == 0,
+    QT_EXPECT(d.precision.matmul_dtype == QT_DT_BF16 && d.precision.opt_m_dtype == QT_DT_F32 && d.optim.decay_embeddings == 0 &&
+                  d.optim.schedule == QT_SCHED_COSINE && d.device == QT_DEVICE_AUTO && d.parallel.comm == QT_COMM_AUTO &&
+                  d.memory.lmhead_chunks == 1 && d.parallel.gpus == 0,
               "enum/bool defaults");
     /* Every default in the table parses and formats back to itself. */
     for (int i = 0; qt_config_key_at(i); i++) {
@@ -76,14 +77,14 @@ static void test_examples_load(void) {
         QT_EXPECT(!strcmp(cfg.path, p), "path %s", cfg.path);
         if (strstr(p, "/tiny-cpu.yaml")) {
             named++;
-            QT_EXPECT(cfg.seq_len == 128 && cfg.micro_batch == 8 && cfg.steps == 300 && cfg.warmup == 30 &&
-                          cfg.lr == 3e-3f && cfg.eval_every == 50 && cfg.schedule == QT_SCHED_COSINE &&
+            QT_EXPECT(cfg.data.seq_len == 128 && cfg.data.micro_batch == 8 && cfg.optim.steps == 300 && cfg.optim.warmup == 30 &&
+                          cfg.optim.lr == 3e-3f && cfg.eval.every == 50 && cfg.optim.schedule == QT_SCHED_COSINE &&
                           cfg.model_inline && cfg.device == QT_DEVICE_AUTO,
                       "tiny-cpu values");
-            QT_EXPECT(!strcmp(cfg.train_glob, "runs/quickstart/data/train_*.bin") &&
-                          !strcmp(cfg.eval_glob, "runs/quickstart/data/eval_*.bin") &&
-                          !strcmp(cfg.ckpt_dir, "runs/quickstart/ckpt") &&
-                          !strcmp(cfg.log_file, "runs/quickstart/log.jsonl"),
+            QT_EXPECT(!strcmp(cfg.data.train, "runs/quickstart/data/train_*.bin") &&
+                          !strcmp(cfg.data.eval, "runs/quickstart/data/eval_*.bin") &&
+                          !strcmp(cfg.checkpoint.dir, "runs/quickstart/ckpt") &&
+                          !strcmp(cfg.log.file, "runs/quickstart/log.jsonl"),
                       "tiny-cpu paths");
         } else if (strstr(p, "/llama-tiny.yaml")) {
             named++;
@@ -97,16 +98,16 @@ static void test_examples_load(void) {
                           cfg.model.vocab_size == 151936 && cfg.model.tie_embeddings && cfg.model.qkv_bias &&
                           cfg.model.rope_theta == 1e6f && cfg.model.rms_norm_eps == 1e-6f,
                       "%s: model", p);
-            QT_EXPECT(cfg.seq_len == 1024 && cfg.micro_batch == 32 && cfg.grad_accum == 16 && cfg.cuda_graphs &&
+            QT_EXPECT(cfg.data.seq_len == 1024 && cfg.data.micro_batch == 32 && cfg.data.grad_accum == 16 && cfg.perf.cuda_graphs &&
                           cfg.device == QT_DEVICE_CUDA &&
-                          cfg.model_dtype == QT_DT_BF16 && cfg.matmul_dtype == (fp8 ? QT_DT_E4M3 : QT_DT_BF16),
+                          cfg.precision.model_dtype == QT_DT_BF16 && cfg.precision.matmul_dtype == (fp8 ? QT_DT_E4M3 : QT_DT_BF16),
                       "%s: run", p);
         } else if (strstr(p, "/qwen2.5-1.5b-fp8.yaml")) {
             named++;
             QT_EXPECT(cfg.model.hidden_size == 1536 && cfg.model.num_layers == 28 && cfg.model.num_heads == 12 &&
                           cfg.model.num_kv_heads == 2 && cfg.model.intermediate_size == 8960 &&
                           cfg.model.vocab_size == 151936 && cfg.model.tie_embeddings &&
-                          cfg.matmul_dtype == QT_DT_E4M3,
+                          cfg.precision.matmul_dtype == QT_DT_E4M3,
                       "1.5b model");
         }
     }
@@ -156,8 +157,8 @@ static void test_error_type_and_range(void) {
     EXPECT_ERR("seed: 18446744073709551616\n",
                "t.yaml:1:1: seed: expected an integer in [0, 2^64), got \"18446744073709551616\"");
     /* Quoted numbers are accepted: the key's type decides, not the YAML tag. */
-    QT_EXPECT(load("optim:\n  lr: \"3e-4\"\n  decay_embeddings: yes\n", NULL, 0) == 0 && cfg.lr == 3e-4f &&
-                  cfg.decay_embeddings == 1,
+    QT_EXPECT(load("optim:\n  lr: \"3e-4\"\n  decay_embeddings: yes\n", NULL, 0) == 0 && cfg.optim.lr == 3e-4f &&
+                  cfg.optim.decay_embeddings == 1,
               "quoted number: %s", err);
     char big[QT_PATH_MAX + 64];
     int n = snprintf(big, sizeof big, "log:\n  file: ");
@@ -279,7 +280,7 @@ static void test_model_shape(void) {
 /* precision.model_dtype: fp32 was parsed and documented but the GPU trained bf16 anyway. */
 static void test_model_dtype(void) {
     EXPECT_ERR("precision:\n  model_dtype: fp32\n", "t.yaml:2:3: precision.model_dtype: expected one of bf16, got \"fp32\"");
-    QT_EXPECT(load("precision:\n  model_dtype: bf16\n", NULL, 0) == 0 && cfg.model_dtype == QT_DT_BF16, "%s", err);
+    QT_EXPECT(load("precision:\n  model_dtype: bf16\n", NULL, 0) == 0 && cfg.precision.model_dtype == QT_DT_BF16, "%s", err);
 }
 
 static void test_overrides(void) {
@@ -287,13 +288,13 @@ static void test_overrides(void) {
     const char *o1[] = {"optim.lr=3e-4", "optim.warmup=20", "data.train=\"*.bin\"", "log.every=5",
                         "model.head_dim=32", "optim.lr=5e-4"};
     QT_REQUIRE(load(file, o1, 6) == 0, "%s", err);
-    QT_EXPECT(cfg.lr == 5e-4f && cfg.steps == 200 && cfg.warmup == 20 && !strcmp(cfg.train_glob, "*.bin") &&
-                  cfg.log_every == 5 && cfg.model.head_dim == 32 && cfg.model_inline,
-              "override values lr %g warmup %d train %s", cfg.lr, cfg.warmup, cfg.train_glob);
+    QT_EXPECT(cfg.optim.lr == 5e-4f && cfg.optim.steps == 200 && cfg.optim.warmup == 20 && !strcmp(cfg.data.train, "*.bin") &&
+                  cfg.log.every == 5 && cfg.model.head_dim == 32 && cfg.model_inline,
+              "override values lr %g warmup %d train %s", cfg.optim.lr, cfg.optim.warmup, cfg.data.train);
     const char *o2[] = {"data.eval=", "export.dir='a b: c'"};
     QT_REQUIRE(load("data:\n  eval: x\n", o2, 2) == 0, "%s", err);
-    QT_EXPECT(cfg.eval_glob[0] == 0 && !strcmp(cfg.export_dir, "a b: c"), "eval %s export %s", cfg.eval_glob,
-              cfg.export_dir);
+    QT_EXPECT(cfg.data.eval[0] == 0 && !strcmp(cfg.export.dir, "a b: c"), "eval %s export %s", cfg.data.eval,
+              cfg.export.dir);
     const char *bad[] = {"optim.lr=fast"};
     QT_EXPECT(load(file, bad, 1) == -1 && !strcmp(err, "--set optim.lr=fast: optim.lr: expected a number > 0, got \"fast\""),
               "bad override: %s", err);
@@ -391,28 +392,28 @@ static void randomize(uint64_t *s) {
         }
         }
     }
-    cfg.hf_config[0] = cfg.init_from[0] = 0;
+    cfg.hf_config[0] = cfg.init.from[0] = 0;
     cfg.model_inline = 1;
     /* A model shape that qt_model_cfg_validate accepts: Hkv | H, even head_dim. */
     cfg.model.num_kv_heads = 1 + (int)(lcg(s) % 8);
     cfg.model.num_heads = cfg.model.num_kv_heads * (1 + (int)(lcg(s) % 4));
     cfg.model.head_dim = lcg(s) & 1 ? 0 : 2 * (1 + (int)(lcg(s) % 64));
     if (!cfg.model.head_dim) cfg.model.hidden_size = cfg.model.num_heads * 2 * (1 + (int)(lcg(s) % 16));
-    cfg.warmup = cfg.cooldown = 0;
-    if (cfg.model.max_seq_len < cfg.seq_len) cfg.model.max_seq_len = cfg.seq_len;
+    cfg.optim.warmup = cfg.optim.cooldown = 0;
+    if (cfg.model.max_seq_len < cfg.data.seq_len) cfg.model.max_seq_len = cfg.data.seq_len;
 }
 
 /* memory.recompute: a YAML sequence, a flow list or a --set value; the given parts only (the store adds
  * the implied ones); unknown names refused with the list of names. */
 static void test_recompute_list(void) {
-    QT_EXPECT(load("memory:\n  recompute: [ffn, norm]\n", NULL, 0) == 0 && cfg.recompute == (QT_RC_FFN | QT_RC_NORM),
+    QT_EXPECT(load("memory:\n  recompute: [ffn, norm]\n", NULL, 0) == 0 && cfg.memory.recompute == (QT_RC_FFN | QT_RC_NORM),
               "flow list: %s", err);
     QT_EXPECT(load("memory:\n  recompute:\n    - block\n    - swiglu\n", NULL, 0) == 0 &&
-                  cfg.recompute == (QT_RC_BLOCK | QT_RC_SWIGLU),
+                  cfg.memory.recompute == (QT_RC_BLOCK | QT_RC_SWIGLU),
               "sequence: %s", err);
     const char *ovr[] = {"memory.recompute=[att,qkv]"};
-    QT_EXPECT(load("", ovr, 1) == 0 && cfg.recompute == (QT_RC_ATT | QT_RC_QKV), "override: %s", err);
-    QT_EXPECT(load("memory: {recompute: []}\n", NULL, 0) == 0 && cfg.recompute == 0, "empty: %s", err);
+    QT_EXPECT(load("", ovr, 1) == 0 && cfg.memory.recompute == (QT_RC_ATT | QT_RC_QKV), "override: %s", err);
+    QT_EXPECT(load("memory: {recompute: []}\n", NULL, 0) == 0 && cfg.memory.recompute == 0, "empty: %s", err);
     EXPECT_ERR("memory:\n  recompute: [ffn, mlp]\n",
                "t.yaml:2:3: memory.recompute: expected a list of names from swiglu|norm|qkv|att|ffn|block, got \"ffn,mlp\"");
     EXPECT_ERR("memory:\n  recompute: [ffn, [norm]]\n",

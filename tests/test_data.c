@@ -72,16 +72,16 @@ static void roundtrip(const char *name, int tb, uint32_t vocab, uint64_t n) {
     uint32_t *t = random_tokens(n, vocab, n * 31 + (uint64_t)tb);
     if (n > 2) t[0] = vocab - 1, t[n - 1] = 0;
     const char *p = path_of(name);
-    QT_REQUIRE(qt_shard_write(p, t, n, tb, vocab, 3, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(p, t, n, tb, vocab, 3, err, sizeof err) == 0, "%s", err);
     uint32_t *got = NULL;
-    qt_shard_header h = {0};
-    QT_REQUIRE(qt_shard_read(p, &got, &h, err, sizeof err) == 0, "%s", err);
+    qt_tokens_header h = {0};
+    QT_REQUIRE(qt_tokens_read(p, &got, &h, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(h.version == 2 && h.flags == 0 && h.token_bytes == (uint32_t)tb && h.vocab_size == vocab && h.n_tokens == n,
               "%s: header v%u tb%u vocab%u n%llu", name, h.version, h.token_bytes, h.vocab_size,
               (unsigned long long)h.n_tokens);
     for (uint64_t i = 0; i < n; i++) QT_REQUIRE(got[i] == t[i], "%s: token %llu: %u != %u", name, (unsigned long long)i, got[i], t[i]);
-    qt_shard_header h2;
-    QT_EXPECT(qt_shard_read_header(p, &h2, err, sizeof err) == 0 && h2.checksum == h.checksum, "%s: header", name);
+    qt_tokens_header h2;
+    QT_EXPECT(qt_tokens_read_header(p, &h2, err, sizeof err) == 0 && h2.checksum == h.checksum, "%s: header", name);
     if (!strstr(name, ".zst")) {
         struct stat st;
         stat(p, &st);
@@ -104,7 +104,7 @@ static void test_shard_roundtrip(void) {
     /* the on-disk layout, byte by byte */
     uint32_t t[2] = {0x1234, 0xfffe};
     char err[512];
-    QT_REQUIRE(qt_shard_write(path_of("x.bin"), t, 2, 2, 65536, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("x.bin"), t, 2, 2, 65536, 0, err, sizeof err) == 0, "%s", err);
     uint8_t b[68];
     FILE *f = fopen(path_of("x.bin"), "rb");
     QT_REQUIRE(f && fread(b, 1, 68, f) == 68, "read x.bin");
@@ -125,29 +125,29 @@ static void test_zstd_cli(void) {
     make_dir();
     char err[512], cmd[1200];
     uint32_t *t = random_tokens(50000, 151936, 5);
-    QT_REQUIRE(qt_shard_write(path_of("a.bin"), t, 50000, 4, 151936, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("a.bin"), t, 50000, 4, 151936, 0, err, sizeof err) == 0, "%s", err);
     /* from stdin: the frame carries no content size, so the reader must stream */
     snprintf(cmd, sizeof cmd, "zstd -q -c < %s > %s", path_of("a.bin"), path_of("a.bin.zst"));
     QT_REQUIRE(system(cmd) == 0, "zstd -c failed");
     uint32_t *got = NULL;
-    qt_shard_header h;
-    QT_REQUIRE(qt_shard_read(path_of("a.bin.zst"), &got, &h, err, sizeof err) == 0, "%s", err);
+    qt_tokens_header h;
+    QT_REQUIRE(qt_tokens_read(path_of("a.bin.zst"), &got, &h, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(h.n_tokens == 50000 && memcmp(got, t, 50000 * 4) == 0, "zstd CLI shard differs");
     free(got);
     /* and our .zst decompresses with the CLI to the same bytes as our .bin */
-    QT_REQUIRE(qt_shard_write(path_of("b.bin.zst"), t, 50000, 4, 151936, 19, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("b.bin.zst"), t, 50000, 4, 151936, 19, err, sizeof err) == 0, "%s", err);
     snprintf(cmd, sizeof cmd, "zstd -q -d -c %s | cmp -s - %s", path_of("b.bin.zst"), path_of("a.bin"));
     QT_EXPECT(system(cmd) == 0, "zstd -d of our .zst differs from the .bin");
     free(t);
     clean_dir();
 }
 
-/* Expects qt_shard_read(path) to fail with a message containing want (and the path). */
+/* Expects qt_tokens_read(path) to fail with a message containing want (and the path). */
 static void expect_read_error(const char *path, const char *want) {
     char err[512] = "";
     uint32_t *got = NULL;
-    qt_shard_header h;
-    int rc = qt_shard_read(path, &got, &h, err, sizeof err);
+    qt_tokens_header h;
+    int rc = qt_tokens_read(path, &got, &h, err, sizeof err);
     QT_EXPECT(rc == -1 && got == NULL, "%s: read succeeded", path);
     QT_EXPECT(strstr(err, want) && strstr(err, path), "%s: message \"%s\" lacks \"%s\"", path, err, want);
 }
@@ -158,25 +158,25 @@ static void test_shard_errors(void) {
     uint32_t *t = random_tokens(1000, 1000, 9);
     const char *p = path_of("s.bin");
     /* truncated */
-    QT_REQUIRE(qt_shard_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
     QT_REQUIRE(truncate(p, 1500) == 0, "truncate");
     expect_read_error(p, "truncated: header says 1000 tokens (2064 bytes), file has 1500 bytes");
-    qt_shard_header h;
-    QT_EXPECT(qt_shard_read_header(p, &h, err, sizeof err) == -1 && strstr(err, "truncated"), "header: %s", err);
+    qt_tokens_header h;
+    QT_EXPECT(qt_tokens_read_header(p, &h, err, sizeof err) == -1 && strstr(err, "truncated"), "header: %s", err);
     QT_REQUIRE(truncate(p, 20) == 0, "truncate");
     expect_read_error(p, "fewer than the 64-byte header");
     /* bad magic */
-    QT_REQUIRE(qt_shard_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
     patch(p, 0, "QTTOKENZ", 8);
     expect_read_error(p, "bad magic (expected QTTOKENS)");
     /* flipped payload byte */
-    QT_REQUIRE(qt_shard_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
     uint8_t b = (uint8_t)(t[500] ^ 1);
     patch(p, 64 + 1000, &b, 1);
     expect_read_error(p, "checksum mismatch (header 0x");
     /* token >= vocab, with a checksum that matches the bad payload */
     uint32_t bad[5] = {1, 2, 3, 999, 4};
-    QT_REQUIRE(qt_shard_write(p, bad, 5, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(p, bad, 5, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
     uint8_t pay[10] = {1, 0, 2, 0, 3, 0, 0xb0, 0x04, 4, 0}; /* 1200 at index 3 */
     uint64_t sum = qt_crc32(0, pay, 10);
     uint8_t sb[8];
@@ -186,12 +186,12 @@ static void test_shard_errors(void) {
     expect_read_error(p, "token 1200 at index 3 >= vocab_size 1000");
     /* the writer refuses such tokens too */
     bad[3] = 1000;
-    QT_EXPECT(qt_shard_write(p, bad, 5, 2, 1000, 0, err, sizeof err) == -1 &&
+    QT_EXPECT(qt_tokens_write(p, bad, 5, 2, 1000, 0, err, sizeof err) == -1 &&
                   strstr(err, "token 1000 at index 3 >= vocab_size 1000"), "write: %s", err);
-    QT_EXPECT(qt_shard_write(p, bad, 5, 2, 70000, 0, err, sizeof err) == -1 && strstr(err, "vocab_size 70000"),
+    QT_EXPECT(qt_tokens_write(p, bad, 5, 2, 70000, 0, err, sizeof err) == -1 && strstr(err, "vocab_size 70000"),
               "write tb2 vocab 70000: %s", err);
     /* bad version and token width */
-    QT_REQUIRE(qt_shard_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
     patch(p, 8, "\7", 1);
     expect_read_error(p, "unsupported version 7");
     patch(p, 8, "\2", 1);
@@ -199,7 +199,7 @@ static void test_shard_errors(void) {
     expect_read_error(p, "token_bytes is 3");
     /* a truncated .zst, and a .zst whose stream is longer than its header says */
     const char *z = path_of("s.bin.zst");
-    QT_REQUIRE(qt_shard_write(z, t, 1000, 4, 1000, 1, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(z, t, 1000, 4, 1000, 1, err, sizeof err) == 0, "%s", err);
     struct stat st;
     stat(z, &st);
     QT_REQUIRE(truncate(z, st.st_size - 40) == 0, "truncate zst");
@@ -220,7 +220,7 @@ static void write_loader_shards(int zst_every) {
         uint32_t *t = malloc(n * sizeof *t);
         for (uint64_t i = 0; i < n; i++) t[i] = (uint32_t)(s * 1000000 + i);
         snprintf(name, sizeof name, "train_%06d.bin%s", s, zst_every && s % zst_every == 0 ? ".zst" : "");
-        if (qt_shard_write(path_of(name), t, n, 4, 1 << 23, 1, err, sizeof err) != 0) printf("  %s\n", err);
+        if (qt_tokens_write(path_of(name), t, n, 4, 1 << 23, 1, err, sizeof err) != 0) printf("  %s\n", err);
         free(t);
     }
 }
@@ -418,7 +418,7 @@ static void test_loader_errors(void) {
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "no files match") &&
                   strstr(err, glob), "no match: %s", err);
     uint32_t t[50] = {0};
-    QT_REQUIRE(qt_shard_write(path_of("train_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(!qt_loader_open(glob, 128, 1, 0, 1, 0, 1, 0, err, sizeof err) &&
                   strstr(err, "shard has 50 tokens, fewer than one window of seq_len+1 = 129") &&
                   strstr(err, "train_0.bin"), "short shard: %s", err);
@@ -426,7 +426,7 @@ static void test_loader_errors(void) {
               "vocab limit: %s", err);
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 3, 3, 0, 1, 0, err, sizeof err) && strstr(err, "rank 3"), "rank: %s", err);
     /* comma-separated patterns: each must match; windows add up */
-    QT_REQUIRE(qt_shard_write(path_of("eval_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("eval_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     char two[1300];
     snprintf(two, sizeof two, "%s, %s/eval_*.bin", glob, g_dir);
     qt_loader *l2 = qt_loader_open(two, 7, 1, 0, 1, 0, 1, 0, err, sizeof err);
@@ -439,7 +439,7 @@ static void test_loader_errors(void) {
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "bad magic"), "magic: %s", err);
     /* a payload corrupted after the header passes open, and comes back as an error when loaded (it
      * used to exit the process); the position stays where it was */
-    QT_REQUIRE(qt_shard_write(path_of("train_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     patch(path_of("train_0.bin"), 70, "\1", 1);
     qt_loader *l = qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err);
     QT_REQUIRE(l, "open: %s", err);
@@ -474,8 +474,8 @@ static void test_tokenize_tool_shards(void) {
         char name[64];
         snprintf(name, sizeof name, "%s%s", names[i], zst ? ".zst" : "");
         uint32_t *t = NULL;
-        qt_shard_header h;
-        QT_REQUIRE(qt_shard_read(path_of(name), &t, &h, err, sizeof err) == 0, "%s", err);
+        qt_tokens_header h;
+        QT_REQUIRE(qt_tokens_read(path_of(name), &t, &h, err, sizeof err) == 0, "%s", err);
         QT_EXPECT(h.n_tokens == (i < 3 ? 900u : 300u) && h.vocab_size == 256 && h.token_bytes == 2, "%s: header", name);
         for (uint64_t j = 0; j < h.n_tokens && off + j < sizeof text; j++)
             QT_EXPECT(t[j] == (uint8_t)text[off + j], "%s: token %llu", name, (unsigned long long)j);

@@ -1,7 +1,7 @@
 /* test_error.c — the error family (qt_error.h): a failed check inside a catch point comes back to it
  * with the message, kind and rank; catch points nest and are per thread; the abort hooks run once per
  * failure; outside any catch point a failure still prints and exits with status 1 (the CLI's
- * behaviour); the engine calls (src/engine.c) turn an engine's failure into -1 and a message. */
+ * behaviour); the engine calls (src/engine/engine.c) turn an engine's failure into -1 and a message. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>

@@ -76,7 +76,7 @@ static void compare_grads(const char *grad_dt, const char *tie, double min_cos) 
     QT_REQUIRE(eb, "bf16 engine: %s", err);
     qt_engine *ef = qt_engine_gpu_create(&L, &cf, w, 0, NULL, err, sizeof err);
     QT_REQUIRE(ef, "fp8 engine: %s", err);
-    long N = (long)cb.micro_batch * cb.seq_len;
+    long N = (long)cb.data.micro_batch * cb.data.seq_len;
     int32_t *in = malloc(N * sizeof *in), *tgt = malloc(N * sizeof *tgt);
     qt_rng r;
     qt_rng_seed(&r, 99);
@@ -141,12 +141,12 @@ static void test_fp8_grads_bf16_backward(void) { /* e4m3 forward, bf16 backward 
 static void fused_amax_case(const char *grad_dt) {
     qt_config c;
     QT_REQUIRE(grad_cfg(&c, "e4m3", grad_dt, "false") == 0, "config");
-    c.cuda_graphs = 1;
+    c.perf.cuda_graphs = 1;
     qt_layout L;
     float *w;
     char err[1024];
     QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
-    c.matmul_autotune = 0;
+    c.perf.matmul_autotune = 0;
     qt_engine *e[2];
     for (int k = 0; k < 2; k++) { /* 0: fused, 1: separate passes */
         qt_test_hooks h = {.fp8_unfused_amax = k};
@@ -155,7 +155,7 @@ static void fused_amax_case(const char *grad_dt) {
         qt_test_hooks_set(NULL);
     }
     QT_REQUIRE(e[0] && e[1], "fp8 engine: %s", err);
-    long N = (long)c.micro_batch * c.seq_len;
+    long N = (long)c.data.micro_batch * c.data.seq_len;
     int32_t *in = malloc(N * sizeof *in), *tgt = malloc(N * sizeof *tgt);
     float loss[2], *g[2];
     for (int k = 0; k < 2; k++) {

@@ -251,7 +251,7 @@ static void test_export_import_roundtrip(void) {
     }
 }
 
-/* Writes a safetensors file for L by hand (independent of src/hf.c), every tensor as F16 (f16=1)
+/* Writes a safetensors file for L by hand (independent of src/io/hf.c), every tensor as F16 (f16=1)
  * or F32, dropping `drop` and transposing `transpose` in the header. */
 static int write_st(const char *path, const qt_layout *L, const float *w, int f16, const char *drop,
                     const char *transpose) {
@@ -511,11 +511,11 @@ static void test_init_from_paths(void) {
     QT_REQUIRE(qt_hf_export(dir, &L, w, 0, err, sizeof err) == 0, "export: %s", err);
     static qt_config cfg;
     qt_config_defaults(&cfg);
-    cfg.seq_len = 16;
-    snprintf(cfg.init_from, sizeof cfg.init_from, "%s", dir);
+    cfg.data.seq_len = 16;
+    snprintf(cfg.init.from, sizeof cfg.init.from, "%s", dir);
     QT_REQUIRE(qt_model_setup(&cfg, &L2, &w1, err, sizeof err) == 0, "from the folder: %s", err);
     qt_layout_free(&L2);
-    snprintf(cfg.init_from, sizeof cfg.init_from, "%s/model.safetensors", dir);
+    snprintf(cfg.init.from, sizeof cfg.init.from, "%s/model.safetensors", dir);
     QT_REQUIRE(qt_model_setup(&cfg, &L2, &w2, err, sizeof err) == 0, "from the file: %s", err);
     QT_EXPECT(L2.numel == L.numel && !memcmp(w1, w2, L.numel * 4) && !memcmp(w, w2, L.numel * 4), "weights differ");
     qt_layout_free(&L2);

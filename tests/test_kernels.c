@@ -1,5 +1,5 @@
 /* test_kernels.c — AdamW paths that the op table (test_ops_gpu.c) cannot express: a ZeRO-1 rank's
- * sharded plan against the whole array's, and the offloaded optimizer state (src/gpu_optim.c) streamed
+ * sharded plan against the whole array's, and the offloaded optimizer state (src/gpu/gpu_optim.c) streamed
  * through device slots against the state kept on the device, bit for bit. Every kernel's own check
  * against its CPU reference lives in test_ops_gpu.c's table. Skips without a GPU. */
 #include <cuda_runtime.h>

@@ -6,7 +6,7 @@
 
 #include <omp.h>
 
-/* Independent double AdamW (the textbook formula, written separately from src/optim.c). */
+/* Independent double AdamW (the textbook formula, written separately from src/ref/optim.c). */
 static void adamw_ref(double *w, const double *g, double *m, double *v, int n, double lr, double b1,
                       double b2, double eps, double wd, int t, double scale) {
     for (int i = 0; i < n; i++) {

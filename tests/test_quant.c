@@ -1,4 +1,4 @@
-/* test_quant.c — the CPU fp8 codec (src/fp8_ref.c): decode table, round trip, RNE ties, a brute-force
+/* test_quant.c — the CPU fp8 codec (src/ref/fp8_ref.c): decode table, round trip, RNE ties, a brute-force
  * encoder, the scale rule, and agreement with cuda_fp8.h's host conversions. It is the reference the fp8
  * kernels (quantize, transpose, dequantize, abs-max, scales) are checked against in test_ops_gpu.c. */
 #include <cuda_fp8.h>

@@ -279,9 +279,9 @@ static void test_data_error_mid_run_saves(void) {
     uint32_t *t = malloc(4000 * sizeof *t);
     for (int i = 0; i < 4000; i++) t[i] = (uint32_t)(i * 7 % 64);
     snprintf(bad, sizeof bad, "%s/mix_1.bin", g_dir);
-    QT_REQUIRE(qt_shard_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
     snprintf(bad, sizeof bad, "%s/mix_0.bin", g_dir); /* seed 1234 reads mix_1 first */
-    QT_REQUIRE(qt_shard_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
     free(t);
     FILE *f = fopen(bad, "r+b");
     QT_REQUIRE(f, "open");
@@ -618,7 +618,7 @@ int main(int argc, char **argv) {
     }
     char p[512], err[512];
     snprintf(p, sizeof p, "%s/tr_0.bin", g_dir);
-    if (qt_shard_write(p, t, 20000, 2, 64, 0, err, sizeof err)) printf("FAIL setup: %s\n", err);
+    if (qt_tokens_write(p, t, 20000, 2, 64, 0, err, sizeof err)) printf("FAIL setup: %s\n", err);
     free(t);
     QT_RUN(test_fresh_run_refuses_used_dir);
     QT_RUN(test_resume_past_steps_refused);

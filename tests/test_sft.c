@@ -212,7 +212,7 @@ static void test_eval_token_mean(void) {
     qt_rng_seed(&r, 21);
     for (int i = 0; i < N; i++) t[i] = (uint32_t)qt_rng_below(&r, 256), m[i] = (i / 64) % 3 ? i % 9 == 0 : 1;
     char err[1024], yaml[2000];
-    QT_REQUIRE(qt_shard_write_masked(path_of("ev_0.bin"), t, m, N, 2, 256, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write_masked(path_of("ev_0.bin"), t, m, N, 2, 256, 0, err, sizeof err) == 0, "%s", err);
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 256, hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1,"
              " intermediate_size: 48, max_seq_len: 64}\n"
@@ -228,7 +228,7 @@ static void test_eval_token_mean(void) {
     float *w;
     QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
     qt_engine *e = qt_engine_cpu_create(&L, &c, w);
-    qt_loader *l = qt_loader_open(c.eval_glob, 64, 2, 0, 1, c.seed, 0, 256, err, sizeof err);
+    qt_loader *l = qt_loader_open(c.data.eval, 64, 2, 0, 1, c.seed, 0, 256, err, sizeof err);
     QT_REQUIRE(l, "%s", err);
     double tok = 0, means = 0;
     long valid = 0;
@@ -319,8 +319,8 @@ static void test_sft_run(void) {
     size_t ne = n / 20, kept = 0;
     for (size_t i = 0; i < n; i++) kept += m[i];
     printf("  %zu chat tokens, %.1f%% assistant (learned)\n", n, 100.0 * kept / n);
-    QT_REQUIRE(qt_shard_write_masked(path_of("sft_train_0.bin"), t, m, n - ne, 2, 256, 0, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(qt_shard_write_masked(path_of("sft_eval_0.bin"), t + n - ne, m + n - ne, ne, 2, 256, 0, err, sizeof err) == 0,
+    QT_REQUIRE(qt_tokens_write_masked(path_of("sft_train_0.bin"), t, m, n - ne, 2, 256, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write_masked(path_of("sft_eval_0.bin"), t + n - ne, m + n - ne, ne, 2, 256, 0, err, sizeof err) == 0,
                "%s", err);
     int same = python_writes_same(t + n - ne, m + n - ne, ne, path_of("sft_eval_0.bin"));
     if (same < 0) printf("  no python3: the Python writer cross-check is skipped\n");
@@ -348,7 +348,7 @@ static void test_sft_run(void) {
     /* SFT: the assistant-token eval loss falls */
     snprintf(yaml, sizeof yaml, fmt, g_dir, g_dir, 4, 1, 30, g_dir, 3);
     QT_REQUIRE(load_cfg(&ca, yaml) == 0, "config");
-    ca.eval_every = 3;
+    ca.eval.every = 3;
     QT_REQUIRE(qt_train_run(&ca, NULL, &st, err, sizeof err) == 0, "sft: %s", err);
     printf("  assistant-token eval loss %.4f (step 3) -> %.4f (step 30)\n", st.first_eval, st.last_eval);
     QT_EXPECT(st.last_eval < st.first_eval - 1.0 && st.last_eval < 4.0, "eval loss %.4f -> %.4f", st.first_eval,
@@ -377,7 +377,7 @@ static void test_export_tokenizer(void) {
     qt_t_write_file(p, "x", 1);
     /* through a whole export-only run with data.tokenizer */
     uint32_t tok[100] = {0};
-    QT_REQUIRE(qt_shard_write(path_of("train_0.bin"), tok, 100, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), tok, 100, 2, 64, 0, err, sizeof err) == 0, "%s", err);
     char yaml[2000];
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 64, hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1,"
@@ -410,7 +410,7 @@ static void test_export_tokenizer(void) {
     snprintf(p, sizeof p, "%s/empty", g_dir);
     mkdir(p, 0755);
     QT_EXPECT(qt_hf_export_tokenizer(out2, p, 0, err, sizeof err) == 0, "optional and absent: 0 files");
-    snprintf(c.tokenizer_dir, sizeof c.tokenizer_dir, "%s", p);
+    snprintf(c.data.tokenizer, sizeof c.data.tokenizer, "%s", p);
     int rc = qt_train_run(&c, &o, NULL, err, sizeof err);
     QT_EXPECT(rc == -1 && strstr(err, "data.tokenizer") && strstr(err, "empty"), "rc %d: %s", rc, err);
     qt_t_rmtree(g_dir);

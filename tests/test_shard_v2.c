@@ -85,11 +85,11 @@ static size_t make_shard(uint8_t *b, uint32_t version, uint32_t flags, const uin
 
 static void expect_load_error(const char *path, const char *want) {
     char err[512] = "";
-    qt_shard_data d;
-    int rc = qt_shard_load(path, 0, &d, err, sizeof err);
+    qt_tokens_data d;
+    int rc = qt_tokens_load(path, 0, &d, err, sizeof err);
     QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, path), "%s: rc %d, message \"%s\" lacks \"%s\"", path,
               rc, err, want);
-    if (rc == 0) qt_shard_unload(&d);
+    if (rc == 0) qt_tokens_unload(&d);
 }
 
 static void test_shard_v2_mask(void) {
@@ -100,13 +100,13 @@ static void test_shard_v2_mask(void) {
     const char *names[2] = {"m.bin", "m.bin.zst"};
     for (int z = 0; z < 2; z++) {
         const char *p = path_of(names[z]);
-        QT_REQUIRE(qt_shard_write_masked(p, t, m, 5, 2, 300, 3, err, sizeof err) == 0, "%s", err);
-        qt_shard_data d;
-        QT_REQUIRE(qt_shard_load(p, 0, &d, err, sizeof err) == 0, "%s", err);
-        QT_EXPECT(d.h.version == 2 && d.h.flags == QT_SHARD_FLAG_MASK && d.mask && memcmp(d.mask, m, 5) == 0,
+        QT_REQUIRE(qt_tokens_write_masked(p, t, m, 5, 2, 300, 3, err, sizeof err) == 0, "%s", err);
+        qt_tokens_data d;
+        QT_REQUIRE(qt_tokens_load(p, 0, &d, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(d.h.version == 2 && d.h.flags == QT_TOKENS_FLAG_MASK && d.mask && memcmp(d.mask, m, 5) == 0,
                   "%s: v%u flags %u mask %p", p, d.h.version, d.h.flags, (const void *)d.mask);
-        for (int i = 0; i < 5; i++) QT_EXPECT(qt_shard_token(&d, i) == t[i], "%s token %d", p, i);
-        qt_shard_unload(&d);
+        for (int i = 0; i < 5; i++) QT_EXPECT(qt_tokens_token(&d, i) == t[i], "%s token %d", p, i);
+        qt_tokens_unload(&d);
     }
     /* the bytes: header (flags 1 at offset 28, CRC-32 of tokens then mask), tokens, mask */
     uint8_t b[64 + 15], want[64 + 15], pay[15] = {7, 0, 0x2b, 1, 0, 0, 42, 0, 1, 0, 0, 1, 1, 0, 1};
@@ -116,11 +116,11 @@ static void test_shard_v2_mask(void) {
     make_shard(want, 2, 1, pay, 15, 5);
     QT_EXPECT(memcmp(b, want, sizeof b) == 0, "m.bin bytes differ from the spec");
     /* unmasked: flags 0, no mask */
-    QT_REQUIRE(qt_shard_write(path_of("u.bin"), t, 5, 2, 300, 0, err, sizeof err) == 0, "%s", err);
-    qt_shard_data d;
-    QT_REQUIRE(qt_shard_load(path_of("u.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("u.bin"), t, 5, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    qt_tokens_data d;
+    QT_REQUIRE(qt_tokens_load(path_of("u.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(d.h.version == 2 && d.h.flags == 0 && !d.mask, "unmasked v2: flags %u", d.h.flags);
-    qt_shard_unload(&d);
+    qt_tokens_unload(&d);
     /* errors: a mask byte 2 (checksum matching), unknown flags, flags in v1, a short mask, the writer */
     pay[12] = 2;
     qt_t_write_file(path_of("bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
@@ -138,7 +138,7 @@ static void test_shard_v2_mask(void) {
     qt_t_write_file(path_of("bad.bin"), want, 79);
     expect_load_error(path_of("bad.bin"), "checksum mismatch");
     m[2] = 5;
-    QT_EXPECT(qt_shard_write_masked(path_of("w.bin"), t, m, 5, 2, 300, 0, err, sizeof err) == -1 &&
+    QT_EXPECT(qt_tokens_write_masked(path_of("w.bin"), t, m, 5, 2, 300, 0, err, sizeof err) == -1 &&
                   strstr(err, "mask byte 5 at index 2"), "writer: %s", err);
     qt_t_rmtree(g_dir);
 }
@@ -150,8 +150,8 @@ static void test_shard_v1_read(void) {
     qt_t_write_file(path_of("v1.bin"), b, make_shard(b, 1, 0, pay, 6, 3));
     char err[512];
     uint32_t *t = NULL;
-    qt_shard_header h;
-    QT_REQUIRE(qt_shard_read(path_of("v1.bin"), &t, &h, err, sizeof err) == 0, "%s", err);
+    qt_tokens_header h;
+    QT_REQUIRE(qt_tokens_read(path_of("v1.bin"), &t, &h, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(h.version == 1 && h.n_tokens == 3 && t[0] == 1 && t[1] == 299 && t[2] == 9, "v1 content");
     free(t);
     b[64] ^= 1; /* its FNV checksum is checked */
@@ -169,7 +169,7 @@ static void test_loader_masked_targets(void) {
     uint32_t t[N]; /* token i = i, so a window's input tells the target's index */
     uint8_t m[N];
     for (int i = 0; i < N; i++) t[i] = (uint32_t)i, m[i] = (uint8_t)(i % 3 != 0);
-    QT_REQUIRE(qt_shard_write_masked(path_of("train_0.bin.zst"), t, m, N, 2, 300, 1, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write_masked(path_of("train_0.bin.zst"), t, m, N, 2, 300, 1, err, sizeof err) == 0, "%s", err);
     snprintf(glob, sizeof glob, "%s/train_*", g_dir);
     qt_loader *l = qt_loader_open(glob, T, 2, 0, 1, 5, 1, 300, err, sizeof err);
     QT_REQUIRE(l, "open: %s", err);
@@ -196,7 +196,7 @@ static void test_truncated_under_us(void) {
     enum { N = 200000 };
     uint32_t *t = malloc(N * sizeof *t);
     for (int i = 0; i < N; i++) t[i] = (uint32_t)(i * 2654435761u % 300);
-    QT_REQUIRE(qt_shard_write(path_of("train_0.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     snprintf(glob, sizeof glob, "%s/train_*", g_dir);
     qt_loader *l = qt_loader_open(glob, 16, 2, 0, 1, 5, 1, 300, err, sizeof err);
     QT_REQUIRE(l, "open: %s", err);
@@ -206,14 +206,14 @@ static void test_truncated_under_us(void) {
     QT_EXPECT(rc == -1 && strstr(err, "truncated") && strstr(err, "train_0.bin"), "rc %d: %s", rc, err);
     qt_loader_free(l);
     /* loaded, then truncated to nothing: every token still reads */
-    QT_REQUIRE(qt_shard_write(path_of("s.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
-    qt_shard_data d;
-    QT_REQUIRE(qt_shard_load(path_of("s.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("s.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    qt_tokens_data d;
+    QT_REQUIRE(qt_tokens_load(path_of("s.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
     QT_REQUIRE(truncate(path_of("s.bin"), 0) == 0, "truncate");
     uint64_t sum = 0, want = 0;
-    for (int i = 0; i < N; i++) sum += qt_shard_token(&d, i), want += t[i];
+    for (int i = 0; i < N; i++) sum += qt_tokens_token(&d, i), want += t[i];
     QT_EXPECT(sum == want, "tokens changed after truncation");
-    qt_shard_unload(&d);
+    qt_tokens_unload(&d);
     free(t);
     qt_t_rmtree(g_dir);
 }
@@ -224,7 +224,7 @@ static void test_open_checks_every_header(void) {
     QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
     char err[512], glob[600];
     uint32_t t[100] = {0};
-    QT_REQUIRE(qt_shard_write(path_of("train_0.bin"), t, 100, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), t, 100, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     uint8_t pay[200] = {0}, b[264], z[600];
     size_t zn = ZSTD_compress(z, sizeof z, b, make_shard(b, 2, 4, pay, 200, 100), 3);
     QT_REQUIRE(!ZSTD_isError(zn), "zstd");

@@ -65,7 +65,7 @@ static void test_param_store_rows(void) {
     small_layout(&L, 0);
     qt_config cfg;
     qt_config_defaults(&cfg);
-    cfg.opt_v_dtype = QT_DT_BF16;
+    cfg.precision.opt_v_dtype = QT_DT_BF16;
     char err[256];
     for (int k = 0; k < 3; k++) { /* one GPU; 2 ranks sharded with bf16 sums; 2 ranks replicated */
         int n = k ? 2 : 1;
@@ -172,15 +172,15 @@ static void test_step_plan(void) {
     small_layout(&L, 1);
     qt_config c;
     qt_config_defaults(&c);
-    c.micro_batch = 1;
-    c.seq_len = 8;
+    c.data.micro_batch = 1;
+    c.data.seq_len = 8;
     qt_step_plan p;
     qt_step_plan_make(&p, &L, &c, 0, 0, 0); /* one GPU */
     QT_EXPECT(p.dp == QT_DP_ONE && p.n_ranks == 1 && !p.side_stream && !p.weights_ahead && !p.opt_ahead && !p.overlap &&
                   !p.lookups && !p.reduce_bf16 && !p.fp8,
               "one GPU");
-    c.offload_optimizer = 1;
-    c.reduce_dtype = QT_DT_BF16;
+    c.memory.offload_optimizer = 1;
+    c.parallel.reduce_dtype = QT_DT_BF16;
     qt_step_plan_make(&p, &L, &c, 0, 0, 0); /* one GPU offloaded: AdamW ahead */
     QT_EXPECT(p.opt_ahead && p.weights_ahead && p.side_stream && p.offload_opt && !p.reduce_bf16, "one GPU offloaded");
     qt_step_plan_make(&p, &L, &c, 2, 1, 1); /* sharded, overlapped (default), offloaded */
@@ -188,12 +188,12 @@ static void test_step_plan(void) {
                   p.side_stream && p.reduce_bf16,
               "sharded");
     QT_EXPECT(p.lookups, "2 ranks x 8 tokens x 97 < 300 x 96: lookups pay");
-    c.micro_batch = 64;
+    c.data.micro_batch = 64;
     qt_step_plan_make(&p, &L, &c, 2, 0, 1);
     QT_EXPECT(!p.lookups, "2 x 512 x 97 > 300 x 96: the table's gradient is summed");
-    c.overlap_comm = 0;
-    c.matmul_dtype = QT_DT_E4M3;
-    c.persistent_quants = 1;
+    c.parallel.overlap_comm = 0;
+    c.precision.matmul_dtype = QT_DT_E4M3;
+    c.precision.persistent_quants = 1;
     qt_step_plan_make(&p, &L, &c, 2, 0, 0); /* replicated, no overlap */
     QT_EXPECT(p.dp == QT_DP_REPLICATED && !p.overlap && !p.weights_ahead && !p.opt_ahead && p.side_stream && !p.lookups &&
                   p.fp8 && p.persistent_quants,
@@ -207,14 +207,14 @@ static void test_parallel_devices_key(void) {
     qt_config c;
     char err[512];
     QT_REQUIRE(qt_config_load_string(&c, "parallel: {devices: [0, 0, 2]}\n", "t.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
-    QT_EXPECT(c.devices.n == 3 && c.devices.v[0] == 0 && c.devices.v[1] == 0 && c.devices.v[2] == 2, "flow list: %d", c.devices.n);
+    QT_EXPECT(c.parallel.devices.n == 3 && c.parallel.devices.v[0] == 0 && c.parallel.devices.v[1] == 0 && c.parallel.devices.v[2] == 2, "flow list: %d", c.parallel.devices.n);
     QT_REQUIRE(qt_config_load_string(&c, "parallel:\n  devices:\n    - 1\n    - 3\n", "t.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
-    QT_EXPECT(c.devices.n == 2 && c.devices.v[0] == 1 && c.devices.v[1] == 3, "block list: %d", c.devices.n);
+    QT_EXPECT(c.parallel.devices.n == 2 && c.parallel.devices.v[0] == 1 && c.parallel.devices.v[1] == 3, "block list: %d", c.parallel.devices.n);
     const char *set[1] = {"parallel.devices=[4,4]"};
     QT_REQUIRE(qt_config_load_string(&c, "", "t.yaml", set, 1, err, sizeof err) == 0, "%s", err);
-    QT_EXPECT(c.devices.n == 2 && c.devices.v[1] == 4, "--set: %d", c.devices.n);
+    QT_EXPECT(c.parallel.devices.n == 2 && c.parallel.devices.v[1] == 4, "--set: %d", c.parallel.devices.n);
     QT_REQUIRE(qt_config_load_string(&c, "parallel: {devices: []}\n", "t.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
-    QT_EXPECT(c.devices.n == 0, "empty list: %d", c.devices.n);
+    QT_EXPECT(c.parallel.devices.n == 0, "empty list: %d", c.parallel.devices.n);
     static char dump[1 << 16];
     qt_config d;
     QT_REQUIRE(qt_config_load_string(&c, "parallel: {devices: [0, 0, 2]}\n", "t.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
@@ -266,8 +266,8 @@ static void test_plan_7b(void) {
         for (int b = 0; b < 4; b++) {
             size_t act0 = 0, fp80 = 0;
             for (int k = 0; k < 8; k++) {
-                cfg.micro_batch = mbs[b];
-                cfg.recompute = sets[k];
+                cfg.data.micro_batch = mbs[b];
+                cfg.memory.recompute = sets[k];
                 qt_mem_plan p;
                 QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
                 QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
@@ -275,7 +275,7 @@ static void test_plan_7b(void) {
                                                                  row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
                 if (k == 0) act0 = act, fp80 = row(&p, "fp8 activations");
                 /* the expected saving: (layers - 1) copies of each shared tensor (sizes are multiples of 256) */
-                size_t N = (size_t)mbs[b] * cfg.seq_len, r = qt_act_recompute_resolve(sets[k]), per = 0;
+                size_t N = (size_t)mbs[b] * cfg.data.seq_len, r = qt_act_recompute_resolve(sets[k]), per = 0;
                 if (r & QT_RC_NORM) per += 2 * N * C * 2;
                 if (r & QT_RC_QKV) per += N * QKV * 2;
                 if (r & QT_RC_ATT) per += N * HD * 2 + N * H * 4;

@@ -22,12 +22,12 @@ int main(int argc, char **argv) {
     static qt_config cfg;
     char err[2048], path[2048];
     qt_config_defaults(&cfg);
-    snprintf(cfg.init_from, sizeof cfg.init_from, "%s", argv[1]);
+    snprintf(cfg.init.from, sizeof cfg.init.from, "%s", argv[1]);
     cfg.device = !strcmp(argv[2], "cuda") ? QT_DEVICE_CUDA : QT_DEVICE_CPU;
     int B = atoi(argv[4]), T = atoi(argv[5]);
-    cfg.micro_batch = B;
-    cfg.gpus = 1; /* one replica is enough for logits */
-    cfg.seq_len = T;
+    cfg.data.micro_batch = B;
+    cfg.parallel.gpus = 1; /* one replica is enough for logits */
+    cfg.data.seq_len = T;
     snprintf(cfg.path, sizeof cfg.path, "tool_hf_dump");
     qt_layout L;
     float *w;

@@ -1,7 +1,7 @@
-/* fuzz_ckpt.c — the checkpoint reader (src/ckpt.c: qt_ckpt_open, qt_ckpt_get).
+/* fuzz_ckpt.c — the checkpoint reader (src/io/ckpt.c: qt_ckpt_open, qt_ckpt_get).
  *
  * Input: a mode byte, then the file. Mode bit 0: the harness first recomputes the header/table
- * checksum and every in-range blob's checksum (layout in src/ckpt.c: 64-byte header, 128-byte table
+ * checksum and every in-range blob's checksum (layout in src/io/ckpt.c: 64-byte header, 128-byte table
  * entries), so that the table and blob checks behind them are reached. Every blob of an accepted
  * file is read whole. */
 #include "fuzz_util.h"

@@ -1,4 +1,4 @@
-/* fuzz_config.c — the YAML config loader and --set overrides (src/config.c, src/config_keys.c).
+/* fuzz_config.c — the YAML config loader and --set overrides (src/config/config.c, src/config/config_keys.c).
  *
  * Input: YAML text, then up to 4 overrides, separated by NUL bytes. Beyond "no crash, no UB": a config
  * that loads must dump (--print-config) to YAML that loads back to an equal config. */

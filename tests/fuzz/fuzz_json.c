@@ -1,4 +1,4 @@
-/* fuzz_json.c — the JSON parser (src/json.c) and the HF config.json reader and writer (src/hf.c).
+/* fuzz_json.c — the JSON parser (src/core/json.c) and the HF config.json reader and writer (src/io/hf.c).
  *
  * The input is parsed as it is (not NUL-terminated, so an over-read is caught); the tree is walked.
  * A document that qt_hf_read_config accepts must be written by qt_hf_write_config as JSON that reads

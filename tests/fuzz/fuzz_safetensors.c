@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c — the safetensors import (src/hf.c: header, offsets, dtypes, data) into the
+/* fuzz_safetensors.c — the safetensors import (src/io/hf.c: header, offsets, dtypes, data) into the
  * tiny model of fuzz_tiny.h. Input: the whole file. An accepted import must leave only finite
  * weights. */
 #include <math.h>

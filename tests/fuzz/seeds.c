@@ -51,7 +51,7 @@ int main(void) {
     const char *names[] = {"a.bin", "a.bin.zst"};
     for (int z = 0; z < 2; z++) {
         snprintf(p, sizeof p, "%s/%s", tmp, names[z]);
-        check(qt_shard_write(p, tok, 40, 2, 50, 3, err, sizeof err), "shard");
+        check(qt_tokens_write(p, tok, 40, 2, 50, 3, err, sizeof err), "shard");
         snprintf(q, sizeof q, "%s/shard/%s", root, z ? "zst_raw" : "bin");
         with_mode(p, q, z ? 1 : 0);
     }

@@ -23,8 +23,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->L = L;
     ps->place = *pl;
     ps->shard = *sh;
-    ps->m_dt = cfg->opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
-    ps->v_dt = cfg->opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->m_dt = cfg->precision.opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->v_dt = cfg->precision.opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (pl->opt != QT_OPT_STATE_HOST) return ps;
     size_t ns = sh->len;
@@ -93,10 +93,10 @@ static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
         qt_shard_piece(sp, b, &lo, &len, &st);
         for (int i = 0; i < L->n_tensors; i++) {
             const qt_tensor *tt = &L->tensors[i];
-            int decay = tt->is_matrix || (cfg->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
+            int decay = tt->is_matrix || (cfg->optim.decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
             size_t a = tt->offset > lo ? tt->offset : lo;
             size_t e = tt->offset + tt->numel < lo + len ? tt->offset + tt->numel : lo + len;
-            if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? cfg->weight_decay : 0.0f, st + (a - lo)};
+            if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? cfg->optim.weight_decay : 0.0f, st + (a - lo)};
         }
     }
     int groups = ps->place.opt_per_bucket ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;

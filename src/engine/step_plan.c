@@ -11,14 +11,14 @@ void qt_step_plan_make(qt_step_plan *p, const qt_layout *L, const qt_config *cfg
     p->dp = n_ranks == 0 ? QT_DP_ONE : sharded && n_ranks > 1 ? QT_DP_SHARDED : QT_DP_REPLICATED;
     p->n_ranks = n_ranks ? n_ranks : 1;
     p->rank = rank;
-    p->offload_opt = cfg->offload_optimizer;
-    p->overlap = p->dp != QT_DP_ONE && cfg->overlap_comm;
+    p->offload_opt = cfg->memory.offload_optimizer;
+    p->overlap = p->dp != QT_DP_ONE && cfg->parallel.overlap_comm;
     p->opt_ahead = p->dp == QT_DP_ONE && p->offload_opt;
     p->weights_ahead = (p->dp == QT_DP_SHARDED && p->overlap) || p->opt_ahead;
     p->side_stream = p->dp != QT_DP_ONE || p->opt_ahead;
     p->lookups = p->dp == QT_DP_SHARDED && qt_gpu_model_lookups_pay(L, cfg, n_ranks);
-    p->reduce_bf16 = p->dp != QT_DP_ONE && cfg->reduce_dtype == QT_DT_BF16;
-    p->graphs = cfg->cuda_graphs;
-    p->fp8 = cfg->matmul_dtype == QT_DT_E4M3;
-    p->persistent_quants = p->fp8 && cfg->persistent_quants;
+    p->reduce_bf16 = p->dp != QT_DP_ONE && cfg->parallel.reduce_dtype == QT_DT_BF16;
+    p->graphs = cfg->perf.cuda_graphs;
+    p->fp8 = cfg->precision.matmul_dtype == QT_DT_E4M3;
+    p->persistent_quants = p->fp8 && cfg->precision.persistent_quants;
 }

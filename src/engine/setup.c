@@ -14,13 +14,13 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
     char path[QT_PATH_MAX + 32];
     if (cfg->hf_config[0]) {
         if (qt_hf_read_config(cfg->hf_config, &mc, err, errlen)) return -1;
-    } else if (cfg->init_from[0] && !cfg->model_inline) {
-        if (qt_hf_config_path(cfg->init_from, path, sizeof path, err, errlen) || qt_hf_read_config(path, &mc, err, errlen)) return -1;
+    } else if (cfg->init.from[0] && !cfg->model_inline) {
+        if (qt_hf_config_path(cfg->init.from, path, sizeof path, err, errlen) || qt_hf_read_config(path, &mc, err, errlen)) return -1;
     }
     qt_model_cfg_finish(&mc);
-    if (mc.max_seq_len < cfg->seq_len) {
+    if (mc.max_seq_len < cfg->data.seq_len) {
         snprintf(err, errlen, "%s: data.seq_len: expected <= model max_seq_len (%d), got %d", cfg->path,
-                 mc.max_seq_len, cfg->seq_len);
+                 mc.max_seq_len, cfg->data.seq_len);
         return -1;
     }
     if (qt_layout_init(L, &mc, err, errlen)) return -1;
@@ -30,14 +30,14 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
         qt_layout_free(L);
         return -1;
     }
-    if (cfg->init_from[0]) {
-        if (qt_hf_import(cfg->init_from, L, *w, err, errlen)) {
+    if (cfg->init.from[0]) {
+        if (qt_hf_import(cfg->init.from, L, *w, err, errlen)) {
             free(*w);
             qt_layout_free(L);
             return -1;
         }
     } else {
-        qt_layout_init_weights(L, *w, cfg->init_seed, cfg->init_std);
+        qt_layout_init_weights(L, *w, cfg->init.seed, cfg->init.std);
     }
     return 0;
 }
@@ -54,27 +54,27 @@ qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const floa
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
         return qt_engine_cpu_create(L, cfg, w0);
     }
-    int devs[QT_COMM_MAX_RANKS], n = cfg->gpus ? cfg->gpus : ngpu;
-    if (cfg->devices.n) { /* one rank per entry, several may share a GPU */
-        n = cfg->devices.n;
+    int devs[QT_COMM_MAX_RANKS], n = cfg->parallel.gpus ? cfg->parallel.gpus : ngpu;
+    if (cfg->parallel.devices.n) { /* one rank per entry, several may share a GPU */
+        n = cfg->parallel.devices.n;
         if (n > QT_COMM_MAX_RANKS) {
             snprintf(err, errlen, "%s: parallel.devices: %d ranks, expected at most %d", cfg->path, n, QT_COMM_MAX_RANKS);
             return NULL;
         }
         for (int r = 0; r < n; r++) {
-            if (cfg->devices.v[r] >= ngpu) {
+            if (cfg->parallel.devices.v[r] >= ngpu) {
                 snprintf(err, errlen, "%s: parallel.devices: entry %d is device %d, expected a device id < %d (%d visible)",
-                         cfg->path, r, cfg->devices.v[r], ngpu, ngpu);
+                         cfg->path, r, cfg->parallel.devices.v[r], ngpu, ngpu);
                 return NULL;
             }
-            devs[r] = cfg->devices.v[r];
+            devs[r] = cfg->parallel.devices.v[r];
         }
     } else {
         if (n > ngpu) {
             snprintf(err, errlen, "%s: parallel.gpus: %d GPUs asked for, %d visible", cfg->path, n, ngpu);
             return NULL;
         }
-        if (n > QT_COMM_MAX_RANKS && !cfg->gpus) n = QT_COMM_MAX_RANKS; /* "all visible", up to what comm serves */
+        if (n > QT_COMM_MAX_RANKS && !cfg->parallel.gpus) n = QT_COMM_MAX_RANKS; /* "all visible", up to what comm serves */
         if (n > QT_COMM_MAX_RANKS) {
             snprintf(err, errlen, "%s: parallel.gpus: %d, expected at most %d", cfg->path, n, QT_COMM_MAX_RANKS);
             return NULL;

@@ -20,7 +20,7 @@
 
 typedef struct {
     char *path;
-    qt_shard_header h;
+    qt_tokens_header h;
     uint64_t n_windows;
 } shard_info;
 
@@ -37,7 +37,7 @@ struct qt_loader {
     uint64_t *wperm; /* window order of shard wperm_file in epoch wperm_epoch (shuffle only) */
     uint64_t wperm_epoch;
     int wperm_file;
-    qt_shard_data data; /* the shard being read (data_file), or nothing (-1) */
+    qt_tokens_data data; /* the shard being read (data_file), or nothing (-1) */
     int data_file;
 };
 
@@ -91,13 +91,13 @@ static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
     ensure_order(l);
     int f = (int)l->order[l->pos.shard_cursor];
     if (l->data_file != f) {
-        const qt_shard_header *a = &l->sh[f].h, *b = &l->data.h;
-        qt_shard_unload(&l->data);
+        const qt_tokens_header *a = &l->sh[f].h, *b = &l->data.h;
+        qt_tokens_unload(&l->data);
         l->data_file = -1;
-        if (qt_shard_load(l->sh[f].path, l->vocab_limit, &l->data, err, errlen) != 0) return -1;
+        if (qt_tokens_load(l->sh[f].path, l->vocab_limit, &l->data, err, errlen) != 0) return -1;
         if (b->n_tokens != a->n_tokens || b->checksum != a->checksum || b->flags != a->flags ||
             b->token_bytes != a->token_bytes) {
-            qt_shard_unload(&l->data);
+            qt_tokens_unload(&l->data);
             snprintf(err, errlen, "%s: shard changed on disk since the loader opened it", l->sh[f].path);
             return -1;
         }
@@ -126,10 +126,10 @@ static int read_window(qt_loader *l, int32_t *in, int32_t *tg, char *err, size_t
     uint64_t w = l->shuffle ? l->wperm[l->pos.window_cursor] : l->pos.window_cursor;
     uint64_t start = w * (uint64_t)l->seq_len;
     const uint8_t *mask = l->data.mask;
-    uint32_t prev = qt_shard_token(&l->data, start);
+    uint32_t prev = qt_tokens_token(&l->data, start);
     for (int t = 0; t < l->seq_len; t++) {
         uint64_t i = start + t + 1;
-        uint32_t next = qt_shard_token(&l->data, i);
+        uint32_t next = qt_tokens_token(&l->data, i);
         in[t] = (int32_t)prev;
         tg[t] = !mask || mask[i] ? (int32_t)next : -1;
         prev = next;
@@ -171,7 +171,7 @@ uint64_t qt_loader_windows(const qt_loader *l) { return l->total_windows; }
 
 void qt_loader_free(qt_loader *l) {
     if (!l) return;
-    qt_shard_unload(&l->data);
+    qt_tokens_unload(&l->data);
     for (int i = 0; i < l->n_sh; i++) free(l->sh[i].path);
     free(l->sh);
     free(l->order);
@@ -219,7 +219,7 @@ static int scan_shards(qt_loader *l, char *err, size_t errlen) {
     uint64_t need = (uint64_t)l->seq_len + 1;
     for (int i = 0; i < l->n_sh; i++) {
         shard_info *s = &l->sh[i];
-        if (qt_shard_read_header(s->path, &s->h, err, errlen) != 0) return -1;
+        if (qt_tokens_read_header(s->path, &s->h, err, errlen) != 0) return -1;
         if (l->vocab_limit > 0 && s->h.vocab_size > l->vocab_limit) {
             snprintf(err, errlen, "%s: vocab_size %u > the model's vocab %u", s->path, s->h.vocab_size,
                      l->vocab_limit);

@@ -106,9 +106,9 @@ static int run_eval(qt_trainer *t, float *out, char *err, size_t errlen) {
     double sum = 0, tok_sum = 0;
     long valid = 0, v0 = -1;
     int ranks = t->eng->ranks, uneven = 0;
-    size_t ntok = (size_t)t->cfg->micro_batch * t->cfg->seq_len;
-    for (int i = 0; i < t->cfg->eval_batches; i += ranks) { /* one batch per GPU; spare GPUs get none */
-        int n = t->cfg->eval_batches - i < ranks ? t->cfg->eval_batches - i : ranks, same = 1;
+    size_t ntok = (size_t)t->cfg->data.micro_batch * t->cfg->data.seq_len;
+    for (int i = 0; i < t->cfg->eval.batches; i += ranks) { /* one batch per GPU; spare GPUs get none */
+        int n = t->cfg->eval.batches - i < ranks ? t->cfg->eval.batches - i : ranks, same = 1;
         long first = 0;
         for (int r = 0; r < ranks; r++) {
             if (r < n) {
@@ -146,25 +146,25 @@ static int run_eval(qt_trainer *t, float *out, char *err, size_t errlen) {
         free(keep);
     }
     if (uneven) *out = valid ? (float)(tok_sum / valid) : 0.0f;
-    else *out = (float)(sum / t->cfg->eval_batches);
+    else *out = (float)(sum / t->cfg->eval.batches);
     return 0;
 }
 
 static int export_model(qt_trainer *t, char *err, size_t errlen) {
     char dir[QT_PATH_MAX + 16];
-    if (t->cfg->export_dir[0]) snprintf(dir, sizeof dir, "%s", t->cfg->export_dir);
-    else snprintf(dir, sizeof dir, "%s/export", t->cfg->ckpt_dir);
+    if (t->cfg->export.dir[0]) snprintf(dir, sizeof dir, "%s", t->cfg->export.dir);
+    else snprintf(dir, sizeof dir, "%s/export", t->cfg->checkpoint.dir);
     float *w = malloc(t->eng->L->numel * sizeof(float));
     if (!w) {
         snprintf(err, errlen, "out of host memory for the export");
         return -1;
     }
-    int rc = qt_engine_get_weights(t->eng, w, err, errlen) ? -1 : qt_hf_export(dir, t->eng->L, w, t->cfg->export_bf16, err, errlen);
+    int rc = qt_engine_get_weights(t->eng, w, err, errlen) ? -1 : qt_hf_export(dir, t->eng->L, w, t->cfg->export.bf16, err, errlen);
     free(w);
-    if (rc == 0) printf("qtrain: exported %s/model.safetensors and config.json (%s)\n", dir, t->cfg->export_bf16 ? "bf16" : "fp32");
+    if (rc == 0) printf("qtrain: exported %s/model.safetensors and config.json (%s)\n", dir, t->cfg->export.bf16 ? "bf16" : "fp32");
     /* the tokenizer the data was made with: data.tokenizer, else init.from's when it has one */
-    const char *tok = t->cfg->tokenizer_dir[0] ? t->cfg->tokenizer_dir : t->cfg->init_from;
-    int n = rc == 0 && tok[0] ? qt_hf_export_tokenizer(dir, tok, t->cfg->tokenizer_dir[0] != 0, err, errlen) : 0;
+    const char *tok = t->cfg->data.tokenizer[0] ? t->cfg->data.tokenizer : t->cfg->init.from;
+    int n = rc == 0 && tok[0] ? qt_hf_export_tokenizer(dir, tok, t->cfg->data.tokenizer[0] != 0, err, errlen) : 0;
     if (n > 0) printf("qtrain: exported %d tokenizer files from %s\n", n, tok);
     return rc == 0 && n >= 0 ? 0 : -1;
 }
@@ -174,7 +174,7 @@ static int log_train(qt_trainer *t, float loss, float gnorm, float lr, double to
     const qt_config *c = t->cfg;
     char eta[32], f[256];
     fmt_duration(eta, sizeof eta, eta_s);
-    printf("step %6ld/%d | loss %.4f | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->steps,
+    printf("step %6ld/%d | loss %.4f | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->optim.steps,
            loss, gnorm, lr, tok_s, eta);
     fflush(stdout);
     snprintf(f, sizeof f, "\"loss\":%.6f,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f", loss, gnorm, lr, tok_s);
@@ -183,7 +183,7 @@ static int log_train(qt_trainer *t, float loss, float gnorm, float lr, double to
 
 static int log_eval(qt_trainer *t, float loss, char *err, size_t errlen) {
     char f[64];
-    printf("eval %6ld/%d | loss %.4f | ppl %.2f\n", t->step, t->cfg->steps, loss, exp(loss));
+    printf("eval %6ld/%d | loss %.4f | ppl %.2f\n", t->step, t->cfg->optim.steps, loss, exp(loss));
     fflush(stdout);
     snprintf(f, sizeof f, "\"loss\":%.6f", loss);
     return qt_train_log_write(&t->log, "eval", t->step, t->step * t->tok_per_step, f, err, errlen);
@@ -191,11 +191,11 @@ static int log_eval(qt_trainer *t, float loss, char *err, size_t errlen) {
 
 static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
-    t->train = qt_loader_open(c->train_glob, c->seq_len, c->micro_batch, 0, 1, c->seed, 1,
+    t->train = qt_loader_open(c->data.train, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 1,
                               (uint32_t)L->cfg.vocab_size, err, errlen);
     if (!t->train) return -1;
-    if (c->eval_glob[0] && c->eval_every > 0) {
-        t->eval = qt_loader_open(c->eval_glob, c->seq_len, c->micro_batch, 0, 1, c->seed, 0,
+    if (c->data.eval[0] && c->eval.every > 0) {
+        t->eval = qt_loader_open(c->data.eval, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 0,
                                  (uint32_t)L->cfg.vocab_size, err, errlen);
         if (!t->eval) return -1;
     }
@@ -216,14 +216,14 @@ static int diverged(qt_trainer *t, long bad, float loss, float gnorm, char *err,
 static int one_step(qt_trainer *t, float lr, float *loss, float *gnorm, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
     int ranks = t->eng->ranks;
-    size_t ntok = (size_t)c->micro_batch * c->seq_len;
+    size_t ntok = (size_t)c->data.micro_batch * c->data.seq_len;
     long valid = 0;
-    for (size_t k = 0; k < (size_t)c->grad_accum * ranks; k++) {
+    for (size_t k = 0; k < (size_t)c->data.grad_accum * ranks; k++) {
         if (qt_loader_next(t->train, t->in + k * ntok, t->tgt + k * ntok, err, errlen)) return 1;
         valid += count_targets(t->tgt + k * ntok, ntok);
     }
-    float scale = qt_loss_scale(c->grad_accum, ranks, valid);
-    for (size_t a = 0; a < (size_t)c->grad_accum; a++)
+    float scale = qt_loss_scale(c->data.grad_accum, ranks, valid);
+    for (size_t a = 0; a < (size_t)c->data.grad_accum; a++)
         if (qt_engine_micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale, err, errlen))
             return -1;
     if (qt_engine_opt_step(t->eng, lr, t->step + 1, loss, gnorm, err, errlen)) return -1;
@@ -237,10 +237,10 @@ static int one_step(qt_trainer *t, float lr, float *loss, float *gnorm, char *er
 
 static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
-    qt_sched sched = {c->schedule, c->lr, c->final_lr_frac, c->warmup, c->cooldown, c->steps};
+    qt_sched sched = {c->optim.schedule, c->optim.lr, c->optim.final_lr_frac, c->optim.warmup, c->optim.cooldown, c->optim.steps};
     double t0 = now_s(), tlast = t0;
     long start = t->step, last_logged = t->step;
-    long stop = o->stop_after >= 0 && o->stop_after < c->steps ? o->stop_after : c->steps;
+    long stop = o->stop_after >= 0 && o->stop_after < c->optim.steps ? o->stop_after : c->optim.steps;
     while (t->step < stop && !atomic_load(&g_stop)) {
         if (qt_trainer_poll_write(t, err, errlen)) return -1;
         float lr = qt_sched_lr(&sched, t->step), loss, gnorm;
@@ -250,14 +250,14 @@ static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st,
         t->step++;
         t->pos = qt_loader_get_pos(t->train);
         int last = t->step == stop;
-        if (t->step % c->log_every == 0 || last || t->step == start + 1) {
+        if (t->step % c->log.every == 0 || last || t->step == start + 1) {
             double tn = now_s(), tok_s = (t->step - last_logged) * t->tok_per_step / (tn - tlast);
-            double eta = (tn - t0) / (t->step - start) * (c->steps - t->step);
+            double eta = (tn - t0) / (t->step - start) * (c->optim.steps - t->step);
             if (log_train(t, loss, gnorm, lr, tok_s, eta, err, errlen)) return qt_trainer_save_after_error(t, err, errlen);
             tlast = tn;
             last_logged = t->step;
         }
-        if (t->eval && ((c->eval_every > 0 && t->step % c->eval_every == 0) || t->step == c->steps)) {
+        if (t->eval && ((c->eval.every > 0 && t->step % c->eval.every == 0) || t->step == c->optim.steps)) {
             float el = 0;
             int erc = run_eval(t, &el, err, errlen);
             if (erc < 0) return -1;
@@ -265,7 +265,7 @@ static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st,
             if (isnan(st->first_eval)) st->first_eval = el;
             st->last_eval = el;
         }
-        if ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last)
+        if ((c->checkpoint.every > 0 && t->step % c->checkpoint.every == 0) || last)
             if (qt_trainer_save(t, err, errlen)) return -1;
     }
     double dt = now_s() - t0;
@@ -277,21 +277,21 @@ static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st,
 /* What the run will need later, checked before the (long) model setup: checkpoint.dir created,
  * writable and locked, not another run's (fresh runs), log.file writable. */
 static int check_run_needs(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
-    if (qt_rundir_open(&t->dir, t->cfg->ckpt_dir, err, errlen)) return -1;
+    if (qt_rundir_open(&t->dir, t->cfg->checkpoint.dir, err, errlen)) return -1;
     if (!o->resume && qt_rundir_identity(&t->dir, t->cfg, 0, err, errlen)) return -1;
-    return qt_train_log_open(&t->log, t->cfg->log_file, o->resume != NULL, err, errlen);
+    return qt_train_log_open(&t->log, t->cfg->log.file, o->resume != NULL, err, errlen);
 }
 
 /* From a resumed checkpoint on: refuses a run with nothing left to train, then records the run. */
 static int begin_training(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
-    long stop = o->stop_after >= 0 && o->stop_after < c->steps ? o->stop_after : c->steps;
+    long stop = o->stop_after >= 0 && o->stop_after < c->optim.steps ? o->stop_after : c->optim.steps;
     if (o->resume && t->step >= stop)
         return qt_errf(err, errlen, "--resume: the checkpoint is at step %ld and the run ends at step %ld (%s): nothing "
                        "to train; raise optim.steps (e.g. --set optim.steps=%ld)", t->step, stop,
-                       stop == c->steps ? "optim.steps" : "--stop-after", t->step + (c->steps > 0 ? c->steps : 1));
+                       stop == c->optim.steps ? "optim.steps" : "--stop-after", t->step + (c->optim.steps > 0 ? c->optim.steps : 1));
     if (o->resume && qt_rundir_identity(&t->dir, c, 1, err, errlen)) return -1;
-    printf("qtrain: run %s, checkpoints in %s\n", t->dir.run_id, c->ckpt_dir);
+    printf("qtrain: run %s, checkpoints in %s\n", t->dir.run_id, c->checkpoint.dir);
     if (qt_train_log_config(&t->log, c, t->dir.run_id, o->resume != NULL, err, errlen)) return -1;
     return qt_trainer_ckpt_init(t, err, errlen);
 }
@@ -307,15 +307,15 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     qt_trainer t = {.cfg = cfg, .dir = {.lock_fd = -1}, .st = st, .saved_step = -1};
     qt_rng_seed(&t.rng, cfg->seed);
     int rc = -1, training = !o->export_only;
-    if (cfg->tokenizer_dir[0] && qt_hf_check_tokenizer(cfg->tokenizer_dir, err, errlen)) goto done;
+    if (cfg->data.tokenizer[0] && qt_hf_check_tokenizer(cfg->data.tokenizer, err, errlen)) goto done;
     if (training && check_run_needs(&t, o, err, errlen)) goto done;
     if (qt_model_setup(cfg, &L, &w0, err, errlen)) goto done;
     if (training && open_loaders(&t, &L, err, errlen)) goto done; /* an export needs no data */
     t.eng = qt_engine_create(&L, cfg, w0, err, errlen);
     if (!t.eng) goto done;
     /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
-    size_t ntok = (size_t)cfg->micro_batch * cfg->seq_len * t.eng->ranks * cfg->grad_accum;
-    t.tok_per_step = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum * t.eng->ranks;
+    size_t ntok = (size_t)cfg->data.micro_batch * cfg->data.seq_len * t.eng->ranks * cfg->data.grad_accum;
+    t.tok_per_step = (double)cfg->data.micro_batch * cfg->data.seq_len * cfg->data.grad_accum * t.eng->ranks;
     t.in = malloc(ntok * sizeof(int32_t));
     t.tgt = malloc(ntok * sizeof(int32_t));
     if (!t.in || !t.tgt) {
@@ -324,7 +324,7 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     }
     printf("qtrain: %s | %zu parameters | %d layers, hidden %d, heads %d/%d, vocab %d | %s | %.2f GFLOP/token\n",
            cfg->path, L.n_params, L.cfg.num_layers, L.cfg.hidden_size, L.cfg.num_heads, L.cfg.num_kv_heads,
-           L.cfg.vocab_size, t.eng->ops->name, qt_model_flops_per_token(&L.cfg, cfg->seq_len) * 1e-9);
+           L.cfg.vocab_size, t.eng->ops->name, qt_model_flops_per_token(&L.cfg, cfg->data.seq_len) * 1e-9);
     if (t.eng->ops->print_memory) t.eng->ops->print_memory(t.eng);
     if (o->resume && qt_trainer_load(&t, o->resume, o->allow_changed, err, errlen)) goto done;
     if (training) {
@@ -334,7 +334,7 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
         if (rc) goto done;
     }
     st->steps_done = t.step;
-    rc = t.step == cfg->steps || o->export_only ? export_model(&t, err, errlen) : 0;
+    rc = t.step == cfg->optim.steps || o->export_only ? export_model(&t, err, errlen) : 0;
 done:
     st->steps_done = t.step;
     qt_trainer_ckpt_free(&t);

@@ -39,13 +39,13 @@ static void cpu_opt_step(qt_engine *e, float lr, long t, float *loss, float *gno
     cpu_engine *c = (cpu_engine *)e;
     const qt_config *cfg = e->cfg;
     double norm = qt_grad_norm_cpu(c->g, e->L->numel);
-    float scale = qt_clip_scale(norm, cfg->grad_clip);
-    qt_adamw_hp hp = {lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay};
+    float scale = qt_clip_scale(norm, cfg->optim.grad_clip);
+    qt_adamw_hp hp = {lr, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps, cfg->optim.weight_decay};
     for (int i = 0; i < e->L->n_tensors; i++) {
         const qt_tensor *tt = &e->L->tensors[i];
-        int decay = tt->is_matrix || (cfg->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
+        int decay = tt->is_matrix || (cfg->optim.decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
         size_t o = tt->offset;
-        qt_adamw_cpu(c->w + o, c->g + o, c->m + o, c->v + o, tt->numel, &hp, decay ? cfg->weight_decay : 0.0f,
+        qt_adamw_cpu(c->w + o, c->g + o, c->m + o, c->v + o, tt->numel, &hp, decay ? cfg->optim.weight_decay : 0.0f,
                      t, scale);
     }
     memset(c->g, 0, e->L->numel * sizeof(float));
@@ -76,7 +76,7 @@ static void cpu_forward_logits(qt_engine *e, const int32_t *in, float *logits) {
     cpu_engine *c = (cpu_engine *)e;
     qt_cpu_model_forward(c->model, c->w, in, NULL);
     memcpy(logits, qt_cpu_model_logits(c->model),
-           (size_t)e->cfg->micro_batch * e->cfg->seq_len * e->L->cfg.vocab_size * sizeof(float));
+           (size_t)e->cfg->data.micro_batch * e->cfg->data.seq_len * e->L->cfg.vocab_size * sizeof(float));
 }
 
 static int cpu_state_items(qt_engine *e, qt_ckpt_item *items, int cap) {
@@ -151,6 +151,6 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const 
     c->v = calloc(L->numel, sizeof(float));
     QT_CHECK(c->w && c->g && c->m && c->v, "out of host memory for %zu parameters", L->numel);
     memcpy(c->w, w0, bytes);
-    c->model = qt_cpu_model_create(L, cfg->micro_batch, cfg->seq_len);
+    c->model = qt_cpu_model_create(L, cfg->data.micro_batch, cfg->data.seq_len);
     return &c->base;
 }

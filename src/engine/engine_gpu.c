@@ -58,10 +58,10 @@ static long upload(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
 static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
     gpu_engine *e = (gpu_engine *)b;
     QT_CHECK(qt_dp_sync_idle(e->sync), "rank %d: a micro-step after the last of this step (a step is data.grad_accum = %d "
-             "micro-steps)", e->plan.rank, b->cfg->grad_accum);
+             "micro-steps)", e->plan.rank, b->cfg->data.grad_accum);
     long valid = upload(e, in, tgt);
     e->valid_total += valid;
-    int last = e->plan.dp != QT_DP_ONE && ++e->micro_in_step == b->cfg->grad_accum;
+    int last = e->plan.dp != QT_DP_ONE && ++e->micro_in_step == b->cfg->data.grad_accum;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
      * cannot happen under capture. */
     int eager = !e->plan.graphs || e->micro_done == 0 || e->g->prof;
@@ -101,7 +101,7 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_dp_sync_join(e->sync);
     qt_dp_sync_reduce(e->sync);
     e->micro_in_step = 0;
-    qt_adamw_args a = {lr, c->beta1, c->beta2, c->eps, t, c->seed, c->stochastic_rounding};
+    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding};
     optimizer(e, &a);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));
@@ -264,21 +264,21 @@ static qt_param_placement placement(const qt_step_plan *p) {
 
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
                                 const qt_gpu_rank *rank, char *err, size_t errlen) {
-    if (cfg->matmul_dtype != QT_DT_BF16 && cfg->matmul_dtype != QT_DT_E4M3) {
+    if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.matmul_dtype != QT_DT_E4M3) {
         snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
-                 qt_dtype_name(cfg->matmul_dtype));
+                 qt_dtype_name(cfg->precision.matmul_dtype));
         return NULL;
     }
     QT_CUDA(cudaSetDevice(device));
-    if (cfg->matmul_dtype == QT_DT_E4M3) {
+    if (cfg->precision.matmul_dtype == QT_DT_E4M3) {
         struct cudaDeviceProp p;
         QT_CUDA(cudaGetDeviceProperties(&p, device));
-        if (qt_fp8_check(&L->cfg, cfg, (long)cfg->micro_batch * cfg->seq_len, p.major * 10 + p.minor, err, errlen))
+        if (qt_fp8_check(&L->cfg, cfg, (long)cfg->data.micro_batch * cfg->data.seq_len, p.major * 10 + p.minor, err, errlen))
             return NULL;
     }
     gpu_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
-    e->base = (qt_engine){cfg->matmul_dtype == QT_DT_E4M3 ? &fp8_ops : &gpu_ops, L, cfg, 1};
+    e->base = (qt_engine){cfg->precision.matmul_dtype == QT_DT_E4M3 ? &fp8_ops : &gpu_ops, L, cfg, 1};
     qt_shard one;
     if (rank) qt_step_plan_make(&e->plan, L, cfg, qt_comm_size(rank->comm), rank->rank, rank->shard->n_ranks > 1);
     else qt_step_plan_make(&e->plan, L, cfg, 0, 0, 0);

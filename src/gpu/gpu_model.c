@@ -6,7 +6,7 @@
  * The residual stream needs no copies: the fused RMSNorm adds the branch input into the buffer that
  * holds the branch output (o_proj / down output), which then *is* the next residual and stays saved
  * for the backward. dres, the residual-stream gradient, is fp32 and accumulates across the blocks.
- * With precision.matmul_dtype: e4m3 the blocks' four matmuls go through src/gpu_fp8.c (lin_fwd/lin_bwd);
+ * With precision.matmul_dtype: e4m3 the blocks' four matmuls go through src/gpu/gpu_fp8.c (lin_fwd/lin_bwd);
  * its buffers are the plan's "fp8 weights (persistent)" and "fp8 activations" rows. The kernels that
  * produce a matmul's input or output gradient (RMSNorm, SwiGLU, RoPE bwd) also fold its abs-max into
  * the fp8 scale record (fp8_amax), which saves the quantizer a pass over the tensor. Weights are read
@@ -35,7 +35,7 @@ size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, fl
 }
 
 int qt_gpu_model_lookups_pay(const qt_layout *L, const qt_config *cfg, int n_ranks) {
-    size_t n = (size_t)n_ranks, N = (size_t)cfg->micro_batch * cfg->seq_len;
+    size_t n = (size_t)n_ranks, N = (size_t)cfg->data.micro_batch * cfg->data.seq_len;
     size_t C = L->cfg.hidden_size, V = L->cfg.vocab_size;
     return n > 1 && n * N * (C + 1) < V * C;
 }
@@ -81,7 +81,7 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     g->ws = qt_mem_plan_carve(p, "kernel workspace", ws);
     if (g->fp8_fwd) {
         g->fp8_w = qt_mem_plan_carve(p, "fp8 weights (persistent)", qt_fp8_weight_bytes(c));
-        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->grad_dtype, fp8_xq_shared(g)));
+        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->precision.grad_dtype, fp8_xq_shared(g)));
     }
     return p->off;
 }
@@ -102,16 +102,16 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const q
     QT_CHECK(g, "out of host memory");
     g->L = L;
     g->cfg = cfg;
-    g->B = cfg->micro_batch;
-    g->T = cfg->seq_len;
+    g->B = cfg->data.micro_batch;
+    g->T = cfg->data.seq_len;
     g->N = (long)g->B * g->T;
-    g->lm_chunks = cfg->lmhead_chunks > 0 ? cfg->lmhead_chunks : 1;
+    g->lm_chunks = cfg->memory.lmhead_chunks > 0 ? cfg->memory.lmhead_chunks : 1;
     if (g->lm_chunks > g->N) g->lm_chunks = (int)g->N;
-    g->attn_chunks = cfg->attn_bwd_chunks < 1 ? 1 : cfg->attn_bwd_chunks > g->B ? g->B : cfg->attn_bwd_chunks;
-    g->fp8_fwd = cfg->matmul_dtype == QT_DT_E4M3;
-    g->fp8_bwd = g->fp8_fwd && cfg->grad_dtype != QT_DT_BF16;
+    g->attn_chunks = cfg->memory.attn_bwd_chunks < 1 ? 1 : cfg->memory.attn_bwd_chunks > g->B ? g->B : cfg->memory.attn_bwd_chunks;
+    g->fp8_fwd = cfg->precision.matmul_dtype == QT_DT_E4M3;
+    g->fp8_bwd = g->fp8_fwd && cfg->precision.grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
-    qt_act_policy ap = {.recompute = cfg->recompute};
+    qt_act_policy ap = {.recompute = cfg->memory.recompute};
     g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);
@@ -149,14 +149,14 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     carve_all(g, g->arena); /* second pass: now with real addresses */
     QT_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     g->mm = qt_matmul_create(0);
-    qt_matmul_set_autotune(g->mm, cfg->matmul_autotune);
+    qt_matmul_set_autotune(g->mm, cfg->perf.matmul_autotune);
     g->attn = qt_attention_create();
     cudaStream_t s = g->stream;
     qt_param_store_init(g->ps, cfg, w0, s);
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     if (g->fp8_fwd) {
-        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->grad_dtype, g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
+        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->precision.grad_dtype, g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
         qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
@@ -412,7 +412,7 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
 
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a) {
     /* without persistent quants the fp8 weights are rebuilt for every micro-batch */
-    if (g->fp8_fwd && !g->cfg->persistent_quants) {
+    if (g->fp8_fwd && !g->cfg->precision.persistent_quants) {
         qt_param_acquire_weights(g->ps, a->hooks, g->L->numel);
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, g->L, g->ps->w, 0, g->L->cfg.num_layers, g->stream);

@@ -1,5 +1,5 @@
 /* main.c — `qtrain run.yaml [--set key=value ...] [--resume [path]] [--stop-after N] [--export]`:
- * parses the command line and the config, then hands over to the training loop (src/train.c). */
+ * parses the command line and the config, then hands over to the training loop (src/train/train.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -59,9 +59,9 @@ static uint32_t get32(const uint8_t *p) {
 }
 static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
-static void encode_header(uint8_t *b, const qt_shard_header *h) {
-    memset(b, 0, QT_SHARD_HEADER_BYTES);
-    memcpy(b, QT_SHARD_MAGIC, 8);
+static void encode_header(uint8_t *b, const qt_tokens_header *h) {
+    memset(b, 0, QT_TOKENS_HEADER_BYTES);
+    memcpy(b, QT_TOKENS_MAGIC, 8);
     put32(b + 8, h->version);
     put32(b + 12, h->token_bytes);
     put64(b + 16, h->n_tokens);
@@ -71,17 +71,17 @@ static void encode_header(uint8_t *b, const qt_shard_header *h) {
 }
 
 /* Decodes and checks the fields that do not need the payload. */
-static int decode_header(const uint8_t *b, qt_shard_header *h, const char *path, char *err, size_t errlen) {
-    if (memcmp(b, QT_SHARD_MAGIC, 8) != 0) return fail(err, errlen, path, "bad magic (expected QTTOKENS)");
+static int decode_header(const uint8_t *b, qt_tokens_header *h, const char *path, char *err, size_t errlen) {
+    if (memcmp(b, QT_TOKENS_MAGIC, 8) != 0) return fail(err, errlen, path, "bad magic (expected QTTOKENS)");
     h->version = get32(b + 8);
     h->token_bytes = get32(b + 12);
     h->n_tokens = get64(b + 16);
     h->vocab_size = get32(b + 24);
     h->flags = get32(b + 28);
     h->checksum = get64(b + 32);
-    if (h->version != 1 && h->version != QT_SHARD_VERSION)
-        return fail(err, errlen, path, "unsupported version %u (expected 1 or %d)", h->version, QT_SHARD_VERSION);
-    uint32_t known = h->version == 1 ? 0 : QT_SHARD_FLAG_MASK; /* version 1: the field is reserved, 0 */
+    if (h->version != 1 && h->version != QT_TOKENS_VERSION)
+        return fail(err, errlen, path, "unsupported version %u (expected 1 or %d)", h->version, QT_TOKENS_VERSION);
+    uint32_t known = h->version == 1 ? 0 : QT_TOKENS_FLAG_MASK; /* version 1: the field is reserved, 0 */
     if (h->flags & ~known)
         return fail(err, errlen, path, "unknown flags 0x%x in a version %u header (expected 0x%x or less)",
                     h->flags, h->version, known);
@@ -89,7 +89,7 @@ static int decode_header(const uint8_t *b, qt_shard_header *h, const char *path,
         return fail(err, errlen, path, "token_bytes is %u (expected 2 or 4)", h->token_bytes);
     if (h->vocab_size == 0 || (h->token_bytes == 2 && h->vocab_size > 65536))
         return fail(err, errlen, path, "vocab_size %u does not fit token_bytes %u", h->vocab_size, h->token_bytes);
-    if (h->n_tokens > (SIZE_MAX - QT_SHARD_HEADER_BYTES) / (h->token_bytes + 1))
+    if (h->n_tokens > (SIZE_MAX - QT_TOKENS_HEADER_BYTES) / (h->token_bytes + 1))
         return fail(err, errlen, path, "header says %llu tokens, too many for this machine",
                     (unsigned long long)h->n_tokens);
     return 0;
@@ -122,8 +122,8 @@ static int write_bytes(FILE *f, ZSTD_CCtx *cctx, const void *src, size_t n, int 
 
 /* use_zstd: compress the whole file (header + tokens + mask) as one zstd frame at zstd_level. */
 static int write_file(FILE *f, const uint32_t *tokens, const uint8_t *mask, uint64_t n, int tb,
-                      const qt_shard_header *h, int use_zstd, int zstd_level) {
-    uint8_t hb[QT_SHARD_HEADER_BYTES];
+                      const qt_tokens_header *h, int use_zstd, int zstd_level) {
+    uint8_t hb[QT_TOKENS_HEADER_BYTES];
     encode_header(hb, h);
     ZSTD_CCtx *cctx = NULL;
     size_t zcap = ZSTD_CStreamOutSize();
@@ -152,12 +152,12 @@ static int write_file(FILE *f, const uint32_t *tokens, const uint8_t *mask, uint
     return rc;
 }
 
-int qt_shard_write(const char *path, const uint32_t *tokens, uint64_t n, int token_bytes,
+int qt_tokens_write(const char *path, const uint32_t *tokens, uint64_t n, int token_bytes,
                    uint32_t vocab_size, int zstd_level, char *err, size_t errlen) {
-    return qt_shard_write_masked(path, tokens, NULL, n, token_bytes, vocab_size, zstd_level, err, errlen);
+    return qt_tokens_write_masked(path, tokens, NULL, n, token_bytes, vocab_size, zstd_level, err, errlen);
 }
 
-int qt_shard_write_masked(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
+int qt_tokens_write_masked(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
                           int token_bytes, uint32_t vocab_size, int zstd_level, char *err, size_t errlen) {
     if (token_bytes != 2 && token_bytes != 4)
         return fail(err, errlen, path, "token_bytes %d (expected 2 or 4)", token_bytes);
@@ -181,8 +181,8 @@ int qt_shard_write_masked(const char *path, const uint32_t *tokens, const uint8_
             return fail(err, errlen, path, "mask byte %u at index %llu (expected 0 or 1)", mask[i],
                         (unsigned long long)i);
     if (mask) sum = qt_crc32(sum, mask, (size_t)n);
-    qt_shard_header h = {.version = QT_SHARD_VERSION, .token_bytes = (uint32_t)token_bytes,
-                         .vocab_size = vocab_size, .flags = mask ? QT_SHARD_FLAG_MASK : 0, .n_tokens = n,
+    qt_tokens_header h = {.version = QT_TOKENS_VERSION, .token_bytes = (uint32_t)token_bytes,
+                         .vocab_size = vocab_size, .flags = mask ? QT_TOKENS_FLAG_MASK : 0, .n_tokens = n,
                          .checksum = sum};
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
@@ -253,13 +253,13 @@ static int64_t zreader_read(zreader *z, void *dst, size_t cap, const char *path,
     return (int64_t)ob.pos;
 }
 
-uint64_t qt_shard_payload_bytes(const qt_shard_header *h) {
-    return h->n_tokens * (h->token_bytes + (h->flags & QT_SHARD_FLAG_MASK ? 1 : 0));
+uint64_t qt_tokens_payload_bytes(const qt_tokens_header *h) {
+    return h->n_tokens * (h->token_bytes + (h->flags & QT_TOKENS_FLAG_MASK ? 1 : 0));
 }
 
-static int check_bin_size(const char *path, const qt_shard_header *h, uint64_t size, char *err, size_t errlen) {
-    uint64_t want = QT_SHARD_HEADER_BYTES + qt_shard_payload_bytes(h);
-    const char *what = h->flags & QT_SHARD_FLAG_MASK ? " and their mask" : "";
+static int check_bin_size(const char *path, const qt_tokens_header *h, uint64_t size, char *err, size_t errlen) {
+    uint64_t want = QT_TOKENS_HEADER_BYTES + qt_tokens_payload_bytes(h);
+    const char *what = h->flags & QT_TOKENS_FLAG_MASK ? " and their mask" : "";
     if (size < want)
         return fail(err, errlen, path, "truncated: header says %llu tokens%s (%llu bytes), file has %llu bytes",
                     (unsigned long long)h->n_tokens, what, (unsigned long long)want, (unsigned long long)size);
@@ -270,17 +270,17 @@ static int check_bin_size(const char *path, const qt_shard_header *h, uint64_t s
 }
 
 /* Opens a .bin and checks its header and file size. Returns the open fd (the caller closes it) or -1. */
-static int open_bin(const char *path, qt_shard_header *h, uint64_t *size, char *err, size_t errlen) {
-    uint8_t hb[QT_SHARD_HEADER_BYTES];
+static int open_bin(const char *path, qt_tokens_header *h, uint64_t *size, char *err, size_t errlen) {
+    uint8_t hb[QT_TOKENS_HEADER_BYTES];
     struct stat st;
     int fd = open(path, O_RDONLY);
     if (fd < 0) return fail(err, errlen, path, "cannot open: %s", strerror(errno));
     int rc = 0;
     if (fstat(fd, &st) != 0) rc = fail(err, errlen, path, "cannot stat: %s", strerror(errno));
     *size = rc ? 0 : (uint64_t)st.st_size;
-    if (rc == 0 && *size < QT_SHARD_HEADER_BYTES)
+    if (rc == 0 && *size < QT_TOKENS_HEADER_BYTES)
         rc = fail(err, errlen, path, "truncated: file has %llu bytes, fewer than the %d-byte header",
-                  (unsigned long long)*size, QT_SHARD_HEADER_BYTES);
+                  (unsigned long long)*size, QT_TOKENS_HEADER_BYTES);
     if (rc == 0 && pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb)
         rc = fail(err, errlen, path, "cannot read header: %s", strerror(errno));
     if (rc == 0) rc = decode_header(hb, h, path, err, errlen);
@@ -293,18 +293,18 @@ static int open_bin(const char *path, qt_shard_header *h, uint64_t *size, char *
 }
 
 /* Opens a .zst and decompresses and checks its header; z is left open either way (zreader_close). */
-static int open_zst(zreader *z, const char *path, qt_shard_header *h, char *err, size_t errlen) {
-    uint8_t hb[QT_SHARD_HEADER_BYTES];
+static int open_zst(zreader *z, const char *path, qt_tokens_header *h, char *err, size_t errlen) {
+    uint8_t hb[QT_TOKENS_HEADER_BYTES];
     if (zreader_open(z, path, err, errlen) != 0) return -1;
     int64_t got = zreader_read(z, hb, sizeof hb, path, err, errlen);
     if (got < 0) return -1;
-    if (got < QT_SHARD_HEADER_BYTES)
+    if (got < QT_TOKENS_HEADER_BYTES)
         return fail(err, errlen, path, "truncated: %lld bytes decompressed, fewer than the %d-byte header",
-                    (long long)got, QT_SHARD_HEADER_BYTES);
+                    (long long)got, QT_TOKENS_HEADER_BYTES);
     return decode_header(hb, h, path, err, errlen);
 }
 
-int qt_shard_read_header(const char *path, qt_shard_header *h, char *err, size_t errlen) {
+int qt_tokens_read_header(const char *path, qt_tokens_header *h, char *err, size_t errlen) {
     if (is_zst(path)) {
         zreader z;
         int rc = open_zst(&z, path, h, err, errlen);
@@ -318,11 +318,11 @@ int qt_shard_read_header(const char *path, qt_shard_header *h, char *err, size_t
     return 0;
 }
 
-static int load_zst(const char *path, qt_shard_data *d, char *err, size_t errlen) {
+static int load_zst(const char *path, qt_tokens_data *d, char *err, size_t errlen) {
     zreader z;
     uint8_t extra[16];
     int64_t got = open_zst(&z, path, &d->h, err, errlen);
-    size_t plen = got >= 0 ? (size_t)qt_shard_payload_bytes(&d->h) : 0;
+    size_t plen = got >= 0 ? (size_t)qt_tokens_payload_bytes(&d->h) : 0;
     if (got >= 0 && !(d->base_ = malloc(plen ? plen : 1)))
         got = fail(err, errlen, path, "cannot allocate %zu bytes for the payload", plen);
     if (got >= 0 && (got = zreader_read(&z, d->base_, plen, path, err, errlen)) >= 0 && (size_t)got < plen)
@@ -350,18 +350,18 @@ static int load_zst(const char *path, qt_shard_data *d, char *err, size_t errlen
 
 /* Reads the payload with pread: a file truncated since open_bin checked its size is a short read,
  * reported as an error (with mmap it would be SIGBUS on first touch). */
-static int load_bin(const char *path, qt_shard_data *d, char *err, size_t errlen) {
+static int load_bin(const char *path, qt_tokens_data *d, char *err, size_t errlen) {
     uint64_t size;
     int fd = open_bin(path, &d->h, &size, err, errlen);
     if (fd < 0) return -1;
-    size_t plen = (size_t)qt_shard_payload_bytes(&d->h), done = 0;
+    size_t plen = (size_t)qt_tokens_payload_bytes(&d->h), done = 0;
     uint8_t *buf = malloc(plen ? plen : 1);
     int rc = buf ? 0 : fail(err, errlen, path, "cannot allocate %zu bytes for the payload", plen);
     while (rc == 0 && done < plen) {
         size_t want = plen - done < ((size_t)1 << 30) ? plen - done : (size_t)1 << 30;
-        ssize_t got = pread(fd, buf + done, want, (off_t)(QT_SHARD_HEADER_BYTES + done));
+        ssize_t got = pread(fd, buf + done, want, (off_t)(QT_TOKENS_HEADER_BYTES + done));
         if (got < 0 && errno == EINTR) continue;
-        if (got < 0) rc = fail(err, errlen, path, "read error at byte %zu: %s", QT_SHARD_HEADER_BYTES + done,
+        if (got < 0) rc = fail(err, errlen, path, "read error at byte %zu: %s", QT_TOKENS_HEADER_BYTES + done,
                                strerror(errno));
         else if (got == 0)
             rc = fail(err, errlen, path, "truncated while reading: %zu of %zu payload bytes (the file shrank "
@@ -378,21 +378,21 @@ static int load_bin(const char *path, qt_shard_data *d, char *err, size_t errlen
     return 0;
 }
 
-int qt_shard_load(const char *path, uint32_t vocab_limit, qt_shard_data *d, char *err, size_t errlen) {
+int qt_tokens_load(const char *path, uint32_t vocab_limit, qt_tokens_data *d, char *err, size_t errlen) {
     memset(d, 0, sizeof *d);
     if ((is_zst(path) ? load_zst : load_bin)(path, d, err, errlen) != 0) return -1;
-    const qt_shard_header *h = &d->h;
+    const qt_tokens_header *h = &d->h;
     int rc = 0;
     if (vocab_limit > 0 && h->vocab_size > vocab_limit)
         rc = fail(err, errlen, path, "vocab_size %u > the model's vocab %u", h->vocab_size, vocab_limit);
-    size_t plen = (size_t)qt_shard_payload_bytes(h);
+    size_t plen = (size_t)qt_tokens_payload_bytes(h);
     uint64_t sum = rc                  ? 0
                    : h->version == 1 ? qt_fnv1a64(d->payload, plen, QT_FNV_INIT)
                                      : qt_crc32(0, d->payload, plen);
     if (rc == 0 && sum != h->checksum)
         rc = fail(err, errlen, path, "checksum mismatch (header 0x%016llx, payload 0x%016llx)",
                   (unsigned long long)h->checksum, (unsigned long long)sum);
-    if (rc == 0 && (h->flags & QT_SHARD_FLAG_MASK)) {
+    if (rc == 0 && (h->flags & QT_TOKENS_FLAG_MASK)) {
         d->mask = d->payload + h->n_tokens * h->token_bytes;
         for (uint64_t i = 0; i < h->n_tokens && rc == 0; i++)
             if (d->mask[i] > 1)
@@ -401,7 +401,7 @@ int qt_shard_load(const char *path, uint32_t vocab_limit, qt_shard_data *d, char
     }
     if (rc == 0 && (h->token_bytes == 4 || h->vocab_size < 65536)) {
         for (uint64_t i = 0; i < h->n_tokens; i++) {
-            uint32_t t = qt_shard_token(d, i);
+            uint32_t t = qt_tokens_token(d, i);
             if (t >= h->vocab_size) {
                 rc = fail(err, errlen, path, "token %u at index %llu >= vocab_size %u", t, (unsigned long long)i,
                           h->vocab_size);
@@ -409,27 +409,27 @@ int qt_shard_load(const char *path, uint32_t vocab_limit, qt_shard_data *d, char
             }
         }
     }
-    if (rc != 0) qt_shard_unload(d);
+    if (rc != 0) qt_tokens_unload(d);
     return rc;
 }
 
-void qt_shard_unload(qt_shard_data *d) {
+void qt_tokens_unload(qt_tokens_data *d) {
     free(d->base_);
     memset(d, 0, sizeof *d);
 }
 
-int qt_shard_read(const char *path, uint32_t **tokens, qt_shard_header *h, char *err, size_t errlen) {
-    qt_shard_data d;
+int qt_tokens_read(const char *path, uint32_t **tokens, qt_tokens_header *h, char *err, size_t errlen) {
+    qt_tokens_data d;
     *tokens = NULL;
-    if (qt_shard_load(path, 0, &d, err, errlen) != 0) return -1;
+    if (qt_tokens_load(path, 0, &d, err, errlen) != 0) return -1;
     uint32_t *t = malloc(d.h.n_tokens ? (size_t)d.h.n_tokens * sizeof *t : 1);
     if (!t) {
-        qt_shard_unload(&d);
+        qt_tokens_unload(&d);
         return fail(err, errlen, path, "cannot allocate %llu tokens", (unsigned long long)d.h.n_tokens);
     }
-    for (uint64_t i = 0; i < d.h.n_tokens; i++) t[i] = qt_shard_token(&d, i);
+    for (uint64_t i = 0; i < d.h.n_tokens; i++) t[i] = qt_tokens_token(&d, i);
     if (h) *h = d.h;
     *tokens = t;
-    qt_shard_unload(&d);
+    qt_tokens_unload(&d);
     return 0;
 }

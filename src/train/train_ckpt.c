@@ -32,13 +32,13 @@ void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap)
 }
 
 static void ckpt_path(const qt_trainer *t, long step, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s/ckpt_%08ld.qtc", t->cfg->ckpt_dir, step);
+    snprintf(buf, cap, "%s/ckpt_%08ld.qtc", t->cfg->checkpoint.dir, step);
 }
 
 void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap) {
     char p[QT_PATH_MAX + 32];
     long *steps = NULL;
-    int n = qt_ckpt_list(t->cfg->ckpt_dir, &steps);
+    int n = qt_ckpt_list(t->cfg->checkpoint.dir, &steps);
     if (n > 0) {
         ckpt_path(t, steps[0], p, sizeof p);
         snprintf(buf, cap, "the newest checkpoint, %s, is kept", p);
@@ -139,7 +139,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     t->saved_step = t->step; /* read by qt_trainer_check_finite on the writer thread, which starts after this */
     t->write_bytes = 0;
     for (int i = 0; i < n; i++) t->write_bytes += items[i].bytes;
-    if (qt_ckpt_writer_start(t->writer, t->cfg->ckpt_dir, t->step, t->cfg->ckpt_keep, items, n, err, errlen)) return -1;
+    if (qt_ckpt_writer_start(t->writer, t->cfg->checkpoint.dir, t->step, t->cfg->checkpoint.keep, items, n, err, errlen)) return -1;
     double stall = now_s() - t0;
     t->st->ckpts++;
     if (stall > t->st->ckpt_stall_max_s) t->st->ckpt_stall_max_s = stall;
@@ -184,7 +184,7 @@ int qt_trainer_stop(qt_trainer *t, int sig, char *err, size_t errlen) {
     } else {
         ckpt_path(t, t->saved_step, p, sizeof p);
         printf("qtrain: stopped by %s after step %ld/%d; checkpoint %s; continue with --resume\n", why, t->step,
-               t->cfg->steps, p);
+               t->cfg->optim.steps, p);
     }
     fflush(stdout);
     return QT_TRAIN_STOPPED;
@@ -211,7 +211,7 @@ void qt_trainer_ckpt_free(qt_trainer *t) {
  * (when this run holds the directory's lock) moved aside to <name>.bad. */
 static qt_ckpt *open_latest(qt_trainer *t, char *path, size_t cap, char *err, size_t errlen) {
     long *steps = NULL;
-    int n = qt_ckpt_list(t->cfg->ckpt_dir, &steps);
+    int n = qt_ckpt_list(t->cfg->checkpoint.dir, &steps);
     qt_ckpt *ck = NULL;
     for (int i = 0; i < n && !ck; i++) {
         char e2[2048];
@@ -225,8 +225,8 @@ static qt_ckpt *open_latest(qt_trainer *t, char *path, size_t cap, char *err, si
                 path, moved ? ", moved aside to " : "", moved ? bad : "");
     }
     if (!ck) {
-        if (n == 0) qt_errf(err, errlen, "--resume: no checkpoint (ckpt_*.qtc) in %s", t->cfg->ckpt_dir);
-        else qt_errf(err, errlen, "--resume: none of the %d checkpoints in %s is valid (see the warnings)", n, t->cfg->ckpt_dir);
+        if (n == 0) qt_errf(err, errlen, "--resume: no checkpoint (ckpt_*.qtc) in %s", t->cfg->checkpoint.dir);
+        else qt_errf(err, errlen, "--resume: none of the %d checkpoints in %s is valid (see the warnings)", n, t->cfg->checkpoint.dir);
     }
     free(steps);
     return ck;

@@ -325,7 +325,7 @@ static where model_key_at(const ctx *x, const char *msg) {
 /* Checks that span keys: model source, the inline model's shape, schedule length, sequence length. */
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
-    if ((c->hf_config[0] || c->init_from[0]) && c->model_inline) {
+    if ((c->hf_config[0] || c->init.from[0]) && c->model_inline) {
         const qt_config_key *k = qt_config_key_at(x->first_inline);
         char v[QT_KEY_TEXT_MAX];
         qt_config_key_format(c, k, v, sizeof v);
@@ -334,23 +334,23 @@ static int cross_check(ctx *x) {
                                     : "init.from is set (its config.json defines the model)",
                     v);
     }
-    if ((long)c->warmup + c->cooldown > c->steps) {
+    if ((long)c->optim.warmup + c->optim.cooldown > c->optim.steps) {
         where ww = at_of(x, "optim.warmup"), wc = at_of(x, "optim.cooldown");
         const char *key = given(ww) ? "optim.warmup" : given(wc) ? "optim.cooldown" : "optim.steps";
-        int v = given(ww) ? c->warmup : given(wc) ? c->cooldown : c->steps;
+        int v = given(ww) ? c->optim.warmup : given(wc) ? c->optim.cooldown : c->optim.steps;
         if (!strcmp(key, "optim.steps"))
             return fail(x, at_of(x, key), key, "expected >= warmup + cooldown (%d), got \"%d\"",
-                        c->warmup + c->cooldown, v);
-        return fail(x, at_of(x, key), key, "expected warmup + cooldown <= steps (%d), got \"%d\"", c->steps, v);
+                        c->optim.warmup + c->optim.cooldown, v);
+        return fail(x, at_of(x, key), key, "expected warmup + cooldown <= steps (%d), got \"%d\"", c->optim.steps, v);
     }
-    if ((int64_t)c->micro_batch * c->seq_len > INT32_MAX) {
+    if ((int64_t)c->data.micro_batch * c->data.seq_len > INT32_MAX) {
         where wm = at_of(x, "data.micro_batch");
         const char *key = given(wm) ? "data.micro_batch" : "data.seq_len";
         return fail(x, at_of(x, key), key, "expected micro_batch x seq_len <= 2^31 - 1 tokens, got %d x %d",
-                    c->micro_batch, c->seq_len);
+                    c->data.micro_batch, c->data.seq_len);
     }
     /* Only when this file defines the model: hf_config / init.from are resolved by the trainer. */
-    if (c->hf_config[0] || c->init_from[0]) return 0;
+    if (c->hf_config[0] || c->init.from[0]) return 0;
     qt_model_cfg m = c->model;
     char msg[256];
     qt_model_cfg_finish(&m);
@@ -358,12 +358,12 @@ static int cross_check(ctx *x) {
         where w = model_key_at(x, msg);
         return fail(x, w, NULL, "%s", msg);
     }
-    if (c->seq_len > c->model.max_seq_len) {
+    if (c->data.seq_len > c->model.max_seq_len) {
         where ws = at_of(x, "data.seq_len");
         const char *key = given(ws) ? "data.seq_len" : "model.max_seq_len";
         if (given(ws))
-            return fail(x, ws, key, "expected <= model.max_seq_len (%d), got \"%d\"", c->model.max_seq_len, c->seq_len);
-        return fail(x, at_of(x, key), key, "expected >= data.seq_len (%d), got \"%d\"", c->seq_len,
+            return fail(x, ws, key, "expected <= model.max_seq_len (%d), got \"%d\"", c->model.max_seq_len, c->data.seq_len);
+        return fail(x, at_of(x, key), key, "expected >= data.seq_len (%d), got \"%d\"", c->data.seq_len,
                     c->model.max_seq_len);
     }
     return 0;

@@ -315,7 +315,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
     QT_CHECK(d, "out of host memory");
     const qt_shard *sh = &g->ps->shard;
     int nl = g->L->cfg.num_layers;
-    *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = cfg->grad_clip, .comm = comm,
+    *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = cfg->optim.grad_clip, .comm = comm,
                       .sent = sh->n_buckets, .gathered = sh->n_buckets, .ag_delay_ms = ag_delay_ms};
     d->wait_hooks = (qt_param_hooks){p->weights_ahead ? weights_wait : NULL, NULL, NULL, d};
     /* The side stream has default priority: with a high one the bucket sums' kernels took SMs ahead of

@@ -82,9 +82,9 @@ int qt_fp8_check(const qt_model_cfg *c, const qt_config *cfg, long N, int cc, ch
                  cfg->path, cc / 10, cc % 10);
         return -1;
     }
-    if (cfg->grad_dtype != QT_DT_E4M3 && cfg->grad_dtype != QT_DT_E5M2 && cfg->grad_dtype != QT_DT_BF16) {
+    if (cfg->precision.grad_dtype != QT_DT_E4M3 && cfg->precision.grad_dtype != QT_DT_E5M2 && cfg->precision.grad_dtype != QT_DT_BF16) {
         snprintf(err, errlen, "%s: precision.grad_dtype: %s with matmul_dtype e4m3: expected e4m3, e5m2 or bf16",
-                 cfg->path, qt_dtype_name(cfg->grad_dtype));
+                 cfg->path, qt_dtype_name(cfg->precision.grad_dtype));
         return -1;
     }
     int in[QT_FP8_NMM], out[QT_FP8_NMM];

@@ -112,7 +112,7 @@ static void job_create(dp_engine *d, int r) {
     d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
 }
 static void job_micro(dp_engine *d, int r) {
-    size_t ntok = (size_t)d->base.cfg->micro_batch * d->base.cfg->seq_len;
+    size_t ntok = (size_t)d->base.cfg->data.micro_batch * d->base.cfg->data.seq_len;
     d->rk[r]->ops->micro_step(d->rk[r], d->in + r * ntok, d->tgt ? d->tgt + r * ntok : NULL, d->scale);
 }
 static void job_opt(dp_engine *d, int r) {
@@ -121,7 +121,7 @@ static void job_opt(dp_engine *d, int r) {
     d->rk[r]->ops->opt_step(d->rk[r], d->lr, d->t, &d->loss[r], &d->gnorm[r]);
 }
 static void job_eval(dp_engine *d, int r) {
-    size_t ntok = (size_t)d->base.cfg->micro_batch * d->base.cfg->seq_len;
+    size_t ntok = (size_t)d->base.cfg->data.micro_batch * d->base.cfg->data.seq_len;
     d->loss[r] = d->rk[r]->ops->eval_loss(d->rk[r], d->in + r * ntok, d->tgt + r * ntok);
 }
 static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->out); }
@@ -329,9 +329,9 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     d->base = (qt_engine){&d->ops, L, cfg, n};
     d->n = n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
-    d->sharded = cfg->shard_optimizer && n > 1;
+    d->sharded = cfg->parallel.shard_optimizer && n > 1;
     for (int r = 0; r < n; r++)
-        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, cfg->overlap_comm && n > 1);
+        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, cfg->parallel.overlap_comm && n > 1);
     const qt_test_hooks *th = qt_test_hooks_get();
     d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
     d->fail_step = th->dp_fail_step;
@@ -340,10 +340,10 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     pthread_cond_init(&d->done, NULL);
     /* auto: the link probe decides, printed once. Sums that overlap the backward pull with copy engines
      * and reduce locally: reductions that load from peers take SMs from the backward (slower there). */
-    qt_comm_opts opts = {.probe_log = stdout, .peer_rs = cfg->overlap_comm && n > 1 ? QT_COMM_RS_COPY : QT_COMM_RS_AUTO};
-    d->comm = qt_comm_create(n, devices, cfg->comm, 0, &opts);
+    qt_comm_opts opts = {.probe_log = stdout, .peer_rs = cfg->parallel.overlap_comm && n > 1 ? QT_COMM_RS_COPY : QT_COMM_RS_AUTO};
+    d->comm = qt_comm_create(n, devices, cfg->parallel.comm, 0, &opts);
     qt_comm_kind kind = qt_comm_kind_of(d->comm);
-    if ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && cfg->reduce_dtype == QT_DT_F32)
+    if ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && cfg->parallel.reduce_dtype == QT_DT_F32)
         printf("qtrain: the gradients cross host memory as fp32; parallel.reduce_dtype: bf16 halves those bytes\n");
     QT_CUDA(cudaSetDevice(devices[0]));
     for (int r = 0; r < n; r++) {
@@ -363,8 +363,8 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
     snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs,
              qt_comm_name(d->comm), d->sharded ? ", optimizer state sharded" : "",
-             cfg->reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "",
-             cfg->overlap_comm && n > 1 ? ", sums overlapped with the backward" : "");
+             cfg->parallel.reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "",
+             cfg->parallel.overlap_comm && n > 1 ? ", sums overlapped with the backward" : "");
     d->ops.name = d->name;
     return &d->base;
 }
