@@ -78,6 +78,16 @@ struct qt_engine {
     int ranks;            /* micro-batches per micro_step: inputs/targets hold ranks x [B*T], one per GPU */
 };
 
+/* Resolves the model (model.hf_config, else init.from's config.json when no inline model keys were
+ * given, else the inline keys), validates it, builds L and the initial weights: init.from's
+ * safetensors or N(0, init.std) from init.seed. *w is malloc'ed (caller frees); L is freed with
+ * qt_layout_free. Returns 0 or -1 with err. */
+int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen);
+/* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU).
+ * NULL with err when cuda is asked for and cannot be served. */
+qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+                                   size_t errlen);
+
 /* CPU fp32 reference engine. w0 [L->numel] are the initial weights (copied). */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0);
 /* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when

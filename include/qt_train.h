@@ -29,16 +29,6 @@ typedef struct {
                             * current step finished, a checkpoint was written, the run can resume */
 #define QT_EXIT_STOPPED 75 /* EX_TEMPFAIL: "try again later" — here, with --resume */
 
-/* Resolves the model (model.hf_config, else init.from's config.json when no inline model keys were
- * given, else the inline keys), validates it, builds L and the initial weights: init.from's
- * safetensors or N(0, init.std) from init.seed. *w is malloc'ed (caller frees); L is freed with
- * qt_layout_free. Returns 0 or -1 with err. */
-int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen);
-/* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU).
- * NULL with err when cuda is asked for and cannot be served. */
-struct qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
-                                   size_t errlen);
-
 /* Runs cfg: checks first what the run will need (checkpoint.dir writable and locked, log.file
  * writable, the data's shards), then trains, logs, evaluates, checkpoints in the background, exports.
  * Returns 0 when done; QT_TRAIN_STOPPED after a stop request (checkpoint written and waited for); or

@@ -1,6 +1,7 @@
 /* test_hf.c — the JSON reader, HF config.json round trips and errors, safetensors export/import
  * round trips (fp32 bit-exact, bf16 = RNE-rounded, F16 input), import errors, and (when python3
  * with safetensors is present) a check that another reader accepts our file. */
+#include "qt_engine.h"
 #include "qt_ckpt.h"
 #include "qt_dtype.h"
 #include "qt_hf.h"

@@ -7,7 +7,6 @@
 #include "qt_device.h"
 #include "qt_engine.h"
 #include "qt_hf.h"
-#include "qt_train.h"
 
 int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen) {
     qt_model_cfg mc = cfg->model;
