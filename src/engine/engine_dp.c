@@ -11,9 +11,11 @@
  * each rank updates its pieces, the bf16 weights are all-gathered; checkpoints and get_weights
  * assemble the pieces. Otherwise every rank keeps all of it (all-reduce) and get_weights checks the
  * replicas agree. With parallel.overlap_comm the buckets are one per layer and each is summed while
- * the backward of the layers below runs (dp_sync.c). A failure in any rank
- * thread ends in qt_fail, which aborts the comm (waking ranks blocked in a collective) and exits with
- * the rank's message. */
+ * the backward of the layers below runs (dp_sync.c). A failure in a rank thread jumps to that thread's
+ * catch point around its job (qt_error.h), whose abort hooks abort the comm, so ranks blocked in a
+ * collective fail too instead of hanging; when every rank is back, the call fails in the caller's thread
+ * with the first failing rank's message (the engine calls of src/engine/engine.c return it as an
+ * error). After that the engine may only be freed. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +58,9 @@ struct dp_engine {
     /* the current job's arguments and results */
     const float *w0;
     char err[QT_COMM_MAX_RANKS][512];
+    char fail[QT_COMM_MAX_RANKS][1024]; /* a rank's caught failure ("[rank R] file:line: ...") */
+    int fail_order[QT_COMM_MAX_RANKS];  /* 1 for the first rank that failed, 2 the next, ...; 0: none */
+    int nfail;
     const int32_t *in, *tgt;
     float scale, lr;
     long t;
@@ -73,15 +78,27 @@ struct dp_engine {
 };
 
 /* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
+static void job_free(dp_engine *d, int r);
+
+/* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done; fails (qt_fail, in
+ * this thread) with the first failing rank's message when a rank failed, now or in an earlier call
+ * (but for job_free, which takes a broken engine down). */
 static void run(dp_engine *d, dp_job job, int only) {
     pthread_mutex_lock(&d->mu);
-    d->job = job;
-    d->only = only;
-    d->pending = d->n;
-    d->gen++;
-    pthread_cond_broadcast(&d->go);
-    while (d->pending) pthread_cond_wait(&d->done, &d->mu);
+    int broken = d->nfail && job != job_free;
+    if (!broken) {
+        d->job = job;
+        d->only = only;
+        d->pending = d->n;
+        d->gen++;
+        pthread_cond_broadcast(&d->go);
+        while (d->pending) pthread_cond_wait(&d->done, &d->mu);
+    }
+    int first = -1;
+    for (int r = 0; r < d->n; r++)
+        if (d->fail_order[r] == 1) first = r;
     pthread_mutex_unlock(&d->mu);
+    if (first >= 0 && job != job_free) qt_fail(__FILE__, __LINE__, "a rank failed", "%s", d->fail[first]);
 }
 
 static void *rank_loop(void *p) {
@@ -98,7 +115,19 @@ static void *rank_loop(void *p) {
         int mine = d->only < 0 || d->only == r, quit = d->quit;
         pthread_mutex_unlock(&d->mu);
         if (quit) return NULL;
-        if (mine) job(d, r);
+        if (mine) {
+            qt_catch c;
+            qt_catch_push(&c);
+            if (setjmp(c.jb) == 0) {
+                job(d, r);
+                qt_catch_pop(&c);
+            } else {
+                pthread_mutex_lock(&d->mu);
+                d->fail_order[r] = ++d->nfail;
+                snprintf(d->fail[r], sizeof d->fail[r], "%s", c.msg);
+                pthread_mutex_unlock(&d->mu);
+            }
+        }
         pthread_mutex_lock(&d->mu);
         if (--d->pending == 0) pthread_cond_signal(&d->done);
         pthread_mutex_unlock(&d->mu);

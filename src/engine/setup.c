@@ -6,6 +6,7 @@
 #include "qt_comm.h"
 #include "qt_device.h"
 #include "qt_engine.h"
+#include "qt_error.h"
 #include "qt_hf.h"
 
 int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen) {
@@ -41,8 +42,8 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
     return 0;
 }
 
-qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
-                            size_t errlen) {
+static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+                                size_t errlen) {
     int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
     if (cfg->device == QT_DEVICE_CUDA && ngpu == 0) {
         snprintf(err, errlen, "%s: device: cuda was asked for but no CUDA device is visible", cfg->path);
@@ -89,4 +90,19 @@ void qt_engine_profile(qt_engine *e, int on) {
 }
 void qt_engine_profile_print(qt_engine *e, int steps) {
     if (e->ops->profile_print) e->ops->profile_print(e, steps);
+}
+
+/* A failure while the engine is built (a CUDA call, a rank's thread) comes back as NULL with its
+ * message; what was allocated before it is not freed (the process is expected to end or retry). */
+qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+                            size_t errlen) {
+    qt_catch c;
+    qt_catch_push(&c);
+    if (setjmp(c.jb)) {
+        qt_errf(err, errlen, "%s", c.msg);
+        return NULL;
+    }
+    qt_engine *e = engine_create(L, cfg, w0, err, errlen);
+    qt_catch_pop(&c);
+    return e;
 }
