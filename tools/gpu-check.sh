@@ -2,7 +2,7 @@
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench;
-# tokenize_bench
+# tokenize_bench, sft_export
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -178,6 +178,39 @@ fi
 # 32k BPE; figures into tools/README.md).
 if has tokenize_bench; then
     step tokenize_bench 900 python3 bench/tokenize_bench.py --source "$QT_DATA_DIR/tinyshakespeare.txt" 2>&1 | tee "$OUT/tokenize_bench.log" | tail -25
+fi
+# The export carries the run's tokenizer (data.tokenizer): a byte-level BPE trained here, shards made with
+# it, a short CPU run, then transformers' AutoTokenizer and AutoModelForCausalLM load the export folder.
+if has sft_export; then
+    d=$OUT/sft_export
+    rm -rf "$d" && mkdir -p "$d/tok"
+    { python3 - "$QT_DATA_DIR/tinyshakespeare.txt" "$d/tok" <<'PY'
+import json, sys
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+tok.train([sys.argv[1]], trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
+                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok.save(sys.argv[2] + "/tokenizer.json")
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+           "model_max_length": 64}, open(sys.argv[2] + "/tokenizer_config.json", "w"))
+print("tokenizer: vocab", tok.get_vocab_size())
+PY
+      python3 tools/tokenize --tokenizer "$d/tok/tokenizer.json" "$QT_DATA_DIR/tinyshakespeare.txt" --out "$d/data" --quiet
+      step sft_export_train 300 build/qtrain configs/tiny-cpu.yaml --set device=cpu --set model.vocab_size=512 \
+          --set "data.train=$d/data/train_*.bin" --set "data.eval=$d/data/eval_*.bin" --set data.tokenizer=$d/tok \
+          --set optim.steps=30 --set eval.every=30 --set checkpoint.dir=$d/ck --set log.file=
+      step sft_export_load 300 python3 - "$d/ck/export" <<'PY'
+import sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+t = AutoTokenizer.from_pretrained(sys.argv[1])
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+ids = t("To be, or not to be", return_tensors="pt").input_ids
+print("AutoTokenizer", type(t).__name__, "vocab", len(t), "eos", t.eos_token, "| AutoModelForCausalLM",
+      type(m).__name__, "| ids", ids[0].tolist()[:8], "| loss", float(m(ids, labels=ids).loss))
+PY
+    } 2>&1 | tee "$OUT/sft_export.log" | grep -E '==|tokenizer|Auto|rror|exported|eval'
 fi
 # memory.recompute: the bitwise tests (each part, block, ffn+norm against none over 20 steps; bf16, fp8,
 # graphs, 2 ranks on GPU 0, offloaded optimizer; the stale-buffer mutant must differ), then the cost:
