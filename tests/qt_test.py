@@ -14,11 +14,12 @@ class Skip(Exception):
     """Raised by a test that cannot run here; the message says why."""
 
 
-def run_tests(names):
-    """Runs each callable test_* in names (a module's globals()) as fn(tmpdir); returns the exit status."""
+def run_tests(names, only=()):
+    """Runs each callable test_* in names (a module's globals()) as fn(tmpdir), only those named in only
+    when it is not empty; returns the exit status."""
     failed = 0
     for name, fn in list(names.items()):
-        if not name.startswith("test_") or not callable(fn):
+        if not name.startswith("test_") or not callable(fn) or (only and name not in only):
             continue
         tmp = tempfile.mkdtemp(prefix="qt_py_")
         try:

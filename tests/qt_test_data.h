@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "qt_data.h"
+#include "qt_train.h"
 
 /* A learnable synthetic shard of n tokens (vocabulary 64): each token mostly follows from the previous one. */
 static inline void qt_t_write_synthetic(const char *path, uint64_t n, uint64_t seed) {
@@ -20,6 +21,22 @@ static inline void qt_t_write_synthetic(const char *path, uint64_t n, uint64_t s
     char err[512];
     if (qt_tokens_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
     free(t);
+}
+
+/* dir/name in one of 8 rotating static buffers (a call's result lives for the next 7 calls). */
+static inline const char *qt_t_path(const char *dir, const char *name) {
+    static char buf[8][512];
+    static int k;
+    char *p = buf[k++ & 7];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+/* Loads the YAML text into *c and trains it (no resume), stats in *st: qt_train_run's status, or -1
+ * with the config error in err. */
+static inline int qt_t_train_yaml(qt_config *c, const char *yaml, qt_train_stats *st, char *err, size_t errlen) {
+    if (qt_config_load_string(c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
+    return qt_train_run(c, NULL, st, err, errlen);
 }
 
 /* The whole file, malloc'ed (caller frees), or NULL; *n is its length. */

@@ -11,6 +11,7 @@
 #include "qt_data.h"
 #include "qt_rng.h"
 #include "qt_test.h"
+#include "qt_test_data.h"
 
 static char g_dir[256];
 
@@ -34,14 +35,6 @@ static void clean_dir(void) {
     }
     closedir(d);
     rmdir(g_dir);
-}
-
-static const char *path_of(const char *name) {
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ & 7];
-    snprintf(p, 512, "%s/%s", g_dir, name);
-    return p;
 }
 
 static uint32_t *random_tokens(uint64_t n, uint32_t vocab, uint64_t seed) {
@@ -71,7 +64,7 @@ static void roundtrip(const char *name, int tb, uint32_t vocab, uint64_t n) {
     char err[512];
     uint32_t *t = random_tokens(n, vocab, n * 31 + (uint64_t)tb);
     if (n > 2) t[0] = vocab - 1, t[n - 1] = 0;
-    const char *p = path_of(name);
+    const char *p = qt_t_path(g_dir, name);
     QT_REQUIRE(qt_tokens_write(p, t, n, tb, vocab, 3, err, sizeof err) == 0, "%s", err);
     uint32_t *got = NULL;
     qt_tokens_header h = {0};
@@ -104,9 +97,9 @@ static void test_shard_roundtrip(void) {
     /* the on-disk layout, byte by byte */
     uint32_t t[2] = {0x1234, 0xfffe};
     char err[512];
-    QT_REQUIRE(qt_tokens_write(path_of("x.bin"), t, 2, 2, 65536, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "x.bin"), t, 2, 2, 65536, 0, err, sizeof err) == 0, "%s", err);
     uint8_t b[68];
-    FILE *f = fopen(path_of("x.bin"), "rb");
+    FILE *f = fopen(qt_t_path(g_dir, "x.bin"), "rb");
     QT_REQUIRE(f && fread(b, 1, 68, f) == 68, "read x.bin");
     fclose(f);
     uint8_t pay[4] = {0x34, 0x12, 0xfe, 0xff};
@@ -125,18 +118,18 @@ static void test_zstd_cli(void) {
     make_dir();
     char err[512], cmd[1200];
     uint32_t *t = random_tokens(50000, 151936, 5);
-    QT_REQUIRE(qt_tokens_write(path_of("a.bin"), t, 50000, 4, 151936, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "a.bin"), t, 50000, 4, 151936, 0, err, sizeof err) == 0, "%s", err);
     /* from stdin: the frame carries no content size, so the reader must stream */
-    snprintf(cmd, sizeof cmd, "zstd -q -c < %s > %s", path_of("a.bin"), path_of("a.bin.zst"));
+    snprintf(cmd, sizeof cmd, "zstd -q -c < %s > %s", qt_t_path(g_dir, "a.bin"), qt_t_path(g_dir, "a.bin.zst"));
     QT_REQUIRE(system(cmd) == 0, "zstd -c failed");
     uint32_t *got = NULL;
     qt_tokens_header h;
-    QT_REQUIRE(qt_tokens_read(path_of("a.bin.zst"), &got, &h, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_read(qt_t_path(g_dir, "a.bin.zst"), &got, &h, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(h.n_tokens == 50000 && memcmp(got, t, 50000 * 4) == 0, "zstd CLI shard differs");
     free(got);
     /* and our .zst decompresses with the CLI to the same bytes as our .bin */
-    QT_REQUIRE(qt_tokens_write(path_of("b.bin.zst"), t, 50000, 4, 151936, 19, err, sizeof err) == 0, "%s", err);
-    snprintf(cmd, sizeof cmd, "zstd -q -d -c %s | cmp -s - %s", path_of("b.bin.zst"), path_of("a.bin"));
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "b.bin.zst"), t, 50000, 4, 151936, 19, err, sizeof err) == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "zstd -q -d -c %s | cmp -s - %s", qt_t_path(g_dir, "b.bin.zst"), qt_t_path(g_dir, "a.bin"));
     QT_EXPECT(system(cmd) == 0, "zstd -d of our .zst differs from the .bin");
     free(t);
     clean_dir();
@@ -156,7 +149,7 @@ static void test_shard_errors(void) {
     make_dir();
     char err[512];
     uint32_t *t = random_tokens(1000, 1000, 9);
-    const char *p = path_of("s.bin");
+    const char *p = qt_t_path(g_dir, "s.bin");
     /* truncated */
     QT_REQUIRE(qt_tokens_write(p, t, 1000, 2, 1000, 0, err, sizeof err) == 0, "%s", err);
     QT_REQUIRE(truncate(p, 1500) == 0, "truncate");
@@ -198,13 +191,13 @@ static void test_shard_errors(void) {
     patch(p, 12, "\3", 1);
     expect_read_error(p, "token_bytes is 3");
     /* a truncated .zst, and a .zst whose stream is longer than its header says */
-    const char *z = path_of("s.bin.zst");
+    const char *z = qt_t_path(g_dir, "s.bin.zst");
     QT_REQUIRE(qt_tokens_write(z, t, 1000, 4, 1000, 1, err, sizeof err) == 0, "%s", err);
     struct stat st;
     stat(z, &st);
     QT_REQUIRE(truncate(z, st.st_size - 40) == 0, "truncate zst");
     expect_read_error(z, "truncated");
-    expect_read_error(path_of("missing.bin"), "cannot open");
+    expect_read_error(qt_t_path(g_dir, "missing.bin"), "cannot open");
     free(t);
     clean_dir();
 }
@@ -220,7 +213,7 @@ static void write_loader_shards(int zst_every) {
         uint32_t *t = malloc(n * sizeof *t);
         for (uint64_t i = 0; i < n; i++) t[i] = (uint32_t)(s * 1000000 + i);
         snprintf(name, sizeof name, "train_%06d.bin%s", s, zst_every && s % zst_every == 0 ? ".zst" : "");
-        if (qt_tokens_write(path_of(name), t, n, 4, 1 << 23, 1, err, sizeof err) != 0) printf("  %s\n", err);
+        if (qt_tokens_write(qt_t_path(g_dir, name), t, n, 4, 1 << 23, 1, err, sizeof err) != 0) printf("  %s\n", err);
         free(t);
     }
 }
@@ -418,7 +411,7 @@ static void test_loader_errors(void) {
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "no files match") &&
                   strstr(err, glob), "no match: %s", err);
     uint32_t t[50] = {0};
-    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "train_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(!qt_loader_open(glob, 128, 1, 0, 1, 0, 1, 0, err, sizeof err) &&
                   strstr(err, "shard has 50 tokens, fewer than one window of seq_len+1 = 129") &&
                   strstr(err, "train_0.bin"), "short shard: %s", err);
@@ -426,7 +419,7 @@ static void test_loader_errors(void) {
               "vocab limit: %s", err);
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 3, 3, 0, 1, 0, err, sizeof err) && strstr(err, "rank 3"), "rank: %s", err);
     /* comma-separated patterns: each must match; windows add up */
-    QT_REQUIRE(qt_tokens_write(path_of("eval_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "eval_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     char two[1300];
     snprintf(two, sizeof two, "%s, %s/eval_*.bin", glob, g_dir);
     qt_loader *l2 = qt_loader_open(two, 7, 1, 0, 1, 0, 1, 0, err, sizeof err);
@@ -435,12 +428,12 @@ static void test_loader_errors(void) {
     snprintf(two, sizeof two, "%s,%s/nothing_*.bin", glob, g_dir);
     QT_EXPECT(!qt_loader_open(two, 7, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "nothing_*.bin"),
               "second pattern unmatched: %s", err);
-    patch(path_of("train_0.bin"), 3, "X", 1);
+    patch(qt_t_path(g_dir, "train_0.bin"), 3, "X", 1);
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "bad magic"), "magic: %s", err);
     /* a payload corrupted after the header passes open, and comes back as an error when loaded (it
      * used to exit the process); the position stays where it was */
-    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
-    patch(path_of("train_0.bin"), 70, "\1", 1);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "train_0.bin"), t, 50, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    patch(qt_t_path(g_dir, "train_0.bin"), 70, "\1", 1);
     qt_loader *l = qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err);
     QT_REQUIRE(l, "open: %s", err);
     int32_t in[8], tg[8];
@@ -460,12 +453,12 @@ static void test_tokenize_tool_shards(void) {
     make_dir();
     char text[3000], cmd[1400], err[512];
     for (int i = 0; i < (int)sizeof text; i++) text[i] = (char)(32 + (i * 7 + i / 13) % 95);
-    FILE *f = fopen(path_of("in.txt"), "wb");
+    FILE *f = fopen(qt_t_path(g_dir, "in.txt"), "wb");
     QT_REQUIRE(f && fwrite(text, 1, sizeof text, f) == sizeof text, "write in.txt");
     fclose(f);
     int zst = system("command -v zstd >/dev/null 2>&1 || python3 -c 'import zstandard' 2>/dev/null") == 0;
     snprintf(cmd, sizeof cmd, "python3 tools/tokenize --byte-level %s --out %s --eval-frac 0.1 --shard-tokens 1000 "
-             "--quiet %s >/dev/null", path_of("in.txt"), g_dir, zst ? "--zstd" : "");
+             "--quiet %s >/dev/null", qt_t_path(g_dir, "in.txt"), g_dir, zst ? "--zstd" : "");
     QT_REQUIRE(system(cmd) == 0, "tools/tokenize failed");
     /* 2700 train tokens in 3 shards of 900, 300 eval tokens; read back in order they equal the text */
     const char *names[4] = {"train_000000.bin", "train_000001.bin", "train_000002.bin", "eval_000000.bin"};
@@ -475,7 +468,7 @@ static void test_tokenize_tool_shards(void) {
         snprintf(name, sizeof name, "%s%s", names[i], zst ? ".zst" : "");
         uint32_t *t = NULL;
         qt_tokens_header h;
-        QT_REQUIRE(qt_tokens_read(path_of(name), &t, &h, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_tokens_read(qt_t_path(g_dir, name), &t, &h, err, sizeof err) == 0, "%s", err);
         QT_EXPECT(h.n_tokens == (i < 3 ? 900u : 300u) && h.vocab_size == 256 && h.token_bytes == 2, "%s: header", name);
         for (uint64_t j = 0; j < h.n_tokens && off + j < sizeof text; j++)
             QT_EXPECT(t[j] == (uint8_t)text[off + j], "%s: token %llu", name, (unsigned long long)j);

@@ -87,20 +87,10 @@ static void test_json_errors(void) {
 /* ---- config.json ---- */
 
 static qt_model_cfg small_cfg(qt_arch arch, int tied) {
-    qt_model_cfg c = {0};
-    c.arch = arch;
-    c.vocab_size = 131;
-    c.hidden_size = 48;
-    c.num_layers = 2;
-    c.num_heads = 6;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.intermediate_size = 72;
-    c.max_seq_len = 512;
-    c.rope_theta = 1000000.0f;
-    c.rms_norm_eps = 1e-6f;
-    c.tie_embeddings = tied;
-    c.qkv_bias = arch == QT_ARCH_QWEN2;
+    qt_model_cfg c = {.arch = arch, .vocab_size = 131, .hidden_size = 48, .num_layers = 2, .num_heads = 6,
+                      .num_kv_heads = 2, .head_dim = 8, .intermediate_size = 72, .max_seq_len = 512,
+                      .rope_theta = 1000000.0f, .rms_norm_eps = 1e-6f, .tie_embeddings = tied,
+                      .qkv_bias = arch == QT_ARCH_QWEN2};
     return c;
 }
 
@@ -322,14 +312,26 @@ static void test_import_f16_and_tied_mix(void) {
     qt_layout_free(&L);
 }
 
+/* path[512] = the test folder's name; the untied qwen2 small_cfg layout in *L, its random weights
+ * (seed) in *w and an import buffer in *back; -1 with the test failure recorded when one of them
+ * cannot be made. */
+static int import_fixture(char *path, const char *name, qt_layout *L, float **w, float **back, uint64_t seed) {
+    char err[512];
+    path_in(path, 512, name);
+    qt_model_cfg c = small_cfg(QT_ARCH_QWEN2, 0);
+    QT_EXPECT(qt_layout_init(L, &c, err, sizeof err) == 0, "layout: %s", err);
+    if (qt_t_failed) return -1;
+    *w = random_weights(L, seed);
+    *back = malloc(L->numel * 4);
+    QT_EXPECT(*w && *back, "oom");
+    return qt_t_failed ? -1 : 0;
+}
+
 static void test_import_errors(void) {
     char path[512], err[512];
-    path_in(path, sizeof path, "bad.safetensors");
-    qt_model_cfg c = small_cfg(QT_ARCH_QWEN2, 0);
     qt_layout L;
-    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
-    float *w = random_weights(&L, 9), *back = malloc(L.numel * 4);
-    QT_REQUIRE(w && back, "oom");
+    float *w, *back;
+    if (import_fixture(path, "bad.safetensors", &L, &w, &back, 9)) return;
     /* wrong shape */
     QT_REQUIRE(write_st(path, &L, w, 0, NULL, "model.layers.1.mlp.up_proj.weight") == 0, "write");
     err[0] = 0;
@@ -439,12 +441,9 @@ static int patch_st(const char *path, const char *from, const char *to, int extr
  * so are NaN and Inf weights, by tensor name. */
 static void test_import_header_and_values(void) {
     char path[512], err[512];
-    path_in(path, sizeof path, "hdr.safetensors");
-    qt_model_cfg c = small_cfg(QT_ARCH_QWEN2, 0);
     qt_layout L;
-    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
-    float *w = random_weights(&L, 5), *back = malloc(L.numel * 4);
-    QT_REQUIRE(w && back, "oom");
+    float *w, *back;
+    if (import_fixture(path, "hdr.safetensors", &L, &w, &back, 5)) return;
     /* embed [131, 48] F32 = [0, 25152], then input_layernorm [48] = [25152, 25344] */
     struct { const char *from, *to; int extra; const char *want; } cases[] = {
         {"[25152,25344]", "[25148,25340]", 0,

@@ -21,14 +21,6 @@
 
 static char g_dir[256];
 
-static const char *path_of(const char *name) {
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ & 7];
-    snprintf(p, 512, "%s/%s", g_dir, name);
-    return p;
-}
-
 static int load_cfg(qt_config *c, const char *yaml) {
     char err[1024];
     int rc = qt_config_load_string(c, yaml, "test_sft.yaml", NULL, 0, err, sizeof err);
@@ -212,7 +204,7 @@ static void test_eval_token_mean(void) {
     qt_rng_seed(&r, 21);
     for (int i = 0; i < N; i++) t[i] = (uint32_t)qt_rng_below(&r, 256), m[i] = (i / 64) % 3 ? i % 9 == 0 : 1;
     char err[1024], yaml[2000];
-    QT_REQUIRE(qt_tokens_write_masked(path_of("ev_0.bin"), t, m, N, 2, 256, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write_masked(qt_t_path(g_dir, "ev_0.bin"), t, m, N, 2, 256, 0, err, sizeof err) == 0, "%s", err);
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 256, hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1,"
              " intermediate_size: 48, max_seq_len: 64}\n"
@@ -221,9 +213,8 @@ static void test_eval_token_mean(void) {
              "device: cpu\n",
              g_dir, g_dir, g_dir);
     qt_config c;
-    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
     qt_train_stats st;
-    QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_t_train_yaml(&c, yaml, &st, err, sizeof err) == 0, "%s", err);
     qt_layout L;
     float *w;
     QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
@@ -292,7 +283,7 @@ static size_t make_chats(uint32_t **tok, uint8_t **mask) {
 /* The same shard written by an independent Python writer of the spec (struct + zlib.crc32). */
 static int python_writes_same(const uint32_t *t, const uint8_t *m, size_t n, const char *c_path) {
     if (system("python3 -c 'import zlib' >/dev/null 2>&1") != 0) return -1;
-    const char *raw = path_of("raw.u32"), *py = path_of("py.bin");
+    const char *raw = qt_t_path(g_dir, "raw.u32"), *py = qt_t_path(g_dir, "py.bin");
     FILE *f = fopen(raw, "wb");
     for (size_t i = 0; i < n; i++) fputc((int)t[i], f), fputc(m[i], f);
     fclose(f);
@@ -319,10 +310,10 @@ static void test_sft_run(void) {
     size_t ne = n / 20, kept = 0;
     for (size_t i = 0; i < n; i++) kept += m[i];
     printf("  %zu chat tokens, %.1f%% assistant (learned)\n", n, 100.0 * kept / n);
-    QT_REQUIRE(qt_tokens_write_masked(path_of("sft_train_0.bin"), t, m, n - ne, 2, 256, 0, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(qt_tokens_write_masked(path_of("sft_eval_0.bin"), t + n - ne, m + n - ne, ne, 2, 256, 0, err, sizeof err) == 0,
+    QT_REQUIRE(qt_tokens_write_masked(qt_t_path(g_dir, "sft_train_0.bin"), t, m, n - ne, 2, 256, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write_masked(qt_t_path(g_dir, "sft_eval_0.bin"), t + n - ne, m + n - ne, ne, 2, 256, 0, err, sizeof err) == 0,
                "%s", err);
-    int same = python_writes_same(t + n - ne, m + n - ne, ne, path_of("sft_eval_0.bin"));
+    int same = python_writes_same(t + n - ne, m + n - ne, ne, qt_t_path(g_dir, "sft_eval_0.bin"));
     if (same < 0) printf("  no python3: the Python writer cross-check is skipped\n");
     else QT_EXPECT(same == 1, "the Python writer of the spec wrote different bytes");
     /* grad accumulation through the training loop: 1x4 and 4x1 (same windows) log the same losses */
@@ -377,7 +368,7 @@ static void test_export_tokenizer(void) {
     qt_t_write_file(p, "x", 1);
     /* through a whole export-only run with data.tokenizer */
     uint32_t tok[100] = {0};
-    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), tok, 100, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "train_0.bin"), tok, 100, 2, 64, 0, err, sizeof err) == 0, "%s", err);
     char yaml[2000];
     snprintf(yaml, sizeof yaml,
              "model: {vocab_size: 64, hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1,"

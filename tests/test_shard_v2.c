@@ -15,14 +15,6 @@
 
 static char g_dir[256];
 
-static const char *path_of(const char *name) {
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ & 7];
-    snprintf(p, 512, "%s/%s", g_dir, name);
-    return p;
-}
-
 /* ---- CRC-32 ---- */
 
 static uint32_t crc_bitwise(const uint8_t *p, size_t n) { /* the definition, one bit at a time */
@@ -99,7 +91,7 @@ static void test_shard_v2_mask(void) {
     uint8_t m[5] = {0, 1, 1, 0, 1};
     const char *names[2] = {"m.bin", "m.bin.zst"};
     for (int z = 0; z < 2; z++) {
-        const char *p = path_of(names[z]);
+        const char *p = qt_t_path(g_dir, names[z]);
         QT_REQUIRE(qt_tokens_write_masked(p, t, m, 5, 2, 300, 3, err, sizeof err) == 0, "%s", err);
         qt_tokens_data d;
         QT_REQUIRE(qt_tokens_load(p, 0, &d, err, sizeof err) == 0, "%s", err);
@@ -110,35 +102,35 @@ static void test_shard_v2_mask(void) {
     }
     /* the bytes: header (flags 1 at offset 28, CRC-32 of tokens then mask), tokens, mask */
     uint8_t b[64 + 15], want[64 + 15], pay[15] = {7, 0, 0x2b, 1, 0, 0, 42, 0, 1, 0, 0, 1, 1, 0, 1};
-    FILE *f = fopen(path_of("m.bin"), "rb");
+    FILE *f = fopen(qt_t_path(g_dir, "m.bin"), "rb");
     QT_REQUIRE(f && fread(b, 1, sizeof b, f) == sizeof b && fgetc(f) == EOF, "m.bin is not 64 + 5*2 + 5 bytes");
     fclose(f);
     make_shard(want, 2, 1, pay, 15, 5);
     QT_EXPECT(memcmp(b, want, sizeof b) == 0, "m.bin bytes differ from the spec");
     /* unmasked: flags 0, no mask */
-    QT_REQUIRE(qt_tokens_write(path_of("u.bin"), t, 5, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "u.bin"), t, 5, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     qt_tokens_data d;
-    QT_REQUIRE(qt_tokens_load(path_of("u.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_load(qt_t_path(g_dir, "u.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(d.h.version == 2 && d.h.flags == 0 && !d.mask, "unmasked v2: flags %u", d.h.flags);
     qt_tokens_unload(&d);
     /* errors: a mask byte 2 (checksum matching), unknown flags, flags in v1, a short mask, the writer */
     pay[12] = 2;
-    qt_t_write_file(path_of("bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
-    expect_load_error(path_of("bad.bin"), "mask byte 2 at index 2 (expected 0 or 1)");
+    qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
+    expect_load_error(qt_t_path(g_dir, "bad.bin"), "mask byte 2 at index 2 (expected 0 or 1)");
     pay[12] = 1;
-    qt_t_write_file(path_of("bad.bin"), want, make_shard(want, 2, 3, pay, 15, 5));
-    expect_load_error(path_of("bad.bin"), "unknown flags 0x3");
-    qt_t_write_file(path_of("bad.bin"), want, make_shard(want, 1, 1, pay, 15, 5));
-    expect_load_error(path_of("bad.bin"), "unknown flags 0x1 in a version 1 header");
-    qt_t_write_file(path_of("bad.bin"), want, make_shard(want, 2, 1, pay, 14, 5));
-    expect_load_error(path_of("bad.bin"), "truncated: header says 5 tokens and their mask (79 bytes), file has 78");
+    qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 2, 3, pay, 15, 5));
+    expect_load_error(qt_t_path(g_dir, "bad.bin"), "unknown flags 0x3");
+    qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 1, 1, pay, 15, 5));
+    expect_load_error(qt_t_path(g_dir, "bad.bin"), "unknown flags 0x1 in a version 1 header");
+    qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 2, 1, pay, 14, 5));
+    expect_load_error(qt_t_path(g_dir, "bad.bin"), "truncated: header says 5 tokens and their mask (79 bytes), file has 78");
     pay[14] ^= 1;
-    qt_t_write_file(path_of("bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
+    qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
     want[64 + 14] ^= 1; /* a flipped mask byte after the checksum was taken */
-    qt_t_write_file(path_of("bad.bin"), want, 79);
-    expect_load_error(path_of("bad.bin"), "checksum mismatch");
+    qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, 79);
+    expect_load_error(qt_t_path(g_dir, "bad.bin"), "checksum mismatch");
     m[2] = 5;
-    QT_EXPECT(qt_tokens_write_masked(path_of("w.bin"), t, m, 5, 2, 300, 0, err, sizeof err) == -1 &&
+    QT_EXPECT(qt_tokens_write_masked(qt_t_path(g_dir, "w.bin"), t, m, 5, 2, 300, 0, err, sizeof err) == -1 &&
                   strstr(err, "mask byte 5 at index 2"), "writer: %s", err);
     qt_t_rmtree(g_dir);
 }
@@ -147,16 +139,16 @@ static void test_shard_v2_mask(void) {
 static void test_shard_v1_read(void) {
     QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
     uint8_t pay[6] = {1, 0, 0x2b, 1, 9, 0}, b[70];
-    qt_t_write_file(path_of("v1.bin"), b, make_shard(b, 1, 0, pay, 6, 3));
+    qt_t_write_file(qt_t_path(g_dir, "v1.bin"), b, make_shard(b, 1, 0, pay, 6, 3));
     char err[512];
     uint32_t *t = NULL;
     qt_tokens_header h;
-    QT_REQUIRE(qt_tokens_read(path_of("v1.bin"), &t, &h, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_read(qt_t_path(g_dir, "v1.bin"), &t, &h, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(h.version == 1 && h.n_tokens == 3 && t[0] == 1 && t[1] == 299 && t[2] == 9, "v1 content");
     free(t);
     b[64] ^= 1; /* its FNV checksum is checked */
-    qt_t_write_file(path_of("v1.bin"), b, 70);
-    expect_load_error(path_of("v1.bin"), "checksum mismatch");
+    qt_t_write_file(qt_t_path(g_dir, "v1.bin"), b, 70);
+    expect_load_error(qt_t_path(g_dir, "v1.bin"), "checksum mismatch");
     qt_t_rmtree(g_dir);
 }
 
@@ -169,7 +161,7 @@ static void test_loader_masked_targets(void) {
     uint32_t t[N]; /* token i = i, so a window's input tells the target's index */
     uint8_t m[N];
     for (int i = 0; i < N; i++) t[i] = (uint32_t)i, m[i] = (uint8_t)(i % 3 != 0);
-    QT_REQUIRE(qt_tokens_write_masked(path_of("train_0.bin.zst"), t, m, N, 2, 300, 1, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write_masked(qt_t_path(g_dir, "train_0.bin.zst"), t, m, N, 2, 300, 1, err, sizeof err) == 0, "%s", err);
     snprintf(glob, sizeof glob, "%s/train_*", g_dir);
     qt_loader *l = qt_loader_open(glob, T, 2, 0, 1, 5, 1, 300, err, sizeof err);
     QT_REQUIRE(l, "open: %s", err);
@@ -196,20 +188,20 @@ static void test_truncated_under_us(void) {
     enum { N = 200000 };
     uint32_t *t = malloc(N * sizeof *t);
     for (int i = 0; i < N; i++) t[i] = (uint32_t)(i * 2654435761u % 300);
-    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "train_0.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     snprintf(glob, sizeof glob, "%s/train_*", g_dir);
     qt_loader *l = qt_loader_open(glob, 16, 2, 0, 1, 5, 1, 300, err, sizeof err);
     QT_REQUIRE(l, "open: %s", err);
-    QT_REQUIRE(truncate(path_of("train_0.bin"), 64 + N) == 0, "truncate");
+    QT_REQUIRE(truncate(qt_t_path(g_dir, "train_0.bin"), 64 + N) == 0, "truncate");
     int32_t in[32], tg[32];
     int rc = qt_loader_next(l, in, tg, err, sizeof err);
     QT_EXPECT(rc == -1 && strstr(err, "truncated") && strstr(err, "train_0.bin"), "rc %d: %s", rc, err);
     qt_loader_free(l);
     /* loaded, then truncated to nothing: every token still reads */
-    QT_REQUIRE(qt_tokens_write(path_of("s.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "s.bin"), t, N, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     qt_tokens_data d;
-    QT_REQUIRE(qt_tokens_load(path_of("s.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(truncate(path_of("s.bin"), 0) == 0, "truncate");
+    QT_REQUIRE(qt_tokens_load(qt_t_path(g_dir, "s.bin"), 0, &d, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(truncate(qt_t_path(g_dir, "s.bin"), 0) == 0, "truncate");
     uint64_t sum = 0, want = 0;
     for (int i = 0; i < N; i++) sum += qt_tokens_token(&d, i), want += t[i];
     QT_EXPECT(sum == want, "tokens changed after truncation");
@@ -224,20 +216,20 @@ static void test_open_checks_every_header(void) {
     QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
     char err[512], glob[600];
     uint32_t t[100] = {0};
-    QT_REQUIRE(qt_tokens_write(path_of("train_0.bin"), t, 100, 2, 300, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_tokens_write(qt_t_path(g_dir, "train_0.bin"), t, 100, 2, 300, 0, err, sizeof err) == 0, "%s", err);
     uint8_t pay[200] = {0}, b[264], z[600];
     size_t zn = ZSTD_compress(z, sizeof z, b, make_shard(b, 2, 4, pay, 200, 100), 3);
     QT_REQUIRE(!ZSTD_isError(zn), "zstd");
-    qt_t_write_file(path_of("train_1.bin.zst"), z, zn);
+    qt_t_write_file(qt_t_path(g_dir, "train_1.bin.zst"), z, zn);
     snprintf(glob, sizeof glob, "%s/train_*", g_dir);
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "train_1.bin.zst") &&
                   strstr(err, "unknown flags 0x4"), "zst header: %s", err);
     zn = ZSTD_compress(z, sizeof z, b, 40, 3); /* a stream that ends inside the header */
-    qt_t_write_file(path_of("train_1.bin.zst"), z, zn);
+    qt_t_write_file(qt_t_path(g_dir, "train_1.bin.zst"), z, zn);
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "train_1.bin.zst") &&
                   strstr(err, "fewer than the 64-byte header"), "short zst: %s", err);
-    unlink(path_of("train_1.bin.zst"));
-    qt_t_write_file(path_of("train_2.bin"), b, make_shard(b, 2, 0, pay, 200, 100) - 1);
+    unlink(qt_t_path(g_dir, "train_1.bin.zst"));
+    qt_t_write_file(qt_t_path(g_dir, "train_2.bin"), b, make_shard(b, 2, 0, pay, 200, 100) - 1);
     QT_EXPECT(!qt_loader_open(glob, 8, 1, 0, 1, 0, 1, 0, err, sizeof err) && strstr(err, "train_2.bin") &&
                   strstr(err, "truncated"), "short bin: %s", err);
     qt_t_rmtree(g_dir);

@@ -11,11 +11,10 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
-import traceback
 import zlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from qt_test import ROOT, Skip, run_tests
+
 TOOL = os.path.join(ROOT, "tools", "tokenize")
 SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare.txt")
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -24,11 +23,6 @@ CHATML_TAGGED = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['r
                  "{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}\n{% else %}"
                  "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-failed = 0
-
-
-class Skip(Exception):
-    pass
 
 
 def run_tool(*args, ok=True, env=None):
@@ -536,30 +530,12 @@ def test_argument_errors(tmp):
 
 
 def main():
-    global failed
-    only = sys.argv[1:]
     try:
         import numpy  # noqa: F401 — tools/tokenize needs it
     except ImportError:
         print("SKIP test_tokenize: no numpy (pip install numpy)")
         return 0
-    for name, fn in list(globals().items()):
-        if not name.startswith("test_") or not callable(fn) or (only and name not in only):
-            continue
-        tmp = tempfile.mkdtemp(prefix="qt_tok_")
-        try:
-            fn(tmp)
-            print(f"PASS {name}")
-        except Skip as e:
-            print(f"SKIP {name}: {e}")
-        except Exception as e:  # noqa: BLE001 — any error is this test's failure
-            failed += 1
-            print(f"FAIL {name}: {e}")
-            traceback.print_exc(limit=3, file=sys.stdout)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        sys.stdout.flush()
-    return 1 if failed else 0
+    return run_tests(globals(), sys.argv[1:])
 
 
 if __name__ == "__main__":

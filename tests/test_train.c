@@ -300,9 +300,8 @@ static void test_tinyshakespeare_learns(void) {
              "eval: {every: 50, batches: 8}\ncheckpoint: {dir: '%s/ckpt_ts'}\nlog: {file: '', every: 50}\ndevice: cpu\n",
              g_dir, g_dir, g_dir);
     qt_config c;
-    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
     qt_train_stats st;
-    QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_t_train_yaml(&c, yaml, &st, err, sizeof err) == 0, "%s", err);
     printf("  eval loss %.3f -> %.3f (ln 256 = %.3f), %.0f tokens/s\n", st.first_eval, st.last_eval, log(256.0), st.tokens_per_s);
     QT_EXPECT(st.last_eval < 2.7, "eval loss %.3f is not well below ln(256) = 5.545", st.last_eval);
 }
@@ -376,9 +375,8 @@ static void test_gpu_bf16_tracks_cpu_fp32(void) {
                  "device: %s\nparallel: {gpus: 1}\n",
                  g_dir, g_dir, g_dir, dev[d], logp, dev[d]);
         qt_config c;
-        QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
         qt_train_stats st;
-        QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s: %s", dev[d], err);
+        QT_REQUIRE(qt_t_train_yaml(&c, yaml, &st, err, sizeof err) == 0, "%s: %s", dev[d], err);
         FILE *f = fopen(logp, "r");
         QT_REQUIRE(f, "no log %s", logp);
         char line[512];
