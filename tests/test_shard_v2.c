@@ -235,6 +235,19 @@ static void test_open_checks_every_header(void) {
     qt_t_rmtree(g_dir);
 }
 
+/* A .zst whose header claims 2^40 tokens over a 200-byte payload is refused as truncated: the reader's
+ * buffer grows with the data instead of taking the header's size (it used to ask malloc for 2 TiB and
+ * fail with "cannot allocate"; tests/fuzz/findings/shard-zst-header-sized-alloc). */
+static void test_zst_header_claims_more(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    uint8_t pay[200] = {0}, b[264], z[600];
+    size_t zn = ZSTD_compress(z, sizeof z, b, make_shard(b, 2, 0, pay, 200, (uint64_t)1 << 40), 3);
+    QT_REQUIRE(!ZSTD_isError(zn), "zstd");
+    qt_t_write_file(qt_t_path(g_dir, "big.bin.zst"), z, zn);
+    expect_load_error(qt_t_path(g_dir, "big.bin.zst"), "truncated: header says 1099511627776 tokens");
+    qt_t_rmtree(g_dir);
+}
+
 int main(void) {
     QT_RUN(test_crc32_vectors);
     QT_RUN(test_shard_v2_mask);
@@ -242,5 +255,6 @@ int main(void) {
     QT_RUN(test_loader_masked_targets);
     QT_RUN(test_truncated_under_us);
     QT_RUN(test_open_checks_every_header);
+    QT_RUN(test_zst_header_claims_more);
     return qt_test_end();
 }

@@ -322,12 +322,30 @@ static int load_zst(const char *path, qt_tokens_data *d, char *err, size_t errle
     zreader z;
     uint8_t extra[16];
     int64_t got = open_zst(&z, path, &d->h, err, errlen);
-    size_t plen = got >= 0 ? (size_t)qt_tokens_payload_bytes(&d->h) : 0;
-    if (got >= 0 && !(d->base_ = malloc(plen ? plen : 1)))
-        got = fail(err, errlen, path, "cannot allocate %zu bytes for the payload", plen);
-    if (got >= 0 && (got = zreader_read(&z, d->base_, plen, path, err, errlen)) >= 0 && (size_t)got < plen)
-        got = fail(err, errlen, path, "truncated: header says %llu tokens (%zu payload bytes), stream has %lld",
-                   (unsigned long long)d->h.n_tokens, plen, (long long)got);
+    size_t plen = got >= 0 ? (size_t)qt_tokens_payload_bytes(&d->h) : 0, have = 0;
+    /* The buffer grows with the data (64 MiB, doubling, up to what the header says), so a small stream
+     * whose header claims terabytes is refused as truncated instead of sizing an allocation. */
+    size_t cap = plen < ((size_t)64 << 20) ? plen : (size_t)64 << 20;
+    if (got >= 0 && !(d->base_ = malloc(cap ? cap : 1)))
+        got = fail(err, errlen, path, "cannot allocate %zu bytes for the payload", cap);
+    while (got >= 0 && have < plen) {
+        if (have == cap) {
+            size_t ncap = cap > plen / 2 ? plen : cap * 2;
+            uint8_t *nb = realloc(d->base_, ncap);
+            if (!nb) {
+                got = fail(err, errlen, path, "cannot allocate %zu bytes for the payload", ncap);
+                break;
+            }
+            d->base_ = nb, cap = ncap;
+        }
+        got = zreader_read(&z, d->base_ + have, cap - have, path, err, errlen);
+        if (got < 0) break;
+        have += (size_t)got;
+        if (have < cap) break; /* the stream ended */
+    }
+    if (got >= 0 && have < plen)
+        got = fail(err, errlen, path, "truncated: header says %llu tokens (%zu payload bytes), stream has %zu",
+                   (unsigned long long)d->h.n_tokens, plen, have);
     if (got >= 0) {
         int64_t more = zreader_read(&z, extra, sizeof extra, path, err, errlen);
         if (more > 0)
