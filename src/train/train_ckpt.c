@@ -77,6 +77,16 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     t->writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
     if (!t->cfgtext || !t->writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
     t->pos = qt_loader_get_pos(t->train);
+    /* The engine's snapshot buffers (pinned host copies on a GPU) are made now, not at the first save:
+     * that save then pauses training only for the copy, and a host that cannot hold them fails here,
+     * not hours into the run. */
+    qt_ckpt_item items[24];
+    double t0 = now_s();
+    int n = qt_engine_state_items(t->eng, items, 16, err, errlen);
+    if (n < 0) return -1;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += items[i].bytes;
+    printf("qtrain: checkpoint snapshot: %.1f MiB of host memory, made in %.2f s\n", bytes / 1048576.0, now_s() - t0);
     return 0;
 }
 
