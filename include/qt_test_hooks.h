@@ -18,6 +18,12 @@ typedef struct {
     int recompute_stale_h;  /* 1: MUTANT: memory.recompute's rebuild of the SwiGLU output h is skipped for
                              * layers 1.. (their backward reads what the layer above left in the shared
                              * buffer): the recompute test must catch it */
+    const char *nonfinite_tensor; /* with nonfinite_step > 0: the GPU engines set one gradient element of this
+                                   * tensor (its middle one) to NaN just before that optimizer step's AdamW
+                                   * (1-based), so the update writes NaN into its weight, master, m and v */
+    long nonfinite_step;
+    int nonfinite_unchecked;      /* 1: MUTANT: the GPU engines skip the per-step finiteness count of the
+                                   * updated weights (the nonfinite test must catch it) */
 } qt_test_hooks;
 
 /* Copies h (NULL: all off). */

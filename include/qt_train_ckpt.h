@@ -66,6 +66,11 @@ int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *e
 int qt_trainer_check_finite(const qt_ckpt_item *item, void *ctx, char *err, size_t errlen);
 /* "model.layers.1.mlp.down_proj.weight[17]" for flat element i of L. */
 void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap);
+/* The engine's finiteness checks of the weights after the update (settle: qt_engine_ops.nonfinite_weight;
+ * qt_trainer_save settles them first): -1 with err naming the first NaN/Inf weight, the step whose
+ * update made it and the checkpoint kept (nothing is saved after it, so retention never deletes the
+ * last good one); else 0. */
+int qt_trainer_check_weights(qt_trainer *t, int settle, char *err, size_t errlen);
 /* "the newest checkpoint, <path>, is kept" or "no checkpoint was written". */
 void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap);
 

@@ -27,6 +27,7 @@
 #include "qt_json.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
+#include "qt_test_hooks.h"
 #include "qt_train_ckpt.h"
 
 static char g_dir[256];
@@ -595,6 +596,84 @@ static void test_sigkill_50_always_resumes_gpu(void) {
     g_gpu = 0;
 }
 
+/* ---- GPU: the per-step finiteness check of the updated weights ---- */
+
+/* GPU run `name` (in this process): 12 steps, a checkpoint every 3, keep 1; extra: parallel/precision/memory. */
+static int gpu_run(const char *name, const char *extra, const char *resume, char *err, size_t errlen) {
+    char y[2048];
+    snprintf(y, sizeof y,
+             "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+             "        intermediate_size: 256, max_seq_len: 16}\n"
+             "data: {train: '%s/tr_*.bin', seq_len: 16, micro_batch: 4}\n"
+             "optim: {lr: 0.003, warmup: 3, steps: 12}\n"
+             "checkpoint: {dir: '%s/%s', every: 3, keep: 1}\nlog: {file: '%s/%s.jsonl', every: 1}\n"
+             "device: cuda\nperf: {matmul_autotune: false}\n%s\n", g_dir, g_dir, name, g_dir, name, extra);
+    static qt_config c;
+    if (qt_config_load_string(&c, y, name, NULL, 0, err, errlen)) return -2;
+    qt_train_opts o = {resume, -1, 0, NULL, NULL};
+    return qt_train_run(&c, &o, NULL, err, errlen);
+}
+
+/* A NaN put into one tensor's update at step 9 (a checkpoint step: the ahead-running offloaded AdamW is
+ * settled by the save): the run stops with "step 9: <tensor>[i] is NaN/Inf after the update", the
+ * newest checkpoint is step 6's, all finite, although keep is 1, and a resume from it trains to the end.
+ * 1 when all of that holds; else why. */
+static int nonfinite_case(const char *name, const char *extra, int mutant, char *why, size_t cap) {
+    static const char *tensor = "model.layers.1.mlp.down_proj.weight";
+    char err[4096], want[160], p[512];
+    qt_test_hooks h = {.nonfinite_tensor = tensor, .nonfinite_step = 9, .nonfinite_unchecked = mutant};
+    qt_test_hooks_set(&h);
+    int rc = gpu_run(name, extra, NULL, err, sizeof err);
+    qt_test_hooks_set(NULL);
+    snprintf(want, sizeof want, "step 9: %s[", tensor);
+    if (rc != -1 || !strstr(err, want) || !strstr(err, "NaN/Inf after the update"))
+        return snprintf(why, cap, "%s: rc %d: %s", name, rc, err), 0;
+    if (newest_step(name) != 6) return snprintf(why, cap, "%s: newest checkpoint %ld, expected 6", name, newest_step(name)), 0;
+    ckpt_file(p, sizeof p, name, 6);
+    qt_ckpt *ck = qt_ckpt_open(p, err, sizeof err);
+    if (!ck) return snprintf(why, cap, "%s: %s", name, err), 0;
+    static const char *blobs[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
+    size_t bad = 0;
+    for (int k = 0; k < 4; k++) {
+        size_t nb = 0;
+        int dt = 0;
+        const unsigned char *b = qt_ckpt_get(ck, blobs[k], &nb, &dt);
+        for (size_t i = 0; b && dt == QT_DT_F32 && i < nb / 4; i++) {
+            float f;
+            memcpy(&f, b + 4 * i, 4);
+            bad += !isfinite(f);
+        }
+        for (size_t i = 0; b && dt == QT_DT_BF16 && i < nb / 2; i++) bad += (b[2 * i + 1] & 0x7f) == 0x7f && (b[2 * i] & 0x80);
+    }
+    qt_ckpt_close(ck);
+    if (bad) return snprintf(why, cap, "%s: %zu NaN/Inf values in the kept checkpoint of step 6", name, bad), 0;
+    rc = gpu_run(name, extra, "latest", err, sizeof err);
+    if (rc != 0 || newest_step(name) != 12)
+        return snprintf(why, cap, "%s: resume: rc %d, newest %ld: %s", name, rc, newest_step(name), err), 0;
+    return 1;
+}
+
+/* On one GPU (bf16, fp8), two ranks sharing GPU 0 (sharded optimizer) and one GPU with the optimizer
+ * offloaded (AdamW ahead of the next forward: the count is taken a step late or at the save). The mutant
+ * without the per-step count must fail (the writer's own check then refuses the step-9 checkpoint later,
+ * or the NaN loss of step 10 stops the run, neither naming the update). */
+static void test_nonfinite_update_stops_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    static const char *modes[4][2] = {{"nan_bf16", "parallel: {gpus: 1}"},
+                                      {"nan_fp8", "parallel: {gpus: 1}\nprecision: {matmul_dtype: e4m3}"},
+                                      {"nan_dp2", "parallel: {devices: [0, 0], shard_optimizer: true}"},
+                                      {"nan_offload", "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}"}};
+    char why[4096];
+    for (int m = 0; m < 4; m++) QT_EXPECT(nonfinite_case(modes[m][0], modes[m][1], 0, why, sizeof why), "%s", why);
+    for (int m = 0; m < 4; m += 3) {
+        char name[64];
+        snprintf(name, sizeof name, "%s_mutant", modes[m][0]);
+        int caught = !nonfinite_case(name, modes[m][1], 1, why, sizeof why);
+        printf("  mutant without the per-step count (%s): %s%s\n", modes[m][0], caught ? "caught: " : "NOT caught", caught ? why : "");
+        QT_EXPECT(caught, "%s: the test passes without the per-step check", modes[m][0]);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) snprintf(g_qtrain, sizeof g_qtrain, "%s", argv[1]);
     else {
@@ -637,6 +716,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_sigkill_50_always_resumes);
     QT_RUN(test_sigint_random_resume_bit_exact_gpu);
     QT_RUN(test_sigkill_50_always_resumes_gpu);
+    QT_RUN(test_nonfinite_update_stops_gpu);
     if (!qt_t_nfail) qt_t_rmtree(g_dir);
     else printf("  files kept in %s\n", g_dir);
     return qt_test_end();

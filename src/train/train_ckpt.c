@@ -46,6 +46,17 @@ void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap) {
     free(steps);
 }
 
+int qt_trainer_check_weights(qt_trainer *t, int settle, char *err, size_t errlen) {
+    long bad, step;
+    if (qt_engine_nonfinite_weight(t->eng, settle, &bad, &step, err, errlen)) return -1;
+    if (bad < 0) return 0;
+    char name[128], newest[QT_PATH_MAX + 32];
+    qt_trainer_tensor_name(t->eng->L, (size_t)bad, name, sizeof name);
+    qt_trainer_newest(t, newest, sizeof newest);
+    return qt_errf(err, errlen, "step %ld: %s is NaN/Inf after the update: training diverged (lower optim.lr?); "
+                   "nothing saved, %s", step, name, newest);
+}
+
 /* Runs on the writer thread: reads only the layout, saved_step and the blob. */
 int qt_trainer_check_finite(const qt_ckpt_item *it, void *ctx, char *err, size_t errlen) {
     const qt_trainer *t = ctx;
@@ -135,6 +146,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     double t0 = now_s();
     if (finish_write(t, err, errlen)) return -1;
     double waited = now_s() - t0;
+    if (qt_trainer_check_weights(t, 1, err, errlen)) return -1; /* never a non-finite checkpoint */
     qt_ckpt_item items[24];
     int ne = qt_engine_state_items(t->eng, items, 16, err, errlen), n = ne;
     if (ne < 0) return -1;
