@@ -53,6 +53,14 @@ typedef struct {
     /* The full optimizer state as checkpoint blobs (weights, master copy, m, v in their own dtypes).
      * The blobs point into engine-owned host buffers valid until the next call. Returns the count. */
     int (*state_items)(qt_engine *e, qt_ckpt_item *items, int cap);
+    /* Which of state_items' blobs alias the engine's own host state instead of a copy (an offloaded
+     * optimizer state: master, m, v in pinned host memory), which the next opt_step changes chunk by
+     * chunk from element 0 upwards: fills live (indices, elements, the optimizer's chunk as the piece)
+     * and returns live->n (0: none). May be NULL (none). */
+    int (*state_live)(qt_engine *e, qt_ckpt_live *live);
+    /* With state_live: before an opt_step changes live state below element hi it calls wait(ctx, hi),
+     * which returns once it may (the checkpoint writer's progress mark). wait NULL: no wait. */
+    void (*set_state_guard)(qt_engine *e, void (*wait)(void *ctx, size_t hi), void *ctx);
     /* 1 when state_items' blobs are host copies that only the next state_items call overwrites (the
      * trainer then writes them in the background as they are); 0 when they alias live state (the
      * trainer copies them first). */

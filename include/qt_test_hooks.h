@@ -24,6 +24,10 @@ typedef struct {
     long nonfinite_step;
     int nonfinite_unchecked;      /* 1: MUTANT: the GPU engines skip the per-step finiteness count of the
                                    * updated weights (the nonfinite test must catch it) */
+    long ckpt_write_delay_ms;     /* > 0: the checkpoint writer sleeps this long after each range of the live
+                                   * (offloaded) state it writes: a slow disk the optimizer must wait for */
+    int ckpt_unguarded;           /* 1: MUTANT: the offloaded optimizer does not wait for the checkpoint
+                                   * writer's mark before it changes the host state (the test must catch it) */
 } qt_test_hooks;
 
 /* Copies h (NULL: all off). */

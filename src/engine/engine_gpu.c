@@ -246,6 +246,11 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 
 static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
 
+/* One GPU offloaded: master, m and v are checkpointed from where they live (pinned host memory); the
+ * optimizer waits for the writer per chunk (set_state_guard). A data-parallel rank's are copied: the
+ * data-parallel engine hands rank 0's blobs on as snapshots. */
+static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE; }
+
 /* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths),
  * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. Sharded:
  * weights, adam_m and adam_v hold this rank's pieces only, back to back with their padding (the
@@ -261,11 +266,26 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         qt_dtype dt;
         const void *src = qt_param_item(ps, i, &dt);
         size_t bytes = (i == 1 ? n : ns) * qt_dtype_size(dt);
+        if (i != 1 && live_state(e)) {
+            items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes};
+            continue;
+        }
         if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
         QT_CUDA(cudaMemcpy(e->host_state[i], src, bytes, cudaMemcpyDefault)); /* master, m, v: maybe host */
         items[i] = (qt_ckpt_item){item_names[i], dt, e->host_state[i], bytes};
     }
     return 4;
+}
+
+static int gpu_state_live(qt_engine *b, qt_ckpt_live *live) {
+    gpu_engine *e = (gpu_engine *)b;
+    if (!live_state(e)) return live->n = 0;
+    *live = (qt_ckpt_live){3, {0, 2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk};
+    return 3;
+}
+
+static void gpu_set_state_guard(qt_engine *b, void (*wait)(void *ctx, size_t hi), void *ctx) {
+    qt_gpu_optim_set_guard(((gpu_engine *)b)->g->ps->opt, wait, ctx);
 }
 
 /* Checkpoints hold whole arrays; a sharded rank takes its pieces. */
@@ -334,7 +354,8 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
     {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
      .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .forward_logits = gpu_forward_logits, \
      .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
-     .nonfinite_weight = gpu_nonfinite_weight,                                                         \
+     .nonfinite_weight = gpu_nonfinite_weight, .state_live = gpu_state_live,                             \
+     .set_state_guard = gpu_set_state_guard,                                                           \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
