@@ -26,6 +26,8 @@ typedef struct {
                                    * updated weights (the nonfinite test must catch it) */
     long ckpt_write_delay_ms;     /* > 0: the checkpoint writer sleeps this long after each range of the live
                                    * (offloaded) state it writes: a slow disk the optimizer must wait for */
+    int ckpt_sync;                /* 1: each checkpoint waits for its own write before training goes on (the
+                                   * synchronous reference of the in-place write test) */
     int ckpt_unguarded;           /* 1: MUTANT: the offloaded optimizer does not wait for the checkpoint
                                    * writer's mark before it changes the host state (the test must catch it) */
 } qt_test_hooks;

@@ -404,6 +404,10 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
         QT_CUDA(cudaEventCreateWithFlags(&e->pin_free[i], cudaEventDisableTiming));
         QT_CUDA(cudaEventRecord(e->pin_free[i], e->g->stream));
     }
+    /* the checkpoint snapshot (gpu_state_items): the bf16 weights, and master, m, v unless written in place */
+    const qt_param_store *ps = e->g->ps;
+    size_t snap = L->numel * 2 + (live_state(e) ? 0 : ps->shard.len * (4 + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)));
+    qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", snap);
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     QT_CUDA(cudaMalloc((void **)&e->bad_dev, sizeof *e->bad_dev));
     for (int i = 0; i < 2; i++) QT_CUDA(cudaEventCreateWithFlags(&e->bad_ev[i], cudaEventDisableTiming));

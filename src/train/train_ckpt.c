@@ -87,7 +87,7 @@ int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *
 /* The engine's wait before its optimizer changes offloaded state below element hi (set_state_guard). */
 static void guard_wait(void *ctx, size_t hi) {
     qt_trainer *t = ctx;
-    if (qt_test_hooks_get()->ckpt_unguarded) return; /* MUTANT: the writer reads state being changed */
+    if (!t->writer || qt_test_hooks_get()->ckpt_unguarded) return; /* MUTANT: the writer reads state being changed */
     t->guard_s += qt_ckpt_writer_wait_mark(t->writer, hi);
 }
 
@@ -189,6 +189,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     if (qt_ckpt_writer_start_live(t->writer, t->cfg->checkpoint.dir, t->step, t->cfg->checkpoint.keep, items, n, &live,
                                   err, errlen))
         return -1;
+    if (qt_test_hooks_get()->ckpt_sync && finish_write(t, err, errlen)) return -1;
     double stall = t->pause_s = now_s() - t0;
     t->st->ckpts++;
     if (stall > t->st->ckpt_stall_max_s) t->st->ckpt_stall_max_s = stall;
