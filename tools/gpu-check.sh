@@ -175,6 +175,9 @@ if has reliability; then
                     END {for (i=1;i<=n;i++) printf "stall per checkpoint %d: %.3f s (paused %.3f + optimizer waited %.3f)\n", i, p[i]+w[i], p[i], w[i]}'; }
     { QT_TEST_ONLY=_gpu step test_reliability 1200 build/tests/test_reliability
       QT_TEST_ONLY=count_nonfinite step test_ops_gpu_nonfinite 300 build/tests/test_ops_gpu
+      # the per-step NaN/Inf count's cost beside the AdamW it follows (0.5B parameters)
+      step kernels_bench_nonfinite 300 build/bench/kernels_bench count_nonfinite
+      step kernels_bench_adamw 300 build/bench/kernels_bench adamw
       for o in false true; do
           step stall_0.5b_bf16_offload_$o 600 /usr/bin/time -v build/qtrain configs/qwen2.5-0.5b-bf16.yaml $common \
               --set memory.offload_optimizer=$o --set checkpoint.dir=$d/ck_0.5b_$o --set log.file=$d/0.5b_$o.jsonl \
@@ -196,7 +199,7 @@ if has reliability; then
           fi
       fi
     } 2>&1 | tee "$OUT/reliability.log" |
-        grep -E '^(PASS|FAIL|SKIP|==)|SIGINTs|SIGKILLs|mutant|checkpoints, training|paused|saved|stall per|snapshot:|Maximum resident|rror'
+        grep -E '^(PASS|FAIL|SKIP|==)|SIGINTs|SIGKILLs|mutant|checkpoints, training|paused|saved|stall per|snapshot:|count_nonfinite|adamw_fp32|Maximum resident|rror'
 fi
 # tools/tokenize against HF tokenizers' own encode_batch on every core of this machine (300 MB corpus,
 # 32k BPE; figures into tools/README.md).

@@ -313,8 +313,8 @@ int qt_ckpt_save_pieces(const char *dir, long step, int keep, const qt_ckpt_item
     int rc = 0;
     for (int k = 0; k < np && !rc; k++) {
         const qt_ckpt_item *it = &items[pieces[k].item];
-        const char *p = (const char *)it->data + pieces[k].lo;
         size_t len = pieces[k].hi - pieces[k].lo;
+        const char *p = len ? (const char *)it->data + pieces[k].lo : NULL;
         if (fns && fns->check && (rc = fns->check(it, pieces[k].lo, pieces[k].hi, fns->ctx, err, errlen))) break;
         if (len && pwrite_all(fd, p, len, off[pieces[k].item] + pieces[k].lo)) {
             rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
