@@ -6,7 +6,10 @@
  *            u64 hash
  *   data     each blob at a 64-byte aligned offset, zero padding between; file_bytes = total size.
  * meta_hash = hash64 of header bytes [0,32) then the table; each blob's hash = hash64 of its bytes.
- * hash64 is XXH64 (seed 0): 32-byte stripes in four lanes, so it runs at memory speed. */
+ * hash64 is XXH64 (seed 0): 32-byte stripes in four lanes, so it runs at memory speed.
+ * Writing: the blobs go first, piece by piece in the caller's order (qt_ckpt_save_pieces), each byte
+ * read once — checked, fed to its blob's hash, written at its offset (padding stays a hole: zeros) —
+ * then the table with the hashes at offset 0, the size set, fsync, rename. */
 #include "qt_error.h"
 #include "qt_ckpt.h"
 
