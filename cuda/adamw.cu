@@ -6,7 +6,9 @@
  * exactly the fp32 operations of qt_adamw_cpu, in the same order, with explicit _rn intrinsics so the
  * compiler cannot contract them into FMAs: the fp32 master path matches the CPU bit for bit.
  * m, v: fp32 or bf16 (RNE). Weight: fp32 master (optional) and/or bf16 copy (RNE, or stochastic:
- * add 16 random bits from hash(seed, t, i) under the bf16 mantissa, then truncate).
+ * add 16 random bits from hash(seed, t, i) under the bf16 mantissa, then truncate: rounds up with
+ * probability (distance to the lower neighbour) / ulp, so the rounding is unbiased). Without a master
+ * (precision.master_dtype bf16) the bf16 weight is read, updated in fp32 and rounded back the same way.
  * absmax[k] = max |new weight| over tensor k: block max, then atomicMax on the fp32 bit pattern, which
  * orders like the value for non-negative floats, so the result does not depend on block order.
  * Grid: every tensor is cut into ADAM_CH-element chunks, one block each; a block finds its tensor by
@@ -26,6 +28,16 @@
 
 #define ADAM_THREADS 256
 #define ADAM_CH 4096
+
+/* The stochastic-rounding hash takes the element's flat index i, never its state index j (relative to
+ * a ZeRO-1 rank's pieces or an offload slot): that is what makes the bits independent of the cut.
+ * QT_MUTANT_SR_STATE_INDEX (a test build only: tools/gpu-check.sh bf16master) hashes j instead, which
+ * test_kernels' cut test must catch. */
+#ifdef QT_MUTANT_SR_STATE_INDEX
+#define SR_INDEX(i, j) (j)
+#else
+#define SR_INDEX(i, j) (i)
+#endif
 
 typedef struct {
     unsigned long long offset, numel, block0;
@@ -122,7 +134,7 @@ static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, un
     float wa = w;
     if (master) master[j] = w;
     if (wb) {
-        bf16 h = adam_round(w, i, p);
+        bf16 h = adam_round(w, SR_INDEX(i, j), p);
         wb[i] = h;
         wa = __bfloat162float(h);
     }
@@ -168,7 +180,7 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
                 bf16 hb[4];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    hb[k] = adam_round(w[k], i + k, &p);
+                    hb[k] = adam_round(w[k], SR_INDEX(i + k, j + k), &p);
                     w[k] = __bfloat162float(hb[k]);
                 }
                 uint2 u;

@@ -63,9 +63,10 @@ typedef struct {
      * this rank's pieces of the buckets back to back (all of the array when not sharded) */
     void *w;              /* bf16, device */
     float *grad;          /* fp32, device */
-    float *master;        /* device, or host_state */
+    float *master;        /* device, or host_state; NULL when w_master_dt is bf16 (AdamW updates w in place) */
     void *m, *v;
     qt_dtype m_dt, v_dt;
+    qt_dtype w_master_dt; /* precision.master_dtype: fp32 (the master array) or bf16 (w itself) */
     double *sumsq;        /* [ranks][buckets] every rank's pieces' gradient sums of squares (sharded norm) */
     float *norm, *clip;   /* device scalars */
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
@@ -107,8 +108,11 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 /* Zeroes the gradients of buckets [k0, k1) on s. */
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s);
 
-/* w[0, numel) (host) = this rank's master pieces (synchronous; the caller has joined the streams). */
+/* w[0, numel) (host) = this rank's master pieces (synchronous; the caller has joined the streams); with
+ * a bf16 master, the exact fp32 values of the bf16 weights there. */
 void qt_param_get_master(const qt_param_store *ps, float *w);
+/* The same values back to back in state order, w[0, shard.len) (padding 0): the checkpoint's layout. */
+void qt_param_get_master_pieces(const qt_param_store *ps, float *w);
 /* Bytes per element and base of the state item i: 0 master, 1 bf16 weights, 2 m, 3 v. */
 void *qt_param_item(const qt_param_store *ps, int i, qt_dtype *dt);
 

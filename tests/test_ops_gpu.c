@@ -110,6 +110,7 @@ static const op_case CASES[] = {
     /* AdamW (adamw.cu): steps sr; dt = m/v, dt2 = weights (fp32: master + bf16 copy); f = grad scale */
     {&OP_ADAMW, {3, 0}, F32, F32, 0, 0.5f, 0}, {&OP_ADAMW, {1, 0}, BF16, F32, 0, 0, 0},
     {&OP_ADAMW, {1, 1}, BF16, BF16, 0, 0, 0}, {&OP_ADAMW, {1, 0}, F32, BF16, 0, 1.0f, 0},
+    {&OP_ADAMW, {1, 1}, F32, BF16, 0, 0.5f, 0}, /* precision.master_dtype bf16: SR, fp32 moments, clip scale */
     /* gradient norm (norm.cu): n parts, f = max_norm / norm */
     {&OP_GRAD_NORM, {3000001, 0}, 0, 0, 0, 0, 0}, {&OP_GRAD_NORM, {3000001, 0}, 0, 0, 0, 0.5f, 0},
     {&OP_GRAD_NORM, {3000001, 0}, 0, 0, 0, 2.0f, 1}, {&OP_GRAD_NORM, {3000001, 0}, 0, 0, 0, 0.5f, 1},

@@ -160,8 +160,9 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 
 static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
 
-/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths),
- * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. Sharded:
+/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths; with
+ * precision.master_dtype bf16 the exact fp32 values of the bf16 weights), the bf16 working copy (it
+ * differs from RNE(master) under stochastic rounding) and m, v. Sharded:
  * weights, adam_m and adam_v hold this rank's pieces only, back to back with their padding (the
  * store's shard says where each goes). */
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
@@ -176,7 +177,8 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         const void *src = qt_param_item(ps, i, &dt);
         size_t bytes = (i == 1 ? n : ns) * qt_dtype_size(dt);
         if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
-        QT_CUDA(cudaMemcpy(e->host_state[i], src, bytes, cudaMemcpyDefault)); /* master, m, v: maybe host */
+        if (i == 0) qt_param_get_master_pieces(ps, e->host_state[0]); /* fp32 whatever precision.master_dtype */
+        else QT_CUDA(cudaMemcpy(e->host_state[i], src, bytes, cudaMemcpyDefault)); /* m, v: maybe host */
         items[i] = (qt_ckpt_item){item_names[i], dt, e->host_state[i], bytes};
     }
     return 4;
@@ -195,7 +197,9 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
         size_t bytes, es = qt_dtype_size(want_dt), want = n * es;
         int dt;
         const void *p = qt_ckpt_get(ck, item_names[i], &bytes, &dt);
-        if (!p && i == 1) { /* a CPU checkpoint: the bf16 copy from all of "weights" */
+        /* a CPU checkpoint, or a bf16 master: the bf16 weights are RNE("weights") — the same bits where a
+         * bf16-master run wrote it, one rounding of an fp32 master's (documented at precision.master_dtype) */
+        if (i == 1 && (!p || !ps->master)) {
             qt_param_upload_bf16(ps, qt_ckpt_get(ck, item_names[0], NULL, NULL), n, g->stream);
             continue;
         }
@@ -208,6 +212,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
             QT_CUDA(cudaMemcpyAsync(dst, p, want, cudaMemcpyHostToDevice, g->stream));
             continue;
         }
+        if (!dst) continue; /* no master array (bf16): "weights" goes into the bf16 weights (i == 1) */
         for (int k = 0; k < ps->shard.n_buckets; k++) {
             size_t off, len, st, np;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);
@@ -267,6 +272,11 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.matmul_dtype != QT_DT_E4M3) {
         snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
                  qt_dtype_name(cfg->precision.matmul_dtype));
+        return NULL;
+    }
+    if (cfg->precision.grad_accum_dtype != QT_DT_F32) {
+        snprintf(err, errlen, "%s: precision.grad_accum_dtype: %s is not implemented yet: expected fp32", cfg->path,
+                 qt_dtype_name(cfg->precision.grad_accum_dtype));
         return NULL;
     }
     QT_CUDA(cudaSetDevice(device));
