@@ -39,7 +39,7 @@ int qt_gpu_optim_groups(const qt_gpu_optim *o);
 /* AdamW of group k on s (w_bf16, g and grad_scale on the device; see qt_adamw_step). Offloaded, s
  * waits after the last group until all of the state is back in host memory, so whoever syncs s
  * may read it. */
-void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, const float *grad_scale,
+void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_dtype g_dt, const float *grad_scale,
                        const qt_adamw_args *a, cudaStream_t s);
 
 #endif

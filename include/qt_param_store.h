@@ -62,11 +62,12 @@ typedef struct {
     /* w and grad [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len],
      * this rank's pieces of the buckets back to back (all of the array when not sharded) */
     void *w;              /* bf16, device */
-    float *grad;          /* fp32, device */
+    void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device */
     float *master;        /* device, or host_state; NULL when w_master_dt is bf16 (AdamW updates w in place) */
     void *m, *v;
     qt_dtype m_dt, v_dt;
     qt_dtype w_master_dt; /* precision.master_dtype: fp32 (the master array) or bf16 (w itself) */
+    qt_dtype grad_dt;     /* precision.grad_accum_dtype: the dtype every weight-gradient writer accumulates in */
     double *sumsq;        /* [ranks][buckets] every rank's pieces' gradient sums of squares (sharded norm) */
     float *norm, *clip;   /* device scalars */
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
@@ -93,7 +94,9 @@ void qt_param_store_free(qt_param_store *ps);
 void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s);
 
 static inline void *qt_param_w(const qt_param_store *ps, size_t off) { return (char *)ps->w + off * 2; }
-static inline float *qt_param_g(const qt_param_store *ps, size_t off) { return ps->grad + off; }
+static inline void *qt_param_g(const qt_param_store *ps, size_t off) {
+    return (char *)ps->grad + off * (size_t)qt_dtype_size(ps->grad_dt);
+}
 
 /* The acquire/release calls of the forward and backward (see the top of this file); h may be NULL. */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto);

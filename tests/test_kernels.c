@@ -120,9 +120,9 @@ static void test_adamw_sharded(void) {
         float *g = h_rand(ATOT, 1.0f);
         QT_CUDA(cudaMemcpy(dg, g, ATOT * 4, cudaMemcpyHostToDevice));
         a.t = t;
-        qt_adamw_step(whole, wb, dmaster, dg, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
+        qt_adamw_step(whole, wb, dmaster, dg, QT_DT_F32, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
         for (int r = 0; r < 2; r++)
-            qt_adamw_step(part[r], wb2, sm[r], dg, smm[r], QT_DT_F32, smv[r], QT_DT_F32, NULL, NULL, &a, 0);
+            qt_adamw_step(part[r], wb2, sm[r], dg, QT_DT_F32, smm[r], QT_DT_F32, smv[r], QT_DT_F32, NULL, NULL, &a, 0);
         free(g);
     }
     float *gw = g_f32(dmaster, ATOT), *gm = g_f32(dm, ATOT), *gv = g_f32(dv, ATOT);
@@ -195,8 +195,8 @@ static void test_adamw_offload(void) {
             QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
             a.t = t;
             for (int k = 0; k < 2; k++) {
-                qt_gpu_optim_step(dev, k, wb, dg, NULL, &a, s);
-                qt_gpu_optim_step(off, k, wb2, dg, NULL, &a, s);
+                qt_gpu_optim_step(dev, k, wb, dg, QT_DT_F32, NULL, &a, s);
+                qt_gpu_optim_step(off, k, wb2, dg, QT_DT_F32, NULL, &a, s);
             }
             QT_CUDA(cudaStreamSynchronize(s));
             memcpy(snap, hmaster + OTOT - tail, tail * 4);
@@ -294,12 +294,12 @@ static void test_adamw_bf16_master_cuts(void) {
             float *g = h_rand(ATOT, 1.0f);
             QT_CUDA(cudaMemcpy(dg, g, ATOT * 4, cudaMemcpyHostToDevice));
             a.t = t;
-            qt_adamw_step(whole, wb[0], NULL, dg, m[0], dt, v[0], dt, NULL, NULL, &a, 0);
+            qt_adamw_step(whole, wb[0], NULL, dg, QT_DT_F32, m[0], dt, v[0], dt, NULL, NULL, &a, 0);
             for (int r = 0; r < RANKS; r++)
-                qt_adamw_step(rank[r], wb[1], NULL, dg, rm + r * (ATOT / 2) * es, dt, rv + r * (ATOT / 2) * es, dt, NULL,
+                qt_adamw_step(rank[r], wb[1], NULL, dg, QT_DT_F32, rm + r * (ATOT / 2) * es, dt, rv + r * (ATOT / 2) * es, dt, NULL,
                               NULL, &a, 0);
-            qt_gpu_optim_step(off, 0, wb[2], dg, NULL, &a, 0);
-            for (int k = 0; k < np; k++) qt_adamw_step(pieces[k], wb[3], NULL, dg, m[3], dt, v[3], dt, NULL, NULL, &a, 0);
+            qt_gpu_optim_step(off, 0, wb[2], dg, QT_DT_F32, NULL, &a, 0);
+            for (int k = 0; k < np; k++) qt_adamw_step(pieces[k], wb[3], NULL, dg, QT_DT_F32, m[3], dt, v[3], dt, NULL, NULL, &a, 0);
             QT_CUDA(cudaDeviceSynchronize());
             free(g);
         }

@@ -149,7 +149,17 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
              "wait for the other ranks' embedding lookups); read them before that micro-step", e->plan.rank);
     qt_dp_sync_join(e->sync); /* AdamW running ahead zeroes them */
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
-    QT_CUDA(cudaMemcpy(gr, e->g->ps->grad, b->L->numel * 4, cudaMemcpyDeviceToHost));
+    const qt_param_store *ps = e->g->ps;
+    size_t n = b->L->numel;
+    if (ps->grad_dt == QT_DT_F32) {
+        QT_CUDA(cudaMemcpy(gr, ps->grad, n * 4, cudaMemcpyDeviceToHost));
+        return;
+    }
+    uint16_t *h = malloc(n * 2 + 1); /* bf16 gradients: their exact fp32 values */
+    QT_CHECK(h, "out of host memory (%zu bf16 gradients)", n);
+    QT_CUDA(cudaMemcpy(h, ps->grad, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) gr[i] = qt_bf16_to_f32(h[i]);
+    free(h);
 }
 
 static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
@@ -272,11 +282,6 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.matmul_dtype != QT_DT_E4M3) {
         snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
                  qt_dtype_name(cfg->precision.matmul_dtype));
-        return NULL;
-    }
-    if (cfg->precision.grad_accum_dtype != QT_DT_F32) {
-        snprintf(err, errlen, "%s: precision.grad_accum_dtype: %s is not implemented yet: expected fp32", cfg->path,
-                 qt_dtype_name(cfg->precision.grad_accum_dtype));
         return NULL;
     }
     QT_CUDA(cudaSetDevice(device));

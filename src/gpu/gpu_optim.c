@@ -138,13 +138,13 @@ static void move(const qt_gpu_optim *o, const opt_chunk *ch, int i, int up, cuda
     }
 }
 
-void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, const float *grad_scale,
+void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_dtype g_dt, const float *grad_scale,
                        const qt_adamw_args *a, cudaStream_t s) {
     QT_CHECK(k >= 0 && k < o->groups, "adamw group %d of %d", k, o->groups);
     for (int c = k ? o->group_end[k - 1] : 0; c < o->group_end[k]; c++) {
         const opt_chunk *ch = &o->chunk[c];
         if (!o->slots) {
-            qt_adamw_step(ch->plan, w_bf16, o->master, g, o->m, o->m_dt, o->v, o->v_dt, grad_scale, NULL, a, s);
+            qt_adamw_step(ch->plan, w_bf16, o->master, g, g_dt, o->m, o->m_dt, o->v, o->v_dt, grad_scale, NULL, a, s);
             continue;
         }
         int i = (int)(o->next++ % OPT_SLOTS);
@@ -154,8 +154,8 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, con
         move(o, ch, i, 1, o->up);
         QT_CUDA(cudaEventRecord(o->ready[i], o->up));
         QT_CUDA(cudaStreamWaitEvent(s, o->ready[i], 0));
-        qt_adamw_step(ch->plan, w_bf16, o->master ? (float *)p[0] : NULL, g, p[1], o->m_dt, p[2], o->v_dt, grad_scale,
-                      NULL, a, s);
+        qt_adamw_step(ch->plan, w_bf16, o->master ? (float *)p[0] : NULL, g, g_dt, p[1], o->m_dt, p[2], o->v_dt,
+                      grad_scale, NULL, a, s);
         QT_CUDA(cudaEventRecord(o->done[i], s));
         QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));
         move(o, ch, i, 0, o->down);

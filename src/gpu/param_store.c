@@ -30,6 +30,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->m_dt = cfg->precision.opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->v_dt = cfg->precision.opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (pl->opt != QT_OPT_STATE_HOST) return ps;
     size_t ns = sh->len;
@@ -53,7 +54,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
     ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
-    ps->grad = qt_mem_plan_carve(p, "gradients (fp32)", n * 4);
+    ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
+                                 n * qt_dtype_size(ps->grad_dt));
     if (ps->place.opt == QT_OPT_STATE_HOST) {
         ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
                                           qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->master != NULL, ps->m_dt, ps->v_dt));
@@ -129,7 +131,7 @@ void qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const float *
         if ((np = qt_shard_params(off, len, n)))
             QT_CUDA(cudaMemcpyAsync(ps->master + st, w0 + off, np * 4, cudaMemcpyDefault, s));
     }
-    qt_zero(ps->grad, sp->total * 4, s);
+    qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     make_optimizer(ps, cfg);
 }
 
@@ -167,11 +169,11 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
     qt_adamw_args b = *a;
     b.stochastic |= ps->w_master_dt == QT_DT_BF16;
-    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->clip, &b, s);
+    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->grad_dt, ps->clip, &b, s);
 }
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
-    qt_zero(ps->grad + ps->shard.bucket[k0], (ps->shard.bucket[k1] - ps->shard.bucket[k0]) * 4, s);
+    qt_zero(qt_param_g(ps, ps->shard.bucket[k0]), (ps->shard.bucket[k1] - ps->shard.bucket[k0]) * qt_dtype_size(ps->grad_dt), s);
 }
 
 /* n fp32 values from the master (fp32) or the bf16 weights at flat index off (the exact value of each). */
