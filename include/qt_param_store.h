@@ -1,5 +1,5 @@
 /* qt_param_store.h — the parameters of one GPU rank and everything kept per parameter: the bf16
- * weights, the fp32 gradients, the optimizer state (fp32 master weights, AdamW m and v), this rank's
+ * weights, the gradients (fp32 or bf16: grad_dt), the optimizer state (fp32 master weights unless bf16, AdamW m and v), this rank's
  * shard of that state (qt_shard), the slots and pinned host memory of an offloaded state, and the
  * gradient norm / clip scalars.
  *
