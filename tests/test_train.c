@@ -11,6 +11,7 @@
 #include "qt_config.h"
 #include "qt_data.h"
 #include "qt_device.h"
+#include "qt_error.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
@@ -308,6 +309,22 @@ static int bf16m_run(int kind, const char *tag, int stop, const char *resume, co
     return rc;
 }
 
+/* The synthetic shards bf16m_run reads, and the final export of its run `tag` (caller frees). */
+static void bf16m_data(void) {
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
+    snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
+    qt_t_write_synthetic(p1, 20000, 1);
+    qt_t_write_synthetic(p2, 3000, 2);
+}
+static char *bf16m_export(const char *tag, size_t *n) {
+    char ep[512];
+    snprintf(ep, sizeof ep, "%s/ckpt_bf16m_%s/export/model.safetensors", g_dir, tag);
+    char *e = qt_t_read_file(ep, n);
+    QT_CHECK(e && *n > 0, "%s: no export %s", tag, ep);
+    return e;
+}
+
 /* The bf16 master under every cut of the update: the losses of 20 steps and the final weights (the
  * export) bit for bit: offloaded = on the device = from CUDA graphs (one GPU); ZeRO-1 = replicated =
  * ZeRO-1 offloaded (2 ranks sharing the GPU). Then: a run stopped at step 10 and resumed from its
@@ -317,11 +334,8 @@ static int bf16m_run(int kind, const char *tag, int stop, const char *resume, co
  * two accumulated), so they are compared with each other. */
 static void test_bf16_master_cuts(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    char p1[512], p2[512], err[1024];
-    snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
-    snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
-    qt_t_write_synthetic(p1, 20000, 1);
-    qt_t_write_synthetic(p2, 3000, 2);
+    char err[1024];
+    bf16m_data();
     enum { RUNS = 6 };
     const char *tag[RUNS] = {"one", "one_offload", "one_graphs", "dp_replicated", "dp_sharded", "dp_sharded_offload"};
     float loss[RUNS][20];
@@ -333,10 +347,7 @@ static void test_bf16_master_cuts(void) {
         int rc = bf16m_run(k, tag[k], -1, NULL, "master_dtype: bf16", loss[k], err, sizeof err);
         qt_test_hooks_set(NULL);
         QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);
-        char ep[512];
-        snprintf(ep, sizeof ep, "%s/ckpt_bf16m_%s/export/model.safetensors", g_dir, tag[k]);
-        exp[k] = qt_t_read_file(ep, &nexp[k]);
-        QT_REQUIRE(exp[k] && nexp[k] > 0, "%s: no export %s", tag[k], ep);
+        exp[k] = bf16m_export(tag[k], &nexp[k]);
         QT_EXPECT(loss[k][19] < loss[k][0], "%s: loss did not fall: %g -> %g", tag[k], loss[k][0], loss[k][19]);
     }
     const int same[4][2] = {{1, 0}, {2, 0}, {4, 3}, {5, 4}};
@@ -369,11 +380,8 @@ static void test_bf16_master_cuts(void) {
  * (measured, printed: bf16 accumulation rounds every micro-step's sum once). */
 static void test_bf16_grads(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    char p1[512], p2[512], err[1024];
-    snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
-    snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
-    qt_t_write_synthetic(p1, 20000, 1);
-    qt_t_write_synthetic(p2, 3000, 2);
+    char err[1024];
+    bf16m_data();
     const char *g16 = "master_dtype: bf16, grad_accum_dtype: bf16";
     float l[4][20];
     char *exp[2];
@@ -382,10 +390,7 @@ static void test_bf16_grads(void) {
     const char *tag[2] = {"g16_replicated", "g16_sharded"};
     for (int k = 0; k < 2; k++) {
         QT_REQUIRE(bf16m_run(kind[k], tag[k], -1, NULL, g16, l[k], err, sizeof err) == 0, "%s: %s", tag[k], err);
-        char ep[512];
-        snprintf(ep, sizeof ep, "%s/ckpt_bf16m_%s/export/model.safetensors", g_dir, tag[k]);
-        exp[k] = qt_t_read_file(ep, &ne[k]);
-        QT_REQUIRE(exp[k], "%s: no export", tag[k]);
+        exp[k] = bf16m_export(tag[k], &ne[k]);
     }
     int sl = !memcmp(l[0], l[1], sizeof l[0]), sw = ne[0] == ne[1] && !memcmp(exp[0], exp[1], ne[0]);
     printf("  bf16 gradients, 2 ranks replicated vs ZeRO-1: losses %s, final weights %s\n", sl ? "bitwise equal" : "differ",

@@ -58,7 +58,7 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
                                  n * qt_dtype_size(ps->grad_dt));
     if (ps->place.opt == QT_OPT_STATE_HOST) {
         ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
-                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->master != NULL, ps->m_dt, ps->v_dt));
+                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->w_master_dt == QT_DT_F32, ps->m_dt, ps->v_dt));
         qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
     } else {
         if (ps->w_master_dt == QT_DT_F32) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
