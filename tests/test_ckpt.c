@@ -376,24 +376,23 @@ static int live_write_matches(int mode, char *why, size_t cap) {
     return ok;
 }
 
-static void test_live_items_written_in_place(void) {
+/* The mode writes the file a synchronous save writes, and its mutant (what: the mutant's fault) does not. */
+static void mode_and_mutant(int mode, int mutant, const char *what) {
     char why[512];
-    QT_EXPECT(live_write_matches(IN_PLACE, why, sizeof why), "%s", why);
-    int caught = !live_write_matches(IN_PLACE_UNGUARDED, why, sizeof why);
-    printf("  mutant that changes the state without waiting for the mark: %s%s\n", caught ? "caught: " : "NOT caught",
-           caught ? why : "");
-    QT_EXPECT(caught, "the test passes when the modifier does not wait");
+    QT_EXPECT(live_write_matches(mode, why, sizeof why), "%s", why);
+    int caught = !live_write_matches(mutant, why, sizeof why);
+    printf("  mutant that %s: %s%s\n", what, caught ? "caught: " : "NOT caught", caught ? why : "");
+    QT_EXPECT(caught, "the test passes with the mutant that %s", what);
+}
+
+static void test_live_items_written_in_place(void) {
+    mode_and_mutant(IN_PLACE, IN_PLACE_UNGUARDED, "changes the state without waiting for the mark");
 }
 
 /* checkpoint.offloaded: copy — the same file as in place and as a synchronous save, the state changing
  * at once behind the copy; the mutant that skips the copy must fail. */
 static void test_live_items_copied(void) {
-    char why[512];
-    QT_EXPECT(live_write_matches(COPY, why, sizeof why), "%s", why);
-    int caught = !live_write_matches(COPY_MISSING, why, sizeof why);
-    printf("  mutant that writes the state without copying it: %s%s\n", caught ? "caught: " : "NOT caught",
-           caught ? why : "");
-    QT_EXPECT(caught, "the test passes when the state is not copied");
+    mode_and_mutant(COPY, COPY_MISSING, "writes the state without copying it");
 }
 
 /* checkpoint.offloaded resolved from the available host bytes: auto copies exactly when the copy plus

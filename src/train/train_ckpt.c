@@ -122,7 +122,7 @@ static int choose_offload(qt_trainer *t, size_t bytes, char *buf, size_t cap) {
     /* The one place the host's free memory is read; the host memory planner (memory.host_limit_gib)
      * should pass its budget left after the planned host rows here instead. */
     size_t avail = want == QT_CKPT_OFFLOAD_AUTO ? qt_host_mem_available() : 0;
-    int copy = qt_trainer_offload_mode(want, bytes, avail) == QT_CKPT_OFFLOAD_COPY;
+    int copy = t->eng->ops->set_state_copy && qt_trainer_offload_mode(want, bytes, avail) == QT_CKPT_OFFLOAD_COPY;
     int n = snprintf(buf, cap, "; offloaded optimizer state (%.1f MiB) %s (checkpoint.offloaded: %s", bytes / 1048576.0,
                      copy ? "copied at each checkpoint" : "written where it lives, the optimizer waiting for the write",
                      names[want]);
@@ -150,12 +150,10 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     size_t bytes = 0, offloaded = 0;
     for (int j = 0; j < live.n; j++) offloaded += items[live.idx[j]].bytes;
     char how[256] = "";
-    if (live.n && t->eng->ops->set_state_copy && choose_offload(t, offloaded, how, sizeof how)) {
+    if (live.n && choose_offload(t, offloaded, how, sizeof how)) {
         if ((n = qt_engine_state_items(t->eng, items, 16, err, errlen)) < 0) return -1;
         live = live_items(t);
-    } else if (live.n) {
-        snprintf(how, sizeof how, "; offloaded optimizer state (%.1f MiB) written where it lives", offloaded / 1048576.0);
-    } else if (t->cfg->memory.offload_optimizer && t->eng->ranks > 1) {
+    } else if (!live.n && t->cfg->memory.offload_optimizer && t->eng->ranks > 1) {
         snprintf(how, sizeof how, "; data-parallel: the offloaded optimizer state is copied (checkpoint.offloaded "
                  "applies to one GPU)");
     }
