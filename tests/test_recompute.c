@@ -276,6 +276,9 @@ static void plan_and_peak(const char *tag, const char *memory, size_t *plan, siz
     QT_REQUIRE(rc == 0, "%s: %s", tag, err);
     *peak = before - sp.min_free;
     qt_layout_free(&L);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ckpt_%s", g_dir, tag); /* 1 GiB each */
+    qt_t_rmtree(dir);
 }
 
 /* The plan is what the run allocates: each run takes its plan plus at most MARGIN (cuBLASLt's 64 MiB and
