@@ -281,10 +281,11 @@ static void plan_and_peak(const char *tag, const char *memory, size_t *plan, siz
     qt_t_rmtree(dir);
 }
 
-/* The plan is what the run allocates: each run takes its plan plus at most MARGIN (cuBLASLt's 64 MiB and
- * cuDNN's workspaces, kernels loaded on first use, graph-free eager steps), and the difference between
- * two runs' peaks is the difference of their plans within 64 MiB (what the plan leaves out is the same
- * for both). A warm-up run first loads the kernels both will use. */
+/* The plan is what the run allocates: each run takes at least its plan and, after a warm-up run that
+ * loads the kernels on first use (its peak is printed, checked only against the plan), at most MARGIN
+ * more (cuBLASLt's 64 MiB and cuDNN's workspaces; eager steps, no graphs); the difference between the
+ * two measured runs' peaks is the difference of their plans within 64 MiB (what the plan leaves out is
+ * the same for both). */
 static void test_plan_matches_device(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     char p[512];
@@ -299,8 +300,8 @@ static void test_plan_matches_device(void) {
         plan_and_peak(tag, mem[k], &plan[k], &peak[k]);
         printf("  %-44s plan %8.1f MiB, measured peak %8.1f MiB (+%.1f)\n", mem[k], plan[k] / (double)MiB,
                peak[k] / (double)MiB, ((double)peak[k] - plan[k]) / MiB);
-        QT_EXPECT(peak[k] >= plan[k] && peak[k] <= plan[k] + MARGIN, "%s: peak %zu vs plan %zu (margin %zu)", mem[k],
-                  peak[k], plan[k], MARGIN);
+        QT_EXPECT(peak[k] >= plan[k] && (k == 0 || peak[k] <= plan[k] + MARGIN), "%s: peak %zu vs plan %zu (margin %zu)",
+                  mem[k], peak[k], plan[k], MARGIN);
     }
     double dplan = (double)plan[1] - plan[2], dpeak = (double)peak[1] - peak[2];
     printf("  saving: plan %.1f MiB, measured %.1f MiB\n", dplan / MiB, dpeak / MiB);
