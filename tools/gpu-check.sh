@@ -275,9 +275,11 @@ fi
 # none, ffn+norm and block (RC7_SETS overrides), then the 7B configs as shipped (LLM.Q's 524,288 tokens
 # per step). A set that does not fit is refused with the plan's size.
 if has recompute; then
-    { step test_recompute 900 build/tests/test_recompute
+    { for part in mutant bf16 fp8 dp_offload plan_matches; do # one test per step (QT_TEST_ONLY=part runs one alone)
+          step test_recompute_$part 540 env QT_TEST_ONLY=$part build/tests/test_recompute
+      done
       step test_stores_7b_plan 60 env QT_TEST_ONLY=plan_7b build/tests/test_stores
-    } 2>&1 | tee "$OUT/recompute.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|step [0-9]'
+    } 2>&1 | tee "$OUT/recompute.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|step [0-9]|plan .*peak|saving'
 fi
 if has recompute_bench; then
     set -f # the sets below are YAML lists, not globs
