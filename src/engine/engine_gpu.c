@@ -87,7 +87,7 @@ static void inject_nonfinite(gpu_engine *e, long t, int k0, int k1, cudaStream_t
     const qt_param_store *ps = e->g->ps;
     const qt_tensor *tt = h->nonfinite_step == t && h->nonfinite_tensor ? qt_layout_find(e->base.L, h->nonfinite_tensor) : NULL;
     size_t i = tt ? tt->offset + tt->numel / 2 : 0;
-    if (tt && i >= ps->shard.bucket[k0] && i < ps->shard.bucket[k1]) qt_fill(ps->grad + i, QT_DT_F32, NAN, 1, s);
+    if (tt && i >= ps->shard.bucket[k0] && i < ps->shard.bucket[k1]) qt_fill(qt_param_g(ps, i), ps->grad_dt, NAN, 1, s);
 }
 
 /* Adds to bad_dev the NaN/Inf count of the bf16 weights this rank's AdamW wrote in buckets [k0, k1). */
