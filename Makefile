@@ -25,7 +25,7 @@ endif
 CUDNN_DIR := $(word 2,$(CUDNN_FOUND))
 
 OPT       ?= -O2
-CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude \
+CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Wpointer-arith -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude \
              -I$(BUILD)/gen -I$(CUDA_HOME)/include -MMD -MP $(EXTRA_CFLAGS)
 NVFLAGS   := -O3 -g -std=c++17 -Iinclude -lineinfo --expt-relaxed-constexpr \
              $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
