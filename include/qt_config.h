@@ -77,6 +77,8 @@ typedef struct {                  /* GPU */
     int recompute;                /* memory.recompute: qt_recompute_part bits */
     int attn_bwd_chunks;          /* attention backward over this many slices of the micro-batch */
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
+    float gpu_limit_gib;          /* 0: no cap; else the plan's device total (context excluded) must fit */
+    float host_limit_gib;         /* 0: MemAvailable from /proc/meminfo; else the host plan must fit this */
 } qt_memory_cfg;
 
 typedef struct {                  /* GPU */

@@ -78,9 +78,12 @@ typedef struct {
 } qt_param_store;
 
 /* A store for layout L, shard sh (this rank's buckets and pieces), placement pl; m/v dtypes from cfg.
- * Allocates the host state when offloaded: NULL with err when that fails. No device memory yet. */
+ * Sizes (allocates nothing: the plan can be made without a GPU); NULL with err. */
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen);
+/* Allocates the pinned host state of an offloaded placement (zeroed; nothing otherwise): 0, or -1 with
+ * err when cudaHostAlloc fails. */
+int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen);
 /* Adds the store's rows to p (sizing pass) or takes its buffers (second pass). */
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p);
 /* Once the arena exists: uploads w0 (fp32 [L->numel], host) to the bf16 weights and this rank's master

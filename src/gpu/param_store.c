@@ -31,18 +31,26 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     size_t b[3] = {qt_mem_aligned(ns * 4), qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
                    qt_mem_aligned(ns * qt_dtype_size(ps->v_dt))};
     ps->host_state_bytes = b[0] + b[1] + b[2];
+    (void)err, (void)errlen;
+    return ps;
+}
+
+int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
+    if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
+    size_t ns = ps->shard.len, b0 = qt_mem_aligned(ns * 4), b1 = qt_mem_aligned(ns * qt_dtype_size(ps->m_dt));
     if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
-        snprintf(err, errlen, "%s: memory.offload_optimizer: %.2f GiB of pinned host memory for the optimizer state "
-                 "could not be allocated", cfg->path, ps->host_state_bytes / 1073741824.0);
-        free(ps);
-        return NULL;
+        ps->host_state = NULL;
+        return qt_errf(err, errlen, "%s: memory.offload_optimizer: %.2f GiB of pinned host memory for the optimizer "
+                       "state could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
+                       "memory.host_limit_gib to what the host can pin, or train without the offload",
+                       cfg->path, ps->host_state_bytes / 1073741824.0);
     }
     memset(ps->host_state, 0, ps->host_state_bytes); /* m, v start at zero; padding stays defined */
     ps->master = (float *)ps->host_state;
-    ps->m = ps->host_state + b[0];
-    ps->v = ps->host_state + b[0] + b[1];
-    return ps;
+    ps->m = ps->host_state + b0;
+    ps->v = ps->host_state + b0 + b1;
+    return 0;
 }
 
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
