@@ -75,11 +75,11 @@ typedef struct {
 } qt_gpu_step_args;
 
 /* Plans and allocates everything on the current device for micro-batches of B x T, with the parameters
- * cut and placed as sh and pl say, and uploads w0 (fp32 [L->numel]). The plan's device total (arena,
+ * cut and placed as sh and pl say, and fills the weights from src (qt_param_store_init). The plan's device total (arena,
  * workspaces, runtime reserve; the attention workspace measured from cuDNN's plans) is checked against
  * memory.gpu_limit_gib and the free memory before anything is allocated: NULL with err naming the total,
  * the limit and the biggest rows when it does not fit. */
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, const qt_shard *sh,
                                   const qt_param_placement *pl, char *err, size_t errlen);
 void qt_gpu_model_free(qt_gpu_model *g);
 /* The memory plan qt_gpu_model_create would allocate for these arguments (the same code), without a

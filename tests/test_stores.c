@@ -63,11 +63,11 @@ static void test_mem_plan(void) {
     char err[512];
     QT_EXPECT(qt_mem_plan_check(&p, 0, total + 1000, "cap", err, sizeof err) == 0, "device total at the limit fits");
     QT_EXPECT(qt_mem_plan_check(&p, 0, total + 999, "memory.gpu_limit_gib = 1", err, sizeof err) == -1 &&
-                  strstr(err, "needs 0.00 GiB (the CUDA context not counted) but memory.gpu_limit_gib = 1 allows") &&
-                  strstr(err, "biggest items: ws 0.00 GiB (GPU), a 0.00 GiB (GPU arena), b 0.00 GiB (GPU arena)"),
+                  strstr(err, "needs 0.0 MiB (the CUDA context not counted) but memory.gpu_limit_gib = 1 allows") &&
+                  strstr(err, "biggest items: ws 0.0 MiB (GPU), a 0.0 MiB (GPU arena), b 0.0 MiB (GPU arena)"),
               "device refusal: %s", err);
     QT_EXPECT(qt_mem_plan_check(&p, 1, 129, "MemAvailable", err, sizeof err) == -1 && strstr(err, "host memory plan") &&
-                  strstr(err, "h 0.00 GiB (pinned host), h 0.00 GiB (host)"),
+                  strstr(err, "h 0.0 MiB (pinned host), h 0.0 MiB (host)"),
               "host refusal: %s", err);
 }
 

@@ -36,6 +36,7 @@ static const qt_key_enum f32_bf16_names[] = {{"fp32", QT_DT_F32}, {"bf16", QT_DT
 static const qt_key_enum matmul_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_E4M3}, {NULL, 0}};
 static const qt_key_enum grad_names[] = {
     {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
+static const qt_key_enum plan_names[] = {{"manual", 0}, {"auto", 1}, {NULL, 0}};
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
@@ -150,6 +151,8 @@ static const qt_config_key keys[] = {
       "cap on the GPU memory qtrain plans and allocates per GPU (GiB): the arena, cuBLASLt/cuDNN workspaces, comm buffers and a fixed runtime reserve (kernel modules, library handles, CUDA graphs); the CUDA context (about 0.5 GiB) is not counted. A plan over the cap is refused before allocating, naming its biggest rows; 0 = no cap (the GPU's free memory still applies)"),
     F("memory.host_limit_gib", memory.host_limit_gib, 0, NOHI, 0, 0, "0", "all", 0,
       "host memory the run may plan for (GiB): pinned offloaded state and snapshot buffers, pageable loader and weight buffers. A plan over it is refused before allocating; 0 = MemAvailable from /proc/meminfo at start (set it where a VM reports less at start than it grants later)"),
+    E("memory.plan", memory.plan, plan_names, "manual", "GPU", 0,
+      "auto: before training, choose data.micro_batch (keeping micro_batch x grad_accum), memory.recompute, memory.offload_optimizer, memory.lmhead_chunks and memory.attn_bwd_chunks, among those the config does not give, as the plan that fits memory.gpu_limit_gib (else the GPU) and the host with the highest predicted tokens/s (a FLOP and PCIe cost model against a matmul and copy rate probed once per GPU model and cached in ~/.cache/qtrain); prints the choice, its prediction and the next two. manual: the keys as given"),
     B("perf.cuda_graphs", perf.cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
     B("perf.matmul_autotune", perf.matmul_autotune, "true", "GPU", 0,
       "time cuBLASLt's candidate algorithms on each matmul shape's first use and keep the fastest; false = the heuristic's first choice (the same algorithms on every run, for A/B comparisons)"),

@@ -52,6 +52,13 @@ static size_t total(const qt_mem_plan *p, int host) {
 size_t qt_mem_plan_device_total(const qt_mem_plan *p) { return total(p, 0); }
 size_t qt_mem_plan_host_total(const qt_mem_plan *p) { return total(p, 1); }
 
+/* "1.23 GiB", or "45.6 MiB" below a GiB. */
+static const char *size_str(size_t b, char *buf, size_t cap) {
+    if (b >= ((size_t)1 << 30)) snprintf(buf, cap, "%.2f GiB", b / 1073741824.0);
+    else snprintf(buf, cap, "%.1f MiB", b / 1048576.0);
+    return buf;
+}
+
 static const char *const where_name[] = {"GPU arena", "GPU", "pinned host", "host"};
 
 int qt_mem_plan_check(const qt_mem_plan *p, int host, size_t limit, const char *limit_what, char *err, size_t errlen) {
@@ -67,12 +74,13 @@ int qt_mem_plan_check(const qt_mem_plan *p, int host, size_t limit, const char *
                 break;
             }
     }
-    size_t n = (size_t)snprintf(err, errlen, "the %s memory plan needs %.2f GiB%s but %s allows %.2f GiB; biggest items:",
-                                host ? "host" : "GPU", t / 1073741824.0, host ? "" : " (the CUDA context not counted)",
-                                limit_what, limit / 1073741824.0);
+    char a[32], b[32];
+    size_t n = (size_t)snprintf(err, errlen, "the %s memory plan needs %s%s but %s allows %s; biggest items:",
+                                host ? "host" : "GPU", size_str(t, a, sizeof a), host ? "" : " (the CUDA context not counted)",
+                                limit_what, size_str(limit, b, sizeof b));
     for (int k = 0; k < 3 && top[k] >= 0 && n < errlen; k++)
-        n += (size_t)snprintf(err + n, errlen - n, "%s %s %.2f GiB (%s)", k ? "," : "", p->row[top[k]].kind,
-                              p->row[top[k]].bytes / 1073741824.0, where_name[p->row[top[k]].where]);
+        n += (size_t)snprintf(err + n, errlen - n, "%s %s %s (%s)", k ? "," : "", p->row[top[k]].kind,
+                              size_str(p->row[top[k]].bytes, a, sizeof a), where_name[p->row[top[k]].where]);
     return -1;
 }
 

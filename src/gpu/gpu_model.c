@@ -179,7 +179,7 @@ static int check_fits(const qt_gpu_model *g, char *err, size_t errlen) {
     return -1;
 }
 
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, const qt_shard *sh,
                                   const qt_param_placement *pl, char *err, size_t errlen) {
     qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
     if (!g) return NULL;
@@ -205,7 +205,10 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->mm = qt_matmul_create(0);
     qt_matmul_set_autotune(g->mm, cfg->perf.matmul_autotune);
     cudaStream_t s = g->stream;
-    qt_param_store_init(g->ps, cfg, w0, s);
+    if (qt_param_store_init(g->ps, cfg, src, s, err, errlen)) {
+        qt_gpu_model_free(g);
+        return NULL;
+    }
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     if (g->fp8_fwd) {
