@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include "qt_comm.h"
 #include "qt_cpu_model.h"
 #include "qt_device.h"
 #include "qt_error.h"
@@ -128,6 +129,11 @@ static void test_host_plan_sums(void) {
                   row(&rp.mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)") == 3 * 4 * n &&
                   row(&rp.mem, QT_MEM_PAGEABLE, "step tokens") == 3 * 8 * ntok,
               "staging, init buffer, tokens");
+    size_t cdev, cpin;
+    qt_comm_plan_bytes(3, QT_COMM_AUTO, &cdev, &cpin);
+    QT_EXPECT(cdev >= 2 * 2 * ((size_t)16 << 20) && cpin >= ((size_t)64 << 20) && row(&rp.mem, QT_MEM_DEVICE, "comm buffers") == cdev &&
+                  row(&rp.mem, QT_MEM_PINNED, "comm host arena") == cpin,
+              "comm rows: %zu on each GPU, %zu pinned", cdev, cpin);
     size_t host = 0, dev = 0;
     for (int i = 0; i < rp.mem.n; i++)
         *(rp.mem.row[i].where >= QT_MEM_PINNED ? &host : &dev) += rp.mem.row[i].bytes;

@@ -65,6 +65,12 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
             qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)", numel * (4 + es_m + es_v));
     }
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);
+    if (n > 1) { /* engine_dp.c's comm: staging on every GPU, the host kinds' pinned arena */
+        size_t dev, pin;
+        qt_comm_plan_bytes(n, (qt_comm_kind)cfg->parallel.comm, &dev, &pin);
+        qt_mem_plan_add(&rp->mem, QT_MEM_DEVICE, "comm buffers", dev);
+        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "comm host arena", pin);
+    }
     return 0;
 }
 
