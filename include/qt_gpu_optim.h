@@ -41,4 +41,9 @@ int qt_gpu_optim_groups(const qt_gpu_optim *o);
 void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, const float *grad_scale,
                        const qt_adamw_args *a, cudaStream_t s);
 
+/* Offloaded: before chunk [lo, hi) of the state goes back down to host memory, wait(ctx, hi) runs on
+ * the calling thread and returns once host state below hi may change (a checkpoint writer reads it in
+ * place). wait NULL: no wait. */
+void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx);
+
 #endif

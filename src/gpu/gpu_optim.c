@@ -31,6 +31,8 @@ struct qt_gpu_optim {
     cudaStream_t up, down;
     cudaEvent_t ready[OPT_SLOTS], done[OPT_SLOTS], back[OPT_SLOTS];
     long next;         /* chunks streamed so far: picks the slot */
+    void (*guard)(void *ctx, size_t hi); /* before a chunk goes back down (qt_gpu_optim_set_guard) */
+    void *guard_ctx;
 };
 
 static size_t round4(size_t chunk) { return (chunk + 3) / 4 * 4; }
@@ -118,6 +120,11 @@ void qt_gpu_optim_free(qt_gpu_optim *o) {
 
 int qt_gpu_optim_groups(const qt_gpu_optim *o) { return o->groups; }
 
+void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx) {
+    o->guard = wait;
+    o->guard_ctx = ctx;
+}
+
 /* Slot i's master, m and v (each holding state [c0, c0 + size) of its chunk). */
 static void slot_arrays(const qt_gpu_optim *o, int i, char *p[3]) {
     p[0] = o->slots + (size_t)i * slot_stride(o->size, o->m_dt, o->v_dt);
@@ -156,6 +163,7 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, con
         qt_adamw_step(ch->plan, w_bf16, (float *)p[0], g, p[1], o->m_dt, p[2], o->v_dt, grad_scale, NULL, a, s);
         QT_CUDA(cudaEventRecord(o->done[i], s));
         QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));
+        if (o->guard) o->guard(o->guard_ctx, ch->hi); /* the host state below hi is ours again */
         move(o, ch, i, 0, o->down);
         QT_CUDA(cudaEventRecord(o->back[i], o->down));
     }
