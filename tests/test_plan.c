@@ -109,9 +109,11 @@ static void test_host_plan_sums(void) {
     QT_EXPECT(rp.ranks == 0 && rp.gpu_bytes == 0, "CPU engine: %d ranks", rp.ranks);
     QT_EXPECT(row(&rp.mem, QT_MEM_PAGEABLE, "weights, gradients, m, v (fp32)") == 16 * n &&
                   row(&rp.mem, QT_MEM_PAGEABLE, "step tokens") == 8 * ntok &&
-                  row(&rp.mem, QT_MEM_PAGEABLE, "activations (CPU)") == qt_cpu_model_bytes(&L, 3, 32),
+                  row(&rp.mem, QT_MEM_PAGEABLE, "activations (CPU)") == qt_cpu_model_bytes(&L, 3, 32) &&
+                  row(&rp.mem, QT_MEM_PAGEABLE, "checkpoint snapshot") == 3 * ((4 * n + 63) / 64 * 64),
               "CPU rows");
-    QT_EXPECT(rp.host_bytes == 16 * n + 8 * ntok + qt_cpu_model_bytes(&L, 3, 32), "CPU host total %zu", rp.host_bytes);
+    QT_EXPECT(rp.host_bytes == 16 * n + 8 * ntok + qt_cpu_model_bytes(&L, 3, 32) + 3 * ((4 * n + 63) / 64 * 64),
+              "CPU host total %zu", rp.host_bytes);
 
     QT_REQUIRE(load_cfg(&c, SMALL, "device: cuda\nmemory: {offload_optimizer: true}\nparallel: {devices: [0, 0, 1]}\n") == 0,
                "config");
@@ -139,6 +141,11 @@ static void test_host_plan_sums(void) {
         *(rp.mem.row[i].where >= QT_MEM_PINNED ? &host : &dev) += rp.mem.row[i].bytes;
     QT_EXPECT(rp.host_bytes == host && rp.gpu_bytes == 2 * dev && dev > rp.mem.off, "totals: host %zu/%zu, GPU %zu/%zu",
               rp.host_bytes, host, rp.gpu_bytes, 2 * dev);
+    /* one GPU offloaded: master, m and v are written where they live, only the bf16 weights are copied */
+    QT_REQUIRE(load_cfg(&c, SMALL, "device: cuda\nmemory: {offload_optimizer: true}\n") == 0, "config");
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == 2 * n, "one GPU offloaded: snapshot %zu",
+              row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot"));
     qt_layout_free(&L);
 }
 
@@ -159,7 +166,7 @@ static void test_host_limit_refused(void) {
     QT_EXPECT(rp.host_bytes > lim, "the small model needs %zu bytes: raise the test's model", rp.host_bytes);
     QT_EXPECT(qt_plan_check(&rp, 0, "", lim, what, err, sizeof err) == -1 && strstr(err, "the host memory plan needs") &&
                   strstr(err, "memory.host_limit_gib = 0.001 allows 1.0 MiB") &&
-                  strstr(err, "biggest items: weights, gradients, m, v (fp32) 4.1 MiB (host), activations (CPU) 1.8 MiB (host)"),
+                  strstr(err, "biggest items: weights, gradients, m, v (fp32) 4.1 MiB (host), checkpoint snapshot 3.1 MiB (host), activations (CPU) 1.8 MiB (host)"),
               "refusal: %s", err);
     qt_engine *e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
     QT_EXPECT(!e && strstr(err, "host memory plan needs") && strstr(err, "qtrain --plan"), "engine: %s", e ? "created" : err);

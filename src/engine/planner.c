@@ -59,8 +59,10 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
     size_t es_m = cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4, es_v = cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4;
     /* engine_gpu.c: two pinned token buffers [tok | tgt] and the one read per step */
     qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "token staging", n * (2 * 2 * N * sizeof(int32_t) + 16));
-    if (rp->training) { /* engine_gpu.c's state_items: master, bf16 weights, m, v, made at training start */
-        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", n * (ns * 4 + numel * 2 + ns * es_m + ns * es_v));
+    if (rp->training) { /* engine_gpu.c's state_items, made at training start: the bf16 weights, and master, m,
+                         * v unless one GPU's offloaded state is written in place (live_state) */
+        int live = sp.offload_opt && n == 1;
+        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", n * (numel * 2 + (live ? 0 : ns * (4 + es_m + es_v))));
         if (sharded) /* engine_dp.c: the ranks' pieces put together as whole arrays */
             qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)", numel * (4 + es_m + es_v));
     }
@@ -84,6 +86,8 @@ int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training
     if (rp->ranks == 0) { /* engine_cpu.c: w, g, m, v and the model's activations */
         qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weights, gradients, m, v (fp32)", 4 * L->numel * sizeof(float));
         qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "activations (CPU)", qt_cpu_model_bytes(L, B, T));
+        if (training) /* train_ckpt.c's snapshot of weights, m, v at a save (64-byte aligned each) */
+            qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", 3 * ((L->numel * 4 + 63) / 64 * 64));
     } else if (gpu_rows(L, cfg, rp, err, errlen)) {
         return -1;
     }
