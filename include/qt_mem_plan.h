@@ -53,6 +53,8 @@ size_t qt_mem_plan_host_total(const qt_mem_plan *p);
 /* 0 when the device (host = 0) or host (host = 1) total fits in limit bytes; else -1 with a message
  * naming the total, the limit (as limit_what, e.g. "memory.gpu_limit_gib = 24") and the biggest rows. */
 int qt_mem_plan_check(const qt_mem_plan *p, int host, size_t limit, const char *limit_what, char *err, size_t errlen);
+/* Prints the rows of one place, two spaces in. */
+void qt_mem_plan_print_rows(const qt_mem_plan *p, qt_mem_where where);
 /* Prints the rows (arena, outside, host), the totals, two spaces in. */
 void qt_mem_plan_print(const qt_mem_plan *p);
 

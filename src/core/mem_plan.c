@@ -84,11 +84,14 @@ int qt_mem_plan_check(const qt_mem_plan *p, int host, size_t limit, const char *
     return -1;
 }
 
+void qt_mem_plan_print_rows(const qt_mem_plan *p, qt_mem_where w) {
+    for (int i = 0; i < p->n; i++)
+        if (p->row[i].where == w) printf("  %-30s %10.1f MiB  %s\n", p->row[i].kind, p->row[i].bytes / 1048576.0, where_name[w]);
+}
+
 void qt_mem_plan_print(const qt_mem_plan *p) {
     for (int w = QT_MEM_ARENA; w <= QT_MEM_PAGEABLE; w++) {
-        for (int i = 0; i < p->n; i++)
-            if (p->row[i].where == (qt_mem_where)w)
-                printf("  %-30s %10.1f MiB  %s\n", p->row[i].kind, p->row[i].bytes / 1048576.0, where_name[w]);
+        qt_mem_plan_print_rows(p, (qt_mem_where)w);
         if (w == QT_MEM_ARENA && p->off)
             printf("  %-30s %10.1f MiB  (one allocation)\n", "arena total", p->off / 1048576.0);
         if (w == QT_MEM_DEVICE)

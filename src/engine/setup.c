@@ -105,10 +105,8 @@ static int check_plan(const qt_layout *L, const qt_config *cfg, char *err, size_
     snprintf(gpu_what, sizeof gpu_what, "memory.gpu_limit_gib = %g", cfg->memory.gpu_limit_gib);
     printf("qtrain: host memory plan: %.2f GiB of %.2f GiB (%s)\n", rp.host_bytes / 1073741824.0, host / 1073741824.0,
            host_what);
-    for (int i = 0; i < rp.mem.n; i++)
-        if (rp.mem.row[i].where == QT_MEM_PINNED || rp.mem.row[i].where == QT_MEM_PAGEABLE)
-            printf("  %-30s %10.1f MiB  %s\n", rp.mem.row[i].kind, rp.mem.row[i].bytes / 1048576.0,
-                   rp.mem.row[i].where == QT_MEM_PINNED ? "pinned" : "pageable");
+    qt_mem_plan_print_rows(&rp.mem, QT_MEM_PINNED);
+    qt_mem_plan_print_rows(&rp.mem, QT_MEM_PAGEABLE);
     if (qt_plan_check(&rp, qt_mem_gib(cfg->memory.gpu_limit_gib), gpu_what, host, host_what, err, errlen)) {
         size_t n = strlen(err);
         snprintf(err + n, errlen - n, " (%s; qtrain --plan %s lists every row)", cfg->path, cfg->path);
