@@ -1,5 +1,5 @@
 /* qt_param_store.h — the parameters of one GPU rank and everything kept per parameter: the bf16
- * weights, the fp32 gradients, the optimizer state (fp32 master weights, AdamW m and v), this rank's
+ * weights, the gradients (fp32 or bf16: grad_dt), the optimizer state (fp32 master weights unless bf16, AdamW m and v), this rank's
  * shard of that state (qt_shard), the slots and pinned host memory of an offloaded state, and the
  * gradient norm / clip scalars.
  *
@@ -63,10 +63,12 @@ typedef struct {
     /* w and grad [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len],
      * this rank's pieces of the buckets back to back (all of the array when not sharded) */
     void *w;              /* bf16, device */
-    float *grad;          /* fp32, device */
-    float *master;        /* device, or host_state */
+    void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device */
+    float *master;        /* device, or host_state; NULL when w_master_dt is bf16 (AdamW updates w in place) */
     void *m, *v;
     qt_dtype m_dt, v_dt;
+    qt_dtype w_master_dt; /* precision.master_dtype: fp32 (the master array) or bf16 (w itself) */
+    qt_dtype grad_dt;     /* precision.grad_accum_dtype: the dtype every weight-gradient writer accumulates in */
     double *sumsq;        /* [ranks][buckets] every rank's pieces' gradient sums of squares (sharded norm) */
     float *norm, *clip;   /* device scalars */
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
@@ -99,7 +101,9 @@ void qt_param_store_free(qt_param_store *ps);
 void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s);
 
 static inline void *qt_param_w(const qt_param_store *ps, size_t off) { return (char *)ps->w + off * 2; }
-static inline float *qt_param_g(const qt_param_store *ps, size_t off) { return ps->grad + off; }
+static inline void *qt_param_g(const qt_param_store *ps, size_t off) {
+    return (char *)ps->grad + off * (size_t)qt_dtype_size(ps->grad_dt);
+}
 
 /* The acquire/release calls of the forward and backward (see the top of this file); h may be NULL. */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto);
@@ -114,8 +118,11 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 /* Zeroes the gradients of buckets [k0, k1) on s. */
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s);
 
-/* w[0, numel) (host) = this rank's master pieces (synchronous; the caller has joined the streams). */
+/* w[0, numel) (host) = this rank's master pieces (synchronous; the caller has joined the streams); with
+ * a bf16 master, the exact fp32 values of the bf16 weights there. */
 void qt_param_get_master(const qt_param_store *ps, float *w);
+/* The same values back to back in state order, w[0, shard.len) (padding 0): the checkpoint's layout. */
+void qt_param_get_master_pieces(const qt_param_store *ps, float *w);
 /* Bytes per element and base of the state item i: 0 master, 1 bf16 weights, 2 m, 3 v. */
 void *qt_param_item(const qt_param_store *ps, int i, qt_dtype *dt);
 

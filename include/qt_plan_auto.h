@@ -9,7 +9,7 @@
  * host limit. Cost per optimizer step:
  *   matmul FLOPs (6 x params x tokens, attention, plus the recomputed forward parts) / (rate x eff(B x T))
  *   + elementwise bytes the recompute re-reads / HBM bandwidth
- *   + offloaded optimizer state (master, m, v) up and down once / PCIe bandwidth
+ *   + offloaded optimizer state (fp32 master unless bf16, m, v) up and down once / PCIe bandwidth
  *   + launches of the extra lm-head and attention chunks x 10 us,
  * where eff(n) = n / (n + 512) models the smaller matmuls of small micro-batches. */
 #ifndef QT_PLAN_AUTO_H

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
-# out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
+# out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench;
 # tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan, qtrain --plan vs a real run)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
@@ -71,6 +71,33 @@ if has compare; then
           done
       done
     } 2>&1 | tee "$OUT/compare.log" | grep -E 'RESULT|tokens/s|==|rror' | head -60
+fi
+# precision.master_dtype / grad_accum_dtype bf16: the op-table rows (SR AdamW, bf16-accumulating kernels), the
+# cut test (AdamW bitwise under every cut), then the mutant build (SR hashed on the state index: the cut test
+# must FAIL), the training tests (bitwise pairs, resume, tinyshakespeare vs fp32 master, bf16 gradients), the
+# 14B plan, and 14B on one GPU: bf16 matmuls at micro-batch 8 (fits: 73.8 GiB), and the fp8 config as shipped
+# (refused with the plan's size until the fp8 weight quants are transient or offloaded). Host memory: the
+# run's peak resident set (pinned pages included), printed by the python wrapper $peak (run under timeout).
+if has bf16master; then
+    b14="--warmup 1 --steps 3 --set parallel.gpus=1"
+    peak='import resource, subprocess, sys
+rc = subprocess.call(sys.argv[1:])
+print("peak host memory (resident): %.1f GiB" % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1048576))
+sys.exit(rc)'
+    { QT_TEST_ONLY=adamw step test_ops_gpu_adamw 300 build/tests/test_ops_gpu
+      for k in embedding_bwd bias_bwd rmsnorm_bwd grad_norm matmul_wgrad matmul_fp8; do
+          QT_TEST_ONLY=$k step test_ops_gpu_$k 300 build/tests/test_ops_gpu
+      done
+      QT_TEST_ONLY=bf16_master step test_kernels 300 build/tests/test_kernels
+      step mutant_build 900 make -j16 CUDA_ARCH=90a BUILD=build-mutant EXTRA_NVFLAGS=-DQT_MUTANT_SR_STATE_INDEX \
+          build-mutant/tests/test_kernels
+      QT_TEST_ONLY=bf16_master step mutant_test_kernels_must_fail 300 build-mutant/tests/test_kernels
+      QT_TEST_ONLY=bf16 step test_train 900 build/tests/test_train
+      QT_TEST_ONLY=plan_14b step test_stores_14b_plan 60 build/tests/test_stores
+      step bench_14b_bf16_mb8 600 python3 -c "$peak" build/bench/train_bench configs/qwen2.5-14b-fp8.yaml $b14 \
+          --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16 --set data.micro_batch=8 --set data.grad_accum=64
+      step bench_14b_fp8_shipped 300 python3 -c "$peak" build/bench/train_bench configs/qwen2.5-14b-fp8.yaml $b14
+    } 2>&1 | tee "$OUT/bf16master.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|eval loss|tokens/s|rror|total \(one|peak host|fits|GiB'
 fi
 # memory.offload_optimizer: its tests, then the cost on one GPU — the optimizer step's time in the
 # per-op breakdown (one 16 x 1024 micro-batch per step) and tokens/s at the llmq setting, off and on in

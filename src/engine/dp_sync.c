@@ -47,15 +47,17 @@ struct qt_dp_sync {
 };
 
 /* Sums bucket b over the ranks on stream s: all of it (replicated optimizer state) or this rank's piece
- * (sharded). With parallel.reduce_dtype bf16 the sum travels in the store's bf16 comm buffer. */
+ * (sharded). With parallel.reduce_dtype bf16 the sum travels in the store's bf16 comm buffer; bf16
+ * gradients (precision.grad_accum_dtype) are summed in place in bf16. The comm adds in fp32 in rank
+ * order and rounds once to the dtype (RNE). */
 static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
-    int half = d->plan.reduce_bf16, rank = d->plan.rank;
-    qt_dtype dt = half ? QT_DT_BF16 : QT_DT_F32;
+    int g16 = ps->grad_dt == QT_DT_BF16, half = d->plan.reduce_bf16 && !g16, rank = d->plan.rank;
+    qt_dtype dt = half || g16 ? QT_DT_BF16 : QT_DT_F32;
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
-    char *buf = half ? (char *)ps->comm_buf : (char *)(ps->grad + lo); /* the bucket's elements */
-    if (half) qt_cast_f32_to_bf16(buf, ps->grad + lo, count, s);
+    char *buf = half ? (char *)ps->comm_buf : (char *)qt_param_g(ps, lo); /* the bucket's elements */
+    if (half) qt_cast_f32_to_bf16(buf, qt_param_g(ps, lo), count, s);
     if (sh->n_ranks == 1) {
         QT_CHECK(qt_comm_all_reduce(d->comm, rank, buf, buf, count, dt, s) == 0,
                  "rank %d: gradient all-reduce aborted (another rank failed)", rank);
@@ -64,7 +66,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
         QT_CHECK(qt_comm_reduce_scatter(d->comm, rank, buf + (off - lo) * es, buf, count, dt, s) == 0,
                  "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
-    if (half) qt_cast_bf16_to_f32(ps->grad + off, buf + (off - lo) * es, len, s);
+    if (half) qt_cast_bf16_to_f32(qt_param_g(ps, off), buf + (off - lo) * es, len, s);
 }
 
 /* The side stream continues after what the model's stream has enqueued so far. */
@@ -109,7 +111,7 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
             qt_shard_piece(sh, b, &off, &len, &st);
             size_t hi = off + len < end ? off + len : end; /* the embeddings sit at flat index 0 */
             if (off < hi)
-                qt_embedding_bwd_range(d->ps->grad, off, hi, dres + j * N * C, QT_DT_F32, tok + j * N, (long)N,
+                qt_embedding_bwd_range(d->ps->grad, d->ps->grad_dt, off, hi, dres + j * N * C, QT_DT_F32, tok + j * N, (long)N,
                                        (int)C, c->vocab_size, ws, cs);
         }
 }
@@ -249,7 +251,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     }
     qt_gpu_model_mark(g, "optimizer: norm + adamw");
     if (sh->n_ranks == 1) {
-        qt_grad_norm(ps->norm, ps->clip, ps->grad, sh->total, d->grad_clip, g->ws, s);
+        qt_grad_norm(ps->norm, ps->clip, ps->grad, ps->grad_dt, sh->total, d->grad_clip, g->ws, s);
         return;
     }
     int nb = sh->n_buckets;
@@ -257,7 +259,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     for (int b = 0; b < nb; b++) {
         size_t off, len, st;
         qt_shard_piece(sh, b, &off, &len, &st);
-        qt_grad_sumsq(mine + b, ps->grad + off, len, g->ws, s);
+        qt_grad_sumsq(mine + b, qt_param_g(ps, off), ps->grad_dt, len, g->ws, s);
     }
     /* every rank's fp64 sums (two fp32 words each), gathered in place */
     QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->sumsq, mine, 2 * (size_t)nb * sh->n_ranks, QT_DT_F32, s) == 0,

@@ -236,7 +236,17 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
              "wait for the other ranks' embedding lookups); read them before that micro-step", e->plan.rank);
     qt_dp_sync_join(e->sync); /* AdamW running ahead zeroes them */
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
-    QT_CUDA(cudaMemcpy(gr, e->g->ps->grad, b->L->numel * 4, cudaMemcpyDeviceToHost));
+    const qt_param_store *ps = e->g->ps;
+    size_t n = b->L->numel;
+    if (ps->grad_dt == QT_DT_F32) {
+        QT_CUDA(cudaMemcpy(gr, ps->grad, n * 4, cudaMemcpyDeviceToHost));
+        return;
+    }
+    uint16_t *h = malloc(n * 2 + 1); /* bf16 gradients: their exact fp32 values */
+    QT_CHECK(h, "out of host memory (%zu bf16 gradients)", n);
+    QT_CUDA(cudaMemcpy(h, ps->grad, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) gr[i] = qt_bf16_to_f32(h[i]);
+    free(h);
 }
 
 static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
@@ -247,13 +257,16 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 
 static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
 
-/* One GPU offloaded: master, m and v are checkpointed from where they live (pinned host memory); the
- * optimizer waits for the writer per chunk (set_state_guard). A data-parallel rank's are copied: the
- * data-parallel engine hands rank 0's blobs on as snapshots. */
+/* One GPU offloaded: m, v and an fp32 master are checkpointed from where they live (pinned host
+ * memory); the optimizer waits for the writer per chunk (set_state_guard). A bf16 master is the device
+ * weights: copied like them. A data-parallel rank's are copied: the data-parallel engine hands rank 0's
+ * blobs on as snapshots. */
 static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE; }
+static int live_item(const gpu_engine *e, int i) { return live_state(e) && (i >= 2 || (i == 0 && e->g->ps->master)); }
 
-/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths),
- * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. Sharded:
+/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths; with
+ * precision.master_dtype bf16 the exact fp32 values of the bf16 weights), the bf16 working copy (it
+ * differs from RNE(master) under stochastic rounding) and m, v. Sharded:
  * weights, adam_m and adam_v hold this rank's pieces only, back to back with their padding (the
  * store's shard says where each goes). */
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
@@ -267,12 +280,13 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         qt_dtype dt;
         const void *src = qt_param_item(ps, i, &dt);
         size_t bytes = (i == 1 ? n : ns) * qt_dtype_size(dt);
-        if (i != 1 && live_state(e)) {
+        if (live_item(e, i)) {
             items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes};
             continue;
         }
         if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
-        QT_CUDA(cudaMemcpy(e->host_state[i], src, bytes, cudaMemcpyDefault)); /* master, m, v: maybe host */
+        if (i == 0) qt_param_get_master_pieces(ps, e->host_state[0]); /* fp32 whatever precision.master_dtype */
+        else QT_CUDA(cudaMemcpy(e->host_state[i], src, bytes, cudaMemcpyDefault)); /* m, v: maybe host */
         items[i] = (qt_ckpt_item){item_names[i], dt, e->host_state[i], bytes};
     }
     return 4;
@@ -281,8 +295,9 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
 static int gpu_state_live(qt_engine *b, qt_ckpt_live *live) {
     gpu_engine *e = (gpu_engine *)b;
     if (!live_state(e)) return live->n = 0;
-    *live = (qt_ckpt_live){3, {0, 2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk};
-    return 3;
+    *live = e->g->ps->master ? (qt_ckpt_live){3, {0, 2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk}
+                             : (qt_ckpt_live){2, {2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk};
+    return live->n;
 }
 
 static void gpu_set_state_guard(qt_engine *b, void (*wait)(void *ctx, size_t hi), void *ctx) {
@@ -302,7 +317,9 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
         size_t bytes, es = qt_dtype_size(want_dt), want = n * es;
         int dt;
         const void *p = qt_ckpt_get(ck, item_names[i], &bytes, &dt);
-        if (!p && i == 1) { /* a CPU checkpoint: the bf16 copy from all of "weights" */
+        /* a CPU checkpoint, or a bf16 master: the bf16 weights are RNE("weights") — the same bits where a
+         * bf16-master run wrote it, one rounding of an fp32 master's (documented at precision.master_dtype) */
+        if (i == 1 && (!p || !ps->master)) {
             qt_param_upload_bf16(ps, qt_ckpt_get(ck, item_names[0], NULL, NULL), n, g->stream);
             continue;
         }
@@ -315,6 +332,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
             QT_CUDA(cudaMemcpyAsync(dst, p, want, cudaMemcpyHostToDevice, g->stream));
             continue;
         }
+        if (!dst) continue; /* no master array (bf16): "weights" goes into the bf16 weights (i == 1) */
         for (int k = 0; k < ps->shard.n_buckets; k++) {
             size_t off, len, st, np;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);

@@ -183,7 +183,7 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
     double elem = nl * ((rc & QT_RC_NORM ? 8 * C : 0) + (rc & QT_RC_SWIGLU ? 6 * F : 0)); /* bytes per token */
     t += tok * elem / pr->hbm_bps;
     if (cfg->memory.offload_optimizer) {
-        double es = 4 + (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) + (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4);
+        double es = (cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4) + (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) + (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4);
         t += 2 * (double)L->numel * es / pr->pcie_bps; /* master, m, v up and down once per step */
     }
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;

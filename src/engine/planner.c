@@ -60,9 +60,11 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
     /* engine_gpu.c: two pinned token buffers [tok | tgt] and the one read per step */
     qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "token staging", n * (2 * 2 * N * sizeof(int32_t) + 16));
     if (rp->training) { /* engine_gpu.c's state_items, made at training start: the bf16 weights, and master, m,
-                         * v unless one GPU's offloaded state is written in place (live_state) */
-        int live = sp.offload_opt && n == 1;
-        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", n * (numel * 2 + (live ? 0 : ns * (4 + es_m + es_v))));
+                         * v unless one GPU's offloaded state is written in place (live_state; a bf16 master's
+                         * fp32 values are still copied) */
+        int live = sp.offload_opt && n == 1, bf16_master = cfg->precision.master_dtype == QT_DT_BF16;
+        size_t state = live ? (bf16_master ? ns * 4 : 0) : ns * (4 + es_m + es_v);
+        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", n * (numel * 2 + state));
         if (sharded) /* engine_dp.c: the ranks' pieces put together as whole arrays */
             qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)", numel * (4 + es_m + es_v));
     }

@@ -1,5 +1,9 @@
 /* param_store.c — the parameters, their gradients and optimizer state on one rank (qt_param_store.h).
  *
+ * precision.master_dtype bf16: no master array (device or host); AdamW reads and writes the bf16
+ * weights themselves (stochastic rounding keyed by the flat index, qt_adamw_step), and the fp32
+ * "master" values handed out (checkpoints, export) are the exact values of those bf16 weights.
+ *
  * Offloaded (QT_OPT_STATE_HOST), master, m and v sit back to back in one pinned allocation; qt_gpu_optim
  * streams them through the device slots carved here. Host weights come up in stage_n pieces through a
  * small fp32 staging buffer and are cast to bf16 on the device (RNE, the same bits as one cast of the
@@ -25,10 +29,12 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->shard = *sh;
     ps->m_dt = cfg->precision.opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->v_dt = cfg->precision.opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (pl->opt != QT_OPT_STATE_HOST) return ps;
     size_t ns = sh->len;
-    size_t b[3] = {qt_mem_aligned(ns * 4), qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
+    size_t b[3] = {ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0, qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
                    qt_mem_aligned(ns * qt_dtype_size(ps->v_dt))};
     ps->host_state_bytes = b[0] + b[1] + b[2];
     (void)err, (void)errlen;
@@ -37,7 +43,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
 
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
     if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
-    size_t ns = ps->shard.len, b0 = qt_mem_aligned(ns * 4), b1 = qt_mem_aligned(ns * qt_dtype_size(ps->m_dt));
+    size_t ns = ps->shard.len, b0 = ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0;
+    size_t b1 = qt_mem_aligned(ns * qt_dtype_size(ps->m_dt));
     if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
         ps->host_state = NULL;
@@ -47,7 +54,7 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
                        cfg->path, ps->host_state_bytes / 1073741824.0);
     }
     memset(ps->host_state, 0, ps->host_state_bytes); /* m, v start at zero; padding stays defined */
-    ps->master = (float *)ps->host_state;
+    ps->master = b0 ? (float *)ps->host_state : NULL; /* bf16 master: m and v only */
     ps->m = ps->host_state + b0;
     ps->v = ps->host_state + b0 + b1;
     return 0;
@@ -56,13 +63,14 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
     ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
-    ps->grad = qt_mem_plan_carve(p, "gradients (fp32)", n * 4);
+    ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
+                                 n * qt_dtype_size(ps->grad_dt));
     if (ps->place.opt == QT_OPT_STATE_HOST) {
         ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
-                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->m_dt, ps->v_dt));
+                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->w_master_dt == QT_DT_F32, ps->m_dt, ps->v_dt));
         qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
     } else {
-        ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
+        if (ps->w_master_dt == QT_DT_F32) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
         ps->m = qt_mem_plan_carve(p, ps->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(ps->m_dt));
         ps->v = qt_mem_plan_carve(p, ps->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(ps->v_dt));
     }
@@ -128,7 +136,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     int host = ps->place.opt == QT_OPT_STATE_HOST, rc = 0;
     qt_zero(ps->w, sp->total * 2, s); /* the padding stays zero */
     if (!host) {
-        qt_zero(ps->master, ns * 4, s);
+        if (ps->master) qt_zero(ps->master, ns * 4, s);
         qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
         qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
     }
@@ -144,13 +152,13 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
             qt_shard_piece(sp, b, &off, &len, &st);
             np = qt_shard_params(off, len, n);
             size_t a = off > i ? off : i, e = off + np < i + c ? off + np : i + c;
-            if (a < e) QT_CUDA(cudaMemcpyAsync(ps->master + st + (a - off), buf + (a - i), (e - a) * 4, cudaMemcpyDefault, s));
+            if (ps->master && a < e) QT_CUDA(cudaMemcpyAsync(ps->master + st + (a - off), buf + (a - i), (e - a) * 4, cudaMemcpyDefault, s));
         }
     }
     QT_CUDA(cudaStreamSynchronize(s));
     free(buf);
     if (rc) return -1;
-    qt_zero(ps->grad, sp->total * 4, s);
+    qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     make_optimizer(ps, cfg);
     return 0;
 }
@@ -185,19 +193,44 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
     *k1 = i == groups - 1 ? nb : *k0 + 1;
 }
 
+/* A bf16 master always rounds stochastically: with RNE an update below half a bf16 ulp would be lost. */
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
-    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->clip, a, s);
+    qt_adamw_args b = *a;
+    b.stochastic |= ps->w_master_dt == QT_DT_BF16;
+    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->grad_dt, ps->clip, &b, s);
 }
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
-    qt_zero(ps->grad + ps->shard.bucket[k0], (ps->shard.bucket[k1] - ps->shard.bucket[k0]) * 4, s);
+    qt_zero(qt_param_g(ps, ps->shard.bucket[k0]), (ps->shard.bucket[k1] - ps->shard.bucket[k0]) * qt_dtype_size(ps->grad_dt), s);
+}
+
+/* n fp32 values from the master (fp32) or the bf16 weights at flat index off (the exact value of each). */
+static void master_values(const qt_param_store *ps, float *dst, size_t off, size_t st, size_t n) {
+    if (ps->master) {
+        QT_CUDA(cudaMemcpy(dst, ps->master + st, n * 4, cudaMemcpyDefault));
+        return;
+    }
+    uint16_t *h = malloc(n * 2 + 1);
+    QT_CHECK(h, "out of host memory (%zu bf16 weights)", n);
+    QT_CUDA(cudaMemcpy(h, qt_param_w(ps, off), n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) dst[i] = qt_bf16_to_f32(h[i]);
+    free(h);
 }
 
 void qt_param_get_master(const qt_param_store *ps, float *w) {
     for (int k = 0; k < ps->shard.n_buckets; k++) {
         size_t off, len, st;
         qt_shard_piece(&ps->shard, k, &off, &len, &st);
-        QT_CUDA(cudaMemcpy(w + off, ps->master + st, qt_shard_params(off, len, ps->L->numel) * 4, cudaMemcpyDefault));
+        master_values(ps, w + off, off, st, qt_shard_params(off, len, ps->L->numel));
+    }
+}
+
+void qt_param_get_master_pieces(const qt_param_store *ps, float *w) {
+    memset(w, 0, ps->shard.len * 4); /* padding */
+    for (int k = 0; k < ps->shard.n_buckets; k++) {
+        size_t off, len, st;
+        qt_shard_piece(&ps->shard, k, &off, &len, &st);
+        master_values(ps, w + st, off, st, qt_shard_params(off, len, ps->L->numel));
     }
 }
 
