@@ -13,6 +13,7 @@
 #include "qt_ckpt.h"
 #include "qt_config.h"
 #include "qt_model.h"
+#include "qt_weight_src.h"
 
 typedef struct qt_engine qt_engine;
 
@@ -98,13 +99,24 @@ struct qt_engine {
  * safetensors or N(0, init.std) from init.seed. *w is malloc'ed (caller frees); L is freed with
  * qt_layout_free. Returns 0 or -1 with err. */
 int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen);
+/* The same without the weights: L and the source they are read from (src->L = L; init.from's files
+ * are opened and their headers checked now, so a missing tensor fails before anything is allocated). */
+int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char *err, size_t errlen);
 /* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU).
  * NULL with err when cuda is asked for and cannot be served. */
 qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
                                    size_t errlen);
+/* The same with the weights read from src (borrowed until it returns), after the run's memory plan
+ * (qt_planner.h) was checked against the host's and GPU's limits: refused with the plan's message
+ * before anything is allocated when it does not fit. */
+qt_engine *qt_engine_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+                                size_t errlen);
 
 /* CPU fp32 reference engine. w0 [L->numel] are the initial weights (copied). */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0);
+/* The same with the weights read from src into the engine's own array; NULL with err when it cannot be read. */
+qt_engine *qt_engine_cpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+                                    size_t errlen);
 /* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when
  * shard->n_ranks > 1; qt_partition.h). */
 struct qt_comm;
@@ -119,6 +131,9 @@ typedef struct {
  * (every rank calls opt_step, each from its own thread). Its step plan is fixed here (qt_step_plan.h). */
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
                                 const qt_gpu_rank *rank, char *err, size_t errlen);
+/* The same with the weights read from src a chunk at a time (qt_param_store_init). */
+qt_engine *qt_engine_gpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+                                    const qt_gpu_rank *rank, char *err, size_t errlen);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 
@@ -128,6 +143,9 @@ void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
  * parameters. NULL with err on failure. */
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
                                const int *devices, char *err, size_t errlen);
+/* The same with every rank reading its weights from src (borrowed until it returns). */
+qt_engine *qt_engine_dp_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
+                                   const int *devices, char *err, size_t errlen);
 
 /* The engine calls as the training loop and bindings make them (src/engine/engine.c): each runs the op in a
  * catch point and returns 0, or -1 with the failure's message in err (a failed CUDA call, a rank that

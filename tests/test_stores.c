@@ -24,7 +24,7 @@ static size_t row(const qt_mem_plan *p, const char *kind) {
 
 static size_t rows_sum(const qt_mem_plan *p) {
     size_t s = 0;
-    for (int i = 0; i < p->n; i++) s += p->row[i].bytes;
+    for (int i = 0; i < p->n; i++) s += p->row[i].where == QT_MEM_ARENA ? p->row[i].bytes : 0;
     return s;
 }
 
@@ -56,7 +56,20 @@ static void test_mem_plan(void) {
     QT_EXPECT(at[0] == base && at[1] == base + 256 && at[2] == base + 768 && at[3] == base + 1024 && p.off == total,
               "addresses %p %p %p %p", at[0], at[1], at[2], at[3]);
     qt_mem_plan_host(&p, "h", 123);
-    QT_EXPECT(p.n_host == 1 && p.host[0].bytes == 123 && p.n == 3, "host rows");
+    qt_mem_plan_add(&p, QT_MEM_PAGEABLE, "h", 7);
+    qt_mem_plan_add(&p, QT_MEM_DEVICE, "ws", 1000);
+    QT_EXPECT(p.n == 6 && row(&p, "h") == 123 && p.off == total, "host rows");
+    QT_EXPECT(qt_mem_plan_device_total(&p) == total + 1000 && qt_mem_plan_host_total(&p) == 130, "totals %zu %zu",
+              qt_mem_plan_device_total(&p), qt_mem_plan_host_total(&p));
+    char err[512];
+    QT_EXPECT(qt_mem_plan_check(&p, 0, total + 1000, "cap", err, sizeof err) == 0, "device total at the limit fits");
+    QT_EXPECT(qt_mem_plan_check(&p, 0, total + 999, "memory.gpu_limit_gib = 1", err, sizeof err) == -1 &&
+                  strstr(err, "needs 0.0 MiB (the CUDA context not counted) but memory.gpu_limit_gib = 1 allows") &&
+                  strstr(err, "biggest items: ws 0.0 MiB (GPU), a 0.0 MiB (GPU arena), b 0.0 MiB (GPU arena)"),
+              "device refusal: %s", err);
+    QT_EXPECT(qt_mem_plan_check(&p, 1, 129, "MemAvailable", err, sizeof err) == -1 && strstr(err, "host memory plan") &&
+                  strstr(err, "h 0.0 MiB (pinned host), h 0.0 MiB (host)"),
+              "host refusal: %s", err);
 }
 
 /* The parameter store's rows for each placement: weights, gradients, master/m/v or the offload slots,

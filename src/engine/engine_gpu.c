@@ -20,6 +20,7 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
+#include "qt_planner.h"
 #include "qt_step_plan.h"
 #include "qt_test_hooks.h"
 
@@ -395,15 +396,14 @@ void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
     *valid = e->last_valid;
 }
 
-/* Where the parameters live, from the plan. */
-static qt_param_placement placement(const qt_step_plan *p) {
-    size_t chunk = qt_test_hooks_get()->offload_chunk;
-    return (qt_param_placement){p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, p->dp == QT_DP_SHARDED,
-                                p->opt_ahead, p->reduce_bf16, chunk ? chunk : QT_GPU_OPTIM_CHUNK};
-}
-
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
                                 const qt_gpu_rank *rank, char *err, size_t errlen) {
+    qt_weight_src src = qt_weight_src_array(L, w0);
+    return qt_engine_gpu_create_src(L, cfg, &src, device, rank, err, errlen);
+}
+
+qt_engine *qt_engine_gpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+                                    const qt_gpu_rank *rank, char *err, size_t errlen) {
     if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.matmul_dtype != QT_DT_E4M3) {
         snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
                  qt_dtype_name(cfg->precision.matmul_dtype));
@@ -423,8 +423,8 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     if (rank) qt_step_plan_make(&e->plan, L, cfg, qt_comm_size(rank->comm), rank->rank, rank->shard->n_ranks > 1);
     else qt_step_plan_make(&e->plan, L, cfg, 0, 0, 0);
     if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt); /* offloaded: AdamW bucket by bucket */
-    qt_param_placement pl = placement(&e->plan);
-    e->g = qt_gpu_model_create(L, cfg, w0, rank ? rank->shard : &one, &pl, err, errlen);
+    qt_param_placement pl = qt_plan_placement(&e->plan);
+    e->g = qt_gpu_model_create(L, cfg, src, rank ? rank->shard : &one, &pl, err, errlen);
     if (!e->g) {
         free(e);
         return NULL;

@@ -294,15 +294,15 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     if (!st) st = &dst;
     *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0};
     qt_layout L = {0};
-    float *w0 = NULL;
+    qt_weight_src src; /* the initial weights, read chunk by chunk into the engine: no fp32 copy here */
     qt_trainer t = {.cfg = cfg, .dir = {.lock_fd = -1}, .st = st, .saved_step = -1};
     qt_rng_seed(&t.rng, cfg->seed);
     int rc = -1, training = !o->export_only;
     if (cfg->data.tokenizer[0] && qt_hf_check_tokenizer(cfg->data.tokenizer, err, errlen)) goto done;
     if (training && check_run_needs(&t, o, err, errlen)) goto done;
-    if (qt_model_setup(cfg, &L, &w0, err, errlen)) goto done;
+    if (qt_model_layout(cfg, &L, &src, err, errlen)) goto done;
     if (training && open_loaders(&t, &L, err, errlen)) goto done; /* an export needs no data */
-    t.eng = qt_engine_create(&L, cfg, w0, err, errlen);
+    t.eng = qt_engine_create_src(&L, cfg, &src, err, errlen);
     if (!t.eng) goto done;
     /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
     size_t ntok = (size_t)cfg->data.micro_batch * cfg->data.seq_len * t.eng->ranks * cfg->data.grad_accum;
@@ -336,7 +336,6 @@ done:
     if (t.eval) qt_loader_free(t.eval);
     free(t.in);
     free(t.tgt);
-    free(w0);
     if (L.tensors) qt_layout_free(&L);
     atomic_store(&g_stop, 0);
     return rc;
