@@ -16,14 +16,17 @@
 #include "qt_ckpt.h"
 #include "qt_data.h"
 #include "qt_engine.h"
+#include "qt_optim.h"
 #include "qt_rng.h"
 #include "qt_rundir.h"
 #include "qt_train.h"
 #include "qt_train_log.h"
 
-typedef struct {
+typedef struct qt_trainer {
     const qt_config *cfg;
     qt_engine *eng;
+    qt_layout layout;         /* the model (owned); eng->L points here */
+    float *w0;                /* the initial weights [layout.numel] (owned) */
     qt_loader *train, *eval;  /* train NULL: an export, no data */
     int32_t *in, *tgt;        /* one micro-batch per rank */
     qt_train_log log;
@@ -39,6 +42,15 @@ typedef struct {
     size_t snap_cap, write_bytes;
     char *cfgtext;            /* the resolved config as YAML (owned) */
     long saved_step;          /* newest checkpoint written or being written; -1: none */
+    /* the session (train.c, qt_train_session.h) */
+    qt_sched sched;
+    float lr_override;        /* >= 0: every step's lr (qtrain_set_lr); < 0: the schedule's */
+    long start, stop;         /* steps done at open; the step training ends at */
+    long last_logged;         /* step of the last train record */
+    double t0, tlast, tstep;  /* CLOCK_MONOTONIC at open, at the last train record, at this step's start */
+    int pending;              /* a step's micro-steps ran, its update not yet */
+    int fail;                 /* qt_train_fail kind of the last error */
+    int broken;               /* an engine call failed: the engine may only be freed */
 } qt_trainer;
 
 /* After qt_trainer_load (or for a fresh run): the writer and the loader position. 0 or -1 with err. */

@@ -76,7 +76,7 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     t->cfgtext = malloc(CFG_CAP);
     t->writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
     if (!t->cfgtext || !t->writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
-    t->pos = qt_loader_get_pos(t->train);
+    if (t->train) t->pos = qt_loader_get_pos(t->train); /* none: the embedder gives every batch */
     /* The engine's snapshot buffers (pinned host copies on a GPU) are made now, not at the first save:
      * that save then pauses training only for the copy, and a host that cannot hold them fails here,
      * not hours into the run. */
