@@ -144,6 +144,18 @@ qtrain_status qtrain_get_gradients(qtrain_trainer *t, float *flat);
 qtrain_status qtrain_get_parameter(qtrain_trainer *t, const char *name, float *out, size_t n);
 qtrain_status qtrain_set_parameter(qtrain_trainer *t, const char *name, const float *src, size_t n);
 
+/* One tensor's accumulated gradients in device memory (fp32, C-contiguous, shape as qtrain_tensor),
+ * for sharing without a copy (DLPack): the device has finished writing them when this returns. Valid
+ * until the next backward/update/step and while the trainer is open. One GPU only: other engines
+ * return QTRAIN_ERR_ARGUMENT (read qtrain_get_gradients' host copies there). */
+typedef struct {
+    float *data;          /* device pointer */
+    int device;           /* CUDA device id */
+    int ndim;
+    int64_t shape[2];
+} qtrain_device_tensor;
+qtrain_status qtrain_gradient_device(qtrain_trainer *t, const char *name, qtrain_device_tensor *out);
+
 /* Learning rate for the following steps: lr >= 0 replaces the schedule by this constant; lr < 0
  * returns to the schedule (optim.*). */
 qtrain_status qtrain_set_lr(qtrain_trainer *t, float lr);

@@ -302,6 +302,12 @@ def test_gradients(tmp):
             raise AssertionError("update without backward was accepted")
         except qtrain.ArgumentError as e:
             assert "backward" in str(e)
+        if ENGINE["device"] == "cpu":
+            try:
+                tr.gradients(device=True)
+                raise AssertionError("device gradients from the CPU engine")
+            except qtrain.ArgumentError as e:
+                assert "one GPU" in str(e), str(e)
         try:
             import torch
         except ImportError:
@@ -451,6 +457,33 @@ def test_plan_devices_lr(tmp):
         assert abs(tr.step()["lr"] - 1e-5) < 1e-12
         tr.set_lr(None)
         assert tr.step()["lr"] != 1e-5
+
+
+def test_readme_example(tmp):
+    """README's Python example runs as written, on a tokenizer trained here and the tiny CPU config
+    (its paths, the 0.5B config and the step count swapped for this test's)."""
+    qtrain, np = need()
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    except ImportError:
+        raise Skip("the example tokenizes with HF tokenizers (pip install tokenizers)")
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    code = readme.split("## Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([corpus(40000).decode("latin-1")],
+                            trainers.BpeTrainer(vocab_size=250, special_tokens=["[UNK]", "<|endoftext|>"]))
+    tok.save(os.path.join(tmp, "tokenizer.json"))
+    with open(os.path.join(tmp, "corpus.txt"), "w") as f:
+        f.write(corpus(40000).decode("latin-1"))
+    cfg = setup_run(tmp)
+    for a, b in (("models/qwen2.5-0.5b/tokenizer.json", f"{tmp}/tokenizer.json"), ('"models/qwen2.5-0.5b"', '""'),
+                 ("configs/qwen2.5-0.5b-bf16.yaml", cfg), ('open("corpus.txt")', f'open("{tmp}/corpus.txt")'),
+                 ("runs/py", f"{tmp}/py"), ("steps = 100", "steps = 4")):
+        assert a in code, f"the README example no longer has {a!r}"
+        code = code.replace(a, b)
+    exec(compile(code, "README.md (Python example)", "exec"), {})
+    assert os.path.exists(f"{tmp}/py/hf/model.safetensors"), "the example's export is missing"
 
 
 if __name__ == "__main__":

@@ -58,6 +58,31 @@ for _p in ("bf16", "fp8"):
         globals()[_n] = make(_n, _fn, _p)
 
 
+def test_gpu_dlpack_gradients(tmp):
+    """gradients(device=True): torch.from_dlpack reads the GPU gradients without a copy (its data_ptr is
+    the trainer's address) and they equal the host copies bit for bit; the capsules keep the trainer
+    object alive."""
+    qtrain, np = base.need()
+    gpu("bf16")
+    try:
+        import torch
+    except ImportError:
+        raise Skip("torch is not installed")
+    try:
+        with qtrain.Trainer(base.setup_run(tmp), {"log.file": ""}) as tr:
+            tr.backward()
+            host = tr.gradients()
+            caps = tr.gradients(device=True)
+            for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight"):
+                t = torch.from_dlpack(caps[name])
+                assert t.is_cuda and t.dtype == torch.float32 and tuple(t.shape) == host[name].shape
+                assert t.data_ptr() == tr._grad_device_ptr(name), "torch copied the gradients"
+                assert torch.equal(t.cpu(), torch.from_numpy(host[name])), f"{name}: device != host copy"
+            tr.update()
+    finally:
+        base.ENGINE.update(device="cpu", hidden=64, inter=128, extra="")
+
+
 def shard_u32(path, tokens, vocab):
     payload = tokens.astype("<u4").tobytes()
     head = b"QTTOKENS" + struct.pack("<IIQIIQ", 2, 4, len(tokens), vocab, 0, zlib.crc32(payload))

@@ -333,6 +333,17 @@ qtrain_status qtrain_get_gradients(qtrain_trainer *t, float *flat) {
     return qt_engine_get_grads(t->s->eng, flat, t->err, sizeof t->err) ? engine_failed(t) : done(t, 0);
 }
 
+qtrain_status qtrain_gradient_device(qtrain_trainer *t, const char *name, qtrain_device_tensor *out) {
+    const qt_tensor *tt = qt_layout_find(&t->s->layout, name);
+    if (!tt) return fail_msg(t, QTRAIN_ERR_ARGUMENT, "no tensor \"%s\" in this model", name);
+    float *g;
+    int dev;
+    if (qt_engine_grads_device(t->s->eng, &g, &dev, t->err, sizeof t->err))
+        return t->s->eng->ops->grads_device ? engine_failed(t) : QTRAIN_ERR_ARGUMENT;
+    *out = (qtrain_device_tensor){g + tt->offset, dev, tt->ndim, {tt->shape[0], tt->ndim > 1 ? tt->shape[1] : 0}};
+    return done(t, 0);
+}
+
 qtrain_status qtrain_get_parameter(qtrain_trainer *t, const char *name, float *out, size_t n) {
     const qt_tensor *tt = tensor_n(t, name, n);
     if (!tt) return QTRAIN_ERR_ARGUMENT;

@@ -152,6 +152,14 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
     QT_CUDA(cudaMemcpy(gr, e->g->ps->grad, b->L->numel * 4, cudaMemcpyDeviceToHost));
 }
 
+static float *gpu_grads_device(qt_engine *b, int *device) {
+    gpu_engine *e = (gpu_engine *)b;
+    qt_dp_sync_join(e->sync);
+    QT_CUDA(cudaStreamSynchronize(e->g->stream));
+    QT_CUDA(cudaGetDevice(device));
+    return e->g->ps->grad;
+}
+
 static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     gpu_engine *e = (gpu_engine *)b;
     upload(e, in, NULL);
@@ -244,7 +252,8 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
 /* The same ops under the name the run's log shows. */
 #define GPU_OPS(nm)                                                                                   \
     {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
-     .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .forward_logits = gpu_forward_logits, \
+     .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .grads_device = gpu_grads_device,      \
+     .forward_logits = gpu_forward_logits,                                                            \
      .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");

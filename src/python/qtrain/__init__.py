@@ -129,9 +129,15 @@ class Trainer(_Trainer):
             raise KeyError(f'no tensor "{name}" in this model')
         return params[name].copy()
 
-    def gradients(self):
-        """{HF name: float32 numpy array}: host copies of the gradients accumulated by backward() (zero
-        after update()). numpy arrays speak DLPack: torch.from_dlpack(g) shares their memory."""
+    def gradients(self, device=False):
+        """The gradients accumulated by backward() (zero after update()), by HF name.
+
+        device=False: host float32 numpy copies (numpy arrays speak DLPack: torch.from_dlpack(g)
+        shares their memory). device=True (one GPU): DLPack capsules of the GPU's fp32 gradients, no
+        copy: torch.from_dlpack(capsule) is a CUDA tensor over the trainer's memory, valid until the
+        next backward/update/step and while the trainer is open (each capsule keeps it alive)."""
+        if device:
+            return {name: self._grad_dlpack(name) for name, _, _ in self.tensors()}
         return self._flat(True)
 
 

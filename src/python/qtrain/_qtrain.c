@@ -452,6 +452,86 @@ static PyObject *read_flat(TrainerObject *self, PyObject *arg, int grads) {
 static PyObject *Trainer_read_weights(TrainerObject *self, PyObject *arg) { return read_flat(self, arg, 0); }
 static PyObject *Trainer_read_gradients(TrainerObject *self, PyObject *arg) { return read_flat(self, arg, 1); }
 
+/* ---- DLPack (dlpack.h v0.8's ABI, the part a producer needs: DLManagedTensor and what it holds) ---- */
+
+typedef struct {
+    int32_t device_type; /* kDLCUDA = 2 */
+    int32_t device_id;
+} DLDevice;
+typedef struct {
+    uint8_t code; /* kDLFloat = 2 */
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides; /* NULL: C-contiguous */
+    uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx; /* the TrainerObject, kept alive while the tensor is */
+    void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+typedef struct {
+    DLManagedTensor m;
+    int64_t shape[2];
+} grad_view;
+
+/* Called by the consumer (any thread) when its tensor dies, or by the capsule when never consumed. */
+static void grad_view_deleter(DLManagedTensor *m) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_XDECREF((PyObject *)m->manager_ctx);
+    PyMem_RawFree(m);
+    PyGILState_Release(g);
+}
+
+static void capsule_destructor(PyObject *cap) {
+    if (!PyCapsule_IsValid(cap, "dltensor")) return; /* consumed: renamed "used_dltensor", the consumer deletes */
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m) m->deleter(m);
+}
+
+/* A "dltensor" capsule of one tensor's device gradients (no copy), keeping the trainer alive. */
+static PyObject *Trainer_grad_dlpack(TrainerObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name || check_open(self)) return NULL;
+    qtrain_device_tensor d;
+    qtrain_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = qtrain_gradient_device(self->t, name, &d);
+    Py_END_ALLOW_THREADS
+    if (st) return raise_status(st, qtrain_error(self->t));
+    grad_view *v = PyMem_RawCalloc(1, sizeof *v);
+    if (!v) return PyErr_NoMemory();
+    v->shape[0] = d.shape[0];
+    v->shape[1] = d.shape[1];
+    v->m.dl_tensor = (DLTensor){d.data, {2, d.device}, d.ndim, {2, 32, 1}, v->shape, NULL, 0};
+    v->m.manager_ctx = Py_NewRef((PyObject *)self);
+    v->m.deleter = grad_view_deleter;
+    PyObject *cap = PyCapsule_New(&v->m, "dltensor", capsule_destructor);
+    if (!cap) {
+        Py_DECREF(self);
+        PyMem_RawFree(v);
+    }
+    return cap;
+}
+
+/* The device address of a tensor's gradients (for tests: torch's data_ptr must equal it). */
+static PyObject *Trainer_grad_device_ptr(TrainerObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name || check_open(self)) return NULL;
+    qtrain_device_tensor d;
+    qtrain_status st = qtrain_gradient_device(self->t, name, &d);
+    if (st) return raise_status(st, qtrain_error(self->t));
+    return PyLong_FromVoidPtr(d.data);
+}
+
 static PyObject *Trainer_set_parameter(TrainerObject *self, PyObject *args) {
     const char *name;
     PyObject *arr;
@@ -565,6 +645,10 @@ static PyMethodDef Trainer_methods[] = {
      "tensors()\n--\n\n[(name, shape, offset)] of every parameter tensor, offsets into the flat arrays."},
     {"_read_weights", (PyCFunction)Trainer_read_weights, METH_O, "Fills a float32 buffer [numel] with the weights."},
     {"_read_gradients", (PyCFunction)Trainer_read_gradients, METH_O, "Fills a float32 buffer [numel] with the gradients."},
+    {"_grad_dlpack", (PyCFunction)Trainer_grad_dlpack, METH_O,
+     "_grad_dlpack(name)\n--\n\nA DLPack capsule of the tensor's device gradients (one GPU)."},
+    {"_grad_device_ptr", (PyCFunction)Trainer_grad_device_ptr, METH_O,
+     "_grad_device_ptr(name)\n--\n\nThe device address of the tensor's gradients (one GPU)."},
     {"set_parameter", (PyCFunction)Trainer_set_parameter, METH_VARARGS,
      "set_parameter(name, array)\n--\n\nWrites one tensor's weights from a C-contiguous float32 array of its shape "
      "(buffer protocol); the optimizer state is kept."},
