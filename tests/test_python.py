@@ -369,22 +369,42 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def heap_bytes():
+    """Bytes malloc has handed out and not got back (glibc's mallinfo2: every arena, mmapped chunks
+    included), or None without glibc. Unlike RSS it sees a leak that lands in pages freed before."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+    try:
+        f = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    f.restype = Info
+    i = f()
+    return i.uordblks + i.hblkhd
+
+
 def test_open_close_cycles_no_leak(tmp):
-    """200 open/step/close cycles: resident memory after the last is within 1 MiB of after the 50th
-    (a leak of 7 KiB a cycle would pass it; one trainer struct, 13 KiB, adds 2 MiB)."""
+    """200 open/step/close cycles: from the 50th to the 200th, resident memory grows by less than 1 MiB
+    and malloc's bytes in use by less than 256 KiB (so a leak of 1.7 KiB a cycle fails; one trainer
+    struct, 13 KiB, failed it)."""
     qtrain, np = need()
     cfg = setup_run(tmp)
     tok = np.zeros((8, 33), np.int32)
-    rss = {}
+    rss, heap = {}, {}
     for i in range(1, 201):
         with qtrain.Trainer(cfg, {"log.file": "", "eval.every": 0, "checkpoint.every": 0, "data.train": "",
                                   "checkpoint.dir": f"{tmp}/c"}) as tr:
             tr.step(tok)
         if i in (50, 200):
-            rss[i] = rss_bytes()
-    grow = rss[200] - rss[50]
-    assert grow < 1 << 20, f"RSS grew {grow / 1048576:.1f} MiB over 150 cycles"
-    print(f"(RSS {rss[50] / 1048576:.1f} MiB after 50 cycles, {rss[200] / 1048576:.1f} MiB after 200)")
+            rss[i], heap[i] = rss_bytes(), heap_bytes()
+    print(f"(RSS {rss[50] / 1048576:.1f} MiB after 50 cycles, {rss[200] / 1048576:.1f} MiB after 200; "
+          f"malloc in use {heap[50]} -> {heap[200]} bytes)")
+    assert rss[200] - rss[50] < 1 << 20, f"RSS grew {(rss[200] - rss[50]) / 1048576:.1f} MiB over 150 cycles"
+    if heap[50] is not None:
+        assert heap[200] - heap[50] < 256 << 10, f"malloc's bytes in use grew {heap[200] - heap[50]} over 150 cycles"
 
 
 def test_config_errors(tmp):
