@@ -1,6 +1,7 @@
 /* qt_train_ckpt.h — the trainer (qt_trainer, a run's state: train.c's, read by the C API in src/api)
- * and its checkpoints: what a training checkpoint holds, snapshots written in the background, non-finite state refused, resume with fallback to the
- * newest valid checkpoint and a check of the keys that make the run what it is.
+ * and its checkpoints: what a training checkpoint holds, snapshots written in the background,
+ * non-finite state refused, resume with fallback to the newest valid checkpoint and a check of the
+ * keys that make the run what it is.
  *
  * A checkpoint holds the engine's state_items (weights, master copy, Adam m and v) plus step, rng,
  * loader_pos (after the last completed step), model_cfg and config (the resolved YAML). Saving stops
