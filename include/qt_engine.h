@@ -49,6 +49,10 @@ typedef struct {
      * parallel with parallel.overlap_comm, not after a step's last micro-step, which sums them). */
     void (*get_weights)(qt_engine *e, float *w);
     void (*get_grads)(qt_engine *e, float *g);
+    /* The accumulated fp32 gradients [L->numel] in device memory, once the device has written them
+     * (the engine's stream synchronized), and their CUDA device; valid until the next micro_step or
+     * opt_step. NULL op where there is no such array (the CPU engine, data parallel: a rank's are partial). */
+    float *(*grads_device)(qt_engine *e, int *device);
     /* Logits [B*T, V] of a forward without loss (may be NULL when the engine cannot). */
     void (*forward_logits)(qt_engine *e, const int32_t *inputs, float *logits);
     /* The full optimizer state as checkpoint blobs (weights, master copy, m, v in their own dtypes).
@@ -158,6 +162,8 @@ int qt_engine_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt, flo
                         size_t errlen);
 int qt_engine_get_weights(qt_engine *e, float *w, char *err, size_t errlen);
 int qt_engine_get_grads(qt_engine *e, float *g, char *err, size_t errlen);
+/* ops->grads_device; -1 with err when the engine has none. */
+int qt_engine_grads_device(qt_engine *e, float **g, int *device, char *err, size_t errlen);
 int qt_engine_forward_logits(qt_engine *e, const int32_t *in, float *logits, char *err, size_t errlen);
 int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err, size_t errlen);
 /* ops->nonfinite_weight: *index the first NaN/Inf weight found (-1: none, or the engine has no check),

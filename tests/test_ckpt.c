@@ -2,6 +2,7 @@
  * failures, and the blob checksum against published XXH64 values. */
 #include "qt_ckpt.h"
 #include "qt_dtype.h"
+#include "qt_planner.h"
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_test_data.h"

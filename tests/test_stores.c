@@ -22,6 +22,19 @@ static size_t row(const qt_mem_plan *p, const char *kind) {
     return 0;
 }
 
+/* The plan's pinned host rows: how many, and the i-th (NULL past the end). */
+static int n_pinned(const qt_mem_plan *p) {
+    int n = 0;
+    for (int i = 0; i < p->n; i++) n += p->row[i].where == QT_MEM_PINNED;
+    return n;
+}
+
+static const qt_mem_row *pinned(const qt_mem_plan *p, int k) {
+    for (int i = 0; i < p->n; i++)
+        if (p->row[i].where == QT_MEM_PINNED && k-- == 0) return &p->row[i];
+    return NULL;
+}
+
 static size_t rows_sum(const qt_mem_plan *p) {
     size_t s = 0;
     for (int i = 0; i < p->n; i++) s += p->row[i].where == QT_MEM_ARENA ? p->row[i].bytes : 0;
@@ -144,9 +157,9 @@ static void test_act_store_rows(void) {
         qt_mem_plan_begin(&p, NULL);
         qt_act_store_carve(as, &p);
         size_t res = ((off ? 2 : nl) + NL_(QT_RC_BLOCK)) * al(N * C * 2) + al(N * C * 2);
-        QT_EXPECT(p.n_host == off && (!off || (!strcmp(p.host[0].kind, "offloaded residuals") &&
-                                                p.host[0].bytes == (nl - 2) * al(N * C * 2))),
-                  "set %d offload %d: %d host rows", sets[k / 2], off, p.n_host);
+        QT_EXPECT(n_pinned(&p) == off && (!off || (!strcmp(pinned(&p, 0)->kind, "offloaded residuals") &&
+                                                pinned(&p, 0)->bytes == (nl - 2) * al(N * C * 2))),
+                  "set %d offload %d: %d host rows", sets[k / 2], off, n_pinned(&p));
         size_t norms = 2 * NL_(QT_RC_NORM) * al(N * C * 2) + nl * 2 * al(N * 4) + al(N * C * 2) + al(N * 4);
         QT_EXPECT(row(&p, "activations: residual") == res && row(&p, "activations: norms") == norms,
                   "set %d: residual %zu (want %zu), norms %zu (want %zu)", sets[k / 2], row(&p, "activations: residual"), res,
@@ -332,12 +345,12 @@ static void test_plan_7b(void) {
                     opt = row(&p, "master weights (fp32)") + row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
                 }
                 cfg.memory.offload_residual = 0;
-                QT_EXPECT(act[0] - act[1] == (nl - 2) * N * C * 2 && p.n_host == 1 &&
-                              !strcmp(p.host[0].kind, "offloaded residuals") && p.host[0].bytes == (nl - 2) * N * C * 2,
+                QT_EXPECT(act[0] - act[1] == (nl - 2) * N * C * 2 && n_pinned(&p) == 1 &&
+                              !strcmp(pinned(&p, 0)->kind, "offloaded residuals") && pinned(&p, 0)->bytes == (nl - 2) * N * C * 2,
                           "%s mb %d: offload saves %zu, expected %zu", files[f], mbs[b], act[0] - act[1], (nl - 2) * N * C * 2);
                 printf("  %3d %-38s %11.2f %9.2f %8.2f %9.2f (host %.2f)\n", mbs[b],
                        k ? "block + offload_residual" : "ffn, norm + offload_residual", act[1] / G, fp8 / G, total / G,
-                       (total - opt) / G, p.host[0].bytes / G);
+                       (total - opt) / G, pinned(&p, 0)->bytes / G);
                 if (mbs[b] == 1 && k)
                     QT_EXPECT(act[1] + fp8 <= G / 2, "%s: 7B at micro-batch 1, block + offload_residual: %.3f GiB of "
                               "activations, expected <= 0.5", files[f], (act[1] + fp8) / G);

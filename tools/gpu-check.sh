@@ -2,7 +2,7 @@
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
-# offload_residual_bench; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan, qtrain --plan vs a real run)
+# offload_residual_bench; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan, qtrain --plan vs a real run); python
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -33,6 +33,15 @@ fi
 if has model; then
     { step hf_compare 300 env QT_DEVICES=cpu,cuda python3 tests/test_hf_compare.py
       step test_train 600 build/tests/test_train; } 2>&1 | tee "$OUT/model.log" | grep -E '^(PASS|FAIL|SKIP|==)|eval [0-9]|worst'
+fi
+# The Python binding: the extension built here by make against this machine's python3 (its headers;
+# no pip, no network), imported from build/python. CPU tests, then the bf16/fp8 equalities with the
+# CLI and the step overhead at 0.5B (RESULT line).
+if has python; then
+    { step python_build 600 make -j16 CUDA_ARCH=90a python
+      step python_cpu 900 env PYTHONPATH=build/python python3 tests/test_python.py
+      step python_gpu 1500 env PYTHONPATH=build/python python3 tests/test_python_gpu.py
+    } > "$OUT/python.log" 2>&1; grep -E '^(PASS|FAIL|SKIP|==)|RESULT|rror' "$OUT/python.log" | head -60
 fi
 if has bench; then
     # one micro-batch of 16 x 1024 per optimizer step: the per-op breakdown and the older rows of RESULTS.md

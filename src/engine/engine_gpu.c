@@ -250,6 +250,14 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
     free(h);
 }
 
+static float *gpu_grads_device(qt_engine *b, int *device) {
+    gpu_engine *e = (gpu_engine *)b;
+    qt_dp_sync_join(e->sync);
+    QT_CUDA(cudaStreamSynchronize(e->g->stream));
+    QT_CUDA(cudaGetDevice(device));
+    return e->g->ps->grad;
+}
+
 static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     gpu_engine *e = (gpu_engine *)b;
     upload(e, in, NULL);
@@ -383,7 +391,8 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
 /* The same ops under the name the run's log shows. */
 #define GPU_OPS(nm)                                                                                   \
     {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
-     .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .forward_logits = gpu_forward_logits, \
+     .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .grads_device = gpu_grads_device,      \
+     .forward_logits = gpu_forward_logits,                                                            \
      .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
      .nonfinite_weight = gpu_nonfinite_weight, .state_live = gpu_state_live,                             \
      .set_state_guard = gpu_set_state_guard, .set_state_copy = gpu_set_state_copy,                     \

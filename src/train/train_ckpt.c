@@ -9,6 +9,7 @@
 
 #include "qt_dtype.h"
 #include "qt_error.h"
+#include "qt_planner.h"
 #include "qt_test_hooks.h"
 
 #define CFG_CAP (1 << 16)
@@ -98,16 +99,6 @@ static qt_ckpt_live live_items(qt_trainer *t) {
     return live;
 }
 
-size_t qt_host_mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-    if (f) fclose(f);
-    return (size_t)kib * 1024;
-}
-
 qt_ckpt_offload qt_trainer_offload_mode(qt_ckpt_offload want, size_t bytes, size_t avail) {
     if (want != QT_CKPT_OFFLOAD_AUTO) return want;
     size_t need = bytes + bytes / 8 + ((size_t)1 << 30); /* margin: the rest of the run's host allocations */
@@ -137,7 +128,7 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     t->cfgtext = malloc(CFG_CAP);
     t->writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
     if (!t->cfgtext || !t->writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
-    t->pos = qt_loader_get_pos(t->train);
+    if (t->train) t->pos = qt_loader_get_pos(t->train); /* none: the embedder gives every batch */
     /* The engine's snapshot buffers (pinned host copies on a GPU) are made now, not at the first save:
      * that save then pauses training only for the copy, and a host that cannot hold them fails here,
      * not hours into the run. The first state_items makes all but those of an offloaded state; a
