@@ -36,6 +36,7 @@ static const qt_key_enum f32_bf16_names[] = {{"fp32", QT_DT_F32}, {"bf16", QT_DT
 static const qt_key_enum matmul_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_E4M3}, {NULL, 0}};
 static const qt_key_enum grad_names[] = {
     {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
+static const qt_key_enum fp8_wcache_names[] = {{"all", QT_FP8_WCACHE_ALL}, {"none", QT_FP8_WCACHE_NONE}, {NULL, 0}};
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
@@ -150,6 +151,8 @@ static const qt_config_key keys[] = {
       "run the attention backward over N slices of the micro-batch's sequences (at most micro_batch): cuDNN's workspace and fp32 dQ accumulator shrink N-fold"),
     B("memory.offload_optimizer", memory.offload_optimizer, "false", "GPU", 0,
       "keep the fp32 master weights and AdamW m, v (a GPU's shard when sharded) in pinned host memory, streamed through the GPU in chunks by AdamW: 12 bytes per parameter less GPU memory (8 with bf16 moments), the same bytes each way over PCIe per optimizer step"),
+    E("memory.fp8_weight_cache", memory.fp8_weight_cache, fp8_wcache_names, "all", "GPU", 0,
+      "with matmul_dtype e4m3, where the fp8 copies of the block weights (Wq and the transposed Wq^T for the backward, 2 bytes per block parameter: 24.6 GiB at 14B) live: all = every layer's stay on the GPU; none = two layer slots (about 2/num_layers of that), each layer quantized into one right before its forward and again before its backward (and its recompute), with the scale the cached copies would have (the weights' abs-max, still taken when persistent_quants says: once per optimizer step or per micro-batch): the same bytes, the same training bit for bit, at the cost of one quantize pass over the block weights per forward and per backward"),
     B("perf.cuda_graphs", perf.cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
     B("perf.matmul_autotune", perf.matmul_autotune, "true", "GPU", 0,
       "time cuBLASLt's candidate algorithms on each matmul shape's first use and keep the fastest; false = the heuristic's first choice (the same algorithms on every run, for A/B comparisons)"),

@@ -57,11 +57,16 @@ static size_t scale_bytes(const qt_model_cfg *c) {
     return up((size_t)c->num_layers * QT_FP8_NMM * NSC * sizeof(qt_fp8_scale)) + up(sizeof(int));
 }
 
-size_t qt_fp8_weight_bytes(const qt_model_cfg *c) {
+/* Layers whose Wq, Wq^T have their own buffers: all, or the transient slots. */
+static int wbufs(const qt_model_cfg *c, qt_fp8_wcache wc) {
+    return wc == QT_FP8_WCACHE_NONE && c->num_layers > QT_FP8_WSLOTS ? QT_FP8_WSLOTS : c->num_layers;
+}
+
+size_t qt_fp8_weight_bytes(const qt_model_cfg *c, qt_fp8_wcache wc) {
     int in[QT_FP8_NMM], out[QT_FP8_NMM];
     dims(c, in, out);
     size_t b = scale_bytes(c);
-    for (int k = 0; k < QT_FP8_NMM; k++) b += 2 * up((size_t)in[k] * out[k]) * c->num_layers;
+    for (int k = 0; k < QT_FP8_NMM; k++) b += 2 * up((size_t)in[k] * out[k]) * wbufs(c, wc);
     return b;
 }
 
@@ -113,14 +118,15 @@ static void *take(char **p, size_t bytes) {
     return r;
 }
 
-qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, unsigned xq_shared, void *wregion,
-                          void *aregion, cudaStream_t s) {
+qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, qt_fp8_wcache wc, long N, unsigned xq_shared,
+                          void *wregion, void *aregion, cudaStream_t s) {
     qt_gpu_fp8 *f = calloc(1, sizeof *f);
     QT_CHECK(f, "out of host memory");
     int nl = c->num_layers;
     f->n_layers = nl;
     f->N = N;
     f->grad_dt = grad_dt;
+    f->wcache = wc;
     f->xq_shared = xq_shared;
     dims(c, f->in, f->out);
     f->wq = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->wq);
@@ -132,13 +138,15 @@ qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, unsig
     char *w = wregion, *a = aregion;
     f->sc = take(&w, (size_t)nl * QT_FP8_NMM * NSC * sizeof(qt_fp8_scale));
     f->nonfinite = take(&w, sizeof(int));
+    int nb = wbufs(c, wc); /* layer l's copies: buffer l % nb (transient: slot l % QT_FP8_WSLOTS) */
     for (int l = 0; l < nl; l++)
         for (int k = 0; k < QT_FP8_NMM; k++) {
             size_t n = (size_t)f->in[k] * f->out[k];
-            f->wq[l * QT_FP8_NMM + k] = take(&w, n);
-            f->wqT[l * QT_FP8_NMM + k] = take(&w, n);
+            int i = l * QT_FP8_NMM + k, i0 = l % nb * QT_FP8_NMM + k;
+            f->wq[i] = l < nb ? take(&w, n) : f->wq[i0];
+            f->wqT[i] = l < nb ? take(&w, n) : f->wqT[i0];
         }
-    QT_CHECK((size_t)(w - (char *)wregion) == qt_fp8_weight_bytes(c), "fp8 weight region layout mismatch");
+    QT_CHECK((size_t)(w - (char *)wregion) == qt_fp8_weight_bytes(c, wc), "fp8 weight region layout mismatch");
     f->xq = take(&a, (size_t)N * max4(f->in));
     for (int l = 0; l < nl; l++)
         for (int k = 0; k < QT_FP8_NMM; k++)
@@ -209,17 +217,33 @@ static void quant_cur(qt_gpu_fp8 *f, qt_dtype ydt, void *y, void *yT, const void
     qt_quant_fp8_transpose_cur(ydt, y, yT, QT_DT_BF16, x, rows, cols, sc, f->nonfinite, tag, s);
 }
 
+/* Layer l's block matrices: abs-max pass (amax) and/or quantize-transpose into its buffers (quant) with
+ * the scale derived from the record's abs-max. */
+static void weights_pass(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l, int amax, int quant, cudaStream_t s) {
+    const qt_layer_offsets *o = &L->layers[l];
+    size_t off[QT_FP8_NMM] = {o->wqkv, o->wo, o->wgu, o->wdown};
+    for (int k = 0; k < QT_FP8_NMM; k++) {
+        const void *w = (const char *)w_bf16 + off[k] * 2;
+        qt_fp8_scale *sc = sc_of(f, l, k, SC_W);
+        if (amax && !quant) qt_quant_amax(QT_DT_BF16, w, (long)f->out[k] * f->in[k], &sc->amax, 0, s);
+        if (quant)
+            quant_cur(f, QT_DT_E4M3, f->wq[l * QT_FP8_NMM + k], f->wqT[l * QT_FP8_NMM + k], w, f->out[k], f->in[k], sc,
+                      !amax, tag_of(l, k, SC_W), s);
+    }
+}
+
 void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l0, int l1, cudaStream_t s) {
     QT_CHECK(l0 >= 0 && l0 <= l1 && l1 <= f->n_layers, "qt_fp8_quantize_weights: layers [%d, %d) of %d", l0, l1, f->n_layers);
-    for (int l = l0; l < l1; l++) {
-        const qt_layer_offsets *o = &L->layers[l];
-        size_t off[QT_FP8_NMM] = {o->wqkv, o->wo, o->wgu, o->wdown};
-        for (int k = 0; k < QT_FP8_NMM; k++) {
-            const void *w = (const char *)w_bf16 + off[k] * 2;
-            quant_cur(f, QT_DT_E4M3, f->wq[l * QT_FP8_NMM + k], f->wqT[l * QT_FP8_NMM + k], w, f->out[k], f->in[k],
-                      sc_of(f, l, k, SC_W), 0, tag_of(l, k, SC_W), s);
-        }
-    }
+    int transient = f->wcache == QT_FP8_WCACHE_NONE;
+    if (transient && qt_test_hooks_get()->fp8_wcache_stale_scale && f->wamax_taken) return; /* MUTANT */
+    f->wamax_taken = 1;
+    for (int l = l0; l < l1; l++) weights_pass(f, L, w_bf16, l, 1, !transient, s);
+}
+
+void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, int backward, cudaStream_t s) {
+    if (f->wcache != QT_FP8_WCACHE_NONE) return;
+    if (backward && layer < f->n_layers - QT_FP8_WSLOTS && qt_test_hooks_get()->fp8_wslot_stale) return; /* MUTANT */
+    weights_pass(f, L, w_bf16, layer, 0, 1, s);
 }
 
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
