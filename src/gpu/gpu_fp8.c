@@ -7,7 +7,9 @@
  *   dgrad  dX[N,I] = dYq[N,O]   . (Wq^T[I,O])^T        A = dYq  (K=O)   B = Wq^T  M=N  N=I  K=O
  *   wgrad  dW[O,I] += dYq^T[O,N] . (Xq^T[I,N])^T       A = dYq^T (K=N)  B = Xq^T  M=O  N=I  K=N
  * Wq, Wq^T: one quantize-transpose of W[O,I] per optimizer step (persistent quants, shared by all
- * micro-batches). Xq, Xq^T: one quantize-transpose of the bf16 input in the forward; Xq^T stays for the
+ * micro-batches). With memory.fp8_weight_cache: none they live in QT_FP8_WSLOTS layer slots instead:
+ * qt_fp8_quantize_weights then takes only the abs-max, and qt_fp8_use_weights quantizes each layer
+ * into its slot right before use (Wq for the forward, Wq^T for the backward) from that record. Xq, Xq^T: one quantize-transpose of the bf16 input in the forward; Xq^T stays for the
  * wgrad. dYq, dYq^T: one quantize-transpose of the bf16 output gradient in grad_dt (e4m3 / e5m2).
  * Scaling: per-tensor current scaling (qt_quant.h). The abs-max of a block input or output gradient
  * comes from the kernel that produced the tensor (RMSNorm, SwiGLU, RoPE bwd fold it into the slot of
@@ -217,19 +219,11 @@ static void quant_cur(qt_gpu_fp8 *f, qt_dtype ydt, void *y, void *yT, const void
     qt_quant_fp8_transpose_cur(ydt, y, yT, QT_DT_BF16, x, rows, cols, sc, f->nonfinite, tag, s);
 }
 
-/* Layer l's block matrices: abs-max pass (amax) and/or quantize-transpose into its buffers (quant) with
- * the scale derived from the record's abs-max. */
-static void weights_pass(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l, int amax, int quant, cudaStream_t s) {
+/* The bf16 block matrix k of layer l inside w_bf16 (the flat array of L). */
+static const void *wmat(const qt_layout *L, const void *w_bf16, int l, int k) {
     const qt_layer_offsets *o = &L->layers[l];
     size_t off[QT_FP8_NMM] = {o->wqkv, o->wo, o->wgu, o->wdown};
-    for (int k = 0; k < QT_FP8_NMM; k++) {
-        const void *w = (const char *)w_bf16 + off[k] * 2;
-        qt_fp8_scale *sc = sc_of(f, l, k, SC_W);
-        if (amax && !quant) qt_quant_amax(QT_DT_BF16, w, (long)f->out[k] * f->in[k], &sc->amax, 0, s);
-        if (quant)
-            quant_cur(f, QT_DT_E4M3, f->wq[l * QT_FP8_NMM + k], f->wqT[l * QT_FP8_NMM + k], w, f->out[k], f->in[k], sc,
-                      !amax, tag_of(l, k, SC_W), s);
-    }
+    return (const char *)w_bf16 + off[k] * 2;
 }
 
 void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l0, int l1, cudaStream_t s) {
@@ -237,13 +231,31 @@ void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf
     int transient = f->wcache == QT_FP8_WCACHE_NONE;
     if (transient && qt_test_hooks_get()->fp8_wcache_stale_scale && f->wamax_taken) return; /* MUTANT */
     f->wamax_taken = 1;
-    for (int l = l0; l < l1; l++) weights_pass(f, L, w_bf16, l, 1, !transient, s);
+    for (int l = l0; l < l1; l++)
+        for (int k = 0; k < QT_FP8_NMM; k++) {
+            const void *w = wmat(L, w_bf16, l, k);
+            int i = l * QT_FP8_NMM + k;
+            qt_fp8_scale *sc = sc_of(f, l, k, SC_W);
+            if (transient) qt_quant_amax(QT_DT_BF16, w, (long)f->out[k] * f->in[k], &sc->amax, 0, s);
+            else quant_cur(f, QT_DT_E4M3, f->wq[i], f->wqT[i], w, f->out[k], f->in[k], sc, 0, tag_of(l, k, SC_W), s);
+        }
 }
 
-void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, int backward, cudaStream_t s) {
-    if (f->wcache != QT_FP8_WCACHE_NONE) return;
-    if (backward && layer < f->n_layers - QT_FP8_WSLOTS && qt_test_hooks_get()->fp8_wslot_stale) return; /* MUTANT */
-    weights_pass(f, L, w_bf16, layer, 0, 1, s);
+/* Both kernels compute sat(rne(fp32(w) * scale)) with the scale kernel_scale derives from the record
+ * (cuda/quant.cu): the bytes of quant_cur's, whichever of them writes. */
+void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, int want_wq, int want_wqT,
+                        cudaStream_t s) {
+    if (f->wcache != QT_FP8_WCACHE_NONE || !(want_wq || want_wqT)) return;
+    if (want_wqT && layer < f->n_layers - QT_FP8_WSLOTS && qt_test_hooks_get()->fp8_wslot_stale) return; /* MUTANT */
+    for (int k = 0; k < QT_FP8_NMM; k++) {
+        const void *w = wmat(L, w_bf16, layer, k);
+        int i = layer * QT_FP8_NMM + k, tag = tag_of(layer, k, SC_W);
+        qt_fp8_scale *sc = sc_of(f, layer, k, SC_W);
+        if (want_wqT)
+            qt_quant_fp8_transpose_cur(QT_DT_E4M3, want_wq ? f->wq[i] : NULL, f->wqT[i], QT_DT_BF16, w, f->out[k], f->in[k],
+                                       sc, f->nonfinite, tag, s);
+        else qt_quant_fp8_cur(QT_DT_E4M3, f->wq[i], QT_DT_BF16, w, (long)f->out[k] * f->in[k], sc, f->nonfinite, tag, s);
+    }
 }
 
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
