@@ -141,7 +141,7 @@ static const qt_config_key keys[] = {
     B("precision.stochastic_rounding", precision.stochastic_rounding, "false", "GPU", 0,
       "round the bf16 weights (and bf16 AdamW moments) written by AdamW stochastically"),
     B("precision.persistent_quants", precision.persistent_quants, "false", "GPU", 0,
-      "quantize the FP8 weights once per optimizer step and reuse them for every micro-batch"),
+      "quantize the FP8 weights once per optimizer step and reuse them for every micro-batch (false: again before every micro-batch); with memory.fp8_weight_cache none it says when their abs-max (the scale) is taken, the quants being made at each use"),
 
     I("memory.lmhead_chunks", memory.lmhead_chunks, 1, INT_MAX, "1", "GPU", 0,
       "split the LM head + loss over tokens into N chunks to bound logits memory"),
