@@ -243,13 +243,14 @@ void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf
 
 /* Both kernels compute sat(rne(fp32(w) * scale)) with the scale kernel_scale derives from the record
  * (cuda/quant.cu): the bytes of quant_cur's, whichever of them writes. */
-void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, int want_wq, int want_wqT,
+void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, unsigned wq, int want_wqT,
                         cudaStream_t s) {
-    if (f->wcache != QT_FP8_WCACHE_NONE || !(want_wq || want_wqT)) return;
+    if (f->wcache != QT_FP8_WCACHE_NONE || !(wq || want_wqT)) return;
     if (want_wqT && layer < f->n_layers - QT_FP8_WSLOTS && qt_test_hooks_get()->fp8_wslot_stale) return; /* MUTANT */
     for (int k = 0; k < QT_FP8_NMM; k++) {
         const void *w = wmat(L, w_bf16, layer, k);
-        int i = layer * QT_FP8_NMM + k, tag = tag_of(layer, k, SC_W);
+        int i = layer * QT_FP8_NMM + k, tag = tag_of(layer, k, SC_W), want_wq = wq >> k & 1;
+        if (!want_wq && !want_wqT) continue;
         qt_fp8_scale *sc = sc_of(f, layer, k, SC_W);
         if (want_wqT)
             qt_quant_fp8_transpose_cur(QT_DT_E4M3, want_wq ? f->wq[i] : NULL, f->wqT[i], QT_DT_BF16, w, f->out[k], f->in[k],

@@ -225,8 +225,9 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
     return g->fp8_fwd ? qt_fp8_producer_amax(g->fp8, l, k, grad) : NULL;
 }
 
-/* memory.fp8_weight_cache none: layer l's Wq and/or Wq^T into its slot (a no-op when all are cached). */
-static void fp8_use_weights(qt_gpu_model *g, int l, int wq, int wqT) {
+/* memory.fp8_weight_cache none: layer l's Wq (matrices in wq) and/or Wq^T into its slot (a no-op when
+ * all are cached). */
+static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT) {
     qt_gpu_model_mark(g, "fp8 quantize: weights");
     qt_fp8_use_weights(g->fp8, g->L, g->ps->w, l, wq, wqT, g->stream);
 }
@@ -297,7 +298,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
 #define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
     if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
-    if (fwd && g->fp8_fwd) fp8_use_weights(g, l, 1, 0);
+    if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0);
     if (fwd || redo & QT_RC_NORM) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
@@ -379,8 +380,10 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     dims d = dims_of(c);
     cudaStream_t s = g->stream;
     long N = g->N;
-    if (g->fp8_fwd) /* the recompute's Wq, the fp8 dgrad's Wq^T */
-        fp8_use_weights(g, l, !!(as->policy.recompute & (QT_RC_QKV | QT_RC_BLOCK | QT_RC_FFN)), g->fp8_bwd);
+    int r = as->policy.recompute; /* the recompute's Wq (the matmuls block_run redoes), the fp8 dgrad's Wq^T */
+    if (g->fp8_fwd)
+        fp8_use_weights(g, l, (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
+                                  (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0), g->fp8_bwd);
     if (as->policy.recompute) block_run(g, h, l, NULL, NULL, as->policy.recompute);
     qt_gpu_layer *a = qt_act_backward(as, l);
     /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
