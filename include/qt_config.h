@@ -87,6 +87,7 @@ typedef struct {                  /* GPU */
     int attn_bwd_chunks;          /* attention backward over this many slices of the micro-batch */
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
     int fp8_weight_cache;         /* memory.fp8_weight_cache: qt_fp8_wcache */
+    int offload_residual;         /* each layer's input residual in pinned host memory (two device slots) */
 } qt_memory_cfg;
 
 typedef struct {                  /* GPU */

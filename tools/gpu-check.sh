@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
-# overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench; fp8wcache;
-# tokenize_bench, sft_export
+# overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
+# offload_residual_bench; fp8wcache; tokenize_bench, sft_export
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -266,16 +266,20 @@ print("AutoTokenizer", type(t).__name__, "vocab", len(t), "eos", t.eos_token, "|
 PY
     } 2>&1 | tee "$OUT/sft_export.log" | grep -E '==|tokenizer|Auto|rror|exported|eval'
 fi
-# memory.recompute: the bitwise tests (each part, block, ffn+norm against none over 20 steps; bf16, fp8,
-# graphs, 2 ranks on GPU 0, offloaded optimizer; the stale-buffer mutant must differ), then the cost:
+# memory.recompute and memory.offload_residual: the bitwise tests (each part, block, ffn+norm, and
+# offload_residual alone / with block / with ffn+norm against none over 20 steps; bf16, fp8, graphs, 2
+# ranks on GPU 0, offloaded optimizer; the stale-buffer and the two residual-copy mutants must differ;
+# the plan against the measured device memory), then the cost:
 # 1.5B at one 16 x 1024 micro-batch per step for none, each part, ffn+norm and block (per-op breakdown),
 # and 7B (configs/qwen2.5-7b-*.yaml: offloaded optimizer) at 8 micro-batches of 4 x 1024 per step for
 # none, ffn+norm and block (RC7_SETS overrides), then the 7B configs as shipped (LLM.Q's 524,288 tokens
 # per step). A set that does not fit is refused with the plan's size.
 if has recompute; then
-    { step test_recompute 900 build/tests/test_recompute
+    { for part in mutant bf16 fp8 dp_offload plan_matches; do # one test per step (QT_TEST_ONLY=part runs one alone)
+          step test_recompute_$part 540 env QT_TEST_ONLY=$part build/tests/test_recompute
+      done
       step test_stores_7b_plan 60 env QT_TEST_ONLY=plan_7b build/tests/test_stores
-    } 2>&1 | tee "$OUT/recompute.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|step [0-9]'
+    } 2>&1 | tee "$OUT/recompute.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|step [0-9]|plan .*peak|saving'
 fi
 # memory.fp8_weight_cache: the bitwise tests (none = all over 20 steps: fp8 eager and from graphs, persistent
 # quants on and off, a bf16 backward, recompute block and ffn+norm, 2 ranks on GPU 0; the stale-slot and
@@ -313,4 +317,47 @@ if has recompute_bench; then
       step rc_7b_bf16_shipped 600 build/bench/train_bench configs/qwen2.5-7b-bf16.yaml --warmup 1 --steps 2 --set parallel.gpus=1 \
           --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16
     } 2>&1 | tee "$OUT/recompute_bench.log" | grep -E '==|tokens/s|rror|memory.recompute|activations|total \(one'
+fi
+# memory.offload_residual: its cost at equal micro-batch (1.5B fp8, one 16 x 1024 micro-batch per step,
+# with and without it, for block and ffn+norm: target under 2% over block alone) and what it buys: 7B fp8
+# with ffn+norm + offload_residual at LLM.Q's setting (seq 1024, 524,288 tokens per step, optimizer
+# offloaded, bf16 moments, graphs as shipped) at the largest micro-batch that fits (16, else 8): target
+# >= 21,000 tokens/s (17,444 measured at [ffn,norm] micro-batch 8, 66.83 GiB). About 5 minutes on an H100.
+# Writes $OUT/offload_residual_table.md: one row per run for bench/RESULTS.md.
+if has offload_residual_bench; then
+    set -f # the sets below are YAML lists, not globs
+    tab="$OUT/offload_residual_table.md"
+    { echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit ${QT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
+      echo
+      echo "| model | memory | micro-batch x accum | tokens/s | ms/step | GPU memory used (GiB) | plan (GiB) | host residuals (GiB) |"
+      echo "|---|---|---|---|---|---|---|---|"; } > "$tab"
+    # rrow MODEL MEMORY MB ACCUM LIMIT ARGS...: one train_bench run, one table row (exit 1 when it did not run)
+    rrow() {
+        local model=$1 mem=$2 mb=$3 acc=$4 limit=$5; shift 5
+        local log="$OUT/or_${model}_$(tr -c 'a-z0-9' _ <<<"$mem")_mb$mb.log" res plan host
+        step "or $model $mem mb $mb" "$limit" build/bench/train_bench "$@" --set data.micro_batch=$mb \
+            --set data.grad_accum=$acc > "$log" 2>&1
+        grep -E '==|tokens/s|rror|total \(one|offloaded residuals' "$log"
+        res=$(grep -o 'RESULT .*' "$log" | tail -1)
+        plan=$(awk '/total \(one allocation\)/ {printf "%.2f", $4 / 1024}' "$log")
+        host=$(awk '/offloaded residuals/ {printf "%.2f", $3 / 1024}' "$log")
+        if [ -z "$res" ]; then
+            echo "| $model | $mem | $mb x $acc | did not run: $(grep -m1 -oE '(rror|needs)[^|]*' "$log" | cut -c1-80) | | | ${plan:--} | |" >> "$tab"
+            return 1
+        fi
+        sed -E 's/.*"tokens_per_s":([0-9.]+).*"step_ms":([0-9.]+).*"mem_used_gib":([0-9.]+).*/\1 \2 \3/' <<<"$res" |
+            { read -r tok ms gib; echo "| $model | $mem | $mb x $acc | $tok | $ms | $gib | ${plan:--} | ${host:-0} |" >> "$tab"; }
+    }
+    b15="configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set parallel.gpus=1"
+    b7="configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 --set parallel.gpus=1 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    {
+      for r in [block] [ffn,norm]; do for o in false true; do
+          rrow 1.5b "recompute=$r offload_residual=$o" 16 1 240 $b15 --set "memory.recompute=$r" --set memory.offload_residual=$o
+      done; done
+      for mb in 16 8; do
+          rrow 7b "recompute=[ffn,norm] offload_residual=true" $mb $((512 / mb)) 420 $b7 --set "memory.recompute=[ffn,norm]" \
+              --set memory.offload_residual=true && break
+      done
+      cat "$tab"
+    } 2>&1 | tee "$OUT/offload_residual_bench.log"
 fi

@@ -149,6 +149,8 @@ static const qt_config_key keys[] = {
        "activations the backward recomputes before each layer instead of keeping them from the forward, with the same kernels and inputs (the same bits): one buffer for all layers instead of one per layer. swiglu: SwiGLU output, from the kept gate-up output; norm: both RMSNorm outputs, from the kept residuals; qkv: QKV projection and RoPE, from the norm output; att: attention output and softmax statistics (implies qkv); ffn: gate-up projection (implies swiglu); block: everything but the layer's input residual (implies att, ffn, norm). The resolved set is printed at start"),
     I("memory.attn_bwd_chunks", memory.attn_bwd_chunks, 1, INT_MAX, "1", "GPU", 0,
       "run the attention backward over N slices of the micro-batch's sequences (at most micro_batch): cuDNN's workspace and fp32 dQ accumulator shrink N-fold"),
+    B("memory.offload_residual", memory.offload_residual, "false", "GPU", 0,
+      "keep each layer's input residual (the one tensor a block recompute starts from) in pinned host memory from the forward to the backward: copied out on a copy stream while the layer computes, fetched back while the layer above runs its backward; the GPU keeps two residual slots instead of one per layer (host: (layers - 2) x micro_batch x seq_len x hidden x 2 bytes)"),
     B("memory.offload_optimizer", memory.offload_optimizer, "false", "GPU", 0,
       "keep the fp32 master weights and AdamW m, v (a GPU's shard when sharded) in pinned host memory, streamed through the GPU in chunks by AdamW: 12 bytes per parameter less GPU memory (8 with bf16 moments), the same bytes each way over PCIe per optimizer step"),
     E("memory.fp8_weight_cache", memory.fp8_weight_cache, fp8_wcache_names, "all", "GPU", 0,

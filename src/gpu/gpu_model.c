@@ -13,7 +13,10 @@
  * only after qt_param_acquire_weights and gradients handed on with qt_param_release_grads, so the
  * engine's sync (and a future sharded or streamed placement) sees every layer boundary. With
  * memory.recompute the activation store gives the recomputed tensors one buffer for all layers, and
- * block_run rebuilds them (the forward's ops again) before each layer's backward. */
+ * block_run rebuilds them (the forward's ops again) before each layer's backward. With
+ * memory.offload_residual the store keeps each layer's input residual in host memory between the
+ * forward and the backward: the model only says when res is final (qt_act_residual_final, after the
+ * first norm's add); qt_act_forward/backward/release order the copies (qt_act_store.h). */
 #include "qt_gpu_model.h"
 
 #include <stdio.h>
@@ -116,7 +119,7 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const q
     g->fp8_fwd = cfg->precision.matmul_dtype == QT_DT_E4M3;
     g->fp8_bwd = g->fp8_fwd && cfg->precision.grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
-    qt_act_policy ap = {.recompute = cfg->memory.recompute};
+    qt_act_policy ap = {.recompute = cfg->memory.recompute, .offload_residual = cfg->memory.offload_residual};
     g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);
@@ -153,6 +156,12 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     }
     carve_all(g, g->arena); /* second pass: now with real addresses */
     QT_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    if (qt_act_store_start(g->as, g->stream, cfg->path, err, errlen)) {
+        QT_CUDA(cudaStreamDestroy(g->stream));
+        QT_CUDA(cudaFree(g->arena));
+        free_host(g);
+        return NULL;
+    }
     g->mm = qt_matmul_create(0);
     qt_matmul_set_autotune(g->mm, cfg->perf.matmul_autotune);
     g->attn = qt_attention_create();
@@ -191,6 +200,8 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
     char rc[64];
     printf("  memory.recompute: %s (one buffer for all layers, rebuilt before each layer's backward)\n",
            qt_act_recompute_names(g->as->policy.recompute, rc, sizeof rc));
+    if (g->as->policy.offload_residual)
+        printf("  memory.offload_residual: layers' input residuals in host memory, 2 on the GPU\n");
     qt_mem_plan_print(&g->plan);
     printf("  %-28s %10.1f MiB of %.1f MiB (cuBLASLt and cuDNN workspaces come out of this)\n", "free now",
            free_b / 1048576.0, total_b / 1048576.0);
@@ -303,6 +314,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
                        fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
+        if (fwd) qt_act_residual_final(g->as, l); /* res now holds the sum: the backward's copy (offload) */
     }
     if (fwd || redo & QT_RC_QKV) {
         lin_fwd(g, LABEL("matmul fwd: qkv"), l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C,
