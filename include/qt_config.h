@@ -52,9 +52,17 @@ typedef struct {
     int every, batches;
 } qt_eval_cfg;
 
+/* checkpoint.offloaded: how a checkpoint takes an offloaded optimizer state (one GPU) */
+typedef enum {
+    QT_CKPT_OFFLOAD_AUTO,     /* copy when the host can hold the copy (qt_trainer_offload_mode), else in place */
+    QT_CKPT_OFFLOAD_COPY,     /* copied into snapshot buffers: + its bytes of host memory, stall = the copy */
+    QT_CKPT_OFFLOAD_IN_PLACE  /* written where it lives: no memory, stall up to the write time */
+} qt_ckpt_offload;
+
 typedef struct {
     char dir[QT_PATH_MAX];
     int every, keep;
+    qt_ckpt_offload offloaded;
 } qt_checkpoint_cfg;
 
 typedef struct {                  /* HF safetensors + config.json at the end of the run */

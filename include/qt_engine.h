@@ -61,6 +61,10 @@ typedef struct {
     /* With state_live: before an opt_step changes live state below element hi it calls wait(ctx, hi),
      * which returns once it may (the checkpoint writer's progress mark). wait NULL: no wait. */
     void (*set_state_guard)(qt_engine *e, void (*wait)(void *ctx, size_t hi), void *ctx);
+    /* With state_live, called once before training (qt_trainer_ckpt_init): copy 1 makes state_items copy
+     * those blobs into snapshot buffers of its own too (+ their bytes of pinned host memory; state_live
+     * then returns 0 and no wait is needed); 0 (the default) leaves them written in place. May be NULL. */
+    void (*set_state_copy)(qt_engine *e, int copy);
     /* 1 when state_items' blobs are host copies that only the next state_items call overwrites (the
      * trainer then writes them in the background as they are); 0 when they alias live state (the
      * trainer copies them first). */

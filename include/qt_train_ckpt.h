@@ -6,8 +6,9 @@
  * loader_pos (after the last completed step), model_cfg and config (the resolved YAML). Saving stops
  * training only for the snapshot: state_items, plus a copy of the blobs when the engine's alias live
  * state (the CPU engine: 12 bytes per parameter of host memory); GPU engines' state_items already are
- * pinned host copies of their device state. An offloaded optimizer state (one GPU) is not copied: the
- * writer reads it where it lives, chunk by chunk ahead of the next optimizer step, which waits per
+ * pinned host copies of their device state. An offloaded optimizer state (one GPU) is copied the same
+ * way or written in place, as checkpoint.offloaded chooses at start (qt_trainer_offload_mode); in place
+ * the writer reads it where it lives, chunk by chunk ahead of the next optimizer step, which waits per
  * chunk for the writer's mark while the write is in flight (stall: max(0, write time of the chunks -
  * time until the optimizer next touches them)). The writer thread checks every fp32/bf16 piece is
  * finite, hashes, writes, fsyncs and renames. The next save waits for the previous write. Before a
@@ -78,6 +79,12 @@ void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap)
  * update made it and the checkpoint kept (nothing is saved after it, so retention never deletes the
  * last good one); else 0. */
 int qt_trainer_check_weights(qt_trainer *t, int settle, char *err, size_t errlen);
+/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
+size_t qt_host_mem_available(void);
+/* checkpoint.offloaded resolved for an offloaded optimizer state of `bytes` when the host has `avail`
+ * bytes free: copy or in_place as asked; auto: copy when bytes + bytes/8 + 1 GiB <= avail (the copy's
+ * pinned buffers are made at start), else in_place. */
+qt_ckpt_offload qt_trainer_offload_mode(qt_ckpt_offload want, size_t bytes, size_t avail);
 /* "the newest checkpoint, <path>, is kept" or "no checkpoint was written". */
 void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap);
 

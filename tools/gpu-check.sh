@@ -184,8 +184,9 @@ if has overlap; then
 fi
 # Signals and kills on the GPU path (test_reliability's _gpu tests: SIGINTs at random times and a
 # bit-exact resume, 50 SIGKILLs, a NaN update stopping the run on every GPU path, the offloaded state
-# written where it lives; the NaN count kernel's rows), then the checkpoint stall: training paused per
-# checkpoint plus the offloaded optimizer's waits for the writer (target under 1 s at 0.5B), the
+# written where it lives and copied; the NaN count kernel's rows), then the checkpoint stall: training
+# paused per checkpoint plus the offloaded optimizer's waits for the writer (target under 1 s at 0.5B;
+# 0.5B offloaded in both checkpoint.offloaded modes, copy and in_place), the
 # background write time and the peak host memory, on byte-level tinyshakespeare shards, a checkpoint
 # every 4 steps. reliability_big: 7B fp8 offloaded at seq 1024 (micro-batch 8, the shipped plan), a
 # checkpoint every 2 steps (target stall under 10 s); it needs ~230 GB of free disk (two 106 GB
@@ -205,12 +206,14 @@ if has reliability; then
       # the per-step NaN/Inf count's cost beside the AdamW it follows (0.5B parameters)
       step kernels_bench_nonfinite 300 build/bench/kernels_bench count_nonfinite
       step kernels_bench_adamw 300 build/bench/kernels_bench adamw
-      for o in false true; do
-          step stall_0.5b_bf16_offload_$o 600 /usr/bin/time -v build/qtrain configs/qwen2.5-0.5b-bf16.yaml $common \
-              --set memory.offload_optimizer=$o --set checkpoint.dir=$d/ck_0.5b_$o --set log.file=$d/0.5b_$o.jsonl \
-              > "$d/0.5b_$o.out" 2>&1
-          cat "$d/0.5b_$o.out"; stalls "$d/0.5b_$o.out"
-          rm -rf "$d/ck_0.5b_$o"
+      # device state; offloaded state copied at each checkpoint; offloaded state written where it lives
+      for om in false:auto true:copy true:in_place; do
+          o=${om%%:*} m=${om#*:} r=${om/:/_}
+          step stall_0.5b_bf16_offload_$r 600 /usr/bin/time -v build/qtrain configs/qwen2.5-0.5b-bf16.yaml $common \
+              --set memory.offload_optimizer=$o --set checkpoint.offloaded=$m --set checkpoint.dir=$d/ck_0.5b_$r \
+              --set log.file=$d/0.5b_$r.jsonl > "$d/0.5b_$r.out" 2>&1
+          cat "$d/0.5b_$r.out"; stalls "$d/0.5b_$r.out"
+          rm -rf "$d/ck_0.5b_$r"
       done
       if has reliability_big; then
           avail=$(df -BG --output=avail "$d" | tail -1 | tr -dc 0-9)

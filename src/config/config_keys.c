@@ -16,7 +16,7 @@
 #include "qt_dtype.h"
 
 _Static_assert(sizeof(qt_sched_kind) == sizeof(int) && sizeof(qt_device_kind) == sizeof(int) &&
-                   sizeof(qt_arch) == sizeof(int),
+                   sizeof(qt_arch) == sizeof(int) && sizeof(qt_ckpt_offload) == sizeof(int),
                "enum keys are stored as int");
 
 static const qt_key_enum arch_names[] = {{"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {NULL, 0}};
@@ -38,6 +38,8 @@ static const qt_key_enum grad_names[] = {
     {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
 static const qt_key_enum fp8_wcache_names[] = {{"all", QT_FP8_WCACHE_ALL}, {"none", QT_FP8_WCACHE_NONE}, {NULL, 0}};
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
+static const qt_key_enum ckpt_offload_names[] = {
+    {"auto", QT_CKPT_OFFLOAD_AUTO}, {"copy", QT_CKPT_OFFLOAD_COPY}, {"in_place", QT_CKPT_OFFLOAD_IN_PLACE}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
                                               {NULL, 0}};
@@ -118,6 +120,11 @@ static const qt_config_key keys[] = {
     S("checkpoint.dir", checkpoint.dir, "ckpt", "all", "directory for checkpoints"),
     I("checkpoint.every", checkpoint.every, 0, INT_MAX, "0", "all", 0, "checkpoint every N steps; 0 = only at the end"),
     I("checkpoint.keep", checkpoint.keep, 1, INT_MAX, "3", "all", 0, "newest checkpoints kept; older ones are deleted"),
+    E("checkpoint.offloaded", checkpoint.offloaded, ckpt_offload_names, "auto", "GPU", 0,
+      "an offloaded optimizer state (one GPU) is checkpointed by copy (fast: training pauses for the copy, needs "
+      "host memory for it) or in_place (written where it lives: no memory, the optimizer waits for the write, "
+      "up to the write time); auto = copy when the copy plus 1 GiB + 1/8 fits in MemAvailable at start, else "
+      "in_place. Data-parallel ranks always copy"),
 
     S("export.dir", export.dir, "", "all",
       "HF export (config.json + model.safetensors) at the end; \"\" = checkpoint.dir + \"/export\""),

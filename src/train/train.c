@@ -292,7 +292,7 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     qt_train_stats dst;
     const qt_train_opts *o = opts ? opts : &dflt;
     if (!st) st = &dst;
-    *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0};
+    *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0};
     qt_layout L = {0};
     float *w0 = NULL;
     qt_trainer t = {.cfg = cfg, .dir = {.lock_fd = -1}, .st = st, .saved_step = -1};
