@@ -82,11 +82,19 @@ typedef struct {                  /* GPU; qt_dtype values */
     int grad_accum_dtype;         /* dtype of the weight-gradient buffers (fp32 or bf16) */
 } qt_precision_cfg;
 
+/* memory.fp8_weight_cache: where the fp8 copies of the block weights (Wq, Wq^T) live between uses */
+typedef enum {
+    QT_FP8_WCACHE_ALL = 0,  /* every layer's copies stay on the GPU (requantized per persistent_quants) */
+    QT_FP8_WCACHE_NONE = 1, /* two layer slots; each layer quantized into one right before its forward and again
+                             * before its backward, from the scale of the cached path: the same bytes */
+} qt_fp8_wcache;
+
 typedef struct {                  /* GPU */
     int lmhead_chunks;
     int recompute;                /* memory.recompute: qt_recompute_part bits */
     int attn_bwd_chunks;          /* attention backward over this many slices of the micro-batch */
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
+    int fp8_weight_cache;         /* memory.fp8_weight_cache: qt_fp8_wcache */
     int offload_residual;         /* each layer's input residual in pinned host memory (two device slots) */
     float gpu_limit_gib;          /* 0: no cap; else the plan's device total (context excluded) must fit */
     float host_limit_gib;         /* 0: MemAvailable from /proc/meminfo; else the host plan must fit this */

@@ -4,7 +4,13 @@
  * The four block matmuls per layer (QKV, O, gate|up, down) are Y[N,O] = X[N,I] . W[O,I]^T (+ bias).
  * Device memory comes from the model's arena in two regions the model carves (sizes below):
  *   "fp8 weights (persistent)": Wq[O,I] and Wq^T[I,O] (e4m3) of every block matrix + the scale
- *     records + the nonfinite flag; rebuilt by qt_fp8_quantize_weights once per optimizer step;
+ *     records + the nonfinite flag; rebuilt by qt_fp8_quantize_weights once per optimizer step (or per
+ *     micro-step: precision.persistent_quants). With memory.fp8_weight_cache: none the row is
+ *     "fp8 weights (layer slots)": the scale records and QT_FP8_WSLOTS layers' Wq, Wq^T; layer l uses
+ *     slot l % QT_FP8_WSLOTS, filled by qt_fp8_use_weights right before the layer's forward and again
+ *     before its backward, from the abs-max qt_fp8_quantize_weights left in the layer's records: the
+ *     cached path's scale and bytes. Two slots, not one: everything runs on one stream today, so one
+ *     would do; the second lets a prefetch fill layer l+-1 while layer l computes;
  *   "fp8 activations": Xq^T[I,N] of every block matmul input, saved by the forward for the wgrad, and
  *     the scratch Xq[N,I], dYq[N,O], dYq^T[O,N] shared by all layers (stream-ordered reuse). */
 #ifndef QT_GPU_FP8_H
@@ -26,13 +32,17 @@ extern "C" {
 
 typedef enum { QT_FP8_QKV = 0, QT_FP8_O = 1, QT_FP8_GU = 2, QT_FP8_DOWN = 3, QT_FP8_NMM = 4 } qt_fp8_mm;
 
+#define QT_FP8_WSLOTS 2 /* layer slots of the weight quants with memory.fp8_weight_cache: none */
+
 /* Host-side state; the device pointers point into the model's arena (borrowed). */
 typedef struct {
     int n_layers;
     long N;                     /* tokens per micro-batch */
     int in[QT_FP8_NMM], out[QT_FP8_NMM]; /* I and O of each block matmul */
     qt_dtype grad_dt;           /* e4m3 / e5m2, or bf16: the backward stays bf16 */
-    uint8_t **wq, **wqT;        /* [n_layers * 4] */
+    qt_fp8_wcache wcache;       /* memory.fp8_weight_cache: all (a buffer per layer) or none (slots) */
+    int wamax_taken;            /* qt_fp8_quantize_weights ran once (for the test hook fp8_wcache_stale_scale) */
+    uint8_t **wq, **wqT;        /* [n_layers * 4]; with wcache none layer l's point into slot l % QT_FP8_WSLOTS */
     uint8_t **xqT;              /* [n_layers * 4]; a matmul in xq_shared has one buffer for all layers */
     unsigned xq_shared;         /* bit k: matmul k's Xq^T is shared by the layers (its input is quantized
                                  * again, qt_fp8_requant_input, before each layer's wgrad reads it) */
@@ -43,22 +53,31 @@ typedef struct {
     unsigned char *amax_ready;  /* host [n_layers * 4 * 2]: slot handed to a producer since the reset */
 } qt_gpu_fp8;
 
-/* Bytes of the two regions for model c, N tokens per micro-batch, gradient dtype grad_dt, the Xq^T of
- * the matmuls in xq_shared (bits 1 << qt_fp8_mm) once instead of once per layer. */
-size_t qt_fp8_weight_bytes(const qt_model_cfg *c);
+/* Bytes of the two regions for model c, weight cache wc, N tokens per micro-batch, gradient dtype
+ * grad_dt, the Xq^T of the matmuls in xq_shared (bits 1 << qt_fp8_mm) once instead of once per layer. */
+size_t qt_fp8_weight_bytes(const qt_model_cfg *c, qt_fp8_wcache wc);
 size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigned xq_shared);
 /* 0 when fp8 can run model c with N tokens per micro-batch on a device of compute capability cc
  * (major*10+minor); else -1 with err naming the config file, the field and what fp8 needs. */
 int qt_fp8_check(const qt_model_cfg *c, const qt_config *cfg, long N, int cc, char *err, size_t errlen);
 /* Lays the state out in the two regions (sizes as above, 256-byte aligned) and zeroes the flag.
  * Caller frees the returned host struct with qt_fp8_free; the regions stay the caller's. */
-qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, unsigned xq_shared, void *wregion,
-                          void *aregion, cudaStream_t s);
+qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, qt_fp8_wcache wc, long N, unsigned xq_shared,
+                          void *wregion, void *aregion, cudaStream_t s);
 void qt_fp8_free(qt_gpu_fp8 *f);
 
 /* Re-quantizes the block matrices of layers [l0, l1) from the bf16 weights w (the flat array of L):
- * abs-max, then Wq and Wq^T in one quantize-transpose pass with the scale derived on the device. */
+ * abs-max, then Wq and Wq^T in one quantize-transpose pass with the scale derived on the device. With
+ * wcache none only the abs-max (into the weight's scale record): the quants come at use. Call after
+ * every change of the weights, before the forward reads them. */
 void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l0, int l1, cudaStream_t s);
+/* wcache none: quantizes layer's block matrices into its slot, Wq (of the matrices in the bit set wq,
+ * 1 << qt_fp8_mm: the forward's and a recompute's operand) and/or Wq^T (want_wqT: the fp8 dgrad's), with the scale from the abs-max of the
+ * last qt_fp8_quantize_weights and no abs-max pass: the bytes the cached copies would hold. Before the
+ * layer's forward and again before its backward (the slot is shared with layer +-2), after
+ * qt_param_acquire_weights; a no-op with wcache all. */
+void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, unsigned wq, int want_wqT,
+                        cudaStream_t s);
 /* Zeroes the abs-max records of every block input and output gradient (one memset, fine inside a
  * captured CUDA graph) and forgets earlier qt_fp8_producer_amax hand-outs. Once per micro-step,
  * before the forward. */

@@ -22,6 +22,11 @@ typedef struct {
                                    * tensor (its middle one) to NaN just before that optimizer step's AdamW
                                    * (1-based), so the update writes NaN into its weight, master, m and v */
     long nonfinite_step;
+    int fp8_wslot_stale;    /* 1: MUTANT: with memory.fp8_weight_cache none the backward does not quantize
+                             * layers below the top QT_FP8_WSLOTS into their slot again (it reads what
+                             * layer l + 2's backward left there): the weight-cache test must catch it */
+    int fp8_wcache_stale_scale; /* 1: MUTANT: with fp8_weight_cache none the weights' abs-max is taken only at
+                                 * creation (later steps quantize with the initial weights' scale) */
     int nonfinite_unchecked;      /* 1: MUTANT: the GPU engines skip the per-step finiteness count of the
                                    * updated weights (the nonfinite test must catch it) */
     long ckpt_write_delay_ms;     /* > 0: the checkpoint writer sleeps this long after each range of the live

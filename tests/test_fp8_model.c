@@ -226,7 +226,16 @@ static void test_fp8_plan_and_checks(void) {
     size_t C = 128, F = 384, QKV = 256, HD = 128, N = 256, nl = 2;
     /* W and W^T of the four matrices (multiples of 256 bytes here), 24 scale records (384 -> 512), flag */
     size_t w = nl * 2 * (QKV * C + HD * C + 2 * F * C + F * C) + 512 + 256;
-    QT_EXPECT(qt_fp8_weight_bytes(&m) == w, "weight bytes %zu, expected %zu", qt_fp8_weight_bytes(&m), w);
+    QT_EXPECT(qt_fp8_weight_bytes(&m, QT_FP8_WCACHE_ALL) == w && qt_fp8_weight_bytes(&m, QT_FP8_WCACHE_NONE) == w,
+              "weight bytes %zu, expected %zu", qt_fp8_weight_bytes(&m, QT_FP8_WCACHE_ALL), w);
+    /* 5 layers: memory.fp8_weight_cache none keeps 2 layers' copies (60 scale records: 960 -> 1024 bytes) */
+    qt_model_cfg m5 = m;
+    m5.num_layers = 5;
+    size_t per = 2 * (QKV * C + HD * C + 2 * F * C + F * C);
+    QT_EXPECT(qt_fp8_weight_bytes(&m5, QT_FP8_WCACHE_ALL) == 5 * per + 1024 + 256 &&
+                  qt_fp8_weight_bytes(&m5, QT_FP8_WCACHE_NONE) == 2 * per + 1024 + 256,
+              "5 layers: weight bytes %zu (all), %zu (none)", qt_fp8_weight_bytes(&m5, QT_FP8_WCACHE_ALL),
+              qt_fp8_weight_bytes(&m5, QT_FP8_WCACHE_NONE));
     size_t a = N * F + nl * N * (C + HD + C + F), ag = a + 2 * N * (2 * F);
     QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16, 0) == a, "act bytes (bf16 grads) %zu, expected %zu",
               qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16, 0), a);

@@ -1,4 +1,4 @@
-/* test_recompute.c — memory.recompute and memory.offload_residual change no bit (GPU; skips without one).
+/* test_recompute.c — memory.recompute, memory.offload_residual and memory.fp8_weight_cache change no bit (GPU; skips without one).
  *
  * A 4-layer model trains 20 optimizer steps (2 micro-steps of 3 x 32 tokens each) with each recompute
  * set (and memory.attn_bwd_chunks, and offload_residual alone, with block and with ffn+norm) and without;
@@ -13,7 +13,12 @@
  * (a slot overwritten before its copy out finished). 4 layers: the backward of a middle layer is the one
  * a stale shared buffer would betray, and two layers' residuals (0 and 1) go to the host, the other two
  * stay in the device slots. Autotuning off: every run multiplies with the same cuBLASLt algorithms. The
- * plan check: the device memory a run takes (cudaMemGetInfo sampled through the run) against the plan. */
+ * plan check: the device memory a run takes (cudaMemGetInfo sampled through the run) against the plan.
+ * fp8_weight_cache (test_fp8_weight_cache): none (the weight quants in 2 layer slots, quantized at use)
+ * against all, alone and with recompute [block] and [ffn, norm], in fp8 eager and from graphs, with and
+ * without persistent_quants, with a bf16 backward, and 2 ranks sharing GPU 0 (ZeRO-1): layers 0 and 2
+ * share slot 0, 1 and 3 slot 1. Two mutants must differ: a backward that reads its slot as layer l + 2
+ * left it (hook fp8_wslot_stale) and quants with the first step's scale (hook fp8_wcache_stale_scale). */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -310,6 +315,47 @@ static void test_plan_matches_device(void) {
     setup_data(); /* the other tests' data again */
 }
 
+/* memory.fp8_weight_cache: none = all, bit for bit (each group's baseline caches all layers). */
+static const char *const WC_SETS[] = {"fp8_weight_cache: none", "fp8_weight_cache: none, recompute: [block]",
+                                      "fp8_weight_cache: none, recompute: [ffn, norm]"};
+#define FP8(g, pq) "precision: {matmul_dtype: e4m3, grad_dtype: " g ", persistent_quants: " pq "}\n"
+
+static void test_fp8_weight_cache(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    group("wc_fp8", "parallel: {gpus: 1}\n" FP8("e4m3", "false") NOTUNE, WC_SETS, 3);
+    group("wc_fp8_graph", "parallel: {gpus: 1}\n" FP8("e4m3", "false") GRAPHS, WC_SETS, 3);
+    group("wc_fp8pq", "parallel: {gpus: 1}\n" FP8("e4m3", "true") NOTUNE, WC_SETS, 3);
+    group("wc_fp8pq_graph", "parallel: {gpus: 1}\n" FP8("e4m3", "true") GRAPHS, WC_SETS, 3);
+    group("wc_fp8_bf16bwd", "parallel: {gpus: 1}\n" FP8("bf16", "true") NOTUNE, WC_SETS, 3);
+    const char *two = qt_cuda_device_count() >= 2 ? "gpus: 2" : "devices: [0, 0]";
+    char base[512];
+    snprintf(base, sizeof base, "parallel: {%s, shard_optimizer: true, overlap_comm: true}\n" FP8("e4m3", "true") GRAPHS, two);
+    group("wc_dp_fp8", base, WC_SETS, 2);
+}
+
+/* The weight-cache mutants: each must move the bits away from the cached run's. */
+static void test_fp8_weight_cache_mutants(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const char *base = "parallel: {gpus: 1}\n" FP8("e4m3", "true") NOTUNE;
+    run_out ref, got;
+    char err[1024], why[512], yaml[1024];
+    QT_REQUIRE(run("wcmut_all", base, &ref, err, sizeof err) == 0, "%s", err);
+    snprintf(yaml, sizeof yaml, "%s\nmemory: {fp8_weight_cache: none}", base);
+    const char *names[2] = {"backward reads a slot layer l + 2 left", "quants with the first step's scale"};
+    for (int m = 0; m < 2; m++) {
+        qt_test_hooks h = {.fp8_wslot_stale = m == 0, .fp8_wcache_stale_scale = m == 1};
+        qt_test_hooks_set(&h);
+        int rc = run(m ? "wcmut_scale" : "wcmut_slot", yaml, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        QT_REQUIRE(rc == 0, "%s", err);
+        int same = same_bits(&ref, &got, why, sizeof why);
+        printf("  mutant (%s): %s\n", names[m], same ? "NOT caught" : why);
+        QT_EXPECT(!same, "mutant '%s' trains the same bits: the comparison cannot fail", names[m]);
+    }
+}
+
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_recompute")) return 1;
     QT_RUN(test_recompute_mutant_caught);
@@ -317,6 +363,8 @@ int main(void) {
     QT_RUN(test_recompute_fp8);
     QT_RUN(test_recompute_dp_offload);
     QT_RUN(test_plan_matches_device);
+    QT_RUN(test_fp8_weight_cache_mutants);
+    QT_RUN(test_fp8_weight_cache);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }

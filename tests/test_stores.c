@@ -372,8 +372,10 @@ static void test_plan_14b(void) {
     char err[512];
     QT_REQUIRE(qt_config_load(&cfg, "configs/qwen2.5-14b-fp8.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(cfg.precision.master_dtype == QT_DT_BF16 && cfg.precision.grad_accum_dtype == QT_DT_BF16 &&
-                  cfg.memory.offload_optimizer && (long)cfg.data.micro_batch * cfg.data.grad_accum * cfg.data.seq_len == 524288,
+                  cfg.memory.offload_optimizer && (long)cfg.data.micro_batch * cfg.data.grad_accum * cfg.data.seq_len == 524288 &&
+                  cfg.precision.matmul_dtype == QT_DT_E4M3 && cfg.memory.fp8_weight_cache == QT_FP8_WCACHE_NONE,
               "the 14B config's settings");
+    int cfg_mb = cfg.data.micro_batch;
     qt_model_cfg mc = cfg.model;
     qt_model_cfg_finish(&mc);
     qt_layout L;
@@ -386,9 +388,11 @@ static void test_plan_14b(void) {
     size_t host = L.numel * 4; /* m, v bf16 */
     printf("  14B (%.2fB parameters), bf16 master + bf16 gradients, m/v bf16 offloaded: %.1f GiB pinned host memory\n",
            L.numel / 1e9, host / G);
-    int fits_bf16 = 0;
-    for (int mm = 0; mm < 2; mm++) {
-        cfg.precision.matmul_dtype = mm ? QT_DT_BF16 : QT_DT_E4M3;
+    int fits_bf16 = 0, fits_fp8 = 0, fits_fp8_all = 0;
+    /* fp8 with the weight quants in two layer slots (the config), fp8 with every layer's cached, bf16 */
+    for (int mm = 0; mm < 3; mm++) {
+        cfg.precision.matmul_dtype = mm == 2 ? QT_DT_BF16 : QT_DT_E4M3;
+        cfg.memory.fp8_weight_cache = mm == 1 ? QT_FP8_WCACHE_ALL : QT_FP8_WCACHE_NONE;
         for (int mb = 1; mb <= 8; mb *= 2) {
             cfg.data.micro_batch = mb;
             qt_mem_plan p;
@@ -399,14 +403,24 @@ static void test_plan_14b(void) {
             size_t dev = p.off - row(&p, "adam m (bf16)") - row(&p, "adam v (bf16)") +
                          al(qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, 0, QT_DT_BF16, QT_DT_BF16));
             int fits = dev <= (size_t)(78 * G);
-            if (mm && fits) fits_bf16 = mb;
-            printf("  %s mb %d: device %.2f GiB (weights %.2f, gradients %.2f, activations %.2f, fp8 %.2f): %s\n",
-                   mm ? "bf16" : "fp8 ", mb, dev / G, row(&p, "weights (bf16)") / G, row(&p, "gradients (bf16)") / G,
-                   rows_from(&p, "activations:") / G, (row(&p, "fp8 weights (persistent)") + row(&p, "fp8 activations")) / G,
+            int *fit = mm == 0 ? &fits_fp8 : mm == 1 ? &fits_fp8_all : &fits_bf16;
+            if (fits) *fit = mb;
+            size_t wq = rows_from(&p, "fp8 weights");
+            QT_EXPECT(mm == 2 || row(&p, mm ? "fp8 weights (persistent)" : "fp8 weights (layer slots)") == wq,
+                      "fp8 weight rows: %zu bytes", wq);
+            if (mm == 0 && mb == cfg_mb)
+                QT_EXPECT(fits, "configs/qwen2.5-14b-fp8.yaml: micro-batch %d needs %.2f GiB of the GPU: does not fit 78 GiB",
+                          mb, dev / G);
+            printf("  %s mb %d: device %.2f GiB (weights %.2f, gradients %.2f, activations %.2f, fp8 weights %.2f + "
+                   "activations %.2f): %s\n",
+                   mm == 2 ? "bf16         " : mm ? "fp8 cache all" : "fp8 slots    ", mb, dev / G, row(&p, "weights (bf16)") / G,
+                   row(&p, "gradients (bf16)") / G, rows_from(&p, "activations:") / G, wq / G, row(&p, "fp8 activations") / G,
                    fits ? "fits 78 GiB" : "does not fit");
         }
     }
     QT_EXPECT(fits_bf16 >= 1, "14B with bf16 matmuls does not fit 78 GiB at micro-batch 1");
+    QT_EXPECT(fits_fp8 >= cfg_mb && fits_fp8_all == 0, "14B fp8: fits up to micro-batch %d with the quants in slots, "
+              "%d with every layer's cached (expected none)", fits_fp8, fits_fp8_all);
     qt_layout_free(&L);
 }
 

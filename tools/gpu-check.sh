@@ -2,7 +2,8 @@
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
-# offload_residual_bench; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan, qtrain --plan vs a real run); python
+# offload_residual_bench; fp8wcache; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan, qtrain
+# --plan vs a real run); python
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -105,7 +106,7 @@ sys.exit(rc)'
       QT_TEST_ONLY=plan_14b step test_stores_14b_plan 60 build/tests/test_stores
       step bench_14b_bf16_mb8 600 python3 -c "$peak" build/bench/train_bench configs/qwen2.5-14b-fp8.yaml $b14 \
           --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16 --set data.micro_batch=8 --set data.grad_accum=64
-      step bench_14b_fp8_shipped 300 python3 -c "$peak" build/bench/train_bench configs/qwen2.5-14b-fp8.yaml $b14
+      step bench_14b_fp8_shipped 600 python3 -c "$peak" build/bench/train_bench configs/qwen2.5-14b-fp8.yaml $b14
     } 2>&1 | tee "$OUT/bf16master.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|eval loss|tokens/s|rror|total \(one|peak host|fits|GiB'
 fi
 # memory.offload_optimizer: its tests, then the cost on one GPU — the optimizer step's time in the
@@ -314,6 +315,25 @@ if has recompute; then
       done
       step test_stores_7b_plan 60 env QT_TEST_ONLY=plan_7b build/tests/test_stores
     } 2>&1 | tee "$OUT/recompute.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|step [0-9]|plan .*peak|saving'
+fi
+# memory.fp8_weight_cache: the bitwise tests (none = all over 20 steps: fp8 eager and from graphs, persistent
+# quants on and off, a bf16 backward, recompute block and ffn+norm, 2 ranks on GPU 0; the stale-slot and
+# stale-scale mutants must differ), the plan rows, then the cost of quantizing at use (breakdown row "fp8
+# quantize: weights"): 1.5B fp8 at one 16 x 1024 micro-batch per step and 7B fp8 at 8 micro-batches of
+# 8 x 1024, all vs none. The 14B fp8 config itself (none) runs in the bf16master stage.
+if has fp8wcache; then
+    one="--steps 10 --breakdown --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
+    b7="--warmup 1 --steps 3 --breakdown --set data.grad_accum=8 --set parallel.gpus=1 --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    { QT_TEST_ONLY=fp8_weight_cache step test_recompute_fp8wc 900 build/tests/test_recompute
+      QT_TEST_ONLY=plan_and_checks step test_fp8_model_plan 60 build/tests/test_fp8_model
+      QT_TEST_ONLY=plan_14b step test_stores_14b_plan 60 build/tests/test_stores
+      for wc in all none; do
+          step wc_1.5b_fp8_$wc 300 build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml $one --set memory.fp8_weight_cache=$wc
+      done
+      for wc in all none; do
+          step wc_7b_fp8_$wc 400 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml $b7 --set memory.fp8_weight_cache=$wc
+      done
+    } 2>&1 | tee "$OUT/fp8wcache.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|tokens/s|rror|fp8 quantize|fp8 weights|total|fits'
 fi
 if has recompute_bench; then
     set -f # the sets below are YAML lists, not globs

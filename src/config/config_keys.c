@@ -37,6 +37,7 @@ static const qt_key_enum matmul_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_
 static const qt_key_enum grad_names[] = {
     {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
 static const qt_key_enum plan_names[] = {{"manual", 0}, {"auto", 1}, {NULL, 0}};
+static const qt_key_enum fp8_wcache_names[] = {{"all", QT_FP8_WCACHE_ALL}, {"none", QT_FP8_WCACHE_NONE}, {NULL, 0}};
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 static const qt_key_enum ckpt_offload_names[] = {
     {"auto", QT_CKPT_OFFLOAD_AUTO}, {"copy", QT_CKPT_OFFLOAD_COPY}, {"in_place", QT_CKPT_OFFLOAD_IN_PLACE}, {NULL, 0}};
@@ -148,7 +149,7 @@ static const qt_config_key keys[] = {
     B("precision.stochastic_rounding", precision.stochastic_rounding, "false", "GPU", 0,
       "round the bf16 weights (and bf16 AdamW moments) written by AdamW stochastically"),
     B("precision.persistent_quants", precision.persistent_quants, "false", "GPU", 0,
-      "quantize the FP8 weights once per optimizer step and reuse them for every micro-batch"),
+      "quantize the FP8 weights once per optimizer step and reuse them for every micro-batch (false: again before every micro-batch); with memory.fp8_weight_cache none it says when their abs-max (the scale) is taken, the quants being made at each use"),
 
     I("memory.lmhead_chunks", memory.lmhead_chunks, 1, INT_MAX, "1", "GPU", 0,
       "split the LM head + loss over tokens into N chunks to bound logits memory"),
@@ -166,6 +167,8 @@ static const qt_config_key keys[] = {
       "host memory the run may plan for (GiB): pinned offloaded state and snapshot buffers, pageable loader and weight buffers. A plan over it is refused before allocating; 0 = MemAvailable from /proc/meminfo at start (set it where a VM reports less at start than it grants later)"),
     E("memory.plan", memory.plan, plan_names, "manual", "GPU", 0,
       "auto: before training, choose data.micro_batch (keeping micro_batch x grad_accum), memory.recompute, memory.offload_optimizer, memory.lmhead_chunks and memory.attn_bwd_chunks, among those the config does not give, as the plan that fits memory.gpu_limit_gib (else the GPU) and the host with the highest predicted tokens/s (a FLOP and PCIe cost model against a matmul and copy rate probed once per GPU model and cached in ~/.cache/qtrain); prints the choice, its prediction and the next two. manual: the keys as given"),
+    E("memory.fp8_weight_cache", memory.fp8_weight_cache, fp8_wcache_names, "all", "GPU", 0,
+      "with matmul_dtype e4m3, where the fp8 copies of the block weights (Wq and the transposed Wq^T for the backward, 2 bytes per block parameter: 24.6 GiB at 14B) live: all = every layer's stay on the GPU; none = two layer slots (about 2/num_layers of that), each layer quantized into one right before its forward and again before its backward (and its recompute), with the scale the cached copies would have (the weights' abs-max, still taken when persistent_quants says: once per optimizer step or per micro-batch): the same bytes, the same training bit for bit, at the cost of one quantize pass over the block weights per forward and per backward"),
     B("perf.cuda_graphs", perf.cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
     B("perf.matmul_autotune", perf.matmul_autotune, "true", "GPU", 0,
       "time cuBLASLt's candidate algorithms on each matmul shape's first use and keep the fastest; false = the heuristic's first choice (the same algorithms on every run, for A/B comparisons)"),

@@ -7,7 +7,9 @@
  *   dgrad  dX[N,I] = dYq[N,O]   . (Wq^T[I,O])^T        A = dYq  (K=O)   B = Wq^T  M=N  N=I  K=O
  *   wgrad  dW[O,I] += dYq^T[O,N] . (Xq^T[I,N])^T       A = dYq^T (K=N)  B = Xq^T  M=O  N=I  K=N
  * Wq, Wq^T: one quantize-transpose of W[O,I] per optimizer step (persistent quants, shared by all
- * micro-batches). Xq, Xq^T: one quantize-transpose of the bf16 input in the forward; Xq^T stays for the
+ * micro-batches). With memory.fp8_weight_cache: none they live in QT_FP8_WSLOTS layer slots instead:
+ * qt_fp8_quantize_weights then takes only the abs-max, and qt_fp8_use_weights quantizes each layer
+ * into its slot right before use (Wq for the forward, Wq^T for the backward) from that record. Xq, Xq^T: one quantize-transpose of the bf16 input in the forward; Xq^T stays for the
  * wgrad. dYq, dYq^T: one quantize-transpose of the bf16 output gradient in grad_dt (e4m3 / e5m2).
  * Scaling: per-tensor current scaling (qt_quant.h). The abs-max of a block input or output gradient
  * comes from the kernel that produced the tensor (RMSNorm, SwiGLU, RoPE bwd fold it into the slot of
@@ -57,11 +59,16 @@ static size_t scale_bytes(const qt_model_cfg *c) {
     return up((size_t)c->num_layers * QT_FP8_NMM * NSC * sizeof(qt_fp8_scale)) + up(sizeof(int));
 }
 
-size_t qt_fp8_weight_bytes(const qt_model_cfg *c) {
+/* Layers whose Wq, Wq^T have their own buffers: all, or the transient slots. */
+static int wbufs(const qt_model_cfg *c, qt_fp8_wcache wc) {
+    return wc == QT_FP8_WCACHE_NONE && c->num_layers > QT_FP8_WSLOTS ? QT_FP8_WSLOTS : c->num_layers;
+}
+
+size_t qt_fp8_weight_bytes(const qt_model_cfg *c, qt_fp8_wcache wc) {
     int in[QT_FP8_NMM], out[QT_FP8_NMM];
     dims(c, in, out);
     size_t b = scale_bytes(c);
-    for (int k = 0; k < QT_FP8_NMM; k++) b += 2 * up((size_t)in[k] * out[k]) * c->num_layers;
+    for (int k = 0; k < QT_FP8_NMM; k++) b += 2 * up((size_t)in[k] * out[k]) * wbufs(c, wc);
     return b;
 }
 
@@ -113,14 +120,15 @@ static void *take(char **p, size_t bytes) {
     return r;
 }
 
-qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, unsigned xq_shared, void *wregion,
-                          void *aregion, cudaStream_t s) {
+qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, qt_fp8_wcache wc, long N, unsigned xq_shared,
+                          void *wregion, void *aregion, cudaStream_t s) {
     qt_gpu_fp8 *f = calloc(1, sizeof *f);
     QT_CHECK(f, "out of host memory");
     int nl = c->num_layers;
     f->n_layers = nl;
     f->N = N;
     f->grad_dt = grad_dt;
+    f->wcache = wc;
     f->xq_shared = xq_shared;
     dims(c, f->in, f->out);
     f->wq = calloc((size_t)nl * QT_FP8_NMM, sizeof *f->wq);
@@ -132,13 +140,15 @@ qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, long N, unsig
     char *w = wregion, *a = aregion;
     f->sc = take(&w, (size_t)nl * QT_FP8_NMM * NSC * sizeof(qt_fp8_scale));
     f->nonfinite = take(&w, sizeof(int));
+    int nb = wbufs(c, wc); /* layer l's copies: buffer l % nb (transient: slot l % QT_FP8_WSLOTS) */
     for (int l = 0; l < nl; l++)
         for (int k = 0; k < QT_FP8_NMM; k++) {
             size_t n = (size_t)f->in[k] * f->out[k];
-            f->wq[l * QT_FP8_NMM + k] = take(&w, n);
-            f->wqT[l * QT_FP8_NMM + k] = take(&w, n);
+            int i = l * QT_FP8_NMM + k, i0 = l % nb * QT_FP8_NMM + k;
+            f->wq[i] = l < nb ? take(&w, n) : f->wq[i0];
+            f->wqT[i] = l < nb ? take(&w, n) : f->wqT[i0];
         }
-    QT_CHECK((size_t)(w - (char *)wregion) == qt_fp8_weight_bytes(c), "fp8 weight region layout mismatch");
+    QT_CHECK((size_t)(w - (char *)wregion) == qt_fp8_weight_bytes(c, wc), "fp8 weight region layout mismatch");
     f->xq = take(&a, (size_t)N * max4(f->in));
     for (int l = 0; l < nl; l++)
         for (int k = 0; k < QT_FP8_NMM; k++)
@@ -209,16 +219,43 @@ static void quant_cur(qt_gpu_fp8 *f, qt_dtype ydt, void *y, void *yT, const void
     qt_quant_fp8_transpose_cur(ydt, y, yT, QT_DT_BF16, x, rows, cols, sc, f->nonfinite, tag, s);
 }
 
+/* The bf16 block matrix k of layer l inside w_bf16 (the flat array of L). */
+static const void *wmat(const qt_layout *L, const void *w_bf16, int l, int k) {
+    const qt_layer_offsets *o = &L->layers[l];
+    size_t off[QT_FP8_NMM] = {o->wqkv, o->wo, o->wgu, o->wdown};
+    return (const char *)w_bf16 + off[k] * 2;
+}
+
 void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l0, int l1, cudaStream_t s) {
     QT_CHECK(l0 >= 0 && l0 <= l1 && l1 <= f->n_layers, "qt_fp8_quantize_weights: layers [%d, %d) of %d", l0, l1, f->n_layers);
-    for (int l = l0; l < l1; l++) {
-        const qt_layer_offsets *o = &L->layers[l];
-        size_t off[QT_FP8_NMM] = {o->wqkv, o->wo, o->wgu, o->wdown};
+    int transient = f->wcache == QT_FP8_WCACHE_NONE;
+    if (transient && qt_test_hooks_get()->fp8_wcache_stale_scale && f->wamax_taken) return; /* MUTANT */
+    f->wamax_taken = 1;
+    for (int l = l0; l < l1; l++)
         for (int k = 0; k < QT_FP8_NMM; k++) {
-            const void *w = (const char *)w_bf16 + off[k] * 2;
-            quant_cur(f, QT_DT_E4M3, f->wq[l * QT_FP8_NMM + k], f->wqT[l * QT_FP8_NMM + k], w, f->out[k], f->in[k],
-                      sc_of(f, l, k, SC_W), 0, tag_of(l, k, SC_W), s);
+            const void *w = wmat(L, w_bf16, l, k);
+            int i = l * QT_FP8_NMM + k;
+            qt_fp8_scale *sc = sc_of(f, l, k, SC_W);
+            if (transient) qt_quant_amax(QT_DT_BF16, w, (long)f->out[k] * f->in[k], &sc->amax, 0, s);
+            else quant_cur(f, QT_DT_E4M3, f->wq[i], f->wqT[i], w, f->out[k], f->in[k], sc, 0, tag_of(l, k, SC_W), s);
         }
+}
+
+/* Both kernels compute sat(rne(fp32(w) * scale)) with the scale kernel_scale derives from the record
+ * (cuda/quant.cu): the bytes of quant_cur's, whichever of them writes. */
+void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, unsigned wq, int want_wqT,
+                        cudaStream_t s) {
+    if (f->wcache != QT_FP8_WCACHE_NONE || !(wq || want_wqT)) return;
+    if (want_wqT && layer < f->n_layers - QT_FP8_WSLOTS && qt_test_hooks_get()->fp8_wslot_stale) return; /* MUTANT */
+    for (int k = 0; k < QT_FP8_NMM; k++) {
+        const void *w = wmat(L, w_bf16, layer, k);
+        int i = layer * QT_FP8_NMM + k, tag = tag_of(layer, k, SC_W), want_wq = wq >> k & 1;
+        if (!want_wq && !want_wqT) continue;
+        qt_fp8_scale *sc = sc_of(f, layer, k, SC_W);
+        if (want_wqT)
+            qt_quant_fp8_transpose_cur(QT_DT_E4M3, want_wq ? f->wq[i] : NULL, f->wqT[i], QT_DT_BF16, w, f->out[k], f->in[k],
+                                       sc, f->nonfinite, tag, s);
+        else qt_quant_fp8_cur(QT_DT_E4M3, f->wq[i], QT_DT_BF16, w, (long)f->out[k] * f->in[k], sc, f->nonfinite, tag, s);
     }
 }
 

@@ -100,7 +100,9 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     g->ws_bytes = ws;
     g->ws = qt_mem_plan_carve(p, "kernel workspace", ws);
     if (g->fp8_fwd) {
-        g->fp8_w = qt_mem_plan_carve(p, "fp8 weights (persistent)", qt_fp8_weight_bytes(c));
+        qt_fp8_wcache wc = (qt_fp8_wcache)g->cfg->memory.fp8_weight_cache;
+        g->fp8_w = qt_mem_plan_carve(p, wc == QT_FP8_WCACHE_NONE ? "fp8 weights (layer slots)" : "fp8 weights (persistent)",
+                                     qt_fp8_weight_bytes(c, wc));
         g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->precision.grad_dtype, fp8_xq_shared(g)));
     }
     outside_rows(g, p);
@@ -224,7 +226,8 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     if (g->fp8_fwd) {
-        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->precision.grad_dtype, g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
+        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->precision.grad_dtype, (qt_fp8_wcache)cfg->memory.fp8_weight_cache,
+                               g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
         qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
@@ -288,6 +291,13 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
  * NULL in bf16 (nothing to quantize). */
 static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
     return g->fp8_fwd ? qt_fp8_producer_amax(g->fp8, l, k, grad) : NULL;
+}
+
+/* memory.fp8_weight_cache none: layer l's Wq (matrices in wq) and/or Wq^T into its slot (a no-op when
+ * all are cached). */
+static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT) {
+    qt_gpu_model_mark(g, "fp8 quantize: weights");
+    qt_fp8_use_weights(g->fp8, g->L, g->ps->w, l, wq, wqT, g->stream);
 }
 
 /* One block matmul forward: fp8 when configured, else bf16. redo: a recompute in the backward, which
@@ -356,6 +366,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
 #define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
     if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
+    if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0);
     if (fwd || redo & QT_RC_NORM) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
@@ -438,6 +449,10 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     dims d = dims_of(c);
     cudaStream_t s = g->stream;
     long N = g->N;
+    int r = as->policy.recompute; /* the recompute's Wq (the matmuls block_run redoes), the fp8 dgrad's Wq^T */
+    if (g->fp8_fwd)
+        fp8_use_weights(g, l, (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
+                                  (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0), g->fp8_bwd);
     if (as->policy.recompute) block_run(g, h, l, NULL, NULL, as->policy.recompute);
     qt_gpu_layer *a = qt_act_backward(as, l);
     /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
