@@ -357,8 +357,12 @@ static void test_gpu_limit(void) {
     printf("  plan %.1f MiB (cap %.2f GiB), measured peak %.1f MiB over the context's %.1f MiB\n", plan / 1048576.0, cap,
            peak / 1048576.0, s.base / 1048576.0);
     QT_EXPECT(peak <= qt_mem_gib(cap), "peak %.1f MiB over the cap %.2f GiB", peak / 1048576.0, cap);
-    QT_EXPECT(fabs((double)peak - (double)plan) <= MARGIN_BYTES + 0.05 * plan, "peak %.1f MiB vs plan %.1f MiB",
-              peak / 1048576.0, plan / 1048576.0);
+    /* The plan holds a fixed runtime reserve (kernel modules, library handles, graphs) that a small model
+     * leaves mostly unused (H100, this test: peak 3034 MiB, plan 3520 MiB with the 512 MiB reserve), so the
+     * plan may exceed the peak by up to that reserve; it must never fall short of it. */
+    QT_EXPECT(peak <= plan + MARGIN_BYTES && plan - (peak < plan ? peak : plan) <= QT_GPU_RUNTIME_RESERVE + MARGIN_BYTES + 0.05 * plan,
+              "peak %.1f MiB vs plan %.1f MiB (with a %zu MiB runtime reserve)", peak / 1048576.0, plan / 1048576.0,
+              QT_GPU_RUNTIME_RESERVE >> 20);
     qt_engine_free(e);
     free(in);
     free(tgt);
