@@ -22,16 +22,21 @@
 #include "qt_comm.h"
 #include "qt_gpu_model.h"
 #include "qt_step_plan.h"
+#include "qt_test_hooks.h"
 
 typedef struct qt_dp_sync qt_dp_sync;
 
 /* For model g (borrowed) of a rank on comm (NULL with one GPU) as plan p says; makes the side stream and
- * events on the current device. ag_delay_ms: test hook, the side stream sleeps before each step's weight
- * gather (0: off). */
+ * events on the current device. th: the test hooks in force (dp_ag_delay_ms, dp_sum_delay_ms,
+ * zero_mutant; all zero in a real run). */
 qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_config *cfg, qt_comm *comm,
-                              long ag_delay_ms);
+                              const qt_test_hooks *th);
 void qt_dp_sync_free(qt_dp_sync *d);
 
+/* Before the model's stream overwrites a micro-step's inputs (tokens) or activations: with ZeRO-2
+ * overlapped, the last micro-step's sums still read its tokens and residual gradient (the embedding
+ * lookups) and its gradient slots, so the stream waits for them. */
+void qt_dp_sync_inputs(qt_dp_sync *d);
 /* One micro-step's forward + backward at loss scale `scale`; last: the last of a step. eager: not
  * from a CUDA graph (the first micro-step autotunes and builds plans; profiling). */
 void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager);

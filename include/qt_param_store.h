@@ -6,8 +6,21 @@
  * Placement: where each item lives is chosen once, at creation (qt_param_placement), and each store
  * adds its own rows to the memory plan. Today's placements: everything on the GPU; the optimizer state
  * offloaded to pinned host memory (streamed through device slots by qt_gpu_optim); the optimizer state
- * sharded over the ranks (ZeRO-1; gradients and weights stay whole). A new placement (gradient or weight
- * shards, more offloaded items) is a new case behind the same calls.
+ * sharded over the ranks (ZeRO-1; gradients and weights stay whole); ZeRO-2: the fp32 gradients sharded
+ * too. A new placement (weight shards, more offloaded items) is a new case behind the same calls.
+ *
+ * ZeRO-2 gradients: the rank keeps grad [shard.len], its pieces of the summed gradients, indexed like
+ * master / m / v. While the backward writes a bucket, the bucket's whole gradient sits in a slot
+ * (qt_param_grad_slot): a bucket that holds embedding or LM-head elements has a slot of its own (none
+ * for the embeddings' own buckets with placement.embed_apart; the
+ * LM head's gradient is written at the start of the backward and a tied table's again at its end), the
+ * layers' buckets take QT_GRAD_SLOTS shared slots in turn (bucket b: slot b % QT_GRAD_SLOTS). Three,
+ * not two: a bucket boundary is rounded up past a layer's first elements (qt_partition.h), so a layer's
+ * backward writes its own bucket b and the top of bucket b-1 right after bucket b+1 was released: with
+ * two slots b-1 would wait for b+1's sum with nothing to overlap it, with three it waits for b+2's,
+ * released a layer earlier. The data-parallel sync reduces a released bucket from its slot into grad,
+ * zeroes the slot and orders the slot's next writers after that; a slot is zero whenever no bucket
+ * holds it.
  *
  * Access is per bucket (a range of whole layers, qt_partition.h), through acquire/release calls that
  * the forward, the backward and the optimizer make as they enqueue work:
@@ -40,11 +53,15 @@ typedef enum {
 
 typedef struct {
     qt_opt_state_place opt;
-    int zero;             /* 0: this rank holds all of the optimizer state; 1: its pieces (ZeRO-1) */
+    int zero;             /* 0: this rank holds all of the optimizer state; 1: its pieces (ZeRO-1); 2: and of
+                           * the fp32 gradients (ZeRO-2) */
     int opt_per_bucket;   /* one AdamW group per bucket (one GPU offloaded: AdamW runs ahead of the forward);
                            * else bucket 0 and the rest when sharded, else one group */
     int reduce_bf16;      /* the gradients cross between ranks in bf16: a comm buffer of the largest bucket */
     size_t opt_chunk;     /* QT_OPT_STATE_HOST: state elements per streamed chunk */
+    int embed_apart;      /* ZeRO-2, untied, lookups gathered (qt_step_plan.lookups): the backward writes no
+                           * gradient to the buckets of embeddings only, so they get no slot (the sync adds
+                           * every rank's lookups to the shard and has nothing else to sum there) */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
@@ -59,10 +76,12 @@ typedef struct {
     const qt_layout *L;   /* borrowed */
     qt_param_placement place;
     qt_shard shard;
-    /* w and grad [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len],
-     * this rank's pieces of the buckets back to back (all of the array when not sharded) */
+    /* w [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len], this
+     * rank's pieces of the buckets back to back (all of the array when not sharded) */
     void *w;              /* bf16, device */
-    float *grad;          /* fp32, device */
+    float *grad;          /* fp32, device: [shard.total], or ZeRO-2 [shard.len] (this rank's summed pieces) */
+    float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
+                           * backward writes it (owned array; the slots are in the arena) */
     float *master;        /* device, or host_state */
     void *m, *v;
     qt_dtype m_dt, v_dt;
@@ -91,8 +110,21 @@ void qt_param_store_free(qt_param_store *ps);
 /* bf16 weights [0, n) = RNE(host[0, n)), through the staging buffer, on s (host pageable fp32). */
 void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s);
 
+/* Shared gradient slots of ZeRO-2 (see the top of this file). */
+#define QT_GRAD_SLOTS 3
+
 static inline void *qt_param_w(const qt_param_store *ps, size_t off) { return (char *)ps->w + off * 2; }
-static inline float *qt_param_g(const qt_param_store *ps, size_t off) { return ps->grad + off; }
+/* Where the backward adds the gradient of flat element off (a tensor never crosses a bucket). */
+float *qt_param_g(const qt_param_store *ps, size_t off);
+/* ZeRO-2: bucket b's slot [bucket[b+1] - bucket[b]] and its shared slot number (-1: a slot of its own). */
+float *qt_param_grad_slot(const qt_param_store *ps, int b);
+int qt_param_grad_slot_shared(const qt_param_store *ps, int b);
+/* This rank's summed gradients of bucket b (its piece, qt_shard_piece): in the whole array, or ZeRO-2 in
+ * the shard. */
+float *qt_param_grad_piece(const qt_param_store *ps, int b);
+/* g[0, numel) (host) = the gradients: all of them, or ZeRO-2 this rank's summed pieces only (synchronous;
+ * the caller has joined the streams). */
+void qt_param_get_grads(const qt_param_store *ps, float *g);
 
 /* The acquire/release calls of the forward and backward (see the top of this file); h may be NULL. */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto);

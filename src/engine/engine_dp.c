@@ -73,7 +73,8 @@ struct dp_engine {
     int fail_rank; /* test hook (qt_test_hooks): that rank fails just before optimizer step fail_step */
     long fail_step;
     qt_shard shard[QT_COMM_MAX_RANKS];
-    int sharded;
+    int sharded;   /* ZeRO >= 1: each rank holds the optimizer state of its pieces */
+    int zero;      /* the ZeRO level (0 when not sharded) */
     void *state[4]; /* sharded: the whole checkpoint arrays, assembled from the ranks (owned) */
 };
 
@@ -225,12 +226,14 @@ static void dp_get_weights(qt_engine *b, float *w) {
     free(tmp);
 }
 
-/* The gradients accumulated since the last opt_step, summed over the ranks in rank order. */
+/* The gradients accumulated since the last opt_step, summed over the ranks in rank order (ZeRO-2: every
+ * rank writes its summed pieces). */
 static void dp_get_grads(qt_engine *b, float *g) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
     d->out = g;
-    run(d, job_grads, 0);
+    run(d, job_grads, d->zero >= 2 ? -1 : 0);
+    if (d->zero >= 2) return;
     float *tmp = malloc(n * sizeof(float));
     QT_CHECK(tmp, "out of host memory for %zu gradients", n);
     d->out = tmp;
@@ -297,7 +300,8 @@ static int dp_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errl
 
 static void dp_print_memory(qt_engine *b) {
     dp_engine *d = (dp_engine *)b;
-    printf("qtrain: data parallel over %d ranks (comm %s), each with the plan below\n", d->n, qt_comm_name(d->comm));
+    printf("qtrain: data parallel over %d ranks (comm %s, ZeRO-%d), each with the plan below\n", d->n,
+           qt_comm_name(d->comm), d->zero);
     run(d, job_memory, 0);
 }
 
@@ -358,9 +362,12 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     d->base = (qt_engine){&d->ops, L, cfg, n};
     d->n = n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
-    d->sharded = cfg->parallel.shard_optimizer && n > 1;
+    d->sharded = cfg->parallel.zero >= 1 && n > 1;
+    d->zero = d->sharded ? cfg->parallel.zero : 0;
+    /* Sharded: a bucket per layer with overlap or not, so the norm's per-bucket sums (and so its bits)
+     * are the same at every ZeRO level; ZeRO-2 needs them for its slots. */
     for (int r = 0; r < n; r++)
-        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, cfg->parallel.overlap_comm && n > 1);
+        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, (cfg->parallel.overlap_comm || d->sharded) && n > 1);
     const qt_test_hooks *th = qt_test_hooks_get();
     d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
     d->fail_step = th->dp_fail_step;
@@ -391,7 +398,7 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
     char devs[64] = "";
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
     snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs,
-             qt_comm_name(d->comm), d->sharded ? ", optimizer state sharded" : "",
+             qt_comm_name(d->comm), d->zero >= 2 ? ", optimizer state and gradients sharded (ZeRO-2)" : d->sharded ? ", optimizer state sharded" : "",
              cfg->parallel.reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "",
              cfg->parallel.overlap_comm && n > 1 ? ", sums overlapped with the backward" : "");
     d->ops.name = d->name;

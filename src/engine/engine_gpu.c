@@ -39,6 +39,7 @@ typedef struct {
 static long upload(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
     qt_gpu_model *g = e->g;
     int k = e->k ^= 1;
+    qt_dp_sync_inputs(e->sync); /* ZeRO-2: the last micro-step's sums may still read the tokens */
     QT_CUDA(cudaEventSynchronize(e->pin_free[k]));
     int32_t *p = e->pin[k];
     long n = g->N, valid = 0;
@@ -101,7 +102,7 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_dp_sync_join(e->sync);
     qt_dp_sync_reduce(e->sync);
     e->micro_in_step = 0;
-    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding};
+    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding, 0};
     optimizer(e, &a);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));
@@ -147,9 +148,9 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
     QT_CHECK(qt_dp_sync_idle(e->sync),
              "rank %d: get_grads after the last micro-step of a step: its gradients are summed over the GPUs (or "
              "wait for the other ranks' embedding lookups); read them before that micro-step", e->plan.rank);
-    qt_dp_sync_join(e->sync); /* AdamW running ahead zeroes them */
+    qt_dp_sync_join(e->sync); /* AdamW running ahead zeroes them; ZeRO-2's sums run beside */
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
-    QT_CUDA(cudaMemcpy(gr, e->g->ps->grad, b->L->numel * 4, cudaMemcpyDeviceToHost));
+    qt_param_get_grads(e->g->ps, gr);
 }
 
 static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
@@ -256,10 +257,11 @@ void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
 }
 
 /* Where the parameters live, from the plan. */
-static qt_param_placement placement(const qt_step_plan *p) {
+static qt_param_placement placement(const qt_step_plan *p, const qt_layout *L) {
     size_t chunk = qt_test_hooks_get()->offload_chunk;
-    return (qt_param_placement){p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, p->dp == QT_DP_SHARDED,
-                                p->opt_ahead, p->reduce_bf16, chunk ? chunk : QT_GPU_OPTIM_CHUNK};
+    return (qt_param_placement){p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, p->zero,
+                                p->opt_ahead, p->reduce_bf16, chunk ? chunk : QT_GPU_OPTIM_CHUNK,
+                                p->grads_sharded && p->lookups && L->lm_head != L->embed};
 }
 
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
@@ -283,7 +285,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     if (rank) qt_step_plan_make(&e->plan, L, cfg, qt_comm_size(rank->comm), rank->rank, rank->shard->n_ranks > 1);
     else qt_step_plan_make(&e->plan, L, cfg, 0, 0, 0);
     if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt); /* offloaded: AdamW bucket by bucket */
-    qt_param_placement pl = placement(&e->plan);
+    qt_param_placement pl = placement(&e->plan, L);
     e->g = qt_gpu_model_create(L, cfg, w0, rank ? rank->shard : &one, &pl, err, errlen);
     if (!e->g) {
         free(e);
@@ -296,6 +298,6 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     }
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     /* a forward that did not wait for its bucket would then read last step's weights (test_train) */
-    e->sync = qt_dp_sync_create(e->g, &e->plan, cfg, rank ? rank->comm : NULL, qt_test_hooks_get()->dp_ag_delay_ms);
+    e->sync = qt_dp_sync_create(e->g, &e->plan, cfg, rank ? rank->comm : NULL, qt_test_hooks_get());
     return &e->base;
 }

@@ -14,10 +14,12 @@
 
 #define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
 
+static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
+
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen) {
-    QT_CHECK((pl->zero == 1) == (sh->n_ranks > 1), "parameter store: ZeRO-%d placement on a shard of %d ranks", pl->zero,
-             sh->n_ranks);
+    QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 2, "parameter store: ZeRO-%d placement on a shard of %d ranks",
+             pl->zero, sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
@@ -26,6 +28,10 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->m_dt = cfg->precision.opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->v_dt = cfg->precision.opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
+    if (pl->zero >= 2) {
+        ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
+        QT_CHECK(ps->grad_slot, "out of host memory");
+    }
     if (pl->opt != QT_OPT_STATE_HOST) return ps;
     size_t ns = sh->len;
     size_t b[3] = {qt_mem_aligned(ns * 4), qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
@@ -48,7 +54,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
     ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
-    ps->grad = qt_mem_plan_carve(p, "gradients (fp32)", n * 4);
+    if (ps->place.zero >= 2) carve_grad_slots(ps, p);
+    else ps->grad = qt_mem_plan_carve(p, "gradients (fp32)", n * 4);
     if (ps->place.opt == QT_OPT_STATE_HOST) {
         ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
                                           qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->m_dt, ps->v_dt));
@@ -70,6 +77,65 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     ps->staging = qt_mem_plan_carve(p, "load staging (fp32)", ps->stage_n * 4);
 }
 
+/* ZeRO-2: the rank's gradient shard, the slots of the buckets with embedding or LM-head elements and
+ * QT_GRAD_SLOTS shared slots of the largest other bucket (see qt_param_store.h). */
+static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
+    const qt_shard *sh = &ps->shard;
+    ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
+    size_t big = 0;
+    for (int b = 0; b < sh->n_buckets; b++)
+        if (qt_param_grad_slot_shared(ps, b) >= 0 && sh->bucket[b + 1] - sh->bucket[b] > big)
+            big = sh->bucket[b + 1] - sh->bucket[b];
+    float *shared[QT_GRAD_SLOTS];
+    for (int k = 0; k < QT_GRAD_SLOTS; k++) shared[k] = big ? qt_mem_plan_carve(p, "gradient slots (layers)", big * 4) : NULL;
+    for (int b = 0; b < sh->n_buckets; b++) {
+        int k = qt_param_grad_slot_shared(ps, b);
+        size_t len = sh->bucket[b + 1] - sh->bucket[b];
+        if (ps->place.embed_apart && sh->bucket[b + 1] <= ps->L->layers[0].ln1) ps->grad_slot[b] = NULL; /* never written */
+        else ps->grad_slot[b] = k >= 0 ? shared[k] : qt_mem_plan_carve(p, "gradient slots (emb/head)", len * 4);
+    }
+}
+
+int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
+    const qt_layout *L = ps->L;
+    size_t lo = ps->shard.bucket[b], hi = ps->shard.bucket[b + 1], vc = (size_t)L->cfg.vocab_size * L->cfg.hidden_size;
+    int table = (lo < L->embed + vc && L->embed < hi) || (lo < L->lm_head + vc && L->lm_head < hi);
+    return table ? -1 : b % QT_GRAD_SLOTS;
+}
+
+float *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
+
+float *qt_param_g(const qt_param_store *ps, size_t off) {
+    if (ps->place.zero < 2) return ps->grad + off;
+    const size_t *bk = ps->shard.bucket;
+    int lo = 0, hi = ps->shard.n_buckets - 1; /* the last bucket with bk[b] <= off */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (bk[mid] <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    QT_CHECK(ps->grad_slot[lo], "gradient of flat element %zu: its bucket %d has no slot (placement.embed_apart)", off, lo);
+    return ps->grad_slot[lo] + (off - bk[lo]);
+}
+
+float *qt_param_grad_piece(const qt_param_store *ps, int b) {
+    size_t off, len, st;
+    qt_shard_piece(&ps->shard, b, &off, &len, &st);
+    return ps->grad + (ps->place.zero >= 2 ? st : off);
+}
+
+void qt_param_get_grads(const qt_param_store *ps, float *g) {
+    if (ps->place.zero < 2) {
+        QT_CUDA(cudaMemcpy(g, ps->grad, ps->L->numel * 4, cudaMemcpyDeviceToHost));
+        return;
+    }
+    for (int k = 0; k < ps->shard.n_buckets; k++) {
+        size_t off, len, st;
+        qt_shard_piece(&ps->shard, k, &off, &len, &st);
+        QT_CUDA(cudaMemcpy(g + off, ps->grad + st, qt_shard_params(off, len, ps->L->numel) * 4, cudaMemcpyDeviceToHost));
+    }
+}
+
 void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s) {
     for (size_t i = 0; i < n; i += ps->stage_n) {
         size_t c = n - i < ps->stage_n ? n - i : ps->stage_n;
@@ -84,6 +150,7 @@ void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaS
 static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
     const qt_layout *L = ps->L;
     const qt_shard *sp = &ps->shard;
+    QT_CHECK(sp->n_buckets >= 1 && sp->n_buckets <= QT_SHARD_MAX_BUCKETS, "shard of %d buckets", sp->n_buckets);
     qt_adamw_tensor *t = calloc((size_t)(L->n_tensors + 1) * sp->n_buckets, sizeof *t);
     int *start = calloc((size_t)sp->n_buckets, sizeof *start), nt = 0;
     QT_CHECK(t && start, "out of host memory");
@@ -124,7 +191,13 @@ void qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const float *
         if ((np = qt_shard_params(off, len, n)))
             QT_CUDA(cudaMemcpyAsync(ps->master + st, w0 + off, np * 4, cudaMemcpyDefault, s));
     }
-    qt_zero(ps->grad, sp->total * 4, s);
+    if (ps->place.zero >= 2) {
+        qt_zero(ps->grad, ns * 4, s);
+        for (int b = 0; b < sp->n_buckets; b++)
+            if (ps->grad_slot[b]) qt_zero(ps->grad_slot[b], (sp->bucket[b + 1] - sp->bucket[b]) * 4, s);
+    } else {
+        qt_zero(ps->grad, sp->total * 4, s);
+    }
     make_optimizer(ps, cfg);
 }
 
@@ -132,6 +205,7 @@ void qt_param_store_free(qt_param_store *ps) {
     if (!ps) return;
     qt_gpu_optim_free(ps->opt);
     if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
+    free(ps->grad_slot);
     free(ps);
 }
 
@@ -159,11 +233,15 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
 }
 
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
-    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->clip, a, s);
+    qt_adamw_args b = *a;
+    b.g_at_state = ps->place.zero >= 2; /* the gradient shard, indexed like m and v */
+    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->clip, &b, s);
 }
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
-    qt_zero(ps->grad + ps->shard.bucket[k0], (ps->shard.bucket[k1] - ps->shard.bucket[k0]) * 4, s);
+    size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
+    if (ps->place.zero >= 2) qt_zero(ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
+    else qt_zero(ps->grad + lo, (hi - lo) * 4, s);
 }
 
 void qt_param_get_master(const qt_param_store *ps, float *w) {
