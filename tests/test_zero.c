@@ -7,7 +7,8 @@
  * 3 shared gradient slots are reused within a backward) trains 20 steps;
  * every logged loss and gradient norm and the final checkpoint's weights, bf16 weights, m and v must be
  * the same bytes for ZeRO-2 and ZeRO-1 at one micro-batch per rank per step — 2 and 3 ranks, bf16 and
- * fp8 (persistent quants), overlap on and off, eager and CUDA graphs, bf16 sums, a tied model whose
+ * fp8 (persistent quants), overlap on and off, eager and CUDA graphs, bf16 sums, the optimizer state
+ * offloaded (AdamW reads the gradient shard chunk by chunk), a tied model whose
  * embedding lookups are gathered; with grad_accum 2 ZeRO-2 sums every micro-step (another order than
  * ZeRO-1's one sum): overlap on = off bitwise, and ZeRO-1 within a stated bound (printed). A checkpoint
  * saved at ZeRO-2 resumes at ZeRO-1 bit for bit against the uninterrupted run, and on one rank. Mutants
@@ -226,6 +227,7 @@ static void test_zero2_equals_zero1(void) {
     setup_data();
     const struct { const char *name, *more, *lines; int graphs; } cases[] = {
         {"bf16_ov", "overlap_comm: true", "", 0},
+        {"bf16_offload", "overlap_comm: true", "memory: {offload_optimizer: true}", 0}, /* chunks of 1000 */
         {"bf16_ov_graph", "overlap_comm: true", "", 1},
         {"bf16_noov", "overlap_comm: false", "", 0},
         {"bf16_noov_graph", "overlap_comm: false", "", 1},
@@ -237,8 +239,11 @@ static void test_zero2_equals_zero1(void) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             run_out a, b;
             char why[512];
+            qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of the offloaded optimizer state */
+            qt_test_hooks_set(strstr(cases[i].lines, "offload") ? &h : NULL);
             int rc = compare(cases[i].name, ranks, 1, 2, cases[i].more, cases[i].lines, 1, cases[i].graphs, &a, &b, why,
                              sizeof why);
+            qt_test_hooks_set(NULL);
             printf("  %d ranks %-16s ZeRO-2 vs ZeRO-1: %s\n", ranks, cases[i].name, rc == 1 ? "bitwise equal" : why);
             QT_EXPECT(rc == 1, "%d ranks, %s: %s", ranks, cases[i].name, why);
             if (rc == 1 && i == 0) QT_EXPECT(a.loss[STEPS - 1] < a.loss[0], "loss did not fall: %g -> %g", a.loss[0], a.loss[STEPS - 1]);
