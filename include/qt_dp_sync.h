@@ -10,7 +10,9 @@
  * step's last micro-step leaves its embedding lookups out of the backward where they are fewer bytes
  * than the table (g->lookups): the embeddings' bucket is summed right after the LM head, and every
  * rank's lookups are added to the sums afterwards (add_lookups), overlapped or not, so the bits are the
- * same either way. One GPU with its optimizer state offloaded runs AdamW on the side stream, bucket by
+ * same either way. ZeRO-2 (plan.grads_sharded) does the bucket sums in every micro-step, into the
+ * rank's gradient shard through the store's gradient slots (qt_param_store.h), on the side stream with
+ * the overlap, else on the model's stream between the backward's layers. One GPU with its optimizer state offloaded runs AdamW on the side stream, bucket by
  * bucket, with the same per-bucket waits in the next forward. With one plain GPU there is nothing to
  * sync: the hooks are empty and a micro-step's graph is one segment. Every mode comes from the step
  * plan (qt_step_plan.h). */

@@ -6,12 +6,13 @@
  * microseconds, not a device sync). Each rank trains on its own micro-batch; opt_step sums the
  * gradients over the comm (fp32, ascending rank order: every rank gets the same bits) before the norm
  * and AdamW, so the ranks' weights stay bitwise identical (opt_step checks the norms). With
- * parallel.shard_optimizer (ZeRO-1, the default) each rank holds the master weights and moments of
- * 1/N of the parameters (its piece of every bucket, qt_partition.h): gradients are reduce-scattered,
- * each rank updates its pieces, the bf16 weights are all-gathered; checkpoints and get_weights
- * assemble the pieces. Otherwise every rank keeps all of it (all-reduce) and get_weights checks the
- * replicas agree. With parallel.overlap_comm the buckets are one per layer and each is summed while
- * the backward of the layers below runs (dp_sync.c). A failure in a rank thread jumps to that thread's
+ * parallel.zero 1 (ZeRO-1, the default) each rank holds the master weights and moments of 1/N of the
+ * parameters (its piece of every bucket, qt_partition.h): gradients are reduce-scattered, each rank
+ * updates its pieces, the bf16 weights are all-gathered; checkpoints and get_weights assemble the
+ * pieces. ZeRO-2 keeps only the rank's pieces of the gradients too (reduced every micro-step;
+ * get_grads assembles them). zero 0: every rank keeps all of it (all-reduce) and get_weights checks
+ * the replicas agree. Sharded, or with parallel.overlap_comm, the buckets are one per layer; with the
+ * overlap each is summed while the backward of the layers below runs (dp_sync.c). A failure in a rank thread jumps to that thread's
  * catch point around its job (qt_error.h), whose abort hooks abort the comm, so ranks blocked in a
  * collective fail too instead of hanging; when every rank is back, the call fails in the caller's thread
  * with the first failing rank's message (the engine calls of src/engine/engine.c return it as an
