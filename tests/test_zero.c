@@ -104,6 +104,54 @@ static void test_plan_7b_two_ranks(void) {
     qt_layout_free(&L);
 }
 
+/* The slot map without a GPU (the store carved at a fake base): every flat element's gradient address
+ * is its bucket's slot + its offset in the bucket; buckets with table rows have slots of their own
+ * (none for the embeddings' own bucket with embed_apart); the layers' buckets take the 3 shared slots
+ * in turn, so buckets less than 3 apart never share one; shared slots are as large as the largest. */
+static void test_grad_slot_map(void) {
+    for (int tie = 0; tie < 2; tie++)
+        for (int n = 2; n <= 3; n++) {
+            qt_model_cfg mc = {.vocab_size = 300, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
+                               .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
+                               .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
+            qt_model_cfg_finish(&mc);
+            char err[256];
+            qt_layout L;
+            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+            qt_config cfg;
+            qt_config_defaults(&cfg);
+            qt_shard sh;
+            qt_shard_init(&sh, &L, n, n - 1, 1);
+            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 2, 0, 0, QT_GPU_OPTIM_CHUNK, !tie};
+            qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
+            QT_REQUIRE(ps, "%s", err);
+            qt_mem_plan p;
+            qt_mem_plan_begin(&p, NULL);
+            qt_param_store_carve(ps, &p);
+            static char base[1]; /* addresses only: nothing is written */
+            qt_mem_plan_begin(&p, base);
+            qt_param_store_carve(ps, &p);
+            int bad = 0;
+            for (int b = 0; b < sh.n_buckets; b++) {
+                float *slot = qt_param_grad_slot(ps, b);
+                int k = qt_param_grad_slot_shared(ps, b), emb_only = sh.bucket[b + 1] <= L.layers[0].ln1;
+                if (!tie && emb_only) {
+                    bad += slot != NULL;
+                    continue;
+                }
+                bad += !slot || qt_param_g(ps, sh.bucket[b]) != slot || qt_param_g(ps, sh.bucket[b + 1] - 1) != slot +
+                                                                              (sh.bucket[b + 1] - 1 - sh.bucket[b]);
+                for (int c = b + 1; c < sh.n_buckets && c < b + 3; c++) bad += qt_param_grad_slot(ps, c) == slot;
+                bad += k >= 0 && k != b % QT_GRAD_SLOTS;
+            }
+            QT_EXPECT(bad == 0, "tie %d, %d ranks: %d wrong slot entries", tie, n, bad);
+            QT_EXPECT(row(&p, "gradients (fp32 shard)") == qt_mem_aligned(sh.len * 4) && row(&p, "gradients (fp32)") == 0,
+                      "tie %d, %d ranks: shard row", tie, n);
+            qt_param_store_free(ps);
+            qt_layout_free(&L);
+        }
+}
+
 static void test_config_keys(void) {
     const char *base = "model: {vocab_size: 64, hidden_size: 64, num_layers: 1, num_heads: 1, num_kv_heads: 1, intermediate_size: 64}\n";
     const struct { const char *par; int ok, zero; } cases[] = {
@@ -424,6 +472,7 @@ int main(int argc, char **argv) {
     snprintf(slash ? slash + 1 : g_fault, sizeof g_fault - (slash ? (size_t)(slash + 1 - g_fault) : 0), "tool_train_fault");
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_zero")) return 1;
     QT_RUN(test_plan_7b_two_ranks);
+    QT_RUN(test_grad_slot_map);
     QT_RUN(test_config_keys);
     QT_RUN(test_zero2_equals_zero1);
     QT_RUN(test_zero2_tied_lookups);
