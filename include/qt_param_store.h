@@ -14,13 +14,18 @@
  * (qt_param_grad_slot): a bucket that holds embedding or LM-head elements has a slot of its own (none
  * for the embeddings' own buckets with placement.embed_apart; the
  * LM head's gradient is written at the start of the backward and a tied table's again at its end), the
- * layers' buckets take QT_GRAD_SLOTS shared slots in turn (bucket b: slot b % QT_GRAD_SLOTS). Three,
- * not two: a bucket boundary is rounded up past a layer's first elements (qt_partition.h), so a layer's
- * backward writes its own bucket b and the top of bucket b-1 right after bucket b+1 was released: with
- * two slots b-1 would wait for b+1's sum with nothing to overlap it, with three it waits for b+2's,
- * released a layer earlier. The data-parallel sync reduces a released bucket from its slot into grad,
- * zeroes the slot and orders the slot's next writers after that; a slot is zero whenever no bucket
- * holds it.
+ * layers' buckets take QT_GRAD_SLOTS shared slots in turn (bucket b: slot b % QT_GRAD_SLOTS; three: the
+ * next layer's writes wait for the sum of the bucket two layers up, not the one just released, so a
+ * sum slower than a layer's backward (ranks sharing a GPU, host transport) still overlaps).
+ * Bucket boundaries are rounded up to 64 x n_ranks elements past a layer's start (qt_partition.h), so
+ * one tensor (or fused group) per boundary crosses it: it is written whole into the upper bucket's slot,
+ * whose head margin holds its part below the boundary (cross_at), and that part is added into the lower
+ * bucket's slot when the upper bucket is released (qt_param_grad_margin), before its sum. The embedding
+ * table, whose bucket is rounded down, runs past it into the next one instead: its tail sits in the
+ * embeddings' slot's tail margin and is added to the next slot before either is summed
+ * (qt_param_grad_tail). The data-parallel sync reduces a released bucket from its slot into grad,
+ * zeroes the slot (margins included) and orders the slot's next writers after that; a slot is zero
+ * whenever no bucket holds it.
  *
  * Access is per bucket (a range of whole layers, qt_partition.h), through acquire/release calls that
  * the forward, the backward and the optimizer make as they enqueue work:
@@ -81,7 +86,12 @@ typedef struct {
     void *w;              /* bf16, device */
     float *grad;          /* fp32, device: [shard.total], or ZeRO-2 [shard.len] (this rank's summed pieces) */
     float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
-                           * backward writes it (owned array; the slots are in the arena) */
+                           * backward writes it, between head and tail margins of grad_margin elements
+                           * (owned array; the slots are in the arena) */
+    size_t *cross_at;     /* ZeRO-2: [n_buckets] start of the tensor that crosses bucket[b] from below
+                           * (written into b's head margin), SIZE_MAX: none (owned) */
+    size_t grad_margin;   /* ZeRO-2: 64 x n_ranks, the most a boundary is rounded past a tensor's start */
+    size_t tail_n;        /* ZeRO-2: elements of the embedding table past its bucket (in its tail margin) */
     float *master;        /* device, or host_state */
     void *m, *v;
     qt_dtype m_dt, v_dt;
@@ -119,6 +129,14 @@ float *qt_param_g(const qt_param_store *ps, size_t off);
 /* ZeRO-2: bucket b's slot [bucket[b+1] - bucket[b]] and its shared slot number (-1: a slot of its own). */
 float *qt_param_grad_slot(const qt_param_store *ps, int b);
 int qt_param_grad_slot_shared(const qt_param_store *ps, int b);
+/* ZeRO-2, before bucket b's sum, on s: the part below the bucket of the tensor crossing its start (in its
+ * slot's head margin) += into bucket b-1's slot (whose writers s must have waited for). */
+void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s);
+/* ZeRO-2, once per micro-step before bucket 0 or 1 is summed, after the table's last write: the
+ * embedding table's tail (bucket 0's tail margin) += into bucket 1's slot. 0 when there is none. */
+int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s);
+/* ZeRO-2: zeroes bucket b's slot, margins included, on s. */
+void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
 /* This rank's summed gradients of bucket b (its piece, qt_shard_piece): in the whole array, or ZeRO-2 in
  * the shard. */
 float *qt_param_grad_piece(const qt_param_store *ps, int b);

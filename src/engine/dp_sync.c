@@ -39,6 +39,7 @@ struct qt_dp_sync {
     int sent;               /* lowest bucket handed to the side stream this step (n_buckets: none) */
     int early;              /* buckets [0, early) handed over right after the LM head (embeddings only) */
     int lookups_due;        /* the last micro-step left its lookups out: add_lookups before the norm */
+    int tail_done;          /* ZeRO-2: this micro-step's embedding table tail is in bucket 1's slot */
     cudaEvent_t *ag_ev;     /* plan.weights_ahead: [n_buckets] bucket k's weights ready on the side stream */
     cudaEvent_t slot_ev[QT_GRAD_SLOTS]; /* ZeRO-2: shared gradient slot k reduced and zeroed (its last user) */
     cudaEvent_t sums_ev;    /* ZeRO-2 overlapped: a micro-step's last sums done (slots free, shard whole) */
@@ -96,7 +97,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     }
     if (z2) {
         if (!mutant) qt_add_inplace(qt_param_grad_piece(ps, b), QT_DT_F32, buf + (off - lo) * es, dt, len, s);
-        qt_zero(g, count * 4, s);
+        qt_param_grad_slot_zero(ps, b, s);
         int k = qt_param_grad_slot_shared(ps, b);
         if (k >= 0) QT_CUDA(cudaEventRecord(d->slot_ev[k], s));
     } else if (half) {
@@ -129,6 +130,7 @@ static void send_embedding(void *ctx) {
     if (!k) return;
     d->early = k;
     if (d->ps->place.embed_apart) return; /* ZeRO-2: no gradient there but the lookups (+= 0 changes no bit) */
+    if (d->plan.grads_sharded && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
     cudaStream_t cs = sums_stream(d);
     for (int b = 0; b < k; b++) reduce_bucket(d, b, cs);
 }
@@ -161,13 +163,17 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
         }
 }
 
-/* ZeRO-2: the backward goes on to write buckets sent-1 and the top of sent-2 (qt_param_store.h): the
- * model's stream waits until their shared slots' last users are reduced and zeroed. */
-static void slots_wait(qt_dp_sync *d) {
-    if (d->mutant == 1) return;
-    for (int b = d->sent - 1; b >= d->sent - 2 && b >= 0; b--) {
-        int k = qt_param_grad_slot_shared(d->ps, b);
-        if (k >= 0) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[k], 0));
+/* ZeRO-2, on the model's stream, for the buckets [b, sent) that became final: each one's slot below
+ * (the backward writes it next, and the head margin goes there) waits until its shared slot's last
+ * user is reduced and zeroed; the margin is added; the embedding table's tail moves to bucket 1 before
+ * bucket 1 (or 0) is summed. Then the sums may read the slots (qt_param_store.h). */
+static void slots_ready(qt_dp_sync *d, int b) {
+    qt_param_store *ps = d->ps;
+    for (int k = d->sent - 1; k >= b; k--) {
+        int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
+        if (j >= 0 && d->mutant != 1) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+        if (k > 0) qt_param_grad_margin(ps, k, d->g->stream);
+        if (k <= 1 && !d->tail_done) d->tail_done = qt_param_grad_tail(ps, d->g->stream);
     }
 }
 
@@ -180,11 +186,11 @@ static void grads_ready(void *ctx, size_t from) {
     int b = qt_shard_final_from(&d->ps->shard, from), lookups = from == 0 && d->lookups_due;
     if (b < d->early) b = d->early;
     if (b >= d->sent && !lookups) return;
+    if (d->plan.grads_sharded) slots_ready(d, b);
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) reduce_bucket(d, --d->sent, cs);
     if (lookups) add_lookups(d, cs);
-    if (d->plan.grads_sharded && d->plan.overlap) slots_wait(d);
-    if (from == 0) d->sent = d->early = d->lookups_due = 0;
+    if (from == 0) d->sent = d->early = d->lookups_due = d->tail_done = 0;
     if (from == 0 && d->plan.grads_sharded) {
         d->sent = d->ps->shard.n_buckets;
         if (d->plan.overlap) QT_CUDA(cudaEventRecord(d->sums_ev, cs));
