@@ -353,7 +353,8 @@ static void test_zero2_tied_lookups(void) {
     QT_EXPECT(rc == 1, "tied: %s", why);
 }
 
-/* max |a-b| / max|a| over two checkpoints' item */
+/* ||a - b|| / ||a|| (L2) over two checkpoints' fp32 item: a few elements whose summed gradient is
+ * near zero may take AdamW steps of either sign, so the max norm would bound nothing useful */
 static double rel_diff(const run_out *a, const run_out *b, const char *item) {
     char err[512];
     qt_ckpt *ca = qt_ckpt_open(a->ckpt, err, sizeof err), *cb = qt_ckpt_open(b->ckpt, err, sizeof err);
@@ -363,10 +364,10 @@ static double rel_diff(const run_out *a, const run_out *b, const char *item) {
     if (pa && pb && na == nb) {
         d = 0;
         for (size_t i = 0; i < na / 4; i++) {
-            d = fmax(d, fabs((double)pa[i] - pb[i]));
-            m = fmax(m, fabs((double)pa[i]));
+            d += ((double)pa[i] - pb[i]) * ((double)pa[i] - pb[i]);
+            m += (double)pa[i] * pa[i];
         }
-        d /= m > 0 ? m : 1;
+        d = sqrt(d / (m > 0 ? m : 1));
     }
     qt_ckpt_close(ca);
     qt_ckpt_close(cb);
@@ -376,7 +377,8 @@ static double rel_diff(const run_out *a, const run_out *b, const char *item) {
 /* grad_accum 2: ZeRO-2 sums each micro-step into the shard (overlap on and off: the same order, the
  * same bits); ZeRO-1 sums once over the accumulated gradients. Bound: fp32 sums of 2 x 2 terms in
  * another order differ by a few ulps per step; over 20 AdamW steps the losses stay within 1e-3
- * relative and the final master weights within 1e-3 of their largest magnitude. */
+ * relative and the final master weights within 1e-3 in relative L2 norm (a wrong sum, e.g. one
+ * micro-step's gradients lost, moves every weight by about lr per step: 1e-2 and more). */
 static void test_zero2_accumulation(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
@@ -394,7 +396,7 @@ static void test_zero2_accumulation(void) {
     for (int i = 0; i < STEPS; i++) dl = fmax(dl, fabs((double)z2.loss[i] - z1.loss[i]) / fabs((double)z1.loss[i]));
     double dw = rel_diff(&z1, &z2, "weights");
     printf("  grad_accum 2, ZeRO-2 vs ZeRO-1 (sums per micro-step vs once): losses within %.3g relative, "
-           "final weights within %.3g of max|w|%s\n", dl, dw, rc == 1 ? " (bitwise equal)" : "");
+           "final weights within %.3g (relative L2)%s\n", dl, dw, rc == 1 ? " (bitwise equal)" : "");
     QT_EXPECT(dl <= 1e-3 && dw <= 1e-3, "ZeRO-2 vs ZeRO-1 with accumulation: losses %.3g, weights %.3g", dl, dw);
     QT_EXPECT(z2.loss[STEPS - 1] < z2.loss[0], "loss did not fall");
 }
