@@ -75,10 +75,10 @@ static void run(const char *filter, const char *name, const char *shape, double 
 }
 
 static void k_emb_fwd(bufs *b) { qt_embedding_fwd(b->y, b->tok, b->wte, N, C, V, 0); }
-static void k_emb_bwd(bufs *b) { qt_embedding_bwd(b->dwte, b->dy, QT_DT_BF16, b->tok, N, C, V, b->ws_emb, 0); }
+static void k_emb_bwd(bufs *b) { qt_embedding_bwd(b->dwte, QT_DT_F32, b->dy, QT_DT_BF16, b->tok, N, C, V, b->ws_emb, 0); }
 static void k_rms_fwd(bufs *b) { qt_rmsnorm_fwd(b->y, b->rstd, b->res, b->x, b->w, N, C, 1e-6f, NULL, 0); }
 static void k_rms_bwd(bufs *b) {
-    qt_rmsnorm_bwd(b->dx, QT_DT_BF16, NULL, NULL, b->db, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
+    qt_rmsnorm_bwd(b->dx, QT_DT_BF16, NULL, NULL, b->db, QT_DT_F32, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
 }
 static void k_rope_fwd(bufs *b) { qt_rope_fwd(b->qkv, b->cs, (int)(N / 1024), 1024, H, HKV, D, 0); }
 static void k_swiglu_fwd(bufs *b) { qt_swiglu_fwd(b->fout, b->gu, N, F, NULL, 0); }
@@ -86,12 +86,12 @@ static void k_swiglu_bwd(bufs *b) { qt_swiglu_bwd(b->dgu, b->fout, b->gu, N, F, 
 /* the fp8 path's variants: fused abs-max (into absmax[0]; it only grows, which is all the kernels need) */
 static void k_rms_fwd_amax(bufs *b) { qt_rmsnorm_fwd(b->y, b->rstd, b->res, b->x, b->w, N, C, 1e-6f, b->absmax, 0); }
 static void k_rms_bwd_amax(bufs *b) { /* as the model: fp32 dx (in dgu, large enough), bf16 copy + abs-max */
-    qt_rmsnorm_bwd(b->dgu, QT_DT_F32, b->dx, b->absmax, b->db, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
+    qt_rmsnorm_bwd(b->dgu, QT_DT_F32, b->dx, b->absmax, b->db, QT_DT_F32, b->dy, b->res, b->w, b->rstd, N, C, b->ws_col, 0);
 }
 static void k_rope_bwd_amax(bufs *b) { qt_rope_bwd(b->qkv, b->cs, (int)(N / 1024), 1024, H, HKV, D, b->absmax, 0); }
 static void k_swiglu_fwd_amax(bufs *b) { qt_swiglu_fwd(b->fout, b->gu, N, F, b->absmax, 0); }
 static void k_swiglu_bwd_amax(bufs *b) { qt_swiglu_bwd(b->dgu, b->fout, b->gu, N, F, b->absmax, 0); }
-static void k_bias_bwd(bufs *b) { qt_bias_bwd(b->db, b->qkv, N, (H + 2 * HKV) * D, b->ws_col, 0); }
+static void k_bias_bwd(bufs *b) { qt_bias_bwd(b->db, QT_DT_F32, b->qkv, N, (H + 2 * HKV) * D, b->ws_col, 0); }
 static void loss_with(bufs *b, qt_lmhead_impl impl) {
     qt_lmhead_impl ran = qt_lmhead_loss_with(impl, b->logits, b->loss, NULL, b->tgt, CHUNK, V, 1.0f / N, 0);
     QT_CHECK(ran == impl, "lmhead loss: implementation %d is not available on this GPU", impl);
@@ -101,10 +101,12 @@ static void k_loss_cluster(bufs *b) { loss_with(b, QT_LMHEAD_CLUSTER); }
 static void k_loss_pipe(bufs *b) { loss_with(b, QT_LMHEAD_CLUSTER_PIPE); }
 static void k_adamw(bufs *b) {
     qt_adamw_args a = {1e-4f, 0.9f, 0.95f, 1e-8f, 10, 1, 0, 0};
-    qt_adamw_step(b->plan, b->wb, b->master, b->g, b->m, QT_DT_F32, b->v, QT_DT_F32, b->scal, b->absmax, &a, 0);
+    qt_adamw_step(b->plan, b->wb, b->master, b->g, QT_DT_F32, b->m, QT_DT_F32, b->v, QT_DT_F32, b->scal, b->absmax, &a, 0);
 }
-static void k_norm(bufs *b) { qt_grad_norm(b->scal + 1, b->scal, b->g, NPARAM, 1.0f, b->ws_norm, 0); }
+static void k_norm(bufs *b) { qt_grad_norm(b->scal + 1, b->scal, b->g, QT_DT_F32, NPARAM, 1.0f, b->ws_norm, 0); }
 static void k_cast(bufs *b) { qt_cast_f32_to_bf16(b->wb, b->master, NPARAM, 0); }
+/* the per-step finiteness check of the updated weights (engine_gpu.c), beside the AdamW it follows */
+static void k_nonfinite(bufs *b) { qt_count_nonfinite((unsigned *)(b->scal + 2), b->wb, NPARAM, 0); }
 
 int main(int argc, char **argv) {
     int ndev = 0;
@@ -187,6 +189,7 @@ int main(int argc, char **argv) {
     run(filter, "adamw_fp32_mv", shp, 30.0 * NPARAM, k_adamw, &b);
     run(filter, "grad_norm", shp, 4.0 * NPARAM, k_norm, &b);
     run(filter, "cast_f32_bf16", shp, 6.0 * NPARAM, k_cast, &b);
+    run(filter, "count_nonfinite", shp, 2.0 * NPARAM, k_nonfinite, &b);
     printf("lmhead_loss counts one read and one write of the chunk (2pass reads it twice, the second\n"
            "  time partly from L2; cluster and pipe, sm_90+, read it once);\n"
            "rmsnorm_bwd counts dy, res, dx read + dx write (dw is summed in the same pass).\n");

@@ -1,12 +1,15 @@
 /* adamw.cu — AdamW over the whole flat parameter array in one launch (multi-tensor via a block table).
  *
- * Per element i of tensor k (wd_k from the plan's table), with gs = *grad_scale:
+ * Per element i of tensor k (wd_k from the plan's table), with gs = *grad_scale (g fp32 or bf16, read
+ * exactly as fp32):
  *   g = g_i * gs;  m = b1 m + (1-b1) g;  v = b2 v + ((1-b2) g) g
  *   w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd_k w),   bc = 1 - b^t (double, rounded to fp32)
  * exactly the fp32 operations of qt_adamw_cpu, in the same order, with explicit _rn intrinsics so the
  * compiler cannot contract them into FMAs: the fp32 master path matches the CPU bit for bit.
  * m, v: fp32 or bf16 (RNE). Weight: fp32 master (optional) and/or bf16 copy (RNE, or stochastic:
- * add 16 random bits from hash(seed, t, i) under the bf16 mantissa, then truncate).
+ * add 16 random bits from hash(seed, t, i) under the bf16 mantissa, then truncate: rounds up with
+ * probability (distance to the lower neighbour) / ulp, so the rounding is unbiased). Without a master
+ * (precision.master_dtype bf16) the bf16 weight is read, updated in fp32 and rounded back the same way.
  * absmax[k] = max |new weight| over tensor k: block max, then atomicMax on the fp32 bit pattern, which
  * orders like the value for non-negative floats, so the result does not depend on block order.
  * Grid: every tensor is cut into ADAM_CH-element chunks, one block each; a block finds its tensor by
@@ -28,6 +31,16 @@
 #define ADAM_THREADS 256
 #define ADAM_CH 4096
 
+/* The stochastic-rounding hash takes the element's flat index i, never its state index j (relative to
+ * a ZeRO-1 rank's pieces or an offload slot): that is what makes the bits independent of the cut.
+ * QT_MUTANT_SR_STATE_INDEX (a test build only: tools/gpu-check.sh bf16master) hashes j instead, which
+ * test_kernels' cut test must catch. */
+#ifdef QT_MUTANT_SR_STATE_INDEX
+#define SR_INDEX(i, j) (j)
+#else
+#define SR_INDEX(i, j) (i)
+#endif
+
 typedef struct {
     unsigned long long offset, numel, block0;
     unsigned long long shift; /* flat index - state index of this entry's elements */
@@ -45,7 +58,7 @@ typedef struct {
     float lr, b1, b2, omb1, omb2, eps, bc1, bc2;
     long t;
     unsigned long long seed;
-    int sr, m_bf16, v_bf16;
+    int sr, m_bf16, v_bf16, g_bf16;
     int g_state;       /* g is indexed like m and v (a ZeRO-2 rank's gradient shard), else by flat index */
 } adam_params;
 
@@ -114,17 +127,17 @@ static __device__ __forceinline__ void st_mv(void *p, int is_bf16, unsigned long
 
 /* One scalar element (chunk head/tail, or every element when the arrays are not aligned). */
 static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, unsigned long long j, bf16 *wb,
-                                                        float *master, const float *g, void *m, void *v, float gs,
+                                                        float *master, const void *g, void *m, void *v, float gs,
                                                         float wd, const adam_params *p) {
     float mi = ld_mv(m, p->m_bf16, j), vi = ld_mv(v, p->v_bf16, j);
     float w = master ? master[j] : __bfloat162float(wb[i]);
-    adam_elem(g[p->g_state ? j : i], &mi, &vi, &w, gs, wd, p);
+    adam_elem(ld_mv(g, p->g_bf16, p->g_state ? j : i), &mi, &vi, &w, gs, wd, p);
     st_mv(m, p->m_bf16, j, mi);
     st_mv(v, p->v_bf16, j, vi);
     float wa = w;
     if (master) master[j] = w;
     if (wb) {
-        bf16 h = adam_round(w, i, p);
+        bf16 h = adam_round(w, SR_INDEX(i, j), p);
         wb[i] = h;
         wa = __bfloat162float(h);
     }
@@ -132,7 +145,7 @@ static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, un
 }
 
 __global__ void __launch_bounds__(ADAM_THREADS)
-adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const float *g, void *m, void *v,
+adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const void *g, void *m, void *v,
                  const float *grad_scale, float *absmax, adam_params p, int vec) {
     __shared__ unsigned int sh[32];
     unsigned long long b = blockIdx.x;
@@ -155,8 +168,8 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
         t = h + ((a1 - h) & ~3ull);
         for (unsigned long long q = h / 4 + threadIdx.x; q < t / 4; q += ADAM_THREADS) {
             unsigned long long i = q * 4, j = i - e.shift;
-            float4 g4 = *(const float4 *)(g + (p.g_state ? j : i));
-            float gr[4] = {g4.x, g4.y, g4.z, g4.w}, mi[4], vi[4], w[4];
+            float gr[4], mi[4], vi[4], w[4];
+            ld4(gr, g, p.g_bf16, p.g_state ? j : i);
             ld4(mi, m, p.m_bf16, j);
             ld4(vi, v, p.v_bf16, j);
             if (master) ld4(w, master, 0, j);
@@ -170,7 +183,7 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
                 bf16 hb[4];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    hb[k] = adam_round(w[k], i + k, &p);
+                    hb[k] = adam_round(w[k], SR_INDEX(i + k, j + k), &p);
                     w[k] = __bfloat162float(hb[k]);
                 }
                 uint2 u;
@@ -232,9 +245,10 @@ extern "C" void qt_adamw_plan_free(qt_adamw_plan *p) {
     free(p);
 }
 
-extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *master, const float *g, void *m,
-                              qt_dtype m_dt, void *v, qt_dtype v_dt, const float *grad_scale, float *absmax,
+extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *master, const void *g, qt_dtype g_dt,
+                              void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, const float *grad_scale, float *absmax,
                               const qt_adamw_args *a, cudaStream_t s) {
+    QT_CHECK(g_dt == QT_DT_F32 || g_dt == QT_DT_BF16, "adamw: gradient dtype %s: expected fp32 or bf16", qt_dtype_name(g_dt));
     QT_CHECK(w_bf16 || master, "adamw: neither bf16 weights nor fp32 master weights given");
     QT_CHECK((m_dt == QT_DT_F32 || m_dt == QT_DT_BF16) && (v_dt == QT_DT_F32 || v_dt == QT_DT_BF16),
              "adamw: m dtype %s, v dtype %s: expected fp32 or bf16", qt_dtype_name(m_dt), qt_dtype_name(v_dt));
@@ -253,11 +267,12 @@ extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *maste
     q.sr = a->stochastic && w_bf16;
     q.m_bf16 = m_dt == QT_DT_BF16;
     q.v_bf16 = v_dt == QT_DT_BF16;
+    q.g_bf16 = g_dt == QT_DT_BF16;
     q.g_state = a->g_at_state;
     if (absmax) QT_CUDA(cudaMemsetAsync(absmax, 0, sizeof(float) * (size_t)p->n, s));
     if (p->blocks == 0) return;
     /* groups of 4 when every array's base is aligned for its 4-element load (16 B fp32, 8 B bf16) */
-    int vec = qt_aligned16(g) && qt_aligned16(master) && ((uintptr_t)w_bf16 & 7) == 0 &&
+    int vec = ((uintptr_t)g & (q.g_bf16 ? 7 : 15)) == 0 && qt_aligned16(master) && ((uintptr_t)w_bf16 & 7) == 0 &&
               ((uintptr_t)m & (q.m_bf16 ? 7 : 15)) == 0 && ((uintptr_t)v & (q.v_bf16 ? 7 : 15)) == 0 &&
               p->shift4;
     adamw_fwd_kernel<<<(unsigned)p->blocks, ADAM_THREADS, 0, s>>>(p->table, p->n, (bf16 *)w_bf16, master, g, m,

@@ -5,7 +5,8 @@
  * column reduction: bf16 inputs, fp32 accumulation, deterministic two passes: a fixed grid of
  * (column tiles x QT_COLREDUCE_CHUNKS row chunks); in a block, 8 row lanes each sum every 8th row of
  * the chunk, the 8 lane sums are added in lane order; then a second kernel adds the chunk sums in
- * chunk order onto the output. No atomics, so the result is bitwise reproducible. */
+ * chunk order onto the output (fp32 "+=", or bf16: old value + the fp32 sum rounded once, RNE). No
+ * atomics, so the result is bitwise reproducible. */
 #include "colreduce.cuh"
 #include "qt_kernels.h"
 
@@ -72,16 +73,16 @@ __global__ void colreduce_bwd_kernel(float *part, const bf16 *dy, const bf16 *x,
     }
 }
 
-/* Pass 2: out[j] += sum over chunks, in chunk order. */
-__global__ void colreduce_sum_bwd_kernel(float *out, const float *part, int chunks, int c) {
+/* Pass 2: out[j] += sum over chunks, in chunk order (acc_store: fp32, or one RNE to bf16). */
+__global__ void colreduce_sum_bwd_kernel(void *out, int out_bf16, const float *part, int chunks, int c) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= c) return;
     float s = 0.0f;
     for (int k = 0; k < chunks; k++) s += part[(long long)k * c + j];
-    out[j] += s;
+    acc_store(out, out_bf16, j, s);
 }
 
-void qt_colreduce(float *out, const bf16 *dy, const bf16 *x, const float *rstd, long n, int c, void *ws,
+void qt_colreduce(void *out, int out_bf16, const bf16 *dy, const bf16 *x, const float *rstd, long n, int c, void *ws,
                   cudaStream_t s) {
     if (n <= 0 || c <= 0) return;
     int vec = c % 8 == 0 && qt_aligned16(dy) && (!x || qt_aligned16(x));
@@ -90,7 +91,7 @@ void qt_colreduce(float *out, const bf16 *dy, const bf16 *x, const float *rstd, 
     dim3 grid((unsigned)((c / cpt + CR_X - 1) / CR_X), (unsigned)chunks);
     colreduce_bwd_kernel<<<grid, dim3(CR_X, CR_Y), 0, s>>>((float *)ws, dy, x, rstd, n, c, vec);
     QT_CUDA(cudaGetLastError());
-    colreduce_sum_bwd_kernel<<<(c + 255) / 256, 256, 0, s>>>(out, (const float *)ws, chunks, c);
+    colreduce_sum_bwd_kernel<<<(c + 255) / 256, 256, 0, s>>>(out, out_bf16, (const float *)ws, chunks, c);
     QT_CUDA(cudaGetLastError());
 }
 
@@ -107,6 +108,7 @@ extern "C" void qt_bias_add(void *y, const void *b, long n, int o, cudaStream_t 
     QT_CUDA(cudaGetLastError());
 }
 
-extern "C" void qt_bias_bwd(float *db, const void *dy, long n, int o, void *ws, cudaStream_t s) {
-    qt_colreduce(db, (const bf16 *)dy, NULL, NULL, n, o, ws, s);
+extern "C" void qt_bias_bwd(void *db, qt_dtype db_dt, const void *dy, long n, int o, void *ws, cudaStream_t s) {
+    QT_CHECK(db_dt == QT_DT_F32 || db_dt == QT_DT_BF16, "bias bwd: db dtype %s: expected fp32 or bf16", qt_dtype_name(db_dt));
+    qt_colreduce(db, db_dt == QT_DT_BF16, (const bf16 *)dy, NULL, NULL, n, o, ws, s);
 }

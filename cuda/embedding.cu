@@ -1,7 +1,8 @@
 /* embedding.cu — token embedding gather (fwd) and its deterministic gradient (bwd).
  *
  * fwd: out[n,c] (bf16) = wte[tok[n], :] (bf16), a copy: no rounding. 16-byte vectors when c % 8 == 0.
- * bwd: dwte[v,c] (fp32) += dout[n,c] (fp32 or bf16) over the rows n with tok[n] == v, in ascending n.
+ * bwd: dwte[v,c] (fp32 or bf16) += dout[n,c] (fp32 or bf16) over the rows n with tok[n] == v, in ascending n,
+ *   accumulated in fp32 from dwte's value; a bf16 dwte is rounded once at the end (RNE).
  *   No float atomics: tokens are counted per id (integer atomics), an exclusive scan gives each id a
  *   bucket, rows are scattered into their buckets, and one block per touched id sorts its bucket by
  *   row (bitonic sort, so the order no longer depends on atomic scheduling) and sums the rows in that
@@ -152,8 +153,9 @@ static __device__ void block_bitonic_sort(int *a, int m) {
 
 /* One block per touched id: sort its bucket, then dwte[id] += its rows in ascending order, for the
  * table elements in [lo, hi) (vec: multiples of 8). */
-__global__ void embedding_bwd_kernel(float *dwte, long long lo_el, long long hi_el, const void *dout, int dout_bf16,
-                                     int *rows, const int *off, const int *touched, const int *meta, int c, int vec) {
+__global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, long long hi_el, const void *dout,
+                                     int dout_bf16, int *rows, const int *off, const int *touched, const int *meta, int c,
+                                     int vec) {
     __shared__ int sh[BUCKET_SHARED];
     if ((int)blockIdx.x >= meta[0]) return;
     int id = touched[blockIdx.x], lo = off[id], m = off[id + 1] - lo;
@@ -167,14 +169,19 @@ __global__ void embedding_bwd_kernel(float *dwte, long long lo_el, long long hi_
         r = sh;
     }
     if (m > 1) block_bitonic_sort(r, m);
-    float *dst = dwte + row0;
+    float *dst = dw_bf16 ? NULL : (float *)dwte + row0;
+    bf16 *dsth = dw_bf16 ? (bf16 *)dwte + row0 : NULL;
     int g0 = vec ? c0 / 8 : c0, g1 = vec ? c1 / 8 : c1;
     for (int g = g0 + threadIdx.x; g < g1; g += blockDim.x) {
         if (vec) {
             float acc[8], x[8];
-            float4 a0 = ((float4 *)(dst + g * 8))[0], a1 = ((float4 *)(dst + g * 8))[1];
-            acc[0] = a0.x; acc[1] = a0.y; acc[2] = a0.z; acc[3] = a0.w;
-            acc[4] = a1.x; acc[5] = a1.y; acc[6] = a1.z; acc[7] = a1.w;
+            if (dw_bf16) {
+                ld8(acc, dsth + g * 8);
+            } else {
+                float4 a0 = ((float4 *)(dst + g * 8))[0], a1 = ((float4 *)(dst + g * 8))[1];
+                acc[0] = a0.x; acc[1] = a0.y; acc[2] = a0.z; acc[3] = a0.w;
+                acc[4] = a1.x; acc[5] = a1.y; acc[6] = a1.z; acc[7] = a1.w;
+            }
             for (int k = 0; k < m; k++) {
                 long long base = (long long)r[k] * c + g * 8;
                 if (dout_bf16) ld8(x, (const bf16 *)dout + base);
@@ -187,15 +194,20 @@ __global__ void embedding_bwd_kernel(float *dwte, long long lo_el, long long hi_
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[i] += x[i];
             }
-            ((float4 *)(dst + g * 8))[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-            ((float4 *)(dst + g * 8))[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+            if (dw_bf16) {
+                st8(dsth + g * 8, acc);
+            } else {
+                ((float4 *)(dst + g * 8))[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                ((float4 *)(dst + g * 8))[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+            }
         } else {
-            float acc = dst[g];
+            float acc = dw_bf16 ? __bfloat162float(dsth[g]) : dst[g];
             for (int k = 0; k < m; k++) {
                 long long i = (long long)r[k] * c + g;
                 acc += dout_bf16 ? __bfloat162float(((const bf16 *)dout)[i]) : ((const float *)dout)[i];
             }
-            dst[g] = acc;
+            if (dw_bf16) dsth[g] = __float2bfloat16_rn(acc);
+            else dst[g] = acc;
         }
     }
 }
@@ -217,15 +229,17 @@ extern "C" size_t qt_embedding_bwd_ws_bytes(long n, int v) {
     return ((size_t)3 * v + 1 + 2 * (size_t)n + 1 + 2 * (size_t)scan_tiles(v)) * sizeof(int);
 }
 
-extern "C" void qt_embedding_bwd(float *dwte, const void *dout, qt_dtype dout_dt, const int32_t *tok, long n,
-                                 int c, int v, void *ws, cudaStream_t s) {
-    qt_embedding_bwd_range(dwte, 0, (size_t)v * c, dout, dout_dt, tok, n, c, v, ws, s);
+extern "C" void qt_embedding_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dout_dt, const int32_t *tok,
+                                 long n, int c, int v, void *ws, cudaStream_t s) {
+    qt_embedding_bwd_range(dwte, dw_dt, 0, (size_t)v * c, dout, dout_dt, tok, n, c, v, ws, s);
 }
 
-extern "C" void qt_embedding_bwd_range(float *dwte, size_t lo, size_t hi, const void *dout, qt_dtype dout_dt,
-                                       const int32_t *tok, long n, int c, int v, void *ws, cudaStream_t s) {
-    QT_CHECK(dout_dt == QT_DT_F32 || dout_dt == QT_DT_BF16, "dout dtype %s: expected fp32 or bf16",
-             qt_dtype_name(dout_dt));
+extern "C" void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, size_t lo, size_t hi, const void *dout,
+                                       qt_dtype dout_dt, const int32_t *tok, long n, int c, int v, void *ws,
+                                       cudaStream_t s) {
+    QT_CHECK((dout_dt == QT_DT_F32 || dout_dt == QT_DT_BF16) && (dw_dt == QT_DT_F32 || dw_dt == QT_DT_BF16),
+             "embedding bwd: dout dtype %s, dwte dtype %s: expected fp32 or bf16", qt_dtype_name(dout_dt),
+             qt_dtype_name(dw_dt));
     QT_CHECK(n < INT_MAX && v > 0, "embedding bwd: n=%ld tokens (max %d), v=%d", n, INT_MAX - 1, v);
     QT_CHECK(lo <= hi, "embedding bwd: range [%zu, %zu)", lo, hi);
     if (n <= 0 || c <= 0) return;
@@ -245,7 +259,8 @@ extern "C" void qt_embedding_bwd_range(float *dwte, size_t lo, size_t hi, const 
     int vec = c % 8 == 0 && lo % 8 == 0 && hi % 8 == 0 && qt_aligned16(dwte) && qt_aligned16(dout) &&
               ((size_t)c * es) % 16 == 0;
     long nblk = n < v ? n : v;
-    embedding_bwd_kernel<<<(unsigned)nblk, 128, 0, s>>>(dwte, (long long)lo, (long long)hi, dout, dout_dt == QT_DT_BF16,
+    embedding_bwd_kernel<<<(unsigned)nblk, 128, 0, s>>>(dwte, dw_dt == QT_DT_BF16, (long long)lo, (long long)hi, dout,
+                                                        dout_dt == QT_DT_BF16,
                                                         rows, off, touched, meta, c, vec);
     QT_CUDA(cudaGetLastError());
 }

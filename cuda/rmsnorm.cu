@@ -6,7 +6,7 @@
  *      optionally also written as bf16 (RNE of the new dx) for the next matmuls
  *      dw[c]   += sum_n dy * res * rstd, in the same pass (dy and res read once): each block sums its
  *      row chunk per warp in shared memory, then per block in warp order into ws; a second kernel adds
- *      the block partials in a fixed tree. Deterministic: the partition depends on (n, c) only. When
+ *      the block partials in a fixed tree, then that fp32 sum to dw (fp32, or bf16: one RNE of the sum). Deterministic: the partition depends on (n, c) only. When
  *      one row of accumulators does not fit in shared memory, the colreduce.cuh two-pass instead.
  * bf16 storage, fp32 math, fp32 row sums over one warp's lanes in a fixed shuffle tree. One warp per
  * row; 16-byte vectors when c % 8 == 0 and the pointers are 16-byte aligned, scalar otherwise.
@@ -269,11 +269,11 @@ rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, c
     if (amax) qt_amax_block_commit_sh(amax, m, (unsigned *)acc);
 }
 
-/* Second level: dw[j] += sum of part[0..parts)[j]. Block (RS_X columns, RS_Y lanes): lane y sums the
+/* Second level: dw[j] += sum of part[0..parts)[j] (fp32, or bf16 rounded once). Block (RS_X columns, RS_Y lanes): lane y sums the
  * partials y, y+RS_Y, ... in order, then the RS_Y lane sums are added in lane order. */
 #define RS_X 8
 #define RS_Y 32
-__global__ void rmsnorm_dw_sum_bwd_kernel(float *dw, const float *part, int parts, int c) {
+__global__ void rmsnorm_dw_sum_bwd_kernel(void *dw, int dw_bf16, const float *part, int parts, int c) {
     __shared__ float sh[RS_Y][RS_X];
     int j = blockIdx.x * RS_X + threadIdx.x;
     float s = 0.0f;
@@ -284,7 +284,7 @@ __global__ void rmsnorm_dw_sum_bwd_kernel(float *dw, const float *part, int part
     if (threadIdx.y == 0 && j < c) {
         float t = sh[0][threadIdx.x];
         for (int l = 1; l < RS_Y; l++) t += sh[l][threadIdx.x];
-        dw[j] += t;
+        acc_store(dw, dw_bf16, j, t); /* fp32, or bf16: one RNE of dw + t */
     }
 }
 
@@ -301,9 +301,11 @@ extern "C" void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, c
 typedef void (*rn_bwd_fn)(void *, int, bf16 *, float *, float *, const bf16 *, const bf16 *, const bf16 *,
                           const float *, long, int, long, int);
 
-extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, float *dw, const void *dy,
-                               const void *res, const void *w, const float *rstd, long n, int c, void *ws,
-                               cudaStream_t s) {
+extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt,
+                               const void *dy, const void *res, const void *w, const float *rstd, long n, int c,
+                               void *ws, cudaStream_t s) {
+    QT_CHECK(!dw || dw_dt == QT_DT_F32 || dw_dt == QT_DT_BF16, "rmsnorm bwd: dw dtype %s: expected fp32 or bf16",
+             qt_dtype_name(dw_dt));
     QT_CHECK(dx_dt == QT_DT_F32 || dx_dt == QT_DT_BF16, "dx dtype %s: expected fp32 or bf16",
              qt_dtype_name(dx_dt));
     QT_CHECK(!amax || dx_bf16, "qt_rmsnorm_bwd: amax is the abs-max of dx_bf16, which is NULL");
@@ -335,9 +337,9 @@ extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *a
     QT_CUDA(cudaGetLastError());
     if (fused) {
         rmsnorm_dw_sum_bwd_kernel<<<(unsigned)((c + RS_X - 1) / RS_X), dim3(RS_X, RS_Y), 0, s>>>(
-            dw, (const float *)ws, (int)parts, c);
+            dw, dw_dt == QT_DT_BF16, (const float *)ws, (int)parts, c);
         QT_CUDA(cudaGetLastError());
     } else if (dw) {
-        qt_colreduce(dw, (const bf16 *)dy, (const bf16 *)res, rstd, n, c, ws, s);
+        qt_colreduce(dw, dw_dt == QT_DT_BF16, (const bf16 *)dy, (const bf16 *)res, rstd, n, c, ws, s);
     }
 }

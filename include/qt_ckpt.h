@@ -23,6 +23,26 @@ typedef struct {
 int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items, int n, char *err,
                  size_t errlen);
 
+/* Bytes [lo, hi) of item `item`: one piece of a write order. */
+typedef struct {
+    int item;
+    size_t lo, hi;
+} qt_ckpt_piece;
+/* check (NULL: none) runs on each piece just before it is written: non-zero (with err) cancels the
+ * save with that message. done (NULL: none) runs once piece k is in the file: from then on the caller
+ * may change that memory. */
+typedef struct {
+    int (*check)(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, char *err, size_t errlen);
+    void (*done)(void *ctx, int k);
+    void *ctx;
+} qt_ckpt_piece_fns;
+/* qt_ckpt_save writing the blobs piece by piece in the order pieces[0..np) gives (each item's bytes
+ * covered once, in ascending order; items may interleave), each byte read once: checked, hashed and
+ * written at its place in the file; the table follows. The same file as qt_ckpt_save. */
+int qt_ckpt_save_pieces(const char *dir, long step, int keep, const qt_ckpt_item *items, int n,
+                        const qt_ckpt_piece *pieces, int np, const qt_ckpt_piece_fns *fns, char *err,
+                        size_t errlen);
+
 typedef struct qt_ckpt qt_ckpt;
 /* Reads path whole and verifies every checksum. NULL with err naming the file and blob on failure. */
 qt_ckpt *qt_ckpt_open(const char *path, char *err, size_t errlen);
@@ -38,11 +58,17 @@ int qt_ckpt_list(const char *dir, long **steps);
 
 /* Background writing: qt_ckpt_save on a thread of its own, so training goes on while a checkpoint is
  * hashed, written, fsync'ed and renamed. One write at a time. A kill at any moment leaves every
- * checkpoint already renamed intact; the temp file is never taken for a checkpoint. */
+ * checkpoint already renamed intact; the temp file is never taken for a checkpoint.
+ *
+ * Live items: state the caller does not copy (an offloaded optimizer state in host memory) but keeps
+ * changing from element 0 upwards once it is written. The writer takes them first, interleaved piece
+ * by piece (element range [e0, e1) of each, in turn), and after each range publishes a progress mark
+ * (every live item is written below e1); the caller waits for the mark before it changes elements below
+ * it (qt_ckpt_writer_wait_mark). The file holds the items as they were when the write started. */
 typedef struct qt_ckpt_writer qt_ckpt_writer;
-/* Runs on the writer's thread on each item before anything is written; non-zero (with err) cancels
- * the save, which then fails with that message. */
-typedef int (*qt_ckpt_check_fn)(const qt_ckpt_item *item, void *ctx, char *err, size_t errlen);
+/* Runs on the writer's thread on bytes [lo, hi) of an item (element-aligned) just before they are
+ * written; non-zero (with err) cancels the save, which then fails with that message. */
+typedef int (*qt_ckpt_check_fn)(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, char *err, size_t errlen);
 /* check may be NULL. NULL when out of memory. Free with qt_ckpt_writer_free (which waits). */
 qt_ckpt_writer *qt_ckpt_writer_create(qt_ckpt_check_fn check, void *ctx);
 /* Starts qt_ckpt_save(dir, step, keep, items, n) on the writer's thread and returns at once. The
@@ -50,6 +76,20 @@ qt_ckpt_writer *qt_ckpt_writer_create(qt_ckpt_check_fn check, void *ctx);
  * until then. n <= 32. Returns 0, or -1 with err (a write still in flight: wait first). */
 int qt_ckpt_writer_start(qt_ckpt_writer *w, const char *dir, long step, int keep, const qt_ckpt_item *items,
                          int n, char *err, size_t errlen);
+/* Which items are live: items[idx[0..n)] are arrays of `elems` elements each (element-aligned pieces of
+ * `piece` elements, 0: 16M), written first. */
+typedef struct {
+    int n, idx[8];
+    size_t elems, piece;
+} qt_ckpt_live;
+/* qt_ckpt_writer_start with live items (live NULL or live->n == 0: none): the live items may change
+ * below the progress mark (qt_ckpt_writer_wait_mark) while the write goes on; the others may not. */
+int qt_ckpt_writer_start_live(qt_ckpt_writer *w, const char *dir, long step, int keep, const qt_ckpt_item *items,
+                              int n, const qt_ckpt_live *live, char *err, size_t errlen);
+/* From any thread: returns once the live items are written below element hi, or the write in flight
+ * has ended (saved or failed), or none is in flight (at once, one atomic load, when so). Returns the
+ * seconds it waited. */
+double qt_ckpt_writer_wait_mark(qt_ckpt_writer *w, size_t hi);
 /* 1 while a write is in flight and not finished (qt_ckpt_writer_wait then returns at once). */
 int qt_ckpt_writer_running(qt_ckpt_writer *w);
 /* Waits for the write in flight. Returns 1 when none was in flight, 0 when it was saved, -1 with err

@@ -70,6 +70,8 @@ typedef struct {
 typedef struct {                  /* GPU; qt_dtype values */
     int model_dtype, matmul_dtype, grad_dtype, opt_m_dtype, opt_v_dtype;
     int stochastic_rounding, persistent_quants;
+    int master_dtype;             /* fp32: separate master copy; bf16: AdamW updates the bf16 weights (SR) */
+    int grad_accum_dtype;         /* dtype of the weight-gradient buffers (fp32 or bf16) */
 } qt_precision_cfg;
 
 typedef struct {                  /* GPU */

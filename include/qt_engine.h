@@ -53,13 +53,24 @@ typedef struct {
     /* The full optimizer state as checkpoint blobs (weights, master copy, m, v in their own dtypes).
      * The blobs point into engine-owned host buffers valid until the next call. Returns the count. */
     int (*state_items)(qt_engine *e, qt_ckpt_item *items, int cap);
+    /* Which of state_items' blobs alias the engine's own host state instead of a copy (an offloaded
+     * optimizer state: master, m, v in pinned host memory), which the next opt_step changes chunk by
+     * chunk from element 0 upwards: fills live (indices, elements, the optimizer's chunk as the piece)
+     * and returns live->n (0: none). May be NULL (none). */
+    int (*state_live)(qt_engine *e, qt_ckpt_live *live);
+    /* With state_live: before an opt_step changes live state below element hi it calls wait(ctx, hi),
+     * which returns once it may (the checkpoint writer's progress mark). wait NULL: no wait. */
+    void (*set_state_guard)(qt_engine *e, void (*wait)(void *ctx, size_t hi), void *ctx);
     /* 1 when state_items' blobs are host copies that only the next state_items call overwrites (the
      * trainer then writes them in the background as they are); 0 when they alias live state (the
      * trainer copies them first). */
     int state_is_snapshot;
-    /* After opt_step: the flat index of the first weight that is NaN or Inf, -1 when all are finite.
-     * May be NULL (the checkpoint writer still refuses non-finite state, found later). */
-    long (*nonfinite_weight)(qt_engine *e);
+    /* After opt_step: the flat index of the first weight that is NaN or Inf by the finiteness checks
+     * complete so far, -1 when none; *step: the optimizer step whose update made it. settle 0: checks
+     * already complete (a GPU engine whose AdamW runs ahead of the next forward learns step t's result
+     * at the end of step t + 1, without an extra sync); 1: the last opt_step's too (may wait for the
+     * device: before a checkpoint). May be NULL (the checkpoint writer still refuses non-finite state). */
+    long (*nonfinite_weight)(qt_engine *e, int settle, long *step);
     /* Restores what state_items saved; -1 with err naming the blob when one is missing or its size or
      * dtype differs. */
     int (*load_state)(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
@@ -127,6 +138,9 @@ int qt_engine_get_weights(qt_engine *e, float *w, char *err, size_t errlen);
 int qt_engine_get_grads(qt_engine *e, float *g, char *err, size_t errlen);
 int qt_engine_forward_logits(qt_engine *e, const int32_t *in, float *logits, char *err, size_t errlen);
 int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err, size_t errlen);
+/* ops->nonfinite_weight: *index the first NaN/Inf weight found (-1: none, or the engine has no check),
+ * *step the step that made it. */
+int qt_engine_nonfinite_weight(qt_engine *e, int settle, long *index, long *step, char *err, size_t errlen);
 int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
 void qt_engine_free(qt_engine *e);
 

@@ -84,8 +84,8 @@ void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *
 void qt_fp8_quant_grad(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *dy, cudaStream_t s);
 /* dx[N,I] (bf16, =) = dYq . Wq from the last qt_fp8_quant_grad. */
 void qt_fp8_dgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *dx, cudaStream_t s);
-/* dw[O,I] (fp32, +=) = dYq^T . Xq from the last qt_fp8_quant_grad and the forward's saved Xq^T. */
-void qt_fp8_wgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, float *dw, cudaStream_t s);
+/* dw[O,I] (dw_dt: fp32, or bf16 rounded once per call; +=) = dYq^T . Xq from the last qt_fp8_quant_grad and the forward's saved Xq^T. */
+void qt_fp8_wgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *dw, qt_dtype dw_dt, cudaStream_t s);
 /* Names the tensor behind a nonfinite tag ("layer 3 down weight"); writes into buf. */
 const char *qt_fp8_tag_name(int tag, char *buf, size_t len);
 

@@ -22,12 +22,13 @@ typedef struct qt_gpu_optim qt_gpu_optim;
 /* State elements per slot: 48 MiB with fp32 moments, about 1 ms each way over PCIe 5. */
 #define QT_GPU_OPTIM_CHUNK ((size_t)1 << 22)
 
-/* Device bytes of the slots an offloaded state of m_dt / v_dt moments streams through in chunks of
- * `chunk` state elements (rounded up to a multiple of 4). */
-size_t qt_gpu_optim_slot_bytes(size_t chunk, qt_dtype m_dt, qt_dtype v_dt);
+/* Device bytes of the slots an offloaded state (fp32 master weights when `master`, m_dt / v_dt moments)
+ * streams through in chunks of `chunk` state elements (rounded up to a multiple of 4). */
+size_t qt_gpu_optim_slot_bytes(size_t chunk, int master, qt_dtype m_dt, qt_dtype v_dt);
 
 /* t[0..n): this rank's tensor pieces in ascending state order; group k starts at entry start[k]
- * (start[0] == 0, ascending; a group may be empty). master, m, v: the state arrays (borrowed), on the device when
+ * (start[0] == 0, ascending; a group may be empty). master, m, v: the state arrays (borrowed; master NULL:
+ * none, AdamW updates the bf16 weights in place, precision.master_dtype bf16), on the device when
  * slots is NULL, else in pinned host memory with slots (borrowed) the qt_gpu_optim_slot_bytes(chunk)
  * of device memory they stream through. Makes its streams and events on the current device. */
 qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *start, int groups, float *master,
@@ -38,7 +39,12 @@ int qt_gpu_optim_groups(const qt_gpu_optim *o);
 /* AdamW of group k on s (w_bf16, g and grad_scale on the device; see qt_adamw_step). Offloaded, s
  * waits after the last group until all of the state is back in host memory, so whoever syncs s
  * may read it. */
-void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, const float *grad_scale,
+void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_dtype g_dt, const float *grad_scale,
                        const qt_adamw_args *a, cudaStream_t s);
+
+/* Offloaded: before chunk [lo, hi) of the state goes back down to host memory, wait(ctx, hi) runs on
+ * the calling thread and returns once host state below hi may change (a checkpoint writer reads it in
+ * place). wait NULL: no wait. */
+void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx);
 
 #endif

@@ -42,14 +42,15 @@ void qt_add_inplace(void *y, qt_dtype ydt, const void *x, qt_dtype xdt, size_t n
 void qt_embedding_fwd(void *out, const int32_t *tok, const void *wte, long n, int c, int v, cudaStream_t s);
 /* Bytes of workspace qt_embedding_bwd needs for n tokens and vocabulary v. */
 size_t qt_embedding_bwd_ws_bytes(long n, int v);
-/* dwte[v,c] (fp32) += sum over rows with tok==v of dout (fp32 or bf16, dout_dt), summed in row order
- * (deterministic: tokens are bucketed by id, each bucket sorted by row, one block per touched id).
- * Tokens outside [0, v) are skipped. ws: qt_embedding_bwd_ws_bytes(n, v) bytes, 16-byte aligned. */
-void qt_embedding_bwd(float *dwte, const void *dout, qt_dtype dout_dt, const int32_t *tok, long n, int c,
-                      int v, void *ws, cudaStream_t s);
+/* dwte[v,c] (dw_dt: fp32, or bf16 = one RNE of the fp32 sum) += sum over rows with tok==v of dout
+ * (fp32 or bf16, dout_dt), summed in row order in fp32 starting from dwte's value (deterministic: tokens
+ * are bucketed by id, each bucket sorted by row, one block per touched id). Tokens outside [0, v) are
+ * skipped. ws: qt_embedding_bwd_ws_bytes(n, v) bytes, 16-byte aligned. */
+void qt_embedding_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dout_dt, const int32_t *tok, long n,
+                      int c, int v, void *ws, cudaStream_t s);
 /* The same, adding only to the table elements dwte[lo..hi) (flat indices into [v, c]): one
  * data-parallel rank's piece of the embedding gradient. */
-void qt_embedding_bwd_range(float *dwte, size_t lo, size_t hi, const void *dout, qt_dtype dout_dt,
+void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, size_t lo, size_t hi, const void *dout, qt_dtype dout_dt,
                             const int32_t *tok, long n, int c, int v, void *ws, cudaStream_t s);
 
 /* ---- column reductions (bias.cu; RMSNorm dw uses the same machinery) ---- */
@@ -57,9 +58,9 @@ void qt_embedding_bwd_range(float *dwte, size_t lo, size_t hi, const void *dout,
 size_t qt_colreduce_ws_bytes(int c);
 /* y[n,o] (bf16) += b[o] (bf16)   (+=, in place) */
 void qt_bias_add(void *y, const void *b, long n, int o, cudaStream_t s);
-/* db[o] (fp32) += sum over n rows of dy[n,o] (bf16); fixed-order two-pass reduction.
- * ws: qt_colreduce_ws_bytes(o) bytes. */
-void qt_bias_bwd(float *db, const void *dy, long n, int o, void *ws, cudaStream_t s);
+/* db[o] (db_dt: fp32, or bf16 = one RNE of db + the fp32 column sum) += sum over n rows of dy[n,o]
+ * (bf16); fixed-order two-pass reduction. ws: qt_colreduce_ws_bytes(o) bytes. */
+void qt_bias_bwd(void *db, qt_dtype db_dt, const void *dy, long n, int o, void *ws, cudaStream_t s);
 
 /* ---- RMSNorm fused with the residual add (rmsnorm.cu) ---- */
 /* When x != NULL: res = bf16(res + x) first (res updated in place). Then
@@ -70,9 +71,10 @@ void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *
 /* dx[n,c] += d(y)/d(res) . dy, dx fp32 or bf16 (dx_dt) — the residual-stream gradient   (+=)
  * dx_bf16[n,c] (bf16, =) = the updated dx rounded RNE, in the same pass; NULL = none.
  * amax: of dx_bf16 (may be NULL; needs dx_bf16).
- * dw[c] (fp32) += sum_n dy * res * rstd, deterministic two-pass (ws: qt_colreduce_ws_bytes(c) bytes)
- * (+=). dw may be NULL (skipped). res is the saved normalised input (bf16), rstd from the forward. */
-void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, float *dw, const void *dy,
+ * dw[c] (dw_dt: fp32, or bf16 = one RNE of dw + the fp32 sum) += sum_n dy * res * rstd, deterministic
+ * two-pass (ws: qt_colreduce_ws_bytes(c) bytes) (+=). dw may be NULL (skipped). res is the saved
+ * normalised input (bf16), rstd from the forward. */
+void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt, const void *dy,
                     const void *res, const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
 
 /* ---- rotary embedding (rope.cu) ---- */
@@ -134,28 +136,33 @@ typedef struct {
     int g_at_state;    /* 1: g holds only the state's pieces, at the state index like m and v (ZeRO-2) */
 } qt_adamw_args;
 /* One AdamW step, the arithmetic of qt_adamw_cpu (same fp32 operations in the same order):
- *   g' = g * (*grad_scale) (grad_scale: device pointer, NULL = 1); m, v updated (fp32 or bf16, m_dt /
+ *   g' = g * (*grad_scale) (g fp32 or bf16 per g_dt; grad_scale: device pointer, NULL = 1); m, v updated (fp32 or bf16, m_dt /
  *   v_dt); the weight is master[i] (fp32) when master != NULL, else w_bf16[i]; the updated weight is
  *   written back to master and/or w_bf16 (bf16, RNE or stochastic). Either may be NULL, not both.
  *   absmax[k] (fp32, =) = max |new weight| of tensor k (the bf16 value when w_bf16 is given), for fp8
  *   weight scaling; may be NULL. One launch for the whole array. */
-void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *master, const float *g, void *m,
+void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *master, const void *g, qt_dtype g_dt, void *m,
                    qt_dtype m_dt, void *v, qt_dtype v_dt, const float *grad_scale, float *absmax,
                    const qt_adamw_args *a, cudaStream_t s);
+
+/* ---- finiteness (nonfinite.cu) ---- */
+/* *count (uint32, device) += the number of NaN/Inf values in the bf16 buffer x[0..n), saturating at
+ * 2^32 - 1   (+=). Exact (integer counts), one read of x. */
+void qt_count_nonfinite(unsigned *count, const void *x, size_t n, cudaStream_t s);
 
 /* ---- global gradient norm and clip scale (norm.cu) ---- */
 /* Bytes of workspace qt_grad_norm needs (fixed: the grid does not depend on n). */
 size_t qt_grad_norm_ws_bytes(void);
-/* norm = sqrt(sum g^2) over the fp32 buffer g[0..n), squares accumulated in fp64 by a fixed grid then
+/* norm = sqrt(sum g^2) over the buffer g[0..n) (fp32 or bf16, g_dt), squares accumulated in fp64 by a fixed grid then
  * summed in fixed order; writes *norm (fp32, may be NULL) and *scale (fp32, may be NULL), the formula
  * of qt_clip_scale: max_norm/norm when max_norm > 0 and norm > max_norm, else 1 (NaN norm: 1; the
  * caller sees the NaN norm). Both device pointers   (=). */
-void qt_grad_norm(float *norm, float *scale, const float *g, size_t n, float max_norm, void *ws,
+void qt_grad_norm(float *norm, float *scale, const void *g, qt_dtype g_dt, size_t n, float max_norm, void *ws,
                   cudaStream_t s);
 /* The same split for gradients sharded over ranks: *sumsq (fp64, device) = sum g^2 over g[0..n) (the
  * fixed-grid sum of qt_grad_norm); then norm and scale from the ranks' sumsq[0..nparts) added in
  * ascending order (every rank gets the same bits). With one part this is qt_grad_norm, bit for bit. */
-void qt_grad_sumsq(double *sumsq, const float *g, size_t n, void *ws, cudaStream_t s);
+void qt_grad_sumsq(double *sumsq, const void *g, qt_dtype g_dt, size_t n, void *ws, cudaStream_t s);
 void qt_clip_from_sumsq(float *norm, float *scale, const double *sumsq, int nparts, float max_norm,
                         cudaStream_t s);
 

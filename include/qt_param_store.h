@@ -1,5 +1,5 @@
 /* qt_param_store.h — the parameters of one GPU rank and everything kept per parameter: the bf16
- * weights, the fp32 gradients, the optimizer state (fp32 master weights, AdamW m and v), this rank's
+ * weights, the gradients (fp32 or bf16: grad_dt), the optimizer state (fp32 master weights unless bf16, AdamW m and v), this rank's
  * shard of that state (qt_shard), the slots and pinned host memory of an offloaded state, and the
  * gradient norm / clip scalars.
  *
@@ -84,7 +84,8 @@ typedef struct {
     /* w [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len], this
      * rank's pieces of the buckets back to back (all of the array when not sharded) */
     void *w;              /* bf16, device */
-    float *grad;          /* fp32, device: [shard.total], or ZeRO-2 [shard.len] (this rank's summed pieces) */
+    void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
+                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces) */
     float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
                            * backward writes it, between head and tail margins of grad_margin elements
                            * (owned array; the slots are in the arena) */
@@ -92,9 +93,11 @@ typedef struct {
                            * (written into b's head margin), SIZE_MAX: none (owned) */
     size_t grad_margin;   /* ZeRO-2: 64 x n_ranks, the most a boundary is rounded past a tensor's start */
     size_t tail_n;        /* ZeRO-2: elements of the embedding table past its bucket (in its tail margin) */
-    float *master;        /* device, or host_state */
+    float *master;        /* device, or host_state; NULL when w_master_dt is bf16 (AdamW updates w in place) */
     void *m, *v;
     qt_dtype m_dt, v_dt;
+    qt_dtype w_master_dt; /* precision.master_dtype: fp32 (the master array) or bf16 (w itself) */
+    qt_dtype grad_dt;     /* precision.grad_accum_dtype: the dtype every weight-gradient writer accumulates in */
     double *sumsq;        /* [ranks][buckets] every rank's pieces' gradient sums of squares (sharded norm) */
     float *norm, *clip;   /* device scalars */
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
@@ -124,8 +127,8 @@ void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaS
 #define QT_GRAD_SLOTS 3
 
 static inline void *qt_param_w(const qt_param_store *ps, size_t off) { return (char *)ps->w + off * 2; }
-/* Where the backward adds the gradient of flat element off (a tensor never crosses a bucket). */
-float *qt_param_g(const qt_param_store *ps, size_t off);
+/* Where the backward adds the gradient of flat element off (grad_dt; a tensor never crosses a bucket). */
+void *qt_param_g(const qt_param_store *ps, size_t off);
 /* ZeRO-2: bucket b's slot [bucket[b+1] - bucket[b]] and its shared slot number (-1: a slot of its own). */
 float *qt_param_grad_slot(const qt_param_store *ps, int b);
 int qt_param_grad_slot_shared(const qt_param_store *ps, int b);
@@ -137,9 +140,9 @@ void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s);
 int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s);
 /* ZeRO-2: zeroes bucket b's slot, margins included, on s. */
 void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
-/* This rank's summed gradients of bucket b (its piece, qt_shard_piece): in the whole array, or ZeRO-2 in
- * the shard. */
-float *qt_param_grad_piece(const qt_param_store *ps, int b);
+/* This rank's summed gradients of bucket b (its piece, qt_shard_piece; grad_dt): in the whole array, or
+ * ZeRO-2 in the shard. */
+void *qt_param_grad_piece(const qt_param_store *ps, int b);
 /* g[0, numel) (host) = the gradients: all of them, or ZeRO-2 this rank's summed pieces only (synchronous;
  * the caller has joined the streams). */
 void qt_param_get_grads(const qt_param_store *ps, float *g);
@@ -157,8 +160,11 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 /* Zeroes the gradients of buckets [k0, k1) on s. */
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s);
 
-/* w[0, numel) (host) = this rank's master pieces (synchronous; the caller has joined the streams). */
+/* w[0, numel) (host) = this rank's master pieces (synchronous; the caller has joined the streams); with
+ * a bf16 master, the exact fp32 values of the bf16 weights there. */
 void qt_param_get_master(const qt_param_store *ps, float *w);
+/* The same values back to back in state order, w[0, shard.len) (padding 0): the checkpoint's layout. */
+void qt_param_get_master_pieces(const qt_param_store *ps, float *w);
 /* Bytes per element and base of the state item i: 0 master, 1 bf16 weights, 2 m, 3 v. */
 void *qt_param_item(const qt_param_store *ps, int i, qt_dtype *dt);
 

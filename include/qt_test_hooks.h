@@ -24,6 +24,18 @@ typedef struct {
     int zero_mutant;        /* MUTANTS for the ZeRO tests: 1 = the ZeRO-2 backward does not wait for its
                              * shared gradient slots; 2 = ZeRO-2 sums each bucket in descending rank order
                              * (all-gather + adds; the same as ascending for 2 ranks, not for 3) */
+    const char *nonfinite_tensor; /* with nonfinite_step > 0: the GPU engines set one gradient element of this
+                                   * tensor (its middle one) to NaN just before that optimizer step's AdamW
+                                   * (1-based), so the update writes NaN into its weight, master, m and v */
+    long nonfinite_step;
+    int nonfinite_unchecked;      /* 1: MUTANT: the GPU engines skip the per-step finiteness count of the
+                                   * updated weights (the nonfinite test must catch it) */
+    long ckpt_write_delay_ms;     /* > 0: the checkpoint writer sleeps this long after each range of the live
+                                   * (offloaded) state it writes: a slow disk the optimizer must wait for */
+    int ckpt_sync;                /* 1: each checkpoint waits for its own write before training goes on (the
+                                   * synchronous reference of the in-place write test) */
+    int ckpt_unguarded;           /* 1: MUTANT: the offloaded optimizer does not wait for the checkpoint
+                                   * writer's mark before it changes the host state (the test must catch it) */
 } qt_test_hooks;
 
 /* Copies h (NULL: all off). */

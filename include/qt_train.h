@@ -21,7 +21,8 @@ typedef struct {
     double tokens_per_s; /* over the whole run */
     int ckpts;           /* checkpoints started by this run */
     double ckpt_stall_max_s; /* the longest training stopped for one of them (snapshot + waiting for
-                              * the previous write); the write itself runs in the background */
+                              * the previous write + an offloaded optimizer's waits for the write of
+                              * its state); the write itself runs in the background */
 } qt_train_stats;
 
 /* qt_train_run's returns besides 0 and -1, and the exit status the qtrain program maps them to. */

@@ -6,8 +6,12 @@
  * loader_pos (after the last completed step), model_cfg and config (the resolved YAML). Saving stops
  * training only for the snapshot: state_items, plus a copy of the blobs when the engine's alias live
  * state (the CPU engine: 12 bytes per parameter of host memory); GPU engines' state_items already are
- * pinned host copies. The writer thread then checks every fp32/bf16 blob is finite, hashes, writes,
- * fsyncs and renames. The next save waits for the previous write. */
+ * pinned host copies of their device state. An offloaded optimizer state (one GPU) is not copied: the
+ * writer reads it where it lives, chunk by chunk ahead of the next optimizer step, which waits per
+ * chunk for the writer's mark while the write is in flight (stall: max(0, write time of the chunks -
+ * time until the optimizer next touches them)). The writer thread checks every fp32/bf16 piece is
+ * finite, hashes, writes, fsyncs and renames. The next save waits for the previous write. Before a
+ * snapshot the engine's finiteness checks of the last update are settled: never a NaN checkpoint. */
 #ifndef QT_TRAIN_CKPT_H
 #define QT_TRAIN_CKPT_H
 
@@ -39,6 +43,8 @@ typedef struct {
     size_t snap_cap, write_bytes;
     char *cfgtext;            /* the resolved config as YAML (owned) */
     long saved_step;          /* newest checkpoint written or being written; -1: none */
+    double pause_s;           /* the write in flight: training stopped for its snapshot, */
+    double guard_s;           /* and the optimizer's waits for the writer (offloaded state written in place) */
 } qt_trainer;
 
 /* After qt_trainer_load (or for a fresh run): the writer and the loader position. 0 or -1 with err. */
@@ -61,11 +67,17 @@ void qt_trainer_ckpt_free(qt_trainer *t);
  * is named in a warning and moved aside to *.bad; else a path). Training runs (t->train set) refuse
  * a checkpoint whose identity keys differ from the config's unless allow names them. 0 or -1. */
 int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *err, size_t errlen);
-/* The writer's check (ctx: the qt_trainer; reads t->eng->L and t->saved_step): an fp32 or bf16 blob
- * of L->numel elements holding a NaN/Inf is refused, naming the blob, the tensor and the element. */
-int qt_trainer_check_finite(const qt_ckpt_item *item, void *ctx, char *err, size_t errlen);
+/* The writer's check of bytes [lo, hi) of a blob (ctx: the qt_trainer; reads t->eng->L and t->saved_step):
+ * an fp32 or bf16 blob of L->numel elements holding a NaN/Inf there is refused, naming the blob, the
+ * tensor and the element. */
+int qt_trainer_check_finite(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, char *err, size_t errlen);
 /* "model.layers.1.mlp.down_proj.weight[17]" for flat element i of L. */
 void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap);
+/* The engine's finiteness checks of the weights after the update (settle: qt_engine_ops.nonfinite_weight;
+ * qt_trainer_save settles them first): -1 with err naming the first NaN/Inf weight, the step whose
+ * update made it and the checkpoint kept (nothing is saved after it, so retention never deletes the
+ * last good one); else 0. */
+int qt_trainer_check_weights(qt_trainer *t, int settle, char *err, size_t errlen);
 /* "the newest checkpoint, <path>, is kept" or "no checkpoint was written". */
 void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap);
 

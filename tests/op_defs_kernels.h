@@ -78,6 +78,25 @@ static void add_launch(op_run *r, int pass) {
 }
 static const op_def OP_ADD = {"add_inplace", "n", 2, NULL, add_build, add_ref, add_launch, NULL, NULL, 0, 0, 0};
 
+/* ---- count of NaN/Inf (nonfinite.cu): n bf16 values ~ N(0, 1e38) (some round to Inf), `bad` of them (drawn
+ * with repeats) set to +-NaN, +-Inf or the largest finite bf16 (which must not count); the uint32 count
+ * starts at a random value and accumulates: exact. */
+static void nonfinite_build(op_run *r) {
+    static const float kinds[5] = {NAN, -NAN, INFINITY, -INFINITY, 3.3895313892515355e38f};
+    float *x = t_in(r, "x", QT_DT_BF16, S(0), 1e38f);
+    for (long k = 0; k < S(1) && S(0) > 0; k++)
+        x[qt_rng_below(&r->rng, (uint64_t)S(0))] = kinds[qt_rng_below(&r->rng, 5)];
+    float *c = t_upd(r, "count", DT_I32, 1, 0, 0, 0, T_ADD);
+    c[0] = (float)(qt_rng_below(&r->rng, 1000));
+}
+static void nonfinite_ref(op_run *r) { REF(r, "count")[0] += (float)qt_ref_count_nonfinite(H(r, "x"), S(0)); }
+static void nonfinite_launch(op_run *r, int pass) {
+    (void)pass;
+    qt_count_nonfinite(D(r, "count"), D(r, "x"), (size_t)S(0), 0);
+}
+static const op_def OP_NONFINITE = {"count_nonfinite", "n bad", 0, NULL, nonfinite_build, nonfinite_ref,
+                                    nonfinite_launch, NULL, NULL, 0, 0, 0};
+
 /* ---- embedding (embedding.cu): s = n c v hot (% of rows on token 3: one bucket larger than shared
  * memory); +bad: the first row's token is -1 and the last one's v (zero row / skipped). ---- */
 static void tokens(op_run *r) {
@@ -109,8 +128,9 @@ static void emb_fwd_launch(op_run *r, int pass) {
 static const op_def OP_EMB_FWD = {"embedding_fwd", "n c v hot", 0, NULL, emb_fwd_build, emb_fwd_ref, emb_fwd_launch,
                                   NULL, NULL, 0, 0, 0};
 
-/* dwte (fp32) += rows of dout (dt); +range: only table elements [lo, hi) (a rank's piece). fp32 sums in
- * row order on both sides: 1e-6 absolute for FMA-free adds. */
+/* dwte (dt2: fp32, or bf16 = the fp32 sum from its old value rounded once) += rows of dout (dt); +range:
+ * only table elements [lo, hi) (a rank's piece). fp32 sums in row order on both sides: 1e-6 absolute for
+ * FMA-free adds; bf16 adds one rounding (2^-9 relative, 1e-2 as every bf16 output). */
 static void emb_range(const op_run *r, size_t *lo, size_t *hi) {
     size_t total = (size_t)S(2) * (size_t)S(1);
     *lo = OPT(O_RANGE) ? total / 3 / 64 * 64 : 0;
@@ -119,9 +139,10 @@ static void emb_range(const op_run *r, size_t *lo, size_t *hi) {
 static void emb_bwd_build(op_run *r) {
     tokens(r);
     t_in(r, "dout", r->c->dt, S(0) * S(1), 1.0f);
-    float *dw = t_upd(r, "dwte", QT_DT_F32, S(2) * S(1), 0.1f, 1e-6, 1e-5, T_ADD);
+    double rt = r->c->dt2 == QT_DT_BF16 ? 1e-2 : 1e-5;
+    float *dw = t_upd(r, "dwte", r->c->dt2, S(2) * S(1), 0.1f, 1e-6, rt, T_ADD);
     if (OPT(O_RANGE)) /* the whole backward from the same start, for the bitwise comparison in derive */
-        memcpy(t_upd(r, "dwte_full", QT_DT_F32, S(2) * S(1), 0, 1e-6, 1e-5, T_ADD), dw, (size_t)(S(2) * S(1)) * sizeof *dw);
+        memcpy(t_upd(r, "dwte_full", r->c->dt2, S(2) * S(1), 0, 1e-6, rt, T_ADD), dw, (size_t)(S(2) * S(1)) * sizeof *dw);
     t_ws(r, "ws", qt_embedding_bwd_ws_bytes(S(0), (int)S(2)));
 }
 static void emb_bwd_ref(op_run *r) {
@@ -143,11 +164,11 @@ static void emb_bwd_launch(op_run *r, int pass) {
     size_t lo, hi;
     emb_range(r, &lo, &hi);
     if (OPT(O_RANGE)) {
-        qt_embedding_bwd_range(D(r, "dwte"), lo, hi, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2),
+        qt_embedding_bwd_range(D(r, "dwte"), r->c->dt2, lo, hi, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2),
                                D(r, "ws"), 0);
-        qt_embedding_bwd(D(r, "dwte_full"), D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
+        qt_embedding_bwd(D(r, "dwte_full"), r->c->dt2, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
     } else
-        qt_embedding_bwd(D(r, "dwte"), D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
+        qt_embedding_bwd(D(r, "dwte"), r->c->dt2, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
 }
 /* A rank's piece holds exactly the whole backward's bits (the ranks' pieces must add up to it). */
 static void emb_bwd_derive(op_run *r, int pass) {
@@ -166,7 +187,7 @@ static int emb_bwd_keep(const op_run *r, const op_tensor *t, long i) {
     emb_range(r, &lo, &hi);
     return !strcmp(t->name, "dwte") && ((size_t)i < lo || (size_t)i >= hi);
 }
-static const op_def OP_EMB_BWD = {"embedding_bwd", "n c v hot", 1, NULL, emb_bwd_build, emb_bwd_ref, emb_bwd_launch,
+static const op_def OP_EMB_BWD = {"embedding_bwd", "n c v hot", 2, NULL, emb_bwd_build, emb_bwd_ref, emb_bwd_launch,
                                   emb_bwd_derive, emb_bwd_keep, 0, 0, 0};
 
 /* ---- bias (bias.cu): s = n o ---- */
@@ -183,18 +204,19 @@ static void bias_add_launch(op_run *r, int pass) {
 }
 static const op_def OP_BIAS_ADD = {"bias_add", "n o", 0, NULL, bias_add_build, bias_add_ref, bias_add_launch, NULL, NULL, 0, 0, 0};
 
-/* db += column sums of dy: an fp32 sum of n terms ~1 against a double one, error ~ sqrt(n) ulp. */
+/* db (dt: fp32, or bf16 rounded once) += column sums of dy: an fp32 sum of n terms ~1 against a double
+ * one, error ~ sqrt(n) ulp; bf16 adds one rounding. */
 static void bias_bwd_build(op_run *r) {
     t_in(r, "dy", QT_DT_BF16, S(0) * S(1), 1.0f);
-    t_upd(r, "db", QT_DT_F32, S(1), 1.0f, 1e-5 * (1 + S(0) / 1000), 1e-5, T_ADD);
+    t_upd(r, "db", r->c->dt, S(1), 1.0f, 1e-5 * (1 + S(0) / 1000), r->c->dt == QT_DT_BF16 ? 1e-2 : 1e-5, T_ADD);
     t_ws(r, "ws", qt_colreduce_ws_bytes((int)S(1)));
 }
 static void bias_bwd_ref(op_run *r) { qt_ref_matmul_bwd(NULL, NULL, REF(r, "db"), H(r, "dy"), NULL, NULL, S(0), 0, (int)S(1)); }
 static void bias_bwd_launch(op_run *r, int pass) {
     (void)pass;
-    qt_bias_bwd(D(r, "db"), D(r, "dy"), S(0), (int)S(1), D(r, "ws"), 0);
+    qt_bias_bwd(D(r, "db"), r->c->dt, D(r, "dy"), S(0), (int)S(1), D(r, "ws"), 0);
 }
-static const op_def OP_BIAS_BWD = {"bias_bwd", "n o", 0, NULL, bias_bwd_build, bias_bwd_ref, bias_bwd_launch, NULL, NULL, 0, 0, 0};
+static const op_def OP_BIAS_BWD = {"bias_bwd", "n o", 1, NULL, bias_bwd_build, bias_bwd_ref, bias_bwd_launch, NULL, NULL, 0, 0, 0};
 
 /* ---- RMSNorm (rmsnorm.cu): s = n c; +resid: res = bf16(res + x) first (exact); +amax: fused abs-max of y
  * (dx_bf16 in the backward), NULL in pass 1. ---- */
@@ -232,7 +254,7 @@ static void rms_bwd_build(op_run *r) {
     t_in(r, "dy", QT_DT_BF16, n * c, 1.0f);
     double tol = r->c->dt == QT_DT_BF16 ? 1e-2 : 1e-5;
     t_upd(r, "dx", r->c->dt, n * c, 1.0f, tol, tol, T_ADD);
-    if (!OPT(O_NODW)) t_upd(r, "dw", QT_DT_F32, c, 1.0f, 1e-5, 1e-5, T_ADD);
+    if (!OPT(O_NODW)) t_upd(r, "dw", r->c->dt2, c, 1.0f, 1e-5, r->c->dt2 == QT_DT_BF16 ? 1e-2 : 1e-5, T_ADD);
     if (OPT(O_AMAX)) t_out(r, "dx_bf16", QT_DT_BF16, n * c, 0, 0, T_PASS0 | T_DERIVED);
     t_amax(r);
     t_ws(r, "ws", qt_colreduce_ws_bytes((int)c));
@@ -245,7 +267,7 @@ static void rms_bwd_ref(op_run *r) {
 }
 static void rms_bwd_launch(op_run *r, int pass) {
     (void)pass;
-    qt_rmsnorm_bwd(D(r, "dx"), r->c->dt, D(r, "dx_bf16"), D(r, "amax"), D(r, "dw"), D(r, "dy"), D(r, "res"), D(r, "w"),
+    qt_rmsnorm_bwd(D(r, "dx"), r->c->dt, D(r, "dx_bf16"), D(r, "amax"), D(r, "dw"), r->c->dt2, D(r, "dy"), D(r, "res"), D(r, "w"),
                    D(r, "rstd"), S(0), (int)S(1), D(r, "ws"), 0);
 }
 static void rms_bwd_derive(op_run *r, int pass) {
@@ -254,7 +276,7 @@ static void rms_bwd_derive(op_run *r, int pass) {
     for (long i = 0; i < S(0) * S(1); i++) REF(r, "dx_bf16")[i] = op_round(QT_DT_BF16, dx[i]);
     REF(r, "amax")[0] = op_absmax(dx, S(0) * S(1), QT_DT_BF16);
 }
-static const op_def OP_RMS_BWD = {"rmsnorm_bwd", "n c", 1, NULL, rms_bwd_build, rms_bwd_ref, rms_bwd_launch,
+static const op_def OP_RMS_BWD = {"rmsnorm_bwd", "n c", 2, NULL, rms_bwd_build, rms_bwd_ref, rms_bwd_launch,
                                   rms_bwd_derive, NULL, 0, 0, 0};
 
 /* ---- RoPE (rope.cu). table: s = T d, f = theta; cos/sin in double, rounded once on both sides. ---- */
@@ -430,7 +452,7 @@ static void adam_build(op_run *r) {
     t_upd(r, "m", r->c->dt, ATOT, 0.1f, 1e-6, mt, 0);
     float *v = t_upd(r, "v", r->c->dt, ATOT, 0.1f, 1e-8, mt, 0);
     for (long i = 0; i < ATOT; i++) v[i] = op_round(r->c->dt, v[i] * v[i]);
-    t_in(r, "g", QT_DT_F32, S(0) * ATOT, 1.0f);
+    t_in(r, "g", OPT(O_G16) ? QT_DT_BF16 : QT_DT_F32, S(0) * ATOT, 1.0f); /* +g16: bf16 gradients */
     if (r->c->f != 0) t_in(r, "gscale", QT_DT_F32, 1, 0)[0] = r->c->f;
     if (master) t_out(r, "w_bf16", QT_DT_BF16, ATOT, 0, 0, T_DERIVED), t_out(r, "absmax", QT_DT_F32, NT, 0, 0, T_DERIVED);
 }
@@ -451,7 +473,9 @@ static void adam_launch(op_run *r, int pass) {
     a.stochastic = (int)S(1);
     for (long t = 1; t <= S(0); t++) {
         a.t = t;
-        qt_adamw_step(p, D(r, r->c->dt2 == QT_DT_F32 ? "w_bf16" : "w"), D(r, "master"), (float *)D(r, "g") + (t - 1) * ATOT,
+        qt_dtype gdt = OPT(O_G16) ? QT_DT_BF16 : QT_DT_F32;
+        qt_adamw_step(p, D(r, r->c->dt2 == QT_DT_F32 ? "w_bf16" : "w"), D(r, "master"),
+                      (char *)D(r, "g") + (size_t)(t - 1) * ATOT * qt_dtype_size(gdt), gdt,
                       D(r, "m"), r->c->dt, D(r, "v"), r->c->dt, D(r, "gscale"), D(r, "absmax"), &a, 0);
     }
     cudaDeviceSynchronize();
@@ -485,7 +509,7 @@ static const op_def OP_ADAMW = {"adamw", "steps sr", 2, "gscale", adam_build, ad
  * which must give the same bits). Squares summed in fp64 on both sides: 1e-6. ---- */
 static long gn_cut(const op_run *r) { return S(1) == 2 ? S(0) / 2 / 32 * 32 : S(0); }
 static void gn_build(op_run *r) {
-    t_in(r, "g", QT_DT_F32, S(0), 0.01f);
+    t_in(r, "g", r->c->dt, S(0), 0.01f); /* fp32, or bf16 gradients (read exactly) */
     t_out(r, "norm_scale", QT_DT_F32, 2, 0, 1e-6, 0);
     if (S(1)) t_out(r, "sumsq", DT_F64, S(1), 0, 1e-6, 0);
     if (S(1) == 1) t_out(r, "direct", QT_DT_F32, 2, 0, 0, T_DERIVED);
@@ -506,19 +530,21 @@ static void gn_launch(op_run *r, int pass) {
     (void)pass;
     float *out = D(r, "norm_scale"), *g = D(r, "g");
     if (!S(1)) {
-        qt_grad_norm(out, out + 1, g, (size_t)S(0), gn_max(r), D(r, "ws"), 0);
+        qt_grad_norm(out, out + 1, g, r->c->dt, (size_t)S(0), gn_max(r), D(r, "ws"), 0);
         return;
     }
     double *sq = D(r, "sumsq");
-    qt_grad_sumsq(sq, g, (size_t)gn_cut(r), D(r, "ws"), 0);
-    if (S(1) == 2) qt_grad_sumsq(sq + 1, g + gn_cut(r), (size_t)(S(0) - gn_cut(r)), D(r, "ws"), 0);
+    size_t es = qt_dtype_size(r->c->dt);
+    qt_grad_sumsq(sq, g, r->c->dt, (size_t)gn_cut(r), D(r, "ws"), 0);
+    if (S(1) == 2) qt_grad_sumsq(sq + 1, (char *)g + gn_cut(r) * es, r->c->dt, (size_t)(S(0) - gn_cut(r)), D(r, "ws"), 0);
     qt_clip_from_sumsq(out, out + 1, sq, (int)S(1), gn_max(r), 0);
-    if (S(1) == 1) qt_grad_norm((float *)D(r, "direct"), (float *)D(r, "direct") + 1, g, (size_t)S(0), gn_max(r), D(r, "ws"), 0);
+    if (S(1) == 1)
+        qt_grad_norm((float *)D(r, "direct"), (float *)D(r, "direct") + 1, g, r->c->dt, (size_t)S(0), gn_max(r), D(r, "ws"), 0);
 }
 static void gn_derive(op_run *r, int pass) {
     if (T(r, "direct")) memcpy(REF(r, "direct"), GOT(r, "norm_scale", pass), 2 * sizeof(float));
 }
-static const op_def OP_GRAD_NORM = {"grad_norm", "n parts", 0, "max_norm", gn_build, gn_ref, gn_launch, gn_derive,
+static const op_def OP_GRAD_NORM = {"grad_norm", "n parts", 1, "max_norm", gn_build, gn_ref, gn_launch, gn_derive,
                                     NULL, 0, 0, 0};
 
 #endif

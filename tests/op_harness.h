@@ -47,9 +47,9 @@ enum { T_ADD = 1, T_PASS0 = 2, T_DERIVED = 4 };   /* T_ADD: accumulates (+=); T_
 enum { OP_NONDET = 1 };                           /* op_def.flags */
 /* op_case.opt bits, shared by all ops (each op reads the ones it knows). */
 enum { O_AMAX = 1, O_RES = 2, O_BIAS = 4, O_ACC = 8, O_BAD = 16, O_INPLACE = 32, O_FAST = 64, O_RANGE = 128,
-       O_NOTUNE = 256, O_NODW = 512, O_CUR = 1024, O_NOY = 2048 };
+       O_NOTUNE = 256, O_NODW = 512, O_CUR = 1024, O_NOY = 2048, O_G16 = 4096 };
 static const char *const OPT_NAMES[] = {"amax", "resid", "bias", "acc",    "bad", "inplace",
-                                        "fast", "range", "notune", "nodw", "cur", "noy"};
+                                        "fast", "range", "notune", "nodw", "cur", "noy", "g16"};
 
 #define OP_MAXT 12
 #define OP_GUARD 256

@@ -4,7 +4,10 @@
 #include "qt_dtype.h"
 #include "qt_rng.h"
 #include "qt_test.h"
+#include "qt_test_data.h"
+#include "qt_test_hooks.h"
 
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -267,6 +270,113 @@ static void test_background_writer(void) {
     free(big);
 }
 
+/* ---- live items: written in place while a modifier thread changes them behind the writer's mark ---- */
+
+#define LIVE_E 100003 /* elements of each live array (odd) */
+typedef struct {
+    qt_ckpt_writer *w;
+    float *master, *v;
+    uint16_t *m;
+    int guarded; /* 0: the mutant that changes the state without waiting for the mark */
+} modifier;
+
+/* Three "optimizer steps" over the live arrays in chunks of 7919 elements (not the writer's ranges),
+ * each chunk changed only once the writer's mark has passed it. */
+static void *modify(void *arg) {
+    modifier *md = arg;
+    for (int pass = 0; pass < 3; pass++)
+        for (size_t lo = 0; lo < LIVE_E; lo += 7919) {
+            size_t hi = lo + 7919 < LIVE_E ? lo + 7919 : LIVE_E;
+            if (md->guarded) qt_ckpt_writer_wait_mark(md->w, hi);
+            for (size_t i = lo; i < hi; i++) {
+                md->master[i] += 1.0f;
+                md->m[i] ^= 0x5a5a;
+                md->v[i] = md->v[i] * 0.5f + 1.0f;
+            }
+        }
+    return NULL;
+}
+
+/* One write of 3 live arrays (fp32, bf16 bits, fp32; ranges of 4099 elements: pieces that are not a
+ * multiple of the hash's 32-byte stripes) and 2 snapshot items while a modifier thread changes the live
+ * ones; the writer sleeps 2 ms after each range (a slow disk). Returns 1 when the file is byte for byte
+ * the one a synchronous qt_ckpt_save of the state at the start writes. */
+static int live_write_matches(int guarded, char *why, size_t cap) {
+    char dir[512], ref[512], pa[600], pb[600], err[512];
+    fresh_dir(dir, sizeof dir, guarded ? "live" : "live_mutant");
+    fresh_dir(ref, sizeof ref, guarded ? "live_ref" : "live_mutant_ref");
+    qt_rng r;
+    qt_rng_seed(&r, 7);
+    modifier md = {qt_ckpt_writer_create(NULL, NULL), malloc(LIVE_E * 4), malloc(LIVE_E * 4), malloc(LIVE_E * 2), guarded};
+    uint16_t *w16 = malloc(5001 * 2);
+    if (!md.w || !md.master || !md.v || !md.m || !w16) return snprintf(why, cap, "out of memory"), 0;
+    for (size_t i = 0; i < LIVE_E; i++) {
+        md.master[i] = (float)qt_rng_normal(&r);
+        md.v[i] = (float)qt_rng_uniform(&r);
+        md.m[i] = (uint16_t)qt_rng_u64(&r);
+    }
+    for (int i = 0; i < 5001; i++) w16[i] = (uint16_t)qt_rng_u64(&r);
+    int64_t step = 12;
+    qt_ckpt_item items[5] = {{"weights", QT_DT_F32, md.master, LIVE_E * 4}, {"weights_bf16", QT_DT_BF16, w16, 5001 * 2},
+                             {"adam_m", QT_DT_BF16, md.m, LIVE_E * 2}, {"adam_v", QT_DT_F32, md.v, LIVE_E * 4},
+                             {"step", -1, &step, 8}};
+    int ok = qt_ckpt_save(ref, 12, 0, items, 5, err, sizeof err) == 0;
+    qt_ckpt_live live = {3, {0, 2, 3}, LIVE_E, 4099};
+    qt_test_hooks h = {.ckpt_write_delay_ms = 2};
+    qt_test_hooks_set(&h);
+    pthread_t th;
+    ok = ok && qt_ckpt_writer_start_live(md.w, dir, 12, 0, items, 5, &live, err, sizeof err) == 0;
+    if (ok) {
+        pthread_create(&th, NULL, modify, &md);
+        pthread_join(th, NULL);
+        ok = qt_ckpt_writer_wait(md.w, NULL, NULL, err, sizeof err) == 0;
+    }
+    qt_test_hooks_set(NULL);
+    if (!ok) snprintf(why, cap, "%s", err);
+    snprintf(pa, sizeof pa, "%s/ckpt_00000012.qtc", dir);
+    snprintf(pb, sizeof pb, "%s/ckpt_00000012.qtc", ref);
+    size_t na = 0, nb = 0;
+    char *a = ok ? qt_t_read_file(pa, &na) : NULL, *b = ok ? qt_t_read_file(pb, &nb) : NULL;
+    if (ok && (!a || !b || na != nb || memcmp(a, b, na))) {
+        size_t at = 0;
+        while (a && b && at < na && at < nb && a[at] == b[at]) at++;
+        snprintf(why, cap, "the in-place write differs from the synchronous save (%zu vs %zu bytes, first at byte %zu)", na, nb, at);
+        ok = 0;
+    }
+    qt_ckpt *ck = ok ? qt_ckpt_open(pa, err, sizeof err) : NULL;
+    if (ok && !ck) snprintf(why, cap, "%s", err), ok = 0;
+    qt_ckpt_close(ck);
+    free(a), free(b), free(md.master), free(md.v), free(md.m), free(w16);
+    qt_ckpt_writer_free(md.w);
+    return ok;
+}
+
+static void test_live_items_written_in_place(void) {
+    char why[512];
+    QT_EXPECT(live_write_matches(1, why, sizeof why), "%s", why);
+    int caught = !live_write_matches(0, why, sizeof why);
+    printf("  mutant that changes the state without waiting for the mark: %s%s\n", caught ? "caught: " : "NOT caught",
+           caught ? why : "");
+    QT_EXPECT(caught, "the test passes when the modifier does not wait");
+}
+
+/* Live items that are not whole arrays of `elems` elements, or repeats, are refused at start. */
+static void test_live_items_refused(void) {
+    char dir[512], err[512];
+    fresh_dir(dir, sizeof dir, "live_bad");
+    float x[10] = {0};
+    qt_ckpt_item items[2] = {{"a", QT_DT_F32, x, 40}, {"b", QT_DT_F32, x, 36}};
+    qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
+    qt_ckpt_live bad[3] = {{2, {0, 1}, 10, 4}, {2, {0, 0}, 10, 4}, {1, {5}, 10, 4}};
+    for (int k = 0; k < 3; k++) {
+        err[0] = 0;
+        QT_EXPECT(qt_ckpt_writer_start_live(w, dir, 1, 0, items, 2, &bad[k], err, sizeof err) == -1 && strstr(err, "live"),
+                  "case %d accepted: %s", k, err);
+    }
+    QT_EXPECT(qt_ckpt_writer_wait_mark(w, 5) == 0, "a wait with no write in flight blocked");
+    qt_ckpt_writer_free(w);
+}
+
 int main(void) {
     snprintf(g_root, sizeof g_root, "/tmp/qt_test_ckpt_%d", (int)getpid());
     QT_RUN(test_hash64_known_values);
@@ -276,6 +386,8 @@ int main(void) {
     QT_RUN(test_truncation_detected);
     QT_RUN(test_write_failures);
     QT_RUN(test_background_writer);
+    QT_RUN(test_live_items_written_in_place);
+    QT_RUN(test_live_items_refused);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
     if (system(cmd) != 0) fprintf(stderr, "warning: cleanup of %s failed\n", g_root);

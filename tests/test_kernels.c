@@ -1,6 +1,7 @@
 /* test_kernels.c — AdamW paths that the op table (test_ops_gpu.c) cannot express: a ZeRO-1 rank's
- * sharded plan against the whole array's, and the offloaded optimizer state (src/gpu/gpu_optim.c) streamed
- * through device slots against the state kept on the device, bit for bit. Every kernel's own check
+ * sharded plan against the whole array's, the offloaded optimizer state (src/gpu/gpu_optim.c) streamed
+ * through device slots against the state kept on the device, and a bf16 master's stochastic rounding
+ * under every cut, bit for bit. Every kernel's own check
  * against its CPU reference lives in test_ops_gpu.c's table. Skips without a GPU. */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -119,9 +120,9 @@ static void test_adamw_sharded(void) {
         float *g = h_rand(ATOT, 1.0f);
         QT_CUDA(cudaMemcpy(dg, g, ATOT * 4, cudaMemcpyHostToDevice));
         a.t = t;
-        qt_adamw_step(whole, wb, dmaster, dg, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
+        qt_adamw_step(whole, wb, dmaster, dg, QT_DT_F32, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
         for (int r = 0; r < 2; r++)
-            qt_adamw_step(part[r], wb2, sm[r], dg, smm[r], QT_DT_F32, smv[r], QT_DT_F32, NULL, NULL, &a, 0);
+            qt_adamw_step(part[r], wb2, sm[r], dg, QT_DT_F32, smm[r], QT_DT_F32, smv[r], QT_DT_F32, NULL, NULL, &a, 0);
         free(g);
     }
     float *gw = g_f32(dmaster, ATOT), *gm = g_f32(dm, ATOT), *gv = g_f32(dv, ATOT);
@@ -173,7 +174,7 @@ static void test_adamw_offload(void) {
             for (size_t i = OTAB[k].offset + OTAB[k].numel; i < (k + 1 < OT ? OTAB[k + 1].offset : OTOT); i++) w[i] = 7.0f;
         float *dmaster = d_f32(w, OTOT), *dg = d_poison(OTOT * 4), *hmaster;
         void *dm = d_poison(OTOT * es), *dv = d_poison(OTOT * es), *hm, *hv;
-        void *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT), *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, dt, dt));
+        void *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT), *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, 1, dt, dt));
         QT_CUDA(cudaMemset(dm, 0, OTOT * es));
         QT_CUDA(cudaMemset(dv, 0, OTOT * es));
         QT_CUDA(cudaHostAlloc((void **)&hmaster, OTOT * 4, cudaHostAllocDefault));
@@ -194,8 +195,8 @@ static void test_adamw_offload(void) {
             QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
             a.t = t;
             for (int k = 0; k < 2; k++) {
-                qt_gpu_optim_step(dev, k, wb, dg, NULL, &a, s);
-                qt_gpu_optim_step(off, k, wb2, dg, NULL, &a, s);
+                qt_gpu_optim_step(dev, k, wb, dg, QT_DT_F32, NULL, &a, s);
+                qt_gpu_optim_step(off, k, wb2, dg, QT_DT_F32, NULL, &a, s);
             }
             QT_CUDA(cudaStreamSynchronize(s));
             memcpy(snap, hmaster + OTOT - tail, tail * 4);
@@ -226,9 +227,134 @@ static void test_adamw_offload(void) {
     QT_CUDA(cudaStreamDestroy(s));
 }
 
+/* precision.master_dtype bf16: no master array, AdamW updates the bf16 weights in place with stochastic
+ * rounding. However the update is cut — one launch over the whole array; two ZeRO-1 ranks' pieces (state
+ * shifted); the state offloaded to pinned host memory and streamed through the slots in chunks of 3001
+ * elements (state indices relative to each slot); plans of 777 elements each, cut off every vector
+ * boundary — 3 steps must give the same bf16 weights, m and v bit for bit, fp32 and bf16 moments: the
+ * rounding's random bits come from (seed, step, flat index) alone. A hash of the state index instead
+ * (the QT_MUTANT_SR_STATE_INDEX build, tools/gpu-check.sh bf16master) fails the sharded and offloaded
+ * cuts. */
+static void test_adamw_bf16_master_cuts(void) {
+    NEED_GPU();
+    enum { CUTS = 4, RANKS = 2, PIECE = 777, CHUNK = 3001 };
+    const char *name[CUTS] = {"whole", "ZeRO-1 pieces", "offloaded chunks", "777-element plans"};
+    const size_t bucket[3] = {0, 5120, ATOT};
+    for (int bf = 0; bf < 2; bf++) {
+        qt_dtype dt = bf ? QT_DT_BF16 : QT_DT_F32;
+        size_t es = qt_dtype_size(dt);
+        float *w = h_rand(ATOT, 0.5f);
+        void *wb[CUTS], *m[CUTS], *v[CUTS];
+        for (int c = 0; c < CUTS; c++) {
+            wb[c] = d_bf16(w, ATOT);
+            m[c] = d_poison(ATOT * es);
+            v[c] = d_poison(ATOT * es);
+            QT_CUDA(cudaMemset(m[c], 0, ATOT * es));
+            QT_CUDA(cudaMemset(v[c], 0, ATOT * es));
+        }
+        /* cut 1: rank r's pieces of each bucket, back to back in its own m, v (state = flat - shift) */
+        qt_adamw_plan *whole = qt_adamw_plan_create(ATAB, NT), *rank[RANKS], *pieces[ATOT / PIECE + 1];
+        for (int r = 0; r < RANKS; r++) {
+            qt_adamw_tensor t[2 * NT];
+            int nt = 0;
+            for (int bk = 0; bk < 2; bk++) {
+                size_t len = (bucket[bk + 1] - bucket[bk]) / 2, lo = bucket[bk] + r * len, hi = lo + len, st = bucket[bk] / 2;
+                for (int k = 0; k < NT; k++) {
+                    size_t a = ATAB[k].offset > lo ? ATAB[k].offset : lo;
+                    size_t e = ATAB[k].offset + ATAB[k].numel < hi ? ATAB[k].offset + ATAB[k].numel : hi;
+                    if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, ATAB[k].wd, st + (a - lo)};
+                }
+            }
+            rank[r] = qt_adamw_plan_create(t, nt);
+        }
+        char *rm = (char *)m[1], *rv = (char *)v[1]; /* rank r's state at [r * ATOT/2, ...) */
+        /* cut 2: the state in pinned host memory, streamed through the slots */
+        void *hm, *hv, *slots = d_poison(qt_gpu_optim_slot_bytes(CHUNK, 0, dt, dt));
+        QT_CUDA(cudaHostAlloc(&hm, ATOT * es, cudaHostAllocDefault));
+        QT_CUDA(cudaHostAlloc(&hv, ATOT * es, cudaHostAllocDefault));
+        memset(hm, 0, ATOT * es);
+        memset(hv, 0, ATOT * es);
+        const int start[1] = {0};
+        qt_gpu_optim *off = qt_gpu_optim_create(ATAB, NT, start, 1, NULL, hm, dt, hv, dt, slots, CHUNK);
+        /* cut 3: plans of PIECE elements, whole arrays (state = flat index) */
+        int np = 0;
+        for (size_t lo = 0; lo < ATOT; lo += PIECE) {
+            qt_adamw_tensor t[NT];
+            int nt = 0;
+            for (int k = 0; k < NT; k++) {
+                size_t a = ATAB[k].offset > lo ? ATAB[k].offset : lo, hi = lo + PIECE;
+                size_t e = ATAB[k].offset + ATAB[k].numel < hi ? ATAB[k].offset + ATAB[k].numel : hi;
+                if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, ATAB[k].wd, a};
+            }
+            if (nt) pieces[np++] = qt_adamw_plan_create(t, nt);
+        }
+        qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 4242, 1, 0};
+        float *dg = d_poison(ATOT * 4);
+        for (long t = 1; t <= 3; t++) {
+            float *g = h_rand(ATOT, 1.0f);
+            QT_CUDA(cudaMemcpy(dg, g, ATOT * 4, cudaMemcpyHostToDevice));
+            a.t = t;
+            qt_adamw_step(whole, wb[0], NULL, dg, QT_DT_F32, m[0], dt, v[0], dt, NULL, NULL, &a, 0);
+            for (int r = 0; r < RANKS; r++)
+                qt_adamw_step(rank[r], wb[1], NULL, dg, QT_DT_F32, rm + r * (ATOT / 2) * es, dt, rv + r * (ATOT / 2) * es, dt, NULL,
+                              NULL, &a, 0);
+            qt_gpu_optim_step(off, 0, wb[2], dg, QT_DT_F32, NULL, &a, 0);
+            for (int k = 0; k < np; k++) qt_adamw_step(pieces[k], wb[3], NULL, dg, QT_DT_F32, m[3], dt, v[3], dt, NULL, NULL, &a, 0);
+            QT_CUDA(cudaDeviceSynchronize());
+            free(g);
+        }
+        float *ref = g_bf16(wb[0], ATOT);
+        int moved = 0;
+        for (size_t i = 0; i < ATOT; i++) moved += ref[i] != qt_bf16_to_f32(qt_f32_to_bf16(w[i]));
+        QT_EXPECT(moved > ATOT / 2, "%s moments: only %d of %d bf16 weights moved", qt_dtype_name(dt), moved, ATOT);
+        char *gm = malloc(ATOT * es), *gv = malloc(ATOT * es), *cm = malloc(ATOT * es), *cv = malloc(ATOT * es);
+        QT_CUDA(cudaMemcpy(gm, m[0], ATOT * es, cudaMemcpyDeviceToHost));
+        QT_CUDA(cudaMemcpy(gv, v[0], ATOT * es, cudaMemcpyDeviceToHost));
+        for (int c = 1; c < CUTS; c++) {
+            float *got = g_bf16(wb[c], ATOT);
+            long first = -1, ndiff = 0;
+            for (long i = 0; i < ATOT; i++)
+                if (memcmp(&got[i], &ref[i], 4)) ndiff++, first = first < 0 ? i : first;
+            QT_EXPECT(ndiff == 0, "%s moments, %s: %ld bf16 weights differ from the whole array's, first [%ld] %.9g vs %.9g",
+                      qt_dtype_name(dt), name[c], ndiff, first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0);
+            if (c == 2) {
+                memcpy(cm, hm, ATOT * es);
+                memcpy(cv, hv, ATOT * es);
+            } else {
+                QT_CUDA(cudaMemcpy(cm, m[c], ATOT * es, cudaMemcpyDeviceToHost));
+                QT_CUDA(cudaMemcpy(cv, v[c], ATOT * es, cudaMemcpyDeviceToHost));
+            }
+            if (c == 1) { /* rank r holds the pieces [r*len, (r+1)*len) of each bucket at bucket/2 + r*ATOT/2 */
+                int same = 1;
+                for (int r = 0; r < RANKS; r++)
+                    for (int bk = 0; bk < 2; bk++) {
+                        size_t len = (bucket[bk + 1] - bucket[bk]) / 2, lo = bucket[bk] + r * len;
+                        size_t st = r * (ATOT / 2) + bucket[bk] / 2;
+                        same &= !memcmp(cm + st * es, gm + lo * es, len * es) && !memcmp(cv + st * es, gv + lo * es, len * es);
+                    }
+                QT_EXPECT(same, "%s moments, %s: m or v differ from the whole array's", qt_dtype_name(dt), name[c]);
+            } else {
+                for (int k = 0; k < NT; k++) /* padding is nobody's: compare the tensors */
+                    QT_EXPECT(!memcmp(cm + ATAB[k].offset * es, gm + ATAB[k].offset * es, ATAB[k].numel * es) &&
+                                  !memcmp(cv + ATAB[k].offset * es, gv + ATAB[k].offset * es, ATAB[k].numel * es),
+                              "%s moments, %s: m or v of tensor %d differ", qt_dtype_name(dt), name[c], k);
+            }
+            free(got);
+        }
+        for (int r = 0; r < RANKS; r++) qt_adamw_plan_free(rank[r]);
+        for (int k = 0; k < np; k++) qt_adamw_plan_free(pieces[k]);
+        qt_adamw_plan_free(whole);
+        qt_gpu_optim_free(off);
+        for (int c = 0; c < CUTS; c++) cudaFree(wb[c]), cudaFree(m[c]), cudaFree(v[c]);
+        cudaFree(slots), cudaFree(dg), cudaFreeHost(hm), cudaFreeHost(hv);
+        free(w), free(ref), free(gm), free(gv), free(cm), free(cv);
+    }
+}
+
 int main(void) {
     qt_rng_seed(&R, 20261121);
     QT_RUN(test_adamw_sharded);
     QT_RUN(test_adamw_offload);
+    QT_RUN(test_adamw_bf16_master_cuts);
     return qt_test_end();
 }

@@ -53,6 +53,10 @@ static const op_case CASES[] = {
     {&OP_ZERO, {1000003}, F32, 0, 0, 0, 0}, {&OP_ZERO, {7}, BF16, 0, 0, 0, 1},
     {&OP_ADD, {1000003}, F32, BF16, 0, 0, 0}, {&OP_ADD, {1000003}, F32, BF16, 0, 0, 1}, {&OP_ADD, {1003}, BF16, F32, 0, 0, 0},
     {&OP_ADD, {77}, BF16, BF16, 0, 0, 1}, {&OP_ADD, {1}, F32, F32, 0, 0, 0},
+    /* count of NaN/Inf (nonfinite.cu): n bad; off=1 takes the scalar path */
+    {&OP_NONFINITE, {1, 0}, 0, 0, 0, 0, 0}, {&OP_NONFINITE, {7, 3}, 0, 0, 0, 0, 1}, {&OP_NONFINITE, {1000003, 0}, 0, 0, 0, 0, 0},
+    {&OP_NONFINITE, {1000003, 37}, 0, 0, 0, 0, 0}, {&OP_NONFINITE, {1000003, 37}, 0, 0, 0, 0, 1},
+    {&OP_NONFINITE, {4099, 5000}, 0, 0, 0, 0, 0},
     /* embedding (embedding.cu): n c v hot */
     {&OP_EMB_FWD, {1, 24, 50, 0}, 0, 0, 0, 0, 0}, {&OP_EMB_FWD, {7, 896, 1000, 30}, 0, 0, 0, 0, 0},
     {&OP_EMB_FWD, {777, 20, 300, 10}, 0, 0, O_BAD, 0, 0}, {&OP_EMB_FWD, {2048, 64, 151936, 5}, 0, 0, 0, 0, 0},
@@ -62,11 +66,16 @@ static const op_case CASES[] = {
     {&OP_EMB_BWD, {777, 20, 300, 10}, F32, 0, O_BAD, 0, 0}, /* c % 8 != 0: scalar path */
     {&OP_EMB_BWD, {2048, 64, 151936, 5}, F32, 0, O_RANGE, 0, 0},
     {&OP_EMB_BWD, {3000, 16, 2049, 0}, BF16, 0, 0, 0, 0}, /* the id scan's last tile holds one id */
+    /* precision.grad_accum_dtype bf16: the table's gradient in bf16 (fp32 sum, one rounding) */
+    {&OP_EMB_BWD, {7, 896, 1000, 30}, BF16, BF16, O_RANGE, 0, 0}, {&OP_EMB_BWD, {5000, 24, 1000, 60}, F32, BF16, 0, 0, 0},
+    {&OP_EMB_BWD, {777, 20, 300, 10}, BF16, BF16, O_BAD, 0, 0},
     /* bias (bias.cu): n o */
     {&OP_BIAS_ADD, {1, 24}, 0, 0, 0, 0, 0}, {&OP_BIAS_ADD, {7, 896}, 0, 0, 0, 0, 0}, {&OP_BIAS_ADD, {1000, 1152}, 0, 0, 0, 0, 0},
     {&OP_BIAS_ADD, {129, 13}, 0, 0, 0, 0, 0},
     {&OP_BIAS_BWD, {1, 24}, 0, 0, 0, 0, 0}, {&OP_BIAS_BWD, {7, 896}, 0, 0, 0, 0, 0}, {&OP_BIAS_BWD, {1000, 1152}, 0, 0, 0, 0, 0},
     {&OP_BIAS_BWD, {129, 13}, 0, 0, 0, 0, 0},
+    {&OP_BIAS_BWD, {1, 24}, BF16, 0, 0, 0, 0}, {&OP_BIAS_BWD, {1000, 1152}, BF16, 0, 0, 0, 0}, /* bf16 db */
+    {&OP_BIAS_BWD, {129, 13}, BF16, 0, 0, 0, 1},
     /* RMSNorm (rmsnorm.cu): n c */
     {&OP_RMS_FWD, {1, 896}, 0, 0, O_RES | O_AMAX, 0, 0}, {&OP_RMS_FWD, {7, 24}, 0, 0, O_RES | O_AMAX, 0, 0},
     {&OP_RMS_FWD, {300, 896}, 0, 0, O_AMAX, 0, 0}, {&OP_RMS_FWD, {33, 100}, 0, 0, O_RES | O_AMAX, 0, 0},
@@ -79,6 +88,9 @@ static const op_case CASES[] = {
     {&OP_RMS_BWD, {300, 1536}, F32, 0, O_AMAX, 0, 0},  /* widest row held in registers (6 vectors per lane) */
     {&OP_RMS_BWD, {40, 1544}, BF16, 0, O_AMAX, 0, 0},  /* just past it: the looped vector path */
     {&OP_RMS_BWD, {7, 24}, F32, 0, O_NODW, 0, 0}, {&OP_RMS_BWD, {33, 896}, BF16, 0, 0, 0, 0},
+    /* bf16 dw (precision.grad_accum_dtype): fused partials, the scalar path, the separate column pass */
+    {&OP_RMS_BWD, {1000, 896}, F32, BF16, O_AMAX, 0, 0}, {&OP_RMS_BWD, {65, 100}, BF16, BF16, 0, 0, 0},
+    {&OP_RMS_BWD, {3, 12296}, F32, BF16, 0, 0, 0},
     /* RoPE (rope.cu): T d / B T H Hkv D */
     {&OP_ROPE_TABLE, {1, 64}, 0, 0, 0, 1e6f, 0}, {&OP_ROPE_TABLE, {37, 24}, 0, 0, 0, 1e6f, 0},
     {&OP_ROPE_TABLE, {100, 128}, 0, 0, 0, 1e4f, 0},
@@ -110,11 +122,15 @@ static const op_case CASES[] = {
     /* AdamW (adamw.cu): steps sr; dt = m/v, dt2 = weights (fp32: master + bf16 copy); f = grad scale */
     {&OP_ADAMW, {3, 0}, F32, F32, 0, 0.5f, 0}, {&OP_ADAMW, {1, 0}, BF16, F32, 0, 0, 0},
     {&OP_ADAMW, {1, 1}, BF16, BF16, 0, 0, 0}, {&OP_ADAMW, {1, 0}, F32, BF16, 0, 1.0f, 0},
+    {&OP_ADAMW, {1, 1}, F32, BF16, 0, 0.5f, 0}, /* precision.master_dtype bf16: SR, fp32 moments, clip scale */
+    {&OP_ADAMW, {3, 0}, F32, F32, O_G16, 0.5f, 0}, {&OP_ADAMW, {1, 1}, BF16, BF16, O_G16, 0, 0}, /* bf16 gradients */
     /* gradient norm (norm.cu): n parts, f = max_norm / norm */
     {&OP_GRAD_NORM, {3000001, 0}, 0, 0, 0, 0, 0}, {&OP_GRAD_NORM, {3000001, 0}, 0, 0, 0, 0.5f, 0},
     {&OP_GRAD_NORM, {3000001, 0}, 0, 0, 0, 2.0f, 1}, {&OP_GRAD_NORM, {3000001, 0}, 0, 0, 0, 0.5f, 1},
     {&OP_GRAD_NORM, {1, 0}, 0, 0, 0, 0, 0}, {&OP_GRAD_NORM, {3000001, 2}, 0, 0, 0, 0.5f, 0},
     {&OP_GRAD_NORM, {3000001, 1}, 0, 0, 0, 2.0f, 0}, {&OP_GRAD_NORM, {1000, 2}, 0, 0, 0, 0.5f, 1},
+    {&OP_GRAD_NORM, {3000001, 0}, BF16, 0, 0, 0.5f, 0}, {&OP_GRAD_NORM, {3000001, 2}, BF16, 0, 0, 0.5f, 0}, /* bf16 g */
+    {&OP_GRAD_NORM, {1001, 1}, BF16, 0, 0, 2.0f, 1},
     /* fp8 abs-max (quant.cu): n special(1 Inf, 2 NaN); dt = x; +acc with prev = f * max|x| */
     {&OP_AMAX, {1, 0}, F32, 0, 0, 0, 0}, {&OP_AMAX, {7, 2}, BF16, 0, 0, 0, 1}, {&OP_AMAX, {8, 1}, F32, 0, 0, 0, 1},
     {&OP_AMAX, {1000, 0}, BF16, 0, 0, 0, 0}, {&OP_AMAX, {33000, 2}, F32, 0, 0, 0, 0}, {&OP_AMAX, {33000, 1}, BF16, 0, 0, 0, 1},
@@ -150,9 +166,11 @@ static const op_case CASES[] = {
     {&OP_MM_FWD, {5, 896, 1152}, BF16, 0, O_BIAS | O_NOTUNE, 0, 0}, /* a shape of its own: heuristic #0 */
     {&OP_MM_WGRAD, {33, 896, 40}, BF16, 0, O_BIAS, 0, 0}, {&OP_MM_WGRAD, {7, 24, 40}, F32, 0, 0, 0, 0},
     {&OP_MM_DGRAD, {33, 896, 40}, F32, 0, O_ACC, 0, 0},
+    {&OP_MM_WGRAD, {33, 896, 40}, BF16, 0, O_ACC, 0, 0}, {&OP_MM_WGRAD, {7, 24, 40}, BF16, 0, O_ACC, 0, 0}, /* bf16 dW += */
     /* fp8 GEMMs: M N K; dt <- a e4m3 x b dt2; the layouts of the model's fwd/dgrad (N,O,I) and wgrad */
     MM8(E4M3, 0), MM8(E4M3, O_FAST), MM8(E5M2, 0), MM8(E5M2, O_FAST),
     {&OP_MM_FP8, {64, 192, 128}, F32, E5M2, O_ACC, 0, 0}, /* the fp8 wgrad's "+=" */
+    {&OP_MM_FP8, {64, 192, 128}, BF16, E5M2, O_ACC, 0, 0}, {&OP_MM_FP8, {48, 896, 1152}, BF16, E4M3, O_ACC, 0, 0}, /* into bf16 */
     /* attention (attention.c, cuDNN): B T H Hkv D */
     ATT(1, 6, 2, 64), ATT(7, 6, 2, 64), ATT(64, 6, 2, 64), ATT(100, 6, 2, 64),
     ATT(1, 4, 4, 64), ATT(7, 4, 4, 64), ATT(64, 4, 4, 64), ATT(100, 4, 4, 64),

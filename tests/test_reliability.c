@@ -27,6 +27,7 @@
 #include "qt_json.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
+#include "qt_test_hooks.h"
 #include "qt_train_ckpt.h"
 
 static char g_dir[256];
@@ -595,6 +596,143 @@ static void test_sigkill_50_always_resumes_gpu(void) {
     g_gpu = 0;
 }
 
+/* ---- GPU: the per-step finiteness check of the updated weights ---- */
+
+/* GPU run `name` (in this process): 12 steps, a checkpoint every `every`, keep `keep`; extra:
+ * parallel/precision/memory; losses (may be NULL): [12]. */
+static int gpu_run(const char *name, const char *extra, int every, int keep, const char *resume, float *losses,
+                   char *err, size_t errlen) {
+    char y[2048];
+    snprintf(y, sizeof y,
+             "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+             "        intermediate_size: 256, max_seq_len: 16}\n"
+             "data: {train: '%s/tr_*.bin', seq_len: 16, micro_batch: 4}\n"
+             "optim: {lr: 0.003, warmup: 3, steps: 12}\n"
+             "checkpoint: {dir: '%s/%s', every: %d, keep: %d}\nlog: {file: '%s/%s.jsonl', every: 1}\n"
+             "device: cuda\nperf: {matmul_autotune: false}\n%s\n", g_dir, g_dir, name, every, keep, g_dir, name, extra);
+    static qt_config c;
+    if (qt_config_load_string(&c, y, name, NULL, 0, err, errlen)) return -2;
+    qt_train_opts o = {resume, -1, 0, losses, NULL};
+    qt_train_stats st = {0};
+    int rc = qt_train_run(&c, &o, &st, err, errlen);
+    if (every > 0) printf("  %s: %d checkpoints, training stopped at most %.3f s for one\n", name, st.ckpts, st.ckpt_stall_max_s);
+    return rc;
+}
+
+/* A NaN put into one tensor's update at step 9 (a checkpoint step: the ahead-running offloaded AdamW is
+ * settled by the save): the run stops with "step 9: <tensor>[i] is NaN/Inf after the update", the
+ * newest checkpoint is step 6's, all finite, although keep is 1, and a resume from it trains to the end.
+ * 1 when all of that holds; else why. */
+static int nonfinite_case(const char *name, const char *extra, int mutant, char *why, size_t cap) {
+    static const char *tensor = "model.layers.1.mlp.down_proj.weight";
+    char err[4096], want[160], p[512];
+    qt_test_hooks h = {.nonfinite_tensor = tensor, .nonfinite_step = 9, .nonfinite_unchecked = mutant};
+    qt_test_hooks_set(&h);
+    int rc = gpu_run(name, extra, 3, 1, NULL, NULL, err, sizeof err);
+    qt_test_hooks_set(NULL);
+    snprintf(want, sizeof want, "step 9: %s[", tensor);
+    if (rc != -1 || !strstr(err, want) || !strstr(err, "NaN/Inf after the update"))
+        return snprintf(why, cap, "%s: rc %d: %s", name, rc, err), 0;
+    if (newest_step(name) != 6) return snprintf(why, cap, "%s: newest checkpoint %ld, expected 6", name, newest_step(name)), 0;
+    ckpt_file(p, sizeof p, name, 6);
+    qt_ckpt *ck = qt_ckpt_open(p, err, sizeof err);
+    if (!ck) return snprintf(why, cap, "%s: %s", name, err), 0;
+    static const char *blobs[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
+    size_t bad = 0;
+    for (int k = 0; k < 4; k++) {
+        size_t nb = 0;
+        int dt = 0;
+        const unsigned char *b = qt_ckpt_get(ck, blobs[k], &nb, &dt);
+        for (size_t i = 0; b && dt == QT_DT_F32 && i < nb / 4; i++) {
+            float f;
+            memcpy(&f, b + 4 * i, 4);
+            bad += !isfinite(f);
+        }
+        for (size_t i = 0; b && dt == QT_DT_BF16 && i < nb / 2; i++) bad += (b[2 * i + 1] & 0x7f) == 0x7f && (b[2 * i] & 0x80);
+    }
+    qt_ckpt_close(ck);
+    if (bad) return snprintf(why, cap, "%s: %zu NaN/Inf values in the kept checkpoint of step 6", name, bad), 0;
+    rc = gpu_run(name, extra, 3, 1, "latest", NULL, err, sizeof err);
+    if (rc != 0 || newest_step(name) != 12)
+        return snprintf(why, cap, "%s: resume: rc %d, newest %ld: %s", name, rc, newest_step(name), err), 0;
+    return 1;
+}
+
+/* On one GPU (bf16, fp8), two ranks sharing GPU 0 (sharded optimizer) and one GPU with the optimizer
+ * offloaded (AdamW ahead of the next forward: the count is taken a step late or at the save). The mutant
+ * without the per-step count must fail (the writer's own check then refuses the step-9 checkpoint later,
+ * or the NaN loss of step 10 stops the run, neither naming the update). */
+static void test_nonfinite_update_stops_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    static const char *modes[4][2] = {{"nan_bf16", "parallel: {gpus: 1}"},
+                                      {"nan_fp8", "parallel: {gpus: 1}\nprecision: {matmul_dtype: e4m3}"},
+                                      {"nan_dp2", "parallel: {devices: [0, 0], shard_optimizer: true}"},
+                                      {"nan_offload", "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}"}};
+    char why[4096];
+    for (int m = 0; m < 4; m++) QT_EXPECT(nonfinite_case(modes[m][0], modes[m][1], 0, why, sizeof why), "%s", why);
+    for (int m = 0; m < 4; m += 3) {
+        char name[64];
+        snprintf(name, sizeof name, "%s_mutant", modes[m][0]);
+        int caught = !nonfinite_case(name, modes[m][1], 1, why, sizeof why);
+        printf("  mutant without the per-step count (%s): %s%s\n", modes[m][0], caught ? "caught: " : "NOT caught", caught ? why : "");
+        QT_EXPECT(caught, "%s: the test passes without the per-step check", modes[m][0]);
+    }
+}
+
+/* ---- GPU: an offloaded optimizer state written where it lives ---- */
+
+/* 1 when the checkpoints of steps 3, 6, 9, 12 of runs a and b hold the same bytes (all state blobs). */
+static int same_ckpts(const char *a, const char *b, char *why, size_t cap) {
+    for (long s = 3; s <= 12; s += 3) {
+        if (!same_state(a, b, s, why, cap)) return 0;
+        char pa[512], pb[512], err[512];
+        ckpt_file(pa, sizeof pa, a, s);
+        ckpt_file(pb, sizeof pb, b, s);
+        qt_ckpt *ca = qt_ckpt_open(pa, err, sizeof err), *cb = ca ? qt_ckpt_open(pb, err, sizeof err) : NULL;
+        size_t na = 0, nb = 0;
+        const void *x = cb ? qt_ckpt_get(ca, "weights_bf16", &na, NULL) : NULL, *y = cb ? qt_ckpt_get(cb, "weights_bf16", &nb, NULL) : NULL;
+        int same = x && y && na == nb && !memcmp(x, y, na);
+        qt_ckpt_close(ca);
+        qt_ckpt_close(cb);
+        if (!same) return snprintf(why, cap, "step %ld: weights_bf16 differ", s), 0;
+    }
+    return 1;
+}
+
+/* One GPU, optimizer offloaded in chunks of 4096 elements, a checkpoint every 3 steps written by a slow
+ * writer (20 ms per chunk of state: the next optimizer step must wait for it): every checkpoint equals
+ * a synchronous save's (test hook ckpt_sync: training waits for each write) byte for byte, and the loss
+ * curve equals that of a run that checkpoints only at its end. The mutant whose optimizer does not
+ * wait for the writer must fail. */
+static void test_offloaded_state_written_in_place_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    const char *extra = "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}";
+    char err[4096], why[512];
+    float la[12], lc[12];
+    qt_test_hooks h = {.offload_chunk = 4096, .ckpt_write_delay_ms = 20};
+    qt_test_hooks_set(&h);
+    int rc = gpu_run("inplace", extra, 3, 0, NULL, la, err, sizeof err);
+    h.ckpt_sync = 1;
+    qt_test_hooks_set(&h);
+    rc = rc ? rc : gpu_run("inplace_sync", extra, 3, 0, NULL, NULL, err, sizeof err);
+    h.ckpt_sync = 0;
+    qt_test_hooks_set(&h);
+    rc = rc ? rc : gpu_run("inplace_none", extra, 0, 0, NULL, lc, err, sizeof err);
+    QT_REQUIRE(rc == 0, "%s", err);
+    QT_EXPECT(same_ckpts("inplace", "inplace_sync", why, sizeof why), "in-place write vs synchronous save: %s", why);
+    int same_loss = 1;
+    for (int i = 0; i < 12; i++) same_loss &= !memcmp(&la[i], &lc[i], 4);
+    QT_EXPECT(same_loss, "the loss curve changed with checkpoints");
+    h.ckpt_unguarded = 1;
+    qt_test_hooks_set(&h);
+    rc = gpu_run("inplace_mutant", extra, 3, 0, NULL, NULL, err, sizeof err);
+    qt_test_hooks_set(NULL);
+    int caught = rc != 0 || !same_ckpts("inplace_mutant", "inplace_sync", why, sizeof why);
+    printf("  mutant whose optimizer does not wait for the writer: %s%s\n", caught ? "caught: " : "NOT caught",
+           caught ? (rc ? err : why) : "");
+    QT_EXPECT(caught, "the test passes when the optimizer does not wait");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) snprintf(g_qtrain, sizeof g_qtrain, "%s", argv[1]);
     else {
@@ -637,6 +775,8 @@ int main(int argc, char **argv) {
     QT_RUN(test_sigkill_50_always_resumes);
     QT_RUN(test_sigint_random_resume_bit_exact_gpu);
     QT_RUN(test_sigkill_50_always_resumes_gpu);
+    QT_RUN(test_nonfinite_update_stops_gpu);
+    QT_RUN(test_offloaded_state_written_in_place_gpu);
     if (!qt_t_nfail) qt_t_rmtree(g_dir);
     else printf("  files kept in %s\n", g_dir);
     return qt_test_end();

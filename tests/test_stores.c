@@ -7,6 +7,7 @@
 #include "qt_act_store.h"
 #include "qt_config.h"
 #include "qt_gpu_model.h"
+#include "qt_gpu_optim.h"
 #include "qt_partition.h"
 #include "qt_mem_plan.h"
 #include "qt_param_store.h"
@@ -298,6 +299,57 @@ static void test_plan_7b(void) {
     }
 }
 
+/* The 14B config (configs/qwen2.5-14b-fp8.yaml: Qwen2.5-14B shape, bf16 master, bf16 gradients, m and v
+ * bf16 offloaded, recompute [ffn, norm], lmhead_chunks 4) sized by qt_gpu_model_plan at micro-batch 1, 2, 4
+ * and 8, fp8 and bf16 matmuls. Offloaded, the device holds the store's slots instead of m and v (the plan
+ * is sized with the state on the device, which needs no pinned allocation here, then m and v swapped
+ * for qt_gpu_optim_slot_bytes). Prints device GiB per row and the host bytes the offloaded state needs;
+ * checks: no master row, bf16 gradient and weight rows of 2 bytes per parameter, and with bf16 matmuls
+ * micro-batch >= 1 fits 78 GiB (an 80 GB H100 less the context and cuBLASLt/cuDNN workspaces). fp8 adds
+ * its weight quants (Wq, Wq^T: 2 bytes per block-matrix parameter) and does not fit (printed). */
+static void test_plan_14b(void) {
+    qt_config cfg;
+    char err[512];
+    QT_REQUIRE(qt_config_load(&cfg, "configs/qwen2.5-14b-fp8.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(cfg.precision.master_dtype == QT_DT_BF16 && cfg.precision.grad_accum_dtype == QT_DT_BF16 &&
+                  cfg.memory.offload_optimizer && (long)cfg.data.micro_batch * cfg.data.grad_accum * cfg.data.seq_len == 524288,
+              "the 14B config's settings");
+    qt_model_cfg mc = cfg.model;
+    qt_model_cfg_finish(&mc);
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(L.numel > 14700000000ul && L.numel < 14800000000ul, "%zu parameters", L.numel);
+    qt_shard one;
+    qt_shard_init(&one, &L, 1, 0, 0);
+    qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, 0, 0};
+    const double G = 1073741824.0;
+    size_t host = L.numel * 4; /* m, v bf16 */
+    printf("  14B (%.2fB parameters), bf16 master + bf16 gradients, m/v bf16 offloaded: %.1f GiB pinned host memory\n",
+           L.numel / 1e9, host / G);
+    int fits_bf16 = 0;
+    for (int mm = 0; mm < 2; mm++) {
+        cfg.precision.matmul_dtype = mm ? QT_DT_BF16 : QT_DT_E4M3;
+        for (int mb = 1; mb <= 8; mb *= 2) {
+            cfg.data.micro_batch = mb;
+            qt_mem_plan p;
+            QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
+            QT_EXPECT(row(&p, "master weights (fp32)") == 0 && row(&p, "gradients (fp32)") == 0 &&
+                          row(&p, "gradients (bf16)") == al(one.total * 2) && row(&p, "weights (bf16)") == al(one.total * 2),
+                      "14B rows: master %zu, gradients %zu", row(&p, "master weights (fp32)"), row(&p, "gradients (bf16)"));
+            size_t dev = p.off - row(&p, "adam m (bf16)") - row(&p, "adam v (bf16)") +
+                         al(qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, 0, QT_DT_BF16, QT_DT_BF16));
+            int fits = dev <= (size_t)(78 * G);
+            if (mm && fits) fits_bf16 = mb;
+            printf("  %s mb %d: device %.2f GiB (weights %.2f, gradients %.2f, activations %.2f, fp8 %.2f): %s\n",
+                   mm ? "bf16" : "fp8 ", mb, dev / G, row(&p, "weights (bf16)") / G, row(&p, "gradients (bf16)") / G,
+                   rows_from(&p, "activations:") / G, (row(&p, "fp8 weights (persistent)") + row(&p, "fp8 activations")) / G,
+                   fits ? "fits 78 GiB" : "does not fit");
+        }
+    }
+    QT_EXPECT(fits_bf16 >= 1, "14B with bf16 matmuls does not fit 78 GiB at micro-batch 1");
+    qt_layout_free(&L);
+}
+
 int main(void) {
     QT_RUN(test_mem_plan);
     QT_RUN(test_param_store_rows);
@@ -305,5 +357,6 @@ int main(void) {
     QT_RUN(test_step_plan);
     QT_RUN(test_parallel_devices_key);
     QT_RUN(test_plan_7b);
+    QT_RUN(test_plan_14b);
     return qt_test_end();
 }

@@ -11,6 +11,7 @@
 #include "qt_config.h"
 #include "qt_data.h"
 #include "qt_device.h"
+#include "qt_error.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
@@ -96,6 +97,16 @@ static void test_resume_bit_exact_offload(void) {
 
 /* Two data-parallel ranks, as parallel: keys: on two GPUs when there are, else both on GPU 0. */
 static const char *two_ranks(void) { return qt_cuda_device_count() >= 2 ? "gpus: 2" : "devices: [0, 0]"; }
+
+/* The same with precision.master_dtype bf16 (stochastic rounding keyed by step and flat index): one GPU,
+ * and 2 ranks sharded. */
+static void test_resume_bit_exact_bf16_master(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    char par[128];
+    resume_bit_exact("cuda", "bf16m1", "parallel: {gpus: 1}\nprecision: {master_dtype: bf16}");
+    snprintf(par, sizeof par, "parallel: {%s}\nprecision: {master_dtype: bf16}", two_ranks());
+    resume_bit_exact("cuda", "bf16m2", par);
+}
 
 static void test_resume_bit_exact_data_parallel(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
@@ -267,6 +278,163 @@ static void test_data_parallel_matches_one_gpu(void) {
               "got: %s", err);
 }
 
+/* precision.master_dtype: bf16 — the bf16 weights are the master, AdamW rounds them stochastically from
+ * (seed, step, flat index). One run (`kind`, 20 steps, vocabulary 64 so the sharded sums add the table's
+ * gradient as the replicated ones do, grad_clip 0 so that the sharded norm's other summation order moves no
+ * weight) of: 0 one GPU eager; 1 one GPU offloaded (m, v streamed in chunks of 1000); 2 one GPU from CUDA
+ * graphs; 3 2 ranks on GPU 0 replicated (every rank updates the whole array, as one GPU does); 4 the same
+ * 2 ranks ZeRO-1 (each rank its pieces); 5 ZeRO-1 offloaded. */
+static int bf16m_run(int kind, const char *tag, int stop, const char *resume, const char *prec, float *losses, char *err,
+                     size_t errlen) {
+    char yaml[4096], par[256];
+    int dp = kind >= 3;
+    snprintf(par, sizeof par, "parallel: {%s, shard_optimizer: %s}\nperf: {cuda_graphs: %s, matmul_autotune: false}\n%s",
+             dp ? two_ranks() : "gpus: 1", kind == 3 ? "false" : "true", kind == 2 ? "true" : "false",
+             kind == 1 || kind == 5 ? "memory: {offload_optimizer: true}" : "");
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+             "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', eval: '%s/syn_eval_*.bin', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
+             "optim: {lr: 0.003, warmup: 3, steps: 20, schedule: cosine, grad_clip: 0}\n"
+             "precision: {%s, opt_m_dtype: bf16, opt_v_dtype: bf16}\n"
+             "eval: {every: 10, batches: 2}\ncheckpoint: {dir: '%s/ckpt_bf16m_%s', every: 10}\nlog: {file: '', every: 5}\n"
+             "device: cuda\n%s\n",
+             g_dir, g_dir, dp ? 1 : 2, prec, g_dir, tag, par);
+    qt_config c;
+    int rc = load_cfg(&c, yaml);
+    if (rc == 0) {
+        qt_train_opts o = {resume, stop, 0, losses, NULL};
+        rc = qt_train_run(&c, &o, NULL, err, errlen);
+    }
+    return rc;
+}
+
+/* The synthetic shards bf16m_run reads, and the final export of its run `tag` (caller frees). */
+static void bf16m_data(void) {
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
+    snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
+    qt_t_write_synthetic(p1, 20000, 1);
+    qt_t_write_synthetic(p2, 3000, 2);
+}
+static char *bf16m_export(const char *tag, size_t *n) {
+    char ep[512];
+    snprintf(ep, sizeof ep, "%s/ckpt_bf16m_%s/export/model.safetensors", g_dir, tag);
+    char *e = qt_t_read_file(ep, n);
+    QT_CHECK(e && *n > 0, "%s: no export %s", tag, ep);
+    return e;
+}
+
+/* The bf16 master under every cut of the update: the losses of 20 steps and the final weights (the
+ * export) bit for bit: offloaded = on the device = from CUDA graphs (one GPU); ZeRO-1 = replicated =
+ * ZeRO-1 offloaded (2 ranks sharing the GPU). Then: a run stopped at step 10 and resumed from its
+ * checkpoint equals the straight one (resume_bit_exact covers tied weights and accumulation too), and an
+ * fp32-master checkpoint resumes into a bf16-master run (the weights rounded once, RNE) and keeps
+ * training. The two data-parallel runs see other micro-batches than one GPU (one per rank per step vs
+ * two accumulated), so they are compared with each other. */
+static void test_bf16_master_cuts(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    char err[1024];
+    bf16m_data();
+    enum { RUNS = 6 };
+    const char *tag[RUNS] = {"one", "one_offload", "one_graphs", "dp_replicated", "dp_sharded", "dp_sharded_offload"};
+    float loss[RUNS][20];
+    char *exp[RUNS];
+    size_t nexp[RUNS];
+    for (int k = 0; k < RUNS; k++) {
+        qt_test_hooks h = {.offload_chunk = 1000};
+        qt_test_hooks_set(&h);
+        int rc = bf16m_run(k, tag[k], -1, NULL, "master_dtype: bf16", loss[k], err, sizeof err);
+        qt_test_hooks_set(NULL);
+        QT_REQUIRE(rc == 0, "%s: %s", tag[k], err);
+        exp[k] = bf16m_export(tag[k], &nexp[k]);
+        QT_EXPECT(loss[k][19] < loss[k][0], "%s: loss did not fall: %g -> %g", tag[k], loss[k][0], loss[k][19]);
+    }
+    const int same[4][2] = {{1, 0}, {2, 0}, {4, 3}, {5, 4}};
+    for (int q = 0; q < 4; q++) {
+        int a = same[q][0], b = same[q][1];
+        int sl = !memcmp(loss[a], loss[b], sizeof loss[a]), sw = nexp[a] == nexp[b] && !memcmp(exp[a], exp[b], nexp[a]);
+        printf("  bf16 master, %s vs %s: losses %s, final weights %s (loss %.4f -> %.4f)\n", tag[b], tag[a],
+               sl ? "bitwise equal" : "differ", sw ? "bitwise equal" : "differ", loss[a][0], loss[a][19]);
+        QT_EXPECT(sl && sw, "%s vs %s: not bit for bit", tag[b], tag[a]);
+    }
+    for (int k = 0; k < RUNS; k++) free(exp[k]);
+    /* stopped at 10 and resumed = straight */
+    float lr[20];
+    QT_REQUIRE(bf16m_run(0, "resumed", 10, NULL, "master_dtype: bf16", lr, err, sizeof err) == 0, "first half: %s", err);
+    QT_REQUIRE(bf16m_run(0, "resumed", -1, "latest", "master_dtype: bf16", lr, err, sizeof err) == 0, "resumed half: %s", err);
+    QT_EXPECT(!memcmp(lr, loss[0], sizeof lr), "bf16 master resumed at step 10 differs from the straight run");
+    /* an fp32-master checkpoint, resumed with a bf16 master */
+    float lf[20];
+    QT_REQUIRE(bf16m_run(0, "from_fp32", 10, NULL, "master_dtype: fp32", lf, err, sizeof err) == 0, "fp32 half: %s", err);
+    QT_REQUIRE(bf16m_run(0, "from_fp32", -1, "latest", "master_dtype: bf16", lf, err, sizeof err) == 0, "bf16 half: %s", err);
+    printf("  fp32-master checkpoint resumed with a bf16 master: loss %.4f at step 10, %.4f at 20 (bf16 throughout: %.4f)\n",
+           lf[9], lf[19], loss[0][19]);
+    QT_EXPECT(isfinite(lf[19]) && fabsf(lf[19] - loss[0][19]) < 0.05f * loss[0][19], "resumed from fp32: loss %g at 20", lf[19]);
+}
+
+/* precision.grad_accum_dtype: bf16 (with a bf16 master: the 14B setting). 2 ranks on GPU 0 at one
+ * micro-batch per rank per step, replicated vs ZeRO-1: the same bf16 sums (fp32 in rank order, one
+ * rounding) and cut-independent AdamW, so bit for bit (losses and final weights); one GPU with bf16
+ * gradients trains (loss falls) and stays within 5% of the fp32-gradient run's loss at every step
+ * (measured, printed: bf16 accumulation rounds every micro-step's sum once). */
+static void test_bf16_grads(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    char err[1024];
+    bf16m_data();
+    const char *g16 = "master_dtype: bf16, grad_accum_dtype: bf16";
+    float l[4][20];
+    char *exp[2];
+    size_t ne[2];
+    const int kind[2] = {3, 4};
+    const char *tag[2] = {"g16_replicated", "g16_sharded"};
+    for (int k = 0; k < 2; k++) {
+        QT_REQUIRE(bf16m_run(kind[k], tag[k], -1, NULL, g16, l[k], err, sizeof err) == 0, "%s: %s", tag[k], err);
+        exp[k] = bf16m_export(tag[k], &ne[k]);
+    }
+    int sl = !memcmp(l[0], l[1], sizeof l[0]), sw = ne[0] == ne[1] && !memcmp(exp[0], exp[1], ne[0]);
+    printf("  bf16 gradients, 2 ranks replicated vs ZeRO-1: losses %s, final weights %s\n", sl ? "bitwise equal" : "differ",
+           sw ? "bitwise equal" : "differ");
+    QT_EXPECT(sl && sw, "bf16 gradients: replicated vs ZeRO-1 not bit for bit");
+    free(exp[0]), free(exp[1]);
+    QT_REQUIRE(bf16m_run(0, "g16_one", -1, NULL, g16, l[2], err, sizeof err) == 0, "g16_one: %s", err);
+    QT_REQUIRE(bf16m_run(0, "g32_one", -1, NULL, "master_dtype: bf16", l[3], err, sizeof err) == 0, "g32_one: %s", err);
+    double worst = 0;
+    for (int i = 0; i < 20; i++) worst = fmax(worst, fabs(l[2][i] - l[3][i]) / l[3][i]);
+    printf("  one GPU, 20 steps: bf16 gradients loss %.4f -> %.4f, fp32 gradients %.4f -> %.4f, worst relative difference %.2e\n",
+           l[2][0], l[2][19], l[3][0], l[3][19], worst);
+    QT_EXPECT(l[2][19] < l[2][0] && worst < 0.05, "bf16 gradients: loss %g -> %g, worst difference %.2e", l[2][0], l[2][19], worst);
+}
+
+/* 300 steps on tinyshakespeare (byte-level, 2 layers x 128) with a bf16 master against the fp32 master:
+ * the final eval loss (8 batches of the held-out split, the mean token cross-entropy) within 1%. */
+static void test_bf16_master_learns(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!qt_t_write_tinyshakespeare(g_dir)) QT_SKIP("tinyshakespeare.txt is absent (../shared/data or $QT_DATA_DIR)");
+    const char *dt[2] = {"fp32", "bf16"};
+    float ev[2];
+    for (int d = 0; d < 2; d++) {
+        char yaml[2048], err[1024];
+        snprintf(yaml, sizeof yaml,
+                 "model: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+                 "        intermediate_size: 384, max_seq_len: 128}\n"
+                 "data: {train: '%s/ts_train_*.bin', eval: '%s/ts_eval_*.bin', seq_len: 128, micro_batch: 8}\n"
+                 "optim: {lr: 0.003, warmup: 20, steps: 300, schedule: cosine, final_lr_frac: 0.1}\n"
+                 "precision: {master_dtype: %s}\n"
+                 "eval: {every: 300, batches: 8}\ncheckpoint: {dir: '%s/ckpt_ts_master_%s'}\nlog: {file: '', every: 100}\n"
+                 "device: cuda\nparallel: {gpus: 1}\n",
+                 g_dir, g_dir, dt[d], g_dir, dt[d]);
+        qt_config c;
+        qt_train_stats st;
+        QT_REQUIRE(qt_t_train_yaml(&c, yaml, &st, err, sizeof err) == 0, "%s master: %s", dt[d], err);
+        ev[d] = st.last_eval;
+    }
+    double rel = fabs(ev[1] - ev[0]) / ev[0];
+    printf("  tinyshakespeare, 300 steps, final eval loss: fp32 master %.4f, bf16 master %.4f (%+.2f%%)\n", ev[0], ev[1],
+           100 * (ev[1] - ev[0]) / ev[0]);
+    QT_EXPECT(rel < 0.01, "bf16 master eval loss %.4f is %.2f%% from fp32's %.4f", ev[1], 100 * rel, ev[0]);
+}
+
 static void test_resume_errors(void) {
     qt_config c;
     char yaml[2048], err[1024];
@@ -408,8 +576,12 @@ int main(int argc, char **argv) {
     QT_RUN(test_resume_bit_exact_gpu);
     QT_RUN(test_resume_bit_exact_offload);
     QT_RUN(test_resume_bit_exact_data_parallel);
+    QT_RUN(test_resume_bit_exact_bf16_master);
     QT_RUN(test_data_parallel_matches_one_gpu);
     QT_RUN(test_data_parallel_failure_stops_all);
+    QT_RUN(test_bf16_master_cuts);
+    QT_RUN(test_bf16_master_learns);
+    QT_RUN(test_bf16_grads);
     QT_RUN(test_gpu_bf16_tracks_cpu_fp32);
     qt_t_rmtree(g_dir);
     return qt_test_end();

@@ -202,6 +202,8 @@ static void test_config_keys(void) {
         {"parallel: {zero: 0, shard_optimizer: true}", 0, 0},
         {"parallel: {zero: 2, shard_optimizer: false}", 0, 0},
         {"parallel: {zero: 4}", 0, 0},
+        {"parallel: {zero: 2}\nprecision: {grad_accum_dtype: bf16}", 0, 0},
+        {"parallel: {zero: 1}\nprecision: {grad_accum_dtype: bf16}", 1, 1},
         {"", 1, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -212,8 +214,9 @@ static void test_config_keys(void) {
         QT_EXPECT((rc == 0) == cases[i].ok, "%s: rc %d (%s)", cases[i].par, rc, err);
         if (rc == 0) QT_EXPECT(c.parallel.zero == cases[i].zero && c.parallel.shard_optimizer == (cases[i].zero >= 1),
                                "%s: zero %d, shard_optimizer %d", cases[i].par, c.parallel.zero, c.parallel.shard_optimizer);
-        else QT_EXPECT(strstr(err, "z.yaml:") && strstr(err, "parallel."), "%s: message %s", cases[i].par, err);
-        if (rc && i == 4) printf("  %s\n", err);
+        else QT_EXPECT(strstr(err, "z.yaml:") && (strstr(err, "parallel.") || strstr(err, "grad_accum_dtype")),
+                       "%s: message %s", cases[i].par, err);
+        if (rc && (i == 4 || i == 7)) printf("  %s\n", err);
     }
 }
 

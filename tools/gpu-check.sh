@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
-# out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; dp, dpcomm,
+# out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench;
 # zero; tokenize_bench, sft_export
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
@@ -71,6 +71,33 @@ if has compare; then
           done
       done
     } 2>&1 | tee "$OUT/compare.log" | grep -E 'RESULT|tokens/s|==|rror' | head -60
+fi
+# precision.master_dtype / grad_accum_dtype bf16: the op-table rows (SR AdamW, bf16-accumulating kernels), the
+# cut test (AdamW bitwise under every cut), then the mutant build (SR hashed on the state index: the cut test
+# must FAIL), the training tests (bitwise pairs, resume, tinyshakespeare vs fp32 master, bf16 gradients), the
+# 14B plan, and 14B on one GPU: bf16 matmuls at micro-batch 8 (fits: 73.8 GiB), and the fp8 config as shipped
+# (refused with the plan's size until the fp8 weight quants are transient or offloaded). Host memory: the
+# run's peak resident set (pinned pages included), printed by the python wrapper $peak (run under timeout).
+if has bf16master; then
+    b14="--warmup 1 --steps 3 --set parallel.gpus=1"
+    peak='import resource, subprocess, sys
+rc = subprocess.call(sys.argv[1:])
+print("peak host memory (resident): %.1f GiB" % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1048576))
+sys.exit(rc)'
+    { QT_TEST_ONLY=adamw step test_ops_gpu_adamw 300 build/tests/test_ops_gpu
+      for k in embedding_bwd bias_bwd rmsnorm_bwd grad_norm matmul_wgrad matmul_fp8; do
+          QT_TEST_ONLY=$k step test_ops_gpu_$k 300 build/tests/test_ops_gpu
+      done
+      QT_TEST_ONLY=bf16_master step test_kernels 300 build/tests/test_kernels
+      step mutant_build 900 make -j16 CUDA_ARCH=90a BUILD=build-mutant EXTRA_NVFLAGS=-DQT_MUTANT_SR_STATE_INDEX \
+          build-mutant/tests/test_kernels
+      QT_TEST_ONLY=bf16_master step mutant_test_kernels_must_fail 300 build-mutant/tests/test_kernels
+      QT_TEST_ONLY=bf16 step test_train 900 build/tests/test_train
+      QT_TEST_ONLY=plan_14b step test_stores_14b_plan 60 build/tests/test_stores
+      step bench_14b_bf16_mb8 600 python3 -c "$peak" build/bench/train_bench configs/qwen2.5-14b-fp8.yaml $b14 \
+          --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16 --set data.micro_batch=8 --set data.grad_accum=64
+      step bench_14b_fp8_shipped 300 python3 -c "$peak" build/bench/train_bench configs/qwen2.5-14b-fp8.yaml $b14
+    } 2>&1 | tee "$OUT/bf16master.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|eval loss|tokens/s|rror|total \(one|peak host|fits|GiB'
 fi
 # memory.offload_optimizer: its tests, then the cost on one GPU — the optimizer step's time in the
 # per-op breakdown (one 16 x 1024 micro-batch per step) and tokens/s at the llmq setting, off and on in
@@ -156,23 +183,50 @@ if has overlap; then
     } 2>&1 | tee "$OUT/overlap.log" | grep -E '==|tokens/s|rror' | head -40
 fi
 # Signals and kills on the GPU path (test_reliability's _gpu tests: SIGINTs at random times and a
-# bit-exact resume, 50 SIGKILLs), then the checkpoint stall: training paused per checkpoint (target
-# under 1 s at 0.5B; 3B offloaded stands in for the large models), the background write time and the
-# peak host memory, on byte-level tinyshakespeare shards, a checkpoint every 4 steps.
+# bit-exact resume, 50 SIGKILLs, a NaN update stopping the run on every GPU path, the offloaded state
+# written where it lives; the NaN count kernel's rows), then the checkpoint stall: training paused per
+# checkpoint plus the offloaded optimizer's waits for the writer (target under 1 s at 0.5B), the
+# background write time and the peak host memory, on byte-level tinyshakespeare shards, a checkpoint
+# every 4 steps. reliability_big: 7B fp8 offloaded at seq 1024 (micro-batch 8, the shipped plan), a
+# checkpoint every 2 steps (target stall under 10 s); it needs ~230 GB of free disk (two 106 GB
+# checkpoints while the second is written) and skips saying so otherwise.
 if has reliability; then
     d=$OUT/ckpt_stall
     rm -rf "$d" && mkdir -p "$d"
     python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$d/data" --eval-frac 0.05 > /dev/null
     common="--set data.train=$d/data/train_*.bin --set eval.every=0 --set data.micro_batch=16 --set data.grad_accum=1
             --set optim.steps=16 --set optim.warmup=2 --set checkpoint.every=4 --set log.every=4 --set parallel.gpus=1"
-    { QT_TEST_ONLY=_gpu step test_reliability 900 build/tests/test_reliability
-      step stall_0.5b_bf16 600 /usr/bin/time -v build/qtrain configs/qwen2.5-0.5b-bf16.yaml $common \
-          --set checkpoint.dir=$d/ck_0.5b --set log.file=$d/0.5b.jsonl
+    # per checkpoint: "paused X s" at the save, "waited Y s" when its write ends: the stall is X + Y
+    stalls() { grep -oE 'training paused [0-9.]+ s|optimizer waited [0-9.]+ s' "$1" |
+               awk '{v=$(NF-1); if ($1=="training") p[++n]=v; else w[++m]=v}
+                    END {for (i=1;i<=n;i++) printf "stall per checkpoint %d: %.3f s (paused %.3f + optimizer waited %.3f)\n", i, p[i]+w[i], p[i], w[i]}'; }
+    { QT_TEST_ONLY=_gpu step test_reliability 1200 build/tests/test_reliability
+      QT_TEST_ONLY=count_nonfinite step test_ops_gpu_nonfinite 300 build/tests/test_ops_gpu
+      # the per-step NaN/Inf count's cost beside the AdamW it follows (0.5B parameters)
+      step kernels_bench_nonfinite 300 build/bench/kernels_bench count_nonfinite
+      step kernels_bench_adamw 300 build/bench/kernels_bench adamw
+      for o in false true; do
+          step stall_0.5b_bf16_offload_$o 600 /usr/bin/time -v build/qtrain configs/qwen2.5-0.5b-bf16.yaml $common \
+              --set memory.offload_optimizer=$o --set checkpoint.dir=$d/ck_0.5b_$o --set log.file=$d/0.5b_$o.jsonl \
+              > "$d/0.5b_$o.out" 2>&1
+          cat "$d/0.5b_$o.out"; stalls "$d/0.5b_$o.out"
+          rm -rf "$d/ck_0.5b_$o"
+      done
       if has reliability_big; then
-          step stall_3b_bf16_offload 900 /usr/bin/time -v build/qtrain configs/qwen2.5-3b-bf16.yaml $common \
-              --set memory.offload_optimizer=true --set checkpoint.dir=$d/ck_3b --set log.file=$d/3b.jsonl
+          avail=$(df -BG --output=avail "$d" | tail -1 | tr -dc 0-9)
+          if [ "${avail:-0}" -lt 230 ]; then
+              echo "== stall_7b_fp8_offload: skipped: ${avail} GB free under $d, two 7B checkpoints need ~230 GB"
+          else
+              step stall_7b_fp8_offload 1500 /usr/bin/time -v build/qtrain configs/qwen2.5-7b-fp8.yaml $common \
+                  --set data.micro_batch=8 --set data.grad_accum=${QT_7B_ACCUM:-16} --set optim.steps=6 \
+                  --set checkpoint.every=2 --set checkpoint.keep=1 --set log.every=1 \
+                  --set checkpoint.dir=$d/ck_7b --set log.file=$d/7b.jsonl > "$d/7b.out" 2>&1
+              cat "$d/7b.out"; stalls "$d/7b.out"
+              rm -rf "$d/ck_7b"
+          fi
       fi
-    } 2>&1 | tee "$OUT/reliability.log" | grep -E '^(PASS|FAIL|SKIP|==)|SIGINTs|SIGKILLs|paused|saved|Maximum resident|rror'
+    } 2>&1 | tee "$OUT/reliability.log" |
+        grep -E '^(PASS|FAIL|SKIP|==)|SIGINTs|SIGKILLs|mutant|checkpoints, training|paused|saved|stall per|snapshot:|count_nonfinite|adamw_fp32|Maximum resident|rror'
 fi
 # tools/tokenize against HF tokenizers' own encode_batch on every core of this machine (300 MB corpus,
 # 32k BPE; figures into tools/README.md).

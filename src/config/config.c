@@ -14,6 +14,7 @@
 #include <yaml.h>
 
 #include "qt_config.h"
+#include "qt_dtype.h"
 
 #define MAX_KEYS 128
 #define MAX_SECTIONS 32
@@ -352,6 +353,12 @@ static int cross_check(ctx *x) {
                     "optimizer state), got \"%s\"; give only parallel.zero", c->parallel.zero >= 1 ? "true" : "false",
                     c->parallel.zero, c->parallel.shard_optimizer ? "true" : "false");
     c->parallel.shard_optimizer = c->parallel.zero >= 1;
+    /* ZeRO-2's gradient slots, the margins added across bucket boundaries and the rank's summed shard
+     * are fp32 (the shard is += every micro-step: bf16 there would round each micro-step's sum) */
+    if (c->parallel.zero >= 2 && c->precision.grad_accum_dtype == QT_DT_BF16)
+        return fail(x, at_of(x, "precision.grad_accum_dtype"), "precision.grad_accum_dtype",
+                    "expected fp32 with parallel.zero: %d (the gradient slots and the rank's summed gradient shard "
+                    "are fp32), got \"bf16\"; bf16 gradients need parallel.zero <= 1", c->parallel.zero);
     if ((int64_t)c->data.micro_batch * c->data.seq_len > INT32_MAX) {
         where wm = at_of(x, "data.micro_batch");
         const char *key = given(wm) ? "data.micro_batch" : "data.seq_len";

@@ -60,7 +60,7 @@ static void CUDART_CB sleep_ms(void *ms) {
 
 /* MUTANT (zero_mutant 2): piece += every rank's copy of this rank's piece of the bucket, in descending
  * rank order; a test must see other bits than the comm's ascending order with 3 ranks. */
-static void mutant_sum(qt_dp_sync *d, int b, const float *g, float *piece, cudaStream_t s) {
+static void mutant_sum(qt_dp_sync *d, int b, const void *g, void *piece, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
     size_t lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, n = (size_t)sh->n_ranks, off, len, st;
     qt_shard_piece(sh, b, &off, &len, &st);
@@ -70,17 +70,19 @@ static void mutant_sum(qt_dp_sync *d, int b, const float *g, float *piece, cudaS
 }
 
 /* Sums bucket b over the ranks on stream s: all of it (replicated optimizer state) or this rank's piece
- * (sharded). With parallel.reduce_dtype bf16 the sum travels in the store's bf16 comm buffer. ZeRO-2:
- * from the bucket's slot, the rank's piece of the sum added to its gradient shard (+=: every
- * micro-step; 0 + x = x, so one micro-step gives ZeRO-1's bits), then the slot zeroed for its next
- * bucket and, when shared, its event recorded. */
+ * (sharded). With parallel.reduce_dtype bf16 the sum travels in the store's bf16 comm buffer; bf16
+ * gradients (precision.grad_accum_dtype) are summed in place in bf16. The comm adds in fp32 in rank
+ * order and rounds once to the dtype (RNE). ZeRO-2 (fp32 gradients): from the bucket's slot, the rank's
+ * piece of the sum added to its gradient shard (+=: every micro-step; 0 + x = x, so one micro-step gives
+ * ZeRO-1's bits), then the slot zeroed for its next bucket and, when shared, its event recorded. */
 static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
-    int half = d->plan.reduce_bf16, rank = d->plan.rank, z2 = d->plan.grads_sharded;
-    qt_dtype dt = half ? QT_DT_BF16 : QT_DT_F32;
+    int g16 = ps->grad_dt == QT_DT_BF16, half = d->plan.reduce_bf16 && !g16, rank = d->plan.rank;
+    int z2 = d->plan.grads_sharded;
+    qt_dtype dt = half || g16 ? QT_DT_BF16 : QT_DT_F32;
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
-    float *g = z2 ? qt_param_grad_slot(ps, b) : ps->grad + lo; /* the bucket's gradients, whole */
+    void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
     char *buf = half ? (char *)ps->comm_buf : (char *)g;
     int mutant = z2 && !half && d->mutant == 2;
     if (z2 && d->sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->sum_delay_ms));
@@ -101,7 +103,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
         int k = qt_param_grad_slot_shared(ps, b);
         if (k >= 0) QT_CUDA(cudaEventRecord(d->slot_ev[k], s));
     } else if (half) {
-        qt_cast_bf16_to_f32(ps->grad + off, buf + (off - lo) * es, len, s);
+        qt_cast_bf16_to_f32(qt_param_g(ps, off), buf + (off - lo) * es, len, s);
     }
 }
 
@@ -158,8 +160,9 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
             size_t hi = off + len < end ? off + len : end; /* the embeddings sit at flat index 0 */
             /* the table's base as the kernel indexes it: element off at the rank's piece */
             if (off < hi)
-                qt_embedding_bwd_range(qt_param_grad_piece(d->ps, b) - off, off, hi, dres + j * N * C, QT_DT_F32,
-                                       tok + j * N, (long)N, (int)C, c->vocab_size, ws, cs);
+                qt_embedding_bwd_range((char *)qt_param_grad_piece(d->ps, b) - off * qt_dtype_size(d->ps->grad_dt),
+                                       d->ps->grad_dt, off, hi, dres + j * N * C, QT_DT_F32, tok + j * N, (long)N, (int)C,
+                                       c->vocab_size, ws, cs);
         }
 }
 
@@ -329,7 +332,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     }
     qt_gpu_model_mark(g, "optimizer: norm + adamw");
     if (sh->n_ranks == 1) {
-        qt_grad_norm(ps->norm, ps->clip, ps->grad, sh->total, d->grad_clip, g->ws, s);
+        qt_grad_norm(ps->norm, ps->clip, ps->grad, ps->grad_dt, sh->total, d->grad_clip, g->ws, s);
         return;
     }
     int nb = sh->n_buckets;
@@ -337,7 +340,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     for (int b = 0; b < nb; b++) {
         size_t off, len, st;
         qt_shard_piece(sh, b, &off, &len, &st);
-        qt_grad_sumsq(mine + b, qt_param_grad_piece(ps, b), len, g->ws, s);
+        qt_grad_sumsq(mine + b, qt_param_grad_piece(ps, b), ps->grad_dt, len, g->ws, s);
     }
     /* every rank's fp64 sums (two fp32 words each), gathered in place */
     QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->sumsq, mine, 2 * (size_t)nb * sh->n_ranks, QT_DT_F32, s) == 0,

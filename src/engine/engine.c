@@ -66,6 +66,14 @@ int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err,
     return n;
 }
 
+int qt_engine_nonfinite_weight(qt_engine *e, int settle, long *index, long *step, char *err, size_t errlen) {
+    volatile long i = -1;
+    *step = -1;
+    if (e->ops->nonfinite_weight) CAUGHT(err, errlen, i = e->ops->nonfinite_weight(e, settle, step));
+    *index = i;
+    return 0;
+}
+
 int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen) {
     volatile int rc = 0;
     CAUGHT(err, errlen, rc = e->ops->load_state(e, ck, err, errlen));

@@ -18,6 +18,7 @@ typedef struct {
     double tok_sum;       /* their target losses, summed (mean x count) */
     long valid, valid0;   /* targets >= 0 since the last opt_step; the first micro-step's count */
     int n_micro, uneven;  /* uneven: the micro-steps' target counts differ (loss masks) */
+    long t;               /* the last opt_step's step */
 } cpu_engine;
 
 static void cpu_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale) {
@@ -41,6 +42,7 @@ static void cpu_opt_step(qt_engine *e, float lr, long t, float *loss, float *gno
     double norm = qt_grad_norm_cpu(c->g, e->L->numel);
     float scale = qt_clip_scale(norm, cfg->optim.grad_clip);
     qt_adamw_hp hp = {lr, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps, cfg->optim.weight_decay};
+    c->t = t;
     for (int i = 0; i < e->L->n_tensors; i++) {
         const qt_tensor *tt = &e->L->tensors[i];
         int decay = tt->is_matrix || (cfg->optim.decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
@@ -108,8 +110,10 @@ static int cpu_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t err
     return 0;
 }
 
-static long cpu_nonfinite_weight(qt_engine *e) {
+static long cpu_nonfinite_weight(qt_engine *e, int settle, long *step) {
+    (void)settle; /* checked at once: the update ran on this thread */
     const float *w = ((cpu_engine *)e)->w;
+    *step = ((cpu_engine *)e)->t;
     for (size_t i = 0; i < e->L->numel; i++)
         if (!isfinite(w[i])) return (long)i;
     return -1;

@@ -69,6 +69,8 @@ struct dp_engine {
     float *out;
     qt_ckpt_item *items;
     int cap, nitems, on;
+    int settle;
+    long bad[QT_COMM_MAX_RANKS], bad_step[QT_COMM_MAX_RANKS]; /* each rank's nonfinite_weight */
     const qt_ckpt *ck;
     int rc[QT_COMM_MAX_RANKS];
     int fail_rank; /* test hook (qt_test_hooks): that rank fails just before optimizer step fail_step */
@@ -160,6 +162,9 @@ static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], 
 static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->in, d->out); }
 static void job_items(dp_engine *d, int r) { d->nitems = d->rk[r]->ops->state_items(d->rk[r], d->items, d->cap); }
 static void job_load(dp_engine *d, int r) { d->rc[r] = d->rk[r]->ops->load_state(d->rk[r], d->ck, d->err[r], sizeof d->err[r]); }
+static void job_nonfinite(dp_engine *d, int r) {
+    d->bad[r] = d->rk[r]->ops->nonfinite_weight(d->rk[r], d->settle, &d->bad_step[r]);
+}
 static void job_memory(dp_engine *d, int r) { d->rk[r]->ops->print_memory(d->rk[r]); }
 static void job_profile(dp_engine *d, int r) { d->rk[r]->ops->profile(d->rk[r], d->on); }
 static void job_profile_print(dp_engine *d, int r) { d->rk[r]->ops->profile_print(d->rk[r], d->on); }
@@ -287,6 +292,22 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     return d->nitems;
 }
 
+/* Each rank checks the weights its AdamW wrote (its pieces when sharded): the earliest step's first
+ * NaN/Inf over the ranks. */
+static long dp_nonfinite_weight(qt_engine *b, int settle, long *step) {
+    dp_engine *d = (dp_engine *)b;
+    d->settle = settle;
+    run(d, job_nonfinite, -1);
+    long bad = -1;
+    *step = -1;
+    for (int r = 0; r < d->n; r++)
+        if (d->bad[r] >= 0 && (bad < 0 || d->bad_step[r] < *step || (d->bad_step[r] == *step && d->bad[r] < bad))) {
+            bad = d->bad[r];
+            *step = d->bad_step[r];
+        }
+    return bad;
+}
+
 static int dp_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errlen) {
     dp_engine *d = (dp_engine *)b;
     d->ck = ck;
@@ -344,6 +365,7 @@ static const qt_engine_ops dp_ops = {
     .forward_logits = dp_forward_logits,
     .state_items = dp_state_items,
     .state_is_snapshot = 1,
+    .nonfinite_weight = dp_nonfinite_weight,
     .load_state = dp_load_state,
     .print_memory = dp_print_memory,
     .profile = dp_profile,

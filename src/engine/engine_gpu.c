@@ -5,7 +5,12 @@
  * summed over the ranks and their norm taken (qt_dp_sync_reduce), AdamW runs group by group on the
  * plan's stream, each group's weights are released to the next forward (gathered over the ranks when
  * sharded, quantized to fp8), the gradients are zeroed, and the one host read per step brings the loss
- * and norm back. The rest is checkpoint state and host copies for tests. */
+ * and norm back, with the count of NaN/Inf among the bf16 weights this rank's AdamW just wrote (one
+ * read of 2 bytes per parameter on the GPU; with AdamW ahead of the next forward the count is taken at
+ * the end of the next step, or before a checkpoint). The rest is checkpoint state and host copies for
+ * tests. */
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +32,12 @@ typedef struct {
     cudaEvent_t pin_free[2]; /* recorded after the upload that read pin[k] */
     int k;
     long valid_total;       /* targets >= 0 since the last opt_step */
-    struct { double loss; float norm; int nonfinite; } *out; /* pinned: the one read per optimizer step */
+    /* pinned: the one read per optimizer step; bad[t & 1]: step t's NaN/Inf count of the updated weights */
+    struct { double loss; float norm; int nonfinite; unsigned bad[2]; } *out;
+    unsigned *bad_dev;      /* device: the count being taken (owned) */
+    cudaEvent_t bad_ev[2];  /* [t & 1]: recorded on the optimizer's stream once bad[t & 1] is copied */
+    long bad_pending[2];    /* [t & 1]: step t when its count is in flight, else 0 */
+    long first_bad, first_bad_step; /* the first NaN/Inf weight found (-1: none) and the step that made it */
     void *host_state[4];    /* state_items' host copies (owned) */
     int micro_done;         /* micro-steps since creation (the first runs eagerly) */
     int micro_in_step;      /* micro-steps since the last opt_step */
@@ -70,21 +80,48 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
     e->micro_done++;
 }
 
+/* Test hook nonfinite_tensor/step: a NaN gradient in the middle of that tensor (when it lies in buckets
+ * [k0, k1)) before step t's AdamW of them: every rank sets it, the rank whose piece holds it updates it. */
+static void inject_nonfinite(gpu_engine *e, long t, int k0, int k1, cudaStream_t s) {
+    const qt_test_hooks *h = qt_test_hooks_get();
+    const qt_param_store *ps = e->g->ps;
+    const qt_tensor *tt = h->nonfinite_step == t && h->nonfinite_tensor ? qt_layout_find(e->base.L, h->nonfinite_tensor) : NULL;
+    size_t i = tt ? tt->offset + tt->numel / 2 : 0;
+    if (tt && i >= ps->shard.bucket[k0] && i < ps->shard.bucket[k1]) qt_fill(ps->grad + i, QT_DT_F32, NAN, 1, s);
+}
+
+/* Adds to bad_dev the NaN/Inf count of the bf16 weights this rank's AdamW wrote in buckets [k0, k1). */
+static void count_nonfinite(gpu_engine *e, int k0, int k1, cudaStream_t s) {
+    const qt_param_store *ps = e->g->ps;
+    for (int k = k0; k < k1 && !qt_test_hooks_get()->nonfinite_unchecked; k++) {
+        size_t off, len, st, np;
+        qt_shard_piece(&ps->shard, k, &off, &len, &st);
+        if ((np = qt_shard_params(off, len, e->base.L->numel))) qt_count_nonfinite(e->bad_dev, qt_param_w(ps, off), np, s);
+    }
+}
+
 /* AdamW group by group on the plan's stream (the side stream when it runs ahead of the next forward,
- * the gradients zeroed behind it), each group's weights released to the next forward; then the fp8
- * quants of one GPU (once per step) and the gradients zeroed. */
+ * the gradients zeroed behind it), each group's new weights counted for NaN/Inf and released to the
+ * next forward; then the count goes to out->bad[t & 1], the fp8 quants of one GPU (once per step) and
+ * the gradients zeroed. */
 static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
     qt_gpu_model *g = e->g;
     qt_param_store *ps = g->ps;
     cudaStream_t os = qt_dp_sync_opt_stream(e->sync);
-    int ahead = e->plan.opt_ahead;
+    int ahead = e->plan.opt_ahead, slot = (int)(a->t & 1);
+    qt_zero(e->bad_dev, sizeof *e->bad_dev, os);
     for (int i = 0; i < qt_param_opt_groups(ps); i++) {
         int k0, k1;
         qt_param_opt_buckets(ps, i, &k0, &k1);
+        inject_nonfinite(e, a->t, k0, k1, os);
         qt_param_opt_step(ps, i, a, os);
+        count_nonfinite(e, k0, k1, os);
         if (ahead) qt_param_zero_grads(ps, k0, k1, os);
         qt_dp_sync_release(e->sync, k0, k1);
     }
+    QT_CUDA(cudaMemcpyAsync(&e->out->bad[slot], e->bad_dev, sizeof *e->bad_dev, cudaMemcpyDeviceToHost, os));
+    QT_CUDA(cudaEventRecord(e->bad_ev[slot], os));
+    e->bad_pending[slot] = a->t;
     if (!ahead) {
         if (e->plan.dp != QT_DP_SHARDED && e->plan.fp8) { /* once per step: the persistent quants */
             qt_gpu_model_mark(g, "fp8 quantize: weights");
@@ -92,6 +129,52 @@ static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
         }
         qt_param_zero_grads(ps, 0, ps->shard.n_buckets, g->stream);
     }
+}
+
+/* The flat index of the first NaN/Inf among this rank's pieces of the bf16 weights (host scan: only once
+ * a count said there is one), -1 when none. */
+static long first_nonfinite(gpu_engine *e) {
+    const qt_param_store *ps = e->g->ps;
+    qt_dp_sync_join(e->sync);
+    QT_CUDA(cudaStreamSynchronize(e->g->stream));
+    long bad = -1;
+    for (int k = 0; k < ps->shard.n_buckets && bad < 0; k++) {
+        size_t off, len, st, np = 0;
+        qt_shard_piece(&ps->shard, k, &off, &len, &st);
+        uint16_t *h = (np = qt_shard_params(off, len, e->base.L->numel)) ? malloc(np * 2) : NULL;
+        QT_CHECK(h || !np, "out of host memory");
+        if (np) QT_CUDA(cudaMemcpy(h, qt_param_w(ps, off), np * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < np && bad < 0; i++)
+            if ((h[i] & 0x7f80u) == 0x7f80u) bad = (long)(off + i);
+        free(h);
+    }
+    return bad;
+}
+
+/* Takes in the counts in flight of steps before `upto` (wait: their copy is waited for; else only those
+ * already copied), keeping the first step that found a NaN/Inf. */
+static void take_counts(gpu_engine *e, long upto, int wait) {
+    int older = e->bad_pending[1] && (!e->bad_pending[0] || e->bad_pending[1] < e->bad_pending[0]);
+    for (int pass = 0; pass < 2; pass++) { /* the older step first */
+        int k = pass ^ older;
+        long t = e->bad_pending[k];
+        if (!t || t >= upto) continue;
+        if (!wait && cudaEventQuery(e->bad_ev[k]) == cudaErrorNotReady) continue;
+        QT_CUDA(cudaEventSynchronize(e->bad_ev[k]));
+        e->bad_pending[k] = 0;
+        if (e->out->bad[k] && e->first_bad < 0) {
+            e->first_bad = first_nonfinite(e);
+            e->first_bad_step = t;
+            QT_CHECK(e->first_bad >= 0, "step %ld: %u NaN/Inf weights counted but none found", t, e->out->bad[k]);
+        }
+    }
+}
+
+static long gpu_nonfinite_weight(qt_engine *b, int settle, long *step) {
+    gpu_engine *e = (gpu_engine *)b;
+    take_counts(e, LONG_MAX, settle);
+    *step = e->first_bad_step;
+    return e->first_bad;
 }
 
 static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
@@ -109,7 +192,10 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     if (e->plan.fp8) QT_CUDA(cudaMemcpyAsync(&e->out->nonfinite, g->fp8->nonfinite, 4, cudaMemcpyDeviceToHost, s));
     qt_zero(g->loss_sum, 8, s);
     QT_CUDA(cudaStreamSynchronize(s));
-    if (e->plan.fp8 && e->out->nonfinite) {
+    /* this step's count when AdamW ran on s; ahead of the next forward, the last step's (that forward
+     * waited for every bucket: the copy is done or about to be) */
+    take_counts(e, e->plan.opt_ahead ? t : LONG_MAX, 1);
+    if (e->plan.fp8 && e->out->nonfinite && e->first_bad < 0) { /* NaN weights: the precise message wins */
         char name[96];
         QT_CHECK(0, "step %ld: fp8 scale of %s is NaN/Inf (its abs-max was not finite): the run diverged", t,
                  qt_fp8_tag_name(e->out->nonfinite, name, sizeof name));
@@ -161,8 +247,16 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 
 static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
 
-/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths),
- * the bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. Sharded:
+/* One GPU offloaded: m, v and an fp32 master are checkpointed from where they live (pinned host
+ * memory); the optimizer waits for the writer per chunk (set_state_guard). A bf16 master is the device
+ * weights: copied like them. A data-parallel rank's are copied: the data-parallel engine hands rank 0's
+ * blobs on as snapshots. */
+static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE; }
+static int live_item(const gpu_engine *e, int i) { return live_state(e) && (i >= 2 || (i == 0 && e->g->ps->master)); }
+
+/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths; with
+ * precision.master_dtype bf16 the exact fp32 values of the bf16 weights), the bf16 working copy (it
+ * differs from RNE(master) under stochastic rounding) and m, v. Sharded:
  * weights, adam_m and adam_v hold this rank's pieces only, back to back with their padding (the
  * store's shard says where each goes). */
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
@@ -176,11 +270,28 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         qt_dtype dt;
         const void *src = qt_param_item(ps, i, &dt);
         size_t bytes = (i == 1 ? n : ns) * qt_dtype_size(dt);
+        if (live_item(e, i)) {
+            items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes};
+            continue;
+        }
         if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
-        QT_CUDA(cudaMemcpy(e->host_state[i], src, bytes, cudaMemcpyDefault)); /* master, m, v: maybe host */
+        if (i == 0) qt_param_get_master_pieces(ps, e->host_state[0]); /* fp32 whatever precision.master_dtype */
+        else QT_CUDA(cudaMemcpy(e->host_state[i], src, bytes, cudaMemcpyDefault)); /* m, v: maybe host */
         items[i] = (qt_ckpt_item){item_names[i], dt, e->host_state[i], bytes};
     }
     return 4;
+}
+
+static int gpu_state_live(qt_engine *b, qt_ckpt_live *live) {
+    gpu_engine *e = (gpu_engine *)b;
+    if (!live_state(e)) return live->n = 0;
+    *live = e->g->ps->master ? (qt_ckpt_live){3, {0, 2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk}
+                             : (qt_ckpt_live){2, {2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk};
+    return live->n;
+}
+
+static void gpu_set_state_guard(qt_engine *b, void (*wait)(void *ctx, size_t hi), void *ctx) {
+    qt_gpu_optim_set_guard(((gpu_engine *)b)->g->ps->opt, wait, ctx);
 }
 
 /* Checkpoints hold whole arrays; a sharded rank takes its pieces. */
@@ -196,7 +307,9 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
         size_t bytes, es = qt_dtype_size(want_dt), want = n * es;
         int dt;
         const void *p = qt_ckpt_get(ck, item_names[i], &bytes, &dt);
-        if (!p && i == 1) { /* a CPU checkpoint: the bf16 copy from all of "weights" */
+        /* a CPU checkpoint, or a bf16 master: the bf16 weights are RNE("weights") — the same bits where a
+         * bf16-master run wrote it, one rounding of an fp32 master's (documented at precision.master_dtype) */
+        if (i == 1 && (!p || !ps->master)) {
             qt_param_upload_bf16(ps, qt_ckpt_get(ck, item_names[0], NULL, NULL), n, g->stream);
             continue;
         }
@@ -209,6 +322,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
             QT_CUDA(cudaMemcpyAsync(dst, p, want, cudaMemcpyHostToDevice, g->stream));
             continue;
         }
+        if (!dst) continue; /* no master array (bf16): "weights" goes into the bf16 weights (i == 1) */
         for (int k = 0; k < ps->shard.n_buckets; k++) {
             size_t off, len, st, np;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);
@@ -235,6 +349,8 @@ static void gpu_free(qt_engine *b) {
     for (int i = 0; i < 4; i++)
         if (e->host_state[i]) QT_CUDA(cudaFreeHost(e->host_state[i]));
     QT_CUDA(cudaFreeHost(e->out));
+    QT_CUDA(cudaFree(e->bad_dev));
+    for (int i = 0; i < 2; i++) QT_CUDA(cudaEventDestroy(e->bad_ev[i]));
     qt_gpu_model_free(e->g);
     free(e);
 }
@@ -247,6 +363,8 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
     {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
      .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .forward_logits = gpu_forward_logits, \
      .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
+     .nonfinite_weight = gpu_nonfinite_weight, .state_live = gpu_state_live,                             \
+     .set_state_guard = gpu_set_state_guard,                                                           \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
@@ -296,7 +414,14 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
         QT_CUDA(cudaEventCreateWithFlags(&e->pin_free[i], cudaEventDisableTiming));
         QT_CUDA(cudaEventRecord(e->pin_free[i], e->g->stream));
     }
+    /* the checkpoint snapshot (gpu_state_items): the bf16 weights, and master, m, v unless written in place */
+    const qt_param_store *ps = e->g->ps;
+    size_t snap = L->numel * 2 + (live_state(e) ? 0 : ps->shard.len * (4 + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)));
+    qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", snap);
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
+    QT_CUDA(cudaMalloc((void **)&e->bad_dev, sizeof *e->bad_dev));
+    for (int i = 0; i < 2; i++) QT_CUDA(cudaEventCreateWithFlags(&e->bad_ev[i], cudaEventDisableTiming));
+    e->first_bad = e->first_bad_step = -1;
     /* a forward that did not wait for its bucket would then read last step's weights (test_train) */
     e->sync = qt_dp_sync_create(e->g, &e->plan, cfg, rank ? rank->comm : NULL, qt_test_hooks_get());
     return &e->base;

@@ -14,8 +14,8 @@
  * qt_fp8_producer_amax, zeroed once per micro-step by qt_fp8_reset_amax) or, where no producer did
  * (the cuDNN attention output, the weights), from a separate abs-max pass. The scale is derived on
  * the device inside the quantize launch; the GEMMs read &sc->descale through cuBLASLt's scale
- * pointers, so nothing reaches the host. Output bf16 (fwd, dgrad) or fp32 accumulated into the
- * fp32 gradients (wgrad), fp32 accumulation throughout. Fast accumulation only where K is a feature
+ * pointers, so nothing reaches the host. Output bf16 (fwd, dgrad) or accumulated into the gradients
+ * (wgrad: beta = 1 into fp32, or into bf16 rounded once, RNE, per accumulation), fp32 accumulation throughout. Fast accumulation only where K is a feature
  * dimension (fwd, dgrad); the wgrad contracts over all N tokens and keeps the periodic fp32 promotion.
  * A NaN/Inf abs-max sets *nonfinite to the tensor's tag (first one wins), read once per optimizer step. */
 #include "qt_gpu_fp8.h"
@@ -252,9 +252,9 @@ void qt_fp8_dgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void
                   &sw->descale, NULL, f->N, f->in[k], f->out[k], 1, 0, s);
 }
 
-void qt_fp8_wgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, float *dw, cudaStream_t s) {
+void qt_fp8_wgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *dw, qt_dtype dw_dt, cudaStream_t s) {
     qt_fp8_scale *sd = sc_of(f, layer, k, SC_DY), *sx = sc_of(f, layer, k, SC_X);
     QT_CHECK(f->N <= 0x7fffffffL, "qt_fp8_wgrad: %ld tokens do not fit cuBLASLt's int K", f->N);
-    qt_matmul_fp8(mm, dw, QT_DT_F32, f->dyqT, f->grad_dt, &sd->descale, f->xqT[layer * QT_FP8_NMM + k], QT_DT_E4M3,
+    qt_matmul_fp8(mm, dw, dw_dt, f->dyqT, f->grad_dt, &sd->descale, f->xqT[layer * QT_FP8_NMM + k], QT_DT_E4M3,
                   &sx->descale, NULL, f->out[k], f->in[k], (int)f->N, 0, 1, s);
 }

@@ -87,7 +87,10 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
 }
 
 static void *Wp(const qt_gpu_model *g, size_t off) { return qt_param_w(g->ps, off); }
-static float *Gp(const qt_gpu_model *g, size_t off) { return qt_param_g(g->ps, off); }
+/* Weight gradients: every writer below accumulates ("+=") into them in the store's grad_dt (fp32, or bf16
+ * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums). */
+static void *Gp(const qt_gpu_model *g, size_t off) { return qt_param_g(g->ps, off); }
+static qt_dtype Gdt(const qt_gpu_model *g) { return g->ps->grad_dt; }
 
 static void free_host(qt_gpu_model *g) {
     qt_act_store_free(g->as);
@@ -207,7 +210,7 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
         if (!backward) continue;
         qt_gpu_model_mark(g, "lm head: dgrad + wgrad");
         qt_matmul_dgrad(g->mm, (char *)g->as->dlnf + r0 * C * 2, QT_DT_BF16, g->logits, Wp(g, g->L->lm_head), n, C, V, 0, s);
-        qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), QT_DT_F32, NULL, g->logits, x, n, C, V, 1, s);
+        qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), Gdt(g), NULL, g->logits, x, n, C, V, 1, s);
     }
     qt_gpu_model_mark(g, "lm head: loss");
     qt_sum_f32(g->loss_sum, g->losses, g->N, s);
@@ -243,12 +246,12 @@ static void lin_bwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void
         qt_gpu_model_mark(g, "fp8 quantize: gradients");
         qt_fp8_quant_grad(g->fp8, l, k, dy, s);
         qt_gpu_model_mark(g, label);
-        qt_fp8_wgrad(g->fp8, g->mm, l, k, Gp(g, w), s);
+        qt_fp8_wgrad(g->fp8, g->mm, l, k, Gp(g, w), Gdt(g), s);
         qt_fp8_dgrad(g->fp8, g->mm, l, k, dx, s);
         return;
     }
     qt_gpu_model_mark(g, label);
-    qt_matmul_wgrad(g->mm, Gp(g, w), QT_DT_F32, NULL, dy, x, g->N, I, O, 1, s);
+    qt_matmul_wgrad(g->mm, Gp(g, w), Gdt(g), NULL, dy, x, g->N, I, O, 1, s);
     qt_matmul_dgrad(g->mm, dx, QT_DT_BF16, dy, Wp(g, w), g->N, I, O, 0, s);
 }
 
@@ -374,7 +377,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     qt_swiglu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
     lin_bwd(g, "matmul bwd: gate|up", l, QT_FP8_GU, as->dln, a->gu, a->ln2, o->wgu, d.C, 2 * d.F);
     qt_gpu_model_mark(g, "rmsnorm bwd");
-    qt_rmsnorm_bwd(as->dres, QT_DT_F32, as->dres_bf, fp8_amax(g, l, QT_FP8_O, 1), Gp(g, o->ln2), as->dln, a->res_mid,
+    qt_rmsnorm_bwd(as->dres, QT_DT_F32, as->dres_bf, fp8_amax(g, l, QT_FP8_O, 1), Gp(g, o->ln2), Gdt(g), as->dln, a->res_mid,
                    Wp(g, o->ln2), a->rstd2, N, d.C, g->ws, s);
     /* attention */
     lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, as->datt, as->dres_bf, a->att, o->wo, d.HD, d.C);
@@ -383,11 +386,11 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     qt_gpu_model_mark(g, "rope");
     qt_rope_bwd(as->dqkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, fp8_amax(g, l, QT_FP8_QKV, 1), s);
     qt_gpu_model_mark(g, "bias grad");
-    if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), as->dqkv, N, d.QKV, g->ws, s);
+    if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), Gdt(g), as->dqkv, N, d.QKV, g->ws, s);
     lin_bwd(g, "matmul bwd: qkv", l, QT_FP8_QKV, as->dln, as->dqkv, a->ln1, o->wqkv, d.C, d.QKV);
     qt_gpu_model_mark(g, "rmsnorm bwd");
     qt_rmsnorm_bwd(as->dres, QT_DT_F32, l > 0 ? as->dres_bf : NULL, l > 0 ? fp8_amax(g, l - 1, QT_FP8_DOWN, 1) : NULL,
-                   Gp(g, o->ln1), as->dln, a->res, Wp(g, o->ln1), a->rstd1, N, d.C, g->ws, s);
+                   Gp(g, o->ln1), Gdt(g), as->dln, a->res, Wp(g, o->ln1), a->rstd1, N, d.C, g->ws, s);
     qt_act_release(as, l);
     qt_param_release_grads(g->ps, h, o->ln1);
 }
@@ -399,13 +402,13 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
     int nl = c->num_layers;
     qt_gpu_model_mark(g, "rmsnorm bwd");
     qt_zero(as->dres, (size_t)g->N * c->hidden_size * 4, s);
-    qt_rmsnorm_bwd(as->dres, QT_DT_F32, as->dres_bf, fp8_amax(g, nl - 1, QT_FP8_DOWN, 1), Gp(g, g->L->final_norm),
+    qt_rmsnorm_bwd(as->dres, QT_DT_F32, as->dres_bf, fp8_amax(g, nl - 1, QT_FP8_DOWN, 1), Gp(g, g->L->final_norm), Gdt(g),
                    as->dlnf, as->res_final, Wp(g, g->L->final_norm), as->rstdf, g->N, c->hidden_size, g->ws, s);
     qt_param_release_grads(g->ps, sa->hooks, g->L->final_norm); /* the untied LM head above it: lm_head() */
     for (int l = nl - 1; l >= 0; l--) block_backward(g, sa->hooks, l);
     if (!sa->skip_lookups) {
         qt_gpu_model_mark(g, "embedding bwd");
-        qt_embedding_bwd(Gp(g, g->L->embed), as->dres, QT_DT_F32, g->tok, g->N, c->hidden_size, c->vocab_size, g->ws, s);
+        qt_embedding_bwd(Gp(g, g->L->embed), Gdt(g), as->dres, QT_DT_F32, g->tok, g->N, c->hidden_size, c->vocab_size, g->ws, s);
     }
     qt_param_release_grads(g->ps, sa->hooks, 0);
 }

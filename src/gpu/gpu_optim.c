@@ -27,20 +27,23 @@ struct qt_gpu_optim {
     float *master;     /* borrowed: device, or pinned host when slots */
     void *m, *v;
     qt_dtype m_dt, v_dt;
+    size_t master_es;  /* 4, or 0 without a master copy (precision.master_dtype bf16: AdamW updates w_bf16) */
     char *slots;       /* borrowed device memory; NULL: the state is on the device */
     cudaStream_t up, down;
     cudaEvent_t ready[OPT_SLOTS], done[OPT_SLOTS], back[OPT_SLOTS];
     long next;         /* chunks streamed so far: picks the slot */
+    void (*guard)(void *ctx, size_t hi); /* before a chunk goes back down (qt_gpu_optim_set_guard) */
+    void *guard_ctx;
 };
 
 static size_t round4(size_t chunk) { return (chunk + 3) / 4 * 4; }
 
-static size_t slot_stride(size_t chunk, qt_dtype m_dt, qt_dtype v_dt) {
-    return round4(chunk) * (4 + qt_dtype_size(m_dt) + qt_dtype_size(v_dt));
+static size_t slot_stride(size_t chunk, size_t master_es, qt_dtype m_dt, qt_dtype v_dt) {
+    return round4(chunk) * (master_es + qt_dtype_size(m_dt) + qt_dtype_size(v_dt));
 }
 
-size_t qt_gpu_optim_slot_bytes(size_t chunk, qt_dtype m_dt, qt_dtype v_dt) {
-    return OPT_SLOTS * slot_stride(chunk, m_dt, v_dt);
+size_t qt_gpu_optim_slot_bytes(size_t chunk, int master, qt_dtype m_dt, qt_dtype v_dt) {
+    return OPT_SLOTS * slot_stride(chunk, master ? 4 : 0, m_dt, v_dt);
 }
 
 /* The plan of t[j0..j1)'s elements whose state lies in [lo, hi), state indices counted from c0. */
@@ -71,8 +74,8 @@ qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *st
                                   void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk) {
     qt_gpu_optim *o = calloc(1, sizeof *o);
     QT_CHECK(o, "out of host memory");
-    *o = (qt_gpu_optim){.master = master, .m = m, .v = v, .m_dt = m_dt, .v_dt = v_dt, .slots = slots,
-                        .size = round4(chunk)};
+    *o = (qt_gpu_optim){.master = master, .m = m, .v = v, .m_dt = m_dt, .v_dt = v_dt, .master_es = master ? 4 : 0,
+                        .slots = slots, .size = round4(chunk)};
     QT_CHECK(!slots || o->size > 0, "offloaded adamw: chunks of 0 elements");
     /* a chunk per group on the device; offloaded, one per `size` of state + 2 per group */
     size_t cap = (size_t)groups * 2 + (slots && n ? (t[n - 1].state + t[n - 1].numel - t[0].state) / o->size : 0);
@@ -118,32 +121,37 @@ void qt_gpu_optim_free(qt_gpu_optim *o) {
 
 int qt_gpu_optim_groups(const qt_gpu_optim *o) { return o->groups; }
 
-/* Slot i's master, m and v (each holding state [c0, c0 + size) of its chunk). */
+void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx) {
+    o->guard = wait;
+    o->guard_ctx = ctx;
+}
+
+/* Slot i's master (empty without one), m and v (each holding state [c0, c0 + size) of its chunk). */
 static void slot_arrays(const qt_gpu_optim *o, int i, char *p[3]) {
-    p[0] = o->slots + (size_t)i * slot_stride(o->size, o->m_dt, o->v_dt);
-    p[1] = p[0] + o->size * 4;
+    p[0] = o->slots + (size_t)i * slot_stride(o->size, o->master_es, o->m_dt, o->v_dt);
+    p[1] = p[0] + o->size * o->master_es;
     p[2] = p[1] + o->size * qt_dtype_size(o->m_dt);
 }
 
 /* Chunk ch between host and slot i, all three arrays, on stream s. */
 static void move(const qt_gpu_optim *o, const opt_chunk *ch, int i, int up, cudaStream_t s) {
     char *dev[3], *host[3] = {(char *)o->master, o->m, o->v};
-    size_t es[3] = {4, qt_dtype_size(o->m_dt), qt_dtype_size(o->v_dt)};
+    size_t es[3] = {o->master_es, qt_dtype_size(o->m_dt), qt_dtype_size(o->v_dt)};
     slot_arrays(o, i, dev);
-    for (int k = 0; k < 3; k++) {
+    for (int k = o->master ? 0 : 1; k < 3; k++) {
         char *h = host[k] + ch->lo * es[k], *d = dev[k] + (ch->lo - ch->c0) * es[k];
         size_t bytes = (ch->hi - ch->lo) * es[k];
         QT_CUDA(cudaMemcpyAsync(up ? d : h, up ? h : d, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s));
     }
 }
 
-void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, const float *grad_scale,
+void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_dtype g_dt, const float *grad_scale,
                        const qt_adamw_args *a, cudaStream_t s) {
     QT_CHECK(k >= 0 && k < o->groups, "adamw group %d of %d", k, o->groups);
     for (int c = k ? o->group_end[k - 1] : 0; c < o->group_end[k]; c++) {
         const opt_chunk *ch = &o->chunk[c];
         if (!o->slots) {
-            qt_adamw_step(ch->plan, w_bf16, o->master, g, o->m, o->m_dt, o->v, o->v_dt, grad_scale, NULL, a, s);
+            qt_adamw_step(ch->plan, w_bf16, o->master, g, g_dt, o->m, o->m_dt, o->v, o->v_dt, grad_scale, NULL, a, s);
             continue;
         }
         int i = (int)(o->next++ % OPT_SLOTS);
@@ -154,10 +162,12 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const float *g, con
         QT_CUDA(cudaEventRecord(o->ready[i], o->up));
         QT_CUDA(cudaStreamWaitEvent(s, o->ready[i], 0));
         /* a gradient shard (g_at_state) is indexed like the slot's state: from the chunk's first element */
-        qt_adamw_step(ch->plan, w_bf16, (float *)p[0], a->g_at_state ? g + ch->c0 : g, p[1], o->m_dt, p[2], o->v_dt,
+        qt_adamw_step(ch->plan, w_bf16, o->master ? (float *)p[0] : NULL,
+                      a->g_at_state ? (char *)g + ch->c0 * qt_dtype_size(g_dt) : g, g_dt, p[1], o->m_dt, p[2], o->v_dt,
                       grad_scale, NULL, a, s);
         QT_CUDA(cudaEventRecord(o->done[i], s));
         QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));
+        if (o->guard) o->guard(o->guard_ctx, ch->hi); /* the host state below hi is ours again */
         move(o, ch, i, 0, o->down);
         QT_CUDA(cudaEventRecord(o->back[i], o->down));
     }

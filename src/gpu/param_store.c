@@ -1,5 +1,9 @@
 /* param_store.c — the parameters, their gradients and optimizer state on one rank (qt_param_store.h).
  *
+ * precision.master_dtype bf16: no master array (device or host); AdamW reads and writes the bf16
+ * weights themselves (stochastic rounding keyed by the flat index, qt_adamw_step), and the fp32
+ * "master" values handed out (checkpoints, export) are the exact values of those bf16 weights.
+ *
  * Offloaded (QT_OPT_STATE_HOST), master, m and v sit back to back in one pinned allocation; qt_gpu_optim
  * streams them through the device slots carved here. Host weights come up in stage_n pieces through a
  * small fp32 staging buffer and are cast to bf16 on the device (RNE, the same bits as one cast of the
@@ -28,6 +32,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->shard = *sh;
     ps->m_dt = cfg->precision.opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->v_dt = cfg->precision.opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (pl->zero >= 2) {
         ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
@@ -42,7 +48,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     }
     if (pl->opt != QT_OPT_STATE_HOST) return ps;
     size_t ns = sh->len;
-    size_t b[3] = {qt_mem_aligned(ns * 4), qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
+    size_t b[3] = {ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0, qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
                    qt_mem_aligned(ns * qt_dtype_size(ps->v_dt))};
     ps->host_state_bytes = b[0] + b[1] + b[2];
     if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, cudaHostAllocDefault) != cudaSuccess) {
@@ -53,7 +59,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
         return NULL;
     }
     memset(ps->host_state, 0, ps->host_state_bytes); /* m, v start at zero; padding stays defined */
-    ps->master = (float *)ps->host_state;
+    ps->master = b[0] ? (float *)ps->host_state : NULL; /* bf16 master: m and v only */
     ps->m = ps->host_state + b[0];
     ps->v = ps->host_state + b[0] + b[1];
     return ps;
@@ -63,13 +69,14 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
     ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
     if (ps->place.zero >= 2) carve_grad_slots(ps, p);
-    else ps->grad = qt_mem_plan_carve(p, "gradients (fp32)", n * 4);
+    else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
+                                      n * qt_dtype_size(ps->grad_dt));
     if (ps->place.opt == QT_OPT_STATE_HOST) {
         ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
-                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->m_dt, ps->v_dt));
+                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->w_master_dt == QT_DT_F32, ps->m_dt, ps->v_dt));
         qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
     } else {
-        ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
+        if (ps->w_master_dt == QT_DT_F32) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
         ps->m = qt_mem_plan_carve(p, ps->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(ps->m_dt));
         ps->v = qt_mem_plan_carve(p, ps->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(ps->v_dt));
     }
@@ -190,8 +197,8 @@ int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
 
 float *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
 
-float *qt_param_g(const qt_param_store *ps, size_t off) {
-    if (ps->place.zero < 2) return ps->grad + off;
+void *qt_param_g(const qt_param_store *ps, size_t off) {
+    if (ps->place.zero < 2) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
     const size_t *bk = ps->shard.bucket;
     int lo = 0, hi = ps->shard.n_buckets - 1; /* the last bucket with bk[b] <= off */
     while (lo < hi) {
@@ -205,22 +212,31 @@ float *qt_param_g(const qt_param_store *ps, size_t off) {
     return ps->grad_slot[lo] + (off - bk[lo]);
 }
 
-float *qt_param_grad_piece(const qt_param_store *ps, int b) {
+void *qt_param_grad_piece(const qt_param_store *ps, int b) {
     size_t off, len, st;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
-    return ps->grad + (ps->place.zero >= 2 ? st : off);
+    return (char *)ps->grad + (ps->place.zero >= 2 ? st : off) * qt_dtype_size(ps->grad_dt);
 }
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
-    if (ps->place.zero < 2) {
-        QT_CUDA(cudaMemcpy(g, ps->grad, ps->L->numel * 4, cudaMemcpyDeviceToHost));
+    size_t n = ps->L->numel;
+    if (ps->place.zero >= 2) { /* fp32 shard (zero 2 refuses bf16 gradients) */
+        for (int k = 0; k < ps->shard.n_buckets; k++) {
+            size_t off, len, st;
+            qt_shard_piece(&ps->shard, k, &off, &len, &st);
+            QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, qt_shard_params(off, len, n) * 4, cudaMemcpyDeviceToHost));
+        }
         return;
     }
-    for (int k = 0; k < ps->shard.n_buckets; k++) {
-        size_t off, len, st;
-        qt_shard_piece(&ps->shard, k, &off, &len, &st);
-        QT_CUDA(cudaMemcpy(g + off, ps->grad + st, qt_shard_params(off, len, ps->L->numel) * 4, cudaMemcpyDeviceToHost));
+    if (ps->grad_dt == QT_DT_F32) {
+        QT_CUDA(cudaMemcpy(g, ps->grad, n * 4, cudaMemcpyDeviceToHost));
+        return;
     }
+    uint16_t *h = malloc(n * 2 + 1); /* bf16 gradients: their exact fp32 values */
+    QT_CHECK(h, "out of host memory (%zu bf16 gradients)", n);
+    QT_CUDA(cudaMemcpy(h, ps->grad, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) g[i] = qt_bf16_to_f32(h[i]);
+    free(h);
 }
 
 void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s) {
@@ -268,22 +284,22 @@ void qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const float *
     qt_zero(ps->w, sp->total * 2, s); /* the padding stays zero */
     qt_param_upload_bf16(ps, w0, n, s);
     if (!host) {
-        qt_zero(ps->master, ns * 4, s);
+        if (ps->master) qt_zero(ps->master, ns * 4, s);
         qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
         qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
     }
-    for (int b = 0; b < sp->n_buckets; b++) {
+    for (int b = 0; ps->master && b < sp->n_buckets; b++) {
         size_t off, len, st, np;
         qt_shard_piece(sp, b, &off, &len, &st);
         if ((np = qt_shard_params(off, len, n)))
             QT_CUDA(cudaMemcpyAsync(ps->master + st, w0 + off, np * 4, cudaMemcpyDefault, s));
     }
     if (ps->place.zero >= 2) {
-        qt_zero(ps->grad, ns * 4, s);
+        qt_zero(ps->grad, ns * 4, s); /* fp32 */
         for (int b = 0; b < sp->n_buckets; b++)
             if (ps->grad_slot[b]) qt_param_grad_slot_zero(ps, b, s);
     } else {
-        qt_zero(ps->grad, sp->total * 4, s);
+        qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
     make_optimizer(ps, cfg);
 }
@@ -320,23 +336,47 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
     *k1 = i == groups - 1 ? nb : *k0 + 1;
 }
 
+/* A bf16 master always rounds stochastically: with RNE an update below half a bf16 ulp would be lost. */
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
     qt_adamw_args b = *a;
     b.g_at_state = ps->place.zero >= 2; /* the gradient shard, indexed like m and v */
-    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->clip, &b, s);
+    b.stochastic |= ps->w_master_dt == QT_DT_BF16;
+    qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->grad_dt, ps->clip, &b, s);
 }
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
     size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
-    if (ps->place.zero >= 2) qt_zero(ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
-    else qt_zero(ps->grad + lo, (hi - lo) * 4, s);
+    if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
+    else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
+}
+
+/* n fp32 values from the master (fp32) or the bf16 weights at flat index off (the exact value of each). */
+static void master_values(const qt_param_store *ps, float *dst, size_t off, size_t st, size_t n) {
+    if (ps->master) {
+        QT_CUDA(cudaMemcpy(dst, ps->master + st, n * 4, cudaMemcpyDefault));
+        return;
+    }
+    uint16_t *h = malloc(n * 2 + 1);
+    QT_CHECK(h, "out of host memory (%zu bf16 weights)", n);
+    QT_CUDA(cudaMemcpy(h, qt_param_w(ps, off), n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) dst[i] = qt_bf16_to_f32(h[i]);
+    free(h);
 }
 
 void qt_param_get_master(const qt_param_store *ps, float *w) {
     for (int k = 0; k < ps->shard.n_buckets; k++) {
         size_t off, len, st;
         qt_shard_piece(&ps->shard, k, &off, &len, &st);
-        QT_CUDA(cudaMemcpy(w + off, ps->master + st, qt_shard_params(off, len, ps->L->numel) * 4, cudaMemcpyDefault));
+        master_values(ps, w + off, off, st, qt_shard_params(off, len, ps->L->numel));
+    }
+}
+
+void qt_param_get_master_pieces(const qt_param_store *ps, float *w) {
+    memset(w, 0, ps->shard.len * 4); /* padding */
+    for (int k = 0; k < ps->shard.n_buckets; k++) {
+        size_t off, len, st;
+        qt_shard_piece(&ps->shard, k, &off, &len, &st);
+        master_values(ps, w + st, off, st, qt_shard_params(off, len, ps->L->numel));
     }
 }
 

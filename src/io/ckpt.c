@@ -6,7 +6,10 @@
  *            u64 hash
  *   data     each blob at a 64-byte aligned offset, zero padding between; file_bytes = total size.
  * meta_hash = hash64 of header bytes [0,32) then the table; each blob's hash = hash64 of its bytes.
- * hash64 is XXH64 (seed 0): 32-byte stripes in four lanes, so it runs at memory speed. */
+ * hash64 is XXH64 (seed 0): 32-byte stripes in four lanes, so it runs at memory speed.
+ * Writing: the blobs go first, piece by piece in the caller's order (qt_ckpt_save_pieces), each byte
+ * read once — checked, fed to its blob's hash, written at its offset (padding stays a hole: zeros) —
+ * then the table with the hashes at offset 0, the size set, fsync, rename. */
 #include "qt_error.h"
 #include "qt_ckpt.h"
 
@@ -56,6 +59,23 @@ static void xx_update(xx_state *s, const void *data, size_t n) {
     s->v[0] = v0; s->v[1] = v1; s->v[2] = v2; s->v[3] = v3;
     memcpy(s->buf, p, n);
     s->nbuf = (int)n;
+}
+
+/* xx_update without the multiple-of-32 rule: a partial stripe waits in buf for the next call. */
+static void xx_feed(xx_state *s, const void *data, size_t n) {
+    const unsigned char *p = data;
+    if (s->nbuf && n) {
+        unsigned char b[32];
+        size_t have = (size_t)s->nbuf, take = 32 - have < n ? 32 - have : n;
+        memcpy(b, s->buf, have);
+        memcpy(b + have, p, take);
+        s->len -= have; /* counted again by the update below */
+        xx_update(s, b, have + take);
+        p += take;
+        n -= take;
+        if (s->nbuf) return; /* still a partial stripe: n is spent */
+    }
+    xx_update(s, p, n);
 }
 
 static uint64_t xx_final(const xx_state *s) {
@@ -200,8 +220,8 @@ static int check_items(const qt_ckpt_item *items, int n, char *err, size_t errle
     return 0;
 }
 
-/* Header + table for the items (hashes computed here), laid out as described at the top. */
-static unsigned char *build_meta(long step, const qt_ckpt_item *items, int n, size_t *meta_bytes,
+/* Header + table for the items with their blob hashes, laid out as described at the top. */
+static unsigned char *build_meta(long step, const qt_ckpt_item *items, int n, const uint64_t *hash, size_t *meta_bytes,
                                  size_t *file_bytes) {
     size_t mb = CK_HDR + (size_t)n * CK_ENTRY, off = align64(mb);
     unsigned char *m = calloc(1, mb);
@@ -209,7 +229,7 @@ static unsigned char *build_meta(long step, const qt_ckpt_item *items, int n, si
     for (int i = 0; i < n; i++) {
         unsigned char *e = m + CK_HDR + (size_t)i * CK_ENTRY;
         int32_t dt = items[i].dtype;
-        uint64_t bytes = items[i].bytes, o = off, h = qt_ckpt_hash64(items[i].data, items[i].bytes);
+        uint64_t bytes = items[i].bytes, o = off, h = hash[i];
         memcpy(e, items[i].name, strlen(items[i].name));
         memcpy(e + 96, &dt, 4);
         memcpy(e + 104, &bytes, 8);
@@ -236,42 +256,105 @@ static unsigned char *build_meta(long step, const qt_ckpt_item *items, int n, si
     return m;
 }
 
-int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items, int n, char *err,
-                 size_t errlen) {
+/* Each item's pieces must cover its bytes once, in ascending order. */
+static int check_pieces(const qt_ckpt_item *items, int n, const qt_ckpt_piece *pc, int np, char *err, size_t errlen) {
+    size_t *next = calloc((size_t)n + 1, sizeof *next);
+    if (!next) return qt_errf(err, errlen, "out of memory");
+    int rc = 0;
+    for (int k = 0; k < np && !rc; k++) {
+        int i = pc[k].item;
+        if (i < 0 || i >= n || pc[k].lo != next[i] || pc[k].hi < pc[k].lo || pc[k].hi > items[i].bytes)
+            rc = qt_errf(err, errlen, "checkpoint piece %d (item %d, bytes %zu..%zu): out of order or out of range", k, i,
+                         pc[k].lo, pc[k].hi);
+        else next[i] = pc[k].hi;
+    }
+    for (int i = 0; i < n && !rc; i++)
+        if (next[i] != items[i].bytes)
+            rc = qt_errf(err, errlen, "checkpoint item %s: pieces cover %zu of its %zu bytes", items[i].name, next[i], items[i].bytes);
+    free(next);
+    return rc;
+}
+
+static int pwrite_all(int fd, const void *data, size_t n, size_t off) {
+    const char *p = data;
+    while (n) {
+        ssize_t w = pwrite(fd, p, n < ((size_t)1 << 30) ? n : (size_t)1 << 30, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+int qt_ckpt_save_pieces(const char *dir, long step, int keep, const qt_ckpt_item *items, int n, const qt_ckpt_piece *pieces,
+                        int np, const qt_ckpt_piece_fns *fns, char *err, size_t errlen) {
     if (step < 0 || n < 0) return qt_errf(err, errlen, "%s: bad checkpoint step %ld or count %d", dir, step, n);
-    if (check_items(items, n, err, errlen) || qt_ckpt_mkdirs(dir, err, errlen)) return -1;
+    if (check_items(items, n, err, errlen) || check_pieces(items, n, pieces, np, err, errlen) ||
+        qt_ckpt_mkdirs(dir, err, errlen))
+        return -1;
     char tmp[4100], final[4096];
     if (snprintf(final, sizeof final, "%s/ckpt_%08ld.qtc", dir, step) >= (int)sizeof final)
         return qt_errf(err, errlen, "%s: path too long", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    size_t mb, fb;
-    unsigned char *meta = build_meta(step, items, n, &mb, &fb);
-    if (!meta) return qt_errf(err, errlen, "%s: out of memory building the checkpoint table", final);
-    FILE *f = fopen(tmp, "wb");
+    size_t *off = malloc(((size_t)n + 1) * sizeof *off);
+    xx_state *hs = malloc(((size_t)n + 1) * sizeof *hs);
+    uint64_t *hash = malloc(((size_t)n + 1) * sizeof *hash);
+    int fd = off && hs && hash ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -2;
+    if (fd < 0) {
+        free(off), free(hs), free(hash);
+        return fd == -2 ? qt_errf(err, errlen, "%s: out of memory", final) : qt_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    size_t pos = align64(CK_HDR + (size_t)n * CK_ENTRY);
+    for (int i = 0; i < n; i++) {
+        off[i] = pos;
+        pos = align64(pos + items[i].bytes);
+        xx_init(&hs[i]);
+    }
+    /* the blobs first, each byte read once (checked, hashed, written); padding is left as holes (zeros) */
+    int rc = 0;
+    for (int k = 0; k < np && !rc; k++) {
+        const qt_ckpt_item *it = &items[pieces[k].item];
+        size_t len = pieces[k].hi - pieces[k].lo;
+        const char *p = len ? (const char *)it->data + pieces[k].lo : NULL;
+        if (fns && fns->check && (rc = fns->check(it, pieces[k].lo, pieces[k].hi, fns->ctx, err, errlen))) break;
+        if (len && pwrite_all(fd, p, len, off[pieces[k].item] + pieces[k].lo)) {
+            rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+            break;
+        }
+        xx_feed(&hs[pieces[k].item], p, len);
+        if (fns && fns->done) fns->done(fns->ctx, k);
+    }
+    size_t mb = 0, fb = 0;
+    unsigned char *meta = NULL;
+    if (!rc) {
+        for (int i = 0; i < n; i++) hash[i] = xx_final(&hs[i]);
+        meta = build_meta(step, items, n, hash, &mb, &fb);
+        if (!meta) rc = qt_errf(err, errlen, "%s: out of memory building the checkpoint table", final);
+        else if (pwrite_all(fd, meta, mb, 0) || ftruncate(fd, (off_t)fb))
+            rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+    }
+    free(meta), free(off), free(hs), free(hash);
+    FILE *f = rc ? NULL : fdopen(fd, "wb");
     if (!f) {
-        free(meta);
-        return qt_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
-    }
-    static const unsigned char zeros[64];
-    size_t pos = mb;
-    int ok = fwrite(meta, 1, mb, f) == mb;
-    free(meta);
-    for (int i = 0; ok && i < n; i++) {
-        size_t pad = align64(pos) - pos;
-        ok = fwrite(zeros, 1, pad, f) == pad &&
-             (!items[i].bytes || fwrite(items[i].data, 1, items[i].bytes, f) == items[i].bytes);
-        pos += pad + items[i].bytes;
-    }
-    if (ok && fb > pos) ok = fwrite(zeros, 1, fb - pos, f) == fb - pos;
-    if (!ok) {
-        int e = errno;
-        fclose(f);
+        if (!rc) rc = qt_errf(err, errlen, "%s: %s", tmp, strerror(errno));
+        close(fd);
         unlink(tmp);
-        return qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(e));
+        return -1;
     }
     if (qt_ckpt_commit_file(f, tmp, final, err, errlen)) return -1;
     apply_retention(dir, step, keep);
     return 0;
+}
+
+int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items, int n, char *err, size_t errlen) {
+    qt_ckpt_piece *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    if (!p) return qt_errf(err, errlen, "%s: out of memory", dir);
+    for (int i = 0; i < n; i++) p[i] = (qt_ckpt_piece){i, 0, items[i].bytes};
+    int rc = qt_ckpt_save_pieces(dir, step, keep, items, n, p, n > 0 ? n : 0, NULL, err, errlen);
+    free(p);
+    return rc;
 }
 
 typedef struct {

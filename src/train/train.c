@@ -202,15 +202,6 @@ static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t err
     return 0;
 }
 
-/* The weights after step t->step + 1 hold a NaN/Inf: an error naming the tensor (nothing is saved). */
-static int diverged(qt_trainer *t, long bad, float loss, float gnorm, char *err, size_t errlen) {
-    char name[128], newest[QT_PATH_MAX + 32];
-    qt_trainer_tensor_name(t->eng->L, (size_t)bad, name, sizeof name);
-    qt_trainer_newest(t, newest, sizeof newest);
-    return qt_errf(err, errlen, "step %ld: %s is NaN/Inf after the update (loss %g, grad norm %g): training "
-                   "diverged (lower optim.lr?); nothing saved, %s", t->step + 1, name, loss, gnorm, newest);
-}
-
 /* One optimizer step. Returns 0; 1 on a data error (err set; the step did not happen, the last one
  * can be saved); -1 on divergence or an engine failure. */
 static int one_step(qt_trainer *t, float lr, float *loss, float *gnorm, char *err, size_t errlen) {
@@ -227,11 +218,11 @@ static int one_step(qt_trainer *t, float lr, float *loss, float *gnorm, char *er
         if (qt_engine_micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale, err, errlen))
             return -1;
     if (qt_engine_opt_step(t->eng, lr, t->step + 1, loss, gnorm, err, errlen)) return -1;
+    /* the weights first: a NaN/Inf weight of an earlier step (a GPU engine learns it a step late) is the cause */
+    if (qt_trainer_check_weights(t, 0, err, errlen)) return -1;
     if (!isfinite(*loss) || !isfinite(*gnorm))
         return qt_errf(err, errlen, "step %ld: loss %g, grad norm %g: training diverged (lower optim.lr?)",
                        t->step + 1, *loss, *gnorm);
-    long bad = t->eng->ops->nonfinite_weight ? t->eng->ops->nonfinite_weight(t->eng) : -1;
-    if (bad >= 0) return diverged(t, bad, *loss, *gnorm, err, errlen);
     return 0;
 }
 

@@ -9,6 +9,7 @@
 
 #include "qt_dtype.h"
 #include "qt_error.h"
+#include "qt_test_hooks.h"
 
 #define CFG_CAP (1 << 16)
 
@@ -46,15 +47,26 @@ void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap) {
     free(steps);
 }
 
-/* Runs on the writer thread: reads only the layout, saved_step and the blob. */
-int qt_trainer_check_finite(const qt_ckpt_item *it, void *ctx, char *err, size_t errlen) {
+int qt_trainer_check_weights(qt_trainer *t, int settle, char *err, size_t errlen) {
+    long bad, step;
+    if (qt_engine_nonfinite_weight(t->eng, settle, &bad, &step, err, errlen)) return -1;
+    if (bad < 0) return 0;
+    char name[128], newest[QT_PATH_MAX + 32];
+    qt_trainer_tensor_name(t->eng->L, (size_t)bad, name, sizeof name);
+    qt_trainer_newest(t, newest, sizeof newest);
+    return qt_errf(err, errlen, "step %ld: %s is NaN/Inf after the update: training diverged (lower optim.lr?); "
+                   "nothing saved, %s", step, name, newest);
+}
+
+/* Runs on the writer thread: reads only the layout, saved_step and the blob's bytes [lo, hi). */
+int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *ctx, char *err, size_t errlen) {
     const qt_trainer *t = ctx;
     const qt_layout *L = t->eng->L;
     size_t n = L->numel, bad = (size_t)-1;
     if (it->dtype == QT_DT_F32 && it->bytes == n * 4) {
         const uint32_t *u = it->data;
-        for (size_t i = 0; i < n && bad == (size_t)-1; i += 4096) { /* one test per 4096: vectorizes */
-            size_t e = i + 4096 < n ? i + 4096 : n;
+        for (size_t i = lo / 4; i < hi / 4 && bad == (size_t)-1; i += 4096) { /* one test per 4096: vectorizes */
+            size_t e = i + 4096 < hi / 4 ? i + 4096 : hi / 4;
             uint32_t any = 0;
             for (size_t j = i; j < e; j++) any |= (u[j] & 0x7f800000u) == 0x7f800000u;
             for (size_t j = i; any && j < e && bad == (size_t)-1; j++)
@@ -62,7 +74,7 @@ int qt_trainer_check_finite(const qt_ckpt_item *it, void *ctx, char *err, size_t
         }
     } else if (it->dtype == QT_DT_BF16 && it->bytes == n * 2) {
         const uint16_t *u = it->data;
-        for (size_t i = 0; i < n && bad == (size_t)-1; i++)
+        for (size_t i = lo / 2; i < hi / 2 && bad == (size_t)-1; i++)
             if ((u[i] & 0x7f80u) == 0x7f80u) bad = i;
     }
     if (bad == (size_t)-1) return 0;
@@ -70,6 +82,20 @@ int qt_trainer_check_finite(const qt_ckpt_item *it, void *ctx, char *err, size_t
     qt_trainer_tensor_name(L, bad, name, sizeof name);
     return qt_errf(err, errlen, "checkpoint of step %ld refused: %s holds NaN/Inf in %s (the run diverged)",
                    t->saved_step, it->name, name);
+}
+
+/* The engine's wait before its optimizer changes offloaded state below element hi (set_state_guard). */
+static void guard_wait(void *ctx, size_t hi) {
+    qt_trainer *t = ctx;
+    if (!t->writer || qt_test_hooks_get()->ckpt_unguarded) return; /* MUTANT: the writer reads state being changed */
+    t->guard_s += qt_ckpt_writer_wait_mark(t->writer, hi);
+}
+
+/* The engine's live items (written in place), none when it has no such state. */
+static qt_ckpt_live live_items(qt_trainer *t) {
+    qt_ckpt_live live = {0};
+    if (t->eng->ops->state_live) t->eng->ops->state_live(t->eng, &live);
+    return live;
 }
 
 int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
@@ -84,9 +110,14 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     double t0 = now_s();
     int n = qt_engine_state_items(t->eng, items, 16, err, errlen);
     if (n < 0) return -1;
-    size_t bytes = 0;
+    qt_ckpt_live live = live_items(t);
+    size_t bytes = 0, in_place = 0;
     for (int i = 0; i < n; i++) bytes += items[i].bytes;
-    printf("qtrain: checkpoint snapshot: %.1f MiB of host memory, made in %.2f s\n", bytes / 1048576.0, now_s() - t0);
+    for (int j = 0; j < live.n; j++) in_place += items[live.idx[j]].bytes;
+    printf("qtrain: checkpoint snapshot: %.1f MiB of host memory, made in %.2f s", (bytes - in_place) / 1048576.0, now_s() - t0);
+    if (live.n) printf(" (+ %.1f MiB of offloaded optimizer state written where it lives)", in_place / 1048576.0);
+    printf("\n");
+    if (t->eng->ops->set_state_guard) t->eng->ops->set_state_guard(t->eng, guard_wait, t);
     return 0;
 }
 
@@ -100,8 +131,11 @@ static int finish_write(qt_trainer *t, char *err, size_t errlen) {
     if (rc == 0) {
         char p[QT_PATH_MAX + 32];
         ckpt_path(t, step, p, sizeof p);
-        printf("qtrain: saved %s (%.1f MiB, written in %.2f s beside training)\n", p, t->write_bytes / 1048576.0, sec);
+        printf("qtrain: saved %s (%.1f MiB, written in %.2f s beside training", p, t->write_bytes / 1048576.0, sec);
+        if (live_items(t).n) printf("; the optimizer waited %.3f s for the offloaded state", t->guard_s);
+        printf(")\n");
         fflush(stdout);
+        if (t->pause_s + t->guard_s > t->st->ckpt_stall_max_s) t->st->ckpt_stall_max_s = t->pause_s + t->guard_s;
     }
     return 0;
 }
@@ -135,6 +169,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     double t0 = now_s();
     if (finish_write(t, err, errlen)) return -1;
     double waited = now_s() - t0;
+    if (qt_trainer_check_weights(t, 1, err, errlen)) return -1; /* never a non-finite checkpoint */
     qt_ckpt_item items[24];
     int ne = qt_engine_state_items(t->eng, items, 16, err, errlen), n = ne;
     if (ne < 0) return -1;
@@ -149,8 +184,13 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     t->saved_step = t->step; /* read by qt_trainer_check_finite on the writer thread, which starts after this */
     t->write_bytes = 0;
     for (int i = 0; i < n; i++) t->write_bytes += items[i].bytes;
-    if (qt_ckpt_writer_start(t->writer, t->cfg->checkpoint.dir, t->step, t->cfg->checkpoint.keep, items, n, err, errlen)) return -1;
-    double stall = now_s() - t0;
+    qt_ckpt_live live = live_items(t);
+    t->guard_s = 0;
+    if (qt_ckpt_writer_start_live(t->writer, t->cfg->checkpoint.dir, t->step, t->cfg->checkpoint.keep, items, n, &live,
+                                  err, errlen))
+        return -1;
+    if (qt_test_hooks_get()->ckpt_sync && finish_write(t, err, errlen)) return -1;
+    double stall = t->pause_s = now_s() - t0;
     t->st->ckpts++;
     if (stall > t->st->ckpt_stall_max_s) t->st->ckpt_stall_max_s = stall;
     printf("qtrain: checkpoint of step %ld: training paused %.3f s (%.3f s of it for the previous write), "
