@@ -81,13 +81,18 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
 }
 
 /* Test hook nonfinite_tensor/step: a NaN gradient in the middle of that tensor (when it lies in buckets
- * [k0, k1)) before step t's AdamW of them: every rank sets it, the rank whose piece holds it updates it. */
+ * [k0, k1)) before step t's AdamW of them, set by the rank whose piece holds it (the one that updates
+ * it), in its summed gradients (grad_dt; ZeRO-2: its shard). */
 static void inject_nonfinite(gpu_engine *e, long t, int k0, int k1, cudaStream_t s) {
     const qt_test_hooks *h = qt_test_hooks_get();
     const qt_param_store *ps = e->g->ps;
     const qt_tensor *tt = h->nonfinite_step == t && h->nonfinite_tensor ? qt_layout_find(e->base.L, h->nonfinite_tensor) : NULL;
-    size_t i = tt ? tt->offset + tt->numel / 2 : 0;
-    if (tt && i >= ps->shard.bucket[k0] && i < ps->shard.bucket[k1]) qt_fill(ps->grad + i, QT_DT_F32, NAN, 1, s);
+    size_t i = tt ? tt->offset + tt->numel / 2 : 0, off, len, st;
+    for (int b = k0; tt && b < k1; b++) {
+        qt_shard_piece(&ps->shard, b, &off, &len, &st);
+        if (i >= off && i < off + len)
+            qt_fill((char *)qt_param_grad_piece(ps, b) + (i - off) * qt_dtype_size(ps->grad_dt), ps->grad_dt, NAN, 1, s);
+    }
 }
 
 /* Adds to bad_dev the NaN/Inf count of the bf16 weights this rank's AdamW wrote in buckets [k0, k1). */
