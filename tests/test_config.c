@@ -404,6 +404,7 @@ static void randomize(uint64_t *s) {
     if (!cfg.model.head_dim) cfg.model.hidden_size = cfg.model.num_heads * 2 * (1 + (int)(lcg(s) % 16));
     cfg.optim.warmup = cfg.optim.cooldown = 0;
     cfg.parallel.shard_optimizer = cfg.parallel.zero >= 1; /* as loading leaves them (the older spelling) */
+    if (cfg.parallel.zero >= 2) cfg.precision.grad_accum_dtype = QT_DT_F32; /* ZeRO-2's gradients are fp32 */
     if (cfg.model.max_seq_len < cfg.data.seq_len) cfg.model.max_seq_len = cfg.data.seq_len;
 }
 
