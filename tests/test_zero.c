@@ -323,6 +323,8 @@ static void test_zero2_equals_zero1(void) {
         {"bf16_noov", "overlap_comm: false", "", 0},
         {"bf16_noov_graph", "overlap_comm: false", "", 1},
         {"bf16_sums", "overlap_comm: true, reduce_dtype: bf16", "", 1},
+        /* bf16 master (main's precision.master_dtype): AdamW writes w at the flat index from the shard */
+        {"bf16_master_offload", "overlap_comm: true", "precision: {master_dtype: bf16}\nmemory: {offload_optimizer: true}", 0},
         {"fp8_ov_graph", "overlap_comm: true", FP8, 1},
         {"fp8_noov", "overlap_comm: false", FP8, 0},
     };
