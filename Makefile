@@ -2,7 +2,10 @@
 #
 # Sources are found by wildcard: src/*/*.c (the trainer in layer folders; src/train/main.c is the program), cuda/*.cu and cuda/*.c
 # (kernels and launchers), comm/*.c and comm/*.cu (collectives), tests/test_*.c (one binary each),
-# bench/*.c (one binary each). Everything but main.c goes into build/libqtrain.a.
+# bench/*.c (one binary each). Everything but main.c goes into build/libqtrain.a and build/libqtrain.so
+# (the embeddable API, include/qtrain.h; objects are position independent), and the Python extension
+# build/python/qtrain/_qtrain*.so (src/python/qtrain/, linked with libqtrain.a) when python3's headers
+# are there: `PYTHONPATH=build/python python3 -c "import qtrain"`.
 #
 # CUDA_ARCH picks the GPU targets: `make CUDA_ARCH=90a` for a fast Hopper-only build.
 # Before compiling, tools/prereqs.sh checks the headers, nvcc and cuDNN and names the packages to install.
@@ -25,11 +28,20 @@ endif
 CUDNN_DIR := $(word 2,$(CUDNN_FOUND))
 
 OPT       ?= -O2
-CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude \
+CFLAGS    := -std=c11 $(OPT) -g -fPIC -Wall -Wextra -Wpointer-arith -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude \
              -I$(BUILD)/gen -I$(CUDA_HOME)/include -MMD -MP $(EXTRA_CFLAGS)
 NVFLAGS   := -O3 -g -std=c++17 -Iinclude -lineinfo --expt-relaxed-constexpr \
              $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
-             -Xcompiler -Wall,-Werror -Wno-deprecated-gpu-targets -MMD -MP $(EXTRA_NVFLAGS)
+             -Xcompiler -Wall,-Werror,-fPIC -Wno-deprecated-gpu-targets -MMD -MP $(EXTRA_NVFLAGS)
+# C objects depend on $(BUILD)/gen/cflags, CUDA objects on $(BUILD)/gen/nvflags, each rewritten only
+# when its flags change, so a change of flags (as -fPIC's arrival) rebuilds the objects instead of
+# linking stale ones.
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+$(shell mkdir -p $(BUILD)/gen && printf '%s\n' '$(CC) $(CFLAGS)' > $(BUILD)/gen/cflags.tmp && \
+        { cmp -s $(BUILD)/gen/cflags.tmp $(BUILD)/gen/cflags || cp $(BUILD)/gen/cflags.tmp $(BUILD)/gen/cflags; } && \
+        printf '%s\n' '$(NVCC) $(NVFLAGS)' > $(BUILD)/gen/nvflags.tmp && \
+        { cmp -s $(BUILD)/gen/nvflags.tmp $(BUILD)/gen/nvflags || cp $(BUILD)/gen/nvflags.tmp $(BUILD)/gen/nvflags; })
+endif
 # libyaml and zstd link statically when their archives exist, so binaries run on GPU machines
 # that lack the shared libraries.
 STATIC_LIBS := $(foreach l,yaml zstd,$(if $(wildcard /usr/lib/x86_64-linux-gnu/lib$(l).a),-l:lib$(l).a,-l$(l)))
@@ -37,30 +49,58 @@ LDLIBS    := $(if $(CUDNN_DIR),-L$(CUDNN_DIR) -Xlinker -rpath -Xlinker $(CUDNN_D
              -L$(CUDA_HOME)/lib64 -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart \
              $(STATIC_LIBS) -lstdc++ -lpthread -ldl -lm -fopenmp
 
+# Shared objects (libqtrain.so, the Python extension) take zstd's shared library: Debian's libzstd.a
+# is not position independent (libyaml.a is).
+SO_LDLIBS := $(subst -l:libzstd.a,-l:libzstd.so.1,$(LDLIBS))
+
 LIB_C   := $(filter-out src/train/main.c,$(wildcard src/*/*.c)) $(wildcard cuda/*.c comm/*.c)
 LIB_CU  := $(wildcard cuda/*.cu comm/*.cu)
 LIB_OBJ := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 
-.PHONY: all prereqs test bench quickstart clean
+# The Python extension: built when python3 has its headers (Debian: python3-dev).
+PYTHON    ?= python3
+PY_INC    := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+PY_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+PY_PKG    := $(BUILD)/python/qtrain
+PY_EXT    := $(if $(and $(PY_SUFFIX),$(wildcard $(PY_INC)/Python.h)),$(PY_PKG)/_qtrain$(PY_SUFFIX))
+PY_FILES  := $(patsubst src/python/qtrain/%,$(PY_PKG)/%,$(wildcard src/python/qtrain/*.py src/python/qtrain/*.pyi src/python/qtrain/py.typed))
+
+.PHONY: all prereqs test bench quickstart clean python
 .SECONDARY:
-all: $(BUILD)/qtrain $(TESTS) $(BENCHES)
+all: $(BUILD)/qtrain $(BUILD)/libqtrain.so $(TESTS) $(BENCHES) $(if $(PY_EXT),python)
+python: $(PY_EXT) $(PY_FILES)
 
 prereqs:
 	@CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" NVCC="$(NVCC)" CUDNN_LIB="$(CUDNN_LIB)" bash tools/prereqs.sh check
 
-$(BUILD)/%.o: %.c | prereqs
+$(BUILD)/%.o: %.c $(BUILD)/gen/cflags | prereqs
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu | prereqs
+$(BUILD)/%.cu.o: %.cu $(BUILD)/gen/nvflags | prereqs
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 $(BUILD)/libqtrain.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+$(BUILD)/libqtrain.so: $(LIB_OBJ)
+	$(CC) -shared $^ -o $@ $(SO_LDLIBS)
+
+$(BUILD)/src/python/%.o: src/python/%.c $(BUILD)/gen/cflags | prereqs
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(PY_INC) -c $< -o $@
+
+$(PY_PKG)/_qtrain$(PY_SUFFIX): $(BUILD)/src/python/qtrain/_qtrain.o $(BUILD)/libqtrain.a
+	@mkdir -p $(dir $@)
+	$(CC) -shared $^ -o $@ $(SO_LDLIBS)
+
+$(PY_PKG)/%: src/python/qtrain/%
+	@mkdir -p $(dir $@)
+	cp $< $@
 
 $(BUILD)/qtrain: $(BUILD)/src/train/main.o $(BUILD)/libqtrain.a
 	$(CC) $^ -o $@ $(LDLIBS)
@@ -72,7 +112,7 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libqtrain.a
 	$(CC) $^ -o $@ $(LDLIBS)
 
 # The runner prints one line per test and ends with "N passed, N failed[, N skipped]".
-test: $(BUILD)/qtrain $(TESTS)
+test: $(BUILD)/qtrain $(TESTS) $(if $(PY_EXT),python)
 	@BUILD=$(BUILD) bash tests/run.sh
 
 bench: $(BUILD)/qtrain $(BENCHES)
@@ -127,6 +167,7 @@ ASAN_CC    := $(CC) -fsanitize=address,undefined -fno-sanitize-recover=undefined
 ASAN_ENV   := ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1
 test-asan: $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 	@for o in $(LIB_CU:%.cu=%.cu.o); do mkdir -p $(ASAN_BUILD)/$$(dirname $$o); cp -p $(BUILD)/$$o $(ASAN_BUILD)/$$o; done
+	@mkdir -p $(ASAN_BUILD)/gen && cp -p $(BUILD)/gen/nvflags $(ASAN_BUILD)/gen/nvflags
 	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) CC="$(ASAN_CC)" $(ASAN_BUILD)/qtrain \
 	  $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TESTS))
 	@$(ASAN_ENV) BUILD=$(ASAN_BUILD) bash tests/run.sh

@@ -776,6 +776,20 @@ void qt_comm_set_rs(qt_comm *c, const qt_comm_opts *opts, const qt_comm_probe_re
     snprintf(c->name, sizeof c->name, "%s", kind_name(c->kind, c->ring, c->rs_load));
 }
 
+void qt_comm_plan_bytes(int n, qt_comm_kind kind, size_t *dev_per_rank, size_t *pinned) {
+    *dev_per_rank = *pinned = 0;
+    for (int host = 0; host < 2; host++) { /* AUTO: whichever of the two kinds needs more */
+        if ((kind == QT_COMM_PEER && host) || ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && !host)) continue;
+        qt_comm *c = qt_comm_alloc(n, host ? QT_COMM_HOST : QT_COMM_PEER, 0, NULL, 0);
+        size_t scal = (size_t)n * QT_COMM_MAX_SCALARS * sizeof(float), flags = QT_COMM_MAX_RANKS * 8;
+        size_t dev = c->stage_bytes + scal + flags + 4096; /* 4 KiB: the one-shot locals */
+        size_t pin = scal + c->arena_bytes + 64 + (size_t)n * QT_COMM_MAX_RANKS * 8;
+        if (dev > *dev_per_rank) *dev_per_rank = dev;
+        if (pin > *pinned) *pinned = pin;
+        qt_comm_free(c);
+    }
+}
+
 qt_comm *qt_comm_create_cpu(int n, qt_comm_kind kind, size_t arena_bytes, const qt_comm_opts *opts) {
     if (kind == QT_COMM_AUTO) kind = QT_COMM_PEER;
     qt_comm *c = qt_comm_alloc(n, kind, arena_bytes, opts, 0);

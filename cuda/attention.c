@@ -393,7 +393,7 @@ static att_plan *get_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int
     }
     p->ok = !g->failed;
     p->ws = align256((size_t)p->plan_ws);
-    if (bwd) p->ws += align256((size_t)B * H * T * 4) + align256((size_t)B * H * T * D * 4);
+    if (bwd) p->ws += qt_attention_bwd_fixed_ws(B, T, H, D);
     if (c->nplans == c->cap) {
         c->cap = c->cap ? 2 * c->cap : 8;
         c->plans = realloc(c->plans, (size_t)c->cap * sizeof *c->plans);
@@ -438,16 +438,28 @@ int qt_attention_prepare(qt_attention_ctx *c, int B, int T, int H, int Hkv, int 
     return 0;
 }
 
+size_t qt_attention_bwd_fixed_ws(int B, int T, int H, int D) {
+    return align256((size_t)B * H * T * 4) + align256((size_t)B * H * T * D * 4);
+}
+
+size_t qt_attention_ws_bytes(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd) {
+    att_plan *p = get_plan(c, B, T, H, Hkv, D, bwd);
+    return p->ok ? p->ws : 0;
+}
+
+void qt_attention_reserve(qt_attention_ctx *c, size_t bytes) {
+    if (bytes <= c->ws_bytes) return;
+    QT_CUDA(cudaFree(c->ws));
+    c->ws = NULL;
+    QT_CUDA(cudaMalloc(&c->ws, bytes));
+    c->ws_bytes = bytes;
+}
+
 /* The plan of this shape, failing hard with its build error; grows the workspace to fit it. */
 static att_plan *ready_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd) {
     att_plan *p = get_plan(c, B, T, H, Hkv, D, bwd);
     QT_CHECK(p->ok, "%s", p->g.err);
-    if (p->ws > c->ws_bytes) {
-        QT_CUDA(cudaFree(c->ws)); /* synchronises: nothing in flight still uses the old one */
-        c->ws = NULL;
-        QT_CUDA(cudaMalloc(&c->ws, p->ws));
-        c->ws_bytes = p->ws;
-    }
+    qt_attention_reserve(c, p->ws); /* cudaFree synchronises: nothing in flight still uses the old one */
     return p;
 }
 

@@ -76,11 +76,13 @@ static int ptr_align(const void *p) { /* the alignment cuBLASLt may assume, 256 
     return a;
 }
 
+size_t qt_matmul_tune_scratch_bytes(size_t out_bytes) { return out_bytes > TUNE_SCRATCH_MAX ? 0 : out_bytes; }
+
 qt_matmul_ctx *qt_matmul_create(size_t ws_bytes) {
     qt_matmul_ctx *c = calloc(1, sizeof *c);
     QT_CHECK(c != NULL, "out of host memory");
     QT_CUBLAS(cublasLtCreate(&c->lt));
-    c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)64 << 20);
+    c->ws_bytes = ws_bytes ? ws_bytes : QT_MATMUL_WS_DEFAULT;
     QT_CUDA(cudaMalloc(&c->ws, c->ws_bytes));
     c->autotune = 1; /* the trainer sets perf.matmul_autotune through qt_matmul_set_autotune */
     struct cudaDeviceProp prop;
@@ -161,7 +163,7 @@ static int tune(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, const cublasLtMa
     void *d = k->d, *scratch = NULL;
     if (k->accumulate) {
         size_t dsz = p->key.dtype == CUDA_R_32F ? 4 : 2, bytes = (size_t)p->key.ldd * (size_t)p->key.n * dsz;
-        if (bytes > TUNE_SCRATCH_MAX || cudaMalloc(&scratch, bytes) != cudaSuccess) {
+        if (!qt_matmul_tune_scratch_bytes(bytes) || cudaMalloc(&scratch, bytes) != cudaSuccess) {
             (void)cudaGetLastError(); /* an out-of-memory here only means "do not tune" */
             return 0;
         }

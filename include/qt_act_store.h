@@ -6,14 +6,25 @@
  * the forward of layer l overwrites it, and before layer l's backward the model rebuilds it from what
  * the layer kept (its input residual always; rstd1/rstd2 always) with the same kernels on the same
  * inputs, so the backward reads the same bits (gpu_model.c: block_run). Everything else stays
- * per layer from the forward to the backward. Residual offload (issue 23 item 2) is declared and
- * refused until implemented. The forward takes layer l's buffers with qt_act_forward(l); the backward
- * with qt_act_backward(l), whose shared tensors the caller must rebuild before reading them
- * (policy.recompute says which), and gives them back with qt_act_release(l) once that layer's backward
- * is enqueued. */
+ * per layer from the forward to the backward. The forward takes layer l's buffers with
+ * qt_act_forward(l); the backward with qt_act_backward(l), whose shared tensors the caller must rebuild
+ * before reading them (policy.recompute says which), and gives them back with qt_act_release(l) once
+ * that layer's backward is enqueued.
+ *
+ * Residual offload (policy.offload_residual, memory.offload_residual): layer l's input residual res
+ * lives in device slot l % 2 (two slots instead of L). Layers 0..L-3 go to pinned host memory: the
+ * forward calls qt_act_residual_final(l) once res is complete (after layer l's first norm has added the
+ * branch into it), which copies it out on the store's copy stream; qt_act_forward(l + 1) makes the
+ * compute stream wait for that copy, since layer l + 1's down projection writes res of layer l + 2 into
+ * the same slot. The last two layers' residuals are still in their slots when the backward starts.
+ * qt_act_backward(l) starts fetching layer l - 1's residual into its slot (free: layer l + 1's backward
+ * is done with it) while layer l's backward computes; qt_act_release(l) makes the compute stream wait
+ * for it. Every copy is joined before the call that started it returns control to the next layer, so a
+ * step captured as CUDA graph segments (cut at the layer boundaries) has no unjoined work. */
 #ifndef QT_ACT_STORE_H
 #define QT_ACT_STORE_H
 
+#include <cuda_runtime.h>
 #include <stddef.h>
 
 #include "qt_mem_plan.h"
@@ -21,7 +32,7 @@
 
 typedef struct {
     int recompute;        /* resolved qt_recompute_part bits (qt_act_recompute_resolve) */
-    int offload_residual; /* refused for now */
+    int offload_residual; /* 1: input residuals in pinned host memory, two device slots (top of file) */
 } qt_act_policy;
 
 /* The parts memory.recompute implies: block => att, ffn, norm; att => qkv; ffn => swiglu. */
@@ -60,18 +71,29 @@ typedef struct {
     void *datt;            /* [N,H*D] */
     void *dqkv;            /* [N,(H+2Hkv)D] */
     void *dlnf;            /* [N,C] */
+    size_t host_bytes;     /* offload_residual: (L-2) x [N,C] bf16 of pinned host memory (0 otherwise) */
+    struct qt_res_offload *off; /* offload_residual: host buffer, copy stream, events (qt_act_store_start) */
 } qt_act_store;
 
-/* A store for N tokens of model c (policy.recompute resolved here); NULL with err for a policy not
- * implemented yet. */
+/* A store for N tokens of model c (policy.recompute resolved here); host side only (no CUDA call). */
 qt_act_store *qt_act_store_create(const qt_model_cfg *c, long N, qt_act_policy policy, char *err, size_t errlen);
+/* Frees what create and start made (the pinned host buffer, the copy stream and events included). */
 void qt_act_store_free(qt_act_store *as);
-/* Adds the store's rows to p (sizing pass) or takes its buffers (second pass). */
+/* Adds the store's rows to p (sizing pass) or takes its buffers (second pass); with offload_residual
+ * also the host row "offloaded residuals". */
 void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p);
+/* After the carve with real addresses, on the current device: with offload_residual, allocates the
+ * pinned host buffer (owned), a copy stream and events; s is the compute stream (borrowed). -1 with err
+ * when the host memory cannot be pinned. Nothing to do without offload_residual. */
+int qt_act_store_start(qt_act_store *as, cudaStream_t s, const char *cfg_path, char *err, size_t errlen);
 
-/* Layer l's buffers for its forward to write / its backward to read (see the top of this file). */
+/* Layer l's buffers for its forward to write / its backward to read (see the top of this file); with
+ * offload_residual they also order the copies (compute stream waits, copy-stream work started). */
 qt_gpu_layer *qt_act_forward(qt_act_store *as, int l);
 qt_gpu_layer *qt_act_backward(qt_act_store *as, int l);
 void qt_act_release(qt_act_store *as, int l);
+/* Layer l's res is complete for the forward (enqueued on the compute stream): offload_residual copies
+ * it to host memory (layers 0..L-3). */
+void qt_act_residual_final(qt_act_store *as, int l);
 
 #endif

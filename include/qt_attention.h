@@ -36,6 +36,15 @@ void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qk
 /* dqkv (=, every element) from dout[B,T,H*D], qkv and the forward's out and lse. */
 void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
                       const float *lse, int B, int T, int H, int Hkv, int D, cudaStream_t s);
+/* Workspace bytes of this shape's plan (built and cached; bwd 0 forward, 1 backward): cuDNN's own
+ * plan workspace, then for the backward the fp32 softmax sums and dQ accumulator. 0 when the plan
+ * cannot be built (the fwd/bwd call then fails with the message). */
+size_t qt_attention_ws_bytes(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd);
+/* The backward's fp32 parts alone (sums [B,H,T], dQ [B,H,T,D], 256-aligned), without a GPU. */
+size_t qt_attention_bwd_fixed_ws(int B, int T, int H, int D);
+/* Allocates the workspace at bytes now (when larger than the current one), so that no plan within it
+ * allocates during training. */
+void qt_attention_reserve(qt_attention_ctx *c, size_t bytes);
 /* Number of plans built so far (a shape's fwd and bwd count one each). */
 long qt_attention_plan_count(const qt_attention_ctx *c);
 

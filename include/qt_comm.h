@@ -100,6 +100,10 @@ void qt_comm_probe_print(const qt_comm_probe_result *p, FILE *fp, int md);
  * least one chunk per rank pair); host collectives stream through rings of arena slots (about 32 MiB),
  * so any size fits. opts may be NULL. Fails via qt_fail on CUDA errors.
  * The caller owns the result; free it with qt_comm_free once every rank has stopped. */
+/* The bytes qt_comm_create (default options, no arena size given) allocates for n ranks: on each
+ * rank's device (staging, scalars, flags) and pinned (the host kinds' arena, scalars, flags); kind
+ * AUTO: the larger of peer and host. Without a GPU; allocates nothing lasting. */
+void qt_comm_plan_bytes(int n, qt_comm_kind kind, size_t *dev_per_rank, size_t *pinned);
 qt_comm *qt_comm_create(int n, const int *devices, qt_comm_kind kind, size_t host_arena_bytes,
                         const qt_comm_opts *opts);
 /* The same schedules on host memory for CPU threads (stream arguments are ignored). */

@@ -52,9 +52,17 @@ typedef struct {
     int every, batches;
 } qt_eval_cfg;
 
+/* checkpoint.offloaded: how a checkpoint takes an offloaded optimizer state (one GPU) */
+typedef enum {
+    QT_CKPT_OFFLOAD_AUTO,     /* copy when the host can hold the copy (qt_trainer_offload_mode), else in place */
+    QT_CKPT_OFFLOAD_COPY,     /* copied into snapshot buffers: + its bytes of host memory, stall = the copy */
+    QT_CKPT_OFFLOAD_IN_PLACE  /* written where it lives: no memory, stall up to the write time */
+} qt_ckpt_offload;
+
 typedef struct {
     char dir[QT_PATH_MAX];
     int every, keep;
+    qt_ckpt_offload offloaded;
 } qt_checkpoint_cfg;
 
 typedef struct {                  /* HF safetensors + config.json at the end of the run */
@@ -79,6 +87,10 @@ typedef struct {                  /* GPU */
     int recompute;                /* memory.recompute: qt_recompute_part bits */
     int attn_bwd_chunks;          /* attention backward over this many slices of the micro-batch */
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
+    int offload_residual;         /* each layer's input residual in pinned host memory (two device slots) */
+    float gpu_limit_gib;          /* 0: no cap; else the plan's device total (context excluded) must fit */
+    float host_limit_gib;         /* 0: MemAvailable from /proc/meminfo; else the host plan must fit this */
+    int plan;                     /* memory.plan: 0 manual, 1 auto (qt_plan_auto picks the keys not given) */
 } qt_memory_cfg;
 
 typedef struct {                  /* GPU */
@@ -104,6 +116,7 @@ typedef struct {
     char hf_config[QT_PATH_MAX];
     qt_model_cfg model;
     int model_inline;             /* 1 when any inline model key was given */
+    unsigned char given[128];     /* per key index (qt_config_key_at): 1 when the file or a --set gave it */
     qt_init_cfg init;
     qt_data_cfg data;
     qt_optim_cfg optim;
@@ -160,6 +173,8 @@ int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff);
  * length written (excluding NUL), truncating at cap like snprintf. */
 size_t qt_config_doc_table(char *buf, size_t cap);
 
+/* 1 when the config file or a --set gave key path (not its default). */
+int qt_config_given(const qt_config *c, const char *path);
 /* Fills every field with its default. */
 void qt_config_defaults(qt_config *c);
 /* Loads path over the defaults, then applies overrides ("optim.lr=3e-4"; the value is parsed as a

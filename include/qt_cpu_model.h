@@ -13,6 +13,8 @@ typedef struct qt_cpu_model qt_cpu_model;
 /* Allocates the activations for B sequences of T tokens (T <= max_seq_len). The layout is borrowed
  * and must outlive the model. Free with qt_cpu_model_free. */
 qt_cpu_model *qt_cpu_model_create(const qt_layout *L, int B, int T);
+/* Host bytes qt_cpu_model_create allocates for its activations and gradients (the planner's row). */
+size_t qt_cpu_model_bytes(const qt_layout *L, int B, int T);
 void qt_cpu_model_free(qt_cpu_model *m);
 
 /* Forward over tokens[B*T]; returns the mean loss over targets >= 0 (targets may be NULL: logits

@@ -13,6 +13,7 @@
 #include "qt_ckpt.h"
 #include "qt_config.h"
 #include "qt_model.h"
+#include "qt_weight_src.h"
 
 typedef struct qt_engine qt_engine;
 
@@ -48,6 +49,10 @@ typedef struct {
      * parallel with parallel.overlap_comm, not after a step's last micro-step, which sums them). */
     void (*get_weights)(qt_engine *e, float *w);
     void (*get_grads)(qt_engine *e, float *g);
+    /* The accumulated fp32 gradients [L->numel] in device memory, once the device has written them
+     * (the engine's stream synchronized), and their CUDA device; valid until the next micro_step or
+     * opt_step. NULL op where there is no such array (the CPU engine, data parallel: a rank's are partial). */
+    float *(*grads_device)(qt_engine *e, int *device);
     /* Logits [B*T, V] of a forward without loss (may be NULL when the engine cannot). */
     void (*forward_logits)(qt_engine *e, const int32_t *inputs, float *logits);
     /* The full optimizer state as checkpoint blobs (weights, master copy, m, v in their own dtypes).
@@ -61,6 +66,10 @@ typedef struct {
     /* With state_live: before an opt_step changes live state below element hi it calls wait(ctx, hi),
      * which returns once it may (the checkpoint writer's progress mark). wait NULL: no wait. */
     void (*set_state_guard)(qt_engine *e, void (*wait)(void *ctx, size_t hi), void *ctx);
+    /* With state_live, called once before training (qt_trainer_ckpt_init): copy 1 makes state_items copy
+     * those blobs into snapshot buffers of its own too (+ their bytes of pinned host memory; state_live
+     * then returns 0 and no wait is needed); 0 (the default) leaves them written in place. May be NULL. */
+    void (*set_state_copy)(qt_engine *e, int copy);
     /* 1 when state_items' blobs are host copies that only the next state_items call overwrites (the
      * trainer then writes them in the background as they are); 0 when they alias live state (the
      * trainer copies them first). */
@@ -94,13 +103,24 @@ struct qt_engine {
  * safetensors or N(0, init.std) from init.seed. *w is malloc'ed (caller frees); L is freed with
  * qt_layout_free. Returns 0 or -1 with err. */
 int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen);
+/* The same without the weights: L and the source they are read from (src->L = L; init.from's files
+ * are opened and their headers checked now, so a missing tensor fails before anything is allocated). */
+int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char *err, size_t errlen);
 /* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU).
  * NULL with err when cuda is asked for and cannot be served. */
 qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
                                    size_t errlen);
+/* The same with the weights read from src (borrowed until it returns), after the run's memory plan
+ * (qt_planner.h) was checked against the host's and GPU's limits: refused with the plan's message
+ * before anything is allocated when it does not fit. */
+qt_engine *qt_engine_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+                                size_t errlen);
 
 /* CPU fp32 reference engine. w0 [L->numel] are the initial weights (copied). */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0);
+/* The same with the weights read from src into the engine's own array; NULL with err when it cannot be read. */
+qt_engine *qt_engine_cpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+                                    size_t errlen);
 /* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when
  * shard->n_ranks > 1; qt_partition.h). */
 struct qt_comm;
@@ -115,6 +135,9 @@ typedef struct {
  * (every rank calls opt_step, each from its own thread). Its step plan is fixed here (qt_step_plan.h). */
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
                                 const qt_gpu_rank *rank, char *err, size_t errlen);
+/* The same with the weights read from src a chunk at a time (qt_param_store_init). */
+qt_engine *qt_engine_gpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+                                    const qt_gpu_rank *rank, char *err, size_t errlen);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 
@@ -124,6 +147,9 @@ void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
  * parameters, with 2 also the gradients (qt_step_plan.h). NULL with err on failure. */
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
                                const int *devices, char *err, size_t errlen);
+/* The same with every rank reading its weights from src (borrowed until it returns). */
+qt_engine *qt_engine_dp_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
+                                   const int *devices, char *err, size_t errlen);
 
 /* The engine calls as the training loop and bindings make them (src/engine/engine.c): each runs the op in a
  * catch point and returns 0, or -1 with the failure's message in err (a failed CUDA call, a rank that
@@ -136,6 +162,8 @@ int qt_engine_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt, flo
                         size_t errlen);
 int qt_engine_get_weights(qt_engine *e, float *w, char *err, size_t errlen);
 int qt_engine_get_grads(qt_engine *e, float *g, char *err, size_t errlen);
+/* ops->grads_device; -1 with err when the engine has none. */
+int qt_engine_grads_device(qt_engine *e, float **g, int *device, char *err, size_t errlen);
 int qt_engine_forward_logits(qt_engine *e, const int32_t *in, float *logits, char *err, size_t errlen);
 int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err, size_t errlen);
 /* ops->nonfinite_weight: *index the first NaN/Inf weight found (-1: none, or the engine has no check),

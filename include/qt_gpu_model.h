@@ -24,6 +24,11 @@
 #include "qt_model.h"
 #include "qt_param_store.h"
 
+/* Device memory the runtime takes as training starts, outside any buffer of ours and beside the CUDA
+ * context: lazily loaded kernel modules, cuBLASLt/cuDNN handles, CUDA graph instantiations, AdamW's
+ * tensor table. A fixed row of the plan, checked on the GPU by test_plan. */
+#define QT_GPU_RUNTIME_RESERVE ((size_t)512 << 20)
+
 typedef struct {
     const qt_layout *L;    /* borrowed */
     const qt_config *cfg;  /* borrowed */
@@ -36,6 +41,7 @@ typedef struct {
     cudaStream_t stream;
     qt_matmul_ctx *mm;
     qt_attention_ctx *attn;
+    size_t attn_ws;        /* the attention workspace the plan counts (measured from cuDNN's plans on a GPU) */
     char *arena;           /* the one allocation (owned), carved by plan */
     qt_mem_plan plan;
     qt_param_store *ps;    /* owned */
@@ -69,14 +75,17 @@ typedef struct {
 } qt_gpu_step_args;
 
 /* Plans and allocates everything on the current device for micro-batches of B x T, with the parameters
- * cut and placed as sh and pl say, and uploads w0 (fp32 [L->numel]). NULL with err when it does not
- * fit (names the plan). */
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
+ * cut and placed as sh and pl say, and fills the weights from src (qt_param_store_init). The plan's device total (arena,
+ * workspaces, runtime reserve; the attention workspace measured from cuDNN's plans) is checked against
+ * memory.gpu_limit_gib and the free memory before anything is allocated: NULL with err naming the total,
+ * the limit and the biggest rows when it does not fit. */
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, const qt_shard *sh,
                                   const qt_param_placement *pl, char *err, size_t errlen);
 void qt_gpu_model_free(qt_gpu_model *g);
 /* The memory plan qt_gpu_model_create would allocate for these arguments (the same code), without a
- * GPU and without device memory; 0, or -1 with err. Note: an offloaded optimizer's parameter store
- * still allocates its pinned host state here (the host planner of issue 25 separates that). */
+ * GPU and without allocating anything (the pinned host state of an offloaded optimizer is a host row);
+ * the attention workspace counts its fp32 parts only (cuDNN's own plan workspace needs the GPU). 0, or
+ * -1 with err. */
 int qt_gpu_model_plan(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
                       qt_mem_plan *plan, char *err, size_t errlen);
 void qt_gpu_model_print_plan(const qt_gpu_model *g);

@@ -33,6 +33,10 @@ int qt_hf_check_tokenizer(const char *src, char *err, size_t errlen);
  * Errors name the file and tensor: "x/model.safetensors: model.layers.0.mlp.up_proj.weight:
  * expected shape [4864, 896], got [896, 4864]". */
 int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen);
+/* The same for the elements [lo, lo + n) of the flat array only, into w[0, n): every file's header is
+ * read and checked, only the overlapping tensor pieces are read (import layer by layer, no fp32 copy of
+ * the whole model). */
+int qt_hf_import_range(const char *path, const qt_layout *L, size_t lo, size_t n, float *w, char *err, size_t errlen);
 /* The config.json that goes with init.from's path (a directory, or a file inside one). Returns 0, or
  * -1 with err when it does not fit cap. */
 int qt_hf_config_path(const char *from, char *out, size_t cap, char *err, size_t errlen);

@@ -32,6 +32,10 @@ typedef struct qt_matmul_ctx qt_matmul_ctx;
 /* Creates a context on the current device with a workspace of ws_bytes (0: 64 MiB). Caller frees it
  * with qt_matmul_free. */
 qt_matmul_ctx *qt_matmul_create(size_t ws_bytes);
+#define QT_MATMUL_WS_DEFAULT ((size_t)64 << 20) /* qt_matmul_create(0)'s workspace */
+/* Device bytes the autotuner allocates for a while (freed after tuning) to tune an accumulating GEMM
+ * whose output has out_bytes: out_bytes, or 0 when it is too big to tune that way. */
+size_t qt_matmul_tune_scratch_bytes(size_t out_bytes);
 void qt_matmul_free(qt_matmul_ctx *c);
 /* 1: time the heuristic's candidates on a shape's first use (the default);
  * 0: take the heuristic's first. Affects plans built afterwards. */

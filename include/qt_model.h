@@ -91,6 +91,9 @@ const qt_tensor *qt_layout_find(const qt_layout *L, const char *name);
 /* Fills w (L->numel floats): matrices and embeddings ~ N(0, std) from the seed, norms 1, biases and
  * padding 0. Deterministic for a seed whatever the thread count. */
 void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float std);
+/* The same values for the flat elements [lo, lo + n) only, into dst[0, n) (each element is a hash of
+ * (seed, its flat index): a range is bit-identical to that part of the whole array). */
+void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, uint64_t seed, float std);
 /* Matmul FLOPs per token of one training step (forward + backward), T = sequence length:
  *   6 * (L * (C*(H+2*Hkv)*D + H*D*C + 3*C*F) + V*C)   every matmul weight, the LM head even when tied
  * + 6 * L * H * D * T                                 causal attention: QK^T and PV take 2*2*H*D*T/2

@@ -49,6 +49,7 @@
 #include "qt_mem_plan.h"
 #include "qt_model.h"
 #include "qt_partition.h"
+#include "qt_weight_src.h"
 
 /* Where the optimizer state lives. */
 typedef enum {
@@ -110,14 +111,20 @@ typedef struct {
 } qt_param_store;
 
 /* A store for layout L, shard sh (this rank's buckets and pieces), placement pl; m/v dtypes from cfg.
- * Allocates the host state when offloaded: NULL with err when that fails. No device memory yet. */
+ * Sizes (allocates nothing: the plan can be made without a GPU); NULL with err. */
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen);
+/* Allocates the pinned host state of an offloaded placement (zeroed; nothing otherwise): 0, or -1 with
+ * err when cudaHostAlloc fails. */
+int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen);
 /* Adds the store's rows to p (sizing pass) or takes its buffers (second pass). */
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p);
-/* Once the arena exists: uploads w0 (fp32 [L->numel], host) to the bf16 weights and this rank's master
- * pieces, zeroes the gradients and moments, and builds the AdamW groups (decay per cfg). On s. */
-void qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const float *w0, cudaStream_t s);
+/* Once the arena exists: fills the bf16 weights and this rank's master pieces from src, a chunk at a
+ * time through one pageable buffer of qt_weight_src_chunk(L) floats (no whole-model copy), zeroes the
+ * gradients and moments, and builds the AdamW groups (decay per cfg). On s; returns synchronised. 0, or
+ * -1 with err when the source cannot be read. */
+int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weight_src *src, cudaStream_t s, char *err,
+                        size_t errlen);
 void qt_param_store_free(qt_param_store *ps);
 
 /* bf16 weights [0, n) = RNE(host[0, n)), through the staging buffer, on s (host pageable fp32). */

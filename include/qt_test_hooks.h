@@ -36,6 +36,12 @@ typedef struct {
                                    * synchronous reference of the in-place write test) */
     int ckpt_unguarded;           /* 1: MUTANT: the offloaded optimizer does not wait for the checkpoint
                                    * writer's mark before it changes the host state (the test must catch it) */
+    long offload_residual_delay_ms; /* > 0: memory.offload_residual's copy stream sleeps this long before
+                                   * each residual copy (either way): a compute stream that did not wait
+                                   * for a copy reads or overwrites the slot too early */
+    int offload_residual_mutant;  /* MUTANT 1: the backward reads a fetched residual without waiting for
+                                   * its copy; 2: the forward overwrites a residual slot before its copy to
+                                   * host has finished. Eager steps only (a capture refuses the unjoined copy) */
 } qt_test_hooks;
 
 /* Copies h (NULL: all off). */

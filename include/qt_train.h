@@ -23,6 +23,7 @@ typedef struct {
     double ckpt_stall_max_s; /* the longest training stopped for one of them (snapshot + waiting for
                               * the previous write + an offloaded optimizer's waits for the write of
                               * its state); the write itself runs in the background */
+    int ckpt_in_place;   /* 1: an offloaded optimizer state was checkpointed where it lives (checkpoint.offloaded) */
 } qt_train_stats;
 
 /* qt_train_run's returns besides 0 and -1, and the exit status the qtrain program maps them to. */

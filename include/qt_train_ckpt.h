@@ -1,13 +1,15 @@
-/* qt_train_ckpt.h — the trainer's checkpoints (used by train.c only): what a training checkpoint
- * holds, snapshots written in the background, non-finite state refused, resume with fallback to the
- * newest valid checkpoint and a check of the keys that make the run what it is.
+/* qt_train_ckpt.h — the trainer (qt_trainer, a run's state: train.c's, read by the C API in src/api)
+ * and its checkpoints: what a training checkpoint holds, snapshots written in the background,
+ * non-finite state refused, resume with fallback to the newest valid checkpoint and a check of the
+ * keys that make the run what it is.
  *
  * A checkpoint holds the engine's state_items (weights, master copy, Adam m and v) plus step, rng,
  * loader_pos (after the last completed step), model_cfg and config (the resolved YAML). Saving stops
  * training only for the snapshot: state_items, plus a copy of the blobs when the engine's alias live
  * state (the CPU engine: 12 bytes per parameter of host memory); GPU engines' state_items already are
- * pinned host copies of their device state. An offloaded optimizer state (one GPU) is not copied: the
- * writer reads it where it lives, chunk by chunk ahead of the next optimizer step, which waits per
+ * pinned host copies of their device state. An offloaded optimizer state (one GPU) is copied the same
+ * way or written in place, as checkpoint.offloaded chooses at start (qt_trainer_offload_mode); in place
+ * the writer reads it where it lives, chunk by chunk ahead of the next optimizer step, which waits per
  * chunk for the writer's mark while the write is in flight (stall: max(0, write time of the chunks -
  * time until the optimizer next touches them)). The writer thread checks every fp32/bf16 piece is
  * finite, hashes, writes, fsyncs and renames. The next save waits for the previous write. Before a
@@ -20,14 +22,17 @@
 #include "qt_ckpt.h"
 #include "qt_data.h"
 #include "qt_engine.h"
+#include "qt_optim.h"
 #include "qt_rng.h"
 #include "qt_rundir.h"
 #include "qt_train.h"
 #include "qt_train_log.h"
 
-typedef struct {
+typedef struct qt_trainer {
     const qt_config *cfg;
     qt_engine *eng;
+    qt_layout layout;         /* the model (owned); eng->L points here */
+    qt_weight_src wsrc;       /* where the initial weights come from (read range by range by the engine) */
     qt_loader *train, *eval;  /* train NULL: an export, no data */
     int32_t *in, *tgt;        /* one micro-batch per rank */
     qt_train_log log;
@@ -45,6 +50,15 @@ typedef struct {
     long saved_step;          /* newest checkpoint written or being written; -1: none */
     double pause_s;           /* the write in flight: training stopped for its snapshot, */
     double guard_s;           /* and the optimizer's waits for the writer (offloaded state written in place) */
+    /* the session (train.c, qt_train_session.h) */
+    qt_sched sched;
+    float lr_override;        /* >= 0: every step's lr (qtrain_set_lr); < 0: the schedule's */
+    long start, stop;         /* steps done at open; the step training ends at */
+    long last_logged;         /* step of the last train record */
+    double t0, tlast, tstep;  /* CLOCK_MONOTONIC at open, at the last train record, at this step's start */
+    int pending;              /* a step's micro-steps ran, its update not yet */
+    int fail;                 /* qt_train_fail kind of the last error */
+    int broken;               /* an engine call failed: the engine may only be freed */
 } qt_trainer;
 
 /* After qt_trainer_load (or for a fresh run): the writer and the loader position. 0 or -1 with err. */
@@ -78,6 +92,10 @@ void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap)
  * update made it and the checkpoint kept (nothing is saved after it, so retention never deletes the
  * last good one); else 0. */
 int qt_trainer_check_weights(qt_trainer *t, int settle, char *err, size_t errlen);
+/* checkpoint.offloaded resolved for an offloaded optimizer state of `bytes` when the host has `avail`
+ * bytes free: copy or in_place as asked; auto: copy when bytes + bytes/8 + 1 GiB <= avail (the copy's
+ * pinned buffers are made at start), else in_place. */
+qt_ckpt_offload qt_trainer_offload_mode(qt_ckpt_offload want, size_t bytes, size_t avail);
 /* "the newest checkpoint, <path>, is kept" or "no checkpoint was written". */
 void qt_trainer_newest(const qt_trainer *t, char *buf, size_t cap);
 

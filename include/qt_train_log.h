@@ -16,6 +16,10 @@ typedef struct {
     FILE *f;                  /* NULL: no log (log.file "") */
     char path[QT_PATH_MAX];
     double t0;                /* CLOCK_MONOTONIC at open */
+    /* called with every record line (JSON, no newline) also when f is NULL; may be NULL (embedders'
+     * log callbacks: the Python binding's) */
+    void (*hook)(void *ctx, const char *line);
+    void *hook_ctx;
 } qt_train_log;
 
 /* Opens path (creating its folders) to append (append 1) or overwrite; path "" opens nothing.

@@ -35,3 +35,30 @@ def run_tests(names, only=()):
             shutil.rmtree(tmp, ignore_errors=True)
         sys.stdout.flush()
     return 1 if failed else 0
+
+
+def run_pytest(path, names):
+    """Runs the test file at path under pytest (when installed) and prints one PASS/FAIL/SKIP line per
+    test for tests/run.sh; without pytest, runs it with run_tests(names). Returns the exit status."""
+    try:
+        import pytest
+    except ImportError:
+        print("(pytest is not installed: running the tests with qt_test's own runner)")
+        return run_tests(names)
+
+    class Lines:
+        def pytest_runtest_logreport(self, report):
+            name = report.nodeid.split("::")[-1]
+            if report.when == "call" or report.outcome != "passed":
+                if report.skipped:
+                    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                    print(f"SKIP {name}: {reason.removeprefix('Skipped: ')}")
+                elif report.failed:
+                    print(f"FAIL {name} ({report.when}): {str(report.longrepr).splitlines()[-1][:300]}")
+                    print("    " + str(report.longrepr).replace("\n", "\n    "))
+                elif report.when == "call":
+                    print(f"PASS {name}")
+            sys.stdout.flush()
+
+    rc = pytest.main([path, "-p", "no:terminal", "-p", "no:cacheprovider"], plugins=[Lines()])
+    return 0 if rc in (0, 5) else 1

@@ -2,10 +2,12 @@
  * failures, and the blob checksum against published XXH64 values. */
 #include "qt_ckpt.h"
 #include "qt_dtype.h"
+#include "qt_planner.h"
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
+#include "qt_train_ckpt.h"
 
 #include <pthread.h>
 #include <sys/stat.h>
@@ -277,7 +279,7 @@ typedef struct {
     qt_ckpt_writer *w;
     float *master, *v;
     uint16_t *m;
-    int guarded; /* 0: the mutant that changes the state without waiting for the mark */
+    int guarded; /* 0: no wait for the mark (copy mode, and the in-place mutant) */
 } modifier;
 
 /* Three "optimizer steps" over the live arrays in chunks of 7919 elements (not the writer's ranges),
@@ -297,17 +299,33 @@ static void *modify(void *arg) {
     return NULL;
 }
 
-/* One write of 3 live arrays (fp32, bf16 bits, fp32; ranges of 4099 elements: pieces that are not a
- * multiple of the hash's 32-byte stripes) and 2 snapshot items while a modifier thread changes the live
- * ones; the writer sleeps 2 ms after each range (a slow disk). Returns 1 when the file is byte for byte
- * the one a synchronous qt_ckpt_save of the state at the start writes. */
-static int live_write_matches(int guarded, char *why, size_t cap) {
+/* The writer's check of each piece in copy mode: a slow disk (2 ms a piece) the modifier runs ahead of. */
+static int slow_disk(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, char *err, size_t errlen) {
+    (void)item, (void)lo, (void)hi, (void)ctx, (void)err, (void)errlen;
+    usleep(2000);
+    return 0;
+}
+
+/* How the test writes the offloaded arrays: the two checkpoint.offloaded modes and a mutant of each. */
+enum { IN_PLACE, IN_PLACE_UNGUARDED, COPY, COPY_MISSING };
+static const char *const mode_names[] = {"in_place", "in_place_unguarded", "copy", "copy_missing"};
+
+/* One write of 3 offloaded arrays (fp32, bf16 bits, fp32) and 2 snapshot items while a modifier thread
+ * changes the arrays; the writer sleeps 2 ms after each range or piece (a slow disk). IN_PLACE: the arrays are
+ * live items (ranges of 4099 elements: pieces that are not a multiple of the hash's 32-byte stripes)
+ * and the modifier waits for the writer's mark; COPY: they are copied into snapshot buffers first and the
+ * modifier does not wait. Mutants: no wait; no copy. Returns 1 when the file is byte for byte the one a
+ * synchronous qt_ckpt_save of the state at the start writes. */
+static int live_write_matches(int mode, char *why, size_t cap) {
     char dir[512], ref[512], pa[600], pb[600], err[512];
-    fresh_dir(dir, sizeof dir, guarded ? "live" : "live_mutant");
-    fresh_dir(ref, sizeof ref, guarded ? "live_ref" : "live_mutant_ref");
+    snprintf(pa, sizeof pa, "live_%s", mode_names[mode]);
+    fresh_dir(dir, sizeof dir, pa);
+    snprintf(pa, sizeof pa, "live_%s_ref", mode_names[mode]);
+    fresh_dir(ref, sizeof ref, pa);
+    int guarded = mode == IN_PLACE;
     qt_rng r;
     qt_rng_seed(&r, 7);
-    modifier md = {qt_ckpt_writer_create(NULL, NULL), malloc(LIVE_E * 4), malloc(LIVE_E * 4), malloc(LIVE_E * 2), guarded};
+    modifier md = {qt_ckpt_writer_create(mode >= COPY ? slow_disk : NULL, NULL), malloc(LIVE_E * 4), malloc(LIVE_E * 4), malloc(LIVE_E * 2), guarded};
     uint16_t *w16 = malloc(5001 * 2);
     if (!md.w || !md.master || !md.v || !md.m || !w16) return snprintf(why, cap, "out of memory"), 0;
     for (size_t i = 0; i < LIVE_E; i++) {
@@ -321,11 +339,18 @@ static int live_write_matches(int guarded, char *why, size_t cap) {
                              {"adam_m", QT_DT_BF16, md.m, LIVE_E * 2}, {"adam_v", QT_DT_F32, md.v, LIVE_E * 4},
                              {"step", -1, &step, 8}};
     int ok = qt_ckpt_save(ref, 12, 0, items, 5, err, sizeof err) == 0;
-    qt_ckpt_live live = {3, {0, 2, 3}, LIVE_E, 4099};
+    qt_ckpt_live live = {3, {0, 2, 3}, LIVE_E, 4099}, none = {0};
+    char *copies = mode == COPY ? malloc(LIVE_E * 10) : NULL; /* master, m, v: the snapshot buffers */
+    if (mode == COPY && !copies) return snprintf(why, cap, "out of memory"), 0;
+    for (int j = 0, off = 0; copies && j < 3; off += items[live.idx[j]].bytes, j++) {
+        memcpy(copies + off, items[live.idx[j]].data, items[live.idx[j]].bytes);
+        items[live.idx[j]].data = copies + off;
+    }
     qt_test_hooks h = {.ckpt_write_delay_ms = 2};
     qt_test_hooks_set(&h);
     pthread_t th;
-    ok = ok && qt_ckpt_writer_start_live(md.w, dir, 12, 0, items, 5, &live, err, sizeof err) == 0;
+    ok = ok && qt_ckpt_writer_start_live(md.w, dir, 12, 0, items, 5, mode <= IN_PLACE_UNGUARDED ? &live : &none, err,
+                                         sizeof err) == 0;
     if (ok) {
         pthread_create(&th, NULL, modify, &md);
         pthread_join(th, NULL);
@@ -340,24 +365,58 @@ static int live_write_matches(int guarded, char *why, size_t cap) {
     if (ok && (!a || !b || na != nb || memcmp(a, b, na))) {
         size_t at = 0;
         while (a && b && at < na && at < nb && a[at] == b[at]) at++;
-        snprintf(why, cap, "the in-place write differs from the synchronous save (%zu vs %zu bytes, first at byte %zu)", na, nb, at);
+        snprintf(why, cap, "the %s write differs from the synchronous save (%zu vs %zu bytes, first at byte %zu)",
+                 mode_names[mode], na, nb, at);
         ok = 0;
     }
     qt_ckpt *ck = ok ? qt_ckpt_open(pa, err, sizeof err) : NULL;
     if (ok && !ck) snprintf(why, cap, "%s", err), ok = 0;
     qt_ckpt_close(ck);
-    free(a), free(b), free(md.master), free(md.v), free(md.m), free(w16);
+    free(a), free(b), free(md.master), free(md.v), free(md.m), free(w16), free(copies);
     qt_ckpt_writer_free(md.w);
     return ok;
 }
 
-static void test_live_items_written_in_place(void) {
+/* The mode writes the file a synchronous save writes, and its mutant (what: the mutant's fault) does not. */
+static void mode_and_mutant(int mode, int mutant, const char *what) {
     char why[512];
-    QT_EXPECT(live_write_matches(1, why, sizeof why), "%s", why);
-    int caught = !live_write_matches(0, why, sizeof why);
-    printf("  mutant that changes the state without waiting for the mark: %s%s\n", caught ? "caught: " : "NOT caught",
-           caught ? why : "");
-    QT_EXPECT(caught, "the test passes when the modifier does not wait");
+    QT_EXPECT(live_write_matches(mode, why, sizeof why), "%s", why);
+    int caught = !live_write_matches(mutant, why, sizeof why);
+    printf("  mutant that %s: %s%s\n", what, caught ? "caught: " : "NOT caught", caught ? why : "");
+    QT_EXPECT(caught, "the test passes with the mutant that %s", what);
+}
+
+static void test_live_items_written_in_place(void) {
+    mode_and_mutant(IN_PLACE, IN_PLACE_UNGUARDED, "changes the state without waiting for the mark");
+}
+
+/* checkpoint.offloaded: copy — the same file as in place and as a synchronous save, the state changing
+ * at once behind the copy; the mutant that skips the copy must fail. */
+static void test_live_items_copied(void) {
+    mode_and_mutant(COPY, COPY_MISSING, "writes the state without copying it");
+}
+
+/* checkpoint.offloaded resolved from the available host bytes: auto copies exactly when the copy plus
+ * an eighth plus 1 GiB fits; copy and in_place are kept whatever the host has. */
+static void test_offload_mode_choice(void) {
+    const size_t G = (size_t)1 << 30, b = 6 * G; /* ~0.5B parameters' master, m, v */
+    struct { qt_ckpt_offload want; size_t bytes, avail; qt_ckpt_offload got; } c[] = {
+        {QT_CKPT_OFFLOAD_AUTO, b, 128 * G, QT_CKPT_OFFLOAD_COPY},
+        {QT_CKPT_OFFLOAD_AUTO, b, b + b / 8 + G, QT_CKPT_OFFLOAD_COPY},
+        {QT_CKPT_OFFLOAD_AUTO, b, b + b / 8 + G - 1, QT_CKPT_OFFLOAD_IN_PLACE},
+        {QT_CKPT_OFFLOAD_AUTO, 91 * G, 30 * G, QT_CKPT_OFFLOAD_IN_PLACE}, /* 7B on a 128 GiB host */
+        {QT_CKPT_OFFLOAD_AUTO, b, 0, QT_CKPT_OFFLOAD_IN_PLACE},          /* MemAvailable unreadable */
+        {QT_CKPT_OFFLOAD_AUTO, 0, G, QT_CKPT_OFFLOAD_COPY},
+        {QT_CKPT_OFFLOAD_COPY, b, 0, QT_CKPT_OFFLOAD_COPY},
+        {QT_CKPT_OFFLOAD_IN_PLACE, b, 1024 * G, QT_CKPT_OFFLOAD_IN_PLACE},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        qt_ckpt_offload got = qt_trainer_offload_mode(c[i].want, c[i].bytes, c[i].avail);
+        QT_EXPECT(got == c[i].got, "case %zu: want %d, %zu bytes, %zu available: got %d, expected %d", i, c[i].want,
+                  c[i].bytes, c[i].avail, got, c[i].got);
+    }
+    size_t avail = qt_host_mem_available();
+    QT_EXPECT(avail > ((size_t)64 << 20) && avail < ((size_t)1 << 50), "MemAvailable read as %zu bytes", avail);
 }
 
 /* Live items that are not whole arrays of `elems` elements, or repeats, are refused at start. */
@@ -387,6 +446,8 @@ int main(void) {
     QT_RUN(test_write_failures);
     QT_RUN(test_background_writer);
     QT_RUN(test_live_items_written_in_place);
+    QT_RUN(test_live_items_copied);
+    QT_RUN(test_offload_mode_choice);
     QT_RUN(test_live_items_refused);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);

@@ -598,6 +598,9 @@ static void test_sigkill_50_always_resumes_gpu(void) {
 
 /* ---- GPU: the per-step finiteness check of the updated weights ---- */
 
+static const char *g_ckpt_offloaded = "auto"; /* gpu_run's checkpoint.offloaded */
+static int g_ckpt_in_place;                    /* the last gpu_run wrote an offloaded state in place */
+
 /* GPU run `name` (in this process): 12 steps, a checkpoint every `every`, keep `keep`; extra:
  * parallel/precision/memory; losses (may be NULL): [12]. */
 static int gpu_run(const char *name, const char *extra, int every, int keep, const char *resume, float *losses,
@@ -608,13 +611,15 @@ static int gpu_run(const char *name, const char *extra, int every, int keep, con
              "        intermediate_size: 256, max_seq_len: 16}\n"
              "data: {train: '%s/tr_*.bin', seq_len: 16, micro_batch: 4}\n"
              "optim: {lr: 0.003, warmup: 3, steps: 12}\n"
-             "checkpoint: {dir: '%s/%s', every: %d, keep: %d}\nlog: {file: '%s/%s.jsonl', every: 1}\n"
-             "device: cuda\nperf: {matmul_autotune: false}\n%s\n", g_dir, g_dir, name, every, keep, g_dir, name, extra);
+             "checkpoint: {dir: '%s/%s', every: %d, keep: %d, offloaded: %s}\nlog: {file: '%s/%s.jsonl', every: 1}\n"
+             "device: cuda\nperf: {matmul_autotune: false}\n%s\n", g_dir, g_dir, name, every, keep, g_ckpt_offloaded, g_dir,
+             name, extra);
     static qt_config c;
     if (qt_config_load_string(&c, y, name, NULL, 0, err, errlen)) return -2;
     qt_train_opts o = {resume, -1, 0, losses, NULL};
     qt_train_stats st = {0};
     int rc = qt_train_run(&c, &o, &st, err, errlen);
+    g_ckpt_in_place = st.ckpt_in_place;
     if (every > 0) printf("  %s: %d checkpoints, training stopped at most %.3f s for one\n", name, st.ckpts, st.ckpt_stall_max_s);
     return rc;
 }
@@ -699,37 +704,48 @@ static int same_ckpts(const char *a, const char *b, char *why, size_t cap) {
     return 1;
 }
 
-/* One GPU, optimizer offloaded in chunks of 4096 elements, a checkpoint every 3 steps written by a slow
- * writer (20 ms per chunk of state: the next optimizer step must wait for it): every checkpoint equals
- * a synchronous save's (test hook ckpt_sync: training waits for each write) byte for byte, and the loss
- * curve equals that of a run that checkpoints only at its end. The mutant whose optimizer does not
- * wait for the writer must fail. */
+/* One GPU, optimizer offloaded in chunks of 4096 elements, a checkpoint every 3 steps, in both modes of
+ * checkpoint.offloaded: in_place written by a slow writer (20 ms per chunk of state: the next optimizer
+ * step must wait for it), and copy. Every checkpoint equals a synchronous save's (test hook ckpt_sync:
+ * training waits for each write) byte for byte, and the loss curve equals that of a run that
+ * checkpoints only at its end. The mutant whose optimizer does not wait for the in-place writer must
+ * fail. */
 static void test_offloaded_state_written_in_place_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     const char *extra = "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}";
-    char err[4096], why[512];
+    static const char *const modes[2] = {"in_place", "copy"};
+    char err[4096], why[512], name[64];
     float la[12], lc[12];
-    qt_test_hooks h = {.offload_chunk = 4096, .ckpt_write_delay_ms = 20};
+    qt_test_hooks h = {.offload_chunk = 4096, .ckpt_write_delay_ms = 20, .ckpt_sync = 1};
     qt_test_hooks_set(&h);
-    int rc = gpu_run("inplace", extra, 3, 0, NULL, la, err, sizeof err);
-    h.ckpt_sync = 1;
-    qt_test_hooks_set(&h);
-    rc = rc ? rc : gpu_run("inplace_sync", extra, 3, 0, NULL, NULL, err, sizeof err);
+    g_ckpt_offloaded = "in_place";
+    int rc = gpu_run("offl_sync", extra, 3, 100, NULL, NULL, err, sizeof err);
     h.ckpt_sync = 0;
     qt_test_hooks_set(&h);
-    rc = rc ? rc : gpu_run("inplace_none", extra, 0, 0, NULL, lc, err, sizeof err);
+    rc = rc ? rc : gpu_run("offl_none", extra, 0, 1, NULL, lc, err, sizeof err);
     QT_REQUIRE(rc == 0, "%s", err);
-    QT_EXPECT(same_ckpts("inplace", "inplace_sync", why, sizeof why), "in-place write vs synchronous save: %s", why);
-    int same_loss = 1;
-    for (int i = 0; i < 12; i++) same_loss &= !memcmp(&la[i], &lc[i], 4);
-    QT_EXPECT(same_loss, "the loss curve changed with checkpoints");
+    for (int k = 0; k < 2; k++) {
+        g_ckpt_offloaded = modes[k];
+        snprintf(name, sizeof name, "offl_%s", modes[k]);
+        rc = gpu_run(name, extra, 3, 100, NULL, la, err, sizeof err);
+        QT_REQUIRE(rc == 0, "%s: %s", modes[k], err);
+        QT_EXPECT(g_ckpt_in_place == (k == 0), "checkpoint.offloaded: %s: the state was %s", modes[k],
+                  g_ckpt_in_place ? "written in place" : "copied");
+        QT_EXPECT(same_ckpts(name, "offl_sync", why, sizeof why), "%s write vs synchronous save: %s", modes[k], why);
+        int same_loss = 1;
+        for (int i = 0; i < 12; i++) same_loss &= !memcmp(&la[i], &lc[i], 4);
+        QT_EXPECT(same_loss, "%s: the loss curve changed with checkpoints", modes[k]);
+    }
+    g_ckpt_offloaded = "in_place";
     h.ckpt_unguarded = 1;
     qt_test_hooks_set(&h);
-    rc = gpu_run("inplace_mutant", extra, 3, 0, NULL, NULL, err, sizeof err);
+    rc = gpu_run("offl_mutant", extra, 3, 100, NULL, NULL, err, sizeof err);
     qt_test_hooks_set(NULL);
-    int caught = rc != 0 || !same_ckpts("inplace_mutant", "inplace_sync", why, sizeof why);
+    g_ckpt_offloaded = "auto";
+    QT_REQUIRE(rc == 0, "the mutant run failed instead of training: %s", err); /* it must run, and differ */
+    int caught = !same_ckpts("offl_mutant", "offl_sync", why, sizeof why);
     printf("  mutant whose optimizer does not wait for the writer: %s%s\n", caught ? "caught: " : "NOT caught",
-           caught ? (rc ? err : why) : "");
+           caught ? why : "");
     QT_EXPECT(caught, "the test passes when the optimizer does not wait");
 }
 

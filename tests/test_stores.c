@@ -22,9 +22,22 @@ static size_t row(const qt_mem_plan *p, const char *kind) {
     return 0;
 }
 
+/* The plan's pinned host rows: how many, and the i-th (NULL past the end). */
+static int n_pinned(const qt_mem_plan *p) {
+    int n = 0;
+    for (int i = 0; i < p->n; i++) n += p->row[i].where == QT_MEM_PINNED;
+    return n;
+}
+
+static const qt_mem_row *pinned(const qt_mem_plan *p, int k) {
+    for (int i = 0; i < p->n; i++)
+        if (p->row[i].where == QT_MEM_PINNED && k-- == 0) return &p->row[i];
+    return NULL;
+}
+
 static size_t rows_sum(const qt_mem_plan *p) {
     size_t s = 0;
-    for (int i = 0; i < p->n; i++) s += p->row[i].bytes;
+    for (int i = 0; i < p->n; i++) s += p->row[i].where == QT_MEM_ARENA ? p->row[i].bytes : 0;
     return s;
 }
 
@@ -56,7 +69,20 @@ static void test_mem_plan(void) {
     QT_EXPECT(at[0] == base && at[1] == base + 256 && at[2] == base + 768 && at[3] == base + 1024 && p.off == total,
               "addresses %p %p %p %p", at[0], at[1], at[2], at[3]);
     qt_mem_plan_host(&p, "h", 123);
-    QT_EXPECT(p.n_host == 1 && p.host[0].bytes == 123 && p.n == 3, "host rows");
+    qt_mem_plan_add(&p, QT_MEM_PAGEABLE, "h", 7);
+    qt_mem_plan_add(&p, QT_MEM_DEVICE, "ws", 1000);
+    QT_EXPECT(p.n == 6 && row(&p, "h") == 123 && p.off == total, "host rows");
+    QT_EXPECT(qt_mem_plan_device_total(&p) == total + 1000 && qt_mem_plan_host_total(&p) == 130, "totals %zu %zu",
+              qt_mem_plan_device_total(&p), qt_mem_plan_host_total(&p));
+    char err[512];
+    QT_EXPECT(qt_mem_plan_check(&p, 0, total + 1000, "cap", err, sizeof err) == 0, "device total at the limit fits");
+    QT_EXPECT(qt_mem_plan_check(&p, 0, total + 999, "memory.gpu_limit_gib = 1", err, sizeof err) == -1 &&
+                  strstr(err, "needs 0.0 MiB (the CUDA context not counted) but memory.gpu_limit_gib = 1 allows") &&
+                  strstr(err, "biggest items: ws 0.0 MiB (GPU), a 0.0 MiB (GPU arena), b 0.0 MiB (GPU arena)"),
+              "device refusal: %s", err);
+    QT_EXPECT(qt_mem_plan_check(&p, 1, 129, "MemAvailable", err, sizeof err) == -1 && strstr(err, "host memory plan") &&
+                  strstr(err, "h 0.0 MiB (pinned host), h 0.0 MiB (host)"),
+              "host refusal: %s", err);
 }
 
 /* The parameter store's rows for each placement: weights, gradients, master/m/v or the offload slots,
@@ -100,7 +126,8 @@ static void test_param_store_rows(void) {
  * norm's; the backward scratch. A recomputed part's tensors have one buffer for all layers: every layer's
  * pointer is layer 0's (what the backward's rebuild relies on and what the plan's rows show), every
  * other tensor has its own per layer. Implications: block => att, ffn, norm; att => qkv; ffn => swiglu.
- * Residual offload is refused with a message. */
+ * Each set also with memory.offload_residual: the layers' input residuals take two device slots (layer
+ * l's is slot l % 2) and the first L - 2 layers' a host row. */
 static void test_act_store_rows(void) {
     qt_layout L;
     small_layout(&L, 1);
@@ -117,27 +144,31 @@ static void test_act_store_rows(void) {
               "names: %s", names);
     const int sets[] = {0, QT_RC_SWIGLU, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_FFN, QT_RC_BLOCK, QT_RC_FFN | QT_RC_NORM};
     size_t C = c->hidden_size, F = c->intermediate_size, HD = 3 * 32, QKV = 5 * 32, nl = c->num_layers;
-    for (int k = 0; k < (int)(sizeof sets / sizeof sets[0]); k++) {
-        qt_act_policy pol = {.recompute = sets[k]};
+    for (int k = 0; k < 2 * (int)(sizeof sets / sizeof sets[0]); k++) {
+        int off = k & 1;
+        qt_act_policy pol = {.recompute = sets[k / 2], .offload_residual = off};
         qt_act_store *as = qt_act_store_create(c, N, pol, err, sizeof err);
         QT_REQUIRE(as, "%s", err);
         int r = as->policy.recompute;
-        QT_EXPECT(r == qt_act_recompute_resolve(sets[k]), "set %d: resolved %d", sets[k], r);
+        QT_EXPECT(r == qt_act_recompute_resolve(sets[k / 2]), "set %d: resolved %d", sets[k / 2], r);
         /* layers holding a buffer of the part's tensors: 1 when recomputed */
 #define NL_(part) ((r & (part)) ? 1 : nl)
         qt_mem_plan p;
         qt_mem_plan_begin(&p, NULL);
         qt_act_store_carve(as, &p);
-        size_t res = (nl + NL_(QT_RC_BLOCK)) * al(N * C * 2) + al(N * C * 2);
+        size_t res = ((off ? 2 : nl) + NL_(QT_RC_BLOCK)) * al(N * C * 2) + al(N * C * 2);
+        QT_EXPECT(n_pinned(&p) == off && (!off || (!strcmp(pinned(&p, 0)->kind, "offloaded residuals") &&
+                                                pinned(&p, 0)->bytes == (nl - 2) * al(N * C * 2))),
+                  "set %d offload %d: %d host rows", sets[k / 2], off, n_pinned(&p));
         size_t norms = 2 * NL_(QT_RC_NORM) * al(N * C * 2) + nl * 2 * al(N * 4) + al(N * C * 2) + al(N * 4);
         QT_EXPECT(row(&p, "activations: residual") == res && row(&p, "activations: norms") == norms,
-                  "set %d: residual %zu (want %zu), norms %zu (want %zu)", sets[k], row(&p, "activations: residual"), res,
+                  "set %d: residual %zu (want %zu), norms %zu (want %zu)", sets[k / 2], row(&p, "activations: residual"), res,
                   row(&p, "activations: norms"), norms);
         QT_EXPECT(row(&p, "activations: qkv") == NL_(QT_RC_QKV) * al(N * QKV * 2) &&
                       row(&p, "activations: gate|up") == NL_(QT_RC_FFN) * al(N * 2 * F * 2) &&
                       row(&p, "activations: swiglu") == NL_(QT_RC_SWIGLU) * al(N * F * 2) &&
                       row(&p, "activations: attention") == NL_(QT_RC_ATT) * (al(N * HD * 2) + al(N * 3 * 4)),
-                  "set %d: per-layer rows", sets[k]);
+                  "set %d: per-layer rows", sets[k / 2]);
         QT_EXPECT(row(&p, "scratch: gradients") == al(N * C * 4) + 3 * al(N * C * 2) + al(N * HD * 2) + al(N * QKV * 2),
                   "scratch %zu", row(&p, "scratch: gradients"));
         QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
@@ -154,16 +185,18 @@ static void test_act_store_rows(void) {
             const void *mine[] = {a->ln1, a->ln2, a->qkv, a->att, a->lse, a->res_mid, a->gu, a->h, a->res, a->rstd1, a->rstd2};
             const void *first[] = {a0->ln1, a0->ln2, a0->qkv, a0->att, a0->lse, a0->res_mid, a0->gu, a0->h, a0->res, a0->rstd1, a0->rstd2};
             const int part[] = {QT_RC_NORM, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_ATT, QT_RC_BLOCK, QT_RC_FFN, QT_RC_SWIGLU, 0, 0, 0};
-            for (int t = 0; t < 11; t++)
-                QT_EXPECT((mine[t] == first[t]) == !!(r & part[t]), "set %d: layer %d tensor %d %s layer 0's buffer", sets[k], l,
+            QT_EXPECT(!off || (a->res == as->layers[l % 2].res && as->layers[0].res != as->layers[1].res),
+                      "offload: layer %d's residual is not slot %d", l, l % 2);
+            for (int t = 0; t < 11; t++) {
+                if (off && t == 8) continue; /* res: the slots, checked above */
+                QT_EXPECT((mine[t] == first[t]) == !!(r & part[t]), "set %d: layer %d tensor %d %s layer 0's buffer", sets[k / 2], l,
                           t, mine[t] == first[t] ? "shares" : "does not share");
+            }
         }
         QT_EXPECT(qt_act_forward(as, 1) == qt_act_backward(as, 1) && qt_act_forward(as, 1) == &as->layers[1], "one buffer set");
         free(base);
         qt_act_store_free(as);
     }
-    qt_act_policy off = {.offload_residual = 1};
-    QT_EXPECT(!qt_act_store_create(c, N, off, err, sizeof err) && strstr(err, "offload_residual"), "got: %s", err);
     qt_layout_free(&L);
 }
 
@@ -295,6 +328,33 @@ static void test_plan_7b(void) {
                        row(&p, "fp8 activations") / G, p.off / G, (p.off - opt) / G);
             }
         }
+        /* memory.offload_residual: (layers - 2) residuals leave the GPU for the host row; at micro-batch 1
+         * with block the activations (the "activations:" rows and the fp8 ones) fit in 0.5 GiB (issue 23). */
+        for (int b = 0; b < 4; b++)
+            for (int k = 0; k < 2; k++) {
+                cfg.data.micro_batch = mbs[b];
+                cfg.memory.recompute = k ? QT_RC_BLOCK : QT_RC_FFN | QT_RC_NORM;
+                size_t N = (size_t)mbs[b] * cfg.data.seq_len, act[2], fp8 = 0, total = 0, opt = 0;
+                qt_mem_plan p;
+                for (int off = 0; off < 2; off++) {
+                    cfg.memory.offload_residual = off;
+                    QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
+                    QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
+                    act[off] = rows_from(&p, "activations:");
+                    fp8 = row(&p, "fp8 activations"), total = p.off;
+                    opt = row(&p, "master weights (fp32)") + row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
+                }
+                cfg.memory.offload_residual = 0;
+                QT_EXPECT(act[0] - act[1] == (nl - 2) * N * C * 2 && n_pinned(&p) == 1 &&
+                              !strcmp(pinned(&p, 0)->kind, "offloaded residuals") && pinned(&p, 0)->bytes == (nl - 2) * N * C * 2,
+                          "%s mb %d: offload saves %zu, expected %zu", files[f], mbs[b], act[0] - act[1], (nl - 2) * N * C * 2);
+                printf("  %3d %-38s %11.2f %9.2f %8.2f %9.2f (host %.2f)\n", mbs[b],
+                       k ? "block + offload_residual" : "ffn, norm + offload_residual", act[1] / G, fp8 / G, total / G,
+                       (total - opt) / G, pinned(&p, 0)->bytes / G);
+                if (mbs[b] == 1 && k)
+                    QT_EXPECT(act[1] + fp8 <= G / 2, "%s: 7B at micro-batch 1, block + offload_residual: %.3f GiB of "
+                              "activations, expected <= 0.5", files[f], (act[1] + fp8) / G);
+            }
         qt_layout_free(&L);
     }
 }

@@ -153,6 +153,7 @@ static int apply(ctx *x, const qt_config_key *k, const char *text, int plain, wh
         return fail(x, w, k->path, "expected %s, got \"%.200s\"%s", what, text, float_range_note(k, text));
     }
     x->at[idx] = w;
+    if (idx < (int)sizeof x->c->given) x->c->given[idx] = 1;
     if (k->model_inline) {
         x->c->model_inline = 1;
         if (x->first_inline < 0) x->first_inline = idx;
@@ -456,4 +457,10 @@ size_t qt_config_dump(const qt_config *c, char *buf, size_t cap) {
     }
 #undef OUT
     return n;
+}
+
+int qt_config_given(const qt_config *c, const char *path) {
+    const qt_config_key *k = qt_config_key_find(path);
+    int i = k ? key_index(k) : -1;
+    return i >= 0 && i < (int)sizeof c->given && c->given[i];
 }

@@ -16,7 +16,7 @@
 #include "qt_dtype.h"
 
 _Static_assert(sizeof(qt_sched_kind) == sizeof(int) && sizeof(qt_device_kind) == sizeof(int) &&
-                   sizeof(qt_arch) == sizeof(int),
+                   sizeof(qt_arch) == sizeof(int) && sizeof(qt_ckpt_offload) == sizeof(int),
                "enum keys are stored as int");
 
 static const qt_key_enum arch_names[] = {{"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {NULL, 0}};
@@ -36,7 +36,10 @@ static const qt_key_enum f32_bf16_names[] = {{"fp32", QT_DT_F32}, {"bf16", QT_DT
 static const qt_key_enum matmul_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_E4M3}, {NULL, 0}};
 static const qt_key_enum grad_names[] = {
     {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
+static const qt_key_enum plan_names[] = {{"manual", 0}, {"auto", 1}, {NULL, 0}};
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
+static const qt_key_enum ckpt_offload_names[] = {
+    {"auto", QT_CKPT_OFFLOAD_AUTO}, {"copy", QT_CKPT_OFFLOAD_COPY}, {"in_place", QT_CKPT_OFFLOAD_IN_PLACE}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
                                               {NULL, 0}};
@@ -117,6 +120,11 @@ static const qt_config_key keys[] = {
     S("checkpoint.dir", checkpoint.dir, "ckpt", "all", "directory for checkpoints"),
     I("checkpoint.every", checkpoint.every, 0, INT_MAX, "0", "all", 0, "checkpoint every N steps; 0 = only at the end"),
     I("checkpoint.keep", checkpoint.keep, 1, INT_MAX, "3", "all", 0, "newest checkpoints kept; older ones are deleted"),
+    E("checkpoint.offloaded", checkpoint.offloaded, ckpt_offload_names, "auto", "GPU", 0,
+      "an offloaded optimizer state (one GPU) is checkpointed by copy (fast: training pauses for the copy, needs "
+      "host memory for it) or in_place (written where it lives: no memory, the optimizer waits for the write, "
+      "up to the write time); auto = copy when the copy plus 1 GiB + 1/8 fits in MemAvailable at start, else "
+      "in_place. Data-parallel ranks always copy"),
 
     S("export.dir", export.dir, "", "all",
       "HF export (config.json + model.safetensors) at the end; \"\" = checkpoint.dir + \"/export\""),
@@ -148,8 +156,16 @@ static const qt_config_key keys[] = {
        "activations the backward recomputes before each layer instead of keeping them from the forward, with the same kernels and inputs (the same bits): one buffer for all layers instead of one per layer. swiglu: SwiGLU output, from the kept gate-up output; norm: both RMSNorm outputs, from the kept residuals; qkv: QKV projection and RoPE, from the norm output; att: attention output and softmax statistics (implies qkv); ffn: gate-up projection (implies swiglu); block: everything but the layer's input residual (implies att, ffn, norm). The resolved set is printed at start"),
     I("memory.attn_bwd_chunks", memory.attn_bwd_chunks, 1, INT_MAX, "1", "GPU", 0,
       "run the attention backward over N slices of the micro-batch's sequences (at most micro_batch): cuDNN's workspace and fp32 dQ accumulator shrink N-fold"),
+    B("memory.offload_residual", memory.offload_residual, "false", "GPU", 0,
+      "keep each layer's input residual (the one tensor a block recompute starts from) in pinned host memory from the forward to the backward: copied out on a copy stream while the layer computes, fetched back while the layer above runs its backward; the GPU keeps two residual slots instead of one per layer (host: (layers - 2) x micro_batch x seq_len x hidden x 2 bytes)"),
     B("memory.offload_optimizer", memory.offload_optimizer, "false", "GPU", 0,
       "keep the fp32 master weights and AdamW m, v (a GPU's shard when sharded) in pinned host memory, streamed through the GPU in chunks by AdamW: 12 bytes per parameter less GPU memory (8 with bf16 moments), the same bytes each way over PCIe per optimizer step"),
+    F("memory.gpu_limit_gib", memory.gpu_limit_gib, 0, NOHI, 0, 0, "0", "GPU", 0,
+      "cap on the GPU memory qtrain plans and allocates per GPU (GiB): the arena, cuBLASLt/cuDNN workspaces, comm buffers and a fixed runtime reserve (kernel modules, library handles, CUDA graphs); the CUDA context (about 0.5 GiB) is not counted. A plan over the cap is refused before allocating, naming its biggest rows; 0 = no cap (the GPU's free memory still applies)"),
+    F("memory.host_limit_gib", memory.host_limit_gib, 0, NOHI, 0, 0, "0", "all", 0,
+      "host memory the run may plan for (GiB): pinned offloaded state and snapshot buffers, pageable loader and weight buffers. A plan over it is refused before allocating; 0 = MemAvailable from /proc/meminfo at start (set it where a VM reports less at start than it grants later)"),
+    E("memory.plan", memory.plan, plan_names, "manual", "GPU", 0,
+      "auto: before training, choose data.micro_batch (keeping micro_batch x grad_accum), memory.recompute, memory.offload_optimizer, memory.lmhead_chunks and memory.attn_bwd_chunks, among those the config does not give, as the plan that fits memory.gpu_limit_gib (else the GPU) and the host with the highest predicted tokens/s (a FLOP and PCIe cost model against a matmul and copy rate probed once per GPU model and cached in ~/.cache/qtrain); prints the choice, its prediction and the next two. manual: the keys as given"),
     B("perf.cuda_graphs", perf.cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
     B("perf.matmul_autotune", perf.matmul_autotune, "true", "GPU", 0,
       "time cuBLASLt's candidate algorithms on each matmul shape's first use and keep the fastest; false = the heuristic's first choice (the same algorithms on every run, for A/B comparisons)"),

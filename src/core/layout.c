@@ -201,22 +201,27 @@ static float hashed_normal(uint64_t seed, uint64_t i) {
     return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
-void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float std) {
-    long n = (long)L->numel;
+void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, uint64_t seed, float std) {
+    size_t hi = lo + n;
 #pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) w[i] = 0;
+    for (long i = 0; i < (long)n; i++) dst[i] = 0;
     for (int k = 0; k < L->n_tensors; k++) {
         const qt_tensor *t = &L->tensors[k];
-        float *p = w + t->offset;
-        long m = (long)t->numel;
+        size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a >= e) continue;
+        float *p = dst + (a - lo);
+        long m = (long)(e - a);
         if (t->kind == QT_T_NORM || t->kind == QT_T_FINAL_NORM) {
             for (long i = 0; i < m; i++) p[i] = 1.0f;
         } else if (t->ndim == 2) {
-            uint64_t base = t->offset;
 #pragma omp parallel for schedule(static)
-            for (long i = 0; i < m; i++) p[i] = std * hashed_normal(seed, base + (uint64_t)i);
+            for (long i = 0; i < m; i++) p[i] = std * hashed_normal(seed, a + (uint64_t)i);
         } /* biases stay 0 */
     }
+}
+
+void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float std) {
+    qt_layout_init_range(L, 0, L->numel, w, seed, std);
 }
 
 double qt_model_flops_per_token(const qt_model_cfg *c, int T) {

@@ -54,6 +54,13 @@ int qt_engine_get_grads(qt_engine *e, float *g, char *err, size_t errlen) {
     return 0;
 }
 
+int qt_engine_grads_device(qt_engine *e, float **g, int *device, char *err, size_t errlen) {
+    if (!e->ops->grads_device)
+        return qt_errf(err, errlen, "the %s engine keeps no device gradients to share (one GPU only)", e->ops->name);
+    CAUGHT(err, errlen, *g = e->ops->grads_device(e, device));
+    return 0;
+}
+
 int qt_engine_forward_logits(qt_engine *e, const int32_t *in, float *logits, char *err, size_t errlen) {
     if (!e->ops->forward_logits) return qt_errf(err, errlen, "engine %s cannot return logits", e->ops->name);
     CAUGHT(err, errlen, e->ops->forward_logits(e, in, logits));

@@ -145,6 +145,13 @@ static const qt_engine_ops cpu_ops = {
 };
 
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0) {
+    qt_weight_src src = qt_weight_src_array(L, w0);
+    char err[64];
+    return qt_engine_cpu_create_src(L, cfg, &src, err, sizeof err); /* an array source cannot fail */
+}
+
+qt_engine *qt_engine_cpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+                                    size_t errlen) {
     cpu_engine *c = calloc(1, sizeof *c);
     QT_CHECK(c, "out of host memory");
     c->base = (qt_engine){&cpu_ops, L, cfg, 1};
@@ -154,7 +161,10 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const 
     c->m = calloc(L->numel, sizeof(float));
     c->v = calloc(L->numel, sizeof(float));
     QT_CHECK(c->w && c->g && c->m && c->v, "out of host memory for %zu parameters", L->numel);
-    memcpy(c->w, w0, bytes);
+    if (qt_weight_src_fill(src, 0, L->numel, c->w, err, errlen)) { /* its own fp32 weights, straight from the source */
+        free(c->w), free(c->g), free(c->m), free(c->v), free(c);
+        return NULL;
+    }
     c->model = qt_cpu_model_create(L, cfg->data.micro_batch, cfg->data.seq_len);
     return &c->base;
 }

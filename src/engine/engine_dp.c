@@ -57,7 +57,7 @@ struct dp_engine {
     int quit;
     dp_job job;
     /* the current job's arguments and results */
-    const float *w0;
+    const qt_weight_src *src;
     char err[QT_COMM_MAX_RANKS][512];
     char fail[QT_COMM_MAX_RANKS][1024]; /* a rank's caught failure ("[rank R] file:line: ...") */
     int fail_order[QT_COMM_MAX_RANKS];  /* 1 for the first rank that failed, 2 the next, ...; 0: none */
@@ -142,7 +142,7 @@ static void *rank_loop(void *p) {
 
 static void job_create(dp_engine *d, int r) {
     qt_gpu_rank rank = {d->comm, r, &d->shard[r]};
-    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->w0, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
+    d->rk[r] = qt_engine_gpu_create_src(d->base.L, d->base.cfg, d->src, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
 }
 static void job_micro(dp_engine *d, int r) {
     size_t ntok = (size_t)d->base.cfg->data.micro_batch * d->base.cfg->data.seq_len;
@@ -375,6 +375,12 @@ static const qt_engine_ops dp_ops = {
 
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
                                const int *devices, char *err, size_t errlen) {
+    qt_weight_src src = qt_weight_src_array(L, w0);
+    return qt_engine_dp_create_src(L, cfg, &src, n, devices, err, errlen);
+}
+
+qt_engine *qt_engine_dp_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
+                                   const int *devices, char *err, size_t errlen) {
     if (n < 1 || n > QT_COMM_MAX_RANKS) {
         snprintf(err, errlen, "%s: parallel.gpus: %d ranks, expected 1..%d", cfg->path, n, QT_COMM_MAX_RANKS);
         return NULL;
@@ -410,7 +416,7 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const f
         d->arg[r].r = r;
         QT_CHECK(pthread_create(&d->th[r], NULL, rank_loop, &d->arg[r]) == 0, "cannot start the thread of rank %d", r);
     }
-    d->w0 = w0;
+    d->src = src; /* read by every rank's thread at once: fills are pure */
     run(d, job_create, -1); /* in parallel: each rank allocates and initialises its own GPU */
     for (int r = 0; r < n; r++)
         if (!d->rk[r]) {

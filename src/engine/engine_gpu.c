@@ -20,6 +20,7 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
+#include "qt_planner.h"
 #include "qt_step_plan.h"
 #include "qt_test_hooks.h"
 
@@ -39,6 +40,7 @@ typedef struct {
     long bad_pending[2];    /* [t & 1]: step t when its count is in flight, else 0 */
     long first_bad, first_bad_step; /* the first NaN/Inf weight found (-1: none) and the step that made it */
     void *host_state[4];    /* state_items' host copies (owned) */
+    int ckpt_copy;          /* 1: an offloaded optimizer state is copied for checkpoints (set_state_copy) */
     int micro_done;         /* micro-steps since creation (the first runs eagerly) */
     int micro_in_step;      /* micro-steps since the last opt_step */
     double last_loss_sum;   /* the last opt_step's loss sum and target count, for the ranks' mean */
@@ -244,6 +246,14 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
     qt_param_get_grads(e->g->ps, gr);
 }
 
+static float *gpu_grads_device(qt_engine *b, int *device) {
+    gpu_engine *e = (gpu_engine *)b;
+    qt_dp_sync_join(e->sync);
+    QT_CUDA(cudaStreamSynchronize(e->g->stream));
+    QT_CUDA(cudaGetDevice(device));
+    return e->g->ps->grad;
+}
+
 static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     gpu_engine *e = (gpu_engine *)b;
     upload(e, in, NULL);
@@ -253,11 +263,16 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
 
 /* One GPU offloaded: m, v and an fp32 master are checkpointed from where they live (pinned host
- * memory); the optimizer waits for the writer per chunk (set_state_guard). A bf16 master is the device
- * weights: copied like them. A data-parallel rank's are copied: the data-parallel engine hands rank 0's
- * blobs on as snapshots. */
-static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE; }
+ * memory) unless the trainer chose to copy them (set_state_copy); the optimizer waits for the writer per
+ * chunk (set_state_guard). A bf16 master is the device weights: copied like them. A data-parallel rank's
+ * are copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
+static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE && !e->ckpt_copy; }
 static int live_item(const gpu_engine *e, int i) { return live_state(e) && (i >= 2 || (i == 0 && e->g->ps->master)); }
+/* The bytes of those items (m, v, an fp32 master) when they are live. */
+static size_t live_bytes(const gpu_engine *e) {
+    const qt_param_store *ps = e->g->ps;
+    return live_state(e) ? ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) : 0;
+}
 
 /* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths; with
  * precision.master_dtype bf16 the exact fp32 values of the bf16 weights), the bf16 working copy (it
@@ -293,6 +308,12 @@ static int gpu_state_live(qt_engine *b, qt_ckpt_live *live) {
     *live = e->g->ps->master ? (qt_ckpt_live){3, {0, 2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk}
                              : (qt_ckpt_live){2, {2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk};
     return live->n;
+}
+
+static void gpu_set_state_copy(qt_engine *b, int copy) {
+    gpu_engine *e = (gpu_engine *)b;
+    if (copy) qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", live_bytes(e)); /* the copies state_items makes */
+    e->ckpt_copy = copy;
 }
 
 static void gpu_set_state_guard(qt_engine *b, void (*wait)(void *ctx, size_t hi), void *ctx) {
@@ -366,10 +387,11 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
 /* The same ops under the name the run's log shows. */
 #define GPU_OPS(nm)                                                                                   \
     {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
-     .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .forward_logits = gpu_forward_logits, \
+     .get_weights = gpu_get_weights, .get_grads = gpu_get_grads, .grads_device = gpu_grads_device,      \
+     .forward_logits = gpu_forward_logits,                                                            \
      .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
      .nonfinite_weight = gpu_nonfinite_weight, .state_live = gpu_state_live,                             \
-     .set_state_guard = gpu_set_state_guard,                                                           \
+     .set_state_guard = gpu_set_state_guard, .set_state_copy = gpu_set_state_copy,                     \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
@@ -379,16 +401,14 @@ void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
     *valid = e->last_valid;
 }
 
-/* Where the parameters live, from the plan. */
-static qt_param_placement placement(const qt_step_plan *p, const qt_layout *L) {
-    size_t chunk = qt_test_hooks_get()->offload_chunk;
-    return (qt_param_placement){p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, p->zero,
-                                p->opt_ahead, p->reduce_bf16, chunk ? chunk : QT_GPU_OPTIM_CHUNK,
-                                p->grads_sharded && p->lookups && L->lm_head != L->embed};
-}
-
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
                                 const qt_gpu_rank *rank, char *err, size_t errlen) {
+    qt_weight_src src = qt_weight_src_array(L, w0);
+    return qt_engine_gpu_create_src(L, cfg, &src, device, rank, err, errlen);
+}
+
+qt_engine *qt_engine_gpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+                                    const qt_gpu_rank *rank, char *err, size_t errlen) {
     if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.matmul_dtype != QT_DT_E4M3) {
         snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
                  qt_dtype_name(cfg->precision.matmul_dtype));
@@ -408,8 +428,8 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     if (rank) qt_step_plan_make(&e->plan, L, cfg, qt_comm_size(rank->comm), rank->rank, rank->shard->n_ranks > 1);
     else qt_step_plan_make(&e->plan, L, cfg, 0, 0, 0);
     if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt); /* offloaded: AdamW bucket by bucket */
-    qt_param_placement pl = placement(&e->plan, L);
-    e->g = qt_gpu_model_create(L, cfg, w0, rank ? rank->shard : &one, &pl, err, errlen);
+    qt_param_placement pl = qt_plan_placement(&e->plan, L);
+    e->g = qt_gpu_model_create(L, cfg, src, rank ? rank->shard : &one, &pl, err, errlen);
     if (!e->g) {
         free(e);
         return NULL;
@@ -419,9 +439,10 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
         QT_CUDA(cudaEventCreateWithFlags(&e->pin_free[i], cudaEventDisableTiming));
         QT_CUDA(cudaEventRecord(e->pin_free[i], e->g->stream));
     }
-    /* the checkpoint snapshot (gpu_state_items): the bf16 weights, and master, m, v unless written in place */
+    /* the checkpoint snapshot (gpu_state_items): the bf16 weights, and master, m, v unless written in place
+     * (the default of an offloaded state; set_state_copy adds their copy when the trainer chooses one) */
     const qt_param_store *ps = e->g->ps;
-    size_t snap = L->numel * 2 + (live_state(e) ? 0 : ps->shard.len * (4 + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)));
+    size_t snap = L->numel * 2 + ps->shard.len * (4 + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) - live_bytes(e);
     qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", snap);
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     QT_CUDA(cudaMalloc((void **)&e->bad_dev, sizeof *e->bad_dev));

@@ -8,8 +8,9 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_hf.h"
+#include "qt_planner.h"
 
-int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen) {
+int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char *err, size_t errlen) {
     qt_model_cfg mc = cfg->model;
     char path[QT_PATH_MAX + 32];
     if (cfg->hf_config[0]) {
@@ -24,25 +25,33 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
         return -1;
     }
     if (qt_layout_init(L, &mc, err, errlen)) return -1;
+    qt_weight_src_of_config(src, L, cfg);
+    float none;
+    if (src->kind == QT_WSRC_HF && qt_weight_src_fill(src, 0, 0, &none, err, errlen)) { /* headers only */
+        qt_layout_free(L);
+        return -1;
+    }
+    return 0;
+}
+
+int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, size_t errlen) {
+    qt_weight_src src;
+    if (qt_model_layout(cfg, L, &src, err, errlen)) return -1;
     *w = calloc(L->numel, sizeof(float));
     if (!*w) {
         snprintf(err, errlen, "out of host memory for %zu parameters", L->numel);
         qt_layout_free(L);
         return -1;
     }
-    if (cfg->init.from[0]) {
-        if (qt_hf_import(cfg->init.from, L, *w, err, errlen)) {
-            free(*w);
-            qt_layout_free(L);
-            return -1;
-        }
-    } else {
-        qt_layout_init_weights(L, *w, cfg->init.seed, cfg->init.std);
+    if (qt_weight_src_fill(&src, 0, L->numel, *w, err, errlen)) {
+        free(*w);
+        qt_layout_free(L);
+        return -1;
     }
     return 0;
 }
 
-static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
+static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                 size_t errlen) {
     int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
     if (cfg->device == QT_DEVICE_CUDA && ngpu == 0) {
@@ -52,7 +61,7 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
     if (ngpu == 0) {
         if (cfg->device == QT_DEVICE_AUTO)
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
-        return qt_engine_cpu_create(L, cfg, w0);
+        return qt_engine_cpu_create_src(L, cfg, src, err, errlen);
     }
     int devs[QT_COMM_MAX_RANKS], n = cfg->parallel.gpus ? cfg->parallel.gpus : ngpu;
     if (cfg->parallel.devices.n) { /* one rank per entry, several may share a GPU */
@@ -91,8 +100,29 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         snprintf(err, errlen, "%s: parallel.zero: 3 (bf16 weight shards) is not built yet, expected 0, 1 or 2", cfg->path);
         return NULL;
     }
-    if (n == 1) return qt_engine_gpu_create(L, cfg, w0, devs[0], NULL, err, errlen);
-    return qt_engine_dp_create(L, cfg, w0, n, devs, err, errlen);
+    if (n == 1) return qt_engine_gpu_create_src(L, cfg, src, devs[0], NULL, err, errlen);
+    return qt_engine_dp_create_src(L, cfg, src, n, devs, err, errlen);
+}
+
+/* The run's memory plan against the limits, before anything is allocated; prints the host rows. The GPU
+ * model checks its device rows again with the attention workspace measured (qt_gpu_model_create). */
+static int check_plan(const qt_layout *L, const qt_config *cfg, char *err, size_t errlen) {
+    static qt_run_plan rp;
+    char host_what[96], gpu_what[64];
+    int gpus = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
+    if (qt_plan_run(L, cfg, gpus, 1, &rp, err, errlen)) return -1;
+    size_t host = qt_plan_host_limit(cfg, host_what, sizeof host_what);
+    snprintf(gpu_what, sizeof gpu_what, "memory.gpu_limit_gib = %g", cfg->memory.gpu_limit_gib);
+    printf("qtrain: host memory plan: %.2f GiB of %.2f GiB (%s)\n", rp.host_bytes / 1073741824.0, host / 1073741824.0,
+           host_what);
+    qt_mem_plan_print_rows(&rp.mem, QT_MEM_PINNED);
+    qt_mem_plan_print_rows(&rp.mem, QT_MEM_PAGEABLE);
+    if (qt_plan_check(&rp, qt_mem_gib(cfg->memory.gpu_limit_gib), gpu_what, host, host_what, err, errlen)) {
+        size_t n = strlen(err);
+        snprintf(err + n, errlen - n, " (%s; qtrain --plan %s lists every row)", cfg->path, cfg->path);
+        return -1;
+    }
+    return 0;
 }
 
 void qt_engine_profile(qt_engine *e, int on) {
@@ -106,13 +136,23 @@ void qt_engine_profile_print(qt_engine *e, int steps) {
  * message; what was allocated before it is not freed (the process is expected to end or retry). */
 qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
                             size_t errlen) {
+    qt_weight_src src = qt_weight_src_array(L, w0);
+    return qt_engine_create_src(L, cfg, &src, err, errlen);
+}
+
+qt_engine *qt_engine_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+                                size_t errlen) {
     qt_catch c;
     qt_catch_push(&c);
     if (setjmp(c.jb)) {
         qt_errf(err, errlen, "%s", c.msg);
         return NULL;
     }
-    qt_engine *e = engine_create(L, cfg, w0, err, errlen);
+    if (check_plan(L, cfg, err, errlen)) {
+        qt_catch_pop(&c);
+        return NULL;
+    }
+    qt_engine *e = engine_create(L, cfg, src, err, errlen);
     qt_catch_pop(&c);
     return e;
 }

@@ -3,9 +3,22 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "qt_config.h"
 #include "qt_error.h"
+#include "qt_test_hooks.h"
+
+/* memory.offload_residual's state once started. One copy is in flight at a time (pending): the forward
+ * joins each copy out before starting the next, the backward each fetch before the next layer. */
+struct qt_res_offload {
+    char *host;              /* [L-2][N,C] bf16, pinned (owned) */
+    cudaStream_t s, copy;    /* compute (borrowed), copies (owned) */
+    cudaEvent_t ready, done; /* compute -> copy: the slot may be read/written; copy -> compute: copied */
+    int pending;             /* the layer whose residual is being copied (either way); -1: none */
+    long delay_ms;           /* test hook offload_residual_delay_ms, read at start */
+    int mutant;              /* test hook offload_residual_mutant, read at start */
+};
 
 int qt_act_recompute_resolve(int parts) {
     if (parts & QT_RC_BLOCK) parts |= QT_RC_ATT | QT_RC_FFN | QT_RC_NORM;
@@ -25,20 +38,50 @@ const char *qt_act_recompute_names(int parts, char *buf, size_t cap) {
 }
 
 qt_act_store *qt_act_store_create(const qt_model_cfg *c, long N, qt_act_policy policy, char *err, size_t errlen) {
-    if (policy.offload_residual) {
-        snprintf(err, errlen, "memory.offload_residual is not implemented yet");
-        return NULL;
-    }
+    (void)err, (void)errlen;
     policy.recompute = qt_act_recompute_resolve(policy.recompute);
     qt_act_store *as = calloc(1, sizeof *as);
     QT_CHECK(as, "out of host memory");
     *as = (qt_act_store){.c = c, .N = N, .policy = policy, .layers = calloc((size_t)c->num_layers, sizeof *as->layers)};
     QT_CHECK(as->layers, "out of host memory");
+    if (policy.offload_residual && c->num_layers > 2)
+        as->host_bytes = (size_t)(c->num_layers - 2) * qt_mem_aligned((size_t)N * c->hidden_size * 2);
     return as;
+}
+
+int qt_act_store_start(qt_act_store *as, cudaStream_t s, const char *cfg_path, char *err, size_t errlen) {
+    if (!as->policy.offload_residual) return 0;
+    struct qt_res_offload *o = calloc(1, sizeof *o);
+    QT_CHECK(o, "out of host memory");
+    if (as->host_bytes && cudaHostAlloc((void **)&o->host, as->host_bytes, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(err, errlen, "%s: memory.offload_residual: %.2f GiB of pinned host memory for %d layers' residuals "
+                 "could not be allocated", cfg_path, as->host_bytes / 1073741824.0, as->c->num_layers - 2);
+        free(o);
+        return -1;
+    }
+    o->s = s;
+    o->pending = -1;
+    o->delay_ms = qt_test_hooks_get()->offload_residual_delay_ms;
+    o->mutant = qt_test_hooks_get()->offload_residual_mutant;
+    QT_CUDA(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
+    QT_CUDA(cudaEventCreateWithFlags(&o->ready, cudaEventDisableTiming));
+    QT_CUDA(cudaEventCreateWithFlags(&o->done, cudaEventDisableTiming));
+    as->off = o;
+    return 0;
 }
 
 void qt_act_store_free(qt_act_store *as) {
     if (!as) return;
+    if (as->off) {
+        struct qt_res_offload *o = as->off;
+        QT_CUDA(cudaStreamSynchronize(o->copy));
+        QT_CUDA(cudaEventDestroy(o->ready));
+        QT_CUDA(cudaEventDestroy(o->done));
+        QT_CUDA(cudaStreamDestroy(o->copy));
+        if (o->host) QT_CUDA(cudaFreeHost(o->host));
+        free(o);
+    }
     free(as->layers);
     free(as);
 }
@@ -55,9 +98,14 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
     size_t N = (size_t)as->N, C = c->hidden_size, F = c->intermediate_size;
     size_t HD = (size_t)c->num_heads * c->head_dim, QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
     const qt_gpu_layer *a0 = &as->layers[0];
+    void *slot[2] = {NULL, NULL};
+    if (as->policy.offload_residual) {
+        for (int i = 0; i < 2 && i < c->num_layers; i++) slot[i] = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
+        if (as->host_bytes) qt_mem_plan_host(p, "offloaded residuals", as->host_bytes);
+    }
     for (int l = 0; l < c->num_layers; l++) {
         qt_gpu_layer *a = &as->layers[l];
-        a->res = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
+        a->res = as->policy.offload_residual ? slot[l % 2] : qt_mem_plan_carve(p, "activations: residual", N * C * 2);
         a->ln1 = take(p, as, l, QT_RC_NORM, a0->ln1, "activations: norms", N * C * 2);
         a->rstd1 = qt_mem_plan_carve(p, "activations: norms", N * 4);
         a->qkv = take(p, as, l, QT_RC_QKV, a0->qkv, "activations: qkv", N * QKV * 2);
@@ -80,9 +128,55 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
     as->dqkv = qt_mem_plan_carve(p, "scratch: gradients", N * QKV * 2);
 }
 
-qt_gpu_layer *qt_act_forward(qt_act_store *as, int l) { return &as->layers[l]; }
-qt_gpu_layer *qt_act_backward(qt_act_store *as, int l) { return &as->layers[l]; }
+/* ---- residual offload: the copies and their order (see qt_act_store.h) ---- */
+
+static int offloaded(const qt_act_store *as, int l) { return as->off && l >= 0 && l < as->c->num_layers - 2; }
+
+static void CUDART_CB sleep_ms(void *ms) {
+    struct timespec t = {*(long *)ms / 1000, *(long *)ms % 1000 * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* Copies layer l's residual between its slot and the host (to_host) on the copy stream, after the
+ * compute stream's work so far. */
+static void copy_start(qt_act_store *as, int l, int to_host) {
+    struct qt_res_offload *o = as->off;
+    QT_CHECK(o->pending < 0, "residual offload: layer %d's copy started while layer %d's is in flight", l, o->pending);
+    size_t n = (size_t)as->N * as->c->hidden_size * 2;
+    char *h = o->host + (size_t)l * qt_mem_aligned(n);
+    void *d = as->layers[l].res;
+    QT_CUDA(cudaEventRecord(o->ready, o->s));
+    QT_CUDA(cudaStreamWaitEvent(o->copy, o->ready, 0));
+    if (o->delay_ms) QT_CUDA(cudaLaunchHostFunc(o->copy, sleep_ms, &o->delay_ms)); /* test hook: a late copy */
+    QT_CUDA(cudaMemcpyAsync(to_host ? (void *)h : d, to_host ? d : (void *)h, n,
+                            to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, o->copy));
+    QT_CUDA(cudaEventRecord(o->done, o->copy));
+    o->pending = l;
+}
+
+/* The compute stream waits for layer l's copy, if it is the one in flight. mutant: the test hook's
+ * planted bug (1: a fetch not waited for; 2: a slot overwritten before its copy out finished). */
+static void copy_join(qt_act_store *as, int l, int mutant) {
+    struct qt_res_offload *o = as->off;
+    if (!o || o->pending != l || l < 0) return;
+    if (o->mutant != mutant) QT_CUDA(cudaStreamWaitEvent(o->s, o->done, 0));
+    o->pending = -1;
+}
+
+qt_gpu_layer *qt_act_forward(qt_act_store *as, int l) {
+    copy_join(as, l - 1, 2); /* this layer's down projection writes the slot of layer l - 1 */
+    return &as->layers[l];
+}
+
+void qt_act_residual_final(qt_act_store *as, int l) {
+    if (offloaded(as, l)) copy_start(as, l, 1);
+}
+
+qt_gpu_layer *qt_act_backward(qt_act_store *as, int l) {
+    if (offloaded(as, l - 1) && as->off->pending != l - 1) copy_start(as, l - 1, 0); /* into the slot of layer l + 1 */
+    return &as->layers[l];
+}
+
 void qt_act_release(qt_act_store *as, int l) {
-    (void)as; /* saved: the buffers stay for the next micro-step's forward */
-    (void)l;
+    copy_join(as, l - 1, 1); /* layer l - 1's backward reads it next */
 }

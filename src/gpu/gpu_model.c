@@ -13,7 +13,10 @@
  * only after qt_param_acquire_weights and gradients handed on with qt_param_release_grads, so the
  * engine's sync (and a future sharded or streamed placement) sees every layer boundary. With
  * memory.recompute the activation store gives the recomputed tensors one buffer for all layers, and
- * block_run rebuilds them (the forward's ops again) before each layer's backward. */
+ * block_run rebuilds them (the forward's ops again) before each layer's backward. With
+ * memory.offload_residual the store keeps each layer's input residual in host memory between the
+ * forward and the backward: the model only says when res is final (qt_act_residual_final, after the
+ * first norm's add); qt_act_forward/backward/release order the copies (qt_act_store.h). */
 #include "qt_gpu_model.h"
 
 #include <stdio.h>
@@ -51,6 +54,23 @@ static unsigned fp8_xq_shared(const qt_gpu_model *g) {
            (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0) | (r & QT_RC_SWIGLU ? 1u << QT_FP8_DOWN : 0);
 }
 
+/* Device memory this model allocates outside the arena: the cuBLASLt workspace, the autotuner's
+ * scratch output during the first step (the largest accumulating weight gradient it tunes), cuDNN's
+ * attention workspace (g->attn_ws: measured from the plans on a GPU, its fp32 parts alone without
+ * one) and the runtime reserve. */
+static void outside_rows(const qt_gpu_model *g, qt_mem_plan *p) {
+    const qt_model_cfg *c = &g->L->cfg;
+    size_t C = c->hidden_size, F = c->intermediate_size, HD = (size_t)c->num_heads * c->head_dim;
+    size_t QKV = HD + (size_t)2 * c->num_kv_heads * c->head_dim, tune = 0;
+    size_t out[5] = {QKV * C, C * HD, 2 * F * C, C * F, (size_t)c->vocab_size * C}; /* the wgrad outputs */
+    for (int i = 0; i < 5 && g->cfg->perf.matmul_autotune; i++)
+        if (qt_matmul_tune_scratch_bytes(out[i] * 4) > tune) tune = qt_matmul_tune_scratch_bytes(out[i] * 4);
+    qt_mem_plan_add(p, QT_MEM_DEVICE, "cuBLASLt workspace", QT_MATMUL_WS_DEFAULT);
+    if (tune) qt_mem_plan_add(p, QT_MEM_DEVICE, "matmul autotune scratch", tune);
+    qt_mem_plan_add(p, QT_MEM_DEVICE, "cuDNN attention workspace", g->attn_ws);
+    qt_mem_plan_add(p, QT_MEM_DEVICE, "runtime reserve", QT_GPU_RUNTIME_RESERVE);
+}
+
 /* The plan: the stores' rows, then the model's own. Two passes: base NULL only sizes it. */
 static size_t carve_all(qt_gpu_model *g, char *base) {
     const qt_model_cfg *c = &g->L->cfg;
@@ -83,6 +103,7 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
         g->fp8_w = qt_mem_plan_carve(p, "fp8 weights (persistent)", qt_fp8_weight_bytes(c));
         g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->precision.grad_dtype, fp8_xq_shared(g)));
     }
+    outside_rows(g, p);
     return p->off;
 }
 
@@ -96,6 +117,19 @@ static void free_host(qt_gpu_model *g) {
     qt_act_store_free(g->as);
     qt_param_store_free(g->ps);
     free(g);
+}
+
+/* The attention workspace: the forward over the micro-batch, the backward over its slices (the last
+ * may be shorter). measure: from cuDNN's plans (builds and caches them); else the fp32 parts alone. */
+static size_t attn_ws_of(qt_gpu_model *g, int measure) {
+    const qt_model_cfg *c = &g->L->cfg;
+    int per = (g->B + g->attn_chunks - 1) / g->attn_chunks, last = g->B - (g->attn_chunks - 1) * per;
+    int H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
+    if (!measure) return qt_attention_bwd_fixed_ws(per, g->T, H, D);
+    size_t ws = qt_attention_ws_bytes(g->attn, g->B, g->T, H, Hkv, D, 0), b;
+    if ((b = qt_attention_ws_bytes(g->attn, per, g->T, H, Hkv, D, 1)) > ws) ws = b;
+    if (last > 0 && (b = qt_attention_ws_bytes(g->attn, last, g->T, H, Hkv, D, 1)) > ws) ws = b;
+    return ws;
 }
 
 /* The host side of a model: its fields, the stores, the plan sized (no device memory yet). NULL with err. */
@@ -114,12 +148,13 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const q
     g->fp8_fwd = cfg->precision.matmul_dtype == QT_DT_E4M3;
     g->fp8_bwd = g->fp8_fwd && cfg->precision.grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
-    qt_act_policy ap = {.recompute = cfg->memory.recompute};
+    qt_act_policy ap = {.recompute = cfg->memory.recompute, .offload_residual = cfg->memory.offload_residual};
     g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);
         return NULL;
     }
+    g->attn_ws = attn_ws_of(g, 0);
     carve_all(g, NULL);
     return g;
 }
@@ -133,29 +168,59 @@ int qt_gpu_model_plan(const qt_layout *L, const qt_config *cfg, const qt_shard *
     return 0;
 }
 
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const float *w0, const qt_shard *sh,
+/* The plan's device total against memory.gpu_limit_gib and the GPU's free memory: 0, or -1 with err. */
+static int check_fits(const qt_gpu_model *g, char *err, size_t errlen) {
+    size_t free_b, total_b;
+    char what[96];
+    QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    float lim = g->cfg->memory.gpu_limit_gib;
+    snprintf(what, sizeof what, "memory.gpu_limit_gib = %g", lim);
+    int rc = lim > 0 ? qt_mem_plan_check(&g->plan, 0, qt_mem_gib(lim), what, err, errlen) : 0;
+    if (!rc) rc = qt_mem_plan_check(&g->plan, 0, free_b, "the GPU's free memory", err, errlen);
+    if (!rc) return 0;
+    size_t n = strlen(err);
+    snprintf(err + n, errlen - n, " (%s): lower data.micro_batch (%d), recompute more (memory.recompute: [ffn, norm] or "
+             "[block]), raise memory.lmhead_chunks (%d) or set memory.offload_optimizer; qtrain --plan shows the rows",
+             g->cfg->path, g->B, g->lm_chunks);
+    return -1;
+}
+
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, const qt_shard *sh,
                                   const qt_param_placement *pl, char *err, size_t errlen) {
     qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
     if (!g) return NULL;
-    size_t bytes = g->plan.off, free_b, total_b;
-    QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
-    if (cudaMalloc((void **)&g->arena, bytes) != cudaSuccess) {
-        (void)cudaGetLastError();
-        snprintf(err, errlen,
-                 "%s: the GPU memory plan needs %.2f GiB but %.2f GiB are free: lower data.micro_batch (%d), "
-                 "recompute more (memory.recompute: [ffn, norm] or [block]), raise memory.lmhead_chunks (%d) or set "
-                 "memory.offload_optimizer",
-                 cfg->path, bytes / 1073741824.0, free_b / 1073741824.0, g->B, g->lm_chunks);
+    g->attn = qt_attention_create();
+    g->attn_ws = attn_ws_of(g, 1);
+    size_t bytes = carve_all(g, NULL); /* again, with the measured attention workspace */
+    if (check_fits(g, err, errlen) || qt_param_store_alloc_host(g->ps, cfg, err, errlen)) {
+        qt_attention_free(g->attn);
         free_host(g);
         return NULL;
     }
+    if (cudaMalloc((void **)&g->arena, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(err, errlen, "%s: the GPU memory plan's arena of %.2f GiB could not be allocated (cudaMalloc): another "
+                 "process took the memory, or it is fragmented", cfg->path, bytes / 1073741824.0);
+        qt_attention_free(g->attn);
+        free_host(g);
+        return NULL;
+    }
+    qt_attention_reserve(g->attn, g->attn_ws);
     carve_all(g, g->arena); /* second pass: now with real addresses */
     QT_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    if (qt_act_store_start(g->as, g->stream, cfg->path, err, errlen)) {
+        QT_CUDA(cudaStreamDestroy(g->stream));
+        QT_CUDA(cudaFree(g->arena));
+        free_host(g);
+        return NULL;
+    }
     g->mm = qt_matmul_create(0);
     qt_matmul_set_autotune(g->mm, cfg->perf.matmul_autotune);
-    g->attn = qt_attention_create();
     cudaStream_t s = g->stream;
-    qt_param_store_init(g->ps, cfg, w0, s);
+    if (qt_param_store_init(g->ps, cfg, src, s, err, errlen)) {
+        qt_gpu_model_free(g);
+        return NULL;
+    }
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     if (g->fp8_fwd) {
@@ -188,8 +253,11 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
     char rc[64];
     printf("  memory.recompute: %s (one buffer for all layers, rebuilt before each layer's backward)\n",
            qt_act_recompute_names(g->as->policy.recompute, rc, sizeof rc));
+    if (g->as->policy.offload_residual)
+        printf("  memory.offload_residual: layers' input residuals in host memory, 2 on the GPU\n");
     qt_mem_plan_print(&g->plan);
-    printf("  %-28s %10.1f MiB of %.1f MiB (cuBLASLt and cuDNN workspaces come out of this)\n", "free now",
+    if (g->cfg->memory.gpu_limit_gib > 0) printf("  %-30s %10.1f MiB\n", "memory.gpu_limit_gib", g->cfg->memory.gpu_limit_gib * 1024.0);
+    printf("  %-30s %10.1f MiB of %.1f MiB (the runtime reserve and autotune scratch come out of this)\n", "free now",
            free_b / 1048576.0, total_b / 1048576.0);
 }
 
@@ -292,6 +360,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
                        fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
+        if (fwd) qt_act_residual_final(g->as, l); /* res now holds the sum: the backward's copy (offload) */
     }
     if (fwd || redo & QT_RC_QKV) {
         lin_fwd(g, LABEL("matmul fwd: qkv"), l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C,

@@ -51,18 +51,27 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     size_t b[3] = {ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0, qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
                    qt_mem_aligned(ns * qt_dtype_size(ps->v_dt))};
     ps->host_state_bytes = b[0] + b[1] + b[2];
+    (void)err, (void)errlen;
+    return ps;
+}
+
+int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
+    if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
+    size_t ns = ps->shard.len, b0 = ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0;
+    size_t b1 = qt_mem_aligned(ns * qt_dtype_size(ps->m_dt));
     if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
-        snprintf(err, errlen, "%s: memory.offload_optimizer: %.2f GiB of pinned host memory for the optimizer state "
-                 "could not be allocated", cfg->path, ps->host_state_bytes / 1073741824.0);
-        free(ps);
-        return NULL;
+        ps->host_state = NULL;
+        return qt_errf(err, errlen, "%s: memory.offload_optimizer: %.2f GiB of pinned host memory for the optimizer "
+                       "state could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
+                       "memory.host_limit_gib to what the host can pin, or train without the offload",
+                       cfg->path, ps->host_state_bytes / 1073741824.0);
     }
     memset(ps->host_state, 0, ps->host_state_bytes); /* m, v start at zero; padding stays defined */
-    ps->master = b[0] ? (float *)ps->host_state : NULL; /* bf16 master: m and v only */
-    ps->m = ps->host_state + b[0];
-    ps->v = ps->host_state + b[0] + b[1];
-    return ps;
+    ps->master = b0 ? (float *)ps->host_state : NULL; /* bf16 master: m and v only */
+    ps->m = ps->host_state + b0;
+    ps->v = ps->host_state + b0 + b1;
+    return 0;
 }
 
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
@@ -239,12 +248,18 @@ void qt_param_get_grads(const qt_param_store *ps, float *g) {
     free(h);
 }
 
-void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s) {
+/* bf16 weights [lo, lo + n) = RNE(host[0, n)), through the staging buffer (elementwise: any cut gives
+ * the same bits). */
+static void upload_bf16_at(qt_param_store *ps, const float *host, size_t lo, size_t n, cudaStream_t s) {
     for (size_t i = 0; i < n; i += ps->stage_n) {
         size_t c = n - i < ps->stage_n ? n - i : ps->stage_n;
         QT_CUDA(cudaMemcpyAsync(ps->staging, host + i, c * 4, cudaMemcpyHostToDevice, s));
-        qt_cast_f32_to_bf16(qt_param_w(ps, i), ps->staging, c, s);
+        qt_cast_f32_to_bf16(qt_param_w(ps, lo + i), ps->staging, c, s);
     }
+}
+
+void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s) {
+    upload_bf16_at(ps, host, 0, n, s);
 }
 
 /* AdamW's per-tensor table, cut to this rank's pieces: decay on matrices (and embeddings when
@@ -277,23 +292,35 @@ static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
     free(start);
 }
 
-void qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const float *w0, cudaStream_t s) {
+int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weight_src *src, cudaStream_t s, char *err,
+                        size_t errlen) {
     const qt_shard *sp = &ps->shard;
-    size_t n = ps->L->numel, ns = sp->len;
-    int host = ps->place.opt == QT_OPT_STATE_HOST;
+    size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
+    int host = ps->place.opt == QT_OPT_STATE_HOST, rc = 0;
     qt_zero(ps->w, sp->total * 2, s); /* the padding stays zero */
-    qt_param_upload_bf16(ps, w0, n, s);
     if (!host) {
         if (ps->master) qt_zero(ps->master, ns * 4, s);
         qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
         qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
     }
-    for (int b = 0; ps->master && b < sp->n_buckets; b++) {
-        size_t off, len, st, np;
-        qt_shard_piece(sp, b, &off, &len, &st);
-        if ((np = qt_shard_params(off, len, n)))
-            QT_CUDA(cudaMemcpyAsync(ps->master + st, w0 + off, np * 4, cudaMemcpyDefault, s));
+    float *buf = malloc((chunk ? chunk : 1) * sizeof *buf); /* the plan's "weight init buffer" row */
+    if (!buf) return qt_errf(err, errlen, "out of host memory for the %.1f MiB weight init buffer", chunk * 4 / 1048576.0);
+    for (size_t i = 0; i < n && !rc; i += chunk) { /* a chunk of the source at a time: bf16 and master pieces */
+        size_t c = n - i < chunk ? n - i : chunk;
+        QT_CUDA(cudaStreamSynchronize(s)); /* the last chunk's copies have read buf */
+        if ((rc = qt_weight_src_fill(src, i, c, buf, err, errlen))) break;
+        upload_bf16_at(ps, buf, i, c, s);
+        for (int b = 0; b < sp->n_buckets; b++) {
+            size_t off, len, st, np;
+            qt_shard_piece(sp, b, &off, &len, &st);
+            np = qt_shard_params(off, len, n);
+            size_t a = off > i ? off : i, e = off + np < i + c ? off + np : i + c;
+            if (ps->master && a < e) QT_CUDA(cudaMemcpyAsync(ps->master + st + (a - off), buf + (a - i), (e - a) * 4, cudaMemcpyDefault, s));
+        }
     }
+    QT_CUDA(cudaStreamSynchronize(s));
+    free(buf);
+    if (rc) return -1;
     if (ps->place.zero >= 2) {
         qt_zero(ps->grad, ns * 4, s); /* fp32 */
         for (int b = 0; b < sp->n_buckets; b++)
@@ -302,6 +329,7 @@ void qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const float *
         qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
     make_optimizer(ps, cfg);
+    return 0;
 }
 
 void qt_param_store_free(qt_param_store *ps) {

@@ -525,7 +525,15 @@ static int st_check_header(const char *fp, const qt_layout *L, const qt_json *j,
 }
 
 /* Loads every tensor of one file into w, marking seen[]; refuses NaN and Inf weights by name. */
-static int import_file(const char *fp, const qt_layout *L, float *w, unsigned char *seen, char *err, size_t errlen) {
+/* The elements [lo, hi) of the flat parameter array that fp holds, into w (w[0] is element lo); every
+ * tensor the header lists is checked and marked seen, only the overlapping pieces are read. */
+typedef struct {
+    size_t lo, hi;
+    float *w;
+} import_range;
+
+static int import_file(const char *fp, const qt_layout *L, const import_range *r, unsigned char *seen, char *err,
+                       size_t errlen) {
     FILE *f = fopen(fp, "rb");
     if (!f) return qt_errf(err, errlen, "%s: cannot open: %s", fp, strerror(errno));
     long long ds;
@@ -538,14 +546,16 @@ static int import_file(const char *fp, const qt_layout *L, float *w, unsigned ch
         const qt_tensor *t = v[i].t;
         if (!t) continue;
         int idx = (int)(t - L->tensors);
-        float *dst = w + t->offset;
+        const char *dt = qt_json_get(v[i].e, "dtype")->str;
+        size_t a = t->offset > r->lo ? t->offset : r->lo, e = t->offset + t->numel < r->hi ? t->offset + t->numel : r->hi;
+        float *dst = r->w + (a - r->lo);
         if (seen[idx]) rc = qt_errf(err, errlen, "%s: %s: tensor appears twice", fp, t->name);
-        else if (load_tensor(f, qt_json_get(v[i].e, "dtype")->str, ds + (long long)v[i].begin, dst, t->numel))
+        else if (a < e && load_tensor(f, dt, ds + (long long)(v[i].begin + (a - t->offset) * st_dtype_size(dt)), dst, e - a))
             rc = qt_errf(err, errlen, "%s: %s: cannot read the tensor data", fp, t->name);
-        for (size_t q = 0; q < t->numel && !rc; q++)
+        for (size_t q = 0; a < e && q < e - a && !rc; q++)
             if (!isfinite(dst[q]))
-                rc = qt_errf(err, errlen, "%s: %s: element %zu is %s: expected finite weights", fp, t->name, q,
-                             isnan(dst[q]) ? "NaN" : "Inf");
+                rc = qt_errf(err, errlen, "%s: %s: element %zu is %s: expected finite weights", fp, t->name,
+                             q + (a - t->offset), isnan(dst[q]) ? "NaN" : "Inf");
         seen[idx] = 1;
     }
     free(v);
@@ -555,8 +565,8 @@ static int import_file(const char *fp, const qt_layout *L, float *w, unsigned ch
 }
 
 /* A sharded checkpoint: imports every file named in index.json's weight_map (once each). */
-static int import_sharded(const char *dir, const char *index, const qt_layout *L, float *w, unsigned char *seen,
-                          char *err, size_t errlen) {
+static int import_sharded(const char *dir, const char *index, const qt_layout *L, const import_range *r,
+                          unsigned char *seen, char *err, size_t errlen) {
     size_t n;
     char *text = slurp(index, &n, err, errlen), jerr[256];
     if (!text) return -1;
@@ -575,7 +585,7 @@ static int import_sharded(const char *dir, const char *index, const qt_layout *L
         if (dup) continue;
         char fp[4096];
         snprintf(fp, sizeof fp, "%s/%s", dir, e->str);
-        rc = import_file(fp, L, w, seen, err, errlen);
+        rc = import_file(fp, L, r, seen, err, errlen);
     }
     qt_json_free(j);
     return rc;
@@ -606,10 +616,11 @@ int qt_hf_config_path(const char *from, char *out, size_t cap, char *err, size_t
     return 0;
 }
 
-int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen) {
+int qt_hf_import_range(const char *path, const qt_layout *L, size_t lo, size_t n, float *w, char *err, size_t errlen) {
     unsigned char *seen = calloc((size_t)L->n_tensors + 1, 1);
     if (!seen) return qt_errf(err, errlen, "%s: out of memory", path);
-    memset(w, 0, L->numel * sizeof *w);
+    memset(w, 0, n * sizeof *w);
+    import_range r = {lo, lo + n, w};
     char fp[4096], index[4096], dir[4096];
     struct stat st;
     int rc;
@@ -623,8 +634,8 @@ int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size
         dir_of(path, dir, sizeof dir);
     }
     if (kind == HF_INDEX || (kind == HF_DIR && stat(fp, &st) != 0 && stat(index, &st) == 0))
-        rc = import_sharded(dir, index, L, w, seen, err, errlen);
-    else rc = import_file(fp, L, w, seen, err, errlen);
+        rc = import_sharded(dir, index, L, &r, seen, err, errlen);
+    else rc = import_file(fp, L, &r, seen, err, errlen);
     for (int i = 0; i < L->n_tensors && !rc; i++) {
         const qt_tensor *t = &L->tensors[i];
         char want[64];
@@ -633,4 +644,8 @@ int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size
     }
     free(seen);
     return rc;
+}
+
+int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen) {
+    return qt_hf_import_range(path, L, 0, L->numel, w, err, errlen);
 }

@@ -338,7 +338,7 @@ static int load_zst(const char *path, qt_tokens_data *d, char *err, size_t errle
             }
             d->base_ = nb, cap = ncap;
         }
-        got = zreader_read(&z, d->base_ + have, cap - have, path, err, errlen);
+        got = zreader_read(&z, (char *)d->base_ + have, cap - have, path, err, errlen);
         if (got < 0) break;
         have += (size_t)got;
         if (have < cap) break; /* the stream ended */

@@ -44,6 +44,15 @@ static float *falloc(long n) {
     return p;
 }
 
+size_t qt_cpu_model_bytes(const qt_layout *L, int B, int T) {
+    const qt_model_cfg *c = &L->cfg;
+    size_t N = (size_t)B * T, C = c->hidden_size, HD = (size_t)c->num_heads * c->head_dim, F = c->intermediate_size;
+    size_t QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
+    size_t layer = 4 * N * C + 2 * N + N * QKV + N * HD + (size_t)B * c->num_heads * T + 3 * N * F;
+    size_t rest = 2 * N * C + 2 * N + N * c->vocab_size + 2 * N * C + N * HD + N * QKV + 3 * N * F;
+    return 4 * (c->num_layers * layer + rest) + 2 * N * sizeof(int32_t); /* floats, then tokens and targets */
+}
+
 qt_cpu_model *qt_cpu_model_create(const qt_layout *L, int B, int T) {
     const qt_model_cfg *c = &L->cfg;
     QT_CHECK(B > 0 && T > 0 && T <= c->max_seq_len, "cpu model: B=%d, T=%d (max_seq_len %d)", B, T, c->max_seq_len);

@@ -28,6 +28,7 @@
 #include "qt_hf.h"
 #include "qt_optim.h"
 #include "qt_train_ckpt.h"
+#include "qt_train_session.h"
 
 /* 0: run on; > 0: the signal that asked for a stop; -1: qt_train_request_stop. Lock-free, so a signal
  * handler may set it. */
@@ -95,6 +96,19 @@ static long count_targets(const int32_t *tgt, size_t n) {
     return v;
 }
 
+/* Records the kind of a failure (an engine failure breaks the trainer) and returns rc (-1). */
+static int failed(qt_trainer *t, qt_train_fail kind, int rc) {
+    t->fail = kind;
+    if (kind == QT_TF_DEVICE) t->broken = 1;
+    return rc;
+}
+
+static int broken(qt_trainer *t, char *err, size_t errlen) {
+    t->fail = QT_TF_DEVICE;
+    return qt_errf(err, errlen, "an earlier engine failure left this trainer unusable: close it and resume from the "
+                   "last checkpoint");
+}
+
 /* The eval loss into *out: the mean over every target >= 0 of the eval batches. When all batches hold
  * the same count (no masks) that is the mean of the batch means, computed so to keep the bits of
  * earlier versions; otherwise each batch mean is weighted by its count, and a multi-GPU call whose
@@ -150,23 +164,28 @@ static int run_eval(qt_trainer *t, float *out, char *err, size_t errlen) {
     return 0;
 }
 
-static int export_model(qt_trainer *t, char *err, size_t errlen) {
-    char dir[QT_PATH_MAX + 16];
-    if (t->cfg->export.dir[0]) snprintf(dir, sizeof dir, "%s", t->cfg->export.dir);
-    else snprintf(dir, sizeof dir, "%s/export", t->cfg->checkpoint.dir);
+void qt_session_export_dir(const qt_config *cfg, char *buf, size_t cap) {
+    if (cfg->export.dir[0]) snprintf(buf, cap, "%s", cfg->export.dir);
+    else snprintf(buf, cap, "%s/export", cfg->checkpoint.dir);
+}
+
+int qt_session_export(qt_trainer *t, const char *dir, int bf16, char *err, size_t errlen) {
+    if (t->broken) return broken(t, err, errlen);
     float *w = malloc(t->eng->L->numel * sizeof(float));
-    if (!w) {
-        snprintf(err, errlen, "out of host memory for the export");
-        return -1;
+    if (!w) return failed(t, QT_TF_INTERNAL, qt_errf(err, errlen, "out of host memory for the export"));
+    if (qt_engine_get_weights(t->eng, w, err, errlen)) {
+        free(w);
+        return failed(t, QT_TF_DEVICE, -1);
     }
-    int rc = qt_engine_get_weights(t->eng, w, err, errlen) ? -1 : qt_hf_export(dir, t->eng->L, w, t->cfg->export.bf16, err, errlen);
+    int rc = qt_hf_export(dir, t->eng->L, w, bf16, err, errlen);
     free(w);
-    if (rc == 0) printf("qtrain: exported %s/model.safetensors and config.json (%s)\n", dir, t->cfg->export.bf16 ? "bf16" : "fp32");
+    if (rc) return failed(t, QT_TF_IO, -1);
+    printf("qtrain: exported %s/model.safetensors and config.json (%s)\n", dir, bf16 ? "bf16" : "fp32");
     /* the tokenizer the data was made with: data.tokenizer, else init.from's when it has one */
     const char *tok = t->cfg->data.tokenizer[0] ? t->cfg->data.tokenizer : t->cfg->init.from;
-    int n = rc == 0 && tok[0] ? qt_hf_export_tokenizer(dir, tok, t->cfg->data.tokenizer[0] != 0, err, errlen) : 0;
+    int n = tok[0] ? qt_hf_export_tokenizer(dir, tok, t->cfg->data.tokenizer[0] != 0, err, errlen) : 0;
     if (n > 0) printf("qtrain: exported %d tokenizer files from %s\n", n, tok);
-    return rc == 0 && n >= 0 ? 0 : -1;
+    return n >= 0 ? 0 : failed(t, QT_TF_IO, -1);
 }
 
 static int log_train(qt_trainer *t, float loss, float gnorm, float lr, double tok_s, double eta_s, char *err,
@@ -202,89 +221,189 @@ static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t err
     return 0;
 }
 
-/* One optimizer step. Returns 0; 1 on a data error (err set; the step did not happen, the last one
- * can be saved); -1 on divergence or an engine failure. */
-static int one_step(qt_trainer *t, float lr, float *loss, float *gnorm, char *err, size_t errlen) {
+int qt_session_backward(qt_trainer *t, qt_batch_source src, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
+    if (t->broken) return broken(t, err, errlen);
+    if (t->pending)
+        return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "step %ld: backward ran already; update first", t->step + 1));
+    if (t->step >= t->stop)
+        return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "the run ends at step %ld (optim.steps %d): nothing left to "
+                                                 "train; raise optim.steps", t->stop, c->optim.steps));
+    if (src == QT_BATCH_LOADER && !t->train)
+        return failed(t, QT_TF_DATA, qt_errf(err, errlen, "data.train is not set: give the step its tokens"));
+    if (qt_trainer_poll_write(t, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
+    t->tstep = now_s();
     int ranks = t->eng->ranks;
     size_t ntok = (size_t)c->data.micro_batch * c->data.seq_len;
     long valid = 0;
     for (size_t k = 0; k < (size_t)c->data.grad_accum * ranks; k++) {
-        if (qt_loader_next(t->train, t->in + k * ntok, t->tgt + k * ntok, err, errlen)) return 1;
+        if (src == QT_BATCH_LOADER && qt_loader_next(t->train, t->in + k * ntok, t->tgt + k * ntok, err, errlen)) {
+            t->fail = QT_TF_DATA; /* the step did not happen: the last one can be saved */
+            qt_trainer_save_after_error(t, err, errlen);
+            return -1;
+        }
         valid += count_targets(t->tgt + k * ntok, ntok);
     }
     float scale = qt_loss_scale(c->data.grad_accum, ranks, valid);
+    t->pending = 1;
     for (size_t a = 0; a < (size_t)c->data.grad_accum; a++)
         if (qt_engine_micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale, err, errlen))
-            return -1;
-    if (qt_engine_opt_step(t->eng, lr, t->step + 1, loss, gnorm, err, errlen)) return -1;
-    /* the weights first: a NaN/Inf weight of an earlier step (a GPU engine learns it a step late) is the cause */
-    if (qt_trainer_check_weights(t, 0, err, errlen)) return -1;
-    if (!isfinite(*loss) || !isfinite(*gnorm))
-        return qt_errf(err, errlen, "step %ld: loss %g, grad norm %g: training diverged (lower optim.lr?)",
-                       t->step + 1, *loss, *gnorm);
+            return failed(t, QT_TF_DEVICE, -1);
     return 0;
 }
 
-static int train_loop(qt_trainer *t, const qt_train_opts *o, qt_train_stats *st, char *err, size_t errlen) {
+int qt_session_update(qt_trainer *t, qt_step_result *r, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
-    qt_sched sched = {c->optim.schedule, c->optim.lr, c->optim.final_lr_frac, c->optim.warmup, c->optim.cooldown, c->optim.steps};
-    double t0 = now_s(), tlast = t0;
-    long start = t->step, last_logged = t->step;
-    long stop = o->stop_after >= 0 && o->stop_after < c->optim.steps ? o->stop_after : c->optim.steps;
-    while (t->step < stop && !atomic_load(&g_stop)) {
-        if (qt_trainer_poll_write(t, err, errlen)) return -1;
-        float lr = qt_sched_lr(&sched, t->step), loss, gnorm;
-        int rc = one_step(t, lr, &loss, &gnorm, err, errlen);
-        if (rc) return rc > 0 ? qt_trainer_save_after_error(t, err, errlen) : -1;
-        if (o->losses) o->losses[t->step] = loss;
-        t->step++;
-        t->pos = qt_loader_get_pos(t->train);
-        int last = t->step == stop;
-        if (t->step % c->log.every == 0 || last || t->step == start + 1) {
-            double tn = now_s(), tok_s = (t->step - last_logged) * t->tok_per_step / (tn - tlast);
-            double eta = (tn - t0) / (t->step - start) * (c->optim.steps - t->step);
-            if (log_train(t, loss, gnorm, lr, tok_s, eta, err, errlen)) return qt_trainer_save_after_error(t, err, errlen);
-            tlast = tn;
-            last_logged = t->step;
-        }
-        if (t->eval && ((c->eval.every > 0 && t->step % c->eval.every == 0) || t->step == c->optim.steps)) {
-            float el = 0;
-            int erc = run_eval(t, &el, err, errlen);
-            if (erc < 0) return -1;
-            if (erc || log_eval(t, el, err, errlen)) return qt_trainer_save_after_error(t, err, errlen);
-            if (isnan(st->first_eval)) st->first_eval = el;
-            st->last_eval = el;
-        }
-        if ((c->checkpoint.every > 0 && t->step % c->checkpoint.every == 0) || last)
-            if (qt_trainer_save(t, err, errlen)) return -1;
+    if (t->broken) return broken(t, err, errlen);
+    if (!t->pending) return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "step %ld: update before backward", t->step + 1));
+    float lr = t->lr_override >= 0 ? t->lr_override : qt_sched_lr(&t->sched, t->step), loss, gnorm;
+    t->pending = 0;
+    if (qt_engine_opt_step(t->eng, lr, t->step + 1, &loss, &gnorm, err, errlen)) return failed(t, QT_TF_DEVICE, -1);
+    /* the weights first: a NaN/Inf weight of an earlier step (a GPU engine learns it a step late) is the cause */
+    if (qt_trainer_check_weights(t, 0, err, errlen)) return failed(t, QT_TF_DIVERGED, -1);
+    if (!isfinite(loss) || !isfinite(gnorm))
+        return failed(t, QT_TF_DIVERGED, qt_errf(err, errlen, "step %ld: loss %g, grad norm %g: training diverged (lower "
+                                                 "optim.lr?)", t->step + 1, loss, gnorm));
+    t->step++;
+    if (t->train) t->pos = qt_loader_get_pos(t->train);
+    double tn = now_s();
+    *r = (qt_step_result){t->step, loss, gnorm, lr, t->tok_per_step / (tn - t->tstep), 0, 0, 0};
+    int last = t->step == t->stop;
+    if (t->step % c->log.every == 0 || last || t->step == t->start + 1) {
+        double tok_s = (t->step - t->last_logged) * t->tok_per_step / (tn - t->tlast);
+        double eta = (tn - t->t0) / (t->step - t->start) * (c->optim.steps - t->step);
+        if (log_train(t, loss, gnorm, lr, tok_s, eta, err, errlen)) return failed(t, QT_TF_IO, qt_trainer_save_after_error(t, err, errlen));
+        t->tlast = tn;
+        t->last_logged = t->step;
     }
-    double dt = now_s() - t0;
-    st->tokens_per_s = dt > 0 ? (t->step - start) * t->tok_per_step / dt : 0;
-    /* a request that comes after the last step lets the run finish (and export) */
-    return t->step < stop ? qt_trainer_stop(t, atomic_load(&g_stop), err, errlen) : 0;
+    if (t->eval && ((c->eval.every > 0 && t->step % c->eval.every == 0) || t->step == c->optim.steps)) {
+        int erc = run_eval(t, &r->eval_loss, err, errlen);
+        if (erc < 0) return failed(t, QT_TF_DEVICE, -1);
+        if (erc) return failed(t, QT_TF_DATA, qt_trainer_save_after_error(t, err, errlen));
+        if (log_eval(t, r->eval_loss, err, errlen)) return failed(t, QT_TF_IO, qt_trainer_save_after_error(t, err, errlen));
+        r->evaluated = 1;
+        if (isnan(t->st->first_eval)) t->st->first_eval = r->eval_loss;
+        t->st->last_eval = r->eval_loss;
+    }
+    if ((c->checkpoint.every > 0 && t->step % c->checkpoint.every == 0) || last) {
+        if (qt_trainer_save(t, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
+        r->saved = 1;
+    }
+    return 0;
+}
+
+int qt_session_step(qt_trainer *t, qt_batch_source src, qt_step_result *r, char *err, size_t errlen) {
+    if (qt_session_backward(t, src, err, errlen)) return -1;
+    return qt_session_update(t, r, err, errlen);
+}
+
+int qt_session_eval(qt_trainer *t, float *loss, char *err, size_t errlen) {
+    if (t->broken) return broken(t, err, errlen);
+    if (!t->eval) return failed(t, QT_TF_DATA, qt_errf(err, errlen, "no eval data: set data.eval (and eval.every > 0)"));
+    int rc = run_eval(t, loss, err, errlen);
+    return rc ? failed(t, rc < 0 ? QT_TF_DEVICE : QT_TF_DATA, -1) : 0;
+}
+
+int qt_session_save(qt_trainer *t, char *path, size_t cap, char *err, size_t errlen) {
+    if (t->broken) return broken(t, err, errlen);
+    if (!t->writer) return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "an export-only session cannot save"));
+    if (t->pending) return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "step %ld: backward ran, update first", t->step + 1));
+    if ((t->step > t->saved_step && qt_trainer_save(t, err, errlen)) || qt_trainer_ckpt_finish(t, 0, err, errlen))
+        return failed(t, QT_TF_CHECKPOINT, -1);
+    snprintf(path, cap, "%s/ckpt_%08ld.qtc", t->cfg->checkpoint.dir, t->step);
+    return 0;
 }
 
 /* What the run will need later, checked before the (long) model setup: checkpoint.dir created,
  * writable and locked, not another run's (fresh runs), log.file writable. */
 static int check_run_needs(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
-    if (qt_rundir_open(&t->dir, t->cfg->checkpoint.dir, err, errlen)) return -1;
-    if (!o->resume && qt_rundir_identity(&t->dir, t->cfg, 0, err, errlen)) return -1;
-    return qt_train_log_open(&t->log, t->cfg->log.file, o->resume != NULL, err, errlen);
+    if (qt_rundir_open(&t->dir, t->cfg->checkpoint.dir, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
+    if (!o->resume && qt_rundir_identity(&t->dir, t->cfg, 0, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
+    if (qt_train_log_open(&t->log, t->cfg->log.file, o->resume != NULL, err, errlen)) return failed(t, QT_TF_IO, -1);
+    return 0;
 }
 
 /* From a resumed checkpoint on: refuses a run with nothing left to train, then records the run. */
 static int begin_training(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
-    long stop = o->stop_after >= 0 && o->stop_after < c->optim.steps ? o->stop_after : c->optim.steps;
-    if (o->resume && t->step >= stop)
-        return qt_errf(err, errlen, "--resume: the checkpoint is at step %ld and the run ends at step %ld (%s): nothing "
-                       "to train; raise optim.steps (e.g. --set optim.steps=%ld)", t->step, stop,
-                       stop == c->optim.steps ? "optim.steps" : "--stop-after", t->step + (c->optim.steps > 0 ? c->optim.steps : 1));
-    if (o->resume && qt_rundir_identity(&t->dir, c, 1, err, errlen)) return -1;
+    if (o->resume && t->step >= t->stop)
+        return failed(t, QT_TF_CHECKPOINT, qt_errf(err, errlen, "--resume: the checkpoint is at step %ld and the run ends at step %ld (%s): nothing "
+                       "to train; raise optim.steps (e.g. --set optim.steps=%ld)", t->step, t->stop,
+                       t->stop == c->optim.steps ? "optim.steps" : "--stop-after", t->step + (c->optim.steps > 0 ? c->optim.steps : 1)));
+    if (o->resume && qt_rundir_identity(&t->dir, c, 1, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
     printf("qtrain: run %s, checkpoints in %s\n", t->dir.run_id, c->checkpoint.dir);
-    if (qt_train_log_config(&t->log, c, t->dir.run_id, o->resume != NULL, err, errlen)) return -1;
-    return qt_trainer_ckpt_init(t, err, errlen);
+    if (qt_train_log_config(&t->log, c, t->dir.run_id, o->resume != NULL, err, errlen)) return failed(t, QT_TF_IO, -1);
+    if (qt_trainer_ckpt_init(t, err, errlen)) return failed(t, QT_TF_DEVICE, -1);
+    t->start = t->last_logged = t->step;
+    t->t0 = t->tlast = now_s();
+    return 0;
+}
+
+/* The model, the loaders and the engine of an opened session. 0 or -1 with err and t->fail. */
+static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char *err, size_t errlen) {
+    const qt_config *cfg = t->cfg;
+    int training = !o->export_only;
+    if (cfg->data.tokenizer[0] && qt_hf_check_tokenizer(cfg->data.tokenizer, err, errlen)) return failed(t, QT_TF_CONFIG, -1);
+    if (training && check_run_needs(t, o, err, errlen)) return -1;
+    if (qt_model_layout(cfg, &t->layout, &t->wsrc, err, errlen)) return failed(t, QT_TF_CONFIG, -1);
+    /* an export needs no data; an embedder may give every batch itself (data.train "") */
+    if (training && (cfg->data.train[0] || !data_optional) && open_loaders(t, &t->layout, err, errlen))
+        return failed(t, QT_TF_DATA, -1);
+    t->eng = qt_engine_create_src(&t->layout, cfg, &t->wsrc, err, errlen);
+    if (!t->eng) return failed(t, QT_TF_DEVICE, -1);
+    /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
+    size_t ntok = (size_t)cfg->data.micro_batch * cfg->data.seq_len * t->eng->ranks * cfg->data.grad_accum;
+    t->tok_per_step = (double)ntok;
+    t->in = malloc(ntok * sizeof(int32_t));
+    t->tgt = malloc(ntok * sizeof(int32_t));
+    if (!t->in || !t->tgt) return failed(t, QT_TF_INTERNAL, qt_errf(err, errlen, "out of host memory for %zu tokens", ntok));
+    const qt_layout *L = &t->layout;
+    printf("qtrain: %s | %zu parameters | %d layers, hidden %d, heads %d/%d, vocab %d | %s | %.2f GFLOP/token\n",
+           cfg->path, L->n_params, L->cfg.num_layers, L->cfg.hidden_size, L->cfg.num_heads, L->cfg.num_kv_heads,
+           L->cfg.vocab_size, t->eng->ops->name, qt_model_flops_per_token(&L->cfg, cfg->data.seq_len) * 1e-9);
+    if (t->eng->ops->print_memory) t->eng->ops->print_memory(t->eng);
+    if (o->resume && qt_trainer_load(t, o->resume, o->allow_changed, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
+    return training ? begin_training(t, o, err, errlen) : 0;
+}
+
+qt_trainer *qt_session_open(const qt_config *cfg, const qt_train_opts *o, int data_optional, qt_train_stats *st,
+                            qt_train_fail *fail, char *err, size_t errlen) {
+    qt_trainer *t = calloc(1, sizeof *t);
+    *fail = QT_TF_INTERNAL;
+    if (!t) {
+        qt_errf(err, errlen, "out of host memory");
+        return NULL;
+    }
+    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
+    *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0};
+    qt_rng_seed(&t->rng, cfg->seed);
+    t->sched = (qt_sched){cfg->optim.schedule, cfg->optim.lr, cfg->optim.final_lr_frac, cfg->optim.warmup,
+                          cfg->optim.cooldown, cfg->optim.steps};
+    t->stop = o->stop_after >= 0 && o->stop_after < cfg->optim.steps ? o->stop_after : cfg->optim.steps;
+    if (build(t, o, data_optional, err, errlen)) {
+        *fail = t->fail;
+        qt_session_close(t, -1, err, errlen);
+        return NULL;
+    }
+    *fail = QT_TF_NONE;
+    return t;
+}
+
+int qt_session_close(qt_trainer *t, int rc, char *err, size_t errlen) {
+    if (!t) return rc;
+    if (t->writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
+    t->st->steps_done = t->step;
+    qt_trainer_ckpt_free(t);
+    if (qt_train_log_close(&t->log, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
+    qt_rundir_close(&t->dir, rc < 0 && t->saved_step < 0); /* a run that failed before saving leaves nothing */
+    qt_engine_free(t->eng);
+    if (t->train) qt_loader_free(t->train);
+    if (t->eval) qt_loader_free(t->eval);
+    free(t->in);
+    free(t->tgt);
+    if (t->layout.tensors) qt_layout_free(&t->layout);
+    free(t);
+    return rc;
 }
 
 int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats *st, char *err, size_t errlen) {
@@ -292,52 +411,35 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     qt_train_stats dst;
     const qt_train_opts *o = opts ? opts : &dflt;
     if (!st) st = &dst;
-    *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0};
-    qt_layout L = {0};
-    float *w0 = NULL;
-    qt_trainer t = {.cfg = cfg, .dir = {.lock_fd = -1}, .st = st, .saved_step = -1};
-    qt_rng_seed(&t.rng, cfg->seed);
-    int rc = -1, training = !o->export_only;
-    if (cfg->data.tokenizer[0] && qt_hf_check_tokenizer(cfg->data.tokenizer, err, errlen)) goto done;
-    if (training && check_run_needs(&t, o, err, errlen)) goto done;
-    if (qt_model_setup(cfg, &L, &w0, err, errlen)) goto done;
-    if (training && open_loaders(&t, &L, err, errlen)) goto done; /* an export needs no data */
-    t.eng = qt_engine_create(&L, cfg, w0, err, errlen);
-    if (!t.eng) goto done;
-    /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
-    size_t ntok = (size_t)cfg->data.micro_batch * cfg->data.seq_len * t.eng->ranks * cfg->data.grad_accum;
-    t.tok_per_step = (double)cfg->data.micro_batch * cfg->data.seq_len * cfg->data.grad_accum * t.eng->ranks;
-    t.in = malloc(ntok * sizeof(int32_t));
-    t.tgt = malloc(ntok * sizeof(int32_t));
-    if (!t.in || !t.tgt) {
-        snprintf(err, errlen, "out of host memory for %zu tokens", ntok);
-        goto done;
+    qt_train_fail fail;
+    qt_trainer *t = qt_session_open(cfg, o, 0, st, &fail, err, errlen);
+    if (!t) {
+        atomic_store(&g_stop, 0);
+        return -1;
     }
-    printf("qtrain: %s | %zu parameters | %d layers, hidden %d, heads %d/%d, vocab %d | %s | %.2f GFLOP/token\n",
-           cfg->path, L.n_params, L.cfg.num_layers, L.cfg.hidden_size, L.cfg.num_heads, L.cfg.num_kv_heads,
-           L.cfg.vocab_size, t.eng->ops->name, qt_model_flops_per_token(&L.cfg, cfg->data.seq_len) * 1e-9);
-    if (t.eng->ops->print_memory) t.eng->ops->print_memory(t.eng);
-    if (o->resume && qt_trainer_load(&t, o->resume, o->allow_changed, err, errlen)) goto done;
-    if (training) {
-        if (begin_training(&t, o, err, errlen)) goto done;
-        rc = train_loop(&t, o, st, err, errlen);
-        if (qt_trainer_ckpt_finish(&t, rc, err, errlen)) rc = -1;
-        if (rc) goto done;
+    int rc = 0;
+    if (!o->export_only) {
+        double t0 = now_s();
+        while (t->step < t->stop && !atomic_load(&g_stop)) {
+            qt_step_result r;
+            if (qt_session_step(t, QT_BATCH_LOADER, &r, err, errlen)) {
+                rc = -1;
+                break;
+            }
+            if (o->losses) o->losses[r.step - 1] = r.loss;
+        }
+        double dt = now_s() - t0;
+        st->tokens_per_s = dt > 0 ? (t->step - t->start) * t->tok_per_step / dt : 0;
+        /* a request that comes after the last step lets the run finish (and export) */
+        if (rc == 0 && t->step < t->stop) rc = qt_trainer_stop(t, atomic_load(&g_stop), err, errlen);
+        if (t->writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
     }
-    st->steps_done = t.step;
-    rc = t.step == cfg->optim.steps || o->export_only ? export_model(&t, err, errlen) : 0;
-done:
-    st->steps_done = t.step;
-    qt_trainer_ckpt_free(&t);
-    if (qt_train_log_close(&t.log, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
-    qt_rundir_close(&t.dir, rc < 0 && t.saved_step < 0); /* a run that failed before saving leaves nothing */
-    qt_engine_free(t.eng);
-    if (t.train) qt_loader_free(t.train);
-    if (t.eval) qt_loader_free(t.eval);
-    free(t.in);
-    free(t.tgt);
-    free(w0);
-    if (L.tensors) qt_layout_free(&L);
+    if (rc == 0 && (t->step == cfg->optim.steps || o->export_only)) {
+        char dir[QT_PATH_MAX + 16];
+        qt_session_export_dir(cfg, dir, sizeof dir);
+        rc = qt_session_export(t, dir, cfg->export.bf16, err, errlen);
+    }
+    rc = qt_session_close(t, rc, err, errlen);
     atomic_store(&g_stop, 0);
     return rc;
 }

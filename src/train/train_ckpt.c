@@ -9,6 +9,7 @@
 
 #include "qt_dtype.h"
 #include "qt_error.h"
+#include "qt_planner.h"
 #include "qt_test_hooks.h"
 
 #define CFG_CAP (1 << 16)
@@ -98,26 +99,60 @@ static qt_ckpt_live live_items(qt_trainer *t) {
     return live;
 }
 
+qt_ckpt_offload qt_trainer_offload_mode(qt_ckpt_offload want, size_t bytes, size_t avail) {
+    if (want != QT_CKPT_OFFLOAD_AUTO) return want;
+    size_t need = bytes + bytes / 8 + ((size_t)1 << 30); /* margin: the rest of the run's host allocations */
+    return need <= avail ? QT_CKPT_OFFLOAD_COPY : QT_CKPT_OFFLOAD_IN_PLACE;
+}
+
+/* Chooses how the engine's offloaded state (live: its items, `bytes` of them) is checkpointed
+ * (checkpoint.offloaded), tells the engine, and says why in buf. Returns 1 for a copy. */
+static int choose_offload(qt_trainer *t, size_t bytes, char *buf, size_t cap) {
+    static const char *const names[] = {"auto", "copy", "in_place"};
+    qt_ckpt_offload want = t->cfg->checkpoint.offloaded;
+    /* The one place the host's free memory is read; the host memory planner (memory.host_limit_gib)
+     * should pass its budget left after the planned host rows here instead. */
+    size_t avail = want == QT_CKPT_OFFLOAD_AUTO ? qt_host_mem_available() : 0;
+    int copy = t->eng->ops->set_state_copy && qt_trainer_offload_mode(want, bytes, avail) == QT_CKPT_OFFLOAD_COPY;
+    int n = snprintf(buf, cap, "; offloaded optimizer state (%.1f MiB) %s (checkpoint.offloaded: %s", bytes / 1048576.0,
+                     copy ? "copied at each checkpoint" : "written where it lives, the optimizer waiting for the write",
+                     names[want]);
+    if (want == QT_CKPT_OFFLOAD_AUTO && n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - n, ", %.1f GiB of host memory available at start)", avail / 1073741824.0);
+    else if (n > 0 && (size_t)n < cap) snprintf(buf + n, cap - n, ")");
+    if (copy) t->eng->ops->set_state_copy(t->eng, 1);
+    return copy;
+}
+
 int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     t->cfgtext = malloc(CFG_CAP);
     t->writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
     if (!t->cfgtext || !t->writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
-    t->pos = qt_loader_get_pos(t->train);
+    if (t->train) t->pos = qt_loader_get_pos(t->train); /* none: the embedder gives every batch */
     /* The engine's snapshot buffers (pinned host copies on a GPU) are made now, not at the first save:
      * that save then pauses training only for the copy, and a host that cannot hold them fails here,
-     * not hours into the run. */
+     * not hours into the run. The first state_items makes all but those of an offloaded state; a
+     * second one the offloaded state's when it is to be copied. */
     qt_ckpt_item items[24];
     double t0 = now_s();
     int n = qt_engine_state_items(t->eng, items, 16, err, errlen);
     if (n < 0) return -1;
     qt_ckpt_live live = live_items(t);
-    size_t bytes = 0, in_place = 0;
+    size_t bytes = 0, offloaded = 0;
+    for (int j = 0; j < live.n; j++) offloaded += items[live.idx[j]].bytes;
+    char how[256] = "";
+    if (live.n && choose_offload(t, offloaded, how, sizeof how)) {
+        if ((n = qt_engine_state_items(t->eng, items, 16, err, errlen)) < 0) return -1;
+        live = live_items(t);
+    } else if (!live.n && t->cfg->memory.offload_optimizer && t->eng->ranks > 1) {
+        snprintf(how, sizeof how, "; data-parallel: the offloaded optimizer state is copied (checkpoint.offloaded "
+                 "applies to one GPU)");
+    }
     for (int i = 0; i < n; i++) bytes += items[i].bytes;
-    for (int j = 0; j < live.n; j++) in_place += items[live.idx[j]].bytes;
-    printf("qtrain: checkpoint snapshot: %.1f MiB of host memory, made in %.2f s", (bytes - in_place) / 1048576.0, now_s() - t0);
-    if (live.n) printf(" (+ %.1f MiB of offloaded optimizer state written where it lives)", in_place / 1048576.0);
-    printf("\n");
-    if (t->eng->ops->set_state_guard) t->eng->ops->set_state_guard(t->eng, guard_wait, t);
+    for (int j = 0; j < live.n; j++) bytes -= items[live.idx[j]].bytes;
+    t->st->ckpt_in_place = live.n > 0;
+    printf("qtrain: checkpoint snapshot: %.1f MiB of host memory, made in %.2f s%s\n", bytes / 1048576.0, now_s() - t0, how);
+    if (live.n && t->eng->ops->set_state_guard) t->eng->ops->set_state_guard(t->eng, guard_wait, t);
     return 0;
 }
 

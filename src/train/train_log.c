@@ -101,9 +101,13 @@ int qt_train_log_config(qt_train_log *lg, const qt_config *cfg, const char *run_
 
 int qt_train_log_write(qt_train_log *lg, const char *type, long step, double tokens, const char *fields,
                        char *err, size_t errlen) {
+    if (!lg->f && !lg->hook) return 0;
+    char line[1024];
+    snprintf(line, sizeof line, "{\"type\":\"%s\",\"step\":%ld,%s%s\"tokens\":%.0f,\"elapsed_s\":%.3f,\"time\":%.3f}",
+             type, step, fields, fields[0] ? "," : "", tokens, clock_s(CLOCK_MONOTONIC) - lg->t0, clock_s(CLOCK_REALTIME));
+    if (lg->hook) lg->hook(lg->hook_ctx, line);
     if (!lg->f) return 0;
-    fprintf(lg->f, "{\"type\":\"%s\",\"step\":%ld,%s%s\"tokens\":%.0f,\"elapsed_s\":%.3f,\"time\":%.3f}\n", type, step,
-            fields, fields[0] ? "," : "", tokens, clock_s(CLOCK_MONOTONIC) - lg->t0, clock_s(CLOCK_REALTIME));
+    fprintf(lg->f, "%s\n", line);
     return flush(lg, err, errlen);
 }
 

@@ -1,0 +1,60 @@
+/* qt_plan_auto.h — memory.plan: auto: enumerate the memory plans that fit, predict each one's speed,
+ * take the fastest.
+ *
+ * The candidates are the product of a table of axes (one row per config key: data.micro_batch, keeping
+ * micro_batch x grad_accum; memory.recompute; memory.offload_optimizer; memory.lmhead_chunks;
+ * memory.attn_bwd_chunks): a new memory feature is a new row. A key the config gives is a constraint
+ * (its axis keeps the given value). Each candidate's plan is made with qt_plan_run (no GPU, nothing
+ * allocated) and kept when it fits the GPU (memory.gpu_limit_gib, else the probe's GPU memory) and the
+ * host limit. Cost per optimizer step:
+ *   matmul FLOPs (6 x params x tokens, attention, plus the recomputed forward parts) / (rate x eff(B x T))
+ *   + elementwise bytes the recompute re-reads / HBM bandwidth
+ *   + offloaded optimizer state (fp32 master unless bf16, m, v) up and down once / PCIe bandwidth
+ *   + launches of the extra lm-head and attention chunks x 10 us,
+ * where eff(n) = n / (n + 512) models the smaller matmuls of small micro-batches. */
+#ifndef QT_PLAN_AUTO_H
+#define QT_PLAN_AUTO_H
+
+#include <stddef.h>
+
+#include "qt_config.h"
+#include "qt_model.h"
+
+/* What the cost model is measured against: one GPU's rates. */
+typedef struct {
+    char gpu[64];        /* the GPU's name ("default" when not probed) */
+    double bf16_flops;   /* dense bf16 matmul rate, FLOP/s (large GEMM) */
+    double fp8_flops;    /* e4m3 rate */
+    double hbm_bps;      /* device memory bandwidth, bytes/s */
+    double pcie_bps;     /* pinned host <-> device copy bandwidth, bytes/s (the slower direction) */
+    size_t gpu_bytes;    /* the GPU's memory (the cap when memory.gpu_limit_gib is 0) */
+} qt_probe;
+
+/* The documented defaults (an H100 SXM as measured by bench/; PCIe Gen5): planning without a GPU. */
+qt_probe qt_probe_default(void);
+/* The probe of GPU 0: read from ~/.cache/qtrain/probe-<name>.txt, else (may_measure) measured — a
+ * 4096^3 bf16 GEMM, a 256 MiB pinned copy each way, a 256 MiB device copy; fp8 = 1.6 x bf16 — and
+ * written there; else, and without a GPU, the defaults. */
+qt_probe qt_probe_get(int may_measure);
+
+#define QT_PLAN_AUTO_MAX 2048
+
+typedef struct {
+    int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;
+    size_t gpu_bytes, host_bytes;
+    double step_s, tokens_per_s; /* predicted */
+} qt_plan_choice;
+
+/* Every candidate that fits, fastest first, in out[cap] (their count in *n). 0, or -1 with err when
+ * none fits (naming the smallest candidate's total and the limit) or a plan cannot be made. */
+int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
+                           int *n, char *err, size_t errlen);
+/* The predicted seconds per optimizer step of cfg (its memory keys as set) on pr. */
+double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
+/* Writes choice c into cfg's keys. */
+void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c);
+/* memory.plan: auto: enumerate, print the choice with its prediction and the next two, apply it to cfg.
+ * Nothing when memory.plan is manual. 0, or -1 with err. */
+int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen);
+
+#endif

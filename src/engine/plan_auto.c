@@ -1,0 +1,279 @@
+/* plan_auto.c — memory.plan: auto: the fastest memory plan that fits (qt_plan_auto.h). */
+#include "qt_plan_auto.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cuda_runtime.h>
+
+#include "qt_act_store.h"
+#include "qt_device.h"
+#include "qt_engine.h"
+#include "qt_error.h"
+#include "qt_matmul.h"
+#include "qt_planner.h"
+
+/* ---- the axes: one row per config key the planner may choose ---- */
+
+typedef struct {
+    const char *key;                          /* a constraint when the config gives it */
+    int n, v[8];                              /* candidate values (micro_batch: filled per config) */
+    int (*get)(const qt_config *c);
+    void (*set)(qt_config *c, int v, int seqs); /* seqs: sequences per optimizer step per rank */
+} plan_axis;
+
+static int get_mb(const qt_config *c) { return c->data.micro_batch; }
+static void set_mb(qt_config *c, int v, int seqs) { c->data.micro_batch = v, c->data.grad_accum = seqs / v; }
+static int get_rc(const qt_config *c) { return c->memory.recompute; }
+static void set_rc(qt_config *c, int v, int seqs) { (void)seqs, c->memory.recompute = v; }
+static int get_off(const qt_config *c) { return c->memory.offload_optimizer; }
+static void set_off(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload_optimizer = v; }
+static int get_lm(const qt_config *c) { return c->memory.lmhead_chunks; }
+static void set_lm(qt_config *c, int v, int seqs) { (void)seqs, c->memory.lmhead_chunks = v; }
+static int get_att(const qt_config *c) { return c->memory.attn_bwd_chunks; }
+static void set_att(qt_config *c, int v, int seqs) { (void)seqs, c->memory.attn_bwd_chunks = v; }
+
+enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_N };
+static const plan_axis AXES[AX_N] = {
+    {"data.micro_batch", 0, {0}, get_mb, set_mb},
+    {"memory.recompute", 4, {0, QT_RC_SWIGLU | QT_RC_NORM, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK}, get_rc, set_rc},
+    {"memory.offload_optimizer", 2, {0, 1}, get_off, set_off},
+    {"memory.lmhead_chunks", 5, {1, 2, 4, 8, 16}, get_lm, set_lm},
+    {"memory.attn_bwd_chunks", 3, {1, 2, 4}, get_att, set_att},
+};
+
+/* ---- the probe ---- */
+
+qt_probe qt_probe_default(void) {
+    /* H100 SXM: large-GEMM rates as gemm_bench measures them (bf16 ~ 660 TFLOP/s, e4m3 1.6x), HBM3
+     * copy bandwidth, a PCIe Gen5 x16 pinned copy; 80 GB. */
+    return (qt_probe){"default (H100 SXM figures)", 660e12, 1056e12, 2.6e12, 50e9, (size_t)80 << 30};
+}
+
+static void cache_path(const char *gpu, char *out, size_t cap) {
+    const char *home = getenv("HOME"); /* where the user's cache lives, not a switch */
+    char name[64];
+    snprintf(name, sizeof name, "%s", gpu);
+    for (char *p = name; *p; p++)
+        if (*p == ' ' || *p == '/') *p = '_';
+    snprintf(out, cap, "%s/.cache/qtrain/probe-%s.txt", home ? home : ".", name);
+}
+
+/* Seconds of one n^3 bf16 GEMM on s, timed with events (the median of 5 after one warm-up). */
+static double bench_bf16(qt_matmul_ctx *mm, void *y, void *x, void *w, int n, cudaStream_t s) {
+    cudaEvent_t a, b;
+    QT_CUDA(cudaEventCreate(&a));
+    QT_CUDA(cudaEventCreate(&b));
+    float ms[6];
+    for (int i = 0; i < 6; i++) {
+        QT_CUDA(cudaEventRecord(a, s));
+        qt_matmul_fwd(mm, y, QT_DT_BF16, x, w, NULL, n, n, n, 0, s);
+        QT_CUDA(cudaEventRecord(b, s));
+        QT_CUDA(cudaEventSynchronize(b));
+        QT_CUDA(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    for (int i = 1; i < 6; i++) /* sort the 5 after warm-up */
+        for (int j = i + 1; j < 6; j++)
+            if (ms[j] < ms[i]) { float t = ms[i]; ms[i] = ms[j]; ms[j] = t; }
+    QT_CUDA(cudaEventDestroy(a));
+    QT_CUDA(cudaEventDestroy(b));
+    return ms[3] * 1e-3;
+}
+
+static double copy_s(void *dst, const void *src, size_t bytes, cudaStream_t s) {
+    cudaEvent_t a, b;
+    float ms;
+    QT_CUDA(cudaEventCreate(&a));
+    QT_CUDA(cudaEventCreate(&b));
+    QT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s)); /* warm-up */
+    QT_CUDA(cudaEventRecord(a, s));
+    QT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    QT_CUDA(cudaEventRecord(b, s));
+    QT_CUDA(cudaEventSynchronize(b));
+    QT_CUDA(cudaEventElapsedTime(&ms, a, b));
+    QT_CUDA(cudaEventDestroy(a));
+    QT_CUDA(cudaEventDestroy(b));
+    return ms * 1e-3;
+}
+
+/* The rates of the current GPU (allocates and frees ~0.6 GiB of device and 256 MiB of pinned memory). */
+static qt_probe measure(const char *name) {
+    qt_probe p = qt_probe_default();
+    snprintf(p.gpu, sizeof p.gpu, "%s", name);
+    size_t f, big = (size_t)256 << 20, sq = (size_t)4096 * 4096 * 2;
+    QT_CUDA(cudaMemGetInfo(&f, &p.gpu_bytes));
+    cudaStream_t s;
+    QT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    void *x, *w, *y, *h, *d1, *d2;
+    QT_CUDA(cudaMalloc(&x, sq));
+    QT_CUDA(cudaMalloc(&w, sq));
+    QT_CUDA(cudaMalloc(&y, sq));
+    QT_CUDA(cudaMalloc(&d1, big));
+    QT_CUDA(cudaMalloc(&d2, big));
+    QT_CUDA(cudaHostAlloc(&h, big, cudaHostAllocDefault));
+    memset(h, 0, big);
+    QT_CUDA(cudaMemsetAsync(x, 0, sq, s));
+    QT_CUDA(cudaMemsetAsync(w, 0, sq, s));
+    QT_CUDA(cudaMemsetAsync(d1, 0, big, s));
+    qt_matmul_ctx *mm = qt_matmul_create(0);
+    qt_matmul_set_autotune(mm, 0);
+    p.bf16_flops = 2.0 * 4096 * 4096 * 4096.0 / bench_bf16(mm, y, x, w, 4096, s);
+    p.fp8_flops = 1.6 * p.bf16_flops; /* the ratio gemm_bench measures on H100; not probed */
+    qt_matmul_free(mm);
+    double up = copy_s(d1, h, big, s), down = copy_s(h, d1, big, s);
+    p.pcie_bps = big / (up > down ? up : down);      /* the slower direction */
+    p.hbm_bps = 2.0 * big / copy_s(d2, d1, big, s);  /* a device copy reads and writes each byte */
+    QT_CUDA(cudaFreeHost(h));
+    cudaFree(d1), cudaFree(d2), cudaFree(x), cudaFree(w), cudaFree(y);
+    QT_CUDA(cudaStreamDestroy(s));
+    return p;
+}
+
+qt_probe qt_probe_get(int may_measure) {
+    if (qt_cuda_device_count() == 0) return qt_probe_default();
+    struct cudaDeviceProp prop;
+    QT_CUDA(cudaGetDeviceProperties(&prop, 0));
+    char path[4200];
+    cache_path(prop.name, path, sizeof path);
+    qt_probe p = qt_probe_default();
+    snprintf(p.gpu, sizeof p.gpu, "%s", prop.name);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        int ok = fscanf(f, "%lf %lf %lf %lf %zu", &p.bf16_flops, &p.fp8_flops, &p.hbm_bps, &p.pcie_bps, &p.gpu_bytes) == 5;
+        fclose(f);
+        if (ok) return p;
+    }
+    if (!may_measure) return qt_probe_default();
+    QT_CUDA(cudaSetDevice(0));
+    p = measure(prop.name);
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", path);
+    *strrchr(dir, '/') = 0;
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", dir);
+    *strrchr(parent, '/') = 0;
+    mkdir(parent, 0755);
+    mkdir(dir, 0755);
+    if ((f = fopen(path, "w"))) { /* a cache that cannot be written only costs the next run a probe */
+        fprintf(f, "%.6g %.6g %.6g %.6g %zu\n", p.bf16_flops, p.fp8_flops, p.hbm_bps, p.pcie_bps, p.gpu_bytes);
+        fclose(f);
+    }
+    printf("qtrain: probed %s: bf16 %.0f TFLOP/s, PCIe %.1f GB/s, HBM %.0f GB/s (cached in %s)\n", p.gpu,
+           p.bf16_flops * 1e-12, p.pcie_bps * 1e-9, p.hbm_bps * 1e-9, path);
+    return p;
+}
+
+/* ---- the cost model ---- */
+
+double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr) {
+    const qt_model_cfg *c = &L->cfg;
+    double T = cfg->data.seq_len, n = (double)cfg->data.micro_batch * T, tok = n * cfg->data.grad_accum;
+    double C = c->hidden_size, F = c->intermediate_size, HD = (double)c->num_heads * c->head_dim;
+    double QKV = HD + 2.0 * c->num_kv_heads * c->head_dim, nl = c->num_layers, V = c->vocab_size;
+    int rc = qt_act_recompute_resolve(cfg->memory.recompute);
+    double lm = 6 * V * C, blocks = qt_model_flops_per_token(c, cfg->data.seq_len) - lm;
+    double redo = nl * ((rc & QT_RC_QKV ? 2 * C * QKV : 0) + (rc & QT_RC_ATT ? 2 * T * HD : 0) +
+                        (rc & QT_RC_BLOCK ? 2 * HD * C : 0) + (rc & QT_RC_FFN ? 4 * C * F : 0));
+    double rate = cfg->precision.matmul_dtype == QT_DT_E4M3 ? pr->fp8_flops : pr->bf16_flops;
+    double eff = n / (n + 512); /* small micro-batches: smaller, less efficient matmuls */
+    double t = tok * ((blocks + redo) / rate + lm / pr->bf16_flops) / eff;
+    double elem = nl * ((rc & QT_RC_NORM ? 8 * C : 0) + (rc & QT_RC_SWIGLU ? 6 * F : 0)); /* bytes per token */
+    t += tok * elem / pr->hbm_bps;
+    if (cfg->memory.offload_optimizer) {
+        double es = (cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4) + (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) + (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4);
+        t += 2 * (double)L->numel * es / pr->pcie_bps; /* master, m, v up and down once per step */
+    }
+    int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
+    t += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
+    return t;
+}
+
+void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
+    cfg->data.micro_batch = c->micro_batch;
+    cfg->data.grad_accum = c->grad_accum;
+    cfg->memory.recompute = c->recompute;
+    cfg->memory.offload_optimizer = c->offload_optimizer;
+    cfg->memory.lmhead_chunks = c->lmhead_chunks;
+    cfg->memory.attn_bwd_chunks = c->attn_bwd_chunks;
+}
+
+static int by_speed(const void *a, const void *b) {
+    double x = ((const qt_plan_choice *)a)->tokens_per_s, y = ((const qt_plan_choice *)b)->tokens_per_s;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
+                           int *n, char *err, size_t errlen) {
+    plan_axis ax[AX_N];
+    memcpy(ax, AXES, sizeof ax);
+    int seqs = cfg->data.micro_batch * cfg->data.grad_accum;
+    for (int v = 1; v <= 64 && v <= seqs; v *= 2) /* micro-batches that keep the sequences per step */
+        if (seqs % v == 0) ax[AX_MB].v[ax[AX_MB].n++] = v;
+    for (int a = 0; a < AX_N; a++) /* a key the config gives keeps its value */
+        if (qt_config_given(cfg, ax[a].key))
+            ax[a].n = 1, ax[a].v[0] = ax[a].get(cfg);
+    size_t gpu_cap = cfg->memory.gpu_limit_gib > 0 ? qt_mem_gib(cfg->memory.gpu_limit_gib) : pr->gpu_bytes - ((size_t)1 << 30);
+    char what[96];
+    size_t host_cap = qt_plan_host_limit(cfg, what, sizeof what);
+    static qt_config c;
+    static qt_run_plan rp;
+    size_t smallest = (size_t)-1;
+    int idx[AX_N] = {0}, count = 0;
+    *n = 0;
+    for (;;) {
+        c = *cfg;
+        for (int a = 0; a < AX_N; a++) ax[a].set(&c, ax[a].v[idx[a]], seqs);
+        int redundant = c.memory.attn_bwd_chunks > c.data.micro_batch; /* clamped to micro_batch: a repeat */
+        if (!redundant) {
+            if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
+            if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
+            if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap) && count < cap) {
+                double s = qt_plan_auto_cost(L, &c, pr);
+                out[count++] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
+                                                c.memory.offload_optimizer, c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
+                                                rp.gpu_bytes, rp.host_bytes, s,
+                                                (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};
+            }
+        }
+        int a = 0; /* the next combination: an odometer over the axes */
+        while (a < AX_N && ++idx[a] == ax[a].n) idx[a++] = 0;
+        if (a == AX_N) break;
+    }
+    if (!count)
+        return qt_errf(err, errlen, "%s: memory.plan: auto: no plan fits: the smallest needs %.2f GiB per GPU but %s allows "
+                       "%.2f GiB (the host: %s); give fewer keys as constraints, or see qtrain --plan", cfg->path,
+                       smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
+                       gpu_cap / 1073741824.0, what);
+    qsort(out, (size_t)count, sizeof *out, by_speed);
+    *n = count;
+    return 0;
+}
+
+static void print_choice(const char *tag, const qt_plan_choice *c) {
+    char rc[64];
+    printf("  %-6s micro_batch %2d x grad_accum %3d, recompute [%s], offload_optimizer %s, lmhead_chunks %2d, "
+           "attn_bwd_chunks %d: %.2f GiB GPU, %.1f GiB host, %.0f tokens/s predicted\n",
+           tag, c->micro_batch, c->grad_accum, qt_act_recompute_names(qt_act_recompute_resolve(c->recompute), rc, sizeof rc),
+           c->offload_optimizer ? "true" : "false", c->lmhead_chunks, c->attn_bwd_chunks, c->gpu_bytes / 1073741824.0,
+           c->host_bytes / 1073741824.0, c->tokens_per_s);
+}
+
+int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
+    if (!cfg->memory.plan) return 0;
+    qt_layout L;
+    qt_weight_src src;
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    int n;
+    if (qt_model_layout(cfg, &L, &src, err, errlen)) return -1;
+    int rc = qt_plan_auto_enumerate(&L, cfg, pr, ch, QT_PLAN_AUTO_MAX, &n, err, errlen);
+    qt_layout_free(&L);
+    if (rc) return -1;
+    printf("qtrain: memory.plan: auto: %d plans fit (rates: %s, bf16 %.0f TFLOP/s, PCIe %.0f GB/s); the config's keys "
+           "are kept as constraints\n", n, pr->gpu, pr->bf16_flops * 1e-12, pr->pcie_bps * 1e-9);
+    for (int i = 0; i < n && i < 3; i++) print_choice(i ? "next" : "chosen", &ch[i]);
+    qt_plan_auto_apply(cfg, &ch[0]);
+    return 0;
+}

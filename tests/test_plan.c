@@ -1,0 +1,420 @@
+/* test_plan.c — the run's memory plan (qt_planner.h) and the weight source it relies on:
+ *  CPU: a range of the weight source equals that part of the whole array (seeded init and HF import);
+ *       the host rows' sums; a host limit below the plan refused with its message before allocating;
+ *       the bytes the CPU engine really allocates (glibc mallinfo2) equal its planned rows.
+ *  GPU (skipped without one): a few steps under memory.gpu_limit_gib with the device usage sampled
+ *       (cudaMemGetInfo, less the baseline after context creation) before, during and after the steps:
+ *       the peak stays within the cap and matches the plan; a cap below the plan is refused; the rows
+ *       qtrain --plan computes without a GPU equal the arena and pinned rows a real model allocates. */
+#include <malloc.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "qt_comm.h"
+#include "qt_cpu_model.h"
+#include "qt_device.h"
+#include "qt_error.h"
+#include "qt_engine.h"
+#include "qt_gpu_model.h"
+#include "qt_hf.h"
+#include "qt_plan_auto.h"
+#include "qt_planner.h"
+#include "qt_test.h"
+#include "qt_weight_src.h"
+
+static int load_cfg(qt_config *c, const char *yaml, const char *extra) {
+    char err[1024], text[4096];
+    snprintf(text, sizeof text, "%s%s", yaml, extra ? extra : "");
+    int rc = qt_config_load_string(c, text, "test_plan.yaml", NULL, 0, err, sizeof err);
+    if (rc) printf("  config: %s\n", err);
+    return rc;
+}
+
+/* A small Qwen2 shape with odd sizes: tensors are not multiples of the ranges below. */
+static const char SMALL[] =
+    "model: {vocab_size: 301, hidden_size: 96, num_layers: 3, num_heads: 3, num_kv_heads: 1,\n"
+    "        intermediate_size: 160, max_seq_len: 64, qkv_bias: true, tie_embeddings: false}\n"
+    "data: {train: 'none_*.bin', seq_len: 32, micro_batch: 3, grad_accum: 2}\n"
+    "init: {seed: 5, std: 0.05}\n";
+
+static size_t row(const qt_mem_plan *p, qt_mem_where w, const char *kind) {
+    for (int i = 0; i < p->n; i++)
+        if (p->row[i].where == w && !strcmp(p->row[i].kind, kind)) return p->row[i].bytes;
+    return 0;
+}
+
+/* Every cut of the source into ranges (odd lengths crossing tensor boundaries) is bit-identical to the
+ * whole array, for the seeded init and for an HF import of the same weights. */
+static void test_weight_src_ranges(void) {
+    qt_config c;
+    QT_REQUIRE(load_cfg(&c, SMALL, "device: cpu\n") == 0, "config");
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    size_t n = L.numel;
+    float *whole = malloc(n * 4), *part = malloc(n * 4);
+    QT_REQUIRE(whole && part, "malloc");
+    qt_layout_init_weights(&L, whole, c.init.seed, c.init.std);
+    char dir[] = "/tmp/qt_test_plan_XXXXXX";
+    QT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    QT_REQUIRE(qt_hf_export(dir, &L, whole, 0, err, sizeof err) == 0, "%s", err);
+    qt_weight_src hf = src;
+    hf.kind = QT_WSRC_HF;
+    snprintf(hf.path, sizeof hf.path, "%s", dir);
+    const size_t cuts[] = {1, 37, 4099, n};
+    for (int k = 0; k < 2; k++) {
+        const qt_weight_src *s = k ? &hf : &src;
+        for (int ci = k; ci < 4; ci++) { /* HF: not element by element (each fill reads the file's header) */
+            memset(part, 0x7f, n * 4); /* poisoned */
+            for (size_t i = 0; i < n; i += cuts[ci]) {
+                size_t m = n - i < cuts[ci] ? n - i : cuts[ci];
+                QT_REQUIRE(qt_weight_src_fill(s, i, m, part + i, err, sizeof err) == 0, "%s", err);
+            }
+            size_t bad = n;
+            for (size_t i = 0; i < n && bad == n; i++)
+                if (memcmp(part + i, whole + i, 4)) bad = i;
+            QT_EXPECT(bad == n, "%s source in ranges of %zu: element %zu is %g, expected %g", k ? "HF" : "init", cuts[ci],
+                      bad, bad < n ? part[bad] : 0.0, bad < n ? whole[bad] : 0.0);
+        }
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    QT_EXPECT(system(cmd) == 0, "rm");
+    free(whole);
+    free(part);
+    qt_layout_free(&L);
+}
+
+/* The host rows: the CPU engine's arrays and activations, the step tokens; the GPU engine's offloaded
+ * state, token staging, checkpoint snapshot and init buffer per rank; ranks sharing a GPU multiply its
+ * device total; every total is the sum of its rows. */
+static void test_host_plan_sums(void) {
+    qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    static qt_run_plan rp;
+    char err[1024];
+    QT_REQUIRE(load_cfg(&c, SMALL, "device: cpu\n") == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    size_t n = L.numel, ntok = 3 * 32 * 2;
+    QT_REQUIRE(qt_plan_run(&L, &c, 0, 1, &rp, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(rp.ranks == 0 && rp.gpu_bytes == 0, "CPU engine: %d ranks", rp.ranks);
+    QT_EXPECT(row(&rp.mem, QT_MEM_PAGEABLE, "weights, gradients, m, v (fp32)") == 16 * n &&
+                  row(&rp.mem, QT_MEM_PAGEABLE, "step tokens") == 8 * ntok &&
+                  row(&rp.mem, QT_MEM_PAGEABLE, "activations (CPU)") == qt_cpu_model_bytes(&L, 3, 32) &&
+                  row(&rp.mem, QT_MEM_PAGEABLE, "checkpoint snapshot") == 3 * ((4 * n + 63) / 64 * 64),
+              "CPU rows");
+    QT_EXPECT(rp.host_bytes == 16 * n + 8 * ntok + qt_cpu_model_bytes(&L, 3, 32) + 3 * ((4 * n + 63) / 64 * 64),
+              "CPU host total %zu", rp.host_bytes);
+
+    QT_REQUIRE(load_cfg(&c, SMALL, "device: cuda\nmemory: {offload_optimizer: true}\nparallel: {devices: [0, 0, 1]}\n") == 0,
+               "config");
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    qt_shard sh;
+    qt_shard_init(&sh, &L, 3, 0, c.parallel.overlap_comm);
+    size_t ns = sh.len, st = qt_mem_aligned(ns * 4) * 3; /* master, m, v fp32, each aligned */
+    QT_EXPECT(rp.ranks == 3 && rp.ranks_per_gpu == 2, "ranks %d, per GPU %d", rp.ranks, rp.ranks_per_gpu);
+    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state") == 3 * st, "offloaded %zu, expected %zu",
+              row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state"), 3 * st);
+    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == 3 * (12 * ns + 2 * n) &&
+                  row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)") == 12 * n,
+              "snapshot rows");
+    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "token staging") == 3 * (16 * 96 + 16) &&
+                  row(&rp.mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)") == 3 * 4 * n &&
+                  row(&rp.mem, QT_MEM_PAGEABLE, "step tokens") == 3 * 8 * ntok,
+              "staging, init buffer, tokens");
+    size_t cdev, cpin;
+    qt_comm_plan_bytes(3, QT_COMM_AUTO, &cdev, &cpin);
+    QT_EXPECT(cdev >= 2 * 2 * ((size_t)16 << 20) && cpin >= ((size_t)64 << 20) && row(&rp.mem, QT_MEM_DEVICE, "comm buffers") == cdev &&
+                  row(&rp.mem, QT_MEM_PINNED, "comm host arena") == cpin,
+              "comm rows: %zu on each GPU, %zu pinned", cdev, cpin);
+    size_t host = 0, dev = 0;
+    for (int i = 0; i < rp.mem.n; i++)
+        *(rp.mem.row[i].where >= QT_MEM_PINNED ? &host : &dev) += rp.mem.row[i].bytes;
+    QT_EXPECT(rp.host_bytes == host && rp.gpu_bytes == 2 * dev && dev > rp.mem.off, "totals: host %zu/%zu, GPU %zu/%zu",
+              rp.host_bytes, host, rp.gpu_bytes, 2 * dev);
+    /* one GPU offloaded: master, m and v are written where they live, only the bf16 weights are copied */
+    QT_REQUIRE(load_cfg(&c, SMALL, "device: cuda\nmemory: {offload_optimizer: true}\n") == 0, "config");
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == 2 * n, "one GPU offloaded: snapshot %zu",
+              row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot"));
+    qt_layout_free(&L);
+}
+
+/* A host limit below the plan: refused with the total, the limit and the biggest items, by the check
+ * and by the engine (before it allocates: no engine comes back). */
+static void test_host_limit_refused(void) {
+    qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    static qt_run_plan rp;
+    char err[1024];
+    QT_REQUIRE(load_cfg(&c, SMALL, "device: cpu\nmemory: {host_limit_gib: 0.001}\n") == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, 0, 1, &rp, err, sizeof err) == 0, "%s", err);
+    char what[96];
+    size_t lim = qt_plan_host_limit(&c, what, sizeof what);
+    QT_EXPECT(lim == qt_mem_gib(0.001) && strstr(what, "memory.host_limit_gib = 0.001"), "limit %zu (%s)", lim, what);
+    QT_EXPECT(rp.host_bytes > lim, "the small model needs %zu bytes: raise the test's model", rp.host_bytes);
+    QT_EXPECT(qt_plan_check(&rp, 0, "", lim, what, err, sizeof err) == -1 && strstr(err, "the host memory plan needs") &&
+                  strstr(err, "memory.host_limit_gib = 0.001 allows 1.0 MiB") &&
+                  strstr(err, "biggest items: weights, gradients, m, v (fp32) 4.1 MiB (host), checkpoint snapshot 3.1 MiB (host), activations (CPU) 1.8 MiB (host)"),
+              "refusal: %s", err);
+    qt_engine *e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
+    QT_EXPECT(!e && strstr(err, "host memory plan needs") && strstr(err, "qtrain --plan"), "engine: %s", e ? "created" : err);
+    qt_engine_free(e);
+    c.memory.host_limit_gib = 0;
+    QT_EXPECT(qt_plan_host_limit(&c, what, sizeof what) == qt_host_mem_available() && qt_host_mem_available() > 0 &&
+                  strstr(what, "MemAvailable"),
+              "MemAvailable: %zu", qt_host_mem_available());
+    qt_layout_free(&L);
+}
+
+static size_t heap_bytes(void) {
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd; /* in use from the heap + mmap'ed blocks */
+}
+
+/* What the CPU engine allocates (glibc's count of bytes in use) equals its planned rows, "weights,
+ * gradients, m, v" and "activations (CPU)", within 16 KiB + 0.1% (allocator headers, page rounding of
+ * mmap'ed blocks, the engine structs; the logits alone are 113 KiB). Covered: every array of engine_cpu.c and qt_cpu_model_create;
+ * the step tokens are train.c's and counted by arithmetic only. */
+static void test_cpu_alloc_matches_plan(void) {
+    qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    static qt_run_plan rp;
+    char err[1024];
+    QT_REQUIRE(load_cfg(&c, SMALL, "device: cpu\n") == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, 0, 0, &rp, err, sizeof err) == 0, "%s", err);
+    size_t plan = rp.host_bytes;
+    size_t before = heap_bytes();
+    qt_engine *e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
+    QT_REQUIRE(e, "%s", err);
+    size_t used = heap_bytes() - before;
+    double diff = fabs((double)used - (double)plan);
+    printf("  CPU engine: planned %zu bytes, allocated %zu (%+.0f)\n", plan, used, (double)used - (double)plan);
+    QT_EXPECT(diff <= 0.001 * plan + (16 << 10), "planned %zu bytes, the engine allocated %zu", plan, used);
+    qt_engine_free(e);
+    qt_layout_free(&L);
+}
+
+/* A Qwen2.5-1.5B shape; micro_batch is not given (grad_accum 64 x the default 8: 512 sequences a step). */
+static const char B15[] =
+    "model: {vocab_size: 151936, hidden_size: 1536, num_layers: 28, num_heads: 12, num_kv_heads: 2,\n"
+    "        intermediate_size: 8960, max_seq_len: 1024, qkv_bias: true, tie_embeddings: true}\n"
+    "data: {train: 'none_*.bin', seq_len: 1024, grad_accum: 64}\n"
+    "precision: {matmul_dtype: e4m3, persistent_quants: true}\n"
+    "device: cuda\nmemory: {plan: auto, host_limit_gib: 512, ";
+
+/* memory.plan: auto with a fixed probe: every candidate fits the cap (its plan made again agrees), they
+ * come fastest first, the tokens per step are kept, a given key is a constraint, the cost model charges
+ * recompute FLOPs and the offload's PCIe bytes, and a cap nothing fits is refused naming the smallest. */
+static void test_auto_choice(void) {
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    static qt_run_plan rp;
+    char err[1024], yaml[2048];
+    const double caps[3] = {80, 24, 16};
+    qt_plan_choice best[3];
+    for (int k = 0; k < 3; k++) {
+        qt_config c;
+        qt_layout L;
+        qt_weight_src src;
+        snprintf(yaml, sizeof yaml, "%sgpu_limit_gib: %g}\n", B15, caps[k]);
+        QT_REQUIRE(load_cfg(&c, yaml, NULL) == 0, "config");
+        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+        int n;
+        QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(n > 3, "cap %g: %d plans fit", caps[k], n);
+        for (int i = 0; i < n; i++) {
+            QT_EXPECT(ch[i].micro_batch * ch[i].grad_accum == 512, "tokens per step changed: %d x %d", ch[i].micro_batch,
+                      ch[i].grad_accum);
+            QT_EXPECT(i == 0 || ch[i].tokens_per_s <= ch[i - 1].tokens_per_s, "not fastest first at %d", i);
+            QT_EXPECT(ch[i].gpu_bytes <= qt_mem_gib(caps[k]), "cap %g: a plan of %zu bytes", caps[k], ch[i].gpu_bytes);
+        }
+        qt_config chosen = c;
+        qt_plan_auto_apply(&chosen, &ch[0]);
+        QT_REQUIRE(qt_plan_run(&L, &chosen, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(rp.gpu_bytes == ch[0].gpu_bytes && rp.gpu_bytes <= qt_mem_gib(caps[k]), "the chosen plan's bytes");
+        double s = qt_plan_auto_cost(&L, &chosen, &pr);
+        QT_EXPECT(fabs(ch[0].step_s - s) < 1e-12 && fabs(ch[0].tokens_per_s - 512 * 1024 / s) < 1e-6, "prediction");
+        /* the model's charges: block recompute = one more forward of the blocks; offload = 2 x 12 B/param */
+        qt_config a = chosen, b = chosen;
+        a.memory.recompute = 0, b.memory.recompute = QT_RC_BLOCK;
+        QT_EXPECT(qt_plan_auto_cost(&L, &b, &pr) > qt_plan_auto_cost(&L, &a, &pr) * 1.2, "block recompute costs nothing");
+        a.memory.offload_optimizer = 0, b = a, b.memory.offload_optimizer = 1;
+        double pcie = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+        QT_EXPECT(fabs(pcie - 2.0 * L.numel * 12 / 25e9) < 1e-9, "offload charged %g s", pcie);
+        best[k] = ch[0];
+        char rc[64];
+        printf("  cap %2g GiB: %d plans fit; chosen mb %d, recompute [%s], offload %d, lm chunks %d: %.2f GiB, %.0f tok/s\n",
+               caps[k], n, ch[0].micro_batch, qt_act_recompute_names(qt_act_recompute_resolve(ch[0].recompute), rc, sizeof rc),
+               ch[0].offload_optimizer, ch[0].lmhead_chunks, ch[0].gpu_bytes / 1073741824.0, ch[0].tokens_per_s);
+        /* a given key is a constraint */
+        snprintf(yaml, sizeof yaml, "%sgpu_limit_gib: %g, recompute: [block]}\n", B15, caps[k]);
+        QT_REQUIRE(load_cfg(&c, yaml, NULL) == 0, "config");
+        QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < n; i++) QT_EXPECT(ch[i].recompute == QT_RC_BLOCK, "recompute %d, given [block]", ch[i].recompute);
+        qt_layout_free(&L);
+    }
+    QT_EXPECT(best[0].tokens_per_s >= best[1].tokens_per_s && best[1].tokens_per_s >= best[2].tokens_per_s,
+              "a smaller cap gave a faster plan");
+    qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    snprintf(yaml, sizeof yaml, "%sgpu_limit_gib: 2}\n", B15);
+    QT_REQUIRE(load_cfg(&c, yaml, NULL) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    int n;
+    QT_EXPECT(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, err, sizeof err) == -1 &&
+                  strstr(err, "no plan fits: the smallest needs") && strstr(err, "memory.gpu_limit_gib allows 2.00 GiB"),
+              "2 GiB: %s", err);
+    qt_layout_free(&L);
+}
+
+/* ---- GPU ---- */
+
+typedef struct {
+    atomic_int stop;
+    size_t base, peak; /* used bytes: baseline after context creation, peak since */
+    int dev;
+} sampler;
+
+static size_t used_now(void) {
+    size_t f, t;
+    cudaMemGetInfo(&f, &t);
+    return t - f;
+}
+
+static void *sample_loop(void *arg) {
+    sampler *s = arg;
+    cudaSetDevice(s->dev);
+    while (!atomic_load(&s->stop)) {
+        size_t u = used_now();
+        if (u > s->peak) s->peak = u;
+        usleep(200);
+    }
+    return NULL;
+}
+
+/* A model big enough that the plan dwarfs the sampling noise (~0.4 GiB of arena). */
+static const char MID[] =
+    "model: {vocab_size: 32000, hidden_size: 1024, num_layers: 6, num_heads: 8, num_kv_heads: 2,\n"
+    "        intermediate_size: 2816, max_seq_len: 512, qkv_bias: true, tie_embeddings: false}\n"
+    "data: {train: 'none_*.bin', seq_len: 512, micro_batch: 4, grad_accum: 2}\n"
+    "init: {seed: 3, std: 0.02}\ndevice: cuda\n";
+
+#define MARGIN_BYTES ((size_t)256 << 20) /* the plan's runtime reserve is an estimate: measured within this */
+
+/* Steps under memory.gpu_limit_gib (the plan's total + 0.5 GiB, rounded up to 0.25 GiB: --plan cannot
+ * know cuDNN's own attention workspace, the engine measures it) with a sampler thread:
+ * peak device use (less the baseline after context creation) <= the cap, and within MARGIN_BYTES + 5%
+ * of the plan's device total; then a cap below the plan is refused with its message. */
+static void test_gpu_limit(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    static qt_run_plan rp;
+    char err[2048];
+    QT_REQUIRE(load_cfg(&c, MID, NULL) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, 1, 0, &rp, err, sizeof err) == 0, "%s", err);
+    double cap = ceil((rp.gpu_bytes + ((size_t)512 << 20)) / (1073741824.0 / 4)) / 4; /* + cuDNN's own workspace */
+    c.memory.gpu_limit_gib = (float)cap;
+    QT_CUDA(cudaSetDevice(0));
+    QT_CUDA(cudaFree(0)); /* the context: not counted */
+    sampler s = {.dev = 0};
+    s.base = used_now();
+    s.peak = s.base;
+    pthread_t th;
+    QT_REQUIRE(pthread_create(&th, NULL, sample_loop, &s) == 0, "thread");
+    qt_engine *e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
+    QT_REQUIRE(e, "%s", err);
+    long N = 4 * 512;
+    int32_t *in = malloc(N * 4), *tgt = malloc(N * 4);
+    for (long i = 0; i < N; i++) in[i] = (int32_t)((i * 7919) % 32000), tgt[i] = (int32_t)((i * 104729 + 1) % 32000);
+    for (int step = 1; step <= 3; step++) {
+        float loss, gn;
+        for (int m = 0; m < 2; m++)
+            QT_REQUIRE(qt_engine_micro_step(e, in, tgt, 1.0f / (2 * N), err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_engine_opt_step(e, 1e-4f, step, &loss, &gn, err, sizeof err) == 0, "%s", err);
+    }
+    QT_CUDA(cudaDeviceSynchronize());
+    atomic_store(&s.stop, 1);
+    pthread_join(th, NULL);
+    size_t peak = s.peak - s.base, plan = rp.gpu_bytes;
+    printf("  plan %.1f MiB (cap %.2f GiB), measured peak %.1f MiB over the context's %.1f MiB\n", plan / 1048576.0, cap,
+           peak / 1048576.0, s.base / 1048576.0);
+    QT_EXPECT(peak <= qt_mem_gib(cap), "peak %.1f MiB over the cap %.2f GiB", peak / 1048576.0, cap);
+    QT_EXPECT(fabs((double)peak - (double)plan) <= MARGIN_BYTES + 0.05 * plan, "peak %.1f MiB vs plan %.1f MiB",
+              peak / 1048576.0, plan / 1048576.0);
+    qt_engine_free(e);
+    free(in);
+    free(tgt);
+    c.memory.gpu_limit_gib = (float)(rp.gpu_bytes / 1073741824.0 * 0.8);
+    e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
+    QT_EXPECT(!e && strstr(err, "GPU memory plan needs") && strstr(err, "memory.gpu_limit_gib =") &&
+                  strstr(err, "CUDA context not counted") && strstr(err, "biggest items:"),
+              "a cap below the plan: %s", e ? "accepted" : err);
+    qt_engine_free(e);
+    qt_layout_free(&L);
+}
+
+/* The rows the planner makes without a GPU (qtrain --plan) equal what qt_gpu_model_create carves and
+ * pins: every arena row, the arena total and the offloaded state. */
+static void test_plan_equals_allocation(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    for (int off = 0; off < 2; off++) {
+        qt_config c;
+        qt_layout L;
+        qt_weight_src src;
+        static qt_run_plan rp;
+        char err[2048];
+        QT_REQUIRE(load_cfg(&c, MID, off ? "memory: {offload_optimizer: true, recompute: [ffn, norm]}\n" : NULL) == 0, "config");
+        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_plan_run(&L, &c, -1, 0, &rp, err, sizeof err) == 0, "%s", err);
+        qt_step_plan sp;
+        qt_shard sh;
+        qt_step_plan_make(&sp, &L, &c, 0, 0, 0);
+        qt_shard_init(&sh, &L, 1, 0, sp.offload_opt);
+        qt_param_placement pl = qt_plan_placement(&sp, &L);
+        QT_CUDA(cudaSetDevice(0));
+        qt_gpu_model *g = qt_gpu_model_create(&L, &c, &src, &sh, &pl, err, sizeof err);
+        QT_REQUIRE(g, "%s", err);
+        QT_EXPECT(g->plan.off == rp.mem.off, "offload %d: arena %zu, planned %zu", off, g->plan.off, rp.mem.off);
+        for (int i = 0; i < g->plan.n; i++) {
+            const qt_mem_row *r = &g->plan.row[i];
+            if (r->where == QT_MEM_ARENA || r->where == QT_MEM_PINNED)
+                QT_EXPECT(row(&rp.mem, r->where, r->kind) == r->bytes, "offload %d: %s: allocated %zu, planned %zu", off,
+                          r->kind, r->bytes, row(&rp.mem, r->where, r->kind));
+        }
+        QT_EXPECT(!off || g->ps->host_state_bytes == row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state"),
+                  "offloaded state %zu", g->ps->host_state_bytes);
+        printf("  offload %d: arena %.1f MiB, attention workspace %.1f MiB measured\n", off, g->plan.off / 1048576.0,
+               g->attn_ws / 1048576.0);
+        qt_gpu_model_free(g);
+        qt_layout_free(&L);
+    }
+}
+
+int main(void) {
+    QT_RUN(test_weight_src_ranges);
+    QT_RUN(test_host_plan_sums);
+    QT_RUN(test_host_limit_refused);
+    QT_RUN(test_cpu_alloc_matches_plan);
+    QT_RUN(test_auto_choice);
+    QT_RUN(test_gpu_limit);
+    QT_RUN(test_plan_equals_allocation);
+    return qt_test_end();
+}
