@@ -20,7 +20,8 @@
  * Sharded state (ZeRO-1): master, m and v may hold only a rank's pieces of the array (the plan then
  * covers only those), each table entry saying where its elements sit (index i - shift); w_bf16 and g
  * stay whole arrays and the stochastic-rounding hash keeps the flat index, so a shard updates exactly
- * as the whole would. */
+ * as the whole would. With qt_adamw_args.g_at_state (ZeRO-2) g too holds only the pieces, indexed like
+ * m and v. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -58,6 +59,7 @@ typedef struct {
     long t;
     unsigned long long seed;
     int sr, m_bf16, v_bf16, g_bf16;
+    int g_state;       /* g is indexed like m and v (a ZeRO-2 rank's gradient shard), else by flat index */
 } adam_params;
 
 static __device__ __forceinline__ unsigned int adam_hash(unsigned long long seed, long t,
@@ -129,7 +131,7 @@ static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, un
                                                         float wd, const adam_params *p) {
     float mi = ld_mv(m, p->m_bf16, j), vi = ld_mv(v, p->v_bf16, j);
     float w = master ? master[j] : __bfloat162float(wb[i]);
-    adam_elem(ld_mv(g, p->g_bf16, i), &mi, &vi, &w, gs, wd, p);
+    adam_elem(ld_mv(g, p->g_bf16, p->g_state ? j : i), &mi, &vi, &w, gs, wd, p);
     st_mv(m, p->m_bf16, j, mi);
     st_mv(v, p->v_bf16, j, vi);
     float wa = w;
@@ -167,7 +169,7 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
         for (unsigned long long q = h / 4 + threadIdx.x; q < t / 4; q += ADAM_THREADS) {
             unsigned long long i = q * 4, j = i - e.shift;
             float gr[4], mi[4], vi[4], w[4];
-            ld4(gr, g, p.g_bf16, i);
+            ld4(gr, g, p.g_bf16, p.g_state ? j : i);
             ld4(mi, m, p.m_bf16, j);
             ld4(vi, v, p.v_bf16, j);
             if (master) ld4(w, master, 0, j);
@@ -266,6 +268,7 @@ extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *maste
     q.m_bf16 = m_dt == QT_DT_BF16;
     q.v_bf16 = v_dt == QT_DT_BF16;
     q.g_bf16 = g_dt == QT_DT_BF16;
+    q.g_state = a->g_at_state;
     if (absmax) QT_CUDA(cudaMemsetAsync(absmax, 0, sizeof(float) * (size_t)p->n, s));
     if (p->blocks == 0) return;
     /* groups of 4 when every array's base is aligned for its 4-element load (16 B fp32, 8 B bf16) */

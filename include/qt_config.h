@@ -110,7 +110,8 @@ typedef struct {
     int gpus;                     /* 0 = all visible */
     qt_int_list devices;          /* one rank per entry, on that CUDA device (may repeat); n 0 = by gpus */
     int comm;                     /* qt_comm_kind (qt_comm.h): the transport between GPUs */
-    int shard_optimizer;          /* ZeRO-1: master weights and AdamW moments split over the GPUs */
+    int shard_optimizer;          /* zero >= 1 (set from parallel.zero when the config is read) */
+    int zero;                     /* ZeRO level: 1 optimizer state, 2 + fp32 gradients, 3 + bf16 weights sharded */
     int reduce_dtype;             /* qt_dtype the gradients cross between GPUs in (fp32 or bf16) */
     int overlap_comm;             /* sums overlap the backward, the weight all-gather the next forward */
 } qt_parallel_cfg;

@@ -10,7 +10,9 @@
  * step's last micro-step leaves its embedding lookups out of the backward where they are fewer bytes
  * than the table (g->lookups): the embeddings' bucket is summed right after the LM head, and every
  * rank's lookups are added to the sums afterwards (add_lookups), overlapped or not, so the bits are the
- * same either way. One GPU with its optimizer state offloaded runs AdamW on the side stream, bucket by
+ * same either way. ZeRO-2 (plan.grads_sharded) does the bucket sums in every micro-step, into the
+ * rank's gradient shard through the store's gradient slots (qt_param_store.h), on the side stream with
+ * the overlap, else on the model's stream between the backward's layers. One GPU with its optimizer state offloaded runs AdamW on the side stream, bucket by
  * bucket, with the same per-bucket waits in the next forward. With one plain GPU there is nothing to
  * sync: the hooks are empty and a micro-step's graph is one segment. Every mode comes from the step
  * plan (qt_step_plan.h). */
@@ -22,16 +24,21 @@
 #include "qt_comm.h"
 #include "qt_gpu_model.h"
 #include "qt_step_plan.h"
+#include "qt_test_hooks.h"
 
 typedef struct qt_dp_sync qt_dp_sync;
 
 /* For model g (borrowed) of a rank on comm (NULL with one GPU) as plan p says; makes the side stream and
- * events on the current device. ag_delay_ms: test hook, the side stream sleeps before each step's weight
- * gather (0: off). */
+ * events on the current device. th: the test hooks in force (dp_ag_delay_ms, dp_sum_delay_ms,
+ * zero_mutant; all zero in a real run). */
 qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_config *cfg, qt_comm *comm,
-                              long ag_delay_ms);
+                              const qt_test_hooks *th);
 void qt_dp_sync_free(qt_dp_sync *d);
 
+/* Before the model's stream overwrites a micro-step's inputs (tokens) or activations: with ZeRO-2
+ * overlapped, the last micro-step's sums still read its tokens and residual gradient (the embedding
+ * lookups) and its gradient slots, so the stream waits for them. */
+void qt_dp_sync_inputs(qt_dp_sync *d);
 /* One micro-step's forward + backward at loss scale `scale`; last: the last of a step. eager: not
  * from a CUDA graph (the first micro-step autotunes and builds plans; profiling). */
 void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager);

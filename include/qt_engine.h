@@ -143,8 +143,8 @@ void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 
 /* Data-parallel engine: one thread per rank on devices[0..n) (a device may repeat), each with the
  * whole model; gradients are summed in a fixed rank order over cfg->comm, so the ranks' weights stay
- * bitwise identical; with cfg->shard_optimizer each rank keeps the optimizer state of 1/n of the
- * parameters. NULL with err on failure. */
+ * bitwise identical; with cfg->parallel.zero >= 1 each rank keeps the optimizer state of 1/n of the
+ * parameters, with 2 also the gradients (qt_step_plan.h). NULL with err on failure. */
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
                                const int *devices, char *err, size_t errlen);
 /* The same with every rank reading its weights from src (borrowed until it returns). */

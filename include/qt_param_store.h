@@ -6,8 +6,26 @@
  * Placement: where each item lives is chosen once, at creation (qt_param_placement), and each store
  * adds its own rows to the memory plan. Today's placements: everything on the GPU; the optimizer state
  * offloaded to pinned host memory (streamed through device slots by qt_gpu_optim); the optimizer state
- * sharded over the ranks (ZeRO-1; gradients and weights stay whole). A new placement (gradient or weight
- * shards, more offloaded items) is a new case behind the same calls.
+ * sharded over the ranks (ZeRO-1; gradients and weights stay whole); ZeRO-2: the fp32 gradients sharded
+ * too. A new placement (weight shards, more offloaded items) is a new case behind the same calls.
+ *
+ * ZeRO-2 gradients: the rank keeps grad [shard.len], its pieces of the summed gradients, indexed like
+ * master / m / v. While the backward writes a bucket, the bucket's whole gradient sits in a slot
+ * (qt_param_grad_slot): a bucket that holds embedding or LM-head elements has a slot of its own (none
+ * for the embeddings' own buckets with placement.embed_apart; the
+ * LM head's gradient is written at the start of the backward and a tied table's again at its end), the
+ * layers' buckets take QT_GRAD_SLOTS shared slots in turn (bucket b: slot b % QT_GRAD_SLOTS; three: the
+ * next layer's writes wait for the sum of the bucket two layers up, not the one just released, so a
+ * sum slower than a layer's backward (ranks sharing a GPU, host transport) still overlaps).
+ * Bucket boundaries are rounded up to 64 x n_ranks elements past a layer's start (qt_partition.h), so
+ * one tensor (or fused group) per boundary crosses it: it is written whole into the upper bucket's slot,
+ * whose head margin holds its part below the boundary (cross_at), and that part is added into the lower
+ * bucket's slot when the upper bucket is released (qt_param_grad_margin), before its sum. The embedding
+ * table, whose bucket is rounded down, runs past it into the next one instead: its tail sits in the
+ * embeddings' slot's tail margin and is added to the next slot before either is summed
+ * (qt_param_grad_tail). The data-parallel sync reduces a released bucket from its slot into grad,
+ * zeroes the slot (margins included) and orders the slot's next writers after that; a slot is zero
+ * whenever no bucket holds it.
  *
  * Access is per bucket (a range of whole layers, qt_partition.h), through acquire/release calls that
  * the forward, the backward and the optimizer make as they enqueue work:
@@ -41,11 +59,15 @@ typedef enum {
 
 typedef struct {
     qt_opt_state_place opt;
-    int zero;             /* 0: this rank holds all of the optimizer state; 1: its pieces (ZeRO-1) */
+    int zero;             /* 0: this rank holds all of the optimizer state; 1: its pieces (ZeRO-1); 2: and of
+                           * the fp32 gradients (ZeRO-2) */
     int opt_per_bucket;   /* one AdamW group per bucket (one GPU offloaded: AdamW runs ahead of the forward);
                            * else bucket 0 and the rest when sharded, else one group */
     int reduce_bf16;      /* the gradients cross between ranks in bf16: a comm buffer of the largest bucket */
     size_t opt_chunk;     /* QT_OPT_STATE_HOST: state elements per streamed chunk */
+    int embed_apart;      /* ZeRO-2, untied, lookups gathered (qt_step_plan.lookups): the backward writes no
+                           * gradient to the buckets of embeddings only, so they get no slot (the sync adds
+                           * every rank's lookups to the shard and has nothing else to sum there) */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
@@ -60,10 +82,18 @@ typedef struct {
     const qt_layout *L;   /* borrowed */
     qt_param_placement place;
     qt_shard shard;
-    /* w and grad [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len],
-     * this rank's pieces of the buckets back to back (all of the array when not sharded) */
+    /* w [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len], this
+     * rank's pieces of the buckets back to back (all of the array when not sharded) */
     void *w;              /* bf16, device */
-    void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device */
+    void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
+                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces) */
+    float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
+                           * backward writes it, between head and tail margins of grad_margin elements
+                           * (owned array; the slots are in the arena) */
+    size_t *cross_at;     /* ZeRO-2: [n_buckets] start of the tensor that crosses bucket[b] from below
+                           * (written into b's head margin), SIZE_MAX: none (owned) */
+    size_t grad_margin;   /* ZeRO-2: 64 x n_ranks, the most a boundary is rounded past a tensor's start */
+    size_t tail_n;        /* ZeRO-2: elements of the embedding table past its bucket (in its tail margin) */
     float *master;        /* device, or host_state; NULL when w_master_dt is bf16 (AdamW updates w in place) */
     void *m, *v;
     qt_dtype m_dt, v_dt;
@@ -100,10 +130,29 @@ void qt_param_store_free(qt_param_store *ps);
 /* bf16 weights [0, n) = RNE(host[0, n)), through the staging buffer, on s (host pageable fp32). */
 void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s);
 
+/* Shared gradient slots of ZeRO-2 (see the top of this file). */
+#define QT_GRAD_SLOTS 3
+
 static inline void *qt_param_w(const qt_param_store *ps, size_t off) { return (char *)ps->w + off * 2; }
-static inline void *qt_param_g(const qt_param_store *ps, size_t off) {
-    return (char *)ps->grad + off * (size_t)qt_dtype_size(ps->grad_dt);
-}
+/* Where the backward adds the gradient of flat element off (grad_dt; a tensor never crosses a bucket). */
+void *qt_param_g(const qt_param_store *ps, size_t off);
+/* ZeRO-2: bucket b's slot [bucket[b+1] - bucket[b]] and its shared slot number (-1: a slot of its own). */
+float *qt_param_grad_slot(const qt_param_store *ps, int b);
+int qt_param_grad_slot_shared(const qt_param_store *ps, int b);
+/* ZeRO-2, before bucket b's sum, on s: the part below the bucket of the tensor crossing its start (in its
+ * slot's head margin) += into bucket b-1's slot (whose writers s must have waited for). */
+void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s);
+/* ZeRO-2, once per micro-step before bucket 0 or 1 is summed, after the table's last write: the
+ * embedding table's tail (bucket 0's tail margin) += into bucket 1's slot. 0 when there is none. */
+int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s);
+/* ZeRO-2: zeroes bucket b's slot, margins included, on s. */
+void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
+/* This rank's summed gradients of bucket b (its piece, qt_shard_piece; grad_dt): in the whole array, or
+ * ZeRO-2 in the shard. */
+void *qt_param_grad_piece(const qt_param_store *ps, int b);
+/* g[0, numel) (host) = the gradients: all of them, or ZeRO-2 this rank's summed pieces only (synchronous;
+ * the caller has joined the streams). */
+void qt_param_get_grads(const qt_param_store *ps, float *g);
 
 /* The acquire/release calls of the forward and backward (see the top of this file); h may be NULL. */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto);

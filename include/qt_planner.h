@@ -35,7 +35,7 @@ typedef struct {
 int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training, qt_run_plan *rp, char *err,
                 size_t errlen);
 /* Where a GPU rank's parameters live, from its step plan (test hooks may shrink the offload chunk). */
-qt_param_placement qt_plan_placement(const qt_step_plan *p);
+qt_param_placement qt_plan_placement(const qt_step_plan *p, const qt_layout *L);
 /* MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read. */
 size_t qt_host_mem_available(void);
 /* The host limit: memory.host_limit_gib when given, else MemAvailable; *what names it for messages. */

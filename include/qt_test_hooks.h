@@ -18,6 +18,12 @@ typedef struct {
     int recompute_stale_h;  /* 1: MUTANT: memory.recompute's rebuild of the SwiGLU output h is skipped for
                              * layers 1.. (their backward reads what the layer above left in the shared
                              * buffer): the recompute test must catch it */
+    long dp_sum_delay_ms;   /* > 0: a data-parallel rank's side stream sleeps this long before each bucket's
+                             * gradient sum: a backward that did not wait for its ZeRO-2 slot adds into
+                             * one still holding another bucket */
+    int zero_mutant;        /* MUTANTS for the ZeRO tests: 1 = the ZeRO-2 backward does not wait for its
+                             * shared gradient slots; 2 = ZeRO-2 sums each bucket in descending rank order
+                             * (all-gather + adds; the same as ascending for 2 ranks, not for 3) */
     const char *nonfinite_tensor; /* with nonfinite_step > 0: the GPU engines set one gradient element of this
                                    * tensor (its middle one) to NaN just before that optimizer step's AdamW
                                    * (1-based), so the update writes NaN into its weight, master, m and v */

@@ -358,7 +358,10 @@ static void randomize(uint64_t *s) {
         const qt_config_key *k = qt_config_key_at(i);
         char *f = (char *)&cfg + k->offset;
         switch (k->type) {
-        case QT_KEY_INT: *(int *)f = (int)(lcg(s) % 1000) + (int)k->lo + 1; break;
+        case QT_KEY_INT: /* within [lo, hi] where that is narrow (parallel.zero) */
+            *(int *)f = k->hi - k->lo < 1000 ? (int)k->lo + (int)(lcg(s) % (unsigned)(k->hi - k->lo + 1))
+                                              : (int)(lcg(s) % 1000) + (int)k->lo + 1;
+            break;
         case QT_KEY_U64: *(uint64_t *)f = lcg(s) * 2654435761ull + (lcg(s) & 1 ? UINT64_MAX - 5 : 0); break;
         case QT_KEY_FLOAT: {
             float v;
@@ -400,6 +403,8 @@ static void randomize(uint64_t *s) {
     cfg.model.head_dim = lcg(s) & 1 ? 0 : 2 * (1 + (int)(lcg(s) % 64));
     if (!cfg.model.head_dim) cfg.model.hidden_size = cfg.model.num_heads * 2 * (1 + (int)(lcg(s) % 16));
     cfg.optim.warmup = cfg.optim.cooldown = 0;
+    cfg.parallel.shard_optimizer = cfg.parallel.zero >= 1; /* as loading leaves them (the older spelling) */
+    if (cfg.parallel.zero >= 2) cfg.precision.grad_accum_dtype = QT_DT_F32; /* ZeRO-2's gradients are fp32 */
     if (cfg.model.max_seq_len < cfg.data.seq_len) cfg.model.max_seq_len = cfg.data.seq_len;
 }
 

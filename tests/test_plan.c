@@ -392,7 +392,7 @@ static void test_plan_equals_allocation(void) {
         qt_shard sh;
         qt_step_plan_make(&sp, &L, &c, 0, 0, 0);
         qt_shard_init(&sh, &L, 1, 0, sp.offload_opt);
-        qt_param_placement pl = qt_plan_placement(&sp);
+        qt_param_placement pl = qt_plan_placement(&sp, &L);
         QT_CUDA(cudaSetDevice(0));
         qt_gpu_model *g = qt_gpu_model_create(&L, &c, &src, &sh, &pl, err, sizeof err);
         QT_REQUIRE(g, "%s", err);

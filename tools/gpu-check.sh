@@ -2,8 +2,8 @@
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
-# offload_residual_bench; fp8wcache; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan, qtrain
-# --plan vs a real run); python
+# offload_residual_bench; fp8wcache; zero; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
+# qtrain --plan vs a real run); python
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -395,4 +395,19 @@ if has offload_residual_bench; then
       done
       cat "$tab"
     } 2>&1 | tee "$OUT/offload_residual_bench.log"
+fi
+# parallel.zero (ranks sharing one GPU, so the bits and the overheads, not scaling): test_zero (7B plan
+# rows, ZeRO-2 = ZeRO-1 bitwise over 20 steps for 2 and 3 ranks, bf16/fp8, overlap, graphs; accumulation
+# bound; resume across levels; mutants; a failing rank), then 0.5B fp8 on 2 ranks of GPU 0 at ZeRO-1 and
+# ZeRO-2: one 16 x 1024 micro-batch per rank per step, and LLM.Q's setting (ZeRO-2 sums every micro-step).
+if has zero; then
+    two="--set parallel.devices=[0,0] --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    { step test_zero 1200 build/tests/test_zero
+      for z in 1 2; do
+          step zero${z}_0.5b_fp8_2ranks_mb16 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --steps 10 $two \
+              --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.zero=$z
+          step zero${z}_0.5b_fp8_2ranks_llmq 400 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --warmup 1 --steps 3 \
+              $two --set parallel.zero=$z
+      done
+    } 2>&1 | tee "$OUT/zero.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|within|GiB|resumed|exit status|tokens/s|rror|gradient'
 fi

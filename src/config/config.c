@@ -14,6 +14,7 @@
 #include <yaml.h>
 
 #include "qt_config.h"
+#include "qt_dtype.h"
 
 #define MAX_KEYS 128
 #define MAX_SECTIONS 32
@@ -344,6 +345,21 @@ static int cross_check(ctx *x) {
                         c->optim.warmup + c->optim.cooldown, v);
         return fail(x, at_of(x, key), key, "expected warmup + cooldown <= steps (%d), got \"%d\"", c->optim.steps, v);
     }
+    /* parallel.shard_optimizer is the older spelling of parallel.zero 0 / 1: alone it picks the level,
+     * with zero it must agree; afterwards it says whether the optimizer state is sharded (zero >= 1). */
+    where wz = at_of(x, "parallel.zero"), wso = at_of(x, "parallel.shard_optimizer");
+    if (given(wso) && !given(wz)) c->parallel.zero = c->parallel.shard_optimizer ? 1 : 0;
+    else if (given(wso) && given(wz) && c->parallel.shard_optimizer != (c->parallel.zero >= 1))
+        return fail(x, wso, "parallel.shard_optimizer", "expected %s with parallel.zero: %d (ZeRO >= 1 shards the "
+                    "optimizer state), got \"%s\"; give only parallel.zero", c->parallel.zero >= 1 ? "true" : "false",
+                    c->parallel.zero, c->parallel.shard_optimizer ? "true" : "false");
+    c->parallel.shard_optimizer = c->parallel.zero >= 1;
+    /* ZeRO-2's gradient slots, the margins added across bucket boundaries and the rank's summed shard
+     * are fp32 (the shard is += every micro-step: bf16 there would round each micro-step's sum) */
+    if (c->parallel.zero >= 2 && c->precision.grad_accum_dtype == QT_DT_BF16)
+        return fail(x, at_of(x, "precision.grad_accum_dtype"), "precision.grad_accum_dtype",
+                    "expected fp32 with parallel.zero: %d (the gradient slots and the rank's summed gradient shard "
+                    "are fp32), got \"bf16\"; bf16 gradients need parallel.zero <= 1", c->parallel.zero);
     if ((int64_t)c->data.micro_batch * c->data.seq_len > INT32_MAX) {
         where wm = at_of(x, "data.micro_batch");
         const char *key = given(wm) ? "data.micro_batch" : "data.seq_len";

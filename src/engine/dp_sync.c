@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "qt_error.h"
+#include "qt_test_hooks.h"
 
 /* A micro-step replayed as CUDA graph segments: segment k reads the weights below flat index
  * seg[k].wait (0: no wait), so it waits for their all-gather first; after it, every gradient from flat
@@ -38,27 +39,57 @@ struct qt_dp_sync {
     int sent;               /* lowest bucket handed to the side stream this step (n_buckets: none) */
     int early;              /* buckets [0, early) handed over right after the LM head (embeddings only) */
     int lookups_due;        /* the last micro-step left its lookups out: add_lookups before the norm */
+    int tail_done;          /* ZeRO-2: this micro-step's embedding table tail is in bucket 1's slot */
     cudaEvent_t *ag_ev;     /* plan.weights_ahead: [n_buckets] bucket k's weights ready on the side stream */
+    cudaEvent_t slot_ev[QT_GRAD_SLOTS]; /* ZeRO-2: shared gradient slot k reduced and zeroed (its last user) */
+    cudaEvent_t sums_ev;    /* ZeRO-2 overlapped: a micro-step's last sums done (slots free, shard whole) */
     int gathered;           /* buckets whose gather the model's stream waits for (n_buckets: none pending) */
     long ag_delay_ms;       /* test hook: the side stream sleeps before each weight gather */
+    long sum_delay_ms;      /* test hook: the side stream sleeps before each ZeRO-2 bucket sum */
+    int mutant;             /* test hook zero_mutant (qt_test_hooks.h) */
+    float *mutant_buf;      /* zero_mutant 2: every rank's copy of a bucket (owned) */
     graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
     graph_set *capture;     /* the set being captured */
     qt_param_hooks wait_hooks;
 };
 
+static void CUDART_CB sleep_ms(void *ms) {
+    struct timespec t = {*(long *)ms / 1000, *(long *)ms % 1000 * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* MUTANT (zero_mutant 2): piece += every rank's copy of this rank's piece of the bucket, in descending
+ * rank order; a test must see other bits than the comm's ascending order with 3 ranks. */
+static void mutant_sum(qt_dp_sync *d, int b, const void *g, void *piece, cudaStream_t s) {
+    const qt_shard *sh = &d->ps->shard;
+    size_t lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, n = (size_t)sh->n_ranks, off, len, st;
+    qt_shard_piece(sh, b, &off, &len, &st);
+    if (!d->mutant_buf) QT_CUDA(cudaMalloc((void **)&d->mutant_buf, sh->total * n * 4));
+    QT_CHECK(qt_comm_all_gather(d->comm, d->plan.rank, d->mutant_buf, g, n * count, QT_DT_F32, s) == 0, "mutant gather");
+    for (size_t j = n; j-- > 0;) qt_add_inplace(piece, QT_DT_F32, d->mutant_buf + j * count + (off - lo), QT_DT_F32, len, s);
+}
+
 /* Sums bucket b over the ranks on stream s: all of it (replicated optimizer state) or this rank's piece
  * (sharded). With parallel.reduce_dtype bf16 the sum travels in the store's bf16 comm buffer; bf16
  * gradients (precision.grad_accum_dtype) are summed in place in bf16. The comm adds in fp32 in rank
- * order and rounds once to the dtype (RNE). */
+ * order and rounds once to the dtype (RNE). ZeRO-2 (fp32 gradients): from the bucket's slot, the rank's
+ * piece of the sum added to its gradient shard (+=: every micro-step; 0 + x = x, so one micro-step gives
+ * ZeRO-1's bits), then the slot zeroed for its next bucket and, when shared, its event recorded. */
 static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
     int g16 = ps->grad_dt == QT_DT_BF16, half = d->plan.reduce_bf16 && !g16, rank = d->plan.rank;
+    int z2 = d->plan.grads_sharded;
     qt_dtype dt = half || g16 ? QT_DT_BF16 : QT_DT_F32;
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
-    char *buf = half ? (char *)ps->comm_buf : (char *)qt_param_g(ps, lo); /* the bucket's elements */
-    if (half) qt_cast_f32_to_bf16(buf, qt_param_g(ps, lo), count, s);
-    if (sh->n_ranks == 1) {
+    void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
+    char *buf = half ? (char *)ps->comm_buf : (char *)g;
+    int mutant = z2 && !half && d->mutant == 2;
+    if (z2 && d->sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->sum_delay_ms));
+    if (half) qt_cast_f32_to_bf16(buf, g, count, s);
+    if (mutant) {
+        mutant_sum(d, b, g, qt_param_grad_piece(ps, b), s);
+    } else if (sh->n_ranks == 1) {
         QT_CHECK(qt_comm_all_reduce(d->comm, rank, buf, buf, count, dt, s) == 0,
                  "rank %d: gradient all-reduce aborted (another rank failed)", rank);
     } else {
@@ -66,13 +97,28 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
         QT_CHECK(qt_comm_reduce_scatter(d->comm, rank, buf + (off - lo) * es, buf, count, dt, s) == 0,
                  "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
-    if (half) qt_cast_bf16_to_f32(qt_param_g(ps, off), buf + (off - lo) * es, len, s);
+    if (z2) {
+        if (!mutant) qt_add_inplace(qt_param_grad_piece(ps, b), QT_DT_F32, buf + (off - lo) * es, dt, len, s);
+        qt_param_grad_slot_zero(ps, b, s);
+        int k = qt_param_grad_slot_shared(ps, b);
+        if (k >= 0) QT_CUDA(cudaEventRecord(d->slot_ev[k], s));
+    } else if (half) {
+        qt_cast_bf16_to_f32(qt_param_g(ps, off), buf + (off - lo) * es, len, s);
+    }
 }
 
 /* The side stream continues after what the model's stream has enqueued so far. */
 static void side_follows(qt_dp_sync *d) {
     QT_CUDA(cudaEventRecord(d->side_ev, d->g->stream));
     QT_CUDA(cudaStreamWaitEvent(d->side, d->side_ev, 0));
+}
+
+/* The stream the bucket sums of the backward go to: the side stream, after what the model's stream has
+ * enqueued so far (overlap), else the model's (ZeRO-2 without overlap: in the backward's order). */
+static cudaStream_t sums_stream(qt_dp_sync *d) {
+    if (!d->plan.overlap) return d->g->stream;
+    side_follows(d);
+    return d->side;
 }
 
 /* embed_ready (sharded, last micro-step): the buckets of embeddings only are final but for this
@@ -84,9 +130,11 @@ static void send_embedding(void *ctx) {
     int k = 0;
     while (k < sh->n_buckets && sh->bucket[k + 1] <= d->L->layers[0].ln1) k++;
     if (!k) return;
-    side_follows(d);
-    for (int b = 0; b < k; b++) reduce_bucket(d, b, d->side);
     d->early = k;
+    if (d->ps->place.embed_apart) return; /* ZeRO-2: no gradient there but the lookups (+= 0 changes no bit) */
+    if (d->plan.grads_sharded && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
+    cudaStream_t cs = sums_stream(d);
+    for (int b = 0; b < k; b++) reduce_bucket(d, b, cs);
 }
 
 /* Adds this micro-step's embedding lookups of every rank, in rank order, to this rank's pieces of the
@@ -110,24 +158,51 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
             size_t off, len, st;
             qt_shard_piece(sh, b, &off, &len, &st);
             size_t hi = off + len < end ? off + len : end; /* the embeddings sit at flat index 0 */
+            /* the table's base as the kernel indexes it: element off at the rank's piece */
             if (off < hi)
-                qt_embedding_bwd_range(d->ps->grad, d->ps->grad_dt, off, hi, dres + j * N * C, QT_DT_F32, tok + j * N, (long)N,
-                                       (int)C, c->vocab_size, ws, cs);
+                qt_embedding_bwd_range((char *)qt_param_grad_piece(d->ps, b) - off * qt_dtype_size(d->ps->grad_dt),
+                                       d->ps->grad_dt, off, hi, dres + j * N * C, QT_DT_F32, tok + j * N, (long)N, (int)C,
+                                       c->vocab_size, ws, cs);
         }
 }
 
+/* ZeRO-2, on the model's stream, for the buckets [b, sent) that became final: each one's slot below
+ * (the backward writes it next, and the head margin goes there) waits until its shared slot's last
+ * user is reduced and zeroed; the margin is added; the embedding table's tail moves to bucket 1 before
+ * bucket 1 (or 0) is summed. Then the sums may read the slots (qt_param_store.h). */
+static void slots_ready(qt_dp_sync *d, int b) {
+    qt_param_store *ps = d->ps;
+    for (int k = d->sent - 1; k >= b; k--) {
+        int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
+        if (j >= 0 && d->mutant != 1) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+        if (k > 0) qt_param_grad_margin(ps, k, d->g->stream);
+        if (k <= 1 && !d->tail_done) d->tail_done = qt_param_grad_tail(ps, d->g->stream);
+    }
+}
+
 /* grads_ready: every gradient from flat index `from` up is final on the model's stream, so the buckets
- * that became final go to the side stream (in descending order, the same on every rank); at the end
- * (from 0) of a micro-step that left its lookups out, they follow. */
+ * that became final go to the sums stream (in descending order, the same on every rank); at the end
+ * (from 0) of a micro-step that left its lookups out, they follow. ZeRO-2 does this every micro-step
+ * and owes nothing afterwards (sent back to n_buckets); the shard is whole once sums_ev is reached. */
 static void grads_ready(void *ctx, size_t from) {
     qt_dp_sync *d = ctx;
     int b = qt_shard_final_from(&d->ps->shard, from), lookups = from == 0 && d->lookups_due;
     if (b < d->early) b = d->early;
     if (b >= d->sent && !lookups) return;
-    side_follows(d);
-    while (d->sent > b) reduce_bucket(d, --d->sent, d->side);
-    if (lookups) add_lookups(d, d->side);
-    if (from == 0) d->sent = d->early = d->lookups_due = 0;
+    if (d->plan.grads_sharded) slots_ready(d, b);
+    cudaStream_t cs = sums_stream(d);
+    while (d->sent > b) reduce_bucket(d, --d->sent, cs);
+    if (lookups) add_lookups(d, cs);
+    if (from == 0) d->sent = d->early = d->lookups_due = d->tail_done = 0;
+    if (from == 0 && d->plan.grads_sharded) {
+        d->sent = d->ps->shard.n_buckets;
+        if (d->plan.overlap) QT_CUDA(cudaEventRecord(d->sums_ev, cs));
+    }
+}
+
+/* ZeRO-2 overlapped: the model's stream waits for the last micro-step's sums (its slots and shard). */
+static void sums_wait(qt_dp_sync *d) {
+    if (d->plan.grads_sharded && d->plan.overlap) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
 }
 
 /* weights_needed: the model's stream waits for the gather of every bucket below flat index upto (one
@@ -140,8 +215,11 @@ static void weights_wait(void *ctx, size_t upto) {
     d->gathered = k;
 }
 
+void qt_dp_sync_inputs(qt_dp_sync *d) { sums_wait(d); }
+
 void qt_dp_sync_join(qt_dp_sync *d) {
     if (d->plan.weights_ahead) weights_wait(d, SIZE_MAX);
+    sums_wait(d);
 }
 
 const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d) { return &d->wait_hooks; }
@@ -204,7 +282,8 @@ static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int
 
 void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     const qt_step_plan *p = &d->plan;
-    int kind = (last && p->overlap ? MS_SUMS : 0) | (last && p->lookups ? MS_LOOKUPS : 0) |
+    if (p->grads_sharded) last = 1; /* every micro-step sums its buckets as the backward releases them */
+    int kind = (last && (p->overlap || p->grads_sharded) ? MS_SUMS : 0) | (last && p->lookups ? MS_LOOKUPS : 0) |
                (d->gathered < d->ps->shard.n_buckets ? MS_WAITS : 0);
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
@@ -235,7 +314,9 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     const qt_shard *sh = &ps->shard;
     cudaStream_t s = g->stream;
     int rank = d->plan.rank;
-    if (d->plan.dp != QT_DP_ONE) {
+    if (d->plan.grads_sharded) {
+        sums_wait(d); /* summed into the shard during the micro-steps */
+    } else if (d->plan.dp != QT_DP_ONE) {
         if (d->sent < sh->n_buckets) {
             QT_CHECK(d->sent == 0, "rank %d: the backward handed over buckets %d.. of %d only", rank, d->sent,
                      sh->n_buckets);
@@ -259,7 +340,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     for (int b = 0; b < nb; b++) {
         size_t off, len, st;
         qt_shard_piece(sh, b, &off, &len, &st);
-        qt_grad_sumsq(mine + b, qt_param_g(ps, off), ps->grad_dt, len, g->ws, s);
+        qt_grad_sumsq(mine + b, qt_param_grad_piece(ps, b), ps->grad_dt, len, g->ws, s);
     }
     /* every rank's fp64 sums (two fp32 words each), gathered in place */
     QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->sumsq, mine, 2 * (size_t)nb * sh->n_ranks, QT_DT_F32, s) == 0,
@@ -271,11 +352,6 @@ cudaStream_t qt_dp_sync_opt_stream(qt_dp_sync *d) {
     if (!d->plan.opt_ahead) return d->g->stream;
     side_follows(d);
     return d->side;
-}
-
-static void CUDART_CB sleep_ms(void *ms) {
-    struct timespec t = {*(long *)ms / 1000, *(long *)ms % 1000 * 1000000L};
-    nanosleep(&t, NULL);
 }
 
 /* The bf16 weights after AdamW of buckets [k0, k1): a sharded rank all-gathers every rank's pieces
@@ -312,19 +388,24 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
 }
 
 qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_config *cfg, qt_comm *comm,
-                              long ag_delay_ms) {
+                              const qt_test_hooks *th) {
     qt_dp_sync *d = calloc(1, sizeof *d);
     QT_CHECK(d, "out of host memory");
     const qt_shard *sh = &g->ps->shard;
     int nl = g->L->cfg.num_layers;
     *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = cfg->optim.grad_clip, .comm = comm,
-                      .sent = sh->n_buckets, .gathered = sh->n_buckets, .ag_delay_ms = ag_delay_ms};
+                      .sent = sh->n_buckets, .gathered = sh->n_buckets, .ag_delay_ms = th->dp_ag_delay_ms,
+                      .sum_delay_ms = th->dp_sum_delay_ms, .mutant = th->zero_mutant};
     d->wait_hooks = (qt_param_hooks){p->weights_ahead ? weights_wait : NULL, NULL, NULL, d};
     /* The side stream has default priority: with a high one the bucket sums' kernels took SMs ahead of
      * the backward's, slower steps on 2 x H200 (bench/RESULTS.md section 5). */
     if (p->side_stream) {
         QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
         QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));
+    }
+    if (p->grads_sharded) {
+        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->slot_ev[k], cudaEventDisableTiming));
+        QT_CUDA(cudaEventCreateWithFlags(&d->sums_ev, cudaEventDisableTiming));
     }
     if (p->weights_ahead) {
         d->ag_ev = calloc((size_t)sh->n_buckets, sizeof *d->ag_ev);
@@ -348,7 +429,10 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaEventDestroy(d->side_ev));
     }
     for (int k = 0; d->plan.weights_ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
+    for (int k = 0; d->plan.grads_sharded && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
+    if (d->plan.grads_sharded) QT_CUDA(cudaEventDestroy(d->sums_ev));
     free(d->ag_ev);
+    if (d->mutant_buf) QT_CUDA(cudaFree(d->mutant_buf));
     for (int i = 0; i < MS_KINDS; i++) {
         for (int k = 0; k < d->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(d->graphs[i].seg[k].exec));
         free(d->graphs[i].seg);

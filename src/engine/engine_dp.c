@@ -6,12 +6,13 @@
  * microseconds, not a device sync). Each rank trains on its own micro-batch; opt_step sums the
  * gradients over the comm (fp32, ascending rank order: every rank gets the same bits) before the norm
  * and AdamW, so the ranks' weights stay bitwise identical (opt_step checks the norms). With
- * parallel.shard_optimizer (ZeRO-1, the default) each rank holds the master weights and moments of
- * 1/N of the parameters (its piece of every bucket, qt_partition.h): gradients are reduce-scattered,
- * each rank updates its pieces, the bf16 weights are all-gathered; checkpoints and get_weights
- * assemble the pieces. Otherwise every rank keeps all of it (all-reduce) and get_weights checks the
- * replicas agree. With parallel.overlap_comm the buckets are one per layer and each is summed while
- * the backward of the layers below runs (dp_sync.c). A failure in a rank thread jumps to that thread's
+ * parallel.zero 1 (ZeRO-1, the default) each rank holds the master weights and moments of 1/N of the
+ * parameters (its piece of every bucket, qt_partition.h): gradients are reduce-scattered, each rank
+ * updates its pieces, the bf16 weights are all-gathered; checkpoints and get_weights assemble the
+ * pieces. ZeRO-2 keeps only the rank's pieces of the gradients too (reduced every micro-step;
+ * get_grads assembles them). zero 0: every rank keeps all of it (all-reduce) and get_weights checks
+ * the replicas agree. Sharded, or with parallel.overlap_comm, the buckets are one per layer; with the
+ * overlap each is summed while the backward of the layers below runs (dp_sync.c). A failure in a rank thread jumps to that thread's
  * catch point around its job (qt_error.h), whose abort hooks abort the comm, so ranks blocked in a
  * collective fail too instead of hanging; when every rank is back, the call fails in the caller's thread
  * with the first failing rank's message (the engine calls of src/engine/engine.c return it as an
@@ -75,7 +76,8 @@ struct dp_engine {
     int fail_rank; /* test hook (qt_test_hooks): that rank fails just before optimizer step fail_step */
     long fail_step;
     qt_shard shard[QT_COMM_MAX_RANKS];
-    int sharded;
+    int sharded;   /* ZeRO >= 1: each rank holds the optimizer state of its pieces */
+    int zero;      /* the ZeRO level (0 when not sharded) */
     void *state[4]; /* sharded: the whole checkpoint arrays, assembled from the ranks (owned) */
 };
 
@@ -230,12 +232,14 @@ static void dp_get_weights(qt_engine *b, float *w) {
     free(tmp);
 }
 
-/* The gradients accumulated since the last opt_step, summed over the ranks in rank order. */
+/* The gradients accumulated since the last opt_step, summed over the ranks in rank order (ZeRO-2: every
+ * rank writes its summed pieces). */
 static void dp_get_grads(qt_engine *b, float *g) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
     d->out = g;
-    run(d, job_grads, 0);
+    run(d, job_grads, d->zero >= 2 ? -1 : 0);
+    if (d->zero >= 2) return;
     float *tmp = malloc(n * sizeof(float));
     QT_CHECK(tmp, "out of host memory for %zu gradients", n);
     d->out = tmp;
@@ -318,7 +322,8 @@ static int dp_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errl
 
 static void dp_print_memory(qt_engine *b) {
     dp_engine *d = (dp_engine *)b;
-    printf("qtrain: data parallel over %d ranks (comm %s), each with the plan below\n", d->n, qt_comm_name(d->comm));
+    printf("qtrain: data parallel over %d ranks (comm %s, ZeRO-%d), each with the plan below\n", d->n,
+           qt_comm_name(d->comm), d->zero);
     run(d, job_memory, 0);
 }
 
@@ -386,9 +391,12 @@ qt_engine *qt_engine_dp_create_src(const qt_layout *L, const qt_config *cfg, con
     d->base = (qt_engine){&d->ops, L, cfg, n};
     d->n = n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
-    d->sharded = cfg->parallel.shard_optimizer && n > 1;
+    d->sharded = cfg->parallel.zero >= 1 && n > 1;
+    d->zero = d->sharded ? cfg->parallel.zero : 0;
+    /* Sharded: a bucket per layer with overlap or not, so the norm's per-bucket sums (and so its bits)
+     * are the same at every ZeRO level; ZeRO-2 needs them for its slots. */
     for (int r = 0; r < n; r++)
-        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, cfg->parallel.overlap_comm && n > 1);
+        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, (cfg->parallel.overlap_comm || d->sharded) && n > 1);
     const qt_test_hooks *th = qt_test_hooks_get();
     d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
     d->fail_step = th->dp_fail_step;
@@ -419,7 +427,7 @@ qt_engine *qt_engine_dp_create_src(const qt_layout *L, const qt_config *cfg, con
     char devs[64] = "";
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
     snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs,
-             qt_comm_name(d->comm), d->sharded ? ", optimizer state sharded" : "",
+             qt_comm_name(d->comm), d->zero >= 2 ? ", optimizer state and gradients sharded (ZeRO-2)" : d->sharded ? ", optimizer state sharded" : "",
              cfg->parallel.reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "",
              cfg->parallel.overlap_comm && n > 1 ? ", sums overlapped with the backward" : "");
     d->ops.name = d->name;

@@ -51,6 +51,7 @@ typedef struct {
 static long upload(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
     qt_gpu_model *g = e->g;
     int k = e->k ^= 1;
+    qt_dp_sync_inputs(e->sync); /* ZeRO-2: the last micro-step's sums may still read the tokens */
     QT_CUDA(cudaEventSynchronize(e->pin_free[k]));
     int32_t *p = e->pin[k];
     long n = g->N, valid = 0;
@@ -82,13 +83,18 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
 }
 
 /* Test hook nonfinite_tensor/step: a NaN gradient in the middle of that tensor (when it lies in buckets
- * [k0, k1)) before step t's AdamW of them: every rank sets it, the rank whose piece holds it updates it. */
+ * [k0, k1)) before step t's AdamW of them, set by the rank whose piece holds it (the one that updates
+ * it), in its summed gradients (grad_dt; ZeRO-2: its shard). */
 static void inject_nonfinite(gpu_engine *e, long t, int k0, int k1, cudaStream_t s) {
     const qt_test_hooks *h = qt_test_hooks_get();
     const qt_param_store *ps = e->g->ps;
     const qt_tensor *tt = h->nonfinite_step == t && h->nonfinite_tensor ? qt_layout_find(e->base.L, h->nonfinite_tensor) : NULL;
-    size_t i = tt ? tt->offset + tt->numel / 2 : 0;
-    if (tt && i >= ps->shard.bucket[k0] && i < ps->shard.bucket[k1]) qt_fill(qt_param_g(ps, i), ps->grad_dt, NAN, 1, s);
+    size_t i = tt ? tt->offset + tt->numel / 2 : 0, off, len, st;
+    for (int b = k0; tt && b < k1; b++) {
+        qt_shard_piece(&ps->shard, b, &off, &len, &st);
+        if (i >= off && i < off + len)
+            qt_fill((char *)qt_param_grad_piece(ps, b) + (i - off) * qt_dtype_size(ps->grad_dt), ps->grad_dt, NAN, 1, s);
+    }
 }
 
 /* Adds to bad_dev the NaN/Inf count of the bf16 weights this rank's AdamW wrote in buckets [k0, k1). */
@@ -186,7 +192,7 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_dp_sync_join(e->sync);
     qt_dp_sync_reduce(e->sync);
     e->micro_in_step = 0;
-    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding};
+    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding, 0};
     optimizer(e, &a);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));
@@ -235,19 +241,9 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
     QT_CHECK(qt_dp_sync_idle(e->sync),
              "rank %d: get_grads after the last micro-step of a step: its gradients are summed over the GPUs (or "
              "wait for the other ranks' embedding lookups); read them before that micro-step", e->plan.rank);
-    qt_dp_sync_join(e->sync); /* AdamW running ahead zeroes them */
+    qt_dp_sync_join(e->sync); /* AdamW running ahead zeroes them; ZeRO-2's sums run beside */
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
-    const qt_param_store *ps = e->g->ps;
-    size_t n = b->L->numel;
-    if (ps->grad_dt == QT_DT_F32) {
-        QT_CUDA(cudaMemcpy(gr, ps->grad, n * 4, cudaMemcpyDeviceToHost));
-        return;
-    }
-    uint16_t *h = malloc(n * 2 + 1); /* bf16 gradients: their exact fp32 values */
-    QT_CHECK(h, "out of host memory (%zu bf16 gradients)", n);
-    QT_CUDA(cudaMemcpy(h, ps->grad, n * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; i++) gr[i] = qt_bf16_to_f32(h[i]);
-    free(h);
+    qt_param_get_grads(e->g->ps, gr);
 }
 
 static float *gpu_grads_device(qt_engine *b, int *device) {
@@ -432,7 +428,7 @@ qt_engine *qt_engine_gpu_create_src(const qt_layout *L, const qt_config *cfg, co
     if (rank) qt_step_plan_make(&e->plan, L, cfg, qt_comm_size(rank->comm), rank->rank, rank->shard->n_ranks > 1);
     else qt_step_plan_make(&e->plan, L, cfg, 0, 0, 0);
     if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt); /* offloaded: AdamW bucket by bucket */
-    qt_param_placement pl = qt_plan_placement(&e->plan);
+    qt_param_placement pl = qt_plan_placement(&e->plan, L);
     e->g = qt_gpu_model_create(L, cfg, src, rank ? rank->shard : &one, &pl, err, errlen);
     if (!e->g) {
         free(e);
@@ -453,6 +449,6 @@ qt_engine *qt_engine_gpu_create_src(const qt_layout *L, const qt_config *cfg, co
     for (int i = 0; i < 2; i++) QT_CUDA(cudaEventCreateWithFlags(&e->bad_ev[i], cudaEventDisableTiming));
     e->first_bad = e->first_bad_step = -1;
     /* a forward that did not wait for its bucket would then read last step's weights (test_train) */
-    e->sync = qt_dp_sync_create(e->g, &e->plan, cfg, rank ? rank->comm : NULL, qt_test_hooks_get()->dp_ag_delay_ms);
+    e->sync = qt_dp_sync_create(e->g, &e->plan, cfg, rank ? rank->comm : NULL, qt_test_hooks_get());
     return &e->base;
 }

@@ -90,6 +90,16 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         }
         for (int r = 0; r < n; r++) devs[r] = r;
     }
+    if (cfg->parallel.zero >= 2 && n == 1) {
+        snprintf(err, errlen, "%s: parallel.zero: %d shards the gradients%s over the data-parallel ranks, expected >= 2 "
+                 "ranks, got 1 (parallel.devices: [0, 0] puts two ranks on GPU 0; one rank keeps everything: zero 0 or 1)",
+                 cfg->path, cfg->parallel.zero, cfg->parallel.zero == 3 ? " and weights" : "");
+        return NULL;
+    }
+    if (cfg->parallel.zero == 3) {
+        snprintf(err, errlen, "%s: parallel.zero: 3 (bf16 weight shards) is not built yet, expected 0, 1 or 2", cfg->path);
+        return NULL;
+    }
     if (n == 1) return qt_engine_gpu_create_src(L, cfg, src, devs[0], NULL, err, errlen);
     return qt_engine_dp_create_src(L, cfg, src, n, devs, err, errlen);
 }

@@ -10,9 +10,11 @@ void qt_step_plan_make(qt_step_plan *p, const qt_layout *L, const qt_config *cfg
     memset(p, 0, sizeof *p);
     p->dp = n_ranks == 0 ? QT_DP_ONE : sharded && n_ranks > 1 ? QT_DP_SHARDED : QT_DP_REPLICATED;
     p->n_ranks = n_ranks ? n_ranks : 1;
+    p->zero = p->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
     p->rank = rank;
     p->offload_opt = cfg->memory.offload_optimizer;
     p->overlap = p->dp != QT_DP_ONE && cfg->parallel.overlap_comm;
+    p->grads_sharded = p->zero >= 2;
     p->opt_ahead = p->dp == QT_DP_ONE && p->offload_opt;
     p->weights_ahead = (p->dp == QT_DP_SHARDED && p->overlap) || p->opt_ahead;
     p->side_stream = p->dp != QT_DP_ONE || p->opt_ahead;

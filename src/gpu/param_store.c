@@ -18,10 +18,13 @@
 
 #define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
 
+static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
+static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
+
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen) {
-    QT_CHECK((pl->zero == 1) == (sh->n_ranks > 1), "parameter store: ZeRO-%d placement on a shard of %d ranks", pl->zero,
-             sh->n_ranks);
+    QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 2, "parameter store: ZeRO-%d placement on a shard of %d ranks",
+             pl->zero, sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
@@ -32,6 +35,17 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
+    if (pl->zero >= 2) {
+        ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
+        ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
+        QT_CHECK(ps->grad_slot && ps->cross_at, "out of host memory");
+        ps->grad_margin = 64 * (size_t)sh->n_ranks;
+        if (find_crossings(ps, err, errlen)) {
+            snprintf(err + strlen(err), errlen - strlen(err), " (%s: parallel.zero: 2)", cfg->path);
+            qt_param_store_free(ps);
+            return NULL;
+        }
+    }
     if (pl->opt != QT_OPT_STATE_HOST) return ps;
     size_t ns = sh->len;
     size_t b[3] = {ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0, qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
@@ -63,8 +77,9 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
     ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
-    ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
-                                 n * qt_dtype_size(ps->grad_dt));
+    if (ps->place.zero >= 2) carve_grad_slots(ps, p);
+    else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
+                                      n * qt_dtype_size(ps->grad_dt));
     if (ps->place.opt == QT_OPT_STATE_HOST) {
         ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
                                           qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->w_master_dt == QT_DT_F32, ps->m_dt, ps->v_dt));
@@ -84,6 +99,153 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
         ps->comm_buf = qt_mem_plan_carve(p, "gradient comm buffer (bf16)", big * 2);
     }
     ps->staging = qt_mem_plan_carve(p, "load staging (fp32)", ps->stage_n * 4);
+}
+
+/* ZeRO-2, embed_apart: the buckets of embeddings only, which nothing writes (no slot). */
+static int slotless(const qt_param_store *ps, int b) {
+    return ps->place.embed_apart && ps->shard.bucket[b + 1] <= ps->L->layers[0].ln1;
+}
+
+/* The ranges the backward writes with one call at their start (qt_param_g): the tables, each layer's
+ * norms, fused q|k|v, its bias, o, fused gate|up and down, the final norm. Returns how many (<= cap). */
+static int write_units(const qt_layout *L, size_t *s, size_t *e, int cap) {
+    const qt_model_cfg *c = &L->cfg;
+    size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, D = c->head_dim;
+    size_t Hq = (size_t)c->num_heads * D, Hk = (size_t)c->num_kv_heads * D;
+    int n = 0;
+#define UNIT(at, len) do { if (n < cap) { s[n] = (at); e[n] = (at) + (len); } n++; } while (0)
+    UNIT(L->embed, V * C);
+    if (L->lm_head != L->embed) UNIT(L->lm_head, V * C);
+    UNIT(L->final_norm, C);
+    for (int l = 0; l < c->num_layers; l++) {
+        const qt_layer_offsets *o = &L->layers[l];
+        UNIT(o->ln1, C);
+        UNIT(o->wqkv, (Hq + 2 * Hk) * C);
+        if (c->qkv_bias) UNIT(o->bqkv, Hq + 2 * Hk);
+        UNIT(o->wo, C * Hq);
+        UNIT(o->ln2, C);
+        UNIT(o->wgu, 2 * F * C);
+        UNIT(o->wdown, C * F);
+    }
+#undef UNIT
+    return n;
+}
+
+/* Which write unit crosses each bucket boundary, and how (see qt_param_store.h); -1 with err for a
+ * crossing the margins cannot hold. */
+static int find_crossings(qt_param_store *ps, char *err, size_t errlen) {
+    const qt_shard *sh = &ps->shard;
+    const qt_layout *L = ps->L;
+    int cap = 3 + 7 * L->cfg.num_layers;
+    size_t *s = malloc((size_t)cap * 2 * sizeof *s), *e = s + cap, M = ps->grad_margin;
+    QT_CHECK(s, "out of host memory");
+    int n = write_units(L, s, e, cap), rc = 0;
+    for (int b = 0; b < sh->n_buckets; b++) ps->cross_at[b] = SIZE_MAX;
+    for (int i = 0; i < n && !rc; i++)
+        for (int k = 1; k < sh->n_buckets && !rc; k++) {
+            size_t B = sh->bucket[k];
+            if (!(s[i] < B && B < e[i])) continue;
+            int table = s[i] == L->embed && k == 1;
+            if (table && slotless(ps, 0)) continue; /* never written */
+            if (table && e[i] - B <= M && e[i] <= sh->bucket[k + 1] && !ps->tail_n) ps->tail_n = e[i] - B;
+            else if (!table && B - s[i] <= M && e[i] <= sh->bucket[k + 1] && ps->cross_at[k] == SIZE_MAX && !slotless(ps, k - 1))
+                ps->cross_at[k] = s[i];
+            else rc = -1;
+            if (rc) snprintf(err, errlen, "the tensor at flat elements [%zu, %zu) crosses the gradient bucket boundary %zu "
+                             "further than the slots' margins of %zu elements", s[i], e[i], B, M);
+        }
+    free(s);
+    return rc;
+}
+
+/* ZeRO-2: the rank's gradient shard, the slots of the buckets with embedding or LM-head elements and
+ * QT_GRAD_SLOTS shared slots of the largest other bucket, each between margins (see qt_param_store.h). */
+static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
+    const qt_shard *sh = &ps->shard;
+    size_t M = ps->grad_margin, big = 0;
+    ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
+    for (int b = 0; b < sh->n_buckets; b++)
+        if (qt_param_grad_slot_shared(ps, b) >= 0 && sh->bucket[b + 1] - sh->bucket[b] > big)
+            big = sh->bucket[b + 1] - sh->bucket[b];
+    float *shared[QT_GRAD_SLOTS];
+    for (int k = 0; k < QT_GRAD_SLOTS; k++)
+        shared[k] = big ? qt_mem_plan_carve(p, "gradient slots (layers)", (big + 2 * M) * 4) : NULL;
+    for (int b = 0; b < sh->n_buckets; b++) {
+        int k = qt_param_grad_slot_shared(ps, b);
+        size_t len = sh->bucket[b + 1] - sh->bucket[b];
+        float *base = slotless(ps, b) ? NULL : k >= 0 ? shared[k] : qt_mem_plan_carve(p, "gradient slots (emb/head)", (len + 2 * M) * 4);
+        ps->grad_slot[b] = base ? base + M : NULL;
+    }
+}
+
+void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s) {
+    size_t at = ps->cross_at[b], B = ps->shard.bucket[b];
+    if (at == SIZE_MAX) return;
+    qt_add_inplace(ps->grad_slot[b - 1] + (at - ps->shard.bucket[b - 1]), QT_DT_F32, ps->grad_slot[b] - (B - at), QT_DT_F32,
+                   B - at, s);
+}
+
+int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s) {
+    if (!ps->tail_n) return 0;
+    qt_add_inplace(ps->grad_slot[1], QT_DT_F32, ps->grad_slot[0] + (ps->shard.bucket[1] - ps->shard.bucket[0]), QT_DT_F32,
+                   ps->tail_n, s);
+    return 1;
+}
+
+void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s) {
+    size_t M = ps->grad_margin;
+    qt_zero(ps->grad_slot[b] - M, (ps->shard.bucket[b + 1] - ps->shard.bucket[b] + 2 * M) * 4, s);
+}
+
+int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
+    const qt_layout *L = ps->L;
+    size_t lo = ps->shard.bucket[b], hi = ps->shard.bucket[b + 1], vc = (size_t)L->cfg.vocab_size * L->cfg.hidden_size;
+    int table = (lo < L->embed + vc && L->embed < hi) || (lo < L->lm_head + vc && L->lm_head < hi);
+    return table ? -1 : b % QT_GRAD_SLOTS;
+}
+
+float *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
+
+void *qt_param_g(const qt_param_store *ps, size_t off) {
+    if (ps->place.zero < 2) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
+    const size_t *bk = ps->shard.bucket;
+    int lo = 0, hi = ps->shard.n_buckets - 1; /* the last bucket with bk[b] <= off */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (bk[mid] <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    if (lo + 1 < ps->shard.n_buckets && ps->cross_at[lo + 1] == off) /* in the next slot's head margin */
+        return ps->grad_slot[lo + 1] - (bk[lo + 1] - off);
+    QT_CHECK(ps->grad_slot[lo], "gradient of flat element %zu: its bucket %d has no slot (placement.embed_apart)", off, lo);
+    return ps->grad_slot[lo] + (off - bk[lo]);
+}
+
+void *qt_param_grad_piece(const qt_param_store *ps, int b) {
+    size_t off, len, st;
+    qt_shard_piece(&ps->shard, b, &off, &len, &st);
+    return (char *)ps->grad + (ps->place.zero >= 2 ? st : off) * qt_dtype_size(ps->grad_dt);
+}
+
+void qt_param_get_grads(const qt_param_store *ps, float *g) {
+    size_t n = ps->L->numel;
+    if (ps->place.zero >= 2) { /* fp32 shard (zero 2 refuses bf16 gradients) */
+        for (int k = 0; k < ps->shard.n_buckets; k++) {
+            size_t off, len, st;
+            qt_shard_piece(&ps->shard, k, &off, &len, &st);
+            QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, qt_shard_params(off, len, n) * 4, cudaMemcpyDeviceToHost));
+        }
+        return;
+    }
+    if (ps->grad_dt == QT_DT_F32) {
+        QT_CUDA(cudaMemcpy(g, ps->grad, n * 4, cudaMemcpyDeviceToHost));
+        return;
+    }
+    uint16_t *h = malloc(n * 2 + 1); /* bf16 gradients: their exact fp32 values */
+    QT_CHECK(h, "out of host memory (%zu bf16 gradients)", n);
+    QT_CUDA(cudaMemcpy(h, ps->grad, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) g[i] = qt_bf16_to_f32(h[i]);
+    free(h);
 }
 
 /* bf16 weights [lo, lo + n) = RNE(host[0, n)), through the staging buffer (elementwise: any cut gives
@@ -106,6 +268,7 @@ void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaS
 static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
     const qt_layout *L = ps->L;
     const qt_shard *sp = &ps->shard;
+    QT_CHECK(sp->n_buckets >= 1 && sp->n_buckets <= QT_SHARD_MAX_BUCKETS, "shard of %d buckets", sp->n_buckets);
     qt_adamw_tensor *t = calloc((size_t)(L->n_tensors + 1) * sp->n_buckets, sizeof *t);
     int *start = calloc((size_t)sp->n_buckets, sizeof *start), nt = 0;
     QT_CHECK(t && start, "out of host memory");
@@ -158,7 +321,13 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     QT_CUDA(cudaStreamSynchronize(s));
     free(buf);
     if (rc) return -1;
-    qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
+    if (ps->place.zero >= 2) {
+        qt_zero(ps->grad, ns * 4, s); /* fp32 */
+        for (int b = 0; b < sp->n_buckets; b++)
+            if (ps->grad_slot[b]) qt_param_grad_slot_zero(ps, b, s);
+    } else {
+        qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
+    }
     make_optimizer(ps, cfg);
     return 0;
 }
@@ -167,6 +336,8 @@ void qt_param_store_free(qt_param_store *ps) {
     if (!ps) return;
     qt_gpu_optim_free(ps->opt);
     if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
+    free(ps->grad_slot);
+    free(ps->cross_at);
     free(ps);
 }
 
@@ -196,12 +367,15 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
 /* A bf16 master always rounds stochastically: with RNE an update below half a bf16 ulp would be lost. */
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
     qt_adamw_args b = *a;
+    b.g_at_state = ps->place.zero >= 2; /* the gradient shard, indexed like m and v */
     b.stochastic |= ps->w_master_dt == QT_DT_BF16;
     qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->grad_dt, ps->clip, &b, s);
 }
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
-    qt_zero(qt_param_g(ps, ps->shard.bucket[k0]), (ps->shard.bucket[k1] - ps->shard.bucket[k0]) * qt_dtype_size(ps->grad_dt), s);
+    size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
+    if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
+    else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
 }
 
 /* n fp32 values from the master (fp32) or the bf16 weights at flat index off (the exact value of each). */

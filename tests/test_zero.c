@@ -1,0 +1,532 @@
+/* test_zero.c — parallel.zero: ZeRO-2 keeps only its shard of the fp32 gradients, with ZeRO-1's bits.
+ *
+ * CPU (no GPU needed): the memory plan of Qwen2.5-7B on 2 ranks: ZeRO-2's gradient rows are the rank's
+ * half of numel x 4 bytes plus the slots (3 of the largest layer bucket, one per bucket holding LM-head
+ * elements; the embeddings' own bucket none, its lookups go to the shard; each with 2 x 128 elements of
+ * margins); the slot map of every tensor the backward writes (margins for those crossing a bucket
+ * boundary); the config keys.
+ * GPU (ranks sharing GPU 0, or separate GPUs; skips without one): a 5-layer model (5 layer buckets: the
+ * 3 shared gradient slots are reused within a backward) trains 20 steps;
+ * every logged loss and gradient norm and the final checkpoint's weights, bf16 weights, m and v must be
+ * the same bytes for ZeRO-2 and ZeRO-1 at one micro-batch per rank per step — 2 and 3 ranks, bf16 and
+ * fp8 (persistent quants), overlap on and off, eager and CUDA graphs, bf16 sums, the optimizer state
+ * offloaded (AdamW reads the gradient shard chunk by chunk), a tied model whose
+ * embedding lookups are gathered; with grad_accum 2 ZeRO-2 sums every micro-step (another order than
+ * ZeRO-1's one sum): overlap on = off bitwise, and ZeRO-1 within a stated bound (printed). A checkpoint
+ * saved at ZeRO-2 resumes at ZeRO-1 bit for bit against the uninterrupted run, and on one rank. Mutants
+ * (test hooks) must differ: the backward not waiting for its gradient slots (sums delayed), the shard
+ * summed in descending rank order (3 ranks). A rank failing before an optimizer step stops all ranks
+ * with its message (tool_train_fault). Autotuning off: every run multiplies with the same algorithms. */
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "qt_ckpt.h"
+#include "qt_config.h"
+#include "qt_device.h"
+#include "qt_gpu_model.h"
+#include "qt_mem_plan.h"
+#include "qt_param_store.h"
+#include "qt_partition.h"
+#include "qt_test.h"
+#include "qt_test_data.h"
+#include "qt_test_hooks.h"
+#include "qt_train.h"
+
+enum { STEPS = 20 };
+static char g_dir[256], g_fault[512];
+/* the model of the GPU runs (test_zero2_tied_lookups swaps in a tied one) */
+#define UNTIED "model: {vocab_size: 256, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n" \
+               "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
+static const char *g_model = UNTIED;
+
+typedef struct {
+    float loss[STEPS], gn[STEPS];
+    char ckpt[512];
+} run_out;
+
+static const char *const ITEMS[] = {"weights", "weights_bf16", "adam_m", "adam_v"};
+
+/* ---- CPU: the memory plan ---- */
+
+static size_t row(const qt_mem_plan *p, const char *kind) {
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->row[i].kind, kind)) return p->row[i].bytes;
+    return 0;
+}
+
+static void test_plan_7b_two_ranks(void) {
+    qt_config cfg;
+    char err[512];
+    QT_REQUIRE(qt_config_load(&cfg, "configs/qwen2.5-7b-bf16.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    qt_model_cfg mc = cfg.model;
+    qt_model_cfg_finish(&mc);
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+    qt_shard sh;
+    qt_shard_init(&sh, &L, 2, 1, 1);
+    const double G = 1073741824.0;
+    size_t grad[3] = {0}, total[3] = {0};
+    for (int z = 1; z <= 2; z++) {
+        /* as a 2-rank ZeRO-2 engine places them: untied, lookups gathered, so the embeddings get no slot */
+        qt_param_placement pl = {QT_OPT_STATE_DEVICE, z, 0, 0, QT_GPU_OPTIM_CHUNK, z == 2};
+        qt_mem_plan p;
+        QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &sh, &pl, &p, err, sizeof err) == 0, "%s", err);
+        grad[z] = row(&p, "gradients (fp32)") + row(&p, "gradients (fp32 shard)") + row(&p, "gradient slots (layers)") +
+                  row(&p, "gradient slots (emb/head)");
+        total[z] = p.off;
+        printf("  7B, 2 ranks, ZeRO-%d: gradients %.2f GiB (shard %.2f, layer slots %.2f, emb/head slots %.2f), "
+               "device total %.2f GiB\n", z, grad[z] / G, row(&p, "gradients (fp32 shard)") / G,
+               row(&p, "gradient slots (layers)") / G, row(&p, "gradient slots (emb/head)") / G, p.off / G);
+        if (z == 1) QT_EXPECT(grad[1] == qt_mem_aligned(sh.total * 4), "ZeRO-1 gradients %zu", grad[1]);
+    }
+    /* the expected slots: 3 of the largest bucket without table elements, each other bucket with some
+     * but the embeddings' own (nothing writes there: the lookups go to the shard) */
+    QT_EXPECT(qt_gpu_model_lookups_pay(&L, &cfg, 2), "7B on 2 ranks gathers its lookups");
+    size_t vc = (size_t)mc.vocab_size * mc.hidden_size, big = 0, own = 0, M2 = 2 * 64 * 2; /* margins, 2 ranks */
+    for (int b = 0; b < sh.n_buckets; b++) {
+        size_t lo = sh.bucket[b], hi = sh.bucket[b + 1], len = hi - lo;
+        int table = (lo < L.embed + vc && L.embed < hi) || (lo < L.lm_head + vc && L.lm_head < hi);
+        if (table && hi <= L.layers[0].ln1) continue;
+        if (table) own += qt_mem_aligned((len + M2) * 4);
+        else if (len > big) big = len;
+    }
+    size_t want_shard = qt_mem_aligned(sh.len * 4), want = want_shard + 3 * qt_mem_aligned((big + M2) * 4) + own;
+    QT_EXPECT(grad[2] == want, "ZeRO-2 gradients %zu bytes, expected %zu (shard %zu + 3 x %zu + %zu)", grad[2], want,
+              want_shard, big * 4, own);
+    QT_EXPECT(want_shard == qt_mem_aligned(sh.total * 2), "the shard is half the gradients");
+    /* the saving: everything but the slots of half the gradients (numel x 4 / 2 = 14.2 GiB at 7.6B) */
+    QT_EXPECT(total[1] - total[2] == grad[1] - grad[2] && grad[1] - grad[2] > (size_t)(0.45 * L.numel * 4) - 3 * big * 4 - own,
+              "ZeRO-2 saves %zu bytes", total[1] - total[2]);
+    QT_EXPECT(big < L.numel / 20, "a layer bucket of %zu elements", big);
+    qt_layout_free(&L);
+}
+
+/* Whether a write unit [s, e) of the backward lands inside one slot allocation: the slot's bucket b
+ * holds s, or the unit crosses bucket[b] from below within the head margin; only the embedding table
+ * (table: 1) may run into its slot's tail margin. */
+static int unit_fits(const qt_param_store *ps, size_t s, size_t e, int table) {
+    const qt_shard *sh = &ps->shard;
+    size_t M = ps->grad_margin;
+    float *p = qt_param_g(ps, s);
+    for (int b = 0; b < sh->n_buckets; b++) { /* s's bucket, or one starting at most M above s */
+        float *lo = qt_param_grad_slot(ps, b);
+        size_t B = sh->bucket[b], len = sh->bucket[b + 1] - B;
+        if (!lo || !((s >= B && s < B + len) || (s < B && B - s <= M))) continue;
+        if (p == lo - ((ptrdiff_t)B - (ptrdiff_t)s) && p >= lo - M && p + (e - s) <= lo + len + (table ? M : 0)) return 1;
+    }
+    return 0;
+}
+
+/* The slot map without a GPU (the store carved at a fake base): every write unit of the backward (a
+ * tensor or fused group, qt_param_g of its start) lands at its flat place in one slot, a unit crossing
+ * a bucket boundary in the upper slot's head margin (the embedding table's tail in its tail margin);
+ * buckets with table rows have slots of their own (none for the embeddings' own bucket with
+ * embed_apart); the layers' buckets take the 3 shared slots in turn, so buckets less than 3 apart
+ * never share one. */
+static void test_grad_slot_map(void) {
+    for (int tie = 0; tie < 2; tie++)
+        for (int n = 2; n <= 3; n++) {
+            qt_model_cfg mc = {.vocab_size = 301, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
+                               .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
+                               .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
+            qt_model_cfg_finish(&mc);
+            char err[256];
+            qt_layout L;
+            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+            qt_config cfg;
+            qt_config_defaults(&cfg);
+            qt_shard sh;
+            qt_shard_init(&sh, &L, n, n - 1, 1);
+            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 2, 0, 0, QT_GPU_OPTIM_CHUNK, !tie};
+            qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
+            QT_REQUIRE(ps, "%s", err);
+            qt_mem_plan p;
+            qt_mem_plan_begin(&p, NULL);
+            qt_param_store_carve(ps, &p);
+            char *base = malloc(p.off); /* addresses only: nothing is written */
+            QT_REQUIRE(base, "out of memory");
+            qt_mem_plan_begin(&p, base);
+            qt_param_store_carve(ps, &p);
+            int bad = 0;
+            for (int b = 0; b < sh.n_buckets; b++) {
+                float *slot = qt_param_grad_slot(ps, b);
+                int k = qt_param_grad_slot_shared(ps, b), emb_only = sh.bucket[b + 1] <= L.layers[0].ln1;
+                if (!tie && emb_only) {
+                    bad += slot != NULL;
+                    continue;
+                }
+                bad += !slot || qt_param_g(ps, sh.bucket[b]) != slot || qt_param_g(ps, sh.bucket[b + 1] - 1) != slot +
+                                                                              (sh.bucket[b + 1] - 1 - sh.bucket[b]);
+                for (int c = b + 1; c < sh.n_buckets && c < b + 3; c++) bad += qt_param_grad_slot(ps, c) == slot;
+                bad += k >= 0 && k != b % QT_GRAD_SLOTS;
+            }
+            /* the backward's write units (layout.c's groups) */
+            size_t C = mc.hidden_size, V = mc.vocab_size, F = mc.intermediate_size, Hq = 3 * 32, Hk = 32, cross = 0;
+            bad += (tie && !unit_fits(ps, L.embed, L.embed + V * C, 1)) || !unit_fits(ps, L.final_norm, L.final_norm + C, 0) ||
+                   (!tie && !unit_fits(ps, L.lm_head, L.lm_head + V * C, 0));
+            for (int l = 0; l < mc.num_layers; l++) {
+                const qt_layer_offsets *o = &L.layers[l];
+                size_t u[7][2] = {{o->ln1, C}, {o->wqkv, (Hq + 2 * Hk) * C}, {o->bqkv, Hq + 2 * Hk}, {o->wo, C * Hq},
+                                  {o->ln2, C}, {o->wgu, 2 * F * C}, {o->wdown, C * F}};
+                for (int i = 0; i < 7; i++) {
+                    int ok = unit_fits(ps, u[i][0], u[i][0] + u[i][1], 0);
+                    if (!ok) printf("  tie %d, %d ranks: layer %d unit %d at %zu (+%zu) misplaced\n", tie, n, l, i, u[i][0], u[i][1]);
+                    bad += !ok;
+                }
+            }
+            for (int b = 0; b < sh.n_buckets; b++) cross += ps->cross_at[b] != SIZE_MAX;
+            printf("  tie %d, %d ranks: %d buckets, %zu tensors cross a boundary, table tail %zu\n", tie, n, sh.n_buckets,
+                   cross, ps->tail_n);
+            QT_EXPECT(bad == 0, "tie %d, %d ranks: %d wrong slot entries", tie, n, bad);
+            QT_EXPECT(cross > 0, "tie %d, %d ranks: no tensor crosses a boundary: the margins go untested", tie, n);
+            free(base);
+            QT_EXPECT(row(&p, "gradients (fp32 shard)") == qt_mem_aligned(sh.len * 4) && row(&p, "gradients (fp32)") == 0,
+                      "tie %d, %d ranks: shard row", tie, n);
+            qt_param_store_free(ps);
+            qt_layout_free(&L);
+        }
+}
+
+static void test_config_keys(void) {
+    const char *base = "model: {vocab_size: 64, hidden_size: 64, num_layers: 1, num_heads: 1, num_kv_heads: 1, intermediate_size: 64}\n";
+    const struct { const char *par; int ok, zero; } cases[] = {
+        {"parallel: {zero: 2}", 1, 2},
+        {"parallel: {shard_optimizer: false}", 1, 0},
+        {"parallel: {shard_optimizer: true}", 1, 1},
+        {"parallel: {zero: 2, shard_optimizer: true}", 1, 2},
+        {"parallel: {zero: 0, shard_optimizer: true}", 0, 0},
+        {"parallel: {zero: 2, shard_optimizer: false}", 0, 0},
+        {"parallel: {zero: 4}", 0, 0},
+        {"parallel: {zero: 2}\nprecision: {grad_accum_dtype: bf16}", 0, 0},
+        {"parallel: {zero: 1}\nprecision: {grad_accum_dtype: bf16}", 1, 1},
+        {"", 1, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char yaml[512], err[512];
+        snprintf(yaml, sizeof yaml, "%s%s\n", base, cases[i].par);
+        qt_config c;
+        int rc = qt_config_load_string(&c, yaml, "z.yaml", NULL, 0, err, sizeof err);
+        QT_EXPECT((rc == 0) == cases[i].ok, "%s: rc %d (%s)", cases[i].par, rc, err);
+        if (rc == 0) QT_EXPECT(c.parallel.zero == cases[i].zero && c.parallel.shard_optimizer == (cases[i].zero >= 1),
+                               "%s: zero %d, shard_optimizer %d", cases[i].par, c.parallel.zero, c.parallel.shard_optimizer);
+        else QT_EXPECT(strstr(err, "z.yaml:") && (strstr(err, "parallel.") || strstr(err, "grad_accum_dtype")),
+                       "%s: message %s", cases[i].par, err);
+        if (rc && (i == 4 || i == 7)) printf("  %s\n", err);
+    }
+}
+
+/* ---- GPU runs ---- */
+
+/* One run: `extra` holds the parallel/precision lines (graphs: perf.cuda_graphs); its checkpoints go to
+ * g_dir/ckpt_<dir>. resume: NULL or "latest" (of that folder); stop: stop after that many steps (-1: all). */
+static int run(const char *tag, const char *dir, const char *extra, int accum, int graphs, const char *resume, long stop,
+               run_out *o, char *err, size_t errlen) {
+    char yaml[4096], logp[512];
+    snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag);
+    snprintf(yaml, sizeof yaml,
+             "%sdata: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
+             "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
+             "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 1}\nlog: {file: '%s', every: 1}\ndevice: cuda\n"
+             "perf: {matmul_autotune: false, cuda_graphs: %s}\n%s\n",
+             g_model, g_dir, accum, STEPS, g_dir, dir, logp, graphs ? "true" : "false", extra);
+    qt_config c;
+    if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
+    float losses[STEPS];
+    for (int i = 0; i < STEPS; i++) losses[i] = NAN;
+    qt_train_opts opts = {resume, stop, 0, losses, NULL};
+    if (qt_train_run(&c, &opts, NULL, err, errlen) < 0) return -1;
+    for (int i = 0; i < STEPS; i++) o->loss[i] = losses[i], o->gn[i] = NAN;
+    FILE *f = fopen(logp, "r");
+    char line[1024];
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"grad_norm\":"), *s = strstr(line, "\"step\":");
+        long st = s ? strtol(s + 7, NULL, 10) : 0;
+        if (strstr(line, "\"train\"") && p && st >= 1 && st <= STEPS) o->gn[st - 1] = strtof(p + 12, NULL);
+    }
+    if (f) fclose(f);
+    char d[512];
+    snprintf(d, sizeof d, "%s/ckpt_%s", g_dir, dir);
+    if (qt_ckpt_latest(d, o->ckpt, sizeof o->ckpt)) return snprintf(err, errlen, "%s: no checkpoint in %s", tag, d), -1;
+    return 0;
+}
+
+/* Whether steps [from, STEPS) and the final checkpoints are the same bits; says where they differ. */
+static int same_bits(const run_out *a, const run_out *b, int from, char *why, size_t cap) {
+    for (int i = from; i < STEPS; i++)
+        if (memcmp(&a->loss[i], &b->loss[i], 4) || memcmp(&a->gn[i], &b->gn[i], 4))
+            return snprintf(why, cap, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", i + 1, a->loss[i], b->loss[i],
+                            a->gn[i], b->gn[i]), 0;
+    char err[512];
+    qt_ckpt *ca = qt_ckpt_open(a->ckpt, err, sizeof err), *cb = qt_ckpt_open(b->ckpt, err, sizeof err);
+    int ok = ca && cb;
+    if (!ok) snprintf(why, cap, "checkpoint: %s", err);
+    for (int i = 0; ok && i < 4; i++) {
+        size_t na = 0, nb = 0;
+        const void *pa = qt_ckpt_get(ca, ITEMS[i], &na, NULL), *pb = qt_ckpt_get(cb, ITEMS[i], &nb, NULL);
+        if (!pa || !pb || na != nb || na == 0 || memcmp(pa, pb, na)) {
+            snprintf(why, cap, "final %s differ (%zu vs %zu bytes)", ITEMS[i], na, nb);
+            ok = 0;
+        }
+    }
+    qt_ckpt_close(ca);
+    qt_ckpt_close(cb);
+    return ok;
+}
+
+static void setup_data(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/syn_train_0.bin.zst", g_dir);
+    qt_t_write_synthetic(p, 40000, 1);
+}
+
+/* "devices: [0, 0]" style ranks: separate GPUs where there are enough, else all on GPU 0. */
+static void ranks_text(int n, char *out, size_t cap) {
+    if (qt_cuda_device_count() >= n) {
+        snprintf(out, cap, "gpus: %d", n);
+        return;
+    }
+    int o = snprintf(out, cap, "devices: [0");
+    for (int r = 1; r < n; r++) o += snprintf(out + o, cap - o, ", 0");
+    snprintf(out + o, cap - o, "]");
+}
+
+/* ZeRO-a against ZeRO-b on `ranks` ranks with `more` (parallel keys) and `lines` (other sections). */
+static int compare(const char *name, int ranks, int za, int zb, const char *more, const char *lines, int accum,
+                   int graphs, run_out *ra, run_out *rb, char *why, size_t cap) {
+    char rk[64], extra[1024], tag[160], err[1024];
+    ranks_text(ranks, rk, sizeof rk);
+    run_out *out[2] = {ra, rb};
+    int z[2] = {za, zb};
+    for (int k = 0; k < 2; k++) {
+        snprintf(extra, sizeof extra, "parallel: {%s, zero: %d%s%s}\n%s", rk, z[k], *more ? ", " : "", more, lines);
+        snprintf(tag, sizeof tag, "%s_r%d_z%d", name, ranks, z[k]);
+        if (run(tag, tag, extra, accum, graphs, NULL, -1, out[k], err, sizeof err))
+            return snprintf(why, cap, "%s: %s", tag, err), -1;
+    }
+    return same_bits(ra, rb, 0, why, cap);
+}
+
+#define FP8 "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}\n"
+
+static void test_zero2_equals_zero1(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name, *more, *lines; int graphs; } cases[] = {
+        {"bf16_ov", "overlap_comm: true", "", 0},
+        {"bf16_offload", "overlap_comm: true", "memory: {offload_optimizer: true}", 0}, /* chunks of 1000 */
+        {"bf16_ov_graph", "overlap_comm: true", "", 1},
+        {"bf16_noov", "overlap_comm: false", "", 0},
+        {"bf16_noov_graph", "overlap_comm: false", "", 1},
+        {"bf16_sums", "overlap_comm: true, reduce_dtype: bf16", "", 1},
+        /* bf16 master (main's precision.master_dtype): AdamW writes w at the flat index from the shard */
+        {"bf16_master_offload", "overlap_comm: true", "precision: {master_dtype: bf16}\nmemory: {offload_optimizer: true}", 0},
+        {"fp8_ov_graph", "overlap_comm: true", FP8, 1},
+        {"fp8_noov", "overlap_comm: false", FP8, 0},
+    };
+    for (int ranks = 2; ranks <= 3; ranks++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            run_out a, b;
+            char why[512];
+            qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of the offloaded optimizer state */
+            qt_test_hooks_set(strstr(cases[i].lines, "offload") ? &h : NULL);
+            int rc = compare(cases[i].name, ranks, 1, 2, cases[i].more, cases[i].lines, 1, cases[i].graphs, &a, &b, why,
+                             sizeof why);
+            qt_test_hooks_set(NULL);
+            printf("  %d ranks %-16s ZeRO-2 vs ZeRO-1: %s\n", ranks, cases[i].name, rc == 1 ? "bitwise equal" : why);
+            QT_EXPECT(rc == 1, "%d ranks, %s: %s", ranks, cases[i].name, why);
+            if (rc == 1 && i == 0) QT_EXPECT(a.loss[STEPS - 1] < a.loss[0], "loss did not fall: %g -> %g", a.loss[0], a.loss[STEPS - 1]);
+        }
+}
+
+/* A tied model with a vocabulary large enough that the sharded step gathers the embedding lookups
+ * (qt_gpu_model_lookups): the embeddings' bucket has its own slot and is summed right after the LM head. */
+static void test_zero2_tied_lookups(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    g_model = "model: {vocab_size: 8192, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n"
+              "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: true}\n";
+    run_out a, b;
+    char why[512];
+    int rc = compare("tied", 2, 1, 2, "overlap_comm: true", "", 1, 1, &a, &b, why, sizeof why);
+    g_model = UNTIED;
+    printf("  tied, lookups gathered, ZeRO-2 vs ZeRO-1: %s\n", rc == 1 ? "bitwise equal" : why);
+    QT_EXPECT(rc == 1, "tied: %s", why);
+}
+
+/* ||a - b|| / ||a|| (L2) over two checkpoints' fp32 item: a few elements whose summed gradient is
+ * near zero may take AdamW steps of either sign, so the max norm would bound nothing useful */
+static double rel_diff(const run_out *a, const run_out *b, const char *item) {
+    char err[512];
+    qt_ckpt *ca = qt_ckpt_open(a->ckpt, err, sizeof err), *cb = qt_ckpt_open(b->ckpt, err, sizeof err);
+    size_t na = 0, nb = 0;
+    const float *pa = ca ? qt_ckpt_get(ca, item, &na, NULL) : NULL, *pb = cb ? qt_ckpt_get(cb, item, &nb, NULL) : NULL;
+    double d = INFINITY, m = 0;
+    if (pa && pb && na == nb) {
+        d = 0;
+        for (size_t i = 0; i < na / 4; i++) {
+            d += ((double)pa[i] - pb[i]) * ((double)pa[i] - pb[i]);
+            m += (double)pa[i] * pa[i];
+        }
+        d = sqrt(d / (m > 0 ? m : 1));
+    }
+    qt_ckpt_close(ca);
+    qt_ckpt_close(cb);
+    return d;
+}
+
+/* grad_accum 2: ZeRO-2 sums each micro-step into the shard (overlap on and off: the same order, the
+ * same bits); ZeRO-1 sums once over the accumulated gradients. Bound: fp32 sums of 2 x 2 terms in
+ * another order differ by a few ulps per step; over 20 AdamW steps the losses stay within 1e-3
+ * relative and the final master weights within 1e-3 in relative L2 norm (a wrong sum, e.g. one
+ * micro-step's gradients lost, moves every weight by about lr per step: 1e-2 and more). */
+static void test_zero2_accumulation(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    run_out z1, z2, z2n;
+    char why[512], rk[64], extra[512], err[1024];
+    ranks_text(2, rk, sizeof rk);
+    int rc = compare("acc_ov", 2, 2, 1, "overlap_comm: true", "", 2, 0, &z2, &z1, why, sizeof why);
+    QT_REQUIRE(rc >= 0, "%s", why);
+    snprintf(extra, sizeof extra, "parallel: {%s, zero: 2, overlap_comm: false}", rk);
+    QT_REQUIRE(run("acc_noov_z2", "acc_noov_z2", extra, 2, 1, NULL, -1, &z2n, err, sizeof err) == 0, "%s", err);
+    int same = same_bits(&z2, &z2n, 0, why, sizeof why);
+    printf("  grad_accum 2, ZeRO-2 overlap on vs off (graphs): %s\n", same ? "bitwise equal" : why);
+    QT_EXPECT(same, "ZeRO-2 with accumulation, overlap on vs off: %s", why);
+    double dl = 0;
+    for (int i = 0; i < STEPS; i++) dl = fmax(dl, fabs((double)z2.loss[i] - z1.loss[i]) / fabs((double)z1.loss[i]));
+    double dw = rel_diff(&z1, &z2, "weights");
+    printf("  grad_accum 2, ZeRO-2 vs ZeRO-1 (sums per micro-step vs once): losses within %.3g relative, "
+           "final weights within %.3g (relative L2)%s\n", dl, dw, rc == 1 ? " (bitwise equal)" : "");
+    QT_EXPECT(dl <= 1e-3 && dw <= 1e-3, "ZeRO-2 vs ZeRO-1 with accumulation: losses %.3g, weights %.3g", dl, dw);
+    QT_EXPECT(z2.loss[STEPS - 1] < z2.loss[0], "loss did not fall");
+}
+
+/* Checkpoints stay whole: ZeRO-2 on 2 ranks stops after 10 steps; ZeRO-1 on 2 ranks resumes it and
+ * must end with the bits of the uninterrupted ZeRO-1 run; one rank resumes it too (another batch per
+ * step: it must load and keep training). */
+static void test_zero_resume_across_levels(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    run_out full, part, res, one;
+    char why[512], rk[64], extra[512], err[1024];
+    ranks_text(2, rk, sizeof rk);
+    snprintf(extra, sizeof extra, "parallel: {%s, zero: 1}", rk);
+    QT_REQUIRE(run("res_full", "res_full", extra, 1, 0, NULL, -1, &full, err, sizeof err) == 0, "%s", err);
+    snprintf(extra, sizeof extra, "parallel: {%s, zero: 2}", rk);
+    QT_REQUIRE(run("res_z2", "res_z2", extra, 1, 0, NULL, 10, &part, err, sizeof err) == 0, "%s", err);
+    snprintf(extra, sizeof extra, "parallel: {%s, zero: 1}", rk);
+    QT_REQUIRE(run("res_z1", "res_z2", extra, 1, 0, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < 10; i++) res.loss[i] = part.loss[i], res.gn[i] = part.gn[i];
+    int same = same_bits(&full, &res, 0, why, sizeof why);
+    printf("  ZeRO-2 10 steps, resumed at ZeRO-1 to 20, vs ZeRO-1 20 steps: %s\n", same ? "bitwise equal" : why);
+    QT_EXPECT(same, "resume ZeRO-2 -> ZeRO-1: %s", why);
+    /* one rank: from the same 10-step checkpoint (copied: the ZeRO-1 resume moved the folder on) */
+    snprintf(extra, sizeof extra, "parallel: {%s, zero: 2}", rk);
+    QT_REQUIRE(run("res_z2b", "res_z2b", extra, 1, 0, NULL, 10, &part, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(run("res_one", "res_z2b", "parallel: {gpus: 1}", 1, 0, "latest", -1, &one, err, sizeof err) == 0, "%s", err);
+    printf("  ZeRO-2 2 ranks -> 1 rank: step 11 loss %.4f, step 20 loss %.4f\n", one.loss[10], one.loss[STEPS - 1]);
+    QT_EXPECT(isfinite(one.loss[STEPS - 1]) && fabs(one.loss[10] - full.loss[10]) < 0.1 * full.loss[10],
+              "one rank resumed at %g (2 ranks: %g)", one.loss[10], full.loss[10]);
+}
+
+/* The mutants must change the bits; the delay alone must not. */
+static void test_zero_mutants_caught(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name; int ranks; qt_test_hooks h; int differs; } cases[] = {
+        {"sums delayed 20 ms (no mutant)", 2, {.dp_sum_delay_ms = 20}, 0},
+        {"backward does not wait for its slots", 2, {.dp_sum_delay_ms = 20, .zero_mutant = 1}, 1},
+        {"shard summed in descending rank order", 3, {.zero_mutant = 2}, 1},
+    };
+    run_out ref[4], got;
+    char why[512], rk[64], extra[512], err[1024], tag[64];
+    for (int r = 2; r <= 3; r++) {
+        ranks_text(r, rk, sizeof rk);
+        snprintf(extra, sizeof extra, "parallel: {%s, zero: 1}", rk);
+        snprintf(tag, sizeof tag, "mut_ref%d", r);
+        QT_REQUIRE(run(tag, tag, extra, 1, 0, NULL, -1, &ref[r], err, sizeof err) == 0, "%s", err);
+    }
+    for (int i = 0; i < 3; i++) {
+        ranks_text(cases[i].ranks, rk, sizeof rk);
+        snprintf(extra, sizeof extra, "parallel: {%s, zero: 2, overlap_comm: true}", rk);
+        snprintf(tag, sizeof tag, "mut_%d", i);
+        qt_test_hooks_set(&cases[i].h);
+        int rc = run(tag, tag, extra, 1, 0, NULL, -1, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
+        int same = same_bits(&ref[cases[i].ranks], &got, 0, why, sizeof why);
+        printf("  %-40s %s\n", cases[i].name, same ? "bitwise equal to ZeRO-1" : why);
+        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
+    }
+}
+
+/* Rank 1 fails before optimizer step 3 of a ZeRO-2 run (rank 0 then waits in the norm's gather): the
+ * process ends with status 1 and rank 1's message within 120 s. */
+static void test_zero2_failure_stops_all(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (access(g_fault, X_OK)) QT_SKIP("%s is not built", g_fault);
+    setup_data();
+    char yaml[1024], cfgp[512], errp[512];
+    snprintf(cfgp, sizeof cfgp, "%s/fail.yaml", g_dir);
+    snprintf(errp, sizeof errp, "%s/fail.err", g_dir);
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 96}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: 2}\noptim: {steps: 6}\n"
+             "checkpoint: {dir: '%s/ckpt_fail'}\ndevice: cuda\nparallel: {devices: [0, 0], zero: 2}\n", g_dir, g_dir);
+    FILE *f = fopen(cfgp, "w");
+    QT_REQUIRE(f && fputs(yaml, f) >= 0 && fclose(f) == 0, "cannot write %s", cfgp);
+    pid_t pid = fork();
+    QT_REQUIRE(pid >= 0, "fork failed");
+    if (pid == 0) {
+        int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(g_fault, g_fault, cfgp, "1", "3", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0, waited = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0 && waited < 1200) {
+        usleep(100000);
+        waited++;
+    }
+    if (waited >= 1200) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        QT_REQUIRE(0, "still running 120 s after the injected failure: a rank hung");
+    }
+    size_t n = 0;
+    char *out = qt_t_read_file(errp, &n);
+    QT_REQUIRE(out, "no output in %s", errp);
+    const char *msg = strstr(out, "[rank 1]");
+    printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, waited / 10.0,
+           msg ? (int)(strcspn(msg, "\n") + 1) : 0, msg ? msg : "");
+    QT_EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 1, "expected exit status 1, got %d", status);
+    QT_EXPECT(msg && strstr(msg, "injected failure"), "rank 1's message missing: %s", out);
+    free(out);
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    snprintf(g_fault, sizeof g_fault, "%s", argv[0]);
+    char *slash = strrchr(g_fault, '/');
+    snprintf(slash ? slash + 1 : g_fault, sizeof g_fault - (slash ? (size_t)(slash + 1 - g_fault) : 0), "tool_train_fault");
+    if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_zero")) return 1;
+    QT_RUN(test_plan_7b_two_ranks);
+    QT_RUN(test_grad_slot_map);
+    QT_RUN(test_config_keys);
+    QT_RUN(test_zero2_equals_zero1);
+    QT_RUN(test_zero2_tied_lookups);
+    QT_RUN(test_zero2_accumulation);
+    QT_RUN(test_zero_resume_across_levels);
+    QT_RUN(test_zero_mutants_caught);
+    QT_RUN(test_zero2_failure_stops_all);
+    qt_t_rmtree(g_dir);
+    return qt_test_end();
+}
