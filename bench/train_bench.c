@@ -122,8 +122,8 @@ int main(int argc, char **argv) {
     cfg.init.from[0] = 0; /* from scratch: the bench needs no files */
     cfg.device = QT_DEVICE_CUDA;
     qt_layout L;
-    float *w0;
-    if (qt_model_setup(&cfg, &L, &w0, err, sizeof err)) {
+    qt_weight_src src; /* read range by range into the engine: no fp32 copy of the model (59 GB at 14B) */
+    if (qt_model_layout(&cfg, &L, &src, err, sizeof err)) {
         fprintf(stderr, "train_bench: %s\n", err);
         return 1;
     }
@@ -138,7 +138,7 @@ int main(int argc, char **argv) {
     double ceiling = fp8 ? ceiling_fp8 : ceiling_bf16;
     size_t free0, total;
     QT_CUDA(cudaMemGetInfo(&free0, &total));
-    qt_engine *e = qt_engine_create(&L, &cfg, w0, err, sizeof err);
+    qt_engine *e = qt_engine_create_src(&L, &cfg, &src, err, sizeof err);
     if (!e) {
         fprintf(stderr, "train_bench: %s\n", err);
         return 1;
@@ -192,7 +192,6 @@ int main(int argc, char **argv) {
     free(t);
     free(in);
     free(tgt);
-    free(w0);
     qt_layout_free(&L);
     return isfinite(loss) ? 0 : 1;
 }

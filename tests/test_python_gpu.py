@@ -102,7 +102,7 @@ def test_overhead_0_5b(tmp):
     toks = rng.integers(0, 151936, 16 * 1024 * (steps + 2) + 1, dtype=np.int64)
     shard_u32(os.path.join(tmp, "train.bin"), toks, 151936)
     sets = {"data.train": f"{tmp}/train.bin", "data.eval": "", "data.micro_batch": 16, "data.grad_accum": 1,
-            "parallel.gpus": 1, "optim.steps": steps, "log.every": 1, "checkpoint.every": 0,
+            "parallel.gpus": 1, "optim.steps": steps, "optim.warmup": 2, "log.every": 1, "checkpoint.every": 0,
             "checkpoint.dir": f"{tmp}/cli", "log.file": f"{tmp}/cli.jsonl", "export.dir": f"{tmp}/cli_export"}
     cfg = os.path.join(ROOT, "configs", "qwen2.5-0.5b-bf16.yaml")
     args = [os.path.join(BUILD, "qtrain"), cfg]
