@@ -2,10 +2,16 @@
 #ifndef QT_TEST_DATA_H
 #define QT_TEST_DATA_H
 
+#include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "qt_ckpt.h"
 #include "qt_data.h"
 #include "qt_train.h"
 
@@ -92,6 +98,56 @@ static inline void qt_t_rmtree(const char *dir) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) printf("  could not remove %s\n", dir);
+}
+
+/* Runs `tool cfg 1 3` (tool_train_fault: rank 1 fails before step 3) in a child whose stdout and stderr
+ * go to errp, and waits up to 120 s. 0 with *status and *secs set; -1 when fork failed; -2 when it was
+ * still running after 120 s (a rank hung: killed). The child execs at once: it never touches the
+ * parent's CUDA state. */
+static inline int qt_t_run_rank_fault(const char *tool, const char *cfgp, const char *errp, int *status, double *secs) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(tool, tool, cfgp, "1", "3", (char *)NULL);
+        _exit(127);
+    }
+    int waited = 0;
+    *status = 0;
+    while (waitpid(pid, status, WNOHANG) == 0 && waited < 1200) {
+        usleep(100000);
+        waited++;
+    }
+    *secs = waited / 10.0;
+    if (waited < 1200) return 0;
+    kill(pid, SIGKILL);
+    waitpid(pid, status, 0);
+    return -2;
+}
+
+/* 1 when checkpoints a and b hold the same bytes of weights (fp32 and bf16), AdamW m and v; else 0 and
+ * why names the first that differs. */
+static inline int qt_t_same_state(const char *a, const char *b, char *why, size_t cap) {
+    static const char *const items[] = {"weights", "weights_bf16", "adam_m", "adam_v"};
+    char err[512];
+    qt_ckpt *ca = qt_ckpt_open(a, err, sizeof err), *cb = ca ? qt_ckpt_open(b, err, sizeof err) : NULL;
+    int ok = ca && cb;
+    if (!ok) snprintf(why, cap, "checkpoint: %s", err);
+    for (int i = 0; ok && i < 4; i++) {
+        size_t na = 0, nb = 0;
+        const void *pa = qt_ckpt_get(ca, items[i], &na, NULL), *pb = qt_ckpt_get(cb, items[i], &nb, NULL);
+        if (!pa || !pb || na != nb || na == 0 || memcmp(pa, pb, na)) {
+            snprintf(why, cap, "final %s differ (%zu vs %zu bytes)", items[i], na, nb);
+            ok = 0;
+        }
+    }
+    qt_ckpt_close(ca);
+    qt_ckpt_close(cb);
+    return ok;
 }
 
 #endif

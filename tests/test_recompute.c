@@ -83,22 +83,7 @@ static int same_bits(const run_out *a, const run_out *b, char *why, size_t cap) 
         if (memcmp(&a->loss[i], &b->loss[i], 4) || memcmp(&a->gn[i], &b->gn[i], 4))
             return snprintf(why, cap, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", i + 1, a->loss[i], b->loss[i],
                             a->gn[i], b->gn[i]), 0;
-    char err[512];
-    qt_ckpt *ca = qt_ckpt_open(a->ckpt, err, sizeof err), *cb = qt_ckpt_open(b->ckpt, err, sizeof err);
-    int ok = ca && cb;
-    if (!ok) snprintf(why, cap, "checkpoint: %s", err);
-    const char *items[] = {"weights", "weights_bf16", "adam_m", "adam_v"};
-    for (int i = 0; ok && i < 4; i++) {
-        size_t na = 0, nb = 0;
-        const void *pa = qt_ckpt_get(ca, items[i], &na, NULL), *pb = qt_ckpt_get(cb, items[i], &nb, NULL);
-        if (!pa || !pb || na != nb || na == 0 || memcmp(pa, pb, na)) {
-            snprintf(why, cap, "final %s differ (%zu vs %zu bytes)", items[i], na, nb);
-            ok = 0;
-        }
-    }
-    qt_ckpt_close(ca);
-    qt_ckpt_close(cb);
-    return ok;
+    return qt_t_same_state(a->ckpt, b->ckpt, why, cap);
 }
 
 /* memory: keys against none: each part alone, block, ffn+norm; the attention backward over 2 slices of the

@@ -493,32 +493,16 @@ static void test_data_parallel_failure_stops_all(void) {
              g_dir, g_dir, qt_cuda_device_count() >= 2 ? "parallel: {gpus: 2}" : "parallel: {devices: [0, 0]}");
     FILE *f = fopen(cfgp, "w");
     QT_REQUIRE(f && fputs(yaml, f) >= 0 && fclose(f) == 0, "cannot write %s", cfgp);
-    pid_t pid = fork();
-    QT_REQUIRE(pid >= 0, "fork failed");
-    if (pid == 0) { /* exec at once: the child never touches the parent's CUDA state */
-        int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(g_fault, g_fault, cfgp, "1", "3", (char *)NULL);
-        _exit(127);
-    }
-    int status = 0, waited = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0 && waited < 1200) {
-        usleep(100000);
-        waited++;
-    }
-    if (waited >= 1200) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        QT_REQUIRE(0, "qtrain still running 120 s after the injected failure: a rank hung");
-    }
+    int status;
+    double secs;
+    int rc = qt_t_run_rank_fault(g_fault, cfgp, errp, &status, &secs);
+    QT_REQUIRE(rc != -1, "fork failed");
+    QT_REQUIRE(rc != -2, "%s", "qtrain still running 120 s after the injected failure: a rank hung");
     size_t n = 0;
     char *out = qt_t_read_file(errp, &n);
     QT_REQUIRE(out, "no output in %s", errp);
     const char *msg = strstr(out, "[rank 1]");
-    printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, waited / 10.0,
+    printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, secs,
            msg ? (int)(strcspn(msg, "\n") + 1) : 0, msg ? msg : "");
     QT_EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 1, "expected exit status 1, got %d", status);
     QT_EXPECT(msg && strstr(msg, "injected failure"), "rank 1's message is missing:\n%s", out);

@@ -49,8 +49,6 @@ typedef struct {
     char ckpt[512];
 } run_out;
 
-static const char *const ITEMS[] = {"weights", "weights_bf16", "adam_m", "adam_v"};
-
 /* ---- CPU: the memory plan ---- */
 
 static size_t row(const qt_mem_plan *p, const char *kind) {
@@ -261,21 +259,7 @@ static int same_bits(const run_out *a, const run_out *b, int from, char *why, si
         if (memcmp(&a->loss[i], &b->loss[i], 4) || memcmp(&a->gn[i], &b->gn[i], 4))
             return snprintf(why, cap, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", i + 1, a->loss[i], b->loss[i],
                             a->gn[i], b->gn[i]), 0;
-    char err[512];
-    qt_ckpt *ca = qt_ckpt_open(a->ckpt, err, sizeof err), *cb = qt_ckpt_open(b->ckpt, err, sizeof err);
-    int ok = ca && cb;
-    if (!ok) snprintf(why, cap, "checkpoint: %s", err);
-    for (int i = 0; ok && i < 4; i++) {
-        size_t na = 0, nb = 0;
-        const void *pa = qt_ckpt_get(ca, ITEMS[i], &na, NULL), *pb = qt_ckpt_get(cb, ITEMS[i], &nb, NULL);
-        if (!pa || !pb || na != nb || na == 0 || memcmp(pa, pb, na)) {
-            snprintf(why, cap, "final %s differ (%zu vs %zu bytes)", ITEMS[i], na, nb);
-            ok = 0;
-        }
-    }
-    qt_ckpt_close(ca);
-    qt_ckpt_close(cb);
-    return ok;
+    return qt_t_same_state(a->ckpt, b->ckpt, why, cap);
 }
 
 static void setup_data(void) {
@@ -484,32 +468,16 @@ static void test_zero2_failure_stops_all(void) {
              "checkpoint: {dir: '%s/ckpt_fail'}\ndevice: cuda\nparallel: {devices: [0, 0], zero: 2}\n", g_dir, g_dir);
     FILE *f = fopen(cfgp, "w");
     QT_REQUIRE(f && fputs(yaml, f) >= 0 && fclose(f) == 0, "cannot write %s", cfgp);
-    pid_t pid = fork();
-    QT_REQUIRE(pid >= 0, "fork failed");
-    if (pid == 0) {
-        int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(g_fault, g_fault, cfgp, "1", "3", (char *)NULL);
-        _exit(127);
-    }
-    int status = 0, waited = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0 && waited < 1200) {
-        usleep(100000);
-        waited++;
-    }
-    if (waited >= 1200) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        QT_REQUIRE(0, "still running 120 s after the injected failure: a rank hung");
-    }
+    int status;
+    double secs;
+    int rc = qt_t_run_rank_fault(g_fault, cfgp, errp, &status, &secs);
+    QT_REQUIRE(rc != -1, "fork failed");
+    QT_REQUIRE(rc != -2, "%s", "still running 120 s after the injected failure: a rank hung");
     size_t n = 0;
     char *out = qt_t_read_file(errp, &n);
     QT_REQUIRE(out, "no output in %s", errp);
     const char *msg = strstr(out, "[rank 1]");
-    printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, waited / 10.0,
+    printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, secs,
            msg ? (int)(strcspn(msg, "\n") + 1) : 0, msg ? msg : "");
     QT_EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 1, "expected exit status 1, got %d", status);
     QT_EXPECT(msg && strstr(msg, "injected failure"), "rank 1's message missing: %s", out);
