@@ -50,7 +50,7 @@ if has python; then
                 -o build/python/_qtrain.o &&
             cc -shared build/python/_qtrain.o -Lbuild -l:libqtrain.so -Wl,-rpath,"$PWD/build" -o "build/python/qtrain/_qtrain$suf"
     }
-    { step python_build 600 pybuild
+    { step python_build 600 bash -c "$(declare -f pybuild); pybuild"
       step python_cpu 900 env PYTHONPATH=build/python python3 tests/test_python.py
       step python_gpu 1500 env PYTHONPATH=build/python python3 tests/test_python_gpu.py
     } > "$OUT/python.log" 2>&1; grep -E '^(PASS|FAIL|SKIP|==)|RESULT|rror' "$OUT/python.log" | head -60
