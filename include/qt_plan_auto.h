@@ -3,14 +3,22 @@
  *
  * The candidates are the product of a table of axes (one row per config key: data.micro_batch, keeping
  * micro_batch x grad_accum; memory.recompute; memory.offload_optimizer; memory.lmhead_chunks;
- * memory.attn_bwd_chunks): a new memory feature is a new row. A key the config gives is a constraint
- * (its axis keeps the given value). Each candidate's plan is made with qt_plan_run (no GPU, nothing
+ * memory.attn_bwd_chunks; memory.offload_residual; memory.fp8_weight_cache (fp8 matmuls);
+ * precision.master_dtype and precision.grad_accum_dtype (fp32, bf16); parallel.zero 1, 2 (several
+ * ranks)): a new memory feature is a new row. A key the config gives is a constraint (its axis keeps the
+ * given value). bf16 master weights or gradients change the numerics: a plan with them is kept only when
+ * no plan with fp32 ones fits, and the chosen plan then says so. At equal predicted speed the plainer
+ * plan wins (each axis lists its plainest value first). Each candidate's plan is made with qt_plan_run (no GPU, nothing
  * allocated) and kept when it fits the GPU (memory.gpu_limit_gib, else the probe's GPU memory) and the
  * host limit. Cost per optimizer step:
  *   matmul FLOPs (6 x params x tokens, attention, plus the recomputed forward parts) / (rate x eff(B x T))
  *   + elementwise bytes the recompute re-reads / HBM bandwidth
  *   + offloaded optimizer state (fp32 master unless bf16, m, v) up and down once / PCIe bandwidth
- *   + launches of the extra lm-head and attention chunks x 10 us,
+ *   + offloaded residuals: grad_accum x 2 ways x (layers - 2) x B x T x hidden x 2 B / PCIe bandwidth
+ *     (as if not overlapped: an upper bound)
+ *   + fp8_weight_cache none: grad_accum x 2 passes x block params x 3 B (read bf16, write e4m3) / HBM
+ *   + launches of the extra lm-head and attention chunks x 10 us
+ *   (bf16 master / gradients and ZeRO-2 are charged nothing: same matmuls, same bytes between GPUs),
  * where eff(n) = n / (n + 512) models the smaller matmuls of small micro-batches. */
 #ifndef QT_PLAN_AUTO_H
 #define QT_PLAN_AUTO_H
@@ -37,10 +45,13 @@ qt_probe qt_probe_default(void);
  * written there; else, and without a GPU, the defaults. */
 qt_probe qt_probe_get(int may_measure);
 
-#define QT_PLAN_AUTO_MAX 2048
+#define QT_PLAN_AUTO_MAX 32768 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^5 */
 
 typedef struct {
     int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;
+    int offload_residual, fp8_weight_cache, master_dtype, grad_accum_dtype, zero;
+    int lossy;  /* bf16 master weights and/or gradients (1 or 2): taken only where no fp32 plan fits */
+    int order;  /* enumeration order: at equal speed the plainer plan (the axes' earlier values) first */
     size_t gpu_bytes, host_bytes;
     double step_s, tokens_per_s; /* predicted */
 } qt_plan_choice;
@@ -51,6 +62,9 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                            int *n, char *err, size_t errlen);
 /* The predicted seconds per optimizer step of cfg (its memory keys as set) on pr. */
 double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
+/* The block matmul weights (Wqkv, Wo, the three FFN matrices of every layer): what
+ * memory.fp8_weight_cache none quantizes again per pass. */
+double qt_plan_auto_block_params(const qt_model_cfg *c);
 /* Writes choice c into cfg's keys. */
 void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c);
 /* memory.plan: auto: enumerate, print the choice with its prediction and the next two, apply it to cfg.

@@ -241,6 +241,7 @@ static void test_auto_choice(void) {
                       ch[i].grad_accum);
             QT_EXPECT(i == 0 || ch[i].tokens_per_s <= ch[i - 1].tokens_per_s, "not fastest first at %d", i);
             QT_EXPECT(ch[i].gpu_bytes <= qt_mem_gib(caps[k]), "cap %g: a plan of %zu bytes", caps[k], ch[i].gpu_bytes);
+            QT_EXPECT(!ch[i].lossy, "cap %g: bf16 master/gradients offered though fp32 plans fit", caps[k]);
         }
         qt_config chosen = c;
         qt_plan_auto_apply(&chosen, &ch[0]);
@@ -279,6 +280,124 @@ static void test_auto_choice(void) {
     QT_EXPECT(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, err, sizeof err) == -1 &&
                   strstr(err, "no plan fits: the smallest needs") && strstr(err, "memory.gpu_limit_gib allows 2.00 GiB"),
               "2 GiB: %s", err);
+    qt_layout_free(&L);
+}
+
+/* Qwen2.5-7B and -14B shapes, fp8, LLM.Q's setting (512 sequences of 1024 a step). */
+static const char B7[] =
+    "model: {vocab_size: 152064, hidden_size: 3584, num_layers: 28, num_heads: 28, num_kv_heads: 4,\n"
+    "        intermediate_size: 18944, max_seq_len: 1024, qkv_bias: true, tie_embeddings: false}\n"
+    "device: cuda\n";
+#define P7 "precision: {matmul_dtype: e4m3, persistent_quants: true}\n"
+#define P14 "precision: {matmul_dtype: e4m3, persistent_quants: true"
+static const char B14[] =
+    "model: {vocab_size: 152064, hidden_size: 5120, num_layers: 48, num_heads: 40, num_kv_heads: 8,\n"
+    "        intermediate_size: 13824, max_seq_len: 1024, qkv_bias: true, tie_embeddings: false}\n"
+    "device: cuda\n";
+
+/* memory.plan: auto over model + extra (the data, memory and parallel keys): *best the fastest plan that
+ * fits, *n their count; every candidate is checked against the given keys. -1 when none fits. */
+static int auto_pick(const char *model, const char *extra, qt_plan_choice *best, int *n) {
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    *n = 0;
+    QT_EXPECT(load_cfg(&c, model, extra) == 0, "config");
+    QT_EXPECT(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    if (qt_t_failed) return -2;
+    int rc = qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, n, err, sizeof err);
+    qt_layout_free(&L);
+    if (rc) {
+        printf("    (%s)\n", err);
+        *n = 0;
+        return -1;
+    }
+    for (int i = 0; i < *n; i++) { /* a key the config gives is a constraint */
+        const qt_plan_choice *x = &ch[i];
+        QT_EXPECT(!qt_config_given(&c, "memory.offload_residual") || x->offload_residual == c.memory.offload_residual,
+                  "offload_residual %d, given %d", x->offload_residual, c.memory.offload_residual);
+        QT_EXPECT(!qt_config_given(&c, "memory.fp8_weight_cache") || x->fp8_weight_cache == c.memory.fp8_weight_cache,
+                  "fp8_weight_cache %d, given %d", x->fp8_weight_cache, c.memory.fp8_weight_cache);
+        QT_EXPECT(!qt_config_given(&c, "precision.master_dtype") || x->master_dtype == c.precision.master_dtype,
+                  "master_dtype %d, given %d", x->master_dtype, c.precision.master_dtype);
+        QT_EXPECT(!qt_config_given(&c, "precision.grad_accum_dtype") || x->grad_accum_dtype == c.precision.grad_accum_dtype,
+                  "grad_accum_dtype %d, given %d", x->grad_accum_dtype, c.precision.grad_accum_dtype);
+        QT_EXPECT(!qt_config_given(&c, "parallel.zero") || x->zero == c.parallel.zero, "zero %d, given %d", x->zero,
+                  c.parallel.zero);
+        QT_EXPECT(x->lossy == ch[0].lossy, "bf16 master/gradients beside fp32 plans at %d", i);
+    }
+    *best = ch[0];
+    printf("  %-60.60s: %5d fit; mb %2d, offload_residual %d, wcache %s, master %s, grads %s, zero %d, %.1f GiB\n",
+           extra, *n, best->micro_batch, best->offload_residual, best->fp8_weight_cache ? "none" : "all",
+           best->master_dtype == QT_DT_BF16 ? "bf16" : "fp32", best->grad_accum_dtype == QT_DT_BF16 ? "bf16" : "fp32",
+           best->zero, best->gpu_bytes / 1073741824.0);
+    return 0;
+}
+
+/* The axes of this session's memory features: each is chosen where it is the only way to fit, not where
+ * a plainer plan fits or the config fixes the key; their costs are the documented ones. */
+static void test_auto_axes(void) {
+    qt_plan_choice b;
+    int n;
+#define D7 "data: {train: 'none_*.bin', seq_len: 1024, micro_batch: 16, grad_accum: 32}\n" \
+           "precision: {matmul_dtype: e4m3, persistent_quants: true, master_dtype: fp32, grad_accum_dtype: fp32}\n"
+#define M7 "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 72, offload_optimizer: true, recompute: [ffn, norm], "
+    /* 7B at micro-batch 16 without recompute: the residuals offloaded or the fp8 weights not cached */
+    QT_EXPECT(auto_pick(B7, D7 M7 "offload_residual: false, fp8_weight_cache: all}\n", &b, &n) == -1,
+              "7B mb 16 fits without either: the test proves nothing");
+    QT_EXPECT(auto_pick(B7, D7 M7 "fp8_weight_cache: all}\n", &b, &n) == 0 && b.offload_residual == 1,
+              "7B mb 16, weight cache all: offload_residual not chosen");
+    QT_EXPECT(auto_pick(B7, D7 M7 "offload_residual: false}\n", &b, &n) == 0 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE,
+              "7B mb 16, no residual offload: fp8_weight_cache none not chosen");
+    /* where the plain plan fits, none of the new axes is taken */
+    QT_EXPECT(auto_pick(B7, D7 "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80, offload_optimizer: true, "
+                            "recompute: [block]}\n", &b, &n) == 0 &&
+                  !b.offload_residual && b.fp8_weight_cache == QT_FP8_WCACHE_ALL && !b.lossy,
+              "7B with block recompute: a new axis taken though the plain plan fits");
+    /* 14B at 80 GiB: only bf16 gradients with the weight quants in slots fit; the master weights, offloaded,
+     * stay fp32 (bf16 only where needed) */
+#define D14 "data: {train: 'none_*.bin', seq_len: 1024, grad_accum: 512}\n"
+#define M14 "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80"
+    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 "}\n", &b, &n) == 0 && b.master_dtype == QT_DT_F32 &&
+                  b.grad_accum_dtype == QT_DT_BF16 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE && b.lossy == 1,
+              "14B at 80 GiB: not bf16 gradients + fp32 master + fp8_weight_cache none");
+    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 ", fp8_weight_cache: all}\n", &b, &n) == -1, "14B fits with the weight cache");
+    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 "}\n", &b, &n) == -1,
+              "14B fits with fp32 gradients");
+    /* ZeRO-2 over 4 ranks: 7B at 30 GiB needs the gradients sharded */
+#define D7x "data: {train: 'none_*.bin', seq_len: 1024, grad_accum: 128}\n" P7 "parallel: {gpus: 4"
+#define M7x "}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 30}\n"
+    QT_EXPECT(auto_pick(B7, D7x M7x, &b, &n) == 0 && b.zero == 2, "7B x 4 at 30 GiB: zero 2 not chosen");
+    QT_EXPECT(auto_pick(B7, D7x ", zero: 1" M7x, &b, &n) == -1 || b.zero == 1, "zero: 1 given");
+    /* at equal predicted speed (micro-batch 1 fixed, both fit) the plainer ZeRO-1 */
+    QT_EXPECT(auto_pick(B7, "data: {train: 'none_*.bin', seq_len: 1024, micro_batch: 1, grad_accum: 128}\n" P7
+                            "parallel: {gpus: 4}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80, recompute: [block]}\n", &b, &n) == 0 &&
+                  b.zero == 1, "7B x 4 at 80 GiB, micro-batch 1: zero 2 chosen though zero 1 fits as fast");
+}
+
+/* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes. */
+static void test_auto_axes_cost(void) {
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    qt_config a, b;
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    QT_REQUIRE(load_cfg(&a, B7, D7 "memory: {plan: auto}\n") == 0, "config");
+    QT_REQUIRE(qt_model_layout(&a, &L, &src, err, sizeof err) == 0, "%s", err);
+    b = a, b.memory.offload_residual = 1;
+    double d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    double want = 32 * 2 * 26.0 * 16 * 1024 * 3584 * 2 / 25e9;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offload_residual charged %g s, expected %g", d, want);
+    b = a, b.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    double P = 28.0 * (3584.0 * (3584 + 2 * 512) + 3584.0 * 3584 + 3 * 3584.0 * 18944);
+    want = 32 * 2 * P * 3 / 2e12;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "fp8_weight_cache none charged %g s, expected %g", d, want);
+    b = a, b.precision.master_dtype = b.precision.grad_accum_dtype = QT_DT_BF16, b.parallel.zero = 2;
+    QT_EXPECT(qt_plan_auto_cost(&L, &b, &pr) == qt_plan_auto_cost(&L, &a, &pr), "bf16 state / zero 2 charged");
     qt_layout_free(&L);
 }
 
@@ -418,6 +537,8 @@ int main(void) {
     QT_RUN(test_host_limit_refused);
     QT_RUN(test_cpu_alloc_matches_plan);
     QT_RUN(test_auto_choice);
+    QT_RUN(test_auto_axes);
+    QT_RUN(test_auto_axes_cost);
     QT_RUN(test_gpu_limit);
     QT_RUN(test_plan_equals_allocation);
     return qt_test_end();

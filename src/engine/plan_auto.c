@@ -35,15 +35,39 @@ static int get_lm(const qt_config *c) { return c->memory.lmhead_chunks; }
 static void set_lm(qt_config *c, int v, int seqs) { (void)seqs, c->memory.lmhead_chunks = v; }
 static int get_att(const qt_config *c) { return c->memory.attn_bwd_chunks; }
 static void set_att(qt_config *c, int v, int seqs) { (void)seqs, c->memory.attn_bwd_chunks = v; }
+static int get_ores(const qt_config *c) { return c->memory.offload_residual; }
+static void set_ores(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload_residual = v; }
+static int get_wc(const qt_config *c) { return c->memory.fp8_weight_cache; }
+static void set_wc(qt_config *c, int v, int seqs) { (void)seqs, c->memory.fp8_weight_cache = v; }
+static int get_mdt(const qt_config *c) { return c->precision.master_dtype; }
+static void set_mdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.master_dtype = v; }
+static int get_gdt(const qt_config *c) { return c->precision.grad_accum_dtype; }
+static void set_gdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.grad_accum_dtype = v; }
+static int get_zero(const qt_config *c) { return c->parallel.zero; }
+static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, c->parallel.zero = v, c->parallel.shard_optimizer = v >= 1; }
 
-enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_N };
+/* Each axis lists its values in order of preference at equal predicted speed (the plainest first): a
+ * tie keeps the earlier candidate. fp8_weight_cache is an axis only with fp8 matmuls, parallel.zero only
+ * with several ranks (qt_plan_auto_enumerate narrows them). */
+enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_ORES, AX_WC, AX_MDT, AX_GDT, AX_ZERO, AX_N };
 static const plan_axis AXES[AX_N] = {
     {"data.micro_batch", 0, {0}, get_mb, set_mb},
     {"memory.recompute", 4, {0, QT_RC_SWIGLU | QT_RC_NORM, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK}, get_rc, set_rc},
     {"memory.offload_optimizer", 2, {0, 1}, get_off, set_off},
     {"memory.lmhead_chunks", 5, {1, 2, 4, 8, 16}, get_lm, set_lm},
     {"memory.attn_bwd_chunks", 3, {1, 2, 4}, get_att, set_att},
+    {"memory.offload_residual", 2, {0, 1}, get_ores, set_ores},
+    {"memory.fp8_weight_cache", 2, {QT_FP8_WCACHE_ALL, QT_FP8_WCACHE_NONE}, get_wc, set_wc},
+    {"precision.master_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_mdt, set_mdt},
+    {"precision.grad_accum_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_gdt, set_gdt},
+    {"parallel.zero", 2, {1, 2}, get_zero, set_zero},
 };
+
+/* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
+ * only when no plan with fp32 ones fits (see qt_plan_auto_enumerate). 0: fp32 both. */
+static int lossy(const qt_config *c) {
+    return (c->precision.master_dtype == QT_DT_BF16) + (c->precision.grad_accum_dtype == QT_DT_BF16);
+}
 
 /* ---- the probe ---- */
 
@@ -168,6 +192,12 @@ qt_probe qt_probe_get(int may_measure) {
 
 /* ---- the cost model ---- */
 
+double qt_plan_auto_block_params(const qt_model_cfg *c) {
+    double C = c->hidden_size, HD = (double)c->num_heads * c->head_dim;
+    double QKV = HD + 2.0 * c->num_kv_heads * c->head_dim;
+    return (double)c->num_layers * (C * QKV + HD * C + 3 * C * (double)c->intermediate_size);
+}
+
 double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr) {
     const qt_model_cfg *c = &L->cfg;
     double T = cfg->data.seq_len, n = (double)cfg->data.micro_batch * T, tok = n * cfg->data.grad_accum;
@@ -186,6 +216,16 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
         double es = (cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4) + (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) + (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4);
         t += 2 * (double)L->numel * es / pr->pcie_bps; /* master, m, v up and down once per step */
     }
+    /* memory.offload_residual: each micro-step moves (layers - 2) bf16 residuals [B*T, C] down in the
+     * forward and up in the backward; charged as if not overlapped with compute (an upper bound) */
+    if (cfg->memory.offload_residual && nl > 2)
+        t += cfg->data.grad_accum * 2 * (nl - 2) * n * C * 2 / pr->pcie_bps;
+    /* memory.fp8_weight_cache: none: the block weights are quantized again before each layer's forward and
+     * its backward: per pass, 2 B/param read (bf16) and 1 B/param written (e4m3), at the HBM rate */
+    if (cfg->memory.fp8_weight_cache == QT_FP8_WCACHE_NONE && cfg->precision.matmul_dtype == QT_DT_E4M3)
+        t += cfg->data.grad_accum * 2 * qt_plan_auto_block_params(c) * 3 / pr->hbm_bps;
+    /* bf16 master weights / gradients and parallel.zero 2 cost nothing here: the same matmuls, and (one
+     * micro-batch per rank) ZeRO-2 reduce-scatters the bytes ZeRO-1 does */
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
     t += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
     return t;
@@ -198,11 +238,19 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
     cfg->memory.offload_optimizer = c->offload_optimizer;
     cfg->memory.lmhead_chunks = c->lmhead_chunks;
     cfg->memory.attn_bwd_chunks = c->attn_bwd_chunks;
+    cfg->memory.offload_residual = c->offload_residual;
+    cfg->memory.fp8_weight_cache = c->fp8_weight_cache;
+    cfg->precision.master_dtype = c->master_dtype;
+    cfg->precision.grad_accum_dtype = c->grad_accum_dtype;
+    cfg->parallel.zero = c->zero;
+    cfg->parallel.shard_optimizer = c->zero >= 1;
 }
 
 static int by_speed(const void *a, const void *b) {
     double x = ((const qt_plan_choice *)a)->tokens_per_s, y = ((const qt_plan_choice *)b)->tokens_per_s;
-    return x < y ? 1 : x > y ? -1 : 0;
+    if (x != y) return x < y ? 1 : -1;
+    int i = ((const qt_plan_choice *)a)->order, j = ((const qt_plan_choice *)b)->order;
+    return (i > j) - (i < j); /* a tie keeps the enumeration order: the plainer plan first */
 }
 
 int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
@@ -212,6 +260,10 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     int seqs = cfg->data.micro_batch * cfg->data.grad_accum;
     for (int v = 1; v <= 64 && v <= seqs; v *= 2) /* micro-batches that keep the sequences per step */
         if (seqs % v == 0) ax[AX_MB].v[ax[AX_MB].n++] = v;
+    static qt_run_plan rp;
+    if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
+    if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
+    if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
     for (int a = 0; a < AX_N; a++) /* a key the config gives keeps its value */
         if (qt_config_given(cfg, ax[a].key))
             ax[a].n = 1, ax[a].v[0] = ax[a].get(cfg);
@@ -219,7 +271,6 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     char what[96];
     size_t host_cap = qt_plan_host_limit(cfg, what, sizeof what);
     static qt_config c;
-    static qt_run_plan rp;
     size_t smallest = (size_t)-1;
     int idx[AX_N] = {0}, count = 0;
     *n = 0;
@@ -227,15 +278,19 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
         c = *cfg;
         for (int a = 0; a < AX_N; a++) ax[a].set(&c, ax[a].v[idx[a]], seqs);
         int redundant = c.memory.attn_bwd_chunks > c.data.micro_batch; /* clamped to micro_batch: a repeat */
+        redundant |= c.parallel.zero >= 2 && c.precision.grad_accum_dtype == QT_DT_BF16; /* refused by config.c */
         if (!redundant) {
             if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
             if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
             if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap) && count < cap) {
                 double s = qt_plan_auto_cost(L, &c, pr);
-                out[count++] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
-                                                c.memory.offload_optimizer, c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
-                                                rp.gpu_bytes, rp.host_bytes, s,
-                                                (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};
+                out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
+                                              c.memory.offload_optimizer, c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
+                                              c.memory.offload_residual, c.memory.fp8_weight_cache, c.precision.master_dtype,
+                                              c.precision.grad_accum_dtype, c.parallel.zero, lossy(&c), count,
+                                              rp.gpu_bytes, rp.host_bytes, s,
+                                              (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};
+                count++;
             }
         }
         int a = 0; /* the next combination: an odometer over the axes */
@@ -247,6 +302,11 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                        "%.2f GiB (the host: %s); give fewer keys as constraints, or see qtrain --plan", cfg->path,
                        smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
                        gpu_cap / 1073741824.0, what);
+    int least = 2, kept = 0; /* bf16 master / gradients only where no plan with fp32 ones fits */
+    for (int i = 0; i < count; i++) least = out[i].lossy < least ? out[i].lossy : least;
+    for (int i = 0; i < count; i++)
+        if (out[i].lossy == least) out[kept++] = out[i];
+    count = kept;
     qsort(out, (size_t)count, sizeof *out, by_speed);
     *n = count;
     return 0;
@@ -254,11 +314,17 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
 
 static void print_choice(const char *tag, const qt_plan_choice *c) {
     char rc[64];
-    printf("  %-6s micro_batch %2d x grad_accum %3d, recompute [%s], offload_optimizer %s, lmhead_chunks %2d, "
-           "attn_bwd_chunks %d: %.2f GiB GPU, %.1f GiB host, %.0f tokens/s predicted\n",
+    printf("  %-6s micro_batch %2d x grad_accum %3d, recompute [%s], offload_optimizer %s, offload_residual %s, "
+           "fp8_weight_cache %s, lmhead_chunks %2d, attn_bwd_chunks %d, zero %d: %.2f GiB GPU, %.1f GiB host, "
+           "%.0f tokens/s predicted\n",
            tag, c->micro_batch, c->grad_accum, qt_act_recompute_names(qt_act_recompute_resolve(c->recompute), rc, sizeof rc),
-           c->offload_optimizer ? "true" : "false", c->lmhead_chunks, c->attn_bwd_chunks, c->gpu_bytes / 1073741824.0,
-           c->host_bytes / 1073741824.0, c->tokens_per_s);
+           c->offload_optimizer ? "true" : "false", c->offload_residual ? "true" : "false",
+           c->fp8_weight_cache == QT_FP8_WCACHE_NONE ? "none" : "all", c->lmhead_chunks, c->attn_bwd_chunks, c->zero,
+           c->gpu_bytes / 1073741824.0, c->host_bytes / 1073741824.0, c->tokens_per_s);
+    if (c->lossy) /* the numerics change: say so where it cannot be missed */
+        printf("         NOTE: precision.master_dtype %s, precision.grad_accum_dtype %s: no plan with fp32 master "
+               "weights and gradients fits; give these keys to refuse\n", c->master_dtype == QT_DT_BF16 ? "bf16" : "fp32",
+               c->grad_accum_dtype == QT_DT_BF16 ? "bf16" : "fp32");
 }
 
 int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
