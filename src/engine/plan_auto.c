@@ -312,7 +312,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     return 0;
 }
 
-static void print_choice(const char *tag, const qt_plan_choice *c) {
+static void print_choice(const char *tag, const qt_plan_choice *c, const qt_config *cfg) {
     char rc[64];
     printf("  %-6s micro_batch %2d x grad_accum %3d, recompute [%s], offload_optimizer %s, offload_residual %s, "
            "fp8_weight_cache %s, lmhead_chunks %2d, attn_bwd_chunks %d, zero %d: %.2f GiB GPU, %.1f GiB host, "
@@ -321,9 +321,11 @@ static void print_choice(const char *tag, const qt_plan_choice *c) {
            c->offload_optimizer ? "true" : "false", c->offload_residual ? "true" : "false",
            c->fp8_weight_cache == QT_FP8_WCACHE_NONE ? "none" : "all", c->lmhead_chunks, c->attn_bwd_chunks, c->zero,
            c->gpu_bytes / 1073741824.0, c->host_bytes / 1073741824.0, c->tokens_per_s);
-    if (c->lossy) /* the numerics change: say so where it cannot be missed */
+    int chose = (c->master_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.master_dtype")) ||
+                (c->grad_accum_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.grad_accum_dtype"));
+    if (chose) /* auto changed the numerics: say so where it cannot be missed */
         printf("         NOTE: precision.master_dtype %s, precision.grad_accum_dtype %s: no plan with fp32 master "
-               "weights and gradients fits; give these keys to refuse\n", c->master_dtype == QT_DT_BF16 ? "bf16" : "fp32",
+               "weights and gradients fits (give these keys as fp32 to refuse)\n", c->master_dtype == QT_DT_BF16 ? "bf16" : "fp32",
                c->grad_accum_dtype == QT_DT_BF16 ? "bf16" : "fp32");
 }
 
@@ -339,7 +341,7 @@ int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
     if (rc) return -1;
     printf("qtrain: memory.plan: auto: %d plans fit (rates: %s, bf16 %.0f TFLOP/s, PCIe %.0f GB/s); the config's keys "
            "are kept as constraints\n", n, pr->gpu, pr->bf16_flops * 1e-12, pr->pcie_bps * 1e-9);
-    for (int i = 0; i < n && i < 3; i++) print_choice(i ? "next" : "chosen", &ch[i]);
+    for (int i = 0; i < n && i < 3; i++) print_choice(i ? "next" : "chosen", &ch[i], cfg);
     qt_plan_auto_apply(cfg, &ch[0]);
     return 0;
 }
