@@ -40,10 +40,11 @@ typedef struct {
 
 /* The documented defaults (an H100 SXM as measured by bench/; PCIe Gen5): planning without a GPU. */
 qt_probe qt_probe_default(void);
-/* The probe of GPU 0: read from ~/.cache/qtrain/probe-<name>.txt, else (may_measure) measured — a
- * 4096^3 bf16 GEMM, a 256 MiB pinned copy each way, a 256 MiB device copy; fp8 = 1.6 x bf16 — and
- * written there; else, and without a GPU, the defaults. */
-qt_probe qt_probe_get(int may_measure);
+/* The probe of GPU 0: read from <cache_dir>/probe-<name>.txt (the CLI passes ~/.cache/qtrain), else
+ * (may_measure) measured — a 4096^3 bf16 GEMM, a 256 MiB pinned copy each way, a 256 MiB device copy;
+ * fp8 = 1.6 x bf16 — and written there (the directory and its parent are made); else, and without a
+ * GPU, the defaults. */
+qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
 #define QT_PLAN_AUTO_MAX 32768 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^5 */
 

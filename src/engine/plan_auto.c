@@ -77,13 +77,12 @@ qt_probe qt_probe_default(void) {
     return (qt_probe){"default (H100 SXM figures)", 660e12, 1056e12, 2.6e12, 50e9, (size_t)80 << 30};
 }
 
-static void cache_path(const char *gpu, char *out, size_t cap) {
-    const char *home = getenv("HOME"); /* where the user's cache lives, not a switch */
+static void cache_path(const char *cache_dir, const char *gpu, char *out, size_t cap) {
     char name[64];
     snprintf(name, sizeof name, "%s", gpu);
     for (char *p = name; *p; p++)
         if (*p == ' ' || *p == '/') *p = '_';
-    snprintf(out, cap, "%s/.cache/qtrain/probe-%s.txt", home ? home : ".", name);
+    snprintf(out, cap, "%s/probe-%s.txt", cache_dir, name);
 }
 
 /* Seconds of one n^3 bf16 GEMM on s, timed with events (the median of 5 after one warm-up). */
@@ -156,12 +155,12 @@ static qt_probe measure(const char *name) {
     return p;
 }
 
-qt_probe qt_probe_get(int may_measure) {
+qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
     if (qt_cuda_device_count() == 0) return qt_probe_default();
     struct cudaDeviceProp prop;
     QT_CUDA(cudaGetDeviceProperties(&prop, 0));
     char path[4200];
-    cache_path(prop.name, path, sizeof path);
+    cache_path(cache_dir, prop.name, path, sizeof path);
     qt_probe p = qt_probe_default();
     snprintf(p.gpu, sizeof p.gpu, "%s", prop.name);
     FILE *f = fopen(path, "r");

@@ -114,7 +114,10 @@ int main(int argc, char **argv) {
     if (plan && gpu_mem > 0) cfg.memory.gpu_limit_gib = (float)gpu_mem; /* memory.plan: auto plans for them */
     if (plan && host_mem > 0) cfg.memory.host_limit_gib = (float)host_mem;
     if (cfg.memory.plan) {
-        qt_probe probe = qt_probe_get(!plan); /* --plan allocates nothing: the cached probe or the defaults */
+        const char *home = getenv("HOME"); /* the user's cache: the CLI's choice, passed to the library */
+        char cache[QT_PATH_MAX + 32];
+        snprintf(cache, sizeof cache, "%s/.cache/qtrain", home && *home ? home : ".");
+        qt_probe probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
         if (qt_plan_auto(&cfg, &probe, err, sizeof err)) {
             fprintf(stderr, "qtrain: %s\n", err);
             return plan ? QT_EXIT_NO_FIT : 1;
