@@ -138,7 +138,7 @@ int main(int argc, char **argv) {
     double ceiling = fp8 ? ceiling_fp8 : ceiling_bf16;
     size_t free0, total;
     QT_CUDA(cudaMemGetInfo(&free0, &total));
-    qt_engine *e = qt_engine_create_src(&L, &cfg, &src, err, sizeof err);
+    qt_engine *e = qt_engine_create(&L, &cfg, &src, err, sizeof err);
     if (!e) {
         fprintf(stderr, "train_bench: %s\n", err);
         return 1;

@@ -106,20 +106,17 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
 /* The same without the weights: L and the source they are read from (src->L = L; init.from's files
  * are opened and their headers checked now, so a missing tensor fails before anything is allocated). */
 int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char *err, size_t errlen);
-/* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU).
- * NULL with err when cuda is asked for and cannot be served. */
-qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
-                                   size_t errlen);
-/* The same with the weights read from src (borrowed until it returns), after the run's memory plan
- * (qt_planner.h) was checked against the host's and GPU's limits: refused with the plan's message
- * before anything is allocated when it does not fit. */
-qt_engine *qt_engine_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+/* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU),
+ * its weights read from src (borrowed until it returns; qt_weight_src_array for a host array), after the
+ * run's memory plan (qt_planner.h) was checked against the host's and GPU's limits: refused with the
+ * plan's message before anything is allocated when it does not fit. NULL with err when cuda is asked
+ * for and cannot be served. */
+qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                 size_t errlen);
 
-/* CPU fp32 reference engine. w0 [L->numel] are the initial weights (copied). */
-qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0);
-/* The same with the weights read from src into the engine's own array; NULL with err when it cannot be read. */
-qt_engine *qt_engine_cpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+/* CPU fp32 reference engine, the weights read from src into its own array; NULL with err when they
+ * cannot be read. */
+qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                     size_t errlen);
 /* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when
  * shard->n_ranks > 1; qt_partition.h). */
@@ -133,10 +130,8 @@ typedef struct {
 /* One GPU's engine on CUDA device `device` (NULL with err when CUDA or the config cannot be served).
  * rank NULL: one GPU; else a data-parallel rank whose opt_step first sums the gradients over the comm
  * (every rank calls opt_step, each from its own thread). Its step plan is fixed here (qt_step_plan.h). */
-qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
-                                const qt_gpu_rank *rank, char *err, size_t errlen);
-/* The same with the weights read from src a chunk at a time (qt_param_store_init). */
-qt_engine *qt_engine_gpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+/* The weights are read from src a chunk at a time (qt_param_store_init). */
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
                                     const qt_gpu_rank *rank, char *err, size_t errlen);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
@@ -145,10 +140,8 @@ void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
  * whole model; gradients are summed in a fixed rank order over cfg->comm, so the ranks' weights stay
  * bitwise identical; with cfg->parallel.zero >= 1 each rank keeps the optimizer state of 1/n of the
  * parameters, with 2 also the gradients (qt_step_plan.h). NULL with err on failure. */
-qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
-                               const int *devices, char *err, size_t errlen);
-/* The same with every rank reading its weights from src (borrowed until it returns). */
-qt_engine *qt_engine_dp_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
+/* Every rank reads its weights from src (borrowed until it returns). */
+qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
                                    const int *devices, char *err, size_t errlen);
 
 /* The engine calls as the training loop and bindings make them (src/engine/engine.c): each runs the op in a

@@ -3,7 +3,7 @@
  * every host buffer of the process (pinned offloaded state, token staging and checkpoint snapshots;
  * pageable weight init buffer, step tokens, the CPU engine's arrays), checked against
  * memory.gpu_limit_gib and memory.host_limit_gib (or MemAvailable). The engine refuses a plan that
- * does not fit before allocating (qt_engine_create_src); `qtrain --plan` prints it.
+ * does not fit before allocating (qt_engine_create); `qtrain --plan` prints it.
  *
  * Not counted: the CUDA context, the data loader's shard buffers (the current shard file of each of
  * data.train and data.eval), the checkpoint writer's compression buffers, and small bookkeeping. */

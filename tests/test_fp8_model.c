@@ -72,9 +72,9 @@ static void compare_grads(const char *grad_dt, const char *tie, double min_cos) 
     float *w;
     char err[1024];
     QT_REQUIRE(qt_model_setup(&cb, &L, &w, err, sizeof err) == 0, "%s", err);
-    qt_engine *eb = qt_engine_gpu_create(&L, &cb, w, 0, NULL, err, sizeof err);
+    qt_engine *eb = qt_engine_gpu_create(&L, &cb, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
     QT_REQUIRE(eb, "bf16 engine: %s", err);
-    qt_engine *ef = qt_engine_gpu_create(&L, &cf, w, 0, NULL, err, sizeof err);
+    qt_engine *ef = qt_engine_gpu_create(&L, &cf, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
     QT_REQUIRE(ef, "fp8 engine: %s", err);
     long N = (long)cb.data.micro_batch * cb.data.seq_len;
     int32_t *in = malloc(N * sizeof *in), *tgt = malloc(N * sizeof *tgt);
@@ -151,7 +151,7 @@ static void fused_amax_case(const char *grad_dt) {
     for (int k = 0; k < 2; k++) { /* 0: fused, 1: separate passes */
         qt_test_hooks h = {.fp8_unfused_amax = k};
         qt_test_hooks_set(&h);
-        e[k] = qt_engine_gpu_create(&L, &c, w, 0, NULL, err, sizeof err);
+        e[k] = qt_engine_gpu_create(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
         qt_test_hooks_set(NULL);
     }
     QT_REQUIRE(e[0] && e[1], "fp8 engine: %s", err);
@@ -205,7 +205,7 @@ static void test_fp8_config_errors(void) {
     qt_layout L;
     float *w;
     QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
-    qt_engine *e = qt_engine_gpu_create(&L, &c, w, 0, NULL, err, sizeof err);
+    qt_engine *e = qt_engine_gpu_create(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
     printf("  refused: %s\n", err);
     QT_EXPECT(e == NULL, "an fp8 engine for 180 tokens per micro-batch was created");
     if (fp8_device_cc() >= 89)

@@ -168,7 +168,7 @@ static void test_host_limit_refused(void) {
                   strstr(err, "memory.host_limit_gib = 0.001 allows 1.0 MiB") &&
                   strstr(err, "biggest items: weights, gradients, m, v (fp32) 4.1 MiB (host), checkpoint snapshot 3.1 MiB (host), activations (CPU) 1.8 MiB (host)"),
               "refusal: %s", err);
-    qt_engine *e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
+    qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
     QT_EXPECT(!e && strstr(err, "host memory plan needs") && strstr(err, "qtrain --plan"), "engine: %s", e ? "created" : err);
     qt_engine_free(e);
     c.memory.host_limit_gib = 0;
@@ -201,7 +201,7 @@ static void test_cpu_alloc_matches_plan(void) {
     QT_REQUIRE(qt_plan_run(&L, &c, 0, 0, &rp, err, sizeof err) == 0, "%s", err);
     size_t plan = rp.host_bytes;
     size_t before = heap_bytes();
-    qt_engine *e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
+    qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
     QT_REQUIRE(e, "%s", err);
     size_t used = heap_bytes() - before;
     double diff = fabs((double)used - (double)plan);
@@ -462,7 +462,7 @@ static void test_gpu_limit(void) {
     s.peak = s.base;
     pthread_t th;
     QT_REQUIRE(pthread_create(&th, NULL, sample_loop, &s) == 0, "thread");
-    qt_engine *e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
+    qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
     QT_REQUIRE(e, "%s", err);
     long N = 4 * 512;
     int32_t *in = malloc(N * 4), *tgt = malloc(N * 4);
@@ -490,7 +490,7 @@ static void test_gpu_limit(void) {
     free(in);
     free(tgt);
     c.memory.gpu_limit_gib = (float)(rp.gpu_bytes / 1073741824.0 * 0.8);
-    e = qt_engine_create_src(&L, &c, &src, err, sizeof err);
+    e = qt_engine_create(&L, &c, &src, err, sizeof err);
     QT_EXPECT(!e && strstr(err, "GPU memory plan needs") && strstr(err, "memory.gpu_limit_gib =") &&
                   strstr(err, "CUDA context not counted") && strstr(err, "biggest items:"),
               "a cap below the plan: %s", e ? "accepted" : err);

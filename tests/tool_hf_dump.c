@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
             in[b * T + t] = win[b * (T + 1) + t];
             tgt[b * T + t] = win[b * (T + 1) + t + 1];
         }
-    qt_engine *e = qt_engine_create(&L, &cfg, w, err, sizeof err);
+    qt_engine *e = qt_engine_create(&L, &cfg, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     if (!e) {
         fprintf(stderr, "tool_hf_dump: %s\n", err);
         return 1;

@@ -144,13 +144,7 @@ static const qt_engine_ops cpu_ops = {
     .free = cpu_free,
 };
 
-qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const float *w0) {
-    qt_weight_src src = qt_weight_src_array(L, w0);
-    char err[64];
-    return qt_engine_cpu_create_src(L, cfg, &src, err, sizeof err); /* an array source cannot fail */
-}
-
-qt_engine *qt_engine_cpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                     size_t errlen) {
     cpu_engine *c = calloc(1, sizeof *c);
     QT_CHECK(c, "out of host memory");

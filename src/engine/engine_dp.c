@@ -142,7 +142,7 @@ static void *rank_loop(void *p) {
 
 static void job_create(dp_engine *d, int r) {
     qt_gpu_rank rank = {d->comm, r, &d->shard[r]};
-    d->rk[r] = qt_engine_gpu_create_src(d->base.L, d->base.cfg, d->src, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
+    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->src, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
 }
 static void job_micro(dp_engine *d, int r) {
     size_t ntok = (size_t)d->base.cfg->data.micro_batch * d->base.cfg->data.seq_len;
@@ -373,13 +373,7 @@ static const qt_engine_ops dp_ops = {
     .free = dp_free,
 };
 
-qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const float *w0, int n,
-                               const int *devices, char *err, size_t errlen) {
-    qt_weight_src src = qt_weight_src_array(L, w0);
-    return qt_engine_dp_create_src(L, cfg, &src, n, devices, err, errlen);
-}
-
-qt_engine *qt_engine_dp_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
+qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
                                    const int *devices, char *err, size_t errlen) {
     if (n < 1 || n > QT_COMM_MAX_RANKS) {
         snprintf(err, errlen, "%s: parallel.gpus: %d ranks, expected 1..%d", cfg->path, n, QT_COMM_MAX_RANKS);

@@ -401,13 +401,7 @@ void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
     *valid = e->last_valid;
 }
 
-qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const float *w0, int device,
-                                const qt_gpu_rank *rank, char *err, size_t errlen) {
-    qt_weight_src src = qt_weight_src_array(L, w0);
-    return qt_engine_gpu_create_src(L, cfg, &src, device, rank, err, errlen);
-}
-
-qt_engine *qt_engine_gpu_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
                                     const qt_gpu_rank *rank, char *err, size_t errlen) {
     if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.matmul_dtype != QT_DT_E4M3) {
         snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,

@@ -61,7 +61,7 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
     if (ngpu == 0) {
         if (cfg->device == QT_DEVICE_AUTO)
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
-        return qt_engine_cpu_create_src(L, cfg, src, err, errlen);
+        return qt_engine_cpu_create(L, cfg, src, err, errlen);
     }
     int devs[QT_COMM_MAX_RANKS], n = cfg->parallel.gpus ? cfg->parallel.gpus : ngpu;
     if (cfg->parallel.devices.n) { /* one rank per entry, several may share a GPU */
@@ -100,8 +100,8 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         snprintf(err, errlen, "%s: parallel.zero: 3 (bf16 weight shards) is not built yet, expected 0, 1 or 2", cfg->path);
         return NULL;
     }
-    if (n == 1) return qt_engine_gpu_create_src(L, cfg, src, devs[0], NULL, err, errlen);
-    return qt_engine_dp_create_src(L, cfg, src, n, devs, err, errlen);
+    if (n == 1) return qt_engine_gpu_create(L, cfg, src, devs[0], NULL, err, errlen);
+    return qt_engine_dp_create(L, cfg, src, n, devs, err, errlen);
 }
 
 /* The run's memory plan against the limits, before anything is allocated; prints the host rows. The GPU
@@ -134,13 +134,7 @@ void qt_engine_profile_print(qt_engine *e, int steps) {
 
 /* A failure while the engine is built (a CUDA call, a rank's thread) comes back as NULL with its
  * message; what was allocated before it is not freed (the process is expected to end or retry). */
-qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const float *w0, char *err,
-                            size_t errlen) {
-    qt_weight_src src = qt_weight_src_array(L, w0);
-    return qt_engine_create_src(L, cfg, &src, err, errlen);
-}
-
-qt_engine *qt_engine_create_src(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                 size_t errlen) {
     qt_catch c;
     qt_catch_push(&c);

@@ -349,7 +349,7 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
     /* an export needs no data; an embedder may give every batch itself (data.train "") */
     if (training && (cfg->data.train[0] || !data_optional) && open_loaders(t, &t->layout, err, errlen))
         return failed(t, QT_TF_DATA, -1);
-    t->eng = qt_engine_create_src(&t->layout, cfg, &t->wsrc, err, errlen);
+    t->eng = qt_engine_create(&t->layout, cfg, &t->wsrc, err, errlen);
     if (!t->eng) return failed(t, QT_TF_DEVICE, -1);
     /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
     size_t ntok = (size_t)cfg->data.micro_batch * cfg->data.seq_len * t->eng->ranks * cfg->data.grad_accum;
