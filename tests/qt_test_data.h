@@ -100,13 +100,27 @@ static inline void qt_t_rmtree(const char *dir) {
     if (system(cmd)) printf("  could not remove %s\n", dir);
 }
 
-/* Runs `tool cfg 1 3` (tool_train_fault: rank 1 fails before step 3) in a child whose stdout and stderr
- * go to errp, and waits up to 120 s. 0 with *status and *secs set; -1 when fork failed; -2 when it was
- * still running after 120 s (a rank hung: killed). The child execs at once: it never touches the
- * parent's CUDA state. */
-static inline int qt_t_run_rank_fault(const char *tool, const char *cfgp, const char *errp, int *status, double *secs) {
+/* The rank-failure run: writes dir/fail.yaml (a 2-layer model on dir/syn_train_*.bin.zst, 6 steps,
+ * `data` extra data keys such as ", grad_accum: 2", then the `parallel` line) and runs `tool fail.yaml 1 3`
+ * (tool_train_fault: rank 1 fails before step 3) in a child whose output goes to dir/fail.err, waiting up
+ * to 120 s. Returns the output (malloc'd) with *status and *secs set; NULL with *why when the config
+ * could not be written, fork failed or the child still ran after 120 s (a rank hung: killed). The child
+ * execs at once: it never touches the parent's CUDA state. */
+static inline char *qt_t_rank_fault(const char *tool, const char *dir, const char *data, const char *parallel,
+                                    int *status, double *secs, const char **why) {
+    char cfgp[512], errp[512];
+    snprintf(cfgp, sizeof cfgp, "%s/fail.yaml", dir);
+    snprintf(errp, sizeof errp, "%s/fail.err", dir);
+    FILE *f = fopen(cfgp, "w");
+    int ok = f && fprintf(f,
+                          "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, "
+                          "intermediate_size: 96}\ndata: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3%s}\n"
+                          "optim: {steps: 6}\ncheckpoint: {dir: '%s/ckpt_fail'}\ndevice: cuda\n%s\n",
+                          dir, data, dir, parallel) > 0;
+    if (f && fclose(f)) ok = 0;
+    if (!ok) return *why = "cannot write the failure run's config", NULL;
     pid_t pid = fork();
-    if (pid < 0) return -1;
+    if (pid < 0) return *why = "fork failed", NULL;
     if (pid == 0) {
         int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
@@ -123,10 +137,15 @@ static inline int qt_t_run_rank_fault(const char *tool, const char *cfgp, const 
         waited++;
     }
     *secs = waited / 10.0;
-    if (waited < 1200) return 0;
-    kill(pid, SIGKILL);
-    waitpid(pid, status, 0);
-    return -2;
+    if (waited >= 1200) {
+        kill(pid, SIGKILL);
+        waitpid(pid, status, 0);
+        return *why = "still running 120 s after the injected failure: a rank hung", NULL;
+    }
+    size_t n = 0;
+    char *out = qt_t_read_file(errp, &n);
+    if (!out) *why = "no output from the failure run";
+    return out;
 }
 
 /* 1 when checkpoints a and b hold the same bytes of weights (fp32 and bf16), AdamW m and v; else 0 and
