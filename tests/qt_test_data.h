@@ -13,6 +13,7 @@
 
 #include "qt_ckpt.h"
 #include "qt_data.h"
+#include "qt_device.h"
 #include "qt_train.h"
 
 /* A learnable synthetic shard of n tokens (vocabulary 64): each token mostly follows from the previous one. */
@@ -27,6 +28,26 @@ static inline void qt_t_write_synthetic(const char *path, uint64_t n, uint64_t s
     char err[512];
     if (qt_tokens_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
     free(t);
+}
+
+/* n data-parallel ranks as parallel: keys: "gpus: n" where the machine has n GPUs, else
+ * "devices: [0, 0, ...]" (all on GPU 0), then ", comm: X" when the run sets QT_TEST_COMM (a test hook:
+ * tools/gpu-check.sh multi runs the data-parallel tests once per transport). In one of 4 rotating
+ * static buffers. */
+static inline const char *qt_t_ranks(int n) {
+    static char buf[4][160];
+    static int k;
+    char *p = buf[k++ & 3];
+    int o = 0;
+    if (qt_cuda_device_count() >= n) o = snprintf(p, 160, "gpus: %d", n);
+    else {
+        o = snprintf(p, 160, "devices: [0");
+        for (int r = 1; r < n; r++) o += snprintf(p + o, 160 - o, ", 0");
+        o += snprintf(p + o, 160 - o, "]");
+    }
+    const char *comm = getenv("QT_TEST_COMM");
+    if (comm && *comm) snprintf(p + o, 160 - o, ", comm: %s", comm);
+    return p;
 }
 
 /* dir/name in one of 8 rotating static buffers (a call's result lives for the next 7 calls). */

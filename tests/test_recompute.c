@@ -148,12 +148,12 @@ static void test_recompute_fp8(void) {
     qt_test_hooks_set(NULL);
 }
 
-/* 2 ranks on GPU 0 (or 2 GPUs), ZeRO-1 with the sums overlapping the backward, from graphs (each rank its
+/* 2 ranks on GPU 0 (or 2 GPUs; 4 on 4), ZeRO-1 with the sums overlapping the backward, from graphs (each rank its
  * own host residuals and copy stream); and one GPU with the optimizer state in host memory. */
 static void test_recompute_dp_offload(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
-    const char *two = qt_cuda_device_count() >= 2 ? "gpus: 2" : "devices: [0, 0]";
+    const char *two = qt_t_ranks(qt_cuda_device_count() >= 4 ? 4 : 2); /* 4 ranks on a 4-GPU machine */
     const char *const dp_sets[] = {"recompute: [block]", "recompute: [ffn, norm]", "offload_residual: true",
                                    "recompute: [block], offload_residual: true",
                                    "recompute: [ffn, norm], offload_residual: true"};
@@ -313,7 +313,7 @@ static void test_fp8_weight_cache(void) {
     group("wc_fp8pq", "parallel: {gpus: 1}\n" FP8("e4m3", "true") NOTUNE, WC_SETS, 3);
     group("wc_fp8pq_graph", "parallel: {gpus: 1}\n" FP8("e4m3", "true") GRAPHS, WC_SETS, 3);
     group("wc_fp8_bf16bwd", "parallel: {gpus: 1}\n" FP8("bf16", "true") NOTUNE, WC_SETS, 3);
-    const char *two = qt_cuda_device_count() >= 2 ? "gpus: 2" : "devices: [0, 0]";
+    const char *two = qt_t_ranks(qt_cuda_device_count() >= 4 ? 4 : 2); /* 4 ranks on a 4-GPU machine */
     char base[512];
     snprintf(base, sizeof base, "parallel: {%s, shard_optimizer: true, overlap_comm: true}\n" FP8("e4m3", "true") GRAPHS, two);
     group("wc_dp_fp8", base, WC_SETS, 2);

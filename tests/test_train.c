@@ -96,7 +96,12 @@ static void test_resume_bit_exact_offload(void) {
 }
 
 /* Two data-parallel ranks, as parallel: keys: on two GPUs when there are, else both on GPU 0. */
-static const char *two_ranks(void) { return qt_cuda_device_count() >= 2 ? "gpus: 2" : "devices: [0, 0]"; }
+static const char *two_ranks(void) { return qt_t_ranks(2); }
+static const char *two_ranks_par(void) {
+    static char par[200];
+    snprintf(par, sizeof par, "parallel: {%s}", two_ranks());
+    return par;
+}
 
 /* The same with precision.master_dtype bf16 (stochastic rounding keyed by step and flat index): one GPU,
  * and 2 ranks sharded. */
@@ -486,7 +491,7 @@ static void test_data_parallel_failure_stops_all(void) {
     int status;
     double secs;
     const char *why = "";
-    char *out = qt_t_rank_fault(g_fault, g_dir, "", qt_cuda_device_count() >= 2 ? "parallel: {gpus: 2}" : "parallel: {devices: [0, 0]}", &status, &secs, &why);
+    char *out = qt_t_rank_fault(g_fault, g_dir, "", two_ranks_par(), &status, &secs, &why);
     QT_REQUIRE(out, "%s", why);
     const char *msg = strstr(out, "[rank 1]");
     printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, secs,

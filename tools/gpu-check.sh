@@ -3,7 +3,7 @@
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
 # offload_residual_bench; fp8wcache; zero; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
-# qtrain --plan vs a real run); python; multi (issue 28: several real GPUs)
+# qtrain --plan vs a real run); python; multi = multi_tests multi_scale multi_box (issue 28: several real GPUs)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -38,7 +38,7 @@ fi
 # The Python binding: the extension built here by make against this machine's python3 (its headers;
 # no pip, no network), imported from build/python. CPU tests, then the bf16/fp8 equalities with the
 # CLI and the step overhead at 0.5B (RESULT line).
-if has python; then
+if has python || has python_overhead; then
     # the GPU machine lacks libyaml's headers (make's prereqs check stops there): the extension is compiled
     # against its python3's headers and linked with the carried build/libqtrain.so instead
     pybuild() {
@@ -50,10 +50,17 @@ if has python; then
                 -o build/python/_qtrain.o &&
             cc -shared build/python/_qtrain.o -Lbuild -l:libqtrain.so -Wl,-rpath,"$PWD/build" -o "build/python/qtrain/_qtrain$suf"
     }
+    if has python_overhead && ! has python; then # only the step-overhead figure at 0.5B
+        { step python_build 600 bash -c "$(declare -f pybuild); pybuild"
+          step python_overhead 900 env PYTHONPATH=build/python:tests python3 -c \
+              "import sys, qt_test, test_python_gpu as t; sys.exit(qt_test.run_tests(vars(t), only=('test_overhead_0_5b',)))"
+        } > "$OUT/python.log" 2>&1; grep -E '^(PASS|FAIL|SKIP|==)|RESULT|rror' "$OUT/python.log" | head -20
+    else
     { step python_build 600 bash -c "$(declare -f pybuild); pybuild"
       step python_cpu 900 env PYTHONPATH=build/python python3 tests/test_python.py
       step python_gpu 1500 env PYTHONPATH=build/python python3 tests/test_python_gpu.py
     } > "$OUT/python.log" 2>&1; grep -E '^(PASS|FAIL|SKIP|==)|RESULT|rror' "$OUT/python.log" | head -60
+    fi
 fi
 if has bench; then
     # one micro-batch of 16 x 1024 per optimizer step: the per-op breakdown and the older rows of RESULTS.md
@@ -320,38 +327,61 @@ if has plan; then
       capped 7b_fp8_24 configs/qwen2.5-7b-fp8.yaml 24 --set data.micro_batch=1 --set data.grad_accum=4
     } 2>&1 | tee "$OUT/plan.log" | grep -E '^(PASS|FAIL|SKIP|==)|plan |peak|tokens/s|fits|needs|RESULT'
 fi
-# Issue 28 on a multi-GPU host (not run yet: only one-GPU machines have been lent). 1: the data-parallel
-# bitwise tests (they take separate GPUs where there are enough, else ranks share GPU 0); 2: scaling at
-# LLM.Q's setting on 1, 2, 4 GPUs with ZeRO-1 and 2 (the step's tokens kept: grad_accum divided by N);
-# 3: the emulated 4-card consumer box (24 GiB each, host transport, memory.plan: auto) for 7B, 14B, 32B,
-# --plan first (a model that does not fit is refused with the plan's message); 4: a failure injected
-# into rank 3 of 4 before step 3 must stop all within seconds with rank 3's message.
-if has multi; then
-    ngpu=$(nvidia-smi -L | wc -l)
-    { for t in test_train test_zero test_recompute; do step "${t}_multi" 1200 "build/tests/$t"; done
+# Issue 28 on a multi-GPU host; stages multi_tests, multi_scale, multi_box (multi = all three).
+# multi_tests: how the GPUs are linked, the collectives and their bench, then the data-parallel bitwise
+# tests (separate GPUs where there are enough, else ranks share GPU 0: test_zero goes to 4 ranks on 4
+# GPUs, test_recompute's data-parallel groups take 4) with the probe's transport and again with host
+# staging (QT_TEST_COMM, a test hook). multi_scale: tokens/s at LLM.Q's setting on 1, 2, 4 GPUs with
+# ZeRO-1 and 2 (the step's tokens kept: grad_accum divided by N). multi_box: the emulated 4-card
+# consumer box (24 GiB each, host transport, memory.plan: auto) for 7B, 14B, 32B, --plan first (a model
+# that does not fit is refused with the plan's message), then a failure injected into rank 3 of 4
+# before step 3 must stop all within seconds with rank 3's message.
+if has multi; then stages="$stages multi_tests multi_scale multi_box"; fi
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+if has multi_tests; then
+    { nvidia-smi topo -m
+      step test_comm_gpu 300 build/tests/test_comm_gpu
+      step comm_bench 300 build/bench/comm_bench --ranks "$ngpu" --iters 20 --max-mib 256 --label "${ngpu}xgpu" --tsv "$OUT/comm.tsv"
+      step test_zero_multi 900 build/tests/test_zero
+      step test_zero_multi_host 600 env QT_TEST_COMM=host QT_TEST_ONLY=zero2_equals_zero1 build/tests/test_zero
+      step test_recompute_multi 600 env QT_TEST_ONLY=dp_offload build/tests/test_recompute
+      step test_recompute_multi_host 600 env QT_TEST_COMM=host QT_TEST_ONLY=dp_offload build/tests/test_recompute
+      step test_train_multi 600 env QT_TEST_ONLY=data_parallel build/tests/test_train
+      step test_train_multi_host 600 env QT_TEST_COMM=host QT_TEST_ONLY=data_parallel build/tests/test_train
+    } 2>&1 | tee "$OUT/multi_tests.log" | grep -E '^(PASS|FAIL|SKIP|==)|GPU[0-9]|bitwise|differ|rror'
+fi
+if has multi_scale; then
+    { for n in 1 2 4; do
+          [ "$n" -le "$ngpu" ] || continue
+          for z in 1 2; do
+              [ "$n" -gt 1 ] || [ "$z" = 1 ] || continue
+              step scale_0.5b_fp8_${n}gpu_zero$z 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --warmup 1 --steps 3 \
+                  --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((16 / n))
+              [ "$n" -gt 1 ] && step scale_0.5b_fp8_${n}gpu_zero${z}_host 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml \
+                  --warmup 1 --steps 3 --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((16 / n)) --set parallel.comm=host
+          done
+      done
       for n in 1 2 4; do
           [ "$n" -le "$ngpu" ] || continue
           for z in 1 2; do
               [ "$n" -gt 1 ] || [ "$z" = 1 ] || continue
-              step scale_0.5b_fp8_${n}gpu_zero$z 600 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --warmup 1 --steps 3 \
-                  --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((16 / n))
-              step scale_7b_fp8_${n}gpu_zero$z 900 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 \
-                  --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((64 / n)) \
-                  --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16
+              step scale_7b_fp8_${n}gpu_zero$z 600 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 \
+                  --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((64 / n)) --set memory.host_limit_gib=400
           done
       done
-      if [ "$ngpu" -ge 4 ]; then
-          box="--set parallel.gpus=4 --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
-          for m in 7b 14b 32b; do
-              step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box --gpu-mem 24
-              step box_$m 900 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 2 $box
-          done
-          printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
-          python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
-          start=$(date +%s); step fail_rank3_of_4 120 build/tests/tool_train_fault "$OUT/fail4.yaml" 3 3
-          echo "stopped after $(( $(date +%s) - start )) s"
-      fi
-    } 2>&1 | tee "$OUT/multi.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|tokens/s|SOL|rank 3|stopped|fits|does not fit|chosen|Maximum resident|rror'
+    } 2>&1 | tee "$OUT/multi_scale.log" | grep -E '^(==|FAIL)|tokens/s|rror'
+fi
+if has multi_box && [ "$ngpu" -ge 4 ]; then
+    box="--set parallel.gpus=4 --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
+    { for m in 7b 14b 32b; do
+          step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box --gpu-mem 24
+          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 1 $box
+      done
+      printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
+      python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
+      start=$(date +%s); step fail_rank3_of_4 120 build/tests/tool_train_fault "$OUT/fail4.yaml" 3 3
+      echo "stopped after $(( $(date +%s) - start )) s"
+    } 2>&1 | tee "$OUT/multi_box.log" | grep -E '^(PASS|FAIL|SKIP|==)|tokens/s|rank 3|stopped|fits|does not fit|chosen|Maximum resident|rror'
 fi
 if has recompute; then
     { for part in mutant bf16 fp8 dp_offload plan_matches; do # one test per step (QT_TEST_ONLY=part runs one alone)
