@@ -351,8 +351,9 @@ if has multi_tests; then
     } 2>&1 | tee "$OUT/multi_tests.log" | grep -E '^(PASS|FAIL|SKIP|==)|GPU[0-9]|bitwise|differ|rror'
 fi
 if has multi_scale; then
+    scale_models=${SCALE_MODELS:-0.5b 7b} # SCALE_MODELS=0.5b: the small model only
     { for n in 1 2 4; do
-          [ "$n" -le "$ngpu" ] || continue
+          [ "$n" -le "$ngpu" ] && [[ " $scale_models " == *" 0.5b "* ]] || continue
           for z in 1 2; do
               [ "$n" -gt 1 ] || [ "$z" = 1 ] || continue
               step scale_0.5b_fp8_${n}gpu_zero$z 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --warmup 1 --steps 3 \
@@ -362,7 +363,7 @@ if has multi_scale; then
           done
       done
       for n in 1 2 4; do
-          [ "$n" -le "$ngpu" ] || continue
+          [ "$n" -le "$ngpu" ] && [[ " $scale_models " == *" 7b "* ]] || continue
           for z in 1 2; do
               [ "$n" -gt 1 ] || [ "$z" = 1 ] || continue
               step scale_7b_fp8_${n}gpu_zero$z 600 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 \
