@@ -106,6 +106,10 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
 /* The same without the weights: L and the source they are read from (src->L = L; init.from's files
  * are opened and their headers checked now, so a missing tensor fails before anything is allocated). */
 int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char *err, size_t errlen);
+/* The GPU of each data-parallel rank (parallel.devices, else parallel.gpus, else every visible GPU up
+ * to QT_COMM_MAX_RANKS) into devs[QT_COMM_MAX_RANKS]: the rank count, or -1 with err naming the key.
+ * ngpu <= 0 (a plan made without a GPU): device ids are not checked against what is visible. */
+int qt_engine_rank_devices(const qt_config *cfg, int ngpu, int *devs, char *err, size_t errlen);
 /* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU),
  * its weights read from src (borrowed until it returns; qt_weight_src_array for a host array), after the
  * run's memory plan (qt_planner.h) was checked against the host's and GPU's limits: refused with the

@@ -20,22 +20,20 @@ qt_param_placement qt_plan_placement(const qt_step_plan *p, const qt_layout *L) 
                                 p->grads_sharded && p->lookups && L->lm_head != L->embed};
 }
 
-/* The ranks engine_create (setup.c) starts, and how many share the busiest GPU. */
-static void count_ranks(const qt_config *cfg, int gpus, qt_run_plan *rp) {
+/* The ranks engine_create (setup.c) starts, and how many share the busiest GPU: 0, or -1 with err. */
+static int count_ranks(const qt_config *cfg, int gpus, qt_run_plan *rp, char *err, size_t errlen) {
     rp->ranks_per_gpu = 1;
-    if (cfg->device == QT_DEVICE_CPU || (gpus == 0 && cfg->device != QT_DEVICE_CUDA)) {
-        rp->ranks = 0;
-    } else if (cfg->parallel.devices.n) {
-        rp->ranks = cfg->parallel.devices.n;
-        for (int i = 0; i < rp->ranks; i++) {
-            int k = 0;
-            for (int j = 0; j < rp->ranks; j++) k += cfg->parallel.devices.v[j] == cfg->parallel.devices.v[i];
-            if (k > rp->ranks_per_gpu) rp->ranks_per_gpu = k;
-        }
-    } else {
-        rp->ranks = cfg->parallel.gpus ? cfg->parallel.gpus : gpus > 0 ? gpus : 1;
-        if (!cfg->parallel.gpus && rp->ranks > QT_COMM_MAX_RANKS) rp->ranks = QT_COMM_MAX_RANKS;
+    rp->ranks = 0;
+    if (cfg->device == QT_DEVICE_CPU || (gpus == 0 && cfg->device != QT_DEVICE_CUDA)) return 0;
+    int devs[QT_COMM_MAX_RANKS];
+    rp->ranks = qt_engine_rank_devices(cfg, gpus, devs, err, errlen);
+    if (rp->ranks < 0) return -1;
+    for (int i = 0; i < rp->ranks; i++) {
+        int k = 0;
+        for (int j = 0; j < rp->ranks; j++) k += devs[j] == devs[i];
+        if (k > rp->ranks_per_gpu) rp->ranks_per_gpu = k;
     }
+    return 0;
 }
 
 /* Rank 0's device rows (the same code as qt_gpu_model_create) and the pinned rows that come with them,
@@ -83,7 +81,7 @@ int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training
                 size_t errlen) {
     memset(rp, 0, sizeof *rp);
     rp->training = training;
-    count_ranks(cfg, gpus, rp);
+    if (count_ranks(cfg, gpus, rp, err, errlen)) return -1;
     qt_mem_plan_begin(&rp->mem, NULL);
     int B = cfg->data.micro_batch, T = cfg->data.seq_len;
     if (rp->ranks == 0) { /* engine_cpu.c: w, g, m, v and the model's activations */

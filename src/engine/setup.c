@@ -51,6 +51,37 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
     return 0;
 }
 
+int qt_engine_rank_devices(const qt_config *cfg, int ngpu, int *devs, char *err, size_t errlen) {
+    int n = cfg->parallel.gpus ? cfg->parallel.gpus : ngpu > 0 ? ngpu : 1;
+    if (cfg->parallel.devices.n) { /* one rank per entry, several may share a GPU */
+        n = cfg->parallel.devices.n;
+        if (n > QT_COMM_MAX_RANKS) {
+            snprintf(err, errlen, "%s: parallel.devices: %d ranks, expected at most %d", cfg->path, n, QT_COMM_MAX_RANKS);
+            return -1;
+        }
+        for (int r = 0; r < n; r++) {
+            if (ngpu > 0 && cfg->parallel.devices.v[r] >= ngpu) {
+                snprintf(err, errlen, "%s: parallel.devices: entry %d is device %d, expected a device id < %d (%d visible)",
+                         cfg->path, r, cfg->parallel.devices.v[r], ngpu, ngpu);
+                return -1;
+            }
+            devs[r] = cfg->parallel.devices.v[r];
+        }
+        return n;
+    }
+    if (ngpu > 0 && n > ngpu) {
+        snprintf(err, errlen, "%s: parallel.gpus: %d GPUs asked for, %d visible", cfg->path, n, ngpu);
+        return -1;
+    }
+    if (n > QT_COMM_MAX_RANKS && !cfg->parallel.gpus) n = QT_COMM_MAX_RANKS; /* "all visible", up to what comm serves */
+    if (n > QT_COMM_MAX_RANKS) {
+        snprintf(err, errlen, "%s: parallel.gpus: %d, expected at most %d", cfg->path, n, QT_COMM_MAX_RANKS);
+        return -1;
+    }
+    for (int r = 0; r < n; r++) devs[r] = r;
+    return n;
+}
+
 static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                 size_t errlen) {
     int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
@@ -63,33 +94,8 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
         return qt_engine_cpu_create(L, cfg, src, err, errlen);
     }
-    int devs[QT_COMM_MAX_RANKS], n = cfg->parallel.gpus ? cfg->parallel.gpus : ngpu;
-    if (cfg->parallel.devices.n) { /* one rank per entry, several may share a GPU */
-        n = cfg->parallel.devices.n;
-        if (n > QT_COMM_MAX_RANKS) {
-            snprintf(err, errlen, "%s: parallel.devices: %d ranks, expected at most %d", cfg->path, n, QT_COMM_MAX_RANKS);
-            return NULL;
-        }
-        for (int r = 0; r < n; r++) {
-            if (cfg->parallel.devices.v[r] >= ngpu) {
-                snprintf(err, errlen, "%s: parallel.devices: entry %d is device %d, expected a device id < %d (%d visible)",
-                         cfg->path, r, cfg->parallel.devices.v[r], ngpu, ngpu);
-                return NULL;
-            }
-            devs[r] = cfg->parallel.devices.v[r];
-        }
-    } else {
-        if (n > ngpu) {
-            snprintf(err, errlen, "%s: parallel.gpus: %d GPUs asked for, %d visible", cfg->path, n, ngpu);
-            return NULL;
-        }
-        if (n > QT_COMM_MAX_RANKS && !cfg->parallel.gpus) n = QT_COMM_MAX_RANKS; /* "all visible", up to what comm serves */
-        if (n > QT_COMM_MAX_RANKS) {
-            snprintf(err, errlen, "%s: parallel.gpus: %d, expected at most %d", cfg->path, n, QT_COMM_MAX_RANKS);
-            return NULL;
-        }
-        for (int r = 0; r < n; r++) devs[r] = r;
-    }
+    int devs[QT_COMM_MAX_RANKS], n = qt_engine_rank_devices(cfg, ngpu, devs, err, errlen);
+    if (n < 0) return NULL;
     if (cfg->parallel.zero >= 2 && n == 1) {
         snprintf(err, errlen, "%s: parallel.zero: %d shards the gradients%s over the data-parallel ranks, expected >= 2 "
                  "ranks, got 1 (parallel.devices: [0, 0] puts two ranks on GPU 0; one rank keeps everything: zero 0 or 1)",
