@@ -181,6 +181,8 @@ int qt_config_equal(const qt_config *a, const qt_config *b, const char **diff);
  * length written (excluding NUL), truncating at cap like snprintf. */
 size_t qt_config_doc_table(char *buf, size_t cap);
 
+/* 1 when path is a key memory.plan: auto chooses; such a key given as `auto` counts as not given. */
+int qt_config_plan_key(const char *path);
 /* 1 when the config file or a --set gave key path (not its default). */
 int qt_config_given(const qt_config *c, const char *path);
 /* Fills every field with its default. */

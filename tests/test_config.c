@@ -283,6 +283,24 @@ static void test_model_dtype(void) {
     QT_EXPECT(load("precision:\n  model_dtype: bf16\n", NULL, 0) == 0 && cfg.precision.model_dtype == QT_DT_BF16, "%s", err);
 }
 
+/* A planner key given as auto is left to memory.plan: auto (its value kept, not given); with the
+ * plan manual it is refused naming the key. */
+static void test_plan_keys_auto(void) {
+    const char *file = "data:\n  micro_batch: 4\n  grad_accum: 128\nmemory:\n  plan: auto\n  recompute: [ffn]\n";
+    const char *o[] = {"data.micro_batch=auto", "memory.recompute=auto", "parallel.zero=auto"};
+    QT_REQUIRE(load(file, o, 3) == 0, "%s", err);
+    QT_EXPECT(cfg.data.micro_batch == 4 && cfg.data.grad_accum == 128 && !qt_config_given(&cfg, "data.micro_batch") &&
+                  qt_config_given(&cfg, "data.grad_accum") && !qt_config_given(&cfg, "memory.recompute") &&
+                  !qt_config_given(&cfg, "parallel.zero") && cfg.parallel.zero == 1,
+              "micro_batch %d given %d, recompute given %d", cfg.data.micro_batch, qt_config_given(&cfg, "data.micro_batch"),
+              qt_config_given(&cfg, "memory.recompute"));
+    EXPECT_ERR("memory:\n  plan: manual\ndata:\n  micro_batch: auto\n",
+               "t.yaml:4:3: data.micro_batch: expected a value: auto leaves the key to memory.plan: auto, and memory.plan is manual");
+    EXPECT_ERR("data:\n  grad_accum: auto\nmemory:\n  plan: auto\n",
+               "t.yaml:2:3: data.grad_accum: expected an integer >= 1, got \"auto\"");
+    QT_EXPECT(qt_config_plan_key("memory.offload_residual") && !qt_config_plan_key("optim.lr"), "plan key list");
+}
+
 static void test_overrides(void) {
     const char *file = "optim:\n  lr: 1e-3\n  steps: 200\n";
     const char *o1[] = {"optim.lr=3e-4", "optim.warmup=20", "data.train=\"*.bin\"", "log.every=5",
@@ -494,6 +512,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_model_shape);
     QT_RUN(test_model_dtype);
     QT_RUN(test_overrides);
+    QT_RUN(test_plan_keys_auto);
     QT_RUN(test_recompute_list);
     QT_RUN(test_dump_roundtrip);
     QT_RUN(test_readme_covers_keys);

@@ -37,6 +37,7 @@ typedef struct {
     where section_at[MAX_SECTIONS];
     int n_sections;
     int first_inline;                    /* key index of the first inline model key given, or -1 */
+    int first_auto;                      /* key index of the first planner key given as auto, or -1 */
     char *err;
     size_t errlen;
 } ctx;
@@ -143,9 +144,29 @@ static const char *float_range_note(const qt_config_key *k, const char *text) {
     return "";
 }
 
-/* Sets key k from a scalar's text, recording where; plain null scalars count as "" for strings. */
+/* The keys memory.plan: auto chooses (plan_auto.c's axes; test_plan checks the two agree). */
+static const char *const plan_keys[] = {"data.micro_batch", "memory.recompute", "memory.offload_optimizer",
+                                        "memory.lmhead_chunks", "memory.attn_bwd_chunks", "memory.offload_residual",
+                                        "memory.fp8_weight_cache", "precision.master_dtype",
+                                        "precision.grad_accum_dtype", "parallel.zero"};
+
+int qt_config_plan_key(const char *path) {
+    for (size_t i = 0; i < sizeof plan_keys / sizeof plan_keys[0]; i++)
+        if (!strcmp(plan_keys[i], path)) return 1;
+    return 0;
+}
+
+/* Sets key k from a scalar's text, recording where; plain null scalars count as "" for strings. A
+ * planner key given as the plain scalar auto keeps its value (the file's, else the default: micro_batch
+ * x grad_accum stays the step's sequences) but counts as not given, so memory.plan: auto chooses it. */
 static int apply(ctx *x, const qt_config_key *k, const char *text, int plain, where w) {
     int idx = key_index(k);
+    if (plain && !strcmp(text, "auto") && qt_config_plan_key(k->path)) {
+        x->at[idx] = w;
+        if (idx < (int)sizeof x->c->given) x->c->given[idx] = 0;
+        if (x->first_auto < 0) x->first_auto = idx;
+        return 0;
+    }
     if (k->type == QT_KEY_STRING && plain && (!strcmp(text, "~") || !strcasecmp(text, "null"))) text = "";
     if (qt_config_key_set(x->c, k, text)) {
         char what[200];
@@ -327,6 +348,9 @@ static where model_key_at(const ctx *x, const char *msg) {
 /* Checks that span keys: model source, the inline model's shape, schedule length, sequence length. */
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
+    if (x->first_auto >= 0 && !c->memory.plan)
+        return fail(x, x->at[x->first_auto], qt_config_key_at(x->first_auto)->path,
+                    "expected a value: auto leaves the key to memory.plan: auto, and memory.plan is manual");
     if ((c->hf_config[0] || c->init.from[0]) && c->model_inline) {
         const qt_config_key *k = qt_config_key_at(x->first_inline);
         char v[QT_KEY_TEXT_MAX];
@@ -397,6 +421,7 @@ static int load(qt_config *c, const char *text, size_t len, FILE *f, const char 
     x.err = err;
     x.errlen = errlen;
     x.first_inline = -1;
+    x.first_auto = -1;
     for (int i = 0; i < MAX_KEYS; i++) x.at[i].ovr = -1;
     if (err && errlen) err[0] = 0;
     qt_config_defaults(c);

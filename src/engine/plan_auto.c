@@ -263,9 +263,11 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
     if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
     if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
-    for (int a = 0; a < AX_N; a++) /* a key the config gives keeps its value */
+    for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
+        QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
         if (qt_config_given(cfg, ax[a].key))
             ax[a].n = 1, ax[a].v[0] = ax[a].get(cfg);
+    }
     size_t gpu_cap = cfg->memory.gpu_limit_gib > 0 ? qt_mem_gib(cfg->memory.gpu_limit_gib) : pr->gpu_bytes - ((size_t)1 << 30);
     char what[96];
     size_t host_cap = qt_plan_host_limit(cfg, what, sizeof what);
