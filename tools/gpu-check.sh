@@ -373,8 +373,11 @@ if has multi_scale; then
     } 2>&1 | tee "$OUT/multi_scale.log" | grep -E '^(==|FAIL)|tokens/s|rror'
 fi
 if has multi_box && [ "$ngpu" -ge 4 ]; then
+    # the shipped configs give their one-GPU plan's keys; auto hands them back to the planner
     box="--set parallel.gpus=4 --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
-    { for m in 7b 14b 32b; do
+    for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks precision.grad_accum_dtype \
+        precision.master_dtype parallel.zero; do box="$box --set $k=auto"; done
+    { for m in ${BOX_MODELS:-7b 14b 32b}; do
           step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box --gpu-mem 24
           step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 1 $box
       done
