@@ -21,7 +21,7 @@
  * covers only those), each table entry saying where its elements sit (index i - shift); w_bf16 and g
  * stay whole arrays and the stochastic-rounding hash keeps the flat index, so a shard updates exactly
  * as the whole would. With qt_adamw_args.g_at_state (ZeRO-2) g too holds only the pieces, indexed like
- * m and v. */
+ * m and v; with w_at_state (ZeRO-3) w_bf16 too (the hash keeps the flat index). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -60,6 +60,7 @@ typedef struct {
     unsigned long long seed;
     int sr, m_bf16, v_bf16, g_bf16;
     int g_state;       /* g is indexed like m and v (a ZeRO-2 rank's gradient shard), else by flat index */
+    int w_state;       /* w_bf16 too (a ZeRO-3 rank's weight shard) */
 } adam_params;
 
 static __device__ __forceinline__ unsigned int adam_hash(unsigned long long seed, long t,
@@ -130,7 +131,8 @@ static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, un
                                                         float *master, const void *g, void *m, void *v, float gs,
                                                         float wd, const adam_params *p) {
     float mi = ld_mv(m, p->m_bf16, j), vi = ld_mv(v, p->v_bf16, j);
-    float w = master ? master[j] : __bfloat162float(wb[i]);
+    unsigned long long wi = p->w_state ? j : i;
+    float w = master ? master[j] : __bfloat162float(wb[wi]);
     adam_elem(ld_mv(g, p->g_bf16, p->g_state ? j : i), &mi, &vi, &w, gs, wd, p);
     st_mv(m, p->m_bf16, j, mi);
     st_mv(v, p->v_bf16, j, vi);
@@ -138,7 +140,7 @@ static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, un
     if (master) master[j] = w;
     if (wb) {
         bf16 h = adam_round(w, SR_INDEX(i, j), p);
-        wb[i] = h;
+        wb[wi] = h;
         wa = __bfloat162float(h);
     }
     return __float_as_uint(fabsf(wa));
@@ -172,8 +174,9 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
             ld4(gr, g, p.g_bf16, p.g_state ? j : i);
             ld4(mi, m, p.m_bf16, j);
             ld4(vi, v, p.v_bf16, j);
+            unsigned long long wi = p.w_state ? j : i;
             if (master) ld4(w, master, 0, j);
-            else ld4(w, wb, 1, i);
+            else ld4(w, wb, 1, wi);
 #pragma unroll
             for (int k = 0; k < 4; k++) adam_elem(gr[k], &mi[k], &vi[k], &w[k], gs, wd, &p);
             st4(m, p.m_bf16, j, mi);
@@ -189,7 +192,7 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
                 uint2 u;
                 u.x = (unsigned int)__bfloat16_as_ushort(hb[0]) | ((unsigned int)__bfloat16_as_ushort(hb[1]) << 16);
                 u.y = (unsigned int)__bfloat16_as_ushort(hb[2]) | ((unsigned int)__bfloat16_as_ushort(hb[3]) << 16);
-                *(uint2 *)(wb + i) = u;
+                *(uint2 *)(wb + wi) = u;
             }
 #pragma unroll
             for (int k = 0; k < 4; k++) amax = max(amax, __float_as_uint(fabsf(w[k])));
@@ -269,6 +272,7 @@ extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *maste
     q.v_bf16 = v_dt == QT_DT_BF16;
     q.g_bf16 = g_dt == QT_DT_BF16;
     q.g_state = a->g_at_state;
+    q.w_state = a->w_at_state;
     if (absmax) QT_CUDA(cudaMemsetAsync(absmax, 0, sizeof(float) * (size_t)p->n, s));
     if (p->blocks == 0) return;
     /* groups of 4 when every array's base is aligned for its 4-element load (16 B fp32, 8 B bf16) */

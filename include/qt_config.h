@@ -183,6 +183,12 @@ size_t qt_config_doc_table(char *buf, size_t cap);
 
 /* 1 when path is a key memory.plan: auto chooses; such a key given as `auto` counts as not given. */
 int qt_config_plan_key(const char *path);
+
+/* parallel.zero: 3's limits: 0, or -1 with err ("<path>: <key>: expected ..., got ...") when a key it
+ * cannot run with is set: perf.cuda_graphs true, or fp8 matmuls with memory.fp8_weight_cache all (the
+ * loader makes the cache none when the key is not given). The loader checks it with the key's place
+ * in the file; the engine again, for a config changed after loading (memory.plan: auto). */
+int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen);
 /* 1 when the config file or a --set gave key path (not its default). */
 int qt_config_given(const qt_config *c, const char *path);
 /* Fills every field with its default. */

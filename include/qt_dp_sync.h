@@ -13,7 +13,11 @@
  * same either way. ZeRO-2 (plan.grads_sharded) does the bucket sums in every micro-step, into the
  * rank's gradient shard through the store's gradient slots (qt_param_store.h), on the side stream with
  * the overlap, else on the model's stream between the backward's layers. One GPU with its optimizer state offloaded runs AdamW on the side stream, bucket by
- * bucket, with the same per-bucket waits in the next forward. With one plain GPU there is nothing to
+ * bucket, with the same per-bucket waits in the next forward. ZeRO-3 (plan.zero 3) keeps no whole
+ * weights: the model's acquires (forward and backward) gather each bucket into a weight slot
+ * (qt_weight_slots.h) through this sync's all-gather, on the side stream with the overlap so that the
+ * next bucket's gather runs beside the current layer (prefetch), else on the model's; after AdamW only
+ * the embedding / LM-head buckets, which have slots of their own, are gathered (release). With one plain GPU there is nothing to
  * sync: the hooks are empty and a micro-step's graph is one segment. Every mode comes from the step
  * plan (qt_step_plan.h). */
 #ifndef QT_DP_SYNC_H
@@ -49,6 +53,10 @@ const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d);
 /* The model's stream waits for every pending weight update or gather (before anything but a forward
  * touches the weights, the master copy or the gradients). */
 void qt_dp_sync_join(qt_dp_sync *d);
+/* ZeRO-3: the rank's pieces of the bf16 weights changed outside AdamW (a load): the weight slots
+ * forget what they hold and the embedding / LM-head slots are gathered again (on the model's stream,
+ * a collective: every rank calls it). Nothing otherwise. */
+void qt_dp_sync_reload(qt_dp_sync *d);
 
 /* Optimizer step, in order: reduce (the gradients summed over the ranks where they were not during the
  * backward; then norm and clip scale into the store's scalars), then per AdamW group its stream

@@ -71,12 +71,18 @@ void qt_fp8_free(qt_gpu_fp8 *f);
  * wcache none only the abs-max (into the weight's scale record): the quants come at use. Call after
  * every change of the weights, before the forward reads them. */
 void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int l0, int l1, cudaStream_t s);
-/* wcache none: quantizes layer's block matrices into its slot, Wq (of the matrices in the bit set wq,
- * 1 << qt_fp8_mm: the forward's and a recompute's operand) and/or Wq^T (want_wqT: the fp8 dgrad's), with the scale from the abs-max of the
- * last qt_fp8_quantize_weights and no abs-max pass: the bytes the cached copies would hold. Before the
- * layer's forward and again before its backward (the slot is shared with layer +-2), after
+/* wcache none, ZeRO-3 (parallel.zero: 3, whose rank never holds all of the bf16 weights): the abs-max of
+ * layer's four block matrices w[k] (bf16, where the model reads them: its weight slot) into their
+ * records, as qt_fp8_quantize_weights takes it with wcache none. Before the layer's first
+ * qt_fp8_use_weights after the weights changed (each forward: the same values until AdamW). */
+void qt_fp8_weight_amax(qt_gpu_fp8 *f, int layer, const void *const w[QT_FP8_NMM], cudaStream_t s);
+/* wcache none: quantizes layer's block matrices w[k] (bf16, qt_fp8_mm order) into its slot, Wq (of the
+ * matrices in the bit set wq, 1 << qt_fp8_mm: the forward's and a recompute's operand) and/or Wq^T
+ * (want_wqT: the fp8 dgrad's), with the scale from the abs-max of the last qt_fp8_quantize_weights (or
+ * qt_fp8_weight_amax) and no abs-max pass: the bytes the cached copies would hold. Before the layer's
+ * forward and again before its backward (the slot is shared with layer +-2), after
  * qt_param_acquire_weights; a no-op with wcache all. */
-void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, unsigned wq, int want_wqT,
+void qt_fp8_use_weights(qt_gpu_fp8 *f, int layer, const void *const w[QT_FP8_NMM], unsigned wq, int want_wqT,
                         cudaStream_t s);
 /* Zeroes the abs-max records of every block input and output gradient (one memset, fine inside a
  * captured CUDA graph) and forgets earlier qt_fp8_producer_amax hand-outs. Once per micro-step,

@@ -7,7 +7,9 @@
  * adds its own rows to the memory plan. Today's placements: everything on the GPU; the optimizer state
  * offloaded to pinned host memory (streamed through device slots by qt_gpu_optim); the optimizer state
  * sharded over the ranks (ZeRO-1; gradients and weights stay whole); ZeRO-2: the fp32 gradients sharded
- * too. A new placement (weight shards, more offloaded items) is a new case behind the same calls.
+ * too; ZeRO-3: and the bf16 weights (w holds the rank's pieces, indexed like master / m / v; the model
+ * reads each bucket from a weight slot it is gathered into, qt_weight_slots.h). A new placement (more
+ * offloaded items) is a new case behind the same calls.
  *
  * ZeRO-2 gradients: the rank keeps grad [shard.len], its pieces of the summed gradients, indexed like
  * master / m / v. While the backward writes a bucket, the bucket's whole gradient sits in a slot
@@ -29,13 +31,15 @@
  *
  * Access is per bucket (a range of whole layers, qt_partition.h), through acquire/release calls that
  * the forward, the backward and the optimizer make as they enqueue work:
- *   qt_param_acquire_weights: the next op reads the weights below flat index upto;
+ *   qt_param_acquire_weights: the next op reads the weights below flat index upto (the forward);
+ *   qt_param_acquire_weights_back: the backward's next ops read the weights of the layer (or final
+ *                             norm) starting at flat index from;
  *   qt_param_release_grads:   every gradient at flat index >= from is final;
  *   qt_param_release_embed:   the LM head's backward is done (the embedding table's gradient is then
  *                             final but for this micro-batch's lookups).
  * Each forwards to the step's hooks (qt_param_hooks, passed by the engine for one micro-step: the
- * data-parallel sync waits for weight gathers there and hands finished buckets to the comm stream);
- * a sharded-weight placement would gather into its slots there. */
+ * data-parallel sync waits for weight gathers there and hands finished buckets to the comm stream;
+ * ZeRO-3 gathers into the weight slots there, qt_wslots_acquire). */
 #ifndef QT_PARAM_STORE_H
 #define QT_PARAM_STORE_H
 
@@ -49,6 +53,7 @@
 #include "qt_mem_plan.h"
 #include "qt_model.h"
 #include "qt_partition.h"
+#include "qt_weight_slots.h"
 #include "qt_weight_src.h"
 
 /* Where the optimizer state lives. */
@@ -60,7 +65,7 @@ typedef enum {
 typedef struct {
     qt_opt_state_place opt;
     int zero;             /* 0: this rank holds all of the optimizer state; 1: its pieces (ZeRO-1); 2: and of
-                           * the fp32 gradients (ZeRO-2) */
+                           * the fp32 gradients (ZeRO-2); 3: and of the bf16 weights (ZeRO-3) */
     int opt_per_bucket;   /* one AdamW group per bucket (one GPU offloaded: AdamW runs ahead of the forward);
                            * else bucket 0 and the rest when sharded, else one group */
     int reduce_bf16;      /* the gradients cross between ranks in bf16: a comm buffer of the largest bucket */
@@ -76,15 +81,17 @@ typedef struct {
     void (*grads_ready)(void *ctx, size_t from);
     void (*embed_ready)(void *ctx);
     void *ctx;
+    void (*weights_back)(void *ctx, size_t from); /* ZeRO-3's backward (qt_param_acquire_weights_back) */
 } qt_param_hooks;
 
 typedef struct {
     const qt_layout *L;   /* borrowed */
     qt_param_placement place;
     qt_shard shard;
-    /* w [shard.total] (L->numel, padded for the ranks' equal pieces); master, m, v [shard.len], this
-     * rank's pieces of the buckets back to back (all of the array when not sharded) */
+    /* w [shard.total] (L->numel, padded for the ranks' equal pieces), ZeRO-3 [shard.len]; master, m, v
+     * [shard.len], this rank's pieces of the buckets back to back (all of the array when not sharded) */
     void *w;              /* bf16, device */
+    qt_weight_slots *wslots; /* ZeRO-3: where the model reads the whole weights of a bucket (owned) */
     void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
                            * ZeRO-2 fp32 [shard.len] (this rank's summed pieces) */
     float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
@@ -133,7 +140,12 @@ void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaS
 /* Shared gradient slots of ZeRO-2 (see the top of this file). */
 #define QT_GRAD_SLOTS 3
 
-static inline void *qt_param_w(const qt_param_store *ps, size_t off) { return (char *)ps->w + off * 2; }
+/* The bf16 weight the model reads at flat index off: in w, or ZeRO-3 in the slot its bucket was gathered
+ * into (acquired first). */
+void *qt_param_w(const qt_param_store *ps, size_t off);
+/* This rank's own bf16 weight at flat index off (in one of its pieces when sharded: AdamW writes it): in
+ * w at off, or ZeRO-3 at its state index. */
+void *qt_param_w_mine(const qt_param_store *ps, size_t off);
 /* Where the backward adds the gradient of flat element off (grad_dt; a tensor never crosses a bucket). */
 void *qt_param_g(const qt_param_store *ps, size_t off);
 /* ZeRO-2: bucket b's slot [bucket[b+1] - bucket[b]] and its shared slot number (-1: a slot of its own). */
@@ -156,6 +168,7 @@ void qt_param_get_grads(const qt_param_store *ps, float *g);
 
 /* The acquire/release calls of the forward and backward (see the top of this file); h may be NULL. */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto);
+void qt_param_acquire_weights_back(const qt_param_store *ps, const qt_param_hooks *h, size_t from);
 void qt_param_release_grads(const qt_param_store *ps, const qt_param_hooks *h, size_t from);
 void qt_param_release_embed(const qt_param_store *ps, const qt_param_hooks *h);
 
@@ -172,7 +185,8 @@ void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s);
 void qt_param_get_master(const qt_param_store *ps, float *w);
 /* The same values back to back in state order, w[0, shard.len) (padding 0): the checkpoint's layout. */
 void qt_param_get_master_pieces(const qt_param_store *ps, float *w);
-/* Bytes per element and base of the state item i: 0 master, 1 bf16 weights, 2 m, 3 v. */
+/* Bytes per element and base of the state item i: 0 master, 1 bf16 weights (ZeRO-3: the rank's pieces,
+ * like the others), 2 m, 3 v. */
 void *qt_param_item(const qt_param_store *ps, int i, qt_dtype *dt);
 
 #endif

@@ -4,8 +4,9 @@
  * The candidates are the product of a table of axes (one row per config key: data.micro_batch, keeping
  * micro_batch x grad_accum; memory.recompute; memory.offload_optimizer; memory.lmhead_chunks;
  * memory.attn_bwd_chunks; memory.offload_residual; memory.fp8_weight_cache (fp8 matmuls);
- * precision.master_dtype and precision.grad_accum_dtype (fp32, bf16); parallel.zero 1, 2 (several
- * ranks)): a new memory feature is a new row. A key the config gives is a constraint (its axis keeps the
+ * precision.master_dtype and precision.grad_accum_dtype (fp32, bf16); parallel.zero 1, 2, 3 (several
+ * ranks; 3 not with CUDA graphs, and with fp8 only with the weight cache none)): a new memory feature
+ * is a new row. A key the config gives is a constraint (its axis keeps the
  * given value). bf16 master weights or gradients change the numerics: a plan with them is kept only when
  * no plan with fp32 ones fits, and the chosen plan then says so. At equal predicted speed the plainer
  * plan wins (each axis lists its plainest value first). Each candidate's plan is made with qt_plan_run (no GPU, nothing
@@ -18,6 +19,8 @@
  *     (as if not overlapped: an upper bound)
  *   + fp8_weight_cache none: grad_accum x 2 passes x block params x 3 B (read bf16, write e4m3) / HBM
  *   + launches of the extra lm-head and attention chunks x 10 us
+ *   + parallel.zero 3: grad_accum x 2 (forward, backward) x the layers' bf16 bytes (2 B/param) / PCIe
+ *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound)
  *   (bf16 master / gradients and ZeRO-2 are charged nothing: same matmuls, same bytes between GPUs),
  * where eff(n) = n / (n + 512) models the smaller matmuls of small micro-batches. */
 #ifndef QT_PLAN_AUTO_H
@@ -46,7 +49,8 @@ qt_probe qt_probe_default(void);
  * GPU, the defaults. */
 qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
-#define QT_PLAN_AUTO_MAX 32768 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^5 */
+#define QT_PLAN_AUTO_MAX 32768 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 4 (zero x
+                                * grad_accum_dtype: 1 and 2 with fp32, 1 with bf16, 3 with fp32) */
 
 typedef struct {
     int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;

@@ -23,7 +23,16 @@ typedef struct {
                              * one still holding another bucket */
     int zero_mutant;        /* MUTANTS for the ZeRO tests: 1 = the ZeRO-2 backward does not wait for its
                              * shared gradient slots; 2 = ZeRO-2 sums each bucket in descending rank order
-                             * (all-gather + adds; the same as ascending for 2 ranks, not for 3) */
+                             * (all-gather + adds; the same as ascending for 2 ranks, not for 3); ZeRO-3
+                             * (qt_weight_slots.h): 3 = a weight slot is gathered into before its last
+                             * reader ran (no wait for the slot's release); 4 = the model reads a shared
+                             * weight slot without waiting for its (prefetched) gather */
+    long zero3_read_delay_ms; /* > 0: ZeRO-3: the model stream sleeps this long after each weight acquire,
+                             * before the layer reads (a gather that does not wait for the slot's
+                             * readers overwrites it first); dp_ag_delay_ms also delays each ZeRO-3 gather */
+    long dp_fail_gather;    /* > 0 with dp_fail_rank: that rank fails instead of issuing its dp_fail_gather-th
+                             * ZeRO-3 weight gather into a shared slot (counted from 1), while the other
+                             * ranks wait in it */
     const char *nonfinite_tensor; /* with nonfinite_step > 0: the GPU engines set one gradient element of this
                                    * tensor (its middle one) to NaN just before that optimizer step's AdamW
                                    * (1-based), so the update writes NaN into its weight, master, m and v */

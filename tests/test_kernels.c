@@ -115,7 +115,7 @@ static void test_adamw_sharded(void) {
         smv[r] = d_f32(zero, ATOT / 2);
         free(hw);
     }
-    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 77, 1, 0};
+    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 77, 1, 0, 0};
     for (long t = 1; t <= 3; t++) {
         float *g = h_rand(ATOT, 1.0f);
         QT_CUDA(cudaMemcpy(dg, g, ATOT * 4, cudaMemcpyHostToDevice));
@@ -187,7 +187,7 @@ static void test_adamw_offload(void) {
         qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, dmaster, dm, dt, dv, dt, NULL, 0);
         qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hmaster, hm, dt, hv, dt, slots, OCHUNK);
         QT_EXPECT(qt_gpu_optim_groups(dev) == 2 && qt_gpu_optim_groups(off) == 2, "two groups expected");
-        qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0};
+        qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
         float *snap = malloc(tail * 4);
         for (long t = 1; t <= 3; t++) {
             float *g = h_rand(OTOT, 1.0f);
@@ -288,7 +288,7 @@ static void test_adamw_bf16_master_cuts(void) {
             }
             if (nt) pieces[np++] = qt_adamw_plan_create(t, nt);
         }
-        qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 4242, 1, 0};
+        qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 4242, 1, 0, 0};
         float *dg = d_poison(ATOT * 4);
         for (long t = 1; t <= 3; t++) {
             float *g = h_rand(ATOT, 1.0f);

@@ -345,6 +345,30 @@ static where model_key_at(const ctx *x, const char *msg) {
     return x->first_inline >= 0 ? x->at[x->first_inline] : (where){0, 0, -1};
 }
 
+/* What parallel.zero: 3 cannot run with, NULL when nothing: *key names the key to blame. */
+static const char *zero3_refusal(const qt_config *c, const char **key) {
+    if (c->parallel.zero < 3) return NULL;
+    if (c->perf.cuda_graphs) {
+        *key = "perf.cuda_graphs";
+        return "expected false with parallel.zero: 3, got \"true\": ZeRO-3 picks its weight slots and gathers as each "
+               "micro-step runs, which a captured graph would replay stale; set perf.cuda_graphs: false (or parallel.zero: 2)";
+    }
+    if (c->precision.matmul_dtype == QT_DT_E4M3 && c->memory.fp8_weight_cache != QT_FP8_WCACHE_NONE) {
+        *key = "memory.fp8_weight_cache";
+        return "expected none with parallel.zero: 3 and precision.matmul_dtype: e4m3, got \"all\": no rank holds every "
+               "layer's bf16 weights to quantize them once per step, so each layer is quantized from its gathered weight "
+               "slot at use (the same bits); give none, or leave the key out";
+    }
+    return NULL;
+}
+
+int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen) {
+    const char *key = NULL, *why = zero3_refusal(c, &key);
+    if (!why) return 0;
+    snprintf(err, errlen, "%s: %s: %s", c->path, key, why);
+    return -1;
+}
+
 /* Checks that span keys: model source, the inline model's shape, schedule length, sequence length. */
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
@@ -384,6 +408,12 @@ static int cross_check(ctx *x) {
         return fail(x, at_of(x, "precision.grad_accum_dtype"), "precision.grad_accum_dtype",
                     "expected fp32 with parallel.zero: %d (the gradient slots and the rank's summed gradient shard "
                     "are fp32), got \"bf16\"; bf16 gradients need parallel.zero <= 1", c->parallel.zero);
+    /* ZeRO-3 with fp8 matmuls quantizes each layer from its weight slot at use: the weight cache none
+     * path, taken when the config does not say otherwise */
+    if (c->parallel.zero >= 3 && c->precision.matmul_dtype == QT_DT_E4M3 && !given(at_of(x, "memory.fp8_weight_cache")))
+        c->memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
+    const char *zkey = NULL, *zwhy = zero3_refusal(c, &zkey);
+    if (zwhy) return fail(x, given(at_of(x, zkey)) ? at_of(x, zkey) : wz, zkey, "%s", zwhy);
     if ((int64_t)c->data.micro_batch * c->data.seq_len > INT32_MAX) {
         where wm = at_of(x, "data.micro_batch");
         const char *key = given(wm) ? "data.micro_batch" : "data.seq_len";

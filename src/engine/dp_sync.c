@@ -51,6 +51,12 @@ struct qt_dp_sync {
     graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
     graph_set *capture;     /* the set being captured */
     qt_param_hooks wait_hooks;
+    /* ZeRO-3 (plan.zero 3): the weight slots' gathers (qt_weight_slots.h) */
+    qt_wslots_io io;        /* gathers on the side stream with the overlap (prefetch), else the model's */
+    long read_delay_ms;     /* test hook zero3_read_delay_ms */
+    long gathers;           /* shared-slot gathers issued so far (test hook dp_fail_gather) */
+    int fail_rank;          /* test hook: this rank fails at its fail_gather-th gather (-1: none) */
+    long fail_gather;
 };
 
 static void CUDART_CB sleep_ms(void *ms) {
@@ -215,10 +221,63 @@ static void weights_wait(void *ctx, size_t upto) {
     d->gathered = k;
 }
 
+/* ZeRO-3: bucket b's whole bf16 weights into dst on s, every rank's piece of it (io.gather). */
+static void z3_gather(void *ctx, int b, void *dst, cudaStream_t s) {
+    qt_dp_sync *d = ctx;
+    const qt_shard *sh = &d->ps->shard;
+    size_t off, len, st;
+    int rank = d->plan.rank;
+    qt_shard_piece(sh, b, &off, &len, &st);
+    QT_CHECK(!(rank == d->fail_rank && ++d->gathers == d->fail_gather),
+             "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->fail_gather, b);
+    if (d->ag_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, dst, (uint16_t *)d->ps->w + st, sh->bucket[b + 1] - sh->bucket[b],
+                                QT_DT_BF16, s) == 0,
+             "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
+}
+
+/* ZeRO-3 hooks: the forward reads the weights below upto (the unit ending there: its home bucket), the
+ * backward the unit starting at from; the weight slots gather, wait and prefetch (qt_wslots_acquire). */
+static void z3_forward(void *ctx, size_t upto) {
+    qt_dp_sync *d = ctx;
+    qt_wslots_acquire(d->ps->wslots, &d->io, qt_wslots_home(d->ps->wslots, upto ? upto - 1 : 0), +1);
+}
+static void z3_backward(void *ctx, size_t from) {
+    qt_dp_sync *d = ctx;
+    qt_wslots_acquire(d->ps->wslots, &d->io, qt_wslots_home(d->ps->wslots, from), -1);
+}
+
+/* ZeRO-3: the buckets [k0, k1) with slots of their own gathered on s (the others are gathered when the
+ * model acquires them); from bucket 0 on, no shared slot holds valid weights any more. */
+static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
+    qt_weight_slots *ws = d->ps->wslots;
+    const qt_shard *sh = &d->ps->shard;
+    int rank = d->plan.rank;
+    if (k0 == 0) qt_wslots_invalidate(ws);
+    for (int k = k0; k < k1; k++) {
+        if (!qt_wslots_own(ws, k)) continue;
+        size_t off, len, st;
+        qt_shard_piece(sh, k, &off, &len, &st);
+        QT_CHECK(qt_comm_all_gather(d->comm, rank, qt_wslots_own_data(ws, k), (uint16_t *)d->ps->w + st,
+                                    sh->bucket[k + 1] - sh->bucket[k], QT_DT_BF16, s) == 0,
+                 "rank %d: weight all-gather aborted (another rank failed)", rank);
+        qt_wslots_filled(ws, k, s);
+    }
+}
+
+void qt_dp_sync_reload(qt_dp_sync *d) {
+    if (d->plan.zero >= 3) z3_gather_own(d, 0, d->ps->shard.n_buckets, d->g->stream);
+}
+
 void qt_dp_sync_inputs(qt_dp_sync *d) { sums_wait(d); }
 
 void qt_dp_sync_join(qt_dp_sync *d) {
-    if (d->plan.weights_ahead) weights_wait(d, SIZE_MAX);
+    if (d->plan.zero >= 3 && d->plan.overlap) { /* every gather on the side stream */
+        QT_CUDA(cudaEventRecord(d->side_ev, d->side));
+        QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->side_ev, 0));
+    } else if (d->plan.weights_ahead) {
+        weights_wait(d, SIZE_MAX);
+    }
     sums_wait(d);
 }
 
@@ -268,8 +327,8 @@ static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int
     gs->n = 0;
     gs->wait = 0;
     d->capture = gs;
-    qt_param_hooks h = {kind & MS_WAITS ? cut_weights : NULL, kind & MS_SUMS ? cut_grads : NULL,
-                        early ? cut_embed : NULL, d};
+    qt_param_hooks h = {.weights_needed = kind & MS_WAITS ? cut_weights : NULL, .grads_ready = kind & MS_SUMS ? cut_grads : NULL,
+                        .embed_ready = early ? cut_embed : NULL, .ctx = d};
     qt_gpu_step_args ca = *a;
     ca.hooks = &h;
     cudaGraph_t graph;
@@ -288,9 +347,11 @@ void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
     d->lookups_due = a.skip_lookups;
+    QT_CHECK(eager || p->zero < 3, "ZeRO-3 micro-steps run eagerly (perf.cuda_graphs is refused with parallel.zero: 3)");
     if (eager) {
-        qt_param_hooks h = {p->weights_ahead ? weights_wait : NULL, kind & MS_SUMS ? grads_ready : NULL,
-                            early ? send_embedding : NULL, d};
+        qt_param_hooks h = {.weights_needed = p->zero >= 3 ? z3_forward : p->weights_ahead ? weights_wait : NULL,
+                            .grads_ready = kind & MS_SUMS ? grads_ready : NULL, .embed_ready = early ? send_embedding : NULL,
+                            .ctx = d, .weights_back = p->zero >= 3 ? z3_backward : NULL};
         a.hooks = &h;
         qt_gpu_model_step(d->g, &a);
         return;
@@ -366,6 +427,13 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     int ahead = d->plan.weights_ahead, nl = L->cfg.num_layers, ql = 0, rank = d->plan.rank;
     if (sh->n_ranks == 1 && !d->plan.opt_ahead) return;
     cudaStream_t s = ahead ? d->side : g->stream;
+    if (d->plan.zero >= 3) { /* no whole weights to gather into: the own slots only */
+        if (k0 == 0 && sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather");
+        if (ahead) side_follows(d);
+        if (ahead && k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
+        z3_gather_own(d, k0, k1, s);
+        return;
+    }
     while (ql < nl && qt_layer_end(L, ql) <= sh->bucket[k0]) ql++; /* quantized with an earlier bucket */
     if (k0 == 0 && sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather");
     if (ahead) {
@@ -395,8 +463,11 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
     int nl = g->L->cfg.num_layers;
     *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = cfg->optim.grad_clip, .comm = comm,
                       .sent = sh->n_buckets, .gathered = sh->n_buckets, .ag_delay_ms = th->dp_ag_delay_ms,
-                      .sum_delay_ms = th->dp_sum_delay_ms, .mutant = th->zero_mutant};
-    d->wait_hooks = (qt_param_hooks){p->weights_ahead ? weights_wait : NULL, NULL, NULL, d};
+                      .sum_delay_ms = th->dp_sum_delay_ms, .mutant = th->zero_mutant,
+                      .read_delay_ms = th->zero3_read_delay_ms, .fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
+                      .fail_gather = th->dp_fail_gather};
+    d->wait_hooks = (qt_param_hooks){.weights_needed = p->zero >= 3 ? z3_forward : p->weights_ahead ? weights_wait : NULL,
+                                     .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels took SMs ahead of
      * the backward's, slower steps on 2 x H200 (bench/RESULTS.md section 5). */
     if (p->side_stream) {
@@ -411,6 +482,10 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
         d->ag_ev = calloc((size_t)sh->n_buckets, sizeof *d->ag_ev);
         QT_CHECK(d->ag_ev, "out of host memory");
         for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&d->ag_ev[k], cudaEventDisableTiming));
+    }
+    if (p->zero >= 3) { /* the own slots filled from the initial pieces before the first forward */
+        d->io = (qt_wslots_io){z3_gather, d, g->stream, p->overlap ? d->side : g->stream, d->mutant, &d->read_delay_ms};
+        qt_dp_sync_reload(d);
     }
     for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final
                                           * norm; MS_SUMS after the LM head, final norm, each layer and the embeddings */

@@ -10,7 +10,8 @@
  * parameters (its piece of every bucket, qt_partition.h): gradients are reduce-scattered, each rank
  * updates its pieces, the bf16 weights are all-gathered; checkpoints and get_weights assemble the
  * pieces. ZeRO-2 keeps only the rank's pieces of the gradients too (reduced every micro-step;
- * get_grads assembles them). zero 0: every rank keeps all of it (all-reduce) and get_weights checks
+ * get_grads assembles them); ZeRO-3 of the bf16 weights too (each layer's gathered into a weight slot
+ * as the model reads it, qt_weight_slots.h; checkpoints assemble weights_bf16 like the rest). zero 0: every rank keeps all of it (all-reduce) and get_weights checks
  * the replicas agree. Sharded, or with parallel.overlap_comm, the buckets are one per layer; with the
  * overlap each is summed while the backward of the layers below runs (dp_sync.c). A failure in a rank thread jumps to that thread's
  * catch point around its job (qt_error.h), whose abort hooks abort the comm, so ranks blocked in a
@@ -257,7 +258,8 @@ static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     run(d, job_logits, 0);
 }
 
-/* Rank 0's blobs; sharded, the pieces of weights, adam_m and adam_v from every rank put together. */
+/* Rank 0's blobs; sharded, the pieces of weights, adam_m and adam_v (ZeRO-3: and weights_bf16) from
+ * every rank put together. */
 static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     dp_engine *d = (dp_engine *)b;
     d->items = items;
@@ -265,8 +267,9 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     run(d, job_items, 0);
     if (!d->sharded) return d->nitems;
     size_t es[4];
+    int whole_bf16 = d->zero < 3; /* the bf16 weights are whole on every rank below ZeRO-3 */
     for (int k = 0; k < 4; k++) {
-        if (k == 1) continue; /* the bf16 weights are whole on every rank */
+        if (k == 1 && whole_bf16) continue;
         es[k] = qt_dtype_size((qt_dtype)items[k].dtype);
         if (!d->state[k]) QT_CUDA(cudaMallocHost(&d->state[k], b->L->numel * es[k]));
     }
@@ -276,16 +279,16 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         run(d, job_items, r);
         const qt_shard *sh = &d->shard[r];
         for (int k = 0; k < 4; k++)
-            for (int i = 0; k != 1 && i < sh->n_buckets; i++) {
+            for (int i = 0; (k != 1 || !whole_bf16) && i < sh->n_buckets; i++) {
                 size_t off, len, st;
                 qt_shard_piece(sh, i, &off, &len, &st);
                 memcpy((char *)d->state[k] + off * es[k], (const char *)mine[k].data + st * es[k],
                        qt_shard_params(off, len, b->L->numel) * es[k]);
             }
-        if (r == 0) items[1] = mine[1];
+        if (r == 0 && whole_bf16) items[1] = mine[1];
     }
     for (int k = 0; k < 4; k++)
-        if (k != 1) {
+        if (k != 1 || !whole_bf16) {
             items[k].data = d->state[k];
             items[k].bytes = b->L->numel * es[k];
         }
@@ -421,7 +424,9 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const q
     char devs[64] = "";
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
     snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs,
-             qt_comm_name(d->comm), d->zero >= 2 ? ", optimizer state and gradients sharded (ZeRO-2)" : d->sharded ? ", optimizer state sharded" : "",
+             qt_comm_name(d->comm), d->zero >= 3   ? ", optimizer state, gradients and bf16 weights sharded (ZeRO-3)"
+                                    : d->zero >= 2 ? ", optimizer state and gradients sharded (ZeRO-2)"
+                                    : d->sharded   ? ", optimizer state sharded" : "",
              cfg->parallel.reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "",
              cfg->parallel.overlap_comm && n > 1 ? ", sums overlapped with the backward" : "");
     d->ops.name = d->name;

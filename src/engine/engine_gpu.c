@@ -103,7 +103,7 @@ static void count_nonfinite(gpu_engine *e, int k0, int k1, cudaStream_t s) {
     for (int k = k0; k < k1 && !qt_test_hooks_get()->nonfinite_unchecked; k++) {
         size_t off, len, st, np;
         qt_shard_piece(&ps->shard, k, &off, &len, &st);
-        if ((np = qt_shard_params(off, len, e->base.L->numel))) qt_count_nonfinite(e->bad_dev, qt_param_w(ps, off), np, s);
+        if ((np = qt_shard_params(off, len, e->base.L->numel))) qt_count_nonfinite(e->bad_dev, qt_param_w_mine(ps, off), np, s);
     }
 }
 
@@ -150,7 +150,7 @@ static long first_nonfinite(gpu_engine *e) {
         qt_shard_piece(&ps->shard, k, &off, &len, &st);
         uint16_t *h = (np = qt_shard_params(off, len, e->base.L->numel)) ? malloc(np * 2) : NULL;
         QT_CHECK(h || !np, "out of host memory");
-        if (np) QT_CUDA(cudaMemcpy(h, qt_param_w(ps, off), np * 2, cudaMemcpyDeviceToHost));
+        if (np) QT_CUDA(cudaMemcpy(h, qt_param_w_mine(ps, off), np * 2, cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < np && bad < 0; i++)
             if ((h[i] & 0x7f80u) == 0x7f80u) bad = (long)(off + i);
         free(h);
@@ -192,7 +192,7 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_dp_sync_join(e->sync);
     qt_dp_sync_reduce(e->sync);
     e->micro_in_step = 0;
-    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding, 0};
+    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding, 0, 0};
     optimizer(e, &a);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));
@@ -278,7 +278,7 @@ static size_t live_bytes(const gpu_engine *e) {
  * precision.master_dtype bf16 the exact fp32 values of the bf16 weights), the bf16 working copy (it
  * differs from RNE(master) under stochastic rounding) and m, v. Sharded:
  * weights, adam_m and adam_v hold this rank's pieces only, back to back with their padding (the
- * store's shard says where each goes). */
+ * store's shard says where each goes); ZeRO-3 weights_bf16 too. */
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     gpu_engine *e = (gpu_engine *)b;
     const qt_param_store *ps = e->g->ps;
@@ -289,7 +289,7 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     for (int i = 0; i < 4; i++) {
         qt_dtype dt;
         const void *src = qt_param_item(ps, i, &dt);
-        size_t bytes = (i == 1 ? n : ns) * qt_dtype_size(dt);
+        size_t bytes = (i == 1 && e->plan.zero < 3 ? n : ns) * qt_dtype_size(dt);
         if (live_item(e, i)) {
             items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes};
             continue;
@@ -344,7 +344,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                      item_names[i], want, qt_dtype_name(want_dt), p ? "another size or dtype" : "none");
             return -1;
         }
-        if (i == 1) {
+        if (i == 1 && e->plan.zero < 3) {
             QT_CUDA(cudaMemcpyAsync(dst, p, want, cudaMemcpyHostToDevice, g->stream));
             continue;
         }
@@ -357,7 +357,8 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                                         cudaMemcpyDefault, g->stream));
         }
     }
-    if (e->plan.fp8) qt_fp8_quantize_weights(g->fp8, b->L, ps->w, 0, b->L->cfg.num_layers, g->stream);
+    if (e->plan.zero >= 3) qt_dp_sync_reload(e->sync); /* the fp8 abs-maxes come at each layer's forward */
+    else if (e->plan.fp8) qt_fp8_quantize_weights(g->fp8, b->L, ps->w, 0, b->L->cfg.num_layers, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     return 0;
 }
@@ -436,7 +437,8 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     /* the checkpoint snapshot (gpu_state_items): the bf16 weights, and master, m, v unless written in place
      * (the default of an offloaded state; set_state_copy adds their copy when the trainer chooses one) */
     const qt_param_store *ps = e->g->ps;
-    size_t snap = L->numel * 2 + ps->shard.len * (4 + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) - live_bytes(e);
+    size_t snap = (e->plan.zero >= 3 ? ps->shard.len : L->numel) * 2 +
+                  ps->shard.len * (4 + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) - live_bytes(e);
     qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", snap);
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     QT_CUDA(cudaMalloc((void **)&e->bad_dev, sizeof *e->bad_dev));

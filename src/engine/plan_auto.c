@@ -60,7 +60,7 @@ static const plan_axis AXES[AX_N] = {
     {"memory.fp8_weight_cache", 2, {QT_FP8_WCACHE_ALL, QT_FP8_WCACHE_NONE}, get_wc, set_wc},
     {"precision.master_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_mdt, set_mdt},
     {"precision.grad_accum_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_gdt, set_gdt},
-    {"parallel.zero", 2, {1, 2}, get_zero, set_zero},
+    {"parallel.zero", 3, {1, 2, 3}, get_zero, set_zero},
 };
 
 /* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
@@ -224,7 +224,12 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
     if (cfg->memory.fp8_weight_cache == QT_FP8_WCACHE_NONE && cfg->precision.matmul_dtype == QT_DT_E4M3)
         t += cfg->data.grad_accum * 2 * qt_plan_auto_block_params(c) * 3 / pr->hbm_bps;
     /* bf16 master weights / gradients and parallel.zero 2 cost nothing here: the same matmuls, and (one
-     * micro-batch per rank) ZeRO-2 reduce-scatters the bytes ZeRO-1 does */
+     * micro-batch per rank) ZeRO-2 reduce-scatters the bytes ZeRO-1 does. parallel.zero 3 gathers every
+     * layer's bf16 weights (the flat span of the layers, 2 B/param) twice per micro-step, before its forward
+     * and its backward: charged at the PCIe rate as if every byte crossed ((n-1)/n do) and nothing overlapped
+     * (an upper bound; ZeRO-1/2's one gather of all weights per step is not charged either way) */
+    if (cfg->parallel.zero >= 3)
+        t += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) * 2 / pr->pcie_bps;
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
     t += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
     return t;
@@ -280,6 +285,8 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
         for (int a = 0; a < AX_N; a++) ax[a].set(&c, ax[a].v[idx[a]], seqs);
         int redundant = c.memory.attn_bwd_chunks > c.data.micro_batch; /* clamped to micro_batch: a repeat */
         redundant |= c.parallel.zero >= 2 && c.precision.grad_accum_dtype == QT_DT_BF16; /* refused by config.c */
+        char zerr[512];
+        redundant |= qt_config_zero3_check(&c, zerr, sizeof zerr) != 0; /* graphs, fp8 weight cache all: refused */
         if (!redundant) {
             if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
             if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;

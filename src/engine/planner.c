@@ -43,7 +43,7 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
     qt_step_plan sp;
     qt_shard sh;
     qt_step_plan_make(&sp, L, cfg, n > 1 ? n : 0, 0, sharded);
-    if (n > 1) qt_shard_init(&sh, L, sharded ? n : 1, 0, cfg->parallel.overlap_comm);
+    if (n > 1) qt_shard_init(&sh, L, sharded ? n : 1, 0, cfg->parallel.overlap_comm || sharded); /* as engine_dp.c */
     else qt_shard_init(&sh, L, 1, 0, sp.offload_opt);
     qt_param_placement pl = qt_plan_placement(&sp, L);
     qt_mem_plan one;
@@ -55,6 +55,7 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
     }
     rp->mem.off = one.off;
     size_t N = (size_t)cfg->data.micro_batch * cfg->data.seq_len, numel = L->numel, ns = sh.len;
+    size_t bf16 = (sp.zero >= 3 ? ns : numel) * 2; /* a rank's bf16 weights: ZeRO-3 its pieces */
     size_t es_m = cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4, es_v = cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4;
     /* engine_gpu.c: two pinned token buffers [tok | tgt] and the one read per step */
     qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "token staging", n * (2 * 2 * N * sizeof(int32_t) + 16));
@@ -63,9 +64,10 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
                          * fp32 values are still copied) */
         int live = sp.offload_opt && n == 1, bf16_master = cfg->precision.master_dtype == QT_DT_BF16;
         size_t state = live ? (bf16_master ? ns * 4 : 0) : ns * (4 + es_m + es_v);
-        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", n * (numel * 2 + state));
-        if (sharded) /* engine_dp.c: the ranks' pieces put together as whole arrays */
-            qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)", numel * (4 + es_m + es_v));
+        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", n * (bf16 + state));
+        if (sharded) /* engine_dp.c: the ranks' pieces put together as whole arrays (ZeRO-3: weights_bf16 too) */
+            qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)",
+                            numel * (4 + es_m + es_v + (sp.zero >= 3 ? 2 : 0)));
     }
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);
     if (n > 1) { /* engine_dp.c's comm: staging on every GPU, the host kinds' pinned arena */

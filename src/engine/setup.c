@@ -102,10 +102,7 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
                  cfg->path, cfg->parallel.zero, cfg->parallel.zero == 3 ? " and weights" : "");
         return NULL;
     }
-    if (cfg->parallel.zero == 3) {
-        snprintf(err, errlen, "%s: parallel.zero: 3 (bf16 weight shards) is not built yet, expected 0, 1 or 2", cfg->path);
-        return NULL;
-    }
+    if (qt_config_zero3_check(cfg, err, errlen)) return NULL; /* a config changed after loading (memory.plan: auto) */
     if (n == 1) return qt_engine_gpu_create(L, cfg, src, devs[0], NULL, err, errlen);
     return qt_engine_dp_create(L, cfg, src, n, devs, err, errlen);
 }

@@ -243,12 +243,19 @@ void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf
 
 /* Both kernels compute sat(rne(fp32(w) * scale)) with the scale kernel_scale derives from the record
  * (cuda/quant.cu): the bytes of quant_cur's, whichever of them writes. */
-void qt_fp8_use_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf16, int layer, unsigned wq, int want_wqT,
+void qt_fp8_weight_amax(qt_gpu_fp8 *f, int layer, const void *const w[QT_FP8_NMM], cudaStream_t s) {
+    QT_CHECK(f->wcache == QT_FP8_WCACHE_NONE && layer >= 0 && layer < f->n_layers,
+             "qt_fp8_weight_amax: layer %d of %d, weight cache %d (expected none)", layer, f->n_layers, (int)f->wcache);
+    for (int k = 0; k < QT_FP8_NMM; k++)
+        qt_quant_amax(QT_DT_BF16, w[k], (long)f->out[k] * f->in[k], &sc_of(f, layer, (qt_fp8_mm)k, SC_W)->amax, 0, s);
+}
+
+void qt_fp8_use_weights(qt_gpu_fp8 *f, int layer, const void *const wm[QT_FP8_NMM], unsigned wq, int want_wqT,
                         cudaStream_t s) {
     if (f->wcache != QT_FP8_WCACHE_NONE || !(wq || want_wqT)) return;
     if (want_wqT && layer < f->n_layers - QT_FP8_WSLOTS && qt_test_hooks_get()->fp8_wslot_stale) return; /* MUTANT */
     for (int k = 0; k < QT_FP8_NMM; k++) {
-        const void *w = wmat(L, w_bf16, layer, k);
+        const void *w = wm[k];
         int i = layer * QT_FP8_NMM + k, tag = tag_of(layer, k, SC_W), want_wq = wq >> k & 1;
         if (!want_wq && !want_wqT) continue;
         qt_fp8_scale *sc = sc_of(f, layer, k, SC_W);

@@ -110,6 +110,9 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
 }
 
 static void *Wp(const qt_gpu_model *g, size_t off) { return qt_param_w(g->ps, off); }
+/* ZeRO-3: the rank keeps only its pieces of the bf16 weights; a layer's come whole into a weight slot
+ * when it is acquired (forward and backward), and fp8 quantizes them from there (weight cache none). */
+static int zero3(const qt_gpu_model *g) { return g->ps->place.zero >= 3; }
 /* Weight gradients: every writer below accumulates ("+=") into them in the store's grad_dt (fp32, or bf16
  * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums). */
 static void *Gp(const qt_gpu_model *g, size_t off) { return qt_param_g(g->ps, off); }
@@ -228,7 +231,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->precision.grad_dtype, (qt_fp8_wcache)cfg->memory.fp8_weight_cache,
                                g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
-        qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
+        if (!zero3(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
     return g;
@@ -294,10 +297,14 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
 }
 
 /* memory.fp8_weight_cache none: layer l's Wq (matrices in wq) and/or Wq^T into its slot (a no-op when
- * all are cached). */
-static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT) {
+ * all are cached), from the bf16 weights where the model reads them; amax: take their abs-max first
+ * (ZeRO-3's forward: no rank holds them all when qt_fp8_quantize_weights would run). */
+static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT, int amax) {
+    const qt_layer_offsets *o = &g->L->layers[l];
+    const void *w[QT_FP8_NMM] = {Wp(g, o->wqkv), Wp(g, o->wo), Wp(g, o->wgu), Wp(g, o->wdown)};
     qt_gpu_model_mark(g, "fp8 quantize: weights");
-    qt_fp8_use_weights(g->fp8, g->L, g->ps->w, l, wq, wqT, g->stream);
+    if (amax) qt_fp8_weight_amax(g->fp8, l, w, g->stream);
+    qt_fp8_use_weights(g->fp8, l, w, wq, wqT, g->stream);
 }
 
 /* One block matmul forward: fp8 when configured, else bf16. redo: a recompute in the backward, which
@@ -366,7 +373,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
 #define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
     if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
-    if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0);
+    if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0, zero3(g));
     if (fwd || redo & QT_RC_NORM) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
@@ -450,9 +457,10 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     cudaStream_t s = g->stream;
     long N = g->N;
     int r = as->policy.recompute; /* the recompute's Wq (the matmuls block_run redoes), the fp8 dgrad's Wq^T */
+    qt_param_acquire_weights_back(g->ps, h, o->ln1);
     if (g->fp8_fwd)
         fp8_use_weights(g, l, (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
-                                  (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0), g->fp8_bwd);
+                                  (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0), g->fp8_bwd, 0);
     if (as->policy.recompute) block_run(g, h, l, NULL, NULL, as->policy.recompute);
     qt_gpu_layer *a = qt_act_backward(as, l);
     /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. */
@@ -485,6 +493,7 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
     cudaStream_t s = g->stream;
     int nl = c->num_layers;
     qt_gpu_model_mark(g, "rmsnorm bwd");
+    qt_param_acquire_weights_back(g->ps, sa->hooks, g->L->final_norm);
     qt_zero(as->dres, (size_t)g->N * c->hidden_size * 4, s);
     qt_rmsnorm_bwd(as->dres, QT_DT_F32, as->dres_bf, fp8_amax(g, nl - 1, QT_FP8_DOWN, 1), Gp(g, g->L->final_norm), Gdt(g),
                    as->dlnf, as->res_final, Wp(g, g->L->final_norm), as->rstdf, g->N, c->hidden_size, g->ws, s);
@@ -498,8 +507,9 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
 }
 
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a) {
-    /* without persistent quants the fp8 weights are rebuilt for every micro-batch */
-    if (g->fp8_fwd && !g->cfg->precision.persistent_quants) {
+    /* without persistent quants the fp8 weights are rebuilt for every micro-batch (ZeRO-3: their abs-max
+     * is taken at each layer's forward anyway) */
+    if (g->fp8_fwd && !g->cfg->precision.persistent_quants && !zero3(g)) {
         qt_param_acquire_weights(g->ps, a->hooks, g->L->numel);
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, g->L, g->ps->w, 0, g->L->cfg.num_layers, g->stream);

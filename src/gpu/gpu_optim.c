@@ -162,7 +162,8 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
         QT_CUDA(cudaEventRecord(o->ready[i], o->up));
         QT_CUDA(cudaStreamWaitEvent(s, o->ready[i], 0));
         /* a gradient shard (g_at_state) is indexed like the slot's state: from the chunk's first element */
-        qt_adamw_step(ch->plan, w_bf16, o->master ? (float *)p[0] : NULL,
+        /* so is a weight shard (w_at_state) */
+        qt_adamw_step(ch->plan, a->w_at_state ? (char *)w_bf16 + ch->c0 * 2 : w_bf16, o->master ? (float *)p[0] : NULL,
                       a->g_at_state ? (char *)g + ch->c0 * qt_dtype_size(g_dt) : g, g_dt, p[1], o->m_dt, p[2], o->v_dt,
                       grad_scale, NULL, a, s);
         QT_CUDA(cudaEventRecord(o->done[i], s));

@@ -19,11 +19,12 @@
 #define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
+static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
 static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
 
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen) {
-    QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 2, "parameter store: ZeRO-%d placement on a shard of %d ranks",
+    QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
              pl->zero, sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
@@ -35,13 +36,14 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
+    if (pl->zero >= 3) ps->wslots = qt_wslots_create(L, sh);
     if (pl->zero >= 2) {
         ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
         ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
         QT_CHECK(ps->grad_slot && ps->cross_at, "out of host memory");
         ps->grad_margin = 64 * (size_t)sh->n_ranks;
         if (find_crossings(ps, err, errlen)) {
-            snprintf(err + strlen(err), errlen - strlen(err), " (%s: parallel.zero: 2)", cfg->path);
+            snprintf(err + strlen(err), errlen - strlen(err), " (%s: parallel.zero: %d)", cfg->path, pl->zero);
             qt_param_store_free(ps);
             return NULL;
         }
@@ -76,7 +78,12 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
 
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
-    ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
+    if (zero3(ps)) { /* ZeRO-3: the rank's pieces, and the slots the model reads whole buckets from */
+        ps->w = qt_mem_plan_carve(p, "weights (bf16 shard)", ns * 2);
+        qt_wslots_carve(ps->wslots, p);
+    } else {
+        ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
+    }
     if (ps->place.zero >= 2) carve_grad_slots(ps, p);
     else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
                                       n * qt_dtype_size(ps->grad_dt));
@@ -248,13 +255,27 @@ void qt_param_get_grads(const qt_param_store *ps, float *g) {
     free(h);
 }
 
-/* bf16 weights [lo, lo + n) = RNE(host[0, n)), through the staging buffer (elementwise: any cut gives
- * the same bits). */
-static void upload_bf16_at(qt_param_store *ps, const float *host, size_t lo, size_t n, cudaStream_t s) {
+/* dst[0, n) (bf16, device) = RNE(host[0, n)), through the staging buffer. */
+static void upload_run(qt_param_store *ps, const float *host, void *dst, size_t n, cudaStream_t s) {
     for (size_t i = 0; i < n; i += ps->stage_n) {
         size_t c = n - i < ps->stage_n ? n - i : ps->stage_n;
         QT_CUDA(cudaMemcpyAsync(ps->staging, host + i, c * 4, cudaMemcpyHostToDevice, s));
-        qt_cast_f32_to_bf16(qt_param_w(ps, lo + i), ps->staging, c, s);
+        qt_cast_f32_to_bf16((char *)dst + i * 2, ps->staging, c, s);
+    }
+}
+
+/* bf16 weights [lo, lo + n) = RNE(host[0, n)) (elementwise: any cut gives the same bits); ZeRO-3 only
+ * where they fall in this rank's pieces. */
+static void upload_bf16_at(qt_param_store *ps, const float *host, size_t lo, size_t n, cudaStream_t s) {
+    if (!zero3(ps)) {
+        upload_run(ps, host, (char *)ps->w + lo * 2, n, s);
+        return;
+    }
+    for (int k = 0; k < ps->shard.n_buckets; k++) {
+        size_t off, len, st;
+        qt_shard_piece(&ps->shard, k, &off, &len, &st);
+        size_t a = off > lo ? off : lo, e = off + len < lo + n ? off + len : lo + n;
+        if (a < e) upload_run(ps, host + (a - lo), qt_param_w_mine(ps, a), e - a, s);
     }
 }
 
@@ -297,7 +318,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     const qt_shard *sp = &ps->shard;
     size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
     int host = ps->place.opt == QT_OPT_STATE_HOST, rc = 0;
-    qt_zero(ps->w, sp->total * 2, s); /* the padding stays zero */
+    qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero */
     if (!host) {
         if (ps->master) qt_zero(ps->master, ns * 4, s);
         qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
@@ -329,21 +350,50 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
         qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
     make_optimizer(ps, cfg);
+    if (zero3(ps)) qt_wslots_start(ps->wslots);
     return 0;
 }
 
 void qt_param_store_free(qt_param_store *ps) {
     if (!ps) return;
     qt_gpu_optim_free(ps->opt);
+    qt_wslots_free(ps->wslots);
     if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
     free(ps->grad_slot);
     free(ps->cross_at);
     free(ps);
 }
 
+/* ZeRO-3: the hooks gather into the weight slots (dp_sync.c); every other placement keeps the whole
+ * weights on this GPU and the hooks only wait for their updates. */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto) {
-    (void)ps; /* every weight is on this GPU in today's placements */
+    (void)ps;
     if (h && h->weights_needed) h->weights_needed(h->ctx, upto);
+}
+
+void qt_param_acquire_weights_back(const qt_param_store *ps, const qt_param_hooks *h, size_t from) {
+    (void)ps;
+    if (h && h->weights_back) h->weights_back(h->ctx, from);
+}
+
+void *qt_param_w(const qt_param_store *ps, size_t off) {
+    return zero3(ps) ? qt_wslots_addr(ps->wslots, off) : (char *)ps->w + off * 2;
+}
+
+void *qt_param_w_mine(const qt_param_store *ps, size_t off) {
+    if (!zero3(ps)) return (char *)ps->w + off * 2;
+    const qt_shard *sh = &ps->shard;
+    int lo = 0, hi = sh->n_buckets - 1; /* the last bucket with bucket[b] <= off */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (sh->bucket[mid] <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    size_t po, len, st;
+    qt_shard_piece(sh, lo, &po, &len, &st);
+    QT_CHECK(off >= po && off < po + len, "ZeRO-3: flat element %zu is not in rank %d's piece [%zu, %zu) of bucket %d", off,
+             sh->rank, po, po + len, lo);
+    return (char *)ps->w + (st + (off - po)) * 2;
 }
 
 void qt_param_release_grads(const qt_param_store *ps, const qt_param_hooks *h, size_t from) {
@@ -368,6 +418,7 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
     qt_adamw_args b = *a;
     b.g_at_state = ps->place.zero >= 2; /* the gradient shard, indexed like m and v */
+    b.w_at_state = ps->place.zero >= 3; /* ZeRO-3: the rank's bf16 pieces, too */
     b.stochastic |= ps->w_master_dt == QT_DT_BF16;
     qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->grad_dt, ps->clip, &b, s);
 }
@@ -386,7 +437,7 @@ static void master_values(const qt_param_store *ps, float *dst, size_t off, size
     }
     uint16_t *h = malloc(n * 2 + 1);
     QT_CHECK(h, "out of host memory (%zu bf16 weights)", n);
-    QT_CUDA(cudaMemcpy(h, qt_param_w(ps, off), n * 2, cudaMemcpyDeviceToHost));
+    QT_CUDA(cudaMemcpy(h, qt_param_w_mine(ps, off), n * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) dst[i] = qt_bf16_to_f32(h[i]);
     free(h);
 }

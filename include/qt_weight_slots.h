@@ -1,0 +1,86 @@
+/* qt_weight_slots.h — ZeRO-3 (parallel.zero: 3): the device slots a rank gathers the whole bf16 weights
+ * of a bucket into while the model reads them; the rank itself keeps only its pieces (qt_shard).
+ *
+ * Units: the flat array is read in units — the embedding table (with the padding up to layer 0),
+ * each layer, and the final norm with an untied LM head — and each unit is read from the slot of its
+ * home bucket: the one holding its last element (the embedding table: its first). A unit starts at
+ * most one margin M = 64 x n_ranks below its home bucket (bucket boundaries are rounded up past a
+ * layer's start, qt_partition.h) and only the embedding table runs past its home's end (its bucket is
+ * rounded down), by less than M: every slot has M elements of head and tail margin, filled with the
+ * neighbour buckets' elements there (head: from the slot that holds bucket b-1, which the forward read
+ * just before; the backward, which goes down, from a per-bucket cache the forward filled; tail: the
+ * embedding table's, from bucket 1's slot, which its acquire gathers first).
+ *
+ * Slots: the buckets that are home to the embedding table or the untied LM head have slots of their
+ * own ("weight slots (emb/head)"), filled once per optimizer step by the caller after AdamW
+ * (qt_wslots_filled); every other bucket goes through QT_WSLOTS = 2 shared slots of the largest such
+ * bucket ("weight slots (layers)"): while the model reads bucket b from one, the next bucket in its
+ * direction (b+1 in the forward, b-1 in the backward) is gathered into the other on the side stream
+ * (prefetch). A slot is gathered into only after an event recorded on the model stream once every
+ * reader of its previous bucket was enqueued (free), and the model stream waits for the gather's
+ * event (filled) before its first read. A bucket still in a slot is not gathered again until the
+ * rank's pieces change (qt_wslots_invalidate after AdamW or a load). Each slot's data starts at the
+ * same address modulo 256 bytes as its bucket would in a whole array, so cuBLASLt sees the alignments
+ * (and picks the algorithms) of ZeRO-1/2. */
+#ifndef QT_WEIGHT_SLOTS_H
+#define QT_WEIGHT_SLOTS_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include "qt_mem_plan.h"
+#include "qt_model.h"
+#include "qt_partition.h"
+
+#define QT_WSLOTS 2
+
+typedef struct qt_weight_slots qt_weight_slots;
+
+/* How the slots are filled, per call of qt_wslots_acquire: gather(ctx, b, dst, s) enqueues on s the
+ * all-gather of bucket b's whole bf16 weights into dst[bucket[b+1] - bucket[b]]. Gathers go to `side`
+ * (== model: no prefetch, each gather right before its reads). Test hooks: mutant 3 = a gather does not
+ * wait for its slot's last readers, 4 = the model does not wait for a shared slot's gather; read_delay_ms
+ * > 0: the model stream sleeps that long after each acquire (qt_test_hooks.h). */
+typedef struct {
+    void (*gather)(void *ctx, int b, void *dst, cudaStream_t s);
+    void *ctx;
+    cudaStream_t model, side;
+    int mutant;
+    long *read_delay_ms;
+} qt_wslots_io;
+
+/* The slots of layout L cut as sh (host side, sizes only; NULL never: failures are QT_CHECKs). */
+qt_weight_slots *qt_wslots_create(const qt_layout *L, const qt_shard *sh);
+void qt_wslots_free(qt_weight_slots *ws);
+/* Adds the rows "weight slots (layers)" (QT_WSLOTS shared slots with margins, the head-margin cache)
+ * and "weight slots (emb/head)" to p, or takes their addresses (second pass). */
+void qt_wslots_carve(qt_weight_slots *ws, qt_mem_plan *p);
+/* Makes the events on the current device (once the slots have addresses). */
+void qt_wslots_start(qt_weight_slots *ws);
+
+/* The home bucket of the unit holding flat element off (off >= numel: the last unit). */
+int qt_wslots_home(const qt_weight_slots *ws, size_t off);
+/* 1 when bucket b has a slot of its own (home to the embedding table or the untied LM head). */
+int qt_wslots_own(const qt_weight_slots *ws, int b);
+/* Margins bucket b's slot needs: elements below its start / past its end. */
+size_t qt_wslots_head(const qt_weight_slots *ws, int b);
+size_t qt_wslots_tail(const qt_weight_slots *ws, int b);
+/* Bytes of one shared slot / of bucket b's own slot (margins and the alignment pad included). */
+size_t qt_wslots_slot_bytes(const qt_weight_slots *ws, int b);
+
+/* Where the model reads flat element off: in the slot of its unit's home bucket, which must hold it
+ * (acquired). */
+void *qt_wslots_addr(const qt_weight_slots *ws, size_t off);
+/* Own bucket b's data (bucket[b+1] - bucket[b] elements): where the caller gathers it after AdamW. */
+void *qt_wslots_own_data(const qt_weight_slots *ws, int b);
+/* The caller gathered own bucket b into its slot on s: recorded; the next acquire waits for it and
+ * fills its margins again. */
+void qt_wslots_filled(qt_weight_slots *ws, int b, cudaStream_t s);
+/* The model's next ops (enqueued on io->model) read the units homed in bucket b; dir +1 in the forward,
+ * -1 in the backward (the prefetch direction). Gathers b if no slot holds it, waits for its gather,
+ * fills its margins, then gathers the next bucket in dir into the other shared slot. */
+void qt_wslots_acquire(qt_weight_slots *ws, const qt_wslots_io *io, int b, int dir);
+/* The rank's pieces changed (AdamW, a load): no shared slot or cached margin is valid any more. */
+void qt_wslots_invalidate(qt_weight_slots *ws);
+
+#endif

@@ -1,0 +1,261 @@
+/* weight_slots.c — ZeRO-3's weight slots: units and their home buckets, the slot layout, and the
+ * gather / wait / margin protocol of an acquire (see qt_weight_slots.h). */
+#include "qt_weight_slots.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "qt_error.h"
+
+typedef struct {
+    char *alloc;          /* the slot's allocation (arena) */
+    size_t cap;           /* data elements it holds */
+    int bucket;           /* the bucket it holds, -1: none (a shared slot's data is stale) */
+    int pending;          /* its gather's event is not yet waited for by the model stream */
+    int margins;          /* its margins hold the neighbours' elements */
+    cudaEvent_t filled, free;
+} wslot;
+
+struct qt_weight_slots {
+    qt_shard sh;
+    size_t M;             /* margin elements each side: 64 x n_ranks */
+    size_t numel;
+    int n_units;
+    size_t *ustart;       /* [n_units] ascending, ustart[0] = 0 (owned) */
+    int *uhome;           /* [n_units] home bucket (owned) */
+    size_t *head, *tail;  /* [n_buckets] margins each bucket's units need (owned) */
+    int *own;             /* [n_buckets] its own slot's index (>= QT_WSLOTS), -1: a shared one (owned) */
+    int n_slots;
+    wslot *slot;          /* [n_slots]: QT_WSLOTS shared, then the own ones (owned) */
+    size_t big;           /* the largest bucket without an own slot */
+    uint16_t *edge;       /* [n_buckets][M] device: bucket b's head margin as the forward filled it */
+    unsigned char *edge_ok; /* [n_buckets] host (owned) */
+    int cur;              /* the shared slot the model read last (-1: none) */
+    int started;
+};
+
+static size_t blen(const qt_weight_slots *ws, int b) { return ws->sh.bucket[b + 1] - ws->sh.bucket[b]; }
+
+/* The bucket holding flat element x (x < total). */
+static int bucket_of(const qt_shard *sh, size_t x) {
+    int lo = 0, hi = sh->n_buckets - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (sh->bucket[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+qt_weight_slots *qt_wslots_create(const qt_layout *L, const qt_shard *sh) {
+    qt_weight_slots *ws = calloc(1, sizeof *ws);
+    QT_CHECK(ws, "out of host memory");
+    int nl = L->cfg.num_layers, nb = sh->n_buckets, untied = L->lm_head != L->embed;
+    ws->sh = *sh;
+    ws->M = 64 * (size_t)sh->n_ranks;
+    ws->numel = L->numel;
+    ws->n_units = nl + 2;
+    ws->ustart = calloc((size_t)ws->n_units, sizeof *ws->ustart);
+    ws->uhome = calloc((size_t)ws->n_units, sizeof *ws->uhome);
+    ws->head = calloc((size_t)nb, sizeof *ws->head);
+    ws->tail = calloc((size_t)nb, sizeof *ws->tail);
+    ws->own = calloc((size_t)nb, sizeof *ws->own);
+    ws->edge_ok = calloc((size_t)nb, 1);
+    QT_CHECK(ws->ustart && ws->uhome && ws->head && ws->tail && ws->own && ws->edge_ok, "out of host memory");
+    /* units: the table [0, layer 0), each layer, the final norm (+ untied LM head) up to numel */
+    for (int u = 0; u < ws->n_units; u++) {
+        size_t s = u == 0 ? 0 : u <= nl ? L->layers[u - 1].ln1 : L->final_norm;
+        size_t e = u == 0 ? L->layers[0].ln1 : u <= nl ? qt_layer_end(L, u - 1) : L->numel;
+        int h = bucket_of(sh, u == 0 ? s : e - 1);
+        ws->ustart[u] = s;
+        ws->uhome[u] = h;
+        if (s < sh->bucket[h] && sh->bucket[h] - s > ws->head[h]) ws->head[h] = sh->bucket[h] - s;
+        if (e > sh->bucket[h + 1] && e - sh->bucket[h + 1] > ws->tail[h]) ws->tail[h] = e - sh->bucket[h + 1];
+        QT_CHECK(ws->head[h] <= ws->M && ws->tail[h] <= ws->M && (ws->tail[h] == 0 || h + 1 < nb),
+                 "ZeRO-3: unit %d [%zu, %zu) runs further past its home bucket %d [%zu, %zu) than the margins of %zu "
+                 "elements", u, s, e, h, sh->bucket[h], sh->bucket[h + 1], ws->M);
+    }
+    for (int b = 0; b < nb; b++) ws->own[b] = -1;
+    ws->n_slots = QT_WSLOTS;
+    ws->own[ws->uhome[0]] = ws->n_slots++; /* the table (and a tied LM head) */
+    if (untied && ws->own[ws->uhome[nl + 1]] < 0) ws->own[ws->uhome[nl + 1]] = ws->n_slots++;
+    ws->slot = calloc((size_t)ws->n_slots, sizeof *ws->slot);
+    QT_CHECK(ws->slot, "out of host memory");
+    for (int b = 0; b < nb; b++) {
+        if (ws->own[b] >= 0) ws->slot[ws->own[b]].cap = blen(ws, b);
+        else if (blen(ws, b) > ws->big) ws->big = blen(ws, b);
+    }
+    for (int i = 0; i < ws->n_slots; i++) ws->slot[i].bucket = -1;
+    for (int i = 0; i < QT_WSLOTS; i++) ws->slot[i].cap = ws->big;
+    ws->cur = -1;
+    return ws;
+}
+
+void qt_wslots_free(qt_weight_slots *ws) {
+    if (!ws) return;
+    for (int i = 0; ws->started && i < ws->n_slots; i++) {
+        QT_CUDA(cudaEventDestroy(ws->slot[i].filled));
+        QT_CUDA(cudaEventDestroy(ws->slot[i].free));
+    }
+    free(ws->ustart);
+    free(ws->uhome);
+    free(ws->head);
+    free(ws->tail);
+    free(ws->own);
+    free(ws->edge_ok);
+    free(ws->slot);
+    free(ws);
+}
+
+/* A slot of cap elements: a head margin rounded to 256 bytes, a 256-byte pad that puts the data at its
+ * bucket's address modulo 256, the data, the tail margin. */
+static size_t slot_bytes(const qt_weight_slots *ws, size_t cap) {
+    return qt_mem_aligned(ws->M * 2) + 256 + (cap + ws->M) * 2;
+}
+
+size_t qt_wslots_slot_bytes(const qt_weight_slots *ws, int b) {
+    return slot_bytes(ws, b < 0 || ws->own[b] < 0 ? ws->big : blen(ws, b));
+}
+
+void qt_wslots_carve(qt_weight_slots *ws, qt_mem_plan *p) {
+    for (int i = 0; i < ws->n_slots; i++)
+        if (ws->slot[i].cap)
+            ws->slot[i].alloc = qt_mem_plan_carve(p, i < QT_WSLOTS ? "weight slots (layers)" : "weight slots (emb/head)",
+                                                  slot_bytes(ws, ws->slot[i].cap));
+    ws->edge = qt_mem_plan_carve(p, "weight slots (layers)", (size_t)ws->sh.n_buckets * ws->M * 2);
+}
+
+void qt_wslots_start(qt_weight_slots *ws) {
+    for (int i = 0; i < ws->n_slots; i++) {
+        QT_CUDA(cudaEventCreateWithFlags(&ws->slot[i].filled, cudaEventDisableTiming));
+        QT_CUDA(cudaEventCreateWithFlags(&ws->slot[i].free, cudaEventDisableTiming));
+    }
+    ws->started = 1;
+}
+
+int qt_wslots_home(const qt_weight_slots *ws, size_t off) {
+    int lo = 0, hi = ws->n_units - 1; /* the last unit starting at or below off */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (ws->ustart[mid] <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    return ws->uhome[lo];
+}
+
+int qt_wslots_own(const qt_weight_slots *ws, int b) { return ws->own[b] >= 0; }
+size_t qt_wslots_head(const qt_weight_slots *ws, int b) { return ws->head[b]; }
+size_t qt_wslots_tail(const qt_weight_slots *ws, int b) { return ws->tail[b]; }
+
+/* Where slot i's data starts when it holds bucket b (its address modulo 256 = bucket[b] x 2's). */
+static char *data_of(const qt_weight_slots *ws, int i, int b) {
+    return ws->slot[i].alloc + qt_mem_aligned(ws->M * 2) + (ws->sh.bucket[b] * 2) % 256;
+}
+
+/* The slot holding bucket b, -1: none. */
+static int slot_of(const qt_weight_slots *ws, int b) {
+    if (ws->own[b] >= 0) return ws->slot[ws->own[b]].bucket == b ? ws->own[b] : -1;
+    for (int i = 0; i < QT_WSLOTS; i++)
+        if (ws->slot[i].bucket == b) return i;
+    return -1;
+}
+
+void *qt_wslots_addr(const qt_weight_slots *ws, size_t off) {
+    int b = qt_wslots_home(ws, off), i = slot_of(ws, b);
+    QT_CHECK(i >= 0, "ZeRO-3: the weights at flat element %zu (bucket %d) are read but no slot holds them (not acquired)",
+             off, b);
+    return data_of(ws, i, b) + ((ptrdiff_t)off - (ptrdiff_t)ws->sh.bucket[b]) * 2;
+}
+
+void *qt_wslots_own_data(const qt_weight_slots *ws, int b) {
+    QT_CHECK(ws->own[b] >= 0, "ZeRO-3: bucket %d has no slot of its own", b);
+    return data_of(ws, ws->own[b], b);
+}
+
+void qt_wslots_filled(qt_weight_slots *ws, int b, cudaStream_t s) {
+    wslot *w = &ws->slot[ws->own[b]];
+    QT_CUDA(cudaEventRecord(w->filled, s));
+    w->bucket = b;
+    w->pending = 1;
+    w->margins = 0;
+}
+
+void qt_wslots_invalidate(qt_weight_slots *ws) {
+    for (int i = 0; i < QT_WSLOTS; i++) ws->slot[i].bucket = -1;
+    for (int i = 0; i < ws->n_slots; i++) ws->slot[i].margins = 0;
+    memset(ws->edge_ok, 0, (size_t)ws->sh.n_buckets);
+    ws->cur = -1;
+}
+
+static void CUDART_CB sleep_ms(void *ms) {
+    struct timespec t = {*(long *)ms / 1000, *(long *)ms % 1000 * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* Gathers bucket b into shared slot i on the side stream once the model stream has enqueued every
+ * reader of what it held (free), and records filled. */
+static void gather_into(qt_weight_slots *ws, const qt_wslots_io *io, int i, int b) {
+    wslot *w = &ws->slot[i];
+    QT_CUDA(cudaEventRecord(w->free, io->model));
+    if (io->mutant != 3) QT_CUDA(cudaStreamWaitEvent(io->side, w->free, 0)); /* MUTANT 3: no wait */
+    io->gather(io->ctx, b, data_of(ws, i, b), io->side);
+    QT_CUDA(cudaEventRecord(w->filled, io->side));
+    w->bucket = b;
+    w->pending = 1;
+    w->margins = 0;
+}
+
+/* The model stream waits for slot i's gather (once). */
+static void wait_filled(qt_weight_slots *ws, const qt_wslots_io *io, int i) {
+    wslot *w = &ws->slot[i];
+    if (!w->pending) return;
+    if (!(io->mutant == 4 && i < QT_WSLOTS)) QT_CUDA(cudaStreamWaitEvent(io->model, w->filled, 0)); /* MUTANT 4 */
+    w->pending = 0;
+}
+
+static void copy(void *dst, const void *src, size_t n, cudaStream_t s) {
+    if (n) QT_CUDA(cudaMemcpyAsync(dst, src, n * 2, cudaMemcpyDeviceToDevice, s));
+}
+
+/* Slot i (holding b)'s margins on the model stream: the head from the slot holding b-1 (and into the
+ * cache), else from the cache; the tail from the slot holding b+1, which is acquired first if none does. */
+static void fill_margins(qt_weight_slots *ws, const qt_wslots_io *io, int i, int b) {
+    size_t h = ws->head[b], t = ws->tail[b];
+    char *d = data_of(ws, i, b);
+    if (h) {
+        int j = slot_of(ws, b - 1);
+        uint16_t *cache = ws->edge + (size_t)b * ws->M;
+        if (j >= 0) {
+            wait_filled(ws, io, j);
+            copy(d - h * 2, data_of(ws, j, b - 1) + (blen(ws, b - 1) - h) * 2, h, io->model);
+            copy(cache, d - h * 2, h, io->model);
+            ws->edge_ok[b] = 1;
+        } else {
+            QT_CHECK(ws->edge_ok[b], "ZeRO-3: bucket %d's head margin: bucket %d is in no slot and not cached", b, b - 1);
+            copy(d - h * 2, cache, h, io->model);
+        }
+    }
+    if (t) {
+        if (slot_of(ws, b + 1) < 0) qt_wslots_acquire(ws, io, b + 1, +1);
+        int j = slot_of(ws, b + 1);
+        wait_filled(ws, io, j);
+        copy(d + blen(ws, b) * 2, data_of(ws, j, b + 1), t, io->model);
+    }
+    ws->slot[i].margins = 1;
+}
+
+void qt_wslots_acquire(qt_weight_slots *ws, const qt_wslots_io *io, int b, int dir) {
+    QT_CHECK(b >= 0 && b < ws->sh.n_buckets, "ZeRO-3: acquire of bucket %d of %d", b, ws->sh.n_buckets);
+    int i = slot_of(ws, b), own = ws->own[b] >= 0;
+    QT_CHECK(i >= 0 || !own, "ZeRO-3: bucket %d's own slot was never filled (its gather after AdamW or the load)", b);
+    if (i < 0) gather_into(ws, io, i = ws->cur == 0 ? 1 : 0, b); /* not the slot just read */
+    wait_filled(ws, io, i);
+    if (*io->read_delay_ms) QT_CUDA(cudaLaunchHostFunc(io->model, sleep_ms, io->read_delay_ms));
+    if (!ws->slot[i].margins) fill_margins(ws, io, i, b);
+    if (!own) ws->cur = i;
+    int nb = b + dir; /* the prefetch: the next bucket in dir into the shared slot not read now */
+    if (io->side != io->model && nb >= 0 && nb < ws->sh.n_buckets && ws->own[nb] < 0 && slot_of(ws, nb) < 0)
+        gather_into(ws, io, ws->cur < 0 ? 0 : 1 - ws->cur, nb);
+}
