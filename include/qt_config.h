@@ -189,6 +189,7 @@ int qt_config_plan_key(const char *path);
  * loader makes the cache none when the key is not given). The loader checks it with the key's place
  * in the file; the engine again, for a config changed after loading (memory.plan: auto). */
 int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen);
+
 /* 1 when the config file or a --set gave key path (not its default). */
 int qt_config_given(const qt_config *c, const char *path);
 /* Fills every field with its default. */
