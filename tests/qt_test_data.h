@@ -123,12 +123,13 @@ static inline void qt_t_rmtree(const char *dir) {
 
 /* The rank-failure run: writes dir/fail.yaml (a 2-layer model on dir/syn_train_*.bin.zst, 6 steps,
  * `data` extra data keys such as ", grad_accum: 2", then the `parallel` line) and runs `tool fail.yaml 1 3`
- * (tool_train_fault: rank 1 fails before step 3) in a child whose output goes to dir/fail.err, waiting up
+ * (tool_train_fault: rank 1 fails before step 3; with gather, e.g. "5", instead of issuing its 5th ZeRO-3
+ * weight gather: `tool fail.yaml 1 3 5`) in a child whose output goes to dir/fail.err, waiting up
  * to 120 s. Returns the output (malloc'd) with *status and *secs set; NULL with *why when the config
  * could not be written, fork failed or the child still ran after 120 s (a rank hung: killed). The child
  * execs at once: it never touches the parent's CUDA state. */
 static inline char *qt_t_rank_fault(const char *tool, const char *dir, const char *data, const char *parallel,
-                                    int *status, double *secs, const char **why) {
+                                    const char *gather, int *status, double *secs, const char **why) {
     char cfgp[512], errp[512];
     snprintf(cfgp, sizeof cfgp, "%s/fail.yaml", dir);
     snprintf(errp, sizeof errp, "%s/fail.err", dir);
@@ -148,7 +149,7 @@ static inline char *qt_t_rank_fault(const char *tool, const char *dir, const cha
             dup2(fd, 1);
             dup2(fd, 2);
         }
-        execl(tool, tool, cfgp, "1", "3", (char *)NULL);
+        execl(tool, tool, cfgp, "1", "3", gather, (char *)NULL); /* gather NULL ends the list there */
         _exit(127);
     }
     int waited = 0;

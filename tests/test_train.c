@@ -491,7 +491,7 @@ static void test_data_parallel_failure_stops_all(void) {
     int status;
     double secs;
     const char *why = "";
-    char *out = qt_t_rank_fault(g_fault, g_dir, "", two_ranks_par(), &status, &secs, &why);
+    char *out = qt_t_rank_fault(g_fault, g_dir, "", two_ranks_par(), NULL, &status, &secs, &why);
     QT_REQUIRE(out, "%s", why);
     const char *msg = strstr(out, "[rank 1]");
     printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, secs,

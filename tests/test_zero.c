@@ -32,10 +32,12 @@
 #include "qt_mem_plan.h"
 #include "qt_param_store.h"
 #include "qt_partition.h"
+#include "qt_planner.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
 #include "qt_train.h"
+#include "qt_weight_slots.h"
 
 enum { STEPS = 20 };
 static char g_dir[256], g_fault[512];
@@ -216,6 +218,181 @@ static void test_config_keys(void) {
                        "%s: message %s", cases[i].par, err);
         if (rc && (i == 4 || i == 7)) printf("  %s\n", err);
     }
+}
+
+/* ---- CPU: ZeRO-3's weight slots ---- */
+
+/* Qwen2.5-7B on 2 ranks, ZeRO-3 against ZeRO-2: the bf16 weights shrink to the rank's pieces (half of
+ * numel x 2 bytes); two shared slots of the largest layer bucket (with 2 x 128 elements of margins, a
+ * 256-byte alignment pad and the head-margin cache) and the embedding / LM-head buckets' own slots
+ * appear; everything else stays. The whole-run plan (qtrain --plan's) shows the same rows, its checkpoint
+ * snapshot keeps the rank's bf16 pieces only and assembles weights_bf16. */
+static void test_zero3_plan_7b(void) {
+    qt_config cfg;
+    char err[512];
+    QT_REQUIRE(qt_config_load(&cfg, "configs/qwen2.5-7b-bf16.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    qt_model_cfg mc = cfg.model;
+    qt_model_cfg_finish(&mc);
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+    qt_shard sh;
+    qt_shard_init(&sh, &L, 2, 1, 1);
+    const double G = 1073741824.0;
+    qt_mem_plan p[4];
+    for (int z = 2; z <= 3; z++) {
+        qt_param_placement pl = {QT_OPT_STATE_DEVICE, z, 0, 0, QT_GPU_OPTIM_CHUNK, 1};
+        QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &sh, &pl, &p[z], err, sizeof err) == 0, "%s", err);
+    }
+    size_t M = 64 * 2, big = 0, own = 0, nb = (size_t)sh.n_buckets;
+    for (int b = 0; b < sh.n_buckets; b++) {
+        size_t len = sh.bucket[b + 1] - sh.bucket[b];
+        int table = sh.bucket[b] <= L.embed || sh.bucket[b + 1] > L.final_norm; /* the embeddings', the LM head's */
+        size_t bytes = qt_mem_aligned(qt_mem_aligned(M * 2) + 256 + (len + M) * 2);
+        if (table) own += bytes;
+        else if (len > big) big = len;
+    }
+    size_t slots = 2 * qt_mem_aligned(qt_mem_aligned(M * 2) + 256 + (big + M) * 2) + qt_mem_aligned(nb * M * 2);
+    printf("  7B, 2 ranks: ZeRO-2 weights %.2f GiB; ZeRO-3 shard %.2f GiB + layer slots %.3f GiB + emb/head slots %.2f GiB; "
+           "device %.2f -> %.2f GiB\n", row(&p[2], "weights (bf16)") / G, row(&p[3], "weights (bf16 shard)") / G,
+           row(&p[3], "weight slots (layers)") / G, row(&p[3], "weight slots (emb/head)") / G, p[2].off / G, p[3].off / G);
+    QT_EXPECT(row(&p[2], "weights (bf16)") == qt_mem_aligned(sh.total * 2) && row(&p[2], "weights (bf16 shard)") == 0,
+              "ZeRO-2 weights row %zu", row(&p[2], "weights (bf16)"));
+    QT_EXPECT(row(&p[3], "weights (bf16)") == 0 && row(&p[3], "weights (bf16 shard)") == qt_mem_aligned(sh.len * 2),
+              "ZeRO-3 shard row %zu, expected %zu", row(&p[3], "weights (bf16 shard)"), qt_mem_aligned(sh.len * 2));
+    QT_EXPECT(row(&p[3], "weight slots (layers)") == slots, "layer slots %zu bytes, expected %zu (2 x %zu elements)",
+              row(&p[3], "weight slots (layers)"), slots, big);
+    QT_EXPECT(row(&p[3], "weight slots (emb/head)") == own, "emb/head slots %zu bytes, expected %zu",
+              row(&p[3], "weight slots (emb/head)"), own);
+    QT_EXPECT(p[2].off - p[3].off == row(&p[2], "weights (bf16)") - row(&p[3], "weights (bf16 shard)") - slots - own,
+              "ZeRO-3 saves %zu bytes: only the weight rows may change", p[2].off - p[3].off);
+    QT_EXPECT(big < L.numel / 20 && p[3].off < p[2].off, "a layer bucket of %zu elements", big);
+    /* the run plan: the same rows, the snapshot of the rank's pieces, assembled whole */
+    static qt_run_plan rp2, rp3;
+    cfg.parallel.gpus = 2, cfg.parallel.zero = 2;
+    QT_REQUIRE(qt_plan_run(&L, &cfg, -1, 1, &rp2, err, sizeof err) == 0, "%s", err);
+    cfg.parallel.zero = 3;
+    QT_REQUIRE(qt_plan_run(&L, &cfg, -1, 1, &rp3, err, sizeof err) == 0, "%s", err);
+    size_t snap2 = row(&rp2.mem, "checkpoint snapshot"), snap3 = row(&rp3.mem, "checkpoint snapshot");
+    size_t asm2 = row(&rp2.mem, "checkpoint snapshot (assembled)"), asm3 = row(&rp3.mem, "checkpoint snapshot (assembled)");
+    QT_EXPECT(snap2 - snap3 == 2 * (L.numel - sh.len) * 2 && asm3 - asm2 == L.numel * 2,
+              "snapshot %zu -> %zu, assembled %zu -> %zu", snap2, snap3, asm2, asm3);
+    QT_EXPECT(row(&rp3.mem, "weight slots (layers)") == slots && rp3.gpu_bytes < rp2.gpu_bytes, "run plan rows");
+    qt_layout_free(&L);
+}
+
+/* The weight slots' map without a GPU: every tensor of the model lies in its unit's home bucket or the
+ * margins of its slot (a head below of at most 64 x n_ranks elements, a tail past it only for the
+ * embedding table); the homes are the buckets in order (each layer bucket holds whole layers plus a head);
+ * the embedding and untied LM-head buckets have slots of their own, whose data sit at their bucket's
+ * address modulo 256 bytes (as in a whole array: the same cuBLASLt alignments). Tied and untied, 2 and
+ * 3 ranks; some tensors must cross a boundary (head margins used), and with 3 ranks the table's tail. */
+static void test_zero3_slot_map(void) {
+    for (int tie = 0; tie < 2; tie++)
+        for (int n = 2; n <= 3; n++) {
+            qt_model_cfg mc = {.vocab_size = 301, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
+                               .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
+                               .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
+            qt_model_cfg_finish(&mc);
+            char err[256];
+            qt_layout L;
+            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+            qt_config cfg;
+            qt_config_defaults(&cfg);
+            qt_shard sh;
+            qt_shard_init(&sh, &L, n, n - 1, 1);
+            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 3, 0, 0, QT_GPU_OPTIM_CHUNK, !tie};
+            qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
+            QT_REQUIRE(ps && ps->wslots, "%s", err);
+            const qt_weight_slots *ws = ps->wslots;
+            size_t M = 64 * (size_t)n, heads = 0;
+            int bad = 0, nb = sh.n_buckets;
+            for (int i = 0; i < L.n_tensors; i++) {
+                const qt_tensor *t = &L.tensors[i];
+                int h = qt_wslots_home(ws, t->offset), he = qt_wslots_home(ws, t->offset + t->numel - 1);
+                size_t lo = sh.bucket[h] - qt_wslots_head(ws, h), hi = sh.bucket[h + 1] + qt_wslots_tail(ws, h);
+                int ok = h == he && t->offset >= lo && t->offset + t->numel <= hi;
+                if (!ok) printf("  tie %d, %d ranks: %s [%zu, %zu) outside bucket %d's slot [%zu, %zu)\n", tie, n, t->name,
+                                t->offset, t->offset + t->numel, h, lo, hi);
+                bad += !ok;
+                heads += t->offset < sh.bucket[h];
+            }
+            int prev = -1;
+            for (int l = 0; l < mc.num_layers; l++) { /* homes ascend by at most one bucket per layer */
+                int h = qt_wslots_home(ws, L.layers[l].ln1);
+                bad += h < prev || h > prev + 1 + (l == 0) || qt_wslots_own(ws, h) != (h == qt_wslots_home(ws, 0));
+                prev = h;
+            }
+            int h0 = qt_wslots_home(ws, 0), hl = qt_wslots_home(ws, L.numel - 1);
+            bad += h0 != 0 || !qt_wslots_own(ws, 0) || hl != nb - 1 || qt_wslots_own(ws, hl) != !tie;
+            for (int b = 0; b < nb; b++) bad += qt_wslots_head(ws, b) > M || qt_wslots_tail(ws, b) > M || (b > 0 && qt_wslots_tail(ws, b));
+            /* the plan rows, and the own slots' alignment at a fake base */
+            qt_mem_plan p;
+            qt_mem_plan_begin(&p, NULL);
+            qt_param_store_carve(ps, &p);
+            char *base = malloc(p.off + 256), *b256 = (char *)(((uintptr_t)base + 255) & ~(uintptr_t)255);
+            QT_REQUIRE(base, "out of memory");
+            qt_mem_plan_begin(&p, b256);
+            qt_param_store_carve(ps, &p);
+            size_t own_bytes = 0;
+            for (int b = 0; b < nb; b++) {
+                if (!qt_wslots_own(ws, b)) continue;
+                own_bytes += qt_mem_aligned(qt_wslots_slot_bytes(ws, b));
+                bad += ((uintptr_t)qt_wslots_own_data(ws, b) - (uintptr_t)b256) % 256 != sh.bucket[b] * 2 % 256;
+            }
+            bad += row(&p, "weight slots (emb/head)") != own_bytes ||
+                   row(&p, "weight slots (layers)") != 2 * qt_mem_aligned(qt_wslots_slot_bytes(ws, -1)) + qt_mem_aligned(nb * M * 2) ||
+                   row(&p, "weights (bf16 shard)") != qt_mem_aligned(sh.len * 2) || row(&p, "weights (bf16)") != 0;
+            free(base);
+            printf("  tie %d, %d ranks: %d buckets, %zu tensors read through a head margin, table tail %zu\n", tie, n, nb,
+                   heads, qt_wslots_tail(ws, 0));
+            QT_EXPECT(bad == 0, "tie %d, %d ranks: %d wrong slot entries", tie, n, bad);
+            QT_EXPECT(heads > 0, "tie %d, %d ranks: no tensor below its home bucket: the margins go untested", tie, n);
+            if (n == 3) QT_EXPECT(qt_wslots_tail(ws, 0) > 0, "tie %d: the table has no tail past its bucket", tie);
+            qt_param_store_free(ps);
+            qt_layout_free(&L);
+        }
+}
+
+/* parallel.zero: 3 in a config: accepted in bf16; with fp8 matmuls the weight cache becomes none unless
+ * given (all is refused, naming the key); CUDA graphs and bf16 gradients are refused with the key's
+ * place in the file. */
+static void test_zero3_config(void) {
+    const char *base = "model: {vocab_size: 64, hidden_size: 64, num_layers: 1, num_heads: 1, num_kv_heads: 1, intermediate_size: 64}\n";
+    const struct { const char *more, *blame; int wcache; } cases[] = {
+        {"parallel: {zero: 3}", NULL, QT_FP8_WCACHE_ALL},
+        {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}", NULL, QT_FP8_WCACHE_NONE},
+        {"parallel: {zero: 2}\nprecision: {matmul_dtype: e4m3}", NULL, QT_FP8_WCACHE_ALL},
+        {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}\nmemory: {fp8_weight_cache: none}", NULL, QT_FP8_WCACHE_NONE},
+        {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}\nmemory: {fp8_weight_cache: all}", "z.yaml:4:", 0},
+        {"parallel: {zero: 3}\nperf: {cuda_graphs: true}", "z.yaml:3:", 0},
+        {"parallel: {zero: 3}\nprecision: {grad_accum_dtype: bf16}", "z.yaml:3:", 0},
+    };
+    const char *keys[] = {NULL, NULL, NULL, NULL, "memory.fp8_weight_cache", "perf.cuda_graphs", "precision.grad_accum_dtype"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char yaml[512], err[512];
+        snprintf(yaml, sizeof yaml, "%s%s\n", base, cases[i].more);
+        qt_config c;
+        int rc = qt_config_load_string(&c, yaml, "z.yaml", NULL, 0, err, sizeof err);
+        if (!cases[i].blame) {
+            QT_EXPECT(rc == 0 && c.memory.fp8_weight_cache == cases[i].wcache && qt_config_zero3_check(&c, err, sizeof err) == 0,
+                      "%s: rc %d, weight cache %d (%s)", cases[i].more, rc, c.memory.fp8_weight_cache, err);
+            continue;
+        }
+        printf("  %s\n", err);
+        QT_EXPECT(rc != 0 && strstr(err, cases[i].blame) && strstr(err, keys[i]) && strstr(err, "zero: 3"),
+                  "%s: rc %d, message %s", cases[i].more, rc, err);
+    }
+    /* a config changed after loading (memory.plan: auto, the C API) is refused by the engine's check too */
+    qt_config c;
+    char err[512];
+    qt_config_defaults(&c);
+    snprintf(c.path, sizeof c.path, "api.yaml");
+    c.parallel.zero = 3, c.perf.cuda_graphs = 1;
+    QT_EXPECT(qt_config_zero3_check(&c, err, sizeof err) && strstr(err, "api.yaml: perf.cuda_graphs"), "%s", err);
+    c.perf.cuda_graphs = 0, c.precision.matmul_dtype = QT_DT_E4M3;
+    QT_EXPECT(qt_config_zero3_check(&c, err, sizeof err) && strstr(err, "memory.fp8_weight_cache"), "%s", err);
+    c.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
+    QT_EXPECT(qt_config_zero3_check(&c, err, sizeof err) == 0, "%s", err);
 }
 
 /* ---- GPU runs ---- */
@@ -455,7 +632,7 @@ static void test_zero2_failure_stops_all(void) {
     int status;
     double secs;
     const char *why = "";
-    char *out = qt_t_rank_fault(g_fault, g_dir, ", grad_accum: 2", "parallel: {devices: [0, 0], zero: 2}", &status, &secs, &why);
+    char *out = qt_t_rank_fault(g_fault, g_dir, ", grad_accum: 2", "parallel: {devices: [0, 0], zero: 2}", NULL, &status, &secs, &why);
     QT_REQUIRE(out, "%s", why);
     const char *msg = strstr(out, "[rank 1]");
     printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, secs,
@@ -474,6 +651,9 @@ int main(int argc, char **argv) {
     QT_RUN(test_plan_7b_two_ranks);
     QT_RUN(test_grad_slot_map);
     QT_RUN(test_config_keys);
+    QT_RUN(test_zero3_plan_7b);
+    QT_RUN(test_zero3_slot_map);
+    QT_RUN(test_zero3_config);
     QT_RUN(test_zero2_equals_zero1);
     QT_RUN(test_zero2_tied_lookups);
     QT_RUN(test_zero2_accumulation);
