@@ -1,4 +1,6 @@
-/* test_zero.c — parallel.zero: ZeRO-2 keeps only its shard of the fp32 gradients, with ZeRO-1's bits.
+/* test_zero.c — parallel.zero: ZeRO-2 keeps only its shard of the fp32 gradients, with ZeRO-1's bits;
+ * ZeRO-3 only its pieces of the bf16 weights too (gathered into weight slots as the model reads them),
+ * with ZeRO-2's bits.
  *
  * CPU (no GPU needed): the memory plan of Qwen2.5-7B on 2 ranks: ZeRO-2's gradient rows are the rank's
  * half of numel x 4 bytes plus the slots (3 of the largest layer bucket, one per bucket holding LM-head
@@ -16,7 +18,13 @@
  * saved at ZeRO-2 resumes at ZeRO-1 bit for bit against the uninterrupted run, and on one rank. Mutants
  * (test hooks) must differ: the backward not waiting for its gradient slots (sums delayed), the shard
  * summed in descending rank order (3 ranks). A rank failing before an optimizer step stops all ranks
- * with its message (tool_train_fault). Autotuning off: every run multiplies with the same algorithms. */
+ * with its message (tool_train_fault). ZeRO-3 — CPU: the 7B plan rows (the shard, the layer and
+ * emb/head slots), the slot map (every tensor inside its home slot or its margins, the own slots'
+ * alignment), the config refusals (CUDA graphs, fp8 weight cache all, bf16 gradients); GPU: ZeRO-3 =
+ * ZeRO-2 bitwise over bf16/fp8, overlap, accumulation, offload, bf16 master, bf16 sums, recompute, a tied
+ * model, 2 and 3 ranks; resume 2 <-> 3 bitwise, and on 3 ranks and one GPU; mutants (a slot reused before
+ * its last reader, a prefetch read without waiting for it) caught; a rank failing instead of a gather
+ * stops all. Autotuning off: every run multiplies with the same algorithms. */
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -642,6 +650,161 @@ static void test_zero2_failure_stops_all(void) {
     free(out);
 }
 
+/* ---- GPU: ZeRO-3 ---- */
+
+#define FP8_NPQ "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: false}\n"
+
+/* ZeRO-3 against ZeRO-2: the same bits (losses, gradient norms, the final checkpoint's weights, bf16
+ * weights, m and v) with the gathered weight slots, 2 and 3 ranks: bf16 and fp8 (each layer quantized
+ * from its slot; ZeRO-2 keeps the persistent fp8 cache, quants rebuilt per step or per micro-step),
+ * overlap on (prefetch on the side stream) and off, grad_accum 2 (both sum every micro-step), the
+ * optimizer state offloaded, a bf16 master (AdamW rounds the rank's bf16 pieces in place), bf16 sums,
+ * block recompute (the backward reads every weight again). */
+static void test_zero3_equals_zero2(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name, *more, *lines; int accum; } cases[] = {
+        {"z3_bf16_ov", "overlap_comm: true", "", 1},
+        {"z3_bf16_noov", "overlap_comm: false", "", 1},
+        {"z3_bf16_acc", "overlap_comm: true", "", 2},
+        {"z3_bf16_acc_noov", "overlap_comm: false", "", 2},
+        {"z3_bf16_offload", "overlap_comm: true", "memory: {offload_optimizer: true}", 2},
+        {"z3_bf16_master_offload", "overlap_comm: true", "precision: {master_dtype: bf16}\nmemory: {offload_optimizer: true}", 1},
+        {"z3_bf16_master_noov", "overlap_comm: false", "precision: {master_dtype: bf16}", 2},
+        {"z3_bf16_sums", "overlap_comm: true, reduce_dtype: bf16", "", 1},
+        {"z3_bf16_recompute", "overlap_comm: true", "memory: {recompute: [block]}", 2},
+        {"z3_fp8_ov", "overlap_comm: true", FP8, 1},
+        {"z3_fp8_noov_acc", "overlap_comm: false", FP8, 2},
+        {"z3_fp8_npq_recompute", "overlap_comm: true", FP8_NPQ "memory: {recompute: [block]}", 2},
+    };
+    for (int ranks = 2; ranks <= 3; ranks++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            run_out a, b;
+            char why[512];
+            qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of the offloaded optimizer state */
+            qt_test_hooks_set(strstr(cases[i].lines, "offload") ? &h : NULL);
+            int rc = compare(cases[i].name, ranks, 2, 3, cases[i].more, cases[i].lines, cases[i].accum, 0, &a, &b, why,
+                             sizeof why);
+            qt_test_hooks_set(NULL);
+            printf("  %d ranks %-22s ZeRO-3 vs ZeRO-2: %s\n", ranks, cases[i].name, rc == 1 ? "bitwise equal" : why);
+            QT_EXPECT(rc == 1, "%d ranks, %s: %s", ranks, cases[i].name, why);
+            if (rc == 1 && i == 0) QT_EXPECT(b.loss[STEPS - 1] < b.loss[0], "loss did not fall: %g -> %g", b.loss[0], b.loss[STEPS - 1]);
+        }
+}
+
+/* A tied model whose embedding bucket (the embedding table and the LM head: one slot of its own, gathered
+ * once per step) runs past its bucket on 3 ranks (the tail margin) and whose lookups are gathered. */
+static void test_zero3_tied(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    g_model = "model: {vocab_size: 8192, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n"
+              "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: true}\n";
+    for (int ranks = 2; ranks <= 3; ranks++)
+        for (int ov = 0; ov < 2; ov++) {
+            run_out a, b;
+            char why[512], name[32];
+            snprintf(name, sizeof name, "z3_tied_ov%d", ov);
+            int rc = compare(name, ranks, 2, 3, ov ? "overlap_comm: true" : "overlap_comm: false", "", 1, 0, &a, &b, why,
+                             sizeof why);
+            printf("  %d ranks, tied, overlap %d, ZeRO-3 vs ZeRO-2: %s\n", ranks, ov, rc == 1 ? "bitwise equal" : why);
+            QT_EXPECT(rc == 1, "%d ranks, tied, overlap %d: %s", ranks, ov, why);
+        }
+    g_model = UNTIED;
+}
+
+/* Checkpoints stay whole (weights_bf16 assembled from the ranks' pieces): ZeRO-2 stopped at step 10 and
+ * resumed at ZeRO-3, and ZeRO-3 stopped and resumed at ZeRO-2, end with the bits of the uninterrupted
+ * ZeRO-2 run; a ZeRO-3 checkpoint of 2 ranks loads on 3 ranks and on one GPU and keeps training. */
+static void test_zero3_resume_across_levels(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    run_out full, part, res;
+    char why[512], rk[64], rk3[64], extra[512], err[1024];
+    ranks_text(2, rk, sizeof rk);
+    ranks_text(3, rk3, sizeof rk3);
+    snprintf(extra, sizeof extra, "parallel: {%s, zero: 2}", rk);
+    QT_REQUIRE(run("z3res_full", "z3res_full", extra, 1, 0, NULL, -1, &full, err, sizeof err) == 0, "%s", err);
+    for (int from = 2; from <= 3; from++) {
+        char dir[32], tag[32];
+        snprintf(dir, sizeof dir, "z3res_from%d", from);
+        snprintf(extra, sizeof extra, "parallel: {%s, zero: %d}", rk, from);
+        QT_REQUIRE(run(dir, dir, extra, 1, 0, NULL, 10, &part, err, sizeof err) == 0, "%s", err);
+        snprintf(extra, sizeof extra, "parallel: {%s, zero: %d}", rk, 5 - from);
+        snprintf(tag, sizeof tag, "%s_res", dir);
+        QT_REQUIRE(run(tag, dir, extra, 1, 0, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < 10; i++) res.loss[i] = part.loss[i], res.gn[i] = part.gn[i];
+        int same = same_bits(&full, &res, 0, why, sizeof why);
+        printf("  ZeRO-%d 10 steps, resumed at ZeRO-%d to 20, vs ZeRO-2 20 steps: %s\n", from, 5 - from, same ? "bitwise equal" : why);
+        QT_EXPECT(same, "resume ZeRO-%d -> ZeRO-%d: %s", from, 5 - from, why);
+    }
+    const char *others[2] = {rk3, "gpus: 1"};
+    for (int k = 0; k < 2; k++) {
+        char dir[32], tag[32];
+        snprintf(dir, sizeof dir, "z3res_other%d", k);
+        snprintf(extra, sizeof extra, "parallel: {%s, zero: 3}", rk);
+        QT_REQUIRE(run(dir, dir, extra, 1, 0, NULL, 10, &part, err, sizeof err) == 0, "%s", err);
+        snprintf(extra, sizeof extra, k ? "parallel: {%s}" : "parallel: {%s, zero: 3}", others[k]);
+        snprintf(tag, sizeof tag, "%s_res", dir);
+        QT_REQUIRE(run(tag, dir, extra, 1, 0, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
+        printf("  ZeRO-3 2 ranks -> %s: step 11 loss %.4f, step 20 loss %.4f\n", others[k], res.loss[10], res.loss[STEPS - 1]);
+        QT_EXPECT(isfinite(res.loss[STEPS - 1]) && fabs(res.loss[10] - full.loss[10]) < 0.1 * full.loss[10],
+                  "%s resumed at %g (2 ranks: %g)", others[k], res.loss[10], full.loss[10]);
+    }
+}
+
+/* The ZeRO-3 mutants must change the bits (or stop the run); the delays alone must not. A slot gathered
+ * into before its last reader ran shows when the model stream lags (it sleeps after each acquire); a read
+ * that does not wait for its gather shows when the gathers lag (the side stream sleeps before each). */
+static void test_zero3_mutants_caught(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name; qt_test_hooks h; int differs; } cases[] = {
+        {"reads delayed 5 ms (no mutant)", {.zero3_read_delay_ms = 5}, 0},
+        {"slot reused before its last reader", {.zero3_read_delay_ms = 5, .zero_mutant = 3}, 1},
+        {"gathers delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, 0},
+        {"prefetch read without waiting for it", {.dp_ag_delay_ms = 20, .zero_mutant = 4}, 1},
+    };
+    run_out ref, got;
+    char why[512], rk[64], extra[512], err[1024], tag[64];
+    ranks_text(2, rk, sizeof rk);
+    snprintf(extra, sizeof extra, "parallel: {%s, zero: 2, overlap_comm: true}", rk);
+    QT_REQUIRE(run("z3mut_ref", "z3mut_ref", extra, 1, 0, NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
+    snprintf(extra, sizeof extra, "parallel: {%s, zero: 3, overlap_comm: true}", rk);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(tag, sizeof tag, "z3mut_%zu", i);
+        qt_test_hooks_set(&cases[i].h);
+        int rc = run(tag, tag, extra, 1, 0, NULL, -1, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        if (rc && cases[i].differs) { /* a mutant may make the run fail (NaN weights): caught too */
+            printf("  %-40s the run failed: %s\n", cases[i].name, err);
+            continue;
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
+        int same = same_bits(&ref, &got, 0, why, sizeof why);
+        printf("  %-40s %s\n", cases[i].name, same ? "bitwise equal to ZeRO-2" : why);
+        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
+    }
+}
+
+/* Rank 1 fails instead of issuing its 5th weight gather (step 3's forward; rank 0 then waits in that
+ * all-gather): the process ends with status 1 and rank 1's message within 120 s. */
+static void test_zero3_failure_mid_gather(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (access(g_fault, X_OK)) QT_SKIP("%s is not built", g_fault);
+    setup_data();
+    int status;
+    double secs;
+    const char *why = "";
+    char *out = qt_t_rank_fault(g_fault, g_dir, "", "parallel: {devices: [0, 0], zero: 3}", "5", &status, &secs, &why);
+    QT_REQUIRE(out, "%s", why);
+    const char *msg = strstr(out, "[rank 1]");
+    printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, secs,
+           msg ? (int)(strcspn(msg, "\n") + 1) : 0, msg ? msg : "");
+    QT_EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 1, "expected exit status 1, got %d", status);
+    QT_EXPECT(msg && strstr(msg, "injected failure") && strstr(msg, "dp_fail_gather"), "rank 1's message missing: %s", out);
+    free(out);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     snprintf(g_fault, sizeof g_fault, "%s", argv[0]);
@@ -660,6 +823,11 @@ int main(int argc, char **argv) {
     QT_RUN(test_zero_resume_across_levels);
     QT_RUN(test_zero_mutants_caught);
     QT_RUN(test_zero2_failure_stops_all);
+    QT_RUN(test_zero3_equals_zero2);
+    QT_RUN(test_zero3_tied);
+    QT_RUN(test_zero3_resume_across_levels);
+    QT_RUN(test_zero3_mutants_caught);
+    QT_RUN(test_zero3_failure_mid_gather);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }
