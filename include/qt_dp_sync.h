@@ -54,8 +54,8 @@ const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d);
  * touches the weights, the master copy or the gradients). */
 void qt_dp_sync_join(qt_dp_sync *d);
 /* ZeRO-3: the rank's pieces of the bf16 weights changed outside AdamW (a load): the weight slots
- * forget what they hold and the embedding / LM-head slots are gathered again (on the model's stream,
- * a collective: every rank calls it). Nothing otherwise. */
+ * forget what they hold and the embedding / LM-head slots are gathered again before the next forward
+ * (no collective here: a rank whose load fails must not leave the others waiting). Nothing otherwise. */
 void qt_dp_sync_reload(qt_dp_sync *d);
 
 /* Optimizer step, in order: reduce (the gradients summed over the ranks where they were not during the

@@ -55,6 +55,8 @@ struct qt_dp_sync {
     qt_wslots_io io;        /* gathers on the side stream with the overlap (prefetch), else the model's */
     long read_delay_ms;     /* test hook zero3_read_delay_ms */
     long gathers;           /* shared-slot gathers issued so far (test hook dp_fail_gather) */
+    int own_due;            /* the own slots wait for their gather at the next forward (after creation or a
+                             * load: collectives only where every rank is sure to come) */
     int fail_rank;          /* test hook: this rank fails at its fail_gather-th gather (-1: none) */
     long fail_gather;
 };
@@ -238,8 +240,10 @@ static void z3_gather(void *ctx, int b, void *dst, cudaStream_t s) {
 
 /* ZeRO-3 hooks: the forward reads the weights below upto (the unit ending there: its home bucket), the
  * backward the unit starting at from; the weight slots gather, wait and prefetch (qt_wslots_acquire). */
+static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s);
 static void z3_forward(void *ctx, size_t upto) {
     qt_dp_sync *d = ctx;
+    if (d->own_due) z3_gather_own(d, 0, d->ps->shard.n_buckets, d->g->stream);
     qt_wslots_acquire(d->ps->wslots, &d->io, qt_wslots_home(d->ps->wslots, upto ? upto - 1 : 0), +1);
 }
 static void z3_backward(void *ctx, size_t from) {
@@ -254,6 +258,7 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
     int rank = d->plan.rank;
     if (k0 == 0) qt_wslots_invalidate(ws);
+    if (k1 == sh->n_buckets) d->own_due = 0;
     for (int k = k0; k < k1; k++) {
         if (!qt_wslots_own(ws, k)) continue;
         size_t off, len, st;
@@ -266,7 +271,9 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
 }
 
 void qt_dp_sync_reload(qt_dp_sync *d) {
-    if (d->plan.zero >= 3) z3_gather_own(d, 0, d->ps->shard.n_buckets, d->g->stream);
+    if (d->plan.zero < 3) return;
+    qt_wslots_invalidate(d->ps->wslots);
+    d->own_due = 1;
 }
 
 void qt_dp_sync_inputs(qt_dp_sync *d) { sums_wait(d); }
@@ -483,9 +490,9 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
         QT_CHECK(d->ag_ev, "out of host memory");
         for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&d->ag_ev[k], cudaEventDisableTiming));
     }
-    if (p->zero >= 3) { /* the own slots filled from the initial pieces before the first forward */
+    if (p->zero >= 3) { /* the own slots are filled from the initial pieces at the first forward */
         d->io = (qt_wslots_io){z3_gather, d, g->stream, p->overlap ? d->side : g->stream, d->mutant, &d->read_delay_ms};
-        qt_dp_sync_reload(d);
+        d->own_due = 1;
     }
     for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final
                                           * norm; MS_SUMS after the LM head, final norm, each layer and the embeddings */
