@@ -423,6 +423,10 @@ static void randomize(uint64_t *s) {
     cfg.optim.warmup = cfg.optim.cooldown = 0;
     cfg.parallel.shard_optimizer = cfg.parallel.zero >= 1; /* as loading leaves them (the older spelling) */
     if (cfg.parallel.zero >= 2) cfg.precision.grad_accum_dtype = QT_DT_F32; /* ZeRO-2's gradients are fp32 */
+    if (cfg.parallel.zero >= 3) { /* ZeRO-3: no CUDA graphs; fp8 quantizes at use (qt_config_zero3_check) */
+        cfg.perf.cuda_graphs = 0;
+        if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
+    }
     if (cfg.model.max_seq_len < cfg.data.seq_len) cfg.model.max_seq_len = cfg.data.seq_len;
 }
 
