@@ -231,14 +231,15 @@ static void test_adamw_offload(void) {
  * rounding. However the update is cut — one launch over the whole array; two ZeRO-1 ranks' pieces (state
  * shifted); the state offloaded to pinned host memory and streamed through the slots in chunks of 3001
  * elements (state indices relative to each slot); plans of 777 elements each, cut off every vector
- * boundary — 3 steps must give the same bf16 weights, m and v bit for bit, fp32 and bf16 moments: the
+ * boundary; ZeRO-3: the ranks' pieces of the bf16 weights too, at their state index (w_at_state) — 3
+ * steps must give the same bf16 weights, m and v bit for bit, fp32 and bf16 moments: the
  * rounding's random bits come from (seed, step, flat index) alone. A hash of the state index instead
  * (the QT_MUTANT_SR_STATE_INDEX build, tools/gpu-check.sh bf16master) fails the sharded and offloaded
  * cuts. */
 static void test_adamw_bf16_master_cuts(void) {
     NEED_GPU();
-    enum { CUTS = 4, RANKS = 2, PIECE = 777, CHUNK = 3001 };
-    const char *name[CUTS] = {"whole", "ZeRO-1 pieces", "offloaded chunks", "777-element plans"};
+    enum { CUTS = 5, RANKS = 2, PIECE = 777, CHUNK = 3001 };
+    const char *name[CUTS] = {"whole", "ZeRO-1 pieces", "offloaded chunks", "777-element plans", "ZeRO-3 pieces (w too)"};
     const size_t bucket[3] = {0, 5120, ATOT};
     for (int bf = 0; bf < 2; bf++) {
         qt_dtype dt = bf ? QT_DT_BF16 : QT_DT_F32;
@@ -268,6 +269,17 @@ static void test_adamw_bf16_master_cuts(void) {
             rank[r] = qt_adamw_plan_create(t, nt);
         }
         char *rm = (char *)m[1], *rv = (char *)v[1]; /* rank r's state at [r * ATOT/2, ...) */
+        /* cut 4 (ZeRO-3): as cut 1, and rank r's bf16 weights at [r * ATOT/2, ...) like its m, v; piece_at(i):
+         * where flat element i sits there */
+#define PIECE_AT(i) ((i) < bucket[1] ? ((i) / (bucket[1] / 2)) * (ATOT / 2) + (i) % (bucket[1] / 2)                          \
+                                     : ((i) - bucket[1]) / ((ATOT - bucket[1]) / 2) * (ATOT / 2) + bucket[1] / 2 +          \
+                                           ((i) - bucket[1]) % ((ATOT - bucket[1]) / 2))
+        {
+            uint16_t *hp = malloc(ATOT * 2);
+            for (size_t i = 0; i < ATOT; i++) hp[PIECE_AT(i)] = qt_f32_to_bf16(w[i]);
+            QT_CUDA(cudaMemcpy(wb[4], hp, ATOT * 2, cudaMemcpyHostToDevice));
+            free(hp);
+        }
         /* cut 2: the state in pinned host memory, streamed through the slots */
         void *hm, *hv, *slots = d_poison(qt_gpu_optim_slot_bytes(CHUNK, 0, dt, dt));
         QT_CUDA(cudaHostAlloc(&hm, ATOT * es, cudaHostAllocDefault));
@@ -298,6 +310,11 @@ static void test_adamw_bf16_master_cuts(void) {
             for (int r = 0; r < RANKS; r++)
                 qt_adamw_step(rank[r], wb[1], NULL, dg, QT_DT_F32, rm + r * (ATOT / 2) * es, dt, rv + r * (ATOT / 2) * es, dt, NULL,
                               NULL, &a, 0);
+            qt_adamw_args a3 = a;
+            a3.w_at_state = 1;
+            for (int r = 0; r < RANKS; r++)
+                qt_adamw_step(rank[r], (char *)wb[4] + r * (ATOT / 2) * 2, NULL, dg, QT_DT_F32, (char *)m[4] + r * (ATOT / 2) * es,
+                              dt, (char *)v[4] + r * (ATOT / 2) * es, dt, NULL, NULL, &a3, 0);
             qt_gpu_optim_step(off, 0, wb[2], dg, QT_DT_F32, NULL, &a, 0);
             for (int k = 0; k < np; k++) qt_adamw_step(pieces[k], wb[3], NULL, dg, QT_DT_F32, m[3], dt, v[3], dt, NULL, NULL, &a, 0);
             QT_CUDA(cudaDeviceSynchronize());
@@ -312,6 +329,12 @@ static void test_adamw_bf16_master_cuts(void) {
         QT_CUDA(cudaMemcpy(gv, v[0], ATOT * es, cudaMemcpyDeviceToHost));
         for (int c = 1; c < CUTS; c++) {
             float *got = g_bf16(wb[c], ATOT);
+            if (c == 4) { /* back to flat order */
+                float *flat = malloc(ATOT * 4);
+                for (size_t i = 0; i < ATOT; i++) flat[i] = got[PIECE_AT(i)];
+                free(got);
+                got = flat;
+            }
             long first = -1, ndiff = 0;
             for (long i = 0; i < ATOT; i++)
                 if (memcmp(&got[i], &ref[i], 4)) ndiff++, first = first < 0 ? i : first;
@@ -324,7 +347,7 @@ static void test_adamw_bf16_master_cuts(void) {
                 QT_CUDA(cudaMemcpy(cm, m[c], ATOT * es, cudaMemcpyDeviceToHost));
                 QT_CUDA(cudaMemcpy(cv, v[c], ATOT * es, cudaMemcpyDeviceToHost));
             }
-            if (c == 1) { /* rank r holds the pieces [r*len, (r+1)*len) of each bucket at bucket/2 + r*ATOT/2 */
+            if (c == 1 || c == 4) { /* rank r holds the pieces [r*len, (r+1)*len) of each bucket at bucket/2 + r*ATOT/2 */
                 int same = 1;
                 for (int r = 0; r < RANKS; r++)
                     for (int bk = 0; bk < 2; bk++) {
@@ -342,6 +365,7 @@ static void test_adamw_bf16_master_cuts(void) {
             free(got);
         }
         for (int r = 0; r < RANKS; r++) qt_adamw_plan_free(rank[r]);
+#undef PIECE_AT
         for (int k = 0; k < np; k++) qt_adamw_plan_free(pieces[k]);
         qt_adamw_plan_free(whole);
         qt_gpu_optim_free(off);
