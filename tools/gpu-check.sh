@@ -476,16 +476,20 @@ if has offload_residual_bench; then
 fi
 # parallel.zero (ranks sharing one GPU, so the bits and the overheads, not scaling): test_zero (7B plan
 # rows, ZeRO-2 = ZeRO-1 bitwise over 20 steps for 2 and 3 ranks, bf16/fp8, overlap, graphs; accumulation
-# bound; resume across levels; mutants; a failing rank), then 0.5B fp8 on 2 ranks of GPU 0 at ZeRO-1 and
-# ZeRO-2: one 16 x 1024 micro-batch per rank per step, and LLM.Q's setting (ZeRO-2 sums every micro-step).
+# bound; resume across levels; mutants; a failing rank; ZeRO-3 = ZeRO-2 bitwise, its resume, mutants and a
+# rank failing mid-gather), then 0.5B fp8 on 2 ranks of GPU 0 at ZeRO-1, 2 and 3 (3 without CUDA graphs,
+# which it refuses): one 16 x 1024 micro-batch per rank per step, and LLM.Q's setting (ZeRO-2/3 sum every
+# micro-step; ZeRO-3 gathers every layer twice per micro-step).
 if has zero; then
     two="--set parallel.devices=[0,0] --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
-    { step test_zero 1200 build/tests/test_zero
-      for z in 1 2; do
+    { step test_zero 1800 build/tests/test_zero
+      for z in 1 2 3; do
+          z3=""
+          [ "$z" = 3 ] && z3="--set perf.cuda_graphs=false"
           step zero${z}_0.5b_fp8_2ranks_mb16 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --steps 10 $two \
-              --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.zero=$z
+              --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.zero=$z $z3
           step zero${z}_0.5b_fp8_2ranks_llmq 400 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --warmup 1 --steps 3 \
-              $two --set parallel.zero=$z
+              $two --set parallel.zero=$z $z3
       done
     } 2>&1 | tee "$OUT/zero.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|within|GiB|resumed|exit status|tokens/s|rror|gradient'
 fi
