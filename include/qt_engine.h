@@ -53,7 +53,8 @@ typedef struct {
      * (the engine's stream synchronized), and their CUDA device; valid until the next micro_step or
      * opt_step. NULL op where there is no such array (the CPU engine, data parallel: a rank's are partial). */
     float *(*grads_device)(qt_engine *e, int *device);
-    /* Logits [B*T, V] of a forward without loss (may be NULL when the engine cannot). */
+    /* Logits [B*T, V] of a forward without loss (may be NULL when the engine cannot); a GPU engine given
+     * logits NULL runs the forward only (a ZeRO-3 rank taking part in rank 0's weight gathers). */
     void (*forward_logits)(qt_engine *e, const int32_t *inputs, float *logits);
     /* The full optimizer state as checkpoint blobs (weights, master copy, m, v in their own dtypes).
      * The blobs point into engine-owned host buffers valid until the next call. Returns the count. */

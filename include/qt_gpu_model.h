@@ -109,7 +109,8 @@ size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, fl
  * fewer than the embedding table's gradient (V C): a sharded step then sums those instead (g->lookups). */
 int qt_gpu_model_lookups_pay(const qt_layout *L, const qt_config *cfg, int n_ranks);
 
-/* Logits [N, V] as fp32 on the host for the tokens in g->tok (synchronises); hooks as in step. */
+/* Logits [N, V] as fp32 on the host for the tokens in g->tok (synchronises); hooks as in step. host NULL:
+ * the forward only (a ZeRO-3 rank taking part in rank 0's weight gathers). */
 void qt_gpu_model_logits(qt_gpu_model *g, const qt_param_hooks *hooks, float *host_logits);
 
 #endif

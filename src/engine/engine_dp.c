@@ -160,7 +160,9 @@ static void job_eval(dp_engine *d, int r) {
 }
 static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->out); }
 static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], d->out); }
-static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->in, d->out); }
+/* Rank 0's logits; ZeRO-3: every rank runs the forward (its weight gathers are collectives), the others
+ * without the LM head's host copy. */
+static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->in, r == 0 ? d->out : NULL); }
 static void job_items(dp_engine *d, int r) { d->nitems = d->rk[r]->ops->state_items(d->rk[r], d->items, d->cap); }
 static void job_load(dp_engine *d, int r) { d->rc[r] = d->rk[r]->ops->load_state(d->rk[r], d->ck, d->err[r], sizeof d->err[r]); }
 static void job_nonfinite(dp_engine *d, int r) {
@@ -255,7 +257,7 @@ static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     dp_engine *d = (dp_engine *)b;
     d->in = in;
     d->out = logits;
-    run(d, job_logits, 0);
+    run(d, job_logits, d->zero >= 3 ? -1 : 0);
 }
 
 /* Rank 0's blobs; sharded, the pieces of weights, adam_m and adam_v (ZeRO-3: and weights_bf16) from

@@ -587,9 +587,13 @@ void qt_gpu_model_logits(qt_gpu_model *g, const qt_param_hooks *hooks, float *ho
     cudaStream_t s = g->stream;
     long chunk = (g->N + g->lm_chunks - 1) / g->lm_chunks;
     size_t V = c->vocab_size;
+    forward(g, hooks);
+    if (!host) {
+        QT_CUDA(cudaStreamSynchronize(s));
+        return;
+    }
     uint16_t *tmp = malloc(chunk * V * 2);
     QT_CHECK(tmp, "out of host memory");
-    forward(g, hooks);
     for (long r0 = 0; r0 < g->N; r0 += chunk) {
         long n = g->N - r0 < chunk ? g->N - r0 : chunk;
         qt_matmul_fwd(g->mm, g->logits, QT_DT_BF16, (char *)g->as->lnf + r0 * c->hidden_size * 2, Wp(g, g->L->lm_head),
