@@ -14,13 +14,14 @@
 typedef enum {
     QT_DP_ONE,        /* one GPU, no other rank */
     QT_DP_REPLICATED, /* data-parallel rank with all of the optimizer state: gradients all-reduced */
-    QT_DP_SHARDED,    /* ZeRO-1/2 rank: gradients reduce-scattered, AdamW of its pieces, weights all-gathered */
+    QT_DP_SHARDED,    /* ZeRO-1/2/3 rank: gradients reduce-scattered, AdamW of its pieces, weights all-gathered
+                       * (ZeRO-3: bucket by bucket into weight slots as the model reads them) */
 } qt_dp_mode;
 
 typedef struct {
     qt_dp_mode dp;
     int n_ranks, rank;
-    int zero;          /* ZeRO level of a sharded rank (1 or 2), else 0 */
+    int zero;          /* ZeRO level of a sharded rank (1, 2 or 3), else 0 */
     int grads_sharded; /* ZeRO-2: the rank keeps its shard of the fp32 gradients; every micro-step
                         * reduce-scatters each bucket into it as the backward releases the bucket */
     int offload_opt;   /* master, m, v in pinned host memory (memory.offload_optimizer) */
