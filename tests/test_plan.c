@@ -376,13 +376,20 @@ static void test_auto_axes(void) {
 #define M7x "}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 30}\n"
     QT_EXPECT(auto_pick(B7, D7x M7x, &b, &n) == 0 && b.zero == 2, "7B x 4 at 30 GiB: zero 2 not chosen");
     QT_EXPECT(auto_pick(B7, D7x ", zero: 1" M7x, &b, &n) == -1 || b.zero == 1, "zero: 1 given");
+    /* ZeRO-3 over 4 ranks: 7B at 22 GiB needs the bf16 weights sharded too (zero 2's smallest plan does not
+     * fit), and with fp8 matmuls the weight quants made at use (fp8_weight_cache none) */
+#define M7x22 "}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 22}\n"
+    QT_EXPECT(auto_pick(B7, D7x M7x22, &b, &n) == 0 && b.zero == 3 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE,
+              "7B x 4 at 22 GiB: zero 3 not chosen");
+    QT_EXPECT(auto_pick(B7, D7x ", zero: 2" M7x22, &b, &n) == -1, "7B x 4 at 22 GiB fits with zero 2: the test proves nothing");
     /* at equal predicted speed (micro-batch 1 fixed, both fit) the plainer ZeRO-1 */
     QT_EXPECT(auto_pick(B7, "data: {train: 'none_*.bin', seq_len: 1024, micro_batch: 1, grad_accum: 128}\n" P7
                             "parallel: {gpus: 4}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80, recompute: [block]}\n", &b, &n) == 0 &&
                   b.zero == 1, "7B x 4 at 80 GiB, micro-batch 1: zero 2 chosen though zero 1 fits as fast");
 }
 
-/* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes. */
+/* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes,
+ * ZeRO-3's weight gathers. */
 static void test_auto_axes_cost(void) {
     const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
     qt_config a, b;
@@ -402,6 +409,11 @@ static void test_auto_axes_cost(void) {
     QT_EXPECT(fabs(d - want) < 1e-9 * want, "fp8_weight_cache none charged %g s, expected %g", d, want);
     b = a, b.precision.master_dtype = b.precision.grad_accum_dtype = QT_DT_BF16, b.parallel.zero = 2;
     QT_EXPECT(qt_plan_auto_cost(&L, &b, &pr) == qt_plan_auto_cost(&L, &a, &pr), "bf16 state / zero 2 charged");
+    /* zero 3: every layer's bf16 weights (the flat span of the layers) gathered twice per micro-step, at PCIe */
+    b = a, b.parallel.zero = 3;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    want = 32 * 2 * (double)(L.final_norm - L.layers[0].ln1) * 2 / 25e9;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "zero 3 charged %g s, expected %g", d, want);
     qt_layout_free(&L);
 }
 
