@@ -371,11 +371,12 @@ static void test_zero3_config(void) {
         {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}", NULL, QT_FP8_WCACHE_NONE},
         {"parallel: {zero: 2}\nprecision: {matmul_dtype: e4m3}", NULL, QT_FP8_WCACHE_ALL},
         {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}\nmemory: {fp8_weight_cache: none}", NULL, QT_FP8_WCACHE_NONE},
+        {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}\nmemory: {plan: auto, fp8_weight_cache: auto}", NULL, QT_FP8_WCACHE_NONE},
         {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}\nmemory: {fp8_weight_cache: all}", "z.yaml:4:", 0},
         {"parallel: {zero: 3}\nperf: {cuda_graphs: true}", "z.yaml:3:", 0},
         {"parallel: {zero: 3}\nprecision: {grad_accum_dtype: bf16}", "z.yaml:3:", 0},
     };
-    const char *keys[] = {NULL, NULL, NULL, NULL, "memory.fp8_weight_cache", "perf.cuda_graphs", "precision.grad_accum_dtype"};
+    const char *keys[] = {NULL, NULL, NULL, NULL, NULL, "memory.fp8_weight_cache", "perf.cuda_graphs", "precision.grad_accum_dtype"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char yaml[512], err[512];
         snprintf(yaml, sizeof yaml, "%s%s\n", base, cases[i].more);

@@ -410,7 +410,7 @@ static int cross_check(ctx *x) {
                     "are fp32), got \"bf16\"; bf16 gradients need parallel.zero <= 1", c->parallel.zero);
     /* ZeRO-3 with fp8 matmuls quantizes each layer from its weight slot at use: the weight cache none
      * path, taken when the config does not say otherwise */
-    if (c->parallel.zero >= 3 && c->precision.matmul_dtype == QT_DT_E4M3 && !given(at_of(x, "memory.fp8_weight_cache")))
+    if (c->parallel.zero >= 3 && c->precision.matmul_dtype == QT_DT_E4M3 && !qt_config_given(c, "memory.fp8_weight_cache"))
         c->memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     const char *zkey = NULL, *zwhy = zero3_refusal(c, &zkey);
     if (zwhy) return fail(x, given(at_of(x, zkey)) ? at_of(x, zkey) : wz, zkey, "%s", zwhy);
