@@ -354,20 +354,22 @@ if has multi_scale; then
     scale_models=${SCALE_MODELS:-0.5b 7b} # SCALE_MODELS=0.5b: the small model only
     { for n in 1 2 4; do
           [ "$n" -le "$ngpu" ] && [[ " $scale_models " == *" 0.5b "* ]] || continue
-          for z in 1 2; do
+          for z in 1 2 3; do
               [ "$n" -gt 1 ] || [ "$z" = 1 ] || continue
+              z3=""; [ "$z" = 3 ] && z3="--set perf.cuda_graphs=false" # ZeRO-3 runs without CUDA graphs
               step scale_0.5b_fp8_${n}gpu_zero$z 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml --warmup 1 --steps 3 \
-                  --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((16 / n))
+                  --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((16 / n)) $z3
               [ "$n" -gt 1 ] && step scale_0.5b_fp8_${n}gpu_zero${z}_host 300 build/bench/train_bench configs/qwen2.5-0.5b-fp8.yaml \
-                  --warmup 1 --steps 3 --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((16 / n)) --set parallel.comm=host
+                  --warmup 1 --steps 3 --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((16 / n)) --set parallel.comm=host $z3
           done
       done
       for n in 1 2 4; do
           [ "$n" -le "$ngpu" ] && [[ " $scale_models " == *" 7b "* ]] || continue
-          for z in 1 2; do
+          for z in 1 2 3; do
               [ "$n" -gt 1 ] || [ "$z" = 1 ] || continue
+              z3=""; [ "$z" = 3 ] && z3="--set perf.cuda_graphs=false"
               step scale_7b_fp8_${n}gpu_zero$z 600 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 \
-                  --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((64 / n)) --set memory.host_limit_gib=400
+                  --set parallel.gpus=$n --set parallel.zero=$z --set data.grad_accum=$((64 / n)) --set memory.host_limit_gib=400 $z3
           done
       done
     } 2>&1 | tee "$OUT/multi_scale.log" | grep -E '^(==|FAIL)|tokens/s|rror'
@@ -377,9 +379,13 @@ if has multi_box && [ "$ngpu" -ge 4 ]; then
     box="--set parallel.gpus=4 --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
     for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks precision.grad_accum_dtype \
         precision.master_dtype parallel.zero; do box="$box --set $k=auto"; done
+    box="$box --set perf.cuda_graphs=false" # ZeRO-3 runs without CUDA graphs
     { for m in ${BOX_MODELS:-7b 14b 32b}; do
-          step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box --gpu-mem 24
-          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 1 $box
+          # 524,288 tokens per step over the 4 GPUs: grad_accum = 128 sequences / the config's micro-batch
+          mb=$(sed -n 's/^ *micro_batch: *\([0-9]*\).*/\1/p' configs/qwen2.5-$m-fp8.yaml)
+          ga="--set data.grad_accum=$((128 / mb))"
+          step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box $ga --gpu-mem 24
+          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 2 $box $ga
       done
       printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
       python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
