@@ -25,6 +25,7 @@
 #include "qt_error.h"
 #include "qt_kernels.h"
 #include "qt_matmul.h"
+#include "qt_plan_auto.h"
 #include "qt_rng.h"
 #include "qt_train.h"
 
@@ -121,6 +122,13 @@ int main(int argc, char **argv) {
     }
     cfg.init.from[0] = 0; /* from scratch: the bench needs no files */
     cfg.device = QT_DEVICE_CUDA;
+    if (cfg.memory.plan) { /* memory.plan: auto chooses the keys the config leaves open, as the qtrain program does */
+        qt_probe probe = qt_probe_get("build/probe-cache", 1);
+        if (qt_plan_auto(&cfg, &probe, err, sizeof err)) {
+            fprintf(stderr, "train_bench: %s\n", err);
+            return 1;
+        }
+    }
     qt_layout L;
     qt_weight_src src; /* read range by range into the engine: no fp32 copy of the model (59 GB at 14B) */
     if (qt_model_layout(&cfg, &L, &src, err, sizeof err)) {

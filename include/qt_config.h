@@ -21,6 +21,13 @@ typedef enum {
     QT_RC_SWIGLU = 1, QT_RC_NORM = 2, QT_RC_QKV = 4, QT_RC_ATT = 8, QT_RC_FFN = 16, QT_RC_BLOCK = 32
 } qt_recompute_part;
 
+/* memory.offload items (bits): what lives in pinned host memory */
+typedef enum {
+    QT_OFF_MASTER = 1, QT_OFF_M = 2, QT_OFF_V = 4, QT_OFF_GRADIENTS = 8, QT_OFF_QUANTS = 16, QT_OFF_WEIGHTS = 32,
+    QT_OFF_RESIDUAL = 64
+} qt_offload_item;
+#define QT_OFF_OPTIMIZER (QT_OFF_MASTER | QT_OFF_M | QT_OFF_V)
+
 #define QT_LIST_MAX 16
 typedef struct {
     int n;                 /* entries used; the rest of v stays zero */
@@ -96,6 +103,8 @@ typedef struct {                  /* GPU */
     int offload_optimizer;        /* master weights and AdamW moments in pinned host memory */
     int fp8_weight_cache;         /* memory.fp8_weight_cache: qt_fp8_wcache */
     int offload_residual;         /* each layer's input residual in pinned host memory (two device slots) */
+    int offload;                  /* memory.offload: qt_offload_item bits, as given; the loader sets
+                                   * offload_optimizer / offload_residual from it (they stay the engine's fields) */
     float gpu_limit_gib;          /* 0: no cap; else the plan's device total (context excluded) must fit */
     float host_limit_gib;         /* 0: MemAvailable from /proc/meminfo; else the host plan must fit this */
     int plan;                     /* memory.plan: 0 manual, 1 auto (qt_plan_auto picks the keys not given) */

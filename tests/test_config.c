@@ -283,6 +283,23 @@ static void test_model_dtype(void) {
     QT_EXPECT(load("precision:\n  model_dtype: bf16\n", NULL, 0) == 0 && cfg.precision.model_dtype == QT_DT_BF16, "%s", err);
 }
 
+/* memory.offload: the list sets offload_optimizer / offload_residual; parts of the optimizer state,
+ * the items not built yet and a disagreeing older key are refused naming the key. */
+static void test_offload_list(void) {
+    QT_REQUIRE(load("memory:\n  offload: [master, m, v, residual]\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(cfg.memory.offload_optimizer == 1 && cfg.memory.offload_residual == 1, "optimizer %d residual %d",
+              cfg.memory.offload_optimizer, cfg.memory.offload_residual);
+    QT_REQUIRE(load("memory:\n  offload: [residual]\n  offload_residual: true\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(cfg.memory.offload_optimizer == 0 && cfg.memory.offload_residual == 1, "residual only");
+    EXPECT_ERR("memory:\n  offload: [master, m]\n",
+               "t.yaml:2:3: memory.offload: expected master, m and v together (the optimizer state is offloaded as one "
+               "today, memory.offload_optimizer: true), got only part of them");
+    EXPECT_ERR("memory:\n  offload: [weights, gradients]\n",
+               "t.yaml:2:3: memory.offload: expected master, m, v, residual: gradients weights is not built yet");
+    EXPECT_ERR("memory:\n  offload_optimizer: true\n  offload: [residual]\n",
+               "t.yaml:2:3: memory.offload_optimizer: expected false, as memory.offload says, got true");
+}
+
 /* A planner key given as auto is left to memory.plan: auto (its value kept, not given); with the
  * plan manual it is refused naming the key. */
 static void test_plan_keys_auto(void) {
@@ -427,6 +444,13 @@ static void randomize(uint64_t *s) {
         cfg.perf.cuda_graphs = 0;
         if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     }
+    /* memory.offload: what is built (the optimizer state whole, residual), and the older keys agreeing */
+    cfg.memory.offload &= QT_OFF_OPTIMIZER | QT_OFF_RESIDUAL;
+    if (cfg.memory.offload & QT_OFF_OPTIMIZER) cfg.memory.offload |= QT_OFF_OPTIMIZER;
+    if (cfg.memory.offload) {
+        cfg.memory.offload_optimizer = (cfg.memory.offload & QT_OFF_OPTIMIZER) != 0;
+        cfg.memory.offload_residual = (cfg.memory.offload & QT_OFF_RESIDUAL) != 0;
+    }
     if (cfg.model.max_seq_len < cfg.data.seq_len) cfg.model.max_seq_len = cfg.data.seq_len;
 }
 
@@ -517,6 +541,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_model_dtype);
     QT_RUN(test_overrides);
     QT_RUN(test_plan_keys_auto);
+    QT_RUN(test_offload_list);
     QT_RUN(test_recompute_list);
     QT_RUN(test_dump_roundtrip);
     QT_RUN(test_readme_covers_keys);

@@ -6,6 +6,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,9 +370,38 @@ int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen) {
     return -1;
 }
 
+/* memory.offload against its older spellings (offload_optimizer, offload_residual): a non-empty list
+ * sets them; given together they must agree. */
+static int offload_check(ctx *x) {
+    qt_config *c = x->c;
+    where wl = at_of(x, "memory.offload");
+    if (!given(wl) || !c->memory.offload) return 0; /* [] leaves the older keys as they are */
+    int off = c->memory.offload, opt = off & QT_OFF_OPTIMIZER;
+    if (opt && opt != QT_OFF_OPTIMIZER)
+        return fail(x, wl, "memory.offload", "expected master, m and v together (the optimizer state is offloaded as "
+                    "one today, memory.offload_optimizer: true), got only part of them");
+    if (off & (QT_OFF_GRADIENTS | QT_OFF_QUANTS | QT_OFF_WEIGHTS))
+        return fail(x, wl, "memory.offload", "expected master, m, v, residual: %s%s%sis not built yet",
+                    off & QT_OFF_GRADIENTS ? "gradients " : "", off & QT_OFF_QUANTS ? "quants " : "",
+                    off & QT_OFF_WEIGHTS ? "weights " : "");
+    static const struct { const char *key; size_t field; int bits; } older[] = {
+        {"memory.offload_optimizer", offsetof(qt_config, memory.offload_optimizer), QT_OFF_OPTIMIZER},
+        {"memory.offload_residual", offsetof(qt_config, memory.offload_residual), QT_OFF_RESIDUAL}};
+    for (int i = 0; i < 2; i++) {
+        int *f = (int *)((char *)c + older[i].field), want = (off & older[i].bits) != 0;
+        where wo = at_of(x, older[i].key);
+        if (given(wo) && *f != want)
+            return fail(x, wo, older[i].key, "expected %s, as memory.offload says, got %s", want ? "true" : "false",
+                        *f ? "true" : "false");
+        *f = want;
+    }
+    return 0;
+}
+
 /* Checks that span keys: model source, the inline model's shape, schedule length, sequence length. */
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
+    if (offload_check(x)) return -1;
     if (x->first_auto >= 0 && !c->memory.plan)
         return fail(x, x->at[x->first_auto], qt_config_key_at(x->first_auto)->path,
                     "expected a value: auto leaves the key to memory.plan: auto, and memory.plan is manual");

@@ -41,6 +41,10 @@ static const qt_key_enum fp8_wcache_names[] = {{"all", QT_FP8_WCACHE_ALL}, {"non
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 static const qt_key_enum ckpt_offload_names[] = {
     {"auto", QT_CKPT_OFFLOAD_AUTO}, {"copy", QT_CKPT_OFFLOAD_COPY}, {"in_place", QT_CKPT_OFFLOAD_IN_PLACE}, {NULL, 0}};
+static const qt_key_enum offload_names[] = {{"master", QT_OFF_MASTER},   {"m", QT_OFF_M},
+                                            {"v", QT_OFF_V},             {"gradients", QT_OFF_GRADIENTS},
+                                            {"quants", QT_OFF_QUANTS},   {"weights", QT_OFF_WEIGHTS},
+                                            {"residual", QT_OFF_RESIDUAL}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
                                               {NULL, 0}};
@@ -161,6 +165,8 @@ static const qt_config_key keys[] = {
       "keep each layer's input residual (the one tensor a block recompute starts from) in pinned host memory from the forward to the backward: copied out on a copy stream while the layer computes, fetched back while the layer above runs its backward; the GPU keeps two residual slots instead of one per layer (host: (layers - 2) x micro_batch x seq_len x hidden x 2 bytes)"),
     B("memory.offload_optimizer", memory.offload_optimizer, "false", "GPU", 0,
       "keep the fp32 master weights and AdamW m, v (a GPU's shard when sharded) in pinned host memory, streamed through the GPU in chunks by AdamW: 12 bytes per parameter less GPU memory (8 with bf16 moments), the same bytes each way over PCIe per optimizer step"),
+    NL("memory.offload", memory.offload, offload_names, "[]", "GPU",
+       "what lives in pinned host memory instead of on the GPU, one list: master, m, v (the optimizer state: today all three together, the same as offload_optimizer: true), residual (the same as offload_residual: true); gradients, quants and weights are named for what comes next and refused until built. Given with offload_optimizer or offload_residual, the two must agree ([] leaves those as they are)"),
     F("memory.gpu_limit_gib", memory.gpu_limit_gib, 0, NOHI, 0, 0, "0", "GPU", 0,
       "cap on the GPU memory qtrain plans and allocates per GPU (GiB): the arena, cuBLASLt/cuDNN workspaces, comm buffers and a fixed runtime reserve (kernel modules, library handles, CUDA graphs); the CUDA context (about 0.5 GiB) is not counted. A plan over the cap is refused before allocating, naming its biggest rows; 0 = no cap (the GPU's free memory still applies)"),
     F("memory.host_limit_gib", memory.host_limit_gib, 0, NOHI, 0, 0, "0", "all", 0,
