@@ -21,7 +21,9 @@
  *   + launches of the extra lm-head and attention chunks x 10 us
  *   + parallel.zero 3: grad_accum x 2 (forward, backward) x the layers' bf16 bytes (2 B/param) / PCIe
  *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound)
- *   (bf16 master / gradients and ZeRO-2 are charged nothing: same matmuls, same bytes between GPUs),
+ *   + gradient sums through host memory (parallel.comm host/host_wc): (n-1)/n x 4 B/param (2 with
+ *     reduce_dtype bf16) once per step, every micro-step with ZeRO-2/3 / PCIe bandwidth
+ *   (bf16 master / gradients are charged nothing: the same matmuls; peer transports neither),
  * where eff(n) = n / (n + 512) models the smaller matmuls of small micro-batches. */
 #ifndef QT_PLAN_AUTO_H
 #define QT_PLAN_AUTO_H

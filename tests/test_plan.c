@@ -389,7 +389,7 @@ static void test_auto_axes(void) {
 }
 
 /* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes,
- * ZeRO-3's weight gathers. */
+ * ZeRO-3's weight gathers, gradient sums through host memory. */
 static void test_auto_axes_cost(void) {
     const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
     qt_config a, b;
@@ -414,6 +414,19 @@ static void test_auto_axes_cost(void) {
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
     want = 32 * 2 * (double)(L.final_norm - L.layers[0].ln1) * 2 / 25e9;
     QT_EXPECT(fabs(d - want) < 1e-9 * want, "zero 3 charged %g s, expected %g", d, want);
+    /* gradient sums through host memory, 4 ranks: 3/4 of the fp32 gradients once per step (ZeRO-1), every
+     * micro-step (32) with ZeRO-2, half the bytes in bf16; peer is not charged */
+    a.parallel.gpus = 4, a.parallel.comm = QT_COMM_PEER;
+    b = a, b.parallel.comm = QT_COMM_HOST;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    want = 0.75 * (double)L.numel * 4 / 25e9;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "host sums, zero 1: charged %g s, expected %g", d, want);
+    a.parallel.zero = b.parallel.zero = 2;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    QT_EXPECT(fabs(d - 32 * want) < 1e-9 * want, "host sums, zero 2: charged %g s, expected %g", d, 32 * want);
+    b.parallel.reduce_dtype = QT_DT_BF16;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    QT_EXPECT(fabs(d - 16 * want) < 1e-9 * want, "host bf16 sums, zero 2: charged %g s, expected %g", d, 16 * want);
     qt_layout_free(&L);
 }
 

@@ -12,6 +12,7 @@
 #include "qt_act_store.h"
 #include "qt_device.h"
 #include "qt_engine.h"
+#include "qt_comm.h"
 #include "qt_error.h"
 #include "qt_matmul.h"
 #include "qt_planner.h"
@@ -223,13 +224,24 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
      * its backward: per pass, 2 B/param read (bf16) and 1 B/param written (e4m3), at the HBM rate */
     if (cfg->memory.fp8_weight_cache == QT_FP8_WCACHE_NONE && cfg->precision.matmul_dtype == QT_DT_E4M3)
         t += cfg->data.grad_accum * 2 * qt_plan_auto_block_params(c) * 3 / pr->hbm_bps;
-    /* bf16 master weights / gradients and parallel.zero 2 cost nothing here: the same matmuls, and (one
-     * micro-batch per rank) ZeRO-2 reduce-scatters the bytes ZeRO-1 does. parallel.zero 3 gathers every
+    /* bf16 master weights / gradients cost nothing here: the same matmuls. parallel.zero 3 gathers every
      * layer's bf16 weights (the flat span of the layers, 2 B/param) twice per micro-step, before its forward
      * and its backward: charged at the PCIe rate as if every byte crossed ((n-1)/n do) and nothing overlapped
      * (an upper bound; ZeRO-1/2's one gather of all weights per step is not charged either way) */
     if (cfg->parallel.zero >= 3)
         t += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) * 2 / pr->pcie_bps;
+    /* Gradient sums through host memory (parallel.comm host / host_wc: boards without P2P): each GPU moves
+     * (n-1)/n of the gradients (4 B/param, 2 with reduce_dtype bf16) per sum, once per step with ZeRO-0/1
+     * but every micro-step with ZeRO-2/3 (they reduce-scatter as the backward goes); charged at the
+     * PCIe rate as if not overlapped. Calibration: 7B fp8 on 4 x H200 held to 24 GiB, host, ZeRO-3,
+     * 16 micro-steps: 29,594 tokens/s predicted without this term, 21,563 with it (from the same probe),
+     * 24,682 measured (bench/RESULTS.md section 6). Peer transports (NVLink) and auto are not charged. */
+    int ranks = cfg->parallel.devices.n ? cfg->parallel.devices.n : cfg->parallel.gpus;
+    if (ranks > 1 && (cfg->parallel.comm == QT_COMM_HOST || cfg->parallel.comm == QT_COMM_HOST_WC)) {
+        double sums = cfg->parallel.zero >= 2 ? cfg->data.grad_accum : 1;
+        t += sums * (ranks - 1.0) / ranks * (double)L->numel * (cfg->parallel.reduce_dtype == QT_DT_BF16 ? 2 : 4) /
+             pr->pcie_bps;
+    }
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
     t += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
     return t;
