@@ -130,6 +130,24 @@ static int unit_fits(const qt_param_store *ps, size_t s, size_t e, int table) {
     return 0;
 }
 
+/* The 7-layer model of the slot-map tests (tied or not) cut for rank n-1 of n ranks, and its store at
+ * ZeRO level zero (sizes only: nothing is allocated on a GPU). */
+static qt_param_store *small_store(int tie, int n, int zero, qt_model_cfg *mc, qt_layout *L, qt_shard *sh) {
+    *mc = (qt_model_cfg){.vocab_size = 301, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
+                         .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
+                         .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
+    qt_model_cfg_finish(mc);
+    char err[256];
+    if (qt_layout_init(L, mc, err, sizeof err)) return printf("  layout: %s\n", err), NULL;
+    static qt_config cfg;
+    qt_config_defaults(&cfg);
+    qt_shard_init(sh, L, n, n - 1, 1);
+    qt_param_placement pl = {QT_OPT_STATE_DEVICE, zero, 0, 0, QT_GPU_OPTIM_CHUNK, !tie};
+    qt_param_store *ps = qt_param_store_create(L, &cfg, sh, &pl, err, sizeof err);
+    if (!ps || (zero >= 3 && !ps->wslots)) printf("  store: %s\n", ps ? "no weight slots at ZeRO-3" : err);
+    return ps && (zero < 3 || ps->wslots) ? ps : NULL;
+}
+
 /* The slot map without a GPU (the store carved at a fake base): every write unit of the backward (a
  * tensor or fused group, qt_param_g of its start) lands at its flat place in one slot, a unit crossing
  * a bucket boundary in the upper slot's head margin (the embedding table's tail in its tail margin);
@@ -139,20 +157,11 @@ static int unit_fits(const qt_param_store *ps, size_t s, size_t e, int table) {
 static void test_grad_slot_map(void) {
     for (int tie = 0; tie < 2; tie++)
         for (int n = 2; n <= 3; n++) {
-            qt_model_cfg mc = {.vocab_size = 301, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
-                               .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
-                               .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
-            qt_model_cfg_finish(&mc);
-            char err[256];
+            qt_model_cfg mc;
             qt_layout L;
-            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
-            qt_config cfg;
-            qt_config_defaults(&cfg);
             qt_shard sh;
-            qt_shard_init(&sh, &L, n, n - 1, 1);
-            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 2, 0, 0, QT_GPU_OPTIM_CHUNK, !tie};
-            qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
-            QT_REQUIRE(ps, "%s", err);
+            qt_param_store *ps = small_store(tie, n, 2, &mc, &L, &sh);
+            QT_REQUIRE(ps, "the ZeRO-2 store");
             qt_mem_plan p;
             qt_mem_plan_begin(&p, NULL);
             qt_param_store_carve(ps, &p);
@@ -297,20 +306,11 @@ static void test_zero3_plan_7b(void) {
 static void test_zero3_slot_map(void) {
     for (int tie = 0; tie < 2; tie++)
         for (int n = 2; n <= 3; n++) {
-            qt_model_cfg mc = {.vocab_size = 301, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
-                               .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
-                               .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
-            qt_model_cfg_finish(&mc);
-            char err[256];
+            qt_model_cfg mc;
             qt_layout L;
-            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
-            qt_config cfg;
-            qt_config_defaults(&cfg);
             qt_shard sh;
-            qt_shard_init(&sh, &L, n, n - 1, 1);
-            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 3, 0, 0, QT_GPU_OPTIM_CHUNK, !tie};
-            qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
-            QT_REQUIRE(ps && ps->wslots, "%s", err);
+            qt_param_store *ps = small_store(tie, n, 3, &mc, &L, &sh);
+            QT_REQUIRE(ps, "the ZeRO-3 store");
             const qt_weight_slots *ws = ps->wslots;
             size_t M = 64 * (size_t)n, heads = 0;
             int bad = 0, nb = sh.n_buckets;
