@@ -475,35 +475,48 @@ static int compare(const char *name, int ranks, int za, int zb, const char *more
 
 #define FP8 "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}\n"
 
-static void test_zero2_equals_zero1(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    setup_data();
-    const struct { const char *name, *more, *lines; int graphs; } cases[] = {
-        {"bf16_ov", "overlap_comm: true", "", 0},
-        {"bf16_offload", "overlap_comm: true", "memory: {offload_optimizer: true}", 0}, /* chunks of 1000 */
-        {"bf16_ov_graph", "overlap_comm: true", "", 1},
-        {"bf16_noov", "overlap_comm: false", "", 0},
-        {"bf16_noov_graph", "overlap_comm: false", "", 1},
-        {"bf16_sums", "overlap_comm: true, reduce_dtype: bf16", "", 1},
-        /* bf16 master (main's precision.master_dtype): AdamW writes w at the flat index from the shard */
-        {"bf16_master_offload", "overlap_comm: true", "precision: {master_dtype: bf16}\nmemory: {offload_optimizer: true}", 0},
-        {"fp8_ov_graph", "overlap_comm: true", FP8, 1},
-        {"fp8_noov", "overlap_comm: false", FP8, 0},
-    };
-    /* 2 and 3 ranks; 4 too on a machine of 4 GPUs (one rank per GPU there) */
+/* One configuration of a level-against-level comparison: parallel keys, other sections, accumulation,
+ * CUDA graphs. */
+typedef struct {
+    const char *name, *more, *lines;
+    int accum, graphs;
+} zcase;
+
+/* ZeRO-za against ZeRO-zb for every case on 2 and 3 ranks, and 4 on a machine of 4 GPUs (one rank per
+ * GPU there): each pair bitwise equal, and the loss falls in the first case. */
+static void compare_cases(int za, int zb, const zcase *cases, size_t n) {
     for (int ranks = 2; ranks <= (qt_cuda_device_count() >= 4 ? 4 : 3); ranks++)
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        for (size_t i = 0; i < n; i++) {
             run_out a, b;
             char why[512];
             qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of the offloaded optimizer state */
             qt_test_hooks_set(strstr(cases[i].lines, "offload") ? &h : NULL);
-            int rc = compare(cases[i].name, ranks, 1, 2, cases[i].more, cases[i].lines, 1, cases[i].graphs, &a, &b, why,
-                             sizeof why);
+            int rc = compare(cases[i].name, ranks, za, zb, cases[i].more, cases[i].lines, cases[i].accum, cases[i].graphs,
+                             &a, &b, why, sizeof why);
             qt_test_hooks_set(NULL);
-            printf("  %d ranks %-16s ZeRO-2 vs ZeRO-1: %s\n", ranks, cases[i].name, rc == 1 ? "bitwise equal" : why);
+            printf("  %d ranks %-22s ZeRO-%d vs ZeRO-%d: %s\n", ranks, cases[i].name, zb, za, rc == 1 ? "bitwise equal" : why);
             QT_EXPECT(rc == 1, "%d ranks, %s: %s", ranks, cases[i].name, why);
-            if (rc == 1 && i == 0) QT_EXPECT(a.loss[STEPS - 1] < a.loss[0], "loss did not fall: %g -> %g", a.loss[0], a.loss[STEPS - 1]);
+            if (rc == 1 && i == 0) QT_EXPECT(b.loss[STEPS - 1] < b.loss[0], "loss did not fall: %g -> %g", b.loss[0], b.loss[STEPS - 1]);
         }
+}
+
+
+static void test_zero2_equals_zero1(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    static const zcase cases[] = {
+        {"bf16_ov", "overlap_comm: true", "", 1, 0},
+        {"bf16_offload", "overlap_comm: true", "memory: {offload_optimizer: true}", 1, 0}, /* chunks of 1000 */
+        {"bf16_ov_graph", "overlap_comm: true", "", 1, 1},
+        {"bf16_noov", "overlap_comm: false", "", 1, 0},
+        {"bf16_noov_graph", "overlap_comm: false", "", 1, 1},
+        {"bf16_sums", "overlap_comm: true, reduce_dtype: bf16", "", 1, 1},
+        /* bf16 master (main's precision.master_dtype): AdamW writes w at the flat index from the shard */
+        {"bf16_master_offload", "overlap_comm: true", "precision: {master_dtype: bf16}\nmemory: {offload_optimizer: true}", 1, 0},
+        {"fp8_ov_graph", "overlap_comm: true", FP8, 1, 1},
+        {"fp8_noov", "overlap_comm: false", FP8, 1, 0},
+    };
+    compare_cases(1, 2, cases, sizeof cases / sizeof cases[0]);
 }
 
 /* A tied model with a vocabulary large enough that the sharded step gathers the embedding lookups
@@ -664,34 +677,21 @@ static void test_zero2_failure_stops_all(void) {
 static void test_zero3_equals_zero2(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
-    const struct { const char *name, *more, *lines; int accum; } cases[] = {
-        {"z3_bf16_ov", "overlap_comm: true", "", 1},
-        {"z3_bf16_noov", "overlap_comm: false", "", 1},
-        {"z3_bf16_acc", "overlap_comm: true", "", 2},
-        {"z3_bf16_acc_noov", "overlap_comm: false", "", 2},
-        {"z3_bf16_offload", "overlap_comm: true", "memory: {offload_optimizer: true}", 2},
-        {"z3_bf16_master_offload", "overlap_comm: true", "precision: {master_dtype: bf16}\nmemory: {offload_optimizer: true}", 1},
-        {"z3_bf16_master_noov", "overlap_comm: false", "precision: {master_dtype: bf16}", 2},
-        {"z3_bf16_sums", "overlap_comm: true, reduce_dtype: bf16", "", 1},
-        {"z3_bf16_recompute", "overlap_comm: true", "memory: {recompute: [block]}", 2},
-        {"z3_fp8_ov", "overlap_comm: true", FP8, 1},
-        {"z3_fp8_noov_acc", "overlap_comm: false", FP8, 2},
-        {"z3_fp8_npq_recompute", "overlap_comm: true", FP8_NPQ "memory: {recompute: [block]}", 2},
+    static const zcase cases[] = {
+        {"z3_bf16_ov", "overlap_comm: true", "", 1, 0},
+        {"z3_bf16_noov", "overlap_comm: false", "", 1, 0},
+        {"z3_bf16_acc", "overlap_comm: true", "", 2, 0},
+        {"z3_bf16_acc_noov", "overlap_comm: false", "", 2, 0},
+        {"z3_bf16_offload", "overlap_comm: true", "memory: {offload_optimizer: true}", 2, 0},
+        {"z3_bf16_master_offload", "overlap_comm: true", "precision: {master_dtype: bf16}\nmemory: {offload_optimizer: true}", 1, 0},
+        {"z3_bf16_master_noov", "overlap_comm: false", "precision: {master_dtype: bf16}", 2, 0},
+        {"z3_bf16_sums", "overlap_comm: true, reduce_dtype: bf16", "", 1, 0},
+        {"z3_bf16_recompute", "overlap_comm: true", "memory: {recompute: [block]}", 2, 0},
+        {"z3_fp8_ov", "overlap_comm: true", FP8, 1, 0},
+        {"z3_fp8_noov_acc", "overlap_comm: false", FP8, 2, 0},
+        {"z3_fp8_npq_recompute", "overlap_comm: true", FP8_NPQ "memory: {recompute: [block]}", 2, 0},
     };
-    /* 2 and 3 ranks; 4 too on a machine of 4 GPUs (one rank per GPU there) */
-    for (int ranks = 2; ranks <= (qt_cuda_device_count() >= 4 ? 4 : 3); ranks++)
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            run_out a, b;
-            char why[512];
-            qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of the offloaded optimizer state */
-            qt_test_hooks_set(strstr(cases[i].lines, "offload") ? &h : NULL);
-            int rc = compare(cases[i].name, ranks, 2, 3, cases[i].more, cases[i].lines, cases[i].accum, 0, &a, &b, why,
-                             sizeof why);
-            qt_test_hooks_set(NULL);
-            printf("  %d ranks %-22s ZeRO-3 vs ZeRO-2: %s\n", ranks, cases[i].name, rc == 1 ? "bitwise equal" : why);
-            QT_EXPECT(rc == 1, "%d ranks, %s: %s", ranks, cases[i].name, why);
-            if (rc == 1 && i == 0) QT_EXPECT(b.loss[STEPS - 1] < b.loss[0], "loss did not fall: %g -> %g", b.loss[0], b.loss[STEPS - 1]);
-        }
+    compare_cases(2, 3, cases, sizeof cases / sizeof cases[0]);
 }
 
 /* A tied model whose embedding bucket (the embedding table and the LM head: one slot of its own, gathered
