@@ -645,23 +645,29 @@ static void test_zero_mutants_caught(void) {
     }
 }
 
-/* Rank 1 fails before optimizer step 3 of a ZeRO-2 run (rank 0 then waits in the norm's gather): the
- * process ends with status 1 and rank 1's message within 120 s. */
-static void test_zero2_failure_stops_all(void) {
+/* Rank 1 of 2 on GPU 0 fails (data keys `data`, parallel keys `par`, tool_train_fault's gather argument):
+ * the process ends with status 1 and rank 1's message (holding `says`) within 120 s. */
+static void failure_stops_all(const char *data, const char *par, const char *gather, const char *says) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (access(g_fault, X_OK)) QT_SKIP("%s is not built", g_fault);
     setup_data();
     int status;
     double secs;
     const char *why = "";
-    char *out = qt_t_rank_fault(g_fault, g_dir, ", grad_accum: 2", "parallel: {devices: [0, 0], zero: 2}", NULL, &status, &secs, &why);
+    char *out = qt_t_rank_fault(g_fault, g_dir, data, par, gather, &status, &secs, &why);
     QT_REQUIRE(out, "%s", why);
     const char *msg = strstr(out, "[rank 1]");
     printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, secs,
            msg ? (int)(strcspn(msg, "\n") + 1) : 0, msg ? msg : "");
     QT_EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 1, "expected exit status 1, got %d", status);
-    QT_EXPECT(msg && strstr(msg, "injected failure"), "rank 1's message missing: %s", out);
+    QT_EXPECT(msg && strstr(msg, "injected failure") && strstr(msg, says), "rank 1's message missing: %s", out);
     free(out);
+}
+
+/* Rank 1 fails before optimizer step 3 of a ZeRO-2 run (rank 0 then waits in the norm's gather):
+ * stops all, within 120 s. */
+static void test_zero2_failure_stops_all(void) {
+    failure_stops_all(", grad_accum: 2", "parallel: {devices: [0, 0], zero: 2}", NULL, "dp_fail_step");
 }
 
 /* ---- GPU: ZeRO-3 ---- */
@@ -791,20 +797,7 @@ static void test_zero3_mutants_caught(void) {
 /* Rank 1 fails instead of issuing its 5th weight gather (step 3's forward; rank 0 then waits in that
  * all-gather): the process ends with status 1 and rank 1's message within 120 s. */
 static void test_zero3_failure_mid_gather(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    if (access(g_fault, X_OK)) QT_SKIP("%s is not built", g_fault);
-    setup_data();
-    int status;
-    double secs;
-    const char *why = "";
-    char *out = qt_t_rank_fault(g_fault, g_dir, "", "parallel: {devices: [0, 0], zero: 3}", "5", &status, &secs, &why);
-    QT_REQUIRE(out, "%s", why);
-    const char *msg = strstr(out, "[rank 1]");
-    printf("  exit status %d after %.1f s: %.*s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, secs,
-           msg ? (int)(strcspn(msg, "\n") + 1) : 0, msg ? msg : "");
-    QT_EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 1, "expected exit status 1, got %d", status);
-    QT_EXPECT(msg && strstr(msg, "injected failure") && strstr(msg, "dp_fail_gather"), "rank 1's message missing: %s", out);
-    free(out);
+    failure_stops_all("", "parallel: {devices: [0, 0], zero: 3}", "5", "dp_fail_gather");
 }
 
 int main(int argc, char **argv) {
