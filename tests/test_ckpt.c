@@ -59,11 +59,11 @@ static void test_roundtrip(void) {
     long long step_blob = 1234567890123ll;
     const char *cfg = "model:\n  hidden_size: 64\n";
     qt_ckpt_item items[] = {
-        {"model.embed_tokens.weight", QT_DT_F32, big, nbig * 4},
-        {"empty", -1, NULL, 0},
-        {"m.small", QT_DT_BF16, small, sizeof small},
-        {"loader.pos", -1, &step_blob, sizeof step_blob},
-        {"config", -1, cfg, strlen(cfg) + 1},
+        {"model.embed_tokens.weight", QT_DT_F32, big, nbig * 4, 0},
+        {"empty", -1, NULL, 0, 0},
+        {"m.small", QT_DT_BF16, small, sizeof small, 0},
+        {"loader.pos", -1, &step_blob, sizeof step_blob, 0},
+        {"config", -1, cfg, strlen(cfg) + 1, 0},
     };
     int n = (int)(sizeof items / sizeof items[0]);
     QT_REQUIRE(qt_ckpt_save(dir, 42, 3, items, n, err, sizeof err) == 0, "save: %s", err);
@@ -91,7 +91,7 @@ static void test_retention_and_latest(void) {
     char dir[512], path[600], err[512];
     fresh_dir(dir, sizeof dir, "keep");
     int x = 7;
-    qt_ckpt_item it = {"x", -1, &x, sizeof x};
+    qt_ckpt_item it = {"x", -1, &x, sizeof x, 0};
     long steps[4] = {100, 200, 300, 400};
     for (int i = 0; i < 4; i++) {
         x = (int)steps[i];
@@ -134,7 +134,7 @@ static int save_two(const char *name, char *out, size_t cap, char *err, size_t e
     static float a[1000], b[300];
     for (int i = 0; i < 1000; i++) a[i] = (float)i;
     for (int i = 0; i < 300; i++) b[i] = -(float)i;
-    qt_ckpt_item items[] = {{"adam.m", QT_DT_F32, a, sizeof a}, {"adam.v", QT_DT_F32, b, sizeof b}};
+    qt_ckpt_item items[] = {{"adam.m", QT_DT_F32, a, sizeof a, 0}, {"adam.v", QT_DT_F32, b, sizeof b, 0}};
     if (qt_ckpt_save(dir, 7, 0, items, 2, err, errlen)) return -1;
     return qt_ckpt_latest(dir, out, cap);
 }
@@ -197,7 +197,7 @@ static void test_write_failures(void) {
     char dir[512], file[600], sub[700], path[800], err[512];
     fresh_dir(dir, sizeof dir, "fail");
     int x = 1;
-    qt_ckpt_item it = {"x", -1, &x, sizeof x};
+    qt_ckpt_item it = {"x", -1, &x, sizeof x, 0};
     char e2[512];
     QT_REQUIRE(qt_ckpt_mkdirs(dir, e2, sizeof e2) == 0, "mkdirs: %s", e2);
     snprintf(file, sizeof file, "%s/a_file", dir);
@@ -212,7 +212,7 @@ static void test_write_failures(void) {
     QT_EXPECT(qt_ckpt_save(sub, 1, 2, &it, 1, err, sizeof err) == -1, "saved below a regular file");
     QT_EXPECT(err[0] != 0, "no message");
     /* Bad item names are refused before anything is written. */
-    qt_ckpt_item dup[2] = {{"x", -1, &x, 4}, {"x", -1, &x, 4}};
+    qt_ckpt_item dup[2] = {{"x", -1, &x, 4, 0}, {"x", -1, &x, 4, 0}};
     err[0] = 0;
     QT_EXPECT(qt_ckpt_save(dir, 1, 2, dup, 2, err, sizeof err) == -1 && strstr(err, "duplicate"), "dup: %s", err);
     QT_EXPECT(qt_ckpt_latest(dir, path, sizeof path) == -1, "a failed save left a checkpoint: %s", path);
@@ -238,7 +238,7 @@ static void test_background_writer(void) {
     float *big = malloc(n * 4);
     QT_REQUIRE(big, "oom");
     for (size_t i = 0; i < n; i++) big[i] = (float)i;
-    qt_ckpt_item it = {"weights", QT_DT_F32, big, n * 4};
+    qt_ckpt_item it = {"weights", QT_DT_F32, big, n * 4, 0};
     qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
     QT_REQUIRE(w, "create");
     QT_EXPECT(qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err) == 1, "wait with nothing in flight");
@@ -335,9 +335,9 @@ static int live_write_matches(int mode, char *why, size_t cap) {
     }
     for (int i = 0; i < 5001; i++) w16[i] = (uint16_t)qt_rng_u64(&r);
     int64_t step = 12;
-    qt_ckpt_item items[5] = {{"weights", QT_DT_F32, md.master, LIVE_E * 4}, {"weights_bf16", QT_DT_BF16, w16, 5001 * 2},
-                             {"adam_m", QT_DT_BF16, md.m, LIVE_E * 2}, {"adam_v", QT_DT_F32, md.v, LIVE_E * 4},
-                             {"step", -1, &step, 8}};
+    qt_ckpt_item items[5] = {{"weights", QT_DT_F32, md.master, LIVE_E * 4, 0}, {"weights_bf16", QT_DT_BF16, w16, 5001 * 2, 0},
+                             {"adam_m", QT_DT_BF16, md.m, LIVE_E * 2, 0}, {"adam_v", QT_DT_F32, md.v, LIVE_E * 4, 0},
+                             {"step", -1, &step, 8, 0}};
     int ok = qt_ckpt_save(ref, 12, 0, items, 5, err, sizeof err) == 0;
     qt_ckpt_live live = {3, {0, 2, 3}, LIVE_E, 4099}, none = {0};
     char *copies = mode == COPY ? malloc(LIVE_E * 10) : NULL; /* master, m, v: the snapshot buffers */
@@ -424,7 +424,7 @@ static void test_live_items_refused(void) {
     char dir[512], err[512];
     fresh_dir(dir, sizeof dir, "live_bad");
     float x[10] = {0};
-    qt_ckpt_item items[2] = {{"a", QT_DT_F32, x, 40}, {"b", QT_DT_F32, x, 36}};
+    qt_ckpt_item items[2] = {{"a", QT_DT_F32, x, 40, 0}, {"b", QT_DT_F32, x, 36, 0}};
     qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
     qt_ckpt_live bad[3] = {{2, {0, 1}, 10, 4}, {2, {0, 0}, 10, 4}, {1, {5}, 10, 4}};
     for (int k = 0; k < 3; k++) {

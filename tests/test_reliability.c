@@ -348,7 +348,7 @@ static void test_writer_refuses_nonfinite_blob(void) {
     for (int k = 0; k < 3; k++) {
         if (k == 1) wf[tt->offset + 3] = NAN;
         if (k == 2) wf[tt->offset + 3] = 0, wb[tt->offset + 3] = 0x7f80; /* bf16 +Inf */
-        qt_ckpt_item items[2] = {{"weights", QT_DT_F32, wf, L.numel * 4}, {"weights_bf16", QT_DT_BF16, wb, L.numel * 2}};
+        qt_ckpt_item items[2] = {{"weights", QT_DT_F32, wf, L.numel * 4, 0}, {"weights_bf16", QT_DT_BF16, wb, L.numel * 2, 0}};
         QT_REQUIRE(qt_ckpt_writer_start(w, dir, 5 + k, 0, items, 2, err, sizeof err) == 0, "%s", err);
         err[0] = 0;
         int rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
