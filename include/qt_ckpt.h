@@ -11,12 +11,22 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* flags of an item: QT_CKPT_WIDEN_BF16: data holds bytes / 4 bf16 values (bytes / 2 bytes) and the file
+ * the fp32 of each (its bits << 16, exact), dtype QT_DT_F32: a bf16 array written as fp32 without an fp32
+ * copy in memory. The writer widens it chunk by chunk through a small buffer; the checksum is over the
+ * fp32 bytes written, so the file equals one written from the widened fp32 array. */
+#define QT_CKPT_WIDEN_BF16 1u
+
 typedef struct {
     const char *name;  /* at most 95 bytes */
     int dtype;         /* qt_dtype, or -1 for opaque bytes */
     const void *data;
-    size_t bytes;
+    size_t bytes;      /* the blob's bytes in the file */
+    unsigned flags;    /* 0, or QT_CKPT_WIDEN_BF16 */
 } qt_ckpt_item;
+
+/* The bytes the item reads at data: bytes, or bytes / 2 when widened. */
+size_t qt_ckpt_item_data_bytes(const qt_ckpt_item *it);
 
 /* Creates dir if needed. Returns 0 or -1 with err; on failure no ckpt_*.qtc is created or changed.
  * keep <= 0 keeps every file; the file just written is never deleted, even when older by step. */
@@ -28,8 +38,8 @@ typedef struct {
     int item;
     size_t lo, hi;
 } qt_ckpt_piece;
-/* check (NULL: none) runs on each piece just before it is written: non-zero (with err) cancels the
- * save with that message. done (NULL: none) runs once piece k is in the file: from then on the caller
+/* check (NULL: none) runs on each piece just before it is written (lo, hi: bytes of the blob in the file;
+ * a widened item's data elements lo / 4 .. hi / 4): non-zero (with err) cancels the save with that message. done (NULL: none) runs once piece k is in the file: from then on the caller
  * may change that memory. */
 typedef struct {
     int (*check)(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, char *err, size_t errlen);
@@ -37,8 +47,9 @@ typedef struct {
     void *ctx;
 } qt_ckpt_piece_fns;
 /* qt_ckpt_save writing the blobs piece by piece in the order pieces[0..np) gives (each item's bytes
- * covered once, in ascending order; items may interleave), each byte read once: checked, hashed and
- * written at its place in the file; the table follows. The same file as qt_ckpt_save. */
+ * covered once, in ascending order; items may interleave; a widened item's pieces at multiples of 4
+ * bytes), each byte read once: checked, hashed and written at its place in the file; the table follows.
+ * The same file as qt_ckpt_save. */
 int qt_ckpt_save_pieces(const char *dir, long step, int keep, const qt_ckpt_item *items, int n,
                         const qt_ckpt_piece *pieces, int np, const qt_ckpt_piece_fns *fns, char *err,
                         size_t errlen);
@@ -66,8 +77,9 @@ int qt_ckpt_list(const char *dir, long **steps);
  * (every live item is written below e1); the caller waits for the mark before it changes elements below
  * it (qt_ckpt_writer_wait_mark). The file holds the items as they were when the write started. */
 typedef struct qt_ckpt_writer qt_ckpt_writer;
-/* Runs on the writer's thread on bytes [lo, hi) of an item (element-aligned) just before they are
- * written; non-zero (with err) cancels the save, which then fails with that message. */
+/* Runs on the writer's thread on bytes [lo, hi) of an item in the file (element-aligned; a widened
+ * item's data elements lo / 4 .. hi / 4) just before they are written; non-zero (with err) cancels the
+ * save, which then fails with that message. */
 typedef int (*qt_ckpt_check_fn)(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, char *err, size_t errlen);
 /* check may be NULL. NULL when out of memory. Free with qt_ckpt_writer_free (which waits). */
 qt_ckpt_writer *qt_ckpt_writer_create(qt_ckpt_check_fn check, void *ctx);

@@ -57,8 +57,14 @@ typedef struct {
      * logits NULL runs the forward only (a ZeRO-3 rank taking part in rank 0's weight gathers). */
     void (*forward_logits)(qt_engine *e, const int32_t *inputs, float *logits);
     /* The full optimizer state as checkpoint blobs (weights, master copy, m, v in their own dtypes).
-     * The blobs point into engine-owned host buffers valid until the next call. Returns the count. */
+     * The blobs point into engine-owned host buffers valid until the next call (one may view another's:
+     * a bf16 master's fp32 "weights" is its bf16 blob widened as written, QT_CKPT_WIDEN_BF16). Returns
+     * the count. */
     int (*state_items)(qt_engine *e, qt_ckpt_item *items, int cap);
+    /* The host bytes of the snapshot buffers state_items has made so far (a GPU engine's pinned copies,
+     * the memory plan's "checkpoint snapshot" rows). NULL: the engine makes none (its blobs alias its
+     * own arrays). */
+    size_t (*snapshot_bytes)(const qt_engine *e);
     /* Which of state_items' blobs alias the engine's own host state instead of a copy (an offloaded
      * optimizer state: master, m, v in pinned host memory), which the next opt_step changes chunk by
      * chunk from element 0 upwards: fills live (indices, elements, the optimizer's chunk as the piece)

@@ -24,6 +24,9 @@ typedef struct {
                               * the previous write + an offloaded optimizer's waits for the write of
                               * its state); the write itself runs in the background */
     int ckpt_in_place;   /* 1: an offloaded optimizer state was checkpointed where it lives (checkpoint.offloaded) */
+    size_t ckpt_snapshot_bytes; /* the host memory of the checkpoint snapshot: a GPU engine's pinned buffers,
+                                 * made at training start (the plan's "checkpoint snapshot" rows), or the
+                                 * CPU engine's state copied at each save */
 } qt_train_stats;
 
 /* qt_train_run's returns besides 0 and -1, and the exit status the qtrain program maps them to. */

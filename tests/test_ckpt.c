@@ -59,11 +59,11 @@ static void test_roundtrip(void) {
     long long step_blob = 1234567890123ll;
     const char *cfg = "model:\n  hidden_size: 64\n";
     qt_ckpt_item items[] = {
-        {"model.embed_tokens.weight", QT_DT_F32, big, nbig * 4},
-        {"empty", -1, NULL, 0},
-        {"m.small", QT_DT_BF16, small, sizeof small},
-        {"loader.pos", -1, &step_blob, sizeof step_blob},
-        {"config", -1, cfg, strlen(cfg) + 1},
+        {"model.embed_tokens.weight", QT_DT_F32, big, nbig * 4, 0},
+        {"empty", -1, NULL, 0, 0},
+        {"m.small", QT_DT_BF16, small, sizeof small, 0},
+        {"loader.pos", -1, &step_blob, sizeof step_blob, 0},
+        {"config", -1, cfg, strlen(cfg) + 1, 0},
     };
     int n = (int)(sizeof items / sizeof items[0]);
     QT_REQUIRE(qt_ckpt_save(dir, 42, 3, items, n, err, sizeof err) == 0, "save: %s", err);
@@ -91,7 +91,7 @@ static void test_retention_and_latest(void) {
     char dir[512], path[600], err[512];
     fresh_dir(dir, sizeof dir, "keep");
     int x = 7;
-    qt_ckpt_item it = {"x", -1, &x, sizeof x};
+    qt_ckpt_item it = {"x", -1, &x, sizeof x, 0};
     long steps[4] = {100, 200, 300, 400};
     for (int i = 0; i < 4; i++) {
         x = (int)steps[i];
@@ -134,7 +134,7 @@ static int save_two(const char *name, char *out, size_t cap, char *err, size_t e
     static float a[1000], b[300];
     for (int i = 0; i < 1000; i++) a[i] = (float)i;
     for (int i = 0; i < 300; i++) b[i] = -(float)i;
-    qt_ckpt_item items[] = {{"adam.m", QT_DT_F32, a, sizeof a}, {"adam.v", QT_DT_F32, b, sizeof b}};
+    qt_ckpt_item items[] = {{"adam.m", QT_DT_F32, a, sizeof a, 0}, {"adam.v", QT_DT_F32, b, sizeof b, 0}};
     if (qt_ckpt_save(dir, 7, 0, items, 2, err, errlen)) return -1;
     return qt_ckpt_latest(dir, out, cap);
 }
@@ -197,7 +197,7 @@ static void test_write_failures(void) {
     char dir[512], file[600], sub[700], path[800], err[512];
     fresh_dir(dir, sizeof dir, "fail");
     int x = 1;
-    qt_ckpt_item it = {"x", -1, &x, sizeof x};
+    qt_ckpt_item it = {"x", -1, &x, sizeof x, 0};
     char e2[512];
     QT_REQUIRE(qt_ckpt_mkdirs(dir, e2, sizeof e2) == 0, "mkdirs: %s", e2);
     snprintf(file, sizeof file, "%s/a_file", dir);
@@ -212,7 +212,7 @@ static void test_write_failures(void) {
     QT_EXPECT(qt_ckpt_save(sub, 1, 2, &it, 1, err, sizeof err) == -1, "saved below a regular file");
     QT_EXPECT(err[0] != 0, "no message");
     /* Bad item names are refused before anything is written. */
-    qt_ckpt_item dup[2] = {{"x", -1, &x, 4}, {"x", -1, &x, 4}};
+    qt_ckpt_item dup[2] = {{"x", -1, &x, 4, 0}, {"x", -1, &x, 4, 0}};
     err[0] = 0;
     QT_EXPECT(qt_ckpt_save(dir, 1, 2, dup, 2, err, sizeof err) == -1 && strstr(err, "duplicate"), "dup: %s", err);
     QT_EXPECT(qt_ckpt_latest(dir, path, sizeof path) == -1, "a failed save left a checkpoint: %s", path);
@@ -238,7 +238,7 @@ static void test_background_writer(void) {
     float *big = malloc(n * 4);
     QT_REQUIRE(big, "oom");
     for (size_t i = 0; i < n; i++) big[i] = (float)i;
-    qt_ckpt_item it = {"weights", QT_DT_F32, big, n * 4};
+    qt_ckpt_item it = {"weights", QT_DT_F32, big, n * 4, 0};
     qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
     QT_REQUIRE(w, "create");
     QT_EXPECT(qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err) == 1, "wait with nothing in flight");
@@ -335,9 +335,9 @@ static int live_write_matches(int mode, char *why, size_t cap) {
     }
     for (int i = 0; i < 5001; i++) w16[i] = (uint16_t)qt_rng_u64(&r);
     int64_t step = 12;
-    qt_ckpt_item items[5] = {{"weights", QT_DT_F32, md.master, LIVE_E * 4}, {"weights_bf16", QT_DT_BF16, w16, 5001 * 2},
-                             {"adam_m", QT_DT_BF16, md.m, LIVE_E * 2}, {"adam_v", QT_DT_F32, md.v, LIVE_E * 4},
-                             {"step", -1, &step, 8}};
+    qt_ckpt_item items[5] = {{"weights", QT_DT_F32, md.master, LIVE_E * 4, 0}, {"weights_bf16", QT_DT_BF16, w16, 5001 * 2, 0},
+                             {"adam_m", QT_DT_BF16, md.m, LIVE_E * 2, 0}, {"adam_v", QT_DT_F32, md.v, LIVE_E * 4, 0},
+                             {"step", -1, &step, 8, 0}};
     int ok = qt_ckpt_save(ref, 12, 0, items, 5, err, sizeof err) == 0;
     qt_ckpt_live live = {3, {0, 2, 3}, LIVE_E, 4099}, none = {0};
     char *copies = mode == COPY ? malloc(LIVE_E * 10) : NULL; /* master, m, v: the snapshot buffers */
@@ -419,12 +419,121 @@ static void test_offload_mode_choice(void) {
     QT_EXPECT(avail > ((size_t)64 << 20) && avail < ((size_t)1 << 50), "MemAvailable read as %zu bytes", avail);
 }
 
+/* A checker that adds up the bytes it is shown of widened items (ctx: a size_t). */
+static int count_widened(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    if (ctx && (item->flags & QT_CKPT_WIDEN_BF16)) *(size_t *)ctx += hi - lo;
+    return 0;
+}
+/* QT_CKPT_WIDEN_BF16: a bf16 array written as the fp32 "weights" blob (as a bf16-master run's checkpoint)
+ * is byte for byte the file written from the fp32 array of the same values (bits << 16), saved whole,
+ * cut into pieces (odd multiples of 4 bytes, crossing the writer's 1 MiB chunks and the hash's 32-byte
+ * stripes) and through the background writer behind live items; the checksum is verified on load, the
+ * checker sees the widened item's ranges; misuse (another dtype, a size or piece not a multiple of 4
+ * bytes, an unknown flag) is refused. Values: random bits plus NaN, +-Inf, -0, denormals. */
+static void test_widen_bf16(void) {
+    char dir[512], ref[512], pa[600], pb[600], err[512];
+    const size_t n = 600011; /* odd; > 2 chunks of the writer's widening buffer */
+    uint16_t *w16 = malloc(n * 2);
+    uint32_t *w32 = malloc(n * 4);
+    float m[1000];
+    QT_REQUIRE(w16 && w32, "oom");
+    qt_rng r;
+    qt_rng_seed(&r, 11);
+    for (size_t i = 0; i < n; i++) w16[i] = (uint16_t)qt_rng_u64(&r);
+    const uint16_t special[] = {0x7fc0, 0xffc1, 0x7f80, 0xff80, 0x8000, 0x0001, 0x807f, 0x3f80};
+    for (size_t k = 0; k < sizeof special / sizeof special[0]; k++) w16[k * 77777] = special[k];
+    for (size_t i = 0; i < n; i++) {
+        float f = qt_bf16_to_f32(w16[i]);
+        memcpy(&w32[i], &f, 4);
+    }
+    for (int i = 0; i < 1000; i++) m[i] = (float)i;
+    int64_t step = 3;
+    qt_ckpt_item plain[4] = {{"weights", QT_DT_F32, w32, n * 4, 0}, {"weights_bf16", QT_DT_BF16, w16, n * 2, 0},
+                             {"adam_m", QT_DT_F32, m, sizeof m, 0}, {"step", -1, &step, 8, 0}};
+    qt_ckpt_item wide[4];
+    memcpy(wide, plain, sizeof wide);
+    wide[0] = (qt_ckpt_item){"weights", QT_DT_F32, w16, n * 4, QT_CKPT_WIDEN_BF16};
+    QT_EXPECT(qt_ckpt_item_data_bytes(&wide[0]) == n * 2 && qt_ckpt_item_data_bytes(&plain[0]) == n * 4, "data bytes");
+    fresh_dir(ref, sizeof ref, "widen_ref");
+    QT_REQUIRE(qt_ckpt_save(ref, 3, 0, plain, 4, err, sizeof err) == 0, "fp32 save: %s", err);
+    snprintf(pb, sizeof pb, "%s/ckpt_00000003.qtc", ref);
+    size_t nb = 0;
+    char *b = qt_t_read_file(pb, &nb);
+    QT_REQUIRE(b && nb > n * 6, "reference file");
+    for (int how = 0; how < 3; how++) { /* whole; in pieces; the background writer with a live item */
+        static const char *const names[] = {"widen_whole", "widen_pieces", "widen_writer"};
+        fresh_dir(dir, sizeof dir, names[how]);
+        int rc;
+        if (how == 0) {
+            rc = qt_ckpt_save(dir, 3, 0, wide, 4, err, sizeof err);
+        } else if (how == 1) {
+            qt_ckpt_piece pc[64];
+            int np = 0;
+            size_t cut = 4 * 77773; /* 311092 bytes: odd fp32 counts */
+            for (size_t lo = 0; lo < n * 4; lo += cut) /* interleaved with weights_bf16's pieces */
+                pc[np++] = (qt_ckpt_piece){0, lo, lo + cut < n * 4 ? lo + cut : n * 4};
+            pc[np++] = (qt_ckpt_piece){1, 0, n * 2};
+            pc[np++] = (qt_ckpt_piece){2, 0, sizeof m};
+            pc[np++] = (qt_ckpt_piece){3, 0, 8};
+            rc = qt_ckpt_save_pieces(dir, 3, 0, wide, 4, pc, np, NULL, err, sizeof err);
+        } else {
+            qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
+            qt_ckpt_live live = {1, {2}, 1000, 97};
+            rc = w && qt_ckpt_writer_start_live(w, dir, 3, 0, wide, 4, &live, err, sizeof err) == 0 ? 0 : -1;
+            if (rc == 0) rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
+            qt_ckpt_writer_free(w);
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", names[how], err);
+        snprintf(pa, sizeof pa, "%s/ckpt_00000003.qtc", dir);
+        size_t na = 0, at = 0;
+        char *a = qt_t_read_file(pa, &na);
+        while (a && at < na && at < nb && a[at] == b[at]) at++;
+        QT_EXPECT(a && na == nb && at == na, "%s: the widened file differs from the fp32 one (%zu vs %zu bytes, first at byte %zu)",
+                  names[how], na, nb, at);
+        free(a);
+        qt_ckpt *ck = qt_ckpt_open(pa, err, sizeof err); /* every checksum verified */
+        QT_REQUIRE(ck, "%s: open: %s", names[how], err);
+        size_t bytes = 0;
+        int dt = -2;
+        const void *p = qt_ckpt_get(ck, "weights", &bytes, &dt);
+        QT_EXPECT(p && bytes == n * 4 && dt == QT_DT_F32 && !memcmp(p, w32, n * 4), "%s: weights blob", names[how]);
+        qt_ckpt_close(ck);
+    }
+    free(b);
+    /* a checker sees the widened item's file ranges */
+    fresh_dir(dir, sizeof dir, "widen_check");
+    size_t seen = 0;
+    qt_ckpt_writer *w = qt_ckpt_writer_create(count_widened, &seen);
+    QT_REQUIRE(w && qt_ckpt_writer_start(w, dir, 4, 0, wide, 4, err, sizeof err) == 0, "start: %s", err);
+    QT_EXPECT(qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err) == 0 && seen == n * 4, "checked %zu of %zu bytes: %s",
+              seen, n * 4, err);
+    qt_ckpt_writer_free(w);
+    /* misuse */
+    fresh_dir(dir, sizeof dir, "widen_bad");
+    qt_ckpt_item bad[3] = {{"w", QT_DT_BF16, w16, 40, QT_CKPT_WIDEN_BF16}, {"w", QT_DT_F32, w16, 42, QT_CKPT_WIDEN_BF16},
+                           {"w", QT_DT_F32, w16, 40, 2}};
+    for (int k = 0; k < 3; k++) {
+        err[0] = 0;
+        QT_EXPECT(qt_ckpt_save(dir, 1, 0, &bad[k], 1, err, sizeof err) == -1 && strstr(err, "checkpoint item w"),
+                  "bad widened item %d: %s", k, err);
+    }
+    qt_ckpt_piece half[2] = {{0, 0, 18}, {0, 18, 40}};
+    err[0] = 0;
+    QT_EXPECT(qt_ckpt_save_pieces(dir, 1, 0, wide, 1, half, 2, NULL, err, sizeof err) == -1 && strstr(err, "whole fp32"),
+              "a widened piece inside a value: %s", err);
+    snprintf(pa, sizeof pa, "%s/ckpt_00000001.qtc", dir);
+    QT_EXPECT(!file_exists(pa), "a refused save wrote %s", pa);
+    free(w16);
+    free(w32);
+}
+
 /* Live items that are not whole arrays of `elems` elements, or repeats, are refused at start. */
 static void test_live_items_refused(void) {
     char dir[512], err[512];
     fresh_dir(dir, sizeof dir, "live_bad");
     float x[10] = {0};
-    qt_ckpt_item items[2] = {{"a", QT_DT_F32, x, 40}, {"b", QT_DT_F32, x, 36}};
+    qt_ckpt_item items[2] = {{"a", QT_DT_F32, x, 40, 0}, {"b", QT_DT_F32, x, 36, 0}};
     qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
     qt_ckpt_live bad[3] = {{2, {0, 1}, 10, 4}, {2, {0, 0}, 10, 4}, {1, {5}, 10, 4}};
     for (int k = 0; k < 3; k++) {
@@ -449,6 +558,7 @@ int main(void) {
     QT_RUN(test_live_items_copied);
     QT_RUN(test_offload_mode_choice);
     QT_RUN(test_live_items_refused);
+    QT_RUN(test_widen_bf16);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
     if (system(cmd) != 0) fprintf(stderr, "warning: cleanup of %s failed\n", g_root);

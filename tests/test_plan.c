@@ -146,6 +146,28 @@ static void test_host_plan_sums(void) {
     QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == 2 * n, "one GPU offloaded: snapshot %zu",
               row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot"));
+    /* A bf16 master has no fp32 copy in the snapshot ("weights" is the bf16 weights widened as written):
+     * one GPU offloaded in place, copied (checkpoint.offloaded: copy: m, v too), on the device; 3 ranks
+     * sharded (each its bf16 weights and pieces of m, v; m, v assembled); 2 ranks replicated (rank 0's) */
+    static const struct { const char *extra; size_t snap, assembled; } bm[] = {
+        {"memory: {offload_optimizer: true}\n", 2, 0},
+        {"memory: {offload_optimizer: true}\ncheckpoint: {offloaded: copy}\n", 2 + 8, 0},
+        {"\n", 2 + 8, 0},
+        {"parallel: {devices: [0, 0, 1]}\n", 0, 8},
+        {"parallel: {devices: [0, 1], zero: 0}\n", 2 + 8, 0},
+    };
+    for (int k = 0; k < 5; k++) {
+        char extra[256];
+        snprintf(extra, sizeof extra, "device: cuda\nprecision: {master_dtype: bf16}\n%s", bm[k].extra);
+        QT_REQUIRE(load_cfg(&c, SMALL, extra) == 0, "config %d", k);
+        QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+        size_t snap = k == 3 ? 3 * (2 * n + 8 * ns) : bm[k].snap * n; /* fp32 m, v */
+        QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == snap &&
+                      row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)") == bm[k].assembled * n,
+                  "bf16 master, case %d: snapshot %zu (expected %zu), assembled %zu", k,
+                  row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot"), snap,
+                  row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)"));
+    }
     qt_layout_free(&L);
 }
 

@@ -330,7 +330,8 @@ static void test_nonfinite_state_never_saved(void) {
 }
 
 /* The writer's check, the guard for engines without a per-step finiteness hook (GPU): a NaN in an
- * fp32 blob and an Inf in a bf16 one are refused, naming tensor and element; nothing is written. */
+ * fp32 blob, an Inf in a bf16 one and in a bf16 one widened to fp32 as written (a bf16 master's
+ * "weights", QT_CKPT_WIDEN_BF16) are refused, naming blob, tensor and element; nothing is written. */
 static void test_writer_refuses_nonfinite_blob(void) {
     qt_model_cfg mc = {.vocab_size = 64, .hidden_size = 16, .num_layers = 2, .num_heads = 2, .num_kv_heads = 1,
                        .intermediate_size = 32, .max_seq_len = 16, .qkv_bias = 1, .tie_embeddings = 1};
@@ -345,17 +346,18 @@ static void test_writer_refuses_nonfinite_blob(void) {
     uint16_t *wb = calloc(L.numel, sizeof(uint16_t));
     const qt_tensor *tt = &L.tensors[L.n_tensors / 2];
     snprintf(dir, sizeof dir, "%s/refuse", g_dir);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         if (k == 1) wf[tt->offset + 3] = NAN;
         if (k == 2) wf[tt->offset + 3] = 0, wb[tt->offset + 3] = 0x7f80; /* bf16 +Inf */
-        qt_ckpt_item items[2] = {{"weights", QT_DT_F32, wf, L.numel * 4}, {"weights_bf16", QT_DT_BF16, wb, L.numel * 2}};
+        qt_ckpt_item items[2] = {{"weights", QT_DT_F32, wf, L.numel * 4, 0}, {"weights_bf16", QT_DT_BF16, wb, L.numel * 2, 0}};
+        if (k == 3) items[0] = (qt_ckpt_item){"weights", QT_DT_F32, wb, L.numel * 4, QT_CKPT_WIDEN_BF16}; /* written first */
         QT_REQUIRE(qt_ckpt_writer_start(w, dir, 5 + k, 0, items, 2, err, sizeof err) == 0, "%s", err);
         err[0] = 0;
         int rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
         char want[160];
         snprintf(want, sizeof want, "%s[3]", tt->name);
         if (k == 0) QT_EXPECT(rc == 0, "finite state refused: %s", err);
-        else QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, k == 1 ? "weights holds" : "weights_bf16 holds"),
+        else QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, k == 2 ? "weights_bf16 holds" : "weights holds"),
                        "case %d: rc %d: %s", k, rc, err);
     }
     QT_EXPECT(newest_step("refuse") == 5, "newest %ld: a refused state was written", newest_step("refuse"));

@@ -8,10 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "qt_ckpt.h"
 #include "qt_config.h"
 #include "qt_data.h"
 #include "qt_device.h"
+#include "qt_engine.h"
 #include "qt_error.h"
+#include "qt_planner.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
@@ -288,23 +291,29 @@ static void test_data_parallel_matches_one_gpu(void) {
  * gradient as the replicated ones do, grad_clip 0 so that the sharded norm's other summation order moves no
  * weight) of: 0 one GPU eager; 1 one GPU offloaded (m, v streamed in chunks of 1000); 2 one GPU from CUDA
  * graphs; 3 2 ranks on GPU 0 replicated (every rank updates the whole array, as one GPU does); 4 the same
- * 2 ranks ZeRO-1 (each rank its pieces); 5 ZeRO-1 offloaded. */
-static int bf16m_run(int kind, const char *tag, int stop, const char *resume, const char *prec, float *losses, char *err,
-                     size_t errlen) {
-    char yaml[4096], par[256];
+ * 2 ranks ZeRO-1 (each rank its pieces); 5 ZeRO-1 offloaded; 6 the 2 ranks ZeRO-3. Its config text (ck:
+ * more checkpoint keys, ", key: value"). */
+static void bf16m_yaml(char *yaml, size_t cap, int kind, const char *tag, const char *prec, const char *ck) {
+    char par[256];
     int dp = kind >= 3;
-    snprintf(par, sizeof par, "parallel: {%s, shard_optimizer: %s}\nperf: {cuda_graphs: %s, matmul_autotune: false}\n%s",
-             dp ? two_ranks() : "gpus: 1", kind == 3 ? "false" : "true", kind == 2 ? "true" : "false",
-             kind == 1 || kind == 5 ? "memory: {offload_optimizer: true}" : "");
-    snprintf(yaml, sizeof yaml,
+    snprintf(par, sizeof par, "parallel: {%s, shard_optimizer: %s%s}\nperf: {cuda_graphs: %s, matmul_autotune: false}\n%s",
+             dp ? two_ranks() : "gpus: 1", kind == 3 ? "false" : "true", kind == 6 ? ", zero: 3" : "",
+             kind == 2 ? "true" : "false", kind == 1 || kind == 5 ? "memory: {offload_optimizer: true}" : "");
+    snprintf(yaml, cap,
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
              "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
              "data: {train: '%s/syn_train_*.bin.zst', eval: '%s/syn_eval_*.bin', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
              "optim: {lr: 0.003, warmup: 3, steps: 20, schedule: cosine, grad_clip: 0}\n"
              "precision: {%s, opt_m_dtype: bf16, opt_v_dtype: bf16}\n"
-             "eval: {every: 10, batches: 2}\ncheckpoint: {dir: '%s/ckpt_bf16m_%s', every: 10}\nlog: {file: '', every: 5}\n"
+             "eval: {every: 10, batches: 2}\ncheckpoint: {dir: '%s/ckpt_bf16m_%s', every: 10%s}\nlog: {file: '', every: 5}\n"
              "device: cuda\n%s\n",
-             g_dir, g_dir, dp ? 1 : 2, prec, g_dir, tag, par);
+             g_dir, g_dir, dp ? 1 : 2, prec, g_dir, tag, ck, par);
+}
+
+static int bf16m_run(int kind, const char *tag, int stop, const char *resume, const char *prec, float *losses, char *err,
+                     size_t errlen) {
+    char yaml[4096];
+    bf16m_yaml(yaml, sizeof yaml, kind, tag, prec, "");
     qt_config c;
     int rc = load_cfg(&c, yaml);
     if (rc == 0) {
@@ -376,6 +385,130 @@ static void test_bf16_master_cuts(void) {
     printf("  fp32-master checkpoint resumed with a bf16 master: loss %.4f at step 10, %.4f at 20 (bf16 throughout: %.4f)\n",
            lf[9], lf[19], loss[0][19]);
     QT_EXPECT(isfinite(lf[19]) && fabsf(lf[19] - loss[0][19]) < 0.05f * loss[0][19], "resumed from fp32: loss %g at 20", lf[19]);
+}
+
+/* The blobs of a training checkpoint, in the order the trainer writes them (train_ckpt.c). */
+static const char *const ckpt_blobs[9] = {"weights", "weights_bf16", "adam_m", "adam_v", "step", "rng", "loader_pos",
+                                         "model_cfg", "config"};
+
+/* One checkpoint file of a bf16-master run: "weights" must be weights_bf16 widened (bits << 16, what the
+ * fp32 snapshot held before), and the file the one qt_ckpt_save writes from its blobs with "weights" as
+ * a plain fp32 array (scratch: a directory for that file). 1, or 0 with why. */
+static int widened_file_ok(const char *path, const char *scratch, char *why, size_t cap) {
+    qt_ckpt *ck = qt_ckpt_open(path, why, cap); /* every checksum verified */
+    if (!ck) return 0;
+    qt_ckpt_item it[9];
+    size_t nw = 0, nb = 0;
+    int dw = -2, ok = 1;
+    for (int i = 0; i < 9 && ok; i++) {
+        it[i] = (qt_ckpt_item){ckpt_blobs[i], -2, NULL, 0, 0};
+        it[i].data = qt_ckpt_get(ck, ckpt_blobs[i], &it[i].bytes, &it[i].dtype);
+        if (!it[i].data) ok = 0, snprintf(why, cap, "%s: no blob %s", path, ckpt_blobs[i]);
+    }
+    const uint32_t *w = qt_ckpt_get(ck, "weights", &nw, &dw);
+    const uint16_t *b = qt_ckpt_get(ck, "weights_bf16", &nb, NULL);
+    uint32_t *wide = ok && w && b && nw == 2 * nb && dw == QT_DT_F32 ? malloc(nw) : NULL;
+    if (ok && !wide) ok = 0, snprintf(why, cap, "%s: weights %zu bytes (dtype %d), weights_bf16 %zu bytes", path, nw, dw, nb);
+    size_t bad = nb / 2;
+    for (size_t i = 0; wide && i < nb / 2; i++) {
+        wide[i] = (uint32_t)b[i] << 16;
+        if (bad == nb / 2 && w[i] != wide[i]) bad = i;
+    }
+    if (ok && bad < nb / 2)
+        ok = 0, snprintf(why, cap, "%s: weights[%zu] = %08x, weights_bf16 widened %08x", path, bad, w[bad], wide[bad]);
+    if (ok) {
+        char ref[600], e2[1024];
+        it[0].data = wide;
+        ok = qt_ckpt_save(scratch, qt_ckpt_step(ck), 0, it, 9, e2, sizeof e2) == 0 &&
+             qt_ckpt_latest(scratch, ref, sizeof ref) == 0;
+        size_t na = 0, nr = 0, at = 0;
+        char *fa = ok ? qt_t_read_file(path, &na) : NULL, *fr = ok ? qt_t_read_file(ref, &nr) : NULL;
+        while (fa && fr && at < na && at < nr && fa[at] == fr[at]) at++;
+        if (!ok) snprintf(why, cap, "%s: %s", scratch, e2);
+        else if (!fa || !fr || na != nr || at != na)
+            ok = 0, snprintf(why, cap, "%s differs from the fp32-weights file (%zu vs %zu bytes, first at byte %zu)", path,
+                             na, nr, at);
+        free(fa), free(fr);
+    }
+    free(wide);
+    qt_ckpt_close(ck);
+    return ok;
+}
+
+static size_t plan_row(const qt_run_plan *rp, const char *kind) {
+    for (int i = 0; i < rp->mem.n; i++)
+        if (!strcmp(rp->mem.row[i].kind, kind)) return rp->mem.row[i].bytes;
+    return 0;
+}
+
+/* A bf16 master's checkpoint snapshot keeps the bf16 weights (+ m, v) only; the writer widens them to the
+ * fp32 "weights" blob as it writes (QT_CKPT_WIDEN_BF16). Runs of bf16m_run's 20 steps (checkpoints at 10
+ * and 20): one GPU; one GPU offloaded with m, v written in place and copied (checkpoint.offloaded); 2
+ * ranks ZeRO-1 and ZeRO-3 (the whole arrays assembled from the ranks' pieces). Each: the snapshot's
+ * pinned bytes (qt_train_stats) equal the plan's "checkpoint snapshot" rows (which hold no fp32 weights);
+ * in every file "weights" is weights_bf16 widened bit for bit (what the fp32 snapshot held before) and
+ * the file is byte for byte the one written from the same blobs with "weights" a plain fp32 array (the
+ * file the code before wrote); the last checkpoint's weights, weights_bf16, m and v are the same bytes
+ * over the one-GPU cuts and over ZeRO-1 vs ZeRO-3. */
+static void test_bf16_master_ckpt_bytes(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    bf16m_data();
+    enum { RUNS = 5 };
+    static const struct { int kind; const char *tag, *ck; } run[RUNS] = {
+        {0, "ckb_one", ""}, {1, "ckb_in_place", ", offloaded: in_place"}, {1, "ckb_copy", ", offloaded: copy"},
+        {4, "ckb_zero1", ""}, {6, "ckb_zero3", ""}};
+    qt_ckpt *last[RUNS] = {NULL};
+    char err[1024], dir[600], path[700], scratch[700];
+    for (int k = 0; k < RUNS; k++) {
+        char yaml[4096];
+        qt_config c;
+        qt_train_stats st;
+        float loss[20];
+        bf16m_yaml(yaml, sizeof yaml, run[k].kind, run[k].tag, "master_dtype: bf16", run[k].ck);
+        QT_REQUIRE(load_cfg(&c, yaml) == 0, "%s: config", run[k].tag);
+        qt_test_hooks h = {.offload_chunk = 1000};
+        qt_test_hooks_set(&h);
+        qt_train_opts o = {NULL, -1, 0, loss, NULL};
+        int rc = qt_train_run(&c, &o, &st, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        QT_REQUIRE(rc == 0, "%s: %s", run[k].tag, err);
+        qt_layout L;
+        qt_weight_src src;
+        static qt_run_plan rp;
+        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0 && qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0,
+                   "%s: plan: %s", run[k].tag, err);
+        size_t plan = plan_row(&rp, "checkpoint snapshot") + plan_row(&rp, "checkpoint snapshot (assembled)");
+        printf("  %-13s snapshot %zu bytes pinned (plan %zu; %zu parameters)%s\n", run[k].tag, st.ckpt_snapshot_bytes, plan,
+               L.numel, st.ckpt_in_place ? ", m and v written in place" : "");
+        QT_EXPECT(st.ckpt_snapshot_bytes == plan && plan > 0, "%s: snapshot %zu bytes, planned %zu", run[k].tag,
+                  st.ckpt_snapshot_bytes, plan);
+        QT_EXPECT(st.ckpt_in_place == (k == 1), "%s: in place %d", run[k].tag, st.ckpt_in_place);
+        qt_layout_free(&L);
+        snprintf(dir, sizeof dir, "%s/ckpt_bf16m_%s", g_dir, run[k].tag);
+        long *steps = NULL;
+        int nf = qt_ckpt_list(dir, &steps);
+        QT_EXPECT(nf >= 2 && steps[0] == 20, "%s: %d checkpoints, newest %ld", run[k].tag, nf, nf ? steps[0] : -1);
+        for (int f = 0; f < nf; f++) {
+            char why[1024];
+            snprintf(path, sizeof path, "%s/ckpt_%08ld.qtc", dir, steps[f]);
+            snprintf(scratch, sizeof scratch, "%s/ckb_scratch_%s_%ld", g_dir, run[k].tag, steps[f]);
+            QT_EXPECT(widened_file_ok(path, scratch, why, sizeof why), "%s", why);
+        }
+        free(steps);
+        snprintf(path, sizeof path, "%s/ckpt_%08d.qtc", dir, 20);
+        last[k] = qt_ckpt_open(path, err, sizeof err);
+        QT_REQUIRE(last[k], "%s", err);
+    }
+    const int same[3][2] = {{0, 1}, {0, 2}, {3, 4}};
+    for (int q = 0; q < 3; q++)
+        for (int i = 0; i < 4; i++) {
+            size_t na = 0, nb = 1;
+            const void *a = qt_ckpt_get(last[same[q][0]], ckpt_blobs[i], &na, NULL);
+            const void *b = qt_ckpt_get(last[same[q][1]], ckpt_blobs[i], &nb, NULL);
+            QT_EXPECT(a && b && na == nb && !memcmp(a, b, na), "step 20's %s: %s differs from %s", ckpt_blobs[i],
+                      run[same[q][1]].tag, run[same[q][0]].tag);
+        }
+    for (int k = 0; k < RUNS; k++) qt_ckpt_close(last[k]);
 }
 
 /* precision.grad_accum_dtype: bf16 (with a bf16 master: the 14B setting). 2 ranks on GPU 0 at one
@@ -559,6 +692,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_data_parallel_matches_one_gpu);
     QT_RUN(test_data_parallel_failure_stops_all);
     QT_RUN(test_bf16_master_cuts);
+    QT_RUN(test_bf16_master_ckpt_bytes);
     QT_RUN(test_bf16_master_learns);
     QT_RUN(test_bf16_grads);
     QT_RUN(test_gpu_bf16_tracks_cpu_fp32);

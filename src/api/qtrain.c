@@ -387,6 +387,7 @@ qtrain_status qtrain_set_parameter(qtrain_trainer *t, const char *name, const fl
     for (int i = 0; i < ni; i++) { /* the fp32 weights (master) and the model-dtype copy */
         qt_ckpt_item *it = &items[i];
         if (strncmp(it->name, "weights", 7) || it->bytes != s->layout.numel * (size_t)qt_dtype_size(it->dtype)) continue;
+        if (it->flags & QT_CKPT_WIDEN_BF16) continue; /* a bf16 master's "weights": the bf16 blob's view, set there */
         if (it->dtype == QT_DT_F32) memcpy((float *)it->data + tt->offset, src, n * sizeof(float));
         else if (it->dtype == QT_DT_BF16)
             for (size_t j = 0; j < n; j++) ((uint16_t *)it->data)[tt->offset + j] = qt_f32_to_bf16(src[j]);

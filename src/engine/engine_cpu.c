@@ -85,9 +85,9 @@ static int cpu_state_items(qt_engine *e, qt_ckpt_item *items, int cap) {
     cpu_engine *c = (cpu_engine *)e;
     size_t bytes = e->L->numel * sizeof(float);
     QT_CHECK(cap >= 3, "need room for 3 checkpoint items, got %d", cap);
-    items[0] = (qt_ckpt_item){"weights", QT_DT_F32, c->w, bytes};
-    items[1] = (qt_ckpt_item){"adam_m", QT_DT_F32, c->m, bytes};
-    items[2] = (qt_ckpt_item){"adam_v", QT_DT_F32, c->v, bytes};
+    items[0] = (qt_ckpt_item){"weights", QT_DT_F32, c->w, bytes, 0};
+    items[1] = (qt_ckpt_item){"adam_m", QT_DT_F32, c->m, bytes, 0};
+    items[2] = (qt_ckpt_item){"adam_v", QT_DT_F32, c->v, bytes, 0};
     return 3;
 }
 

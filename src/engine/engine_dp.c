@@ -80,6 +80,7 @@ struct dp_engine {
     int sharded;   /* ZeRO >= 1: each rank holds the optimizer state of its pieces */
     int zero;      /* the ZeRO level (0 when not sharded) */
     void *state[4]; /* sharded: the whole checkpoint arrays, assembled from the ranks (owned) */
+    size_t state_bytes; /* their pinned bytes */
 };
 
 /* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
@@ -261,7 +262,8 @@ static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 }
 
 /* Rank 0's blobs; sharded, the pieces of weights, adam_m and adam_v (ZeRO-3: and weights_bf16) from
- * every rank put together. */
+ * every rank put together. A bf16 master's "weights" is no array of its own: weights_bf16 (whole)
+ * widened as it is written (gpu_state_items). */
 static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     dp_engine *d = (dp_engine *)b;
     d->items = items;
@@ -270,10 +272,15 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     if (!d->sharded) return d->nitems;
     size_t es[4];
     int whole_bf16 = d->zero < 3; /* the bf16 weights are whole on every rank below ZeRO-3 */
+    int widen = items[0].flags & QT_CKPT_WIDEN_BF16;
+    int own[4]; /* the arrays assembled here */
     for (int k = 0; k < 4; k++) {
-        if (k == 1 && whole_bf16) continue;
+        own[k] = !(k == 1 && whole_bf16) && !(k == 0 && widen);
         es[k] = qt_dtype_size((qt_dtype)items[k].dtype);
-        if (!d->state[k]) QT_CUDA(cudaMallocHost(&d->state[k], b->L->numel * es[k]));
+        if (own[k] && !d->state[k]) {
+            QT_CUDA(cudaMallocHost(&d->state[k], b->L->numel * es[k]));
+            d->state_bytes += b->L->numel * es[k];
+        }
     }
     qt_ckpt_item mine[8];
     for (int r = 0; r < d->n; r++) {
@@ -281,7 +288,7 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         run(d, job_items, r);
         const qt_shard *sh = &d->shard[r];
         for (int k = 0; k < 4; k++)
-            for (int i = 0; (k != 1 || !whole_bf16) && i < sh->n_buckets; i++) {
+            for (int i = 0; own[k] && i < sh->n_buckets; i++) {
                 size_t off, len, st;
                 qt_shard_piece(sh, i, &off, &len, &st);
                 memcpy((char *)d->state[k] + off * es[k], (const char *)mine[k].data + st * es[k],
@@ -290,11 +297,21 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         if (r == 0 && whole_bf16) items[1] = mine[1];
     }
     for (int k = 0; k < 4; k++)
-        if (k != 1 || !whole_bf16) {
+        if (own[k]) {
             items[k].data = d->state[k];
             items[k].bytes = b->L->numel * es[k];
         }
+    if (widen) items[0] = (qt_ckpt_item){items[0].name, QT_DT_F32, items[1].data, items[1].bytes * 2, QT_CKPT_WIDEN_BF16};
     return d->nitems;
+}
+
+/* The ranks' snapshot buffers and the arrays assembled from them. */
+static size_t dp_snapshot_bytes(const qt_engine *b) {
+    const dp_engine *d = (const dp_engine *)b;
+    size_t bytes = d->state_bytes;
+    for (int r = 0; r < d->n; r++)
+        if (d->rk[r] && d->rk[r]->ops->snapshot_bytes) bytes += d->rk[r]->ops->snapshot_bytes(d->rk[r]);
+    return bytes;
 }
 
 /* Each rank checks the weights its AdamW wrote (its pieces when sharded): the earliest step's first
@@ -369,6 +386,7 @@ static const qt_engine_ops dp_ops = {
     .get_grads = dp_get_grads,
     .forward_logits = dp_forward_logits,
     .state_items = dp_state_items,
+    .snapshot_bytes = dp_snapshot_bytes,
     .state_is_snapshot = 1,
     .nonfinite_weight = dp_nonfinite_weight,
     .load_state = dp_load_state,

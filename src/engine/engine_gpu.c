@@ -39,7 +39,8 @@ typedef struct {
     cudaEvent_t bad_ev[2];  /* [t & 1]: recorded on the optimizer's stream once bad[t & 1] is copied */
     long bad_pending[2];    /* [t & 1]: step t when its count is in flight, else 0 */
     long first_bad, first_bad_step; /* the first NaN/Inf weight found (-1: none) and the step that made it */
-    void *host_state[4];    /* state_items' host copies (owned) */
+    void *host_state[4];    /* state_items' host copies (owned; none for a bf16 master's "weights") */
+    size_t snap_bytes;      /* their pinned bytes (snapshot_bytes) */
     int ckpt_copy;          /* 1: an offloaded optimizer state is copied for checkpoints (set_state_copy) */
     int micro_done;         /* micro-steps since creation (the first runs eagerly) */
     int micro_in_step;      /* micro-steps since the last opt_step */
@@ -264,8 +265,8 @@ static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "
 
 /* One GPU offloaded: m, v and an fp32 master are checkpointed from where they live (pinned host
  * memory) unless the trainer chose to copy them (set_state_copy); the optimizer waits for the writer per
- * chunk (set_state_guard). A bf16 master is the device weights: copied like them. A data-parallel rank's
- * are copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
+ * chunk (set_state_guard). A bf16 master is the device weights: their copy is its checkpoint. A
+ * data-parallel rank's are copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
 static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE && !e->ckpt_copy; }
 static int live_item(const gpu_engine *e, int i) { return live_state(e) && (i >= 2 || (i == 0 && e->g->ps->master)); }
 /* The bytes of those items (m, v, an fp32 master) when they are live. */
@@ -274,11 +275,12 @@ static size_t live_bytes(const gpu_engine *e) {
     return live_state(e) ? ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) : 0;
 }
 
-/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths; with
- * precision.master_dtype bf16 the exact fp32 values of the bf16 weights), the bf16 working copy (it
- * differs from RNE(master) under stochastic rounding) and m, v. Sharded:
- * weights, adam_m and adam_v hold this rank's pieces only, back to back with their padding (the
- * store's shard says where each goes); ZeRO-3 weights_bf16 too. */
+/* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths), the
+ * bf16 working copy (it differs from RNE(master) under stochastic rounding) and m, v. Sharded: weights,
+ * adam_m and adam_v hold this rank's pieces only, back to back with their padding (the store's shard
+ * says where each goes); ZeRO-3 weights_bf16 too. With precision.master_dtype bf16 there is no master:
+ * "weights" is the weights_bf16 copy widened as it is written (QT_CKPT_WIDEN_BF16: the exact fp32 values
+ * of the bf16 weights, no fp32 buffer), laid out as weights_bf16 is (whole below ZeRO-3). */
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     gpu_engine *e = (gpu_engine *)b;
     const qt_param_store *ps = e->g->ps;
@@ -286,21 +288,27 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     QT_CHECK(cap >= 4, "need room for 4 checkpoint items, got %d", cap);
     qt_dp_sync_join(e->sync);
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
-    for (int i = 0; i < 4; i++) {
+    for (int i = ps->master ? 0 : 1; i < 4; i++) {
         qt_dtype dt;
         const void *src = qt_param_item(ps, i, &dt);
         size_t bytes = (i == 1 && e->plan.zero < 3 ? n : ns) * qt_dtype_size(dt);
         if (live_item(e, i)) {
-            items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes};
+            items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes, 0};
             continue;
         }
-        if (!e->host_state[i]) QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
-        if (i == 0) qt_param_get_master_pieces(ps, e->host_state[0]); /* fp32 whatever precision.master_dtype */
+        if (!e->host_state[i]) {
+            QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
+            e->snap_bytes += bytes;
+        }
+        if (i == 0) qt_param_get_master_pieces(ps, e->host_state[0]);
         else QT_CUDA(cudaMemcpy(e->host_state[i], src, bytes, cudaMemcpyDefault)); /* m, v: maybe host */
-        items[i] = (qt_ckpt_item){item_names[i], dt, e->host_state[i], bytes};
+        items[i] = (qt_ckpt_item){item_names[i], dt, e->host_state[i], bytes, 0};
     }
+    if (!ps->master) items[0] = (qt_ckpt_item){item_names[0], QT_DT_F32, items[1].data, items[1].bytes * 2, QT_CKPT_WIDEN_BF16};
     return 4;
 }
+
+static size_t gpu_snapshot_bytes(const qt_engine *b) { return ((const gpu_engine *)b)->snap_bytes; }
 
 static int gpu_state_live(qt_engine *b, qt_ckpt_live *live) {
     gpu_engine *e = (gpu_engine *)b;
@@ -393,6 +401,7 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
      .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
      .nonfinite_weight = gpu_nonfinite_weight, .state_live = gpu_state_live,                             \
      .set_state_guard = gpu_set_state_guard, .set_state_copy = gpu_set_state_copy,                     \
+     .snapshot_bytes = gpu_snapshot_bytes,                                                             \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
@@ -434,11 +443,12 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
         QT_CUDA(cudaEventCreateWithFlags(&e->pin_free[i], cudaEventDisableTiming));
         QT_CUDA(cudaEventRecord(e->pin_free[i], e->g->stream));
     }
-    /* the checkpoint snapshot (gpu_state_items): the bf16 weights, and master, m, v unless written in place
-     * (the default of an offloaded state; set_state_copy adds their copy when the trainer chooses one) */
+    /* the checkpoint snapshot (gpu_state_items): the bf16 weights, and an fp32 master, m, v unless written
+     * in place (the default of an offloaded state; set_state_copy adds their copy when the trainer chooses
+     * one); a bf16 master's "weights" is the bf16 copy, widened as it is written */
     const qt_param_store *ps = e->g->ps;
     size_t snap = (e->plan.zero >= 3 ? ps->shard.len : L->numel) * 2 +
-                  ps->shard.len * (4 + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) - live_bytes(e);
+                  ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) - live_bytes(e);
     qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", snap);
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     QT_CUDA(cudaMalloc((void **)&e->bad_dev, sizeof *e->bad_dev));

@@ -8,10 +8,12 @@
  * meta_hash = hash64 of header bytes [0,32) then the table; each blob's hash = hash64 of its bytes.
  * hash64 is XXH64 (seed 0): 32-byte stripes in four lanes, so it runs at memory speed.
  * Writing: the blobs go first, piece by piece in the caller's order (qt_ckpt_save_pieces), each byte
- * read once — checked, fed to its blob's hash, written at its offset (padding stays a hole: zeros) —
+ * read once — checked, fed to its blob's hash, written at its offset (padding stays a hole: zeros); a
+ * widened item (QT_CKPT_WIDEN_BF16) converted to fp32 chunk by chunk first, its hash over the fp32 bytes —
  * then the table with the hashes at offset 0, the size set, fsync, rename. */
 #include "qt_error.h"
 #include "qt_ckpt.h"
+#include "qt_dtype.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -213,6 +215,11 @@ static int check_items(const qt_ckpt_item *items, int n, char *err, size_t errle
             return qt_errf(err, errlen, "checkpoint item %d: name must be 1..%d bytes, got %zu", i, CK_NAME - 1, len);
         if (items[i].bytes && !items[i].data)
             return qt_errf(err, errlen, "checkpoint item %s: %zu bytes but no data", items[i].name, items[i].bytes);
+        if (items[i].flags & ~QT_CKPT_WIDEN_BF16)
+            return qt_errf(err, errlen, "checkpoint item %s: unknown flags %#x", items[i].name, items[i].flags);
+        if ((items[i].flags & QT_CKPT_WIDEN_BF16) && (items[i].dtype != QT_DT_F32 || items[i].bytes % 4))
+            return qt_errf(err, errlen, "checkpoint item %s: widened from bf16: expected dtype f32 and a multiple of 4 "
+                           "bytes, got dtype %d and %zu bytes", items[i].name, items[i].dtype, items[i].bytes);
         for (int j = 0; j < i; j++)
             if (strcmp(items[j].name, items[i].name) == 0)
                 return qt_errf(err, errlen, "checkpoint item %s: duplicate name", items[i].name);
@@ -266,6 +273,9 @@ static int check_pieces(const qt_ckpt_item *items, int n, const qt_ckpt_piece *p
         if (i < 0 || i >= n || pc[k].lo != next[i] || pc[k].hi < pc[k].lo || pc[k].hi > items[i].bytes)
             rc = qt_errf(err, errlen, "checkpoint piece %d (item %d, bytes %zu..%zu): out of order or out of range", k, i,
                          pc[k].lo, pc[k].hi);
+        else if ((items[i].flags & QT_CKPT_WIDEN_BF16) && (pc[k].lo % 4 || pc[k].hi % 4))
+            rc = qt_errf(err, errlen, "checkpoint piece %d (item %s, bytes %zu..%zu): a widened item's pieces are whole "
+                         "fp32 values", k, items[i].name, pc[k].lo, pc[k].hi);
         else next[i] = pc[k].hi;
     }
     for (int i = 0; i < n && !rc; i++)
@@ -273,6 +283,10 @@ static int check_pieces(const qt_ckpt_item *items, int n, const qt_ckpt_piece *p
             rc = qt_errf(err, errlen, "checkpoint item %s: pieces cover %zu of its %zu bytes", items[i].name, next[i], items[i].bytes);
     free(next);
     return rc;
+}
+
+size_t qt_ckpt_item_data_bytes(const qt_ckpt_item *it) {
+    return it->flags & QT_CKPT_WIDEN_BF16 ? it->bytes / 2 : it->bytes;
 }
 
 static int pwrite_all(int fd, const void *data, size_t n, size_t off) {
@@ -284,6 +298,25 @@ static int pwrite_all(int fd, const void *data, size_t n, size_t off) {
         p += w;
         n -= (size_t)w;
         off += (size_t)w;
+    }
+    return 0;
+}
+
+#define WIDEN_CHUNK ((size_t)1 << 18) /* fp32 values per write of a widened item: 1 MiB */
+
+/* Bytes [lo, hi) (multiples of 4) of a widened item: its bf16 values lo / 4 .. hi / 4 as fp32, through
+ * *buf (WIDEN_CHUNK values, made at the first call), each chunk written at its place (the blob at base)
+ * and fed to h. 0, -1 (a write failed) or -2 (no buffer). */
+static int write_widened(int fd, const qt_ckpt_item *it, size_t lo, size_t hi, size_t base, xx_state *h, uint32_t **buf) {
+    if (!*buf && !(*buf = malloc(WIDEN_CHUNK * 4))) return -2;
+    const uint16_t *src = it->data;
+    uint32_t *u = *buf;
+    for (size_t e = lo / 4; e < hi / 4;) {
+        size_t m = hi / 4 - e < WIDEN_CHUNK ? hi / 4 - e : WIDEN_CHUNK;
+        for (size_t j = 0; j < m; j++) u[j] = (uint32_t)src[e + j] << 16; /* exact: qt_bf16_to_f32 */
+        if (pwrite_all(fd, u, m * 4, base + e * 4)) return -1;
+        xx_feed(h, u, m * 4);
+        e += m;
     }
     return 0;
 }
@@ -314,18 +347,27 @@ int qt_ckpt_save_pieces(const char *dir, long step, int keep, const qt_ckpt_item
     }
     /* the blobs first, each byte read once (checked, hashed, written); padding is left as holes (zeros) */
     int rc = 0;
+    uint32_t *wide = NULL; /* write_widened's buffer, made at its first use */
     for (int k = 0; k < np && !rc; k++) {
         const qt_ckpt_item *it = &items[pieces[k].item];
         size_t len = pieces[k].hi - pieces[k].lo;
-        const char *p = len ? (const char *)it->data + pieces[k].lo : NULL;
         if (fns && fns->check && (rc = fns->check(it, pieces[k].lo, pieces[k].hi, fns->ctx, err, errlen))) break;
-        if (len && pwrite_all(fd, p, len, off[pieces[k].item] + pieces[k].lo)) {
-            rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
-            break;
+        if (it->flags & QT_CKPT_WIDEN_BF16) {
+            int wr = len ? write_widened(fd, it, pieces[k].lo, pieces[k].hi, off[pieces[k].item], &hs[pieces[k].item], &wide) : 0;
+            if (wr == -2) rc = qt_errf(err, errlen, "%s: out of memory widening %s", tmp, it->name);
+            else if (wr) rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+            if (rc) break;
+        } else {
+            const char *p = len ? (const char *)it->data + pieces[k].lo : NULL;
+            if (len && pwrite_all(fd, p, len, off[pieces[k].item] + pieces[k].lo)) {
+                rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+                break;
+            }
+            xx_feed(&hs[pieces[k].item], p, len);
         }
-        xx_feed(&hs[pieces[k].item], p, len);
         if (fns && fns->done) fns->done(fns->ctx, k);
     }
+    free(wide);
     size_t mb = 0, fb = 0;
     unsigned char *meta = NULL;
     if (!rc) {

@@ -59,12 +59,17 @@ int qt_trainer_check_weights(qt_trainer *t, int settle, char *err, size_t errlen
                    "nothing saved, %s", step, name, newest);
 }
 
-/* Runs on the writer thread: reads only the layout, saved_step and the blob's bytes [lo, hi). */
+/* Runs on the writer thread: reads only the layout, saved_step and the blob's bytes [lo, hi) (a widened
+ * blob's bf16 values lo / 4 .. hi / 4). */
 int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *ctx, char *err, size_t errlen) {
     const qt_trainer *t = ctx;
     const qt_layout *L = t->eng->L;
     size_t n = L->numel, bad = (size_t)-1;
-    if (it->dtype == QT_DT_F32 && it->bytes == n * 4) {
+    if ((it->flags & QT_CKPT_WIDEN_BF16) && it->bytes == n * 4) {
+        const uint16_t *u = it->data;
+        for (size_t i = lo / 4; i < hi / 4 && bad == (size_t)-1; i++)
+            if ((u[i] & 0x7f80u) == 0x7f80u) bad = i;
+    } else if (it->dtype == QT_DT_F32 && it->bytes == n * 4) {
         const uint32_t *u = it->data;
         for (size_t i = lo / 4; i < hi / 4 && bad == (size_t)-1; i += 4096) { /* one test per 4096: vectorizes */
             size_t e = i + 4096 < hi / 4 ? i + 4096 : hi / 4;
@@ -148,9 +153,14 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
         snprintf(how, sizeof how, "; data-parallel: the offloaded optimizer state is copied (checkpoint.offloaded "
                  "applies to one GPU)");
     }
-    for (int i = 0; i < n; i++) bytes += items[i].bytes;
-    for (int j = 0; j < live.n; j++) bytes -= items[live.idx[j]].bytes;
+    if (t->eng->ops->snapshot_bytes) { /* the engine's own buffers (a widened blob views another's) */
+        bytes = t->eng->ops->snapshot_bytes(t->eng);
+    } else { /* the trainer copies the engine's blobs at each save */
+        for (int i = 0; i < n; i++) bytes += qt_ckpt_item_data_bytes(&items[i]);
+        for (int j = 0; j < live.n; j++) bytes -= qt_ckpt_item_data_bytes(&items[live.idx[j]]);
+    }
     t->st->ckpt_in_place = live.n > 0;
+    t->st->ckpt_snapshot_bytes = bytes;
     printf("qtrain: checkpoint snapshot: %.1f MiB of host memory, made in %.2f s%s\n", bytes / 1048576.0, now_s() - t0, how);
     if (live.n && t->eng->ops->set_state_guard) t->eng->ops->set_state_guard(t->eng, guard_wait, t);
     return 0;
@@ -183,7 +193,7 @@ int qt_trainer_poll_write(qt_trainer *t, char *err, size_t errlen) {
 /* Copies items[from, n) into t->snap and points them there. */
 static int snapshot(qt_trainer *t, qt_ckpt_item *items, int from, int n, char *err, size_t errlen) {
     size_t need = 0;
-    for (int i = from; i < n; i++) need += align64(items[i].bytes);
+    for (int i = from; i < n; i++) need += align64(qt_ckpt_item_data_bytes(&items[i]));
     if (need > t->snap_cap) {
         free(t->snap);
         t->snap_cap = 0;
@@ -193,9 +203,10 @@ static int snapshot(qt_trainer *t, qt_ckpt_item *items, int from, int n, char *e
     }
     size_t off = 0;
     for (int i = from; i < n; i++) {
-        if (items[i].bytes) memcpy(t->snap + off, items[i].data, items[i].bytes);
+        size_t nb = qt_ckpt_item_data_bytes(&items[i]);
+        if (nb) memcpy(t->snap + off, items[i].data, nb);
         items[i].data = t->snap + off;
-        off += align64(items[i].bytes);
+        off += align64(nb);
     }
     return 0;
 }
@@ -210,11 +221,11 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     if (ne < 0) return -1;
     int64_t step = t->step;
     size_t cl = qt_config_dump(t->cfg, t->cfgtext, CFG_CAP);
-    items[n++] = (qt_ckpt_item){"step", -1, &step, sizeof step};
-    items[n++] = (qt_ckpt_item){"rng", -1, &t->rng, sizeof t->rng};
-    items[n++] = (qt_ckpt_item){"loader_pos", -1, &t->pos, sizeof t->pos};
-    items[n++] = (qt_ckpt_item){"model_cfg", -1, &t->eng->L->cfg, sizeof t->eng->L->cfg};
-    items[n++] = (qt_ckpt_item){"config", -1, t->cfgtext, cl < CFG_CAP ? cl : CFG_CAP - 1};
+    items[n++] = (qt_ckpt_item){"step", -1, &step, sizeof step, 0};
+    items[n++] = (qt_ckpt_item){"rng", -1, &t->rng, sizeof t->rng, 0};
+    items[n++] = (qt_ckpt_item){"loader_pos", -1, &t->pos, sizeof t->pos, 0};
+    items[n++] = (qt_ckpt_item){"model_cfg", -1, &t->eng->L->cfg, sizeof t->eng->L->cfg, 0};
+    items[n++] = (qt_ckpt_item){"config", -1, t->cfgtext, cl < CFG_CAP ? cl : CFG_CAP - 1, 0};
     if (snapshot(t, items, t->eng->ops->state_is_snapshot ? ne : 0, n, err, errlen)) return -1;
     t->saved_step = t->step; /* read by qt_trainer_check_finite on the writer thread, which starts after this */
     t->write_bytes = 0;

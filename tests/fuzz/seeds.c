@@ -58,8 +58,8 @@ int main(void) {
     snprintf(p, sizeof p, "%s/a.bin", tmp);
     snprintf(q, sizeof q, "%s/shard/zst_by_harness", root);
     with_mode(p, q, 5 | 2);
-    qt_ckpt_item items[3] = {{"weights", 0, w, 64 * sizeof(float)}, {"step", -1, "\x05\0\0\0\0\0\0\0", 8},
-                             {"config", -1, "seed: 1\n", 8}};
+    qt_ckpt_item items[3] = {{"weights", 0, w, 64 * sizeof(float), 0}, {"step", -1, "\x05\0\0\0\0\0\0\0", 8, 0},
+                             {"config", -1, "seed: 1\n", 8, 0}};
     snprintf(p, sizeof p, "%s/ck", tmp);
     check(qt_ckpt_save(p, 5, 0, items, 3, err, sizeof err), "ckpt");
     snprintf(p, sizeof p, "%s/ck/ckpt_00000005.qtc", tmp);
