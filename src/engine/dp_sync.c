@@ -223,19 +223,29 @@ static void weights_wait(void *ctx, size_t upto) {
     d->gathered = k;
 }
 
-/* ZeRO-3: bucket b's whole bf16 weights into dst on s, every rank's piece of it (io.gather). */
-static void z3_gather(void *ctx, int b, void *dst, cudaStream_t s) {
-    qt_dp_sync *d = ctx;
+/* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it; offloaded
+ * weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
+static void fill_bucket(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
-    size_t off, len, st;
+    size_t off, len, st, n = sh->bucket[b + 1] - sh->bucket[b];
     int rank = d->plan.rank;
     qt_shard_piece(sh, b, &off, &len, &st);
-    QT_CHECK(!(rank == d->fail_rank && ++d->gathers == d->fail_gather),
+    if (d->plan.weights_host) {
+        QT_CUDA(cudaMemcpyAsync(dst, (uint16_t *)d->ps->w + st, n * 2, cudaMemcpyHostToDevice, s));
+        return;
+    }
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, dst, (uint16_t *)d->ps->w + st, n, QT_DT_BF16, s) == 0,
+             "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
+}
+
+/* ZeRO-3 / offloaded weights: a shared weight slot's fill (io.gather), delayed on the side stream by
+ * the test hook dp_ag_delay_ms. */
+static void z3_gather(void *ctx, int b, void *dst, cudaStream_t s) {
+    qt_dp_sync *d = ctx;
+    QT_CHECK(!(d->plan.rank == d->fail_rank && ++d->gathers == d->fail_gather),
              "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->fail_gather, b);
     if (d->ag_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, dst, (uint16_t *)d->ps->w + st, sh->bucket[b + 1] - sh->bucket[b],
-                                QT_DT_BF16, s) == 0,
-             "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
+    fill_bucket(d, b, dst, s);
 }
 
 /* ZeRO-3 hooks: the forward reads the weights below upto (the unit ending there: its home bucket), the
@@ -251,27 +261,23 @@ static void z3_backward(void *ctx, size_t from) {
     qt_wslots_acquire(d->ps->wslots, &d->io, qt_wslots_home(d->ps->wslots, from), -1);
 }
 
-/* ZeRO-3: the buckets [k0, k1) with slots of their own gathered on s (the others are gathered when the
- * model acquires them); from bucket 0 on, no shared slot holds valid weights any more. */
+/* ZeRO-3 / offloaded weights: the buckets [k0, k1) with slots of their own gathered (copied up) on s
+ * (the others are filled when the model acquires them); from bucket 0 on, no shared slot holds valid
+ * weights any more. */
 static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
     qt_weight_slots *ws = d->ps->wslots;
     const qt_shard *sh = &d->ps->shard;
-    int rank = d->plan.rank;
     if (k0 == 0) qt_wslots_invalidate(ws);
     if (k1 == sh->n_buckets) d->own_due = 0;
     for (int k = k0; k < k1; k++) {
         if (!qt_wslots_own(ws, k)) continue;
-        size_t off, len, st;
-        qt_shard_piece(sh, k, &off, &len, &st);
-        QT_CHECK(qt_comm_all_gather(d->comm, rank, qt_wslots_own_data(ws, k), (uint16_t *)d->ps->w + st,
-                                    sh->bucket[k + 1] - sh->bucket[k], QT_DT_BF16, s) == 0,
-                 "rank %d: weight all-gather aborted (another rank failed)", rank);
+        fill_bucket(d, k, qt_wslots_own_data(ws, k), s);
         qt_wslots_filled(ws, k, s);
     }
 }
 
 void qt_dp_sync_reload(qt_dp_sync *d) {
-    if (d->plan.zero < 3) return;
+    if (!d->plan.wslots) return;
     qt_wslots_invalidate(d->ps->wslots);
     d->own_due = 1;
 }
@@ -279,7 +285,7 @@ void qt_dp_sync_reload(qt_dp_sync *d) {
 void qt_dp_sync_inputs(qt_dp_sync *d) { sums_wait(d); }
 
 void qt_dp_sync_join(qt_dp_sync *d) {
-    if (d->plan.zero >= 3 && d->plan.overlap) { /* every gather on the side stream */
+    if (d->plan.wslots && d->io.side != d->io.model) { /* every gather (copy up) on the side stream */
         QT_CUDA(cudaEventRecord(d->side_ev, d->side));
         QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->side_ev, 0));
     } else if (d->plan.weights_ahead) {
@@ -354,11 +360,12 @@ void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
     d->lookups_due = a.skip_lookups;
-    QT_CHECK(eager || p->zero < 3, "ZeRO-3 micro-steps run eagerly (perf.cuda_graphs is refused with parallel.zero: 3)");
+    QT_CHECK(eager || !p->wslots, "ZeRO-3 and offloaded-weight micro-steps run eagerly (perf.cuda_graphs is refused with "
+             "parallel.zero: 3 and memory.offload: [weights])");
     if (eager) {
-        qt_param_hooks h = {.weights_needed = p->zero >= 3 ? z3_forward : p->weights_ahead ? weights_wait : NULL,
+        qt_param_hooks h = {.weights_needed = p->wslots ? z3_forward : p->weights_ahead ? weights_wait : NULL,
                             .grads_ready = kind & MS_SUMS ? grads_ready : NULL, .embed_ready = early ? send_embedding : NULL,
-                            .ctx = d, .weights_back = p->zero >= 3 ? z3_backward : NULL};
+                            .ctx = d, .weights_back = p->wslots ? z3_backward : NULL};
         a.hooks = &h;
         qt_gpu_model_step(d->g, &a);
         return;
@@ -432,9 +439,9 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     const qt_shard *sh = &d->ps->shard;
     const qt_layout *L = d->L;
     int ahead = d->plan.weights_ahead, nl = L->cfg.num_layers, ql = 0, rank = d->plan.rank;
-    if (sh->n_ranks == 1 && !d->plan.opt_ahead) return;
+    if (sh->n_ranks == 1 && !d->plan.opt_ahead && !d->plan.wslots) return;
     cudaStream_t s = ahead ? d->side : g->stream;
-    if (d->plan.zero >= 3) { /* no whole weights to gather into: the own slots only */
+    if (d->plan.wslots) { /* no whole weights to gather into (or none on the GPU): the own slots only */
         if (k0 == 0 && sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather");
         if (ahead) side_follows(d);
         if (ahead && k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
@@ -473,7 +480,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
                       .sum_delay_ms = th->dp_sum_delay_ms, .mutant = th->zero_mutant,
                       .read_delay_ms = th->zero3_read_delay_ms, .fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
                       .fail_gather = th->dp_fail_gather};
-    d->wait_hooks = (qt_param_hooks){.weights_needed = p->zero >= 3 ? z3_forward : p->weights_ahead ? weights_wait : NULL,
+    d->wait_hooks = (qt_param_hooks){.weights_needed = p->wslots ? z3_forward : p->weights_ahead ? weights_wait : NULL,
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels took SMs ahead of
      * the backward's, slower steps on 2 x H200 (bench/RESULTS.md section 5). */
@@ -490,8 +497,10 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
         QT_CHECK(d->ag_ev, "out of host memory");
         for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&d->ag_ev[k], cudaEventDisableTiming));
     }
-    if (p->zero >= 3) { /* the own slots are filled from the initial pieces at the first forward */
-        d->io = (qt_wslots_io){z3_gather, d, g->stream, p->overlap ? d->side : g->stream, d->mutant, &d->read_delay_ms};
+    if (p->wslots) { /* the own slots are filled from the initial pieces at the first forward; offloaded
+                      * weights always prefetch (copy up) on the side stream */
+        d->io = (qt_wslots_io){z3_gather, d, g->stream, p->overlap || p->weights_host ? d->side : g->stream, d->mutant,
+                               &d->read_delay_ms};
         d->own_due = 1;
     }
     for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final

@@ -7,7 +7,13 @@
  * Offloaded (QT_OPT_STATE_HOST), master, m and v sit back to back in one pinned allocation; qt_gpu_optim
  * streams them through the device slots carved here. Host weights come up in stage_n pieces through a
  * small fp32 staging buffer and are cast to bf16 on the device (RNE, the same bits as one cast of the
- * whole array), so no gradient or weight buffer ever doubles as staging. */
+ * whole array), so no gradient or weight buffer ever doubles as staging.
+ *
+ * Offloaded weights (w_host, one GPU): w is the whole bf16 array in pinned host memory, mapped (unified
+ * addressing: kernels read and write it through its host address). The model reads each bucket from a
+ * weight slot that dp_sync.c fills with an H2D copy of it (the slots of ZeRO-3, qt_weight_slots.h);
+ * AdamW (on the GPU, offloaded state or not) writes the new bf16 weights straight into w over PCIe, 2
+ * bytes per parameter, and reads them there with a bf16 master. */
 #include "qt_param_store.h"
 
 #include <stdio.h>
@@ -20,12 +26,15 @@
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
+/* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
+static int slots(const qt_param_store *ps) { return ps->place.zero >= 3 || ps->place.w_host; }
 static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
 
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen) {
     QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
              pl->zero, sh->n_ranks);
+    QT_CHECK(!pl->w_host || sh->n_ranks == 1, "parameter store: offloaded weights on a shard of %d ranks", sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
@@ -36,7 +45,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
-    if (pl->zero >= 3) ps->wslots = qt_wslots_create(L, sh);
+    if (pl->zero >= 3 || pl->w_host) ps->wslots = qt_wslots_create(L, sh);
     if (pl->zero >= 2) {
         ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
         ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
@@ -58,6 +67,22 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
 }
 
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
+    if (ps->place.w_host) {
+        size_t bytes = ps->shard.total * 2;
+        if (cudaHostAlloc(&ps->w, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ps->w = NULL;
+            return qt_errf(err, errlen, "%s: memory.offload: [weights]: %.2f GiB of pinned host memory for the bf16 "
+                           "weights could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
+                           "memory.host_limit_gib to what the host can pin, or keep the weights on the GPU",
+                           cfg->path, bytes / 1073741824.0);
+        }
+        void *dev = NULL; /* kernels (AdamW, the upload's cast) use the host address itself */
+        QT_CUDA(cudaHostGetDevicePointer(&dev, ps->w, 0));
+        QT_CHECK(dev == ps->w, "memory.offload: [weights] needs unified addressing (the pinned weights' device address "
+                 "%p differs from their host address %p)", dev, ps->w);
+        memset(ps->w, 0, bytes); /* the padding stays zero */
+    }
     if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
     size_t ns = ps->shard.len, b0 = ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0;
     size_t b1 = qt_mem_aligned(ns * qt_dtype_size(ps->m_dt));
@@ -80,6 +105,9 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
     if (zero3(ps)) { /* ZeRO-3: the rank's pieces, and the slots the model reads whole buckets from */
         ps->w = qt_mem_plan_carve(p, "weights (bf16 shard)", ns * 2);
+        qt_wslots_carve(ps->wslots, p);
+    } else if (ps->place.w_host) { /* w itself: qt_param_store_alloc_host */
+        qt_mem_plan_host(p, "weights (bf16, offloaded)", n * 2);
         qt_wslots_carve(ps->wslots, p);
     } else {
         ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
@@ -318,7 +346,8 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     const qt_shard *sp = &ps->shard;
     size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
     int host = ps->place.opt == QT_OPT_STATE_HOST, rc = 0;
-    qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero */
+    if (!ps->place.w_host) qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero (w_host:
+                                                                                * zeroed at allocation) */
     if (!host) {
         if (ps->master) qt_zero(ps->master, ns * 4, s);
         qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
@@ -350,7 +379,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
         qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
     make_optimizer(ps, cfg);
-    if (zero3(ps)) qt_wslots_start(ps->wslots);
+    if (slots(ps)) qt_wslots_start(ps->wslots);
     return 0;
 }
 
@@ -359,13 +388,14 @@ void qt_param_store_free(qt_param_store *ps) {
     qt_gpu_optim_free(ps->opt);
     qt_wslots_free(ps->wslots);
     if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
+    if (ps->place.w_host && ps->w) QT_CUDA(cudaFreeHost(ps->w));
     free(ps->grad_slot);
     free(ps->cross_at);
     free(ps);
 }
 
-/* ZeRO-3: the hooks gather into the weight slots (dp_sync.c); every other placement keeps the whole
- * weights on this GPU and the hooks only wait for their updates. */
+/* ZeRO-3 and w_host: the hooks gather or copy into the weight slots (dp_sync.c); every other placement
+ * keeps the whole weights on this GPU and the hooks only wait for their updates. */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto) {
     (void)ps;
     if (h && h->weights_needed) h->weights_needed(h->ctx, upto);
@@ -377,7 +407,7 @@ void qt_param_acquire_weights_back(const qt_param_store *ps, const qt_param_hook
 }
 
 void *qt_param_w(const qt_param_store *ps, size_t off) {
-    return zero3(ps) ? qt_wslots_addr(ps->wslots, off) : (char *)ps->w + off * 2;
+    return slots(ps) ? qt_wslots_addr(ps->wslots, off) : (char *)ps->w + off * 2;
 }
 
 void *qt_param_w_mine(const qt_param_store *ps, size_t off) {
@@ -437,7 +467,7 @@ static void master_values(const qt_param_store *ps, float *dst, size_t off, size
     }
     uint16_t *h = malloc(n * 2 + 1);
     QT_CHECK(h, "out of host memory (%zu bf16 weights)", n);
-    QT_CUDA(cudaMemcpy(h, qt_param_w_mine(ps, off), n * 2, cudaMemcpyDeviceToHost));
+    QT_CUDA(cudaMemcpy(h, qt_param_w_mine(ps, off), n * 2, cudaMemcpyDefault)); /* w_host: in host memory */
     for (size_t i = 0; i < n; i++) dst[i] = qt_bf16_to_f32(h[i]);
     free(h);
 }
