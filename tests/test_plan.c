@@ -333,10 +333,10 @@ static int auto_pick(const char *model, const char *extra, qt_plan_choice *best,
         QT_EXPECT(x->lossy == ch[0].lossy, "bf16 master/gradients beside fp32 plans at %d", i);
     }
     *best = ch[0];
-    printf("  %-60.60s: %5d fit; mb %2d, offload_residual %d, wcache %s, master %s, grads %s, zero %d, %.1f GiB\n",
+    printf("  %-60.60s: %5d fit; mb %2d, offload_residual %d, wcache %s, master %s, grads %s, zero %d%s, %.1f GiB\n",
            extra, *n, best->micro_batch, best->offload_residual, best->fp8_weight_cache ? "none" : "all",
            best->master_dtype == QT_DT_BF16 ? "bf16" : "fp32", best->grad_accum_dtype == QT_DT_BF16 ? "bf16" : "fp32",
-           best->zero, best->gpu_bytes / 1073741824.0);
+           best->zero, best->offload_weights ? ", weights offloaded" : "", best->gpu_bytes / 1073741824.0);
     return 0;
 }
 
@@ -366,11 +366,17 @@ static void test_auto_axes(void) {
 #define D14 "data: {train: 'none_*.bin', seq_len: 1024, grad_accum: 512}\n"
 #define M14 "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80"
     QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 "}\n", &b, &n) == 0 && b.master_dtype == QT_DT_F32 &&
-                  b.grad_accum_dtype == QT_DT_BF16 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE && b.lossy == 1,
-              "14B at 80 GiB: not bf16 gradients + fp32 master + fp8_weight_cache none");
+                  b.grad_accum_dtype == QT_DT_BF16 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE && b.lossy == 1 &&
+                  !b.offload_weights,
+              "14B at 80 GiB: not bf16 gradients + fp32 master + fp8_weight_cache none (weights on the GPU)");
     QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 ", fp8_weight_cache: all}\n", &b, &n) == -1, "14B fits with the weight cache");
-    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 "}\n", &b, &n) == -1,
-              "14B fits with fp32 gradients");
+    /* with fp32 gradients given, only the bf16 weights offloaded (memory.offload's weights item) fit: the
+     * last resort; with memory.offload given ([]: the weights stay on the GPU) nothing fits */
+    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 "}\n", &b, &n) == 0 && b.offload_weights &&
+                  b.grad_accum_dtype == QT_DT_F32 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE,
+              "14B with fp32 gradients at 80 GiB: the weights not offloaded (%d)", b.offload_weights);
+    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 ", offload: []}\n", &b, &n) == -1,
+              "14B fits with fp32 gradients and the weights on the GPU");
     /* ZeRO-2 over 4 ranks: 7B at 30 GiB needs the gradients sharded */
 #define D7x "data: {train: 'none_*.bin', seq_len: 1024, grad_accum: 128}\n" P7 "parallel: {gpus: 4"
 #define M7x "}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 30}\n"
@@ -389,7 +395,7 @@ static void test_auto_axes(void) {
 }
 
 /* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes,
- * ZeRO-3's weight gathers. */
+ * ZeRO-3's weight gathers, the offloaded weights' copies. */
 static void test_auto_axes_cost(void) {
     const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
     qt_config a, b;
@@ -414,6 +420,13 @@ static void test_auto_axes_cost(void) {
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
     want = 32 * 2 * (double)(L.final_norm - L.layers[0].ln1) * 2 / 25e9;
     QT_EXPECT(fabs(d - want) < 1e-9 * want, "zero 3 charged %g s, expected %g", d, want);
+    /* offloaded weights: the layers copied up as zero 3 gathers them, the embedding and LM head once, AdamW's
+     * writes and the finiteness count's reads of the host array (2 B/param each way) */
+    b = a, b.memory.offload = QT_OFF_WEIGHTS;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    double span = (double)(L.final_norm - L.layers[0].ln1);
+    want = (32 * 2 * span * 2 + ((double)L.numel - span) * 2 + 4.0 * L.numel) / 25e9;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded weights charged %g s, expected %g", d, want);
     qt_layout_free(&L);
 }
 

@@ -149,7 +149,7 @@ static const char *float_range_note(const qt_config_key *k, const char *text) {
 static const char *const plan_keys[] = {"data.micro_batch", "memory.recompute", "memory.offload_optimizer",
                                         "memory.lmhead_chunks", "memory.attn_bwd_chunks", "memory.offload_residual",
                                         "memory.fp8_weight_cache", "precision.master_dtype",
-                                        "precision.grad_accum_dtype", "parallel.zero"};
+                                        "precision.grad_accum_dtype", "parallel.zero", "memory.offload"};
 
 int qt_config_plan_key(const char *path) {
     for (size_t i = 0; i < sizeof plan_keys / sizeof plan_keys[0]; i++)
