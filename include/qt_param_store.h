@@ -78,6 +78,8 @@ typedef struct {
     int w_host;           /* memory.offload: [weights] (one GPU): w in pinned host memory, the model reads each
                            * bucket from a weight slot it is copied up into (qt_weight_slots.h), AdamW writes w
                            * there directly (mapped pinned memory) */
+    int g_host;           /* memory.offload: [gradients] (one GPU): grad (fp32) in pinned host memory, the backward
+                           * writes ZeRO-2's gradient slots, loaded from and stored back to grad per bucket */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
@@ -162,6 +164,16 @@ void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s);
 /* ZeRO-2, once per micro-step before bucket 0 or 1 is summed, after the table's last write: the
  * embedding table's tail (bucket 0's tail margin) += into bucket 1's slot. 0 when there is none. */
 int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s);
+/* Offloaded gradients (g_host): slot b's home is the flat range the backward writes into it (its bucket
+ * less the part of a tensor crossing its end, plus the part below its start of one crossing its start, in
+ * the head margin; bucket 0 with the embedding table's tail, in its tail margin): the homes cut
+ * [0, total) without overlap, so each gradient element has one place in one slot. load: the slot's home
+ * = the host gradients there (H2D, before the backward writes the slot: its writers then add exactly
+ * what they would add to a whole array); store: the host gradients there = the slot's home (D2H), then
+ * the slot is zeroed (margins included; mutant 5: not zeroed). Both on s. */
+void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi);
+void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s);
+void qt_param_grad_store(const qt_param_store *ps, int b, int mutant, cudaStream_t s);
 /* ZeRO-2: zeroes bucket b's slot, margins included, on s. */
 void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
 /* This rank's summed gradients of bucket b (its piece, qt_shard_piece; grad_dt): in the whole array, or

@@ -295,8 +295,19 @@ static void test_offload_list(void) {
     EXPECT_ERR("memory:\n  offload: [master, m]\n",
                "t.yaml:2:3: memory.offload: expected master, m and v together (the optimizer state is offloaded as one "
                "today, memory.offload_optimizer: true), got only part of them");
-    EXPECT_ERR("memory:\n  offload: [weights, gradients]\n",
-               "t.yaml:2:3: memory.offload: expected master, m, v, weights, residual: gradients is not built yet");
+    EXPECT_ERR("memory:\n  offload: [weights, quants]\n",
+               "t.yaml:2:3: memory.offload: expected master, m, v, gradients, weights, residual: quants is not built yet");
+    /* gradients: one GPU, fp32 */
+    QT_REQUIRE(load("memory:\n  offload: [gradients, master, m, v]\nparallel:\n  gpus: 1\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT((cfg.memory.offload & QT_OFF_GRADIENTS) && cfg.memory.offload_optimizer, "gradients: offload %d",
+              cfg.memory.offload);
+    EXPECT_ERR("memory:\n  offload: [gradients]\nprecision:\n  grad_accum_dtype: bf16\n",
+               "t.yaml:4:3: precision.grad_accum_dtype: expected fp32 with memory.offload: [gradients], got \"bf16\": the "
+               "gradient slots the backward writes and the host gradients are fp32");
+    EXPECT_ERR("memory:\n  offload: [gradients]\nparallel:\n  devices: [0, 0]\n",
+               "t.yaml:4:3: parallel.devices: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with "
+               "memory.offload: [gradients]: the offloaded gradients are built for one GPU; with several ranks "
+               "parallel.zero: 2 shards them instead");
     /* weights: one GPU, no CUDA graphs, fp8 quantized from the weight slots (cache none implied) */
     QT_REQUIRE(load("memory:\n  offload: [weights]\nparallel:\n  gpus: 1\n", NULL, 0) == 0, "%s", err);
     QT_EXPECT((cfg.memory.offload & QT_OFF_WEIGHTS) && !cfg.memory.offload_optimizer && !cfg.perf.cuda_graphs,
@@ -473,11 +484,14 @@ static void randomize(uint64_t *s) {
     }
     /* memory.offload: what is built (the optimizer state whole, weights on one GPU, residual), and the older
      * keys agreeing */
-    cfg.memory.offload &= QT_OFF_OPTIMIZER | QT_OFF_RESIDUAL | QT_OFF_WEIGHTS;
-    if (cfg.memory.offload & QT_OFF_WEIGHTS) { /* one GPU, no graphs, fp8 from the slots (qt_config_zero3_check) */
+    cfg.memory.offload &= QT_OFF_OPTIMIZER | QT_OFF_RESIDUAL | QT_OFF_WEIGHTS | QT_OFF_GRADIENTS;
+    if (cfg.memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)) { /* one GPU (qt_config_zero3_check) */
         cfg.parallel.zero = cfg.parallel.shard_optimizer = 0;
         cfg.parallel.gpus = 1;
         memset(&cfg.parallel.devices, 0, sizeof cfg.parallel.devices);
+    }
+    if (cfg.memory.offload & QT_OFF_GRADIENTS) cfg.precision.grad_accum_dtype = QT_DT_F32;
+    if (cfg.memory.offload & QT_OFF_WEIGHTS) { /* no graphs, fp8 from the slots */
         cfg.perf.cuda_graphs = 0;
         if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     }

@@ -24,8 +24,11 @@
 #include "qt_config.h"
 #include "qt_device.h"
 #include "qt_engine.h"
+#include "qt_gpu_model.h"
 #include "qt_mem_plan.h"
 #include "qt_model.h"
+#include "qt_param_store.h"
+#include "qt_partition.h"
 #include "qt_planner.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
@@ -36,6 +39,10 @@ enum { STEPS = 20 };
 static char g_dir[256];
 #define MODEL "model: {vocab_size: 256, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n" \
               "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
+#define TIED "model: {vocab_size: 8192, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n" \
+             "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: true}\n"
+static const char *g_model = MODEL;
+static int g_graphs; /* perf.cuda_graphs of the runs */
 #define FP8 "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}\n"
 
 typedef struct {
@@ -90,6 +97,109 @@ static void test_plan_7b_weights(void) {
     qt_layout_free(&L);
 }
 
+/* 7B on one GPU with the gradients offloaded: the device row "gradients (fp32)" (padded numel x 4) leaves,
+ * the host row "gradients (fp32, offloaded)" (the same bytes) and ZeRO-2's slot rows come (three of the
+ * largest layer bucket, the LM head's and embedding's own, each with 2 x 64 elements of margins). */
+static void test_plan_7b_gradients(void) {
+    qt_config cfg[2];
+    char err[512];
+    const char *o[2][3] = {{"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[master, m, v]"},
+                           {"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[gradients, master, m, v]"}};
+    static qt_run_plan rp[2];
+    qt_layout L;
+    qt_weight_src src;
+    for (int k = 0; k < 2; k++) {
+        QT_REQUIRE(qt_config_load(&cfg[k], "configs/qwen2.5-7b-bf16.yaml", o[k], 3, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_model_layout(&cfg[k], &L, &src, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_plan_run(&L, &cfg[k], 1, 1, &rp[k], err, sizeof err) == 0, "%s", err);
+        if (k == 0) qt_layout_free(&L);
+    }
+    const double G = 1073741824.0;
+    size_t total = (L.numel + 63) / 64 * 64, g0 = row(&rp[0].mem, "gradients (fp32)");
+    size_t host = row(&rp[1].mem, "gradients (fp32, offloaded)"), sl = row(&rp[1].mem, "gradient slots (layers)"),
+           se = row(&rp[1].mem, "gradient slots (emb/head)");
+    printf("  7B, one GPU: gradients on the GPU %.2f GiB; offloaded: host %.2f GiB, layer slots %.3f GiB, emb/head slots "
+           "%.3f GiB; GPU total %.2f -> %.2f GiB\n", g0 / G, host / G, sl / G, se / G, rp[0].gpu_bytes / G,
+           rp[1].gpu_bytes / G);
+    QT_EXPECT(g0 == qt_mem_aligned(total * 4) && row(&rp[1].mem, "gradients (fp32)") == 0, "gradient rows %zu", g0);
+    QT_EXPECT(host == total * 4, "host row %zu, expected %zu", host, total * 4);
+    size_t layer = (size_t)(L.layers[1].ln1 - L.layers[0].ln1);
+    QT_EXPECT(sl >= 3 * layer * 4 && sl < 3 * (layer + 256) * 4 + 4096, "layer slots %zu for layers of %zu", sl, layer);
+    QT_EXPECT(se >= (size_t)L.cfg.vocab_size * L.cfg.hidden_size * 4 * 2, "emb/head slots %zu", se);
+    QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == g0 - sl - se, "the GPU saves %zu bytes, expected %zu",
+              rp[0].gpu_bytes - rp[1].gpu_bytes, g0 - sl - se);
+    QT_EXPECT(rp[1].host_bytes - rp[0].host_bytes == host, "the host grows by %zu", rp[1].host_bytes - rp[0].host_bytes);
+    qt_layout_free(&L);
+}
+
+/* The slot map of offloaded gradients without a GPU (the store carved at a fake base), one rank: the
+ * slots' homes cut [0, total) in order without overlap, each within its slot (margins included; on one
+ * rank they are exactly the buckets), and every tensor the backward writes lands, from qt_param_g of its
+ * start, at its elements' home places: so loading a home before the backward and storing it after
+ * reproduces a whole array's accumulation, whatever its writers do. */
+static void test_grad_homes(void) {
+    for (int tie = 0; tie < 2; tie++)
+        for (int V = 301; V <= 9001; V += 8700) {
+            qt_model_cfg mc = {.vocab_size = V, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
+                               .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
+                               .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
+            qt_model_cfg_finish(&mc);
+            char err[256];
+            qt_layout L;
+            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+            qt_config cfg;
+            qt_config_defaults(&cfg);
+            qt_shard sh;
+            qt_shard_init(&sh, &L, 1, 0, 1);
+            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, QT_GPU_OPTIM_CHUNK, 0, 0, 1};
+            qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
+            QT_REQUIRE(ps, "%s", err);
+            qt_mem_plan p;
+            qt_mem_plan_begin(&p, NULL);
+            qt_param_store_carve(ps, &p);
+            char *base = malloc(p.off); /* addresses only */
+            QT_REQUIRE(base, "out of memory");
+            qt_mem_plan_begin(&p, base);
+            qt_param_store_carve(ps, &p);
+            int bad = 0, nb = sh.n_buckets;
+            size_t prev = 0, M = ps->grad_margin, lo[QT_SHARD_MAX_BUCKETS], hi[QT_SHARD_MAX_BUCKETS];
+            for (int b = 0; b < nb; b++) {
+                qt_param_grad_home(ps, b, &lo[b], &hi[b]);
+                bad += lo[b] != prev || hi[b] < lo[b] || lo[b] + M < sh.bucket[b] || hi[b] > sh.bucket[b + 1] + M;
+                prev = hi[b];
+            }
+            bad += prev != sh.total;
+            /* the place qt_param_g gives each tensor's first and last element (written from its start) */
+            for (int i = 0; i < L.n_tensors; i++) {
+                const qt_tensor *t = &L.tensors[i];
+                size_t e = t->offset + t->numel - 1;
+                int hb = 0, he = 0;
+                while (hb < nb - 1 && hi[hb] <= t->offset) hb++;
+                while (he < nb - 1 && hi[he] <= e) he++;
+                float *p0 = qt_param_g(ps, t->offset);
+                float *want0 = qt_param_grad_slot(ps, hb) + ((ptrdiff_t)t->offset - (ptrdiff_t)sh.bucket[hb]);
+                float *want1 = qt_param_grad_slot(ps, he) + ((ptrdiff_t)e - (ptrdiff_t)sh.bucket[he]);
+                if (p0 != want0 || p0 + (t->numel - 1) != want1) {
+                    if (bad < 5) printf("  tie %d, V %d: tensor %s [%zu, %zu) not at its home place (buckets %d..%d)\n", tie, V,
+                                        t->name, t->offset, e + 1, hb, he);
+                    bad++;
+                }
+            }
+            size_t cross = 0;
+            for (int b = 0; b < nb; b++) cross += ps->cross_at[b] != SIZE_MAX;
+            printf("  tie %d, V %d: %d buckets, %zu tensors cross a boundary, table tail %zu\n", tie, V, nb, cross, ps->tail_n);
+            QT_EXPECT(bad == 0, "tie %d, V %d: %d wrong homes", tie, V, bad);
+            /* one rank: buckets start at layer starts, which the layout aligns to 64 elements, so no tensor
+             * crosses and the homes are the buckets (the margins are for ZeRO-2's rounded boundaries) */
+            QT_EXPECT(cross == 0 && ps->tail_n == 0, "tie %d, V %d: %zu crossings, tail %zu on one rank", tie, V, cross,
+                      ps->tail_n);
+            for (int b = 0; b < nb; b++) bad += lo[b] != sh.bucket[b] || hi[b] != sh.bucket[b + 1];
+            free(base);
+            qt_param_store_free(ps);
+            qt_layout_free(&L);
+        }
+}
+
 /* ---- GPU runs ---- */
 
 /* One run: `extra` holds the memory/precision lines; its checkpoints go to g_dir/ckpt_<dir>. resume: NULL
@@ -99,11 +209,11 @@ static int run(const char *tag, const char *dir, const char *extra, const char *
     char yaml[4096], logp[512];
     snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag);
     snprintf(yaml, sizeof yaml,
-             MODEL "data: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: 2}\n"
+             "%sdata: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: 2}\n"
                    "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
                    "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 1}\nlog: {file: '%s', every: 1}\ndevice: cuda\n"
-                   "parallel: {gpus: 1}\nperf: {matmul_autotune: false, cuda_graphs: false}\n%s\n",
-             g_dir, STEPS, g_dir, dir, logp, extra);
+                   "parallel: {gpus: 1}\nperf: {matmul_autotune: false, cuda_graphs: %s}\n%s\n",
+             g_model, g_dir, STEPS, g_dir, dir, logp, g_graphs ? "true" : "false", extra);
     qt_config c;
     if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
     float losses[STEPS];
@@ -240,6 +350,74 @@ static void test_offload_weights_mutants_caught(void) {
     }
 }
 
+/* Offloaded gradients against the gradients on the GPU, bitwise, at grad_accum 2 (the second micro-step
+ * adds to what the first stored: each slot is loaded from host first): bf16, fp8, CUDA graphs, a tied model
+ * (the table written twice per micro-step, its tail past its bucket), the optimizer state offloaded (AdamW
+ * reads the host gradients), and everything offloaded at once. */
+static void test_offload_gradients_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name, *model, *lines, *mem, *list; int graphs; } cases[] = {
+        {"g_bf16", MODEL, "", "", "offload: [gradients]"},
+        {"g_bf16_graphs", MODEL, "", "", "offload: [gradients]", 1},
+        {"g_bf16_tied", TIED, "", "", "offload: [gradients]"},
+        {"g_bf16_opt", MODEL, "", "", "offload: [gradients, master, m, v]"},
+        {"g_fp8", MODEL, FP8, "", "offload: [gradients]"},
+        {"all_bf16", MODEL, "", "", "offload: [weights, gradients, master, m, v]"},
+        {"all_bf16_tied", TIED, "", "", "offload: [weights, gradients, master, m, v]"},
+        {"all_fp8", MODEL, FP8, "", "offload: [weights, gradients, master, m, v]"},
+        {"all_bf16_master_recompute", MODEL, "precision: {master_dtype: bf16}\n", "recompute: [block]",
+         "offload: [weights, gradients, master, m, v]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_out a, b;
+        char why[512];
+        qt_test_hooks h = {.offload_chunk = 1000};
+        qt_test_hooks_set(strstr(cases[i].list, "master") ? &h : NULL);
+        g_model = cases[i].model;
+        g_graphs = cases[i].graphs;
+        int rc = compare(cases[i].name, cases[i].lines, cases[i].mem, cases[i].list, &a, &b, why, sizeof why);
+        g_model = MODEL;
+        g_graphs = 0;
+        qt_test_hooks_set(NULL);
+        printf("  %-26s %s vs on the GPU: %s\n", cases[i].name, cases[i].list, rc == 1 ? "bitwise equal" : why);
+        QT_EXPECT(rc == 1, "%s: %s", cases[i].name, why);
+    }
+}
+
+/* The offloaded gradients' mutants (qt_test_hooks zero_mutant) must change the bits; the delay alone
+ * must not: the backward writing a shared slot before its last bucket was stored and zeroed and its next
+ * loaded (1; the stores delayed), a slot not zeroed after its store (5), the norm and AdamW reading the
+ * host gradients before the last stores landed (6; the stores delayed). */
+static void test_offload_gradients_mutants_caught(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name; qt_test_hooks h; int differs; } cases[] = {
+        {"stores delayed 20 ms (no mutant)", {.dp_sum_delay_ms = 20}, 0},
+        {"slot written before its store and load", {.dp_sum_delay_ms = 20, .zero_mutant = 1}, 1},
+        {"slot not zeroed after its store", {.zero_mutant = 5}, 1},
+        {"AdamW before the last stores", {.dp_sum_delay_ms = 20, .zero_mutant = 6}, 1},
+    };
+    run_out ref, got;
+    char why[512], err[1024], tag[64];
+    QT_REQUIRE(run("gmut_ref", "gmut_ref", "", NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(tag, sizeof tag, "gmut_%zu", i);
+        qt_test_hooks_set(&cases[i].h);
+        int rc = run(tag, tag, "memory: {offload: [gradients]}", NULL, -1, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        if (rc && cases[i].differs) {
+            printf("  %-42s caught: the run failed: %s\n", cases[i].name, err);
+            continue;
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
+        int same = same_bits(&ref, &got, 0, why, sizeof why);
+        printf("  %-42s %s\n", cases[i].name, same ? "bitwise equal to the gradients on the GPU" : why);
+        if (cases[i].differs && !same) printf("  %-42s caught\n", cases[i].name);
+        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
+    }
+}
+
 /* Two ranks sharing GPU 0 are refused with the key named (the loader; the engine refuses gpus: 0 over
  * several visible GPUs the same way). */
 static void test_offload_weights_ranks_refused(void) {
@@ -255,10 +433,14 @@ static void test_offload_weights_ranks_refused(void) {
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_offload")) return 1;
     QT_RUN(test_plan_7b_weights);
+    QT_RUN(test_plan_7b_gradients);
+    QT_RUN(test_grad_homes);
     QT_RUN(test_offload_weights_ranks_refused);
     QT_RUN(test_offload_weights_bitwise);
     QT_RUN(test_offload_weights_resume);
     QT_RUN(test_offload_weights_mutants_caught);
+    QT_RUN(test_offload_gradients_bitwise);
+    QT_RUN(test_offload_gradients_mutants_caught);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }

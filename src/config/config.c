@@ -347,8 +347,20 @@ static where model_key_at(const ctx *x, const char *msg) {
 }
 
 /* What memory.offload: [weights] cannot run with (one GPU, no CUDA graphs, no persistent fp8 weight
- * cache), NULL when nothing: *key names the key to blame. */
+ * cache) and [gradients] (one GPU, fp32 gradients), NULL when nothing: *key names the key to blame. */
 static const char *weights_refusal(const qt_config *c, const char **key) {
+    if (c->memory.offload & QT_OFF_GRADIENTS) {
+        if (c->parallel.zero >= 2 || c->parallel.gpus > 1 || c->parallel.devices.n > 1) {
+            *key = c->parallel.zero >= 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
+            return "expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: [gradients]: the "
+                   "offloaded gradients are built for one GPU; with several ranks parallel.zero: 2 shards them instead";
+        }
+        if (c->precision.grad_accum_dtype == QT_DT_BF16) {
+            *key = "precision.grad_accum_dtype";
+            return "expected fp32 with memory.offload: [gradients], got \"bf16\": the gradient slots the backward writes "
+                   "and the host gradients are fp32";
+        }
+    }
     if (!(c->memory.offload & QT_OFF_WEIGHTS)) return NULL;
     if (c->parallel.zero >= 2 || c->parallel.gpus > 1 || c->parallel.devices.n > 1) {
         *key = c->parallel.zero >= 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
@@ -404,9 +416,8 @@ static int offload_check(ctx *x) {
     if (opt && opt != QT_OFF_OPTIMIZER)
         return fail(x, wl, "memory.offload", "expected master, m and v together (the optimizer state is offloaded as "
                     "one today, memory.offload_optimizer: true), got only part of them");
-    if (off & (QT_OFF_GRADIENTS | QT_OFF_QUANTS))
-        return fail(x, wl, "memory.offload", "expected master, m, v, weights, residual: %s%sis not built yet",
-                    off & QT_OFF_GRADIENTS ? "gradients " : "", off & QT_OFF_QUANTS ? "quants " : "");
+    if (off & QT_OFF_QUANTS)
+        return fail(x, wl, "memory.offload", "expected master, m, v, gradients, weights, residual: quants is not built yet");
     static const struct { const char *key; size_t field; int bits; } older[] = {
         {"memory.offload_optimizer", offsetof(qt_config, memory.offload_optimizer), QT_OFF_OPTIMIZER},
         {"memory.offload_residual", offsetof(qt_config, memory.offload_residual), QT_OFF_RESIDUAL}};

@@ -59,6 +59,8 @@ struct qt_dp_sync {
                              * load: collectives only where every rank is sure to come) */
     int fail_rank;          /* test hook: this rank fails at its fail_gather-th gather (-1: none) */
     long fail_gather;
+    int grad_micro;         /* offloaded gradients: micro-steps of this step so far, the running one included
+                             * (the first loads nothing: the host gradients and the slots are zero) */
 };
 
 static void CUDART_CB sleep_ms(void *ms) {
@@ -122,9 +124,10 @@ static void side_follows(qt_dp_sync *d) {
 }
 
 /* The stream the bucket sums of the backward go to: the side stream, after what the model's stream has
- * enqueued so far (overlap), else the model's (ZeRO-2 without overlap: in the backward's order). */
+ * enqueued so far (overlap, offloaded gradients' stores), else the model's (ZeRO-2 without overlap: in
+ * the backward's order). */
 static cudaStream_t sums_stream(qt_dp_sync *d) {
-    if (!d->plan.overlap) return d->g->stream;
+    if (!d->plan.overlap && !d->plan.grads_host) return d->g->stream;
     side_follows(d);
     return d->side;
 }
@@ -188,6 +191,48 @@ static void slots_ready(qt_dp_sync *d, int b) {
     }
 }
 
+/* Offloaded gradients, for the buckets [b, sent) that became final: each one's slot below (the backward
+ * writes it next) waits until its shared slot's last user is stored, zeroed and loaded again (mutant 1:
+ * no wait); then, on the side stream, each final bucket's slot is stored to host and zeroed, and the
+ * next bucket of this backward to use its shared slot (three below) is loaded into it (not in the first
+ * micro-step of a step: nothing to load), and the slot's event recorded. The slots need no margin or
+ * tail adds: each element has one home (qt_param_grad_home). */
+static void host_grads_ready(qt_dp_sync *d, int b) {
+    qt_param_store *ps = d->ps;
+    for (int k = d->sent - 1; k >= b; k--) {
+        int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
+        if (j >= 0 && d->mutant != 1) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+    }
+    cudaStream_t cs = sums_stream(d);
+    while (d->sent > b) {
+        int k = --d->sent, j = qt_param_grad_slot_shared(ps, k);
+        if (d->sum_delay_ms) QT_CUDA(cudaLaunchHostFunc(cs, sleep_ms, &d->sum_delay_ms));
+        qt_param_grad_store(ps, k, d->mutant, cs);
+        if (j < 0) continue;
+        if (d->grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j)
+            qt_param_grad_load(ps, k - QT_GRAD_SLOTS, cs);
+        QT_CUDA(cudaEventRecord(d->slot_ev[j], cs));
+    }
+    if (b == 0) {
+        d->sent = ps->shard.n_buckets;
+        QT_CUDA(cudaEventRecord(d->sums_ev, cs));
+    }
+}
+
+/* Offloaded gradients, before a micro-step (after the last one's stores, sums_wait): on the model's
+ * stream, each slot's first bucket of the backward (the own slots', the top bucket of each shared slot)
+ * is loaded from host, unless this is the step's first micro-step. */
+static void host_grads_load(qt_dp_sync *d) {
+    const qt_param_store *ps = d->ps;
+    int seen[QT_GRAD_SLOTS] = {0};
+    if (++d->grad_micro == 1) return;
+    for (int b = ps->shard.n_buckets - 1; b >= 0; b--) {
+        int j = qt_param_grad_slot_shared(ps, b);
+        if (j >= 0 && seen[j]++) continue;
+        qt_param_grad_load(ps, b, d->g->stream);
+    }
+}
+
 /* grads_ready: every gradient from flat index `from` up is final on the model's stream, so the buckets
  * that became final go to the sums stream (in descending order, the same on every rank); at the end
  * (from 0) of a micro-step that left its lookups out, they follow. ZeRO-2 does this every micro-step
@@ -197,6 +242,10 @@ static void grads_ready(void *ctx, size_t from) {
     int b = qt_shard_final_from(&d->ps->shard, from), lookups = from == 0 && d->lookups_due;
     if (b < d->early) b = d->early;
     if (b >= d->sent && !lookups) return;
+    if (d->plan.grads_host) {
+        host_grads_ready(d, b);
+        return;
+    }
     if (d->plan.grads_sharded) slots_ready(d, b);
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) reduce_bucket(d, --d->sent, cs);
@@ -208,9 +257,11 @@ static void grads_ready(void *ctx, size_t from) {
     }
 }
 
-/* ZeRO-2 overlapped: the model's stream waits for the last micro-step's sums (its slots and shard). */
+/* ZeRO-2 overlapped: the model's stream waits for the last micro-step's sums (its slots and shard);
+ * offloaded gradients: for the last micro-step's stores (its slots and the host gradients). */
 static void sums_wait(qt_dp_sync *d) {
-    if (d->plan.grads_sharded && d->plan.overlap) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
+    if ((d->plan.grads_sharded && d->plan.overlap) || d->plan.grads_host)
+        QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
 }
 
 /* weights_needed: the model's stream waits for the gather of every bucket below flat index upto (one
@@ -354,8 +405,10 @@ static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int
 
 void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     const qt_step_plan *p = &d->plan;
-    if (p->grads_sharded) last = 1; /* every micro-step sums its buckets as the backward releases them */
-    int kind = (last && (p->overlap || p->grads_sharded) ? MS_SUMS : 0) | (last && p->lookups ? MS_LOOKUPS : 0) |
+    if (p->grads_sharded || p->grads_host) last = 1; /* every micro-step sums (stores) its buckets as the backward
+                                                      * releases them */
+    if (p->grads_host) host_grads_load(d);
+    int kind = (last && (p->overlap || p->grads_sharded || p->grads_host) ? MS_SUMS : 0) | (last && p->lookups ? MS_LOOKUPS : 0) |
                (d->gathered < d->ps->shard.n_buckets ? MS_WAITS : 0);
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
@@ -389,7 +442,10 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     const qt_shard *sh = &ps->shard;
     cudaStream_t s = g->stream;
     int rank = d->plan.rank;
-    if (d->plan.grads_sharded) {
+    if (d->plan.grads_host) { /* stored to host during the micro-steps */
+        if (d->mutant != 6) sums_wait(d); /* MUTANT 6: the norm and AdamW do not wait for the last stores */
+        d->grad_micro = 0;
+    } else if (d->plan.grads_sharded) {
         sums_wait(d); /* summed into the shard during the micro-steps */
     } else if (d->plan.dp != QT_DP_ONE) {
         if (d->sent < sh->n_buckets) {
@@ -488,7 +544,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
         QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
         QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));
     }
-    if (p->grads_sharded) {
+    if (p->grads_sharded || p->grads_host) {
         for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->slot_ev[k], cudaEventDisableTiming));
         QT_CUDA(cudaEventCreateWithFlags(&d->sums_ev, cudaEventDisableTiming));
     }
@@ -520,8 +576,9 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaEventDestroy(d->side_ev));
     }
     for (int k = 0; d->plan.weights_ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
-    for (int k = 0; d->plan.grads_sharded && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
-    if (d->plan.grads_sharded) QT_CUDA(cudaEventDestroy(d->sums_ev));
+    int slots = d->plan.grads_sharded || d->plan.grads_host;
+    for (int k = 0; slots && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
+    if (slots) QT_CUDA(cudaEventDestroy(d->sums_ev));
     free(d->ag_ev);
     if (d->mutant_buf) QT_CUDA(cudaFree(d->mutant_buf));
     for (int i = 0; i < MS_KINDS; i++) {

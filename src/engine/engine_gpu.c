@@ -422,8 +422,8 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     qt_shard one;
     if (rank) qt_step_plan_make(&e->plan, L, cfg, qt_comm_size(rank->comm), rank->rank, rank->shard->n_ranks > 1);
     else qt_step_plan_make(&e->plan, L, cfg, 0, 0, 0);
-    /* offloaded optimizer: AdamW bucket by bucket; offloaded weights: a weight slot per layer bucket */
-    if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt || e->plan.weights_host);
+    /* offloaded optimizer: AdamW bucket by bucket; offloaded weights / gradients: a slot per layer bucket */
+    if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt || e->plan.weights_host || e->plan.grads_host);
     qt_param_placement pl = qt_plan_placement(&e->plan, L);
     e->g = qt_gpu_model_create(L, cfg, src, rank ? rank->shard : &one, &pl, err, errlen);
     if (!e->g) {

@@ -34,7 +34,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
                                       const qt_param_placement *pl, char *err, size_t errlen) {
     QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
              pl->zero, sh->n_ranks);
-    QT_CHECK(!pl->w_host || sh->n_ranks == 1, "parameter store: offloaded weights on a shard of %d ranks", sh->n_ranks);
+    QT_CHECK(!(pl->w_host || pl->g_host) || sh->n_ranks == 1, "parameter store: offloaded weights or gradients on a shard "
+             "of %d ranks", sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
@@ -46,13 +47,14 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (pl->zero >= 3 || pl->w_host) ps->wslots = qt_wslots_create(L, sh);
-    if (pl->zero >= 2) {
+    if (pl->zero >= 2 || pl->g_host) {
         ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
         ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
         QT_CHECK(ps->grad_slot && ps->cross_at, "out of host memory");
         ps->grad_margin = 64 * (size_t)sh->n_ranks;
         if (find_crossings(ps, err, errlen)) {
-            snprintf(err + strlen(err), errlen - strlen(err), " (%s: parallel.zero: %d)", cfg->path, pl->zero);
+            snprintf(err + strlen(err), errlen - strlen(err), " (%s: %s)", cfg->path,
+                     pl->g_host ? "memory.offload: [gradients]" : pl->zero == 2 ? "parallel.zero: 2" : "parallel.zero: 3");
             qt_param_store_free(ps);
             return NULL;
         }
@@ -83,6 +85,21 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
                  "%p differs from their host address %p)", dev, ps->w);
         memset(ps->w, 0, bytes); /* the padding stays zero */
     }
+    if (ps->place.g_host) {
+        size_t bytes = ps->shard.total * 4;
+        if (cudaHostAlloc(&ps->grad, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ps->grad = NULL;
+            return qt_errf(err, errlen, "%s: memory.offload: [gradients]: %.2f GiB of pinned host memory for the fp32 "
+                           "gradients could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
+                           "memory.host_limit_gib to what the host can pin, or keep the gradients on the GPU",
+                           cfg->path, bytes / 1073741824.0);
+        }
+        void *dev = NULL; /* the norm, AdamW and the zeroing kernels use the host address itself */
+        QT_CUDA(cudaHostGetDevicePointer(&dev, ps->grad, 0));
+        QT_CHECK(dev == ps->grad, "memory.offload: [gradients] needs unified addressing");
+        memset(ps->grad, 0, bytes);
+    }
     if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
     size_t ns = ps->shard.len, b0 = ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0;
     size_t b1 = qt_mem_aligned(ns * qt_dtype_size(ps->m_dt));
@@ -112,7 +129,7 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     } else {
         ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
     }
-    if (ps->place.zero >= 2) carve_grad_slots(ps, p);
+    if (ps->place.zero >= 2 || ps->place.g_host) carve_grad_slots(ps, p);
     else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
                                       n * qt_dtype_size(ps->grad_dt));
     if (ps->place.opt == QT_OPT_STATE_HOST) {
@@ -198,7 +215,8 @@ static int find_crossings(qt_param_store *ps, char *err, size_t errlen) {
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
     const qt_shard *sh = &ps->shard;
     size_t M = ps->grad_margin, big = 0;
-    ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
+    if (ps->place.g_host) qt_mem_plan_host(p, "gradients (fp32, offloaded)", sh->total * 4); /* alloc_host */
+    else ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
     for (int b = 0; b < sh->n_buckets; b++)
         if (qt_param_grad_slot_shared(ps, b) >= 0 && sh->bucket[b + 1] - sh->bucket[b] > big)
             big = sh->bucket[b + 1] - sh->bucket[b];
@@ -218,6 +236,32 @@ void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s) {
     if (at == SIZE_MAX) return;
     qt_add_inplace(ps->grad_slot[b - 1] + (at - ps->shard.bucket[b - 1]), QT_DT_F32, ps->grad_slot[b] - (B - at), QT_DT_F32,
                    B - at, s);
+}
+
+void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi) {
+    const qt_shard *sh = &ps->shard;
+    *lo = ps->cross_at[b] != SIZE_MAX ? ps->cross_at[b] : sh->bucket[b];
+    *hi = b + 1 < sh->n_buckets && ps->cross_at[b + 1] != SIZE_MAX ? ps->cross_at[b + 1] : sh->bucket[b + 1];
+    if (b == 0) *hi += ps->tail_n; /* the table's tail: bucket 0's tail margin */
+    if (b == 1) *lo += ps->tail_n;
+}
+
+/* Where flat element x sits in bucket b's slot (x in its home). */
+static float *slot_at(const qt_param_store *ps, int b, size_t x) {
+    return ps->grad_slot[b] + ((ptrdiff_t)x - (ptrdiff_t)ps->shard.bucket[b]);
+}
+
+void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s) {
+    size_t lo, hi;
+    qt_param_grad_home(ps, b, &lo, &hi);
+    if (hi > lo) QT_CUDA(cudaMemcpyAsync(slot_at(ps, b, lo), (float *)ps->grad + lo, (hi - lo) * 4, cudaMemcpyHostToDevice, s));
+}
+
+void qt_param_grad_store(const qt_param_store *ps, int b, int mutant, cudaStream_t s) {
+    size_t lo, hi;
+    qt_param_grad_home(ps, b, &lo, &hi);
+    if (hi > lo) QT_CUDA(cudaMemcpyAsync((float *)ps->grad + lo, slot_at(ps, b, lo), (hi - lo) * 4, cudaMemcpyDeviceToHost, s));
+    if (mutant != 5) qt_param_grad_slot_zero(ps, b, s); /* MUTANT 5: the slot keeps this micro-step's gradients */
 }
 
 int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s) {
@@ -242,7 +286,7 @@ int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
 float *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
 
 void *qt_param_g(const qt_param_store *ps, size_t off) {
-    if (ps->place.zero < 2) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
+    if (ps->place.zero < 2 && !ps->place.g_host) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
     const size_t *bk = ps->shard.bucket;
     int lo = 0, hi = ps->shard.n_buckets - 1; /* the last bucket with bk[b] <= off */
     while (lo < hi) {
@@ -264,11 +308,11 @@ void *qt_param_grad_piece(const qt_param_store *ps, int b) {
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
     size_t n = ps->L->numel;
-    if (ps->place.zero >= 2) { /* fp32 shard (zero 2 refuses bf16 gradients) */
+    if (ps->place.zero >= 2 || ps->place.g_host) { /* fp32 shard, or offloaded (both refuse bf16 gradients) */
         for (int k = 0; k < ps->shard.n_buckets; k++) {
             size_t off, len, st;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);
-            QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, qt_shard_params(off, len, n) * 4, cudaMemcpyDeviceToHost));
+            QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, qt_shard_params(off, len, n) * 4, cudaMemcpyDefault));
         }
         return;
     }
@@ -371,8 +415,8 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     QT_CUDA(cudaStreamSynchronize(s));
     free(buf);
     if (rc) return -1;
-    if (ps->place.zero >= 2) {
-        qt_zero(ps->grad, ns * 4, s); /* fp32 */
+    if (ps->place.zero >= 2 || ps->place.g_host) {
+        if (!ps->place.g_host) qt_zero(ps->grad, ns * 4, s); /* fp32 (offloaded: zeroed at allocation) */
         for (int b = 0; b < sp->n_buckets; b++)
             if (ps->grad_slot[b]) qt_param_grad_slot_zero(ps, b, s);
     } else {
@@ -389,6 +433,7 @@ void qt_param_store_free(qt_param_store *ps) {
     qt_wslots_free(ps->wslots);
     if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
     if (ps->place.w_host && ps->w) QT_CUDA(cudaFreeHost(ps->w));
+    if (ps->place.g_host && ps->grad) QT_CUDA(cudaFreeHost(ps->grad));
     free(ps->grad_slot);
     free(ps->cross_at);
     free(ps);
@@ -455,7 +500,8 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
     size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
-    if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
+    if (ps->place.g_host) qt_fill((float *)ps->grad + lo, QT_DT_F32, 0.0f, hi - lo, s); /* host: a kernel, not a memset */
+    else if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
     else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
 }
 
