@@ -358,16 +358,16 @@ static void test_offload_gradients_bitwise(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
     const struct { const char *name, *model, *lines, *mem, *list; int graphs; } cases[] = {
-        {"g_bf16", MODEL, "", "", "offload: [gradients]"},
+        {"g_bf16", MODEL, "", "", "offload: [gradients]", 0},
         {"g_bf16_graphs", MODEL, "", "", "offload: [gradients]", 1},
-        {"g_bf16_tied", TIED, "", "", "offload: [gradients]"},
-        {"g_bf16_opt", MODEL, "", "", "offload: [gradients, master, m, v]"},
-        {"g_fp8", MODEL, FP8, "", "offload: [gradients]"},
-        {"all_bf16", MODEL, "", "", "offload: [weights, gradients, master, m, v]"},
-        {"all_bf16_tied", TIED, "", "", "offload: [weights, gradients, master, m, v]"},
-        {"all_fp8", MODEL, FP8, "", "offload: [weights, gradients, master, m, v]"},
+        {"g_bf16_tied", TIED, "", "", "offload: [gradients]", 0},
+        {"g_bf16_opt", MODEL, "", "", "offload: [gradients, master, m, v]", 0},
+        {"g_fp8", MODEL, FP8, "", "offload: [gradients]", 0},
+        {"all_bf16", MODEL, "", "", "offload: [weights, gradients, master, m, v]", 0},
+        {"all_bf16_tied", TIED, "", "", "offload: [weights, gradients, master, m, v]", 0},
+        {"all_fp8", MODEL, FP8, "", "offload: [weights, gradients, master, m, v]", 0},
         {"all_bf16_master_recompute", MODEL, "precision: {master_dtype: bf16}\n", "recompute: [block]",
-         "offload: [weights, gradients, master, m, v]"},
+         "offload: [weights, gradients, master, m, v]", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_out a, b;
