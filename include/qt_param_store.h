@@ -10,8 +10,10 @@
  * too; ZeRO-3: and the bf16 weights (w holds the rank's pieces, indexed like master / m / v; the model
  * reads each bucket from a weight slot it is gathered into, qt_weight_slots.h); the bf16 weights
  * offloaded (w_host, one GPU: w is the whole array in pinned host memory, the model reads each bucket
- * from a weight slot it is copied up into, the same slots and protocol as ZeRO-3). A new placement (more
- * offloaded items) is a new case behind the same calls.
+ * from a weight slot it is copied up into, the same slots and protocol as ZeRO-3); the fp32 gradients
+ * offloaded (g_host, one GPU: grad is the whole array in pinned host memory; the backward writes
+ * ZeRO-2's gradient slots, each loaded from grad before its bucket is written and stored back after,
+ * qt_param_grad_load / _store). A new placement (more offloaded items) is a new case behind the same calls.
  *
  * ZeRO-2 gradients: the rank keeps grad [shard.len], its pieces of the summed gradients, indexed like
  * master / m / v. While the backward writes a bucket, the bucket's whole gradient sits in a slot
@@ -100,7 +102,8 @@ typedef struct {
     void *w;              /* bf16, device; w_host: pinned host (owned, mapped: kernels write it directly) */
     qt_weight_slots *wslots; /* ZeRO-3, w_host: where the model reads the whole weights of a bucket (owned) */
     void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
-                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces) */
+                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: fp32 [shard.total] in
+                           * pinned host memory (owned, mapped: the norm and AdamW read it directly) */
     float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
                            * backward writes it, between head and tail margins of grad_margin elements
                            * (owned array; the slots are in the arena) */

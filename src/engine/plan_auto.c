@@ -43,8 +43,9 @@ static int get_mdt(const qt_config *c) { return c->precision.master_dtype; }
 static void set_mdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.master_dtype = v; }
 static int get_gdt(const qt_config *c) { return c->precision.grad_accum_dtype; }
 static void set_gdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.grad_accum_dtype = v; }
-static int get_offw(const qt_config *c) { return c->memory.offload & QT_OFF_WEIGHTS; }
-static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~QT_OFF_WEIGHTS) | v; }
+#define OFF_WG (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)
+static int get_offw(const qt_config *c) { return c->memory.offload & OFF_WG; }
+static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~OFF_WG) | v; }
 static int get_zero(const qt_config *c) { return c->parallel.zero; }
 static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, c->parallel.zero = v, c->parallel.shard_optimizer = v >= 1; }
 
@@ -63,12 +64,16 @@ static const plan_axis AXES[AX_N] = {
     {"precision.master_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_mdt, set_mdt},
     {"precision.grad_accum_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_gdt, set_gdt},
     {"parallel.zero", 3, {1, 2, 3}, get_zero, set_zero},
-    {"memory.offload", 2, {0, QT_OFF_WEIGHTS}, get_offw, set_offw}, /* its weights item: one GPU only */
+    {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw}, /* its gradients and
+                                                                                               * weights: one GPU only */
 };
 
-/* Offloaded weights cost PCIe bytes every micro-step: such a plan is a candidate only when no plan with
- * the weights on the GPU fits (before the lossy rule below). */
-static int last_resort(const qt_config *c) { return (c->memory.offload & QT_OFF_WEIGHTS) != 0; }
+/* Offloaded weights and gradients cost PCIe bytes every micro-step: a plan with one of them is a candidate
+ * only when no plan with both on the GPU fits, one with both only when none with one fits (after the
+ * lossy rule below: offloading keeps the bits). */
+static int last_resort(const qt_config *c) {
+    return ((c->memory.offload & QT_OFF_WEIGHTS) != 0) + ((c->memory.offload & QT_OFF_GRADIENTS) != 0);
+}
 
 /* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
  * only when no plan with fp32 ones fits (see qt_plan_auto_enumerate). 0: fp32 both. */
@@ -246,6 +251,11 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
         t += (cfg->data.grad_accum * 2 * span * 2 + rest * 2 + (double)L->numel * 2 * 2 +
               (cfg->precision.master_dtype == QT_DT_BF16 ? (double)L->numel * 2 : 0)) / pr->pcie_bps;
     }
+    /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's fp32 gradients to host and,
+     * but the first, loads them first (4 B/param each way); the norm and AdamW read them and the zeroing
+     * writes them once per step (3 x 4 B/param) */
+    if (cfg->memory.offload & QT_OFF_GRADIENTS)
+        t += (double)L->numel * 4 * (2.0 * cfg->data.grad_accum - 1 + 3) / pr->pcie_bps;
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
     t += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
     return t;
@@ -264,7 +274,7 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
     cfg->precision.grad_accum_dtype = c->grad_accum_dtype;
     cfg->parallel.zero = c->zero;
     cfg->parallel.shard_optimizer = c->zero >= 1;
-    cfg->memory.offload = (cfg->memory.offload & ~QT_OFF_WEIGHTS) | (c->offload_weights ? QT_OFF_WEIGHTS : 0);
+    cfg->memory.offload = (cfg->memory.offload & ~OFF_WG) | c->offload_bits;
 }
 
 static int by_speed(const void *a, const void *b) {
@@ -285,7 +295,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
     if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
     if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
-    else ax[AX_OFFW].n = 1, ax[AX_OFFW].v[0] = get_offw(cfg); /* offloaded weights: one GPU only */
+    else ax[AX_OFFW].n = 1, ax[AX_OFFW].v[0] = get_offw(cfg); /* offloaded weights, gradients: one GPU only */
     for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
         QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
         if (qt_config_given(cfg, ax[a].key))
@@ -313,7 +323,8 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                 out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
                                               c.memory.offload_optimizer, c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
                                               c.memory.offload_residual, c.memory.fp8_weight_cache, c.precision.master_dtype,
-                                              c.precision.grad_accum_dtype, c.parallel.zero, last_resort(&c), lossy(&c), count,
+                                              c.precision.grad_accum_dtype, c.parallel.zero, last_resort(&c),
+                                              get_offw(&c), lossy(&c), count,
                                               rp.gpu_bytes, rp.host_bytes, s,
                                               (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};
                 count++;
@@ -328,13 +339,14 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                        "%.2f GiB (the host: %s); give fewer keys as constraints, or see qtrain --plan", cfg->path,
                        smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
                        gpu_cap / 1073741824.0, what);
-    int fewest = 1, least = 2, kept = 0; /* offloaded weights only where nothing else fits; then bf16 master /
-                                          * gradients only where no plan with fp32 ones fits */
-    for (int i = 0; i < count; i++) fewest = out[i].offload_weights < fewest ? out[i].offload_weights : fewest;
+    /* bf16 master / gradients only where no plan with fp32 ones fits (the numerics first: offloading is
+     * bitwise); then offloaded weights / gradients only where no plan with fewer of them fits */
+    int fewest = 2, least = 2, kept = 0;
+    for (int i = 0; i < count; i++) least = out[i].lossy < least ? out[i].lossy : least;
     for (int i = 0; i < count; i++)
-        if (out[i].offload_weights == fewest) least = out[i].lossy < least ? out[i].lossy : least;
+        if (out[i].lossy == least) fewest = out[i].offloaded < fewest ? out[i].offloaded : fewest;
     for (int i = 0; i < count; i++)
-        if (out[i].offload_weights == fewest && out[i].lossy == least) out[kept++] = out[i];
+        if (out[i].offloaded == fewest && out[i].lossy == least) out[kept++] = out[i];
     count = kept;
     qsort(out, (size_t)count, sizeof *out, by_speed);
     *n = count;
@@ -349,7 +361,8 @@ static void print_choice(const char *tag, const qt_plan_choice *c, const qt_conf
            tag, c->micro_batch, c->grad_accum, qt_act_recompute_names(qt_act_recompute_resolve(c->recompute), rc, sizeof rc),
            c->offload_optimizer ? "true" : "false", c->offload_residual ? "true" : "false",
            c->fp8_weight_cache == QT_FP8_WCACHE_NONE ? "none" : "all", c->lmhead_chunks, c->attn_bwd_chunks, c->zero,
-           c->offload_weights ? ", weights offloaded" : "",
+           c->offload_bits == OFF_WG ? ", weights and gradients offloaded" : c->offload_bits == QT_OFF_WEIGHTS ? ", weights offloaded"
+           : c->offload_bits ? ", gradients offloaded" : "",
            c->gpu_bytes / 1073741824.0, c->host_bytes / 1073741824.0, c->tokens_per_s);
     int chose = (c->master_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.master_dtype")) ||
                 (c->grad_accum_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.grad_accum_dtype"));

@@ -13,7 +13,14 @@
  * addressing: kernels read and write it through its host address). The model reads each bucket from a
  * weight slot that dp_sync.c fills with an H2D copy of it (the slots of ZeRO-3, qt_weight_slots.h);
  * AdamW (on the GPU, offloaded state or not) writes the new bf16 weights straight into w over PCIe, 2
- * bytes per parameter, and reads them there with a bf16 master. */
+ * bytes per parameter, and reads them there with a bf16 master.
+ *
+ * Offloaded gradients (g_host, one GPU): grad is the whole fp32 array in pinned host memory (mapped);
+ * the backward writes ZeRO-2's gradient slots (qt_param_g), each loaded from grad before its bucket is
+ * written (H2D, but in a step's first micro-step, when both are zero) and stored back after (D2H) by
+ * dp_sync.c. A writer then adds into exactly the value it would find in a whole array, so every
+ * accumulation (the GEMMs' beta = 1, a tied table written twice, split LM-head chunks) rounds as on the
+ * GPU. The norm and AdamW read grad where it is. */
 #include "qt_param_store.h"
 
 #include <stdio.h>
