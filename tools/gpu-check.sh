@@ -480,14 +480,16 @@ if has offload_residual_bench; then
       cat "$tab"
     } 2>&1 | tee "$OUT/offload_residual_bench.log"
 fi
-# memory.offload: [weights] (one GPU): test_offload (7B plan rows; offloaded = on the GPU bitwise over 20
-# steps at grad_accum 2, bf16/fp8/bf16 master/optimizer offloaded/recompute; resume across; the slot
-# mutants), then its cost at 1.5B fp8 (10 steps, on the GPU vs offloaded, no CUDA graphs either way)
+# memory.offload: [weights] / [gradients] (one GPU): test_offload (7B plan rows; offloaded = on the GPU
+# bitwise over 20 steps at grad_accum 2, bf16/fp8/bf16 master/optimizer offloaded/recompute/tied/graphs;
+# resume across; the slot mutants), then their cost at 1.5B fp8 (10 steps, no CUDA graphs anywhere)
 if has offload_weights; then
     b15w="configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set parallel.gpus=1 --set perf.cuda_graphs=false"
-    { step test_offload 1200 build/tests/test_offload
+    { step test_offload 1800 build/tests/test_offload
       step offload_weights_1.5b_gpu 300 build/bench/train_bench $b15w
       step offload_weights_1.5b_host 400 build/bench/train_bench $b15w --set "memory.offload=[weights]"
+      step offload_grads_1.5b_host 400 build/bench/train_bench $b15w --set "memory.offload=[gradients]"
+      step offload_both_1.5b_host 400 build/bench/train_bench $b15w --set "memory.offload=[weights,gradients]"
     } 2>&1 | tee "$OUT/offload_weights.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|GiB|tokens/s|rror'
 fi
 # parallel.zero (ranks sharing one GPU, so the bits and the overheads, not scaling): test_zero (7B plan
