@@ -173,10 +173,10 @@ int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s);
  * [0, total) without overlap, so each gradient element has one place in one slot. load: the slot's home
  * = the host gradients there (H2D, before the backward writes the slot: its writers then add exactly
  * what they would add to a whole array); store: the host gradients there = the slot's home (D2H), then
- * the slot is zeroed (margins included; mutant 5: not zeroed). Both on s. */
+ * (zero) the slot is zeroed, margins included. Both on s. */
 void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi);
 void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s);
-void qt_param_grad_store(const qt_param_store *ps, int b, int mutant, cudaStream_t s);
+void qt_param_grad_store(const qt_param_store *ps, int b, int zero, cudaStream_t s);
 /* ZeRO-2: zeroes bucket b's slot, margins included, on s. */
 void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
 /* This rank's summed gradients of bucket b (its piece, qt_shard_piece; grad_dt): in the whole array, or

@@ -193,10 +193,12 @@ static void slots_ready(qt_dp_sync *d, int b) {
 
 /* Offloaded gradients, for the buckets [b, sent) that became final: each one's slot below (the backward
  * writes it next) waits until its shared slot's last user is stored, zeroed and loaded again (mutant 1:
- * no wait); then, on the side stream, each final bucket's slot is stored to host and zeroed, and the
- * next bucket of this backward to use its shared slot (three below) is loaded into it (not in the first
- * micro-step of a step: nothing to load), and the slot's event recorded. The slots need no margin or
- * tail adds: each element has one home (qt_param_grad_home). */
+ * no wait); then, on the side stream, each final bucket's slot is stored to host; a shared slot is
+ * zeroed (mutant 5: not) and the next bucket of this backward to use it (three below) loaded into it
+ * (not in the first micro-step of a step: nothing to load), and the slot's event recorded; a slot of
+ * its own keeps what it stored, which is what the next micro-step would load (zeroed at the step's end,
+ * qt_dp_sync_reduce). The slots need no margin or tail adds: each element has one home
+ * (qt_param_grad_home). */
 static void host_grads_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
     for (int k = d->sent - 1; k >= b; k--) {
@@ -207,7 +209,7 @@ static void host_grads_ready(qt_dp_sync *d, int b) {
     while (d->sent > b) {
         int k = --d->sent, j = qt_param_grad_slot_shared(ps, k);
         if (d->sum_delay_ms) QT_CUDA(cudaLaunchHostFunc(cs, sleep_ms, &d->sum_delay_ms));
-        qt_param_grad_store(ps, k, d->mutant, cs);
+        qt_param_grad_store(ps, k, j >= 0 && d->mutant != 5, cs); /* MUTANT 5: a shared slot not zeroed */
         if (j < 0) continue;
         if (d->grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j)
             qt_param_grad_load(ps, k - QT_GRAD_SLOTS, cs);
@@ -220,16 +222,15 @@ static void host_grads_ready(qt_dp_sync *d, int b) {
 }
 
 /* Offloaded gradients, before a micro-step (after the last one's stores, sums_wait): on the model's
- * stream, each slot's first bucket of the backward (the own slots', the top bucket of each shared slot)
- * is loaded from host, unless this is the step's first micro-step. */
+ * stream, each shared slot's first bucket of the backward (the top one using it) is loaded from host,
+ * unless this is the step's first micro-step (the own slots hold their host gradients already). */
 static void host_grads_load(qt_dp_sync *d) {
     const qt_param_store *ps = d->ps;
     int seen[QT_GRAD_SLOTS] = {0};
     if (++d->grad_micro == 1) return;
     for (int b = ps->shard.n_buckets - 1; b >= 0; b--) {
         int j = qt_param_grad_slot_shared(ps, b);
-        if (j >= 0 && seen[j]++) continue;
-        qt_param_grad_load(ps, b, d->g->stream);
+        if (j >= 0 && !seen[j]++) qt_param_grad_load(ps, b, d->g->stream);
     }
 }
 
@@ -442,8 +443,10 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     const qt_shard *sh = &ps->shard;
     cudaStream_t s = g->stream;
     int rank = d->plan.rank;
-    if (d->plan.grads_host) { /* stored to host during the micro-steps */
+    if (d->plan.grads_host) { /* stored to host during the micro-steps; the own slots zeroed for the next step */
         if (d->mutant != 6) sums_wait(d); /* MUTANT 6: the norm and AdamW do not wait for the last stores */
+        for (int b = 0; b < sh->n_buckets; b++)
+            if (qt_param_grad_slot_shared(ps, b) < 0) qt_param_grad_slot_zero(ps, b, s);
         d->grad_micro = 0;
     } else if (d->plan.grads_sharded) {
         sums_wait(d); /* summed into the shard during the micro-steps */

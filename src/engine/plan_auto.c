@@ -252,8 +252,9 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
               (cfg->precision.master_dtype == QT_DT_BF16 ? (double)L->numel * 2 : 0)) / pr->pcie_bps;
     }
     /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's fp32 gradients to host and,
-     * but the first, loads them first (4 B/param each way); the norm and AdamW read them and the zeroing
-     * writes them once per step (3 x 4 B/param) */
+     * but the first, loads them first (4 B/param each way; an upper bound: the embedding and LM-head
+     * buckets keep theirs on the GPU within a step); the norm and AdamW read them and the zeroing writes
+     * them once per step (3 x 4 B/param) */
     if (cfg->memory.offload & QT_OFF_GRADIENTS)
         t += (double)L->numel * 4 * (2.0 * cfg->data.grad_accum - 1 + 3) / pr->pcie_bps;
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;

@@ -17,8 +17,8 @@
  *
  * Offloaded gradients (g_host, one GPU): grad is the whole fp32 array in pinned host memory (mapped);
  * the backward writes ZeRO-2's gradient slots (qt_param_g), each loaded from grad before its bucket is
- * written (H2D, but in a step's first micro-step, when both are zero) and stored back after (D2H) by
- * dp_sync.c. A writer then adds into exactly the value it would find in a whole array, so every
+ * written (H2D, but in a step's first micro-step, when both are zero; a slot of its own keeps what it
+ * stored instead) and stored back after (D2H) by dp_sync.c. A writer then adds into exactly the value it would find in a whole array, so every
  * accumulation (the GEMMs' beta = 1, a tied table written twice, split LM-head chunks) rounds as on the
  * GPU. The norm and AdamW read grad where it is. */
 #include "qt_param_store.h"
@@ -264,11 +264,11 @@ void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s) {
     if (hi > lo) QT_CUDA(cudaMemcpyAsync(slot_at(ps, b, lo), (float *)ps->grad + lo, (hi - lo) * 4, cudaMemcpyHostToDevice, s));
 }
 
-void qt_param_grad_store(const qt_param_store *ps, int b, int mutant, cudaStream_t s) {
+void qt_param_grad_store(const qt_param_store *ps, int b, int zero, cudaStream_t s) {
     size_t lo, hi;
     qt_param_grad_home(ps, b, &lo, &hi);
     if (hi > lo) QT_CUDA(cudaMemcpyAsync((float *)ps->grad + lo, slot_at(ps, b, lo), (hi - lo) * 4, cudaMemcpyDeviceToHost, s));
-    if (mutant != 5) qt_param_grad_slot_zero(ps, b, s); /* MUTANT 5: the slot keeps this micro-step's gradients */
+    if (zero) qt_param_grad_slot_zero(ps, b, s);
 }
 
 int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s) {
