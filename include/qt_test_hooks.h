@@ -31,8 +31,8 @@ typedef struct {
                              * weight slot without waiting for its (prefetched) gather (3 and 4 also with
                              * memory.offload: [weights], whose slots are filled by H2D copies); offloaded
                              * gradients (memory.offload: [gradients]): 1 = the backward does not wait for
-                             * its shared gradient slot's store and load; 5 = a slot is not zeroed after
-                             * its store to host; 6 = the norm and AdamW do not wait for the last stores */
+                             * its shared gradient slot's store and load; 5 = a shared slot is not zeroed
+                             * after its store to host; 6 = the norm and AdamW do not wait for the last stores */
     long zero3_read_delay_ms; /* > 0: ZeRO-3: the model stream sleeps this long after each weight acquire,
                              * before the layer reads (a gather that does not wait for the slot's
                              * readers overwrites it first); dp_ag_delay_ms also delays each ZeRO-3 gather */

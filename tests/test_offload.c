@@ -1,6 +1,7 @@
-/* test_offload.c — memory.offload: [weights]: the bf16 weights in pinned host memory on one GPU, read
- * through ZeRO-3's weight slots (each bucket copied up on the side stream as the model reaches it), with
- * the bits of the weights on the GPU.
+/* test_offload.c — memory.offload: [weights] and [gradients] on one GPU: the bf16 weights in pinned host
+ * memory, read through ZeRO-3's weight slots (each bucket copied up on the side stream as the model
+ * reaches it); the fp32 gradients in pinned host memory, written through ZeRO-2's gradient slots (each
+ * loaded from host before its bucket is written, stored back after); both with the on-GPU bits.
  *
  * CPU (no GPU needed): the plan of Qwen2.5-7B on one GPU: the device row "weights (bf16)" (numel x 2
  * bytes) leaves, the host row "weights (bf16, offloaded)" (padded numel x 2) and the device rows
@@ -14,8 +15,13 @@
  * offloaded too (chunks of 1000), block recompute. A run stopped at step 10 with the weights offloaded
  * and resumed without (and the other way) ends with the uninterrupted run's bits. Mutants (test hooks,
  * qt_weight_slots.h): a slot copied into before its last reader ran (reads delayed), a slot read without
- * waiting for its copy (copies delayed) must change the bits. Autotuning off: every run multiplies with
- * the same algorithms. */
+ * waiting for its copy (copies delayed) must change the bits.
+ * Gradients — CPU: the 7B rows (host "gradients (fp32, offloaded)", device gradient slots), the slot
+ * homes (each element written at one place, which load and store move); GPU: offloaded = on the GPU
+ * bitwise at grad_accum 2 (bf16, fp8, CUDA graphs, tied, optimizer offloaded, and everything offloaded
+ * at once in bf16, fp8 and bf16 master + block recompute); mutants: a slot written before its store and
+ * reload (stores delayed), a shared slot not zeroed after its store, the norm and AdamW before the last
+ * stores (stores delayed). Autotuning off: every run multiplies with the same algorithms. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
