@@ -193,10 +193,13 @@ size_t qt_config_doc_table(char *buf, size_t cap);
 /* 1 when path is a key memory.plan: auto chooses; such a key given as `auto` counts as not given. */
 int qt_config_plan_key(const char *path);
 
-/* parallel.zero: 3's limits: 0, or -1 with err ("<path>: <key>: expected ..., got ...") when a key it
- * cannot run with is set: perf.cuda_graphs true, or fp8 matmuls with memory.fp8_weight_cache all (the
- * loader makes the cache none when the key is not given). The loader checks it with the key's place
- * in the file; the engine again, for a config changed after loading (memory.plan: auto). */
+/* parallel.zero: 3's limits, and memory.offload: [weights]'s (which reads the weights from the same weight
+ * slots): 0, or -1 with err ("<path>: <key>: expected ..., got ...") when a key it cannot run with is set:
+ * perf.cuda_graphs true, or fp8 matmuls with memory.fp8_weight_cache all (the loader makes the cache none
+ * when the key is not given); offloaded weights also with parallel.zero >= 1, parallel.gpus > 1 or
+ * several parallel.devices (one GPU only; the engine refuses several visible GPUs with gpus 0). The
+ * loader checks it with the key's place in the file; the engine again, for a config changed after
+ * loading (memory.plan: auto). */
 int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen);
 
 /* 1 when the config file or a --set gave key path (not its default). */

@@ -8,8 +8,12 @@
  * offloaded to pinned host memory (streamed through device slots by qt_gpu_optim); the optimizer state
  * sharded over the ranks (ZeRO-1; gradients and weights stay whole); ZeRO-2: the fp32 gradients sharded
  * too; ZeRO-3: and the bf16 weights (w holds the rank's pieces, indexed like master / m / v; the model
- * reads each bucket from a weight slot it is gathered into, qt_weight_slots.h). A new placement (more
- * offloaded items) is a new case behind the same calls.
+ * reads each bucket from a weight slot it is gathered into, qt_weight_slots.h); the bf16 weights
+ * offloaded (w_host, one GPU: w is the whole array in pinned host memory, the model reads each bucket
+ * from a weight slot it is copied up into, the same slots and protocol as ZeRO-3); the fp32 gradients
+ * offloaded (g_host, one GPU: grad is the whole array in pinned host memory; the backward writes
+ * ZeRO-2's gradient slots, each loaded from grad before its bucket is written and stored back after,
+ * qt_param_grad_load / _store). A new placement (more offloaded items) is a new case behind the same calls.
  *
  * ZeRO-2 gradients: the rank keeps grad [shard.len], its pieces of the summed gradients, indexed like
  * master / m / v. While the backward writes a bucket, the bucket's whole gradient sits in a slot
@@ -73,6 +77,11 @@ typedef struct {
     int embed_apart;      /* ZeRO-2, untied, lookups gathered (qt_step_plan.lookups): the backward writes no
                            * gradient to the buckets of embeddings only, so they get no slot (the sync adds
                            * every rank's lookups to the shard and has nothing else to sum there) */
+    int w_host;           /* memory.offload: [weights] (one GPU): w in pinned host memory, the model reads each
+                           * bucket from a weight slot it is copied up into (qt_weight_slots.h), AdamW writes w
+                           * there directly (mapped pinned memory) */
+    int g_host;           /* memory.offload: [gradients] (one GPU): grad (fp32) in pinned host memory, the backward
+                           * writes ZeRO-2's gradient slots, loaded from and stored back to grad per bucket */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
@@ -90,10 +99,11 @@ typedef struct {
     qt_shard shard;
     /* w [shard.total] (L->numel, padded for the ranks' equal pieces), ZeRO-3 [shard.len]; master, m, v
      * [shard.len], this rank's pieces of the buckets back to back (all of the array when not sharded) */
-    void *w;              /* bf16, device */
-    qt_weight_slots *wslots; /* ZeRO-3: where the model reads the whole weights of a bucket (owned) */
+    void *w;              /* bf16, device; w_host: pinned host (owned, mapped: kernels write it directly) */
+    qt_weight_slots *wslots; /* ZeRO-3, w_host: where the model reads the whole weights of a bucket (owned) */
     void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
-                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces) */
+                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: fp32 [shard.total] in
+                           * pinned host memory (owned, mapped: the norm and AdamW read it directly) */
     float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
                            * backward writes it, between head and tail margins of grad_margin elements
                            * (owned array; the slots are in the arena) */
@@ -121,8 +131,8 @@ typedef struct {
  * Sizes (allocates nothing: the plan can be made without a GPU); NULL with err. */
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen);
-/* Allocates the pinned host state of an offloaded placement (zeroed; nothing otherwise): 0, or -1 with
- * err when cudaHostAlloc fails. */
+/* Allocates the pinned host memory of an offloaded placement (zeroed; nothing otherwise): the optimizer
+ * state, the bf16 weights (w_host). 0, or -1 with err when cudaHostAlloc fails. */
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen);
 /* Adds the store's rows to p (sizing pass) or takes its buffers (second pass). */
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p);
@@ -140,8 +150,8 @@ void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaS
 /* Shared gradient slots of ZeRO-2 (see the top of this file). */
 #define QT_GRAD_SLOTS 3
 
-/* The bf16 weight the model reads at flat index off: in w, or ZeRO-3 in the slot its bucket was gathered
- * into (acquired first). */
+/* The bf16 weight the model reads at flat index off: in w, or ZeRO-3 / w_host in the slot its bucket was
+ * gathered or copied into (acquired first). */
 void *qt_param_w(const qt_param_store *ps, size_t off);
 /* This rank's own bf16 weight at flat index off (in one of its pieces when sharded: AdamW writes it): in
  * w at off, or ZeRO-3 at its state index. */
@@ -157,6 +167,16 @@ void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s);
 /* ZeRO-2, once per micro-step before bucket 0 or 1 is summed, after the table's last write: the
  * embedding table's tail (bucket 0's tail margin) += into bucket 1's slot. 0 when there is none. */
 int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s);
+/* Offloaded gradients (g_host): slot b's home is the flat range the backward writes into it (its bucket
+ * less the part of a tensor crossing its end, plus the part below its start of one crossing its start, in
+ * the head margin; bucket 0 with the embedding table's tail, in its tail margin): the homes cut
+ * [0, total) without overlap, so each gradient element has one place in one slot. load: the slot's home
+ * = the host gradients there (H2D, before the backward writes the slot: its writers then add exactly
+ * what they would add to a whole array); store: the host gradients there = the slot's home (D2H), then
+ * (zero) the slot is zeroed, margins included. Both on s. */
+void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi);
+void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s);
+void qt_param_grad_store(const qt_param_store *ps, int b, int zero, cudaStream_t s);
 /* ZeRO-2: zeroes bucket b's slot, margins included, on s. */
 void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
 /* This rank's summed gradients of bucket b (its piece, qt_shard_piece; grad_dt): in the whole array, or
@@ -186,7 +206,7 @@ void qt_param_get_master(const qt_param_store *ps, float *w);
 /* The same values back to back in state order, w[0, shard.len) (padding 0): the checkpoint's layout. */
 void qt_param_get_master_pieces(const qt_param_store *ps, float *w);
 /* Bytes per element and base of the state item i: 0 master, 1 bf16 weights (ZeRO-3: the rank's pieces,
- * like the others), 2 m, 3 v. */
+ * like the others; w_host: in host memory), 2 m, 3 v. */
 void *qt_param_item(const qt_param_store *ps, int i, qt_dtype *dt);
 
 #endif

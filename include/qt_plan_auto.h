@@ -5,10 +5,12 @@
  * micro_batch x grad_accum; memory.recompute; memory.offload_optimizer; memory.lmhead_chunks;
  * memory.attn_bwd_chunks; memory.offload_residual; memory.fp8_weight_cache (fp8 matmuls);
  * precision.master_dtype and precision.grad_accum_dtype (fp32, bf16); parallel.zero 1, 2, 3 (several
- * ranks; 3 not with CUDA graphs, and with fp8 only with the weight cache none)): a new memory feature
- * is a new row. A key the config gives is a constraint (its axis keeps the
+ * ranks; 3 not with CUDA graphs, and with fp8 only with the weight cache none); memory.offload's
+ * weights and gradients items (one GPU; weights with zero 3's limits)): a new memory feature is a new row. A key the config gives is a constraint (its axis keeps the
  * given value). bf16 master weights or gradients change the numerics: a plan with them is kept only when
- * no plan with fp32 ones fits, and the chosen plan then says so. At equal predicted speed the plainer
+ * no plan with fp32 ones fits, and the chosen plan then says so. Offloaded weights or gradients (the same
+ * bits) cost PCIe bytes every micro-step: among the rest a plan with them is kept only when no plan with
+ * fewer of them fits. At equal predicted speed the plainer
  * plan wins (each axis lists its plainest value first). Each candidate's plan is made with qt_plan_run (no GPU, nothing
  * allocated) and kept when it fits the GPU (memory.gpu_limit_gib, else the probe's GPU memory) and the
  * host limit. Cost per optimizer step:
@@ -21,6 +23,11 @@
  *   + launches of the extra lm-head and attention chunks x 10 us
  *   + parallel.zero 3: grad_accum x 2 (forward, backward) x the layers' bf16 bytes (2 B/param) / PCIe
  *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound)
+ *   + offloaded weights: the same copies up of the layers, plus the embedding and LM-head buckets once,
+ *     AdamW's bf16 writes and the finiteness count's reads (2 B/param each; a bf16 master's reads 2 more)
+ *     / PCIe bandwidth (not overlapped: an upper bound)
+ *   + offloaded gradients: (2 x grad_accum - 1) x 4 B/param (each micro-step's stores, all but the first's
+ *     loads) + 3 x 4 B/param (the norm's and AdamW's reads, the zeroing) / PCIe bandwidth
  *   + gradient sums through host memory (parallel.comm host/host_wc): (n-1)/n x 4 B/param (2 with
  *     reduce_dtype bf16) once per step, every micro-step with ZeRO-2/3 / PCIe bandwidth
  *   (bf16 master / gradients are charged nothing: the same matmuls; peer transports neither),
@@ -51,12 +58,16 @@ qt_probe qt_probe_default(void);
  * GPU, the defaults. */
 qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
-#define QT_PLAN_AUTO_MAX 32768 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 4 (zero x
-                                * grad_accum_dtype: 1 and 2 with fp32, 1 with bf16, 3 with fp32) */
+#define QT_PLAN_AUTO_MAX 65536 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 4 (zero x
+                                * grad_accum_dtype: 1 and 2 with fp32, 1 with bf16, 3 with fp32) with several
+                                * ranks; one GPU: 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused */
 
 typedef struct {
     int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;
     int offload_residual, fp8_weight_cache, master_dtype, grad_accum_dtype, zero;
+    int offloaded; /* how many of memory.offload's weights and gradients items (one GPU): taken only where
+                          * nothing with fewer fits */
+    int offload_bits;    /* those items (qt_offload_item bits) */
     int lossy;  /* bf16 master weights and/or gradients (1 or 2): taken only where no fp32 plan fits */
     int order;  /* enumeration order: at equal speed the plainer plan (the axes' earlier values) first */
     size_t gpu_bytes, host_bytes;

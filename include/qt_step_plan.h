@@ -25,11 +25,18 @@ typedef struct {
     int grads_sharded; /* ZeRO-2: the rank keeps its shard of the fp32 gradients; every micro-step
                         * reduce-scatters each bucket into it as the backward releases the bucket */
     int offload_opt;   /* master, m, v in pinned host memory (memory.offload_optimizer) */
+    int weights_host;  /* memory.offload: [weights], one GPU: the bf16 weights in pinned host memory, each bucket
+                        * copied up into a weight slot as the model reads it (qt_weight_slots.h) */
+    int wslots;        /* the model reads the weights from weight slots: ZeRO-3 (gathered) or weights_host (copied up) */
+    int grads_host;    /* memory.offload: [gradients], one GPU: the fp32 gradients in pinned host memory; the backward
+                        * writes each bucket into a device slot (ZeRO-2's), loaded from host before and stored back
+                        * after, on the side stream (qt_param_grad_load / _store) */
     int overlap;       /* data parallel: the last micro-step's bucket sums overlap its backward */
     int opt_ahead;     /* one GPU offloaded: AdamW bucket by bucket on the side stream, ahead of the next forward */
     int weights_ahead; /* the next forward waits for each bucket's weights (updated or gathered on the side
                         * stream): sharded with overlap, or opt_ahead */
-    int side_stream;   /* a second stream for sums, gathers or AdamW: data parallel or opt_ahead */
+    int side_stream;   /* a second stream for sums, gathers, weight copies or AdamW: data parallel, opt_ahead or
+                        * weights_host */
     int lookups;       /* sharded: the last micro-step leaves its embedding lookups out (fewer bytes than
                         * the table's gradient), added to the sums afterwards */
     int reduce_bf16;   /* the gradients cross between ranks in bf16 */

@@ -11,7 +11,8 @@ typedef struct {
     size_t offload_chunk;   /* > 0: state elements per chunk of an offloaded optimizer (many chunks in a
                              * small model); 0: QT_GPU_OPTIM_CHUNK */
     long dp_ag_delay_ms;    /* > 0: a rank's side stream sleeps this long before each step's weight
-                             * gather/update: a forward that did not wait for it reads stale weights */
+                             * gather/update (and each ZeRO-3 gather, each offloaded weights' copy up): a
+                             * forward that did not wait for it reads stale weights */
     int dp_fail_rank;       /* with dp_fail_step > 0: that data-parallel rank fails just before that */
     long dp_fail_step;      /* optimizer step (1-based) */
     int fp8_unfused_amax;   /* 1: fp8 abs-maxes in separate passes instead of folded into producers */
@@ -19,14 +20,19 @@ typedef struct {
                              * layers 1.. (their backward reads what the layer above left in the shared
                              * buffer): the recompute test must catch it */
     long dp_sum_delay_ms;   /* > 0: a data-parallel rank's side stream sleeps this long before each bucket's
-                             * gradient sum: a backward that did not wait for its ZeRO-2 slot adds into
-                             * one still holding another bucket */
+                             * gradient sum (offloaded gradients: before each bucket's store to host): a
+                             * backward that did not wait for its ZeRO-2 slot adds into one still holding
+                             * another bucket */
     int zero_mutant;        /* MUTANTS for the ZeRO tests: 1 = the ZeRO-2 backward does not wait for its
                              * shared gradient slots; 2 = ZeRO-2 sums each bucket in descending rank order
                              * (all-gather + adds; the same as ascending for 2 ranks, not for 3); ZeRO-3
                              * (qt_weight_slots.h): 3 = a weight slot is gathered into before its last
                              * reader ran (no wait for the slot's release); 4 = the model reads a shared
-                             * weight slot without waiting for its (prefetched) gather */
+                             * weight slot without waiting for its (prefetched) gather (3 and 4 also with
+                             * memory.offload: [weights], whose slots are filled by H2D copies); offloaded
+                             * gradients (memory.offload: [gradients]): 1 = the backward does not wait for
+                             * its shared gradient slot's store and load; 5 = a shared slot is not zeroed
+                             * after its store to host; 6 = the norm and AdamW do not wait for the last stores */
     long zero3_read_delay_ms; /* > 0: ZeRO-3: the model stream sleeps this long after each weight acquire,
                              * before the layer reads (a gather that does not wait for the slot's
                              * readers overwrites it first); dp_ag_delay_ms also delays each ZeRO-3 gather */

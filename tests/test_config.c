@@ -284,7 +284,8 @@ static void test_model_dtype(void) {
 }
 
 /* memory.offload: the list sets offload_optimizer / offload_residual; parts of the optimizer state,
- * the items not built yet and a disagreeing older key are refused naming the key. */
+ * the items not built yet and a disagreeing older key are refused naming the key; weights run on one
+ * GPU without CUDA graphs (fp8: weight cache none), refused otherwise naming the key. */
 static void test_offload_list(void) {
     QT_REQUIRE(load("memory:\n  offload: [master, m, v, residual]\n", NULL, 0) == 0, "%s", err);
     QT_EXPECT(cfg.memory.offload_optimizer == 1 && cfg.memory.offload_residual == 1, "optimizer %d residual %d",
@@ -294,8 +295,45 @@ static void test_offload_list(void) {
     EXPECT_ERR("memory:\n  offload: [master, m]\n",
                "t.yaml:2:3: memory.offload: expected master, m and v together (the optimizer state is offloaded as one "
                "today, memory.offload_optimizer: true), got only part of them");
-    EXPECT_ERR("memory:\n  offload: [weights, gradients]\n",
-               "t.yaml:2:3: memory.offload: expected master, m, v, residual: gradients weights is not built yet");
+    EXPECT_ERR("memory:\n  offload: [weights, quants]\n",
+               "t.yaml:2:3: memory.offload: expected master, m, v, gradients, weights, residual: quants is not built yet");
+    /* gradients: one GPU, fp32 */
+    QT_REQUIRE(load("memory:\n  offload: [gradients, master, m, v]\nparallel:\n  gpus: 1\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT((cfg.memory.offload & QT_OFF_GRADIENTS) && cfg.memory.offload_optimizer, "gradients: offload %d",
+              cfg.memory.offload);
+    EXPECT_ERR("memory:\n  offload: [gradients]\nprecision:\n  grad_accum_dtype: bf16\n",
+               "t.yaml:4:3: precision.grad_accum_dtype: expected fp32 with memory.offload: [gradients], got \"bf16\": the "
+               "gradient slots the backward writes and the host gradients are fp32");
+    EXPECT_ERR("memory:\n  offload: [gradients]\nparallel:\n  devices: [0, 0]\n",
+               "t.yaml:4:3: parallel.devices: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with "
+               "memory.offload: [gradients]: the offloaded gradients are built for one GPU; with several ranks "
+               "parallel.zero: 2 shards them instead");
+    /* weights: one GPU, no CUDA graphs, fp8 quantized from the weight slots (cache none implied) */
+    QT_REQUIRE(load("memory:\n  offload: [weights]\nparallel:\n  gpus: 1\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT((cfg.memory.offload & QT_OFF_WEIGHTS) && !cfg.memory.offload_optimizer && !cfg.perf.cuda_graphs,
+              "weights only: offload %d optimizer %d graphs %d", cfg.memory.offload, cfg.memory.offload_optimizer,
+              cfg.perf.cuda_graphs);
+    QT_REQUIRE(load("memory:\n  offload: [weights, master, m, v]\nprecision:\n  matmul_dtype: e4m3\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(cfg.memory.offload_optimizer && cfg.memory.fp8_weight_cache == QT_FP8_WCACHE_NONE, "fp8 cache %d",
+              cfg.memory.fp8_weight_cache);
+    EXPECT_ERR("memory:\n  offload: [weights]\nperf:\n  cuda_graphs: true\n",
+               "t.yaml:4:3: perf.cuda_graphs: expected false with memory.offload: [weights], got \"true\": the weights "
+               "come up into weight slots picked as each micro-step runs, which a captured graph would replay stale; set "
+               "perf.cuda_graphs: false");
+    EXPECT_ERR("memory:\n  offload: [weights]\n  fp8_weight_cache: all\nprecision:\n  matmul_dtype: e4m3\n",
+               "t.yaml:3:3: memory.fp8_weight_cache: expected none with memory.offload: [weights] and "
+               "precision.matmul_dtype: e4m3, got \"all\": the GPU holds no layer's bf16 weights outside its weight slot, "
+               "so each layer is quantized from its slot at use (the same bits); give none, or leave the key out");
+    EXPECT_ERR("memory:\n  offload: [weights]\nparallel:\n  devices: [0, 0]\n",
+               "t.yaml:4:3: parallel.devices: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: "
+               "[weights]: the offloaded bf16 weights are built for one GPU; with several ranks parallel.zero: 3 shards "
+               "them instead");
+    EXPECT_ERR("parallel:\n  zero: 2\nmemory:\n  offload: [weights]\n",
+               "t.yaml:2:3: parallel.zero: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: "
+               "[weights]: the offloaded bf16 weights are built for one GPU; with several ranks parallel.zero: 3 shards "
+               "them instead");
+    const char *ow[] = {"memory.offload=[weights]", "parallel.gpus=2"};
+    QT_EXPECT(load("", ow, 2) == -1 && strstr(err, "parallel.gpus: expected one GPU"), "--set: %s", err);
     EXPECT_ERR("memory:\n  offload_optimizer: true\n  offload: [residual]\n",
                "t.yaml:2:3: memory.offload_optimizer: expected false, as memory.offload says, got true");
 }
@@ -444,8 +482,19 @@ static void randomize(uint64_t *s) {
         cfg.perf.cuda_graphs = 0;
         if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     }
-    /* memory.offload: what is built (the optimizer state whole, residual), and the older keys agreeing */
-    cfg.memory.offload &= QT_OFF_OPTIMIZER | QT_OFF_RESIDUAL;
+    /* memory.offload: what is built (the optimizer state whole, weights on one GPU, residual), and the older
+     * keys agreeing */
+    cfg.memory.offload &= QT_OFF_OPTIMIZER | QT_OFF_RESIDUAL | QT_OFF_WEIGHTS | QT_OFF_GRADIENTS;
+    if (cfg.memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)) { /* one GPU (qt_config_zero3_check) */
+        cfg.parallel.zero = cfg.parallel.shard_optimizer = 0;
+        cfg.parallel.gpus = 1;
+        memset(&cfg.parallel.devices, 0, sizeof cfg.parallel.devices);
+    }
+    if (cfg.memory.offload & QT_OFF_GRADIENTS) cfg.precision.grad_accum_dtype = QT_DT_F32;
+    if (cfg.memory.offload & QT_OFF_WEIGHTS) { /* no graphs, fp8 from the slots */
+        cfg.perf.cuda_graphs = 0;
+        if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
+    }
     if (cfg.memory.offload & QT_OFF_OPTIMIZER) cfg.memory.offload |= QT_OFF_OPTIMIZER;
     if (cfg.memory.offload) {
         cfg.memory.offload_optimizer = (cfg.memory.offload & QT_OFF_OPTIMIZER) != 0;

@@ -355,10 +355,12 @@ static int auto_pick(const char *model, const char *extra, qt_plan_choice *best,
         QT_EXPECT(x->lossy == ch[0].lossy, "bf16 master/gradients beside fp32 plans at %d", i);
     }
     *best = ch[0];
-    printf("  %-60.60s: %5d fit; mb %2d, offload_residual %d, wcache %s, master %s, grads %s, zero %d, %.1f GiB\n",
+    printf("  %-60.60s: %5d fit; mb %2d, offload_residual %d, wcache %s, master %s, grads %s, zero %d%s, %.1f GiB\n",
            extra, *n, best->micro_batch, best->offload_residual, best->fp8_weight_cache ? "none" : "all",
            best->master_dtype == QT_DT_BF16 ? "bf16" : "fp32", best->grad_accum_dtype == QT_DT_BF16 ? "bf16" : "fp32",
-           best->zero, best->gpu_bytes / 1073741824.0);
+           best->zero, best->offload_bits == (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS) ? ", weights + gradients offloaded"
+           : best->offload_bits == QT_OFF_WEIGHTS ? ", weights offloaded" : best->offload_bits ? ", gradients offloaded" : "",
+           best->gpu_bytes / 1073741824.0);
     return 0;
 }
 
@@ -372,7 +374,7 @@ static void test_auto_axes(void) {
 #define M7 "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 72, offload_optimizer: true, recompute: [ffn, norm], "
     /* 7B at micro-batch 16, recompute [ffn, norm], fp32 state, 72 GiB: smallest 73.2 GiB plain; the residuals
      * offloaded (70.3) or the fp8 weights not cached fit */
-    QT_EXPECT(auto_pick(B7, D7 M7 "offload_residual: false, fp8_weight_cache: all}\n", &b, &n) == -1,
+    QT_EXPECT(auto_pick(B7, D7 M7 "offload_residual: false, fp8_weight_cache: all, offload: []}\n", &b, &n) == -1,
               "7B mb 16 fits without either: the test proves nothing");
     QT_EXPECT(auto_pick(B7, D7 M7 "fp8_weight_cache: all}\n", &b, &n) == 0 && b.offload_residual == 1,
               "7B mb 16, weight cache all: offload_residual not chosen");
@@ -383,16 +385,27 @@ static void test_auto_axes(void) {
                             "recompute: [block]}\n", &b, &n) == 0 &&
                   !b.offload_residual && b.fp8_weight_cache == QT_FP8_WCACHE_ALL && !b.lossy,
               "7B with block recompute: a new axis taken though the plain plan fits");
-    /* 14B at 80 GiB: only bf16 gradients with the weight quants in slots fit; the master weights, offloaded,
-     * stay fp32 (bf16 only where needed) */
+    /* 14B at 80 GiB with the weights and gradients on the GPU (memory.offload: [] given): only bf16 gradients
+     * with the weight quants in slots fit; the master weights, offloaded, stay fp32 (bf16 only where needed) */
 #define D14 "data: {train: 'none_*.bin', seq_len: 1024, grad_accum: 512}\n"
 #define M14 "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80"
-    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 "}\n", &b, &n) == 0 && b.master_dtype == QT_DT_F32 &&
-                  b.grad_accum_dtype == QT_DT_BF16 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE && b.lossy == 1,
-              "14B at 80 GiB: not bf16 gradients + fp32 master + fp8_weight_cache none");
-    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 ", fp8_weight_cache: all}\n", &b, &n) == -1, "14B fits with the weight cache");
-    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 "}\n", &b, &n) == -1,
-              "14B fits with fp32 gradients");
+    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 ", offload: []}\n", &b, &n) == 0 && b.master_dtype == QT_DT_F32 &&
+                  b.grad_accum_dtype == QT_DT_BF16 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE && b.lossy == 1 &&
+                  !b.offloaded,
+              "14B at 80 GiB: not bf16 gradients + fp32 master + fp8_weight_cache none (weights on the GPU)");
+    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 ", fp8_weight_cache: all, offload: []}\n", &b, &n) == -1,
+              "14B fits with the weight cache");
+    /* left to auto, fp32 gradients with one of them offloaded win over bf16 gradients (offloading keeps the
+     * bits) */
+    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 "}\n", &b, &n) == 0 && !b.lossy && b.offloaded == 1,
+              "14B at 80 GiB: lossy %d, %d of weights and gradients offloaded", b.lossy, b.offloaded);
+    /* with fp32 gradients given, only one of memory.offload's gradients and weights items fits (the last
+     * resort: one, not both); with memory.offload given ([]: both stay on the GPU) nothing fits */
+    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 "}\n", &b, &n) == 0 && b.offloaded == 1 &&
+                  b.grad_accum_dtype == QT_DT_F32,
+              "14B with fp32 gradients at 80 GiB: %d of weights and gradients offloaded, expected 1", b.offloaded);
+    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 ", offload: []}\n", &b, &n) == -1,
+              "14B fits with fp32 gradients and the weights on the GPU");
     /* ZeRO-2 over 4 ranks: 7B at 30 GiB needs the gradients sharded */
 #define D7x "data: {train: 'none_*.bin', seq_len: 1024, grad_accum: 128}\n" P7 "parallel: {gpus: 4"
 #define M7x "}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 30}\n"
@@ -411,7 +424,7 @@ static void test_auto_axes(void) {
 }
 
 /* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes,
- * ZeRO-3's weight gathers, gradient sums through host memory. */
+ * ZeRO-3's weight gathers, the offloaded weights' copies, gradient sums through host memory. */
 static void test_auto_axes_cost(void) {
     const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
     qt_config a, b;
@@ -436,6 +449,18 @@ static void test_auto_axes_cost(void) {
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
     want = 32 * 2 * (double)(L.final_norm - L.layers[0].ln1) * 2 / 25e9;
     QT_EXPECT(fabs(d - want) < 1e-9 * want, "zero 3 charged %g s, expected %g", d, want);
+    /* offloaded weights: the layers copied up as zero 3 gathers them, the embedding and LM head once, AdamW's
+     * writes and the finiteness count's reads of the host array (2 B/param each way) */
+    b = a, b.memory.offload = QT_OFF_WEIGHTS;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    double span = (double)(L.final_norm - L.layers[0].ln1);
+    want = (32 * 2 * span * 2 + ((double)L.numel - span) * 2 + 4.0 * L.numel) / 25e9;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded weights charged %g s, expected %g", d, want);
+    /* offloaded gradients: 32 micro-steps' stores, 31 loads, the norm's and AdamW's reads and the zeroing (4 B/param) */
+    b = a, b.memory.offload = QT_OFF_GRADIENTS;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    want = (double)L.numel * 4 * (32 + 31 + 3) / 25e9;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded gradients charged %g s, expected %g", d, want);
     /* gradient sums through host memory, 4 ranks: 3/4 of the fp32 gradients once per step (ZeRO-1), every
      * micro-step (32) with ZeRO-2, half the bytes in bf16; peer is not charged */
     a.parallel.gpus = 4, a.parallel.comm = QT_COMM_PEER;

@@ -6,7 +6,7 @@
  * grad_accum micro-steps, the own slots refilled and everything invalidated after each optimizer step)
  * must let the model read every element of every unit it reads at its flat value through
  * qt_wslots_addr: the data, the head margins (from the slot below in the forward, from the cache in the
- * backward), the embedding table's tail. Models: tied and untied, 2 and 3 ranks, a table smaller than a
+ * backward), the embedding table's tail. Models: tied and untied, 1 (offloaded weights), 2 and 3 ranks, a table smaller than a
  * bucket (layer 0 in the table's own slot), prefetch on (a side stream) and off. It also counts the
  * gathers: with the prefetch, a micro-step's backward gathers only the layers below the top two. */
 #include <stdint.h>
@@ -108,7 +108,7 @@ static void test_acquire_sequences(void) {
         {301, 96, 7, 0}, {301, 96, 7, 1}, {256, 128, 5, 0}, {8192, 128, 5, 1}, {2, 64, 4, 1}, {3, 64, 3, 0},
     };
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++)
-        for (int n = 2; n <= 3; n++)
+        for (int n = 1; n <= 3; n++) /* 1: memory.offload: [weights] (copies from host, no margins) */
             for (int prefetch = 0; prefetch < 2; prefetch++) {
                 qt_model_cfg mc = {.vocab_size = models[mi].vocab, .hidden_size = models[mi].hidden,
                                    .num_layers = models[mi].layers, .num_heads = models[mi].hidden / 32, .num_kv_heads = 1,

@@ -2,7 +2,7 @@
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
-# offload_residual_bench; fp8wcache; zero; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
+# offload_residual_bench; fp8wcache; zero; offload_weights; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
 # qtrain --plan vs a real run); python; multi = multi_tests multi_scale multi_box (issue 28: several real GPUs)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
@@ -479,6 +479,18 @@ if has offload_residual_bench; then
       done
       cat "$tab"
     } 2>&1 | tee "$OUT/offload_residual_bench.log"
+fi
+# memory.offload: [weights] / [gradients] (one GPU): test_offload (7B plan rows; offloaded = on the GPU
+# bitwise over 20 steps at grad_accum 2, bf16/fp8/bf16 master/optimizer offloaded/recompute/tied/graphs;
+# resume across; the slot mutants), then their cost at 1.5B fp8 (10 steps, no CUDA graphs anywhere)
+if has offload_weights; then
+    b15w="configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set parallel.gpus=1 --set perf.cuda_graphs=false"
+    { step test_offload 1800 build/tests/test_offload
+      step offload_weights_1.5b_gpu 300 build/bench/train_bench $b15w
+      step offload_weights_1.5b_host 400 build/bench/train_bench $b15w --set "memory.offload=[weights]"
+      step offload_grads_1.5b_host 400 build/bench/train_bench $b15w --set "memory.offload=[gradients]"
+      step offload_both_1.5b_host 400 build/bench/train_bench $b15w --set "memory.offload=[weights,gradients]"
+    } 2>&1 | tee "$OUT/offload_weights.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|GiB|tokens/s|rror'
 fi
 # parallel.zero (ranks sharing one GPU, so the bits and the overheads, not scaling): test_zero (7B plan
 # rows, ZeRO-2 = ZeRO-1 bitwise over 20 steps for 2 and 3 ranks, bf16/fp8, overlap, graphs; accumulation

@@ -149,7 +149,7 @@ static const char *float_range_note(const qt_config_key *k, const char *text) {
 static const char *const plan_keys[] = {"data.micro_batch", "memory.recompute", "memory.offload_optimizer",
                                         "memory.lmhead_chunks", "memory.attn_bwd_chunks", "memory.offload_residual",
                                         "memory.fp8_weight_cache", "precision.master_dtype",
-                                        "precision.grad_accum_dtype", "parallel.zero"};
+                                        "precision.grad_accum_dtype", "parallel.zero", "memory.offload"};
 
 int qt_config_plan_key(const char *path) {
     for (size_t i = 0; i < sizeof plan_keys / sizeof plan_keys[0]; i++)
@@ -346,9 +346,45 @@ static where model_key_at(const ctx *x, const char *msg) {
     return x->first_inline >= 0 ? x->at[x->first_inline] : (where){0, 0, -1};
 }
 
-/* What parallel.zero: 3 cannot run with, NULL when nothing: *key names the key to blame. */
+/* What memory.offload: [weights] cannot run with (one GPU, no CUDA graphs, no persistent fp8 weight
+ * cache) and [gradients] (one GPU, fp32 gradients), NULL when nothing: *key names the key to blame. */
+static const char *weights_refusal(const qt_config *c, const char **key) {
+    if (c->memory.offload & QT_OFF_GRADIENTS) {
+        if (c->parallel.zero >= 2 || c->parallel.gpus > 1 || c->parallel.devices.n > 1) {
+            *key = c->parallel.zero >= 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
+            return "expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: [gradients]: the "
+                   "offloaded gradients are built for one GPU; with several ranks parallel.zero: 2 shards them instead";
+        }
+        if (c->precision.grad_accum_dtype == QT_DT_BF16) {
+            *key = "precision.grad_accum_dtype";
+            return "expected fp32 with memory.offload: [gradients], got \"bf16\": the gradient slots the backward writes "
+                   "and the host gradients are fp32";
+        }
+    }
+    if (!(c->memory.offload & QT_OFF_WEIGHTS)) return NULL;
+    if (c->parallel.zero >= 2 || c->parallel.gpus > 1 || c->parallel.devices.n > 1) {
+        *key = c->parallel.zero >= 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
+        return "expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: [weights]: the offloaded "
+               "bf16 weights are built for one GPU; with several ranks parallel.zero: 3 shards them instead";
+    }
+    if (c->perf.cuda_graphs) {
+        *key = "perf.cuda_graphs";
+        return "expected false with memory.offload: [weights], got \"true\": the weights come up into weight slots "
+               "picked as each micro-step runs, which a captured graph would replay stale; set perf.cuda_graphs: false";
+    }
+    if (c->precision.matmul_dtype == QT_DT_E4M3 && c->memory.fp8_weight_cache != QT_FP8_WCACHE_NONE) {
+        *key = "memory.fp8_weight_cache";
+        return "expected none with memory.offload: [weights] and precision.matmul_dtype: e4m3, got \"all\": the GPU "
+               "holds no layer's bf16 weights outside its weight slot, so each layer is quantized from its slot at use "
+               "(the same bits); give none, or leave the key out";
+    }
+    return NULL;
+}
+
+/* What parallel.zero: 3 (or memory.offload: [weights]) cannot run with, NULL when nothing: *key names the
+ * key to blame. */
 static const char *zero3_refusal(const qt_config *c, const char **key) {
-    if (c->parallel.zero < 3) return NULL;
+    if (c->parallel.zero < 3) return weights_refusal(c, key);
     if (c->perf.cuda_graphs) {
         *key = "perf.cuda_graphs";
         return "expected false with parallel.zero: 3, got \"true\": ZeRO-3 picks its weight slots and gathers as each "
@@ -380,10 +416,8 @@ static int offload_check(ctx *x) {
     if (opt && opt != QT_OFF_OPTIMIZER)
         return fail(x, wl, "memory.offload", "expected master, m and v together (the optimizer state is offloaded as "
                     "one today, memory.offload_optimizer: true), got only part of them");
-    if (off & (QT_OFF_GRADIENTS | QT_OFF_QUANTS | QT_OFF_WEIGHTS))
-        return fail(x, wl, "memory.offload", "expected master, m, v, residual: %s%s%sis not built yet",
-                    off & QT_OFF_GRADIENTS ? "gradients " : "", off & QT_OFF_QUANTS ? "quants " : "",
-                    off & QT_OFF_WEIGHTS ? "weights " : "");
+    if (off & QT_OFF_QUANTS)
+        return fail(x, wl, "memory.offload", "expected master, m, v, gradients, weights, residual: quants is not built yet");
     static const struct { const char *key; size_t field; int bits; } older[] = {
         {"memory.offload_optimizer", offsetof(qt_config, memory.offload_optimizer), QT_OFF_OPTIMIZER},
         {"memory.offload_residual", offsetof(qt_config, memory.offload_residual), QT_OFF_RESIDUAL}};
@@ -440,10 +474,12 @@ static int cross_check(ctx *x) {
                     "are fp32), got \"bf16\"; bf16 gradients need parallel.zero <= 1", c->parallel.zero);
     /* ZeRO-3 with fp8 matmuls quantizes each layer from its weight slot at use: the weight cache none
      * path, taken when the config does not say otherwise */
-    if (c->parallel.zero >= 3 && c->precision.matmul_dtype == QT_DT_E4M3 && !qt_config_given(c, "memory.fp8_weight_cache"))
+    int wslots = c->parallel.zero >= 3 || (c->memory.offload & QT_OFF_WEIGHTS); /* offloaded weights: the same */
+    if (wslots && c->precision.matmul_dtype == QT_DT_E4M3 && !qt_config_given(c, "memory.fp8_weight_cache"))
         c->memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     const char *zkey = NULL, *zwhy = zero3_refusal(c, &zkey);
-    if (zwhy) return fail(x, given(at_of(x, zkey)) ? at_of(x, zkey) : wz, zkey, "%s", zwhy);
+    if (zwhy) return fail(x, given(at_of(x, zkey)) ? at_of(x, zkey) : c->parallel.zero >= 3 ? wz : at_of(x, "memory.offload"),
+                          zkey, "%s", zwhy);
     if ((int64_t)c->data.micro_batch * c->data.seq_len > INT32_MAX) {
         where wm = at_of(x, "data.micro_batch");
         const char *key = given(wm) ? "data.micro_batch" : "data.seq_len";

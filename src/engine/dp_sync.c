@@ -59,6 +59,8 @@ struct qt_dp_sync {
                              * load: collectives only where every rank is sure to come) */
     int fail_rank;          /* test hook: this rank fails at its fail_gather-th gather (-1: none) */
     long fail_gather;
+    int grad_micro;         /* offloaded gradients: micro-steps of this step so far, the running one included
+                             * (the first loads nothing: the host gradients and the slots are zero) */
 };
 
 static void CUDART_CB sleep_ms(void *ms) {
@@ -122,9 +124,10 @@ static void side_follows(qt_dp_sync *d) {
 }
 
 /* The stream the bucket sums of the backward go to: the side stream, after what the model's stream has
- * enqueued so far (overlap), else the model's (ZeRO-2 without overlap: in the backward's order). */
+ * enqueued so far (overlap, offloaded gradients' stores), else the model's (ZeRO-2 without overlap: in
+ * the backward's order). */
 static cudaStream_t sums_stream(qt_dp_sync *d) {
-    if (!d->plan.overlap) return d->g->stream;
+    if (!d->plan.overlap && !d->plan.grads_host) return d->g->stream;
     side_follows(d);
     return d->side;
 }
@@ -188,6 +191,49 @@ static void slots_ready(qt_dp_sync *d, int b) {
     }
 }
 
+/* Offloaded gradients, for the buckets [b, sent) that became final: each one's slot below (the backward
+ * writes it next) waits until its shared slot's last user is stored, zeroed and loaded again (mutant 1:
+ * no wait); then, on the side stream, each final bucket's slot is stored to host; a shared slot is
+ * zeroed (mutant 5: not) and the next bucket of this backward to use it (three below) loaded into it
+ * (not in the first micro-step of a step: nothing to load), and the slot's event recorded; a slot of
+ * its own keeps what it stored, which is what the next micro-step would load (zeroed at the step's end,
+ * qt_dp_sync_reduce). The slots need no margin or tail adds: each element has one home
+ * (qt_param_grad_home). */
+static void host_grads_ready(qt_dp_sync *d, int b) {
+    qt_param_store *ps = d->ps;
+    for (int k = d->sent - 1; k >= b; k--) {
+        int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
+        if (j >= 0 && d->mutant != 1) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+    }
+    cudaStream_t cs = sums_stream(d);
+    while (d->sent > b) {
+        int k = --d->sent, j = qt_param_grad_slot_shared(ps, k);
+        if (d->sum_delay_ms) QT_CUDA(cudaLaunchHostFunc(cs, sleep_ms, &d->sum_delay_ms));
+        qt_param_grad_store(ps, k, j >= 0 && d->mutant != 5, cs); /* MUTANT 5: a shared slot not zeroed */
+        if (j < 0) continue;
+        if (d->grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j)
+            qt_param_grad_load(ps, k - QT_GRAD_SLOTS, cs);
+        QT_CUDA(cudaEventRecord(d->slot_ev[j], cs));
+    }
+    if (b == 0) {
+        d->sent = ps->shard.n_buckets;
+        QT_CUDA(cudaEventRecord(d->sums_ev, cs));
+    }
+}
+
+/* Offloaded gradients, before a micro-step (after the last one's stores, sums_wait): on the model's
+ * stream, each shared slot's first bucket of the backward (the top one using it) is loaded from host,
+ * unless this is the step's first micro-step (the own slots hold their host gradients already). */
+static void host_grads_load(qt_dp_sync *d) {
+    const qt_param_store *ps = d->ps;
+    int seen[QT_GRAD_SLOTS] = {0};
+    if (++d->grad_micro == 1) return;
+    for (int b = ps->shard.n_buckets - 1; b >= 0; b--) {
+        int j = qt_param_grad_slot_shared(ps, b);
+        if (j >= 0 && !seen[j]++) qt_param_grad_load(ps, b, d->g->stream);
+    }
+}
+
 /* grads_ready: every gradient from flat index `from` up is final on the model's stream, so the buckets
  * that became final go to the sums stream (in descending order, the same on every rank); at the end
  * (from 0) of a micro-step that left its lookups out, they follow. ZeRO-2 does this every micro-step
@@ -197,6 +243,10 @@ static void grads_ready(void *ctx, size_t from) {
     int b = qt_shard_final_from(&d->ps->shard, from), lookups = from == 0 && d->lookups_due;
     if (b < d->early) b = d->early;
     if (b >= d->sent && !lookups) return;
+    if (d->plan.grads_host) {
+        host_grads_ready(d, b);
+        return;
+    }
     if (d->plan.grads_sharded) slots_ready(d, b);
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) reduce_bucket(d, --d->sent, cs);
@@ -208,9 +258,11 @@ static void grads_ready(void *ctx, size_t from) {
     }
 }
 
-/* ZeRO-2 overlapped: the model's stream waits for the last micro-step's sums (its slots and shard). */
+/* ZeRO-2 overlapped: the model's stream waits for the last micro-step's sums (its slots and shard);
+ * offloaded gradients: for the last micro-step's stores (its slots and the host gradients). */
 static void sums_wait(qt_dp_sync *d) {
-    if (d->plan.grads_sharded && d->plan.overlap) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
+    if ((d->plan.grads_sharded && d->plan.overlap) || d->plan.grads_host)
+        QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
 }
 
 /* weights_needed: the model's stream waits for the gather of every bucket below flat index upto (one
@@ -223,19 +275,29 @@ static void weights_wait(void *ctx, size_t upto) {
     d->gathered = k;
 }
 
-/* ZeRO-3: bucket b's whole bf16 weights into dst on s, every rank's piece of it (io.gather). */
-static void z3_gather(void *ctx, int b, void *dst, cudaStream_t s) {
-    qt_dp_sync *d = ctx;
+/* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it; offloaded
+ * weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
+static void fill_bucket(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
-    size_t off, len, st;
+    size_t off, len, st, n = sh->bucket[b + 1] - sh->bucket[b];
     int rank = d->plan.rank;
     qt_shard_piece(sh, b, &off, &len, &st);
-    QT_CHECK(!(rank == d->fail_rank && ++d->gathers == d->fail_gather),
+    if (d->plan.weights_host) {
+        QT_CUDA(cudaMemcpyAsync(dst, (uint16_t *)d->ps->w + st, n * 2, cudaMemcpyHostToDevice, s));
+        return;
+    }
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, dst, (uint16_t *)d->ps->w + st, n, QT_DT_BF16, s) == 0,
+             "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
+}
+
+/* ZeRO-3 / offloaded weights: a shared weight slot's fill (io.gather), delayed on the side stream by
+ * the test hook dp_ag_delay_ms. */
+static void z3_gather(void *ctx, int b, void *dst, cudaStream_t s) {
+    qt_dp_sync *d = ctx;
+    QT_CHECK(!(d->plan.rank == d->fail_rank && ++d->gathers == d->fail_gather),
              "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->fail_gather, b);
     if (d->ag_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, dst, (uint16_t *)d->ps->w + st, sh->bucket[b + 1] - sh->bucket[b],
-                                QT_DT_BF16, s) == 0,
-             "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
+    fill_bucket(d, b, dst, s);
 }
 
 /* ZeRO-3 hooks: the forward reads the weights below upto (the unit ending there: its home bucket), the
@@ -251,27 +313,23 @@ static void z3_backward(void *ctx, size_t from) {
     qt_wslots_acquire(d->ps->wslots, &d->io, qt_wslots_home(d->ps->wslots, from), -1);
 }
 
-/* ZeRO-3: the buckets [k0, k1) with slots of their own gathered on s (the others are gathered when the
- * model acquires them); from bucket 0 on, no shared slot holds valid weights any more. */
+/* ZeRO-3 / offloaded weights: the buckets [k0, k1) with slots of their own gathered (copied up) on s
+ * (the others are filled when the model acquires them); from bucket 0 on, no shared slot holds valid
+ * weights any more. */
 static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
     qt_weight_slots *ws = d->ps->wslots;
     const qt_shard *sh = &d->ps->shard;
-    int rank = d->plan.rank;
     if (k0 == 0) qt_wslots_invalidate(ws);
     if (k1 == sh->n_buckets) d->own_due = 0;
     for (int k = k0; k < k1; k++) {
         if (!qt_wslots_own(ws, k)) continue;
-        size_t off, len, st;
-        qt_shard_piece(sh, k, &off, &len, &st);
-        QT_CHECK(qt_comm_all_gather(d->comm, rank, qt_wslots_own_data(ws, k), (uint16_t *)d->ps->w + st,
-                                    sh->bucket[k + 1] - sh->bucket[k], QT_DT_BF16, s) == 0,
-                 "rank %d: weight all-gather aborted (another rank failed)", rank);
+        fill_bucket(d, k, qt_wslots_own_data(ws, k), s);
         qt_wslots_filled(ws, k, s);
     }
 }
 
 void qt_dp_sync_reload(qt_dp_sync *d) {
-    if (d->plan.zero < 3) return;
+    if (!d->plan.wslots) return;
     qt_wslots_invalidate(d->ps->wslots);
     d->own_due = 1;
 }
@@ -279,13 +337,13 @@ void qt_dp_sync_reload(qt_dp_sync *d) {
 void qt_dp_sync_inputs(qt_dp_sync *d) { sums_wait(d); }
 
 void qt_dp_sync_join(qt_dp_sync *d) {
-    if (d->plan.zero >= 3 && d->plan.overlap) { /* every gather on the side stream */
+    if (d->plan.wslots && d->io.side != d->io.model) { /* every gather (copy up) on the side stream */
         QT_CUDA(cudaEventRecord(d->side_ev, d->side));
         QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->side_ev, 0));
     } else if (d->plan.weights_ahead) {
         weights_wait(d, SIZE_MAX);
     }
-    sums_wait(d);
+    if (!(d->plan.grads_host && d->mutant == 6)) sums_wait(d); /* MUTANT 6: see qt_dp_sync_reduce */
 }
 
 const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d) { return &d->wait_hooks; }
@@ -348,17 +406,20 @@ static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int
 
 void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     const qt_step_plan *p = &d->plan;
-    if (p->grads_sharded) last = 1; /* every micro-step sums its buckets as the backward releases them */
-    int kind = (last && (p->overlap || p->grads_sharded) ? MS_SUMS : 0) | (last && p->lookups ? MS_LOOKUPS : 0) |
+    if (p->grads_sharded || p->grads_host) last = 1; /* every micro-step sums (stores) its buckets as the backward
+                                                      * releases them */
+    if (p->grads_host) host_grads_load(d);
+    int kind = (last && (p->overlap || p->grads_sharded || p->grads_host) ? MS_SUMS : 0) | (last && p->lookups ? MS_LOOKUPS : 0) |
                (d->gathered < d->ps->shard.n_buckets ? MS_WAITS : 0);
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
     d->lookups_due = a.skip_lookups;
-    QT_CHECK(eager || p->zero < 3, "ZeRO-3 micro-steps run eagerly (perf.cuda_graphs is refused with parallel.zero: 3)");
+    QT_CHECK(eager || !p->wslots, "ZeRO-3 and offloaded-weight micro-steps run eagerly (perf.cuda_graphs is refused with "
+             "parallel.zero: 3 and memory.offload: [weights])");
     if (eager) {
-        qt_param_hooks h = {.weights_needed = p->zero >= 3 ? z3_forward : p->weights_ahead ? weights_wait : NULL,
+        qt_param_hooks h = {.weights_needed = p->wslots ? z3_forward : p->weights_ahead ? weights_wait : NULL,
                             .grads_ready = kind & MS_SUMS ? grads_ready : NULL, .embed_ready = early ? send_embedding : NULL,
-                            .ctx = d, .weights_back = p->zero >= 3 ? z3_backward : NULL};
+                            .ctx = d, .weights_back = p->wslots ? z3_backward : NULL};
         a.hooks = &h;
         qt_gpu_model_step(d->g, &a);
         return;
@@ -382,7 +443,12 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     const qt_shard *sh = &ps->shard;
     cudaStream_t s = g->stream;
     int rank = d->plan.rank;
-    if (d->plan.grads_sharded) {
+    if (d->plan.grads_host) { /* stored to host during the micro-steps; the own slots zeroed for the next step */
+        if (d->mutant != 6) sums_wait(d); /* MUTANT 6: the norm and AdamW do not wait for the last stores */
+        for (int b = 0; b < sh->n_buckets; b++)
+            if (qt_param_grad_slot_shared(ps, b) < 0) qt_param_grad_slot_zero(ps, b, s);
+        d->grad_micro = 0;
+    } else if (d->plan.grads_sharded) {
         sums_wait(d); /* summed into the shard during the micro-steps */
     } else if (d->plan.dp != QT_DP_ONE) {
         if (d->sent < sh->n_buckets) {
@@ -432,9 +498,9 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     const qt_shard *sh = &d->ps->shard;
     const qt_layout *L = d->L;
     int ahead = d->plan.weights_ahead, nl = L->cfg.num_layers, ql = 0, rank = d->plan.rank;
-    if (sh->n_ranks == 1 && !d->plan.opt_ahead) return;
+    if (sh->n_ranks == 1 && !d->plan.opt_ahead && !d->plan.wslots) return;
     cudaStream_t s = ahead ? d->side : g->stream;
-    if (d->plan.zero >= 3) { /* no whole weights to gather into: the own slots only */
+    if (d->plan.wslots) { /* no whole weights to gather into (or none on the GPU): the own slots only */
         if (k0 == 0 && sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather");
         if (ahead) side_follows(d);
         if (ahead && k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
@@ -473,7 +539,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
                       .sum_delay_ms = th->dp_sum_delay_ms, .mutant = th->zero_mutant,
                       .read_delay_ms = th->zero3_read_delay_ms, .fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
                       .fail_gather = th->dp_fail_gather};
-    d->wait_hooks = (qt_param_hooks){.weights_needed = p->zero >= 3 ? z3_forward : p->weights_ahead ? weights_wait : NULL,
+    d->wait_hooks = (qt_param_hooks){.weights_needed = p->wslots ? z3_forward : p->weights_ahead ? weights_wait : NULL,
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels took SMs ahead of
      * the backward's, slower steps on 2 x H200 (bench/RESULTS.md section 5). */
@@ -481,7 +547,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
         QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
         QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));
     }
-    if (p->grads_sharded) {
+    if (p->grads_sharded || p->grads_host) {
         for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->slot_ev[k], cudaEventDisableTiming));
         QT_CUDA(cudaEventCreateWithFlags(&d->sums_ev, cudaEventDisableTiming));
     }
@@ -490,8 +556,10 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
         QT_CHECK(d->ag_ev, "out of host memory");
         for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&d->ag_ev[k], cudaEventDisableTiming));
     }
-    if (p->zero >= 3) { /* the own slots are filled from the initial pieces at the first forward */
-        d->io = (qt_wslots_io){z3_gather, d, g->stream, p->overlap ? d->side : g->stream, d->mutant, &d->read_delay_ms};
+    if (p->wslots) { /* the own slots are filled from the initial pieces at the first forward; offloaded
+                      * weights always prefetch (copy up) on the side stream */
+        d->io = (qt_wslots_io){z3_gather, d, g->stream, p->overlap || p->weights_host ? d->side : g->stream, d->mutant,
+                               &d->read_delay_ms};
         d->own_due = 1;
     }
     for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final
@@ -511,8 +579,9 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaEventDestroy(d->side_ev));
     }
     for (int k = 0; d->plan.weights_ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
-    for (int k = 0; d->plan.grads_sharded && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
-    if (d->plan.grads_sharded) QT_CUDA(cudaEventDestroy(d->sums_ev));
+    int slots = d->plan.grads_sharded || d->plan.grads_host;
+    for (int k = 0; slots && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
+    if (slots) QT_CUDA(cudaEventDestroy(d->sums_ev));
     free(d->ag_ev);
     if (d->mutant_buf) QT_CUDA(cudaFree(d->mutant_buf));
     for (int i = 0; i < MS_KINDS; i++) {

@@ -131,7 +131,7 @@ static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
     QT_CUDA(cudaEventRecord(e->bad_ev[slot], os));
     e->bad_pending[slot] = a->t;
     if (!ahead) {
-        if (e->plan.dp != QT_DP_SHARDED && e->plan.fp8) { /* once per step: the persistent quants */
+        if (e->plan.dp != QT_DP_SHARDED && e->plan.fp8 && !e->plan.wslots) { /* once per step: the persistent quants */
             qt_gpu_model_mark(g, "fp8 quantize: weights");
             qt_fp8_quantize_weights(g->fp8, e->base.L, ps->w, 0, e->base.L->cfg.num_layers, g->stream);
         }
@@ -151,7 +151,7 @@ static long first_nonfinite(gpu_engine *e) {
         qt_shard_piece(&ps->shard, k, &off, &len, &st);
         uint16_t *h = (np = qt_shard_params(off, len, e->base.L->numel)) ? malloc(np * 2) : NULL;
         QT_CHECK(h || !np, "out of host memory");
-        if (np) QT_CUDA(cudaMemcpy(h, qt_param_w_mine(ps, off), np * 2, cudaMemcpyDeviceToHost));
+        if (np) QT_CUDA(cudaMemcpy(h, qt_param_w_mine(ps, off), np * 2, cudaMemcpyDefault)); /* maybe host (offloaded) */
         for (size_t i = 0; i < np && bad < 0; i++)
             if ((h[i] & 0x7f80u) == 0x7f80u) bad = (long)(off + i);
         free(h);
@@ -352,8 +352,8 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                      item_names[i], want, qt_dtype_name(want_dt), p ? "another size or dtype" : "none");
             return -1;
         }
-        if (i == 1 && e->plan.zero < 3) {
-            QT_CUDA(cudaMemcpyAsync(dst, p, want, cudaMemcpyHostToDevice, g->stream));
+        if (i == 1 && e->plan.zero < 3) { /* whole; offloaded weights: host to host */
+            QT_CUDA(cudaMemcpyAsync(dst, p, want, cudaMemcpyDefault, g->stream));
             continue;
         }
         if (!dst) continue; /* no master array (bf16): "weights" goes into the bf16 weights (i == 1) */
@@ -365,7 +365,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                                         cudaMemcpyDefault, g->stream));
         }
     }
-    if (e->plan.zero >= 3) qt_dp_sync_reload(e->sync); /* the fp8 abs-maxes come at each layer's forward */
+    if (e->plan.wslots) qt_dp_sync_reload(e->sync); /* the fp8 abs-maxes come at each layer's forward */
     else if (e->plan.fp8) qt_fp8_quantize_weights(g->fp8, b->L, ps->w, 0, b->L->cfg.num_layers, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     return 0;
@@ -431,7 +431,8 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     qt_shard one;
     if (rank) qt_step_plan_make(&e->plan, L, cfg, qt_comm_size(rank->comm), rank->rank, rank->shard->n_ranks > 1);
     else qt_step_plan_make(&e->plan, L, cfg, 0, 0, 0);
-    if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt); /* offloaded: AdamW bucket by bucket */
+    /* offloaded optimizer: AdamW bucket by bucket; offloaded weights / gradients: a slot per layer bucket */
+    if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt || e->plan.weights_host || e->plan.grads_host);
     qt_param_placement pl = qt_plan_placement(&e->plan, L);
     e->g = qt_gpu_model_create(L, cfg, src, rank ? rank->shard : &one, &pl, err, errlen);
     if (!e->g) {

@@ -44,13 +44,16 @@ static int get_mdt(const qt_config *c) { return c->precision.master_dtype; }
 static void set_mdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.master_dtype = v; }
 static int get_gdt(const qt_config *c) { return c->precision.grad_accum_dtype; }
 static void set_gdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.grad_accum_dtype = v; }
+#define OFF_WG (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)
+static int get_offw(const qt_config *c) { return c->memory.offload & OFF_WG; }
+static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~OFF_WG) | v; }
 static int get_zero(const qt_config *c) { return c->parallel.zero; }
 static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, c->parallel.zero = v, c->parallel.shard_optimizer = v >= 1; }
 
 /* Each axis lists its values in order of preference at equal predicted speed (the plainest first): a
  * tie keeps the earlier candidate. fp8_weight_cache is an axis only with fp8 matmuls, parallel.zero only
  * with several ranks (qt_plan_auto_enumerate narrows them). */
-enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_ORES, AX_WC, AX_MDT, AX_GDT, AX_ZERO, AX_N };
+enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_ORES, AX_WC, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_N };
 static const plan_axis AXES[AX_N] = {
     {"data.micro_batch", 0, {0}, get_mb, set_mb},
     {"memory.recompute", 4, {0, QT_RC_SWIGLU | QT_RC_NORM, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK}, get_rc, set_rc},
@@ -62,7 +65,16 @@ static const plan_axis AXES[AX_N] = {
     {"precision.master_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_mdt, set_mdt},
     {"precision.grad_accum_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_gdt, set_gdt},
     {"parallel.zero", 3, {1, 2, 3}, get_zero, set_zero},
+    {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw}, /* its gradients and
+                                                                                               * weights: one GPU only */
 };
+
+/* Offloaded weights and gradients cost PCIe bytes every micro-step: a plan with one of them is a candidate
+ * only when no plan with both on the GPU fits, one with both only when none with one fits (after the
+ * lossy rule below: offloading keeps the bits). */
+static int last_resort(const qt_config *c) {
+    return ((c->memory.offload & QT_OFF_WEIGHTS) != 0) + ((c->memory.offload & QT_OFF_GRADIENTS) != 0);
+}
 
 /* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
  * only when no plan with fp32 ones fits (see qt_plan_auto_enumerate). 0: fp32 both. */
@@ -230,6 +242,21 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
      * (an upper bound; ZeRO-1/2's one gather of all weights per step is not charged either way) */
     if (cfg->parallel.zero >= 3)
         t += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) * 2 / pr->pcie_bps;
+    /* memory.offload: [weights] (one GPU): the layers' bf16 weights copied up twice per micro-step like
+     * ZeRO-3's gathers (an upper bound), the embedding and LM-head buckets once per step, and AdamW's
+     * bf16 writes (2 B/param down) and the finiteness count's reads (2 B/param up) of the host array, plus
+     * a bf16 master's reads (2 B/param up) */
+    if (cfg->memory.offload & QT_OFF_WEIGHTS) {
+        double span = (double)(L->final_norm - L->layers[0].ln1), rest = (double)L->numel - span;
+        t += (cfg->data.grad_accum * 2 * span * 2 + rest * 2 + (double)L->numel * 2 * 2 +
+              (cfg->precision.master_dtype == QT_DT_BF16 ? (double)L->numel * 2 : 0)) / pr->pcie_bps;
+    }
+    /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's fp32 gradients to host and,
+     * but the first, loads them first (4 B/param each way; an upper bound: the embedding and LM-head
+     * buckets keep theirs on the GPU within a step); the norm and AdamW read them and the zeroing writes
+     * them once per step (3 x 4 B/param) */
+    if (cfg->memory.offload & QT_OFF_GRADIENTS)
+        t += (double)L->numel * 4 * (2.0 * cfg->data.grad_accum - 1 + 3) / pr->pcie_bps;
     /* Gradient sums through host memory (parallel.comm host / host_wc: boards without P2P): each GPU moves
      * (n-1)/n of the gradients (4 B/param, 2 with reduce_dtype bf16) per sum, once per step with ZeRO-0/1
      * but every micro-step with ZeRO-2/3 (they reduce-scatter as the backward goes); charged at the
@@ -260,6 +287,7 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
     cfg->precision.grad_accum_dtype = c->grad_accum_dtype;
     cfg->parallel.zero = c->zero;
     cfg->parallel.shard_optimizer = c->zero >= 1;
+    cfg->memory.offload = (cfg->memory.offload & ~OFF_WG) | c->offload_bits;
 }
 
 static int by_speed(const void *a, const void *b) {
@@ -280,6 +308,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
     if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
     if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
+    else ax[AX_OFFW].n = 1, ax[AX_OFFW].v[0] = get_offw(cfg); /* offloaded weights, gradients: one GPU only */
     for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
         QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
         if (qt_config_given(cfg, ax[a].key))
@@ -307,7 +336,8 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                 out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
                                               c.memory.offload_optimizer, c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
                                               c.memory.offload_residual, c.memory.fp8_weight_cache, c.precision.master_dtype,
-                                              c.precision.grad_accum_dtype, c.parallel.zero, lossy(&c), count,
+                                              c.precision.grad_accum_dtype, c.parallel.zero, last_resort(&c),
+                                              get_offw(&c), lossy(&c), count,
                                               rp.gpu_bytes, rp.host_bytes, s,
                                               (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};
                 count++;
@@ -322,10 +352,14 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                        "%.2f GiB (the host: %s); give fewer keys as constraints, or see qtrain --plan", cfg->path,
                        smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
                        gpu_cap / 1073741824.0, what);
-    int least = 2, kept = 0; /* bf16 master / gradients only where no plan with fp32 ones fits */
+    /* bf16 master / gradients only where no plan with fp32 ones fits (the numerics first: offloading is
+     * bitwise); then offloaded weights / gradients only where no plan with fewer of them fits */
+    int fewest = 2, least = 2, kept = 0;
     for (int i = 0; i < count; i++) least = out[i].lossy < least ? out[i].lossy : least;
     for (int i = 0; i < count; i++)
-        if (out[i].lossy == least) out[kept++] = out[i];
+        if (out[i].lossy == least) fewest = out[i].offloaded < fewest ? out[i].offloaded : fewest;
+    for (int i = 0; i < count; i++)
+        if (out[i].offloaded == fewest && out[i].lossy == least) out[kept++] = out[i];
     count = kept;
     qsort(out, (size_t)count, sizeof *out, by_speed);
     *n = count;
@@ -335,11 +369,13 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
 static void print_choice(const char *tag, const qt_plan_choice *c, const qt_config *cfg) {
     char rc[64];
     printf("  %-6s micro_batch %2d x grad_accum %3d, recompute [%s], offload_optimizer %s, offload_residual %s, "
-           "fp8_weight_cache %s, lmhead_chunks %2d, attn_bwd_chunks %d, zero %d: %.2f GiB GPU, %.1f GiB host, "
+           "fp8_weight_cache %s, lmhead_chunks %2d, attn_bwd_chunks %d, zero %d%s: %.2f GiB GPU, %.1f GiB host, "
            "%.0f tokens/s predicted\n",
            tag, c->micro_batch, c->grad_accum, qt_act_recompute_names(qt_act_recompute_resolve(c->recompute), rc, sizeof rc),
            c->offload_optimizer ? "true" : "false", c->offload_residual ? "true" : "false",
            c->fp8_weight_cache == QT_FP8_WCACHE_NONE ? "none" : "all", c->lmhead_chunks, c->attn_bwd_chunks, c->zero,
+           c->offload_bits == OFF_WG ? ", weights and gradients offloaded" : c->offload_bits == QT_OFF_WEIGHTS ? ", weights offloaded"
+           : c->offload_bits ? ", gradients offloaded" : "",
            c->gpu_bytes / 1073741824.0, c->host_bytes / 1073741824.0, c->tokens_per_s);
     int chose = (c->master_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.master_dtype")) ||
                 (c->grad_accum_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.grad_accum_dtype"));

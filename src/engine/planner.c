@@ -17,7 +17,7 @@ qt_param_placement qt_plan_placement(const qt_step_plan *p, const qt_layout *L) 
     size_t chunk = qt_test_hooks_get()->offload_chunk;
     return (qt_param_placement){p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, p->zero,
                                 p->opt_ahead, p->reduce_bf16, chunk ? chunk : QT_GPU_OPTIM_CHUNK,
-                                p->grads_sharded && p->lookups && L->lm_head != L->embed};
+                                p->grads_sharded && p->lookups && L->lm_head != L->embed, p->weights_host, p->grads_host};
 }
 
 /* The ranks engine_create (setup.c) starts, and how many share the busiest GPU: 0, or -1 with err. */
@@ -44,7 +44,7 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
     qt_shard sh;
     qt_step_plan_make(&sp, L, cfg, n > 1 ? n : 0, 0, sharded);
     if (n > 1) qt_shard_init(&sh, L, sharded ? n : 1, 0, cfg->parallel.overlap_comm || sharded); /* as engine_dp.c */
-    else qt_shard_init(&sh, L, 1, 0, sp.offload_opt);
+    else qt_shard_init(&sh, L, 1, 0, sp.offload_opt || sp.weights_host || sp.grads_host); /* as engine_gpu.c */
     qt_param_placement pl = qt_plan_placement(&sp, L);
     qt_mem_plan one;
     if (qt_gpu_model_plan(L, cfg, &sh, &pl, &one, err, errlen)) return -1;

@@ -13,11 +13,14 @@ void qt_step_plan_make(qt_step_plan *p, const qt_layout *L, const qt_config *cfg
     p->zero = p->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
     p->rank = rank;
     p->offload_opt = cfg->memory.offload_optimizer;
+    p->weights_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_WEIGHTS) != 0; /* refused with ranks (setup.c) */
+    p->wslots = p->zero >= 3 || p->weights_host;
+    p->grads_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_GRADIENTS) != 0;
     p->overlap = p->dp != QT_DP_ONE && cfg->parallel.overlap_comm;
     p->grads_sharded = p->zero >= 2;
     p->opt_ahead = p->dp == QT_DP_ONE && p->offload_opt;
     p->weights_ahead = (p->dp == QT_DP_SHARDED && p->overlap) || p->opt_ahead;
-    p->side_stream = p->dp != QT_DP_ONE || p->opt_ahead;
+    p->side_stream = p->dp != QT_DP_ONE || p->opt_ahead || p->weights_host || p->grads_host;
     p->lookups = p->dp == QT_DP_SHARDED && qt_gpu_model_lookups_pay(L, cfg, n_ranks);
     p->reduce_bf16 = p->dp != QT_DP_ONE && cfg->parallel.reduce_dtype == QT_DT_BF16;
     p->graphs = cfg->perf.cuda_graphs;

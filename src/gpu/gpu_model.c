@@ -110,9 +110,10 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
 }
 
 static void *Wp(const qt_gpu_model *g, size_t off) { return qt_param_w(g->ps, off); }
-/* ZeRO-3: the rank keeps only its pieces of the bf16 weights; a layer's come whole into a weight slot
- * when it is acquired (forward and backward), and fp8 quantizes them from there (weight cache none). */
-static int zero3(const qt_gpu_model *g) { return g->ps->place.zero >= 3; }
+/* ZeRO-3: the rank keeps only its pieces of the bf16 weights; offloaded weights (w_host): they live in
+ * host memory. Either way a layer's come whole into a weight slot when it is acquired (forward and
+ * backward), and fp8 quantizes them from there (weight cache none). */
+static int from_slots(const qt_gpu_model *g) { return g->ps->place.zero >= 3 || g->ps->place.w_host; }
 /* Weight gradients: every writer below accumulates ("+=") into them in the store's grad_dt (fp32, or bf16
  * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums). */
 static void *Gp(const qt_gpu_model *g, size_t off) { return qt_param_g(g->ps, off); }
@@ -231,7 +232,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->precision.grad_dtype, (qt_fp8_wcache)cfg->memory.fp8_weight_cache,
                                g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
-        if (!zero3(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
+        if (!from_slots(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
     return g;
@@ -373,7 +374,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
 #define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
     if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
-    if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0, zero3(g));
+    if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0, from_slots(g));
     if (fwd || redo & QT_RC_NORM) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
@@ -509,7 +510,7 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a) {
     /* without persistent quants the fp8 weights are rebuilt for every micro-batch (ZeRO-3: their abs-max
      * is taken at each layer's forward anyway) */
-    if (g->fp8_fwd && !g->cfg->precision.persistent_quants && !zero3(g)) {
+    if (g->fp8_fwd && !g->cfg->precision.persistent_quants && !from_slots(g)) {
         qt_param_acquire_weights(g->ps, a->hooks, g->L->numel);
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, g->L, g->ps->w, 0, g->L->cfg.num_layers, g->stream);

@@ -7,7 +7,20 @@
  * Offloaded (QT_OPT_STATE_HOST), master, m and v sit back to back in one pinned allocation; qt_gpu_optim
  * streams them through the device slots carved here. Host weights come up in stage_n pieces through a
  * small fp32 staging buffer and are cast to bf16 on the device (RNE, the same bits as one cast of the
- * whole array), so no gradient or weight buffer ever doubles as staging. */
+ * whole array), so no gradient or weight buffer ever doubles as staging.
+ *
+ * Offloaded weights (w_host, one GPU): w is the whole bf16 array in pinned host memory, mapped (unified
+ * addressing: kernels read and write it through its host address). The model reads each bucket from a
+ * weight slot that dp_sync.c fills with an H2D copy of it (the slots of ZeRO-3, qt_weight_slots.h);
+ * AdamW (on the GPU, offloaded state or not) writes the new bf16 weights straight into w over PCIe, 2
+ * bytes per parameter, and reads them there with a bf16 master.
+ *
+ * Offloaded gradients (g_host, one GPU): grad is the whole fp32 array in pinned host memory (mapped);
+ * the backward writes ZeRO-2's gradient slots (qt_param_g), each loaded from grad before its bucket is
+ * written (H2D, but in a step's first micro-step, when both are zero; a slot of its own keeps what it
+ * stored instead) and stored back after (D2H) by dp_sync.c. A writer then adds into exactly the value it would find in a whole array, so every
+ * accumulation (the GEMMs' beta = 1, a tied table written twice, split LM-head chunks) rounds as on the
+ * GPU. The norm and AdamW read grad where it is. */
 #include "qt_param_store.h"
 
 #include <stdio.h>
@@ -20,12 +33,16 @@
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
+/* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
+static int slots(const qt_param_store *ps) { return ps->place.zero >= 3 || ps->place.w_host; }
 static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
 
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen) {
     QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
              pl->zero, sh->n_ranks);
+    QT_CHECK(!(pl->w_host || pl->g_host) || sh->n_ranks == 1, "parameter store: offloaded weights or gradients on a shard "
+             "of %d ranks", sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
@@ -36,14 +53,15 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
-    if (pl->zero >= 3) ps->wslots = qt_wslots_create(L, sh);
-    if (pl->zero >= 2) {
+    if (pl->zero >= 3 || pl->w_host) ps->wslots = qt_wslots_create(L, sh);
+    if (pl->zero >= 2 || pl->g_host) {
         ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
         ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
         QT_CHECK(ps->grad_slot && ps->cross_at, "out of host memory");
         ps->grad_margin = 64 * (size_t)sh->n_ranks;
         if (find_crossings(ps, err, errlen)) {
-            snprintf(err + strlen(err), errlen - strlen(err), " (%s: parallel.zero: %d)", cfg->path, pl->zero);
+            snprintf(err + strlen(err), errlen - strlen(err), " (%s: %s)", cfg->path,
+                     pl->g_host ? "memory.offload: [gradients]" : pl->zero == 2 ? "parallel.zero: 2" : "parallel.zero: 3");
             qt_param_store_free(ps);
             return NULL;
         }
@@ -58,6 +76,37 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
 }
 
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
+    if (ps->place.w_host) {
+        size_t bytes = ps->shard.total * 2;
+        if (cudaHostAlloc(&ps->w, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ps->w = NULL;
+            return qt_errf(err, errlen, "%s: memory.offload: [weights]: %.2f GiB of pinned host memory for the bf16 "
+                           "weights could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
+                           "memory.host_limit_gib to what the host can pin, or keep the weights on the GPU",
+                           cfg->path, bytes / 1073741824.0);
+        }
+        void *dev = NULL; /* kernels (AdamW, the upload's cast) use the host address itself */
+        QT_CUDA(cudaHostGetDevicePointer(&dev, ps->w, 0));
+        QT_CHECK(dev == ps->w, "memory.offload: [weights] needs unified addressing (the pinned weights' device address "
+                 "%p differs from their host address %p)", dev, ps->w);
+        memset(ps->w, 0, bytes); /* the padding stays zero */
+    }
+    if (ps->place.g_host) {
+        size_t bytes = ps->shard.total * 4;
+        if (cudaHostAlloc(&ps->grad, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ps->grad = NULL;
+            return qt_errf(err, errlen, "%s: memory.offload: [gradients]: %.2f GiB of pinned host memory for the fp32 "
+                           "gradients could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
+                           "memory.host_limit_gib to what the host can pin, or keep the gradients on the GPU",
+                           cfg->path, bytes / 1073741824.0);
+        }
+        void *dev = NULL; /* the norm, AdamW and the zeroing kernels use the host address itself */
+        QT_CUDA(cudaHostGetDevicePointer(&dev, ps->grad, 0));
+        QT_CHECK(dev == ps->grad, "memory.offload: [gradients] needs unified addressing");
+        memset(ps->grad, 0, bytes);
+    }
     if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
     size_t ns = ps->shard.len, b0 = ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0;
     size_t b1 = qt_mem_aligned(ns * qt_dtype_size(ps->m_dt));
@@ -81,10 +130,13 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     if (zero3(ps)) { /* ZeRO-3: the rank's pieces, and the slots the model reads whole buckets from */
         ps->w = qt_mem_plan_carve(p, "weights (bf16 shard)", ns * 2);
         qt_wslots_carve(ps->wslots, p);
+    } else if (ps->place.w_host) { /* w itself: qt_param_store_alloc_host */
+        qt_mem_plan_host(p, "weights (bf16, offloaded)", n * 2);
+        qt_wslots_carve(ps->wslots, p);
     } else {
         ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
     }
-    if (ps->place.zero >= 2) carve_grad_slots(ps, p);
+    if (ps->place.zero >= 2 || ps->place.g_host) carve_grad_slots(ps, p);
     else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
                                       n * qt_dtype_size(ps->grad_dt));
     if (ps->place.opt == QT_OPT_STATE_HOST) {
@@ -170,7 +222,8 @@ static int find_crossings(qt_param_store *ps, char *err, size_t errlen) {
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
     const qt_shard *sh = &ps->shard;
     size_t M = ps->grad_margin, big = 0;
-    ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
+    if (ps->place.g_host) qt_mem_plan_host(p, "gradients (fp32, offloaded)", sh->total * 4); /* alloc_host */
+    else ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
     for (int b = 0; b < sh->n_buckets; b++)
         if (qt_param_grad_slot_shared(ps, b) >= 0 && sh->bucket[b + 1] - sh->bucket[b] > big)
             big = sh->bucket[b + 1] - sh->bucket[b];
@@ -190,6 +243,32 @@ void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s) {
     if (at == SIZE_MAX) return;
     qt_add_inplace(ps->grad_slot[b - 1] + (at - ps->shard.bucket[b - 1]), QT_DT_F32, ps->grad_slot[b] - (B - at), QT_DT_F32,
                    B - at, s);
+}
+
+void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi) {
+    const qt_shard *sh = &ps->shard;
+    *lo = ps->cross_at[b] != SIZE_MAX ? ps->cross_at[b] : sh->bucket[b];
+    *hi = b + 1 < sh->n_buckets && ps->cross_at[b + 1] != SIZE_MAX ? ps->cross_at[b + 1] : sh->bucket[b + 1];
+    if (b == 0) *hi += ps->tail_n; /* the table's tail: bucket 0's tail margin */
+    if (b == 1) *lo += ps->tail_n;
+}
+
+/* Where flat element x sits in bucket b's slot (x in its home). */
+static float *slot_at(const qt_param_store *ps, int b, size_t x) {
+    return ps->grad_slot[b] + ((ptrdiff_t)x - (ptrdiff_t)ps->shard.bucket[b]);
+}
+
+void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s) {
+    size_t lo, hi;
+    qt_param_grad_home(ps, b, &lo, &hi);
+    if (hi > lo) QT_CUDA(cudaMemcpyAsync(slot_at(ps, b, lo), (float *)ps->grad + lo, (hi - lo) * 4, cudaMemcpyHostToDevice, s));
+}
+
+void qt_param_grad_store(const qt_param_store *ps, int b, int zero, cudaStream_t s) {
+    size_t lo, hi;
+    qt_param_grad_home(ps, b, &lo, &hi);
+    if (hi > lo) QT_CUDA(cudaMemcpyAsync((float *)ps->grad + lo, slot_at(ps, b, lo), (hi - lo) * 4, cudaMemcpyDeviceToHost, s));
+    if (zero) qt_param_grad_slot_zero(ps, b, s);
 }
 
 int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s) {
@@ -214,7 +293,7 @@ int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
 float *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
 
 void *qt_param_g(const qt_param_store *ps, size_t off) {
-    if (ps->place.zero < 2) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
+    if (ps->place.zero < 2 && !ps->place.g_host) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
     const size_t *bk = ps->shard.bucket;
     int lo = 0, hi = ps->shard.n_buckets - 1; /* the last bucket with bk[b] <= off */
     while (lo < hi) {
@@ -236,11 +315,11 @@ void *qt_param_grad_piece(const qt_param_store *ps, int b) {
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
     size_t n = ps->L->numel;
-    if (ps->place.zero >= 2) { /* fp32 shard (zero 2 refuses bf16 gradients) */
+    if (ps->place.zero >= 2 || ps->place.g_host) { /* fp32 shard, or offloaded (both refuse bf16 gradients) */
         for (int k = 0; k < ps->shard.n_buckets; k++) {
             size_t off, len, st;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);
-            QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, qt_shard_params(off, len, n) * 4, cudaMemcpyDeviceToHost));
+            QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, qt_shard_params(off, len, n) * 4, cudaMemcpyDefault));
         }
         return;
     }
@@ -318,7 +397,8 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     const qt_shard *sp = &ps->shard;
     size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
     int host = ps->place.opt == QT_OPT_STATE_HOST, rc = 0;
-    qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero */
+    if (!ps->place.w_host) qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero (w_host:
+                                                                                * zeroed at allocation) */
     if (!host) {
         if (ps->master) qt_zero(ps->master, ns * 4, s);
         qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
@@ -342,15 +422,15 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     QT_CUDA(cudaStreamSynchronize(s));
     free(buf);
     if (rc) return -1;
-    if (ps->place.zero >= 2) {
-        qt_zero(ps->grad, ns * 4, s); /* fp32 */
+    if (ps->place.zero >= 2 || ps->place.g_host) {
+        if (!ps->place.g_host) qt_zero(ps->grad, ns * 4, s); /* fp32 (offloaded: zeroed at allocation) */
         for (int b = 0; b < sp->n_buckets; b++)
             if (ps->grad_slot[b]) qt_param_grad_slot_zero(ps, b, s);
     } else {
         qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
     make_optimizer(ps, cfg);
-    if (zero3(ps)) qt_wslots_start(ps->wslots);
+    if (slots(ps)) qt_wslots_start(ps->wslots);
     return 0;
 }
 
@@ -359,13 +439,15 @@ void qt_param_store_free(qt_param_store *ps) {
     qt_gpu_optim_free(ps->opt);
     qt_wslots_free(ps->wslots);
     if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
+    if (ps->place.w_host && ps->w) QT_CUDA(cudaFreeHost(ps->w));
+    if (ps->place.g_host && ps->grad) QT_CUDA(cudaFreeHost(ps->grad));
     free(ps->grad_slot);
     free(ps->cross_at);
     free(ps);
 }
 
-/* ZeRO-3: the hooks gather into the weight slots (dp_sync.c); every other placement keeps the whole
- * weights on this GPU and the hooks only wait for their updates. */
+/* ZeRO-3 and w_host: the hooks gather or copy into the weight slots (dp_sync.c); every other placement
+ * keeps the whole weights on this GPU and the hooks only wait for their updates. */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto) {
     (void)ps;
     if (h && h->weights_needed) h->weights_needed(h->ctx, upto);
@@ -377,7 +459,7 @@ void qt_param_acquire_weights_back(const qt_param_store *ps, const qt_param_hook
 }
 
 void *qt_param_w(const qt_param_store *ps, size_t off) {
-    return zero3(ps) ? qt_wslots_addr(ps->wslots, off) : (char *)ps->w + off * 2;
+    return slots(ps) ? qt_wslots_addr(ps->wslots, off) : (char *)ps->w + off * 2;
 }
 
 void *qt_param_w_mine(const qt_param_store *ps, size_t off) {
@@ -425,7 +507,8 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
     size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
-    if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
+    if (ps->place.g_host) qt_fill((float *)ps->grad + lo, QT_DT_F32, 0.0f, hi - lo, s); /* host: a kernel, not a memset */
+    else if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
     else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
 }
 
@@ -437,7 +520,7 @@ static void master_values(const qt_param_store *ps, float *dst, size_t off, size
     }
     uint16_t *h = malloc(n * 2 + 1);
     QT_CHECK(h, "out of host memory (%zu bf16 weights)", n);
-    QT_CUDA(cudaMemcpy(h, qt_param_w_mine(ps, off), n * 2, cudaMemcpyDeviceToHost));
+    QT_CUDA(cudaMemcpy(h, qt_param_w_mine(ps, off), n * 2, cudaMemcpyDefault)); /* w_host: in host memory */
     for (size_t i = 0; i < n; i++) dst[i] = qt_bf16_to_f32(h[i]);
     free(h);
 }

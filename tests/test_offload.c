@@ -1,0 +1,452 @@
+/* test_offload.c — memory.offload: [weights] and [gradients] on one GPU: the bf16 weights in pinned host
+ * memory, read through ZeRO-3's weight slots (each bucket copied up on the side stream as the model
+ * reaches it); the fp32 gradients in pinned host memory, written through ZeRO-2's gradient slots (each
+ * loaded from host before its bucket is written, stored back after); both with the on-GPU bits.
+ *
+ * CPU (no GPU needed): the plan of Qwen2.5-7B on one GPU: the device row "weights (bf16)" (numel x 2
+ * bytes) leaves, the host row "weights (bf16, offloaded)" (padded numel x 2) and the device rows
+ * "weight slots (layers)" (2 shared slots of the largest layer bucket and the head-margin cache) and
+ * "weight slots (emb/head)" (the embedding and untied LM-head buckets) come; every other row stays, and
+ * qtrain --plan (qt_plan_run) shows the same rows. The config refusals live in test_config.
+ * GPU (skips without one): a 5-layer model trains 20 steps at grad_accum 2; every logged loss and
+ * gradient norm and the final checkpoint's weights, bf16 weights, m and v must be the same bytes with
+ * the weights offloaded as without — bf16, fp8 (each layer quantized from its slot against the persistent
+ * fp8 cache), a bf16 master (AdamW reads and writes the host weights in place), the optimizer state
+ * offloaded too (chunks of 1000), block recompute. A run stopped at step 10 with the weights offloaded
+ * and resumed without (and the other way) ends with the uninterrupted run's bits. Mutants (test hooks,
+ * qt_weight_slots.h): a slot copied into before its last reader ran (reads delayed), a slot read without
+ * waiting for its copy (copies delayed) must change the bits.
+ * Gradients — CPU: the 7B rows (host "gradients (fp32, offloaded)", device gradient slots), the slot
+ * homes (each element written at one place, which load and store move); GPU: offloaded = on the GPU
+ * bitwise at grad_accum 2 (bf16, fp8, CUDA graphs, tied, optimizer offloaded, and everything offloaded
+ * at once in bf16, fp8 and bf16 master + block recompute); mutants: a slot written before its store and
+ * reload (stores delayed), a shared slot not zeroed after its store, the norm and AdamW before the last
+ * stores (stores delayed). Autotuning off: every run multiplies with the same algorithms. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "qt_ckpt.h"
+#include "qt_config.h"
+#include "qt_device.h"
+#include "qt_engine.h"
+#include "qt_gpu_model.h"
+#include "qt_mem_plan.h"
+#include "qt_model.h"
+#include "qt_param_store.h"
+#include "qt_partition.h"
+#include "qt_planner.h"
+#include "qt_test.h"
+#include "qt_test_data.h"
+#include "qt_test_hooks.h"
+#include "qt_train.h"
+
+enum { STEPS = 20 };
+static char g_dir[256];
+#define MODEL "model: {vocab_size: 256, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n" \
+              "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
+#define TIED "model: {vocab_size: 8192, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n" \
+             "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: true}\n"
+static const char *g_model = MODEL;
+static int g_graphs; /* perf.cuda_graphs of the runs */
+#define FP8 "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}\n"
+
+typedef struct {
+    float loss[STEPS], gn[STEPS];
+    char ckpt[512];
+} run_out;
+
+/* ---- CPU: the memory plan ---- */
+
+static size_t row(const qt_mem_plan *p, const char *kind) {
+    size_t b = 0;
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->row[i].kind, kind)) b += p->row[i].bytes;
+    return b;
+}
+
+static void test_plan_7b_weights(void) {
+    qt_config cfg[2];
+    char err[512];
+    const char *o[2][3] = {{"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[master, m, v]"},
+                           {"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[weights, master, m, v]"}};
+    static qt_run_plan rp[2];
+    qt_layout L;
+    qt_weight_src src;
+    for (int k = 0; k < 2; k++) {
+        QT_REQUIRE(qt_config_load(&cfg[k], "configs/qwen2.5-7b-bf16.yaml", o[k], 3, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_model_layout(&cfg[k], &L, &src, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_plan_run(&L, &cfg[k], 1, 1, &rp[k], err, sizeof err) == 0, "%s", err);
+        if (k == 0) qt_layout_free(&L);
+    }
+    QT_EXPECT(cfg[1].memory.offload_optimizer, "the list sets offload_optimizer");
+    QT_EXPECT(cfg[0].memory.offload_optimizer, "the 7B config offloads its optimizer state");
+    const double G = 1073741824.0;
+    size_t total = (L.numel + 63) / 64 * 64, w0 = row(&rp[0].mem, "weights (bf16)"), w1 = row(&rp[1].mem, "weights (bf16)");
+    size_t host = row(&rp[1].mem, "weights (bf16, offloaded)"), sl = row(&rp[1].mem, "weight slots (layers)"),
+           se = row(&rp[1].mem, "weight slots (emb/head)");
+    printf("  7B, one GPU: weights on the GPU %.2f GiB; offloaded: host %.2f GiB, layer slots %.3f GiB, emb/head slots "
+           "%.3f GiB; GPU total %.2f -> %.2f GiB, host %.2f -> %.2f GiB\n", w0 / G, host / G, sl / G, se / G,
+           rp[0].gpu_bytes / G, rp[1].gpu_bytes / G, rp[0].host_bytes / G, rp[1].host_bytes / G);
+    QT_EXPECT(w0 == qt_mem_aligned(total * 2) && w1 == 0, "weights row %zu / %zu", w0, w1);
+    QT_EXPECT(host == total * 2 && row(&rp[0].mem, "weights (bf16, offloaded)") == 0, "host row %zu, expected %zu", host,
+              total * 2);
+    QT_EXPECT(sl > 0 && se > 0 && row(&rp[0].mem, "weight slots (layers)") == 0, "slot rows %zu %zu", sl, se);
+    /* a layer bucket of 7B is ~233M elements: two of them (x 2 bytes) plus margins, well under a tenth of w */
+    size_t layer = (size_t)(L.layers[1].ln1 - L.layers[0].ln1);
+    QT_EXPECT(sl >= 2 * layer * 2 && sl < 2 * layer * 2 + ((size_t)64 << 20), "layer slots %zu for layers of %zu", sl, layer);
+    QT_EXPECT(se >= (size_t)L.cfg.vocab_size * L.cfg.hidden_size * 2 * 2, "emb/head slots %zu", se);
+    QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == w0 - sl - se, "the GPU saves %zu bytes, expected %zu",
+              rp[0].gpu_bytes - rp[1].gpu_bytes, w0 - sl - se);
+    QT_EXPECT(rp[1].host_bytes - rp[0].host_bytes == host, "the host grows by %zu, expected %zu",
+              rp[1].host_bytes - rp[0].host_bytes, host);
+    qt_layout_free(&L);
+}
+
+/* 7B on one GPU with the gradients offloaded: the device row "gradients (fp32)" (padded numel x 4) leaves,
+ * the host row "gradients (fp32, offloaded)" (the same bytes) and ZeRO-2's slot rows come (three of the
+ * largest layer bucket, the LM head's and embedding's own, each with 2 x 64 elements of margins). */
+static void test_plan_7b_gradients(void) {
+    qt_config cfg[2];
+    char err[512];
+    const char *o[2][3] = {{"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[master, m, v]"},
+                           {"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[gradients, master, m, v]"}};
+    static qt_run_plan rp[2];
+    qt_layout L;
+    qt_weight_src src;
+    for (int k = 0; k < 2; k++) {
+        QT_REQUIRE(qt_config_load(&cfg[k], "configs/qwen2.5-7b-bf16.yaml", o[k], 3, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_model_layout(&cfg[k], &L, &src, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_plan_run(&L, &cfg[k], 1, 1, &rp[k], err, sizeof err) == 0, "%s", err);
+        if (k == 0) qt_layout_free(&L);
+    }
+    const double G = 1073741824.0;
+    size_t total = (L.numel + 63) / 64 * 64, g0 = row(&rp[0].mem, "gradients (fp32)");
+    size_t host = row(&rp[1].mem, "gradients (fp32, offloaded)"), sl = row(&rp[1].mem, "gradient slots (layers)"),
+           se = row(&rp[1].mem, "gradient slots (emb/head)");
+    printf("  7B, one GPU: gradients on the GPU %.2f GiB; offloaded: host %.2f GiB, layer slots %.3f GiB, emb/head slots "
+           "%.3f GiB; GPU total %.2f -> %.2f GiB\n", g0 / G, host / G, sl / G, se / G, rp[0].gpu_bytes / G,
+           rp[1].gpu_bytes / G);
+    QT_EXPECT(g0 == qt_mem_aligned(total * 4) && row(&rp[1].mem, "gradients (fp32)") == 0, "gradient rows %zu", g0);
+    QT_EXPECT(host == total * 4, "host row %zu, expected %zu", host, total * 4);
+    size_t layer = (size_t)(L.layers[1].ln1 - L.layers[0].ln1);
+    QT_EXPECT(sl >= 3 * layer * 4 && sl < 3 * (layer + 256) * 4 + 4096, "layer slots %zu for layers of %zu", sl, layer);
+    QT_EXPECT(se >= (size_t)L.cfg.vocab_size * L.cfg.hidden_size * 4 * 2, "emb/head slots %zu", se);
+    QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == g0 - sl - se, "the GPU saves %zu bytes, expected %zu",
+              rp[0].gpu_bytes - rp[1].gpu_bytes, g0 - sl - se);
+    QT_EXPECT(rp[1].host_bytes - rp[0].host_bytes == host, "the host grows by %zu", rp[1].host_bytes - rp[0].host_bytes);
+    qt_layout_free(&L);
+}
+
+/* The slot map of offloaded gradients without a GPU (the store carved at a fake base), one rank: the
+ * slots' homes cut [0, total) in order without overlap, each within its slot (margins included; on one
+ * rank they are exactly the buckets), and every tensor the backward writes lands, from qt_param_g of its
+ * start, at its elements' home places: so loading a home before the backward and storing it after
+ * reproduces a whole array's accumulation, whatever its writers do. */
+static void test_grad_homes(void) {
+    for (int tie = 0; tie < 2; tie++)
+        for (int V = 301; V <= 9001; V += 8700) {
+            qt_model_cfg mc = {.vocab_size = V, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
+                               .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
+                               .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
+            qt_model_cfg_finish(&mc);
+            char err[256];
+            qt_layout L;
+            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+            qt_config cfg;
+            qt_config_defaults(&cfg);
+            qt_shard sh;
+            qt_shard_init(&sh, &L, 1, 0, 1);
+            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, QT_GPU_OPTIM_CHUNK, 0, 0, 1};
+            qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
+            QT_REQUIRE(ps, "%s", err);
+            qt_mem_plan p;
+            qt_mem_plan_begin(&p, NULL);
+            qt_param_store_carve(ps, &p);
+            char *base = malloc(p.off); /* addresses only */
+            QT_REQUIRE(base, "out of memory");
+            qt_mem_plan_begin(&p, base);
+            qt_param_store_carve(ps, &p);
+            int bad = 0, nb = sh.n_buckets;
+            size_t prev = 0, M = ps->grad_margin, lo[QT_SHARD_MAX_BUCKETS], hi[QT_SHARD_MAX_BUCKETS];
+            for (int b = 0; b < nb; b++) {
+                qt_param_grad_home(ps, b, &lo[b], &hi[b]);
+                bad += lo[b] != prev || hi[b] < lo[b] || lo[b] + M < sh.bucket[b] || hi[b] > sh.bucket[b + 1] + M;
+                prev = hi[b];
+            }
+            bad += prev != sh.total;
+            /* the place qt_param_g gives each tensor's first and last element (written from its start) */
+            for (int i = 0; i < L.n_tensors; i++) {
+                const qt_tensor *t = &L.tensors[i];
+                size_t e = t->offset + t->numel - 1;
+                int hb = 0, he = 0;
+                while (hb < nb - 1 && hi[hb] <= t->offset) hb++;
+                while (he < nb - 1 && hi[he] <= e) he++;
+                float *p0 = qt_param_g(ps, t->offset);
+                float *want0 = qt_param_grad_slot(ps, hb) + ((ptrdiff_t)t->offset - (ptrdiff_t)sh.bucket[hb]);
+                float *want1 = qt_param_grad_slot(ps, he) + ((ptrdiff_t)e - (ptrdiff_t)sh.bucket[he]);
+                if (p0 != want0 || p0 + (t->numel - 1) != want1) {
+                    if (bad < 5) printf("  tie %d, V %d: tensor %s [%zu, %zu) not at its home place (buckets %d..%d)\n", tie, V,
+                                        t->name, t->offset, e + 1, hb, he);
+                    bad++;
+                }
+            }
+            size_t cross = 0;
+            for (int b = 0; b < nb; b++) cross += ps->cross_at[b] != SIZE_MAX;
+            printf("  tie %d, V %d: %d buckets, %zu tensors cross a boundary, table tail %zu\n", tie, V, nb, cross, ps->tail_n);
+            QT_EXPECT(bad == 0, "tie %d, V %d: %d wrong homes", tie, V, bad);
+            /* one rank: buckets start at layer starts, which the layout aligns to 64 elements, so no tensor
+             * crosses and the homes are the buckets (the margins are for ZeRO-2's rounded boundaries) */
+            QT_EXPECT(cross == 0 && ps->tail_n == 0, "tie %d, V %d: %zu crossings, tail %zu on one rank", tie, V, cross,
+                      ps->tail_n);
+            for (int b = 0; b < nb; b++) bad += lo[b] != sh.bucket[b] || hi[b] != sh.bucket[b + 1];
+            free(base);
+            qt_param_store_free(ps);
+            qt_layout_free(&L);
+        }
+}
+
+/* ---- GPU runs ---- */
+
+/* One run: `extra` holds the memory/precision lines; its checkpoints go to g_dir/ckpt_<dir>. resume: NULL
+ * or "latest" (of that folder); stop: stop after that many steps (-1: all). */
+static int run(const char *tag, const char *dir, const char *extra, const char *resume, long stop, run_out *o, char *err,
+               size_t errlen) {
+    char yaml[4096], logp[512];
+    snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag);
+    snprintf(yaml, sizeof yaml,
+             "%sdata: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: 2}\n"
+                   "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
+                   "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 1}\nlog: {file: '%s', every: 1}\ndevice: cuda\n"
+                   "parallel: {gpus: 1}\nperf: {matmul_autotune: false, cuda_graphs: %s}\n%s\n",
+             g_model, g_dir, STEPS, g_dir, dir, logp, g_graphs ? "true" : "false", extra);
+    qt_config c;
+    if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
+    float losses[STEPS];
+    for (int i = 0; i < STEPS; i++) losses[i] = NAN;
+    qt_train_opts opts = {resume, stop, 0, losses, NULL};
+    if (qt_train_run(&c, &opts, NULL, err, errlen) < 0) return -1;
+    for (int i = 0; i < STEPS; i++) o->loss[i] = losses[i], o->gn[i] = NAN;
+    FILE *f = fopen(logp, "r");
+    char line[1024];
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"grad_norm\":"), *s = strstr(line, "\"step\":");
+        long st = s ? strtol(s + 7, NULL, 10) : 0;
+        if (strstr(line, "\"train\"") && p && st >= 1 && st <= STEPS) o->gn[st - 1] = strtof(p + 12, NULL);
+    }
+    if (f) fclose(f);
+    char d[512];
+    snprintf(d, sizeof d, "%s/ckpt_%s", g_dir, dir);
+    if (qt_ckpt_latest(d, o->ckpt, sizeof o->ckpt)) return snprintf(err, errlen, "%s: no checkpoint in %s", tag, d), -1;
+    return 0;
+}
+
+/* Whether steps [from, STEPS) and the final checkpoints are the same bits; says where they differ. */
+static int same_bits(const run_out *a, const run_out *b, int from, char *why, size_t cap) {
+    for (int i = from; i < STEPS; i++)
+        if (memcmp(&a->loss[i], &b->loss[i], 4) || memcmp(&a->gn[i], &b->gn[i], 4))
+            return snprintf(why, cap, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", i + 1, a->loss[i], b->loss[i],
+                            a->gn[i], b->gn[i]), 0;
+    return qt_t_same_state(a->ckpt, b->ckpt, why, cap);
+}
+
+static void setup_data(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/syn_train_0.bin.zst", g_dir);
+    qt_t_write_synthetic(p, 40000, 1);
+}
+
+/* `lines` with nothing offloaded against `lines` + memory.offload `list`: 1 same bits, 0 not (why), -1 a
+ * run failed (why). */
+static int compare(const char *name, const char *lines, const char *mem, const char *list, run_out *ra, run_out *rb,
+                   char *why, size_t cap) {
+    char extra[1024], tag[160], err[1024];
+    for (int k = 0; k < 2; k++) {
+        snprintf(extra, sizeof extra, "%smemory: {%s%s%s}\n", lines, mem, *mem && k ? ", " : "", k ? list : "");
+        snprintf(tag, sizeof tag, "%s_%s", name, k ? "off" : "ref");
+        if (run(tag, tag, extra, NULL, -1, k ? rb : ra, err, sizeof err)) return snprintf(why, cap, "%s: %s", tag, err), -1;
+    }
+    return same_bits(ra, rb, 0, why, cap);
+}
+
+/* Offloaded weights against the weights on the GPU, bitwise, at grad_accum 2 (the same slot is read by
+ * two forwards and two backwards per step). With the optimizer state offloaded too, the reference keeps
+ * it on the GPU: the offloaded AdamW has the GPU's bits (tests/test_train). */
+static void test_offload_weights_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name, *lines, *mem, *list; } cases[] = {
+        {"w_bf16", "", "", "offload: [weights]"},
+        {"w_bf16_opt", "", "", "offload: [weights, master, m, v]"},
+        {"w_bf16_master", "precision: {master_dtype: bf16}\n", "", "offload: [weights]"},
+        {"w_bf16_master_opt", "precision: {master_dtype: bf16}\n", "", "offload: [weights, master, m, v]"},
+        {"w_bf16_recompute", "", "recompute: [block]", "offload: [weights]"},
+        {"w_fp8", FP8, "", "offload: [weights]"},
+        {"w_fp8_opt", FP8, "", "offload: [weights, master, m, v]"},
+        {"w_fp8_npq_recompute", "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: false}\n",
+         "recompute: [block]", "offload: [weights]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_out a, b;
+        char why[512];
+        qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of the offloaded optimizer state */
+        qt_test_hooks_set(strstr(cases[i].list, "master") ? &h : NULL);
+        int rc = compare(cases[i].name, cases[i].lines, cases[i].mem, cases[i].list, &a, &b, why, sizeof why);
+        qt_test_hooks_set(NULL);
+        printf("  %-22s %s vs on the GPU: %s\n", cases[i].name, cases[i].list, rc == 1 ? "bitwise equal" : why);
+        QT_EXPECT(rc == 1, "%s: %s", cases[i].name, why);
+        if (rc == 1 && i == 0) QT_EXPECT(b.loss[STEPS - 1] < b.loss[0], "loss did not fall: %g -> %g", b.loss[0], b.loss[STEPS - 1]);
+    }
+}
+
+/* Checkpoints are the same either way: 10 steps with the weights offloaded resumed on the GPU to 20, and
+ * the other way round, end with the uninterrupted on-GPU run's bits (the load writes the host weights and
+ * drops every slot). */
+static void test_offload_weights_resume(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    run_out full, part, res;
+    char why[512], err[1024];
+    QT_REQUIRE(run("wres_full", "wres_full", "", NULL, -1, &full, err, sizeof err) == 0, "%s", err);
+    for (int from = 0; from < 2; from++) {
+        const char *first = from ? "memory: {offload: [weights]}" : "", *then = from ? "" : "memory: {offload: [weights]}";
+        char dir[32], tag[32];
+        snprintf(dir, sizeof dir, "wres_from%d", from);
+        QT_REQUIRE(run(dir, dir, first, NULL, 10, &part, err, sizeof err) == 0, "%s", err);
+        snprintf(tag, sizeof tag, "%s_res", dir);
+        QT_REQUIRE(run(tag, dir, then, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < 10; i++) res.loss[i] = part.loss[i], res.gn[i] = part.gn[i];
+        int same = same_bits(&full, &res, 0, why, sizeof why);
+        printf("  10 steps %s, resumed %s to 20, vs 20 steps on the GPU: %s\n", from ? "offloaded" : "on the GPU",
+               from ? "on the GPU" : "offloaded", same ? "bitwise equal" : why);
+        QT_EXPECT(same, "resume from %s: %s", from ? "offloaded" : "on the GPU", why);
+    }
+}
+
+/* The weight slots' mutants (zero_mutant 3 and 4, qt_weight_slots.h) with offloaded weights must change
+ * the bits (or stop the run); the delays alone must not. A slot copied into before its last reader ran
+ * shows when the model stream lags (it sleeps after each acquire); a read that does not wait for its copy
+ * shows when the copies lag (the side stream sleeps before each, dp_ag_delay_ms). */
+static void test_offload_weights_mutants_caught(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name; qt_test_hooks h; int differs; } cases[] = {
+        {"reads delayed 5 ms (no mutant)", {.zero3_read_delay_ms = 5}, 0},
+        {"slot copied into before its last reader", {.zero3_read_delay_ms = 5, .zero_mutant = 3}, 1},
+        {"copies delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, 0},
+        {"slot read before its H2D copy finished", {.dp_ag_delay_ms = 20, .zero_mutant = 4}, 1},
+    };
+    run_out ref, got;
+    char why[512], err[1024], tag[64];
+    QT_REQUIRE(run("wmut_ref", "wmut_ref", "", NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(tag, sizeof tag, "wmut_%zu", i);
+        qt_test_hooks_set(&cases[i].h);
+        int rc = run(tag, tag, "memory: {offload: [weights]}", NULL, -1, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        if (rc && cases[i].differs) { /* a mutant may make the run fail (NaN weights): caught too */
+            printf("  %-42s caught: the run failed: %s\n", cases[i].name, err);
+            continue;
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
+        int same = same_bits(&ref, &got, 0, why, sizeof why);
+        printf("  %-42s %s\n", cases[i].name, same ? "bitwise equal to the weights on the GPU" : why);
+        if (cases[i].differs && !same) printf("  %-42s caught\n", cases[i].name);
+        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
+    }
+}
+
+/* Offloaded gradients against the gradients on the GPU, bitwise, at grad_accum 2 (the second micro-step
+ * adds to what the first stored: each slot is loaded from host first): bf16, fp8, CUDA graphs, a tied model
+ * (the table written twice per micro-step, its tail past its bucket), the optimizer state offloaded (AdamW
+ * reads the host gradients), and everything offloaded at once. */
+static void test_offload_gradients_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name, *model, *lines, *mem, *list; int graphs; } cases[] = {
+        {"g_bf16", MODEL, "", "", "offload: [gradients]", 0},
+        {"g_bf16_graphs", MODEL, "", "", "offload: [gradients]", 1},
+        {"g_bf16_tied", TIED, "", "", "offload: [gradients]", 0},
+        {"g_bf16_opt", MODEL, "", "", "offload: [gradients, master, m, v]", 0},
+        {"g_fp8", MODEL, FP8, "", "offload: [gradients]", 0},
+        {"all_bf16", MODEL, "", "", "offload: [weights, gradients, master, m, v]", 0},
+        {"all_bf16_tied", TIED, "", "", "offload: [weights, gradients, master, m, v]", 0},
+        {"all_fp8", MODEL, FP8, "", "offload: [weights, gradients, master, m, v]", 0},
+        {"all_bf16_master_recompute", MODEL, "precision: {master_dtype: bf16}\n", "recompute: [block]",
+         "offload: [weights, gradients, master, m, v]", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_out a, b;
+        char why[512];
+        qt_test_hooks h = {.offload_chunk = 1000};
+        qt_test_hooks_set(strstr(cases[i].list, "master") ? &h : NULL);
+        g_model = cases[i].model;
+        g_graphs = cases[i].graphs;
+        int rc = compare(cases[i].name, cases[i].lines, cases[i].mem, cases[i].list, &a, &b, why, sizeof why);
+        g_model = MODEL;
+        g_graphs = 0;
+        qt_test_hooks_set(NULL);
+        printf("  %-26s %s vs on the GPU: %s\n", cases[i].name, cases[i].list, rc == 1 ? "bitwise equal" : why);
+        QT_EXPECT(rc == 1, "%s: %s", cases[i].name, why);
+    }
+}
+
+/* The offloaded gradients' mutants (qt_test_hooks zero_mutant) must change the bits; the delay alone
+ * must not: the backward writing a shared slot before its last bucket was stored and zeroed and its next
+ * loaded (1; the stores delayed), a slot not zeroed after its store (5), the norm and AdamW reading the
+ * host gradients before the last stores landed (6; the stores delayed). */
+static void test_offload_gradients_mutants_caught(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name; qt_test_hooks h; int differs; } cases[] = {
+        {"stores delayed 20 ms (no mutant)", {.dp_sum_delay_ms = 20}, 0},
+        {"slot written before its store and load", {.dp_sum_delay_ms = 20, .zero_mutant = 1}, 1},
+        {"slot not zeroed after its store", {.zero_mutant = 5}, 1},
+        {"AdamW before the last stores", {.dp_sum_delay_ms = 20, .zero_mutant = 6}, 1},
+    };
+    run_out ref, got;
+    char why[512], err[1024], tag[64];
+    QT_REQUIRE(run("gmut_ref", "gmut_ref", "", NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(tag, sizeof tag, "gmut_%zu", i);
+        qt_test_hooks_set(&cases[i].h);
+        int rc = run(tag, tag, "memory: {offload: [gradients]}", NULL, -1, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        if (rc && cases[i].differs) {
+            printf("  %-42s caught: the run failed: %s\n", cases[i].name, err);
+            continue;
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
+        int same = same_bits(&ref, &got, 0, why, sizeof why);
+        printf("  %-42s %s\n", cases[i].name, same ? "bitwise equal to the gradients on the GPU" : why);
+        if (cases[i].differs && !same) printf("  %-42s caught\n", cases[i].name);
+        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
+    }
+}
+
+/* Two ranks sharing GPU 0 are refused with the key named (the loader; the engine refuses gpus: 0 over
+ * several visible GPUs the same way). */
+static void test_offload_weights_ranks_refused(void) {
+    char err[1024];
+    qt_config c;
+    const char *yaml = MODEL "memory: {offload: [weights]}\nparallel: {devices: [0, 0]}\nperf: {cuda_graphs: false}\n";
+    QT_EXPECT(qt_config_load_string(&c, yaml, "r.yaml", NULL, 0, err, sizeof err) != 0 &&
+                  strstr(err, "parallel.devices: expected one GPU"),
+              "%s", err);
+    printf("  %s\n", err);
+}
+
+int main(void) {
+    if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_offload")) return 1;
+    QT_RUN(test_plan_7b_weights);
+    QT_RUN(test_plan_7b_gradients);
+    QT_RUN(test_grad_homes);
+    QT_RUN(test_offload_weights_ranks_refused);
+    QT_RUN(test_offload_weights_bitwise);
+    QT_RUN(test_offload_weights_resume);
+    QT_RUN(test_offload_weights_mutants_caught);
+    QT_RUN(test_offload_gradients_bitwise);
+    QT_RUN(test_offload_gradients_mutants_caught);
+    qt_t_rmtree(g_dir);
+    return qt_test_end();
+}
