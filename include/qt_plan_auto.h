@@ -65,9 +65,7 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 typedef struct {
     int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;
     int offload_residual, fp8_weight_cache, master_dtype, grad_accum_dtype, zero;
-    int offloaded; /* how many of memory.offload's weights and gradients items (one GPU): taken only where
-                          * nothing with fewer fits */
-    int offload_bits;    /* those items (qt_offload_item bits) */
+    int offload_bits;    /* memory.offload's weights and gradients items (qt_offload_item bits; one GPU) */
     int lossy;  /* bf16 master weights and/or gradients (1 or 2): taken only where no fp32 plan fits */
     int order;  /* enumeration order: at equal speed the plainer plan (the axes' earlier values) first */
     size_t gpu_bytes, host_bytes;

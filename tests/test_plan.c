@@ -391,19 +391,19 @@ static void test_auto_axes(void) {
 #define M14 "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80"
     QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 ", offload: []}\n", &b, &n) == 0 && b.master_dtype == QT_DT_F32 &&
                   b.grad_accum_dtype == QT_DT_BF16 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE && b.lossy == 1 &&
-                  !b.offloaded,
+                  !b.offload_bits,
               "14B at 80 GiB: not bf16 gradients + fp32 master + fp8_weight_cache none (weights on the GPU)");
     QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 ", fp8_weight_cache: all, offload: []}\n", &b, &n) == -1,
               "14B fits with the weight cache");
-    /* left to auto, fp32 gradients with one of them offloaded win over bf16 gradients (offloading keeps the
-     * bits) */
-    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 "}\n", &b, &n) == 0 && !b.lossy && b.offloaded == 1,
-              "14B at 80 GiB: lossy %d, %d of weights and gradients offloaded", b.lossy, b.offloaded);
-    /* with fp32 gradients given, only one of memory.offload's gradients and weights items fits (the last
-     * resort: one, not both); with memory.offload given ([]: both stay on the GPU) nothing fits */
-    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 "}\n", &b, &n) == 0 && b.offloaded == 1 &&
+    /* left to auto, fp32 gradients with weights and/or gradients offloaded win over bf16 gradients
+     * (offloading keeps the bits; among those the cost model picks) */
+    QT_EXPECT(auto_pick(B14, D14 P14 "}\n" M14 "}\n", &b, &n) == 0 && !b.lossy && b.offload_bits,
+              "14B at 80 GiB: lossy %d, offloaded items %d", b.lossy, b.offload_bits);
+    /* with fp32 gradients given, memory.offload's gradients or weights items make it fit; with memory.offload
+     * given ([]: both stay on the GPU) nothing fits */
+    QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 "}\n", &b, &n) == 0 && b.offload_bits &&
                   b.grad_accum_dtype == QT_DT_F32,
-              "14B with fp32 gradients at 80 GiB: %d of weights and gradients offloaded, expected 1", b.offloaded);
+              "14B with fp32 gradients at 80 GiB: offloaded items %d", b.offload_bits);
     QT_EXPECT(auto_pick(B14, D14 P14 ", grad_accum_dtype: fp32}\n" M14 ", offload: []}\n", &b, &n) == -1,
               "14B fits with fp32 gradients and the weights on the GPU");
     /* ZeRO-2 over 4 ranks: 7B at 30 GiB needs the gradients sharded */

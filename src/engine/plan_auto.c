@@ -69,13 +69,6 @@ static const plan_axis AXES[AX_N] = {
                                                                                                * weights: one GPU only */
 };
 
-/* Offloaded weights and gradients cost PCIe bytes every micro-step: a plan with one of them is a candidate
- * only when no plan with both on the GPU fits, one with both only when none with one fits (after the
- * lossy rule below: offloading keeps the bits). */
-static int last_resort(const qt_config *c) {
-    return ((c->memory.offload & QT_OFF_WEIGHTS) != 0) + ((c->memory.offload & QT_OFF_GRADIENTS) != 0);
-}
-
 /* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
  * only when no plan with fp32 ones fits (see qt_plan_auto_enumerate). 0: fp32 both. */
 static int lossy(const qt_config *c) {
@@ -336,8 +329,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                 out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
                                               c.memory.offload_optimizer, c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
                                               c.memory.offload_residual, c.memory.fp8_weight_cache, c.precision.master_dtype,
-                                              c.precision.grad_accum_dtype, c.parallel.zero, last_resort(&c),
-                                              get_offw(&c), lossy(&c), count,
+                                              c.precision.grad_accum_dtype, c.parallel.zero, get_offw(&c), lossy(&c), count,
                                               rp.gpu_bytes, rp.host_bytes, s,
                                               (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};
                 count++;
@@ -352,14 +344,12 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                        "%.2f GiB (the host: %s); give fewer keys as constraints, or see qtrain --plan", cfg->path,
                        smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
                        gpu_cap / 1073741824.0, what);
-    /* bf16 master / gradients only where no plan with fp32 ones fits (the numerics first: offloading is
-     * bitwise); then offloaded weights / gradients only where no plan with fewer of them fits */
-    int fewest = 2, least = 2, kept = 0;
+    /* bf16 master / gradients only where no plan with fp32 ones fits (the numerics first: offloading keeps
+     * the bits, and its PCIe bytes are in the cost) */
+    int least = 2, kept = 0;
     for (int i = 0; i < count; i++) least = out[i].lossy < least ? out[i].lossy : least;
     for (int i = 0; i < count; i++)
-        if (out[i].lossy == least) fewest = out[i].offloaded < fewest ? out[i].offloaded : fewest;
-    for (int i = 0; i < count; i++)
-        if (out[i].offloaded == fewest && out[i].lossy == least) out[kept++] = out[i];
+        if (out[i].lossy == least) out[kept++] = out[i];
     count = kept;
     qsort(out, (size_t)count, sizeof *out, by_speed);
     *n = count;
