@@ -3,6 +3,7 @@
 #define QT_TEST_DATA_H
 
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -189,6 +190,48 @@ static inline int qt_t_same_state(const char *a, const char *b, char *why, size_
     qt_ckpt_close(ca);
     qt_ckpt_close(cb);
     return ok;
+}
+
+/* The runs the memory-feature tests compare bit for bit: QT_T_STEPS optimizer steps, each step's loss
+ * and grad norm, and the final checkpoint. */
+enum { QT_T_STEPS = 20 };
+typedef struct {
+    float loss[QT_T_STEPS], gn[QT_T_STEPS];
+    char ckpt[512];
+} qt_t_run_out;
+
+/* Trains `yaml` (read as "test.yaml"; its optim.steps <= QT_T_STEPS, its log.file logp with every: 1 and
+ * its checkpoint.dir ckpt_dir) from `resume` (NULL or "latest") for `stop` steps (-1: all): each step's
+ * loss, its grad norm from the log, and the newest checkpoint into o. 0, or -1 with err. */
+static inline int qt_t_run_yaml(const char *yaml, const char *logp, const char *ckpt_dir, const char *resume, long stop,
+                                qt_t_run_out *o, char *err, size_t errlen) {
+    qt_config c;
+    if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
+    float losses[QT_T_STEPS];
+    for (int i = 0; i < QT_T_STEPS; i++) losses[i] = NAN;
+    qt_train_opts opts = {resume, stop, 0, losses, NULL};
+    if (qt_train_run(&c, &opts, NULL, err, errlen) < 0) return -1;
+    for (int i = 0; i < QT_T_STEPS; i++) o->loss[i] = losses[i], o->gn[i] = NAN;
+    FILE *f = fopen(logp, "r");
+    char line[1024];
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"grad_norm\":"), *s = strstr(line, "\"step\":");
+        long st = s ? strtol(s + 7, NULL, 10) : 0;
+        if (strstr(line, "\"train\"") && p && st >= 1 && st <= QT_T_STEPS) o->gn[st - 1] = strtof(p + 12, NULL);
+    }
+    if (f) fclose(f);
+    if (qt_ckpt_latest(ckpt_dir, o->ckpt, sizeof o->ckpt)) return snprintf(err, errlen, "no checkpoint in %s", ckpt_dir), -1;
+    return 0;
+}
+
+/* Whether steps [from, QT_T_STEPS) and the final checkpoints of a and b are the same bits; says where
+ * they differ. */
+static inline int qt_t_same_bits(const qt_t_run_out *a, const qt_t_run_out *b, int from, char *why, size_t cap) {
+    for (int i = from; i < QT_T_STEPS; i++)
+        if (memcmp(&a->loss[i], &b->loss[i], 4) || memcmp(&a->gn[i], &b->gn[i], 4))
+            return snprintf(why, cap, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", i + 1, a->loss[i], b->loss[i],
+                            a->gn[i], b->gn[i]), 0;
+    return qt_t_same_state(a->ckpt, b->ckpt, why, cap);
 }
 
 #endif

@@ -41,7 +41,7 @@
 #include "qt_test_hooks.h"
 #include "qt_train.h"
 
-enum { STEPS = 20 };
+enum { STEPS = QT_T_STEPS };
 static char g_dir[256];
 #define MODEL "model: {vocab_size: 256, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n" \
               "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
@@ -51,10 +51,7 @@ static const char *g_model = MODEL;
 static int g_graphs; /* perf.cuda_graphs of the runs */
 #define FP8 "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}\n"
 
-typedef struct {
-    float loss[STEPS], gn[STEPS];
-    char ckpt[512];
-} run_out;
+typedef qt_t_run_out run_out;
 
 /* ---- CPU: the memory plan ---- */
 
@@ -220,34 +217,9 @@ static int run(const char *tag, const char *dir, const char *extra, const char *
                    "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 1}\nlog: {file: '%s', every: 1}\ndevice: cuda\n"
                    "parallel: {gpus: 1}\nperf: {matmul_autotune: false, cuda_graphs: %s}\n%s\n",
              g_model, g_dir, STEPS, g_dir, dir, logp, g_graphs ? "true" : "false", extra);
-    qt_config c;
-    if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
-    float losses[STEPS];
-    for (int i = 0; i < STEPS; i++) losses[i] = NAN;
-    qt_train_opts opts = {resume, stop, 0, losses, NULL};
-    if (qt_train_run(&c, &opts, NULL, err, errlen) < 0) return -1;
-    for (int i = 0; i < STEPS; i++) o->loss[i] = losses[i], o->gn[i] = NAN;
-    FILE *f = fopen(logp, "r");
-    char line[1024];
-    while (f && fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, "\"grad_norm\":"), *s = strstr(line, "\"step\":");
-        long st = s ? strtol(s + 7, NULL, 10) : 0;
-        if (strstr(line, "\"train\"") && p && st >= 1 && st <= STEPS) o->gn[st - 1] = strtof(p + 12, NULL);
-    }
-    if (f) fclose(f);
     char d[512];
     snprintf(d, sizeof d, "%s/ckpt_%s", g_dir, dir);
-    if (qt_ckpt_latest(d, o->ckpt, sizeof o->ckpt)) return snprintf(err, errlen, "%s: no checkpoint in %s", tag, d), -1;
-    return 0;
-}
-
-/* Whether steps [from, STEPS) and the final checkpoints are the same bits; says where they differ. */
-static int same_bits(const run_out *a, const run_out *b, int from, char *why, size_t cap) {
-    for (int i = from; i < STEPS; i++)
-        if (memcmp(&a->loss[i], &b->loss[i], 4) || memcmp(&a->gn[i], &b->gn[i], 4))
-            return snprintf(why, cap, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", i + 1, a->loss[i], b->loss[i],
-                            a->gn[i], b->gn[i]), 0;
-    return qt_t_same_state(a->ckpt, b->ckpt, why, cap);
+    return qt_t_run_yaml(yaml, logp, d, resume, stop, o, err, errlen);
 }
 
 static void setup_data(void) {
@@ -266,7 +238,7 @@ static int compare(const char *name, const char *lines, const char *mem, const c
         snprintf(tag, sizeof tag, "%s_%s", name, k ? "off" : "ref");
         if (run(tag, tag, extra, NULL, -1, k ? rb : ra, err, sizeof err)) return snprintf(why, cap, "%s: %s", tag, err), -1;
     }
-    return same_bits(ra, rb, 0, why, cap);
+    return qt_t_same_bits(ra, rb, 0, why, cap);
 }
 
 /* Offloaded weights against the weights on the GPU, bitwise, at grad_accum 2 (the same slot is read by
@@ -316,10 +288,43 @@ static void test_offload_weights_resume(void) {
         snprintf(tag, sizeof tag, "%s_res", dir);
         QT_REQUIRE(run(tag, dir, then, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
         for (int i = 0; i < 10; i++) res.loss[i] = part.loss[i], res.gn[i] = part.gn[i];
-        int same = same_bits(&full, &res, 0, why, sizeof why);
+        int same = qt_t_same_bits(&full, &res, 0, why, sizeof why);
         printf("  10 steps %s, resumed %s to 20, vs 20 steps on the GPU: %s\n", from ? "offloaded" : "on the GPU",
                from ? "on the GPU" : "offloaded", same ? "bitwise equal" : why);
         QT_EXPECT(same, "resume from %s: %s", from ? "offloaded" : "on the GPU", why);
+    }
+}
+
+typedef struct {
+    const char *name;
+    qt_test_hooks h;
+    int differs; /* 1: a mutant, which must change the bits (or stop the run) */
+} mutant_case;
+
+/* Each case's run with memory.offload `list` against the run with nothing offloaded (tag: the runs'
+ * prefix, what: the reference's words). */
+static void mutants_caught(const char *tag, const char *list, const char *what, const mutant_case *cases, size_t n) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    run_out ref, got;
+    char why[512], err[1024], t[64], extra[128];
+    snprintf(t, sizeof t, "%s_ref", tag);
+    QT_REQUIRE(run(t, t, "", NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
+    snprintf(extra, sizeof extra, "memory: {offload: [%s]}", list);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(t, sizeof t, "%s_%zu", tag, i);
+        qt_test_hooks_set(&cases[i].h);
+        int rc = run(t, t, extra, NULL, -1, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        if (rc && cases[i].differs) { /* a mutant may make the run fail (NaN weights): caught too */
+            printf("  %-42s caught: the run failed: %s\n", cases[i].name, err);
+            continue;
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
+        int same = qt_t_same_bits(&ref, &got, 0, why, sizeof why);
+        printf("  %-42s %s\n", cases[i].name, same ? what : why);
+        if (cases[i].differs && !same) printf("  %-42s caught\n", cases[i].name);
+        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
     }
 }
 
@@ -328,32 +333,13 @@ static void test_offload_weights_resume(void) {
  * shows when the model stream lags (it sleeps after each acquire); a read that does not wait for its copy
  * shows when the copies lag (the side stream sleeps before each, dp_ag_delay_ms). */
 static void test_offload_weights_mutants_caught(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    setup_data();
-    const struct { const char *name; qt_test_hooks h; int differs; } cases[] = {
+    static const mutant_case cases[] = {
         {"reads delayed 5 ms (no mutant)", {.zero3_read_delay_ms = 5}, 0},
         {"slot copied into before its last reader", {.zero3_read_delay_ms = 5, .zero_mutant = 3}, 1},
         {"copies delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, 0},
         {"slot read before its H2D copy finished", {.dp_ag_delay_ms = 20, .zero_mutant = 4}, 1},
     };
-    run_out ref, got;
-    char why[512], err[1024], tag[64];
-    QT_REQUIRE(run("wmut_ref", "wmut_ref", "", NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(tag, sizeof tag, "wmut_%zu", i);
-        qt_test_hooks_set(&cases[i].h);
-        int rc = run(tag, tag, "memory: {offload: [weights]}", NULL, -1, &got, err, sizeof err);
-        qt_test_hooks_set(NULL);
-        if (rc && cases[i].differs) { /* a mutant may make the run fail (NaN weights): caught too */
-            printf("  %-42s caught: the run failed: %s\n", cases[i].name, err);
-            continue;
-        }
-        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
-        int same = same_bits(&ref, &got, 0, why, sizeof why);
-        printf("  %-42s %s\n", cases[i].name, same ? "bitwise equal to the weights on the GPU" : why);
-        if (cases[i].differs && !same) printf("  %-42s caught\n", cases[i].name);
-        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
-    }
+    mutants_caught("wmut", "weights", "bitwise equal to the weights on the GPU", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* Offloaded gradients against the gradients on the GPU, bitwise, at grad_accum 2 (the second micro-step
@@ -396,32 +382,13 @@ static void test_offload_gradients_bitwise(void) {
  * loaded (1; the stores delayed), a slot not zeroed after its store (5), the norm and AdamW reading the
  * host gradients before the last stores landed (6; the stores delayed). */
 static void test_offload_gradients_mutants_caught(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    setup_data();
-    const struct { const char *name; qt_test_hooks h; int differs; } cases[] = {
+    static const mutant_case cases[] = {
         {"stores delayed 20 ms (no mutant)", {.dp_sum_delay_ms = 20}, 0},
         {"slot written before its store and load", {.dp_sum_delay_ms = 20, .zero_mutant = 1}, 1},
         {"slot not zeroed after its store", {.zero_mutant = 5}, 1},
         {"AdamW before the last stores", {.dp_sum_delay_ms = 20, .zero_mutant = 6}, 1},
     };
-    run_out ref, got;
-    char why[512], err[1024], tag[64];
-    QT_REQUIRE(run("gmut_ref", "gmut_ref", "", NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(tag, sizeof tag, "gmut_%zu", i);
-        qt_test_hooks_set(&cases[i].h);
-        int rc = run(tag, tag, "memory: {offload: [gradients]}", NULL, -1, &got, err, sizeof err);
-        qt_test_hooks_set(NULL);
-        if (rc && cases[i].differs) {
-            printf("  %-42s caught: the run failed: %s\n", cases[i].name, err);
-            continue;
-        }
-        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
-        int same = same_bits(&ref, &got, 0, why, sizeof why);
-        printf("  %-42s %s\n", cases[i].name, same ? "bitwise equal to the gradients on the GPU" : why);
-        if (cases[i].differs && !same) printf("  %-42s caught\n", cases[i].name);
-        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
-    }
+    mutants_caught("gmut", "gradients", "bitwise equal to the gradients on the GPU", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* Two ranks sharing GPU 0 are refused with the key named (the loader; the engine refuses gpus: 0 over

@@ -47,17 +47,14 @@
 #include "qt_train.h"
 #include "qt_weight_slots.h"
 
-enum { STEPS = 20 };
+enum { STEPS = QT_T_STEPS };
 static char g_dir[256], g_fault[512];
 /* the model of the GPU runs (test_zero2_tied_lookups swaps in a tied one) */
 #define UNTIED "model: {vocab_size: 256, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n" \
                "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
 static const char *g_model = UNTIED;
 
-typedef struct {
-    float loss[STEPS], gn[STEPS];
-    char ckpt[512];
-} run_out;
+typedef qt_t_run_out run_out;
 
 /* ---- CPU: the memory plan ---- */
 
@@ -418,34 +415,9 @@ static int run(const char *tag, const char *dir, const char *extra, int accum, i
              "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 1}\nlog: {file: '%s', every: 1}\ndevice: cuda\n"
              "perf: {matmul_autotune: false, cuda_graphs: %s}\n%s\n",
              g_model, g_dir, accum, STEPS, g_dir, dir, logp, graphs ? "true" : "false", extra);
-    qt_config c;
-    if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
-    float losses[STEPS];
-    for (int i = 0; i < STEPS; i++) losses[i] = NAN;
-    qt_train_opts opts = {resume, stop, 0, losses, NULL};
-    if (qt_train_run(&c, &opts, NULL, err, errlen) < 0) return -1;
-    for (int i = 0; i < STEPS; i++) o->loss[i] = losses[i], o->gn[i] = NAN;
-    FILE *f = fopen(logp, "r");
-    char line[1024];
-    while (f && fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, "\"grad_norm\":"), *s = strstr(line, "\"step\":");
-        long st = s ? strtol(s + 7, NULL, 10) : 0;
-        if (strstr(line, "\"train\"") && p && st >= 1 && st <= STEPS) o->gn[st - 1] = strtof(p + 12, NULL);
-    }
-    if (f) fclose(f);
     char d[512];
     snprintf(d, sizeof d, "%s/ckpt_%s", g_dir, dir);
-    if (qt_ckpt_latest(d, o->ckpt, sizeof o->ckpt)) return snprintf(err, errlen, "%s: no checkpoint in %s", tag, d), -1;
-    return 0;
-}
-
-/* Whether steps [from, STEPS) and the final checkpoints are the same bits; says where they differ. */
-static int same_bits(const run_out *a, const run_out *b, int from, char *why, size_t cap) {
-    for (int i = from; i < STEPS; i++)
-        if (memcmp(&a->loss[i], &b->loss[i], 4) || memcmp(&a->gn[i], &b->gn[i], 4))
-            return snprintf(why, cap, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", i + 1, a->loss[i], b->loss[i],
-                            a->gn[i], b->gn[i]), 0;
-    return qt_t_same_state(a->ckpt, b->ckpt, why, cap);
+    return qt_t_run_yaml(yaml, logp, d, resume, stop, o, err, errlen);
 }
 
 static void setup_data(void) {
@@ -470,7 +442,7 @@ static int compare(const char *name, int ranks, int za, int zb, const char *more
         if (run(tag, tag, extra, accum, graphs, NULL, -1, out[k], err, sizeof err))
             return snprintf(why, cap, "%s: %s", tag, err), -1;
     }
-    return same_bits(ra, rb, 0, why, cap);
+    return qt_t_same_bits(ra, rb, 0, why, cap);
 }
 
 #define FP8 "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}\n"
@@ -570,7 +542,7 @@ static void test_zero2_accumulation(void) {
     QT_REQUIRE(rc >= 0, "%s", why);
     snprintf(extra, sizeof extra, "parallel: {%s, zero: 2, overlap_comm: false}", rk);
     QT_REQUIRE(run("acc_noov_z2", "acc_noov_z2", extra, 2, 1, NULL, -1, &z2n, err, sizeof err) == 0, "%s", err);
-    int same = same_bits(&z2, &z2n, 0, why, sizeof why);
+    int same = qt_t_same_bits(&z2, &z2n, 0, why, sizeof why);
     printf("  grad_accum 2, ZeRO-2 overlap on vs off (graphs): %s\n", same ? "bitwise equal" : why);
     QT_EXPECT(same, "ZeRO-2 with accumulation, overlap on vs off: %s", why);
     double dl = 0;
@@ -602,7 +574,7 @@ static void test_zero_resume_across_levels(void) {
     snprintf(extra, sizeof extra, "parallel: {%s, zero: 1}", rk);
     QT_REQUIRE(run("res_z1", "res_z2", extra, 1, 0, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
     for (int i = 0; i < 10; i++) res.loss[i] = part.loss[i], res.gn[i] = part.gn[i];
-    int same = same_bits(&full, &res, 0, why, sizeof why);
+    int same = qt_t_same_bits(&full, &res, 0, why, sizeof why);
     printf("  ZeRO-2 10 steps, resumed at ZeRO-1 to 20, vs ZeRO-1 20 steps: %s\n", same ? "bitwise equal" : why);
     QT_EXPECT(same, "resume ZeRO-2 -> ZeRO-1: %s", why);
     /* one rank: from the same 10-step checkpoint (copied: the ZeRO-1 resume moved the folder on) */
@@ -639,7 +611,7 @@ static void test_zero_mutants_caught(void) {
         int rc = run(tag, tag, extra, 1, 0, NULL, -1, &got, err, sizeof err);
         qt_test_hooks_set(NULL);
         QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
-        int same = same_bits(&ref[cases[i].ranks], &got, 0, why, sizeof why);
+        int same = qt_t_same_bits(&ref[cases[i].ranks], &got, 0, why, sizeof why);
         printf("  %-40s %s\n", cases[i].name, same ? "bitwise equal to ZeRO-1" : why);
         QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
     }
@@ -741,7 +713,7 @@ static void test_zero3_resume_across_levels(void) {
         snprintf(tag, sizeof tag, "%s_res", dir);
         QT_REQUIRE(run(tag, dir, extra, 1, 0, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
         for (int i = 0; i < 10; i++) res.loss[i] = part.loss[i], res.gn[i] = part.gn[i];
-        int same = same_bits(&full, &res, 0, why, sizeof why);
+        int same = qt_t_same_bits(&full, &res, 0, why, sizeof why);
         printf("  ZeRO-%d 10 steps, resumed at ZeRO-%d to 20, vs ZeRO-2 20 steps: %s\n", from, 5 - from, same ? "bitwise equal" : why);
         QT_EXPECT(same, "resume ZeRO-%d -> ZeRO-%d: %s", from, 5 - from, why);
     }
@@ -788,7 +760,7 @@ static void test_zero3_mutants_caught(void) {
             continue;
         }
         QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
-        int same = same_bits(&ref, &got, 0, why, sizeof why);
+        int same = qt_t_same_bits(&ref, &got, 0, why, sizeof why);
         printf("  %-40s %s\n", cases[i].name, same ? "bitwise equal to ZeRO-2" : why);
         QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
     }
