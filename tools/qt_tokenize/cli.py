@@ -149,6 +149,7 @@ def tokenize_all(a, files, opts, src, packer):
         fut, done = pending.popleft()
         packer.add(*fut.result())
         prog.show(done, f", {packer.sink.n:,} tokens")
+    broken = False
     try:
         for task, done in tasks:
             pending.append((pool.submit(worker.run, task), done))
@@ -157,9 +158,13 @@ def tokenize_all(a, files, opts, src, packer):
         while pending:
             take()
     except BrokenProcessPool:
+        broken = True
         raise worker.WorkError("a worker process died (killed, or out of memory?)")
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if broken:  # the other workers are killed, not waited for: one may be stuck starting (seen in CI)
+            for child in multiprocessing.active_children():
+                child.kill()
+        pool.shutdown(wait=not broken, cancel_futures=True)
     packer.finish()
     prog.show(total, f", {packer.sink.n:,} tokens", final=True)
 
