@@ -275,8 +275,10 @@ static void weights_wait(void *ctx, size_t upto) {
     d->gathered = k;
 }
 
-/* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it; offloaded
- * weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
+/* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it (offloaded
+ * pieces, weights_shard_host: every rank's copy engines pull them from the ranks' pinned host memory,
+ * qt_comm_all_gather_host, the same for every transport: no peer kernel or host staging reads them);
+ * offloaded weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
 static void fill_bucket(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
     size_t off, len, st, n = sh->bucket[b + 1] - sh->bucket[b];
@@ -286,7 +288,10 @@ static void fill_bucket(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
         QT_CUDA(cudaMemcpyAsync(dst, (uint16_t *)d->ps->w + st, n * 2, cudaMemcpyHostToDevice, s));
         return;
     }
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, dst, (uint16_t *)d->ps->w + st, n, QT_DT_BF16, s) == 0,
+    const void *mine = (uint16_t *)d->ps->w + st;
+    int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst, mine, n, QT_DT_BF16, s)
+                                        : qt_comm_all_gather(d->comm, rank, dst, mine, n, QT_DT_BF16, s);
+    QT_CHECK(rc == 0,
              "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
 }
 
