@@ -1,4 +1,4 @@
-/* test_offload.c — memory.offload: [weights] and [gradients] on one GPU: the bf16 weights in pinned host
+/* test_offload.c — memory.offload: [weights] and [gradients] on one GPU and with ZeRO ranks: the bf16 weights in pinned host
  * memory, read through ZeRO-3's weight slots (each bucket copied up on the side stream as the model
  * reaches it); the fp32 gradients in pinned host memory, written through ZeRO-2's gradient slots (each
  * loaded from host before its bucket is written, stored back after); both with the on-GPU bits.
@@ -21,7 +21,15 @@
  * bitwise at grad_accum 2 (bf16, fp8, CUDA graphs, tied, optimizer offloaded, and everything offloaded
  * at once in bf16, fp8 and bf16 master + block recompute); mutants: a slot written before its store and
  * reload (stores delayed), a shared slot not zeroed after its store, the norm and AdamW before the last
- * stores (stores delayed). Autotuning off: every run multiplies with the same algorithms. */
+ * stores (stores delayed).
+ * Several ranks (QT_TEST_ONLY=offload_ranks) — CPU: 7B on 4 ranks, the shard rows move to the host
+ * ("weights (bf16 shard, offloaded)", "gradients (fp32 shard, offloaded)"); the lifted and kept refusals.
+ * GPU (qt_t_ranks: 2 and 3 ranks, on GPU 0 when there are fewer GPUs): ZeRO-3 + [weights], ZeRO-2/3 +
+ * [gradients] and ZeRO-3 + both = the same ZeRO level without the offload, bitwise (bf16, fp8, overlap
+ * on/off, grad_accum 2, bf16 master with the optimizer offloaded, tied, bf16 sums); mutants 7 (weight
+ * slots from a stale device copy of the pieces), 8 (the host shard overwritten by each micro-step's sum)
+ * and 2 (sums in descending rank order, 3 ranks) caught. Autotuning off: every run multiplies with the
+ * same algorithms. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -543,7 +551,7 @@ static void ranks_bitwise(const rank_case *cases, size_t n) {
  * master with the optimizer state offloaded (AdamW rounds the host pieces in place), fp8 (each layer
  * quantized from its slot), a tied model (its table's slot gathered once per step), and [weights,
  * gradients] together in bf16 and fp8. */
-static void test_offload_weights_zero3(void) {
+static void test_offload_ranks_weights_zero3(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
     static const rank_case cases[] = {
@@ -563,7 +571,7 @@ static void test_offload_weights_zero3(void) {
  * sums are added into the host shard through the mapping): bf16 with and without overlap, fp8, bf16 sums,
  * the optimizer state offloaded too, a tied model whose embedding lookups are gathered and added into the
  * host shard, and ZeRO-3 with its gradient shard offloaded. */
-static void test_offload_gradients_zero2(void) {
+static void test_offload_ranks_gradients_zero2(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
     static const rank_case cases[] = {
@@ -628,8 +636,8 @@ int main(void) {
     QT_RUN(test_offload_gradients_mutants_caught);
     QT_RUN(test_plan_7b_ranks);
     QT_RUN(test_offload_ranks_config);
-    QT_RUN(test_offload_weights_zero3);
-    QT_RUN(test_offload_gradients_zero2);
+    QT_RUN(test_offload_ranks_weights_zero3);
+    QT_RUN(test_offload_ranks_gradients_zero2);
     QT_RUN(test_offload_ranks_mutants_caught);
     qt_t_rmtree(g_dir);
     return qt_test_end();
