@@ -13,7 +13,11 @@
  * from a weight slot it is copied up into, the same slots and protocol as ZeRO-3); the fp32 gradients
  * offloaded (g_host, one GPU: grad is the whole array in pinned host memory; the backward writes
  * ZeRO-2's gradient slots, each loaded from grad before its bucket is written and stored back after,
- * qt_param_grad_load / _store). A new placement (more offloaded items) is a new case behind the same calls.
+ * qt_param_grad_load / _store). With ZeRO ranks the same flags place the rank's shard in pinned mapped host
+ * memory instead (GPU-untested): ZeRO-3 + w_host, its bf16 pieces (the weight slots are all-gathered from
+ * every rank's host pieces); ZeRO-2/3 + g_host, its fp32 gradient shard (the sums are added into it through
+ * the mapping; the slots stay ZeRO-2's). A new placement (more offloaded items) is a new case behind the
+ * same calls.
  *
  * ZeRO-2 gradients: the rank keeps grad [shard.len], its pieces of the summed gradients, indexed like
  * master / m / v. While the backward writes a bucket, the bucket's whole gradient sits in a slot
@@ -77,11 +81,12 @@ typedef struct {
     int embed_apart;      /* ZeRO-2, untied, lookups gathered (qt_step_plan.lookups): the backward writes no
                            * gradient to the buckets of embeddings only, so they get no slot (the sync adds
                            * every rank's lookups to the shard and has nothing else to sum there) */
-    int w_host;           /* memory.offload: [weights] (one GPU): w in pinned host memory, the model reads each
-                           * bucket from a weight slot it is copied up into (qt_weight_slots.h), AdamW writes w
-                           * there directly (mapped pinned memory) */
-    int g_host;           /* memory.offload: [gradients] (one GPU): grad (fp32) in pinned host memory, the backward
-                           * writes ZeRO-2's gradient slots, loaded from and stored back to grad per bucket */
+    int w_host;           /* memory.offload: [weights]: w in pinned host memory (mapped: AdamW writes it directly);
+                           * one GPU: the whole array, the model reads each bucket from a weight slot it is copied
+                           * up into (qt_weight_slots.h); ZeRO-3: the rank's pieces, gathered into the slots */
+    int g_host;           /* memory.offload: [gradients]: grad (fp32) in pinned host memory (mapped); one GPU: the
+                           * whole array, the backward writes ZeRO-2's gradient slots, loaded from and stored back
+                           * to grad per bucket; ZeRO-2/3: the rank's summed shard, added into per micro-step */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
@@ -99,11 +104,12 @@ typedef struct {
     qt_shard shard;
     /* w [shard.total] (L->numel, padded for the ranks' equal pieces), ZeRO-3 [shard.len]; master, m, v
      * [shard.len], this rank's pieces of the buckets back to back (all of the array when not sharded) */
-    void *w;              /* bf16, device; w_host: pinned host (owned, mapped: kernels write it directly) */
+    void *w;              /* bf16, device; w_host: pinned host (owned, mapped: kernels write it directly; ZeRO-3: the
+                           * rank's pieces [shard.len] there) */
     qt_weight_slots *wslots; /* ZeRO-3, w_host: where the model reads the whole weights of a bucket (owned) */
     void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
-                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: fp32 [shard.total] in
-                           * pinned host memory (owned, mapped: the norm and AdamW read it directly) */
+                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: fp32 [shard.total] (ZeRO-2/3:
+                           * [shard.len]) in pinned host memory (owned, mapped: the norm and AdamW read it directly) */
     float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
                            * backward writes it, between head and tail margins of grad_margin elements
                            * (owned array; the slots are in the arena) */

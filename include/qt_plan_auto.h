@@ -58,9 +58,10 @@ qt_probe qt_probe_default(void);
  * GPU, the defaults. */
 qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
-#define QT_PLAN_AUTO_MAX 65536 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 4 (zero x
-                                * grad_accum_dtype: 1 and 2 with fp32, 1 with bf16, 3 with fp32) with several
-                                * ranks; one GPU: 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused */
+#define QT_PLAN_AUTO_MAX 65536 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 8 (zero x
+                                * grad_accum_dtype x offload items: 1 fp32 and 1 bf16 with zero 1, 2 with zero 2
+                                * (none, gradients), 4 with zero 3) = 53,760 with several ranks; one GPU:
+                                * 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused */
 
 typedef struct {
     int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;

@@ -31,6 +31,12 @@ typedef struct {
     int grads_host;    /* memory.offload: [gradients], one GPU: the fp32 gradients in pinned host memory; the backward
                         * writes each bucket into a device slot (ZeRO-2's), loaded from host before and stored back
                         * after, on the side stream (qt_param_grad_load / _store) */
+    int weights_shard_host; /* memory.offload: [weights] with ZeRO-3: the rank's bf16 pieces in pinned mapped host
+                        * memory; each weight slot is all-gathered from every rank's host pieces
+                        * (qt_comm_all_gather_host), AdamW writes the pieces through the mapping */
+    int grads_shard_host; /* memory.offload: [gradients] with ZeRO-2/3: the rank's fp32 gradient shard in pinned mapped
+                        * host memory; each bucket's reduce-scattered piece is added into it there by the same
+                        * kernel as on the GPU (through the mapping), the norm and AdamW read it there */
     int overlap;       /* data parallel: the last micro-step's bucket sums overlap its backward */
     int opt_ahead;     /* one GPU offloaded: AdamW bucket by bucket on the side stream, ahead of the next forward */
     int weights_ahead; /* the next forward waits for each bucket's weights (updated or gathered on the side

@@ -32,7 +32,11 @@ typedef struct {
                              * memory.offload: [weights], whose slots are filled by H2D copies); offloaded
                              * gradients (memory.offload: [gradients]): 1 = the backward does not wait for
                              * its shared gradient slot's store and load; 5 = a shared slot is not zeroed
-                             * after its store to host; 6 = the norm and AdamW do not wait for the last stores */
+                             * after its store to host; 6 = the norm and AdamW do not wait for the last stores;
+                             * with ZeRO ranks: 7 = ZeRO-3 with offloaded weights fills each weight slot from a
+                             * device copy of that bucket's first gather (AdamW's writes to the host pieces
+                             * never read); 8 = ZeRO-2/3 with offloaded gradients writes (=) each micro-step's
+                             * summed piece into the host shard instead of adding (+=) it */
     long zero3_read_delay_ms; /* > 0: ZeRO-3: the model stream sleeps this long after each weight acquire,
                              * before the layer reads (a gather that does not wait for the slot's
                              * readers overwrites it first); dp_ag_delay_ms also delays each ZeRO-3 gather */

@@ -305,9 +305,20 @@ static void test_offload_list(void) {
                "t.yaml:4:3: precision.grad_accum_dtype: expected fp32 with memory.offload: [gradients], got \"bf16\": the "
                "gradient slots the backward writes and the host gradients are fp32");
     EXPECT_ERR("memory:\n  offload: [gradients]\nparallel:\n  devices: [0, 0]\n",
-               "t.yaml:4:3: parallel.devices: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with "
-               "memory.offload: [gradients]: the offloaded gradients are built for one GPU; with several ranks "
-               "parallel.zero: 2 shards them instead");
+               "t.yaml:4:3: parallel.devices: expected one GPU (parallel.gpus: 1) or parallel.zero: 2 or 3 with "
+               "memory.offload: [gradients]: with several ranks the offloaded gradients are the rank's ZeRO-2 shard");
+    EXPECT_ERR("memory:\n  offload: [gradients]\nparallel:\n  gpus: 2\n  zero: 1\n",
+               "t.yaml:4:3: parallel.gpus: expected one GPU (parallel.gpus: 1) or parallel.zero: 2 or 3 with "
+               "memory.offload: [gradients]: with several ranks the offloaded gradients are the rank's ZeRO-2 shard");
+    /* gradients with several ranks: ZeRO-2 and 3 offload the rank's gradient shard */
+    for (int z = 2; z <= 3; z++) {
+        char y[160];
+        snprintf(y, sizeof y, "memory:\n  offload: [gradients]\nparallel:\n  devices: [0, 0]\n  zero: %d\nperf:\n  "
+                 "cuda_graphs: false\n", z);
+        QT_REQUIRE(load(y, NULL, 0) == 0, "gradients, zero %d: %s", z, err);
+        QT_EXPECT((cfg.memory.offload & QT_OFF_GRADIENTS) && cfg.parallel.zero == z, "zero %d: offload %d", z,
+                  cfg.memory.offload);
+    }
     /* weights: one GPU, no CUDA graphs, fp8 quantized from the weight slots (cache none implied) */
     QT_REQUIRE(load("memory:\n  offload: [weights]\nparallel:\n  gpus: 1\n", NULL, 0) == 0, "%s", err);
     QT_EXPECT((cfg.memory.offload & QT_OFF_WEIGHTS) && !cfg.memory.offload_optimizer && !cfg.perf.cuda_graphs,
@@ -325,13 +336,16 @@ static void test_offload_list(void) {
                "precision.matmul_dtype: e4m3, got \"all\": the GPU holds no layer's bf16 weights outside its weight slot, "
                "so each layer is quantized from its slot at use (the same bits); give none, or leave the key out");
     EXPECT_ERR("memory:\n  offload: [weights]\nparallel:\n  devices: [0, 0]\n",
-               "t.yaml:4:3: parallel.devices: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: "
-               "[weights]: the offloaded bf16 weights are built for one GPU; with several ranks parallel.zero: 3 shards "
-               "them instead");
+               "t.yaml:4:3: parallel.devices: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) or parallel.zero: 3 "
+               "with memory.offload: [weights]: with several ranks the offloaded bf16 weights are the rank's ZeRO-3 pieces");
     EXPECT_ERR("parallel:\n  zero: 2\nmemory:\n  offload: [weights]\n",
-               "t.yaml:2:3: parallel.zero: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: "
-               "[weights]: the offloaded bf16 weights are built for one GPU; with several ranks parallel.zero: 3 shards "
-               "them instead");
+               "t.yaml:2:3: parallel.zero: expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) or parallel.zero: 3 "
+               "with memory.offload: [weights]: with several ranks the offloaded bf16 weights are the rank's ZeRO-3 pieces");
+    /* weights with ZeRO-3 ranks: the rank's pieces (and its gradient shard), no CUDA graphs */
+    QT_REQUIRE(load("memory:\n  offload: [weights, gradients]\nparallel:\n  devices: [0, 0]\n  zero: 3\nperf:\n  "
+                    "cuda_graphs: false\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT((cfg.memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)) == (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS) &&
+                  cfg.parallel.zero == 3, "zero 3: offload %d", cfg.memory.offload);
     const char *ow[] = {"memory.offload=[weights]", "parallel.gpus=2"};
     QT_EXPECT(load("", ow, 2) == -1 && strstr(err, "parallel.gpus: expected one GPU"), "--set: %s", err);
     EXPECT_ERR("memory:\n  offload_optimizer: true\n  offload: [residual]\n",

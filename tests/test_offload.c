@@ -1,4 +1,4 @@
-/* test_offload.c — memory.offload: [weights] and [gradients] on one GPU: the bf16 weights in pinned host
+/* test_offload.c — memory.offload: [weights] and [gradients] on one GPU and with ZeRO ranks: the bf16 weights in pinned host
  * memory, read through ZeRO-3's weight slots (each bucket copied up on the side stream as the model
  * reaches it); the fp32 gradients in pinned host memory, written through ZeRO-2's gradient slots (each
  * loaded from host before its bucket is written, stored back after); both with the on-GPU bits.
@@ -21,7 +21,15 @@
  * bitwise at grad_accum 2 (bf16, fp8, CUDA graphs, tied, optimizer offloaded, and everything offloaded
  * at once in bf16, fp8 and bf16 master + block recompute); mutants: a slot written before its store and
  * reload (stores delayed), a shared slot not zeroed after its store, the norm and AdamW before the last
- * stores (stores delayed). Autotuning off: every run multiplies with the same algorithms. */
+ * stores (stores delayed).
+ * Several ranks (QT_TEST_ONLY=offload_ranks) — CPU: 7B on 4 ranks, the shard rows move to the host
+ * ("weights (bf16 shard, offloaded)", "gradients (fp32 shard, offloaded)"); the lifted and kept refusals.
+ * GPU (qt_t_ranks: 2 and 3 ranks, on GPU 0 when there are fewer GPUs): ZeRO-3 + [weights], ZeRO-2/3 +
+ * [gradients] and ZeRO-3 + both = the same ZeRO level without the offload, bitwise (bf16, fp8, overlap
+ * on/off, grad_accum 2, bf16 master with the optimizer offloaded, tied, bf16 sums); mutants 7 (weight
+ * slots from a stale device copy of the pieces), 8 (the host shard overwritten by each micro-step's sum)
+ * and 2 (sums in descending rank order, 3 ranks) caught. Autotuning off: every run multiplies with the
+ * same algorithms. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -403,6 +411,218 @@ static void test_offload_weights_ranks_refused(void) {
     printf("  %s\n", err);
 }
 
+/* ---- several ranks: ZeRO-3's offloaded pieces, ZeRO-2/3's offloaded gradient shard ---- */
+
+/* 7B on 4 ranks (the planner's rows, no GPU; the optimizer state offloaded, as the config has it): ZeRO-3 + [weights] moves the device row "weights (bf16
+ * shard)" (shard.len x 2) to the host row "weights (bf16 shard, offloaded)" (every rank's: x 4); ZeRO-2 or
+ * 3 + [gradients] moves "gradients (fp32 shard)" (shard.len x 4) to "gradients (fp32 shard, offloaded)";
+ * the slots and every other row stay, so the GPU saves exactly those rows and the host grows by them. */
+static void test_plan_7b_ranks(void) {
+    enum { N = 4 };
+    static const struct { int zero; const char *list; int w, g; } cases[] = {
+        {3, "memory.offload=[weights, master, m, v]", 1, 0}, {3, "memory.offload=[gradients, master, m, v]", 0, 1},
+        {3, "memory.offload=[weights, gradients, master, m, v]", 1, 1}, {2, "memory.offload=[gradients, master, m, v]", 0, 1},
+    };
+    const double G = 1073741824.0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        qt_config cfg[2];
+        char err[512], z[32];
+        static qt_run_plan rp[2];
+        qt_layout L;
+        qt_weight_src src;
+        snprintf(z, sizeof z, "parallel.zero=%d", cases[i].zero);
+        const char *o[2][4] = {{"parallel.gpus=4", "perf.cuda_graphs=false", z, "memory.offload=[master, m, v]"},
+                               {"parallel.gpus=4", "perf.cuda_graphs=false", z, cases[i].list}};
+        for (int k = 0; k < 2; k++) {
+            QT_REQUIRE(qt_config_load(&cfg[k], "configs/qwen2.5-7b-bf16.yaml", o[k], 4, err, sizeof err) == 0, "%s", err);
+            QT_REQUIRE(qt_model_layout(&cfg[k], &L, &src, err, sizeof err) == 0, "%s", err);
+            QT_REQUIRE(qt_plan_run(&L, &cfg[k], N, 1, &rp[k], err, sizeof err) == 0, "%s", err);
+            if (k == 0) qt_layout_free(&L);
+        }
+        qt_shard sh;
+        qt_shard_init(&sh, &L, N, 0, 1); /* as the planner: sharded */
+        size_t wd = row(&rp[0].mem, "weights (bf16 shard)"), gd = row(&rp[0].mem, "gradients (fp32 shard)");
+        size_t wh = row(&rp[1].mem, "weights (bf16 shard, offloaded)"), gh = row(&rp[1].mem, "gradients (fp32 shard, offloaded)");
+        size_t wd1 = row(&rp[1].mem, "weights (bf16 shard)"), gd1 = row(&rp[1].mem, "gradients (fp32 shard)");
+        size_t saved = (cases[i].w ? wd : 0) + (cases[i].g ? gd : 0), grown = (size_t)N * sh.len * (2 * cases[i].w + 4 * cases[i].g);
+        printf("  7B, 4 ranks, ZeRO-%d %-36s GPU %.2f -> %.2f GiB, host %.1f -> %.1f GiB (weights shard %.2f GiB, gradient "
+               "shard %.2f GiB a rank)\n", cases[i].zero, cases[i].list, rp[0].gpu_bytes / G, rp[1].gpu_bytes / G,
+               rp[0].host_bytes / G, rp[1].host_bytes / G, sh.len * 2 / G, sh.len * 4 / G);
+        QT_EXPECT(gd == qt_mem_aligned(sh.len * 4) && (cases[i].zero < 3 || wd == qt_mem_aligned(sh.len * 2)),
+                  "%s: reference rows %zu %zu", cases[i].list, wd, gd);
+        QT_EXPECT(wd1 == (cases[i].w ? 0 : wd) && gd1 == (cases[i].g ? 0 : gd), "%s: device rows left %zu %zu", cases[i].list,
+                  wd1, gd1);
+        QT_EXPECT(wh == (cases[i].w ? N * sh.len * 2 : 0) && gh == (cases[i].g ? N * sh.len * 4 : 0),
+                  "%s: host rows %zu %zu (shard %zu)", cases[i].list, wh, gh, sh.len);
+        QT_EXPECT(row(&rp[1].mem, "weights (bf16, offloaded)") == 0 && row(&rp[1].mem, "gradients (fp32, offloaded)") == 0,
+                  "%s: one GPU's rows", cases[i].list);
+        QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == saved, "%s: the GPU saves %zu bytes, expected %zu", cases[i].list,
+                  rp[0].gpu_bytes - rp[1].gpu_bytes, saved);
+        QT_EXPECT(rp[1].host_bytes - rp[0].host_bytes == grown, "%s: the host grows by %zu, expected %zu", cases[i].list,
+                  rp[1].host_bytes - rp[0].host_bytes, grown);
+        qt_layout_free(&L);
+    }
+}
+
+/* With several ranks the offloads are the rank's shard: [weights] needs ZeRO-3, [gradients] ZeRO-2 or 3
+ * (lifted); [weights] with ZeRO 1 or 2 and [gradients] with ZeRO 1 stay refused, with the key named, and
+ * ZeRO-3's own refusals (CUDA graphs) hold with the offloads. */
+static void test_offload_ranks_config(void) {
+    static const struct { const char *par, *mem; int graphs; const char *says; } cases[] = {
+        {"devices: [0, 0], zero: 3", "offload: [weights]", 0, NULL},
+        {"devices: [0, 0], zero: 3", "offload: [weights, gradients, master, m, v]", 0, NULL},
+        {"devices: [0, 0], zero: 2", "offload: [gradients]", 0, NULL},
+        {"devices: [0, 0], zero: 3", "offload: [gradients]", 0, NULL},
+        {"gpus: 4, zero: 2", "offload: [gradients, master, m, v]", 0, NULL},
+        {"devices: [0, 0], zero: 2", "offload: [weights]", 0, "parallel.zero: expected one GPU (parallel.gpus: 1, parallel.zero "
+         "0 or 1) or parallel.zero: 3 with memory.offload: [weights]"},
+        {"devices: [0, 0], zero: 1", "offload: [weights]", 0, "parallel.devices: expected one GPU"},
+        {"gpus: 2, zero: 1", "offload: [gradients]", 0, "parallel.gpus: expected one GPU (parallel.gpus: 1) or parallel.zero: "
+         "2 or 3 with memory.offload: [gradients]"},
+        {"devices: [0, 0], zero: 3", "offload: [weights, gradients]", 1, "perf.cuda_graphs: expected false with parallel.zero: 3"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char yaml[1024], err[1024] = "";
+        qt_config c;
+        snprintf(yaml, sizeof yaml, MODEL "data: {seq_len: 32}\nparallel: {%s}\nmemory: {%s}\nperf: {cuda_graphs: %s}\n",
+                 cases[i].par, cases[i].mem, cases[i].graphs ? "true" : "false");
+        int rc = qt_config_load_string(&c, yaml, "r.yaml", NULL, 0, err, sizeof err);
+        printf("  parallel {%s}, memory {%s}: %s\n", cases[i].par, cases[i].mem, rc ? err : "taken");
+        if (cases[i].says) QT_EXPECT(rc != 0 && strstr(err, cases[i].says), "%zu: expected a refusal with '%s', got %s", i,
+                                     cases[i].says, rc ? err : "none");
+        else QT_EXPECT(rc == 0, "%zu: %s", i, err);
+    }
+}
+
+/* One run on `ranks` ranks at ZeRO `zero` (parallel keys `par`), with memory keys `mem` and extra
+ * sections `lines`, at grad_accum `accum`. */
+static int run_ranks(const char *tag, int ranks, int zero, const char *par, const char *mem, const char *lines, int accum,
+                     run_out *o, char *err, size_t errlen) {
+    char yaml[4096], logp[512], d[512];
+    snprintf(logp, sizeof logp, "%s/log_%s.jsonl", g_dir, tag);
+    snprintf(d, sizeof d, "%s/ckpt_%s", g_dir, tag);
+    snprintf(yaml, sizeof yaml,
+             "%sdata: {train: '%s/syn_train_*.bin.zst', seq_len: 32, micro_batch: 3, grad_accum: %d}\n"
+             "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
+             "checkpoint: {dir: '%s', every: 0, keep: 1}\nlog: {file: '%s', every: 1}\ndevice: cuda\n"
+             "parallel: {%s, zero: %d%s%s}\nperf: {matmul_autotune: false, cuda_graphs: false}\n%s%s%s%s\n",
+             g_model, g_dir, accum, STEPS, d, logp, qt_t_ranks(ranks), zero, *par ? ", " : "", par, *mem ? "memory: {" : "",
+             mem, *mem ? "}\n" : "", lines);
+    return qt_t_run_yaml(yaml, logp, d, NULL, -1, o, err, errlen);
+}
+
+typedef struct {
+    const char *name, *model;
+    int zero;
+    const char *par, *lines, *mem, *list; /* the reference's memory keys `mem`; the offloaded run's: mem + list */
+    int accum;
+} rank_case;
+
+/* Each case on 2 and 3 ranks: the same ZeRO level with nothing offloaded against `list` offloaded,
+ * bitwise. */
+static void ranks_bitwise(const rank_case *cases, size_t n) {
+    for (int ranks = 2; ranks <= 3; ranks++)
+        for (size_t i = 0; i < n; i++) {
+            run_out a, b;
+            char why[512] = "", err[1024], tag[160], mem[256];
+            qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of an offloaded optimizer state */
+            g_model = cases[i].model;
+            int rc = 0;
+            for (int k = 0; k < 2 && !rc; k++) {
+                snprintf(mem, sizeof mem, "%s%s%s", cases[i].mem, *cases[i].mem && k ? ", " : "", k ? cases[i].list : "");
+                snprintf(tag, sizeof tag, "%s_r%d_%s", cases[i].name, ranks, k ? "off" : "ref");
+                qt_test_hooks_set(strstr(cases[i].list, "master") ? &h : NULL); /* both runs: the same chunks */
+                if (run_ranks(tag, ranks, cases[i].zero, cases[i].par, mem, cases[i].lines, cases[i].accum, k ? &b : &a, err,
+                              sizeof err))
+                    rc = -1, snprintf(why, sizeof why, "%s: %s", tag, err);
+                qt_test_hooks_set(NULL);
+            }
+            g_model = MODEL;
+            if (!rc) rc = qt_t_same_bits(&a, &b, 0, why, sizeof why);
+            printf("  %d ranks %-24s ZeRO-%d + %s vs ZeRO-%d: %s\n", ranks, cases[i].name, cases[i].zero, cases[i].list,
+                   cases[i].zero, rc == 1 ? "bitwise equal" : why);
+            QT_EXPECT(rc == 1, "%d ranks, %s: %s", ranks, cases[i].name, why);
+            if (rc == 1 && i == 0) QT_EXPECT(b.loss[STEPS - 1] < b.loss[0], "loss did not fall: %g -> %g", b.loss[0], b.loss[STEPS - 1]);
+        }
+}
+
+/* ZeRO-3 with the rank's bf16 pieces offloaded = ZeRO-3 (every weight slot all-gathered from the ranks'
+ * host pieces, AdamW writing them through the mapping): bf16 with and without overlap, grad_accum 2, a bf16
+ * master with the optimizer state offloaded (AdamW rounds the host pieces in place), fp8 (each layer
+ * quantized from its slot), a tied model (its table's slot gathered once per step), and [weights,
+ * gradients] together in bf16 and fp8. */
+static void test_offload_ranks_weights_zero3(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    static const rank_case cases[] = {
+        {"z3w_bf16_ov", MODEL, 3, "overlap_comm: true", "", "", "offload: [weights]", 1},
+        {"z3w_bf16_noov_acc", MODEL, 3, "overlap_comm: false", "", "", "offload: [weights]", 2},
+        {"z3w_bf16_master_opt", MODEL, 3, "overlap_comm: true", "precision: {master_dtype: bf16}\n", "offload_optimizer: true",
+         "offload: [weights, master, m, v]", 2},
+        {"z3w_fp8_acc", MODEL, 3, "overlap_comm: true", FP8, "", "offload: [weights]", 2},
+        {"z3w_bf16_tied", TIED, 3, "overlap_comm: true", "", "", "offload: [weights]", 2},
+        {"z3wg_bf16_acc", MODEL, 3, "overlap_comm: true", "", "", "offload: [weights, gradients]", 2},
+        {"z3wg_fp8_noov_acc", MODEL, 3, "overlap_comm: false", FP8, "", "offload: [weights, gradients]", 2},
+    };
+    ranks_bitwise(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ZeRO-2 with the rank's fp32 gradient shard offloaded = ZeRO-2 at grad_accum 2 (the second micro-step's
+ * sums are added into the host shard through the mapping): bf16 with and without overlap, fp8, bf16 sums,
+ * the optimizer state offloaded too, a tied model whose embedding lookups are gathered and added into the
+ * host shard, and ZeRO-3 with its gradient shard offloaded. */
+static void test_offload_ranks_gradients_zero2(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    static const rank_case cases[] = {
+        {"z2g_bf16_ov", MODEL, 2, "overlap_comm: true", "", "", "offload: [gradients]", 2},
+        {"z2g_bf16_noov", MODEL, 2, "overlap_comm: false", "", "", "offload: [gradients]", 2},
+        {"z2g_bf16_sums", MODEL, 2, "overlap_comm: true, reduce_dtype: bf16", "", "", "offload: [gradients]", 2},
+        {"z2g_bf16_opt", MODEL, 2, "overlap_comm: true", "", "offload_optimizer: true", "offload: [gradients, master, m, v]", 2},
+        {"z2g_fp8", MODEL, 2, "overlap_comm: true", FP8, "", "offload: [gradients]", 2},
+        {"z2g_bf16_tied", TIED, 2, "overlap_comm: true", "", "", "offload: [gradients]", 2},
+        {"z3g_bf16", MODEL, 3, "overlap_comm: true", "", "", "offload: [gradients]", 2},
+    };
+    ranks_bitwise(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* The mutants with ranks must change the bits (or stop the run); the delays alone must not: ZeRO-3 with
+ * offloaded pieces filling its slots from a stale device copy (7), ZeRO-2 with an offloaded gradient
+ * shard overwritten by each micro-step's sum instead of added to (8, grad_accum 2), and summed in
+ * descending rank order into the host shard (2, 3 ranks). */
+static void test_offload_ranks_mutants_caught(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    static const struct { const char *name; int zero, ranks; const char *list; qt_test_hooks h; int differs; } cases[] = {
+        {"z3 weights: gathers delayed 20 ms (no mutant)", 3, 2, "offload: [weights]", {.dp_ag_delay_ms = 20}, 0},
+        {"z3 weights: slots from a stale device copy", 3, 2, "offload: [weights]", {.zero_mutant = 7}, 1},
+        {"z2 gradients: sums delayed 20 ms (no mutant)", 2, 2, "offload: [gradients]", {.dp_sum_delay_ms = 20}, 0},
+        {"z2 gradients: shard = sum, not += sum", 2, 2, "offload: [gradients]", {.zero_mutant = 8}, 1},
+        {"z2 gradients: descending rank order", 2, 3, "offload: [gradients]", {.zero_mutant = 2}, 1},
+    };
+    run_out ref[2][4], got;
+    char why[512], err[1024], tag[64];
+    for (int z = 2; z <= 3; z++)
+        for (int r = 2; r <= 3; r++) {
+            snprintf(tag, sizeof tag, "rmut_ref_z%d_r%d", z, r);
+            QT_REQUIRE(run_ranks(tag, r, z, "overlap_comm: true", "", "", 2, &ref[z - 2][r], err, sizeof err) == 0, "%s", err);
+        }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(tag, sizeof tag, "rmut_%zu", i);
+        qt_test_hooks_set(&cases[i].h);
+        int rc = run_ranks(tag, cases[i].ranks, cases[i].zero, "overlap_comm: true", cases[i].list, "", 2, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        if (rc && cases[i].differs) { /* a mutant may make the run fail (NaN weights): caught too */
+            printf("  %-46s caught: the run failed: %s\n", cases[i].name, err);
+            continue;
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
+        int same = qt_t_same_bits(&ref[cases[i].zero - 2][cases[i].ranks], &got, 0, why, sizeof why);
+        printf("  %-46s %s\n", cases[i].name, same ? "bitwise equal to nothing offloaded" : why);
+        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
+    }
+}
+
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_offload")) return 1;
     QT_RUN(test_plan_7b_weights);
@@ -414,6 +634,11 @@ int main(void) {
     QT_RUN(test_offload_weights_mutants_caught);
     QT_RUN(test_offload_gradients_bitwise);
     QT_RUN(test_offload_gradients_mutants_caught);
+    QT_RUN(test_plan_7b_ranks);
+    QT_RUN(test_offload_ranks_config);
+    QT_RUN(test_offload_ranks_weights_zero3);
+    QT_RUN(test_offload_ranks_gradients_zero2);
+    QT_RUN(test_offload_ranks_mutants_caught);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }

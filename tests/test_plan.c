@@ -412,11 +412,19 @@ static void test_auto_axes(void) {
     QT_EXPECT(auto_pick(B7, D7x M7x, &b, &n) == 0 && b.zero == 2, "7B x 4 at 30 GiB: zero 2 not chosen");
     QT_EXPECT(auto_pick(B7, D7x ", zero: 1" M7x, &b, &n) == -1 || b.zero == 1, "zero: 1 given");
     /* ZeRO-3 over 4 ranks: 7B at 22 GiB needs the bf16 weights sharded too (zero 2's smallest plan does not
-     * fit), and with fp8 matmuls the weight quants made at use (fp8_weight_cache none) */
-#define M7x22 "}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 22}\n"
+     * fit with nothing offloaded), and with fp8 matmuls the weight quants made at use (fp8_weight_cache none) */
+#define M7x22 "}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 22, offload: []}\n"
     QT_EXPECT(auto_pick(B7, D7x M7x22, &b, &n) == 0 && b.zero == 3 && b.fp8_weight_cache == QT_FP8_WCACHE_NONE,
               "7B x 4 at 22 GiB: zero 3 not chosen");
     QT_EXPECT(auto_pick(B7, D7x ", zero: 2" M7x22, &b, &n) == -1, "7B x 4 at 22 GiB fits with zero 2: the test proves nothing");
+    /* memory.offload an axis with ranks too: zero 2 fits there with its gradient shard offloaded (never the
+     * weights: zero 3 only), and every plan auto takes offloads only what its ZeRO level allows */
+#define M7x22o "}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 22}\n"
+    QT_EXPECT(auto_pick(B7, D7x ", zero: 2" M7x22o, &b, &n) == 0 && b.zero == 2 && b.offload_bits == QT_OFF_GRADIENTS,
+              "7B x 4 at 22 GiB, zero 2: offloaded items %d", b.offload_bits);
+    QT_EXPECT(auto_pick(B7, D7x M7x22o, &b, &n) == 0 && (!(b.offload_bits & QT_OFF_WEIGHTS) || b.zero == 3) &&
+                  (!(b.offload_bits & QT_OFF_GRADIENTS) || b.zero >= 2),
+              "7B x 4 at 22 GiB: zero %d with offloaded items %d", b.zero, b.offload_bits);
     /* at equal predicted speed (micro-batch 1 fixed, both fit) the plainer ZeRO-1 */
     QT_EXPECT(auto_pick(B7, "data: {train: 'none_*.bin', seq_len: 1024, micro_batch: 1, grad_accum: 128}\n" P7
                             "parallel: {gpus: 4}\nmemory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80, recompute: [block]}\n", &b, &n) == 0 &&
@@ -474,6 +482,20 @@ static void test_auto_axes_cost(void) {
     b.parallel.reduce_dtype = QT_DT_BF16;
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
     QT_EXPECT(fabs(d - 16 * want) < 1e-9 * want, "host bf16 sums, zero 2: charged %g s, expected %g", d, 16 * want);
+    /* 4 ZeRO ranks (peer): the offloaded gradient shard (numel / 4 fp32) read and written by each of the 32
+     * micro-steps' adds (8 B) and touched once by the norm, AdamW and the zeroing (12 B); ZeRO-3's offloaded
+     * pieces: the gathers are ZeRO-3's charge already, the embedding and LM head once, AdamW's writes and
+     * the count's reads of the rank's pieces (2 x 2 B x numel / 4) */
+    a.parallel.zero = 2, a.parallel.reduce_dtype = QT_DT_F32;
+    b = a, b.memory.offload = QT_OFF_GRADIENTS;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    want = (double)L.numel / 4 * (8 * 32 + 12) / 25e9;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "zero 2 x 4, offloaded gradient shard charged %g s, expected %g", d, want);
+    a.parallel.zero = 3;
+    b = a, b.memory.offload = QT_OFF_WEIGHTS;
+    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    want = (((double)L.numel - span) * 2 + (double)L.numel / 4 * 4) / 25e9;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "zero 3 x 4, offloaded pieces charged %g s, expected %g", d, want);
     qt_layout_free(&L);
 }
 

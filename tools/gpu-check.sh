@@ -2,7 +2,7 @@
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
 # out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
-# offload_residual_bench; fp8wcache; zero; offload_weights; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
+# offload_residual_bench; fp8wcache; zero; offload_weights; offload_ranks; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
 # qtrain --plan vs a real run); python; multi = multi_tests multi_scale multi_box (issue 28: several real GPUs);
 # pending (what session 16 could not run on a GPU)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
@@ -493,7 +493,7 @@ if has pending; then
     auto="--set memory.plan=auto --set perf.cuda_graphs=false --set parallel.gpus=1"
     for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload \
         precision.grad_accum_dtype precision.master_dtype; do auto="$auto --set $k=auto"; done
-    { step test_offload 900 build/tests/test_offload
+    { step test_offload 1500 build/tests/test_offload
       step bf16_master_ckpt_bytes 300 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
       step zero3_mutants 300 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero
       step zero3_failure 200 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
@@ -507,6 +507,12 @@ if has pending; then
       step capped_14b_fp8_24 600 build/bench/train_bench configs/qwen2.5-14b-fp8.yaml --warmup 1 --steps 1 $auto \
           --set memory.gpu_limit_gib=24 --set memory.host_limit_gib=120
     } 2>&1 | tee "$OUT/pending.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|chosen|tokens/s|fit|rror'
+fi
+# memory.offload with ZeRO ranks (ranks sharing GPU 0 where there is one GPU): ZeRO-3 + [weights], ZeRO-2/3 +
+# [gradients], ZeRO-3 + both = the same level without the offload, bitwise, on 2 and 3 ranks; mutants 7, 8, 2
+if has offload_ranks; then
+    { step offload_ranks 1500 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
+    } 2>&1 | tee "$OUT/offload_ranks.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi
 if has offload_weights; then
     b15w="configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set parallel.gpus=1 --set perf.cuda_graphs=false"

@@ -346,14 +346,17 @@ static where model_key_at(const ctx *x, const char *msg) {
     return x->first_inline >= 0 ? x->at[x->first_inline] : (where){0, 0, -1};
 }
 
-/* What memory.offload: [weights] cannot run with (one GPU, no CUDA graphs, no persistent fp8 weight
- * cache) and [gradients] (one GPU, fp32 gradients), NULL when nothing: *key names the key to blame. */
+/* What memory.offload: [weights] cannot run with (one GPU or ZeRO-3, no CUDA graphs, no persistent fp8
+ * weight cache) and [gradients] (one GPU or ZeRO-2/3, fp32 gradients), NULL when nothing: *key names the
+ * key to blame. Called below ZeRO-3 only (zero3_refusal): ZeRO-3 takes both offloads, its own refusals
+ * covering the weights'. */
 static const char *weights_refusal(const qt_config *c, const char **key) {
+    int ranks = c->parallel.gpus > 1 || c->parallel.devices.n > 1;
     if (c->memory.offload & QT_OFF_GRADIENTS) {
-        if (c->parallel.zero >= 2 || c->parallel.gpus > 1 || c->parallel.devices.n > 1) {
-            *key = c->parallel.zero >= 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
-            return "expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: [gradients]: the "
-                   "offloaded gradients are built for one GPU; with several ranks parallel.zero: 2 shards them instead";
+        if (ranks && c->parallel.zero < 2) {
+            *key = c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
+            return "expected one GPU (parallel.gpus: 1) or parallel.zero: 2 or 3 with memory.offload: [gradients]: "
+                   "with several ranks the offloaded gradients are the rank's ZeRO-2 shard";
         }
         if (c->precision.grad_accum_dtype == QT_DT_BF16) {
             *key = "precision.grad_accum_dtype";
@@ -362,10 +365,10 @@ static const char *weights_refusal(const qt_config *c, const char **key) {
         }
     }
     if (!(c->memory.offload & QT_OFF_WEIGHTS)) return NULL;
-    if (c->parallel.zero >= 2 || c->parallel.gpus > 1 || c->parallel.devices.n > 1) {
-        *key = c->parallel.zero >= 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
-        return "expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) with memory.offload: [weights]: the offloaded "
-               "bf16 weights are built for one GPU; with several ranks parallel.zero: 3 shards them instead";
+    if (c->parallel.zero == 2 || ranks) {
+        *key = c->parallel.zero == 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
+        return "expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) or parallel.zero: 3 with memory.offload: "
+               "[weights]: with several ranks the offloaded bf16 weights are the rank's ZeRO-3 pieces";
     }
     if (c->perf.cuda_graphs) {
         *key = "perf.cuda_graphs";

@@ -48,6 +48,8 @@ struct qt_dp_sync {
     long sum_delay_ms;      /* test hook: the side stream sleeps before each ZeRO-2 bucket sum */
     int mutant;             /* test hook zero_mutant (qt_test_hooks.h) */
     float *mutant_buf;      /* zero_mutant 2: every rank's copy of a bucket (owned) */
+    uint16_t *mutant_w;     /* zero_mutant 7: the first gather of each bucket's weights, kept [shard.total] (owned) */
+    char *mutant_have;      /* zero_mutant 7: [n_buckets] bucket b is in mutant_w (owned) */
     graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
     graph_set *capture;     /* the set being captured */
     qt_param_hooks wait_hooks;
@@ -108,7 +110,9 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
                  "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
     if (z2) {
-        if (!mutant) qt_add_inplace(qt_param_grad_piece(ps, b), QT_DT_F32, buf + (off - lo) * es, dt, len, s);
+        if (d->mutant == 8 && d->plan.grads_shard_host && dt == QT_DT_F32) /* MUTANT 8: = instead of += */
+            QT_CUDA(cudaMemcpyAsync(qt_param_grad_piece(ps, b), buf + (off - lo) * es, len * 4, cudaMemcpyDefault, s));
+        else if (!mutant) qt_add_inplace(qt_param_grad_piece(ps, b), QT_DT_F32, buf + (off - lo) * es, dt, len, s);
         qt_param_grad_slot_zero(ps, b, s);
         int k = qt_param_grad_slot_shared(ps, b);
         if (k >= 0) QT_CUDA(cudaEventRecord(d->slot_ev[k], s));
@@ -275,8 +279,26 @@ static void weights_wait(void *ctx, size_t upto) {
     d->gathered = k;
 }
 
-/* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it; offloaded
- * weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
+/* MUTANT (zero_mutant 7, ZeRO-3 with the pieces offloaded): bucket b's slot filled from the device copy
+ * of its first gather (AdamW's later writes to the host pieces never read again): 1 when it did so. Every
+ * rank takes the same hooks, so every rank skips the same collectives. */
+static int stale_fill(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
+    const qt_shard *sh = &d->ps->shard;
+    if (!d->mutant_w) {
+        QT_CUDA(cudaMalloc((void **)&d->mutant_w, sh->total * 2));
+        d->mutant_have = calloc((size_t)sh->n_buckets, 1);
+        QT_CHECK(d->mutant_have, "out of host memory");
+    }
+    if (!d->mutant_have[b]) return 0;
+    QT_CUDA(cudaMemcpyAsync(dst, d->mutant_w + sh->bucket[b], (sh->bucket[b + 1] - sh->bucket[b]) * 2,
+                            cudaMemcpyDefault, s));
+    return 1;
+}
+
+/* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it (offloaded
+ * pieces, weights_shard_host: every rank's copy engines pull them from the ranks' pinned host memory,
+ * qt_comm_all_gather_host, the same for every transport: no peer kernel or host staging reads them);
+ * offloaded weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
 static void fill_bucket(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
     size_t off, len, st, n = sh->bucket[b + 1] - sh->bucket[b];
@@ -286,8 +308,16 @@ static void fill_bucket(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
         QT_CUDA(cudaMemcpyAsync(dst, (uint16_t *)d->ps->w + st, n * 2, cudaMemcpyHostToDevice, s));
         return;
     }
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, dst, (uint16_t *)d->ps->w + st, n, QT_DT_BF16, s) == 0,
+    if (d->mutant == 7 && d->plan.weights_shard_host && stale_fill(d, b, dst, s)) return;
+    const void *mine = (uint16_t *)d->ps->w + st;
+    int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst, mine, n, QT_DT_BF16, s)
+                                        : qt_comm_all_gather(d->comm, rank, dst, mine, n, QT_DT_BF16, s);
+    QT_CHECK(rc == 0,
              "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
+    if (d->mutant == 7 && d->plan.weights_shard_host) { /* keep this first gather for stale_fill */
+        QT_CUDA(cudaMemcpyAsync(d->mutant_w + sh->bucket[b], dst, n * 2, cudaMemcpyDefault, s));
+        d->mutant_have[b] = 1;
+    }
 }
 
 /* ZeRO-3 / offloaded weights: a shared weight slot's fill (io.gather), delayed on the side stream by
@@ -584,6 +614,8 @@ void qt_dp_sync_free(qt_dp_sync *d) {
     if (slots) QT_CUDA(cudaEventDestroy(d->sums_ev));
     free(d->ag_ev);
     if (d->mutant_buf) QT_CUDA(cudaFree(d->mutant_buf));
+    if (d->mutant_w) QT_CUDA(cudaFree(d->mutant_w));
+    free(d->mutant_have);
     for (int i = 0; i < MS_KINDS; i++) {
         for (int k = 0; k < d->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(d->graphs[i].seg[k].exec));
         free(d->graphs[i].seg);

@@ -65,8 +65,8 @@ static const plan_axis AXES[AX_N] = {
     {"precision.master_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_mdt, set_mdt},
     {"precision.grad_accum_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_gdt, set_gdt},
     {"parallel.zero", 3, {1, 2, 3}, get_zero, set_zero},
-    {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw}, /* its gradients and
-                                                                                               * weights: one GPU only */
+    {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw}, /* gradients: one
+                                                            * GPU or ZeRO-2/3; weights: one GPU or ZeRO-3 */
 };
 
 /* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
@@ -239,24 +239,30 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
      * ZeRO-3's gathers (an upper bound), the embedding and LM-head buckets once per step, and AdamW's
      * bf16 writes (2 B/param down) and the finiteness count's reads (2 B/param up) of the host array, plus
      * a bf16 master's reads (2 B/param up) */
-    if (cfg->memory.offload & QT_OFF_WEIGHTS) {
+    int ranks = cfg->parallel.devices.n ? cfg->parallel.devices.n : cfg->parallel.gpus;
+    double mine = ranks > 1 && cfg->parallel.zero >= 1 ? (double)L->numel / ranks : (double)L->numel; /* a rank's state */
+    if (cfg->memory.offload & QT_OFF_WEIGHTS) { /* ZeRO-3 ranks: the gathers read the host pieces, charged above */
         double span = (double)(L->final_norm - L->layers[0].ln1), rest = (double)L->numel - span;
-        t += (cfg->data.grad_accum * 2 * span * 2 + rest * 2 + (double)L->numel * 2 * 2 +
-              (cfg->precision.master_dtype == QT_DT_BF16 ? (double)L->numel * 2 : 0)) / pr->pcie_bps;
+        t += ((cfg->parallel.zero >= 3 ? 0 : cfg->data.grad_accum * 2 * span * 2) + rest * 2 + mine * 2 * 2 +
+              (cfg->precision.master_dtype == QT_DT_BF16 ? mine * 2 : 0)) / pr->pcie_bps;
     }
     /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's fp32 gradients to host and,
      * but the first, loads them first (4 B/param each way; an upper bound: the embedding and LM-head
      * buckets keep theirs on the GPU within a step); the norm and AdamW read them and the zeroing writes
      * them once per step (3 x 4 B/param) */
-    if (cfg->memory.offload & QT_OFF_GRADIENTS)
+    if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero < 2)
         t += (double)L->numel * 4 * (2.0 * cfg->data.grad_accum - 1 + 3) / pr->pcie_bps;
+    /* memory.offload: [gradients] with ZeRO-2/3 ranks: each micro-step's summed piece is added into the
+     * rank's host shard (read and written through the mapping, 8 B per shard element), and the norm, AdamW
+     * and the zeroing touch the shard once per step (3 x 4 B) */
+    if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero >= 2)
+        t += mine * (8.0 * cfg->data.grad_accum + 12) / pr->pcie_bps;
     /* Gradient sums through host memory (parallel.comm host / host_wc: boards without P2P): each GPU moves
      * (n-1)/n of the gradients (4 B/param, 2 with reduce_dtype bf16) per sum, once per step with ZeRO-0/1
      * but every micro-step with ZeRO-2/3 (they reduce-scatter as the backward goes); charged at the
      * PCIe rate as if not overlapped. Calibration: 7B fp8 on 4 x H200 held to 24 GiB, host, ZeRO-3,
      * 16 micro-steps: 29,594 tokens/s predicted without this term, 21,563 with it (from the same probe),
      * 24,682 measured (bench/RESULTS.md section 6). Peer transports (NVLink) and auto are not charged. */
-    int ranks = cfg->parallel.devices.n ? cfg->parallel.devices.n : cfg->parallel.gpus;
     if (ranks > 1 && (cfg->parallel.comm == QT_COMM_HOST || cfg->parallel.comm == QT_COMM_HOST_WC)) {
         double sums = cfg->parallel.zero >= 2 ? cfg->data.grad_accum : 1;
         t += sums * (ranks - 1.0) / ranks * (double)L->numel * (cfg->parallel.reduce_dtype == QT_DT_BF16 ? 2 : 4) /
@@ -301,7 +307,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
     if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
     if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
-    else ax[AX_OFFW].n = 1, ax[AX_OFFW].v[0] = get_offw(cfg); /* offloaded weights, gradients: one GPU only */
+    int several = rp.ranks > 1; /* offloaded weights: one GPU or ZeRO-3; gradients: one GPU or ZeRO-2/3 */
     for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
         QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
         if (qt_config_given(cfg, ax[a].key))
@@ -311,7 +317,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     char what[96];
     size_t host_cap = qt_plan_host_limit(cfg, what, sizeof what);
     static qt_config c;
-    size_t smallest = (size_t)-1;
+    size_t smallest = (size_t)-1, smallest_host = (size_t)-1; /* the least host memory of a plan the GPU fits */
     int idx[AX_N] = {0}, count = 0;
     *n = 0;
     for (;;) {
@@ -321,9 +327,12 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
         redundant |= c.parallel.zero >= 2 && c.precision.grad_accum_dtype == QT_DT_BF16; /* refused by config.c */
         char zerr[512];
         redundant |= qt_config_zero3_check(&c, zerr, sizeof zerr) != 0; /* graphs, fp8 weight cache all: refused */
+        redundant |= several && (((c.memory.offload & QT_OFF_WEIGHTS) && c.parallel.zero < 3) ||
+                                 ((c.memory.offload & QT_OFF_GRADIENTS) && c.parallel.zero < 2)); /* setup.c refuses */
         if (!redundant) {
             if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
             if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
+            if (rp.gpu_bytes <= gpu_cap && rp.host_bytes < smallest_host) smallest_host = rp.host_bytes;
             if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap) && count < cap) {
                 double s = qt_plan_auto_cost(L, &c, pr);
                 out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
@@ -339,6 +348,11 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
         while (a < AX_N && ++idx[a] == ax[a].n) idx[a++] = 0;
         if (a == AX_N) break;
     }
+    if (!count && smallest_host != (size_t)-1)
+        return qt_errf(err, errlen, "%s: memory.plan: auto: no plan fits: the GPU fits plans from %.2f GiB per GPU, but the "
+                       "smallest of them needs %.1f GiB of host memory and %s allows %.1f GiB; give fewer keys as constraints, "
+                       "or see qtrain --plan", cfg->path, smallest / 1073741824.0, smallest_host / 1073741824.0, what,
+                       host_cap / 1073741824.0);
     if (!count)
         return qt_errf(err, errlen, "%s: memory.plan: auto: no plan fits: the smallest needs %.2f GiB per GPU but %s allows "
                        "%.2f GiB (the host: %s); give fewer keys as constraints, or see qtrain --plan", cfg->path,

@@ -17,7 +17,8 @@ qt_param_placement qt_plan_placement(const qt_step_plan *p, const qt_layout *L) 
     size_t chunk = qt_test_hooks_get()->offload_chunk;
     return (qt_param_placement){p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, p->zero,
                                 p->opt_ahead, p->reduce_bf16, chunk ? chunk : QT_GPU_OPTIM_CHUNK,
-                                p->grads_sharded && p->lookups && L->lm_head != L->embed, p->weights_host, p->grads_host};
+                                p->grads_sharded && p->lookups && L->lm_head != L->embed, p->weights_host || p->weights_shard_host,
+                                p->grads_host || p->grads_shard_host};
 }
 
 /* The ranks engine_create (setup.c) starts, and how many share the busiest GPU: 0, or -1 with err. */

@@ -103,10 +103,13 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         return NULL;
     }
     if (qt_config_zero3_check(cfg, err, errlen)) return NULL; /* a config changed after loading (memory.plan: auto) */
-    if ((cfg->memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)) && n > 1) {
-        snprintf(err, errlen, "%s: memory.offload: [%s] is built for one GPU, expected 1 rank, got %d (parallel.gpus: "
-                 "0 takes every visible GPU: set parallel.gpus: 1; with several ranks parallel.zero: 2 shards the "
-                 "gradients, 3 the weights too)", cfg->path, cfg->memory.offload & QT_OFF_WEIGHTS ? "weights" : "gradients", n);
+    int w_off = (cfg->memory.offload & QT_OFF_WEIGHTS) && cfg->parallel.zero < 3,
+        g_off = (cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero < 2;
+    if ((w_off || g_off) && n > 1) { /* several ranks: the rank's ZeRO-3 pieces / ZeRO-2 gradient shard only */
+        snprintf(err, errlen, "%s: memory.offload: [%s] with parallel.zero: %d is built for one GPU, expected 1 rank, got "
+                 "%d (parallel.gpus: 0 takes every visible GPU: set parallel.gpus: 1; with several ranks parallel.zero: %s "
+                 "offloads the rank's shard)", cfg->path, w_off ? "weights" : "gradients", cfg->parallel.zero, n,
+                 w_off ? "3" : "2 or 3");
         return NULL;
     }
     if (n == 1) return qt_engine_gpu_create(L, cfg, src, devs[0], NULL, err, errlen);

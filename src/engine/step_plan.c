@@ -13,9 +13,11 @@ void qt_step_plan_make(qt_step_plan *p, const qt_layout *L, const qt_config *cfg
     p->zero = p->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
     p->rank = rank;
     p->offload_opt = cfg->memory.offload_optimizer;
-    p->weights_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_WEIGHTS) != 0; /* refused with ranks (setup.c) */
+    p->weights_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_WEIGHTS) != 0; /* ranks: weights_shard_host */
     p->wslots = p->zero >= 3 || p->weights_host;
     p->grads_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_GRADIENTS) != 0;
+    p->weights_shard_host = p->zero >= 3 && (cfg->memory.offload & QT_OFF_WEIGHTS) != 0; /* else refused (setup.c) */
+    p->grads_shard_host = p->zero >= 2 && (cfg->memory.offload & QT_OFF_GRADIENTS) != 0;
     p->overlap = p->dp != QT_DP_ONE && cfg->parallel.overlap_comm;
     p->grads_sharded = p->zero >= 2;
     p->opt_ahead = p->dp == QT_DP_ONE && p->offload_opt;

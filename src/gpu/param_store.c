@@ -20,7 +20,17 @@
  * written (H2D, but in a step's first micro-step, when both are zero; a slot of its own keeps what it
  * stored instead) and stored back after (D2H) by dp_sync.c. A writer then adds into exactly the value it would find in a whole array, so every
  * accumulation (the GEMMs' beta = 1, a tied table written twice, split LM-head chunks) rounds as on the
- * GPU. The norm and AdamW read grad where it is. */
+ * GPU. The norm and AdamW read grad where it is.
+ *
+ * With ZeRO ranks the same two flags place the rank's shard instead (GPU-untested): ZeRO-3 + w_host: w is
+ * the rank's bf16 pieces [shard.len] in pinned mapped host memory; dp_sync.c all-gathers each weight slot
+ * from every rank's host pieces (qt_comm_all_gather_host: each rank's copy engines pull the pinned pieces
+ * host->device, whatever the transport), AdamW writes them through the mapping, checkpoints copy them with
+ * cudaMemcpyDefault. ZeRO-2/3 + g_host: grad is the rank's fp32 shard [shard.len] in pinned mapped host
+ * memory; everything else is ZeRO-2's (gradient slots on the GPU, reduce-scattered per bucket), and the
+ * kernel that adds each micro-step's summed piece into the shard (qt_add_inplace, reduce_bucket) and the
+ * embedding lookups' add (add_lookups) read and write it through the mapping: the same kernels in the same
+ * order, so the same bits; the norm and AdamW read it there. */
 #include "qt_param_store.h"
 
 #include <stdio.h>
@@ -41,8 +51,10 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
                                       const qt_param_placement *pl, char *err, size_t errlen) {
     QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
              pl->zero, sh->n_ranks);
-    QT_CHECK(!(pl->w_host || pl->g_host) || sh->n_ranks == 1, "parameter store: offloaded weights or gradients on a shard "
-             "of %d ranks", sh->n_ranks);
+    QT_CHECK(!pl->w_host || sh->n_ranks == 1 || pl->zero >= 3, "parameter store: offloaded weights on a ZeRO-%d shard of %d "
+             "ranks (expected ZeRO-3: the rank's pieces)", pl->zero, sh->n_ranks);
+    QT_CHECK(!pl->g_host || sh->n_ranks == 1 || pl->zero >= 2, "parameter store: offloaded gradients on a ZeRO-%d shard of %d "
+             "ranks (expected ZeRO-2 or 3: the rank's gradient shard)", pl->zero, sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
@@ -76,8 +88,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
 }
 
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
-    if (ps->place.w_host) {
-        size_t bytes = ps->shard.total * 2;
+    if (ps->place.w_host) { /* one GPU: the whole array; ZeRO-3: the rank's pieces */
+        size_t bytes = (zero3(ps) ? ps->shard.len : ps->shard.total) * 2;
         if (cudaHostAlloc(&ps->w, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
             (void)cudaGetLastError();
             ps->w = NULL;
@@ -92,8 +104,8 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
                  "%p differs from their host address %p)", dev, ps->w);
         memset(ps->w, 0, bytes); /* the padding stays zero */
     }
-    if (ps->place.g_host) {
-        size_t bytes = ps->shard.total * 4;
+    if (ps->place.g_host) { /* one GPU: the whole array; ZeRO-2/3: the rank's summed shard */
+        size_t bytes = (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * 4;
         if (cudaHostAlloc(&ps->grad, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
             (void)cudaGetLastError();
             ps->grad = NULL;
@@ -127,8 +139,10 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
 
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
-    if (zero3(ps)) { /* ZeRO-3: the rank's pieces, and the slots the model reads whole buckets from */
-        ps->w = qt_mem_plan_carve(p, "weights (bf16 shard)", ns * 2);
+    if (zero3(ps)) { /* ZeRO-3: the rank's pieces (w_host: pinned host, qt_param_store_alloc_host), and the slots
+                      * the model reads whole buckets from */
+        if (ps->place.w_host) qt_mem_plan_host(p, "weights (bf16 shard, offloaded)", ns * 2);
+        else ps->w = qt_mem_plan_carve(p, "weights (bf16 shard)", ns * 2);
         qt_wslots_carve(ps->wslots, p);
     } else if (ps->place.w_host) { /* w itself: qt_param_store_alloc_host */
         qt_mem_plan_host(p, "weights (bf16, offloaded)", n * 2);
@@ -222,7 +236,8 @@ static int find_crossings(qt_param_store *ps, char *err, size_t errlen) {
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
     const qt_shard *sh = &ps->shard;
     size_t M = ps->grad_margin, big = 0;
-    if (ps->place.g_host) qt_mem_plan_host(p, "gradients (fp32, offloaded)", sh->total * 4); /* alloc_host */
+    if (ps->place.g_host && ps->place.zero >= 2) qt_mem_plan_host(p, "gradients (fp32 shard, offloaded)", sh->len * 4);
+    else if (ps->place.g_host) qt_mem_plan_host(p, "gradients (fp32, offloaded)", sh->total * 4); /* alloc_host */
     else ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
     for (int b = 0; b < sh->n_buckets; b++)
         if (qt_param_grad_slot_shared(ps, b) >= 0 && sh->bucket[b + 1] - sh->bucket[b] > big)
@@ -507,7 +522,8 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
     size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
-    if (ps->place.g_host) qt_fill((float *)ps->grad + lo, QT_DT_F32, 0.0f, hi - lo, s); /* host: a kernel, not a memset */
+    if (ps->place.zero >= 2 && ps->place.g_host) qt_fill((float *)ps->grad + lo / n, QT_DT_F32, 0.0f, (hi - lo) / n, s);
+    else if (ps->place.g_host) qt_fill((float *)ps->grad + lo, QT_DT_F32, 0.0f, hi - lo, s); /* host: a kernel, not a memset */
     else if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
     else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
 }
