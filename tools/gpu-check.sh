@@ -378,7 +378,7 @@ fi
 if has multi_box && [ "$ngpu" -ge 4 ]; then
     # the shipped configs give their one-GPU plan's keys; auto hands them back to the planner
     box="--set parallel.gpus=4 --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
-    for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks precision.grad_accum_dtype \
+    for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload precision.grad_accum_dtype \
         precision.master_dtype parallel.zero; do box="$box --set $k=auto"; done
     box="$box --set perf.cuda_graphs=false" # ZeRO-3 runs without CUDA graphs
     { for m in ${BOX_MODELS:-7b 14b 32b}; do
