@@ -6,11 +6,12 @@
  * memory.attn_bwd_chunks; memory.offload_residual; memory.fp8_weight_cache (fp8 matmuls);
  * precision.master_dtype and precision.grad_accum_dtype (fp32, bf16); parallel.zero 1, 2, 3 (several
  * ranks; 3 not with CUDA graphs, and with fp8 only with the weight cache none); memory.offload's
- * weights and gradients items (one GPU; weights with zero 3's limits)): a new memory feature is a new row. A key the config gives is a constraint (its axis keeps the
+ * weights and gradients items (one GPU, or the ranks' shards: weights with zero 3, gradients with zero 2
+ * and 3)): a new memory feature is a new row. A key the config gives is a constraint (its axis keeps the
  * given value). bf16 master weights or gradients change the numerics: a plan with them is kept only when
  * no plan with fp32 ones fits, and the chosen plan then says so. Offloaded weights or gradients (the same
- * bits) cost PCIe bytes every micro-step: among the rest a plan with them is kept only when no plan with
- * fewer of them fits. At equal predicted speed the plainer
+ * bits) cost PCIe bytes every micro-step: among the rest a plan with them is kept only when no plan
+ * without them fits (then the cost model picks among them). At equal predicted speed the plainer
  * plan wins (each axis lists its plainest value first). Each candidate's plan is made with qt_plan_run (no GPU, nothing
  * allocated) and kept when it fits the GPU (memory.gpu_limit_gib, else the probe's GPU memory) and the
  * host limit. Cost per optimizer step:

@@ -334,6 +334,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
             if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
             if (rp.gpu_bytes <= gpu_cap && rp.host_bytes < smallest_host) smallest_host = rp.host_bytes;
             if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap) && count < cap) {
+                if (!c.parallel.gpus && !c.parallel.devices.n) c.parallel.gpus = rp.ranks; /* the cost's rank count */
                 double s = qt_plan_auto_cost(L, &c, pr);
                 out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
                                               c.memory.offload_optimizer, c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
@@ -359,11 +360,14 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                        smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
                        gpu_cap / 1073741824.0, what);
     /* bf16 master / gradients only where no plan with fp32 ones fits (the numerics first: offloading keeps
-     * the bits, and its PCIe bytes are in the cost) */
-    int least = 2, kept = 0;
+     * the bits); then offloaded weights / gradients only where no plan without them fits (they move the
+     * weights or gradients over PCIe every micro-step and the cost model bounds that from above only);
+     * among plans that need them the cost model picks, whichever items */
+    int least = 2, plain = 0, kept = 0;
     for (int i = 0; i < count; i++) least = out[i].lossy < least ? out[i].lossy : least;
+    for (int i = 0; i < count; i++) plain |= out[i].lossy == least && !out[i].offload_bits;
     for (int i = 0; i < count; i++)
-        if (out[i].lossy == least) out[kept++] = out[i];
+        if (out[i].lossy == least && (!plain || !out[i].offload_bits)) out[kept++] = out[i];
     count = kept;
     qsort(out, (size_t)count, sizeof *out, by_speed);
     *n = count;
