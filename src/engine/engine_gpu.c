@@ -249,6 +249,11 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
 
 static float *gpu_grads_device(qt_engine *b, int *device) {
     gpu_engine *e = (gpu_engine *)b;
+    const qt_param_store *ps = e->g->ps;
+    QT_CHECK(!ps->place.g_host && ps->grad_dt == QT_DT_F32,
+             "device gradients: expected fp32 gradients on the GPU, got %s (memory.offload: [gradients] keeps them in "
+             "host memory; precision.grad_accum_dtype bf16 is not fp32): read them with qtrain_get_gradients",
+             ps->place.g_host ? "gradients in host memory" : "bf16 gradients");
     qt_dp_sync_join(e->sync);
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
     QT_CUDA(cudaGetDevice(device));
@@ -335,6 +340,8 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
     qt_param_store *ps = g->ps;
     size_t n = b->L->numel;
     qt_dp_sync_join(e->sync);
+    /* host-resident items (memory.offload) are copied on the CPU: nothing queued may still write them */
+    QT_CUDA(cudaStreamSynchronize(g->stream));
     for (int i = 0; i < 4; i++) {
         qt_dtype want_dt;
         void *dst = qt_param_item(ps, i, &want_dt);

@@ -2,6 +2,7 @@
  * state, stop and error saves, resume with fallback and identity checks (qt_train_ckpt.h). */
 #include "qt_train_ckpt.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,30 +60,34 @@ int qt_trainer_check_weights(qt_trainer *t, int settle, char *err, size_t errlen
                    "nothing saved, %s", step, name, newest);
 }
 
+/* The first index in [lo, hi) whose exponent bits are all set (NaN/Inf; `exp` the dtype's exponent
+ * mask), else SIZE_MAX: one test per 4096 elements, so the inner loops vectorize. */
+#define FIRST_NONFINITE(name, T)                                                                   \
+    static size_t name(const T *u, size_t lo, size_t hi, T exp) {                                  \
+        for (size_t i = lo; i < hi; i += 4096) {                                                   \
+            size_t e = i + 4096 < hi ? i + 4096 : hi;                                              \
+            unsigned any = 0;                                                                      \
+            for (size_t j = i; j < e; j++) any |= (u[j] & exp) == exp;                             \
+            for (size_t j = i; any && j < e; j++)                                                  \
+                if ((u[j] & exp) == exp) return j;                                                 \
+        }                                                                                          \
+        return SIZE_MAX;                                                                           \
+    }
+FIRST_NONFINITE(first_nonfinite16, uint16_t)
+FIRST_NONFINITE(first_nonfinite32, uint32_t)
+
 /* Runs on the writer thread: reads only the layout, saved_step and the blob's bytes [lo, hi) (a widened
  * blob's bf16 values lo / 4 .. hi / 4). */
 int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *ctx, char *err, size_t errlen) {
     const qt_trainer *t = ctx;
     const qt_layout *L = t->eng->L;
     size_t n = L->numel, bad = (size_t)-1;
-    if ((it->flags & QT_CKPT_WIDEN_BF16) && it->bytes == n * 4) {
-        const uint16_t *u = it->data;
-        for (size_t i = lo / 4; i < hi / 4 && bad == (size_t)-1; i++)
-            if ((u[i] & 0x7f80u) == 0x7f80u) bad = i;
-    } else if (it->dtype == QT_DT_F32 && it->bytes == n * 4) {
-        const uint32_t *u = it->data;
-        for (size_t i = lo / 4; i < hi / 4 && bad == (size_t)-1; i += 4096) { /* one test per 4096: vectorizes */
-            size_t e = i + 4096 < hi / 4 ? i + 4096 : hi / 4;
-            uint32_t any = 0;
-            for (size_t j = i; j < e; j++) any |= (u[j] & 0x7f800000u) == 0x7f800000u;
-            for (size_t j = i; any && j < e && bad == (size_t)-1; j++)
-                if ((u[j] & 0x7f800000u) == 0x7f800000u) bad = j;
-        }
-    } else if (it->dtype == QT_DT_BF16 && it->bytes == n * 2) {
-        const uint16_t *u = it->data;
-        for (size_t i = lo / 2; i < hi / 2 && bad == (size_t)-1; i++)
-            if ((u[i] & 0x7f80u) == 0x7f80u) bad = i;
-    }
+    if ((it->flags & QT_CKPT_WIDEN_BF16) && it->bytes == n * 4)
+        bad = first_nonfinite16(it->data, lo / 4, hi / 4, 0x7f80u);
+    else if (it->dtype == QT_DT_F32 && it->bytes == n * 4)
+        bad = first_nonfinite32(it->data, lo / 4, hi / 4, 0x7f800000u);
+    else if (it->dtype == QT_DT_BF16 && it->bytes == n * 2)
+        bad = first_nonfinite16(it->data, lo / 2, hi / 2, 0x7f80u);
     if (bad == (size_t)-1) return 0;
     char name[128];
     qt_trainer_tensor_name(L, bad, name, sizeof name);
