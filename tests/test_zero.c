@@ -64,16 +64,22 @@ static size_t row(const qt_mem_plan *p, const char *kind) {
     return 0;
 }
 
+/* configs/qwen2.5-7b-bf16.yaml's config, layout and rank 1's shard of 2 ranks: 0, or -1 with err. */
+static int load_7b_two_ranks(qt_config *cfg, qt_layout *L, qt_shard *sh, char *err, size_t errlen) {
+    if (qt_config_load(cfg, "configs/qwen2.5-7b-bf16.yaml", NULL, 0, err, errlen)) return -1;
+    qt_model_cfg mc = cfg->model;
+    qt_model_cfg_finish(&mc);
+    if (qt_layout_init(L, &mc, err, errlen)) return -1;
+    qt_shard_init(sh, L, 2, 1, 1);
+    return 0;
+}
+
 static void test_plan_7b_two_ranks(void) {
     qt_config cfg;
     char err[512];
-    QT_REQUIRE(qt_config_load(&cfg, "configs/qwen2.5-7b-bf16.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
-    qt_model_cfg mc = cfg.model;
-    qt_model_cfg_finish(&mc);
     qt_layout L;
-    QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
     qt_shard sh;
-    qt_shard_init(&sh, &L, 2, 1, 1);
+    QT_REQUIRE(load_7b_two_ranks(&cfg, &L, &sh, err, sizeof err) == 0, "%s", err);
     const double G = 1073741824.0;
     size_t grad[3] = {0}, total[3] = {0};
     for (int z = 1; z <= 2; z++) {
@@ -92,7 +98,7 @@ static void test_plan_7b_two_ranks(void) {
     /* the expected slots: 3 of the largest bucket without table elements, each other bucket with some
      * but the embeddings' own (nothing writes there: the lookups go to the shard) */
     QT_EXPECT(qt_gpu_model_lookups_pay(&L, &cfg, 2), "7B on 2 ranks gathers its lookups");
-    size_t vc = (size_t)mc.vocab_size * mc.hidden_size, big = 0, own = 0, M2 = 2 * 64 * 2; /* margins, 2 ranks */
+    size_t vc = (size_t)L.cfg.vocab_size * L.cfg.hidden_size, big = 0, own = 0, M2 = 2 * 64 * 2; /* margins, 2 ranks */
     for (int b = 0; b < sh.n_buckets; b++) {
         size_t lo = sh.bucket[b], hi = sh.bucket[b + 1], len = hi - lo;
         int table = (lo < L.embed + vc && L.embed < hi) || (lo < L.lm_head + vc && L.lm_head < hi);
@@ -244,13 +250,9 @@ static void test_config_keys(void) {
 static void test_zero3_plan_7b(void) {
     qt_config cfg;
     char err[512];
-    QT_REQUIRE(qt_config_load(&cfg, "configs/qwen2.5-7b-bf16.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
-    qt_model_cfg mc = cfg.model;
-    qt_model_cfg_finish(&mc);
     qt_layout L;
-    QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
     qt_shard sh;
-    qt_shard_init(&sh, &L, 2, 1, 1);
+    QT_REQUIRE(load_7b_two_ranks(&cfg, &L, &sh, err, sizeof err) == 0, "%s", err);
     const double G = 1073741824.0;
     qt_mem_plan p[4];
     for (int z = 2; z <= 3; z++) {
@@ -471,7 +473,6 @@ static void compare_cases(int za, int zb, const zcase *cases, size_t n) {
             if (rc == 1 && i == 0) QT_EXPECT(b.loss[STEPS - 1] < b.loss[0], "loss did not fall: %g -> %g", b.loss[0], b.loss[STEPS - 1]);
         }
 }
-
 
 static void test_zero2_equals_zero1(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
