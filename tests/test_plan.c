@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include "qt_attention.h"
 #include "qt_comm.h"
 #include "qt_cpu_model.h"
 #include "qt_device.h"
@@ -629,6 +630,28 @@ static void test_plan_equals_allocation(void) {
     }
 }
 
+/* The planner's attention workspace without a GPU (qt_attention_bwd_est_ws) against what cuDNN's plans ask
+ * for, at the shapes of the shipped configs (0.5B, 7B, 14B, 32B heads) and the micro-batches auto picks
+ * from: never below the backward's measured workspace (a plan auto picks must fit when the model measures
+ * it), at most 2x it, and the forward's at the same B printed (the model reserves the larger). */
+static void test_attention_ws_estimate(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    QT_CUDA(cudaSetDevice(0));
+    qt_attention_ctx *a = qt_attention_create();
+    const int heads[][2] = {{14, 2}, {28, 4}, {40, 8}};
+    for (int h = 0; h < 3; h++)
+        for (int B = 1; B <= 64; B *= 2) {
+            int H = heads[h][0], Hkv = heads[h][1], T = 1024, D = 128;
+            size_t est = qt_attention_bwd_est_ws(B, T, H, D), bwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 1);
+            size_t fwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 0);
+            printf("  H %2d Hkv %d B %2d: backward %8.1f MiB measured, %8.1f estimated; forward %8.1f MiB\n", H, Hkv, B,
+                   bwd / 1048576.0, est / 1048576.0, fwd / 1048576.0);
+            QT_EXPECT(bwd > 0 && est >= bwd && est <= 2 * bwd, "H %d B %d: backward workspace %zu measured, %zu estimated", H,
+                      B, bwd, est);
+        }
+    qt_attention_free(a);
+}
+
 int main(void) {
     QT_RUN(test_weight_src_ranges);
     QT_RUN(test_host_plan_sums);
@@ -639,5 +662,6 @@ int main(void) {
     QT_RUN(test_auto_axes_cost);
     QT_RUN(test_gpu_limit);
     QT_RUN(test_plan_equals_allocation);
+    QT_RUN(test_attention_ws_estimate);
     return qt_test_end();
 }

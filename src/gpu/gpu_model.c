@@ -56,7 +56,7 @@ static unsigned fp8_xq_shared(const qt_gpu_model *g) {
 
 /* Device memory this model allocates outside the arena: the cuBLASLt workspace, the autotuner's
  * scratch output during the first step (the largest accumulating weight gradient it tunes), cuDNN's
- * attention workspace (g->attn_ws: measured from the plans on a GPU, its fp32 parts alone without
+ * attention workspace (g->attn_ws: measured from the plans on a GPU, estimated without
  * one) and the runtime reserve. */
 static void outside_rows(const qt_gpu_model *g, qt_mem_plan *p) {
     const qt_model_cfg *c = &g->L->cfg;
@@ -126,12 +126,13 @@ static void free_host(qt_gpu_model *g) {
 }
 
 /* The attention workspace: the forward over the micro-batch, the backward over its slices (the last
- * may be shorter). measure: from cuDNN's plans (builds and caches them); else the fp32 parts alone. */
+ * may be shorter). measure: from cuDNN's plans (builds and caches them); else the estimate (the fp32
+ * parts and cuDNN's plan workspace as one more of them: qt_attention_bwd_est_ws). */
 static size_t attn_ws_of(qt_gpu_model *g, int measure) {
     const qt_model_cfg *c = &g->L->cfg;
     int per = (g->B + g->attn_chunks - 1) / g->attn_chunks, last = g->B - (g->attn_chunks - 1) * per;
     int H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
-    if (!measure) return qt_attention_bwd_fixed_ws(per, g->T, H, D);
+    if (!measure) return qt_attention_bwd_est_ws(per, g->T, H, D);
     size_t ws = qt_attention_ws_bytes(g->attn, g->B, g->T, H, Hkv, D, 0), b;
     if ((b = qt_attention_ws_bytes(g->attn, per, g->T, H, Hkv, D, 1)) > ws) ws = b;
     if (last > 0 && (b = qt_attention_ws_bytes(g->attn, last, g->T, H, Hkv, D, 1)) > ws) ws = b;
