@@ -14,25 +14,33 @@
  * without them fits (then the cost model picks among them). At equal predicted speed the plainer
  * plan wins (each axis lists its plainest value first). Each candidate's plan is made with qt_plan_run (no GPU, nothing
  * allocated) and kept when it fits the GPU (memory.gpu_limit_gib, else the probe's GPU memory) and the
- * host limit. Cost per optimizer step:
+ * host limit. Cost per optimizer step, in three parts (qt_plan_cost):
+ * compute:
  *   matmul FLOPs (6 x params x tokens, attention, plus the recomputed forward parts) / (rate x eff(B x T))
  *   + elementwise bytes the recompute re-reads / HBM bandwidth
- *   + offloaded optimizer state (fp32 master unless bf16, m, v) up and down once / PCIe bandwidth
- *   + offloaded residuals: grad_accum x 2 ways x (layers - 2) x B x T x hidden x 2 B / PCIe bandwidth
- *     (as if not overlapped: an upper bound)
  *   + fp8_weight_cache none: grad_accum x 2 passes x block params x 3 B (read bf16, write e4m3) / HBM
- *   + launches of the extra lm-head and attention chunks x 10 us
+ * pcie_micro, the copies that run on copy streams beside each micro-step's compute:
+ *   offloaded residuals: grad_accum x 2 ways x (layers - 2) x B x T x hidden x 2 B / PCIe bandwidth
+ *   + offloaded weights (one GPU): grad_accum x 2 (forward, backward) x the layers' bf16 bytes / PCIe
+ *   + offloaded gradients (one GPU): (2 x grad_accum - 1) x 4 B/param (each micro-step's stores, all but
+ *     the first's loads) / PCIe
+ * once, serial with the rest:
+ *   offloaded optimizer state (fp32 master unless bf16, m, v) up and down once / PCIe bandwidth
+ *   + offloaded weights' once-per-step bytes: the embedding and LM-head buckets, AdamW's bf16 writes and
+ *     the finiteness count's reads (2 B/param each; a bf16 master's reads 2 more)
+ *   + offloaded gradients' norm and AdamW reads and the zeroing: 3 x 4 B/param
  *   + parallel.zero 3: grad_accum x 2 (forward, backward) x the layers' bf16 bytes (2 B/param) / PCIe
- *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound)
- *   + offloaded weights: the same copies up of the layers, plus the embedding and LM-head buckets once,
- *     AdamW's bf16 writes and the finiteness count's reads (2 B/param each; a bf16 master's reads 2 more)
- *     / PCIe bandwidth (not overlapped: an upper bound)
- *   + offloaded gradients: (2 x grad_accum - 1) x 4 B/param (each micro-step's stores, all but the first's
- *     loads) + 3 x 4 B/param (the norm's and AdamW's reads, the zeroing) / PCIe bandwidth
+ *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound); a rank's offloaded
+ *     gradient shard with ZeRO-2/3: 8 B per element per micro-step + 12 per step
  *   + gradient sums through host memory (parallel.comm host/host_wc): (n-1)/n x 4 B/param (2 with
  *     reduce_dtype bf16) once per step, every micro-step with ZeRO-2/3 / PCIe bandwidth
+ *   + launches of the extra lm-head and attention chunks x 10 us
  *   (bf16 master / gradients are charged nothing: the same matmuls; peer transports neither),
- * where eff(n) = n / (n + 512) models the smaller matmuls of small micro-batches. */
+ * where eff(n) = n / (n + 512) models the smaller matmuls of small micro-batches. The step then takes
+ * max(compute, pcie_micro) + QT_PLAN_OVERLAP_ALPHA x min(compute, pcie_micro) + once: the slower of the
+ * compute and its side copies sets the pace and the faster still costs a fifth of itself (copies and
+ * kernels share HBM and the host's memory; fitted on session 17's H200 runs held to 24/16/12 GiB, where
+ * the sum of all three over-charged 7B at 24 GiB by 31%; bench/RESULTS.md section 7). */
 #ifndef QT_PLAN_AUTO_H
 #define QT_PLAN_AUTO_H
 
@@ -74,12 +82,19 @@ typedef struct {
     double step_s, tokens_per_s; /* predicted */
 } qt_plan_choice;
 
+/* A predicted step's parts, seconds (see the top of this header). */
+typedef struct {
+    double compute, pcie_micro, once;
+} qt_plan_cost;
+#define QT_PLAN_OVERLAP_ALPHA 0.2
+
 /* Every candidate that fits, fastest first, in out[cap] (their count in *n). 0, or -1 with err when
  * none fits (naming the smallest candidate's total and the limit) or a plan cannot be made. */
 int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
                            int *n, char *err, size_t errlen);
-/* The predicted seconds per optimizer step of cfg (its memory keys as set) on pr. */
+/* The predicted seconds per optimizer step of cfg (its memory keys as set) on pr, and its parts. */
 double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
+qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 /* The block matmul weights (Wqkv, Wo, the three FFN matrices of every layer): what
  * memory.fp8_weight_cache none quantizes again per pass. */
 double qt_plan_auto_block_params(const qt_model_cfg *c);

@@ -442,10 +442,12 @@ static void test_auto_axes_cost(void) {
     char err[1024];
     QT_REQUIRE(load_cfg(&a, B7, D7 "memory: {plan: auto}\n") == 0, "config");
     QT_REQUIRE(qt_model_layout(&a, &L, &src, err, sizeof err) == 0, "%s", err);
+    /* the side copies of a micro-step (pcie_micro) apart from the step's serial bytes (once) */
     b = a, b.memory.offload_residual = 1;
-    double d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
-    double want = 32 * 2 * 26.0 * 16 * 1024 * 3584 * 2 / 25e9;
-    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offload_residual charged %g s, expected %g", d, want);
+    qt_plan_cost ka = qt_plan_auto_cost_parts(&L, &a, &pr), kb = qt_plan_auto_cost_parts(&L, &b, &pr);
+    double want = 32 * 2 * 26.0 * 16 * 1024 * 3584 * 2 / 25e9, d = kb.pcie_micro - ka.pcie_micro;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want && kb.once == ka.once && kb.compute == ka.compute,
+              "offload_residual charged %g s beside the compute, expected %g", d, want);
     b = a, b.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
     double P = 28.0 * (3584.0 * (3584 + 2 * 512) + 3584.0 * 3584 + 3 * 3584.0 * 18944);
@@ -461,15 +463,26 @@ static void test_auto_axes_cost(void) {
     /* offloaded weights: the layers copied up as zero 3 gathers them, the embedding and LM head once, AdamW's
      * writes and the finiteness count's reads of the host array (2 B/param each way) */
     b = a, b.memory.offload = QT_OFF_WEIGHTS;
-    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
+    kb = qt_plan_auto_cost_parts(&L, &b, &pr);
     double span = (double)(L.final_norm - L.layers[0].ln1);
-    want = (32 * 2 * span * 2 + ((double)L.numel - span) * 2 + 4.0 * L.numel) / 25e9;
-    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded weights charged %g s, expected %g", d, want);
+    want = 32 * 2 * span * 2 / 25e9, d = kb.pcie_micro - ka.pcie_micro;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded weights charged %g s beside the compute, expected %g", d, want);
+    want = (((double)L.numel - span) * 2 + 4.0 * L.numel) / 25e9, d = kb.once - ka.once;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded weights charged %g s once, expected %g", d, want);
     /* offloaded gradients: 32 micro-steps' stores, 31 loads, the norm's and AdamW's reads and the zeroing (4 B/param) */
     b = a, b.memory.offload = QT_OFF_GRADIENTS;
-    d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
-    want = (double)L.numel * 4 * (32 + 31 + 3) / 25e9;
-    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded gradients charged %g s, expected %g", d, want);
+    kb = qt_plan_auto_cost_parts(&L, &b, &pr);
+    want = (double)L.numel * 4 * (32 + 31) / 25e9, d = kb.pcie_micro - ka.pcie_micro;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded gradients charged %g s beside the compute, expected %g", d, want);
+    want = (double)L.numel * 4 * 3 / 25e9, d = kb.once - ka.once;
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded gradients charged %g s once, expected %g", d, want);
+    /* the step: the slower of compute and side copies, a fifth of the faster, the serial bytes (here the
+     * copies, 75 s, outrun the compute) */
+    b.memory.offload_residual = 1, kb = qt_plan_auto_cost_parts(&L, &b, &pr);
+    QT_EXPECT(kb.pcie_micro > kb.compute && kb.compute > 0, "copies %g s, compute %g s", kb.pcie_micro, kb.compute);
+    want = kb.pcie_micro + 0.2 * kb.compute + kb.once, d = qt_plan_auto_cost(&L, &b, &pr);
+    QT_EXPECT(fabs(d - want) < 1e-9 * want, "step %g s, expected %g", d, want);
+    QT_EXPECT(fabs(qt_plan_auto_cost(&L, &a, &pr) - ka.compute - ka.once) < 1e-9 * ka.compute, "no side copies");
     /* gradient sums through host memory, 4 ranks: 3/4 of the fp32 gradients once per step (ZeRO-1), every
      * micro-step (32) with ZeRO-2, half the bytes in bf16; peer is not charged */
     a.parallel.gpus = 4, a.parallel.comm = QT_COMM_PEER;

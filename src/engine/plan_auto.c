@@ -203,7 +203,7 @@ double qt_plan_auto_block_params(const qt_model_cfg *c) {
     return (double)c->num_layers * (C * QKV + HD * C + 3 * C * (double)c->intermediate_size);
 }
 
-double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr) {
+qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr) {
     const qt_model_cfg *c = &L->cfg;
     double T = cfg->data.seq_len, n = (double)cfg->data.micro_batch * T, tok = n * cfg->data.grad_accum;
     double C = c->hidden_size, F = c->intermediate_size, HD = (double)c->num_heads * c->head_dim;
@@ -214,49 +214,52 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
                         (rc & QT_RC_BLOCK ? 2 * HD * C : 0) + (rc & QT_RC_FFN ? 4 * C * F : 0));
     double rate = cfg->precision.matmul_dtype == QT_DT_E4M3 ? pr->fp8_flops : pr->bf16_flops;
     double eff = n / (n + 512); /* small micro-batches: smaller, less efficient matmuls */
-    double t = tok * ((blocks + redo) / rate + lm / pr->bf16_flops) / eff;
+    qt_plan_cost k = {0};
+    k.compute = tok * ((blocks + redo) / rate + lm / pr->bf16_flops) / eff;
     double elem = nl * ((rc & QT_RC_NORM ? 8 * C : 0) + (rc & QT_RC_SWIGLU ? 6 * F : 0)); /* bytes per token */
-    t += tok * elem / pr->hbm_bps;
+    k.compute += tok * elem / pr->hbm_bps;
     if (cfg->memory.offload_optimizer) {
         double es = (cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4) + (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) + (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4);
-        t += 2 * (double)L->numel * es / pr->pcie_bps; /* master, m, v up and down once per step */
+        k.once += 2 * (double)L->numel * es / pr->pcie_bps; /* master, m, v up and down once per step */
     }
     /* memory.offload_residual: each micro-step moves (layers - 2) bf16 residuals [B*T, C] down in the
-     * forward and up in the backward; charged as if not overlapped with compute (an upper bound) */
+     * forward and up in the backward, on copy streams beside the compute */
     if (cfg->memory.offload_residual && nl > 2)
-        t += cfg->data.grad_accum * 2 * (nl - 2) * n * C * 2 / pr->pcie_bps;
+        k.pcie_micro += cfg->data.grad_accum * 2 * (nl - 2) * n * C * 2 / pr->pcie_bps;
     /* memory.fp8_weight_cache: none: the block weights are quantized again before each layer's forward and
      * its backward: per pass, 2 B/param read (bf16) and 1 B/param written (e4m3), at the HBM rate */
     if (cfg->memory.fp8_weight_cache == QT_FP8_WCACHE_NONE && cfg->precision.matmul_dtype == QT_DT_E4M3)
-        t += cfg->data.grad_accum * 2 * qt_plan_auto_block_params(c) * 3 / pr->hbm_bps;
+        k.compute += cfg->data.grad_accum * 2 * qt_plan_auto_block_params(c) * 3 / pr->hbm_bps;
     /* bf16 master weights / gradients cost nothing here: the same matmuls. parallel.zero 3 gathers every
      * layer's bf16 weights (the flat span of the layers, 2 B/param) twice per micro-step, before its forward
      * and its backward: charged at the PCIe rate as if every byte crossed ((n-1)/n do) and nothing overlapped
      * (an upper bound; ZeRO-1/2's one gather of all weights per step is not charged either way) */
     if (cfg->parallel.zero >= 3)
-        t += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) * 2 / pr->pcie_bps;
-    /* memory.offload: [weights] (one GPU): the layers' bf16 weights copied up twice per micro-step like
-     * ZeRO-3's gathers (an upper bound), the embedding and LM-head buckets once per step, and AdamW's
-     * bf16 writes (2 B/param down) and the finiteness count's reads (2 B/param up) of the host array, plus
-     * a bf16 master's reads (2 B/param up) */
+        k.once += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) * 2 / pr->pcie_bps;
+    /* memory.offload: [weights] (one GPU): the layers' bf16 weights copied up twice per micro-step (before
+     * each layer's forward and backward, prefetched beside the compute), and once per step the embedding
+     * and LM-head buckets, AdamW's bf16 writes (2 B/param down) and the finiteness count's reads (2 B/param
+     * up) of the host array, plus a bf16 master's reads (2 B/param up) */
     int ranks = cfg->parallel.devices.n ? cfg->parallel.devices.n : cfg->parallel.gpus;
     double mine = ranks > 1 && cfg->parallel.zero >= 1 ? (double)L->numel / ranks : (double)L->numel; /* a rank's state */
     if (cfg->memory.offload & QT_OFF_WEIGHTS) { /* ZeRO-3 ranks: the gathers read the host pieces, charged above */
         double span = (double)(L->final_norm - L->layers[0].ln1), rest = (double)L->numel - span;
-        t += ((cfg->parallel.zero >= 3 ? 0 : cfg->data.grad_accum * 2 * span * 2) + rest * 2 + mine * 2 * 2 +
-              (cfg->precision.master_dtype == QT_DT_BF16 ? mine * 2 : 0)) / pr->pcie_bps;
+        k.pcie_micro += (cfg->parallel.zero >= 3 ? 0 : cfg->data.grad_accum * 2 * span * 2) / pr->pcie_bps;
+        k.once += (rest * 2 + mine * 2 * 2 + (cfg->precision.master_dtype == QT_DT_BF16 ? mine * 2 : 0)) / pr->pcie_bps;
     }
     /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's fp32 gradients to host and,
-     * but the first, loads them first (4 B/param each way; an upper bound: the embedding and LM-head
-     * buckets keep theirs on the GPU within a step); the norm and AdamW read them and the zeroing writes
-     * them once per step (3 x 4 B/param) */
-    if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero < 2)
-        t += (double)L->numel * 4 * (2.0 * cfg->data.grad_accum - 1 + 3) / pr->pcie_bps;
+     * but the first, loads them first (4 B/param each way, beside the compute; an upper bound: the
+     * embedding and LM-head buckets keep theirs on the GPU within a step); the norm and AdamW read them
+     * and the zeroing writes them once per step (3 x 4 B/param) */
+    if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero < 2) {
+        k.pcie_micro += (double)L->numel * 4 * (2.0 * cfg->data.grad_accum - 1) / pr->pcie_bps;
+        k.once += (double)L->numel * 4 * 3 / pr->pcie_bps;
+    }
     /* memory.offload: [gradients] with ZeRO-2/3 ranks: each micro-step's summed piece is added into the
      * rank's host shard (read and written through the mapping, 8 B per shard element), and the norm, AdamW
      * and the zeroing touch the shard once per step (3 x 4 B) */
     if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero >= 2)
-        t += mine * (8.0 * cfg->data.grad_accum + 12) / pr->pcie_bps;
+        k.once += mine * (8.0 * cfg->data.grad_accum + 12) / pr->pcie_bps;
     /* Gradient sums through host memory (parallel.comm host / host_wc: boards without P2P): each GPU moves
      * (n-1)/n of the gradients (4 B/param, 2 with reduce_dtype bf16) per sum, once per step with ZeRO-0/1
      * but every micro-step with ZeRO-2/3 (they reduce-scatter as the backward goes); charged at the
@@ -265,12 +268,18 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
      * 24,682 measured (bench/RESULTS.md section 6). Peer transports (NVLink) and auto are not charged. */
     if (ranks > 1 && (cfg->parallel.comm == QT_COMM_HOST || cfg->parallel.comm == QT_COMM_HOST_WC)) {
         double sums = cfg->parallel.zero >= 2 ? cfg->data.grad_accum : 1;
-        t += sums * (ranks - 1.0) / ranks * (double)L->numel * (cfg->parallel.reduce_dtype == QT_DT_BF16 ? 2 : 4) /
+        k.once += sums * (ranks - 1.0) / ranks * (double)L->numel * (cfg->parallel.reduce_dtype == QT_DT_BF16 ? 2 : 4) /
              pr->pcie_bps;
     }
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
-    t += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
-    return t;
+    k.once += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
+    return k;
+}
+
+double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr) {
+    qt_plan_cost k = qt_plan_auto_cost_parts(L, cfg, pr);
+    double hi = k.compute > k.pcie_micro ? k.compute : k.pcie_micro, lo = k.compute + k.pcie_micro - hi;
+    return hi + QT_PLAN_OVERLAP_ALPHA * lo + k.once;
 }
 
 void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
