@@ -459,8 +459,8 @@ if has offload_residual_bench; then
             --set data.grad_accum=$acc > "$log" 2>&1
         grep -E '==|tokens/s|rror|total \(one|offloaded residuals' "$log"
         res=$(grep -o 'RESULT .*' "$log" | tail -1)
-        plan=$(awk '/total \(one allocation\)/ {printf "%.2f", $4 / 1024}' "$log")
-        host=$(awk '/offloaded residuals/ {printf "%.2f", $3 / 1024}' "$log")
+        plan=$(awk '/arena total/ {printf "%.2f", $3 / 1024; exit}' "$log") # arena total N MiB (one allocation)
+        host=$(awk '/offloaded residuals/ {printf "%.2f", $3 / 1024; exit}' "$log") # the plan prints twice
         if [ -z "$res" ]; then
             echo "| $model | $mem | $mb x $acc | did not run: $(grep -m1 -oE '(rror|needs)[^|]*' "$log" | cut -c1-80) | | | ${plan:--} | |" >> "$tab"
             return 1
