@@ -17,7 +17,9 @@
  * host limit. Cost per optimizer step, in three parts (qt_plan_cost):
  * compute:
  *   matmul FLOPs (6 x params x tokens, attention, plus the recomputed forward parts) / (rate x eff(B x T))
- *   + elementwise bytes the recompute re-reads / HBM bandwidth
+ *   + elementwise bytes: QT_PLAN_ELEM_PASSES bf16 passes over [tokens, hidden + ffn] per layer (plus
+ *     QT_PLAN_ELEM_PASSES_FP8 with fp8 matmuls: the quantize and abs-max passes) and what the recompute
+ *     re-reads / HBM bandwidth
  *   + fp8_weight_cache none: grad_accum x 2 passes x block params x 3 B (read bf16, write e4m3) / HBM
  * pcie_micro, the copies that run on copy streams beside each micro-step's compute:
  *   offloaded residuals: grad_accum x 2 ways x (layers - 2) x B x T x hidden x 2 B / PCIe bandwidth
@@ -59,11 +61,13 @@ typedef struct {
     size_t gpu_bytes;    /* the GPU's memory (the cap when memory.gpu_limit_gib is 0) */
 } qt_probe;
 
+/* e4m3 over bf16 matmul rate: gemm_bench's 8192^3 on the H100 (1519.9 / 805.9 TFLOP/s, RESULTS section 2). */
+#define QT_PROBE_FP8_RATIO 1.9
 /* The documented defaults (an H100 SXM as measured by bench/; PCIe Gen5): planning without a GPU. */
 qt_probe qt_probe_default(void);
 /* The probe of GPU 0: read from <cache_dir>/probe-<name>.txt (the CLI passes ~/.cache/qtrain), else
  * (may_measure) measured — a 4096^3 bf16 GEMM, a 256 MiB pinned copy each way, a 256 MiB device copy;
- * fp8 = 1.6 x bf16 — and written there (the directory and its parent are made); else, and without a
+ * fp8 = QT_PROBE_FP8_RATIO x bf16 — and written there (the directory and its parent are made); else, and without a
  * GPU, the defaults. */
 qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
@@ -87,6 +91,11 @@ typedef struct {
     double compute, pcie_micro, once;
 } qt_plan_cost;
 #define QT_PLAN_OVERLAP_ALPHA 0.2
+/* Fitted on the H100 rows of bench/RESULTS.md 1.0, 1.2 and 1.5 (0.5B-14B, bf16 and fp8 at LLM.Q's
+ * setting): with these every prediction lands within 9.2% of the measured (section 7); before, the
+ * matmuls alone over-predicted 0.5B fp8 by 68% and 1.5B fp8 by 34%. */
+#define QT_PLAN_ELEM_PASSES 12
+#define QT_PLAN_ELEM_PASSES_FP8 10
 
 /* Every candidate that fits, fastest first, in out[cap] (their count in *n). 0, or -1 with err when
  * none fits (naming the smallest candidate's total and the limit) or a plan cannot be made. */

@@ -78,9 +78,9 @@ static int lossy(const qt_config *c) {
 /* ---- the probe ---- */
 
 qt_probe qt_probe_default(void) {
-    /* H100 SXM: large-GEMM rates as gemm_bench measures them (bf16 ~ 660 TFLOP/s, e4m3 1.6x), HBM3
+    /* H100 SXM: large-GEMM rates as gemm_bench measures them (bf16 ~ 660 TFLOP/s, e4m3 QT_PROBE_FP8_RATIO x), HBM3
      * copy bandwidth, a PCIe Gen5 x16 pinned copy; 80 GB. */
-    return (qt_probe){"default (H100 SXM figures)", 660e12, 1056e12, 2.6e12, 50e9, (size_t)80 << 30};
+    return (qt_probe){"default (H100 SXM figures)", 660e12, QT_PROBE_FP8_RATIO * 660e12, 2.6e12, 50e9, (size_t)80 << 30};
 }
 
 static void cache_path(const char *cache_dir, const char *gpu, char *out, size_t cap) {
@@ -150,7 +150,7 @@ static qt_probe measure(const char *name) {
     qt_matmul_ctx *mm = qt_matmul_create(0);
     qt_matmul_set_autotune(mm, 0);
     p.bf16_flops = 2.0 * 4096 * 4096 * 4096.0 / bench_bf16(mm, y, x, w, 4096, s);
-    p.fp8_flops = 1.6 * p.bf16_flops; /* the ratio gemm_bench measures on H100; not probed */
+    p.fp8_flops = QT_PROBE_FP8_RATIO * p.bf16_flops; /* not probed */
     qt_matmul_free(mm);
     double up = copy_s(d1, h, big, s), down = copy_s(h, d1, big, s);
     p.pcie_bps = big / (up > down ? up : down);      /* the slower direction */
@@ -217,6 +217,9 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     qt_plan_cost k = {0};
     k.compute = tok * ((blocks + redo) / rate + lm / pr->bf16_flops) / eff;
     double elem = nl * ((rc & QT_RC_NORM ? 8 * C : 0) + (rc & QT_RC_SWIGLU ? 6 * F : 0)); /* bytes per token */
+    /* the elementwise and fp8 quantize passes of every step, as bf16 [tokens, C + F] passes per layer */
+    int passes = QT_PLAN_ELEM_PASSES + (cfg->precision.matmul_dtype == QT_DT_E4M3 ? QT_PLAN_ELEM_PASSES_FP8 : 0);
+    elem += nl * (C + F) * 2 * passes;
     k.compute += tok * elem / pr->hbm_bps;
     if (cfg->memory.offload_optimizer) {
         double es = (cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4) + (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) + (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4);
