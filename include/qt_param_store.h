@@ -84,7 +84,7 @@ typedef struct {
     int w_host;           /* memory.offload: [weights]: w in pinned host memory (mapped: AdamW writes it directly);
                            * one GPU: the whole array, the model reads each bucket from a weight slot it is copied
                            * up into (qt_weight_slots.h); ZeRO-3: the rank's pieces, gathered into the slots */
-    int g_host;           /* memory.offload: [gradients]: grad (fp32) in pinned host memory (mapped); one GPU: the
+    int g_host;           /* memory.offload: [gradients]: grad in pinned host memory (mapped); one GPU (fp32 or bf16): the
                            * whole array, the backward writes ZeRO-2's gradient slots, loaded from and stored back
                            * to grad per bucket; ZeRO-2/3: the rank's summed shard, added into per micro-step */
 } qt_param_placement;
@@ -108,10 +108,10 @@ typedef struct {
                            * rank's pieces [shard.len] there) */
     qt_weight_slots *wslots; /* ZeRO-3, w_host: where the model reads the whole weights of a bucket (owned) */
     void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
-                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: fp32 [shard.total] (ZeRO-2/3:
-                           * [shard.len]) in pinned host memory (owned, mapped: the norm and AdamW read it directly) */
-    float **grad_slot;    /* ZeRO-2: [n_buckets] the device slot holding bucket b's whole gradient while the
-                           * backward writes it, between head and tail margins of grad_margin elements
+                           * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: grad_dt [shard.total] (ZeRO-2/3:
+                           * fp32 [shard.len]) in pinned host memory (owned, mapped: the norm and AdamW read it directly) */
+    void **grad_slot;     /* ZeRO-2, g_host: [n_buckets] the device slot holding bucket b's whole gradient (grad_dt)
+                           * while the backward writes it, between head and tail margins of grad_margin elements
                            * (owned array; the slots are in the arena) */
     size_t *cross_at;     /* ZeRO-2: [n_buckets] start of the tensor that crosses bucket[b] from below
                            * (written into b's head margin), SIZE_MAX: none (owned) */
@@ -165,7 +165,7 @@ void *qt_param_w_mine(const qt_param_store *ps, size_t off);
 /* Where the backward adds the gradient of flat element off (grad_dt; a tensor never crosses a bucket). */
 void *qt_param_g(const qt_param_store *ps, size_t off);
 /* ZeRO-2: bucket b's slot [bucket[b+1] - bucket[b]] and its shared slot number (-1: a slot of its own). */
-float *qt_param_grad_slot(const qt_param_store *ps, int b);
+void *qt_param_grad_slot(const qt_param_store *ps, int b);
 int qt_param_grad_slot_shared(const qt_param_store *ps, int b);
 /* ZeRO-2, before bucket b's sum, on s: the part below the bucket of the tensor crossing its start (in its
  * slot's head margin) += into bucket b-1's slot (whose writers s must have waited for). */

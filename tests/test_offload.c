@@ -58,6 +58,7 @@ static char g_dir[256];
 static const char *g_model = MODEL;
 static int g_graphs; /* perf.cuda_graphs of the runs */
 #define FP8 "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}\n"
+#define G16 "precision: {grad_accum_dtype: bf16}\n"
 
 typedef qt_t_run_out run_out;
 
@@ -141,6 +142,22 @@ static void test_plan_7b_gradients(void) {
               rp[0].gpu_bytes - rp[1].gpu_bytes, g0 - sl - se);
     QT_EXPECT(rp[1].host_bytes - rp[0].host_bytes == host, "the host grows by %zu", rp[1].host_bytes - rp[0].host_bytes);
     qt_layout_free(&L);
+    /* bf16 gradients offloaded (precision.grad_accum_dtype bf16): half the host array and half the slots */
+    const char *o16[4] = {"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[gradients, master, m, v]",
+                          "precision.grad_accum_dtype=bf16"};
+    static qt_run_plan r16;
+    qt_config c16;
+    QT_REQUIRE(qt_config_load(&c16, "configs/qwen2.5-7b-bf16.yaml", o16, 4, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_model_layout(&c16, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c16, 1, 1, &r16, err, sizeof err) == 0, "%s", err);
+    size_t h16 = row(&r16.mem, "gradients (bf16, offloaded)"), sl16 = row(&r16.mem, "gradient slots (layers)"),
+           se16 = row(&r16.mem, "gradient slots (emb/head)");
+    printf("  bf16 gradients offloaded: host %.2f GiB, layer slots %.3f GiB, emb/head slots %.3f GiB, GPU total %.2f GiB\n",
+           h16 / G, sl16 / G, se16 / G, r16.gpu_bytes / G);
+    QT_EXPECT(h16 == total * 2 && row(&r16.mem, "gradients (fp32, offloaded)") == 0, "bf16 host row %zu", h16);
+    QT_EXPECT(sl16 * 2 + 4096 >= sl && sl16 * 2 <= sl + 4096 && se16 * 2 + 4096 >= se && se16 * 2 <= se + 4096,
+              "bf16 slots %zu + %zu, fp32 %zu + %zu", sl16, se16, sl, se);
+    qt_layout_free(&L);
 }
 
 /* The slot map of offloaded gradients without a GPU (the store carved at a fake base), one rank: the
@@ -188,8 +205,8 @@ static void test_grad_homes(void) {
                 while (hb < nb - 1 && hi[hb] <= t->offset) hb++;
                 while (he < nb - 1 && hi[he] <= e) he++;
                 float *p0 = qt_param_g(ps, t->offset);
-                float *want0 = qt_param_grad_slot(ps, hb) + ((ptrdiff_t)t->offset - (ptrdiff_t)sh.bucket[hb]);
-                float *want1 = qt_param_grad_slot(ps, he) + ((ptrdiff_t)e - (ptrdiff_t)sh.bucket[he]);
+                float *want0 = (float *)qt_param_grad_slot(ps, hb) + ((ptrdiff_t)t->offset - (ptrdiff_t)sh.bucket[hb]);
+                float *want1 = (float *)qt_param_grad_slot(ps, he) + ((ptrdiff_t)e - (ptrdiff_t)sh.bucket[he]);
                 if (p0 != want0 || p0 + (t->numel - 1) != want1) {
                     if (bad < 5) printf("  tie %d, V %d: tensor %s [%zu, %zu) not at its home place (buckets %d..%d)\n", tie, V,
                                         t->name, t->offset, e + 1, hb, he);
@@ -367,6 +384,14 @@ static void test_offload_gradients_bitwise(void) {
         {"all_bf16_tied", TIED, "", "", "offload: [weights, gradients, master, m, v]", 0},
         {"all_fp8", MODEL, FP8, "", "offload: [weights, gradients, master, m, v]", 0},
         {"all_bf16_master_recompute", MODEL, "precision: {master_dtype: bf16}\n", "recompute: [block]",
+         "offload: [weights, gradients, master, m, v]", 0},
+        /* bf16 gradients (precision.grad_accum_dtype bf16) offloaded vs bf16 gradients on the GPU */
+        {"g16_bf16", MODEL, G16, "", "offload: [gradients]", 0},
+        {"g16_bf16_graphs", MODEL, G16, "", "offload: [gradients]", 1},
+        {"g16_bf16_tied", TIED, G16, "", "offload: [gradients]", 0},
+        {"g16_fp8", MODEL, "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true, grad_accum_dtype: bf16}\n",
+         "", "offload: [gradients]", 0},
+        {"all16_bf16_master_recompute", MODEL, "precision: {master_dtype: bf16, grad_accum_dtype: bf16}\n", "recompute: [block]",
          "offload: [weights, gradients, master, m, v]", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

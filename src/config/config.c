@@ -347,7 +347,7 @@ static where model_key_at(const ctx *x, const char *msg) {
 }
 
 /* What memory.offload: [weights] cannot run with (one GPU or ZeRO-3, no CUDA graphs, no persistent fp8
- * weight cache) and [gradients] (one GPU or ZeRO-2/3, fp32 gradients), NULL when nothing: *key names the
+ * weight cache) and [gradients] (one GPU, fp32 or bf16, or ZeRO-2/3, fp32), NULL when nothing: *key names the
  * key to blame. Called below ZeRO-3 only (zero3_refusal): ZeRO-3 takes both offloads, its own refusals
  * covering the weights'. */
 static const char *weights_refusal(const qt_config *c, const char **key) {
@@ -357,11 +357,6 @@ static const char *weights_refusal(const qt_config *c, const char **key) {
             *key = c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
             return "expected one GPU (parallel.gpus: 1) or parallel.zero: 2 or 3 with memory.offload: [gradients]: "
                    "with several ranks the offloaded gradients are the rank's ZeRO-2 shard";
-        }
-        if (c->precision.grad_accum_dtype == QT_DT_BF16) {
-            *key = "precision.grad_accum_dtype";
-            return "expected fp32 with memory.offload: [gradients], got \"bf16\": the gradient slots the backward writes "
-                   "and the host gradients are fp32";
         }
     }
     if (!(c->memory.offload & QT_OFF_WEIGHTS)) return NULL;

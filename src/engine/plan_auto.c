@@ -250,13 +250,14 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
         k.pcie_micro += (cfg->parallel.zero >= 3 ? 0 : cfg->data.grad_accum * 2 * span * 2) / pr->pcie_bps;
         k.once += (rest * 2 + mine * 2 * 2 + (cfg->precision.master_dtype == QT_DT_BF16 ? mine * 2 : 0)) / pr->pcie_bps;
     }
-    /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's fp32 gradients to host and,
-     * but the first, loads them first (4 B/param each way, beside the compute; an upper bound: the
+    /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's gradients to host and,
+     * but the first, loads them first (4 B/param each way, bf16 2, beside the compute; an upper bound: the
      * embedding and LM-head buckets keep theirs on the GPU within a step); the norm and AdamW read them
-     * and the zeroing writes them once per step (3 x 4 B/param) */
+     * and the zeroing writes them once per step (3 x 4 or 2 B/param) */
     if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero < 2) {
-        k.pcie_micro += (double)L->numel * 4 * (2.0 * cfg->data.grad_accum - 1) / pr->pcie_bps;
-        k.once += (double)L->numel * 4 * 3 / pr->pcie_bps;
+        double ge = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? 2 : 4; /* bf16 gradients: half the bytes */
+        k.pcie_micro += (double)L->numel * ge * (2.0 * cfg->data.grad_accum - 1) / pr->pcie_bps;
+        k.once += (double)L->numel * ge * 3 / pr->pcie_bps;
     }
     /* memory.offload: [gradients] with ZeRO-2/3 ranks: each micro-step's summed piece is added into the
      * rank's host shard (read and written through the mapping, 8 B per shard element), and the norm, AdamW

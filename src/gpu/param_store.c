@@ -15,7 +15,8 @@
  * AdamW (on the GPU, offloaded state or not) writes the new bf16 weights straight into w over PCIe, 2
  * bytes per parameter, and reads them there with a bf16 master.
  *
- * Offloaded gradients (g_host, one GPU): grad is the whole fp32 array in pinned host memory (mapped);
+ * Offloaded gradients (g_host, one GPU): grad is the whole array (grad_dt: fp32, or bf16 with
+ * precision.grad_accum_dtype bf16; the slots then bf16 too) in pinned host memory (mapped);
  * the backward writes ZeRO-2's gradient slots (qt_param_g), each loaded from grad before its bucket is
  * written (H2D, but in a step's first micro-step, when both are zero; a slot of its own keeps what it
  * stored instead) and stored back after (D2H) by dp_sync.c. A writer then adds into exactly the value it would find in a whole array, so every
@@ -43,6 +44,10 @@
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
+/* Bytes per gradient element in the slots and the host array (ZeRO-2/3: fp32, config.c refuses bf16). */
+static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->grad_dt); }
+/* Bucket b's slot at element delta from its bucket start (negative: its head margin). */
+static void *slot_at(const qt_param_store *ps, int b, ptrdiff_t delta) { return (char *)ps->grad_slot[b] + delta * (ptrdiff_t)ges(ps); }
 /* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
 static int slots(const qt_param_store *ps) { return ps->place.zero >= 3 || ps->place.w_host; }
 static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
@@ -105,14 +110,14 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
         memset(ps->w, 0, bytes); /* the padding stays zero */
     }
     if (ps->place.g_host) { /* one GPU: the whole array; ZeRO-2/3: the rank's summed shard */
-        size_t bytes = (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * 4;
+        size_t bytes = (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * ges(ps);
         if (cudaHostAlloc(&ps->grad, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
             (void)cudaGetLastError();
             ps->grad = NULL;
-            return qt_errf(err, errlen, "%s: memory.offload: [gradients]: %.2f GiB of pinned host memory for the fp32 "
+            return qt_errf(err, errlen, "%s: memory.offload: [gradients]: %.2f GiB of pinned host memory for the %s "
                            "gradients could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
                            "memory.host_limit_gib to what the host can pin, or keep the gradients on the GPU",
-                           cfg->path, bytes / 1073741824.0);
+                           cfg->path, bytes / 1073741824.0, ps->grad_dt == QT_DT_BF16 ? "bf16" : "fp32");
         }
         void *dev = NULL; /* the norm, AdamW and the zeroing kernels use the host address itself */
         QT_CUDA(cudaHostGetDevicePointer(&dev, ps->grad, 0));
@@ -237,27 +242,31 @@ static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
     const qt_shard *sh = &ps->shard;
     size_t M = ps->grad_margin, big = 0;
     if (ps->place.g_host && ps->place.zero >= 2) qt_mem_plan_host(p, "gradients (fp32 shard, offloaded)", sh->len * 4);
-    else if (ps->place.g_host) qt_mem_plan_host(p, "gradients (fp32, offloaded)", sh->total * 4); /* alloc_host */
+    else if (ps->place.g_host) /* alloc_host */
+        qt_mem_plan_host(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16, offloaded)" : "gradients (fp32, offloaded)",
+                         sh->total * ges(ps));
     else ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
     for (int b = 0; b < sh->n_buckets; b++)
         if (qt_param_grad_slot_shared(ps, b) >= 0 && sh->bucket[b + 1] - sh->bucket[b] > big)
             big = sh->bucket[b + 1] - sh->bucket[b];
-    float *shared[QT_GRAD_SLOTS];
+    char *shared[QT_GRAD_SLOTS];
     for (int k = 0; k < QT_GRAD_SLOTS; k++)
-        shared[k] = big ? qt_mem_plan_carve(p, "gradient slots (layers)", (big + 2 * M) * 4) : NULL;
+        shared[k] = big ? qt_mem_plan_carve(p, "gradient slots (layers)", (big + 2 * M) * ges(ps)) : NULL;
     for (int b = 0; b < sh->n_buckets; b++) {
         int k = qt_param_grad_slot_shared(ps, b);
         size_t len = sh->bucket[b + 1] - sh->bucket[b];
-        float *base = slotless(ps, b) ? NULL : k >= 0 ? shared[k] : qt_mem_plan_carve(p, "gradient slots (emb/head)", (len + 2 * M) * 4);
-        ps->grad_slot[b] = base ? base + M : NULL;
+        char *base = slotless(ps, b) ? NULL : k >= 0 ? shared[k]
+                   : qt_mem_plan_carve(p, "gradient slots (emb/head)", (len + 2 * M) * ges(ps));
+        ps->grad_slot[b] = base ? base + M * ges(ps) : NULL;
     }
 }
 
 void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s) {
     size_t at = ps->cross_at[b], B = ps->shard.bucket[b];
     if (at == SIZE_MAX) return;
-    qt_add_inplace(ps->grad_slot[b - 1] + (at - ps->shard.bucket[b - 1]), QT_DT_F32, ps->grad_slot[b] - (B - at), QT_DT_F32,
-                   B - at, s);
+    QT_CHECK(ps->grad_dt == QT_DT_F32, "gradient margins are added in fp32 only (ZeRO-2/3)");
+    qt_add_inplace(slot_at(ps, b - 1, (ptrdiff_t)(at - ps->shard.bucket[b - 1])), QT_DT_F32, slot_at(ps, b, -(ptrdiff_t)(B - at)),
+                   QT_DT_F32, B - at, s);
 }
 
 void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi) {
@@ -269,33 +278,36 @@ void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi)
 }
 
 /* Where flat element x sits in bucket b's slot (x in its home). */
-static float *slot_at(const qt_param_store *ps, int b, size_t x) {
-    return ps->grad_slot[b] + ((ptrdiff_t)x - (ptrdiff_t)ps->shard.bucket[b]);
+static void *home_at(const qt_param_store *ps, int b, size_t x) {
+    return slot_at(ps, b, (ptrdiff_t)x - (ptrdiff_t)ps->shard.bucket[b]);
 }
 
 void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s) {
     size_t lo, hi;
     qt_param_grad_home(ps, b, &lo, &hi);
-    if (hi > lo) QT_CUDA(cudaMemcpyAsync(slot_at(ps, b, lo), (float *)ps->grad + lo, (hi - lo) * 4, cudaMemcpyHostToDevice, s));
+    if (hi > lo)
+        QT_CUDA(cudaMemcpyAsync(home_at(ps, b, lo), (char *)ps->grad + lo * ges(ps), (hi - lo) * ges(ps), cudaMemcpyHostToDevice, s));
 }
 
 void qt_param_grad_store(const qt_param_store *ps, int b, int zero, cudaStream_t s) {
     size_t lo, hi;
     qt_param_grad_home(ps, b, &lo, &hi);
-    if (hi > lo) QT_CUDA(cudaMemcpyAsync((float *)ps->grad + lo, slot_at(ps, b, lo), (hi - lo) * 4, cudaMemcpyDeviceToHost, s));
+    if (hi > lo)
+        QT_CUDA(cudaMemcpyAsync((char *)ps->grad + lo * ges(ps), home_at(ps, b, lo), (hi - lo) * ges(ps), cudaMemcpyDeviceToHost, s));
     if (zero) qt_param_grad_slot_zero(ps, b, s);
 }
 
 int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s) {
     if (!ps->tail_n) return 0;
-    qt_add_inplace(ps->grad_slot[1], QT_DT_F32, ps->grad_slot[0] + (ps->shard.bucket[1] - ps->shard.bucket[0]), QT_DT_F32,
-                   ps->tail_n, s);
+    QT_CHECK(ps->grad_dt == QT_DT_F32, "the embedding table's tail is added in fp32 only (ZeRO-2/3)");
+    qt_add_inplace(ps->grad_slot[1], QT_DT_F32, slot_at(ps, 0, (ptrdiff_t)(ps->shard.bucket[1] - ps->shard.bucket[0])),
+                   QT_DT_F32, ps->tail_n, s);
     return 1;
 }
 
 void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s) {
     size_t M = ps->grad_margin;
-    qt_zero(ps->grad_slot[b] - M, (ps->shard.bucket[b + 1] - ps->shard.bucket[b] + 2 * M) * 4, s);
+    qt_zero(slot_at(ps, b, -(ptrdiff_t)M), (ps->shard.bucket[b + 1] - ps->shard.bucket[b] + 2 * M) * ges(ps), s);
 }
 
 int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
@@ -305,7 +317,7 @@ int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
     return table ? -1 : b % QT_GRAD_SLOTS;
 }
 
-float *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
+void *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
 
 void *qt_param_g(const qt_param_store *ps, size_t off) {
     if (ps->place.zero < 2 && !ps->place.g_host) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
@@ -317,9 +329,9 @@ void *qt_param_g(const qt_param_store *ps, size_t off) {
         else hi = mid - 1;
     }
     if (lo + 1 < ps->shard.n_buckets && ps->cross_at[lo + 1] == off) /* in the next slot's head margin */
-        return ps->grad_slot[lo + 1] - (bk[lo + 1] - off);
+        return slot_at(ps, lo + 1, -(ptrdiff_t)(bk[lo + 1] - off));
     QT_CHECK(ps->grad_slot[lo], "gradient of flat element %zu: its bucket %d has no slot (placement.embed_apart)", off, lo);
-    return ps->grad_slot[lo] + (off - bk[lo]);
+    return slot_at(ps, lo, (ptrdiff_t)(off - bk[lo]));
 }
 
 void *qt_param_grad_piece(const qt_param_store *ps, int b) {
@@ -330,7 +342,7 @@ void *qt_param_grad_piece(const qt_param_store *ps, int b) {
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
     size_t n = ps->L->numel;
-    if (ps->place.zero >= 2 || ps->place.g_host) { /* fp32 shard, or offloaded (both refuse bf16 gradients) */
+    if (ps->place.zero >= 2 || (ps->place.g_host && ps->grad_dt == QT_DT_F32)) { /* fp32 shard, or offloaded fp32 */
         for (int k = 0; k < ps->shard.n_buckets; k++) {
             size_t off, len, st;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);
@@ -339,12 +351,12 @@ void qt_param_get_grads(const qt_param_store *ps, float *g) {
         return;
     }
     if (ps->grad_dt == QT_DT_F32) {
-        QT_CUDA(cudaMemcpy(g, ps->grad, n * 4, cudaMemcpyDeviceToHost));
+        QT_CUDA(cudaMemcpy(g, ps->grad, n * 4, cudaMemcpyDefault));
         return;
     }
     uint16_t *h = malloc(n * 2 + 1); /* bf16 gradients: their exact fp32 values */
     QT_CHECK(h, "out of host memory (%zu bf16 gradients)", n);
-    QT_CUDA(cudaMemcpy(h, ps->grad, n * 2, cudaMemcpyDeviceToHost));
+    QT_CUDA(cudaMemcpy(h, ps->grad, n * 2, cudaMemcpyDefault));
     for (size_t i = 0; i < n; i++) g[i] = qt_bf16_to_f32(h[i]);
     free(h);
 }
@@ -523,7 +535,7 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
     size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
     if (ps->place.zero >= 2 && ps->place.g_host) qt_fill((float *)ps->grad + lo / n, QT_DT_F32, 0.0f, (hi - lo) / n, s);
-    else if (ps->place.g_host) qt_fill((float *)ps->grad + lo, QT_DT_F32, 0.0f, hi - lo, s); /* host: a kernel, not a memset */
+    else if (ps->place.g_host) qt_fill((char *)ps->grad + lo * ges(ps), ps->grad_dt, 0.0f, hi - lo, s); /* a kernel, not a memset */
     else if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
     else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
 }
