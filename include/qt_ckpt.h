@@ -88,8 +88,10 @@ qt_ckpt_writer *qt_ckpt_writer_create(qt_ckpt_check_fn check, void *ctx);
  * until then. n <= 32. Returns 0, or -1 with err (a write still in flight: wait first). */
 int qt_ckpt_writer_start(qt_ckpt_writer *w, const char *dir, long step, int keep, const qt_ckpt_item *items,
                          int n, char *err, size_t errlen);
-/* Which items are live: items[idx[0..n)] are arrays of `elems` elements each (element-aligned pieces of
- * `piece` elements, 0: 16M), written first. */
+/* Which items are live: items[idx[0..n)] are arrays of at most `elems` elements each (elements of the
+ * item's dtype; a widened item counts its fp32 values; a shorter one's ranges past its end are empty),
+ * written first in element-aligned ranges of `piece` elements (0: 16M), every live item's range [e0, e1)
+ * in turn. */
 typedef struct {
     int n, idx[8];
     size_t elems, piece;

@@ -275,10 +275,11 @@ static void test_background_writer(void) {
 /* ---- live items: written in place while a modifier thread changes them behind the writer's mark ---- */
 
 #define LIVE_E 100003 /* elements of each live array (odd) */
+#define LIVE_W (LIVE_E - 11) /* the bf16 weights: fewer (the one-GPU shard pads the others) */
 typedef struct {
     qt_ckpt_writer *w;
     float *master, *v;
-    uint16_t *m;
+    uint16_t *m, *w16;
     int guarded; /* 0: no wait for the mark (copy mode, and the in-place mutant) */
 } modifier;
 
@@ -294,6 +295,7 @@ static void *modify(void *arg) {
                 md->master[i] += 1.0f;
                 md->m[i] ^= 0x5a5a;
                 md->v[i] = md->v[i] * 0.5f + 1.0f;
+                if (i < LIVE_W) md->w16[i] ^= 0x0101; /* stays finite: the exponent's low bit and a mantissa bit */
             }
         }
     return NULL;
@@ -310,13 +312,14 @@ static int slow_disk(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, 
 enum { IN_PLACE, IN_PLACE_UNGUARDED, COPY, COPY_MISSING };
 static const char *const mode_names[] = {"in_place", "in_place_unguarded", "copy", "copy_missing"};
 
-/* One write of 3 offloaded arrays (fp32, bf16 bits, fp32) and 2 snapshot items while a modifier thread
- * changes the arrays; the writer sleeps 2 ms after each range or piece (a slow disk). IN_PLACE: the arrays are
- * live items (ranges of 4099 elements: pieces that are not a multiple of the hash's 32-byte stripes)
- * and the modifier waits for the writer's mark; COPY: they are copied into snapshot buffers first and the
- * modifier does not wait. Mutants: no wait; no copy. Returns 1 when the file is byte for byte the one a
- * synchronous qt_ckpt_save of the state at the start writes. */
-static int live_write_matches(int mode, char *why, size_t cap) {
+/* One write of 4 offloaded arrays (fp32, bf16 weights of fewer elements, bf16 bits, fp32) and a snapshot item
+ * while a modifier thread changes the arrays; the writer sleeps 2 ms after each range or piece (a slow disk).
+ * IN_PLACE: the arrays are live items (ranges of 4099 elements: pieces that are not a multiple of the
+ * hash's 32-byte stripes) and the modifier waits for the writer's mark; COPY: they are copied into
+ * snapshot buffers first and the modifier does not wait. Mutants: no wait; no copy. widen: "weights" is
+ * the bf16 weights widened as written (a bf16 master), live too. Returns 1 when the file is byte for byte
+ * the one a synchronous qt_ckpt_save of the state at the start writes. */
+static int live_write_matches(int mode, int widen, char *why, size_t cap) {
     char dir[512], ref[512], pa[600], pb[600], err[512];
     snprintf(pa, sizeof pa, "live_%s", mode_names[mode]);
     fresh_dir(dir, sizeof dir, pa);
@@ -325,27 +328,30 @@ static int live_write_matches(int mode, char *why, size_t cap) {
     int guarded = mode == IN_PLACE;
     qt_rng r;
     qt_rng_seed(&r, 7);
-    modifier md = {qt_ckpt_writer_create(mode >= COPY ? slow_disk : NULL, NULL), malloc(LIVE_E * 4), malloc(LIVE_E * 4), malloc(LIVE_E * 2), guarded};
-    uint16_t *w16 = malloc(5001 * 2);
+    modifier md = {qt_ckpt_writer_create(mode >= COPY ? slow_disk : NULL, NULL), malloc(LIVE_E * 4), malloc(LIVE_E * 4),
+                   malloc(LIVE_E * 2), malloc(LIVE_W * 2), guarded};
+    uint16_t *w16 = md.w16;
     if (!md.w || !md.master || !md.v || !md.m || !w16) return snprintf(why, cap, "out of memory"), 0;
     for (size_t i = 0; i < LIVE_E; i++) {
         md.master[i] = (float)qt_rng_normal(&r);
         md.v[i] = (float)qt_rng_uniform(&r);
         md.m[i] = (uint16_t)qt_rng_u64(&r);
     }
-    for (int i = 0; i < 5001; i++) w16[i] = (uint16_t)qt_rng_u64(&r);
+    for (int i = 0; i < LIVE_W; i++) w16[i] = 0x3f80 ^ ((uint16_t)qt_rng_u64(&r) & 0x00ff); /* finite bf16 near 1 */
     int64_t step = 12;
-    qt_ckpt_item items[5] = {{"weights", QT_DT_F32, md.master, LIVE_E * 4, 0}, {"weights_bf16", QT_DT_BF16, w16, 5001 * 2, 0},
+    qt_ckpt_item items[5] = {{"weights", QT_DT_F32, md.master, LIVE_E * 4, 0}, {"weights_bf16", QT_DT_BF16, w16, LIVE_W * 2, 0},
                              {"adam_m", QT_DT_BF16, md.m, LIVE_E * 2, 0}, {"adam_v", QT_DT_F32, md.v, LIVE_E * 4, 0},
                              {"step", -1, &step, 8, 0}};
+    if (widen) items[0] = (qt_ckpt_item){"weights", QT_DT_F32, w16, LIVE_W * 4, QT_CKPT_WIDEN_BF16};
     int ok = qt_ckpt_save(ref, 12, 0, items, 5, err, sizeof err) == 0;
-    qt_ckpt_live live = {3, {0, 2, 3}, LIVE_E, 4099}, none = {0};
-    char *copies = mode == COPY ? malloc(LIVE_E * 10) : NULL; /* master, m, v: the snapshot buffers */
+    qt_ckpt_live live = {4, {0, 1, 2, 3}, LIVE_E, 4099}, none = {0};
+    char *copies = mode == COPY ? malloc(LIVE_E * 12) : NULL; /* master, w16, m, v: the snapshot buffers */
     if (mode == COPY && !copies) return snprintf(why, cap, "out of memory"), 0;
-    for (int j = 0, off = 0; copies && j < 3; off += items[live.idx[j]].bytes, j++) {
-        memcpy(copies + off, items[live.idx[j]].data, items[live.idx[j]].bytes);
+    for (int j = widen, off = 0; copies && j < 4; off += (int)qt_ckpt_item_data_bytes(&items[live.idx[j]]), j++) {
+        memcpy(copies + off, items[live.idx[j]].data, qt_ckpt_item_data_bytes(&items[live.idx[j]]));
         items[live.idx[j]].data = copies + off;
     }
+    if (copies && widen) items[0].data = items[1].data; /* the widened view of the copied weights */
     qt_test_hooks h = {.ckpt_write_delay_ms = 2};
     qt_test_hooks_set(&h);
     pthread_t th;
@@ -372,7 +378,7 @@ static int live_write_matches(int mode, char *why, size_t cap) {
     qt_ckpt *ck = ok ? qt_ckpt_open(pa, err, sizeof err) : NULL;
     if (ok && !ck) snprintf(why, cap, "%s", err), ok = 0;
     qt_ckpt_close(ck);
-    free(a), free(b), free(md.master), free(md.v), free(md.m), free(w16), free(copies);
+    free(a), free(b), free(md.master), free(md.v), free(md.m), free(md.w16), free(copies);
     qt_ckpt_writer_free(md.w);
     return ok;
 }
@@ -380,10 +386,13 @@ static int live_write_matches(int mode, char *why, size_t cap) {
 /* The mode writes the file a synchronous save writes, and its mutant (what: the mutant's fault) does not. */
 static void mode_and_mutant(int mode, int mutant, const char *what) {
     char why[512];
-    QT_EXPECT(live_write_matches(mode, why, sizeof why), "%s", why);
-    int caught = !live_write_matches(mutant, why, sizeof why);
-    printf("  mutant that %s: %s%s\n", what, caught ? "caught: " : "NOT caught", caught ? why : "");
-    QT_EXPECT(caught, "the test passes with the mutant that %s", what);
+    for (int widen = 0; widen < 2; widen++) {
+        QT_EXPECT(live_write_matches(mode, widen, why, sizeof why), "%s%s", widen ? "widened: " : "", why);
+        int caught = !live_write_matches(mutant, widen, why, sizeof why);
+        printf("  %smutant that %s: %s%s\n", widen ? "widened weights, " : "", what, caught ? "caught: " : "NOT caught",
+               caught ? why : "");
+        QT_EXPECT(caught, "the test passes with the mutant that %s", what);
+    }
 }
 
 static void test_live_items_written_in_place(void) {
@@ -533,7 +542,8 @@ static void test_live_items_refused(void) {
     char dir[512], err[512];
     fresh_dir(dir, sizeof dir, "live_bad");
     float x[10] = {0};
-    qt_ckpt_item items[2] = {{"a", QT_DT_F32, x, 40, 0}, {"b", QT_DT_F32, x, 36, 0}};
+    float y[11] = {0};
+    qt_ckpt_item items[2] = {{"a", QT_DT_F32, x, 40, 0}, {"b", QT_DT_F32, y, 44, 0}}; /* b: more than 10 elements */
     qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
     qt_ckpt_live bad[3] = {{2, {0, 1}, 10, 4}, {2, {0, 0}, 10, 4}, {1, {5}, 10, 4}};
     for (int k = 0; k < 3; k++) {

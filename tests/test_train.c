@@ -298,7 +298,8 @@ static void bf16m_yaml(char *yaml, size_t cap, int kind, const char *tag, const 
     int dp = kind >= 3;
     snprintf(par, sizeof par, "parallel: {%s, shard_optimizer: %s%s}\nperf: {cuda_graphs: %s, matmul_autotune: false}\n%s",
              dp ? two_ranks() : "gpus: 1", kind == 3 ? "false" : "true", kind == 6 ? ", zero: 3" : "",
-             kind == 2 ? "true" : "false", kind == 1 || kind == 5 ? "memory: {offload_optimizer: true}" : "");
+             kind == 2 ? "true" : "false", kind == 1 || kind == 5 ? "memory: {offload_optimizer: true}"
+                                           : kind == 7 ? "memory: {offload: [weights, master, m, v]}" : "");
     snprintf(yaml, cap,
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
              "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
@@ -453,10 +454,10 @@ static size_t plan_row(const qt_run_plan *rp, const char *kind) {
 static void test_bf16_master_ckpt_bytes(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     bf16m_data();
-    enum { RUNS = 5 };
+    enum { RUNS = 6, WLIVE = 5 };
     static const struct { int kind; const char *tag, *ck; } run[RUNS] = {
         {0, "ckb_one", ""}, {1, "ckb_in_place", ", offloaded: in_place"}, {1, "ckb_copy", ", offloaded: copy"},
-        {4, "ckb_zero1", ""}, {6, "ckb_zero3", ""}};
+        {4, "ckb_zero1", ""}, {6, "ckb_zero3", ""}, {7, "ckb_w_in_place", ", offloaded: in_place"}};
     qt_ckpt *last[RUNS] = {NULL};
     char err[1024], dir[600], path[700], scratch[700];
     for (int k = 0; k < RUNS; k++) {
@@ -466,7 +467,8 @@ static void test_bf16_master_ckpt_bytes(void) {
         float loss[20];
         bf16m_yaml(yaml, sizeof yaml, run[k].kind, run[k].tag, "master_dtype: bf16", run[k].ck);
         QT_REQUIRE(load_cfg(&c, yaml) == 0, "%s: config", run[k].tag);
-        qt_test_hooks h = {.offload_chunk = 1000};
+        /* the offloaded weights written in place: a slow writer, so step 11's AdamW must wait for it */
+        qt_test_hooks h = {.offload_chunk = 1000, .ckpt_write_delay_ms = k == WLIVE ? 2 : 0};
         qt_test_hooks_set(&h);
         qt_train_opts o = {NULL, -1, 0, loss, NULL};
         int rc = qt_train_run(&c, &o, &st, err, sizeof err);
@@ -480,9 +482,9 @@ static void test_bf16_master_ckpt_bytes(void) {
         size_t plan = plan_row(&rp, "checkpoint snapshot") + plan_row(&rp, "checkpoint snapshot (assembled)");
         printf("  %-13s snapshot %zu bytes pinned (plan %zu; %zu parameters)%s\n", run[k].tag, st.ckpt_snapshot_bytes, plan,
                L.numel, st.ckpt_in_place ? ", m and v written in place" : "");
-        QT_EXPECT(st.ckpt_snapshot_bytes == plan && plan > 0, "%s: snapshot %zu bytes, planned %zu", run[k].tag,
-                  st.ckpt_snapshot_bytes, plan);
-        QT_EXPECT(st.ckpt_in_place == (k == 1), "%s: in place %d", run[k].tag, st.ckpt_in_place);
+        QT_EXPECT(st.ckpt_snapshot_bytes == plan && (plan > 0 || k == WLIVE), "%s: snapshot %zu bytes, planned %zu",
+                  run[k].tag, st.ckpt_snapshot_bytes, plan);
+        QT_EXPECT(st.ckpt_in_place == (k == 1 || k == WLIVE), "%s: in place %d", run[k].tag, st.ckpt_in_place);
         qt_layout_free(&L);
         snprintf(dir, sizeof dir, "%s/ckpt_bf16m_%s", g_dir, run[k].tag);
         long *steps = NULL;
@@ -499,8 +501,8 @@ static void test_bf16_master_ckpt_bytes(void) {
         last[k] = qt_ckpt_open(path, err, sizeof err);
         QT_REQUIRE(last[k], "%s", err);
     }
-    const int same[3][2] = {{0, 1}, {0, 2}, {3, 4}};
-    for (int q = 0; q < 3; q++)
+    const int same[4][2] = {{0, 1}, {0, 2}, {3, 4}, {0, WLIVE}};
+    for (int q = 0; q < 4; q++)
         for (int i = 0; i < 4; i++) {
             size_t na = 0, nb = 1;
             const void *a = qt_ckpt_get(last[same[q][0]], ckpt_blobs[i], &na, NULL);
@@ -509,6 +511,40 @@ static void test_bf16_master_ckpt_bytes(void) {
                       run[same[q][1]].tag, run[same[q][0]].tag);
         }
     for (int k = 0; k < RUNS; k++) qt_ckpt_close(last[k]);
+    /* step 10's file, written while step 11 ran: with the weights in place the same bytes as one GPU's; the
+     * mutant whose AdamW does not wait for the writer (ckpt_unguarded) must change them */
+    for (int mutant = 0; mutant < 2; mutant++) {
+        const char *tag = mutant ? "ckb_w_unguarded" : run[WLIVE].tag;
+        if (mutant) {
+            char yaml[4096];
+            qt_config c;
+            float loss[20];
+            bf16m_yaml(yaml, sizeof yaml, 7, tag, "master_dtype: bf16", ", offloaded: in_place");
+            QT_REQUIRE(load_cfg(&c, yaml) == 0, "%s: config", tag);
+            qt_test_hooks h = {.offload_chunk = 1000, .ckpt_write_delay_ms = 2, .ckpt_unguarded = 1};
+            qt_test_hooks_set(&h);
+            qt_train_opts o = {NULL, -1, 0, loss, NULL};
+            int rc = qt_train_run(&c, &o, NULL, err, sizeof err);
+            qt_test_hooks_set(NULL);
+            QT_REQUIRE(rc == 0, "%s: %s", tag, err);
+        }
+        qt_ckpt *a, *b;
+        snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, run[0].tag, 10);
+        a = qt_ckpt_open(path, err, sizeof err);
+        snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, tag, 10);
+        b = qt_ckpt_open(path, err, sizeof err);
+        QT_REQUIRE(a && b, "step 10 of %s: %s", tag, err);
+        int differ = 0;
+        for (int i = 0; i < 4; i++) {
+            size_t na = 0, nb = 1;
+            const void *x = qt_ckpt_get(a, ckpt_blobs[i], &na, NULL), *y = qt_ckpt_get(b, ckpt_blobs[i], &nb, NULL);
+            differ |= !x || !y || na != nb || memcmp(x, y, na);
+        }
+        printf("  step 10 %-16s %s\n", tag, differ ? "differs from one GPU's (caught)" : "the same bytes as one GPU's");
+        QT_EXPECT(differ == mutant, "step 10 of %s: %s", tag, differ ? "differs from one GPU's" : "NOT caught");
+        qt_ckpt_close(a);
+        qt_ckpt_close(b);
+    }
 }
 
 /* precision.grad_accum_dtype: bf16 (with a bf16 master: the 14B setting). 2 ranks on GPU 0 at one

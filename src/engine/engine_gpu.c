@@ -270,14 +270,21 @@ static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "
 
 /* One GPU offloaded: m, v and an fp32 master are checkpointed from where they live (pinned host
  * memory) unless the trainer chose to copy them (set_state_copy); the optimizer waits for the writer per
- * chunk (set_state_guard). A bf16 master is the device weights: their copy is its checkpoint. A
- * data-parallel rank's are copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
+ * chunk (set_state_guard). The bf16 weights too when memory.offload has them in host memory (AdamW writes
+ * them in the same chunks; with a bf16 master the widened "weights" is their view, live as well);
+ * otherwise they are the device weights and their copy is the checkpoint's. A data-parallel rank's are
+ * copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
 static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE && !e->ckpt_copy; }
-static int live_item(const gpu_engine *e, int i) { return live_state(e) && (i >= 2 || (i == 0 && e->g->ps->master)); }
-/* The bytes of those items (m, v, an fp32 master) when they are live. */
+static int live_w(const gpu_engine *e) { return live_state(e) && e->g->ps->place.w_host; }
+static int live_item(const gpu_engine *e, int i) {
+    return live_state(e) && (i >= 2 || (i == 0 && (e->g->ps->master || live_w(e))) || (i == 1 && live_w(e)));
+}
+/* The bytes of those items (m, v, an fp32 master, the host weights) when they are live. */
 static size_t live_bytes(const gpu_engine *e) {
     const qt_param_store *ps = e->g->ps;
-    return live_state(e) ? ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) : 0;
+    if (!live_state(e)) return 0;
+    return ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) +
+           (live_w(e) ? e->base.L->numel * 2 : 0);
 }
 
 /* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths), the
@@ -318,8 +325,9 @@ static size_t gpu_snapshot_bytes(const qt_engine *b) { return ((const gpu_engine
 static int gpu_state_live(qt_engine *b, qt_ckpt_live *live) {
     gpu_engine *e = (gpu_engine *)b;
     if (!live_state(e)) return live->n = 0;
-    *live = e->g->ps->master ? (qt_ckpt_live){3, {0, 2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk}
-                             : (qt_ckpt_live){2, {2, 3}, e->g->ps->shard.len, e->g->ps->place.opt_chunk};
+    *live = (qt_ckpt_live){0, {0}, e->g->ps->shard.len, e->g->ps->place.opt_chunk}; /* the weights: numel <= shard.len */
+    for (int i = 0; i < 4; i++)
+        if (live_item(e, i)) live->idx[live->n++] = i;
     return live->n;
 }
 

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "qt_ckpt.h"
+#include "qt_dtype.h"
 #include "qt_error.h"
 #include "qt_test_hooks.h"
 
@@ -100,12 +101,13 @@ static int plan_pieces(qt_ckpt_writer *w, const qt_ckpt_live *live, char *err, s
     int nl = live ? live->n : 0;
     size_t step = live && live->piece ? live->piece : LIVE_PIECE, ranges = nl && live->elems ? (live->elems + step - 1) / step : 0;
     int is_live[WRITER_MAX_ITEMS] = {0};
+    size_t es[WRITER_MAX_ITEMS] = {0}, ne[WRITER_MAX_ITEMS] = {0}; /* a live item's bytes per element, elements */
     for (int j = 0; j < nl; j++) {
         int i = live->idx[j];
-        if (i < 0 || i >= w->n || is_live[i] || w->items[i].bytes % (live->elems ? live->elems : 1) ||
-            (live->elems == 0 && w->items[i].bytes))
-            return qt_errf(err, errlen, "%s: live checkpoint item %d: not an item, a repeat, or not %zu elements", w->dir, i,
-                           live->elems);
+        if (i >= 0 && i < w->n) es[i] = (size_t)qt_dtype_size(w->items[i].dtype), ne[i] = w->items[i].bytes / es[i];
+        if (i < 0 || i >= w->n || is_live[i] || w->items[i].bytes % es[i] || ne[i] > live->elems)
+            return qt_errf(err, errlen, "%s: live checkpoint item %d: not an item, a repeat, or more than %zu elements", w->dir,
+                           i, live->elems);
         is_live[i] = 1;
     }
     size_t np = ranges * (size_t)nl + (size_t)w->n;
@@ -115,9 +117,9 @@ static int plan_pieces(qt_ckpt_writer *w, const qt_ckpt_live *live, char *err, s
     w->np = 0;
     for (size_t r = 0; r < ranges; r++) {
         size_t e0 = r * step, e1 = e0 + step < live->elems ? e0 + step : live->elems;
-        for (int j = 0; j < nl; j++) {
-            size_t es = w->items[live->idx[j]].bytes / live->elems;
-            w->pieces[w->np++] = (qt_ckpt_piece){live->idx[j], e0 * es, e1 * es};
+        for (int j = 0; j < nl; j++) { /* an item of fewer elements (the weights without the shard's padding) ends early */
+            int i = live->idx[j];
+            w->pieces[w->np++] = (qt_ckpt_piece){i, (e0 < ne[i] ? e0 : ne[i]) * es[i], (e1 < ne[i] ? e1 : ne[i]) * es[i]};
         }
         w->mark_at[w->np - 1] = e1;
     }
