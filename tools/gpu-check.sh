@@ -4,7 +4,8 @@
 # overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
 # offload_residual_bench; fp8wcache; zero; offload_weights; offload_ranks; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
 # qtrain --plan vs a real run); python; multi = multi_tests multi_scale multi_box (issue 28: several real GPUs);
-# pending, pending_capped, capped_14b, offload_ranks (what session 16 could not run on a GPU)
+# pending, pending_capped, capped_small, capped_14b, offload_ranks (what session 16 could not run on a GPU);
+# pending17, capped17 (what session 17 built after its device time)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -533,6 +534,29 @@ if has capped_14b; then
           --set data.micro_batch=16 --set data.grad_accum=4 $auto_keys \
           --set memory.gpu_limit_gib=24 --set memory.host_limit_gib=${HOST_LIMIT:-120}
     } 2>&1 | tee "$OUT/capped_14b.log" | grep -E '^(PASS|FAIL|SKIP|==)|chosen|tokens/s|fit|GiB|rror'
+fi
+# What session 17 built after its device time (GPU-untested there), in the order to run it (one GPU): bf16
+# offloaded gradients (test_offload's g16_* cases and the whole offload_gradients test: the slots' byte
+# arithmetic changed for fp32 too), the offloaded weights written in place by checkpoints (test_train
+# bf16_master_ckpt_bytes: ckb_w_in_place, its unguarded mutant), ZeRO-2/3 regressions (their slots share
+# the code), the planner's GPU checks; then 14B fp8 at 24 GiB within 120 GiB of host (bf16 master and
+# gradients, everything offloaded: 110 GiB planned) and 7B at 24 GiB with bf16 gradients, one step each.
+if has pending17; then
+    { step offload_gradients 600 env QT_TEST_ONLY=offload_gradients build/tests/test_offload
+      step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
+      step bf16_master_ckpt_bytes 300 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
+      step zero_regress 900 env QT_TEST_ONLY=equals build/tests/test_zero
+      step offload_ranks 600 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
+      step test_plan 300 build/tests/test_plan
+    } 2>&1 | tee "$OUT/pending17.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|step 10|rror'
+fi
+if has capped17; then
+    b="build/bench/train_bench --warmup 1 --steps 1"
+    { step capped_14b_fp8_24_host120 600 $b configs/qwen2.5-14b-fp8.yaml --set data.micro_batch=16 --set data.grad_accum=32 \
+          $auto_keys --set memory.gpu_limit_gib=24 --set memory.host_limit_gib=120
+      step capped_7b_fp8_24_g16 600 $b configs/qwen2.5-7b-fp8.yaml $auto_keys --set precision.grad_accum_dtype=bf16 \
+          --set memory.gpu_limit_gib=24
+    } 2>&1 | tee "$OUT/capped17.log" | grep -E '^(PASS|FAIL|SKIP|==)|chosen|tokens/s|fit|GiB|rror'
 fi
 # memory.offload with ZeRO ranks (ranks sharing GPU 0 where there is one GPU): ZeRO-3 + [weights], ZeRO-2/3 +
 # [gradients], ZeRO-3 + both = the same level without the offload, bitwise, on 2 and 3 ranks; mutants 7, 8, 2
