@@ -24,13 +24,13 @@
  * pcie_micro, the copies that run on copy streams beside each micro-step's compute:
  *   offloaded residuals: grad_accum x 2 ways x (layers - 2) x B x T x hidden x 2 B / PCIe bandwidth
  *   + offloaded weights (one GPU): grad_accum x 2 (forward, backward) x the layers' bf16 bytes / PCIe
- *   + offloaded gradients (one GPU): (2 x grad_accum - 1) x 4 B/param (each micro-step's stores, all but
- *     the first's loads) / PCIe
+ *   + offloaded gradients (one GPU): (2 x grad_accum - 1) x 4 B/param (2 in bf16; each micro-step's
+ *     stores, all but the first's loads) / PCIe
  * once, serial with the rest:
  *   offloaded optimizer state (fp32 master unless bf16, m, v) up and down once / PCIe bandwidth
  *   + offloaded weights' once-per-step bytes: the embedding and LM-head buckets, AdamW's bf16 writes and
  *     the finiteness count's reads (2 B/param each; a bf16 master's reads 2 more)
- *   + offloaded gradients' norm and AdamW reads and the zeroing: 3 x 4 B/param
+ *   + offloaded gradients' norm and AdamW reads and the zeroing: 3 x 4 B/param (2 in bf16)
  *   + parallel.zero 3: grad_accum x 2 (forward, backward) x the layers' bf16 bytes (2 B/param) / PCIe
  *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound); a rank's offloaded
  *     gradient shard with ZeRO-2/3: 8 B per element per micro-step + 12 per step

@@ -149,7 +149,8 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     if (n < 0) return -1;
     qt_ckpt_live live = live_items(t);
     size_t bytes = 0, offloaded = 0;
-    for (int j = 0; j < live.n; j++) offloaded += items[live.idx[j]].bytes;
+    for (int j = 0; j < live.n; j++) /* a widened item views another's blob: not a copy of its own */
+        if (!(items[live.idx[j]].flags & QT_CKPT_WIDEN_BF16)) offloaded += items[live.idx[j]].bytes;
     char how[256] = "";
     if (live.n && choose_offload(t, offloaded, how, sizeof how)) {
         if ((n = qt_engine_state_items(t->eng, items, 16, err, errlen)) < 0) return -1;
