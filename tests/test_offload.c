@@ -170,6 +170,7 @@ static void test_plan_7b_gradients(void) {
  * start, at its elements' home places: so loading a home before the backward and storing it after
  * reproduces a whole array's accumulation, whatever its writers do. */
 static void test_grad_homes(void) {
+    for (int bf16 = 0; bf16 < 2; bf16++) /* precision.grad_accum_dtype: the slots' elements are 4 or 2 bytes */
     for (int tie = 0; tie < 2; tie++)
         for (int V = 301; V <= 9001; V += 8700) {
             qt_model_cfg mc = {.vocab_size = V, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
@@ -181,6 +182,8 @@ static void test_grad_homes(void) {
             QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
             qt_config cfg;
             qt_config_defaults(&cfg);
+            cfg.precision.grad_accum_dtype = bf16 ? QT_DT_BF16 : QT_DT_F32;
+            const ptrdiff_t es = bf16 ? 2 : 4;
             qt_shard sh;
             qt_shard_init(&sh, &L, 1, 0, 1);
             qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, QT_GPU_OPTIM_CHUNK, 0, 0, 1};
@@ -208,10 +211,10 @@ static void test_grad_homes(void) {
                 int hb = 0, he = 0;
                 while (hb < nb - 1 && hi[hb] <= t->offset) hb++;
                 while (he < nb - 1 && hi[he] <= e) he++;
-                float *p0 = qt_param_g(ps, t->offset);
-                float *want0 = (float *)qt_param_grad_slot(ps, hb) + ((ptrdiff_t)t->offset - (ptrdiff_t)sh.bucket[hb]);
-                float *want1 = (float *)qt_param_grad_slot(ps, he) + ((ptrdiff_t)e - (ptrdiff_t)sh.bucket[he]);
-                if (p0 != want0 || p0 + (t->numel - 1) != want1) {
+                char *p0 = qt_param_g(ps, t->offset), *p1 = qt_param_g(ps, e);
+                char *want0 = (char *)qt_param_grad_slot(ps, hb) + ((ptrdiff_t)t->offset - (ptrdiff_t)sh.bucket[hb]) * es;
+                char *want1 = (char *)qt_param_grad_slot(ps, he) + ((ptrdiff_t)e - (ptrdiff_t)sh.bucket[he]) * es;
+                if (p0 != want0 || p0 + (ptrdiff_t)(t->numel - 1) * es != want1 || p1 != want1) {
                     if (bad < 5) printf("  tie %d, V %d: tensor %s [%zu, %zu) not at its home place (buckets %d..%d)\n", tie, V,
                                         t->name, t->offset, e + 1, hb, he);
                     bad++;
@@ -219,7 +222,20 @@ static void test_grad_homes(void) {
             }
             size_t cross = 0;
             for (int b = 0; b < nb; b++) cross += ps->cross_at[b] != SIZE_MAX;
-            printf("  tie %d, V %d: %d buckets, %zu tensors cross a boundary, table tail %zu\n", tie, V, nb, cross, ps->tail_n);
+            /* the slots do not overlap: each is its bucket's bytes (+ margins) in the grad_dt (the arena rows) */
+            size_t rows = 0;
+            for (int i = 0; i < p.n; i++)
+                if (!strncmp(p.row[i].kind, "gradient slots", 14)) rows += p.row[i].bytes;
+            size_t need = 0, big = 0;
+            for (int b = 0; b < nb; b++) {
+                size_t len = sh.bucket[b + 1] - sh.bucket[b];
+                if (qt_param_grad_slot_shared(ps, b) < 0) need += (len + 2 * M) * es;
+                else if (len > big) big = len;
+            }
+            need += QT_GRAD_SLOTS * (big + 2 * M) * es;
+            bad += rows < need || rows > need + 256 * (size_t)(nb + QT_GRAD_SLOTS);
+            printf("  %s, tie %d, V %d: %d buckets, %zu tensors cross a boundary, table tail %zu, slots %zu bytes\n",
+                   bf16 ? "bf16" : "fp32", tie, V, nb, cross, ps->tail_n, rows);
             QT_EXPECT(bad == 0, "tie %d, V %d: %d wrong homes", tie, V, bad);
             /* one rank: buckets start at layer starts, which the layout aligns to 64 elements, so no tensor
              * crosses and the homes are the buckets (the margins are for ZeRO-2's rounded boundaries) */
