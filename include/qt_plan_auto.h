@@ -86,9 +86,10 @@ typedef struct {
     double step_s, tokens_per_s; /* predicted */
 } qt_plan_choice;
 
-/* A predicted step's parts, seconds (see the top of this header). */
+/* A predicted step's parts, seconds (see the top of this header), and the PCIe bytes behind them. */
 typedef struct {
     double compute, pcie_micro, once;
+    double pcie_micro_bytes, pcie_once_bytes; /* per optimizer step and GPU, charged at the PCIe rate (both ways summed) */
 } qt_plan_cost;
 #define QT_PLAN_OVERLAP_ALPHA 0.2
 /* Fitted on the H100 rows of bench/RESULTS.md 1.0, 1.2 and 1.5 (0.5B-14B, bf16 and fp8 at LLM.Q's

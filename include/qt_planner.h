@@ -16,6 +16,7 @@
 #include "qt_mem_plan.h"
 #include "qt_model.h"
 #include "qt_param_store.h"
+#include "qt_plan_auto.h"
 #include "qt_step_plan.h"
 #include "qt_weight_src.h"
 
@@ -47,8 +48,9 @@ int qt_plan_check(const qt_run_plan *rp, size_t gpu_limit, const char *gpu_what,
 /* Prints the rows and totals (stdout). */
 void qt_plan_print(const qt_run_plan *rp);
 /* `qtrain --plan`: the plan of cfg printed (no GPU needed, nothing allocated) and checked against
- * gpu_gib / host_gib (> 0: --gpu-mem / --host-mem), else the config's limits. 0 fits, 1 does not (err
- * says why: total, limit, biggest items), -1 the config cannot be planned (err). */
-int qt_plan_report(const qt_config *cfg, double gpu_gib, double host_gib, char *err, size_t errlen);
+ * gpu_gib / host_gib (> 0: --gpu-mem / --host-mem), else the config's limits; on a GPU plan also the cost
+ * model's step on pr (qt_plan_auto_cost_parts: compute, the PCIe bytes beside it and serial). 0 fits, 1
+ * does not (err says why: total, limit, biggest items), -1 the config cannot be planned (err). */
+int qt_plan_report(const qt_config *cfg, const qt_probe *pr, double gpu_gib, double host_gib, char *err, size_t errlen);
 
 #endif

@@ -223,12 +223,12 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     k.compute += tok * elem / pr->hbm_bps;
     if (cfg->memory.offload_optimizer) {
         double es = (cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4) + (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) + (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4);
-        k.once += 2 * (double)L->numel * es / pr->pcie_bps; /* master, m, v up and down once per step */
+        k.pcie_once_bytes += 2 * (double)L->numel * es; /* master, m, v up and down once per step */
     }
     /* memory.offload_residual: each micro-step moves (layers - 2) bf16 residuals [B*T, C] down in the
      * forward and up in the backward, on copy streams beside the compute */
     if (cfg->memory.offload_residual && nl > 2)
-        k.pcie_micro += cfg->data.grad_accum * 2 * (nl - 2) * n * C * 2 / pr->pcie_bps;
+        k.pcie_micro_bytes += cfg->data.grad_accum * 2 * (nl - 2) * n * C * 2;
     /* memory.fp8_weight_cache: none: the block weights are quantized again before each layer's forward and
      * its backward: per pass, 2 B/param read (bf16) and 1 B/param written (e4m3), at the HBM rate */
     if (cfg->memory.fp8_weight_cache == QT_FP8_WCACHE_NONE && cfg->precision.matmul_dtype == QT_DT_E4M3)
@@ -238,7 +238,7 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * and its backward: charged at the PCIe rate as if every byte crossed ((n-1)/n do) and nothing overlapped
      * (an upper bound; ZeRO-1/2's one gather of all weights per step is not charged either way) */
     if (cfg->parallel.zero >= 3)
-        k.once += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) * 2 / pr->pcie_bps;
+        k.pcie_once_bytes += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) * 2;
     /* memory.offload: [weights] (one GPU): the layers' bf16 weights copied up twice per micro-step (before
      * each layer's forward and backward, prefetched beside the compute), and once per step the embedding
      * and LM-head buckets, AdamW's bf16 writes (2 B/param down) and the finiteness count's reads (2 B/param
@@ -247,8 +247,8 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     double mine = ranks > 1 && cfg->parallel.zero >= 1 ? (double)L->numel / ranks : (double)L->numel; /* a rank's state */
     if (cfg->memory.offload & QT_OFF_WEIGHTS) { /* ZeRO-3 ranks: the gathers read the host pieces, charged above */
         double span = (double)(L->final_norm - L->layers[0].ln1), rest = (double)L->numel - span;
-        k.pcie_micro += (cfg->parallel.zero >= 3 ? 0 : cfg->data.grad_accum * 2 * span * 2) / pr->pcie_bps;
-        k.once += (rest * 2 + mine * 2 * 2 + (cfg->precision.master_dtype == QT_DT_BF16 ? mine * 2 : 0)) / pr->pcie_bps;
+        k.pcie_micro_bytes += (cfg->parallel.zero >= 3 ? 0 : cfg->data.grad_accum * 2 * span * 2);
+        k.pcie_once_bytes += (rest * 2 + mine * 2 * 2 + (cfg->precision.master_dtype == QT_DT_BF16 ? mine * 2 : 0));
     }
     /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's gradients to host and,
      * but the first, loads them first (4 B/param each way, bf16 2, beside the compute; an upper bound: the
@@ -256,14 +256,14 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * and the zeroing writes them once per step (3 x 4 or 2 B/param) */
     if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero < 2) {
         double ge = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? 2 : 4; /* bf16 gradients: half the bytes */
-        k.pcie_micro += (double)L->numel * ge * (2.0 * cfg->data.grad_accum - 1) / pr->pcie_bps;
-        k.once += (double)L->numel * ge * 3 / pr->pcie_bps;
+        k.pcie_micro_bytes += (double)L->numel * ge * (2.0 * cfg->data.grad_accum - 1);
+        k.pcie_once_bytes += (double)L->numel * ge * 3;
     }
     /* memory.offload: [gradients] with ZeRO-2/3 ranks: each micro-step's summed piece is added into the
      * rank's host shard (read and written through the mapping, 8 B per shard element), and the norm, AdamW
      * and the zeroing touch the shard once per step (3 x 4 B) */
     if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero >= 2)
-        k.once += mine * (8.0 * cfg->data.grad_accum + 12) / pr->pcie_bps;
+        k.pcie_once_bytes += mine * (8.0 * cfg->data.grad_accum + 12);
     /* Gradient sums through host memory (parallel.comm host / host_wc: boards without P2P): each GPU moves
      * (n-1)/n of the gradients (4 B/param, 2 with reduce_dtype bf16) per sum, once per step with ZeRO-0/1
      * but every micro-step with ZeRO-2/3 (they reduce-scatter as the backward goes); charged at the
@@ -272,11 +272,12 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * 24,682 measured (bench/RESULTS.md section 6). Peer transports (NVLink) and auto are not charged. */
     if (ranks > 1 && (cfg->parallel.comm == QT_COMM_HOST || cfg->parallel.comm == QT_COMM_HOST_WC)) {
         double sums = cfg->parallel.zero >= 2 ? cfg->data.grad_accum : 1;
-        k.once += sums * (ranks - 1.0) / ranks * (double)L->numel * (cfg->parallel.reduce_dtype == QT_DT_BF16 ? 2 : 4) /
-             pr->pcie_bps;
+        k.pcie_once_bytes += sums * (ranks - 1.0) / ranks * (double)L->numel * (cfg->parallel.reduce_dtype == QT_DT_BF16 ? 2 : 4);
     }
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
     k.once += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
+    k.pcie_micro = k.pcie_micro_bytes / pr->pcie_bps;
+    k.once += k.pcie_once_bytes / pr->pcie_bps;
     return k;
 }
 

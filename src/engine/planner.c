@@ -148,7 +148,7 @@ void qt_plan_print(const qt_run_plan *rp) {
     qt_mem_plan_print(&rp->mem);
 }
 
-int qt_plan_report(const qt_config *cfg, double gpu_gib, double host_gib, char *err, size_t errlen) {
+int qt_plan_report(const qt_config *cfg, const qt_probe *pr, double gpu_gib, double host_gib, char *err, size_t errlen) {
     qt_layout L;
     qt_weight_src src;
     static qt_run_plan rp;
@@ -173,6 +173,13 @@ int qt_plan_report(const qt_config *cfg, double gpu_gib, double host_gib, char *
            !rp.ranks ? "no GPU used" : gpu_no ? "does not fit" : "fits");
     printf("  %-30s %10.1f MiB  %s: %s\n", "host", rp.host_bytes / 1048576.0, h > 0 ? hw : "no limit given",
            host_no ? "does not fit" : "fits");
+    if (rp.ranks) { /* the cost model's step (memory.plan: auto ranks plans by it) */
+        qt_plan_cost k = qt_plan_auto_cost_parts(&L, cfg, pr);
+        double t = qt_plan_auto_cost(&L, cfg, pr), tok = (double)cfg->data.micro_batch * cfg->data.seq_len * cfg->data.grad_accum;
+        printf("  predicted on %s: %.0f tokens/s, %.2f s per step: compute %.2f s; beside it %.1f GB over PCIe (%.2f s); "
+               "serial %.1f GB (%.2f s with the rest)\n", pr->gpu, tok * rp.ranks / t, t, k.compute, k.pcie_micro_bytes * 1e-9,
+               k.pcie_micro, k.pcie_once_bytes * 1e-9, k.once);
+    }
     rc = gpu_no || host_no;
     qt_layout_free(&L);
     return rc;

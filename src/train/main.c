@@ -113,18 +113,19 @@ int main(int argc, char **argv) {
     }
     if (plan && gpu_mem > 0) cfg.memory.gpu_limit_gib = (float)gpu_mem; /* memory.plan: auto plans for them */
     if (plan && host_mem > 0) cfg.memory.host_limit_gib = (float)host_mem;
+    const char *home = getenv("HOME"); /* the user's cache: the CLI's choice, passed to the library */
+    char cache[QT_PATH_MAX + 32];
+    snprintf(cache, sizeof cache, "%s/.cache/qtrain", home && *home ? home : ".");
+    qt_probe probe = {0};
+    if (cfg.memory.plan || plan) probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
     if (cfg.memory.plan) {
-        const char *home = getenv("HOME"); /* the user's cache: the CLI's choice, passed to the library */
-        char cache[QT_PATH_MAX + 32];
-        snprintf(cache, sizeof cache, "%s/.cache/qtrain", home && *home ? home : ".");
-        qt_probe probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
         if (qt_plan_auto(&cfg, &probe, err, sizeof err)) {
             fprintf(stderr, "qtrain: %s\n", err);
             return plan ? QT_EXIT_NO_FIT : 1;
         }
     }
     if (plan) {
-        int fit = qt_plan_report(&cfg, gpu_mem, host_mem, err, sizeof err);
+        int fit = qt_plan_report(&cfg, &probe, gpu_mem, host_mem, err, sizeof err);
         if (fit) fprintf(stderr, "qtrain: %s\n", err);
         return fit < 0 ? 1 : fit ? QT_EXIT_NO_FIT : 0;
     }
