@@ -63,6 +63,10 @@ struct qt_dp_sync {
     long fail_gather;
     int grad_micro;         /* offloaded gradients: micro-steps of this step so far, the running one included
                              * (the first loads nothing: the host gradients and the slots are zero) */
+    cudaStream_t gup;       /* offloaded gradients: the slots' loads (H2D), beside the stores (D2H) on the side
+                             * stream (owned) */
+    cudaEvent_t stored_ev[QT_GRAD_SLOTS], gup_ev; /* shared slot k stored and zeroed; the loads' end */
+    int gup_used;           /* this micro-step issued loads on gup (joined back before sums_ev) */
 };
 
 static void CUDART_CB sleep_ms(void *ms) {
@@ -199,10 +203,11 @@ static void slots_ready(qt_dp_sync *d, int b) {
  * writes it next) waits until its shared slot's last user is stored, zeroed and loaded again (mutant 1:
  * no wait); then, on the side stream, each final bucket's slot is stored to host; a shared slot is
  * zeroed (mutant 5: not) and the next bucket of this backward to use it (three below) loaded into it
- * (not in the first micro-step of a step: nothing to load), and the slot's event recorded; a slot of
- * its own keeps what it stored, which is what the next micro-step would load (zeroed at the step's end,
- * qt_dp_sync_reduce). The slots need no margin or tail adds: each element has one home
- * (qt_param_grad_home). */
+ * (not in the first micro-step of a step: nothing to load) on the load stream once the store is done,
+ * so one slot's load (H2D) runs beside the next slot's store (D2H); the slot's event is recorded after
+ * its load (or store); at the end the side stream waits for the loads. A slot of its own keeps what it
+ * stored, which is what the next micro-step would load (zeroed at the step's end, qt_dp_sync_reduce).
+ * The slots need no margin or tail adds: each element has one home (qt_param_grad_home). */
 static void host_grads_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
     for (int k = d->sent - 1; k >= b; k--) {
@@ -215,12 +220,23 @@ static void host_grads_ready(qt_dp_sync *d, int b) {
         if (d->sum_delay_ms) QT_CUDA(cudaLaunchHostFunc(cs, sleep_ms, &d->sum_delay_ms));
         qt_param_grad_store(ps, k, j >= 0 && d->mutant != 5, cs); /* MUTANT 5: a shared slot not zeroed */
         if (j < 0) continue;
-        if (d->grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j)
-            qt_param_grad_load(ps, k - QT_GRAD_SLOTS, cs);
-        QT_CUDA(cudaEventRecord(d->slot_ev[j], cs));
+        if (d->grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j) {
+            QT_CUDA(cudaEventRecord(d->stored_ev[j], cs));
+            QT_CUDA(cudaStreamWaitEvent(d->gup, d->stored_ev[j], 0));
+            qt_param_grad_load(ps, k - QT_GRAD_SLOTS, d->gup);
+            QT_CUDA(cudaEventRecord(d->slot_ev[j], d->gup));
+            d->gup_used = 1;
+        } else {
+            QT_CUDA(cudaEventRecord(d->slot_ev[j], cs));
+        }
     }
     if (b == 0) {
         d->sent = ps->shard.n_buckets;
+        if (d->gup_used) { /* a graph's capture: gup joins only where it was forked (used) */
+            QT_CUDA(cudaEventRecord(d->gup_ev, d->gup));
+            QT_CUDA(cudaStreamWaitEvent(cs, d->gup_ev, 0));
+            d->gup_used = 0;
+        }
         QT_CUDA(cudaEventRecord(d->sums_ev, cs));
     }
 }
@@ -581,6 +597,11 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
         for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->slot_ev[k], cudaEventDisableTiming));
         QT_CUDA(cudaEventCreateWithFlags(&d->sums_ev, cudaEventDisableTiming));
     }
+    if (p->grads_host) {
+        QT_CUDA(cudaStreamCreateWithFlags(&d->gup, cudaStreamNonBlocking));
+        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->stored_ev[k], cudaEventDisableTiming));
+        QT_CUDA(cudaEventCreateWithFlags(&d->gup_ev, cudaEventDisableTiming));
+    }
     if (p->weights_ahead) {
         d->ag_ev = calloc((size_t)sh->n_buckets, sizeof *d->ag_ev);
         QT_CHECK(d->ag_ev, "out of host memory");
@@ -612,6 +633,12 @@ void qt_dp_sync_free(qt_dp_sync *d) {
     int slots = d->plan.grads_sharded || d->plan.grads_host;
     for (int k = 0; slots && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
     if (slots) QT_CUDA(cudaEventDestroy(d->sums_ev));
+    if (d->plan.grads_host) {
+        QT_CUDA(cudaStreamSynchronize(d->gup));
+        QT_CUDA(cudaStreamDestroy(d->gup));
+        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->stored_ev[k]));
+        QT_CUDA(cudaEventDestroy(d->gup_ev));
+    }
     free(d->ag_ev);
     if (d->mutant_buf) QT_CUDA(cudaFree(d->mutant_buf));
     if (d->mutant_w) QT_CUDA(cudaFree(d->mutant_w));
