@@ -5,7 +5,7 @@
 # offload_residual_bench; fp8wcache; zero; offload_weights; offload_ranks; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
 # qtrain --plan vs a real run); python; multi = multi_tests multi_scale multi_box (issue 28: several real GPUs);
 # pending, pending_capped, capped_small, capped_14b, offload_ranks (what session 16 could not run on a GPU);
-# pending17, capped17 (what session 17 built after its device time)
+# pending17, capped17 (what session 17 built after its device time); grid (issue 25's plans left out of the fit)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -557,6 +557,25 @@ if has capped17; then
       step capped_7b_fp8_24_g16 600 $b configs/qwen2.5-7b-fp8.yaml $auto_keys --set precision.grad_accum_dtype=bf16 \
           --set memory.gpu_limit_gib=24
     } 2>&1 | tee "$OUT/capped17.log" | grep -E '^(PASS|FAIL|SKIP|==)|chosen|tokens/s|fit|GiB|rror'
+fi
+# Issue 25's grid: plans left out of the cost model's fit (tests/test_plan cost_calibration), measured at
+# 1.5B and 7B fp8 on 128 / 64 sequences per step, one GPU, no cap; predictions come from `qtrain --plan`
+# with the same --set keys and this device's probe (printed by the first auto run, cached per machine).
+if has grid; then
+    g15="build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --warmup 1 --steps 2 --set parallel.gpus=1 --set data.grad_accum=8"
+    g7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 --set parallel.gpus=1 --set perf.cuda_graphs=false"
+    { step grid_1.5b_none_mb16 300 $g15 --set data.micro_batch=16 --set "memory.recompute=[]"
+      step grid_1.5b_ffnnorm_mb16 300 $g15 --set data.micro_batch=16 --set "memory.recompute=[ffn,norm]"
+      step grid_1.5b_block_mb16 300 $g15 --set data.micro_batch=16 --set "memory.recompute=[block]"
+      step grid_1.5b_none_opt_mb16 300 $g15 --set data.micro_batch=16 --set "memory.recompute=[]" --set memory.offload_optimizer=true
+      step grid_1.5b_block_res_mb32 300 $g15 --set data.micro_batch=32 --set data.grad_accum=4 --set "memory.recompute=[block]" \
+          --set memory.offload_residual=true
+      step grid_1.5b_none_mb8 300 $g15 --set data.micro_batch=8 --set data.grad_accum=16 --set "memory.recompute=[]"
+      step grid_7b_ffnnorm_opt_mb8 400 $g7 --set data.micro_batch=8 --set data.grad_accum=8 --set "memory.recompute=[ffn,norm]"
+      step grid_7b_block_res_mb16 400 $g7 --set data.micro_batch=16 --set data.grad_accum=4 --set "memory.recompute=[block]" \
+          --set memory.offload_residual=true
+      step grid_7b_swiglunorm_mb4 400 $g7 --set data.micro_batch=4 --set data.grad_accum=16 --set "memory.recompute=[swiglu,norm]"
+    } 2>&1 | tee "$OUT/grid.log" | grep -E '^(==)|tokens/s|rror'
 fi
 # memory.offload with ZeRO ranks (ranks sharing GPU 0 where there is one GPU): ZeRO-3 + [weights], ZeRO-2/3 +
 # [gradients], ZeRO-3 + both = the same level without the offload, bitwise, on 2 and 3 ranks; mutants 7, 8, 2
