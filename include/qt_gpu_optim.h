@@ -44,7 +44,9 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
 
 /* Offloaded: before chunk [lo, hi) of the state goes back down to host memory, wait(ctx, hi) runs on
  * the calling thread and returns once host state below hi may change (a checkpoint writer reads it in
- * place). wait NULL: no wait. */
-void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx);
+ * place). before_update: it runs before the chunk's update is enqueued instead, for weights in host
+ * memory that the update itself writes (memory.offload: [weights], checkpointed in place too). wait
+ * NULL: no wait. */
+void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx, int before_update);
 
 #endif

@@ -34,6 +34,7 @@ struct qt_gpu_optim {
     long next;         /* chunks streamed so far: picks the slot */
     void (*guard)(void *ctx, size_t hi); /* before a chunk goes back down (qt_gpu_optim_set_guard) */
     void *guard_ctx;
+    int guard_early;   /* the guard runs before the chunk's update (it writes host weights in place) */
 };
 
 static size_t round4(size_t chunk) { return (chunk + 3) / 4 * 4; }
@@ -121,9 +122,10 @@ void qt_gpu_optim_free(qt_gpu_optim *o) {
 
 int qt_gpu_optim_groups(const qt_gpu_optim *o) { return o->groups; }
 
-void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx) {
+void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx, int before_update) {
     o->guard = wait;
     o->guard_ctx = ctx;
+    o->guard_early = before_update;
 }
 
 /* Slot i's master (empty without one), m and v (each holding state [c0, c0 + size) of its chunk). */
@@ -161,6 +163,7 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
         move(o, ch, i, 1, o->up);
         QT_CUDA(cudaEventRecord(o->ready[i], o->up));
         QT_CUDA(cudaStreamWaitEvent(s, o->ready[i], 0));
+        if (o->guard && o->guard_early) o->guard(o->guard_ctx, ch->hi); /* the update writes host weights below hi */
         /* a gradient shard (g_at_state) is indexed like the slot's state: from the chunk's first element */
         /* so is a weight shard (w_at_state) */
         qt_adamw_step(ch->plan, a->w_at_state ? (char *)w_bf16 + ch->c0 * 2 : w_bf16, o->master ? (float *)p[0] : NULL,
@@ -168,7 +171,7 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
                       grad_scale, NULL, a, s);
         QT_CUDA(cudaEventRecord(o->done[i], s));
         QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));
-        if (o->guard) o->guard(o->guard_ctx, ch->hi); /* the host state below hi is ours again */
+        if (o->guard && !o->guard_early) o->guard(o->guard_ctx, ch->hi); /* the host state below hi is ours again */
         move(o, ch, i, 0, o->down);
         QT_CUDA(cudaEventRecord(o->back[i], o->down));
     }
