@@ -22,17 +22,20 @@ typedef struct qt_gpu_optim qt_gpu_optim;
 /* State elements per slot: 48 MiB with fp32 moments, about 1 ms each way over PCIe 5. */
 #define QT_GPU_OPTIM_CHUNK ((size_t)1 << 22)
 
-/* Device bytes of the slots an offloaded state (fp32 master weights when `master`, m_dt / v_dt moments)
- * streams through in chunks of `chunk` state elements (rounded up to a multiple of 4). */
-size_t qt_gpu_optim_slot_bytes(size_t chunk, int master, qt_dtype m_dt, qt_dtype v_dt);
+/* Which state arrays are offloaded (host_mask bits): the same values as memory.offload's items. */
+enum { QT_OPTIM_MASTER = 1, QT_OPTIM_M = 2, QT_OPTIM_V = 4, QT_OPTIM_ALL = 7 };
+/* Device bytes of the slots an offloaded state (of host_mask's arrays: fp32 master weights, m_dt / v_dt
+ * moments) streams through in chunks of `chunk` state elements (rounded up to a multiple of 4). */
+size_t qt_gpu_optim_slot_bytes(size_t chunk, int host_mask, qt_dtype m_dt, qt_dtype v_dt);
 
 /* t[0..n): this rank's tensor pieces in ascending state order; group k starts at entry start[k]
  * (start[0] == 0, ascending; a group may be empty). master, m, v: the state arrays (borrowed; master NULL:
- * none, AdamW updates the bf16 weights in place, precision.master_dtype bf16), on the device when
- * slots is NULL, else in pinned host memory with slots (borrowed) the qt_gpu_optim_slot_bytes(chunk)
- * of device memory they stream through. Makes its streams and events on the current device. */
+ * none, AdamW updates the bf16 weights in place, precision.master_dtype bf16), all on the device when
+ * slots is NULL; else those in host_mask in pinned host memory, streamed through slots (borrowed,
+ * qt_gpu_optim_slot_bytes(chunk, host_mask) of device memory), the others on the device, read and
+ * written in place. Makes its streams and events on the current device. */
 qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *start, int groups, float *master,
-                                  void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk);
+                                  void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk, int host_mask);
 void qt_gpu_optim_free(qt_gpu_optim *o);
 int qt_gpu_optim_groups(const qt_gpu_optim *o);
 

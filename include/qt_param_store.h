@@ -87,6 +87,8 @@ typedef struct {
     int g_host;           /* memory.offload: [gradients]: grad in pinned host memory (mapped); one GPU (fp32 or bf16): the
                            * whole array, the backward writes ZeRO-2's gradient slots, loaded from and stored back
                            * to grad per bucket; ZeRO-2/3: the rank's summed shard, added into per micro-step */
+    int opt_mask;         /* QT_OPT_STATE_HOST: which of master, m, v are in host memory (QT_OFF_MASTER | QT_OFF_M |
+                           * QT_OFF_V bits; 0: all three), the others on the device */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
@@ -127,7 +129,9 @@ typedef struct {
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
     float *staging;       /* [stage_n] fp32: host weights come up through it to be cast to bf16 */
     size_t stage_n;
-    char *host_state;     /* QT_OPT_STATE_HOST: master, m and v (owned, pinned) */
+    char *host_state;     /* QT_OPT_STATE_HOST: those of master, m and v in opt_host, back to back (owned, pinned) */
+    int opt_host;         /* QT_OFF_MASTER | QT_OFF_M | QT_OFF_V: which are in host_state (the rest on the device);
+                           * no master bit with a bf16 master (there is no master array) */
     size_t host_state_bytes;
     void *opt_slots;      /* QT_OPT_STATE_HOST: the device slots the state streams through */
     qt_gpu_optim *opt;    /* AdamW of this rank's pieces, in groups (qt_param_opt_groups) */

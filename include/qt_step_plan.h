@@ -24,7 +24,8 @@ typedef struct {
     int zero;          /* ZeRO level of a sharded rank (1, 2 or 3), else 0 */
     int grads_sharded; /* ZeRO-2: the rank keeps its shard of the fp32 gradients; every micro-step
                         * reduce-scatters each bucket into it as the backward releases the bucket */
-    int offload_opt;   /* master, m, v in pinned host memory (memory.offload_optimizer) */
+    int offload_opt;   /* optimizer state in pinned host memory (memory.offload_optimizer), streamed by AdamW */
+    int opt_mask;      /* which of it: QT_OFF_MASTER | QT_OFF_M | QT_OFF_V bits (qt_config_opt_offload_mask) */
     int weights_host;  /* memory.offload: [weights], one GPU: the bf16 weights in pinned host memory, each bucket
                         * copied up into a weight slot as the model reads it (qt_weight_slots.h) */
     int wslots;        /* the model reads the weights from weight slots: ZeRO-3 (gathered) or weights_host (copied up) */

@@ -283,8 +283,8 @@ static void test_model_dtype(void) {
     QT_EXPECT(load("precision:\n  model_dtype: bf16\n", NULL, 0) == 0 && cfg.precision.model_dtype == QT_DT_BF16, "%s", err);
 }
 
-/* memory.offload: the list sets offload_optimizer / offload_residual; parts of the optimizer state,
- * the items not built yet and a disagreeing older key are refused naming the key; weights run on one
+/* memory.offload: the list sets offload_optimizer / offload_residual; parts of the optimizer state are
+ * offloaded on their own; the items not built yet and a disagreeing older key are refused naming the key; weights run on one
  * GPU without CUDA graphs (fp8: weight cache none), refused otherwise naming the key. */
 static void test_offload_list(void) {
     QT_REQUIRE(load("memory:\n  offload: [master, m, v, residual]\n", NULL, 0) == 0, "%s", err);
@@ -292,9 +292,22 @@ static void test_offload_list(void) {
               cfg.memory.offload_optimizer, cfg.memory.offload_residual);
     QT_REQUIRE(load("memory:\n  offload: [residual]\n  offload_residual: true\n", NULL, 0) == 0, "%s", err);
     QT_EXPECT(cfg.memory.offload_optimizer == 0 && cfg.memory.offload_residual == 1, "residual only");
-    EXPECT_ERR("memory:\n  offload: [master, m]\n",
-               "t.yaml:2:3: memory.offload: expected master, m and v together (the optimizer state is offloaded as one "
-               "today, memory.offload_optimizer: true), got only part of them");
+    QT_EXPECT(qt_config_opt_offload_mask(&cfg) == 0, "no optimizer offload: mask %d", qt_config_opt_offload_mask(&cfg));
+    static const struct { const char *list; int mask; } parts[] = {
+        {"[master]", QT_OFF_MASTER}, {"[m]", QT_OFF_M}, {"[v, residual]", QT_OFF_V}, {"[master, m]", QT_OFF_MASTER | QT_OFF_M},
+        {"[m, v]", QT_OFF_M | QT_OFF_V}, {"[master, m, v]", QT_OFF_OPTIMIZER}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        char y[96];
+        snprintf(y, sizeof y, "memory:\n  offload: %s\n", parts[i].list);
+        QT_REQUIRE(load(y, NULL, 0) == 0, "%s: %s", parts[i].list, err);
+        QT_EXPECT(cfg.memory.offload_optimizer == 1 && qt_config_opt_offload_mask(&cfg) == parts[i].mask,
+                  "%s: offload_optimizer %d, mask %d", parts[i].list, cfg.memory.offload_optimizer,
+                  qt_config_opt_offload_mask(&cfg));
+    }
+    QT_REQUIRE(load("memory:\n  offload_optimizer: true\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(qt_config_opt_offload_mask(&cfg) == QT_OFF_OPTIMIZER, "offload_optimizer alone: all three");
+    EXPECT_ERR("memory:\n  offload: [m]\n  offload_optimizer: false\n",
+               "t.yaml:3:3: memory.offload_optimizer: expected true, as memory.offload says, got false");
     EXPECT_ERR("memory:\n  offload: [weights, quants]\n",
                "t.yaml:2:3: memory.offload: expected master, m, v, gradients, weights, residual: quants is not built yet");
     /* gradients: one GPU, fp32 or bf16 (ZeRO-2/3: fp32, refused below) */

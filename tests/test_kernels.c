@@ -174,7 +174,7 @@ static void test_adamw_offload(void) {
             for (size_t i = OTAB[k].offset + OTAB[k].numel; i < (k + 1 < OT ? OTAB[k + 1].offset : OTOT); i++) w[i] = 7.0f;
         float *dmaster = d_f32(w, OTOT), *dg = d_poison(OTOT * 4), *hmaster;
         void *dm = d_poison(OTOT * es), *dv = d_poison(OTOT * es), *hm, *hv;
-        void *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT), *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, 1, dt, dt));
+        void *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT), *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, QT_OPTIM_ALL, dt, dt));
         QT_CUDA(cudaMemset(dm, 0, OTOT * es));
         QT_CUDA(cudaMemset(dv, 0, OTOT * es));
         QT_CUDA(cudaHostAlloc((void **)&hmaster, OTOT * 4, cudaHostAllocDefault));
@@ -184,8 +184,8 @@ static void test_adamw_offload(void) {
         memset(hm, 0, OTOT * es);
         memset(hv, 0, OTOT * es);
         const int start[2] = {0, 2};
-        qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, dmaster, dm, dt, dv, dt, NULL, 0);
-        qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hmaster, hm, dt, hv, dt, slots, OCHUNK);
+        qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, dmaster, dm, dt, dv, dt, NULL, 0, 0);
+        qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hmaster, hm, dt, hv, dt, slots, OCHUNK, QT_OPTIM_ALL);
         QT_EXPECT(qt_gpu_optim_groups(dev) == 2 && qt_gpu_optim_groups(off) == 2, "two groups expected");
         qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
         float *snap = malloc(tail * 4);
@@ -224,6 +224,77 @@ static void test_adamw_offload(void) {
         cudaFree(dmaster); cudaFree(dg); cudaFree(dm); cudaFree(dv); cudaFree(wb); cudaFree(wb2); cudaFree(slots);
         cudaFreeHost(hmaster); cudaFreeHost(hm); cudaFreeHost(hv);
     }
+    QT_CUDA(cudaStreamDestroy(s));
+}
+
+/* Parts of the state offloaded (memory.offload's master, m, v on their own): the named arrays in pinned host
+ * memory streamed through slots of their bytes only, the others read and written on the device at each
+ * chunk's state; after 3 steps (the gradients behind a 5 ms stall) master, m, v and the bf16 weights are
+ * the all-device run's bits, fp32 and bf16 moments. */
+static void test_adamw_offload_parts(void) {
+    NEED_GPU();
+    cudaStream_t s;
+    QT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const int masks[4] = {QT_OPTIM_M | QT_OPTIM_V, QT_OPTIM_MASTER, QT_OPTIM_V, QT_OPTIM_MASTER | QT_OPTIM_M};
+    for (int bf = 0; bf < 2; bf++)
+        for (int mi = 0; mi < 4; mi++) {
+            int mask = masks[mi];
+            qt_dtype dt = bf ? QT_DT_BF16 : QT_DT_F32;
+            size_t es = qt_dtype_size(dt), bytes[3] = {OTOT * 4, OTOT * es, OTOT * es};
+            float *w = h_rand(OTOT, 0.5f), *dg = d_poison(OTOT * 4);
+            void *ref[3], *arr[3], *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT);
+            void *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, mask, dt, dt));
+            for (int k = 0; k < 3; k++) {
+                ref[k] = d_poison(bytes[k]);
+                if (mask >> k & 1) QT_CUDA(cudaHostAlloc(&arr[k], bytes[k], cudaHostAllocDefault));
+                else arr[k] = d_poison(bytes[k]);
+                if (k == 0) {
+                    QT_CUDA(cudaMemcpy(ref[0], w, bytes[0], cudaMemcpyHostToDevice));
+                    QT_CUDA(cudaMemcpy(arr[0], w, bytes[0], cudaMemcpyDefault));
+                } else {
+                    QT_CUDA(cudaMemset(ref[k], 0, bytes[k]));
+                    QT_CUDA(cudaMemset(arr[k], 0, bytes[k])); /* host or device: memset through UVA */
+                }
+            }
+            const int start[2] = {0, 2};
+            qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, ref[0], ref[1], dt, ref[2], dt, NULL, 0, 0);
+            qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, arr[0], arr[1], dt, arr[2], dt, slots, OCHUNK, mask);
+            qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
+            for (long t = 1; t <= 3; t++) {
+                float *g = h_rand(OTOT, 1.0f);
+                QT_CUDA(cudaMemcpyAsync(dg, g, OTOT * 4, cudaMemcpyHostToDevice, s));
+                QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
+                a.t = t;
+                for (int k = 0; k < 2; k++) {
+                    qt_gpu_optim_step(dev, k, wb, dg, QT_DT_F32, NULL, &a, s);
+                    qt_gpu_optim_step(off, k, wb2, dg, QT_DT_F32, NULL, &a, s);
+                }
+                QT_CUDA(cudaStreamSynchronize(s));
+                free(g);
+            }
+            int same = 1;
+            for (int k = 0; k < 3; k++) {
+                char *x = malloc(bytes[k]), *y = malloc(bytes[k]);
+                QT_CUDA(cudaMemcpy(x, ref[k], bytes[k], cudaMemcpyDefault));
+                QT_CUDA(cudaMemcpy(y, arr[k], bytes[k], cudaMemcpyDefault));
+                same &= !memcmp(x, y, bytes[k]);
+                free(x), free(y);
+            }
+            float *gb = g_bf16(wb, OTOT), *gb2 = g_bf16(wb2, OTOT);
+            same &= !memcmp(gb, gb2, OTOT * 4);
+            printf("  %s moments, offloaded%s%s%s: %s\n", qt_dtype_name(dt), mask & QT_OPTIM_MASTER ? " master" : "",
+                   mask & QT_OPTIM_M ? " m" : "", mask & QT_OPTIM_V ? " v" : "", same ? "bitwise equal to the device run" : "DIFFER");
+            QT_EXPECT(same, "%s, mask %d: the partly offloaded state differs from the device run's", qt_dtype_name(dt), mask);
+            qt_gpu_optim_free(dev);
+            qt_gpu_optim_free(off);
+            for (int k = 0; k < 3; k++) {
+                cudaFree(ref[k]);
+                if (mask >> k & 1) cudaFreeHost(arr[k]);
+                else cudaFree(arr[k]);
+            }
+            free(w), free(gb), free(gb2);
+            cudaFree(dg), cudaFree(wb), cudaFree(wb2), cudaFree(slots);
+        }
     QT_CUDA(cudaStreamDestroy(s));
 }
 
@@ -281,13 +352,13 @@ static void test_adamw_bf16_master_cuts(void) {
             free(hp);
         }
         /* cut 2: the state in pinned host memory, streamed through the slots */
-        void *hm, *hv, *slots = d_poison(qt_gpu_optim_slot_bytes(CHUNK, 0, dt, dt));
+        void *hm, *hv, *slots = d_poison(qt_gpu_optim_slot_bytes(CHUNK, QT_OPTIM_M | QT_OPTIM_V, dt, dt));
         QT_CUDA(cudaHostAlloc(&hm, ATOT * es, cudaHostAllocDefault));
         QT_CUDA(cudaHostAlloc(&hv, ATOT * es, cudaHostAllocDefault));
         memset(hm, 0, ATOT * es);
         memset(hv, 0, ATOT * es);
         const int start[1] = {0};
-        qt_gpu_optim *off = qt_gpu_optim_create(ATAB, NT, start, 1, NULL, hm, dt, hv, dt, slots, CHUNK);
+        qt_gpu_optim *off = qt_gpu_optim_create(ATAB, NT, start, 1, NULL, hm, dt, hv, dt, slots, CHUNK, QT_OPTIM_M | QT_OPTIM_V);
         /* cut 3: plans of PIECE elements, whole arrays (state = flat index) */
         int np = 0;
         for (size_t lo = 0; lo < ATOT; lo += PIECE) {
@@ -379,6 +450,7 @@ int main(void) {
     qt_rng_seed(&R, 20261121);
     QT_RUN(test_adamw_sharded);
     QT_RUN(test_adamw_offload);
+    QT_RUN(test_adamw_offload_parts);
     QT_RUN(test_adamw_bf16_master_cuts);
     return qt_test_end();
 }

@@ -116,6 +116,50 @@ static void test_plan_7b_weights(void) {
 /* 7B on one GPU with the gradients offloaded: the device row "gradients (fp32)" (padded numel x 4) leaves,
  * the host row "gradients (fp32, offloaded)" (the same bytes) and ZeRO-2's slot rows come (three of the
  * largest layer bucket, the LM head's and embedding's own, each with 2 x 64 elements of margins). */
+/* 7B on one GPU with parts of the optimizer state offloaded (memory.offload's master, m, v on their own):
+ * each named array leaves the arena for the host row "offloaded optimizer state" (aligned, back to back),
+ * the others keep their device rows, the slots stream only the named ones (3 slots x chunk x their bytes),
+ * and the checkpoint snapshot (written in place: checkpoint.offloaded auto) copies only the others. */
+static void test_plan_7b_opt_parts(void) {
+    static const struct { const char *list; int mask; } parts[] = {
+        {"memory.offload=[master]", QT_OFF_MASTER}, {"memory.offload=[m]", QT_OFF_M}, {"memory.offload=[v]", QT_OFF_V},
+        {"memory.offload=[m, v]", QT_OFF_M | QT_OFF_V}, {"memory.offload=[master, m, v]", QT_OFF_OPTIMIZER}};
+    static const char *const dev_rows[3] = {"master weights (fp32)", "adam m (fp32)", "adam v (fp32)"};
+    char err[512];
+    qt_layout L;
+    qt_weight_src src;
+    static qt_run_plan none, rp;
+    qt_config c;
+    const char *o0[3] = {"parallel.gpus=1", "memory.offload_optimizer=false", "data.micro_batch=1"};
+    QT_REQUIRE(qt_config_load(&c, "configs/qwen2.5-7b-fp8.yaml", o0, 3, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &none, err, sizeof err) == 0, "%s", err);
+    qt_layout_free(&L);
+    size_t ns = (L.numel + 63) / 64 * 64, arr = qt_mem_aligned(ns * 4); /* fp32 master, m, v: 4 B each */
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        const char *o[3] = {"parallel.gpus=1", parts[i].list, "data.micro_batch=1"};
+        QT_REQUIRE(qt_config_load(&c, "configs/qwen2.5-7b-fp8.yaml", o, 3, err, sizeof err) == 0, "%s: %s", parts[i].list, err);
+        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &rp, err, sizeof err) == 0, "%s", err);
+        int k = 0, bad = 0;
+        for (int a = 0; a < 3; a++) {
+            int off = parts[i].mask >> a & 1;
+            k += off;
+            bad += row(&rp.mem, dev_rows[a]) != (off ? 0 : row(&none.mem, dev_rows[a]));
+        }
+        size_t host = row(&rp.mem, "offloaded optimizer state"), slots = row(&rp.mem, "optimizer slots (offload)");
+        size_t want_slots = qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, parts[i].mask, QT_DT_F32, QT_DT_F32);
+        size_t snap = row(&rp.mem, "checkpoint snapshot"), want_snap = L.numel * 2 + (3 - (size_t)k) * ns * 4;
+        printf("  7B, %-30s host %.2f GiB, slots %.0f MiB, snapshot %.2f GiB, GPU %.2f -> %.2f GiB\n", parts[i].list,
+               host / 1073741824.0, slots / 1048576.0, snap / 1073741824.0, none.gpu_bytes / 1073741824.0,
+               rp.gpu_bytes / 1073741824.0);
+        QT_EXPECT(!bad && host == (size_t)k * arr && slots == qt_mem_aligned(want_slots) && snap == want_snap,
+                  "%s: %d device rows wrong, host %zu (want %zu), slots %zu (want %zu), snapshot %zu (want %zu)", parts[i].list,
+                  bad, host, (size_t)k * arr, slots, qt_mem_aligned(want_slots), snap, want_snap);
+        qt_layout_free(&L);
+    }
+}
+
 static void test_plan_7b_gradients(void) {
     qt_config cfg[2];
     char err[512];
@@ -186,7 +230,7 @@ static void test_grad_homes(void) {
             const ptrdiff_t es = bf16 ? 2 : 4;
             qt_shard sh;
             qt_shard_init(&sh, &L, 1, 0, 1);
-            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, QT_GPU_OPTIM_CHUNK, 0, 0, 1};
+            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, QT_GPU_OPTIM_CHUNK, 0, 0, 1, 0};
             qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
             QT_REQUIRE(ps, "%s", err);
             qt_mem_plan p;
@@ -371,6 +415,44 @@ static void mutants_caught(const char *tag, const char *list, const char *what, 
         if (cases[i].differs && !same) printf("  %-42s caught\n", cases[i].name);
         QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
     }
+}
+
+/* Parts of the optimizer state offloaded (memory.offload's master, m, v on their own) against none offloaded,
+ * bitwise at grad_accum 2 (chunks of 1000 state elements: many per step), bf16 and fp8, a bf16 master (no
+ * master array: [m] alone); then checkpoints: 10 steps with [m, v] (written in place) resumed with nothing
+ * offloaded to 20, vs 20 steps of nothing offloaded. */
+static void test_offload_opt_parts_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    const struct { const char *name, *lines, *list; } cases[] = {
+        {"o_m_v", "", "offload: [m, v]"},
+        {"o_master", "", "offload: [master]"},
+        {"o_v_fp8", FP8, "offload: [v]"},
+        {"o_master_m_fp8", FP8, "offload: [master, m]"},
+        {"o_m_bf16master", "precision: {master_dtype: bf16}\n", "offload: [m]"},
+    };
+    qt_test_hooks h = {.offload_chunk = 1000};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_out a, b;
+        char why[512];
+        qt_test_hooks_set(&h);
+        int rc = compare(cases[i].name, cases[i].lines, "", cases[i].list, &a, &b, why, sizeof why);
+        qt_test_hooks_set(NULL);
+        printf("  %-16s %s vs nothing offloaded: %s\n", cases[i].name, cases[i].list, rc == 1 ? "bitwise equal" : why);
+        QT_EXPECT(rc == 1, "%s: %s", cases[i].name, why);
+    }
+    run_out full, part, res;
+    char why[512], err[1024];
+    qt_test_hooks_set(&h);
+    QT_REQUIRE(run("opres_full", "opres_full", "", NULL, -1, &full, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(run("opres_part", "opres", "memory: {offload: [m, v]}", NULL, 10, &part, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(run("opres_res", "opres", "", "latest", -1, &res, err, sizeof err) == 0, "%s", err);
+    qt_test_hooks_set(NULL);
+    for (int i = 0; i < 10; i++) res.loss[i] = part.loss[i], res.gn[i] = part.gn[i];
+    int same = qt_t_same_bits(&full, &res, 0, why, sizeof why);
+    printf("  10 steps with [m, v] offloaded, resumed with nothing offloaded to 20, vs 20 steps: %s\n",
+           same ? "bitwise equal" : why);
+    QT_EXPECT(same, "resume from [m, v]: %s", why);
 }
 
 /* The weight slots' mutants (zero_mutant 3 and 4, qt_weight_slots.h) with offloaded weights must change
@@ -672,6 +754,7 @@ int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_offload")) return 1;
     QT_RUN(test_plan_7b_weights);
     QT_RUN(test_plan_7b_gradients);
+    QT_RUN(test_plan_7b_opt_parts);
     QT_RUN(test_grad_homes);
     QT_RUN(test_offload_weights_ranks_refused);
     QT_RUN(test_offload_weights_bitwise);
@@ -679,6 +762,7 @@ int main(void) {
     QT_RUN(test_offload_weights_mutants_caught);
     QT_RUN(test_offload_gradients_bitwise);
     QT_RUN(test_offload_gradients_mutants_caught);
+    QT_RUN(test_offload_opt_parts_bitwise);
     QT_RUN(test_plan_7b_ranks);
     QT_RUN(test_offload_ranks_config);
     QT_RUN(test_offload_ranks_weights_zero3);

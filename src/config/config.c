@@ -404,16 +404,18 @@ int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen) {
     return -1;
 }
 
-/* memory.offload against its older spellings (offload_optimizer, offload_residual): a non-empty list
- * sets them; given together they must agree. */
+int qt_config_opt_offload_mask(const qt_config *c) {
+    if (!c->memory.offload_optimizer) return 0;
+    return c->memory.offload & QT_OFF_OPTIMIZER ? c->memory.offload & QT_OFF_OPTIMIZER : QT_OFF_OPTIMIZER;
+}
+
+/* memory.offload against its older spellings (offload_optimizer: any of master, m, v; offload_residual): a
+ * non-empty list sets them; given together they must agree. */
 static int offload_check(ctx *x) {
     qt_config *c = x->c;
     where wl = at_of(x, "memory.offload");
     if (!given(wl) || !c->memory.offload) return 0; /* [] leaves the older keys as they are */
-    int off = c->memory.offload, opt = off & QT_OFF_OPTIMIZER;
-    if (opt && opt != QT_OFF_OPTIMIZER)
-        return fail(x, wl, "memory.offload", "expected master, m and v together (the optimizer state is offloaded as "
-                    "one today, memory.offload_optimizer: true), got only part of them");
+    int off = c->memory.offload;
     if (off & QT_OFF_QUANTS)
         return fail(x, wl, "memory.offload", "expected master, m, v, gradients, weights, residual: quants is not built yet");
     static const struct { const char *key; size_t field; int bits; } older[] = {

@@ -276,15 +276,21 @@ static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "
  * copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
 static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE && !e->ckpt_copy; }
 static int live_w(const gpu_engine *e) { return live_state(e) && e->g->ps->place.w_host; }
+/* Item i (weights, weights_bf16, adam_m, adam_v) lives in host memory and is written in place: the state
+ * arrays memory.offload names (ps->opt_host), the host weights, and with a bf16 master "weights" (their view). */
 static int live_item(const gpu_engine *e, int i) {
-    return live_state(e) && (i >= 2 || (i == 0 && (e->g->ps->master || live_w(e))) || (i == 1 && live_w(e)));
-}
-/* The bytes of those items (m, v, an fp32 master, the host weights) when they are live. */
-static size_t live_bytes(const gpu_engine *e) {
     const qt_param_store *ps = e->g->ps;
     if (!live_state(e)) return 0;
-    return ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) +
-           (live_w(e) ? e->base.L->numel * 2 : 0);
+    if (i == 0) return ps->master ? (ps->opt_host & QT_OFF_MASTER) != 0 : live_w(e);
+    return i == 1 ? live_w(e) : (ps->opt_host & (i == 2 ? QT_OFF_M : QT_OFF_V)) != 0;
+}
+/* The bytes of those items when they are live (a widened "weights" is the host weights' view: no bytes). */
+static size_t live_bytes(const gpu_engine *e) {
+    const qt_param_store *ps = e->g->ps;
+    size_t es[4] = {ps->master ? 4 : 0, 2, qt_dtype_size(ps->m_dt), qt_dtype_size(ps->v_dt)}, bytes = 0;
+    for (int i = 0; i < 4; i++)
+        if (live_item(e, i)) bytes += (i == 1 ? e->base.L->numel : ps->shard.len) * es[i];
+    return bytes;
 }
 
 /* Blobs: the fp32 master as "weights" (the CPU engine's name, so checkpoints move between paths), the

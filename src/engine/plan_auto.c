@@ -222,7 +222,10 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     elem += nl * (C + F) * 2 * passes;
     k.compute += tok * elem / pr->hbm_bps;
     if (cfg->memory.offload_optimizer) {
-        double es = (cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4) + (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) + (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4);
+        int off = qt_config_opt_offload_mask(cfg); /* the offloaded arrays of master, m, v */
+        double es = (off & QT_OFF_MASTER && cfg->precision.master_dtype != QT_DT_BF16 ? 4 : 0) +
+                    (off & QT_OFF_M ? (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) : 0) +
+                    (off & QT_OFF_V ? (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4) : 0);
         k.pcie_once_bytes += 2 * (double)L->numel * es; /* master, m, v up and down once per step */
     }
     /* memory.offload_residual: each micro-step moves (layers - 2) bf16 residuals [B*T, C] down in the

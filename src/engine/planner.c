@@ -18,7 +18,7 @@ qt_param_placement qt_plan_placement(const qt_step_plan *p, const qt_layout *L) 
     return (qt_param_placement){p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, p->zero,
                                 p->opt_ahead, p->reduce_bf16, chunk ? chunk : QT_GPU_OPTIM_CHUNK,
                                 p->grads_sharded && p->lookups && L->lm_head != L->embed, p->weights_host || p->weights_shard_host,
-                                p->grads_host || p->grads_shard_host};
+                                p->grads_host || p->grads_shard_host, p->opt_mask};
 }
 
 /* The ranks engine_create (setup.c) starts, and how many share the busiest GPU: 0, or -1 with err. */
@@ -67,7 +67,10 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
                          * "weights" is the bf16 weights widened as they are written. Replicated, only rank 0's
                          * (engine_dp.c); sharded, every rank's. */
         int live = sp.offload_opt && n == 1 && cfg->checkpoint.offloaded != QT_CKPT_OFFLOAD_COPY;
-        size_t master = cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4, state = live ? 0 : ns * (master + es_m + es_v);
+        int in_place = live ? sp.opt_mask : 0; /* the offloaded state arrays, written where they are */
+        size_t master = cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4;
+        size_t state = ns * ((in_place & QT_OFF_MASTER ? 0 : master) + (in_place & QT_OFF_M ? 0 : es_m) +
+                             (in_place & QT_OFF_V ? 0 : es_v));
         if (live && sp.weights_host) bf16 = 0; /* offloaded weights: written in place too */
         qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", (sharded ? n : 1) * (bf16 + state));
         if (sharded) /* engine_dp.c: the ranks' pieces put together as whole arrays (ZeRO-3: weights_bf16 too) */

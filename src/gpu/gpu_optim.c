@@ -3,7 +3,8 @@
  * Offloaded, the state is cut into chunks at multiples of `chunk` state elements (so every
  * vector-aligned tensor stays aligned in its slot), each with its own AdamW plan whose state indices
  * are relative to the chunk's slot. Chunk c uses slot c % OPT_SLOTS: the up stream waits until the
- * slot's last user went back down, copies master/m/v up and records `ready`; the caller's stream runs
+ * slot's last user went back down, copies the offloaded arrays of master/m/v up (those on the device are
+ * read and written in place at the chunk's state) and records `ready`; the caller's stream runs
  * the plan and records `done`; the down stream copies the slot back and records `back`. The down
  * stream is in order, so any `back` also covers every earlier chunk's way down — which is what lets
  * the next step's upload of a chunk wait only for its slot. */
@@ -29,6 +30,7 @@ struct qt_gpu_optim {
     qt_dtype m_dt, v_dt;
     size_t master_es;  /* 4, or 0 without a master copy (precision.master_dtype bf16: AdamW updates w_bf16) */
     char *slots;       /* borrowed device memory; NULL: the state is on the device */
+    int host;          /* with slots: the arrays in host memory (QT_OPTIM_* bits), streamed */
     cudaStream_t up, down;
     cudaEvent_t ready[OPT_SLOTS], done[OPT_SLOTS], back[OPT_SLOTS];
     long next;         /* chunks streamed so far: picks the slot */
@@ -39,12 +41,14 @@ struct qt_gpu_optim {
 
 static size_t round4(size_t chunk) { return (chunk + 3) / 4 * 4; }
 
-static size_t slot_stride(size_t chunk, size_t master_es, qt_dtype m_dt, qt_dtype v_dt) {
-    return round4(chunk) * (master_es + qt_dtype_size(m_dt) + qt_dtype_size(v_dt));
+/* Bytes per state element of the streamed arrays (mask's: master 4 bytes when there is one, m, v). */
+static size_t streamed_es(int mask, size_t master_es, qt_dtype m_dt, qt_dtype v_dt) {
+    return (mask & QT_OPTIM_MASTER ? master_es : 0) + (mask & QT_OPTIM_M ? (size_t)qt_dtype_size(m_dt) : 0) +
+           (mask & QT_OPTIM_V ? (size_t)qt_dtype_size(v_dt) : 0);
 }
 
-size_t qt_gpu_optim_slot_bytes(size_t chunk, int master, qt_dtype m_dt, qt_dtype v_dt) {
-    return OPT_SLOTS * slot_stride(chunk, master ? 4 : 0, m_dt, v_dt);
+size_t qt_gpu_optim_slot_bytes(size_t chunk, int host_mask, qt_dtype m_dt, qt_dtype v_dt) {
+    return OPT_SLOTS * round4(chunk) * streamed_es(host_mask, 4, m_dt, v_dt);
 }
 
 /* The plan of t[j0..j1)'s elements whose state lies in [lo, hi), state indices counted from c0. */
@@ -72,11 +76,13 @@ static void add_group(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1)
 }
 
 qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *start, int groups, float *master,
-                                  void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk) {
+                                  void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk, int host_mask) {
     qt_gpu_optim *o = calloc(1, sizeof *o);
     QT_CHECK(o, "out of host memory");
     *o = (qt_gpu_optim){.master = master, .m = m, .v = v, .m_dt = m_dt, .v_dt = v_dt, .master_es = master ? 4 : 0,
-                        .slots = slots, .size = round4(chunk)};
+                        .slots = slots, .host = slots ? host_mask & (master ? QT_OPTIM_ALL : QT_OPTIM_M | QT_OPTIM_V) : 0,
+                        .size = round4(chunk)};
+    QT_CHECK(!slots || o->host, "offloaded adamw: no state array named offloaded");
     QT_CHECK(!slots || o->size > 0, "offloaded adamw: chunks of 0 elements");
     /* a chunk per group on the device; offloaded, one per `size` of state + 2 per group */
     size_t cap = (size_t)groups * 2 + (slots && n ? (t[n - 1].state + t[n - 1].numel - t[0].state) / o->size : 0);
@@ -128,19 +134,27 @@ void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi),
     o->guard_early = before_update;
 }
 
-/* Slot i's master (empty without one), m and v (each holding state [c0, c0 + size) of its chunk). */
+/* Bytes per state element of array k (0 master: 0 without one, 1 m, 2 v). */
+static size_t es_of(const qt_gpu_optim *o, int k) { return k == 0 ? o->master_es : (size_t)qt_dtype_size(k == 1 ? o->m_dt : o->v_dt); }
+
+/* Slot i's streamed arrays (each holding state [c0, c0 + size) of its chunk, back to back); NULL for an
+ * array not streamed (on the device, or no master). */
 static void slot_arrays(const qt_gpu_optim *o, int i, char *p[3]) {
-    p[0] = o->slots + (size_t)i * slot_stride(o->size, o->master_es, o->m_dt, o->v_dt);
-    p[1] = p[0] + o->size * o->master_es;
-    p[2] = p[1] + o->size * qt_dtype_size(o->m_dt);
+    char *at = o->slots + (size_t)i * o->size * streamed_es(o->host, o->master_es, o->m_dt, o->v_dt);
+    for (int k = 0; k < 3; k++) {
+        int on = o->host >> k & 1 && es_of(o, k);
+        p[k] = on ? at : NULL;
+        at += on ? o->size * es_of(o, k) : 0;
+    }
 }
 
-/* Chunk ch between host and slot i, all three arrays, on stream s. */
+/* Chunk ch between host and slot i, the streamed arrays, on stream s. */
 static void move(const qt_gpu_optim *o, const opt_chunk *ch, int i, int up, cudaStream_t s) {
     char *dev[3], *host[3] = {(char *)o->master, o->m, o->v};
     size_t es[3] = {o->master_es, qt_dtype_size(o->m_dt), qt_dtype_size(o->v_dt)};
     slot_arrays(o, i, dev);
-    for (int k = o->master ? 0 : 1; k < 3; k++) {
+    for (int k = 0; k < 3; k++) {
+        if (!dev[k]) continue;
         char *h = host[k] + ch->lo * es[k], *d = dev[k] + (ch->lo - ch->c0) * es[k];
         size_t bytes = (ch->hi - ch->lo) * es[k];
         QT_CUDA(cudaMemcpyAsync(up ? d : h, up ? h : d, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s));
@@ -166,8 +180,11 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
         if (o->guard && o->guard_early) o->guard(o->guard_ctx, ch->hi); /* the update writes host weights below hi */
         /* a gradient shard (g_at_state) is indexed like the slot's state: from the chunk's first element */
         /* so is a weight shard (w_at_state) */
-        qt_adamw_step(ch->plan, a->w_at_state ? (char *)w_bf16 + ch->c0 * 2 : w_bf16, o->master ? (float *)p[0] : NULL,
-                      a->g_at_state ? (char *)g + ch->c0 * qt_dtype_size(g_dt) : g, g_dt, p[1], o->m_dt, p[2], o->v_dt,
+        /* the arrays on the device: at the chunk's state (its plan counts state from c0) */
+        float *mp = !o->master ? NULL : p[0] ? (float *)p[0] : o->master + ch->c0;
+        void *mm = p[1] ? p[1] : (char *)o->m + ch->c0 * es_of(o, 1), *vv = p[2] ? p[2] : (char *)o->v + ch->c0 * es_of(o, 2);
+        qt_adamw_step(ch->plan, a->w_at_state ? (char *)w_bf16 + ch->c0 * 2 : w_bf16, mp,
+                      a->g_at_state ? (char *)g + ch->c0 * qt_dtype_size(g_dt) : g, g_dt, mm, o->m_dt, vv, o->v_dt,
                       grad_scale, NULL, a, s);
         QT_CUDA(cudaEventRecord(o->done[i], s));
         QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));

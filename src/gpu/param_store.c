@@ -4,8 +4,9 @@
  * weights themselves (stochastic rounding keyed by the flat index, qt_adamw_step), and the fp32
  * "master" values handed out (checkpoints, export) are the exact values of those bf16 weights.
  *
- * Offloaded (QT_OPT_STATE_HOST), master, m and v sit back to back in one pinned allocation; qt_gpu_optim
- * streams them through the device slots carved here. Host weights come up in stage_n pieces through a
+ * Offloaded (QT_OPT_STATE_HOST), master, m and v (those the placement's opt_mask names: memory.offload's
+ * master, m, v items) sit back to back in one pinned allocation, the others in the arena; qt_gpu_optim
+ * streams the offloaded ones through the device slots carved here. Host weights come up in stage_n pieces through a
  * small fp32 staging buffer and are cast to bf16 on the device (RNE, the same bits as one cast of the
  * whole array), so no gradient or weight buffer ever doubles as staging.
  *
@@ -46,6 +47,14 @@ static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
 /* Bytes per gradient element in the slots and the host array (ZeRO-2/3: fp32, config.c refuses bf16). */
 static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->grad_dt); }
+/* Optimizer array k (0 master, 1 m, 2 v): its bytes per element (0: no master array), and its aligned bytes in
+ * host_state (0 when it is not offloaded). */
+static size_t opt_es(const qt_param_store *ps, int k) {
+    return k == 0 ? (ps->w_master_dt == QT_DT_F32 ? 4 : 0) : qt_dtype_size(k == 1 ? ps->m_dt : ps->v_dt);
+}
+static size_t host_bytes(const qt_param_store *ps, int k) {
+    return ps->opt_host >> k & 1 ? qt_mem_aligned(ps->shard.len * opt_es(ps, k)) : 0;
+}
 /* Bucket b's slot at element delta from its bucket start (negative: its head margin). */
 static void *slot_at(const qt_param_store *ps, int b, ptrdiff_t delta) { return (char *)ps->grad_slot[b] + delta * (ptrdiff_t)ges(ps); }
 /* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
@@ -84,10 +93,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
         }
     }
     if (pl->opt != QT_OPT_STATE_HOST) return ps;
-    size_t ns = sh->len;
-    size_t b[3] = {ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0, qt_mem_aligned(ns * qt_dtype_size(ps->m_dt)),
-                   qt_mem_aligned(ns * qt_dtype_size(ps->v_dt))};
-    ps->host_state_bytes = b[0] + b[1] + b[2];
+    ps->opt_host = (pl->opt_mask ? pl->opt_mask : QT_OFF_OPTIMIZER) & (ps->w_master_dt == QT_DT_F32 ? QT_OFF_OPTIMIZER : QT_OFF_M | QT_OFF_V);
+    ps->host_state_bytes = host_bytes(ps, 0) + host_bytes(ps, 1) + host_bytes(ps, 2);
     (void)err, (void)errlen;
     return ps;
 }
@@ -125,8 +132,7 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
         memset(ps->grad, 0, bytes);
     }
     if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
-    size_t ns = ps->shard.len, b0 = ps->w_master_dt == QT_DT_F32 ? qt_mem_aligned(ns * 4) : 0;
-    size_t b1 = qt_mem_aligned(ns * qt_dtype_size(ps->m_dt));
+    size_t b0 = host_bytes(ps, 0), b1 = host_bytes(ps, 1);
     if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
         ps->host_state = NULL;
@@ -136,9 +142,10 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
                        cfg->path, ps->host_state_bytes / 1073741824.0);
     }
     memset(ps->host_state, 0, ps->host_state_bytes); /* m, v start at zero; padding stays defined */
-    ps->master = b0 ? (float *)ps->host_state : NULL; /* bf16 master: m and v only */
-    ps->m = ps->host_state + b0;
-    ps->v = ps->host_state + b0 + b1;
+    /* the offloaded arrays here; the others were carved in the arena (bf16 master: none) */
+    if (ps->opt_host & QT_OFF_MASTER) ps->master = (float *)ps->host_state;
+    if (ps->opt_host & QT_OFF_M) ps->m = ps->host_state + b0;
+    if (ps->opt_host & QT_OFF_V) ps->v = ps->host_state + b0 + b1;
     return 0;
 }
 
@@ -158,15 +165,17 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     if (ps->place.zero >= 2 || ps->place.g_host) carve_grad_slots(ps, p);
     else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
                                       n * qt_dtype_size(ps->grad_dt));
-    if (ps->place.opt == QT_OPT_STATE_HOST) {
+    int host = ps->place.opt == QT_OPT_STATE_HOST ? ps->opt_host : 0; /* the offloaded arrays: alloc_host */
+    if (host) {
         ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
-                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, ps->w_master_dt == QT_DT_F32, ps->m_dt, ps->v_dt));
+                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, host, ps->m_dt, ps->v_dt));
         qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
-    } else {
-        if (ps->w_master_dt == QT_DT_F32) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
-        ps->m = qt_mem_plan_carve(p, ps->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(ps->m_dt));
-        ps->v = qt_mem_plan_carve(p, ps->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(ps->v_dt));
     }
+    if (ps->w_master_dt == QT_DT_F32 && !(host & QT_OFF_MASTER)) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
+    if (!(host & QT_OFF_M))
+        ps->m = qt_mem_plan_carve(p, ps->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(ps->m_dt));
+    if (!(host & QT_OFF_V))
+        ps->v = qt_mem_plan_carve(p, ps->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(ps->v_dt));
     ps->sumsq = qt_mem_plan_carve(p, "scratch: gradients", (size_t)ps->shard.n_ranks * ps->shard.n_buckets * 8);
     ps->norm = qt_mem_plan_carve(p, "scratch: gradients", 4);
     ps->clip = qt_mem_plan_carve(p, "scratch: gradients", 4);
@@ -412,9 +421,9 @@ static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
         }
     }
     int groups = ps->place.opt_per_bucket ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
-    int host = ps->place.opt == QT_OPT_STATE_HOST;
+    int host = ps->place.opt == QT_OPT_STATE_HOST ? ps->opt_host : 0;
     ps->opt = qt_gpu_optim_create(t, nt, start, groups, ps->master, ps->m, ps->m_dt, ps->v, ps->v_dt,
-                                  host ? ps->opt_slots : NULL, ps->place.opt_chunk);
+                                  host ? ps->opt_slots : NULL, ps->place.opt_chunk, host);
     free(t);
     free(start);
 }
@@ -423,14 +432,12 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
                         size_t errlen) {
     const qt_shard *sp = &ps->shard;
     size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
-    int host = ps->place.opt == QT_OPT_STATE_HOST, rc = 0;
+    int host = ps->place.opt == QT_OPT_STATE_HOST ? ps->opt_host : 0, rc = 0; /* those: zeroed at allocation */
     if (!ps->place.w_host) qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero (w_host:
                                                                                 * zeroed at allocation) */
-    if (!host) {
-        if (ps->master) qt_zero(ps->master, ns * 4, s);
-        qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
-        qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
-    }
+    if (ps->master && !(host & QT_OFF_MASTER)) qt_zero(ps->master, ns * 4, s);
+    if (!(host & QT_OFF_M)) qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
+    if (!(host & QT_OFF_V)) qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
     float *buf = malloc((chunk ? chunk : 1) * sizeof *buf); /* the plan's "weight init buffer" row */
     if (!buf) return qt_errf(err, errlen, "out of host memory for the %.1f MiB weight init buffer", chunk * 4 / 1048576.0);
     for (size_t i = 0; i < n && !rc; i += chunk) { /* a chunk of the source at a time: bf16 and master pieces */
