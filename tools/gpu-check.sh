@@ -537,12 +537,15 @@ if has capped_14b; then
 fi
 # What session 17 built after its device time (GPU-untested there), in the order to run it (one GPU): bf16
 # offloaded gradients (test_offload's g16_* cases and the whole offload_gradients test: the slots' byte
-# arithmetic changed for fp32 too), the offloaded weights written in place by checkpoints (test_train
+# arithmetic and the loads' stream changed for fp32 too), master/m/v offloaded on their own (test_offload
+# opt_parts, test_kernels adamw_offload_parts; adamw_offload too: the slots' layout changed), the offloaded weights written in place by checkpoints (test_train
 # bf16_master_ckpt_bytes: ckb_w_in_place, its unguarded mutant), ZeRO-2/3 regressions (their slots share
 # the code), the planner's GPU checks; then 14B fp8 at 24 GiB within 120 GiB of host (bf16 master and
 # gradients, everything offloaded: 110 GiB planned) and 7B at 24 GiB with bf16 gradients, one step each.
 if has pending17; then
     { step offload_gradients 600 env QT_TEST_ONLY=offload_gradients build/tests/test_offload
+      step offload_opt_parts 300 env QT_TEST_ONLY=opt_parts build/tests/test_offload
+      step adamw_offload 120 env QT_TEST_ONLY=adamw_offload build/tests/test_kernels
       step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
       step bf16_master_ckpt_bytes 300 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
       step zero_regress 900 env QT_TEST_ONLY=equals build/tests/test_zero
