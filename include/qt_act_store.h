@@ -33,6 +33,7 @@
 typedef struct {
     int recompute;        /* resolved qt_recompute_part bits (qt_act_recompute_resolve) */
     int offload_residual; /* 1: input residuals in pinned host memory, two device slots (top of file) */
+    int host_wc;          /* that host memory write-combined (memory.host_alloc) */
 } qt_act_policy;
 
 /* The parts memory.recompute implies: block => att, ffn, norm; att => qkv; ffn => swiglu. */

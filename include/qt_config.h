@@ -96,6 +96,12 @@ typedef enum {
                              * before its backward, from the scale of the cached path: the same bytes */
 } qt_fp8_wcache;
 
+/* memory.host_alloc: how the offloaded items' pinned host memory is allocated */
+typedef enum {
+    QT_HOST_PINNED = 0,   /* cudaHostAlloc: cached for the CPU (the checkpoint writer reads it in place) */
+    QT_HOST_WRITE_COMBINED = 1, /* + cudaHostAllocWriteCombined: faster PCIe transfers on some hosts, slow CPU reads */
+} qt_host_alloc;
+
 typedef struct {                  /* GPU */
     int lmhead_chunks;
     int recompute;                /* memory.recompute: qt_recompute_part bits */
@@ -108,6 +114,8 @@ typedef struct {                  /* GPU */
     float gpu_limit_gib;          /* 0: no cap; else the plan's device total (context excluded) must fit */
     float host_limit_gib;         /* 0: MemAvailable from /proc/meminfo; else the host plan must fit this */
     int plan;                     /* memory.plan: 0 manual, 1 auto (qt_plan_auto picks the keys not given) */
+    int host_alloc;               /* memory.host_alloc: qt_host_alloc */
+    int zero_copy;                /* memory.zero_copy: AdamW reads and writes the offloaded state in host memory */
 } qt_memory_cfg;
 
 typedef struct {                  /* GPU */

@@ -45,7 +45,8 @@ int qt_gpu_optim_groups(const qt_gpu_optim *o);
 void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_dtype g_dt, const float *grad_scale,
                        const qt_adamw_args *a, cudaStream_t s);
 
-/* Offloaded: before chunk [lo, hi) of the state goes back down to host memory, wait(ctx, hi) runs on
+/* Offloaded: before chunk [lo, hi) of the state goes back down to host memory (zero copy, no slots: before
+ * the group's update, which writes it there), wait(ctx, hi) runs on
  * the calling thread and returns once host state below hi may change (a checkpoint writer reads it in
  * place). before_update: it runs before the chunk's update is enqueued instead, for weights in host
  * memory that the update itself writes (memory.offload: [weights], checkpointed in place too). wait

@@ -89,6 +89,8 @@ typedef struct {
                            * to grad per bucket; ZeRO-2/3: the rank's summed shard, added into per micro-step */
     int opt_mask;         /* QT_OPT_STATE_HOST: which of master, m, v are in host memory (QT_OFF_MASTER | QT_OFF_M |
                            * QT_OFF_V bits; 0: all three), the others on the device */
+    int zero_copy;        /* QT_OPT_STATE_HOST: AdamW reads and writes the host arrays in place (mapped), no slots */
+    int host_wc;          /* the pinned host allocations write-combined (memory.host_alloc) */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */

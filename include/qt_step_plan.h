@@ -26,6 +26,8 @@ typedef struct {
                         * reduce-scatters each bucket into it as the backward releases the bucket */
     int offload_opt;   /* optimizer state in pinned host memory (memory.offload_optimizer), streamed by AdamW */
     int opt_mask;      /* which of it: QT_OFF_MASTER | QT_OFF_M | QT_OFF_V bits (qt_config_opt_offload_mask) */
+    int zero_copy;     /* memory.zero_copy with offload_opt: AdamW works on the host state in place (no slots) */
+    int host_wc;       /* memory.host_alloc write_combined: the offloaded items' pinned memory */
     int weights_host;  /* memory.offload: [weights], one GPU: the bf16 weights in pinned host memory, each bucket
                         * copied up into a weight slot as the model reads it (qt_weight_slots.h) */
     int wslots;        /* the model reads the weights from weight slots: ZeRO-3 (gathered) or weights_host (copied up) */

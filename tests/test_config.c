@@ -306,6 +306,14 @@ static void test_offload_list(void) {
     }
     QT_REQUIRE(load("memory:\n  offload_optimizer: true\n", NULL, 0) == 0, "%s", err);
     QT_EXPECT(qt_config_opt_offload_mask(&cfg) == QT_OFF_OPTIMIZER, "offload_optimizer alone: all three");
+    /* memory.zero_copy and memory.host_alloc */
+    QT_REQUIRE(load("memory:\n  offload: [m, v]\n  zero_copy: true\n  host_alloc: write_combined\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(cfg.memory.zero_copy == 1 && cfg.memory.host_alloc == QT_HOST_WRITE_COMBINED, "zero_copy %d host_alloc %d",
+              cfg.memory.zero_copy, cfg.memory.host_alloc);
+    EXPECT_ERR("memory:\n  zero_copy: true\n",
+               "t.yaml:2:3: memory.zero_copy: expected false without an offloaded optimizer state (memory.offload_optimizer, "
+               "or master, m, v in memory.offload): zero copy is how AdamW reads the offloaded state, got true");
+    EXPECT_ERR("memory:\n  host_alloc: cached\n", "t.yaml:2:3: memory.host_alloc: expected one of pinned|write_combined, got \"cached\"");
     EXPECT_ERR("memory:\n  offload: [m]\n  offload_optimizer: false\n",
                "t.yaml:3:3: memory.offload_optimizer: expected true, as memory.offload says, got false");
     EXPECT_ERR("memory:\n  offload: [weights, quants]\n",
@@ -509,24 +517,23 @@ static void randomize(uint64_t *s) {
         cfg.perf.cuda_graphs = 0;
         if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     }
-    /* memory.offload: what is built (the optimizer state whole, weights on one GPU, residual), and the older
-     * keys agreeing */
+    /* memory.offload: what is built (any of master, m, v; weights and gradients on one GPU; residual), and the
+     * older keys agreeing */
     cfg.memory.offload &= QT_OFF_OPTIMIZER | QT_OFF_RESIDUAL | QT_OFF_WEIGHTS | QT_OFF_GRADIENTS;
     if (cfg.memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)) { /* one GPU (qt_config_zero3_check) */
         cfg.parallel.zero = cfg.parallel.shard_optimizer = 0;
         cfg.parallel.gpus = 1;
         memset(&cfg.parallel.devices, 0, sizeof cfg.parallel.devices);
     }
-    if (cfg.memory.offload & QT_OFF_GRADIENTS) cfg.precision.grad_accum_dtype = QT_DT_F32;
     if (cfg.memory.offload & QT_OFF_WEIGHTS) { /* no graphs, fp8 from the slots */
         cfg.perf.cuda_graphs = 0;
         if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     }
-    if (cfg.memory.offload & QT_OFF_OPTIMIZER) cfg.memory.offload |= QT_OFF_OPTIMIZER;
     if (cfg.memory.offload) {
         cfg.memory.offload_optimizer = (cfg.memory.offload & QT_OFF_OPTIMIZER) != 0;
         cfg.memory.offload_residual = (cfg.memory.offload & QT_OFF_RESIDUAL) != 0;
     }
+    if (!cfg.memory.offload_optimizer && !cfg.memory.plan) cfg.memory.zero_copy = 0; /* refused without the offload */
     if (cfg.model.max_seq_len < cfg.data.seq_len) cfg.model.max_seq_len = cfg.data.seq_len;
 }
 

@@ -158,6 +158,15 @@ static void test_plan_7b_opt_parts(void) {
                   bad, host, (size_t)k * arr, slots, qt_mem_aligned(want_slots), snap, want_snap);
         qt_layout_free(&L);
     }
+    /* memory.zero_copy: the same host arrays, no slots (AdamW reads and writes the host state in place) */
+    const char *oz[4] = {"parallel.gpus=1", "memory.offload=[m, v]", "data.micro_batch=1", "memory.zero_copy=true"};
+    QT_REQUIRE(qt_config_load(&c, "configs/qwen2.5-7b-fp8.yaml", oz, 4, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(row(&rp.mem, "optimizer slots (offload)") == 0 && row(&rp.mem, "offloaded optimizer state") == 2 * arr &&
+                  row(&rp.mem, "master weights (fp32)") == row(&none.mem, "master weights (fp32)"),
+              "zero copy: slots %zu, host %zu", row(&rp.mem, "optimizer slots (offload)"), row(&rp.mem, "offloaded optimizer state"));
+    qt_layout_free(&L);
 }
 
 static void test_plan_7b_gradients(void) {
@@ -230,7 +239,7 @@ static void test_grad_homes(void) {
             const ptrdiff_t es = bf16 ? 2 : 4;
             qt_shard sh;
             qt_shard_init(&sh, &L, 1, 0, 1);
-            qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, QT_GPU_OPTIM_CHUNK, 0, 0, 1, 0};
+            qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .opt_chunk = QT_GPU_OPTIM_CHUNK, .g_host = 1};
             qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
             QT_REQUIRE(ps, "%s", err);
             qt_mem_plan p;
@@ -430,6 +439,12 @@ static void test_offload_opt_parts_bitwise(void) {
         {"o_v_fp8", FP8, "offload: [v]"},
         {"o_master_m_fp8", FP8, "offload: [master, m]"},
         {"o_m_bf16master", "precision: {master_dtype: bf16}\n", "offload: [m]"},
+        /* memory.zero_copy (AdamW on the host state in place) and memory.host_alloc: write_combined */
+        {"o_all_zc", "", "offload: [master, m, v], zero_copy: true"},
+        {"o_m_v_zc_fp8", FP8, "offload: [m, v], zero_copy: true"},
+        {"o_all_wc", "", "offload: [weights, gradients, master, m, v, residual], host_alloc: write_combined"},
+        {"o_all_zc_wc_bf16master", "precision: {master_dtype: bf16}\n",
+         "offload: [weights, master, m, v], zero_copy: true, host_alloc: write_combined"},
     };
     qt_test_hooks h = {.offload_chunk = 1000};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

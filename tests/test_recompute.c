@@ -249,7 +249,7 @@ static void plan_and_peak(const char *tag, const char *memory, size_t *plan, siz
     QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
     qt_shard one;
     qt_shard_init(&one, &L, 1, 0, 0);
-    qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, 0, 0, 0, 0, 0};
+    qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE};
     qt_mem_plan p;
     QT_REQUIRE(qt_gpu_model_plan(&L, &c, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
     *plan = p.off;

@@ -98,7 +98,7 @@ static void test_param_store_rows(void) {
         int n = k ? 2 : 1;
         qt_shard sh;
         qt_shard_init(&sh, &L, k == 1 ? n : 1, k == 1 ? 1 : 0, k > 0);
-        qt_param_placement pl = {QT_OPT_STATE_DEVICE, k == 1, 0, k == 1, QT_GPU_OPTIM_CHUNK, 0, 0, 0, 0};
+        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = k == 1, .reduce_bf16 = k == 1, .opt_chunk = QT_GPU_OPTIM_CHUNK};
         qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
         QT_REQUIRE(ps, "%s", err);
         qt_mem_plan p;
@@ -292,7 +292,7 @@ static void test_plan_7b(void) {
         QT_EXPECT(L.numel > 7600000000ul && L.numel < 7700000000ul, "%s: %zu parameters", files[f], L.numel);
         qt_shard one;
         qt_shard_init(&one, &L, 1, 0, 0);
-        qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, 0, 0, 0, 0, 0};
+        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE};
         printf("  %s (%.2fB parameters), GiB:\n  %3s %-38s %11s %9s %8s %9s\n", files[f], L.numel / 1e9, "mb", "recompute",
                "activations", "fp8 acts", "total", "offloaded");
         size_t C = mc.hidden_size, F = mc.intermediate_size, nl = mc.num_layers, H = mc.num_heads;
@@ -383,7 +383,7 @@ static void test_plan_14b(void) {
     QT_EXPECT(L.numel > 14700000000ul && L.numel < 14800000000ul, "%zu parameters", L.numel);
     qt_shard one;
     qt_shard_init(&one, &L, 1, 0, 0);
-    qt_param_placement pl = {QT_OPT_STATE_DEVICE, 0, 0, 0, 0, 0, 0, 0, 0};
+    qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE};
     const double G = 1073741824.0;
     size_t host = L.numel * 4; /* m, v bf16 */
     printf("  14B (%.2fB parameters), bf16 master + bf16 gradients, m/v bf16 offloaded: %.1f GiB pinned host memory\n",

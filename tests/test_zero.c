@@ -84,7 +84,7 @@ static void test_plan_7b_two_ranks(void) {
     size_t grad[3] = {0}, total[3] = {0};
     for (int z = 1; z <= 2; z++) {
         /* as a 2-rank ZeRO-2 engine places them: untied, lookups gathered, so the embeddings get no slot */
-        qt_param_placement pl = {QT_OPT_STATE_DEVICE, z, 0, 0, QT_GPU_OPTIM_CHUNK, z == 2, 0, 0, 0};
+        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = z, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = z == 2};
         qt_mem_plan p;
         QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &sh, &pl, &p, err, sizeof err) == 0, "%s", err);
         grad[z] = row(&p, "gradients (fp32)") + row(&p, "gradients (fp32 shard)") + row(&p, "gradient slots (layers)") +
@@ -145,7 +145,7 @@ static qt_param_store *small_store(int tie, int n, int zero, qt_model_cfg *mc, q
     static qt_config cfg;
     qt_config_defaults(&cfg);
     qt_shard_init(sh, L, n, n - 1, 1);
-    qt_param_placement pl = {QT_OPT_STATE_DEVICE, zero, 0, 0, QT_GPU_OPTIM_CHUNK, !tie, 0, 0, 0};
+    qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = zero, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = !tie};
     qt_param_store *ps = qt_param_store_create(L, &cfg, sh, &pl, err, sizeof err);
     if (!ps || (zero >= 3 && !ps->wslots)) printf("  store: %s\n", ps ? "no weight slots at ZeRO-3" : err);
     return ps && (zero < 3 || ps->wslots) ? ps : NULL;
@@ -256,7 +256,7 @@ static void test_zero3_plan_7b(void) {
     const double G = 1073741824.0;
     qt_mem_plan p[4];
     for (int z = 2; z <= 3; z++) {
-        qt_param_placement pl = {QT_OPT_STATE_DEVICE, z, 0, 0, QT_GPU_OPTIM_CHUNK, 1, 0, 0, 0};
+        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = z, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = 1};
         QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &sh, &pl, &p[z], err, sizeof err) == 0, "%s", err);
     }
     size_t M = 64 * 2, big = 0, own = 0, nb = (size_t)sh.n_buckets;

@@ -561,6 +561,23 @@ if has capped17; then
           --set memory.gpu_limit_gib=24
     } 2>&1 | tee "$OUT/capped17.log" | grep -E '^(PASS|FAIL|SKIP|==)|chosen|tokens/s|fit|GiB|rror'
 fi
+# memory.zero_copy and memory.host_alloc (issue 24: "measure it"): 1.5B fp8 at LLM.Q's setting with the
+# optimizer state offloaded, streamed through slots (the default) vs read in place by AdamW (zero copy),
+# each with pinned and write-combined host memory; then 7B fp8 at 24 GiB with everything offloaded, pinned
+# vs write-combined (the weights, gradients and residuals cross PCIe every micro-step there).
+if has hostalloc_bench; then
+    hb="build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --warmup 1 --steps 3 --set parallel.gpus=1 --set memory.offload_optimizer=true"
+    { step ha_1.5b_slots_pinned 300 $hb
+      step ha_1.5b_zerocopy_pinned 300 $hb --set memory.zero_copy=true
+      step ha_1.5b_slots_wc 300 $hb --set memory.host_alloc=write_combined
+      step ha_1.5b_zerocopy_wc 300 $hb --set memory.zero_copy=true --set memory.host_alloc=write_combined
+      h7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --set parallel.gpus=1 --set perf.cuda_graphs=false
+          --set memory.offload=[weights,gradients,master,m,v,residual] --set data.micro_batch=32 --set data.grad_accum=16
+          --set memory.recompute=[block] --set memory.fp8_weight_cache=none --set memory.lmhead_chunks=16 --set memory.gpu_limit_gib=24"
+      step ha_7b_24gib_pinned 600 $h7
+      step ha_7b_24gib_wc 600 $h7 --set memory.host_alloc=write_combined
+    } 2>&1 | tee "$OUT/hostalloc_bench.log" | grep -E '^(==)|tokens/s|rror'
+fi
 # Issue 25's grid: plans left out of the cost model's fit (tests/test_plan cost_calibration), measured at
 # 1.5B and 7B fp8 on 128 / 64 sequences per step, one GPU, no cap; predictions come from `qtrain --plan`
 # with the same --set keys and this device's probe (printed by the first auto run, cached per machine).

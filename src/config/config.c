@@ -436,6 +436,10 @@ static int offload_check(ctx *x) {
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
     if (offload_check(x)) return -1;
+    if (c->memory.zero_copy && !c->memory.offload_optimizer && !c->memory.plan)
+        return fail(x, at_of(x, "memory.zero_copy"), "memory.zero_copy",
+                    "expected false without an offloaded optimizer state (memory.offload_optimizer, or master, m, v in "
+                    "memory.offload): zero copy is how AdamW reads the offloaded state, got true");
     if (x->first_auto >= 0 && !c->memory.plan)
         return fail(x, x->at[x->first_auto], qt_config_key_at(x->first_auto)->path,
                     "expected a value: auto leaves the key to memory.plan: auto, and memory.plan is manual");

@@ -15,10 +15,12 @@
 
 qt_param_placement qt_plan_placement(const qt_step_plan *p, const qt_layout *L) {
     size_t chunk = qt_test_hooks_get()->offload_chunk;
-    return (qt_param_placement){p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, p->zero,
-                                p->opt_ahead, p->reduce_bf16, chunk ? chunk : QT_GPU_OPTIM_CHUNK,
-                                p->grads_sharded && p->lookups && L->lm_head != L->embed, p->weights_host || p->weights_shard_host,
-                                p->grads_host || p->grads_shard_host, p->opt_mask};
+    return (qt_param_placement){.opt = p->offload_opt ? QT_OPT_STATE_HOST : QT_OPT_STATE_DEVICE, .zero = p->zero,
+                                .opt_per_bucket = p->opt_ahead, .reduce_bf16 = p->reduce_bf16,
+                                .opt_chunk = chunk ? chunk : QT_GPU_OPTIM_CHUNK,
+                                .embed_apart = p->grads_sharded && p->lookups && L->lm_head != L->embed,
+                                .w_host = p->weights_host || p->weights_shard_host, .g_host = p->grads_host || p->grads_shard_host,
+                                .opt_mask = p->opt_mask, .zero_copy = p->zero_copy, .host_wc = p->host_wc};
 }
 
 /* The ranks engine_create (setup.c) starts, and how many share the busiest GPU: 0, or -1 with err. */

@@ -14,6 +14,8 @@ void qt_step_plan_make(qt_step_plan *p, const qt_layout *L, const qt_config *cfg
     p->rank = rank;
     p->offload_opt = cfg->memory.offload_optimizer;
     p->opt_mask = qt_config_opt_offload_mask(cfg);
+    p->zero_copy = p->offload_opt && cfg->memory.zero_copy;
+    p->host_wc = cfg->memory.host_alloc == QT_HOST_WRITE_COMBINED;
     p->weights_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_WEIGHTS) != 0; /* ranks: weights_shard_host */
     p->wslots = p->zero >= 3 || p->weights_host;
     p->grads_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_GRADIENTS) != 0;

@@ -53,7 +53,8 @@ int qt_act_store_start(qt_act_store *as, cudaStream_t s, const char *cfg_path, c
     if (!as->policy.offload_residual) return 0;
     struct qt_res_offload *o = calloc(1, sizeof *o);
     QT_CHECK(o, "out of host memory");
-    if (as->host_bytes && cudaHostAlloc((void **)&o->host, as->host_bytes, cudaHostAllocDefault) != cudaSuccess) {
+    unsigned flags = as->policy.host_wc ? cudaHostAllocWriteCombined : cudaHostAllocDefault;
+    if (as->host_bytes && cudaHostAlloc((void **)&o->host, as->host_bytes, flags) != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(err, errlen, "%s: memory.offload_residual: %.2f GiB of pinned host memory for %d layers' residuals "
                  "could not be allocated", cfg_path, as->host_bytes / 1073741824.0, as->c->num_layers - 2);

@@ -155,7 +155,8 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const q
     g->fp8_fwd = cfg->precision.matmul_dtype == QT_DT_E4M3;
     g->fp8_bwd = g->fp8_fwd && cfg->precision.grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
-    qt_act_policy ap = {.recompute = cfg->memory.recompute, .offload_residual = cfg->memory.offload_residual};
+    qt_act_policy ap = {.recompute = cfg->memory.recompute, .offload_residual = cfg->memory.offload_residual,
+                        .host_wc = cfg->memory.host_alloc == QT_HOST_WRITE_COMBINED};
     g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);

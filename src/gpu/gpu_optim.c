@@ -166,7 +166,8 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
     QT_CHECK(k >= 0 && k < o->groups, "adamw group %d of %d", k, o->groups);
     for (int c = k ? o->group_end[k - 1] : 0; c < o->group_end[k]; c++) {
         const opt_chunk *ch = &o->chunk[c];
-        if (!o->slots) {
+        if (!o->slots) { /* the state where it is: the device, or host memory read in place (zero copy) */
+            if (o->guard) o->guard(o->guard_ctx, ch->hi); /* a checkpoint reads the host state below hi */
             qt_adamw_step(ch->plan, w_bf16, o->master, g, g_dt, o->m, o->m_dt, o->v, o->v_dt, grad_scale, NULL, a, s);
             continue;
         }

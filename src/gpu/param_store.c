@@ -100,9 +100,10 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
 }
 
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
+    unsigned wc = ps->place.host_wc ? cudaHostAllocWriteCombined : 0; /* memory.host_alloc */
     if (ps->place.w_host) { /* one GPU: the whole array; ZeRO-3: the rank's pieces */
         size_t bytes = (zero3(ps) ? ps->shard.len : ps->shard.total) * 2;
-        if (cudaHostAlloc(&ps->w, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+        if (cudaHostAlloc(&ps->w, bytes, cudaHostAllocMapped | cudaHostAllocPortable | wc) != cudaSuccess) {
             (void)cudaGetLastError();
             ps->w = NULL;
             return qt_errf(err, errlen, "%s: memory.offload: [weights]: %.2f GiB of pinned host memory for the bf16 "
@@ -118,7 +119,7 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
     }
     if (ps->place.g_host) { /* one GPU: the whole array; ZeRO-2/3: the rank's summed shard */
         size_t bytes = (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * ges(ps);
-        if (cudaHostAlloc(&ps->grad, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+        if (cudaHostAlloc(&ps->grad, bytes, cudaHostAllocMapped | cudaHostAllocPortable | wc) != cudaSuccess) {
             (void)cudaGetLastError();
             ps->grad = NULL;
             return qt_errf(err, errlen, "%s: memory.offload: [gradients]: %.2f GiB of pinned host memory for the %s "
@@ -133,13 +134,19 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
     }
     if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
     size_t b0 = host_bytes(ps, 0), b1 = host_bytes(ps, 1);
-    if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, cudaHostAllocDefault) != cudaSuccess) {
+    unsigned mapped = ps->place.zero_copy ? cudaHostAllocMapped : cudaHostAllocDefault; /* zero copy: kernels use it */
+    if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, mapped | wc) != cudaSuccess) {
         (void)cudaGetLastError();
         ps->host_state = NULL;
         return qt_errf(err, errlen, "%s: memory.offload_optimizer: %.2f GiB of pinned host memory for the optimizer "
                        "state could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
                        "memory.host_limit_gib to what the host can pin, or train without the offload",
                        cfg->path, ps->host_state_bytes / 1073741824.0);
+    }
+    if (ps->place.zero_copy) {
+        void *dev = NULL; /* AdamW's kernel uses the host address itself */
+        QT_CUDA(cudaHostGetDevicePointer(&dev, ps->host_state, 0));
+        QT_CHECK(dev == ps->host_state, "memory.zero_copy needs unified addressing");
     }
     memset(ps->host_state, 0, ps->host_state_bytes); /* m, v start at zero; padding stays defined */
     /* the offloaded arrays here; the others were carved in the arena (bf16 master: none) */
@@ -166,9 +173,10 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
                                       n * qt_dtype_size(ps->grad_dt));
     int host = ps->place.opt == QT_OPT_STATE_HOST ? ps->opt_host : 0; /* the offloaded arrays: alloc_host */
-    if (host) {
-        ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
-                                          qt_gpu_optim_slot_bytes(ps->place.opt_chunk, host, ps->m_dt, ps->v_dt));
+    if (host) { /* zero copy: AdamW works on the host arrays, no slots */
+        if (!ps->place.zero_copy)
+            ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
+                                              qt_gpu_optim_slot_bytes(ps->place.opt_chunk, host, ps->m_dt, ps->v_dt));
         qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
     }
     if (ps->w_master_dt == QT_DT_F32 && !(host & QT_OFF_MASTER)) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
@@ -421,7 +429,7 @@ static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
         }
     }
     int groups = ps->place.opt_per_bucket ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
-    int host = ps->place.opt == QT_OPT_STATE_HOST ? ps->opt_host : 0;
+    int host = ps->place.opt == QT_OPT_STATE_HOST && !ps->place.zero_copy ? ps->opt_host : 0; /* streamed */
     ps->opt = qt_gpu_optim_create(t, nt, start, groups, ps->master, ps->m, ps->m_dt, ps->v, ps->v_dt,
                                   host ? ps->opt_slots : NULL, ps->place.opt_chunk, host);
     free(t);
