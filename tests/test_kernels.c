@@ -161,6 +161,21 @@ static void CUDART_CB sleep_5ms(void *unused) {
     struct timespec t = {0, 5000000L};
     nanosleep(&t, NULL);
 }
+/* AdamW step t of both optimizers (two groups each) on fresh random gradients behind a 5 ms stall, then a
+ * sync; the bf16 weights wb (dev) and wb2 (off). */
+static void two_steps_at(qt_gpu_optim *dev, qt_gpu_optim *off, void *wb, void *wb2, float *dg, qt_adamw_args *a, long t,
+                         cudaStream_t s) {
+    float *g = h_rand(OTOT, 1.0f);
+    QT_CUDA(cudaMemcpyAsync(dg, g, OTOT * 4, cudaMemcpyHostToDevice, s));
+    QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
+    a->t = t;
+    for (int k = 0; k < 2; k++) {
+        qt_gpu_optim_step(dev, k, wb, dg, QT_DT_F32, NULL, a, s);
+        qt_gpu_optim_step(off, k, wb2, dg, QT_DT_F32, NULL, a, s);
+    }
+    QT_CUDA(cudaStreamSynchronize(s));
+    free(g);
+}
 static void test_adamw_offload(void) {
     NEED_GPU();
     cudaStream_t s;
@@ -190,17 +205,8 @@ static void test_adamw_offload(void) {
         qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
         float *snap = malloc(tail * 4);
         for (long t = 1; t <= 3; t++) {
-            float *g = h_rand(OTOT, 1.0f);
-            QT_CUDA(cudaMemcpyAsync(dg, g, OTOT * 4, cudaMemcpyHostToDevice, s));
-            QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
-            a.t = t;
-            for (int k = 0; k < 2; k++) {
-                qt_gpu_optim_step(dev, k, wb, dg, QT_DT_F32, NULL, &a, s);
-                qt_gpu_optim_step(off, k, wb2, dg, QT_DT_F32, NULL, &a, s);
-            }
-            QT_CUDA(cudaStreamSynchronize(s));
+            two_steps_at(dev, off, wb, wb2, dg, &a, t, s);
             memcpy(snap, hmaster + OTOT - tail, tail * 4);
-            free(g);
         }
         float *gw = g_f32(dmaster, OTOT), *gb = g_bf16(wb, OTOT), *gb2 = g_bf16(wb2, OTOT);
         void *gm = malloc(OTOT * es), *gv = malloc(OTOT * es);
@@ -260,18 +266,7 @@ static void test_adamw_offload_parts(void) {
             qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, ref[0], ref[1], dt, ref[2], dt, NULL, 0, 0);
             qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, arr[0], arr[1], dt, arr[2], dt, slots, OCHUNK, mask);
             qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
-            for (long t = 1; t <= 3; t++) {
-                float *g = h_rand(OTOT, 1.0f);
-                QT_CUDA(cudaMemcpyAsync(dg, g, OTOT * 4, cudaMemcpyHostToDevice, s));
-                QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
-                a.t = t;
-                for (int k = 0; k < 2; k++) {
-                    qt_gpu_optim_step(dev, k, wb, dg, QT_DT_F32, NULL, &a, s);
-                    qt_gpu_optim_step(off, k, wb2, dg, QT_DT_F32, NULL, &a, s);
-                }
-                QT_CUDA(cudaStreamSynchronize(s));
-                free(g);
-            }
+            for (long t = 1; t <= 3; t++) two_steps_at(dev, off, wb, wb2, dg, &a, t, s);
             int same = 1;
             for (int k = 0; k < 3; k++) {
                 char *x = malloc(bytes[k]), *y = malloc(bytes[k]);
