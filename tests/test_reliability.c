@@ -581,7 +581,9 @@ static void sigkill_50_always_resumes(const char *ref, const char *killed, int s
 }
 
 static void test_sigint_random_resume_bit_exact(void) { sigint_random_resume_bit_exact("ref", "int"); }
-static void test_sigkill_50_always_resumes(void) { sigkill_50_always_resumes("ref2000", "kill", 2000, 0.15); }
+/* 6000 steps: the tiny CPU model runs ~0.5 ms a step on an idle machine, and 50 kills' worth of attempts
+ * (up to 0.15 s or 50 ms of training each) trained 2000 steps to the end before the 46th kill there. */
+static void test_sigkill_50_always_resumes(void) { sigkill_50_always_resumes("ref6000", "kill", 6000, 0.15); }
 
 /* The same on one GPU (CUDA start-up takes a second or two: the first kind of kill comes within 1.5 s;
  * 6000 steps, so that no attempt trains to the end before its kill on a fast GPU). */
