@@ -578,6 +578,20 @@ if has hostalloc_bench; then
       step ha_7b_24gib_wc 600 $h7 --set memory.host_alloc=write_combined
     } 2>&1 | tee "$OUT/hostalloc_bench.log" | grep -E '^(==)|tokens/s|rror'
 fi
+# Issue 25's "auto within 5% of the best hand-picked plan" at 80 and 16 GiB (24 GiB: pending_capped): 7B fp8,
+# auto with every planner key free vs the shipped config's own plan at 80 GiB (512 sequences per step),
+# and vs LLM.Q's kind of plan (bf16 master and gradients, everything offloaded) at 16 GiB (64 sequences).
+if has auto_vs_hand; then
+    b7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1"
+    { step avh_7b_80_auto 600 $b7 $auto_keys --set memory.gpu_limit_gib=80
+      step avh_7b_80_config 600 $b7 --set parallel.gpus=1 --set memory.gpu_limit_gib=80
+      step avh_7b_16_auto 600 $b7 --set data.micro_batch=8 --set data.grad_accum=8 $auto_keys --set memory.gpu_limit_gib=16
+      step avh_7b_16_hand 600 $b7 --set parallel.gpus=1 --set perf.cuda_graphs=false --set memory.gpu_limit_gib=16 \
+          --set "memory.offload=[weights,gradients,master,m,v,residual]" --set precision.master_dtype=bf16 \
+          --set precision.grad_accum_dtype=bf16 --set data.micro_batch=8 --set data.grad_accum=8 \
+          --set "memory.recompute=[block]" --set memory.fp8_weight_cache=none --set memory.lmhead_chunks=4
+    } 2>&1 | tee "$OUT/auto_vs_hand.log" | grep -E '^(==)|chosen|tokens/s|fit|rror'
+fi
 # Issue 25's grid: plans left out of the cost model's fit (tests/test_plan cost_calibration), measured at
 # 1.5B and 7B fp8 on 128 / 64 sequences per step, one GPU, no cap; predictions come from `qtrain --plan`
 # with the same --set keys and this device's probe (printed by the first auto run, cached per machine).
