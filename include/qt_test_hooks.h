@@ -36,7 +36,8 @@ typedef struct {
                              * with ZeRO ranks: 7 = ZeRO-3 with offloaded weights fills each weight slot from a
                              * device copy of that bucket's first gather (AdamW's writes to the host pieces
                              * never read); 8 = ZeRO-2/3 with offloaded gradients writes (=) each micro-step's
-                             * summed piece into the host shard instead of adding (+=) it */
+                             * summed piece into the host shard instead of adding (+=) it; 9 = one GPU's
+                             * offloaded gradients: a shared slot's load does not wait for its store */
     long zero3_read_delay_ms; /* > 0: ZeRO-3: the model stream sleeps this long after each weight acquire,
                              * before the layer reads (a gather that does not wait for the slot's
                              * readers overwrites it first); dp_ag_delay_ms also delays each ZeRO-3 gather */
@@ -60,6 +61,9 @@ typedef struct {
                                    * synchronous reference of the in-place write test) */
     int ckpt_unguarded;           /* 1: MUTANT: the offloaded optimizer does not wait for the checkpoint
                                    * writer's mark before it changes the host state (the test must catch it) */
+    int ckpt_guard_late;          /* 1: MUTANT: with the offloaded weights written in place, AdamW waits for the
+                                   * writer only after queueing the kernel that writes them (before the state's
+                                   * way down, as for m and v alone) */
     long offload_residual_delay_ms; /* > 0: memory.offload_residual's copy stream sleeps this long before
                                    * each residual copy (either way): a compute stream that did not wait
                                    * for a copy reads or overwrites the slot too early */

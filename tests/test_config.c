@@ -313,6 +313,9 @@ static void test_offload_list(void) {
     EXPECT_ERR("memory:\n  zero_copy: true\n",
                "t.yaml:2:3: memory.zero_copy: expected false without an offloaded optimizer state (memory.offload_optimizer, "
                "or master, m, v in memory.offload): zero copy is how AdamW reads the offloaded state, got true");
+    EXPECT_ERR("memory:\n  offload: [master, weights]\nprecision:\n  master_dtype: bf16\n",
+               "t.yaml:2:3: memory.offload: expected m or v beside master with precision.master_dtype: bf16 (a bf16 master "
+               "has no master array to offload: the bf16 weights are the master), got only master");
     EXPECT_ERR("memory:\n  host_alloc: cached\n", "t.yaml:2:3: memory.host_alloc: expected one of pinned|write_combined, got \"cached\"");
     EXPECT_ERR("memory:\n  offload: [m]\n  offload_optimizer: false\n",
                "t.yaml:3:3: memory.offload_optimizer: expected true, as memory.offload says, got false");
@@ -529,6 +532,8 @@ static void randomize(uint64_t *s) {
         cfg.perf.cuda_graphs = 0;
         if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     }
+    if ((cfg.memory.offload & QT_OFF_OPTIMIZER) == QT_OFF_MASTER && cfg.precision.master_dtype == QT_DT_BF16)
+        cfg.memory.offload |= QT_OFF_M; /* a bf16 master has no master array to offload alone (refused) */
     if (cfg.memory.offload) {
         cfg.memory.offload_optimizer = (cfg.memory.offload & QT_OFF_OPTIMIZER) != 0;
         cfg.memory.offload_residual = (cfg.memory.offload & QT_OFF_RESIDUAL) != 0;

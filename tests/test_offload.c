@@ -530,13 +530,15 @@ static void test_offload_gradients_bitwise(void) {
 /* The offloaded gradients' mutants (qt_test_hooks zero_mutant) must change the bits; the delay alone
  * must not: the backward writing a shared slot before its last bucket was stored and zeroed and its next
  * loaded (1; the stores delayed), a slot not zeroed after its store (5), the norm and AdamW reading the
- * host gradients before the last stores landed (6; the stores delayed). */
+ * host gradients before the last stores landed (6; the stores delayed), a slot's load (on its own stream)
+ * not waiting for the slot's store and zeroing (9; the stores delayed). */
 static void test_offload_gradients_mutants_caught(void) {
     static const mutant_case cases[] = {
         {"stores delayed 20 ms (no mutant)", {.dp_sum_delay_ms = 20}, 0},
         {"slot written before its store and load", {.dp_sum_delay_ms = 20, .zero_mutant = 1}, 1},
         {"slot not zeroed after its store", {.zero_mutant = 5}, 1},
         {"AdamW before the last stores", {.dp_sum_delay_ms = 20, .zero_mutant = 6}, 1},
+        {"slot loaded before its store finished", {.dp_sum_delay_ms = 20, .zero_mutant = 9}, 1},
     };
     mutants_caught("gmut", "gradients", "bitwise equal to the gradients on the GPU", cases, sizeof cases / sizeof cases[0]);
 }

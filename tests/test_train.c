@@ -299,7 +299,8 @@ static void bf16m_yaml(char *yaml, size_t cap, int kind, const char *tag, const 
     snprintf(par, sizeof par, "parallel: {%s, shard_optimizer: %s%s}\nperf: {cuda_graphs: %s, matmul_autotune: false}\n%s",
              dp ? two_ranks() : "gpus: 1", kind == 3 ? "false" : "true", kind == 6 ? ", zero: 3" : "",
              kind == 2 ? "true" : "false", kind == 1 || kind == 5 ? "memory: {offload_optimizer: true}"
-                                           : kind == 7 ? "memory: {offload: [weights, master, m, v]}" : "");
+                                           : kind == 7 ? "memory: {offload: [weights, master, m, v]}"
+                                           : kind == 8 ? "memory: {offload: [weights, master, m, v], zero_copy: true}" : "");
     snprintf(yaml, cap,
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
              "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}\n"
@@ -511,39 +512,48 @@ static void test_bf16_master_ckpt_bytes(void) {
                       run[same[q][1]].tag, run[same[q][0]].tag);
         }
     for (int k = 0; k < RUNS; k++) qt_ckpt_close(last[k]);
-    /* step 10's file, written while step 11 ran: with the weights in place the same bytes as one GPU's; the
-     * mutant whose AdamW does not wait for the writer (ckpt_unguarded) must change them */
-    for (int mutant = 0; mutant < 2; mutant++) {
-        const char *tag = mutant ? "ckb_w_unguarded" : run[WLIVE].tag;
-        if (mutant) {
+    /* step 10's file, written while step 11 ran (a slow writer): with the offloaded weights and state written
+     * in place — streamed (ckb_w_in_place above) or read by AdamW in place (zero copy) — the same bytes as
+     * one GPU's; the mutants whose AdamW does not wait for the writer (ckpt_unguarded), or waits only after
+     * its kernel that writes the host weights was queued (ckpt_guard_late), must change them */
+    static const struct { int kind; const char *tag; int unguarded, late; } chk[] = {
+        {7, "ckb_w_in_place", 0, 0}, {7, "ckb_w_unguarded", 1, 0}, {7, "ckb_w_guard_late", 0, 1},
+        {8, "ckb_zc_in_place", 0, 0}, {8, "ckb_zc_unguarded", 1, 0}};
+    for (size_t m = 0; m < sizeof chk / sizeof chk[0]; m++) {
+        const char *tag = chk[m].tag;
+        int mutant = chk[m].unguarded || chk[m].late;
+        if (m) { /* the first ran above */
             char yaml[4096];
             qt_config c;
             float loss[20];
-            bf16m_yaml(yaml, sizeof yaml, 7, tag, "master_dtype: bf16", ", offloaded: in_place");
+            bf16m_yaml(yaml, sizeof yaml, chk[m].kind, tag, "master_dtype: bf16", ", offloaded: in_place");
             QT_REQUIRE(load_cfg(&c, yaml) == 0, "%s: config", tag);
-            qt_test_hooks h = {.offload_chunk = 1000, .ckpt_write_delay_ms = 2, .ckpt_unguarded = 1};
+            qt_test_hooks h = {.offload_chunk = 1000, .ckpt_write_delay_ms = 2, .ckpt_unguarded = chk[m].unguarded,
+                               .ckpt_guard_late = chk[m].late};
             qt_test_hooks_set(&h);
             qt_train_opts o = {NULL, -1, 0, loss, NULL};
             int rc = qt_train_run(&c, &o, NULL, err, sizeof err);
             qt_test_hooks_set(NULL);
             QT_REQUIRE(rc == 0, "%s: %s", tag, err);
         }
-        qt_ckpt *a, *b;
-        snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, run[0].tag, 10);
-        a = qt_ckpt_open(path, err, sizeof err);
-        snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, tag, 10);
-        b = qt_ckpt_open(path, err, sizeof err);
-        QT_REQUIRE(a && b, "step 10 of %s: %s", tag, err);
-        int differ = 0;
-        for (int i = 0; i < 4; i++) {
-            size_t na = 0, nb = 1;
-            const void *x = qt_ckpt_get(a, ckpt_blobs[i], &na, NULL), *y = qt_ckpt_get(b, ckpt_blobs[i], &nb, NULL);
-            differ |= !x || !y || na != nb || memcmp(x, y, na);
+        for (int at = 10; at <= (mutant ? 10 : 20); at += 10) {
+            qt_ckpt *a, *b;
+            snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, run[0].tag, at);
+            a = qt_ckpt_open(path, err, sizeof err);
+            snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, tag, at);
+            b = qt_ckpt_open(path, err, sizeof err);
+            QT_REQUIRE(a && b, "step %d of %s: %s", at, tag, err);
+            int differ = 0;
+            for (int i = 0; i < 4; i++) {
+                size_t na = 0, nb = 1;
+                const void *x = qt_ckpt_get(a, ckpt_blobs[i], &na, NULL), *y = qt_ckpt_get(b, ckpt_blobs[i], &nb, NULL);
+                differ |= !x || !y || na != nb || memcmp(x, y, na);
+            }
+            printf("  step %d %-17s %s\n", at, tag, differ ? "differs from one GPU's (caught)" : "the same bytes as one GPU's");
+            QT_EXPECT(differ == mutant, "step %d of %s: %s", at, tag, differ ? "differs from one GPU's" : "NOT caught");
+            qt_ckpt_close(a);
+            qt_ckpt_close(b);
         }
-        printf("  step 10 %-16s %s\n", tag, differ ? "differs from one GPU's (caught)" : "the same bytes as one GPU's");
-        QT_EXPECT(differ == mutant, "step 10 of %s: %s", tag, differ ? "differs from one GPU's" : "NOT caught");
-        qt_ckpt_close(a);
-        qt_ckpt_close(b);
     }
 }
 

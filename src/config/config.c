@@ -436,6 +436,10 @@ static int offload_check(ctx *x) {
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
     if (offload_check(x)) return -1;
+    if ((c->memory.offload & QT_OFF_OPTIMIZER) == QT_OFF_MASTER && c->precision.master_dtype == QT_DT_BF16)
+        return fail(x, at_of(x, "memory.offload"), "memory.offload",
+                    "expected m or v beside master with precision.master_dtype: bf16 (a bf16 master has no master "
+                    "array to offload: the bf16 weights are the master), got only master");
     if (c->memory.zero_copy && !c->memory.offload_optimizer && !c->memory.plan)
         return fail(x, at_of(x, "memory.zero_copy"), "memory.zero_copy",
                     "expected false without an offloaded optimizer state (memory.offload_optimizer, or master, m, v in "

@@ -222,7 +222,7 @@ static void host_grads_ready(qt_dp_sync *d, int b) {
         if (j < 0) continue;
         if (d->grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j) {
             QT_CUDA(cudaEventRecord(d->stored_ev[j], cs));
-            QT_CUDA(cudaStreamWaitEvent(d->gup, d->stored_ev[j], 0));
+            if (d->mutant != 9) QT_CUDA(cudaStreamWaitEvent(d->gup, d->stored_ev[j], 0)); /* MUTANT 9: no wait */
             qt_param_grad_load(ps, k - QT_GRAD_SLOTS, d->gup);
             QT_CUDA(cudaEventRecord(d->slot_ev[j], d->gup));
             d->gup_used = 1;

@@ -327,7 +327,8 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     int several = rp.ranks > 1; /* offloaded weights: one GPU or ZeRO-3; gradients: one GPU or ZeRO-2/3 */
     for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
         QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
-        if (qt_config_given(cfg, ax[a].key))
+        int named = !strcmp(ax[a].key, "memory.offload_optimizer") && (cfg->memory.offload & QT_OFF_OPTIMIZER); /* by the list */
+        if (qt_config_given(cfg, ax[a].key) || named)
             ax[a].n = 1, ax[a].v[0] = ax[a].get(cfg);
     }
     size_t gpu_cap = cfg->memory.gpu_limit_gib > 0 ? qt_mem_gib(cfg->memory.gpu_limit_gib) : pr->gpu_bytes - ((size_t)1 << 30);

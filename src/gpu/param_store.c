@@ -47,6 +47,8 @@ static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
 /* Bytes per gradient element in the slots and the host array (ZeRO-2/3: fp32, config.c refuses bf16). */
 static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->grad_dt); }
+_Static_assert((int)QT_OPTIM_MASTER == (int)QT_OFF_MASTER && (int)QT_OPTIM_M == (int)QT_OFF_M && (int)QT_OPTIM_V == (int)QT_OFF_V,
+               "opt_host (memory.offload bits) is handed to qt_gpu_optim as its host_mask");
 /* Optimizer array k (0 master, 1 m, 2 v): its bytes per element (0: no master array), and its aligned bytes in
  * host_state (0 when it is not offloaded). */
 static size_t opt_es(const qt_param_store *ps, int k) {
@@ -94,6 +96,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     }
     if (pl->opt != QT_OPT_STATE_HOST) return ps;
     ps->opt_host = (pl->opt_mask ? pl->opt_mask : QT_OFF_OPTIMIZER) & (ps->w_master_dt == QT_DT_F32 ? QT_OFF_OPTIMIZER : QT_OFF_M | QT_OFF_V);
+    if (!ps->opt_host) ps->place.opt = QT_OPT_STATE_DEVICE; /* only a master named, and there is none (bf16) */
     ps->host_state_bytes = host_bytes(ps, 0) + host_bytes(ps, 1) + host_bytes(ps, 2);
     (void)err, (void)errlen;
     return ps;
