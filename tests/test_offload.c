@@ -71,6 +71,20 @@ static size_t row(const qt_mem_plan *p, const char *kind) {
     return b;
 }
 
+/* The plan of config `path` with the n overrides o on `gpus` GPUs: *c, *L (the caller frees it) and *rp. 0, or
+ * -1 with err. */
+static int plan_of(const char *path, const char *const *o, int n, int gpus, qt_config *c, qt_layout *L, qt_run_plan *rp,
+                   char *err, size_t errlen) {
+    qt_weight_src src;
+    if (qt_config_load(c, path, o, n, err, errlen)) return -1;
+    if (qt_model_layout(c, L, &src, err, errlen)) return -1;
+    if (qt_plan_run(L, c, gpus, 1, rp, err, errlen)) {
+        qt_layout_free(L);
+        return -1;
+    }
+    return 0;
+}
+
 static void test_plan_7b_weights(void) {
     qt_config cfg[2];
     char err[512];
@@ -78,11 +92,8 @@ static void test_plan_7b_weights(void) {
                            {"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[weights, master, m, v]"}};
     static qt_run_plan rp[2];
     qt_layout L;
-    qt_weight_src src;
     for (int k = 0; k < 2; k++) {
-        QT_REQUIRE(qt_config_load(&cfg[k], "configs/qwen2.5-7b-bf16.yaml", o[k], 3, err, sizeof err) == 0, "%s", err);
-        QT_REQUIRE(qt_model_layout(&cfg[k], &L, &src, err, sizeof err) == 0, "%s", err);
-        QT_REQUIRE(qt_plan_run(&L, &cfg[k], 1, 1, &rp[k], err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(plan_of("configs/qwen2.5-7b-bf16.yaml", o[k], 3, 1, &cfg[k], &L, &rp[k], err, sizeof err) == 0, "%s", err);
         if (k == 0) qt_layout_free(&L);
     }
     QT_EXPECT(cfg[1].memory.offload_optimizer, "the list sets offload_optimizer");
@@ -127,20 +138,16 @@ static void test_plan_7b_opt_parts(void) {
     static const char *const dev_rows[3] = {"master weights (fp32)", "adam m (fp32)", "adam v (fp32)"};
     char err[512];
     qt_layout L;
-    qt_weight_src src;
     static qt_run_plan none, rp;
     qt_config c;
     const char *o0[3] = {"parallel.gpus=1", "memory.offload_optimizer=false", "data.micro_batch=1"};
-    QT_REQUIRE(qt_config_load(&c, "configs/qwen2.5-7b-fp8.yaml", o0, 3, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &none, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(plan_of("configs/qwen2.5-7b-fp8.yaml", o0, 3, 1, &c, &L, &none, err, sizeof err) == 0, "%s", err);
     qt_layout_free(&L);
     size_t ns = (L.numel + 63) / 64 * 64, arr = qt_mem_aligned(ns * 4); /* fp32 master, m, v: 4 B each */
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         const char *o[3] = {"parallel.gpus=1", parts[i].list, "data.micro_batch=1"};
-        QT_REQUIRE(qt_config_load(&c, "configs/qwen2.5-7b-fp8.yaml", o, 3, err, sizeof err) == 0, "%s: %s", parts[i].list, err);
-        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
-        QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &rp, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(plan_of("configs/qwen2.5-7b-fp8.yaml", o, 3, 1, &c, &L, &rp, err, sizeof err) == 0, "%s: %s", parts[i].list,
+                   err);
         int k = 0, bad = 0;
         for (int a = 0; a < 3; a++) {
             int off = parts[i].mask >> a & 1;
@@ -160,9 +167,7 @@ static void test_plan_7b_opt_parts(void) {
     }
     /* memory.zero_copy: the same host arrays, no slots (AdamW reads and writes the host state in place) */
     const char *oz[4] = {"parallel.gpus=1", "memory.offload=[m, v]", "data.micro_batch=1", "memory.zero_copy=true"};
-    QT_REQUIRE(qt_config_load(&c, "configs/qwen2.5-7b-fp8.yaml", oz, 4, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(plan_of("configs/qwen2.5-7b-fp8.yaml", oz, 4, 1, &c, &L, &rp, err, sizeof err) == 0, "%s", err);
     QT_EXPECT(row(&rp.mem, "optimizer slots (offload)") == 0 && row(&rp.mem, "offloaded optimizer state") == 2 * arr &&
                   row(&rp.mem, "master weights (fp32)") == row(&none.mem, "master weights (fp32)"),
               "zero copy: slots %zu, host %zu", row(&rp.mem, "optimizer slots (offload)"), row(&rp.mem, "offloaded optimizer state"));
@@ -176,11 +181,8 @@ static void test_plan_7b_gradients(void) {
                            {"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[gradients, master, m, v]"}};
     static qt_run_plan rp[2];
     qt_layout L;
-    qt_weight_src src;
     for (int k = 0; k < 2; k++) {
-        QT_REQUIRE(qt_config_load(&cfg[k], "configs/qwen2.5-7b-bf16.yaml", o[k], 3, err, sizeof err) == 0, "%s", err);
-        QT_REQUIRE(qt_model_layout(&cfg[k], &L, &src, err, sizeof err) == 0, "%s", err);
-        QT_REQUIRE(qt_plan_run(&L, &cfg[k], 1, 1, &rp[k], err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(plan_of("configs/qwen2.5-7b-bf16.yaml", o[k], 3, 1, &cfg[k], &L, &rp[k], err, sizeof err) == 0, "%s", err);
         if (k == 0) qt_layout_free(&L);
     }
     const double G = 1073741824.0;
@@ -204,9 +206,7 @@ static void test_plan_7b_gradients(void) {
                           "precision.grad_accum_dtype=bf16"};
     static qt_run_plan r16;
     qt_config c16;
-    QT_REQUIRE(qt_config_load(&c16, "configs/qwen2.5-7b-bf16.yaml", o16, 4, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(qt_model_layout(&c16, &L, &src, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(qt_plan_run(&L, &c16, 1, 1, &r16, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(plan_of("configs/qwen2.5-7b-bf16.yaml", o16, 4, 1, &c16, &L, &r16, err, sizeof err) == 0, "%s", err);
     size_t h16 = row(&r16.mem, "gradients (bf16, offloaded)"), sl16 = row(&r16.mem, "gradient slots (layers)"),
            se16 = row(&r16.mem, "gradient slots (emb/head)");
     printf("  bf16 gradients offloaded: host %.2f GiB, layer slots %.3f GiB, emb/head slots %.3f GiB, GPU total %.2f GiB\n",
@@ -573,14 +573,11 @@ static void test_plan_7b_ranks(void) {
         char err[512], z[32];
         static qt_run_plan rp[2];
         qt_layout L;
-        qt_weight_src src;
         snprintf(z, sizeof z, "parallel.zero=%d", cases[i].zero);
         const char *o[2][4] = {{"parallel.gpus=4", "perf.cuda_graphs=false", z, "memory.offload=[master, m, v]"},
                                {"parallel.gpus=4", "perf.cuda_graphs=false", z, cases[i].list}};
         for (int k = 0; k < 2; k++) {
-            QT_REQUIRE(qt_config_load(&cfg[k], "configs/qwen2.5-7b-bf16.yaml", o[k], 4, err, sizeof err) == 0, "%s", err);
-            QT_REQUIRE(qt_model_layout(&cfg[k], &L, &src, err, sizeof err) == 0, "%s", err);
-            QT_REQUIRE(qt_plan_run(&L, &cfg[k], N, 1, &rp[k], err, sizeof err) == 0, "%s", err);
+            QT_REQUIRE(plan_of("configs/qwen2.5-7b-bf16.yaml", o[k], 4, N, &cfg[k], &L, &rp[k], err, sizeof err) == 0, "%s", err);
             if (k == 0) qt_layout_free(&L);
         }
         qt_shard sh;

@@ -102,56 +102,47 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     return ps;
 }
 
+/* *p = `bytes` of zeroed pinned host memory (flags: cudaHostAlloc's; mapped: kernels use the host address
+ * itself, which unified addressing makes the device's). 0, or -1 with err naming key, what and the way out. */
+static int pin_host(void **p, size_t bytes, unsigned flags, const char *key, const char *what, const char *instead,
+                    const qt_config *cfg, char *err, size_t errlen) {
+    if (cudaHostAlloc(p, bytes, flags) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *p = NULL;
+        return qt_errf(err, errlen, "%s: %s: %.2f GiB of pinned host memory for %s could not be allocated (cudaHostAlloc; "
+                       "the host plan printed above counts it): lower memory.host_limit_gib to what the host can pin, or %s",
+                       cfg->path, key, bytes / 1073741824.0, what, instead);
+    }
+    if (flags & cudaHostAllocMapped) {
+        void *dev = NULL;
+        QT_CUDA(cudaHostGetDevicePointer(&dev, *p, 0));
+        QT_CHECK(dev == *p, "%s needs unified addressing (the device address %p of the pinned %s differs from its host "
+                 "address %p)", key, dev, what, *p);
+    }
+    memset(*p, 0, bytes); /* m, v start at zero; padding stays zero (the weights') and defined */
+    return 0;
+}
+
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
-    unsigned wc = ps->place.host_wc ? cudaHostAllocWriteCombined : 0; /* memory.host_alloc */
-    if (ps->place.w_host) { /* one GPU: the whole array; ZeRO-3: the rank's pieces */
-        size_t bytes = (zero3(ps) ? ps->shard.len : ps->shard.total) * 2;
-        if (cudaHostAlloc(&ps->w, bytes, cudaHostAllocMapped | cudaHostAllocPortable | wc) != cudaSuccess) {
-            (void)cudaGetLastError();
-            ps->w = NULL;
-            return qt_errf(err, errlen, "%s: memory.offload: [weights]: %.2f GiB of pinned host memory for the bf16 "
-                           "weights could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
-                           "memory.host_limit_gib to what the host can pin, or keep the weights on the GPU",
-                           cfg->path, bytes / 1073741824.0);
-        }
-        void *dev = NULL; /* kernels (AdamW, the upload's cast) use the host address itself */
-        QT_CUDA(cudaHostGetDevicePointer(&dev, ps->w, 0));
-        QT_CHECK(dev == ps->w, "memory.offload: [weights] needs unified addressing (the pinned weights' device address "
-                 "%p differs from their host address %p)", dev, ps->w);
-        memset(ps->w, 0, bytes); /* the padding stays zero */
-    }
-    if (ps->place.g_host) { /* one GPU: the whole array; ZeRO-2/3: the rank's summed shard */
-        size_t bytes = (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * ges(ps);
-        if (cudaHostAlloc(&ps->grad, bytes, cudaHostAllocMapped | cudaHostAllocPortable | wc) != cudaSuccess) {
-            (void)cudaGetLastError();
-            ps->grad = NULL;
-            return qt_errf(err, errlen, "%s: memory.offload: [gradients]: %.2f GiB of pinned host memory for the %s "
-                           "gradients could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
-                           "memory.host_limit_gib to what the host can pin, or keep the gradients on the GPU",
-                           cfg->path, bytes / 1073741824.0, ps->grad_dt == QT_DT_BF16 ? "bf16" : "fp32");
-        }
-        void *dev = NULL; /* the norm, AdamW and the zeroing kernels use the host address itself */
-        QT_CUDA(cudaHostGetDevicePointer(&dev, ps->grad, 0));
-        QT_CHECK(dev == ps->grad, "memory.offload: [gradients] needs unified addressing");
-        memset(ps->grad, 0, bytes);
-    }
+    unsigned wc = ps->place.host_wc ? cudaHostAllocWriteCombined : 0, mapped = cudaHostAllocMapped | cudaHostAllocPortable;
+    /* weights: one GPU the whole array, ZeRO-3 the rank's pieces; AdamW and the upload's cast write them in place */
+    if (ps->place.w_host && pin_host(&ps->w, (zero3(ps) ? ps->shard.len : ps->shard.total) * 2, mapped | wc,
+                                     "memory.offload: [weights]", "the bf16 weights", "keep the weights on the GPU", cfg, err,
+                                     errlen))
+        return -1;
+    /* gradients: one GPU the whole array, ZeRO-2/3 the rank's summed shard; the norm, AdamW and the zeroing
+     * kernels read and write them in place */
+    if (ps->place.g_host &&
+        pin_host(&ps->grad, (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * ges(ps), mapped | wc,
+                 "memory.offload: [gradients]", ps->grad_dt == QT_DT_BF16 ? "the bf16 gradients" : "the fp32 gradients",
+                 "keep the gradients on the GPU", cfg, err, errlen))
+        return -1;
     if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
     size_t b0 = host_bytes(ps, 0), b1 = host_bytes(ps, 1);
-    unsigned mapped = ps->place.zero_copy ? cudaHostAllocMapped : cudaHostAllocDefault; /* zero copy: kernels use it */
-    if (cudaHostAlloc((void **)&ps->host_state, ps->host_state_bytes, mapped | wc) != cudaSuccess) {
-        (void)cudaGetLastError();
-        ps->host_state = NULL;
-        return qt_errf(err, errlen, "%s: memory.offload_optimizer: %.2f GiB of pinned host memory for the optimizer "
-                       "state could not be allocated (cudaHostAlloc; the host plan printed above counts it): lower "
-                       "memory.host_limit_gib to what the host can pin, or train without the offload",
-                       cfg->path, ps->host_state_bytes / 1073741824.0);
-    }
-    if (ps->place.zero_copy) {
-        void *dev = NULL; /* AdamW's kernel uses the host address itself */
-        QT_CUDA(cudaHostGetDevicePointer(&dev, ps->host_state, 0));
-        QT_CHECK(dev == ps->host_state, "memory.zero_copy needs unified addressing");
-    }
-    memset(ps->host_state, 0, ps->host_state_bytes); /* m, v start at zero; padding stays defined */
+    /* the optimizer state: streamed through the slots, or (zero copy) read by AdamW's kernel in place */
+    if (pin_host((void **)&ps->host_state, ps->host_state_bytes, (ps->place.zero_copy ? mapped : cudaHostAllocDefault) | wc,
+                 "memory.offload_optimizer", "the optimizer state", "train without the offload", cfg, err, errlen))
+        return -1;
     /* the offloaded arrays here; the others were carved in the arena (bf16 master: none) */
     if (ps->opt_host & QT_OFF_MASTER) ps->master = (float *)ps->host_state;
     if (ps->opt_host & QT_OFF_M) ps->m = ps->host_state + b0;
