@@ -553,6 +553,20 @@ if has pending17; then
       step test_plan 300 build/tests/test_plan
     } 2>&1 | tee "$OUT/pending17.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|step 10|rror'
 fi
+# what the first pending17 call left (session 18): the in-place checkpoint test, ZeRO-3 = ZeRO-2, offload over
+# ranks, the planner's GPU checks; capped17_7b: its 7B row alone
+if has pending17b; then
+    { step bf16_master_ckpt_bytes 300 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
+      step zero3_regress 600 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
+      step test_plan 300 build/tests/test_plan
+      step offload_ranks 600 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
+    } 2>&1 | tee "$OUT/pending17b.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|step 10|rror'
+fi
+if has capped17_7b; then
+    { step capped_7b_fp8_24_g16 600 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 $auto_keys \
+          --set precision.grad_accum_dtype=bf16 --set memory.gpu_limit_gib=24
+    } 2>&1 | tee "$OUT/capped17_7b.log" | grep -E '^(PASS|FAIL|SKIP|==)|chosen|tokens/s|fit|GiB|rror'
+fi
 if has capped17; then
     b="build/bench/train_bench --warmup 1 --steps 1"
     { step capped_14b_fp8_24_host120 600 $b configs/qwen2.5-14b-fp8.yaml --set data.micro_batch=16 --set data.grad_accum=32 \
