@@ -19,15 +19,16 @@
  *   matmul FLOPs (6 x params x tokens, attention, plus the recomputed forward parts) / (rate x eff(B x T))
  *   + elementwise bytes: QT_PLAN_ELEM_PASSES bf16 passes over [tokens, hidden + ffn] per layer (plus
  *     QT_PLAN_ELEM_PASSES_FP8 with fp8 matmuls: the quantize and abs-max passes) and what the recompute
- *     re-reads / HBM bandwidth
- *   + fp8_weight_cache none: grad_accum x 2 passes x block params x 3 B (read bf16, write e4m3) / HBM
+ *     re-reads / the elementwise rate (the HBM copy rate, at most QT_PLAN_ELEM_BPS)
+ *   + fp8_weight_cache none: grad_accum x 2 passes x block params x 3 B (read bf16, write e4m3) / that rate
  * pcie_micro, the copies that run on copy streams beside each micro-step's compute:
  *   offloaded residuals: grad_accum x 2 ways x (layers - 2) x B x T x hidden x 2 B / PCIe bandwidth
  *   + offloaded weights (one GPU): grad_accum x 2 (forward, backward) x the layers' bf16 bytes / PCIe
  *   + offloaded gradients (one GPU): (2 x grad_accum - 1) x 4 B/param (2 in bf16; each micro-step's
  *     stores, all but the first's loads) / PCIe
  * once, serial with the rest:
- *   offloaded optimizer state (fp32 master unless bf16, m, v) up and down once / PCIe bandwidth
+ *   offloaded optimizer state (fp32 master unless bf16, m, v) up and down once, the two directions
+ *     overlapping by half (QT_PLAN_DUPLEX: (1 + QT_PLAN_DUPLEX) x its bytes one way) / PCIe bandwidth
  *   + offloaded weights' once-per-step bytes: the embedding and LM-head buckets, AdamW's bf16 writes and
  *     the finiteness count's reads (2 B/param each; a bf16 master's reads 2 more)
  *   + offloaded gradients' norm and AdamW reads and the zeroing: 3 x 4 B/param (2 in bf16)
@@ -97,6 +98,16 @@ typedef struct {
  * matmuls alone over-predicted 0.5B fp8 by 68% and 1.5B fp8 by 34%. */
 #define QT_PLAN_ELEM_PASSES 12
 #define QT_PLAN_ELEM_PASSES_FP8 10
+/* The passes run at no more than an H100's copy rate on a faster GPU: 1.5B fp8 on an H200 (4.1 TB/s
+ * copies) trained at an H100's tokens/s (74.8k vs 73.8k), so their time is not the copy rate's (small
+ * reductions, launches): at the probe's 4.1 TB/s the model over-predicted that grid by 15-19%, at 2.6
+ * within 3% (session 18's grid, tests/test_plan cost_holdout). */
+#define QT_PLAN_ELEM_BPS 2.6e12
+/* AdamW's offloaded-state stream moves each chunk up and down on two copy engines: the directions
+ * overlap, not fully (the chunk's update sits between them). Serial (1.0) under-predicted session 18's
+ * 7B grid with the optimizer offloaded by 22%, fully overlapped (0.0) over-predicted session 17's
+ * everything-offloaded 14B by 21%; 0.5 holds all 24 measured rows within 15%. */
+#define QT_PLAN_DUPLEX 0.5
 
 /* Every candidate that fits, fastest first, in out[cap] (their count in *n). 0, or -1 with err when
  * none fits (naming the smallest candidate's total and the limit) or a plan cannot be made. */

@@ -290,7 +290,7 @@ static void test_auto_choice(void) {
         }
         a.memory.offload_optimizer = 0, b = a, b.memory.offload_optimizer = 1;
         double pcie = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
-        QT_EXPECT(fabs(pcie - 2.0 * L.numel * 12 / 25e9) < 1e-9, "offload charged %g s", pcie);
+        QT_EXPECT(fabs(pcie - (1 + QT_PLAN_DUPLEX) * L.numel * 12 / 25e9) < 1e-9, "offload charged %g s", pcie);
         best[k] = ch[0];
         char rc[64];
         printf("  cap %2g GiB: %d plans fit; chosen mb %d, recompute [%s], offload %d, lm chunks %d: %.2f GiB, %.0f tok/s\n",
@@ -676,7 +676,8 @@ static void test_attention_ws_estimate(void) {
 
 /* The cost model against measured runs (bench/RESULTS.md): the H100 rows at LLM.Q's setting with the
  * default probe (an H100's figures), and section 7's H200 runs held to 24/16/12 GiB with that H200's probe;
- * every prediction within 12% (the fit: QT_PROBE_FP8_RATIO, QT_PLAN_ELEM_PASSES(_FP8), QT_PLAN_OVERLAP_ALPHA). */
+ * every prediction within 15% (issue 25's bound; the fit: QT_PROBE_FP8_RATIO, QT_PLAN_ELEM_PASSES(_FP8), QT_PLAN_ELEM_BPS,
+ * QT_PLAN_OVERLAP_ALPHA, QT_PLAN_DUPLEX). The H200 rows' matmul rate is train_bench's random-data ceiling. */
 static void test_cost_calibration(void) {
 #define OPT16 "precision.opt_m_dtype=bf16", "precision.opt_v_dtype=bf16", "parallel.gpus=1"
 #define AUTO24 "perf.cuda_graphs=false", "parallel.gpus=1", "memory.fp8_weight_cache=none", "memory.recompute=[block]"
@@ -710,7 +711,7 @@ static void test_cost_calibration(void) {
     };
 #undef OPT16
 #undef AUTO24
-    const qt_probe h100 = qt_probe_default(), h200 = {"NVIDIA H200 (session 17's probe)", 810e12, QT_PROBE_FP8_RATIO * 810e12,
+    const qt_probe h100 = qt_probe_default(), h200 = {"H200 (bf16: random-data ceiling)", 690e12, QT_PROBE_FP8_RATIO * 690e12,
                                                        4110e9, 55.3e9, (size_t)140 << 30};
     double worst = 0;
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
@@ -729,7 +730,69 @@ static void test_cost_calibration(void) {
         worst = fabs(e) > worst ? fabs(e) : worst;
         qt_layout_free(&L);
     }
-    QT_EXPECT(worst <= 0.12, "a prediction %.1f%% off its measurement", 100 * worst);
+    QT_EXPECT(worst <= 0.15, "a prediction %.2f%% off its measurement", 100 * worst);
+}
+
+/* Issue 25's grid, measured in session 18 on an H200 (bench/RESULTS.md section 8), after the fit above:
+ * 1.5B fp8 on 128 sequences per step and 7B fp8 on 64 (one GPU, no cap), auto's and the config's plans at
+ * 80 GiB, auto's plans at 24 GiB (7B with bf16 gradients, 14B with bf16 master and gradients), each
+ * predicted with an H200's rates (the matmul rate of train_bench's random-data ceilings): within 15% (issue 25).
+ * Not held out: before QT_PLAN_ELEM_BPS and QT_PLAN_DUPLEX, which were chosen on these rows, the 1.5B rows
+ * were 15-33% over and the 7B rows 14-22% under. */
+static void test_cost_grid(void) {
+#define G15 "parallel.gpus=1", "data.grad_accum=8"
+#define G7 "parallel.gpus=1", "perf.cuda_graphs=false"
+#define CAP "perf.cuda_graphs=false", "parallel.gpus=1", "memory.fp8_weight_cache=none", "memory.recompute=[block]"
+    static const struct {
+        const char *tag, *path, *set[14];
+        double measured;
+    } rows[] = {
+        {"1.5b none mb16", "configs/qwen2.5-1.5b-fp8.yaml", {G15, "data.micro_batch=16", "memory.recompute=[]"}, 74819},
+        {"1.5b ffn+norm mb16", "configs/qwen2.5-1.5b-fp8.yaml", {G15, "data.micro_batch=16", "memory.recompute=[ffn,norm]"}, 64872},
+        {"1.5b block mb16", "configs/qwen2.5-1.5b-fp8.yaml", {G15, "data.micro_batch=16", "memory.recompute=[block]"}, 61977},
+        {"1.5b none opt-off mb16", "configs/qwen2.5-1.5b-fp8.yaml",
+         {G15, "data.micro_batch=16", "memory.recompute=[]", "memory.offload_optimizer=true"}, 62846},
+        {"1.5b block+res mb32", "configs/qwen2.5-1.5b-fp8.yaml",
+         {G15, "data.micro_batch=32", "data.grad_accum=4", "memory.recompute=[block]", "memory.offload_residual=true"}, 62485},
+        {"1.5b none mb8", "configs/qwen2.5-1.5b-fp8.yaml", {G15, "data.micro_batch=8", "data.grad_accum=16", "memory.recompute=[]"},
+         72591},
+        {"7b ffn+norm opt-off mb8", "configs/qwen2.5-7b-fp8.yaml",
+         {G7, "data.micro_batch=8", "data.grad_accum=8", "memory.recompute=[ffn,norm]"}, 12125},
+        {"7b block+res mb16", "configs/qwen2.5-7b-fp8.yaml",
+         {G7, "data.micro_batch=16", "data.grad_accum=4", "memory.recompute=[block]", "memory.offload_residual=true"}, 12051},
+        {"7b 80 GiB auto", "configs/qwen2.5-7b-fp8.yaml",
+         {"parallel.gpus=1", "perf.cuda_graphs=false", "data.micro_batch=4", "data.grad_accum=128", "memory.recompute=[]",
+          "memory.fp8_weight_cache=all", "memory.lmhead_chunks=1"}, 19124},
+        {"7b 80 GiB config", "configs/qwen2.5-7b-fp8.yaml", {"parallel.gpus=1"}, 17103},
+        {"7b 24 GiB auto bf16 grads", "configs/qwen2.5-7b-fp8.yaml",
+         {CAP, "memory.offload=[weights,gradients,master,m,v,residual]", "precision.grad_accum_dtype=bf16", "data.micro_batch=32",
+          "data.grad_accum=16", "memory.lmhead_chunks=4"}, 15830},
+        {"14b 24 GiB auto bf16 master", "configs/qwen2.5-14b-fp8.yaml",
+         {CAP, "memory.offload=[weights,gradients,m,v]", "data.micro_batch=16", "data.grad_accum=32", "memory.lmhead_chunks=16",
+          "memory.attn_bwd_chunks=2"}, 7463},
+    };
+#undef G15
+#undef G7
+#undef CAP
+    const qt_probe h200 = {"H200 (bf16: random-data ceiling)", 690e12, QT_PROBE_FP8_RATIO * 690e12, 4110e9, 55.3e9,
+                           (size_t)140 << 30};
+    char bad[256] = "";
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        qt_config c;
+        qt_layout L;
+        qt_weight_src src;
+        char err[2048];
+        int n = 0;
+        while (n < 14 && rows[i].set[n]) n++;
+        QT_REQUIRE(qt_config_load(&c, rows[i].path, rows[i].set, n, err, sizeof err) == 0, "%s: %s", rows[i].tag, err);
+        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+        double tok = (double)c.data.micro_batch * c.data.grad_accum * c.data.seq_len;
+        double pred = tok / qt_plan_auto_cost(&L, &c, &h200), e = pred / rows[i].measured - 1;
+        printf("  %-28s predicted %6.0f, measured %6.0f tokens/s (%+.1f%%)\n", rows[i].tag, pred, rows[i].measured, 100 * e);
+        if (fabs(e) > 0.15) snprintf(bad, sizeof bad, "%s: %+.1f%%", rows[i].tag, 100 * e);
+        qt_layout_free(&L);
+    }
+    QT_EXPECT(!bad[0], "a prediction more than 15%% off: %s", bad);
 }
 
 int main(void) {
@@ -741,6 +804,7 @@ int main(void) {
     QT_RUN(test_auto_axes);
     QT_RUN(test_auto_axes_cost);
     QT_RUN(test_cost_calibration);
+    QT_RUN(test_cost_grid);
     QT_RUN(test_gpu_limit);
     QT_RUN(test_plan_equals_allocation);
     QT_RUN(test_attention_ws_estimate);

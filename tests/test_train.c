@@ -542,6 +542,11 @@ static void test_bf16_master_ckpt_bytes(void) {
             a = qt_ckpt_open(path, err, sizeof err);
             snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, tag, at);
             b = qt_ckpt_open(path, err, sizeof err);
+            if (a && !b && mutant && strstr(err, "checksum mismatch")) { /* the weights changed while being written */
+                printf("  step %d %-17s refused on load, its checksum does not match (caught)\n", at, tag);
+                qt_ckpt_close(a);
+                continue;
+            }
             QT_REQUIRE(a && b, "step %d of %s: %s", at, tag, err);
             int differ = 0;
             for (int i = 0; i < 4; i++) {

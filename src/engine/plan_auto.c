@@ -88,7 +88,7 @@ static void cache_path(const char *cache_dir, const char *gpu, char *out, size_t
     snprintf(name, sizeof name, "%s", gpu);
     for (char *p = name; *p; p++)
         if (*p == ' ' || *p == '/') *p = '_';
-    snprintf(out, cap, "%s/probe-%s.txt", cache_dir, name);
+    snprintf(out, cap, "%s/probe2-%s.txt", cache_dir, name); /* 2: matmuls on random data (1: zeros) */
 }
 
 /* Seconds of one n^3 bf16 GEMM on s, timed with events (the median of 5 after one warm-up). */
@@ -143,9 +143,18 @@ static qt_probe measure(const char *name) {
     QT_CUDA(cudaMalloc(&d1, big));
     QT_CUDA(cudaMalloc(&d2, big));
     QT_CUDA(cudaHostAlloc(&h, big, cudaHostAllocDefault));
-    memset(h, 0, big);
-    QT_CUDA(cudaMemsetAsync(x, 0, sq, s));
-    QT_CUDA(cudaMemsetAsync(w, 0, sq, s));
+    /* the matmul's operands random bf16 of magnitude [1, 2): zeros (as this probe had) let the tensor cores draw
+     * less power and clock higher: an H200 probed 800 TFLOP/s on zeros where the training shapes reach
+     * 660-720 (train_bench's ceilings, random data) */
+    uint16_t *hb = h;
+    uint64_t r = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < sq / 2; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        hb[i] = (uint16_t)(0x3F80 | (r & 0x7F)) ^ (uint16_t)((r >> 8 & 1) << 15); /* +-[1, 2) */
+    }
+    QT_CUDA(cudaMemcpyAsync(x, h, sq, cudaMemcpyHostToDevice, s));
+    QT_CUDA(cudaMemcpyAsync(w, h, sq, cudaMemcpyHostToDevice, s));
+    QT_CUDA(cudaStreamSynchronize(s));
     QT_CUDA(cudaMemsetAsync(d1, 0, big, s));
     qt_matmul_ctx *mm = qt_matmul_create(0);
     qt_matmul_set_autotune(mm, 0);
@@ -220,13 +229,14 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     /* the elementwise and fp8 quantize passes of every step, as bf16 [tokens, C + F] passes per layer */
     int passes = QT_PLAN_ELEM_PASSES + (cfg->precision.matmul_dtype == QT_DT_E4M3 ? QT_PLAN_ELEM_PASSES_FP8 : 0);
     elem += nl * (C + F) * 2 * passes;
-    k.compute += tok * elem / pr->hbm_bps;
+    double elem_bps = pr->hbm_bps < QT_PLAN_ELEM_BPS ? pr->hbm_bps : QT_PLAN_ELEM_BPS;
+    k.compute += tok * elem / elem_bps;
     if (cfg->memory.offload_optimizer) {
         int off = qt_config_opt_offload_mask(cfg); /* the offloaded arrays of master, m, v */
         double es = (off & QT_OFF_MASTER && cfg->precision.master_dtype != QT_DT_BF16 ? 4 : 0) +
                     (off & QT_OFF_M ? (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) : 0) +
                     (off & QT_OFF_V ? (cfg->precision.opt_v_dtype == QT_DT_BF16 ? 2 : 4) : 0);
-        k.pcie_once_bytes += 2 * (double)L->numel * es; /* master, m, v up and down once per step */
+        k.pcie_once_bytes += (1 + QT_PLAN_DUPLEX) * (double)L->numel * es; /* up and down once per step, half overlapped */
     }
     /* memory.offload_residual: each micro-step moves (layers - 2) bf16 residuals [B*T, C] down in the
      * forward and up in the backward, on copy streams beside the compute */
@@ -235,7 +245,7 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     /* memory.fp8_weight_cache: none: the block weights are quantized again before each layer's forward and
      * its backward: per pass, 2 B/param read (bf16) and 1 B/param written (e4m3), at the HBM rate */
     if (cfg->memory.fp8_weight_cache == QT_FP8_WCACHE_NONE && cfg->precision.matmul_dtype == QT_DT_E4M3)
-        k.compute += cfg->data.grad_accum * 2 * qt_plan_auto_block_params(c) * 3 / pr->hbm_bps;
+        k.compute += cfg->data.grad_accum * 2 * qt_plan_auto_block_params(c) * 3 / elem_bps;
     /* bf16 master weights / gradients cost nothing here: the same matmuls. parallel.zero 3 gathers every
      * layer's bf16 weights (the flat span of the layers, 2 B/param) twice per micro-step, before its forward
      * and its backward: charged at the PCIe rate as if every byte crossed ((n-1)/n do) and nothing overlapped
