@@ -17,16 +17,37 @@
  * fp32 bytes written, so the file equals one written from the widened fp32 array. */
 #define QT_CKPT_WIDEN_BF16 1u
 
+/* QT_CKPT_GATHERED: the item's bytes are not in one array: data points to a qt_ckpt_gather whose runs
+ * hold them in order (an array whose pieces live on several ranks, written without putting it together
+ * first). It combines with QT_CKPT_WIDEN_BF16 (the runs then hold the bf16 values). */
+#define QT_CKPT_GATHERED 2u
+
+/* One run of a gathered item: its bytes from `lo` (of the bytes the item reads, qt_ckpt_item_data_bytes)
+ * up to the next run's lo (the last: to the end) are at data. */
+typedef struct {
+    size_t lo;
+    const void *data;
+} qt_ckpt_seg;
+typedef struct {
+    const qt_ckpt_seg *segs; /* segs[0].lo 0, lo ascending */
+    int n;
+} qt_ckpt_gather;
+
 typedef struct {
     const char *name;  /* at most 95 bytes */
     int dtype;         /* qt_dtype, or -1 for opaque bytes */
-    const void *data;
+    const void *data;  /* the bytes the item reads, or with QT_CKPT_GATHERED its qt_ckpt_gather */
     size_t bytes;      /* the blob's bytes in the file */
-    unsigned flags;    /* 0, or QT_CKPT_WIDEN_BF16 */
+    unsigned flags;    /* 0, QT_CKPT_WIDEN_BF16, QT_CKPT_GATHERED */
 } qt_ckpt_item;
 
 /* The bytes the item reads at data: bytes, or bytes / 2 when widened. */
 size_t qt_ckpt_item_data_bytes(const qt_ckpt_item *it);
+/* The address of byte `off` (< qt_ckpt_item_data_bytes) of the bytes the item reads, and in *run how many
+ * bytes from there are contiguous (to the end of its run). */
+const void *qt_ckpt_item_at(const qt_ckpt_item *it, size_t off, size_t *run);
+/* Copies bytes [off, off + n) of the bytes the item reads to dst, run by run. */
+void qt_ckpt_item_read(const qt_ckpt_item *it, size_t off, size_t n, void *dst);
 
 /* Creates dir if needed. Returns 0 or -1 with err; on failure no ckpt_*.qtc is created or changed.
  * keep <= 0 keeps every file; the file just written is never deleted, even when older by step. */

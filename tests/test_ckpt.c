@@ -521,7 +521,7 @@ static void test_widen_bf16(void) {
     /* misuse */
     fresh_dir(dir, sizeof dir, "widen_bad");
     qt_ckpt_item bad[3] = {{"w", QT_DT_BF16, w16, 40, QT_CKPT_WIDEN_BF16}, {"w", QT_DT_F32, w16, 42, QT_CKPT_WIDEN_BF16},
-                           {"w", QT_DT_F32, w16, 40, 2}};
+                           {"w", QT_DT_F32, w16, 40, 4}};
     for (int k = 0; k < 3; k++) {
         err[0] = 0;
         QT_EXPECT(qt_ckpt_save(dir, 1, 0, &bad[k], 1, err, sizeof err) == -1 && strstr(err, "checkpoint item w"),
@@ -535,6 +535,106 @@ static void test_widen_bf16(void) {
     QT_EXPECT(!file_exists(pa), "a refused save wrote %s", pa);
     free(w16);
     free(w32);
+}
+
+/* Gathered items (QT_CKPT_GATHERED: the bytes in runs at other addresses, as a sharded state's pieces on
+ * several ranks): written whole, in pieces and by the background writer with live items, each the same
+ * file as the arrays put together first, fp32 and a bf16 array widened; the checker sees every range;
+ * runs out of order, past the end, or not from 0 are refused. */
+static void test_gathered(void) {
+    char dir[512], ref[512], pa[600], pb[600], err[512];
+    const size_t n = 300007; /* odd */
+    float *a = malloc(n * 4), *a2 = malloc(n * 4);
+    uint16_t *h = malloc(n * 2), *h2 = malloc(n * 2);
+    QT_REQUIRE(a && a2 && h && h2, "oom");
+    qt_rng r;
+    qt_rng_seed(&r, 5);
+    for (size_t i = 0; i < n; i++) a[i] = (float)qt_rng_uniform(&r) - 0.5f, h[i] = (uint16_t)(qt_rng_u64(&r) & 0x7f7f);
+    /* the runs: random lengths (1 .. 40000 values), each copied to a shuffled place of a2 / h2 */
+    enum { MAXR = 64 };
+    qt_ckpt_seg sa[MAXR], sh[MAXR];
+    size_t start[MAXR + 1], len[MAXR];
+    int nr = 0;
+    for (size_t at = 0; at < n && nr < MAXR - 1; nr++) {
+        start[nr] = at;
+        len[nr] = 1 + qt_rng_u64(&r) % 40000;
+        if (len[nr] > n - at) len[nr] = n - at;
+        at += len[nr];
+    }
+    if (start[nr - 1] + len[nr - 1] < n) start[nr] = start[nr - 1] + len[nr - 1], len[nr] = n - start[nr], nr++;
+    size_t place = 0;
+    for (int k = nr - 1; k >= 0; k--) { /* reversed in memory */
+        memcpy(a2 + place, a + start[k], len[k] * 4);
+        memcpy(h2 + place, h + start[k], len[k] * 2);
+        sa[k] = (qt_ckpt_seg){start[k] * 4, a2 + place};
+        sh[k] = (qt_ckpt_seg){start[k] * 2, h2 + place};
+        place += len[k];
+    }
+    QT_REQUIRE(place == n, "runs cover %zu of %zu", place, n);
+    qt_ckpt_gather ga = {sa, nr}, gh = {sh, nr};
+    int64_t step = 3;
+    qt_ckpt_item plain[4] = {{"adam_m", QT_DT_F32, a, n * 4, 0}, {"weights_bf16", QT_DT_BF16, h, n * 2, 0},
+                             {"weights", QT_DT_F32, h, n * 4, QT_CKPT_WIDEN_BF16}, {"step", -1, &step, 8, 0}};
+    qt_ckpt_item gath[4] = {{"adam_m", QT_DT_F32, &ga, n * 4, QT_CKPT_GATHERED},
+                            {"weights_bf16", QT_DT_BF16, &gh, n * 2, QT_CKPT_GATHERED},
+                            {"weights", QT_DT_F32, &gh, n * 4, QT_CKPT_WIDEN_BF16 | QT_CKPT_GATHERED}, {"step", -1, &step, 8, 0}};
+    size_t run = 0;
+    QT_EXPECT(qt_ckpt_item_at(&gath[0], start[nr - 1] * 4 + 4, &run) == (const void *)(a2 + 1) && run == len[nr - 1] * 4 - 4,
+              "the last run's second value: at %p (want %p), run %zu", qt_ckpt_item_at(&gath[0], start[nr - 1] * 4 + 4, &run),
+              (void *)(a2 + 1), run);
+    fresh_dir(ref, sizeof ref, "gather_ref");
+    QT_REQUIRE(qt_ckpt_save(ref, 3, 0, plain, 4, err, sizeof err) == 0, "plain save: %s", err);
+    snprintf(pb, sizeof pb, "%s/ckpt_00000003.qtc", ref);
+    size_t nb = 0;
+    char *b = qt_t_read_file(pb, &nb);
+    QT_REQUIRE(b && nb > n * 10, "reference file");
+    for (int how = 0; how < 3; how++) { /* whole; in pieces; the background writer with live items */
+        static const char *const names[] = {"gather_whole", "gather_pieces", "gather_writer"};
+        fresh_dir(dir, sizeof dir, names[how]);
+        int rc;
+        if (how == 0) {
+            rc = qt_ckpt_save(dir, 3, 0, gath, 4, err, sizeof err);
+        } else if (how == 1) {
+            qt_ckpt_piece pc[64];
+            int np = 0;
+            for (size_t lo = 0; lo < n * 4; lo += 4 * 77773) { /* interleaved, cuts inside runs and across them */
+                size_t hi = lo + 4 * 77773 < n * 4 ? lo + 4 * 77773 : n * 4;
+                pc[np++] = (qt_ckpt_piece){0, lo, hi};
+                pc[np++] = (qt_ckpt_piece){2, lo, hi};
+            }
+            pc[np++] = (qt_ckpt_piece){1, 0, n * 2};
+            pc[np++] = (qt_ckpt_piece){3, 0, 8};
+            rc = qt_ckpt_save_pieces(dir, 3, 0, gath, 4, pc, np, NULL, err, sizeof err);
+        } else {
+            size_t seen = 0;
+            qt_ckpt_writer *w = qt_ckpt_writer_create(count_widened, &seen);
+            qt_ckpt_live live = {2, {0, 1}, n, 9973};
+            rc = w && qt_ckpt_writer_start_live(w, dir, 3, 0, gath, 4, &live, err, sizeof err) == 0 ? 0 : -1;
+            if (rc == 0) rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
+            QT_EXPECT(seen == n * 4, "the checker saw %zu of the widened item's %zu bytes", seen, n * 4);
+            qt_ckpt_writer_free(w);
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", names[how], err);
+        snprintf(pa, sizeof pa, "%s/ckpt_00000003.qtc", dir);
+        size_t na = 0, at = 0;
+        char *f = qt_t_read_file(pa, &na);
+        while (f && at < na && at < nb && f[at] == b[at]) at++;
+        QT_EXPECT(f && na == nb && at == na, "%s: the gathered file differs from the plain one (%zu vs %zu bytes, first at "
+                  "byte %zu)", names[how], na, nb, at);
+        free(f);
+    }
+    free(b);
+    /* misuse: a first run not at 0, runs out of order, a run past the end */
+    fresh_dir(dir, sizeof dir, "gather_bad");
+    qt_ckpt_seg bad[3][2] = {{{4, a}, {8, a}}, {{0, a}, {0, a}}, {{0, a}, {n * 4, a}}};
+    for (int k = 0; k < 3; k++) {
+        qt_ckpt_gather g = {bad[k], 2};
+        qt_ckpt_item it = {"runs", QT_DT_F32, &g, n * 4, QT_CKPT_GATHERED};
+        err[0] = 0;
+        QT_EXPECT(qt_ckpt_save(dir, 1, 0, &it, 1, err, sizeof err) == -1 && strstr(err, "checkpoint item runs: run"),
+                  "bad runs %d: %s", k, err);
+    }
+    free(a), free(a2), free(h), free(h2);
 }
 
 /* Live items that are not whole arrays of `elems` elements, or repeats, are refused at start. */
@@ -569,6 +669,7 @@ int main(void) {
     QT_RUN(test_offload_mode_choice);
     QT_RUN(test_live_items_refused);
     QT_RUN(test_widen_bf16);
+    QT_RUN(test_gathered);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
     if (system(cmd) != 0) fprintf(stderr, "warning: cleanup of %s failed\n", g_root);

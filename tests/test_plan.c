@@ -125,9 +125,10 @@ static void test_host_plan_sums(void) {
     QT_EXPECT(rp.ranks == 3 && rp.ranks_per_gpu == 2, "ranks %d, per GPU %d", rp.ranks, rp.ranks_per_gpu);
     QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state") == 3 * st, "offloaded %zu, expected %zu",
               row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state"), 3 * st);
-    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == 3 * (12 * ns + 2 * n) &&
-                  row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)") == 12 * n,
-              "snapshot rows");
+    /* the ranks' offloaded pieces written where they are, the writer gathering them: the bf16 weights only */
+    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == 3 * 2 * n &&
+                  row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)") == 0,
+              "snapshot rows: %zu", row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot"));
     QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "token staging") == 3 * (16 * 96 + 16) &&
                   row(&rp.mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)") == 3 * 4 * n &&
                   row(&rp.mem, QT_MEM_PAGEABLE, "step tokens") == 3 * 8 * ntok,
@@ -149,20 +150,23 @@ static void test_host_plan_sums(void) {
               row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot"));
     /* A bf16 master has no fp32 copy in the snapshot ("weights" is the bf16 weights widened as written):
      * one GPU offloaded in place, copied (checkpoint.offloaded: copy: m, v too), on the device; 3 ranks
-     * sharded (each its bf16 weights and pieces of m, v; m, v assembled); 2 ranks replicated (rank 0's) */
+     * sharded (each its bf16 weights and pieces of m, v, the writer gathering them: nothing assembled); 2 ranks
+     * replicated (rank 0's) */
     static const struct { const char *extra; size_t snap, assembled; } bm[] = {
         {"memory: {offload_optimizer: true}\n", 2, 0},
         {"memory: {offload_optimizer: true}\ncheckpoint: {offloaded: copy}\n", 2 + 8, 0},
         {"\n", 2 + 8, 0},
-        {"parallel: {devices: [0, 0, 1]}\n", 0, 8},
+        {"parallel: {devices: [0, 0, 1]}\n", 0, 0},
         {"parallel: {devices: [0, 1], zero: 0}\n", 2 + 8, 0},
+        {"memory: {offload_optimizer: true}\nparallel: {devices: [0, 0, 1]}\ncheckpoint: {offloaded: copy}\n", 0, 0},
+        {"memory: {offload_optimizer: true}\nparallel: {devices: [0, 0, 1]}\n", 3 * 2, 0}, /* m, v in place */
     };
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 7; k++) {
         char extra[256];
         snprintf(extra, sizeof extra, "device: cuda\nprecision: {master_dtype: bf16}\n%s", bm[k].extra);
         QT_REQUIRE(load_cfg(&c, SMALL, extra) == 0, "config %d", k);
         QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
-        size_t snap = k == 3 ? 3 * (2 * n + 8 * ns) : bm[k].snap * n; /* fp32 m, v */
+        size_t snap = k == 3 || k == 5 ? 3 * (2 * n + 8 * ns) : bm[k].snap * n; /* fp32 m, v */
         QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == snap &&
                       row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)") == bm[k].assembled * n,
                   "bf16 master, case %d: snapshot %zu (expected %zu), assembled %zu", k,

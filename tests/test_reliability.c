@@ -331,7 +331,7 @@ static void test_nonfinite_state_never_saved(void) {
 
 /* The writer's check, the guard for engines without a per-step finiteness hook (GPU): a NaN in an
  * fp32 blob, an Inf in a bf16 one and in a bf16 one widened to fp32 as written (a bf16 master's
- * "weights", QT_CKPT_WIDEN_BF16) are refused, naming blob, tensor and element; nothing is written. */
+ * "weights", QT_CKPT_WIDEN_BF16), a NaN in a gathered fp32 one's second run (QT_CKPT_GATHERED) are refused, naming blob, tensor and element; nothing is written. */
 static void test_writer_refuses_nonfinite_blob(void) {
     qt_model_cfg mc = {.vocab_size = 64, .hidden_size = 16, .num_layers = 2, .num_heads = 2, .num_kv_heads = 1,
                        .intermediate_size = 32, .max_seq_len = 16, .qkv_bias = 1, .tie_embeddings = 1};
@@ -346,11 +346,22 @@ static void test_writer_refuses_nonfinite_blob(void) {
     uint16_t *wb = calloc(L.numel, sizeof(uint16_t));
     const qt_tensor *tt = &L.tensors[L.n_tensors / 2];
     snprintf(dir, sizeof dir, "%s/refuse", g_dir);
-    for (int k = 0; k < 4; k++) {
+    /* k 4: the fp32 weights gathered from two runs (a sharded state's pieces), the NaN in the second */
+    size_t cut = tt->offset + 1;
+    float *second = malloc((L.numel - cut) * sizeof(float));
+    qt_ckpt_seg runs[2] = {{0, wf}, {cut * 4, second}};
+    qt_ckpt_gather g = {runs, 2};
+    for (int k = 0; k < 5; k++) {
         if (k == 1) wf[tt->offset + 3] = NAN;
         if (k == 2) wf[tt->offset + 3] = 0, wb[tt->offset + 3] = 0x7f80; /* bf16 +Inf */
         qt_ckpt_item items[2] = {{"weights", QT_DT_F32, wf, L.numel * 4, 0}, {"weights_bf16", QT_DT_BF16, wb, L.numel * 2, 0}};
         if (k == 3) items[0] = (qt_ckpt_item){"weights", QT_DT_F32, wb, L.numel * 4, QT_CKPT_WIDEN_BF16}; /* written first */
+        if (k == 4) {
+            wb[tt->offset + 3] = 0;
+            memcpy(second, wf + cut, (L.numel - cut) * sizeof(float));
+            second[tt->offset + 3 - cut] = NAN;
+            items[0] = (qt_ckpt_item){"weights", QT_DT_F32, &g, L.numel * 4, QT_CKPT_GATHERED};
+        }
         QT_REQUIRE(qt_ckpt_writer_start(w, dir, 5 + k, 0, items, 2, err, sizeof err) == 0, "%s", err);
         err[0] = 0;
         int rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
@@ -360,6 +371,7 @@ static void test_writer_refuses_nonfinite_blob(void) {
         else QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, k == 2 ? "weights_bf16 holds" : "weights holds"),
                        "case %d: rc %d: %s", k, rc, err);
     }
+    free(second);
     QT_EXPECT(newest_step("refuse") == 5, "newest %ld: a refused state was written", newest_step("refuse"));
     QT_EXPECT(qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err) == 1, "a wait with nothing in flight");
     qt_ckpt_writer_free(w);

@@ -295,11 +295,11 @@ static void test_data_parallel_matches_one_gpu(void) {
  * more checkpoint keys, ", key: value"). */
 static void bf16m_yaml(char *yaml, size_t cap, int kind, const char *tag, const char *prec, const char *ck) {
     char par[256];
-    int dp = kind >= 3 && kind < 7; /* 7, 8: one GPU, the weights offloaded */
+    int dp = (kind >= 3 && kind < 7) || kind >= 9; /* 7, 8: one GPU, the weights offloaded; 9, 10: ZeRO-1 / 3 offloaded */
     snprintf(par, sizeof par, "parallel: {%s, shard_optimizer: %s%s}\nperf: {cuda_graphs: %s, matmul_autotune: false}\n%s",
-             dp ? two_ranks() : "gpus: 1", kind == 3 ? "false" : "true", kind == 6 ? ", zero: 3" : "",
-             kind == 2 ? "true" : "false", kind == 1 || kind == 5 ? "memory: {offload_optimizer: true}"
-                                           : kind == 7 ? "memory: {offload: [weights, master, m, v]}"
+             dp ? two_ranks() : "gpus: 1", kind == 3 ? "false" : "true", kind == 6 || kind == 10 ? ", zero: 3" : "",
+             kind == 2 ? "true" : "false", kind == 1 || kind == 5 || kind == 9 ? "memory: {offload_optimizer: true}"
+                                           : kind == 7 || kind == 10 ? "memory: {offload: [weights, master, m, v]}"
                                            : kind == 8 ? "memory: {offload: [weights, master, m, v], zero_copy: true}" : "");
     snprintf(yaml, cap,
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
@@ -446,7 +446,7 @@ static size_t plan_row(const qt_run_plan *rp, const char *kind) {
 /* A bf16 master's checkpoint snapshot keeps the bf16 weights (+ m, v) only; the writer widens them to the
  * fp32 "weights" blob as it writes (QT_CKPT_WIDEN_BF16). Runs of bf16m_run's 20 steps (checkpoints at 10
  * and 20): one GPU; one GPU offloaded with m, v written in place and copied (checkpoint.offloaded); 2
- * ranks ZeRO-1 and ZeRO-3 (the whole arrays assembled from the ranks' pieces). Each: the snapshot's
+ * ranks ZeRO-1 and ZeRO-3 (the whole arrays gathered from the ranks' pieces as written). Each: the snapshot's
  * pinned bytes (qt_train_stats) equal the plan's "checkpoint snapshot" rows (which hold no fp32 weights);
  * in every file "weights" is weights_bf16 widened bit for bit (what the fp32 snapshot held before) and
  * the file is byte for byte the one written from the same blobs with "weights" a plain fp32 array (the
@@ -480,7 +480,7 @@ static void test_bf16_master_ckpt_bytes(void) {
         static qt_run_plan rp;
         QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0 && qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0,
                    "%s: plan: %s", run[k].tag, err);
-        size_t plan = plan_row(&rp, "checkpoint snapshot") + plan_row(&rp, "checkpoint snapshot (assembled)");
+        size_t plan = plan_row(&rp, "checkpoint snapshot");
         printf("  %-13s snapshot %zu bytes pinned (plan %zu; %zu parameters)%s\n", run[k].tag, st.ckpt_snapshot_bytes, plan,
                L.numel, st.ckpt_in_place ? ", m and v written in place" : "");
         QT_EXPECT(st.ckpt_snapshot_bytes == plan && (plan > 0 || k == WLIVE), "%s: snapshot %zu bytes, planned %zu",
@@ -513,12 +513,17 @@ static void test_bf16_master_ckpt_bytes(void) {
         }
     for (int k = 0; k < RUNS; k++) qt_ckpt_close(last[k]);
     /* step 10's file, written while step 11 ran (a slow writer): with the offloaded weights and state written
-     * in place — streamed (ckb_w_in_place above) or read by AdamW in place (zero copy) — the same bytes as
-     * one GPU's; the mutants whose AdamW does not wait for the writer (ckpt_unguarded), or waits only after
-     * its kernel that writes the host weights was queued (ckpt_guard_late), must change them */
-    static const struct { int kind; const char *tag; int unguarded, late; } chk[] = {
-        {7, "ckb_w_in_place", 0, 0}, {7, "ckb_w_unguarded", 1, 0}, {7, "ckb_w_guard_late", 0, 1},
-        {8, "ckb_zc_in_place", 0, 0}, {8, "ckb_zc_unguarded", 1, 0}};
+     * in place — streamed (ckb_w_in_place above) or read by AdamW in place (zero copy); two ZeRO-1 / ZeRO-3
+     * ranks with theirs written in place, the writer gathering the ranks' pieces (each rank's AdamW waits
+     * for the whole array's element its chunk ends at) — the same bytes as the copied run's (one GPU, or
+     * ckb_zero1 / ckb_zero3); the mutants whose AdamW does not wait for the writer (ckpt_unguarded), or
+     * waits only after its kernel that writes the host weights was queued (ckpt_guard_late), must change
+     * them or leave a file its checksum refuses */
+    static const struct { int kind; const char *tag; int unguarded, late, ref; } chk[] = {
+        {7, "ckb_w_in_place", 0, 0, 0}, {7, "ckb_w_unguarded", 1, 0, 0}, {7, "ckb_w_guard_late", 0, 1, 0},
+        {8, "ckb_zc_in_place", 0, 0, 0}, {8, "ckb_zc_unguarded", 1, 0, 0},
+        {9, "ckb_z1_in_place", 0, 0, 3}, {9, "ckb_z1_unguarded", 1, 0, 3},
+        {10, "ckb_z3w_in_place", 0, 0, 4}, {10, "ckb_z3w_unguarded", 1, 0, 4}, {10, "ckb_z3w_guard_late", 0, 1, 4}};
     for (size_t m = 0; m < sizeof chk / sizeof chk[0]; m++) {
         const char *tag = chk[m].tag;
         int mutant = chk[m].unguarded || chk[m].late;
@@ -532,13 +537,15 @@ static void test_bf16_master_ckpt_bytes(void) {
                                .ckpt_guard_late = chk[m].late};
             qt_test_hooks_set(&h);
             qt_train_opts o = {NULL, -1, 0, loss, NULL};
-            int rc = qt_train_run(&c, &o, NULL, err, sizeof err);
+            qt_train_stats st;
+            int rc = qt_train_run(&c, &o, &st, err, sizeof err);
             qt_test_hooks_set(NULL);
             QT_REQUIRE(rc == 0, "%s: %s", tag, err);
+            QT_EXPECT(st.ckpt_in_place, "%s: the offloaded state was copied, not written in place", tag);
         }
         for (int at = 10; at <= (mutant ? 10 : 20); at += 10) {
             qt_ckpt *a, *b;
-            snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, run[0].tag, at);
+            snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, run[chk[m].ref].tag, at);
             a = qt_ckpt_open(path, err, sizeof err);
             snprintf(path, sizeof path, "%s/ckpt_bf16m_%s/ckpt_%08d.qtc", g_dir, tag, at);
             b = qt_ckpt_open(path, err, sizeof err);
@@ -554,8 +561,8 @@ static void test_bf16_master_ckpt_bytes(void) {
                 const void *x = qt_ckpt_get(a, ckpt_blobs[i], &na, NULL), *y = qt_ckpt_get(b, ckpt_blobs[i], &nb, NULL);
                 differ |= !x || !y || na != nb || memcmp(x, y, na);
             }
-            printf("  step %d %-17s %s\n", at, tag, differ ? "differs from one GPU's (caught)" : "the same bytes as one GPU's");
-            QT_EXPECT(differ == mutant, "step %d of %s: %s", at, tag, differ ? "differs from one GPU's" : "NOT caught");
+            printf("  step %d %-19s %s %s's\n", at, tag, differ ? "differs from (caught)" : "the same bytes as", run[chk[m].ref].tag);
+            QT_EXPECT(differ == mutant, "step %d of %s: %s", at, tag, differ ? "differs" : "NOT caught");
             qt_ckpt_close(a);
             qt_ckpt_close(b);
         }

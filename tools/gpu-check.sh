@@ -5,7 +5,8 @@
 # offload_residual_bench; fp8wcache; zero; offload_weights; offload_ranks; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
 # qtrain --plan vs a real run); python; multi = multi_tests multi_scale multi_box (issue 28: several real GPUs);
 # pending, pending_capped, capped_small, capped_14b, offload_ranks (what session 16 could not run on a GPU);
-# pending17, capped17 (what session 17 built after its device time); grid (issue 25's plans left out of the fit)
+# pending17, capped17 (what session 17 built after its device time); grid (issue 25's plans left out of the fit);
+# pending18 (what session 18 built after its device time; then BOX_MODELS="14b 32b" multi_box on 4 GPUs)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -566,6 +567,17 @@ if has capped17_7b; then
     { step capped_7b_fp8_24_g16 600 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 $auto_keys \
           --set precision.grad_accum_dtype=bf16 --set memory.gpu_limit_gib=24
     } 2>&1 | tee "$OUT/capped17_7b.log" | grep -E '^(PASS|FAIL|SKIP|==)|chosen|tokens/s|fit|GiB|rror'
+fi
+# pending18 (session 18, built after its device time): checkpoints that gather the ranks' pieces as they
+# write (no assembled copy: every data-parallel checkpoint goes through it) and write ZeRO ranks' offloaded
+# pieces in place (test_train bf16_master_ckpt_bytes ckb_z1/ckb_z3w + unguarded / late-guard mutants),
+# resume across ZeRO levels and rank counts, data-parallel resume, then the planner's GPU checks alone
+if has pending18; then
+    { step bf16_master_ckpt_bytes 600 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
+      step zero_resume 600 env QT_TEST_ONLY=resume_across build/tests/test_zero
+      step resume_dp 300 env QT_TEST_ONLY=resume_bit_exact_data_parallel build/tests/test_train
+      step test_plan 600 build/tests/test_plan
+    } 2>&1 | tee "$OUT/pending18.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|same bytes|rror'
 fi
 if has capped17; then
     b="build/bench/train_bench --warmup 1 --steps 1"

@@ -388,9 +388,15 @@ qtrain_status qtrain_set_parameter(qtrain_trainer *t, const char *name, const fl
         qt_ckpt_item *it = &items[i];
         if (strncmp(it->name, "weights", 7) || it->bytes != s->layout.numel * (size_t)qt_dtype_size(it->dtype)) continue;
         if (it->flags & QT_CKPT_WIDEN_BF16) continue; /* a bf16 master's "weights": the bf16 blob's view, set there */
-        if (it->dtype == QT_DT_F32) memcpy((float *)it->data + tt->offset, src, n * sizeof(float));
-        else if (it->dtype == QT_DT_BF16)
-            for (size_t j = 0; j < n; j++) ((uint16_t *)it->data)[tt->offset + j] = qt_f32_to_bf16(src[j]);
+        if (it->dtype == QT_DT_F32 || it->dtype == QT_DT_BF16) /* run by run: a gathered item's pieces are the ranks' */
+            for (size_t j = 0, run; j < n; j += run / qt_dtype_size(it->dtype)) {
+                size_t es = qt_dtype_size(it->dtype);
+                void *p = (void *)qt_ckpt_item_at(it, (tt->offset + j) * es, &run);
+                if (run / es > n - j) run = (n - j) * es;
+                for (size_t k = 0; k < run / es; k++)
+                    if (es == 4) ((float *)p)[k] = src[j + k];
+                    else ((uint16_t *)p)[k] = qt_f32_to_bf16(src[j + k]);
+            }
         else return fail_msg(t, QTRAIN_ERR_ARGUMENT, "%s: the engine keeps its weights in %s; setting them is not supported",
                              name, qt_dtype_name(it->dtype));
         hit++;

@@ -127,10 +127,10 @@ static const qt_config_key keys[] = {
     I("checkpoint.every", checkpoint.every, 0, INT_MAX, "0", "all", 0, "checkpoint every N steps; 0 = only at the end"),
     I("checkpoint.keep", checkpoint.keep, 1, INT_MAX, "3", "all", 0, "newest checkpoints kept; older ones are deleted"),
     E("checkpoint.offloaded", checkpoint.offloaded, ckpt_offload_names, "auto", "GPU", 0,
-      "an offloaded optimizer state (one GPU) is checkpointed by copy (fast: training pauses for the copy, needs "
-      "host memory for it) or in_place (written where it lives: no memory, the optimizer waits for the write, "
-      "up to the write time); auto = copy when the copy plus 1 GiB + 1/8 fits in MemAvailable at start, else "
-      "in_place. Data-parallel ranks always copy"),
+      "an offloaded optimizer state (one GPU, or ZeRO ranks' pieces) is checkpointed by copy (fast: training "
+      "pauses for the copy, needs host memory for it) or in_place (written where it lives: no memory, the optimizer "
+      "waits for the write, up to the write time); auto = copy when the copy plus 1 GiB + 1/8 fits in MemAvailable "
+      "at start, else in_place. Replicated data-parallel ranks (parallel.zero: 0) always copy"),
 
     S("export.dir", export.dir, "", "all",
       "HF export (config.json + model.safetensors) at the end; \"\" = checkpoint.dir + \"/export\""),

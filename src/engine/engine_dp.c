@@ -79,8 +79,12 @@ struct dp_engine {
     qt_shard shard[QT_COMM_MAX_RANKS];
     int sharded;   /* ZeRO >= 1: each rank holds the optimizer state of its pieces */
     int zero;      /* the ZeRO level (0 when not sharded) */
-    void *state[4]; /* sharded: the whole checkpoint arrays, assembled from the ranks (owned) */
-    size_t state_bytes; /* their pinned bytes */
+    /* sharded: each checkpoint array as the runs of the ranks' pieces in file order (owned: segs[k]) */
+    qt_ckpt_item mine[QT_COMM_MAX_RANKS][8]; /* each rank's own items (its snapshot buffers) */
+    qt_ckpt_seg *segs[4];
+    qt_ckpt_gather gather[4];
+    void (*guard)(void *ctx, size_t hi); /* the trainer's wait for the checkpoint writer (set_state_guard) */
+    void *guard_ctx;
 };
 
 /* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
@@ -261,54 +265,102 @@ static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     run(d, job_logits, d->zero >= 3 ? -1 : 0);
 }
 
-/* Rank 0's blobs; sharded, the pieces of weights, adam_m and adam_v (ZeRO-3: and weights_bf16) from
- * every rank put together. A bf16 master's "weights" is no array of its own: weights_bf16 (whole)
+/* Rank 0's blobs; sharded, the pieces of weights, adam_m and adam_v (ZeRO-3: and weights_bf16) of every
+ * rank, gathered in file order (QT_CKPT_GATHERED: the writer reads each rank's snapshot buffers where they
+ * are, no whole copy is put together). A bf16 master's "weights" is no array of its own: weights_bf16
  * widened as it is written (gpu_state_items). */
+typedef struct {
+    size_t off, n; /* elements of the whole array */
+    const char *at;
+} piece_run;
+static int by_off(const void *a, const void *b) {
+    size_t x = ((const piece_run *)a)->off, y = ((const piece_run *)b)->off;
+    return (x > y) - (x < y);
+}
 static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     dp_engine *d = (dp_engine *)b;
     d->items = items;
     d->cap = cap;
     run(d, job_items, 0);
     if (!d->sharded) return d->nitems;
-    size_t es[4];
     int whole_bf16 = d->zero < 3; /* the bf16 weights are whole on every rank below ZeRO-3 */
     int widen = items[0].flags & QT_CKPT_WIDEN_BF16;
-    int own[4]; /* the arrays assembled here */
-    for (int k = 0; k < 4; k++) {
-        own[k] = !(k == 1 && whole_bf16) && !(k == 0 && widen);
-        es[k] = qt_dtype_size((qt_dtype)items[k].dtype);
-        if (own[k] && !d->state[k]) {
-            QT_CUDA(cudaMallocHost(&d->state[k], b->L->numel * es[k]));
-            d->state_bytes += b->L->numel * es[k];
-        }
-    }
-    qt_ckpt_item mine[8];
-    for (int r = 0; r < d->n; r++) {
-        d->items = mine;
+    memcpy(d->mine[0], items, (size_t)(d->nitems < 8 ? d->nitems : 8) * sizeof *items);
+    for (int r = 1; r < d->n; r++) {
+        d->items = d->mine[r];
         run(d, job_items, r);
-        const qt_shard *sh = &d->shard[r];
-        for (int k = 0; k < 4; k++)
-            for (int i = 0; own[k] && i < sh->n_buckets; i++) {
-                size_t off, len, st;
-                qt_shard_piece(sh, i, &off, &len, &st);
-                memcpy((char *)d->state[k] + off * es[k], (const char *)mine[k].data + st * es[k],
-                       qt_shard_params(off, len, b->L->numel) * es[k]);
-            }
-        if (r == 0 && whole_bf16) items[1] = mine[1];
     }
-    for (int k = 0; k < 4; k++)
-        if (own[k]) {
-            items[k].data = d->state[k];
-            items[k].bytes = b->L->numel * es[k];
+    size_t numel = b->L->numel, most = (size_t)d->n * d->shard[0].n_buckets;
+    piece_run *pr = malloc(most * sizeof *pr);
+    QT_CHECK(pr, "out of host memory for the checkpoint's %zu runs", most);
+    for (int k = 0; k < 4; k++) {
+        if ((k == 1 && whole_bf16) || (k == 0 && widen)) continue; /* rank 0's whole bf16; the widened view below */
+        size_t es = qt_dtype_size((qt_dtype)items[k].dtype);
+        int np = 0;
+        for (int r = 0; r < d->n; r++)
+            for (int i = 0; i < d->shard[r].n_buckets; i++) {
+                size_t off, len, st, m;
+                qt_shard_piece(&d->shard[r], i, &off, &len, &st);
+                if ((m = qt_shard_params(off, len, numel)))
+                    pr[np++] = (piece_run){off, m, (const char *)d->mine[r][k].data + st * es};
+            }
+        qsort(pr, (size_t)np, sizeof *pr, by_off);
+        if (!d->segs[k]) d->segs[k] = malloc(most * sizeof *d->segs[k]);
+        QT_CHECK(d->segs[k], "out of host memory for the checkpoint's %zu runs", most);
+        for (int j = 0; j < np; j++) { /* the pieces tile the array: each starts where the one before ends */
+            QT_CHECK(pr[j].off == (j ? pr[j - 1].off + pr[j - 1].n : 0) && (j + 1 < np || pr[j].off + pr[j].n == numel),
+                     "%s: the ranks' pieces do not tile the %zu elements (piece %d at %zu)", items[k].name, numel, j, pr[j].off);
+            d->segs[k][j] = (qt_ckpt_seg){pr[j].off * es, pr[j].at};
         }
-    if (widen) items[0] = (qt_ckpt_item){items[0].name, QT_DT_F32, items[1].data, items[1].bytes * 2, QT_CKPT_WIDEN_BF16};
+        d->gather[k] = (qt_ckpt_gather){d->segs[k], np};
+        items[k] = (qt_ckpt_item){items[k].name, items[k].dtype, &d->gather[k], numel * es, QT_CKPT_GATHERED};
+    }
+    free(pr);
+    if (widen) items[0] = (qt_ckpt_item){items[0].name, QT_DT_F32, items[1].data, numel * 4, items[1].flags | QT_CKPT_WIDEN_BF16};
     return d->nitems;
 }
 
-/* The ranks' snapshot buffers and the arrays assembled from them. */
+/* Live items (an offloaded state written where it lives, engine_gpu.c's live_state): ZeRO ranks only
+ * (replicated ranks copy rank 0's); the same items on every rank, gathered over the whole array. */
+static int dp_state_live(qt_engine *b, qt_ckpt_live *live) {
+    dp_engine *d = (dp_engine *)b;
+    live->n = 0;
+    if (!d->sharded || !d->rk[0]->ops->state_live || !d->rk[0]->ops->state_live(d->rk[0], live)) return live->n = 0;
+    live->elems = b->L->numel; /* the writer's mark: elements of the whole array */
+    return live->n;
+}
+static void dp_set_state_copy(qt_engine *b, int copy) {
+    dp_engine *d = (dp_engine *)b;
+    for (int r = 0; r < d->n; r++)
+        if (d->rk[r]->ops->set_state_copy) d->rk[r]->ops->set_state_copy(d->rk[r], copy);
+}
+/* A rank's AdamW asks before changing its state below local element hi (its pieces back to back, padded,
+ * in the order of the whole array): the wait is for the whole array's element where that ends. */
+static void rank_guard(void *ctx, size_t hi) {
+    rank_arg *a = ctx;
+    dp_engine *d = a->d;
+    const qt_shard *sh = &d->shard[a->r];
+    size_t g = 0;
+    for (int i = 0; i < sh->n_buckets; i++) {
+        size_t off, len, st;
+        qt_shard_piece(sh, i, &off, &len, &st);
+        if (hi <= st) break;
+        g = off + (hi - st < len ? hi - st : len);
+    }
+    d->guard(d->guard_ctx, g < d->base.L->numel ? g : d->base.L->numel);
+}
+static void dp_set_state_guard(qt_engine *b, void (*wait)(void *ctx, size_t hi), void *ctx) {
+    dp_engine *d = (dp_engine *)b;
+    d->guard = wait;
+    d->guard_ctx = ctx;
+    for (int r = 0; r < d->n; r++)
+        if (d->rk[r]->ops->set_state_guard) d->rk[r]->ops->set_state_guard(d->rk[r], wait ? rank_guard : NULL, &d->arg[r]);
+}
+
+/* The ranks' snapshot buffers (the checkpoint reads the pieces there). */
 static size_t dp_snapshot_bytes(const qt_engine *b) {
     const dp_engine *d = (const dp_engine *)b;
-    size_t bytes = d->state_bytes;
+    size_t bytes = 0;
     for (int r = 0; r < d->n; r++)
         if (d->rk[r] && d->rk[r]->ops->snapshot_bytes) bytes += d->rk[r]->ops->snapshot_bytes(d->rk[r]);
     return bytes;
@@ -370,8 +422,7 @@ static void dp_free(qt_engine *b) {
     pthread_mutex_unlock(&d->mu);
     for (int r = 0; r < d->n; r++) pthread_join(d->th[r], NULL);
     qt_comm_free(d->comm);
-    for (int k = 0; k < 4; k++)
-        if (d->state[k]) QT_CUDA(cudaFreeHost(d->state[k]));
+    for (int k = 0; k < 4; k++) free(d->segs[k]);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->go);
     pthread_cond_destroy(&d->done);
@@ -387,6 +438,9 @@ static const qt_engine_ops dp_ops = {
     .forward_logits = dp_forward_logits,
     .state_items = dp_state_items,
     .snapshot_bytes = dp_snapshot_bytes,
+    .state_live = dp_state_live,
+    .set_state_guard = dp_set_state_guard,
+    .set_state_copy = dp_set_state_copy,
     .state_is_snapshot = 1,
     .nonfinite_weight = dp_nonfinite_weight,
     .load_state = dp_load_state,

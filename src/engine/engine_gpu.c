@@ -268,13 +268,14 @@ static void gpu_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
 
 static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "adam_v"};
 
-/* One GPU offloaded: m, v and an fp32 master are checkpointed from where they live (pinned host
- * memory) unless the trainer chose to copy them (set_state_copy); the optimizer waits for the writer per
- * chunk (set_state_guard). The bf16 weights too when memory.offload has them in host memory (AdamW writes
- * them in the same chunks; with a bf16 master the widened "weights" is their view, live as well);
- * otherwise they are the device weights and their copy is the checkpoint's. A data-parallel rank's are
- * copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
-static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp == QT_DP_ONE && !e->ckpt_copy; }
+/* One GPU or a ZeRO rank offloaded: m, v and an fp32 master are checkpointed from where they live (pinned
+ * host memory) unless the trainer chose to copy them (set_state_copy); the optimizer waits for the writer
+ * per chunk (set_state_guard; a rank's guard is the data-parallel engine's, which maps the rank's chunk
+ * to the whole array the writer goes through). The bf16 weights too when memory.offload has them in host
+ * memory (AdamW writes them in the same chunks; with a bf16 master the widened "weights" is their view,
+ * live as well); otherwise they are the device weights and their copy is the checkpoint's. A replicated
+ * rank's are copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
+static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp != QT_DP_REPLICATED && !e->ckpt_copy; }
 static int live_w(const gpu_engine *e) { return live_state(e) && e->g->ps->place.w_host; }
 /* Item i (weights, weights_bf16, adam_m, adam_v) lives in host memory and is written in place: the state
  * arrays memory.offload names (ps->opt_host), the host weights, and with a bf16 master "weights" (their view). */

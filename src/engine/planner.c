@@ -63,21 +63,19 @@ static int gpu_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, c
     /* engine_gpu.c: two pinned token buffers [tok | tgt] and the one read per step */
     qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "token staging", n * (2 * 2 * N * sizeof(int32_t) + 16));
     if (rp->training) { /* engine_gpu.c's state_items, made at training start: the bf16 weights, and an fp32
-                         * master, m, v unless one GPU's offloaded state is written in place (live_state, with the
+                         * master, m, v unless an offloaded state of one GPU or ZeRO ranks is written in place (live_state, with the
                          * weights too when they are offloaded; an explicit checkpoint.offloaded: copy copies
                          * them). A bf16 master has no fp32 copy: its
                          * "weights" is the bf16 weights widened as they are written. Replicated, only rank 0's
                          * (engine_dp.c); sharded, every rank's. */
-        int live = sp.offload_opt && n == 1 && cfg->checkpoint.offloaded != QT_CKPT_OFFLOAD_COPY;
+        int live = sp.offload_opt && (n == 1 || sharded) && cfg->checkpoint.offloaded != QT_CKPT_OFFLOAD_COPY;
         int in_place = live ? sp.opt_mask : 0; /* the offloaded state arrays, written where they are */
         size_t master = cfg->precision.master_dtype == QT_DT_BF16 ? 0 : 4;
         size_t state = ns * ((in_place & QT_OFF_MASTER ? 0 : master) + (in_place & QT_OFF_M ? 0 : es_m) +
                              (in_place & QT_OFF_V ? 0 : es_v));
-        if (live && sp.weights_host) bf16 = 0; /* offloaded weights: written in place too */
+        if (live && (sp.weights_host || sp.weights_shard_host)) bf16 = 0; /* offloaded weights (a ZeRO-3 rank's pieces): in place too */
+        /* sharded, the writer reads the ranks' pieces where they are (engine_dp.c: gathered items) */
         qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", (sharded ? n : 1) * (bf16 + state));
-        if (sharded) /* engine_dp.c: the ranks' pieces put together as whole arrays (ZeRO-3: weights_bf16 too) */
-            qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)",
-                            numel * (master + es_m + es_v + (sp.zero >= 3 ? 2 : 0)));
     }
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);
     if (n > 1) { /* engine_dp.c's comm: staging on every GPU, the host kinds' pinned arena */

@@ -215,7 +215,16 @@ static int check_items(const qt_ckpt_item *items, int n, char *err, size_t errle
             return qt_errf(err, errlen, "checkpoint item %d: name must be 1..%d bytes, got %zu", i, CK_NAME - 1, len);
         if (items[i].bytes && !items[i].data)
             return qt_errf(err, errlen, "checkpoint item %s: %zu bytes but no data", items[i].name, items[i].bytes);
-        if (items[i].flags & ~QT_CKPT_WIDEN_BF16)
+        const qt_ckpt_gather *g = items[i].flags & QT_CKPT_GATHERED ? items[i].data : NULL;
+        for (int j = 0; g && j < g->n; j++)
+            if (!g->segs[j].data || (j == 0 ? g->segs[0].lo != 0 : g->segs[j].lo <= g->segs[j - 1].lo) ||
+                g->segs[j].lo >= qt_ckpt_item_data_bytes(&items[i]))
+                return qt_errf(err, errlen, "checkpoint item %s: run %d of %d: no data, or its start %zu not after the "
+                               "previous run's and inside the item's %zu bytes", items[i].name, j, g->n, g->segs[j].lo,
+                               qt_ckpt_item_data_bytes(&items[i]));
+        if (g && g->n < 1 && items[i].bytes)
+            return qt_errf(err, errlen, "checkpoint item %s: gathered from no runs", items[i].name);
+        if (items[i].flags & ~(QT_CKPT_WIDEN_BF16 | QT_CKPT_GATHERED))
             return qt_errf(err, errlen, "checkpoint item %s: unknown flags %#x", items[i].name, items[i].flags);
         if ((items[i].flags & QT_CKPT_WIDEN_BF16) && (items[i].dtype != QT_DT_F32 || items[i].bytes % 4))
             return qt_errf(err, errlen, "checkpoint item %s: widened from bf16: expected dtype f32 and a multiple of 4 "
@@ -289,6 +298,33 @@ size_t qt_ckpt_item_data_bytes(const qt_ckpt_item *it) {
     return it->flags & QT_CKPT_WIDEN_BF16 ? it->bytes / 2 : it->bytes;
 }
 
+const void *qt_ckpt_item_at(const qt_ckpt_item *it, size_t off, size_t *run) {
+    size_t end = qt_ckpt_item_data_bytes(it);
+    if (!(it->flags & QT_CKPT_GATHERED)) {
+        *run = end - off;
+        return (const char *)it->data + off;
+    }
+    const qt_ckpt_gather *g = it->data;
+    int lo = 0, hi = g->n - 1; /* the last run starting at or before off */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (g->segs[mid].lo <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    *run = (lo + 1 < g->n ? g->segs[lo + 1].lo : end) - off;
+    return (const char *)g->segs[lo].data + (off - g->segs[lo].lo);
+}
+
+void qt_ckpt_item_read(const qt_ckpt_item *it, size_t off, size_t n, void *dst) {
+    while (n) {
+        size_t run;
+        const void *p = qt_ckpt_item_at(it, off, &run);
+        size_t m = run < n ? run : n;
+        memcpy(dst, p, m);
+        dst = (char *)dst + m, off += m, n -= m;
+    }
+}
+
 static int pwrite_all(int fd, const void *data, size_t n, size_t off) {
     const char *p = data;
     while (n) {
@@ -309,11 +345,12 @@ static int pwrite_all(int fd, const void *data, size_t n, size_t off) {
  * and fed to h. 0, -1 (a write failed) or -2 (no buffer). */
 static int write_widened(int fd, const qt_ckpt_item *it, size_t lo, size_t hi, size_t base, xx_state *h, uint32_t **buf) {
     if (!*buf && !(*buf = malloc(WIDEN_CHUNK * 4))) return -2;
-    const uint16_t *src = it->data;
     uint32_t *u = *buf;
     for (size_t e = lo / 4; e < hi / 4;) {
-        size_t m = hi / 4 - e < WIDEN_CHUNK ? hi / 4 - e : WIDEN_CHUNK;
-        for (size_t j = 0; j < m; j++) u[j] = (uint32_t)src[e + j] << 16; /* exact: qt_bf16_to_f32 */
+        size_t run, m = hi / 4 - e < WIDEN_CHUNK ? hi / 4 - e : WIDEN_CHUNK;
+        const uint16_t *src = qt_ckpt_item_at(it, e * 2, &run); /* bf16 value e, to the end of its run */
+        if (m > run / 2) m = run / 2;
+        for (size_t j = 0; j < m; j++) u[j] = (uint32_t)src[j] << 16; /* exact: qt_bf16_to_f32 */
         if (pwrite_all(fd, u, m * 4, base + e * 4)) return -1;
         xx_feed(h, u, m * 4);
         e += m;
@@ -358,12 +395,14 @@ int qt_ckpt_save_pieces(const char *dir, long step, int keep, const qt_ckpt_item
             else if (wr) rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
             if (rc) break;
         } else {
-            const char *p = len ? (const char *)it->data + pieces[k].lo : NULL;
-            if (len && pwrite_all(fd, p, len, off[pieces[k].item] + pieces[k].lo)) {
-                rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
-                break;
+            for (size_t at = pieces[k].lo, run; at < pieces[k].hi && !rc; at += run) { /* run by run */
+                const char *p = qt_ckpt_item_at(it, at, &run);
+                if (run > pieces[k].hi - at) run = pieces[k].hi - at;
+                if (pwrite_all(fd, p, run, off[pieces[k].item] + at))
+                    rc = qt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+                else xx_feed(&hs[pieces[k].item], p, run);
             }
-            xx_feed(&hs[pieces[k].item], p, len);
+            if (rc) break;
         }
         if (fns && fns->done) fns->done(fns->ctx, k);
     }

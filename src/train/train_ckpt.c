@@ -82,12 +82,16 @@ int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *
     const qt_trainer *t = ctx;
     const qt_layout *L = t->eng->L;
     size_t n = L->numel, bad = (size_t)-1;
-    if ((it->flags & QT_CKPT_WIDEN_BF16) && it->bytes == n * 4)
-        bad = first_nonfinite16(it->data, lo / 4, hi / 4, 0x7f80u);
-    else if (it->dtype == QT_DT_F32 && it->bytes == n * 4)
-        bad = first_nonfinite32(it->data, lo / 4, hi / 4, 0x7f800000u);
-    else if (it->dtype == QT_DT_BF16 && it->bytes == n * 2)
-        bad = first_nonfinite16(it->data, lo / 2, hi / 2, 0x7f80u);
+    int wide = (it->flags & QT_CKPT_WIDEN_BF16) && it->bytes == n * 4, f32 = !wide && it->dtype == QT_DT_F32 && it->bytes == n * 4;
+    size_t es = wide || (it->dtype == QT_DT_BF16 && it->bytes == n * 2) ? 2 : f32 ? 4 : 0; /* bytes per value read */
+    if (!es) return 0; /* not a weight array */
+    size_t fe = wide ? 4 : es; /* bytes per value in the file */
+    for (size_t e = lo / fe, run; e < hi / fe && bad == (size_t)-1; e += run / es) { /* run by run */
+        const void *p = qt_ckpt_item_at(it, e * es, &run);
+        if (run / es > hi / fe - e) run = (hi / fe - e) * es;
+        size_t j = es == 4 ? first_nonfinite32(p, 0, run / 4, 0x7f800000u) : first_nonfinite16(p, 0, run / 2, 0x7f80u);
+        if (j != SIZE_MAX) bad = e + j;
+    }
     if (bad == (size_t)-1) return 0;
     char name[128];
     qt_trainer_tensor_name(L, bad, name, sizeof name);
@@ -156,8 +160,8 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
         if ((n = qt_engine_state_items(t->eng, items, 16, err, errlen)) < 0) return -1;
         live = live_items(t);
     } else if (!live.n && t->cfg->memory.offload_optimizer && t->eng->ranks > 1) {
-        snprintf(how, sizeof how, "; data-parallel: the offloaded optimizer state is copied (checkpoint.offloaded "
-                 "applies to one GPU)");
+        snprintf(how, sizeof how, "; replicated data-parallel ranks: the offloaded optimizer state is copied "
+                 "(checkpoint.offloaded applies to one GPU and ZeRO ranks)");
     }
     if (t->eng->ops->snapshot_bytes) { /* the engine's own buffers (a widened blob views another's) */
         bytes = t->eng->ops->snapshot_bytes(t->eng);
@@ -210,8 +214,9 @@ static int snapshot(qt_trainer *t, qt_ckpt_item *items, int from, int n, char *e
     size_t off = 0;
     for (int i = from; i < n; i++) {
         size_t nb = qt_ckpt_item_data_bytes(&items[i]);
-        if (nb) memcpy(t->snap + off, items[i].data, nb);
+        qt_ckpt_item_read(&items[i], 0, nb, t->snap + off);
         items[i].data = t->snap + off;
+        items[i].flags &= ~QT_CKPT_GATHERED;
         off += align64(nb);
     }
     return 0;
