@@ -678,6 +678,25 @@ static void test_attention_ws_estimate(void) {
     qt_attention_free(a);
 }
 
+/* An H200's rates for the measured runs below: the copy rates session 17's probe printed, the bf16 matmul rate
+ * of train_bench's random-data ceilings (the probe then multiplied zeros: 810) */
+static const qt_probe H200_RATES = {"H200 (bf16: random-data ceiling)", 690e12, QT_PROBE_FP8_RATIO * 690e12, 4110e9, 55.3e9,
+                                    (size_t)140 << 30};
+
+/* The cost model's tokens/s for `path` with the --set keys set[0..) (NULL-ended, at most cap) on pr;
+ * *c gets the config. -1 when the config or the layout fails (err). */
+static double predicted(const char *path, const char *const *set, int cap, const qt_probe *pr, qt_config *c, char *err,
+                        size_t errlen) {
+    qt_layout L;
+    qt_weight_src src;
+    int n = 0;
+    while (n < cap && set[n]) n++;
+    if (qt_config_load(c, path, set, n, err, errlen) || qt_model_layout(c, &L, &src, err, errlen)) return -1;
+    double tok = (double)c->data.micro_batch * c->data.grad_accum * c->data.seq_len, pred = tok / qt_plan_auto_cost(&L, c, pr);
+    qt_layout_free(&L);
+    return pred;
+}
+
 /* The cost model against measured runs (bench/RESULTS.md): the H100 rows at LLM.Q's setting with the
  * default probe (an H100's figures), and section 7's H200 runs held to 24/16/12 GiB with that H200's probe;
  * every prediction within 15% (issue 25's bound; the fit: QT_PROBE_FP8_RATIO, QT_PLAN_ELEM_PASSES(_FP8), QT_PLAN_ELEM_BPS,
@@ -715,24 +734,17 @@ static void test_cost_calibration(void) {
     };
 #undef OPT16
 #undef AUTO24
-    const qt_probe h100 = qt_probe_default(), h200 = {"H200 (bf16: random-data ceiling)", 690e12, QT_PROBE_FP8_RATIO * 690e12,
-                                                       4110e9, 55.3e9, (size_t)140 << 30};
+    const qt_probe h100 = qt_probe_default();
     double worst = 0;
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         qt_config c;
-        qt_layout L;
-        qt_weight_src src;
         char err[2048];
-        int n = 0;
-        while (n < 12 && rows[i].set[n]) n++;
-        QT_REQUIRE(qt_config_load(&c, rows[i].path, rows[i].set, n, err, sizeof err) == 0, "%s", err);
-        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
-        double tok = (double)c.data.micro_batch * c.data.grad_accum * c.data.seq_len;
-        double pred = tok / qt_plan_auto_cost(&L, &c, rows[i].h200 ? &h200 : &h100), e = pred / rows[i].measured - 1;
+        double pred = predicted(rows[i].path, rows[i].set, 12, rows[i].h200 ? &H200_RATES : &h100, &c, err, sizeof err);
+        QT_REQUIRE(pred > 0, "%s: %s", rows[i].path, err);
+        double e = pred / rows[i].measured - 1;
         printf("  %-34s %-4s mb %2d x %3d: predicted %6.0f, measured %6.0f tokens/s (%+.1f%%)\n", rows[i].path + 8,
                rows[i].h200 ? "H200" : "H100", c.data.micro_batch, c.data.grad_accum, pred, rows[i].measured, 100 * e);
         worst = fabs(e) > worst ? fabs(e) : worst;
-        qt_layout_free(&L);
     }
     QT_EXPECT(worst <= 0.15, "a prediction %.2f%% off its measurement", 100 * worst);
 }
@@ -778,23 +790,15 @@ static void test_cost_grid(void) {
 #undef G15
 #undef G7
 #undef CAP
-    const qt_probe h200 = {"H200 (bf16: random-data ceiling)", 690e12, QT_PROBE_FP8_RATIO * 690e12, 4110e9, 55.3e9,
-                           (size_t)140 << 30};
     char bad[256] = "";
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         qt_config c;
-        qt_layout L;
-        qt_weight_src src;
         char err[2048];
-        int n = 0;
-        while (n < 14 && rows[i].set[n]) n++;
-        QT_REQUIRE(qt_config_load(&c, rows[i].path, rows[i].set, n, err, sizeof err) == 0, "%s: %s", rows[i].tag, err);
-        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
-        double tok = (double)c.data.micro_batch * c.data.grad_accum * c.data.seq_len;
-        double pred = tok / qt_plan_auto_cost(&L, &c, &h200), e = pred / rows[i].measured - 1;
+        double pred = predicted(rows[i].path, rows[i].set, 14, &H200_RATES, &c, err, sizeof err);
+        QT_REQUIRE(pred > 0, "%s: %s", rows[i].tag, err);
+        double e = pred / rows[i].measured - 1;
         printf("  %-28s predicted %6.0f, measured %6.0f tokens/s (%+.1f%%)\n", rows[i].tag, pred, rows[i].measured, 100 * e);
         if (fabs(e) > 0.15) snprintf(bad, sizeof bad, "%s: %+.1f%%", rows[i].tag, 100 * e);
-        qt_layout_free(&L);
     }
     QT_EXPECT(!bad[0], "a prediction more than 15%% off: %s", bad);
 }
