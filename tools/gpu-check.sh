@@ -6,7 +6,8 @@
 # qtrain --plan vs a real run); python; multi = multi_tests multi_scale multi_box (issue 28: several real GPUs);
 # pending, pending_capped, capped_small, capped_14b, offload_ranks (what session 16 could not run on a GPU);
 # pending17, capped17 (what session 17 built after its device time); grid (issue 25's plans left out of the fit);
-# pending18 (what session 18 built after its device time; then BOX_MODELS="14b 32b" multi_box on 4 GPUs)
+# pending18 (what session 18 built after its device time; then BOX_MODELS="14b 32b" multi_box on 4 GPUs);
+# grid2 (plans the cost model was not fitted on)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -636,6 +637,20 @@ if has grid; then
           --set memory.offload_residual=true
       step grid_7b_swiglunorm_mb4 400 $g7 --set data.micro_batch=4 --set data.grad_accum=16 --set "memory.recompute=[swiglu,norm]"
     } 2>&1 | tee "$OUT/grid.log" | grep -E '^(==)|tokens/s|rror'
+fi
+# grid2: plans none of the cost model's constants were chosen on (session 18 fitted QT_PLAN_ELEM_BPS and
+# QT_PLAN_DUPLEX on `grid`): 3B bf16 and 7B fp8 at other micro-batches and recompute sets, the optimizer
+# offloaded or not, lm-head chunks; compare with `qtrain --plan` and the same keys (tests/test_plan
+# cost_grid's helper, H200 rates) and report where it misses.
+if has grid2; then
+    g3="build/bench/train_bench configs/qwen2.5-3b-bf16.yaml --warmup 1 --steps 2 --set parallel.gpus=1 --set data.grad_accum=8"
+    g7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 --set parallel.gpus=1 --set perf.cuda_graphs=false"
+    { step grid2_3b_none_opt_mb8 300 $g3 --set data.micro_batch=8 --set "memory.recompute=[]" --set memory.offload_optimizer=true
+      step grid2_3b_swiglunorm_mb16 300 $g3 --set data.micro_batch=16 --set "memory.recompute=[swiglu,norm]" --set memory.offload_optimizer=false
+      step grid2_3b_block_lm4_mb32 300 $g3 --set data.micro_batch=32 --set data.grad_accum=4 --set "memory.recompute=[block]" --set memory.lmhead_chunks=4
+      step grid2_7b_ffnnorm_mb16 400 $g7 --set data.micro_batch=16 --set data.grad_accum=16 --set "memory.recompute=[ffn,norm]"
+      step grid2_7b_qkvatt_mb4 400 $g7 --set data.micro_batch=4 --set data.grad_accum=32 --set "memory.recompute=[qkv,att,ffn,norm]"
+    } 2>&1 | tee "$OUT/grid2.log" | grep -E '^(==)|tokens/s|rror'
 fi
 # memory.offload with ZeRO ranks (ranks sharing GPU 0 where there is one GPU): ZeRO-3 + [weights], ZeRO-2/3 +
 # [gradients], ZeRO-3 + both = the same level without the offload, bitwise, on 2 and 3 ranks; mutants 7, 8, 2
