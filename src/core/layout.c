@@ -201,9 +201,14 @@ static float hashed_normal(uint64_t seed, uint64_t i) {
     return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
+/* Ranges below this many elements fill on the calling thread: a parallel region per small range (the
+ * planner's tests fill element by element) cost minutes on a busy 64-core host, each fork waiting for
+ * threads the other processes had. */
+#define INIT_PAR_MIN ((long)1 << 16)
+
 void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, uint64_t seed, float std) {
     size_t hi = lo + n;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)n >= INIT_PAR_MIN)
     for (long i = 0; i < (long)n; i++) dst[i] = 0;
     for (int k = 0; k < L->n_tensors; k++) {
         const qt_tensor *t = &L->tensors[k];
@@ -214,7 +219,7 @@ void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, u
         if (t->kind == QT_T_NORM || t->kind == QT_T_FINAL_NORM) {
             for (long i = 0; i < m; i++) p[i] = 1.0f;
         } else if (t->ndim == 2) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (m >= INIT_PAR_MIN)
             for (long i = 0; i < m; i++) p[i] = std * hashed_normal(seed, a + (uint64_t)i);
         } /* biases stay 0 */
     }
