@@ -428,6 +428,38 @@ static void test_offload_mode_choice(void) {
     QT_EXPECT(avail > ((size_t)64 << 20) && avail < ((size_t)1 << 50), "MemAvailable read as %zu bytes", avail);
 }
 
+/* Saves items[0..n) as step 3 three ways, into fresh directories <tag>_whole, <tag>_pieces, <tag>_writer:
+ * whole (qt_ckpt_save), in the pieces pc[0..np), and through the background writer behind the live items
+ * with the checker check(ctx); each file must equal ref[0..nref) byte for byte. */
+static void save_three_ways(const char *tag, const qt_ckpt_item *items, int n, const qt_ckpt_piece *pc, int np,
+                            const qt_ckpt_live *live, qt_ckpt_check_fn check, void *ctx, const char *ref, size_t nref) {
+    static const char *const how_names[] = {"whole", "pieces", "writer"};
+    char name[128], dir[512], path[600], err[512];
+    for (int how = 0; how < 3; how++) {
+        snprintf(name, sizeof name, "%s_%s", tag, how_names[how]);
+        fresh_dir(dir, sizeof dir, name);
+        int rc;
+        if (how == 0) {
+            rc = qt_ckpt_save(dir, 3, 0, items, n, err, sizeof err);
+        } else if (how == 1) {
+            rc = qt_ckpt_save_pieces(dir, 3, 0, items, n, pc, np, NULL, err, sizeof err);
+        } else {
+            qt_ckpt_writer *w = qt_ckpt_writer_create(check, ctx);
+            rc = w && qt_ckpt_writer_start_live(w, dir, 3, 0, items, n, live, err, sizeof err) == 0 ? 0 : -1;
+            if (rc == 0) rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
+            qt_ckpt_writer_free(w);
+        }
+        QT_REQUIRE(rc == 0, "%s: %s", name, err);
+        snprintf(path, sizeof path, "%s/ckpt_00000003.qtc", dir);
+        size_t na = 0, at = 0;
+        char *f = qt_t_read_file(path, &na);
+        while (f && at < na && at < nref && f[at] == ref[at]) at++;
+        QT_EXPECT(f && na == nref && at == na, "%s: the file differs from the reference (%zu vs %zu bytes, first at byte %zu)",
+                  name, na, nref, at);
+        free(f);
+    }
+}
+
 /* A checker that adds up the bytes it is shown of widened items (ctx: a size_t). */
 static int count_widened(const qt_ckpt_item *item, size_t lo, size_t hi, void *ctx, char *err, size_t errlen) {
     (void)err, (void)errlen;
@@ -470,37 +502,19 @@ static void test_widen_bf16(void) {
     size_t nb = 0;
     char *b = qt_t_read_file(pb, &nb);
     QT_REQUIRE(b && nb > n * 6, "reference file");
-    for (int how = 0; how < 3; how++) { /* whole; in pieces; the background writer with a live item */
+    qt_ckpt_piece pc[64];
+    int np = 0;
+    size_t cut = 4 * 77773; /* 311092 bytes: odd fp32 counts */
+    for (size_t lo = 0; lo < n * 4; lo += cut) /* interleaved with weights_bf16's pieces */
+        pc[np++] = (qt_ckpt_piece){0, lo, lo + cut < n * 4 ? lo + cut : n * 4};
+    pc[np++] = (qt_ckpt_piece){1, 0, n * 2};
+    pc[np++] = (qt_ckpt_piece){2, 0, sizeof m};
+    pc[np++] = (qt_ckpt_piece){3, 0, 8};
+    qt_ckpt_live live = {1, {2}, 1000, 97};
+    save_three_ways("widen", wide, 4, pc, np, &live, NULL, NULL, b, nb);
+    for (int how = 0; how < 3; how++) {
         static const char *const names[] = {"widen_whole", "widen_pieces", "widen_writer"};
-        fresh_dir(dir, sizeof dir, names[how]);
-        int rc;
-        if (how == 0) {
-            rc = qt_ckpt_save(dir, 3, 0, wide, 4, err, sizeof err);
-        } else if (how == 1) {
-            qt_ckpt_piece pc[64];
-            int np = 0;
-            size_t cut = 4 * 77773; /* 311092 bytes: odd fp32 counts */
-            for (size_t lo = 0; lo < n * 4; lo += cut) /* interleaved with weights_bf16's pieces */
-                pc[np++] = (qt_ckpt_piece){0, lo, lo + cut < n * 4 ? lo + cut : n * 4};
-            pc[np++] = (qt_ckpt_piece){1, 0, n * 2};
-            pc[np++] = (qt_ckpt_piece){2, 0, sizeof m};
-            pc[np++] = (qt_ckpt_piece){3, 0, 8};
-            rc = qt_ckpt_save_pieces(dir, 3, 0, wide, 4, pc, np, NULL, err, sizeof err);
-        } else {
-            qt_ckpt_writer *w = qt_ckpt_writer_create(NULL, NULL);
-            qt_ckpt_live live = {1, {2}, 1000, 97};
-            rc = w && qt_ckpt_writer_start_live(w, dir, 3, 0, wide, 4, &live, err, sizeof err) == 0 ? 0 : -1;
-            if (rc == 0) rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
-            qt_ckpt_writer_free(w);
-        }
-        QT_REQUIRE(rc == 0, "%s: %s", names[how], err);
-        snprintf(pa, sizeof pa, "%s/ckpt_00000003.qtc", dir);
-        size_t na = 0, at = 0;
-        char *a = qt_t_read_file(pa, &na);
-        while (a && at < na && at < nb && a[at] == b[at]) at++;
-        QT_EXPECT(a && na == nb && at == na, "%s: the widened file differs from the fp32 one (%zu vs %zu bytes, first at byte %zu)",
-                  names[how], na, nb, at);
-        free(a);
+        snprintf(pa, sizeof pa, "%s/%s/ckpt_00000003.qtc", g_root, names[how]);
         qt_ckpt *ck = qt_ckpt_open(pa, err, sizeof err); /* every checksum verified */
         QT_REQUIRE(ck, "%s: open: %s", names[how], err);
         size_t bytes = 0;
@@ -542,7 +556,7 @@ static void test_widen_bf16(void) {
  * file as the arrays put together first, fp32 and a bf16 array widened; the checker sees every range;
  * runs out of order, past the end, or not from 0 are refused. */
 static void test_gathered(void) {
-    char dir[512], ref[512], pa[600], pb[600], err[512];
+    char dir[512], ref[512], pb[600], err[512];
     const size_t n = 300007; /* odd */
     float *a = malloc(n * 4), *a2 = malloc(n * 4);
     uint16_t *h = malloc(n * 2), *h2 = malloc(n * 2);
@@ -588,41 +602,19 @@ static void test_gathered(void) {
     size_t nb = 0;
     char *b = qt_t_read_file(pb, &nb);
     QT_REQUIRE(b && nb > n * 10, "reference file");
-    for (int how = 0; how < 3; how++) { /* whole; in pieces; the background writer with live items */
-        static const char *const names[] = {"gather_whole", "gather_pieces", "gather_writer"};
-        fresh_dir(dir, sizeof dir, names[how]);
-        int rc;
-        if (how == 0) {
-            rc = qt_ckpt_save(dir, 3, 0, gath, 4, err, sizeof err);
-        } else if (how == 1) {
-            qt_ckpt_piece pc[64];
-            int np = 0;
-            for (size_t lo = 0; lo < n * 4; lo += 4 * 77773) { /* interleaved, cuts inside runs and across them */
-                size_t hi = lo + 4 * 77773 < n * 4 ? lo + 4 * 77773 : n * 4;
-                pc[np++] = (qt_ckpt_piece){0, lo, hi};
-                pc[np++] = (qt_ckpt_piece){2, lo, hi};
-            }
-            pc[np++] = (qt_ckpt_piece){1, 0, n * 2};
-            pc[np++] = (qt_ckpt_piece){3, 0, 8};
-            rc = qt_ckpt_save_pieces(dir, 3, 0, gath, 4, pc, np, NULL, err, sizeof err);
-        } else {
-            size_t seen = 0;
-            qt_ckpt_writer *w = qt_ckpt_writer_create(count_widened, &seen);
-            qt_ckpt_live live = {2, {0, 1}, n, 9973};
-            rc = w && qt_ckpt_writer_start_live(w, dir, 3, 0, gath, 4, &live, err, sizeof err) == 0 ? 0 : -1;
-            if (rc == 0) rc = qt_ckpt_writer_wait(w, NULL, NULL, err, sizeof err);
-            QT_EXPECT(seen == n * 4, "the checker saw %zu of the widened item's %zu bytes", seen, n * 4);
-            qt_ckpt_writer_free(w);
-        }
-        QT_REQUIRE(rc == 0, "%s: %s", names[how], err);
-        snprintf(pa, sizeof pa, "%s/ckpt_00000003.qtc", dir);
-        size_t na = 0, at = 0;
-        char *f = qt_t_read_file(pa, &na);
-        while (f && at < na && at < nb && f[at] == b[at]) at++;
-        QT_EXPECT(f && na == nb && at == na, "%s: the gathered file differs from the plain one (%zu vs %zu bytes, first at "
-                  "byte %zu)", names[how], na, nb, at);
-        free(f);
+    qt_ckpt_piece pc[64];
+    int np = 0;
+    for (size_t lo = 0; lo < n * 4; lo += 4 * 77773) { /* interleaved, cuts inside runs and across them */
+        size_t hi = lo + 4 * 77773 < n * 4 ? lo + 4 * 77773 : n * 4;
+        pc[np++] = (qt_ckpt_piece){0, lo, hi};
+        pc[np++] = (qt_ckpt_piece){2, lo, hi};
     }
+    pc[np++] = (qt_ckpt_piece){1, 0, n * 2};
+    pc[np++] = (qt_ckpt_piece){3, 0, 8};
+    size_t seen = 0;
+    qt_ckpt_live live = {2, {0, 1}, n, 9973};
+    save_three_ways("gather", gath, 4, pc, np, &live, count_widened, &seen, b, nb);
+    QT_EXPECT(seen == n * 4, "the writer's checker saw %zu of the widened item's %zu bytes", seen, n * 4);
     free(b);
     /* misuse: a first run not at 0, runs out of order, a run past the end */
     fresh_dir(dir, sizeof dir, "gather_bad");
