@@ -428,13 +428,22 @@ static void test_offload_mode_choice(void) {
     QT_EXPECT(avail > ((size_t)64 << 20) && avail < ((size_t)1 << 50), "MemAvailable read as %zu bytes", avail);
 }
 
-/* Saves items[0..n) as step 3 three ways, into fresh directories <tag>_whole, <tag>_pieces, <tag>_writer:
- * whole (qt_ckpt_save), in the pieces pc[0..np), and through the background writer behind the live items
- * with the checker check(ctx); each file must equal ref[0..nref) byte for byte. */
-static void save_three_ways(const char *tag, const qt_ckpt_item *items, int n, const qt_ckpt_piece *pc, int np,
-                            const qt_ckpt_live *live, qt_ckpt_check_fn check, void *ctx, const char *ref, size_t nref) {
+/* Saves ref_items[0..n) as step 3 into <tag>_ref, then items[0..n) (the same blobs held another way) three
+ * ways, into fresh directories <tag>_whole, <tag>_pieces, <tag>_writer: whole (qt_ckpt_save), in the pieces
+ * pc[0..np), and through the background writer behind the live items with the checker check(ctx); each
+ * file must equal the reference byte for byte. */
+static void save_three_ways(const char *tag, const qt_ckpt_item *ref_items, const qt_ckpt_item *items, int n,
+                            const qt_ckpt_piece *pc, int np, const qt_ckpt_live *live, qt_ckpt_check_fn check, void *ctx) {
     static const char *const how_names[] = {"whole", "pieces", "writer"};
     char name[128], dir[512], path[600], err[512];
+    snprintf(name, sizeof name, "%s_ref", tag);
+    fresh_dir(dir, sizeof dir, name);
+    QT_REQUIRE(qt_ckpt_save(dir, 3, 0, ref_items, n, err, sizeof err) == 0, "reference save: %s", err);
+    snprintf(path, sizeof path, "%s/ckpt_00000003.qtc", dir);
+    size_t nref = 0, blobs = 0;
+    char *ref = qt_t_read_file(path, &nref);
+    for (int i = 0; i < n; i++) blobs += ref_items[i].bytes;
+    QT_REQUIRE(ref && nref > blobs, "reference file %s: %zu bytes for %zu of blobs", path, nref, blobs);
     for (int how = 0; how < 3; how++) {
         snprintf(name, sizeof name, "%s_%s", tag, how_names[how]);
         fresh_dir(dir, sizeof dir, name);
@@ -458,6 +467,7 @@ static void save_three_ways(const char *tag, const qt_ckpt_item *items, int n, c
                   name, na, nref, at);
         free(f);
     }
+    free(ref);
 }
 
 /* A checker that adds up the bytes it is shown of widened items (ctx: a size_t). */
@@ -473,7 +483,7 @@ static int count_widened(const qt_ckpt_item *item, size_t lo, size_t hi, void *c
  * checker sees the widened item's ranges; misuse (another dtype, a size or piece not a multiple of 4
  * bytes, an unknown flag) is refused. Values: random bits plus NaN, +-Inf, -0, denormals. */
 static void test_widen_bf16(void) {
-    char dir[512], ref[512], pa[600], pb[600], err[512];
+    char dir[512], pa[600], err[512];
     const size_t n = 600011; /* odd; > 2 chunks of the writer's widening buffer */
     uint16_t *w16 = malloc(n * 2);
     uint32_t *w32 = malloc(n * 4);
@@ -496,12 +506,6 @@ static void test_widen_bf16(void) {
     memcpy(wide, plain, sizeof wide);
     wide[0] = (qt_ckpt_item){"weights", QT_DT_F32, w16, n * 4, QT_CKPT_WIDEN_BF16};
     QT_EXPECT(qt_ckpt_item_data_bytes(&wide[0]) == n * 2 && qt_ckpt_item_data_bytes(&plain[0]) == n * 4, "data bytes");
-    fresh_dir(ref, sizeof ref, "widen_ref");
-    QT_REQUIRE(qt_ckpt_save(ref, 3, 0, plain, 4, err, sizeof err) == 0, "fp32 save: %s", err);
-    snprintf(pb, sizeof pb, "%s/ckpt_00000003.qtc", ref);
-    size_t nb = 0;
-    char *b = qt_t_read_file(pb, &nb);
-    QT_REQUIRE(b && nb > n * 6, "reference file");
     qt_ckpt_piece pc[64];
     int np = 0;
     size_t cut = 4 * 77773; /* 311092 bytes: odd fp32 counts */
@@ -511,7 +515,7 @@ static void test_widen_bf16(void) {
     pc[np++] = (qt_ckpt_piece){2, 0, sizeof m};
     pc[np++] = (qt_ckpt_piece){3, 0, 8};
     qt_ckpt_live live = {1, {2}, 1000, 97};
-    save_three_ways("widen", wide, 4, pc, np, &live, NULL, NULL, b, nb);
+    save_three_ways("widen", plain, wide, 4, pc, np, &live, NULL, NULL);
     for (int how = 0; how < 3; how++) {
         static const char *const names[] = {"widen_whole", "widen_pieces", "widen_writer"};
         snprintf(pa, sizeof pa, "%s/%s/ckpt_00000003.qtc", g_root, names[how]);
@@ -523,7 +527,6 @@ static void test_widen_bf16(void) {
         QT_EXPECT(p && bytes == n * 4 && dt == QT_DT_F32 && !memcmp(p, w32, n * 4), "%s: weights blob", names[how]);
         qt_ckpt_close(ck);
     }
-    free(b);
     /* a checker sees the widened item's file ranges */
     fresh_dir(dir, sizeof dir, "widen_check");
     size_t seen = 0;
@@ -556,7 +559,7 @@ static void test_widen_bf16(void) {
  * file as the arrays put together first, fp32 and a bf16 array widened; the checker sees every range;
  * runs out of order, past the end, or not from 0 are refused. */
 static void test_gathered(void) {
-    char dir[512], ref[512], pb[600], err[512];
+    char dir[512], err[512];
     const size_t n = 300007; /* odd */
     float *a = malloc(n * 4), *a2 = malloc(n * 4);
     uint16_t *h = malloc(n * 2), *h2 = malloc(n * 2);
@@ -596,12 +599,6 @@ static void test_gathered(void) {
     QT_EXPECT(qt_ckpt_item_at(&gath[0], start[nr - 1] * 4 + 4, &run) == (const void *)(a2 + 1) && run == len[nr - 1] * 4 - 4,
               "the last run's second value: at %p (want %p), run %zu", qt_ckpt_item_at(&gath[0], start[nr - 1] * 4 + 4, &run),
               (void *)(a2 + 1), run);
-    fresh_dir(ref, sizeof ref, "gather_ref");
-    QT_REQUIRE(qt_ckpt_save(ref, 3, 0, plain, 4, err, sizeof err) == 0, "plain save: %s", err);
-    snprintf(pb, sizeof pb, "%s/ckpt_00000003.qtc", ref);
-    size_t nb = 0;
-    char *b = qt_t_read_file(pb, &nb);
-    QT_REQUIRE(b && nb > n * 10, "reference file");
     qt_ckpt_piece pc[64];
     int np = 0;
     for (size_t lo = 0; lo < n * 4; lo += 4 * 77773) { /* interleaved, cuts inside runs and across them */
@@ -613,9 +610,8 @@ static void test_gathered(void) {
     pc[np++] = (qt_ckpt_piece){3, 0, 8};
     size_t seen = 0;
     qt_ckpt_live live = {2, {0, 1}, n, 9973};
-    save_three_ways("gather", gath, 4, pc, np, &live, count_widened, &seen, b, nb);
+    save_three_ways("gather", plain, gath, 4, pc, np, &live, count_widened, &seen);
     QT_EXPECT(seen == n * 4, "the writer's checker saw %zu of the widened item's %zu bytes", seen, n * 4);
-    free(b);
     /* misuse: a first run not at 0, runs out of order, a run past the end */
     fresh_dir(dir, sizeof dir, "gather_bad");
     qt_ckpt_seg bad[3][2] = {{{4, a}, {8, a}}, {{0, a}, {0, a}}, {{0, a}, {n * 4, a}}};
