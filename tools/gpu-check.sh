@@ -18,8 +18,9 @@ cudnn_lib=$(bash tools/prereqs.sh cudnn-wheel)
 if [ -d "$cudnn_lib" ]; then export LD_LIBRARY_PATH=$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
 OUT=${OUT:-out/gpu-check}
 mkdir -p "$OUT"
-# a device machine's build/ holds only the carried build/dev (tools/gpu-pack.sh): put it in place
-if [ -d build/dev ] && [ ! -e build/qtrain ]; then cp -a build/dev/. build/; fi
+# the carried build/dev (tools/gpu-pack.sh) in place of older binaries (a warm device machine keeps the
+# last call's; here a newer make wins)
+if [ -d build/dev ]; then cp -a -u build/dev/. build/; fi
 stages=${*:-build unit model train bench llmq}
 export QT_DATA_DIR=${QT_DATA_DIR:-$( [ -f ../shared/data/tinyshakespeare.txt ] && echo ../shared/data || echo out/data )}
 export PYTHONUNBUFFERED=1
