@@ -7,7 +7,7 @@
 # pending, pending_capped, capped_small, capped_14b, offload_ranks (what session 16 could not run on a GPU);
 # pending17, capped17 (what session 17 built after its device time); grid (issue 25's plans left out of the fit);
 # pending18 (what session 18 built after its device time; then BOX_MODELS="14b 32b" multi_box on 4 GPUs);
-# grid2 (plans the cost model was not fitted on)
+# grid2 (plans the cost model was not fitted on); avh_bf16, h100_14b_fp8, h100_14b_bf16, multi_zero3 (session 19)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -387,12 +387,13 @@ if has multi_box && [ "$ngpu" -ge 4 ]; then
     for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload precision.grad_accum_dtype \
         precision.master_dtype parallel.zero; do box="$box --set $k=auto"; done
     box="$box --set perf.cuda_graphs=false" # ZeRO-3 runs without CUDA graphs
+    # BOX_STEPS="--warmup 0 --steps 1": 32B's step takes minutes, its start (458 GiB pinned) about four
     { for m in ${BOX_MODELS:-7b 14b 32b}; do
           # 524,288 tokens per step over the 4 GPUs: grad_accum = 128 sequences / the config's micro-batch
           mb=$(sed -n 's/^ *micro_batch: *\([0-9]*\).*/\1/p' configs/qwen2.5-$m-fp8.yaml)
           ga="--set data.grad_accum=$((128 / mb))"
           step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box $ga --gpu-mem 24
-          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 2 $box $ga
+          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml ${BOX_STEPS:---warmup 1 --steps 2} $box $ga
       done
       printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
       python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
@@ -603,7 +604,7 @@ if has hostalloc_bench; then
       step ha_1.5b_zerocopy_wc 300 $hb --set memory.zero_copy=true --set memory.host_alloc=write_combined
       h7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --set parallel.gpus=1 --set perf.cuda_graphs=false
           --set memory.offload=[weights,gradients,master,m,v,residual] --set data.micro_batch=32 --set data.grad_accum=16
-          --set memory.recompute=[block] --set memory.fp8_weight_cache=none --set memory.lmhead_chunks=16 --set memory.gpu_limit_gib=24"
+          --set memory.recompute=[block] --set memory.fp8_weight_cache=none --set memory.lmhead_chunks=32 --set memory.gpu_limit_gib=24"
       step ha_7b_24gib_pinned 600 $h7
       step ha_7b_24gib_wc 600 $h7 --set memory.host_alloc=write_combined
     } 2>&1 | tee "$OUT/hostalloc_bench.log" | grep -E '^(==)|tokens/s|rror'
@@ -613,8 +614,10 @@ fi
 # and vs LLM.Q's kind of plan (bf16 master and gradients, everything offloaded) at 16 GiB (64 sequences).
 if has auto_vs_hand; then
     b7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1"
-    { step avh_7b_80_auto 600 $b7 $auto_keys --set memory.gpu_limit_gib=80
-      step avh_7b_80_config 600 $b7 --set parallel.gpus=1 --set memory.gpu_limit_gib=80
+    caps=${AVH_CAPS:-80 16} # AVH_CAPS=16: the 16 GiB pair only
+    { [[ " $caps " == *" 80 "* ]] && step avh_7b_80_auto 600 $b7 $auto_keys --set memory.gpu_limit_gib=80
+      [[ " $caps " == *" 80 "* ]] && step avh_7b_80_config 600 $b7 --set parallel.gpus=1 --set memory.gpu_limit_gib=80
+      [[ " $caps " == *" 16 "* ]] || exit 0
       step avh_7b_16_auto 600 $b7 --set data.micro_batch=8 --set data.grad_accum=8 $auto_keys --set memory.gpu_limit_gib=16
       step avh_7b_16_hand 600 $b7 --set parallel.gpus=1 --set perf.cuda_graphs=false --set memory.gpu_limit_gib=16 \
           --set "memory.offload=[weights,gradients,master,m,v,residual]" --set precision.master_dtype=bf16 \
@@ -640,6 +643,32 @@ if has grid; then
           --set memory.offload_residual=true
       step grid_7b_swiglunorm_mb4 400 $g7 --set data.micro_batch=4 --set data.grad_accum=16 --set "memory.recompute=[swiglu,norm]"
     } 2>&1 | tee "$OUT/grid.log" | grep -E '^(==)|tokens/s|rror'
+fi
+# Session 19's last call. avh_bf16: auto at 16 GiB given LLM.Q's bf16 master and gradients (auto keeps fp32 ones
+# while a plan with them fits: the 16 GiB pair of auto_vs_hand compares a lossless auto with a lossy hand
+# plan). h100_14b_fp8 / _bf16: issue 24's 14B rows on an H100's memory (79 GiB cap) and a 128 GiB host
+# (120 GiB limit), every planner key auto. multi_zero3: ZeRO-3 = ZeRO-2 and the ranks' offloads bitwise
+# on separate GPUs (qt_t_ranks), with the probe's transport and with host staging.
+if has avh_bf16; then
+    { step avh_7b_16_auto_bf16 600 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --set data.micro_batch=8 \
+          --set data.grad_accum=8 $auto_keys --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
+          --set memory.gpu_limit_gib=16
+    } 2>&1 | tee "$OUT/avh_bf16.log" | grep -E '^(==)|chosen|tokens/s|fit|rror'
+fi
+for dt in fp8 bf16; do
+    has h100_14b_$dt || continue
+    mm=""; [ "$dt" = bf16 ] && mm="--set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16"
+    { step h100_14b_$dt 600 build/bench/train_bench configs/qwen2.5-14b-fp8.yaml --warmup 1 --steps 1 $auto_keys $mm \
+          --set memory.gpu_limit_gib=79 --set memory.host_limit_gib=120
+    } 2>&1 | tee "$OUT/h100_14b_$dt.log" | grep -E '^(==)|chosen|NOTE|tokens/s|fit|rror'
+done
+if has multi_zero3; then
+    { for comm in probe host; do
+          c=""; [ "$comm" = host ] && c="QT_TEST_COMM=host"
+          step zero3_${comm} 300 env $c QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
+          step offload_ranks_${comm} 300 env $c QT_TEST_ONLY=offload_ranks build/tests/test_offload
+      done
+    } 2>&1 | tee "$OUT/multi_zero3.log" | grep -E '^(PASS|FAIL|SKIP|==)|GPU[0-9]|bitwise|caught|differ|rror'
 fi
 # grid2: plans none of the cost model's constants were chosen on (session 18 fitted QT_PLAN_ELEM_BPS and
 # QT_PLAN_DUPLEX on `grid`): 3B bf16 and 7B fp8 at other micro-batches and recompute sets, the optimizer

@@ -9,6 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=${OUT:-out/gpu-check}
 mkdir -p "$root"
+# the carried binaries in place once, not by every list at once (tools/gpu-check.sh does it for one list)
+if [ -d build/dev ]; then cp -a -u build/dev/. build/; fi
 i=0
 for list in "$@"; do
     ( CUDA_VISIBLE_DEVICES=$i OUT=$root/g$i timeout "${BUDGET:-560}" bash tools/gpu-check.sh $list > "$root/g$i.txt" 2>&1
