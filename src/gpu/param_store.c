@@ -24,7 +24,7 @@
  * accumulation (the GEMMs' beta = 1, a tied table written twice, split LM-head chunks) rounds as on the
  * GPU. The norm and AdamW read grad where it is.
  *
- * With ZeRO ranks the same two flags place the rank's shard instead (GPU-untested): ZeRO-3 + w_host: w is
+ * With ZeRO ranks the same two flags place the rank's shard instead: ZeRO-3 + w_host: w is
  * the rank's bf16 pieces [shard.len] in pinned mapped host memory; dp_sync.c all-gathers each weight slot
  * from every rank's host pieces (qt_comm_all_gather_host: each rank's copy engines pull the pinned pieces
  * host->device, whatever the transport), AdamW writes them through the mapping, checkpoints copy them with
