@@ -34,8 +34,7 @@
  *   + offloaded gradients' norm and AdamW reads and the zeroing: 3 x 4 B/param (2 in bf16)
  *   + parallel.zero 3: grad_accum x 2 (forward, backward) x the layers' bf16 bytes (2 B/param) / PCIe
  *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound); a rank's offloaded
- *     gradient shard with ZeRO-2/3: 12 B per element per step, and 8 B per element per micro-step added
- *     in by a kernel through the mapping, at QT_PLAN_MAPPED_BPS (mapped_bytes)
+ *     gradient shard with ZeRO-2/3: 8 B per element per micro-step + 12 per step
  *   + gradient sums through host memory (parallel.comm host/host_wc): (n-1)/n x 4 B/param (2 with
  *     reduce_dtype bf16) once per step, every micro-step with ZeRO-2/3 / PCIe bandwidth
  *   + launches of the extra lm-head and attention chunks x 10 us
@@ -92,8 +91,6 @@ typedef struct {
 typedef struct {
     double compute, pcie_micro, once;
     double pcie_micro_bytes, pcie_once_bytes; /* per optimizer step and GPU, charged at the PCIe rate (both ways summed) */
-    double mapped_bytes; /* per optimizer step and GPU, host memory a kernel reads and writes through the mapping
-                          * (charged at QT_PLAN_MAPPED_BPS, part of once) */
 } qt_plan_cost;
 #define QT_PLAN_OVERLAP_ALPHA 0.2
 /* Fitted on the H100 rows of bench/RESULTS.md 1.0, 1.2 and 1.5 (0.5B-14B, bf16 and fp8 at LLM.Q's
@@ -111,12 +108,6 @@ typedef struct {
  * 7B grid with the optimizer offloaded by 22%, fully overlapped (0.0) over-predicted session 17's
  * everything-offloaded 14B by 21%; 0.5 holds all 24 measured rows within 15%. */
 #define QT_PLAN_DUPLEX 0.5
-/* Kernels adding into host memory through the mapping (ZeRO-2/3 ranks' offloaded gradient shards: read and
- * written every micro-step) run far below the copy engines' rate: the 14B and 32B runs on 4 x H200 held
- * to 24 GiB (host transport, bench/RESULTS.md sections 8, 9) were over-predicted by 27% and 42% with those
- * bytes at the probed 55 GB/s; each run's excess time over its shard bytes gives 15.7 GB/s (both alike;
- * all four GPUs adding at once). Fitted on those two runs: tools/gpu-check.sh box_grid holds it out. */
-#define QT_PLAN_MAPPED_BPS 15.7e9
 
 /* Every candidate that fits, fastest first, in out[cap] (their count in *n). 0, or -1 with err when
  * none fits (naming the smallest candidate's total and the limit) or a plan cannot be made. */

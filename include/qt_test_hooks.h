@@ -37,7 +37,9 @@ typedef struct {
                              * device copy of that bucket's first gather (AdamW's writes to the host pieces
                              * never read); 8 = ZeRO-2/3 with offloaded gradients writes (=) each micro-step's
                              * summed piece into the host shard instead of adding (+=) it; 9 = one GPU's
-                             * offloaded gradients: a shared slot's load does not wait for its store */
+                             * offloaded gradients: a shared slot's load does not wait for its store;
+                             * 10 = ZeRO-2/3 with offloaded gradients adds a chunk of the host shard in its
+                             * device staging without bringing it up first (qt_param_grad_piece_add) */
     long zero3_read_delay_ms; /* > 0: ZeRO-3: the model stream sleeps this long after each weight acquire,
                              * before the layer reads (a gather that does not wait for the slot's
                              * readers overwrites it first); dp_ag_delay_ms also delays each ZeRO-3 gather */
@@ -70,6 +72,8 @@ typedef struct {
     int offload_residual_mutant;  /* MUTANT 1: the backward reads a fetched residual without waiting for
                                    * its copy; 2: the forward overwrites a residual slot before its copy to
                                    * host has finished. Eager steps only (a capture refuses the unjoined copy) */
+    long grad_stage_elems;        /* > 0: ZeRO-2/3's offloaded gradient shard is added in chunks of this many
+                                   * elements (a small test model's pieces fit one of the default 4 Mi) */
 } qt_test_hooks;
 
 /* Copies h (NULL: all off). */

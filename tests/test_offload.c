@@ -731,10 +731,12 @@ static void test_offload_ranks_gradients_zero2(void) {
     ranks_bitwise(cases, sizeof cases / sizeof cases[0]);
 }
 
-/* The mutants with ranks must change the bits (or stop the run); the delays alone must not: ZeRO-3 with
- * offloaded pieces filling its slots from a stale device copy (7), ZeRO-2 with an offloaded gradient
- * shard overwritten by each micro-step's sum instead of added to (8, grad_accum 2), and summed in
- * descending rank order into the host shard (2, 3 ranks). */
+/* The mutants with ranks must change the bits (or stop the run); the delays and small staging chunks
+ * alone must not: ZeRO-3 with offloaded pieces filling its slots from a stale device copy (7), ZeRO-2
+ * with an offloaded gradient shard overwritten by each micro-step's sum instead of added to (8,
+ * grad_accum 2), added in its staging without bringing the shard's chunk up (10), and summed in
+ * descending rank order into the host shard (2, 3 ranks). The 1000-element chunks split every piece of
+ * the test model (the default chunk holds them whole) and end in a partial one. */
 static void test_offload_ranks_mutants_caught(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
@@ -743,6 +745,9 @@ static void test_offload_ranks_mutants_caught(void) {
         {"z3 weights: slots from a stale device copy", 3, 2, "offload: [weights]", {.zero_mutant = 7}, 1},
         {"z2 gradients: sums delayed 20 ms (no mutant)", 2, 2, "offload: [gradients]", {.dp_sum_delay_ms = 20}, 0},
         {"z2 gradients: shard = sum, not += sum", 2, 2, "offload: [gradients]", {.zero_mutant = 8}, 1},
+        {"z2 gradients: staged in 1000-element chunks", 2, 3, "offload: [gradients]", {.grad_stage_elems = 1000}, 0},
+        {"z3 gradients: staged in 1000-element chunks", 3, 2, "offload: [gradients]", {.grad_stage_elems = 1000}, 0},
+        {"z2 gradients: shard chunk not brought up", 2, 2, "offload: [gradients]", {.zero_mutant = 10}, 1},
         {"z2 gradients: descending rank order", 2, 3, "offload: [gradients]", {.zero_mutant = 2}, 1},
     };
     run_out ref[2][4], got;

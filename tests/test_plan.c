@@ -509,15 +509,14 @@ static void test_auto_axes_cost(void) {
     b.parallel.reduce_dtype = QT_DT_BF16;
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
     QT_EXPECT(fabs(d - 16 * want) < 1e-9 * want, "host bf16 sums, zero 2: charged %g s, expected %g", d, 16 * want);
-    /* 4 ZeRO ranks (peer): the offloaded gradient shard (numel / 4 fp32) read and written through the mapping
-     * by each of the 32 micro-steps' adds (8 B, at QT_PLAN_MAPPED_BPS) and touched once by the norm, AdamW
-     * and the zeroing (12 B, at the PCIe rate); ZeRO-3's offloaded
+    /* 4 ZeRO ranks (peer): the offloaded gradient shard (numel / 4 fp32) brought up and written back by each
+     * of the 32 micro-steps' adds (8 B) and touched once by the norm, AdamW and the zeroing (12 B); ZeRO-3's offloaded
      * pieces: the gathers are ZeRO-3's charge already, the embedding and LM head once, AdamW's writes and
      * the count's reads of the rank's pieces (2 x 2 B x numel / 4) */
     a.parallel.zero = 2, a.parallel.reduce_dtype = QT_DT_F32;
     b = a, b.memory.offload = QT_OFF_GRADIENTS;
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
-    want = (double)L.numel / 4 * (8 * 32 / QT_PLAN_MAPPED_BPS + 12 / 25e9);
+    want = (double)L.numel / 4 * (8 * 32 + 12) / 25e9;
     QT_EXPECT(fabs(d - want) < 1e-9 * want, "zero 2 x 4, offloaded gradient shard charged %g s, expected %g", d, want);
     a.parallel.zero = 3;
     b = a, b.memory.offload = QT_OFF_WEIGHTS;
@@ -858,24 +857,18 @@ static void test_cost_held_out(void) {
 }
 
 /* The emulated 4-card box (4 x H200 held to 24 GiB each, parallel.comm host, ZeRO-3; bench/RESULTS.md
- * sections 6, 8, 9), predicted with an H200's rates: 7B without offloaded shards (its gathers and sums
- * overlap the compute more than the model's serial charge says: -13.5%), 14B and 32B with the ranks'
- * weights and gradient shards offloaded, whose mapped shard adds QT_PLAN_MAPPED_BPS was fitted on (not
- * held out: with those bytes at the copy rate they were +27% and +42%). Within 15%. */
+ * section 6), predicted with an H200's rates: 7B without offloaded shards, whose gathers and sums overlap
+ * its compute more than the model's serial charge says (-13.5%). The 14B and 32B runs (sections 8, 9)
+ * added each micro-step's gradients into the ranks' host shards through the mapping, which the code no
+ * longer does (qt_param_grad_piece_add): +27% / +42% then, to be measured again (gpu-check.sh box_grid,
+ * multi_box). Within 15%. */
 static void test_cost_box(void) {
-#define BOX "parallel.gpus=4", "parallel.comm=host", "perf.cuda_graphs=false", "memory.fp8_weight_cache=none", \
-            "memory.recompute=[block]", "parallel.zero=3"
     static const cost_row rows[] = {
         {"7b box", "configs/qwen2.5-7b-fp8.yaml",
-         {BOX, "data.micro_batch=8", "data.grad_accum=16", "memory.offload=[master,m,v,residual]", "memory.lmhead_chunks=4"}, 24682},
-        {"14b box, shards offloaded", "configs/qwen2.5-14b-fp8.yaml",
-         {BOX, "data.micro_batch=16", "data.grad_accum=8", "memory.offload=[weights,gradients,master,m,v,residual]",
-          "memory.lmhead_chunks=1", "precision.master_dtype=fp32", "precision.grad_accum_dtype=fp32"}, 11184},
-        {"32b box, shards offloaded", "configs/qwen2.5-32b-fp8.yaml",
-         {BOX, "data.micro_batch=8", "data.grad_accum=16", "memory.offload=[weights,gradients,master,m,v,residual]",
-          "memory.lmhead_chunks=1"}, 2994},
+         {"parallel.gpus=4", "parallel.comm=host", "perf.cuda_graphs=false", "memory.fp8_weight_cache=none",
+          "memory.recompute=[block]", "parallel.zero=3", "data.micro_batch=8", "data.grad_accum=16",
+          "memory.offload=[master,m,v,residual]", "memory.lmhead_chunks=4"}, 24682},
     };
-#undef BOX
     check_rows(rows, sizeof rows / sizeof *rows);
 }
 

@@ -116,7 +116,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     if (z2) {
         if (d->mutant == 8 && d->plan.grads_shard_host && dt == QT_DT_F32) /* MUTANT 8: = instead of += */
             QT_CUDA(cudaMemcpyAsync(qt_param_grad_piece(ps, b), buf + (off - lo) * es, len * 4, cudaMemcpyDefault, s));
-        else if (!mutant) qt_add_inplace(qt_param_grad_piece(ps, b), QT_DT_F32, buf + (off - lo) * es, dt, len, s);
+        else if (!mutant) qt_param_grad_piece_add(ps, b, buf + (off - lo) * es, dt, len, s);
         qt_param_grad_slot_zero(ps, b, s);
         int k = qt_param_grad_slot_shared(ps, b);
         if (k >= 0) QT_CUDA(cudaEventRecord(d->slot_ev[k], s));

@@ -273,13 +273,10 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
         k.pcie_once_bytes += (double)L->numel * ge * 3;
     }
     /* memory.offload: [gradients] with ZeRO-2/3 ranks: each micro-step's summed piece is added into the
-     * rank's host shard by a kernel reading and writing it through the mapping (8 B per shard element), at
-     * QT_PLAN_MAPPED_BPS rather than the copy engines' rate; the norm, AdamW and the zeroing touch the shard
-     * once per step (3 x 4 B, at the PCIe rate) */
-    if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero >= 2) {
-        k.mapped_bytes += mine * 8.0 * cfg->data.grad_accum;
-        k.pcie_once_bytes += mine * 12;
-    }
+     * rank's host shard (brought up and written back by the copy engines, 8 B per shard element), and the
+     * norm, AdamW and the zeroing touch the shard once per step (3 x 4 B) */
+    if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero >= 2)
+        k.pcie_once_bytes += mine * (8.0 * cfg->data.grad_accum + 12);
     /* Gradient sums through host memory (parallel.comm host / host_wc: boards without P2P): each GPU moves
      * (n-1)/n of the gradients (4 B/param, 2 with reduce_dtype bf16) per sum, once per step with ZeRO-0/1
      * but every micro-step with ZeRO-2/3 (they reduce-scatter as the backward goes); charged at the
@@ -293,7 +290,7 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
     k.once += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
     k.pcie_micro = k.pcie_micro_bytes / pr->pcie_bps;
-    k.once += k.pcie_once_bytes / pr->pcie_bps + k.mapped_bytes / QT_PLAN_MAPPED_BPS;
+    k.once += k.pcie_once_bytes / pr->pcie_bps;
     return k;
 }
 

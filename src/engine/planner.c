@@ -179,11 +179,9 @@ int qt_plan_report(const qt_config *cfg, const qt_probe *pr, double gpu_gib, dou
     if (rp.ranks) { /* the cost model's step (memory.plan: auto ranks plans by it) */
         qt_plan_cost k = qt_plan_auto_cost_parts(&L, cfg, pr);
         double t = qt_plan_auto_cost(&L, cfg, pr), tok = (double)cfg->data.micro_batch * cfg->data.seq_len * cfg->data.grad_accum;
-        char mapped[96] = "";
-        if (k.mapped_bytes > 0) snprintf(mapped, sizeof mapped, " + %.1f GB through the mapping", k.mapped_bytes * 1e-9);
         printf("  predicted on %s: %.0f tokens/s, %.2f s per step: compute %.2f s; beside it %.1f GB over PCIe (%.2f s); "
-               "serial %.1f GB%s (%.2f s with the rest)\n", pr->gpu, tok * rp.ranks / t, t, k.compute, k.pcie_micro_bytes * 1e-9,
-               k.pcie_micro, k.pcie_once_bytes * 1e-9, mapped, k.once);
+               "serial %.1f GB (%.2f s with the rest)\n", pr->gpu, tok * rp.ranks / t, t, k.compute, k.pcie_micro_bytes * 1e-9,
+               k.pcie_micro, k.pcie_once_bytes * 1e-9, k.once);
     }
     rc = gpu_no || host_no;
     qt_layout_free(&L);

@@ -29,10 +29,13 @@
  * from every rank's host pieces (qt_comm_all_gather_host: each rank's copy engines pull the pinned pieces
  * host->device, whatever the transport), AdamW writes them through the mapping, checkpoints copy them with
  * cudaMemcpyDefault. ZeRO-2/3 + g_host: grad is the rank's fp32 shard [shard.len] in pinned mapped host
- * memory; everything else is ZeRO-2's (gradient slots on the GPU, reduce-scattered per bucket), and the
- * kernel that adds each micro-step's summed piece into the shard (qt_add_inplace, reduce_bucket) and the
- * embedding lookups' add (add_lookups) read and write it through the mapping: the same kernels in the same
- * order, so the same bits; the norm and AdamW read it there. */
+ * memory; everything else is ZeRO-2's (gradient slots on the GPU, reduce-scattered per bucket). Each
+ * micro-step's summed piece is added into the shard by qt_param_grad_piece_add: the copy engines bring the
+ * shard's piece up a chunk at a time into shard_stage, the add kernel runs there and the chunk goes back
+ * down (a kernel adding through the mapping ran at ~16 GB/s of traffic with four GPUs at once, the copy
+ * engines at 33-40 GB/s each way: bench/RESULTS.md section 9); the embedding lookups' add (add_lookups,
+ * a few rows) reads and writes it through the mapping. The same kernels on the same operands in the
+ * same order, so the same bits; the norm and AdamW read the shard where it is. */
 #include "qt_param_store.h"
 
 #include <stdio.h>
@@ -40,8 +43,10 @@
 #include <string.h>
 
 #include "qt_error.h"
+#include "qt_test_hooks.h"
 
 #define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
+#define SHARD_STAGE_ELEMS ((size_t)1 << 22) /* 16 MiB: a host gradient shard's chunk (copies of ~0.1-0.5 ms at PCIe rates) */
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
@@ -188,6 +193,17 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
         ps->comm_buf = qt_mem_plan_carve(p, "gradient comm buffer (bf16)", big * 2);
     }
     ps->staging = qt_mem_plan_carve(p, "load staging (fp32)", ps->stage_n * 4);
+    if (ps->place.zero >= 2 && ps->place.g_host) {
+        size_t big = 0; /* the largest piece, at most a chunk */
+        for (int b = 0; b < ps->shard.n_buckets; b++) {
+            size_t off, len, st;
+            qt_shard_piece(&ps->shard, b, &off, &len, &st);
+            big = len > big ? len : big;
+        }
+        size_t chunk = qt_test_hooks_get()->grad_stage_elems > 0 ? (size_t)qt_test_hooks_get()->grad_stage_elems : SHARD_STAGE_ELEMS;
+        ps->shard_stage_n = big < chunk ? big : chunk;
+        ps->shard_stage = qt_mem_plan_carve(p, "gradient shard staging (fp32)", ps->shard_stage_n * 4);
+    }
 }
 
 /* ZeRO-2, embed_apart: the buckets of embeddings only, which nothing writes (no slot). */
@@ -349,6 +365,22 @@ void *qt_param_grad_piece(const qt_param_store *ps, int b) {
     size_t off, len, st;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
     return (char *)ps->grad + (ps->place.zero >= 2 ? st : off) * qt_dtype_size(ps->grad_dt);
+}
+
+void qt_param_grad_piece_add(const qt_param_store *ps, int b, const void *src, qt_dtype dt, size_t len, cudaStream_t s) {
+    float *piece = qt_param_grad_piece(ps, b);
+    if (!ps->shard_stage) {
+        qt_add_inplace(piece, QT_DT_F32, src, dt, len, s);
+        return;
+    }
+    size_t es = qt_dtype_size(dt);
+    for (size_t i = 0; i < len; i += ps->shard_stage_n) {
+        size_t n = len - i < ps->shard_stage_n ? len - i : ps->shard_stage_n;
+        if (qt_test_hooks_get()->zero_mutant != 10) /* MUTANT 10: the chunk is not brought up */
+            QT_CUDA(cudaMemcpyAsync(ps->shard_stage, piece + i, n * 4, cudaMemcpyDefault, s));
+        qt_add_inplace(ps->shard_stage, QT_DT_F32, (const char *)src + i * es, dt, n, s);
+        QT_CUDA(cudaMemcpyAsync(piece + i, ps->shard_stage, n * 4, cudaMemcpyDefault, s));
+    }
 }
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
