@@ -8,7 +8,7 @@
 # pending17, capped17 (what session 17 built after its device time); grid (issue 25's plans left out of the fit);
 # pending18 (what session 18 built after its device time; then BOX_MODELS="14b 32b" multi_box on 4 GPUs);
 # grid2 (plans the cost model was not fitted on); avh_bf16, h100_14b_fp8, h100_14b_bf16, multi_zero3 (session 19); box_grid (4 GPUs: the
-# host-bandwidth rows the cost model lacks)
+# host-bandwidth rows the cost model lacks); pending19 (what session 19 built after its device time)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -670,6 +670,15 @@ if has multi_zero3; then
           step offload_ranks_${comm} 300 env $c QT_TEST_ONLY=offload_ranks build/tests/test_offload
       done
     } 2>&1 | tee "$OUT/multi_zero3.log" | grep -E '^(PASS|FAIL|SKIP|==)|GPU[0-9]|bitwise|caught|differ|rror'
+fi
+# pending19 (built after session 19's device time): ZeRO-2/3's offloaded gradient shards added through the
+# copy engines in device staging chunks (test_offload offload_ranks: bitwise as before, 1000-element
+# chunks, mutant 10), on one GPU (ranks share it) or separate GPUs, then the planner's tests; then on 4
+# GPUs: box_grid and BOX_MODELS="14b 32b" multi_box (the box runs again, with the new adds).
+if has pending19; then
+    { step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
+      step test_plan 300 build/tests/test_plan
+    } 2>&1 | tee "$OUT/pending19.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi
 # box_grid (4 GPUs, alone; for the cost model's missing term): host transport with ZeRO-3 / ZeRO-2 and the
 # ranks' offloaded pieces or not, bf16 sums or not: 1.5B fp8 (short steps, fast start) and 7B fp8, no
