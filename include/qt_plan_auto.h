@@ -109,10 +109,17 @@ typedef struct {
  * everything-offloaded 14B by 21%; 0.5 holds all 24 measured rows within 15%. */
 #define QT_PLAN_DUPLEX 0.5
 
-/* Every candidate that fits, fastest first, in out[cap] (their count in *n). 0, or -1 with err when
- * none fits (naming the smallest candidate's total and the limit) or a plan cannot be made. */
+/* Every candidate that fits, fastest first, in out[cap] (their count in *n); *lossy_out (may be NULL): the
+ * fastest plan left out for its numerics (bf16 master weights or gradients where a plan with fewer of them
+ * fits; tokens_per_s 0 when there is none). 0, or -1 with err when none fits (naming the smallest
+ * candidate's total and the limit) or a plan cannot be made. */
 int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
-                           int *n, char *err, size_t errlen);
+                           int *n, qt_plan_choice *lossy_out, char *err, size_t errlen);
+/* qt_plan_auto prints a NOTE naming the plan left out for its numerics when it predicts more than
+ * QT_PLAN_LOSSY_HINT x the chosen plan's tokens/s (7B at 16 GiB: 2.4 x measured, bench/RESULTS.md
+ * section 9): 1 when lossy is such a plan. */
+#define QT_PLAN_LOSSY_HINT 1.2
+int qt_plan_auto_lossy_worth(const qt_plan_choice *chosen, const qt_plan_choice *lossy);
 /* The predicted seconds per optimizer step of cfg (its memory keys as set) on pr, and its parts. */
 double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);

@@ -264,7 +264,7 @@ static void test_auto_choice(void) {
         QT_REQUIRE(load_cfg(&c, yaml, NULL) == 0, "config");
         QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
         int n;
-        QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0, "%s", err);
         QT_EXPECT(n > 3, "cap %g: %d plans fit", caps[k], n);
         for (int i = 0; i < n; i++) {
             QT_EXPECT(ch[i].micro_batch * ch[i].grad_accum == 512, "tokens per step changed: %d x %d", ch[i].micro_batch,
@@ -303,7 +303,7 @@ static void test_auto_choice(void) {
         /* a given key is a constraint */
         snprintf(yaml, sizeof yaml, "%sgpu_limit_gib: %g, recompute: [block]}\n", B15, caps[k]);
         QT_REQUIRE(load_cfg(&c, yaml, NULL) == 0, "config");
-        QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0, "%s", err);
         for (int i = 0; i < n; i++) QT_EXPECT(ch[i].recompute == QT_RC_BLOCK, "recompute %d, given [block]", ch[i].recompute);
         qt_layout_free(&L);
     }
@@ -316,7 +316,7 @@ static void test_auto_choice(void) {
     QT_REQUIRE(load_cfg(&c, yaml, NULL) == 0, "config");
     QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
     int n;
-    QT_EXPECT(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, err, sizeof err) == -1 &&
+    QT_EXPECT(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == -1 &&
                   strstr(err, "no plan fits: the smallest needs") && strstr(err, "memory.gpu_limit_gib allows 2.00 GiB"),
               "2 GiB: %s", err);
     qt_layout_free(&L);
@@ -336,7 +336,7 @@ static const char B14[] =
 
 /* memory.plan: auto over model + extra (the data, memory and parallel keys): *best the fastest plan that
  * fits, *n their count; every candidate is checked against the given keys. -1 when none fits. */
-static int auto_pick(const char *model, const char *extra, qt_plan_choice *best, int *n) {
+static int auto_pick_lossy(const char *model, const char *extra, qt_plan_choice *best, int *n, qt_plan_choice *lossy) {
     const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
     static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
     qt_config c;
@@ -347,7 +347,7 @@ static int auto_pick(const char *model, const char *extra, qt_plan_choice *best,
     QT_EXPECT(load_cfg(&c, model, extra) == 0, "config");
     QT_EXPECT(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
     if (qt_t_failed) return -2;
-    int rc = qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, n, err, sizeof err);
+    int rc = qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, n, lossy, err, sizeof err);
     qt_layout_free(&L);
     if (rc) {
         printf("    (%s)\n", err);
@@ -376,6 +376,32 @@ static int auto_pick(const char *model, const char *extra, qt_plan_choice *best,
            : best->offload_bits == QT_OFF_WEIGHTS ? ", weights offloaded" : best->offload_bits ? ", gradients offloaded" : "",
            best->gpu_bytes / 1073741824.0);
     return 0;
+}
+
+static int auto_pick(const char *model, const char *extra, qt_plan_choice *best, int *n) {
+    return auto_pick_lossy(model, extra, best, n, NULL);
+}
+
+/* 7B at 16 GiB (auto_vs_hand's case: measured 3,512 tokens/s with fp32 state, 8,348 given bf16 master
+ * weights and gradients): auto keeps the fp32 plan and hands back the faster bf16 one for the NOTE; with
+ * the dtypes given there is none to hand back. */
+static void test_auto_lossy_hint(void) {
+    qt_plan_choice b, lossy;
+    int n;
+#define D7S "data: {train: 'none_*.bin', seq_len: 1024, micro_batch: 8, grad_accum: 8}\n"
+#define M7S "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 16}\n"
+    QT_REQUIRE(auto_pick_lossy(B7, D7S P7 M7S, &b, &n, &lossy) == 0, "7B at 16 GiB: no plan");
+    printf("  chosen %.0f tokens/s (lossy %d); left out: %.0f tokens/s (lossy %d, master %s, gradients %s)\n", b.tokens_per_s,
+           b.lossy, lossy.tokens_per_s, lossy.lossy, lossy.master_dtype == QT_DT_BF16 ? "bf16" : "fp32",
+           lossy.grad_accum_dtype == QT_DT_BF16 ? "bf16" : "fp32");
+    QT_EXPECT(!b.lossy, "bf16 master/gradients chosen though an fp32 plan fits");
+    QT_EXPECT(lossy.lossy > 0 && qt_plan_auto_lossy_worth(&b, &lossy), "no faster bf16 plan handed back: %.0f vs %.0f",
+              lossy.tokens_per_s, b.tokens_per_s);
+    QT_REQUIRE(auto_pick_lossy(B7, D7S "precision: {matmul_dtype: e4m3, persistent_quants: true, master_dtype: fp32, "
+                                       "grad_accum_dtype: fp32}\n" M7S, &b, &n, &lossy) == 0, "7B at 16 GiB, fp32 given: no plan");
+    QT_EXPECT(lossy.tokens_per_s == 0 && !qt_plan_auto_lossy_worth(&b, &lossy), "a bf16 plan handed back though fp32 was given");
+#undef D7S
+#undef M7S
 }
 
 /* The axes of this session's memory features: each is chosen where it is the only way to fit, not where
@@ -879,6 +905,7 @@ int main(void) {
     QT_RUN(test_cpu_alloc_matches_plan);
     QT_RUN(test_auto_choice);
     QT_RUN(test_auto_axes);
+    QT_RUN(test_auto_lossy_hint);
     QT_RUN(test_auto_axes_cost);
     QT_RUN(test_cost_calibration);
     QT_RUN(test_cost_grid);

@@ -324,7 +324,7 @@ static int by_speed(const void *a, const void *b) {
 }
 
 int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
-                           int *n, char *err, size_t errlen) {
+                           int *n, qt_plan_choice *lossy_out, char *err, size_t errlen) {
     plan_axis ax[AX_N];
     memcpy(ax, AXES, sizeof ax);
     int seqs = cfg->data.micro_batch * cfg->data.grad_accum;
@@ -393,6 +393,11 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
      * among plans that need them the cost model picks, whichever items */
     int least = 2, plain = 0, kept = 0;
     for (int i = 0; i < count; i++) least = out[i].lossy < least ? out[i].lossy : least;
+    if (lossy_out) { /* the fastest plan left out for its numerics */
+        memset(lossy_out, 0, sizeof *lossy_out);
+        for (int i = 0; i < count; i++)
+            if (out[i].lossy > least && out[i].tokens_per_s > lossy_out->tokens_per_s) *lossy_out = out[i];
+    }
     for (int i = 0; i < count; i++) plain |= out[i].lossy == least && !out[i].offload_bits;
     for (int i = 0; i < count; i++)
         if (out[i].lossy == least && (!plain || !out[i].offload_bits)) out[kept++] = out[i];
@@ -400,6 +405,24 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     qsort(out, (size_t)count, sizeof *out, by_speed);
     *n = count;
     return 0;
+}
+
+int qt_plan_auto_lossy_worth(const qt_plan_choice *chosen, const qt_plan_choice *lossy) {
+    return lossy->tokens_per_s > QT_PLAN_LOSSY_HINT * chosen->tokens_per_s;
+}
+
+static const char *offload_text(const qt_plan_choice *c) {
+    return c->offload_bits == OFF_WG ? ", weights and gradients offloaded" : c->offload_bits == QT_OFF_WEIGHTS ? ", weights offloaded"
+           : c->offload_bits ? ", gradients offloaded" : "";
+}
+
+/* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
+static const char *describe(const qt_plan_choice *c) {
+    static char buf[256];
+    char rc[64];
+    snprintf(buf, sizeof buf, "micro_batch %d x grad_accum %d, recompute [%s]%s", c->micro_batch, c->grad_accum,
+             qt_act_recompute_names(qt_act_recompute_resolve(c->recompute), rc, sizeof rc), offload_text(c));
+    return buf;
 }
 
 static void print_choice(const char *tag, const qt_plan_choice *c, const qt_config *cfg) {
@@ -410,8 +433,7 @@ static void print_choice(const char *tag, const qt_plan_choice *c, const qt_conf
            tag, c->micro_batch, c->grad_accum, qt_act_recompute_names(qt_act_recompute_resolve(c->recompute), rc, sizeof rc),
            c->offload_optimizer ? "true" : "false", c->offload_residual ? "true" : "false",
            c->fp8_weight_cache == QT_FP8_WCACHE_NONE ? "none" : "all", c->lmhead_chunks, c->attn_bwd_chunks, c->zero,
-           c->offload_bits == OFF_WG ? ", weights and gradients offloaded" : c->offload_bits == QT_OFF_WEIGHTS ? ", weights offloaded"
-           : c->offload_bits ? ", gradients offloaded" : "",
+           offload_text(c),
            c->gpu_bytes / 1073741824.0, c->host_bytes / 1073741824.0, c->tokens_per_s);
     int chose = (c->master_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.master_dtype")) ||
                 (c->grad_accum_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.grad_accum_dtype"));
@@ -428,12 +450,20 @@ int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
     static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
     int n;
     if (qt_model_layout(cfg, &L, &src, err, errlen)) return -1;
-    int rc = qt_plan_auto_enumerate(&L, cfg, pr, ch, QT_PLAN_AUTO_MAX, &n, err, errlen);
+    qt_plan_choice lossy;
+    int rc = qt_plan_auto_enumerate(&L, cfg, pr, ch, QT_PLAN_AUTO_MAX, &n, &lossy, err, errlen);
     qt_layout_free(&L);
     if (rc) return -1;
     printf("qtrain: memory.plan: auto: %d plans fit (rates: %s, bf16 %.0f TFLOP/s, PCIe %.0f GB/s); the config's keys "
            "are kept as constraints\n", n, pr->gpu, pr->bf16_flops * 1e-12, pr->pcie_bps * 1e-9);
     for (int i = 0; i < n && i < 3; i++) print_choice(i ? "next" : "chosen", &ch[i], cfg);
+    if (qt_plan_auto_lossy_worth(&ch[0], &lossy)) { /* say what the numerics cost, where they cost much */
+        printf("         NOTE: bf16 %s would predict %.0f tokens/s (%+.0f%%) with %s; auto keeps fp32 ones while a plan "
+               "with them fits: give precision.master_dtype / precision.grad_accum_dtype bf16 to take it\n",
+               lossy.master_dtype == QT_DT_BF16 && lossy.grad_accum_dtype == QT_DT_BF16 ? "master weights and gradients"
+               : lossy.master_dtype == QT_DT_BF16 ? "master weights" : "gradients",
+               lossy.tokens_per_s, 100 * (lossy.tokens_per_s / ch[0].tokens_per_s - 1), describe(&lossy));
+    }
     qt_plan_auto_apply(cfg, &ch[0]);
     return 0;
 }
