@@ -152,7 +152,10 @@ static __device__ void block_bitonic_sort(int *a, int m) {
 }
 
 /* One block per touched id: sort its bucket, then dwte[id] += its rows in ascending order, for the
- * table elements in [lo, hi) (vec: multiples of 8). */
+ * table elements in [lo, hi) (vec: multiples of 8). dw_bf16: 1 = a bf16 dwte, 2 = an fp32 dwte whose
+ * sums are stored rounded to bf16 (RNE: the bf16 table's values). */
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
 __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, long long hi_el, const void *dout,
                                      int dout_bf16, int *rows, const int *off, const int *touched, const int *meta, int c,
                                      int vec) {
@@ -169,13 +172,13 @@ __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, l
         r = sh;
     }
     if (m > 1) block_bitonic_sort(r, m);
-    float *dst = dw_bf16 ? NULL : (float *)dwte + row0;
-    bf16 *dsth = dw_bf16 ? (bf16 *)dwte + row0 : NULL;
+    float *dst = dw_bf16 == 1 ? NULL : (float *)dwte + row0;
+    bf16 *dsth = dw_bf16 == 1 ? (bf16 *)dwte + row0 : NULL;
     int g0 = vec ? c0 / 8 : c0, g1 = vec ? c1 / 8 : c1;
     for (int g = g0 + threadIdx.x; g < g1; g += blockDim.x) {
         if (vec) {
             float acc[8], x[8];
-            if (dw_bf16) {
+            if (dw_bf16 == 1) {
                 ld8(acc, dsth + g * 8);
             } else {
                 float4 a0 = ((float4 *)(dst + g * 8))[0], a1 = ((float4 *)(dst + g * 8))[1];
@@ -194,20 +197,23 @@ __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, l
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[i] += x[i];
             }
-            if (dw_bf16) {
+            if (dw_bf16 == 1) {
                 st8(dsth + g * 8, acc);
             } else {
+                if (dw_bf16 == 2)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[i] = bf16_round(acc[i]);
                 ((float4 *)(dst + g * 8))[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
                 ((float4 *)(dst + g * 8))[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
             }
         } else {
-            float acc = dw_bf16 ? __bfloat162float(dsth[g]) : dst[g];
+            float acc = dw_bf16 == 1 ? __bfloat162float(dsth[g]) : dst[g];
             for (int k = 0; k < m; k++) {
                 long long i = (long long)r[k] * c + g;
                 acc += dout_bf16 ? __bfloat162float(((const bf16 *)dout)[i]) : ((const float *)dout)[i];
             }
-            if (dw_bf16) dsth[g] = __float2bfloat16_rn(acc);
-            else dst[g] = acc;
+            if (dw_bf16 == 1) dsth[g] = __float2bfloat16_rn(acc);
+            else dst[g] = dw_bf16 == 2 ? bf16_round(acc) : acc;
         }
     }
 }
@@ -231,10 +237,10 @@ extern "C" size_t qt_embedding_bwd_ws_bytes(long n, int v) {
 
 extern "C" void qt_embedding_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dout_dt, const int32_t *tok,
                                  long n, int c, int v, void *ws, cudaStream_t s) {
-    qt_embedding_bwd_range(dwte, dw_dt, 0, (size_t)v * c, dout, dout_dt, tok, n, c, v, ws, s);
+    qt_embedding_bwd_range(dwte, dw_dt, 0, 0, (size_t)v * c, dout, dout_dt, tok, n, c, v, ws, s);
 }
 
-extern "C" void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, size_t lo, size_t hi, const void *dout,
+extern "C" void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf16, size_t lo, size_t hi, const void *dout,
                                        qt_dtype dout_dt, const int32_t *tok, long n, int c, int v, void *ws,
                                        cudaStream_t s) {
     QT_CHECK((dout_dt == QT_DT_F32 || dout_dt == QT_DT_BF16) && (dw_dt == QT_DT_F32 || dw_dt == QT_DT_BF16),
@@ -259,7 +265,8 @@ extern "C" void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, size_t lo, si
     int vec = c % 8 == 0 && lo % 8 == 0 && hi % 8 == 0 && qt_aligned16(dwte) && qt_aligned16(dout) &&
               ((size_t)c * es) % 16 == 0;
     long nblk = n < v ? n : v;
-    embedding_bwd_kernel<<<(unsigned)nblk, 128, 0, s>>>(dwte, dw_dt == QT_DT_BF16, (long long)lo, (long long)hi, dout,
+    int mode = dw_dt == QT_DT_BF16 ? 1 : round_bf16 ? 2 : 0;
+    embedding_bwd_kernel<<<(unsigned)nblk, 128, 0, s>>>(dwte, mode, (long long)lo, (long long)hi, dout,
                                                         dout_dt == QT_DT_BF16,
                                                         rows, off, touched, meta, c, vec);
     QT_CUDA(cudaGetLastError());

@@ -49,9 +49,11 @@ size_t qt_embedding_bwd_ws_bytes(long n, int v);
 void qt_embedding_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dout_dt, const int32_t *tok, long n,
                       int c, int v, void *ws, cudaStream_t s);
 /* The same, adding only to the table elements dwte[lo..hi) (flat indices into [v, c]): one
- * data-parallel rank's piece of the embedding gradient. */
-void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, size_t lo, size_t hi, const void *dout, qt_dtype dout_dt,
-                            const int32_t *tok, long n, int c, int v, void *ws, cudaStream_t s);
+ * data-parallel rank's piece of the embedding gradient. round_bf16 with an fp32 dwte: each updated
+ * element is stored rounded to bf16 (RNE), the value a bf16 dwte would hold (ZeRO-2/3's fp32 gradient
+ * shard under precision.grad_accum_dtype bf16). */
+void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf16, size_t lo, size_t hi, const void *dout,
+                            qt_dtype dout_dt, const int32_t *tok, long n, int c, int v, void *ws, cudaStream_t s);
 
 /* ---- column reductions (bias.cu; RMSNorm dw uses the same machinery) ---- */
 /* Bytes of workspace qt_bias_bwd / qt_rmsnorm_bwd need for c columns. */

@@ -114,7 +114,7 @@ typedef struct {
     void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
                            * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: grad_dt [shard.total] (ZeRO-2/3:
                            * fp32 [shard.len]) in pinned host memory (owned, mapped: the norm and AdamW read it directly) */
-    void **grad_slot;     /* ZeRO-2, g_host: [n_buckets] the device slot holding bucket b's whole gradient (grad_dt)
+    void **grad_slot;     /* ZeRO-2, g_host: [n_buckets] the device slot holding bucket b's whole gradient (acc_dt)
                            * while the backward writes it, between head and tail margins of grad_margin elements
                            * (owned array; the slots are in the arena) */
     size_t *cross_at;     /* ZeRO-2: [n_buckets] start of the tensor that crosses bucket[b] from below
@@ -125,7 +125,10 @@ typedef struct {
     void *m, *v;
     qt_dtype m_dt, v_dt;
     qt_dtype w_master_dt; /* precision.master_dtype: fp32 (the master array) or bf16 (w itself) */
-    qt_dtype grad_dt;     /* precision.grad_accum_dtype: the dtype every weight-gradient writer accumulates in */
+    qt_dtype acc_dt;      /* precision.grad_accum_dtype: the dtype every weight-gradient writer accumulates in (the
+                           * whole array, or ZeRO-2/3's and g_host's gradient slots) */
+    qt_dtype grad_dt;     /* grad's: acc_dt, but fp32 for ZeRO-2/3's summed shard (each micro-step's sum is added
+                           * there in fp32: a bf16 shard would round every micro-step) */
     double *sumsq;        /* [ranks][buckets] every rank's pieces' gradient sums of squares (sharded norm) */
     float *norm, *clip;   /* device scalars */
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
@@ -171,7 +174,7 @@ void *qt_param_w(const qt_param_store *ps, size_t off);
 /* This rank's own bf16 weight at flat index off (in one of its pieces when sharded: AdamW writes it): in
  * w at off, or ZeRO-3 at its state index. */
 void *qt_param_w_mine(const qt_param_store *ps, size_t off);
-/* Where the backward adds the gradient of flat element off (grad_dt; a tensor never crosses a bucket). */
+/* Where the backward adds the gradient of flat element off (acc_dt; a tensor never crosses a bucket). */
 void *qt_param_g(const qt_param_store *ps, size_t off);
 /* ZeRO-2: bucket b's slot [bucket[b+1] - bucket[b]] and its shared slot number (-1: a slot of its own). */
 void *qt_param_grad_slot(const qt_param_store *ps, int b);

@@ -36,7 +36,7 @@
  *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound); a rank's offloaded
  *     gradient shard with ZeRO-2/3: 8 B per element per micro-step + 12 per step
  *   + gradient sums through host memory (parallel.comm host/host_wc): (n-1)/n x 4 B/param (2 with
- *     reduce_dtype bf16) once per step, every micro-step with ZeRO-2/3 / PCIe bandwidth
+ *     reduce_dtype or grad_accum_dtype bf16) once per step, every micro-step with ZeRO-2/3 / PCIe bandwidth
  *   + launches of the extra lm-head and attention chunks x 10 us
  *   (bf16 master / gradients are charged nothing: the same matmuls; peer transports neither),
  * where eff(n) = n / (n + 512) models the smaller matmuls of small micro-batches. The step then takes
@@ -72,10 +72,10 @@ qt_probe qt_probe_default(void);
  * GPU, the defaults. */
 qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
-#define QT_PLAN_AUTO_MAX 65536 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 8 (zero x
-                                * grad_accum_dtype x offload items: 1 fp32 and 1 bf16 with zero 1, 2 with zero 2
-                                * (none, gradients), 4 with zero 3) = 53,760 with several ranks; one GPU:
-                                * 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused */
+#define QT_PLAN_AUTO_MAX 131072 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 14 (zero x
+                                 * grad_accum_dtype x offload items: 2 with zero 1, 2 x 2 with zero 2 (none,
+                                 * gradients), 2 x 4 with zero 3) = 94,080 with several ranks; one GPU:
+                                 * 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused */
 
 typedef struct {
     int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;

@@ -139,7 +139,7 @@ static void emb_range(const op_run *r, size_t *lo, size_t *hi) {
 static void emb_bwd_build(op_run *r) {
     tokens(r);
     t_in(r, "dout", r->c->dt, S(0) * S(1), 1.0f);
-    double rt = r->c->dt2 == QT_DT_BF16 ? 1e-2 : 1e-5;
+    double rt = r->c->dt2 == QT_DT_BF16 || OPT(O_G16) ? 1e-2 : 1e-5; /* g16: an fp32 table holding bf16 sums */
     float *dw = t_upd(r, "dwte", r->c->dt2, S(2) * S(1), 0.1f, 1e-6, rt, T_ADD);
     if (OPT(O_RANGE)) /* the whole backward from the same start, for the bitwise comparison in derive */
         memcpy(t_upd(r, "dwte_full", r->c->dt2, S(2) * S(1), 0, 1e-6, rt, T_ADD), dw, (size_t)(S(2) * S(1)) * sizeof *dw);
@@ -155,6 +155,9 @@ static void emb_bwd_ref(op_run *r) {
             tok[k++] = tok[i];
         }
     qt_ref_embedding_bwd(REF(r, "dwte"), dout, tok, k, (int)c, (int)S(2));
+    if (OPT(O_G16)) /* the touched rows stored rounded to bf16 */
+        for (long i = 0; i < k; i++)
+            for (long j = 0; j < c; j++) REF(r, "dwte")[(long)tok[i] * c + j] = op_round(QT_DT_BF16, REF(r, "dwte")[(long)tok[i] * c + j]);
     if (T(r, "dwte_full")) memcpy(REF(r, "dwte_full"), REF(r, "dwte"), (size_t)(S(2) * c) * sizeof(float));
     free(tok);
     free(dout);
@@ -164,9 +167,10 @@ static void emb_bwd_launch(op_run *r, int pass) {
     size_t lo, hi;
     emb_range(r, &lo, &hi);
     if (OPT(O_RANGE)) {
-        qt_embedding_bwd_range(D(r, "dwte"), r->c->dt2, lo, hi, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2),
-                               D(r, "ws"), 0);
-        qt_embedding_bwd(D(r, "dwte_full"), r->c->dt2, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
+        qt_embedding_bwd_range(D(r, "dwte"), r->c->dt2, OPT(O_G16) != 0, lo, hi, D(r, "dout"), r->c->dt, D(r, "tok"), S(0),
+                               (int)S(1), (int)S(2), D(r, "ws"), 0);
+        qt_embedding_bwd_range(D(r, "dwte_full"), r->c->dt2, OPT(O_G16) != 0, 0, (size_t)S(2) * S(1), D(r, "dout"), r->c->dt,
+                               D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
     } else
         qt_embedding_bwd(D(r, "dwte"), r->c->dt2, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), D(r, "ws"), 0);
 }

@@ -65,6 +65,8 @@ static const op_case CASES[] = {
     {&OP_EMB_BWD, {5000, 24, 1000, 60}, BF16, 0, O_RANGE, 0, 0},
     {&OP_EMB_BWD, {777, 20, 300, 10}, F32, 0, O_BAD, 0, 0}, /* c % 8 != 0: scalar path */
     {&OP_EMB_BWD, {2048, 64, 151936, 5}, F32, 0, O_RANGE, 0, 0},
+    {&OP_EMB_BWD, {7, 896, 1000, 30}, F32, 0, O_RANGE | O_G16, 0, 0}, /* an fp32 table holding bf16 sums (ZeRO-2 g16) */
+    {&OP_EMB_BWD, {777, 20, 300, 10}, F32, 0, O_RANGE | O_G16, 0, 0}, /* the same, scalar path */
     {&OP_EMB_BWD, {3000, 16, 2049, 0}, BF16, 0, 0, 0, 0}, /* the id scan's last tile holds one id */
     /* precision.grad_accum_dtype bf16: the table's gradient in bf16 (fp32 sum, one rounding) */
     {&OP_EMB_BWD, {7, 896, 1000, 30}, BF16, BF16, O_RANGE, 0, 0}, {&OP_EMB_BWD, {5000, 24, 1000, 60}, F32, BF16, 0, 0, 0},

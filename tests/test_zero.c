@@ -114,6 +114,22 @@ static void test_plan_7b_two_ranks(void) {
     QT_EXPECT(total[1] - total[2] == grad[1] - grad[2] && grad[1] - grad[2] > (size_t)(0.45 * L.numel * 4) - 3 * big * 4 - own,
               "ZeRO-2 saves %zu bytes", total[1] - total[2]);
     QT_EXPECT(big < L.numel / 20, "a layer bucket of %zu elements", big);
+    /* precision.grad_accum_dtype bf16: ZeRO-1's whole array and ZeRO-2's slots halve, the summed shard
+     * stays fp32 */
+    cfg.precision.grad_accum_dtype = QT_DT_BF16;
+    for (int z = 1; z <= 2; z++) {
+        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = z, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = z == 2};
+        qt_mem_plan p;
+        QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &sh, &pl, &p, err, sizeof err) == 0, "%s", err);
+        size_t slots = row(&p, "gradient slots (layers)") + row(&p, "gradient slots (emb/head)");
+        printf("  7B, 2 ranks, ZeRO-%d, bf16 gradients: whole %.2f GiB, shard %.2f, slots %.2f GiB\n", z,
+               row(&p, "gradients (bf16)") / G, row(&p, "gradients (fp32 shard)") / G, slots / G);
+        if (z == 1) QT_EXPECT(row(&p, "gradients (bf16)") == qt_mem_aligned(sh.total * 2), "ZeRO-1 bf16 gradients");
+        else QT_EXPECT(row(&p, "gradients (fp32 shard)") == want_shard && row(&p, "gradients (bf16)") == 0 &&
+                           slots == 3 * qt_mem_aligned((big + M2) * 2) + own / 2,
+                       "ZeRO-2 bf16: shard %zu (want %zu), slots %zu (want %zu)", row(&p, "gradients (fp32 shard)"), want_shard,
+                       slots, 3 * qt_mem_aligned((big + M2) * 2) + own / 2);
+    }
     qt_layout_free(&L);
 }
 
@@ -222,7 +238,7 @@ static void test_config_keys(void) {
         {"parallel: {zero: 0, shard_optimizer: true}", 0, 0},
         {"parallel: {zero: 2, shard_optimizer: false}", 0, 0},
         {"parallel: {zero: 4}", 0, 0},
-        {"parallel: {zero: 2}\nprecision: {grad_accum_dtype: bf16}", 0, 0},
+        {"parallel: {zero: 2}\nprecision: {grad_accum_dtype: bf16}", 1, 2},
         {"parallel: {zero: 1}\nprecision: {grad_accum_dtype: bf16}", 1, 1},
         {"", 1, 1},
     };
@@ -360,9 +376,9 @@ static void test_zero3_slot_map(void) {
         }
 }
 
-/* parallel.zero: 3 in a config: accepted in bf16; with fp8 matmuls the weight cache becomes none unless
- * given (all is refused, naming the key); CUDA graphs and bf16 gradients are refused with the key's
- * place in the file. */
+/* parallel.zero: 3 in a config: accepted in bf16, with bf16 gradients too; with fp8 matmuls the weight
+ * cache becomes none unless given (all is refused, naming the key); CUDA graphs are refused with the
+ * key's place in the file. */
 static void test_zero3_config(void) {
     const char *base = "model: {vocab_size: 64, hidden_size: 64, num_layers: 1, num_heads: 1, num_kv_heads: 1, intermediate_size: 64}\n";
     const struct { const char *more, *blame; int wcache; } cases[] = {
@@ -373,9 +389,9 @@ static void test_zero3_config(void) {
         {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}\nmemory: {plan: auto, fp8_weight_cache: auto}", NULL, QT_FP8_WCACHE_NONE},
         {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}\nmemory: {fp8_weight_cache: all}", "z.yaml:4:", 0},
         {"parallel: {zero: 3}\nperf: {cuda_graphs: true}", "z.yaml:3:", 0},
-        {"parallel: {zero: 3}\nprecision: {grad_accum_dtype: bf16}", "z.yaml:3:", 0},
+        {"parallel: {zero: 3}\nprecision: {grad_accum_dtype: bf16}", NULL, QT_FP8_WCACHE_ALL},
     };
-    const char *keys[] = {NULL, NULL, NULL, NULL, NULL, "memory.fp8_weight_cache", "perf.cuda_graphs", "precision.grad_accum_dtype"};
+    const char *keys[] = {NULL, NULL, NULL, NULL, NULL, "memory.fp8_weight_cache", "perf.cuda_graphs", NULL};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char yaml[512], err[512];
         snprintf(yaml, sizeof yaml, "%s%s\n", base, cases[i].more);
@@ -488,6 +504,11 @@ static void test_zero2_equals_zero1(void) {
         {"bf16_master_offload", "overlap_comm: true", "precision: {master_dtype: bf16}\nmemory: {offload_optimizer: true}", 1, 0},
         {"fp8_ov_graph", "overlap_comm: true", FP8, 1, 1},
         {"fp8_noov", "overlap_comm: false", FP8, 1, 0},
+        /* bf16 gradients: ZeRO-2's slots bf16, summed in bf16 into the fp32 shard (0 + x: ZeRO-1's bf16 sum) */
+        {"g16_ov_graph", "overlap_comm: true", "precision: {grad_accum_dtype: bf16}", 1, 1},
+        {"g16_noov", "overlap_comm: false", "precision: {grad_accum_dtype: bf16}", 1, 0},
+        {"g16_fp8", "overlap_comm: true", "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true, "
+                                          "grad_accum_dtype: bf16}\n", 1, 0},
     };
     compare_cases(1, 2, cases, sizeof cases / sizeof cases[0]);
 }
@@ -502,9 +523,13 @@ static void test_zero2_tied_lookups(void) {
     run_out a, b;
     char why[512];
     int rc = compare("tied", 2, 1, 2, "overlap_comm: true", "", 1, 1, &a, &b, why, sizeof why);
-    g_model = UNTIED;
     printf("  tied, lookups gathered, ZeRO-2 vs ZeRO-1: %s\n", rc == 1 ? "bitwise equal" : why);
     QT_EXPECT(rc == 1, "tied: %s", why);
+    /* bf16 gradients on 3 ranks: the margins across bucket boundaries and the table's tail added in bf16 */
+    rc = compare("tied_g16", 3, 1, 2, "overlap_comm: true", "precision: {grad_accum_dtype: bf16}", 1, 0, &a, &b, why, sizeof why);
+    g_model = UNTIED;
+    printf("  tied, bf16 gradients, 3 ranks, ZeRO-2 vs ZeRO-1: %s\n", rc == 1 ? "bitwise equal" : why);
+    QT_EXPECT(rc == 1, "tied, bf16 gradients: %s", why);
 }
 
 /* ||a - b|| / ||a|| (L2) over two checkpoints' fp32 item: a few elements whose summed gradient is
@@ -669,6 +694,8 @@ static void test_zero3_equals_zero2(void) {
         {"z3_fp8_ov", "overlap_comm: true", FP8, 1, 0},
         {"z3_fp8_noov_acc", "overlap_comm: false", FP8, 2, 0},
         {"z3_fp8_npq_recompute", "overlap_comm: true", FP8_NPQ "memory: {recompute: [block]}", 2, 0},
+        {"z3_g16_acc", "overlap_comm: true", "precision: {grad_accum_dtype: bf16}", 2, 0},
+        {"z3_g16_master_noov", "overlap_comm: false", "precision: {master_dtype: bf16, grad_accum_dtype: bf16}", 2, 0},
     };
     compare_cases(2, 3, cases, sizeof cases / sizeof cases[0]);
 }

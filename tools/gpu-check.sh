@@ -388,13 +388,14 @@ if has multi_box && [ "$ngpu" -ge 4 ]; then
     for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload precision.grad_accum_dtype \
         precision.master_dtype parallel.zero; do box="$box --set $k=auto"; done
     box="$box --set perf.cuda_graphs=false" # ZeRO-3 runs without CUDA graphs
-    # BOX_STEPS="--warmup 0 --steps 1": 32B's step takes minutes, its start (458 GiB pinned) about four
+    # BOX_STEPS="--warmup 0 --steps 1": 32B's step takes minutes, its start (447 GiB pinned) about six;
+    # BOX_EXTRA: keys given after auto's (e.g. LLM.Q's bf16 master weights and gradients)
     { for m in ${BOX_MODELS:-7b 14b 32b}; do
           # 524,288 tokens per step over the 4 GPUs: grad_accum = 128 sequences / the config's micro-batch
           mb=$(sed -n 's/^ *micro_batch: *\([0-9]*\).*/\1/p' configs/qwen2.5-$m-fp8.yaml)
           ga="--set data.grad_accum=$((128 / mb))"
-          step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box $ga --gpu-mem 24
-          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml ${BOX_STEPS:---warmup 1 --steps 2} $box $ga
+          step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box $ga ${BOX_EXTRA:-} --gpu-mem 24
+          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml ${BOX_STEPS:---warmup 1 --steps 2} $box $ga ${BOX_EXTRA:-}
       done
       printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
       python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
@@ -673,10 +674,17 @@ if has multi_zero3; then
 fi
 # pending19 (built after session 19's device time): ZeRO-2/3's offloaded gradient shards added through the
 # copy engines in device staging chunks (test_offload offload_ranks: bitwise as before, 1000-element
-# chunks, mutant 10), on one GPU (ranks share it) or separate GPUs, then the planner's tests; then on 4
-# GPUs: box_grid and BOX_MODELS="14b 32b" multi_box (the box runs again, with the new adds).
+# chunks, mutant 10); bf16 gradients with ZeRO-2/3 (bf16 slots, fp32 shard: ZeRO-2 = ZeRO-1 and ZeRO-3 =
+# ZeRO-2 cases g16_*, the tied model on 3 ranks, offload_ranks z2g_g16 / z3wg_g16_tied; the embedding
+# op's fp32 table rounded to bf16 in test_ops_gpu); the planner's tests. Ranks share GPU 0 on one GPU.
+# Then on 4 GPUs: box_grid, BOX_MODELS="14b 32b" multi_box, and the same with LLM.Q's precision
+# (BOX_EXTRA="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16").
 if has pending19; then
-    { step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
+    { step test_ops_gpu 300 build/tests/test_ops_gpu
+      step zero2_equals_zero1 900 env QT_TEST_ONLY=zero2_equals_zero1 build/tests/test_zero
+      step zero2_tied 300 env QT_TEST_ONLY=zero2_tied_lookups build/tests/test_zero
+      step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
+      step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
       step test_plan 300 build/tests/test_plan
     } 2>&1 | tee "$OUT/pending19.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi

@@ -474,12 +474,6 @@ static int cross_check(ctx *x) {
                     "optimizer state), got \"%s\"; give only parallel.zero", c->parallel.zero >= 1 ? "true" : "false",
                     c->parallel.zero, c->parallel.shard_optimizer ? "true" : "false");
     c->parallel.shard_optimizer = c->parallel.zero >= 1;
-    /* ZeRO-2's gradient slots, the margins added across bucket boundaries and the rank's summed shard
-     * are fp32 (the shard is += every micro-step: bf16 there would round each micro-step's sum) */
-    if (c->parallel.zero >= 2 && c->precision.grad_accum_dtype == QT_DT_BF16)
-        return fail(x, at_of(x, "precision.grad_accum_dtype"), "precision.grad_accum_dtype",
-                    "expected fp32 with parallel.zero: %d (the gradient slots and the rank's summed gradient shard "
-                    "are fp32), got \"bf16\"; bf16 gradients need parallel.zero <= 1", c->parallel.zero);
     /* ZeRO-3 with fp8 matmuls quantizes each layer from its weight slot at use: the weight cache none
      * path, taken when the config does not say otherwise */
     int wslots = c->parallel.zero >= 3 || (c->memory.offload & QT_OFF_WEIGHTS); /* offloaded weights: the same */

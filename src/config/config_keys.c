@@ -150,7 +150,7 @@ static const qt_config_key keys[] = {
     E("precision.master_dtype", precision.master_dtype, f32_bf16_names, "fp32", "GPU", 0,
       "the weights AdamW updates: fp32 = a separate fp32 master copy (4 bytes per parameter, on the GPU or offloaded); bf16 = no master copy, AdamW updates the bf16 weights in place (fp32 arithmetic, stochastic rounding from a hash of seed, step and the parameter's flat index, so any cut of the update gives the same bits). Checkpoints keep the fp32 weights item either way; an fp32-master checkpoint resumed with bf16 rounds them (RNE) once"),
     E("precision.grad_accum_dtype", precision.grad_accum_dtype, f32_bf16_names, "fp32", "GPU", 0,
-      "the weight-gradient buffers every micro-batch accumulates into: bf16 halves them (2 bytes per parameter less); each accumulation is computed in fp32 and rounded to bf16 once (RNE); the sums over GPUs then cross in bf16 whatever parallel.reduce_dtype (added in fp32 in rank order, rounded once)"),
+      "the weight-gradient buffers every micro-batch accumulates into: bf16 halves them (2 bytes per parameter less); each accumulation is computed in fp32 and rounded to bf16 once (RNE); the sums over GPUs then cross in bf16 whatever parallel.reduce_dtype (added in fp32 in rank order, rounded once); with parallel.zero 2 or 3 the gradient slots are bf16 and each micro-step's summed piece is added into the rank's fp32 shard (built after the last GPU run, untested on a GPU)"),
     B("precision.stochastic_rounding", precision.stochastic_rounding, "false", "GPU", 0,
       "round the bf16 weights (and bf16 AdamW moments) written by AdamW stochastically"),
     B("precision.persistent_quants", precision.persistent_quants, "false", "GPU", 0,

@@ -88,19 +88,20 @@ static void mutant_sum(qt_dp_sync *d, int b, const void *g, void *piece, cudaStr
 /* Sums bucket b over the ranks on stream s: all of it (replicated optimizer state) or this rank's piece
  * (sharded). With parallel.reduce_dtype bf16 the sum travels in the store's bf16 comm buffer; bf16
  * gradients (precision.grad_accum_dtype) are summed in place in bf16. The comm adds in fp32 in rank
- * order and rounds once to the dtype (RNE). ZeRO-2 (fp32 gradients): from the bucket's slot, the rank's
- * piece of the sum added to its gradient shard (+=: every micro-step; 0 + x = x, so one micro-step gives
- * ZeRO-1's bits), then the slot zeroed for its next bucket and, when shared, its event recorded. */
+ * order and rounds once to the dtype (RNE). ZeRO-2: from the bucket's slot (fp32, or bf16 summed in bf16),
+ * the rank's piece of the sum added to its fp32 gradient shard (+=: every micro-step; 0 + x = x, so one
+ * micro-step gives ZeRO-1's bits, bf16 gradients too), then the slot zeroed for its next bucket and, when
+ * shared, its event recorded. */
 static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
-    int g16 = ps->grad_dt == QT_DT_BF16, half = d->plan.reduce_bf16 && !g16, rank = d->plan.rank;
+    int g16 = ps->acc_dt == QT_DT_BF16, half = d->plan.reduce_bf16 && !g16, rank = d->plan.rank;
     int z2 = d->plan.grads_sharded;
     qt_dtype dt = half || g16 ? QT_DT_BF16 : QT_DT_F32;
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
     void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
     char *buf = half ? (char *)ps->comm_buf : (char *)g;
-    int mutant = z2 && !half && d->mutant == 2;
+    int mutant = z2 && !half && !g16 && d->mutant == 2; /* its gather and adds are fp32 */
     if (z2 && d->sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->sum_delay_ms));
     if (half) qt_cast_f32_to_bf16(buf, g, count, s);
     if (mutant) {
@@ -158,7 +159,8 @@ static void send_embedding(void *ctx) {
 
 /* Adds this micro-step's embedding lookups of every rank, in rank order, to this rank's pieces of the
  * embedding gradient (already summed without them): the tokens and the residual gradient at the
- * embeddings (N x C, a fraction of the table) are all-gathered instead of the table's gradient. */
+ * embeddings (N x C, a fraction of the table) are all-gathered instead of the table's gradient. With bf16
+ * gradients and ZeRO-2/3's fp32 shard each rank's add is rounded to bf16 as ZeRO-1's bf16 array rounds it. */
 static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
     qt_gpu_model *g = d->g;
     const qt_shard *sh = &d->ps->shard;
@@ -180,7 +182,8 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
             /* the table's base as the kernel indexes it: element off at the rank's piece */
             if (off < hi)
                 qt_embedding_bwd_range((char *)qt_param_grad_piece(d->ps, b) - off * qt_dtype_size(d->ps->grad_dt),
-                                       d->ps->grad_dt, off, hi, dres + j * N * C, QT_DT_F32, tok + j * N, (long)N, (int)C,
+                                       d->ps->grad_dt, d->ps->acc_dt != d->ps->grad_dt, off, hi, dres + j * N * C, QT_DT_F32,
+                                       tok + j * N, (long)N, (int)C,
                                        c->vocab_size, ws, cs);
         }
 }

@@ -285,7 +285,8 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * 24,682 measured (bench/RESULTS.md section 6). Peer transports (NVLink) and auto are not charged. */
     if (ranks > 1 && (cfg->parallel.comm == QT_COMM_HOST || cfg->parallel.comm == QT_COMM_HOST_WC)) {
         double sums = cfg->parallel.zero >= 2 ? cfg->data.grad_accum : 1;
-        k.pcie_once_bytes += sums * (ranks - 1.0) / ranks * (double)L->numel * (cfg->parallel.reduce_dtype == QT_DT_BF16 ? 2 : 4);
+        int half = cfg->parallel.reduce_dtype == QT_DT_BF16 || cfg->precision.grad_accum_dtype == QT_DT_BF16; /* bf16 sums */
+        k.pcie_once_bytes += sums * (ranks - 1.0) / ranks * (double)L->numel * (half ? 2 : 4);
     }
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
     k.once += cfg->data.grad_accum * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
@@ -352,7 +353,6 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
         c = *cfg;
         for (int a = 0; a < AX_N; a++) ax[a].set(&c, ax[a].v[idx[a]], seqs);
         int redundant = c.memory.attn_bwd_chunks > c.data.micro_batch; /* clamped to micro_batch: a repeat */
-        redundant |= c.parallel.zero >= 2 && c.precision.grad_accum_dtype == QT_DT_BF16; /* refused by config.c */
         char zerr[512];
         redundant |= qt_config_zero3_check(&c, zerr, sizeof zerr) != 0; /* graphs, fp8 weight cache all: refused */
         redundant |= several && (((c.memory.offload & QT_OFF_WEIGHTS) && c.parallel.zero < 3) ||
@@ -361,7 +361,8 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
             if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
             if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
             if (rp.gpu_bytes <= gpu_cap && rp.host_bytes < smallest_host) smallest_host = rp.host_bytes;
-            if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap) && count < cap) {
+            if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap)) {
+                QT_CHECK(count < cap, "memory.plan: auto: more than %d plans fit (QT_PLAN_AUTO_MAX: the axes grew)", cap);
                 if (!c.parallel.gpus && !c.parallel.devices.n) c.parallel.gpus = rp.ranks; /* the cost's rank count */
                 double s = qt_plan_auto_cost(L, &c, pr);
                 out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,

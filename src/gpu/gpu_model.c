@@ -114,10 +114,10 @@ static void *Wp(const qt_gpu_model *g, size_t off) { return qt_param_w(g->ps, of
  * host memory. Either way a layer's come whole into a weight slot when it is acquired (forward and
  * backward), and fp8 quantizes them from there (weight cache none). */
 static int from_slots(const qt_gpu_model *g) { return g->ps->place.zero >= 3 || g->ps->place.w_host; }
-/* Weight gradients: every writer below accumulates ("+=") into them in the store's grad_dt (fp32, or bf16
+/* Weight gradients: every writer below accumulates ("+=") into them in the store's acc_dt (fp32, or bf16
  * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums). */
 static void *Gp(const qt_gpu_model *g, size_t off) { return qt_param_g(g->ps, off); }
-static qt_dtype Gdt(const qt_gpu_model *g) { return g->ps->grad_dt; }
+static qt_dtype Gdt(const qt_gpu_model *g) { return g->ps->acc_dt; }
 
 static void free_host(qt_gpu_model *g) {
     qt_act_store_free(g->as);

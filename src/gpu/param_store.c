@@ -51,7 +51,7 @@
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
 /* Bytes per gradient element in the slots and the host array (ZeRO-2/3: fp32, config.c refuses bf16). */
-static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->grad_dt); }
+static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->acc_dt); } /* a gradient slot's element */
 _Static_assert((int)QT_OPTIM_MASTER == (int)QT_OFF_MASTER && (int)QT_OPTIM_M == (int)QT_OFF_M && (int)QT_OPTIM_V == (int)QT_OFF_V,
                "opt_host (memory.offload bits) is handed to qt_gpu_optim as its host_mask");
 /* Optimizer array k (0 master, 1 m, 2 v): its bytes per element (0: no master array), and its aligned bytes in
@@ -84,7 +84,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->m_dt = cfg->precision.opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->v_dt = cfg->precision.opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
     ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
-    ps->grad_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->acc_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
+    ps->grad_dt = pl->zero >= 2 ? QT_DT_F32 : ps->acc_dt;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (pl->zero >= 3 || pl->w_host) ps->wslots = qt_wslots_create(L, sh);
     if (pl->zero >= 2 || pl->g_host) {
@@ -138,7 +139,7 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
     /* gradients: one GPU the whole array, ZeRO-2/3 the rank's summed shard; the norm, AdamW and the zeroing
      * kernels read and write them in place */
     if (ps->place.g_host &&
-        pin_host(&ps->grad, (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * ges(ps), mapped | wc,
+        pin_host(&ps->grad, (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * qt_dtype_size(ps->grad_dt), mapped | wc,
                  "memory.offload: [gradients]", ps->grad_dt == QT_DT_BF16 ? "the bf16 gradients" : "the fp32 gradients",
                  "keep the gradients on the GPU", cfg, err, errlen))
         return -1;
@@ -291,9 +292,9 @@ static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
 void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s) {
     size_t at = ps->cross_at[b], B = ps->shard.bucket[b];
     if (at == SIZE_MAX) return;
-    QT_CHECK(ps->grad_dt == QT_DT_F32, "gradient margins are added in fp32 only (ZeRO-2/3)");
-    qt_add_inplace(slot_at(ps, b - 1, (ptrdiff_t)(at - ps->shard.bucket[b - 1])), QT_DT_F32, slot_at(ps, b, -(ptrdiff_t)(B - at)),
-                   QT_DT_F32, B - at, s);
+    /* nothing else writes those elements: the lower slot holds 0 there, so the add is exact in bf16 too */
+    qt_add_inplace(slot_at(ps, b - 1, (ptrdiff_t)(at - ps->shard.bucket[b - 1])), ps->acc_dt, slot_at(ps, b, -(ptrdiff_t)(B - at)),
+                   ps->acc_dt, B - at, s);
 }
 
 void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi) {
@@ -326,9 +327,8 @@ void qt_param_grad_store(const qt_param_store *ps, int b, int zero, cudaStream_t
 
 int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s) {
     if (!ps->tail_n) return 0;
-    QT_CHECK(ps->grad_dt == QT_DT_F32, "the embedding table's tail is added in fp32 only (ZeRO-2/3)");
-    qt_add_inplace(ps->grad_slot[1], QT_DT_F32, slot_at(ps, 0, (ptrdiff_t)(ps->shard.bucket[1] - ps->shard.bucket[0])),
-                   QT_DT_F32, ps->tail_n, s);
+    qt_add_inplace(ps->grad_slot[1], ps->acc_dt, slot_at(ps, 0, (ptrdiff_t)(ps->shard.bucket[1] - ps->shard.bucket[0])),
+                   ps->acc_dt, ps->tail_n, s); /* the table's own elements: 0 in slot 1 before, exact in bf16 too */
     return 1;
 }
 
