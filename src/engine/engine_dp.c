@@ -479,7 +479,8 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const q
     qt_comm_opts opts = {.probe_log = stdout, .peer_rs = cfg->parallel.overlap_comm && n > 1 ? QT_COMM_RS_COPY : QT_COMM_RS_AUTO};
     d->comm = qt_comm_create(n, devices, cfg->parallel.comm, 0, &opts);
     qt_comm_kind kind = qt_comm_kind_of(d->comm);
-    if ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && cfg->parallel.reduce_dtype == QT_DT_F32)
+    if ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && cfg->parallel.reduce_dtype == QT_DT_F32 &&
+        cfg->precision.grad_accum_dtype != QT_DT_BF16) /* bf16 gradients cross in bf16 */
         printf("qtrain: the gradients cross host memory as fp32; parallel.reduce_dtype: bf16 halves those bytes\n");
     QT_CUDA(cudaSetDevice(devices[0]));
     for (int r = 0; r < n; r++) {

@@ -27,7 +27,8 @@ void qt_step_plan_make(qt_step_plan *p, const qt_layout *L, const qt_config *cfg
     p->weights_ahead = (p->dp == QT_DP_SHARDED && p->overlap) || p->opt_ahead;
     p->side_stream = p->dp != QT_DP_ONE || p->opt_ahead || p->weights_host || p->grads_host;
     p->lookups = p->dp == QT_DP_SHARDED && qt_gpu_model_lookups_pay(L, cfg, n_ranks);
-    p->reduce_bf16 = p->dp != QT_DP_ONE && cfg->parallel.reduce_dtype == QT_DT_BF16;
+    /* bf16 gradients cross in bf16 already: no comm buffer to cast them into */
+    p->reduce_bf16 = p->dp != QT_DP_ONE && cfg->parallel.reduce_dtype == QT_DT_BF16 && cfg->precision.grad_accum_dtype != QT_DT_BF16;
     p->graphs = cfg->perf.cuda_graphs;
     p->fp8 = cfg->precision.matmul_dtype == QT_DT_E4M3;
     p->persistent_quants = p->fp8 && cfg->precision.persistent_quants;
