@@ -15,8 +15,8 @@
  * ZeRO-2's gradient slots, each loaded from grad before its bucket is written and stored back after,
  * qt_param_grad_load / _store). With ZeRO ranks the same flags place the rank's shard in pinned mapped host
  * memory instead (bitwise on an H200 and on separate H200s: RESULTS sections 8, 9): ZeRO-3 + w_host, its bf16 pieces (the weight slots are all-gathered from
- * every rank's host pieces); ZeRO-2/3 + g_host, its fp32 gradient shard (the sums are added into it through
- * the mapping; the slots stay ZeRO-2's). A new placement (more offloaded items) is a new case behind the
+ * every rank's host pieces); ZeRO-2/3 + g_host, its fp32 gradient shard (the sums are added into it in device
+ * staging chunks the copy engines move, qt_param_grad_piece_add; the slots stay ZeRO-2's). A new placement (more offloaded items) is a new case behind the
  * same calls.
  *
  * ZeRO-2 gradients: the rank keeps grad [shard.len], its pieces of the summed gradients, indexed like
@@ -111,7 +111,7 @@ typedef struct {
     void *w;              /* bf16, device; w_host: pinned host (owned, mapped: kernels write it directly; ZeRO-3: the
                            * rank's pieces [shard.len] there) */
     qt_weight_slots *wslots; /* ZeRO-3, w_host: where the model reads the whole weights of a bucket (owned) */
-    void *grad;           /* grad_dt (precision.grad_accum_dtype: fp32 or bf16), device: [shard.total], or
+    void *grad;           /* grad_dt (acc_dt, or fp32 for ZeRO-2/3), device: [shard.total], or
                            * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: grad_dt [shard.total] (ZeRO-2/3:
                            * fp32 [shard.len]) in pinned host memory (owned, mapped: the norm and AdamW read it directly) */
     void **grad_slot;     /* ZeRO-2, g_host: [n_buckets] the device slot holding bucket b's whole gradient (acc_dt)
