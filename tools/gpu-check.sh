@@ -686,6 +686,8 @@ if has pending19; then
       step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
       step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
       step test_plan 300 build/tests/test_plan
+      step zero3_mutants 900 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero # never finished a device run
+      step zero3_mid_gather 300 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
     } 2>&1 | tee "$OUT/pending19.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi
 # box_grid (4 GPUs, alone; for the cost model's missing term): host transport with ZeRO-3 / ZeRO-2 and the
