@@ -33,7 +33,9 @@ for name,path in cfgs:
         if off:
             o=off.strip(", ").replace(" offloaded","")
             parts.append("**"+o.replace(" and "," + ")+" offloaded**")
-        note=" (bf16 master)" if "NOTE" in r.stdout.split("chosen")[1].split("next")[0] else ""
+        n=re.search(r'NOTE: precision.master_dtype (\w+), precision.grad_accum_dtype (\w+)', r.stdout.split("chosen")[1].split("next")[0])
+        lossy=[w for w,dt in zip(("master","gradients"),n.groups() if n else ()) if dt=="bf16"]
+        note=" (bf16 %s)"%" and ".join(lossy) if lossy else ""
         cells.append("%s: %s / %.0f GiB, ~%dk tok/s%s"%(", ".join(parts),gpu,float(host),round(int(tps)/1000),note))
     rows.append("| %s | %s |"%(name," | ".join(cells)))
 print("\n".join(rows))
