@@ -187,6 +187,32 @@ __global__ void quant_transpose_fwd_kernel(uint8_t *__restrict__ y, uint8_t *__r
     }
 }
 
+/* yT[c][r] = x[r][c], bytes: one 32 x 32 tile per block (32 x 8 threads, 4 rows each), the tile padded to
+ * 33 columns so the column reads hit distinct banks. */
+#define UT 32
+__global__ void transpose_u8_kernel(uint8_t *__restrict__ yT, const uint8_t *__restrict__ x, long R, long C, long ntc) {
+    __shared__ uint8_t t[UT][UT + 1];
+    long r0 = (blockIdx.x / ntc) * UT, c0 = (blockIdx.x % ntc) * UT;
+    for (int i = threadIdx.y; i < UT; i += 8) {
+        long r = r0 + i, c = c0 + threadIdx.x;
+        if (r < R && c < C) t[i][threadIdx.x] = x[r * C + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < UT; i += 8) {
+        long c = c0 + i, r = r0 + threadIdx.x;
+        if (c < C && r < R) yT[c * R + r] = t[threadIdx.x][i];
+    }
+}
+
+extern "C" void qt_transpose_u8(void *yT, const void *x, long rows, long cols, cudaStream_t s) {
+    QT_CHECK(rows >= 0 && cols >= 0, "qt_transpose_u8: %ld x %ld", rows, cols);
+    if (!rows || !cols) return;
+    long ntr = (rows + UT - 1) / UT, ntc = (cols + UT - 1) / UT;
+    QT_CHECK(ntr * ntc <= 0x7fffffffL, "qt_transpose_u8: %ld x %ld tiles", ntr, ntc);
+    transpose_u8_kernel<<<(unsigned)(ntr * ntc), dim3(UT, 8), 0, s>>>((uint8_t *)yT, (const uint8_t *)x, rows, cols, ntc);
+    QT_CUDA(cudaGetLastError());
+}
+
 /* y[n] = decode(x) * descale (descale may be NULL: 1). */
 __global__ void dequant_fwd_kernel(void *y, int ybf16, const uint8_t *x, long n, int e5m2,
                                    const float *descale) {

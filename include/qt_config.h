@@ -131,6 +131,7 @@ typedef struct {
     int zero;                     /* ZeRO level: 1 optimizer state, 2 + fp32 gradients, 3 + bf16 weights sharded */
     int reduce_dtype;             /* qt_dtype the gradients cross between GPUs in (fp32 or bf16) */
     int overlap_comm;             /* sums overlap the backward, the weight all-gather the next forward */
+    int gather_dtype;             /* qt_dtype ZeRO-3's layer gathers move (bf16, or e4m3 with fp8 matmuls) */
 } qt_parallel_cfg;
 
 typedef struct {

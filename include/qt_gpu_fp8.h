@@ -84,6 +84,16 @@ void qt_fp8_weight_amax(qt_gpu_fp8 *f, int layer, const void *const w[QT_FP8_NMM
  * qt_param_acquire_weights; a no-op with wcache all. */
 void qt_fp8_use_weights(qt_gpu_fp8 *f, int layer, const void *const w[QT_FP8_NMM], unsigned wq, int want_wqT,
                         cudaStream_t s);
+/* parallel.gather_dtype e4m3 (ZeRO-3, weight cache none): layer's block matrices arrive gathered as e4m3
+ * codes w8[k] (row-major [O, I], quantized by their owners with the record's scale: the bytes
+ * qt_fp8_use_weights would write), so Wq (matrices in the bit set wq) is a device copy and Wq^T
+ * (want_wqT) a byte transpose (qt_transpose_u8); no abs-max, no quantize pass. */
+void qt_fp8_use_weights_e4m3(qt_gpu_fp8 *f, int layer, const void *const w8[QT_FP8_NMM], unsigned wq, int want_wqT,
+                             cudaStream_t s);
+/* Block matrix k of layer's weight scale record (its amax is the whole tensor's: e4m3 gathers set it from
+ * the ranks' pieces) and the tag its nonfinite check reports. */
+qt_fp8_scale *qt_fp8_weight_scale(qt_gpu_fp8 *f, int layer, qt_fp8_mm k);
+int qt_fp8_weight_tag(int layer, qt_fp8_mm k);
 /* Zeroes the abs-max records of every block input and output gradient (one memset, fine inside a
  * captured CUDA graph) and forgets earlier qt_fp8_producer_amax hand-outs. Once per micro-step,
  * before the forward. */

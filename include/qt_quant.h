@@ -88,6 +88,10 @@ void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, c
                                 long rows, long cols, qt_fp8_scale *sc, int *nonfinite, int tag,
                                 cudaStream_t s);
 
+/* yT[cols, rows] = x[rows, cols] transposed, one byte per element (fp8 codes moved, not re-encoded: the
+ * e4m3 weights a ZeRO-3 rank gathered become the dgrad's Wq^T) (=). Through 32 x 32 shared-memory tiles. */
+void qt_transpose_u8(void *yT, const void *x, long rows, long cols, cudaStream_t s);
+
 /* y[n] = fp8 x[n] * (descale ? *descale : 1) in ydt = QT_DT_BF16 or QT_DT_F32 (=), for tests and
  * debugging: exact for fp32 with descale NULL; one RNE rounding otherwise. */
 void qt_quant_dequant(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, const float *descale,

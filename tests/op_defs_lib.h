@@ -172,6 +172,28 @@ static void dequant_launch(op_run *r, int pass) {
 static const op_def OP_DEQUANT = {"quant_dequant", "n gen", 2, "descale", dequant_build, dequant_ref, dequant_launch,
                                   NULL, NULL, 0, 0, 0};
 
+/* Byte transpose of fp8 codes: yT[cols, rows] = x[rows, cols], every finite code moved unchanged (bitwise).
+ * s = rows cols; dt = the fp8 type. */
+static void u8t_build(op_run *r) {
+    float *x = t_in(r, "x", r->c->dt, S(0) * S(1), 0);
+    for (long i = 0; i < S(0) * S(1); i++) {
+        uint8_t c;
+        do c = (uint8_t)qt_rng_below(&r->rng, 256);
+        while (!isfinite(qt_fp8_decode(r->c->dt, c)));
+        x[i] = qt_fp8_decode(r->c->dt, c);
+    }
+    t_out(r, "yT", r->c->dt, S(0) * S(1), 0, 0, 0);
+}
+static void u8t_ref(op_run *r) {
+    for (long i = 0; i < S(0); i++)
+        for (long j = 0; j < S(1); j++) REF(r, "yT")[j * S(0) + i] = H(r, "x")[i * S(1) + j];
+}
+static void u8t_launch(op_run *r, int pass) {
+    (void)pass;
+    qt_transpose_u8(D(r, "yT"), D(r, "x"), S(0), S(1), 0);
+}
+static const op_def OP_U8T = {"transpose_u8", "rows cols", 1, NULL, u8t_build, u8t_ref, u8t_launch, NULL, NULL, 0, 0, 0};
+
 /* ---- GEMMs (matmul.c, cuBLASLt): s = N I O; dt = the output's dtype; +bias, +acc (beta = 1), +notune
  * (the heuristic's first algorithm: give the row a shape of its own, the plan cache keys on it). bf16
  * output: one rounding (1e-2); fp32 output: summation order only (2e-5). ---- */

@@ -163,6 +163,9 @@ static const op_case CASES[] = {
     {&OP_DEQUANT, {10007, 0}, F32, E4M3, 0, 0.0123f, 0}, {&OP_DEQUANT, {10007, 0}, BF16, E4M3, 0, 0.0123f, 0},
     {&OP_DEQUANT, {10007, 0}, F32, E5M2, 0, 0.0123f, 1}, {&OP_DEQUANT, {10007, 0}, BF16, E5M2, 0, 0.0123f, 0},
     {&OP_DEQUANT, {256, 1}, F32, E4M3, 0, 0, 0}, {&OP_DEQUANT, {256, 1}, F32, E5M2, 0, 0, 0},
+    /* the e4m3 weights gathered by ZeRO-3 transposed for the dgrad: tiles, partial tiles, one row / column */
+    {&OP_U8T, {896, 4864}, E4M3, 0, 0, 0, 0}, {&OP_U8T, {130, 72}, E4M3, 0, 0, 0, 0},
+    {&OP_U8T, {1, 1000}, E4M3, 0, 0, 0, 0}, {&OP_U8T, {1000, 1}, E5M2, 0, 0, 0, 0},
     /* GEMMs (matmul.c): N I O */
     MMF(1, 24, 40), MMF(7, 896, 1152), MMF(33, 24, 1152), MMF(33, 896, 40), MMF(7, 24, 40),
     {&OP_MM_FWD, {5, 896, 1152}, BF16, 0, O_BIAS | O_NOTUNE, 0, 0}, /* a shape of its own: heuristic #0 */

@@ -41,6 +41,7 @@
 #include "qt_param_store.h"
 #include "qt_partition.h"
 #include "qt_planner.h"
+#include "qt_small_params.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
@@ -254,6 +255,96 @@ static void test_config_keys(void) {
                        "%s: message %s", cases[i].par, err);
         if (rc && (i == 4 || i == 7)) printf("  %s\n", err);
     }
+}
+
+/* ---- CPU: e4m3 gathers' bf16 part (qt_small_params.h) ---- */
+
+/* For the slot-map model (tied and not) on 2, 3 and 4 ranks and Qwen2.5-7B on 2: in every layer bucket each
+ * element is in a block matrix or in exactly one rank's segment, inside that rank's piece; a rank's
+ * segments fit P_b; no matrix crosses a layer bucket's edge; the elements of a layer below its bucket
+ * (the head margin) are its input norm's; buckets with table, LM-head or final-norm elements stay bf16. */
+static void check_small_map(const char *what, const qt_layout *L, const qt_shard *sh) {
+    qt_small_params m;
+    char err[256];
+    QT_REQUIRE(qt_small_params_init(&m, L, sh, err, sizeof err) == 0, "%s: %s", what, err);
+    size_t vc = (size_t)L->cfg.vocab_size * L->cfg.hidden_size, C = (size_t)L->cfg.hidden_size, M = 64 * (size_t)sh->n_ranks;
+    int nl = L->cfg.num_layers, n = sh->n_ranks, layer_buckets = 0, bad = 0;
+    for (int b = 0; b < sh->n_buckets && !bad; b++) {
+        size_t lo = sh->bucket[b], hi = sh->bucket[b + 1];
+        int table = (lo < L->embed + vc && L->embed < hi) || (lo < L->lm_head + vc && L->lm_head < hi) ||
+                    (lo < L->final_norm + C && L->final_norm < hi);
+        if (table && m.layer_bucket[b]) bad = printf("  %s: bucket %d holds table or final-norm elements\n", what, b);
+        if (!m.layer_bucket[b]) continue;
+        layer_buckets++;
+        /* the matrices in the bucket and every rank's segments, sorted, must tile [lo, hi) exactly */
+        qt_flat_range iv[4096];
+        int ni = 0;
+        for (int l = 0; l < nl; l++) {
+            size_t a[4], z[4];
+            qt_small_matrices(L, l, a, z);
+            for (int k = 0; k < 4; k++)
+                if (z[k] > lo && a[k] < hi && ni < 4096) iv[ni++] = (qt_flat_range){a[k] > lo ? a[k] : lo, 0};
+            for (int k = 0; k < 4; k++)
+                if (z[k] > lo && a[k] < hi) iv[ni - 4 + k].len = (z[k] < hi ? z[k] : hi) - iv[ni - 4 + k].off;
+        }
+        for (int r = 0; r < n; r++) {
+            size_t pl = (hi - lo) / n, p0 = lo + r * pl, tot = 0;
+            for (int i = 0; i < m.n_seg[b * n + r] && ni < 4096; i++) {
+                qt_flat_range g = m.seg[b * n + r][i];
+                if (g.off < p0 || g.off + g.len > p0 + pl) bad = printf("  %s: bucket %d rank %d: a segment outside its piece\n", what, b, r);
+                iv[ni++] = g;
+                tot += g.len;
+            }
+            if (tot > m.packed[b] || m.packed[b] % 2) bad = printf("  %s: bucket %d rank %d: %zu in P %zu\n", what, b, r, tot, m.packed[b]);
+        }
+        for (int i = 1; i < ni; i++) /* insertion sort by start */
+            for (int k = i; k > 0 && iv[k].off < iv[k - 1].off; k--) {
+                qt_flat_range t = iv[k];
+                iv[k] = iv[k - 1], iv[k - 1] = t;
+            }
+        size_t at = lo;
+        for (int i = 0; i < ni && !bad; i++) {
+            if (iv[i].off != at) bad = printf("  %s: bucket %d: a gap or overlap at %zu (next range at %zu)\n", what, b, at, iv[i].off);
+            at = iv[i].off + iv[i].len;
+        }
+        if (!bad && at != hi) bad = printf("  %s: bucket %d: covered to %zu of %zu\n", what, b, at, hi);
+        for (int l = 0; l < nl && !bad; l++) { /* a matrix touching the bucket lies inside it */
+            size_t a[4], z[4];
+            qt_small_matrices(L, l, a, z);
+            for (int k = 0; k < 4; k++)
+                if (z[k] > lo && a[k] < hi && (a[k] < lo || z[k] > hi))
+                    bad = printf("  %s: layer %d matrix %d crosses bucket %d\n", what, l, k, b);
+        }
+    }
+    printf("  %-24s %d ranks: %d of %d buckets travel as e4m3, P %zu elements at most\n", what, n, layer_buckets, sh->n_buckets,
+           m.max_packed);
+    QT_EXPECT(!bad && (layer_buckets > 0 || C < M), "%s: the map is wrong (%d layer buckets)", what, layer_buckets);
+    if (C >= M) /* a real model's layer buckets all travel as e4m3: all but the embeddings' and the head's */
+        QT_EXPECT(layer_buckets >= sh->n_buckets - 3, "%s: only %d of %d buckets as e4m3", what, layer_buckets, sh->n_buckets);
+    qt_small_params_free(&m);
+}
+
+static qt_param_store *small_store(int tie, int n, int zero, qt_model_cfg *mc, qt_layout *L, qt_shard *sh);
+
+static void test_small_params_map(void) {
+    for (int tie = 0; tie <= 1; tie++)
+        for (int n = 2; n <= 4; n++) {
+            qt_model_cfg mc;
+            qt_layout L;
+            qt_shard sh;
+            qt_param_store *ps = small_store(tie, n, 2, &mc, &L, &sh);
+            QT_REQUIRE(ps, "store");
+            check_small_map(tie ? "7-layer model, tied" : "7-layer model", &L, &sh);
+            qt_param_store_free(ps);
+            qt_layout_free(&L);
+        }
+    qt_config cfg;
+    char err[512];
+    qt_layout L;
+    qt_shard sh;
+    QT_REQUIRE(load_7b_two_ranks(&cfg, &L, &sh, err, sizeof err) == 0, "%s", err);
+    check_small_map("Qwen2.5-7B", &L, &sh);
+    qt_layout_free(&L);
 }
 
 /* ---- CPU: ZeRO-3's weight slots ---- */
@@ -809,6 +900,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_plan_7b_two_ranks);
     QT_RUN(test_grad_slot_map);
     QT_RUN(test_config_keys);
+    QT_RUN(test_small_params_map);
     QT_RUN(test_zero3_plan_7b);
     QT_RUN(test_zero3_slot_map);
     QT_RUN(test_zero3_config);

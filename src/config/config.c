@@ -382,6 +382,11 @@ static const char *weights_refusal(const qt_config *c, const char **key) {
 /* What parallel.zero: 3 (or memory.offload: [weights]) cannot run with, NULL when nothing: *key names the
  * key to blame. */
 static const char *zero3_refusal(const qt_config *c, const char **key) {
+    if (c->parallel.gather_dtype == QT_DT_E4M3 && (c->parallel.zero < 3 || c->precision.matmul_dtype != QT_DT_E4M3)) {
+        *key = "parallel.gather_dtype";
+        return "expected bf16 unless parallel.zero: 3 with precision.matmul_dtype: e4m3, got \"e4m3\": the e4m3 gathers "
+               "move ZeRO-3's fp8 weight codes";
+    }
     if (c->parallel.zero < 3) return weights_refusal(c, key);
     if (c->perf.cuda_graphs) {
         *key = "perf.cuda_graphs";

@@ -38,6 +38,7 @@ static const qt_key_enum grad_names[] = {
     {"e4m3", QT_DT_E4M3}, {"e5m2", QT_DT_E5M2}, {"bf16", QT_DT_BF16}, {NULL, 0}};
 static const qt_key_enum plan_names[] = {{"manual", 0}, {"auto", 1}, {NULL, 0}};
 static const qt_key_enum fp8_wcache_names[] = {{"all", QT_FP8_WCACHE_ALL}, {"none", QT_FP8_WCACHE_NONE}, {NULL, 0}};
+static const qt_key_enum gather_names[] = {{"bf16", QT_DT_BF16}, {"e4m3", QT_DT_E4M3}, {NULL, 0}};
 static const qt_key_enum host_alloc_names[] = {{"pinned", QT_HOST_PINNED}, {"write_combined", QT_HOST_WRITE_COMBINED}, {NULL, 0}};
 static const qt_key_enum export_names[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 static const qt_key_enum ckpt_offload_names[] = {
@@ -196,6 +197,8 @@ static const qt_config_key keys[] = {
       "ZeRO level over the data-parallel ranks: 0 every rank keeps everything; 1 each keeps the fp32 master weights and AdamW moments of 1/N of the parameters; 2 also only 1/N of the fp32 gradients (each layer's gradients are reduce-scattered into the rank's shard as the backward releases them, every micro-step, through full-size slots: one per bucket with embedding or LM-head rows, three shared by the layers); 3 also only 1/N of the bf16 weights (each layer's bucket is all-gathered into one of two weight slots before its forward and again before its backward, the next one's gather running beside the layer with parallel.overlap_comm; the embedding and LM-head buckets have slots of their own, gathered once per step; the gathers move bf16, 2 bytes per parameter; fp8 matmuls quantize each layer from its slot as memory.fp8_weight_cache none does, which zero 3 implies; perf.cuda_graphs is refused). 2 and 3 need >= 2 ranks (parallel.devices: [0, 0] puts two on one GPU); shard_optimizer is the older spelling of 0 / 1"),
     E("parallel.reduce_dtype", parallel.reduce_dtype, f32_bf16_names, "fp32", "multi-GPU", 0,
       "dtype the gradients cross between GPUs in: bf16 halves the bytes (each GPU's sum is rounded to bf16 once, the sum over GPUs is still taken in fp32)"),
+    E("parallel.gather_dtype", parallel.gather_dtype, gather_names, "bf16", "multi-GPU", 0,
+      "what ZeRO-3's layer gathers move: bf16 weights (2 bytes per parameter), or with precision.matmul_dtype e4m3 the e4m3 codes of the block matrices (1 byte: each rank quantizes its pieces once per step with the whole tensor's abs-max, all-reduced over the ranks, so the codes are those the bf16 path would make; the norms and biases still travel in bf16) — the same bits, half the bytes; built after the last GPU run, untested on a GPU"),
     B("parallel.overlap_comm", parallel.overlap_comm, "true", "multi-GPU", 0,
       "in the last micro-batch of a step, sum each layer's gradients over the GPUs while the backward goes on to the layers below (one bucket per layer), and (sharded) all-gather the updated weights while the next forward runs, each layer waiting for its own; false: one sum after the backward, one all-gather before the next forward"),
 };

@@ -266,6 +266,21 @@ void qt_fp8_use_weights(qt_gpu_fp8 *f, int layer, const void *const wm[QT_FP8_NM
     }
 }
 
+void qt_fp8_use_weights_e4m3(qt_gpu_fp8 *f, int layer, const void *const w8[QT_FP8_NMM], unsigned wq, int want_wqT,
+                             cudaStream_t s) {
+    QT_CHECK(f->wcache == QT_FP8_WCACHE_NONE && layer >= 0 && layer < f->n_layers,
+             "qt_fp8_use_weights_e4m3: layer %d of %d, weight cache %d (expected none)", layer, f->n_layers, (int)f->wcache);
+    for (int k = 0; k < QT_FP8_NMM; k++) {
+        int i = layer * QT_FP8_NMM + k;
+        size_t n = (size_t)f->out[k] * f->in[k];
+        if (wq >> k & 1) QT_CUDA(cudaMemcpyAsync(f->wq[i], w8[k], n, cudaMemcpyDeviceToDevice, s));
+        if (want_wqT) qt_transpose_u8(f->wqT[i], w8[k], f->out[k], f->in[k], s);
+    }
+}
+
+qt_fp8_scale *qt_fp8_weight_scale(qt_gpu_fp8 *f, int layer, qt_fp8_mm k) { return sc_of(f, layer, k, SC_W); }
+int qt_fp8_weight_tag(int layer, qt_fp8_mm k) { return tag_of(layer, k, SC_W); }
+
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
     quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, f->in[k], sc_of(f, layer, k, SC_X),
               take_ready(f, layer, k, 0), tag_of(layer, k, SC_X), s);
