@@ -53,6 +53,7 @@
 
 #include <cuda_runtime.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "qt_config.h"
 #include "qt_dtype.h"
@@ -61,6 +62,7 @@
 #include "qt_mem_plan.h"
 #include "qt_model.h"
 #include "qt_partition.h"
+#include "qt_small_params.h"
 #include "qt_weight_slots.h"
 #include "qt_weight_src.h"
 
@@ -91,6 +93,8 @@ typedef struct {
                            * QT_OFF_V bits; 0: all three), the others on the device */
     int zero_copy;        /* QT_OPT_STATE_HOST: AdamW reads and writes the host arrays in place (mapped), no slots */
     int host_wc;          /* the pinned host allocations write-combined (memory.host_alloc) */
+    int w8;               /* parallel.gather_dtype e4m3 (ZeRO-3): the rank's pieces also as e4m3 codes (w8), gathered
+                           * into the shared weight slots' e4m3 halves, the rest of a layer bucket in bf16 (small) */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
@@ -143,6 +147,13 @@ typedef struct {
     size_t host_state_bytes;
     void *opt_slots;      /* QT_OPT_STATE_HOST: the device slots the state streams through */
     qt_gpu_optim *opt;    /* AdamW of this rank's pieces, in groups (qt_param_opt_groups) */
+    /* place.w8: the e4m3 codes of the rank's pieces [shard.len] (device arena, or pinned host with w_host; only the
+     * block matrices' elements of layer buckets are meaningful), the small params' map (owned), their packed send
+     * buffer [small.max_packed] and all-gather result [n_ranks * small.max_packed] (bf16), and 64 fp32 abs-maxes */
+    uint8_t *w8;
+    qt_small_params small;
+    void *small_send, *small_recv;
+    float *amax8;
 } qt_param_store;
 
 /* A store for layout L, shard sh (this rank's buckets and pieces), placement pl; m/v dtypes from cfg.

@@ -32,7 +32,8 @@
  *   + offloaded weights' once-per-step bytes: the embedding and LM-head buckets, AdamW's bf16 writes and
  *     the finiteness count's reads (2 B/param each; a bf16 master's reads 2 more)
  *   + offloaded gradients' norm and AdamW reads and the zeroing: 3 x 4 B/param (2 in bf16)
- *   + parallel.zero 3: grad_accum x 2 (forward, backward) x the layers' bf16 bytes (2 B/param) / PCIe
+ *   + parallel.zero 3: grad_accum x 2 (forward, backward) x the layers' bf16 bytes (2 B/param; 1 with
+ *     parallel.gather_dtype e4m3) / PCIe
  *     bandwidth (as if every byte crossed and nothing overlapped: an upper bound); a rank's offloaded
  *     gradient shard with ZeRO-2/3: 8 B per element per micro-step + 12 per step
  *   + gradient sums through host memory (parallel.comm host/host_wc): (n-1)/n x 4 B/param (2 with

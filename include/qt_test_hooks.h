@@ -39,7 +39,10 @@ typedef struct {
                              * summed piece into the host shard instead of adding (+=) it; 9 = one GPU's
                              * offloaded gradients: a shared slot's load does not wait for its store;
                              * 10 = ZeRO-2/3 with offloaded gradients adds a chunk of the host shard in its
-                             * device staging without bringing it up first (qt_param_grad_piece_add) */
+                             * device staging without bringing it up first (qt_param_grad_piece_add);
+                             * parallel.gather_dtype e4m3: 11 = each rank quantizes its pieces with their own
+                             * abs-max (no max over the ranks); 12 = the codes are made only once (stale
+                             * after the first AdamW) */
     long zero3_read_delay_ms; /* > 0: ZeRO-3: the model stream sleeps this long after each weight acquire,
                              * before the layer reads (a gather that does not wait for the slot's
                              * readers overwrites it first); dp_ag_delay_ms also delays each ZeRO-3 gather */

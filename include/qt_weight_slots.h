@@ -36,13 +36,14 @@
 
 typedef struct qt_weight_slots qt_weight_slots;
 
-/* How the slots are filled, per call of qt_wslots_acquire: gather(ctx, b, dst, s) enqueues on s the
- * all-gather of bucket b's whole bf16 weights into dst[bucket[b+1] - bucket[b]]. Gathers go to `side`
+/* How the slots are filled, per call of qt_wslots_acquire: gather(ctx, b, dst, dst8, s) enqueues on s the
+ * all-gather of bucket b's whole bf16 weights into dst[bucket[b+1] - bucket[b]] (with dst8, the shared
+ * slot's e4m3 half: its block matrices' codes there and only the rest into dst). Gathers go to `side`
  * (== model: no prefetch, each gather right before its reads). Test hooks: mutant 3 = a gather does not
  * wait for its slot's last readers, 4 = the model does not wait for a shared slot's gather; read_delay_ms
  * > 0: the model stream sleeps that long after each acquire (qt_test_hooks.h). */
 typedef struct {
-    void (*gather)(void *ctx, int b, void *dst, cudaStream_t s);
+    void (*gather)(void *ctx, int b, void *dst, void *dst8, cudaStream_t s);
     void *ctx;
     cudaStream_t model, side;
     int mutant;
@@ -52,6 +53,9 @@ typedef struct {
 /* The slots of layout L cut as sh (host side, sizes only; NULL never: failures are QT_CHECKs). */
 qt_weight_slots *qt_wslots_create(const qt_layout *L, const qt_shard *sh);
 void qt_wslots_free(qt_weight_slots *ws);
+/* parallel.gather_dtype e4m3: each shared slot gets an e4m3 half of the largest such bucket's elements
+ * (row "weight slots (e4m3)"), handed to the gather as dst8. Before qt_wslots_carve. */
+void qt_wslots_use_e4m3(qt_weight_slots *ws);
 /* Adds the rows "weight slots (layers)" (QT_WSLOTS shared slots with margins, the head-margin cache)
  * and "weight slots (emb/head)" to p, or takes their addresses (second pass). */
 void qt_wslots_carve(qt_weight_slots *ws, qt_mem_plan *p);
@@ -71,6 +75,8 @@ size_t qt_wslots_slot_bytes(const qt_weight_slots *ws, int b);
 /* Where the model reads flat element off: in the slot of its unit's home bucket, which must hold it
  * (acquired). */
 void *qt_wslots_addr(const qt_weight_slots *ws, size_t off);
+/* The e4m3 code of flat element off (a block matrix's, in its home bucket) in the shared slot holding it. */
+void *qt_wslots_addr8(const qt_weight_slots *ws, size_t off);
 /* Own bucket b's data (bucket[b+1] - bucket[b] elements): where the caller gathers it after AdamW. */
 void *qt_wslots_own_data(const qt_weight_slots *ws, int b);
 /* The caller gathered own bucket b into its slot on s: recorded; the next acquire waits for it and

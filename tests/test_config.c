@@ -515,7 +515,6 @@ static void randomize(uint64_t *s) {
     if (!cfg.model.head_dim) cfg.model.hidden_size = cfg.model.num_heads * 2 * (1 + (int)(lcg(s) % 16));
     cfg.optim.warmup = cfg.optim.cooldown = 0;
     cfg.parallel.shard_optimizer = cfg.parallel.zero >= 1; /* as loading leaves them (the older spelling) */
-    if (cfg.parallel.zero >= 2) cfg.precision.grad_accum_dtype = QT_DT_F32; /* ZeRO-2's gradients are fp32 */
     if (cfg.parallel.zero >= 3) { /* ZeRO-3: no CUDA graphs; fp8 quantizes at use (qt_config_zero3_check) */
         cfg.perf.cuda_graphs = 0;
         if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
@@ -532,6 +531,9 @@ static void randomize(uint64_t *s) {
         cfg.perf.cuda_graphs = 0;
         if (cfg.precision.matmul_dtype == QT_DT_E4M3) cfg.memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
     }
+    if (cfg.parallel.gather_dtype == QT_DT_E4M3 &&
+        !(cfg.parallel.zero >= 3 && cfg.precision.matmul_dtype == QT_DT_E4M3 && cfg.precision.grad_dtype != QT_DT_BF16))
+        cfg.parallel.gather_dtype = QT_DT_BF16; /* e4m3 gathers: ZeRO-3 with fp8 matmuls only */
     if ((cfg.memory.offload & QT_OFF_OPTIMIZER) == QT_OFF_MASTER && cfg.precision.master_dtype == QT_DT_BF16)
         cfg.memory.offload |= QT_OFF_M; /* a bf16 master has no master array to offload alone (refused) */
     if (cfg.memory.offload) {

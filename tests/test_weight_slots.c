@@ -53,7 +53,8 @@ typedef struct {
 } sim;
 
 /* the all-gather's result: bucket b's elements at their flat values */
-static void sim_gather(void *ctx, int b, void *dst, cudaStream_t s) {
+static void sim_gather(void *ctx, int b, void *dst, void *dst8, cudaStream_t s) {
+    (void)dst8;
     sim *m = ctx;
     (void)s;
     for (size_t x = m->sh->bucket[b]; x < m->sh->bucket[b + 1]; x++) ((uint16_t *)dst)[x - m->sh->bucket[b]] = val(x);
@@ -73,7 +74,7 @@ static void refill(qt_weight_slots *ws, const qt_shard *sh, sim *m) {
     qt_wslots_invalidate(ws);
     for (int k = 0; k < sh->n_buckets; k++)
         if (qt_wslots_own(ws, k)) {
-            sim_gather(m, k, qt_wslots_own_data(ws, k), NULL);
+            sim_gather(m, k, qt_wslots_own_data(ws, k), NULL, NULL);
             m->gathers--; /* counted apart: the shared slots' gathers are the ones per micro-step */
             qt_wslots_filled(ws, k, NULL);
         }

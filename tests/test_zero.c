@@ -481,8 +481,13 @@ static void test_zero3_config(void) {
         {"parallel: {zero: 3}\nprecision: {matmul_dtype: e4m3}\nmemory: {fp8_weight_cache: all}", "z.yaml:4:", 0},
         {"parallel: {zero: 3}\nperf: {cuda_graphs: true}", "z.yaml:3:", 0},
         {"parallel: {zero: 3}\nprecision: {grad_accum_dtype: bf16}", NULL, QT_FP8_WCACHE_ALL},
+        {"parallel: {zero: 3, gather_dtype: e4m3}\nprecision: {matmul_dtype: e4m3, grad_dtype: e4m3}", NULL, QT_FP8_WCACHE_NONE},
+        {"parallel: {zero: 3, gather_dtype: e4m3}", "z.yaml:2:", 0},
+        {"parallel: {zero: 2, gather_dtype: e4m3}\nprecision: {matmul_dtype: e4m3}", "z.yaml:2:", 0},
+        {"parallel: {zero: 3, gather_dtype: e4m3}\nprecision: {matmul_dtype: e4m3, grad_dtype: bf16}", "z.yaml:2:", 0},
     };
-    const char *keys[] = {NULL, NULL, NULL, NULL, NULL, "memory.fp8_weight_cache", "perf.cuda_graphs", NULL};
+    const char *keys[] = {NULL, NULL, NULL, NULL, NULL, "memory.fp8_weight_cache", "perf.cuda_graphs", NULL, NULL,
+                          "parallel.gather_dtype", "parallel.gather_dtype", "parallel.gather_dtype"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char yaml[512], err[512];
         snprintf(yaml, sizeof yaml, "%s%s\n", base, cases[i].more);
@@ -791,6 +796,75 @@ static void test_zero3_equals_zero2(void) {
     compare_cases(2, 3, cases, sizeof cases / sizeof cases[0]);
 }
 
+/* parallel.gather_dtype e4m3 against bf16 at ZeRO-3 with fp8 matmuls, on 2 and 3 ranks (and 4 on 4 GPUs):
+ * every layer bucket's matrices gathered as the codes their owners made with the all-reduced abs-max, so
+ * the same Wq and Wq^T bytes, bitwise the same run (losses, grad norms, final weights and moments); with 3
+ * and 4 ranks some buckets of the test model (hidden 128 < 64 x ranks) stay bf16: both paths in one run.
+ * Cases: persistent quants on and off, overlap on and off, accumulation, block recompute, the pieces
+ * offloaded, a tied model. Then the mutants must differ: a rank quantizing with its own pieces' abs-max
+ * (11) and codes never made again after the first step (12). */
+static void test_zero3_e4m3_gathers(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    static const zcase cases[] = {
+        {"g8_ov", "overlap_comm: true", FP8, 1, 0},
+        {"g8_noov_acc", "overlap_comm: false", FP8, 2, 0},
+        {"g8_npq_recompute", "overlap_comm: true", FP8_NPQ "memory: {recompute: [block]}", 2, 0},
+        {"g8_offload_weights", "overlap_comm: true", FP8 "memory: {offload: [weights, master, m, v]}", 2, 0},
+    };
+    char rk[64], extra[2][1024], tag[160], err[1024], why[512];
+    for (int ranks = 2; ranks <= (qt_cuda_device_count() >= 4 ? 4 : 3); ranks++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            run_out o[2];
+            ranks_text(ranks, rk, sizeof rk);
+            int rc = 0;
+            for (int k = 0; k < 2 && !rc; k++) {
+                snprintf(extra[k], sizeof extra[k], "parallel: {%s, zero: 3, gather_dtype: %s, %s}\n%s", rk, k ? "e4m3" : "bf16",
+                         cases[i].more, cases[i].lines);
+                snprintf(tag, sizeof tag, "%s_r%d_%s", cases[i].name, ranks, k ? "e4m3" : "bf16");
+                rc = run(tag, tag, extra[k], cases[i].accum, 0, NULL, -1, &o[k], err, sizeof err);
+            }
+            QT_REQUIRE(rc == 0, "%s: %s", tag, err);
+            int same = qt_t_same_bits(&o[0], &o[1], 0, why, sizeof why);
+            printf("  %d ranks %-22s e4m3 vs bf16 gathers: %s\n", ranks, cases[i].name, same ? "bitwise equal" : why);
+            QT_EXPECT(same, "%d ranks, %s: %s", ranks, cases[i].name, why);
+        }
+    g_model = "model: {vocab_size: 8192, hidden_size: 128, num_layers: 5, num_heads: 2, num_kv_heads: 1,\n"
+              "        intermediate_size: 96, max_seq_len: 64, tie_embeddings: true}\n";
+    run_out t[2];
+    for (int k = 0; k < 2; k++) {
+        ranks_text(2, rk, sizeof rk);
+        snprintf(extra[k], sizeof extra[k], "parallel: {%s, zero: 3, gather_dtype: %s, overlap_comm: true}\n" FP8, rk,
+                 k ? "e4m3" : "bf16");
+        snprintf(tag, sizeof tag, "g8_tied_%d", k);
+        QT_REQUIRE(run(tag, tag, extra[k], 2, 0, NULL, -1, &t[k], err, sizeof err) == 0, "%s: %s", tag, err);
+    }
+    g_model = UNTIED;
+    int same = qt_t_same_bits(&t[0], &t[1], 0, why, sizeof why);
+    printf("  2 ranks g8_tied                e4m3 vs bf16 gathers: %s\n", same ? "bitwise equal" : why);
+    QT_EXPECT(same, "tied: %s", why);
+    /* the mutants, against the bf16 run of the first case on 2 ranks */
+    run_out ref, got;
+    ranks_text(2, rk, sizeof rk);
+    snprintf(extra[0], sizeof extra[0], "parallel: {%s, zero: 3, gather_dtype: bf16, overlap_comm: true}\n" FP8, rk);
+    QT_REQUIRE(run("g8mut_ref", "g8mut_ref", extra[0], 1, 0, NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
+    snprintf(extra[1], sizeof extra[1], "parallel: {%s, zero: 3, gather_dtype: e4m3, overlap_comm: true}\n" FP8, rk);
+    for (int mu = 11; mu <= 12; mu++) {
+        qt_test_hooks h = {.zero_mutant = mu};
+        snprintf(tag, sizeof tag, "g8mut_%d", mu);
+        qt_test_hooks_set(&h);
+        int rc = run(tag, tag, extra[1], 1, 0, NULL, -1, &got, err, sizeof err);
+        qt_test_hooks_set(NULL);
+        if (rc) {
+            printf("  mutant %d: caught, the run failed: %s\n", mu, err);
+            continue;
+        }
+        same = qt_t_same_bits(&ref, &got, 0, why, sizeof why);
+        printf("  mutant %d (%s): %s\n", mu, mu == 11 ? "a rank's own abs-max" : "codes made once", same ? "NOT caught" : why);
+        QT_EXPECT(!same, "mutant %d not caught", mu);
+    }
+}
+
 /* A tied model whose embedding bucket (the embedding table and the LM head: one slot of its own, gathered
  * once per step) runs past its bucket on 3 ranks (the tail margin) and whose lookups are gathered. */
 static void test_zero3_tied(void) {
@@ -912,6 +986,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_zero2_failure_stops_all);
     QT_RUN(test_zero3_equals_zero2);
     QT_RUN(test_zero3_tied);
+    QT_RUN(test_zero3_e4m3_gathers);
     QT_RUN(test_zero3_resume_across_levels);
     QT_RUN(test_zero3_mutants_caught);
     QT_RUN(test_zero3_failure_mid_gather);

@@ -382,10 +382,16 @@ static const char *weights_refusal(const qt_config *c, const char **key) {
 /* What parallel.zero: 3 (or memory.offload: [weights]) cannot run with, NULL when nothing: *key names the
  * key to blame. */
 static const char *zero3_refusal(const qt_config *c, const char **key) {
-    if (c->parallel.gather_dtype == QT_DT_E4M3 && (c->parallel.zero < 3 || c->precision.matmul_dtype != QT_DT_E4M3)) {
+    int zero_free = c->memory.plan && !qt_config_given(c, "parallel.zero"); /* memory.plan: auto picks it */
+    if (c->parallel.gather_dtype == QT_DT_E4M3 && ((c->parallel.zero < 3 && !zero_free) || c->precision.matmul_dtype != QT_DT_E4M3)) {
         *key = "parallel.gather_dtype";
         return "expected bf16 unless parallel.zero: 3 with precision.matmul_dtype: e4m3, got \"e4m3\": the e4m3 gathers "
                "move ZeRO-3's fp8 weight codes";
+    }
+    if (c->parallel.gather_dtype == QT_DT_E4M3 && c->precision.grad_dtype == QT_DT_BF16) {
+        *key = "parallel.gather_dtype";
+        return "expected bf16 with parallel.zero: 3 and precision.grad_dtype: bf16, got \"e4m3\": a bf16 backward multiplies by the bf16 "
+               "weights, which e4m3 gathers do not bring (give grad_dtype e4m3 or e5m2)";
     }
     if (c->parallel.zero < 3) return weights_refusal(c, key);
     if (c->perf.cuda_graphs) {

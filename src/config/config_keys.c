@@ -198,7 +198,7 @@ static const qt_config_key keys[] = {
     E("parallel.reduce_dtype", parallel.reduce_dtype, f32_bf16_names, "fp32", "multi-GPU", 0,
       "dtype the gradients cross between GPUs in: bf16 halves the bytes (each GPU's sum is rounded to bf16 once, the sum over GPUs is still taken in fp32)"),
     E("parallel.gather_dtype", parallel.gather_dtype, gather_names, "bf16", "multi-GPU", 0,
-      "what ZeRO-3's layer gathers move: bf16 weights (2 bytes per parameter), or with precision.matmul_dtype e4m3 the e4m3 codes of the block matrices (1 byte: each rank quantizes its pieces once per step with the whole tensor's abs-max, all-reduced over the ranks, so the codes are those the bf16 path would make; the norms and biases still travel in bf16) — the same bits, half the bytes; built after the last GPU run, untested on a GPU"),
+      "what ZeRO-3's layer gathers move: bf16 weights (2 bytes per parameter), or with precision.matmul_dtype e4m3 and an fp8 backward (grad_dtype e4m3 or e5m2) the e4m3 codes of the block matrices (1 byte: each rank quantizes its pieces once per step with the whole tensor's abs-max, all-reduced over the ranks, so the codes are those the bf16 path would make; the norms and biases still travel in bf16) — the same bits, half the bytes; built after the last GPU run, untested on a GPU"),
     B("parallel.overlap_comm", parallel.overlap_comm, "true", "multi-GPU", 0,
       "in the last micro-batch of a step, sum each layer's gradients over the GPUs while the backward goes on to the layers below (one bucket per layer), and (sharded) all-gather the updated weights while the next forward runs, each layer waiting for its own; false: one sum after the backward, one all-gather before the next forward"),
 };

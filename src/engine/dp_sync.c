@@ -7,6 +7,8 @@
 #include <time.h>
 
 #include "qt_error.h"
+#include "qt_quant.h"
+#include "qt_small_params.h"
 #include "qt_test_hooks.h"
 
 /* A micro-step replayed as CUDA graph segments: segment k reads the weights below flat index
@@ -57,6 +59,7 @@ struct qt_dp_sync {
     qt_wslots_io io;        /* gathers on the side stream with the overlap (prefetch), else the model's */
     long read_delay_ms;     /* test hook zero3_read_delay_ms */
     long gathers;           /* shared-slot gathers issued so far (test hook dp_fail_gather) */
+    int codes_made;         /* e4m3 gathers: the codes were made once (test hook zero_mutant 12) */
     int own_due;            /* the own slots wait for their gather at the next forward (after creation or a
                              * load: collectives only where every rank is sure to come) */
     int fail_rank;          /* test hook: this rank fails at its fail_gather-th gather (-1: none) */
@@ -314,12 +317,98 @@ static int stale_fill(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
     return 1;
 }
 
+/* parallel.gather_dtype e4m3, a layer bucket b into a shared slot on s: the block matrices' e4m3 codes into
+ * dst8 (every rank's piece of the bucket's codes, two per bf16 element: pieces are multiples of 64), the
+ * rest (qt_small_params.h) into dst in bf16: this rank's segments packed, all-gathered, every rank's
+ * segments copied to their flat places. The bf16 slot's matrix elements are left stale: nothing reads
+ * them (the model takes the layer's Wq and Wq^T from dst8, qt_fp8_use_weights_e4m3). */
+static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
+    qt_param_store *ps = d->ps;
+    const qt_shard *sh = &ps->shard;
+    const qt_small_params *m = &ps->small;
+    size_t off, len, st, lo = sh->bucket[b], nb = sh->bucket[b + 1] - lo, P = m->packed[b];
+    int rank = d->plan.rank, n = sh->n_ranks;
+    qt_shard_piece(sh, b, &off, &len, &st);
+    const void *mine8 = ps->w8 + st;
+    int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
+                                        : qt_comm_all_gather(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s);
+    QT_CHECK(rc == 0, "rank %d: e4m3 weight all-gather of bucket %d aborted (another rank failed)", rank, b);
+    size_t at = 0;
+    for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
+        qt_flat_range g = m->seg[b * n + rank][i];
+        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->small_send + at, (uint16_t *)ps->w + st + (g.off - off), g.len * 2,
+                                cudaMemcpyDefault, s));
+        at += g.len;
+    }
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->small_recv, ps->small_send, (size_t)n * P, QT_DT_BF16, s) == 0,
+             "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
+    for (int r = 0; r < n; r++) {
+        at = 0;
+        for (int i = 0; i < m->n_seg[b * n + r]; i++) {
+            qt_flat_range g = m->seg[b * n + r][i];
+            QT_CUDA(cudaMemcpyAsync((uint16_t *)dst + (g.off - lo), (uint16_t *)ps->small_recv + r * P + at, g.len * 2,
+                                    cudaMemcpyDeviceToDevice, s));
+            at += g.len;
+        }
+    }
+}
+
+/* parallel.gather_dtype e4m3: cnt block matrices (layer ml[j], matrix mk[j]) of layer bucket b, whose
+ * piece this rank holds at flat [off, off + len) (state index st): the rank's abs-maxes, their max over
+ * the ranks (the whole tensor's, exactly) into each weight scale record, then the rank's codes of them
+ * (qt_quant_fp8_cur with that record: the scale and bytes the bf16 path's quantize of the whole matrix
+ * gives). Every rank makes the same calls (the same matrices: the layout's). */
+static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_t off, size_t len, size_t st, cudaStream_t s) {
+    qt_param_store *ps = d->ps;
+    qt_gpu_fp8 *f = d->g->fp8;
+    size_t a[QT_FP8_NMM], z[QT_FP8_NMM], p0[64], p1[64];
+    qt_zero(ps->amax8, (size_t)cnt * 4, s);
+    for (int j = 0; j < cnt; j++) {
+        qt_small_matrices(d->L, ml[j], a, z);
+        p0[j] = a[mk[j]] > off ? a[mk[j]] : off, p1[j] = z[mk[j]] < off + len ? z[mk[j]] : off + len;
+        if (p0[j] < p1[j])
+            qt_quant_amax(QT_DT_BF16, (uint16_t *)ps->w + st + (p0[j] - off), (long)(p1[j] - p0[j]), ps->amax8 + j, 1, s);
+    }
+    if (d->mutant != 11) /* MUTANT 11: each rank quantizes with its own pieces' abs-max */
+        QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.rank, ps->amax8, cnt, QT_COMM_MAX, s) == 0,
+                 "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.rank);
+    for (int j = 0; j < cnt; j++) {
+        qt_fp8_scale *sc = qt_fp8_weight_scale(f, ml[j], (qt_fp8_mm)mk[j]);
+        int tag = qt_fp8_weight_tag(ml[j], (qt_fp8_mm)mk[j]);
+        QT_CUDA(cudaMemcpyAsync(&sc->amax, ps->amax8 + j, 4, cudaMemcpyDeviceToDevice, s));
+        if (p0[j] < p1[j])
+            qt_quant_fp8_cur(QT_DT_E4M3, ps->w8 + st + (p0[j] - off), QT_DT_BF16, (uint16_t *)ps->w + st + (p0[j] - off),
+                             (long)(p1[j] - p0[j]), sc, f->nonfinite, tag, s);
+        else qt_quant_scale(QT_DT_E4M3, sc, f->nonfinite, tag, s);
+    }
+}
+
+/* The codes of layer bucket b's matrices (those of the layers that start their matrices in b: a layer
+ * bucket holds them whole), in chunks of at most 64 (qt_comm_all_reduce_scalars), after the rank's pieces
+ * changed (AdamW, a load). */
+static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
+    const qt_layout *L = d->L;
+    size_t off, len, st, lo = d->ps->shard.bucket[b], hi = d->ps->shard.bucket[b + 1];
+    int ml[64], mk[64], cnt = 0;
+    qt_shard_piece(&d->ps->shard, b, &off, &len, &st);
+    for (int l = 0; l < L->cfg.num_layers; l++) {
+        if (L->layers[l].wqkv < lo || L->layers[l].wqkv >= hi) continue;
+        for (int k = 0; k < QT_FP8_NMM; k++) ml[cnt] = l, mk[cnt++] = k;
+        if (cnt + QT_FP8_NMM > 64) codes_of(d, ml, mk, cnt, off, len, st, s), cnt = 0;
+    }
+    if (cnt) codes_of(d, ml, mk, cnt, off, len, st, s);
+}
+
 /* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it (offloaded
  * pieces, weights_shard_host: every rank's copy engines pull them from the ranks' pinned host memory,
  * qt_comm_all_gather_host, the same for every transport: no peer kernel or host staging reads them);
  * offloaded weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
-static void fill_bucket(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
+static void fill_bucket(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
+    if (dst8 && d->ps->small.layer_bucket[b]) {
+        fill_bucket8(d, b, dst, dst8, s);
+        return;
+    }
     size_t off, len, st, n = sh->bucket[b + 1] - sh->bucket[b];
     int rank = d->plan.rank;
     qt_shard_piece(sh, b, &off, &len, &st);
@@ -341,12 +430,12 @@ static void fill_bucket(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
 
 /* ZeRO-3 / offloaded weights: a shared weight slot's fill (io.gather), delayed on the side stream by
  * the test hook dp_ag_delay_ms. */
-static void z3_gather(void *ctx, int b, void *dst, cudaStream_t s) {
+static void z3_gather(void *ctx, int b, void *dst, void *dst8, cudaStream_t s) {
     qt_dp_sync *d = ctx;
     QT_CHECK(!(d->plan.rank == d->fail_rank && ++d->gathers == d->fail_gather),
              "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->fail_gather, b);
     if (d->ag_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
-    fill_bucket(d, b, dst, s);
+    fill_bucket(d, b, dst, dst8, s);
 }
 
 /* ZeRO-3 hooks: the forward reads the weights below upto (the unit ending there: its home bucket), the
@@ -370,9 +459,13 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
     if (k0 == 0) qt_wslots_invalidate(ws);
     if (k1 == sh->n_buckets) d->own_due = 0;
+    /* e4m3 gathers: the layer buckets' codes from the changed pieces (MUTANT 12: only the first time) */
+    for (int k = k0; d->plan.gather_e4m3 && k < k1 && !(d->mutant == 12 && d->codes_made); k++)
+        if (d->ps->small.layer_bucket[k]) refresh_codes(d, k, s);
+    if (k1 == sh->n_buckets) d->codes_made = 1;
     for (int k = k0; k < k1; k++) {
         if (!qt_wslots_own(ws, k)) continue;
-        fill_bucket(d, k, qt_wslots_own_data(ws, k), s);
+        fill_bucket(d, k, qt_wslots_own_data(ws, k), NULL, s);
         qt_wslots_filled(ws, k, s);
     }
 }

@@ -250,8 +250,9 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * layer's bf16 weights (the flat span of the layers, 2 B/param) twice per micro-step, before its forward
      * and its backward: charged at the PCIe rate as if every byte crossed ((n-1)/n do) and nothing overlapped
      * (an upper bound; ZeRO-1/2's one gather of all weights per step is not charged either way) */
-    if (cfg->parallel.zero >= 3)
-        k.pcie_once_bytes += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) * 2;
+    if (cfg->parallel.zero >= 3) /* parallel.gather_dtype e4m3: the layers' codes, 1 B/param (the norms and biases: few) */
+        k.pcie_once_bytes += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) *
+                             (cfg->parallel.gather_dtype == QT_DT_E4M3 ? 1 : 2);
     /* memory.offload: [weights] (one GPU): the layers' bf16 weights copied up twice per micro-step (before
      * each layer's forward and backward, prefetched beside the compute), and once per step the embedding
      * and LM-head buckets, AdamW's bf16 writes (2 B/param down) and the finiteness count's reads (2 B/param

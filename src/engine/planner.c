@@ -20,7 +20,8 @@ qt_param_placement qt_plan_placement(const qt_step_plan *p, const qt_layout *L) 
                                 .opt_chunk = chunk ? chunk : QT_GPU_OPTIM_CHUNK,
                                 .embed_apart = p->grads_sharded && p->lookups && L->lm_head != L->embed,
                                 .w_host = p->weights_host || p->weights_shard_host, .g_host = p->grads_host || p->grads_shard_host,
-                                .opt_mask = p->opt_mask, .zero_copy = p->zero_copy, .host_wc = p->host_wc};
+                                .opt_mask = p->opt_mask, .zero_copy = p->zero_copy, .host_wc = p->host_wc,
+                                .w8 = p->gather_e4m3};
 }
 
 /* The ranks engine_create (setup.c) starts, and how many share the busiest GPU: 0, or -1 with err. */

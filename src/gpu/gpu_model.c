@@ -301,9 +301,18 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
 
 /* memory.fp8_weight_cache none: layer l's Wq (matrices in wq) and/or Wq^T into its slot (a no-op when
  * all are cached), from the bf16 weights where the model reads them; amax: take their abs-max first
- * (ZeRO-3's forward: no rank holds them all when qt_fp8_quantize_weights would run). */
+ * (ZeRO-3's forward: no rank holds them all when qt_fp8_quantize_weights would run). With e4m3 gathers
+ * (a layer bucket's matrices arrive as codes, their records set after AdamW) a copy and a transpose. */
 static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT, int amax) {
     const qt_layer_offsets *o = &g->L->layers[l];
+    const qt_param_store *ps = g->ps;
+    if (ps->place.w8 && ps->small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
+        const void *w8[QT_FP8_NMM] = {qt_wslots_addr8(ps->wslots, o->wqkv), qt_wslots_addr8(ps->wslots, o->wo),
+                                      qt_wslots_addr8(ps->wslots, o->wgu), qt_wslots_addr8(ps->wslots, o->wdown)};
+        qt_gpu_model_mark(g, "fp8 quantize: weights");
+        qt_fp8_use_weights_e4m3(g->fp8, l, w8, wq, wqT, g->stream);
+        return;
+    }
     const void *w[QT_FP8_NMM] = {Wp(g, o->wqkv), Wp(g, o->wo), Wp(g, o->wgu), Wp(g, o->wdown)};
     qt_gpu_model_mark(g, "fp8 quantize: weights");
     if (amax) qt_fp8_weight_amax(g->fp8, l, w, g->stream);

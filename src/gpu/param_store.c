@@ -88,6 +88,14 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->grad_dt = pl->zero >= 2 ? QT_DT_F32 : ps->acc_dt;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (pl->zero >= 3 || pl->w_host) ps->wslots = qt_wslots_create(L, sh);
+    if (pl->w8) {
+        QT_CHECK(pl->zero >= 3, "parameter store: e4m3 gathers without ZeRO-3 (zero %d)", pl->zero);
+        if (qt_small_params_init(&ps->small, L, sh, err, errlen)) {
+            qt_param_store_free(ps);
+            return NULL;
+        }
+        qt_wslots_use_e4m3(ps->wslots);
+    }
     if (pl->zero >= 2 || pl->g_host) {
         ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
         ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
@@ -136,6 +144,9 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
                                      "memory.offload: [weights]", "the bf16 weights", "keep the weights on the GPU", cfg, err,
                                      errlen))
         return -1;
+    if (ps->place.w_host && ps->place.w8 && pin_host((void **)&ps->w8, ps->shard.len, mapped | wc, "parallel.gather_dtype: e4m3",
+                                                     "the e4m3 weight codes", "gather bf16 weights", cfg, err, errlen))
+        return -1;
     /* gradients: one GPU the whole array, ZeRO-2/3 the rank's summed shard; the norm, AdamW and the zeroing
      * kernels read and write them in place */
     if (ps->place.g_host &&
@@ -163,6 +174,14 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
         if (ps->place.w_host) qt_mem_plan_host(p, "weights (bf16 shard, offloaded)", ns * 2);
         else ps->w = qt_mem_plan_carve(p, "weights (bf16 shard)", ns * 2);
         qt_wslots_carve(ps->wslots, p);
+        if (ps->place.w8) { /* e4m3 gathers: the pieces' codes, the small params' buffers, the abs-maxes */
+            if (ps->place.w_host) qt_mem_plan_host(p, "weights (e4m3 shard, offloaded)", ns);
+            else ps->w8 = qt_mem_plan_carve(p, "weights (e4m3 shard)", ns);
+            size_t P = ps->small.max_packed;
+            ps->small_send = qt_mem_plan_carve(p, "weight slots (e4m3)", P * 2);
+            ps->small_recv = qt_mem_plan_carve(p, "weight slots (e4m3)", (size_t)ps->shard.n_ranks * P * 2);
+            ps->amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
+        }
     } else if (ps->place.w_host) { /* w itself: qt_param_store_alloc_host */
         qt_mem_plan_host(p, "weights (bf16, offloaded)", n * 2);
         qt_wslots_carve(ps->wslots, p);
@@ -509,6 +528,8 @@ void qt_param_store_free(qt_param_store *ps) {
     if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
     if (ps->place.w_host && ps->w) QT_CUDA(cudaFreeHost(ps->w));
     if (ps->place.g_host && ps->grad) QT_CUDA(cudaFreeHost(ps->grad));
+    if (ps->place.w_host && ps->place.w8 && ps->w8) QT_CUDA(cudaFreeHost(ps->w8));
+    qt_small_params_free(&ps->small);
     free(ps->grad_slot);
     free(ps->cross_at);
     free(ps);

@@ -11,6 +11,7 @@
 
 typedef struct {
     char *alloc;          /* the slot's allocation (arena) */
+    char *alloc8;         /* a shared slot's e4m3 codes of its bucket (parallel.gather_dtype e4m3; arena), else NULL */
     size_t cap;           /* data elements it holds */
     int bucket;           /* the bucket it holds, -1: none (a shared slot's data is stale) */
     int pending;          /* its gather's event is not yet waited for by the model stream */
@@ -34,6 +35,7 @@ struct qt_weight_slots {
     unsigned char *edge_ok; /* [n_buckets] host (owned) */
     int cur;              /* the shared slot the model read last (-1: none) */
     int started;
+    int with8;            /* the shared slots have e4m3 halves (qt_wslots_use_e4m3) */
 };
 
 static size_t blen(const qt_weight_slots *ws, int b) { return ws->sh.bucket[b + 1] - ws->sh.bucket[b]; }
@@ -119,11 +121,15 @@ size_t qt_wslots_slot_bytes(const qt_weight_slots *ws, int b) {
     return slot_bytes(ws, b < 0 || ws->own[b] < 0 ? ws->big : blen(ws, b));
 }
 
+void qt_wslots_use_e4m3(qt_weight_slots *ws) { ws->with8 = 1; }
+
 void qt_wslots_carve(qt_weight_slots *ws, qt_mem_plan *p) {
     for (int i = 0; i < ws->n_slots; i++)
         if (ws->slot[i].cap)
             ws->slot[i].alloc = qt_mem_plan_carve(p, i < QT_WSLOTS ? "weight slots (layers)" : "weight slots (emb/head)",
                                                   slot_bytes(ws, ws->slot[i].cap));
+    for (int i = 0; ws->with8 && i < QT_WSLOTS; i++)
+        ws->slot[i].alloc8 = qt_mem_plan_carve(p, "weight slots (e4m3)", ws->big);
     ws->edge = qt_mem_plan_carve(p, "weight slots (layers)", (size_t)ws->sh.n_buckets * ws->M * 2);
 }
 
@@ -169,6 +175,13 @@ void *qt_wslots_addr(const qt_weight_slots *ws, size_t off) {
     return data_of(ws, i, b) + ((ptrdiff_t)off - (ptrdiff_t)ws->sh.bucket[b]) * 2;
 }
 
+void *qt_wslots_addr8(const qt_weight_slots *ws, size_t off) {
+    int b = qt_wslots_home(ws, off), i = slot_of(ws, b);
+    QT_CHECK(i >= 0 && i < QT_WSLOTS && ws->slot[i].alloc8 && off >= ws->sh.bucket[b] && off < ws->sh.bucket[b + 1],
+             "ZeRO-3: the e4m3 codes of flat element %zu (bucket %d) are read but no shared e4m3 slot holds them", off, b);
+    return ws->slot[i].alloc8 + (off - ws->sh.bucket[b]);
+}
+
 void *qt_wslots_own_data(const qt_weight_slots *ws, int b) {
     QT_CHECK(ws->own[b] >= 0, "ZeRO-3: bucket %d has no slot of its own", b);
     return data_of(ws, ws->own[b], b);
@@ -200,7 +213,7 @@ static void gather_into(qt_weight_slots *ws, const qt_wslots_io *io, int i, int 
     wslot *w = &ws->slot[i];
     QT_CUDA(cudaEventRecord(w->free, io->model));
     if (io->mutant != 3) QT_CUDA(cudaStreamWaitEvent(io->side, w->free, 0)); /* MUTANT 3: no wait */
-    io->gather(io->ctx, b, data_of(ws, i, b), io->side);
+    io->gather(io->ctx, b, data_of(ws, i, b), ws->slot[i].alloc8, io->side);
     QT_CUDA(cudaEventRecord(w->filled, io->side));
     w->bucket = b;
     w->pending = 1;
