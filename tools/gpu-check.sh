@@ -676,9 +676,11 @@ fi
 # copy engines in device staging chunks (test_offload offload_ranks: bitwise as before, 1000-element
 # chunks, mutant 10); bf16 gradients with ZeRO-2/3 (bf16 slots, fp32 shard: ZeRO-2 = ZeRO-1 and ZeRO-3 =
 # ZeRO-2 cases g16_*, the tied model on 3 ranks, offload_ranks z2g_g16 / z3wg_g16_tied; the embedding
-# op's fp32 table rounded to bf16 in test_ops_gpu); the planner's tests. Ranks share GPU 0 on one GPU.
+# op's fp32 table rounded to bf16 in test_ops_gpu, the byte transpose); parallel.gather_dtype e4m3 (ZeRO-3
+# e4m3 gathers = bf16 gathers bitwise, mutants 11 and 12); the planner's tests. Ranks share GPU 0 on one GPU.
 # Then on 4 GPUs: box_grid, BOX_MODELS="14b 32b" multi_box, and the same with LLM.Q's precision
-# (BOX_EXTRA="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16").
+# (BOX_EXTRA="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16", then adding
+# "--set parallel.gather_dtype=e4m3").
 if has pending19; then
     { step test_ops_gpu 300 build/tests/test_ops_gpu
       step zero2_equals_zero1 900 env QT_TEST_ONLY=zero2_equals_zero1 build/tests/test_zero
@@ -686,6 +688,7 @@ if has pending19; then
       step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
       step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
       step test_plan 300 build/tests/test_plan
+      step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
       step zero3_mutants 900 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero # never finished a device run
       step zero3_mid_gather 300 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
     } 2>&1 | tee "$OUT/pending19.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
