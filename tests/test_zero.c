@@ -152,16 +152,22 @@ static int unit_fits(const qt_param_store *ps, size_t s, size_t e, int table) {
 
 /* The 7-layer model of the slot-map tests (tied or not) cut for rank n-1 of n ranks, and its store at
  * ZeRO level zero (sizes only: nothing is allocated on a GPU). */
-static qt_param_store *small_store(int tie, int n, int zero, qt_model_cfg *mc, qt_layout *L, qt_shard *sh) {
+static int small_layout(int tie, int n, qt_model_cfg *mc, qt_layout *L, qt_shard *sh) {
     *mc = (qt_model_cfg){.vocab_size = 301, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
                          .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
                          .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
     qt_model_cfg_finish(mc);
     char err[256];
-    if (qt_layout_init(L, mc, err, sizeof err)) return printf("  layout: %s\n", err), NULL;
+    if (qt_layout_init(L, mc, err, sizeof err)) return printf("  layout: %s\n", err), -1;
+    qt_shard_init(sh, L, n, n - 1, 1);
+    return 0;
+}
+
+static qt_param_store *small_store(int tie, int n, int zero, qt_model_cfg *mc, qt_layout *L, qt_shard *sh) {
+    char err[256];
+    if (small_layout(tie, n, mc, L, sh)) return NULL;
     static qt_config cfg;
     qt_config_defaults(&cfg);
-    qt_shard_init(sh, L, n, n - 1, 1);
     qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = zero, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = !tie};
     qt_param_store *ps = qt_param_store_create(L, &cfg, sh, &pl, err, sizeof err);
     if (!ps || (zero >= 3 && !ps->wslots)) printf("  store: %s\n", ps ? "no weight slots at ZeRO-3" : err);
@@ -324,18 +330,14 @@ static void check_small_map(const char *what, const qt_layout *L, const qt_shard
     qt_small_params_free(&m);
 }
 
-static qt_param_store *small_store(int tie, int n, int zero, qt_model_cfg *mc, qt_layout *L, qt_shard *sh);
-
 static void test_small_params_map(void) {
     for (int tie = 0; tie <= 1; tie++)
         for (int n = 2; n <= 4; n++) {
             qt_model_cfg mc;
             qt_layout L;
             qt_shard sh;
-            qt_param_store *ps = small_store(tie, n, 2, &mc, &L, &sh);
-            QT_REQUIRE(ps, "store");
+            QT_REQUIRE(small_layout(tie, n, &mc, &L, &sh) == 0, "layout");
             check_small_map(tie ? "7-layer model, tied" : "7-layer model", &L, &sh);
-            qt_param_store_free(ps);
             qt_layout_free(&L);
         }
     qt_config cfg;
