@@ -51,6 +51,12 @@ static __device__ __forceinline__ unsigned st1_fold(bf16 *p, float f, unsigned m
     return fold ? qt_amax_fold(m, __bfloat162float(h)) : m;
 }
 
+/* SwiGLU of one gate/up pair in fp32: silu(g) * u = g * sigmoid(g) * u, sigmoid = 1 / (1 + expf(-g)) with
+ * IEEE division and expf (no fast math). One definition for the forward (swiglu.cu) and the fp8
+ * recompute's fused quantize (quant.cu): both round the product to bf16 once, so they agree bitwise. */
+static __device__ __forceinline__ float qt_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+static __device__ __forceinline__ float qt_swiglu1(float g, float u) { return g * qt_sigmoid(g) * u; }
+
 static __host__ __device__ __forceinline__ int qt_aligned16(const void *p) {
     return ((uintptr_t)p & 15) == 0;
 }

@@ -14,6 +14,7 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "kcommon.cuh"
 #include "qt_error.h"
 #include "qt_quant.h"
 
@@ -129,11 +130,31 @@ __global__ void quant_fwd_kernel(uint8_t *__restrict__ y, const void *__restrict
  * the column reads of phase 2 (8 columns x 4 row groups per warp) hit 8 distinct banks.
  * vin: x 16-byte aligned and cols % 8 == 0; vy: y 8-byte aligned and cols % 8 == 0;
  * vt: yT 16-byte aligned and rows % 16 == 0. */
-__global__ void quant_transpose_fwd_kernel(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
-                                           const void *__restrict__ x, long R, long C,
-                                           long ntc, int xbf16, int e5m2, float fmax, const float *scale,
-                                           qt_fp8_scale *sc, int *flag, int tag, int vin, int vy,
-                                           int vt) {
+/* glu (a constant per kernel below): x is gu[R, 2C] (bf16, gate | up halves) and element (r, c) is the
+ * SwiGLU output bf16(qt_swiglu1(g, u)), rounded as qt_swiglu_fwd stores it, so the codes equal those of
+ * quantizing that kernel's output; vin then means gu 16-byte aligned and C % 8 == 0. */
+static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int glu, long gr, long gc, long C, float v[8]) {
+    if (!glu) {
+        load8(x, xbf16, (gr * C + gc) / 8, v);
+        return;
+    }
+    float u[8];
+    load8(x, 1, (gr * 2 * C + gc) / 8, v);
+    load8(x, 1, (gr * 2 * C + C + gc) / 8, u);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16_rn(qt_swiglu1(v[k], u[k])));
+}
+static __device__ __forceinline__ float load1_src(const void *x, int xbf16, int glu, long gr, long gc, long C) {
+    if (!glu) return load1(x, xbf16, gr * C + gc);
+    float g = load1(x, 1, gr * 2 * C + gc), u = load1(x, 1, gr * 2 * C + C + gc);
+    return __bfloat162float(__float2bfloat16_rn(qt_swiglu1(g, u)));
+}
+
+static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
+                                                            const void *__restrict__ x, long R, long C, long ntc,
+                                                            int xbf16, int glu, int e5m2, float fmax,
+                                                            const float *scale, qt_fp8_scale *sc, int *flag, int tag,
+                                                            int vin, int vy, int vt) {
     __shared__ __align__(16) uint8_t t[TILE * TILE];
     float s = kernel_scale(scale, sc, fmax, flag, tag);
     long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
@@ -147,10 +168,10 @@ __global__ void quant_transpose_fwd_kernel(uint8_t *__restrict__ y, uint8_t *__r
             long off = gr * C + gc;
             int full = gc + 8 <= C;
             float v[8];
-            if (vin && full) load8(x, xbf16, off / 8, v);
+            if (vin && full) load8_src(x, xbf16, glu, gr, gc, C, v);
             else {
 #pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1(x, xbf16, off + k) : 0.0f;
+                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1_src(x, xbf16, glu, gr, gc + k, C) : 0.0f;
             }
             q = quant8(v, s, e5m2);
             if (y) {
@@ -186,6 +207,18 @@ __global__ void quant_transpose_fwd_kernel(uint8_t *__restrict__ y, uint8_t *__r
         }
     }
 }
+
+#define QT_QT_ARGS                                                                                          \
+    uint8_t *__restrict__ y, uint8_t *__restrict__ yT, const void *__restrict__ x, long R, long C, long ntc,     \
+        int xbf16, int e5m2, float fmax, const float *scale, qt_fp8_scale *sc, int *flag, int tag, int vin,     \
+        int vy, int vt
+__global__ void quant_transpose_fwd_kernel(QT_QT_ARGS) {
+    quant_transpose_body(y, yT, x, R, C, ntc, xbf16, 0, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
+}
+__global__ void quant_transpose_swiglu_kernel(QT_QT_ARGS) {
+    quant_transpose_body(y, yT, x, R, C, ntc, 1, 1, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
+}
+#undef QT_QT_ARGS
 
 /* yT[c][r] = x[r][c], bytes: one 32 x 32 tile per block (32 x 8 threads, 4 rows each), the tile padded to
  * 33 columns so the column reads hit distinct banks. */
@@ -292,7 +325,7 @@ extern "C" void qt_quant_fp8_cur(qt_dtype ydt, void *y, qt_dtype xdt, const void
     quant_launch(ydt, y, xdt, x, n, NULL, sc, nonfinite, tag, s);
 }
 
-static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, long R, long C,
+static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, int glu, long R, long C,
                              const float *scale, qt_fp8_scale *sc, int *flag, int tag, cudaStream_t s) {
     check_fp8(ydt);
     check_x(xdt);
@@ -306,7 +339,7 @@ static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, cons
     QT_CHECK(nt <= 0x7fffffffL, "qt_quant_fp8_transpose: %ld x %ld needs too many tiles", R, C);
     int vin = aligned(x, 16) && C % 8 == 0, vy = y && aligned(y, 8) && C % 8 == 0;
     int vt = aligned(yT, 16) && R % 16 == 0;
-    quant_transpose_fwd_kernel<<<(unsigned)nt, QUANT_THREADS, 0, s>>>(
+    (glu ? quant_transpose_swiglu_kernel : quant_transpose_fwd_kernel)<<<(unsigned)nt, QUANT_THREADS, 0, s>>>(
         (uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt),
         scale, sc, flag, tag, vin, vy, vt);
     QT_CUDA(cudaGetLastError());
@@ -314,13 +347,18 @@ static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, cons
 
 extern "C" void qt_quant_fp8_transpose(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, long rows,
                                        long cols, const float *scale, cudaStream_t s) {
-    transpose_launch(ydt, y, yT, xdt, x, rows, cols, scale, NULL, NULL, 0, s);
+    transpose_launch(ydt, y, yT, xdt, x, 0, rows, cols, scale, NULL, NULL, 0, s);
 }
 
 extern "C" void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x,
                                            long rows, long cols, qt_fp8_scale *sc, int *nonfinite, int tag,
                                            cudaStream_t s) {
-    transpose_launch(ydt, y, yT, xdt, x, rows, cols, NULL, sc, nonfinite, tag, s);
+    transpose_launch(ydt, y, yT, xdt, x, 0, rows, cols, NULL, sc, nonfinite, tag, s);
+}
+
+extern "C" void qt_quant_fp8_swiglu_transpose_cur(qt_dtype ydt, void *yT, const void *gu, long rows, long cols,
+                                                  qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s) {
+    transpose_launch(ydt, NULL, yT, QT_DT_BF16, gu, 1, rows, cols, NULL, sc, nonfinite, tag, s);
 }
 
 extern "C" void qt_quant_dequant(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, const float *descale,

@@ -2,13 +2,11 @@
  *
  * fwd: out[n,f] = silu(g) * u,  g = gu[n, j], u = gu[n, f+j],  silu(g) = g * sigmoid(g)
  * bwd: dgu[n, j] = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  dgu[n, f+j] = dout * silu(g)
- * bf16 storage, fp32 math (expf), one RNE rounding per output ("=" both). 8 columns per thread with
+ * bf16 storage, fp32 math (expf: qt_swiglu1 in kcommon.cuh), one RNE rounding per output ("=" both). 8 columns per thread with
  * 16-byte loads when f % 8 == 0 and the pointers are 16-byte aligned; one column otherwise.
  * amax != NULL: max |output| (the bf16 values written) folded into *amax, one atomicMax per block. */
 #include "kcommon.cuh"
 #include "qt_kernels.h"
-
-static __device__ __forceinline__ float sigm(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int vec, float *amax) {
     long long per_row = vec ? f / 8 : f, total = (long long)n * per_row;
@@ -23,11 +21,11 @@ __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int 
             ld8(g, gr + j * 8);
             ld8(u, gr + f + j * 8);
 #pragma unroll
-            for (int i = 0; i < 8; i++) g[i] = g[i] * sigm(g[i]) * u[i];
+            for (int i = 0; i < 8; i++) g[i] = qt_swiglu1(g[i], u[i]);
             m = st8_fold(out + r * f + j * 8, g, m, fold);
         } else {
             float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
-            m = st1_fold(out + r * f + j, g * sigm(g) * u, m, fold);
+            m = st1_fold(out + r * f + j, qt_swiglu1(g, u), m, fold);
         }
     }
     if (amax) qt_amax_block_commit(amax, m);
@@ -50,7 +48,7 @@ __global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, l
             ld8(d, dout + r * f + j * 8);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                float sg = sigm(g[i]), gi = g[i];
+                float sg = qt_sigmoid(g[i]), gi = g[i];
                 g[i] = d[i] * u[i] * sg * (1.0f + gi * (1.0f - sg));
                 u[i] = d[i] * gi * sg;
             }
@@ -58,7 +56,7 @@ __global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, l
             m = st8_fold(dr + f + j * 8, u, m, fold);
         } else {
             float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
-            float d = __bfloat162float(dout[r * f + j]), sg = sigm(g);
+            float d = __bfloat162float(dout[r * f + j]), sg = qt_sigmoid(g);
             m = st1_fold(dr + j, d * u * sg * (1.0f + g * (1.0f - sg)), m, fold);
             m = st1_fold(dr + f + j, d * g * sg, m, fold);
         }

@@ -34,6 +34,9 @@ typedef struct {
     int recompute;        /* resolved qt_recompute_part bits (qt_act_recompute_resolve) */
     int offload_residual; /* 1: input residuals in pinned host memory, two device slots (top of file) */
     int host_wc;          /* that host memory write-combined (memory.host_alloc) */
+    int fp8_bwd;          /* 1: an fp8 backward, whose wgrads read the e4m3 Xq^T of the matmul inputs, never
+                           * ln1, ln2, h: those share one buffer over the layers, whatever is recomputed
+                           * (a recomputed qkv / gate|up rebuilds its norm input first) */
 } qt_act_policy;
 
 /* The parts memory.recompute implies: block => att, ffn, norm; att => qkv; ffn => swiglu. */
@@ -60,8 +63,8 @@ typedef struct {
     const qt_model_cfg *c; /* borrowed */
     long N;
     qt_act_policy policy;
-    qt_gpu_layer *layers;  /* [num_layers] (owned host array); a recomputed tensor's pointer is the same
-                            * (shared) buffer in every layer */
+    qt_gpu_layer *layers;  /* [num_layers] (owned host array); a recomputed tensor's pointer (and with
+                            * policy.fp8_bwd, ln1 / ln2 / h's) is the same (shared) buffer in every layer */
     void *res_final;       /* [N,C] down output of the last layer, then the final residual */
     void *lnf;             /* [N,C] */
     float *rstdf;          /* [N] */

@@ -88,6 +88,13 @@ void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, c
                                 long rows, long cols, qt_fp8_scale *sc, int *nonfinite, int tag,
                                 cudaStream_t s);
 
+/* yT[cols, rows] only, of the SwiGLU of gu[rows, 2 * cols] (bf16, gate | up halves): the codes of
+ * qt_quant_fp8_transpose_cur over what qt_swiglu_fwd writes (each output rounded to bf16 once, then
+ * quantized with sc's current scale), without that bf16 tensor (=). The fp8 recompute's Xq^T of the
+ * down projection: 5 bytes per element moved instead of the 10 of swiglu fwd + quantize-transpose. */
+void qt_quant_fp8_swiglu_transpose_cur(qt_dtype ydt, void *yT, const void *gu, long rows, long cols,
+                                       qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s);
+
 /* yT[cols, rows] = x[rows, cols] transposed, one byte per element (fp8 codes moved, not re-encoded: the
  * e4m3 weights a ZeRO-3 rank gathered become the dgrad's Wq^T) (=). Through 32 x 32 shared-memory tiles. */
 void qt_transpose_u8(void *yT, const void *x, long rows, long cols, cudaStream_t s);

@@ -1,4 +1,5 @@
-/* test_kernels.c — AdamW paths that the op table (test_ops_gpu.c) cannot express: a ZeRO-1 rank's
+/* test_kernels.c — kernel properties that the op table (test_ops_gpu.c) cannot express: the fused SwiGLU
+ * quantize-transpose of the fp8 recompute bit for bit against the two kernels it replaces; AdamW: a ZeRO-1 rank's
  * sharded plan against the whole array's, the offloaded optimizer state (src/gpu/gpu_optim.c) streamed
  * through device slots against the state kept on the device, and a bf16 master's stochastic rounding
  * under every cut, bit for bit. Every kernel's own check
@@ -14,6 +15,7 @@
 #include "qt_error.h"
 #include "qt_gpu_optim.h"
 #include "qt_kernels.h"
+#include "qt_quant.h"
 #include "qt_rng.h"
 #include "qt_test.h"
 
@@ -77,6 +79,50 @@ static float *g_f32(const void *d, long n) {
     return x;
 }
 
+
+/* ---- SwiGLU + quantize-transpose ---- */
+/* qt_quant_fp8_swiglu_transpose_cur must give the codes of qt_swiglu_fwd (abs-max folded) followed by
+ * qt_quant_fp8_transpose_cur over its bf16 output, with the same scale record: the recompute swaps one for
+ * the other and claims the same training bits. Vector and scalar shapes, gate values wide enough to cover
+ * silu's saturation, both fp8 types. */
+static void test_swiglu_quant_t_bitwise(void) {
+    NEED_GPU();
+    static const long SH[][2] = {{1024, 4864}, {2048, 18944}, {130, 72}, {33, 13}, {16, 8}};
+    for (int c = 0; c < 5; c++)
+        for (int e = 0; e < 2; e++) {
+            qt_dtype dt = e ? QT_DT_E5M2 : QT_DT_E4M3;
+            long R = SH[c][0], C = SH[c][1], n = R * C;
+            float *gu = h_rand(2 * n, 4.0f);
+            void *dgu = d_bf16(gu, 2 * n), *h = d_poison((size_t)n * 2);
+            uint8_t *yt1 = d_poison((size_t)n), *yt2 = d_poison((size_t)n);
+            qt_fp8_scale *sc;
+            int *flag;
+            QT_CUDA(cudaMalloc((void **)&sc, 2 * sizeof *sc));
+            QT_CUDA(cudaMalloc((void **)&flag, sizeof *flag));
+            QT_CUDA(cudaMemset(sc, 0, 2 * sizeof *sc));
+            QT_CUDA(cudaMemset(flag, 0, sizeof *flag));
+            qt_swiglu_fwd(h, dgu, R, (int)C, &sc[0].amax, 0);
+            qt_quant_fp8_transpose_cur(dt, NULL, yt1, QT_DT_BF16, h, R, C, &sc[0], flag, 1, 0);
+            QT_CUDA(cudaMemcpy(&sc[1], &sc[0], sizeof *sc, cudaMemcpyDeviceToDevice));
+            qt_quant_fp8_swiglu_transpose_cur(dt, yt2, dgu, R, C, &sc[1], flag, 1, 0);
+            uint8_t *a = malloc((size_t)n), *b = malloc((size_t)n);
+            qt_fp8_scale s2[2];
+            QT_CHECK(a && b, "out of memory");
+            QT_CUDA(cudaDeviceSynchronize());
+            QT_CUDA(cudaMemcpy(a, yt1, (size_t)n, cudaMemcpyDeviceToHost));
+            QT_CUDA(cudaMemcpy(b, yt2, (size_t)n, cudaMemcpyDeviceToHost));
+            QT_CUDA(cudaMemcpy(s2, sc, sizeof s2, cudaMemcpyDeviceToHost));
+            long diff = 0, first = -1;
+            for (long i = 0; i < n; i++)
+                if (a[i] != b[i]) diff++, first = first < 0 ? i : first;
+            QT_EXPECT(diff == 0, "%ld x %ld %s: %ld of %ld codes differ (first at %ld: %#x vs %#x)", R, C,
+                      qt_dtype_name(dt), diff, n, first, first >= 0 ? a[first] : 0, first >= 0 ? b[first] : 0);
+            QT_EXPECT(!memcmp(&s2[0], &s2[1], sizeof s2[0]), "%ld x %ld: scale records differ", R, C);
+            if (c == 0 && e == 0) printf("  %ld x %ld: %ld codes, amax %g, bitwise equal\n", R, C, n, s2[0].amax);
+            free(a), free(b), free(gu);
+            cudaFree(dgu), cudaFree(h), cudaFree(yt1), cudaFree(yt2), cudaFree(sc), cudaFree(flag);
+        }
+}
 
 /* ---- AdamW ---- */
 #define NT 5
@@ -443,6 +489,7 @@ static void test_adamw_bf16_master_cuts(void) {
 
 int main(void) {
     qt_rng_seed(&R, 20261121);
+    QT_RUN(test_swiglu_quant_t_bitwise);
     QT_RUN(test_adamw_sharded);
     QT_RUN(test_adamw_offload);
     QT_RUN(test_adamw_offload_parts);

@@ -173,10 +173,12 @@ static void test_recompute_dp_offload(void) {
 }
 
 /* Runs `memory` eager in bf16 with the test hooks h and says whether it trains ref's bits. */
-static int mutant_same(const run_out *ref, const char *tag, const char *memory, const qt_test_hooks *h, const char *what) {
+#define FP8(g, pq) "precision: {matmul_dtype: e4m3, grad_dtype: " g ", persistent_quants: " pq "}\n"
+static int mutant_same(const run_out *ref, const char *tag, const char *prec, const char *memory, const qt_test_hooks *h,
+                       const char *what) {
     run_out got;
     char err[1024], why[512], extra[512];
-    snprintf(extra, sizeof extra, "parallel: {gpus: 1}\n" NOTUNE "\nmemory: {%s}", memory);
+    snprintf(extra, sizeof extra, "parallel: {gpus: 1}\n%s" NOTUNE "\nmemory: {%s}", prec, memory);
     qt_test_hooks_set(h);
     int rc = run(tag, extra, &got, err, sizeof err);
     qt_test_hooks_set(NULL);
@@ -188,24 +190,28 @@ static int mutant_same(const run_out *ref, const char *tag, const char *memory, 
 }
 
 /* The mutants: layer 1's backward reads the shared SwiGLU buffer as layer 2's backward left it (its dh;
- * the bf16 backward's down-projection weight gradient reads h, so the bits must move); with the residual
+ * the bf16 backward's down-projection weight gradient reads h, so the bits must move), and in fp8 the
+ * shared Xq^T of down as layer 2's wgrad left it (the fused SwiGLU quantize skipped); with the residual
  * copies 20 ms late, a backward that reads a fetched residual without waiting for it (it reads layer
  * l + 2's), and a forward that overwrites a slot before its copy to host finished (the host gets layer
  * l + 2's residual). */
 static void test_recompute_mutant_caught(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
-    run_out ref;
+    run_out ref, ref8;
     char err[1024];
     QT_REQUIRE(run("mut_none", "parallel: {gpus: 1}\n" NOTUNE, &ref, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(run("mut_none8", "parallel: {gpus: 1}\n" FP8("e4m3", "false") NOTUNE, &ref8, err, sizeof err) == 0, "%s", err);
     qt_test_hooks h = {.recompute_stale_h = 1};
-    QT_EXPECT(!mutant_same(&ref, "mut_swiglu", "recompute: [swiglu]", &h, "stale SwiGLU buffer"),
+    QT_EXPECT(!mutant_same(&ref, "mut_swiglu", "", "recompute: [swiglu]", &h, "stale SwiGLU buffer"),
               "the stale-buffer mutant trains the same bits: the comparison cannot fail");
+    QT_EXPECT(!mutant_same(&ref8, "mut_swiglu8", FP8("e4m3", "false"), "recompute: [swiglu]", &h, "fp8: stale Xq^T of down"),
+              "the stale fp8 Xq^T mutant trains the same bits: the comparison cannot fail");
     h = (qt_test_hooks){.offload_residual_delay_ms = 20, .offload_residual_mutant = 1};
-    QT_EXPECT(!mutant_same(&ref, "mut_fetch", "recompute: [block], offload_residual: true", &h, "fetch not waited for"),
+    QT_EXPECT(!mutant_same(&ref, "mut_fetch", "", "recompute: [block], offload_residual: true", &h, "fetch not waited for"),
               "a backward that does not wait for the residual's fetch trains the same bits: the test cannot catch it");
     h.offload_residual_mutant = 2;
-    QT_EXPECT(!mutant_same(&ref, "mut_slot", "offload_residual: true", &h, "slot reused before its copy out"),
+    QT_EXPECT(!mutant_same(&ref, "mut_slot", "", "offload_residual: true", &h, "slot reused before its copy out"),
               "a slot overwritten before its copy to host trains the same bits: the test cannot catch it");
 }
 
@@ -300,10 +306,48 @@ static void test_plan_matches_device(void) {
     setup_data(); /* the other tests' data again */
 }
 
+/* An fp8 backward shares ln1, ln2 and h over the layers (qt_act_policy.fp8_bwd): the same bits as every layer
+ * keeping its own (test hook act_own_inputs), with nothing recomputed and with qkv, ffn and block (which
+ * rebuild ln1 / ln2 into the shared buffer before the matmul reads it), eager and from graphs. A recompute
+ * that reads the shared norm output as the forward's last layer left it (mutant recompute_stale_ln) must
+ * differ. */
+static void test_fp8_shared_inputs(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    static const char *const sets[] = {"recompute: []", "recompute: [qkv]", "recompute: [ffn]", "recompute: [block]"};
+    char yaml[512], tag[64], err[1024], why[512];
+    for (int gr = 0; gr < 2; gr++)
+        for (int k = 0; k < 4; k++) {
+            run_out own, shared;
+            snprintf(yaml, sizeof yaml, "parallel: {gpus: 1}\n%s%s\nmemory: {%s}", FP8("e4m3", "false"),
+                     gr ? GRAPHS : NOTUNE, sets[k]);
+            qt_test_hooks h = {.act_own_inputs = 1};
+            qt_test_hooks_set(&h);
+            snprintf(tag, sizeof tag, "own_%d_%d", gr, k);
+            int rc = run(tag, yaml, &own, err, sizeof err);
+            qt_test_hooks_set(NULL);
+            QT_REQUIRE(rc == 0, "%s: %s", tag, err);
+            snprintf(tag, sizeof tag, "shared_%d_%d", gr, k);
+            QT_REQUIRE(run(tag, yaml, &shared, err, sizeof err) == 0, "%s: %s", tag, err);
+            int same = same_bits(&own, &shared, why, sizeof why);
+            printf("  fp8%s %-20s shared ln1/ln2/h vs own: %s\n", gr ? " graphs" : "       ", sets[k], same ? "bitwise equal" : why);
+            QT_EXPECT(same, "%s, %s: %s", gr ? "graphs" : "eager", sets[k], why);
+            if (gr || k == 0 || k == 3) continue; /* the mutant: qkv and ffn rebuild a norm output that block rebuilds anyway */
+            h = (qt_test_hooks){.recompute_stale_ln = 1};
+            qt_test_hooks_set(&h);
+            snprintf(tag, sizeof tag, "stale_ln_%d", k);
+            rc = run(tag, yaml, &shared, err, sizeof err);
+            qt_test_hooks_set(NULL);
+            QT_REQUIRE(rc == 0, "%s: %s", tag, err);
+            same = same_bits(&own, &shared, why, sizeof why);
+            printf("  mutant (%s reads a stale shared norm output): %s\n", sets[k], same ? "NOT caught" : why);
+            QT_EXPECT(!same, "the stale-norm mutant trains the same bits with %s: the test cannot catch it", sets[k]);
+        }
+}
+
 /* memory.fp8_weight_cache: none = all, bit for bit (each group's baseline caches all layers). */
 static const char *const WC_SETS[] = {"fp8_weight_cache: none", "fp8_weight_cache: none, recompute: [block]",
                                       "fp8_weight_cache: none, recompute: [ffn, norm]"};
-#define FP8(g, pq) "precision: {matmul_dtype: e4m3, grad_dtype: " g ", persistent_quants: " pq "}\n"
 
 static void test_fp8_weight_cache(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
@@ -346,6 +390,7 @@ int main(void) {
     QT_RUN(test_recompute_mutant_caught);
     QT_RUN(test_recompute_bf16);
     QT_RUN(test_recompute_fp8);
+    QT_RUN(test_fp8_shared_inputs);
     QT_RUN(test_recompute_dp_offload);
     QT_RUN(test_plan_matches_device);
     QT_RUN(test_fp8_weight_cache_mutants);

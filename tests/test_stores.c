@@ -144,31 +144,33 @@ static void test_act_store_rows(void) {
               "names: %s", names);
     const int sets[] = {0, QT_RC_SWIGLU, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_FFN, QT_RC_BLOCK, QT_RC_FFN | QT_RC_NORM};
     size_t C = c->hidden_size, F = c->intermediate_size, HD = 3 * 32, QKV = 5 * 32, nl = c->num_layers;
-    for (int k = 0; k < 2 * (int)(sizeof sets / sizeof sets[0]); k++) {
-        int off = k & 1;
-        qt_act_policy pol = {.recompute = sets[k / 2], .offload_residual = off};
+    /* k: set k / 4, offload_residual k & 1, an fp8 backward k & 2 (ln1 / ln2 / h shared whatever the set) */
+    for (int k = 0; k < 4 * (int)(sizeof sets / sizeof sets[0]); k++) {
+        int off = k & 1, f8 = k >> 1 & 1, set = sets[k / 4];
+        qt_act_policy pol = {.recompute = set, .offload_residual = off, .fp8_bwd = f8};
         qt_act_store *as = qt_act_store_create(c, N, pol, err, sizeof err);
         QT_REQUIRE(as, "%s", err);
         int r = as->policy.recompute;
-        QT_EXPECT(r == qt_act_recompute_resolve(sets[k / 2]), "set %d: resolved %d", sets[k / 2], r);
+        QT_EXPECT(r == qt_act_recompute_resolve(set), "set %d: resolved %d", set, r);
         /* layers holding a buffer of the part's tensors: 1 when recomputed */
 #define NL_(part) ((r & (part)) ? 1 : nl)
+        int sh[3] = {r & QT_RC_NORM || f8, r & QT_RC_NORM || f8, r & QT_RC_SWIGLU || f8}; /* ln1, ln2, h */
         qt_mem_plan p;
         qt_mem_plan_begin(&p, NULL);
         qt_act_store_carve(as, &p);
         size_t res = ((off ? 2 : nl) + NL_(QT_RC_BLOCK)) * al(N * C * 2) + al(N * C * 2);
         QT_EXPECT(n_pinned(&p) == off && (!off || (!strcmp(pinned(&p, 0)->kind, "offloaded residuals") &&
                                                 pinned(&p, 0)->bytes == (nl - 2) * al(N * C * 2))),
-                  "set %d offload %d: %d host rows", sets[k / 2], off, n_pinned(&p));
-        size_t norms = 2 * NL_(QT_RC_NORM) * al(N * C * 2) + nl * 2 * al(N * 4) + al(N * C * 2) + al(N * 4);
+                  "set %d offload %d: %d host rows", set, off, n_pinned(&p));
+        size_t norms = ((sh[0] ? 1 : nl) + (sh[1] ? 1 : nl)) * al(N * C * 2) + nl * 2 * al(N * 4) + al(N * C * 2) + al(N * 4);
         QT_EXPECT(row(&p, "activations: residual") == res && row(&p, "activations: norms") == norms,
-                  "set %d: residual %zu (want %zu), norms %zu (want %zu)", sets[k / 2], row(&p, "activations: residual"), res,
+                  "set %d: residual %zu (want %zu), norms %zu (want %zu)", set, row(&p, "activations: residual"), res,
                   row(&p, "activations: norms"), norms);
         QT_EXPECT(row(&p, "activations: qkv") == NL_(QT_RC_QKV) * al(N * QKV * 2) &&
                       row(&p, "activations: gate|up") == NL_(QT_RC_FFN) * al(N * 2 * F * 2) &&
-                      row(&p, "activations: swiglu") == NL_(QT_RC_SWIGLU) * al(N * F * 2) &&
+                      row(&p, "activations: swiglu") == (sh[2] ? 1 : nl) * al(N * F * 2) &&
                       row(&p, "activations: attention") == NL_(QT_RC_ATT) * (al(N * HD * 2) + al(N * 3 * 4)),
-                  "set %d: per-layer rows", sets[k / 2]);
+                  "set %d: per-layer rows", set);
         QT_EXPECT(row(&p, "scratch: gradients") == al(N * C * 4) + 3 * al(N * C * 2) + al(N * HD * 2) + al(N * QKV * 2),
                   "scratch %zu", row(&p, "scratch: gradients"));
         QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
@@ -184,13 +186,13 @@ static void test_act_store_rows(void) {
             const qt_gpu_layer *a = &as->layers[l], *a0 = &as->layers[0];
             const void *mine[] = {a->ln1, a->ln2, a->qkv, a->att, a->lse, a->res_mid, a->gu, a->h, a->res, a->rstd1, a->rstd2};
             const void *first[] = {a0->ln1, a0->ln2, a0->qkv, a0->att, a0->lse, a0->res_mid, a0->gu, a0->h, a0->res, a0->rstd1, a0->rstd2};
-            const int part[] = {QT_RC_NORM, QT_RC_NORM, QT_RC_QKV, QT_RC_ATT, QT_RC_ATT, QT_RC_BLOCK, QT_RC_FFN, QT_RC_SWIGLU, 0, 0, 0};
+            const int shared[] = {sh[0], sh[1], r & QT_RC_QKV, r & QT_RC_ATT, r & QT_RC_ATT, r & QT_RC_BLOCK, r & QT_RC_FFN, sh[2], 0, 0, 0};
             QT_EXPECT(!off || (a->res == as->layers[l % 2].res && as->layers[0].res != as->layers[1].res),
                       "offload: layer %d's residual is not slot %d", l, l % 2);
             for (int t = 0; t < 11; t++) {
                 if (off && t == 8) continue; /* res: the slots, checked above */
-                QT_EXPECT((mine[t] == first[t]) == !!(r & part[t]), "set %d: layer %d tensor %d %s layer 0's buffer", sets[k / 2], l,
-                          t, mine[t] == first[t] ? "shares" : "does not share");
+                QT_EXPECT((mine[t] == first[t]) == !!shared[t], "set %d fp8 bwd %d: layer %d tensor %d %s layer 0's buffer", set,
+                          f8, l, t, mine[t] == first[t] ? "shares" : "does not share");
             }
         }
         QT_EXPECT(qt_act_forward(as, 1) == qt_act_backward(as, 1) && qt_act_forward(as, 1) == &as->layers[1], "one buffer set");
@@ -310,12 +312,13 @@ static void test_plan_7b(void) {
                 if (k == 0) act0 = act, fp80 = row(&p, "fp8 activations");
                 /* the expected saving: (layers - 1) copies of each shared tensor (sizes are multiples of 256) */
                 size_t N = (size_t)mbs[b] * cfg.data.seq_len, r = qt_act_recompute_resolve(sets[k]), per = 0;
-                if (r & QT_RC_NORM) per += 2 * N * C * 2;
+                int f8 = f != 0 && cfg.precision.grad_dtype != QT_DT_BF16; /* ln1, ln2, h shared in the baseline */
+                if (r & QT_RC_NORM && !f8) per += 2 * N * C * 2;
                 if (r & QT_RC_QKV) per += N * QKV * 2;
                 if (r & QT_RC_ATT) per += N * HD * 2 + N * H * 4;
                 if (r & QT_RC_BLOCK) per += N * C * 2;
                 if (r & QT_RC_FFN) per += N * 2 * F * 2;
-                if (r & QT_RC_SWIGLU) per += N * F * 2;
+                if (r & QT_RC_SWIGLU && !f8) per += N * F * 2;
                 /* fp8 backward: the Xq^T of qkv, o, gate|up, down inputs shared with qkv, block, ffn, swiglu */
                 size_t fper = f == 0 ? 0 : (r & QT_RC_QKV ? N * C : 0) + (r & QT_RC_BLOCK ? N * HD : 0) +
                                                 (r & QT_RC_FFN ? N * C : 0) + (r & QT_RC_SWIGLU ? N * F : 0);

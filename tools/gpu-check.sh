@@ -8,7 +8,9 @@
 # pending17, capped17 (what session 17 built after its device time); grid (issue 25's plans left out of the fit);
 # pending18 (what session 18 built after its device time; then BOX_MODELS="14b 32b" multi_box on 4 GPUs);
 # grid2 (plans the cost model was not fitted on); avh_bf16, h100_14b_fp8, h100_14b_bf16, multi_zero3 (session 19); box_grid (4 GPUs: the
-# host-bandwidth rows the cost model lacks); pending19 (what session 19 built after its device time)
+# host-bandwidth rows the cost model lacks); pending19 (what session 19 built after its device time);
+# pending20, rc_cost, pending20b, h100_llmq_{7b,14b}_{fp8,bf16} (session 20: the fp8 recompute's fused SwiGLU
+# quantize, its cost rows, ln1/ln2/h shared with an fp8 backward, H100-memory rows at LLM.Q's precision)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -26,7 +28,8 @@ stages=${*:-build unit model train bench llmq}
 export QT_DATA_DIR=${QT_DATA_DIR:-$( [ -f ../shared/data/tinyshakespeare.txt ] && echo ../shared/data || echo out/data )}
 export PYTHONUNBUFFERED=1
 has() { case " $stages " in *" $1 "*) return 0;; esac; return 1; }
-step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout "$limit" "$@"; echo "== $name: exit $?"; }
+# ONLY (an extended regex): run only the steps whose name matches it whole
+step() { local name=$1 limit=$2; shift 2; [ -z "${ONLY:-}" ] || [[ $name =~ ^($ONLY)$ ]] || return 0; echo "== $name ($(date +%T))"; timeout "$limit" "$@"; echo "== $name: exit $?"; }
 
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
@@ -692,6 +695,53 @@ if has pending19; then
       step zero3_mutants 900 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero # never finished a device run
       step zero3_mid_gather 300 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
     } 2>&1 | tee "$OUT/pending19.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
+fi
+# pending20 (session 20, one GPU): the fp8 recompute's fused SwiGLU quantize-transpose (op rows against the
+# CPU, bit for bit against swiglu fwd + quantize-transpose, a mutant build without the bf16 rounding that
+# must fail: build/tests/test_kernels_mut_swiglu_round when carried) and the norm part skipped where an fp8
+# backward reads nothing of it: test_recompute's mutants (fp8's stale Xq^T of down) and fp8 groups (every
+# part bitwise against none; eager, graphs with persistent quants, a bf16 backward). rc_cost: issue 23's
+# cost rows at equal micro-batch, 1.5B fp8 16 x 1024 per optimizer step, 10 steps (section 1.4's setting).
+if has pending20; then
+    { step swiglu_ops 120 env QT_TEST_ONLY=swiglu build/tests/test_ops_gpu
+      step swiglu_quant_t_bitwise 120 env QT_TEST_ONLY=swiglu_quant build/tests/test_kernels
+      if [ -x build/tests/test_kernels_mut_swiglu_round ]; then
+          step swiglu_quant_t_mutant 120 env QT_TEST_ONLY=swiglu_quant build/tests/test_kernels_mut_swiglu_round
+      fi
+      step recompute_mutants 540 env QT_TEST_ONLY=mutant build/tests/test_recompute
+      step recompute_fp8 540 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
+    } 2>&1 | tee "$OUT/pending20.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|rror'
+fi
+# pending20b: ln1, ln2 and h shared over the layers with an fp8 backward (bitwise against each layer keeping
+# its own, the stale-norm mutant), the recompute's fp8 groups and mutants again on that layout, the plan
+# tests. h100_llmq_<model>_<dt>: issue 23/24's rows on an H100's memory (79 GiB cap, 120 GiB host) with
+# LLM.Q's precision (bf16 weights as master, bf16 gradients, bf16 AdamW moments), the planner choosing the
+# micro-batch, recompute, offload and LM-head chunks.
+if has pending20b; then
+    { step test_stores 120 build/tests/test_stores
+      step fp8_shared_inputs 300 env QT_TEST_ONLY=shared_inputs build/tests/test_recompute
+      step recompute_mutants 300 env QT_TEST_ONLY=mutant build/tests/test_recompute
+      step recompute_fp8 400 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
+    } 2>&1 | tee "$OUT/pending20b.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|rror'
+fi
+llmq_keys="--set memory.plan=auto --set perf.cuda_graphs=false --set parallel.gpus=1 --set memory.gpu_limit_gib=79 \
+    --set memory.host_limit_gib=120 --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
+    --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload; do
+    llmq_keys="$llmq_keys --set $k=auto"
+done
+for m in 7b 14b; do for dt in fp8 bf16; do
+    has h100_llmq_${m}_$dt || continue
+    mm=""; [ "$dt" = bf16 ] && mm="--set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16"
+    { step h100_llmq_${m}_$dt 600 build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 1 $llmq_keys $mm
+    } 2>&1 | tee "$OUT/h100_llmq_${m}_$dt.log" | grep -E '^(==)|chosen|NOTE|tokens/s|fit|rror'
+done; done
+if has rc_cost; then
+    one="build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
+    { for r in "[]" "[swiglu]" "[norm]" "[swiglu,norm]" "[ffn]" "[ffn,norm]" "[block]"; do
+          step "rc_1.5b_$r" 240 $one --set "memory.recompute=$r"
+      done
+    } 2>&1 | tee "$OUT/rc_cost.log" | grep -E '^(==)|tokens/s|rror'
 fi
 # box_grid (4 GPUs, alone; for the cost model's missing term): host transport with ZeRO-3 / ZeRO-2 and the
 # ranks' offloaded pieces or not, bf16 sums or not: 1.5B fp8 (short steps, fast start) and 7B fp8, no

@@ -4,16 +4,21 @@
 # under $OUT/g<i> (each list's own gpu-check logs) and $OUT/g<i>.txt (its output). Never put two host-heavy
 # stages (offloaded 7B/14B runs: 100-230 GiB of pinned memory each) at once on a machine whose host memory
 # cannot hold both, nor timings meant for comparison beside another run. BUDGET (seconds, default 560)
-# bounds each list.
+# bounds each list. With fewer GPUs than lists, list i runs on GPU i mod the count (lists share a GPU).
+# A list may start with VAR=value words (e.g. ONLY="zero3_e4m3|test_plan pending19": gpu-check's steps
+# whose name matches).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=${OUT:-out/gpu-check}
 mkdir -p "$root"
 # the carried binaries in place once, not by every list at once (tools/gpu-check.sh does it for one list)
 if [ -d build/dev ]; then cp -a -u build/dev/. build/; fi
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
 i=0
 for list in "$@"; do
-    ( CUDA_VISIBLE_DEVICES=$i OUT=$root/g$i timeout "${BUDGET:-560}" bash tools/gpu-check.sh $list > "$root/g$i.txt" 2>&1
+    vars=(); stages=()
+    for w in $list; do case "$w" in *=*) vars+=("$w") ;; *) stages+=("$w") ;; esac; done
+    ( env CUDA_VISIBLE_DEVICES=$((i % ngpu)) OUT=$root/g$i "${vars[@]}" timeout "${BUDGET:-560}" bash tools/gpu-check.sh "${stages[@]}" > "$root/g$i.txt" 2>&1
       echo "g$i exit $?" >> "$root/g$i.txt" ) &
     i=$((i + 1))
 done

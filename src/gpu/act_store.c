@@ -87,10 +87,9 @@ void qt_act_store_free(qt_act_store *as) {
     free(as);
 }
 
-/* Layer l's buffer of a tensor: its own, or (part recomputed) layer 0's for every layer. */
-static void *take(qt_mem_plan *p, const qt_act_store *as, int l, int part, void *layer0, const char *kind,
-                  size_t bytes) {
-    if (l > 0 && (as->policy.recompute & part)) return layer0;
+/* Layer l's buffer of a tensor: its own, or (shared: recomputed, or read by no backward) layer 0's. */
+static void *take(qt_mem_plan *p, int l, int shared, void *layer0, const char *kind, size_t bytes) {
+    if (l > 0 && shared) return layer0;
     return qt_mem_plan_carve(p, kind, bytes);
 }
 
@@ -99,6 +98,10 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
     size_t N = (size_t)as->N, C = c->hidden_size, F = c->intermediate_size;
     size_t HD = (size_t)c->num_heads * c->head_dim, QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
     const qt_gpu_layer *a0 = &as->layers[0];
+    int r = as->policy.recompute, f8 = as->policy.fp8_bwd;
+    /* ln1, ln2, h: recomputed, or (fp8 backward) read by no backward (a recomputed qkv / gate|up rebuilds
+     * its norm input first: block_run) */
+    int sh_ln = r & QT_RC_NORM || f8, sh_h = r & QT_RC_SWIGLU || f8;
     void *slot[2] = {NULL, NULL};
     if (as->policy.offload_residual) {
         for (int i = 0; i < 2 && i < c->num_layers; i++) slot[i] = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
@@ -107,16 +110,16 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
     for (int l = 0; l < c->num_layers; l++) {
         qt_gpu_layer *a = &as->layers[l];
         a->res = as->policy.offload_residual ? slot[l % 2] : qt_mem_plan_carve(p, "activations: residual", N * C * 2);
-        a->ln1 = take(p, as, l, QT_RC_NORM, a0->ln1, "activations: norms", N * C * 2);
+        a->ln1 = take(p, l, sh_ln, a0->ln1, "activations: norms", N * C * 2);
         a->rstd1 = qt_mem_plan_carve(p, "activations: norms", N * 4);
-        a->qkv = take(p, as, l, QT_RC_QKV, a0->qkv, "activations: qkv", N * QKV * 2);
-        a->att = take(p, as, l, QT_RC_ATT, a0->att, "activations: attention", N * HD * 2);
-        a->lse = take(p, as, l, QT_RC_ATT, a0->lse, "activations: attention", N * c->num_heads * 4);
-        a->res_mid = take(p, as, l, QT_RC_BLOCK, a0->res_mid, "activations: residual", N * C * 2);
-        a->ln2 = take(p, as, l, QT_RC_NORM, a0->ln2, "activations: norms", N * C * 2);
+        a->qkv = take(p, l, r & QT_RC_QKV, a0->qkv, "activations: qkv", N * QKV * 2);
+        a->att = take(p, l, r & QT_RC_ATT, a0->att, "activations: attention", N * HD * 2);
+        a->lse = take(p, l, r & QT_RC_ATT, a0->lse, "activations: attention", N * c->num_heads * 4);
+        a->res_mid = take(p, l, r & QT_RC_BLOCK, a0->res_mid, "activations: residual", N * C * 2);
+        a->ln2 = take(p, l, sh_ln, a0->ln2, "activations: norms", N * C * 2);
         a->rstd2 = qt_mem_plan_carve(p, "activations: norms", N * 4);
-        a->gu = take(p, as, l, QT_RC_FFN, a0->gu, "activations: gate|up", N * 2 * F * 2);
-        a->h = take(p, as, l, QT_RC_SWIGLU, a0->h, "activations: swiglu", N * F * 2);
+        a->gu = take(p, l, r & QT_RC_FFN, a0->gu, "activations: gate|up", N * 2 * F * 2);
+        a->h = take(p, l, sh_h, a0->h, "activations: swiglu", N * F * 2);
     }
     as->res_final = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
     as->lnf = qt_mem_plan_carve(p, "activations: norms", N * C * 2);

@@ -156,7 +156,8 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const q
     g->fp8_bwd = g->fp8_fwd && cfg->precision.grad_dtype != QT_DT_BF16;
     g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
     qt_act_policy ap = {.recompute = cfg->memory.recompute, .offload_residual = cfg->memory.offload_residual,
-                        .host_wc = cfg->memory.host_alloc == QT_HOST_WRITE_COMBINED};
+                        .host_wc = cfg->memory.host_alloc == QT_HOST_WRITE_COMBINED,
+                        .fp8_bwd = g->fp8_bwd && !qt_test_hooks_get()->act_own_inputs};
     g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);
@@ -367,9 +368,10 @@ static dims dims_of(const qt_model_cfg *c) {
  * or res_final); it acquires the block's weights first. A recompute (redo = the store's resolved
  * memory.recompute parts; before the layer's backward) runs, in the same order, the same kernels on
  * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
- *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add)   qkv: qkv + RoPE
+ *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add); with an fp8
+ *         backward ln1 goes with qkv and ln2 with ffn instead (nothing else reads them)   qkv: qkv + RoPE
  *   att: attention output and lse      block: o_proj into res_mid, then ln2 with the fused add again
- *   ffn: gate|up                       swiglu: h (in fp8, and its Xq^T for down's wgrad)
+ *   ffn: gate|up                       swiglu: h (with an fp8 backward only its Xq^T, for down's wgrad)
  * In fp8 each rebuilt matmul input is quantized again with the forward's scale, which also rewrites the
  * layer's Xq^T (one buffer for all layers where fp8_xq_shared says so). It folds no abs-max (the
  * forward's stay in the scale records) and writes no block output. The weights and, in fp8, their
@@ -386,7 +388,13 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
     if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
     if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0, from_slots(g));
-    if (fwd || redo & QT_RC_NORM) {
+    /* A bf16 backward's wgrads read ln1 / ln2: the norm part rebuilds them. An fp8 backward's read the kept
+     * (or requantized) Xq^T, and ln1 / ln2 / h have one buffer for all layers (qt_act_policy.fp8_bwd): ln1
+     * is rebuilt for a recomputed qkv, ln2 for a recomputed gate|up, whether norm is listed or not. */
+    int stale = l > 0 && qt_test_hooks_get()->recompute_stale_ln; /* MUTANT: the shared ln not rebuilt */
+    int ln1_redo = g->fp8_bwd ? redo & QT_RC_QKV && !stale : redo & QT_RC_NORM;
+    int ln2_redo = g->fp8_bwd ? redo & QT_RC_FFN && !stale : redo & QT_RC_NORM;
+    if (fwd || ln1_redo) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
                        fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
@@ -407,19 +415,20 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps,
                        fwd ? fp8_amax(g, l, QT_FP8_GU, 0) : NULL, s);
-    } else if (redo & QT_RC_NORM) {
+    } else if (ln2_redo) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, NULL, Wp(g, o->ln2), N, d.C, eps, NULL, s);
     }
     if (fwd || redo & QT_RC_FFN)
         lin_fwd(g, LABEL("matmul fwd: gate|up"), l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F, redo);
-    if (fwd || (redo & QT_RC_SWIGLU && !(l > 0 && qt_test_hooks_get()->recompute_stale_h))) {
-        qt_gpu_model_mark(g, LABEL("swiglu"));
-        qt_swiglu_fwd(a->h, a->gu, N, d.F, fwd ? fp8_amax(g, l, QT_FP8_DOWN, 0) : NULL, s);
-    }
-    if (redo & QT_RC_SWIGLU && g->fp8_fwd && g->fp8->xq_shared >> QT_FP8_DOWN & 1) {
-        qt_gpu_model_mark(g, "recompute: fp8 quantize"); /* down's wgrad reads Xq^T of h: shared */
-        qt_fp8_requant_input(g->fp8, l, QT_FP8_DOWN, a->h, s);
+    if (fwd) {
+        qt_gpu_model_mark(g, "swiglu");
+        qt_swiglu_fwd(a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_DOWN, 0), s);
+    } else if (redo & QT_RC_SWIGLU && !(l > 0 && qt_test_hooks_get()->recompute_stale_h)) {
+        qt_gpu_model_mark(g, "recompute: swiglu");
+        /* an fp8 backward reads h only as down's Xq^T (shared by the layers): made from gu in one pass */
+        if (g->fp8_bwd) qt_fp8_requant_swiglu(g->fp8, l, a->gu, s);
+        else qt_swiglu_fwd(a->h, a->gu, N, d.F, NULL, s);
     }
     if (fwd) lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C, 0);
 #undef LABEL
