@@ -10,7 +10,8 @@
 # grid2 (plans the cost model was not fitted on); avh_bf16, h100_14b_fp8, h100_14b_bf16, multi_zero3 (session 19); box_grid (4 GPUs: the
 # host-bandwidth rows the cost model lacks); pending19 (what session 19 built after its device time);
 # pending20, rc_cost, pending20b, h100_llmq_{7b,14b}_{fp8,bf16} (session 20: the fp8 recompute's fused SwiGLU
-# quantize, its cost rows, ln1/ln2/h shared with an fp8 backward, H100-memory rows at LLM.Q's precision)
+# quantize, its cost rows, ln1/ln2/h shared with an fp8 backward, H100-memory rows at LLM.Q's precision);
+# multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -736,6 +737,20 @@ for m in 7b 14b; do for dt in fp8 bf16; do
     { step h100_llmq_${m}_$dt 600 build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 1 $llmq_keys $mm
     } 2>&1 | tee "$OUT/h100_llmq_${m}_$dt.log" | grep -E '^(==)|chosen|NOTE|tokens/s|fit|rror'
 done; done
+# multi20 (2 or 4 GPUs, one rank per GPU where the tests' rank counts allow): session 19/20's ZeRO features on
+# separate GPUs: bf16 gradients with ZeRO-2 (= ZeRO-1) and ZeRO-3 (= ZeRO-2), e4m3 gathers (= bf16 gathers),
+# the offloaded gradient shards' staging, the fp8 recompute with 2 ranks; the probe's transport, then host.
+if has multi20; then
+    { for comm in probe host; do
+          c=""; [ "$comm" = host ] && c="QT_TEST_COMM=host"
+          step zero2_${comm} 200 env $c QT_TEST_ONLY=zero2_equals_zero1 build/tests/test_zero
+          step zero3_${comm} 200 env $c QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
+          step e4m3_${comm} 120 env $c QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
+      done
+      step offload_ranks_host 200 env QT_TEST_COMM=host QT_TEST_ONLY=offload_ranks build/tests/test_offload
+      step recompute_dp 200 env QT_TEST_ONLY=dp_offload build/tests/test_recompute
+    } 2>&1 | tee "$OUT/multi20.log" | grep -E '^(PASS|FAIL|SKIP|==)|GPU[0-9]|bitwise|caught|differ|rror'
+fi
 if has rc_cost; then
     one="build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
     { for r in "[]" "[swiglu]" "[norm]" "[swiglu,norm]" "[ffn]" "[ffn,norm]" "[block]"; do
