@@ -850,6 +850,9 @@ static void test_cost_held_out(void) {
 #define CAP79 "perf.cuda_graphs=false", "parallel.gpus=1", "memory.fp8_weight_cache=none", "memory.recompute=[block]", \
               "memory.gpu_limit_gib=79", "memory.offload=[weights,m,v,residual]", "precision.master_dtype=bf16", \
               "precision.grad_accum_dtype=fp32"
+#define LQ "perf.cuda_graphs=false", "parallel.gpus=1", "memory.gpu_limit_gib=79", "memory.offload_optimizer=true", \
+           "precision.master_dtype=bf16", "precision.grad_accum_dtype=bf16", "precision.opt_m_dtype=bf16", \
+           "precision.opt_v_dtype=bf16"
     static const cost_row rows[] = {
         {"3b bf16 none opt-off mb8", "configs/qwen2.5-3b-bf16.yaml",
          {G3, "data.micro_batch=8", "memory.recompute=[]", "memory.offload_optimizer=true"}, 22466},
@@ -874,11 +877,22 @@ static void test_cost_held_out(void) {
         {"14b bf16 79 GiB auto", "configs/qwen2.5-14b-fp8.yaml",
          {CAP79, "precision.matmul_dtype=bf16", "precision.grad_dtype=bf16", "data.micro_batch=64", "data.grad_accum=8",
           "memory.lmhead_chunks=16", "memory.attn_bwd_chunks=2"}, 5512},
+        /* session 20 (section 10): LLM.Q's precision at 79 GiB, the fp8 recompute's fused SwiGLU quantize */
+        {"7b fp8 79 GiB llmq", "configs/qwen2.5-7b-fp8.yaml", {LQ, "data.micro_batch=8", "data.grad_accum=64",
+         "memory.recompute=[]", "memory.fp8_weight_cache=all", "memory.lmhead_chunks=1"}, 20858},
+        {"7b bf16 79 GiB llmq", "configs/qwen2.5-7b-fp8.yaml", {LQ, "precision.matmul_dtype=bf16", "precision.grad_dtype=bf16",
+         "data.micro_batch=16", "data.grad_accum=32", "memory.recompute=[swiglu,norm]", "memory.fp8_weight_cache=all",
+         "memory.lmhead_chunks=4"}, 13656},
+        {"14b fp8 79 GiB llmq", "configs/qwen2.5-14b-fp8.yaml", {LQ, "data.micro_batch=4", "data.grad_accum=128",
+         "memory.recompute=[swiglu,norm]", "memory.offload_residual=true", "memory.lmhead_chunks=1"}, 9972},
+        {"14b bf16 79 GiB llmq", "configs/qwen2.5-14b-fp8.yaml", {LQ, "precision.matmul_dtype=bf16", "precision.grad_dtype=bf16",
+         "data.micro_batch=4", "data.grad_accum=128", "memory.recompute=[swiglu,norm]", "memory.lmhead_chunks=1"}, 6772},
     };
 #undef G3
 #undef G7
 #undef CAP16
 #undef CAP79
+#undef LQ
     check_rows(rows, sizeof rows / sizeof *rows);
 }
 
