@@ -93,8 +93,10 @@ typedef struct {
                            * QT_OFF_V bits; 0: all three), the others on the device */
     int zero_copy;        /* QT_OPT_STATE_HOST: AdamW reads and writes the host arrays in place (mapped), no slots */
     int host_wc;          /* the pinned host allocations write-combined (memory.host_alloc) */
-    int w8;               /* parallel.gather_dtype e4m3 (ZeRO-3): the rank's pieces also as e4m3 codes (w8), gathered
-                           * into the shared weight slots' e4m3 halves, the rest of a layer bucket in bf16 (small) */
+    int w8;               /* e4m3 weight codes (qt_step_plan.gather_e4m3): ZeRO-3's rank pieces also as e4m3 codes
+                           * (w8), gathered into the shared weight slots' e4m3 halves, the rest of a layer bucket in
+                           * bf16 (small); one GPU with w_host (memory.offload quants): the whole array's codes in
+                           * pinned host memory, copied up instead of the bf16 layer matrices */
 } qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
@@ -147,9 +149,10 @@ typedef struct {
     size_t host_state_bytes;
     void *opt_slots;      /* QT_OPT_STATE_HOST: the device slots the state streams through */
     qt_gpu_optim *opt;    /* AdamW of this rank's pieces, in groups (qt_param_opt_groups) */
-    /* place.w8: the e4m3 codes of the rank's pieces [shard.len] (device arena, or pinned host with w_host; only the
-     * block matrices' elements of layer buckets are meaningful), the small params' map (owned), their packed send
-     * buffer [small.max_packed] and all-gather result [n_ranks * small.max_packed] (bf16), and 64 fp32 abs-maxes */
+    /* place.w8: the e4m3 codes of the rank's pieces [shard.len] (device arena, or pinned host with w_host; one GPU:
+     * [shard.total], pinned host; only the block matrices' elements of layer buckets are meaningful), the small
+     * params' map (owned), ZeRO-3's packed send buffer [small.max_packed] and all-gather result
+     * [n_ranks * small.max_packed] (bf16; NULL on one GPU), and 64 fp32 abs-maxes */
     uint8_t *w8;
     qt_small_params small;
     void *small_send, *small_recv;

@@ -31,7 +31,9 @@ typedef struct {
     int weights_host;  /* memory.offload: [weights], one GPU: the bf16 weights in pinned host memory, each bucket
                         * copied up into a weight slot as the model reads it (qt_weight_slots.h) */
     int wslots;        /* the model reads the weights from weight slots: ZeRO-3 (gathered) or weights_host (copied up) */
-    int gather_e4m3;   /* parallel.gather_dtype e4m3 (ZeRO-3, fp8): layer buckets' block matrices gathered as e4m3 codes */
+    int gather_e4m3;   /* the layer buckets' block matrices reach the weight slots as e4m3 codes: ZeRO-3's gathers
+                        * (parallel.gather_dtype e4m3, or memory.offload [weights, quants]: the rank's host pieces'
+                        * codes) or one GPU's offloaded weights copied up (memory.offload [weights, quants]); fp8 */
     int grads_host;    /* memory.offload: [gradients], one GPU: the fp32 gradients in pinned host memory; the backward
                         * writes each bucket into a device slot (ZeRO-2's), loaded from host before and stored back
                         * after, on the side stream (qt_param_grad_load / _store) */

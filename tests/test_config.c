@@ -319,8 +319,23 @@ static void test_offload_list(void) {
     EXPECT_ERR("memory:\n  host_alloc: cached\n", "t.yaml:2:3: memory.host_alloc: expected one of pinned|write_combined, got \"cached\"");
     EXPECT_ERR("memory:\n  offload: [m]\n  offload_optimizer: false\n",
                "t.yaml:3:3: memory.offload_optimizer: expected true, as memory.offload says, got false");
-    EXPECT_ERR("memory:\n  offload: [weights, quants]\n",
-               "t.yaml:2:3: memory.offload: expected master, m, v, gradients, weights, residual: quants is not built yet");
+    /* quants: the offloaded weights' e4m3 codes (fp8 matmuls and backward); one GPU copies them up, ZeRO-3 gathers them */
+#define F8 "precision:\n  matmul_dtype: e4m3\n  grad_dtype: e4m3\nperf:\n  cuda_graphs: false\n"
+    QT_REQUIRE(load("memory:\n  offload: [weights, quants]\n" F8, NULL, 0) == 0, "%s", err);
+    QT_EXPECT((cfg.memory.offload & (QT_OFF_WEIGHTS | QT_OFF_QUANTS)) == (QT_OFF_WEIGHTS | QT_OFF_QUANTS), "quants: offload %d",
+              cfg.memory.offload);
+    QT_REQUIRE(load("memory:\n  offload: [weights, quants]\n" F8 "parallel:\n  devices: [0, 0]\n  zero: 3\n", NULL, 0) == 0,
+               "%s", err);
+    EXPECT_ERR("memory:\n  offload: [quants]\n" F8,
+               "t.yaml:2:3: memory.offload: expected weights with quants: the fp8 codes that live in host memory are those of "
+               "the offloaded weights (with the weights on the GPU, memory.fp8_weight_cache: none keeps two layers' quants only)");
+    EXPECT_ERR("memory:\n  offload: [weights, quants]\nperf:\n  cuda_graphs: false\n",
+               "t.yaml:2:3: memory.offload: expected precision.matmul_dtype: e4m3 and grad_dtype e4m3 or e5m2 with quants: "
+               "the layers' e4m3 codes replace their bf16 weights on the GPU, which a bf16 matmul or backward would need");
+    EXPECT_ERR("memory:\n  offload: [weights, quants]\n" F8 "parallel:\n  devices: [0, 0]\n  zero: 3\n  gather_dtype: bf16\n",
+               "t.yaml:11:3: parallel.gather_dtype: expected e4m3 (or the key left out) with memory.offload: [weights, quants], "
+               "got \"bf16\": with ZeRO-3 the quants offloaded are the rank's e4m3 pieces, gathered as codes");
+#undef F8
     /* gradients: one GPU, fp32 or bf16 (ZeRO-2/3: fp32, refused below) */
     QT_REQUIRE(load("memory:\n  offload: [gradients, master, m, v]\nparallel:\n  gpus: 1\n", NULL, 0) == 0, "%s", err);
     QT_EXPECT((cfg.memory.offload & QT_OFF_GRADIENTS) && cfg.memory.offload_optimizer, "gradients: offload %d",

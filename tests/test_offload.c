@@ -12,10 +12,11 @@
  * gradient norm and the final checkpoint's weights, bf16 weights, m and v must be the same bytes with
  * the weights offloaded as without — bf16, fp8 (each layer quantized from its slot against the persistent
  * fp8 cache), a bf16 master (AdamW reads and writes the host weights in place), the optimizer state
- * offloaded too (chunks of 1000), block recompute. A run stopped at step 10 with the weights offloaded
+ * offloaded too (chunks of 1000), block recompute; [weights, quants] (fp8: each layer's e4m3 codes copied up instead of
+ * its bf16 matrices), also with everything else offloaded (the issue's one-rank case). A run stopped at step 10 with the weights offloaded
  * and resumed without (and the other way) ends with the uninterrupted run's bits. Mutants (test hooks,
  * qt_weight_slots.h): a slot copied into before its last reader ran (reads delayed), a slot read without
- * waiting for its copy (copies delayed) must change the bits.
+ * waiting for its copy (copies delayed) must change the bits; with quants also codes made only once.
  * Gradients — CPU: the 7B rows (host "gradients (fp32, offloaded)", device gradient slots), the slot
  * homes (each element written at one place, which load and store move); GPU: offloaded = on the GPU
  * bitwise at grad_accum 2 (bf16, fp8, CUDA graphs, tied, optimizer offloaded, and everything offloaded
@@ -121,6 +122,29 @@ static void test_plan_7b_weights(void) {
     QT_EXPECT(s0 == L.numel * 2 && s1 == 0, "checkpoint snapshot rows %zu -> %zu, expected %zu -> 0", s0, s1, L.numel * 2);
     QT_EXPECT(rp[1].host_bytes + s0 - rp[0].host_bytes == host, "the host grows by %zu, expected %zu",
               rp[1].host_bytes - rp[0].host_bytes, host - s0);
+    qt_layout_free(&L);
+    /* quants (the fp8 config): the host gets the codes (1 byte per padded element) beside the bf16 array, the
+     * GPU the shared slots' e4m3 halves (one byte per element of the two layer slots) and 64 abs-maxes (256 bytes) */
+    const char *q[2][5] = {{"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[weights, master, m, v]",
+                            "memory.fp8_weight_cache=none", "precision.grad_dtype=e4m3"},
+                           {"parallel.gpus=1", "perf.cuda_graphs=false", "memory.offload=[weights, quants, master, m, v]",
+                            "memory.fp8_weight_cache=none", "precision.grad_dtype=e4m3"}};
+    for (int k = 0; k < 2; k++) {
+        QT_REQUIRE(plan_of("configs/qwen2.5-7b-fp8.yaml", q[k], 5, 1, &cfg[k], &L, &rp[k], err, sizeof err) == 0, "%s", err);
+        if (k == 0) qt_layout_free(&L);
+    }
+    size_t codes = row(&rp[1].mem, "weights (e4m3, offloaded)"), s8 = row(&rp[1].mem, "weight slots (e4m3)");
+    total = (L.numel + 63) / 64 * 64;
+    printf("  7B fp8, one GPU, [weights, quants]: host codes %.2f GiB, e4m3 slots %.3f GiB; GPU %.2f -> %.2f GiB, host "
+           "%.2f -> %.2f GiB\n", codes / G, s8 / G, rp[0].gpu_bytes / G, rp[1].gpu_bytes / G, rp[0].host_bytes / G,
+           rp[1].host_bytes / G);
+    QT_EXPECT(codes == total && row(&rp[0].mem, "weights (e4m3, offloaded)") == 0, "codes row %zu, expected %zu", codes, total);
+    QT_EXPECT(rp[1].host_bytes - rp[0].host_bytes == codes, "the host grows by %zu, expected %zu",
+              rp[1].host_bytes - rp[0].host_bytes, codes);
+    size_t sl1 = row(&rp[1].mem, "weight slots (layers)"); /* the bf16 slots hold a head-margin cache beside */
+    QT_EXPECT(s8 * 2 <= sl1 && sl1 - s8 * 2 < ((size_t)1 << 20) && rp[1].gpu_bytes - rp[0].gpu_bytes == s8 + 256,
+              "e4m3 slots %zu (layer slots %zu), GPU grows by %zu", s8, row(&rp[1].mem, "weight slots (layers)"),
+              rp[1].gpu_bytes - rp[0].gpu_bytes);
     qt_layout_free(&L);
 }
 
@@ -355,6 +379,14 @@ static void test_offload_weights_bitwise(void) {
         {"w_fp8_opt", FP8, "", "offload: [weights, master, m, v]"},
         {"w_fp8_npq_recompute", "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: false}\n",
          "recompute: [block]", "offload: [weights]"},
+        /* quants: each layer's e4m3 codes copied up instead of its bf16 matrices (made once per step from
+         * the host weights), and the issue's everything-offloaded rank */
+        {"wq_fp8", FP8, "", "offload: [weights, quants]"},
+        {"wq_fp8_npq_recompute", "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: false}\n",
+         "recompute: [block]", "offload: [weights, quants]"},
+        {"wq_fp8_all", FP8, "", "offload: [weights, quants, gradients, master, m, v]"},
+        {"wq_fp8_bf16_master_all", "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, master_dtype: bf16}\n", "",
+         "offload: [weights, quants, gradients, m, v]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_out a, b;
@@ -401,14 +433,15 @@ typedef struct {
 
 /* Each case's run with memory.offload `list` against the run with nothing offloaded (tag: the runs'
  * prefix, what: the reference's words). */
-static void mutants_caught(const char *tag, const char *list, const char *what, const mutant_case *cases, size_t n) {
+static void mutants_caught(const char *tag, const char *lines, const char *list, const char *what, const mutant_case *cases,
+                           size_t n) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
     run_out ref, got;
-    char why[512], err[1024], t[64], extra[128];
+    char why[512], err[1024], t[64], extra[512];
     snprintf(t, sizeof t, "%s_ref", tag);
-    QT_REQUIRE(run(t, t, "", NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
-    snprintf(extra, sizeof extra, "memory: {offload: [%s]}", list);
+    QT_REQUIRE(run(t, t, lines, NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
+    snprintf(extra, sizeof extra, "%smemory: {offload: [%s]}", lines, list);
     for (size_t i = 0; i < n; i++) {
         snprintf(t, sizeof t, "%s_%zu", tag, i);
         qt_test_hooks_set(&cases[i].h);
@@ -481,7 +514,20 @@ static void test_offload_weights_mutants_caught(void) {
         {"copies delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, 0},
         {"slot read before its H2D copy finished", {.dp_ag_delay_ms = 20, .zero_mutant = 4}, 1},
     };
-    mutants_caught("wmut", "weights", "bitwise equal to the weights on the GPU", cases, sizeof cases / sizeof cases[0]);
+    mutants_caught("wmut", "", "weights", "bitwise equal to the weights on the GPU", cases, sizeof cases / sizeof cases[0]);
+}
+
+/* memory.offload [weights, quants]: codes made once (zero_mutant 12: AdamW's later steps never reach the GPU)
+ * and a slot read before its H2D copy of the codes finished (copies delayed, zero_mutant 4) must change the
+ * bits; the delay alone must not. */
+static void test_offload_quants_mutants_caught(void) {
+    static const mutant_case cases[] = {
+        {"copies delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, 0},
+        {"codes made once", {.zero_mutant = 12}, 1},
+        {"slot read before its H2D copy finished", {.dp_ag_delay_ms = 20, .zero_mutant = 4}, 1},
+    };
+    mutants_caught("qmut", FP8, "weights, quants", "bitwise equal to the weights on the GPU", cases,
+                   sizeof cases / sizeof cases[0]);
 }
 
 /* Offloaded gradients against the gradients on the GPU, bitwise, at grad_accum 2 (the second micro-step
@@ -540,7 +586,7 @@ static void test_offload_gradients_mutants_caught(void) {
         {"AdamW before the last stores", {.dp_sum_delay_ms = 20, .zero_mutant = 6}, 1},
         {"slot loaded before its store finished", {.dp_sum_delay_ms = 20, .zero_mutant = 9}, 1},
     };
-    mutants_caught("gmut", "gradients", "bitwise equal to the gradients on the GPU", cases, sizeof cases / sizeof cases[0]);
+    mutants_caught("gmut", "", "gradients", "bitwise equal to the gradients on the GPU", cases, sizeof cases / sizeof cases[0]);
 }
 
 /* Two ranks sharing GPU 0 are refused with the key named (the loader; the engine refuses gpus: 0 over
@@ -712,6 +758,7 @@ static void test_offload_ranks_weights_zero3(void) {
         {"z3w_bf16_tied", TIED, 3, "overlap_comm: true", "", "", "offload: [weights]", 2},
         {"z3wg_bf16_acc", MODEL, 3, "overlap_comm: true", "", "", "offload: [weights, gradients]", 2},
         {"z3wg_fp8_noov_acc", MODEL, 3, "overlap_comm: false", FP8, "", "offload: [weights, gradients]", 2},
+        {"z3wq_fp8_acc", MODEL, 3, "overlap_comm: true", FP8, "", "offload: [weights, quants]", 2}, /* e4m3 gathers */
     };
     ranks_bitwise(cases, sizeof cases / sizeof cases[0]);
 }
@@ -791,6 +838,7 @@ int main(void) {
     QT_RUN(test_offload_weights_bitwise);
     QT_RUN(test_offload_weights_resume);
     QT_RUN(test_offload_weights_mutants_caught);
+    QT_RUN(test_offload_quants_mutants_caught);
     QT_RUN(test_offload_gradients_bitwise);
     QT_RUN(test_offload_gradients_mutants_caught);
     QT_RUN(test_offload_opt_parts_bitwise);

@@ -11,7 +11,7 @@
 # host-bandwidth rows the cost model lacks); pending19 (what session 19 built after its device time);
 # pending20, rc_cost, pending20b, h100_llmq_{7b,14b}_{fp8,bf16} (session 20: the fp8 recompute's fused SwiGLU
 # quantize, its cost rows, ln1/ln2/h shared with an fp8 backward, H100-memory rows at LLM.Q's precision);
-# multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs)
+# multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants])
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -750,6 +750,16 @@ if has multi20; then
       step offload_ranks_host 200 env QT_TEST_COMM=host QT_TEST_ONLY=offload_ranks build/tests/test_offload
       step recompute_dp 200 env QT_TEST_ONLY=dp_offload build/tests/test_recompute
     } 2>&1 | tee "$OUT/multi20.log" | grep -E '^(PASS|FAIL|SKIP|==)|GPU[0-9]|bitwise|caught|differ|rror'
+fi
+# quants (session 20, one GPU): memory.offload [weights, quants] (each layer's e4m3 codes copied up instead of
+# its bf16 matrices) = nothing offloaded bitwise (fp8, recompute, everything offloaded, bf16 master), its
+# mutants (codes made once, a slot read before its copy), ZeRO-3 + [weights, quants] (e4m3 gathers of the
+# host pieces' codes) = ZeRO-3 on GPU 0's ranks.
+if has quants; then
+    { step offload_quants 300 env QT_TEST_ONLY=weights_bitwise build/tests/test_offload
+      step offload_quants_mutants 200 env QT_TEST_ONLY=quants_mutants build/tests/test_offload
+      step offload_quants_zero3 300 env QT_TEST_ONLY=weights_zero3 build/tests/test_offload
+    } 2>&1 | tee "$OUT/quants.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi
 if has rc_cost; then
     one="build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"

@@ -383,6 +383,20 @@ static const char *weights_refusal(const qt_config *c, const char **key) {
  * key to blame. */
 static const char *zero3_refusal(const qt_config *c, const char **key) {
     int zero_free = c->memory.plan && !qt_config_given(c, "parallel.zero"); /* memory.plan: auto picks it */
+    if (c->memory.offload & QT_OFF_QUANTS) {
+        *key = "memory.offload";
+        if (!(c->memory.offload & QT_OFF_WEIGHTS))
+            return "expected weights with quants: the fp8 codes that live in host memory are those of the offloaded "
+                   "weights (with the weights on the GPU, memory.fp8_weight_cache: none keeps two layers' quants only)";
+        if (c->precision.matmul_dtype != QT_DT_E4M3 || c->precision.grad_dtype == QT_DT_BF16)
+            return "expected precision.matmul_dtype: e4m3 and grad_dtype e4m3 or e5m2 with quants: the layers' e4m3 codes "
+                   "replace their bf16 weights on the GPU, which a bf16 matmul or backward would need";
+        if (c->parallel.gather_dtype != QT_DT_E4M3 && qt_config_given(c, "parallel.gather_dtype")) {
+            *key = "parallel.gather_dtype";
+            return "expected e4m3 (or the key left out) with memory.offload: [weights, quants], got \"bf16\": with ZeRO-3 "
+                   "the quants offloaded are the rank's e4m3 pieces, gathered as codes";
+        }
+    }
     if (c->parallel.gather_dtype == QT_DT_E4M3 && ((c->parallel.zero < 3 && !zero_free) || c->precision.matmul_dtype != QT_DT_E4M3)) {
         *key = "parallel.gather_dtype";
         return "expected bf16 unless parallel.zero: 3 with precision.matmul_dtype: e4m3, got \"e4m3\": the e4m3 gathers "
@@ -427,8 +441,6 @@ static int offload_check(ctx *x) {
     where wl = at_of(x, "memory.offload");
     if (!given(wl) || !c->memory.offload) return 0; /* [] leaves the older keys as they are */
     int off = c->memory.offload;
-    if (off & QT_OFF_QUANTS)
-        return fail(x, wl, "memory.offload", "expected master, m, v, gradients, weights, residual: quants is not built yet");
     static const struct { const char *key; size_t field; int bits; } older[] = {
         {"memory.offload_optimizer", offsetof(qt_config, memory.offload_optimizer), QT_OFF_OPTIMIZER},
         {"memory.offload_residual", offsetof(qt_config, memory.offload_residual), QT_OFF_RESIDUAL}};

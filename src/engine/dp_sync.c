@@ -317,11 +317,13 @@ static int stale_fill(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
     return 1;
 }
 
-/* parallel.gather_dtype e4m3, a layer bucket b into a shared slot on s: the block matrices' e4m3 codes into
+/* e4m3 weight codes (parallel.gather_dtype e4m3, memory.offload quants), a layer bucket b into a shared slot on
+ * s. ZeRO-3: the block matrices' e4m3 codes into
  * dst8 (every rank's piece of the bucket's codes, two per bf16 element: pieces are multiples of 64), the
  * rest (qt_small_params.h) into dst in bf16: this rank's segments packed, all-gathered, every rank's
  * segments copied to their flat places. The bf16 slot's matrix elements are left stale: nothing reads
- * them (the model takes the layer's Wq and Wq^T from dst8, qt_fp8_use_weights_e4m3). */
+ * them (the model takes the layer's Wq and Wq^T from dst8, qt_fp8_use_weights_e4m3). One GPU: the bucket's
+ * codes and its small params' segments copied up from the host arrays (1 byte per matrix element instead of 2). */
 static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
@@ -329,6 +331,15 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
     size_t off, len, st, lo = sh->bucket[b], nb = sh->bucket[b + 1] - lo, P = m->packed[b];
     int rank = d->plan.rank, n = sh->n_ranks;
     qt_shard_piece(sh, b, &off, &len, &st);
+    if (d->plan.weights_host) { /* one GPU (memory.offload quants): the codes, then the small params, copied up */
+        QT_CUDA(cudaMemcpyAsync(dst8, ps->w8 + st, nb, cudaMemcpyHostToDevice, s));
+        for (int i = 0; i < m->n_seg[b]; i++) {
+            qt_flat_range g = m->seg[b][i];
+            QT_CUDA(cudaMemcpyAsync((uint16_t *)dst + (g.off - lo), (uint16_t *)ps->w + st + (g.off - off), g.len * 2,
+                                    cudaMemcpyHostToDevice, s));
+        }
+        return;
+    }
     const void *mine8 = ps->w8 + st;
     int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s);
@@ -369,7 +380,7 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
         if (p0[j] < p1[j])
             qt_quant_amax(QT_DT_BF16, (uint16_t *)ps->w + st + (p0[j] - off), (long)(p1[j] - p0[j]), ps->amax8 + j, 1, s);
     }
-    if (d->mutant != 11) /* MUTANT 11: each rank quantizes with its own pieces' abs-max */
+    if (d->mutant != 11 && d->ps->shard.n_ranks > 1) /* MUTANT 11: each rank quantizes with its own pieces' abs-max */
         QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.rank, ps->amax8, cnt, QT_COMM_MAX, s) == 0,
                  "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.rank);
     for (int j = 0; j < cnt; j++) {

@@ -45,8 +45,9 @@ static void set_mdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.ma
 static int get_gdt(const qt_config *c) { return c->precision.grad_accum_dtype; }
 static void set_gdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.grad_accum_dtype = v; }
 #define OFF_WG (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)
-static int get_offw(const qt_config *c) { return c->memory.offload & OFF_WG; }
-static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~OFF_WG) | v; }
+#define OFF_WGQ (OFF_WG | QT_OFF_QUANTS)
+static int get_offw(const qt_config *c) { return c->memory.offload & OFF_WGQ; }
+static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~OFF_WGQ) | v; }
 static int get_zero(const qt_config *c) { return c->parallel.zero; }
 static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, c->parallel.zero = v, c->parallel.shard_optimizer = v >= 1; }
 
@@ -65,8 +66,8 @@ static const plan_axis AXES[AX_N] = {
     {"precision.master_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_mdt, set_mdt},
     {"precision.grad_accum_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_gdt, set_gdt},
     {"parallel.zero", 3, {1, 2, 3}, get_zero, set_zero},
-    {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw}, /* gradients: one
-                                                            * GPU or ZeRO-2/3; weights: one GPU or ZeRO-3 */
+    {"memory.offload", 6, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG, QT_OFF_WEIGHTS | QT_OFF_QUANTS, OFF_WGQ},
+     get_offw, set_offw}, /* gradients: one GPU or ZeRO-2/3; weights: one GPU or ZeRO-3; quants: fp8 (zero3_refusal) */
 };
 
 /* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
@@ -256,9 +257,10 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * layer's bf16 weights (the flat span of the layers, 2 B/param) twice per micro-step, before its forward
      * and its backward: charged at the PCIe rate as if every byte crossed ((n-1)/n do) and nothing overlapped
      * (an upper bound; ZeRO-1/2's one gather of all weights per step is not charged either way) */
-    if (cfg->parallel.zero >= 3) /* parallel.gather_dtype e4m3: the layers' codes, 1 B/param (the norms and biases: few) */
+    int quants = (cfg->memory.offload & (QT_OFF_QUANTS | QT_OFF_WEIGHTS)) == (QT_OFF_QUANTS | QT_OFF_WEIGHTS);
+    if (cfg->parallel.zero >= 3) /* e4m3 gathers (or quants): the layers' codes, 1 B/param (the norms and biases: few) */
         k.pcie_once_bytes += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) *
-                             (cfg->parallel.gather_dtype == QT_DT_E4M3 ? 1 : 2);
+                             (cfg->parallel.gather_dtype == QT_DT_E4M3 || quants ? 1 : 2);
     /* memory.offload: [weights] (one GPU): the layers' bf16 weights copied up twice per micro-step (before
      * each layer's forward and backward, prefetched beside the compute), and once per step the embedding
      * and LM-head buckets, AdamW's bf16 writes (2 B/param down) and the finiteness count's reads (2 B/param
@@ -267,8 +269,11 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     double mine = ranks > 1 && cfg->parallel.zero >= 1 ? (double)L->numel / ranks : (double)L->numel; /* a rank's state */
     if (cfg->memory.offload & QT_OFF_WEIGHTS) { /* ZeRO-3 ranks: the gathers read the host pieces, charged above */
         double span = (double)(L->final_norm - L->layers[0].ln1), rest = (double)L->numel - span;
-        k.pcie_micro_bytes += (cfg->parallel.zero >= 3 ? 0 : cfg->data.grad_accum * 2 * span * 2);
-        k.pcie_once_bytes += (rest * 2 + mine * 2 * 2 + (cfg->precision.master_dtype == QT_DT_BF16 ? mine * 2 : 0));
+        /* quants: the layers' e4m3 codes copied up (1 B/param), made once per step from the host weights
+         * (2 B/param read, 1 written, through the mapping) */
+        k.pcie_micro_bytes += (cfg->parallel.zero >= 3 ? 0 : cfg->data.grad_accum * 2 * span * (quants ? 1 : 2));
+        k.pcie_once_bytes += (rest * 2 + mine * 2 * 2 + (cfg->precision.master_dtype == QT_DT_BF16 ? mine * 2 : 0)) +
+                             (quants ? span / (cfg->parallel.zero >= 3 ? ranks : 1) * 3 : 0);
     }
     /* memory.offload: [gradients] (one GPU): each micro-step stores every bucket's gradients to host and,
      * but the first, loads them first (4 B/param each way, bf16 2, beside the compute; an upper bound: the
@@ -321,7 +326,7 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
     cfg->precision.grad_accum_dtype = c->grad_accum_dtype;
     cfg->parallel.zero = c->zero;
     cfg->parallel.shard_optimizer = c->zero >= 1;
-    cfg->memory.offload = (cfg->memory.offload & ~OFF_WG) | c->offload_bits;
+    cfg->memory.offload = (cfg->memory.offload & ~OFF_WGQ) | c->offload_bits;
 }
 
 static int by_speed(const void *a, const void *b) {
@@ -419,9 +424,14 @@ int qt_plan_auto_lossy_worth(const qt_plan_choice *chosen, const qt_plan_choice 
     return lossy->tokens_per_s > QT_PLAN_LOSSY_HINT * chosen->tokens_per_s;
 }
 
+/* ", weights and gradients offloaded" (quants: "weights (as e4m3)"), "" for none (a static buffer). */
 static const char *offload_text(const qt_plan_choice *c) {
-    return c->offload_bits == OFF_WG ? ", weights and gradients offloaded" : c->offload_bits == QT_OFF_WEIGHTS ? ", weights offloaded"
-           : c->offload_bits ? ", gradients offloaded" : "";
+    static char buf[64];
+    int w = c->offload_bits & QT_OFF_WEIGHTS, g = c->offload_bits & QT_OFF_GRADIENTS;
+    if (!w && !g) return "";
+    snprintf(buf, sizeof buf, ", %s%s%s offloaded", !w ? "" : c->offload_bits & QT_OFF_QUANTS ? "weights (as e4m3)" : "weights",
+             w && g ? " and " : "", g ? "gradients" : "");
+    return buf;
 }
 
 /* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */

@@ -89,7 +89,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (pl->zero >= 3 || pl->w_host) ps->wslots = qt_wslots_create(L, sh);
     if (pl->w8) {
-        QT_CHECK(pl->zero >= 3, "parameter store: e4m3 gathers without ZeRO-3 (zero %d)", pl->zero);
+        QT_CHECK(pl->zero >= 3 || pl->w_host, "parameter store: e4m3 weight codes without ZeRO-3 or offloaded weights (zero %d)",
+                 pl->zero);
         if (qt_small_params_init(&ps->small, L, sh, err, errlen)) {
             qt_param_store_free(ps);
             return NULL;
@@ -144,8 +145,9 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
                                      "memory.offload: [weights]", "the bf16 weights", "keep the weights on the GPU", cfg, err,
                                      errlen))
         return -1;
-    if (ps->place.w_host && ps->place.w8 && pin_host((void **)&ps->w8, ps->shard.len, mapped | wc, "parallel.gather_dtype: e4m3",
-                                                     "the e4m3 weight codes", "gather bf16 weights", cfg, err, errlen))
+    if (ps->place.w_host && ps->place.w8 &&
+        pin_host((void **)&ps->w8, zero3(ps) ? ps->shard.len : ps->shard.total, mapped | wc, "memory.offload: [quants]",
+                 "the e4m3 weight codes", "leave quants out", cfg, err, errlen))
         return -1;
     /* gradients: one GPU the whole array, ZeRO-2/3 the rank's summed shard; the norm, AdamW and the zeroing
      * kernels read and write them in place */
@@ -185,6 +187,10 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     } else if (ps->place.w_host) { /* w itself: qt_param_store_alloc_host */
         qt_mem_plan_host(p, "weights (bf16, offloaded)", n * 2);
         qt_wslots_carve(ps->wslots, p);
+        if (ps->place.w8) { /* quants: the layers' e4m3 codes beside them, what is copied up; their abs-maxes */
+            qt_mem_plan_host(p, "weights (e4m3, offloaded)", n);
+            ps->amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
+        }
     } else {
         ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
     }
