@@ -9,7 +9,7 @@
 # pending18 (what session 18 built after its device time; then BOX_MODELS="14b 32b" multi_box on 4 GPUs);
 # grid2 (plans the cost model was not fitted on); avh_bf16, h100_14b_fp8, h100_14b_bf16, multi_zero3 (session 19); box_grid (4 GPUs: the
 # host-bandwidth rows the cost model lacks); pending19 (what session 19 built after its device time);
-# pending20, rc_cost, pending20b, h100_llmq_{7b,14b}_{fp8,bf16} (session 20: the fp8 recompute's fused SwiGLU
+# pending20, rc_cost, h100_llmq_{7b,14b}_{fp8,bf16} (session 20: the fp8 recompute's fused SwiGLU
 # quantize, its cost rows, ln1/ln2/h shared with an fp8 backward, H100-memory rows at LLM.Q's precision);
 # multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants])
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
@@ -693,15 +693,16 @@ if has pending19; then
       step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
       step test_plan 300 build/tests/test_plan
       step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
-      step zero3_mutants 900 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero # never finished a device run
+      step zero3_mutants 900 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero
       step zero3_mid_gather 300 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
     } 2>&1 | tee "$OUT/pending19.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi
 # pending20 (session 20, one GPU): the fp8 recompute's fused SwiGLU quantize-transpose (op rows against the
 # CPU, bit for bit against swiglu fwd + quantize-transpose, a mutant build without the bf16 rounding that
-# must fail: build/tests/test_kernels_mut_swiglu_round when carried) and the norm part skipped where an fp8
-# backward reads nothing of it: test_recompute's mutants (fp8's stale Xq^T of down) and fp8 groups (every
-# part bitwise against none; eager, graphs with persistent quants, a bf16 backward). rc_cost: issue 23's
+# must fail: build/tests/test_kernels_mut_swiglu_round when carried); ln1, ln2 and h shared over the layers
+# with an fp8 backward (bitwise against each layer keeping its own, the stale-norm mutant; the plan rows);
+# test_recompute's mutants (fp8's stale Xq^T of down) and fp8 groups (every part bitwise against none;
+# eager, graphs with persistent quants, a bf16 backward). rc_cost: issue 23's
 # cost rows at equal micro-batch, 1.5B fp8 16 x 1024 per optimizer step, 10 steps (section 1.4's setting).
 if has pending20; then
     { step swiglu_ops 120 env QT_TEST_ONLY=swiglu build/tests/test_ops_gpu
@@ -709,22 +710,15 @@ if has pending20; then
       if [ -x build/tests/test_kernels_mut_swiglu_round ]; then
           step swiglu_quant_t_mutant 120 env QT_TEST_ONLY=swiglu_quant build/tests/test_kernels_mut_swiglu_round
       fi
+      step test_stores 120 build/tests/test_stores
+      step fp8_shared_inputs 300 env QT_TEST_ONLY=shared_inputs build/tests/test_recompute
       step recompute_mutants 540 env QT_TEST_ONLY=mutant build/tests/test_recompute
       step recompute_fp8 540 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
     } 2>&1 | tee "$OUT/pending20.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|rror'
 fi
-# pending20b: ln1, ln2 and h shared over the layers with an fp8 backward (bitwise against each layer keeping
-# its own, the stale-norm mutant), the recompute's fp8 groups and mutants again on that layout, the plan
-# tests. h100_llmq_<model>_<dt>: issue 23/24's rows on an H100's memory (79 GiB cap, 120 GiB host) with
-# LLM.Q's precision (bf16 weights as master, bf16 gradients, bf16 AdamW moments), the planner choosing the
+# h100_llmq_<model>_<dt>: issue 23/24's rows on an H100's memory (79 GiB cap, 120 GiB host) with LLM.Q's
+# precision (bf16 weights as master, bf16 gradients, bf16 AdamW moments), the planner choosing the
 # micro-batch, recompute, offload and LM-head chunks.
-if has pending20b; then
-    { step test_stores 120 build/tests/test_stores
-      step fp8_shared_inputs 300 env QT_TEST_ONLY=shared_inputs build/tests/test_recompute
-      step recompute_mutants 300 env QT_TEST_ONLY=mutant build/tests/test_recompute
-      step recompute_fp8 400 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
-    } 2>&1 | tee "$OUT/pending20b.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|rror'
-fi
 llmq_keys="--set memory.plan=auto --set perf.cuda_graphs=false --set parallel.gpus=1 --set memory.gpu_limit_gib=79 \
     --set memory.host_limit_gib=120 --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
     --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
