@@ -1,7 +1,8 @@
 /* quant.cu — fp8 (e4m3/e5m2) per-tensor quantization kernels: abs-max, scale, quantize,
  * quantize+transpose, dequantize. Contract and scaling rule: include/qt_quant.h.
  *
- * x: bf16 or fp32, [n] or [rows, cols] row-major. y: fp8 [n] / [rows, cols], yT: fp8 [cols, rows].
+ * x: bf16 or fp32, [n] or [rows, cols] row-major. y: fp8 [n] / [rows, cols], yT: fp8 [cols, rows]. The
+ * SwiGLU variant reads gate|up [rows, 2 cols] and quantizes its SwiGLU output (the fp8 recompute).
  * Math in fp32: v = fp32(x) * scale (one RNE multiply, never contracted), then one RNE conversion to
  * fp8 with __NV_SATFINITE (cvt.rn.satfinite on sm_89+, cuda_fp8.h's software path on sm_80).
  * abs-max: unsigned max on the bits of |x|, so the result is order-free and NaN-propagating.

@@ -2,8 +2,9 @@
  *
  * fwd: out[n,f] = silu(g) * u,  g = gu[n, j], u = gu[n, f+j],  silu(g) = g * sigmoid(g)
  * bwd: dgu[n, j] = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  dgu[n, f+j] = dout * silu(g)
- * bf16 storage, fp32 math (expf: qt_swiglu1 in kcommon.cuh), one RNE rounding per output ("=" both). 8 columns per thread with
- * 16-byte loads when f % 8 == 0 and the pointers are 16-byte aligned; one column otherwise.
+ * bf16 storage, fp32 math (expf: qt_swiglu1 in kcommon.cuh), one RNE rounding per output ("=" both).
+ * 8 columns per thread with 16-byte loads when f % 8 == 0 and the pointers are 16-byte aligned; one
+ * column otherwise.
  * amax != NULL: max |output| (the bf16 values written) folded into *amax, one atomicMax per block. */
 #include "kcommon.cuh"
 #include "qt_kernels.h"
