@@ -284,8 +284,9 @@ static void test_model_dtype(void) {
 }
 
 /* memory.offload: the list sets offload_optimizer / offload_residual; parts of the optimizer state are
- * offloaded on their own; the items not built yet and a disagreeing older key are refused naming the key; weights run on one
- * GPU without CUDA graphs (fp8: weight cache none), refused otherwise naming the key. */
+ * offloaded on their own; a disagreeing older key is refused naming the key; weights run on one GPU without
+ * CUDA graphs (fp8: weight cache none), refused otherwise naming the key; quants needs weights and an fp8
+ * forward and backward (with ZeRO-3, e4m3 gathers). */
 static void test_offload_list(void) {
     QT_REQUIRE(load("memory:\n  offload: [master, m, v, residual]\n", NULL, 0) == 0, "%s", err);
     QT_EXPECT(cfg.memory.offload_optimizer == 1 && cfg.memory.offload_residual == 1, "optimizer %d residual %d",
