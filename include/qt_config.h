@@ -213,6 +213,9 @@ int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen);
 /* Which of master, m, v live in pinned host memory (QT_OFF_MASTER | QT_OFF_M | QT_OFF_V bits): memory.offload's
  * items when it names any, all three with memory.offload_optimizer alone, none without it. */
 int qt_config_opt_offload_mask(const qt_config *c);
+/* memory.offload has weights and quants: the offloaded weights' e4m3 codes are what crosses to the GPU
+ * (the config check refuses quants without weights). */
+int qt_config_offload_quants(const qt_config *c);
 
 /* 1 when the config file or a --set gave key path (not its default). */
 int qt_config_given(const qt_config *c, const char *path);

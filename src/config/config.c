@@ -429,6 +429,10 @@ int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen) {
     return -1;
 }
 
+int qt_config_offload_quants(const qt_config *c) {
+    return (c->memory.offload & (QT_OFF_QUANTS | QT_OFF_WEIGHTS)) == (QT_OFF_QUANTS | QT_OFF_WEIGHTS);
+}
+
 int qt_config_opt_offload_mask(const qt_config *c) {
     if (!c->memory.offload_optimizer) return 0;
     return c->memory.offload & QT_OFF_OPTIMIZER ? c->memory.offload & QT_OFF_OPTIMIZER : QT_OFF_OPTIMIZER;

@@ -259,7 +259,7 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * layer's bf16 weights (the flat span of the layers, 2 B/param) twice per micro-step, before its forward
      * and its backward: charged at the PCIe rate as if every byte crossed ((n-1)/n do) and nothing overlapped
      * (an upper bound; ZeRO-1/2's one gather of all weights per step is not charged either way) */
-    int quants = (cfg->memory.offload & (QT_OFF_QUANTS | QT_OFF_WEIGHTS)) == (QT_OFF_QUANTS | QT_OFF_WEIGHTS);
+    int quants = qt_config_offload_quants(cfg);
     if (cfg->parallel.zero >= 3) /* e4m3 gathers (or quants): the layers' codes, 1 B/param (the norms and biases: few) */
         k.pcie_once_bytes += cfg->data.grad_accum * 2 * (double)(L->final_norm - L->layers[0].ln1) *
                              (cfg->parallel.gather_dtype == QT_DT_E4M3 || quants ? 1 : 2);

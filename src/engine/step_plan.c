@@ -18,7 +18,7 @@ void qt_step_plan_make(qt_step_plan *p, const qt_layout *L, const qt_config *cfg
     p->host_wc = cfg->memory.host_alloc == QT_HOST_WRITE_COMBINED;
     p->weights_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_WEIGHTS) != 0; /* ranks: weights_shard_host */
     p->wslots = p->zero >= 3 || p->weights_host;
-    int quants = (cfg->memory.offload & (QT_OFF_QUANTS | QT_OFF_WEIGHTS)) == (QT_OFF_QUANTS | QT_OFF_WEIGHTS);
+    int quants = qt_config_offload_quants(cfg);
     p->gather_e4m3 = cfg->precision.matmul_dtype == QT_DT_E4M3 &&
                      ((p->zero >= 3 && (cfg->parallel.gather_dtype == QT_DT_E4M3 || quants)) || (p->weights_host && quants));
     p->grads_host = p->dp == QT_DP_ONE && (cfg->memory.offload & QT_OFF_GRADIENTS) != 0;
