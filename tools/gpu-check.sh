@@ -731,6 +731,23 @@ for m in 7b 14b; do for dt in fp8 bf16; do
     { step h100_llmq_${m}_$dt 600 build/bench/train_bench configs/qwen2.5-$m-fp8.yaml --warmup 1 --steps 1 $llmq_keys $mm
     } 2>&1 | tee "$OUT/h100_llmq_${m}_$dt.log" | grep -E '^(==)|chosen|NOTE|tokens/s|fit|rror'
 done; done
+# brk_<model>_fp8 (session 21, one GPU): where a step of issue 23/24's H100 rows goes, `--breakdown` (an event
+# around every op, 3 steps) of the plan the planner chose there (section 10), at grad_accum 8 so it is short:
+# the per-op times of 8 micro-steps and one optimizer step.
+brk_keys="--set memory.plan=manual --set perf.cuda_graphs=false --set parallel.gpus=1 --set memory.gpu_limit_gib=79 \
+    --set memory.host_limit_gib=120 --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
+    --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set data.grad_accum=8 --set memory.offload_optimizer=true"
+if has brk_7b_fp8; then
+    { step brk_7b_fp8 400 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk_keys \
+          --set data.micro_batch=8 --set "memory.recompute=[]" --set memory.fp8_weight_cache=all --set memory.lmhead_chunks=1
+    } 2>&1 | tee "$OUT/brk_7b_fp8.log" | grep -E '^(==)|tokens/s|rror'
+fi
+if has brk_14b_fp8; then
+    { step brk_14b_fp8 400 build/bench/train_bench configs/qwen2.5-14b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk_keys \
+          --set data.micro_batch=4 --set "memory.recompute=[swiglu,norm]" --set memory.offload_residual=true \
+          --set memory.fp8_weight_cache=none --set memory.lmhead_chunks=1
+    } 2>&1 | tee "$OUT/brk_14b_fp8.log" | grep -E '^(==)|tokens/s|rror'
+fi
 # multi20 (2 or 4 GPUs, one rank per GPU where the tests' rank counts allow): session 19/20's ZeRO features on
 # separate GPUs: bf16 gradients with ZeRO-2 (= ZeRO-1) and ZeRO-3 (= ZeRO-2), e4m3 gathers (= bf16 gathers),
 # the offloaded gradient shards' staging, the fp8 recompute with 2 ranks; the probe's transport, then host.
