@@ -1,11 +1,11 @@
 /* gemm_bench.c — the bf16 and fp8 GEMM ceilings that SOL is computed against.
  *
- * For 8192^3 and the Qwen2 0.5B / 1.5B matmuls at T = 16384 tokens (fwd qkv/o/gate-up/down/lm-head,
- * their dgrad and wgrad in bf16 -> bf16/fp32; the forward shapes again in fp8 e4m3 x e4m3 -> bf16 with
- * fast accumulation on and off) prints TFLOP/s = 2*M*N*K / median time of 30 runs after 5 warm-ups,
- * with the inputs rotated over more than 512 MiB of copies so no run reads operands from L2. Each shape
- * runs twice through qt_matmul: with the heuristic's first algorithm ("heur0") and with the autotuned
- * best of up to 8 ("best").
+ * For 8192^3, the Qwen2 0.5B / 1.5B matmuls at T = 16384 tokens and the Qwen2.5 7B / 14B ones at 8192 /
+ * 4096 (fwd qkv/o/gate-up/down/lm-head, their dgrad and wgrad in bf16 -> bf16/fp32; the forward shapes
+ * again in fp8 e4m3 x e4m3 -> bf16 with fast accumulation on and off) prints TFLOP/s = 2*M*N*K / median
+ * time of 30 runs after 5 warm-ups, with the inputs rotated over more than 512 MiB of copies so no run
+ * reads operands from L2. Each shape runs twice through qt_matmul: with the heuristic's first algorithm
+ * ("heur0") and with the autotuned best of up to 8 ("best").
  *
  *   build/bench/gemm_bench [substring]    # only the cases whose name contains the substring */
 #include <cublasLt.h>
@@ -128,13 +128,17 @@ int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : "";
     const long T = 16384;
     /* Qwen2-0.5B: C 896, H 14, Hkv 2, D 64, F 4864;  Qwen2-1.5B: C 1536, H 12, Hkv 2, D 128, F 8960; V 151936 */
-    struct { const char *tag; int C, qkv, F, V; } models[] = {{"q0.5b", 896, 1152, 4864, 151936},
-                                                            {"q1.5b", 1536, 2048, 8960, 151936}};
-    bench_case cases[64];
+    /* 7B and 14B at the tokens per micro-step of their H100 plans (8 x 1024, 4 x 1024: bench/RESULTS.md 10) */
+    struct { const char *tag; int C, qkv, F, V; long T; } models[] = {{"q0.5b", 896, 1152, 4864, 151936, T},
+                                                                     {"q1.5b", 1536, 2048, 8960, 151936, T},
+                                                                     {"q7b", 3584, 4608, 18944, 152064, 8192},
+                                                                     {"q14b", 5120, 7168, 13824, 152064, 4096}};
+    enum { NMODELS = sizeof models / sizeof models[0], NCASES = 5 + NMODELS * 5 * 5 };
+    bench_case cases[NCASES];
     int nc = 0;
-    static char names[64][32];
+    static char names[NCASES][32];
     for (int op = FWD; op <= FP8_FAST; op++) cases[nc++] = (bench_case){"square-8192", op, 8192, 8192, 8192};
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < NMODELS; m++) {
         struct { const char *what; int I, O; } layers[] = {{"qkv", models[m].C, models[m].qkv},
                                                           {"o", models[m].C, models[m].C},
                                                           {"gate-up", models[m].C, 2 * models[m].F},
@@ -143,7 +147,7 @@ int main(int argc, char **argv) {
         for (int l = 0; l < 5; l++)
             for (int op = FWD; op <= FP8_FAST; op++) {
                 snprintf(names[nc], sizeof names[nc], "%s-%s", models[m].tag, layers[l].what);
-                cases[nc] = (bench_case){names[nc], op, T, layers[l].I, layers[l].O};
+                cases[nc] = (bench_case){names[nc], op, models[m].T, layers[l].I, layers[l].O};
                 nc++;
             }
     }

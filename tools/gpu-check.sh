@@ -738,12 +738,12 @@ brk_keys="--set memory.plan=manual --set perf.cuda_graphs=false --set parallel.g
     --set memory.host_limit_gib=120 --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
     --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set data.grad_accum=8 --set memory.offload_optimizer=true"
 if has brk_7b_fp8; then
-    { step brk_7b_fp8 400 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk_keys \
+    { step brk_7b_fp8 400 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk_keys ${BRK_EXTRA:-} \
           --set data.micro_batch=8 --set "memory.recompute=[]" --set memory.fp8_weight_cache=all --set memory.lmhead_chunks=1
     } 2>&1 | tee "$OUT/brk_7b_fp8.log" | grep -E '^(==)|tokens/s|rror'
 fi
 if has brk_14b_fp8; then
-    { step brk_14b_fp8 400 build/bench/train_bench configs/qwen2.5-14b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk_keys \
+    { step brk_14b_fp8 400 build/bench/train_bench configs/qwen2.5-14b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk_keys ${BRK_EXTRA:-} \
           --set data.micro_batch=4 --set "memory.recompute=[swiglu,norm]" --set memory.offload_residual=true \
           --set memory.fp8_weight_cache=none --set memory.lmhead_chunks=1
     } 2>&1 | tee "$OUT/brk_14b_fp8.log" | grep -E '^(==)|tokens/s|rror'
@@ -778,6 +778,25 @@ if has rc_cost; then
           step "rc_1.5b_$r" 240 $one --set "memory.recompute=$r"
       done
     } 2>&1 | tee "$OUT/rc_cost.log" | grep -E '^(==)|tokens/s|rror'
+fi
+# rc_cost2 (session 21): swiglu+norm against none at equal micro-batch again, 1.5B fp8 as rc_cost, the two
+# alternated three times (each run a fresh process: rc_cost's "none" moved 3.5% between two calls), with the
+# autotuner (median of the three) and with the heuristic's first algorithm (the same matmuls in both runs).
+if has rc_cost2; then
+    one="build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
+    { for rep in 1 2 3; do for r in "[]" "[swiglu,norm]"; do
+          step "rc2_${rep}_$r" 240 $one --set "memory.recompute=$r"
+      done; done
+      for rep in 1 2; do for r in "[]" "[swiglu,norm]"; do
+          step "rc2_heur0_${rep}_$r" 240 $one --set "memory.recompute=$r" --set perf.matmul_autotune=false
+      done; done
+    } 2>&1 | tee "$OUT/rc_cost2.log" | grep -E '^(==)|tokens/s|rror'
+fi
+# gemm_big (session 21): the 7B and 14B matmuls at their H100 plans' micro-steps (the breakdown's down
+# forward ran at ~66% of gate|up's fp8 rate in both models).
+if has gemm_big; then
+    { step gemm_q7b 300 build/bench/gemm_bench q7b; step gemm_q14b 300 build/bench/gemm_bench q14b
+    } 2>&1 | tee "$OUT/gemm_big.log" | grep -E '^(==)|fp8|rror'
 fi
 # box_grid (4 GPUs, alone; for the cost model's missing term): host transport with ZeRO-3 / ZeRO-2 and the
 # ranks' offloaded pieces or not, bf16 sums or not: 1.5B fp8 (short steps, fast start) and 7B fp8, no
