@@ -7,9 +7,11 @@
  * reads operands from L2. Each shape runs twice through qt_matmul: with the heuristic's first algorithm
  * ("heur0") and with the autotuned best of up to 8 ("best").
  *
- *   build/bench/gemm_bench [substring]    # only the cases whose name contains the substring */
+ *   build/bench/gemm_bench [substring]         # only the cases whose name contains the substring
+ *   build/bench/gemm_bench [substring] real    # fp8 operands with training's value distributions */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@
 #include "qt_dtype.h"
 #include "qt_error.h"
 #include "qt_matmul.h"
+#include "qt_quant.h"
 #include "qt_rng.h"
 
 enum { FWD, DGRAD, WGRAD, FP8, FP8_FAST };
@@ -29,15 +32,34 @@ typedef struct { const char *name; int op; long N; int I, O; } bench_case;
 #define WARMUP 5
 #define RUNS 30
 
-/* Copies a 64 MiB random pattern (made once per kind) over d: finite N(0,1)-ish bf16, or e4m3 codes
- * 0x20..0x47 with random signs (2^-3 .. 2^1, never NaN). */
-static void fill(void *d, size_t bytes, int fp8, qt_rng *r) {
-    static uint8_t *pat[2];
+/* e4m3 codes of n values from gen, scaled as the trainer's current scaling does (amax -> 448). */
+static void encode_scaled(uint8_t *q, size_t n, float (*gen)(qt_rng *), qt_rng *r) {
+    float *v = malloc(n * sizeof *v), amax = 0, scale, descale;
+    QT_CHECK(v != NULL, "out of host memory");
+    for (size_t i = 0; i < n; i++) v[i] = gen(r), amax = fmaxf(amax, fabsf(v[i]));
+    qt_fp8_scale_ref(QT_DT_E4M3, amax, &scale, &descale);
+    for (size_t i = 0; i < n; i++) q[i] = qt_fp8_encode(QT_DT_E4M3, v[i] * scale, 1);
+    free(v);
+}
+static float gen_normal(qt_rng *r) { return qt_rng_normal(r); }
+static float gen_swiglu(qt_rng *r) { /* SwiGLU of N(0,1) gate and up: the down projection's input */
+    float g = qt_rng_normal(r), u = qt_rng_normal(r);
+    return g / (1 + expf(-g)) * u;
+}
+
+/* Copies a 64 MiB pattern (made once per kind) over d: finite N(0,1)-ish bf16; or e4m3 codes 0x20..0x47
+ * with random signs (2^-3 .. 2^1, never NaN); or with `real` (gemm_bench's second argument) the codes
+ * training makes: N(0,1) weights (B) and SwiGLU outputs (A), amax-scaled. */
+static int real_data;
+static void fill(void *d, size_t bytes, int fp8, int operand_a, qt_rng *r) {
+    static uint8_t *pat[4];
     const size_t chunk = (size_t)64 << 20;
-    if (!pat[fp8]) {
-        pat[fp8] = malloc(chunk);
-        QT_CHECK(pat[fp8] != NULL, "out of host memory");
-        for (size_t i = 0; i < chunk; i += 2) {
+    int kind = fp8 && real_data ? 2 + operand_a : fp8;
+    if (!pat[kind]) {
+        pat[kind] = malloc(chunk);
+        QT_CHECK(pat[kind] != NULL, "out of host memory");
+        if (kind >= 2) encode_scaled(pat[kind], chunk, kind == 3 ? gen_swiglu : gen_normal, r);
+        for (size_t i = 0; kind < 2 && i < chunk; i += 2) {
             if (fp8) {
                 pat[1][i] = (uint8_t)(0x20 + qt_rng_below(r, 40)) | (qt_rng_below(r, 2) ? 0x80 : 0);
                 pat[1][i + 1] = (uint8_t)(0x20 + qt_rng_below(r, 40));
@@ -48,7 +70,7 @@ static void fill(void *d, size_t bytes, int fp8, qt_rng *r) {
         }
     }
     for (size_t off = 0; off < bytes; off += chunk)
-        QT_CUDA(cudaMemcpy((char *)d + off, pat[fp8], bytes - off < chunk ? bytes - off : chunk, cudaMemcpyHostToDevice));
+        QT_CUDA(cudaMemcpy((char *)d + off, pat[kind], bytes - off < chunk ? bytes - off : chunk, cudaMemcpyHostToDevice));
 }
 
 static int cmp_float(const void *a, const void *b) {
@@ -105,8 +127,8 @@ static void run_case(qt_matmul_ctx *heur0, qt_matmul_ctx *best, const bench_case
     for (int i = 0; i < ncopy; i++) {
         QT_CUDA(cudaMalloc(&a[i], ba));
         QT_CUDA(cudaMalloc(&b[i], bb));
-        fill(a[i], ba, k->op >= FP8, r);
-        fill(b[i], bb, k->op >= FP8, r);
+        fill(a[i], ba, k->op >= FP8, 1, r);
+        fill(b[i], bb, k->op >= FP8, 0, r);
     }
     size_t dbytes = nd * (k->op == WGRAD ? 4 : 2);
     QT_CUDA(cudaMalloc(&d, dbytes));
@@ -126,6 +148,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *filter = argc > 1 ? argv[1] : "";
+    real_data = argc > 2 && !strcmp(argv[2], "real");
     const long T = 16384;
     /* Qwen2-0.5B: C 896, H 14, Hkv 2, D 64, F 4864;  Qwen2-1.5B: C 1536, H 12, Hkv 2, D 128, F 8960; V 151936 */
     /* 7B and 14B at the tokens per micro-step of their H100 plans (8 x 1024, 4 x 1024: bench/RESULTS.md 10) */

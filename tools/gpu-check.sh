@@ -798,6 +798,26 @@ if has gemm_big; then
     { step gemm_q7b 300 build/bench/gemm_bench q7b; step gemm_q14b 300 build/bench/gemm_bench q14b
     } 2>&1 | tee "$OUT/gemm_big.log" | grep -E '^(==)|fp8|rror'
 fi
+# rc_ab (session 21): the fp8 swiglu recompute before (build/bench/train_bench_main, main's tree, carried) and
+# after its Xq^T moved into the SwiGLU backward, alternated three times, then a --breakdown of none and
+# [swiglu, norm] (1.5B fp8 as rc_cost).
+if has rc_ab; then
+    one="configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
+    { for rep in 1 2 3; do
+          [ -x build/bench/train_bench_main ] && step "rc_ab_main_$rep" 240 build/bench/train_bench_main $one --set "memory.recompute=[swiglu,norm]"
+          step "rc_ab_new_$rep" 240 build/bench/train_bench $one --set "memory.recompute=[swiglu,norm]"
+      done
+      for r in "[]" "[swiglu,norm]"; do
+          step "rc_brk_$r" 240 build/bench/train_bench $one --steps 3 --breakdown --set "memory.recompute=$r"
+      done
+    } 2>&1 | tee "$OUT/rc_ab.log" | grep -E '^(==)|tokens/s|rror'
+fi
+# gemm_real (session 21): the down projection's fp8 forward with training's value distributions (SwiGLU
+# outputs and N(0,1) weights, amax-scaled) against gemm_big's random codes.
+if has gemm_real; then
+    { step gemm_real_q7b 300 build/bench/gemm_bench q7b-down real; step gemm_real_q14b 300 build/bench/gemm_bench q14b-down real
+    } 2>&1 | tee "$OUT/gemm_real.log" | grep -E '^(==)|fp8|rror'
+fi
 # box_grid (4 GPUs, alone; for the cost model's missing term): host transport with ZeRO-3 / ZeRO-2 and the
 # ranks' offloaded pieces or not, bf16 sums or not: 1.5B fp8 (short steps, fast start) and 7B fp8, no
 # GPU cap. The 4-GPU box runs were over-predicted by 27-42% with offloaded shards and under-predicted by
