@@ -818,6 +818,19 @@ if has gemm_real; then
     { step gemm_real_q7b 300 build/bench/gemm_bench q7b-down real; step gemm_real_q14b 300 build/bench/gemm_bench q14b-down real
     } 2>&1 | tee "$OUT/gemm_real.log" | grep -E '^(==)|fp8|rror'
 fi
+# rc7b (session 21): swiglu+norm against none at 7B, equal micro-batch (8 x 1024, the H100 row's), LLM.Q's
+# precision and the optimizer offloaded as in brk_7b_fp8, grad_accum 16 (the once-per-step optimizer and
+# its weight upload dilute the cost by ~7%: said beside the figure), alternated twice.
+if has rc7b; then
+    k7="--set memory.plan=manual --set perf.cuda_graphs=false --set parallel.gpus=1 --set memory.gpu_limit_gib=79 \
+        --set memory.host_limit_gib=120 --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
+        --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set data.grad_accum=16 \
+        --set memory.offload_optimizer=true --set data.micro_batch=8 --set memory.fp8_weight_cache=all"
+    { for rep in 1 2; do for r in "[]" "[swiglu,norm]"; do
+          step "rc7b_${rep}_$r" 200 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 $k7 --set "memory.recompute=$r"
+      done; done
+    } 2>&1 | tee "$OUT/rc7b.log" | grep -E '^(==)|tokens/s|rror'
+fi
 # box_grid (4 GPUs, alone; for the cost model's missing term): host transport with ZeRO-3 / ZeRO-2 and the
 # ranks' offloaded pieces or not, bf16 sums or not: 1.5B fp8 (short steps, fast start) and 7B fp8, no
 # GPU cap. The 4-GPU box runs were over-predicted by 27-42% with offloaded shards and under-predicted by
