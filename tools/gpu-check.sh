@@ -827,7 +827,7 @@ if has rc7b; then
         --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set data.grad_accum=16 \
         --set memory.offload_optimizer=true --set data.micro_batch=8 --set memory.fp8_weight_cache=all"
     { for rep in 1 2; do for r in "[]" "[swiglu,norm]"; do
-          step "rc7b_${rep}_$r" 200 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 $k7 --set "memory.recompute=$r"
+          step "rc7b_${rep}_$r" 200 ${RC7B_BIN:-build/bench/train_bench} configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 $k7 --set "memory.recompute=$r"
       done; done
     } 2>&1 | tee "$OUT/rc7b.log" | grep -E '^(==)|tokens/s|rror'
 fi
