@@ -11,7 +11,9 @@
 # host-bandwidth rows the cost model lacks); pending19 (what session 19 built after its device time);
 # pending20, rc_cost, h100_llmq_{7b,14b}_{fp8,bf16} (session 20: the fp8 recompute's fused SwiGLU
 # quantize, its cost rows, ln1/ln2/h shared with an fp8 backward, H100-memory rows at LLM.Q's precision);
-# multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants])
+# multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants]);
+# brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
+# models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -798,20 +800,6 @@ if has gemm_big; then
     { step gemm_q7b 300 build/bench/gemm_bench q7b; step gemm_q14b 300 build/bench/gemm_bench q14b
     } 2>&1 | tee "$OUT/gemm_big.log" | grep -E '^(==)|fp8|rror'
 fi
-# rc_ab (session 21): the fp8 swiglu recompute before (build/bench/train_bench_main, main's tree, carried) and
-# after its Xq^T moved into the SwiGLU backward, alternated three times, then a --breakdown of none and
-# [swiglu, norm] (1.5B fp8 as rc_cost).
-if has rc_ab; then
-    one="configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
-    { for rep in 1 2 3; do
-          [ -x build/bench/train_bench_main ] && step "rc_ab_main_$rep" 240 build/bench/train_bench_main $one --set "memory.recompute=[swiglu,norm]"
-          step "rc_ab_new_$rep" 240 build/bench/train_bench $one --set "memory.recompute=[swiglu,norm]"
-      done
-      for r in "[]" "[swiglu,norm]"; do
-          step "rc_brk_$r" 240 build/bench/train_bench $one --steps 3 --breakdown --set "memory.recompute=$r"
-      done
-    } 2>&1 | tee "$OUT/rc_ab.log" | grep -E '^(==)|tokens/s|rror'
-fi
 # gemm_real (session 21): the down projection's fp8 forward with training's value distributions (SwiGLU
 # outputs and N(0,1) weights, amax-scaled) against gemm_big's random codes.
 if has gemm_real; then
@@ -827,7 +815,7 @@ if has rc7b; then
         --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set data.grad_accum=16 \
         --set memory.offload_optimizer=true --set data.micro_batch=8 --set memory.fp8_weight_cache=all"
     { for rep in 1 2; do for r in "[]" "[swiglu,norm]"; do
-          step "rc7b_${rep}_$r" 200 ${RC7B_BIN:-build/bench/train_bench} configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 $k7 --set "memory.recompute=$r"
+          step "rc7b_${rep}_$r" 200 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 $k7 --set "memory.recompute=$r"
       done; done
     } 2>&1 | tee "$OUT/rc7b.log" | grep -E '^(==)|tokens/s|rror'
 fi
