@@ -320,6 +320,18 @@ static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT, int am
     qt_fp8_use_weights(g->fp8, l, w, wq, wqT, g->stream);
 }
 
+/* The waits for a layer's weights (ZeRO-3 gathers, weight slots, the offloaded optimizer's uploads that run
+ * ahead of the next forward) get an interval of their own in --breakdown: unmarked, they landed in the op
+ * before (the previous layer's down projection). */
+static void acquire(qt_gpu_model *g, const qt_param_hooks *h, size_t upto) {
+    qt_gpu_model_mark(g, "weights: wait");
+    qt_param_acquire_weights(g->ps, h, upto);
+}
+static void acquire_back(qt_gpu_model *g, const qt_param_hooks *h, size_t from) {
+    qt_gpu_model_mark(g, "weights: wait");
+    qt_param_acquire_weights_back(g->ps, h, from);
+}
+
 /* One block matmul forward: fp8 when configured, else bf16. redo: a recompute in the backward, which
  * quantizes x again with the forward's scale (qt_fp8_requant_input) and so multiplies the same bytes. */
 static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *y, const void *x, size_t w,
@@ -386,7 +398,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     int fwd = !redo;
 #define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
-    if (fwd) qt_param_acquire_weights(g->ps, h, qt_layer_end(g->L, l));
+    if (fwd) acquire(g, h, qt_layer_end(g->L, l));
     if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0, from_slots(g));
     /* A bf16 backward's wgrads read ln1 / ln2: the norm part rebuilds them. An fp8 backward's read the kept
      * (or requantized) Xq^T, and ln1 / ln2 / h have one buffer for all layers (qt_act_policy.fp8_bwd): ln1
@@ -440,12 +452,12 @@ static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
     cudaStream_t s = g->stream;
     int nl = c->num_layers;
     if (g->fp8_fwd) qt_fp8_reset_amax(g->fp8, s); /* a micro-step starts here */
-    qt_param_acquire_weights(g->ps, h, g->L->layers[0].ln1);
+    acquire(g, h, g->L->layers[0].ln1);
     qt_gpu_model_mark(g, "embedding fwd");
     qt_embedding_fwd(qt_act_forward(as, 0)->res, g->tok, Wp(g, g->L->embed), g->N, c->hidden_size, c->vocab_size, s);
     for (int l = 0; l < nl; l++)
         block_run(g, h, l, l ? as->layers[l - 1].res_mid : NULL, l + 1 < nl ? as->layers[l + 1].res : as->res_final, 0);
-    qt_param_acquire_weights(g->ps, h, g->L->numel); /* the final norm and an untied LM head */
+    acquire(g, h, g->L->numel); /* the final norm and an untied LM head */
     qt_gpu_model_mark(g, "rmsnorm fwd");
     qt_rmsnorm_fwd(as->lnf, as->rstdf, as->res_final, as->layers[nl - 1].res_mid, Wp(g, g->L->final_norm), g->N,
                    c->hidden_size, c->rms_norm_eps, NULL, s);
@@ -478,7 +490,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     cudaStream_t s = g->stream;
     long N = g->N;
     int r = as->policy.recompute; /* the recompute's Wq (the matmuls block_run redoes), the fp8 dgrad's Wq^T */
-    qt_param_acquire_weights_back(g->ps, h, o->ln1);
+    acquire_back(g, h, o->ln1);
     if (g->fp8_fwd)
         fp8_use_weights(g, l, (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
                                   (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0), g->fp8_bwd, 0);
@@ -513,8 +525,8 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
     qt_act_store *as = g->as;
     cudaStream_t s = g->stream;
     int nl = c->num_layers;
+    acquire_back(g, sa->hooks, g->L->final_norm);
     qt_gpu_model_mark(g, "rmsnorm bwd");
-    qt_param_acquire_weights_back(g->ps, sa->hooks, g->L->final_norm);
     qt_zero(as->dres, (size_t)g->N * c->hidden_size * 4, s);
     qt_rmsnorm_bwd(as->dres, QT_DT_F32, as->dres_bf, fp8_amax(g, nl - 1, QT_FP8_DOWN, 1), Gp(g, g->L->final_norm), Gdt(g),
                    as->dlnf, as->res_final, Wp(g, g->L->final_norm), as->rstdf, g->N, c->hidden_size, g->ws, s);
