@@ -99,23 +99,30 @@ static void launch(qt_matmul_ctx *c, const bench_case *k, void *a, void *b, void
     }
 }
 
-/* Median TFLOP/s of RUNS launches through c, rotating over ncopy operand copies. */
-static double measure(qt_matmul_ctx *c, const bench_case *k, void **a, void **b, int ncopy, void *d, const float *one) {
-    cudaEvent_t ev[RUNS + 1];
-    for (int i = 0; i <= RUNS; i++) QT_CUDA(cudaEventCreate(&ev[i]));
-    for (int i = 0; i < WARMUP; i++) launch(c, k, a[i % ncopy], b[i % ncopy], d, one);
+/* Median TFLOP/s of RUNS launches through each of the two contexts, interleaved (heur0, best, heur0, ...)
+ * so that clock drift over the case (the GPU warming towards its power limit) affects both alike (run one
+ * after the other, the second came out 8-17% slower on the 7B/14B shapes: bench/RESULTS.md 11). Operands
+ * rotate over ncopy copies. */
+static void measure(qt_matmul_ctx *c[2], const bench_case *k, void **a, void **b, int ncopy, void *d, const float *one,
+                    double tflops[2]) {
+    cudaEvent_t ev[2 * RUNS + 1];
+    for (int i = 0; i <= 2 * RUNS; i++) QT_CUDA(cudaEventCreate(&ev[i]));
+    for (int i = 0; i < WARMUP; i++)
+        for (int j = 0; j < 2; j++) launch(c[j], k, a[i % ncopy], b[i % ncopy], d, one);
     QT_CUDA(cudaEventRecord(ev[0], 0));
-    for (int i = 0; i < RUNS; i++) {
-        launch(c, k, a[i % ncopy], b[i % ncopy], d, one);
+    for (int i = 0; i < 2 * RUNS; i++) {
+        launch(c[i & 1], k, a[(i / 2) % ncopy], b[(i / 2) % ncopy], d, one);
         QT_CUDA(cudaEventRecord(ev[i + 1], 0));
     }
-    QT_CUDA(cudaEventSynchronize(ev[RUNS]));
-    float ms[RUNS];
-    for (int i = 0; i < RUNS; i++) QT_CUDA(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
-    for (int i = 0; i <= RUNS; i++) QT_CUDA(cudaEventDestroy(ev[i]));
-    qsort(ms, RUNS, sizeof ms[0], cmp_float);
-    double med = 0.5 * (ms[RUNS / 2 - 1] + ms[RUNS / 2]);
-    return 2.0 * (double)k->N * k->I * k->O / (med * 1e-3) / 1e12;
+    QT_CUDA(cudaEventSynchronize(ev[2 * RUNS]));
+    for (int j = 0; j < 2; j++) {
+        float ms[RUNS];
+        for (int i = 0; i < RUNS; i++) QT_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i + j], ev[2 * i + j + 1]));
+        qsort(ms, RUNS, sizeof ms[0], cmp_float);
+        double med = 0.5 * (ms[RUNS / 2 - 1] + ms[RUNS / 2]);
+        tflops[j] = 2.0 * (double)k->N * k->I * k->O / (med * 1e-3) / 1e12;
+    }
+    for (int i = 0; i <= 2 * RUNS; i++) QT_CUDA(cudaEventDestroy(ev[i]));
 }
 
 static void run_case(qt_matmul_ctx *heur0, qt_matmul_ctx *best, const bench_case *k, const float *one, qt_rng *r) {
@@ -133,9 +140,11 @@ static void run_case(qt_matmul_ctx *heur0, qt_matmul_ctx *best, const bench_case
     size_t dbytes = nd * (k->op == WGRAD ? 4 : 2);
     QT_CUDA(cudaMalloc(&d, dbytes));
     QT_CUDA(cudaMemset(d, 0, dbytes));
-    double t0 = measure(heur0, k, a, b, ncopy, d, one), t1 = measure(best, k, a, b, ncopy, d, one);
-    printf("%-22s %-8s %6ld %6d %6d  %8.1f  %8.1f  %+6.1f%%\n", k->name, OPN[k->op], k->N, k->I, k->O, t0, t1,
-           100.0 * (t1 / t0 - 1));
+    qt_matmul_ctx *c[2] = {heur0, best};
+    double t[2];
+    measure(c, k, a, b, ncopy, d, one, t);
+    printf("%-22s %-8s %6ld %6d %6d  %8.1f  %8.1f  %+6.1f%%\n", k->name, OPN[k->op], k->N, k->I, k->O, t[0], t[1],
+           100.0 * (t[1] / t[0] - 1));
     fflush(stdout);
     for (int i = 0; i < ncopy; i++) cudaFree(a[i]), cudaFree(b[i]);
     cudaFree(d);
