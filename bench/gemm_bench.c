@@ -100,9 +100,9 @@ static void launch(qt_matmul_ctx *c, const bench_case *k, void *a, void *b, void
 }
 
 /* Median TFLOP/s of RUNS launches through each of the two contexts, interleaved (heur0, best, heur0, ...)
- * so that clock drift over the case (the GPU warming towards its power limit) affects both alike (run one
- * after the other, the second came out 8-17% slower on the 7B/14B shapes: bench/RESULTS.md 11). Operands
- * rotate over ncopy copies. */
+ * so that clock drift over the case (the GPU warming towards its power limit) affects both alike: run one
+ * after the other, the second (autotuned) came out 8-17% slower on the 7B/14B shapes while in training the
+ * autotuned picks were the faster (bench/RESULTS.md 11). Operands rotate over ncopy copies. */
 static void measure(qt_matmul_ctx *c[2], const bench_case *k, void **a, void **b, int ncopy, void *d, const float *one,
                     double tflops[2]) {
     cudaEvent_t ev[2 * RUNS + 1];
