@@ -721,9 +721,10 @@ fi
 # h100_llmq_<model>_<dt>: issue 23/24's rows on an H100's memory (79 GiB cap, 120 GiB host) with LLM.Q's
 # precision (bf16 weights as master, bf16 gradients, bf16 AdamW moments), the planner choosing the
 # micro-batch, recompute, offload and LM-head chunks.
-llmq_keys="--set memory.plan=auto --set perf.cuda_graphs=false --set parallel.gpus=1 --set memory.gpu_limit_gib=79 \
+h100_keys="--set perf.cuda_graphs=false --set parallel.gpus=1 --set memory.gpu_limit_gib=79 \
     --set memory.host_limit_gib=120 --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
     --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+llmq_keys="--set memory.plan=auto $h100_keys"
 for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload; do
     llmq_keys="$llmq_keys --set $k=auto"
 done
@@ -736,9 +737,7 @@ done; done
 # brk_<model>_fp8 (session 21, one GPU): where a step of issue 23/24's H100 rows goes, `--breakdown` (an event
 # around every op, 3 steps) of the plan the planner chose there (section 10), at grad_accum 8 so it is short:
 # the per-op times of 8 micro-steps and one optimizer step.
-brk_keys="--set memory.plan=manual --set perf.cuda_graphs=false --set parallel.gpus=1 --set memory.gpu_limit_gib=79 \
-    --set memory.host_limit_gib=120 --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
-    --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set data.grad_accum=8 --set memory.offload_optimizer=true"
+brk_keys="--set memory.plan=manual $h100_keys --set data.grad_accum=8 --set memory.offload_optimizer=true"
 if has brk_7b_fp8; then
     { step brk_7b_fp8 400 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk_keys ${BRK_EXTRA:-} \
           --set data.micro_batch=8 --set "memory.recompute=[]" --set memory.fp8_weight_cache=all --set memory.lmhead_chunks=1
@@ -810,10 +809,8 @@ fi
 # precision and the optimizer offloaded as in brk_7b_fp8, grad_accum 16 (the once-per-step optimizer and
 # its weight upload dilute the cost by ~7%: said beside the figure), alternated twice.
 if has rc7b; then
-    k7="--set memory.plan=manual --set perf.cuda_graphs=false --set parallel.gpus=1 --set memory.gpu_limit_gib=79 \
-        --set memory.host_limit_gib=120 --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 \
-        --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16 --set data.grad_accum=16 \
-        --set memory.offload_optimizer=true --set data.micro_batch=8 --set memory.fp8_weight_cache=all"
+    k7="--set memory.plan=manual $h100_keys --set data.grad_accum=16 --set memory.offload_optimizer=true \
+        --set data.micro_batch=8 --set memory.fp8_weight_cache=all"
     { for rep in 1 2; do for r in "[]" "[swiglu,norm]"; do
           step "rc7b_${rep}_$r" 200 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 $k7 --set "memory.recompute=$r"
       done; done
