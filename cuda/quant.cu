@@ -131,10 +131,23 @@ __global__ void quant_fwd_kernel(uint8_t *__restrict__ y, const void *__restrict
  * the column reads of phase 2 (8 columns x 4 row groups per warp) hit 8 distinct banks.
  * vin: x 16-byte aligned and cols % 8 == 0; vy: y 8-byte aligned and cols % 8 == 0;
  * vt: yT 16-byte aligned and rows % 16 == 0. */
-/* glu (a constant per kernel below): x is gu[R, 2C] (bf16, gate | up halves) and element (r, c) is the
- * SwiGLU output bf16(qt_swiglu1(g, u)), rounded as qt_swiglu_fwd stores it, so the codes equal those of
- * quantizing that kernel's output; vin then means gu 16-byte aligned and C % 8 == 0. */
-static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int glu, long gr, long gc, long C, float v[8]) {
+/* glu (a constant per kernel below): 0 plain x; 1: x is gu[R, 2C] (bf16, gate | up halves), element (r, c) is
+ * the SwiGLU output bf16(qt_swiglu1(g, u)), rounded as qt_swiglu_fwd stores it, so the codes equal those of
+ * quantizing that kernel's output; and the same pass is the SwiGLU backward (bk: dh [R, C] in, dgu [R, 2C]
+ * out, which may be gu itself, its abs-max folded into bk.amax unless NULL): qt_swiglu_bwd1's values stored
+ * as qt_swiglu_bwd stores them. vin then means gu, dh, dgu 16-byte aligned and C % 8 == 0. */
+typedef struct {
+    const bf16 *dh;
+    bf16 *dgu;
+    float *amax; /* NULL: no fold */
+} glu_bwd;
+
+static const glu_bwd NO_BWD = {NULL, NULL, NULL};
+
+static __device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int glu, glu_bwd bk, long gr, long gc, long C,
+                                                 float v[8], unsigned *m) {
     if (!glu) {
         load8(x, xbf16, (gr * C + gc) / 8, v);
         return;
@@ -142,23 +155,39 @@ static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int g
     float u[8];
     load8(x, 1, (gr * 2 * C + gc) / 8, v);
     load8(x, 1, (gr * 2 * C + C + gc) / 8, u);
+    {
+        float d[8], dg[8], du[8];
+        ld8(d, bk.dh + gr * C + gc);
 #pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16_rn(qt_swiglu1(v[k], u[k])));
+        for (int k = 0; k < 8; k++) qt_swiglu_bwd1(v[k], u[k], d[k], &dg[k], &du[k]);
+        *m = st8_fold(bk.dgu + gr * 2 * C + gc, dg, *m, bk.amax != NULL);
+        *m = st8_fold(bk.dgu + gr * 2 * C + C + gc, du, *m, bk.amax != NULL);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = bf16r(qt_swiglu1(v[k], u[k]));
 }
-static __device__ __forceinline__ float load1_src(const void *x, int xbf16, int glu, long gr, long gc, long C) {
+static __device__ __forceinline__ float load1_src(const void *x, int xbf16, int glu, glu_bwd bk, long gr, long gc, long C,
+                                                  unsigned *m) {
     if (!glu) return load1(x, xbf16, gr * C + gc);
     float g = load1(x, 1, gr * 2 * C + gc), u = load1(x, 1, gr * 2 * C + C + gc);
-    return __bfloat162float(__float2bfloat16_rn(qt_swiglu1(g, u)));
+    {
+        float dg, du;
+        qt_swiglu_bwd1(g, u, __bfloat162float(bk.dh[gr * C + gc]), &dg, &du);
+        *m = st1_fold(bk.dgu + gr * 2 * C + gc, dg, *m, bk.amax != NULL);
+        *m = st1_fold(bk.dgu + gr * 2 * C + C + gc, du, *m, bk.amax != NULL);
+    }
+    return bf16r(qt_swiglu1(g, u));
 }
 
 static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
                                                             const void *__restrict__ x, long R, long C, long ntc,
-                                                            int xbf16, int glu, int e5m2, float fmax,
+                                                            int xbf16, int glu, glu_bwd bk, int e5m2, float fmax,
                                                             const float *scale, qt_fp8_scale *sc, int *flag, int tag,
                                                             int vin, int vy, int vt) {
     __shared__ __align__(16) uint8_t t[TILE * TILE];
     float s = kernel_scale(scale, sc, fmax, flag, tag);
     long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
+    unsigned m = 0; /* glu: the abs-max bits of the dgu this thread stored */
     /* Fixed stride (launched with QUANT_THREADS) so both units' loads are issued before any store. */
 #pragma unroll
     for (int u = threadIdx.x; u < TILE * TILE / 8; u += QUANT_THREADS) {
@@ -169,10 +198,10 @@ static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict_
             long off = gr * C + gc;
             int full = gc + 8 <= C;
             float v[8];
-            if (vin && full) load8_src(x, xbf16, glu, gr, gc, C, v);
+            if (vin && full) load8_src(x, xbf16, glu, bk, gr, gc, C, v, &m);
             else {
 #pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1_src(x, xbf16, glu, gr, gc + k, C) : 0.0f;
+                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1_src(x, xbf16, glu, bk, gr, gc + k, C, &m) : 0.0f;
             }
             q = quant8(v, s, e5m2);
             if (y) {
@@ -207,17 +236,18 @@ static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict_
                 if (gr + k < R) dst[k] = (uint8_t)(w[k >> 2] >> (8 * (k & 3)));
         }
     }
+    if (glu && bk.amax) qt_amax_block_commit(bk.amax, m); /* every thread: it synchronizes the block */
 }
 
 #define QT_QT_ARGS                                                                                          \
     uint8_t *__restrict__ y, uint8_t *__restrict__ yT, const void *__restrict__ x, long R, long C, long ntc,     \
-        int xbf16, int e5m2, float fmax, const float *scale, qt_fp8_scale *sc, int *flag, int tag, int vin,     \
-        int vy, int vt
+        int xbf16, glu_bwd bk, int e5m2, float fmax, const float *scale, qt_fp8_scale *sc, int *flag, int tag,  \
+        int vin, int vy, int vt
 __global__ void quant_transpose_fwd_kernel(QT_QT_ARGS) {
-    quant_transpose_body(y, yT, x, R, C, ntc, xbf16, 0, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
+    quant_transpose_body(y, yT, x, R, C, ntc, xbf16, 0, bk, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
 }
-__global__ void quant_transpose_swiglu_kernel(QT_QT_ARGS) {
-    quant_transpose_body(y, yT, x, R, C, ntc, 1, 1, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
+__global__ void quant_transpose_swiglu_bwd_kernel(QT_QT_ARGS) {
+    quant_transpose_body(y, yT, x, R, C, ntc, 1, 1, bk, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
 }
 #undef QT_QT_ARGS
 
@@ -326,8 +356,8 @@ extern "C" void qt_quant_fp8_cur(qt_dtype ydt, void *y, qt_dtype xdt, const void
     quant_launch(ydt, y, xdt, x, n, NULL, sc, nonfinite, tag, s);
 }
 
-static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, int glu, long R, long C,
-                             const float *scale, qt_fp8_scale *sc, int *flag, int tag, cudaStream_t s) {
+static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, int glu, glu_bwd bk, long R,
+                             long C, const float *scale, qt_fp8_scale *sc, int *flag, int tag, cudaStream_t s) {
     check_fp8(ydt);
     check_x(xdt);
     QT_CHECK(R >= 0 && C >= 0, "qt_quant_fp8_transpose: rows = %ld, cols = %ld", R, C);
@@ -338,28 +368,31 @@ static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, cons
         return;
     }
     QT_CHECK(nt <= 0x7fffffffL, "qt_quant_fp8_transpose: %ld x %ld needs too many tiles", R, C);
-    int vin = aligned(x, 16) && C % 8 == 0, vy = y && aligned(y, 8) && C % 8 == 0;
-    int vt = aligned(yT, 16) && R % 16 == 0;
-    (glu ? quant_transpose_swiglu_kernel : quant_transpose_fwd_kernel)<<<(unsigned)nt, QUANT_THREADS, 0, s>>>(
-        (uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt),
-        scale, sc, flag, tag, vin, vy, vt);
+    int vin = aligned(x, 16) && C % 8 == 0 && (!glu || (aligned(bk.dh, 16) && aligned(bk.dgu, 16)));
+    int vy = y && aligned(y, 8) && C % 8 == 0, vt = aligned(yT, 16) && R % 16 == 0;
+    (glu ? quant_transpose_swiglu_bwd_kernel : quant_transpose_fwd_kernel)
+        <<<(unsigned)nt, QUANT_THREADS, 0, s>>>((uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, bk,
+                                                ydt == QT_DT_E5M2, qt_fp8_max(ydt), scale, sc, flag, tag, vin, vy, vt);
     QT_CUDA(cudaGetLastError());
 }
 
 extern "C" void qt_quant_fp8_transpose(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, long rows,
                                        long cols, const float *scale, cudaStream_t s) {
-    transpose_launch(ydt, y, yT, xdt, x, 0, rows, cols, scale, NULL, NULL, 0, s);
+    transpose_launch(ydt, y, yT, xdt, x, 0, NO_BWD, rows, cols, scale, NULL, NULL, 0, s);
 }
 
 extern "C" void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x,
                                            long rows, long cols, qt_fp8_scale *sc, int *nonfinite, int tag,
                                            cudaStream_t s) {
-    transpose_launch(ydt, y, yT, xdt, x, 0, rows, cols, NULL, sc, nonfinite, tag, s);
+    transpose_launch(ydt, y, yT, xdt, x, 0, NO_BWD, rows, cols, NULL, sc, nonfinite, tag, s);
 }
 
-extern "C" void qt_quant_fp8_swiglu_transpose_cur(qt_dtype ydt, void *yT, const void *gu, long rows, long cols,
-                                                  qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s) {
-    transpose_launch(ydt, NULL, yT, QT_DT_BF16, gu, 1, rows, cols, NULL, sc, nonfinite, tag, s);
+extern "C" void qt_swiglu_bwd_quant_transpose_cur(void *dgu, const void *dh, const void *gu, long rows, long cols,
+                                                  float *amax, qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite,
+                                                  int tag, cudaStream_t s) {
+    QT_CHECK(cols <= 0x7fffffffL, "qt_swiglu_bwd_quant_transpose_cur: %ld columns", cols);
+    glu_bwd bk = {(const bf16 *)dh, (bf16 *)dgu, amax};
+    transpose_launch(ydt, NULL, yT, QT_DT_BF16, gu, 1, bk, rows, cols, NULL, sc, nonfinite, tag, s);
 }
 
 extern "C" void qt_quant_dequant(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, const float *descale,

@@ -49,17 +49,17 @@ __global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, l
             ld8(d, dout + r * f + j * 8);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                float sg = qt_sigmoid(g[i]), gi = g[i];
-                g[i] = d[i] * u[i] * sg * (1.0f + gi * (1.0f - sg));
-                u[i] = d[i] * gi * sg;
+                float gi = g[i], ui = u[i];
+                qt_swiglu_bwd1(gi, ui, d[i], &g[i], &u[i]);
             }
             m = st8_fold(dr + j * 8, g, m, fold);
             m = st8_fold(dr + f + j * 8, u, m, fold);
         } else {
             float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
-            float d = __bfloat162float(dout[r * f + j]), sg = qt_sigmoid(g);
-            m = st1_fold(dr + j, d * u * sg * (1.0f + g * (1.0f - sg)), m, fold);
-            m = st1_fold(dr + f + j, d * g * sg, m, fold);
+            float dg, du;
+            qt_swiglu_bwd1(g, u, __bfloat162float(dout[r * f + j]), &dg, &du);
+            m = st1_fold(dr + j, dg, m, fold);
+            m = st1_fold(dr + f + j, du, m, fold);
         }
     }
     if (amax) qt_amax_block_commit(amax, m);

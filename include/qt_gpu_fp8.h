@@ -112,10 +112,12 @@ void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cu
  * consumed), so Xq, Xq^T, scale and descale are the forward's bytes. Valid until the next micro-step's
  * qt_fp8_reset_amax. */
 void qt_fp8_requant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s);
-/* The down projection's Xq^T of the layer again, from gate|up (gu, bf16 [N, 2F]) instead of its SwiGLU
- * output: the bytes qt_swiglu_fwd + qt_fp8_requant_input give, in one pass (the swiglu recompute with an
- * fp8 backward, which reads nothing else of that output). Xq is not written. */
-void qt_fp8_requant_swiglu(qt_gpu_fp8 *f, int layer, const void *gu, cudaStream_t s);
+/* The SwiGLU backward (dgu [N, 2F] from dh [N, F] and gu, dgu may be gu, its abs-max folded into amax unless
+ * NULL) and, in the same pass over gu, the down projection's Xq^T of the layer again: the bytes
+ * qt_swiglu_bwd and qt_swiglu_fwd + qt_fp8_requant_input give (the swiglu recompute with an fp8 backward,
+ * which reads nothing else of the SwiGLU output; down's wgrad then runs after its dgrad). Xq is not written. */
+void qt_fp8_swiglu_bwd_requant(qt_gpu_fp8 *f, int layer, void *dgu, const void *dh, const void *gu, float *amax,
+                               cudaStream_t s);
 /* y[N,O] (bf16) = Xq . Wq^T (+ bias, bf16), Xq from qt_fp8_quant_input. */
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
                 cudaStream_t s);

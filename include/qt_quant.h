@@ -88,12 +88,13 @@ void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, c
                                 long rows, long cols, qt_fp8_scale *sc, int *nonfinite, int tag,
                                 cudaStream_t s);
 
-/* yT[cols, rows] only, of the SwiGLU of gu[rows, 2 * cols] (bf16, gate | up halves): the codes of
- * qt_quant_fp8_transpose_cur over what qt_swiglu_fwd writes (each output rounded to bf16 once, then
- * quantized with sc's current scale), without that bf16 tensor (=). The fp8 recompute's Xq^T of the
- * down projection: 5 bytes per element moved instead of the 10 of swiglu fwd + quantize-transpose. */
-void qt_quant_fp8_swiglu_transpose_cur(qt_dtype ydt, void *yT, const void *gu, long rows, long cols,
-                                       qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s);
+/* In one pass over gu[rows, 2 * cols] (bf16, gate | up halves): qt_swiglu_bwd (dgu[rows, 2 * cols] from
+ * dh[rows, cols], dgu may be gu; its abs-max folded into *amax unless NULL) and yT[cols, rows], the SwiGLU
+ * output (each element rounded to bf16 as qt_swiglu_fwd stores it) quantized with sc's current scale:
+ * the bytes of those kernels and qt_quant_fp8_transpose_cur (=). The fp8 backward of a layer whose SwiGLU
+ * is recomputed: its down projection's Xq^T made where gu is read anyway (its wgrad runs after). */
+void qt_swiglu_bwd_quant_transpose_cur(void *dgu, const void *dh, const void *gu, long rows, long cols, float *amax,
+                                       qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s);
 
 /* yT[cols, rows] = x[rows, cols] transposed, one byte per element (fp8 codes moved, not re-encoded: the
  * e4m3 weights a ZeRO-3 rank gathered become the dgrad's Wq^T) (=). Through 32 x 32 shared-memory tiles. */

@@ -147,19 +147,20 @@ static void quantT_launch(op_run *r, int pass) {
 static const op_def OP_QUANT_T = {"quant_fp8_transpose", "rows cols", 2, "scale", quantT_build, quantT_ref,
                                   quantT_launch, NULL, NULL, 0, 0, 0};
 
-/* SwiGLU + quantize-transpose (the fp8 recompute's Xq^T of down): yT[cols, rows] = fp8(bf16(silu(g) * u) *
- * scale) from gu[rows, 2 cols], the scale from sc->amax (= max |h|, h the CPU SwiGLU rounded to bf16) written
- * back with descale and the flag. s = rows cols; dt = fp8 type. The CPU's expf may differ from the GPU's by an
- * ulp, which can move h by one bf16 ulp and so a code by one: the bound is one fp8 step (2^-3 relative, 2^-9
- * near zero). Bitwise equality with qt_swiglu_fwd + qt_quant_fp8_transpose_cur (what the recompute relies on)
- * is test_recompute's and test_kernels' swiglu_quant_t_bitwise. */
+/* SwiGLU backward + quantize-transpose (the fp8 recompute's pass that also makes down's Xq^T): swiglu_bwd's
+ * tensors and bounds (dgu, +inplace over gu, +amax its fold), and yT[cols, rows] = fp8(bf16(silu(g) * u) *
+ * scale), the scale from sc->amax (= max |h|, h the CPU SwiGLU rounded to bf16) written back with descale
+ * and the flag. s = rows cols; dt = fp8 type. The CPU's expf may differ from the GPU's by an ulp, which can
+ * move h by one bf16 ulp and so a code by one: yT's bound is one fp8 step (2^-3 relative, 2^-9 near zero).
+ * Bitwise equality with the kernels it replaces (what the recompute relies on) is test_kernels'
+ * swiglu_bwd_quant_t_bitwise and test_recompute's. */
 static void swiglu_qt_h(op_run *r, float *h) {
     qt_ref_swiglu_fwd(h, H(r, "gu"), S(0), (int)S(1));
     for (long i = 0; i < S(0) * S(1); i++) h[i] = op_round(QT_DT_BF16, h[i]);
 }
 static void swiglu_qt_build(op_run *r) {
     long n = S(0) * S(1);
-    t_in(r, "gu", QT_DT_BF16, 2 * n, 3.0f);
+    swiglu_bwd_build(r);
     float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
     QT_CHECK(h, "out of host memory");
     swiglu_qt_h(r, h);
@@ -168,6 +169,7 @@ static void swiglu_qt_build(op_run *r) {
     t_out(r, "yT", r->c->dt, n, 0x1p-9, 0.125, 0);
 }
 static void swiglu_qt_ref(op_run *r) {
+    swiglu_bwd_ref(r);
     scale_ref_of(r, r->c->dt, 5);
     long R = S(0), C = S(1);
     float s = REF(r, "sc")[2], *h = malloc((size_t)(R * C > 0 ? R * C : 1) * sizeof *h);
@@ -179,10 +181,11 @@ static void swiglu_qt_ref(op_run *r) {
 }
 static void swiglu_qt_launch(op_run *r, int pass) {
     (void)pass;
-    qt_quant_fp8_swiglu_transpose_cur(r->c->dt, D(r, "yT"), D(r, "gu"), S(0), S(1), D(r, "sc"), D(r, "flag"), 5, 0);
+    qt_swiglu_bwd_quant_transpose_cur(D(r, swiglu_dgu(r)), D(r, "dout"), D(r, "gu"), S(0), S(1), D(r, "amax"), r->c->dt,
+                                      D(r, "yT"), D(r, "sc"), D(r, "flag"), 5, 0);
 }
-static const op_def OP_SWIGLU_QT = {"swiglu_quant_t", "rows cols", 1, NULL, swiglu_qt_build, swiglu_qt_ref,
-                                    swiglu_qt_launch, NULL, NULL, 0, 0, 0};
+static const op_def OP_SWIGLU_QT = {"swiglu_bwd_quant_t", "rows cols", 1, NULL, swiglu_qt_build, swiglu_qt_ref,
+                                    swiglu_qt_launch, swiglu_bwd_derive, NULL, 0, 0, 0};
 
 /* Dequantize: y (dt: fp32 or bf16) = decode(x) * descale, one RNE rounding: bitwise. s = n gen (0 random
  * finite codes, 1 all 256); dt2 = fp8 type; f = descale (0: NULL). */

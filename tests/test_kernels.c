@@ -1,5 +1,5 @@
 /* test_kernels.c — kernel properties that the op table (test_ops_gpu.c) cannot express: the fused SwiGLU
- * quantize-transpose of the fp8 recompute bit for bit against the two kernels it replaces; AdamW: a ZeRO-1 rank's
+ * backward + quantize-transpose of the fp8 recompute bit for bit against the three kernels it replaces; AdamW: a ZeRO-1 rank's
  * sharded plan against the whole array's, the offloaded optimizer state (src/gpu/gpu_optim.c) streamed
  * through device slots against the state kept on the device, and a bf16 master's stochastic rounding
  * under every cut, bit for bit. Every kernel's own check
@@ -80,47 +80,67 @@ static float *g_f32(const void *d, long n) {
 }
 
 
-/* ---- SwiGLU + quantize-transpose ---- */
-/* qt_quant_fp8_swiglu_transpose_cur must give the codes of qt_swiglu_fwd (abs-max folded) followed by
- * qt_quant_fp8_transpose_cur over its bf16 output, with the same scale record: the recompute swaps one for
- * the other and claims the same training bits. Vector and scalar shapes, gate values wide enough to cover
+/* ---- SwiGLU backward + quantize-transpose ---- */
+/* qt_swiglu_bwd_quant_transpose_cur must give the bytes of qt_swiglu_bwd (dgu and its abs-max) and of
+ * qt_swiglu_fwd followed by qt_quant_fp8_transpose_cur over its bf16 output with the same scale record:
+ * the fp8 recompute swaps the three kernels for it and claims the same training bits. dgu is written over
+ * gu as the model does (one case out of place), vector and scalar shapes, gate values wide enough for
  * silu's saturation, both fp8 types. */
-static void test_swiglu_quant_t_bitwise(void) {
+static void test_swiglu_bwd_quant_t_bitwise(void) {
     NEED_GPU();
     static const long SH[][2] = {{1024, 4864}, {2048, 18944}, {130, 72}, {33, 13}, {16, 8}};
     for (int c = 0; c < 5; c++)
         for (int e = 0; e < 2; e++) {
             qt_dtype dt = e ? QT_DT_E5M2 : QT_DT_E4M3;
             long R = SH[c][0], C = SH[c][1], n = R * C;
-            float *gu = h_rand(2 * n, 4.0f);
-            void *dgu = d_bf16(gu, 2 * n), *h = d_poison((size_t)n * 2);
+            int inplace = !(c == 2 && e == 1);
+            float *gu = h_rand(2 * n, 4.0f), *dh = h_rand(n, 1.0f);
+            void *dgu_ref = d_bf16(gu, 2 * n), *gu2 = d_bf16(gu, 2 * n), *dgu2 = inplace ? gu2 : d_poison((size_t)n * 4);
+            void *ddh = d_bf16(dh, n), *h = d_poison((size_t)n * 2);
             uint8_t *yt1 = d_poison((size_t)n), *yt2 = d_poison((size_t)n);
             qt_fp8_scale *sc;
+            float *am;
             int *flag;
             QT_CUDA(cudaMalloc((void **)&sc, 2 * sizeof *sc));
+            QT_CUDA(cudaMalloc((void **)&am, 2 * sizeof *am));
             QT_CUDA(cudaMalloc((void **)&flag, sizeof *flag));
             QT_CUDA(cudaMemset(sc, 0, 2 * sizeof *sc));
+            QT_CUDA(cudaMemset(am, 0, 2 * sizeof *am));
             QT_CUDA(cudaMemset(flag, 0, sizeof *flag));
-            qt_swiglu_fwd(h, dgu, R, (int)C, &sc[0].amax, 0);
+            /* the three kernels: the forward's h and its abs-max, its codes, then the backward in place */
+            qt_swiglu_fwd(h, dgu_ref, R, (int)C, &sc[0].amax, 0);
             qt_quant_fp8_transpose_cur(dt, NULL, yt1, QT_DT_BF16, h, R, C, &sc[0], flag, 1, 0);
             QT_CUDA(cudaMemcpy(&sc[1], &sc[0], sizeof *sc, cudaMemcpyDeviceToDevice));
-            qt_quant_fp8_swiglu_transpose_cur(dt, yt2, dgu, R, C, &sc[1], flag, 1, 0);
+            qt_swiglu_bwd(dgu_ref, ddh, dgu_ref, R, (int)C, &am[0], 0);
+            qt_swiglu_bwd_quant_transpose_cur(dgu2, ddh, gu2, R, C, &am[1], dt, yt2, &sc[1], flag, 1, 0);
             uint8_t *a = malloc((size_t)n), *b = malloc((size_t)n);
+            uint16_t *ga = malloc((size_t)n * 4), *gb = malloc((size_t)n * 4);
             qt_fp8_scale s2[2];
-            QT_CHECK(a && b, "out of memory");
+            float a2[2];
+            QT_CHECK(a && b && ga && gb, "out of memory");
             QT_CUDA(cudaDeviceSynchronize());
             QT_CUDA(cudaMemcpy(a, yt1, (size_t)n, cudaMemcpyDeviceToHost));
             QT_CUDA(cudaMemcpy(b, yt2, (size_t)n, cudaMemcpyDeviceToHost));
+            QT_CUDA(cudaMemcpy(ga, dgu_ref, (size_t)n * 4, cudaMemcpyDeviceToHost));
+            QT_CUDA(cudaMemcpy(gb, dgu2, (size_t)n * 4, cudaMemcpyDeviceToHost));
             QT_CUDA(cudaMemcpy(s2, sc, sizeof s2, cudaMemcpyDeviceToHost));
-            long diff = 0, first = -1;
+            QT_CUDA(cudaMemcpy(a2, am, sizeof a2, cudaMemcpyDeviceToHost));
+            long diff = 0, first = -1, gdiff = 0;
             for (long i = 0; i < n; i++)
                 if (a[i] != b[i]) diff++, first = first < 0 ? i : first;
+            for (long i = 0; i < 2 * n; i++) gdiff += ga[i] != gb[i];
             QT_EXPECT(diff == 0, "%ld x %ld %s: %ld of %ld codes differ (first at %ld: %#x vs %#x)", R, C,
                       qt_dtype_name(dt), diff, n, first, first >= 0 ? a[first] : 0, first >= 0 ? b[first] : 0);
+            QT_EXPECT(gdiff == 0, "%ld x %ld: %ld of %ld dgu values differ", R, C, gdiff, 2 * n);
+            QT_EXPECT(!memcmp(&a2[0], &a2[1], 4), "%ld x %ld: dgu abs-max %g vs %g", R, C, a2[0], a2[1]);
             QT_EXPECT(!memcmp(&s2[0], &s2[1], sizeof s2[0]), "%ld x %ld: scale records differ", R, C);
-            if (c == 0 && e == 0) printf("  %ld x %ld: %ld codes, amax %g, bitwise equal\n", R, C, n, s2[0].amax);
-            free(a), free(b), free(gu);
-            cudaFree(dgu), cudaFree(h), cudaFree(yt1), cudaFree(yt2), cudaFree(sc), cudaFree(flag);
+            if (c == 0 && e == 0)
+                printf("  %ld x %ld: %ld codes, %ld dgu values, h abs-max %g, dgu abs-max %g: bitwise equal\n", R, C, n,
+                       2 * n, s2[0].amax, a2[0]);
+            free(a), free(b), free(ga), free(gb), free(gu), free(dh);
+            cudaFree(dgu_ref), cudaFree(gu2), cudaFree(ddh), cudaFree(h), cudaFree(yt1), cudaFree(yt2), cudaFree(sc);
+            cudaFree(am), cudaFree(flag);
+            if (!inplace) cudaFree(dgu2);
         }
 }
 
@@ -489,7 +509,7 @@ static void test_adamw_bf16_master_cuts(void) {
 
 int main(void) {
     qt_rng_seed(&R, 20261121);
-    QT_RUN(test_swiglu_quant_t_bitwise);
+    QT_RUN(test_swiglu_bwd_quant_t_bitwise);
     QT_RUN(test_adamw_sharded);
     QT_RUN(test_adamw_offload);
     QT_RUN(test_adamw_offload_parts);

@@ -708,9 +708,9 @@ fi
 # cost rows at equal micro-batch, 1.5B fp8 16 x 1024 per optimizer step, 10 steps (section 1.4's setting).
 if has pending20; then
     { step swiglu_ops 120 env QT_TEST_ONLY=swiglu build/tests/test_ops_gpu
-      step swiglu_quant_t_bitwise 120 env QT_TEST_ONLY=swiglu_quant build/tests/test_kernels
+      step swiglu_quant_t_bitwise 120 env QT_TEST_ONLY=swiglu_bwd_quant build/tests/test_kernels
       if [ -x build/tests/test_kernels_mut_swiglu_round ]; then
-          step swiglu_quant_t_mutant 120 env QT_TEST_ONLY=swiglu_quant build/tests/test_kernels_mut_swiglu_round
+          step swiglu_quant_t_mutant 120 env QT_TEST_ONLY=swiglu_bwd_quant build/tests/test_kernels_mut_swiglu_round
       fi
       step test_stores 120 build/tests/test_stores
       step fp8_shared_inputs 300 env QT_TEST_ONLY=shared_inputs build/tests/test_recompute

@@ -291,9 +291,10 @@ void qt_fp8_requant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, 
               tag_of(layer, k, SC_X), s);
 }
 
-void qt_fp8_requant_swiglu(qt_gpu_fp8 *f, int layer, const void *gu, cudaStream_t s) {
+void qt_fp8_swiglu_bwd_requant(qt_gpu_fp8 *f, int layer, void *dgu, const void *dh, const void *gu, float *amax,
+                               cudaStream_t s) {
     qt_fp8_mm k = QT_FP8_DOWN;
-    qt_quant_fp8_swiglu_transpose_cur(QT_DT_E4M3, f->xqT[layer * QT_FP8_NMM + k], gu, f->N, f->in[k],
+    qt_swiglu_bwd_quant_transpose_cur(dgu, dh, gu, f->N, f->in[k], amax, QT_DT_E4M3, f->xqT[layer * QT_FP8_NMM + k],
                                       sc_of(f, layer, k, SC_X), f->nonfinite, tag_of(layer, k, SC_X), s);
 }
 
