@@ -1,12 +1,15 @@
 /* quant_bench.c — GB/s of the fp8 quantize kernels (amax, quantize, quantize+transpose) at the
  * model's shapes against the 3.0 TB/s H100 copy ceiling and a measured device-to-device copy.
- * Median of 20 timed runs (CUDA events) after 3 warm-ups. Usage: quant_bench [bf16|fp32] */
+ * Median of 20 timed runs (CUDA events) after 3 warm-ups. Usage: quant_bench [bf16|fp32|swiglu]
+ * swiglu: the SwiGLU backward alone and fused with down's e4m3 Xq^T (the fp8 swiglu recompute) at the
+ * 1.5B and 7B micro-steps' shapes, beside a copy of gate|up. */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "qt_error.h"
+#include "qt_kernels.h"
 #include "qt_quant.h"
 
 #define REPS 20
@@ -20,6 +23,7 @@ typedef struct {
     qt_fp8_scale *sc;
     int *flag;
     long R, C;
+    void *gu, *dh, *dgu; /* swiglu mode: gu, dgu [R, 2C], dh [R, C] bf16; yT [C, R] */
 } bench_ctx;
 
 static int cmp_float(const void *a, const void *b) {
@@ -43,6 +47,16 @@ static void op_qt_cur(bench_ctx *b) {
     qt_quant_fp8_transpose_cur(QT_DT_E5M2, b->y, b->yT, b->xdt, b->x, b->R, b->C, b->sc, b->flag, 1, 0);
 }
 
+static void op_gu_copy(bench_ctx *b) {
+    QT_CUDA(cudaMemcpyAsync(b->dgu, b->gu, (size_t)(b->R * b->C) * 4, cudaMemcpyDeviceToDevice, 0));
+}
+static void op_swiglu_fwd(bench_ctx *b) { qt_swiglu_fwd(b->dh, b->gu, b->R, (int)b->C, &b->sc[1].amax, 0); }
+static void op_swiglu_bwd(bench_ctx *b) { qt_swiglu_bwd(b->dgu, b->dh, b->gu, b->R, (int)b->C, &b->sc[1].amax, 0); }
+static void op_swiglu_bwd_qt(bench_ctx *b) {
+    qt_swiglu_bwd_quant_transpose_cur(b->dgu, b->dh, b->gu, b->R, b->C, &b->sc[1].amax, QT_DT_E4M3, b->yT, b->sc,
+                                      b->flag, 1, 0);
+}
+
 /* Median milliseconds of one call of op. */
 static float time_op(void (*op)(bench_ctx *), bench_ctx *b) {
     cudaEvent_t e0, e1;
@@ -63,6 +77,40 @@ static float time_op(void (*op)(bench_ctx *), bench_ctx *b) {
     return (ms[REPS / 2 - 1] + ms[REPS / 2]) / 2;
 }
 
+static void report(const char *shape, const char *name, float ms, double bytes) {
+    double gbs = bytes / (ms * 1e-3) / 1e9;
+    printf("%-14s %-34s %10.1f %9.0f %6.0f%%\n", shape, name, ms * 1e3, gbs, 100 * gbs / CEIL_GBS);
+}
+
+/* The SwiGLU backward kernels at [R, 2C] gate|up: bytes are what each must move (bf16 in and out, the
+ * e4m3 codes), gu filled with bf16 1.17 (finite; the kernels' cost does not depend on the values). */
+static void bench_swiglu(void) {
+    const long shapes[][2] = {{16384, 8960}, {8192, 18944}};
+    for (int si = 0; si < 2; si++) {
+        bench_ctx b = {.xdt = QT_DT_BF16, .R = shapes[si][0], .C = shapes[si][1]};
+        size_t n = (size_t)(b.R * b.C);
+        QT_CUDA(cudaMalloc(&b.gu, 4 * n));
+        QT_CUDA(cudaMalloc(&b.dgu, 4 * n));
+        QT_CUDA(cudaMalloc(&b.dh, 2 * n));
+        QT_CUDA(cudaMalloc((void **)&b.yT, n));
+        QT_CUDA(cudaMalloc((void **)&b.sc, 2 * sizeof(qt_fp8_scale)));
+        QT_CUDA(cudaMalloc((void **)&b.flag, sizeof(int)));
+        QT_CUDA(cudaMemset(b.gu, 0x3f, 4 * n));
+        QT_CUDA(cudaMemset(b.dh, 0x3c, 2 * n));
+        QT_CUDA(cudaMemset(b.sc, 0, 2 * sizeof(qt_fp8_scale)));
+        QT_CUDA(cudaMemset(b.flag, 0, sizeof(int)));
+        op_swiglu_fwd(&b); /* sc[0].amax stays 0 (scale 1): the codes' cost does not depend on it */
+        char shape[32];
+        snprintf(shape, sizeof shape, "%ldx%ld", b.R, b.C);
+        report(shape, "copy of gate|up (D2D)", time_op(op_gu_copy, &b), 8.0 * n);
+        report(shape, "swiglu fwd + amax", time_op(op_swiglu_fwd, &b), 6.0 * n);
+        report(shape, "swiglu bwd + amax", time_op(op_swiglu_bwd, &b), 10.0 * n);
+        report(shape, "swiglu bwd + amax + Xq^T e4m3", time_op(op_swiglu_bwd_qt, &b), 11.0 * n);
+        QT_CUDA(cudaDeviceSynchronize());
+        cudaFree(b.gu); cudaFree(b.dgu); cudaFree(b.dh); cudaFree(b.yT); cudaFree(b.sc); cudaFree(b.flag);
+    }
+}
+
 int main(int argc, char **argv) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -76,6 +124,10 @@ int main(int argc, char **argv) {
     printf("quant_bench on %s, input %s, median of %d; %% is of the %.1f TB/s copy ceiling\n", prop.name,
            qt_dtype_name(xdt), REPS, CEIL_GBS / 1000);
     printf("%-14s %-34s %10s %9s %7s\n", "shape", "kernel", "us", "GB/s", "%ceil");
+    if (argc > 1 && !strcmp(argv[1], "swiglu")) {
+        bench_swiglu();
+        return 0;
+    }
     for (int si = 0; si < 3; si++) {
         bench_ctx b = {.xdt = xdt, .R = shapes[si][0], .C = shapes[si][1]};
         long n = b.R * b.C;
@@ -108,9 +160,7 @@ int main(int argc, char **argv) {
         char shape[32];
         snprintf(shape, sizeof shape, "%ldx%ld", b.R, b.C);
         for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
-            float ms = time_op(ops[k].op, &b);
-            double gbs = ops[k].bytes / (ms * 1e-3) / 1e9;
-            printf("%-14s %-34s %10.1f %9.0f %6.0f%%\n", shape, ops[k].name, ms * 1e3, gbs, 100 * gbs / CEIL_GBS);
+            report(shape, ops[k].name, time_op(ops[k].op, &b), ops[k].bytes);
         }
         QT_CUDA(cudaDeviceSynchronize());
         cudaFree(b.x); cudaFree(b.x2); cudaFree(b.y); cudaFree(b.yT);

@@ -55,11 +55,12 @@ static __device__ __forceinline__ unsigned st1_fold(bf16 *p, float f, unsigned m
  * IEEE division and expf (no fast math). One definition for the forward (swiglu.cu) and the fp8
  * recompute's fused quantize (quant.cu): both round the product to bf16 once, so they agree bitwise. */
 static __device__ __forceinline__ float qt_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
-static __device__ __forceinline__ float qt_swiglu1(float g, float u) { return g * qt_sigmoid(g) * u; }
-/* Its gradients for dout d: dg = d * u * sg * (1 + g * (1 - sg)), du = d * g * sg (sg = sigmoid(g)); one
- * definition for swiglu.cu's backward and quant.cu's fused one (same operations, same bits). */
-static __device__ __forceinline__ void qt_swiglu_bwd1(float g, float u, float d, float *dg, float *du) {
-    float sg = qt_sigmoid(g);
+/* sg = qt_sigmoid(g) given: a kernel that needs the output and the gradients computes it once. */
+static __device__ __forceinline__ float qt_swiglu1s(float g, float sg, float u) { return g * sg * u; }
+static __device__ __forceinline__ float qt_swiglu1(float g, float u) { return qt_swiglu1s(g, qt_sigmoid(g), u); }
+/* Its gradients for dout d: dg = d * u * sg * (1 + g * (1 - sg)), du = d * g * sg; one definition for
+ * swiglu.cu's backward and quant.cu's fused one (same operations, same bits). */
+static __device__ __forceinline__ void qt_swiglu_bwd1(float g, float u, float d, float sg, float *dg, float *du) {
     *dg = d * u * sg * (1.0f + g * (1.0f - sg));
     *du = d * g * sg;
 }

@@ -2,7 +2,8 @@
  * quantize+transpose, dequantize. Contract and scaling rule: include/qt_quant.h.
  *
  * x: bf16 or fp32, [n] or [rows, cols] row-major. y: fp8 [n] / [rows, cols], yT: fp8 [cols, rows]. The
- * SwiGLU variant reads gate|up [rows, 2 cols] and quantizes its SwiGLU output (the fp8 recompute).
+ * SwiGLU variants read gate|up [rows, 2 cols] and quantize its SwiGLU output (the fp8 recompute); one of
+ * them is the SwiGLU backward as well (its dgu, in the same pass).
  * Math in fp32: v = fp32(x) * scale (one RNE multiply, never contracted), then one RNE conversion to
  * fp8 with __NV_SATFINITE (cvt.rn.satfinite on sm_89+, cuda_fp8.h's software path on sm_80).
  * abs-max: unsigned max on the bits of |x|, so the result is order-free and NaN-propagating.
@@ -17,6 +18,7 @@
 
 #include "kcommon.cuh"
 #include "qt_error.h"
+#include "qt_kernels.h"
 #include "qt_quant.h"
 
 #define QUANT_THREADS 256
@@ -32,16 +34,20 @@ static __device__ __forceinline__ float load1(const void *x, int xbf16, long i) 
     return ((const float *)x)[i];
 }
 
+/* 8 bf16 (16 bytes, element 0 lowest) -> fp32 (exact). */
+static __device__ __forceinline__ void unpack8(uint4 r, float v[8]) {
+    unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+
 /* Elements [8u, 8u+8) of a 16-byte aligned x. */
 static __device__ __forceinline__ void load8(const void *x, int xbf16, long u, float v[8]) {
     if (xbf16) {
-        uint4 r = ((const uint4 *)x)[u];
-        unsigned w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            v[2 * k] = __uint_as_float(w[k] << 16);
-            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-        }
+        unpack8(((const uint4 *)x)[u], v);
     } else {
         float4 a = ((const float4 *)x)[2 * u], b = ((const float4 *)x)[2 * u + 1];
         v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
@@ -126,96 +132,11 @@ __global__ void quant_fwd_kernel(uint8_t *__restrict__ y, const void *__restrict
     for (long i = nv * 8 + tid; i < n; i += nth) y[i] = quant1(load1(x, xbf16, i), s, e5m2);
 }
 
-/* One TILE x TILE tile per block: quantize rows into y and a shared tile, then write the tile's
- * columns as rows of yT. The shared tile stores 8-byte chunks XOR-swizzled by (row / 16) so that
- * the column reads of phase 2 (8 columns x 4 row groups per warp) hit 8 distinct banks.
- * vin: x 16-byte aligned and cols % 8 == 0; vy: y 8-byte aligned and cols % 8 == 0;
- * vt: yT 16-byte aligned and rows % 16 == 0. */
-/* glu (a constant per kernel below): 0 plain x; 1: x is gu[R, 2C] (bf16, gate | up halves), element (r, c) is
- * the SwiGLU output bf16(qt_swiglu1(g, u)), rounded as qt_swiglu_fwd stores it, so the codes equal those of
- * quantizing that kernel's output; and the same pass is the SwiGLU backward (bk: dh [R, C] in, dgu [R, 2C]
- * out, which may be gu itself, its abs-max folded into bk.amax unless NULL): qt_swiglu_bwd1's values stored
- * as qt_swiglu_bwd stores them. vin then means gu, dh, dgu 16-byte aligned and C % 8 == 0. */
-typedef struct {
-    const bf16 *dh;
-    bf16 *dgu;
-    float *amax; /* NULL: no fold */
-} glu_bwd;
-
-static const glu_bwd NO_BWD = {NULL, NULL, NULL};
-
-static __device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
-static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int glu, glu_bwd bk, long gr, long gc, long C,
-                                                 float v[8], unsigned *m) {
-    if (!glu) {
-        load8(x, xbf16, (gr * C + gc) / 8, v);
-        return;
-    }
-    float u[8];
-    load8(x, 1, (gr * 2 * C + gc) / 8, v);
-    load8(x, 1, (gr * 2 * C + C + gc) / 8, u);
-    {
-        float d[8], dg[8], du[8];
-        ld8(d, bk.dh + gr * C + gc);
-#pragma unroll
-        for (int k = 0; k < 8; k++) qt_swiglu_bwd1(v[k], u[k], d[k], &dg[k], &du[k]);
-        *m = st8_fold(bk.dgu + gr * 2 * C + gc, dg, *m, bk.amax != NULL);
-        *m = st8_fold(bk.dgu + gr * 2 * C + C + gc, du, *m, bk.amax != NULL);
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = bf16r(qt_swiglu1(v[k], u[k]));
-}
-static __device__ __forceinline__ float load1_src(const void *x, int xbf16, int glu, glu_bwd bk, long gr, long gc, long C,
-                                                  unsigned *m) {
-    if (!glu) return load1(x, xbf16, gr * C + gc);
-    float g = load1(x, 1, gr * 2 * C + gc), u = load1(x, 1, gr * 2 * C + C + gc);
-    {
-        float dg, du;
-        qt_swiglu_bwd1(g, u, __bfloat162float(bk.dh[gr * C + gc]), &dg, &du);
-        *m = st1_fold(bk.dgu + gr * 2 * C + gc, dg, *m, bk.amax != NULL);
-        *m = st1_fold(bk.dgu + gr * 2 * C + C + gc, du, *m, bk.amax != NULL);
-    }
-    return bf16r(qt_swiglu1(g, u));
-}
-
-static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
-                                                            const void *__restrict__ x, long R, long C, long ntc,
-                                                            int xbf16, int glu, glu_bwd bk, int e5m2, float fmax,
-                                                            const float *scale, qt_fp8_scale *sc, int *flag, int tag,
-                                                            int vin, int vy, int vt) {
-    __shared__ __align__(16) uint8_t t[TILE * TILE];
-    float s = kernel_scale(scale, sc, fmax, flag, tag);
-    long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
-    unsigned m = 0; /* glu: the abs-max bits of the dgu this thread stored */
-    /* Fixed stride (launched with QUANT_THREADS) so both units' loads are issued before any store. */
-#pragma unroll
-    for (int u = threadIdx.x; u < TILE * TILE / 8; u += QUANT_THREADS) {
-        int lr = u >> 3, cc = u & 7;
-        long gr = r0 + lr, gc = c0 + cc * 8;
-        uint2 q = make_uint2(0u, 0u);
-        if (gr < R && gc < C) {
-            long off = gr * C + gc;
-            int full = gc + 8 <= C;
-            float v[8];
-            if (vin && full) load8_src(x, xbf16, glu, bk, gr, gc, C, v, &m);
-            else {
-#pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1_src(x, xbf16, glu, bk, gr, gc + k, C, &m) : 0.0f;
-            }
-            q = quant8(v, s, e5m2);
-            if (y) {
-                if (vy && full) *(uint2 *)(y + off) = q;
-                else {
-#pragma unroll
-                    for (int k = 0; k < 8; k++) /* unrolled: constant k keeps q in registers */
-                        if (gc + k < C) y[off + k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
-                }
-            }
-        }
-        *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
-    }
-    __syncthreads();
+/* Phase 2 of a quantize-transpose tile (after the block's __syncthreads): the tile's columns, from the
+ * shared tile t (8-byte chunks XOR-swizzled by row / 16: quant_transpose_body), as 16-byte pieces of
+ * rows of yT[C, R]; vt: yT 16-byte aligned and R % 16 == 0. */
+static __device__ __forceinline__ void tile_store_t(const uint8_t *t, uint8_t *__restrict__ yT, long r0, long c0,
+                                                    long R, long C, int vt) {
     for (int p = threadIdx.x; p < TILE * TILE / 16; p += QUANT_THREADS) {
         int lc = p >> 2, j = p & 3; /* yT row c0+lc, columns r0+16j .. r0+16j+15 */
         long gc = c0 + lc, gr = r0 + 16 * j;
@@ -236,20 +157,144 @@ static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict_
                 if (gr + k < R) dst[k] = (uint8_t)(w[k >> 2] >> (8 * (k & 3)));
         }
     }
-    if (glu && bk.amax) qt_amax_block_commit(bk.amax, m); /* every thread: it synchronizes the block */
+}
+
+/* One TILE x TILE tile per block: quantize rows into y and a shared tile, then write the tile's
+ * columns as rows of yT. The shared tile stores 8-byte chunks XOR-swizzled by (row / 16) so that
+ * the column reads of phase 2 (8 columns x 4 row groups per warp) hit 8 distinct banks.
+ * vin: x 16-byte aligned and cols % 8 == 0; vy: y 8-byte aligned and cols % 8 == 0;
+ * vt: yT 16-byte aligned and rows % 16 == 0. */
+/* glu (a constant per kernel below): x is gu[R, 2C] (bf16, gate | up halves) and element (r, c) is the
+ * SwiGLU output bf16(qt_swiglu1(g, u)), rounded as qt_swiglu_fwd stores it, so the codes equal those of
+ * quantizing that kernel's output; vin then means gu 16-byte aligned and C % 8 == 0. */
+static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int glu, long gr, long gc, long C, float v[8]) {
+    if (!glu) {
+        load8(x, xbf16, (gr * C + gc) / 8, v);
+        return;
+    }
+    float u[8];
+    load8(x, 1, (gr * 2 * C + gc) / 8, v);
+    load8(x, 1, (gr * 2 * C + C + gc) / 8, u);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16_rn(qt_swiglu1(v[k], u[k])));
+}
+static __device__ __forceinline__ float load1_src(const void *x, int xbf16, int glu, long gr, long gc, long C) {
+    if (!glu) return load1(x, xbf16, gr * C + gc);
+    float g = load1(x, 1, gr * 2 * C + gc), u = load1(x, 1, gr * 2 * C + C + gc);
+    return __bfloat162float(__float2bfloat16_rn(qt_swiglu1(g, u)));
+}
+
+static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
+                                                            const void *__restrict__ x, long R, long C, long ntc,
+                                                            int xbf16, int glu, int e5m2, float fmax,
+                                                            const float *scale, qt_fp8_scale *sc, int *flag, int tag,
+                                                            int vin, int vy, int vt) {
+    __shared__ __align__(16) uint8_t t[TILE * TILE];
+    float s = kernel_scale(scale, sc, fmax, flag, tag);
+    long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
+    /* Fixed stride (launched with QUANT_THREADS) so both units' loads are issued before any store. */
+#pragma unroll
+    for (int u = threadIdx.x; u < TILE * TILE / 8; u += QUANT_THREADS) {
+        int lr = u >> 3, cc = u & 7;
+        long gr = r0 + lr, gc = c0 + cc * 8;
+        uint2 q = make_uint2(0u, 0u);
+        if (gr < R && gc < C) {
+            long off = gr * C + gc;
+            int full = gc + 8 <= C;
+            float v[8];
+            if (vin && full) load8_src(x, xbf16, glu, gr, gc, C, v);
+            else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1_src(x, xbf16, glu, gr, gc + k, C) : 0.0f;
+            }
+            q = quant8(v, s, e5m2);
+            if (y) {
+                if (vy && full) *(uint2 *)(y + off) = q;
+                else {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) /* unrolled: constant k keeps q in registers */
+                        if (gc + k < C) y[off + k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
+                }
+            }
+        }
+        *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
+    }
+    __syncthreads();
+    tile_store_t(t, yT, r0, c0, R, C, vt);
 }
 
 #define QT_QT_ARGS                                                                                          \
     uint8_t *__restrict__ y, uint8_t *__restrict__ yT, const void *__restrict__ x, long R, long C, long ntc,     \
-        int xbf16, glu_bwd bk, int e5m2, float fmax, const float *scale, qt_fp8_scale *sc, int *flag, int tag,  \
-        int vin, int vy, int vt
+        int xbf16, int e5m2, float fmax, const float *scale, qt_fp8_scale *sc, int *flag, int tag, int vin,     \
+        int vy, int vt
 __global__ void quant_transpose_fwd_kernel(QT_QT_ARGS) {
-    quant_transpose_body(y, yT, x, R, C, ntc, xbf16, 0, bk, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
+    quant_transpose_body(y, yT, x, R, C, ntc, xbf16, 0, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
 }
-__global__ void quant_transpose_swiglu_bwd_kernel(QT_QT_ARGS) {
-    quant_transpose_body(y, yT, x, R, C, ntc, 1, 1, bk, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
+__global__ void quant_transpose_swiglu_kernel(QT_QT_ARGS) {
+    quant_transpose_body(y, yT, x, R, C, ntc, 1, 1, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
 }
 #undef QT_QT_ARGS
+
+/* The SwiGLU backward and down's Xq^T in one pass over gu (qt_swiglu_bwd_quant_transpose_cur), the aligned
+ * case: gu, dh, dgu 16-byte aligned, C % 8 == 0. One TILE x TILE tile of (rows, features) per block, two
+ * units of 8 features per thread (rows lr and lr + 32). Both units' gate, up and dh (6 x 16 bytes) are loaded
+ * before anything is stored, so that a thread keeps that much in flight: the kernel is bound by HBM (10
+ * bytes moved per element plus the code) and by the latency of those loads. dgu may be gu: each element is
+ * read before its unit is stored and the units are disjoint. Per element: one sigmoid (expf, IEEE
+ * division) shared by the output and the gradients; dg, du rounded to bf16 once (=, what qt_swiglu_bwd
+ * stores), h = bf16(g * sg * u) (what qt_swiglu_fwd stores) times the scale rounded to fp8 once (=). */
+__global__ void swiglu_bwd_qt_kernel(bf16 *dgu, const bf16 *dh, const bf16 *gu, uint8_t *__restrict__ yT, long R,
+                                     long C, long ntc, int e5m2, float fmax, qt_fp8_scale *sc, int *flag, int tag,
+                                     float *amax, int vt) {
+    __shared__ __align__(16) uint8_t t[TILE * TILE];
+    enum { NU = TILE * TILE / 8 / QUANT_THREADS };
+    float s = kernel_scale(NULL, sc, fmax, flag, tag);
+    long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
+    uint4 gv[NU], uv[NU], dv[NU];
+#pragma unroll
+    for (int i = 0; i < NU; i++) {
+        int p = threadIdx.x + i * QUANT_THREADS, lr = p >> 3, cc = p & 7;
+        long gr = r0 + lr, gc = c0 + cc * 8;
+        if (gr < R && gc < C) { /* C % 8 == 0: the unit is whole */
+            const bf16 *row = gu + gr * 2 * C;
+            gv[i] = *(const uint4 *)(row + gc);
+            uv[i] = *(const uint4 *)(row + C + gc);
+            dv[i] = *(const uint4 *)(dh + gr * C + gc);
+        }
+    }
+    unsigned m = 0;
+    int fold = amax != NULL;
+#pragma unroll
+    for (int i = 0; i < NU; i++) {
+        int p = threadIdx.x + i * QUANT_THREADS, lr = p >> 3, cc = p & 7;
+        long gr = r0 + lr, gc = c0 + cc * 8;
+        uint2 q = make_uint2(0u, 0u);
+        if (gr < R && gc < C) {
+            float g[8], u[8], d[8], dg[8], du[8], h[8];
+            unpack8(gv[i], g);
+            unpack8(uv[i], u);
+            unpack8(dv[i], d);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float sg = qt_sigmoid(g[k]);
+                qt_swiglu_bwd1(g[k], u[k], d[k], sg, &dg[k], &du[k]);
+#ifndef QT_MUTANT_SWIGLU_QT_NO_ROUND
+                h[k] = __bfloat162float(__float2bfloat16_rn(qt_swiglu1s(g[k], sg, u[k])));
+#else /* a test build (tools/gpu-check.sh swiglu_fused): codes of the fp32 product, which test_kernels must catch */
+                h[k] = qt_swiglu1s(g[k], sg, u[k]);
+#endif
+            }
+            bf16 *drow = dgu + gr * 2 * C;
+            m = st8_fold(drow + gc, dg, m, fold);
+            m = st8_fold(drow + C + gc, du, m, fold);
+            q = quant8(h, s, e5m2);
+        }
+        *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
+    }
+    __syncthreads();
+    tile_store_t(t, yT, r0, c0, R, C, vt);
+    if (amax) qt_amax_block_commit(amax, m); /* every thread (amax is uniform): it synchronizes the block */
+}
 
 /* yT[c][r] = x[r][c], bytes: one 32 x 32 tile per block (32 x 8 threads, 4 rows each), the tile padded to
  * 33 columns so the column reads hit distinct banks. */
@@ -356,8 +401,8 @@ extern "C" void qt_quant_fp8_cur(qt_dtype ydt, void *y, qt_dtype xdt, const void
     quant_launch(ydt, y, xdt, x, n, NULL, sc, nonfinite, tag, s);
 }
 
-static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, int glu, glu_bwd bk, long R,
-                             long C, const float *scale, qt_fp8_scale *sc, int *flag, int tag, cudaStream_t s) {
+static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, int glu, long R, long C,
+                             const float *scale, qt_fp8_scale *sc, int *flag, int tag, cudaStream_t s) {
     check_fp8(ydt);
     check_x(xdt);
     QT_CHECK(R >= 0 && C >= 0, "qt_quant_fp8_transpose: rows = %ld, cols = %ld", R, C);
@@ -368,31 +413,43 @@ static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, cons
         return;
     }
     QT_CHECK(nt <= 0x7fffffffL, "qt_quant_fp8_transpose: %ld x %ld needs too many tiles", R, C);
-    int vin = aligned(x, 16) && C % 8 == 0 && (!glu || (aligned(bk.dh, 16) && aligned(bk.dgu, 16)));
-    int vy = y && aligned(y, 8) && C % 8 == 0, vt = aligned(yT, 16) && R % 16 == 0;
-    (glu ? quant_transpose_swiglu_bwd_kernel : quant_transpose_fwd_kernel)
-        <<<(unsigned)nt, QUANT_THREADS, 0, s>>>((uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, bk,
-                                                ydt == QT_DT_E5M2, qt_fp8_max(ydt), scale, sc, flag, tag, vin, vy, vt);
+    int vin = aligned(x, 16) && C % 8 == 0, vy = y && aligned(y, 8) && C % 8 == 0;
+    int vt = aligned(yT, 16) && R % 16 == 0;
+    (glu ? quant_transpose_swiglu_kernel : quant_transpose_fwd_kernel)<<<(unsigned)nt, QUANT_THREADS, 0, s>>>(
+        (uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt),
+        scale, sc, flag, tag, vin, vy, vt);
     QT_CUDA(cudaGetLastError());
 }
 
 extern "C" void qt_quant_fp8_transpose(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x, long rows,
                                        long cols, const float *scale, cudaStream_t s) {
-    transpose_launch(ydt, y, yT, xdt, x, 0, NO_BWD, rows, cols, scale, NULL, NULL, 0, s);
+    transpose_launch(ydt, y, yT, xdt, x, 0, rows, cols, scale, NULL, NULL, 0, s);
 }
 
 extern "C" void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, const void *x,
                                            long rows, long cols, qt_fp8_scale *sc, int *nonfinite, int tag,
                                            cudaStream_t s) {
-    transpose_launch(ydt, y, yT, xdt, x, 0, NO_BWD, rows, cols, NULL, sc, nonfinite, tag, s);
+    transpose_launch(ydt, y, yT, xdt, x, 0, rows, cols, NULL, sc, nonfinite, tag, s);
 }
 
 extern "C" void qt_swiglu_bwd_quant_transpose_cur(void *dgu, const void *dh, const void *gu, long rows, long cols,
                                                   float *amax, qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite,
                                                   int tag, cudaStream_t s) {
-    QT_CHECK(cols <= 0x7fffffffL, "qt_swiglu_bwd_quant_transpose_cur: %ld columns", cols);
-    glu_bwd bk = {(const bf16 *)dh, (bf16 *)dgu, amax};
-    transpose_launch(ydt, NULL, yT, QT_DT_BF16, gu, 1, bk, rows, cols, NULL, sc, nonfinite, tag, s);
+    check_fp8(ydt);
+    QT_CHECK(rows >= 0 && cols >= 0 && cols <= 0x7fffffffL, "qt_swiglu_bwd_quant_transpose_cur: %ld x %ld", rows, cols);
+    QT_CHECK(tag != 0, "qt_swiglu_bwd_quant_transpose_cur: tag must be nonzero");
+    long ntr = (rows + TILE - 1) / TILE, ntc = (cols + TILE - 1) / TILE;
+    if (!(cols % 8 == 0 && aligned(gu, 16) && aligned(dh, 16) && aligned(dgu, 16)) || ntr * ntc == 0 ||
+        ntr * ntc > 0x7fffffffL) {
+        /* the general case: the two passes the fused kernel stands for, codes first (dgu may be gu) */
+        transpose_launch(ydt, NULL, yT, QT_DT_BF16, gu, 1, rows, cols, NULL, sc, nonfinite, tag, s);
+        qt_swiglu_bwd(dgu, dh, gu, rows, (int)cols, amax, s);
+        return;
+    }
+    swiglu_bwd_qt_kernel<<<(unsigned)(ntr * ntc), QUANT_THREADS, 0, s>>>(
+        (bf16 *)dgu, (const bf16 *)dh, (const bf16 *)gu, (uint8_t *)yT, rows, cols, ntc, ydt == QT_DT_E5M2,
+        qt_fp8_max(ydt), sc, nonfinite, tag, amax, aligned(yT, 16) && rows % 16 == 0);
+    QT_CUDA(cudaGetLastError());
 }
 
 extern "C" void qt_quant_dequant(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, const float *descale,

@@ -50,14 +50,14 @@ __global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dout, const bf16 *gu, l
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 float gi = g[i], ui = u[i];
-                qt_swiglu_bwd1(gi, ui, d[i], &g[i], &u[i]);
+                qt_swiglu_bwd1(gi, ui, d[i], qt_sigmoid(gi), &g[i], &u[i]);
             }
             m = st8_fold(dr + j * 8, g, m, fold);
             m = st8_fold(dr + f + j * 8, u, m, fold);
         } else {
             float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
             float dg, du;
-            qt_swiglu_bwd1(g, u, __bfloat162float(dout[r * f + j]), &dg, &du);
+            qt_swiglu_bwd1(g, u, __bfloat162float(dout[r * f + j]), qt_sigmoid(g), &dg, &du);
             m = st1_fold(dr + j, dg, m, fold);
             m = st1_fold(dr + f + j, du, m, fold);
         }

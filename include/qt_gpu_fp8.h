@@ -105,7 +105,8 @@ void qt_fp8_reset_amax(qt_gpu_fp8 *f, cudaStream_t s);
  * grad_dtype bf16) or fusion is off (test hook fp8_unfused_amax: the old separate passes, bitwise equal). */
 float *qt_fp8_producer_amax(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad);
 /* Quantizes the block input x (bf16 [N,I]) with current scaling into Xq (scratch, for the next
- * qt_fp8_fwd) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul). */
+ * qt_fp8_fwd) and Xq^T (saved for qt_fp8_wgrad of the same layer/matmul; not written when matmul k is in
+ * xq_shared: the backward makes it again, or nothing reads it). */
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s);
 /* The same quantization again for a recompute in the backward (memory.recompute), from the same x:
  * the scale comes from the abs-max the forward left in the record (no abs-max pass, no producer slot

@@ -13,7 +13,8 @@
 # quantize, its cost rows, ln1/ln2/h shared with an fp8 backward, H100-memory rows at LLM.Q's precision);
 # multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants]);
 # brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
-# models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B)
+# models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
+# backward + Xq^T)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -779,6 +780,25 @@ if has rc_cost; then
           step "rc_1.5b_$r" 240 $one --set "memory.recompute=$r"
       done
     } 2>&1 | tee "$OUT/rc_cost.log" | grep -E '^(==)|tokens/s|rror'
+fi
+# fused22 (session 22): the fp8 swiglu recompute's SwiGLU backward that also writes down's e4m3 Xq^T, a
+# kernel of its own (cuda/quant.cu swiglu_bwd_qt_kernel): its speed beside the plain backward (quant_bench
+# swiglu; out/exp/swiglu_exp when carried: tile and unit variants, not in the repo), its op rows, bit for
+# bit against the three kernels it replaces and the mutant build without the bf16 rounding (must fail),
+# test_recompute's mutants and fp8 groups (the forward no longer writes a shared Xq^T), then rc_cost2.
+if has fused22; then
+    { if [ -x out/exp/swiglu_exp ]; then step swiglu_exp 180 out/exp/swiglu_exp; fi
+      step quant_bench_swiglu 120 build/bench/quant_bench swiglu
+      step swiglu_ops 120 env QT_TEST_ONLY=swiglu build/tests/test_ops_gpu
+      step swiglu_bwd_quant_t_bitwise 120 env QT_TEST_ONLY=swiglu_bwd_quant build/tests/test_kernels
+      if [ -x build/tests/test_kernels_mut_swiglu_round ]; then
+          step swiglu_bwd_quant_t_mutant 120 env QT_TEST_ONLY=swiglu_bwd_quant build/tests/test_kernels_mut_swiglu_round
+      fi
+      step test_stores 120 build/tests/test_stores
+      step fp8_shared_inputs 300 env QT_TEST_ONLY=shared_inputs build/tests/test_recompute
+      step recompute_mutants 540 env QT_TEST_ONLY=mutant build/tests/test_recompute
+      step recompute_fp8 540 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
+    } 2>&1 | tee "$OUT/fused22.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|rror|GB/s|swiglu'
 fi
 # rc_cost2 (session 21): swiglu+norm against none at equal micro-batch again, 1.5B fp8 as rc_cost, the two
 # alternated three times (each run a fresh process: rc_cost's "none" moved 3.5% between two calls), with the

@@ -213,10 +213,12 @@ static int take_ready(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad) {
 
 /* One quantize-transpose launch with the scale derived on the device from sc->amax, after a separate
  * abs-max pass unless the producer of x already folded it in (amax_ready). */
+/* yT NULL: y only, by the plain quantize (the same codes, no transposing tiles). */
 static void quant_cur(qt_gpu_fp8 *f, qt_dtype ydt, void *y, void *yT, const void *x, long rows, long cols,
                       qt_fp8_scale *sc, int amax_ready, int tag, cudaStream_t s) {
     if (!amax_ready) qt_quant_amax(QT_DT_BF16, x, rows * cols, &sc->amax, 0, s);
-    qt_quant_fp8_transpose_cur(ydt, y, yT, QT_DT_BF16, x, rows, cols, sc, f->nonfinite, tag, s);
+    if (yT) qt_quant_fp8_transpose_cur(ydt, y, yT, QT_DT_BF16, x, rows, cols, sc, f->nonfinite, tag, s);
+    else qt_quant_fp8_cur(ydt, y, QT_DT_BF16, x, rows * cols, sc, f->nonfinite, tag, s);
 }
 
 /* The bf16 block matrix k of layer l inside w_bf16 (the flat array of L). */
@@ -282,8 +284,10 @@ qt_fp8_scale *qt_fp8_weight_scale(qt_gpu_fp8 *f, int layer, qt_fp8_mm k) { retur
 int qt_fp8_weight_tag(int layer, qt_fp8_mm k) { return tag_of(layer, k, SC_W); }
 
 void qt_fp8_quant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
-    quant_cur(f, QT_DT_E4M3, f->xq, f->xqT[layer * QT_FP8_NMM + k], x, f->N, f->in[k], sc_of(f, layer, k, SC_X),
-              take_ready(f, layer, k, 0), tag_of(layer, k, SC_X), s);
+    /* a shared Xq^T is made again before any wgrad reads it (or never read): the forward writes Xq only */
+    void *xqT = f->xq_shared >> k & 1 ? NULL : f->xqT[layer * QT_FP8_NMM + k];
+    quant_cur(f, QT_DT_E4M3, f->xq, xqT, x, f->N, f->in[k], sc_of(f, layer, k, SC_X), take_ready(f, layer, k, 0),
+              tag_of(layer, k, SC_X), s);
 }
 
 void qt_fp8_requant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, cudaStream_t s) {
