@@ -190,26 +190,34 @@ static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict_
                                                             const float *scale, qt_fp8_scale *sc, int *flag, int tag,
                                                             int vin, int vy, int vt) {
     __shared__ __align__(16) uint8_t t[TILE * TILE];
-    float s = kernel_scale(scale, sc, fmax, flag, tag);
+    enum { NU = TILE * TILE / 8 / QUANT_THREADS }; /* units of 8 elements per thread */
     long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
-    /* Fixed stride (launched with QUANT_THREADS) so both units' loads are issued before any store. */
+    /* Every unit's loads first, then the scale: kernel_scale's read of sc->amax and the branches on it
+     * would otherwise hold the loads back by one memory latency in every block (one tile per block). */
+    float v[NU][8];
 #pragma unroll
-    for (int u = threadIdx.x; u < TILE * TILE / 8; u += QUANT_THREADS) {
-        int lr = u >> 3, cc = u & 7;
+    for (int i = 0; i < NU; i++) {
+        int u = threadIdx.x + i * QUANT_THREADS, lr = u >> 3, cc = u & 7;
+        long gr = r0 + lr, gc = c0 + cc * 8;
+        if (gr < R && gc < C) {
+            if (vin && gc + 8 <= C) load8_src(x, xbf16, glu, gr, gc, C, v[i]);
+            else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[i][k] = gc + k < C ? load1_src(x, xbf16, glu, gr, gc + k, C) : 0.0f;
+            }
+        }
+    }
+    float s = kernel_scale(scale, sc, fmax, flag, tag);
+#pragma unroll
+    for (int i = 0; i < NU; i++) {
+        int u = threadIdx.x + i * QUANT_THREADS, lr = u >> 3, cc = u & 7;
         long gr = r0 + lr, gc = c0 + cc * 8;
         uint2 q = make_uint2(0u, 0u);
         if (gr < R && gc < C) {
             long off = gr * C + gc;
-            int full = gc + 8 <= C;
-            float v[8];
-            if (vin && full) load8_src(x, xbf16, glu, gr, gc, C, v);
-            else {
-#pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = gc + k < C ? load1_src(x, xbf16, glu, gr, gc + k, C) : 0.0f;
-            }
-            q = quant8(v, s, e5m2);
+            q = quant8(v[i], s, e5m2);
             if (y) {
-                if (vy && full) *(uint2 *)(y + off) = q;
+                if (vy && gc + 8 <= C) *(uint2 *)(y + off) = q;
                 else {
 #pragma unroll
                     for (int k = 0; k < 8; k++) /* unrolled: constant k keeps q in registers */
@@ -248,7 +256,6 @@ __global__ void swiglu_bwd_qt_kernel(bf16 *dgu, const bf16 *dh, const bf16 *gu, 
                                      float *amax, int vt) {
     __shared__ __align__(16) uint8_t t[TILE * TILE];
     enum { NU = TILE * TILE / 8 / QUANT_THREADS };
-    float s = kernel_scale(NULL, sc, fmax, flag, tag);
     long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
     uint4 gv[NU], uv[NU], dv[NU];
 #pragma unroll
@@ -262,6 +269,7 @@ __global__ void swiglu_bwd_qt_kernel(bf16 *dgu, const bf16 *dh, const bf16 *gu, 
             dv[i] = *(const uint4 *)(dh + gr * C + gc);
         }
     }
+    float s = kernel_scale(NULL, sc, fmax, flag, tag); /* after the loads: see quant_transpose_body */
     unsigned m = 0;
     int fold = amax != NULL;
 #pragma unroll
