@@ -700,25 +700,6 @@ if has pending19; then
       step zero3_mid_gather 300 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
     } 2>&1 | tee "$OUT/pending19.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi
-# pending20 (session 20, one GPU): the fp8 recompute's fused SwiGLU quantize-transpose (op rows against the
-# CPU, bit for bit against swiglu fwd + quantize-transpose, a mutant build without the bf16 rounding that
-# must fail: build/tests/test_kernels_mut_swiglu_round when carried); ln1, ln2 and h shared over the layers
-# with an fp8 backward (bitwise against each layer keeping its own, the stale-norm mutant; the plan rows);
-# test_recompute's mutants (fp8's stale Xq^T of down) and fp8 groups (every part bitwise against none;
-# eager, graphs with persistent quants, a bf16 backward). rc_cost: issue 23's
-# cost rows at equal micro-batch, 1.5B fp8 16 x 1024 per optimizer step, 10 steps (section 1.4's setting).
-if has pending20; then
-    { step swiglu_ops 120 env QT_TEST_ONLY=swiglu build/tests/test_ops_gpu
-      step swiglu_quant_t_bitwise 120 env QT_TEST_ONLY=swiglu_bwd_quant build/tests/test_kernels
-      if [ -x build/tests/test_kernels_mut_swiglu_round ]; then
-          step swiglu_quant_t_mutant 120 env QT_TEST_ONLY=swiglu_bwd_quant build/tests/test_kernels_mut_swiglu_round
-      fi
-      step test_stores 120 build/tests/test_stores
-      step fp8_shared_inputs 300 env QT_TEST_ONLY=shared_inputs build/tests/test_recompute
-      step recompute_mutants 540 env QT_TEST_ONLY=mutant build/tests/test_recompute
-      step recompute_fp8 540 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
-    } 2>&1 | tee "$OUT/pending20.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|rror'
-fi
 # h100_llmq_<model>_<dt>: issue 23/24's rows on an H100's memory (79 GiB cap, 120 GiB host) with LLM.Q's
 # precision (bf16 weights as master, bf16 gradients, bf16 AdamW moments), the planner choosing the
 # micro-batch, recompute, offload and LM-head chunks.
@@ -774,6 +755,8 @@ if has quants; then
       step offload_quants_zero3 300 env QT_TEST_ONLY=weights_zero3 build/tests/test_offload
     } 2>&1 | tee "$OUT/quants.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi
+# rc_cost: issue 23's cost rows at equal micro-batch, 1.5B fp8 16 x 1024 per optimizer step, 10 steps (section
+# 1.4's setting).
 if has rc_cost; then
     one="build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
     { for r in "[]" "[swiglu]" "[norm]" "[swiglu,norm]" "[ffn]" "[ffn,norm]" "[block]"; do
@@ -786,7 +769,8 @@ fi
 # swiglu; out/exp/swiglu_exp when carried: tile and unit variants, not in the repo), its op rows, bit for
 # bit against the three kernels it replaces and the mutant build without the bf16 rounding (must fail),
 # test_recompute's mutants and fp8 groups (the forward no longer writes a shared Xq^T), then rc_cost2.
-if has fused22; then
+# pending20 (session 20's checks of the same path) runs the same steps.
+if has fused22 || has pending20; then
     { if [ -x out/exp/swiglu_exp ]; then step swiglu_exp 180 out/exp/swiglu_exp; fi
       step quant_bench_swiglu 120 build/bench/quant_bench swiglu
       step swiglu_ops 120 env QT_TEST_ONLY=swiglu build/tests/test_ops_gpu
