@@ -281,7 +281,7 @@ static __device__ __forceinline__ void swiglu_bwd_qt_body(bf16 *dgu, const bf16 
                 qt_swiglu_bwd1(g[k], u[k], d[k], sg, &dg[k], &du[k]);
 #ifndef QT_MUTANT_SWIGLU_QT_NO_ROUND
                 h[k] = __bfloat162float(__float2bfloat16_rn(qt_swiglu1s(g[k], sg, u[k])));
-#else /* a test build (tools/gpu-check.sh swiglu_fused): codes of the fp32 product, which test_kernels must catch */
+#else /* a test build (tools/gpu-check.sh fused22): codes of the fp32 product, which test_kernels must catch */
                 h[k] = qt_swiglu1s(g[k], sg, u[k]);
 #endif
             }

@@ -212,8 +212,8 @@ static int take_ready(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, int grad) {
 }
 
 /* One quantize-transpose launch with the scale derived on the device from sc->amax, after a separate
- * abs-max pass unless the producer of x already folded it in (amax_ready). */
-/* yT NULL: y only, by the plain quantize (the same codes, no transposing tiles). */
+ * abs-max pass unless the producer of x already folded it in (amax_ready); yT NULL: y only, by the plain
+ * quantize (the same codes, no transposing tiles). */
 static void quant_cur(qt_gpu_fp8 *f, qt_dtype ydt, void *y, void *yT, const void *x, long rows, long cols,
                       qt_fp8_scale *sc, int amax_ready, int tag, cudaStream_t s) {
     if (!amax_ready) qt_quant_amax(QT_DT_BF16, x, rows * cols, &sc->amax, 0, s);
