@@ -159,9 +159,11 @@ static const op_case CASES[] = {
     {&OP_QUANT_T, {4864, 896}, E4M3, BF16, O_CUR, 0, 0}, {&OP_QUANT_T, {33, 1000}, E5M2, F32, 0, 0, 0},
     {&OP_QUANT_T, {64, 64}, E4M3, F32, O_CUR, 0, 0}, {&OP_QUANT_T, {130, 72}, E5M2, BF16, 0, 0, 1},
     {&OP_QUANT_T, {16, 9}, E4M3, BF16, 0, 0, 0}, {&OP_QUANT_T, {130, 72}, E4M3, F32, O_CUR, 0, 0},
-    /* SwiGLU backward + quantize-transpose: rows cols (cols % 8 != 0 or rows % 16 != 0: the scalar paths) */
+    /* SwiGLU backward + quantize-transpose: rows cols (cols % 8 != 0: the two passes it stands for; rows % 16 != 0:
+     * scalar yT stores) */
     {&OP_SWIGLU_QT, {1024, 4864}, E4M3, 0, O_AMAX | O_INPLACE, 0, 0}, {&OP_SWIGLU_QT, {130, 72}, E4M3, 0, O_AMAX, 0, 1},
     {&OP_SWIGLU_QT, {33, 13}, E5M2, 0, O_INPLACE, 0, 0}, {&OP_SWIGLU_QT, {1, 1}, E4M3, 0, O_AMAX, 0, 0},
+    {&OP_SWIGLU_QT, {256, 1024}, E4M3, 0, O_INPLACE, 0, 0}, /* the fused kernel without the abs-max fold */
     /* dequantize: n gen (0 random finite codes, 1 all codes); dt <- dt2; f = descale (0: NULL) */
     {&OP_DEQUANT, {10007, 0}, F32, E4M3, 0, 0.0123f, 0}, {&OP_DEQUANT, {10007, 0}, BF16, E4M3, 0, 0.0123f, 0},
     {&OP_DEQUANT, {10007, 0}, F32, E5M2, 0, 0.0123f, 1}, {&OP_DEQUANT, {10007, 0}, BF16, E5M2, 0, 0.0123f, 0},
