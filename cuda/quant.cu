@@ -166,7 +166,8 @@ static __device__ __forceinline__ void tile_store_t(const uint8_t *t, uint8_t *_
  * vt: yT 16-byte aligned and rows % 16 == 0. */
 /* glu (a constant per kernel below): x is gu[R, 2C] (bf16, gate | up halves) and element (r, c) is the
  * SwiGLU output bf16(qt_swiglu1(g, u)), rounded as qt_swiglu_fwd stores it, so the codes equal those of
- * quantizing that kernel's output; vin then means gu 16-byte aligned and C % 8 == 0. */
+ * quantizing that kernel's output; vin then means gu 16-byte aligned and C % 8 == 0. Used by
+ * qt_swiglu_bwd_quant_transpose_cur's general case (unaligned or C % 8 != 0), before qt_swiglu_bwd. */
 static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int glu, long gr, long gc, long C, float v[8]) {
     if (!glu) {
         load8(x, xbf16, (gr * C + gc) / 8, v);
