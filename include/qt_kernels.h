@@ -96,6 +96,10 @@ void qt_swiglu_fwd(void *out, const void *gu, long n, int f, float *amax, cudaSt
 /* dgu[n,2f] (bf16) from dout[n,f] and gu   (=). dgu may alias gu (each element is read before its
  * own write by the same thread). amax: of dgu (may be NULL). */
 void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, float *amax, cudaStream_t s);
+/* qt_swiglu_bwd, and in the same pass h = the SwiGLU output (qt_swiglu_fwd's bits) written over the
+ * gradient dh_h [n, f] it reads (=): down's weight gradient then reads h, which a bf16 backward with the SwiGLU
+ * recomputed needs, without a pass of its own over gu. */
+void qt_swiglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float *amax, cudaStream_t s);
 
 /* ---- fused LM-head loss (lmhead_loss.cu) ---- */
 /* For a chunk of n rows of logits[n,v] (bf16): loss[r] = lse - logits[r, tgt[r]] (fp32, =) and, in

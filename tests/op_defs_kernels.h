@@ -367,6 +367,27 @@ static void swiglu_bwd_derive(op_run *r, int pass) { derive_amax_of(r, swiglu_dg
 static const op_def OP_SWIGLU_BWD = {"swiglu_bwd", "n f", 0, NULL, swiglu_bwd_build, swiglu_bwd_ref, swiglu_bwd_launch,
                                      swiglu_bwd_derive, NULL, 0, 0, 0};
 
+/* SwiGLU backward that also writes h (the SwiGLU output) over dh: a bf16 backward with the SwiGLU recomputed.
+ * dgu as swiglu_bwd (+inplace, +amax); "dh" goes in as the gradient and must come out as qt_swiglu_fwd's h.
+ * Bitwise against qt_swiglu_fwd + qt_swiglu_bwd: test_kernels swiglu_bwd_h_bitwise. */
+static void swiglu_bwd_h_build(op_run *r) {
+    long n2f = S(0) * 2 * S(1);
+    if (OPT(O_INPLACE)) t_upd(r, "gu", QT_DT_BF16, n2f, 2.0f, 1e-2, 1e-2, 0);
+    else t_in(r, "gu", QT_DT_BF16, n2f, 2.0f), t_out(r, "dgu", QT_DT_BF16, n2f, 1e-2, 1e-2, 0);
+    t_upd(r, "dh", QT_DT_BF16, S(0) * S(1), 1.0f, 1e-2, 1e-2, 0);
+    t_amax(r);
+}
+static void swiglu_bwd_h_ref(op_run *r) {
+    qt_ref_swiglu_bwd(REF(r, swiglu_dgu(r)), H(r, "dh"), H(r, "gu"), S(0), (int)S(1));
+    qt_ref_swiglu_fwd(REF(r, "dh"), H(r, "gu"), S(0), (int)S(1));
+}
+static void swiglu_bwd_h_launch(op_run *r, int pass) {
+    (void)pass;
+    qt_swiglu_bwd_h(D(r, swiglu_dgu(r)), D(r, "dh"), D(r, "gu"), S(0), (int)S(1), D(r, "amax"), 0);
+}
+static const op_def OP_SWIGLU_BWD_H = {"swiglu_bwd_h", "n f", 0, NULL, swiglu_bwd_h_build, swiglu_bwd_h_ref,
+                                       swiglu_bwd_h_launch, swiglu_bwd_derive, NULL, 0, 0, 0};
+
 /* ---- fused LM-head loss (lmhead_loss.cu): s = n v impl (0 = qt_lmhead_loss itself, else the
  * qt_lmhead_impl asked of qt_lmhead_loss_with), f = std of the logits. Row 1 is ignored (tgt -1); +bad:
  * row 3 has tgt = v (loss NaN, dlogits and lse 0). lse is NULL in pass 1. ---- */

@@ -1,5 +1,6 @@
 /* test_kernels.c — kernel properties that the op table (test_ops_gpu.c) cannot express: the fused SwiGLU
- * backward + quantize-transpose of the fp8 recompute bit for bit against the three kernels it replaces; AdamW: a ZeRO-1 rank's
+ * backward + quantize-transpose of the fp8 recompute bit for bit against the three kernels it replaces, and the
+ * bf16 recompute's SwiGLU backward that writes h against the two; AdamW: a ZeRO-1 rank's
  * sharded plan against the whole array's, the offloaded optimizer state (src/gpu/gpu_optim.c) streamed
  * through device slots against the state kept on the device, and a bf16 master's stochastic rounding
  * under every cut, bit for bit. Every kernel's own check
@@ -79,6 +80,44 @@ static float *g_f32(const void *d, long n) {
     return x;
 }
 
+
+/* ---- SwiGLU backward that also writes h ---- */
+/* qt_swiglu_bwd_h must give qt_swiglu_bwd's dgu and abs-max and, over dh, qt_swiglu_fwd's h: a bf16 backward
+ * with the SwiGLU recomputed swaps the two for it (down's wgrad reads that h) and claims the same bits. dgu
+ * over gu as the model writes it; vector and scalar shapes. */
+static void test_swiglu_bwd_h_bitwise(void) {
+    NEED_GPU();
+    static const long SH[][2] = {{1024, 4864}, {2048, 18944}, {33, 13}, {7, 24}};
+    for (int c = 0; c < 4; c++) {
+        long R = SH[c][0], C = SH[c][1], n = R * C;
+        float *gu = h_rand(2 * n, 4.0f), *dh = h_rand(n, 1.0f), *am;
+        void *gu1 = d_bf16(gu, 2 * n), *gu2 = d_bf16(gu, 2 * n), *dh1 = d_bf16(dh, n), *dh2 = d_bf16(dh, n);
+        void *h1 = d_poison((size_t)n * 2);
+        QT_CUDA(cudaMalloc((void **)&am, 2 * sizeof *am));
+        QT_CUDA(cudaMemset(am, 0, 2 * sizeof *am));
+        qt_swiglu_fwd(h1, gu1, R, (int)C, NULL, 0);
+        qt_swiglu_bwd(gu1, dh1, gu1, R, (int)C, &am[0], 0);
+        qt_swiglu_bwd_h(gu2, dh2, gu2, R, (int)C, &am[1], 0);
+        uint16_t *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+        float a2[2];
+        QT_CHECK(a && b, "out of memory");
+        QT_CUDA(cudaDeviceSynchronize());
+        long gdiff = 0, hdiff = 0;
+        QT_CUDA(cudaMemcpy(a, gu1, (size_t)n * 4, cudaMemcpyDeviceToHost));
+        QT_CUDA(cudaMemcpy(b, gu2, (size_t)n * 4, cudaMemcpyDeviceToHost));
+        for (long i = 0; i < 2 * n; i++) gdiff += a[i] != b[i];
+        QT_CUDA(cudaMemcpy(a, h1, (size_t)n * 2, cudaMemcpyDeviceToHost));
+        QT_CUDA(cudaMemcpy(b, dh2, (size_t)n * 2, cudaMemcpyDeviceToHost));
+        for (long i = 0; i < n; i++) hdiff += a[i] != b[i];
+        QT_CUDA(cudaMemcpy(a2, am, sizeof a2, cudaMemcpyDeviceToHost));
+        QT_EXPECT(gdiff == 0, "%ld x %ld: %ld of %ld dgu values differ", R, C, gdiff, 2 * n);
+        QT_EXPECT(hdiff == 0, "%ld x %ld: %ld of %ld h values differ", R, C, hdiff, n);
+        QT_EXPECT(!memcmp(&a2[0], &a2[1], 4), "%ld x %ld: dgu abs-max %g vs %g", R, C, a2[0], a2[1]);
+        if (c == 0) printf("  %ld x %ld: %ld dgu and %ld h values, dgu abs-max %g: bitwise equal\n", R, C, 2 * n, n, a2[0]);
+        free(a), free(b), free(gu), free(dh);
+        cudaFree(gu1), cudaFree(gu2), cudaFree(dh1), cudaFree(dh2), cudaFree(h1), cudaFree(am);
+    }
+}
 
 /* ---- SwiGLU backward + quantize-transpose ---- */
 /* qt_swiglu_bwd_quant_transpose_cur must give the bytes of qt_swiglu_bwd (dgu and its abs-max) and of
@@ -510,6 +549,7 @@ static void test_adamw_bf16_master_cuts(void) {
 int main(void) {
     qt_rng_seed(&R, 20261121);
     QT_RUN(test_swiglu_bwd_quant_t_bitwise);
+    QT_RUN(test_swiglu_bwd_h_bitwise);
     QT_RUN(test_adamw_sharded);
     QT_RUN(test_adamw_offload);
     QT_RUN(test_adamw_offload_parts);

@@ -108,6 +108,8 @@ static const op_case CASES[] = {
     {&OP_SWIGLU_BWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_BWD, {7, 24}, 0, 0, O_AMAX, 0, 0},
     {&OP_SWIGLU_BWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_BWD, {64, 4864}, 0, 0, O_AMAX | O_INPLACE, 0, 0},
     {&OP_SWIGLU_BWD, {33, 13}, 0, 0, O_INPLACE, 0, 0},
+    {&OP_SWIGLU_BWD_H, {64, 4864}, 0, 0, O_AMAX | O_INPLACE, 0, 0}, {&OP_SWIGLU_BWD_H, {7, 24}, 0, 0, O_AMAX, 0, 0},
+    {&OP_SWIGLU_BWD_H, {33, 13}, 0, 0, O_INPLACE, 0, 0},
     /* LM-head loss (lmhead_loss.cu): n v impl, f = std of the logits */
     LM(3, 151936, 2.0f, 0, 0),      /* Qwen's vocabulary: 8 CTAs per row */
     LM(13, 151936, 2.0f, 3, O_BAD), /* rows start off a 16-byte boundary; a bad target */

@@ -8,8 +8,9 @@
  * backward's matmuls read the bf16 activations the recompute rebuilds); 2 ranks sharing GPU 0 (ZeRO-1,
  * overlapped, graphs) in bf16 and fp8; the optimizer offloaded. Every residual copy is delayed (test hook
  * offload_residual_delay_ms), so a compute stream that does not wait for one reads or overwrites a slot
- * too early. Mutants that must differ: recompute_stale_h (layer 1's backward reads the SwiGLU output
- * buffer as layer 2 left it), offload_residual_mutant 1 (a fetched residual read without waiting) and 2
+ * too early. Mutants that must differ: recompute_stale_h (layer 1's down wgrad reads what its SwiGLU backward
+ * did not remake: in bf16 the gradient dh left in h's buffer, in fp8 down's Xq^T as layer 2 left it),
+ * offload_residual_mutant 1 (a fetched residual read without waiting) and 2
  * (a slot overwritten before its copy out finished). 4 layers: the backward of a middle layer is the one
  * a stale shared buffer would betray, and two layers' residuals (0 and 1) go to the host, the other two
  * stay in the device slots. Autotuning off: every run multiplies with the same cuBLASLt algorithms. The

@@ -14,7 +14,7 @@
 # multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants]);
 # brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
-# backward + Xq^T)
+# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -783,6 +783,29 @@ if has fused22 || has pending20; then
       step recompute_mutants 540 env QT_TEST_ONLY=mutant build/tests/test_recompute
       step recompute_fp8 540 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
     } 2>&1 | tee "$OUT/fused22.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|rror|GB/s|swiglu'
+fi
+# pending22 (branch wip/swiglu-bwd-h, GPU-untested when written): a bf16 backward with the SwiGLU recomputed
+# makes h inside its SwiGLU backward (qt_swiglu_bwd_h, over dh in h's buffer; down's wgrad after it): op
+# rows, bit for bit against swiglu fwd + bwd, the mutant build with the product in another order
+# (build/tests/test_kernels_mut_swiglu_h when carried: must fail), test_recompute's mutants (bf16: dh left in
+# h's buffer) and every group (bf16, fp8, fp8 with a bf16 backward, 2 ranks), then the bf16 cost at 1.5B
+# (none and [swiglu, norm] alternated three times; session 22 measured -2.8% before this).
+if has pending22; then
+    { step swiglu_ops 120 env QT_TEST_ONLY=swiglu build/tests/test_ops_gpu
+      step swiglu_bwd_h_bitwise 120 env QT_TEST_ONLY=swiglu_bwd_h build/tests/test_kernels
+      if [ -x build/tests/test_kernels_mut_swiglu_h ]; then
+          step swiglu_bwd_h_mutant 120 env QT_TEST_ONLY=swiglu_bwd_h build/tests/test_kernels_mut_swiglu_h
+      fi
+      step recompute_mutants 540 env QT_TEST_ONLY=mutant build/tests/test_recompute
+      step recompute_bf16 540 env QT_TEST_ONLY=recompute_bf16 build/tests/test_recompute
+      step recompute_fp8 540 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
+      step recompute_dp 540 env QT_TEST_ONLY=recompute_dp build/tests/test_recompute
+      one="build/bench/train_bench configs/qwen2.5-1.5b-fp8.yaml --steps 10 --set data.micro_batch=16 --set data.grad_accum=1 \
+          --set parallel.gpus=1 --set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16"
+      for rep in 1 2 3; do for r in "[]" "[swiglu,norm]"; do
+          step "rc_bf16_${rep}_$r" 240 $one --set "memory.recompute=$r"
+      done; done
+    } 2>&1 | tee "$OUT/pending22.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|tokens/s|rror'
 fi
 # rc_cost2 (session 21): swiglu+norm against none at equal micro-batch again, 1.5B fp8 as rc_cost, the two
 # alternated three times (each run a fresh process: rc_cost's "none" moved 3.5% between two calls), with the

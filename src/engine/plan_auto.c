@@ -228,13 +228,13 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     double eff = n / (n + 512); /* small micro-batches: smaller, less efficient matmuls */
     qt_plan_cost k = {0};
     k.compute = tok * ((blocks + redo) / rate + lm / pr->bf16_flops) / eff;
-    /* the recompute's elementwise passes, bytes per token: RMSNorm reads and writes [C] bf16 per norm, SwiGLU
-     * reads gate|up and writes h (6F). An fp8 backward (block_run) rebuilds ln1 / ln2 only as the input of a
-     * recomputed qkv / gate|up (norm listed or not), and its SwiGLU backward writes down's e4m3 Xq^T
-     * from the gate|up it reads anyway (F written). */
+    /* the recompute's elementwise passes, bytes per token: RMSNorm reads and writes [C] bf16 per norm; the
+     * SwiGLU backward, which reads gate|up anyway, also writes h (2F) for down's wgrad. An fp8 backward
+     * (block_run) rebuilds ln1 / ln2 only as the input of a recomputed qkv / gate|up (norm listed or not),
+     * and its SwiGLU backward writes down's e4m3 Xq^T instead (F). */
     int fp8_bwd = cfg->precision.matmul_dtype == QT_DT_E4M3 && cfg->precision.grad_dtype != QT_DT_BF16;
     double norm_b = fp8_bwd ? ((rc & QT_RC_QKV ? 4 : 0) + (rc & QT_RC_FFN ? 4 : 0)) * C : (rc & QT_RC_NORM ? 8 * C : 0);
-    double elem = nl * (norm_b + (rc & QT_RC_SWIGLU ? (fp8_bwd ? 1 : 6) * F : 0));
+    double elem = nl * (norm_b + (rc & QT_RC_SWIGLU ? (fp8_bwd ? 1 : 2) * F : 0));
     /* the elementwise and fp8 quantize passes of every step, as bf16 [tokens, C + F] passes per layer */
     int passes = QT_PLAN_ELEM_PASSES + (cfg->precision.matmul_dtype == QT_DT_E4M3 ? QT_PLAN_ELEM_PASSES_FP8 : 0);
     elem += nl * (C + F) * 2 * passes;

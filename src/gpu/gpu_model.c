@@ -383,8 +383,8 @@ static dims dims_of(const qt_model_cfg *c) {
  *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add); with an fp8
  *         backward ln1 goes with qkv and ln2 with ffn instead (nothing else reads them)   qkv: qkv + RoPE
  *   att: attention output and lse      block: o_proj into res_mid, then ln2 with the fused add again
- *   ffn: gate|up                       swiglu: h (with an fp8 backward nothing here: block_backward's
- *                                      SwiGLU backward makes down's Xq^T from gate|up)
+ *   ffn: gate|up                       swiglu: nothing here: block_backward's SwiGLU backward makes h
+ *                                      (fp8: down's Xq^T) from gate|up
  * In fp8 each rebuilt matmul input is quantized again with the forward's scale, which also rewrites the
  * layer's Xq^T (one buffer for all layers where fp8_xq_shared says so). It folds no abs-max (the
  * forward's stay in the scale records) and writes no block output. The weights and, in fp8, their
@@ -437,10 +437,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     if (fwd) {
         qt_gpu_model_mark(g, "swiglu");
         qt_swiglu_fwd(a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_DOWN, 0), s);
-    } else if (redo & QT_RC_SWIGLU && !g->fp8_bwd && !(l > 0 && qt_test_hooks_get()->recompute_stale_h)) {
-        qt_gpu_model_mark(g, "recompute: swiglu"); /* an fp8 backward makes down's Xq^T in its SwiGLU backward */
-        qt_swiglu_fwd(a->h, a->gu, N, d.F, NULL, s);
-    }
+    } /* a recomputed SwiGLU: block_backward's SwiGLU backward makes h (or, in fp8, down's Xq^T) from gate|up */
     if (fwd) lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C, 0);
 #undef LABEL
 }
@@ -495,20 +492,29 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
                                   (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0), g->fp8_bwd, 0);
     if (as->policy.recompute) block_run(g, h, l, NULL, NULL, as->policy.recompute);
     qt_gpu_layer *a = qt_act_backward(as, l);
-    /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. With an fp8 backward
-     * and the SwiGLU recomputed, down's Xq^T (shared by the layers) is made by the SwiGLU backward, which
-     * reads gu anyway: down's wgrad moves after it (it is independent of the dgrad: the same bits). */
+    /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. With the SwiGLU
+     * recomputed, what down's wgrad reads is made by the SwiGLU backward, which reads gu anyway: in fp8 down's
+     * Xq^T (shared by the layers), in bf16 h itself, written over dh in h's buffer. Down's wgrad moves after it
+     * (it is independent of the dgrad: the same bits). */
+    int stale_h = l > 0 && qt_test_hooks_get()->recompute_stale_h; /* MUTANT: what down's wgrad reads not remade */
     if (g->fp8_bwd && r & QT_RC_SWIGLU) {
         qt_gpu_model_mark(g, "fp8 quantize: gradients");
         qt_fp8_quant_grad(g->fp8, l, QT_FP8_DOWN, as->dres_bf, s);
         qt_gpu_model_mark(g, "matmul bwd: down");
         qt_fp8_dgrad(g->fp8, g->mm, l, QT_FP8_DOWN, a->h, s);
         qt_gpu_model_mark(g, "swiglu");
-        if (l > 0 && qt_test_hooks_get()->recompute_stale_h) /* MUTANT: down's Xq^T left as the layer above made it */
-            qt_swiglu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
+        if (stale_h) qt_swiglu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* Xq^T: the layer above's */
         else qt_fp8_swiglu_bwd_requant(g->fp8, l, a->gu, a->h, a->gu, fp8_amax(g, l, QT_FP8_GU, 1), s);
         qt_gpu_model_mark(g, "matmul bwd: down");
         qt_fp8_wgrad(g->fp8, g->mm, l, QT_FP8_DOWN, Gp(g, o->wdown), Gdt(g), s);
+    } else if (r & QT_RC_SWIGLU) {
+        qt_gpu_model_mark(g, "matmul bwd: down");
+        qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, as->dres_bf, Wp(g, o->wdown), N, d.F, d.C, 0, s);
+        qt_gpu_model_mark(g, "swiglu");
+        if (stale_h) qt_swiglu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* h's buffer: dh */
+        else qt_swiglu_bwd_h(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
+        qt_gpu_model_mark(g, "matmul bwd: down");
+        qt_matmul_wgrad(g->mm, Gp(g, o->wdown), Gdt(g), NULL, as->dres_bf, a->h, N, d.F, d.C, 1, s);
     } else {
         lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, as->dres_bf, a->h, o->wdown, d.F, d.C);
         qt_gpu_model_mark(g, "swiglu");
