@@ -906,10 +906,9 @@ static void test_cost_held_out(void) {
 
 /* The emulated 4-card box (4 x H200 held to 24 GiB each, parallel.comm host, ZeRO-3; bench/RESULTS.md
  * section 6), predicted with an H200's rates: 7B without offloaded shards, whose gathers and sums overlap
- * its compute more than the model's serial charge says (-13.5%). The 14B and 32B runs (sections 8, 9)
- * added each micro-step's gradients into the ranks' host shards through the mapping, which the code no
- * longer does (qt_param_grad_piece_add): +27% / +42% then, to be measured again (gpu-check.sh box_grid,
- * multi_box). Within 15%. */
+ * its compute more than the model's serial charge says (-13.5%). Within 15%. Not here: the box runs with
+ * offloaded shards (sections 8, 9, 13: with LLM.Q's precision the run's own probe predicts 14B +16.3% and
+ * 32B +20.5%, 7B -10.8%): four GPUs share the host's bandwidth, which the model does not charge. */
 static void test_cost_box(void) {
     static const cost_row rows[] = {
         {"7b box", "configs/qwen2.5-7b-fp8.yaml",

@@ -784,7 +784,7 @@ if has fused22 || has pending20; then
       step recompute_fp8 540 env QT_TEST_ONLY=recompute_fp8 build/tests/test_recompute
     } 2>&1 | tee "$OUT/fused22.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|rror|GB/s|swiglu'
 fi
-# pending22 (branch wip/swiglu-bwd-h, GPU-untested when written): a bf16 backward with the SwiGLU recomputed
+# pending22 (seen passing in bench/RESULTS.md section 13): a bf16 backward with the SwiGLU recomputed
 # makes h inside its SwiGLU backward (qt_swiglu_bwd_h, over dh in h's buffer; down's wgrad after it): op
 # rows, bit for bit against swiglu fwd + bwd, the mutant build with the product in another order
 # (build/tests/test_kernels_mut_swiglu_h when carried: must fail), test_recompute's mutants (bf16: dh left in

@@ -290,7 +290,7 @@ static size_t live_bytes(const gpu_engine *e) {
     const qt_param_store *ps = e->g->ps;
     size_t es[4] = {ps->master ? 4 : 0, 2, qt_dtype_size(ps->m_dt), qt_dtype_size(ps->v_dt)}, bytes = 0;
     for (int i = 0; i < 4; i++)
-        if (live_item(e, i)) bytes += (i == 1 ? e->base.L->numel : ps->shard.len) * es[i];
+        if (live_item(e, i)) bytes += (i == 1 && e->plan.zero < 3 ? e->base.L->numel : ps->shard.len) * es[i]; /* as state_items */
     return bytes;
 }
 
