@@ -14,8 +14,8 @@
 # multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants]);
 # brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
-# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (4 GPUs: issue 28 item 2's 7B ZeRO-3 and
-# host-transport rows)
+# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (2 or 4 GPUs: issue 28 item 2's 7B ZeRO-3 and
+# host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -393,23 +393,26 @@ fi
 # scale7b (issue 28 item 2's missing rows, bench/RESULTS.md section 6): 7B fp8 at LLM.Q's setting with ZeRO-3 on
 # 2 and 4 GPUs over the probe's transport, and ZeRO-1/2/3 on 4 GPUs over host staging, against the one-GPU
 # run of the same call (fraction of ideal = tokens/s / (N x it)). ~9 minutes on 4 GPUs.
-if has scale7b && [ "$ngpu" -ge 4 ]; then
+if has scale7b && [ "$ngpu" -ge 2 ]; then
     s7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --set memory.host_limit_gib=400"
+    nh=4; [ "$ngpu" -lt 4 ] && nh=$ngpu # the host-transport rows on 4 GPUs (2 where only 2 are lent)
     { step scale_7b_fp8_1gpu_zero1 600 $s7 --set parallel.gpus=1 --set parallel.zero=1 --set data.grad_accum=64
       for n in 2 4; do
+          [ "$n" -le "$ngpu" ] || continue
           step scale_7b_fp8_${n}gpu_zero3 600 $s7 --set parallel.gpus=$n --set parallel.zero=3 --set data.grad_accum=$((64 / n)) \
               --set perf.cuda_graphs=false
       done
-      for z in 1 2 3; do
+      for z in 3 1 2; do
           z3=""; [ "$z" = 3 ] && z3="--set perf.cuda_graphs=false"
-          step scale_7b_fp8_4gpu_zero${z}_host 600 $s7 --set parallel.gpus=4 --set parallel.zero=$z --set data.grad_accum=16 \
+          step scale_7b_fp8_${nh}gpu_zero${z}_host 600 $s7 --set parallel.gpus=$nh --set parallel.zero=$z --set data.grad_accum=$((64 / nh)) \
               --set parallel.comm=host $z3
       done
     } 2>&1 | tee "$OUT/scale7b.log" | grep -E '^(==|FAIL)|tokens/s|rror'
 fi
-if has multi_box && [ "$ngpu" -ge 4 ]; then
+box_gpus=${BOX_GPUS:-4} # BOX_GPUS=2: the same box with two cards (where only two GPUs are lent)
+if has multi_box && [ "$ngpu" -ge "$box_gpus" ]; then
     # the shipped configs give their one-GPU plan's keys; auto hands them back to the planner
-    box="--set parallel.gpus=4 --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
+    box="--set parallel.gpus=$box_gpus --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
     for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload precision.grad_accum_dtype \
         precision.master_dtype parallel.zero; do box="$box --set $k=auto"; done
     box="$box --set perf.cuda_graphs=false" # ZeRO-3 runs without CUDA graphs
@@ -418,15 +421,29 @@ if has multi_box && [ "$ngpu" -ge 4 ]; then
     { for m in ${BOX_MODELS:-7b 14b 32b}; do
           # 524,288 tokens per step over the 4 GPUs: grad_accum = 128 sequences / the config's micro-batch
           mb=$(sed -n 's/^ *micro_batch: *\([0-9]*\).*/\1/p' configs/qwen2.5-$m-fp8.yaml)
-          ga="--set data.grad_accum=$((128 / mb))"
+          ga="--set data.grad_accum=$((${BOX_SEQS:-128} / mb))" # BOX_SEQS: sequences per rank and step
           step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box $ga ${BOX_EXTRA:-} --gpu-mem 24
-          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml ${BOX_STEPS:---warmup 1 --steps 2} $box $ga ${BOX_EXTRA:-}
+          step box_$m 600 /usr/bin/time -v ${BOX_BENCH:-build/bench/train_bench} configs/qwen2.5-$m-fp8.yaml ${BOX_STEPS:---warmup 1 --steps 2} $box $ga ${BOX_EXTRA:-}
       done
-      printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
-      python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
-      start=$(date +%s); step fail_rank3_of_4 120 build/tests/tool_train_fault "$OUT/fail4.yaml" 3 3
-      echo "stopped after $(( $(date +%s) - start )) s"
+      if [ "$box_gpus" = 4 ]; then # the injected failure: rank 3 of 4
+          printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
+          python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
+          start=$(date +%s); step fail_rank3_of_4 120 build/tests/tool_train_fault "$OUT/fail4.yaml" 3 3
+          echo "stopped after $(( $(date +%s) - start )) s"
+      fi
     } 2>&1 | tee "$OUT/multi_box.log" | grep -E '^(PASS|FAIL|SKIP|==)|tokens/s|rank 3|stopped|fits|does not fit|chosen|Maximum resident|rror'
+fi
+# box_ab (session 24): the box with BOX_GPUS cards (default 2), 64 sequences per rank and step, with one step's
+# breakdown, for each train_bench of BOX_AB_BINS (names under build/bench: carry another tree's stripped
+# train_bench in build/dev/bench as e.g. train_bench_main for an A/B) one after the other (the host holds
+# one plan at a time), each model of BOX_AB_MODELS (14b), at LLM.Q's precision (bf16 master weights and
+# gradients, e4m3 gathers; the 14B config's AdamW moments are bf16 as in LLM.Q's runs, the 7B config's fp32).
+if has box_ab; then
+    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
+    for b in ${BOX_AB_BINS:-train_bench}; do for m in ${BOX_AB_MODELS:-14b}; do
+        BOX_GPUS=${BOX_GPUS:-2} BOX_SEQS=64 BOX_MODELS=$m BOX_BENCH=build/bench/$b BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
+            BOX_EXTRA="$llmq" OUT="$OUT/box_ab_${b}_$m" bash "$0" multi_box
+    done; done
 fi
 if has recompute; then
     { for part in mutant bf16 fp8 dp_offload plan_matches; do # one test per step (QT_TEST_ONLY=part runs one alone)
