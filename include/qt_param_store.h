@@ -83,10 +83,12 @@ typedef struct {
     int embed_apart;      /* ZeRO-2, untied, lookups gathered (qt_step_plan.lookups): the backward writes no
                            * gradient to the buckets of embeddings only, so they get no slot (the sync adds
                            * every rank's lookups to the shard and has nothing else to sum there) */
-    int w_host;           /* memory.offload: [weights]: w in pinned host memory (mapped: AdamW writes it directly);
+    int w_host;           /* memory.offload: [weights]: w in pinned host memory (AdamW: streamed through the offloaded
+                           * optimizer's slots, or read and written through the mapping when there are none);
                            * one GPU: the whole array, the model reads each bucket from a weight slot it is copied
                            * up into (qt_weight_slots.h); ZeRO-3: the rank's pieces, gathered into the slots */
-    int g_host;           /* memory.offload: [gradients]: grad in pinned host memory (mapped); one GPU (fp32 or bf16): the
+    int g_host;           /* memory.offload: [gradients]: grad in pinned host memory (AdamW: streamed like w, or mapped);
+                           * one GPU (fp32 or bf16): the
                            * whole array, the backward writes ZeRO-2's gradient slots, loaded from and stored back
                            * to grad per bucket; ZeRO-2/3: the rank's summed shard, added into per micro-step */
     int opt_mask;         /* QT_OPT_STATE_HOST: which of master, m, v are in host memory (QT_OFF_MASTER | QT_OFF_M |

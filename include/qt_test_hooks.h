@@ -75,6 +75,9 @@ typedef struct {
     int offload_residual_mutant;  /* MUTANT 1: the backward reads a fetched residual without waiting for
                                    * its copy; 2: the forward overwrites a residual slot before its copy to
                                    * host has finished. Eager steps only (a capture refuses the unjoined copy) */
+    int opt_stream_mutant;        /* MUTANTS of the offloaded optimizer's streamed weights and gradients
+                                   * (memory.offload [weights] / [gradients] with the state offloaded): 1 = the
+                                   * updated weights are not copied back down, 2 = the gradients not up */
     long grad_stage_elems;        /* > 0: ZeRO-2/3's offloaded gradient shard is added in chunks of this many
                                    * elements (a small test model's pieces fit one of the default 4 Mi) */
     int act_own_inputs;           /* 1: every layer keeps its own ln1, ln2 and h even with an fp8 backward

@@ -19,6 +19,7 @@
 #include "qt_quant.h"
 #include "qt_rng.h"
 #include "qt_test.h"
+#include "qt_test_hooks.h"
 
 static qt_rng R;
 
@@ -268,18 +269,23 @@ static void CUDART_CB sleep_5ms(void *unused) {
 }
 /* AdamW step t of both optimizers (two groups each) on fresh random gradients behind a 5 ms stall, then a
  * sync; the bf16 weights wb (dev) and wb2 (off). */
-static void two_steps_at(qt_gpu_optim *dev, qt_gpu_optim *off, void *wb, void *wb2, float *dg, qt_adamw_args *a, long t,
-                         cudaStream_t s) {
+static void steps_at(qt_gpu_optim *dev, qt_gpu_optim *off, void *wb, void *wb2, float *dg, float *dg2, qt_adamw_args *a,
+                     long t, cudaStream_t s) {
     float *g = h_rand(OTOT, 1.0f);
     QT_CUDA(cudaMemcpyAsync(dg, g, OTOT * 4, cudaMemcpyHostToDevice, s));
+    if (dg2 != dg) QT_CUDA(cudaMemcpyAsync(dg2, g, OTOT * 4, cudaMemcpyDefault, s));
     QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
     a->t = t;
     for (int k = 0; k < 2; k++) {
         qt_gpu_optim_step(dev, k, wb, dg, QT_DT_F32, NULL, a, s);
-        qt_gpu_optim_step(off, k, wb2, dg, QT_DT_F32, NULL, a, s);
+        qt_gpu_optim_step(off, k, wb2, dg2, QT_DT_F32, NULL, a, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
     free(g);
+}
+static void two_steps_at(qt_gpu_optim *dev, qt_gpu_optim *off, void *wb, void *wb2, float *dg, qt_adamw_args *a, long t,
+                         cudaStream_t s) {
+    steps_at(dev, off, wb, wb2, dg, dg, a, t, s);
 }
 static void test_adamw_offload(void) {
     NEED_GPU();
@@ -294,7 +300,7 @@ static void test_adamw_offload(void) {
             for (size_t i = OTAB[k].offset + OTAB[k].numel; i < (k + 1 < OT ? OTAB[k + 1].offset : OTOT); i++) w[i] = 7.0f;
         float *dmaster = d_f32(w, OTOT), *dg = d_poison(OTOT * 4), *hmaster;
         void *dm = d_poison(OTOT * es), *dv = d_poison(OTOT * es), *hm, *hv;
-        void *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT), *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, QT_OPTIM_ALL, dt, dt));
+        void *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT), *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, QT_OPTIM_ALL, dt, dt, QT_DT_F32));
         QT_CUDA(cudaMemset(dm, 0, OTOT * es));
         QT_CUDA(cudaMemset(dv, 0, OTOT * es));
         QT_CUDA(cudaHostAlloc((void **)&hmaster, OTOT * 4, cudaHostAllocDefault));
@@ -304,8 +310,8 @@ static void test_adamw_offload(void) {
         memset(hm, 0, OTOT * es);
         memset(hv, 0, OTOT * es);
         const int start[2] = {0, 2};
-        qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, dmaster, dm, dt, dv, dt, NULL, 0, 0);
-        qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hmaster, hm, dt, hv, dt, slots, OCHUNK, QT_OPTIM_ALL);
+        qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, dmaster, dm, dt, dv, dt, QT_DT_F32, NULL, 0, 0);
+        qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hmaster, hm, dt, hv, dt, QT_DT_F32, slots, OCHUNK, QT_OPTIM_ALL);
         QT_EXPECT(qt_gpu_optim_groups(dev) == 2 && qt_gpu_optim_groups(off) == 2, "two groups expected");
         qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
         float *snap = malloc(tail * 4);
@@ -338,6 +344,99 @@ static void test_adamw_offload(void) {
     QT_CUDA(cudaStreamDestroy(s));
 }
 
+/* The bf16 weights (W) and the gradients (G) in pinned host memory, streamed through the slots with the
+ * offloaded state (memory.offload [weights] / [gradients] with the optimizer offloaded): with and without
+ * an fp32 master, fp32 and bf16 moments, each alone and both; after 3 steps (each behind a 5 ms stall) the
+ * host weights, master, m and v are the all-device run's bits. Then the two mutants of the test hook
+ * opt_stream_mutant (weights not copied down, gradients not up) must differ. */
+static void test_adamw_offload_streamed(void) {
+    NEED_GPU();
+    cudaStream_t s;
+    QT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const struct { int mask, master, mutant; } cases[] = {
+        {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, 0}, {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W, 1, 0},
+        {QT_OPTIM_MASTER | QT_OPTIM_G, 1, 0},         {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W | QT_OPTIM_G, 0, 0},
+        {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W, 0, 0}, {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W | QT_OPTIM_G, 0, 1},
+        {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, 2},
+    };
+    for (int bf = 0; bf < 2; bf++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            int mask = cases[ci].mask, hm = cases[ci].master;
+            qt_dtype dt = bf ? QT_DT_BF16 : QT_DT_F32;
+            size_t es = qt_dtype_size(dt), bytes[3] = {OTOT * 4, OTOT * es, OTOT * es};
+            float *w = h_rand(OTOT, 0.5f), *dg = d_poison(OTOT * 4), *dg2;
+            void *ref[3], *arr[3], *wb = d_bf16(w, OTOT), *wb2;
+            uint16_t *w16 = malloc(OTOT * 2);
+            QT_CUDA(cudaMemcpy(w16, wb, OTOT * 2, cudaMemcpyDeviceToHost));
+            if (mask & QT_OPTIM_W) {
+                QT_CUDA(cudaHostAlloc(&wb2, OTOT * 2, cudaHostAllocDefault));
+                memcpy(wb2, w16, OTOT * 2);
+            } else {
+                wb2 = d_bf16(w, OTOT);
+            }
+            if (mask & QT_OPTIM_G) QT_CUDA(cudaHostAlloc((void **)&dg2, OTOT * 4, cudaHostAllocDefault));
+            else dg2 = d_poison(OTOT * 4);
+            void *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, mask & (hm ? ~0 : ~QT_OPTIM_MASTER), dt, dt, QT_DT_F32));
+            for (int k = 0; k < 3; k++) {
+                ref[k] = d_poison(bytes[k]);
+                if (mask >> k & 1) QT_CUDA(cudaHostAlloc(&arr[k], bytes[k], cudaHostAllocDefault));
+                else arr[k] = d_poison(bytes[k]);
+                if (k == 0) {
+                    QT_CUDA(cudaMemcpy(ref[0], w, bytes[0], cudaMemcpyHostToDevice));
+                    QT_CUDA(cudaMemcpy(arr[0], w, bytes[0], cudaMemcpyDefault));
+                } else {
+                    QT_CUDA(cudaMemset(ref[k], 0, bytes[k]));
+                    QT_CUDA(cudaMemset(arr[k], 0, bytes[k]));
+                }
+            }
+            const int start[2] = {0, 2};
+            qt_test_hooks_set(&(qt_test_hooks){.opt_stream_mutant = cases[ci].mutant});
+            qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? ref[0] : NULL, ref[1], dt, ref[2], dt, QT_DT_F32,
+                                                    NULL, 0, 0);
+            qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? arr[0] : NULL, arr[1], dt, arr[2], dt, QT_DT_F32,
+                                                    slots, OCHUNK, mask);
+            qt_test_hooks_set(NULL);
+            qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf || !hm, 0, 0};
+            for (long t = 1; t <= 3; t++) steps_at(dev, off, wb, wb2, dg, dg2, &a, t, s);
+            int same = 1;
+            for (int k = hm ? 0 : 1; k < 3; k++) {
+                char *x = malloc(bytes[k]), *y = malloc(bytes[k]);
+                QT_CUDA(cudaMemcpy(x, ref[k], bytes[k], cudaMemcpyDefault));
+                QT_CUDA(cudaMemcpy(y, arr[k], bytes[k], cudaMemcpyDefault));
+                same &= !memcmp(x, y, bytes[k]);
+                free(x), free(y);
+            }
+            uint16_t *x = malloc(OTOT * 2), *y = malloc(OTOT * 2);
+            QT_CUDA(cudaMemcpy(x, wb, OTOT * 2, cudaMemcpyDefault));
+            QT_CUDA(cudaMemcpy(y, wb2, OTOT * 2, cudaMemcpyDefault));
+            same &= !memcmp(x, y, OTOT * 2);
+            int moved = 0;
+            for (size_t i = 0; i < OTOT; i++) moved += x[i] != w16[i];
+            printf("  %s moments, %s master, streamed%s%s%s%s%s%s: %s\n", qt_dtype_name(dt), hm ? "fp32" : "no",
+                   mask & QT_OPTIM_MASTER ? " master" : "", mask & QT_OPTIM_M ? " m" : "", mask & QT_OPTIM_V ? " v" : "",
+                   mask & QT_OPTIM_W ? " weights" : "", mask & QT_OPTIM_G ? " gradients" : "",
+                   cases[ci].mutant == 1 ? " (MUTANT: weights not down)" : cases[ci].mutant == 2 ? " (MUTANT: gradients not up)" : "",
+                   same ? "bitwise equal to the device run" : cases[ci].mutant ? "caught" : "DIFFER");
+            QT_EXPECT(moved > OTOT / 2, "only %d bf16 weights changed", moved);
+            QT_EXPECT(same == !cases[ci].mutant, "%s, case %zu: %s", qt_dtype_name(dt), ci,
+                      same ? "the mutant was NOT caught" : "the streamed run differs from the device run");
+            qt_gpu_optim_free(dev);
+            qt_gpu_optim_free(off);
+            for (int k = 0; k < 3; k++) {
+                cudaFree(ref[k]);
+                if (mask >> k & 1) cudaFreeHost(arr[k]);
+                else cudaFree(arr[k]);
+            }
+            if (mask & QT_OPTIM_W) cudaFreeHost(wb2);
+            else cudaFree(wb2);
+            if (mask & QT_OPTIM_G) cudaFreeHost(dg2);
+            else cudaFree(dg2);
+            free(w), free(w16), free(x), free(y);
+            cudaFree(dg), cudaFree(wb), cudaFree(slots);
+        }
+    QT_CUDA(cudaStreamDestroy(s));
+}
+
 /* Parts of the state offloaded (memory.offload's master, m, v on their own): the named arrays in pinned host
  * memory streamed through slots of their bytes only, the others read and written on the device at each
  * chunk's state; after 3 steps (the gradients behind a 5 ms stall) master, m, v and the bf16 weights are
@@ -354,7 +453,7 @@ static void test_adamw_offload_parts(void) {
             size_t es = qt_dtype_size(dt), bytes[3] = {OTOT * 4, OTOT * es, OTOT * es};
             float *w = h_rand(OTOT, 0.5f), *dg = d_poison(OTOT * 4);
             void *ref[3], *arr[3], *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT);
-            void *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, mask, dt, dt));
+            void *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, mask, dt, dt, QT_DT_F32));
             for (int k = 0; k < 3; k++) {
                 ref[k] = d_poison(bytes[k]);
                 if (mask >> k & 1) QT_CUDA(cudaHostAlloc(&arr[k], bytes[k], cudaHostAllocDefault));
@@ -368,8 +467,8 @@ static void test_adamw_offload_parts(void) {
                 }
             }
             const int start[2] = {0, 2};
-            qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, ref[0], ref[1], dt, ref[2], dt, NULL, 0, 0);
-            qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, arr[0], arr[1], dt, arr[2], dt, slots, OCHUNK, mask);
+            qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, ref[0], ref[1], dt, ref[2], dt, QT_DT_F32, NULL, 0, 0);
+            qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, arr[0], arr[1], dt, arr[2], dt, QT_DT_F32, slots, OCHUNK, mask);
             qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
             for (long t = 1; t <= 3; t++) two_steps_at(dev, off, wb, wb2, dg, &a, t, s);
             int same = 1;
@@ -452,13 +551,13 @@ static void test_adamw_bf16_master_cuts(void) {
             free(hp);
         }
         /* cut 2: the state in pinned host memory, streamed through the slots */
-        void *hm, *hv, *slots = d_poison(qt_gpu_optim_slot_bytes(CHUNK, QT_OPTIM_M | QT_OPTIM_V, dt, dt));
+        void *hm, *hv, *slots = d_poison(qt_gpu_optim_slot_bytes(CHUNK, QT_OPTIM_M | QT_OPTIM_V, dt, dt, QT_DT_F32));
         QT_CUDA(cudaHostAlloc(&hm, ATOT * es, cudaHostAllocDefault));
         QT_CUDA(cudaHostAlloc(&hv, ATOT * es, cudaHostAllocDefault));
         memset(hm, 0, ATOT * es);
         memset(hv, 0, ATOT * es);
         const int start[1] = {0};
-        qt_gpu_optim *off = qt_gpu_optim_create(ATAB, NT, start, 1, NULL, hm, dt, hv, dt, slots, CHUNK, QT_OPTIM_M | QT_OPTIM_V);
+        qt_gpu_optim *off = qt_gpu_optim_create(ATAB, NT, start, 1, NULL, hm, dt, hv, dt, QT_DT_F32, slots, CHUNK, QT_OPTIM_M | QT_OPTIM_V);
         /* cut 3: plans of PIECE elements, whole arrays (state = flat index) */
         int np = 0;
         for (size_t lo = 0; lo < ATOT; lo += PIECE) {
@@ -553,6 +652,7 @@ int main(void) {
     QT_RUN(test_adamw_sharded);
     QT_RUN(test_adamw_offload);
     QT_RUN(test_adamw_offload_parts);
+    QT_RUN(test_adamw_offload_streamed);
     QT_RUN(test_adamw_bf16_master_cuts);
     return qt_test_end();
 }

@@ -114,8 +114,12 @@ static void test_plan_7b_weights(void) {
     size_t layer = (size_t)(L.layers[1].ln1 - L.layers[0].ln1);
     QT_EXPECT(sl >= 2 * layer * 2 && sl < 2 * layer * 2 + ((size_t)64 << 20), "layer slots %zu for layers of %zu", sl, layer);
     QT_EXPECT(se >= (size_t)L.cfg.vocab_size * L.cfg.hidden_size * 2 * 2, "emb/head slots %zu", se);
-    QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == w0 - sl - se, "the GPU saves %zu bytes, expected %zu",
-              rp[0].gpu_bytes - rp[1].gpu_bytes, w0 - sl - se);
+    /* the offloaded optimizer's slots carry the weights too (streamed up and down with the state) */
+    size_t os = row(&rp[1].mem, "optimizer slots (offload)") - row(&rp[0].mem, "optimizer slots (offload)");
+    QT_EXPECT(os == qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, QT_OPTIM_W, QT_DT_F32, QT_DT_F32, QT_DT_F32),
+              "the optimizer slots grow by %zu bytes", os);
+    QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == w0 - sl - se - os, "the GPU saves %zu bytes, expected %zu",
+              rp[0].gpu_bytes - rp[1].gpu_bytes, w0 - sl - se - os);
     /* the host array comes; the checkpoint snapshot's copy of the bf16 weights goes (the optimizer state is
      * offloaded too: checkpoints write the host weights in place, as they do m and v) */
     size_t s0 = row(&rp[0].mem, "checkpoint snapshot"), s1 = row(&rp[1].mem, "checkpoint snapshot");
@@ -179,7 +183,7 @@ static void test_plan_7b_opt_parts(void) {
             bad += row(&rp.mem, dev_rows[a]) != (off ? 0 : row(&none.mem, dev_rows[a]));
         }
         size_t host = row(&rp.mem, "offloaded optimizer state"), slots = row(&rp.mem, "optimizer slots (offload)");
-        size_t want_slots = qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, parts[i].mask, QT_DT_F32, QT_DT_F32);
+        size_t want_slots = qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, parts[i].mask, QT_DT_F32, QT_DT_F32, QT_DT_F32);
         size_t snap = row(&rp.mem, "checkpoint snapshot"), want_snap = L.numel * 2 + (3 - (size_t)k) * ns * 4;
         printf("  7B, %-30s host %.2f GiB, slots %.0f MiB, snapshot %.2f GiB, GPU %.2f -> %.2f GiB\n", parts[i].list,
                host / 1073741824.0, slots / 1048576.0, snap / 1073741824.0, none.gpu_bytes / 1073741824.0,
@@ -221,8 +225,11 @@ static void test_plan_7b_gradients(void) {
     size_t layer = (size_t)(L.layers[1].ln1 - L.layers[0].ln1);
     QT_EXPECT(sl >= 3 * layer * 4 && sl < 3 * (layer + 256) * 4 + 4096, "layer slots %zu for layers of %zu", sl, layer);
     QT_EXPECT(se >= (size_t)L.cfg.vocab_size * L.cfg.hidden_size * 4 * 2, "emb/head slots %zu", se);
-    QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == g0 - sl - se, "the GPU saves %zu bytes, expected %zu",
-              rp[0].gpu_bytes - rp[1].gpu_bytes, g0 - sl - se);
+    size_t os = row(&rp[1].mem, "optimizer slots (offload)") - row(&rp[0].mem, "optimizer slots (offload)");
+    QT_EXPECT(os == qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, QT_OPTIM_G, QT_DT_F32, QT_DT_F32, QT_DT_F32),
+              "the optimizer slots grow by %zu bytes (the fp32 gradients streamed up with the state)", os);
+    QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == g0 - sl - se - os, "the GPU saves %zu bytes, expected %zu",
+              rp[0].gpu_bytes - rp[1].gpu_bytes, g0 - sl - se - os);
     QT_EXPECT(rp[1].host_bytes - rp[0].host_bytes == host, "the host grows by %zu", rp[1].host_bytes - rp[0].host_bytes);
     qt_layout_free(&L);
     /* bf16 gradients offloaded (precision.grad_accum_dtype bf16): half the host array and half the slots */
@@ -651,8 +658,14 @@ static void test_plan_7b_ranks(void) {
         size_t stage = row(&rp[1].mem, "gradient shard staging (fp32)");
         QT_EXPECT(cases[i].g ? stage > 0 && stage <= qt_mem_aligned((size_t)16 << 20) : stage == 0, "%s: staging row %zu",
                   cases[i].list, stage);
-        QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == saved - stage, "%s: the GPU saves %zu bytes, expected %zu",
-                  cases[i].list, rp[0].gpu_bytes - rp[1].gpu_bytes, saved - stage);
+        /* with the optimizer state offloaded, its slots carry the pieces and the shard too */
+        size_t os = row(&rp[1].mem, "optimizer slots (offload)") - row(&rp[0].mem, "optimizer slots (offload)");
+        size_t want_os = !row(&rp[0].mem, "optimizer slots (offload)") ? 0
+                         : qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, (cases[i].w ? QT_OPTIM_W : 0) | (cases[i].g ? QT_OPTIM_G : 0),
+                                                   QT_DT_F32, QT_DT_F32, QT_DT_F32);
+        QT_EXPECT(os == want_os, "%s: the optimizer slots grow by %zu bytes, expected %zu", cases[i].list, os, want_os);
+        QT_EXPECT(rp[0].gpu_bytes - rp[1].gpu_bytes == saved - stage - os, "%s: the GPU saves %zu bytes, expected %zu",
+                  cases[i].list, rp[0].gpu_bytes - rp[1].gpu_bytes, saved - stage - os);
         QT_EXPECT(rp[1].host_bytes - rp[0].host_bytes == grown, "%s: the host grows by %zu, expected %zu", cases[i].list,
                   rp[1].host_bytes - rp[0].host_bytes, grown);
         qt_layout_free(&L);
@@ -759,6 +772,10 @@ static void test_offload_ranks_weights_zero3(void) {
         {"z3wg_bf16_acc", MODEL, 3, "overlap_comm: true", "", "", "offload: [weights, gradients]", 2},
         {"z3wg_fp8_noov_acc", MODEL, 3, "overlap_comm: false", FP8, "", "offload: [weights, gradients]", 2},
         {"z3wq_fp8_acc", MODEL, 3, "overlap_comm: true", FP8, "", "offload: [weights, quants]", 2}, /* e4m3 gathers */
+        /* the 4-card box's plan at LLM.Q's precision: pieces and shard streamed through the optimizer's slots */
+        {"z3wg_llmq_opt", MODEL, 3, "overlap_comm: true, gather_dtype: e4m3",
+         "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true, master_dtype: bf16, grad_accum_dtype: bf16}\n",
+         "offload_optimizer: true", "offload: [weights, gradients, master, m, v]", 2},
     };
     ranks_bitwise(cases, sizeof cases / sizeof cases[0]);
 }
@@ -790,8 +807,10 @@ static void test_offload_ranks_gradients_zero2(void) {
  * alone must not: ZeRO-3 with offloaded pieces filling its slots from a stale device copy (7), ZeRO-2
  * with an offloaded gradient shard overwritten by each micro-step's sum instead of added to (8,
  * grad_accum 2), added in its staging without bringing the shard's chunk up (10), and summed in
- * descending rank order into the host shard (2, 3 ranks). The 1000-element chunks split every piece of
- * the test model (the default chunk holds them whole) and end in a partial one. */
+ * descending rank order into the host shard (2, 3 ranks); with the optimizer state offloaded too, the
+ * pieces and the shard streamed through its slots in 1000-element chunks (bitwise equal), the updated
+ * pieces not copied back down (opt_stream_mutant 1) and the shard not copied up (2). The 1000-element
+ * chunks split every piece of the test model (the default chunk holds them whole) and end in a partial one. */
 static void test_offload_ranks_mutants_caught(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
@@ -804,6 +823,12 @@ static void test_offload_ranks_mutants_caught(void) {
         {"z3 gradients: staged in 1000-element chunks", 3, 2, "offload: [gradients]", {.grad_stage_elems = 1000}, 0},
         {"z2 gradients: shard chunk not brought up", 2, 2, "offload: [gradients]", {.zero_mutant = 10}, 1},
         {"z2 gradients: descending rank order", 2, 3, "offload: [gradients]", {.zero_mutant = 2}, 1},
+        {"z3 weights+gradients+state streamed (no mutant)", 3, 2, "offload: [weights, gradients, master, m, v]",
+         {.offload_chunk = 1000}, 0},
+        {"z3 weights+state: streamed pieces not down", 3, 2, "offload: [weights, master, m, v]",
+         {.offload_chunk = 1000, .opt_stream_mutant = 1}, 1},
+        {"z2 gradients+state: streamed shard not up", 2, 2, "offload: [gradients, master, m, v]",
+         {.offload_chunk = 1000, .opt_stream_mutant = 2}, 1},
     };
     run_out ref[2][4], got;
     char why[512], err[1024], tag[64];

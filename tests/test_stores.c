@@ -404,7 +404,7 @@ static void test_plan_14b(void) {
                           row(&p, "gradients (bf16)") == al(one.total * 2) && row(&p, "weights (bf16)") == al(one.total * 2),
                       "14B rows: master %zu, gradients %zu", row(&p, "master weights (fp32)"), row(&p, "gradients (bf16)"));
             size_t dev = p.off - row(&p, "adam m (bf16)") - row(&p, "adam v (bf16)") +
-                         al(qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, QT_OPTIM_M | QT_OPTIM_V, QT_DT_BF16, QT_DT_BF16));
+                         al(qt_gpu_optim_slot_bytes(QT_GPU_OPTIM_CHUNK, QT_OPTIM_M | QT_OPTIM_V, QT_DT_BF16, QT_DT_BF16, QT_DT_F32));
             int fits = dev <= (size_t)(78 * G);
             int *fit = mm == 0 ? &fits_fp8 : mm == 1 ? &fits_fp8_all : &fits_bf16;
             if (fits) *fit = mb;

@@ -7,12 +7,16 @@
  * read and written in place at the chunk's state) and records `ready`; the caller's stream runs
  * the plan and records `done`; the down stream copies the slot back and records `back`. The down
  * stream is in order, so any `back` also covers every earlier chunk's way down — which is what lets
- * the next step's upload of a chunk wait only for its slot. */
+ * the next step's upload of a chunk wait only for its slot. Weights and gradients in pinned host memory
+ * (memory.offload: [weights], [gradients]) ride along in the same slots (the weights up and down, the
+ * gradients up): the copy engines move them at the link's rate where a kernel reading them through the
+ * mapping got ~16 GB/s (bench/RESULTS.md section 9). */
 #include "qt_gpu_optim.h"
 
 #include <stdlib.h>
 
 #include "qt_error.h"
+#include "qt_test_hooks.h"
 
 #define OPT_SLOTS 3
 
@@ -21,6 +25,11 @@ typedef struct {
     size_t lo, hi, c0; /* state [lo, hi), in a slot that starts at state c0 (0 on the device) */
 } opt_chunk;
 
+/* The arrays a chunk may stream, in their order in a slot: the fp32 master, m, v, the bf16 weights and the
+ * gradients (up only: AdamW reads them). */
+enum { ARR_MASTER, ARR_M, ARR_V, ARR_W, ARR_G, NARR };
+static const int arr_bit[NARR] = {QT_OPTIM_MASTER, QT_OPTIM_M, QT_OPTIM_V, QT_OPTIM_W, QT_OPTIM_G};
+
 struct qt_gpu_optim {
     opt_chunk *chunk;  /* owned */
     int n_chunks, groups, *group_end; /* owned: chunks [group_end[k-1], group_end[k]) are group k's */
@@ -28,7 +37,10 @@ struct qt_gpu_optim {
     float *master;     /* borrowed: device, or pinned host when slots */
     void *m, *v;
     qt_dtype m_dt, v_dt;
-    size_t master_es;  /* 4, or 0 without a master copy (precision.master_dtype bf16: AdamW updates w_bf16) */
+    size_t es[NARR];   /* bytes per state element of each array (master: 0 without a master copy,
+                        * precision.master_dtype bf16: AdamW updates w_bf16) */
+    int flat;          /* every tensor's state index is its flat index (one GPU): weights and gradients
+                        * indexed by flat index may stream too */
     char *slots;       /* borrowed device memory; NULL: the state is on the device */
     int host;          /* with slots: the arrays in host memory (QT_OPTIM_* bits), streamed */
     cudaStream_t up, down;
@@ -37,18 +49,20 @@ struct qt_gpu_optim {
     void (*guard)(void *ctx, size_t hi); /* before a chunk goes back down (qt_gpu_optim_set_guard) */
     void *guard_ctx;
     int guard_early;   /* the guard runs before the chunk's update (it writes host weights in place) */
+    int mutant;        /* test hook opt_stream_mutant */
 };
 
 static size_t round4(size_t chunk) { return (chunk + 3) / 4 * 4; }
 
-/* Bytes per state element of the streamed arrays (mask's: master 4 bytes when there is one, m, v). */
-static size_t streamed_es(int mask, size_t master_es, qt_dtype m_dt, qt_dtype v_dt) {
-    return (mask & QT_OPTIM_MASTER ? master_es : 0) + (mask & QT_OPTIM_M ? (size_t)qt_dtype_size(m_dt) : 0) +
-           (mask & QT_OPTIM_V ? (size_t)qt_dtype_size(v_dt) : 0);
+/* Bytes per state element of array k (a master: 4). */
+static size_t arr_es(int k, qt_dtype m_dt, qt_dtype v_dt, qt_dtype g_dt) {
+    return k == ARR_MASTER ? 4 : k == ARR_W ? 2 : (size_t)qt_dtype_size(k == ARR_M ? m_dt : k == ARR_V ? v_dt : g_dt);
 }
 
-size_t qt_gpu_optim_slot_bytes(size_t chunk, int host_mask, qt_dtype m_dt, qt_dtype v_dt) {
-    return OPT_SLOTS * round4(chunk) * streamed_es(host_mask, 4, m_dt, v_dt);
+size_t qt_gpu_optim_slot_bytes(size_t chunk, int host_mask, qt_dtype m_dt, qt_dtype v_dt, qt_dtype g_dt) {
+    size_t es = 0;
+    for (int k = 0; k < NARR; k++) es += host_mask & arr_bit[k] ? arr_es(k, m_dt, v_dt, g_dt) : 0;
+    return OPT_SLOTS * round4(chunk) * es;
 }
 
 /* The plan of t[j0..j1)'s elements whose state lies in [lo, hi), state indices counted from c0. */
@@ -76,13 +90,17 @@ static void add_group(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1)
 }
 
 qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *start, int groups, float *master,
-                                  void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, void *slots, size_t chunk, int host_mask) {
+                                  void *m, qt_dtype m_dt, void *v, qt_dtype v_dt, qt_dtype g_dt, void *slots, size_t chunk,
+                                  int host_mask) {
     qt_gpu_optim *o = calloc(1, sizeof *o);
     QT_CHECK(o, "out of host memory");
-    *o = (qt_gpu_optim){.master = master, .m = m, .v = v, .m_dt = m_dt, .v_dt = v_dt, .master_es = master ? 4 : 0,
-                        .slots = slots, .host = slots ? host_mask & (master ? QT_OPTIM_ALL : QT_OPTIM_M | QT_OPTIM_V) : 0,
-                        .size = round4(chunk)};
-    QT_CHECK(!slots || o->host, "offloaded adamw: no state array named offloaded");
+    int state = master ? QT_OPTIM_ALL : QT_OPTIM_M | QT_OPTIM_V;
+    *o = (qt_gpu_optim){.master = master, .m = m, .v = v, .m_dt = m_dt, .v_dt = v_dt, .slots = slots,
+                        .host = slots ? host_mask & (state | QT_OPTIM_W | QT_OPTIM_G) : 0, .size = round4(chunk),
+                        .flat = 1, .mutant = qt_test_hooks_get()->opt_stream_mutant};
+    for (int k = 0; k < NARR; k++) o->es[k] = k == ARR_MASTER && !master ? 0 : arr_es(k, m_dt, v_dt, g_dt);
+    for (int j = 0; j < n; j++) o->flat &= t[j].state == t[j].offset;
+    QT_CHECK(!slots || o->host & state, "offloaded adamw: no state array named offloaded");
     QT_CHECK(!slots || o->size > 0, "offloaded adamw: chunks of 0 elements");
     /* a chunk per group on the device; offloaded, one per `size` of state + 2 per group */
     size_t cap = (size_t)groups * 2 + (slots && n ? (t[n - 1].state + t[n - 1].numel - t[0].state) / o->size : 0);
@@ -131,32 +149,33 @@ int qt_gpu_optim_groups(const qt_gpu_optim *o) { return o->groups; }
 void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx, int before_update) {
     o->guard = wait;
     o->guard_ctx = ctx;
-    o->guard_early = before_update;
+    o->guard_early = before_update && !(o->host & QT_OPTIM_W); /* streamed: the way down writes them */
 }
-
-/* Bytes per state element of array k (0 master: 0 without one, 1 m, 2 v). */
-static size_t es_of(const qt_gpu_optim *o, int k) { return k == 0 ? o->master_es : (size_t)qt_dtype_size(k == 1 ? o->m_dt : o->v_dt); }
 
 /* Slot i's streamed arrays (each holding state [c0, c0 + size) of its chunk, back to back); NULL for an
  * array not streamed (on the device, or no master). */
-static void slot_arrays(const qt_gpu_optim *o, int i, char *p[3]) {
-    char *at = o->slots + (size_t)i * o->size * streamed_es(o->host, o->master_es, o->m_dt, o->v_dt);
-    for (int k = 0; k < 3; k++) {
-        int on = o->host >> k & 1 && es_of(o, k);
+static void slot_arrays(const qt_gpu_optim *o, int i, char *p[NARR]) {
+    size_t es = 0;
+    for (int k = 0; k < NARR; k++) es += o->host & arr_bit[k] ? o->es[k] : 0;
+    char *at = o->slots + (size_t)i * o->size * es;
+    for (int k = 0; k < NARR; k++) {
+        int on = o->host & arr_bit[k] && o->es[k];
         p[k] = on ? at : NULL;
-        at += on ? o->size * es_of(o, k) : 0;
+        at += on ? o->size * o->es[k] : 0;
     }
 }
 
-/* Chunk ch between host and slot i, the streamed arrays, on stream s. */
-static void move(const qt_gpu_optim *o, const opt_chunk *ch, int i, int up, cudaStream_t s) {
-    char *dev[3], *host[3] = {(char *)o->master, o->m, o->v};
-    size_t es[3] = {o->master_es, qt_dtype_size(o->m_dt), qt_dtype_size(o->v_dt)};
+/* Chunk ch between the host arrays and slot i on stream s: up, every streamed array; down, all but the
+ * gradients. MUTANTS (test hook opt_stream_mutant): 1 = the weights are not copied down, 2 = the
+ * gradients not up. */
+static void move(const qt_gpu_optim *o, const opt_chunk *ch, int i, void *const host[NARR], int up, cudaStream_t s) {
+    char *dev[NARR];
     slot_arrays(o, i, dev);
-    for (int k = 0; k < 3; k++) {
-        if (!dev[k]) continue;
-        char *h = host[k] + ch->lo * es[k], *d = dev[k] + (ch->lo - ch->c0) * es[k];
-        size_t bytes = (ch->hi - ch->lo) * es[k];
+    for (int k = 0; k < NARR; k++) {
+        if (!dev[k] || (!up && k == ARR_G) || (o->mutant == 1 && !up && k == ARR_W) || (o->mutant == 2 && k == ARR_G))
+            continue;
+        char *h = (char *)host[k] + ch->lo * o->es[k], *d = dev[k] + (ch->lo - ch->c0) * o->es[k];
+        size_t bytes = (ch->hi - ch->lo) * o->es[k];
         QT_CUDA(cudaMemcpyAsync(up ? d : h, up ? h : d, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s));
     }
 }
@@ -164,6 +183,11 @@ static void move(const qt_gpu_optim *o, const opt_chunk *ch, int i, int up, cuda
 void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_dtype g_dt, const float *grad_scale,
                        const qt_adamw_args *a, cudaStream_t s) {
     QT_CHECK(k >= 0 && k < o->groups, "adamw group %d of %d", k, o->groups);
+    QT_CHECK(!(o->host & QT_OPTIM_G) || (size_t)qt_dtype_size(g_dt) == o->es[ARR_G], "adamw: gradients of %s, slots made for %zu bytes",
+             qt_dtype_name(g_dt), o->es[ARR_G]);
+    QT_CHECK(!(o->host & QT_OPTIM_W) || a->w_at_state || o->flat, "adamw: streamed weights indexed by flat index, state is not");
+    QT_CHECK(!(o->host & QT_OPTIM_G) || a->g_at_state || o->flat, "adamw: streamed gradients indexed by flat index, state is not");
+    void *const host[NARR] = {o->master, o->m, o->v, w_bf16, (void *)g};
     for (int c = k ? o->group_end[k - 1] : 0; c < o->group_end[k]; c++) {
         const opt_chunk *ch = &o->chunk[c];
         if (!o->slots) { /* the state where it is: the device, or host memory read in place (zero copy) */
@@ -172,27 +196,33 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
             continue;
         }
         int i = (int)(o->next++ % OPT_SLOTS);
-        char *p[3];
+        char *p[NARR];
         slot_arrays(o, i, p);
         QT_CUDA(cudaStreamWaitEvent(o->up, o->back[i], 0));
-        move(o, ch, i, 1, o->up);
+        move(o, ch, i, host, 1, o->up);
         QT_CUDA(cudaEventRecord(o->ready[i], o->up));
         QT_CUDA(cudaStreamWaitEvent(s, o->ready[i], 0));
         if (o->guard && o->guard_early) o->guard(o->guard_ctx, ch->hi); /* the update writes host weights below hi */
-        /* a gradient shard (g_at_state) is indexed like the slot's state: from the chunk's first element */
-        /* so is a weight shard (w_at_state) */
-        /* the arrays on the device: at the chunk's state (its plan counts state from c0) */
-        float *mp = !o->master ? NULL : p[0] ? (float *)p[0] : o->master + ch->c0;
-        void *mm = p[1] ? p[1] : (char *)o->m + ch->c0 * es_of(o, 1), *vv = p[2] ? p[2] : (char *)o->v + ch->c0 * es_of(o, 2);
-        qt_adamw_step(ch->plan, a->w_at_state ? (char *)w_bf16 + ch->c0 * 2 : w_bf16, mp,
-                      a->g_at_state ? (char *)g + ch->c0 * qt_dtype_size(g_dt) : g, g_dt, mm, o->m_dt, vv, o->v_dt,
-                      grad_scale, NULL, a, s);
+        /* the arrays on the device: at the chunk's state (its plan counts state from c0); a gradient shard
+         * (g_at_state) and a weight shard (w_at_state) are indexed like the state; streamed ones sit in the
+         * slot like m and v (with one GPU's flat arrays state = flat index, so the slot is the same view) */
+        qt_adamw_args b = *a;
+        b.w_at_state |= p[ARR_W] != NULL;
+        b.g_at_state |= p[ARR_G] != NULL;
+        float *mp = !o->master ? NULL : p[ARR_MASTER] ? (float *)p[ARR_MASTER] : o->master + ch->c0;
+        void *mm = p[ARR_M] ? p[ARR_M] : (char *)o->m + ch->c0 * o->es[ARR_M];
+        void *vv = p[ARR_V] ? p[ARR_V] : (char *)o->v + ch->c0 * o->es[ARR_V];
+        void *ww = p[ARR_W] ? p[ARR_W] : a->w_at_state ? (char *)w_bf16 + ch->c0 * 2 : w_bf16;
+        const void *gg = p[ARR_G] ? p[ARR_G] : a->g_at_state ? (const char *)g + ch->c0 * qt_dtype_size(g_dt) : g;
+        qt_adamw_step(ch->plan, ww, mp, gg, g_dt, mm, o->m_dt, vv, o->v_dt, grad_scale, NULL, &b, s);
         QT_CUDA(cudaEventRecord(o->done[i], s));
         QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));
         if (o->guard && !o->guard_early) o->guard(o->guard_ctx, ch->hi); /* the host state below hi is ours again */
-        move(o, ch, i, 0, o->down);
+        move(o, ch, i, host, 0, o->down);
         QT_CUDA(cudaEventRecord(o->back[i], o->down));
     }
-    if (o->slots && k == o->groups - 1 && o->next)
+    /* s goes on once the state is back in host memory: after the last group, or after every group when the
+     * weights stream (what follows a group on s reads them there: the finiteness count, the gathers) */
+    if (o->slots && o->next && (k == o->groups - 1 || o->host & QT_OPTIM_W))
         QT_CUDA(cudaStreamWaitEvent(s, o->back[(o->next - 1) % OPT_SLOTS], 0));
 }

@@ -62,6 +62,14 @@ static size_t opt_es(const qt_param_store *ps, int k) {
 static size_t host_bytes(const qt_param_store *ps, int k) {
     return ps->opt_host >> k & 1 ? qt_mem_aligned(ps->shard.len * opt_es(ps, k)) : 0;
 }
+_Static_assert((int)QT_OPTIM_G == (int)QT_OFF_GRADIENTS && (int)QT_OPTIM_W == (int)QT_OFF_WEIGHTS, "streamed bits");
+/* What the offloaded optimizer streams through its slots (qt_gpu_optim's host_mask): the offloaded state
+ * arrays, and the weights and gradients where they live in host memory too (the copy engines move them;
+ * AdamW read them through the mapping before). 0: no slots (state on the device, or zero copy). */
+static int streamed(const qt_param_store *ps) {
+    if (ps->place.opt != QT_OPT_STATE_HOST || ps->place.zero_copy) return 0;
+    return ps->opt_host | (ps->place.w_host ? QT_OPTIM_W : 0) | (ps->place.g_host ? QT_OPTIM_G : 0);
+}
 /* Bucket b's slot at element delta from its bucket start (negative: its head margin). */
 static void *slot_at(const qt_param_store *ps, int b, ptrdiff_t delta) { return (char *)ps->grad_slot[b] + delta * (ptrdiff_t)ges(ps); }
 /* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
@@ -200,8 +208,8 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     int host = ps->place.opt == QT_OPT_STATE_HOST ? ps->opt_host : 0; /* the offloaded arrays: alloc_host */
     if (host) { /* zero copy: AdamW works on the host arrays, no slots */
         if (!ps->place.zero_copy)
-            ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)",
-                                              qt_gpu_optim_slot_bytes(ps->place.opt_chunk, host, ps->m_dt, ps->v_dt));
+            ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)", qt_gpu_optim_slot_bytes(ps->place.opt_chunk,
+                                                                                   streamed(ps), ps->m_dt, ps->v_dt, ps->grad_dt));
         qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
     }
     if (ps->w_master_dt == QT_DT_F32 && !(host & QT_OFF_MASTER)) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
@@ -480,8 +488,8 @@ static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
         }
     }
     int groups = ps->place.opt_per_bucket ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
-    int host = ps->place.opt == QT_OPT_STATE_HOST && !ps->place.zero_copy ? ps->opt_host : 0; /* streamed */
-    ps->opt = qt_gpu_optim_create(t, nt, start, groups, ps->master, ps->m, ps->m_dt, ps->v, ps->v_dt,
+    int host = streamed(ps);
+    ps->opt = qt_gpu_optim_create(t, nt, start, groups, ps->master, ps->m, ps->m_dt, ps->v, ps->v_dt, ps->grad_dt,
                                   host ? ps->opt_slots : NULL, ps->place.opt_chunk, host);
     free(t);
     free(start);
