@@ -52,11 +52,9 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
                        const qt_adamw_args *a, cudaStream_t s);
 
 /* Offloaded: before chunk [lo, hi) of the state goes back down to host memory (zero copy, no slots: before
- * the group's update, which writes it there), wait(ctx, hi) runs on
- * the calling thread and returns once host state below hi may change (a checkpoint writer reads it in
- * place). before_update: it runs before the chunk's update is enqueued instead, for weights in host
- * memory that the update itself writes (memory.offload: [weights] with zero copy, checkpointed in place
- * too; streamed weights, W, are written by the way down). wait NULL: no wait. */
-void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx, int before_update);
+ * the group's update, which writes it there), wait(ctx, hi) runs on the calling thread and returns once
+ * host state below hi may change (a checkpoint writer reads it in place: the state, and offloaded weights,
+ * which stream with it). wait NULL: no wait. */
+void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx);
 
 #endif

@@ -39,10 +39,12 @@ typedef struct {
                         * after, on the side stream (qt_param_grad_load / _store) */
     int weights_shard_host; /* memory.offload: [weights] with ZeRO-3: the rank's bf16 pieces in pinned mapped host
                         * memory; each weight slot is all-gathered from every rank's host pieces
-                        * (qt_comm_all_gather_host), AdamW writes the pieces through the mapping */
+                        * (qt_comm_all_gather_host), AdamW updates the pieces as they stream through the
+                        * offloaded optimizer's slots (through the mapping without them) */
     int grads_shard_host; /* memory.offload: [gradients] with ZeRO-2/3: the rank's fp32 gradient shard in pinned mapped
                         * host memory; each bucket's reduce-scattered piece is added into it there by the same
-                        * kernel as on the GPU (through the mapping), the norm and AdamW read it there */
+                        * kernel as on the GPU (chunks copied up and back), the norm reads it there, AdamW
+                        * as it streams with the offloaded state (there without it) */
     int overlap;       /* data parallel: the last micro-step's bucket sums overlap its backward */
     int opt_ahead;     /* one GPU offloaded: AdamW bucket by bucket on the side stream, ahead of the next forward */
     int weights_ahead; /* the next forward waits for each bucket's weights (updated or gathered on the side

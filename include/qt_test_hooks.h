@@ -66,9 +66,6 @@ typedef struct {
                                    * synchronous reference of the in-place write test) */
     int ckpt_unguarded;           /* 1: MUTANT: the offloaded optimizer does not wait for the checkpoint
                                    * writer's mark before it changes the host state (the test must catch it) */
-    int ckpt_guard_late;          /* 1: MUTANT: with the offloaded weights written in place, AdamW waits for the
-                                   * writer only after queueing the kernel that writes them (before the state's
-                                   * way down, as for m and v alone) */
     long offload_residual_delay_ms; /* > 0: memory.offload_residual's copy stream sleeps this long before
                                    * each residual copy (either way): a compute stream that did not wait
                                    * for a copy reads or overwrites the slot too early */

@@ -15,7 +15,8 @@
 # brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
 # backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (2 or 4 GPUs: issue 28 item 2's 7B ZeRO-3 and
-# host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other)
+# host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other); pending24
+# (branch wip/opt-stream: weights and gradients streamed with the offloaded optimizer state)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -444,6 +445,20 @@ if has box_ab; then
         BOX_GPUS=${BOX_GPUS:-2} BOX_SEQS=64 BOX_MODELS=$m BOX_BENCH=build/bench/$b BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
             BOX_EXTRA="$llmq" OUT="$OUT/box_ab_${b}_$m" bash "$0" multi_box
     done; done
+fi
+# pending24 (branch wip/opt-stream, GPU-untested when written): the weights and gradients that live in host
+# memory stream through the offloaded optimizer's slots with its state (copy engines) instead of AdamW reading
+# them through the mapping. One GPU (ranks share it): the gpu_optim table test (streamed W and G bitwise,
+# opt_stream_mutant 1/2), test_offload whole (one GPU's weights / gradients / quants, the ranks' pieces and
+# shards with the state offloaded, z3wg_llmq_opt, the streamed mutants), the checkpoints written in place
+# (kinds 7, 8, 10) and resume with offload. Then, on 2 GPUs, `BOX_AB_BINS="train_bench_main train_bench"
+# tools/gpu-check.sh box_ab` (carry main's stripped train_bench as build/dev/bench/train_bench_main).
+if has pending24; then
+    { step test_kernels_adamw 300 env QT_TEST_ONLY=adamw build/tests/test_kernels
+      step test_offload 1200 build/tests/test_offload
+      step ckpt_in_place 600 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
+      step resume_offload 300 env QT_TEST_ONLY=resume_bit_exact_offload build/tests/test_train
+    } 2>&1 | tee "$OUT/pending24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
 fi
 if has recompute; then
     { for part in mutant bf16 fp8 dp_offload plan_matches; do # one test per step (QT_TEST_ONLY=part runs one alone)

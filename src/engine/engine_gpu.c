@@ -354,7 +354,7 @@ static void gpu_set_state_copy(qt_engine *b, int copy) {
 
 static void gpu_set_state_guard(qt_engine *b, void (*wait)(void *ctx, size_t hi), void *ctx) {
     gpu_engine *e = (gpu_engine *)b; /* offloaded weights in place: AdamW's kernel writes them, so it waits first */
-    qt_gpu_optim_set_guard(e->g->ps->opt, wait, ctx, live_w(e) && !qt_test_hooks_get()->ckpt_guard_late); /* MUTANT */
+    qt_gpu_optim_set_guard(e->g->ps->opt, wait, ctx);
 }
 
 /* Checkpoints hold whole arrays; a sharded rank takes its pieces. */

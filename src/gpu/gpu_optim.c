@@ -48,7 +48,6 @@ struct qt_gpu_optim {
     long next;         /* chunks streamed so far: picks the slot */
     void (*guard)(void *ctx, size_t hi); /* before a chunk goes back down (qt_gpu_optim_set_guard) */
     void *guard_ctx;
-    int guard_early;   /* the guard runs before the chunk's update (it writes host weights in place) */
     int mutant;        /* test hook opt_stream_mutant */
 };
 
@@ -146,10 +145,9 @@ void qt_gpu_optim_free(qt_gpu_optim *o) {
 
 int qt_gpu_optim_groups(const qt_gpu_optim *o) { return o->groups; }
 
-void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx, int before_update) {
+void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi), void *ctx) {
     o->guard = wait;
     o->guard_ctx = ctx;
-    o->guard_early = before_update && !(o->host & QT_OPTIM_W); /* streamed: the way down writes them */
 }
 
 /* Slot i's streamed arrays (each holding state [c0, c0 + size) of its chunk, back to back); NULL for an
@@ -202,7 +200,6 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
         move(o, ch, i, host, 1, o->up);
         QT_CUDA(cudaEventRecord(o->ready[i], o->up));
         QT_CUDA(cudaStreamWaitEvent(s, o->ready[i], 0));
-        if (o->guard && o->guard_early) o->guard(o->guard_ctx, ch->hi); /* the update writes host weights below hi */
         /* the arrays on the device: at the chunk's state (its plan counts state from c0); a gradient shard
          * (g_at_state) and a weight shard (w_at_state) are indexed like the state; streamed ones sit in the
          * slot like m and v (with one GPU's flat arrays state = flat index, so the slot is the same view) */
@@ -217,7 +214,7 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
         qt_adamw_step(ch->plan, ww, mp, gg, g_dt, mm, o->m_dt, vv, o->v_dt, grad_scale, NULL, &b, s);
         QT_CUDA(cudaEventRecord(o->done[i], s));
         QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));
-        if (o->guard && !o->guard_early) o->guard(o->guard_ctx, ch->hi); /* the host state below hi is ours again */
+        if (o->guard) o->guard(o->guard_ctx, ch->hi); /* the host state below hi (host weights too) is ours again */
         move(o, ch, i, host, 0, o->down);
         QT_CUDA(cudaEventRecord(o->back[i], o->down));
     }

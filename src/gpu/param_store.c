@@ -27,15 +27,17 @@
  * With ZeRO ranks the same two flags place the rank's shard instead: ZeRO-3 + w_host: w is
  * the rank's bf16 pieces [shard.len] in pinned mapped host memory; dp_sync.c all-gathers each weight slot
  * from every rank's host pieces (qt_comm_all_gather_host: each rank's copy engines pull the pinned pieces
- * host->device, whatever the transport), AdamW writes them through the mapping, checkpoints copy them with
- * cudaMemcpyDefault. ZeRO-2/3 + g_host: grad is the rank's fp32 shard [shard.len] in pinned mapped host
+ * host->device, whatever the transport), AdamW updates them as they stream through the offloaded
+ * optimizer's slots (streamed(); through the mapping when the state is on the device or zero copy),
+ * checkpoints copy them with cudaMemcpyDefault. ZeRO-2/3 + g_host: grad is the rank's fp32 shard [shard.len] in pinned mapped host
  * memory; everything else is ZeRO-2's (gradient slots on the GPU, reduce-scattered per bucket). Each
  * micro-step's summed piece is added into the shard by qt_param_grad_piece_add: the copy engines bring the
  * shard's piece up a chunk at a time into shard_stage, the add kernel runs there and the chunk goes back
  * down (a kernel adding through the mapping ran at ~16 GB/s of traffic with four GPUs at once, the copy
  * engines at 33-40 GB/s each way: bench/RESULTS.md section 9); the embedding lookups' add (add_lookups,
  * a few rows) reads and writes it through the mapping. The same kernels on the same operands in the
- * same order, so the same bits; the norm and AdamW read the shard where it is. */
+ * same order, so the same bits; the norm reads the shard where it is, AdamW as it streams with the offloaded
+ * state (or where it is). */
 #include "qt_param_store.h"
 
 #include <stdio.h>
