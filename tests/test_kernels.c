@@ -344,6 +344,48 @@ static void test_adamw_offload(void) {
     QT_CUDA(cudaStreamDestroy(s));
 }
 
+/* The three state arrays (fp32 master, m and v of es bytes) twice: ref on the device, arr where mask puts them
+ * (host: pinned, else the device); the master from w, the moments zero. */
+typedef struct {
+    void *ref[3], *arr[3];
+    size_t bytes[3];
+    int mask;
+} state3;
+static void state3_make(state3 *st, const float *w, int mask, size_t es) {
+    *st = (state3){.bytes = {OTOT * 4, OTOT * es, OTOT * es}, .mask = mask};
+    for (int k = 0; k < 3; k++) {
+        st->ref[k] = d_poison(st->bytes[k]);
+        if (mask >> k & 1) QT_CUDA(cudaHostAlloc(&st->arr[k], st->bytes[k], cudaHostAllocDefault));
+        else st->arr[k] = d_poison(st->bytes[k]);
+        if (k == 0) {
+            QT_CUDA(cudaMemcpy(st->ref[0], w, st->bytes[0], cudaMemcpyHostToDevice));
+            QT_CUDA(cudaMemcpy(st->arr[0], w, st->bytes[0], cudaMemcpyDefault));
+        } else {
+            QT_CUDA(cudaMemset(st->ref[k], 0, st->bytes[k]));
+            QT_CUDA(cudaMemset(st->arr[k], 0, st->bytes[k])); /* host or device: memset through UVA */
+        }
+    }
+}
+/* 1 when arrays k0..2 of ref and arr hold the same bytes. */
+static int state3_same(const state3 *st, int k0) {
+    int same = 1;
+    for (int k = k0; k < 3; k++) {
+        char *x = malloc(st->bytes[k]), *y = malloc(st->bytes[k]);
+        QT_CUDA(cudaMemcpy(x, st->ref[k], st->bytes[k], cudaMemcpyDefault));
+        QT_CUDA(cudaMemcpy(y, st->arr[k], st->bytes[k], cudaMemcpyDefault));
+        same &= !memcmp(x, y, st->bytes[k]);
+        free(x), free(y);
+    }
+    return same;
+}
+static void state3_free(state3 *st) {
+    for (int k = 0; k < 3; k++) {
+        cudaFree(st->ref[k]);
+        if (st->mask >> k & 1) cudaFreeHost(st->arr[k]);
+        else cudaFree(st->arr[k]);
+    }
+}
+
 /* The bf16 weights (W) and the gradients (G) in pinned host memory, streamed through the slots with the
  * offloaded state (memory.offload [weights] / [gradients] with the optimizer offloaded): with and without
  * an fp32 master, fp32 and bf16 moments, each alone and both; after 3 steps (each behind a 5 ms stall) the
@@ -363,9 +405,8 @@ static void test_adamw_offload_streamed(void) {
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             int mask = cases[ci].mask, hm = cases[ci].master;
             qt_dtype dt = bf ? QT_DT_BF16 : QT_DT_F32;
-            size_t es = qt_dtype_size(dt), bytes[3] = {OTOT * 4, OTOT * es, OTOT * es};
             float *w = h_rand(OTOT, 0.5f), *dg = d_poison(OTOT * 4), *dg2;
-            void *ref[3], *arr[3], *wb = d_bf16(w, OTOT), *wb2;
+            void *wb = d_bf16(w, OTOT), *wb2;
             uint16_t *w16 = malloc(OTOT * 2);
             QT_CUDA(cudaMemcpy(w16, wb, OTOT * 2, cudaMemcpyDeviceToHost));
             if (mask & QT_OPTIM_W) {
@@ -377,35 +418,18 @@ static void test_adamw_offload_streamed(void) {
             if (mask & QT_OPTIM_G) QT_CUDA(cudaHostAlloc((void **)&dg2, OTOT * 4, cudaHostAllocDefault));
             else dg2 = d_poison(OTOT * 4);
             void *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, mask & (hm ? ~0 : ~QT_OPTIM_MASTER), dt, dt, QT_DT_F32));
-            for (int k = 0; k < 3; k++) {
-                ref[k] = d_poison(bytes[k]);
-                if (mask >> k & 1) QT_CUDA(cudaHostAlloc(&arr[k], bytes[k], cudaHostAllocDefault));
-                else arr[k] = d_poison(bytes[k]);
-                if (k == 0) {
-                    QT_CUDA(cudaMemcpy(ref[0], w, bytes[0], cudaMemcpyHostToDevice));
-                    QT_CUDA(cudaMemcpy(arr[0], w, bytes[0], cudaMemcpyDefault));
-                } else {
-                    QT_CUDA(cudaMemset(ref[k], 0, bytes[k]));
-                    QT_CUDA(cudaMemset(arr[k], 0, bytes[k]));
-                }
-            }
+            state3 st;
+            state3_make(&st, w, mask, qt_dtype_size(dt));
             const int start[2] = {0, 2};
             qt_test_hooks_set(&(qt_test_hooks){.opt_stream_mutant = cases[ci].mutant});
-            qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? ref[0] : NULL, ref[1], dt, ref[2], dt, QT_DT_F32,
-                                                    NULL, 0, 0);
-            qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? arr[0] : NULL, arr[1], dt, arr[2], dt, QT_DT_F32,
-                                                    slots, OCHUNK, mask);
+            qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? st.ref[0] : NULL, st.ref[1], dt, st.ref[2], dt,
+                                                    QT_DT_F32, NULL, 0, 0);
+            qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? st.arr[0] : NULL, st.arr[1], dt, st.arr[2], dt,
+                                                    QT_DT_F32, slots, OCHUNK, mask);
             qt_test_hooks_set(NULL);
             qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf || !hm, 0, 0};
             for (long t = 1; t <= 3; t++) steps_at(dev, off, wb, wb2, dg, dg2, &a, t, s);
-            int same = 1;
-            for (int k = hm ? 0 : 1; k < 3; k++) {
-                char *x = malloc(bytes[k]), *y = malloc(bytes[k]);
-                QT_CUDA(cudaMemcpy(x, ref[k], bytes[k], cudaMemcpyDefault));
-                QT_CUDA(cudaMemcpy(y, arr[k], bytes[k], cudaMemcpyDefault));
-                same &= !memcmp(x, y, bytes[k]);
-                free(x), free(y);
-            }
+            int same = state3_same(&st, hm ? 0 : 1);
             uint16_t *x = malloc(OTOT * 2), *y = malloc(OTOT * 2);
             QT_CUDA(cudaMemcpy(x, wb, OTOT * 2, cudaMemcpyDefault));
             QT_CUDA(cudaMemcpy(y, wb2, OTOT * 2, cudaMemcpyDefault));
@@ -422,11 +446,7 @@ static void test_adamw_offload_streamed(void) {
                       same ? "the mutant was NOT caught" : "the streamed run differs from the device run");
             qt_gpu_optim_free(dev);
             qt_gpu_optim_free(off);
-            for (int k = 0; k < 3; k++) {
-                cudaFree(ref[k]);
-                if (mask >> k & 1) cudaFreeHost(arr[k]);
-                else cudaFree(arr[k]);
-            }
+            state3_free(&st);
             if (mask & QT_OPTIM_W) cudaFreeHost(wb2);
             else cudaFree(wb2);
             if (mask & QT_OPTIM_G) cudaFreeHost(dg2);
@@ -450,35 +470,18 @@ static void test_adamw_offload_parts(void) {
         for (int mi = 0; mi < 4; mi++) {
             int mask = masks[mi];
             qt_dtype dt = bf ? QT_DT_BF16 : QT_DT_F32;
-            size_t es = qt_dtype_size(dt), bytes[3] = {OTOT * 4, OTOT * es, OTOT * es};
             float *w = h_rand(OTOT, 0.5f), *dg = d_poison(OTOT * 4);
-            void *ref[3], *arr[3], *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT);
+            void *wb = d_bf16(w, OTOT), *wb2 = d_bf16(w, OTOT);
             void *slots = d_poison(qt_gpu_optim_slot_bytes(OCHUNK, mask, dt, dt, QT_DT_F32));
-            for (int k = 0; k < 3; k++) {
-                ref[k] = d_poison(bytes[k]);
-                if (mask >> k & 1) QT_CUDA(cudaHostAlloc(&arr[k], bytes[k], cudaHostAllocDefault));
-                else arr[k] = d_poison(bytes[k]);
-                if (k == 0) {
-                    QT_CUDA(cudaMemcpy(ref[0], w, bytes[0], cudaMemcpyHostToDevice));
-                    QT_CUDA(cudaMemcpy(arr[0], w, bytes[0], cudaMemcpyDefault));
-                } else {
-                    QT_CUDA(cudaMemset(ref[k], 0, bytes[k]));
-                    QT_CUDA(cudaMemset(arr[k], 0, bytes[k])); /* host or device: memset through UVA */
-                }
-            }
+            state3 st;
+            state3_make(&st, w, mask, qt_dtype_size(dt));
             const int start[2] = {0, 2};
-            qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, ref[0], ref[1], dt, ref[2], dt, QT_DT_F32, NULL, 0, 0);
-            qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, arr[0], arr[1], dt, arr[2], dt, QT_DT_F32, slots, OCHUNK, mask);
+            qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, st.ref[0], st.ref[1], dt, st.ref[2], dt, QT_DT_F32, NULL, 0, 0);
+            qt_gpu_optim *off =
+                qt_gpu_optim_create(OTAB, OT, start, 2, st.arr[0], st.arr[1], dt, st.arr[2], dt, QT_DT_F32, slots, OCHUNK, mask);
             qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
             for (long t = 1; t <= 3; t++) two_steps_at(dev, off, wb, wb2, dg, &a, t, s);
-            int same = 1;
-            for (int k = 0; k < 3; k++) {
-                char *x = malloc(bytes[k]), *y = malloc(bytes[k]);
-                QT_CUDA(cudaMemcpy(x, ref[k], bytes[k], cudaMemcpyDefault));
-                QT_CUDA(cudaMemcpy(y, arr[k], bytes[k], cudaMemcpyDefault));
-                same &= !memcmp(x, y, bytes[k]);
-                free(x), free(y);
-            }
+            int same = state3_same(&st, 0);
             float *gb = g_bf16(wb, OTOT), *gb2 = g_bf16(wb2, OTOT);
             same &= !memcmp(gb, gb2, OTOT * 4);
             printf("  %s moments, offloaded%s%s%s: %s\n", qt_dtype_name(dt), mask & QT_OPTIM_MASTER ? " master" : "",
@@ -486,11 +489,7 @@ static void test_adamw_offload_parts(void) {
             QT_EXPECT(same, "%s, mask %d: the partly offloaded state differs from the device run's", qt_dtype_name(dt), mask);
             qt_gpu_optim_free(dev);
             qt_gpu_optim_free(off);
-            for (int k = 0; k < 3; k++) {
-                cudaFree(ref[k]);
-                if (mask >> k & 1) cudaFreeHost(arr[k]);
-                else cudaFree(arr[k]);
-            }
+            state3_free(&st);
             free(w), free(gb), free(gb2);
             cudaFree(dg), cudaFree(wb), cudaFree(wb2), cudaFree(slots);
         }
