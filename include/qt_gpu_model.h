@@ -60,6 +60,8 @@ typedef struct {
                             * fp8_a); NULL in bf16 */
     void *fp8_w, *fp8_a;
     struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
+    double start_host_s, start_init_s; /* qt_gpu_model_create's seconds pinning host memory and setting the
+                            * weights (printed with the plan: a 14B box rank pins ~50 GiB) */
 } qt_gpu_model;
 
 /* One micro-step's arguments. With backward: grads += d(loss_scale * sum of token losses)/dw and the

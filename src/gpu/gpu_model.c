@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "qt_error.h"
 #include "qt_test_hooks.h"
@@ -194,6 +195,12 @@ static int check_fits(const qt_gpu_model *g, char *err, size_t errlen) {
     return -1;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, const qt_shard *sh,
                                   const qt_param_placement *pl, char *err, size_t errlen) {
     qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
@@ -201,6 +208,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     g->attn = qt_attention_create();
     g->attn_ws = attn_ws_of(g, 1);
     size_t bytes = carve_all(g, NULL); /* again, with the measured attention workspace */
+    double t0 = now_s();
     if (check_fits(g, err, errlen) || qt_param_store_alloc_host(g->ps, cfg, err, errlen)) {
         qt_attention_free(g->attn);
         free_host(g);
@@ -223,13 +231,16 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
         free_host(g);
         return NULL;
     }
+    g->start_host_s = now_s() - t0; /* with the arena's cudaMalloc (quick beside the pinning) */
     g->mm = qt_matmul_create(0);
     qt_matmul_set_autotune(g->mm, cfg->perf.matmul_autotune);
     cudaStream_t s = g->stream;
+    t0 = now_s();
     if (qt_param_store_init(g->ps, cfg, src, s, err, errlen)) {
         qt_gpu_model_free(g);
         return NULL;
     }
+    g->start_init_s = now_s() - t0;
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     if (g->fp8_fwd) {
@@ -269,6 +280,8 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
     if (g->cfg->memory.gpu_limit_gib > 0) printf("  %-30s %10.1f MiB\n", "memory.gpu_limit_gib", g->cfg->memory.gpu_limit_gib * 1024.0);
     printf("  %-30s %10.1f MiB of %.1f MiB (the runtime reserve and autotune scratch come out of this)\n", "free now",
            free_b / 1048576.0, total_b / 1048576.0);
+    printf("  start: host memory pinned and the GPU's allocated in %.1f s, the weights set in %.1f s\n", g->start_host_s,
+           g->start_init_s);
 }
 
 /* The LM head over chunks of tokens: logits, loss and dlogits in place, then (with backward) dlnf and
