@@ -451,13 +451,16 @@ fi
 # them through the mapping. One GPU (ranks share it): the gpu_optim table test (streamed W and G bitwise,
 # opt_stream_mutant 1/2), test_offload whole (one GPU's weights / gradients / quants, the ranks' pieces and
 # shards with the state offloaded, z3wg_llmq_opt, the streamed mutants), the checkpoints written in place
-# (kinds 7, 8, 10) and resume with offload. Then, on 2 GPUs, `BOX_AB_BINS="train_bench_main train_bench"
+# (kinds 7, 8, 10) and resume with offload; ZeRO-3 = ZeRO-2 and the e4m3 gathers (a ZeRO-3 rank now sets only its
+# pieces' initial weights: the same values). Then, on 2 GPUs, `BOX_AB_BINS="train_bench_main train_bench"
 # tools/gpu-check.sh box_ab` (carry main's stripped train_bench as build/dev/bench/train_bench_main).
 if has pending24; then
     { step test_kernels_adamw 300 env QT_TEST_ONLY=adamw build/tests/test_kernels
       step test_offload 1200 build/tests/test_offload
       step ckpt_in_place 600 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
       step resume_offload 300 env QT_TEST_ONLY=resume_bit_exact_offload build/tests/test_train
+      step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
+      step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
     } 2>&1 | tee "$OUT/pending24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
 fi
 if has recompute; then

@@ -509,17 +509,27 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     if (!(host & QT_OFF_V)) qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
     float *buf = malloc((chunk ? chunk : 1) * sizeof *buf); /* the plan's "weight init buffer" row */
     if (!buf) return qt_errf(err, errlen, "out of host memory for the %.1f MiB weight init buffer", chunk * 4 / 1048576.0);
-    for (size_t i = 0; i < n && !rc; i += chunk) { /* a chunk of the source at a time: bf16 and master pieces */
-        size_t c = n - i < chunk ? n - i : chunk;
-        QT_CUDA(cudaStreamSynchronize(s)); /* the last chunk's copies have read buf */
-        if ((rc = qt_weight_src_fill(src, i, c, buf, err, errlen))) break;
-        upload_bf16_at(ps, buf, i, c, s);
-        for (int b = 0; b < sp->n_buckets; b++) {
-            size_t off, len, st, np;
-            qt_shard_piece(sp, b, &off, &len, &st);
-            np = qt_shard_params(off, len, n);
-            size_t a = off > i ? off : i, e = off + np < i + c ? off + np : i + c;
-            if (ps->master && a < e) QT_CUDA(cudaMemcpyAsync(ps->master + st + (a - off), buf + (a - i), (e - a) * 4, cudaMemcpyDefault, s));
+    /* the source's ranges this rank keeps: ZeRO-3 its pieces only (a range of the hashed init, or of a file,
+     * holds the whole array's values there: 1 / ranks of the init's work), else the whole array */
+    for (int r = 0; r < (zero3(ps) ? sp->n_buckets : 1) && !rc; r++) {
+        size_t lo = 0, hi = n, st;
+        if (zero3(ps)) {
+            qt_shard_piece(sp, r, &lo, &hi, &st);
+            hi = lo + qt_shard_params(lo, hi, n);
+        }
+        for (size_t i = lo; i < hi && !rc; i += chunk) { /* a chunk of the source at a time: bf16 and master pieces */
+            size_t c = hi - i < chunk ? hi - i : chunk;
+            QT_CUDA(cudaStreamSynchronize(s)); /* the last chunk's copies have read buf */
+            if ((rc = qt_weight_src_fill(src, i, c, buf, err, errlen))) break;
+            upload_bf16_at(ps, buf, i, c, s);
+            for (int b = 0; b < sp->n_buckets; b++) {
+                size_t off, len, np;
+                qt_shard_piece(sp, b, &off, &len, &st);
+                np = qt_shard_params(off, len, n);
+                size_t a = off > i ? off : i, e = off + np < i + c ? off + np : i + c;
+                if (ps->master && a < e)
+                    QT_CUDA(cudaMemcpyAsync(ps->master + st + (a - off), buf + (a - i), (e - a) * 4, cudaMemcpyDefault, s));
+            }
         }
     }
     QT_CUDA(cudaStreamSynchronize(s));
