@@ -15,7 +15,8 @@
 # brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
 # backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (2 or 4 GPUs: issue 28 item 2's 7B ZeRO-3 and
-# host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other); pending24
+# host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other); pin
+# (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister); pending24
 # (branch wip/opt-stream: weights and gradients streamed with the offloaded optimizer state)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
@@ -462,6 +463,13 @@ if has pending24; then
       step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
       step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
     } 2>&1 | tee "$OUT/pending24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
+fi
+# pin: how fast pinned host memory comes (the 14B box's start pinned ~210 GiB in ~3.8 min): cudaHostAlloc +
+# memset as param_store.c does, against mmap + OpenMP first touch + cudaHostRegister, one thread and PIN_RANKS
+# (4) at once, PIN_GIB (32) in all.
+if has pin; then
+    { step pin_bench 300 build/bench/pin_bench --gib "${PIN_GIB:-32}" --ranks "${PIN_RANKS:-4}"
+    } 2>&1 | tee "$OUT/pin.log" | grep -E '^(==|SKIP)|x [0-9]|pin_bench|rror'
 fi
 if has recompute; then
     { for part in mutant bf16 fp8 dp_offload plan_matches; do # one test per step (QT_TEST_ONLY=part runs one alone)
