@@ -55,6 +55,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "qt_chunk_pipe.h"
 #include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_gpu_optim.h"
@@ -142,9 +143,10 @@ typedef struct {
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
     float *staging;       /* [stage_n] fp32: host weights come up through it to be cast to bf16 */
     size_t stage_n;
-    float *shard_stage;   /* ZeRO-2/3 + g_host: [shard_stage_n] fp32, where qt_param_grad_piece_add adds a chunk of
-                           * the host shard (arena; NULL otherwise) */
+    float *shard_stage;   /* ZeRO-2/3 + g_host: QT_CHUNK_PIPE_SLOTS x [shard_stage_n] fp32, where
+                           * qt_param_grad_piece_add adds chunks of the host shard (arena; NULL otherwise) */
     size_t shard_stage_n;
+    qt_chunk_pipe *shard_pipe; /* owned, with shard_stage: its chunks up and down beside the adds */
     char *host_state;     /* QT_OPT_STATE_HOST: those of master, m and v in opt_host, back to back (owned, pinned) */
     int opt_host;         /* QT_OFF_MASTER | QT_OFF_M | QT_OFF_V: which are in host_state (the rest on the device);
                            * no master bit with a bf16 master (there is no master array) */
@@ -217,8 +219,9 @@ void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
  * ZeRO-2 in the shard. */
 void *qt_param_grad_piece(const qt_param_store *ps, int b);
 /* ZeRO-2/3: this rank's piece of bucket b (fp32) += src[len] (device, dt: a micro-step's summed piece), on s
- * with qt_add_inplace. A shard in pinned host memory is added in chunks through shard_stage (H2D, add,
- * D2H: the copy engines, not the mapping); the same kernel on the same values, so the same bits. */
+ * with qt_add_inplace. A shard in pinned host memory is added in chunks through shard_stage's slots (H2D,
+ * add, D2H on the copy engines, not the mapping; chunk k up while k-1 is added and k-2 goes down); the same
+ * kernel on the same values, so the same bits. s goes on once the piece is back in host memory. */
 void qt_param_grad_piece_add(const qt_param_store *ps, int b, const void *src, qt_dtype dt, size_t len, cudaStream_t s);
 /* g[0, numel) (host) = the gradients: all of them, or ZeRO-2 this rank's summed pieces only (synchronous;
  * the caller has joined the streams). */

@@ -74,7 +74,11 @@ typedef struct {
                                    * host has finished. Eager steps only (a capture refuses the unjoined copy) */
     int opt_stream_mutant;        /* MUTANTS of the offloaded optimizer's streamed weights and gradients
                                    * (memory.offload [weights] / [gradients] with the state offloaded): 1 = the
-                                   * updated weights are not copied back down, 2 = the gradients not up */
+                                   * updated weights are not copied back down, 2 = the gradients not up, 3 = the
+                                   * copies up do not wait for the caller's stream (where the gradients were
+                                   * written) */
+    long stage_down_delay_ms;     /* > 0: qt_chunk_pipe's down stream sleeps this long before each way down */
+    int stage_reuse_early;        /* 1: MUTANT: qt_chunk_pipe refills a slot without waiting for its way down */
     long grad_stage_elems;        /* > 0: ZeRO-2/3's offloaded gradient shard is added in chunks of this many
                                    * elements (a small test model's pieces fit one of the default 4 Mi) */
     int act_own_inputs;           /* 1: every layer keeps its own ln1, ln2 and h even with an fp8 backward

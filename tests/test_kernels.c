@@ -273,8 +273,9 @@ static void steps_at(qt_gpu_optim *dev, qt_gpu_optim *off, void *wb, void *wb2, 
                      long t, cudaStream_t s) {
     float *g = h_rand(OTOT, 1.0f);
     QT_CUDA(cudaMemcpyAsync(dg, g, OTOT * 4, cudaMemcpyHostToDevice, s));
-    if (dg2 != dg) QT_CUDA(cudaMemcpyAsync(dg2, g, OTOT * 4, cudaMemcpyDefault, s));
     QT_CUDA(cudaLaunchHostFunc(s, sleep_5ms, NULL));
+    /* behind the stall, in s's order (device to pinned host is): streamed gradients must be read after it */
+    if (dg2 != dg) QT_CUDA(cudaMemcpyAsync(dg2, dg, OTOT * 4, cudaMemcpyDefault, s));
     a->t = t;
     for (int k = 0; k < 2; k++) {
         qt_gpu_optim_step(dev, k, wb, dg, QT_DT_F32, NULL, a, s);
@@ -389,8 +390,9 @@ static void state3_free(state3 *st) {
 /* The bf16 weights (W) and the gradients (G) in pinned host memory, streamed through the slots with the
  * offloaded state (memory.offload [weights] / [gradients] with the optimizer offloaded): with and without
  * an fp32 master, fp32 and bf16 moments, each alone and both; after 3 steps (each behind a 5 ms stall) the
- * host weights, master, m and v are the all-device run's bits. Then the two mutants of the test hook
- * opt_stream_mutant (weights not copied down, gradients not up) must differ. */
+ * host weights, master, m and v are the all-device run's bits. Then the mutants of the test hook
+ * opt_stream_mutant (weights not copied down, gradients not up, the copies up not waiting for the stream
+ * that wrote the host gradients behind its stall) must differ. */
 static void test_adamw_offload_streamed(void) {
     NEED_GPU();
     cudaStream_t s;
@@ -399,7 +401,7 @@ static void test_adamw_offload_streamed(void) {
         {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, 0}, {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W, 1, 0},
         {QT_OPTIM_MASTER | QT_OPTIM_G, 1, 0},         {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W | QT_OPTIM_G, 0, 0},
         {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W, 0, 0}, {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W | QT_OPTIM_G, 0, 1},
-        {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, 2},
+        {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, 2},  {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_G, 0, 3},
     };
     for (int bf = 0; bf < 2; bf++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -439,7 +441,10 @@ static void test_adamw_offload_streamed(void) {
             printf("  %s moments, %s master, streamed%s%s%s%s%s%s: %s\n", qt_dtype_name(dt), hm ? "fp32" : "no",
                    mask & QT_OPTIM_MASTER ? " master" : "", mask & QT_OPTIM_M ? " m" : "", mask & QT_OPTIM_V ? " v" : "",
                    mask & QT_OPTIM_W ? " weights" : "", mask & QT_OPTIM_G ? " gradients" : "",
-                   cases[ci].mutant == 1 ? " (MUTANT: weights not down)" : cases[ci].mutant == 2 ? " (MUTANT: gradients not up)" : "",
+                   cases[ci].mutant == 1   ? " (MUTANT: weights not down)"
+                   : cases[ci].mutant == 2 ? " (MUTANT: gradients not up)"
+                   : cases[ci].mutant == 3 ? " (MUTANT: copies up before the gradients are written)"
+                                           : "",
                    same ? "bitwise equal to the device run" : cases[ci].mutant ? "caught" : "DIFFER");
             QT_EXPECT(moved > OTOT / 2, "only %d bf16 weights changed", moved);
             QT_EXPECT(same == !cases[ci].mutant, "%s, case %zu: %s", qt_dtype_name(dt), ci,

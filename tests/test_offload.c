@@ -654,10 +654,10 @@ static void test_plan_7b_ranks(void) {
                   "%s: host rows %zu %zu (shard %zu)", cases[i].list, wh, gh, sh.len);
         QT_EXPECT(row(&rp[1].mem, "weights (bf16, offloaded)") == 0 && row(&rp[1].mem, "gradients (fp32, offloaded)") == 0,
                   "%s: one GPU's rows", cases[i].list);
-        /* the host shard's pieces are added in a device staging chunk (16 MiB at most) */
+        /* the host shard's pieces are added in device staging slots (three chunks of 16 MiB at most) */
         size_t stage = row(&rp[1].mem, "gradient shard staging (fp32)");
-        QT_EXPECT(cases[i].g ? stage > 0 && stage <= qt_mem_aligned((size_t)16 << 20) : stage == 0, "%s: staging row %zu",
-                  cases[i].list, stage);
+        QT_EXPECT(cases[i].g ? stage > 0 && stage <= qt_mem_aligned(QT_CHUNK_PIPE_SLOTS * ((size_t)16 << 20)) : stage == 0,
+                  "%s: staging row %zu", cases[i].list, stage);
         /* with the optimizer state offloaded, its slots carry the pieces and the shard too */
         size_t os = row(&rp[1].mem, "optimizer slots (offload)") - row(&rp[0].mem, "optimizer slots (offload)");
         size_t want_os = !row(&rp[0].mem, "optimizer slots (offload)") ? 0
@@ -806,7 +806,8 @@ static void test_offload_ranks_gradients_zero2(void) {
 /* The mutants with ranks must change the bits (or stop the run); the delays and small staging chunks
  * alone must not: ZeRO-3 with offloaded pieces filling its slots from a stale device copy (7), ZeRO-2
  * with an offloaded gradient shard overwritten by each micro-step's sum instead of added to (8,
- * grad_accum 2), added in its staging without bringing the shard's chunk up (10), and summed in
+ * grad_accum 2), added in its staging without bringing the shard's chunk up (10), its staging slot refilled
+ * before the chunk in it went back down (stage_reuse_early, the ways down delayed), and summed in
  * descending rank order into the host shard (2, 3 ranks); with the optimizer state offloaded too, the
  * pieces and the shard streamed through its slots in 1000-element chunks (bitwise equal), the updated
  * pieces not copied back down (opt_stream_mutant 1) and the shard not copied up (2). The 1000-element
@@ -822,6 +823,10 @@ static void test_offload_ranks_mutants_caught(void) {
         {"z2 gradients: staged in 1000-element chunks", 2, 3, "offload: [gradients]", {.grad_stage_elems = 1000}, 0},
         {"z3 gradients: staged in 1000-element chunks", 3, 2, "offload: [gradients]", {.grad_stage_elems = 1000}, 0},
         {"z2 gradients: shard chunk not brought up", 2, 2, "offload: [gradients]", {.zero_mutant = 10}, 1},
+        {"z2 gradients: chunks' ways down delayed 1 ms", 2, 2, "offload: [gradients]",
+         {.grad_stage_elems = 1000, .stage_down_delay_ms = 1}, 0},
+        {"z2 gradients: staging slot refilled before its way down", 2, 2, "offload: [gradients]",
+         {.grad_stage_elems = 1000, .stage_down_delay_ms = 1, .stage_reuse_early = 1}, 1},
         {"z2 gradients: descending rank order", 2, 3, "offload: [gradients]", {.zero_mutant = 2}, 1},
         {"z3 weights+gradients+state streamed (no mutant)", 3, 2, "offload: [weights, gradients, master, m, v]",
          {.offload_chunk = 1000}, 0},

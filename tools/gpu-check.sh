@@ -449,8 +449,10 @@ if has box_ab; then
 fi
 # pending24 (branch wip/opt-stream, GPU-untested when written): the weights and gradients that live in host
 # memory stream through the offloaded optimizer's slots with its state (copy engines) instead of AdamW reading
-# them through the mapping. One GPU (ranks share it): the gpu_optim table test (streamed W and G bitwise,
-# opt_stream_mutant 1/2), test_offload whole (one GPU's weights / gradients / quants, the ranks' pieces and
+# them through the mapping; both that stream and the offloaded gradient shard's adds go through a qt_chunk_pipe
+# (three device slots, the copies up and down beside the work: the shard's chunks were serialized up, add,
+# down on one stream). One GPU (ranks share it): the gpu_optim table test (streamed W and G bitwise,
+# opt_stream_mutant 1-3), test_offload whole (with the pipe's delayed ways down and its early-refill mutant) (one GPU's weights / gradients / quants, the ranks' pieces and
 # shards with the state offloaded, z3wg_llmq_opt, the streamed mutants), the checkpoints written in place
 # (kinds 7, 8, 10) and resume with offload; ZeRO-3 = ZeRO-2 and the e4m3 gathers (a ZeRO-3 rank now sets only its
 # pieces' initial weights: the same values). Then, on 2 GPUs, `BOX_AB_BINS="train_bench_main train_bench"

@@ -2,23 +2,20 @@
  *
  * Offloaded, the state is cut into chunks at multiples of `chunk` state elements (so every
  * vector-aligned tensor stays aligned in its slot), each with its own AdamW plan whose state indices
- * are relative to the chunk's slot. Chunk c uses slot c % OPT_SLOTS: the up stream waits until the
- * slot's last user went back down, copies the offloaded arrays of master/m/v up (those on the device are
- * read and written in place at the chunk's state) and records `ready`; the caller's stream runs
- * the plan and records `done`; the down stream copies the slot back and records `back`. The down
- * stream is in order, so any `back` also covers every earlier chunk's way down — which is what lets
- * the next step's upload of a chunk wait only for its slot. Weights and gradients in pinned host memory
- * (memory.offload: [weights], [gradients]) ride along in the same slots (the weights up and down, the
- * gradients up): the copy engines move them at the link's rate where a kernel reading them through the
- * mapping got ~16 GB/s (bench/RESULTS.md section 9). */
+ * are relative to the chunk's slot. The chunks go through a qt_chunk_pipe: the offloaded arrays of
+ * master/m/v come up into a slot (those on the device are read and written in place at the chunk's
+ * state), the caller's stream runs the plan, and the slot goes back down while the next chunks come up and
+ * run. Weights and gradients in pinned host memory (memory.offload: [weights], [gradients]) ride along in
+ * the same slots (the weights up and down, the gradients up): the copy engines move them at the link's rate
+ * where a kernel reading them through the mapping got ~16 GB/s (bench/RESULTS.md section 9). */
 #include "qt_gpu_optim.h"
 
 #include <stdlib.h>
 
+#include "qt_chunk_pipe.h"
 #include "qt_error.h"
 #include "qt_test_hooks.h"
 
-#define OPT_SLOTS 3
 
 typedef struct {
     qt_adamw_plan *plan;
@@ -43,9 +40,7 @@ struct qt_gpu_optim {
                         * indexed by flat index may stream too */
     char *slots;       /* borrowed device memory; NULL: the state is on the device */
     int host;          /* with slots: the arrays in host memory (QT_OPTIM_* bits), streamed */
-    cudaStream_t up, down;
-    cudaEvent_t ready[OPT_SLOTS], done[OPT_SLOTS], back[OPT_SLOTS];
-    long next;         /* chunks streamed so far: picks the slot */
+    qt_chunk_pipe *pipe; /* owned, with slots: the chunks' way up and down */
     void (*guard)(void *ctx, size_t hi); /* before a chunk goes back down (qt_gpu_optim_set_guard) */
     void *guard_ctx;
     int mutant;        /* test hook opt_stream_mutant */
@@ -61,7 +56,7 @@ static size_t arr_es(int k, qt_dtype m_dt, qt_dtype v_dt, qt_dtype g_dt) {
 size_t qt_gpu_optim_slot_bytes(size_t chunk, int host_mask, qt_dtype m_dt, qt_dtype v_dt, qt_dtype g_dt) {
     size_t es = 0;
     for (int k = 0; k < NARR; k++) es += host_mask & arr_bit[k] ? arr_es(k, m_dt, v_dt, g_dt) : 0;
-    return OPT_SLOTS * round4(chunk) * es;
+    return QT_CHUNK_PIPE_SLOTS * round4(chunk) * es;
 }
 
 /* The plan of t[j0..j1)'s elements whose state lies in [lo, hi), state indices counted from c0. */
@@ -113,13 +108,9 @@ qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *st
         add_group(o, t, start[k], end);
     }
     if (slots) {
-        QT_CUDA(cudaStreamCreateWithFlags(&o->up, cudaStreamNonBlocking));
-        QT_CUDA(cudaStreamCreateWithFlags(&o->down, cudaStreamNonBlocking));
-        for (int i = 0; i < OPT_SLOTS; i++) {
-            QT_CUDA(cudaEventCreateWithFlags(&o->ready[i], cudaEventDisableTiming));
-            QT_CUDA(cudaEventCreateWithFlags(&o->done[i], cudaEventDisableTiming));
-            QT_CUDA(cudaEventCreateWithFlags(&o->back[i], cudaEventDisableTiming));
-        }
+        size_t es = 0;
+        for (int k = 0; k < NARR; k++) es += o->host & arr_bit[k] ? o->es[k] : 0;
+        o->pipe = qt_chunk_pipe_create(slots, o->size * es);
     }
     return o;
 }
@@ -127,17 +118,7 @@ qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *st
 void qt_gpu_optim_free(qt_gpu_optim *o) {
     if (!o) return;
     for (int c = 0; c < o->n_chunks; c++) qt_adamw_plan_free(o->chunk[c].plan);
-    if (o->slots) {
-        QT_CUDA(cudaStreamSynchronize(o->up));
-        QT_CUDA(cudaStreamSynchronize(o->down));
-        for (int i = 0; i < OPT_SLOTS; i++) {
-            QT_CUDA(cudaEventDestroy(o->ready[i]));
-            QT_CUDA(cudaEventDestroy(o->done[i]));
-            QT_CUDA(cudaEventDestroy(o->back[i]));
-        }
-        QT_CUDA(cudaStreamDestroy(o->up));
-        QT_CUDA(cudaStreamDestroy(o->down));
-    }
+    qt_chunk_pipe_free(o->pipe);
     free(o->chunk);
     free(o->group_end);
     free(o);
@@ -150,25 +131,21 @@ void qt_gpu_optim_set_guard(qt_gpu_optim *o, void (*wait)(void *ctx, size_t hi),
     o->guard_ctx = ctx;
 }
 
-/* Slot i's streamed arrays (each holding state [c0, c0 + size) of its chunk, back to back); NULL for an
- * array not streamed (on the device, or no master). */
-static void slot_arrays(const qt_gpu_optim *o, int i, char *p[NARR]) {
-    size_t es = 0;
-    for (int k = 0; k < NARR; k++) es += o->host & arr_bit[k] ? o->es[k] : 0;
-    char *at = o->slots + (size_t)i * o->size * es;
+/* The streamed arrays in the slot at base (each holding state [c0, c0 + size) of its chunk, back to back);
+ * NULL for an array not streamed (on the device, or no master). */
+static void slot_arrays(const qt_gpu_optim *o, char *base, char *p[NARR]) {
     for (int k = 0; k < NARR; k++) {
         int on = o->host & arr_bit[k] && o->es[k];
-        p[k] = on ? at : NULL;
-        at += on ? o->size * o->es[k] : 0;
+        p[k] = on ? base : NULL;
+        base += on ? o->size * o->es[k] : 0;
     }
 }
 
-/* Chunk ch between the host arrays and slot i on stream s: up, every streamed array; down, all but the
- * gradients. MUTANTS (test hook opt_stream_mutant): 1 = the weights are not copied down, 2 = the
- * gradients not up. */
-static void move(const qt_gpu_optim *o, const opt_chunk *ch, int i, void *const host[NARR], int up, cudaStream_t s) {
-    char *dev[NARR];
-    slot_arrays(o, i, dev);
+/* Chunk ch between the host arrays and the slot's arrays dev on stream s: up, every streamed array; down, all
+ * but the gradients. MUTANTS (test hook opt_stream_mutant): 1 = the weights are not copied down, 2 = the
+ * gradients not up (3, in qt_gpu_optim_step: the copies up do not wait for the caller's stream). */
+static void move(const qt_gpu_optim *o, const opt_chunk *ch, char *const dev[NARR], void *const host[NARR], int up,
+                 cudaStream_t s) {
     for (int k = 0; k < NARR; k++) {
         if (!dev[k] || (!up && k == ARR_G) || (o->mutant == 1 && !up && k == ARR_W) || (o->mutant == 2 && k == ARR_G))
             continue;
@@ -186,6 +163,9 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
     QT_CHECK(!(o->host & QT_OPTIM_W) || a->w_at_state || o->flat, "adamw: streamed weights indexed by flat index, state is not");
     QT_CHECK(!(o->host & QT_OPTIM_G) || a->g_at_state || o->flat, "adamw: streamed gradients indexed by flat index, state is not");
     void *const host[NARR] = {o->master, o->m, o->v, w_bf16, (void *)g};
+    /* the copies up of streamed weights / gradients follow what s waited for (others write them: the
+     * backward's adds into the host shard, a load); MUTANT 3: they do not */
+    if (o->slots && o->host & (QT_OPTIM_W | QT_OPTIM_G) && o->mutant != 3) qt_chunk_pipe_begin(o->pipe, s);
     for (int c = k ? o->group_end[k - 1] : 0; c < o->group_end[k]; c++) {
         const opt_chunk *ch = &o->chunk[c];
         if (!o->slots) { /* the state where it is: the device, or host memory read in place (zero copy) */
@@ -193,13 +173,11 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
             qt_adamw_step(ch->plan, w_bf16, o->master, g, g_dt, o->m, o->m_dt, o->v, o->v_dt, grad_scale, NULL, a, s);
             continue;
         }
-        int i = (int)(o->next++ % OPT_SLOTS);
+        cudaStream_t up;
         char *p[NARR];
-        slot_arrays(o, i, p);
-        QT_CUDA(cudaStreamWaitEvent(o->up, o->back[i], 0));
-        move(o, ch, i, host, 1, o->up);
-        QT_CUDA(cudaEventRecord(o->ready[i], o->up));
-        QT_CUDA(cudaStreamWaitEvent(s, o->ready[i], 0));
+        slot_arrays(o, qt_chunk_pipe_next(o->pipe, &up), p);
+        move(o, ch, p, host, 1, up);
+        qt_chunk_pipe_ready(o->pipe, s);
         /* the arrays on the device: at the chunk's state (its plan counts state from c0); a gradient shard
          * (g_at_state) and a weight shard (w_at_state) are indexed like the state; streamed ones sit in the
          * slot like m and v (with one GPU's flat arrays state = flat index, so the slot is the same view) */
@@ -212,14 +190,12 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
         void *ww = p[ARR_W] ? p[ARR_W] : a->w_at_state ? (char *)w_bf16 + ch->c0 * 2 : w_bf16;
         const void *gg = p[ARR_G] ? p[ARR_G] : a->g_at_state ? (const char *)g + ch->c0 * qt_dtype_size(g_dt) : g;
         qt_adamw_step(ch->plan, ww, mp, gg, g_dt, mm, o->m_dt, vv, o->v_dt, grad_scale, NULL, &b, s);
-        QT_CUDA(cudaEventRecord(o->done[i], s));
-        QT_CUDA(cudaStreamWaitEvent(o->down, o->done[i], 0));
+        cudaStream_t down = qt_chunk_pipe_done(o->pipe, s);
         if (o->guard) o->guard(o->guard_ctx, ch->hi); /* the host state below hi (host weights too) is ours again */
-        move(o, ch, i, host, 0, o->down);
-        QT_CUDA(cudaEventRecord(o->back[i], o->down));
+        move(o, ch, p, host, 0, down);
+        qt_chunk_pipe_back(o->pipe);
     }
     /* s goes on once the state is back in host memory: after the last group, or after every group when the
      * weights stream (what follows a group on s reads them there: the finiteness count, the gathers) */
-    if (o->slots && o->next && (k == o->groups - 1 || o->host & QT_OPTIM_W))
-        QT_CUDA(cudaStreamWaitEvent(s, o->back[(o->next - 1) % OPT_SLOTS], 0));
+    if (o->slots && (k == o->groups - 1 || o->host & QT_OPTIM_W)) qt_chunk_pipe_end(o->pipe, s);
 }

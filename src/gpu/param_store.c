@@ -238,7 +238,7 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
         }
         size_t chunk = qt_test_hooks_get()->grad_stage_elems > 0 ? (size_t)qt_test_hooks_get()->grad_stage_elems : SHARD_STAGE_ELEMS;
         ps->shard_stage_n = big < chunk ? big : chunk;
-        ps->shard_stage = qt_mem_plan_carve(p, "gradient shard staging (fp32)", ps->shard_stage_n * 4);
+        ps->shard_stage = qt_mem_plan_carve(p, "gradient shard staging (fp32)", QT_CHUNK_PIPE_SLOTS * ps->shard_stage_n * 4);
     }
 }
 
@@ -409,13 +409,15 @@ void qt_param_grad_piece_add(const qt_param_store *ps, int b, const void *src, q
         return;
     }
     size_t es = qt_dtype_size(dt);
+    int mutant = qt_test_hooks_get()->zero_mutant == 10; /* MUTANT 10: the chunk is not brought up */
+    qt_chunk_pipe_begin(ps->shard_pipe, s);
     for (size_t i = 0; i < len; i += ps->shard_stage_n) {
         size_t n = len - i < ps->shard_stage_n ? len - i : ps->shard_stage_n;
-        if (qt_test_hooks_get()->zero_mutant != 10) /* MUTANT 10: the chunk is not brought up */
-            QT_CUDA(cudaMemcpyAsync(ps->shard_stage, piece + i, n * 4, cudaMemcpyDefault, s));
-        qt_add_inplace(ps->shard_stage, QT_DT_F32, (const char *)src + i * es, dt, n, s);
-        QT_CUDA(cudaMemcpyAsync(piece + i, ps->shard_stage, n * 4, cudaMemcpyDefault, s));
+        float *d = qt_chunk_pipe_up(ps->shard_pipe, piece + i, mutant ? 0 : n * 4, s);
+        qt_add_inplace(d, QT_DT_F32, (const char *)src + i * es, dt, n, s);
+        qt_chunk_pipe_down(ps->shard_pipe, piece + i, n * 4, s);
     }
+    qt_chunk_pipe_end(ps->shard_pipe, s);
 }
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
@@ -543,6 +545,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
         qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
     make_optimizer(ps, cfg);
+    if (ps->shard_stage) ps->shard_pipe = qt_chunk_pipe_create(ps->shard_stage, ps->shard_stage_n * 4);
     if (slots(ps)) qt_wslots_start(ps->wslots);
     return 0;
 }
@@ -550,6 +553,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
 void qt_param_store_free(qt_param_store *ps) {
     if (!ps) return;
     qt_gpu_optim_free(ps->opt);
+    qt_chunk_pipe_free(ps->shard_pipe);
     qt_wslots_free(ps->wslots);
     if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
     if (ps->place.w_host && ps->w) QT_CUDA(cudaFreeHost(ps->w));
