@@ -679,18 +679,21 @@ static int nonfinite_case(const char *name, const char *extra, int mutant, char 
     return 1;
 }
 
-/* On one GPU (bf16, fp8), two ranks sharing GPU 0 (sharded optimizer) and one GPU with the optimizer
- * offloaded (AdamW ahead of the next forward: the count is taken a step late or at the save). The mutant
+/* On one GPU (bf16, fp8), two ranks sharing GPU 0 (sharded optimizer), one GPU with the optimizer
+ * offloaded (AdamW ahead of the next forward: the count is taken a step late or at the save) and with the
+ * weights and gradients offloaded too (streamed through the optimizer's slots: the count reads the host
+ * weights after each group's way down). The mutant
  * without the per-step count must fail (the writer's own check then refuses the step-9 checkpoint later,
  * or the NaN loss of step 10 stops the run, neither naming the update). */
 static void test_nonfinite_update_stops_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    static const char *modes[4][2] = {{"nan_bf16", "parallel: {gpus: 1}"},
+    static const char *modes[5][2] = {{"nan_bf16", "parallel: {gpus: 1}"},
                                       {"nan_fp8", "parallel: {gpus: 1}\nprecision: {matmul_dtype: e4m3}"},
                                       {"nan_dp2", "parallel: {devices: [0, 0], shard_optimizer: true}"},
-                                      {"nan_offload", "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}"}};
+                                      {"nan_offload", "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}"},
+                                      {"nan_offload_wg", "parallel: {gpus: 1}\nmemory: {offload: [weights, gradients, master, m, v]}"}};
     char why[4096];
-    for (int m = 0; m < 4; m++) QT_EXPECT(nonfinite_case(modes[m][0], modes[m][1], 0, why, sizeof why), "%s", why);
+    for (int m = 0; m < 5; m++) QT_EXPECT(nonfinite_case(modes[m][0], modes[m][1], 0, why, sizeof why), "%s", why);
     for (int m = 0; m < 4; m += 3) {
         char name[64];
         snprintf(name, sizeof name, "%s_mutant", modes[m][0]);

@@ -462,6 +462,7 @@ if has pending24; then
       step test_offload 1200 build/tests/test_offload
       step ckpt_in_place 600 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
       step resume_offload 300 env QT_TEST_ONLY=resume_bit_exact_offload build/tests/test_train
+      step nonfinite 300 env QT_TEST_ONLY=nonfinite_update_stops_gpu build/tests/test_reliability
       step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
       step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
     } 2>&1 | tee "$OUT/pending24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
