@@ -16,7 +16,8 @@
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
 # backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (2 or 4 GPUs: issue 28 item 2's 7B ZeRO-3 and
 # host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other); pin
-# (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister)
+# (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister); resolve
+# (issues 23 and 24's GPU tests at one commit, one GPU)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -445,6 +446,22 @@ if has box_ab; then
         BOX_GPUS=${BOX_GPUS:-2} BOX_SEQS=64 BOX_MODELS=$m BOX_BENCH=build/bench/$b BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
             BOX_EXTRA="$llmq" OUT="$OUT/box_ab_${b}_$m" bash "$0" multi_box
     done; done
+fi
+# resolve: issues 23 and 24's GPU checks at one commit on one GPU (ranks share it), for the session that
+# resolves them: recompute (each part, block + offload_residual, ffn + norm + offload_residual: bitwise over
+# 20 steps in bf16 and fp8, graphs, 2 ranks; the stale-buffer mutant; plan = arena, peak within the margin)
+# through the recompute stage below; then test_zero whole (ZeRO-2 = ZeRO-1, ZeRO-3 = ZeRO-2, e4m3 gathers,
+# resume across levels, mutants, a rank failing mid-gather), test_offload whole (every offload item bitwise,
+# resume, mutants, the ranks' pieces and shards), the offloaded state's checkpoints (resume bit-exact,
+# written in place, the NaN stop).
+if has resolve; then
+    stages="$stages recompute"
+    { step test_zero 1200 build/tests/test_zero
+      step test_offload 1200 build/tests/test_offload
+      step resume_offload 300 env QT_TEST_ONLY=resume_bit_exact_offload build/tests/test_train
+      step ckpt_in_place 300 env QT_TEST_ONLY=offloaded_state_written_in_place_gpu build/tests/test_reliability
+      step nonfinite 300 env QT_TEST_ONLY=nonfinite_update_stops_gpu build/tests/test_reliability
+    } 2>&1 | tee "$OUT/resolve24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
 fi
 # pin: how fast pinned host memory comes (the 14B box's start pinned ~210 GiB in ~3.8 min): cudaHostAlloc +
 # memset as param_store.c does, against mmap + OpenMP first touch + cudaHostRegister, one thread and PIN_RANKS
