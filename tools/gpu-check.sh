@@ -452,13 +452,14 @@ fi
 # 20 steps in bf16 and fp8, graphs, 2 ranks; the stale-buffer mutant; plan = arena, peak within the margin)
 # through the recompute stage below; then test_zero whole (ZeRO-2 = ZeRO-1, ZeRO-3 = ZeRO-2, e4m3 gathers,
 # resume across levels, mutants, a rank failing mid-gather), test_offload whole (every offload item bitwise,
-# resume, mutants, the ranks' pieces and shards), the offloaded state's checkpoints (resume bit-exact,
-# written in place, the NaN stop).
+# resume, mutants, the ranks' pieces and shards), the offloaded state's checkpoints (resume bit-exact, the
+# bytes of each kind, written in place, the NaN stop).
 if has resolve; then
     stages="$stages recompute"
     { step test_zero 1200 build/tests/test_zero
       step test_offload 1200 build/tests/test_offload
       step resume_offload 300 env QT_TEST_ONLY=resume_bit_exact_offload build/tests/test_train
+      step ckpt_bytes 600 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
       step ckpt_in_place 300 env QT_TEST_ONLY=offloaded_state_written_in_place_gpu build/tests/test_reliability
       step nonfinite 300 env QT_TEST_ONLY=nonfinite_update_stops_gpu build/tests/test_reliability
     } 2>&1 | tee "$OUT/resolve24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
