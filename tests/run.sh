@@ -5,6 +5,7 @@ set -u
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.."
 pass=0 fail=0 skip=0
+failed=""  # the FAIL lines again at the end: CI shows only the output's tail
 run_one() {
     local name=$1; shift
     local out rc
@@ -14,8 +15,10 @@ run_one() {
     p=$(printf '%s\n' "$out" | grep -c '^PASS ') ; f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
     s=$(printf '%s\n' "$out" | grep -c '^SKIP ')
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    [ "$f" -gt 0 ] && failed+=$(printf '%s\n' "$out" | grep '^FAIL ' | sed "s|^|[$name] |")$'\n'
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
         echo "[$name] FAIL: exited with status $rc"; fail=$((fail + 1))
+        failed+="[$name] FAIL: exited with status $rc"$'\n'
     fi
 }
 for t in "$BUILD"/tests/test_*; do  # tool_* binaries are driven by the python tests
@@ -26,5 +29,6 @@ for py in tests/test_*.py; do
     [ -f "$py" ] || continue
     run_one "$(basename "$py")" env BUILD="$BUILD" python3 "$py"
 done
+[ -n "$failed" ] && printf 'failed:\n%s' "$failed"
 if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ "$fail" -eq 0 ]

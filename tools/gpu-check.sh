@@ -16,8 +16,9 @@
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
 # backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (2 or 4 GPUs: issue 28 item 2's 7B ZeRO-3 and
 # host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other); pin
-# (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister); pending24
-# (branch wip/opt-stream: weights and gradients streamed with the offloaded optimizer state)
+# (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister); resolve
+# (issues 23 and 24's GPU tests at one commit, one GPU); pending24 (branch wip/opt-stream: weights and
+# gradients streamed with the offloaded optimizer state; runs resolve too)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -452,20 +453,32 @@ fi
 # them through the mapping; both that stream and the offloaded gradient shard's adds go through a qt_chunk_pipe
 # (three device slots, the copies up and down beside the work: the shard's chunks were serialized up, add,
 # down on one stream). One GPU (ranks share it): the gpu_optim table test (streamed W and G bitwise,
-# opt_stream_mutant 1-3), test_offload whole (with the pipe's delayed ways down and its early-refill mutant) (one GPU's weights / gradients / quants, the ranks' pieces and
-# shards with the state offloaded, z3wg_llmq_opt, the streamed mutants), the checkpoints written in place
-# (kinds 7, 8, 10) and resume with offload; ZeRO-3 = ZeRO-2 and the e4m3 gathers (a ZeRO-3 rank now sets only its
-# pieces' initial weights: the same values). Then, on 2 GPUs, `BOX_AB_BINS="train_bench_main train_bench"
+# opt_stream_mutant 1-3), then the resolve stage: test_offload whole (the pipe's delayed ways down and its
+# early-refill mutant, z3wg_llmq_opt, the streamed mutants), the checkpoints of each kind and resume with
+# offload, test_zero whole (a ZeRO-3 rank now sets only its pieces' initial weights: ZeRO-3 = ZeRO-2 and the
+# e4m3 gathers check the same values). Then, on 2 or 4 GPUs, `BOX_AB_BINS="train_bench_main train_bench"
 # tools/gpu-check.sh box_ab` (carry main's stripped train_bench as build/dev/bench/train_bench_main).
 if has pending24; then
+    stages="$stages resolve"
     { step test_kernels_adamw 300 env QT_TEST_ONLY=adamw build/tests/test_kernels
-      step test_offload 1200 build/tests/test_offload
-      step ckpt_in_place 600 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
-      step resume_offload 300 env QT_TEST_ONLY=resume_bit_exact_offload build/tests/test_train
-      step nonfinite 300 env QT_TEST_ONLY=nonfinite_update_stops_gpu build/tests/test_reliability
-      step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
-      step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
     } 2>&1 | tee "$OUT/pending24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
+fi
+# resolve: issues 23 and 24's GPU checks at one commit on one GPU (ranks share it), for the session that
+# resolves them: recompute (each part, block + offload_residual, ffn + norm + offload_residual: bitwise over
+# 20 steps in bf16 and fp8, graphs, 2 ranks; the stale-buffer mutant; plan = arena, peak within the margin)
+# through the recompute stage below; then test_zero whole (ZeRO-2 = ZeRO-1, ZeRO-3 = ZeRO-2, e4m3 gathers,
+# resume across levels, mutants, a rank failing mid-gather), test_offload whole (every offload item bitwise,
+# resume, mutants, the ranks' pieces and shards), the offloaded state's checkpoints (resume bit-exact, the
+# bytes of each kind, written in place, the NaN stop).
+if has resolve; then
+    stages="$stages recompute"
+    { step test_zero 1200 build/tests/test_zero
+      step test_offload 1200 build/tests/test_offload
+      step resume_offload 300 env QT_TEST_ONLY=resume_bit_exact_offload build/tests/test_train
+      step ckpt_bytes 600 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
+      step ckpt_in_place 300 env QT_TEST_ONLY=offloaded_state_written_in_place_gpu build/tests/test_reliability
+      step nonfinite 300 env QT_TEST_ONLY=nonfinite_update_stops_gpu build/tests/test_reliability
+    } 2>&1 | tee "$OUT/resolve24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
 fi
 # pin: how fast pinned host memory comes (the 14B box's start pinned ~210 GiB in ~3.8 min): cudaHostAlloc +
 # memset as param_store.c does, against mmap + OpenMP first touch + cudaHostRegister, one thread and PIN_RANKS
