@@ -442,7 +442,8 @@ fi
 # one plan at a time), each model of BOX_AB_MODELS (14b), at LLM.Q's precision (bf16 master weights and
 # gradients, e4m3 gathers; the 14B config's AdamW moments are bf16 as in LLM.Q's runs, the 7B config's fp32).
 if has box_ab; then
-    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
+    # autotune off: every binary runs the heuristic's GEMM algorithms, so the A/B compares the same sums (losses equal)
+    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3 --set perf.matmul_autotune=false"
     for b in ${BOX_AB_BINS:-train_bench}; do for m in ${BOX_AB_MODELS:-14b}; do
         BOX_GPUS=${BOX_GPUS:-2} BOX_SEQS=64 BOX_MODELS=$m BOX_BENCH=build/bench/$b BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
             BOX_EXTRA="$llmq" OUT="$OUT/box_ab_${b}_$m" bash "$0" multi_box
