@@ -1,23 +1,23 @@
-/* pin_bench.c — how fast pinned host memory can be had: the 14B box's start spent ~3.8 min pinning
- * ~210 GiB over four ranks (bench/RESULTS.md section 14). Compares, for --gib N GiB in all (default 16):
+/* pin_bench.c — how fast pinned host memory can be had: the 14B box's start spent 83-120 s pinning
+ * 209 GiB over four ranks (bench/RESULTS.md section 16). Compares, for --gib N GiB in all (default 16):
  *   alloc      cudaHostAlloc (portable, mapped) of the whole, then a memset by one thread (what
- *              param_store.c does per rank today);
+ *              param_store.c did per rank before qt_pinned);
  *   alloc x R  the same split over R threads at once (R ranks starting together);
- *   register   mmap, the pages touched by OpenMP threads (first touch in parallel), then cudaHostRegister;
- *   register x R  the same split over R threads.
- * Each line gives the seconds of the allocation and of the zeroing and GiB/s over both, then the H2D
- * copy rate from the buffer (1 GiB, pinned memory's rate confirms the pages are pinned). Needs a GPU. */
+ *   qt_pinned  qt_pinned_alloc (mapped): mmap, the pages first touched by OpenMP threads, cudaHostRegister;
+ *   qt_pinned x R  the same split over R threads.
+ * Each line gives the seconds of the allocation and of the zeroing (alloc) and GiB/s over both, then the
+ * H2D copy rate from the buffer (1 GiB, pinned memory's rate confirms the pages are pinned). Needs a GPU. */
 #include <cuda_runtime.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include "qt_device.h"
 #include "qt_error.h"
+#include "qt_pinned.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -26,7 +26,7 @@ static double now_s(void) {
 }
 
 typedef struct {
-    int reg;           /* 0: cudaHostAlloc + memset; 1: mmap + parallel touch + cudaHostRegister */
+    int reg;           /* 0: cudaHostAlloc + memset; 1: qt_pinned_alloc */
     size_t bytes;
     void *p;
     double t_alloc, t_zero;
@@ -46,15 +46,7 @@ static void *run(void *arg) {
         j->t_zero = now_s() - t0;
         return NULL;
     }
-    j->p = mmap(NULL, j->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (j->p == MAP_FAILED) return NULL;
-    size_t pages = j->bytes / 4096;
-    char *c = j->p;
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < (long)pages; i++) memset(c + (size_t)i * 4096, 0, 4096); /* first touch: zeroed */
-    j->t_zero = now_s() - t0;
-    t0 = now_s();
-    j->ok = cudaHostRegister(j->p, j->bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) == cudaSuccess;
+    j->ok = qt_pinned_alloc(&j->p, j->bytes, QT_PIN_MAPPED) == 0; /* zeroed as it is made */
     j->t_alloc = now_s() - t0;
     return NULL;
 }
@@ -62,8 +54,7 @@ static void *run(void *arg) {
 static void release(job *j) {
     if (!j->ok) (void)cudaGetLastError();
     if (j->reg) {
-        if (j->ok) QT_CUDA(cudaHostUnregister(j->p));
-        if (j->p && j->p != MAP_FAILED) munmap(j->p, j->bytes);
+        qt_pinned_free(j->p);
     } else if (j->ok) {
         QT_CUDA(cudaFreeHost(j->p));
     }
@@ -121,7 +112,7 @@ int main(int argc, char **argv) {
             for (int k = 0; k < r; k++) ok &= j[k].ok, ta = j[k].t_alloc > ta ? j[k].t_alloc : ta, tz = j[k].t_zero > tz ? j[k].t_zero : tz;
             double rate = ok && j[0].bytes >= probe ? h2d_rate(j[0].p, dev, probe) : 0;
             printf("  %-9s x %d: %s %6.2f s %s, %6.2f s zeroing; %6.2f s in all (%5.2f GiB/s); H2D from it %.1f GB/s\n",
-                   reg ? "register" : "alloc", r, ok ? "" : "FAILED", ta, reg ? "registering" : "allocating", tz, wall,
+                   reg ? "qt_pinned" : "alloc", r, ok ? "" : "FAILED", ta, reg ? "pinning" : "allocating", tz, wall,
                    total / 1073741824.0 / wall, rate);
             for (int k = 0; k < r; k++) release(&j[k]);
         }

@@ -98,8 +98,8 @@ typedef enum {
 
 /* memory.host_alloc: how the offloaded items' pinned host memory is allocated */
 typedef enum {
-    QT_HOST_PINNED = 0,   /* cudaHostAlloc: cached for the CPU (the checkpoint writer reads it in place) */
-    QT_HOST_WRITE_COMBINED = 1, /* + cudaHostAllocWriteCombined: faster PCIe transfers on some hosts, slow CPU reads */
+    QT_HOST_PINNED = 0,   /* registered pages (qt_pinned.h): cached for the CPU (the checkpoint writer reads it in place) */
+    QT_HOST_WRITE_COMBINED = 1, /* cudaHostAllocWriteCombined: faster PCIe transfers on some hosts, slow CPU reads */
 } qt_host_alloc;
 
 typedef struct {                  /* GPU */

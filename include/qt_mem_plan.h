@@ -19,7 +19,7 @@
 typedef enum {
     QT_MEM_ARENA,    /* carved from the one device allocation */
     QT_MEM_DEVICE,   /* device memory allocated by its owner (workspaces, comm, reserve) */
-    QT_MEM_PINNED,   /* page-locked host memory (cudaHostAlloc) */
+    QT_MEM_PINNED,   /* page-locked host memory (qt_pinned_alloc) */
     QT_MEM_PAGEABLE, /* malloc'd host memory */
 } qt_mem_where;
 

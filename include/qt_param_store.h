@@ -55,10 +55,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qt_chunk_pipe.h"
 #include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_gpu_optim.h"
+#include "qt_host_shard.h"
 #include "qt_kernels.h"
 #include "qt_mem_plan.h"
 #include "qt_model.h"
@@ -143,10 +143,10 @@ typedef struct {
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
     float *staging;       /* [stage_n] fp32: host weights come up through it to be cast to bf16 */
     size_t stage_n;
-    float *shard_stage;   /* ZeRO-2/3 + g_host: QT_CHUNK_PIPE_SLOTS x [shard_stage_n] fp32, where
+    float *shard_stage;   /* ZeRO-2/3 + g_host: the device slots (chunks of shard_stage_n fp32) where
                            * qt_param_grad_piece_add adds chunks of the host shard (arena; NULL otherwise) */
     size_t shard_stage_n;
-    qt_chunk_pipe *shard_pipe; /* owned, with shard_stage: its chunks up and down beside the adds */
+    qt_host_shard *gshard; /* owned, with shard_stage: the host shard's adds and clearing */
     char *host_state;     /* QT_OPT_STATE_HOST: those of master, m and v in opt_host, back to back (owned, pinned) */
     int opt_host;         /* QT_OFF_MASTER | QT_OFF_M | QT_OFF_V: which are in host_state (the rest on the device);
                            * no master bit with a bf16 master (there is no master array) */
@@ -168,7 +168,7 @@ typedef struct {
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
                                       const qt_param_placement *pl, char *err, size_t errlen);
 /* Allocates the pinned host memory of an offloaded placement (zeroed; nothing otherwise): the optimizer
- * state, the bf16 weights (w_host). 0, or -1 with err when cudaHostAlloc fails. */
+ * state, the bf16 weights (w_host). 0, or -1 with err when qt_pinned_alloc fails. */
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen);
 /* Adds the store's rows to p (sizing pass) or takes its buffers (second pass). */
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p);
@@ -219,10 +219,13 @@ void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
  * ZeRO-2 in the shard. */
 void *qt_param_grad_piece(const qt_param_store *ps, int b);
 /* ZeRO-2/3: this rank's piece of bucket b (fp32) += src[len] (device, dt: a micro-step's summed piece), on s
- * with qt_add_inplace. A shard in pinned host memory is added in chunks through shard_stage's slots (H2D,
- * add, D2H on the copy engines, not the mapping; chunk k up while k-1 is added and k-2 goes down); the same
- * kernel on the same values, so the same bits. s goes on once the piece is back in host memory. */
+ * with qt_add_inplace. A shard in pinned host memory is added in chunks through shard_stage's slots
+ * (qt_host_shard_add: the copy engines, not the mapping); the same kernel on the same values, so the same
+ * bits. s goes on once the piece is back in host memory. */
 void qt_param_grad_piece_add(const qt_param_store *ps, int b, const void *src, qt_dtype dt, size_t len, cudaStream_t s);
+/* Before any other write into bucket b's piece, or a read of it, on s: a host shard's piece that is still
+ * marked cleared (qt_param_zero_grads marks it) zeroed there; nothing otherwise. */
+void qt_param_grad_piece_fresh(const qt_param_store *ps, int b, cudaStream_t s);
 /* g[0, numel) (host) = the gradients: all of them, or ZeRO-2 this rank's summed pieces only (synchronous;
  * the caller has joined the streams). */
 void qt_param_get_grads(const qt_param_store *ps, float *g);
@@ -238,7 +241,7 @@ void qt_param_release_embed(const qt_param_store *ps, const qt_param_hooks *h);
 int qt_param_opt_groups(const qt_param_store *ps);
 void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1);
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s);
-/* Zeroes the gradients of buckets [k0, k1) on s. */
+/* Zeroes the gradients of buckets [k0, k1) on s (a host shard's pieces: marked cleared, qt_host_shard.h). */
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s);
 
 /* w[0, numel) (host) = this rank's master pieces (synchronous; the caller has joined the streams); with

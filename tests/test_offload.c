@@ -31,19 +31,23 @@
  * slots from a stale device copy of the pieces), 8 (the host shard overwritten by each micro-step's sum)
  * and 2 (sums in descending rank order, 3 ranks) caught. Autotuning off: every run multiplies with the
  * same algorithms. */
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "qt_ckpt.h"
 #include "qt_config.h"
 #include "qt_device.h"
 #include "qt_engine.h"
+#include "qt_error.h"
 #include "qt_gpu_model.h"
 #include "qt_mem_plan.h"
 #include "qt_model.h"
 #include "qt_param_store.h"
 #include "qt_partition.h"
+#include "qt_pinned.h"
 #include "qt_planner.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
@@ -84,6 +88,39 @@ static int plan_of(const char *path, const char *const *o, int n, int gpus, qt_c
         return -1;
     }
     return 0;
+}
+
+/* qt_pinned_alloc, every flag set, an odd size: zeroed, pinned (the driver knows it as host memory: pageable
+ * memory reads as unregistered), mapped at the same address where asked, a round trip through the GPU exact,
+ * freed. */
+static void test_pinned_alloc(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    size_t n = ((size_t)64 << 20) + 12345;
+    unsigned char *dev;
+    QT_CUDA(cudaMalloc((void **)&dev, n));
+    for (unsigned flags = 0; flags < 4; flags++) {
+        unsigned char *a, *b;
+        QT_REQUIRE(qt_pinned_alloc((void **)&a, n, flags) == 0 && qt_pinned_alloc((void **)&b, n, flags) == 0,
+                   "flags %u: qt_pinned_alloc failed", flags);
+        size_t nonzero = 0;
+        for (size_t i = 0; i < n; i++) nonzero += a[i] != 0;
+        struct cudaPointerAttributes at;
+        QT_CUDA(cudaPointerGetAttributes(&at, a));
+        for (size_t i = 0; i < n; i++) a[i] = (unsigned char)(i * 2654435761u >> 13);
+        QT_CUDA(cudaMemcpy(dev, a, n, cudaMemcpyHostToDevice));
+        QT_CUDA(cudaMemcpy(b, dev, n, cudaMemcpyDeviceToHost));
+        void *mapped = NULL;
+        if (flags & QT_PIN_MAPPED) QT_CUDA(cudaHostGetDevicePointer(&mapped, a, 0));
+        printf("  flags %u: %zu nonzero bytes at start, memory type %d, round trip %s\n", flags, nonzero, (int)at.type,
+               memcmp(a, b, n) ? "DIFFERS" : "exact");
+        QT_EXPECT(nonzero == 0, "flags %u: %zu bytes not zeroed", flags, nonzero);
+        QT_EXPECT(at.type == cudaMemoryTypeHost, "flags %u: memory type %d, not pinned host memory", flags, (int)at.type);
+        QT_EXPECT(!memcmp(a, b, n), "flags %u: the round trip through the GPU differs", flags);
+        QT_EXPECT(!(flags & QT_PIN_MAPPED) || mapped == (void *)a, "flags %u: mapped at %p, host %p", flags, mapped, (void *)a);
+        qt_pinned_free(a);
+        qt_pinned_free(b);
+    }
+    QT_CUDA(cudaFree(dev));
 }
 
 static void test_plan_7b_weights(void) {
@@ -656,7 +693,7 @@ static void test_plan_7b_ranks(void) {
                   "%s: one GPU's rows", cases[i].list);
         /* the host shard's pieces are added in device staging slots (three chunks of 16 MiB at most) */
         size_t stage = row(&rp[1].mem, "gradient shard staging (fp32)");
-        QT_EXPECT(cases[i].g ? stage > 0 && stage <= qt_mem_aligned(QT_CHUNK_PIPE_SLOTS * ((size_t)16 << 20)) : stage == 0,
+        QT_EXPECT(cases[i].g ? stage > 0 && stage <= qt_mem_aligned(qt_host_shard_slot_bytes((size_t)1 << 22)) : stage == 0,
                   "%s: staging row %zu", cases[i].list, stage);
         /* with the optimizer state offloaded, its slots carry the pieces and the shard too */
         size_t os = row(&rp[1].mem, "optimizer slots (offload)") - row(&rp[0].mem, "optimizer slots (offload)");
@@ -828,6 +865,11 @@ static void test_offload_ranks_mutants_caught(void) {
         {"z2 gradients: staging slot refilled before its way down", 2, 2, "offload: [gradients]",
          {.grad_stage_elems = 1000, .stage_down_delay_ms = 1, .stage_reuse_early = 1}, 1},
         {"z2 gradients: descending rank order", 2, 3, "offload: [gradients]", {.zero_mutant = 2}, 1},
+        {"z2 gradients: cleared chunks not zeroed in slots", 2, 2, "offload: [gradients]",
+         {.grad_stage_elems = 1000, .zero_mutant = 14}, 1},
+        {"z3 gradients: cleared chunks not zeroed in slots", 3, 2, "offload: [gradients]",
+         {.grad_stage_elems = 1000, .zero_mutant = 14}, 1},
+        {"z2 gradients: cleared piece read unzeroed", 2, 2, "offload: [gradients]", {.zero_mutant = 15}, 1},
         {"z3 weights+gradients+state streamed (no mutant)", 3, 2, "offload: [weights, gradients, master, m, v]",
          {.offload_chunk = 1000}, 0},
         {"z3 weights+state: streamed pieces not down", 3, 2, "offload: [weights, master, m, v]",
@@ -860,6 +902,7 @@ static void test_offload_ranks_mutants_caught(void) {
 
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_offload")) return 1;
+    QT_RUN(test_pinned_alloc);
     QT_RUN(test_plan_7b_weights);
     QT_RUN(test_plan_7b_gradients);
     QT_RUN(test_plan_7b_opt_parts);

@@ -536,13 +536,14 @@ static void test_auto_axes_cost(void) {
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
     QT_EXPECT(fabs(d - 16 * want) < 1e-9 * want, "host bf16 sums, zero 2: charged %g s, expected %g", d, 16 * want);
     /* 4 ZeRO ranks (peer): the offloaded gradient shard (numel / 4 fp32) brought up and written back by each
-     * of the 32 micro-steps' adds (8 B) and touched once by the norm, AdamW and the zeroing (12 B); ZeRO-3's offloaded
+     * of the 32 micro-steps' adds (8 B; the first's only written back: -4 B) and read once by the norm and AdamW
+     * (8 B; its clearing is a mark); ZeRO-3's offloaded
      * pieces: the gathers are ZeRO-3's charge already, the embedding and LM head once, AdamW's writes and
      * the count's reads of the rank's pieces (2 x 2 B x numel / 4) */
     a.parallel.zero = 2, a.parallel.reduce_dtype = QT_DT_F32;
     b = a, b.memory.offload = QT_OFF_GRADIENTS;
     d = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
-    want = (double)L.numel / 4 * (8 * 32 + 12) / 25e9;
+    want = (double)L.numel / 4 * (8 * 32 + 4) / 25e9;
     QT_EXPECT(fabs(d - want) < 1e-9 * want, "zero 2 x 4, offloaded gradient shard charged %g s, expected %g", d, want);
     a.parallel.zero = 3;
     b = a, b.memory.offload = QT_OFF_WEIGHTS;

@@ -108,6 +108,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     if (z2 && d->sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->sum_delay_ms));
     if (half) qt_cast_f32_to_bf16(buf, g, count, s);
     if (mutant) {
+        qt_param_grad_piece_fresh(ps, b, s);
         mutant_sum(d, b, g, qt_param_grad_piece(ps, b), s);
     } else if (sh->n_ranks == 1) {
         QT_CHECK(qt_comm_all_reduce(d->comm, rank, buf, buf, count, dt, s) == 0,
@@ -118,9 +119,10 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
                  "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
     if (z2) {
-        if (d->mutant == 8 && d->plan.grads_shard_host && dt == QT_DT_F32) /* MUTANT 8: = instead of += */
+        if (d->mutant == 8 && d->plan.grads_shard_host && dt == QT_DT_F32) { /* MUTANT 8: = instead of += */
+            qt_param_grad_piece_fresh(ps, b, s);
             QT_CUDA(cudaMemcpyAsync(qt_param_grad_piece(ps, b), buf + (off - lo) * es, len * 4, cudaMemcpyDefault, s));
-        else if (!mutant) qt_param_grad_piece_add(ps, b, buf + (off - lo) * es, dt, len, s);
+        } else if (!mutant) qt_param_grad_piece_add(ps, b, buf + (off - lo) * es, dt, len, s);
         qt_param_grad_slot_zero(ps, b, s);
         int k = qt_param_grad_slot_shared(ps, b);
         if (k >= 0) QT_CUDA(cudaEventRecord(d->slot_ev[k], s));
@@ -183,6 +185,7 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
             qt_shard_piece(sh, b, &off, &len, &st);
             size_t hi = off + len < end ? off + len : end; /* the embeddings sit at flat index 0 */
             /* the table's base as the kernel indexes it: element off at the rank's piece */
+            if (off < hi) qt_param_grad_piece_fresh(d->ps, b, cs); /* ZeRO-2 embed_apart: no sum wrote it this step */
             if (off < hi)
                 qt_embedding_bwd_range((char *)qt_param_grad_piece(d->ps, b) - off * qt_dtype_size(d->ps->grad_dt),
                                        d->ps->grad_dt, d->ps->acc_dt != d->ps->grad_dt, off, hi, dres + j * N * C, QT_DT_F32,
@@ -617,6 +620,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
         }
         d->sent = sh->n_buckets;
     }
+    for (int b = 0; b < sh->n_buckets; b++) qt_param_grad_piece_fresh(ps, b, s); /* a piece no sum wrote: zeros */
     qt_gpu_model_mark(g, "optimizer: gradient norm");
     if (sh->n_ranks == 1) {
         qt_grad_norm(ps->norm, ps->clip, ps->grad, ps->grad_dt, sh->total, d->grad_clip, g->ws, s);

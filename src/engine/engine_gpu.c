@@ -20,6 +20,7 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
+#include "qt_pinned.h"
 #include "qt_planner.h"
 #include "qt_step_plan.h"
 #include "qt_test_hooks.h"
@@ -324,7 +325,9 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
             continue;
         }
         if (!e->host_state[i]) {
-            QT_CUDA(cudaMallocHost(&e->host_state[i], bytes ? bytes : 1));
+            QT_CHECK(qt_pinned_alloc(&e->host_state[i], bytes ? bytes : 1, 0) == 0,
+                     "checkpoint snapshot: %.2f GiB of pinned host memory for %s could not be allocated", bytes / 1073741824.0,
+                     item_names[i]);
             e->snap_bytes += bytes;
         }
         if (i == 0) qt_param_get_master_pieces(ps, e->host_state[0]);
@@ -413,7 +416,7 @@ static void gpu_free(qt_engine *b) {
         QT_CUDA(cudaEventDestroy(e->pin_free[i]));
     }
     for (int i = 0; i < 4; i++)
-        if (e->host_state[i]) QT_CUDA(cudaFreeHost(e->host_state[i]));
+        qt_pinned_free(e->host_state[i]);
     QT_CUDA(cudaFreeHost(e->out));
     QT_CUDA(cudaFree(e->bad_dev));
     for (int i = 0; i < 2; i++) QT_CUDA(cudaEventDestroy(e->bad_ev[i]));

@@ -287,10 +287,11 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
         k.pcie_once_bytes += (double)L->numel * ge * 3;
     }
     /* memory.offload: [gradients] with ZeRO-2/3 ranks: each micro-step's summed piece is added into the
-     * rank's host shard (brought up and written back by the copy engines, 8 B per shard element), and the
-     * norm, AdamW and the zeroing touch the shard once per step (3 x 4 B) */
+     * rank's host shard (brought up and written back by the copy engines, 8 B per shard element; the first
+     * micro-step's only written back: the shard's clearing is a mark, qt_host_shard.h), and the norm and
+     * AdamW read the shard once per step (2 x 4 B) */
     if ((cfg->memory.offload & QT_OFF_GRADIENTS) && cfg->parallel.zero >= 2)
-        k.pcie_once_bytes += mine * (8.0 * cfg->data.grad_accum + 12);
+        k.pcie_once_bytes += mine * (8.0 * cfg->data.grad_accum + 4);
     /* Gradient sums through host memory (parallel.comm host / host_wc: boards without P2P): each GPU moves
      * (n-1)/n of the gradients (4 B/param, 2 with reduce_dtype bf16) per sum, once per step with ZeRO-0/1
      * but every micro-step with ZeRO-2/3 (they reduce-scatter as the backward goes); charged at the

@@ -7,6 +7,7 @@
 
 #include "qt_config.h"
 #include "qt_error.h"
+#include "qt_pinned.h"
 #include "qt_test_hooks.h"
 
 /* memory.offload_residual's state once started. One copy is in flight at a time (pending): the forward
@@ -53,9 +54,7 @@ int qt_act_store_start(qt_act_store *as, cudaStream_t s, const char *cfg_path, c
     if (!as->policy.offload_residual) return 0;
     struct qt_res_offload *o = calloc(1, sizeof *o);
     QT_CHECK(o, "out of host memory");
-    unsigned flags = as->policy.host_wc ? cudaHostAllocWriteCombined : cudaHostAllocDefault;
-    if (as->host_bytes && cudaHostAlloc((void **)&o->host, as->host_bytes, flags) != cudaSuccess) {
-        (void)cudaGetLastError();
+    if (as->host_bytes && qt_pinned_alloc((void **)&o->host, as->host_bytes, as->policy.host_wc ? QT_PIN_WC : 0)) {
         snprintf(err, errlen, "%s: memory.offload_residual: %.2f GiB of pinned host memory for %d layers' residuals "
                  "could not be allocated", cfg_path, as->host_bytes / 1073741824.0, as->c->num_layers - 2);
         free(o);
@@ -80,7 +79,7 @@ void qt_act_store_free(qt_act_store *as) {
         QT_CUDA(cudaEventDestroy(o->ready));
         QT_CUDA(cudaEventDestroy(o->done));
         QT_CUDA(cudaStreamDestroy(o->copy));
-        if (o->host) QT_CUDA(cudaFreeHost(o->host));
+        qt_pinned_free(o->host);
         free(o);
     }
     free(as->layers);

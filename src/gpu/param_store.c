@@ -31,11 +31,9 @@
  * optimizer's slots (streamed(); through the mapping when the state is on the device or zero copy),
  * checkpoints copy them with cudaMemcpyDefault. ZeRO-2/3 + g_host: grad is the rank's fp32 shard [shard.len] in pinned mapped host
  * memory; everything else is ZeRO-2's (gradient slots on the GPU, reduce-scattered per bucket). Each
- * micro-step's summed piece is added into the shard by qt_param_grad_piece_add: the copy engines bring the
- * shard's piece up a chunk at a time into shard_stage, the add kernel runs there and the chunk goes back
- * down (a kernel adding through the mapping ran at ~16 GB/s of traffic with four GPUs at once, the copy
- * engines at 33-40 GB/s each way: bench/RESULTS.md section 9); the embedding lookups' add (add_lookups,
- * a few rows) reads and writes it through the mapping. The same kernels on the same operands in the
+ * micro-step's summed piece is added into the shard by qt_param_grad_piece_add, a chunk at a time in device
+ * slots, and the shard is cleared by marking it (qt_host_shard.h); the embedding lookups' add (add_lookups,
+ * a few rows) reads and writes it through the mapping, after qt_param_grad_piece_fresh. The same kernels on the same operands in the
  * same order, so the same bits; the norm reads the shard where it is, AdamW as it streams with the offloaded
  * state (or where it is). */
 #include "qt_param_store.h"
@@ -45,6 +43,7 @@
 #include <string.h>
 
 #include "qt_error.h"
+#include "qt_pinned.h"
 #include "qt_test_hooks.h"
 
 #define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
@@ -127,29 +126,26 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
     return ps;
 }
 
-/* *p = `bytes` of zeroed pinned host memory (flags: cudaHostAlloc's; mapped: kernels use the host address
- * itself, which unified addressing makes the device's). 0, or -1 with err naming key, what and the way out. */
+/* *p = `bytes` of zeroed pinned host memory (flags: QT_PIN_*; mapped: kernels use the host address itself,
+ * which unified addressing makes the device's; m, v start at zero, padding stays zero and defined). 0, or -1
+ * with err naming key, what and the way out. */
 static int pin_host(void **p, size_t bytes, unsigned flags, const char *key, const char *what, const char *instead,
                     const qt_config *cfg, char *err, size_t errlen) {
-    if (cudaHostAlloc(p, bytes, flags) != cudaSuccess) {
-        (void)cudaGetLastError();
-        *p = NULL;
-        return qt_errf(err, errlen, "%s: %s: %.2f GiB of pinned host memory for %s could not be allocated (cudaHostAlloc; "
-                       "the host plan printed above counts it): lower memory.host_limit_gib to what the host can pin, or %s",
+    if (qt_pinned_alloc(p, bytes, flags))
+        return qt_errf(err, errlen, "%s: %s: %.2f GiB of pinned host memory for %s could not be allocated (the host plan "
+                       "printed above counts it): lower memory.host_limit_gib to what the host can pin, or %s",
                        cfg->path, key, bytes / 1073741824.0, what, instead);
-    }
-    if (flags & cudaHostAllocMapped) {
+    if (flags & QT_PIN_MAPPED) {
         void *dev = NULL;
         QT_CUDA(cudaHostGetDevicePointer(&dev, *p, 0));
         QT_CHECK(dev == *p, "%s needs unified addressing (the device address %p of the pinned %s differs from its host "
                  "address %p)", key, dev, what, *p);
     }
-    memset(*p, 0, bytes); /* m, v start at zero; padding stays zero (the weights') and defined */
     return 0;
 }
 
 int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
-    unsigned wc = ps->place.host_wc ? cudaHostAllocWriteCombined : 0, mapped = cudaHostAllocMapped | cudaHostAllocPortable;
+    unsigned wc = ps->place.host_wc ? QT_PIN_WC : 0, mapped = QT_PIN_MAPPED;
     /* weights: one GPU the whole array, ZeRO-3 the rank's pieces; AdamW and the upload's cast write them in place */
     if (ps->place.w_host && pin_host(&ps->w, (zero3(ps) ? ps->shard.len : ps->shard.total) * 2, mapped | wc,
                                      "memory.offload: [weights]", "the bf16 weights", "keep the weights on the GPU", cfg, err,
@@ -169,7 +165,7 @@ int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *er
     if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
     size_t b0 = host_bytes(ps, 0), b1 = host_bytes(ps, 1);
     /* the optimizer state: streamed through the slots, or (zero copy) read by AdamW's kernel in place */
-    if (pin_host((void **)&ps->host_state, ps->host_state_bytes, (ps->place.zero_copy ? mapped : cudaHostAllocDefault) | wc,
+    if (pin_host((void **)&ps->host_state, ps->host_state_bytes, (ps->place.zero_copy ? mapped : 0) | wc,
                  "memory.offload_optimizer", "the optimizer state", "train without the offload", cfg, err, errlen))
         return -1;
     /* the offloaded arrays here; the others were carved in the arena (bf16 master: none) */
@@ -238,7 +234,7 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
         }
         size_t chunk = qt_test_hooks_get()->grad_stage_elems > 0 ? (size_t)qt_test_hooks_get()->grad_stage_elems : SHARD_STAGE_ELEMS;
         ps->shard_stage_n = big < chunk ? big : chunk;
-        ps->shard_stage = qt_mem_plan_carve(p, "gradient shard staging (fp32)", QT_CHUNK_PIPE_SLOTS * ps->shard_stage_n * 4);
+        ps->shard_stage = qt_mem_plan_carve(p, "gradient shard staging (fp32)", qt_host_shard_slot_bytes(ps->shard_stage_n));
     }
 }
 
@@ -404,20 +400,15 @@ void *qt_param_grad_piece(const qt_param_store *ps, int b) {
 
 void qt_param_grad_piece_add(const qt_param_store *ps, int b, const void *src, qt_dtype dt, size_t len, cudaStream_t s) {
     float *piece = qt_param_grad_piece(ps, b);
-    if (!ps->shard_stage) {
-        qt_add_inplace(piece, QT_DT_F32, src, dt, len, s);
-        return;
-    }
-    size_t es = qt_dtype_size(dt);
-    int mutant = qt_test_hooks_get()->zero_mutant == 10; /* MUTANT 10: the chunk is not brought up */
-    qt_chunk_pipe_begin(ps->shard_pipe, s);
-    for (size_t i = 0; i < len; i += ps->shard_stage_n) {
-        size_t n = len - i < ps->shard_stage_n ? len - i : ps->shard_stage_n;
-        float *d = qt_chunk_pipe_up(ps->shard_pipe, piece + i, mutant ? 0 : n * 4, s);
-        qt_add_inplace(d, QT_DT_F32, (const char *)src + i * es, dt, n, s);
-        qt_chunk_pipe_down(ps->shard_pipe, piece + i, n * 4, s);
-    }
-    qt_chunk_pipe_end(ps->shard_pipe, s);
+    if (ps->gshard) qt_host_shard_add(ps->gshard, b, piece, src, dt, len, s);
+    else qt_add_inplace(piece, QT_DT_F32, src, dt, len, s);
+}
+
+void qt_param_grad_piece_fresh(const qt_param_store *ps, int b, cudaStream_t s) {
+    size_t off, len, st;
+    if (!ps->gshard) return;
+    qt_shard_piece(&ps->shard, b, &off, &len, &st);
+    qt_host_shard_fresh(ps->gshard, b, qt_param_grad_piece(ps, b), len, s);
 }
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
@@ -426,7 +417,9 @@ void qt_param_get_grads(const qt_param_store *ps, float *g) {
         for (int k = 0; k < ps->shard.n_buckets; k++) {
             size_t off, len, st;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);
-            QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, qt_shard_params(off, len, n) * 4, cudaMemcpyDefault));
+            size_t np = qt_shard_params(off, len, n);
+            if (ps->gshard && qt_host_shard_cleared(ps->gshard, k)) memset(g + off, 0, np * 4); /* what the piece reads as */
+            else QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, np * 4, cudaMemcpyDefault));
         }
         return;
     }
@@ -545,7 +538,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
         qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
     make_optimizer(ps, cfg);
-    if (ps->shard_stage) ps->shard_pipe = qt_chunk_pipe_create(ps->shard_stage, ps->shard_stage_n * 4);
+    if (ps->shard_stage) ps->gshard = qt_host_shard_create(ps->shard.n_buckets, ps->shard_stage, ps->shard_stage_n);
     if (slots(ps)) qt_wslots_start(ps->wslots);
     return 0;
 }
@@ -553,12 +546,12 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
 void qt_param_store_free(qt_param_store *ps) {
     if (!ps) return;
     qt_gpu_optim_free(ps->opt);
-    qt_chunk_pipe_free(ps->shard_pipe);
+    qt_host_shard_free(ps->gshard);
     qt_wslots_free(ps->wslots);
-    if (ps->host_state) QT_CUDA(cudaFreeHost(ps->host_state));
-    if (ps->place.w_host && ps->w) QT_CUDA(cudaFreeHost(ps->w));
-    if (ps->place.g_host && ps->grad) QT_CUDA(cudaFreeHost(ps->grad));
-    if (ps->place.w_host && ps->place.w8 && ps->w8) QT_CUDA(cudaFreeHost(ps->w8));
+    qt_pinned_free(ps->host_state);
+    if (ps->place.w_host) qt_pinned_free(ps->w);
+    if (ps->place.g_host) qt_pinned_free(ps->grad);
+    if (ps->place.w_host && ps->place.w8) qt_pinned_free(ps->w8);
     qt_small_params_free(&ps->small);
     free(ps->grad_slot);
     free(ps->cross_at);
@@ -626,7 +619,7 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
     size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
-    if (ps->place.zero >= 2 && ps->place.g_host) qt_fill((float *)ps->grad + lo / n, QT_DT_F32, 0.0f, (hi - lo) / n, s);
+    if (ps->gshard) qt_host_shard_clear(ps->gshard, k0, k1); /* no pass over host memory: marked */
     else if (ps->place.g_host) qt_fill((char *)ps->grad + lo * ges(ps), ps->grad_dt, 0.0f, hi - lo, s); /* a kernel, not a memset */
     else if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
     else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
