@@ -809,10 +809,11 @@ if has pending22; then
     } 2>&1 | tee "$OUT/pending22.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|tokens/s|rror'
 fi
 # pending23 (branch wip/box-overlap, GPU-untested when written): the 14B box step's two waits (bench/RESULTS.md
-# section 13). ZeRO-3's shared-slot gathers on a stream of their own (dp_sync gside) and
-# qt_comm_all_gather_host's pulls on comm lanes of their own (not behind the gradient sums' copies); the
-# e4m3 codes of offloaded pieces made in a device scratch (shared slot 0) instead of through the mapping
-# (mutant 13: the piece not copied up). First on one GPU (ranks share it): the comm tests, ZeRO-3 = ZeRO-2,
+# section 13). With offloaded pieces (and one GPU's offloaded weights) the shared-slot gathers on a stream of
+# their own (dp_sync gside) and qt_comm_all_gather_host's pulls on comm lanes of their own (not behind the
+# gradient sums' copies); the e4m3 small params gathered once per change of the pieces (small_gather) so no
+# staged collective runs on that stream; the e4m3 codes of offloaded pieces made in a device scratch (shared
+# slot 0) instead of through the mapping (mutant 13: the piece not copied up). First on one GPU (ranks share it): the comm tests, ZeRO-3 = ZeRO-2,
 # e4m3 = bf16 gathers with mutants 11-13, the ZeRO-3 mutants (slot waits, delays on the gather stream),
 # a rank failing mid-gather, the offloaded pieces and shards with ranks, one GPU's offloaded weights and
 # quants; then with 4 GPUs the 14B box with its breakdown (BOX_EXTRA as section 13; the waits "rmsnorm bwd"

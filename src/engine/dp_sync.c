@@ -331,11 +331,37 @@ static int stale_fill(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
     return 1;
 }
 
+/* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
+ * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->small_recv. */
+static uint16_t *small_of(const qt_dp_sync *d, int b) {
+    return (uint16_t *)d->ps->small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->small.max_packed;
+}
+
+/* ZeRO-3 e4m3 gathers: layer bucket b's small params all-gathered on s into small_of(b), once the pieces
+ * changed (refresh_codes): this rank's segments packed from its piece w (device: the pieces, or the
+ * copy refresh_codes made of offloaded ones; element off at w[0]). Every gather of the bucket then copies
+ * them from there: no collective beside the gather's own (on the gather stream only a host-resident
+ * all-gather may run, which uses no staging arena or one-shot kernel; comm.c). */
+static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cudaStream_t s) {
+    qt_param_store *ps = d->ps;
+    const qt_small_params *m = &ps->small;
+    int rank = d->plan.rank, n = ps->shard.n_ranks;
+    size_t at = 0;
+    for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
+        qt_flat_range g = m->seg[b * n + rank][i];
+        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
+        at += g.len;
+    }
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, small_of(d, b), ps->small_send, (size_t)n * m->packed[b], QT_DT_BF16,
+                                s) == 0,
+             "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
+}
+
 /* e4m3 weight codes (parallel.gather_dtype e4m3, memory.offload quants), a layer bucket b into a shared slot on
  * s. ZeRO-3: the block matrices' e4m3 codes into
  * dst8 (every rank's piece of the bucket's codes, two per bf16 element: pieces are multiples of 64), the
- * rest (qt_small_params.h) into dst in bf16: this rank's segments packed, all-gathered, every rank's
- * segments copied to their flat places. The bf16 slot's matrix elements are left stale: nothing reads
+ * rest (qt_small_params.h) into dst in bf16: every rank's segments copied to their flat places from
+ * small_of(b). The bf16 slot's matrix elements are left stale: nothing reads
  * them (the model takes the layer's Wq and Wq^T from dst8, qt_fp8_use_weights_e4m3). One GPU: the bucket's
  * codes and its small params' segments copied up from the host arrays (1 byte per matrix element instead of 2). */
 static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
@@ -358,21 +384,12 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
     int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s);
     QT_CHECK(rc == 0, "rank %d: e4m3 weight all-gather of bucket %d aborted (another rank failed)", rank, b);
-    size_t at = 0;
-    for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
-        qt_flat_range g = m->seg[b * n + rank][i];
-        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->small_send + at, (uint16_t *)ps->w + st + (g.off - off), g.len * 2,
-                                cudaMemcpyDefault, s));
-        at += g.len;
-    }
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->small_recv, ps->small_send, (size_t)n * P, QT_DT_BF16, s) == 0,
-             "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
+    const uint16_t *got = small_of(d, b);
     for (int r = 0; r < n; r++) {
-        at = 0;
+        size_t at = 0;
         for (int i = 0; i < m->n_seg[b * n + r]; i++) {
             qt_flat_range g = m->seg[b * n + r][i];
-            QT_CUDA(cudaMemcpyAsync((uint16_t *)dst + (g.off - lo), (uint16_t *)ps->small_recv + r * P + at, g.len * 2,
-                                    cudaMemcpyDeviceToDevice, s));
+            QT_CUDA(cudaMemcpyAsync((uint16_t *)dst + (g.off - lo), got + r * P + at, g.len * 2, cudaMemcpyDeviceToDevice, s));
             at += g.len;
         }
     }
@@ -442,6 +459,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     }
     if (cnt) codes_of(d, ml, mk, cnt, off, len, w, w8, s);
     if (staged && len) QT_CUDA(cudaMemcpyAsync(ps->w8 + st, w8, len, cudaMemcpyDeviceToHost, s));
+    if (!d->plan.weights_host) small_gather(d, b, w, off, s); /* ZeRO-3 */
 }
 
 /* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it (offloaded
@@ -479,7 +497,7 @@ static void z3_gather(void *ctx, int b, void *dst, void *dst8, cudaStream_t s) {
     qt_dp_sync *d = ctx;
     QT_CHECK(!(d->plan.rank == d->fail_rank && ++d->gathers == d->fail_gather),
              "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->fail_gather, b);
-    if (d->ag_delay_ms && s == d->gside) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
+    if (d->ag_delay_ms && s == d->io.side && s != d->io.model) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
     fill_bucket(d, b, dst, dst8, s);
 }
 
@@ -756,11 +774,15 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
     }
     if (p->wslots) { /* the own slots are filled from the initial pieces at the first forward; offloaded
                       * weights always prefetch (copy up) on the gather stream */
-        if (p->overlap || p->weights_host) {
+        /* a stream of their own only where a gather is copies from pinned host memory (offloaded pieces:
+         * qt_comm_all_gather_host; one GPU: H2D copies): a staged or one-shot collective must not run beside
+         * another on a second stream (comm.c orders them by the caller's stream) */
+        if (p->weights_shard_host || p->weights_host) {
             QT_CUDA(cudaStreamCreateWithFlags(&d->gside, cudaStreamNonBlocking));
             QT_CUDA(cudaEventCreateWithFlags(&d->gside_ev, cudaEventDisableTiming));
         }
-        d->io = (qt_wslots_io){z3_gather, d, g->stream, d->gside ? d->gside : g->stream, d->mutant, &d->read_delay_ms};
+        d->io = (qt_wslots_io){z3_gather, d, g->stream, d->gside ? d->gside : p->overlap ? d->side : g->stream, d->mutant,
+                               &d->read_delay_ms};
         d->own_due = 1;
     }
     for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final
