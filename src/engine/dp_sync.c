@@ -776,8 +776,9 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
                       * weights always prefetch (copy up) on the gather stream */
         /* a stream of their own only where a gather is copies from pinned host memory (offloaded pieces:
          * qt_comm_all_gather_host; one GPU: H2D copies): a staged or one-shot collective must not run beside
-         * another on a second stream (comm.c orders them by the caller's stream) */
-        if (p->weights_shard_host || p->weights_host) {
+         * another on a second stream (comm.c orders them by the caller's stream). Ranks prefetch only with
+         * parallel.overlap_comm. */
+        if ((p->weights_shard_host && p->overlap) || p->weights_host) {
             QT_CUDA(cudaStreamCreateWithFlags(&d->gside, cudaStreamNonBlocking));
             QT_CUDA(cudaEventCreateWithFlags(&d->gside_ev, cudaEventDisableTiming));
         }
