@@ -14,8 +14,8 @@
 # multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants]);
 # brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
-# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); pending23 (session 23: the box
-# step's gathers beside its sums, the e4m3 codes made on the GPU)
+# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); pending23, box23 (session 23: the
+# box step's gathers beside its sums, the e4m3 codes made on the GPU)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -809,16 +809,18 @@ if has pending22; then
     } 2>&1 | tee "$OUT/pending22.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|tokens/s|rror'
 fi
 # pending23 (branch wip/box-overlap, GPU-untested when written): the 14B box step's two waits (bench/RESULTS.md
-# section 13). With offloaded pieces (and one GPU's offloaded weights) the shared-slot gathers on a stream of
-# their own (dp_sync gside) and qt_comm_all_gather_host's pulls on comm lanes of their own (not behind the
-# gradient sums' copies); the e4m3 small params gathered once per change of the pieces (small_gather) so no
-# staged collective runs on that stream; the e4m3 codes of offloaded pieces made in a device scratch (shared
-# slot 0) instead of through the mapping (mutant 13: the piece not copied up). First on one GPU (ranks share it): the comm tests, ZeRO-3 = ZeRO-2,
-# e4m3 = bf16 gathers with mutants 11-13, the ZeRO-3 mutants (slot waits, delays on the gather stream),
-# a rank failing mid-gather, the offloaded pieces and shards with ranks, one GPU's offloaded weights and
-# quants; then with 4 GPUs the 14B box with its breakdown (BOX_EXTRA as section 13; the waits "rmsnorm bwd"
-# and "optimizer: weight all-gather" were 7.0 and 3.3 s of 23.8). On 4 GPUs run it as `pending23 multi_zero3`
-# (ZeRO-3 on separate GPUs, both transports).
+# section 13). With offloaded pieces (and one GPU's offloaded weights) the shared-slot gathers run on a
+# stream of their own (dp_sync gside) and qt_comm_all_gather_host's pulls on comm lanes of their own (not
+# behind the gradient sums' copies); the e4m3 small params are gathered once per change of the pieces
+# (small_gather), so no staged collective runs on that stream; the e4m3 codes of offloaded pieces are made
+# in a device scratch (shared slot 0) instead of through the mapping (mutant 13: the piece not copied up).
+# One GPU (ranks share it): the comm tests (host all-gathers beside staged reduce-scatters), ZeRO-3 =
+# ZeRO-2, e4m3 = bf16 gathers with mutants 11-13, the ZeRO-3 mutants (slot waits, delays on the gather
+# stream), a rank failing mid-gather, offloaded pieces and shards with ranks, one GPU's offloaded weights
+# and quants. box23 (4 GPUs, alone, ~9 minutes): the 14B box at LLM.Q's precision with its breakdown (the
+# waits "rmsnorm bwd" and "optimizer: weight all-gather" were 7.0 and 3.3 s of 23.8), then 7B with its
+# pieces offloaded (its plan keeps them on the GPU, so its gathers are staged collectives that stay on the
+# side stream; host transport moves the same bytes either way). Then multi_zero3 (separate GPUs).
 if has pending23; then
     { step test_comm_gpu 300 build/tests/test_comm_gpu
       step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
@@ -828,11 +830,12 @@ if has pending23; then
       step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
       step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
       step offload_quants 600 env QT_TEST_ONLY=quants build/tests/test_offload
-    } 2>&1 | tee "$OUT/pending23.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|mutant|rror'
-    if [ "$ngpu" -ge 4 ]; then
-        BOX_MODELS=14b BOX_STEPS="--warmup 1 --steps 2 --breakdown" BOX_EXTRA="--set precision.master_dtype=bf16 \
-            --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3" OUT="$OUT/box23" bash "$0" multi_box
-    fi
+    } 2>&1 | tee "$OUT/pending23.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|mutant|exact|rror'
+fi
+if has box23 && [ "$ngpu" -ge 4 ]; then
+    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
+    BOX_MODELS=14b BOX_STEPS="--warmup 1 --steps 2 --breakdown" BOX_EXTRA="$llmq" OUT="$OUT/box23_14b" bash "$0" multi_box
+    BOX_MODELS=7b BOX_EXTRA="$llmq --set memory.offload=[weights]" OUT="$OUT/box23_7b_w" bash "$0" multi_box
 fi
 # rc_cost2 (session 21): swiglu+norm against none at equal micro-batch again, 1.5B fp8 as rc_cost, the two
 # alternated three times (each run a fresh process: rc_cost's "none" moved 3.5% between two calls), with the
