@@ -818,9 +818,9 @@ fi
 # ZeRO-2, e4m3 = bf16 gathers with mutants 11-13, the ZeRO-3 mutants (slot waits, delays on the gather
 # stream), a rank failing mid-gather, offloaded pieces and shards with ranks, one GPU's offloaded weights
 # and quants. box23 (4 GPUs, alone, ~9 minutes): the 14B box at LLM.Q's precision with its breakdown (the
-# waits "rmsnorm bwd" and "optimizer: weight all-gather" were 7.0 and 3.3 s of 23.8), then 7B with its
-# pieces offloaded (its plan keeps them on the GPU, so its gathers are staged collectives that stay on the
-# side stream; host transport moves the same bytes either way). Then multi_zero3 (separate GPUs).
+# waits "rmsnorm bwd" and "optimizer: weight all-gather" were 7.0 and 3.3 s of 23.8), then 7B as auto
+# plans it now (its pieces offloaded: only host-resident pieces' gathers get the gather stream; under a host
+# transport the gathers move the same bytes either way). Then multi_zero3 (separate GPUs).
 if has pending23; then
     { step test_comm_gpu 300 build/tests/test_comm_gpu
       step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
@@ -835,10 +835,9 @@ fi
 if has box23 && [ "$ngpu" -ge 4 ]; then
     llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
     BOX_MODELS=14b BOX_STEPS="--warmup 1 --steps 2 --breakdown" BOX_EXTRA="$llmq" OUT="$OUT/box23_14b" bash "$0" multi_box
-    # the optimizer's moments offloaded too (memory.offload lists them: auto's choice at this cap), ZeRO-3 given:
-    # --plan (H100 rates) puts it at mb 16 x 8, 38,065 tokens/s predicted against auto's 29,587
-    BOX_MODELS=7b BOX_EXTRA="$llmq --set memory.offload=[weights,m,v] --set parallel.zero=3" OUT="$OUT/box23_7b_w" \
-        bash "$0" multi_box
+    # 7B: auto now takes the pieces and gradient shards offloaded at mb 32 x 4 (--plan, H100 rates: 39,301
+    # tokens/s predicted; section 13 ran auto's earlier plan, pieces on the GPU, mb 8 x 16: 37,206 measured)
+    BOX_MODELS=7b BOX_EXTRA="$llmq" OUT="$OUT/box23_7b" bash "$0" multi_box
 fi
 # rc_cost2 (session 21): swiglu+norm against none at equal micro-batch again, 1.5B fp8 as rc_cost, the two
 # alternated three times (each run a fresh process: rc_cost's "none" moved 3.5% between two calls), with the
