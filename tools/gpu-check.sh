@@ -14,8 +14,9 @@
 # multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants]);
 # brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
-# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); pending23, box23 (session 23: the
-# box step's gathers beside its sums, the e4m3 codes made on the GPU)
+# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (4 GPUs: issue 28 item 2's
+# 7B ZeRO-3 and host-transport rows); pending23, box23 (session 23: the box step's gathers beside its sums,
+# the e4m3 codes made on the GPU)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -389,6 +390,23 @@ if has multi_scale; then
           done
       done
     } 2>&1 | tee "$OUT/multi_scale.log" | grep -E '^(==|FAIL)|tokens/s|rror'
+fi
+# scale7b (issue 28 item 2's missing rows, bench/RESULTS.md section 6): 7B fp8 at LLM.Q's setting with ZeRO-3 on
+# 2 and 4 GPUs over the probe's transport, and ZeRO-1/2/3 on 4 GPUs over host staging, against the one-GPU
+# run of the same call (fraction of ideal = tokens/s / (N x it)). ~9 minutes on 4 GPUs.
+if has scale7b && [ "$ngpu" -ge 4 ]; then
+    s7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --set memory.host_limit_gib=400"
+    { step scale_7b_fp8_1gpu_zero1 600 $s7 --set parallel.gpus=1 --set parallel.zero=1 --set data.grad_accum=64
+      for n in 2 4; do
+          step scale_7b_fp8_${n}gpu_zero3 600 $s7 --set parallel.gpus=$n --set parallel.zero=3 --set data.grad_accum=$((64 / n)) \
+              --set perf.cuda_graphs=false
+      done
+      for z in 1 2 3; do
+          z3=""; [ "$z" = 3 ] && z3="--set perf.cuda_graphs=false"
+          step scale_7b_fp8_4gpu_zero${z}_host 600 $s7 --set parallel.gpus=4 --set parallel.zero=$z --set data.grad_accum=16 \
+              --set parallel.comm=host $z3
+      done
+    } 2>&1 | tee "$OUT/scale7b.log" | grep -E '^(==|FAIL)|tokens/s|rror'
 fi
 if has multi_box && [ "$ngpu" -ge 4 ]; then
     # the shipped configs give their one-GPU plan's keys; auto hands them back to the planner
