@@ -285,12 +285,18 @@ static int live_item(const gpu_engine *e, int i) {
     if (i == 0) return ps->master ? (ps->opt_host & QT_OFF_MASTER) != 0 : live_w(e);
     return i == 1 ? live_w(e) : (ps->opt_host & (i == 2 ? QT_OFF_M : QT_OFF_V)) != 0;
 }
+/* Elements of checkpoint item i (0 master, 1 bf16 weights, 2 m, 3 v): the rank's pieces, but the bf16 weights
+ * whole below ZeRO-3. */
+static size_t item_elems(const gpu_engine *e, int i) {
+    return i == 1 && e->plan.zero < 3 ? e->base.L->numel : e->g->ps->shard.len;
+}
+
 /* The bytes of those items when they are live (a widened "weights" is the host weights' view: no bytes). */
 static size_t live_bytes(const gpu_engine *e) {
     const qt_param_store *ps = e->g->ps;
     size_t es[4] = {ps->master ? 4 : 0, 2, qt_dtype_size(ps->m_dt), qt_dtype_size(ps->v_dt)}, bytes = 0;
     for (int i = 0; i < 4; i++)
-        if (live_item(e, i)) bytes += (i == 1 && e->plan.zero < 3 ? e->base.L->numel : ps->shard.len) * es[i]; /* as state_items */
+        if (live_item(e, i)) bytes += item_elems(e, i) * es[i];
     return bytes;
 }
 
@@ -303,14 +309,13 @@ static size_t live_bytes(const gpu_engine *e) {
 static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     gpu_engine *e = (gpu_engine *)b;
     const qt_param_store *ps = e->g->ps;
-    size_t n = b->L->numel, ns = ps->shard.len;
     QT_CHECK(cap >= 4, "need room for 4 checkpoint items, got %d", cap);
     qt_dp_sync_join(e->sync);
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
     for (int i = ps->master ? 0 : 1; i < 4; i++) {
         qt_dtype dt;
         const void *src = qt_param_item(ps, i, &dt);
-        size_t bytes = (i == 1 && e->plan.zero < 3 ? n : ns) * qt_dtype_size(dt);
+        size_t bytes = item_elems(e, i) * qt_dtype_size(dt);
         if (live_item(e, i)) {
             items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes, 0};
             continue;
@@ -471,7 +476,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
      * in place (the default of an offloaded state; set_state_copy adds their copy when the trainer chooses
      * one); a bf16 master's "weights" is the bf16 copy, widened as it is written */
     const qt_param_store *ps = e->g->ps;
-    size_t snap = (e->plan.zero >= 3 ? ps->shard.len : L->numel) * 2 +
+    size_t snap = item_elems(e, 1) * 2 +
                   ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) - live_bytes(e);
     qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", snap);
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
