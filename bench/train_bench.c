@@ -98,16 +98,17 @@ static double gemm_ceiling(int fp8) {
 
 int main(int argc, char **argv) {
     const char *path = NULL, *sets[64];
-    int nsets = 0, steps = 10, warmup = 3, breakdown = 0;
+    int nsets = 0, steps = 10, warmup = 3, breakdown = 0, bd_steps = 3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--breakdown")) breakdown = 1;
+        else if (!strcmp(argv[i], "--breakdown-steps") && i + 1 < argc) breakdown = 1, bd_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < 64) sets[nsets++] = argv[++i];
         else path = argv[i];
     }
     if (!path) {
-        fprintf(stderr, "usage: train_bench config.yaml [--steps N] [--warmup N] [--breakdown] [--set k=v ...]\n");
+        fprintf(stderr, "usage: train_bench config.yaml [--steps N] [--warmup N] [--breakdown] [--breakdown-steps N (3)] [--set k=v ...]\n");
         return 2;
     }
     if (qt_cuda_device_count() == 0) {
@@ -173,11 +174,11 @@ int main(int argc, char **argv) {
     }
     if (breakdown) { /* extra steps with an event around every op (they slow the step a little) */
         qt_engine_profile(e, 1);
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < bd_steps; s++) {
             for (int a = 0; a < cfg.data.grad_accum; a++) e->ops->micro_step(e, in, tgt, scale);
             e->ops->opt_step(e, 1e-4f, warmup + steps + s + 1, &loss, &gn);
         }
-        qt_engine_profile_print(e, 3);
+        qt_engine_profile_print(e, bd_steps);
         qt_engine_profile(e, 0);
     }
     size_t free1;

@@ -408,9 +408,10 @@ if has scale7b && [ "$ngpu" -ge 4 ]; then
       done
     } 2>&1 | tee "$OUT/scale7b.log" | grep -E '^(==|FAIL)|tokens/s|rror'
 fi
-if has multi_box && [ "$ngpu" -ge 4 ]; then
+box_gpus=${BOX_GPUS:-4} # BOX_GPUS=2: the same box with two cards (where only two GPUs are lent)
+if has multi_box && [ "$ngpu" -ge "$box_gpus" ]; then
     # the shipped configs give their one-GPU plan's keys; auto hands them back to the planner
-    box="--set parallel.gpus=4 --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
+    box="--set parallel.gpus=$box_gpus --set parallel.comm=host --set memory.gpu_limit_gib=24 --set memory.plan=auto"
     for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload precision.grad_accum_dtype \
         precision.master_dtype parallel.zero; do box="$box --set $k=auto"; done
     box="$box --set perf.cuda_graphs=false" # ZeRO-3 runs without CUDA graphs
@@ -419,14 +420,16 @@ if has multi_box && [ "$ngpu" -ge 4 ]; then
     { for m in ${BOX_MODELS:-7b 14b 32b}; do
           # 524,288 tokens per step over the 4 GPUs: grad_accum = 128 sequences / the config's micro-batch
           mb=$(sed -n 's/^ *micro_batch: *\([0-9]*\).*/\1/p' configs/qwen2.5-$m-fp8.yaml)
-          ga="--set data.grad_accum=$((128 / mb))"
+          ga="--set data.grad_accum=$((${BOX_SEQS:-128} / mb))" # BOX_SEQS: sequences per rank and step
           step box_plan_$m 120 build/qtrain --plan configs/qwen2.5-$m-fp8.yaml $box $ga ${BOX_EXTRA:-} --gpu-mem 24
-          step box_$m 600 /usr/bin/time -v build/bench/train_bench configs/qwen2.5-$m-fp8.yaml ${BOX_STEPS:---warmup 1 --steps 2} $box $ga ${BOX_EXTRA:-}
+          step box_$m 600 /usr/bin/time -v ${BOX_BENCH:-build/bench/train_bench} configs/qwen2.5-$m-fp8.yaml ${BOX_STEPS:---warmup 1 --steps 2} $box $ga ${BOX_EXTRA:-}
       done
-      printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
-      python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
-      start=$(date +%s); step fail_rank3_of_4 120 build/tests/tool_train_fault "$OUT/fail4.yaml" 3 3
-      echo "stopped after $(( $(date +%s) - start )) s"
+      if [ "$box_gpus" = 4 ]; then # the injected failure: rank 3 of 4
+          printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
+          python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
+          start=$(date +%s); step fail_rank3_of_4 120 build/tests/tool_train_fault "$OUT/fail4.yaml" 3 3
+          echo "stopped after $(( $(date +%s) - start )) s"
+      fi
     } 2>&1 | tee "$OUT/multi_box.log" | grep -E '^(PASS|FAIL|SKIP|==)|tokens/s|rank 3|stopped|fits|does not fit|chosen|Maximum resident|rror'
 fi
 if has recompute; then
@@ -849,6 +852,18 @@ if has pending23; then
       step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
       step offload_quants 600 env QT_TEST_ONLY=quants build/tests/test_offload
     } 2>&1 | tee "$OUT/pending23.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|mutant|exact|rror'
+fi
+# box24 (2 GPUs: only one- and two-GPU kinds lent in session 24): the 14B box with two cards, main's
+# train_bench (carried as build/dev/bench/train_bench_main) against this branch's, one after the other
+# (the host holds one 180 GiB plan at a time), 64 sequences per rank and step, with the breakdown: do the
+# two waits of section 13 ("rmsnorm bwd", "optimizer: weight all-gather") shrink?
+if has box24 && [ "$ngpu" -ge 2 ]; then
+    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
+    for b in branch main; do
+        bench=build/bench/train_bench; [ $b = main ] && bench=build/bench/train_bench_main
+        BOX_GPUS=2 BOX_SEQS=64 BOX_MODELS=${BOX24_MODEL:-14b} BOX_BENCH=$bench BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
+            BOX_EXTRA="$llmq" OUT="$OUT/box24_$b" bash "$0" multi_box
+    done
 fi
 if has box23 && [ "$ngpu" -ge 4 ]; then
     llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
