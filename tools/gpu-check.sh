@@ -394,16 +394,18 @@ fi
 # scale7b (issue 28 item 2's missing rows, bench/RESULTS.md section 6): 7B fp8 at LLM.Q's setting with ZeRO-3 on
 # 2 and 4 GPUs over the probe's transport, and ZeRO-1/2/3 on 4 GPUs over host staging, against the one-GPU
 # run of the same call (fraction of ideal = tokens/s / (N x it)). ~9 minutes on 4 GPUs.
-if has scale7b && [ "$ngpu" -ge 4 ]; then
+if has scale7b && [ "$ngpu" -ge 2 ]; then
     s7="build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --set memory.host_limit_gib=400"
+    nh=4; [ "$ngpu" -lt 4 ] && nh=$ngpu # the host-transport rows on 4 GPUs (2 where only 2 are lent)
     { step scale_7b_fp8_1gpu_zero1 600 $s7 --set parallel.gpus=1 --set parallel.zero=1 --set data.grad_accum=64
       for n in 2 4; do
+          [ "$n" -le "$ngpu" ] || continue
           step scale_7b_fp8_${n}gpu_zero3 600 $s7 --set parallel.gpus=$n --set parallel.zero=3 --set data.grad_accum=$((64 / n)) \
               --set perf.cuda_graphs=false
       done
-      for z in 1 2 3; do
+      for z in 3 1 2; do
           z3=""; [ "$z" = 3 ] && z3="--set perf.cuda_graphs=false"
-          step scale_7b_fp8_4gpu_zero${z}_host 600 $s7 --set parallel.gpus=4 --set parallel.zero=$z --set data.grad_accum=16 \
+          step scale_7b_fp8_${nh}gpu_zero${z}_host 600 $s7 --set parallel.gpus=$nh --set parallel.zero=$z --set data.grad_accum=$((64 / nh)) \
               --set parallel.comm=host $z3
       done
     } 2>&1 | tee "$OUT/scale7b.log" | grep -E '^(==|FAIL)|tokens/s|rror'
@@ -853,17 +855,19 @@ if has pending23; then
       step offload_quants 600 env QT_TEST_ONLY=quants build/tests/test_offload
     } 2>&1 | tee "$OUT/pending23.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|mutant|exact|rror'
 fi
-# box24 (2 GPUs: only one- and two-GPU kinds lent in session 24): the 14B box with two cards, main's
-# train_bench (carried as build/dev/bench/train_bench_main) against this branch's, one after the other
-# (the host holds one 180 GiB plan at a time), 64 sequences per rank and step, with the breakdown: do the
-# two waits of section 13 ("rmsnorm bwd", "optimizer: weight all-gather") shrink?
+# box24 (2 GPUs: only one- and two-GPU kinds lent in session 24): the box with two cards, 64 sequences per
+# rank and step, with the breakdown, for each of BOX24_BINS (main: main's train_bench, carried as
+# build/dev/bench/train_bench_main; branch: this tree's) one after the other (the host holds one plan at a
+# time) and each of BOX24_MODELS. BOX24_OPT16=1 adds LLM.Q's bf16 AdamW moments (its published runs use
+# --opt-m-dtype=bf16 --opt-v-dtype=bf16) to its bf16 master weights and gradients and e4m3 gathers.
 if has box24 && [ "$ngpu" -ge 2 ]; then
     llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
-    for b in branch main; do
+    [ "${BOX24_OPT16:-0}" = 1 ] && llmq="$llmq --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
+    for b in ${BOX24_BINS:-branch main}; do for m in ${BOX24_MODELS:-14b}; do
         bench=build/bench/train_bench; [ $b = main ] && bench=build/bench/train_bench_main
-        BOX_GPUS=2 BOX_SEQS=64 BOX_MODELS=${BOX24_MODEL:-14b} BOX_BENCH=$bench BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
-            BOX_EXTRA="$llmq" OUT="$OUT/box24_$b" bash "$0" multi_box
-    done
+        BOX_GPUS=2 BOX_SEQS=64 BOX_MODELS=$m BOX_BENCH=$bench BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
+            BOX_EXTRA="$llmq" OUT="$OUT/box24_${b}_$m" bash "$0" multi_box
+    done; done
 fi
 if has box23 && [ "$ngpu" -ge 4 ]; then
     llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
