@@ -14,9 +14,9 @@
 # multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants]);
 # brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
 # models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
-# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (4 GPUs: issue 28 item 2's
-# 7B ZeRO-3 and host-transport rows); pending23, box23 (session 23: the box step's gathers beside its sums,
-# the e4m3 codes made on the GPU)
+# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (2 or 4 GPUs: issue 28 item 2's 7B ZeRO-3 and
+# host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other);
+# pending23, box23 (branch wip/box-overlap: the box step's gathers beside its sums, the e4m3 codes made on the GPU)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -433,6 +433,18 @@ if has multi_box && [ "$ngpu" -ge "$box_gpus" ]; then
           echo "stopped after $(( $(date +%s) - start )) s"
       fi
     } 2>&1 | tee "$OUT/multi_box.log" | grep -E '^(PASS|FAIL|SKIP|==)|tokens/s|rank 3|stopped|fits|does not fit|chosen|Maximum resident|rror'
+fi
+# box_ab (session 24): the box with BOX_GPUS cards (default 2), 64 sequences per rank and step, with one step's
+# breakdown, for each train_bench of BOX_AB_BINS (names under build/bench: carry another tree's stripped
+# train_bench in build/dev/bench as e.g. train_bench_main for an A/B) one after the other (the host holds
+# one plan at a time), each model of BOX_AB_MODELS (14b), at LLM.Q's precision (bf16 master weights and
+# gradients, e4m3 gathers; the 14B config's AdamW moments are bf16 as in LLM.Q's runs, the 7B config's fp32).
+if has box_ab; then
+    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
+    for b in ${BOX_AB_BINS:-train_bench}; do for m in ${BOX_AB_MODELS:-14b}; do
+        BOX_GPUS=${BOX_GPUS:-2} BOX_SEQS=64 BOX_MODELS=$m BOX_BENCH=build/bench/$b BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
+            BOX_EXTRA="$llmq" OUT="$OUT/box_ab_${b}_$m" bash "$0" multi_box
+    done; done
 fi
 if has recompute; then
     { for part in mutant bf16 fp8 dp_offload plan_matches; do # one test per step (QT_TEST_ONLY=part runs one alone)
@@ -854,20 +866,6 @@ if has pending23; then
       step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
       step offload_quants 600 env QT_TEST_ONLY=quants build/tests/test_offload
     } 2>&1 | tee "$OUT/pending23.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|mutant|exact|rror'
-fi
-# box24 (2 GPUs: only one- and two-GPU kinds lent in session 24): the box with two cards, 64 sequences per
-# rank and step, with the breakdown, for each of BOX24_BINS (main: main's train_bench, carried as
-# build/dev/bench/train_bench_main; branch: this tree's) one after the other (the host holds one plan at a
-# time) and each of BOX24_MODELS. BOX24_OPT16=1 adds LLM.Q's bf16 AdamW moments (its published runs use
-# --opt-m-dtype=bf16 --opt-v-dtype=bf16) to its bf16 master weights and gradients and e4m3 gathers.
-if has box24 && [ "$ngpu" -ge 2 ]; then
-    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
-    [ "${BOX24_OPT16:-0}" = 1 ] && llmq="$llmq --set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
-    for b in ${BOX24_BINS:-branch main}; do for m in ${BOX24_MODELS:-14b}; do
-        bench=build/bench/train_bench; [ $b = main ] && bench=build/bench/train_bench_main
-        BOX_GPUS=2 BOX_SEQS=64 BOX_MODELS=$m BOX_BENCH=$bench BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
-            BOX_EXTRA="$llmq" OUT="$OUT/box24_${b}_$m" bash "$0" multi_box
-    done; done
 fi
 if has box23 && [ "$ngpu" -ge 4 ]; then
     llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"

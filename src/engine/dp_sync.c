@@ -675,7 +675,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
         }
         d->sent = sh->n_buckets;
     }
-    qt_gpu_model_mark(g, "optimizer: norm + adamw");
+    qt_gpu_model_mark(g, "optimizer: gradient norm");
     if (sh->n_ranks == 1) {
         qt_grad_norm(ps->norm, ps->clip, ps->grad, ps->grad_dt, sh->total, d->grad_clip, g->ws, s);
         return;
@@ -712,14 +712,14 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     if (sh->n_ranks == 1 && !d->plan.opt_ahead && !d->plan.wslots) return;
     cudaStream_t s = ahead ? d->side : g->stream;
     if (d->plan.wslots) { /* no whole weights to gather into (or none on the GPU): the own slots only */
-        if (k0 == 0 && sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather");
+        if (sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather"); /* and the codes */
         if (ahead) side_follows(d);
         if (ahead && k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
         z3_gather_own(d, k0, k1, s);
         return;
     }
     while (ql < nl && qt_layer_end(L, ql) <= sh->bucket[k0]) ql++; /* quantized with an earlier bucket */
-    if (k0 == 0 && sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather");
+    if (sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather"); /* and the codes */
     if (ahead) {
         side_follows(d);
         if (k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));

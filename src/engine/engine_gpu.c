@@ -122,7 +122,9 @@ static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
         int k0, k1;
         qt_param_opt_buckets(ps, i, &k0, &k1);
         inject_nonfinite(e, a->t, k0, k1, os);
+        qt_gpu_model_mark(g, "optimizer: adamw"); /* the marks time the model's stream: not ahead (os is it) */
         qt_param_opt_step(ps, i, a, os);
+        qt_gpu_model_mark(g, "optimizer: finiteness count");
         count_nonfinite(e, k0, k1, os);
         if (ahead) qt_param_zero_grads(ps, k0, k1, os);
         qt_dp_sync_release(e->sync, k0, k1);
@@ -135,6 +137,7 @@ static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
             qt_gpu_model_mark(g, "fp8 quantize: weights");
             qt_fp8_quantize_weights(g->fp8, e->base.L, ps->w, 0, e->base.L->cfg.num_layers, g->stream);
         }
+        qt_gpu_model_mark(g, "optimizer: zero gradients");
         qt_param_zero_grads(ps, 0, ps->shard.n_buckets, g->stream);
     }
 }
