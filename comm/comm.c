@@ -301,9 +301,9 @@ static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t cou
     if (coll_phase_a(c, r, &k, s)) return -1;
     size_t myo, myl;
     seg(op, count, c->n, root, r, &myo, &myl);
-    int used[QT_COMM_LANES + 1] = {0};
+    int used[QT_COMM_ALL_LANES + 1] = {0};
     for (int step = 1; step < c->n; step++) {
-        int j = (r - step + c->n) % c->n, lane = c->ring ? 1 : step;
+        int j = (r - step + c->n) % c->n, lane = (c->ring ? 1 : step) + (op == QT_OP_AG_HOST ? QT_COMM_LANES : 0);
         seg(op, count, c->n, root, j, &o, &l);
         if (!l) continue;
         if (!used[lane]) b_dep(c, r, 0, lane, s);
@@ -312,7 +312,7 @@ static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t cou
         b_copy(c, r, lane, s, dst + o * es, c->slot[k.slot].src[j], l * es);
     }
     if (op == QT_OP_AG || op == QT_OP_AG_HOST) b_copy(c, r, 0, s, dst + myo * es, src, myl * es);
-    for (int lane = 1; lane <= QT_COMM_LANES; lane++)
+    for (int lane = 1; lane <= QT_COMM_ALL_LANES; lane++)
         if (used[lane]) b_dep(c, r, lane, 0, s);
     return coll_end(c, r, &k, s);
 }

@@ -14,19 +14,24 @@
 
 struct qt_comm_gpu {
     int dev, nlanes;
-    cudaStream_t lane[QT_COMM_LANES];
+    cudaStream_t lane[QT_COMM_ALL_LANES]; /* [0, nlanes) and [QT_COMM_LANES, QT_COMM_LANES + nlanes) */
     cudaEvent_t ready[QT_COMM_SLOTS], done[QT_COMM_SLOTS];
     cudaEvent_t chunk[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS], pull[QT_COMM_SLOTS][QT_COMM_MAX_CHUNKS];
-    cudaEvent_t dep[QT_COMM_LANES + 1];
-    cudaEvent_t pulled[QT_COMM_LANES + 1][2];
+    cudaEvent_t dep[QT_COMM_ALL_LANES + 1];
+    cudaEvent_t pulled[QT_COMM_ALL_LANES + 1][2];
     unsigned long long *flags; /* one-shot flag cells (QT_COMM_MAX_RANKS), device memory */
     qt_oneshot_local *local;   /* one-shot kernel words, device memory */
     int max_blocks;            /* one-shot grid cap: this device's SMs (every block resident at once) */
 };
 
+/* Whether lane l (1.. 2 x QT_COMM_LANES) has a stream: the first nlanes of each half. */
+static int lane_made(const qt_comm_gpu *g, int l) {
+    return l >= 1 && l <= QT_COMM_ALL_LANES && (l - 1) % QT_COMM_LANES < g->nlanes;
+}
+
 static cudaStream_t lane_stream(qt_comm *c, int r, int lane, cudaStream_t s) {
     if (lane == 0) return s;
-    QT_CHECK(lane <= c->g[r]->nlanes, "comm lane %d of %d", lane, c->g[r]->nlanes);
+    QT_CHECK(lane_made(c->g[r], lane), "comm lane %d (%d per half)", lane, c->g[r]->nlanes);
     return c->g[r]->lane[lane - 1];
 }
 
@@ -112,7 +117,8 @@ void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
         g->dev = c->devices[r];
         g->nlanes = c->n - 1 > 2 ? c->n - 1 : 2;
         QT_CUDA(cudaSetDevice(g->dev));
-        for (int l = 0; l < g->nlanes; l++) QT_CUDA(cudaStreamCreateWithFlags(&g->lane[l], cudaStreamNonBlocking));
+        for (int l = 1; l <= QT_COMM_ALL_LANES; l++)
+            if (lane_made(g, l)) QT_CUDA(cudaStreamCreateWithFlags(&g->lane[l - 1], cudaStreamNonBlocking));
         unsigned ef = cudaEventDisableTiming;
         for (int k = 0; k < QT_COMM_SLOTS; k++) {
             QT_CUDA(cudaEventCreateWithFlags(&g->ready[k], ef));
@@ -122,7 +128,8 @@ void qt_commg_init(qt_comm *c, size_t arena_total, int wc) {
                 QT_CUDA(cudaEventCreateWithFlags(&g->pull[k][i], ef));
             }
         }
-        for (int l = 0; l <= g->nlanes; l++) {
+        for (int l = 0; l <= QT_COMM_ALL_LANES; l++) {
+            if (l && !lane_made(g, l)) continue;
             QT_CUDA(cudaEventCreateWithFlags(&g->dep[l], ef));
             QT_CUDA(cudaEventCreateWithFlags(&g->pulled[l][0], ef));
             QT_CUDA(cudaEventCreateWithFlags(&g->pulled[l][1], ef));
@@ -149,9 +156,10 @@ void qt_commg_free(qt_comm *c) {
         qt_comm_gpu *g = c->g[r];
         if (!g) continue;
         QT_CUDA(cudaSetDevice(g->dev));
-        for (int l = 0; l < g->nlanes; l++) {
-            QT_CUDA(cudaStreamSynchronize(g->lane[l]));
-            QT_CUDA(cudaStreamDestroy(g->lane[l]));
+        for (int l = 1; l <= QT_COMM_ALL_LANES; l++) {
+            if (!lane_made(g, l)) continue;
+            QT_CUDA(cudaStreamSynchronize(g->lane[l - 1]));
+            QT_CUDA(cudaStreamDestroy(g->lane[l - 1]));
         }
         for (int k = 0; k < QT_COMM_SLOTS; k++) {
             QT_CUDA(cudaEventDestroy(g->ready[k]));
@@ -161,7 +169,8 @@ void qt_commg_free(qt_comm *c) {
                 QT_CUDA(cudaEventDestroy(g->pull[k][i]));
             }
         }
-        for (int l = 0; l <= g->nlanes; l++) {
+        for (int l = 0; l <= QT_COMM_ALL_LANES; l++) {
+            if (l && !lane_made(g, l)) continue;
             QT_CUDA(cudaEventDestroy(g->dep[l]));
             QT_CUDA(cudaEventDestroy(g->pulled[l][0]));
             QT_CUDA(cudaEventDestroy(g->pulled[l][1]));

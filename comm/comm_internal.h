@@ -37,6 +37,10 @@
 #define QT_COMM_ONESHOT_PEER_MAX ((size_t)16 << 20)
 #define QT_COMM_ONESHOT_HOST_MAX ((size_t)1 << 20)
 #define QT_COMM_LANES QT_COMM_MAX_RANKS /* internal streams per rank (>= max(2, N-1)) */
+/* Lanes QT_COMM_LANES + 1 .. 2 x QT_COMM_LANES: the pulls of qt_comm_all_gather_host, whose sources sit in
+ * pinned host memory and need no staging: on streams of their own they do not queue behind a staged
+ * collective's copies (a ZeRO-3 weight gather behind the previous layer's gradient reduce-scatter). */
+#define QT_COMM_ALL_LANES (2 * QT_COMM_LANES)
 
 /* Phases A, B, C count collectives; W and R count the chunk steps of a host ring
  * (collective seq << QT_COMM_STEP_BITS | step + 1), posted after a rank enqueued its write / reads. */

@@ -155,8 +155,9 @@ typedef struct {
     qt_gpu_optim *opt;    /* AdamW of this rank's pieces, in groups (qt_param_opt_groups) */
     /* place.w8: the e4m3 codes of the rank's pieces [shard.len] (device arena, or pinned host with w_host; one GPU:
      * [shard.total], pinned host; only the block matrices' elements of layer buckets are meaningful), the small
-     * params' map (owned), ZeRO-3's packed send buffer [small.max_packed] and all-gather result
-     * [n_ranks * small.max_packed] (bf16; NULL on one GPU), and 64 fp32 abs-maxes */
+     * params' map (owned), ZeRO-3's packed send buffer [small.max_packed] and every layer bucket's all-gather
+     * result [n_buckets][n_ranks * small.max_packed] (bf16, made when the pieces change; NULL on one GPU), and
+     * 64 fp32 abs-maxes */
     uint8_t *w8;
     qt_small_params small;
     void *small_send, *small_recv;

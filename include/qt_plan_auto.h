@@ -10,9 +10,9 @@
  * and 3)): a new memory feature is a new row. A key the config gives is a constraint (its axis keeps the
  * given value). bf16 master weights or gradients change the numerics: a plan with them is kept only when
  * no plan with fp32 ones fits, and the chosen plan then says so. Offloaded weights or gradients (the same
- * bits) cost PCIe bytes every micro-step: among the rest a plan with them is kept only when no plan
- * without them fits (then the cost model picks among them). At equal predicted speed the plainer
- * plan wins (each axis lists its plainest value first). Each candidate's plan is made with qt_plan_run (no GPU, nothing
+ * bits) cost PCIe bytes every micro-step, which the cost model charges as an upper bound: a plan with them
+ * wins where it is predicted faster. At equal predicted speed the plainer plan wins (each axis lists its
+ * plainest value first, and the offload axis varies last). Each candidate's plan is made with qt_plan_run (no GPU, nothing
  * allocated) and kept when it fits the GPU (memory.gpu_limit_gib, else the probe's GPU memory) and the
  * host limit. Cost per optimizer step, in three parts (qt_plan_cost):
  * compute:

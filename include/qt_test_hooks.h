@@ -42,9 +42,11 @@ typedef struct {
                              * device staging without bringing it up first (qt_param_grad_piece_add);
                              * parallel.gather_dtype e4m3: 11 = each rank quantizes its pieces with their own
                              * abs-max (no max over the ranks); 12 = the codes are made only once (stale
-                             * after the first AdamW); a host gradient shard's clearing (qt_host_shard.h):
-                             * 14 = a cleared piece's chunks are neither brought up nor zeroed in their slots,
-                             * 15 = a cleared piece is written or read without being zeroed first */
+                             * after the first AdamW); 13 = with offloaded pieces the codes are made in the
+                             * device scratch without copying the piece up (what the slot held before); a host
+                             * gradient shard's clearing (qt_host_shard.h): 14 = a cleared piece's chunks are
+                             * neither brought up nor zeroed in their slots, 15 = a cleared piece is written or
+                             * read without being zeroed first */
     long zero3_read_delay_ms; /* > 0: ZeRO-3: the model stream sleeps this long after each weight acquire,
                              * before the layer reads (a gather that does not wait for the slot's
                              * readers overwrites it first); dp_ag_delay_ms also delays each ZeRO-3 gather */

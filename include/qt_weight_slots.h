@@ -88,5 +88,9 @@ void qt_wslots_filled(qt_weight_slots *ws, int b, cudaStream_t s);
 void qt_wslots_acquire(qt_weight_slots *ws, const qt_wslots_io *io, int b, int dir);
 /* The rank's pieces changed (AdamW, a load): no shared slot or cached margin is valid any more. */
 void qt_wslots_invalidate(qt_weight_slots *ws);
+/* Shared slot 0's memory as the caller's scratch: *bytes of room for bf16 data, and its e4m3 half (*codes,
+ * *codes_bytes; NULL and 0 without qt_wslots_use_e4m3). Only between qt_wslots_invalidate and the next
+ * acquire, on a stream that follows the slot's last readers and gathers. */
+void *qt_wslots_scratch(const qt_weight_slots *ws, size_t *bytes, void **codes, size_t *codes_bytes);
 
 #endif

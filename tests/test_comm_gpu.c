@@ -2,7 +2,8 @@
  * device, with 1 rank and with 8 (round-robin over the devices); odd sizes, chunk and ring-slot edges,
  * random delays, 10,000 back-to-back collectives, abort, an injected failure and one hardware queue per
  * device (child processes), all-reduce on both sides of the fused kernel's limit, the broadcast chain
- * behind a late root, the host rings behind a late reader, and collectives above 4 GiB.
+ * behind a late root, the host rings behind a late reader, host all-gathers on a second stream beside
+ * staged reduce-scatters, and collectives above 4 GiB.
  * Skips cleanly without a CUDA device. */
 #include <cuda_runtime.h>
 
@@ -136,6 +137,107 @@ static void test_host_auto_chunk(void) {
 }
 static void test_host(void) { run_kind(QT_COMM_HOST, 0, 0); }
 static void test_host_wc(void) { run_kind(QT_COMM_HOST_WC, 0, 0); }
+/* qt_comm_all_gather_host on a second stream beside staged (host ring) reduce-scatters on the first, as
+ * ZeRO-3's gather stream runs beside the gradient sums (src/engine/dp_sync.c): the same calls in the same
+ * order on every rank, random host-function sleeps on either stream, 20 of each with their own outputs;
+ * every value is a small integer in fp32, so each result is exact. One rank per GPU, then 3 on one GPU. */
+typedef struct {
+    qt_comm *c;
+    int r, n;
+    size_t count;
+    float **piece; /* [n] each rank's pinned host piece of the all-gather (shard of count) */
+    char err[320];
+} beside_arg;
+#define BESIDE_ITERS 20
+
+static void CUDART_CB beside_sleep(void *us) { usleep((useconds_t)(uintptr_t)us); }
+
+static float beside_rs_in(int r, size_t i) { return (float)((r + 1) * (int)(i % 97)); }
+static float beside_piece(int j, size_t i) { return (float)(j * 131 + (int)(i % 89)); }
+
+static void *beside_worker(void *p) {
+    beside_arg *a = p;
+    int r = a->r, n = a->n;
+    size_t N = a->count, off, len;
+    qt_error_set_rank(r);
+    qt_comm_shard(N, n, r, &off, &len);
+    cudaStream_t sa = d_stream(r), sb = d_stream(r);
+    float *h = malloc(N * 4 * BESIDE_ITERS);
+    QT_CHECK(h, "out of host memory");
+    for (size_t i = 0; i < N; i++) h[i] = beside_rs_in(r, i);
+    float *src = d_alloc(r, N * 4), *rs = d_alloc(r, BESIDE_ITERS * len * 4), *ag = d_alloc(r, BESIDE_ITERS * N * 4);
+    d_put(r, sa, src, h, N * 4);
+    qt_rng g;
+    qt_rng_seed(&g, 17 + (uint64_t)r);
+    for (int it = 0; it < BESIDE_ITERS && !a->err[0]; it++) {
+        if (qt_rng_below(&g, 2)) QT_CUDA(cudaLaunchHostFunc(sa, beside_sleep, (void *)(uintptr_t)qt_rng_below(&g, 3000)));
+        if (qt_comm_reduce_scatter(a->c, r, rs + it * len, src, N, QT_DT_F32, sa))
+            snprintf(a->err, sizeof a->err, "rank %d: reduce-scatter %d aborted", r, it);
+        if (qt_rng_below(&g, 2)) QT_CUDA(cudaLaunchHostFunc(sb, beside_sleep, (void *)(uintptr_t)qt_rng_below(&g, 3000)));
+        if (!a->err[0] && qt_comm_all_gather_host(a->c, r, ag + it * N, a->piece[r], N, QT_DT_F32, sb))
+            snprintf(a->err, sizeof a->err, "rank %d: host all-gather %d aborted", r, it);
+    }
+    d_get(r, sb, h, ag, BESIDE_ITERS * N * 4);
+    for (int it = 0; it < BESIDE_ITERS && !a->err[0]; it++)
+        for (int j = 0; j < n && !a->err[0]; j++) {
+            size_t oj, lj;
+            qt_comm_shard(N, n, j, &oj, &lj);
+            for (size_t i = 0; i < lj; i++)
+                if (h[it * N + oj + i] != beside_piece(j, i)) {
+                    snprintf(a->err, sizeof a->err, "rank %d: all-gather %d, element %zu: %g, expected %g", r, it, oj + i,
+                             h[it * N + oj + i], beside_piece(j, i));
+                    break;
+                }
+        }
+    d_get(r, sa, h, rs, BESIDE_ITERS * len * 4);
+    for (int it = 0; it < BESIDE_ITERS && !a->err[0]; it++)
+        for (size_t i = 0; i < len; i++) {
+            float want = 0;
+            for (int j = 0; j < n; j++) want += beside_rs_in(j, off + i);
+            if (h[it * len + i] != want) {
+                snprintf(a->err, sizeof a->err, "rank %d: reduce-scatter %d, element %zu: %g, expected %g", r, it, off + i,
+                         h[it * len + i], want);
+                break;
+            }
+        }
+    d_release(r, src);
+    d_release(r, rs);
+    d_release(r, ag);
+    d_stream_free(r, sa);
+    d_stream_free(r, sb);
+    free(h);
+    return NULL;
+}
+
+static void test_host_pulls_beside_staged(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    for (int which = 0; which < 2; which++) {
+        int n = layout(which);
+        if (n < 2) continue;
+        size_t N = 1000003;
+        qt_comm *c = make(n, QT_COMM_HOST, 0, 64 << 10, 0);
+        float *piece[QT_COMM_MAX_RANKS];
+        beside_arg a[QT_COMM_MAX_RANKS];
+        pthread_t t[QT_COMM_MAX_RANKS];
+        for (int j = 0; j < n; j++) {
+            size_t oj, lj;
+            qt_comm_shard(N, n, j, &oj, &lj);
+            piece[j] = d_halloc(lj * 4);
+            for (size_t i = 0; i < lj; i++) piece[j][i] = beside_piece(j, i);
+        }
+        for (int r = 0; r < n; r++) {
+            a[r] = (beside_arg){c, r, n, N, piece, {0}};
+            pthread_create(&t[r], NULL, beside_worker, &a[r]);
+        }
+        for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+        for (int r = 0; r < n; r++) QT_EXPECT(!a[r].err[0], "%d ranks on %s: %s", n, which ? "one GPU" : "their GPUs", a[r].err);
+        printf("  %d ranks (%s): %d host all-gathers beside %d staged reduce-scatters, every value exact\n", n,
+               which ? "one GPU" : "a GPU each", BESIDE_ITERS, BESIDE_ITERS);
+        qt_comm_free(c);
+        for (int j = 0; j < n; j++) d_hrelease(piece[j]);
+    }
+}
+
 static void test_random_delays(void) {
     run_kind(QT_COMM_PEER, 1, 1);
     run_kind(QT_COMM_HOST, 0, 1);
@@ -600,6 +702,7 @@ int main(void) {
     QT_RUN(test_host_auto_chunk);
     QT_RUN(test_host);
     QT_RUN(test_host_wc);
+    QT_RUN(test_host_pulls_beside_staged);
     QT_RUN(test_random_delays);
     QT_RUN(test_oneshot_forced_and_default);
     QT_RUN(test_oneshot_late_rank);

@@ -471,6 +471,30 @@ static void test_auto_axes(void) {
                   b.zero == 1, "7B x 4 at 80 GiB, micro-batch 1: zero 2 chosen though zero 1 fits as fast");
 }
 
+/* memory.offload's weights / gradients are taken where they are predicted faster than every plan without
+ * them, and only there. Four 24 GiB cards with a host transport at LLM.Q's precision: 7B with them at a
+ * larger micro-batch beats the best plan without them (bench/RESULTS.md section 13 ran the one without:
+ * 37,206 tokens/s). One GPU at 80 GiB: the plan without them is faster; none taken. */
+static void test_auto_offload_only_faster(void) {
+    qt_plan_choice b, p;
+    int n;
+#define D7B "data: {train: 'none_*.bin', seq_len: 1024, grad_accum: 128}\n" \
+            "precision: {matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true, master_dtype: bf16, grad_accum_dtype: bf16}\n"
+#define BOX "parallel: {gpus: 4, comm: host, gather_dtype: e4m3}\nperf: {cuda_graphs: false}\n" \
+            "memory: {plan: auto, host_limit_gib: 500, gpu_limit_gib: 24"
+    QT_REQUIRE(auto_pick(B7, D7B BOX "}\n", &b, &n) == 0, "7B on the box: no plan");
+    QT_REQUIRE(auto_pick(B7, D7B BOX ", offload: []}\n", &p, &n) == 0, "7B on the box without offloaded items: no plan");
+    printf("  7B on the box: %.0f tokens/s with offloaded items %d (mb %d), %.0f without (mb %d)\n", b.tokens_per_s,
+           b.offload_bits, b.micro_batch, p.tokens_per_s, p.micro_batch);
+    QT_EXPECT(b.offload_bits && b.tokens_per_s > p.tokens_per_s, "7B on the box: offloaded items %d at %.0f vs %.0f without",
+              b.offload_bits, b.tokens_per_s, p.tokens_per_s);
+    QT_REQUIRE(auto_pick(B7, D7B "memory: {plan: auto, host_limit_gib: 1024, gpu_limit_gib: 80}\n", &b, &n) == 0,
+               "7B on one 80 GiB GPU: no plan");
+    QT_EXPECT(!b.offload_bits, "7B on one 80 GiB GPU: offloaded items %d taken", b.offload_bits);
+#undef D7B
+#undef BOX
+}
+
 /* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes,
  * ZeRO-3's weight gathers, the offloaded weights' copies, gradient sums through host memory. */
 static void test_auto_axes_cost(void) {
@@ -928,6 +952,7 @@ int main(void) {
     QT_RUN(test_auto_choice);
     QT_RUN(test_auto_axes);
     QT_RUN(test_auto_lossy_hint);
+    QT_RUN(test_auto_offload_only_faster);
     QT_RUN(test_auto_axes_cost);
     QT_RUN(test_cost_calibration);
     QT_RUN(test_cost_grid);

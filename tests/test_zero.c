@@ -804,7 +804,8 @@ static void test_zero3_equals_zero2(void) {
  * and 4 ranks some buckets of the test model (hidden 128 < 64 x ranks) stay bf16: both paths in one run.
  * Cases: persistent quants on and off, overlap on and off, accumulation, block recompute, the pieces
  * offloaded, a tied model. Then the mutants must differ: a rank quantizing with its own pieces' abs-max
- * (11) and codes never made again after the first step (12). */
+ * (11), codes never made again after the first step (12) and, with the pieces offloaded, codes made in
+ * the device scratch without the piece copied up (13). */
 static void test_zero3_e4m3_gathers(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
@@ -851,8 +852,16 @@ static void test_zero3_e4m3_gathers(void) {
     snprintf(extra[0], sizeof extra[0], "parallel: {%s, zero: 3, gather_dtype: bf16, overlap_comm: true}\n" FP8, rk);
     QT_REQUIRE(run("g8mut_ref", "g8mut_ref", extra[0], 1, 0, NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
     snprintf(extra[1], sizeof extra[1], "parallel: {%s, zero: 3, gather_dtype: e4m3, overlap_comm: true}\n" FP8, rk);
-    for (int mu = 11; mu <= 12; mu++) {
+    static const char *what[] = {"a rank's own abs-max", "codes made once", "offloaded pieces not copied up"};
+    for (int mu = 11; mu <= 13; mu++) {
         qt_test_hooks h = {.zero_mutant = mu};
+        if (mu == 13) { /* the offloaded pieces' codes are made in a device scratch: against their bf16 run */
+            snprintf(extra[0], sizeof extra[0], "parallel: {%s, zero: 3, gather_dtype: bf16, overlap_comm: true}\n" FP8
+                     "memory: {offload: [weights, master, m, v]}\n", rk);
+            QT_REQUIRE(run("g8mut_ref_w", "g8mut_ref_w", extra[0], 1, 0, NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
+            snprintf(extra[1], sizeof extra[1], "parallel: {%s, zero: 3, gather_dtype: e4m3, overlap_comm: true}\n" FP8
+                     "memory: {offload: [weights, master, m, v]}\n", rk);
+        }
         snprintf(tag, sizeof tag, "g8mut_%d", mu);
         qt_test_hooks_set(&h);
         int rc = run(tag, tag, extra[1], 1, 0, NULL, -1, &got, err, sizeof err);
@@ -862,7 +871,7 @@ static void test_zero3_e4m3_gathers(void) {
             continue;
         }
         same = qt_t_same_bits(&ref, &got, 0, why, sizeof why);
-        printf("  mutant %d (%s): %s\n", mu, mu == 11 ? "a rank's own abs-max" : "codes made once", same ? "NOT caught" : why);
+        printf("  mutant %d (%s): %s\n", mu, what[mu - 11], same ? "NOT caught" : why);
         QT_EXPECT(!same, "mutant %d not caught", mu);
     }
 }

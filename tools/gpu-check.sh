@@ -19,6 +19,7 @@
 # (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister); resolve
 # (issues 23 and 24's GPU tests at one commit, one GPU); pending24 (branch wip/opt-stream: weights and
 # gradients streamed with the offloaded optimizer state; runs resolve too)
+# pending23, box23 (branch wip/box-overlap: the box step's gathers beside its sums, the e4m3 codes made on the GPU)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -884,6 +885,37 @@ if has pending22; then
           step "rc_bf16_${rep}_$r" 240 $one --set "memory.recompute=$r"
       done; done
     } 2>&1 | tee "$OUT/pending22.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|tokens/s|rror'
+fi
+# pending23 (branch wip/box-overlap, GPU-untested when written): the 14B box step's two waits (bench/RESULTS.md
+# section 13). With offloaded pieces (and one GPU's offloaded weights) the shared-slot gathers run on a
+# stream of their own (dp_sync gside) and qt_comm_all_gather_host's pulls on comm lanes of their own (not
+# behind the gradient sums' copies); the e4m3 small params are gathered once per change of the pieces
+# (small_gather), so no staged collective runs on that stream; the e4m3 codes of offloaded pieces are made
+# in a device scratch (shared slot 0) instead of through the mapping (mutant 13: the piece not copied up).
+# One GPU (ranks share it): the comm tests (host all-gathers beside staged reduce-scatters), ZeRO-3 =
+# ZeRO-2, e4m3 = bf16 gathers with mutants 11-13, the ZeRO-3 mutants (slot waits, delays on the gather
+# stream), a rank failing mid-gather, offloaded pieces and shards with ranks, one GPU's offloaded weights
+# and quants. box23 (4 GPUs, alone, ~9 minutes): the 14B box at LLM.Q's precision with its breakdown (the
+# waits "rmsnorm bwd" and "optimizer: weight all-gather" were 7.0 and 3.3 s of 23.8), then 7B as auto
+# plans it now (its pieces offloaded: only host-resident pieces' gathers get the gather stream; under a host
+# transport the gathers move the same bytes either way). Then multi_zero3 (separate GPUs).
+if has pending23; then
+    { step test_comm_gpu 300 build/tests/test_comm_gpu
+      step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
+      step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
+      step zero3_mutants 900 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero
+      step zero3_mid_gather 300 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
+      step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
+      step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
+      step offload_quants 600 env QT_TEST_ONLY=quants build/tests/test_offload
+    } 2>&1 | tee "$OUT/pending23.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|mutant|exact|rror'
+fi
+if has box23 && [ "$ngpu" -ge 4 ]; then
+    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
+    BOX_MODELS=14b BOX_STEPS="--warmup 1 --steps 2 --breakdown" BOX_EXTRA="$llmq" OUT="$OUT/box23_14b" bash "$0" multi_box
+    # 7B: auto now takes the pieces and gradient shards offloaded at mb 32 x 4 (--plan, H100 rates: 39,301
+    # tokens/s predicted; section 13 ran auto's earlier plan, pieces on the GPU, mb 8 x 16: 37,206 measured)
+    BOX_MODELS=7b BOX_EXTRA="$llmq" OUT="$OUT/box23_7b" bash "$0" multi_box
 fi
 # rc_cost2 (session 21): swiglu+norm against none at equal micro-batch again, 1.5B fp8 as rc_cost, the two
 # alternated three times (each run a fresh process: rc_cost's "none" moved 3.5% between two calls), with the

@@ -56,7 +56,12 @@ struct qt_dp_sync {
     graph_set *capture;     /* the set being captured */
     qt_param_hooks wait_hooks;
     /* ZeRO-3 (plan.zero 3): the weight slots' gathers (qt_weight_slots.h) */
-    qt_wslots_io io;        /* gathers on the side stream with the overlap (prefetch), else the model's */
+    qt_wslots_io io;        /* gathers on gside with the overlap (prefetch), else the model's */
+    cudaStream_t gside;     /* the shared weight slots' gathers (prefetch) on a stream of their own, so the
+                             * backward's next gather does not queue behind this layer's gradient sums on the
+                             * side stream (7 of a 14B box step's 24.5 s, bench/RESULTS.md section 13; owned;
+                             * NULL without prefetch) */
+    cudaEvent_t gside_ev;
     long read_delay_ms;     /* test hook zero3_read_delay_ms */
     long gathers;           /* shared-slot gathers issued so far (test hook dp_fail_gather) */
     int codes_made;         /* e4m3 gathers: the codes were made once (test hook zero_mutant 12) */
@@ -131,10 +136,19 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     }
 }
 
+/* Stream `waiter` continues after what stream `on` has enqueued so far (ev: recorded, waited at once). */
+static void follow(cudaStream_t waiter, cudaStream_t on, cudaEvent_t ev) {
+    QT_CUDA(cudaEventRecord(ev, on));
+    QT_CUDA(cudaStreamWaitEvent(waiter, ev, 0));
+}
+
 /* The side stream continues after what the model's stream has enqueued so far. */
-static void side_follows(qt_dp_sync *d) {
-    QT_CUDA(cudaEventRecord(d->side_ev, d->g->stream));
-    QT_CUDA(cudaStreamWaitEvent(d->side, d->side_ev, 0));
+static void side_follows(qt_dp_sync *d) { follow(d->side, d->g->stream, d->side_ev); }
+
+/* Stream s continues after every gather on the gather stream so far (also a prefetch no one acquired,
+ * e.g. after an evaluation's forward). */
+static void gathers_join(qt_dp_sync *d, cudaStream_t s) {
+    if (d->gside && s != d->gside) follow(s, d->gside, d->gside_ev);
 }
 
 /* The stream the bucket sums of the backward go to: the side stream, after what the model's stream has
@@ -320,11 +334,37 @@ static int stale_fill(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
     return 1;
 }
 
+/* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
+ * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->small_recv. */
+static uint16_t *small_of(const qt_dp_sync *d, int b) {
+    return (uint16_t *)d->ps->small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->small.max_packed;
+}
+
+/* ZeRO-3 e4m3 gathers: layer bucket b's small params all-gathered on s into small_of(b), once the pieces
+ * changed (refresh_codes): this rank's segments packed from its piece w (device: the pieces, or the
+ * copy refresh_codes made of offloaded ones; element off at w[0]). Every gather of the bucket then copies
+ * them from there: no collective beside the gather's own (on the gather stream only a host-resident
+ * all-gather may run, which uses no staging arena or one-shot kernel; comm.c). */
+static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cudaStream_t s) {
+    qt_param_store *ps = d->ps;
+    const qt_small_params *m = &ps->small;
+    int rank = d->plan.rank, n = ps->shard.n_ranks;
+    size_t at = 0;
+    for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
+        qt_flat_range g = m->seg[b * n + rank][i];
+        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
+        at += g.len;
+    }
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, small_of(d, b), ps->small_send, (size_t)n * m->packed[b], QT_DT_BF16,
+                                s) == 0,
+             "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
+}
+
 /* e4m3 weight codes (parallel.gather_dtype e4m3, memory.offload quants), a layer bucket b into a shared slot on
  * s. ZeRO-3: the block matrices' e4m3 codes into
  * dst8 (every rank's piece of the bucket's codes, two per bf16 element: pieces are multiples of 64), the
- * rest (qt_small_params.h) into dst in bf16: this rank's segments packed, all-gathered, every rank's
- * segments copied to their flat places. The bf16 slot's matrix elements are left stale: nothing reads
+ * rest (qt_small_params.h) into dst in bf16: every rank's segments copied to their flat places from
+ * small_of(b). The bf16 slot's matrix elements are left stale: nothing reads
  * them (the model takes the layer's Wq and Wq^T from dst8, qt_fp8_use_weights_e4m3). One GPU: the bucket's
  * codes and its small params' segments copied up from the host arrays (1 byte per matrix element instead of 2). */
 static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
@@ -347,32 +387,25 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
     int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s);
     QT_CHECK(rc == 0, "rank %d: e4m3 weight all-gather of bucket %d aborted (another rank failed)", rank, b);
-    size_t at = 0;
-    for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
-        qt_flat_range g = m->seg[b * n + rank][i];
-        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->small_send + at, (uint16_t *)ps->w + st + (g.off - off), g.len * 2,
-                                cudaMemcpyDefault, s));
-        at += g.len;
-    }
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->small_recv, ps->small_send, (size_t)n * P, QT_DT_BF16, s) == 0,
-             "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
+    const uint16_t *got = small_of(d, b);
     for (int r = 0; r < n; r++) {
-        at = 0;
+        size_t at = 0;
         for (int i = 0; i < m->n_seg[b * n + r]; i++) {
             qt_flat_range g = m->seg[b * n + r][i];
-            QT_CUDA(cudaMemcpyAsync((uint16_t *)dst + (g.off - lo), (uint16_t *)ps->small_recv + r * P + at, g.len * 2,
-                                    cudaMemcpyDeviceToDevice, s));
+            QT_CUDA(cudaMemcpyAsync((uint16_t *)dst + (g.off - lo), got + r * P + at, g.len * 2, cudaMemcpyDeviceToDevice, s));
             at += g.len;
         }
     }
 }
 
 /* parallel.gather_dtype e4m3: cnt block matrices (layer ml[j], matrix mk[j]) of layer bucket b, whose
- * piece this rank holds at flat [off, off + len) (state index st): the rank's abs-maxes, their max over
- * the ranks (the whole tensor's, exactly) into each weight scale record, then the rank's codes of them
- * (qt_quant_fp8_cur with that record: the scale and bytes the bf16 path's quantize of the whole matrix
- * gives). Every rank makes the same calls (the same matrices: the layout's). */
-static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_t off, size_t len, size_t st, cudaStream_t s) {
+ * piece this rank holds at flat [off, off + len), read from w[len] (bf16, device) and coded into w8[len]:
+ * the rank's abs-maxes, their max over the ranks (the whole tensor's, exactly) into each weight scale
+ * record, then the rank's codes of them (qt_quant_fp8_cur with that record: the scale and bytes the bf16
+ * path's quantize of the whole matrix gives). Every rank makes the same calls (the same matrices: the
+ * layout's). */
+static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_t off, size_t len, const uint16_t *w,
+                     uint8_t *w8, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     qt_gpu_fp8 *f = d->g->fp8;
     size_t a[QT_FP8_NMM], z[QT_FP8_NMM], p0[64], p1[64];
@@ -381,7 +414,7 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
         qt_small_matrices(d->L, ml[j], a, z);
         p0[j] = a[mk[j]] > off ? a[mk[j]] : off, p1[j] = z[mk[j]] < off + len ? z[mk[j]] : off + len;
         if (p0[j] < p1[j])
-            qt_quant_amax(QT_DT_BF16, (uint16_t *)ps->w + st + (p0[j] - off), (long)(p1[j] - p0[j]), ps->amax8 + j, 1, s);
+            qt_quant_amax(QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), ps->amax8 + j, 1, s);
     }
     if (d->mutant != 11 && d->ps->shard.n_ranks > 1) /* MUTANT 11: each rank quantizes with its own pieces' abs-max */
         QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.rank, ps->amax8, cnt, QT_COMM_MAX, s) == 0,
@@ -391,26 +424,45 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
         int tag = qt_fp8_weight_tag(ml[j], (qt_fp8_mm)mk[j]);
         QT_CUDA(cudaMemcpyAsync(&sc->amax, ps->amax8 + j, 4, cudaMemcpyDeviceToDevice, s));
         if (p0[j] < p1[j])
-            qt_quant_fp8_cur(QT_DT_E4M3, ps->w8 + st + (p0[j] - off), QT_DT_BF16, (uint16_t *)ps->w + st + (p0[j] - off),
-                             (long)(p1[j] - p0[j]), sc, f->nonfinite, tag, s);
+            qt_quant_fp8_cur(QT_DT_E4M3, w8 + (p0[j] - off), QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), sc,
+                             f->nonfinite, tag, s);
         else qt_quant_scale(QT_DT_E4M3, sc, f->nonfinite, tag, s);
     }
 }
 
 /* The codes of layer bucket b's matrices (those of the layers that start their matrices in b: a layer
  * bucket holds them whole), in chunks of at most 64 (qt_comm_all_reduce_scalars), after the rank's pieces
- * changed (AdamW, a load). */
+ * changed (AdamW, a load). Pieces in pinned host memory (offloaded weights) are copied up into shared slot
+ * 0 (invalidated, and s follows its last readers and gathers: gathers_join), coded there and the codes
+ * copied down: copy engines at the PCIe rate, where kernels reading and writing through the mapping ran
+ * at ~3 GB/s with four GPUs (3.3 s of a 14B box step, bench/RESULTS.md section 13). The same kernels on
+ * the same values: the same codes. */
 static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     const qt_layout *L = d->L;
-    size_t off, len, st, lo = d->ps->shard.bucket[b], hi = d->ps->shard.bucket[b + 1];
-    int ml[64], mk[64], cnt = 0;
-    qt_shard_piece(&d->ps->shard, b, &off, &len, &st);
+    qt_param_store *ps = d->ps;
+    size_t off, len, st, lo = ps->shard.bucket[b], hi = ps->shard.bucket[b + 1];
+    int ml[64], mk[64], cnt = 0, staged = d->plan.weights_shard_host || d->plan.weights_host;
+    qt_shard_piece(&ps->shard, b, &off, &len, &st);
+    const uint16_t *w = (const uint16_t *)ps->w + st;
+    uint8_t *w8 = ps->w8 + st;
+    if (staged && len) {
+        size_t room, room8;
+        void *c8;
+        uint16_t *up = qt_wslots_scratch(ps->wslots, &room, &c8, &room8);
+        QT_CHECK(len * 2 <= room && len <= room8, "rank %d: bucket %d's piece of %zu elements does not fit the weight slot's "
+                 "%zu / %zu bytes", d->plan.rank, b, len, room, room8);
+        if (d->mutant != 13) QT_CUDA(cudaMemcpyAsync(up, w, len * 2, cudaMemcpyHostToDevice, s)); /* MUTANT 13: not */
+        QT_CUDA(cudaMemcpyAsync(c8, w8, len, cudaMemcpyHostToDevice, s)); /* what no matrix covers stays as it was */
+        w = up, w8 = c8;
+    }
     for (int l = 0; l < L->cfg.num_layers; l++) {
         if (L->layers[l].wqkv < lo || L->layers[l].wqkv >= hi) continue;
         for (int k = 0; k < QT_FP8_NMM; k++) ml[cnt] = l, mk[cnt++] = k;
-        if (cnt + QT_FP8_NMM > 64) codes_of(d, ml, mk, cnt, off, len, st, s), cnt = 0;
+        if (cnt + QT_FP8_NMM > 64) codes_of(d, ml, mk, cnt, off, len, w, w8, s), cnt = 0;
     }
-    if (cnt) codes_of(d, ml, mk, cnt, off, len, st, s);
+    if (cnt) codes_of(d, ml, mk, cnt, off, len, w, w8, s);
+    if (staged && len) QT_CUDA(cudaMemcpyAsync(ps->w8 + st, w8, len, cudaMemcpyDeviceToHost, s));
+    if (!d->plan.weights_host) small_gather(d, b, w, off, s); /* ZeRO-3 */
 }
 
 /* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it (offloaded
@@ -448,7 +500,7 @@ static void z3_gather(void *ctx, int b, void *dst, void *dst8, cudaStream_t s) {
     qt_dp_sync *d = ctx;
     QT_CHECK(!(d->plan.rank == d->fail_rank && ++d->gathers == d->fail_gather),
              "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->fail_gather, b);
-    if (d->ag_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
+    if (d->ag_delay_ms && s == d->io.side && s != d->io.model) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
     fill_bucket(d, b, dst, dst8, s);
 }
 
@@ -467,11 +519,15 @@ static void z3_backward(void *ctx, size_t from) {
 
 /* ZeRO-3 / offloaded weights: the buckets [k0, k1) with slots of their own gathered (copied up) on s
  * (the others are filled when the model acquires them); from bucket 0 on, no shared slot holds valid
- * weights any more. */
+ * weights any more. The gather stream then follows s: its next gathers read the codes made here and may
+ * fill the shared slot the codes were made in. */
 static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
     qt_weight_slots *ws = d->ps->wslots;
     const qt_shard *sh = &d->ps->shard;
-    if (k0 == 0) qt_wslots_invalidate(ws);
+    if (k0 == 0) {
+        gathers_join(d, s);
+        qt_wslots_invalidate(ws);
+    }
     if (k1 == sh->n_buckets) d->own_due = 0;
     /* e4m3 gathers: the layer buckets' codes from the changed pieces (MUTANT 12: only the first time) */
     for (int k = k0; d->plan.gather_e4m3 && k < k1 && !(d->mutant == 12 && d->codes_made); k++)
@@ -482,6 +538,7 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
         fill_bucket(d, k, qt_wslots_own_data(ws, k), NULL, s);
         qt_wslots_filled(ws, k, s);
     }
+    if (d->gside) follow(d->gside, s, d->gside_ev);
 }
 
 void qt_dp_sync_reload(qt_dp_sync *d) {
@@ -493,9 +550,10 @@ void qt_dp_sync_reload(qt_dp_sync *d) {
 void qt_dp_sync_inputs(qt_dp_sync *d) { sums_wait(d); }
 
 void qt_dp_sync_join(qt_dp_sync *d) {
-    if (d->plan.wslots && d->io.side != d->io.model) { /* every gather (copy up) on the side stream */
-        QT_CUDA(cudaEventRecord(d->side_ev, d->side));
-        QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->side_ev, 0));
+    if (d->plan.wslots && d->io.side != d->io.model) { /* the own slots' gathers and the codes on the side stream,
+                                                          * the shared slots' on the gather stream */
+        follow(d->g->stream, d->side, d->side_ev);
+        gathers_join(d, d->g->stream);
     } else if (d->plan.weights_ahead) {
         weights_wait(d, SIZE_MAX);
     }
@@ -719,8 +777,16 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
         for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&d->ag_ev[k], cudaEventDisableTiming));
     }
     if (p->wslots) { /* the own slots are filled from the initial pieces at the first forward; offloaded
-                      * weights always prefetch (copy up) on the side stream */
-        d->io = (qt_wslots_io){z3_gather, d, g->stream, p->overlap || p->weights_host ? d->side : g->stream, d->mutant,
+                      * weights always prefetch (copy up) on the gather stream */
+        /* a stream of their own only where a gather is copies from pinned host memory (offloaded pieces:
+         * qt_comm_all_gather_host; one GPU: H2D copies): a staged or one-shot collective must not run beside
+         * another on a second stream (comm.c orders them by the caller's stream). Ranks prefetch only with
+         * parallel.overlap_comm. */
+        if ((p->weights_shard_host && p->overlap) || p->weights_host) {
+            QT_CUDA(cudaStreamCreateWithFlags(&d->gside, cudaStreamNonBlocking));
+            QT_CUDA(cudaEventCreateWithFlags(&d->gside_ev, cudaEventDisableTiming));
+        }
+        d->io = (qt_wslots_io){z3_gather, d, g->stream, d->gside ? d->gside : p->overlap ? d->side : g->stream, d->mutant,
                                &d->read_delay_ms};
         d->own_due = 1;
     }
@@ -739,6 +805,11 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaStreamSynchronize(d->side));
         QT_CUDA(cudaStreamDestroy(d->side));
         QT_CUDA(cudaEventDestroy(d->side_ev));
+    }
+    if (d->gside) {
+        QT_CUDA(cudaStreamSynchronize(d->gside));
+        QT_CUDA(cudaStreamDestroy(d->gside));
+        QT_CUDA(cudaEventDestroy(d->gside_ev));
     }
     for (int k = 0; d->plan.weights_ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
     int slots = d->plan.grads_sharded || d->plan.grads_host;

@@ -404,19 +404,20 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                        smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
                        gpu_cap / 1073741824.0, what);
     /* bf16 master / gradients only where no plan with fp32 ones fits (the numerics first: offloading keeps
-     * the bits); then offloaded weights / gradients only where no plan without them fits (they move the
-     * weights or gradients over PCIe every micro-step and the cost model bounds that from above only);
-     * among plans that need them the cost model picks, whichever items */
-    int least = 2, plain = 0, kept = 0;
+     * the bits); among those, the fastest, offloaded weights / gradients included: the cost model charges
+     * their PCIe bytes as an upper bound, so a plan with them predicted faster is (on one GPU they win only
+     * where nothing else fits: tools/fits_table.py's cells; on four 24 GiB cards with a host transport,
+     * where ZeRO-3's gathers cross PCIe wherever the pieces are, 7B at micro-batch 32); at equal speed the
+     * plainer plan (by_speed keeps the enumeration order, memory.offload's axis last) */
+    int least = 2, kept = 0;
     for (int i = 0; i < count; i++) least = out[i].lossy < least ? out[i].lossy : least;
     if (lossy_out) { /* the fastest plan left out for its numerics */
         memset(lossy_out, 0, sizeof *lossy_out);
         for (int i = 0; i < count; i++)
             if (out[i].lossy > least && out[i].tokens_per_s > lossy_out->tokens_per_s) *lossy_out = out[i];
     }
-    for (int i = 0; i < count; i++) plain |= out[i].lossy == least && !out[i].offload_bits;
     for (int i = 0; i < count; i++)
-        if (out[i].lossy == least && (!plain || !out[i].offload_bits)) out[kept++] = out[i];
+        if (out[i].lossy == least) out[kept++] = out[i];
     count = kept;
     qsort(out, (size_t)count, sizeof *out, by_speed);
     *n = count;

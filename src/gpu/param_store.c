@@ -187,7 +187,8 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
             else ps->w8 = qt_mem_plan_carve(p, "weights (e4m3 shard)", ns);
             size_t P = ps->small.max_packed;
             ps->small_send = qt_mem_plan_carve(p, "weight slots (e4m3)", P * 2);
-            ps->small_recv = qt_mem_plan_carve(p, "weight slots (e4m3)", (size_t)ps->shard.n_ranks * P * 2);
+            /* every layer bucket's gathered small params, remade when the pieces change (dp_sync small_gather) */
+            ps->small_recv = qt_mem_plan_carve(p, "weight slots (e4m3)", (size_t)ps->shard.n_buckets * ps->shard.n_ranks * P * 2);
             ps->amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
         }
     } else if (ps->place.w_host) { /* w itself: qt_param_store_alloc_host */

@@ -202,6 +202,15 @@ void qt_wslots_invalidate(qt_weight_slots *ws) {
     ws->cur = -1;
 }
 
+void *qt_wslots_scratch(const qt_weight_slots *ws, size_t *bytes, void **codes, size_t *codes_bytes) {
+    QT_CHECK(ws->slot[0].bucket < 0 && ws->slot[0].alloc, "ZeRO-3: shared slot 0 used as scratch while it holds bucket %d",
+             ws->slot[0].bucket);
+    *bytes = slot_bytes(ws, ws->big);
+    *codes = ws->slot[0].alloc8;
+    *codes_bytes = ws->slot[0].alloc8 ? ws->big : 0;
+    return ws->slot[0].alloc;
+}
+
 static void CUDART_CB sleep_ms(void *ms) {
     struct timespec t = {*(long *)ms / 1000, *(long *)ms % 1000 * 1000000L};
     nanosleep(&t, NULL);
