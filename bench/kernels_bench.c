@@ -100,7 +100,7 @@ static void k_loss_2pass(bufs *b) { loss_with(b, QT_LMHEAD_TWO_PASS); }
 static void k_loss_cluster(bufs *b) { loss_with(b, QT_LMHEAD_CLUSTER); }
 static void k_loss_pipe(bufs *b) { loss_with(b, QT_LMHEAD_CLUSTER_PIPE); }
 static void k_adamw(bufs *b) {
-    qt_adamw_args a = {1e-4f, 0.9f, 0.95f, 1e-8f, 10, 1, 0, 0, 0};
+    qt_adamw_args a = {1e-4f, 0.9f, 0.95f, 1e-8f, 10, 1, 0, 0, 0, NULL};
     qt_adamw_step(b->plan, b->wb, b->master, b->g, QT_DT_F32, b->m, QT_DT_F32, b->v, QT_DT_F32, b->scal, b->absmax, &a, 0);
 }
 static void k_norm(bufs *b) { qt_grad_norm(b->scal + 1, b->scal, b->g, QT_DT_F32, NPARAM, 1.0f, b->ws_norm, 0); }

@@ -12,6 +12,9 @@
  * (precision.master_dtype bf16) the bf16 weight is read, updated in fp32 and rounded back the same way.
  * absmax[k] = max |new weight| over tensor k: block max, then atomicMax on the fp32 bit pattern, which
  * orders like the value for non-negative floats, so the result does not depend on block order.
+ * *nonfinite += the new weights whose |value| bits reach the all-ones exponent (NaN/Inf): a block sum, then
+ * one atomicAdd (integers: exact in any order); this is the engine's per-step finiteness check, made
+ * while the weights pass through here instead of a second read of them (host memory when offloaded).
  * Grid: every tensor is cut into ADAM_CH-element chunks, one block each; a block finds its tensor by
  * binary search over the table's first-block column. Within a chunk, threads take groups of 4
  * elements at flat indices that are multiples of 4 (float4 loads/stores of the fp32 arrays, 8-byte
@@ -146,10 +149,16 @@ static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, un
     return __float_as_uint(fabsf(wa));
 }
 
+/* A new weight's |value| bits u into the thread's abs-max and its NaN/Inf count (the all-ones exponent). */
+static __device__ __forceinline__ void tally(unsigned int u, unsigned int *amax, unsigned int *nbad) {
+    *amax = max(*amax, u);
+    *nbad += u >= 0x7f800000u;
+}
+
 __global__ void __launch_bounds__(ADAM_THREADS)
 adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const void *g, void *m, void *v,
-                 const float *grad_scale, float *absmax, adam_params p, int vec) {
-    __shared__ unsigned int sh[32];
+                 const float *grad_scale, float *absmax, unsigned *nonfinite, adam_params p, int vec) {
+    __shared__ unsigned int sh[32], shn[ADAM_THREADS / 32];
     unsigned long long b = blockIdx.x;
     int lo = 0, hi = ntab - 1; /* last entry with block0 <= b */
     while (lo < hi) {
@@ -162,6 +171,7 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
     unsigned long long c1 = c0 + ADAM_CH < e.numel ? c0 + ADAM_CH : e.numel;
     float gs = grad_scale ? *grad_scale : 1.0f, wd = e.wd;
     unsigned int amax = 0; /* bit pattern of max |w|: NaN (0x7fc00000) sorts above inf, so it survives */
+    unsigned int nbad = 0; /* new weights with |w| bits >= 0x7f800000: Inf or NaN */
     /* absolute range [a0, a1): scalar head up to a multiple of 4, groups of 4, scalar tail */
     unsigned long long a0 = e.offset + c0, a1 = e.offset + c1, h = a0, t = a0;
     if (vec) {
@@ -195,13 +205,13 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
                 *(uint2 *)(wb + wi) = u;
             }
 #pragma unroll
-            for (int k = 0; k < 4; k++) amax = max(amax, __float_as_uint(fabsf(w[k])));
+            for (int k = 0; k < 4; k++) tally(__float_as_uint(fabsf(w[k])), &amax, &nbad);
         }
     }
     for (unsigned long long i = a0 + threadIdx.x; i < h; i += ADAM_THREADS)
-        amax = max(amax, adam_one(i, i - e.shift, wb, master, g, m, v, gs, wd, &p));
+        tally(adam_one(i, i - e.shift, wb, master, g, m, v, gs, wd, &p), &amax, &nbad);
     for (unsigned long long i = t + threadIdx.x; i < a1; i += ADAM_THREADS)
-        amax = max(amax, adam_one(i, i - e.shift, wb, master, g, m, v, gs, wd, &p));
+        tally(adam_one(i, i - e.shift, wb, master, g, m, v, gs, wd, &p), &amax, &nbad);
     if (absmax) {
         unsigned int u = amax;
         for (int o = 16; o > 0; o >>= 1) u = max(u, __shfl_xor_sync(0xffffffffu, u, o));
@@ -210,6 +220,16 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
         if (threadIdx.x == 0) {
             for (int k = 1; k < ADAM_THREADS / 32; k++) u = max(u, sh[k]);
             atomicMax((unsigned int *)&absmax[lo], u);
+        }
+    }
+    if (nonfinite) { /* a kernel argument: every thread of the block takes this branch or none */
+        for (int o = 16; o > 0; o >>= 1) nbad += __shfl_xor_sync(0xffffffffu, nbad, o);
+        if ((threadIdx.x & 31) == 0) shn[threadIdx.x >> 5] = nbad;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < ADAM_THREADS / 32; k++) nbad += shn[k];
+            unsigned old = nbad ? atomicAdd(nonfinite, nbad) : 0;
+            if (old + nbad < old) atomicMax(nonfinite, 0xffffffffu); /* saturates as qt_count_nonfinite does */
         }
     }
 }
@@ -280,6 +300,6 @@ extern "C" void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *maste
               ((uintptr_t)m & (q.m_bf16 ? 7 : 15)) == 0 && ((uintptr_t)v & (q.v_bf16 ? 7 : 15)) == 0 &&
               p->shift4;
     adamw_fwd_kernel<<<(unsigned)p->blocks, ADAM_THREADS, 0, s>>>(p->table, p->n, (bf16 *)w_bf16, master, g, m,
-                                                                  v, grad_scale, absmax, q, vec);
+                                                                  v, grad_scale, absmax, a->nonfinite, q, vec);
     QT_CUDA(cudaGetLastError());
 }

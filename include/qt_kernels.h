@@ -141,6 +141,8 @@ typedef struct {
     int stochastic;    /* 1: bf16 weights rounded stochastically; 0: RNE */
     int g_at_state;    /* 1: g holds only the state's pieces, at the state index like m and v (ZeRO-2) */
     int w_at_state;    /* 1: so does w_bf16 (ZeRO-3); the stochastic rounding still hashes the flat index */
+    unsigned *nonfinite; /* device uint32 += the number of new weights that are NaN/Inf (the bf16 value when
+                          * w_bf16 is given, else the master), saturating at 2^32 - 1; NULL: not counted */
 } qt_adamw_args;
 /* One AdamW step, the arithmetic of qt_adamw_cpu (same fp32 operations in the same order):
  *   g' = g * (*grad_scale) (g fp32 or bf16 per g_dt; grad_scale: device pointer, NULL = 1); m, v updated (fp32 or bf16, m_dt /

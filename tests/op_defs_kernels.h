@@ -462,7 +462,7 @@ static const op_def OP_SUM = {"sum_f32", "n", 0, NULL, sum_build, sum_ref, sum_l
 static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f, 0}, {5056, 7, 0.0f, 5056}, {5120, 10000, 0.1f, 5120},
                                          {15168, 1, 0.0f, 15168}, {15171, 14, 0.1f, 15171}};
 #define ATOT 15232L
-static const qt_adamw_args ADAM_ARGS = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 1234, 0, 0, 0};
+static const qt_adamw_args ADAM_ARGS = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 1234, 0, 0, 0, NULL};
 static int adam_pad(long i) {
     for (int k = 0; k < NT; k++)
         if ((size_t)i >= ATAB[k].offset && (size_t)i < ATAB[k].offset + ATAB[k].numel) return 0;

@@ -6,6 +6,7 @@
  * under every cut, bit for bit. Every kernel's own check
  * against its CPU reference lives in test_ops_gpu.c's table. Skips without a GPU. */
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -221,7 +222,7 @@ static void test_adamw_sharded(void) {
         smv[r] = d_f32(zero, ATOT / 2);
         free(hw);
     }
-    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 77, 1, 0, 0};
+    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 77, 1, 0, 0, NULL};
     for (long t = 1; t <= 3; t++) {
         float *g = h_rand(ATOT, 1.0f);
         QT_CUDA(cudaMemcpy(dg, g, ATOT * 4, cudaMemcpyHostToDevice));
@@ -249,6 +250,53 @@ static void test_adamw_sharded(void) {
     qt_adamw_plan_free(whole);
     free(w); free(zero); free(gw); free(gm); free(gv); free(gb); free(gb2);
     cudaFree(dmaster); cudaFree(dm); cudaFree(dv); cudaFree(dg); cudaFree(wb); cudaFree(wb2);
+}
+
+/* AdamW's NaN/Inf count (qt_adamw_args.nonfinite: the engine's per-step finiteness check, made as the weights
+ * are written): gradients with NaN / +Inf / -Inf at elements on the vector path, in the scalar head and tails
+ * (tensors 1 and 4), a one-element tensor, and in alignment padding (not updated, so not counted); with an fp32
+ * master and its bf16 copy, and with bf16 weights only (stochastic rounding). The counter starts at 5 and is
+ * added to; a finite step adds nothing; the count equals the NaN/Inf new weights read back; a NULL counter
+ * leaves it alone. */
+static void test_adamw_counts_nonfinite(void) {
+    NEED_GPU();
+    static const size_t poison[] = {3, 4097, 5061, 5200, 15168, 15171, 15176, 15184, 5010, 15130};
+    const int n_poison = (int)(sizeof poison / sizeof poison[0]), in_padding = 2;
+    qt_adamw_plan *p = qt_adamw_plan_create(ATAB, NT);
+    unsigned *cnt, got = 0, start = 5;
+    QT_CUDA(cudaMalloc((void **)&cnt, sizeof *cnt));
+    for (int master = 0; master < 2; master++) {
+        float *w = h_rand(ATOT, 0.5f), *zero = calloc(ATOT, 4), *g1 = h_rand(ATOT, 1.0f), *g2 = h_rand(ATOT, 1.0f);
+        for (int k = 0; k < n_poison; k++) g2[poison[k]] = k % 3 == 0 ? NAN : k % 3 == 1 ? INFINITY : -INFINITY;
+        float *dmaster = master ? d_f32(w, ATOT) : NULL, *dm = d_f32(zero, ATOT), *dv = d_f32(zero, ATOT);
+        float *dg1 = d_f32(g1, ATOT), *dg2 = d_f32(g2, ATOT);
+        void *wb = d_bf16(w, ATOT);
+        QT_CUDA(cudaMemcpy(cnt, &start, sizeof start, cudaMemcpyHostToDevice));
+        qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 5, !master, 0, 0, cnt};
+        qt_adamw_step(p, wb, dmaster, dg1, QT_DT_F32, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
+        QT_CUDA(cudaMemcpy(&got, cnt, sizeof got, cudaMemcpyDeviceToHost));
+        QT_EXPECT(got == start, "master %d: a finite step counted %u (expected the start, %u)", master, got, start);
+        a.t = 2;
+        qt_adamw_step(p, wb, dmaster, dg2, QT_DT_F32, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
+        QT_CUDA(cudaMemcpy(&got, cnt, sizeof got, cudaMemcpyDeviceToHost));
+        float *hb = g_bf16(wb, ATOT);
+        unsigned want = 0;
+        for (int i = 0; i < ATOT; i++) want += !isfinite(hb[i]);
+        printf("  %s: %u NaN/Inf weights read back (%d poisoned gradients, %d in padding), counted %u - %u\n",
+               master ? "fp32 master + bf16 copy" : "bf16 weights (SR)", want, n_poison, in_padding, got, start);
+        QT_EXPECT(want == (unsigned)(n_poison - in_padding), "master %d: %u NaN/Inf weights, expected %d", master, want,
+                  n_poison - in_padding);
+        QT_EXPECT(got == start + want, "master %d: counted %u, expected %u + %u", master, got - start, start, want);
+        a.t = 3, a.nonfinite = NULL;
+        qt_adamw_step(p, wb, dmaster, dg2, QT_DT_F32, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
+        unsigned after = 0;
+        QT_CUDA(cudaMemcpy(&after, cnt, sizeof after, cudaMemcpyDeviceToHost));
+        QT_EXPECT(after == got, "master %d: a step without a counter changed it (%u -> %u)", master, got, after);
+        free(w), free(zero), free(g1), free(g2), free(hb);
+        cudaFree(dmaster), cudaFree(dm), cudaFree(dv), cudaFree(dg1), cudaFree(dg2), cudaFree(wb);
+    }
+    cudaFree(cnt);
+    qt_adamw_plan_free(p);
 }
 
 /* memory.offload_optimizer: the state in pinned host memory, streamed through the three slots in chunks
@@ -314,7 +362,7 @@ static void test_adamw_offload(void) {
         qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, dmaster, dm, dt, dv, dt, QT_DT_F32, NULL, 0, 0);
         qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hmaster, hm, dt, hv, dt, QT_DT_F32, slots, OCHUNK, QT_OPTIM_ALL);
         QT_EXPECT(qt_gpu_optim_groups(dev) == 2 && qt_gpu_optim_groups(off) == 2, "two groups expected");
-        qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
+        qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0, NULL};
         float *snap = malloc(tail * 4);
         for (long t = 1; t <= 3; t++) {
             two_steps_at(dev, off, wb, wb2, dg, &a, t, s);
@@ -429,7 +477,7 @@ static void test_adamw_offload_streamed(void) {
             qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? st.arr[0] : NULL, st.arr[1], dt, st.arr[2], dt,
                                                     QT_DT_F32, slots, OCHUNK, mask);
             qt_test_hooks_set(NULL);
-            qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf || !hm, 0, 0};
+            qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf || !hm, 0, 0, NULL};
             for (long t = 1; t <= 3; t++) steps_at(dev, off, wb, wb2, dg, dg2, &a, t, s);
             int same = state3_same(&st, hm ? 0 : 1);
             uint16_t *x = malloc(OTOT * 2), *y = malloc(OTOT * 2);
@@ -484,7 +532,7 @@ static void test_adamw_offload_parts(void) {
             qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, st.ref[0], st.ref[1], dt, st.ref[2], dt, QT_DT_F32, NULL, 0, 0);
             qt_gpu_optim *off =
                 qt_gpu_optim_create(OTAB, OT, start, 2, st.arr[0], st.arr[1], dt, st.arr[2], dt, QT_DT_F32, slots, OCHUNK, mask);
-            qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0};
+            qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf, 0, 0, NULL};
             for (long t = 1; t <= 3; t++) two_steps_at(dev, off, wb, wb2, dg, &a, t, s);
             int same = state3_same(&st, 0);
             float *gb = g_bf16(wb, OTOT), *gb2 = g_bf16(wb2, OTOT);
@@ -574,7 +622,7 @@ static void test_adamw_bf16_master_cuts(void) {
             }
             if (nt) pieces[np++] = qt_adamw_plan_create(t, nt);
         }
-        qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 4242, 1, 0, 0};
+        qt_adamw_args a = {1e-3f, 0.9f, 0.95f, 1e-8f, 1, 4242, 1, 0, 0, NULL};
         float *dg = d_poison(ATOT * 4);
         for (long t = 1; t <= 3; t++) {
             float *g = h_rand(ATOT, 1.0f);
@@ -654,6 +702,7 @@ int main(void) {
     QT_RUN(test_swiglu_bwd_quant_t_bitwise);
     QT_RUN(test_swiglu_bwd_h_bitwise);
     QT_RUN(test_adamw_sharded);
+    QT_RUN(test_adamw_counts_nonfinite);
     QT_RUN(test_adamw_offload);
     QT_RUN(test_adamw_offload_parts);
     QT_RUN(test_adamw_offload_streamed);

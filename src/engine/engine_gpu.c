@@ -99,20 +99,11 @@ static void inject_nonfinite(gpu_engine *e, long t, int k0, int k1, cudaStream_t
     }
 }
 
-/* Adds to bad_dev the NaN/Inf count of the bf16 weights this rank's AdamW wrote in buckets [k0, k1). */
-static void count_nonfinite(gpu_engine *e, int k0, int k1, cudaStream_t s) {
-    const qt_param_store *ps = e->g->ps;
-    for (int k = k0; k < k1 && !qt_test_hooks_get()->nonfinite_unchecked; k++) {
-        size_t off, len, st, np;
-        qt_shard_piece(&ps->shard, k, &off, &len, &st);
-        if ((np = qt_shard_params(off, len, e->base.L->numel))) qt_count_nonfinite(e->bad_dev, qt_param_w_mine(ps, off), np, s);
-    }
-}
-
 /* AdamW group by group on the plan's stream (the side stream when it runs ahead of the next forward,
- * the gradients zeroed behind it), each group's new weights counted for NaN/Inf and released to the
- * next forward; then the count goes to out->bad[t & 1], the fp8 quants of one GPU (once per step) and
- * the gradients zeroed. */
+ * the gradients zeroed behind it), each group's new weights counted for NaN/Inf by AdamW itself as it
+ * writes them (qt_adamw_args.nonfinite: no second read of weights that may live in host memory; test hook
+ * nonfinite_unchecked, a MUTANT: not counted) and released to the next forward; then the count goes to
+ * out->bad[t & 1], the fp8 quants of one GPU (once per step) and the gradients zeroed. */
 static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
     qt_gpu_model *g = e->g;
     qt_param_store *ps = g->ps;
@@ -125,8 +116,6 @@ static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
         inject_nonfinite(e, a->t, k0, k1, os);
         qt_gpu_model_mark(g, "optimizer: adamw"); /* the marks time the model's stream: not ahead (os is it) */
         qt_param_opt_step(ps, i, a, os);
-        qt_gpu_model_mark(g, "optimizer: finiteness count");
-        count_nonfinite(e, k0, k1, os);
         if (ahead) qt_param_zero_grads(ps, k0, k1, os);
         qt_dp_sync_release(e->sync, k0, k1);
     }
@@ -197,7 +186,8 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_dp_sync_join(e->sync);
     qt_dp_sync_reduce(e->sync);
     e->micro_in_step = 0;
-    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding, 0, 0};
+    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding, 0, 0,
+                       qt_test_hooks_get()->nonfinite_unchecked ? NULL : e->bad_dev};
     optimizer(e, &a);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));
