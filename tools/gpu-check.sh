@@ -18,7 +18,8 @@
 # host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other); pin
 # (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister); resolve
 # (issues 23 and 24's GPU tests at one commit, one GPU); pending24 (branch wip/opt-stream: weights and
-# gradients streamed with the offloaded optimizer state; runs resolve too)
+# gradients streamed with the offloaded optimizer state; runs resolve too); pending26 (branch wip/box-next; runs
+# resolve too: see its comment for the 4-GPU gpu-par lists)
 # pending23, box23 (branch wip/box-overlap: the box step's gathers beside its sums, the e4m3 codes made on the GPU)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
@@ -464,6 +465,21 @@ if has pending24; then
     stages="$stages resolve"
     { step test_kernels_adamw 300 env QT_TEST_ONLY=adamw build/tests/test_kernels
     } 2>&1 | tee "$OUT/pending24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
+fi
+# pending26 (branch wip/box-next: box-overlap + the host gradient shard cleared by a mark + qt_pinned + AdamW
+# counting the NaN/Inf weights it writes; GPU-untested as merged): the AdamW table (adamw_counts_nonfinite and
+# the streamed/offloaded cases), the AdamW op against the CPU, test_comm_gpu (box-overlap's host pulls beside
+# staged sums), qt_pinned's test, then the resolve stage. On 4 GPUs, one list per GPU:
+#   tools/gpu-par.sh 'ONLY=test_kernels_adamw|test_ops_adamw|test_comm_gpu|pinned_alloc|test_recompute_.*|test_stores_7b_plan pending26' \
+#     'ONLY=test_zero resolve' 'ONLY=test_offload resolve' 'ONLY=resume_offload|ckpt_bytes|ckpt_in_place|nonfinite|pin_bench resolve pin'
+# then multi_zero3 (ranks on separate GPUs), then BOX_GPUS=4 BOX_AB_BINS="train_bench_main train_bench" box_ab.
+if has pending26; then
+    stages="$stages resolve"
+    { step test_kernels_adamw 300 env QT_TEST_ONLY=adamw build/tests/test_kernels
+      step test_ops_adamw 300 env QT_TEST_ONLY=adamw build/tests/test_ops_gpu
+      step test_comm_gpu 300 build/tests/test_comm_gpu
+      step pinned_alloc 120 env QT_TEST_ONLY=pinned_alloc build/tests/test_offload
+    } 2>&1 | tee "$OUT/pending26.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|counted|differ|DIFFER|MUTANT|exact|rror'
 fi
 # resolve: issues 23 and 24's GPU checks at one commit on one GPU (ranks share it), for the session that
 # resolves them: recompute (each part, block + offload_residual, ffn + norm + offload_residual: bitwise over
