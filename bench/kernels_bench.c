@@ -106,7 +106,6 @@ static void k_adamw(bufs *b) {
 static void k_norm(bufs *b) { qt_grad_norm(b->scal + 1, b->scal, b->g, QT_DT_F32, NPARAM, 1.0f, b->ws_norm, 0); }
 static void k_cast(bufs *b) { qt_cast_f32_to_bf16(b->wb, b->master, NPARAM, 0); }
 /* the per-step finiteness check of the updated weights (engine_gpu.c), beside the AdamW it follows */
-static void k_nonfinite(bufs *b) { qt_count_nonfinite((unsigned *)(b->scal + 2), b->wb, NPARAM, 0); }
 
 int main(int argc, char **argv) {
     int ndev = 0;
@@ -189,7 +188,6 @@ int main(int argc, char **argv) {
     run(filter, "adamw_fp32_mv", shp, 30.0 * NPARAM, k_adamw, &b);
     run(filter, "grad_norm", shp, 4.0 * NPARAM, k_norm, &b);
     run(filter, "cast_f32_bf16", shp, 6.0 * NPARAM, k_cast, &b);
-    run(filter, "count_nonfinite", shp, 2.0 * NPARAM, k_nonfinite, &b);
     printf("lmhead_loss counts one read and one write of the chunk (2pass reads it twice, the second\n"
            "  time partly from L2; cluster and pipe, sm_90+, read it once);\n"
            "rmsnorm_bwd counts dy, res, dx read + dx write (dw is summed in the same pass).\n");

@@ -229,7 +229,7 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
         if (threadIdx.x == 0) {
             for (int k = 1; k < ADAM_THREADS / 32; k++) nbad += shn[k];
             unsigned old = nbad ? atomicAdd(nonfinite, nbad) : 0;
-            if (old + nbad < old) atomicMax(nonfinite, 0xffffffffu); /* saturates as qt_count_nonfinite does */
+            if (old + nbad < old) atomicMax(nonfinite, 0xffffffffu); /* saturates: a block whose add wraps writes the maximum */
         }
     }
 }

@@ -58,7 +58,5 @@ void qt_ref_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t
 
 /* y[n] += x[n]   (+=) */
 void qt_ref_add_inplace(float *y, const float *x, long n);
-/* The number of NaN/Inf values in x[n] (qt_count_nonfinite's reference). */
-long qt_ref_count_nonfinite(const float *x, long n);
 
 #endif

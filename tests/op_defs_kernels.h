@@ -78,25 +78,6 @@ static void add_launch(op_run *r, int pass) {
 }
 static const op_def OP_ADD = {"add_inplace", "n", 2, NULL, add_build, add_ref, add_launch, NULL, NULL, 0, 0, 0};
 
-/* ---- count of NaN/Inf (nonfinite.cu): n bf16 values ~ N(0, 1e38) (some round to Inf), `bad` of them (drawn
- * with repeats) set to +-NaN, +-Inf or the largest finite bf16 (which must not count); the uint32 count
- * starts at a random value and accumulates: exact. */
-static void nonfinite_build(op_run *r) {
-    static const float kinds[5] = {NAN, -NAN, INFINITY, -INFINITY, 3.3895313892515355e38f};
-    float *x = t_in(r, "x", QT_DT_BF16, S(0), 1e38f);
-    for (long k = 0; k < S(1) && S(0) > 0; k++)
-        x[qt_rng_below(&r->rng, (uint64_t)S(0))] = kinds[qt_rng_below(&r->rng, 5)];
-    float *c = t_upd(r, "count", DT_I32, 1, 0, 0, 0, T_ADD);
-    c[0] = (float)(qt_rng_below(&r->rng, 1000));
-}
-static void nonfinite_ref(op_run *r) { REF(r, "count")[0] += (float)qt_ref_count_nonfinite(H(r, "x"), S(0)); }
-static void nonfinite_launch(op_run *r, int pass) {
-    (void)pass;
-    qt_count_nonfinite(D(r, "count"), D(r, "x"), (size_t)S(0), 0);
-}
-static const op_def OP_NONFINITE = {"count_nonfinite", "n bad", 0, NULL, nonfinite_build, nonfinite_ref,
-                                    nonfinite_launch, NULL, NULL, 0, 0, 0};
-
 /* ---- embedding (embedding.cu): s = n c v hot (% of rows on token 3: one bucket larger than shared
  * memory); +bad: the first row's token is -1 and the last one's v (zero row / skipped). ---- */
 static void tokens(op_run *r) {

@@ -329,9 +329,3 @@ void qt_ref_add_inplace(float *y, const float *x, long n) {
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < n; i++) y[i] += x[i];
 }
-
-long qt_ref_count_nonfinite(const float *x, long n) {
-    long c = 0;
-    for (long i = 0; i < n; i++) c += !isfinite(x[i]);
-    return c;
-}
