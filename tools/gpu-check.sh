@@ -19,7 +19,7 @@
 # (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister); resolve
 # (issues 23 and 24's GPU tests at one commit, one GPU); pending24 (branch wip/opt-stream: weights and
 # gradients streamed with the offloaded optimizer state; runs resolve too); pending26 (branch wip/box-next; runs
-# resolve too: see its comment for the 4-GPU gpu-par lists)
+# resolve too: see its comment for the 4-GPU gpu-par lists); box26 (the 4-card box at LLM.Q's setting: 14B, 7B, 32B)
 # pending23, box23 (branch wip/box-overlap: the box step's gathers beside its sums, the e4m3 codes made on the GPU)
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
@@ -463,6 +463,14 @@ if has pending24; then
     stages="$stages resolve"
     { step test_kernels_adamw 300 env QT_TEST_ONLY=adamw build/tests/test_kernels
     } 2>&1 | tee "$OUT/pending24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
+fi
+# box26 (4 GPUs, ~10 min): issue 28 item 3's rows again, the box at LLM.Q's setting (128 sequences per rank and
+# step, 524,288 tokens) and precision (box_ab's keys, autotune off), one timed step with its breakdown each, 14B
+# first (BOX26_MODELS: which); the failure injected into rank 3 of 4 after them.
+if has box26; then
+    llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3 --set perf.matmul_autotune=false"
+    BOX_GPUS=4 BOX_SEQS=128 BOX_MODELS="${BOX26_MODELS:-14b 7b 32b}" BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
+        BOX_EXTRA="$llmq" OUT="$OUT/box26" bash "$0" multi_box
 fi
 # pending26 (branch wip/box-next: box-overlap + the host gradient shard cleared by a mark + qt_pinned + AdamW
 # counting the NaN/Inf weights it writes; GPU-untested as merged): the AdamW table (adamw_counts_nonfinite and
