@@ -472,9 +472,9 @@ if has box26; then
     BOX_GPUS=4 BOX_SEQS=128 BOX_MODELS="${BOX26_MODELS:-14b 7b 32b}" BOX_STEPS="--warmup 1 --steps 1 --breakdown-steps 1" \
         BOX_EXTRA="$llmq" OUT="$OUT/box26" bash "$0" multi_box
 fi
-# pending26 (branch wip/box-next: box-overlap + the host gradient shard cleared by a mark + qt_pinned + AdamW
-# counting the NaN/Inf weights it writes; GPU-untested as merged): the AdamW table (adamw_counts_nonfinite and
-# the streamed/offloaded cases), the AdamW op against the CPU, test_comm_gpu (box-overlap's host pulls beside
+# pending26 (session 26's branch wip/box-next: box-overlap + the host gradient shard cleared by a mark +
+# qt_pinned + AdamW counting the NaN/Inf weights it writes; passed and merged in session 27, RESULTS 17):
+# the AdamW table (adamw_counts_nonfinite and the streamed/offloaded cases), the AdamW op against the CPU, test_comm_gpu (box-overlap's host pulls beside
 # staged sums), qt_pinned's test, then the resolve stage. On 4 GPUs, one list per GPU:
 #   tools/gpu-par.sh 'ONLY=test_kernels_adamw|test_ops_adamw|test_comm_gpu|pinned_alloc|test_recompute_.*|test_stores_7b_plan pending26' \
 #     'ONLY=test_zero resolve' 'ONLY=test_offload resolve' 'ONLY=resume_offload|ckpt_bytes|ckpt_in_place|nonfinite|pin_bench resolve pin'
