@@ -1,26 +1,21 @@
 #!/usr/bin/env bash
 # gpu-check.sh — what we run on the GPU machine before calling GPU work done. Logs go to $OUT (default
-# out/gpu-check). Stages: build unit model train bench llmq (the default); offload offload_big; bf16master; dp, dpcomm,
-# overlap, dp_offload (several GPUs); reliability, reliability_big; compare; recompute, recompute_bench,
-# offload_residual_bench; fp8wcache; zero; offload_weights; offload_ranks; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
-# qtrain --plan vs a real run); python; multi = multi_tests multi_scale multi_box (issue 28: several real GPUs);
-# pending, pending_capped, capped_small, capped_14b, offload_ranks (what session 16 could not run on a GPU);
-# pending17, capped17 (what session 17 built after its device time); grid (issue 25's plans left out of the fit);
-# pending18 (what session 18 built after its device time; then BOX_MODELS="14b 32b" multi_box on 4 GPUs);
-# grid2 (plans the cost model was not fitted on); avh_bf16, h100_14b_fp8, h100_14b_bf16, multi_zero3 (session 19); box_grid (4 GPUs: the
-# host-bandwidth rows the cost model lacks); pending19 (what session 19 built after its device time);
-# pending20, rc_cost, h100_llmq_{7b,14b}_{fp8,bf16} (session 20: the fp8 recompute's fused SwiGLU
-# quantize, its cost rows, ln1/ln2/h shared with an fp8 backward, H100-memory rows at LLM.Q's precision);
-# multi20 (2+ GPUs: session 19/20's ZeRO features on separate GPUs); quants (memory.offload [weights, quants]);
-# brk_{7b,14b}_fp8, gemm_big, gemm_real, rc_cost2, rc7b (session 21: where the H100 rows' steps go, the big
-# models' GEMMs alone, the swiglu+norm cost again at 1.5B and at 7B); fused22 (session 22: the fused SwiGLU
-# backward + Xq^T); pending22 (its bf16 twin: the SwiGLU backward writes h); scale7b (2 or 4 GPUs: issue 28 item 2's 7B ZeRO-3 and
-# host-transport rows); box_ab (session 24: the box's breakdown, train_bench binaries against each other); pin
-# (session 24: pinned host memory by cudaHostAlloc against mmap + parallel touch + cudaHostRegister); resolve
-# (issues 23 and 24's GPU tests at one commit, one GPU); pending24 (branch wip/opt-stream: weights and
-# gradients streamed with the offloaded optimizer state; runs resolve too); pending26 (branch wip/box-next; runs
-# resolve too: see its comment for the 4-GPU gpu-par lists); box26 (the 4-card box at LLM.Q's setting: 14B, 7B, 32B)
-# pending23, box23 (branch wip/box-overlap: the box step's gathers beside its sums, the e4m3 codes made on the GPU)
+# out/gpu-check); `ONLY=regex` runs only the steps whose name matches. Stages (each documented where it runs):
+# - the default: build unit model bench llmq; compare (transformers); python, python_overhead.
+# - memory features, one GPU (data-parallel ranks share it): resolve (test_zero + test_offload whole, then
+#   recompute: every bitwise test of the memory features at one commit); recompute, fp8wcache, zero,
+#   offload, offload_big, offload_weights, offload_ranks, quants, bf16master, dp_offload; pending26 (the
+#   AdamW/op/comm/pinned tests + resolve: the suite of the last merged branch).
+# - reliability, reliability_big; tokenize_bench, sft_export; plan (memory.gpu_limit_gib, the host plan,
+#   qtrain --plan vs a real run); pin (cudaHostAlloc against qt_pinned).
+# - several GPUs: dp, dpcomm, overlap; multi = multi_tests multi_scale multi_box (issue 28); multi20,
+#   multi_zero3 (the ZeRO/offload tests with ranks on separate GPUs); scale7b; box_grid, box23, box_ab, box26
+#   (the emulated 4 x 24 GiB box).
+# - measurements behind bench/RESULTS.md, by session: pending_capped, capped_small, capped_14b, capped17
+#   (16-17: one GPU held to 24/16/12 GiB); grid, grid2, auto_vs_hand, avh_bf16, h100_14b_{fp8,bf16}
+#   (18-19: the planner against real runs); hostalloc_bench; pending20/fused22, pending22, rc_cost, rc_cost2,
+#   rc7b, recompute_bench, offload_residual_bench (20-22: recompute costs and the fused SwiGLU backward);
+#   h100_llmq_{7b,14b}_{fp8,bf16}, brk_{7b,14b}_fp8, gemm_big, gemm_real (20-21: H100-memory rows).
 #   tools/gpu-check.sh unit model     # the op table (every kernel), AdamW/fp8 tests, then HF + training checks
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
@@ -34,7 +29,7 @@ mkdir -p "$OUT"
 # the carried build/dev (tools/gpu-pack.sh) in place of older binaries (a warm device machine keeps the
 # last call's; here a newer make wins)
 if [ -d build/dev ]; then cp -a -u build/dev/. build/; fi
-stages=${*:-build unit model train bench llmq}
+stages=${*:-build unit model bench llmq}
 export QT_DATA_DIR=${QT_DATA_DIR:-$( [ -f ../shared/data/tinyshakespeare.txt ] && echo ../shared/data || echo out/data )}
 export PYTHONUNBUFFERED=1
 has() { case " $stages " in *" $1 "*) return 0;; esac; return 1; }
@@ -449,21 +444,6 @@ if has box_ab; then
             BOX_EXTRA="$llmq" OUT="$OUT/box_ab_${b}_$m" bash "$0" multi_box
     done; done
 fi
-# pending24 (branch wip/opt-stream, GPU-untested when written): the weights and gradients that live in host
-# memory stream through the offloaded optimizer's slots with its state (copy engines) instead of AdamW reading
-# them through the mapping; both that stream and the offloaded gradient shard's adds go through a qt_chunk_pipe
-# (three device slots, the copies up and down beside the work: the shard's chunks were serialized up, add,
-# down on one stream). One GPU (ranks share it): the gpu_optim table test (streamed W and G bitwise,
-# opt_stream_mutant 1-3), then the resolve stage: test_offload whole (the pipe's delayed ways down and its
-# early-refill mutant, z3wg_llmq_opt, the streamed mutants), the checkpoints of each kind and resume with
-# offload, test_zero whole (a ZeRO-3 rank now sets only its pieces' initial weights: ZeRO-3 = ZeRO-2 and the
-# e4m3 gathers check the same values). Then, on 2 or 4 GPUs, `BOX_AB_BINS="train_bench_main train_bench"
-# tools/gpu-check.sh box_ab` (carry main's stripped train_bench as build/dev/bench/train_bench_main).
-if has pending24; then
-    stages="$stages resolve"
-    { step test_kernels_adamw 300 env QT_TEST_ONLY=adamw build/tests/test_kernels
-    } 2>&1 | tee "$OUT/pending24.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|rror'
-fi
 # box26 (4 GPUs, ~10 min): issue 28 item 3's rows again, the box at LLM.Q's setting (128 sequences per rank and
 # step, 524,288 tokens) and precision (box_ab's keys, autotune off), one timed step with its breakdown each, 14B
 # first (BOX26_MODELS: which); the failure injected into rank 3 of 4 after them.
@@ -602,22 +582,6 @@ fi
 # memory.offload: [weights] / [gradients] (one GPU): test_offload (7B plan rows; offloaded = on the GPU
 # bitwise over 20 steps at grad_accum 2, bf16/fp8/bf16 master/optimizer offloaded/recompute/tied/graphs;
 # resume across; the slot mutants), then their cost at 1.5B fp8 (10 steps, no CUDA graphs anywhere)
-# What session 16 left unrun on a GPU, in the order to run it (one GPU): the tests of the offloaded
-# weights and gradients (tests/test_offload.c), the bf16-master checkpoint snapshot, ZeRO-3's mutants and
-# mid-gather failure, the AdamW cut over ZeRO-3 pieces; regressions of the shared code. Then
-# pending_capped: one GPU held to 24 / 16 / 12 GiB training 7B fp8 (and 14B at 24) with memory.plan: auto
-# (offloaded weights and gradients), one timed step each; and offload_ranks.
-if has pending; then
-    { step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
-      step offload_gradients 600 env QT_TEST_ONLY=offload_gradients build/tests/test_offload
-      step bf16_master_ckpt_bytes 300 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
-      step zero3_mutants 300 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero
-      step zero3_failure 200 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
-      step adamw_zero3_cut 120 env QT_TEST_ONLY=bf16_master_cuts build/tests/test_kernels
-      step zero_regress 900 env QT_TEST_ONLY=equals build/tests/test_zero
-      step plan_equals 300 env QT_TEST_ONLY=plan_equals build/tests/test_plan
-    } 2>&1 | tee "$OUT/pending.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|chosen|tokens/s|fit|rror'
-fi
 # The capped runs of `pending` (issue 24/25 targets), apart: each is minutes. One GPU held to 24 GiB: 7B fp8
 # with memory.plan: auto (every planner key auto) at LLM.Q's 524,288 tokens per step, and the hand-picked plan
 # LLM.Q's 4090 row uses (bf16 gradients on the GPU, weights + optimizer + residuals offloaded, block recompute,
@@ -651,49 +615,8 @@ if has capped_14b; then
           --set memory.gpu_limit_gib=24 --set memory.host_limit_gib=${HOST_LIMIT:-120}
     } 2>&1 | tee "$OUT/capped_14b.log" | grep -E '^(PASS|FAIL|SKIP|==)|chosen|tokens/s|fit|GiB|rror'
 fi
-# What session 17 built after its device time (GPU-untested there), in the order to run it (one GPU): bf16
-# offloaded gradients (test_offload's g16_* cases and the whole offload_gradients test: the slots' byte
-# arithmetic and the loads' stream changed for fp32 too), master/m/v offloaded on their own (test_offload
-# opt_parts, test_kernels adamw_offload_parts; adamw_offload too: the slots' layout changed), the offloaded weights written in place by checkpoints (test_train
-# bf16_master_ckpt_bytes: ckb_w_in_place, its unguarded mutant), ZeRO-2/3 regressions (their slots share
-# the code), the planner's GPU checks; then 14B fp8 at 24 GiB within 120 GiB of host (bf16 master and
-# gradients, everything offloaded: 110 GiB planned) and 7B at 24 GiB with bf16 gradients, one step each.
-if has pending17; then
-    { step offload_gradients 600 env QT_TEST_ONLY=offload_gradients build/tests/test_offload
-      step offload_opt_parts 300 env QT_TEST_ONLY=opt_parts build/tests/test_offload
-      step adamw_offload 120 env QT_TEST_ONLY=adamw_offload build/tests/test_kernels
-      step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
-      step bf16_master_ckpt_bytes 300 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
-      step zero_regress 900 env QT_TEST_ONLY=equals build/tests/test_zero
-      step offload_ranks 600 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
-      step test_plan 300 build/tests/test_plan
-    } 2>&1 | tee "$OUT/pending17.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|step 10|rror'
-fi
-# what the first pending17 call left (session 18): the in-place checkpoint test, ZeRO-3 = ZeRO-2, offload over
-# ranks, the planner's GPU checks; capped17_7b: its 7B row alone
-if has pending17b; then
-    { step bf16_master_ckpt_bytes 300 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
-      step zero3_regress 600 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
-      step test_plan 300 build/tests/test_plan
-      step offload_ranks 600 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
-    } 2>&1 | tee "$OUT/pending17b.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|step 10|rror'
-fi
-if has capped17_7b; then
-    { step capped_7b_fp8_24_g16 600 build/bench/train_bench configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 $auto_keys \
-          --set precision.grad_accum_dtype=bf16 --set memory.gpu_limit_gib=24
-    } 2>&1 | tee "$OUT/capped17_7b.log" | grep -E '^(PASS|FAIL|SKIP|==)|chosen|tokens/s|fit|GiB|rror'
-fi
-# pending18 (session 18, built after its device time): checkpoints that gather the ranks' pieces as they
-# write (no assembled copy: every data-parallel checkpoint goes through it) and write ZeRO ranks' offloaded
-# pieces in place (test_train bf16_master_ckpt_bytes ckb_z1/ckb_z3w + unguarded / late-guard mutants),
-# resume across ZeRO levels and rank counts, data-parallel resume, then the planner's GPU checks alone
-if has pending18; then
-    { step bf16_master_ckpt_bytes 600 env QT_TEST_ONLY=bf16_master_ckpt_bytes build/tests/test_train
-      step zero_resume 600 env QT_TEST_ONLY=resume_across build/tests/test_zero
-      step resume_dp 300 env QT_TEST_ONLY=resume_bit_exact_data_parallel build/tests/test_train
-      step test_plan 600 build/tests/test_plan
-    } 2>&1 | tee "$OUT/pending18.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|same bytes|rror'
-fi
+# capped17 (session 17): 14B fp8 at 24 GiB within 120 GiB of host (every planner key auto), 7B at 24 GiB
+# with bf16 gradients, one step each (ONLY=capped_7b_fp8_24_g16: the 7B row alone)
 if has capped17; then
     b="build/bench/train_bench --warmup 1 --steps 1"
     { step capped_14b_fp8_24_host120 600 $b configs/qwen2.5-14b-fp8.yaml --set data.micro_batch=16 --set data.grad_accum=32 \
@@ -779,27 +702,6 @@ if has multi_zero3; then
           step offload_ranks_${comm} 300 env $c QT_TEST_ONLY=offload_ranks build/tests/test_offload
       done
     } 2>&1 | tee "$OUT/multi_zero3.log" | grep -E '^(PASS|FAIL|SKIP|==)|GPU[0-9]|bitwise|caught|differ|rror'
-fi
-# pending19 (built after session 19's device time): ZeRO-2/3's offloaded gradient shards added through the
-# copy engines in device staging chunks (test_offload offload_ranks: bitwise as before, 1000-element
-# chunks, mutant 10); bf16 gradients with ZeRO-2/3 (bf16 slots, fp32 shard: ZeRO-2 = ZeRO-1 and ZeRO-3 =
-# ZeRO-2 cases g16_*, the tied model on 3 ranks, offload_ranks z2g_g16 / z3wg_g16_tied; the embedding
-# op's fp32 table rounded to bf16 in test_ops_gpu, the byte transpose); parallel.gather_dtype e4m3 (ZeRO-3
-# e4m3 gathers = bf16 gathers bitwise, mutants 11 and 12); the planner's tests. Ranks share GPU 0 on one GPU.
-# Then on 4 GPUs: box_grid, BOX_MODELS="14b 32b" multi_box, and the same with LLM.Q's precision
-# (BOX_EXTRA="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16", then adding
-# "--set parallel.gather_dtype=e4m3").
-if has pending19; then
-    { step test_ops_gpu 300 build/tests/test_ops_gpu
-      step zero2_equals_zero1 900 env QT_TEST_ONLY=zero2_equals_zero1 build/tests/test_zero
-      step zero2_tied 300 env QT_TEST_ONLY=zero2_tied_lookups build/tests/test_zero
-      step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
-      step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
-      step test_plan 300 build/tests/test_plan
-      step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
-      step zero3_mutants 900 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero
-      step zero3_mid_gather 300 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
-    } 2>&1 | tee "$OUT/pending19.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|rror'
 fi
 # h100_llmq_<model>_<dt>: issue 23/24's rows on an H100's memory (79 GiB cap, 120 GiB host) with LLM.Q's
 # precision (bf16 weights as master, bf16 gradients, bf16 AdamW moments), the planner choosing the
@@ -908,30 +810,8 @@ if has pending22; then
       done; done
     } 2>&1 | tee "$OUT/pending22.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|differ|mutant|tokens/s|rror'
 fi
-# pending23 (branch wip/box-overlap, GPU-untested when written): the 14B box step's two waits (bench/RESULTS.md
-# section 13). With offloaded pieces (and one GPU's offloaded weights) the shared-slot gathers run on a
-# stream of their own (dp_sync gside) and qt_comm_all_gather_host's pulls on comm lanes of their own (not
-# behind the gradient sums' copies); the e4m3 small params are gathered once per change of the pieces
-# (small_gather), so no staged collective runs on that stream; the e4m3 codes of offloaded pieces are made
-# in a device scratch (shared slot 0) instead of through the mapping (mutant 13: the piece not copied up).
-# One GPU (ranks share it): the comm tests (host all-gathers beside staged reduce-scatters), ZeRO-3 =
-# ZeRO-2, e4m3 = bf16 gathers with mutants 11-13, the ZeRO-3 mutants (slot waits, delays on the gather
-# stream), a rank failing mid-gather, offloaded pieces and shards with ranks, one GPU's offloaded weights
-# and quants. box23 (4 GPUs, alone, ~9 minutes): the 14B box at LLM.Q's precision with its breakdown (the
-# waits "rmsnorm bwd" and "optimizer: weight all-gather" were 7.0 and 3.3 s of 23.8), then 7B as auto
-# plans it now (its pieces offloaded: only host-resident pieces' gathers get the gather stream; under a host
-# transport the gathers move the same bytes either way). Then multi_zero3 (separate GPUs).
-if has pending23; then
-    { step test_comm_gpu 300 build/tests/test_comm_gpu
-      step zero3_equals_zero2 900 env QT_TEST_ONLY=zero3_equals_zero2 build/tests/test_zero
-      step zero3_e4m3 900 env QT_TEST_ONLY=e4m3_gathers build/tests/test_zero
-      step zero3_mutants 900 env QT_TEST_ONLY=zero3_mutants build/tests/test_zero
-      step zero3_mid_gather 300 env QT_TEST_ONLY=zero3_failure build/tests/test_zero
-      step offload_ranks 900 env QT_TEST_ONLY=offload_ranks build/tests/test_offload
-      step offload_weights 600 env QT_TEST_ONLY=offload_weights build/tests/test_offload
-      step offload_quants 600 env QT_TEST_ONLY=quants build/tests/test_offload
-    } 2>&1 | tee "$OUT/pending23.log" | grep -E '^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|mutant|exact|rror'
-fi
+# box23 (4 GPUs, alone, ~9 minutes; session 24): the 14B box at LLM.Q's precision with its breakdown, then 7B
+# as auto plans it
 if has box23 && [ "$ngpu" -ge 4 ]; then
     llmq="--set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set parallel.gather_dtype=e4m3"
     BOX_MODELS=14b BOX_STEPS="--warmup 1 --steps 2 --breakdown" BOX_EXTRA="$llmq" OUT="$OUT/box23_14b" bash "$0" multi_box
