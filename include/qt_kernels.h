@@ -154,7 +154,6 @@ void qt_adamw_step(const qt_adamw_plan *p, void *w_bf16, float *master, const vo
                    qt_dtype m_dt, void *v, qt_dtype v_dt, const float *grad_scale, float *absmax,
                    const qt_adamw_args *a, cudaStream_t s);
 
-
 /* ---- global gradient norm and clip scale (norm.cu) ---- */
 /* Bytes of workspace qt_grad_norm needs (fixed: the grid does not depend on n). */
 size_t qt_grad_norm_ws_bytes(void);

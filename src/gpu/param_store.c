@@ -34,8 +34,8 @@
  * micro-step's summed piece is added into the shard by qt_param_grad_piece_add, a chunk at a time in device
  * slots, and the shard is cleared by marking it (qt_host_shard.h); the embedding lookups' add (add_lookups,
  * a few rows) reads and writes it through the mapping, after qt_param_grad_piece_fresh. The same kernels on
- * the same operands in the same order, so the same bits; the norm reads the shard where it is, AdamW as it streams with the offloaded
- * state (or where it is). */
+ * the same operands in the same order, so the same bits; the norm reads the shard where it is, AdamW as it
+ * streams with the offloaded state (or where it is). */
 #include "qt_param_store.h"
 
 #include <stdio.h>
