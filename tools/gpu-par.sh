@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# gpu-par.sh — several tools/gpu-check.sh stage lists at once, list i on GPU i, so one device call on a
-# multi-GPU machine does that much more work: `tools/gpu-par.sh "pending17" "grid" "auto_vs_hand"`. Logs
+# gpu-par.sh — several tools/gpu-check.sh suite lists at once, list i on GPU i, so one device call on a
+# multi-GPU machine does that much more work: `tools/gpu-par.sh "unit" "memory" "model reliability"`. Logs
 # under $OUT/g<i> (each list's own gpu-check logs) and $OUT/g<i>.txt (its output). Never put two host-heavy
-# stages (offloaded 7B/14B runs: 100-230 GiB of pinned memory each) at once on a machine whose host memory
+# runs (offloaded 7B/14B ones: 100-230 GiB of pinned memory each) at once on a machine whose host memory
 # cannot hold both, nor timings meant for comparison beside another run. BUDGET (seconds, default 560)
 # bounds each list. With fewer GPUs than lists, list i runs on GPU i mod the count (lists share a GPU).
-# A list may start with VAR=value words (e.g. ONLY="zero3_e4m3|test_plan pending19": gpu-check's steps
+# A list may start with VAR=value words (e.g. ONLY="test_zero|test_plan memory": gpu-check's steps
 # whose name matches).
 set -uo pipefail
 cd "$(dirname "$0")/.."
