@@ -164,8 +164,8 @@ static int is_host_kind(const qt_comm *c) { return c->kind == QT_COMM_HOST || c-
  * collective costs about S/R + c/R + (S/c)*o for a piece of S bytes in chunks of c: the last chunk's
  * copy runs after everything else (fill/drain), and each chunk costs o beyond its bytes. On 2 x H200
  * (bench --host-sweep: R ~ 50 GB/s per direction with both busy, o ~ 6 us) that is smallest at
- * c = sqrt(S * o * R) = sqrt(S * 300 KB): 1.5 MiB at 16 MiB, 3 MiB at 64 MiB (fixed 1/32 of the
- * piece: 69% of H2D at 64 MiB; this: 76%). Chunks above 4 MiB gained nothing in the sweeps and were
+ * c = sqrt(S * o * R) = sqrt(S * 300 KB): 1.5 MiB at 16 MiB, 3 MiB at 64 MiB (76% of H2D at 64 MiB,
+ * against 69% for a fixed 1/32 of the piece). Chunks above 4 MiB gain nothing in the sweeps and are
  * erratic (8 MiB at 256 MiB: 72% in one run, 81% in another), hence the 4 MiB cap. Two ring slots of
  * every arena region must also fit QT_COMM_RING_BYTES (ring_slots): with 4 ranks a reduce-scatter
  * has 12 regions, and 1 MiB chunks ran at 34-35 GB/s where the sqrt rule's 2-4 MiB (a footprint of
@@ -297,7 +297,7 @@ static int gather_pull(qt_comm *c, int r, char *dst, const char *src, size_t cou
     if (coll_begin(c, r, &d, src, &k)) return -1;
     /* READY is recorded before my own-shard copy, and the pull lanes fork from the caller's stream
      * before it too: peers' pulls of my src and my pulls of theirs overlap that local copy instead
-     * of queueing behind it (it was ~20% of a 256 MiB all-gather). */
+     * of queueing behind it (the copy is ~20% of a 256 MiB all-gather). */
     if (coll_phase_a(c, r, &k, s)) return -1;
     size_t myo, myl;
     seg(op, count, c->n, root, r, &myo, &myl);
@@ -680,7 +680,7 @@ int qt_comm_all_reduce(qt_comm *c, int r, void *dst, const void *src, size_t cou
      * but SM loads and stores together run below what the loads and then the copy engines reach one
      * after the other. Fused / split, busbw GB/s: 4 x H200 4 KiB 29 / 83 us, 16 MiB 233 / 170, 64
      * MiB 294 / 250-277, 256 MiB 314 / 331; 2 x H200 4 KiB 15 / 26 us, 16 MiB 256 / 220, 64 MiB 316
-     * / 308 (bench/RESULTS.md). */
+     * / 308 (bench/archive/RESULTS-history.md). */
     if (c->rs_load && !is_host_kind(c) && count * es <= QT_COMM_AR_FUSED_MAX)
         return ar_load(c, r, dst, src, count, dt, s);
     qt_comm_shard(count, c->n, r, &off, &len);

@@ -29,10 +29,10 @@
  * (4 x H200: 1 MiB 23.5 vs 18.2 GB/s, 4 MiB 60.6 vs 51.3; 16 MiB 100.4 vs 107.5, 64 MiB 123 vs 198). */
 #define QT_COMM_BC_DIRECT_MAX ((size_t)4 << 20)
 /* Default one-kernel limits (the whole tensor's bytes; oneshot.h), from comm_bench --oneshot-sweep on
- * 4 x H200 (one kernel vs the copy-engine schedules, bench/RESULTS.md). 4 ranks: peer 1.3-3.7x faster up
+ * 4 x H200 (one kernel vs the copy-engine schedules, bench/archive/RESULTS-history.md). 4 ranks: peer 1.3-3.7x faster up
  * to 4 MiB, 1.03-1.30x at 16 MiB, 0.6-0.7x for all-gather and broadcast at 64 MiB; host kinds 1.1-4.4x
  * up to 1 MiB, 0.8-1.3x at 4 MiB (SM loads from pinned memory are slower than the copy engines).
- * 2 ranks: peer 0.9-1.8x up to 4 MiB (its reduce-scatter and all-reduce were one kernel already),
+ * 2 ranks: peer 0.9-1.8x up to 4 MiB (its copy-engine reduce-scatter and all-reduce are one kernel too),
  * 1.05-1.16x at 16 MiB; host 1.1-2.9x up to 1 MiB but broadcast (0.8-1.0x from 64 KiB). */
 #define QT_COMM_ONESHOT_PEER_MAX ((size_t)16 << 20)
 #define QT_COMM_ONESHOT_HOST_MAX ((size_t)1 << 20)

@@ -2,7 +2,7 @@
  * limit (qt_comm_opts.oneshot_max). The ranks' kernels meet through flags instead of cross-device
  * events: on 4 x H200, back to back, a round of cross-device events costs ~11 us and a copy-engine
  * all-gather of 4 KiB ~54 us; the kernel's flag round trip ~6 us and its 4 KiB all-gather ~9 us
- * (bench/RESULTS.md, "Small collectives as one kernel per rank").
+ * (bench/archive/RESULTS-history.md, "Small collectives as one kernel per rank").
  *
  * Every rank has an array of flag cells, one per posting rank (device memory when every pair of devices
  * has peer access, else pinned host memory). For collective seq a rank's kernel

@@ -5,7 +5,7 @@
  *   accumulated in fp32 from dwte's value; a bf16 dwte is rounded once at the end (RNE).
  *   No float atomics: tokens are counted per id (integer atomics), an exclusive scan gives each id a
  *   bucket, rows are scattered into their buckets, and one block per touched id sorts its bucket by
- *   row (bitonic sort, so the order no longer depends on atomic scheduling) and sums the rows in that
+ *   row (bitonic sort, so the order does not depend on atomic scheduling) and sums the rows in that
  *   order, starting from dwte's value, in fp32. Same inputs -> bitwise-identical dwte.
  *   The scan is spread over blocks of SCAN_TILE ids (tile sums first, then each tile scanned from the
  *   sums before it) with coalesced accesses: one block striding over all v ids took most of the time. */

@@ -1,25 +1,9 @@
 /* qt_dp_sync.h — the synchronisation of one GPU rank's model stream with its side stream and the other
  * ranks: the gradient sums of the buckets (qt_partition.h), the embedding lookups of a sharded step,
- * the weight gathers after AdamW and the waits of the next forward for them, and the CUDA graphs of a
- * micro-step, cut into segments at those points.
- *
- * It gives the model its hooks for one micro-step as an argument (qt_param_hooks): with
- * parallel.overlap_comm the last micro-step of a step hands each bucket to the side (comm) stream as
- * soon as the backward has finished it; a sharded rank's weight all-gather after AdamW runs on that
- * stream while the next micro-step's forward waits for each bucket just before its layers. A sharded
- * step's last micro-step leaves its embedding lookups out of the backward where they are fewer bytes
- * than the table (g->lookups): the embeddings' bucket is summed right after the LM head, and every
- * rank's lookups are added to the sums afterwards (add_lookups), overlapped or not, so the bits are the
- * same either way. ZeRO-2 (plan.grads_sharded) does the bucket sums in every micro-step, into the
- * rank's gradient shard through the store's gradient slots (qt_param_store.h), on the side stream with
- * the overlap, else on the model's stream between the backward's layers. One GPU with its optimizer state offloaded runs AdamW on the side stream, bucket by
- * bucket, with the same per-bucket waits in the next forward. ZeRO-3 (plan.zero 3) keeps no whole
- * weights: the model's acquires (forward and backward) gather each bucket into a weight slot
- * (qt_weight_slots.h) through this sync's all-gather, on the side stream with the overlap so that the
- * next bucket's gather runs beside the current layer (prefetch), else on the model's; after AdamW only
- * the embedding / LM-head buckets, which have slots of their own, are gathered (release). With one plain GPU there is nothing to
- * sync: the hooks are empty and a micro-step's graph is one segment. Every mode comes from the step
- * plan (qt_step_plan.h). */
+ * the weight gathers after AdamW and the waits of the next forward for them, ZeRO-3's slot gathers, and
+ * the CUDA graphs of a micro-step, cut into segments at those points. It gives the model its hooks for
+ * one micro-step (qt_param_hooks); with one plain GPU they are empty. Every mode comes from the step plan
+ * (qt_step_plan.h). What runs on which stream under each plan: docs/memory.md ("The data-parallel sync"). */
 #ifndef QT_DP_SYNC_H
 #define QT_DP_SYNC_H
 

@@ -3,14 +3,14 @@
  *
  * Each micro-step's summed piece of a bucket is added into the shard a chunk at a time in device slots (a
  * qt_chunk_pipe: the copy engines bring the chunk up, the add kernel runs there, the chunk goes back down
- * while the next comes up; a kernel adding through the mapping ran at ~16 GB/s with four GPUs at once, the
- * copy engines at 33-40 GB/s each way: bench/RESULTS.md section 9).
+ * while the next comes up; a kernel adding through the mapping runs at ~16 GB/s with four GPUs at once, the
+ * copy engines at 33-40 GB/s each way).
  *
  * Clearing the shard after AdamW costs no pass over host memory: the buckets are only marked cleared, and a
  * cleared piece's first add of the next step zeroes the device slot instead of bringing the chunk up, then
  * adds there as always (0 + x: the same kernel on the same values, so the same bits, and no chunk comes up).
- * Clearing 14 GB per rank through the mapping took 1.86 s, 13% of the 4-card 14B box's step (RESULTS section
- * 16). Any other writer (the embedding lookups' add through the mapping, the non-finite test hook) and any
+ * Clearing 14 GB per rank through the mapping would take 1.86 s, 13% of the 4-card 14B box's step. Any
+ * other writer (the embedding lookups' add through the mapping, the non-finite test hook) and any
  * reader (the norm, AdamW, get_grads) must see zeros: qt_host_shard_fresh zeroes a piece that is still
  * marked, in host memory, first.
  *

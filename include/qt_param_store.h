@@ -1,53 +1,13 @@
 /* qt_param_store.h — the parameters of one GPU rank and everything kept per parameter: the bf16
- * weights, the gradients (fp32 or bf16: grad_dt), the optimizer state (fp32 master weights unless bf16, AdamW m and v), this rank's
- * shard of that state (qt_shard), the slots and pinned host memory of an offloaded state, and the
- * gradient norm / clip scalars.
+ * weights, the gradients (fp32 or bf16: grad_dt), the optimizer state (fp32 master weights unless bf16,
+ * AdamW m and v), this rank's shard of that state (qt_shard), the slots and pinned host memory of an
+ * offloaded item, and the gradient norm / clip scalars.
  *
- * Placement: where each item lives is chosen once, at creation (qt_param_placement), and each store
- * adds its own rows to the memory plan. Today's placements: everything on the GPU; the optimizer state
- * offloaded to pinned host memory (streamed through device slots by qt_gpu_optim); the optimizer state
- * sharded over the ranks (ZeRO-1; gradients and weights stay whole); ZeRO-2: the fp32 gradients sharded
- * too; ZeRO-3: and the bf16 weights (w holds the rank's pieces, indexed like master / m / v; the model
- * reads each bucket from a weight slot it is gathered into, qt_weight_slots.h); the bf16 weights
- * offloaded (w_host, one GPU: w is the whole array in pinned host memory, the model reads each bucket
- * from a weight slot it is copied up into, the same slots and protocol as ZeRO-3); the fp32 gradients
- * offloaded (g_host, one GPU: grad is the whole array in pinned host memory; the backward writes
- * ZeRO-2's gradient slots, each loaded from grad before its bucket is written and stored back after,
- * qt_param_grad_load / _store). With ZeRO ranks the same flags place the rank's shard in pinned mapped host
- * memory instead (bitwise on an H200 and on separate H200s: RESULTS sections 8, 9): ZeRO-3 + w_host, its bf16 pieces (the weight slots are all-gathered from
- * every rank's host pieces); ZeRO-2/3 + g_host, its fp32 gradient shard (the sums are added into it in device
- * staging chunks the copy engines move, qt_param_grad_piece_add; the slots stay ZeRO-2's). A new placement (more offloaded items) is a new case behind the
- * same calls.
- *
- * ZeRO-2 gradients: the rank keeps grad [shard.len], its pieces of the summed gradients, indexed like
- * master / m / v. While the backward writes a bucket, the bucket's whole gradient sits in a slot
- * (qt_param_grad_slot): a bucket that holds embedding or LM-head elements has a slot of its own (none
- * for the embeddings' own buckets with placement.embed_apart; the
- * LM head's gradient is written at the start of the backward and a tied table's again at its end), the
- * layers' buckets take QT_GRAD_SLOTS shared slots in turn (bucket b: slot b % QT_GRAD_SLOTS; three: the
- * next layer's writes wait for the sum of the bucket two layers up, not the one just released, so a
- * sum slower than a layer's backward (ranks sharing a GPU, host transport) still overlaps).
- * Bucket boundaries are rounded up to 64 x n_ranks elements past a layer's start (qt_partition.h), so
- * one tensor (or fused group) per boundary crosses it: it is written whole into the upper bucket's slot,
- * whose head margin holds its part below the boundary (cross_at), and that part is added into the lower
- * bucket's slot when the upper bucket is released (qt_param_grad_margin), before its sum. The embedding
- * table, whose bucket is rounded down, runs past it into the next one instead: its tail sits in the
- * embeddings' slot's tail margin and is added to the next slot before either is summed
- * (qt_param_grad_tail). The data-parallel sync reduces a released bucket from its slot into grad,
- * zeroes the slot (margins included) and orders the slot's next writers after that; a slot is zero
- * whenever no bucket holds it.
- *
- * Access is per bucket (a range of whole layers, qt_partition.h), through acquire/release calls that
- * the forward, the backward and the optimizer make as they enqueue work:
- *   qt_param_acquire_weights: the next op reads the weights below flat index upto (the forward);
- *   qt_param_acquire_weights_back: the backward's next ops read the weights of the layer (or final
- *                             norm) starting at flat index from;
- *   qt_param_release_grads:   every gradient at flat index >= from is final;
- *   qt_param_release_embed:   the LM head's backward is done (the embedding table's gradient is then
- *                             final but for this micro-batch's lookups).
- * Each forwards to the step's hooks (qt_param_hooks, passed by the engine for one micro-step: the
- * data-parallel sync waits for weight gathers there and hands finished buckets to the comm stream;
- * ZeRO-3 gathers into the weight slots there, qt_wslots_acquire). */
+ * Where each item lives is chosen once, at creation (qt_param_placement); the store adds its own rows to
+ * the memory plan. Access is per bucket (qt_partition.h) through the acquire/release calls below, which
+ * the forward, the backward and the optimizer make as they enqueue work and which forward to the step's
+ * hooks (qt_param_hooks). Each placement, ZeRO-2's gradient slots and their margins, and the offloaded
+ * items are drawn and explained in docs/memory.md. */
 #ifndef QT_PARAM_STORE_H
 #define QT_PARAM_STORE_H
 
@@ -184,7 +144,7 @@ void qt_param_store_free(qt_param_store *ps);
 /* bf16 weights [0, n) = RNE(host[0, n)), through the staging buffer, on s (host pageable fp32). */
 void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaStream_t s);
 
-/* Shared gradient slots of ZeRO-2 (see the top of this file). */
+/* Shared gradient slots of ZeRO-2 (bucket b: slot b % QT_GRAD_SLOTS; docs/memory.md). */
 #define QT_GRAD_SLOTS 3
 
 /* The bf16 weight the model reads at flat index off: in w, or ZeRO-3 / w_host in the slot its bucket was
@@ -231,7 +191,12 @@ void qt_param_grad_piece_fresh(const qt_param_store *ps, int b, cudaStream_t s);
  * the caller has joined the streams). */
 void qt_param_get_grads(const qt_param_store *ps, float *g);
 
-/* The acquire/release calls of the forward and backward (see the top of this file); h may be NULL. */
+/* The acquire/release calls of the forward and backward, each forwarded to h (may be NULL).
+ * acquire_weights: the next op reads the weights below flat index upto (the forward);
+ * acquire_weights_back: the backward's next ops read the layer (or final norm) starting at from;
+ * release_grads: every gradient at flat index >= from is final;
+ * release_embed: the LM head's backward is done (the embedding table's gradient is final but for this
+ * micro-batch's lookups). */
 void qt_param_acquire_weights(const qt_param_store *ps, const qt_param_hooks *h, size_t upto);
 void qt_param_acquire_weights_back(const qt_param_store *ps, const qt_param_hooks *h, size_t from);
 void qt_param_release_grads(const qt_param_store *ps, const qt_param_hooks *h, size_t from);

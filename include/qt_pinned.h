@@ -3,7 +3,7 @@
  * cudaHostAlloc pins at 1.2-2.2 GiB/s however many threads ask at once (32 GiB in 14.5-26 s on 4 x H200 hosts;
  * the 14B box's start pinned its 209 GiB in 83-120 s). Here: anonymous mmap, every page first touched
  * (zeroed) by OpenMP threads in parallel, then cudaHostRegister of the populated range: 32 GiB in 2.7-4.7 s on
- * the same hosts, and copies from it run at the same rate (bench/RESULTS.md sections 16-17, bench/pin_bench).
+ * the same hosts, and copies from it run at the same rate (bench/RESULTS.md, offload; bench/pin_bench).
  * Write-combined memory cannot be registered: QT_PIN_WC takes cudaHostAlloc's path.
  *
  * A page before the returned address records how the block was made, so qt_pinned_free needs only the

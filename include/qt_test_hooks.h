@@ -86,7 +86,7 @@ typedef struct {
     long grad_stage_elems;        /* > 0: ZeRO-2/3's offloaded gradient shard is added in chunks of this many
                                    * elements (a small test model's pieces fit one of the default 4 Mi) */
     int act_own_inputs;           /* 1: every layer keeps its own ln1, ln2 and h even with an fp8 backward
-                                   * (the layout before they were shared: test_recompute compares the two) */
+                                   * (one buffer per layer instead of one shared: test_recompute compares the two) */
     int recompute_stale_ln;       /* 1: MUTANT: with an fp8 backward a recomputed qkv / gate|up of layers 1..
                                    * reads the shared ln1 / ln2 without rebuilding it first */
 } qt_test_hooks;

@@ -1,27 +1,9 @@
-/* qt_weight_slots.h — ZeRO-3 (parallel.zero: 3): the device slots a rank gathers the whole bf16 weights
- * of a bucket into while the model reads them; the rank itself keeps only its pieces (qt_shard).
- *
- * Units: the flat array is read in units — the embedding table (with the padding up to layer 0),
- * each layer, and the final norm with an untied LM head — and each unit is read from the slot of its
- * home bucket: the one holding its last element (the embedding table: its first). A unit starts at
- * most one margin M = 64 x n_ranks below its home bucket (bucket boundaries are rounded up past a
- * layer's start, qt_partition.h) and only the embedding table runs past its home's end (its bucket is
- * rounded down), by less than M: every slot has M elements of head and tail margin, filled with the
- * neighbour buckets' elements there (head: from the slot that holds bucket b-1, which the forward read
- * just before; the backward, which goes down, from a per-bucket cache the forward filled; tail: the
- * embedding table's, from bucket 1's slot, which its acquire gathers first).
- *
- * Slots: the buckets that are home to the embedding table or the untied LM head have slots of their
- * own ("weight slots (emb/head)"), filled once per optimizer step by the caller after AdamW
- * (qt_wslots_filled); every other bucket goes through QT_WSLOTS = 2 shared slots of the largest such
- * bucket ("weight slots (layers)"): while the model reads bucket b from one, the next bucket in its
- * direction (b+1 in the forward, b-1 in the backward) is gathered into the other on the side stream
- * (prefetch). A slot is gathered into only after an event recorded on the model stream once every
- * reader of its previous bucket was enqueued (free), and the model stream waits for the gather's
- * event (filled) before its first read. A bucket still in a slot is not gathered again until the
- * rank's pieces change (qt_wslots_invalidate after AdamW or a load). Each slot's data starts at the
- * same address modulo 256 bytes as its bucket would in a whole array, so cuBLASLt sees the alignments
- * (and picks the algorithms) of ZeRO-1/2. */
+/* qt_weight_slots.h — ZeRO-3 (parallel.zero: 3) and offloaded weights: the device slots a rank gathers or
+ * copies the whole bf16 weights of a bucket into while the model reads them; the rank itself keeps only
+ * its pieces (qt_shard) or a host array. Two shared slots for the layers (one read while the next is
+ * prefetched), slots of their own for the embedding and LM-head buckets, head and tail margins for the
+ * units that start below or run past their home bucket, and the free/filled events that order gathers
+ * and reads: docs/memory.md ("Weights"). */
 #ifndef QT_WEIGHT_SLOTS_H
 #define QT_WEIGHT_SLOTS_H
 

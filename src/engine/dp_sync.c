@@ -1,5 +1,5 @@
 /* dp_sync.c — bucket sums, embedding lookups, weight gathers and graph segments of one GPU rank
- * (see qt_dp_sync.h). */
+ * (qt_dp_sync.h, docs/memory.md). */
 #include "qt_dp_sync.h"
 
 #include <stdio.h>
@@ -59,7 +59,7 @@ struct qt_dp_sync {
     qt_wslots_io io;        /* gathers on gside with the overlap (prefetch), else the model's */
     cudaStream_t gside;     /* the shared weight slots' gathers (prefetch) on a stream of their own, so the
                              * backward's next gather does not queue behind this layer's gradient sums on the
-                             * side stream (7 of a 14B box step's 24.5 s, bench/RESULTS.md section 13; owned;
+                             * side stream (a 14B box step would wait 7 of its 24.5 s there; owned;
                              * NULL without prefetch) */
     cudaEvent_t gside_ev;
     long read_delay_ms;     /* test hook zero3_read_delay_ms */
@@ -434,9 +434,9 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
  * bucket holds them whole), in chunks of at most 64 (qt_comm_all_reduce_scalars), after the rank's pieces
  * changed (AdamW, a load). Pieces in pinned host memory (offloaded weights) are copied up into shared slot
  * 0 (invalidated, and s follows its last readers and gathers: gathers_join), coded there and the codes
- * copied down: copy engines at the PCIe rate, where kernels reading and writing through the mapping ran
- * at ~3 GB/s with four GPUs (3.3 s of a 14B box step, bench/RESULTS.md section 13). The same kernels on
- * the same values: the same codes. */
+ * copied down: copy engines at the PCIe rate, where kernels reading and writing through the mapping run
+ * at ~3 GB/s with four GPUs (3.3 s of a 14B box step). The same kernels on the same values: the same
+ * codes. */
 static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     const qt_layout *L = d->L;
     qt_param_store *ps = d->ps;
@@ -756,8 +756,8 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
                       .fail_gather = th->dp_fail_gather};
     d->wait_hooks = (qt_param_hooks){.weights_needed = p->wslots ? z3_forward : p->weights_ahead ? weights_wait : NULL,
                                      .ctx = d};
-    /* The side stream has default priority: with a high one the bucket sums' kernels took SMs ahead of
-     * the backward's, slower steps on 2 x H200 (bench/RESULTS.md section 5). */
+    /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
+     * the backward's, and steps on 2 x H200 are slower. */
     if (p->side_stream) {
         QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
         QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));

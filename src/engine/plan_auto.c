@@ -1,4 +1,4 @@
-/* plan_auto.c — memory.plan: auto: the fastest memory plan that fits (qt_plan_auto.h). */
+/* plan_auto.c — memory.plan: auto: the fastest memory plan that fits (qt_plan_auto.h, docs/memory.md). */
 #include "qt_plan_auto.h"
 
 #include <errno.h>
@@ -67,8 +67,8 @@ static const plan_axis AXES[AX_N] = {
     {"precision.grad_accum_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_gdt, set_gdt},
     {"parallel.zero", 3, {1, 2, 3}, get_zero, set_zero},
     /* gradients: one GPU or ZeRO-2/3; weights: one GPU or ZeRO-3. quants is not a candidate: the cost model
-     * charges it half the copy bytes, but at 1.5B it measured no faster than [weights] (bench/RESULTS.md
-     * section 10); a config that gives it keeps it (get_offw reads the bit) */
+     * charges it half the copy bytes, but at 1.5B it measures no faster than [weights] (bench/RESULTS.md,
+     * offload); a config that gives it keeps it (get_offw reads the bit) */
     {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw},
 };
 
@@ -297,7 +297,7 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * but every micro-step with ZeRO-2/3 (they reduce-scatter as the backward goes); charged at the
      * PCIe rate as if not overlapped. Calibration: 7B fp8 on 4 x H200 held to 24 GiB, host, ZeRO-3,
      * 16 micro-steps: 29,594 tokens/s predicted without this term, 21,563 with it (from the same probe),
-     * 24,682 measured (bench/RESULTS.md section 6). Peer transports (NVLink) and auto are not charged. */
+     * 24,682 measured. Peer transports (NVLink) and auto are not charged. */
     if (ranks > 1 && (cfg->parallel.comm == QT_COMM_HOST || cfg->parallel.comm == QT_COMM_HOST_WC)) {
         double sums = cfg->parallel.zero >= 2 ? cfg->data.grad_accum : 1;
         int half = cfg->parallel.reduce_dtype == QT_DT_BF16 || cfg->precision.grad_accum_dtype == QT_DT_BF16; /* bf16 sums */

@@ -1,41 +1,6 @@
 /* param_store.c — the parameters, their gradients and optimizer state on one rank (qt_param_store.h).
- *
- * precision.master_dtype bf16: no master array (device or host); AdamW reads and writes the bf16
- * weights themselves (stochastic rounding keyed by the flat index, qt_adamw_step), and the fp32
- * "master" values handed out (checkpoints, export) are the exact values of those bf16 weights.
- *
- * Offloaded (QT_OPT_STATE_HOST), master, m and v (those the placement's opt_mask names: memory.offload's
- * master, m, v items) sit back to back in one pinned allocation, the others in the arena; qt_gpu_optim
- * streams the offloaded ones through the device slots carved here. Host weights come up in stage_n pieces through a
- * small fp32 staging buffer and are cast to bf16 on the device (RNE, the same bits as one cast of the
- * whole array), so no gradient or weight buffer ever doubles as staging.
- *
- * Offloaded weights (w_host, one GPU): w is the whole bf16 array in pinned host memory, mapped (unified
- * addressing: kernels read and write it through its host address). The model reads each bucket from a
- * weight slot that dp_sync.c fills with an H2D copy of it (the slots of ZeRO-3, qt_weight_slots.h);
- * AdamW (on the GPU, offloaded state or not) writes the new bf16 weights straight into w over PCIe, 2
- * bytes per parameter, and reads them there with a bf16 master.
- *
- * Offloaded gradients (g_host, one GPU): grad is the whole array (grad_dt: fp32, or bf16 with
- * precision.grad_accum_dtype bf16; the slots then bf16 too) in pinned host memory (mapped);
- * the backward writes ZeRO-2's gradient slots (qt_param_g), each loaded from grad before its bucket is
- * written (H2D, but in a step's first micro-step, when both are zero; a slot of its own keeps what it
- * stored instead) and stored back after (D2H) by dp_sync.c. A writer then adds into exactly the value it would find in a whole array, so every
- * accumulation (the GEMMs' beta = 1, a tied table written twice, split LM-head chunks) rounds as on the
- * GPU. The norm and AdamW read grad where it is.
- *
- * With ZeRO ranks the same two flags place the rank's shard instead: ZeRO-3 + w_host: w is
- * the rank's bf16 pieces [shard.len] in pinned mapped host memory; dp_sync.c all-gathers each weight slot
- * from every rank's host pieces (qt_comm_all_gather_host: each rank's copy engines pull the pinned pieces
- * host->device, whatever the transport), AdamW updates them as they stream through the offloaded
- * optimizer's slots (streamed(); through the mapping when the state is on the device or zero copy),
- * checkpoints copy them with cudaMemcpyDefault. ZeRO-2/3 + g_host: grad is the rank's fp32 shard [shard.len] in pinned mapped host
- * memory; everything else is ZeRO-2's (gradient slots on the GPU, reduce-scattered per bucket). Each
- * micro-step's summed piece is added into the shard by qt_param_grad_piece_add, a chunk at a time in device
- * slots, and the shard is cleared by marking it (qt_host_shard.h); the embedding lookups' add (add_lookups,
- * a few rows) reads and writes it through the mapping, after qt_param_grad_piece_fresh. The same kernels on
- * the same operands in the same order, so the same bits; the norm reads the shard where it is, AdamW as it
- * streams with the offloaded state (or where it is). */
+ * How each placement (bf16 master, offloaded optimizer state, offloaded weights and gradients, the ranks'
+ * host shards) keeps the bits of the state on the GPU: docs/memory.md. */
 #include "qt_param_store.h"
 
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* weight_slots.c — ZeRO-3's weight slots: units and their home buckets, the slot layout, and the
- * gather / wait / margin protocol of an acquire (see qt_weight_slots.h). */
+ * gather / wait / margin protocol of an acquire (qt_weight_slots.h, docs/memory.md). */
 #include "qt_weight_slots.h"
 
 #include <stdint.h>

@@ -41,8 +41,8 @@ void qt_train_request_stop(void) {
 
 /* SIGINT and SIGTERM are blocked in every thread (the mask is inherited by the threads CUDA, cuDNN,
  * OpenMP and we create later) and taken by one thread of ours with sigwait, so a signal never
- * interrupts a system call inside a library (a SIGINT during the first step's cuDNN/NVRTC set-up ended
- * the process with status 4 and no message when it was a handler) and no library's handler sees it.
+ * interrupts a system call inside a library (with a handler, a SIGINT during the first step's cuDNN/NVRTC
+ * set-up ends the process with status 4 and no message) and no library's handler sees it.
  * The first asks for a stop; the second ends the process at once with the signal's default action. */
 static sigset_t g_stop_signals;
 
@@ -110,8 +110,8 @@ static int broken(qt_trainer *t, char *err, size_t errlen) {
 }
 
 /* The eval loss into *out: the mean over every target >= 0 of the eval batches. When all batches hold
- * the same count (no masks) that is the mean of the batch means, computed so to keep the bits of
- * earlier versions; otherwise each batch mean is weighted by its count, and a multi-GPU call whose
+ * the same count (no masks) that is the mean of the batch means, computed as such so that unmasked
+ * runs keep their bits; otherwise each batch mean is weighted by its count, and a multi-GPU call whose
  * batches hold different counts is split into one call per batch (eval_loss sums the ranks' means).
  * Returns 0; 1 with err when an eval shard cannot be read (the run can still be saved); -1 with err
  * when the engine failed. */
