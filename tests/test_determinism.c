@@ -9,15 +9,19 @@
  * two_runs_*: each shipped config's shape (its heads, head_dim, precision and memory plan; 2 layers,
  * vocab 256, seq 1024, 3 steps on byte-level tinyshakespeare) trained twice by the qtrain program in
  * two processes with the defaults (perf.deterministic, perf.matmul_autotune: the second run takes the
- * first's picks from perf.tuning_cache) exports the same bytes. resume_*: a run stopped by --stop-after
- * and resumed (from its checkpoint: the same picks) exports the bytes of the uninterrupted run.
+ * first's picks from perf.tuning_cache) exports the same bytes; so do two runs of 2 data-parallel ranks
+ * sharing the GPU (ZeRO-1 bf16, ZeRO-3 fp8). resume_* / sigint_resume_*: a run stopped by --stop-after or
+ * by a SIGINT after its second step and resumed (from its checkpoint: the same picks) exports the bytes
+ * of the uninterrupted run.
  * nondet_mutant_caught: with the attention's deterministic graph switched off (a test hook), two
  * in-process runs of the 0.5B shape export different bytes: the comparison can fail.
  *
  * Without a GPU every test skips. */
 #include <cuda_runtime.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,22 +142,37 @@ static void attention_bwd_det_mha(void) { attention_case(&(att_shape){4, 512, 8,
 static char g_dir[256], g_qtrain[512];
 static int g_data; /* the tinyshakespeare shards are in g_dir */
 
+#define STEPS 4
+
 /* The --set overrides that shrink a shipped config to the test's run `name` in g_dir. */
 static int run_args(char *out, size_t cap, const char *name) {
     return snprintf(out, cap,
                     "--set model.num_layers=2 --set model.vocab_size=256 --set data.seq_len=1024 "
                     "--set data.micro_batch=2 --set data.grad_accum=2 --set 'data.train=%s/ts_train_*.bin' "
-                    "--set 'data.eval=%s/ts_eval_*.bin' --set optim.steps=3 --set optim.warmup=1 --set eval.batches=1 "
-                    "--set eval.every=0 --set checkpoint.every=0 --set checkpoint.dir=%s/%s/ckpt "
-                    "--set export.dir=%s/%s/export --set log.file=%s/%s/log.jsonl --set perf.tuning_cache=%s/picks.bin",
-                    g_dir, g_dir, g_dir, name, g_dir, name, g_dir, name, g_dir);
+                    "--set 'data.eval=%s/ts_eval_*.bin' --set optim.steps=%d --set optim.warmup=1 --set eval.batches=1 "
+                    "--set eval.every=0 --set checkpoint.every=0 --set checkpoint.keep=1 --set checkpoint.dir=%s/%s/ckpt "
+                    "--set export.dir=%s/%s/export --set log.file=%s/%s/log.jsonl --set log.every=1 "
+                    "--set perf.tuning_cache=%s/picks.bin",
+                    g_dir, g_dir, STEPS, g_dir, name, g_dir, name, g_dir, name, g_dir);
 }
 
-/* Runs the qtrain program on configs/<cfg>.yaml as run `name` (extra: more options); its exit status. */
-static int qtrain(const char *cfg, const char *name, const char *extra) {
-    char args[2048], cmd[4096];
+static void drop_ckpts(const char *name) { /* the exports are compared; the checkpoints only fill the disk */
+    char d[512];
+    snprintf(d, sizeof d, "%s/%s/ckpt", g_dir, name);
+    qt_t_rmtree(d);
+}
+
+/* The shell command that runs the qtrain program on configs/<cfg>.yaml as run `name` (extra: more options). */
+static void qtrain_cmd(char *cmd, size_t cap, const char *cfg, const char *name, const char *extra) {
+    char args[2048];
     run_args(args, sizeof args, name);
-    snprintf(cmd, sizeof cmd, "'%s' configs/%s.yaml %s %s > '%s/%s.out' 2>&1", g_qtrain, cfg, args, extra, g_dir, name);
+    snprintf(cmd, cap, "exec '%s' configs/%s.yaml %s %s >> '%s/%s.out' 2>&1", g_qtrain, cfg, args, extra, g_dir, name);
+}
+
+/* Runs it; its exit status. */
+static int qtrain(const char *cfg, const char *name, const char *extra) {
+    char cmd[4096];
+    qtrain_cmd(cmd, sizeof cmd, cfg, name, extra);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
@@ -177,30 +196,65 @@ static int same_export(const char *a, const char *b, char *why, size_t cap) {
     return same;
 }
 
-static void two_runs(const char *cfg) {
+/* Two runs of cfg (extra: more options; tag names them) export the same bytes. */
+static void two_runs_as(const char *cfg, const char *tag, const char *extra) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!g_data) QT_SKIP("no tinyshakespeare.txt (QT_DATA_DIR or ../shared/data)");
     char a[128], b[128], why[1200];
-    snprintf(a, sizeof a, "%s_a", cfg);
-    snprintf(b, sizeof b, "%s_b", cfg);
-    int ra = qtrain(cfg, a, ""), rb = qtrain(cfg, b, "");
+    snprintf(a, sizeof a, "%s_a", tag);
+    snprintf(b, sizeof b, "%s_b", tag);
+    int ra = qtrain(cfg, a, extra);
+    drop_ckpts(a);
+    int rb = qtrain(cfg, b, extra);
+    drop_ckpts(b);
     QT_REQUIRE(ra == 0 && rb == 0, "exit %d / %d (see %s/%s.out)", ra, rb, g_dir, ra ? a : b);
     QT_EXPECT(same_export(a, b, why, sizeof why), "%s", why);
 }
+static void two_runs(const char *cfg) { two_runs_as(cfg, cfg, ""); }
 
-static void resume(const char *cfg) {
+/* The run stopped (by --stop-after, or by a SIGINT once its log shows step 2) and resumed exports the
+ * bytes of the uninterrupted run. */
+static void resume(const char *cfg, int sigint) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!g_data) QT_SKIP("no tinyshakespeare.txt (QT_DATA_DIR or ../shared/data)");
-    char a[128], r[128], why[1200];
+    char a[128], r[128], why[1200], cmd[4096];
     snprintf(a, sizeof a, "%s_a", cfg);
-    snprintf(r, sizeof r, "%s_resumed", cfg);
+    snprintf(r, sizeof r, "%s_%s", cfg, sigint ? "sigint" : "stopped");
     struct stat st;
-    char pa[512];
+    char pa[512], logp[512];
     snprintf(pa, sizeof pa, "%s/%s/export/model.safetensors", g_dir, a);
-    if (stat(pa, &st)) QT_REQUIRE(qtrain(cfg, a, "") == 0, "the uninterrupted run failed (see %s/%s.out)", g_dir, a);
-    int r1 = qtrain(cfg, r, "--stop-after 2"), r2 = qtrain(cfg, r, "--resume");
-    QT_REQUIRE(r1 == QT_EXIT_STOPPED && r2 == 0, "--stop-after exit %d (expected %d), --resume exit %d (see %s/%s.out)", r1,
-               QT_EXIT_STOPPED, r2, g_dir, r);
+    if (stat(pa, &st)) {
+        QT_REQUIRE(qtrain(cfg, a, "") == 0, "the uninterrupted run failed (see %s/%s.out)", g_dir, a);
+        drop_ckpts(a);
+    }
+    int r1;
+    if (!sigint) {
+        r1 = qtrain(cfg, r, "--stop-after 2");
+    } else {
+        qtrain_cmd(cmd, sizeof cmd, cfg, r, "");
+        snprintf(logp, sizeof logp, "%s/%s/log.jsonl", g_dir, r);
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        int seen = 0;
+        for (int i = 0; i < 6000 && !seen; i++) { /* up to 60 s for step 2's record */
+            size_t n = 0;
+            char *log = qt_t_read_file(logp, &n);
+            seen = log && n && (log[n] = 0, strstr(log, "\"step\":2,") != NULL);
+            free(log);
+            if (!seen) usleep(10000);
+        }
+        kill(pid, SIGINT);
+        int ws = 0;
+        waitpid(pid, &ws, 0);
+        r1 = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+        QT_REQUIRE(seen, "no step 2 in %s within 60 s", logp);
+    }
+    int r2 = qtrain(cfg, r, "--resume");
+    drop_ckpts(r);
+    QT_REQUIRE((r1 == 0 || r1 == QT_EXIT_STOPPED) && r2 == 0, "stop exit %d, --resume exit %d (see %s/%s.out)", r1, r2, g_dir, r);
     QT_EXPECT(same_export(a, r, why, sizeof why), "%s", why);
 }
 
@@ -212,8 +266,16 @@ static void two_runs_q7b_bf16(void) { two_runs("qwen2.5-7b-bf16"); }
 static void two_runs_q7b_fp8(void) { two_runs("qwen2.5-7b-fp8"); }
 static void two_runs_q14b_fp8(void) { two_runs("qwen2.5-14b-fp8"); }
 static void two_runs_q32b_fp8(void) { two_runs("qwen2.5-32b-fp8"); }
-static void resume_q05b_bf16(void) { resume("qwen2.5-0.5b-bf16"); }
-static void resume_q7b_fp8(void) { resume("qwen2.5-7b-fp8"); }
+static void two_runs_q05b_bf16_2ranks_zero1(void) {
+    two_runs_as("qwen2.5-0.5b-bf16", "dp_zero1", "--set 'parallel.devices=[0,0]'");
+}
+static void two_runs_q05b_fp8_2ranks_zero3(void) {
+    two_runs_as("qwen2.5-0.5b-fp8", "dp_zero3", "--set 'parallel.devices=[0,0]' --set parallel.zero=3 --set perf.cuda_graphs=false");
+}
+static void resume_q05b_bf16(void) { resume("qwen2.5-0.5b-bf16", 0); }
+static void resume_q7b_fp8(void) { resume("qwen2.5-7b-fp8", 0); }
+static void sigint_resume_q05b_bf16(void) { resume("qwen2.5-0.5b-bf16", 1); }
+static void sigint_resume_q7b_fp8(void) { resume("qwen2.5-7b-fp8", 1); }
 
 /* In-process runs of the 0.5B shape (the hooks reach only this process): the same exports with the
  * deterministic backward, different ones with it switched off. */
@@ -235,6 +297,7 @@ static int inproc_run(const char *name) {
     cfg.perf.tuning_cache[0] = 0;
     int rc = qt_train_run(&cfg, NULL, NULL, err, sizeof err);
     if (rc) printf("  %s: %s\n", name, err);
+    drop_ckpts(name);
     return rc;
 }
 
@@ -277,8 +340,12 @@ int main(int argc, char **argv) {
     QT_RUN(two_runs_q7b_fp8);
     QT_RUN(two_runs_q14b_fp8);
     QT_RUN(two_runs_q32b_fp8);
+    QT_RUN(two_runs_q05b_bf16_2ranks_zero1);
+    QT_RUN(two_runs_q05b_fp8_2ranks_zero3);
     QT_RUN(resume_q05b_bf16);
     QT_RUN(resume_q7b_fp8);
+    QT_RUN(sigint_resume_q05b_bf16);
+    QT_RUN(sigint_resume_q7b_fp8);
     QT_RUN(nondet_mutant_caught);
     int rc = qt_test_end();
     if (!rc) qt_t_rmtree(g_dir);
