@@ -169,12 +169,16 @@ static void qtrain_cmd(char *cmd, size_t cap, const char *cfg, const char *name,
     snprintf(cmd, cap, "exec '%s' configs/%s.yaml %s %s >> '%s/%s.out' 2>&1", g_qtrain, cfg, args, extra, g_dir, name);
 }
 
-/* Runs it; its exit status. */
+/* Runs it; its exit status (a failed run's last lines printed). */
 static int qtrain(const char *cfg, const char *name, const char *extra) {
     char cmd[4096];
     qtrain_cmd(cmd, sizeof cmd, cfg, name, extra);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    int st = system(cmd), rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (rc && rc != QT_EXIT_STOPPED) {
+        snprintf(cmd, sizeof cmd, "tail -n 3 '%s/%s.out' | sed 's/^/  | /'", g_dir, name);
+        if (system(cmd)) printf("  (no output of %s)\n", name);
+    }
+    return rc;
 }
 
 /* 1 when runs a and b exported the same model bytes; else 0 with why. */
