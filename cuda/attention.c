@@ -45,10 +45,12 @@ typedef struct { /* a graph under construction; every descriptor it made lives u
 } gb;
 
 typedef struct {
-    int B, T, H, Hkv, D, bwd;
+    int B, T, H, Hkv, D, bwd, det;
     gb g;
     desc_t plan;
     int64_t plan_ws; /* bytes the engine needs */
+    int64_t engine;  /* cuDNN's global index of the chosen engine */
+    int nondet;      /* cuDNN notes that engine as nondeterministic */
     size_t ws;       /* all workspace bytes: plan_ws, then (bwd) the softmax sums and the fp32 dQ */
     int ok;
     char shape[96];
@@ -57,6 +59,7 @@ typedef struct {
 
 struct qt_attention_ctx {
     cudnnHandle_t h;
+    int det; /* backward plans: the deterministic graph, engines noted nondeterministic skipped */
     att_plan **plans;
     int nplans, cap;
     long built;
@@ -250,7 +253,7 @@ static void build_fwd(gb *g, const att_shapes *a) {
     matmul(g, "bmm2 P.V", p, v, o);
 }
 
-static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv) {
+static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv, int det) {
     const int64_t *qd = a->q_dim, *sd = a->s_dim, *ss = a->s_str, *rd = a->row_dim, *rs = a->row_str;
     int64_t vt_dim[4] = {a->kt_dim[0], a->kt_dim[1], a->kt_dim[2], a->kt_dim[3]};
     int64_t odd_str[4] = {a->full_str[0], a->full_str[1], a->o_str[2], 1}; /* cudnn-frontend's dO*O layout */
@@ -264,7 +267,7 @@ static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv) {
     desc_t dk = tensor(g, "dK", U_DK, BF16, a->kv_dim, a->kv_str, false, false);
     desc_t dv = tensor(g, "dV", U_DV, BF16, a->kv_dim, a->kv_str, false, false);
     desc_t ssum = tensor(g, "softmax_sum", U_SSUM, F32, rd, rs, false, false);
-    desc_t dqacc = tensor(g, "dQ_accum", U_DQACC, F32, qd, a->full_str, false, false);
+    desc_t dqacc = det ? NULL : tensor(g, "dQ_accum", U_DQACC, F32, qd, a->full_str, false, false);
     desc_t scale = scalar(g, "attn_scale", U_SCALE), neg = scalar(g, "mask_value", U_NEG), one = scalar(g, "one", U_ONE);
 
     desc_t t = pw2(g, "mul dO*O", CUDNN_POINTWISE_MUL, dout, o, qd, odd_str);
@@ -298,8 +301,12 @@ static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv) {
         reduce(g, "dK group sum", CUDNN_REDUCE_TENSOR_ADD, full, dk);
     }
     desc_t k = reshape(g, "K", kt, virt(g, "K", BF16, a->kv_dim, a->kv_str));
-    matmul(g, "bmm dS.K", ds, k, dqacc);
-    pw(g, "dQ", CUDNN_POINTWISE_IDENTITY, F32, -1, dqacc, NULL, NULL, dq);
+    if (det) { /* dQ written straight by one matmul: no fp32 accumulator summed into by atomics */
+        matmul(g, "bmm dS.K", ds, k, dq);
+    } else {
+        matmul(g, "bmm dS.K", ds, k, dqacc);
+        pw(g, "dQ", CUDNN_POINTWISE_IDENTITY, F32, -1, dqacc, NULL, NULL, dq);
+    }
 }
 
 static void keep(gb *g, desc_t d) {
@@ -307,9 +314,28 @@ static void keep(gb *g, desc_t d) {
     g->all[g->nall++] = d;
 }
 
+/* Reads the engine config's engine: its global index and whether cuDNN notes it nondeterministic. */
+static void engine_info(desc_t cfg, int64_t *index, int *nondet) {
+    desc_t eng = NULL;
+    int64_t n = 0;
+    *index = -1;
+    *nondet = 0;
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) != CUDNN_STATUS_SUCCESS) return;
+    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eng) ==
+        CUDNN_STATUS_SUCCESS) {
+        cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+        int64_t nn = 0;
+        (void)cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, index);
+        if (cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &nn, notes) == CUDNN_STATUS_SUCCESS)
+            for (int64_t i = 0; i < nn; i++) *nondet |= notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+    }
+    cudnnBackendDestroyDescriptor(eng);
+}
+
 /* Finalizes the graph and takes the first engine config (heuristic mode A, then the fallback list)
- * that yields an execution plan. */
-static desc_t make_plan(gb *g, int64_t *ws) {
+ * that yields an execution plan; with det, engines cuDNN notes as nondeterministic are passed over. */
+static desc_t make_plan(gb *g, int det, int64_t *ws, int64_t *engine, int *nondet) {
     desc_t graph = gb_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     gb_set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops, "operation graph");
     gb_set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &g->h, "operation graph");
@@ -333,6 +359,11 @@ static desc_t make_plan(gb *g, int64_t *ws) {
         if (!ok) cudnnGetLastErrorString(last, sizeof last);
         desc_t plan = NULL;
         for (int64_t i = 0; ok && i < n && i < MAX_CFG && !plan; i++, tried++) {
+            engine_info(cfg[i], engine, nondet);
+            if (det && *nondet) {
+                snprintf(last, sizeof last, "engine %lld is noted nondeterministic", (long long)*engine);
+                continue;
+            }
             desc_t p;
             QT_CUDNN(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p));
             cudnnStatus_t st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &g->h);
@@ -366,17 +397,20 @@ static desc_t make_plan(gb *g, int64_t *ws) {
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 static att_plan *get_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd) {
+    int det = bwd && c->det; /* the forward has no cross-block sums: one graph serves both */
     for (int i = 0; i < c->nplans; i++) {
         att_plan *p = c->plans[i];
-        if (p->B == B && p->T == T && p->H == H && p->Hkv == Hkv && p->D == D && p->bwd == bwd) return p;
+        if (p->B == B && p->T == T && p->H == H && p->Hkv == Hkv && p->D == D && p->bwd == bwd && p->det == det)
+            return p;
     }
     att_plan *p = calloc(1, sizeof *p);
     QT_CHECK(p != NULL, "out of host memory");
-    *p = (att_plan){.B = B, .T = T, .H = H, .Hkv = Hkv, .D = D, .bwd = bwd};
+    *p = (att_plan){.B = B, .T = T, .H = H, .Hkv = Hkv, .D = D, .bwd = bwd, .det = det};
     p->scale = 1.0f / sqrtf((float)D);
     p->neg = -FLT_MAX; /* what cudnn-frontend's causal mask writes: exp() of it minus anything is 0 */
     p->one = 1.0f;
-    snprintf(p->shape, sizeof p->shape, "%s B=%d T=%d H=%d Hkv=%d D=%d", bwd ? "bwd" : "fwd", B, T, H, Hkv, D);
+    snprintf(p->shape, sizeof p->shape, "%s%s B=%d T=%d H=%d Hkv=%d D=%d", bwd ? "bwd" : "fwd", det ? " (deterministic)" : "",
+             B, T, H, Hkv, D);
     gb *g = &p->g;
     g->h = c->h;
     g->next_uid = VIRTUAL_UID;
@@ -387,9 +421,9 @@ static att_plan *get_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int
     } else {
         att_shapes a;
         shapes_of(&a, B, T, H, Hkv, D);
-        if (bwd) build_bwd(g, &a, H, Hkv);
+        if (bwd) build_bwd(g, &a, H, Hkv, det);
         else build_fwd(g, &a);
-        p->plan = make_plan(g, &p->plan_ws);
+        p->plan = make_plan(g, p->det, &p->plan_ws, &p->engine, &p->nondet);
     }
     p->ok = !g->failed;
     p->ws = align256((size_t)p->plan_ws);
@@ -426,6 +460,14 @@ void qt_attention_free(qt_attention_ctx *c) {
 }
 
 long qt_attention_plan_count(const qt_attention_ctx *c) { return c->built; }
+
+void qt_attention_set_deterministic(qt_attention_ctx *c, int on) { c->det = on != 0; }
+
+int qt_attention_engine(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd, long *engine) {
+    att_plan *p = get_plan(c, B, T, H, Hkv, D, bwd);
+    if (engine) *engine = p->ok ? (long)p->engine : -1;
+    return p->ok ? p->nondet : -1;
+}
 
 int qt_attention_prepare(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, char *err, size_t errlen) {
     for (int bwd = 0; bwd < 2; bwd++) {
@@ -502,10 +544,10 @@ void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const v
     char *ssum = (char *)c->ws + align256((size_t)p->plan_ws);
     char *dqacc = ssum + align256((size_t)B * H * T * 4);
     /* cuDNN before 9.6 expects the fp32 dQ accumulator zeroed by the caller; later ones do not mind. */
-    QT_CUDA(cudaMemsetAsync(dqacc, 0, (size_t)B * H * T * D * 4, s));
+    if (!p->det) QT_CUDA(cudaMemsetAsync(dqacc, 0, (size_t)B * H * T * D * 4, s));
     const int64_t uids[14] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_SCALE, U_NEG, U_ONE, U_SSUM, U_DQACC};
     void *const ptrs[14] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), (void *)out,
                             (void *)dout, (void *)lse, dq, dq + (size_t)H * D, dq + (size_t)(H + Hkv) * D, &p->scale,
                             &p->neg, &p->one, ssum, dqacc};
-    execute(c, p, uids, ptrs, 14, s);
+    execute(c, p, uids, ptrs, p->det ? 13 : 14, s); /* the deterministic graph has no dQ accumulator (last) */
 }

@@ -13,6 +13,7 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,7 @@ struct qt_matmul_ctx {
     cublasLtHandle_t lt;
     void *ws;
     size_t ws_bytes;
-    int autotune, cc, device;
+    int autotune, cc, device, sms;
     char dev_name[256];
     mm_plan *plans;
     int nplans, cap;
@@ -89,6 +90,7 @@ qt_matmul_ctx *qt_matmul_create(size_t ws_bytes) {
     QT_CUDA(cudaGetDevice(&c->device));
     QT_CUDA(cudaGetDeviceProperties(&prop, c->device));
     c->cc = prop.major * 10 + prop.minor;
+    c->sms = prop.multiProcessorCount;
     snprintf(c->dev_name, sizeof c->dev_name, "%s", prop.name);
     return c;
 }
@@ -201,6 +203,117 @@ static int tune(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, const cublasLtMa
     return best;
 }
 
+/* ---- the autotuned choices, shared by every context of the process ----
+ * One record per (GPU model, shape key): the index of the chosen algorithm in the heuristic's candidate
+ * list, which is the same list for the same key, cuBLASLt version and GPU model. The first context to
+ * tune a key records its pick; every context after it (other ranks, later engines, a resumed run that
+ * loaded the records) takes the recorded pick instead of timing again, so they all multiply alike. */
+typedef struct {
+    mm_key key;
+    int32_t cc, sms;  /* the GPU model the pick was timed on */
+    int32_t index, n; /* the pick among the heuristic's n candidates */
+} mm_choice;
+
+static pthread_mutex_t g_choice_mu = PTHREAD_MUTEX_INITIALIZER;
+static mm_choice *g_choices;
+static long g_nchoices, g_capchoices;
+
+static mm_choice *choice_find(const qt_matmul_ctx *c, const mm_key *key) { /* under g_choice_mu */
+    for (long i = 0; i < g_nchoices; i++)
+        if (g_choices[i].cc == c->cc && g_choices[i].sms == c->sms && !memcmp(&g_choices[i].key, key, sizeof *key))
+            return &g_choices[i];
+    return NULL;
+}
+
+static void choice_add(const mm_choice *ch) { /* under g_choice_mu; the key is not there yet */
+    if (g_nchoices == g_capchoices) {
+        long cap = g_capchoices ? 2 * g_capchoices : 64;
+        mm_choice *m = realloc(g_choices, (size_t)cap * sizeof *m);
+        QT_CHECK(m != NULL, "out of host memory");
+        g_choices = m, g_capchoices = cap;
+    }
+    g_choices[g_nchoices++] = *ch;
+}
+
+/* The recorded pick of this key, or -1 (none, or recorded for another candidate count). */
+static int choice_get(const qt_matmul_ctx *c, const mm_key *key, int n) {
+    pthread_mutex_lock(&g_choice_mu);
+    mm_choice *ch = choice_find(c, key);
+    int idx = ch && ch->n == n && ch->index < n ? ch->index : -1;
+    pthread_mutex_unlock(&g_choice_mu);
+    return idx;
+}
+
+/* Records best unless another context recorded this key first; returns the recorded pick. */
+static int choice_put(const qt_matmul_ctx *c, const mm_key *key, int best, int n) {
+    pthread_mutex_lock(&g_choice_mu);
+    mm_choice *ch = choice_find(c, key);
+    if (!ch) choice_add(&(mm_choice){.key = *key, .cc = c->cc, .sms = c->sms, .index = best, .n = n});
+    else if (ch->n == n) best = ch->index;
+    pthread_mutex_unlock(&g_choice_mu);
+    return best;
+}
+
+#define CHOICES_MAGIC "QTMMALG1"
+typedef struct { /* the serialized records' header */
+    char magic[8];
+    uint32_t lt_version, key_bytes;
+    int64_t count;
+} choices_hdr;
+
+size_t qt_matmul_choices_save(void *buf, size_t cap) {
+    pthread_mutex_lock(&g_choice_mu);
+    size_t need = sizeof(choices_hdr) + (size_t)g_nchoices * sizeof(mm_choice);
+    if (buf && cap >= need) {
+        choices_hdr h = {.lt_version = (uint32_t)cublasLtGetVersion(), .key_bytes = sizeof(mm_key), .count = g_nchoices};
+        memcpy(h.magic, CHOICES_MAGIC, 8);
+        memcpy(buf, &h, sizeof h);
+        if (g_nchoices) memcpy((char *)buf + sizeof h, g_choices, (size_t)g_nchoices * sizeof(mm_choice));
+    }
+    pthread_mutex_unlock(&g_choice_mu);
+    return need;
+}
+
+int qt_matmul_choices_load(const void *buf, size_t n, char *err, size_t errlen) {
+    choices_hdr h;
+    if (n < sizeof h) return qt_errf(err, errlen, "%zu bytes: shorter than the header", n);
+    memcpy(&h, buf, sizeof h);
+    if (memcmp(h.magic, CHOICES_MAGIC, 8) || h.key_bytes != sizeof(mm_key) || h.count < 0 ||
+        (size_t)h.count > (n - sizeof h) / sizeof(mm_choice) || n != sizeof h + (size_t)h.count * sizeof(mm_choice))
+        return qt_errf(err, errlen, "not matmul algorithm records of this build (%zu bytes)", n);
+    if (h.lt_version != (uint32_t)cublasLtGetVersion())
+        return qt_errf(err, errlen, "timed with cuBLASLt %u, this is %zu (its candidate lists may differ)", h.lt_version,
+                       cublasLtGetVersion());
+    const mm_choice *in = (const mm_choice *)((const char *)buf + sizeof h);
+    pthread_mutex_lock(&g_choice_mu);
+    for (int64_t i = 0; i < h.count; i++) {
+        mm_choice ch;
+        memcpy(&ch, &in[i], sizeof ch);
+        if (ch.index < 0 || ch.index >= ch.n || ch.n > MAX_ALGOS) continue;
+        mm_choice *have = NULL;
+        for (long j = 0; j < g_nchoices && !have; j++)
+            if (g_choices[j].cc == ch.cc && g_choices[j].sms == ch.sms && !memcmp(&g_choices[j].key, &ch.key, sizeof ch.key))
+                have = &g_choices[j];
+        if (have) *have = ch; /* the loaded record wins: it is what the run being continued used */
+        else choice_add(&ch);
+    }
+    pthread_mutex_unlock(&g_choice_mu);
+    return 0;
+}
+
+long qt_matmul_choices_count(void) {
+    pthread_mutex_lock(&g_choice_mu);
+    long n = g_nchoices;
+    pthread_mutex_unlock(&g_choice_mu);
+    return n;
+}
+
+void qt_matmul_choices_clear(void) {
+    pthread_mutex_lock(&g_choice_mu);
+    g_nchoices = 0;
+    pthread_mutex_unlock(&g_choice_mu);
+}
+
 static void build_plan(qt_matmul_ctx *c, mm_plan *p, const mm_call *k) {
     const mm_key *y = &p->key;
     QT_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -252,7 +365,11 @@ static void build_plan(qt_matmul_ctx *c, mm_plan *p, const mm_call *k) {
         p->ok = 0;
         return;
     }
-    int best = (c->autotune && n > 1) ? tune(c, p, k, res, n) : 0;
+    int best = 0;
+    if (c->autotune && n > 1 && (best = choice_get(c, y, n)) < 0) {
+        best = tune(c, p, k, res, n);
+        if (best >= 0) best = choice_put(c, y, best, n);
+    }
     if (best < 0) { /* every candidate failed to launch: say which problem, not just the status */
         p->ok = 0;
         QT_CHECK(y->epi == CUBLASLT_EPILOGUE_BGRADB,

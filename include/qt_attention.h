@@ -50,6 +50,14 @@ size_t qt_attention_bwd_est_ws(int B, int T, int H, int D);
 /* Allocates the workspace at bytes now (when larger than the current one), so that no plan within it
  * allocates during training. */
 void qt_attention_reserve(qt_attention_ctx *c, size_t bytes);
+/* on = 1: backward plans are built deterministic (the same bits on every call with the same inputs):
+ * dQ is one matmul's output instead of an fp32 accumulator that thread blocks add into in any order,
+ * and engines cuDNN notes as nondeterministic are passed over. Plans of both kinds are cached. */
+void qt_attention_set_deterministic(qt_attention_ctx *c, int on);
+/* This shape's plan (built and cached, in the context's current mode): *engine = cuDNN's global engine
+ * index (-1 when no plan); returns 1 when cuDNN notes that engine nondeterministic, 0 when not, -1 when
+ * the plan cannot be built. */
+int qt_attention_engine(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd, long *engine);
 /* Number of plans built so far (a shape's fwd and bwd count one each). */
 long qt_attention_plan_count(const qt_attention_ctx *c);
 

@@ -121,6 +121,9 @@ typedef struct {                  /* GPU */
 typedef struct {                  /* GPU */
     int cuda_graphs;
     int matmul_autotune;          /* time cuBLASLt's candidate algorithms on each shape's first use */
+    int deterministic;            /* the same bits run after run: deterministic attention backward, the
+                                   * autotuned algorithms kept and reused */
+    char tuning_cache[QT_PATH_MAX]; /* file of the autotuned picks between runs ("~/" = home; "" none) */
 } qt_perf_cfg;
 
 typedef struct {

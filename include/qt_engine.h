@@ -90,6 +90,12 @@ typedef struct {
     /* Restores what state_items saved; -1 with err naming the blob when one is missing or its size or
      * dtype differs. */
     int (*load_state)(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
+    /* The kernel choices made by timing (the autotuned matmul algorithms) as bytes: written to buf when
+     * cap is enough, returns the bytes needed; and loaded back from such bytes (0, or -1 with err: made
+     * on another GPU model or library version). A checkpoint and the tuning cache keep them, so a
+     * resumed or repeated run multiplies with the same algorithms. NULL: the engine times nothing. */
+    size_t (*tuning_save)(qt_engine *e, void *buf, size_t cap);
+    int (*tuning_load)(qt_engine *e, const void *buf, size_t n, char *err, size_t errlen);
     /* Prints the memory plan (the GPU allocator table); may be NULL. */
     void (*print_memory)(qt_engine *e);
     /* Per-op timing of the following steps (GPU engines; NULL elsewhere), printed as ms per step. */
@@ -146,6 +152,9 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
                                     const qt_gpu_rank *rank, char *err, size_t errlen);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
+/* ops->tuning_save / tuning_load of the GPU engines (the process-wide matmul picks, qt_matmul.h). */
+size_t qt_engine_gpu_tuning_save(qt_engine *e, void *buf, size_t cap);
+int qt_engine_gpu_tuning_load(qt_engine *e, const void *buf, size_t n, char *err, size_t errlen);
 
 /* Data-parallel engine: one thread per rank on devices[0..n) (a device may repeat), each with the
  * whole model; gradients are summed in a fixed rank order over cfg->comm, so the ranks' weights stay

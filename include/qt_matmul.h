@@ -14,7 +14,12 @@
  * them (2 warm-ups + 5 timed runs each) on the caller's buffers, or on a scratch output when the call
  * accumulates, and keeps the fastest. qt_matmul_set_autotune(c, 0) (the trainer's
  * perf.matmul_autotune: false) keeps the heuristic's first choice instead. Tuning synchronises the
- * stream, so warm every shape up before capturing a CUDA graph (under capture it is skipped). */
+ * stream, so warm every shape up before capturing a CUDA graph (under capture it is skipped).
+ *
+ * Picks made by timing vary run to run, and another algorithm gives other bits. So each pick is
+ * recorded process-wide per (GPU model, shape): every autotuning context takes a recorded pick instead
+ * of timing again (all ranks and engines of a process multiply alike), and the records can be saved and
+ * loaded (a checkpoint, a cache file) so that a resumed or repeated run uses the same algorithms. */
 #ifndef QT_MATMUL_H
 #define QT_MATMUL_H
 
@@ -40,6 +45,16 @@ void qt_matmul_free(qt_matmul_ctx *c);
 /* 1: time the heuristic's candidates on a shape's first use (the default);
  * 0: take the heuristic's first. Affects plans built afterwards. */
 void qt_matmul_set_autotune(qt_matmul_ctx *c, int on);
+/* The recorded autotune picks of this process (see above) as bytes: written to buf when cap is enough;
+ * returns the bytes needed. */
+size_t qt_matmul_choices_save(void *buf, size_t cap);
+/* Merges records saved by qt_matmul_choices_save (a loaded record replaces this process's own for the
+ * same GPU model and shape); affects plans built afterwards. 0, or -1 with err when the bytes are not
+ * such records or were timed with another cuBLASLt version (nothing loaded). */
+int qt_matmul_choices_load(const void *buf, size_t n, char *err, size_t errlen);
+/* Number of recorded picks; qt_matmul_choices_clear forgets them all (tests). */
+long qt_matmul_choices_count(void);
+void qt_matmul_choices_clear(void);
 /* Number of plans built so far (cache misses); a repeated shape adds none. */
 long qt_matmul_plan_count(const qt_matmul_ctx *c);
 /* Device compute capability as major*10+minor (fp8 needs >= 89). */

@@ -85,6 +85,8 @@ typedef struct {
     int stage_reuse_early;        /* 1: MUTANT: qt_chunk_pipe refills a slot without waiting for its way down */
     long grad_stage_elems;        /* > 0: ZeRO-2/3's offloaded gradient shard is added in chunks of this many
                                    * elements (a small test model's pieces fit one of the default 4 Mi) */
+    int attention_nondet;         /* 1: MUTANT: perf.deterministic does not reach the attention backward (cuDNN's
+                                   * default graph, whose dQ sums vary run to run): test_determinism must catch it */
     int act_own_inputs;           /* 1: every layer keeps its own ln1, ln2 and h even with an fp8 backward
                                    * (one buffer per layer instead of one shared: test_recompute compares the two) */
     int recompute_stale_ln;       /* 1: MUTANT: with an fp8 backward a recomputed qkv / gate|up of layers 1..

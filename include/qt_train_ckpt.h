@@ -4,7 +4,8 @@
  * keys that make the run what it is.
  *
  * A checkpoint holds the engine's state_items (weights, master copy, Adam m and v) plus step, rng,
- * loader_pos (after the last completed step), model_cfg and config (the resolved YAML). Saving stops
+ * loader_pos (after the last completed step), model_cfg, config (the resolved YAML) and, with
+ * perf.deterministic on a GPU, matmul_algos (the autotuned picks, reused on resume). Saving stops
  * training only for the snapshot: state_items, plus a copy of the blobs when the engine's alias live
  * state (the CPU engine: 12 bytes per parameter of host memory); GPU engines' state_items already are
  * pinned host copies of their device state. An offloaded optimizer state (one GPU) is copied the same
@@ -27,6 +28,9 @@
 #include "qt_rundir.h"
 #include "qt_train.h"
 #include "qt_train_log.h"
+
+/* The checkpoint blob of the engine's autotuned kernel choices (engine ops tuning_save/tuning_load). */
+#define QT_CKPT_TUNING "matmul_algos"
 
 typedef struct qt_trainer {
     const qt_config *cfg;

@@ -203,10 +203,44 @@ typedef struct {
 /* Trains `yaml` (read as "test.yaml"; its optim.steps <= QT_T_STEPS, its log.file logp with every: 1 and
  * its checkpoint.dir ckpt_dir) from `resume` (NULL or "latest") for `stop` steps (-1: all): each step's
  * loss, its grad norm from the log, and the newest checkpoint into o. 0, or -1 with err. */
+/* The bitwise suites' runs at a real attention shape. QT_TEST_SHAPE (a test-only variable of the GPU
+ * suites; unset: the tiny default) rewrites the tiny model of a run's YAML (hidden 128, 2 query / 1 kv
+ * head, seq 32 x micro-batch 3) into a shipped config's grouped-query attention at seq 1024 x 1, keeping
+ * the test's layers, vocab and tying:
+ *   gqa64   Qwen2.5-0.5B's: hidden 896, 14 / 2 heads (head_dim 64)
+ *   gqa128  Qwen2.5-7B's:  hidden 3584, 28 / 4 heads (head_dim 128)
+ * (the MLP at 1024: the attention and its sums are what the shape is for). Returns the shape's name. */
+static inline const char *qt_t_shape_yaml(char *yaml, size_t cap) {
+    static const struct {
+        const char *name, *hidden, *heads;
+    } shapes[] = {{"gqa64", "hidden_size: 896,", "num_heads: 14, num_kv_heads: 2"},
+                  {"gqa128", "hidden_size: 3584,", "num_heads: 28, num_kv_heads: 4"}};
+    const char *want = getenv("QT_TEST_SHAPE");
+    for (size_t k = 0; want && k < sizeof shapes / sizeof shapes[0]; k++) {
+        if (strcmp(want, shapes[k].name)) continue;
+        const char *from[5] = {"hidden_size: 128,", "num_heads: 2, num_kv_heads: 1", "intermediate_size: 96",
+                               "max_seq_len: 64", "seq_len: 32, micro_batch: 3"};
+        const char *to[5] = {shapes[k].hidden, shapes[k].heads, "intermediate_size: 1024", "max_seq_len: 1024",
+                             "seq_len: 1024, micro_batch: 1"};
+        for (int r = 0; r < 5; r++) {
+            char *at = strstr(yaml, from[r]);
+            size_t lf = strlen(from[r]), lt = strlen(to[r]), n = strlen(yaml);
+            if (!at || n - lf + lt >= cap) continue;
+            memmove(at + lt, at + lf, n - (size_t)(at - yaml) - lf + 1);
+            memcpy(at, to[r], lt);
+        }
+        return shapes[k].name;
+    }
+    return "tiny";
+}
+
 static inline int qt_t_run_yaml(const char *yaml, const char *logp, const char *ckpt_dir, const char *resume, long stop,
                                 qt_t_run_out *o, char *err, size_t errlen) {
     qt_config c;
-    if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
+    char shaped[8192];
+    snprintf(shaped, sizeof shaped, "%s", yaml);
+    qt_t_shape_yaml(shaped, sizeof shaped);
+    if (qt_config_load_string(&c, shaped, "test.yaml", NULL, 0, err, errlen)) return -1;
     float losses[QT_T_STEPS];
     for (int i = 0; i < QT_T_STEPS; i++) losses[i] = NAN;
     qt_train_opts opts = {resume, stop, 0, losses, NULL};

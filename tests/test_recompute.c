@@ -59,6 +59,7 @@ static int run(const char *tag, const char *extra, run_out *o, char *err, size_t
              "optim: {lr: 0.003, warmup: 3, steps: %d, schedule: cosine, grad_clip: 1.0}\n"
              "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 1}\nlog: {file: '%s', every: 1}\ndevice: cuda\n%s\n",
              g_dir, STEPS, g_dir, tag, logp, extra);
+    qt_t_shape_yaml(yaml, sizeof yaml);
     qt_config c;
     if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
     qt_train_opts opts = {NULL, -1, 0, o->loss, NULL};

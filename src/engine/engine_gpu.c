@@ -20,6 +20,7 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
+#include "qt_matmul.h"
 #include "qt_pinned.h"
 #include "qt_planner.h"
 #include "qt_step_plan.h"
@@ -417,6 +418,16 @@ static void gpu_free(qt_engine *b) {
 static void gpu_profile(qt_engine *b, int on) { qt_gpu_model_profile(((gpu_engine *)b)->g, on); }
 static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_print(((gpu_engine *)b)->g, steps); }
 
+size_t qt_engine_gpu_tuning_save(qt_engine *b, void *buf, size_t cap) {
+    (void)b;
+    return qt_matmul_choices_save(buf, cap);
+}
+
+int qt_engine_gpu_tuning_load(qt_engine *b, const void *buf, size_t n, char *err, size_t errlen) {
+    (void)b;
+    return qt_matmul_choices_load(buf, n, err, errlen);
+}
+
 /* The same ops under the name the run's log shows. */
 #define GPU_OPS(nm)                                                                                   \
     {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
@@ -425,7 +436,8 @@ static void gpu_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_pr
      .state_items = gpu_state_items, .load_state = gpu_load_state, .print_memory = gpu_print_memory,   \
      .nonfinite_weight = gpu_nonfinite_weight, .state_live = gpu_state_live,                             \
      .set_state_guard = gpu_set_state_guard, .set_state_copy = gpu_set_state_copy,                     \
-     .snapshot_bytes = gpu_snapshot_bytes,                                                             \
+     .snapshot_bytes = gpu_snapshot_bytes, .tuning_save = qt_engine_gpu_tuning_save,                   \
+     .tuning_load = qt_engine_gpu_tuning_load,                                                         \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 

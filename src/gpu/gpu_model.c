@@ -206,6 +206,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
     if (!g) return NULL;
     g->attn = qt_attention_create();
+    qt_attention_set_deterministic(g->attn, cfg->perf.deterministic && !qt_test_hooks_get()->attention_nondet);
     g->attn_ws = attn_ws_of(g, 1);
     size_t bytes = carve_all(g, NULL); /* again, with the measured attention workspace */
     double t0 = now_s();

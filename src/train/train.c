@@ -29,6 +29,7 @@
 #include "qt_optim.h"
 #include "qt_train_ckpt.h"
 #include "qt_train_session.h"
+#include "qt_tuning_cache.h"
 
 /* 0: run on; > 0: the signal that asked for a stop; -1: qt_train_request_stop. Lock-free, so a signal
  * handler may set it. */
@@ -266,6 +267,7 @@ int qt_session_update(qt_trainer *t, qt_step_result *r, char *err, size_t errlen
                                                  "optim.lr?)", t->step + 1, loss, gnorm));
     t->step++;
     if (t->train) t->pos = qt_loader_get_pos(t->train);
+    if (c->perf.deterministic && t->step == t->start + 1) qt_tuning_cache_save(t->eng, c->perf.tuning_cache);
     double tn = now_s();
     *r = (qt_step_result){t->step, loss, gnorm, lr, t->tok_per_step / (tn - t->tstep), 0, 0, 0};
     int last = t->step == t->stop;
@@ -362,6 +364,7 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
            cfg->path, L->n_params, L->cfg.num_layers, L->cfg.hidden_size, L->cfg.num_heads, L->cfg.num_kv_heads,
            L->cfg.vocab_size, t->eng->ops->name, qt_model_flops_per_token(&L->cfg, cfg->data.seq_len) * 1e-9);
     if (t->eng->ops->print_memory) t->eng->ops->print_memory(t->eng);
+    if (cfg->perf.deterministic) qt_tuning_cache_load(t->eng, cfg->perf.tuning_cache); /* a checkpoint's picks replace them */
     if (o->resume && qt_trainer_load(t, o->resume, o->allow_changed, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
     return training ? begin_training(t, o, err, errlen) : 0;
 }

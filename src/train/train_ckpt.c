@@ -237,7 +237,16 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     items[n++] = (qt_ckpt_item){"loader_pos", -1, &t->pos, sizeof t->pos, 0};
     items[n++] = (qt_ckpt_item){"model_cfg", -1, &t->eng->L->cfg, sizeof t->eng->L->cfg, 0};
     items[n++] = (qt_ckpt_item){"config", -1, t->cfgtext, cl < CFG_CAP ? cl : CFG_CAP - 1, 0};
-    if (snapshot(t, items, t->eng->ops->state_is_snapshot ? ne : 0, n, err, errlen)) return -1;
+    void *tuning = NULL; /* the autotuned picks: copied into the snapshot, so a temporary buffer */
+    if (t->cfg->perf.deterministic && t->eng->ops->tuning_save) {
+        size_t tb = t->eng->ops->tuning_save(t->eng, NULL, 0);
+        if (!(tuning = malloc(tb))) return qt_errf(err, errlen, "out of host memory");
+        t->eng->ops->tuning_save(t->eng, tuning, tb);
+        items[n++] = (qt_ckpt_item){QT_CKPT_TUNING, -1, tuning, tb, 0};
+    }
+    int src = snapshot(t, items, t->eng->ops->state_is_snapshot ? ne : 0, n, err, errlen);
+    free(tuning);
+    if (src) return -1;
     t->saved_step = t->step; /* read by qt_trainer_check_finite on the writer thread, which starts after this */
     t->write_bytes = 0;
     for (int i = 0; i < n; i++) t->write_bytes += items[i].bytes;
@@ -364,6 +373,19 @@ static int check_config(const qt_trainer *t, const qt_ckpt *ck, const char *path
     return rc;
 }
 
+/* The checkpoint's autotuned picks, when the run keeps them (perf.deterministic): the resumed run then
+ * multiplies with the algorithms of the run it continues. Picks made on another GPU model or library
+ * version cannot be reused: said, and this run times its own. */
+static void load_tuning(qt_trainer *t, const qt_ckpt *ck, const char *path) {
+    size_t nb = 0;
+    const void *b = qt_ckpt_get(ck, QT_CKPT_TUNING, &nb, NULL);
+    char e2[512];
+    if (!b || !t->cfg->perf.deterministic || !t->eng->ops->tuning_load) return;
+    if (t->eng->ops->tuning_load(t->eng, b, nb, e2, sizeof e2))
+        printf("qtrain: %s: its matmul algorithm picks are not reused (%s): this run times its own, so its bits "
+               "may differ from the run that wrote it\n", path, e2);
+}
+
 int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *err, size_t errlen) {
     char path[QT_PATH_MAX + 64];
     qt_ckpt *ck;
@@ -392,6 +414,7 @@ int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *e
         memcpy(&p, pos, sizeof p);
         if (t->train && !data_moved) qt_loader_set_pos(t->train, p);
         t->step = t->saved_step = s;
+        load_tuning(t, ck, path);
         printf("qtrain: resumed from %s at step %ld%s\n", path, t->step,
                data_moved ? " (the data changed: reading it from its start)" : "");
         rc = 0;
