@@ -148,7 +148,9 @@ fi
 
 # One GPU, data-parallel ranks sharing it: every bitwise test of the memory features at one commit.
 # test_recompute runs one part per step (each part bitwise against none in bf16/fp8, graphs, 2 ranks; the
-# stale-buffer mutants; the plan = the arena, the measured peak within its margin).
+# stale-buffer mutants; the plan = the arena, the measured peak within its margin). Then the bitwise
+# comparisons at the grouped-query shapes of MEMORY_SHAPES (default gqa64: Qwen2.5-0.5B's 14/2 heads at seq
+# 1024; gqa128: Qwen2.5-7B's 28/4): run-to-run nondeterminism there would break them.
 if has memory; then
     { step test_zero 1500 build/tests/test_zero
       step test_offload 1800 build/tests/test_offload
@@ -157,6 +159,12 @@ if has memory; then
       done
       step test_stores 120 build/tests/test_stores
       step test_plan 600 build/tests/test_plan
+      # the bitwise comparisons again at shipped configs' grouped-query attention, seq 1024 (qt_test_data.h)
+      for shape in ${MEMORY_SHAPES:-gqa64}; do
+          step test_zero_$shape 1500 env QT_TEST_SHAPE=$shape QT_TEST_ONLY=equals build/tests/test_zero
+          step test_offload_$shape 1800 env QT_TEST_SHAPE=$shape QT_TEST_ONLY=bitwise build/tests/test_offload
+          step test_recompute_$shape 900 env QT_TEST_SHAPE=$shape QT_TEST_ONLY=bf16 build/tests/test_recompute
+      done
     } 2>&1 | tee "$OUT/memory.log" | grep -E "$ok|plan .*peak|saving"
 fi
 
@@ -185,7 +193,8 @@ if has multi; then
 fi
 
 # test_reliability's GPU tests (SIGINTs at random times and a bit-exact resume, 50 SIGKILLs, a NaN update
-# stopping the run, the offloaded state written in place), then the checkpoint stall (training paused per
+# stopping the run, the offloaded state written in place), test_determinism (the shipped configs' shapes
+# trained twice and across --stop-after / SIGINT + resume give the same bits; the mutant caught), then the checkpoint stall (training paused per
 # checkpoint plus the offloaded optimizer's waits for the writer) at 0.5B for the state on the GPU, offloaded
 # and copied, offloaded and written in place; a checkpoint every 4 steps on byte-level shards.
 if has reliability; then
@@ -198,6 +207,7 @@ if has reliability; then
                awk '{v=$(NF-1); if ($1=="training") p[++n]=v; else w[++m]=v}
                     END {for (i=1;i<=n;i++) printf "stall per checkpoint %d: %.3f s (paused %.3f + optimizer waited %.3f)\n", i, p[i]+w[i], p[i], w[i]}'; }
     { QT_TEST_ONLY=_gpu step test_reliability 1200 build/tests/test_reliability
+      step test_determinism 900 build/tests/test_determinism
       step kernels_bench_adamw 300 build/bench/kernels_bench adamw
       for om in false:auto true:copy true:in_place; do
           o=${om%%:*} m=${om#*:} r=${om/:/_}
