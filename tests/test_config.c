@@ -459,10 +459,12 @@ static void check_roundtrip(const char *what) {
     QT_EXPECT(qt_config_equal(&cfg, &cfg2, &diff), "%s: %s differs after the round trip", what, diff);
     for (int i = 0; qt_config_key_at(i); i++) {
         const char *p = qt_config_key_at(i)->path, *leaf = strrchr(p, '.') ? strrchr(p, '.') + 1 : p;
-        char pat[128], commented[128]; /* unset inline model keys are written as comments */
+        char pat[128], commented[128]; /* unset inline model keys and derived paths are written as comments */
         snprintf(pat, sizeof pat, "\n%s%s: ", strchr(p, '.') ? "  " : "", leaf);
         snprintf(commented, sizeof commented, "\n  # %s: ", leaf);
-        QT_EXPECT(strstr(buf, pat) || (qt_config_key_at(i)->model_inline && !cfg.model_inline && strstr(buf, commented)),
+        int comment = (qt_config_key_at(i)->model_inline && !cfg.model_inline) ||
+                      (qt_config_derived_key(p) && !qt_config_given(&cfg, p));
+        QT_EXPECT(strstr(buf, pat) || (comment && strstr(buf, commented)),
                   "%s: dump lacks %s", what, p);
     }
 }
@@ -522,6 +524,7 @@ static void randomize(uint64_t *s) {
         }
         }
     }
+    memset(cfg.given, 1, sizeof cfg.given); /* every key set: none derived */
     cfg.hf_config[0] = cfg.init.from[0] = 0;
     cfg.model_inline = 1;
     /* A model shape that qt_model_cfg_validate accepts: Hkv | H, even head_dim. */

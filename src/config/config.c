@@ -535,6 +535,31 @@ static int cross_check(ctx *x) {
     return 0;
 }
 
+static const char *const derived_keys[] = {"checkpoint.dir", "log.file", "data.eval"};
+
+int qt_config_derived_key(const char *path) {
+    for (size_t i = 0; i < sizeof derived_keys / sizeof derived_keys[0]; i++)
+        if (!strcmp(derived_keys[i], path)) return 1;
+    return 0;
+}
+
+/* The run's paths not given: checkpoint.dir and log.file inside run.dir (when set); data.eval from
+ * data.train's glob, its file name's leading "train" made "eval" (tools/tokenize's layout). */
+static int derive_paths(ctx *x) {
+    qt_config *c = x->c;
+    int n = 0;
+    if (c->run.dir[0] && !qt_config_given(c, "checkpoint.dir"))
+        n = snprintf(c->checkpoint.dir, sizeof c->checkpoint.dir, "%s/ckpt", c->run.dir);
+    if (n >= (int)sizeof c->checkpoint.dir) return fail(x, at_of(x, "run.dir"), "run.dir", "expected a shorter path, got %d bytes", n);
+    if (c->run.dir[0] && !qt_config_given(c, "log.file"))
+        n = snprintf(c->log.file, sizeof c->log.file, "%s/log.jsonl", c->run.dir);
+    if (n >= (int)sizeof c->log.file) return fail(x, at_of(x, "run.dir"), "run.dir", "expected a shorter path, got %d bytes", n);
+    const char *slash = strrchr(c->data.train, '/'), *name = slash ? slash + 1 : c->data.train;
+    if (!qt_config_given(c, "data.eval") && !strncmp(name, "train", 5))
+        snprintf(c->data.eval, sizeof c->data.eval, "%.*seval%s", (int)(name - c->data.train), c->data.train, name + 5);
+    return 0;
+}
+
 /* The shared body of load and load_string: text == NULL reads the file at name. */
 static int load(qt_config *c, const char *text, size_t len, FILE *f, const char *name,
                 const char *const *overrides, int n_overrides, char *err, size_t errlen) {
@@ -559,6 +584,7 @@ static int load(qt_config *c, const char *text, size_t len, FILE *f, const char 
     if (x.have_ev) yaml_event_delete(&x.ev);
     yaml_parser_delete(&x.parser);
     for (int i = 0; i < n_overrides && !rc; i++) rc = apply_override(&x, i);
+    if (!rc) rc = derive_paths(&x);
     if (!rc) rc = cross_check(&x);
     return rc;
 }
@@ -601,8 +627,10 @@ size_t qt_config_dump(const qt_config *c, char *buf, size_t cap) {
             OUT("%s:\n", section);
         }
         qt_config_key_format(c, k, val, sizeof val);
-        /* Inline model keys were not given: comment them out so that reading back keeps them unset. */
-        const char *hash = k->model_inline && !c->model_inline ? "# " : "";
+        /* Inline model keys were not given, derived paths neither: comment them out so that reading back
+         * keeps them unset (and derives the paths again). */
+        const char *hash = (k->model_inline && !c->model_inline) ||
+                                   (qt_config_derived_key(k->path) && !qt_config_given(c, k->path)) ? "# " : "";
         OUT("%s%s%s: %s\n", dot ? "  " : "", hash, dot ? dot + 1 : k->path, val);
     }
 #undef OUT
