@@ -1,4 +1,5 @@
-/* main.c — `qtrain run.yaml [--set key=value ...] [--resume [path]] [--stop-after N] [--export]`:
+/* main.c — `qtrain run.yaml [--set key=value ...] [--resume [path]] [--stop-after N] [--export]`
+ * (or `qtrain --resume path [...]`):
  * parses the command line and the config, then hands over to the training loop (src/train/train.c). */
 #include <errno.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include "qt_config.h"
 #include "qt_plan_auto.h"
 #include "qt_planner.h"
+#include "qt_resume.h"
 #include "qt_train.h"
 
 #define QT_VERSION "0.1.0"
@@ -17,7 +19,9 @@
 static const char USAGE[] =
     "usage: qtrain config.yaml [options]\n"
     "  --set key=value   override a config key (repeatable), e.g. --set optim.lr=3e-4\n"
-    "  --resume [path]   continue from the newest checkpoint in checkpoint.dir, or from path\n"
+    "  --resume [path]   continue a run with the config stored in its checkpoint (only --set keys change):\n"
+    "                    the newest checkpoint in checkpoint.dir, or path: a checkpoint, its folder or the\n"
+    "                    run.dir; with a path the config file may be left out\n"
     "  --stop-after N    stop (with a checkpoint) once N steps are done (N >= 1)\n"
     "  --export          write the HF export of the initial or resumed weights, then exit\n"
     "  --allow-changed K with --resume: accept these changed run-identity keys (comma list of\n"
@@ -46,6 +50,29 @@ static int parse_count(const char *s, long *out) {
     long v = strtol(s, &end, 10);
     if (end == s || *end || errno == ERANGE || v < 1) return -1;
     *out = v;
+    return 0;
+}
+
+/* --resume: the checkpoint's stored config with only the --set keys changed (qt_resume.h); a config
+ * file, when given, names checkpoint.dir for a bare --resume, and a key it sets otherwise is named. */
+static int resume_config(qt_config *cfg, const char *path, qt_train_opts *o, const char *const *sets, int nsets,
+                         char *ckpt, size_t cap, char *err, size_t errlen) {
+    static qt_config file_cfg;
+    file_cfg = *cfg;
+    const char *which = strcmp(o->resume, "latest") ? o->resume : file_cfg.checkpoint.dir;
+    if (qt_resume_config(cfg, which, sets, nsets, ckpt, cap, err, errlen)) return -1;
+    o->resume = ckpt;
+    const qt_config_key *k;
+    static char a[QT_KEY_TEXT_MAX], b[QT_KEY_TEXT_MAX];
+    for (int i = 0; path && (k = qt_config_key_at(i)); i++) {
+        if (!qt_config_given(&file_cfg, k->path) || !strcmp(k->path, "checkpoint.dir") || !strcmp(k->path, "run.dir"))
+            continue;
+        qt_config_key_format(&file_cfg, k, a, sizeof a);
+        qt_config_key_format(cfg, k, b, sizeof b);
+        if (strcmp(a, b))
+            printf("qtrain: note: resuming with the checkpoint's config: %s's %s: %s is not read (%s stays); change "
+                   "a resumed run with --set\n", path, k->path, a, b);
+    }
     return 0;
 }
 
@@ -95,13 +122,23 @@ int main(int argc, char **argv) {
             return usage_error(a[0] == '-' ? "unknown option \"%s\"" : "one config file only; extra argument \"%s\"", a);
         }
     }
-    if (!path) {
+    if (!path && !(o.resume && strcmp(o.resume, "latest"))) {
         fputs(USAGE, stderr);
         return 2;
     }
     static qt_config cfg;
-    char err[2048];
-    if (qt_config_load(&cfg, path, sets, nsets, err, sizeof err)) {
+    char err[2048], ckpt[QT_PATH_MAX + 64];
+    /* resuming, the file only locates the run (with the --set keys that move it); the other keys come
+     * from the checkpoint */
+    const char *where_sets[256];
+    int nwhere = 0;
+    for (int i = 0; i < nsets; i++)
+        if (!o.resume || !strncmp(sets[i], "run.", 4) || !strncmp(sets[i], "checkpoint.dir", 14)) where_sets[nwhere++] = sets[i];
+    if (path && qt_config_load(&cfg, path, where_sets, nwhere, err, sizeof err)) {
+        fprintf(stderr, "qtrain: %s\n", err);
+        return 1;
+    }
+    if (o.resume && resume_config(&cfg, path, &o, sets, nsets, ckpt, sizeof ckpt, err, sizeof err)) {
         fprintf(stderr, "qtrain: %s\n", err);
         return 1;
     }

@@ -12,6 +12,7 @@
  * snapshots written by a background thread (train_ckpt.c). */
 #include "qt_train.h"
 
+#include <glob.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -208,16 +209,32 @@ static int log_eval(qt_trainer *t, float loss, char *err, size_t errlen) {
     return qt_train_log_write(&t->log, "eval", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
+/* 1 when glob pattern p matches a file. */
+static int matches(const char *p) {
+    glob_t g;
+    int rc = glob(p, 0, NULL, &g);
+    if (rc == 0) globfree(&g);
+    return rc == 0;
+}
+
+/* The loaders; their errors name the key. An eval glob derived from data.train (not given) that
+ * matches nothing means no eval. */
 static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
+    char e2[2048];
+    if (!c->data.train[0])
+        return qt_errf(err, errlen, "%s: data.train: not set: give the training shards, e.g. --set "
+                       "data.train='data/mine/train_*.bin' (tools/tokenize makes them)", c->path);
     t->train = qt_loader_open(c->data.train, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 1,
-                              (uint32_t)L->cfg.vocab_size, err, errlen);
-    if (!t->train) return -1;
-    if (c->data.eval[0] && c->eval.every > 0) {
+                              (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
+    if (!t->train) return qt_errf(err, errlen, "data.train: %s", e2);
+    if (c->data.eval[0] && c->eval.every > 0 && (qt_config_given(c, "data.eval") || matches(c->data.eval))) {
         t->eval = qt_loader_open(c->data.eval, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 0,
-                                 (uint32_t)L->cfg.vocab_size, err, errlen);
-        if (!t->eval) return -1;
+                                 (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
+        if (!t->eval) return qt_errf(err, errlen, "data.eval: %s", e2);
     }
+    if (c->eval.every > 0)
+        printf("qtrain: training on %s, evaluating on %s\n", c->data.train, t->eval ? c->data.eval : "nothing (no data.eval)");
     return 0;
 }
 
@@ -344,11 +361,12 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
     const qt_config *cfg = t->cfg;
     int training = !o->export_only;
     if (cfg->data.tokenizer[0] && qt_hf_check_tokenizer(cfg->data.tokenizer, err, errlen)) return failed(t, QT_TF_CONFIG, -1);
-    if (training && check_run_needs(t, o, err, errlen)) return -1;
     if (qt_model_layout(cfg, &t->layout, &t->wsrc, err, errlen)) return failed(t, QT_TF_CONFIG, -1);
     /* an export needs no data; an embedder may give every batch itself (data.train "") */
     if (training && (cfg->data.train[0] || !data_optional) && open_loaders(t, &t->layout, err, errlen))
         return failed(t, QT_TF_DATA, -1);
+    /* the run's folders only once the config and the data are found good: a refused start makes none */
+    if (training && check_run_needs(t, o, err, errlen)) return -1;
     t->eng = qt_engine_create(&t->layout, cfg, &t->wsrc, err, errlen);
     if (!t->eng) return failed(t, QT_TF_DEVICE, -1);
     /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
