@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -197,7 +198,10 @@ static int log_train(qt_trainer *t, float loss, float gnorm, float lr, double to
     printf("step %6ld/%d | loss %.4f | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->optim.steps,
            loss, gnorm, lr, tok_s, eta);
     fflush(stdout);
-    snprintf(f, sizeof f, "\"loss\":%.6f,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f", loss, gnorm, lr, tok_s);
+    struct rusage ru; /* the process's peak resident host memory (ru_maxrss: KiB) */
+    double mem = getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1048576.0 : 0;
+    snprintf(f, sizeof f, "\"loss\":%.6f,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f,\"host_mem_gib\":%.3f", loss,
+             gnorm, lr, tok_s, mem);
     return qt_train_log_write(&t->log, "train", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
@@ -331,12 +335,14 @@ int qt_session_save(qt_trainer *t, char *path, size_t cap, char *err, size_t err
     return 0;
 }
 
-/* What the run will need later, checked before the (long) model setup: checkpoint.dir created,
- * writable and locked, not another run's (fresh runs), log.file writable. */
+/* What the run will need later, checked before the (long) engine setup: log.file created (fresh runs)
+ * and locked, checkpoint.dir created, writable and locked, not another run's (fresh runs). */
 static int check_run_needs(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
+    /* the log first: it makes the run.dir folder, which a refused start then removes with the log */
+    if (qt_train_log_open(&t->log, t->cfg->log.file, t->cfg->log.tensorboard, o->resume != NULL, err, errlen))
+        return failed(t, QT_TF_IO, -1);
     if (qt_rundir_open(&t->dir, t->cfg->checkpoint.dir, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
     if (!o->resume && qt_rundir_identity(&t->dir, t->cfg, 0, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
-    if (qt_train_log_open(&t->log, t->cfg->log.file, o->resume != NULL, err, errlen)) return failed(t, QT_TF_IO, -1);
     return 0;
 }
 
@@ -392,7 +398,7 @@ qt_trainer *qt_session_open(const qt_config *cfg, const qt_train_opts *o, int da
         qt_errf(err, errlen, "out of host memory");
         return NULL;
     }
-    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
+    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1}, .log = {.fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
     *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0, 0};
     qt_rng_seed(&t->rng, cfg->seed);
     t->sched = (qt_sched){cfg->optim.schedule, cfg->optim.lr, cfg->optim.final_lr_frac, cfg->optim.warmup,
@@ -412,8 +418,9 @@ int qt_session_close(qt_trainer *t, int rc, char *err, size_t errlen) {
     if (t->writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
     t->st->steps_done = t->step;
     qt_trainer_ckpt_free(t);
-    if (qt_train_log_close(&t->log, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
-    qt_rundir_close(&t->dir, rc < 0 && t->saved_step < 0); /* a run that failed before saving leaves nothing */
+    int discard = rc < 0 && t->saved_step < 0; /* a run that failed before saving leaves nothing */
+    qt_rundir_close(&t->dir, discard);
+    if (qt_train_log_close(&t->log, discard, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
     qt_engine_free(t->eng);
     if (t->train) qt_loader_free(t->train);
     if (t->eval) qt_loader_free(t->eval);
