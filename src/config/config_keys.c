@@ -149,7 +149,7 @@ static const qt_config_key keys[] = {
       "is set; \"\" = stdout only"),
     S("log.tensorboard", log.tensorboard, "", "all",
       "folder for TensorBoard event files (events.out.tfevents.*: train/loss, train/lr, train/grad_norm, "
-      "train/tokens_per_s, train/memory_gib, eval/loss per logged step); \"\" = none"),
+      "train/tokens_per_s, train/host_mem_gib (peak resident host memory), eval/loss per logged step, ckpt/*); \"\" = none"),
     I("log.every", log.every, 1, INT_MAX, "10", "all", 0, "log the training loss every N steps"),
 
     E("precision.model_dtype", precision.model_dtype, model_dtype_names, "bf16", "GPU", 0,
