@@ -25,13 +25,15 @@ typedef struct {
     void *hook_ctx;
 } qt_train_log;
 
-/* Opens path (creating its folders), "" opens nothing. A fresh run (resume 0) creates the file: one
- * already there is refused (another run's log, never overwritten). A resumed run appends, after cutting
- * the file back to its last complete line (a record a full disk cut short). Either way the file is
- * flock'ed until close: a second run given the same log.file is refused. tb_dir "" writes no
- * TensorBoard events; else a new event file in it (qt_tb_events.h) gets the scalars of every record.
- * Returns 0, or -1 with err naming log.file (or log.tensorboard) and the file. */
-int qt_train_log_open(qt_train_log *lg, const char *path, const char *tb_dir, int resume, char *err, size_t errlen);
+/* Opens cfg's log.file (creating its folders), "" opens nothing. A fresh run (resume 0) creates the
+ * file; one already there is refused (another run's log, never overwritten) unless its last config
+ * record names the same checkpoint.dir (an earlier attempt of this run folder, which the checkpoint
+ * directory's rules then judge): then, as a resumed run does, it appends after cutting the file back to
+ * its last complete line (a record a full disk cut short). Either way the file is flock'ed until close:
+ * a second run given the same log.file is refused. log.tensorboard "" writes no TensorBoard events; else a
+ * new event file in that folder (qt_tb_events.h) gets the scalars of every record. Returns 0, or -1 with
+ * err naming log.file (or log.tensorboard) and the file. */
+int qt_train_log_open(qt_train_log *lg, const qt_config *cfg, int resume, char *err, size_t errlen);
 /* The config line. Returns 0, or -1 with err when the write fails. */
 int qt_train_log_config(qt_train_log *lg, const qt_config *cfg, const char *run_id, int resume, char *err,
                         size_t errlen);

@@ -24,28 +24,24 @@ def qtrain(tmp, *args):
     return subprocess.run([QTRAIN, *args], capture_output=True, text=True, cwd=tmp, timeout=300, env=ENV)
 
 
-def data(tmp):
+def data_args(tmp):
+    """Byte-level shards in tmp/data/mine (made once); the --set that trains on them."""
     d = os.path.join(tmp, "data", "mine")
-    os.makedirs(d)
-    src = os.path.join(tmp, "c.txt")
-    with open(src, "w") as f:
-        f.write("".join(f"line {i}: all the world's a stage, {i % 11}\n" for i in range(1500)))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tokenize"), "--byte-level", src, "--out", d,
-                        "--eval-frac", "0.1", "--quiet"], capture_output=True, text=True)
-    if r.returncode and "numpy" in r.stderr:
-        raise Skip("tools/tokenize needs numpy")
-    assert r.returncode == 0, r.stderr
+    if not os.path.isdir(d):
+        os.makedirs(d)
+        src = os.path.join(tmp, "c.txt")
+        with open(src, "w") as f:
+            f.write("".join(f"line {i}: all the world's a stage, {i % 11}\n" for i in range(1500)))
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tokenize"), "--byte-level", src, "--out", d,
+                            "--eval-frac", "0.1", "--quiet"], capture_output=True, text=True)
+        if r.returncode and "numpy" in r.stderr:
+            raise Skip("tools/tokenize needs numpy")
+        assert r.returncode == 0, r.stderr
     return ["--set", "data.train=data/mine/train_*.bin"]
 
 
 def train(tmp, run, *extra, steps=2):
     return qtrain(tmp, CFG, "--set", f"run.dir={run}", *data_args(tmp), *SMALL, "--set", f"optim.steps={steps}", *extra)
-
-
-def data_args(tmp):
-    if not os.path.isdir(os.path.join(tmp, "data", "mine")):
-        return data(tmp)
-    return ["--set", "data.train=data/mine/train_*.bin"]
 
 
 def lines(path):
@@ -70,9 +66,18 @@ def test_fresh_run_never_overwrites_a_log(tmp):
     assert r.returncode == 1 and "log.file: runs/a/log.jsonl holds another run's log" in r.stderr, r.stderr
     assert open(os.path.join(tmp, "runs/a/log.jsonl")).read() == before, "the other run's log changed"
     assert not os.path.exists(os.path.join(tmp, "runs/b")), "the refused start left its folder"
-    r = train(tmp, "runs/a")  # the same run.dir again
-    assert r.returncode == 1 and "--resume" in r.stderr, r.stderr
+    r = train(tmp, "runs/a")  # the same run.dir again: its checkpoints refuse it
+    assert r.returncode == 1 and "already holds" in r.stderr and "--resume" in r.stderr, r.stderr
     assert open(os.path.join(tmp, "runs/a/log.jsonl")).read() == before
+    # an attempt of this run folder that saved nothing (killed before its first checkpoint): a fresh run
+    # may start there again, and appends to its log
+    for f in os.listdir(os.path.join(tmp, "runs/a/ckpt")):
+        if f.startswith("ckpt_"):
+            os.unlink(os.path.join(tmp, "runs/a/ckpt", f))
+    r = train(tmp, "runs/a")
+    assert r.returncode == 0, r.stderr
+    after = open(os.path.join(tmp, "runs/a/log.jsonl")).read()
+    assert after.startswith(before) and after.count('"type":"config"') == 2, after[len(before):][:300]
 
 
 def test_running_runs_log_is_locked(tmp):
@@ -82,9 +87,9 @@ def test_running_runs_log_is_locked(tmp):
     with open(log) as held:  # what a running qtrain holds on its log
         fcntl.flock(held, fcntl.LOCK_EX)
         r = qtrain(tmp, "--resume", "runs/a", "--set", "optim.steps=3")
-        assert r.returncode == 1 and "is the log of a run that is running now" in r.stderr, r.stderr
+        assert r.returncode == 1 and "is in use by another run" in r.stderr, r.stderr
         r = train(tmp, "runs/b", "--set", "log.file=runs/a/log.jsonl")
-        assert r.returncode == 1 and "running now" in r.stderr, r.stderr
+        assert r.returncode == 1 and "is in use by another run" in r.stderr, r.stderr
     assert open(log).read() == before
 
 

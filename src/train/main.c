@@ -78,6 +78,18 @@ static int resume_config(qt_config *cfg, const char *path, qt_train_opts *o, con
     return 0;
 }
 
+/* The run's config: the file with the --set keys; resuming, the file only locates the run (with the
+ * --set keys that move it) and the checkpoint's config takes the --set keys. */
+static int load_config(qt_config *cfg, const char *path, qt_train_opts *o, const char *const *sets, int nsets,
+                       char *ckpt, size_t cap, char *err, size_t errlen) {
+    const char *where_sets[256];
+    int nwhere = 0;
+    for (int i = 0; i < nsets; i++)
+        if (!o->resume || !strncmp(sets[i], "run.", 4) || !strncmp(sets[i], "checkpoint.dir", 14)) where_sets[nwhere++] = sets[i];
+    if (path && qt_config_load(cfg, path, where_sets, nwhere, err, errlen)) return -1;
+    return o->resume ? resume_config(cfg, path, o, sets, nsets, ckpt, cap, err, errlen) : 0;
+}
+
 int main(int argc, char **argv) {
     const char *path = NULL, *sets[256];
     int nsets = 0, print_cfg = 0, plan = 0;
@@ -133,17 +145,7 @@ int main(int argc, char **argv) {
     }
     static qt_config cfg;
     char err[2048], ckpt[QT_PATH_MAX + 64];
-    /* resuming, the file only locates the run (with the --set keys that move it); the other keys come
-     * from the checkpoint */
-    const char *where_sets[256];
-    int nwhere = 0;
-    for (int i = 0; i < nsets; i++)
-        if (!o.resume || !strncmp(sets[i], "run.", 4) || !strncmp(sets[i], "checkpoint.dir", 14)) where_sets[nwhere++] = sets[i];
-    if (path && qt_config_load(&cfg, path, where_sets, nwhere, err, sizeof err)) {
-        fprintf(stderr, "qtrain: %s\n", err);
-        return 1;
-    }
-    if (o.resume && resume_config(&cfg, path, &o, sets, nsets, ckpt, sizeof ckpt, err, sizeof err)) {
+    if (load_config(&cfg, path, &o, sets, nsets, ckpt, sizeof ckpt, err, sizeof err)) {
         fprintf(stderr, "qtrain: %s\n", err);
         return 1;
     }

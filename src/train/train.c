@@ -339,7 +339,7 @@ int qt_session_save(qt_trainer *t, char *path, size_t cap, char *err, size_t err
  * and locked, checkpoint.dir created, writable and locked, not another run's (fresh runs). */
 static int check_run_needs(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
     /* the log first: it makes the run.dir folder, which a refused start then removes with the log */
-    if (qt_train_log_open(&t->log, t->cfg->log.file, t->cfg->log.tensorboard, o->resume != NULL, err, errlen))
+    if (qt_train_log_open(&t->log, t->cfg, o->resume != NULL, err, errlen))
         return failed(t, QT_TF_IO, -1);
     if (qt_rundir_open(&t->dir, t->cfg->checkpoint.dir, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
     if (!o->resume && qt_rundir_identity(&t->dir, t->cfg, 0, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);

@@ -85,6 +85,52 @@ static int cut_partial_record(qt_train_log *lg, char *err, size_t errlen) {
     return 0;
 }
 
+static void put_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* 1 when the last config record of the log open at fd names checkpoint.dir dir: the log of an earlier
+ * attempt of this run folder (the run directory then decides whether a fresh run may use it). */
+static int same_run_folder(int fd, const char *dir) {
+    static const char tag[] = "{\"type\":\"config\"";
+    size_t tl = sizeof tag - 1, chunk = 1 << 20;
+    char *buf = malloc(chunk + 1), *want = NULL;
+    size_t wl = 0;
+    FILE *m = open_memstream(&want, &wl);
+    if (!buf || !m) {
+        free(buf);
+        if (m) fclose(m);
+        free(want);
+        return 0;
+    }
+    fputs("\"checkpoint.dir\":", m);
+    put_string(m, dir);
+    fclose(m);
+    off_t last = -1, off = 0;
+    for (ssize_t n; (n = pread(fd, buf, chunk, off)) > 0; off += n > (ssize_t)tl ? n - (ssize_t)tl : n) {
+        buf[n] = 0;
+        for (char *p = buf; (p = memmem(p, (size_t)n - (size_t)(p - buf), tag, tl)); p++)
+            if ((p == buf && off == 0) || (p > buf && p[-1] == '\n')) last = off + (p - buf);
+        if (n <= (ssize_t)tl) break;
+    }
+    int same = 0;
+    ssize_t n = last >= 0 ? pread(fd, buf, chunk, last) : -1;
+    if (n > 0) {
+        buf[n] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+        same = strstr(buf, want) != NULL;
+    }
+    free(buf);
+    free(want);
+    return same;
+}
+
 /* 1 when another process holds path's lock (a running run's log). */
 static int locked_by_other(const char *path) {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -94,35 +140,45 @@ static int locked_by_other(const char *path) {
     return busy;
 }
 
-static int open_file(qt_train_log *lg, const char *path, int resume, char *err, size_t errlen) {
+/* A fresh run creates the log; a log already there is appended to only when its last config record
+ * names this checkpoint.dir (an earlier attempt of this run that the run directory lets a fresh run
+ * replace, e.g. one killed before its first checkpoint), else refused. A resumed run appends. */
+static int open_file(qt_train_log *lg, const char *path, const char *ckpt_dir, int resume, char *err, size_t errlen) {
     make_parent_dirs(path, lg->made, sizeof lg->made);
     /* O_NONBLOCK: a FIFO given as the log is refused below instead of blocking the open */
-    int flags = O_APPEND | O_CLOEXEC | O_NONBLOCK | O_CREAT | (resume ? O_RDWR : O_WRONLY | O_EXCL);
-    lg->fd = open(path, flags, 0644);
-    if (lg->fd < 0 && errno == EEXIST)
-        return qt_errf(err, errlen, "log.file: %s %s: a fresh run never writes over a log; give this run its own "
-                       "(--set run.dir=runs/NAME, or log.file=...) or continue that run with --resume", path,
-                       locked_by_other(path) ? "is the log of a run that is running now" : "holds another run's log");
+    int flags = O_APPEND | O_CLOEXEC | O_NONBLOCK | O_CREAT | O_RDWR;
+    lg->fd = open(path, flags | (resume ? 0 : O_EXCL), 0644);
+    lg->created = lg->fd >= 0 && !resume;
+    if (lg->fd < 0 && errno == EEXIST) {
+        if (locked_by_other(path)) goto busy;
+        lg->fd = open(path, flags & ~O_CREAT);
+        if (lg->fd >= 0 && !same_run_folder(lg->fd, ckpt_dir))
+            return qt_errf(err, errlen, "log.file: %s holds another run's log: a fresh run never writes over a log; "
+                           "give this run its own (--set run.dir=runs/NAME, or log.file=...) or continue that run "
+                           "with --resume", path);
+        resume = 1; /* the same run folder's log: appended to */
+    }
     if (lg->fd < 0) return qt_errf(err, errlen, "log.file: cannot open %s for writing: %s", path, strerror(errno));
-    lg->created = !resume;
     struct stat sb;
     if (fstat(lg->fd, &sb) || !S_ISREG(sb.st_mode))
         return qt_errf(err, errlen, "log.file: %s: expected a regular file, got %s", path,
                        S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory" : "another kind of file");
     fcntl(lg->fd, F_SETFL, O_APPEND);
-    if (flock(lg->fd, LOCK_EX | LOCK_NB))
-        return qt_errf(err, errlen, "log.file: %s is the log of a run that is running now (it holds the file's lock): "
-                       "give this run its own log.file or run.dir", path);
+    if (flock(lg->fd, LOCK_EX | LOCK_NB)) goto busy;
     return resume ? cut_partial_record(lg, err, errlen) : 0;
+busy:
+    return qt_errf(err, errlen, "log.file: %s is in use by another run (one running now holds the file's lock): give "
+                   "this run its own log.file or run.dir", path);
 }
 
-int qt_train_log_open(qt_train_log *lg, const char *path, const char *tb_dir, int resume, char *err, size_t errlen) {
+int qt_train_log_open(qt_train_log *lg, const qt_config *cfg, int resume, char *err, size_t errlen) {
+    const char *path = cfg->log.file, *tb_dir = cfg->log.tensorboard;
     lg->fd = -1;
     lg->created = 0;
     lg->tb = NULL;
     lg->t0 = clock_s(CLOCK_MONOTONIC);
     snprintf(lg->path, sizeof lg->path, "%s", path);
-    if (path[0] && open_file(lg, path, resume, err, errlen)) {
+    if (path[0] && open_file(lg, path, cfg->checkpoint.dir, resume, err, errlen)) {
         if (lg->fd >= 0) close(lg->fd);
         if (lg->created) unlink(path);
         remove_made_dirs(path, lg->made);
@@ -131,16 +187,6 @@ int qt_train_log_open(qt_train_log *lg, const char *path, const char *tb_dir, in
     }
     if (tb_dir[0] && !(lg->tb = qt_tb_open(tb_dir, err, errlen))) return -1;
     return 0;
-}
-
-static void put_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
 }
 
 /* 1 when s is a JSON number (-?digits[.digits][e[+-]digits]); "inf" and "nan" are not. */
