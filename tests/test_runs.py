@@ -93,6 +93,13 @@ def test_running_runs_log_is_locked(tmp):
     assert open(log).read() == before
 
 
+def test_fifo_log_refused(tmp):
+    """A FIFO given as log.file is refused at start instead of blocking in open()."""
+    os.mkfifo(os.path.join(tmp, "fifo"))
+    r = train(tmp, "runs/f", "--set", "log.file=fifo")
+    assert r.returncode == 1 and "log.file: fifo: expected a regular file, got a FIFO" in r.stderr, r.stderr
+
+
 def test_resume_appends_after_a_partial_record(tmp):
     assert train(tmp, "runs/a").returncode == 0
     log = os.path.join(tmp, "runs/a/log.jsonl")

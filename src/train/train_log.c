@@ -131,15 +131,6 @@ static int same_run_folder(int fd, const char *dir) {
     return same;
 }
 
-/* 1 when another process holds path's lock (a running run's log). */
-static int locked_by_other(const char *path) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return 0;
-    int busy = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-    close(fd);
-    return busy;
-}
-
 /* A fresh run creates the log; a log already there is appended to only when its last config record
  * names this checkpoint.dir (an earlier attempt of this run that the run directory lets a fresh run
  * replace, e.g. one killed before its first checkpoint), else refused. A resumed run appends. */
@@ -149,23 +140,21 @@ static int open_file(qt_train_log *lg, const char *path, const char *ckpt_dir, i
     int flags = O_APPEND | O_CLOEXEC | O_NONBLOCK | O_CREAT | O_RDWR;
     lg->fd = open(path, flags | (resume ? 0 : O_EXCL), 0644);
     lg->created = lg->fd >= 0 && !resume;
-    if (lg->fd < 0 && errno == EEXIST) {
-        if (locked_by_other(path)) goto busy;
-        lg->fd = open(path, flags & ~O_CREAT);
-        if (lg->fd >= 0 && !same_run_folder(lg->fd, ckpt_dir))
-            return qt_errf(err, errlen, "log.file: %s holds another run's log: a fresh run never writes over a log; "
-                           "give this run its own (--set run.dir=runs/NAME, or log.file=...) or continue that run "
-                           "with --resume", path);
-        resume = 1; /* the same run folder's log: appended to */
-    }
+    int reuse = lg->fd < 0 && errno == EEXIST;
+    if (reuse) lg->fd = open(path, flags & ~O_CREAT);
     if (lg->fd < 0) return qt_errf(err, errlen, "log.file: cannot open %s for writing: %s", path, strerror(errno));
     struct stat sb;
+    if (fstat(lg->fd, &sb) == 0 && S_ISCHR(sb.st_mode)) return 0; /* a device (/dev/null): written as it is */
     if (fstat(lg->fd, &sb) || !S_ISREG(sb.st_mode))
         return qt_errf(err, errlen, "log.file: %s: expected a regular file, got %s", path,
                        S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory" : "another kind of file");
     fcntl(lg->fd, F_SETFL, O_APPEND);
     if (flock(lg->fd, LOCK_EX | LOCK_NB)) goto busy;
-    return resume ? cut_partial_record(lg, err, errlen) : 0;
+    if (reuse && !same_run_folder(lg->fd, ckpt_dir))
+        return qt_errf(err, errlen, "log.file: %s holds another run's log: a fresh run never writes over a log; "
+                       "give this run its own (--set run.dir=runs/NAME, or log.file=...) or continue that run "
+                       "with --resume", path);
+    return resume || reuse ? cut_partial_record(lg, err, errlen) : 0; /* reuse: the same run folder's log */
 busy:
     return qt_errf(err, errlen, "log.file: %s is in use by another run (one running now holds the file's lock): give "
                    "this run its own log.file or run.dir", path);
