@@ -138,6 +138,10 @@ def test_refused_start_leaves_no_folder(tmp):
     r = qtrain(tmp, CFG, "--set", "run.dir=runs/x", *SMALL)
     assert r.returncode == 1 and "data.train: not set" in r.stderr, r.stderr
     assert not os.path.exists(os.path.join(tmp, "runs")), os.listdir(os.path.join(tmp, "runs"))
+    assert train(tmp, "runs/a").returncode == 0  # refused later, by the used checkpoint folder: no event file
+    r = train(tmp, "runs/a", "--set", "log.tensorboard=runs/tb")
+    assert r.returncode == 1 and "already holds" in r.stderr, r.stderr
+    assert sorted(os.listdir(os.path.join(tmp, "runs"))) == ["a"], os.listdir(os.path.join(tmp, "runs"))
 
 
 def test_gpu_mem_needs_plan_and_cpu_plan(tmp):

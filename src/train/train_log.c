@@ -263,6 +263,13 @@ int qt_train_log_write(qt_train_log *lg, const char *type, long step, double tok
 }
 
 int qt_train_log_close(qt_train_log *lg, int discard, char *err, size_t errlen) {
+    if (discard && lg->tb) { /* a run that saved nothing leaves no event file (nor the folder it made) */
+        char dir[QT_PATH_MAX + 8];
+        snprintf(dir, sizeof dir, "%s", qt_tb_path(lg->tb));
+        unlink(dir);
+        if (strrchr(dir, '/')) *strrchr(dir, '/') = 0;
+        rmdir(dir);
+    }
     qt_tb_close(lg->tb);
     lg->tb = NULL;
     if (lg->fd < 0) return 0;
