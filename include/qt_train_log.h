@@ -42,8 +42,9 @@ int qt_train_log_config(qt_train_log *lg, const qt_config *cfg, const char *run_
  * err naming the file when the write fails (a full disk). */
 int qt_train_log_write(qt_train_log *lg, const char *type, long step, double tokens, const char *fields,
                        char *err, size_t errlen);
-/* Closes (and releases the lock); discard 1 (a run that failed before saving anything) also removes
- * a file this run created and the folders it made for it (when empty: close the run's other files first). Returns -1 with err when closing failed. Safe on an unopened log. */
+/* Closes (and releases the lock); discard 1 (a run that failed before saving anything) also removes a
+ * file this run created, its event file and the folders made for them (when empty: close the run's
+ * other files first). Returns -1 with err when closing failed. Safe on an unopened log. */
 int qt_train_log_close(qt_train_log *lg, int discard, char *err, size_t errlen);
 
 #endif

@@ -16,7 +16,7 @@ static int is_dir(const char *p) {
 
 int qt_resume_target(const char *which, char *out, size_t cap, char *err, size_t errlen) {
     struct stat sb;
-    if (stat(which, &sb)) return qt_errf(err, errlen, "--resume: %s: no such checkpoint or folder", which);
+    if (stat(which, &sb)) return qt_errf(err, errlen, "resume: %s: no such checkpoint or folder", which);
     snprintf(out, cap, "%s", which);
     if (!S_ISDIR(sb.st_mode)) return 1;
     long *steps = NULL;
@@ -40,7 +40,7 @@ static int stored_config(const char *target, int file, char **yaml, char *path, 
         ck = qt_ckpt_open(path, err, errlen); /* a damaged newest one: the trainer's load says so */
     }
     free(steps);
-    if (!ck && n <= 0) return qt_errf(err, errlen, "--resume: no checkpoint (ckpt_*.qtc) in %s", target);
+    if (!ck && n <= 0) return qt_errf(err, errlen, "resume: no checkpoint (ckpt_*.qtc) in %s", target);
     if (!ck) return -1;
     size_t nb;
     const char *text = qt_ckpt_get(ck, "config", &nb, NULL);
