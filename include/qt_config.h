@@ -78,9 +78,14 @@ typedef struct {                  /* HF safetensors + config.json at the end of 
 } qt_export_cfg;
 
 typedef struct {
-    char file[QT_PATH_MAX];
+    char file[QT_PATH_MAX];       /* JSONL log; not given: <run.dir>/log.jsonl */
+    char tensorboard[QT_PATH_MAX]; /* TensorBoard event files' folder; "" = none */
     int every;
 } qt_log_cfg;
+
+typedef struct {
+    char dir[QT_PATH_MAX];        /* the run's folder: checkpoint.dir and log.file default inside it */
+} qt_run_cfg;
 
 typedef struct {                  /* GPU; qt_dtype values */
     int model_dtype, matmul_dtype, grad_dtype, opt_m_dtype, opt_v_dtype;
@@ -141,6 +146,7 @@ typedef struct {
     char path[QT_PATH_MAX];       /* the YAML file (for messages) */
     uint64_t seed;
     qt_device_kind device;
+    qt_run_cfg run;
     /* model: either hf_config (a config.json) or the inline fields; model_inline says which were given */
     char hf_config[QT_PATH_MAX];
     qt_model_cfg model;
@@ -220,6 +226,10 @@ int qt_config_opt_offload_mask(const qt_config *c);
  * (the config check refuses quants without weights). */
 int qt_config_offload_quants(const qt_config *c);
 
+/* 1 when key path's value, when not given, derives from other keys (checkpoint.dir and log.file from
+ * run.dir, data.eval from data.train): qt_config_dump leaves such a key out (as a comment) when it was
+ * not given, so that the text read back derives it again. */
+int qt_config_derived_key(const char *path);
 /* 1 when the config file or a --set gave key path (not its default). */
 int qt_config_given(const qt_config *c, const char *path);
 /* Fills every field with its default. */

@@ -75,17 +75,22 @@ static void test_examples_load(void) {
         QT_EXPECT(rc == 0, "%s: %s", p, err);
         if (rc) continue;
         QT_EXPECT(!strcmp(cfg.path, p), "path %s", cfg.path);
+        /* each run in a folder of its own, named after its file; no config reads another run's data */
+        char run[QT_PATH_MAX];
+        snprintf(run, sizeof run, "runs/%.*s", (int)(strlen(strrchr(p, '/') + 1) - 5), strrchr(p, '/') + 1);
+        QT_EXPECT(!strcmp(cfg.run.dir, run) && !qt_config_given(&cfg, "checkpoint.dir") && !qt_config_given(&cfg, "log.file"),
+                  "%s: run.dir %s, expected %s alone", p, cfg.run.dir, run);
+        QT_EXPECT(!strstr(cfg.data.train, "runs/") && !strstr(cfg.data.eval, "runs/"), "%s: data in a run folder: %s", p,
+                  cfg.data.train);
         if (strstr(p, "/tiny-cpu.yaml")) {
             named++;
             QT_EXPECT(cfg.data.seq_len == 128 && cfg.data.micro_batch == 8 && cfg.optim.steps == 300 && cfg.optim.warmup == 30 &&
                           cfg.optim.lr == 3e-3f && cfg.eval.every == 50 && cfg.optim.schedule == QT_SCHED_COSINE &&
                           cfg.model_inline && cfg.device == QT_DEVICE_AUTO,
                       "tiny-cpu values");
-            QT_EXPECT(!strcmp(cfg.data.train, "runs/quickstart/data/train_*.bin") &&
-                          !strcmp(cfg.data.eval, "runs/quickstart/data/eval_*.bin") &&
-                          !strcmp(cfg.checkpoint.dir, "runs/quickstart/ckpt") &&
-                          !strcmp(cfg.log.file, "runs/quickstart/log.jsonl"),
-                      "tiny-cpu paths");
+            QT_EXPECT(!strcmp(cfg.data.train, "") && !strcmp(cfg.data.eval, "") &&
+                          !strcmp(cfg.checkpoint.dir, "runs/tiny-cpu/ckpt") && !strcmp(cfg.log.file, "runs/tiny-cpu/log.jsonl"),
+                      "tiny-cpu paths: %s %s %s %s", cfg.data.train, cfg.data.eval, cfg.checkpoint.dir, cfg.log.file);
         } else if (strstr(p, "/llama-tiny.yaml")) {
             named++;
             QT_EXPECT(cfg.model.arch == QT_ARCH_LLAMA && !cfg.model.tie_embeddings && !cfg.model.qkv_bias,
@@ -436,7 +441,20 @@ static void test_overrides(void) {
     QT_EXPECT(load(file, map, 1) == -1 && !strcmp(err, "--set optim.lr={a: 1}: optim.lr: expected a number > 0, got a mapping"),
               "mapping override: %s", err);
     const char *sect[] = {"optim=3"};
-    QT_EXPECT(load(file, sect, 1) == -1 && strstr(err, "--set optim=3: optim: expected a known key"), "section: %s", err);
+    QT_EXPECT(load(file, sect, 1) == -1 && strstr(err, "--set optim=3: optim: expected a key of the section optim (optim.lr, ") &&
+                  !strstr(err, "did you mean"), "section: %s", err);
+    const char *model[] = {"model=5"};
+    QT_EXPECT(load(file, model, 1) == -1 && strstr(err, "--set model=5: optim: expected a key of the section model (") == NULL &&
+                  strstr(err, "--set model=5: model: expected a key of the section model (model.hf_config, "), "model section: %s", err);
+    /* A --set that breaks a rule with a key of the file is reported at the --set, not at the file's line. */
+    const char *steps[] = {"optim.steps=5"};
+    QT_EXPECT(load("optim:\n  warmup: 30\n", steps, 1) == -1 &&
+                  !strcmp(err, "--set optim.steps=5: optim.steps: expected >= warmup + cooldown (30), got \"5\""),
+              "steps override against the file's warmup: %s", err);
+    const char *msl[] = {"model.max_seq_len=64"};
+    QT_EXPECT(load("data:\n  seq_len: 128\n", msl, 1) == -1 &&
+                  !strcmp(err, "--set model.max_seq_len=64: model.max_seq_len: expected >= data.seq_len (128), got \"64\""),
+              "max_seq_len override against the file's seq_len: %s", err);
     /* An override that breaks a cross-field rule is reported at the override. */
     const char *cross[] = {"optim.warmup=500"};
     QT_EXPECT(load(file, cross, 1) == -1 &&
@@ -446,6 +464,30 @@ static void test_overrides(void) {
     QT_EXPECT(load("model:\n  num_layers: 2\n", hf, 1) == -1 &&
                   !strcmp(err, "t.yaml:2:3: model.num_layers: expected no inline model keys when model.hf_config is set, got \"2\""),
               "hf_config override: %s", err);
+}
+
+/* run.dir moves checkpoint.dir and log.file; keys given still win; data.eval follows data.train's
+ * tools/tokenize layout unless given; a dump reads back deriving them again. */
+static void test_run_dir(void) {
+    const char *mine[] = {"run.dir=runs/mine", "data.train=data/mine/train_*.bin"};
+    QT_REQUIRE(load("run:\n  dir: runs/x\n", mine, 2) == 0, "%s", err);
+    QT_EXPECT(!strcmp(cfg.checkpoint.dir, "runs/mine/ckpt") && !strcmp(cfg.log.file, "runs/mine/log.jsonl") &&
+                  !strcmp(cfg.data.eval, "data/mine/eval_*.bin"),
+              "derived: %s %s %s", cfg.checkpoint.dir, cfg.log.file, cfg.data.eval);
+    const char *own[] = {"run.dir=runs/mine", "checkpoint.dir=elsewhere", "data.train=d/tr.bin", "data.eval="};
+    QT_REQUIRE(load("log:\n  file: my.jsonl\n", own, 4) == 0, "%s", err);
+    QT_EXPECT(!strcmp(cfg.checkpoint.dir, "elsewhere") && !strcmp(cfg.log.file, "my.jsonl") && !cfg.data.eval[0],
+              "given keys win: %s %s %s", cfg.checkpoint.dir, cfg.log.file, cfg.data.eval);
+    QT_REQUIRE(load("data:\n  train: 'shards/*.bin'\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(!strcmp(cfg.checkpoint.dir, "ckpt") && !cfg.log.file[0] && !cfg.data.eval[0],
+              "no run.dir, no train_ prefix: %s %s %s", cfg.checkpoint.dir, cfg.log.file, cfg.data.eval);
+    QT_REQUIRE(load("run:\n  dir: runs/a\n", mine + 1, 1) == 0, "%s", err);
+    static char buf[1 << 16];
+    qt_config_dump(&cfg, buf, sizeof buf);
+    const char *moved[] = {"run.dir=runs/b"};
+    QT_REQUIRE(qt_config_load_string(&cfg2, buf, "dump.yaml", moved, 1, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(!strcmp(cfg2.checkpoint.dir, "runs/b/ckpt") && !strcmp(cfg2.log.file, "runs/b/log.jsonl"),
+              "a dump keeps the paths derived: %s %s", cfg2.checkpoint.dir, cfg2.log.file);
 }
 
 static void check_roundtrip(const char *what) {
@@ -459,10 +501,12 @@ static void check_roundtrip(const char *what) {
     QT_EXPECT(qt_config_equal(&cfg, &cfg2, &diff), "%s: %s differs after the round trip", what, diff);
     for (int i = 0; qt_config_key_at(i); i++) {
         const char *p = qt_config_key_at(i)->path, *leaf = strrchr(p, '.') ? strrchr(p, '.') + 1 : p;
-        char pat[128], commented[128]; /* unset inline model keys are written as comments */
+        char pat[128], commented[128]; /* unset inline model keys and derived paths are written as comments */
         snprintf(pat, sizeof pat, "\n%s%s: ", strchr(p, '.') ? "  " : "", leaf);
         snprintf(commented, sizeof commented, "\n  # %s: ", leaf);
-        QT_EXPECT(strstr(buf, pat) || (qt_config_key_at(i)->model_inline && !cfg.model_inline && strstr(buf, commented)),
+        int comment = (qt_config_key_at(i)->model_inline && !cfg.model_inline) ||
+                      (qt_config_derived_key(p) && !qt_config_given(&cfg, p));
+        QT_EXPECT(strstr(buf, pat) || (comment && strstr(buf, commented)),
                   "%s: dump lacks %s", what, p);
     }
 }
@@ -522,6 +566,7 @@ static void randomize(uint64_t *s) {
         }
         }
     }
+    memset(cfg.given, 1, sizeof cfg.given); /* every key set: none derived */
     cfg.hf_config[0] = cfg.init.from[0] = 0;
     cfg.model_inline = 1;
     /* A model shape that qt_model_cfg_validate accepts: Hkv | H, even head_dim. */
@@ -636,6 +681,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     QT_RUN(test_defaults);
+    QT_RUN(test_run_dir);
     QT_RUN(test_examples_load);
     QT_RUN(test_error_unknown_key);
     QT_RUN(test_error_type_and_range);

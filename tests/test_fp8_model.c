@@ -272,6 +272,7 @@ static void test_fp8_tinyshakespeare(void) {
         char yaml[3072], model[512], logp[512], err[1024];
         snprintf(model, sizeof model, MODEL, "true");
         snprintf(logp, sizeof logp, "%s/fp8_curve_%s.jsonl", logdir, prec[k]);
+        unlink(logp); /* an earlier run's log kept in $QT_LOG_DIR: a fresh run never writes over one */
         snprintf(yaml, sizeof yaml,
                  "%sdata: {train: '%s/ts_train_*.bin', eval: '%s/ts_eval_*.bin', seq_len: 128, micro_batch: 8}\n"
                  "optim: {lr: 0.003, warmup: 20, steps: 300, schedule: cosine, final_lr_frac: 0.1}\n"

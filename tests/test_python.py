@@ -122,7 +122,7 @@ def records(path, kind):
     for line in open(path):
         r = json.loads(line)
         if r["type"] == kind:
-            out.append({k: v for k, v in r.items() if k not in ("elapsed_s", "time", "tokens_per_s", "stall_s", "wait_s")})
+            out.append({k: v for k, v in r.items() if k not in ("elapsed_s", "time", "tokens_per_s", "stall_s", "wait_s", "host_mem_gib")})
     return out
 
 

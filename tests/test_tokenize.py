@@ -201,6 +201,21 @@ def test_hf_tokenizer_wide_vocab(tmp):
     assert all_tokens(out)[0] == want, "4-byte tokens differ"
 
 
+def test_says_which_eos(tmp):
+    """The EOS placed after each document is named on stdout: its id, its text and where it came from."""
+    tok, path = bpe_tokenizer(os.path.join(tmp, "tok"), "hello world\n" * 50, vocab=300,
+                              specials=("<|endoftext|>",), config={"eos_token": "<|endoftext|>"})
+    src = os.path.join(tmp, "in.txt")
+    open(src, "w").write("hello world\n" * 20)
+    eos = tok.token_to_id("<|endoftext|>")
+    r = run_tool("--tokenizer", path, src, "--out", os.path.join(tmp, "a"), "--quiet")
+    assert f"EOS after each document: id {eos} '<|endoftext|>' (the tokenizer's eos_token)" in r.stdout, r.stdout
+    r = run_tool("--tokenizer", path, src, "--out", os.path.join(tmp, "b"), "--eos-id", "7", "--quiet")
+    assert "EOS after each document: id 7 (--eos-id)" in r.stdout, r.stdout
+    r = run_tool("--byte-level", src, "--out", os.path.join(tmp, "c"), "--quiet")
+    assert "no EOS between documents (byte-level" in r.stdout, r.stdout
+
+
 DOCS = [f"Document {i}: " + " ".join(f"word{j % 13} and  more\n" for j in range(i * 7 % 40 + 1)) +
         ("naïve café ✓\r\n" if i % 3 == 0 else "") for i in range(60)]
 

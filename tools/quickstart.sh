@@ -25,7 +25,7 @@ summary="quickstart: corpus: $corpus, $(wc -c < "$src") bytes; the README's fina
 echo "$summary"
 python3 tools/tokenize --byte-level "$src" --out "$run/data" --eval-frac 0.05
 [ "${1:-}" = --prepare-only ] && exit 0
-"$BUILD/qtrain" configs/tiny-cpu.yaml "$@"
+"$BUILD/qtrain" configs/tiny-cpu.yaml --set run.dir=$run --set "data.train=$run/data/train_*.bin" "$@"
 if python3 -c 'import matplotlib' 2>/dev/null; then
     python3 tools/plot "$run/log.jsonl" -o "$run/curves.png" --title "quickstart (byte-level, $name)"
 fi

@@ -15,6 +15,7 @@
 #include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_error.h"
+#include "qt_resume.h"
 #include "qt_train_ckpt.h"
 #include "qt_train_session.h"
 
@@ -52,49 +53,29 @@ static qtrain_status __attribute__((format(printf, 3, 4))) fail_msg(qtrain_train
 
 const char *qtrain_error(const qtrain_trainer *t) { return t->err; }
 
-/* Resume with no config: the checkpoint's own (the resolved YAML it stores) into *yaml (malloc'ed). */
-static int config_of_checkpoint(const char *which, char **yaml, char *err, size_t errlen) {
-    char path[QT_PATH_MAX + 64];
-    struct stat sb;
-    if (stat(which, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        if (qt_ckpt_latest(which, path, sizeof path))
-            return qt_errf(err, errlen, "resume: no checkpoint (ckpt_*.qtc) in %s", which);
-    } else snprintf(path, sizeof path, "%s", which);
-    qt_ckpt *ck = qt_ckpt_open(path, err, errlen);
-    if (!ck) return -1;
-    size_t nb;
-    const char *text = qt_ckpt_get(ck, "config", &nb, NULL);
-    int rc = 0;
-    if (!text) rc = qt_errf(err, errlen, "%s: holds no config: give the config to resume it with", path);
-    else if (!(*yaml = malloc(nb + 1))) rc = qt_errf(err, errlen, "out of host memory");
-    else {
-        memcpy(*yaml, text, nb);
-        (*yaml)[nb] = 0;
-    }
-    qt_ckpt_close(ck);
-    return rc;
-}
-
-/* The config of o: its file or text, or a resumed checkpoint's, then the overrides. */
-static qtrain_status load_config(qt_config *c, const qtrain_options *o, char *err, size_t errlen) {
+/* The config of o: its file or text then the overrides, or a resumed checkpoint's (qt_resume.h); the
+ * checkpoint to resume into which ("latest" for a folder, whose path is then checkpoint.dir). */
+static qtrain_status load_config(qt_config *c, const qtrain_options *o, char *which, size_t cap, char *err,
+                                 size_t errlen) {
     int rc;
-    if (o->config && !o->config_is_text) {
-        rc = qt_config_load(c, o->config, o->overrides, o->n_overrides, err, errlen);
-    } else if (o->config) {
-        rc = qt_config_load_string(c, o->config, "<config>", o->overrides, o->n_overrides, err, errlen);
-    } else {
-        char *yaml = NULL;
-        if (!o->resume) {
-            qt_errf(err, errlen, "no config given (a YAML path or text, or a checkpoint to resume)");
-            return QTRAIN_ERR_ARGUMENT;
-        }
-        if (config_of_checkpoint(o->resume, &yaml, err, errlen)) return QTRAIN_ERR_CHECKPOINT;
-        char name[QT_PATH_MAX + 16];
-        snprintf(name, sizeof name, "%s:config", o->resume);
-        rc = qt_config_load_string(c, yaml, name, o->overrides, o->n_overrides, err, errlen);
-        free(yaml);
+    if (!o->config && !o->resume) {
+        qt_errf(err, errlen, "no config given (a YAML path or text, or a checkpoint to resume)");
+        return QTRAIN_ERR_ARGUMENT;
     }
-    return rc ? QTRAIN_ERR_CONFIG : QTRAIN_OK;
+    if (!o->config) {
+        rc = qt_resume_config(c, o->resume, o->overrides, o->n_overrides, which, cap, err, errlen);
+        return rc == 0 ? QTRAIN_OK : rc == -1 ? QTRAIN_ERR_CHECKPOINT : QTRAIN_ERR_CONFIG;
+    }
+    if (!o->config_is_text) rc = qt_config_load(c, o->config, o->overrides, o->n_overrides, err, errlen);
+    else rc = qt_config_load_string(c, o->config, "<config>", o->overrides, o->n_overrides, err, errlen);
+    if (rc) return QTRAIN_ERR_CONFIG;
+    if (!o->resume) return QTRAIN_OK;
+    char target[QT_PATH_MAX + 8];
+    int file = qt_resume_target(o->resume, target, sizeof target, err, errlen);
+    if (file < 0) return QTRAIN_ERR_CHECKPOINT;
+    if (!file) snprintf(c->checkpoint.dir, sizeof c->checkpoint.dir, "%s", target);
+    snprintf(which, cap, "%s", file ? target : "latest");
+    return QTRAIN_OK;
 }
 
 qtrain_status qtrain_open(const qtrain_options *o, qtrain_trainer **out, char *err, size_t errlen) {
@@ -104,19 +85,13 @@ qtrain_status qtrain_open(const qtrain_options *o, qtrain_trainer **out, char *e
         qt_errf(err, errlen, "out of host memory");
         return QTRAIN_ERR_INTERNAL;
     }
-    qtrain_status st = load_config(&t->cfg, o, err, errlen);
+    char which[QT_PATH_MAX + 64];
+    qtrain_status st = load_config(&t->cfg, o, which, sizeof which, err, errlen);
     if (st) {
         free(t);
         return st;
     }
-    /* a directory to resume: its newest valid checkpoint, with the fallback of `qtrain --resume` */
-    struct stat sb;
-    const char *which = o->resume;
-    if (which && stat(which, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        snprintf(t->cfg.checkpoint.dir, sizeof t->cfg.checkpoint.dir, "%s", which);
-        which = "latest";
-    }
-    qt_train_opts to = {which, -1, o->export_only, NULL, o->allow_changed};
+    qt_train_opts to = {o->resume ? which : NULL, -1, o->export_only, NULL, o->allow_changed};
     qt_train_fail fail;
     t->s = qt_session_open(&t->cfg, &to, 1, &t->st, &fail, err, errlen);
     if (!t->s) {

@@ -134,6 +134,18 @@ static int is_section(const char *path) {
     return 0;
 }
 
+/* A section given a value ("--set optim=3"): names the section's keys. */
+static int section_value(ctx *x, where w, const char *path, const char *value) {
+    char keys[2048] = "";
+    size_t n = 0, pl = strlen(path);
+    for (int i = 0; qt_config_key_at(i) && n < sizeof keys - 1; i++) {
+        const char *p = qt_config_key_at(i)->path;
+        if (!strncmp(p, path, pl) && p[pl] == '.')
+            n += (size_t)snprintf(keys + n, sizeof keys - n, "%s%s", n ? ", " : "", p);
+    }
+    return fail(x, w, path, "expected a key of the section %s (%s), got the section itself = \"%.200s\"", path, keys, value);
+}
+
 /* Why a number that reads as one was refused though it may look in range: floats are 32-bit. */
 static const char *float_range_note(const qt_config_key *k, const char *text) {
     if (k->type != QT_KEY_FLOAT) return "";
@@ -300,6 +312,7 @@ static int apply_override(ctx *x, int i) {
     char path[KEY_MAX];
     snprintf(path, sizeof path, "%.*s", (int)(eq - s) < KEY_MAX - 1 ? (int)(eq - s) : KEY_MAX - 1, s);
     const qt_config_key *k = qt_config_key_find(path);
+    if (!k && is_section(path)) return section_value(x, w, path, eq + 1);
     if (!k) return unknown_key(x, w, path);
     if (k->type == QT_KEY_INT_LIST || k->type == QT_KEY_NAME_LIST) return apply(x, k, eq + 1, 1, w); /* "[0,0]", "0,0" */
     yaml_parser_t p;
@@ -484,9 +497,12 @@ static int cross_check(ctx *x) {
                     v);
     }
     if ((long)c->optim.warmup + c->optim.cooldown > c->optim.steps) {
-        where ww = at_of(x, "optim.warmup"), wc = at_of(x, "optim.cooldown");
-        const char *key = given(ww) ? "optim.warmup" : given(wc) ? "optim.cooldown" : "optim.steps";
-        int v = given(ww) ? c->optim.warmup : given(wc) ? c->optim.cooldown : c->optim.steps;
+        where ww = at_of(x, "optim.warmup"), wc = at_of(x, "optim.cooldown"), wst = at_of(x, "optim.steps");
+        /* the key a --set changed is the one to blame, not the file's line it broke */
+        int steps_set = wst.ovr >= 0 && ww.ovr < 0 && wc.ovr < 0;
+        const char *key = steps_set ? "optim.steps" : given(ww) ? "optim.warmup" : given(wc) ? "optim.cooldown" : "optim.steps";
+        int v = !strcmp(key, "optim.warmup") ? c->optim.warmup : !strcmp(key, "optim.cooldown") ? c->optim.cooldown
+                                                                                               : c->optim.steps;
         if (!strcmp(key, "optim.steps"))
             return fail(x, at_of(x, key), key, "expected >= warmup + cooldown (%d), got \"%d\"",
                         c->optim.warmup + c->optim.cooldown, v);
@@ -525,13 +541,38 @@ static int cross_check(ctx *x) {
         return fail(x, w, NULL, "%s", msg);
     }
     if (c->data.seq_len > c->model.max_seq_len) {
-        where ws = at_of(x, "data.seq_len");
-        const char *key = given(ws) ? "data.seq_len" : "model.max_seq_len";
-        if (given(ws))
+        where ws = at_of(x, "data.seq_len"), wm = at_of(x, "model.max_seq_len");
+        const char *key = given(ws) && !(wm.ovr >= 0 && ws.ovr < 0) ? "data.seq_len" : "model.max_seq_len";
+        if (!strcmp(key, "data.seq_len"))
             return fail(x, ws, key, "expected <= model.max_seq_len (%d), got \"%d\"", c->model.max_seq_len, c->data.seq_len);
         return fail(x, at_of(x, key), key, "expected >= data.seq_len (%d), got \"%d\"", c->data.seq_len,
                     c->model.max_seq_len);
     }
+    return 0;
+}
+
+static const char *const derived_keys[] = {"checkpoint.dir", "log.file", "data.eval"};
+
+int qt_config_derived_key(const char *path) {
+    for (size_t i = 0; i < sizeof derived_keys / sizeof derived_keys[0]; i++)
+        if (!strcmp(derived_keys[i], path)) return 1;
+    return 0;
+}
+
+/* The run's paths not given: checkpoint.dir and log.file inside run.dir (when set); data.eval from
+ * data.train's glob, its file name's leading "train" made "eval" (tools/tokenize's layout). */
+static int derive_paths(ctx *x) {
+    qt_config *c = x->c;
+    int n = 0;
+    if (c->run.dir[0] && !qt_config_given(c, "checkpoint.dir"))
+        n = snprintf(c->checkpoint.dir, sizeof c->checkpoint.dir, "%s/ckpt", c->run.dir);
+    if (n >= (int)sizeof c->checkpoint.dir) return fail(x, at_of(x, "run.dir"), "run.dir", "expected a shorter path, got %d bytes", n);
+    if (c->run.dir[0] && !qt_config_given(c, "log.file"))
+        n = snprintf(c->log.file, sizeof c->log.file, "%s/log.jsonl", c->run.dir);
+    if (n >= (int)sizeof c->log.file) return fail(x, at_of(x, "run.dir"), "run.dir", "expected a shorter path, got %d bytes", n);
+    const char *slash = strrchr(c->data.train, '/'), *name = slash ? slash + 1 : c->data.train;
+    if (!qt_config_given(c, "data.eval") && !strncmp(name, "train", 5))
+        snprintf(c->data.eval, sizeof c->data.eval, "%.*seval%s", (int)(name - c->data.train), c->data.train, name + 5);
     return 0;
 }
 
@@ -559,6 +600,7 @@ static int load(qt_config *c, const char *text, size_t len, FILE *f, const char 
     if (x.have_ev) yaml_event_delete(&x.ev);
     yaml_parser_delete(&x.parser);
     for (int i = 0; i < n_overrides && !rc; i++) rc = apply_override(&x, i);
+    if (!rc) rc = derive_paths(&x);
     if (!rc) rc = cross_check(&x);
     return rc;
 }
@@ -601,8 +643,10 @@ size_t qt_config_dump(const qt_config *c, char *buf, size_t cap) {
             OUT("%s:\n", section);
         }
         qt_config_key_format(c, k, val, sizeof val);
-        /* Inline model keys were not given: comment them out so that reading back keeps them unset. */
-        const char *hash = k->model_inline && !c->model_inline ? "# " : "";
+        /* Inline model keys were not given, derived paths neither: comment them out so that reading back
+         * keeps them unset (and derives the paths again). */
+        const char *hash = (k->model_inline && !c->model_inline) ||
+                                   (qt_config_derived_key(k->path) && !qt_config_given(c, k->path)) ? "# " : "";
         OUT("%s%s%s: %s\n", dot ? "  " : "", hash, dot ? dot + 1 : k->path, val);
     }
 #undef OUT

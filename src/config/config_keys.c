@@ -68,6 +68,10 @@ static const qt_config_key keys[] = {
     U64("seed", seed, "1234", "all", "seeds the data order (and, on the GPU, stochastic rounding)"),
     E("device", device, device_names, "auto", "all", 0,
       "where to train; auto = cuda when a GPU is visible, else cpu"),
+    S("run.dir", run.dir, "", "all",
+      "the run's folder: checkpoint.dir defaults to <run.dir>/ckpt and log.file to <run.dir>/log.jsonl (the export "
+      "to <checkpoint.dir>/export), so one `--set run.dir=runs/mine` moves them all; keys given explicitly still "
+      "win; \"\" = checkpoint.dir ckpt and no log file"),
 
     S("model.hf_config", hf_config, "", "all",
       "an HF config.json to take the model from; exclusive with the inline model keys below"),
@@ -96,7 +100,9 @@ static const qt_config_key keys[] = {
     F("init.std", init.std, 0, NOHI, 1, 0, "0.02", "all", 0, "std of the normal init of matrices and embeddings"),
 
     S("data.train", data.train, "", "all", "glob of training token shards; must be set to train"),
-    S("data.eval", data.eval, "", "all", "glob of eval token shards; \"\" = no eval"),
+    S("data.eval", data.eval, "", "all",
+      "glob of eval token shards; not given: data.train's glob with the leading train of its file name made eval "
+      "(tools/tokenize's train_*.bin -> eval_*.bin beside them), used when it matches files; \"\" = no eval"),
     S("data.tokenizer", data.tokenizer, "", "all",
       "HF tokenizer folder the shards were made with (tokenizer.json, tokenizer_config.json, ...), copied "
       "into the export; \"\" = init.from's tokenizer files when it has them"),
@@ -124,7 +130,7 @@ static const qt_config_key keys[] = {
     I("eval.every", eval.every, 0, INT_MAX, "100", "all", 0, "evaluate every N steps (and at the end); 0 = never"),
     I("eval.batches", eval.batches, 1, INT_MAX, "8", "all", 0, "micro-batches per evaluation"),
 
-    S("checkpoint.dir", checkpoint.dir, "ckpt", "all", "directory for checkpoints"),
+    S("checkpoint.dir", checkpoint.dir, "ckpt", "all", "directory for checkpoints; not given: <run.dir>/ckpt when run.dir is set"),
     I("checkpoint.every", checkpoint.every, 0, INT_MAX, "0", "all", 0, "checkpoint every N steps; 0 = only at the end"),
     I("checkpoint.keep", checkpoint.keep, 1, INT_MAX, "3", "all", 0, "newest checkpoints kept; older ones are deleted"),
     E("checkpoint.offloaded", checkpoint.offloaded, ckpt_offload_names, "auto", "GPU", 0,
@@ -137,7 +143,13 @@ static const qt_config_key keys[] = {
       "HF export (config.json + model.safetensors) at the end; \"\" = checkpoint.dir + \"/export\""),
     E("export.dtype", export.bf16, export_names, "fp32", "all", 0, "dtype of the exported weights"),
 
-    S("log.file", log.file, "", "all", "JSON-lines log file; \"\" = stdout only"),
+    S("log.file", log.file, "", "all",
+      "JSON-lines log file, created by a fresh run (a file already there is refused, like a used checkpoint.dir), "
+      "appended to by a resumed one, locked by the run while it runs; not given: <run.dir>/log.jsonl when run.dir "
+      "is set; \"\" = stdout only"),
+    S("log.tensorboard", log.tensorboard, "", "all",
+      "folder for TensorBoard event files (events.out.tfevents.*: train/loss, train/lr, train/grad_norm, "
+      "train/tokens_per_s, train/host_mem_gib (peak resident host memory), eval/loss per logged step, ckpt/*); \"\" = none"),
     I("log.every", log.every, 1, INT_MAX, "10", "all", 0, "log the training loss every N steps"),
 
     E("precision.model_dtype", precision.model_dtype, model_dtype_names, "bf16", "GPU", 0,

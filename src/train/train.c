@@ -12,6 +12,7 @@
  * snapshots written by a background thread (train_ckpt.c). */
 #include "qt_train.h"
 
+#include <glob.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -197,7 +199,10 @@ static int log_train(qt_trainer *t, float loss, float gnorm, float lr, double to
     printf("step %6ld/%d | loss %.4f | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->optim.steps,
            loss, gnorm, lr, tok_s, eta);
     fflush(stdout);
-    snprintf(f, sizeof f, "\"loss\":%.6f,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f", loss, gnorm, lr, tok_s);
+    struct rusage ru; /* the process's peak resident host memory (ru_maxrss: KiB) */
+    double mem = getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1048576.0 : 0;
+    snprintf(f, sizeof f, "\"loss\":%.6f,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f,\"host_mem_gib\":%.3f", loss,
+             gnorm, lr, tok_s, mem);
     return qt_train_log_write(&t->log, "train", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
@@ -209,16 +214,32 @@ static int log_eval(qt_trainer *t, float loss, char *err, size_t errlen) {
     return qt_train_log_write(&t->log, "eval", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
+/* 1 when glob pattern p matches a file. */
+static int matches(const char *p) {
+    glob_t g;
+    int rc = glob(p, 0, NULL, &g);
+    if (rc == 0) globfree(&g);
+    return rc == 0;
+}
+
+/* The loaders; their errors name the key. An eval glob derived from data.train (not given) that
+ * matches nothing means no eval. */
 static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t errlen) {
     const qt_config *c = t->cfg;
+    char e2[2048];
+    if (!c->data.train[0])
+        return qt_errf(err, errlen, "%s: data.train: not set: give the training shards, e.g. --set "
+                       "data.train='data/mine/train_*.bin' (tools/tokenize makes them)", c->path);
     t->train = qt_loader_open(c->data.train, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 1,
-                              (uint32_t)L->cfg.vocab_size, err, errlen);
-    if (!t->train) return -1;
-    if (c->data.eval[0] && c->eval.every > 0) {
+                              (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
+    if (!t->train) return qt_errf(err, errlen, "data.train: %s", e2);
+    if (c->data.eval[0] && c->eval.every > 0 && (qt_config_given(c, "data.eval") || matches(c->data.eval))) {
         t->eval = qt_loader_open(c->data.eval, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 0,
-                                 (uint32_t)L->cfg.vocab_size, err, errlen);
-        if (!t->eval) return -1;
+                                 (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
+        if (!t->eval) return qt_errf(err, errlen, "data.eval: %s", e2);
     }
+    if (c->eval.every > 0)
+        printf("qtrain: training on %s, evaluating on %s\n", c->data.train, t->eval ? c->data.eval : "nothing (no data.eval)");
     return 0;
 }
 
@@ -316,12 +337,14 @@ int qt_session_save(qt_trainer *t, char *path, size_t cap, char *err, size_t err
     return 0;
 }
 
-/* What the run will need later, checked before the (long) model setup: checkpoint.dir created,
- * writable and locked, not another run's (fresh runs), log.file writable. */
+/* What the run will need later, checked before the (long) engine setup: log.file created (fresh runs)
+ * and locked, checkpoint.dir created, writable and locked, not another run's (fresh runs). */
 static int check_run_needs(qt_trainer *t, const qt_train_opts *o, char *err, size_t errlen) {
+    /* the log first: it makes the run.dir folder, which a refused start then removes with the log */
+    if (qt_train_log_open(&t->log, t->cfg, o->resume != NULL, err, errlen))
+        return failed(t, QT_TF_IO, -1);
     if (qt_rundir_open(&t->dir, t->cfg->checkpoint.dir, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
     if (!o->resume && qt_rundir_identity(&t->dir, t->cfg, 0, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
-    if (qt_train_log_open(&t->log, t->cfg->log.file, o->resume != NULL, err, errlen)) return failed(t, QT_TF_IO, -1);
     return 0;
 }
 
@@ -346,11 +369,12 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
     const qt_config *cfg = t->cfg;
     int training = !o->export_only;
     if (cfg->data.tokenizer[0] && qt_hf_check_tokenizer(cfg->data.tokenizer, err, errlen)) return failed(t, QT_TF_CONFIG, -1);
-    if (training && check_run_needs(t, o, err, errlen)) return -1;
     if (qt_model_layout(cfg, &t->layout, &t->wsrc, err, errlen)) return failed(t, QT_TF_CONFIG, -1);
     /* an export needs no data; an embedder may give every batch itself (data.train "") */
     if (training && (cfg->data.train[0] || !data_optional) && open_loaders(t, &t->layout, err, errlen))
         return failed(t, QT_TF_DATA, -1);
+    /* the run's folders only once the config and the data are found good: a refused start makes none */
+    if (training && check_run_needs(t, o, err, errlen)) return -1;
     t->eng = qt_engine_create(&t->layout, cfg, &t->wsrc, err, errlen);
     if (!t->eng) return failed(t, QT_TF_DEVICE, -1);
     /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
@@ -377,7 +401,7 @@ qt_trainer *qt_session_open(const qt_config *cfg, const qt_train_opts *o, int da
         qt_errf(err, errlen, "out of host memory");
         return NULL;
     }
-    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
+    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1}, .log = {.fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
     *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0, 0};
     qt_rng_seed(&t->rng, cfg->seed);
     t->sched = (qt_sched){cfg->optim.schedule, cfg->optim.lr, cfg->optim.final_lr_frac, cfg->optim.warmup,
@@ -397,8 +421,9 @@ int qt_session_close(qt_trainer *t, int rc, char *err, size_t errlen) {
     if (t->writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
     t->st->steps_done = t->step;
     qt_trainer_ckpt_free(t);
-    if (qt_train_log_close(&t->log, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
-    qt_rundir_close(&t->dir, rc < 0 && t->saved_step < 0); /* a run that failed before saving leaves nothing */
+    int discard = rc < 0 && t->saved_step < 0; /* a run that failed before saving leaves nothing */
+    qt_rundir_close(&t->dir, discard);
+    if (qt_train_log_close(&t->log, discard, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
     qt_engine_free(t->eng);
     if (t->train) qt_loader_free(t->train);
     if (t->eval) qt_loader_free(t->eval);

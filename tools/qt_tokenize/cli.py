@@ -119,6 +119,12 @@ def setup(ap, a):
     elif eos is None and not a.byte_level:
         sys.exit(f"tokenize: {a.tokenizer}: no EOS token in tokenizer_config.json or special_tokens_map.json; "
                  "give --eos-id ID (or --no-eos)")
+    if eos is None:
+        print("tokenize: no EOS between documents" + (" (--no-eos)" if a.no_eos else " (byte-level: give --eos-id ID for one)"))
+    else:
+        name = spec["eos"] if spec and eos == spec["eos_id"] else None
+        print(f"tokenize: EOS after each document: id {eos}" + (f" {name!r}" if name else "")
+              + (" (--eos-id)" if a.eos_id is not None else " (the tokenizer's eos_token)"))
     pad = a.pad_id if a.pad_id is not None else (eos if eos is not None else 0)
     if not 0 <= pad < vocab:
         ap.error(f"--pad-id {pad} is outside the vocab (size {vocab})")
