@@ -10,6 +10,11 @@
 # CUDA_ARCH picks the GPU targets: `make CUDA_ARCH=90a` for a fast Hopper-only build.
 # Before compiling, tools/prereqs.sh checks the headers, nvcc and cuDNN and names the packages to install.
 
+# MUTANTS=1: the mutant build (the planted bugs of include/qt_mutant.h) in build-mutants/, see below.
+ifeq ($(MUTANTS),1)
+BUILD     ?= build-mutants
+override EXTRA_CFLAGS += -DQT_MUTANTS
+endif
 BUILD     ?= build
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -171,5 +176,28 @@ test-asan: $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) CC="$(ASAN_CC)" $(ASAN_BUILD)/qtrain \
 	  $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TESTS))
 	@$(ASAN_ENV) BUILD=$(ASAN_BUILD) bash tests/run.sh
+
+# ---- the mutant build: the planted bugs of include/qt_mutant.h compiled in ----
+# `make MUTANTS=1 [targets]` builds into build-mutants/ with -DQT_MUTANTS. Its CUDA objects are REL_BUILD's
+# (no kernel holds a planted bug), copied when they were built with the same flags. `make test-mutants`
+# builds the mutant tests and runs them (each must catch its mutants; the GPU ones skip without a GPU),
+# then checks that the release library holds none of them (tools/mutants.sh).
+REL_BUILD ?= build
+MUT_BUILD ?= build-mutants
+MUT_TESTS := test_determinism test_kernels test_offload test_recompute test_reliability test_train test_zero
+ifeq ($(MUTANTS),1)
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+$(shell if [ -f $(REL_BUILD)/gen/nvflags ] && cmp -s $(REL_BUILD)/gen/nvflags $(BUILD)/gen/nvflags; then \
+          for o in $(LIB_CU:%.cu=%.cu.o); do \
+            if [ -f $(REL_BUILD)/$$o ] && { [ ! -f $(BUILD)/$$o ] || [ $(REL_BUILD)/$$o -nt $(BUILD)/$$o ]; }; then \
+              mkdir -p $(BUILD)/$$(dirname $$o) && cp -p $(REL_BUILD)/$$o $(BUILD)/$$o; fi; \
+          done; cp -p $(REL_BUILD)/gen/nvflags $(BUILD)/gen/nvflags; fi)
+endif
+endif
+.PHONY: test-mutants
+test-mutants: $(BUILD)/libqtrain.a
+	@$(MAKE) --no-print-directory MUTANTS=1 BUILD=$(MUT_BUILD) REL_BUILD=$(BUILD) $(MUT_BUILD)/qtrain \
+	  $(MUT_TESTS:%=$(MUT_BUILD)/tests/%)
+	@bash tools/mutants.sh $(BUILD) $(MUT_BUILD) $(MUT_TESTS)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

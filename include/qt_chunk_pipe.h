@@ -8,8 +8,7 @@
  * A chunk: qt_chunk_pipe_next (the slot; enqueue its copies up on the stream it gives), qt_chunk_pipe_ready
  * (the worker waits for them), the work on the worker stream, qt_chunk_pipe_done (enqueue the copies down on
  * the stream it gives), qt_chunk_pipe_back. qt_chunk_pipe_up / _down do that for one buffer each way. Test
- * hooks (every pipe): stage_down_delay_ms sleeps on the down stream before each way down; stage_reuse_early
- * (MUTANT) refills a slot without waiting for its way down. */
+ * hook (every pipe): stage_down_delay_ms sleeps on the down stream before each way down. */
 #ifndef QT_CHUNK_PIPE_H
 #define QT_CHUNK_PIPE_H
 

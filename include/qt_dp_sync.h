@@ -17,8 +17,8 @@
 typedef struct qt_dp_sync qt_dp_sync;
 
 /* For model g (borrowed) of a rank on comm (NULL with one GPU) as plan p says; makes the side stream and
- * events on the current device. th: the test hooks in force (dp_ag_delay_ms, dp_sum_delay_ms,
- * zero_mutant; all zero in a real run). */
+ * events on the current device. th: the test hooks in force (dp_ag_delay_ms, dp_sum_delay_ms, the ZeRO-3
+ * ones; all zero in a real run). */
 qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_config *cfg, qt_comm *comm,
                               const qt_test_hooks *th);
 void qt_dp_sync_free(qt_dp_sync *d);

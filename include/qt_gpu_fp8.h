@@ -41,7 +41,9 @@ typedef struct {
     int in[QT_FP8_NMM], out[QT_FP8_NMM]; /* I and O of each block matmul */
     qt_dtype grad_dt;           /* e4m3 / e5m2, or bf16: the backward stays bf16 */
     qt_fp8_wcache wcache;       /* memory.fp8_weight_cache: all (a buffer per layer) or none (slots) */
-    int wamax_taken;            /* qt_fp8_quantize_weights ran once (for the test hook fp8_wcache_stale_scale) */
+#ifdef QT_MUTANTS
+    int wamax_taken;            /* qt_fp8_quantize_weights ran once (QT_MUT_FP8_WCACHE_STALE_SCALE) */
+#endif
     uint8_t **wq, **wqT;        /* [n_layers * 4]; with wcache none layer l's point into slot l % QT_FP8_WSLOTS */
     uint8_t **xqT;              /* [n_layers * 4]; a matmul in xq_shared has one buffer for all layers */
     unsigned xq_shared;         /* bit k: matmul k's Xq^T is shared by the layers (its input is quantized

@@ -34,13 +34,11 @@ qt_host_shard *qt_host_shard_create(int n_buckets, float *slots, size_t chunk);
 void qt_host_shard_free(qt_host_shard *h);
 
 /* Bucket b's piece[0, len) (pinned host) += src[len] (device, dt), on s; s goes on once the piece is back in
- * host memory. Test hook zero_mutant: MUTANT 10 = a chunk of a piece not cleared is not brought up first;
- * MUTANT 14 = a cleared piece's chunks are neither brought up nor zeroed (the slot keeps what it held). */
+ * host memory. */
 void qt_host_shard_add(qt_host_shard *h, int b, float *piece, const void *src, qt_dtype dt, size_t len, cudaStream_t s);
 /* Marks buckets [k0, k1) cleared. */
 void qt_host_shard_clear(qt_host_shard *h, int k0, int k1);
-/* Bucket b's piece[0, len) zeroed in host memory on s if it is marked cleared (then no longer marked).
- * MUTANT 15 (zero_mutant): nothing is zeroed. */
+/* Bucket b's piece[0, len) zeroed in host memory on s if it is marked cleared (then no longer marked). */
 void qt_host_shard_fresh(qt_host_shard *h, int b, float *piece, size_t len, cudaStream_t s);
 /* Whether bucket b's piece is marked cleared (it reads as zeros). */
 int qt_host_shard_cleared(const qt_host_shard *h, int b);

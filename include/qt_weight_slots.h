@@ -21,14 +21,12 @@ typedef struct qt_weight_slots qt_weight_slots;
 /* How the slots are filled, per call of qt_wslots_acquire: gather(ctx, b, dst, dst8, s) enqueues on s the
  * all-gather of bucket b's whole bf16 weights into dst[bucket[b+1] - bucket[b]] (with dst8, the shared
  * slot's e4m3 half: its block matrices' codes there and only the rest into dst). Gathers go to `side`
- * (== model: no prefetch, each gather right before its reads). Test hooks: mutant 3 = a gather does not
- * wait for its slot's last readers, 4 = the model does not wait for a shared slot's gather; read_delay_ms
- * > 0: the model stream sleeps that long after each acquire (qt_test_hooks.h). */
+ * (== model: no prefetch, each gather right before its reads). Test hook read_delay_ms > 0: the model
+ * stream sleeps that long after each acquire (qt_test_hooks.h). */
 typedef struct {
     void (*gather)(void *ctx, int b, void *dst, void *dst8, cudaStream_t s);
     void *ctx;
     cudaStream_t model, side;
-    int mutant;
     long *read_delay_ms;
 } qt_wslots_io;
 

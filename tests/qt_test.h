@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qt_mutant.h"
+#include "qt_test_hooks.h"
+
 static int qt_t_failed, qt_t_skipped, qt_t_nfail, qt_t_npass, qt_t_nskip;
 static char qt_t_msg[1024];
 
@@ -57,6 +60,28 @@ static inline int qt_t_selected(const char *name) {
     } while (0)
 
 static inline int qt_test_end(void) { return qt_t_nfail ? 1 : 0; }
+
+/* A test of the planted bugs (qt_mutant.h) runs in the mutant build only; QT_T_MUTANTS is 1 there. */
+#ifdef QT_MUTANTS
+#define QT_T_MUTANTS 1
+#else
+#define QT_T_MUTANTS 0
+#endif
+#define QT_T_MUTANTS_ONLY "mutant build only (make MUTANTS=1)"
+#define QT_MUTANT_BUILD_ONLY()                                                                      \
+    do {                                                                                            \
+        if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);                                              \
+    } while (0)
+
+/* The test hooks h (NULL: none) and the planted bug m (QT_MUT_NONE: none; the mutant build only) in force. */
+static inline void qt_t_hooks(const qt_test_hooks *h, qt_mutant m) {
+    qt_test_hooks_set(h);
+#ifdef QT_MUTANTS
+    qt_mutant_set(m);
+#else
+    (void)m;
+#endif
+}
 
 /* Compares got to ref elementwise: |got-ref| <= atol + rtol*|ref|, and the relative L2 error
  * ||got-ref||/||ref|| <= rtol. On failure prints the worst index. Returns 1 when within bounds. */

@@ -13,8 +13,9 @@
  * sharing the GPU (ZeRO-1 bf16, ZeRO-3 fp8). resume_* / sigint_resume_*: a run stopped by --stop-after or
  * by a SIGINT after its second step and resumed (from its checkpoint: the same picks) exports the bytes
  * of the uninterrupted run.
- * nondet_mutant_caught: with the attention's deterministic graph switched off (a test hook), two
- * in-process runs of the 0.5B shape export different bytes: the comparison can fail.
+ * nondet_mutant_caught (the mutant build only): with the attention's deterministic graph switched off
+ * (QT_MUT_ATTENTION_NONDET), two in-process runs of the 0.5B shape export different bytes: the comparison
+ * can fail.
  *
  * Without a GPU every test skips. */
 #include <cuda_runtime.h>
@@ -33,7 +34,6 @@
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
-#include "qt_test_hooks.h"
 #include "qt_train.h"
 
 #define CALLS 6
@@ -306,17 +306,15 @@ static int inproc_run(const char *name) {
 }
 
 static void nondet_mutant_caught(void) {
+    QT_MUTANT_BUILD_ONLY();
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!g_data) QT_SKIP("no tinyshakespeare.txt (QT_DATA_DIR or ../shared/data)");
     char why[1200];
     QT_REQUIRE(inproc_run("inproc_a") == 0 && inproc_run("inproc_b") == 0, "in-process runs failed");
     QT_EXPECT(same_export("inproc_a", "inproc_b", why, sizeof why), "deterministic in-process runs: %s", why);
-    qt_test_hooks h = *qt_test_hooks_get();
-    h.attention_nondet = 1;
-    qt_test_hooks_set(&h);
+    qt_t_hooks(NULL, QT_MUT_ATTENTION_NONDET);
     int ok = inproc_run("inproc_mut_a") == 0 && inproc_run("inproc_mut_b") == 0;
-    h.attention_nondet = 0;
-    qt_test_hooks_set(&h);
+    qt_t_hooks(NULL, QT_MUT_NONE);
     QT_REQUIRE(ok, "mutant runs failed");
     int caught = !same_export("inproc_mut_a", "inproc_mut_b", why, sizeof why);
     printf("  the default (nondeterministic) attention backward: %s%s\n", caught ? "caught: " : "NOT caught",

@@ -438,21 +438,28 @@ static void state3_free(state3 *st) {
 /* The bf16 weights (W) and the gradients (G) in pinned host memory, streamed through the slots with the
  * offloaded state (memory.offload [weights] / [gradients] with the optimizer offloaded): with and without
  * an fp32 master, fp32 and bf16 moments, each alone and both; after 3 steps (each behind a 5 ms stall) the
- * host weights, master, m and v are the all-device run's bits. Then the mutants of the test hook
- * opt_stream_mutant (weights not copied down, gradients not up, the copies up not waiting for the stream
- * that wrote the host gradients behind its stall) must differ. */
+ * host weights, master, m and v are the all-device run's bits. Then the mutants (weights not copied down,
+ * gradients not up, the copies up not waiting for the stream that wrote the host gradients behind its
+ * stall; the mutant build only) must differ. */
 static void test_adamw_offload_streamed(void) {
     NEED_GPU();
     cudaStream_t s;
     QT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const struct { int mask, master, mutant; } cases[] = {
-        {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, 0}, {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W, 1, 0},
-        {QT_OPTIM_MASTER | QT_OPTIM_G, 1, 0},         {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W | QT_OPTIM_G, 0, 0},
-        {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W, 0, 0}, {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W | QT_OPTIM_G, 0, 1},
-        {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, 2},  {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_G, 0, 3},
+    const struct { int mask, master; qt_mutant mutant; const char *what; } cases[] = {
+        {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, QT_MUT_NONE, ""},
+        {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W, 1, QT_MUT_NONE, ""},
+        {QT_OPTIM_MASTER | QT_OPTIM_G, 1, QT_MUT_NONE, ""},
+        {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W | QT_OPTIM_G, 0, QT_MUT_NONE, ""},
+        {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W, 0, QT_MUT_NONE, ""},
+        {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_W | QT_OPTIM_G, 0, QT_MUT_OPT_W_NOT_DOWN, " (MUTANT: weights not down)"},
+        {QT_OPTIM_ALL | QT_OPTIM_W | QT_OPTIM_G, 1, QT_MUT_OPT_G_NOT_UP, " (MUTANT: gradients not up)"},
+        {QT_OPTIM_M | QT_OPTIM_V | QT_OPTIM_G, 0, QT_MUT_OPT_UP_NO_STREAM_WAIT,
+         " (MUTANT: copies up before the gradients are written)"},
     };
+    if (!QT_T_MUTANTS) printf("  the mutants: " QT_T_MUTANTS_ONLY "\n");
     for (int bf = 0; bf < 2; bf++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            if (cases[ci].mutant != QT_MUT_NONE && !QT_T_MUTANTS) continue;
             int mask = cases[ci].mask, hm = cases[ci].master;
             qt_dtype dt = bf ? QT_DT_BF16 : QT_DT_F32;
             float *w = h_rand(OTOT, 0.5f), *dg = d_poison(OTOT * 4), *dg2;
@@ -471,14 +478,14 @@ static void test_adamw_offload_streamed(void) {
             state3 st;
             state3_make(&st, w, mask, qt_dtype_size(dt));
             const int start[2] = {0, 2};
-            qt_test_hooks_set(&(qt_test_hooks){.opt_stream_mutant = cases[ci].mutant});
+            qt_t_hooks(NULL, cases[ci].mutant);
             qt_gpu_optim *dev = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? st.ref[0] : NULL, st.ref[1], dt, st.ref[2], dt,
                                                     QT_DT_F32, NULL, 0, 0);
             qt_gpu_optim *off = qt_gpu_optim_create(OTAB, OT, start, 2, hm ? st.arr[0] : NULL, st.arr[1], dt, st.arr[2], dt,
                                                     QT_DT_F32, slots, OCHUNK, mask);
-            qt_test_hooks_set(NULL);
             qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 99, bf || !hm, 0, 0, NULL};
             for (long t = 1; t <= 3; t++) steps_at(dev, off, wb, wb2, dg, dg2, &a, t, s);
+            qt_t_hooks(NULL, QT_MUT_NONE);
             int same = state3_same(&st, hm ? 0 : 1);
             uint16_t *x = malloc(OTOT * 2), *y = malloc(OTOT * 2);
             QT_CUDA(cudaMemcpy(x, wb, OTOT * 2, cudaMemcpyDefault));
@@ -488,11 +495,7 @@ static void test_adamw_offload_streamed(void) {
             for (size_t i = 0; i < OTOT; i++) moved += x[i] != w16[i];
             printf("  %s moments, %s master, streamed%s%s%s%s%s%s: %s\n", qt_dtype_name(dt), hm ? "fp32" : "no",
                    mask & QT_OPTIM_MASTER ? " master" : "", mask & QT_OPTIM_M ? " m" : "", mask & QT_OPTIM_V ? " v" : "",
-                   mask & QT_OPTIM_W ? " weights" : "", mask & QT_OPTIM_G ? " gradients" : "",
-                   cases[ci].mutant == 1   ? " (MUTANT: weights not down)"
-                   : cases[ci].mutant == 2 ? " (MUTANT: gradients not up)"
-                   : cases[ci].mutant == 3 ? " (MUTANT: copies up before the gradients are written)"
-                                           : "",
+                   mask & QT_OPTIM_W ? " weights" : "", mask & QT_OPTIM_G ? " gradients" : "", cases[ci].what,
                    same ? "bitwise equal to the device run" : cases[ci].mutant ? "caught" : "DIFFER");
             QT_EXPECT(moved > OTOT / 2, "only %d bf16 weights changed", moved);
             QT_EXPECT(same == !cases[ci].mutant, "%s, case %zu: %s", qt_dtype_name(dt), ci,

@@ -472,13 +472,14 @@ static void test_offload_weights_resume(void) {
 typedef struct {
     const char *name;
     qt_test_hooks h;
-    int differs; /* 1: a mutant, which must change the bits (or stop the run) */
+    qt_mutant m; /* a mutant, which must change the bits (or stop the run); QT_MUT_NONE: the same bits */
 } mutant_case;
 
 /* Each case's run with memory.offload `list` against the run with nothing offloaded (tag: the runs'
  * prefix, what: the reference's words). */
 static void mutants_caught(const char *tag, const char *lines, const char *list, const char *what, const mutant_case *cases,
                            size_t n) {
+    QT_MUTANT_BUILD_ONLY();
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
     run_out ref, got;
@@ -488,18 +489,19 @@ static void mutants_caught(const char *tag, const char *lines, const char *list,
     snprintf(extra, sizeof extra, "%smemory: {offload: [%s]}", lines, list);
     for (size_t i = 0; i < n; i++) {
         snprintf(t, sizeof t, "%s_%zu", tag, i);
-        qt_test_hooks_set(&cases[i].h);
+        int differs = cases[i].m != QT_MUT_NONE;
+        qt_t_hooks(&cases[i].h, cases[i].m);
         int rc = run(t, t, extra, NULL, -1, &got, err, sizeof err);
-        qt_test_hooks_set(NULL);
-        if (rc && cases[i].differs) { /* a mutant may make the run fail (NaN weights): caught too */
+        qt_t_hooks(NULL, QT_MUT_NONE);
+        if (rc && differs) { /* a mutant may make the run fail (NaN weights): caught too */
             printf("  %-42s caught: the run failed: %s\n", cases[i].name, err);
             continue;
         }
         QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
         int same = qt_t_same_bits(&ref, &got, 0, why, sizeof why);
         printf("  %-42s %s\n", cases[i].name, same ? what : why);
-        if (cases[i].differs && !same) printf("  %-42s caught\n", cases[i].name);
-        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
+        if (differs && !same) printf("  %-42s caught\n", cases[i].name);
+        QT_EXPECT(same != differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
     }
 }
 
@@ -547,28 +549,28 @@ static void test_offload_opt_parts_bitwise(void) {
     QT_EXPECT(same, "resume from [m, v]: %s", why);
 }
 
-/* The weight slots' mutants (zero_mutant 3 and 4, qt_weight_slots.h) with offloaded weights must change
+/* The weight slots' mutants (qt_weight_slots.h) with offloaded weights must change
  * the bits (or stop the run); the delays alone must not. A slot copied into before its last reader ran
  * shows when the model stream lags (it sleeps after each acquire); a read that does not wait for its copy
  * shows when the copies lag (the side stream sleeps before each, dp_ag_delay_ms). */
 static void test_offload_weights_mutants_caught(void) {
     static const mutant_case cases[] = {
-        {"reads delayed 5 ms (no mutant)", {.zero3_read_delay_ms = 5}, 0},
-        {"slot copied into before its last reader", {.zero3_read_delay_ms = 5, .zero_mutant = 3}, 1},
-        {"copies delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, 0},
-        {"slot read before its H2D copy finished", {.dp_ag_delay_ms = 20, .zero_mutant = 4}, 1},
+        {"reads delayed 5 ms (no mutant)", {.zero3_read_delay_ms = 5}, QT_MUT_NONE},
+        {"slot copied into before its last reader", {.zero3_read_delay_ms = 5}, QT_MUT_WSLOT_NO_FREE_WAIT},
+        {"copies delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, QT_MUT_NONE},
+        {"slot read before its H2D copy finished", {.dp_ag_delay_ms = 20}, QT_MUT_WSLOT_NO_FILL_WAIT},
     };
     mutants_caught("wmut", "", "weights", "bitwise equal to the weights on the GPU", cases, sizeof cases / sizeof cases[0]);
 }
 
-/* memory.offload [weights, quants]: codes made once (zero_mutant 12: AdamW's later steps never reach the GPU)
- * and a slot read before its H2D copy of the codes finished (copies delayed, zero_mutant 4) must change the
- * bits; the delay alone must not. */
+/* memory.offload [weights, quants]: codes made once (AdamW's later steps never reach the GPU) and a slot
+ * read before its H2D copy of the codes finished (copies delayed) must change the bits; the delay alone
+ * must not. */
 static void test_offload_quants_mutants_caught(void) {
     static const mutant_case cases[] = {
-        {"copies delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, 0},
-        {"codes made once", {.zero_mutant = 12}, 1},
-        {"slot read before its H2D copy finished", {.dp_ag_delay_ms = 20, .zero_mutant = 4}, 1},
+        {"copies delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, QT_MUT_NONE},
+        {"codes made once", {0}, QT_MUT_E4M3_CODES_ONCE},
+        {"slot read before its H2D copy finished", {.dp_ag_delay_ms = 20}, QT_MUT_WSLOT_NO_FILL_WAIT},
     };
     mutants_caught("qmut", FP8, "weights, quants", "bitwise equal to the weights on the GPU", cases,
                    sizeof cases / sizeof cases[0]);
@@ -617,18 +619,18 @@ static void test_offload_gradients_bitwise(void) {
     }
 }
 
-/* The offloaded gradients' mutants (qt_test_hooks zero_mutant) must change the bits; the delay alone
- * must not: the backward writing a shared slot before its last bucket was stored and zeroed and its next
- * loaded (1; the stores delayed), a slot not zeroed after its store (5), the norm and AdamW reading the
- * host gradients before the last stores landed (6; the stores delayed), a slot's load (on its own stream)
- * not waiting for the slot's store and zeroing (9; the stores delayed). */
+/* The offloaded gradients' mutants must change the bits; the delay alone must not: the backward writing a
+ * shared slot before its last bucket was stored and zeroed and its next loaded (the stores delayed), a
+ * slot not zeroed after its store, the norm and AdamW reading the host gradients before the last stores
+ * landed (the stores delayed), a slot's load (on its own stream) not waiting for the slot's store and
+ * zeroing (the stores delayed). */
 static void test_offload_gradients_mutants_caught(void) {
     static const mutant_case cases[] = {
-        {"stores delayed 20 ms (no mutant)", {.dp_sum_delay_ms = 20}, 0},
-        {"slot written before its store and load", {.dp_sum_delay_ms = 20, .zero_mutant = 1}, 1},
-        {"slot not zeroed after its store", {.zero_mutant = 5}, 1},
-        {"AdamW before the last stores", {.dp_sum_delay_ms = 20, .zero_mutant = 6}, 1},
-        {"slot loaded before its store finished", {.dp_sum_delay_ms = 20, .zero_mutant = 9}, 1},
+        {"stores delayed 20 ms (no mutant)", {.dp_sum_delay_ms = 20}, QT_MUT_NONE},
+        {"slot written before its store and load", {.dp_sum_delay_ms = 20}, QT_MUT_GRAD_SLOT_NO_WAIT},
+        {"slot not zeroed after its store", {0}, QT_MUT_GRAD_SLOT_NOT_ZEROED},
+        {"AdamW before the last stores", {.dp_sum_delay_ms = 20}, QT_MUT_ADAMW_NO_STORE_WAIT},
+        {"slot loaded before its store finished", {.dp_sum_delay_ms = 20}, QT_MUT_GRAD_LOAD_NO_STORE_WAIT},
     };
     mutants_caught("gmut", "", "gradients", "bitwise equal to the gradients on the GPU", cases, sizeof cases / sizeof cases[0]);
 }
@@ -841,41 +843,42 @@ static void test_offload_ranks_gradients_zero2(void) {
 }
 
 /* The mutants with ranks must change the bits (or stop the run); the delays and small staging chunks
- * alone must not: ZeRO-3 with offloaded pieces filling its slots from a stale device copy (7), ZeRO-2
- * with an offloaded gradient shard overwritten by each micro-step's sum instead of added to (8,
- * grad_accum 2), added in its staging without bringing the shard's chunk up (10), its staging slot refilled
- * before the chunk in it went back down (stage_reuse_early, the ways down delayed), and summed in
- * descending rank order into the host shard (2, 3 ranks); with the optimizer state offloaded too, the
- * pieces and the shard streamed through its slots in 1000-element chunks (bitwise equal), the updated
- * pieces not copied back down (opt_stream_mutant 1) and the shard not copied up (2). The 1000-element
+ * alone must not: ZeRO-3 with offloaded pieces filling its slots from a stale device copy, ZeRO-2 with an
+ * offloaded gradient shard overwritten by each micro-step's sum instead of added to (grad_accum 2), added
+ * in its staging without bringing the shard's chunk up, its staging slot refilled before the chunk in it
+ * went back down (the ways down delayed), and summed in descending rank order into the host shard (3
+ * ranks); with the optimizer state offloaded too, the pieces and the shard streamed through its slots in
+ * 1000-element chunks (bitwise equal), the updated pieces not copied back down and the shard not copied
+ * up. The 1000-element
  * chunks split every piece of the test model (the default chunk holds them whole) and end in a partial one. */
 static void test_offload_ranks_mutants_caught(void) {
+    QT_MUTANT_BUILD_ONLY();
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
-    static const struct { const char *name; int zero, ranks; const char *list; qt_test_hooks h; int differs; } cases[] = {
-        {"z3 weights: gathers delayed 20 ms (no mutant)", 3, 2, "offload: [weights]", {.dp_ag_delay_ms = 20}, 0},
-        {"z3 weights: slots from a stale device copy", 3, 2, "offload: [weights]", {.zero_mutant = 7}, 1},
-        {"z2 gradients: sums delayed 20 ms (no mutant)", 2, 2, "offload: [gradients]", {.dp_sum_delay_ms = 20}, 0},
-        {"z2 gradients: shard = sum, not += sum", 2, 2, "offload: [gradients]", {.zero_mutant = 8}, 1},
-        {"z2 gradients: staged in 1000-element chunks", 2, 3, "offload: [gradients]", {.grad_stage_elems = 1000}, 0},
-        {"z3 gradients: staged in 1000-element chunks", 3, 2, "offload: [gradients]", {.grad_stage_elems = 1000}, 0},
-        {"z2 gradients: shard chunk not brought up", 2, 2, "offload: [gradients]", {.zero_mutant = 10}, 1},
+    static const struct { const char *name; int zero, ranks; const char *list; qt_test_hooks h; qt_mutant m; } cases[] = {
+        {"z3 weights: gathers delayed 20 ms (no mutant)", 3, 2, "offload: [weights]", {.dp_ag_delay_ms = 20}, QT_MUT_NONE},
+        {"z3 weights: slots from a stale device copy", 3, 2, "offload: [weights]", {0}, QT_MUT_Z3_STALE_FILL},
+        {"z2 gradients: sums delayed 20 ms (no mutant)", 2, 2, "offload: [gradients]", {.dp_sum_delay_ms = 20}, QT_MUT_NONE},
+        {"z2 gradients: shard = sum, not += sum", 2, 2, "offload: [gradients]", {0}, QT_MUT_HOST_SHARD_ASSIGN},
+        {"z2 gradients: staged in 1000-element chunks", 2, 3, "offload: [gradients]", {.grad_stage_elems = 1000}, QT_MUT_NONE},
+        {"z3 gradients: staged in 1000-element chunks", 3, 2, "offload: [gradients]", {.grad_stage_elems = 1000}, QT_MUT_NONE},
+        {"z2 gradients: shard chunk not brought up", 2, 2, "offload: [gradients]", {0}, QT_MUT_SHARD_CHUNK_NOT_UP},
         {"z2 gradients: chunks' ways down delayed 1 ms", 2, 2, "offload: [gradients]",
-         {.grad_stage_elems = 1000, .stage_down_delay_ms = 1}, 0},
+         {.grad_stage_elems = 1000, .stage_down_delay_ms = 1}, QT_MUT_NONE},
         {"z2 gradients: staging slot refilled before its way down", 2, 2, "offload: [gradients]",
-         {.grad_stage_elems = 1000, .stage_down_delay_ms = 1, .stage_reuse_early = 1}, 1},
-        {"z2 gradients: descending rank order", 2, 3, "offload: [gradients]", {.zero_mutant = 2}, 1},
+         {.grad_stage_elems = 1000, .stage_down_delay_ms = 1}, QT_MUT_STAGE_REUSE_EARLY},
+        {"z2 gradients: descending rank order", 2, 3, "offload: [gradients]", {0}, QT_MUT_ZERO2_DESC_RANK_SUM},
         {"z2 gradients: cleared chunks not zeroed in slots", 2, 2, "offload: [gradients]",
-         {.grad_stage_elems = 1000, .zero_mutant = 14}, 1},
+         {.grad_stage_elems = 1000}, QT_MUT_CLEARED_CHUNK_NOT_ZEROED},
         {"z3 gradients: cleared chunks not zeroed in slots", 3, 2, "offload: [gradients]",
-         {.grad_stage_elems = 1000, .zero_mutant = 14}, 1},
-        {"z2 gradients: cleared piece read unzeroed", 2, 2, "offload: [gradients]", {.zero_mutant = 15}, 1},
+         {.grad_stage_elems = 1000}, QT_MUT_CLEARED_CHUNK_NOT_ZEROED},
+        {"z2 gradients: cleared piece read unzeroed", 2, 2, "offload: [gradients]", {0}, QT_MUT_CLEARED_PIECE_NOT_ZEROED},
         {"z3 weights+gradients+state streamed (no mutant)", 3, 2, "offload: [weights, gradients, master, m, v]",
-         {.offload_chunk = 1000}, 0},
+         {.offload_chunk = 1000}, QT_MUT_NONE},
         {"z3 weights+state: streamed pieces not down", 3, 2, "offload: [weights, master, m, v]",
-         {.offload_chunk = 1000, .opt_stream_mutant = 1}, 1},
+         {.offload_chunk = 1000}, QT_MUT_OPT_W_NOT_DOWN},
         {"z2 gradients+state: streamed shard not up", 2, 2, "offload: [gradients, master, m, v]",
-         {.offload_chunk = 1000, .opt_stream_mutant = 2}, 1},
+         {.offload_chunk = 1000}, QT_MUT_OPT_G_NOT_UP},
     };
     run_out ref[2][4], got;
     char why[512], err[1024], tag[64];
@@ -886,17 +889,18 @@ static void test_offload_ranks_mutants_caught(void) {
         }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(tag, sizeof tag, "rmut_%zu", i);
-        qt_test_hooks_set(&cases[i].h);
+        int differs = cases[i].m != QT_MUT_NONE;
+        qt_t_hooks(&cases[i].h, cases[i].m);
         int rc = run_ranks(tag, cases[i].ranks, cases[i].zero, "overlap_comm: true", cases[i].list, "", 2, &got, err, sizeof err);
-        qt_test_hooks_set(NULL);
-        if (rc && cases[i].differs) { /* a mutant may make the run fail (NaN weights): caught too */
+        qt_t_hooks(NULL, QT_MUT_NONE);
+        if (rc && differs) { /* a mutant may make the run fail (NaN weights): caught too */
             printf("  %-46s caught: the run failed: %s\n", cases[i].name, err);
             continue;
         }
         QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
         int same = qt_t_same_bits(&ref[cases[i].zero - 2][cases[i].ranks], &got, 0, why, sizeof why);
         printf("  %-46s %s\n", cases[i].name, same ? "bitwise equal to nothing offloaded" : why);
-        QT_EXPECT(same != cases[i].differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
+        QT_EXPECT(same != differs, "%s: %s", cases[i].name, same ? "NOT caught (same bits)" : why);
     }
 }
 

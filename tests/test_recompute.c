@@ -8,18 +8,18 @@
  * backward's matmuls read the bf16 activations the recompute rebuilds); 2 ranks sharing GPU 0 (ZeRO-1,
  * overlapped, graphs) in bf16 and fp8; the optimizer offloaded. Every residual copy is delayed (test hook
  * offload_residual_delay_ms), so a compute stream that does not wait for one reads or overwrites a slot
- * too early. Mutants that must differ: recompute_stale_h (layer 1's down wgrad reads what its SwiGLU backward
- * did not remake: in bf16 the gradient dh left in h's buffer, in fp8 down's Xq^T as layer 2 left it),
- * offload_residual_mutant 1 (a fetched residual read without waiting) and 2
- * (a slot overwritten before its copy out finished). 4 layers: the backward of a middle layer is the one
- * a stale shared buffer would betray, and two layers' residuals (0 and 1) go to the host, the other two
- * stay in the device slots. Autotuning off: every run multiplies with the same cuBLASLt algorithms. The
- * plan check: the device memory a run takes (cudaMemGetInfo sampled through the run) against the plan.
+ * too early. Mutants that must differ (the mutant build only): layer 1's down wgrad reads what its SwiGLU
+ * backward did not remake (in bf16 the gradient dh left in h's buffer, in fp8 down's Xq^T as layer 2 left
+ * it), a fetched residual read without waiting, a slot overwritten before its copy out finished. 4
+ * layers: the backward of a middle layer is the one a stale shared buffer would betray, and two layers'
+ * residuals (0 and 1) go to the host, the other two stay in the device slots. Autotuning off: every run
+ * multiplies with the same cuBLASLt algorithms. The plan check: the device memory a run takes
+ * (cudaMemGetInfo sampled through the run) against the plan.
  * fp8_weight_cache (test_fp8_weight_cache): none (the weight quants in 2 layer slots, quantized at use)
  * against all, alone and with recompute [block] and [ffn, norm], in fp8 eager and from graphs, with and
  * without persistent_quants, with a bf16 backward, and 2 ranks sharing GPU 0 (ZeRO-1): layers 0 and 2
  * share slot 0, 1 and 3 slot 1. Two mutants must differ: a backward that reads its slot as layer l + 2
- * left it (hook fp8_wslot_stale) and quants with the first step's scale (hook fp8_wcache_stale_scale). */
+ * left it and quants with the first step's scale. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -174,16 +174,16 @@ static void test_recompute_dp_offload(void) {
     qt_test_hooks_set(NULL);
 }
 
-/* Runs `memory` eager in bf16 with the test hooks h and says whether it trains ref's bits. */
+/* Runs `memory` eager in bf16 with the test hooks h and mutant m and says whether it trains ref's bits. */
 #define FP8(g, pq) "precision: {matmul_dtype: e4m3, grad_dtype: " g ", persistent_quants: " pq "}\n"
 static int mutant_same(const run_out *ref, const char *tag, const char *prec, const char *memory, const qt_test_hooks *h,
-                       const char *what) {
+                       qt_mutant m, const char *what) {
     run_out got;
     char err[1024], why[512], extra[512];
     snprintf(extra, sizeof extra, "parallel: {gpus: 1}\n%s" NOTUNE "\nmemory: {%s}", prec, memory);
-    qt_test_hooks_set(h);
+    qt_t_hooks(h, m);
     int rc = run(tag, extra, &got, err, sizeof err);
-    qt_test_hooks_set(NULL);
+    qt_t_hooks(NULL, QT_MUT_NONE);
     QT_EXPECT(rc == 0, "%s: %s", tag, err);
     if (rc) return 1;
     int same = same_bits(ref, &got, why, sizeof why);
@@ -198,22 +198,24 @@ static int mutant_same(const run_out *ref, const char *tag, const char *prec, co
  * l + 2's), and a forward that overwrites a slot before its copy to host finished (the host gets layer
  * l + 2's residual). */
 static void test_recompute_mutant_caught(void) {
+    QT_MUTANT_BUILD_ONLY();
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
     run_out ref, ref8;
     char err[1024];
     QT_REQUIRE(run("mut_none", "parallel: {gpus: 1}\n" NOTUNE, &ref, err, sizeof err) == 0, "%s", err);
     QT_REQUIRE(run("mut_none8", "parallel: {gpus: 1}\n" FP8("e4m3", "false") NOTUNE, &ref8, err, sizeof err) == 0, "%s", err);
-    qt_test_hooks h = {.recompute_stale_h = 1};
-    QT_EXPECT(!mutant_same(&ref, "mut_swiglu", "", "recompute: [swiglu]", &h, "stale SwiGLU buffer"),
+    QT_EXPECT(!mutant_same(&ref, "mut_swiglu", "", "recompute: [swiglu]", NULL, QT_MUT_RECOMPUTE_STALE_H, "stale SwiGLU buffer"),
               "the stale-buffer mutant trains the same bits: the comparison cannot fail");
-    QT_EXPECT(!mutant_same(&ref8, "mut_swiglu8", FP8("e4m3", "false"), "recompute: [swiglu]", &h, "fp8: stale Xq^T of down"),
+    QT_EXPECT(!mutant_same(&ref8, "mut_swiglu8", FP8("e4m3", "false"), "recompute: [swiglu]", NULL, QT_MUT_RECOMPUTE_STALE_H,
+                           "fp8: stale Xq^T of down"),
               "the stale fp8 Xq^T mutant trains the same bits: the comparison cannot fail");
-    h = (qt_test_hooks){.offload_residual_delay_ms = 20, .offload_residual_mutant = 1};
-    QT_EXPECT(!mutant_same(&ref, "mut_fetch", "", "recompute: [block], offload_residual: true", &h, "fetch not waited for"),
+    qt_test_hooks h = {.offload_residual_delay_ms = 20};
+    QT_EXPECT(!mutant_same(&ref, "mut_fetch", "", "recompute: [block], offload_residual: true", &h, QT_MUT_RESIDUAL_READ_NO_WAIT,
+                           "fetch not waited for"),
               "a backward that does not wait for the residual's fetch trains the same bits: the test cannot catch it");
-    h.offload_residual_mutant = 2;
-    QT_EXPECT(!mutant_same(&ref, "mut_slot", "", "offload_residual: true", &h, "slot reused before its copy out"),
+    QT_EXPECT(!mutant_same(&ref, "mut_slot", "", "offload_residual: true", &h, QT_MUT_RESIDUAL_REUSE_NO_WAIT,
+                           "slot reused before its copy out"),
               "a slot overwritten before its copy to host trains the same bits: the test cannot catch it");
 }
 
@@ -311,8 +313,8 @@ static void test_plan_matches_device(void) {
 /* An fp8 backward shares ln1, ln2 and h over the layers (qt_act_policy.fp8_bwd): the same bits as every layer
  * keeping its own (test hook act_own_inputs), with nothing recomputed and with qkv, ffn and block (which
  * rebuild ln1 / ln2 into the shared buffer before the matmul reads it), eager and from graphs. A recompute
- * that reads the shared norm output as the forward's last layer left it (mutant recompute_stale_ln) must
- * differ. */
+ * that reads the shared norm output as the forward's last layer left it (a mutant: the mutant build only)
+ * must differ. */
 static void test_fp8_shared_inputs(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
@@ -335,11 +337,14 @@ static void test_fp8_shared_inputs(void) {
             printf("  fp8%s %-20s shared ln1/ln2/h vs own: %s\n", gr ? " graphs" : "       ", sets[k], same ? "bitwise equal" : why);
             QT_EXPECT(same, "%s, %s: %s", gr ? "graphs" : "eager", sets[k], why);
             if (gr || k == 0 || k == 3) continue; /* the mutant: qkv and ffn rebuild a norm output that block rebuilds anyway */
-            h = (qt_test_hooks){.recompute_stale_ln = 1};
-            qt_test_hooks_set(&h);
+            if (!QT_T_MUTANTS) {
+                printf("  mutant (%s reads a stale shared norm output): " QT_T_MUTANTS_ONLY "\n", sets[k]);
+                continue;
+            }
+            qt_t_hooks(NULL, QT_MUT_RECOMPUTE_STALE_LN);
             snprintf(tag, sizeof tag, "stale_ln_%d", k);
             rc = run(tag, yaml, &shared, err, sizeof err);
-            qt_test_hooks_set(NULL);
+            qt_t_hooks(NULL, QT_MUT_NONE);
             QT_REQUIRE(rc == 0, "%s: %s", tag, err);
             same = same_bits(&own, &shared, why, sizeof why);
             printf("  mutant (%s reads a stale shared norm output): %s\n", sets[k], same ? "NOT caught" : why);
@@ -367,6 +372,7 @@ static void test_fp8_weight_cache(void) {
 
 /* The weight-cache mutants: each must move the bits away from the cached run's. */
 static void test_fp8_weight_cache_mutants(void) {
+    QT_MUTANT_BUILD_ONLY();
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
     const char *base = "parallel: {gpus: 1}\n" FP8("e4m3", "true") NOTUNE;
@@ -376,10 +382,9 @@ static void test_fp8_weight_cache_mutants(void) {
     snprintf(yaml, sizeof yaml, "%s\nmemory: {fp8_weight_cache: none}", base);
     const char *names[2] = {"backward reads a slot layer l + 2 left", "quants with the first step's scale"};
     for (int m = 0; m < 2; m++) {
-        qt_test_hooks h = {.fp8_wslot_stale = m == 0, .fp8_wcache_stale_scale = m == 1};
-        qt_test_hooks_set(&h);
+        qt_t_hooks(NULL, m ? QT_MUT_FP8_WCACHE_STALE_SCALE : QT_MUT_FP8_WSLOT_STALE);
         int rc = run(m ? "wcmut_scale" : "wcmut_slot", yaml, &got, err, sizeof err);
-        qt_test_hooks_set(NULL);
+        qt_t_hooks(NULL, QT_MUT_NONE);
         QT_REQUIRE(rc == 0, "%s", err);
         int same = same_bits(&ref, &got, why, sizeof why);
         printf("  mutant (%s): %s\n", names[m], same ? "NOT caught" : why);

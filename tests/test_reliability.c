@@ -644,13 +644,13 @@ static int gpu_run(const char *name, const char *extra, int every, int keep, con
  * settled by the save): the run stops with "step 9: <tensor>[i] is NaN/Inf after the update", the
  * newest checkpoint is step 6's, all finite, although keep is 1, and a resume from it trains to the end.
  * 1 when all of that holds; else why. */
-static int nonfinite_case(const char *name, const char *extra, int mutant, char *why, size_t cap) {
+static int nonfinite_case(const char *name, const char *extra, qt_mutant m, char *why, size_t cap) {
     static const char *tensor = "model.layers.1.mlp.down_proj.weight";
     char err[4096], want[160], p[512];
-    qt_test_hooks h = {.nonfinite_tensor = tensor, .nonfinite_step = 9, .nonfinite_unchecked = mutant};
-    qt_test_hooks_set(&h);
+    qt_test_hooks h = {.nonfinite_tensor = tensor, .nonfinite_step = 9};
+    qt_t_hooks(&h, m);
     int rc = gpu_run(name, extra, 3, 1, NULL, NULL, err, sizeof err);
-    qt_test_hooks_set(NULL);
+    qt_t_hooks(NULL, QT_MUT_NONE);
     snprintf(want, sizeof want, "step 9: %s[", tensor);
     if (rc != -1 || !strstr(err, want) || !strstr(err, "NaN/Inf after the update"))
         return snprintf(why, cap, "%s: rc %d: %s", name, rc, err), 0;
@@ -682,22 +682,33 @@ static int nonfinite_case(const char *name, const char *extra, int mutant, char 
 /* On one GPU (bf16, fp8), two ranks sharing GPU 0 (sharded optimizer), one GPU with the optimizer
  * offloaded (AdamW ahead of the next forward: the count is taken a step late or at the save) and with the
  * weights and gradients offloaded too (streamed through the optimizer's slots: the count reads the host
- * weights after each group's way down). The mutant
- * without the per-step count must fail (the writer's own check then refuses the step-9 checkpoint later,
- * or the NaN loss of step 10 stops the run, neither naming the update). */
+ * weights after each group's way down). */
+static const char *const NONFINITE_MODES[5][2] = {{"nan_bf16", "parallel: {gpus: 1}"},
+                                                  {"nan_fp8", "parallel: {gpus: 1}\nprecision: {matmul_dtype: e4m3}"},
+                                                  {"nan_dp2", "parallel: {devices: [0, 0], shard_optimizer: true}"},
+                                                  {"nan_offload", "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}"},
+                                                  {"nan_offload_wg",
+                                                   "parallel: {gpus: 1}\nmemory: {offload: [weights, gradients, master, m, v]}"}};
+
 static void test_nonfinite_update_stops_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    static const char *modes[5][2] = {{"nan_bf16", "parallel: {gpus: 1}"},
-                                      {"nan_fp8", "parallel: {gpus: 1}\nprecision: {matmul_dtype: e4m3}"},
-                                      {"nan_dp2", "parallel: {devices: [0, 0], shard_optimizer: true}"},
-                                      {"nan_offload", "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}"},
-                                      {"nan_offload_wg", "parallel: {gpus: 1}\nmemory: {offload: [weights, gradients, master, m, v]}"}};
     char why[4096];
-    for (int m = 0; m < 5; m++) QT_EXPECT(nonfinite_case(modes[m][0], modes[m][1], 0, why, sizeof why), "%s", why);
+    for (int m = 0; m < 5; m++)
+        QT_EXPECT(nonfinite_case(NONFINITE_MODES[m][0], NONFINITE_MODES[m][1], QT_MUT_NONE, why, sizeof why), "%s", why);
+}
+
+/* The mutant without the per-step count (one GPU; the optimizer offloaded) must fail those cases (the
+ * writer's own check then refuses the step-9 checkpoint later, or the NaN loss of step 10 stops the run,
+ * neither naming the update). */
+static void test_nonfinite_unchecked_mutant_gpu(void) {
+    QT_MUTANT_BUILD_ONLY();
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    const char *const(*modes)[2] = NONFINITE_MODES;
+    char why[4096];
     for (int m = 0; m < 4; m += 3) {
         char name[64];
         snprintf(name, sizeof name, "%s_mutant", modes[m][0]);
-        int caught = !nonfinite_case(name, modes[m][1], 1, why, sizeof why);
+        int caught = !nonfinite_case(name, modes[m][1], QT_MUT_NONFINITE_UNCHECKED, why, sizeof why);
         printf("  mutant without the per-step count (%s): %s%s\n", modes[m][0], caught ? "caught: " : "NOT caught", caught ? why : "");
         QT_EXPECT(caught, "%s: the test passes without the per-step check", modes[m][0]);
     }
@@ -728,7 +739,7 @@ static int same_ckpts(const char *a, const char *b, char *why, size_t cap) {
  * step must wait for it), and copy. Every checkpoint equals a synchronous save's (test hook ckpt_sync:
  * training waits for each write) byte for byte, and the loss curve equals that of a run that
  * checkpoints only at its end. The mutant whose optimizer does not wait for the in-place writer must
- * fail. */
+ * fail (the mutant build only). */
 static void test_offloaded_state_written_in_place_gpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     const char *extra = "parallel: {gpus: 1}\nmemory: {offload_optimizer: true}";
@@ -755,11 +766,16 @@ static void test_offloaded_state_written_in_place_gpu(void) {
         for (int i = 0; i < 12; i++) same_loss &= !memcmp(&la[i], &lc[i], 4);
         QT_EXPECT(same_loss, "%s: the loss curve changed with checkpoints", modes[k]);
     }
+    if (!QT_T_MUTANTS) {
+        qt_test_hooks_set(NULL);
+        g_ckpt_offloaded = "auto";
+        printf("  mutant whose optimizer does not wait for the writer: " QT_T_MUTANTS_ONLY "\n");
+        return;
+    }
     g_ckpt_offloaded = "in_place";
-    h.ckpt_unguarded = 1;
-    qt_test_hooks_set(&h);
+    qt_t_hooks(&h, QT_MUT_CKPT_UNGUARDED);
     rc = gpu_run("offl_mutant", extra, 3, 100, NULL, NULL, err, sizeof err);
-    qt_test_hooks_set(NULL);
+    qt_t_hooks(NULL, QT_MUT_NONE);
     g_ckpt_offloaded = "auto";
     QT_REQUIRE(rc == 0, "the mutant run failed instead of training: %s", err); /* it must run, and differ */
     int caught = !same_ckpts("offl_mutant", "offl_sync", why, sizeof why);
@@ -811,6 +827,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_sigint_random_resume_bit_exact_gpu);
     QT_RUN(test_sigkill_50_always_resumes_gpu);
     QT_RUN(test_nonfinite_update_stops_gpu);
+    QT_RUN(test_nonfinite_unchecked_mutant_gpu);
     QT_RUN(test_offloaded_state_written_in_place_gpu);
     if (!qt_t_nfail) qt_t_rmtree(g_dir);
     else printf("  files kept in %s\n", g_dir);

@@ -135,7 +135,7 @@ static void test_acquire_sequences(void) {
                 long delay = 0;
                 int s_model = 1, s_side = 2; /* stand-in streams: only their difference matters */
                 qt_wslots_io io = {sim_gather, &m, (cudaStream_t)(uintptr_t)s_model,
-                                   (cudaStream_t)(uintptr_t)(prefetch ? s_side : s_model), 0, &delay};
+                                   (cudaStream_t)(uintptr_t)(prefetch ? s_side : s_model), &delay};
                 long bad = 0, first_step = -1;
                 for (int step = 0; step < 3; step++) { /* 2 micro-steps, an eval, then "AdamW" */
                     refill(ws, &sh, &m);

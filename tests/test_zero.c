@@ -712,12 +712,13 @@ static void test_zero_resume_across_levels(void) {
 
 /* The mutants must change the bits; the delay alone must not. */
 static void test_zero_mutants_caught(void) {
+    QT_MUTANT_BUILD_ONLY();
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
-    const struct { const char *name; int ranks; qt_test_hooks h; int differs; } cases[] = {
-        {"sums delayed 20 ms (no mutant)", 2, {.dp_sum_delay_ms = 20}, 0},
-        {"backward does not wait for its slots", 2, {.dp_sum_delay_ms = 20, .zero_mutant = 1}, 1},
-        {"shard summed in descending rank order", 3, {.zero_mutant = 2}, 1},
+    const struct { const char *name; int ranks; qt_test_hooks h; qt_mutant m; int differs; } cases[] = {
+        {"sums delayed 20 ms (no mutant)", 2, {.dp_sum_delay_ms = 20}, QT_MUT_NONE, 0},
+        {"backward does not wait for its slots", 2, {.dp_sum_delay_ms = 20}, QT_MUT_GRAD_SLOT_NO_WAIT, 1},
+        {"shard summed in descending rank order", 3, {0}, QT_MUT_ZERO2_DESC_RANK_SUM, 1},
     };
     run_out ref[4], got;
     char why[512], rk[64], extra[512], err[1024], tag[64];
@@ -731,9 +732,9 @@ static void test_zero_mutants_caught(void) {
         ranks_text(cases[i].ranks, rk, sizeof rk);
         snprintf(extra, sizeof extra, "parallel: {%s, zero: 2, overlap_comm: true}", rk);
         snprintf(tag, sizeof tag, "mut_%d", i);
-        qt_test_hooks_set(&cases[i].h);
+        qt_t_hooks(&cases[i].h, cases[i].m);
         int rc = run(tag, tag, extra, 1, 0, NULL, -1, &got, err, sizeof err);
-        qt_test_hooks_set(NULL);
+        qt_t_hooks(NULL, QT_MUT_NONE);
         QT_REQUIRE(rc == 0, "%s: %s", cases[i].name, err);
         int same = qt_t_same_bits(&ref[cases[i].ranks], &got, 0, why, sizeof why);
         printf("  %-40s %s\n", cases[i].name, same ? "bitwise equal to ZeRO-1" : why);
@@ -803,9 +804,7 @@ static void test_zero3_equals_zero2(void) {
  * the same Wq and Wq^T bytes, bitwise the same run (losses, grad norms, final weights and moments); with 3
  * and 4 ranks some buckets of the test model (hidden 128 < 64 x ranks) stay bf16: both paths in one run.
  * Cases: persistent quants on and off, overlap on and off, accumulation, block recompute, the pieces
- * offloaded, a tied model. Then the mutants must differ: a rank quantizing with its own pieces' abs-max
- * (11), codes never made again after the first step (12) and, with the pieces offloaded, codes made in
- * the device scratch without the piece copied up (13). */
+ * offloaded, a tied model. */
 static void test_zero3_e4m3_gathers(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
@@ -846,16 +845,25 @@ static void test_zero3_e4m3_gathers(void) {
     int same = qt_t_same_bits(&t[0], &t[1], 0, why, sizeof why);
     printf("  2 ranks g8_tied                e4m3 vs bf16 gathers: %s\n", same ? "bitwise equal" : why);
     QT_EXPECT(same, "tied: %s", why);
-    /* the mutants, against the bf16 run of the first case on 2 ranks */
+}
+
+/* The e4m3 gathers' mutants must differ from the bf16 run of 2 ranks: a rank quantizing with its own
+ * pieces' abs-max, codes never made again after the first step and, with the pieces offloaded, codes
+ * made in the device scratch without the piece copied up. */
+static void test_zero3_e4m3_mutants_caught(void) {
+    QT_MUTANT_BUILD_ONLY();
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    setup_data();
+    char rk[64], extra[2][1024], tag[160], err[1024], why[512];
     run_out ref, got;
     ranks_text(2, rk, sizeof rk);
     snprintf(extra[0], sizeof extra[0], "parallel: {%s, zero: 3, gather_dtype: bf16, overlap_comm: true}\n" FP8, rk);
     QT_REQUIRE(run("g8mut_ref", "g8mut_ref", extra[0], 1, 0, NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
     snprintf(extra[1], sizeof extra[1], "parallel: {%s, zero: 3, gather_dtype: e4m3, overlap_comm: true}\n" FP8, rk);
     static const char *what[] = {"a rank's own abs-max", "codes made once", "offloaded pieces not copied up"};
-    for (int mu = 11; mu <= 13; mu++) {
-        qt_test_hooks h = {.zero_mutant = mu};
-        if (mu == 13) { /* the offloaded pieces' codes are made in a device scratch: against their bf16 run */
+    static const qt_mutant muts[] = {QT_MUT_E4M3_LOCAL_AMAX, QT_MUT_E4M3_CODES_ONCE, QT_MUT_E4M3_PIECE_NOT_UP};
+    for (int mu = 0; mu < 3; mu++) {
+        if (muts[mu] == QT_MUT_E4M3_PIECE_NOT_UP) { /* the offloaded pieces' codes are made in a device scratch: against their bf16 run */
             snprintf(extra[0], sizeof extra[0], "parallel: {%s, zero: 3, gather_dtype: bf16, overlap_comm: true}\n" FP8
                      "memory: {offload: [weights, master, m, v]}\n", rk);
             QT_REQUIRE(run("g8mut_ref_w", "g8mut_ref_w", extra[0], 1, 0, NULL, -1, &ref, err, sizeof err) == 0, "%s", err);
@@ -863,16 +871,16 @@ static void test_zero3_e4m3_gathers(void) {
                      "memory: {offload: [weights, master, m, v]}\n", rk);
         }
         snprintf(tag, sizeof tag, "g8mut_%d", mu);
-        qt_test_hooks_set(&h);
+        qt_t_hooks(NULL, muts[mu]);
         int rc = run(tag, tag, extra[1], 1, 0, NULL, -1, &got, err, sizeof err);
-        qt_test_hooks_set(NULL);
+        qt_t_hooks(NULL, QT_MUT_NONE);
         if (rc) {
-            printf("  mutant %d: caught, the run failed: %s\n", mu, err);
+            printf("  mutant (%s): caught, the run failed: %s\n", what[mu], err);
             continue;
         }
-        same = qt_t_same_bits(&ref, &got, 0, why, sizeof why);
-        printf("  mutant %d (%s): %s\n", mu, what[mu - 11], same ? "NOT caught" : why);
-        QT_EXPECT(!same, "mutant %d not caught", mu);
+        int same = qt_t_same_bits(&ref, &got, 0, why, sizeof why);
+        printf("  mutant (%s): %s\n", what[mu], same ? "NOT caught" : why);
+        QT_EXPECT(!same, "mutant '%s' not caught", what[mu]);
     }
 }
 
@@ -940,13 +948,14 @@ static void test_zero3_resume_across_levels(void) {
  * into before its last reader ran shows when the model stream lags (it sleeps after each acquire); a read
  * that does not wait for its gather shows when the gathers lag (the side stream sleeps before each). */
 static void test_zero3_mutants_caught(void) {
+    QT_MUTANT_BUILD_ONLY();
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
-    const struct { const char *name; qt_test_hooks h; int differs; } cases[] = {
-        {"reads delayed 5 ms (no mutant)", {.zero3_read_delay_ms = 5}, 0},
-        {"slot reused before its last reader", {.zero3_read_delay_ms = 5, .zero_mutant = 3}, 1},
-        {"gathers delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, 0},
-        {"prefetch read without waiting for it", {.dp_ag_delay_ms = 20, .zero_mutant = 4}, 1},
+    const struct { const char *name; qt_test_hooks h; qt_mutant m; int differs; } cases[] = {
+        {"reads delayed 5 ms (no mutant)", {.zero3_read_delay_ms = 5}, QT_MUT_NONE, 0},
+        {"slot reused before its last reader", {.zero3_read_delay_ms = 5}, QT_MUT_WSLOT_NO_FREE_WAIT, 1},
+        {"gathers delayed 20 ms (no mutant)", {.dp_ag_delay_ms = 20}, QT_MUT_NONE, 0},
+        {"prefetch read without waiting for it", {.dp_ag_delay_ms = 20}, QT_MUT_WSLOT_NO_FILL_WAIT, 1},
     };
     run_out ref, got;
     char why[512], rk[64], extra[512], err[1024], tag[64];
@@ -956,9 +965,9 @@ static void test_zero3_mutants_caught(void) {
     snprintf(extra, sizeof extra, "parallel: {%s, zero: 3, overlap_comm: true}", rk);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(tag, sizeof tag, "z3mut_%zu", i);
-        qt_test_hooks_set(&cases[i].h);
+        qt_t_hooks(&cases[i].h, cases[i].m);
         int rc = run(tag, tag, extra, 1, 0, NULL, -1, &got, err, sizeof err);
-        qt_test_hooks_set(NULL);
+        qt_t_hooks(NULL, QT_MUT_NONE);
         if (rc && cases[i].differs) { /* a mutant may make the run fail (NaN weights): caught too */
             printf("  %-40s the run failed: %s\n", cases[i].name, err);
             continue;
@@ -998,6 +1007,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_zero3_equals_zero2);
     QT_RUN(test_zero3_tied);
     QT_RUN(test_zero3_e4m3_gathers);
+    QT_RUN(test_zero3_e4m3_mutants_caught);
     QT_RUN(test_zero3_resume_across_levels);
     QT_RUN(test_zero3_mutants_caught);
     QT_RUN(test_zero3_failure_mid_gather);

@@ -4,7 +4,8 @@
 # `ONLY=regex` runs only the steps whose name matches it whole (`ONLY='test_zero|zero3_host' ...`).
 # tools/gpu-par.sh runs several suite lists at once, one GPU each.
 #
-# Correctness (each step's output says PASS/FAIL; mutant steps say "caught" or "must fail"):
+# Correctness (each step's output says PASS/FAIL; mutant steps say "caught" or "must fail"; the planted
+# bugs of include/qt_mutant.h run from the mutant build, build-mutants/, carried by tools/gpu-pack.sh):
 #   build        make CUDA_ARCH=90a all
 #   unit         the op table (every kernel against the CPU), test_kernels, test_quant, test_fp8_model,
 #                test_sft, test_comm_gpu (ranks sharing the GPU); the mutant kernel builds that must fail
@@ -38,6 +39,9 @@ mkdir -p "$OUT"
 # the carried build/dev (tools/gpu-pack.sh) in place of older binaries (a warm device machine keeps the
 # last call's; here a newer make wins)
 if [ -d build/dev ]; then cp -a -u build/dev/. build/; fi
+# the mutant build's tests (make MUTANTS=1; tools/gpu-pack.sh): memory and reliability run them when there
+if [ -f build/dev/mutants.tar.xz ]; then tar -xJf build/dev/mutants.tar.xz; fi
+mut=build-mutants/tests
 suites=${*:-build unit model}
 export QT_DATA_DIR=${QT_DATA_DIR:-$( [ -f ../shared/data/tinyshakespeare.txt ] && echo ../shared/data || echo out/data )}
 export PYTHONUNBUFFERED=1
@@ -148,15 +152,24 @@ fi
 
 # One GPU, data-parallel ranks sharing it: every bitwise test of the memory features at one commit.
 # test_recompute runs one part per step (each part bitwise against none in bf16/fp8, graphs, 2 ranks; the
-# stale-buffer mutants; the plan = the arena, the measured peak within its margin). Then the bitwise
+# plan = the arena, the measured peak within its margin); the mutant build's tests catch every planted bug
+# of ZeRO, the offloads, recompute and the fp8 weight cache. Then the bitwise
 # comparisons at the grouped-query shapes of MEMORY_SHAPES (default gqa64: Qwen2.5-0.5B's 14/2 heads at seq
 # 1024; gqa128: Qwen2.5-7B's 28/4): run-to-run nondeterminism there would break them.
 if has memory; then
     { step test_zero 1500 build/tests/test_zero
       step test_offload 1800 build/tests/test_offload
-      for part in mutant bf16 fp8 dp_offload plan_matches; do
+      for part in bf16 fp8 dp_offload plan_matches; do
           step test_recompute_$part 540 env QT_TEST_ONLY=$part build/tests/test_recompute
       done
+      if [ -d $mut ]; then
+          step mut_zero 1500 env QT_TEST_ONLY=mutants $mut/test_zero
+          step mut_offload 1500 env QT_TEST_ONLY=mutants $mut/test_offload
+          step mut_recompute 900 env QT_TEST_ONLY=mutant $mut/test_recompute
+          step mut_recompute_shared_ln 900 env QT_TEST_ONLY=fp8_shared_inputs $mut/test_recompute
+          step mut_kernels_streamed 300 env QT_TEST_ONLY=adamw_offload_streamed $mut/test_kernels
+          step mut_train_ckpt 900 env QT_TEST_ONLY=bf16_master_ckpt_bytes $mut/test_train
+      fi
       step test_stores 120 build/tests/test_stores
       step test_plan 600 build/tests/test_plan
       # the bitwise comparisons again at shipped configs' grouped-query attention, seq 1024 (qt_test_data.h)
@@ -208,6 +221,11 @@ if has reliability; then
                     END {for (i=1;i<=n;i++) printf "stall per checkpoint %d: %.3f s (paused %.3f + optimizer waited %.3f)\n", i, p[i]+w[i], p[i], w[i]}'; }
     { QT_TEST_ONLY=_gpu step test_reliability 1200 build/tests/test_reliability
       step test_determinism 900 build/tests/test_determinism
+      if [ -d $mut ]; then # the planted bugs: NaN not counted, the writer not waited for, attention nondeterministic
+          step mut_nonfinite 600 env QT_TEST_ONLY=nonfinite_unchecked_mutant $mut/test_reliability
+          step mut_ckpt_unguarded 600 env QT_TEST_ONLY=offloaded_state_written_in_place $mut/test_reliability
+          step mut_determinism 900 env QT_TEST_ONLY=mutant $mut/test_determinism
+      fi
       step kernels_bench_adamw 300 build/bench/kernels_bench adamw
       for om in false:auto true:copy true:in_place; do
           o=${om%%:*} m=${om#*:} r=${om/:/_}

@@ -1,7 +1,10 @@
-/* test_hooks.c — the process's test-only switches (see qt_test_hooks.h). */
+/* test_hooks.c — the process's test-only switches (see qt_test_hooks.h) and, in the mutant build only, the
+ * planted bug in force (qt_mutant.h). */
 #include "qt_test_hooks.h"
 
 #include <string.h>
+
+#include "qt_mutant.h"
 
 static qt_test_hooks g_hooks;
 
@@ -11,3 +14,10 @@ void qt_test_hooks_set(const qt_test_hooks *h) {
 }
 
 const qt_test_hooks *qt_test_hooks_get(void) { return &g_hooks; }
+
+#ifdef QT_MUTANTS
+static qt_mutant g_mutant;
+
+void qt_mutant_set(qt_mutant m) { g_mutant = m; }
+qt_mutant qt_mutant_get(void) { return g_mutant; }
+#endif

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "qt_error.h"
+#include "qt_mutant.h"
 #include "qt_quant.h"
 #include "qt_small_params.h"
 #include "qt_test_hooks.h"
@@ -48,10 +49,14 @@ struct qt_dp_sync {
     int gathered;           /* buckets whose gather the model's stream waits for (n_buckets: none pending) */
     long ag_delay_ms;       /* test hook: the side stream sleeps before each weight gather */
     long sum_delay_ms;      /* test hook: the side stream sleeps before each ZeRO-2 bucket sum */
-    int mutant;             /* test hook zero_mutant (qt_test_hooks.h) */
-    float *mutant_buf;      /* zero_mutant 2: every rank's copy of a bucket (owned) */
-    uint16_t *mutant_w;     /* zero_mutant 7: the first gather of each bucket's weights, kept [shard.total] (owned) */
-    char *mutant_have;      /* zero_mutant 7: [n_buckets] bucket b is in mutant_w (owned) */
+#ifdef QT_MUTANTS
+    struct {
+        float *sum_buf;     /* QT_MUT_ZERO2_DESC_RANK_SUM: every rank's copy of a bucket (owned) */
+        uint16_t *first_w;  /* QT_MUT_Z3_STALE_FILL: each bucket's first gather, [shard.total] (owned) */
+        char *first_have;   /* QT_MUT_Z3_STALE_FILL: [n_buckets] bucket b is in first_w (owned) */
+        int codes_made;     /* QT_MUT_E4M3_CODES_ONCE: the codes were made once */
+    } mut;
+#endif
     graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
     graph_set *capture;     /* the set being captured */
     qt_param_hooks wait_hooks;
@@ -64,7 +69,6 @@ struct qt_dp_sync {
     cudaEvent_t gside_ev;
     long read_delay_ms;     /* test hook zero3_read_delay_ms */
     long gathers;           /* shared-slot gathers issued so far (test hook dp_fail_gather) */
-    int codes_made;         /* e4m3 gathers: the codes were made once (test hook zero_mutant 12) */
     int own_due;            /* the own slots wait for their gather at the next forward (after creation or a
                              * load: collectives only where every rank is sure to come) */
     int fail_rank;          /* test hook: this rank fails at its fail_gather-th gather (-1: none) */
@@ -82,16 +86,55 @@ static void CUDART_CB sleep_ms(void *ms) {
     nanosleep(&t, NULL);
 }
 
-/* MUTANT (zero_mutant 2): piece += every rank's copy of this rank's piece of the bucket, in descending
+#ifdef QT_MUTANTS
+/* QT_MUT_ZERO2_DESC_RANK_SUM: piece += every rank's copy of this rank's piece of the bucket, in descending
  * rank order; a test must see other bits than the comm's ascending order with 3 ranks. */
 static void mutant_sum(qt_dp_sync *d, int b, const void *g, void *piece, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
     size_t lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, n = (size_t)sh->n_ranks, off, len, st;
     qt_shard_piece(sh, b, &off, &len, &st);
-    if (!d->mutant_buf) QT_CUDA(cudaMalloc((void **)&d->mutant_buf, sh->total * n * 4));
-    QT_CHECK(qt_comm_all_gather(d->comm, d->plan.rank, d->mutant_buf, g, n * count, QT_DT_F32, s) == 0, "mutant gather");
-    for (size_t j = n; j-- > 0;) qt_add_inplace(piece, QT_DT_F32, d->mutant_buf + j * count + (off - lo), QT_DT_F32, len, s);
+    if (!d->mut.sum_buf) QT_CUDA(cudaMalloc((void **)&d->mut.sum_buf, sh->total * n * 4));
+    QT_CHECK(qt_comm_all_gather(d->comm, d->plan.rank, d->mut.sum_buf, g, n * count, QT_DT_F32, s) == 0, "mutant gather");
+    for (size_t j = n; j-- > 0;) qt_add_inplace(piece, QT_DT_F32, d->mut.sum_buf + j * count + (off - lo), QT_DT_F32, len, s);
 }
+
+/* QT_MUT_Z3_STALE_FILL (ZeRO-3 with the pieces offloaded): bucket b's slot filled from the device copy of
+ * its first gather (AdamW's later writes to the host pieces never read again): 1 when it did so. Every
+ * rank takes the same mutant, so every rank skips the same collectives. */
+static int stale_fill(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
+    const qt_shard *sh = &d->ps->shard;
+    if (!d->mut.first_w) {
+        QT_CUDA(cudaMalloc((void **)&d->mut.first_w, sh->total * 2));
+        d->mut.first_have = calloc((size_t)sh->n_buckets, 1);
+        QT_CHECK(d->mut.first_have, "out of host memory");
+    }
+    if (!d->mut.first_have[b]) return 0;
+    QT_CUDA(cudaMemcpyAsync(dst, d->mut.first_w + sh->bucket[b], (sh->bucket[b + 1] - sh->bucket[b]) * 2,
+                            cudaMemcpyDefault, s));
+    return 1;
+}
+
+/* QT_MUT_Z3_STALE_FILL: keeps bucket b's first gather (dst, n elements) for stale_fill. */
+static void stale_keep(qt_dp_sync *d, int b, const void *dst, size_t n, cudaStream_t s) {
+    QT_CUDA(cudaMemcpyAsync(d->mut.first_w + d->ps->shard.bucket[b], dst, n * 2, cudaMemcpyDefault, s));
+    d->mut.first_have[b] = 1;
+}
+
+static void mutants_free(qt_dp_sync *d) {
+    if (d->mut.sum_buf) QT_CUDA(cudaFree(d->mut.sum_buf));
+    if (d->mut.first_w) QT_CUDA(cudaFree(d->mut.first_w));
+    free(d->mut.first_have);
+}
+#define codes_made(d) ((d)->mut.codes_made)
+#define mark_codes_made(d) ((d)->mut.codes_made = 1)
+#else
+#define mutant_sum(d, b, g, piece, s) ((void)0)
+#define stale_fill(d, b, dst, s) 0
+#define stale_keep(d, b, dst, n, s) ((void)0)
+#define mutants_free(d) ((void)0)
+#define codes_made(d) 0
+#define mark_codes_made(d) ((void)0)
+#endif
 
 /* Sums bucket b over the ranks on stream s: all of it (replicated optimizer state) or this rank's piece
  * (sharded). With parallel.reduce_dtype bf16 the sum travels in the store's bf16 comm buffer; bf16
@@ -109,10 +152,10 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
     void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
     char *buf = half ? (char *)ps->comm_buf : (char *)g;
-    int mutant = z2 && !half && !g16 && d->mutant == 2; /* its gather and adds are fp32 */
+    int desc = z2 && !half && !g16 && QT_MUTANT(QT_MUT_ZERO2_DESC_RANK_SUM); /* its gather and adds are fp32 */
     if (z2 && d->sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->sum_delay_ms));
     if (half) qt_cast_f32_to_bf16(buf, g, count, s);
-    if (mutant) {
+    if (desc) {
         qt_param_grad_piece_fresh(ps, b, s);
         mutant_sum(d, b, g, qt_param_grad_piece(ps, b), s);
     } else if (sh->n_ranks == 1) {
@@ -124,10 +167,10 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
                  "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
     if (z2) {
-        if (d->mutant == 8 && d->plan.grads_shard_host && dt == QT_DT_F32) { /* MUTANT 8: = instead of += */
+        if (QT_MUTANT(QT_MUT_HOST_SHARD_ASSIGN) && d->plan.grads_shard_host && dt == QT_DT_F32) { /* = instead of += */
             qt_param_grad_piece_fresh(ps, b, s);
             QT_CUDA(cudaMemcpyAsync(qt_param_grad_piece(ps, b), buf + (off - lo) * es, len * 4, cudaMemcpyDefault, s));
-        } else if (!mutant) qt_param_grad_piece_add(ps, b, buf + (off - lo) * es, dt, len, s);
+        } else if (!desc) qt_param_grad_piece_add(ps, b, buf + (off - lo) * es, dt, len, s);
         qt_param_grad_slot_zero(ps, b, s);
         int k = qt_param_grad_slot_shared(ps, b);
         if (k >= 0) QT_CUDA(cudaEventRecord(d->slot_ev[k], s));
@@ -216,16 +259,16 @@ static void slots_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
     for (int k = d->sent - 1; k >= b; k--) {
         int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
-        if (j >= 0 && d->mutant != 1) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+        if (j >= 0 && !QT_MUTANT(QT_MUT_GRAD_SLOT_NO_WAIT)) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
         if (k > 0) qt_param_grad_margin(ps, k, d->g->stream);
         if (k <= 1 && !d->tail_done) d->tail_done = qt_param_grad_tail(ps, d->g->stream);
     }
 }
 
 /* Offloaded gradients, for the buckets [b, sent) that became final: each one's slot below (the backward
- * writes it next) waits until its shared slot's last user is stored, zeroed and loaded again (mutant 1:
- * no wait); then, on the side stream, each final bucket's slot is stored to host; a shared slot is
- * zeroed (mutant 5: not) and the next bucket of this backward to use it (three below) loaded into it
+ * writes it next) waits until its shared slot's last user is stored, zeroed and loaded again; then, on
+ * the side stream, each final bucket's slot is stored to host; a shared slot is zeroed and the next
+ * bucket of this backward to use it (three below) loaded into it
  * (not in the first micro-step of a step: nothing to load) on the load stream once the store is done,
  * so one slot's load (H2D) runs beside the next slot's store (D2H); the slot's event is recorded after
  * its load (or store); at the end the side stream waits for the loads. A slot of its own keeps what it
@@ -235,17 +278,17 @@ static void host_grads_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
     for (int k = d->sent - 1; k >= b; k--) {
         int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
-        if (j >= 0 && d->mutant != 1) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+        if (j >= 0 && !QT_MUTANT(QT_MUT_GRAD_SLOT_NO_WAIT)) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
     }
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) {
         int k = --d->sent, j = qt_param_grad_slot_shared(ps, k);
         if (d->sum_delay_ms) QT_CUDA(cudaLaunchHostFunc(cs, sleep_ms, &d->sum_delay_ms));
-        qt_param_grad_store(ps, k, j >= 0 && d->mutant != 5, cs); /* MUTANT 5: a shared slot not zeroed */
+        qt_param_grad_store(ps, k, j >= 0 && !QT_MUTANT(QT_MUT_GRAD_SLOT_NOT_ZEROED), cs);
         if (j < 0) continue;
         if (d->grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j) {
             QT_CUDA(cudaEventRecord(d->stored_ev[j], cs));
-            if (d->mutant != 9) QT_CUDA(cudaStreamWaitEvent(d->gup, d->stored_ev[j], 0)); /* MUTANT 9: no wait */
+            if (!QT_MUTANT(QT_MUT_GRAD_LOAD_NO_STORE_WAIT)) QT_CUDA(cudaStreamWaitEvent(d->gup, d->stored_ev[j], 0));
             qt_param_grad_load(ps, k - QT_GRAD_SLOTS, d->gup);
             QT_CUDA(cudaEventRecord(d->slot_ev[j], d->gup));
             d->gup_used = 1;
@@ -316,22 +359,6 @@ static void weights_wait(void *ctx, size_t upto) {
     if (k <= d->gathered) return;
     QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->ag_ev[k - 1], 0));
     d->gathered = k;
-}
-
-/* MUTANT (zero_mutant 7, ZeRO-3 with the pieces offloaded): bucket b's slot filled from the device copy
- * of its first gather (AdamW's later writes to the host pieces never read again): 1 when it did so. Every
- * rank takes the same hooks, so every rank skips the same collectives. */
-static int stale_fill(qt_dp_sync *d, int b, void *dst, cudaStream_t s) {
-    const qt_shard *sh = &d->ps->shard;
-    if (!d->mutant_w) {
-        QT_CUDA(cudaMalloc((void **)&d->mutant_w, sh->total * 2));
-        d->mutant_have = calloc((size_t)sh->n_buckets, 1);
-        QT_CHECK(d->mutant_have, "out of host memory");
-    }
-    if (!d->mutant_have[b]) return 0;
-    QT_CUDA(cudaMemcpyAsync(dst, d->mutant_w + sh->bucket[b], (sh->bucket[b + 1] - sh->bucket[b]) * 2,
-                            cudaMemcpyDefault, s));
-    return 1;
 }
 
 /* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
@@ -416,7 +443,7 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
         if (p0[j] < p1[j])
             qt_quant_amax(QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), ps->amax8 + j, 1, s);
     }
-    if (d->mutant != 11 && d->ps->shard.n_ranks > 1) /* MUTANT 11: each rank quantizes with its own pieces' abs-max */
+    if (!QT_MUTANT(QT_MUT_E4M3_LOCAL_AMAX) && d->ps->shard.n_ranks > 1)
         QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.rank, ps->amax8, cnt, QT_COMM_MAX, s) == 0,
                  "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.rank);
     for (int j = 0; j < cnt; j++) {
@@ -451,7 +478,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
         uint16_t *up = qt_wslots_scratch(ps->wslots, &room, &c8, &room8);
         QT_CHECK(len * 2 <= room && len <= room8, "rank %d: bucket %d's piece of %zu elements does not fit the weight slot's "
                  "%zu / %zu bytes", d->plan.rank, b, len, room, room8);
-        if (d->mutant != 13) QT_CUDA(cudaMemcpyAsync(up, w, len * 2, cudaMemcpyHostToDevice, s)); /* MUTANT 13: not */
+        if (!QT_MUTANT(QT_MUT_E4M3_PIECE_NOT_UP)) QT_CUDA(cudaMemcpyAsync(up, w, len * 2, cudaMemcpyHostToDevice, s));
         QT_CUDA(cudaMemcpyAsync(c8, w8, len, cudaMemcpyHostToDevice, s)); /* what no matrix covers stays as it was */
         w = up, w8 = c8;
     }
@@ -482,16 +509,13 @@ static void fill_bucket(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_
         QT_CUDA(cudaMemcpyAsync(dst, (uint16_t *)d->ps->w + st, n * 2, cudaMemcpyHostToDevice, s));
         return;
     }
-    if (d->mutant == 7 && d->plan.weights_shard_host && stale_fill(d, b, dst, s)) return;
+    if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights_shard_host && stale_fill(d, b, dst, s)) return;
     const void *mine = (uint16_t *)d->ps->w + st;
     int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst, mine, n, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst, mine, n, QT_DT_BF16, s);
     QT_CHECK(rc == 0,
              "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
-    if (d->mutant == 7 && d->plan.weights_shard_host) { /* keep this first gather for stale_fill */
-        QT_CUDA(cudaMemcpyAsync(d->mutant_w + sh->bucket[b], dst, n * 2, cudaMemcpyDefault, s));
-        d->mutant_have[b] = 1;
-    }
+    if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights_shard_host) stale_keep(d, b, dst, n, s);
 }
 
 /* ZeRO-3 / offloaded weights: a shared weight slot's fill (io.gather), delayed on the side stream by
@@ -529,10 +553,10 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
         qt_wslots_invalidate(ws);
     }
     if (k1 == sh->n_buckets) d->own_due = 0;
-    /* e4m3 gathers: the layer buckets' codes from the changed pieces (MUTANT 12: only the first time) */
-    for (int k = k0; d->plan.gather_e4m3 && k < k1 && !(d->mutant == 12 && d->codes_made); k++)
+    /* e4m3 gathers: the layer buckets' codes from the changed pieces */
+    for (int k = k0; d->plan.gather_e4m3 && k < k1 && !(QT_MUTANT(QT_MUT_E4M3_CODES_ONCE) && codes_made(d)); k++)
         if (d->ps->small.layer_bucket[k]) refresh_codes(d, k, s);
-    if (k1 == sh->n_buckets) d->codes_made = 1;
+    if (k1 == sh->n_buckets) mark_codes_made(d);
     for (int k = k0; k < k1; k++) {
         if (!qt_wslots_own(ws, k)) continue;
         fill_bucket(d, k, qt_wslots_own_data(ws, k), NULL, s);
@@ -557,7 +581,7 @@ void qt_dp_sync_join(qt_dp_sync *d) {
     } else if (d->plan.weights_ahead) {
         weights_wait(d, SIZE_MAX);
     }
-    if (!(d->plan.grads_host && d->mutant == 6)) sums_wait(d); /* MUTANT 6: see qt_dp_sync_reduce */
+    if (!(d->plan.grads_host && QT_MUTANT(QT_MUT_ADAMW_NO_STORE_WAIT))) sums_wait(d);
 }
 
 const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d) { return &d->wait_hooks; }
@@ -658,7 +682,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     cudaStream_t s = g->stream;
     int rank = d->plan.rank;
     if (d->plan.grads_host) { /* stored to host during the micro-steps; the own slots zeroed for the next step */
-        if (d->mutant != 6) sums_wait(d); /* MUTANT 6: the norm and AdamW do not wait for the last stores */
+        if (!QT_MUTANT(QT_MUT_ADAMW_NO_STORE_WAIT)) sums_wait(d);
         for (int b = 0; b < sh->n_buckets; b++)
             if (qt_param_grad_slot_shared(ps, b) < 0) qt_param_grad_slot_zero(ps, b, s);
         d->grad_micro = 0;
@@ -751,7 +775,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
     int nl = g->L->cfg.num_layers;
     *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = cfg->optim.grad_clip, .comm = comm,
                       .sent = sh->n_buckets, .gathered = sh->n_buckets, .ag_delay_ms = th->dp_ag_delay_ms,
-                      .sum_delay_ms = th->dp_sum_delay_ms, .mutant = th->zero_mutant,
+                      .sum_delay_ms = th->dp_sum_delay_ms,
                       .read_delay_ms = th->zero3_read_delay_ms, .fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
                       .fail_gather = th->dp_fail_gather};
     d->wait_hooks = (qt_param_hooks){.weights_needed = p->wslots ? z3_forward : p->weights_ahead ? weights_wait : NULL,
@@ -786,7 +810,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
             QT_CUDA(cudaStreamCreateWithFlags(&d->gside, cudaStreamNonBlocking));
             QT_CUDA(cudaEventCreateWithFlags(&d->gside_ev, cudaEventDisableTiming));
         }
-        d->io = (qt_wslots_io){z3_gather, d, g->stream, d->gside ? d->gside : p->overlap ? d->side : g->stream, d->mutant,
+        d->io = (qt_wslots_io){z3_gather, d, g->stream, d->gside ? d->gside : p->overlap ? d->side : g->stream,
                                &d->read_delay_ms};
         d->own_due = 1;
     }
@@ -822,9 +846,7 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaEventDestroy(d->gup_ev));
     }
     free(d->ag_ev);
-    if (d->mutant_buf) QT_CUDA(cudaFree(d->mutant_buf));
-    if (d->mutant_w) QT_CUDA(cudaFree(d->mutant_w));
-    free(d->mutant_have);
+    mutants_free(d);
     for (int i = 0; i < MS_KINDS; i++) {
         for (int k = 0; k < d->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(d->graphs[i].seg[k].exec));
         free(d->graphs[i].seg);

@@ -21,6 +21,7 @@
 #include "qt_error.h"
 #include "qt_gpu_model.h"
 #include "qt_matmul.h"
+#include "qt_mutant.h"
 #include "qt_pinned.h"
 #include "qt_planner.h"
 #include "qt_step_plan.h"
@@ -102,9 +103,9 @@ static void inject_nonfinite(gpu_engine *e, long t, int k0, int k1, cudaStream_t
 
 /* AdamW group by group on the plan's stream (the side stream when it runs ahead of the next forward,
  * the gradients zeroed behind it), each group's new weights counted for NaN/Inf by AdamW itself as it
- * writes them (qt_adamw_args.nonfinite: no second read of weights that may live in host memory; test hook
- * nonfinite_unchecked, a MUTANT: not counted) and released to the next forward; then the count goes to
- * out->bad[t & 1], the fp8 quants of one GPU (once per step) and the gradients zeroed. */
+ * writes them (qt_adamw_args.nonfinite: no second read of weights that may live in host memory) and
+ * released to the next forward; then the count goes to out->bad[t & 1], the fp8 quants of one GPU (once
+ * per step) and the gradients zeroed. */
 static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
     qt_gpu_model *g = e->g;
     qt_param_store *ps = g->ps;
@@ -188,7 +189,7 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_dp_sync_reduce(e->sync);
     e->micro_in_step = 0;
     qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding, 0, 0,
-                       qt_test_hooks_get()->nonfinite_unchecked ? NULL : e->bad_dev};
+                       QT_MUTANT(QT_MUT_NONFINITE_UNCHECKED) ? NULL : e->bad_dev};
     optimizer(e, &a);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));

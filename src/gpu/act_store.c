@@ -8,6 +8,7 @@
 #include "qt_config.h"
 #include "qt_error.h"
 #include "qt_pinned.h"
+#include "qt_mutant.h"
 #include "qt_test_hooks.h"
 
 /* memory.offload_residual's state once started. One copy is in flight at a time (pending): the forward
@@ -18,7 +19,6 @@ struct qt_res_offload {
     cudaEvent_t ready, done; /* compute -> copy: the slot may be read/written; copy -> compute: copied */
     int pending;             /* the layer whose residual is being copied (either way); -1: none */
     long delay_ms;           /* test hook offload_residual_delay_ms, read at start */
-    int mutant;              /* test hook offload_residual_mutant, read at start */
 };
 
 int qt_act_recompute_resolve(int parts) {
@@ -63,7 +63,6 @@ int qt_act_store_start(qt_act_store *as, cudaStream_t s, const char *cfg_path, c
     o->s = s;
     o->pending = -1;
     o->delay_ms = qt_test_hooks_get()->offload_residual_delay_ms;
-    o->mutant = qt_test_hooks_get()->offload_residual_mutant;
     QT_CUDA(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
     QT_CUDA(cudaEventCreateWithFlags(&o->ready, cudaEventDisableTiming));
     QT_CUDA(cudaEventCreateWithFlags(&o->done, cudaEventDisableTiming));
@@ -157,17 +156,17 @@ static void copy_start(qt_act_store *as, int l, int to_host) {
     o->pending = l;
 }
 
-/* The compute stream waits for layer l's copy, if it is the one in flight. mutant: the test hook's
- * planted bug (1: a fetch not waited for; 2: a slot overwritten before its copy out finished). */
-static void copy_join(qt_act_store *as, int l, int mutant) {
+/* The compute stream waits for layer l's copy, if it is the one in flight (no_wait: a planted bug's, it
+ * does not: qt_mutant.h). */
+static void copy_join(qt_act_store *as, int l, int no_wait) {
     struct qt_res_offload *o = as->off;
     if (!o || o->pending != l || l < 0) return;
-    if (o->mutant != mutant) QT_CUDA(cudaStreamWaitEvent(o->s, o->done, 0));
+    if (!no_wait) QT_CUDA(cudaStreamWaitEvent(o->s, o->done, 0));
     o->pending = -1;
 }
 
 qt_gpu_layer *qt_act_forward(qt_act_store *as, int l) {
-    copy_join(as, l - 1, 2); /* this layer's down projection writes the slot of layer l - 1 */
+    copy_join(as, l - 1, QT_MUTANT(QT_MUT_RESIDUAL_REUSE_NO_WAIT)); /* this layer's down projection writes the slot of layer l - 1 */
     return &as->layers[l];
 }
 
@@ -181,5 +180,5 @@ qt_gpu_layer *qt_act_backward(qt_act_store *as, int l) {
 }
 
 void qt_act_release(qt_act_store *as, int l) {
-    copy_join(as, l - 1, 1); /* layer l - 1's backward reads it next */
+    copy_join(as, l - 1, QT_MUTANT(QT_MUT_RESIDUAL_READ_NO_WAIT)); /* layer l - 1's backward reads it next */
 }

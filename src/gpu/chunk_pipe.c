@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "qt_error.h"
+#include "qt_mutant.h"
 #include "qt_test_hooks.h"
 
 struct qt_chunk_pipe {
@@ -17,7 +18,6 @@ struct qt_chunk_pipe {
     cudaEvent_t begin, ready[QT_CHUNK_PIPE_SLOTS], done[QT_CHUNK_PIPE_SLOTS], back[QT_CHUNK_PIPE_SLOTS];
     long next;    /* slots handed out so far; the current one is (next - 1) % QT_CHUNK_PIPE_SLOTS */
     long delay_ms;
-    int reuse_early;
 };
 
 qt_chunk_pipe *qt_chunk_pipe_create(void *slots, size_t slot_bytes) {
@@ -26,7 +26,6 @@ qt_chunk_pipe *qt_chunk_pipe_create(void *slots, size_t slot_bytes) {
     p->slots = slots;
     p->slot_bytes = slot_bytes;
     p->delay_ms = qt_test_hooks_get()->stage_down_delay_ms;
-    p->reuse_early = qt_test_hooks_get()->stage_reuse_early;
     QT_CUDA(cudaStreamCreateWithFlags(&p->up, cudaStreamNonBlocking));
     QT_CUDA(cudaStreamCreateWithFlags(&p->down, cudaStreamNonBlocking));
     cudaEvent_t *ev[] = {&p->begin, p->ready, p->done, p->back};
@@ -56,7 +55,7 @@ static int current(const qt_chunk_pipe *p) { return (int)((p->next - 1) % QT_CHU
 
 void *qt_chunk_pipe_next(qt_chunk_pipe *p, cudaStream_t *up) {
     int i = (int)(p->next++ % QT_CHUNK_PIPE_SLOTS);
-    if (p->next > QT_CHUNK_PIPE_SLOTS && !p->reuse_early) QT_CUDA(cudaStreamWaitEvent(p->up, p->back[i], 0));
+    if (p->next > QT_CHUNK_PIPE_SLOTS && !QT_MUTANT(QT_MUT_STAGE_REUSE_EARLY)) QT_CUDA(cudaStreamWaitEvent(p->up, p->back[i], 0));
     *up = p->up;
     return p->slots + (size_t)i * p->slot_bytes;
 }

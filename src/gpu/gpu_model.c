@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "qt_error.h"
+#include "qt_mutant.h"
 #include "qt_test_hooks.h"
 
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws) {
@@ -206,7 +207,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
     if (!g) return NULL;
     g->attn = qt_attention_create();
-    qt_attention_set_deterministic(g->attn, cfg->perf.deterministic && !qt_test_hooks_get()->attention_nondet);
+    qt_attention_set_deterministic(g->attn, cfg->perf.deterministic && !QT_MUTANT(QT_MUT_ATTENTION_NONDET));
     g->attn_ws = attn_ws_of(g, 1);
     size_t bytes = carve_all(g, NULL); /* again, with the measured attention workspace */
     double t0 = now_s();
@@ -418,7 +419,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     /* A bf16 backward's wgrads read ln1 / ln2: the norm part rebuilds them. An fp8 backward's read the kept
      * (or requantized) Xq^T, and ln1 / ln2 / h have one buffer for all layers (qt_act_policy.fp8_bwd): ln1
      * is rebuilt for a recomputed qkv, ln2 for a recomputed gate|up, whether norm is listed or not. */
-    int stale = l > 0 && qt_test_hooks_get()->recompute_stale_ln; /* MUTANT: the shared ln not rebuilt */
+    int stale = l > 0 && QT_MUTANT(QT_MUT_RECOMPUTE_STALE_LN);
     int ln1_redo = g->fp8_bwd ? redo & QT_RC_QKV && !stale : redo & QT_RC_NORM;
     int ln2_redo = g->fp8_bwd ? redo & QT_RC_FFN && !stale : redo & QT_RC_NORM;
     if (fwd || ln1_redo) {
@@ -510,7 +511,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
      * recomputed, what down's wgrad reads is made by the SwiGLU backward, which reads gu anyway: in fp8 down's
      * Xq^T (shared by the layers), in bf16 h itself, written over dh in h's buffer. Down's wgrad moves after it
      * (it is independent of the dgrad: the same bits). */
-    int stale_h = l > 0 && qt_test_hooks_get()->recompute_stale_h; /* MUTANT: what down's wgrad reads not remade */
+    int stale_h = l > 0 && QT_MUTANT(QT_MUT_RECOMPUTE_STALE_H);
     if (g->fp8_bwd && r & QT_RC_SWIGLU) {
         qt_gpu_model_mark(g, "fp8 quantize: gradients");
         qt_fp8_quant_grad(g->fp8, l, QT_FP8_DOWN, as->dres_bf, s);

@@ -14,7 +14,7 @@
 
 #include "qt_chunk_pipe.h"
 #include "qt_error.h"
-#include "qt_test_hooks.h"
+#include "qt_mutant.h"
 
 
 typedef struct {
@@ -43,7 +43,6 @@ struct qt_gpu_optim {
     qt_chunk_pipe *pipe; /* owned, with slots: the chunks' way up and down */
     void (*guard)(void *ctx, size_t hi); /* before a chunk goes back down (qt_gpu_optim_set_guard) */
     void *guard_ctx;
-    int mutant;        /* test hook opt_stream_mutant */
 };
 
 static size_t round4(size_t chunk) { return (chunk + 3) / 4 * 4; }
@@ -91,7 +90,7 @@ qt_gpu_optim *qt_gpu_optim_create(const qt_adamw_tensor *t, int n, const int *st
     int state = master ? QT_OPTIM_ALL : QT_OPTIM_M | QT_OPTIM_V;
     *o = (qt_gpu_optim){.master = master, .m = m, .v = v, .m_dt = m_dt, .v_dt = v_dt, .slots = slots,
                         .host = slots ? host_mask & (state | QT_OPTIM_W | QT_OPTIM_G) : 0, .size = round4(chunk),
-                        .flat = 1, .mutant = qt_test_hooks_get()->opt_stream_mutant};
+                        .flat = 1};
     for (int k = 0; k < NARR; k++) o->es[k] = k == ARR_MASTER && !master ? 0 : arr_es(k, m_dt, v_dt, g_dt);
     for (int j = 0; j < n; j++) o->flat &= t[j].state == t[j].offset;
     QT_CHECK(!slots || o->host & state, "offloaded adamw: no state array named offloaded");
@@ -142,12 +141,12 @@ static void slot_arrays(const qt_gpu_optim *o, char *base, char *p[NARR]) {
 }
 
 /* Chunk ch between the host arrays and the slot's arrays dev on stream s: up, every streamed array; down, all
- * but the gradients. MUTANTS (test hook opt_stream_mutant): 1 = the weights are not copied down, 2 = the
- * gradients not up (3, in qt_gpu_optim_step: the copies up do not wait for the caller's stream). */
+ * but the gradients. */
 static void move(const qt_gpu_optim *o, const opt_chunk *ch, char *const dev[NARR], void *const host[NARR], int up,
                  cudaStream_t s) {
     for (int k = 0; k < NARR; k++) {
-        if (!dev[k] || (!up && k == ARR_G) || (o->mutant == 1 && !up && k == ARR_W) || (o->mutant == 2 && k == ARR_G))
+        if (!dev[k] || (!up && k == ARR_G) || (QT_MUTANT(QT_MUT_OPT_W_NOT_DOWN) && !up && k == ARR_W) ||
+            (QT_MUTANT(QT_MUT_OPT_G_NOT_UP) && k == ARR_G))
             continue;
         char *h = (char *)host[k] + ch->lo * o->es[k], *d = dev[k] + (ch->lo - ch->c0) * o->es[k];
         size_t bytes = (ch->hi - ch->lo) * o->es[k];
@@ -164,8 +163,9 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
     QT_CHECK(!(o->host & QT_OPTIM_G) || a->g_at_state || o->flat, "adamw: streamed gradients indexed by flat index, state is not");
     void *const host[NARR] = {o->master, o->m, o->v, w_bf16, (void *)g};
     /* the copies up of streamed weights / gradients follow what s waited for (others write them: the
-     * backward's adds into the host shard, a load); MUTANT 3: they do not */
-    if (o->slots && o->host & (QT_OPTIM_W | QT_OPTIM_G) && o->mutant != 3) qt_chunk_pipe_begin(o->pipe, s);
+     * backward's adds into the host shard, a load) */
+    if (o->slots && o->host & (QT_OPTIM_W | QT_OPTIM_G) && !QT_MUTANT(QT_MUT_OPT_UP_NO_STREAM_WAIT))
+        qt_chunk_pipe_begin(o->pipe, s);
     for (int c = k ? o->group_end[k - 1] : 0; c < o->group_end[k]; c++) {
         const opt_chunk *ch = &o->chunk[c];
         if (!o->slots) { /* the state where it is: the device, or host memory read in place (zero copy) */

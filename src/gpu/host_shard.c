@@ -6,13 +6,13 @@
 #include "qt_chunk_pipe.h"
 #include "qt_error.h"
 #include "qt_kernels.h"
-#include "qt_test_hooks.h"
+#include "qt_mutant.h"
 
 struct qt_host_shard {
     qt_chunk_pipe *pipe; /* owned */
     size_t chunk;        /* fp32 elements per slot */
     char *cleared;       /* [n_buckets] 1: the piece reads as zeros, whatever host memory holds (owned) */
-    int n_buckets, mutant;
+    int n_buckets;
 };
 
 size_t qt_host_shard_slot_bytes(size_t chunk) { return QT_CHUNK_PIPE_SLOTS * chunk * 4; }
@@ -24,7 +24,6 @@ qt_host_shard *qt_host_shard_create(int n_buckets, float *slots, size_t chunk) {
     QT_CHECK(h->cleared, "out of host memory");
     h->n_buckets = n_buckets;
     h->chunk = chunk;
-    h->mutant = qt_test_hooks_get()->zero_mutant;
     h->pipe = qt_chunk_pipe_create(slots, chunk * 4);
     qt_host_shard_clear(h, 0, n_buckets);
     return h;
@@ -39,13 +38,13 @@ void qt_host_shard_free(qt_host_shard *h) {
 
 void qt_host_shard_add(qt_host_shard *h, int b, float *piece, const void *src, qt_dtype dt, size_t len, cudaStream_t s) {
     QT_CHECK(b >= 0 && b < h->n_buckets, "host gradient shard: bucket %d of %d", b, h->n_buckets);
-    int cleared = h->cleared[b], skip_up = cleared || h->mutant == 10; /* MUTANT 10: not brought up */
+    int cleared = h->cleared[b], skip_up = cleared || QT_MUTANT(QT_MUT_SHARD_CHUNK_NOT_UP);
     size_t es = qt_dtype_size(dt);
     qt_chunk_pipe_begin(h->pipe, s);
     for (size_t i = 0; i < len; i += h->chunk) {
         size_t n = len - i < h->chunk ? len - i : h->chunk;
         float *d = qt_chunk_pipe_up(h->pipe, piece + i, skip_up ? 0 : n * 4, s);
-        if (cleared && h->mutant != 14) qt_zero(d, n * 4, s); /* +0.0f, what the cleared piece holds: 0 + x as before */
+        if (cleared && !QT_MUTANT(QT_MUT_CLEARED_CHUNK_NOT_ZEROED)) qt_zero(d, n * 4, s); /* +0.0f, what the cleared piece holds: 0 + x as before */
         qt_add_inplace(d, QT_DT_F32, (const char *)src + i * es, dt, n, s);
         qt_chunk_pipe_down(h->pipe, piece + i, n * 4, s);
     }
@@ -59,7 +58,7 @@ void qt_host_shard_clear(qt_host_shard *h, int k0, int k1) {
 
 void qt_host_shard_fresh(qt_host_shard *h, int b, float *piece, size_t len, cudaStream_t s) {
     if (!h->cleared[b]) return;
-    if (h->mutant != 15) qt_fill(piece, QT_DT_F32, 0.0f, len, s); /* a kernel through the mapping: a few pieces */
+    if (!QT_MUTANT(QT_MUT_CLEARED_PIECE_NOT_ZEROED)) qt_fill(piece, QT_DT_F32, 0.0f, len, s); /* a kernel through the mapping: a few pieces */
     h->cleared[b] = 0;
 }
 

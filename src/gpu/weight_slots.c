@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "qt_error.h"
+#include "qt_mutant.h"
 
 typedef struct {
     char *alloc;          /* the slot's allocation (arena) */
@@ -221,7 +222,7 @@ static void CUDART_CB sleep_ms(void *ms) {
 static void gather_into(qt_weight_slots *ws, const qt_wslots_io *io, int i, int b) {
     wslot *w = &ws->slot[i];
     QT_CUDA(cudaEventRecord(w->free, io->model));
-    if (io->mutant != 3) QT_CUDA(cudaStreamWaitEvent(io->side, w->free, 0)); /* MUTANT 3: no wait */
+    if (!QT_MUTANT(QT_MUT_WSLOT_NO_FREE_WAIT)) QT_CUDA(cudaStreamWaitEvent(io->side, w->free, 0));
     io->gather(io->ctx, b, data_of(ws, i, b), ws->slot[i].alloc8, io->side);
     QT_CUDA(cudaEventRecord(w->filled, io->side));
     w->bucket = b;
@@ -233,7 +234,7 @@ static void gather_into(qt_weight_slots *ws, const qt_wslots_io *io, int i, int 
 static void wait_filled(qt_weight_slots *ws, const qt_wslots_io *io, int i) {
     wslot *w = &ws->slot[i];
     if (!w->pending) return;
-    if (!(io->mutant == 4 && i < QT_WSLOTS)) QT_CUDA(cudaStreamWaitEvent(io->model, w->filled, 0)); /* MUTANT 4 */
+    if (!(QT_MUTANT(QT_MUT_WSLOT_NO_FILL_WAIT) && i < QT_WSLOTS)) QT_CUDA(cudaStreamWaitEvent(io->model, w->filled, 0));
     w->pending = 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include "qt_dtype.h"
 #include "qt_error.h"
+#include "qt_mutant.h"
 #include "qt_planner.h"
 #include "qt_test_hooks.h"
 
@@ -102,7 +103,7 @@ int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *
 /* The engine's wait before its optimizer changes offloaded state below element hi (set_state_guard). */
 static void guard_wait(void *ctx, size_t hi) {
     qt_trainer *t = ctx;
-    if (!t->writer || qt_test_hooks_get()->ckpt_unguarded) return; /* MUTANT: the writer reads state being changed */
+    if (!t->writer || QT_MUTANT(QT_MUT_CKPT_UNGUARDED)) return;
     t->guard_s += qt_ckpt_writer_wait_mark(t->writer, hi);
 }
 
