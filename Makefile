@@ -200,4 +200,9 @@ test-mutants: $(BUILD)/libqtrain.a
 	  $(MUT_TESTS:%=$(MUT_BUILD)/tests/%)
 	@bash tools/mutants.sh $(BUILD) $(MUT_BUILD) $(MUT_TESTS)
 
+# ---- layers: no #include and no call from a lower floor to a higher one (tools/check_layers.py) ----
+.PHONY: check-layers
+check-layers: $(LIB_OBJ)
+	@$(PYTHON) tools/check_layers.py $(BUILD)
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
