@@ -26,7 +26,7 @@ static const char USAGE[] =
     "  --stop-after N    stop (with a checkpoint) once N steps are done (N >= 1)\n"
     "  --export          write the HF export of the initial or resumed weights, then exit\n"
     "  --allow-changed K with --resume: accept these changed run-identity keys (comma list of\n"
-    "                    data.train, data.seq_len, data.micro_batch, seed; or all)\n"
+    "                    data.train, data.seq_len, data.micro_batch, data.grad_accum, seed; or all)\n"
     "  --print-config    print the resolved config and exit\n"
     "  --plan            print the memory plan (GPU and host bytes of every item) without a GPU and exit:\n"
     "                    0 when it fits the limits, 3 when not\n"

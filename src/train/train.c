@@ -401,7 +401,7 @@ qt_trainer *qt_session_open(const qt_config *cfg, const qt_train_opts *o, int da
         qt_errf(err, errlen, "out of host memory");
         return NULL;
     }
-    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1}, .log = {.fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
+    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1, .dir_fd = -1}, .log = {.fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
     *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0, 0};
     qt_rng_seed(&t->rng, cfg->seed);
     t->sched = (qt_sched){cfg->optim.schedule, cfg->optim.lr, cfg->optim.final_lr_frac, cfg->optim.warmup,
