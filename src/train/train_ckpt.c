@@ -265,9 +265,10 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     return 0;
 }
 
-/* Saves the last completed step unless it is saved already, and waits. 0 or -1 with err. */
+/* Saves the last completed step unless it is saved already or no step ran (a step-0 checkpoint holds
+ * only the initial weights, and would make the directory refuse a fresh run), and waits. 0 or -1. */
 static int save_now(qt_trainer *t, char *err, size_t errlen) {
-    if (t->step > t->saved_step && qt_trainer_save(t, err, errlen)) return -1;
+    if (t->step > t->saved_step && t->step > 0 && qt_trainer_save(t, err, errlen)) return -1;
     return finish_write(t, err, errlen);
 }
 
