@@ -14,6 +14,7 @@
 #include "qt_error.h"
 #include "qt_ckpt.h"
 #include "qt_dtype.h"
+#include "qt_file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -464,17 +465,17 @@ void qt_ckpt_close(qt_ckpt *ck) {
 }
 
 /* Reads path whole into *size bytes. NULL with err on failure, then *io set: 1 when the file could not be
- * read (open or read failed, not a regular file: it may be intact), 0 when memory ran out. Opened
- * O_NONBLOCK so that a FIFO in its place is refused at once instead of blocking in open(). */
+ * read (open or read failed, not a regular file: it may be intact), 0 when memory ran out. A FIFO in
+ * its place is refused at once instead of blocking in open() (qt_open_regular). */
 static unsigned char *read_whole(const char *path, size_t *size, int *io, char *err, size_t errlen) {
     *io = 1;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) { qt_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    const char *why;
+    int fd = qt_open_regular(path, &why);
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
+    if (fd < 0) { qt_errf(err, errlen, "%s: cannot read: %s", path, why); return NULL; }
+    if (fstat(fd, &st) != 0) {
+        qt_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
         close(fd);
-        qt_errf(err, errlen, "%s: cannot read: %s", path, S_ISREG(st.st_mode) ? strerror(e) : "not a regular file");
         return NULL;
     }
     void *buf = NULL;
