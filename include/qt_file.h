@@ -6,11 +6,11 @@
 #define QT_FILE_H
 
 /* Opens path read-only (O_NONBLOCK, so a FIFO cannot block; cleared once the file is known regular,
- * close-on-exec). Returns the fd, or -1 with *why set: strerror(errno) when open or fstat failed, else
- * "not a regular file (a FIFO)" and the like. */
+ * close-on-exec). Returns the fd; -1 with *why = strerror(errno) when open or fstat failed; -2 with
+ * *why = what it is instead ("a FIFO", qt_file_kind) when it is not a regular file. */
 int qt_open_regular(const char *path, const char **why);
-/* "a FIFO", "a directory", "a socket", "a character device", "a block device", "a symbolic link" or
- * "not a regular file" for st_mode m. */
+/* "a FIFO", "a directory", "a socket", "a character device", "a block device" or "a special file"
+ * for st_mode m. */
 const char *qt_file_kind(unsigned m);
 
 #endif

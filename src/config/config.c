@@ -619,7 +619,8 @@ int qt_config_load(qt_config *c, const char *path, const char *const *overrides,
     FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
         if (fd >= 0) close(fd);
-        snprintf(err, errlen, "%s: expected a readable YAML file, got \"%s\"", path, why ? why : strerror(errno));
+        if (fd == -2) snprintf(err, errlen, "%s: expected a YAML file, got %s", path, why);
+        else snprintf(err, errlen, "%s: expected a readable YAML file, got \"%s\"", path, why ? why : strerror(errno));
         return -1;
     }
     int rc = load(c, NULL, 0, f, path, overrides, n_overrides, err, errlen);

@@ -8,12 +8,8 @@
 #include <unistd.h>
 
 const char *qt_file_kind(unsigned m) {
-    return S_ISFIFO(m)  ? "not a regular file (a FIFO)"
-           : S_ISDIR(m) ? "not a regular file (a directory)"
-           : S_ISSOCK(m) ? "not a regular file (a socket)"
-           : S_ISCHR(m) ? "not a regular file (a character device)"
-           : S_ISBLK(m) ? "not a regular file (a block device)"
-                        : "not a regular file";
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : "a special file";
 }
 
 int qt_open_regular(const char *path, const char **why) {
@@ -27,7 +23,7 @@ int qt_open_regular(const char *path, const char **why) {
     if (!S_ISREG(st.st_mode)) {
         *why = qt_file_kind(st.st_mode);
         close(fd);
-        return -1;
+        return -2;
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);

@@ -472,7 +472,10 @@ static unsigned char *read_whole(const char *path, size_t *size, int *io, char *
     const char *why;
     int fd = qt_open_regular(path, &why);
     struct stat st;
-    if (fd < 0) { qt_errf(err, errlen, "%s: cannot read: %s", path, why); return NULL; }
+    if (fd < 0) {
+        qt_errf(err, errlen, fd == -2 ? "%s: cannot read: not a regular file (%s)" : "%s: cannot read: %s", path, why);
+        return NULL;
+    }
     if (fstat(fd, &st) != 0) {
         qt_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
         close(fd);

@@ -224,7 +224,7 @@ static int zreader_open(zreader *z, const char *path, char *err, size_t errlen) 
     int fd = qt_open_regular(path, &why);
     if (fd < 0 || !(z->f = fdopen(fd, "rb"))) {
         if (fd >= 0) close(fd);
-        return fail(err, errlen, path, "cannot open: %s", why ? why : strerror(errno));
+        return fail(err, errlen, path, fd == -2 ? "not a regular file (%s)" : "cannot open: %s", why ? why : strerror(errno));
     }
     z->d = ZSTD_createDCtx();
     z->in_cap = ZSTD_DStreamInSize();
@@ -280,7 +280,7 @@ static int open_bin(const char *path, qt_tokens_header *h, uint64_t *size, char 
     struct stat st;
     const char *why;
     int fd = qt_open_regular(path, &why);
-    if (fd < 0) return fail(err, errlen, path, "cannot open: %s", why);
+    if (fd < 0) return fail(err, errlen, path, fd == -2 ? "not a regular file (%s)" : "cannot open: %s", why);
     int rc = 0;
     if (fstat(fd, &st) != 0) rc = fail(err, errlen, path, "cannot stat: %s", strerror(errno));
     *size = rc ? 0 : (uint64_t)st.st_size;

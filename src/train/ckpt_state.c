@@ -11,14 +11,17 @@
 #include "qt_error.h"
 
 /* One blob: the field of qt_ckpt_state at off; bytes > 0: a value of exactly that size; 0: a text whose
- * pointer is at off and whose length is at len_off. */
+ * pointer is at off and whose length is at len_off. optional: a file without it (written before the
+ * blob existed) loads with the field zeroed; a present one is checked all the same. */
 typedef struct {
     const char *name;
     size_t off, bytes, len_off;
+    int optional;
 } blob_spec;
 
-#define FIXED(n, f) {n, offsetof(qt_ckpt_state, f), sizeof(((qt_ckpt_state *)0)->f), 0}
-#define TEXT(n, f, len) {n, offsetof(qt_ckpt_state, f), 0, offsetof(qt_ckpt_state, len)}
+#define FIXED(n, f) {n, offsetof(qt_ckpt_state, f), sizeof(((qt_ckpt_state *)0)->f), 0, 0}
+#define FIXED_OPTIONAL(n, f) {n, offsetof(qt_ckpt_state, f), sizeof(((qt_ckpt_state *)0)->f), 0, 1}
+#define TEXT(n, f, len) {n, offsetof(qt_ckpt_state, f), 0, offsetof(qt_ckpt_state, len), 0}
 
 static const blob_spec BLOBS[] = {
     FIXED("step", step),
@@ -55,6 +58,7 @@ static int read_blobs(const qt_ckpt *ck, const char *path, qt_ckpt_state *s, cha
         const blob_spec *b = &BLOBS[i];
         size_t nb;
         const void *p = qt_ckpt_get(ck, b->name, &nb, NULL);
+        if (!p && b->optional) continue;
         if (!p)
             return qt_errf(err, errlen, "%s: blob %s: missing (not a qtrain training checkpoint)", path, b->name);
         if (b->bytes && nb != b->bytes)

@@ -372,14 +372,14 @@ static int begin_training(qt_trainer *t, const qt_train_opts *o, char *err, size
 /* Set when a stop request ended a start-up (qt_train_run then returns QT_TRAIN_STOPPED). */
 static atomic_int g_stopped_at_start;
 
-/* A stop requested during start-up ends it between its stages: nothing is trained, nothing to save.
- * -1 with err then, else 0. */
+/* A SIGINT or SIGTERM during start-up ends it between its stages: nothing is trained, nothing to save.
+ * -1 with err then, else 0. (A library caller's qt_train_request_stop is for a running loop.) */
 static int stopped_at_start(qt_trainer *t, char *err, size_t errlen) {
     int sig = atomic_load(&g_stop);
-    if (!sig) return 0;
+    if (sig <= 0) return 0;
     atomic_store(&g_stopped_at_start, 1);
     return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "stopped by %s during start-up: nothing trained, nothing saved",
-                                             sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "request"));
+                                             sig == SIGINT ? "SIGINT" : "SIGTERM"));
 }
 
 /* The model, the loaders and the engine of an opened session. 0 or -1 with err and t->fail. */
