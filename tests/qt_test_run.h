@@ -164,6 +164,23 @@ static inline int run_to_end(const char *name, int steps, int every, int keep, c
     return run_qtrain(out, args);
 }
 
+/* A shard of 4000 tokens (vocab 64) at path; damaged: one payload byte changed, its header intact, so
+ * the checks at start pass and the loader's first read of it fails. 0 or -1 with err. */
+static inline int write_shard(const char *path, int damaged, char *err, size_t errlen) {
+    uint32_t *t = malloc(4000 * sizeof *t);
+    if (!t) return -1;
+    for (int i = 0; i < 4000; i++) t[i] = (uint32_t)(i * 7 % 64);
+    int rc = qt_tokens_write(path, t, 4000, 2, 64, 0, err, errlen);
+    free(t);
+    FILE *f = rc || !damaged ? NULL : fopen(path, "r+b");
+    if (f) {
+        fseek(f, 64 + 100, SEEK_SET);
+        fputc(63, f);
+        fclose(f);
+    }
+    return rc || (damaged && !f) ? -1 : 0;
+}
+
 /* The qtrain program (argv[1], else beside this test's build folder), a temp folder g_dir and the
  * synthetic shard g_dir/tr_0.bin (20000 tokens of vocab 64). Returns 0, or -1 after printing why. */
 static inline int qt_t_run_setup(int argc, char **argv, const char *prefix) {

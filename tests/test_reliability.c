@@ -123,18 +123,10 @@ static void test_log_write_failure_is_an_error(void) {
  * found when the loader first reads it: the run saves its last completed step, then fails naming it. */
 static void test_data_error_mid_run_saves(void) {
     char cfg[512], out[512], bad[512], err[512];
-    uint32_t *t = malloc(4000 * sizeof *t);
-    for (int i = 0; i < 4000; i++) t[i] = (uint32_t)(i * 7 % 64);
     snprintf(bad, sizeof bad, "%s/mix_1.bin", g_dir);
-    QT_REQUIRE(qt_tokens_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(write_shard(bad, 0, err, sizeof err) == 0, "%s", err);
     snprintf(bad, sizeof bad, "%s/mix_0.bin", g_dir); /* seed 1234 reads mix_1 first */
-    QT_REQUIRE(qt_tokens_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
-    free(t);
-    FILE *f = fopen(bad, "r+b");
-    QT_REQUIRE(f, "open");
-    fseek(f, 64 + 100, SEEK_SET);
-    fputc(63, f);
-    fclose(f);
+    QT_REQUIRE(write_shard(bad, 1, err, sizeof err) == 0, "%s", err);
     write_cfg(cfg, sizeof cfg, "mix", 1000, 0, 2, NULL);
     snprintf(out, sizeof out, "%s/mix.out", g_dir);
     char set[600];

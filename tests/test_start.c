@@ -159,15 +159,21 @@ static unsigned long long proc_field(pid_t pid, const char *key, int base) {
     return v;
 }
 
+/* Starts a fresh 100-step run `name`, its output in out. */
+static pid_t spawn_run(const char *name, char *out, size_t cap) {
+    char cfg[512];
+    write_cfg(cfg, sizeof cfg, name, 100, 0, 2, NULL);
+    snprintf(out, cap, "%s/%s.out", g_dir, name);
+    unlink(out);
+    const char *args[] = {cfg, NULL};
+    return spawn(out, args);
+}
+
 /* A SIGTERM as soon as qtrain holds stop signals: it stops before training, exit 75, and leaves no
  * checkpoint (nothing was trained) and no run.json. */
 static void test_stop_during_startup(void) {
-    char cfg[512], out[512], d[512];
-    write_cfg(cfg, sizeof cfg, "sst", 100, 0, 2, NULL);
-    snprintf(out, sizeof out, "%s/sst.out", g_dir);
-    unlink(out);
-    const char *args[] = {cfg, NULL};
-    pid_t pid = spawn(out, args);
+    char out[512], d[512];
+    pid_t pid = spawn_run("sst", out, sizeof out);
     double t0 = mono_s();
     while (!(proc_field(pid, "SigBlk:", 16) & (1ull << (SIGTERM - 1))) && mono_s() - t0 < 30) usleep(200);
     kill(pid, SIGTERM);
@@ -183,12 +189,8 @@ static void test_stop_during_startup(void) {
  * stop instead of killing the process. Seen from outside: SIGINT blocked while the process still has
  * one thread, in two looks 5 ms apart (main() blocks and starts its thread within microseconds). */
 static void test_sigint_in_first_instant(void) {
-    char cfg[512], out[512];
-    write_cfg(cfg, sizeof cfg, "sfi", 100, 0, 2, NULL);
-    snprintf(out, sizeof out, "%s/sfi.out", g_dir);
-    unlink(out);
-    const char *args[] = {cfg, NULL};
-    pid_t pid = spawn(out, args);
+    char out[512];
+    pid_t pid = spawn_run("sfi", out, sizeof out);
     double t0 = mono_s();
     int seen = 0;
     while (seen < 2 && mono_s() - t0 < 30) {
@@ -206,16 +208,8 @@ static void test_sigint_in_first_instant(void) {
 /* A data error before step 1 saves nothing, so the directory takes a fresh run afterwards. */
 static void test_data_error_before_step1(void) {
     char cfg[512], out[512], bad[512], err[512], set[600];
-    uint32_t *t = malloc(4000 * sizeof *t);
-    for (int i = 0; i < 4000; i++) t[i] = (uint32_t)(i * 7 % 64);
     snprintf(bad, sizeof bad, "%s/bad1_0.bin", g_dir);
-    QT_REQUIRE(qt_tokens_write(bad, t, 4000, 2, 64, 0, err, sizeof err) == 0, "%s", err);
-    free(t);
-    FILE *f = fopen(bad, "r+b");
-    QT_REQUIRE(f, "open");
-    fseek(f, 64 + 100, SEEK_SET);
-    fputc(63, f);
-    fclose(f);
+    QT_REQUIRE(write_shard(bad, 1, err, sizeof err) == 0, "%s", err);
     write_cfg(cfg, sizeof cfg, "de1", 4, 0, 2, NULL);
     snprintf(out, sizeof out, "%s/de1.out", g_dir);
     snprintf(set, sizeof set, "data.train=%s", bad);
