@@ -49,9 +49,9 @@ static void test_unreadable_newest_stops_resume(void) {
     size_t n0, n1;
     char *before = qt_t_read_file(runjson, &n0);
     ckpt_file(p, sizeof p, "unr", 6);
-    write_cfg(cfg, sizeof cfg, "unr", 8, 2, 5, NULL);
+    write_cfg(cfg, sizeof cfg, "unr", 6, 2, 5, NULL);
     snprintf(out, sizeof out, "%s/unr2.out", g_dir);
-    const char *args[] = {cfg, "--resume", NULL};
+    const char *args[] = {cfg, "--resume", "--set", "optim.steps=8", NULL};
     for (int fifo = 0; fifo < 2; fifo++) {
         QT_REQUIRE(unreadable("unr", 6, fifo) == 0, "cannot make %s unreadable", p);
         int st = wait_status(spawn(out, args), 60);
@@ -75,9 +75,9 @@ static void test_all_unreadable_keeps_dir_used(void) {
     size_t n0, n1;
     char *before = qt_t_read_file(runjson, &n0);
     QT_REQUIRE(unreadable("allu", 2, 0) == 0 && unreadable("allu", 4, 0) == 0, "mkdir");
-    write_cfg(cfg, sizeof cfg, "allu", 6, 2, 5, NULL);
+    write_cfg(cfg, sizeof cfg, "allu", 4, 2, 5, NULL);
     snprintf(out, sizeof out, "%s/allu2.out", g_dir);
-    const char *res[] = {cfg, "--resume", NULL}, *fresh[] = {cfg, NULL};
+    const char *res[] = {cfg, "--resume", "--set", "optim.steps=6", NULL}, *fresh[] = {cfg, NULL};
     int st = run_qtrain(out, res);
     QT_EXPECT(st == 1 && count_suffix("allu", ".bad") == 0, "resume: status %d, %d moved aside (see %s)", st,
               count_suffix("allu", ".bad"), out);
@@ -89,20 +89,22 @@ static void test_all_unreadable_keeps_dir_used(void) {
     free(after);
 }
 
-/* Deleting .lock while a run trains does not let a second run into the directory. */
+/* Deleting .lock while a run trains does not let a second run into the directory (one with a log of
+ * its own: the first run's log is locked too). */
 static void test_lock_survives_lock_file_deletion(void) {
-    char cfg[512], out[512], out2[512], lock[512];
+    char cfg[512], out[512], out2[512], lock[512], log2[600];
     write_cfg(cfg, sizeof cfg, "lk", 1000000, 0, 2, NULL);
     snprintf(out, sizeof out, "%s/lk.out", g_dir);
     unlink(out);
-    const char *args[] = {cfg, NULL}, *res[] = {cfg, "--resume", NULL};
+    snprintf(log2, sizeof log2, "log.file=%s/lk2.jsonl", g_dir);
+    const char *args[] = {cfg, NULL}, *second[] = {cfg, "--set", log2, NULL};
     pid_t pid = spawn(out, args);
     QT_REQUIRE(wait_text(out, "step      2/", pid, 60), "no step 2 (see %s)", out);
     snprintf(lock, sizeof lock, "%s/lk/.lock", g_dir);
     QT_EXPECT(unlink(lock) == 0, "unlink %s", lock);
     snprintf(out2, sizeof out2, "%s/lk2.out", g_dir);
     unlink(out2);
-    int st = wait_status(spawn(out2, res), 30);
+    int st = wait_status(spawn(out2, second), 30);
     QT_EXPECT(st == 1 && file_has(out2, "in use by another run"), "second run: status %d (see %s)", st, out2);
     kill(pid, SIGINT);
     st = wait_status(pid, 60);
@@ -224,9 +226,9 @@ static void test_data_error_before_step1(void) {
 static void test_grad_accum_change_refused(void) {
     char cfg[512], out[512];
     QT_REQUIRE(run_to_end("ga", 4, 0, 2, NULL) == 0, "first run failed");
-    write_cfg(cfg, sizeof cfg, "ga", 6, 0, 2, NULL);
+    write_cfg(cfg, sizeof cfg, "ga", 4, 0, 2, NULL);
     snprintf(out, sizeof out, "%s/ga2.out", g_dir);
-    const char *args[] = {cfg, "--resume", "--set", "data.grad_accum=2", NULL};
+    const char *args[] = {cfg, "--resume", "--set", "optim.steps=6", "--set", "data.grad_accum=2", NULL};
     int st = run_qtrain(out, args);
     QT_EXPECT(st == 1 && file_has(out, "data.grad_accum: checkpoint 1, config 2") &&
               file_has(out, "--allow-changed data.grad_accum"), "status %d (see %s)", st, out);
