@@ -76,7 +76,15 @@ int qt_ckpt_save_pieces(const char *dir, long step, int keep, const qt_ckpt_item
                         size_t errlen);
 
 typedef struct qt_ckpt qt_ckpt;
-/* Reads path whole and verifies every checksum. NULL with err naming the file and blob on failure. */
+/* Why qt_ckpt_load failed. UNREADABLE: the file could not be read (open or read failed: permissions,
+ * too many open files, an I/O error; or it is not a regular file): it may well be intact, so it is
+ * never to be moved aside or deleted. CORRUPT: read whole, its bytes are not a valid checkpoint. */
+typedef enum { QT_CKPT_OK, QT_CKPT_UNREADABLE, QT_CKPT_CORRUPT, QT_CKPT_NO_MEMORY } qt_ckpt_status;
+/* Reads path whole and verifies every checksum, that no two blobs share a name and, for a file named
+ * ckpt_<step>.qtc, that its header holds that step. NULL with err naming the file (and blob) and
+ * *why on failure. */
+qt_ckpt *qt_ckpt_load(const char *path, qt_ckpt_status *why, char *err, size_t errlen);
+/* qt_ckpt_load without the reason. */
 qt_ckpt *qt_ckpt_open(const char *path, char *err, size_t errlen);
 /* The blob's bytes (owned by ck) or NULL when absent; *bytes and *dtype set when non-NULL. */
 const void *qt_ckpt_get(const qt_ckpt *ck, const char *name, size_t *bytes, int *dtype);

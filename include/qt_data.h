@@ -102,6 +102,8 @@ qt_loader *qt_loader_open(const char *glob, int seq_len, int micro_batch, int ra
 int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen);
 qt_loader_pos qt_loader_get_pos(const qt_loader *l);
 void qt_loader_set_pos(qt_loader *l, qt_loader_pos p);
+/* 0 when qt_loader_set_pos(l, p) would accept p (its cursors inside this data), else -1 with err. */
+int qt_loader_check_pos(qt_loader *l, qt_loader_pos p, char *err, size_t errlen);
 void qt_loader_reset(qt_loader *l);             /* back to the start of epoch 0 */
 uint64_t qt_loader_windows(const qt_loader *l); /* windows per epoch, all shards */
 void qt_loader_free(qt_loader *l);

@@ -58,7 +58,7 @@ void qt_mem_plan_print_rows(const qt_mem_plan *p, qt_mem_where where);
 /* Prints the rows (arena, outside, host), the totals, two spaces in. */
 void qt_mem_plan_print(const qt_mem_plan *p);
 
-/* Bytes from a limit in GiB (0 stays 0). */
+/* Bytes from a limit in GiB (0 stays 0, "no limit"; a positive value is at least 1 byte). */
 size_t qt_mem_gib(double gib);
 
 #endif

@@ -1,8 +1,9 @@
 /* qt_rundir.h — a checkpoint directory as the home of one run: its lock, its identity (run.json) and
  * the config keys a resume may not change unnoticed.
  *
- * dir/.lock  an flock(2) held while a run trains there; the kernel drops it when the process ends,
- *            however it ends, so a killed run leaves no stale lock. It holds the owner's pid.
+ * dir/.lock  an flock(2) held while a run trains there, and one on dir itself (so deleting .lock does
+ *            not let a second run in); the kernel drops both when the process ends, however it ends, so
+ *            a killed run leaves no stale lock. .lock holds the owner's pid.
  * dir/run.json  {"run_id": 16 hex digits, "created": UTC time, "config_hash": 16 hex digits, and the
  *            identity keys with their values}; config_hash is XXH64 of "key=value\n" over those keys. */
 #ifndef QT_RUNDIR_H
@@ -15,19 +16,20 @@
 
 /* The keys whose change makes a resumed run a different run: its data and the batch it cuts. The
  * model's shape is checked separately (the checkpoint holds it). */
-#define QT_RUNDIR_IDENTITY_KEYS "data.train,data.seq_len,data.micro_batch,seed"
+#define QT_RUNDIR_IDENTITY_KEYS "data.train,data.seq_len,data.micro_batch,data.grad_accum,seed"
 
 typedef struct {
-    int lock_fd;          /* -1 when not locked */
+    int lock_fd;          /* dir/.lock, flock'ed; -1 when not locked */
+    int dir_fd;           /* dir itself, flock'ed; -1 when not locked */
     int created;          /* qt_rundir_open made dir */
     int wrote_identity;   /* a fresh run wrote run.json */
     char dir[QT_PATH_MAX];
     char run_id[17];
 } qt_rundir;
 
-/* Creates dir, checks that a file can be created in it and takes its lock (held until
+/* Creates dir, checks that a file can be created in it and takes its locks (held until
  * qt_rundir_close or the end of the process). Deletes the temp files (ckpt_*.qtc.tmp) a killed write
- * left. Returns 0, or -1 with err (another run holds the lock, not a writable directory). */
+ * left (never one a live write holds). Returns 0, or -1 with err (another run holds the lock, not a writable directory). */
 int qt_rundir_open(qt_rundir *r, const char *dir, char *err, size_t errlen);
 /* Drops the lock. discard (a run that failed before its first checkpoint): also removes what this
  * run made — a fresh run's run.json, the lock file, dir itself when it made it and it is empty. */

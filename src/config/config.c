@@ -12,10 +12,12 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "qt_config.h"
 #include "qt_dtype.h"
+#include "qt_file.h"
 
 #define MAX_KEYS 128
 #define MAX_SECTIONS 32
@@ -612,15 +614,13 @@ int qt_config_load_string(qt_config *c, const char *yaml, const char *name, cons
 
 int qt_config_load(qt_config *c, const char *path, const char *const *overrides, int n_overrides, char *err,
                    size_t errlen) {
-    FILE *f = fopen(path, "rb");
+    const char *why = NULL;
+    int fd = qt_open_regular(path, &why);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
-        snprintf(err, errlen, "%s: expected a readable YAML file, got \"%s\"", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        snprintf(err, errlen, "%s: expected a YAML file, got a directory", path);
+        if (fd >= 0) close(fd);
+        if (fd == -2) snprintf(err, errlen, "%s: expected a YAML file, got %s", path, why);
+        else snprintf(err, errlen, "%s: expected a readable YAML file, got \"%s\"", path, why ? why : strerror(errno));
         return -1;
     }
     int rc = load(c, NULL, 0, f, path, overrides, n_overrides, err, errlen);

@@ -1,7 +1,8 @@
 /* json.c — a recursive-descent JSON parser (RFC 8259) into a node tree; errors carry a byte offset.
  *
  * Strings are unescaped to UTF-8 (\uXXXX and surrogate pairs included); numbers go through strtod
- * after their syntax is checked. Nesting is limited to QT_JSON_DEPTH levels so hostile input
+ * after their syntax is checked. A key twice in one object is an error (JSON leaves it open: Python
+ * keeps the last, others the first, so the file means different things to different readers). Nesting is limited to QT_JSON_DEPTH levels so hostile input
  * cannot exhaust the stack. */
 #include "qt_json.h"
 
@@ -195,6 +196,12 @@ static int parse_container(parser *p, qt_json_node *x, int depth) {
             skip_ws(p);
             if (p->i >= p->n || p->s[p->i] != '"') { perr(p, "expected a member name string"); return -1; }
             if (!(key = parse_string(p))) return -1;
+            for (const qt_json_node *c = x->child; c; c = c->next) /* readers differ on which one wins */
+                if (strcmp(c->key, key) == 0) {
+                    perr(p, "duplicate key \"%.200s\" in one object", key);
+                    free(key);
+                    return -1;
+                }
             skip_ws(p);
             if (p->i >= p->n || p->s[p->i] != ':') { free(key); perr(p, "expected ':'"); return -1; }
             p->i++;

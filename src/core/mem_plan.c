@@ -8,7 +8,11 @@
 
 size_t qt_mem_aligned(size_t bytes) { return (bytes + QT_MEM_ALIGN - 1) / QT_MEM_ALIGN * QT_MEM_ALIGN; }
 
-size_t qt_mem_gib(double gib) { return (size_t)(gib * 1073741824.0); }
+/* A positive limit is at least one byte: 1e-10 GiB is a limit nothing fits, never "no limit" (0). */
+size_t qt_mem_gib(double gib) {
+    size_t b = (size_t)(gib * 1073741824.0);
+    return b == 0 && gib > 0 ? 1 : b;
+}
 
 void qt_mem_plan_begin(qt_mem_plan *p, char *base) {
     memset(p, 0, sizeof *p);

@@ -14,6 +14,7 @@
 #include "qt_error.h"
 #include "qt_ckpt.h"
 #include "qt_dtype.h"
+#include "qt_file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -376,6 +378,8 @@ int qt_ckpt_save_pieces(const char *dir, long step, int keep, const qt_ckpt_item
         free(off), free(hs), free(hash);
         return fd == -2 ? qt_errf(err, errlen, "%s: out of memory", final) : qt_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     }
+    /* held until the file is closed: a run starting in dir leaves a temp file being written alone */
+    (void)flock(fd, LOCK_EX | LOCK_NB);
     size_t pos = align64(CK_HDR + (size_t)n * CK_ENTRY);
     for (int i = 0; i < n; i++) {
         off[i] = pos;
@@ -460,27 +464,44 @@ void qt_ckpt_close(qt_ckpt *ck) {
     free(ck);
 }
 
-static unsigned char *read_whole(const char *path, size_t *size, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { qt_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+/* Reads path whole into *size bytes. NULL with err on failure, then *io set: 1 when the file could not be
+ * read (open or read failed, not a regular file: it may be intact), 0 when memory ran out. A FIFO in
+ * its place is refused at once instead of blocking in open() (qt_open_regular). */
+static unsigned char *read_whole(const char *path, size_t *size, int *io, char *err, size_t errlen) {
+    *io = 1;
+    const char *why;
+    int fd = qt_open_regular(path, &why);
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        qt_errf(err, errlen, "%s: not a regular file", path);
+    if (fd < 0) {
+        qt_errf(err, errlen, fd == -2 ? "%s: cannot read: not a regular file (%s)" : "%s: cannot read: %s", path, why);
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0) {
+        qt_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        close(fd);
         return NULL;
     }
     void *buf = NULL;
-    size_t n = (size_t)st.st_size;
+    size_t n = (size_t)st.st_size, got = 0;
     if (posix_memalign(&buf, 64, n ? n : 64) != 0) {
-        fclose(f);
+        close(fd);
+        *io = 0;
         qt_errf(err, errlen, "%s: out of memory reading %zu bytes", path, n);
         return NULL;
     }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
+    ssize_t r = 1;
+    while (got < n && (r = pread(fd, (char *)buf + got, n - got < ((size_t)1 << 30) ? n - got : (size_t)1 << 30,
+                                 (off_t)got)) != 0) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        got += (size_t)r;
+    }
+    int e = errno;
+    close(fd);
     if (got != n) {
         free(buf);
-        qt_errf(err, errlen, "%s: read %zu of %zu bytes", path, got, n);
+        qt_errf(err, errlen, "%s: cannot read: %s after %zu of %zu bytes", path, r < 0 ? strerror(e) : "end of file",
+                got, n);
         return NULL;
     }
     *size = n;
@@ -522,6 +543,10 @@ static int parse_meta(qt_ckpt *ck, const char *path, char *err, size_t errlen) {
         if (off < mb || off > ck->size || bytes > ck->size - off)
             return qt_errf(err, errlen, "%s: blob %s: bytes [%llu, +%llu) outside the %zu-byte file", path, name,
                         (unsigned long long)off, (unsigned long long)bytes, ck->size);
+        for (uint32_t j = 0; j < i; j++) /* a reader takes a blob by name: two of one name is a forged table */
+            if (strcmp((const char *)ck->buf + CK_HDR + (size_t)j * CK_ENTRY, name) == 0)
+                return qt_errf(err, errlen, "%s: blob %s: its name appears twice in the table (entries %u and %u)", path,
+                               name, j, i);
         uint64_t got = qt_ckpt_hash64(ck->buf + off, bytes);
         if (got != h)
             return qt_errf(err, errlen, "%s: blob %s: checksum mismatch (stored %016llx, computed %016llx): corrupted",
@@ -531,15 +556,36 @@ static int parse_meta(qt_ckpt *ck, const char *path, char *err, size_t errlen) {
     return 0;
 }
 
-qt_ckpt *qt_ckpt_open(const char *path, char *err, size_t errlen) {
+/* A file named ckpt_<step>.qtc holds that step: a copy under another step's name would be taken for
+ * the newest checkpoint (the directory is ordered by name) and resume at its own step. */
+static int check_name_step(const qt_ckpt *ck, const char *path, char *err, size_t errlen) {
+    const char *base = strrchr(path, '/');
+    long named = ckpt_name_step(base ? base + 1 : path);
+    if (named < 0 || named == ck->step) return 0;
+    return qt_errf(err, errlen, "%s: the file's name says step %ld but its header holds step %ld (a copy or a rename?)",
+                   path, named, ck->step);
+}
+
+qt_ckpt *qt_ckpt_load(const char *path, qt_ckpt_status *why, char *err, size_t errlen) {
     qt_ckpt *ck = calloc(1, sizeof *ck);
-    if (!ck) { qt_errf(err, errlen, "%s: out of memory", path); return NULL; }
-    ck->buf = read_whole(path, &ck->size, err, errlen);
-    if (!ck->buf || parse_meta(ck, path, err, errlen)) {
-        qt_ckpt_close(ck);
-        return NULL;
+    int io = 0;
+    if (!ck) qt_errf(err, errlen, "%s: out of memory", path);
+    else if (!(ck->buf = read_whole(path, &ck->size, &io, err, errlen))) {
+        *why = io ? QT_CKPT_UNREADABLE : QT_CKPT_NO_MEMORY;
+    } else if (parse_meta(ck, path, err, errlen) || check_name_step(ck, path, err, errlen)) {
+        *why = QT_CKPT_CORRUPT;
+    } else {
+        *why = QT_CKPT_OK;
+        return ck;
     }
-    return ck;
+    if (!ck) *why = QT_CKPT_NO_MEMORY;
+    qt_ckpt_close(ck);
+    return NULL;
+}
+
+qt_ckpt *qt_ckpt_open(const char *path, char *err, size_t errlen) {
+    qt_ckpt_status why;
+    return qt_ckpt_load(path, &why, err, errlen);
 }
 
 const void *qt_ckpt_get(const qt_ckpt *ck, const char *name, size_t *bytes, int *dtype) {

@@ -125,10 +125,17 @@ static int read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, 
         get_num(path, r, "rms_norm_eps", 1e-6f, &c->rms_norm_eps, err, errlen) ||
         get_bool(path, r, "tie_word_embeddings", 0, &c->tie_embeddings, err, errlen))
         return -1;
-    c->rope_theta = 10000.0f;
+    /* rope_theta at the top level, in rope_parameters (newer transformers) or both: then they must agree */
     const qt_json_node *rp = qt_json_get(r, "rope_parameters");
-    if (qt_json_get(r, "rope_theta")) return get_num(path, r, "rope_theta", 10000.0f, &c->rope_theta, err, errlen);
-    if (rp && rp->type == QT_JSON_OBJ) return get_num(path, rp, "rope_theta", 10000.0f, &c->rope_theta, err, errlen);
+    float top = 10000.0f, inner = 10000.0f;
+    int has_top = qt_json_get(r, "rope_theta") != NULL, has_inner = rp && rp->type == QT_JSON_OBJ && qt_json_get(rp, "rope_theta");
+    if ((has_top && get_num(path, r, "rope_theta", 10000.0f, &top, err, errlen)) ||
+        (has_inner && get_num(path, rp, "rope_theta", 10000.0f, &inner, err, errlen)))
+        return -1;
+    if (has_top && has_inner && top != inner)
+        return qt_errf(err, errlen, "%s: rope_theta %g and rope_parameters.rope_theta %g disagree: expected one value", path,
+                       top, inner);
+    c->rope_theta = has_top ? top : inner;
     return 0;
 }
 

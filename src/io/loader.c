@@ -153,6 +153,20 @@ int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, s
 
 qt_loader_pos qt_loader_get_pos(const qt_loader *l) { return l->pos; }
 
+int qt_loader_check_pos(qt_loader *l, qt_loader_pos p, char *err, size_t errlen) {
+    if (p.shard_cursor >= (uint64_t)l->n_sh)
+        return qt_errf(err, errlen, "shard cursor %llu, but the data has %d shards", (unsigned long long)p.shard_cursor,
+                       l->n_sh);
+    qt_loader_pos keep = l->pos;
+    l->pos = p;
+    uint64_t nw = cur_windows(l);
+    l->pos = keep;
+    if (p.window_cursor >= nw)
+        return qt_errf(err, errlen, "window cursor %llu, but shard %s has %llu windows", (unsigned long long)p.window_cursor,
+                       l->sh[l->order[p.shard_cursor]].path, (unsigned long long)nw);
+    return 0;
+}
+
 void qt_loader_set_pos(qt_loader *l, qt_loader_pos p) {
     QT_CHECK(p.shard_cursor < (uint64_t)l->n_sh,
              "loader position: shard cursor %llu, but the data has %d shards (did the data change since the "

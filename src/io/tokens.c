@@ -20,6 +20,7 @@
 #include <zstd.h>
 
 #include "qt_crc32.h"
+#include "qt_file.h"
 
 #define CHUNK_TOKENS 65536
 
@@ -219,8 +220,12 @@ typedef struct {
 
 static int zreader_open(zreader *z, const char *path, char *err, size_t errlen) {
     memset(z, 0, sizeof *z);
-    z->f = fopen(path, "rb");
-    if (!z->f) return fail(err, errlen, path, "cannot open: %s", strerror(errno));
+    const char *why = NULL;
+    int fd = qt_open_regular(path, &why);
+    if (fd < 0 || !(z->f = fdopen(fd, "rb"))) {
+        if (fd >= 0) close(fd);
+        return fail(err, errlen, path, fd == -2 ? "not a regular file (%s)" : "cannot open: %s", why ? why : strerror(errno));
+    }
     z->d = ZSTD_createDCtx();
     z->in_cap = ZSTD_DStreamInSize();
     z->in = malloc(z->in_cap);
@@ -273,8 +278,9 @@ static int check_bin_size(const char *path, const qt_tokens_header *h, uint64_t 
 static int open_bin(const char *path, qt_tokens_header *h, uint64_t *size, char *err, size_t errlen) {
     uint8_t hb[QT_TOKENS_HEADER_BYTES];
     struct stat st;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, errlen, path, "cannot open: %s", strerror(errno));
+    const char *why;
+    int fd = qt_open_regular(path, &why);
+    if (fd < 0) return fail(err, errlen, path, fd == -2 ? "not a regular file (%s)" : "cannot open: %s", why);
     int rc = 0;
     if (fstat(fd, &st) != 0) rc = fail(err, errlen, path, "cannot stat: %s", strerror(errno));
     *size = rc ? 0 : (uint64_t)st.st_size;

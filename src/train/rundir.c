@@ -34,6 +34,8 @@ uint64_t qt_rundir_config_hash(const qt_config *cfg) {
     return qt_ckpt_hash64(text, n < sizeof text ? n : sizeof text - 1);
 }
 
+/* Deletes the ckpt_*.qtc.tmp files a killed write left: never a checkpoint. A writer holds an flock on
+ * its temp file while it writes (qt_ckpt_save), so one that is locked belongs to a live write and stays. */
 static void remove_stale_temps(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -43,18 +45,31 @@ static void remove_stale_temps(const char *dir) {
         if (strncmp(e->d_name, "ckpt_", 5) || n < 9 || strcmp(e->d_name + n - 8, ".qtc.tmp")) continue;
         char p[QT_PATH_MAX + 300];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p); /* a write the last run did not finish: never a checkpoint */
+        int fd = open(p, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) unlink(p);
+        close(fd);
     }
     closedir(d);
 }
 
+/* The pid written in dir/.lock ("?" when none), for messages. */
+static void lock_owner(const char *lock, char pid[32]) {
+    int fd = open(lock, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? pread(fd, pid, 31, 0) : -1;
+    pid[n > 0 ? n : 0] = 0;
+    pid[strcspn(pid, "\n")] = 0;
+    if (!pid[0]) snprintf(pid, 32, "?");
+    if (fd >= 0) close(fd);
+}
+
 int qt_rundir_open(qt_rundir *r, const char *dir, char *err, size_t errlen) {
-    r->lock_fd = -1;
+    r->lock_fd = r->dir_fd = -1;
     r->run_id[0] = 0;
     r->wrote_identity = 0;
     snprintf(r->dir, sizeof r->dir, "%s", dir);
     r->created = access(dir, F_OK) != 0;
-    char p[QT_PATH_MAX + 64], e2[QT_PATH_MAX + 256];
+    char p[QT_PATH_MAX + 64], e2[QT_PATH_MAX + 256], pid[32];
     if (qt_ckpt_mkdirs(dir, e2, sizeof e2)) return qt_errf(err, errlen, "checkpoint.dir: %s", e2);
     snprintf(p, sizeof p, "%s/.write_test.%d", dir, (int)getpid());
     int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -67,21 +82,26 @@ int qt_rundir_open(qt_rundir *r, const char *dir, char *err, size_t errlen) {
     close(fd);
     unlink(p);
     snprintf(p, sizeof p, "%s/.lock", dir);
+    /* the directory's own flock: deleting .lock cannot drop it */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return qt_errf(err, errlen, "checkpoint.dir: %s: cannot open: %s", dir, strerror(errno));
     fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return qt_errf(err, errlen, "checkpoint.dir: %s: cannot create: %s", p, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        char pid[32] = "";
-        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
-        pid[n > 0 ? n : 0] = 0;
-        pid[strcspn(pid, "\n")] = 0;
-        close(fd);
-        return qt_errf(err, errlen, "checkpoint.dir: %s is in use by another run (process %s holds %s): "
-                       "wait for it to end or give another checkpoint.dir", dir, pid[0] ? pid : "?", p);
+    if (fd < 0) {
+        int e = errno;
+        close(dfd);
+        return qt_errf(err, errlen, "checkpoint.dir: %s: cannot create: %s", p, strerror(e));
     }
-    char pid[32];
+    if (flock(dfd, LOCK_EX | LOCK_NB) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        lock_owner(p, pid);
+        close(fd);
+        close(dfd);
+        return qt_errf(err, errlen, "checkpoint.dir: %s is in use by another run (process %s holds its lock): "
+                       "wait for it to end or give another checkpoint.dir", dir, pid);
+    }
     int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
     if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid is only for messages */ }
     r->lock_fd = fd;
+    r->dir_fd = dfd;
     remove_stale_temps(dir);
     return 0;
 }
@@ -96,8 +116,9 @@ void qt_rundir_close(qt_rundir *r, int discard) {
         unlink(p);
         if (r->created) rmdir(r->dir); /* only when empty */
     }
-    close(r->lock_fd); /* drops the flock */
-    r->lock_fd = -1;
+    close(r->lock_fd); /* drops the flocks */
+    close(r->dir_fd);
+    r->lock_fd = r->dir_fd = -1;
 }
 
 static void new_run_id(char id[17]) {

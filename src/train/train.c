@@ -237,6 +237,11 @@ static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t err
         t->eval = qt_loader_open(c->data.eval, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 0,
                                  (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
         if (!t->eval) return qt_errf(err, errlen, "data.eval: %s", e2);
+        uint64_t have = qt_loader_windows(t->eval) / (uint64_t)c->data.micro_batch; /* more would read it twice */
+        if ((uint64_t)c->eval.batches > have)
+            return qt_errf(err, errlen, "eval.batches: %d, but data.eval (%s) holds %llu batches of data.micro_batch %d "
+                           "x data.seq_len %d: give at most %llu", c->eval.batches, c->data.eval, (unsigned long long)have,
+                           c->data.micro_batch, c->data.seq_len, (unsigned long long)have);
     }
     if (c->eval.every > 0)
         printf("qtrain: training on %s, evaluating on %s\n", c->data.train, t->eval ? c->data.eval : "nothing (no data.eval)");
@@ -364,19 +369,34 @@ static int begin_training(qt_trainer *t, const qt_train_opts *o, char *err, size
     return 0;
 }
 
+/* Set when a stop request ended a start-up (qt_train_run then returns QT_TRAIN_STOPPED). */
+static atomic_int g_stopped_at_start;
+
+/* A SIGINT or SIGTERM during start-up ends it between its stages: nothing is trained, nothing to save.
+ * -1 with err then, else 0. (A library caller's qt_train_request_stop is for a running loop.) */
+static int stopped_at_start(qt_trainer *t, char *err, size_t errlen) {
+    int sig = atomic_load(&g_stop);
+    if (sig <= 0) return 0;
+    atomic_store(&g_stopped_at_start, 1);
+    return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "stopped by %s during start-up: nothing trained, nothing saved",
+                                             sig == SIGINT ? "SIGINT" : "SIGTERM"));
+}
+
 /* The model, the loaders and the engine of an opened session. 0 or -1 with err and t->fail. */
 static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char *err, size_t errlen) {
     const qt_config *cfg = t->cfg;
     int training = !o->export_only;
     if (cfg->data.tokenizer[0] && qt_hf_check_tokenizer(cfg->data.tokenizer, err, errlen)) return failed(t, QT_TF_CONFIG, -1);
+    if (stopped_at_start(t, err, errlen)) return -1;
     if (qt_model_layout(cfg, &t->layout, &t->wsrc, err, errlen)) return failed(t, QT_TF_CONFIG, -1);
     /* an export needs no data; an embedder may give every batch itself (data.train "") */
     if (training && (cfg->data.train[0] || !data_optional) && open_loaders(t, &t->layout, err, errlen))
         return failed(t, QT_TF_DATA, -1);
     /* the run's folders only once the config and the data are found good: a refused start makes none */
-    if (training && check_run_needs(t, o, err, errlen)) return -1;
+    if (stopped_at_start(t, err, errlen) || (training && check_run_needs(t, o, err, errlen))) return -1;
     t->eng = qt_engine_create(&t->layout, cfg, &t->wsrc, err, errlen);
     if (!t->eng) return failed(t, QT_TF_DEVICE, -1);
+    if (stopped_at_start(t, err, errlen)) return -1;
     /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
     size_t ntok = (size_t)cfg->data.micro_batch * cfg->data.seq_len * t->eng->ranks * cfg->data.grad_accum;
     t->tok_per_step = (double)ntok;
@@ -401,7 +421,7 @@ qt_trainer *qt_session_open(const qt_config *cfg, const qt_train_opts *o, int da
         qt_errf(err, errlen, "out of host memory");
         return NULL;
     }
-    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1}, .log = {.fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
+    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1, .dir_fd = -1}, .log = {.fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
     *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0, 0};
     qt_rng_seed(&t->rng, cfg->seed);
     t->sched = (qt_sched){cfg->optim.schedule, cfg->optim.lr, cfg->optim.final_lr_frac, cfg->optim.warmup,
@@ -443,7 +463,10 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     qt_trainer *t = qt_session_open(cfg, o, 0, st, &fail, err, errlen);
     if (!t) {
         atomic_store(&g_stop, 0);
-        return -1;
+        if (!atomic_exchange(&g_stopped_at_start, 0)) return -1;
+        printf("qtrain: %s\n", err);
+        fflush(stdout);
+        return QT_TRAIN_STOPPED;
     }
     int rc = 0;
     if (!o->export_only) {

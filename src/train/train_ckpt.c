@@ -8,13 +8,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "qt_ckpt_state.h"
 #include "qt_dtype.h"
 #include "qt_error.h"
 #include "qt_mutant.h"
 #include "qt_planner.h"
 #include "qt_test_hooks.h"
 
-#define CFG_CAP (1 << 16)
+#define CFG_CAP QT_CKPT_TEXT_MAX
 
 static double now_s(void) {
     struct timespec ts;
@@ -228,16 +229,11 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     if (finish_write(t, err, errlen)) return -1;
     double waited = now_s() - t0;
     if (qt_trainer_check_weights(t, 1, err, errlen)) return -1; /* never a non-finite checkpoint */
-    qt_ckpt_item items[24];
+    qt_ckpt_item items[32];
     int ne = qt_engine_state_items(t->eng, items, 16, err, errlen), n = ne;
     if (ne < 0) return -1;
-    int64_t step = t->step;
-    size_t cl = qt_config_dump(t->cfg, t->cfgtext, CFG_CAP);
-    items[n++] = (qt_ckpt_item){"step", -1, &step, sizeof step, 0};
-    items[n++] = (qt_ckpt_item){"rng", -1, &t->rng, sizeof t->rng, 0};
-    items[n++] = (qt_ckpt_item){"loader_pos", -1, &t->pos, sizeof t->pos, 0};
-    items[n++] = (qt_ckpt_item){"model_cfg", -1, &t->eng->L->cfg, sizeof t->eng->L->cfg, 0};
-    items[n++] = (qt_ckpt_item){"config", -1, t->cfgtext, cl < CFG_CAP ? cl : CFG_CAP - 1, 0};
+    qt_ckpt_state cs = {t->step, t->rng, t->pos, t->eng->L->cfg, t->cfgtext, qt_config_dump(t->cfg, t->cfgtext, CFG_CAP)};
+    n += qt_ckpt_state_items(&cs, items + n); /* copied by snapshot() below */
     void *tuning = NULL; /* the autotuned picks: copied into the snapshot, so a temporary buffer */
     if (t->cfg->perf.deterministic && t->eng->ops->tuning_save) {
         size_t tb = t->eng->ops->tuning_save(t->eng, NULL, 0);
@@ -270,9 +266,10 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     return 0;
 }
 
-/* Saves the last completed step unless it is saved already, and waits. 0 or -1 with err. */
+/* Saves the last completed step unless it is saved already or no step ran (a step-0 checkpoint holds
+ * only the initial weights, and would make the directory refuse a fresh run), and waits. 0 or -1. */
 static int save_now(qt_trainer *t, char *err, size_t errlen) {
-    if (t->step > t->saved_step && qt_trainer_save(t, err, errlen)) return -1;
+    if (t->step > t->saved_step && t->step > 0 && qt_trainer_save(t, err, errlen)) return -1;
     return finish_write(t, err, errlen);
 }
 
@@ -325,16 +322,25 @@ void qt_trainer_ckpt_free(qt_trainer *t) {
 }
 
 /* Opens the newest valid checkpoint in checkpoint.dir; damaged newer ones are named in a warning and
- * (when this run holds the directory's lock) moved aside to <name>.bad. */
+ * (when this run holds the directory's lock) moved aside to <name>.bad. A file that cannot be read
+ * (permissions, too many open files, an I/O error, not a regular file) may be intact: it stops the
+ * resume, naming it, and is left where it is. */
 static qt_ckpt *open_latest(qt_trainer *t, char *path, size_t cap, char *err, size_t errlen) {
     long *steps = NULL;
     int n = qt_ckpt_list(t->cfg->checkpoint.dir, &steps);
     qt_ckpt *ck = NULL;
     for (int i = 0; i < n && !ck; i++) {
         char e2[2048];
+        qt_ckpt_status why;
         ckpt_path(t, steps[i], path, cap);
-        ck = qt_ckpt_open(path, e2, sizeof e2);
+        ck = qt_ckpt_load(path, &why, e2, sizeof e2);
         if (ck) break;
+        if (why != QT_CKPT_CORRUPT) {
+            qt_errf(err, errlen, "--resume: %s\nqtrain: the checkpoint is not judged damaged and older ones are not "
+                    "tried: make it readable (or move it out of %s) and resume again", e2, t->cfg->checkpoint.dir);
+            free(steps);
+            return NULL;
+        }
         char bad[QT_PATH_MAX + 64];
         snprintf(bad, sizeof bad, "%s.bad", path);
         int moved = t->dir.lock_fd >= 0 && rename(path, bad) == 0;
@@ -349,27 +355,21 @@ static qt_ckpt *open_latest(qt_trainer *t, char *path, size_t cap, char *err, si
     return ck;
 }
 
-/* The identity keys of the checkpoint's config against ours (a config that no longer parses is
- * warned about and not compared). Sets *data_moved. */
-static int check_config(const qt_trainer *t, const qt_ckpt *ck, const char *path, const char *allow,
-                        int *data_moved, char *err, size_t errlen) {
-    size_t nb;
-    const char *text = qt_ckpt_get(ck, "config", &nb, NULL);
-    *data_moved = 0;
-    if (!text) return 0;
-    char *yaml = malloc(nb + 1), e2[2048];
+/* The checkpoint's trainer blobs (qt_ckpt_state_read) into *cs, its loader position checked against
+ * this run's data; training runs compare the identity keys of its config with ours (allow: the keys
+ * that may differ) and set *data_moved. */
+static int check_state(const qt_trainer *t, const qt_ckpt *ck, const char *path, const char *allow, qt_ckpt_state *cs,
+                       int *data_moved, char *err, size_t errlen) {
     qt_config *old = malloc(sizeof *old);
-    int rc = 0;
-    if (!yaml || !old) {
-        rc = qt_errf(err, errlen, "out of host memory");
-    } else {
-        memcpy(yaml, text, nb);
-        yaml[nb] = 0;
-        if (qt_config_load_string(old, yaml, path, NULL, 0, e2, sizeof e2))
-            fprintf(stderr, "qtrain: warning: %s: its config does not load (%s); data and seed keys not compared\n", path, e2);
-        else rc = qt_rundir_check_resume(old, t->cfg, allow, path, data_moved, err, errlen);
-    }
-    free(yaml);
+    char e2[1024];
+    *data_moved = 0;
+    if (!old) return qt_errf(err, errlen, "out of host memory");
+    int rc = qt_ckpt_state_read(ck, path, cs, old, err, errlen);
+    if (!rc && memcmp(&cs->model, &t->eng->L->cfg, sizeof cs->model))
+        rc = qt_errf(err, errlen, "%s: the checkpoint's model differs from the config's model", path);
+    if (!rc && t->train) rc = qt_rundir_check_resume(old, t->cfg, allow, path, data_moved, err, errlen);
+    if (!rc && t->train && !*data_moved && qt_loader_check_pos(t->train, cs->pos, e2, sizeof e2))
+        rc = qt_errf(err, errlen, "%s: blob loader_pos: %s (did the data change since the checkpoint?)", path, e2);
     free(old);
     return rc;
 }
@@ -397,24 +397,13 @@ int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *e
         ck = qt_ckpt_open(path, err, errlen);
     }
     if (!ck) return -1;
-    size_t nb;
-    const void *mc = qt_ckpt_get(ck, "model_cfg", &nb, NULL);
-    const void *step = qt_ckpt_get(ck, "step", NULL, NULL), *rng = qt_ckpt_get(ck, "rng", NULL, NULL);
-    const void *pos = qt_ckpt_get(ck, "loader_pos", NULL, NULL);
+    qt_ckpt_state cs;
     int rc = -1, data_moved = 0;
-    if (!mc || !step || !rng || !pos) {
-        qt_errf(err, errlen, "%s: not a qtrain training checkpoint (missing step/rng/loader_pos/model_cfg)", path);
-    } else if (nb != sizeof(qt_model_cfg) || memcmp(mc, &t->eng->L->cfg, nb)) {
-        qt_errf(err, errlen, "%s: the checkpoint's model differs from the config's model", path);
-    } else if ((!t->train || check_config(t, ck, path, allow, &data_moved, err, errlen) == 0) &&
-               qt_engine_load_state(t->eng, ck, err, errlen) == 0) {
-        int64_t s;
-        qt_loader_pos p;
-        memcpy(&s, step, sizeof s);
-        memcpy(&t->rng, rng, sizeof t->rng);
-        memcpy(&p, pos, sizeof p);
-        if (t->train && !data_moved) qt_loader_set_pos(t->train, p);
-        t->step = t->saved_step = s;
+    if (check_state(t, ck, path, allow, &cs, &data_moved, err, errlen) == 0 &&
+        qt_engine_load_state(t->eng, ck, err, errlen) == 0) {
+        t->rng = cs.rng;
+        if (t->train && !data_moved) qt_loader_set_pos(t->train, cs.pos);
+        t->step = t->saved_step = cs.step;
         load_tuning(t, ck, path);
         printf("qtrain: resumed from %s at step %ld%s\n", path, t->step,
                data_moved ? " (the data changed: reading it from its start)" : "");

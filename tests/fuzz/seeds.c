@@ -8,6 +8,7 @@
 
 #include "fuzz_tiny.h"
 #include "qt_ckpt.h"
+#include "qt_ckpt_state.h"
 #include "qt_data.h"
 #include "qt_hf.h"
 
@@ -20,15 +21,45 @@ static void check(int rc, const char *what) {
     }
 }
 
-/* Copies src to dst, with a mode byte in front when mode >= 0 (the shard and ckpt harnesses read one). */
-static void with_mode(const char *src, const char *dst, int mode) {
+/* Copies src to dst after the first np bytes of pre (the shard and ckpt harnesses read a mode byte,
+ * the ckpt harness's forging mode two more). */
+static void with_prefix(const char *src, const char *dst, const unsigned char *pre, int np) {
     FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
     if (!in || !out) { fprintf(stderr, "seeds: %s -> %s\n", src, dst); exit(1); }
-    if (mode >= 0) fputc(mode, out);
+    for (int i = 0; i < np; i++) fputc(pre[i], out);
     int ch;
     while ((ch = fgetc(in)) != EOF) fputc(ch, out);
     fclose(in);
     fclose(out);
+}
+
+/* with_prefix with one mode byte when mode >= 0. */
+static void with_mode(const char *src, const char *dst, int mode) {
+    unsigned char m = (unsigned char)mode;
+    with_prefix(src, dst, &m, mode >= 0);
+}
+
+/* A training checkpoint (the trainer's blobs of qt_ckpt_state.h beside a weights blob) as seeds: as
+ * written, and with the harness forging a short step blob, a duplicate name and another header step. */
+static void trainer_seeds(const char *root, const char *tmp, const float *w) {
+    static const char yaml[] = "seed: 7\ndata: {seq_len: 16, micro_batch: 2, grad_accum: 1}\n";
+    qt_ckpt_state cs = {3, {{1, 2, 3, 4}}, {0, 0, 5}, fuzz_tiny_cfg(), yaml, sizeof yaml - 1};
+    qt_ckpt_item items[8] = {{"weights", 0, w, 16 * sizeof(float), 0}};
+    int n = 1 + qt_ckpt_state_items(&cs, items + 1);
+    char p[512], q[512];
+    snprintf(p, sizeof p, "%s/ckt", tmp);
+    check(qt_ckpt_save(p, 3, 0, items, n, err, sizeof err), "trainer ckpt");
+    snprintf(p, sizeof p, "%s/ckt/ckpt_00000003.qtc", tmp);
+    static const struct { const char *name; unsigned char pre[3]; int np; } v[] = {
+        {"trainer", {1}, 1},                  /* as written (checksums already right) */
+        {"trainer_short_step", {3, 1, 7}, 3}, /* op 0 on entry 1 (step): 7 bytes shorter */
+        {"trainer_dup_name", {7, 1, 0}, 3},   /* op 1: entry 1 takes entry 2's name */
+        {"trainer_header_step", {11, 0, 9}, 3}, /* op 2: the header says step 9 */
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        snprintf(q, sizeof q, "%s/ckpt/%s", root, v[i].name);
+        with_prefix(p, q, v[i].pre, v[i].np);
+    }
 }
 
 int main(void) {
@@ -67,6 +98,7 @@ int main(void) {
     with_mode(p, q, 0);
     snprintf(q, sizeof q, "%s/ckpt/three_blobs_fixed", root);
     with_mode(p, q, 1);
+    trainer_seeds(root, tmp, w);
     free(w);
     qt_layout_free(&L);
     return 0;
