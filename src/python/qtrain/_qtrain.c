@@ -59,8 +59,10 @@ typedef struct {
 
 /* ---- helpers ---- */
 
+static const char CLOSING[] = "close()"; /* busy while close() frees the trainer */
+
 /* Claims the trainer for the call named what ("export()"). 0, or -1 with RuntimeError (another call
- * holds it) or ValueError (closed). The GIL is held. */
+ * holds it) or ValueError (closed, or being closed). The GIL is held. */
 static int begin_call(TrainerObject *self, const char *what) {
     pthread_mutex_lock(&self->mu);
     const char *running = self->busy;
@@ -70,6 +72,10 @@ static int begin_call(TrainerObject *self, const char *what) {
         self->owner = PyThread_get_thread_ident();
     }
     pthread_mutex_unlock(&self->mu);
+    if (running == CLOSING) {
+        PyErr_Format(PyExc_ValueError, "%s: the trainer is closed (close() is freeing it)", what);
+        return -1;
+    }
     if (running) {
         PyErr_Format(PyExc_RuntimeError, "%s: the trainer is busy in %s (%s); one call at a time per trainer", what,
                      running, same ? "this thread's call, from a callback of it" : "called from another thread");
@@ -301,7 +307,7 @@ static int claim_for_close(TrainerObject *self) {
         return -1;
     }
     if (!self->busy) {
-        self->busy = "close()";
+        self->busy = CLOSING;
         self->owner = me;
         pthread_mutex_unlock(&self->mu);
         return 0;
@@ -310,7 +316,7 @@ static int claim_for_close(TrainerObject *self) {
     Py_BEGIN_ALLOW_THREADS /* mu is never held while taking the GIL: begin_call takes mu holding it */
     pthread_mutex_lock(&self->mu);
     while (self->busy) pthread_cond_wait(&self->idle, &self->mu);
-    self->busy = "close()";
+    self->busy = CLOSING;
     self->owner = me;
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
