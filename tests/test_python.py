@@ -325,10 +325,9 @@ def test_parameters_round_trip(tmp):
             assert "model.nope" in str(e)
 
 
-def test_nonfinite_refused(tmp):
-    """set_parameter with a NaN/Inf raises ArgumentError naming the tensor and element and changes nothing;
-    export of weights holding a NaN/Inf (a diverged run) raises DivergedError naming the tensor and
-    writes nothing (qtrain's own import would refuse the file)."""
+def test_set_parameter_nonfinite(tmp):
+    """set_parameter with a NaN/Inf raises ArgumentError naming the tensor and element and changes
+    nothing (a NaN set and saved would surface later as "training diverged")."""
     qtrain, np = need()
     cfg = setup_run(tmp)
     with qtrain.Trainer(cfg, {"log.file": "", "eval.every": 0, "checkpoint.every": 0}) as tr:
@@ -343,6 +342,14 @@ def test_nonfinite_refused(tmp):
             except qtrain.ArgumentError as e:
                 assert f"{name}[{3 * w.shape[1] + 5}]" in str(e) and "finite" in str(e), str(e)
             assert (tr.get_parameter(name) == before).all(), "a refused set_parameter changed the weights"
+
+
+def test_export_nonfinite(tmp):
+    """export of weights holding a NaN/Inf (a diverged run) raises DivergedError naming the tensor and
+    writes nothing (qtrain's own import would refuse the file)."""
+    qtrain, np = need()
+    cfg = setup_run(tmp)
+    with qtrain.Trainer(cfg, {"log.file": "", "eval.every": 0, "checkpoint.every": 0}) as tr:
         tr.set_lr(3e38)  # AdamW's first update is about lr in size: the weights overflow
         for _ in range(3):
             try:
