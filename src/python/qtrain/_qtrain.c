@@ -147,9 +147,11 @@ static void log_hook(void *ctx, const char *json) {
     TrainerObject *self = ctx;
     PyGILState_STATE g = PyGILState_Ensure();
     if (self->log_cb && !self->cb_error) {
+        PyObject *cb = Py_NewRef(self->log_cb); /* set_log_callback from another thread may replace it */
         PyObject *mod = PyImport_ImportModule("json"), *rec = NULL, *res = NULL;
         if (mod) rec = PyObject_CallMethod(mod, "loads", "s", json);
-        if (rec) res = PyObject_CallOneArg(self->log_cb, rec);
+        if (rec) res = PyObject_CallOneArg(cb, rec);
+        Py_DECREF(cb);
         Py_XDECREF(mod);
         Py_XDECREF(rec);
         Py_XDECREF(res);
