@@ -35,7 +35,7 @@ def test_unsafe_casts_refused(tmp):
             cases.append(("mask", ok, m, f"mask[3][1] = {v}", "0 or 1"))
         m = np.ones((rows, T + 1))
         m[0, 4] = 0.5
-        cases.append(("mask", ok, m, "float64", "0/1"))
+        cases.append(("mask", ok, m, "float64", "0 or 1"))
         for what, t, m, named, expected in cases:
             try:
                 tr.step(t, m)

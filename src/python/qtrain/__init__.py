@@ -43,15 +43,11 @@ def _is_yaml_text(config):
     return "\n" in config or (not os.path.exists(config) and ": " in config)
 
 
-def _first_bad(np, bad):
-    """The index of the first True of bad (row-major), as "[i][j]"."""
-    return "".join(f"[{int(i)}]" for i in np.argwhere(bad)[0])
-
-
-def _tokens(x, vocab):
-    """x as C-contiguous int32 token ids, or ArgumentError unless x is of an integer dtype with every
-    value in [0, vocab) (no cast may wrap 2**32 + 5 to 5 or truncate 5.7 to 5). Without numpy: x as
-    given (the extension takes int32 buffers only and checks the range)."""
+def _checked(x, what, kinds, hi, dtype, expected):
+    """x as a C-contiguous array of dtype, or ArgumentError unless x's dtype is of kinds ("iu": integers,
+    "iub": and bool) and every value is in [0, hi): no cast may wrap 2**32 + 5 to 5, truncate 5.7 to 5
+    or turn a mask of 256 into 0. Without numpy: x as given (the extension takes int32 tokens and
+    uint8/bool masks only, and checks their values)."""
     if x is None:
         return None
     try:
@@ -59,31 +55,22 @@ def _tokens(x, vocab):
     except ImportError:
         return x
     a = np.asarray(x)
-    if a.dtype.kind not in "iu":
-        raise ArgumentError(f"tokens: expected integer token ids (an int or uint dtype), got dtype {a.dtype}")
-    bad = (a < 0) | (a >= vocab)
+    if a.dtype.kind not in kinds:
+        kind = "a bool or integer" if "b" in kinds else "an integer"
+        raise ArgumentError(f"{what}: expected {expected}, of {kind} dtype, got dtype {a.dtype}")
+    bad = (a < 0) | (a >= hi)
     if bad.any():
-        at = _first_bad(np, bad)
-        raise ArgumentError(f"tokens{at} = {a[bad][0]}: expected a token id in [0, {vocab}) (model.vocab_size)")
-    return np.ascontiguousarray(a, dtype=np.int32)
+        at = "".join(f"[{int(i)}]" for i in np.argwhere(bad)[0])
+        raise ArgumentError(f"{what}{at} = {a[bad][0]}: expected {expected}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _tokens(x, vocab):
+    return _checked(x, "tokens", "iu", vocab, "int32", f"a token id in [0, {vocab}) (model.vocab_size)")
 
 
 def _mask(m):
-    """m as a C-contiguous uint8 0/1 array, or ArgumentError unless m is bool or of an integer dtype
-    holding only 0 and 1 (256 must not become 0, nor 0.5 become 0)."""
-    if m is None:
-        return None
-    try:
-        import numpy as np
-    except ImportError:
-        return m
-    a = np.asarray(m)
-    if a.dtype.kind not in "iub":
-        raise ArgumentError(f"mask: expected 0/1 of a bool or integer dtype, got dtype {a.dtype}")
-    bad = (a != 0) & (a != 1)
-    if bad.any():
-        raise ArgumentError(f"mask{_first_bad(np, bad)} = {a[bad][0]}: expected 0 or 1")
-    return np.ascontiguousarray(a, dtype=np.uint8)
+    return _checked(m, "mask", "iub", 2, "uint8", "0 or 1")
 
 
 def _callbacks(on_step):

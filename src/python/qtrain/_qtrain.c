@@ -61,6 +61,14 @@ typedef struct {
 
 static const char CLOSING[] = "close()"; /* busy while close() frees the trainer */
 
+/* Gives the trainer back (the end of every call that claimed it). */
+static void end_call(TrainerObject *self) {
+    pthread_mutex_lock(&self->mu);
+    self->busy = NULL;
+    pthread_cond_broadcast(&self->idle);
+    pthread_mutex_unlock(&self->mu);
+}
+
 /* Claims the trainer for the call named what ("export()"). 0, or -1 with RuntimeError (another call
  * holds it) or ValueError (closed, or being closed). The GIL is held. */
 static int begin_call(TrainerObject *self, const char *what) {
@@ -82,22 +90,11 @@ static int begin_call(TrainerObject *self, const char *what) {
         return -1;
     }
     if (!self->t) {
-        pthread_mutex_lock(&self->mu);
-        self->busy = NULL;
-        pthread_cond_broadcast(&self->idle);
-        pthread_mutex_unlock(&self->mu);
+        end_call(self);
         PyErr_Format(PyExc_ValueError, "%s: the trainer is closed", what);
         return -1;
     }
     return 0;
-}
-
-/* Gives the trainer back (the end of every call that claimed it). */
-static void end_call(TrainerObject *self) {
-    pthread_mutex_lock(&self->mu);
-    self->busy = NULL;
-    pthread_cond_broadcast(&self->idle);
-    pthread_mutex_unlock(&self->mu);
 }
 
 /* The body of a method: call, with the trainer claimed as what for its length. */
@@ -398,8 +395,12 @@ static PyObject *run_step(TrainerObject *self, PyObject *args, PyObject *kw, int
     return result_dict(&r);
 }
 
-static PyObject *Trainer_step(TrainerObject *self, PyObject *args, PyObject *kw) { CLAIMED(self, "step()", run_step(self, args, kw, 1)); }
-static PyObject *Trainer_backward(TrainerObject *self, PyObject *args, PyObject *kw) { CLAIMED(self, "backward()", run_step(self, args, kw, 0)); }
+static PyObject *Trainer_step(TrainerObject *self, PyObject *args, PyObject *kw) {
+    CLAIMED(self, "step()", run_step(self, args, kw, 1));
+}
+static PyObject *Trainer_backward(TrainerObject *self, PyObject *args, PyObject *kw) {
+    CLAIMED(self, "backward()", run_step(self, args, kw, 0));
+}
 
 static PyObject *update_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
@@ -415,7 +416,9 @@ static PyObject *update_impl(TrainerObject *self, PyObject *unused) {
     return sig ? NULL : result_dict(&r);
 }
 
-static PyObject *Trainer_update(TrainerObject *self, PyObject *unused) { CLAIMED(self, "update()", update_impl(self, unused)); }
+static PyObject *Trainer_update(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "update()", update_impl(self, unused));
+}
 
 static PyObject *eval_impl(TrainerObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"tokens", "mask", NULL};
@@ -440,7 +443,9 @@ static PyObject *eval_impl(TrainerObject *self, PyObject *args, PyObject *kw) {
     return sig ? NULL : PyFloat_FromDouble(loss);
 }
 
-static PyObject *Trainer_eval(TrainerObject *self, PyObject *args, PyObject *kw) { CLAIMED(self, "eval()", eval_impl(self, args, kw)); }
+static PyObject *Trainer_eval(TrainerObject *self, PyObject *args, PyObject *kw) {
+    CLAIMED(self, "eval()", eval_impl(self, args, kw));
+}
 
 /* (tokens bytes, mask bytes, rows, cols): the Python layer makes numpy arrays of them. */
 static PyObject *next_batch_impl(TrainerObject *self, PyObject *unused) {
@@ -465,7 +470,9 @@ bad:
     return NULL;
 }
 
-static PyObject *Trainer_next_batch(TrainerObject *self, PyObject *unused) { CLAIMED(self, "next_batch()", next_batch_impl(self, unused)); }
+static PyObject *Trainer_next_batch(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "next_batch()", next_batch_impl(self, unused));
+}
 
 static PyObject *save_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
@@ -482,7 +489,9 @@ static PyObject *save_impl(TrainerObject *self, PyObject *unused) {
     return sig ? NULL : PyUnicode_FromString(path);
 }
 
-static PyObject *Trainer_save(TrainerObject *self, PyObject *unused) { CLAIMED(self, "save()", save_impl(self, unused)); }
+static PyObject *Trainer_save(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "save()", save_impl(self, unused));
+}
 
 static PyObject *export_impl(TrainerObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"dir", "dtype", NULL};
@@ -499,7 +508,9 @@ static PyObject *export_impl(TrainerObject *self, PyObject *args, PyObject *kw) 
     Py_RETURN_NONE;
 }
 
-static PyObject *Trainer_export(TrainerObject *self, PyObject *args, PyObject *kw) { CLAIMED(self, "export()", export_impl(self, args, kw)); }
+static PyObject *Trainer_export(TrainerObject *self, PyObject *args, PyObject *kw) {
+    CLAIMED(self, "export()", export_impl(self, args, kw));
+}
 
 static PyObject *info_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
@@ -511,7 +522,9 @@ static PyObject *info_impl(TrainerObject *self, PyObject *unused) {
                          "run_dir", i.run_dir);
 }
 
-static PyObject *Trainer_info(TrainerObject *self, PyObject *unused) { CLAIMED(self, "info()", info_impl(self, unused)); }
+static PyObject *Trainer_info(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "info()", info_impl(self, unused));
+}
 
 /* [(name, shape tuple, offset)] in layout order. */
 static PyObject *tensors_impl(TrainerObject *self, PyObject *unused) {
@@ -531,7 +544,9 @@ static PyObject *tensors_impl(TrainerObject *self, PyObject *unused) {
     return l;
 }
 
-static PyObject *Trainer_tensors(TrainerObject *self, PyObject *unused) { CLAIMED(self, "tensors()", tensors_impl(self, unused)); }
+static PyObject *Trainer_tensors(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "tensors()", tensors_impl(self, unused));
+}
 
 /* Fills a writable float32 buffer of info.numel elements with the weights (which 0) or gradients. */
 static PyObject *read_flat(TrainerObject *self, PyObject *arg, int grads) {
@@ -552,8 +567,12 @@ static PyObject *read_flat(TrainerObject *self, PyObject *arg, int grads) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Trainer_read_weights(TrainerObject *self, PyObject *arg) { CLAIMED(self, "parameters()", read_flat(self, arg, 0)); }
-static PyObject *Trainer_read_gradients(TrainerObject *self, PyObject *arg) { CLAIMED(self, "gradients()", read_flat(self, arg, 1)); }
+static PyObject *Trainer_read_weights(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "parameters()", read_flat(self, arg, 0));
+}
+static PyObject *Trainer_read_gradients(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "gradients()", read_flat(self, arg, 1));
+}
 
 /* ---- DLPack (dlpack.h v0.8's ABI, the part a producer needs: DLManagedTensor and what it holds) ---- */
 
@@ -624,7 +643,9 @@ static PyObject *grad_dlpack_impl(TrainerObject *self, PyObject *arg) {
     return cap;
 }
 
-static PyObject *Trainer_grad_dlpack(TrainerObject *self, PyObject *arg) { CLAIMED(self, "gradients(device=True)", grad_dlpack_impl(self, arg)); }
+static PyObject *Trainer_grad_dlpack(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "gradients(device=True)", grad_dlpack_impl(self, arg));
+}
 
 /* The device address of a tensor's gradients (for tests: torch's data_ptr must equal it). */
 static PyObject *grad_device_ptr_impl(TrainerObject *self, PyObject *arg) {
@@ -636,7 +657,9 @@ static PyObject *grad_device_ptr_impl(TrainerObject *self, PyObject *arg) {
     return PyLong_FromVoidPtr(d.data);
 }
 
-static PyObject *Trainer_grad_device_ptr(TrainerObject *self, PyObject *arg) { CLAIMED(self, "_grad_device_ptr()", grad_device_ptr_impl(self, arg)); }
+static PyObject *Trainer_grad_device_ptr(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "_grad_device_ptr()", grad_device_ptr_impl(self, arg));
+}
 
 static PyObject *set_parameter_impl(TrainerObject *self, PyObject *args) {
     const char *name;
@@ -668,7 +691,9 @@ static PyObject *set_parameter_impl(TrainerObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Trainer_set_parameter(TrainerObject *self, PyObject *args) { CLAIMED(self, "set_parameter()", set_parameter_impl(self, args)); }
+static PyObject *Trainer_set_parameter(TrainerObject *self, PyObject *args) {
+    CLAIMED(self, "set_parameter()", set_parameter_impl(self, args));
+}
 
 static PyObject *plan_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
@@ -681,7 +706,9 @@ static PyObject *plan_impl(TrainerObject *self, PyObject *unused) {
     return s;
 }
 
-static PyObject *Trainer_plan(TrainerObject *self, PyObject *unused) { CLAIMED(self, "plan()", plan_impl(self, unused)); }
+static PyObject *Trainer_plan(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "plan()", plan_impl(self, unused));
+}
 
 static PyObject *devices_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
@@ -691,7 +718,9 @@ static PyObject *devices_impl(TrainerObject *self, PyObject *unused) {
     return l;
 }
 
-static PyObject *Trainer_devices(TrainerObject *self, PyObject *unused) { CLAIMED(self, "devices()", devices_impl(self, unused)); }
+static PyObject *Trainer_devices(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "devices()", devices_impl(self, unused));
+}
 
 static PyObject *set_lr_impl(TrainerObject *self, PyObject *arg) {
     double lr = arg == Py_None ? -1.0 : PyFloat_AsDouble(arg);
@@ -701,7 +730,9 @@ static PyObject *set_lr_impl(TrainerObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Trainer_set_lr(TrainerObject *self, PyObject *arg) { CLAIMED(self, "set_lr()", set_lr_impl(self, arg)); }
+static PyObject *Trainer_set_lr(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "set_lr()", set_lr_impl(self, arg));
+}
 
 static PyObject *Trainer_set_log_callback(TrainerObject *self, PyObject *arg) {
     if (arg != Py_None && !PyCallable_Check(arg)) return PyErr_Format(PyExc_TypeError, "log callback: expected a callable or None");
