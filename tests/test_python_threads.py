@@ -127,6 +127,41 @@ def test_close_during_step(tmp):
     check_race(tmp, "step")
 
 
+def test_close_not_starved(tmp):
+    """close() while another thread calls the trainer in a tight loop (step() past optim.steps: a short
+    call that releases the GIL and raises ArgumentError) ends that loop after the call in flight: the
+    loop's next call sees the trainer closed; close() does not wait for the loop to give up (20,000
+    calls)."""
+    qtrain, np = base.need()
+    cfg = base.setup_run(tmp)
+    tr = qtrain.Trainer(cfg, {"log.file": "", "eval.every": 0, "checkpoint.every": 0, "optim.steps": 3})
+    for _ in range(3):
+        tr.step()
+    calls, started, ended = [0], threading.Event(), []
+
+    def loop():
+        while calls[0] < 20000:
+            try:
+                tr.step()
+            except qtrain.ArgumentError:
+                pass
+            except Exception as e:  # noqa: BLE001 — what ended the loop is the test's subject
+                ended.append(e)
+                return
+            calls[0] += 1
+            started.set()
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    started.wait()
+    tr.close()
+    at_close = calls[0]
+    th.join(120)
+    assert at_close < 20000, "close() waited until the loop gave up"
+    assert ended and isinstance(ended[0], ValueError) and "closed" in str(ended[0]), ended
+    assert calls[0] <= at_close + 1, f"{calls[0] - at_close} calls after close() returned"
+
+
 def test_two_calls_at_once(tmp):
     """step() in one thread while export() runs in another (and the reverse) is refused with
     RuntimeError naming the call in progress; nothing else goes wrong, and the trainer goes on."""

@@ -51,6 +51,7 @@ typedef struct {
     pthread_cond_t idle;/* signalled when busy becomes NULL */
     const char *busy;   /* the call holding the trainer ("step()"), or NULL */
     unsigned long owner;/* the thread of that call */
+    int closing;        /* close() waits for busy: no new call may claim the trainer before it */
     Py_ssize_t views;   /* DLPack gradient views alive (their memory is the trainer's) */
     PyObject *log_cb;   /* callable(dict) or NULL */
     PyObject *cb_error; /* (type, value, tb) the callback raised during the last call, or NULL */
@@ -64,6 +65,7 @@ static const char CLOSING[] = "close()"; /* busy while close() frees the trainer
 /* Gives the trainer back (the end of every call that claimed it). */
 static void end_call(TrainerObject *self) {
     pthread_mutex_lock(&self->mu);
+    if (self->busy == CLOSING) self->closing = 0;
     self->busy = NULL;
     pthread_cond_broadcast(&self->idle);
     pthread_mutex_unlock(&self->mu);
@@ -73,7 +75,7 @@ static void end_call(TrainerObject *self) {
  * holds it) or ValueError (closed, or being closed). The GIL is held. */
 static int begin_call(TrainerObject *self, const char *what) {
     pthread_mutex_lock(&self->mu);
-    const char *running = self->busy;
+    const char *running = self->closing ? CLOSING : self->busy;
     int same = running && self->owner == PyThread_get_thread_ident();
     if (!running) {
         self->busy = what;
@@ -293,8 +295,9 @@ static PyObject *Trainer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)self;
 }
 
-/* Waits (GIL released) until no call holds the trainer, then claims it for close(). From inside the
- * call that holds it (a callback on its thread) it raises instead: waiting would never end. */
+/* Waits (GIL released) until no call holds the trainer, then claims it for close(); meanwhile new calls
+ * are refused as on a closed trainer, so a thread calling in a loop cannot keep close() waiting. From
+ * inside the call that holds it (a callback on its thread) it raises instead: waiting would never end. */
 static int claim_for_close(TrainerObject *self) {
     unsigned long me = PyThread_get_thread_ident();
     pthread_mutex_lock(&self->mu);
@@ -311,6 +314,7 @@ static int claim_for_close(TrainerObject *self) {
         pthread_mutex_unlock(&self->mu);
         return 0;
     }
+    self->closing = 1; /* the running call is the last one before close() */
     pthread_mutex_unlock(&self->mu);
     Py_BEGIN_ALLOW_THREADS /* mu is never held while taking the GIL: begin_call takes mu holding it */
     pthread_mutex_lock(&self->mu);
