@@ -848,7 +848,7 @@ static int exec_module(PyObject *m) {
     PyObject *argbase = NULL;
     int rc = add_exc(m, &Error, "Error", PyExc_Exception, QTRAIN_ERR_INTERNAL, "Base of qtrain's errors; str() is the C message.");
     rc = rc ? rc : add_exc(m, &ConfigError, "ConfigError", Error, QTRAIN_ERR_CONFIG, "The config (file:line:col: key: ...).");
-    rc = rc ? rc : add_exc(m, &DataError, "DataError", Error, QTRAIN_ERR_DATA, "A token shard or the given tokens.");
+    rc = rc ? rc : add_exc(m, &DataError, "DataError", Error, QTRAIN_ERR_DATA, "A token shard.");
     rc = rc ? rc : add_exc(m, &CheckpointError, "CheckpointError", Error, QTRAIN_ERR_CHECKPOINT,
                            "checkpoint.dir, a checkpoint to resume, a checkpoint write.");
     rc = rc ? rc : add_exc(m, &DeviceError, "DeviceError", Error, QTRAIN_ERR_DEVICE,
@@ -857,7 +857,8 @@ static int exec_module(PyObject *m) {
     rc = rc ? rc : add_exc(m, &OutputError, "OutputError", Error, QTRAIN_ERR_IO, "log.file or an export could not be written.");
     if (!rc) argbase = PyTuple_Pack(2, Error, PyExc_ValueError);
     rc = rc || !argbase ? -1 : add_exc(m, &ArgumentError, "ArgumentError", argbase, QTRAIN_ERR_ARGUMENT,
-                                       "A bad argument or a call out of order.");
+                                       "A bad argument (a token or mask value, a NaN/Inf weight, a shape, a name) "
+                                       "or a call out of order.");
     Py_XDECREF(argbase);
     return rc;
 }
