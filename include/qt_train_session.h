@@ -65,7 +65,8 @@ int qt_session_update(qt_trainer *t, qt_step_result *r, char *err, size_t errlen
 /* The eval loss over eval.batches batches of data.eval (from its start, as the run's evals). 0 or -1. */
 int qt_session_eval(qt_trainer *t, float *loss, char *err, size_t errlen);
 /* Writes the HF export of the current weights (model.safetensors + config.json, the tokenizer's
- * files when data.tokenizer or init.from has them) to dir, bf16 or fp32. 0 or -1 with err. */
+ * files when data.tokenizer or init.from has them) to dir, bf16 or fp32. 0 or -1 with err (weights
+ * holding a NaN/Inf: QT_TF_DIVERGED naming the tensor, nothing written). */
 int qt_session_export(qt_trainer *t, const char *dir, int bf16, char *err, size_t errlen);
 /* export.dir, or <checkpoint.dir>/export when it is "". */
 void qt_session_export_dir(const qt_config *cfg, char *buf, size_t cap);

@@ -36,12 +36,13 @@ typedef struct qtrain_trainer qtrain_trainer;
 typedef enum {
     QTRAIN_OK = 0,
     QTRAIN_ERR_CONFIG = 1,     /* the YAML, an override, what the config names (init.from, ...) */
-    QTRAIN_ERR_DATA = 2,       /* a token shard, or tokens given to a call */
+    QTRAIN_ERR_DATA = 2,       /* a token shard */
     QTRAIN_ERR_CHECKPOINT = 3, /* checkpoint.dir (locked, another run's), a checkpoint to resume, a write */
     QTRAIN_ERR_DEVICE = 4,     /* CUDA / a rank failed: close the trainer */
     QTRAIN_ERR_DIVERGED = 5,   /* NaN/Inf loss, gradient norm or weights */
     QTRAIN_ERR_IO = 6,         /* log.file, an export */
-    QTRAIN_ERR_ARGUMENT = 7,   /* a bad argument: an unknown tensor, a wrong size, a call out of order */
+    QTRAIN_ERR_ARGUMENT = 7,   /* a bad argument: a token or mask value, an unknown tensor, a wrong size,
+                                * a NaN/Inf weight to set, a call out of order */
     QTRAIN_ERR_INTERNAL = 8,   /* out of host memory, a broken invariant */
 } qtrain_status;
 
@@ -97,7 +98,8 @@ typedef struct {
 /* One optimizer step on the configured loader's next batch. */
 qtrain_status qtrain_step(qtrain_trainer *t, qtrain_step_result *r);
 /* One optimizer step on the caller's batch (see the top; mask may be NULL). Tokens are checked
- * (0 <= token < vocab_size, mask bytes 0 or 1) before anything runs. */
+ * (0 <= token < vocab_size, mask bytes 0 or 1) before anything runs: QTRAIN_ERR_ARGUMENT naming the
+ * first bad [row][column] and its value. */
 qtrain_status qtrain_step_tokens(qtrain_trainer *t, const int32_t *tokens, const uint8_t *mask, qtrain_step_result *r);
 /* The configured loader's next step batch as a caller batch: tokens and mask [rows][seq_len + 1]
  * (mask 1 where the shard's mask counts the token as a target, 1 everywhere for unmasked shards and
@@ -121,7 +123,8 @@ qtrain_status qtrain_eval_tokens(qtrain_trainer *t, const int32_t *tokens, const
  * path into path. Resume it with qtrain_options.resume. */
 qtrain_status qtrain_save(qtrain_trainer *t, char *path, size_t cap);
 /* HF export of the current weights to dir: model.safetensors (bf16 or fp32), config.json and the
- * tokenizer files of data.tokenizer / init.from when present. */
+ * tokenizer files of data.tokenizer / init.from when present. Weights holding a NaN/Inf (a diverged
+ * run) are refused, QTRAIN_ERR_DIVERGED naming the first such tensor element; nothing is written. */
 qtrain_status qtrain_export(qtrain_trainer *t, const char *dir, int bf16);
 
 typedef struct {
@@ -140,7 +143,8 @@ int qtrain_tensor_find(const qtrain_trainer *t, const char *name);
 qtrain_status qtrain_get_weights(qtrain_trainer *t, float *flat);
 qtrain_status qtrain_get_gradients(qtrain_trainer *t, float *flat);
 /* One tensor: n must equal its numel. Setting writes the fp32 weights (on a GPU the master copy and
- * the model-dtype copy rounded from it); the optimizer state is kept. Not between backward and update. */
+ * the model-dtype copy rounded from it); the optimizer state is kept. Not between backward and update;
+ * a NaN/Inf in src is refused (QTRAIN_ERR_ARGUMENT naming the tensor and element), nothing written. */
 qtrain_status qtrain_get_parameter(qtrain_trainer *t, const char *name, float *out, size_t n);
 qtrain_status qtrain_set_parameter(qtrain_trainer *t, const char *name, const float *src, size_t n);
 

@@ -4,6 +4,7 @@
 #include "qtrain.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,15 +130,11 @@ static qtrain_status fill_batch(qtrain_trainer *t, const int32_t *tok, const uin
     size_t W = (size_t)T + 1;
     if (!tok) return fail_msg(t, QTRAIN_ERR_ARGUMENT, "no tokens given");
     for (size_t i = 0; i < (size_t)rows * W; i++) {
-        if (tok[i] < 0 || tok[i] >= V) {
-            snprintf(t->err, sizeof t->err, "tokens[%zu][%zu] = %d: expected a token id in [0, %d) (model.vocab_size)",
-                     i / W, i % W, tok[i], V);
-            return QTRAIN_ERR_DATA;
-        }
-        if (mask && mask[i] > 1) {
-            snprintf(t->err, sizeof t->err, "mask[%zu][%zu] = %d: expected 0 or 1", i / W, i % W, mask[i]);
-            return QTRAIN_ERR_DATA;
-        }
+        if (tok[i] < 0 || tok[i] >= V)
+            return fail_msg(t, QTRAIN_ERR_ARGUMENT, "tokens[%zu][%zu] = %d: expected a token id in [0, %d) (model.vocab_size)",
+                            i / W, i % W, tok[i], V);
+        if (mask && mask[i] > 1)
+            return fail_msg(t, QTRAIN_ERR_ARGUMENT, "mask[%zu][%zu] = %d: expected 0 or 1", i / W, i % W, mask[i]);
     }
     for (int r = 0; r < rows; r++) {
         const int32_t *w = tok + r * W;
@@ -356,6 +353,9 @@ qtrain_status qtrain_set_parameter(qtrain_trainer *t, const char *name, const fl
     if (s->pending) return fail_msg(t, QTRAIN_ERR_ARGUMENT, "step %ld: set_parameter between backward and update", s->step + 1);
     const qt_tensor *tt = tensor_n(t, name, n);
     if (!tt) return QTRAIN_ERR_ARGUMENT;
+    for (size_t j = 0; j < n; j++) /* a NaN/Inf weight would surface steps later as a divergence */
+        if (!isfinite(src[j]))
+            return fail_msg(t, QTRAIN_ERR_ARGUMENT, "%s[%zu] = %g: expected finite weights", name, j, (double)src[j]);
     qt_ckpt_item items[16];
     int ni = qt_engine_state_items(s->eng, items, 16, t->err, sizeof t->err), hit = 0;
     if (ni < 0) return engine_failed(t);

@@ -180,6 +180,15 @@ int qt_session_export(qt_trainer *t, const char *dir, int bf16, char *err, size_
         free(w);
         return failed(t, QT_TF_DEVICE, -1);
     }
+    for (size_t i = 0; i < t->eng->L->numel; i++) /* qtrain's own import refuses what would be written */
+        if (!isfinite(w[i])) {
+            char name[160];
+            qt_trainer_tensor_name(t->eng->L, i, name, sizeof name);
+            qt_errf(err, errlen, "export to %s: %s is %g: the weights hold a NaN/Inf (a diverged run); nothing written",
+                    dir, name, (double)w[i]);
+            free(w);
+            return failed(t, QT_TF_DIVERGED, -1);
+        }
     int rc = qt_hf_export(dir, t->eng->L, w, bf16, err, errlen);
     free(w);
     if (rc) return failed(t, QT_TF_IO, -1);

@@ -43,15 +43,45 @@ def _is_yaml_text(config):
     return "\n" in config or (not os.path.exists(config) and ": " in config)
 
 
-def _batch(x, dtype):
-    """x as a C-contiguous array of dtype when numpy is there (else as given: any buffer works)."""
+def _checked(x, what, kinds, hi, dtype, expected):
+    """x as a C-contiguous array of dtype, or ArgumentError unless x's dtype is of kinds ("iu": integers,
+    "iub": and bool) and every value is in [0, hi): no cast may wrap 2**32 + 5 to 5, truncate 5.7 to 5
+    or turn a mask of 256 into 0. Without numpy: x as given (the extension takes int32 tokens and
+    uint8/bool masks only, and checks their values)."""
     if x is None:
         return None
     try:
         import numpy as np
     except ImportError:
         return x
-    return np.ascontiguousarray(x, dtype=dtype)
+    a = np.asarray(x)
+    if a.dtype.kind not in kinds:
+        kind = "a bool or integer" if "b" in kinds else "an integer"
+        raise ArgumentError(f"{what}: expected {expected}, of {kind} dtype, got dtype {a.dtype}")
+    bad = (a < 0) | (a >= hi)
+    if bad.any():
+        at = "".join(f"[{int(i)}]" for i in np.argwhere(bad)[0])
+        raise ArgumentError(f"{what}{at} = {a[bad][0]}: expected {expected}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _tokens(x, vocab):
+    return _checked(x, "tokens", "iu", vocab, "int32", f"a token id in [0, {vocab}) (model.vocab_size)")
+
+
+def _mask(m):
+    return _checked(m, "mask", "iub", 2, "uint8", "0 or 1")
+
+
+def _callbacks(on_step):
+    """on_step (None, a callable or a sequence of callables) as a list of callables."""
+    if on_step is None:
+        return []
+    fns = [on_step] if callable(on_step) else list(on_step)
+    for fn in fns:
+        if not callable(fn):
+            raise TypeError(f"on_step: expected a callable or a list of callables, got {fn!r}")
+    return fns
 
 
 class Trainer(_Trainer):
@@ -63,34 +93,61 @@ class Trainer(_Trainer):
     eval every eval.every steps, a checkpoint every checkpoint.every steps and at optim.steps.
     checkpoint.dir must not hold another run's checkpoints (CheckpointError), as with the CLI.
     Use as a context manager or call close().
+
+    on_step: a callable, or a list of them, called after every optimizer step (step(), update()) with
+    that step's metrics, a dict: step, loss, lr, grad_norm, tokens_per_s, saved, and eval_loss when
+    eval.every fell on the step. They run on the stepping thread once the step is done, in order; one
+    that raises skips the rest and its exception comes out of step() (the step is done and kept).
+    The list is self.on_step: append to it or remove from it at any time. log: a callable given each
+    record the run logs (the lines of log.file, every log.every steps) as a dict.
+
+    One call at a time: a call while another thread's (or a callback's) call runs raises
+    RuntimeError naming the running call; close() from another thread waits for it to end.
     """
 
-    def __init__(self, config, overrides=None, *, resume=None, allow_changed=None, export_only=False, log=None):
+    def __init__(self, config, overrides=None, *, resume=None, allow_changed=None, export_only=False, log=None,
+                 on_step=None):
+        self.on_step = _callbacks(on_step)
         super().__init__(config, _override_list(overrides), resume=resume, allow_changed=allow_changed,
                          export_only=export_only, config_is_text=config is not None and _is_yaml_text(config))
+        self._vocab = self.info()["vocab_size"]
         if log is not None:
             self.set_log_callback(log)
 
     @classmethod
-    def resume(cls, path_or_dir, config=None, overrides=None, *, allow_changed=None, log=None):
+    def resume(cls, path_or_dir, config=None, overrides=None, *, allow_changed=None, log=None, on_step=None):
         """Continues a run from a checkpoint file or a checkpoint directory (its newest valid
-        checkpoint). With config None, the config saved in the checkpoint is used."""
-        return cls(config, overrides, resume=os.fspath(path_or_dir), allow_changed=allow_changed, log=log)
+        checkpoint: damaged newer ones are skipped with a warning and moved aside to *.bad, with or
+        without a config). With config None, the config saved in the checkpoint is used."""
+        return cls(config, overrides, resume=os.fspath(path_or_dir), allow_changed=allow_changed, log=log,
+                   on_step=on_step)
+
+    def _stepped(self, rec):
+        """rec after the on_step callbacks have seen it (each gets its own copy)."""
+        for fn in list(self.on_step):
+            fn(dict(rec))
+        return rec
 
     def step(self, tokens=None, mask=None):
         """One optimizer step; returns {"step", "loss", "grad_norm", "lr", "tokens_per_s", "saved"} (and
-        "eval_loss" when eval.every fell on it). tokens: int32 (rows, seq_len + 1), rows = micro_batch x
-        grad_accum x GPUs (info()["rows"]), or None for the config's data; mask: 0/1 like tokens, 0 =
-        that token is not a target. Ctrl-C: the step finishes, then KeyboardInterrupt."""
-        return super().step(_batch(tokens, "int32"), _batch(mask, "uint8"))
+        "eval_loss" when eval.every fell on it). tokens: integer token ids (rows, seq_len + 1), rows =
+        micro_batch x grad_accum x GPUs (info()["rows"]), or None for the config's data; mask: 0/1 like
+        tokens (bool or an integer dtype), 0 = that token is not a target. A token outside
+        [0, vocab_size), a float dtype or a mask value other than 0/1 raises ArgumentError naming the
+        first bad [row][column]. Ctrl-C: the step finishes, then KeyboardInterrupt."""
+        return self._stepped(super().step(_tokens(tokens, self._vocab), _mask(mask)))
 
     def backward(self, tokens=None, mask=None):
         """The first half of step(): the gradients are then readable (gradients()) until update()."""
-        return super().backward(_batch(tokens, "int32"), _batch(mask, "uint8"))
+        return super().backward(_tokens(tokens, self._vocab), _mask(mask))
+
+    def update(self):
+        """The second half of step(): AdamW and what follows a step; returns step()'s dict."""
+        return self._stepped(super().update())
 
     def eval(self, tokens=None, mask=None):
         """The eval loss: over data.eval, or over the given rows (a multiple of micro_batch)."""
-        return super().eval(_batch(tokens, "int32"), _batch(mask, "uint8"))
+        return super().eval(_tokens(tokens, self._vocab), _mask(mask))
 
     def next_batch(self):
         """The configured loader's next step batch as (tokens int32, mask uint8), both (rows, seq_len + 1);

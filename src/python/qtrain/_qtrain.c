@@ -4,12 +4,19 @@
  * Steps release the GIL. SIGINT and SIGTERM are blocked in the stepping thread for the step's length
  * (so no system call of the step sees EINTR; the signal is taken by another thread or left pending),
  * and after the step PyErr_CheckSignals runs Python's handlers: Ctrl-C raises KeyboardInterrupt once
- * the step is done, and the trainer stays usable. One call at a time per trainer: a second thread
- * gets RuntimeError instead of racing. */
+ * the step is done, and the trainer stays usable.
+ *
+ * One call at a time per trainer: each call that reaches the C trainer claims it first (begin_call:
+ * `busy` names the call, under `mu`) and gives it back at its end, so a second call from another
+ * thread, or from a callback of the running one, raises RuntimeError naming the call in progress
+ * instead of racing. close() waits for another thread's call to end, then claims the trainer and
+ * frees it; from inside the running call (a callback) it raises. Gradient views handed out through
+ * DLPack point into the trainer's GPU memory: close() refuses while any is alive. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <pthread.h>
+#include <pythread.h>
 #include <signal.h>
 #include <string.h>
 
@@ -39,8 +46,13 @@ static PyObject *raise_status(qtrain_status st, const char *msg) {
 
 typedef struct {
     PyObject_HEAD
-    qtrain_trainer *t;  /* NULL once closed */
-    int busy;           /* a call runs (GIL released) */
+    qtrain_trainer *t;  /* NULL once closed; changed only by the call that holds busy */
+    pthread_mutex_t mu; /* guards busy and owner; never held while waiting for the GIL */
+    pthread_cond_t idle;/* signalled when busy becomes NULL */
+    const char *busy;   /* the call holding the trainer ("step()"), or NULL */
+    unsigned long owner;/* the thread of that call */
+    int closing;        /* close() waits for busy: no new call may claim the trainer before it */
+    Py_ssize_t views;   /* DLPack gradient views alive (their memory is the trainer's) */
     PyObject *log_cb;   /* callable(dict) or NULL */
     PyObject *cb_error; /* (type, value, tb) the callback raised during the last call, or NULL */
     PyObject *weakrefs;
@@ -48,17 +60,53 @@ typedef struct {
 
 /* ---- helpers ---- */
 
-static int check_open(TrainerObject *self) {
-    if (!self->t) {
-        PyErr_SetString(PyExc_ValueError, "the trainer is closed");
+static const char CLOSING[] = "close()"; /* busy while close() frees the trainer */
+
+/* Gives the trainer back (the end of every call that claimed it). */
+static void end_call(TrainerObject *self) {
+    pthread_mutex_lock(&self->mu);
+    if (self->busy == CLOSING) self->closing = 0;
+    self->busy = NULL;
+    pthread_cond_broadcast(&self->idle);
+    pthread_mutex_unlock(&self->mu);
+}
+
+/* Claims the trainer for the call named what ("export()"). 0, or -1 with RuntimeError (another call
+ * holds it) or ValueError (closed, or being closed). The GIL is held. */
+static int begin_call(TrainerObject *self, const char *what) {
+    pthread_mutex_lock(&self->mu);
+    const char *running = self->closing ? CLOSING : self->busy;
+    int same = running && self->owner == PyThread_get_thread_ident();
+    if (!running) {
+        self->busy = what;
+        self->owner = PyThread_get_thread_ident();
+    }
+    pthread_mutex_unlock(&self->mu);
+    if (running == CLOSING) {
+        PyErr_Format(PyExc_ValueError, "%s: the trainer is closed (close() is freeing it)", what);
         return -1;
     }
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the trainer is in use by another thread");
+    if (running) {
+        PyErr_Format(PyExc_RuntimeError, "%s: the trainer is busy in %s (%s); one call at a time per trainer", what,
+                     running, same ? "this thread's call, from a callback of it" : "called from another thread");
+        return -1;
+    }
+    if (!self->t) {
+        end_call(self);
+        PyErr_Format(PyExc_ValueError, "%s: the trainer is closed", what);
         return -1;
     }
     return 0;
 }
+
+/* The body of a method: call, with the trainer claimed as what for its length. */
+#define CLAIMED(self, what, call)                    \
+    do {                                             \
+        if (begin_call(self, what)) return NULL;     \
+        PyObject *claimed_result_ = (call);          \
+        end_call(self);                              \
+        return claimed_result_;                      \
+    } while (0)
 
 /* Signals masked in the stepping thread during a call that runs with the GIL released. */
 typedef struct {
@@ -66,13 +114,12 @@ typedef struct {
     sigset_t old;
 } released;
 
-static void release(TrainerObject *self, released *r) {
+static void release(released *r) {
     sigset_t s;
     sigemptyset(&s);
     sigaddset(&s, SIGINT);
     sigaddset(&s, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &s, &r->old);
-    self->busy = 1;
     r->ts = PyEval_SaveThread();
 }
 
@@ -80,7 +127,6 @@ static void release(TrainerObject *self, released *r) {
  * handlers and re-raises what the log callback raised. Returns 0, or -1 with an exception set. */
 static int reacquire(TrainerObject *self, released *r) {
     PyEval_RestoreThread(r->ts);
-    self->busy = 0;
     pthread_sigmask(SIG_SETMASK, &r->old, NULL);
     if (self->cb_error) {
         PyObject *e = self->cb_error;
@@ -100,9 +146,11 @@ static void log_hook(void *ctx, const char *json) {
     TrainerObject *self = ctx;
     PyGILState_STATE g = PyGILState_Ensure();
     if (self->log_cb && !self->cb_error) {
+        PyObject *cb = Py_NewRef(self->log_cb); /* set_log_callback from another thread may replace it */
         PyObject *mod = PyImport_ImportModule("json"), *rec = NULL, *res = NULL;
         if (mod) rec = PyObject_CallMethod(mod, "loads", "s", json);
-        if (rec) res = PyObject_CallOneArg(self->log_cb, rec);
+        if (rec) res = PyObject_CallOneArg(cb, rec);
+        Py_DECREF(cb);
         Py_XDECREF(mod);
         Py_XDECREF(rec);
         Py_XDECREF(res);
@@ -238,24 +286,70 @@ out:
     return rc;
 }
 
+static PyObject *Trainer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    TrainerObject *self = (TrainerObject *)PyType_GenericNew(type, args, kw);
+    if (self && (pthread_mutex_init(&self->mu, NULL) || pthread_cond_init(&self->idle, NULL))) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+/* Waits (GIL released) until no call holds the trainer, then claims it for close(); meanwhile new calls
+ * are refused as on a closed trainer, so a thread calling in a loop cannot keep close() waiting. From
+ * inside the call that holds it (a callback on its thread) it raises instead: waiting would never end. */
+static int claim_for_close(TrainerObject *self) {
+    unsigned long me = PyThread_get_thread_ident();
+    pthread_mutex_lock(&self->mu);
+    if (self->busy && self->owner == me) {
+        const char *running = self->busy;
+        pthread_mutex_unlock(&self->mu);
+        PyErr_Format(PyExc_RuntimeError, "close(): called from a callback of %s on the same thread; close the "
+                     "trainer once %s has returned", running, running);
+        return -1;
+    }
+    if (!self->busy) {
+        self->busy = CLOSING;
+        self->owner = me;
+        pthread_mutex_unlock(&self->mu);
+        return 0;
+    }
+    self->closing = 1; /* the running call is the last one before close() */
+    pthread_mutex_unlock(&self->mu);
+    Py_BEGIN_ALLOW_THREADS /* mu is never held while taking the GIL: begin_call takes mu holding it */
+    pthread_mutex_lock(&self->mu);
+    while (self->busy) pthread_cond_wait(&self->idle, &self->mu);
+    self->busy = CLOSING;
+    self->owner = me;
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    return 0;
+}
+
 static PyObject *Trainer_close(TrainerObject *self, PyObject *unused) {
     (void)unused;
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the trainer is in use by another thread");
-        return NULL;
+    if (claim_for_close(self)) return NULL;
+    if (self->t && self->views) {
+        end_call(self);
+        return PyErr_Format(PyExc_RuntimeError, "close(): %zd DLPack gradient view%s of this trainer %s alive (tensors "
+                            "over its GPU memory): delete them first; the trainer stays open", self->views,
+                            self->views == 1 ? "" : "s", self->views == 1 ? "is" : "are");
     }
-    if (!self->t) Py_RETURN_NONE;
     char err[4096];
-    qtrain_status st;
+    qtrain_status st = QTRAIN_OK;
     qtrain_trainer *t = self->t;
     self->t = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = qtrain_close(t, err, sizeof err);
-    Py_END_ALLOW_THREADS
+    if (t) {
+        Py_BEGIN_ALLOW_THREADS
+        st = qtrain_close(t, err, sizeof err);
+        Py_END_ALLOW_THREADS
+    }
+    end_call(self);
     if (st) return raise_status(st, err);
     Py_RETURN_NONE;
 }
 
+/* No call can hold the trainer here: a call holds a reference to it, and so does each DLPack view. */
 static void Trainer_dealloc(TrainerObject *self) {
     if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
     if (self->t) {
@@ -265,6 +359,8 @@ static void Trainer_dealloc(TrainerObject *self) {
     }
     Py_CLEAR(self->log_cb);
     Py_CLEAR(self->cb_error);
+    pthread_cond_destroy(&self->idle);
+    pthread_mutex_destroy(&self->mu);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -272,7 +368,7 @@ static void Trainer_dealloc(TrainerObject *self) {
 static PyObject *run_step(TrainerObject *self, PyObject *args, PyObject *kw, int update) {
     static char *kwlist[] = {"tokens", "mask", NULL};
     PyObject *tokens = Py_None, *mask = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO", kwlist, &tokens, &mask) || check_open(self)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO", kwlist, &tokens, &mask)) return NULL;
     Py_buffer tb, mb;
     int has_mask = 0, given = tokens != Py_None;
     if (!given && mask != Py_None) {
@@ -287,7 +383,7 @@ static PyObject *run_step(TrainerObject *self, PyObject *args, PyObject *kw, int
     qtrain_step_result r;
     qtrain_status st;
     released rel;
-    release(self, &rel);
+    release(&rel);
     if (given) st = qtrain_backward_tokens(self->t, tb.buf, has_mask ? mb.buf : NULL);
     else st = qtrain_backward(self->t);
     if (st == QTRAIN_OK && update) st = qtrain_update(self->t, &r);
@@ -303,15 +399,18 @@ static PyObject *run_step(TrainerObject *self, PyObject *args, PyObject *kw, int
     return result_dict(&r);
 }
 
-static PyObject *Trainer_step(TrainerObject *self, PyObject *args, PyObject *kw) { return run_step(self, args, kw, 1); }
-static PyObject *Trainer_backward(TrainerObject *self, PyObject *args, PyObject *kw) { return run_step(self, args, kw, 0); }
+static PyObject *Trainer_step(TrainerObject *self, PyObject *args, PyObject *kw) {
+    CLAIMED(self, "step()", run_step(self, args, kw, 1));
+}
+static PyObject *Trainer_backward(TrainerObject *self, PyObject *args, PyObject *kw) {
+    CLAIMED(self, "backward()", run_step(self, args, kw, 0));
+}
 
-static PyObject *Trainer_update(TrainerObject *self, PyObject *unused) {
+static PyObject *update_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
-    if (check_open(self)) return NULL;
     qtrain_step_result r;
     released rel;
-    release(self, &rel);
+    release(&rel);
     qtrain_status st = qtrain_update(self->t, &r);
     int sig = reacquire(self, &rel);
     if (st) {
@@ -321,17 +420,21 @@ static PyObject *Trainer_update(TrainerObject *self, PyObject *unused) {
     return sig ? NULL : result_dict(&r);
 }
 
-static PyObject *Trainer_eval(TrainerObject *self, PyObject *args, PyObject *kw) {
+static PyObject *Trainer_update(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "update()", update_impl(self, unused));
+}
+
+static PyObject *eval_impl(TrainerObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"tokens", "mask", NULL};
     PyObject *tokens = Py_None, *mask = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO", kwlist, &tokens, &mask) || check_open(self)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO", kwlist, &tokens, &mask)) return NULL;
     Py_buffer tb, mb;
     int has_mask = 0, given = tokens != Py_None;
     if (given && get_batch(self, tokens, mask, -1, &tb, &mb, &has_mask)) return NULL;
     float loss = 0;
     qtrain_status st;
     released rel;
-    release(self, &rel);
+    release(&rel);
     if (given) st = qtrain_eval_tokens(self->t, tb.buf, has_mask ? mb.buf : NULL, (int)tb.shape[0], &loss);
     else st = qtrain_eval(self->t, &loss);
     int sig = reacquire(self, &rel);
@@ -344,10 +447,13 @@ static PyObject *Trainer_eval(TrainerObject *self, PyObject *args, PyObject *kw)
     return sig ? NULL : PyFloat_FromDouble(loss);
 }
 
+static PyObject *Trainer_eval(TrainerObject *self, PyObject *args, PyObject *kw) {
+    CLAIMED(self, "eval()", eval_impl(self, args, kw));
+}
+
 /* (tokens bytes, mask bytes, rows, cols): the Python layer makes numpy arrays of them. */
-static PyObject *Trainer_next_batch(TrainerObject *self, PyObject *unused) {
+static PyObject *next_batch_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
-    if (check_open(self)) return NULL;
     qtrain_info in;
     qtrain_get_info(self->t, &in);
     Py_ssize_t n = (Py_ssize_t)in.rows * (in.seq_len + 1);
@@ -368,13 +474,16 @@ bad:
     return NULL;
 }
 
-static PyObject *Trainer_save(TrainerObject *self, PyObject *unused) {
+static PyObject *Trainer_next_batch(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "next_batch()", next_batch_impl(self, unused));
+}
+
+static PyObject *save_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
-    if (check_open(self)) return NULL;
     char path[4200];
     qtrain_status st;
     released rel;
-    release(self, &rel);
+    release(&rel);
     st = qtrain_save(self->t, path, sizeof path);
     int sig = reacquire(self, &rel);
     if (st) {
@@ -384,10 +493,14 @@ static PyObject *Trainer_save(TrainerObject *self, PyObject *unused) {
     return sig ? NULL : PyUnicode_FromString(path);
 }
 
-static PyObject *Trainer_export(TrainerObject *self, PyObject *args, PyObject *kw) {
+static PyObject *Trainer_save(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "save()", save_impl(self, unused));
+}
+
+static PyObject *export_impl(TrainerObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"dir", "dtype", NULL};
     const char *dir, *dtype = "bf16";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|s", kwlist, &dir, &dtype) || check_open(self)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|s", kwlist, &dir, &dtype)) return NULL;
     if (strcmp(dtype, "bf16") && strcmp(dtype, "fp32"))
         return PyErr_Format(PyExc_ValueError, "export: dtype \"%s\", expected \"bf16\" or \"fp32\"", dtype);
     int bf16 = !strcmp(dtype, "bf16");
@@ -399,9 +512,12 @@ static PyObject *Trainer_export(TrainerObject *self, PyObject *args, PyObject *k
     Py_RETURN_NONE;
 }
 
-static PyObject *Trainer_info(TrainerObject *self, PyObject *unused) {
+static PyObject *Trainer_export(TrainerObject *self, PyObject *args, PyObject *kw) {
+    CLAIMED(self, "export()", export_impl(self, args, kw));
+}
+
+static PyObject *info_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
-    if (check_open(self)) return NULL;
     qtrain_info i;
     qtrain_get_info(self->t, &i);
     return Py_BuildValue("{s:l,s:l,s:i,s:i,s:i,s:i,s:i,s:n,s:n,s:s,s:s}", "step", i.step, "steps", i.steps, "rows",
@@ -410,10 +526,13 @@ static PyObject *Trainer_info(TrainerObject *self, PyObject *unused) {
                          "run_dir", i.run_dir);
 }
 
+static PyObject *Trainer_info(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "info()", info_impl(self, unused));
+}
+
 /* [(name, shape tuple, offset)] in layout order. */
-static PyObject *Trainer_tensors(TrainerObject *self, PyObject *unused) {
+static PyObject *tensors_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
-    if (check_open(self)) return NULL;
     qtrain_info in;
     qtrain_get_info(self->t, &in);
     PyObject *l = PyList_New(in.n_tensors);
@@ -429,9 +548,12 @@ static PyObject *Trainer_tensors(TrainerObject *self, PyObject *unused) {
     return l;
 }
 
+static PyObject *Trainer_tensors(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "tensors()", tensors_impl(self, unused));
+}
+
 /* Fills a writable float32 buffer of info.numel elements with the weights (which 0) or gradients. */
 static PyObject *read_flat(TrainerObject *self, PyObject *arg, int grads) {
-    if (check_open(self)) return NULL;
     qtrain_info in;
     qtrain_get_info(self->t, &in);
     Py_buffer b;
@@ -449,8 +571,12 @@ static PyObject *read_flat(TrainerObject *self, PyObject *arg, int grads) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Trainer_read_weights(TrainerObject *self, PyObject *arg) { return read_flat(self, arg, 0); }
-static PyObject *Trainer_read_gradients(TrainerObject *self, PyObject *arg) { return read_flat(self, arg, 1); }
+static PyObject *Trainer_read_weights(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "parameters()", read_flat(self, arg, 0));
+}
+static PyObject *Trainer_read_gradients(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "gradients()", read_flat(self, arg, 1));
+}
 
 /* ---- DLPack (dlpack.h v0.8's ABI, the part a producer needs: DLManagedTensor and what it holds) ---- */
 
@@ -486,6 +612,7 @@ typedef struct {
 /* Called by the consumer (any thread) when its tensor dies, or by the capsule when never consumed. */
 static void grad_view_deleter(DLManagedTensor *m) {
     PyGILState_STATE g = PyGILState_Ensure();
+    ((TrainerObject *)m->manager_ctx)->views--;
     Py_XDECREF((PyObject *)m->manager_ctx);
     PyMem_RawFree(m);
     PyGILState_Release(g);
@@ -498,9 +625,9 @@ static void capsule_destructor(PyObject *cap) {
 }
 
 /* A "dltensor" capsule of one tensor's device gradients (no copy), keeping the trainer alive. */
-static PyObject *Trainer_grad_dlpack(TrainerObject *self, PyObject *arg) {
+static PyObject *grad_dlpack_impl(TrainerObject *self, PyObject *arg) {
     const char *name = PyUnicode_AsUTF8(arg);
-    if (!name || check_open(self)) return NULL;
+    if (!name) return NULL;
     qtrain_device_tensor d;
     qtrain_status st;
     Py_BEGIN_ALLOW_THREADS
@@ -514,28 +641,34 @@ static PyObject *Trainer_grad_dlpack(TrainerObject *self, PyObject *arg) {
     v->m.dl_tensor = (DLTensor){d.data, {2, d.device}, d.ndim, {2, 32, 1}, v->shape, NULL, 0};
     v->m.manager_ctx = Py_NewRef((PyObject *)self);
     v->m.deleter = grad_view_deleter;
+    self->views++;
     PyObject *cap = PyCapsule_New(&v->m, "dltensor", capsule_destructor);
-    if (!cap) {
-        Py_DECREF(self);
-        PyMem_RawFree(v);
-    }
+    if (!cap) grad_view_deleter(&v->m);
     return cap;
 }
 
+static PyObject *Trainer_grad_dlpack(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "gradients(device=True)", grad_dlpack_impl(self, arg));
+}
+
 /* The device address of a tensor's gradients (for tests: torch's data_ptr must equal it). */
-static PyObject *Trainer_grad_device_ptr(TrainerObject *self, PyObject *arg) {
+static PyObject *grad_device_ptr_impl(TrainerObject *self, PyObject *arg) {
     const char *name = PyUnicode_AsUTF8(arg);
-    if (!name || check_open(self)) return NULL;
+    if (!name) return NULL;
     qtrain_device_tensor d;
     qtrain_status st = qtrain_gradient_device(self->t, name, &d);
     if (st) return raise_status(st, qtrain_error(self->t));
     return PyLong_FromVoidPtr(d.data);
 }
 
-static PyObject *Trainer_set_parameter(TrainerObject *self, PyObject *args) {
+static PyObject *Trainer_grad_device_ptr(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "_grad_device_ptr()", grad_device_ptr_impl(self, arg));
+}
+
+static PyObject *set_parameter_impl(TrainerObject *self, PyObject *args) {
     const char *name;
     PyObject *arr;
-    if (!PyArg_ParseTuple(args, "sO:set_parameter", &name, &arr) || check_open(self)) return NULL;
+    if (!PyArg_ParseTuple(args, "sO:set_parameter", &name, &arr)) return NULL;
     int idx = qtrain_tensor_find(self->t, name);
     if (idx < 0) return PyErr_Format(PyExc_KeyError, "no tensor \"%s\" in this model", name);
     qtrain_tensor tt;
@@ -562,9 +695,12 @@ static PyObject *Trainer_set_parameter(TrainerObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Trainer_plan(TrainerObject *self, PyObject *unused) {
+static PyObject *Trainer_set_parameter(TrainerObject *self, PyObject *args) {
+    CLAIMED(self, "set_parameter()", set_parameter_impl(self, args));
+}
+
+static PyObject *plan_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
-    if (check_open(self)) return NULL;
     size_t n = qtrain_plan(self->t, NULL, 0);
     char *buf = PyMem_Malloc(n + 1);
     if (!buf) return PyErr_NoMemory();
@@ -574,22 +710,32 @@ static PyObject *Trainer_plan(TrainerObject *self, PyObject *unused) {
     return s;
 }
 
-static PyObject *Trainer_devices(TrainerObject *self, PyObject *unused) {
+static PyObject *Trainer_plan(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "plan()", plan_impl(self, unused));
+}
+
+static PyObject *devices_impl(TrainerObject *self, PyObject *unused) {
     (void)unused;
-    if (check_open(self)) return NULL;
     int ids[64], n = qtrain_devices(self->t, ids, 64);
     PyObject *l = PyList_New(n < 64 ? n : 64);
     for (int i = 0; l && i < n && i < 64; i++) PyList_SET_ITEM(l, i, PyLong_FromLong(ids[i]));
     return l;
 }
 
-static PyObject *Trainer_set_lr(TrainerObject *self, PyObject *arg) {
-    if (check_open(self)) return NULL;
+static PyObject *Trainer_devices(TrainerObject *self, PyObject *unused) {
+    CLAIMED(self, "devices()", devices_impl(self, unused));
+}
+
+static PyObject *set_lr_impl(TrainerObject *self, PyObject *arg) {
     double lr = arg == Py_None ? -1.0 : PyFloat_AsDouble(arg);
     if (lr == -1.0 && PyErr_Occurred()) return NULL;
     if (arg != Py_None && !(lr >= 0)) return PyErr_Format(PyExc_ValueError, "set_lr: expected a number >= 0 or None");
     qtrain_set_lr(self->t, (float)lr);
     Py_RETURN_NONE;
+}
+
+static PyObject *Trainer_set_lr(TrainerObject *self, PyObject *arg) {
+    CLAIMED(self, "set_lr()", set_lr_impl(self, arg));
 }
 
 static PyObject *Trainer_set_log_callback(TrainerObject *self, PyObject *arg) {
@@ -676,7 +822,7 @@ static PyTypeObject TrainerType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "Trainer(config, overrides=None, resume=None, allow_changed=None, export_only=False, config_is_text=False)\n"
               "--\n\nA qtrain run: the C trainer of include/qtrain.h.",
-    .tp_new = PyType_GenericNew,
+    .tp_new = Trainer_new,
     .tp_init = (initproc)Trainer_init,
     .tp_dealloc = (destructor)Trainer_dealloc,
     .tp_methods = Trainer_methods,
@@ -702,7 +848,7 @@ static int exec_module(PyObject *m) {
     PyObject *argbase = NULL;
     int rc = add_exc(m, &Error, "Error", PyExc_Exception, QTRAIN_ERR_INTERNAL, "Base of qtrain's errors; str() is the C message.");
     rc = rc ? rc : add_exc(m, &ConfigError, "ConfigError", Error, QTRAIN_ERR_CONFIG, "The config (file:line:col: key: ...).");
-    rc = rc ? rc : add_exc(m, &DataError, "DataError", Error, QTRAIN_ERR_DATA, "A token shard or the given tokens.");
+    rc = rc ? rc : add_exc(m, &DataError, "DataError", Error, QTRAIN_ERR_DATA, "A token shard.");
     rc = rc ? rc : add_exc(m, &CheckpointError, "CheckpointError", Error, QTRAIN_ERR_CHECKPOINT,
                            "checkpoint.dir, a checkpoint to resume, a checkpoint write.");
     rc = rc ? rc : add_exc(m, &DeviceError, "DeviceError", Error, QTRAIN_ERR_DEVICE,
@@ -711,7 +857,8 @@ static int exec_module(PyObject *m) {
     rc = rc ? rc : add_exc(m, &OutputError, "OutputError", Error, QTRAIN_ERR_IO, "log.file or an export could not be written.");
     if (!rc) argbase = PyTuple_Pack(2, Error, PyExc_ValueError);
     rc = rc || !argbase ? -1 : add_exc(m, &ArgumentError, "ArgumentError", argbase, QTRAIN_ERR_ARGUMENT,
-                                       "A bad argument or a call out of order.");
+                                       "A bad argument (a token or mask value, a NaN/Inf weight, a shape, a name) "
+                                       "or a call out of order.");
     Py_XDECREF(argbase);
     return rc;
 }
