@@ -2,6 +2,7 @@
  * (see qt_dp_sync.h). */
 #include "qt_dp_sync.h"
 
+#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

@@ -38,6 +38,7 @@
  * streams with the offloaded state (or where it is). */
 #include "qt_param_store.h"
 
+#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
