@@ -44,7 +44,10 @@ ifeq ($(filter -j%,$(MAKEFLAGS)),)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 endif
 PREREQS   ?= install
-PREREQ_ENV = CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" NVCC="$(NVCC)" CUDNN_LIB="$(CUDNN_LIB)" CPU=$(CPU) PYTHON="$(PYTHON)"
+# Python packages (numpy; matplotlib, tokenizers, safetensors) are checked for the goals that run the
+# tools: quickstart, test, test-asan, prereqs (not for `make python`, which pip install runs).
+PREREQ_ENV = CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" NVCC="$(NVCC)" CUDNN_LIB="$(CUDNN_LIB)" CPU=$(CPU) PYTHON="$(PYTHON)" \
+             PY_PACKAGES=$(if $(filter quickstart test test-asan prereqs,$(MAKECMDGOALS)),1,0)
 # ---- end of the variant block ----
 
 # cuDNN: the libcudnn.so.MAJOR whose cudnnGetVersion() matches the cudnn_version.h we compile against,

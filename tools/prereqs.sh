@@ -9,10 +9,11 @@
 #                            prints nothing when there is no such header or library.
 #   tools/prereqs.sh cudnn-wheel   prints the lib directory of python3's nvidia-cudnn wheel, if any.
 #   tools/prereqs.sh check   checks gcc, the headers (libyaml, zstd; the CUDA build: cuBLASLt, cuDNN),
-#                            nvcc and that library (the CUDA build), and python3's numpy; prints what is
-#                            missing with the commands that install it and exits 1. Optional pieces
-#                            (python3's headers for the binding; matplotlib, tokenizers, safetensors for
-#                            tools/ and the tests that skip without them) get a note, not a stop.
+#                            nvcc and that library (the CUDA build), and with PY_PACKAGES=1 python3's
+#                            numpy; prints what is missing with the commands that install it and exits 1.
+#                            Optional pieces (python3's headers for the binding; with PY_PACKAGES=1
+#                            matplotlib, tokenizers, safetensors for tools/ and the tests that skip
+#                            without them) get a note, not a stop.
 #   tools/prereqs.sh install the same, but first installs what is missing where it can: Debian packages
 #                            with apt-get when run as root; Python packages into python3's own
 #                            environment — pip when python3 is a venv, pyenv or conda python (the user's),
@@ -21,10 +22,10 @@
 #                            installed (NVIDIA's repository, gigabytes): without nvcc the build is CPU-only.
 #   tools/prereqs.sh dry-run the same as install, but prints the install commands instead of running them.
 # Inputs (from the Makefile): CC, CUDA_HOME, NVCC, CUDNN_LIB (optional override), CPU (1: the CPU-only
-# build, no CUDA checks), PYTHON (default python3).
+# build, no CUDA checks), PYTHON (default python3), PY_PACKAGES (1: check python3's packages; default 1).
 set -uo pipefail
 CC=${CC:-cc} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVCC=${NVCC:-$CUDA_HOME/bin/nvcc} CUDNN_LIB=${CUDNN_LIB:-}
-CPU=${CPU:-0} PYTHON=${PYTHON:-python3} DRY_RUN=0
+CPU=${CPU:-0} PYTHON=${PYTHON:-python3} PY_PACKAGES=${PY_PACKAGES:-1} DRY_RUN=0
 
 # Preprocesses "#include <$1>" followed by $2 as the build does (same compiler, same -I); prints the
 # last output line (the expansion of $2); fails when the header is not found.
@@ -92,12 +93,14 @@ matches() {
 # ---- check and install ----
 # survey fills: missing (lines for the user), apt (Debian packages that provide them), pip (Python
 # packages for a user-managed python3), cuda (1: something only NVIDIA's repository provides), and the
-# same for the optional pieces: notes, opt_apt, opt_pip.
+# same for the optional pieces: notes, opt_apt, opt_pip; opt_cmd: the distribution's python3-* packages
+# for the optional Python packages, named but not installed (python3-matplotlib alone pulls in hundreds
+# of MB; tokenizers and safetensors are not packaged everywhere).
 py() { $PYTHON -c "$1" >/dev/null 2>&1; }
 # 1 when python3 is the distribution's (/usr, no venv): its packages come from apt-get, not pip.
 distro_python() { py 'import sys; sys.exit(not (sys.prefix == sys.base_prefix and sys.prefix.startswith("/usr")))'; }
 survey() {
-    missing=() apt=() pip=() cuda=0 notes=() opt_apt=() opt_pip=()
+    missing=() apt=() pip=() cuda=0 notes=() opt_apt=() opt_pip=() opt_cmd=()
     need() { missing+=("  $1"); [ -n "${2:-}" ] && apt+=("$2"); }
     command -v "${CC%% *}" >/dev/null || need "$CC (the C compiler, with OpenMP)" gcc
     has yaml.h || need "yaml.h (libyaml headers)" libyaml-dev
@@ -114,24 +117,25 @@ CUDNN_LIB=$CUDNN_LIB}; set CUDNN_LIB=dir to name its directory"; cuda=1
         fi
     fi
     if ! command -v "${PYTHON%% *}" >/dev/null; then
-        need "$PYTHON (Python 3, for tools/ and the tests)" python3
-        return
+        if [ "$PY_PACKAGES" = 1 ]; then need "$PYTHON (Python 3, for tools/ and the tests)" python3
+        else notes+=("  $PYTHON: the Python binding is not built"); opt_apt+=(python3-dev); fi
+        return 0
     fi
     local distro=0; distro_python && distro=1
-    py 'import numpy' || {
-        missing+=("  numpy for $PYTHON (tools/tokenize, the Python binding's tests)")
-        if [ $distro = 1 ]; then apt+=(python3-numpy); else pip+=(numpy); fi
-    }
     py 'import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' || {
         notes+=("  python3's headers: the Python binding is not built")
         [ $distro = 1 ] && opt_apt+=(python3-dev)
+    }
+    [ "$PY_PACKAGES" = 1 ] || return 0
+    py 'import numpy' || {
+        missing+=("  numpy for $PYTHON (tools/tokenize, the Python binding's tests)")
+        if [ $distro = 1 ]; then apt+=(python3-numpy); else pip+=(numpy); fi
     }
     local m
     for m in matplotlib tokenizers safetensors; do
         py "import $m" && continue
         notes+=("  the $m package for $PYTHON: tools/ and tests that need it skip")
-        if [ $distro = 0 ]; then opt_pip+=("$m")
-        elif [ "$m" = matplotlib ]; then opt_apt+=(python3-matplotlib); fi
+        if [ $distro = 0 ]; then opt_pip+=("$m"); else opt_cmd+=("python3-$m"); fi
     done
 }
 
@@ -199,6 +203,8 @@ check|install|dry-run)
             printf '%s\n' "${notes[@]}"
             [ ${#opt_apt[@]} -gt 0 ] && echo "  (as root: apt-get install $(uniq_words "${opt_apt[@]}"))"
             [ ${#opt_pip[@]} -gt 0 ] && echo "  ($PYTHON -m pip install $(uniq_words "${opt_pip[@]}"))"
+            [ ${#opt_cmd[@]} -gt 0 ] && echo "  (where packaged: apt-get install $(uniq_words "${opt_cmd[@]}");" \
+                                             "or in a venv: pip install ${opt_cmd[*]//python3-/})"
         } >&2
     fi
     [ ${#missing[@]} -eq 0 ] && exit 0
