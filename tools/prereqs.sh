@@ -14,12 +14,13 @@
 #                            Optional pieces (python3's headers for the binding; with PY_PACKAGES=1
 #                            matplotlib, tokenizers, safetensors for tools/ and the tests that skip
 #                            without them) get a note, not a stop.
-#   tools/prereqs.sh install the same, but first installs what is missing where it can: Debian packages
-#                            with apt-get when run as root; Python packages into python3's own
-#                            environment — pip when python3 is a venv, pyenv or conda python (the user's),
-#                            apt-get's python3-* packages when it is the distribution's /usr python (whose
-#                            pip refuses system installs: PEP 668). The CUDA toolkit and cuDNN are never
-#                            installed (NVIDIA's repository, gigabytes): without nvcc the build is CPU-only.
+#   tools/prereqs.sh install the same, but when something required is missing first installs what it
+#                            can, the optional pieces with it: Debian packages with apt-get when run as
+#                            root; Python packages into python3's own environment — pip when python3 is
+#                            a venv, pyenv or conda python (the user's), apt-get's python3-numpy when it
+#                            is the distribution's /usr python (whose pip refuses system installs: PEP
+#                            668). The CUDA toolkit and cuDNN are never installed (NVIDIA's repository,
+#                            gigabytes): without nvcc the build is CPU-only.
 #   tools/prereqs.sh dry-run the same as install, but prints the install commands instead of running them.
 # Inputs (from the Makefile): CC, CUDA_HOME, NVCC, CUDNN_LIB (optional override), CPU (1: the CPU-only
 # build, no CUDA checks), PYTHON (default python3), PY_PACKAGES (1: check python3's packages; default 1).
@@ -187,8 +188,11 @@ cudnn)
 check|install|dry-run)
     [ "$1" = dry-run ] && DRY_RUN=1
     survey
-    for round in 1 2; do # twice: python3 installed in round 1 may lack numpy
-        [ "$1" != check ] && { [ ${#missing[@]} -gt 0 ] || [ ${#notes[@]} -gt 0 ]; } || break
+    # Installs only when something required is missing (the first set-up), the optional pieces with it:
+    # a failing optional install (offline, no wheel) is not retried by every make. Twice: python3
+    # installed in round 1 may lack numpy.
+    for round in 1 2; do
+        [ "$1" != check ] && [ ${#missing[@]} -gt 0 ] || break
         installed=0
         apt_install $(uniq_words "${apt[@]}") && installed=1
         apt_install $(uniq_words "${opt_apt[@]}") && installed=1

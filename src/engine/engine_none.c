@@ -1,5 +1,5 @@
 /* engine_none.c — the GPU entry points of the CPU-only build (`make CPU=1`, or no nvcc found): compiled
- * in place of cuda/, comm/, src/gpu/, the GPU engines and the GPU planner (the Makefile's CPU_ONLY list),
+ * in place of cuda/, comm/, src/gpu/, the GPU engines and the GPU planner (the Makefile's CPU_ONLY_OUT),
  * never beside them. The machine sees no GPU; what asks for one gets QT_NO_CUDA as its error. */
 #include <stdio.h>
 #include <string.h>
