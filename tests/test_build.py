@@ -128,7 +128,7 @@ def test_cudnn_matches_headers(tmp):
     got = ctypes.CDLL(os.path.join(libdir, f"libcudnn.so.{major}")).cudnnGetVersion()
     assert got // 10000 == want[0] and got // 100 % 100 >= want[1], f"{libdir}: cuDNN {got}, headers {want}"
     # CUDNN_LIB names the directory; one without a matching library is refused.
-    r = make(f"BUILD={tmp}/build", f"CUDNN_LIB={tmp}", "prereqs")
+    r = make(f"BUILD={tmp}/build", f"CUDNN_LIB={tmp}", "CPU=0", "PREREQS=check", "prereqs")
     assert r.returncode != 0 and f"CUDNN_LIB={tmp}" in r.stderr, r.stderr
     if not shutil.which("readelf") or not os.path.exists(os.path.join(BUILD, "qtrain")):
         raise Skip("readelf or build/qtrain missing: RUNPATH not checked")
