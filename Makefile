@@ -37,7 +37,7 @@ GPU_TESTS := test_comm_cpu test_comm_gpu test_error test_fp8_model test_kernels 
 CUDA_ARCHS_ALL := 80 89 90a 120
 ifeq ($(origin CUDA_ARCH)$(CPU),undefined0)
 CUDA_ARCH := $(or $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | \
-                         tr -d '. ' | sed 's/^90$$/90a/' | grep -x '[0-9]*a\?' | sort -u),$(CUDA_ARCHS_ALL))
+                         tr -d '. ' | sed 's/^90$$/90a/' | grep -x '[0-9]*a\?' | sort -nu),$(CUDA_ARCHS_ALL))
 endif
 # Parallel by default: one job per core unless -j was given.
 ifeq ($(filter -j%,$(MAKEFLAGS)),)
