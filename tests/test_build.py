@@ -64,10 +64,14 @@ def test_missing_install_dry_run(tmp):
     r = make(f"BUILD={tmp}/build", "CPU=1", "CC=gcc -nostdinc", "PYTHON=python3 -S", "PREREQS=dry-run", "prereqs")
     out = r.stdout + r.stderr
     assert r.returncode != 0, f"make prereqs succeeded without zstd.h and numpy:\n{out}"
-    assert re.search(r"^install with:\n  (sudo )?apt-get install libyaml-dev libzstd-dev$", out, re.M), out
-    assert re.search(r"^  python3 -S -m pip install numpy$", out, re.M), f"no pip line for numpy:\n{out}"
+    # numpy: the distribution's python3 takes apt-get's python3-numpy, a venv's or pyenv's its pip
+    distro = subprocess.run(["python3", "-S", "-c", "import sys; sys.exit(not (sys.prefix == sys.base_prefix and "
+                             "sys.prefix.startswith('/usr')))"]).returncode == 0
+    numpy_apt = " python3-numpy" if distro else ""
+    assert re.search(rf"^install with:\n  (sudo )?apt-get install libyaml-dev libzstd-dev{numpy_apt}$", out, re.M), out
+    assert distro or re.search(r"^  python3 -S -m pip install numpy$", out, re.M), f"no pip line for numpy:\n{out}"
     if os.geteuid() == 0 and shutil.which("apt-get"):
-        assert re.search(r"^prereqs: would run: apt-get install .*libyaml-dev libzstd-dev$", out, re.M), out
+        assert re.search(rf"^prereqs: would run: apt-get install .*libyaml-dev libzstd-dev{numpy_apt}$", out, re.M), out
     assert "prereqs: installing:" not in out, f"dry-run installed something:\n{out}"
     assert "nvcc" not in out and "cuDNN" not in out, f"the CPU-only build asked for CUDA:\n{out}"
 
