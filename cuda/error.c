@@ -1,7 +1,10 @@
-/* error.c — qt_fail and the per-thread catch points behind the QT_* check macros (qt_error.h). Needs no
- * CUDA: the CPU-only build links it; the CUDA/cuBLASLt/cuDNN status decoders are in error_status.c. */
+/* error.c — qt_fail, the per-thread catch points, and the CUDA/cuBLASLt/cuDNN status decoders behind
+ * the QT_* check macros (qt_error.h). */
 #include "qt_error.h"
 
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -79,6 +82,13 @@ static void vreport(const char *file, int line, const char *call, const char *fm
         snprintf(g_msg, sizeof g_msg, "%s:%d: %s: %s", file, line, call, msg);
 }
 
+static void report(const char *file, int line, const char *call, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vreport(file, line, call, fmt, ap);
+    va_end(ap);
+}
+
 void qt_fail(const char *file, int line, const char *call, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -87,10 +97,39 @@ void qt_fail(const char *file, int line, const char *call, const char *fmt, ...)
     fail_end(QT_ERR_INTERNAL);
 }
 
-void qt_fail_kind(qt_err_kind kind, const char *file, int line, const char *call, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vreport(file, line, call, fmt, ap);
-    va_end(ap);
-    fail_end(kind);
+void qt_fail_cuda(const char *file, int line, const char *call, int status) {
+    cudaError_t e = (cudaError_t)status;
+    const char *hint = e == cudaErrorNoKernelImageForDevice ? " (hint: rebuild with make CUDA_ARCH=<your sm>)" : "";
+    report(file, line, call, "CUDA error %d %s: %s%s", status, cudaGetErrorName(e),
+           cudaGetErrorString(e), hint);
+    fail_end(e == cudaErrorMemoryAllocation ? QT_ERR_DEVICE_OOM : QT_ERR_DEVICE);
+}
+
+static const char *cublas_status_name(int s) {
+    switch ((cublasStatus_t)s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "unknown";
+    }
+}
+
+void qt_fail_cublas(const char *file, int line, const char *call, int status) {
+    report(file, line, call, "cuBLAS status %d %s (cuBLASLt %zu)", status,
+           cublas_status_name(status), cublasLtGetVersion());
+    fail_end(status == CUBLAS_STATUS_ALLOC_FAILED ? QT_ERR_DEVICE_OOM : QT_ERR_DEVICE);
+}
+
+void qt_fail_cudnn(const char *file, int line, const char *call, int status) {
+    char detail[512] = "";
+    cudnnGetLastErrorString(detail, sizeof detail);
+    report(file, line, call, "cuDNN status %d %s (cuDNN %zu)%s%s", status,
+           cudnnGetErrorString((cudnnStatus_t)status), cudnnGetVersion(), detail[0] ? ": " : "",
+           detail);
+    fail_end(status == CUDNN_STATUS_ALLOC_FAILED ? QT_ERR_DEVICE_OOM : QT_ERR_DEVICE);
 }
