@@ -10,7 +10,8 @@
  *     process with status 1, as a CLI should.
  * Checks are always on, never compiled out. What a jump leaves behind: the object whose call failed
  * is broken (its streams, comms and half-done state); the caller may only free it. The header needs no
- * CUDA headers: status codes travel as ints and are decoded in cuda/error.c.
+ * CUDA headers: status codes travel as ints and are decoded in cuda/error.c; the rest is src/core/error.c,
+ * which depends on nothing.
  *
  * Catch point, in one function (setjmp must stay in the frame that pushed the catch):
  *     qt_catch c;
@@ -51,6 +52,9 @@ void qt_catch_pop(qt_catch *c);
 
 void qt_fail(const char *file, int line, const char *call, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 4, 5)));
+/* qt_fail with the kind the caller names (the status decoders of cuda/error.c). */
+void qt_fail_as(qt_err_kind kind, const char *file, int line, const char *call, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 5, 6)));
 void qt_fail_cuda(const char *file, int line, const char *call, int status) __attribute__((noreturn));
 void qt_fail_cublas(const char *file, int line, const char *call, int status) __attribute__((noreturn));
 void qt_fail_cudnn(const char *file, int line, const char *call, int status) __attribute__((noreturn));
