@@ -7,8 +7,9 @@
 # build/python/qtrain/_qtrain*.so (src/python/qtrain/, linked with libqtrain.a) when python3's headers
 # are there: `PYTHONPATH=build/python python3 -c "import qtrain"`.
 #
-# CUDA_ARCH picks the GPU targets: `make CUDA_ARCH=90a` for a fast Hopper-only build.
-# Before compiling, tools/prereqs.sh checks the headers, nvcc and cuDNN and names the packages to install.
+# Two variants (the block below): the CUDA build where nvcc is, else the CPU-only build (`make CPU=1`).
+# Before compiling, tools/prereqs.sh checks what the variant needs, installs what it can (PREREQS=install)
+# and otherwise stops naming the commands to run.
 
 # MUTANTS=1: the mutant build (the planted bugs of include/qt_mutant.h) in build-mutants/, see below.
 ifeq ($(MUTANTS),1)
@@ -16,16 +17,50 @@ BUILD     ?= build-mutants
 override EXTRA_CFLAGS += -DQT_MUTANTS
 endif
 BUILD     ?= build
-CUDA_HOME ?= /usr/local/cuda
-NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CC        ?= gcc
-CUDA_ARCH ?= 80 89 90a 120
+
+# ---- the variant: CUDA or CPU-only ----
+# CUDA_HOME: the toolkit of the nvcc on PATH, else /usr/local/cuda. Without nvcc there (or with
+# `make CPU=1`) the build is CPU-only: gcc, libyaml and zstd; the sources of CPU_ONLY_OUT are left out
+# and src/engine/engine_none.c answers their entry points ("built without CUDA"); the tests of GPU_TESTS
+# are not built (tests/run.sh counts them as skipped). `make CPU=0` insists on CUDA.
+ifeq ($(origin CUDA_HOME),undefined)
+CUDA_HOME := $(or $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null)),/usr/local/cuda)
+endif
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CPU       ?= $(if $(wildcard $(NVCC)),0,1)
+ifeq ($(origin CPU)$(CPU)$(MAKELEVEL),file10)
+$(info make: no nvcc ($(NVCC), none on PATH): the CPU-only build (make CPU=0 insists on CUDA))
+endif
+CPU_ONLY_OUT := $(wildcard cuda/*.c comm/*.c src/gpu/*.c) \
+                $(addprefix src/engine/,engine_gpu.c engine_dp.c dp_sync.c plan_auto.c)
+GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_kernels test_offload test_ops_gpu test_plan \
+             test_quant test_recompute test_sft test_stores test_weight_slots test_zero
+# CUDA_ARCH, the GPU targets: those of the machine's GPUs (nvidia-smi's compute capability; 9.0 builds
+# sm_90a), else every architecture the project supports (a build for other machines). `make CUDA_ARCH=90a`
+# names them; CI builds all four.
+CUDA_ARCHS_ALL := 80 89 90a 120
+ifeq ($(origin CUDA_ARCH)$(CPU),undefined0)
+CUDA_ARCH := $(or $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | \
+                         tr -d '. ' | sed 's/^90$$/90a/' | grep -x '[0-9]*a\?' | sort -nu),$(CUDA_ARCHS_ALL))
+endif
+# Parallel by default: one job per core unless -j was given.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
+PREREQS   ?= install
+# Python packages (numpy; matplotlib, tokenizers, safetensors) are checked for the goals that run the
+# tools: quickstart, test, test-asan, prereqs (not for `make python`, which pip install runs).
+PREREQ_ENV = CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" NVCC="$(NVCC)" CUDNN_LIB="$(CUDNN_LIB)" CPU=$(CPU) PYTHON="$(PYTHON)" \
+             PY_PACKAGES=$(if $(filter quickstart test test-asan prereqs,$(MAKECMDGOALS)),1,0)
+# ---- end of the variant block ----
+
 # cuDNN: the libcudnn.so.MAJOR whose cudnnGetVersion() matches the cudnn_version.h we compile against,
 # found by tools/prereqs.sh (python3's nvidia-cudnn wheel, next to the headers, the toolkit, ldconfig's
 # cache); `make CUDNN_LIB=dir` names it. Linked with a RUNPATH, so LD_LIBRARY_PATH still wins at run time.
 # --version prints GIT_COMMIT, baked into $(BUILD)/gen/qt_build_info.h (rewritten only when it changes).
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
-CUDNN_FOUND := $(shell CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" CUDNN_LIB="$(CUDNN_LIB)" bash tools/prereqs.sh cudnn)
+CUDNN_FOUND := $(if $(filter 0,$(CPU)),$(shell CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" CUDNN_LIB="$(CUDNN_LIB)" bash tools/prereqs.sh cudnn))
 GIT_COMMIT  ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
 $(shell mkdir -p $(BUILD)/gen && printf '#define QT_GIT_COMMIT "%s"\n' '$(GIT_COMMIT)' > $(BUILD)/gen/info.tmp && \
         { cmp -s $(BUILD)/gen/info.tmp $(BUILD)/gen/qt_build_info.h || cp $(BUILD)/gen/info.tmp $(BUILD)/gen/qt_build_info.h; })
@@ -34,7 +69,7 @@ CUDNN_DIR := $(word 2,$(CUDNN_FOUND))
 
 OPT       ?= -O2
 CFLAGS    := -std=c11 $(OPT) -g -fPIC -Wall -Wextra -Wpointer-arith -Werror -Wno-format-truncation -fopenmp -D_GNU_SOURCE -Iinclude \
-             -I$(BUILD)/gen -I$(CUDA_HOME)/include -MMD -MP $(EXTRA_CFLAGS)
+             -I$(BUILD)/gen $(if $(filter 0,$(CPU)),-I$(CUDA_HOME)/include) -MMD -MP $(EXTRA_CFLAGS)
 NVFLAGS   := -O3 -g -std=c++17 -Iinclude -lineinfo --expt-relaxed-constexpr \
              $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) \
              -Xcompiler -Wall,-Werror,-fPIC -Wno-deprecated-gpu-targets -MMD -MP $(EXTRA_NVFLAGS)
@@ -45,27 +80,43 @@ ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD)/gen && printf '%s\n' '$(CC) $(CFLAGS)' > $(BUILD)/gen/cflags.tmp && \
         { cmp -s $(BUILD)/gen/cflags.tmp $(BUILD)/gen/cflags || cp $(BUILD)/gen/cflags.tmp $(BUILD)/gen/cflags; } && \
         printf '%s\n' '$(NVCC) $(NVFLAGS)' > $(BUILD)/gen/nvflags.tmp && \
-        { cmp -s $(BUILD)/gen/nvflags.tmp $(BUILD)/gen/nvflags || cp $(BUILD)/gen/nvflags.tmp $(BUILD)/gen/nvflags; })
+        { cmp -s $(BUILD)/gen/nvflags.tmp $(BUILD)/gen/nvflags || cp $(BUILD)/gen/nvflags.tmp $(BUILD)/gen/nvflags; } && \
+        printf '%s\n' $(if $(filter 1,$(CPU)),$(GPU_TESTS)) > $(BUILD)/gen/gpu_tests)
 endif
 # libyaml and zstd link statically when their archives exist, so binaries run on GPU machines
 # that lack the shared libraries.
 STATIC_LIBS := $(foreach l,yaml zstd,$(if $(wildcard /usr/lib/x86_64-linux-gnu/lib$(l).a),-l:lib$(l).a,-l$(l)))
-LDLIBS    := $(if $(CUDNN_DIR),-L$(CUDNN_DIR) -Xlinker -rpath -Xlinker $(CUDNN_DIR)) -Wl,--enable-new-dtags \
-             -L$(CUDA_HOME)/lib64 -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart \
-             $(STATIC_LIBS) -lstdc++ -lpthread -ldl -lm -fopenmp
+CUDA_LIBS := $(if $(CUDNN_DIR),-L$(CUDNN_DIR) -Xlinker -rpath -Xlinker $(CUDNN_DIR)) -Wl,--enable-new-dtags \
+             -L$(CUDA_HOME)/lib64 -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart -lstdc++
+LDLIBS    := $(if $(filter 0,$(CPU)),$(CUDA_LIBS)) $(STATIC_LIBS) -lpthread -ldl -lm -fopenmp
 
 # Shared objects (libqtrain.so, the Python extension) take zstd's shared library: Debian's libzstd.a
 # is not position independent (libyaml.a is).
 SO_LDLIBS := $(subst -l:libzstd.a,-l:libzstd.so.1,$(LDLIBS))
 
-LIB_C   := $(filter-out src/train/main.c,$(wildcard src/*/*.c)) $(wildcard cuda/*.c comm/*.c)
+ALL_C   := $(filter-out src/train/main.c,$(wildcard src/*/*.c)) $(wildcard cuda/*.c comm/*.c)
+ifeq ($(CPU),0)
+LIB_C   := $(filter-out src/engine/engine_none.c,$(ALL_C))
 LIB_CU  := $(wildcard cuda/*.cu comm/*.cu)
-LIB_OBJ := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+else
+LIB_C   := $(filter-out $(CPU_ONLY_OUT),$(ALL_C))
+LIB_CU  :=
+TESTS   := $(filter-out $(GPU_TESTS:%=$(BUILD)/tests/%),$(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c)))
+BENCHES :=
+endif
+LIB_OBJ := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 
 # The Python extension: built when python3 has its headers (Debian: python3-dev).
 PYTHON    ?= python3
+# The prerequisites, checked (and installed where PREREQS=install can) while the Makefile is read: before
+# anything compiles, and before the lines below look for python3's headers. Not for clean or make -n.
+ifeq ($(filter clean prereqs,$(MAKECMDGOALS))$(findstring n,$(firstword -$(MAKEFLAGS))),)
+ifneq ($(shell $(PREREQ_ENV) bash tools/prereqs.sh $(PREREQS) >&2; echo $$?),0)
+$(error stopped before compiling: tools/prereqs.sh names what is missing above)
+endif
+endif
 PY_INC    := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
 PY_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
 PY_PKG    := $(BUILD)/python/qtrain
@@ -77,14 +128,17 @@ PY_FILES  := $(patsubst src/python/qtrain/%,$(PY_PKG)/%,$(wildcard src/python/qt
 all: $(BUILD)/qtrain $(BUILD)/libqtrain.so $(TESTS) $(BENCHES) $(if $(PY_EXT),python)
 python: $(PY_EXT) $(PY_FILES)
 
+# PREREQS=install installs what is missing when it can (apt-get as root, pip into a python3 of its own:
+# a venv, pyenv or conda); PREREQS=check only checks; PREREQS=dry-run prints the install commands it
+# would run. Each stops with the commands to run when something is still missing.
 prereqs:
-	@CC="$(CC)" CUDA_HOME="$(CUDA_HOME)" NVCC="$(NVCC)" CUDNN_LIB="$(CUDNN_LIB)" bash tools/prereqs.sh check
+	@$(PREREQ_ENV) bash tools/prereqs.sh $(PREREQS)
 
-$(BUILD)/%.o: %.c $(BUILD)/gen/cflags | prereqs
+$(BUILD)/%.o: %.c $(BUILD)/gen/cflags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu $(BUILD)/gen/nvflags | prereqs
+$(BUILD)/%.cu.o: %.cu $(BUILD)/gen/nvflags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -95,7 +149,7 @@ $(BUILD)/libqtrain.a: $(LIB_OBJ)
 $(BUILD)/libqtrain.so: $(LIB_OBJ)
 	$(CC) -shared $^ -o $@ $(SO_LDLIBS)
 
-$(BUILD)/src/python/%.o: src/python/%.c $(BUILD)/gen/cflags | prereqs
+$(BUILD)/src/python/%.o: src/python/%.c $(BUILD)/gen/cflags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(PY_INC) -c $< -o $@
 

@@ -6,6 +6,18 @@ set -u
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.."
 OUT_DIR=${BENCH_OUT:-$BUILD/bench-out}
+
+# Every section needs a GPU: without one (or in the CPU-only build) say so and what was skipped.
+sections="comm (bench/comm_bench: our collectives against NCCL)"
+if ! ls "$BUILD"/bench/*_bench >/dev/null 2>&1; then
+    echo "make bench: no benchmark binaries in $BUILD/bench (a CPU-only build: built without CUDA);" \
+         "skipped: $sections; nothing written"
+    exit 0
+fi
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo "make bench: no GPU on this machine (nvidia-smi lists none); skipped: $sections; nothing written"
+    exit 0
+fi
 mkdir -p "$OUT_DIR"
 
 # ---- comm: our strategies + NCCL, then NCCL alone with P2P disabled (a fresh process: NCCL reads

@@ -24,7 +24,7 @@
 #ifndef QT_ACT_STORE_H
 #define QT_ACT_STORE_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 
 #include "qt_mem_plan.h"

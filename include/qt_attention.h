@@ -14,7 +14,7 @@
 #ifndef QT_ATTENTION_H
 #define QT_ATTENTION_H
 
-#include <cuda_runtime_api.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 
 #ifdef __cplusplus

@@ -12,7 +12,7 @@
 #ifndef QT_CHUNK_PIPE_H
 #define QT_CHUNK_PIPE_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 
 #define QT_CHUNK_PIPE_SLOTS 3

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include <cuda_runtime_api.h>
+#include "qt_cuda_types.h"
 
 #include "qt_dtype.h"
 

@@ -7,7 +7,7 @@
 #ifndef QT_DP_SYNC_H
 #define QT_DP_SYNC_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 
 #include "qt_comm.h"
 #include "qt_gpu_model.h"

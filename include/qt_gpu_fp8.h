@@ -16,7 +16,7 @@
 #ifndef QT_GPU_FP8_H
 #define QT_GPU_FP8_H
 
-#include <cuda_runtime_api.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 #include <stdint.h>
 

@@ -10,7 +10,7 @@
 #ifndef QT_GPU_MODEL_H
 #define QT_GPU_MODEL_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 #include <stdint.h>
 
 #include "qt_act_store.h"

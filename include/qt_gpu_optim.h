@@ -11,7 +11,7 @@
 #ifndef QT_GPU_OPTIM_H
 #define QT_GPU_OPTIM_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 
 #include "qt_dtype.h"

@@ -19,7 +19,7 @@
 #ifndef QT_HOST_SHARD_H
 #define QT_HOST_SHARD_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 
 #include "qt_dtype.h"

@@ -15,7 +15,7 @@
 #ifndef QT_KERNELS_H
 #define QT_KERNELS_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 #include <stdint.h>
 

@@ -23,7 +23,7 @@
 #ifndef QT_MATMUL_H
 #define QT_MATMUL_H
 
-#include <cuda_runtime_api.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 
 #include "qt_dtype.h"

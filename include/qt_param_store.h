@@ -11,7 +11,7 @@
 #ifndef QT_PARAM_STORE_H
 #define QT_PARAM_STORE_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 #include <stdint.h>
 

@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#include <cuda_runtime_api.h>
+#include "qt_cuda_types.h"
 
 #include "qt_dtype.h"
 

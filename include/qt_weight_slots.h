@@ -7,7 +7,7 @@
 #ifndef QT_WEIGHT_SLOTS_H
 #define QT_WEIGHT_SLOTS_H
 
-#include <cuda_runtime.h>
+#include "qt_cuda_types.h"
 #include <stddef.h>
 
 #include "qt_mem_plan.h"

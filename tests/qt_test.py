@@ -10,6 +10,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, os.environ.get("BUILD", "build"))
 
 
+def cpu_only_build():
+    """True for a CPU-only build (make CPU=1, or no nvcc): $BUILD/gen/gpu_tests names the tests it left out."""
+    try:
+        return bool(open(os.path.join(BUILD, "gen", "gpu_tests")).read().split())
+    except OSError:
+        return False
+
+
 class Skip(Exception):
     """Raised by a test that cannot run here; the message says why."""
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test binary in $BUILD/tests and every tests/test_*.py, prints their lines and ends with
-# "N passed, N failed[, N skipped]". Exit status 1 when anything failed or a binary crashed.
+# "N passed, N failed[, N skipped]". Exit status 1 when anything failed or a binary crashed. In the
+# CPU-only build ($BUILD/gen/gpu_tests lists the tests it does not build) each of those counts as one SKIP.
 set -u
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.."
@@ -21,8 +22,16 @@ run_one() {
         failed+="[$name] FAIL: exited with status $rc"$'\n'
     fi
 }
+gpu_only=" $(cat "$BUILD/gen/gpu_tests" 2>/dev/null | tr '\n' ' ') "
+for t in $gpu_only; do
+    case $t in test_*)
+        echo "[$t] SKIP: built without CUDA (the CPU-only build); rebuild with the CUDA toolkit to run it"
+        skip=$((skip + 1)) ;;
+    esac
+done
 for t in "$BUILD"/tests/test_*; do  # tool_* binaries are driven by the python tests
     [ -x "$t" ] && [ "${t%.o}" = "$t" ] && [ "${t%.d}" = "$t" ] || continue
+    case $gpu_only in *" $(basename "$t") "*) continue ;; esac  # a stale binary of a CUDA build in $BUILD
     run_one "$(basename "$t")" "$t"
 done
 for py in tests/test_*.py; do

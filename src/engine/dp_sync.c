@@ -2,6 +2,7 @@
  * (qt_dp_sync.h, docs/memory.md). */
 #include "qt_dp_sync.h"
 
+#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

@@ -9,6 +9,7 @@
  * read of 2 bytes per parameter on the GPU; with AdamW ahead of the next forward the count is taken at
  * the end of the next step, or before a checkpoint). The rest is checkpoint state and host copies for
  * tests. */
+#include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>

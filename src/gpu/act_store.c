@@ -1,6 +1,7 @@
 /* act_store.c — per-layer saved activations and the backward's scratch (see qt_act_store.h). */
 #include "qt_act_store.h"
 
+#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

@@ -4,6 +4,7 @@
  * after the copies down. */
 #include "qt_chunk_pipe.h"
 
+#include <cuda_runtime.h>
 #include <stdlib.h>
 #include <time.h>
 

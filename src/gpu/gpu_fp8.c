@@ -22,6 +22,7 @@
  * A NaN/Inf abs-max sets *nonfinite to the tensor's tag (first one wins), read once per optimizer step. */
 #include "qt_gpu_fp8.h"
 
+#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

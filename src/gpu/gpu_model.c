@@ -19,6 +19,7 @@
  * first norm's add); qt_act_forward/backward/release order the copies (qt_act_store.h). */
 #include "qt_gpu_model.h"
 
+#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

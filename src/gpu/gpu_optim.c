@@ -10,6 +10,7 @@
  * where a kernel reading them through the mapping gets ~16 GB/s with four GPUs at once. */
 #include "qt_gpu_optim.h"
 
+#include <cuda_runtime.h>
 #include <stdlib.h>
 
 #include "qt_chunk_pipe.h"

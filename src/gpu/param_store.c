@@ -3,6 +3,7 @@
  * host shards) keeps the bits of the state on the GPU: docs/memory.md. */
 #include "qt_param_store.h"
 
+#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -2,6 +2,7 @@
  * gather / wait / margin protocol of an acquire (qt_weight_slots.h, docs/memory.md). */
 #include "qt_weight_slots.h"
 
+#include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
