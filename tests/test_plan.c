@@ -683,13 +683,12 @@ static void test_plan_equals_allocation(void) {
         QT_REQUIRE(load_cfg(&c, MID, off ? "memory: {offload_optimizer: true, recompute: [ffn, norm]}\n" : NULL) == 0, "config");
         QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
         QT_REQUIRE(qt_plan_run(&L, &c, -1, 0, &rp, err, sizeof err) == 0, "%s", err);
-        qt_step_plan sp;
+        qt_plan sp;
         qt_shard sh;
-        qt_step_plan_make(&sp, &L, &c, 0, 0, 0);
-        qt_shard_init(&sh, &L, 1, 0, sp.offload_opt);
-        qt_param_placement pl = qt_plan_placement(&sp, &L);
+        QT_REQUIRE(qt_plan_resolve(&c, &L, 0, &sp, err, sizeof err) == 0, "%s", err);
+        qt_shard_init(&sh, &L, 1, 0, sp.optimizer.host);
         QT_CUDA(cudaSetDevice(0));
-        qt_gpu_model *g = qt_gpu_model_create(&L, &c, &src, &sh, &pl, err, sizeof err);
+        qt_gpu_model *g = qt_gpu_model_create(&L, &sp, &src, &sh, err, sizeof err);
         QT_REQUIRE(g, "%s", err);
         QT_EXPECT(g->plan.off == rp.mem.off, "offload %d: arena %zu, planned %zu", off, g->plan.off, rp.mem.off);
         for (int i = 0; i < g->plan.n; i++) {
