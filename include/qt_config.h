@@ -189,8 +189,14 @@ size_t qt_config_doc_table(char *buf, size_t cap);
 int qt_config_plan_key(const char *path);
 
 /* Which of master, m, v live in pinned host memory (QT_OFF_MASTER | QT_OFF_M | QT_OFF_V bits): memory.offload's
- * items when it names any, all three with memory.offload_optimizer alone, none without it. */
+ * items (the loader makes memory.offload_optimizer alone all three). */
 int qt_config_opt_offload_mask(const qt_config *c);
+/* The older spellings are memory.offload's items and parallel.zero: memory.offload_optimizer (master, m, v),
+ * memory.offload_residual (residual), parallel.shard_optimizer (zero >= 1). The loader maps them; nothing else
+ * reads them. These set the canonical key and keep its older spelling equal (for qt_config_dump):
+ * items QT_OFF_OPTIMIZER or QT_OFF_RESIDUAL on (the items already named stay, else all of them) or off. */
+void qt_config_set_offload(qt_config *c, int items, int on);
+void qt_config_set_zero(qt_config *c, int zero);
 /* memory.offload has weights and quants: the offloaded weights' e4m3 codes are what crosses to the GPU
  * (the config check refuses quants without weights). */
 int qt_config_offload_quants(const qt_config *c);

@@ -217,7 +217,7 @@ static void test_step_plan(void) {
     QT_EXPECT(p.parallel.dp == QT_DP_ONE && p.parallel.n_ranks == 1 && !p.perf.side_stream && !p.weights.ahead &&
                   !p.optimizer.ahead && !p.parallel.overlap && !p.parallel.lookups && !p.grads.reduce_bf16 && !p.precision.fp8,
               "one GPU");
-    c.memory.offload_optimizer = 1;
+    qt_config_set_offload(&c, QT_OFF_OPTIMIZER, 1);
     c.parallel.reduce_dtype = QT_DT_BF16;
     QT_REQUIRE(qt_plan_resolve(&c, &L, 0, &p, err, sizeof err) == 0, "%s", err); /* one GPU offloaded: AdamW ahead */
     QT_EXPECT(p.optimizer.ahead && p.weights.ahead && p.perf.side_stream && p.optimizer.host && !p.grads.reduce_bf16,
@@ -344,14 +344,14 @@ static void test_plan_7b(void) {
                 size_t N = (size_t)mbs[b] * cfg.data.seq_len, act[2], fp8 = 0, total = 0, opt = 0;
                 qt_mem_plan p;
                 for (int off = 0; off < 2; off++) {
-                    cfg.memory.offload_residual = off;
+                    qt_config_set_offload(&cfg, QT_OFF_RESIDUAL, off);
                     QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &cfg, &L, &pl), &one, &p, err, sizeof err) == 0, "%s", err);
                     QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
                     act[off] = rows_from(&p, "activations:");
                     fp8 = row(&p, "fp8 activations"), total = p.off;
                     opt = row(&p, "master weights (fp32)") + row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
                 }
-                cfg.memory.offload_residual = 0;
+                qt_config_set_offload(&cfg, QT_OFF_RESIDUAL, 0);
                 QT_EXPECT(act[0] - act[1] == (nl - 2) * N * C * 2 && n_pinned(&p) == 1 &&
                               !strcmp(pinned(&p, 0)->kind, "offloaded residuals") && pinned(&p, 0)->bytes == (nl - 2) * N * C * 2,
                           "%s mb %d: offload saves %zu, expected %zu", files[f], mbs[b], act[0] - act[1], (nl - 2) * N * C * 2);

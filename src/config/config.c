@@ -366,17 +366,23 @@ int qt_config_offload_quants(const qt_config *c) {
     return (c->memory.offload & (QT_OFF_QUANTS | QT_OFF_WEIGHTS)) == (QT_OFF_QUANTS | QT_OFF_WEIGHTS);
 }
 
-int qt_config_opt_offload_mask(const qt_config *c) {
-    if (!c->memory.offload_optimizer) return 0;
-    return c->memory.offload & QT_OFF_OPTIMIZER ? c->memory.offload & QT_OFF_OPTIMIZER : QT_OFF_OPTIMIZER;
+int qt_config_opt_offload_mask(const qt_config *c) { return c->memory.offload & QT_OFF_OPTIMIZER; }
+
+void qt_config_set_offload(qt_config *c, int items, int on) {
+    if (!on) c->memory.offload &= ~items;
+    else if (!(c->memory.offload & items)) c->memory.offload |= items;
+    c->memory.offload_optimizer = (c->memory.offload & QT_OFF_OPTIMIZER) != 0;
+    c->memory.offload_residual = (c->memory.offload & QT_OFF_RESIDUAL) != 0;
 }
 
-/* memory.offload against its older spellings (offload_optimizer: any of master, m, v; offload_residual): a
- * non-empty list sets them; given together they must agree. */
-static int offload_check(ctx *x) {
+void qt_config_set_zero(qt_config *c, int zero) {
+    c->parallel.zero = zero;
+    c->parallel.shard_optimizer = zero >= 1;
+}
+
+/* A non-empty memory.offload list sets offload_optimizer / offload_residual; given too, they must agree. */
+static int offload_agree(ctx *x) {
     qt_config *c = x->c;
-    where wl = at_of(x, "memory.offload");
-    if (!given(wl) || !c->memory.offload) return 0; /* [] leaves the older keys as they are */
     int off = c->memory.offload;
     static const struct { const char *key; size_t field; int bits; } older[] = {
         {"memory.offload_optimizer", offsetof(qt_config, memory.offload_optimizer), QT_OFF_OPTIMIZER},
@@ -389,6 +395,19 @@ static int offload_check(ctx *x) {
                         *f ? "true" : "false");
         *f = want;
     }
+    return 0;
+}
+
+/* memory.offload against its older spellings (offload_optimizer: any of master, m, v; offload_residual): a
+ * non-empty list sets them; given together they must agree. Then the older spellings become the list's items
+ * (offload_optimizer alone: all of master, m, v), which is all the plan reads. */
+static int offload_check(ctx *x) {
+    qt_config *c = x->c;
+    where wl = at_of(x, "memory.offload");
+    if (given(wl) && c->memory.offload && offload_agree(x)) return -1; /* [] leaves the older keys as they are */
+    int opt = c->memory.offload_optimizer, res = c->memory.offload_residual;
+    qt_config_set_offload(c, QT_OFF_OPTIMIZER, opt);
+    qt_config_set_offload(c, QT_OFF_RESIDUAL, res);
     return 0;
 }
 

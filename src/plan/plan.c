@@ -98,7 +98,7 @@ static void place(const qt_config *cfg, const qt_layout *L, qt_plan *p) {
     qt_plan_grads *g = &p->grads;
     qt_plan_optimizer *o = &p->optimizer;
     size_t chunk = qt_test_hooks_get()->offload_chunk;
-    o->host = mem->offload_optimizer;
+    o->host = (off & QT_OFF_OPTIMIZER) != 0;
     o->mask = qt_config_opt_offload_mask(cfg);
     o->zero_copy = o->host && mem->zero_copy;
     o->chunk = chunk ? chunk : QT_GPU_OPTIM_CHUNK;
@@ -143,7 +143,7 @@ void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan
     p->precision.fp8_cache = mem->fp8_weight_cache;
     int B = cfg->data.micro_batch;
     long N = (long)B * cfg->data.seq_len;
-    p->acts = (qt_plan_acts){.recompute = mem->recompute, .offload_residual = mem->offload_residual,
+    p->acts = (qt_plan_acts){.recompute = mem->recompute, .offload_residual = (mem->offload & QT_OFF_RESIDUAL) != 0,
                              .host_wc = mem->host_alloc == QT_HOST_WRITE_COMBINED, .fp8_bwd = p->precision.fp8_bwd,
                              .lm_chunks = mem->lmhead_chunks > 0 ? mem->lmhead_chunks : 1,
                              .attn_chunks = mem->attn_bwd_chunks < 1 ? 1 : mem->attn_bwd_chunks > B ? B : mem->attn_bwd_chunks};

@@ -44,7 +44,7 @@ const char *qt_plan_refusal(const qt_config *c, const char **key) {
         return "expected m or v beside master with precision.master_dtype: bf16 (a bf16 master has no master "
                "array to offload: the bf16 weights are the master), got only master";
     }
-    if (c->memory.zero_copy && !c->memory.offload_optimizer && !c->memory.plan) {
+    if (c->memory.zero_copy && !(c->memory.offload & QT_OFF_OPTIMIZER) && !c->memory.plan) {
         *key = "memory.zero_copy";
         return "expected false without an offloaded optimizer state (memory.offload_optimizer, or master, m, v in "
                "memory.offload): zero copy is how AdamW reads the offloaded state, got true";
