@@ -150,7 +150,8 @@ int qt_plan_rank_devices(const struct qt_config *cfg, int ngpu, int *devs, char 
 size_t qt_host_mem_available(void);
 /* The host limit: memory.host_limit_gib when given, else MemAvailable; *what names it for messages. */
 size_t qt_plan_host_limit(const struct qt_config *cfg, char *what, size_t cap);
-/* ZeRO ranks pay less gathering each rank's embedding lookups than summing the table's gradient. */
+/* 1 when n_ranks ranks' embedding lookups of `tokens` each (tokens and fp32 residual gradients, n N (C+1)
+ * elements) are fewer than the embedding table's gradient (V C): a sharded step then sums those instead. */
 int qt_plan_lookups_pay(const qt_layout *L, long tokens, int n_ranks);
 
 /* parallel.zero: 3's limits and memory.offload: [weights]'s (qt_plan_refusal): 0, or -1 with err

@@ -1,5 +1,5 @@
 /* test_stores.c — the host side of the GPU trainer's structure, without a GPU: the memory plan's rows
- * (each store's, summing to the allocation), the step plan chosen from a config, and the
+ * (each store's, summing to the allocation), the plan resolved from a config, and the
  * parallel.devices key. */
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +203,7 @@ static void test_act_store_rows(void) {
     qt_layout_free(&L);
 }
 
-/* The step plan from the config and the rank's place: every mode is a value, decided here. */
+/* The plan from the config and the rank count: every mode is a value, decided here. */
 static void test_step_plan(void) {
     qt_layout L;
     small_layout(&L, 1);

@@ -93,13 +93,14 @@ static void place(const qt_config *cfg, const qt_layout *L, qt_plan *p) {
     const qt_parallel_cfg *par = &cfg->parallel;
     const qt_memory_cfg *mem = &cfg->memory;
     qt_plan_parallel *pp = &p->parallel;
-    int off = mem->offload, quants = qt_config_offload_quants(cfg), fp8 = p->precision.fp8;
+    int off = mem->offload, quants = (off & (QT_OFF_QUANTS | QT_OFF_WEIGHTS)) == (QT_OFF_QUANTS | QT_OFF_WEIGHTS);
+    int fp8 = p->precision.fp8;
     qt_plan_weights *w = &p->weights;
     qt_plan_grads *g = &p->grads;
     qt_plan_optimizer *o = &p->optimizer;
     size_t chunk = qt_test_hooks_get()->offload_chunk;
     o->host = (off & QT_OFF_OPTIMIZER) != 0;
-    o->mask = qt_config_opt_offload_mask(cfg);
+    o->mask = off & QT_OFF_OPTIMIZER;
     o->zero_copy = o->host && mem->zero_copy;
     o->chunk = chunk ? chunk : QT_GPU_OPTIM_CHUNK;
     o->ahead = pp->dp == QT_DP_ONE && o->host;
