@@ -29,15 +29,12 @@
 
 #include "qt_mem_plan.h"
 #include "qt_model.h"
+#include "qt_plan.h"
 
-typedef struct {
-    int recompute;        /* resolved qt_recompute_part bits (qt_act_recompute_resolve) */
-    int offload_residual; /* 1: input residuals in pinned host memory, two device slots (top of file) */
-    int host_wc;          /* that host memory write-combined (memory.host_alloc) */
-    int fp8_bwd;          /* 1: an fp8 backward, whose wgrads read the e4m3 Xq^T of the matmul inputs, never
-                           * ln1, ln2, h: those share one buffer over the layers, whatever is recomputed
-                           * (a recomputed qkv / gate|up rebuilds its norm input first) */
-} qt_act_policy;
+/* The plan's activations part (qt_plan.h). fp8_bwd: an fp8 backward, whose wgrads read the e4m3 Xq^T of the
+ * matmul inputs, never ln1, ln2, h: those share one buffer over the layers, whatever is recomputed (a
+ * recomputed qkv / gate|up rebuilds its norm input first). The store resolves recompute's implied parts. */
+typedef qt_plan_acts qt_act_policy;
 
 /* The parts memory.recompute implies: block => att, ffn, norm; att => qkv; ffn => swiglu. */
 int qt_act_recompute_resolve(int parts);

@@ -11,22 +11,12 @@
 #include <stdint.h>
 
 #include "qt_model.h"
+#include "qt_modes.h"
 
 #define QT_PATH_MAX 1024
 
 typedef enum { QT_SCHED_COSINE, QT_SCHED_LINEAR, QT_SCHED_WSD } qt_sched_kind;
 typedef enum { QT_DEVICE_AUTO, QT_DEVICE_CPU, QT_DEVICE_CUDA } qt_device_kind;
-/* memory.recompute parts (bits), as given; qt_act_recompute_resolve (qt_act_store.h) adds the implied ones */
-typedef enum {
-    QT_RC_SWIGLU = 1, QT_RC_NORM = 2, QT_RC_QKV = 4, QT_RC_ATT = 8, QT_RC_FFN = 16, QT_RC_BLOCK = 32
-} qt_recompute_part;
-
-/* memory.offload items (bits): what lives in pinned host memory */
-typedef enum {
-    QT_OFF_MASTER = 1, QT_OFF_M = 2, QT_OFF_V = 4, QT_OFF_GRADIENTS = 8, QT_OFF_QUANTS = 16, QT_OFF_WEIGHTS = 32,
-    QT_OFF_RESIDUAL = 64
-} qt_offload_item;
-#define QT_OFF_OPTIMIZER (QT_OFF_MASTER | QT_OFF_M | QT_OFF_V)
 
 #define QT_LIST_MAX 16
 typedef struct {
@@ -94,19 +84,6 @@ typedef struct {                  /* GPU; qt_dtype values */
     int grad_accum_dtype;         /* dtype of the weight-gradient buffers (fp32 or bf16) */
 } qt_precision_cfg;
 
-/* memory.fp8_weight_cache: where the fp8 copies of the block weights (Wq, Wq^T) live between uses */
-typedef enum {
-    QT_FP8_WCACHE_ALL = 0,  /* every layer's copies stay on the GPU (requantized per persistent_quants) */
-    QT_FP8_WCACHE_NONE = 1, /* two layer slots; each layer quantized into one right before its forward and again
-                             * before its backward, from the scale of the cached path: the same bytes */
-} qt_fp8_wcache;
-
-/* memory.host_alloc: how the offloaded items' pinned host memory is allocated */
-typedef enum {
-    QT_HOST_PINNED = 0,   /* registered pages (qt_pinned.h): cached for the CPU (the checkpoint writer reads it in place) */
-    QT_HOST_WRITE_COMBINED = 1, /* cudaHostAllocWriteCombined: faster PCIe transfers on some hosts, slow CPU reads */
-} qt_host_alloc;
-
 typedef struct {                  /* GPU */
     int lmhead_chunks;
     int recompute;                /* memory.recompute: qt_recompute_part bits */
@@ -142,7 +119,7 @@ typedef struct {
     int gather_dtype;             /* qt_dtype ZeRO-3's layer gathers move (bf16, or e4m3 with fp8 matmuls) */
 } qt_parallel_cfg;
 
-typedef struct {
+typedef struct qt_config {
     char path[QT_PATH_MAX];       /* the YAML file (for messages) */
     uint64_t seed;
     qt_device_kind device;
@@ -211,17 +188,15 @@ size_t qt_config_doc_table(char *buf, size_t cap);
 /* 1 when path is a key memory.plan: auto chooses; such a key given as `auto` counts as not given. */
 int qt_config_plan_key(const char *path);
 
-/* parallel.zero: 3's limits, and memory.offload: [weights]'s (which reads the weights from the same weight
- * slots): 0, or -1 with err ("<path>: <key>: expected ..., got ...") when a key it cannot run with is set:
- * perf.cuda_graphs true, or fp8 matmuls with memory.fp8_weight_cache all (the loader makes the cache none
- * when the key is not given); offloaded weights also with parallel.zero >= 1, parallel.gpus > 1 or
- * several parallel.devices (one GPU only; the engine refuses several visible GPUs with gpus 0). The
- * loader checks it with the key's place in the file; the engine again, for a config changed after
- * loading (memory.plan: auto). */
-int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen);
 /* Which of master, m, v live in pinned host memory (QT_OFF_MASTER | QT_OFF_M | QT_OFF_V bits): memory.offload's
- * items when it names any, all three with memory.offload_optimizer alone, none without it. */
+ * items (the loader makes memory.offload_optimizer alone all three). */
 int qt_config_opt_offload_mask(const qt_config *c);
+/* The older spellings are memory.offload's items and parallel.zero: memory.offload_optimizer (master, m, v),
+ * memory.offload_residual (residual), parallel.shard_optimizer (zero >= 1). The loader maps them; nothing else
+ * reads them. These set the canonical key and keep its older spelling equal (for qt_config_dump):
+ * items QT_OFF_OPTIMIZER or QT_OFF_RESIDUAL on (the items already named stay, else all of them) or off. */
+void qt_config_set_offload(qt_config *c, int items, int on);
+void qt_config_set_zero(qt_config *c, int zero);
 /* memory.offload has weights and quants: the offloaded weights' e4m3 codes are what crosses to the GPU
  * (the config check refuses quants without weights). */
 int qt_config_offload_quants(const qt_config *c);

@@ -2,8 +2,8 @@
  * ranks: the gradient sums of the buckets (qt_partition.h), the embedding lookups of a sharded step,
  * the weight gathers after AdamW and the waits of the next forward for them, ZeRO-3's slot gathers, and
  * the CUDA graphs of a micro-step, cut into segments at those points. It gives the model its hooks for
- * one micro-step (qt_param_hooks); with one plain GPU they are empty. Every mode comes from the step plan
- * (qt_step_plan.h). What runs on which stream under each plan: docs/memory.md ("The data-parallel sync"). */
+ * one micro-step (qt_param_hooks); with one plain GPU they are empty. Every mode comes from the plan
+ * (qt_plan.h). What runs on which stream under each plan: docs/memory.md ("The data-parallel sync"). */
 #ifndef QT_DP_SYNC_H
 #define QT_DP_SYNC_H
 
@@ -11,7 +11,7 @@
 
 #include "qt_comm.h"
 #include "qt_gpu_model.h"
-#include "qt_step_plan.h"
+#include "qt_plan.h"
 #include "qt_test_hooks.h"
 
 typedef struct qt_dp_sync qt_dp_sync;
@@ -19,8 +19,7 @@ typedef struct qt_dp_sync qt_dp_sync;
 /* For model g (borrowed) of a rank on comm (NULL with one GPU) as plan p says; makes the side stream and
  * events on the current device. th: the test hooks in force (dp_ag_delay_ms, dp_sum_delay_ms, the ZeRO-3
  * ones; all zero in a real run). */
-qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_config *cfg, qt_comm *comm,
-                              const qt_test_hooks *th);
+qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, const qt_test_hooks *th);
 void qt_dp_sync_free(qt_dp_sync *d);
 
 /* Before the model's stream overwrites a micro-step's inputs (tokens) or activations: with ZeRO-2

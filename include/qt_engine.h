@@ -13,6 +13,7 @@
 #include "qt_ckpt.h"
 #include "qt_config.h"
 #include "qt_model.h"
+#include "qt_plan.h"
 #include "qt_weight_src.h"
 
 typedef struct qt_engine qt_engine;
@@ -107,7 +108,7 @@ typedef struct {
 struct qt_engine {
     const qt_engine_ops *ops;
     const qt_layout *L;  /* borrowed */
-    const qt_config *cfg; /* borrowed */
+    const qt_plan *plan;  /* the engine's own (qt_plan.h): the micro-batch, AdamW's settings, every mode */
     int ranks;            /* micro-batches per micro_step: inputs/targets hold ranks x [B*T], one per GPU */
 };
 
@@ -119,10 +120,6 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
 /* The same without the weights: L and the source they are read from (src->L = L; init.from's files
  * are opened and their headers checked now, so a missing tensor fails before anything is allocated). */
 int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char *err, size_t errlen);
-/* The GPU of each data-parallel rank (parallel.devices, else parallel.gpus, else every visible GPU up
- * to QT_COMM_MAX_RANKS) into devs[QT_COMM_MAX_RANKS]: the rank count, or -1 with err naming the key.
- * ngpu <= 0 (a plan made without a GPU): device ids are not checked against what is visible. */
-int qt_engine_rank_devices(const qt_config *cfg, int ngpu, int *devs, char *err, size_t errlen);
 /* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU),
  * its weights read from src (borrowed until it returns; qt_weight_src_array for a host array), after the
  * run's memory plan (qt_planner.h) was checked against the host's and GPU's limits: refused with the
@@ -133,7 +130,7 @@ qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_w
 
 /* CPU fp32 reference engine, the weights read from src into its own array; NULL with err when they
  * cannot be read. */
-qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
                                     size_t errlen);
 /* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when
  * shard->n_ranks > 1; qt_partition.h). */
@@ -146,9 +143,10 @@ typedef struct {
 } qt_gpu_rank;
 /* One GPU's engine on CUDA device `device` (NULL with err when CUDA or the config cannot be served).
  * rank NULL: one GPU; else a data-parallel rank whose opt_step first sums the gradients over the comm
- * (every rank calls opt_step, each from its own thread). Its step plan is fixed here (qt_step_plan.h). */
+ * (every rank calls opt_step, each from its own thread). plan: one GPU's (qt_plan_resolve with 0 ranks), or the
+ * data-parallel engine's (the rank index comes from rank); copied. */
 /* The weights are read from src a chunk at a time (qt_param_store_init). */
-qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                     const qt_gpu_rank *rank, char *err, size_t errlen);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
@@ -157,11 +155,12 @@ size_t qt_engine_gpu_tuning_save(qt_engine *e, void *buf, size_t cap);
 int qt_engine_gpu_tuning_load(qt_engine *e, const void *buf, size_t n, char *err, size_t errlen);
 
 /* Data-parallel engine: one thread per rank on devices[0..n) (a device may repeat), each with the
- * whole model; gradients are summed in a fixed rank order over cfg->comm, so the ranks' weights stay
- * bitwise identical; with cfg->parallel.zero >= 1 each rank keeps the optimizer state of 1/n of the
- * parameters, with 2 also the gradients (qt_step_plan.h). NULL with err on failure. */
+ * whole model; gradients are summed in a fixed rank order over the plan's comm, so the ranks' weights stay
+ * bitwise identical; with plan->parallel.zero >= 1 each rank keeps the optimizer state of 1/n of the
+ * parameters, with 2 also the gradients, with 3 the bf16 weights. plan: qt_plan_resolve with n ranks (copied).
+ * NULL with err on failure. */
 /* Every rank reads its weights from src (borrowed until it returns). */
-qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
+qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
                                    const int *devices, char *err, size_t errlen);
 
 /* The engine calls as the training loop and bindings make them (src/engine/engine.c): each runs the op in a

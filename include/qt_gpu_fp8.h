@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qt_config.h"
+#include "qt_modes.h"
 #include "qt_dtype.h"
 #include "qt_matmul.h"
 #include "qt_model.h"
@@ -60,8 +60,8 @@ typedef struct {
 size_t qt_fp8_weight_bytes(const qt_model_cfg *c, qt_fp8_wcache wc);
 size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigned xq_shared);
 /* 0 when fp8 can run model c with N tokens per micro-batch on a device of compute capability cc
- * (major*10+minor); else -1 with err naming the config file, the field and what fp8 needs. */
-int qt_fp8_check(const qt_model_cfg *c, const qt_config *cfg, long N, int cc, char *err, size_t errlen);
+ * (major*10+minor); else -1 with err naming the config file (path), the field and what fp8 needs. */
+int qt_fp8_check(const qt_model_cfg *c, const char *path, long N, int cc, char *err, size_t errlen);
 /* Lays the state out in the two regions (sizes as above, 256-byte aligned) and zeroes the flag.
  * Caller frees the returned host struct with qt_fp8_free; the regions stay the caller's. */
 qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, qt_fp8_wcache wc, long N, unsigned xq_shared,

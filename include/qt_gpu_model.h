@@ -15,7 +15,6 @@
 
 #include "qt_act_store.h"
 #include "qt_attention.h"
-#include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_gpu_fp8.h"
 #include "qt_kernels.h"
@@ -31,7 +30,7 @@
 
 typedef struct {
     const qt_layout *L;    /* borrowed */
-    const qt_config *cfg;  /* borrowed */
+    const qt_plan *pl;     /* the store's copy of the plan (ps->plan) */
     int B, T;
     long N;
     int lm_chunks;
@@ -77,19 +76,19 @@ typedef struct {
 } qt_gpu_step_args;
 
 /* Plans and allocates everything on the current device for micro-batches of B x T, with the parameters
- * cut and placed as sh and pl say, and fills the weights from src (qt_param_store_init). The plan's device total (arena,
+ * cut as sh says and placed as the plan pl says, and fills the weights from src (qt_param_store_init). The plan's device total (arena,
  * workspaces, runtime reserve; the attention workspace measured from cuDNN's plans) is checked against
  * memory.gpu_limit_gib and the free memory before anything is allocated: NULL with err naming the total,
  * the limit and the biggest rows when it does not fit. */
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, const qt_shard *sh,
-                                  const qt_param_placement *pl, char *err, size_t errlen);
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const qt_weight_src *src, const qt_shard *sh,
+                                  char *err, size_t errlen);
 void qt_gpu_model_free(qt_gpu_model *g);
 /* The memory plan qt_gpu_model_create would allocate for these arguments (the same code), without a
  * GPU and without allocating anything (the pinned host state of an offloaded optimizer is a host row);
  * the attention workspace counts its fp32 parts only (cuDNN's own plan workspace needs the GPU). 0, or
  * -1 with err. */
-int qt_gpu_model_plan(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
-                      qt_mem_plan *plan, char *err, size_t errlen);
+int qt_gpu_model_plan(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, qt_mem_plan *plan, char *err,
+                      size_t errlen);
 void qt_gpu_model_print_plan(const qt_gpu_model *g);
 
 /* Forward (and backward) of the tokens already in g->tok / g->tgt; the token losses are added to
@@ -107,9 +106,6 @@ void qt_gpu_model_profile_print(qt_gpu_model *g, int steps);
  * and a qt_embedding_bwd workspace; returns its bytes (base NULL: only the size). */
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws);
 
-/* 1 when n_ranks ranks' embedding lookups (tokens and fp32 residual gradients, n N (C+1) elements) are
- * fewer than the embedding table's gradient (V C): a sharded step then sums those instead (g->lookups). */
-int qt_gpu_model_lookups_pay(const qt_layout *L, const qt_config *cfg, int n_ranks);
 
 /* Logits [N, V] as fp32 on the host for the tokens in g->tok (synchronises); hooks as in step. host NULL:
  * the forward only (a ZeRO-3 rank taking part in rank 0's weight gathers). */

@@ -16,11 +16,9 @@
 
 #include "qt_dtype.h"
 #include "qt_kernels.h"
+#include "qt_plan.h"
 
 typedef struct qt_gpu_optim qt_gpu_optim;
-
-/* State elements per slot: 48 MiB with fp32 moments, about 1 ms each way over PCIe 5. */
-#define QT_GPU_OPTIM_CHUNK ((size_t)1 << 22)
 
 /* Which arrays are offloaded (host_mask bits): the same values as memory.offload's items. W: the bf16
  * weights and G: the gradients (g_dt) in pinned host memory, streamed with the state (the weights up and

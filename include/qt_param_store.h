@@ -3,8 +3,8 @@
  * AdamW m and v), this rank's shard of that state (qt_shard), the slots and pinned host memory of an
  * offloaded item, and the gradient norm / clip scalars.
  *
- * Where each item lives is chosen once, at creation (qt_param_placement); the store adds its own rows to
- * the memory plan. Access is per bucket (qt_partition.h) through the acquire/release calls below, which
+ * Where each item lives is chosen once, at creation (the plan's weights, grads and optimizer parts:
+ * qt_plan.h); the store adds its own rows to the memory plan. Access is per bucket (qt_partition.h) through the acquire/release calls below, which
  * the forward, the backward and the optimizer make as they enqueue work and which forward to the step's
  * hooks (qt_param_hooks). Each placement, ZeRO-2's gradient slots and their margins, and the offloaded
  * items are drawn and explained in docs/memory.md. */
@@ -15,7 +15,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_gpu_optim.h"
 #include "qt_host_shard.h"
@@ -23,44 +22,10 @@
 #include "qt_mem_plan.h"
 #include "qt_model.h"
 #include "qt_partition.h"
+#include "qt_plan.h"
 #include "qt_small_params.h"
 #include "qt_weight_slots.h"
 #include "qt_weight_src.h"
-
-/* Where the optimizer state lives. */
-typedef enum {
-    QT_OPT_STATE_DEVICE,  /* master, m, v in the device arena */
-    QT_OPT_STATE_HOST,    /* pinned host memory, streamed through device slots (memory.offload_optimizer) */
-} qt_opt_state_place;
-
-typedef struct {
-    qt_opt_state_place opt;
-    int zero;             /* 0: this rank holds all of the optimizer state; 1: its pieces (ZeRO-1); 2: and of
-                           * the fp32 gradients (ZeRO-2); 3: and of the bf16 weights (ZeRO-3) */
-    int opt_per_bucket;   /* one AdamW group per bucket (one GPU offloaded: AdamW runs ahead of the forward);
-                           * else bucket 0 and the rest when sharded, else one group */
-    int reduce_bf16;      /* the gradients cross between ranks in bf16: a comm buffer of the largest bucket */
-    size_t opt_chunk;     /* QT_OPT_STATE_HOST: state elements per streamed chunk */
-    int embed_apart;      /* ZeRO-2, untied, lookups gathered (qt_step_plan.lookups): the backward writes no
-                           * gradient to the buckets of embeddings only, so they get no slot (the sync adds
-                           * every rank's lookups to the shard and has nothing else to sum there) */
-    int w_host;           /* memory.offload: [weights]: w in pinned host memory (AdamW: streamed through the offloaded
-                           * optimizer's slots, or read and written through the mapping when there are none);
-                           * one GPU: the whole array, the model reads each bucket from a weight slot it is copied
-                           * up into (qt_weight_slots.h); ZeRO-3: the rank's pieces, gathered into the slots */
-    int g_host;           /* memory.offload: [gradients]: grad in pinned host memory (AdamW: streamed like w, or mapped);
-                           * one GPU (fp32 or bf16): the
-                           * whole array, the backward writes ZeRO-2's gradient slots, loaded from and stored back
-                           * to grad per bucket; ZeRO-2/3: the rank's summed shard, added into per micro-step */
-    int opt_mask;         /* QT_OPT_STATE_HOST: which of master, m, v are in host memory (QT_OFF_MASTER | QT_OFF_M |
-                           * QT_OFF_V bits; 0: all three), the others on the device */
-    int zero_copy;        /* QT_OPT_STATE_HOST: AdamW reads and writes the host arrays in place (mapped), no slots */
-    int host_wc;          /* the pinned host allocations write-combined (memory.host_alloc) */
-    int w8;               /* e4m3 weight codes (qt_step_plan.gather_e4m3): ZeRO-3's rank pieces also as e4m3 codes
-                           * (w8), gathered into the shared weight slots' e4m3 halves, the rest of a layer bucket in
-                           * bf16 (small); one GPU with w_host (memory.offload quants): the whole array's codes in
-                           * pinned host memory, copied up instead of the bf16 layer matrices */
-} qt_param_placement;
 
 /* The engine's hooks for one micro-step (NULL members: nothing to do there). */
 typedef struct {
@@ -73,7 +38,7 @@ typedef struct {
 
 typedef struct {
     const qt_layout *L;   /* borrowed */
-    qt_param_placement place;
+    qt_plan plan;         /* where each item lives (weights, grads, optimizer), the dtypes, AdamW's settings */
     qt_shard shard;
     /* w [shard.total] (L->numel, padded for the ranks' equal pieces), ZeRO-3 [shard.len]; master, m, v
      * [shard.len], this rank's pieces of the buckets back to back (all of the array when not sharded) */
@@ -113,7 +78,7 @@ typedef struct {
     size_t host_state_bytes;
     void *opt_slots;      /* QT_OPT_STATE_HOST: the device slots the state streams through */
     qt_gpu_optim *opt;    /* AdamW of this rank's pieces, in groups (qt_param_opt_groups) */
-    /* place.w8: the e4m3 codes of the rank's pieces [shard.len] (device arena, or pinned host with w_host; one GPU:
+    /* plan.weights.e4m3: the e4m3 codes of the rank's pieces [shard.len] (device arena, or pinned host with w_host; one GPU:
      * [shard.total], pinned host; only the block matrices' elements of layer buckets are meaningful), the small
      * params' map (owned), ZeRO-3's packed send buffer [small.max_packed] and every layer bucket's all-gather
      * result [n_buckets][n_ranks * small.max_packed] (bf16, made when the pieces change; NULL on one GPU), and
@@ -124,21 +89,19 @@ typedef struct {
     float *amax8;
 } qt_param_store;
 
-/* A store for layout L, shard sh (this rank's buckets and pieces), placement pl; m/v dtypes from cfg.
+/* A store for layout L placed and typed as plan pl says, shard sh (this rank's buckets and pieces).
  * Sizes (allocates nothing: the plan can be made without a GPU); NULL with err. */
-qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
-                                      const qt_param_placement *pl, char *err, size_t errlen);
+qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, char *err, size_t errlen);
 /* Allocates the pinned host memory of an offloaded placement (zeroed; nothing otherwise): the optimizer
  * state, the bf16 weights (w_host). 0, or -1 with err when qt_pinned_alloc fails. */
-int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen);
+int qt_param_store_alloc_host(qt_param_store *ps, char *err, size_t errlen);
 /* Adds the store's rows to p (sizing pass) or takes its buffers (second pass). */
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p);
 /* Once the arena exists: fills the bf16 weights and this rank's master pieces from src, a chunk at a
  * time through one pageable buffer of qt_weight_src_chunk(L) floats (no whole-model copy), zeroes the
- * gradients and moments, and builds the AdamW groups (decay per cfg). On s; returns synchronised. 0, or
+ * gradients and moments, and builds the AdamW groups (decay per the plan). On s; returns synchronised. 0, or
  * -1 with err when the source cannot be read. */
-int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weight_src *src, cudaStream_t s, char *err,
-                        size_t errlen);
+int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream_t s, char *err, size_t errlen);
 void qt_param_store_free(qt_param_store *ps);
 
 /* bf16 weights [0, n) = RNE(host[0, n)), through the staging buffer, on s (host pageable fp32). */

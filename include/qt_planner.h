@@ -15,9 +15,8 @@
 #include "qt_config.h"
 #include "qt_mem_plan.h"
 #include "qt_model.h"
-#include "qt_param_store.h"
+#include "qt_plan.h"
 #include "qt_plan_auto.h"
-#include "qt_step_plan.h"
 #include "qt_weight_src.h"
 
 #define QT_EXIT_NO_FIT 3 /* qtrain --plan: the plan does not fit the limits */
@@ -27,6 +26,7 @@ typedef struct {
     int ranks_per_gpu; /* ranks on the busiest GPU (parallel.devices may repeat one) */
     int training;      /* the run trains: checkpoint snapshot buffers and the step's token arrays exist */
     qt_mem_plan mem;   /* device rows: one rank's; host rows: the whole process */
+    qt_plan plan;      /* rank 0's (GPU ranks only) */
     size_t gpu_bytes;  /* per GPU: ranks_per_gpu x one rank's device total */
     size_t host_bytes;
 } qt_run_plan;
@@ -35,12 +35,6 @@ typedef struct {
  * -1: plan for GPUs without one, parallel.devices or parallel.gpus of them, else 1). 0, or -1 with err. */
 int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training, qt_run_plan *rp, char *err,
                 size_t errlen);
-/* Where a GPU rank's parameters live, from its step plan (test hooks may shrink the offload chunk). */
-qt_param_placement qt_plan_placement(const qt_step_plan *p, const qt_layout *L);
-/* MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read. */
-size_t qt_host_mem_available(void);
-/* The host limit: memory.host_limit_gib when given, else MemAvailable; *what names it for messages. */
-size_t qt_plan_host_limit(const qt_config *cfg, char *what, size_t cap);
 /* 0 when the plan fits: the per-GPU total within gpu_limit (bytes; 0 = none) and the host total within
  * host_limit (0 = none); else -1 with the message of qt_mem_plan_check (total, limit, biggest items). */
 int qt_plan_check(const qt_run_plan *rp, size_t gpu_limit, const char *gpu_what, size_t host_limit,

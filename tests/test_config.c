@@ -9,6 +9,7 @@
 #include "qt_comm.h"
 #include "qt_config.h"
 #include "qt_dtype.h"
+#include "qt_plan.h"
 #include "qt_test.h"
 
 /* Failure messages quote whole error strings and paths; cutting them at qt_t_msg's size is fine. */
@@ -601,6 +602,9 @@ static void randomize(uint64_t *s) {
         cfg.memory.offload_optimizer = (cfg.memory.offload & QT_OFF_OPTIMIZER) != 0;
         cfg.memory.offload_residual = (cfg.memory.offload & QT_OFF_RESIDUAL) != 0;
     }
+    int opt = cfg.memory.offload_optimizer, res = cfg.memory.offload_residual; /* the older keys as the items */
+    qt_config_set_offload(&cfg, QT_OFF_OPTIMIZER, opt);
+    qt_config_set_offload(&cfg, QT_OFF_RESIDUAL, res);
     if (!cfg.memory.offload_optimizer && !cfg.memory.plan) cfg.memory.zero_copy = 0; /* refused without the offload */
     if (cfg.model.max_seq_len < cfg.data.seq_len) cfg.model.max_seq_len = cfg.data.seq_len;
 }
@@ -673,6 +677,34 @@ static void test_readme_covers_keys(void) {
     QT_EXPECT(rows == nkeys, "README has %d key rows, the table %d keys", rows, nkeys);
 }
 
+/* The older spellings are memory.offload's items and parallel.zero, all the plan reads: offload_optimizer alone
+ * is master, m and v, offload_residual the residual, shard_optimizer false ZeRO 0. A config dumped by an older
+ * build (memory.offload: [] beside offload_optimizer: true, as older checkpoints store it) loads equal to the
+ * same file loaded now, so it resumes. */
+static void test_alias_spellings(void) {
+    QT_REQUIRE(load("memory:\n  offload_optimizer: true\n  offload_residual: true\nparallel:\n  shard_optimizer: false\n",
+                    NULL, 0) == 0, "%s", err);
+    QT_EXPECT(cfg.memory.offload == (QT_OFF_OPTIMIZER | QT_OFF_RESIDUAL) && cfg.parallel.zero == 0, "offload %d, zero %d",
+              cfg.memory.offload, cfg.parallel.zero);
+    qt_model_cfg mc = cfg.model;
+    qt_model_cfg_finish(&mc);
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+    qt_plan p;
+    QT_REQUIRE(qt_plan_resolve(&cfg, &L, 2, &p, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(p.optimizer.host && p.optimizer.mask == QT_OFF_OPTIMIZER && p.acts.offload_residual &&
+                  p.parallel.dp == QT_DP_REPLICATED && p.parallel.zero == 0,
+              "plan: optimizer host %d mask %d, residual %d, dp %d", p.optimizer.host, p.optimizer.mask,
+              p.acts.offload_residual, p.parallel.dp);
+    qt_layout_free(&L);
+    QT_REQUIRE(qt_config_load_string(&cfg2, "memory:\n  offload: []\n  offload_optimizer: true\n  offload_residual: false\n"
+                                     "parallel:\n  zero: 1\n  shard_optimizer: true\n", "ckpt.yaml", NULL, 0, err, sizeof err) == 0,
+               "%s", err);
+    QT_REQUIRE(load("memory:\n  offload_optimizer: true\n", NULL, 0) == 0, "%s", err);
+    const char *diff = NULL;
+    QT_EXPECT(qt_config_equal(&cfg2, &cfg, &diff), "an older dump differs at %s", diff ? diff : "?");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--doc")) {
         static char table[1 << 16];
@@ -694,6 +726,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_overrides);
     QT_RUN(test_plan_keys_auto);
     QT_RUN(test_offload_list);
+    QT_RUN(test_alias_spellings);
     QT_RUN(test_recompute_list);
     QT_RUN(test_dump_roundtrip);
     QT_RUN(test_readme_covers_keys);

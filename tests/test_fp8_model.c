@@ -17,6 +17,7 @@
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
+#include "qt_test_plan.h"
 #include "qt_test_hooks.h"
 #include "qt_train.h"
 
@@ -72,9 +73,9 @@ static void compare_grads(const char *grad_dt, const char *tie, double min_cos) 
     float *w;
     char err[1024];
     QT_REQUIRE(qt_model_setup(&cb, &L, &w, err, sizeof err) == 0, "%s", err);
-    qt_engine *eb = qt_engine_gpu_create(&L, &cb, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
+    qt_engine *eb = qt_t_gpu_engine(&L, &cb, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     QT_REQUIRE(eb, "bf16 engine: %s", err);
-    qt_engine *ef = qt_engine_gpu_create(&L, &cf, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
+    qt_engine *ef = qt_t_gpu_engine(&L, &cf, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     QT_REQUIRE(ef, "fp8 engine: %s", err);
     long N = (long)cb.data.micro_batch * cb.data.seq_len;
     int32_t *in = malloc(N * sizeof *in), *tgt = malloc(N * sizeof *tgt);
@@ -151,7 +152,7 @@ static void fused_amax_case(const char *grad_dt) {
     for (int k = 0; k < 2; k++) { /* 0: fused, 1: separate passes */
         qt_test_hooks h = {.fp8_unfused_amax = k};
         qt_test_hooks_set(&h);
-        e[k] = qt_engine_gpu_create(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
+        e[k] = qt_t_gpu_engine(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
         qt_test_hooks_set(NULL);
     }
     QT_REQUIRE(e[0] && e[1], "fp8 engine: %s", err);
@@ -205,7 +206,7 @@ static void test_fp8_config_errors(void) {
     qt_layout L;
     float *w;
     QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
-    qt_engine *e = qt_engine_gpu_create(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
+    qt_engine *e = qt_t_gpu_engine(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     printf("  refused: %s\n", err);
     QT_EXPECT(e == NULL, "an fp8 engine for 180 tokens per micro-batch was created");
     if (fp8_device_cc() >= 89)
@@ -242,15 +243,15 @@ static void test_fp8_plan_and_checks(void) {
     QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2, 0) == ag, "act bytes %zu, expected %zu",
               qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2, 0), ag);
     char err[512] = "";
-    QT_EXPECT(qt_fp8_check(&m, &c, (long)N, 90, err, sizeof err) == 0, "valid config refused: %s", err);
-    QT_EXPECT(qt_fp8_check(&m, &c, (long)N, 80, err, sizeof err) == -1 && strstr(err, "compute capability") &&
+    QT_EXPECT(qt_fp8_check(&m, c.path, (long)N, 90, err, sizeof err) == 0, "valid config refused: %s", err);
+    QT_EXPECT(qt_fp8_check(&m, c.path, (long)N, 80, err, sizeof err) == -1 && strstr(err, "compute capability") &&
                   strstr(err, "8.0") && strstr(err, "test_fp8.yaml"),
               "cc 8.0: %s", err);
-    QT_EXPECT(qt_fp8_check(&m, &c, 180, 90, err, sizeof err) == -1 && strstr(err, "180") && strstr(err, "multiple of 16"),
+    QT_EXPECT(qt_fp8_check(&m, c.path, 180, 90, err, sizeof err) == -1 && strstr(err, "180") && strstr(err, "multiple of 16"),
               "180 tokens: %s", err);
     qt_model_cfg odd = m;
     odd.intermediate_size = 200; /* 2F = 400 is fine, F = 200 is not a multiple of 16 */
-    QT_EXPECT(qt_fp8_check(&odd, &c, (long)N, 90, err, sizeof err) == -1 && strstr(err, "down") && strstr(err, "200"),
+    QT_EXPECT(qt_fp8_check(&odd, c.path, (long)N, 90, err, sizeof err) == -1 && strstr(err, "down") && strstr(err, "200"),
               "F=200: %s", err);
     char name[96];
     QT_EXPECT(!strcmp(qt_fp8_tag_name(1 + (1 * 4 + 3) * 3 + 0, name, sizeof name), "layer 1 down weight"), "tag: %s",

@@ -50,6 +50,7 @@
 #include "qt_pinned.h"
 #include "qt_planner.h"
 #include "qt_test.h"
+#include "qt_test_plan.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
 #include "qt_train.h"
@@ -307,8 +308,8 @@ static void test_grad_homes(void) {
             const ptrdiff_t es = bf16 ? 2 : 4;
             qt_shard sh;
             qt_shard_init(&sh, &L, 1, 0, 1);
-            qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .opt_chunk = QT_GPU_OPTIM_CHUNK, .g_host = 1};
-            qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
+            qt_plan pl = {.optimizer.chunk = QT_GPU_OPTIM_CHUNK, .grads.host = 1}, tp;
+            qt_param_store *ps = qt_param_store_create(&L, qt_t_placed(&tp, &cfg, &L, &pl), &sh, err, sizeof err);
             QT_REQUIRE(ps, "%s", err);
             qt_mem_plan p;
             qt_mem_plan_begin(&p, NULL);

@@ -292,7 +292,7 @@ static void test_auto_choice(void) {
             double d = qt_plan_auto_cost_parts(&L, &b, &pr).compute - qt_plan_auto_cost_parts(&L, &a, &pr).compute;
             QT_EXPECT(fabs(d - want) < 1e-9 * want, "block recompute charged %g s, expected %g", d, want);
         }
-        a.memory.offload_optimizer = 0, b = a, b.memory.offload_optimizer = 1;
+        qt_config_set_offload(&a, QT_OFF_OPTIMIZER, 0), b = a, qt_config_set_offload(&b, QT_OFF_OPTIMIZER, 1);
         double pcie = qt_plan_auto_cost(&L, &b, &pr) - qt_plan_auto_cost(&L, &a, &pr);
         QT_EXPECT(fabs(pcie - (1 + QT_PLAN_DUPLEX) * L.numel * 12 / 25e9) < 1e-9, "offload charged %g s", pcie);
         best[k] = ch[0];
@@ -506,7 +506,7 @@ static void test_auto_axes_cost(void) {
     QT_REQUIRE(load_cfg(&a, B7, D7 "memory: {plan: auto}\n") == 0, "config");
     QT_REQUIRE(qt_model_layout(&a, &L, &src, err, sizeof err) == 0, "%s", err);
     /* the side copies of a micro-step (pcie_micro) apart from the step's serial bytes (once) */
-    b = a, b.memory.offload_residual = 1;
+    b = a, qt_config_set_offload(&b, QT_OFF_RESIDUAL, 1);
     qt_plan_cost ka = qt_plan_auto_cost_parts(&L, &a, &pr), kb = qt_plan_auto_cost_parts(&L, &b, &pr);
     double want = 32 * 2 * 26.0 * 16 * 1024 * 3584 * 2 / 25e9, d = kb.pcie_micro - ka.pcie_micro;
     QT_EXPECT(fabs(d - want) < 1e-9 * want && kb.once == ka.once && kb.compute == ka.compute,
@@ -541,7 +541,7 @@ static void test_auto_axes_cost(void) {
     QT_EXPECT(fabs(d - want) < 1e-9 * want, "offloaded gradients charged %g s once, expected %g", d, want);
     /* the step: the slower of compute and side copies, a fifth of the faster, the serial bytes (here the
      * copies, 75 s, outrun the compute) */
-    b.memory.offload_residual = 1, kb = qt_plan_auto_cost_parts(&L, &b, &pr);
+    qt_config_set_offload(&b, QT_OFF_RESIDUAL, 1), kb = qt_plan_auto_cost_parts(&L, &b, &pr);
     QT_EXPECT(kb.pcie_micro > kb.compute && kb.compute > 0, "copies %g s, compute %g s", kb.pcie_micro, kb.compute);
     want = kb.pcie_micro + 0.2 * kb.compute + kb.once, d = qt_plan_auto_cost(&L, &b, &pr);
     QT_EXPECT(fabs(d - want) < 1e-9 * want, "step %g s, expected %g", d, want);
@@ -683,13 +683,12 @@ static void test_plan_equals_allocation(void) {
         QT_REQUIRE(load_cfg(&c, MID, off ? "memory: {offload_optimizer: true, recompute: [ffn, norm]}\n" : NULL) == 0, "config");
         QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
         QT_REQUIRE(qt_plan_run(&L, &c, -1, 0, &rp, err, sizeof err) == 0, "%s", err);
-        qt_step_plan sp;
+        qt_plan sp;
         qt_shard sh;
-        qt_step_plan_make(&sp, &L, &c, 0, 0, 0);
-        qt_shard_init(&sh, &L, 1, 0, sp.offload_opt);
-        qt_param_placement pl = qt_plan_placement(&sp, &L);
+        QT_REQUIRE(qt_plan_resolve(&c, &L, 0, &sp, err, sizeof err) == 0, "%s", err);
+        qt_shard_init(&sh, &L, 1, 0, sp.optimizer.host);
         QT_CUDA(cudaSetDevice(0));
-        qt_gpu_model *g = qt_gpu_model_create(&L, &c, &src, &sh, &pl, err, sizeof err);
+        qt_gpu_model *g = qt_gpu_model_create(&L, &sp, &src, &sh, err, sizeof err);
         QT_REQUIRE(g, "%s", err);
         QT_EXPECT(g->plan.off == rp.mem.off, "offload %d: arena %zu, planned %zu", off, g->plan.off, rp.mem.off);
         for (int i = 0; i < g->plan.n; i++) {

@@ -36,6 +36,7 @@
 #include "qt_gpu_model.h"
 #include "qt_partition.h"
 #include "qt_test.h"
+#include "qt_test_plan.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
 #include "qt_train.h"
@@ -259,9 +260,9 @@ static void plan_and_peak(const char *tag, const char *memory, size_t *plan, siz
     QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
     qt_shard one;
     qt_shard_init(&one, &L, 1, 0, 0);
-    qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE};
+    qt_plan pl = {.parallel.zero = 0}, tp; /* everything on the device */
     qt_mem_plan p;
-    QT_REQUIRE(qt_gpu_model_plan(&L, &c, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &c, &L, &pl), &one, &p, err, sizeof err) == 0, "%s", err);
     *plan = p.off;
     size_t before, tot;
     QT_CUDA(cudaSetDevice(0));

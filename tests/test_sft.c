@@ -17,6 +17,7 @@
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
+#include "qt_test_plan.h"
 #include "qt_train.h"
 
 static char g_dir[256];
@@ -114,7 +115,7 @@ static void test_masked_loss_and_zero_grads(void) {
     float *w;
     char err[1024];
     QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
-    qt_engine *e = qt_engine_cpu_create(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
+    qt_engine *e = qt_t_cpu_engine(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     int32_t in[B * T], tgt[B * T], full[B * T];
     long valid = masked_batch(in, tgt, full);
     float *logits = malloc((size_t)B * T * 256 * sizeof *logits), *g = malloc(L.numel * sizeof *g);
@@ -159,8 +160,8 @@ static void test_accum_1x4_vs_4x1(void) {
     float *w;
     char err[1024];
     QT_REQUIRE(qt_model_setup(&c4, &L, &w, err, sizeof err) == 0, "%s", err);
-    qt_engine *e4 = qt_engine_cpu_create(&L, &c4, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err), *e1 = qt_engine_cpu_create(&L, &c1, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
-    qt_engine *eo = qt_engine_cpu_create(&L, &c1, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
+    qt_engine *e4 = qt_t_cpu_engine(&L, &c4, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err), *e1 = qt_t_cpu_engine(&L, &c1, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
+    qt_engine *eo = qt_t_cpu_engine(&L, &c1, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     int32_t in[B * T], tgt[B * T], full[B * T];
     long valid = masked_batch(in, tgt, full);
     tgt[2 * T + 5] = full[2 * T + 5]; /* sequences with different counts, one with none */
@@ -218,7 +219,7 @@ static void test_eval_token_mean(void) {
     qt_layout L;
     float *w;
     QT_REQUIRE(qt_model_setup(&c, &L, &w, err, sizeof err) == 0, "%s", err);
-    qt_engine *e = qt_engine_cpu_create(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
+    qt_engine *e = qt_t_cpu_engine(&L, &c, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     qt_loader *l = qt_loader_open(c.data.eval, 64, 2, 0, 1, c.seed, 0, 256, err, sizeof err);
     QT_REQUIRE(l, "%s", err);
     double tok = 0, means = 0;
@@ -426,7 +427,7 @@ static void gpu_case(const char *matmul, double loss_rel, double min_cos) {
     float *w;
     char err[1024];
     QT_REQUIRE(qt_model_setup(&cc, &L, &w, err, sizeof err) == 0, "%s", err);
-    qt_engine *ec = qt_engine_cpu_create(&L, &cc, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err), *eg = qt_engine_gpu_create(&L, &cg, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
+    qt_engine *ec = qt_t_cpu_engine(&L, &cc, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err), *eg = qt_t_gpu_engine(&L, &cg, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     QT_REQUIRE(eg, "gpu engine: %s", err);
     int32_t in[B * T], tgt[B * T], full[B * T];
     long valid = masked_batch(in, tgt, full);
@@ -483,9 +484,9 @@ static void test_gpu_dp_masked(void) {
     char err[1024];
     QT_REQUIRE(qt_model_setup(&c1, &L, &w, err, sizeof err) == 0, "%s", err);
     int devs[2] = {0, 0};
-    qt_engine *e1 = qt_engine_gpu_create(&L, &c1, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 0, NULL, err, sizeof err);
+    qt_engine *e1 = qt_t_gpu_engine(&L, &c1, (qt_weight_src[]){qt_weight_src_array(&L, w)}, err, sizeof err);
     QT_REQUIRE(e1, "one GPU: %s", err);
-    qt_engine *e2 = qt_engine_dp_create(&L, &c2, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 2, devs, err, sizeof err);
+    qt_engine *e2 = qt_t_dp_engine(&L, &c2, (qt_weight_src[]){qt_weight_src_array(&L, w)}, 2, devs, err, sizeof err);
     QT_REQUIRE(e2, "2 ranks: %s", err);
     int32_t in[B * T], tgt[B * T], full[B * T];
     long valid = masked_batch(in, tgt, full), v0 = 0;

@@ -1,5 +1,5 @@
 /* test_stores.c — the host side of the GPU trainer's structure, without a GPU: the memory plan's rows
- * (each store's, summing to the allocation), the step plan chosen from a config, and the
+ * (each store's, summing to the allocation), the plan resolved from a config, and the
  * parallel.devices key. */
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +11,9 @@
 #include "qt_partition.h"
 #include "qt_mem_plan.h"
 #include "qt_param_store.h"
-#include "qt_step_plan.h"
+#include "qt_plan.h"
 #include "qt_test.h"
+#include "qt_test_plan.h"
 
 static size_t al(size_t b) { return (b + 255) / 256 * 256; }
 
@@ -98,8 +99,8 @@ static void test_param_store_rows(void) {
         int n = k ? 2 : 1;
         qt_shard sh;
         qt_shard_init(&sh, &L, k == 1 ? n : 1, k == 1 ? 1 : 0, k > 0);
-        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = k == 1, .reduce_bf16 = k == 1, .opt_chunk = QT_GPU_OPTIM_CHUNK};
-        qt_param_store *ps = qt_param_store_create(&L, &cfg, &sh, &pl, err, sizeof err);
+        qt_plan pl = {.parallel.zero = k == 1, .grads.reduce_bf16 = k == 1, .optimizer.chunk = QT_GPU_OPTIM_CHUNK}, tp;
+        qt_param_store *ps = qt_param_store_create(&L, qt_t_placed(&tp, &cfg, &L, &pl), &sh, err, sizeof err);
         QT_REQUIRE(ps, "%s", err);
         qt_mem_plan p;
         qt_mem_plan_begin(&p, NULL);
@@ -202,7 +203,7 @@ static void test_act_store_rows(void) {
     qt_layout_free(&L);
 }
 
-/* The step plan from the config and the rank's place: every mode is a value, decided here. */
+/* The plan from the config and the rank count: every mode is a value, decided here. */
 static void test_step_plan(void) {
     qt_layout L;
     small_layout(&L, 1);
@@ -210,29 +211,32 @@ static void test_step_plan(void) {
     qt_config_defaults(&c);
     c.data.micro_batch = 1;
     c.data.seq_len = 8;
-    qt_step_plan p;
-    qt_step_plan_make(&p, &L, &c, 0, 0, 0); /* one GPU */
-    QT_EXPECT(p.dp == QT_DP_ONE && p.n_ranks == 1 && !p.side_stream && !p.weights_ahead && !p.opt_ahead && !p.overlap &&
-                  !p.lookups && !p.reduce_bf16 && !p.fp8,
+    qt_plan p;
+    char err[512];
+    QT_REQUIRE(qt_plan_resolve(&c, &L, 0, &p, err, sizeof err) == 0, "%s", err); /* one GPU */
+    QT_EXPECT(p.parallel.dp == QT_DP_ONE && p.parallel.n_ranks == 1 && !p.perf.side_stream && !p.weights.ahead &&
+                  !p.optimizer.ahead && !p.parallel.overlap && !p.parallel.lookups && !p.grads.reduce_bf16 && !p.precision.fp8,
               "one GPU");
-    c.memory.offload_optimizer = 1;
+    qt_config_set_offload(&c, QT_OFF_OPTIMIZER, 1);
     c.parallel.reduce_dtype = QT_DT_BF16;
-    qt_step_plan_make(&p, &L, &c, 0, 0, 0); /* one GPU offloaded: AdamW ahead */
-    QT_EXPECT(p.opt_ahead && p.weights_ahead && p.side_stream && p.offload_opt && !p.reduce_bf16, "one GPU offloaded");
-    qt_step_plan_make(&p, &L, &c, 2, 1, 1); /* sharded, overlapped (default), offloaded */
-    QT_EXPECT(p.dp == QT_DP_SHARDED && p.rank == 1 && p.n_ranks == 2 && p.overlap && p.weights_ahead && !p.opt_ahead &&
-                  p.side_stream && p.reduce_bf16,
+    QT_REQUIRE(qt_plan_resolve(&c, &L, 0, &p, err, sizeof err) == 0, "%s", err); /* one GPU offloaded: AdamW ahead */
+    QT_EXPECT(p.optimizer.ahead && p.weights.ahead && p.perf.side_stream && p.optimizer.host && !p.grads.reduce_bf16,
+              "one GPU offloaded");
+    QT_REQUIRE(qt_plan_resolve(&c, &L, 2, &p, err, sizeof err) == 0, "%s", err); /* sharded, overlapped (default), offloaded */
+    QT_EXPECT(p.parallel.dp == QT_DP_SHARDED && p.parallel.n_ranks == 2 && p.parallel.overlap && p.weights.ahead &&
+                  !p.optimizer.ahead && p.perf.side_stream && p.grads.reduce_bf16,
               "sharded");
-    QT_EXPECT(p.lookups, "2 ranks x 8 tokens x 97 < 300 x 96: lookups pay");
+    QT_EXPECT(p.parallel.lookups, "2 ranks x 8 tokens x 97 < 300 x 96: lookups pay");
     c.data.micro_batch = 64;
-    qt_step_plan_make(&p, &L, &c, 2, 0, 1);
-    QT_EXPECT(!p.lookups, "2 x 512 x 97 > 300 x 96: the table's gradient is summed");
+    QT_REQUIRE(qt_plan_resolve(&c, &L, 2, &p, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(!p.parallel.lookups, "2 x 512 x 97 > 300 x 96: the table's gradient is summed");
     c.parallel.overlap_comm = 0;
+    c.parallel.zero = 0;
     c.precision.matmul_dtype = QT_DT_E4M3;
     c.precision.persistent_quants = 1;
-    qt_step_plan_make(&p, &L, &c, 2, 0, 0); /* replicated, no overlap */
-    QT_EXPECT(p.dp == QT_DP_REPLICATED && !p.overlap && !p.weights_ahead && !p.opt_ahead && p.side_stream && !p.lookups &&
-                  p.fp8 && p.persistent_quants,
+    QT_REQUIRE(qt_plan_resolve(&c, &L, 2, &p, err, sizeof err) == 0, "%s", err); /* replicated, no overlap */
+    QT_EXPECT(p.parallel.dp == QT_DP_REPLICATED && !p.parallel.overlap && !p.weights.ahead && !p.optimizer.ahead &&
+                  p.perf.side_stream && !p.parallel.lookups && p.precision.fp8 && p.precision.persistent_quants,
               "replicated");
     qt_layout_free(&L);
 }
@@ -294,7 +298,7 @@ static void test_plan_7b(void) {
         QT_EXPECT(L.numel > 7600000000ul && L.numel < 7700000000ul, "%s: %zu parameters", files[f], L.numel);
         qt_shard one;
         qt_shard_init(&one, &L, 1, 0, 0);
-        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE};
+        qt_plan pl = {.parallel.zero = 0}, tp; /* everything on the device */
         printf("  %s (%.2fB parameters), GiB:\n  %3s %-38s %11s %9s %8s %9s\n", files[f], L.numel / 1e9, "mb", "recompute",
                "activations", "fp8 acts", "total", "offloaded");
         size_t C = mc.hidden_size, F = mc.intermediate_size, nl = mc.num_layers, H = mc.num_heads;
@@ -305,7 +309,7 @@ static void test_plan_7b(void) {
                 cfg.data.micro_batch = mbs[b];
                 cfg.memory.recompute = sets[k];
                 qt_mem_plan p;
-                QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
+                QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &cfg, &L, &pl), &one, &p, err, sizeof err) == 0, "%s", err);
                 QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
                 size_t act = rows_from(&p, "activations:"), opt = row(&p, "master weights (fp32)") +
                                                                  row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
@@ -340,14 +344,14 @@ static void test_plan_7b(void) {
                 size_t N = (size_t)mbs[b] * cfg.data.seq_len, act[2], fp8 = 0, total = 0, opt = 0;
                 qt_mem_plan p;
                 for (int off = 0; off < 2; off++) {
-                    cfg.memory.offload_residual = off;
-                    QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
+                    qt_config_set_offload(&cfg, QT_OFF_RESIDUAL, off);
+                    QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &cfg, &L, &pl), &one, &p, err, sizeof err) == 0, "%s", err);
                     QT_EXPECT(rows_sum(&p) == p.off, "rows %zu != total %zu", rows_sum(&p), p.off);
                     act[off] = rows_from(&p, "activations:");
                     fp8 = row(&p, "fp8 activations"), total = p.off;
                     opt = row(&p, "master weights (fp32)") + row(&p, "adam m (fp32)") + row(&p, "adam v (fp32)");
                 }
-                cfg.memory.offload_residual = 0;
+                qt_config_set_offload(&cfg, QT_OFF_RESIDUAL, 0);
                 QT_EXPECT(act[0] - act[1] == (nl - 2) * N * C * 2 && n_pinned(&p) == 1 &&
                               !strcmp(pinned(&p, 0)->kind, "offloaded residuals") && pinned(&p, 0)->bytes == (nl - 2) * N * C * 2,
                           "%s mb %d: offload saves %zu, expected %zu", files[f], mbs[b], act[0] - act[1], (nl - 2) * N * C * 2);
@@ -386,7 +390,7 @@ static void test_plan_14b(void) {
     QT_EXPECT(L.numel > 14700000000ul && L.numel < 14800000000ul, "%zu parameters", L.numel);
     qt_shard one;
     qt_shard_init(&one, &L, 1, 0, 0);
-    qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE};
+    qt_plan pl = {.parallel.zero = 0}, tp; /* everything on the device */
     const double G = 1073741824.0;
     size_t host = L.numel * 4; /* m, v bf16 */
     printf("  14B (%.2fB parameters), bf16 master + bf16 gradients, m/v bf16 offloaded: %.1f GiB pinned host memory\n",
@@ -399,7 +403,7 @@ static void test_plan_14b(void) {
         for (int mb = 1; mb <= 8; mb *= 2) {
             cfg.data.micro_batch = mb;
             qt_mem_plan p;
-            QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &one, &pl, &p, err, sizeof err) == 0, "%s", err);
+            QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &cfg, &L, &pl), &one, &p, err, sizeof err) == 0, "%s", err);
             QT_EXPECT(row(&p, "master weights (fp32)") == 0 && row(&p, "gradients (fp32)") == 0 &&
                           row(&p, "gradients (bf16)") == al(one.total * 2) && row(&p, "weights (bf16)") == al(one.total * 2),
                       "14B rows: master %zu, gradients %zu", row(&p, "master weights (fp32)"), row(&p, "gradients (bf16)"));

@@ -43,6 +43,7 @@
 #include "qt_planner.h"
 #include "qt_small_params.h"
 #include "qt_test.h"
+#include "qt_test_plan.h"
 #include "qt_test_data.h"
 #include "qt_test_hooks.h"
 #include "qt_train.h"
@@ -85,9 +86,9 @@ static void test_plan_7b_two_ranks(void) {
     size_t grad[3] = {0}, total[3] = {0};
     for (int z = 1; z <= 2; z++) {
         /* as a 2-rank ZeRO-2 engine places them: untied, lookups gathered, so the embeddings get no slot */
-        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = z, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = z == 2};
+        qt_plan pl = {.parallel.zero = z, .optimizer.chunk = QT_GPU_OPTIM_CHUNK, .grads.embed_apart = z == 2}, tp;
         qt_mem_plan p;
-        QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &sh, &pl, &p, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &cfg, &L, &pl), &sh, &p, err, sizeof err) == 0, "%s", err);
         grad[z] = row(&p, "gradients (fp32)") + row(&p, "gradients (fp32 shard)") + row(&p, "gradient slots (layers)") +
                   row(&p, "gradient slots (emb/head)");
         total[z] = p.off;
@@ -98,7 +99,7 @@ static void test_plan_7b_two_ranks(void) {
     }
     /* the expected slots: 3 of the largest bucket without table elements, each other bucket with some
      * but the embeddings' own (nothing writes there: the lookups go to the shard) */
-    QT_EXPECT(qt_gpu_model_lookups_pay(&L, &cfg, 2), "7B on 2 ranks gathers its lookups");
+    QT_EXPECT(qt_plan_lookups_pay(&L, (long)cfg.data.micro_batch * cfg.data.seq_len, 2), "7B on 2 ranks gathers its lookups");
     size_t vc = (size_t)L.cfg.vocab_size * L.cfg.hidden_size, big = 0, own = 0, M2 = 2 * 64 * 2; /* margins, 2 ranks */
     for (int b = 0; b < sh.n_buckets; b++) {
         size_t lo = sh.bucket[b], hi = sh.bucket[b + 1], len = hi - lo;
@@ -119,9 +120,9 @@ static void test_plan_7b_two_ranks(void) {
      * stays fp32 */
     cfg.precision.grad_accum_dtype = QT_DT_BF16;
     for (int z = 1; z <= 2; z++) {
-        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = z, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = z == 2};
+        qt_plan pl = {.parallel.zero = z, .optimizer.chunk = QT_GPU_OPTIM_CHUNK, .grads.embed_apart = z == 2}, tp;
         qt_mem_plan p;
-        QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &sh, &pl, &p, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &cfg, &L, &pl), &sh, &p, err, sizeof err) == 0, "%s", err);
         size_t slots = row(&p, "gradient slots (layers)") + row(&p, "gradient slots (emb/head)");
         printf("  7B, 2 ranks, ZeRO-%d, bf16 gradients: whole %.2f GiB, shard %.2f, slots %.2f GiB\n", z,
                row(&p, "gradients (bf16)") / G, row(&p, "gradients (fp32 shard)") / G, slots / G);
@@ -168,8 +169,8 @@ static qt_param_store *small_store(int tie, int n, int zero, qt_model_cfg *mc, q
     if (small_layout(tie, n, mc, L, sh)) return NULL;
     static qt_config cfg;
     qt_config_defaults(&cfg);
-    qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = zero, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = !tie};
-    qt_param_store *ps = qt_param_store_create(L, &cfg, sh, &pl, err, sizeof err);
+    qt_plan pl = {.parallel.zero = zero, .optimizer.chunk = QT_GPU_OPTIM_CHUNK, .grads.embed_apart = !tie}, tp;
+    qt_param_store *ps = qt_param_store_create(L, qt_t_placed(&tp, &cfg, L, &pl), sh, err, sizeof err);
     if (!ps || (zero >= 3 && !ps->wslots)) printf("  store: %s\n", ps ? "no weight slots at ZeRO-3" : err);
     return ps && (zero < 3 || ps->wslots) ? ps : NULL;
 }
@@ -365,8 +366,8 @@ static void test_zero3_plan_7b(void) {
     const double G = 1073741824.0;
     qt_mem_plan p[4];
     for (int z = 2; z <= 3; z++) {
-        qt_param_placement pl = {.opt = QT_OPT_STATE_DEVICE, .zero = z, .opt_chunk = QT_GPU_OPTIM_CHUNK, .embed_apart = 1};
-        QT_REQUIRE(qt_gpu_model_plan(&L, &cfg, &sh, &pl, &p[z], err, sizeof err) == 0, "%s", err);
+        qt_plan pl = {.parallel.zero = z, .optimizer.chunk = QT_GPU_OPTIM_CHUNK, .grads.embed_apart = 1}, tp;
+        QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &cfg, &L, &pl), &sh, &p[z], err, sizeof err) == 0, "%s", err);
     }
     size_t M = 64 * 2, big = 0, own = 0, nb = (size_t)sh.n_buckets;
     for (int b = 0; b < sh.n_buckets; b++) {

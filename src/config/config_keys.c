@@ -222,6 +222,12 @@ static const qt_config_key keys[] = {
 
 const qt_config_key *qt_config_key_at(int i) { return i >= 0 && i < N_KEYS ? &keys[i] : NULL; }
 
+int qt_config_given(const qt_config *c, const char *path) {
+    const qt_config_key *k = qt_config_key_find(path);
+    long i = k ? k - keys : -1;
+    return i >= 0 && i < (long)sizeof c->given && c->given[i];
+}
+
 const qt_config_key *qt_config_key_find(const char *path) {
     for (int i = 0; i < N_KEYS; i++)
         if (!strcmp(keys[i].path, path)) return &keys[i];

@@ -35,16 +35,16 @@ struct qt_dp_sync {
     qt_gpu_model *g;        /* borrowed */
     qt_param_store *ps;     /* g's */
     const qt_layout *L;
-    qt_step_plan plan;
+    qt_plan plan;
     float grad_clip;
     qt_comm *comm;          /* borrowed; NULL with one GPU */
-    cudaStream_t side;      /* plan.side_stream: sums, gathers or AdamW beside the model's stream (owned) */
+    cudaStream_t side;      /* plan.perf.side_stream: sums, gathers or AdamW beside the model's stream (owned) */
     cudaEvent_t side_ev;
     int sent;               /* lowest bucket handed to the side stream this step (n_buckets: none) */
     int early;              /* buckets [0, early) handed over right after the LM head (embeddings only) */
     int lookups_due;        /* the last micro-step left its lookups out: add_lookups before the norm */
     int tail_done;          /* ZeRO-2: this micro-step's embedding table tail is in bucket 1's slot */
-    cudaEvent_t *ag_ev;     /* plan.weights_ahead: [n_buckets] bucket k's weights ready on the side stream */
+    cudaEvent_t *ag_ev;     /* plan.weights.ahead: [n_buckets] bucket k's weights ready on the side stream */
     cudaEvent_t slot_ev[QT_GRAD_SLOTS]; /* ZeRO-2: shared gradient slot k reduced and zeroed (its last user) */
     cudaEvent_t sums_ev;    /* ZeRO-2 overlapped: a micro-step's last sums done (slots free, shard whole) */
     int gathered;           /* buckets whose gather the model's stream waits for (n_buckets: none pending) */
@@ -61,7 +61,7 @@ struct qt_dp_sync {
     graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
     graph_set *capture;     /* the set being captured */
     qt_param_hooks wait_hooks;
-    /* ZeRO-3 (plan.zero 3): the weight slots' gathers (qt_weight_slots.h) */
+    /* ZeRO-3 (plan.parallel.zero 3): the weight slots' gathers (qt_weight_slots.h) */
     qt_wslots_io io;        /* gathers on gside with the overlap (prefetch), else the model's */
     cudaStream_t gside;     /* the shared weight slots' gathers (prefetch) on a stream of their own, so the
                              * backward's next gather does not queue behind this layer's gradient sums on the
@@ -95,7 +95,7 @@ static void mutant_sum(qt_dp_sync *d, int b, const void *g, void *piece, cudaStr
     size_t lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, n = (size_t)sh->n_ranks, off, len, st;
     qt_shard_piece(sh, b, &off, &len, &st);
     if (!d->mut.sum_buf) QT_CUDA(cudaMalloc((void **)&d->mut.sum_buf, sh->total * n * 4));
-    QT_CHECK(qt_comm_all_gather(d->comm, d->plan.rank, d->mut.sum_buf, g, n * count, QT_DT_F32, s) == 0, "mutant gather");
+    QT_CHECK(qt_comm_all_gather(d->comm, d->plan.parallel.rank, d->mut.sum_buf, g, n * count, QT_DT_F32, s) == 0, "mutant gather");
     for (size_t j = n; j-- > 0;) qt_add_inplace(piece, QT_DT_F32, d->mut.sum_buf + j * count + (off - lo), QT_DT_F32, len, s);
 }
 
@@ -147,8 +147,8 @@ static void mutants_free(qt_dp_sync *d) {
 static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
-    int g16 = ps->acc_dt == QT_DT_BF16, half = d->plan.reduce_bf16 && !g16, rank = d->plan.rank;
-    int z2 = d->plan.grads_sharded;
+    int g16 = ps->acc_dt == QT_DT_BF16, half = d->plan.grads.reduce_bf16 && !g16, rank = d->plan.parallel.rank;
+    int z2 = d->plan.grads.sharded;
     qt_dtype dt = half || g16 ? QT_DT_BF16 : QT_DT_F32;
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
     void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
@@ -168,7 +168,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
                  "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
     if (z2) {
-        if (QT_MUTANT(QT_MUT_HOST_SHARD_ASSIGN) && d->plan.grads_shard_host && dt == QT_DT_F32) { /* = instead of += */
+        if (QT_MUTANT(QT_MUT_HOST_SHARD_ASSIGN) && d->plan.grads.host_shard && dt == QT_DT_F32) { /* = instead of += */
             qt_param_grad_piece_fresh(ps, b, s);
             QT_CUDA(cudaMemcpyAsync(qt_param_grad_piece(ps, b), buf + (off - lo) * es, len * 4, cudaMemcpyDefault, s));
         } else if (!desc) qt_param_grad_piece_add(ps, b, buf + (off - lo) * es, dt, len, s);
@@ -199,7 +199,7 @@ static void gathers_join(qt_dp_sync *d, cudaStream_t s) {
  * enqueued so far (overlap, offloaded gradients' stores), else the model's (ZeRO-2 without overlap: in
  * the backward's order). */
 static cudaStream_t sums_stream(qt_dp_sync *d) {
-    if (!d->plan.overlap && !d->plan.grads_host) return d->g->stream;
+    if (!d->plan.parallel.overlap && !d->plan.grads.host_one) return d->g->stream;
     side_follows(d);
     return d->side;
 }
@@ -214,8 +214,8 @@ static void send_embedding(void *ctx) {
     while (k < sh->n_buckets && sh->bucket[k + 1] <= d->L->layers[0].ln1) k++;
     if (!k) return;
     d->early = k;
-    if (d->ps->place.embed_apart) return; /* ZeRO-2: no gradient there but the lookups (+= 0 changes no bit) */
-    if (d->plan.grads_sharded && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
+    if (d->ps->plan.grads.embed_apart) return; /* ZeRO-2: no gradient there but the lookups (+= 0 changes no bit) */
+    if (d->plan.grads.sharded && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
     cudaStream_t cs = sums_stream(d);
     for (int b = 0; b < k; b++) reduce_bucket(d, b, cs);
 }
@@ -232,7 +232,7 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
     int32_t *tok;
     float *dres;
     void *ws;
-    int rank = d->plan.rank;
+    int rank = d->plan.parallel.rank;
     qt_gpu_model_lookups(g, g->lookups, &tok, &dres, &ws);
     QT_CHECK(qt_comm_all_gather(d->comm, rank, tok, g->tok, n * N, QT_DT_F32, cs) == 0 &&
                  qt_comm_all_gather(d->comm, rank, dres, g->as->dres, n * N * C, QT_DT_F32, cs) == 0,
@@ -330,25 +330,25 @@ static void grads_ready(void *ctx, size_t from) {
     int b = qt_shard_final_from(&d->ps->shard, from), lookups = from == 0 && d->lookups_due;
     if (b < d->early) b = d->early;
     if (b >= d->sent && !lookups) return;
-    if (d->plan.grads_host) {
+    if (d->plan.grads.host_one) {
         host_grads_ready(d, b);
         return;
     }
-    if (d->plan.grads_sharded) slots_ready(d, b);
+    if (d->plan.grads.sharded) slots_ready(d, b);
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) reduce_bucket(d, --d->sent, cs);
     if (lookups) add_lookups(d, cs);
     if (from == 0) d->sent = d->early = d->lookups_due = d->tail_done = 0;
-    if (from == 0 && d->plan.grads_sharded) {
+    if (from == 0 && d->plan.grads.sharded) {
         d->sent = d->ps->shard.n_buckets;
-        if (d->plan.overlap) QT_CUDA(cudaEventRecord(d->sums_ev, cs));
+        if (d->plan.parallel.overlap) QT_CUDA(cudaEventRecord(d->sums_ev, cs));
     }
 }
 
 /* ZeRO-2 overlapped: the model's stream waits for the last micro-step's sums (its slots and shard);
  * offloaded gradients: for the last micro-step's stores (its slots and the host gradients). */
 static void sums_wait(qt_dp_sync *d) {
-    if ((d->plan.grads_sharded && d->plan.overlap) || d->plan.grads_host)
+    if ((d->plan.grads.sharded && d->plan.parallel.overlap) || d->plan.grads.host_one)
         QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
 }
 
@@ -376,7 +376,7 @@ static uint16_t *small_of(const qt_dp_sync *d, int b) {
 static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_small_params *m = &ps->small;
-    int rank = d->plan.rank, n = ps->shard.n_ranks;
+    int rank = d->plan.parallel.rank, n = ps->shard.n_ranks;
     size_t at = 0;
     for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
         qt_flat_range g = m->seg[b * n + rank][i];
@@ -400,9 +400,9 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
     const qt_shard *sh = &ps->shard;
     const qt_small_params *m = &ps->small;
     size_t off, len, st, lo = sh->bucket[b], nb = sh->bucket[b + 1] - lo, P = m->packed[b];
-    int rank = d->plan.rank, n = sh->n_ranks;
+    int rank = d->plan.parallel.rank, n = sh->n_ranks;
     qt_shard_piece(sh, b, &off, &len, &st);
-    if (d->plan.weights_host) { /* one GPU (memory.offload quants): the codes, then the small params, copied up */
+    if (d->plan.weights.host_one) { /* one GPU (memory.offload quants): the codes, then the small params, copied up */
         QT_CUDA(cudaMemcpyAsync(dst8, ps->w8 + st, nb, cudaMemcpyHostToDevice, s));
         for (int i = 0; i < m->n_seg[b]; i++) {
             qt_flat_range g = m->seg[b][i];
@@ -412,7 +412,7 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
         return;
     }
     const void *mine8 = ps->w8 + st;
-    int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
+    int rc = d->plan.weights.host_shard ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s);
     QT_CHECK(rc == 0, "rank %d: e4m3 weight all-gather of bucket %d aborted (another rank failed)", rank, b);
     const uint16_t *got = small_of(d, b);
@@ -445,8 +445,8 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
             qt_quant_amax(QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), ps->amax8 + j, 1, s);
     }
     if (!QT_MUTANT(QT_MUT_E4M3_LOCAL_AMAX) && d->ps->shard.n_ranks > 1)
-        QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.rank, ps->amax8, cnt, QT_COMM_MAX, s) == 0,
-                 "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.rank);
+        QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.parallel.rank, ps->amax8, cnt, QT_COMM_MAX, s) == 0,
+                 "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.parallel.rank);
     for (int j = 0; j < cnt; j++) {
         qt_fp8_scale *sc = qt_fp8_weight_scale(f, ml[j], (qt_fp8_mm)mk[j]);
         int tag = qt_fp8_weight_tag(ml[j], (qt_fp8_mm)mk[j]);
@@ -469,7 +469,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     const qt_layout *L = d->L;
     qt_param_store *ps = d->ps;
     size_t off, len, st, lo = ps->shard.bucket[b], hi = ps->shard.bucket[b + 1];
-    int ml[64], mk[64], cnt = 0, staged = d->plan.weights_shard_host || d->plan.weights_host;
+    int ml[64], mk[64], cnt = 0, staged = d->plan.weights.host_shard || d->plan.weights.host_one;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
     const uint16_t *w = (const uint16_t *)ps->w + st;
     uint8_t *w8 = ps->w8 + st;
@@ -478,7 +478,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
         void *c8;
         uint16_t *up = qt_wslots_scratch(ps->wslots, &room, &c8, &room8);
         QT_CHECK(len * 2 <= room && len <= room8, "rank %d: bucket %d's piece of %zu elements does not fit the weight slot's "
-                 "%zu / %zu bytes", d->plan.rank, b, len, room, room8);
+                 "%zu / %zu bytes", d->plan.parallel.rank, b, len, room, room8);
         if (!QT_MUTANT(QT_MUT_E4M3_PIECE_NOT_UP)) QT_CUDA(cudaMemcpyAsync(up, w, len * 2, cudaMemcpyHostToDevice, s));
         QT_CUDA(cudaMemcpyAsync(c8, w8, len, cudaMemcpyHostToDevice, s)); /* what no matrix covers stays as it was */
         w = up, w8 = c8;
@@ -490,7 +490,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     }
     if (cnt) codes_of(d, ml, mk, cnt, off, len, w, w8, s);
     if (staged && len) QT_CUDA(cudaMemcpyAsync(ps->w8 + st, w8, len, cudaMemcpyDeviceToHost, s));
-    if (!d->plan.weights_host) small_gather(d, b, w, off, s); /* ZeRO-3 */
+    if (!d->plan.weights.host_one) small_gather(d, b, w, off, s); /* ZeRO-3 */
 }
 
 /* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it (offloaded
@@ -504,26 +504,26 @@ static void fill_bucket(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_
         return;
     }
     size_t off, len, st, n = sh->bucket[b + 1] - sh->bucket[b];
-    int rank = d->plan.rank;
+    int rank = d->plan.parallel.rank;
     qt_shard_piece(sh, b, &off, &len, &st);
-    if (d->plan.weights_host) {
+    if (d->plan.weights.host_one) {
         QT_CUDA(cudaMemcpyAsync(dst, (uint16_t *)d->ps->w + st, n * 2, cudaMemcpyHostToDevice, s));
         return;
     }
-    if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights_shard_host && stale_fill(d, b, dst, s)) return;
+    if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights.host_shard && stale_fill(d, b, dst, s)) return;
     const void *mine = (uint16_t *)d->ps->w + st;
-    int rc = d->plan.weights_shard_host ? qt_comm_all_gather_host(d->comm, rank, dst, mine, n, QT_DT_BF16, s)
+    int rc = d->plan.weights.host_shard ? qt_comm_all_gather_host(d->comm, rank, dst, mine, n, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst, mine, n, QT_DT_BF16, s);
     QT_CHECK(rc == 0,
              "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
-    if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights_shard_host) stale_keep(d, b, dst, n, s);
+    if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights.host_shard) stale_keep(d, b, dst, n, s);
 }
 
 /* ZeRO-3 / offloaded weights: a shared weight slot's fill (io.gather), delayed on the side stream by
  * the test hook dp_ag_delay_ms. */
 static void z3_gather(void *ctx, int b, void *dst, void *dst8, cudaStream_t s) {
     qt_dp_sync *d = ctx;
-    QT_CHECK(!(d->plan.rank == d->fail_rank && ++d->gathers == d->fail_gather),
+    QT_CHECK(!(d->plan.parallel.rank == d->fail_rank && ++d->gathers == d->fail_gather),
              "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->fail_gather, b);
     if (d->ag_delay_ms && s == d->io.side && s != d->io.model) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
     fill_bucket(d, b, dst, dst8, s);
@@ -555,7 +555,7 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
     }
     if (k1 == sh->n_buckets) d->own_due = 0;
     /* e4m3 gathers: the layer buckets' codes from the changed pieces */
-    for (int k = k0; d->plan.gather_e4m3 && k < k1 && !(QT_MUTANT(QT_MUT_E4M3_CODES_ONCE) && codes_made(d)); k++)
+    for (int k = k0; d->plan.weights.e4m3 && k < k1 && !(QT_MUTANT(QT_MUT_E4M3_CODES_ONCE) && codes_made(d)); k++)
         if (d->ps->small.layer_bucket[k]) refresh_codes(d, k, s);
     if (k1 == sh->n_buckets) mark_codes_made(d);
     for (int k = k0; k < k1; k++) {
@@ -567,7 +567,7 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
 }
 
 void qt_dp_sync_reload(qt_dp_sync *d) {
-    if (!d->plan.wslots) return;
+    if (!d->plan.weights.slots) return;
     qt_wslots_invalidate(d->ps->wslots);
     d->own_due = 1;
 }
@@ -575,14 +575,14 @@ void qt_dp_sync_reload(qt_dp_sync *d) {
 void qt_dp_sync_inputs(qt_dp_sync *d) { sums_wait(d); }
 
 void qt_dp_sync_join(qt_dp_sync *d) {
-    if (d->plan.wslots && d->io.side != d->io.model) { /* the own slots' gathers and the codes on the side stream,
+    if (d->plan.weights.slots && d->io.side != d->io.model) { /* the own slots' gathers and the codes on the side stream,
                                                           * the shared slots' on the gather stream */
         follow(d->g->stream, d->side, d->side_ev);
         gathers_join(d, d->g->stream);
-    } else if (d->plan.weights_ahead) {
+    } else if (d->plan.weights.ahead) {
         weights_wait(d, SIZE_MAX);
     }
-    if (!(d->plan.grads_host && QT_MUTANT(QT_MUT_ADAMW_NO_STORE_WAIT))) sums_wait(d);
+    if (!(d->plan.grads.host_one && QT_MUTANT(QT_MUT_ADAMW_NO_STORE_WAIT))) sums_wait(d);
 }
 
 const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d) { return &d->wait_hooks; }
@@ -644,21 +644,21 @@ static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int
 }
 
 void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
-    const qt_step_plan *p = &d->plan;
-    if (p->grads_sharded || p->grads_host) last = 1; /* every micro-step sums (stores) its buckets as the backward
+    const qt_plan *p = &d->plan;
+    if (p->grads.sharded || p->grads.host_one) last = 1; /* every micro-step sums (stores) its buckets as the backward
                                                       * releases them */
-    if (p->grads_host) host_grads_load(d);
-    int kind = (last && (p->overlap || p->grads_sharded || p->grads_host) ? MS_SUMS : 0) | (last && p->lookups ? MS_LOOKUPS : 0) |
+    if (p->grads.host_one) host_grads_load(d);
+    int kind = (last && (p->parallel.overlap || p->grads.sharded || p->grads.host_one) ? MS_SUMS : 0) | (last && p->parallel.lookups ? MS_LOOKUPS : 0) |
                (d->gathered < d->ps->shard.n_buckets ? MS_WAITS : 0);
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
     d->lookups_due = a.skip_lookups;
-    QT_CHECK(eager || !p->wslots, "ZeRO-3 and offloaded-weight micro-steps run eagerly (perf.cuda_graphs is refused with "
+    QT_CHECK(eager || !p->weights.slots, "ZeRO-3 and offloaded-weight micro-steps run eagerly (perf.cuda_graphs is refused with "
              "parallel.zero: 3 and memory.offload: [weights])");
     if (eager) {
-        qt_param_hooks h = {.weights_needed = p->wslots ? z3_forward : p->weights_ahead ? weights_wait : NULL,
+        qt_param_hooks h = {.weights_needed = p->weights.slots ? z3_forward : p->weights.ahead ? weights_wait : NULL,
                             .grads_ready = kind & MS_SUMS ? grads_ready : NULL, .embed_ready = early ? send_embedding : NULL,
-                            .ctx = d, .weights_back = p->wslots ? z3_backward : NULL};
+                            .ctx = d, .weights_back = p->weights.slots ? z3_backward : NULL};
         a.hooks = &h;
         qt_gpu_model_step(d->g, &a);
         return;
@@ -681,15 +681,15 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
     cudaStream_t s = g->stream;
-    int rank = d->plan.rank;
-    if (d->plan.grads_host) { /* stored to host during the micro-steps; the own slots zeroed for the next step */
+    int rank = d->plan.parallel.rank;
+    if (d->plan.grads.host_one) { /* stored to host during the micro-steps; the own slots zeroed for the next step */
         if (!QT_MUTANT(QT_MUT_ADAMW_NO_STORE_WAIT)) sums_wait(d);
         for (int b = 0; b < sh->n_buckets; b++)
             if (qt_param_grad_slot_shared(ps, b) < 0) qt_param_grad_slot_zero(ps, b, s);
         d->grad_micro = 0;
-    } else if (d->plan.grads_sharded) {
+    } else if (d->plan.grads.sharded) {
         sums_wait(d); /* summed into the shard during the micro-steps */
-    } else if (d->plan.dp != QT_DP_ONE) {
+    } else if (d->plan.parallel.dp != QT_DP_ONE) {
         if (d->sent < sh->n_buckets) {
             QT_CHECK(d->sent == 0, "rank %d: the backward handed over buckets %d.. of %d only", rank, d->sent,
                      sh->n_buckets);
@@ -723,24 +723,24 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
 }
 
 cudaStream_t qt_dp_sync_opt_stream(qt_dp_sync *d) {
-    if (!d->plan.opt_ahead) return d->g->stream;
+    if (!d->plan.optimizer.ahead) return d->g->stream;
     side_follows(d);
     return d->side;
 }
 
 /* The bf16 weights after AdamW of buckets [k0, k1): a sharded rank all-gathers every rank's pieces
  * bucket by bucket, then the fp8 quants of the layers each bucket completes follow. With
- * plan.weights_ahead this runs on the side stream, each bucket's event recorded for the next forward
+ * plan.weights.ahead this runs on the side stream, each bucket's event recorded for the next forward
  * (weights_wait); else on the model's. One GPU (no gather): only with opt_ahead, for the quants and
  * the events. */
 void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     qt_gpu_model *g = d->g;
     const qt_shard *sh = &d->ps->shard;
     const qt_layout *L = d->L;
-    int ahead = d->plan.weights_ahead, nl = L->cfg.num_layers, ql = 0, rank = d->plan.rank;
-    if (sh->n_ranks == 1 && !d->plan.opt_ahead && !d->plan.wslots) return;
+    int ahead = d->plan.weights.ahead, nl = L->cfg.num_layers, ql = 0, rank = d->plan.parallel.rank;
+    if (sh->n_ranks == 1 && !d->plan.optimizer.ahead && !d->plan.weights.slots) return;
     cudaStream_t s = ahead ? d->side : g->stream;
-    if (d->plan.wslots) { /* no whole weights to gather into (or none on the GPU): the own slots only */
+    if (d->plan.weights.slots) { /* no whole weights to gather into (or none on the GPU): the own slots only */
         if (sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather"); /* and the codes */
         if (ahead) side_follows(d);
         if (ahead && k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
@@ -762,56 +762,55 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
                  "rank %d: weight all-gather aborted (another rank failed)", rank);
         int l1 = ql; /* the layers now whole */
         while (l1 < nl && qt_layer_end(L, l1) <= hi) l1++;
-        if (d->plan.fp8 && l1 > ql) qt_fp8_quantize_weights(g->fp8, L, d->ps->w, ql, l1, s);
+        if (d->plan.precision.fp8 && l1 > ql) qt_fp8_quantize_weights(g->fp8, L, d->ps->w, ql, l1, s);
         ql = l1;
         if (ahead) QT_CUDA(cudaEventRecord(d->ag_ev[k], s));
     }
 }
 
-qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_config *cfg, qt_comm *comm,
-                              const qt_test_hooks *th) {
+qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, const qt_test_hooks *th) {
     qt_dp_sync *d = calloc(1, sizeof *d);
     QT_CHECK(d, "out of host memory");
     const qt_shard *sh = &g->ps->shard;
     int nl = g->L->cfg.num_layers;
-    *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = cfg->optim.grad_clip, .comm = comm,
+    *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = p->optimizer.grad_clip, .comm = comm,
                       .sent = sh->n_buckets, .gathered = sh->n_buckets, .ag_delay_ms = th->dp_ag_delay_ms,
                       .sum_delay_ms = th->dp_sum_delay_ms,
                       .read_delay_ms = th->zero3_read_delay_ms, .fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
                       .fail_gather = th->dp_fail_gather};
-    d->wait_hooks = (qt_param_hooks){.weights_needed = p->wslots ? z3_forward : p->weights_ahead ? weights_wait : NULL,
+    d->wait_hooks = (qt_param_hooks){.weights_needed = p->weights.slots ? z3_forward : p->weights.ahead ? weights_wait : NULL,
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
      * the backward's, and steps on 2 x H200 are slower. */
-    if (p->side_stream) {
+    if (p->perf.side_stream) {
         QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
         QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));
     }
-    if (p->grads_sharded || p->grads_host) {
+    if (p->grads.sharded || p->grads.host_one) {
         for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->slot_ev[k], cudaEventDisableTiming));
         QT_CUDA(cudaEventCreateWithFlags(&d->sums_ev, cudaEventDisableTiming));
     }
-    if (p->grads_host) {
+    if (p->grads.host_one) {
         QT_CUDA(cudaStreamCreateWithFlags(&d->gup, cudaStreamNonBlocking));
         for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->stored_ev[k], cudaEventDisableTiming));
         QT_CUDA(cudaEventCreateWithFlags(&d->gup_ev, cudaEventDisableTiming));
     }
-    if (p->weights_ahead) {
+    if (p->weights.ahead) {
         d->ag_ev = calloc((size_t)sh->n_buckets, sizeof *d->ag_ev);
         QT_CHECK(d->ag_ev, "out of host memory");
         for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&d->ag_ev[k], cudaEventDisableTiming));
     }
-    if (p->wslots) { /* the own slots are filled from the initial pieces at the first forward; offloaded
+    if (p->weights.slots) { /* the own slots are filled from the initial pieces at the first forward; offloaded
                       * weights always prefetch (copy up) on the gather stream */
         /* a stream of their own only where a gather is copies from pinned host memory (offloaded pieces:
          * qt_comm_all_gather_host; one GPU: H2D copies): a staged or one-shot collective must not run beside
          * another on a second stream (comm.c orders them by the caller's stream). Ranks prefetch only with
          * parallel.overlap_comm. */
-        if ((p->weights_shard_host && p->overlap) || p->weights_host) {
+        if ((p->weights.host_shard && p->parallel.overlap) || p->weights.host_one) {
             QT_CUDA(cudaStreamCreateWithFlags(&d->gside, cudaStreamNonBlocking));
             QT_CUDA(cudaEventCreateWithFlags(&d->gside_ev, cudaEventDisableTiming));
         }
-        d->io = (qt_wslots_io){z3_gather, d, g->stream, d->gside ? d->gside : p->overlap ? d->side : g->stream,
+        d->io = (qt_wslots_io){z3_gather, d, g->stream, d->gside ? d->gside : p->parallel.overlap ? d->side : g->stream,
                                &d->read_delay_ms};
         d->own_due = 1;
     }
@@ -826,7 +825,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_step_plan *p, const qt_c
 
 void qt_dp_sync_free(qt_dp_sync *d) {
     if (!d) return;
-    if (d->plan.side_stream) {
+    if (d->plan.perf.side_stream) {
         QT_CUDA(cudaStreamSynchronize(d->side));
         QT_CUDA(cudaStreamDestroy(d->side));
         QT_CUDA(cudaEventDestroy(d->side_ev));
@@ -836,11 +835,11 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaStreamDestroy(d->gside));
         QT_CUDA(cudaEventDestroy(d->gside_ev));
     }
-    for (int k = 0; d->plan.weights_ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
-    int slots = d->plan.grads_sharded || d->plan.grads_host;
+    for (int k = 0; d->plan.weights.ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
+    int slots = d->plan.grads.sharded || d->plan.grads.host_one;
     for (int k = 0; slots && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
     if (slots) QT_CUDA(cudaEventDestroy(d->sums_ev));
-    if (d->plan.grads_host) {
+    if (d->plan.grads.host_one) {
         QT_CUDA(cudaStreamSynchronize(d->gup));
         QT_CUDA(cudaStreamDestroy(d->gup));
         for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->stored_ev[k]));

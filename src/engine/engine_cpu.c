@@ -12,6 +12,7 @@
 
 typedef struct {
     qt_engine base;
+    qt_plan plan;         /* run and optimizer only (qt_plan_resolve for the CPU) */
     qt_cpu_model *model;
     float *w, *g, *m, *v; /* owned, L->numel each */
     double loss_sum;      /* the micro-steps' mean losses, summed */
@@ -38,16 +39,16 @@ static void cpu_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, 
  * and zero weights, so skipping it leaves it zero. */
 static void cpu_opt_step(qt_engine *e, float lr, long t, float *loss, float *gnorm) {
     cpu_engine *c = (cpu_engine *)e;
-    const qt_config *cfg = e->cfg;
+    const qt_plan_optimizer *oc = &c->plan.optimizer;
     double norm = qt_grad_norm_cpu(c->g, e->L->numel);
-    float scale = qt_clip_scale(norm, cfg->optim.grad_clip);
-    qt_adamw_hp hp = {lr, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps, cfg->optim.weight_decay};
+    float scale = qt_clip_scale(norm, oc->grad_clip);
+    qt_adamw_hp hp = {lr, oc->beta1, oc->beta2, oc->eps, oc->weight_decay};
     c->t = t;
     for (int i = 0; i < e->L->n_tensors; i++) {
         const qt_tensor *tt = &e->L->tensors[i];
-        int decay = tt->is_matrix || (cfg->optim.decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
+        int decay = tt->is_matrix || (oc->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
         size_t o = tt->offset;
-        qt_adamw_cpu(c->w + o, c->g + o, c->m + o, c->v + o, tt->numel, &hp, decay ? cfg->optim.weight_decay : 0.0f,
+        qt_adamw_cpu(c->w + o, c->g + o, c->m + o, c->v + o, tt->numel, &hp, decay ? oc->weight_decay : 0.0f,
                      t, scale);
     }
     memset(c->g, 0, e->L->numel * sizeof(float));
@@ -78,7 +79,7 @@ static void cpu_forward_logits(qt_engine *e, const int32_t *in, float *logits) {
     cpu_engine *c = (cpu_engine *)e;
     qt_cpu_model_forward(c->model, c->w, in, NULL);
     memcpy(logits, qt_cpu_model_logits(c->model),
-           (size_t)e->cfg->data.micro_batch * e->cfg->data.seq_len * e->L->cfg.vocab_size * sizeof(float));
+           (size_t)e->plan->run.B * e->plan->run.T * e->L->cfg.vocab_size * sizeof(float));
 }
 
 static int cpu_state_items(qt_engine *e, qt_ckpt_item *items, int cap) {
@@ -144,11 +145,12 @@ static const qt_engine_ops cpu_ops = {
     .free = cpu_free,
 };
 
-qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
+qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
                                     size_t errlen) {
     cpu_engine *c = calloc(1, sizeof *c);
     QT_CHECK(c, "out of host memory");
-    c->base = (qt_engine){&cpu_ops, L, cfg, 1};
+    c->plan = *plan;
+    c->base = (qt_engine){&cpu_ops, L, &c->plan, 1};
     size_t bytes = L->numel * sizeof(float);
     c->w = malloc(bytes);
     c->g = calloc(L->numel, sizeof(float));
@@ -159,6 +161,6 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_config *cfg, const 
         free(c->w), free(c->g), free(c->m), free(c->v), free(c);
         return NULL;
     }
-    c->model = qt_cpu_model_create(L, cfg->data.micro_batch, cfg->data.seq_len);
+    c->model = qt_cpu_model_create(L, plan->run.B, plan->run.T);
     return &c->base;
 }

@@ -46,6 +46,7 @@ struct dp_engine {
     char name[256];
     int n;
     int dev[QT_COMM_MAX_RANKS];
+    qt_plan plan;                     /* every rank's, but for its rank index */
     qt_engine *rk[QT_COMM_MAX_RANKS]; /* owned; made and freed by their rank's thread */
     qt_comm *comm;                    /* owned */
     pthread_t th[QT_COMM_MAX_RANKS];
@@ -148,10 +149,10 @@ static void *rank_loop(void *p) {
 
 static void job_create(dp_engine *d, int r) {
     qt_gpu_rank rank = {d->comm, r, &d->shard[r]};
-    d->rk[r] = qt_engine_gpu_create(d->base.L, d->base.cfg, d->src, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
+    d->rk[r] = qt_engine_gpu_create(d->base.L, &d->plan, d->src, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
 }
 static void job_micro(dp_engine *d, int r) {
-    size_t ntok = (size_t)d->base.cfg->data.micro_batch * d->base.cfg->data.seq_len;
+    size_t ntok = (size_t)d->plan.run.B * d->plan.run.T;
     d->rk[r]->ops->micro_step(d->rk[r], d->in + r * ntok, d->tgt ? d->tgt + r * ntok : NULL, d->scale);
 }
 static void job_opt(dp_engine *d, int r) {
@@ -160,7 +161,7 @@ static void job_opt(dp_engine *d, int r) {
     d->rk[r]->ops->opt_step(d->rk[r], d->lr, d->t, &d->loss[r], &d->gnorm[r]);
 }
 static void job_eval(dp_engine *d, int r) {
-    size_t ntok = (size_t)d->base.cfg->data.micro_batch * d->base.cfg->data.seq_len;
+    size_t ntok = (size_t)d->plan.run.B * d->plan.run.T;
     d->loss[r] = d->rk[r]->ops->eval_loss(d->rk[r], d->in + r * ntok, d->tgt + r * ntok);
 }
 static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->out); }
@@ -452,24 +453,27 @@ static const qt_engine_ops dp_ops = {
     .free = dp_free,
 };
 
-qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
+qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
                                    const int *devices, char *err, size_t errlen) {
     if (n < 1 || n > QT_COMM_MAX_RANKS) {
-        snprintf(err, errlen, "%s: parallel.gpus: %d ranks, expected 1..%d", cfg->path, n, QT_COMM_MAX_RANKS);
+        snprintf(err, errlen, "%s: parallel.gpus: %d ranks, expected 1..%d", plan->run.path, n, QT_COMM_MAX_RANKS);
         return NULL;
     }
+    QT_CHECK(plan->parallel.dp != QT_DP_ONE && plan->parallel.n_ranks == n, "a data-parallel engine of %d ranks on a plan "
+             "for %d", n, plan->parallel.n_ranks);
     dp_engine *d = calloc(1, sizeof *d);
     QT_CHECK(d, "out of host memory");
     d->ops = dp_ops;
-    d->base = (qt_engine){&d->ops, L, cfg, n};
+    d->plan = *plan;
+    d->base = (qt_engine){&d->ops, L, &d->plan, n};
     d->n = n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
-    d->sharded = cfg->parallel.zero >= 1 && n > 1;
-    d->zero = d->sharded ? cfg->parallel.zero : 0;
+    d->sharded = plan->parallel.dp == QT_DP_SHARDED;
+    d->zero = plan->parallel.zero;
     /* Sharded: a bucket per layer with overlap or not, so the norm's per-bucket sums (and so its bits)
      * are the same at every ZeRO level; ZeRO-2 needs them for its slots. */
     for (int r = 0; r < n; r++)
-        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, (cfg->parallel.overlap_comm || d->sharded) && n > 1);
+        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, plan->parallel.buckets);
     const qt_test_hooks *th = qt_test_hooks_get();
     d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
     d->fail_step = th->dp_fail_step;
@@ -478,11 +482,12 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const q
     pthread_cond_init(&d->done, NULL);
     /* auto: the link probe decides, printed once. Sums that overlap the backward pull with copy engines
      * and reduce locally: reductions that load from peers take SMs from the backward (slower there). */
-    qt_comm_opts opts = {.probe_log = stdout, .peer_rs = cfg->parallel.overlap_comm && n > 1 ? QT_COMM_RS_COPY : QT_COMM_RS_AUTO};
-    d->comm = qt_comm_create(n, devices, cfg->parallel.comm, 0, &opts);
+    int overlap = plan->parallel.overlap && n > 1;
+    qt_comm_opts opts = {.probe_log = stdout, .peer_rs = overlap ? QT_COMM_RS_COPY : QT_COMM_RS_AUTO};
+    d->comm = qt_comm_create(n, devices, (qt_comm_kind)plan->parallel.comm, 0, &opts);
     qt_comm_kind kind = qt_comm_kind_of(d->comm);
-    if ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && cfg->parallel.reduce_dtype == QT_DT_F32 &&
-        cfg->precision.grad_accum_dtype != QT_DT_BF16) /* bf16 gradients cross in bf16 */
+    if ((kind == QT_COMM_HOST || kind == QT_COMM_HOST_WC) && plan->grads.reduce_dt == QT_DT_F32 &&
+        plan->precision.acc_dt != QT_DT_BF16) /* bf16 gradients cross in bf16 */
         printf("qtrain: the gradients cross host memory as fp32; parallel.reduce_dtype: bf16 halves those bytes\n");
     QT_CUDA(cudaSetDevice(devices[0]));
     for (int r = 0; r < n; r++) {
@@ -504,8 +509,8 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const q
              qt_comm_name(d->comm), d->zero >= 3   ? ", optimizer state, gradients and bf16 weights sharded (ZeRO-3)"
                                     : d->zero >= 2 ? ", optimizer state and gradients sharded (ZeRO-2)"
                                     : d->sharded   ? ", optimizer state sharded" : "",
-             cfg->parallel.reduce_dtype == QT_DT_BF16 ? ", gradients summed in bf16" : "",
-             cfg->parallel.overlap_comm && n > 1 ? ", sums overlapped with the backward" : "");
+             plan->grads.reduce_dt == QT_DT_BF16 ? ", gradients summed in bf16" : "",
+             overlap ? ", sums overlapped with the backward" : "");
     d->ops.name = d->name;
     return &d->base;
 }

@@ -1,4 +1,4 @@
-/* engine_gpu.c — one GPU's engine: a training step as its step plan (qt_step_plan.h) says.
+/* engine_gpu.c — one GPU's engine: a training step as its plan (qt_plan.h) says.
  *
  * micro_step: the tokens go up through pinned staging, then the forward and backward run, eagerly or
  * from CUDA graphs, with the data-parallel sync's hooks (qt_dp_sync.h). opt_step: the gradients are
@@ -24,13 +24,11 @@
 #include "qt_matmul.h"
 #include "qt_mutant.h"
 #include "qt_pinned.h"
-#include "qt_planner.h"
-#include "qt_step_plan.h"
 #include "qt_test_hooks.h"
 
 typedef struct {
     qt_engine base;
-    qt_step_plan plan;      /* chosen at creation */
+    qt_plan plan;           /* the plan it was created with, its rank index set */
     qt_gpu_model *g;
     qt_dp_sync *sync;
     int32_t *pin[2];        /* pinned token staging [2][tok | tgt], alternated */
@@ -76,13 +74,13 @@ static long upload(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
 static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
     gpu_engine *e = (gpu_engine *)b;
     QT_CHECK(qt_dp_sync_idle(e->sync), "rank %d: a micro-step after the last of this step (a step is data.grad_accum = %d "
-             "micro-steps)", e->plan.rank, b->cfg->data.grad_accum);
+             "micro-steps)", e->plan.parallel.rank, e->plan.run.grad_accum);
     long valid = upload(e, in, tgt);
     e->valid_total += valid;
-    int last = e->plan.dp != QT_DP_ONE && ++e->micro_in_step == b->cfg->data.grad_accum;
+    int last = e->plan.parallel.dp != QT_DP_ONE && ++e->micro_in_step == e->plan.run.grad_accum;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
      * cannot happen under capture. */
-    int eager = !e->plan.graphs || e->micro_done == 0 || e->g->prof;
+    int eager = !e->plan.perf.graphs || e->micro_done == 0 || e->g->prof;
     qt_dp_sync_micro_step(e->sync, grad_scale, last, eager); /* the weight of one target (qt_loss_scale) */
     e->micro_done++;
 }
@@ -111,7 +109,7 @@ static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
     qt_gpu_model *g = e->g;
     qt_param_store *ps = g->ps;
     cudaStream_t os = qt_dp_sync_opt_stream(e->sync);
-    int ahead = e->plan.opt_ahead, slot = (int)(a->t & 1);
+    int ahead = e->plan.optimizer.ahead, slot = (int)(a->t & 1);
     qt_zero(e->bad_dev, sizeof *e->bad_dev, os);
     for (int i = 0; i < qt_param_opt_groups(ps); i++) {
         int k0, k1;
@@ -126,7 +124,7 @@ static void optimizer(gpu_engine *e, const qt_adamw_args *a) {
     QT_CUDA(cudaEventRecord(e->bad_ev[slot], os));
     e->bad_pending[slot] = a->t;
     if (!ahead) {
-        if (e->plan.dp != QT_DP_SHARDED && e->plan.fp8 && !e->plan.wslots) { /* once per step: the persistent quants */
+        if (e->plan.parallel.dp != QT_DP_SHARDED && e->plan.precision.fp8 && !e->plan.weights.slots) { /* once per step: the persistent quants */
             qt_gpu_model_mark(g, "fp8 quantize: weights");
             qt_fp8_quantize_weights(g->fp8, e->base.L, ps->w, 0, e->base.L->cfg.num_layers, g->stream);
         }
@@ -184,23 +182,23 @@ static long gpu_nonfinite_weight(qt_engine *b, int settle, long *step) {
 static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
     gpu_engine *e = (gpu_engine *)b;
     qt_gpu_model *g = e->g;
-    const qt_config *c = b->cfg;
+    const qt_plan_optimizer *o = &e->plan.optimizer;
     cudaStream_t s = g->stream;
     qt_dp_sync_join(e->sync);
     qt_dp_sync_reduce(e->sync);
     e->micro_in_step = 0;
-    qt_adamw_args a = {lr, c->optim.beta1, c->optim.beta2, c->optim.eps, t, c->seed, c->precision.stochastic_rounding, 0, 0,
+    qt_adamw_args a = {lr, o->beta1, o->beta2, o->eps, t, o->seed, e->plan.precision.stochastic_rounding, 0, 0,
                        QT_MUTANT(QT_MUT_NONFINITE_UNCHECKED) ? NULL : e->bad_dev};
     optimizer(e, &a);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));
-    if (e->plan.fp8) QT_CUDA(cudaMemcpyAsync(&e->out->nonfinite, g->fp8->nonfinite, 4, cudaMemcpyDeviceToHost, s));
+    if (e->plan.precision.fp8) QT_CUDA(cudaMemcpyAsync(&e->out->nonfinite, g->fp8->nonfinite, 4, cudaMemcpyDeviceToHost, s));
     qt_zero(g->loss_sum, 8, s);
     QT_CUDA(cudaStreamSynchronize(s));
     /* this step's count when AdamW ran on s; ahead of the next forward, the last step's (that forward
      * waited for every bucket: the copy is done or about to be) */
-    take_counts(e, e->plan.opt_ahead ? t : LONG_MAX, 1);
-    if (e->plan.fp8 && e->out->nonfinite && e->first_bad < 0) { /* NaN weights: the precise message wins */
+    take_counts(e, e->plan.optimizer.ahead ? t : LONG_MAX, 1);
+    if (e->plan.precision.fp8 && e->out->nonfinite && e->first_bad < 0) { /* NaN weights: the precise message wins */
         char name[96];
         QT_CHECK(0, "step %ld: fp8 scale of %s is NaN/Inf (its abs-max was not finite): the run diverged", t,
                  qt_fp8_tag_name(e->out->nonfinite, name, sizeof name));
@@ -238,7 +236,7 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
     gpu_engine *e = (gpu_engine *)b;
     QT_CHECK(qt_dp_sync_idle(e->sync),
              "rank %d: get_grads after the last micro-step of a step: its gradients are summed over the GPUs (or "
-             "wait for the other ranks' embedding lookups); read them before that micro-step", e->plan.rank);
+             "wait for the other ranks' embedding lookups); read them before that micro-step", e->plan.parallel.rank);
     qt_dp_sync_join(e->sync); /* AdamW running ahead zeroes them; ZeRO-2's sums run beside */
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
     qt_param_get_grads(e->g->ps, gr);
@@ -247,10 +245,10 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
 static float *gpu_grads_device(qt_engine *b, int *device) {
     gpu_engine *e = (gpu_engine *)b;
     const qt_param_store *ps = e->g->ps;
-    QT_CHECK(!ps->place.g_host && ps->grad_dt == QT_DT_F32,
+    QT_CHECK(!ps->plan.grads.host && ps->grad_dt == QT_DT_F32,
              "device gradients: expected fp32 gradients on the GPU, got %s (memory.offload: [gradients] keeps them in "
              "host memory; precision.grad_accum_dtype bf16 is not fp32): read them with qtrain_get_gradients",
-             ps->place.g_host ? "gradients in host memory" : "bf16 gradients");
+             ps->plan.grads.host ? "gradients in host memory" : "bf16 gradients");
     qt_dp_sync_join(e->sync);
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
     QT_CUDA(cudaGetDevice(device));
@@ -272,8 +270,8 @@ static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "
  * memory (AdamW writes them in the same chunks; with a bf16 master the widened "weights" is their view,
  * live as well); otherwise they are the device weights and their copy is the checkpoint's. A replicated
  * rank's are copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
-static int live_state(const gpu_engine *e) { return e->plan.offload_opt && e->plan.dp != QT_DP_REPLICATED && !e->ckpt_copy; }
-static int live_w(const gpu_engine *e) { return live_state(e) && e->g->ps->place.w_host; }
+static int live_state(const gpu_engine *e) { return e->plan.optimizer.host && e->plan.parallel.dp != QT_DP_REPLICATED && !e->ckpt_copy; }
+static int live_w(const gpu_engine *e) { return live_state(e) && e->g->ps->plan.weights.host; }
 /* Item i (weights, weights_bf16, adam_m, adam_v) lives in host memory and is written in place: the state
  * arrays memory.offload names (ps->opt_host), the host weights, and with a bf16 master "weights" (their view). */
 static int live_item(const gpu_engine *e, int i) {
@@ -285,7 +283,7 @@ static int live_item(const gpu_engine *e, int i) {
 /* Elements of checkpoint item i (0 master, 1 bf16 weights, 2 m, 3 v): the rank's pieces, but the bf16 weights
  * whole below ZeRO-3. */
 static size_t item_elems(const gpu_engine *e, int i) {
-    return i == 1 && e->plan.zero < 3 ? e->base.L->numel : e->g->ps->shard.len;
+    return i == 1 && e->plan.parallel.zero < 3 ? e->base.L->numel : e->g->ps->shard.len;
 }
 
 /* The bytes of those items when they are live (a widened "weights" is the host weights' view: no bytes). */
@@ -336,7 +334,7 @@ static size_t gpu_snapshot_bytes(const qt_engine *b) { return ((const gpu_engine
 static int gpu_state_live(qt_engine *b, qt_ckpt_live *live) {
     gpu_engine *e = (gpu_engine *)b;
     if (!live_state(e)) return live->n = 0;
-    *live = (qt_ckpt_live){0, {0}, e->g->ps->shard.len, e->g->ps->place.opt_chunk}; /* the weights: numel <= shard.len */
+    *live = (qt_ckpt_live){0, {0}, e->g->ps->shard.len, e->g->ps->plan.optimizer.chunk}; /* the weights: numel <= shard.len */
     for (int i = 0; i < 4; i++)
         if (live_item(e, i)) live->idx[live->n++] = i;
     return live->n;
@@ -379,7 +377,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                      item_names[i], want, qt_dtype_name(want_dt), p ? "another size or dtype" : "none");
             return -1;
         }
-        if (i == 1 && e->plan.zero < 3) { /* whole; offloaded weights: host to host */
+        if (i == 1 && e->plan.parallel.zero < 3) { /* whole; offloaded weights: host to host */
             QT_CUDA(cudaMemcpyAsync(dst, p, want, cudaMemcpyDefault, g->stream));
             continue;
         }
@@ -392,8 +390,8 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                                         cudaMemcpyDefault, g->stream));
         }
     }
-    if (e->plan.wslots) qt_dp_sync_reload(e->sync); /* the fp8 abs-maxes come at each layer's forward */
-    else if (e->plan.fp8) qt_fp8_quantize_weights(g->fp8, b->L, ps->w, 0, b->L->cfg.num_layers, g->stream);
+    if (e->plan.weights.slots) qt_dp_sync_reload(e->sync); /* the fp8 abs-maxes come at each layer's forward */
+    else if (e->plan.precision.fp8) qt_fp8_quantize_weights(g->fp8, b->L, ps->w, 0, b->L->cfg.num_layers, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     return 0;
 }
@@ -449,30 +447,26 @@ void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
     *valid = e->last_valid;
 }
 
-qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                     const qt_gpu_rank *rank, char *err, size_t errlen) {
-    if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.matmul_dtype != QT_DT_E4M3) {
-        snprintf(err, errlen, "%s: precision.matmul_dtype: %s: expected bf16 or e4m3", cfg->path,
-                 qt_dtype_name(cfg->precision.matmul_dtype));
-        return NULL;
-    }
     QT_CUDA(cudaSetDevice(device));
-    if (cfg->precision.matmul_dtype == QT_DT_E4M3) {
+    if (plan->precision.fp8) {
         struct cudaDeviceProp p;
         QT_CUDA(cudaGetDeviceProperties(&p, device));
-        if (qt_fp8_check(&L->cfg, cfg, (long)cfg->data.micro_batch * cfg->data.seq_len, p.major * 10 + p.minor, err, errlen))
+        if (qt_fp8_check(&L->cfg, plan->run.path, (long)plan->run.B * plan->run.T, p.major * 10 + p.minor, err, errlen))
             return NULL;
     }
     gpu_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
-    e->base = (qt_engine){cfg->precision.matmul_dtype == QT_DT_E4M3 ? &fp8_ops : &gpu_ops, L, cfg, 1};
+    e->plan = *plan;
+    if (rank) e->plan.parallel.rank = rank->rank;
+    e->base = (qt_engine){plan->precision.fp8 ? &fp8_ops : &gpu_ops, L, &e->plan, 1};
     qt_shard one;
-    if (rank) qt_step_plan_make(&e->plan, L, cfg, qt_comm_size(rank->comm), rank->rank, rank->shard->n_ranks > 1);
-    else qt_step_plan_make(&e->plan, L, cfg, 0, 0, 0);
+    QT_CHECK((rank != NULL) == (plan->parallel.dp != QT_DP_ONE), "a %s engine on a plan for %d rank(s)",
+             rank ? "data-parallel rank's" : "one GPU's", plan->parallel.n_ranks);
     /* offloaded optimizer: AdamW bucket by bucket; offloaded weights / gradients: a slot per layer bucket */
-    if (!rank) qt_shard_init(&one, L, 1, 0, e->plan.offload_opt || e->plan.weights_host || e->plan.grads_host);
-    qt_param_placement pl = qt_plan_placement(&e->plan, L);
-    e->g = qt_gpu_model_create(L, cfg, src, rank ? rank->shard : &one, &pl, err, errlen);
+    if (!rank) qt_shard_init(&one, L, 1, 0, plan->parallel.buckets);
+    e->g = qt_gpu_model_create(L, &e->plan, src, rank ? rank->shard : &one, err, errlen);
     if (!e->g) {
         free(e);
         return NULL;
@@ -494,6 +488,6 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const 
     for (int i = 0; i < 2; i++) QT_CUDA(cudaEventCreateWithFlags(&e->bad_ev[i], cudaEventDisableTiming));
     e->first_bad = e->first_bad_step = -1;
     /* a forward that did not wait for its bucket would then read last step's weights (test_train) */
-    e->sync = qt_dp_sync_create(e->g, &e->plan, cfg, rank ? rank->comm : NULL, qt_test_hooks_get());
+    e->sync = qt_dp_sync_create(e->g, &e->plan, rank ? rank->comm : NULL, qt_test_hooks_get());
     return &e->base;
 }

@@ -30,14 +30,14 @@ static int get_mb(const qt_config *c) { return c->data.micro_batch; }
 static void set_mb(qt_config *c, int v, int seqs) { c->data.micro_batch = v, c->data.grad_accum = seqs / v; }
 static int get_rc(const qt_config *c) { return c->memory.recompute; }
 static void set_rc(qt_config *c, int v, int seqs) { (void)seqs, c->memory.recompute = v; }
-static int get_off(const qt_config *c) { return c->memory.offload_optimizer; }
-static void set_off(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload_optimizer = v; }
+static int get_off(const qt_config *c) { return (c->memory.offload & QT_OFF_OPTIMIZER) != 0; }
+static void set_off(qt_config *c, int v, int seqs) { (void)seqs, qt_config_set_offload(c, QT_OFF_OPTIMIZER, v); }
 static int get_lm(const qt_config *c) { return c->memory.lmhead_chunks; }
 static void set_lm(qt_config *c, int v, int seqs) { (void)seqs, c->memory.lmhead_chunks = v; }
 static int get_att(const qt_config *c) { return c->memory.attn_bwd_chunks; }
 static void set_att(qt_config *c, int v, int seqs) { (void)seqs, c->memory.attn_bwd_chunks = v; }
-static int get_ores(const qt_config *c) { return c->memory.offload_residual; }
-static void set_ores(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload_residual = v; }
+static int get_ores(const qt_config *c) { return (c->memory.offload & QT_OFF_RESIDUAL) != 0; }
+static void set_ores(qt_config *c, int v, int seqs) { (void)seqs, qt_config_set_offload(c, QT_OFF_RESIDUAL, v); }
 static int get_wc(const qt_config *c) { return c->memory.fp8_weight_cache; }
 static void set_wc(qt_config *c, int v, int seqs) { (void)seqs, c->memory.fp8_weight_cache = v; }
 static int get_mdt(const qt_config *c) { return c->precision.master_dtype; }
@@ -49,7 +49,7 @@ static void set_gdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.gr
 static int get_offw(const qt_config *c) { return c->memory.offload & OFF_WGQ; }
 static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~OFF_WGQ) | v; }
 static int get_zero(const qt_config *c) { return c->parallel.zero; }
-static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, c->parallel.zero = v, c->parallel.shard_optimizer = v >= 1; }
+static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, qt_config_set_zero(c, v); }
 
 /* Each axis lists its values in order of preference at equal predicted speed (the plainest first): a
  * tie keeps the earlier candidate. fp8_weight_cache is an axis only with fp8 matmuls, parallel.zero only
@@ -240,7 +240,7 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     elem += nl * (C + F) * 2 * passes;
     double elem_bps = pr->hbm_bps < QT_PLAN_ELEM_BPS ? pr->hbm_bps : QT_PLAN_ELEM_BPS;
     k.compute += tok * elem / elem_bps;
-    if (cfg->memory.offload_optimizer) {
+    if (cfg->memory.offload & QT_OFF_OPTIMIZER) {
         int off = qt_config_opt_offload_mask(cfg); /* the offloaded arrays of master, m, v */
         double es = (off & QT_OFF_MASTER && cfg->precision.master_dtype != QT_DT_BF16 ? 4 : 0) +
                     (off & QT_OFF_M ? (cfg->precision.opt_m_dtype == QT_DT_BF16 ? 2 : 4) : 0) +
@@ -249,7 +249,7 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     }
     /* memory.offload_residual: each micro-step moves (layers - 2) bf16 residuals [B*T, C] down in the
      * forward and up in the backward, on copy streams beside the compute */
-    if (cfg->memory.offload_residual && nl > 2)
+    if ((cfg->memory.offload & QT_OFF_RESIDUAL) && nl > 2)
         k.pcie_micro_bytes += cfg->data.grad_accum * 2 * (nl - 2) * n * C * 2;
     /* memory.fp8_weight_cache: none: the block weights are quantized again before each layer's forward and
      * its backward: per pass, 2 B/param read (bf16) and 1 B/param written (e4m3), at the HBM rate */
@@ -320,16 +320,15 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
     cfg->data.micro_batch = c->micro_batch;
     cfg->data.grad_accum = c->grad_accum;
     cfg->memory.recompute = c->recompute;
-    cfg->memory.offload_optimizer = c->offload_optimizer;
     cfg->memory.lmhead_chunks = c->lmhead_chunks;
     cfg->memory.attn_bwd_chunks = c->attn_bwd_chunks;
-    cfg->memory.offload_residual = c->offload_residual;
     cfg->memory.fp8_weight_cache = c->fp8_weight_cache;
     cfg->precision.master_dtype = c->master_dtype;
     cfg->precision.grad_accum_dtype = c->grad_accum_dtype;
-    cfg->parallel.zero = c->zero;
-    cfg->parallel.shard_optimizer = c->zero >= 1;
+    qt_config_set_zero(cfg, c->zero);
     cfg->memory.offload = (cfg->memory.offload & ~OFF_WGQ) | c->offload_bits;
+    qt_config_set_offload(cfg, QT_OFF_OPTIMIZER, c->offload_optimizer);
+    qt_config_set_offload(cfg, QT_OFF_RESIDUAL, c->offload_residual);
 }
 
 static int by_speed(const void *a, const void *b) {
@@ -381,8 +380,8 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                 if (!c.parallel.gpus && !c.parallel.devices.n) c.parallel.gpus = rp.ranks; /* the cost's rank count */
                 double s = qt_plan_auto_cost(L, &c, pr);
                 out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
-                                              c.memory.offload_optimizer, c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
-                                              c.memory.offload_residual, c.memory.fp8_weight_cache, c.precision.master_dtype,
+                                              get_off(&c), c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
+                                              get_ores(&c), c.memory.fp8_weight_cache, c.precision.master_dtype,
                                               c.precision.grad_accum_dtype, c.parallel.zero, get_offw(&c), lossy(&c), count,
                                               rp.gpu_bytes, rp.host_bytes, s,
                                               (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};

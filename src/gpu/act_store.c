@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "qt_config.h"
 #include "qt_error.h"
 #include "qt_pinned.h"
 #include "qt_mutant.h"

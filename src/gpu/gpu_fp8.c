@@ -83,17 +83,12 @@ size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigne
     return b;
 }
 
-int qt_fp8_check(const qt_model_cfg *c, const qt_config *cfg, long N, int cc, char *err, size_t errlen) {
+int qt_fp8_check(const qt_model_cfg *c, const char *path, long N, int cc, char *err, size_t errlen) {
     if (cc < 89) {
         snprintf(err, errlen,
                  "%s: precision.matmul_dtype: e4m3 needs fp8 tensor cores (compute capability >= 8.9, e.g. "
                  "Ada/Hopper); this GPU has cc %d.%d: use bf16",
-                 cfg->path, cc / 10, cc % 10);
-        return -1;
-    }
-    if (cfg->precision.grad_dtype != QT_DT_E4M3 && cfg->precision.grad_dtype != QT_DT_E5M2 && cfg->precision.grad_dtype != QT_DT_BF16) {
-        snprintf(err, errlen, "%s: precision.grad_dtype: %s with matmul_dtype e4m3: expected e4m3, e5m2 or bf16",
-                 cfg->path, qt_dtype_name(cfg->precision.grad_dtype));
+                 path, cc / 10, cc % 10);
         return -1;
     }
     int in[QT_FP8_NMM], out[QT_FP8_NMM];
@@ -103,14 +98,14 @@ int qt_fp8_check(const qt_model_cfg *c, const qt_config *cfg, long N, int cc, ch
             snprintf(err, errlen,
                      "%s: precision.matmul_dtype: e4m3: the %s matmul is %d -> %d features; cuBLASLt's fp8 GEMMs "
                      "need multiples of 16 (check hidden_size, intermediate_size, heads x head_dim)",
-                     cfg->path, MM_NAME[k], in[k], out[k]);
+                     path, MM_NAME[k], in[k], out[k]);
             return -1;
         }
     if (N % 16) {
         snprintf(err, errlen,
                  "%s: precision.matmul_dtype: e4m3: data.micro_batch x data.seq_len = %ld tokens; cuBLASLt's fp8 "
                  "GEMMs need a multiple of 16",
-                 cfg->path, N);
+                 path, N);
         return -1;
     }
     return 0;

@@ -40,12 +40,6 @@ size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, fl
     return a + d + qt_embedding_bwd_ws_bytes(g->N, g->L->cfg.vocab_size);
 }
 
-int qt_gpu_model_lookups_pay(const qt_layout *L, const qt_config *cfg, int n_ranks) {
-    size_t n = (size_t)n_ranks, N = (size_t)cfg->data.micro_batch * cfg->data.seq_len;
-    size_t C = L->cfg.hidden_size, V = L->cfg.vocab_size;
-    return n > 1 && n * N * (C + 1) < V * C;
-}
-
 /* The fp8 matmuls whose Xq^T has one buffer for all layers (bit 1 << qt_fp8_mm). With a bf16 backward
  * nothing reads Xq^T after the forward: all four. With an fp8 backward, those whose input the recompute
  * quantizes again before the layer's wgrad (block_run): qkv (part qkv), o (block), gate|up (ffn), down
@@ -66,7 +60,7 @@ static void outside_rows(const qt_gpu_model *g, qt_mem_plan *p) {
     size_t C = c->hidden_size, F = c->intermediate_size, HD = (size_t)c->num_heads * c->head_dim;
     size_t QKV = HD + (size_t)2 * c->num_kv_heads * c->head_dim, tune = 0;
     size_t out[5] = {QKV * C, C * HD, 2 * F * C, C * F, (size_t)c->vocab_size * C}; /* the wgrad outputs */
-    for (int i = 0; i < 5 && g->cfg->perf.matmul_autotune; i++)
+    for (int i = 0; i < 5 && g->pl->perf.autotune; i++)
         if (qt_matmul_tune_scratch_bytes(out[i] * 4) > tune) tune = qt_matmul_tune_scratch_bytes(out[i] * 4);
     qt_mem_plan_add(p, QT_MEM_DEVICE, "cuBLASLt workspace", QT_MATMUL_WS_DEFAULT);
     if (tune) qt_mem_plan_add(p, QT_MEM_DEVICE, "matmul autotune scratch", tune);
@@ -87,7 +81,7 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     qt_act_store_carve(g->as, p);
     /* Every rank's lookups instead of the table's gradient, where they are the fewer bytes (2 ranks of
      * 16 x 1024 tokens at V = 151936, not 8 ranks of 32 x 1024). */
-    int pay = qt_gpu_model_lookups_pay(g->L, g->cfg, g->ps->shard.n_ranks);
+    int pay = qt_plan_lookups_pay(g->L, g->N, g->ps->shard.n_ranks);
     size_t lk = pay ? qt_gpu_model_lookups(g, NULL, NULL, NULL, NULL) : 0;
     g->logits = qt_mem_plan_carve(p, "lm-head logits chunk", chunk * V * 2 > lk ? chunk * V * 2 : lk);
     g->lookups = lk ? g->logits : NULL; /* dead from the LM head's end to the next micro-step's */
@@ -103,10 +97,10 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     g->ws_bytes = ws;
     g->ws = qt_mem_plan_carve(p, "kernel workspace", ws);
     if (g->fp8_fwd) {
-        qt_fp8_wcache wc = (qt_fp8_wcache)g->cfg->memory.fp8_weight_cache;
+        qt_fp8_wcache wc = (qt_fp8_wcache)g->pl->precision.fp8_cache;
         g->fp8_w = qt_mem_plan_carve(p, wc == QT_FP8_WCACHE_NONE ? "fp8 weights (layer slots)" : "fp8 weights (persistent)",
                                      qt_fp8_weight_bytes(c, wc));
-        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, (qt_dtype)g->cfg->precision.grad_dtype, fp8_xq_shared(g)));
+        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, g->pl->precision.grad_dt, fp8_xq_shared(g)));
     }
     outside_rows(g, p);
     return p->off;
@@ -116,7 +110,7 @@ static void *Wp(const qt_gpu_model *g, size_t off) { return qt_param_w(g->ps, of
 /* ZeRO-3: the rank keeps only its pieces of the bf16 weights; offloaded weights (w_host): they live in
  * host memory. Either way a layer's come whole into a weight slot when it is acquired (forward and
  * backward), and fp8 quantizes them from there (weight cache none). */
-static int from_slots(const qt_gpu_model *g) { return g->ps->place.zero >= 3 || g->ps->place.w_host; }
+static int from_slots(const qt_gpu_model *g) { return g->ps->plan.parallel.zero >= 3 || g->ps->plan.weights.host; }
 /* Weight gradients: every writer below accumulates ("+=") into them in the store's acc_dt (fp32, or bf16
  * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums). */
 static void *Gp(const qt_gpu_model *g, size_t off) { return qt_param_g(g->ps, off); }
@@ -143,24 +137,22 @@ static size_t attn_ws_of(qt_gpu_model *g, int measure) {
 }
 
 /* The host side of a model: its fields, the stores, the plan sized (no device memory yet). NULL with err. */
-static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
-                               char *err, size_t errlen) {
+static qt_gpu_model *plan_host(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, char *err, size_t errlen) {
     qt_gpu_model *g = calloc(1, sizeof *g);
     QT_CHECK(g, "out of host memory");
     g->L = L;
-    g->cfg = cfg;
-    g->B = cfg->data.micro_batch;
-    g->T = cfg->data.seq_len;
+    g->pl = pl;
+    g->B = pl->run.B;
+    g->T = pl->run.T;
     g->N = (long)g->B * g->T;
-    g->lm_chunks = cfg->memory.lmhead_chunks > 0 ? cfg->memory.lmhead_chunks : 1;
-    if (g->lm_chunks > g->N) g->lm_chunks = (int)g->N;
-    g->attn_chunks = cfg->memory.attn_bwd_chunks < 1 ? 1 : cfg->memory.attn_bwd_chunks > g->B ? g->B : cfg->memory.attn_bwd_chunks;
-    g->fp8_fwd = cfg->precision.matmul_dtype == QT_DT_E4M3;
-    g->fp8_bwd = g->fp8_fwd && cfg->precision.grad_dtype != QT_DT_BF16;
-    g->ps = qt_param_store_create(L, cfg, sh, pl, err, errlen);
-    qt_act_policy ap = {.recompute = cfg->memory.recompute, .offload_residual = cfg->memory.offload_residual,
-                        .host_wc = cfg->memory.host_alloc == QT_HOST_WRITE_COMBINED,
-                        .fp8_bwd = g->fp8_bwd && !qt_test_hooks_get()->act_own_inputs};
+    g->lm_chunks = pl->acts.lm_chunks;
+    g->attn_chunks = pl->acts.attn_chunks;
+    g->fp8_fwd = pl->precision.fp8;
+    g->fp8_bwd = pl->precision.fp8_bwd;
+    g->ps = qt_param_store_create(L, pl, sh, err, errlen);
+    if (g->ps) g->pl = &g->ps->plan;
+    qt_act_policy ap = pl->acts;
+    ap.fp8_bwd = ap.fp8_bwd && !qt_test_hooks_get()->act_own_inputs;
     g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);
@@ -171,9 +163,9 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_config *cfg, const q
     return g;
 }
 
-int qt_gpu_model_plan(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
-                      qt_mem_plan *plan, char *err, size_t errlen) {
-    qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
+int qt_gpu_model_plan(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, qt_mem_plan *plan, char *err,
+                      size_t errlen) {
+    qt_gpu_model *g = plan_host(L, pl, sh, err, errlen);
     if (!g) return -1;
     *plan = g->plan;
     free_host(g);
@@ -185,7 +177,7 @@ static int check_fits(const qt_gpu_model *g, char *err, size_t errlen) {
     size_t free_b, total_b;
     char what[96];
     QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
-    float lim = g->cfg->memory.gpu_limit_gib;
+    float lim = g->pl->memory.gpu_limit_gib;
     snprintf(what, sizeof what, "memory.gpu_limit_gib = %g", lim);
     int rc = lim > 0 ? qt_mem_plan_check(&g->plan, 0, qt_mem_gib(lim), what, err, errlen) : 0;
     if (!rc) rc = qt_mem_plan_check(&g->plan, 0, free_b, "the GPU's free memory", err, errlen);
@@ -193,7 +185,7 @@ static int check_fits(const qt_gpu_model *g, char *err, size_t errlen) {
     size_t n = strlen(err);
     snprintf(err + n, errlen - n, " (%s): lower data.micro_batch (%d), recompute more (memory.recompute: [ffn, norm] or "
              "[block]), raise memory.lmhead_chunks (%d) or set memory.offload_optimizer; qtrain --plan shows the rows",
-             g->cfg->path, g->B, g->lm_chunks);
+             g->pl->run.path, g->B, g->lm_chunks);
     return -1;
 }
 
@@ -203,16 +195,16 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, const qt_shard *sh,
-                                  const qt_param_placement *pl, char *err, size_t errlen) {
-    qt_gpu_model *g = plan_host(L, cfg, sh, pl, err, errlen);
+qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const qt_weight_src *src, const qt_shard *sh,
+                                  char *err, size_t errlen) {
+    qt_gpu_model *g = plan_host(L, pl, sh, err, errlen);
     if (!g) return NULL;
     g->attn = qt_attention_create();
-    qt_attention_set_deterministic(g->attn, cfg->perf.deterministic && !QT_MUTANT(QT_MUT_ATTENTION_NONDET));
+    qt_attention_set_deterministic(g->attn, pl->perf.deterministic && !QT_MUTANT(QT_MUT_ATTENTION_NONDET));
     g->attn_ws = attn_ws_of(g, 1);
     size_t bytes = carve_all(g, NULL); /* again, with the measured attention workspace */
     double t0 = now_s();
-    if (check_fits(g, err, errlen) || qt_param_store_alloc_host(g->ps, cfg, err, errlen)) {
+    if (check_fits(g, err, errlen) || qt_param_store_alloc_host(g->ps, err, errlen)) {
         qt_attention_free(g->attn);
         free_host(g);
         return NULL;
@@ -220,7 +212,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     if (cudaMalloc((void **)&g->arena, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(err, errlen, "%s: the GPU memory plan's arena of %.2f GiB could not be allocated (cudaMalloc): another "
-                 "process took the memory, or it is fragmented", cfg->path, bytes / 1073741824.0);
+                 "process took the memory, or it is fragmented", pl->run.path, bytes / 1073741824.0);
         qt_attention_free(g->attn);
         free_host(g);
         return NULL;
@@ -228,7 +220,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_attention_reserve(g->attn, g->attn_ws);
     carve_all(g, g->arena); /* second pass: now with real addresses */
     QT_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
-    if (qt_act_store_start(g->as, g->stream, cfg->path, err, errlen)) {
+    if (qt_act_store_start(g->as, g->stream, pl->run.path, err, errlen)) {
         QT_CUDA(cudaStreamDestroy(g->stream));
         QT_CUDA(cudaFree(g->arena));
         free_host(g);
@@ -236,10 +228,10 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     }
     g->start_host_s = now_s() - t0; /* with the arena's cudaMalloc (quick beside the pinning) */
     g->mm = qt_matmul_create(0);
-    qt_matmul_set_autotune(g->mm, cfg->perf.matmul_autotune);
+    qt_matmul_set_autotune(g->mm, pl->perf.autotune);
     cudaStream_t s = g->stream;
     t0 = now_s();
-    if (qt_param_store_init(g->ps, cfg, src, s, err, errlen)) {
+    if (qt_param_store_init(g->ps, src, s, err, errlen)) {
         qt_gpu_model_free(g);
         return NULL;
     }
@@ -247,7 +239,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_config *cfg, cons
     qt_zero(g->loss_sum, 8, s);
     qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
     if (g->fp8_fwd) {
-        g->fp8 = qt_fp8_create(&L->cfg, (qt_dtype)cfg->precision.grad_dtype, (qt_fp8_wcache)cfg->memory.fp8_weight_cache,
+        g->fp8 = qt_fp8_create(&L->cfg, pl->precision.grad_dt, (qt_fp8_wcache)pl->precision.fp8_cache,
                                g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
         if (!from_slots(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
     }
@@ -280,7 +272,7 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
     if (g->as->policy.offload_residual)
         printf("  memory.offload_residual: layers' input residuals in host memory, 2 on the GPU\n");
     qt_mem_plan_print(&g->plan);
-    if (g->cfg->memory.gpu_limit_gib > 0) printf("  %-30s %10.1f MiB\n", "memory.gpu_limit_gib", g->cfg->memory.gpu_limit_gib * 1024.0);
+    if (g->pl->memory.gpu_limit_gib > 0) printf("  %-30s %10.1f MiB\n", "memory.gpu_limit_gib", g->pl->memory.gpu_limit_gib * 1024.0);
     printf("  %-30s %10.1f MiB of %.1f MiB (the runtime reserve and autotune scratch come out of this)\n", "free now",
            free_b / 1048576.0, total_b / 1048576.0);
     printf("  start: host memory pinned and the GPU's allocated in %.1f s, the weights set in %.1f s\n", g->start_host_s,
@@ -323,7 +315,7 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
 static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT, int amax) {
     const qt_layer_offsets *o = &g->L->layers[l];
     const qt_param_store *ps = g->ps;
-    if (ps->place.w8 && ps->small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
+    if (ps->plan.weights.e4m3 && ps->small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
         const void *w8[QT_FP8_NMM] = {qt_wslots_addr8(ps->wslots, o->wqkv), qt_wslots_addr8(ps->wslots, o->wo),
                                       qt_wslots_addr8(ps->wslots, o->wgu), qt_wslots_addr8(ps->wslots, o->wdown)};
         qt_gpu_model_mark(g, "fp8 quantize: weights");
@@ -578,7 +570,7 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a) {
     /* without persistent quants the fp8 weights are rebuilt for every micro-batch (ZeRO-3: their abs-max
      * is taken at each layer's forward anyway) */
-    if (g->fp8_fwd && !g->cfg->precision.persistent_quants && !from_slots(g)) {
+    if (g->fp8_fwd && !g->pl->precision.persistent_quants && !from_slots(g)) {
         qt_param_acquire_weights(g->ps, a->hooks, g->L->numel);
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, g->L, g->ps->w, 0, g->L->cfg.num_layers, g->stream);

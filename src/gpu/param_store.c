@@ -16,7 +16,7 @@
 #define SHARD_STAGE_ELEMS ((size_t)1 << 22) /* 16 MiB: a host gradient shard's chunk (copies of ~0.1-0.5 ms at PCIe rates) */
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
-static int zero3(const qt_param_store *ps) { return ps->place.zero >= 3; }
+static int zero3(const qt_param_store *ps) { return ps->plan.parallel.zero >= 3; }
 /* Bytes per gradient element in the slots and the host array (ZeRO-2/3: fp32, config.c refuses bf16). */
 static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->acc_dt); } /* a gradient slot's element */
 _Static_assert((int)QT_OPTIM_MASTER == (int)QT_OFF_MASTER && (int)QT_OPTIM_M == (int)QT_OFF_M && (int)QT_OPTIM_V == (int)QT_OFF_V,
@@ -34,59 +34,58 @@ _Static_assert((int)QT_OPTIM_G == (int)QT_OFF_GRADIENTS && (int)QT_OPTIM_W == (i
  * arrays, and the weights and gradients where they live in host memory too (the copy engines move them;
  * AdamW read them through the mapping before). 0: no slots (state on the device, or zero copy). */
 static int streamed(const qt_param_store *ps) {
-    if (ps->place.opt != QT_OPT_STATE_HOST || ps->place.zero_copy) return 0;
-    return ps->opt_host | (ps->place.w_host ? QT_OPTIM_W : 0) | (ps->place.g_host ? QT_OPTIM_G : 0);
+    if (!ps->plan.optimizer.host || ps->plan.optimizer.zero_copy) return 0;
+    return ps->opt_host | (ps->plan.weights.host ? QT_OPTIM_W : 0) | (ps->plan.grads.host ? QT_OPTIM_G : 0);
 }
 /* Bucket b's slot at element delta from its bucket start (negative: its head margin). */
 static void *slot_at(const qt_param_store *ps, int b, ptrdiff_t delta) { return (char *)ps->grad_slot[b] + delta * (ptrdiff_t)ges(ps); }
 /* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
-static int slots(const qt_param_store *ps) { return ps->place.zero >= 3 || ps->place.w_host; }
+static int slots(const qt_param_store *ps) { return ps->plan.parallel.zero >= 3 || ps->plan.weights.host; }
 static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
 
-qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, const qt_shard *sh,
-                                      const qt_param_placement *pl, char *err, size_t errlen) {
-    QT_CHECK((pl->zero >= 1) == (sh->n_ranks > 1) && pl->zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
-             pl->zero, sh->n_ranks);
-    QT_CHECK(!pl->w_host || sh->n_ranks == 1 || pl->zero >= 3, "parameter store: offloaded weights on a ZeRO-%d shard of %d "
-             "ranks (expected ZeRO-3: the rank's pieces)", pl->zero, sh->n_ranks);
-    QT_CHECK(!pl->g_host || sh->n_ranks == 1 || pl->zero >= 2, "parameter store: offloaded gradients on a ZeRO-%d shard of %d "
-             "ranks (expected ZeRO-2 or 3: the rank's gradient shard)", pl->zero, sh->n_ranks);
+qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, char *err, size_t errlen) {
+    QT_CHECK((pl->parallel.zero >= 1) == (sh->n_ranks > 1) && pl->parallel.zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
+             pl->parallel.zero, sh->n_ranks);
+    QT_CHECK(!pl->weights.host || sh->n_ranks == 1 || pl->parallel.zero >= 3, "parameter store: offloaded weights on a ZeRO-%d shard of %d "
+             "ranks (expected ZeRO-3: the rank's pieces)", pl->parallel.zero, sh->n_ranks);
+    QT_CHECK(!pl->grads.host || sh->n_ranks == 1 || pl->parallel.zero >= 2, "parameter store: offloaded gradients on a ZeRO-%d shard of %d "
+             "ranks (expected ZeRO-2 or 3: the rank's gradient shard)", pl->parallel.zero, sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
-    ps->place = *pl;
+    ps->plan = *pl;
     ps->shard = *sh;
-    ps->m_dt = cfg->precision.opt_m_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
-    ps->v_dt = cfg->precision.opt_v_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
-    ps->w_master_dt = cfg->precision.master_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
-    ps->acc_dt = cfg->precision.grad_accum_dtype == QT_DT_BF16 ? QT_DT_BF16 : QT_DT_F32;
-    ps->grad_dt = pl->zero >= 2 ? QT_DT_F32 : ps->acc_dt;
+    ps->m_dt = pl->precision.m_dt;
+    ps->v_dt = pl->precision.v_dt;
+    ps->w_master_dt = pl->precision.master_dt;
+    ps->acc_dt = pl->precision.acc_dt;
+    ps->grad_dt = pl->parallel.zero >= 2 ? QT_DT_F32 : ps->acc_dt;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
-    if (pl->zero >= 3 || pl->w_host) ps->wslots = qt_wslots_create(L, sh);
-    if (pl->w8) {
-        QT_CHECK(pl->zero >= 3 || pl->w_host, "parameter store: e4m3 weight codes without ZeRO-3 or offloaded weights (zero %d)",
-                 pl->zero);
+    if (pl->parallel.zero >= 3 || pl->weights.host) ps->wslots = qt_wslots_create(L, sh);
+    if (pl->weights.e4m3) {
+        QT_CHECK(pl->parallel.zero >= 3 || pl->weights.host, "parameter store: e4m3 weight codes without ZeRO-3 or offloaded weights (zero %d)",
+                 pl->parallel.zero);
         if (qt_small_params_init(&ps->small, L, sh, err, errlen)) {
             qt_param_store_free(ps);
             return NULL;
         }
         qt_wslots_use_e4m3(ps->wslots);
     }
-    if (pl->zero >= 2 || pl->g_host) {
+    if (pl->parallel.zero >= 2 || pl->grads.host) {
         ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
         ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
         QT_CHECK(ps->grad_slot && ps->cross_at, "out of host memory");
         ps->grad_margin = 64 * (size_t)sh->n_ranks;
         if (find_crossings(ps, err, errlen)) {
-            snprintf(err + strlen(err), errlen - strlen(err), " (%s: %s)", cfg->path,
-                     pl->g_host ? "memory.offload: [gradients]" : pl->zero == 2 ? "parallel.zero: 2" : "parallel.zero: 3");
+            snprintf(err + strlen(err), errlen - strlen(err), " (%s: %s)", pl->run.path,
+                     pl->grads.host ? "memory.offload: [gradients]" : pl->parallel.zero == 2 ? "parallel.zero: 2" : "parallel.zero: 3");
             qt_param_store_free(ps);
             return NULL;
         }
     }
-    if (pl->opt != QT_OPT_STATE_HOST) return ps;
-    ps->opt_host = (pl->opt_mask ? pl->opt_mask : QT_OFF_OPTIMIZER) & (ps->w_master_dt == QT_DT_F32 ? QT_OFF_OPTIMIZER : QT_OFF_M | QT_OFF_V);
-    if (!ps->opt_host) ps->place.opt = QT_OPT_STATE_DEVICE; /* only a master named, and there is none (bf16) */
+    if (!pl->optimizer.host) return ps;
+    ps->opt_host = (pl->optimizer.mask ? pl->optimizer.mask : QT_OFF_OPTIMIZER) & (ps->w_master_dt == QT_DT_F32 ? QT_OFF_OPTIMIZER : QT_OFF_M | QT_OFF_V);
+    if (!ps->opt_host) ps->plan.optimizer.host = 0; /* only a master named, and there is none (bf16) */
     ps->host_state_bytes = host_bytes(ps, 0) + host_bytes(ps, 1) + host_bytes(ps, 2);
     (void)err, (void)errlen;
     return ps;
@@ -96,11 +95,11 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_config *cfg, 
  * which unified addressing makes the device's; m, v start at zero, padding stays zero and defined). 0, or -1
  * with err naming key, what and the way out. */
 static int pin_host(void **p, size_t bytes, unsigned flags, const char *key, const char *what, const char *instead,
-                    const qt_config *cfg, char *err, size_t errlen) {
+                    const qt_param_store *ps, char *err, size_t errlen) {
     if (qt_pinned_alloc(p, bytes, flags))
         return qt_errf(err, errlen, "%s: %s: %.2f GiB of pinned host memory for %s could not be allocated (the host plan "
                        "printed above counts it): lower memory.host_limit_gib to what the host can pin, or %s",
-                       cfg->path, key, bytes / 1073741824.0, what, instead);
+                       ps->plan.run.path, key, bytes / 1073741824.0, what, instead);
     if (flags & QT_PIN_MAPPED) {
         void *dev = NULL;
         QT_CUDA(cudaHostGetDevicePointer(&dev, *p, 0));
@@ -110,29 +109,29 @@ static int pin_host(void **p, size_t bytes, unsigned flags, const char *key, con
     return 0;
 }
 
-int qt_param_store_alloc_host(qt_param_store *ps, const qt_config *cfg, char *err, size_t errlen) {
-    unsigned wc = ps->place.host_wc ? QT_PIN_WC : 0, mapped = QT_PIN_MAPPED;
+int qt_param_store_alloc_host(qt_param_store *ps, char *err, size_t errlen) {
+    unsigned wc = ps->plan.memory.host_wc ? QT_PIN_WC : 0, mapped = QT_PIN_MAPPED;
     /* weights: one GPU the whole array, ZeRO-3 the rank's pieces; AdamW and the upload's cast write them in place */
-    if (ps->place.w_host && pin_host(&ps->w, (zero3(ps) ? ps->shard.len : ps->shard.total) * 2, mapped | wc,
-                                     "memory.offload: [weights]", "the bf16 weights", "keep the weights on the GPU", cfg, err,
+    if (ps->plan.weights.host && pin_host(&ps->w, (zero3(ps) ? ps->shard.len : ps->shard.total) * 2, mapped | wc,
+                                     "memory.offload: [weights]", "the bf16 weights", "keep the weights on the GPU", ps, err,
                                      errlen))
         return -1;
-    if (ps->place.w_host && ps->place.w8 &&
+    if (ps->plan.weights.host && ps->plan.weights.e4m3 &&
         pin_host((void **)&ps->w8, zero3(ps) ? ps->shard.len : ps->shard.total, mapped | wc, "memory.offload: [quants]",
-                 "the e4m3 weight codes", "leave quants out", cfg, err, errlen))
+                 "the e4m3 weight codes", "leave quants out", ps, err, errlen))
         return -1;
     /* gradients: one GPU the whole array, ZeRO-2/3 the rank's summed shard; the norm, AdamW and the zeroing
      * kernels read and write them in place */
-    if (ps->place.g_host &&
-        pin_host(&ps->grad, (ps->place.zero >= 2 ? ps->shard.len : ps->shard.total) * qt_dtype_size(ps->grad_dt), mapped | wc,
+    if (ps->plan.grads.host &&
+        pin_host(&ps->grad, (ps->plan.parallel.zero >= 2 ? ps->shard.len : ps->shard.total) * qt_dtype_size(ps->grad_dt), mapped | wc,
                  "memory.offload: [gradients]", ps->grad_dt == QT_DT_BF16 ? "the bf16 gradients" : "the fp32 gradients",
-                 "keep the gradients on the GPU", cfg, err, errlen))
+                 "keep the gradients on the GPU", ps, err, errlen))
         return -1;
-    if (ps->place.opt != QT_OPT_STATE_HOST) return 0;
+    if (!ps->plan.optimizer.host) return 0;
     size_t b0 = host_bytes(ps, 0), b1 = host_bytes(ps, 1);
     /* the optimizer state: streamed through the slots, or (zero copy) read by AdamW's kernel in place */
-    if (pin_host((void **)&ps->host_state, ps->host_state_bytes, (ps->place.zero_copy ? mapped : 0) | wc,
-                 "memory.offload_optimizer", "the optimizer state", "train without the offload", cfg, err, errlen))
+    if (pin_host((void **)&ps->host_state, ps->host_state_bytes, (ps->plan.optimizer.zero_copy ? mapped : 0) | wc,
+                 "memory.offload_optimizer", "the optimizer state", "train without the offload", ps, err, errlen))
         return -1;
     /* the offloaded arrays here; the others were carved in the arena (bf16 master: none) */
     if (ps->opt_host & QT_OFF_MASTER) ps->master = (float *)ps->host_state;
@@ -145,11 +144,11 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
     if (zero3(ps)) { /* ZeRO-3: the rank's pieces (w_host: pinned host, qt_param_store_alloc_host), and the slots
                       * the model reads whole buckets from */
-        if (ps->place.w_host) qt_mem_plan_host(p, "weights (bf16 shard, offloaded)", ns * 2);
+        if (ps->plan.weights.host) qt_mem_plan_host(p, "weights (bf16 shard, offloaded)", ns * 2);
         else ps->w = qt_mem_plan_carve(p, "weights (bf16 shard)", ns * 2);
         qt_wslots_carve(ps->wslots, p);
-        if (ps->place.w8) { /* e4m3 gathers: the pieces' codes, the small params' buffers, the abs-maxes */
-            if (ps->place.w_host) qt_mem_plan_host(p, "weights (e4m3 shard, offloaded)", ns);
+        if (ps->plan.weights.e4m3) { /* e4m3 gathers: the pieces' codes, the small params' buffers, the abs-maxes */
+            if (ps->plan.weights.host) qt_mem_plan_host(p, "weights (e4m3 shard, offloaded)", ns);
             else ps->w8 = qt_mem_plan_carve(p, "weights (e4m3 shard)", ns);
             size_t P = ps->small.max_packed;
             ps->small_send = qt_mem_plan_carve(p, "weight slots (e4m3)", P * 2);
@@ -157,23 +156,23 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
             ps->small_recv = qt_mem_plan_carve(p, "weight slots (e4m3)", (size_t)ps->shard.n_buckets * ps->shard.n_ranks * P * 2);
             ps->amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
         }
-    } else if (ps->place.w_host) { /* w itself: qt_param_store_alloc_host */
+    } else if (ps->plan.weights.host) { /* w itself: qt_param_store_alloc_host */
         qt_mem_plan_host(p, "weights (bf16, offloaded)", n * 2);
         qt_wslots_carve(ps->wslots, p);
-        if (ps->place.w8) { /* quants: the layers' e4m3 codes beside them, what is copied up; their abs-maxes */
+        if (ps->plan.weights.e4m3) { /* quants: the layers' e4m3 codes beside them, what is copied up; their abs-maxes */
             qt_mem_plan_host(p, "weights (e4m3, offloaded)", n);
             ps->amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
         }
     } else {
         ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
     }
-    if (ps->place.zero >= 2 || ps->place.g_host) carve_grad_slots(ps, p);
+    if (ps->plan.parallel.zero >= 2 || ps->plan.grads.host) carve_grad_slots(ps, p);
     else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
                                       n * qt_dtype_size(ps->grad_dt));
-    int host = ps->place.opt == QT_OPT_STATE_HOST ? ps->opt_host : 0; /* the offloaded arrays: alloc_host */
+    int host = ps->plan.optimizer.host ? ps->opt_host : 0; /* the offloaded arrays: alloc_host */
     if (host) { /* zero copy: AdamW works on the host arrays, no slots */
-        if (!ps->place.zero_copy)
-            ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)", qt_gpu_optim_slot_bytes(ps->place.opt_chunk,
+        if (!ps->plan.optimizer.zero_copy)
+            ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)", qt_gpu_optim_slot_bytes(ps->plan.optimizer.chunk,
                                                                                    streamed(ps), ps->m_dt, ps->v_dt, ps->grad_dt));
         qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
     }
@@ -185,14 +184,14 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     ps->sumsq = qt_mem_plan_carve(p, "scratch: gradients", (size_t)ps->shard.n_ranks * ps->shard.n_buckets * 8);
     ps->norm = qt_mem_plan_carve(p, "scratch: gradients", 4);
     ps->clip = qt_mem_plan_carve(p, "scratch: gradients", 4);
-    if (ps->place.reduce_bf16) {
+    if (ps->plan.grads.reduce_bf16) {
         size_t big = 0;
         for (int b = 0; b < ps->shard.n_buckets; b++)
             if (ps->shard.bucket[b + 1] - ps->shard.bucket[b] > big) big = ps->shard.bucket[b + 1] - ps->shard.bucket[b];
         ps->comm_buf = qt_mem_plan_carve(p, "gradient comm buffer (bf16)", big * 2);
     }
     ps->staging = qt_mem_plan_carve(p, "load staging (fp32)", ps->stage_n * 4);
-    if (ps->place.zero >= 2 && ps->place.g_host) {
+    if (ps->plan.parallel.zero >= 2 && ps->plan.grads.host) {
         size_t big = 0; /* the largest piece, at most a chunk */
         for (int b = 0; b < ps->shard.n_buckets; b++) {
             size_t off, len, st;
@@ -207,7 +206,7 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
 
 /* ZeRO-2, embed_apart: the buckets of embeddings only, which nothing writes (no slot). */
 static int slotless(const qt_param_store *ps, int b) {
-    return ps->place.embed_apart && ps->shard.bucket[b + 1] <= ps->L->layers[0].ln1;
+    return ps->plan.grads.embed_apart && ps->shard.bucket[b + 1] <= ps->L->layers[0].ln1;
 }
 
 /* The ranges the backward writes with one call at their start (qt_param_g): the tables, each layer's
@@ -267,8 +266,8 @@ static int find_crossings(qt_param_store *ps, char *err, size_t errlen) {
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
     const qt_shard *sh = &ps->shard;
     size_t M = ps->grad_margin, big = 0;
-    if (ps->place.g_host && ps->place.zero >= 2) qt_mem_plan_host(p, "gradients (fp32 shard, offloaded)", sh->len * 4);
-    else if (ps->place.g_host) /* alloc_host */
+    if (ps->plan.grads.host && ps->plan.parallel.zero >= 2) qt_mem_plan_host(p, "gradients (fp32 shard, offloaded)", sh->len * 4);
+    else if (ps->plan.grads.host) /* alloc_host */
         qt_mem_plan_host(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16, offloaded)" : "gradients (fp32, offloaded)",
                          sh->total * ges(ps));
     else ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
@@ -345,7 +344,7 @@ int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
 void *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
 
 void *qt_param_g(const qt_param_store *ps, size_t off) {
-    if (ps->place.zero < 2 && !ps->place.g_host) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
+    if (ps->plan.parallel.zero < 2 && !ps->plan.grads.host) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
     const size_t *bk = ps->shard.bucket;
     int lo = 0, hi = ps->shard.n_buckets - 1; /* the last bucket with bk[b] <= off */
     while (lo < hi) {
@@ -362,7 +361,7 @@ void *qt_param_g(const qt_param_store *ps, size_t off) {
 void *qt_param_grad_piece(const qt_param_store *ps, int b) {
     size_t off, len, st;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
-    return (char *)ps->grad + (ps->place.zero >= 2 ? st : off) * qt_dtype_size(ps->grad_dt);
+    return (char *)ps->grad + (ps->plan.parallel.zero >= 2 ? st : off) * qt_dtype_size(ps->grad_dt);
 }
 
 void qt_param_grad_piece_add(const qt_param_store *ps, int b, const void *src, qt_dtype dt, size_t len, cudaStream_t s) {
@@ -380,7 +379,7 @@ void qt_param_grad_piece_fresh(const qt_param_store *ps, int b, cudaStream_t s) 
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
     size_t n = ps->L->numel;
-    if (ps->place.zero >= 2 || (ps->place.g_host && ps->grad_dt == QT_DT_F32)) { /* fp32 shard, or offloaded fp32 */
+    if (ps->plan.parallel.zero >= 2 || (ps->plan.grads.host && ps->grad_dt == QT_DT_F32)) { /* fp32 shard, or offloaded fp32 */
         for (int k = 0; k < ps->shard.n_buckets; k++) {
             size_t off, len, st;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);
@@ -432,7 +431,8 @@ void qt_param_upload_bf16(qt_param_store *ps, const float *host, size_t n, cudaS
 /* AdamW's per-tensor table, cut to this rank's pieces: decay on matrices (and embeddings when
  * configured); padding untouched. A rank may hold no parameter at all (tiny models on many ranks).
  * Groups: every bucket (opt_per_bucket), else bucket 0 and the rest (when both hold some), else one. */
-static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
+static void make_optimizer(qt_param_store *ps) {
+    const qt_plan_optimizer *o = &ps->plan.optimizer;
     const qt_layout *L = ps->L;
     const qt_shard *sp = &ps->shard;
     QT_CHECK(sp->n_buckets >= 1 && sp->n_buckets <= QT_SHARD_MAX_BUCKETS, "shard of %d buckets", sp->n_buckets);
@@ -445,26 +445,25 @@ static void make_optimizer(qt_param_store *ps, const qt_config *cfg) {
         qt_shard_piece(sp, b, &lo, &len, &st);
         for (int i = 0; i < L->n_tensors; i++) {
             const qt_tensor *tt = &L->tensors[i];
-            int decay = tt->is_matrix || (cfg->optim.decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
+            int decay = tt->is_matrix || (o->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
             size_t a = tt->offset > lo ? tt->offset : lo;
             size_t e = tt->offset + tt->numel < lo + len ? tt->offset + tt->numel : lo + len;
-            if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? cfg->optim.weight_decay : 0.0f, st + (a - lo)};
+            if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? o->weight_decay : 0.0f, st + (a - lo)};
         }
     }
-    int groups = ps->place.opt_per_bucket ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
+    int groups = ps->plan.optimizer.ahead ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
     int host = streamed(ps);
     ps->opt = qt_gpu_optim_create(t, nt, start, groups, ps->master, ps->m, ps->m_dt, ps->v, ps->v_dt, ps->grad_dt,
-                                  host ? ps->opt_slots : NULL, ps->place.opt_chunk, host);
+                                  host ? ps->opt_slots : NULL, ps->plan.optimizer.chunk, host);
     free(t);
     free(start);
 }
 
-int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weight_src *src, cudaStream_t s, char *err,
-                        size_t errlen) {
+int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream_t s, char *err, size_t errlen) {
     const qt_shard *sp = &ps->shard;
     size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
-    int host = ps->place.opt == QT_OPT_STATE_HOST ? ps->opt_host : 0, rc = 0; /* those: zeroed at allocation */
-    if (!ps->place.w_host) qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero (w_host:
+    int host = ps->plan.optimizer.host ? ps->opt_host : 0, rc = 0; /* those: zeroed at allocation */
+    if (!ps->plan.weights.host) qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero (w_host:
                                                                                 * zeroed at allocation) */
     if (ps->master && !(host & QT_OFF_MASTER)) qt_zero(ps->master, ns * 4, s);
     if (!(host & QT_OFF_M)) qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
@@ -497,14 +496,14 @@ int qt_param_store_init(qt_param_store *ps, const qt_config *cfg, const qt_weigh
     QT_CUDA(cudaStreamSynchronize(s));
     free(buf);
     if (rc) return -1;
-    if (ps->place.zero >= 2 || ps->place.g_host) {
-        if (!ps->place.g_host) qt_zero(ps->grad, ns * 4, s); /* fp32 (offloaded: zeroed at allocation) */
+    if (ps->plan.parallel.zero >= 2 || ps->plan.grads.host) {
+        if (!ps->plan.grads.host) qt_zero(ps->grad, ns * 4, s); /* fp32 (offloaded: zeroed at allocation) */
         for (int b = 0; b < sp->n_buckets; b++)
             if (ps->grad_slot[b]) qt_param_grad_slot_zero(ps, b, s);
     } else {
         qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
-    make_optimizer(ps, cfg);
+    make_optimizer(ps);
     if (ps->shard_stage) ps->gshard = qt_host_shard_create(ps->shard.n_buckets, ps->shard_stage, ps->shard_stage_n);
     if (slots(ps)) qt_wslots_start(ps->wslots);
     return 0;
@@ -516,9 +515,9 @@ void qt_param_store_free(qt_param_store *ps) {
     qt_host_shard_free(ps->gshard);
     qt_wslots_free(ps->wslots);
     qt_pinned_free(ps->host_state);
-    if (ps->place.w_host) qt_pinned_free(ps->w);
-    if (ps->place.g_host) qt_pinned_free(ps->grad);
-    if (ps->place.w_host && ps->place.w8) qt_pinned_free(ps->w8);
+    if (ps->plan.weights.host) qt_pinned_free(ps->w);
+    if (ps->plan.grads.host) qt_pinned_free(ps->grad);
+    if (ps->plan.weights.host && ps->plan.weights.e4m3) qt_pinned_free(ps->w8);
     qt_small_params_free(&ps->small);
     free(ps->grad_slot);
     free(ps->cross_at);
@@ -578,8 +577,8 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
 /* A bf16 master always rounds stochastically: with RNE an update below half a bf16 ulp would be lost. */
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
     qt_adamw_args b = *a;
-    b.g_at_state = ps->place.zero >= 2; /* the gradient shard, indexed like m and v */
-    b.w_at_state = ps->place.zero >= 3; /* ZeRO-3: the rank's bf16 pieces, too */
+    b.g_at_state = ps->plan.parallel.zero >= 2; /* the gradient shard, indexed like m and v */
+    b.w_at_state = ps->plan.parallel.zero >= 3; /* ZeRO-3: the rank's bf16 pieces, too */
     b.stochastic |= ps->w_master_dt == QT_DT_BF16;
     qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->grad_dt, ps->clip, &b, s);
 }
@@ -587,8 +586,8 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
     size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
     if (ps->gshard) qt_host_shard_clear(ps->gshard, k0, k1); /* no pass over host memory: marked */
-    else if (ps->place.g_host) qt_fill((char *)ps->grad + lo * ges(ps), ps->grad_dt, 0.0f, hi - lo, s); /* a kernel, not a memset */
-    else if (ps->place.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
+    else if (ps->plan.grads.host) qt_fill((char *)ps->grad + lo * ges(ps), ps->grad_dt, 0.0f, hi - lo, s); /* a kernel, not a memset */
+    else if (ps->plan.parallel.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
     else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
 }
 

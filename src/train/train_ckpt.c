@@ -161,7 +161,7 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     if (live.n && choose_offload(t, offloaded, how, sizeof how)) {
         if ((n = qt_engine_state_items(t->eng, items, 16, err, errlen)) < 0) return -1;
         live = live_items(t);
-    } else if (!live.n && t->cfg->memory.offload_optimizer && t->eng->ranks > 1) {
+    } else if (!live.n && t->eng->plan->optimizer.host && t->eng->ranks > 1) {
         snprintf(how, sizeof how, "; replicated data-parallel ranks: the offloaded optimizer state is copied "
                  "(checkpoint.offloaded applies to one GPU and ZeRO ranks)");
     }

@@ -1,0 +1,97 @@
+/* plan_rules.c — the cross-mode rules of the precision / memory / parallel / perf keys (qt_plan.h). */
+#include <stdio.h>
+
+#include "qt_config.h"
+#include "qt_plan.h"
+
+/* What memory.offload: [weights] cannot run with (one GPU or ZeRO-3, no CUDA graphs, no persistent fp8
+ * weight cache) and [gradients] (one GPU, fp32 or bf16, or ZeRO-2/3, fp32), NULL when nothing: *key names the
+ * key to blame. Called below ZeRO-3 only (qt_plan_refusal): ZeRO-3 takes both offloads, its own refusals
+ * covering the weights'. */
+static const char *weights_refusal(const qt_config *c, const char **key) {
+    int ranks = c->parallel.gpus > 1 || c->parallel.devices.n > 1;
+    if (c->memory.offload & QT_OFF_GRADIENTS) {
+        if (ranks && c->parallel.zero < 2) {
+            *key = c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
+            return "expected one GPU (parallel.gpus: 1) or parallel.zero: 2 or 3 with memory.offload: [gradients]: "
+                   "with several ranks the offloaded gradients are the rank's ZeRO-2 shard";
+        }
+    }
+    if (!(c->memory.offload & QT_OFF_WEIGHTS)) return NULL;
+    if (c->parallel.zero == 2 || ranks) {
+        *key = c->parallel.zero == 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
+        return "expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) or parallel.zero: 3 with memory.offload: "
+               "[weights]: with several ranks the offloaded bf16 weights are the rank's ZeRO-3 pieces";
+    }
+    if (c->perf.cuda_graphs) {
+        *key = "perf.cuda_graphs";
+        return "expected false with memory.offload: [weights], got \"true\": the weights come up into weight slots "
+               "picked as each micro-step runs, which a captured graph would replay stale; set perf.cuda_graphs: false";
+    }
+    if (c->precision.matmul_dtype == QT_DT_E4M3 && c->memory.fp8_weight_cache != QT_FP8_WCACHE_NONE) {
+        *key = "memory.fp8_weight_cache";
+        return "expected none with memory.offload: [weights] and precision.matmul_dtype: e4m3, got \"all\": the GPU "
+               "holds no layer's bf16 weights outside its weight slot, so each layer is quantized from its slot at use "
+               "(the same bits); give none, or leave the key out";
+    }
+    return NULL;
+}
+
+/* The rules needing no rank count; parallel.zero: 3 (or memory.offload: [weights]) last. */
+const char *qt_plan_refusal(const qt_config *c, const char **key) {
+    if ((c->memory.offload & QT_OFF_OPTIMIZER) == QT_OFF_MASTER && c->precision.master_dtype == QT_DT_BF16) {
+        *key = "memory.offload";
+        return "expected m or v beside master with precision.master_dtype: bf16 (a bf16 master has no master "
+               "array to offload: the bf16 weights are the master), got only master";
+    }
+    if (c->memory.zero_copy && !(c->memory.offload & QT_OFF_OPTIMIZER) && !c->memory.plan) {
+        *key = "memory.zero_copy";
+        return "expected false without an offloaded optimizer state (memory.offload_optimizer, or master, m, v in "
+               "memory.offload): zero copy is how AdamW reads the offloaded state, got true";
+    }
+    int zero_free = c->memory.plan && !qt_config_given(c, "parallel.zero"); /* memory.plan: auto picks it */
+    if (c->memory.offload & QT_OFF_QUANTS) {
+        *key = "memory.offload";
+        if (!(c->memory.offload & QT_OFF_WEIGHTS))
+            return "expected weights with quants: the fp8 codes that live in host memory are those of the offloaded "
+                   "weights (with the weights on the GPU, memory.fp8_weight_cache: none keeps two layers' quants only)";
+        if (c->precision.matmul_dtype != QT_DT_E4M3 || c->precision.grad_dtype == QT_DT_BF16)
+            return "expected precision.matmul_dtype: e4m3 and grad_dtype e4m3 or e5m2 with quants: the layers' e4m3 codes "
+                   "replace their bf16 weights on the GPU, which a bf16 matmul or backward would need";
+        if (c->parallel.gather_dtype != QT_DT_E4M3 && qt_config_given(c, "parallel.gather_dtype")) {
+            *key = "parallel.gather_dtype";
+            return "expected e4m3 (or the key left out) with memory.offload: [weights, quants], got \"bf16\": with ZeRO-3 "
+                   "the quants offloaded are the rank's e4m3 pieces, gathered as codes";
+        }
+    }
+    if (c->parallel.gather_dtype == QT_DT_E4M3 && ((c->parallel.zero < 3 && !zero_free) || c->precision.matmul_dtype != QT_DT_E4M3)) {
+        *key = "parallel.gather_dtype";
+        return "expected bf16 unless parallel.zero: 3 with precision.matmul_dtype: e4m3, got \"e4m3\": the e4m3 gathers "
+               "move ZeRO-3's fp8 weight codes";
+    }
+    if (c->parallel.gather_dtype == QT_DT_E4M3 && c->precision.grad_dtype == QT_DT_BF16) {
+        *key = "parallel.gather_dtype";
+        return "expected bf16 with parallel.zero: 3 and precision.grad_dtype: bf16, got \"e4m3\": a bf16 backward multiplies by the bf16 "
+               "weights, which e4m3 gathers do not bring (give grad_dtype e4m3 or e5m2)";
+    }
+    if (c->parallel.zero < 3) return weights_refusal(c, key);
+    if (c->perf.cuda_graphs) {
+        *key = "perf.cuda_graphs";
+        return "expected false with parallel.zero: 3, got \"true\": ZeRO-3 picks its weight slots and gathers as each "
+               "micro-step runs, which a captured graph would replay stale; set perf.cuda_graphs: false (or parallel.zero: 2)";
+    }
+    if (c->precision.matmul_dtype == QT_DT_E4M3 && c->memory.fp8_weight_cache != QT_FP8_WCACHE_NONE) {
+        *key = "memory.fp8_weight_cache";
+        return "expected none with parallel.zero: 3 and precision.matmul_dtype: e4m3, got \"all\": no rank holds every "
+               "layer's bf16 weights to quantize them once per step, so each layer is quantized from its gathered weight "
+               "slot at use (the same bits); give none, or leave the key out";
+    }
+    return NULL;
+}
+
+int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen) {
+    const char *key = NULL, *why = qt_plan_refusal(c, &key);
+    if (!why) return 0;
+    snprintf(err, errlen, "%s: %s: %s", c->path, key, why);
+    return -1;
+}
