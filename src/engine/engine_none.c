@@ -16,31 +16,26 @@
 /* No CUDA runtime linked: no device, so device: auto trains on the CPU engine. */
 int qt_cuda_device_count(void) { return 0; }
 
-qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int device,
+qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                 const qt_gpu_rank *rank, char *err, size_t errlen) {
     (void)L, (void)src, (void)device, (void)rank;
-    qt_errf(err, errlen, "%s: device: cuda: %s", cfg->path, QT_NO_CUDA);
+    qt_errf(err, errlen, "%s: device: cuda: %s", plan->run.path, QT_NO_CUDA);
     return NULL;
 }
 
-qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, int n,
+qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
                                const int *devices, char *err, size_t errlen) {
     (void)L, (void)src, (void)n, (void)devices;
-    qt_errf(err, errlen, "%s: parallel: %s", cfg->path, QT_NO_CUDA);
+    qt_errf(err, errlen, "%s: parallel: %s", plan->run.path, QT_NO_CUDA);
     return NULL;
 }
 
 /* The planner's GPU rows (qt_plan_run of a GPU run: device: cuda, `qtrain --plan` of a GPU config). */
-int qt_gpu_model_plan(const qt_layout *L, const qt_config *cfg, const qt_shard *sh, const qt_param_placement *pl,
-                      qt_mem_plan *plan, char *err, size_t errlen) {
-    (void)L, (void)sh, (void)pl, (void)plan;
-    return qt_errf(err, errlen, "%s: a GPU run (device: cuda, or qtrain --plan of a GPU config): %s", cfg->path, QT_NO_CUDA);
-}
-
-/* The step plan's question, asked before qt_gpu_model_plan refuses: no GPU model pays for anything. */
-int qt_gpu_model_lookups_pay(const qt_layout *L, const qt_config *cfg, int n_ranks) {
-    (void)L, (void)cfg, (void)n_ranks;
-    return 0;
+int qt_gpu_model_plan(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, qt_mem_plan *plan, char *err,
+                      size_t errlen) {
+    (void)L, (void)sh, (void)plan;
+    return qt_errf(err, errlen, "%s: a GPU run (device: cuda, or qtrain --plan of a GPU config): %s", pl->run.path,
+                   QT_NO_CUDA);
 }
 
 /* Reached only after a GPU plan, which qt_gpu_model_plan refuses. */
