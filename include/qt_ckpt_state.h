@@ -1,5 +1,5 @@
 /* qt_ckpt_state.h — the trainer's own blobs of a checkpoint, beside the engine's state: step, rng,
- * loader_pos, model_cfg, config (the resolved YAML) and tokens_per_step.
+ * loader_pos, model_cfg, config (the resolved YAML) and micro_batches_per_step.
  *
  * One table (ckpt_state.c) names each blob, the field of qt_ckpt_state it holds and its size: a fixed
  * size for a struct (the blob must hold exactly that many bytes), or a text of 1..QT_CKPT_TEXT_MAX
@@ -29,7 +29,7 @@ typedef struct {
     qt_model_cfg model;    /* the model's shape */
     const char *config;    /* the resolved config as YAML, config_bytes of it (no NUL) */
     size_t config_bytes;
-    int64_t tokens_per_step; /* micro_batch x seq_len x grad_accum x ranks (0: a file that predates it) */
+    int64_t micro_batches;   /* micro-batches per optimizer step: grad_accum x ranks (0: a file that predates it) */
 } qt_ckpt_state;
 
 /* The number of items qt_ckpt_state_items writes. */

@@ -39,13 +39,13 @@ void qt_rundir_close(qt_rundir *r, int discard);
  * Returns 0, or -1 with err. */
 int qt_rundir_identity(qt_rundir *r, const qt_config *cfg, int resume, char *err, size_t errlen);
 /* Compares the identity keys of the config a checkpoint was made with (old) and cfg. The keys named
- * in allow (comma separated, or "all") may differ. data.grad_accum differs when the tokens per optimizer
- * step (micro_batch x grad_accum x ranks) do: tok[0] the checkpoint's, tok[1] this run's (tok[0] 0: a
- * checkpoint that does not record them: the grad_accum values are compared), so a run may resume on
- * another rank count with grad_accum making up for it. Sets *data_moved when data.train or data.seq_len
+ * in allow (comma separated, or "all") may differ. data.grad_accum differs when the micro-batches per
+ * optimizer step (grad_accum x ranks) do: mb[0] the checkpoint's, mb[1] this run's (mb[0] 0: a checkpoint
+ * that does not record them: the grad_accum values are compared), so a run may resume on another rank
+ * count with grad_accum making up for it. Sets *data_moved when data.train or data.seq_len
  * differ (the saved loader position then means nothing). Returns 0, or -1 with err listing every
  * differing key with both values and the flag that accepts them. */
-int qt_rundir_check_resume(const qt_config *old, const qt_config *cfg, const int64_t tok[2], const char *allow,
+int qt_rundir_check_resume(const qt_config *old, const qt_config *cfg, const int64_t mb[2], const char *allow,
                            const char *ckpt, int *data_moved, char *err, size_t errlen);
 /* XXH64 of the identity keys of cfg. */
 uint64_t qt_rundir_config_hash(const qt_config *cfg);

@@ -29,7 +29,7 @@ static const blob_spec BLOBS[] = {
     FIXED("loader_pos", pos),
     FIXED("model_cfg", model),
     TEXT("config", config, config_bytes),
-    FIXED_OPTIONAL("tokens_per_step", tokens_per_step),
+    FIXED_OPTIONAL("micro_batches_per_step", micro_batches),
 };
 enum { N_BLOBS = sizeof BLOBS / sizeof BLOBS[0] };
 
@@ -95,8 +95,8 @@ int qt_ckpt_state_read(const qt_ckpt *ck, const char *path, qt_ckpt_state *s, qt
                        size_t errlen) {
     memset(s, 0, sizeof *s);
     if (read_blobs(ck, path, s, err, errlen)) return -1;
-    if (s->tokens_per_step < 0)
-        return qt_errf(err, errlen, "%s: blob tokens_per_step: %lld, expected >= 0", path, (long long)s->tokens_per_step);
+    if (s->micro_batches < 0)
+        return qt_errf(err, errlen, "%s: blob micro_batches_per_step: %lld, expected >= 0", path, (long long)s->micro_batches);
     if (s->step < 0 || s->step != qt_ckpt_step(ck))
         return qt_errf(err, errlen, "%s: blob step: %lld, but the file's header holds step %ld", path,
                        (long long)s->step, qt_ckpt_step(ck));

@@ -211,7 +211,7 @@ static int allowed(const char *allow, const char *key) {
     return 0;
 }
 
-int qt_rundir_check_resume(const qt_config *old, const qt_config *cfg, const int64_t tok[2], const char *allow,
+int qt_rundir_check_resume(const qt_config *old, const qt_config *cfg, const int64_t mb[2], const char *allow,
                            const char *ckpt, int *data_moved, char *err, size_t errlen) {
     /* allow may only name identity keys: a typo must not pass silently */
     for (const char *p = allow ? allow : ""; *p && strcmp(allow, "all"); p += *p == ',') {
@@ -231,11 +231,11 @@ int qt_rundir_check_resume(const qt_config *old, const qt_config *cfg, const int
     FOR_IDENTITY_KEY(k, {
         qt_config_key_format(old, k, a, sizeof a);
         qt_config_key_format(cfg, k, b, sizeof b);
-        int per_step = tok[0] > 0 && !strcmp(k->path, "data.grad_accum"); /* judged by the tokens per step */
-        if (per_step && tok[0] != tok[1])
-            snprintf(b + strlen(b), sizeof b - strlen(b), " (tokens per optimizer step %lld, checkpoint's %lld)",
-                     (long long)tok[1], (long long)tok[0]);
-        if (per_step ? tok[0] != tok[1] : strcmp(a, b) != 0) {
+        int per_step = mb[0] > 0 && !strcmp(k->path, "data.grad_accum"); /* judged with the rank counts */
+        if (per_step && mb[0] != mb[1])
+            snprintf(b + strlen(b), sizeof b - strlen(b), " (micro-batches per optimizer step, grad_accum x ranks: %lld, "
+                     "checkpoint's %lld)", (long long)mb[1], (long long)mb[0]);
+        if (per_step ? mb[0] != mb[1] : strcmp(a, b) != 0) {
             if (!strcmp(k->path, "data.train") || !strcmp(k->path, "data.seq_len")) *data_moved = 1;
             if (!allowed(allow, k->path)) {
                 nd += snprintf(diff + nd, nd < sizeof diff ? sizeof diff - nd : 0, "%s  %s: checkpoint %s, config %s",

@@ -233,7 +233,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     int ne = qt_engine_state_items(t->eng, items, 16, err, errlen), n = ne;
     if (ne < 0) return -1;
     qt_ckpt_state cs = {t->step, t->rng, t->pos, t->eng->L->cfg, t->cfgtext, qt_config_dump(t->cfg, t->cfgtext, CFG_CAP),
-                        (int64_t)t->tok_per_step};
+                        (int64_t)t->cfg->data.grad_accum * t->eng->ranks};
     n += qt_ckpt_state_items(&cs, items + n); /* copied by snapshot() below */
     void *tuning = NULL; /* the autotuned picks: copied into the snapshot, so a temporary buffer */
     if (t->cfg->perf.deterministic && t->eng->ops->tuning_save) {
@@ -368,8 +368,8 @@ static int check_state(const qt_trainer *t, const qt_ckpt *ck, const char *path,
     int rc = qt_ckpt_state_read(ck, path, cs, old, err, errlen);
     if (!rc && memcmp(&cs->model, &t->eng->L->cfg, sizeof cs->model))
         rc = qt_errf(err, errlen, "%s: the checkpoint's model differs from the config's model", path);
-    int64_t tok[2] = {cs->tokens_per_step, (int64_t)t->tok_per_step};
-    if (!rc && t->train) rc = qt_rundir_check_resume(old, t->cfg, tok, allow, path, data_moved, err, errlen);
+    int64_t mb[2] = {cs->micro_batches, (int64_t)t->cfg->data.grad_accum * t->eng->ranks};
+    if (!rc && t->train) rc = qt_rundir_check_resume(old, t->cfg, mb, allow, path, data_moved, err, errlen);
     if (!rc && t->train && !*data_moved && qt_loader_check_pos(t->train, cs->pos, e2, sizeof e2))
         rc = qt_errf(err, errlen, "%s: blob loader_pos: %s (did the data change since the checkpoint?)", path, e2);
     free(old);
