@@ -301,18 +301,6 @@ int qt_matmul_choices_load(const void *buf, size_t n, char *err, size_t errlen) 
     return 0;
 }
 
-long qt_matmul_choices_count(void) {
-    pthread_mutex_lock(&g_choice_mu);
-    long n = g_nchoices;
-    pthread_mutex_unlock(&g_choice_mu);
-    return n;
-}
-
-void qt_matmul_choices_clear(void) {
-    pthread_mutex_lock(&g_choice_mu);
-    g_nchoices = 0;
-    pthread_mutex_unlock(&g_choice_mu);
-}
 
 static void build_plan(qt_matmul_ctx *c, mm_plan *p, const mm_call *k) {
     const mm_key *y = &p->key;

@@ -52,9 +52,6 @@ size_t qt_matmul_choices_save(void *buf, size_t cap);
  * same GPU model and shape); affects plans built afterwards. 0, or -1 with err when the bytes are not
  * such records or were timed with another cuBLASLt version (nothing loaded). */
 int qt_matmul_choices_load(const void *buf, size_t n, char *err, size_t errlen);
-/* Number of recorded picks; qt_matmul_choices_clear forgets them all (tests). */
-long qt_matmul_choices_count(void);
-void qt_matmul_choices_clear(void);
 /* Number of plans built so far (cache misses); a repeated shape adds none. */
 long qt_matmul_plan_count(const qt_matmul_ctx *c);
 /* Device compute capability as major*10+minor (fp8 needs >= 89). */

@@ -8,8 +8,6 @@
 
 #include "qt_engine.h"
 
-/* The file of the key's value ("" = none: returns 0); a leading "~/" is the user's home directory. */
-int qt_tuning_cache_path(const char *key, char *out, size_t cap);
 /* Loads the file's picks into the engine (before its first step); a missing file is nothing to say. */
 void qt_tuning_cache_load(qt_engine *e, const char *key);
 /* Writes the engine's picks to the file (replaced whole through a temporary file). */

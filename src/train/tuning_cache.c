@@ -17,7 +17,8 @@
 
 #include "qt_error.h"
 
-int qt_tuning_cache_path(const char *key, char *out, size_t cap) {
+/* The file of the key's value ("" = none: returns 0); a leading "~/" is the user's home directory. */
+static int cache_path(const char *key, char *out, size_t cap) {
     if (!key[0]) return 0;
     if (key[0] == '~' && key[1] == '/') {
         const char *home = getenv("HOME"); /* "~/" in the key's value: the user's home directory */
@@ -31,7 +32,7 @@ int qt_tuning_cache_path(const char *key, char *out, size_t cap) {
 void qt_tuning_cache_load(qt_engine *e, const char *key) {
     char path[4096], err[512];
     FILE *f;
-    if (!e->ops->tuning_load || !qt_tuning_cache_path(key, path, sizeof path) || !(f = fopen(path, "rb"))) return;
+    if (!e->ops->tuning_load || !cache_path(key, path, sizeof path) || !(f = fopen(path, "rb"))) return;
     struct stat st;
     void *buf = NULL;
     int ok = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size < (1 << 26) &&
@@ -45,7 +46,7 @@ void qt_tuning_cache_load(qt_engine *e, const char *key) {
 
 void qt_tuning_cache_save(qt_engine *e, const char *key) {
     char path[4096], tmp[4200];
-    if (!e->ops->tuning_save || !qt_tuning_cache_path(key, path, sizeof path)) return;
+    if (!e->ops->tuning_save || !cache_path(key, path, sizeof path)) return;
     size_t n = e->ops->tuning_save(e, NULL, 0);
     void *buf = malloc(n);
     if (!buf) return;
