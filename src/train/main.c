@@ -181,11 +181,6 @@ int main(int argc, char **argv) {
     const char *home = getenv("HOME"); /* the user's cache: the CLI's choice, passed to the library */
     char cache[QT_PATH_MAX + 32];
     snprintf(cache, sizeof cache, "%s/.cache/qtrain", home && *home ? home : ".");
-    if (!strncmp(cfg.perf.tuning_cache, "~/", 2)) { /* perf.tuning_cache's "~/": the same home, expanded here */
-        char t[QT_PATH_MAX];
-        snprintf(t, sizeof t, "%s/%s", home && *home ? home : ".", cfg.perf.tuning_cache + 2);
-        snprintf(cfg.perf.tuning_cache, sizeof cfg.perf.tuning_cache, "%s", t);
-    }
     qt_probe probe = {0};
     if (cfg.memory.plan || plan) probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
     if (cfg.memory.plan) {

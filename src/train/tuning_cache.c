@@ -17,11 +17,15 @@
 
 #include "qt_error.h"
 
-/* The file of the key's value; 0 (no cache) for "" and for a "~/" path, which the qtrain program expands
- * before the run and an embedder gives expanded (the library reads no environment). */
+/* The file of the key's value ("" = none: returns 0); a leading "~/" is the user's home directory. */
 static int cache_path(const char *key, char *out, size_t cap) {
-    if (!key[0] || !strncmp(key, "~/", 2)) return 0;
-    snprintf(out, cap, "%s", key);
+    if (!key[0]) return 0;
+    if (key[0] == '~' && key[1] == '/') {
+        const char *home = getenv("HOME"); /* "~/" in the key's value: the user's home directory */
+        snprintf(out, cap, "%s%s", home && *home ? home : ".", key + 1);
+    } else {
+        snprintf(out, cap, "%s", key);
+    }
     return 1;
 }
 
