@@ -11,7 +11,8 @@
  * attention and hidden size are the 14B's) trained twice by the qtrain program in
  * two processes with the defaults (perf.deterministic, perf.matmul_autotune: the second run takes the
  * first's picks from perf.tuning_cache) exports the same bytes; so do two runs of 2 data-parallel ranks
- * sharing the GPU (ZeRO-1 bf16, ZeRO-3 fp8). resume_* / sigint_resume_*: a run stopped by --stop-after or
+ * sharing the GPU (ZeRO-1 bf16, ZeRO-3 fp8), and of the held-out Llama-like shape (16 / 4 heads, head_dim 64,
+ * seq 512, untied, 6 layers, 8 steps). resume_* / sigint_resume_*: a run stopped by --stop-after or
  * by a SIGINT after its second step and resumed (from its checkpoint: the same picks) exports the bytes
  * of the uninterrupted run.
  * nondet_mutant_caught (the mutant build only): with the attention's deterministic graph switched off
@@ -276,6 +277,13 @@ static void two_runs_q05b_bf16_2ranks_zero1(void) {
 static void two_runs_q05b_fp8_2ranks_zero3(void) {
     two_runs_as("qwen2.5-0.5b-fp8", "dp_zero3", "--set 'parallel.devices=[0,0]' --set parallel.zero=3 --set perf.cuda_graphs=false");
 }
+/* The held-out Llama-like shape: 16 / 4 heads, head_dim 64, seq 512, untied, 6 layers, 8 steps. */
+static void two_runs_llama_like_bf16(void) {
+    two_runs_as("qwen2.5-0.5b-bf16", "llama_like",
+                "--set model.arch=llama --set model.qkv_bias=false --set model.hidden_size=1024 --set model.num_heads=16 "
+                "--set model.num_kv_heads=4 --set model.intermediate_size=2816 --set model.num_layers=6 "
+                "--set model.tie_embeddings=false --set data.seq_len=512 --set data.micro_batch=4 --set optim.steps=8");
+}
 static void resume_q05b_bf16(void) { resume("qwen2.5-0.5b-bf16", 0); }
 static void resume_q7b_fp8(void) { resume("qwen2.5-7b-fp8", 0); }
 static void sigint_resume_q05b_bf16(void) { resume("qwen2.5-0.5b-bf16", 1); }
@@ -342,6 +350,7 @@ int main(int argc, char **argv) {
     QT_RUN(two_runs_q7b_bf16);
     QT_RUN(two_runs_q7b_fp8);
     QT_RUN(two_runs_q14b_fp8);
+    QT_RUN(two_runs_llama_like_bf16);
     QT_RUN(two_runs_q05b_bf16_2ranks_zero1);
     QT_RUN(two_runs_q05b_fp8_2ranks_zero3);
     QT_RUN(resume_q05b_bf16);
