@@ -337,6 +337,10 @@ static void build_plan(qt_matmul_ctx *c, mm_plan *p, const mm_call *k) {
     QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
     QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
     QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
+    /* Split-K partial sums stay in fp32: the INPLACE and OUTPUT_TYPE schemes add the slices in D's dtype, so
+     * a bf16 D (an accumulating wgrad's dW += dY^T X above all) would be rounded once per slice. */
+    uint32_t red = y->dtype == CUDA_R_32F ? CUBLASLT_REDUCTION_SCHEME_MASK : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    QT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
     cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
     int n = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, MAX_ALGOS,

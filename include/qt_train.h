@@ -13,6 +13,7 @@ typedef struct {
     float *losses;       /* optional [cfg->steps]: each step's mean training loss */
     const char *allow_changed; /* resume: identity keys that may differ from the checkpoint's config
                                 * (comma separated, or "all"; qt_rundir.h); NULL: none */
+    const char *home_dir;      /* a "~/" in perf.tuning_cache is this directory; NULL: such a cache is not used */
 } qt_train_opts;
 
 typedef struct {

@@ -57,6 +57,8 @@ typedef struct {
     const char *allow_changed;     /* resume: identity keys that may change (qtrain --allow-changed) */
     int export_only;               /* load (init or resume) for export/parameters only: no run directory,
                                     * no data, no steps */
+    const char *home_dir;          /* the user's home directory, for a "~/" in perf.tuning_cache (the
+                                    * library reads no environment); NULL: such a cache is not used */
 } qtrain_options;
 
 /* Creates a trainer. *out is NULL on failure, with the message in err (errlen >= 1024 advised). The

@@ -245,7 +245,7 @@ static inline int qt_t_run_yaml(const char *yaml, const char *logp, const char *
     if (qt_config_load_string(&c, shaped, "test.yaml", NULL, 0, err, errlen)) return -1;
     float losses[QT_T_STEPS];
     for (int i = 0; i < QT_T_STEPS; i++) losses[i] = NAN;
-    qt_train_opts opts = {resume, stop, 0, losses, NULL};
+    qt_train_opts opts = {resume, stop, 0, losses, NULL, NULL};
     if (qt_train_run(&c, &opts, NULL, err, errlen) < 0) return -1;
     for (int i = 0; i < QT_T_STEPS; i++) o->loss[i] = losses[i], o->gn[i] = NAN;
     FILE *f = fopen(logp, "r");

@@ -63,7 +63,7 @@ static int run(const char *tag, const char *extra, run_out *o, char *err, size_t
     qt_t_shape_yaml(yaml, sizeof yaml);
     qt_config c;
     if (qt_config_load_string(&c, yaml, "test.yaml", NULL, 0, err, errlen)) return -1;
-    qt_train_opts opts = {NULL, -1, 0, o->loss, NULL};
+    qt_train_opts opts = {NULL, -1, 0, o->loss, NULL, NULL};
     if (qt_train_run(&c, &opts, NULL, err, errlen)) return -1;
     FILE *f = fopen(logp, "r");
     int n = 0;
@@ -270,7 +270,7 @@ static void plan_and_peak(const char *tag, const char *memory, size_t *plan, siz
     sampler sp = {0, before};
     pthread_t th;
     QT_REQUIRE(pthread_create(&th, NULL, sample, &sp) == 0, "pthread_create");
-    qt_train_opts opts = {NULL, -1, 0, NULL, NULL};
+    qt_train_opts opts = {NULL, -1, 0, NULL, NULL, NULL};
     int rc = qt_train_run(&c, &opts, NULL, err, sizeof err);
     sp.stop = 1;
     pthread_join(th, NULL);

@@ -470,7 +470,7 @@ static int gpu_run(const char *name, const char *extra, int every, int keep, con
              name, extra);
     static qt_config c;
     if (qt_config_load_string(&c, y, name, NULL, 0, err, errlen)) return -2;
-    qt_train_opts o = {resume, -1, 0, losses, NULL};
+    qt_train_opts o = {resume, -1, 0, losses, NULL, NULL};
     qt_train_stats st = {0};
     int rc = qt_train_run(&c, &o, &st, err, errlen);
     g_ckpt_in_place = st.ckpt_in_place;

@@ -332,7 +332,7 @@ static void test_sft_run(void) {
     QT_REQUIRE(load_cfg(&ca, yaml) == 0, "config");
     snprintf(yaml, sizeof yaml, fmt, g_dir, g_dir, 1, 4, 3, g_dir, 2);
     QT_REQUIRE(load_cfg(&cb, yaml) == 0, "config");
-    qt_train_opts oa = {NULL, -1, 0, la, NULL}, ob = {NULL, -1, 0, lb, NULL};
+    qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob = {NULL, -1, 0, lb, NULL, NULL};
     QT_REQUIRE(qt_train_run(&ca, &oa, &st, err, sizeof err) == 0, "1x4: %s", err);
     QT_REQUIRE(qt_train_run(&cb, &ob, &st, err, sizeof err) == 0, "4x1: %s", err);
     for (int i = 0; i < 3; i++)
@@ -379,7 +379,7 @@ static void test_export_tokenizer(void) {
              g_dir, src, out, g_dir);
     qt_config c;
     QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
-    qt_train_opts o = {NULL, -1, 1, NULL, NULL};
+    qt_train_opts o = {NULL, -1, 1, NULL, NULL, NULL};
     QT_REQUIRE(qt_train_run(&c, &o, NULL, err, sizeof err) == 0, "export: %s", err);
     for (int i = 0; i < 4; i++) {
         size_t n;

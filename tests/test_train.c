@@ -60,7 +60,7 @@ static void resume_bit_exact(const char *device, const char *tag, const char *pa
         QT_REQUIRE(load_cfg(&a, yaml) == 0, "config");
         snprintf(yaml, sizeof yaml, fmt, shape, tie[k], g_dir, g_dir, g_dir, tag, k + 2, g_dir, tag, k + 2, device, par);
         QT_REQUIRE(load_cfg(&b, yaml) == 0, "config");
-        qt_train_opts oa = {NULL, -1, 0, la, NULL}, ob1 = {NULL, 10, 0, lb, NULL}, ob2 = {"latest", -1, 0, lb, NULL};
+        qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 10, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
         qt_train_stats st;
         QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
         QT_REQUIRE(st.steps_done == 20, "steps %ld", st.steps_done);
@@ -174,7 +174,7 @@ static int match_run(int kind, const char *tag, int steps, const char *resume, c
     qt_config c;
     int rc = load_cfg(&c, yaml);
     if (rc == 0) {
-        qt_train_opts o = {resume, -1, 0, losses, NULL};
+        qt_train_opts o = {resume, -1, 0, losses, NULL, NULL};
         rc = qt_train_run(&c, &o, NULL, err, errlen);
     }
     return rc;
@@ -319,7 +319,7 @@ static int bf16m_run(int kind, const char *tag, int stop, const char *resume, co
     qt_config c;
     int rc = load_cfg(&c, yaml);
     if (rc == 0) {
-        qt_train_opts o = {resume, stop, 0, losses, NULL};
+        qt_train_opts o = {resume, stop, 0, losses, NULL, NULL};
         rc = qt_train_run(&c, &o, NULL, err, errlen);
     }
     return rc;
@@ -471,7 +471,7 @@ static void test_bf16_master_ckpt_bytes(void) {
         /* the offloaded weights written in place: a slow writer, so step 11's AdamW must wait for it */
         qt_test_hooks h = {.offload_chunk = 1000, .ckpt_write_delay_ms = k == WLIVE ? 2 : 0};
         qt_test_hooks_set(&h);
-        qt_train_opts o = {NULL, -1, 0, loss, NULL};
+        qt_train_opts o = {NULL, -1, 0, loss, NULL, NULL};
         int rc = qt_train_run(&c, &o, &st, err, sizeof err);
         qt_test_hooks_set(NULL);
         QT_REQUIRE(rc == 0, "%s: %s", run[k].tag, err);
@@ -538,7 +538,7 @@ static void test_bf16_master_ckpt_bytes(void) {
             QT_REQUIRE(load_cfg(&c, yaml) == 0, "%s: config", tag);
             qt_test_hooks h = {.offload_chunk = 1000, .ckpt_write_delay_ms = 2};
             qt_t_hooks(&h, mutant ? QT_MUT_CKPT_UNGUARDED : QT_MUT_NONE);
-            qt_train_opts o = {NULL, -1, 0, loss, NULL};
+            qt_train_opts o = {NULL, -1, 0, loss, NULL, NULL};
             qt_train_stats st;
             int rc = qt_train_run(&c, &o, &st, err, sizeof err);
             qt_t_hooks(NULL, QT_MUT_NONE);
@@ -644,7 +644,7 @@ static void test_resume_errors(void) {
              "data: {train: '%s/syn_train_*.bin.zst', seq_len: 24, micro_batch: 3}\n"
              "optim: {steps: 4}\ncheckpoint: {dir: '%s/ckpt_empty'}\ndevice: cpu\n", g_dir, g_dir);
     QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
-    qt_train_opts o = {"latest", -1, 0, NULL, NULL};
+    qt_train_opts o = {"latest", -1, 0, NULL, NULL, NULL};
     QT_EXPECT(qt_train_run(&c, &o, NULL, err, sizeof err) == -1 && strstr(err, "no checkpoint"), "got: %s", err);
     /* A checkpoint of another model must be refused, naming the problem. */
     snprintf(yaml, sizeof yaml,

@@ -25,7 +25,7 @@ int main(int argc, char **argv) {
     qt_test_hooks h = {.dp_fail_rank = atoi(argv[2]), .dp_fail_step = argc == 5 ? 0 : atol(argv[3]),
                        .dp_fail_gather = argc == 5 ? atol(argv[4]) : 0};
     qt_test_hooks_set(&h);
-    qt_train_opts o = {NULL, -1, 0, NULL, NULL};
+    qt_train_opts o = {NULL, -1, 0, NULL, NULL, NULL};
     if (qt_train_run(&cfg, &o, NULL, err, sizeof err)) {
         fprintf(stderr, "tool_train_fault: %s\n", err);
         return 1;

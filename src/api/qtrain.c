@@ -92,7 +92,7 @@ qtrain_status qtrain_open(const qtrain_options *o, qtrain_trainer **out, char *e
         free(t);
         return st;
     }
-    qt_train_opts to = {o->resume ? which : NULL, -1, o->export_only, NULL, o->allow_changed};
+    qt_train_opts to = {o->resume ? which : NULL, -1, o->export_only, NULL, o->allow_changed, o->home_dir};
     qt_train_fail fail;
     t->s = qt_session_open(&t->cfg, &to, 1, &t->st, &fail, err, errlen);
     if (!t->s) {

@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     const char *path = NULL, *sets[256];
     int nsets = 0, print_cfg = 0, plan = 0;
     double gpu_mem = 0, host_mem = 0;
-    qt_train_opts o = {NULL, -1, 0, NULL, NULL};
+    qt_train_opts o = {NULL, -1, 0, NULL, NULL, getenv("HOME")}; /* the user's home: the CLI's to name */
     qt_train_install_signal_handlers(); /* first: a signal during setup still stops cleanly */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -178,9 +178,8 @@ int main(int argc, char **argv) {
     }
     if (plan && gpu_mem > 0) cfg.memory.gpu_limit_gib = (float)gpu_mem; /* memory.plan: auto plans for them */
     if (plan && host_mem > 0) cfg.memory.host_limit_gib = (float)host_mem;
-    const char *home = getenv("HOME"); /* the user's cache: the CLI's choice, passed to the library */
-    char cache[QT_PATH_MAX + 32];
-    snprintf(cache, sizeof cache, "%s/.cache/qtrain", home && *home ? home : ".");
+    char cache[QT_PATH_MAX + 32]; /* the user's cache: the CLI's choice, passed to the library */
+    snprintf(cache, sizeof cache, "%s/.cache/qtrain", o.home_dir && *o.home_dir ? o.home_dir : ".");
     qt_probe probe = {0};
     if (cfg.memory.plan || plan) probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
     if (cfg.memory.plan) {

@@ -302,7 +302,7 @@ int qt_session_update(qt_trainer *t, qt_step_result *r, char *err, size_t errlen
                                                  "optim.lr?)", t->step + 1, loss, gnorm));
     t->step++;
     if (t->train) t->pos = qt_loader_get_pos(t->train);
-    if (c->perf.deterministic && t->step == t->start + 1) qt_tuning_cache_save(t->eng, c->perf.tuning_cache);
+    if (c->perf.deterministic && t->step == t->start + 1) qt_tuning_cache_save(t->eng, t->tuning_cache);
     double tn = now_s();
     *r = (qt_step_result){t->step, loss, gnorm, lr, t->tok_per_step / (tn - t->tstep), 0, 0, 0};
     int last = t->step == t->stop;
@@ -417,7 +417,10 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
            cfg->path, L->n_params, L->cfg.num_layers, L->cfg.hidden_size, L->cfg.num_heads, L->cfg.num_kv_heads,
            L->cfg.vocab_size, t->eng->ops->name, qt_model_flops_per_token(&L->cfg, cfg->data.seq_len) * 1e-9);
     if (t->eng->ops->print_memory) t->eng->ops->print_memory(t->eng);
-    if (cfg->perf.deterministic) qt_tuning_cache_load(t->eng, cfg->perf.tuning_cache); /* a checkpoint's picks replace them */
+    if (!(t->tuning_cache = calloc(1, QT_TUNING_PATH_MAX)))
+        return failed(t, QT_TF_INTERNAL, qt_errf(err, errlen, "out of host memory"));
+    if (cfg->perf.deterministic && qt_tuning_cache_path(cfg->perf.tuning_cache, o->home_dir, t->tuning_cache, QT_TUNING_PATH_MAX))
+        qt_tuning_cache_load(t->eng, t->tuning_cache); /* a checkpoint's picks replace them */
     if (o->resume && qt_trainer_load(t, o->resume, o->allow_changed, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
     return training ? begin_training(t, o, err, errlen) : 0;
 }
@@ -458,13 +461,14 @@ int qt_session_close(qt_trainer *t, int rc, char *err, size_t errlen) {
     if (t->eval) qt_loader_free(t->eval);
     free(t->in);
     free(t->tgt);
+    free(t->tuning_cache);
     if (t->layout.tensors) qt_layout_free(&t->layout);
     free(t);
     return rc;
 }
 
 int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats *st, char *err, size_t errlen) {
-    qt_train_opts dflt = {NULL, -1, 0, NULL, NULL};
+    qt_train_opts dflt = {NULL, -1, 0, NULL, NULL, NULL};
     qt_train_stats dst;
     const qt_train_opts *o = opts ? opts : &dflt;
     if (!st) st = &dst;

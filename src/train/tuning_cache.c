@@ -17,22 +17,22 @@
 
 #include "qt_error.h"
 
-/* The file of the key's value ("" = none: returns 0); a leading "~/" is the user's home directory. */
-static int cache_path(const char *key, char *out, size_t cap) {
+int qt_tuning_cache_path(const char *key, const char *home, char *out, size_t cap) {
+    out[0] = 0;
     if (!key[0]) return 0;
     if (key[0] == '~' && key[1] == '/') {
-        const char *home = getenv("HOME"); /* "~/" in the key's value: the user's home directory */
-        snprintf(out, cap, "%s%s", home && *home ? home : ".", key + 1);
+        if (!home || !*home) return 0; /* the caller named no home: the run times its own picks */
+        snprintf(out, cap, "%s%s", home, key + 1);
     } else {
         snprintf(out, cap, "%s", key);
     }
     return 1;
 }
 
-void qt_tuning_cache_load(qt_engine *e, const char *key) {
-    char path[4096], err[512];
+void qt_tuning_cache_load(qt_engine *e, const char *path) {
+    char err[512];
     FILE *f;
-    if (!e->ops->tuning_load || !cache_path(key, path, sizeof path) || !(f = fopen(path, "rb"))) return;
+    if (!e->ops->tuning_load || !path[0] || !(f = fopen(path, "rb"))) return;
     struct stat st;
     void *buf = NULL;
     int ok = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size < (1 << 26) &&
@@ -44,9 +44,10 @@ void qt_tuning_cache_load(qt_engine *e, const char *key) {
     free(buf);
 }
 
-void qt_tuning_cache_save(qt_engine *e, const char *key) {
-    char path[4096], tmp[4200];
-    if (!e->ops->tuning_save || !cache_path(key, path, sizeof path)) return;
+void qt_tuning_cache_save(qt_engine *e, const char *path_in) {
+    char path[QT_TUNING_PATH_MAX], tmp[QT_TUNING_PATH_MAX + 64];
+    if (!e->ops->tuning_save || !path_in[0]) return;
+    snprintf(path, sizeof path, "%s", path_in);
     size_t n = e->ops->tuning_save(e, NULL, 0);
     void *buf = malloc(n);
     if (!buf) return;

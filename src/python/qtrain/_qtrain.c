@@ -265,7 +265,7 @@ static int Trainer_init(TrainerObject *self, PyObject *args, PyObject *kw) {
             if (!(ov[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(items, i)))) goto out;
     }
     qtrain_options o = {config == Py_None ? NULL : PyUnicode_AsUTF8(config), is_text, ov, (int)n, resume, allow,
-                        export_only};
+                        export_only, getenv("HOME")}; /* the binding is a front end: it names the user's home */
     if (config != Py_None && !o.config) goto out;
     char err[4096];
     qtrain_trainer *t = NULL;
