@@ -9,12 +9,16 @@ document longer than a window (S+1 tokens) is dropped (--long drop) or starts at
 runs on across windows (--long split). The stream ends padded to W*S+1 tokens, W whole windows."""
 import numpy as np
 
+from .shard import ShardError
+
 
 class Sink:
-    """Appends tokens (and masks, when with_mask) to two temporary files; counts tokens and mask ones."""
+    """Appends tokens (and masks, when with_mask) to two temporary files; counts tokens and mask ones.
+    Every id must be < vocab (which fits token_bytes): an id is never cut to the stored width."""
 
-    def __init__(self, tokens_path, mask_path, token_bytes):
+    def __init__(self, tokens_path, mask_path, token_bytes, vocab):
         self.dtype = np.dtype("<u2" if token_bytes == 2 else "<u4")
+        self.vocab = vocab
         self.tf = open(tokens_path, "wb")
         self.mf = open(mask_path, "wb") if mask_path else None
         self.n = self.ones = 0
@@ -22,6 +26,9 @@ class Sink:
     def write(self, toks, mask):
         if not len(toks):
             return
+        top = int(np.max(toks))
+        if top >= self.vocab:
+            raise ShardError(f"token id {top} >= the shard's vocab_size {self.vocab} (the largest id + 1)")
         self.tf.write(np.asarray(toks).astype(self.dtype, copy=False).tobytes())
         if self.mf is not None:
             m = np.ones(len(toks), np.uint8) if mask is None else mask
@@ -41,6 +48,7 @@ class Packer:
     def __init__(self, sink, seq_len, long_mode, pad_id):
         self.sink, self.S, self.long_mode, self.pad = sink, seq_len, long_mode, pad_id
         self.docs = self.dropped_docs = self.dropped_tokens = self.split_docs = self.pad_tokens = 0
+        self.notes = {}       # {kind: [count, where of the first]}: inputs skipped or repaired (worker.NOTES)
         self.pend = []        # (tokens, mask) of the document being collected
         self.pend_n = 0
         self.state = None     # None, "drop" or "split": what happens to the rest of a long document
