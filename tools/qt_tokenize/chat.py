@@ -136,18 +136,19 @@ class Renderer:
         once more with its content between two marker characters; the text before the first marker and
         after the second must be the conversation's own, so the reply's place is known whatever copies of
         its words the rest of the conversation holds. The span runs on over the template's end-of-turn
-        text (what follows the reply when the turn ends the conversation)."""
+        text (what follows the reply when the turn ends the conversation, if it renders the reply once)."""
         def marked(upto):
             ms = [dict(x) for x in msgs[:upto]]
             ms[i]["content"] = MARK_A + msgs[i]["content"] + MARK_B
             return self.render(ms)
         whole, last = marked(len(msgs)), marked(i + 1)
-        if whole.count(MARK_A) != 1 or whole.count(MARK_B) != 1 or last.count(MARK_B) != 1:
+        if whole.count(MARK_A) != 1 or whole.count(MARK_B) != 1:
             raise ChatError(f"message {i}: the template renders the assistant's reply {whole.count(MARK_A)} times "
                             "and has no {% generation %} markers, so the trained tokens cannot be told apart; "
                             "add {% generation %}...{% endgeneration %} around the reply (--chat-template FILE)")
         a, b = whole.index(MARK_A), whole.index(MARK_B)
-        tail, eot = whole[b + 1:], last[last.index(MARK_B) + 1:]
+        tail = whole[b + 1:]
+        eot = last[last.index(MARK_B) + 1:] if last.count(MARK_B) == 1 else ""
         end = len(text) - len(tail)
         if text[:a] != whole[:a] or not text.endswith(tail) or end < a or a < cursor:
             raise ChatError(f"message {i}: the template's rendering of the assistant's reply depends on its text "

@@ -133,14 +133,16 @@ def input_bytes(files, split):
     return total
 
 
-def reading(path, gen):
-    """The items of gen; an exception other than InputError becomes one naming the file."""
+def reading(where, gen):
+    """The items of gen; an exception other than InputError becomes one naming `where` (a string, or a
+    function that gives it: the file and row reached)."""
     try:
         yield from gen
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 — pyarrow, gzip, zstandard and OS errors alike
-        raise InputError(f"{path}: cannot read ({type(e).__name__}: {e})")
+        where = where() if callable(where) else where
+        raise InputError(f"{where}: cannot read ({type(e).__name__}: {e})")
 
 
 class Reader:
@@ -285,7 +287,7 @@ class Tasks:
         """Groups record batches into row tasks of about chunk bytes."""
         cols = self._columns(names, path)
         rows, size, first = [], 0, 0
-        for b in batches:
+        for b in reading(lambda: f"{path}: row {first + len(rows)}", batches):
             b = b.select(cols)
             vals = b.to_pylist() if self.o["chat"] else b.column(0).to_pylist()
             rows += vals
