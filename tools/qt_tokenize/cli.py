@@ -1,5 +1,5 @@
 """cli.py — the tools/tokenize command: inputs -> worker processes -> packer -> temporary token/mask
-files -> shards (format version 2). Output is the same whatever --workers: tasks are cut from the input
+files -> shards (format version 3: tokens, loss mask, document starts). Output is the same whatever --workers: tasks are cut from the input
 independently of the worker count and their results are consumed in input order. At most 2 tasks per
 worker are in flight, so memory stays bounded whatever the input size."""
 import argparse
@@ -11,6 +11,8 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+
+import numpy as np
 
 from . import pack, shard, sources, tok, worker
 from .chat import ChatError, Renderer
@@ -44,7 +46,7 @@ class Progress:
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="tools/tokenize", description="Turn text, JSON lines, Parquet or `datasets` folders into "
-        "qtrain token shards (format version 2; tools/README.md).")
+        "qtrain token shards (format version 3; tools/README.md).")
     ap.add_argument("inputs", nargs="+", metavar="INPUT",
                     help="files, globs, directories or save_to_disk folders, read in the order given")
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -204,10 +206,11 @@ def main(argv=None):
             tf = files_open.enter_context(open(tmp_t, "rb"))
             mf = files_open.enter_context(open(tmp_m, "rb")) if tmp_m else None
             index = {"train": 0, "eval": 0}
+            docs = np.frombuffer(sink.docs, dtype=np.int64)
             for name, start, n in shard.plan(sink.n, a.eval_frac, a.shard_tokens, a.seq_len):
                 path = os.path.join(a.out, f"{name}_{index[name]:06d}.bin")
                 index[name] += 1
-                written.append((shard.write(path, tf, mf, start, n, token_bytes, vocab,
+                written.append((shard.write(path, tf, mf, docs, start, n, token_bytes, vocab,
                                             a.zstd_level if a.zstd else None), name, n))
     except (sources.InputError, worker.WorkError, ChatError, shard.ShardError, tok.TokError) as e:
         sys.exit(f"tokenize: {e}")
