@@ -31,15 +31,6 @@ static size_t make_v3(uint8_t *b, uint32_t flags, uint64_t n_docs, const uint8_t
     return 64 + plen;
 }
 
-static void expect_load_error(const char *path, const char *want) {
-    char err[512] = "";
-    qt_tokens_data d;
-    int rc = qt_tokens_load(path, 0, &d, err, sizeof err);
-    QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, path), "%s: rc %d, message \"%s\" lacks \"%s\"", path,
-              rc, err, want);
-    if (rc == 0) qt_tokens_unload(&d);
-}
-
 static void test_shard_v3_layout(void) {
     QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_v3"), "mkdtemp");
     char err[512];
@@ -78,14 +69,14 @@ static void test_shard_v3_layout(void) {
      * tokens, a payload short of its starts */
     put_le(pay + 15 + 16, 9, 8);
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_v3(want, 3, 3, pay, sizeof pay, 5));
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "document start 9 at index 2 (expected increasing, < 5 tokens)");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "document start 9 at index 2 (expected increasing, < 5 tokens)");
     put_le(pay + 15 + 16, 4, 8);
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_v3(want, 1, 3, pay, sizeof pay, 5));
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "n_docs 3 without the document-starts flag");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "n_docs 3 without the document-starts flag");
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_v3(want, 3, 6, pay, sizeof pay, 5));
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "n_docs 6 > n_tokens 5");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "n_docs 6 > n_tokens 5");
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_v3(want, 3, 3, pay, sizeof pay - 8, 5));
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "their mask and document starts");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "their mask and document starts");
     qt_t_rmtree(g_dir);
 }
 
