@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""test_tokenize.py — tools/tokenize: shard format v3 (header, CRC-32, mask, document starts), token ids equal to one HF
-`tokenizers` encode for every input format, cuts that change no token with a tokenizer that merges
-whitespace runs (issue 29), the same bytes for any --workers, bounded memory, chat loss masks, packing
-into windows and error messages. Prints PASS/FAIL/SKIP lines like the C tests."""
+"""test_tokenize.py — tools/tokenize: shard format v3 (header, CRC-32, mask, document starts), token
+ids equal to one HF `tokenizers` encode for every input format, cuts that change no token with a
+tokenizer that merges whitespace runs (issue 29), the same bytes for any --workers, bounded memory,
+chat loss masks, packing into windows and error messages. Prints PASS/FAIL/SKIP lines like the C
+tests. test_tokenize_inputs.py and test_tokenize_docs.py hold the defective inputs and the document
+starts."""
 import gzip
 import json
 import os

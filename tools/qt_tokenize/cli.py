@@ -1,7 +1,8 @@
 """cli.py — the tools/tokenize command: inputs -> worker processes -> packer -> temporary token/mask
-files -> shards (format version 3: tokens, loss mask, document starts). Output is the same whatever --workers: tasks are cut from the input
-independently of the worker count and their results are consumed in input order. At most 2 tasks per
-worker are in flight, so memory stays bounded whatever the input size."""
+files -> shards (format version 3: tokens, loss mask, document starts). Output is the same whatever
+--workers: tasks are cut from the input independently of the worker count and their results are
+consumed in input order. At most 2 tasks per worker are in flight, so memory stays bounded whatever
+the input size."""
 import argparse
 import collections
 import contextlib
