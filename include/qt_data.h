@@ -1,13 +1,17 @@
 /* qt_data.h — token shards and the data loader.
  *
  * Shard format (little-endian), described in tools/README.md:
- *   header, 64 bytes: magic "QTTOKENS" | u32 version (2; 1 is still read) | u32 token_bytes (2 or 4) |
- *                     u64 n_tokens | u32 vocab_size | u32 flags (version 1: reserved, 0) |
- *                     u64 checksum | 24 zero bytes
+ *   header, 64 bytes: magic "QTTOKENS" | u32 version (3; 1 and 2 are still read) | u32 token_bytes
+ *                     (2 or 4) | u64 n_tokens | u32 vocab_size (every token id < vocab_size: the
+ *                     tokenizer's largest id + 1) | u32 flags (version 1: reserved, 0) | u64 checksum |
+ *                     u64 n_docs (version 3; zero bytes before) | 16 zero bytes
  *   payload: n_tokens tokens of token_bytes each, then, when flags & QT_TOKENS_FLAG_MASK (version 2
- *   only), n_tokens mask bytes, each 0 or 1: mask[i] = 1 means token i counts as a target.
- *   checksum: version 2: CRC-32 (IEEE, = Python's zlib.crc32) of all payload bytes, zero-extended;
- *   version 1: FNV-1a 64 of the payload bytes.
+ *   and 3), n_tokens mask bytes, each 0 or 1: mask[i] = 1 means token i counts as a target; then,
+ *   when flags & QT_TOKENS_FLAG_DOCS (version 3), n_docs u64 document starts: the indices of the
+ *   tokens that begin a document, strictly increasing, each < n_tokens. Token 0 is a start only when
+ *   a document begins there (a shard may open inside a document that an earlier shard began).
+ *   checksum: versions 2 and 3: CRC-32 (IEEE, = Python's zlib.crc32) of all payload bytes,
+ *   zero-extended; version 1: FNV-1a 64 of the payload bytes.
  * A ".zst" suffix means the whole file (header + payload) is one zstd stream; it is read by
  * streaming decompression.
  *
@@ -26,16 +30,19 @@
 #include <stdint.h>
 
 #define QT_TOKENS_MAGIC "QTTOKENS"
-#define QT_TOKENS_VERSION 2 /* the version written */
+#define QT_TOKENS_VERSION 3 /* the newest version read; written when a shard carries document starts */
 #define QT_TOKENS_HEADER_BYTES 64
 #define QT_TOKENS_FLAG_MASK 1u /* a loss mask follows the tokens */
+#define QT_TOKENS_FLAG_DOCS 2u /* document starts follow the tokens and mask (version 3) */
 
 typedef struct {
     uint32_t version, token_bytes, vocab_size, flags;
     uint64_t n_tokens, checksum;
+    uint64_t n_docs; /* document starts in the payload (flags & QT_TOKENS_FLAG_DOCS), else 0 */
 } qt_tokens_header;
 
-/* Payload bytes after the header: the tokens, plus the mask when flags has QT_TOKENS_FLAG_MASK. */
+/* Payload bytes after the header: the tokens, plus the mask when flags has QT_TOKENS_FLAG_MASK, plus
+ * 8 * n_docs bytes of document starts. */
 uint64_t qt_tokens_payload_bytes(const qt_tokens_header *h);
 
 uint64_t qt_fnv1a64(const void *data, size_t n, uint64_t h); /* start with h = QT_FNV_INIT */
@@ -46,6 +53,11 @@ uint64_t qt_fnv1a64(const void *data, size_t n, uint64_t h); /* start with h = Q
  * token_bytes 2 requires vocab_size <= 65536. Returns 0 or -1 with err. */
 int qt_tokens_write_masked(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
                           int token_bytes, uint32_t vocab_size, int zstd_level, char *err, size_t errlen);
+/* qt_tokens_write_masked, plus the document starts docs[n_docs] (strictly increasing, each < n):
+ * a version 3 shard with QT_TOKENS_FLAG_DOCS. docs == NULL writes what qt_tokens_write_masked does. */
+int qt_tokens_write_docs(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
+                         const uint64_t *docs, uint64_t n_docs, int token_bytes, uint32_t vocab_size,
+                         int zstd_level, char *err, size_t errlen);
 /* qt_tokens_write_masked without a mask. */
 int qt_tokens_write(const char *path, const uint32_t *tokens, uint64_t n, int token_bytes,
                    uint32_t vocab_size, int zstd_level, char *err, size_t errlen);
@@ -62,10 +74,12 @@ typedef struct {
     const uint8_t *payload; /* n_tokens * token_bytes bytes (then the mask) */
     const uint8_t *mask;    /* [n_tokens] 0/1 inside payload, or NULL when the shard has no mask */
     void *base_;            /* owned buffer; released by qt_tokens_unload */
+    const uint8_t *docs;    /* [h.n_docs] u64 little-endian document starts inside payload, or NULL */
 } qt_tokens_data;
 
-/* Loads and verifies a shard (header, size, checksum, every token < vocab_size, mask bytes 0 or 1
- * and, when vocab_limit > 0, a header vocab_size <= vocab_limit). Returns 0 or -1 with err; on error
+/* Loads and verifies a shard (header, size, checksum, every token < vocab_size, mask bytes 0 or 1,
+ * document starts increasing and < n_tokens and, when vocab_limit > 0, a header vocab_size <=
+ * vocab_limit). Returns 0 or -1 with err; on error
  * d holds nothing to unload. */
 int qt_tokens_load(const char *path, uint32_t vocab_limit, qt_tokens_data *d, char *err, size_t errlen);
 void qt_tokens_unload(qt_tokens_data *d); /* releases d's memory; safe on a zeroed or unloaded d */
@@ -74,6 +88,13 @@ static inline uint32_t qt_tokens_token(const qt_tokens_data *d, uint64_t i) {
     return d->h.token_bytes == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8
                                  : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                                        (uint32_t)p[3] << 24;
+}
+
+/* Document start i of a loaded shard (i < d->h.n_docs). */
+static inline uint64_t qt_tokens_doc_start(const qt_tokens_data *d, uint64_t i) {
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--) v = v << 8 | d->docs[8 * i + k];
+    return v;
 }
 
 /* Reads and verifies a whole shard (magic, version, size, checksum, every token < vocab_size); the
@@ -100,6 +121,13 @@ qt_loader *qt_loader_open(const char *glob, int seq_len, int micro_batch, int ra
  * cannot be read or fails its checks (corrupt, truncated or changed on disk since qt_loader_open);
  * the position is then where it was before the call, so a checkpoint saved now resumes there. */
 int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen);
+/* qt_loader_next, plus where documents begin in each window b of the micro-batch: starts[b*seq_len +
+ * k] for k < n_starts[b] are the input positions (ascending, in [0, seq_len)) whose token begins a
+ * document. Position 0 is listed only when a document begins exactly there (a window may open inside
+ * one). n_starts[b] = 0 for a shard without document starts (version 1 and 2, or version 3 without
+ * QT_TOKENS_FLAG_DOCS). starts[b*seq_len + k] for k >= n_starts[b] is left as it was. */
+int qt_loader_next_docs(qt_loader *l, int32_t *inputs, int32_t *targets, int32_t *starts, int32_t *n_starts,
+                        char *err, size_t errlen);
 qt_loader_pos qt_loader_get_pos(const qt_loader *l);
 void qt_loader_set_pos(qt_loader *l, qt_loader_pos p);
 /* 0 when qt_loader_set_pos(l, p) would accept p (its cursors inside this data), else -1 with err. */

@@ -64,6 +64,7 @@ typedef struct qt_trainer {
     int fail;                 /* qt_train_fail kind of the last error */
     int broken;               /* an engine call failed: the engine may only be freed */
     char *tuning_cache;       /* perf.tuning_cache's file, "~/" expanded (owned); "": none */
+    long step_targets;        /* unmasked targets of the last step's batches (0: its loss means nothing) */
 } qt_trainer;
 
 /* After qt_trainer_load (or for a fresh run): the writer and the loader position. 0 or -1 with err. */

@@ -41,7 +41,7 @@ typedef struct {
     float grad_norm;     /* before clipping */
     float lr;
     double tokens_per_s; /* this step's tokens (all ranks) over its wall time */
-    int evaluated;       /* eval ran after this step: eval_loss holds its loss */
+    int evaluated;       /* eval ran after this step on batches with unmasked targets: eval_loss holds its loss */
     float eval_loss;
     int saved;           /* a checkpoint of this step was started */
 } qt_step_result;
@@ -62,7 +62,8 @@ int qt_session_step(qt_trainer *t, qt_batch_source src, qt_step_result *r, char 
 int qt_session_backward(qt_trainer *t, qt_batch_source src, char *err, size_t errlen);
 /* The second half: AdamW, bookkeeping, log, eval, checkpoint. 0 or -1 with err. */
 int qt_session_update(qt_trainer *t, qt_step_result *r, char *err, size_t errlen);
-/* The eval loss over eval.batches batches of data.eval (from its start, as the run's evals). 0 or -1. */
+/* The eval loss over eval.batches batches of data.eval (from its start, as the run's evals); NaN when
+ * every target of those batches is masked out. 0 or -1. */
 int qt_session_eval(qt_trainer *t, float *loss, char *err, size_t errlen);
 /* Writes the HF export of the current weights (model.safetensors + config.json, the tokenizer's
  * files when data.tokenizer or init.from has them) to dir, bf16 or fp32. 0 or -1 with err (weights

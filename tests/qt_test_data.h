@@ -15,6 +15,7 @@
 #include "qt_ckpt.h"
 #include "qt_data.h"
 #include "qt_device.h"
+#include "qt_test.h"
 #include "qt_train.h"
 
 /* A learnable synthetic shard of n tokens (vocabulary 64): each token mostly follows from the previous one. */
@@ -268,6 +269,16 @@ static inline int qt_t_same_bits(const qt_t_run_out *a, const qt_t_run_out *b, i
             return snprintf(why, cap, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", i + 1, a->loss[i], b->loss[i],
                             a->gn[i], b->gn[i]), 0;
     return qt_t_same_state(a->ckpt, b->ckpt, why, cap);
+}
+
+/* Expects qt_tokens_load(path) to fail with a message that names path and contains want. */
+static inline void qt_t_expect_load_error(const char *path, const char *want) {
+    char err[512] = "";
+    qt_tokens_data d;
+    int rc = qt_tokens_load(path, 0, &d, err, sizeof err);
+    QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, path), "%s: rc %d, message \"%s\" lacks \"%s\"", path,
+              rc, err, want);
+    if (rc == 0) qt_tokens_unload(&d);
 }
 
 #endif

@@ -5,6 +5,7 @@
  * (GPU) bf16/fp8 masked losses and gradients against the CPU reference and data parallel against one
  * GPU. The shard format itself is tested in test_shard_v2.c. */
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -240,6 +241,53 @@ static void test_eval_token_mean(void) {
     e->ops->free(e);
     free(w);
     qt_layout_free(&L);
+    qt_t_rmtree(g_dir);
+}
+
+/* A step and an eval whose batches hold no unmasked target: the log says so, not "loss 0.0000" or
+ * "ppl 1.00", and the records carry "loss": null. Two windows of 16: the first all masked, the second
+ * all trained; micro_batch 1, so one of the two steps has no target; eval reads the first window. */
+static void test_no_targets_logged(void) {
+    QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
+    enum { N = 33 };
+    uint32_t t[N];
+    uint8_t m[N];
+    for (int i = 0; i < N; i++) t[i] = (uint32_t)(i * 7 % 64), m[i] = i > 16;
+    char err[1024], yaml[2000], out[600];
+    QT_REQUIRE(qt_tokens_write_masked(qt_t_path(g_dir, "nt_0.bin"), t, m, N, 2, 64, 0, err, sizeof err) == 0, "%s", err);
+    snprintf(yaml, sizeof yaml,
+             "model: {vocab_size: 64, hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1,"
+             " intermediate_size: 48, max_seq_len: 16}\n"
+             "data: {train: '%s/nt_*.bin', eval: '%s/nt_*.bin', seq_len: 16, micro_batch: 1}\n"
+             "optim: {lr: 0.001, steps: 2}\neval: {every: 2, batches: 1}\nlog: {every: 1, file: '%s/log.jsonl'}\n"
+             "checkpoint: {dir: '%s/ck', every: 0}\ndevice: cpu\n",
+             g_dir, g_dir, g_dir, g_dir);
+    qt_config c;
+    QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+    snprintf(out, sizeof out, "%s/stdout.txt", g_dir);
+    fflush(stdout);
+    int keep = dup(1), fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    QT_REQUIRE(keep >= 0 && fd >= 0, "cannot redirect stdout");
+    dup2(fd, 1);
+    close(fd);
+    int rc = qt_train_run(&c, NULL, NULL, err, sizeof err);
+    fflush(stdout);
+    dup2(keep, 1);
+    close(keep);
+    QT_REQUIRE(rc == 0, "run: %s", err);
+    size_t n;
+    char *text = qt_t_read_file(out, &n), *log = qt_t_read_file(qt_t_path(g_dir, "log.jsonl"), &n);
+    QT_REQUIRE(text && log, "no stdout or log.jsonl");
+    int steps = 0, evals = 0;
+    for (char *p = text; (p = strstr(p, "no unmasked targets")); p++) {
+        char *line = p;
+        while (line > text && line[-1] != '\n') line--;
+        steps += !strncmp(line, "step ", 5), evals += !strncmp(line, "eval ", 5);
+    }
+    QT_EXPECT(steps == 1 && evals == 1, "%d step and %d eval lines say \"no unmasked targets\":\n%s", steps, evals, text);
+    QT_EXPECT(!strstr(text, "loss 0.0000") && !strstr(text, "ppl 1.00"), "a loss of 0 logged:\n%s", text);
+    QT_EXPECT(strstr(log, "\"loss\":null") && strstr(log, "\"type\":\"eval\""), "log.jsonl:\n%s", log);
+    free(text), free(log);
     qt_t_rmtree(g_dir);
 }
 
@@ -511,6 +559,7 @@ int main(void) {
     QT_RUN(test_accum_1x4_vs_4x1);
     QT_RUN(test_eval_token_mean);
     QT_RUN(test_export_tokenizer);
+    QT_RUN(test_no_targets_logged);
     QT_RUN(test_sft_run);
     QT_RUN(test_gpu_masked_vs_cpu);
     QT_RUN(test_gpu_dp_masked);

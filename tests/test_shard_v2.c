@@ -75,15 +75,6 @@ static size_t make_shard(uint8_t *b, uint32_t version, uint32_t flags, const uin
     return 64 + plen;
 }
 
-static void expect_load_error(const char *path, const char *want) {
-    char err[512] = "";
-    qt_tokens_data d;
-    int rc = qt_tokens_load(path, 0, &d, err, sizeof err);
-    QT_EXPECT(rc == -1 && strstr(err, want) && strstr(err, path), "%s: rc %d, message \"%s\" lacks \"%s\"", path,
-              rc, err, want);
-    if (rc == 0) qt_tokens_unload(&d);
-}
-
 static void test_shard_v2_mask(void) {
     QT_REQUIRE(qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_sft"), "mkdtemp");
     char err[512];
@@ -116,19 +107,19 @@ static void test_shard_v2_mask(void) {
     /* errors: a mask byte 2 (checksum matching), unknown flags, flags in v1, a short mask, the writer */
     pay[12] = 2;
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "mask byte 2 at index 2 (expected 0 or 1)");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "mask byte 2 at index 2 (expected 0 or 1)");
     pay[12] = 1;
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 2, 3, pay, 15, 5));
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "unknown flags 0x3");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "unknown flags 0x3");
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 1, 1, pay, 15, 5));
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "unknown flags 0x1 in a version 1 header");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "unknown flags 0x1 in a version 1 header");
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 2, 1, pay, 14, 5));
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "truncated: header says 5 tokens and their mask (79 bytes), file has 78");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "truncated: header says 5 tokens and their mask (79 bytes), file has 78");
     pay[14] ^= 1;
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, make_shard(want, 2, 1, pay, 15, 5));
     want[64 + 14] ^= 1; /* a flipped mask byte after the checksum was taken */
     qt_t_write_file(qt_t_path(g_dir, "bad.bin"), want, 79);
-    expect_load_error(qt_t_path(g_dir, "bad.bin"), "checksum mismatch");
+    qt_t_expect_load_error(qt_t_path(g_dir, "bad.bin"), "checksum mismatch");
     m[2] = 5;
     QT_EXPECT(qt_tokens_write_masked(qt_t_path(g_dir, "w.bin"), t, m, 5, 2, 300, 0, err, sizeof err) == -1 &&
                   strstr(err, "mask byte 5 at index 2"), "writer: %s", err);
@@ -148,7 +139,7 @@ static void test_shard_v1_read(void) {
     free(t);
     b[64] ^= 1; /* its FNV checksum is checked */
     qt_t_write_file(qt_t_path(g_dir, "v1.bin"), b, 70);
-    expect_load_error(qt_t_path(g_dir, "v1.bin"), "checksum mismatch");
+    qt_t_expect_load_error(qt_t_path(g_dir, "v1.bin"), "checksum mismatch");
     qt_t_rmtree(g_dir);
 }
 
@@ -244,7 +235,7 @@ static void test_zst_header_claims_more(void) {
     size_t zn = ZSTD_compress(z, sizeof z, b, make_shard(b, 2, 0, pay, 200, (uint64_t)1 << 40), 3);
     QT_REQUIRE(!ZSTD_isError(zn), "zstd");
     qt_t_write_file(qt_t_path(g_dir, "big.bin.zst"), z, zn);
-    expect_load_error(qt_t_path(g_dir, "big.bin.zst"), "truncated: header says 1099511627776 tokens");
+    qt_t_expect_load_error(qt_t_path(g_dir, "big.bin.zst"), "truncated: header says 1099511627776 tokens");
     qt_t_rmtree(g_dir);
 }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""test_tokenize.py — tools/tokenize: shard format v2 (header, CRC-32, mask), token ids equal to one HF
-`tokenizers` encode for every input format, cuts that change no token with a tokenizer that merges
-whitespace runs (issue 29), the same bytes for any --workers, bounded memory, chat loss masks, packing
-into windows and error messages. Prints PASS/FAIL/SKIP lines like the C tests."""
+"""test_tokenize.py — tools/tokenize: shard format v3 (header, CRC-32, mask, document starts), token
+ids equal to one HF `tokenizers` encode for every input format, cuts that change no token with a
+tokenizer that merges whitespace runs (issue 29), the same bytes for any --workers, bounded memory,
+chat loss masks, packing into windows and error messages. Prints PASS/FAIL/SKIP lines like the C
+tests. test_tokenize_inputs.py and test_tokenize_docs.py hold the defective inputs and the document
+starts."""
 import gzip
 import json
 import os
@@ -49,22 +51,26 @@ def zstd_compress(data):
 
 
 def read_shard(path):
-    """Returns (header dict, tokens, mask or None) after checking the v2 layout and CRC-32."""
+    """Returns (header dict, tokens, mask or None) after checking the v3 layout and CRC-32; the header
+    dict's "docs" holds the document starts."""
     data = open(path, "rb").read()
     if path.endswith(".zst"):
         data = zstd_decompress(data)
     assert data[:8] == b"QTTOKENS", f"{path}: magic {data[:8]!r}"
-    ver, tb, n, vocab, flags, csum = struct.unpack_from("<IIQIIQ", data, 8)
-    assert ver == 2 and tb in (2, 4) and flags in (0, 1), f"{path}: version {ver} token_bytes {tb} flags {flags}"
-    assert data[40:64] == bytes(24), f"{path}: header padding not zero"
+    ver, tb, n, vocab, flags, csum, n_docs = struct.unpack_from("<IIQIIQQ", data, 8)
+    assert ver == 3 and tb in (2, 4) and flags in (2, 3), f"{path}: version {ver} token_bytes {tb} flags {flags}"
+    assert data[48:64] == bytes(16), f"{path}: header padding not zero"
     payload = data[64:]
-    assert len(payload) == n * tb + (n if flags & 1 else 0), f"{path}: {len(payload)} payload bytes, n {n}"
+    nm = n if flags & 1 else 0
+    assert len(payload) == n * tb + nm + 8 * n_docs, f"{path}: {len(payload)} payload bytes, n {n}"
     assert zlib.crc32(payload) == csum, f"{path}: CRC-32 mismatch"
     toks = list(struct.unpack(f"<{n}{'H' if tb == 2 else 'I'}", payload[:n * tb]))
-    mask = list(payload[n * tb:]) if flags & 1 else None
+    mask = list(payload[n * tb:n * tb + nm]) if flags & 1 else None
+    docs = list(struct.unpack(f"<{n_docs}Q", payload[n * tb + nm:]))
+    assert all(0 <= a < b for a, b in zip(docs, docs[1:])) and all(d < n for d in docs), f"{path}: document starts {docs}"
     assert all(t < vocab for t in toks), f"{path}: token >= vocab {vocab}"
     assert mask is None or set(mask) <= {0, 1}, f"{path}: mask bytes not 0/1"
-    return {"token_bytes": tb, "n": n, "vocab": vocab, "flags": flags}, toks, mask
+    return {"token_bytes": tb, "n": n, "vocab": vocab, "flags": flags, "docs": docs}, toks, mask
 
 
 def shards(d, prefix):
@@ -148,19 +154,20 @@ def test_byte_level_zstd_shards(tmp):
     assert not [f for f in os.listdir(out) if "tmp" in f], os.listdir(out)
 
 
-def test_v2_header_crc_and_readme(tmp):
-    """The header bytes of a masked shard, field by field, against the agreed v2 layout; and the README
-    still documents version 1 next to version 2."""
+def test_v3_header_crc_and_readme(tmp):
+    """The header bytes of a masked shard, field by field, against the agreed v3 layout (one document
+    at token 0); and the README still documents versions 1 and 2 next to version 3."""
     src = os.path.join(tmp, "in.txt")
     open(src, "wb").write(b"abcdefghij")
     run_tool("--byte-level", src, "--out", tmp, "--eval-frac", "0", "--seq-len", "4", "--quiet")
     data = open(os.path.join(tmp, "train_000000.bin"), "rb").read()
     toks = b"abcdefghij" + bytes(3)  # 10 tokens padded with token 0 to 3 windows of 5 = 13
-    payload = b"".join(struct.pack("<H", c) for c in toks) + bytes([1] * 10 + [0] * 3)
-    want = (b"QTTOKENS" + struct.pack("<IIQIIQ", 2, 2, 13, 256, 1, zlib.crc32(payload)) + bytes(24) + payload)
-    assert data == want, f"v2 shard bytes differ:\n{data[:64].hex()}\n{want[:64].hex()}"
+    payload = b"".join(struct.pack("<H", c) for c in toks) + bytes([1] * 10 + [0] * 3) + bytes(8)
+    want = (b"QTTOKENS" + struct.pack("<IIQIIQQ", 3, 2, 13, 256, 3, zlib.crc32(payload), 1) + bytes(16) + payload)
+    assert data == want, f"v3 shard bytes differ:\n{data[:64].hex()}\n{want[:64].hex()}"
     readme = open(os.path.join(ROOT, "tools", "README.md")).read()
-    for s in ("Token shard format (version 2)", "version 1", "FNV-1a 64", "CRC-32", "flags"):
+    for s in ("Token shard format (version 3)", "Token shard format (version 2)", "version 1", "FNV-1a 64",
+              "CRC-32", "flags", "n_docs"):
         assert s in readme, f"tools/README.md lacks {s!r}"
 
 
@@ -473,7 +480,7 @@ def test_packing(tmp):
         r = run_tool("--byte-level", src, "--doc-sep", "\\x00", "--eos-id", "255", "--pad-id", "0", "--seq-len",
                      "16", "--long", mode, "--eval-frac", "0.25", "--shard-tokens", "40", "--out", out)
         parts = [read_shard(p) for p in shards(out, "train_") + shards(out, "eval_")]
-        assert all(h["n"] in (17, 33) and h["flags"] == 1 for h, _, _ in parts), [h for h, _, _ in parts]
+        assert all(h["n"] in (17, 33) and h["flags"] == 3 for h, _, _ in parts), [h for h, _, _ in parts]
         toks, mask = parts[0][1], parts[0][2]
         for h, t, m in parts[1:]:
             assert t[0] == toks[-1] and m[0] == mask[-1], "neighbouring shards must share their boundary token"

@@ -6,8 +6,10 @@
  * last target), so a shard of n tokens has (n-1)/seq_len windows. A global batch is the next
  * world*micro_batch windows of the stream; rank r reads its slice and only moves the cursors over the
  * others' windows, so shards that hold none of its windows are never loaded. A masked shard's target
- * t of a window is -1 when the mask byte of its token (start + t + 1) is 0. Read errors come back to
- * the caller (the training loop saves a checkpoint before it stops), never exit the process. */
+ * t of a window is -1 when the mask byte of its token (start + t + 1) is 0; a masked shard whose windows
+ * hold no unmasked target is an error naming it (nothing to train or evaluate on). A window's document
+ * starts are the shard's starts in [start, start + seq_len), found by binary search. Read errors come
+ * back to the caller (the training loop saves a checkpoint before it stops), never exit the process. */
 #include "qt_data.h"
 
 #include <glob.h>
@@ -86,6 +88,14 @@ static void advance(qt_loader *l, uint64_t k) {
     }
 }
 
+/* 1 when d has a mask and no target of its windows is unmasked (tokens 1 to last are the targets). */
+static int no_targets(const qt_tokens_data *d, uint64_t last) {
+    if (!d->mask) return 0;
+    for (uint64_t i = 1; i <= last; i++)
+        if (d->mask[i]) return 0;
+    return 1;
+}
+
 /* Makes the shard under the cursor the loaded one (with its window order). Returns 0 or -1 with err. */
 static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
     ensure_order(l);
@@ -96,9 +106,16 @@ static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
         l->data_file = -1;
         if (qt_tokens_load(l->sh[f].path, l->vocab_limit, &l->data, err, errlen) != 0) return -1;
         if (b->n_tokens != a->n_tokens || b->checksum != a->checksum || b->flags != a->flags ||
-            b->token_bytes != a->token_bytes) {
+            b->token_bytes != a->token_bytes || b->n_docs != a->n_docs) {
             qt_tokens_unload(&l->data);
             snprintf(err, errlen, "%s: shard changed on disk since the loader opened it", l->sh[f].path);
+            return -1;
+        }
+        if (no_targets(&l->data, l->sh[f].n_windows * (uint64_t)l->seq_len)) {
+            qt_tokens_unload(&l->data);
+            snprintf(err, errlen, "%s: every target is masked out (mask bytes 1 to %llu are all 0): the shard has "
+                     "nothing to train on; tokenize it again (tools/tokenize --chat keeps the assistant's turns) or "
+                     "leave it out of the glob", l->sh[f].path, (unsigned long long)(l->sh[f].n_windows * l->seq_len));
             return -1;
         }
         l->data_file = f;
@@ -121,7 +138,26 @@ static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
     return 0;
 }
 
-static int read_window(qt_loader *l, int32_t *in, int32_t *tg, char *err, size_t errlen) {
+/* Writes the input positions of the document starts in tokens [start, start + seq_len) to starts
+ * and returns their count. */
+static int32_t window_docs(const qt_tokens_data *d, uint64_t start, int seq_len, int32_t *starts) {
+    uint64_t lo = 0, hi = d->h.n_docs; /* the first start >= start */
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (qt_tokens_doc_start(d, mid) < start) lo = mid + 1;
+        else hi = mid;
+    }
+    int32_t n = 0;
+    for (uint64_t i = lo; i < d->h.n_docs; i++) {
+        uint64_t v = qt_tokens_doc_start(d, i);
+        if (v >= start + (uint64_t)seq_len) break;
+        starts[n++] = (int32_t)(v - start);
+    }
+    return n;
+}
+
+static int read_window(qt_loader *l, int32_t *in, int32_t *tg, int32_t *starts, int32_t *n_starts, char *err,
+                       size_t errlen) {
     if (ensure_shard(l, err, errlen) != 0) return -1;
     uint64_t w = l->shuffle ? l->wperm[l->pos.window_cursor] : l->pos.window_cursor;
     uint64_t start = w * (uint64_t)l->seq_len;
@@ -134,16 +170,23 @@ static int read_window(qt_loader *l, int32_t *in, int32_t *tg, char *err, size_t
         tg[t] = !mask || mask[i] ? (int32_t)next : -1;
         prev = next;
     }
+    if (n_starts) *n_starts = window_docs(&l->data, start, l->seq_len, starts);
     advance(l, 1);
     return 0;
 }
 
 int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, size_t errlen) {
+    return qt_loader_next_docs(l, inputs, targets, NULL, NULL, err, errlen);
+}
+
+int qt_loader_next_docs(qt_loader *l, int32_t *inputs, int32_t *targets, int32_t *starts, int32_t *n_starts,
+                        char *err, size_t errlen) {
     qt_loader_pos start = l->pos;
-    uint64_t mb = (uint64_t)l->micro_batch;
+    uint64_t mb = (uint64_t)l->micro_batch, S = (uint64_t)l->seq_len;
     advance(l, (uint64_t)l->rank * mb);
     for (uint64_t i = 0; i < mb; i++)
-        if (read_window(l, inputs + i * (uint64_t)l->seq_len, targets + i * (uint64_t)l->seq_len, err, errlen)) {
+        if (read_window(l, inputs + i * S, targets + i * S, starts ? starts + i * S : NULL, n_starts ? n_starts + i : NULL,
+                        err, errlen)) {
             l->pos = start;
             return -1;
         }

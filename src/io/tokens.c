@@ -6,7 +6,9 @@
  * error we can report); a .zst shard is read by ZSTD_decompressStream into a buffer sized from the
  * header (never from the frame content size, which streaming writers such as `zstd -` leave out).
  * Version 2 checksums with CRC-32 (qt_crc32.h, 2.5x faster than the byte-serial FNV-1a of version 1,
- * which is still read) and may carry a loss mask after the tokens. */
+ * which is still read) and may carry a loss mask after the tokens; version 3 adds the document starts
+ * after the mask (their count in the header, so the payload size is known before it is read). A shard
+ * without document starts is written as version 2, which every reader takes. */
 #include "qt_data.h"
 
 #include <errno.h>
@@ -69,6 +71,7 @@ static void encode_header(uint8_t *b, const qt_tokens_header *h) {
     put32(b + 24, h->vocab_size);
     put32(b + 28, h->flags);
     put64(b + 32, h->checksum);
+    if (h->version >= 3) put64(b + 40, h->n_docs);
 }
 
 /* Decodes and checks the fields that do not need the payload. */
@@ -80,9 +83,12 @@ static int decode_header(const uint8_t *b, qt_tokens_header *h, const char *path
     h->vocab_size = get32(b + 24);
     h->flags = get32(b + 28);
     h->checksum = get64(b + 32);
-    if (h->version != 1 && h->version != QT_TOKENS_VERSION)
-        return fail(err, errlen, path, "unsupported version %u (expected 1 or %d)", h->version, QT_TOKENS_VERSION);
-    uint32_t known = h->version == 1 ? 0 : QT_TOKENS_FLAG_MASK; /* version 1: the field is reserved, 0 */
+    h->n_docs = 0;
+    if (h->version < 1 || h->version > QT_TOKENS_VERSION)
+        return fail(err, errlen, path, "unsupported version %u (expected 1 to %d)", h->version, QT_TOKENS_VERSION);
+    uint32_t known = h->version == 1   ? 0 /* version 1: the field is reserved, 0 */
+                     : h->version == 2 ? QT_TOKENS_FLAG_MASK
+                                       : QT_TOKENS_FLAG_MASK | QT_TOKENS_FLAG_DOCS;
     if (h->flags & ~known)
         return fail(err, errlen, path, "unknown flags 0x%x in a version %u header (expected 0x%x or less)",
                     h->flags, h->version, known);
@@ -90,9 +96,16 @@ static int decode_header(const uint8_t *b, qt_tokens_header *h, const char *path
         return fail(err, errlen, path, "token_bytes is %u (expected 2 or 4)", h->token_bytes);
     if (h->vocab_size == 0 || (h->token_bytes == 2 && h->vocab_size > 65536))
         return fail(err, errlen, path, "vocab_size %u does not fit token_bytes %u", h->vocab_size, h->token_bytes);
-    if (h->n_tokens > (SIZE_MAX - QT_TOKENS_HEADER_BYTES) / (h->token_bytes + 1))
+    if (h->n_tokens > (SIZE_MAX - QT_TOKENS_HEADER_BYTES) / (h->token_bytes + 1 + 8))
         return fail(err, errlen, path, "header says %llu tokens, too many for this machine",
                     (unsigned long long)h->n_tokens);
+    if (h->version >= 3) h->n_docs = get64(b + 40);
+    if (h->n_docs && !(h->flags & QT_TOKENS_FLAG_DOCS))
+        return fail(err, errlen, path, "n_docs %llu without the document-starts flag 0x%x", (unsigned long long)h->n_docs,
+                    QT_TOKENS_FLAG_DOCS);
+    if (h->n_docs > h->n_tokens)
+        return fail(err, errlen, path, "n_docs %llu > n_tokens %llu (at most one document starts at each token)",
+                    (unsigned long long)h->n_docs, (unsigned long long)h->n_tokens);
     return 0;
 }
 
@@ -121,14 +134,20 @@ static int write_bytes(FILE *f, ZSTD_CCtx *cctx, const void *src, size_t n, int 
     }
 }
 
-/* use_zstd: compress the whole file (header + tokens + mask) as one zstd frame at zstd_level. */
-static int write_file(FILE *f, const uint32_t *tokens, const uint8_t *mask, uint64_t n, int tb,
+/* docs[n_docs] as u64 little-endian into out[8 * n_docs]. */
+static void encode_docs(uint8_t *out, const uint64_t *docs, size_t n_docs) {
+    for (size_t i = 0; i < n_docs; i++) put64(out + 8 * i, docs[i]);
+}
+
+/* use_zstd: compress the whole file (header + tokens + mask + document starts) as one zstd frame at
+ * zstd_level. */
+static int write_file(FILE *f, const uint32_t *tokens, const uint8_t *mask, const uint64_t *docs, uint64_t n, int tb,
                       const qt_tokens_header *h, int use_zstd, int zstd_level) {
     uint8_t hb[QT_TOKENS_HEADER_BYTES];
     encode_header(hb, h);
     ZSTD_CCtx *cctx = NULL;
     size_t zcap = ZSTD_CStreamOutSize();
-    uint8_t *buf = malloc((size_t)CHUNK_TOKENS * tb), *zbuf = NULL;
+    uint8_t *buf = malloc((size_t)CHUNK_TOKENS * (tb > 8 ? tb : 8)), *zbuf = NULL;
     int rc = buf ? 0 : -1;
     if (use_zstd && rc == 0) {
         cctx = ZSTD_createCCtx();
@@ -146,6 +165,11 @@ static int write_file(FILE *f, const uint32_t *tokens, const uint8_t *mask, uint
         size_t m = (size_t)(n - i < CHUNK_TOKENS ? n - i : CHUNK_TOKENS);
         rc = write_bytes(f, cctx, mask + i, m, 0, zbuf, zcap);
     }
+    for (uint64_t i = 0; rc == 0 && docs && i < h->n_docs; i += CHUNK_TOKENS) {
+        size_t m = (size_t)(h->n_docs - i < CHUNK_TOKENS ? h->n_docs - i : CHUNK_TOKENS);
+        encode_docs(buf, docs + i, m);
+        rc = write_bytes(f, cctx, buf, 8 * m, 0, zbuf, zcap);
+    }
     if (rc == 0 && cctx) rc = write_bytes(f, cctx, "", 0, 1, zbuf, zcap);
     ZSTD_freeCCtx(cctx);
     free(zbuf);
@@ -160,6 +184,12 @@ int qt_tokens_write(const char *path, const uint32_t *tokens, uint64_t n, int to
 
 int qt_tokens_write_masked(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
                           int token_bytes, uint32_t vocab_size, int zstd_level, char *err, size_t errlen) {
+    return qt_tokens_write_docs(path, tokens, mask, n, NULL, 0, token_bytes, vocab_size, zstd_level, err, errlen);
+}
+
+int qt_tokens_write_docs(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
+                         const uint64_t *docs, uint64_t n_docs, int token_bytes, uint32_t vocab_size,
+                         int zstd_level, char *err, size_t errlen) {
     if (token_bytes != 2 && token_bytes != 4)
         return fail(err, errlen, path, "token_bytes %d (expected 2 or 4)", token_bytes);
     if (vocab_size == 0 || (token_bytes == 2 && vocab_size > 65536))
@@ -182,9 +212,16 @@ int qt_tokens_write_masked(const char *path, const uint32_t *tokens, const uint8
             return fail(err, errlen, path, "mask byte %u at index %llu (expected 0 or 1)", mask[i],
                         (unsigned long long)i);
     if (mask) sum = qt_crc32(sum, mask, (size_t)n);
-    qt_tokens_header h = {.version = QT_TOKENS_VERSION, .token_bytes = (uint32_t)token_bytes,
-                         .vocab_size = vocab_size, .flags = mask ? QT_TOKENS_FLAG_MASK : 0, .n_tokens = n,
-                         .checksum = sum};
+    for (uint64_t i = 0; docs && i < n_docs; i++) {
+        if (docs[i] >= n || (i && docs[i] <= docs[i - 1]))
+            return fail(err, errlen, path, "document start %llu at index %llu (expected increasing, < %llu tokens)",
+                        (unsigned long long)docs[i], (unsigned long long)i, (unsigned long long)n);
+        encode_docs(buf, docs + i, 1);
+        sum = qt_crc32(sum, buf, 8);
+    }
+    qt_tokens_header h = {.version = docs ? 3 : 2, .token_bytes = (uint32_t)token_bytes, .vocab_size = vocab_size,
+                         .flags = (mask ? QT_TOKENS_FLAG_MASK : 0) | (docs ? QT_TOKENS_FLAG_DOCS : 0), .n_tokens = n,
+                         .checksum = sum, .n_docs = docs ? n_docs : 0};
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
     if (!tmp) return fail(err, errlen, path, "out of memory");
@@ -195,7 +232,7 @@ int qt_tokens_write_masked(const char *path, const uint32_t *tokens, const uint8
         free(tmp);
         return -1;
     }
-    int rc = write_file(f, tokens, mask, n, token_bytes, &h, is_zst(path), zstd_level);
+    int rc = write_file(f, tokens, mask, docs, n, token_bytes, &h, is_zst(path), zstd_level);
     int saved = errno;
     if (fclose(f) != 0 && rc == 0) rc = -1, saved = errno;
     if (rc == 0 && rename(tmp, path) != 0) rc = -1, saved = errno;
@@ -259,12 +296,14 @@ static int64_t zreader_read(zreader *z, void *dst, size_t cap, const char *path,
 }
 
 uint64_t qt_tokens_payload_bytes(const qt_tokens_header *h) {
-    return h->n_tokens * (h->token_bytes + (h->flags & QT_TOKENS_FLAG_MASK ? 1 : 0));
+    return h->n_tokens * (h->token_bytes + (h->flags & QT_TOKENS_FLAG_MASK ? 1 : 0)) + 8 * h->n_docs;
 }
 
 static int check_bin_size(const char *path, const qt_tokens_header *h, uint64_t size, char *err, size_t errlen) {
     uint64_t want = QT_TOKENS_HEADER_BYTES + qt_tokens_payload_bytes(h);
-    const char *what = h->flags & QT_TOKENS_FLAG_MASK ? " and their mask" : "";
+    const char *what = h->flags & QT_TOKENS_FLAG_MASK ? (h->n_docs ? ", their mask and document starts" : " and their mask")
+                       : h->n_docs                    ? " and document starts"
+                                                      : "";
     if (size < want)
         return fail(err, errlen, path, "truncated: header says %llu tokens%s (%llu bytes), file has %llu bytes",
                     (unsigned long long)h->n_tokens, what, (unsigned long long)want, (unsigned long long)size);
@@ -422,6 +461,15 @@ int qt_tokens_load(const char *path, uint32_t vocab_limit, qt_tokens_data *d, ch
             if (d->mask[i] > 1)
                 rc = fail(err, errlen, path, "mask byte %u at index %llu (expected 0 or 1)", d->mask[i],
                           (unsigned long long)i);
+    }
+    if (rc == 0 && (h->flags & QT_TOKENS_FLAG_DOCS)) {
+        d->docs = d->payload + h->n_tokens * (h->token_bytes + (h->flags & QT_TOKENS_FLAG_MASK ? 1 : 0));
+        for (uint64_t i = 0; i < h->n_docs && rc == 0; i++) {
+            uint64_t v = qt_tokens_doc_start(d, i);
+            if (v >= h->n_tokens || (i && v <= qt_tokens_doc_start(d, i - 1)))
+                rc = fail(err, errlen, path, "document start %llu at index %llu (expected increasing, < %llu tokens)",
+                          (unsigned long long)v, (unsigned long long)i, (unsigned long long)h->n_tokens);
+        }
     }
     if (rc == 0 && (h->token_bytes == 4 || h->vocab_size < 65536)) {
         for (uint64_t i = 0; i < h->n_tokens; i++) {

@@ -118,7 +118,7 @@ static int broken(qt_trainer *t, char *err, size_t errlen) {
  * batches hold different counts is split into one call per batch (eval_loss sums the ranks' means).
  * Returns 0; 1 with err when an eval shard cannot be read (the run can still be saved); -1 with err
  * when the engine failed. */
-static int run_eval(qt_trainer *t, float *out, char *err, size_t errlen) {
+static int run_eval(qt_trainer *t, float *out, long *targets, char *err, size_t errlen) {
     qt_loader_reset(t->eval);
     double sum = 0, tok_sum = 0;
     long valid = 0, v0 = -1;
@@ -162,6 +162,7 @@ static int run_eval(qt_trainer *t, float *out, char *err, size_t errlen) {
         }
         free(keep);
     }
+    *targets = valid;
     if (uneven) *out = valid ? (float)(tok_sum / valid) : 0.0f;
     else *out = (float)(sum / t->cfg->eval.batches);
     return 0;
@@ -200,26 +201,36 @@ int qt_session_export(qt_trainer *t, const char *dir, int bf16, char *err, size_
     return n >= 0 ? 0 : failed(t, QT_TF_IO, -1);
 }
 
+/* A step or eval whose batches hold no unmasked target has no loss (the engines report 0): the line
+ * and the record say so instead of "loss 0.0000" (and "loss": null). */
 static int log_train(qt_trainer *t, float loss, float gnorm, float lr, double tok_s, double eta_s, char *err,
                      size_t errlen) {
     const qt_config *c = t->cfg;
-    char eta[32], f[256];
+    char eta[32], f[256], l[32] = "null";
     fmt_duration(eta, sizeof eta, eta_s);
-    printf("step %6ld/%d | loss %.4f | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->optim.steps,
-           loss, gnorm, lr, tok_s, eta);
+    if (t->step_targets) snprintf(l, sizeof l, "%.6f", loss);
+    if (t->step_targets)
+        printf("step %6ld/%d | loss %.4f | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->optim.steps,
+               loss, gnorm, lr, tok_s, eta);
+    else
+        printf("step %6ld/%d | no unmasked targets (every target of the step is masked out) | lr %.3e | %8.0f tok/s "
+               "| ETA %s\n", t->step, c->optim.steps, lr, tok_s, eta);
     fflush(stdout);
     struct rusage ru; /* the process's peak resident host memory (ru_maxrss: KiB) */
     double mem = getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1048576.0 : 0;
-    snprintf(f, sizeof f, "\"loss\":%.6f,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f,\"host_mem_gib\":%.3f", loss,
+    snprintf(f, sizeof f, "\"loss\":%s,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f,\"host_mem_gib\":%.3f", l,
              gnorm, lr, tok_s, mem);
     return qt_train_log_write(&t->log, "train", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
-static int log_eval(qt_trainer *t, float loss, char *err, size_t errlen) {
+static int log_eval(qt_trainer *t, float loss, long targets, char *err, size_t errlen) {
     char f[64];
-    printf("eval %6ld/%d | loss %.4f | ppl %.2f\n", t->step, t->cfg->optim.steps, loss, exp(loss));
+    if (targets) printf("eval %6ld/%d | loss %.4f | ppl %.2f\n", t->step, t->cfg->optim.steps, loss, exp(loss));
+    else printf("eval %6ld/%d | no unmasked targets (every target of the eval batches is masked out)\n", t->step,
+                t->cfg->optim.steps);
     fflush(stdout);
-    snprintf(f, sizeof f, "\"loss\":%.6f", loss);
+    if (targets) snprintf(f, sizeof f, "\"loss\":%.6f", loss);
+    else snprintf(f, sizeof f, "\"loss\":null");
     return qt_train_log_write(&t->log, "eval", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
@@ -281,6 +292,7 @@ int qt_session_backward(qt_trainer *t, qt_batch_source src, char *err, size_t er
         valid += count_targets(t->tgt + k * ntok, ntok);
     }
     float scale = qt_loss_scale(c->data.grad_accum, ranks, valid);
+    t->step_targets = valid;
     t->pending = 1;
     for (size_t a = 0; a < (size_t)c->data.grad_accum; a++)
         if (qt_engine_micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale, err, errlen))
@@ -314,13 +326,14 @@ int qt_session_update(qt_trainer *t, qt_step_result *r, char *err, size_t errlen
         t->last_logged = t->step;
     }
     if (t->eval && ((c->eval.every > 0 && t->step % c->eval.every == 0) || t->step == c->optim.steps)) {
-        int erc = run_eval(t, &r->eval_loss, err, errlen);
+        long targets = 0;
+        int erc = run_eval(t, &r->eval_loss, &targets, err, errlen);
         if (erc < 0) return failed(t, QT_TF_DEVICE, -1);
         if (erc) return failed(t, QT_TF_DATA, qt_trainer_save_after_error(t, err, errlen));
-        if (log_eval(t, r->eval_loss, err, errlen)) return failed(t, QT_TF_IO, qt_trainer_save_after_error(t, err, errlen));
-        r->evaluated = 1;
-        if (isnan(t->st->first_eval)) t->st->first_eval = r->eval_loss;
-        t->st->last_eval = r->eval_loss;
+        if (log_eval(t, r->eval_loss, targets, err, errlen)) return failed(t, QT_TF_IO, qt_trainer_save_after_error(t, err, errlen));
+        r->evaluated = targets > 0;
+        if (targets && isnan(t->st->first_eval)) t->st->first_eval = r->eval_loss;
+        if (targets) t->st->last_eval = r->eval_loss;
     }
     if ((c->checkpoint.every > 0 && t->step % c->checkpoint.every == 0) || last) {
         if (qt_trainer_save(t, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
@@ -337,7 +350,9 @@ int qt_session_step(qt_trainer *t, qt_batch_source src, qt_step_result *r, char 
 int qt_session_eval(qt_trainer *t, float *loss, char *err, size_t errlen) {
     if (t->broken) return broken(t, err, errlen);
     if (!t->eval) return failed(t, QT_TF_DATA, qt_errf(err, errlen, "no eval data: set data.eval (and eval.every > 0)"));
-    int rc = run_eval(t, loss, err, errlen);
+    long targets = 0;
+    int rc = run_eval(t, loss, &targets, err, errlen);
+    if (rc == 0 && targets == 0) *loss = NAN; /* no unmasked target: no loss */
     return rc ? failed(t, rc < 0 ? QT_TF_DEVICE : QT_TF_DATA, -1) : 0;
 }
 

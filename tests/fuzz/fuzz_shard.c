@@ -41,6 +41,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_ASSERT(hdr_ok, "load accepted what read_header refused");
         for (uint64_t i = 0; i < d.h.n_tokens; i++)
             FUZZ_ASSERT(qt_tokens_token(&d, i) < d.h.vocab_size, "token %llu out of range", (unsigned long long)i);
+        for (uint64_t i = 0; i < d.h.n_docs; i++)
+            FUZZ_ASSERT(qt_tokens_doc_start(&d, i) < d.h.n_tokens && (!i || qt_tokens_doc_start(&d, i) >
+                                                                             qt_tokens_doc_start(&d, i - 1)),
+                        "document start %llu out of order or range", (unsigned long long)i);
         qt_tokens_unload(&d);
         uint32_t *t;
         FUZZ_ASSERT(qt_tokens_read(path, &t, &h, err, sizeof err) == 0, "read refused what load accepted: %s", err);

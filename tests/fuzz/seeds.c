@@ -89,6 +89,13 @@ int main(void) {
     snprintf(p, sizeof p, "%s/a.bin", tmp);
     snprintf(q, sizeof q, "%s/shard/zst_by_harness", root);
     with_mode(p, q, 5 | 2);
+    uint8_t mask[40];
+    uint64_t docs[4] = {0, 9, 10, 31};
+    for (int i = 0; i < 40; i++) mask[i] = (uint8_t)(i % 3 != 0);
+    snprintf(p, sizeof p, "%s/v3.bin", tmp);
+    check(qt_tokens_write_docs(p, tok, mask, 40, docs, 4, 2, 50, 3, err, sizeof err), "v3 shard");
+    snprintf(q, sizeof q, "%s/shard/v3_docs", root);
+    with_mode(p, q, 0);
     qt_ckpt_item items[3] = {{"weights", 0, w, 64 * sizeof(float), 0}, {"step", -1, "\x05\0\0\0\0\0\0\0", 8, 0},
                              {"config", -1, "seed: 1\n", 8, 0}};
     snprintf(p, sizeof p, "%s/ck", tmp);

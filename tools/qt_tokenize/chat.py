@@ -8,11 +8,15 @@ strings as variables, and the `{% generation %}` tag. Spans:
   return_assistant_tokens_mask);
 - else, for each assistant turn i, render(messages[:i], add_generation_prompt=True) must be a prefix of
   render(messages[:i+1]); the difference (the reply and the template's end-of-turn text, e.g.
-  "reply<|im_end|>\\n") is the span. A template that rewrites earlier turns breaks this: the reply's
-  text is then searched for in the whole rendering."""
+  "reply<|im_end|>\\n") is the span. A template that rewrites earlier turns breaks this; the turn is
+  then found by a rendering with its reply between marker characters (Renderer._located), never by
+  searching for the reply's words, which the user's turns may repeat."""
 import json
 from contextlib import contextmanager
 from datetime import datetime
+
+
+MARK_A, MARK_B = "\ue000", "\ue001"  # private-use characters that delimit a reply in a probe rendering
 
 
 class ChatError(Exception):
@@ -121,11 +125,33 @@ class Renderer:
             q = self.render(msgs[:i + 1])
             if q.startswith(p) and text.startswith(q) and len(p) >= cursor:
                 spans.append((len(p), len(q)))
-                cursor = len(q)
             else:
-                j = text.find(m["content"], cursor)
-                if j < 0:
-                    raise ChatError(f"message {i}: the assistant's reply is not in the rendered conversation")
-                spans.append((j, j + len(m["content"])))
-                cursor = j + len(m["content"])
+                spans.append(self._located(msgs, i, text, cursor))
+            cursor = spans[-1][1]
         return text, spans
+
+    def _located(self, msgs, i, text, cursor):
+        """The span of assistant turn i in `text` when the template rewrites earlier turns (Mistral's puts
+        the system prompt into the last user turn, so a prefix render is no prefix): the turn is rendered
+        once more with its content between two marker characters; the text before the first marker and
+        after the second must be the conversation's own, so the reply's place is known whatever copies of
+        its words the rest of the conversation holds. The span runs on over the template's end-of-turn
+        text (what follows the reply when the turn ends the conversation, if it renders the reply once)."""
+        def marked(upto):
+            ms = [dict(x) for x in msgs[:upto]]
+            ms[i]["content"] = MARK_A + msgs[i]["content"] + MARK_B
+            return self.render(ms)
+        whole, last = marked(len(msgs)), marked(i + 1)
+        if whole.count(MARK_A) != 1 or whole.count(MARK_B) != 1:
+            raise ChatError(f"message {i}: the template renders the assistant's reply {whole.count(MARK_A)} times "
+                            "and has no {% generation %} markers, so the trained tokens cannot be told apart; "
+                            "add {% generation %}...{% endgeneration %} around the reply (--chat-template FILE)")
+        a, b = whole.index(MARK_A), whole.index(MARK_B)
+        tail = whole[b + 1:]
+        eot = last[last.index(MARK_B) + 1:] if last.count(MARK_B) == 1 else ""
+        end = len(text) - len(tail)
+        if text[:a] != whole[:a] or not text.endswith(tail) or end < a or a < cursor:
+            raise ChatError(f"message {i}: the template's rendering of the assistant's reply depends on its text "
+                            "and the template has no {% generation %} markers; add {% generation %}..."
+                            "{% endgeneration %} around the reply (--chat-template FILE)")
+        return a, end + len(eot) if text.startswith(eot, end) else end

@@ -1,7 +1,8 @@
 """cli.py — the tools/tokenize command: inputs -> worker processes -> packer -> temporary token/mask
-files -> shards (format version 2). Output is the same whatever --workers: tasks are cut from the input
-independently of the worker count and their results are consumed in input order. At most 2 tasks per
-worker are in flight, so memory stays bounded whatever the input size."""
+files -> shards (format version 3: tokens, loss mask, document starts). Output is the same whatever
+--workers: tasks are cut from the input independently of the worker count and their results are
+consumed in input order. At most 2 tasks per worker are in flight, so memory stays bounded whatever
+the input size."""
 import argparse
 import collections
 import contextlib
@@ -11,6 +12,8 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+
+import numpy as np
 
 from . import pack, shard, sources, tok, worker
 from .chat import ChatError, Renderer
@@ -44,7 +47,7 @@ class Progress:
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="tools/tokenize", description="Turn text, JSON lines, Parquet or `datasets` folders into "
-        "qtrain token shards (format version 2; tools/README.md).")
+        "qtrain token shards (format version 3; tools/README.md).")
     ap.add_argument("inputs", nargs="+", metavar="INPUT",
                     help="files, globs, directories or save_to_disk folders, read in the order given")
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -80,6 +83,8 @@ def parse_args(argv):
                     help="worker processes (default: all cores, here %(default)s)")
     ap.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES, help="input bytes per task (default 1 MiB)")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    ap.add_argument("--strict", action="store_true", help="a null or empty text (Parquet, Arrow, datasets, "
+                    "JSON lines) or invalid UTF-8 (text files) is an error, not a counted warning")
     a = ap.parse_args(argv)
     if not 0 <= a.eval_frac < 1:
         ap.error(f"--eval-frac must be in [0, 1), got {a.eval_frac}")
@@ -133,7 +138,7 @@ def setup(ap, a):
             Renderer(spec["chat_template"], spec["special"])
         except ChatError as e:
             sys.exit(f"tokenize: {a.chat_template or a.tokenizer}: {e}")
-    opts = {"spec": spec, "chat": a.chat, "field": a.field, "messages_field": a.messages_field,
+    opts = {"spec": spec, "chat": a.chat, "field": a.field, "messages_field": a.messages_field, "strict": a.strict,
             "eos_id": eos, "bos_id": bos, "chat_template": spec["chat_template"] if spec else None}
     src = {"chunk": a.chunk_bytes, "doc_sep": a.doc_sep, "field": a.field, "chat": a.chat,
            "messages_field": a.messages_field, "split": a.split,
@@ -153,7 +158,10 @@ def tokenize_all(a, files, opts, src, packer):
 
     def take():
         fut, done = pending.popleft()
-        packer.add(*fut.result())
+        *arrays, notes = fut.result()
+        packer.add(*arrays)
+        for kind, (n, where) in notes.items():
+            packer.notes.setdefault(kind, [0, where])[0] += n
         prog.show(done, f", {packer.sink.n:,} tokens")
     broken = False
     try:
@@ -189,7 +197,7 @@ def main(argv=None):
     tmp_m = os.path.join(a.out, f".mask.{os.getpid()}.tmp") if with_mask else None
     written = []
     try:
-        sink = pack.Sink(tmp_t, tmp_m, token_bytes)
+        sink = pack.Sink(tmp_t, tmp_m, token_bytes, vocab)
         packer = pack.Packer(sink, a.seq_len, a.long, pad)
         try:
             tokenize_all(a, files, opts, src, packer)
@@ -199,13 +207,16 @@ def main(argv=None):
             tf = files_open.enter_context(open(tmp_t, "rb"))
             mf = files_open.enter_context(open(tmp_m, "rb")) if tmp_m else None
             index = {"train": 0, "eval": 0}
+            docs = np.frombuffer(sink.docs, dtype=np.int64)
             for name, start, n in shard.plan(sink.n, a.eval_frac, a.shard_tokens, a.seq_len):
                 path = os.path.join(a.out, f"{name}_{index[name]:06d}.bin")
                 index[name] += 1
-                written.append((shard.write(path, tf, mf, start, n, token_bytes, vocab,
+                written.append((shard.write(path, tf, mf, docs, start, n, token_bytes, vocab,
                                             a.zstd_level if a.zstd else None), name, n))
     except (sources.InputError, worker.WorkError, ChatError, shard.ShardError, tok.TokError) as e:
         sys.exit(f"tokenize: {e}")
+    except OSError as e:
+        sys.exit(f"tokenize: {e.filename or a.out}: {e.strerror or e}")
     finally:
         for p in (tmp_t, tmp_m):
             if p and os.path.exists(p):
@@ -222,4 +233,9 @@ def main(argv=None):
                  f"{packer.dropped_docs:,} ({packer.dropped_tokens:,} tokens)")
     if with_mask:
         line += f", trained on {sink.ones / max(sink.n, 1):.1%} (masked out {1 - sink.ones / max(sink.n, 1):.1%})"
+    count = {k: packer.notes.get(k, [0])[0] for k in worker.NOTES}
+    line += f", skipped {count['null']:,} null + {count['empty']:,} empty rows, {count['utf8']:,} invalid UTF-8"
     print(line)
+    for kind, (n, where) in sorted(packer.notes.items()):
+        print(f"tokenize: warning: {n:,} {worker.NOTES[kind][1]}, the first at {where}; --strict makes "
+              "this an error", file=sys.stderr)

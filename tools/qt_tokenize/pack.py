@@ -7,21 +7,35 @@ document that does not fit in what is left of the current window at the next win
 with pad tokens of mask 0; the first token after a gap gets mask 0 too (its context is padding). A
 document longer than a window (S+1 tokens) is dropped (--long drop) or starts at a window boundary and
 runs on across windows (--long split). The stream ends padded to W*S+1 tokens, W whole windows."""
+import array
+
 import numpy as np
+
+from .shard import ShardError
 
 
 class Sink:
-    """Appends tokens (and masks, when with_mask) to two temporary files; counts tokens and mask ones."""
+    """Appends tokens (and masks, when with_mask) to two temporary files; counts tokens and mask ones
+    and keeps where each document starts (docs: stream positions, increasing). Every id must be < vocab
+    (which fits token_bytes): an id is never cut to the stored width."""
 
-    def __init__(self, tokens_path, mask_path, token_bytes):
+    def __init__(self, tokens_path, mask_path, token_bytes, vocab):
         self.dtype = np.dtype("<u2" if token_bytes == 2 else "<u4")
+        self.vocab = vocab
         self.tf = open(tokens_path, "wb")
         self.mf = open(mask_path, "wb") if mask_path else None
         self.n = self.ones = 0
+        self.docs = array.array("q")
 
-    def write(self, toks, mask):
+    def write(self, toks, mask, starts_doc=False):
+        """Appends toks (and mask); starts_doc: toks[0] begins a document."""
         if not len(toks):
             return
+        if starts_doc:
+            self.docs.append(self.n)
+        top = int(np.max(toks))
+        if top >= self.vocab:
+            raise ShardError(f"token id {top} >= the shard's vocab_size {self.vocab} (the largest id + 1)")
         self.tf.write(np.asarray(toks).astype(self.dtype, copy=False).tobytes())
         if self.mf is not None:
             m = np.ones(len(toks), np.uint8) if mask is None else mask
@@ -41,13 +55,22 @@ class Packer:
     def __init__(self, sink, seq_len, long_mode, pad_id):
         self.sink, self.S, self.long_mode, self.pad = sink, seq_len, long_mode, pad_id
         self.docs = self.dropped_docs = self.dropped_tokens = self.split_docs = self.pad_tokens = 0
+        self.notes = {}       # {kind: [count, where of the first]}: inputs skipped or repaired (worker.NOTES)
         self.pend = []        # (tokens, mask) of the document being collected
         self.pend_n = 0
         self.state = None     # None, "drop" or "split": what happens to the rest of a long document
         self.after_gap = False
+        self.in_doc = False   # the open document has tokens written: its next piece starts nothing
 
     def add(self, toks, mask, lens, ends):
         if not self.S:  # no packing: the stream is the documents back to back
+            off = 0
+            for n, end in zip(lens.tolist(), ends.tolist()):
+                if n and not self.in_doc:
+                    self.sink.docs.append(self.sink.n + off)
+                    self.in_doc = True
+                off += n
+                self.in_doc = self.in_doc and not end
             self.sink.write(toks, mask)
             self.docs += int(np.count_nonzero(ends))
             return
@@ -90,6 +113,7 @@ class Packer:
             else:
                 self.docs += 1
             self.state = None
+            self.in_doc = False
 
     def _emit(self, t, m):
         if m is None:
@@ -98,7 +122,8 @@ class Packer:
             m = m.copy()
             m[0] = 0
             self.after_gap = False
-        self.sink.write(t, m)
+        self.sink.write(t, m, starts_doc=not self.in_doc)
+        self.in_doc = self.in_doc or len(t) > 0
 
     def _pad_to(self, pos):
         k = pos - self.sink.n

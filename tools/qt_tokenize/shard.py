@@ -1,8 +1,10 @@
-"""shard.py — writes qtrain token shards, format version 2 (tools/README.md, "Token shard format").
+"""shard.py — writes qtrain token shards, format version 3 (tools/README.md, "Token shard format").
 
-header, 64 bytes: magic "QTTOKENS" | u32 version 2 | u32 token_bytes | u64 n_tokens | u32 vocab_size |
-                  u32 flags (bit 0: a loss mask follows the tokens) | u64 CRC-32 of the payload | 24 zero
-payload: n_tokens tokens (u16/u32 little-endian), then, if flags & 1, n_tokens mask bytes (0 or 1).
+header, 64 bytes: magic "QTTOKENS" | u32 version 3 | u32 token_bytes | u64 n_tokens | u32 vocab_size
+                  (largest id + 1) | u32 flags (bit 0: a loss mask follows the tokens; bit 1: document
+                  starts follow) | u64 CRC-32 of the payload | u64 n_docs | 16 zero
+payload: n_tokens tokens (u16/u32 little-endian), then, if flags & 1, n_tokens mask bytes (0 or 1),
+then, if flags & 2, n_docs u64 indices of the tokens that begin a document (increasing, < n_tokens).
 The CRC is zlib.crc32 (IEEE, initial 0) over all payload bytes, zero-extended to 64 bits."""
 import os
 import shutil
@@ -10,10 +12,13 @@ import struct
 import subprocess
 import zlib
 
+import numpy as np
+
 MAGIC = b"QTTOKENS"
-VERSION = 2
+VERSION = 3
 HEADER_BYTES = 64
 FLAG_MASK = 1
+FLAG_DOCS = 2
 COPY_BYTES = 1 << 22
 
 
@@ -21,8 +26,8 @@ class ShardError(Exception):
     pass
 
 
-def header(token_bytes, n_tokens, vocab_size, flags, crc):
-    h = MAGIC + struct.pack("<IIQIIQ", VERSION, token_bytes, n_tokens, vocab_size, flags, crc)
+def header(token_bytes, n_tokens, vocab_size, flags, crc, n_docs):
+    h = MAGIC + struct.pack("<IIQIIQQ", VERSION, token_bytes, n_tokens, vocab_size, flags, crc, n_docs)
     return h + bytes(HEADER_BYTES - len(h))
 
 
@@ -74,18 +79,24 @@ def _copy(src, dst, offset, nbytes, crc):
     return crc
 
 
-def write(path, tokens_f, mask_f, start, n, token_bytes, vocab, zstd_level=None):
+def write(path, tokens_f, mask_f, docs, start, n, token_bytes, vocab, zstd_level=None):
     """Writes tokens [start, start+n) of the raw token file (and the same range of the raw mask file
-    when mask_f is not None) as one shard at path (+ ".zst" when zstd_level is set), atomically."""
+    when mask_f is not None) as one shard at path (+ ".zst" when zstd_level is set), atomically, with
+    the document starts of that range (docs: the stream's, sorted int64)."""
     bin_path = path + ".tmp" if zstd_level is not None else path
     tmp = bin_path + ".part"
+    lo, hi = np.searchsorted(docs, [start, start + n])
+    starts = (docs[lo:hi] - start).astype("<u8").tobytes()
     with open(tmp, "wb") as out:
         out.write(bytes(HEADER_BYTES))
         crc = _copy(tokens_f, out, start * token_bytes, n * token_bytes, 0)
         if mask_f is not None:
             crc = _copy(mask_f, out, start, n, crc)
+        out.write(starts)
+        crc = zlib.crc32(starts, crc)
         out.seek(0)
-        out.write(header(token_bytes, n, vocab, FLAG_MASK if mask_f is not None else 0, crc))
+        out.write(header(token_bytes, n, vocab, (FLAG_MASK if mask_f is not None else 0) | FLAG_DOCS, crc,
+                         int(hi - lo)))
     os.replace(tmp, bin_path)
     if zstd_level is not None:
         compress(bin_path, path + ".zst", zstd_level)

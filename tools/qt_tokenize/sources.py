@@ -8,8 +8,10 @@ save_to_disk (state.json or dataset_dict.json inside). Directories are walked in
 are expanded sorted.
 
 A task is a tuple the worker understands (worker.run):
-  ("pieces", path, [(bytes, starts_doc, ends_doc), ...])  text; a long document comes in pieces cut
-                                                          where tok.find_cut allows
+  ("pieces", path, [(bytes, starts_doc, ends_doc, path, line), ...])
+                                                          text; a long document comes in pieces cut
+                                                          where tok.find_cut allows; line: of its
+                                                          first byte
   ("jsonl", (path, first_line), bytes)                     whole lines
   ("rows", (path, first_row), [value, ...])                one column's values, or row dicts (--chat)"""
 import glob
@@ -93,16 +95,35 @@ def expand(inputs, forced="auto"):
     return out
 
 
+def _json_file(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})")
+    except ValueError as e:
+        raise InputError(f"{path}: not valid JSON ({e})")
+
+
 def hf_files(d, split):
-    """The .arrow files of a save_to_disk folder (a Dataset, or a DatasetDict's `split`)."""
+    """The .arrow files of a save_to_disk folder (a Dataset, or a DatasetDict's `split`); each one that
+    state.json lists must exist."""
     dd = os.path.join(d, "dataset_dict.json")
     if os.path.isfile(dd):
-        splits = json.load(open(dd)).get("splits", [])
+        splits = _json_file(dd).get("splits", [])
         if split not in splits:
             raise InputError(f"{d}: no split {split!r} (has {', '.join(splits)}); choose one with --split")
         d = os.path.join(d, split)
-    state = json.load(open(os.path.join(d, "state.json")))
-    return [os.path.join(d, f["filename"]) for f in state.get("_data_files", [])]
+    state = _json_file(os.path.join(d, "state.json"))
+    files = []
+    for f in state.get("_data_files", []):
+        name = f.get("filename") if isinstance(f, dict) else None
+        if not isinstance(name, str):
+            raise InputError(f"{d}/state.json: _data_files entry {json.dumps(f)[:80]} has no filename")
+        if not os.path.isfile(os.path.join(d, name)):
+            raise InputError(f"{d}: missing {name} (state.json lists it; the folder is incomplete)")
+        files.append(os.path.join(d, name))
+    return files
 
 
 def input_bytes(files, split):
@@ -110,6 +131,18 @@ def input_bytes(files, split):
     for p, fmt in files:
         total += sum(os.path.getsize(f) for f in hf_files(p, split)) if fmt == "hf" else os.path.getsize(p)
     return total
+
+
+def reading(where, gen):
+    """The items of gen; an exception other than InputError becomes one naming `where` (a string, or a
+    function that gives it: the file and row reached)."""
+    try:
+        yield from gen
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 — pyarrow, gzip, zstandard and OS errors alike
+        where = where() if callable(where) else where
+        raise InputError(f"{where}: cannot read ({type(e).__name__}: {e})")
 
 
 class Reader:
@@ -173,7 +206,7 @@ class Tasks:
                 if self.o["chat"]:
                     raise InputError(f"{path}: --chat reads JSON lines, Parquet or `datasets` folders, "
                                      "not text (use --format to force one)")
-                for piece in self._text(path):
+                for piece in reading(path, self._text(path)):
                     pieces.append(piece)
                     size += len(piece[0])
                     if size >= self.o["chunk"]:
@@ -185,7 +218,7 @@ class Tasks:
                     pieces, size = [], 0
                 gen = {"jsonl": self._jsonl, "parquet": self._parquet, "arrow": self._arrow,
                        "hf": self._hf}[fmt]
-                for task in gen(path):
+                for task in reading(path, gen(path)):
                     yield task, self.progress()
             self.done += (input_bytes([(path, fmt)], self.o["split"]))
             self.cur = None
@@ -193,10 +226,11 @@ class Tasks:
             yield ("pieces", self.files[-1][0], pieces), self.progress()
 
     def _text(self, path):
-        """(bytes, starts_doc, ends_doc) pieces of the file's documents; empty documents are skipped."""
+        """(bytes, starts_doc, ends_doc, path, line) pieces of the file's documents; empty documents are
+        skipped."""
         chunk, sep, rules = self.o["chunk"], self.o["doc_sep"], self.o["cut"]
         r = self.cur = Reader(path)
-        buf, starts = b"", True
+        buf, starts, line = b"", True, 1
         while True:
             data = r.read(chunk)
             buf += data
@@ -206,18 +240,20 @@ class Tasks:
                     if i < 0:
                         break
                     if i or not starts:
-                        yield buf[:i], starts, True
+                        yield buf[:i], starts, True, path, line
+                    line += buf.count(b"\n", 0, i + len(sep))
                     buf, starts = buf[i + len(sep):], True
             if not data:
                 if buf or not starts:
-                    yield buf, starts, True
+                    yield buf, starts, True, path, line
                 r.close()
                 return
             if len(buf) >= chunk and rules:
                 limit = len(buf) - (len(sep) - 1 if sep else 0)
                 cut = limit if rules == "any" else find_cut(buf, rules, limit)
                 if cut > 0:
-                    yield buf[:cut], starts, False
+                    yield buf[:cut], starts, False, path, line
+                    line += buf.count(b"\n", 0, cut)
                     buf, starts = buf[cut:], False
 
     def _jsonl(self, path):
@@ -251,7 +287,7 @@ class Tasks:
         """Groups record batches into row tasks of about chunk bytes."""
         cols = self._columns(names, path)
         rows, size, first = [], 0, 0
-        for b in batches:
+        for b in reading(lambda: f"{path}: row {first + len(rows)}", batches):
             b = b.select(cols)
             vals = b.to_pylist() if self.o["chat"] else b.column(0).to_pylist()
             rows += vals

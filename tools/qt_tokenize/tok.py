@@ -96,7 +96,10 @@ def load(path, config_path=None, template_path=None):
             template = named.get("default") or next(iter(named.values()), None)
     elif template_path:
         raise TokError(f"{template_path}: no such chat template file")
-    spec = {"path": path, "vocab": tok.get_vocab_size(with_added_tokens=True), "eos": eos,
+    # the largest id + 1, not the token count: a vocab with gaps (ids left out, added tokens placed
+    # high) still has every id < vocab_size, and token_bytes is chosen from it
+    vocab = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    spec = {"path": path, "vocab": vocab, "eos": eos,
             "bos": special.get("bos_token"), "add_bos": bool(cfg.get("add_bos_token", False)),
             "chat_template": template, "special": special, "cut": cut_rules(tok, tj)}
     if "add_bos_token" not in cfg:  # no word from the config: what encode(add_special_tokens=True) adds

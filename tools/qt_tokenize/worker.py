@@ -2,18 +2,26 @@
 arrays. A worker tokenizes on one thread (RAYON_NUM_THREADS=1, set before `tokenizers` is imported):
 the parallelism is the worker processes, so parsing and id conversion scale with them too.
 
-run(task) -> (tokens, mask or None, seg_lens, seg_ends, n_docs_skipped)
+run(task) -> (tokens, mask or None, seg_lens, seg_ends, notes)
   tokens   uint32 array, all segments back to back; BOS (when the tokenizer config asks for it) before
            each document's first piece, EOS after its last
   mask     uint8 array (1 = trained on as a target) in --chat mode, else None
   seg_lens lengths of the segments; seg_ends[i] tells whether segment i ends its document (a text
-           document cut into pieces spans several segments, maybe several tasks)"""
+           document cut into pieces spans several segments, maybe several tasks)
+  notes    {kind: [count, where of the first]} of the inputs skipped or repaired (NOTES); with --strict
+           the first one is an error instead
+
+Every failure ends as a WorkError naming the file and line (JSON lines, text) or row (Parquet, Arrow)."""
 import json
 import os
 
 import numpy as np
 
+NL = b"\n"
 S = {}  # this worker's state: the options, the tokenizer, the chat renderer
+NOTES = {"null": ("the field is null", "null values (rows skipped)"),
+         "empty": ("the field is an empty string", "empty texts (rows skipped)"),
+         "utf8": ("invalid UTF-8", "invalid UTF-8 sequences (each read as U+FFFD)")}
 
 
 class WorkError(Exception):
@@ -43,8 +51,31 @@ def _encode(texts):
     return [e.ids for e in S["fast"](texts, add_special_tokens=False)]
 
 
-def _docs(texts, starts, ends):
-    ids = _encode(texts)
+def note(notes, kind, where):
+    """Counts one skipped or repaired input; with --strict it is an error."""
+    if S.get("strict"):
+        raise WorkError(f"{where}: {NOTES[kind][0]} (an error with --strict)")
+    notes.setdefault(kind, [0, where])[0] += 1
+
+
+def _bad_text(texts, wheres):
+    """The WorkError for the first text the tokenizer cannot take (a lone surrogate such as "\\ud800"
+    from JSON is a str, but no Unicode text)."""
+    for t, w in zip(texts, wheres):
+        if isinstance(t, str):
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return WorkError(f"{w}: the text holds {t[e.start]!r} at character {e.start}, a lone surrogate "
+                                 "(no Unicode character; JSON writes it as \\ud800-\\udfff without its pair)")
+    return None
+
+
+def _docs(texts, starts, ends, wheres):
+    try:
+        ids = _encode(texts)
+    except Exception:  # noqa: BLE001 — tokenizers raises TypeError for text it cannot take
+        raise _bad_text(texts, wheres) or WorkError(f"{wheres[0] if wheres else '?'}: the tokenizer failed") from None
     bos, eos = S["bos_id"], S["eos_id"]
     out, lens = [], []
     for d, s, e in zip(ids, starts, ends):
@@ -67,7 +98,10 @@ def _chat(rows, where):
             text, spans = S["render"](messages_of(row, S["messages_field"]))
         except ChatError as e:
             raise WorkError(f"{where(k)}: {e}")
-        enc = tok.encode(text, add_special_tokens=False)
+        try:
+            enc = tok.encode(text, add_special_tokens=False)
+        except Exception:  # noqa: BLE001 — see _bad_text
+            raise _bad_text([text], [where(k)]) or WorkError(f"{where(k)}: the tokenizer failed") from None
         ids = np.array(enc.ids, dtype=np.uint32)
         off = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
         m = np.zeros(len(ids), dtype=np.uint8)
@@ -89,11 +123,37 @@ def _text_of(v, where):
     raise WorkError(f"{where}: field {S['field']!r} is {type(v).__name__}, expected a string")
 
 
+def _decode(piece, notes):
+    """A text piece's bytes as str; invalid UTF-8 is counted (an error with --strict) and read as U+FFFD."""
+    b, path, line = piece[0], piece[3], piece[4]
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError as e:
+        note(notes, "utf8", f"{path}:{line + b.count(NL, 0, e.start)}")
+    text = b.decode("utf-8", errors="replace")
+    n = text.count("\ufffd") - b.decode("utf-8", errors="ignore").count("\ufffd")
+    notes["utf8"][0] += n - 1
+    return text
+
+
 def run(task):
     kind, ref, payload = task
+    try:
+        return _run(kind, ref, payload)
+    except WorkError:
+        raise
+    except Exception as e:  # noqa: BLE001 — anything else still names where it happened
+        where = f"{payload[0][3]}:{payload[0][4]}" if kind == "pieces" and payload else \
+            f"{ref[0]}:{ref[1]}" if kind == "jsonl" else f"{ref[0]}: row {ref[1]}"
+        raise WorkError(f"{where}: {type(e).__name__}: {e}") from None
+
+
+def _run(kind, ref, payload):
+    notes = {}
     if kind == "pieces":
-        texts = [p[0] if S["tok"] is None else p[0].decode("utf-8", errors="replace") for p in payload]
-        return _docs(texts, [p[1] for p in payload], [p[2] for p in payload])
+        texts = [p[0] if S["tok"] is None else _decode(p, notes) for p in payload]
+        return _docs(texts, [p[1] for p in payload], [p[2] for p in payload],
+                     [f"{p[3]}:{p[4]}" for p in payload]) + (notes,)
     path, first = ref
     if kind == "jsonl":
         rows = []
@@ -118,8 +178,14 @@ def run(task):
         vals = payload
         where = (lambda i: f"{path}: row {first + i}")
         if not S["chat"]:
-            vals = [_text_of(v, where(i)) if v is not None else "" for i, v in enumerate(vals)]
+            vals = [_text_of(v, where(i)) if v is not None else None for i, v in enumerate(vals)]
     if S["chat"]:
-        return _chat(vals, where)
-    vals = [v for v in vals if v]  # an empty document gives nothing, not a lone EOS
-    return _docs(vals, [True] * len(vals), [True] * len(vals))
+        return _chat(vals, where) + (notes,)
+    keep = []
+    for i, v in enumerate(vals):  # an empty document gives nothing, not a lone EOS
+        if v:
+            keep.append(i)
+        else:
+            note(notes, "null" if v is None else "empty", where(i))
+    texts = [vals[i] for i in keep]
+    return _docs(texts, [True] * len(keep), [True] * len(keep), [where(i) for i in keep]) + (notes,)
