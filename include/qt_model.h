@@ -17,6 +17,29 @@
 
 typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1 } qt_arch;
 
+/* RoPE frequency schemes, as transformers' ROPE_INIT_FUNCTIONS names them (rope_type). */
+typedef enum {
+    QT_ROPE_DEFAULT = 0, /* theta^(-2i/D) */
+    QT_ROPE_LINEAR = 1,  /* default / factor */
+    QT_ROPE_DYNAMIC = 2, /* NTK: a larger base once the sequence passes max_seq_len */
+    QT_ROPE_YARN = 3,    /* a ramp between default and default / factor; cos and sin times attention_factor */
+    QT_ROPE_LLAMA3 = 4   /* Llama 3.1: low frequencies / factor, high ones kept, a smooth band between */
+} qt_rope_type;
+
+/* RoPE scaling parameters (HF rope_scaling / rope_parameters). Every member is 4 bytes (no padding: the
+ * model config is compared with memcmp). Fields a type does not use are ignored. */
+typedef struct {
+    qt_rope_type type;
+    float factor;           /* linear, dynamic, yarn, llama3 */
+    int original_max_pos;   /* yarn, llama3: original_max_position_embeddings; 0 = max_seq_len */
+    float low_freq_factor;  /* llama3 */
+    float high_freq_factor; /* llama3; > low_freq_factor */
+    float beta_fast;        /* yarn; 0 = 32 */
+    float beta_slow;        /* yarn; 0 = 1 */
+    float attention_factor; /* yarn: cos/sin multiplier; 0 = 0.1 ln(factor) + 1 (1 when factor <= 1) */
+    int truncate;           /* yarn: 1 = floor/ceil the correction range (transformers' default) */
+} qt_rope_cfg;
+
 typedef struct {
     qt_arch arch;          /* naming in config.json; the maths is the same but for qkv_bias */
     int vocab_size;
@@ -31,6 +54,7 @@ typedef struct {
     float rms_norm_eps;
     int tie_embeddings;    /* lm_head shares the embedding matrix */
     int qkv_bias;          /* Qwen2: q/k/v projections carry a bias */
+    qt_rope_cfg rope;      /* RoPE scaling; all zero = the default RoPE */
 } qt_model_cfg;
 
 typedef enum {
