@@ -93,15 +93,15 @@ typedef struct {
 #define QT_MODEL_MAX_LAYERS 65536
 
 /* Checks cfg (positive sizes, H % Hkv, head_dim given or C % H == 0, head_dim even, finite
- * rope_theta and rms_norm_eps, the fused matrices' rows within int, at most QT_MODEL_MAX_NUMEL
+ * rope_theta and rms_norm_eps, the RoPE scaling parameters of its rope_type (qt_rope_validate), the fused matrices' rows within int, at most QT_MODEL_MAX_NUMEL
  * elements). Returns 0, or -1 with a message that starts with the field it blames
  * ("model.num_kv_heads: expected a divisor of num_heads (14), got 3"; "model: ..." for the total). */
 int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
 /* The flat array's length for cfg, padding included, computed without overflow (UINT64_MAX when
  * it does not fit 64 bits). cfg's int fields must be >= 0. */
 uint64_t qt_model_cfg_numel(const qt_model_cfg *cfg);
-/* Fills head_dim (when 0 and H divides C: C/H), num_kv_heads (when 0: H), and the family's rope_theta and
- * rms_norm_eps when 0 (qwen2 1e6, 1e-6; llama 1e4, 1e-5). */
+/* Fills head_dim (when 0 and H divides C: C/H), num_kv_heads (when 0: H), the family's rope_theta and
+ * rms_norm_eps when 0 (qwen2 1e6, 1e-6; llama 1e4, 1e-5), and the RoPE defaults (qt_rope_finish). */
 void qt_model_cfg_finish(qt_model_cfg *cfg);
 /* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);
