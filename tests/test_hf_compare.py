@@ -178,7 +178,8 @@ def check_freqs(tmp):
                 inv, attn = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)
             else:
                 inv, attn = ROPE_INIT_FUNCTIONS[rtype](cfg, "cpu", seq_len=S)
-            r = subprocess.run([TOOL_FREQ, path, str(S)], capture_output=True, text=True)
+            exp = os.path.join(tmp, f"freq_{name}_export.json")
+            r = subprocess.run([TOOL_FREQ, path, str(S), exp], capture_output=True, text=True)
             if r.returncode != 0:
                 print(f"FAIL hf_compare_rope_freq_{name}: tool_rope_freq exited {r.returncode}: {r.stderr.strip()}")
                 ok = False; continue
@@ -187,10 +188,19 @@ def check_freqs(tmp):
             want = inv.double().numpy()
             e = float(np.max(np.abs(ours - want) / np.abs(want))) if len(ours) == len(want) else float("inf")
             ea = abs(ours_attn - float(attn)) / abs(float(attn))
+            # qtrain's export of the config, loaded by transformers, means the same RoPE (a derived
+            # attention factor is written as the float qtrain keeps)
+            ecfg = transformers.LlamaConfig.from_pretrained(exp)
+            if rtype == "default":
+                einv, eattn = inv, attn
+            else:
+                einv, eattn = ROPE_INIT_FUNCTIONS[ecfg.rope_parameters["rope_type"]](ecfg, "cpu", seq_len=S)
+            same = ecfg.rope_parameters["rope_type"] == rtype and torch.equal(einv, inv) and abs(eattn - attn) <= 1e-7 * attn
             # transformers computes in fp32: agreement to a few fp32 ulps
-            good = e <= 1e-6 and ea <= 1e-6
+            good = e <= 1e-6 and ea <= 1e-6 and same
             print(f"{'PASS' if good else 'FAIL'} hf_compare_rope_freq_{name}_T{S}: {rtype}, {len(want)} pairs, "
-                  f"max rel err {e:.2e}, attention factor {ours_attn:.7g} vs {float(attn):.7g}")
+                  f"max rel err {e:.2e}, attention factor {ours_attn:.7g} vs {float(attn):.7g}, "
+                  f"export {'reads back the same' if same else 'DIFFERS: ' + str(ecfg.rope_parameters)}")
             ok &= good
     return ok
 
