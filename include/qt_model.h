@@ -93,9 +93,10 @@ typedef struct {
 #define QT_MODEL_MAX_LAYERS 65536
 
 /* Checks cfg (positive sizes, H % Hkv, head_dim given or C % H == 0, head_dim even, finite
- * rope_theta and rms_norm_eps, the RoPE scaling parameters of its rope_type (qt_rope_validate), the fused matrices' rows within int, at most QT_MODEL_MAX_NUMEL
- * elements). Returns 0, or -1 with a message that starts with the field it blames
- * ("model.num_kv_heads: expected a divisor of num_heads (14), got 3"; "model: ..." for the total). */
+ * rope_theta and rms_norm_eps, the RoPE scaling parameters of its rope_type (qt_rope_validate), the
+ * fused matrices' rows within int, at most QT_MODEL_MAX_NUMEL elements). Returns 0, or -1 with a message
+ * that starts with the field it blames ("model.num_kv_heads: expected a divisor of num_heads (14), got 3";
+ * "model: ..." for the total). */
 int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
 /* The flat array's length for cfg, padding included, computed without overflow (UINT64_MAX when
  * it does not fit 64 bits). cfg's int fields must be >= 0. */

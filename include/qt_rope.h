@@ -10,7 +10,7 @@
 #include "qt_model.h"
 
 /* The rope_type names transformers uses, indexed by qt_rope_type. */
-extern const char *const qt_rope_type_names[5];
+extern const char *const qt_rope_type_names[QT_ROPE_LLAMA3 + 1];
 
 /* The qt_rope_type named s ("llama3"), or -1. */
 int qt_rope_type_parse(const char *s);

@@ -15,10 +15,10 @@
 
 #include "qt_error.h"
 
-const char *const qt_rope_type_names[5] = {"default", "linear", "dynamic", "yarn", "llama3"};
+const char *const qt_rope_type_names[QT_ROPE_LLAMA3 + 1] = {"default", "linear", "dynamic", "yarn", "llama3"};
 
 int qt_rope_type_parse(const char *s) {
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i <= QT_ROPE_LLAMA3; i++)
         if (!strcmp(s, qt_rope_type_names[i])) return i;
     return -1;
 }
