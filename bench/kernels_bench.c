@@ -7,6 +7,7 @@
  * (shared/notes/anchors-measured.md). Prints "SKIP" and exits 0 without a GPU.
  * Usage: kernels_bench [filter]   (runs the kernels whose name contains filter) */
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,7 +134,9 @@ int main(int argc, char **argv) {
     qt_fill(b.w, QT_DT_BF16, 1.0f, C, 0);
     qt_fill(b.res, QT_DT_BF16, 0.5f, nc, 0);
     qt_fill(b.logits, QT_DT_BF16, 0.1f, (size_t)CHUNK * V, 0);
-    qt_rope_table(b.cs, 1024, D, 1e6f, 0);
+    double inv_freq[QT_ROPE_MAX_HALF];
+    for (int i = 0; i < D / 2; i++) inv_freq[i] = pow(1e6, -2.0 * i / D);
+    qt_rope_table(b.cs, 1024, D, inv_freq, 1.0, 0);
     int32_t *tok = malloc(N * 4);
     uint64_t s = 88172645463325252ull;
     for (long i = 0; i < N; i++) {

@@ -4,23 +4,31 @@
  * alone. For i < D/2 and position t (the token's index in its sequence), with (c, s) = cs[t, i]:
  *   fwd: x[i] = x[i] c - x[i+D/2] s;   x[i+D/2] = x[i+D/2] c + x[i] s
  *   bwd: the transpose (s -> -s).
- * The table cs[T, D/2] of (cos, sin) fp32 pairs is computed in double from theta and rounded once.
+ * The table cs[T, D/2] of (cos, sin) fp32 pairs, times the attention factor, is computed in double from the
+ * host's inverse frequencies (qt_rope_inv_freq: every RoPE type) and rounded once.
  * fp32 math, one RNE rounding per element. 8 pairs per thread with 16-byte loads when D/2 % 8 == 0 and
  * qkv is 16-byte aligned; one pair per thread otherwise.
  * amax != NULL (bwd): max |dqkv| over the whole buffer after the rotation, v heads included (they are
  * read for it, not written), folded into *amax with one atomicMax per block. */
+#include <string.h>
+
 #include "kcommon.cuh"
 #include "qt_kernels.h"
 
-__global__ void rope_table_fwd_kernel(float *cs, int T, int d, double theta) {
+/* The inverse frequencies travel by value in the launch's parameters (2 KiB): no device buffer to own. */
+struct rope_freqs {
+    double f[QT_ROPE_MAX_HALF];
+};
+
+__global__ void rope_table_fwd_kernel(float *cs, int T, int d, rope_freqs inv, double attn) {
     int half = d / 2;
     long long total = (long long)T * half;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total;
          k += (long long)gridDim.x * blockDim.x) {
         int t = (int)(k / half), i = (int)(k - (long long)t * half);
-        double a = pow(theta, -2.0 * i / d) * t;
-        cs[2 * k] = (float)cos(a);
-        cs[2 * k + 1] = (float)sin(a);
+        double a = inv.f[i] * t;
+        cs[2 * k] = (float)(cos(a) * attn);
+        cs[2 * k + 1] = (float)(sin(a) * attn);
     }
 }
 
@@ -76,10 +84,14 @@ __global__ void rope_fwd_kernel(bf16 *qkv, const float *cs, long long rows, int 
     if (amax) qt_amax_block_commit(amax, m);
 }
 
-extern "C" void qt_rope_table(float *cs, int T, int d, float theta, cudaStream_t s) {
-    QT_CHECK(d > 0 && d % 2 == 0, "rope: head dim %d: expected a positive even number", d);
+extern "C" void qt_rope_table(float *cs, int T, int d, const double *inv_freq, double attn, cudaStream_t s) {
+    QT_CHECK(d > 0 && d % 2 == 0 && d / 2 <= QT_ROPE_MAX_HALF,
+             "rope: head dim %d: expected a positive even number <= %d", d, 2 * QT_ROPE_MAX_HALF);
     if (T <= 0) return;
-    rope_table_fwd_kernel<<<qt_grid_for((long long)T * d / 2, 256), 256, 0, s>>>(cs, T, d, (double)theta);
+    rope_freqs inv;
+    memset(&inv, 0, sizeof inv);
+    memcpy(inv.f, inv_freq, (size_t)(d / 2) * sizeof *inv_freq);
+    rope_table_fwd_kernel<<<qt_grid_for((long long)T * d / 2, 256), 256, 0, s>>>(cs, T, d, inv, attn);
     QT_CUDA(cudaGetLastError());
 }
 

@@ -13,7 +13,9 @@
 /* Reads a config.json into cfg (every number checked: integers in range, floats finite and > 0 in
  * the float range; then qt_model_cfg_validate) (hidden_size, num_hidden_layers, num_attention_heads,
  * num_key_value_heads, intermediate_size, vocab_size, rope_theta or rope_parameters.rope_theta,
- * rms_norm_eps, tie_word_embeddings, max_position_embeddings, head_dim, model_type). */
+ * rms_norm_eps, tie_word_embeddings, max_position_embeddings, head_dim, model_type, and the RoPE scaling
+ * of rope_scaling / rope_parameters: qt_hf_rope.h). Export writes a scaled RoPE as both rope_scaling
+ * (transformers 4) and rope_parameters (transformers 5). */
 int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t errlen);
 int qt_hf_write_config(const char *path, const qt_model_cfg *cfg, int bf16, char *err, size_t errlen);
 /* Writes dir/model.safetensors and dir/config.json (creating dir), atomically each. */

@@ -80,9 +80,11 @@ void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *
                     const void *res, const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
 
 /* ---- rotary embedding (rope.cu) ---- */
-/* cs[t, i] = (cos a, sin a) with a = theta^(-2i/d) * t, for t < T, i < d/2: T*d floats (fp32 pairs),
- * computed in double, rounded once. Fill once per (T, d, theta). */
-void qt_rope_table(float *cs, int T, int d, float theta, cudaStream_t s);
+#define QT_ROPE_MAX_HALF 256 /* the most rotary pairs per head: head_dim <= 512 */
+/* cs[t, i] = (attn cos a, attn sin a) with a = inv_freq[i] * t, for t < T, i < d/2: T*d floats (fp32 pairs),
+ * computed in double, rounded once (=). inv_freq: d/2 values in host memory (qt_rope_inv_freq), read
+ * before the call returns; d/2 <= QT_ROPE_MAX_HALF. Fill once per (T, d, frequencies). */
+void qt_rope_table(float *cs, int T, int d, const double *inv_freq, double attn, cudaStream_t s);
 /* In place on the q and k heads of qkv[B,T,(H+2*Hkv)*D] (bf16), HF rotate-half; v heads untouched.
  * Token t of each sequence has position t; cs from qt_rope_table(T, D). D even. */
 void qt_rope_fwd(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D, cudaStream_t s);

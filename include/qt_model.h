@@ -17,6 +17,29 @@
 
 typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1 } qt_arch;
 
+/* RoPE frequency schemes, as transformers' ROPE_INIT_FUNCTIONS names them (rope_type). */
+typedef enum {
+    QT_ROPE_DEFAULT = 0, /* theta^(-2i/D) */
+    QT_ROPE_LINEAR = 1,  /* default / factor */
+    QT_ROPE_DYNAMIC = 2, /* NTK: a larger base once the sequence passes max_seq_len */
+    QT_ROPE_YARN = 3,    /* a ramp between default and default / factor; cos and sin times attention_factor */
+    QT_ROPE_LLAMA3 = 4   /* Llama 3.1: low frequencies / factor, high ones kept, a smooth band between */
+} qt_rope_type;
+
+/* RoPE scaling parameters (HF rope_scaling / rope_parameters). Every member is 4 bytes (no padding: the
+ * model config is compared with memcmp). Fields a type does not use are ignored. */
+typedef struct {
+    qt_rope_type type;
+    float factor;           /* linear, dynamic, yarn, llama3 */
+    int original_max_pos;   /* yarn, llama3: original_max_position_embeddings; 0 = max_seq_len */
+    float low_freq_factor;  /* llama3 */
+    float high_freq_factor; /* llama3; > low_freq_factor */
+    float beta_fast;        /* yarn; 0 = 32 */
+    float beta_slow;        /* yarn; 0 = 1 */
+    float attention_factor; /* yarn: cos/sin multiplier; 0 = 0.1 ln(factor) + 1 (1 when factor <= 1) */
+    int truncate;           /* yarn: 1 = floor/ceil the correction range (transformers' default) */
+} qt_rope_cfg;
+
 typedef struct {
     qt_arch arch;          /* naming in config.json; the maths is the same but for qkv_bias */
     int vocab_size;
@@ -31,6 +54,7 @@ typedef struct {
     float rms_norm_eps;
     int tie_embeddings;    /* lm_head shares the embedding matrix */
     int qkv_bias;          /* Qwen2: q/k/v projections carry a bias */
+    qt_rope_cfg rope;      /* RoPE scaling; all zero = the default RoPE */
 } qt_model_cfg;
 
 typedef enum {
@@ -69,15 +93,16 @@ typedef struct {
 #define QT_MODEL_MAX_LAYERS 65536
 
 /* Checks cfg (positive sizes, H % Hkv, head_dim given or C % H == 0, head_dim even, finite
- * rope_theta and rms_norm_eps, the fused matrices' rows within int, at most QT_MODEL_MAX_NUMEL
- * elements). Returns 0, or -1 with a message that starts with the field it blames
- * ("model.num_kv_heads: expected a divisor of num_heads (14), got 3"; "model: ..." for the total). */
+ * rope_theta and rms_norm_eps, the RoPE scaling parameters of its rope_type (qt_rope_validate), the
+ * fused matrices' rows within int, at most QT_MODEL_MAX_NUMEL elements). Returns 0, or -1 with a message
+ * that starts with the field it blames ("model.num_kv_heads: expected a divisor of num_heads (14), got 3";
+ * "model: ..." for the total). */
 int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
 /* The flat array's length for cfg, padding included, computed without overflow (UINT64_MAX when
  * it does not fit 64 bits). cfg's int fields must be >= 0. */
 uint64_t qt_model_cfg_numel(const qt_model_cfg *cfg);
-/* Fills head_dim (when 0 and H divides C: C/H), num_kv_heads (when 0: H), and the family's rope_theta and
- * rms_norm_eps when 0 (qwen2 1e6, 1e-6; llama 1e4, 1e-5). */
+/* Fills head_dim (when 0 and H divides C: C/H), num_kv_heads (when 0: H), the family's rope_theta and
+ * rms_norm_eps when 0 (qwen2 1e6, 1e-6; llama 1e4, 1e-5), and the RoPE defaults (qt_rope_finish). */
 void qt_model_cfg_finish(qt_model_cfg *cfg);
 /* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);

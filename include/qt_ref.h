@@ -30,11 +30,12 @@ void qt_ref_matmul_bwd(float *dx, float *dw, float *db, const float *dy, const f
                        long N, int I, int O);
 
 /* Rotary embedding, in place, on the q and k heads of qkv[B,T,(H+2*Hkv)*D] (v untouched); token t
- * has position t. HF rotate-half: for i < D/2, with a = theta^(-2i/D) * t:
- *   x'[i] = x[i] cos a - x[i+D/2] sin a;   x'[i+D/2] = x[i+D/2] cos a + x[i] sin a. */
-void qt_ref_rope_fwd(float *qkv, int B, int T, int H, int Hkv, int D, float theta);
-/* The transpose (inverse rotation), in place on dqkv's q and k heads. */
-void qt_ref_rope_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, float theta);
+ * has position t. HF rotate-half: for i < D/2, with a = inv_freq[i] * t, c = attn cos a, s = attn sin a
+ * (computed in double, rounded to fp32 once; inv_freq and attn from qt_rope_inv_freq):
+ *   x'[i] = x[i] c - x[i+D/2] s;   x'[i+D/2] = x[i+D/2] c + x[i] s. */
+void qt_ref_rope_fwd(float *qkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn);
+/* The transpose, in place on dqkv's q and k heads (c, -s). */
+void qt_ref_rope_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn);
 
 /* Causal grouped-query attention on qkv[B,T,(H+2*Hkv)*D] (q heads, then k heads, then v heads).
  * Query head h uses kv head h / (H/Hkv); scale 1/sqrt(D).

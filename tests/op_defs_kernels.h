@@ -11,6 +11,7 @@
 #include "op_harness.h"
 #include "qt_kernels.h"
 #include "qt_optim.h"
+#include "qt_rope.h"
 #include "qt_ref.h"
 
 #define S(k) (r->c->s[k])
@@ -265,19 +266,34 @@ static const op_def OP_RMS_BWD = {"rmsnorm_bwd", "n c", 2, NULL, rms_bwd_build, 
                                   rms_bwd_derive, NULL, 0, 0, 0};
 
 /* ---- RoPE (rope.cu). table: s = T d, f = theta; cos/sin in double, rounded once on both sides. ---- */
+/* opt >> 16: the qt_rope_type of the row, with parameters under which every band of it shows at the rows'
+ * small T: original_max_position_embeddings 32, factor 8 (llama3 1 / 4; yarn's attention factor derived),
+ * max_seq_len 16 (dynamic rows run past it, where its base grows). */
+#define ROPE_TYPE(t) ((t) << 16)
+static void rope_freqs(const op_run *r, int T, int d, double *inv, double *attn) {
+    qt_model_cfg c = {.hidden_size = d, .num_heads = 1, .num_kv_heads = 1, .head_dim = d, .max_seq_len = 16,
+                      .rope_theta = r->c->f};
+    c.rope = (qt_rope_cfg){.type = (qt_rope_type)(r->c->opt >> 16), .factor = 8, .original_max_pos = 32,
+                           .low_freq_factor = 1, .high_freq_factor = 4, .truncate = 1};
+    qt_rope_inv_freq(&c, T, inv, attn);
+}
 static void rope_table_build(op_run *r) { t_out(r, "cs", QT_DT_F32, S(0) * S(1), 1e-7, 1e-6, 0); }
 static void rope_table_ref(op_run *r) {
     long half = S(1) / 2;
+    double inv[QT_ROPE_MAX_HALF], attn;
+    rope_freqs(r, (int)S(0), (int)S(1), inv, &attn);
     for (long k = 0; k < S(0) * half; k++) {
         long t = k / half, i = k % half;
-        double a = pow((double)r->c->f, -2.0 * (double)i / (double)S(1)) * (double)t;
-        REF(r, "cs")[2 * k] = (float)cos(a);
-        REF(r, "cs")[2 * k + 1] = (float)sin(a);
+        double a = inv[i] * (double)t;
+        REF(r, "cs")[2 * k] = (float)(cos(a) * attn);
+        REF(r, "cs")[2 * k + 1] = (float)(sin(a) * attn);
     }
 }
 static void rope_table_launch(op_run *r, int pass) {
     (void)pass;
-    qt_rope_table(D(r, "cs"), (int)S(0), (int)S(1), r->c->f, 0);
+    double inv[QT_ROPE_MAX_HALF], attn;
+    rope_freqs(r, (int)S(0), (int)S(1), inv, &attn);
+    qt_rope_table(D(r, "cs"), (int)S(0), (int)S(1), inv, attn, 0);
 }
 static const op_def OP_ROPE_TABLE = {"rope_table", "T d", 0, "theta", rope_table_build, rope_table_ref,
                                      rope_table_launch, NULL, NULL, 0, 0, 0};
@@ -293,12 +309,16 @@ static void rope_build(op_run *r) {
     if (r->c->op == &OP_ROPE_BWD) t_amax(r);
 }
 static void rope_ref(op_run *r) {
-    if (r->c->op == &OP_ROPE_BWD) qt_ref_rope_bwd(REF(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), r->c->f);
-    else qt_ref_rope_fwd(REF(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), r->c->f);
+    double inv[QT_ROPE_MAX_HALF], attn;
+    rope_freqs(r, (int)S(1), (int)S(4), inv, &attn);
+    if (r->c->op == &OP_ROPE_BWD) qt_ref_rope_bwd(REF(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), inv, attn);
+    else qt_ref_rope_fwd(REF(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), inv, attn);
 }
 static void rope_launch(op_run *r, int pass) {
     (void)pass;
-    qt_rope_table(D(r, "cs"), (int)S(1), (int)S(4), r->c->f, 0);
+    double inv[QT_ROPE_MAX_HALF], attn;
+    rope_freqs(r, (int)S(1), (int)S(4), inv, &attn);
+    qt_rope_table(D(r, "cs"), (int)S(1), (int)S(4), inv, attn, 0);
     if (r->c->op == &OP_ROPE_BWD)
         qt_rope_bwd(D(r, "qkv"), D(r, "cs"), (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), D(r, "amax"), 0);
     else

@@ -270,6 +270,7 @@ static void op_label(const op_case *c, char *buf, size_t len) {
     if (op->ndt >= 2) k += snprintf(buf + k, len - (size_t)k, "<-%s", op_dt_name(c->dt2));
     for (int b = 0; b < (int)(sizeof OPT_NAMES / sizeof OPT_NAMES[0]); b++)
         if (c->opt & (1 << b)) k += snprintf(buf + k, len - (size_t)k, " +%s", OPT_NAMES[b]);
+    if (c->opt >> 16) k += snprintf(buf + k, len - (size_t)k, " rope_type=%d", c->opt >> 16); /* op_defs_kernels.h */
     if (op->fname) k += snprintf(buf + k, len - (size_t)k, " %s=%g", op->fname, c->f);
     if (c->off) snprintf(buf + k, len - (size_t)k, " off=%d", c->off);
 }

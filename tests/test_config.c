@@ -575,6 +575,13 @@ static void randomize(uint64_t *s) {
     cfg.model.num_heads = cfg.model.num_kv_heads * (1 + (int)(lcg(s) % 4));
     cfg.model.head_dim = lcg(s) & 1 ? 0 : 2 * (1 + (int)(lcg(s) % 64));
     if (!cfg.model.head_dim) cfg.model.hidden_size = cfg.model.num_heads * 2 * (1 + (int)(lcg(s) % 16));
+    /* RoPE parameters that qt_rope_validate accepts: a factor > 0, llama3's high > low frequency factor,
+     * dynamic's head_dim > 2 */
+    qt_rope_cfg *rp = &cfg.model.rope;
+    if (!(rp->factor > 0)) rp->factor = 8;
+    rp->low_freq_factor = 1, rp->high_freq_factor = 4;
+    if (rp->type == QT_ROPE_DYNAMIC && (cfg.model.head_dim ? cfg.model.head_dim : cfg.model.hidden_size / cfg.model.num_heads) <= 2)
+        rp->type = QT_ROPE_LINEAR;
     cfg.optim.warmup = cfg.optim.cooldown = 0;
     cfg.parallel.shard_optimizer = cfg.parallel.zero >= 1; /* as loading leaves them (the older spelling) */
     if (cfg.parallel.zero >= 3) { /* ZeRO-3: no CUDA graphs; fp8 quantizes at use (qt_config_zero3_check) */
@@ -607,6 +614,28 @@ static void randomize(uint64_t *s) {
     qt_config_set_offload(&cfg, QT_OFF_RESIDUAL, res);
     if (!cfg.memory.offload_optimizer && !cfg.memory.plan) cfg.memory.zero_copy = 0; /* refused without the offload */
     if (cfg.model.max_seq_len < cfg.data.seq_len) cfg.model.max_seq_len = cfg.data.seq_len;
+}
+
+/* model.rope_*: transformers' RoPE scaling types and their parameters; an unknown type and an incomplete
+ * setting are refused at the key. */
+static void test_rope_keys(void) {
+    QT_REQUIRE(load("model:\n  rope_type: llama3\n  rope_factor: 8\n  rope_low_freq_factor: 1\n  rope_high_freq_factor: 4\n"
+                    "  rope_original_max_position_embeddings: 64\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(cfg.model.rope.type == QT_ROPE_LLAMA3 && cfg.model.rope.factor == 8 && cfg.model.rope.low_freq_factor == 1 &&
+                  cfg.model.rope.high_freq_factor == 4 && cfg.model.rope.original_max_pos == 64 && cfg.model_inline,
+              "llama3 keys");
+    check_roundtrip("rope llama3");
+    QT_REQUIRE(load("model:\n  rope_type: yarn\n  rope_factor: 4\n  rope_attention_factor: 1.5\n  rope_truncate: false\n",
+                    NULL, 0) == 0, "%s", err);
+    QT_EXPECT(cfg.model.rope.type == QT_ROPE_YARN && cfg.model.rope.attention_factor == 1.5f && !cfg.model.rope.truncate,
+              "yarn keys");
+    check_roundtrip("rope yarn");
+    EXPECT_ERR("model:\n  rope_type: longrope\n",
+               "t.yaml:2:3: model.rope_type: expected one of default|linear|dynamic|yarn|llama3, got \"longrope\"");
+    EXPECT_ERR("model:\n  rope_type: linear\n",
+               "t.yaml:2:3: model.rope_factor: expected a finite number > 0 for rope_type linear, got 0");
+    EXPECT_ERR("model:\n  rope_type: llama3\n  rope_factor: 8\n  rope_low_freq_factor: 2\n  rope_high_freq_factor: 1\n",
+               "t.yaml:5:3: model.rope_high_freq_factor: expected a finite number > rope_low_freq_factor (2), got 1");
 }
 
 /* memory.recompute: a YAML sequence, a flow list or a --set value; the given parts only (the store adds
@@ -713,6 +742,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     QT_RUN(test_defaults);
+    QT_RUN(test_rope_keys);
     QT_RUN(test_run_dir);
     QT_RUN(test_examples_load);
     QT_RUN(test_error_unknown_key);

@@ -190,6 +190,84 @@ static void test_config_read_hf(void) {
     QT_EXPECT(qt_hf_read_config(path, &c, err, sizeof err) == -1 && !strcmp(err, want), "got %s", err);
 }
 
+/* RoPE scaling: every type survives write + read; the hub's Llama 3.1 and Qwen3 yarn spellings read;
+ * an unknown type, a missing parameter and two dicts that disagree are refused naming the key. */
+static void test_config_rope(void) {
+    char path[512], err[512], text[4096];
+    path_in(path, sizeof path, "rope_config.json");
+    qt_rope_cfg cases[4] = {
+        {.type = QT_ROPE_LINEAR, .factor = 4},
+        {.type = QT_ROPE_DYNAMIC, .factor = 2.5f},
+        {.type = QT_ROPE_YARN, .factor = 4, .original_max_pos = 128, .beta_fast = 16, .beta_slow = 2,
+         .attention_factor = 1.25f, .truncate = 0},
+        {.type = QT_ROPE_LLAMA3, .factor = 8, .original_max_pos = 64, .low_freq_factor = 1, .high_freq_factor = 4},
+    };
+    for (int k = 0; k < 4; k++) {
+        qt_model_cfg c = small_cfg(QT_ARCH_LLAMA, 0), back;
+        c.rope = cases[k];
+        QT_REQUIRE(qt_hf_write_config(path, &c, 0, err, sizeof err) == 0, "write %d: %s", k, err);
+        memset(&back, 0x5a, sizeof back);
+        QT_REQUIRE(qt_hf_read_config(path, &back, err, sizeof err) == 0, "read %d: %s", k, err);
+        QT_EXPECT(memcmp(&c, &back, sizeof c) == 0, "rope case %d: type %d/%d factor %g/%g orig %d/%d attn %g/%g trunc %d/%d",
+                  k, c.rope.type, back.rope.type, c.rope.factor, back.rope.factor, c.rope.original_max_pos,
+                  back.rope.original_max_pos, c.rope.attention_factor, back.rope.attention_factor, c.rope.truncate,
+                  back.rope.truncate);
+    }
+    FILE *f = fopen(path, "rb");
+    QT_REQUIRE(f, "reopen");
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    QT_EXPECT(strstr(text, "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"original_max_position_embeddings\": 64, "
+                           "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0}") &&
+              strstr(text, "\"rope_parameters\": {\"rope_theta\": 1e+06, \"rope_type\": \"llama3\", \"factor\": 8.0,"),
+              "%.900s", text);
+    /* Llama-3.1-8B's config.json (rope_scaling, transformers 4.43) */
+    const char *l31 = "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+                      " \"intermediate_size\": 96, \"vocab_size\": 100, \"max_position_embeddings\": 131072,"
+                      " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+                      " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0}";
+    qt_model_cfg c;
+    QT_REQUIRE(write_text(path, l31) == 0 && qt_hf_read_config(path, &c, err, sizeof err) == 0, "llama 3.1: %s", err);
+    QT_EXPECT(c.rope.type == QT_ROPE_LLAMA3 && c.rope.factor == 8 && c.rope.low_freq_factor == 1 &&
+              c.rope.high_freq_factor == 4 && c.rope.original_max_pos == 8192 && c.rope_theta == 5e5f, "llama 3.1 fields");
+    /* Qwen3's long-context yarn in transformers 5's rope_parameters; original_max_position_embeddings
+     * defaults to max_position_embeddings; mscale / mscale_all_dim give the attention factor */
+    QT_REQUIRE(write_text(path, "{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+                                " \"intermediate_size\": 96, \"vocab_size\": 100, \"max_position_embeddings\": 4096,"
+                                " \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"rope_theta\": 1e6,"
+                                " \"mscale\": 0.707, \"mscale_all_dim\": 1.0}}") == 0, "write");
+    QT_REQUIRE(qt_hf_read_config(path, &c, err, sizeof err) == 0, "yarn: %s", err);
+    double want = (0.1 * 0.707 * log(4.0) + 1) / (0.1 * log(4.0) + 1);
+    QT_EXPECT(c.rope.type == QT_ROPE_YARN && c.rope.factor == 4 && c.rope.original_max_pos == 4096 && c.rope.truncate == 1 &&
+              c.rope.attention_factor == (float)want && c.rope.beta_fast == 0, "yarn fields (attn %g, want %g)",
+              c.rope.attention_factor, want);
+    struct { const char *rope, *want; } bad[] = {
+        {"\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 2}",
+         "rope_scaling.rope_type: expected \"default\", \"linear\", \"dynamic\", \"yarn\" or \"llama3\", got \"longrope\""},
+        {"\"rope_parameters\": {\"type\": \"ntk\"}", "rope_parameters.type: expected"},
+        {"\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1}",
+         "rope_scaling.high_freq_factor: missing (rope_type llama3 needs"},
+        {"\"rope_scaling\": {\"rope_type\": \"linear\"}", "rope_scaling.factor: missing (rope_type linear needs"},
+        {"\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}, \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 4}",
+         "rope_scaling (rope_type linear) and rope_parameters (rope_type linear) disagree"},
+        {"\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2, \"partial_rotary_factor\": 0.5}",
+         "rope_scaling.partial_rotary_factor: only 1"},
+        {"\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, \"high_freq_factor\": 1}",
+         "model.rope_high_freq_factor: expected a finite number > rope_low_freq_factor (4), got 1"},
+        {"\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2, \"truncate\": 1}", "rope_scaling.truncate: expected true or false"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char doc[1024];
+        snprintf(doc, sizeof doc, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 100, %s}", bad[i].rope);
+        QT_REQUIRE(write_text(path, doc) == 0, "write");
+        err[0] = 0;
+        QT_EXPECT(qt_hf_read_config(path, &c, err, sizeof err) == -1, "accepted %s", doc);
+        QT_EXPECT(strstr(err, bad[i].want) && strstr(err, path), "rope case %zu: '%s'", i, err);
+    }
+}
+
 /* ---- safetensors ---- */
 
 static float *random_weights(const qt_layout *L, uint64_t seed) {
@@ -568,6 +646,7 @@ int main(void) {
     QT_RUN(test_json_errors);
     QT_RUN(test_config_roundtrip);
     QT_RUN(test_config_read_hf);
+    QT_RUN(test_config_rope);
     QT_RUN(test_export_import_roundtrip);
     QT_RUN(test_import_f16_and_tied_mix);
     QT_RUN(test_import_errors);

@@ -4,11 +4,13 @@
 Builds random tiny Qwen2 and Llama models (GQA; tied and untied) with transformers (no hub), saves
 them as safetensors, runs one micro-batch through build/tests/tool_hf_dump (our engine: cpu, and
 cuda when QT_DEVICES includes it) and through torch in fp32, and prints the relative L2 error of
-each tensor. Skips (exit 0) when torch or transformers is missing.
+each tensor; the same with RoPE scaling (llama3, yarn, linear) on a sequence past the scaled bands.
+Then checks qtrain's RoPE frequencies (build/tests/tool_rope_freq) against transformers'
+ROPE_INIT_FUNCTIONS on real models' rope settings. Skips (exit 0) when torch or transformers is missing.
     python3 tests/test_hf_compare.py            # cpu
     QT_DEVICES=cpu,cuda python3 tests/test_hf_compare.py
 """
-import os, subprocess, sys, tempfile
+import json, os, subprocess, sys, tempfile
 
 BUILD = os.environ.get("BUILD", "build")
 TOOL = os.path.join(BUILD, "tests", "tool_hf_dump")
@@ -35,10 +37,24 @@ DIMS = {"cpu": dict(hidden_size=48, intermediate_size=80, num_attention_heads=6,
 INIT_STD = {"cpu": 0.2, "cuda": 0.02}
 
 
-def build_model(kind, tied, device, path):
-    common = dict(vocab_size=96, num_hidden_layers=2, **DIMS[device], max_position_embeddings=64,
+TOOL_FREQ = os.path.join(BUILD, "tests", "tool_rope_freq")
+
+# RoPE scaling on the small models: head_dim 8 (cpu) has wavelengths 2 pi 10000^(i/4) = 6.3, 63, 628, 6283
+# (head_dim 64 on cuda: more pairs over the same range); with original_max_position_embeddings 64 llama3
+# keeps pair 0 (< 64 / 4), smooths pair 1 and divides the rest by 8; yarn's ramp sits at pairs 0..1 and
+# its attention factor is 1 + 0.1 ln 4 (original 32 = 128 / 4). The rope models run T = 24 > 64 / 8 positions.
+ROPE = {"llama3": dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                       original_max_position_embeddings=64),
+        "yarn": dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32),
+        "linear": dict(rope_type="linear", factor=4.0)}
+
+
+def build_model(kind, tied, device, path, rope=None):
+    common = dict(vocab_size=96, num_hidden_layers=2, **DIMS[device], max_position_embeddings=128 if rope else 64,
                   rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=tied, initializer_range=INIT_STD[device],
                   attn_implementation="eager", torch_dtype=torch.float32)
+    if rope:
+        common["rope_scaling"] = dict(ROPE[rope])
     if kind == "qwen2":
         cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
         model = transformers.Qwen2ForCausalLM(cfg)
@@ -61,14 +77,16 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def check(kind, tied, device, tmp):
-    name = f"{kind}_{'tied' if tied else 'untied'}_{device}"
-    mdir = os.path.join(tmp, f"{kind}_{tied}_{device}")
+def check(kind, tied, device, tmp, rope=None):
+    name = f"{kind}_{'tied' if tied else 'untied'}_{device}" + (f"_rope_{rope}" if rope else "")
+    mdir = os.path.join(tmp, f"{kind}_{tied}_{device}_{rope}")
     if not os.path.exists(os.path.join(mdir, "config.json")):
-        build_model(kind, tied, device, mdir)
+        build_model(kind, tied, device, mdir, rope)
     model = (transformers.Qwen2ForCausalLM if kind == "qwen2" else transformers.LlamaForCausalLM).from_pretrained(
         mdir, torch_dtype=torch.float32, attn_implementation="eager").float()
-    B, T = 2, 11
+    if rope:  # the model transformers runs is the scaled one (a silently dropped rope_scaling would pass)
+        assert model.model.rotary_emb.rope_type == ROPE[rope]["rope_type"], model.model.rotary_emb.rope_type
+    B, T = 2, 24 if rope else 11
     rng = np.random.default_rng(7)
     win = rng.integers(0, 96, size=(B, T + 1)).astype(np.int32)
     tok = os.path.join(tmp, "tokens.i32"); win.tofile(tok)
@@ -116,6 +134,77 @@ def check(kind, tied, device, tmp):
     return ok
 
 
+# Real models' rope settings (config.json as the hub has them): Llama-3.1-8B, Llama-3.2-1B, Qwen3-8B's
+# long-context yarn, DeepSeek-style yarn with mscale, yarn with every option given, linear, dynamic NTK
+# (at max_position_embeddings and past it, where transformers' forward recomputes the frequencies).
+FREQ_CASES = [
+    ("llama3_8b", dict(head_dim=128, rope_theta=500000.0, max_position_embeddings=131072,
+                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_max_position_embeddings=8192)), [8192]),
+    ("llama3_1b", dict(head_dim=64, rope_theta=500000.0, max_position_embeddings=131072,
+                       rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_max_position_embeddings=8192)), [8192]),
+    ("yarn_qwen3", dict(head_dim=128, rope_theta=1000000.0, max_position_embeddings=131072,
+                        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32768)), [4096]),
+    ("yarn_mscale", dict(head_dim=64, rope_theta=10000.0, max_position_embeddings=163840,
+                         rope_scaling=dict(type="yarn", factor=40.0, original_max_position_embeddings=4096, mscale=1.0,
+                                           mscale_all_dim=0.707, beta_fast=32, beta_slow=1)), [4096]),
+    ("yarn_options", dict(head_dim=96, rope_theta=50000.0, max_position_embeddings=65536,
+                          rope_scaling=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=8192,
+                                            beta_fast=16.0, beta_slow=2.0, attention_factor=1.25, truncate=False)), [2048]),
+    ("linear", dict(head_dim=64, rope_theta=10000.0, max_position_embeddings=16384,
+                    rope_scaling=dict(rope_type="linear", factor=4.0)), [4096]),
+    ("dynamic", dict(head_dim=64, rope_theta=10000.0, max_position_embeddings=4096,
+                     rope_scaling=dict(rope_type="dynamic", factor=2.0)), [4096, 10000]),
+    ("default", dict(head_dim=128, rope_theta=1000000.0, max_position_embeddings=32768), [4096]),
+]
+
+
+def check_freqs(tmp):
+    """qtrain's inverse frequencies and attention factor against transformers' ROPE_INIT_FUNCTIONS."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    if not os.path.exists(TOOL_FREQ):
+        print(f"FAIL hf_compare_rope_freq: {TOOL_FREQ} is missing (run make first)"); return False
+    ok = True
+    for name, kw, seq_lens in FREQ_CASES:
+        path = os.path.join(tmp, f"freq_{name}.json")
+        with open(path, "w") as f:
+            json.dump(dict(model_type="llama", hidden_size=kw["head_dim"] * 4, num_hidden_layers=1, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, vocab_size=32, **kw), f)
+        cfg = transformers.LlamaConfig.from_pretrained(path)
+        rtype = cfg.rope_parameters["rope_type"]
+        for S in seq_lens:
+            if rtype == "default":
+                inv, attn = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)
+            else:
+                inv, attn = ROPE_INIT_FUNCTIONS[rtype](cfg, "cpu", seq_len=S)
+            exp = os.path.join(tmp, f"freq_{name}_export.json")
+            r = subprocess.run([TOOL_FREQ, path, str(S), exp], capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"FAIL hf_compare_rope_freq_{name}: tool_rope_freq exited {r.returncode}: {r.stderr.strip()}")
+                ok = False; continue
+            vals = [float(x) for x in r.stdout.split()]
+            ours_attn, ours = vals[0], np.array(vals[1:])
+            want = inv.double().numpy()
+            e = float(np.max(np.abs(ours - want) / np.abs(want))) if len(ours) == len(want) else float("inf")
+            ea = abs(ours_attn - float(attn)) / abs(float(attn))
+            # qtrain's export of the config, loaded by transformers, means the same RoPE (a derived
+            # attention factor is written as the float qtrain keeps)
+            ecfg = transformers.LlamaConfig.from_pretrained(exp)
+            if rtype == "default":
+                einv, eattn = inv, attn
+            else:
+                einv, eattn = ROPE_INIT_FUNCTIONS[ecfg.rope_parameters["rope_type"]](ecfg, "cpu", seq_len=S)
+            same = ecfg.rope_parameters["rope_type"] == rtype and torch.equal(einv, inv) and abs(eattn - attn) <= 1e-7 * attn
+            # transformers computes in fp32: agreement to a few fp32 ulps
+            good = e <= 1e-6 and ea <= 1e-6 and same
+            print(f"{'PASS' if good else 'FAIL'} hf_compare_rope_freq_{name}_T{S}: {rtype}, {len(want)} pairs, "
+                  f"max rel err {e:.2e}, attention factor {ours_attn:.7g} vs {float(attn):.7g}, "
+                  f"export {'reads back the same' if same else 'DIFFERS: ' + str(ecfg.rope_parameters)}")
+            ok &= good
+    return ok
+
+
 def main():
     if not os.path.exists(TOOL):
         print(f"FAIL hf_compare: {TOOL} is missing (run make first)"); return 1
@@ -126,6 +215,10 @@ def main():
             for tied in (True, False):
                 for dev in devices:
                     ok &= check(kind, tied, dev, tmp)
+        for kind, tied, rope in (("llama", False, "llama3"), ("qwen2", True, "yarn"), ("llama", True, "linear")):
+            for dev in devices:
+                ok &= check(kind, tied, dev, tmp, rope)
+        ok &= check_freqs(tmp)
     return 0 if ok else 1
 
 

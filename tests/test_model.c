@@ -134,6 +134,57 @@ static void fd_model(qt_model_cfg c, const char *what) {
 
 static void test_fd_qwen2_gqa_bias_tied(void) { fd_model(cfg_qwen(), "qwen2"); }
 static void test_fd_llama_gqa_untied(void) { fd_model(cfg_llama(), "llama"); }
+/* RoPE scaling reaches the model (another loss than the default RoPE's): llama3 at
+ * original_max_position_embeddings 8 smooths pair 0 of head_dim 8 (wavelength 2 pi, between 8 / 4 and
+ * 8 / 1) and divides the other three by 8; yarn's attention factor also scales q and k, so its backward is
+ * checked against finite differences too (the other types differ from the default in the table alone,
+ * which test_ops checks with any frequencies). */
+static void test_fd_rope_scaled(void) {
+    qt_model_cfg y = cfg_qwen(), l3 = cfg_qwen();
+    y.rope = (qt_rope_cfg){.type = QT_ROPE_YARN, .factor = 4, .original_max_pos = 8, .truncate = 1};
+    l3.rope = (qt_rope_cfg){.type = QT_ROPE_LLAMA3, .factor = 8, .original_max_pos = 8, .low_freq_factor = 1,
+                            .high_freq_factor = 4};
+    qt_model_cfg plain[2] = {cfg_qwen(), cfg_qwen()}, *scaled[2] = {&y, &l3};
+    for (int k = 0; k < 2; k++) {
+        qt_layout L, Lp;
+        char err[256];
+        QT_REQUIRE(qt_layout_init(&L, scaled[k], err, sizeof err) == 0 && qt_layout_init(&Lp, &plain[k], err, sizeof err) == 0,
+                   "%s", err);
+        qt_cpu_model *m = qt_cpu_model_create(&L, 2, 11), *mp = qt_cpu_model_create(&Lp, 2, 11);
+        float *w = random_weights(&L, 11, 0.15f);
+        int32_t tok[22], tgt[22];
+        random_tokens(tok, tgt, 22, scaled[k]->vocab_size, 5);
+        double ls = loss_at(m, w, tok, tgt), lp = loss_at(mp, w, tok, tgt);
+        QT_EXPECT(fabs(ls - lp) > 1e-4 * lp, "%s: loss %.9g equals the default RoPE's %.9g", k ? "llama3" : "yarn", ls, lp);
+        qt_cpu_model_free(m), qt_cpu_model_free(mp), free(w), qt_layout_free(&L), qt_layout_free(&Lp);
+    }
+    fd_model(y, "qwen2 yarn");
+}
+
+/* Each scaled rope_type's parameters are checked, naming the YAML key. */
+static void test_rope_validate(void) {
+    char err[256];
+    struct { qt_rope_cfg r; const char *want; } bad[] = {
+        {{.type = (qt_rope_type)7}, "model.rope_type: expected default, linear, dynamic, yarn or llama3, got 7"},
+        {{.type = QT_ROPE_LINEAR}, "model.rope_factor: expected a finite number > 0 for rope_type linear, got 0"},
+        {{.type = QT_ROPE_LLAMA3, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 1},
+         "model.rope_high_freq_factor: expected a finite number > rope_low_freq_factor (1), got 1"},
+        {{.type = QT_ROPE_LLAMA3, .factor = 8, .high_freq_factor = 4}, "model.rope_low_freq_factor: expected a finite number > 0"},
+        {{.type = QT_ROPE_YARN, .factor = 4, .beta_fast = -1}, "model.rope_beta_fast: expected a finite number >= 0"},
+        {{.type = QT_ROPE_YARN, .factor = 4, .attention_factor = NAN}, "model.rope_attention_factor: expected a finite number >= 0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        qt_model_cfg c = cfg_qwen();
+        c.rope = bad[i].r;
+        qt_model_cfg_finish(&c);
+        QT_EXPECT(qt_model_cfg_validate(&c, err, sizeof err) == -1 && strstr(err, bad[i].want), "case %zu: %s", i, err);
+    }
+    qt_model_cfg c = cfg_qwen();
+    c.rope = (qt_rope_cfg){.type = QT_ROPE_YARN, .factor = 4, .truncate = 1};
+    qt_model_cfg_finish(&c);
+    QT_EXPECT(qt_model_cfg_validate(&c, err, sizeof err) == 0 && c.rope.original_max_pos == c.max_seq_len,
+              "yarn without original_max_position_embeddings takes max_seq_len: %s (%d)", err, c.rope.original_max_pos);
+}
 
 /* The model's loss is the mean of qt_ref_cross_entropy_fwd over its logits; backward is "+=" and scales. */
 static void test_loss_and_accumulation(void) {
@@ -483,6 +534,8 @@ int main(void) {
     QT_RUN(test_init_weights);
     QT_RUN(test_fd_qwen2_gqa_bias_tied);
     QT_RUN(test_fd_llama_gqa_untied);
+    QT_RUN(test_fd_rope_scaled);
+    QT_RUN(test_rope_validate);
     QT_RUN(test_loss_and_accumulation);
     QT_RUN(test_thread_determinism);
     QT_RUN(test_tiny_cpu_speed);

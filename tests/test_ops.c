@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "qt_ref.h"
+#include "qt_rope.h"
 #include "qt_rng.h"
 #include "qt_test.h"
 
@@ -225,12 +226,12 @@ static void test_matmul_forward_large(void) {
 
 /* ---- rope ---- */
 
-typedef struct { float *x, *y, *u; int B, T, H, Hkv, D; float theta; } rope_ctx;
+typedef struct { float *x, *y, *u; int B, T, H, Hkv, D; const double *inv; double attn; } rope_ctx;
 static double rope_obj(void *p) {
     rope_ctx *c = p;
     long n = (long)c->B * c->T * (c->H + 2 * c->Hkv) * c->D;
     memcpy(c->y, c->x, n * sizeof(float));
-    qt_ref_rope_fwd(c->y, c->B, c->T, c->H, c->Hkv, c->D, c->theta);
+    qt_ref_rope_fwd(c->y, c->B, c->T, c->H, c->Hkv, c->D, c->inv, c->attn);
     return dotd(c->u, c->y, n);
 }
 
@@ -238,7 +239,8 @@ static void test_rope_hand(void) {
     /* H=1, Hkv=1, D=4, theta=100: angles at position t are t*1 and t*100^(-1/2) = t/10 */
     float qkv[3 * 12];
     for (int i = 0; i < 36; i++) qkv[i] = (float)(i % 12 + 1);
-    qt_ref_rope_fwd(qkv, 1, 3, 1, 1, 4, 100.0f);
+    const double inv[2] = {1.0, 0.1};
+    qt_ref_rope_fwd(qkv, 1, 3, 1, 1, 4, inv, 1.0);
     const float *t0 = qkv, *t2 = qkv + 24;
     for (int i = 0; i < 12; i++) QT_EXPECT(t0[i] == (float)(i + 1), "position 0 must not rotate: [%d] = %g", i, t0[i]);
     double c2 = cos(2.0), s2 = sin(2.0), c02 = cos(0.2), s02 = sin(0.2);
@@ -248,24 +250,90 @@ static void test_rope_hand(void) {
     QT_EXPECT(qt_t_close("rope t=2", t2, want, 12, 1e-6, 1e-6), "rotate-half at t=2 (q, k rotated; v untouched)");
 }
 
-static void rope_case(int B, int T, int H, int Hkv, int D) {
+/* attn != 1 (yarn) scales the rotation: bwd(fwd(x)) = attn^2 x on the q and k heads, x on the v heads. */
+static void rope_case(int B, int T, int H, int Hkv, int D, const double *inv, double attn) {
     long n = (long)B * T * (H + 2 * Hkv) * D;
-    rope_ctx c = {rnd(n, 1), malloc(n * sizeof(float)), rnd(n, 1), B, T, H, Hkv, D, 10000.0f};
+    rope_ctx c = {rnd(n, 1), malloc(n * sizeof(float)), rnd(n, 1), B, T, H, Hkv, D, inv, attn};
     float *g = copy(c.u, n);
-    qt_ref_rope_bwd(g, B, T, H, Hkv, D, c.theta);
-    /* the rotation is orthogonal: the backward of the forward is the identity */
-    float *x2 = copy(c.x, n);
-    qt_ref_rope_fwd(x2, B, T, H, Hkv, D, c.theta);
-    qt_ref_rope_bwd(x2, B, T, H, Hkv, D, c.theta);
-    QT_EXPECT(qt_t_close("bwd(fwd(x))", x2, c.x, n, 1e-5, 1e-5), "rope bwd is not the inverse");
+    qt_ref_rope_bwd(g, B, T, H, Hkv, D, inv, attn);
+    float *x2 = copy(c.x, n), *want = copy(c.x, n);
+    for (long k = 0; k < n; k++)
+        if ((k / D) % (H + 2 * Hkv) < H + Hkv) want[k] = (float)(want[k] * attn * attn);
+    qt_ref_rope_fwd(x2, B, T, H, Hkv, D, inv, attn);
+    qt_ref_rope_bwd(x2, B, T, H, Hkv, D, inv, attn);
+    QT_EXPECT(qt_t_close("bwd(fwd(x))", x2, want, n, 1e-5, 1e-5), "rope bwd is not the transpose");
     fd_in in[] = {{c.x, g, n, "qkv"}};
     double e = fd_check("rope", rope_obj, &c, in, 1);
-    printf("  rope B=%d T=%d H=%d Hkv=%d D=%d: max rel err %.2e\n", B, T, H, Hkv, D, e);
-    free(c.x), free(c.y), free(c.u), free(g), free(x2);
+    printf("  rope B=%d T=%d H=%d Hkv=%d D=%d attn=%g: max rel err %.2e\n", B, T, H, Hkv, D, attn, e);
+    free(c.x), free(c.y), free(c.u), free(g), free(x2), free(want);
 }
 static void test_rope(void) {
-    rope_case(2, 7, 6, 2, 8);
-    rope_case(1, 1, 2, 1, 16);
+    double inv[8];
+    for (int i = 0; i < 8; i++) inv[i] = pow(10000.0, -2.0 * i / 16);
+    rope_case(2, 7, 6, 2, 8, inv, 1.0);
+    rope_case(1, 1, 2, 1, 16, inv, 1.0);
+    rope_case(2, 9, 2, 1, 16, inv, 1.2);
+}
+
+/* |got - ref| <= rtol |ref| for doubles; prints the worst index on failure. */
+static int close_d(const char *what, const double *got, const double *ref, int n, double rtol) {
+    int worst = 0;
+    double we = -1;
+    for (int i = 0; i < n; i++) {
+        double e = fabs(got[i] - ref[i]) / fabs(ref[i]);
+        if (!(e <= we)) we = e, worst = i;
+    }
+    if (we <= rtol) return 1;
+    printf("  %s: [%d] got %.17g, want %.17g (rel err %.2e > %.0e)\n", what, worst, got[worst], ref[worst], we, rtol);
+    return 0;
+}
+
+/* qt_rope_inv_freq against the formulas of transformers' ROPE_INIT_FUNCTIONS written out by hand for
+ * D = 16, theta = 10000 (wavelengths 2 pi 10000^(i/8)), original_max_position_embeddings 64, factor 8. */
+static void test_rope_inv_freq(void) {
+    qt_model_cfg c = {.hidden_size = 64, .num_heads = 4, .head_dim = 16, .max_seq_len = 128, .rope_theta = 10000.0f};
+    double inv[8], base[8], attn = 0, want[8];
+    for (int i = 0; i < 8; i++) base[i] = pow(10000.0, -i / 8.0);
+    qt_rope_inv_freq(&c, 100, inv, &attn);
+    QT_EXPECT(close_d("default", inv, base, 8, 1e-15) && attn == 1, "default frequencies");
+    c.rope = (qt_rope_cfg){.type = QT_ROPE_LINEAR, .factor = 4};
+    for (int i = 0; i < 8; i++) want[i] = base[i] / 4;
+    qt_rope_inv_freq(&c, 100, inv, &attn);
+    QT_EXPECT(close_d("linear", inv, want, 8, 1e-15) && attn == 1, "linear: / factor");
+    /* llama3, low 1, high 4: wavelengths > 64 / factor 8; < 16 kept; between: s = (64 / w - 1) / 3 */
+    c.rope = (qt_rope_cfg){.type = QT_ROPE_LLAMA3, .factor = 8, .original_max_pos = 64, .low_freq_factor = 1,
+                           .high_freq_factor = 4};
+    int bands[3] = {0, 0, 0};
+    for (int i = 0; i < 8; i++) {
+        double w = 2 * M_PI / base[i], s = (64 / w - 1) / 3;
+        want[i] = w < 16 ? base[i] : w > 64 ? base[i] / 8 : (1 - s) * base[i] / 8 + s * base[i];
+        bands[w < 16 ? 0 : w > 64 ? 2 : 1]++;
+    }
+    QT_REQUIRE(bands[0] && bands[1] && bands[2], "the shape must have pairs in all three llama3 bands");
+    qt_rope_inv_freq(&c, 100, inv, &attn);
+    QT_EXPECT(close_d("llama3", inv, want, 8, 1e-14) && attn == 1, "llama3 bands");
+    /* dynamic: the base grows only past max_seq_len */
+    c.rope = (qt_rope_cfg){.type = QT_ROPE_DYNAMIC, .factor = 2};
+    qt_rope_inv_freq(&c, 128, inv, &attn);
+    QT_EXPECT(close_d("dynamic at max", inv, base, 8, 1e-15), "dynamic within max_seq_len = default");
+    double b2 = 10000.0 * pow(2.0 * 256 / 128 - 1, 16.0 / 14);
+    for (int i = 0; i < 8; i++) want[i] = pow(b2, -i / 8.0);
+    qt_rope_inv_freq(&c, 256, inv, &attn);
+    QT_EXPECT(close_d("dynamic 2x", inv, want, 8, 1e-14), "dynamic NTK base at twice max_seq_len");
+    /* yarn, beta 32 / 1: ramp ends floor(16 ln(64 / (64 pi)) / (2 ln 1e4)) and ceil(16 ln(64 / (2 pi)) / (2 ln 1e4)) */
+    c.rope = (qt_rope_cfg){.type = QT_ROPE_YARN, .factor = 4, .original_max_pos = 64, .truncate = 1};
+    double lo = floor(16 * log(64 / (64 * M_PI)) / (2 * log(1e4))), hi = ceil(16 * log(64 / (2 * M_PI)) / (2 * log(1e4)));
+    if (lo < 0) lo = 0;
+    for (int i = 0; i < 8; i++) {
+        double ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1);
+        want[i] = base[i] / 4 * ramp + base[i] * (1 - ramp);
+    }
+    qt_rope_inv_freq(&c, 100, inv, &attn);
+    QT_EXPECT(close_d("yarn", inv, want, 8, 1e-14), "yarn ramp (lo %g hi %g)", lo, hi);
+    QT_EXPECT(fabs(attn - (0.1 * log(4.0) + 1)) < 1e-15, "yarn attention factor %.17g", attn);
+    c.rope.attention_factor = 1.5f;
+    qt_rope_inv_freq(&c, 100, inv, &attn);
+    QT_EXPECT(attn == 1.5, "yarn attention_factor given: %g", attn);
 }
 
 /* ---- attention ---- */
@@ -448,6 +516,7 @@ int main(void) {
     QT_RUN(test_matmul_forward_large);
     QT_RUN(test_rope_hand);
     QT_RUN(test_rope);
+    QT_RUN(test_rope_inv_freq);
     QT_RUN(test_attention);
     QT_RUN(test_attention_causal_gqa);
     QT_RUN(test_swiglu);

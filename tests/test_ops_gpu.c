@@ -97,6 +97,17 @@ static const op_case CASES[] = {
     {&OP_ROPE_FWD, {3, 5, 2, 2, 128}, 0, 0, 0, 1e6f, 0},
     {&OP_ROPE_BWD, {1, 1, 2, 1, 64}, 0, 0, O_AMAX, 1e6f, 0}, {&OP_ROPE_BWD, {2, 7, 14, 2, 64}, 0, 0, O_AMAX, 1e6f, 0},
     {&OP_ROPE_BWD, {1, 37, 4, 2, 24}, 0, 0, O_AMAX, 1e6f, 0}, {&OP_ROPE_BWD, {3, 5, 2, 2, 128}, 0, 0, 0, 1e6f, 0},
+    /* RoPE scaling types (opt >> 16: the rope_type; T past original_max_position_embeddings 32 and max_seq_len 16) */
+    {&OP_ROPE_TABLE, {100, 128}, 0, 0, ROPE_TYPE(QT_ROPE_LINEAR), 5e5f, 0},
+    {&OP_ROPE_TABLE, {100, 128}, 0, 0, ROPE_TYPE(QT_ROPE_DYNAMIC), 5e5f, 0},
+    {&OP_ROPE_TABLE, {100, 128}, 0, 0, ROPE_TYPE(QT_ROPE_YARN), 1e6f, 0},
+    {&OP_ROPE_TABLE, {100, 128}, 0, 0, ROPE_TYPE(QT_ROPE_LLAMA3), 5e5f, 0},
+    {&OP_ROPE_TABLE, {37, 24}, 0, 0, ROPE_TYPE(QT_ROPE_LLAMA3), 1e4f, 0},
+    {&OP_ROPE_FWD, {2, 70, 4, 2, 64}, 0, 0, ROPE_TYPE(QT_ROPE_LLAMA3), 5e5f, 0},
+    {&OP_ROPE_FWD, {2, 70, 4, 2, 64}, 0, 0, ROPE_TYPE(QT_ROPE_YARN), 1e6f, 0},
+    {&OP_ROPE_FWD, {1, 37, 4, 2, 24}, 0, 0, ROPE_TYPE(QT_ROPE_YARN), 1e4f, 0},
+    {&OP_ROPE_BWD, {2, 70, 4, 2, 64}, 0, 0, O_AMAX | ROPE_TYPE(QT_ROPE_YARN), 1e6f, 0},
+    {&OP_ROPE_BWD, {2, 70, 4, 2, 64}, 0, 0, O_AMAX | ROPE_TYPE(QT_ROPE_LLAMA3), 5e5f, 0},
     /* SwiGLU (swiglu.cu): n f */
     {&OP_SWIGLU_FWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_FWD, {7, 24}, 0, 0, O_AMAX, 0, 0},
     {&OP_SWIGLU_FWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_FWD, {64, 4864}, 0, 0, O_AMAX, 0, 0},

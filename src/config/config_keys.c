@@ -16,10 +16,14 @@
 #include "qt_dtype.h"
 
 _Static_assert(sizeof(qt_sched_kind) == sizeof(int) && sizeof(qt_device_kind) == sizeof(int) &&
-                   sizeof(qt_arch) == sizeof(int) && sizeof(qt_ckpt_offload) == sizeof(int),
+                   sizeof(qt_arch) == sizeof(int) && sizeof(qt_ckpt_offload) == sizeof(int) &&
+                   sizeof(qt_rope_type) == sizeof(int),
                "enum keys are stored as int");
 
 static const qt_key_enum arch_names[] = {{"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {NULL, 0}};
+static const qt_key_enum rope_names[] = {{"default", QT_ROPE_DEFAULT}, {"linear", QT_ROPE_LINEAR},
+                                         {"dynamic", QT_ROPE_DYNAMIC}, {"yarn", QT_ROPE_YARN},
+                                         {"llama3", QT_ROPE_LLAMA3},    {NULL, 0}};
 static const qt_key_enum sched_names[] = {
     {"cosine", QT_SCHED_COSINE}, {"linear", QT_SCHED_LINEAR}, {"wsd", QT_SCHED_WSD}, {NULL, 0}};
 static const qt_key_enum device_names[] = {
@@ -93,6 +97,27 @@ static const qt_config_key keys[] = {
       "q/k/v projections carry a bias (Qwen2: true; set false for Llama)"),
     I("model.max_seq_len", model.max_seq_len, 1, INT_MAX, "256", "all", 1,
       "longest sequence the model supports (HF max_position_embeddings); data.seq_len must fit"),
+    E("model.rope_type", model.rope.type, rope_names, "default", "all", 1,
+      "RoPE frequency scaling, as transformers' rope_type: default (theta^(-2i/D)), linear (/ rope_factor), dynamic "
+      "(NTK: a larger base past max_seq_len, which data.seq_len never is, so the default frequencies in training), "
+      "yarn (Qwen3 long context: a ramp between default and / rope_factor, cos and sin times rope_attention_factor) "
+      "or llama3 (Llama 3.1+: low frequencies / rope_factor, high ones kept, a smooth band between)"),
+    F("model.rope_factor", model.rope.factor, 0, NOHI, 0, 0, "0", "all", 1,
+      "RoPE scaling factor (HF rope_scaling.factor); required by every rope_type but default"),
+    I("model.rope_original_max_position_embeddings", model.rope.original_max_pos, 0, INT_MAX, "0", "all", 1,
+      "yarn, llama3: the pretraining context length; 0 = model.max_seq_len"),
+    F("model.rope_low_freq_factor", model.rope.low_freq_factor, 0, NOHI, 0, 0, "0", "all", 1,
+      "llama3: wavelengths above original_max_position_embeddings / this are divided by rope_factor (Llama 3.1: 1)"),
+    F("model.rope_high_freq_factor", model.rope.high_freq_factor, 0, NOHI, 0, 0, "0", "all", 1,
+      "llama3: wavelengths below original_max_position_embeddings / this are kept (Llama 3.1: 4); > rope_low_freq_factor"),
+    F("model.rope_beta_fast", model.rope.beta_fast, 0, NOHI, 0, 0, "0", "all", 1,
+      "yarn: turns over the original context that end the unscaled band; 0 = 32"),
+    F("model.rope_beta_slow", model.rope.beta_slow, 0, NOHI, 0, 0, "0", "all", 1,
+      "yarn: turns over the original context that start the fully scaled band; 0 = 1"),
+    F("model.rope_attention_factor", model.rope.attention_factor, 0, NOHI, 0, 0, "0", "all", 1,
+      "yarn: the factor on cos and sin; 0 = 0.1 ln(rope_factor) + 1 (1 when rope_factor <= 1)"),
+    B("model.rope_truncate", model.rope.truncate, "true", "all", 1,
+      "yarn: round the ramp's ends to whole pairs (floor, ceil), as transformers does by default"),
 
     S("init.from", init.from, "", "all",
       "HF model to start from: its directory (config.json + model.safetensors), that .safetensors file or its model.safetensors.index.json; \"\" = from scratch"),

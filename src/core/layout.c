@@ -11,6 +11,7 @@
 
 #include "qt_error.h"
 #include "qt_rng.h"
+#include "qt_rope.h"
 
 
 void qt_model_cfg_finish(qt_model_cfg *cfg) {
@@ -22,6 +23,7 @@ void qt_model_cfg_finish(qt_model_cfg *cfg) {
     /* the transformers defaults of each family */
     if (cfg->rope_theta == 0) cfg->rope_theta = cfg->arch == QT_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
     if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = cfg->arch == QT_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+    qt_rope_finish(cfg);
 }
 
 /* a * b and a + b in uint64, saturating at UINT64_MAX: the size checks below compare the result
@@ -78,6 +80,7 @@ int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
         return qt_errf(err, errlen, "model.rope_theta: expected a finite number > 0, got %g", c->rope_theta);
     if (!(c->rms_norm_eps > 0) || !isfinite(c->rms_norm_eps))
         return qt_errf(err, errlen, "model.rms_norm_eps: expected a finite number > 0, got %g", c->rms_norm_eps);
+    if (qt_rope_validate(c, err, errlen)) return -1;
     if (c->tie_embeddings != 0 && c->tie_embeddings != 1)
         return qt_errf(err, errlen, "model.tie_embeddings: expected 0 or 1, got %d", c->tie_embeddings);
     if (c->qkv_bias != 0 && c->qkv_bias != 1)

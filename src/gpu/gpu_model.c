@@ -27,6 +27,7 @@
 
 #include "qt_error.h"
 #include "qt_mutant.h"
+#include "qt_rope.h"
 #include "qt_test_hooks.h"
 
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws) {
@@ -237,7 +238,11 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
     }
     g->start_init_s = now_s() - t0;
     qt_zero(g->loss_sum, 8, s);
-    qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, L->cfg.rope_theta, s);
+    double inv_freq[QT_ROPE_MAX_HALF], rope_attn;
+    QT_CHECK(L->cfg.head_dim / 2 <= QT_ROPE_MAX_HALF, "head_dim %d: the GPU RoPE table takes at most %d",
+             L->cfg.head_dim, 2 * QT_ROPE_MAX_HALF);
+    qt_rope_inv_freq(&L->cfg, g->T, inv_freq, &rope_attn);
+    qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, inv_freq, rope_attn, s);
     if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, pl->precision.grad_dt, (qt_fp8_wcache)pl->precision.fp8_cache,
                                g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);

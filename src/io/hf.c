@@ -20,6 +20,7 @@
 
 #include "qt_ckpt.h"
 #include "qt_dtype.h"
+#include "qt_hf_rope.h"
 #include "qt_json.h"
 
 #define HF_MAX_HEADER (256u << 20)
@@ -88,22 +89,12 @@ static int get_bool(const char *path, const qt_json_node *o, const char *key, in
     return 0;
 }
 
-/* Rejects configs whose maths we do not implement (scaled RoPE, sliding window, other activations). */
+/* Rejects configs whose maths we do not implement (sliding window, other activations, MLP biases). */
 static int check_unsupported(const char *path, const qt_json_node *r, char *err, size_t errlen) {
     const qt_json_node *x = qt_json_get(r, "hidden_act");
     if (x && (x->type != QT_JSON_STR || strcmp(x->str, "silu") != 0))
         return qt_errf(err, errlen, "%s: hidden_act: expected \"silu\", got %s%s", path, x->type == QT_JSON_STR ? x->str : "",
                     x->type == QT_JSON_STR ? "" : type_name(x));
-    const char *rk[2] = {"rope_scaling", "rope_parameters"};
-    for (int i = 0; i < 2; i++) {
-        x = qt_json_get(r, rk[i]);
-        if (!x || x->type == QT_JSON_NULL) continue;
-        const qt_json_node *t = qt_json_get(x, "rope_type");
-        if (!t) t = qt_json_get(x, "type");
-        if (x->type != QT_JSON_OBJ || (t && (t->type != QT_JSON_STR || strcmp(t->str, "default") != 0)))
-            return qt_errf(err, errlen, "%s: %s: only the default RoPE is supported, got rope_type %s", path, rk[i],
-                        t && t->type == QT_JSON_STR ? t->str : "(not a string)");
-    }
     int flag = 0;
     if (get_bool(path, r, "use_sliding_window", 0, &flag, err, errlen)) return -1;
     if (flag) return qt_errf(err, errlen, "%s: use_sliding_window: sliding-window attention is not supported", path);
@@ -156,7 +147,8 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
         qt_errf(err, errlen, "%s: model_type: expected \"qwen2\" or \"llama\", got %s%s%s", path,
              mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : type_name(mt),
              mt && mt->type == QT_JSON_STR ? "\"" : "");
-    else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen)) {
+    else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen) &&
+             !qt_hf_read_rope(path, r, &c.rope, err, errlen)) {
         c.arch = strcmp(mt->str, "qwen2") == 0 ? QT_ARCH_QWEN2 : QT_ARCH_LLAMA;
         int bias = 0;
         rc = 0;
@@ -189,7 +181,10 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
     if (qwen && !c->qkv_bias) return qt_errf(err, errlen, "%s: a qwen2 model must have qkv_bias (use arch llama)", path);
     if (!qwen && c->qkv_bias)
         return qt_errf(err, errlen, "%s: a llama model with qkv_bias has no HF equivalent (use arch qwen2)", path);
-    char eps[32], theta[32], buf[4096];
+    char eps[32], theta[32], buf[4096], rope[512], scaling[600] = "";
+    if (qt_hf_rope_json(rope, sizeof rope, &c->rope) < 0) return qt_errf(err, errlen, "%s: rope parameters text too long", path);
+    if (c->rope.type != QT_ROPE_DEFAULT) /* the hub's form (transformers 4); transformers 5 reads rope_parameters */
+        snprintf(scaling, sizeof scaling, "  \"rope_scaling\": {%s},\n", rope);
     fmt_float(eps, sizeof eps, c->rms_norm_eps);
     fmt_float(theta, sizeof theta, c->rope_theta);
     const char *dt = bf16 ? "bfloat16" : "float32";
@@ -199,13 +194,13 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
         "  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
         "  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n  \"vocab_size\": %d,\n"
         "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n"
-        "  \"rope_parameters\": {\"rope_theta\": %s, \"rope_type\": \"default\"},\n"
+        "%s  \"rope_parameters\": {\"rope_theta\": %s, %s},\n"
         "  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": %s,\n"
         "  \"attention_dropout\": 0.0,\n  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n%s"
         "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n",
         qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", qwen ? "qwen2" : "llama", c->hidden_size,
         c->intermediate_size, c->num_layers, c->num_heads, c->num_kv_heads, head_dim, c->vocab_size, c->max_seq_len,
-        eps, theta, theta, c->tie_embeddings ? "true" : "false", c->qkv_bias && !qwen ? "true" : "false",
+        eps, theta, scaling, theta, rope, c->tie_embeddings ? "true" : "false", c->qkv_bias && !qwen ? "true" : "false",
         qwen ? "  \"use_sliding_window\": false,\n" : "  \"mlp_bias\": false,\n", dt, dt);
     if (k < 0 || (size_t)k >= sizeof buf) return qt_errf(err, errlen, "%s: config text too long", path);
     char tmp[4200];

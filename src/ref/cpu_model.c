@@ -12,6 +12,7 @@
 
 #include "qt_error.h"
 #include "qt_ref.h"
+#include "qt_rope.h"
 
 typedef struct {
     float *x, *mid;        /* [N,C] block input, residual after attention */
@@ -36,6 +37,8 @@ struct qt_cpu_model {
     int has_targets;
     /* backward scratch */
     float *dres, *dln, *datt, *dqkv, *dgu, *dsw;
+    double *rope_inv_freq; /* [head_dim/2], and the cos/sin factor: qt_rope_inv_freq at T */
+    double rope_attn;
 };
 
 static float *falloc(long n) {
@@ -64,6 +67,9 @@ qt_cpu_model *qt_cpu_model_create(const qt_layout *L, int B, int T) {
     m->B = B;
     m->T = T;
     m->N = N;
+    m->rope_inv_freq = malloc((size_t)(c->head_dim / 2 + 1) * sizeof *m->rope_inv_freq);
+    QT_CHECK(m->rope_inv_freq, "out of memory");
+    qt_rope_inv_freq(c, T, m->rope_inv_freq, &m->rope_attn);
     m->la = calloc((size_t)c->num_layers, sizeof *m->la);
     QT_CHECK(m->la, "out of memory");
     for (int l = 0; l < c->num_layers; l++) {
@@ -110,6 +116,7 @@ void qt_cpu_model_free(qt_cpu_model *m) {
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
     free(m->tokens);
     free(m->targets);
+    free(m->rope_inv_freq);
     free(m);
 }
 
@@ -123,7 +130,7 @@ static void block_fwd(qt_cpu_model *m, const float *w, int l, float *out) {
     int HD = H * D, QKV = (H + 2 * Hkv) * D;
     qt_ref_rmsnorm_fwd(a->ln1, a->rstd1, a->x, w + o->ln1, N, C, c->rms_norm_eps);
     qt_ref_matmul_fwd(a->qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
-    qt_ref_rope_fwd(a->qkv, m->B, m->T, H, Hkv, D, c->rope_theta);
+    qt_ref_rope_fwd(a->qkv, m->B, m->T, H, Hkv, D, m->rope_inv_freq, m->rope_attn);
     qt_ref_attention_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D);
     qt_ref_matmul_fwd(a->mid, a->att, w + o->wo, NULL, N, HD, C);
     qt_ref_add_inplace(a->mid, a->x, N * C);
@@ -175,7 +182,7 @@ static void block_bwd(qt_cpu_model *m, const float *w, float *grad, int l) {
     /* attention: mid = x + o_proj(attn(rope(qkv(norm1(x))))) */
     qt_ref_matmul_bwd(m->datt, grad + o->wo, NULL, m->dres, a->att, w + o->wo, N, HD, C);
     qt_ref_attention_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D);
-    qt_ref_rope_bwd(m->dqkv, m->B, m->T, H, Hkv, D, c->rope_theta);
+    qt_ref_rope_bwd(m->dqkv, m->B, m->T, H, Hkv, D, m->rope_inv_freq, m->rope_attn);
     qt_ref_matmul_bwd(m->dln, grad + o->wqkv, o->bqkv == SIZE_MAX ? NULL : grad + o->bqkv, m->dqkv, a->ln1,
                       w + o->wqkv, N, C, QKV);
     qt_ref_rmsnorm_bwd(m->dres, grad + o->ln1, m->dln, a->x, w + o->ln1, a->rstd1, N, C);

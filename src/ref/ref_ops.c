@@ -221,24 +221,25 @@ void qt_ref_matmul_bwd(float *dx, float *dw, float *db, const float *dy, const f
 
 /* ---- rotary embedding ---- */
 
-/* cos/sin[T, D/2] of t * theta^(-2i/D), computed in double; caller frees. */
-static float *rope_table(int T, int D, float theta) {
+/* cos/sin[T, D/2] of t * inv_freq[i], times attn, computed in double; caller frees. */
+static float *rope_table(int T, int D, const double *inv_freq, double attn) {
     int h = D / 2;
     float *cs = malloc((size_t)T * h * 2 * sizeof *cs);
     QT_CHECK(cs, "out of memory for the rope table (T=%d, D=%d)", T, D);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < h; i++) {
-            double a = t * pow((double)theta, -2.0 * i / D);
-            cs[((long)t * h + i) * 2] = (float)cos(a);
-            cs[((long)t * h + i) * 2 + 1] = (float)sin(a);
+            double a = inv_freq[i] * t;
+            cs[((long)t * h + i) * 2] = (float)(cos(a) * attn);
+            cs[((long)t * h + i) * 2 + 1] = (float)(sin(a) * attn);
         }
     return cs;
 }
 
 /* sign = +1 rotates by +a (forward), -1 by -a (the transpose, for backward). */
-static void rope_apply(float *qkv, int B, int T, int H, int Hkv, int D, float theta, float sign) {
+static void rope_apply(float *qkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn,
+                       float sign) {
     QT_CHECK(D % 2 == 0, "rope: head_dim %d must be even", D);
-    float *cs = rope_table(T, D, theta);
+    float *cs = rope_table(T, D, inv_freq, attn);
     int h = D / 2, nh = H + Hkv;
     long row = (long)(H + 2 * Hkv) * D;
 #pragma omp parallel for schedule(static)
@@ -256,12 +257,12 @@ static void rope_apply(float *qkv, int B, int T, int H, int Hkv, int D, float th
     free(cs);
 }
 
-void qt_ref_rope_fwd(float *qkv, int B, int T, int H, int Hkv, int D, float theta) {
-    rope_apply(qkv, B, T, H, Hkv, D, theta, 1.0f);
+void qt_ref_rope_fwd(float *qkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn) {
+    rope_apply(qkv, B, T, H, Hkv, D, inv_freq, attn, 1.0f);
 }
 
-void qt_ref_rope_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, float theta) {
-    rope_apply(dqkv, B, T, H, Hkv, D, theta, -1.0f);
+void qt_ref_rope_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn) {
+    rope_apply(dqkv, B, T, H, Hkv, D, inv_freq, attn, -1.0f);
 }
 
 /* ---- SwiGLU ---- */
