@@ -57,6 +57,11 @@ typedef struct {
     qt_rope_cfg rope;      /* RoPE scaling; all zero = the default RoPE */
 } qt_model_cfg;
 
+/* A checkpoint's model_cfg blob is this struct's bytes. Members from `rope` on came after the format
+ * began: a checkpoint written before them holds only the first QT_MODEL_CFG_BASE_BYTES bytes and loads
+ * with the rest zero, so every member added at the end means "the model as before" when zero. */
+#define QT_MODEL_CFG_BASE_BYTES offsetof(qt_model_cfg, rope)
+
 typedef enum {
     QT_T_EMBED, QT_T_NORM, QT_T_Q, QT_T_K, QT_T_V, QT_T_QB, QT_T_KB, QT_T_VB, QT_T_O,
     QT_T_GATE, QT_T_UP, QT_T_DOWN, QT_T_FINAL_NORM, QT_T_LM_HEAD

@@ -76,6 +76,8 @@ static const forgery CASES[] = {
     {"garbage_config", -1, 0, 0, "\x01\x7f: [unclosed\n", -1, 0, "blob config: does not load as a config", ".qtc:config"},
     {"text_config", -1, 0, 0, "just some words\n", -1, 0, "blob config: does not load as a config", ".qtc:config"},
     {"step_vs_header", -1, 0, 0, NULL, 5, 0, "blob step: 5, but the file's header holds step 2", NULL},
+    {"model_cfg_under_base", 3, sizeof(qt_model_cfg) - QT_MODEL_CFG_BASE_BYTES + 4, 0, NULL, -1, 0,
+     "blob model_cfg: ", NULL},
 };
 
 static qt_ckpt *g_base;
@@ -108,6 +110,26 @@ static void test_resume_refuses_forgeries(void) {
         QT_EXPECT(st == 1 && file_has(out, path) && file_has(out, want) && !file_has(out, "resumed from"),
                   "%s: status %d (see %s; expected \"%s\")", CASES[i].name, st, out, want);
     }
+}
+
+/* A checkpoint written before qt_model_cfg grew (its model_cfg blob the base bytes only: the default RoPE
+ * and nothing added since) resumes, and the run goes on to the steps of an uninterrupted one. */
+static void test_base_model_cfg_resumes(void) {
+    QT_REQUIRE(g_base, "no base checkpoint");
+    forgery f = {"base_model_cfg", 3, sizeof(qt_model_cfg) - QT_MODEL_CFG_BASE_BYTES, 0, NULL, -1, 0, NULL, NULL};
+    char path[512], cfg[512], out[512], err[2048] = "";
+    QT_REQUIRE(forge(g_base, &f, path, sizeof path, err, sizeof err) == 0, "%s", err);
+    qt_ckpt *ck = qt_ckpt_open(path, err, sizeof err);
+    qt_ckpt_state cs;
+    int rc = ck ? qt_ckpt_state_read(ck, path, &cs, NULL, err, sizeof err) : -1;
+    qt_ckpt_close(ck);
+    QT_REQUIRE(rc == 0, "read: %s", err);
+    write_cfg(cfg, sizeof cfg, f.name, 4, 2, 5, NULL);
+    snprintf(out, sizeof out, "%s/%s.out", g_dir, f.name);
+    const char *args[] = {cfg, "--resume", NULL};
+    int st = run_qtrain(out, args);
+    QT_EXPECT(st == 0 && file_has(out, "resumed from") && newest_step(f.name) == 4, "status %d, newest %ld (see %s)", st,
+              newest_step(f.name), out);
 }
 
 /* A copy of a checkpoint under a newer step's name is not taken for the newest: its header's step
@@ -145,6 +167,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_reader_refuses_forgeries);
     QT_RUN(test_resume_refuses_forgeries);
     QT_RUN(test_renamed_copy_not_newest);
+    QT_RUN(test_base_model_cfg_resumes);
     qt_ckpt_close(g_base);
     if (!qt_t_nfail) qt_t_rmtree(g_dir);
     else printf("  files kept in %s\n", g_dir);

@@ -12,22 +12,26 @@
 
 /* One blob: the field of qt_ckpt_state at off; bytes > 0: a value of exactly that size; 0: a text whose
  * pointer is at off and whose length is at len_off. optional: a file without it (written before the
- * blob existed) loads with the field zeroed; a present one is checked all the same. */
+ * blob existed) loads with the field zeroed; a present one is checked all the same. min_bytes > 0: a
+ * struct that grows at its end: a file written before it grew holds its first min_bytes..bytes bytes
+ * and the rest loads as zeros (what each added member means "as before" by). */
 typedef struct {
     const char *name;
     size_t off, bytes, len_off;
     int optional;
+    size_t min_bytes;
 } blob_spec;
 
-#define FIXED(n, f) {n, offsetof(qt_ckpt_state, f), sizeof(((qt_ckpt_state *)0)->f), 0, 0}
-#define FIXED_OPTIONAL(n, f) {n, offsetof(qt_ckpt_state, f), sizeof(((qt_ckpt_state *)0)->f), 0, 1}
-#define TEXT(n, f, len) {n, offsetof(qt_ckpt_state, f), 0, offsetof(qt_ckpt_state, len), 0}
+#define FIXED(n, f) {n, offsetof(qt_ckpt_state, f), sizeof(((qt_ckpt_state *)0)->f), 0, 0, 0}
+#define FIXED_OPTIONAL(n, f) {n, offsetof(qt_ckpt_state, f), sizeof(((qt_ckpt_state *)0)->f), 0, 1, 0}
+#define FIXED_GROWN(n, f, min) {n, offsetof(qt_ckpt_state, f), sizeof(((qt_ckpt_state *)0)->f), 0, 0, min}
+#define TEXT(n, f, len) {n, offsetof(qt_ckpt_state, f), 0, offsetof(qt_ckpt_state, len), 0, 0}
 
 static const blob_spec BLOBS[] = {
     FIXED("step", step),
     FIXED("rng", rng),
     FIXED("loader_pos", pos),
-    FIXED("model_cfg", model),
+    FIXED_GROWN("model_cfg", model, QT_MODEL_CFG_BASE_BYTES),
     TEXT("config", config, config_bytes),
     FIXED_OPTIONAL("micro_batches_per_step", micro_batches),
 };
@@ -62,7 +66,10 @@ static int read_blobs(const qt_ckpt *ck, const char *path, qt_ckpt_state *s, cha
         if (!p && b->optional) continue;
         if (!p)
             return qt_errf(err, errlen, "%s: blob %s: missing (not a qtrain training checkpoint)", path, b->name);
-        if (b->bytes && nb != b->bytes)
+        if (b->bytes && b->min_bytes && (nb < b->min_bytes || nb > b->bytes))
+            return qt_errf(err, errlen, "%s: blob %s: %zu bytes, expected %zu to %zu", path, b->name, nb, b->min_bytes,
+                           b->bytes);
+        if (b->bytes && !b->min_bytes && nb != b->bytes)
             return qt_errf(err, errlen, "%s: blob %s: %zu bytes, expected %zu", path, b->name, nb, b->bytes);
         if (!b->bytes && (nb == 0 || nb >= QT_CKPT_TEXT_MAX))
             return qt_errf(err, errlen, "%s: blob %s: %zu bytes, expected 1..%zu", path, b->name, nb, QT_CKPT_TEXT_MAX - 1);
