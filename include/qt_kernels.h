@@ -1,4 +1,4 @@
-/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, RoPE, SwiGLU,
+/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, RoPE, SwiGLU, GeGLU,
  * bias, LM-head loss, AdamW, gradient norm, casts). Matmul (qt_matmul.h), attention and fp8 quantize
  * live elsewhere.
  *
@@ -78,6 +78,13 @@ void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *
  * normalised input (bf16), rstd from the forward. */
 void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt, const void *dy,
                     const void *res, const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
+/* Gemma3RMSNorm's variant: the same two entries with the scale (1 + w[c]) formed in fp32 in place of w[c]
+ * (y = res * rstd * (1 + w); dx through (1 + w)); dw is plain RMSNorm's (d(1 + w)/dw = 1), reduced the same
+ * deterministic way. CPU reference: qt_ref_rmsnorm1p_fwd / qt_ref_rmsnorm1p_bwd. */
+void qt_rmsnorm1p_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
+                      float eps, float *amax, cudaStream_t s);
+void qt_rmsnorm1p_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt, const void *dy,
+                      const void *res, const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
 
 /* ---- rotary embedding (rope.cu) ---- */
 /* cs[t, i] = (cos a, sin a) with a = theta^(-2i/d) * t, for t < T, i < d/2: T*d floats (fp32 pairs),
@@ -100,6 +107,14 @@ void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, f
  * gradient dh_h [n, f] it reads (=): down's weight gradient then reads h, which a bf16 backward with the SwiGLU
  * recomputed needs, without a pass of its own over gu. */
 void qt_swiglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float *amax, cudaStream_t s);
+
+/* ---- GeGLU with the tanh GELU (swiglu.cu): Gemma's MLP, hidden_activation gelu_pytorch_tanh ---- */
+/* The three SwiGLU entries with silu replaced by gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+ * (torch gelu(approximate="tanh"), fp32, tanhf): the same [n, 2f] gate|up layout, one RNE rounding per output,
+ * aliasing rules and fused abs-max. CPU reference: qt_ref_geglu_fwd / qt_ref_geglu_bwd. */
+void qt_geglu_fwd(void *out, const void *gu, long n, int f, float *amax, cudaStream_t s);
+void qt_geglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, float *amax, cudaStream_t s);
+void qt_geglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float *amax, cudaStream_t s);
 
 /* ---- fused LM-head loss (lmhead_loss.cu) ---- */
 /* For a chunk of n rows of logits[n,v] (bf16): loss[r] = lse - logits[r, tgt[r]] (fp32, =) and, in
