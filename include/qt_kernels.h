@@ -54,6 +54,17 @@ void qt_embedding_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dou
  * shard under precision.grad_accum_dtype bf16). */
 void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf16, size_t lo, size_t hi, const void *dout,
                             qt_dtype dout_dt, const int32_t *tok, long n, int c, int v, void *ws, cudaStream_t s);
+/* Gemma 3's scaled embedding (Gemma3TextScaledWordEmbedding): out = bf16(wte[tok[n]] * scale)   (=), the fp32
+ * product rounded once (exact for a bf16 scale: transformers' `embed_scale.to(weight.dtype)`, from
+ * qt_ref_embed_scale(c, 1)). The backward adds dout * scale (fp32 products) in the same order as the plain
+ * one; scale 1 gives the plain entries' bits. CPU reference: qt_ref_embedding_scaled_fwd / _bwd. */
+void qt_embedding_scaled_fwd(void *out, const int32_t *tok, const void *wte, long n, int c, int v, float scale,
+                             cudaStream_t s);
+void qt_embedding_scaled_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dout_dt, const int32_t *tok,
+                             long n, int c, int v, float scale, void *ws, cudaStream_t s);
+void qt_embedding_scaled_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf16, size_t lo, size_t hi, const void *dout,
+                                   qt_dtype dout_dt, const int32_t *tok, long n, int c, int v, float scale, void *ws,
+                                   cudaStream_t s);
 
 /* ---- column reductions (bias.cu; RMSNorm dw uses the same machinery) ---- */
 /* Bytes of workspace qt_bias_bwd / qt_rmsnorm_bwd need for c columns. */
