@@ -142,6 +142,12 @@ typedef enum { QT_LMHEAD_AUTO, QT_LMHEAD_TWO_PASS, QT_LMHEAD_CLUSTER, QT_LMHEAD_
  * CLUSTER_PIPE fall back to TWO_PASS where they cannot run. Returns the one launched. */
 qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse, const int32_t *tgt,
                                    long n, int v, float scale, cudaStream_t s);
+/* qt_lmhead_loss_with under Gemma's final-logit soft-cap (final_logit_softcapping): the loss reads
+ * z = cap * tanh(x / cap) (fp32) in place of each logit x, lse[r] is over z, and the dlogits written are
+ * w.r.t. x: bf16(scale * (softmax(z) - onehot) * (1 - tanh^2(x / cap))). cap 0: no cap (qt_lmhead_loss_with).
+ * CPU reference: qt_ref_cross_entropy_capped_fwd / _bwd. */
+qt_lmhead_impl qt_lmhead_loss_softcap(qt_lmhead_impl impl, void *logits, float *loss, float *lse, const int32_t *tgt,
+                                      long n, int v, float scale, float cap, cudaStream_t s);
 /* *sum (fp64 device scalar) += sum of x[0..n) (fp32), in a fixed order (one block)   (+=) */
 void qt_sum_f32(double *sum, const float *x, long n, cudaStream_t s);
 
