@@ -3,8 +3,8 @@
  * fwd: out[n,c] (bf16) = wte[tok[n], :] (bf16), a copy: no rounding. 16-byte vectors when c % 8 == 0.
  *   Scaled (Gemma): out = bf16(wte[tok[n], :] * scale), the fp32 product (exact for a bf16 scale) rounded once.
  * bwd: dwte[v,c] (fp32 or bf16) += dout[n,c] * scale (fp32 or bf16; scale 1 unless scaled) over the rows n with
- *   tok[n] == v, in ascending n, accumulated in fp32 from dwte's value; a bf16 dwte is rounded once at the end
- *   (RNE). x * 1 is x: the unscaled sum is bit for bit the plain one.
+ *   tok[n] == v, in ascending n, accumulated in fp32 from dwte's value, one fmaf per term (fmaf(x, 1, a) is
+ *   a + x: the unscaled sum is the plain one, bit for bit); a bf16 dwte is rounded once at the end (RNE).
  *   No float atomics: tokens are counted per id (integer atomics), an exclusive scan gives each id a
  *   bucket, rows are scattered into their buckets, and one block per touched id sorts its bucket by
  *   row (bitonic sort, so the order does not depend on atomic scheduling) and sums the rows in that
@@ -207,7 +207,7 @@ __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, l
                     x[4] = b1.x; x[5] = b1.y; x[6] = b1.z; x[7] = b1.w;
                 }
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[i] += x[i] * scale;
+                for (int i = 0; i < 8; i++) acc[i] = fmaf(x[i], scale, acc[i]);
             }
             if (dw_bf16 == 1) {
                 st8(dsth + g * 8, acc);
@@ -222,7 +222,7 @@ __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, l
             float acc = dw_bf16 == 1 ? __bfloat162float(dsth[g]) : dst[g];
             for (int k = 0; k < m; k++) {
                 long long i = (long long)r[k] * c + g;
-                acc += (dout_bf16 ? __bfloat162float(((const bf16 *)dout)[i]) : ((const float *)dout)[i]) * scale;
+                acc = fmaf(dout_bf16 ? __bfloat162float(((const bf16 *)dout)[i]) : ((const float *)dout)[i], scale, acc);
             }
             if (dw_bf16 == 1) dsth[g] = __float2bfloat16_rn(acc);
             else dst[g] = dw_bf16 == 2 ? bf16_round(acc) : acc;

@@ -19,7 +19,8 @@ void qt_ref_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, lo
 /* Gemma 3's scaled embedding (Gemma3TextScaledWordEmbedding): out[N,C] = wte[tok[n]] * scale   (=), fp32
  * products; scale from qt_ref_embed_scale. */
 void qt_ref_embedding_scaled_fwd(float *out, const int32_t *tok, const float *wte, long N, int C, float scale);
-/* dwte[V,C] += sum over n with tok[n]==v of dout[n] * scale, in row order   (+=) */
+/* dwte[V,C] += sum over n with tok[n]==v of dout[n] * scale, in row order, each term added with one rounding
+ * (fmaf: the GPU kernel's bits; scale 1 is qt_ref_embedding_bwd)   (+=) */
 void qt_ref_embedding_scaled_bwd(float *dwte, const float *dout, const int32_t *tok, long N, int C, int V,
                                  float scale);
 /* The embedding scale transformers applies: hidden ** 0.5 as an fp32 tensor, cast to the weights' dtype

@@ -369,9 +369,10 @@ static void swiglu_bwd_h_launch(op_run *r, int pass) {
 static const op_def OP_SWIGLU_BWD_H = {"swiglu_bwd_h", "n f", 0, NULL, swiglu_bwd_h_build, swiglu_bwd_h_ref,
                                        swiglu_bwd_h_launch, swiglu_bwd_derive, NULL, 0, 0, 0};
 
-/* ---- fused LM-head loss (lmhead_loss.cu): s = n v impl (0 = qt_lmhead_loss itself, else the
- * qt_lmhead_impl asked of qt_lmhead_loss_with), f = std of the logits. Row 1 is ignored (tgt -1); +bad:
- * row 3 has tgt = v (loss NaN, dlogits and lse 0). lse is NULL in pass 1. ---- */
+/* ---- fused LM-head loss (lmhead_loss.cu): s = n v impl cap (impl 0 = qt_lmhead_loss itself, else the
+ * qt_lmhead_impl asked of qt_lmhead_loss_with; cap > 0: Gemma's final-logit soft-cap, qt_lmhead_loss_softcap),
+ * f = std of the logits. Row 1 is ignored (tgt -1); +bad: row 3 has tgt = v (loss NaN, dlogits and lse 0).
+ * lse is NULL in pass 1. ---- */
 static float lm_scale(op_run *r) {
     long valid = 0;
     for (long i = 0; i < S(0); i++) valid += tok_ok((long)H(r, "tgt")[i], S(1));
@@ -391,10 +392,13 @@ static void lm_ref(op_run *r) {
     long n = S(0), v = S(1);
     int32_t *tgt = op_ints(r, "tgt");
     for (long i = 0; i < n; i++) tgt[i] = tok_ok(tgt[i], v) ? tgt[i] : -1; /* the bad row as ignored ... */
-    qt_ref_cross_entropy_fwd(REF(r, "loss"), H(r, "logits"), tgt, n, (int)v);
-    qt_ref_cross_entropy_bwd(REF(r, "logits"), H(r, "logits"), tgt, n, (int)v, lm_scale(r));
+    float cap = (float)S(3), zt;
+    qt_ref_cross_entropy_capped_fwd(REF(r, "loss"), H(r, "logits"), tgt, n, (int)v, cap);
+    qt_ref_cross_entropy_capped_bwd(REF(r, "logits"), H(r, "logits"), tgt, n, (int)v, lm_scale(r), cap);
     for (long i = 0; i < n; i++) {
-        REF(r, "lse")[i] = tgt[i] < 0 ? 0.0f : REF(r, "loss")[i] + H(r, "logits")[i * v + tgt[i]];
+        zt = tgt[i] < 0 ? 0.0f : H(r, "logits")[i * v + tgt[i]];
+        if (cap != 0.0f) zt = cap * tanhf(zt / cap); /* the capped target logit: lse = loss + z[tgt] */
+        REF(r, "lse")[i] = tgt[i] < 0 ? 0.0f : REF(r, "loss")[i] + zt;
         if ((long)H(r, "tgt")[i] >= v) REF(r, "loss")[i] = NAN; /* ... but its loss NaN */
     }
     free(tgt);
@@ -403,12 +407,15 @@ static void lm_launch(op_run *r, int pass) {
     (void)pass;
     long v = S(1);
     qt_lmhead_impl impl = (qt_lmhead_impl)S(2);
-    if (impl == QT_LMHEAD_AUTO) {
+    if (impl == QT_LMHEAD_AUTO && !S(3)) {
         qt_lmhead_loss(D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"), S(0), (int)v, lm_scale(r), 0);
         return;
     }
-    qt_lmhead_impl ran = qt_lmhead_loss_with(impl, D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"), S(0),
-                                             (int)v, lm_scale(r), 0);
+    qt_lmhead_impl ran = S(3) ? qt_lmhead_loss_softcap(impl, D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"),
+                                                       S(0), (int)v, lm_scale(r), (float)S(3), 0)
+                              : qt_lmhead_loss_with(impl, D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"), S(0),
+                                                    (int)v, lm_scale(r), 0);
+    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_CLUSTER; /* what AUTO runs */
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -416,7 +423,7 @@ static void lm_launch(op_run *r, int pass) {
     qt_lmhead_impl want = impl != QT_LMHEAD_TWO_PASS && major >= 9 && v <= 262144 ? impl : QT_LMHEAD_TWO_PASS;
     if (ran != want) op_fail(r, "  asked for implementation %d on sm_%d, %d ran (expected %d)", impl, major, ran, want);
 }
-static const op_def OP_LMHEAD = {"lmhead_loss", "n v impl", 0, "std", lm_build, lm_ref, lm_launch, NULL, NULL, 0, 0, 1 << 2};
+static const op_def OP_LMHEAD = {"lmhead_loss", "n v impl cap", 0, "std", lm_build, lm_ref, lm_launch, NULL, NULL, 0, 0, 1 << 2};
 
 /* *sum (fp64) += sum of x (fp32) in a fixed order; compared after rounding to fp32. */
 static void sum_build(op_run *r) {

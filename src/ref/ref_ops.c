@@ -138,7 +138,7 @@ void qt_ref_embedding_scaled_fwd(float *out, const int32_t *tok, const float *wt
 }
 
 void qt_ref_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, long N, int C, int V) {
-    qt_ref_embedding_scaled_bwd(dwte, dout, tok, N, C, V, 1.0f); /* g * 1 is g: the plain sum */
+    qt_ref_embedding_scaled_bwd(dwte, dout, tok, N, C, V, 1.0f);
 }
 
 void qt_ref_embedding_scaled_bwd(float *dwte, const float *dout, const int32_t *tok, long N, int C, int V,
@@ -160,7 +160,10 @@ void qt_ref_embedding_scaled_bwd(float *dwte, const float *dout, const int32_t *
         float *d = dwte + (long)v * C;
         for (long k = start[v]; k < start[v + 1]; k++) {
             const float *g = dout + rows[k] * C;
-            for (int c = 0; c < C; c++) d[c] += g[c] * scale;
+            if (scale == 1.0f)
+                for (int c = 0; c < C; c++) d[c] += g[c];
+            else /* one rounding per term, as the GPU kernel's fmaf: the same bits */
+                for (int c = 0; c < C; c++) d[c] = fmaf(g[c], scale, d[c]);
         }
     }
     free(start);
