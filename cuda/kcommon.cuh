@@ -86,6 +86,14 @@ static __device__ __forceinline__ float qt_gelu_tanh1t(float x, float t) {
 static __device__ __forceinline__ float qt_gelu_tanh_grad(float x, float t) {
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * (QT_GELU_BETA * (1.0f + 3.0f * QT_GELU_KAPPA * (x * x)));
 }
+/* GeGLU of one gate/up pair, gelu_tanh(g) * u: one definition for swiglu.cu's GeGLU kernels and quant.cu's
+ * fused fp8 variants (the same bits). */
+static __device__ __forceinline__ float qt_geglu1(float g, float u) { return qt_gelu_tanh1t(g, qt_gelu_tanh_t(g)) * u; }
+/* Its gradients for dout d, t = qt_gelu_tanh_t(g) given: dg = d * u * gelu'(g), du = d * gelu(g). */
+static __device__ __forceinline__ void qt_geglu_bwd1(float g, float u, float d, float t, float *dg, float *du) {
+    *du = d * qt_gelu_tanh1t(g, t);
+    *dg = d * u * qt_gelu_tanh_grad(g, t);
+}
 
 static __host__ __device__ __forceinline__ int qt_aligned16(const void *p) {
     return ((uintptr_t)p & 15) == 0;

@@ -20,17 +20,15 @@ enum { GLU_SILU = 0, GLU_GELU = 1 };
 /* act(g) * u in fp32: qt_swiglu1, or the tanh GELU's product (the same expression the backward's h uses). */
 template <int ACT>
 static __device__ __forceinline__ float glu1(float g, float u) {
-    return ACT == GLU_GELU ? qt_gelu_tanh1t(g, qt_gelu_tanh_t(g)) * u : qt_swiglu1(g, u);
+    return ACT == GLU_GELU ? qt_geglu1(g, u) : qt_swiglu1(g, u);
 }
 
 /* One element of the backward: dg, du from dout d, and h = the forward's product (its bits). */
 template <int ACT>
 static __device__ __forceinline__ void glu_bwd1(float g, float u, float d, float *dg, float *du, float *h) {
     if (ACT == GLU_GELU) {
-        float t = qt_gelu_tanh_t(g), a = qt_gelu_tanh1t(g, t);
-        *h = a * u;
-        *du = d * a;
-        *dg = d * u * qt_gelu_tanh_grad(g, t);
+        *h = qt_geglu1(g, u);
+        qt_geglu_bwd1(g, u, d, qt_gelu_tanh_t(g), dg, du);
         return;
     }
     float sg = qt_sigmoid(g);

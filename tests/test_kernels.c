@@ -136,9 +136,10 @@ static void test_geglu_bwd_h_bitwise(void) {
  * qt_swiglu_fwd followed by qt_quant_fp8_transpose_cur over its bf16 output with the same scale record:
  * the fp8 recompute swaps the three kernels for it and claims the same training bits. dgu is written over
  * gu as the model does (one case out of place), vector and scalar shapes, gate values wide enough for
- * silu's saturation, both fp8 types. */
-static void test_swiglu_bwd_quant_t_bitwise(void) {
-    NEED_GPU();
+ * silu's saturation, both fp8 types. The same for GeGLU's (qt_geglu_*). */
+typedef void (*glu_qt_fn)(void *, const void *, const void *, long, long, float *, qt_dtype, void *, qt_fp8_scale *,
+                          int *, int, cudaStream_t);
+static void glu_bwd_quant_t_bitwise(glu_fwd_fn fwd, glu_bwd_fn bwd, glu_qt_fn fused) {
     static const long SH[][2] = {{1024, 4864}, {2048, 18944}, {130, 72}, {33, 13}, {16, 8}};
     for (int c = 0; c < 5; c++)
         for (int e = 0; e < 2; e++) {
@@ -159,11 +160,11 @@ static void test_swiglu_bwd_quant_t_bitwise(void) {
             QT_CUDA(cudaMemset(am, 0, 2 * sizeof *am));
             QT_CUDA(cudaMemset(flag, 0, sizeof *flag));
             /* the three kernels: the forward's h and its abs-max, its codes, then the backward in place */
-            qt_swiglu_fwd(h, dgu_ref, R, (int)C, &sc[0].amax, 0);
+            fwd(h, dgu_ref, R, (int)C, &sc[0].amax, 0);
             qt_quant_fp8_transpose_cur(dt, NULL, yt1, QT_DT_BF16, h, R, C, &sc[0], flag, 1, 0);
             QT_CUDA(cudaMemcpy(&sc[1], &sc[0], sizeof *sc, cudaMemcpyDeviceToDevice));
-            qt_swiglu_bwd(dgu_ref, ddh, dgu_ref, R, (int)C, &am[0], 0);
-            qt_swiglu_bwd_quant_transpose_cur(dgu2, ddh, gu2, R, C, &am[1], dt, yt2, &sc[1], flag, 1, 0);
+            bwd(dgu_ref, ddh, dgu_ref, R, (int)C, &am[0], 0);
+            fused(dgu2, ddh, gu2, R, C, &am[1], dt, yt2, &sc[1], flag, 1, 0);
             uint8_t *a = malloc((size_t)n), *b = malloc((size_t)n);
             uint16_t *ga = malloc((size_t)n * 4), *gb = malloc((size_t)n * 4);
             qt_fp8_scale s2[2];
@@ -193,6 +194,14 @@ static void test_swiglu_bwd_quant_t_bitwise(void) {
             cudaFree(am), cudaFree(flag);
             if (!inplace) cudaFree(dgu2);
         }
+}
+static void test_swiglu_bwd_quant_t_bitwise(void) {
+    NEED_GPU();
+    glu_bwd_quant_t_bitwise(qt_swiglu_fwd, qt_swiglu_bwd, qt_swiglu_bwd_quant_transpose_cur);
+}
+static void test_geglu_bwd_quant_t_bitwise(void) {
+    NEED_GPU();
+    glu_bwd_quant_t_bitwise(qt_geglu_fwd, qt_geglu_bwd, qt_geglu_bwd_quant_transpose_cur);
 }
 
 /* ---- AdamW ---- */
@@ -713,6 +722,7 @@ static void test_adamw_bf16_master_cuts(void) {
 int main(void) {
     qt_rng_seed(&R, 20261121);
     QT_RUN(test_swiglu_bwd_quant_t_bitwise);
+    QT_RUN(test_geglu_bwd_quant_t_bitwise);
     QT_RUN(test_swiglu_bwd_h_bitwise);
     QT_RUN(test_geglu_bwd_h_bitwise);
     QT_RUN(test_adamw_sharded);

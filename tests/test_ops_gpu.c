@@ -200,6 +200,9 @@ static const op_case CASES[] = {
     {&OP_SWIGLU_QT, {1024, 4864}, E4M3, 0, O_AMAX | O_INPLACE, 0, 0}, {&OP_SWIGLU_QT, {130, 72}, E4M3, 0, O_AMAX, 0, 1},
     {&OP_SWIGLU_QT, {33, 13}, E5M2, 0, O_INPLACE, 0, 0}, {&OP_SWIGLU_QT, {1, 1}, E4M3, 0, O_AMAX, 0, 0},
     {&OP_SWIGLU_QT, {256, 1024}, E4M3, 0, O_INPLACE, 0, 0}, /* the fused kernel without the abs-max fold */
+    /* the same for GeGLU (Gemma) */
+    {&OP_GEGLU_QT, {1024, 4864}, E4M3, 0, O_AMAX | O_INPLACE, 0, 0}, {&OP_GEGLU_QT, {130, 72}, E4M3, 0, O_AMAX, 0, 1},
+    {&OP_GEGLU_QT, {33, 13}, E5M2, 0, O_INPLACE, 0, 0}, {&OP_GEGLU_QT, {256, 1024}, E4M3, 0, O_INPLACE, 0, 0},
     /* dequantize: n gen (0 random finite codes, 1 all codes); dt <- dt2; f = descale (0: NULL) */
     {&OP_DEQUANT, {10007, 0}, F32, E4M3, 0, 0.0123f, 0}, {&OP_DEQUANT, {10007, 0}, BF16, E4M3, 0, 0.0123f, 0},
     {&OP_DEQUANT, {10007, 0}, F32, E5M2, 0, 0.0123f, 1}, {&OP_DEQUANT, {10007, 0}, BF16, E5M2, 0, 0.0123f, 0},
