@@ -47,8 +47,9 @@ static void geglu_bwd_ref(op_run *r) {
 }
 static void geglu_bwd_launch(op_run *r, int pass) {
     (void)pass;
-    if (r->c->op == &OP_GEGLU_BWD_H) qt_geglu_bwd_h(D(r, swiglu_dgu(r)), D(r, "dh"), D(r, "gu"), S(0), (int)S(1), D(r, "amax"), 0);
-    else qt_geglu_bwd(D(r, swiglu_dgu(r)), D(r, "dout"), D(r, "gu"), S(0), (int)S(1), D(r, "amax"), 0);
+    void *dgu = D(r, swiglu_dgu(r)), *gu = D(r, "gu");
+    if (r->c->op == &OP_GEGLU_BWD_H) qt_geglu_bwd_h(dgu, D(r, "dh"), gu, S(0), (int)S(1), D(r, "amax"), 0);
+    else qt_geglu_bwd(dgu, D(r, "dout"), gu, S(0), (int)S(1), D(r, "amax"), 0);
 }
 static const op_def OP_GEGLU_BWD = {"geglu_bwd", "n f", 0, NULL, geglu_bwd_build, geglu_bwd_ref, geglu_bwd_launch,
                                     swiglu_bwd_derive, NULL, 0, 0, 0};
@@ -113,9 +114,12 @@ static void emb_scaled_bwd_ref(op_run *r) {
             tok[k++] = tok[i];
         }
     qt_ref_embedding_scaled_bwd(REF(r, "dwte"), dout, tok, k, (int)c, (int)S(2), emb_scale(r));
-    if (OPT(O_G16))
+    if (OPT(O_G16)) /* the touched rows stored rounded to bf16 */
         for (long i = 0; i < k; i++)
-            for (long j = 0; j < c; j++) REF(r, "dwte")[(long)tok[i] * c + j] = op_round(QT_DT_BF16, REF(r, "dwte")[(long)tok[i] * c + j]);
+            for (long j = 0; j < c; j++) {
+                float *d = &REF(r, "dwte")[(long)tok[i] * c + j];
+                *d = op_round(QT_DT_BF16, *d);
+            }
     if (T(r, "dwte_full")) memcpy(REF(r, "dwte_full"), REF(r, "dwte"), (size_t)(S(2) * c) * sizeof(float));
     free(tok);
     free(dout);
@@ -177,7 +181,9 @@ static void plant_geglu_erf(op_run *r, float *out) {
         out[i] = (float)(op_gelu_erf(g[0]) * g[f]);
     }
 }
-static void plant_geglu_swiglu_bwd(op_run *r, float *out) { qt_ref_swiglu_bwd(out, H(r, "dout"), H(r, "gu"), S(0), (int)S(1)); }
+static void plant_geglu_swiglu_bwd(op_run *r, float *out) {
+    qt_ref_swiglu_bwd(out, H(r, "dout"), H(r, "gu"), S(0), (int)S(1));
+}
 static void plant_rms_plain_fwd(op_run *r, float *out) {
     float *rstd = op_alloc(S(0));
     qt_ref_rmsnorm_fwd(out, rstd, H(r, "res"), H(r, "w"), S(0), (int)S(1), 1e-6f);
@@ -225,7 +231,8 @@ static void plant_softcap_none(op_run *r, float *out) {
 /* The planted formulas against rows like the table's (test_ops_gpu's CPU part). */
 static void test_gemma_planted(void) {
     static const op_case gf = {&OP_GEGLU_FWD, {64, 4864}, 0, 0, 0, 0, 0}, gb = {&OP_GEGLU_BWD, {33, 13}, 0, 0, 0, 0, 0};
-    static const op_case rf = {&OP_RMS1P_FWD, {33, 100}, 0, 0, O_RES, 0, 0}, rb = {&OP_RMS1P_BWD, {65, 100}, QT_DT_F32, 0, 0, 0, 0};
+    static const op_case rf = {&OP_RMS1P_FWD, {33, 100}, 0, 0, O_RES, 0, 0};
+    static const op_case rb = {&OP_RMS1P_BWD, {65, 100}, QT_DT_F32, 0, 0, 0, 0};
     static const op_case ef = {&OP_EMB_SCALED_FWD, {7, 896, 1000, 30}, 0, 0, 0, 0, 0};
     static const op_case eb = {&OP_EMB_SCALED_BWD, {777, 20, 300, 10}, QT_DT_F32, 0, 0, 0, 0};
     static const op_case lm = {&OP_LMHEAD, {11, 1009, QT_LMHEAD_TWO_PASS, 15}, 0, 0, O_BAD, 15.0f, 0};

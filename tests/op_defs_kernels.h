@@ -423,7 +423,8 @@ static void lm_launch(op_run *r, int pass) {
     qt_lmhead_impl want = impl != QT_LMHEAD_TWO_PASS && major >= 9 && v <= 262144 ? impl : QT_LMHEAD_TWO_PASS;
     if (ran != want) op_fail(r, "  asked for implementation %d on sm_%d, %d ran (expected %d)", impl, major, ran, want);
 }
-static const op_def OP_LMHEAD = {"lmhead_loss", "n v impl cap", 0, "std", lm_build, lm_ref, lm_launch, NULL, NULL, 0, 0, 1 << 2};
+static const op_def OP_LMHEAD = {"lmhead_loss", "n v impl cap", 0, "std", lm_build, lm_ref, lm_launch, NULL, NULL, 0, 0,
+                                 1 << 2};
 
 /* *sum (fp64) += sum of x (fp32) in a fixed order; compared after rounding to fp32. */
 static void sum_build(op_run *r) {
