@@ -12,10 +12,13 @@
 #include "op_defs_kernels.h"
 
 /* ---- GeGLU (swiglu.cu): s = n f; +inplace: dgu written over gu. One rounding of an fp32 result whose tanhf
- * and products differ from the CPU's by a few fp32 ulps: 4e-3 relative (one bf16 ulp of room), and 1e-5
- * absolute for the tails where 1 + tanh cancels (|gelu| < 1e-4 there). Tighter than SwiGLU's 1e-2 so that the
- * erf GELU (0.01-10% away below g = -2) fails. ---- */
-#define GG_ATOL 1e-5
+ * differs from the CPU's by up to ~3 fp32 ulps: 4e-3 relative (one bf16 ulp of room). Absolute: the outputs
+ * (out, h, the up half of dgu) take 2e-5, where 1 + tanh cancels in the tail (|gelu| < 1e-3 there); the gate
+ * half of dgu takes 5e-4: gelu' = 0.5 (1 + t) + 0.5 g (1 - t^2) ... in torch's order turns an ulp of t into
+ * ~1e-5 of gelu' at g = -8, times |dout * up| (a float simulation of +-3 ulps needs 3e-4). Tighter than
+ * SwiGLU's 1e-2 so that the erf GELU (10% away at g = -3, more below) fails the forward rows. */
+#define GG_ATOL 2e-5
+#define GG_ATOL_DGU 5e-4
 #define GG_RTOL 4e-3
 static void geglu_fwd_build(op_run *r) {
     t_in(r, "gu", QT_DT_BF16, S(0) * 2 * S(1), 2.0f);
@@ -34,8 +37,8 @@ static const op_def OP_GEGLU_FWD = {"geglu_fwd", "n f", 0, NULL, geglu_fwd_build
 static const op_def OP_GEGLU_BWD_H;
 static void geglu_bwd_build(op_run *r) {
     long n2f = S(0) * 2 * S(1);
-    if (OPT(O_INPLACE)) t_upd(r, "gu", QT_DT_BF16, n2f, 2.0f, GG_ATOL, GG_RTOL, 0);
-    else t_in(r, "gu", QT_DT_BF16, n2f, 2.0f), t_out(r, "dgu", QT_DT_BF16, n2f, GG_ATOL, GG_RTOL, 0);
+    if (OPT(O_INPLACE)) t_upd(r, "gu", QT_DT_BF16, n2f, 2.0f, GG_ATOL_DGU, GG_RTOL, 0);
+    else t_in(r, "gu", QT_DT_BF16, n2f, 2.0f), t_out(r, "dgu", QT_DT_BF16, n2f, GG_ATOL_DGU, GG_RTOL, 0);
     if (r->c->op == &OP_GEGLU_BWD_H) t_upd(r, "dh", QT_DT_BF16, S(0) * S(1), 1.0f, GG_ATOL, GG_RTOL, 0);
     else t_in(r, "dout", QT_DT_BF16, S(0) * S(1), 1.0f);
     t_amax(r);
