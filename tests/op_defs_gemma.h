@@ -1,7 +1,7 @@
-/* op_defs_gemma.h — the kernels Gemma 3 adds, for the op table of tests/test_ops_gpu.c (see op_harness.h for what
- * a row checks): GeGLU with the tanh GELU (swiglu.cu), RMSNorm with (1 + w) (rmsnorm.cu), the scaled embedding
- * (embedding.cu). The soft-capped LM-head loss is OP_LMHEAD with s[3] = cap (op_defs_kernels.h). Inputs, shapes
- * and options as the plain ops' rows; references from qt_ref.h.
+/* op_defs_gemma.h — GeGLU with the tanh GELU (swiglu.cu), the activation Gemma 3 adds, for the op table of
+ * tests/test_ops_gpu.c (see op_harness.h for what a row checks). Gemma's other kernels run the plain ops' row code
+ * in op_defs_kernels.h: OP_RMS1P_* (RMSNorm with (1 + w)), OP_EMB_SCALED_* (the scaled embedding), OP_LMHEAD
+ * with s[3] = cap (the soft-capped loss); GeGLU's fused fp8 backward is OP_GEGLU_QT (op_defs_lib.h).
  *
  * Each op also has a planted-formula check that runs on the CPU (test_gemma_planted): the device result of the
  * formula a port could plausibly get wrong (erf GELU, plain w, no scale, no tanh derivative), rounded as the
@@ -58,90 +58,6 @@ static const op_def OP_GEGLU_BWD = {"geglu_bwd", "n f", 0, NULL, geglu_bwd_build
                                     swiglu_bwd_derive, NULL, 0, 0, 0};
 static const op_def OP_GEGLU_BWD_H = {"geglu_bwd_h", "n f", 0, NULL, geglu_bwd_build, geglu_bwd_ref, geglu_bwd_launch,
                                       swiglu_bwd_derive, NULL, 0, 0, 0};
-
-/* ---- RMSNorm with (1 + w) (rmsnorm.cu, the 1p entries): rmsnorm_fwd / rmsnorm_bwd's tensors, bounds and
- * options; the references through (1 + w). ---- */
-static void rms1p_fwd_ref(op_run *r) {
-    float *res = REF(r, "res");
-    if (OPT(O_RES))
-        for (long i = 0; i < S(0) * S(1); i++) res[i] = op_round(QT_DT_BF16, res[i] + H(r, "x")[i]);
-    qt_ref_rmsnorm1p_fwd(REF(r, "y"), REF(r, "rstd"), res, H(r, "w"), S(0), (int)S(1), 1e-6f);
-}
-static void rms1p_fwd_launch(op_run *r, int pass) {
-    (void)pass;
-    qt_rmsnorm1p_fwd(D(r, "y"), D(r, "rstd"), D(r, "res"), D(r, "x"), D(r, "w"), S(0), (int)S(1), 1e-6f, D(r, "amax"), 0);
-}
-static const op_def OP_RMS1P_FWD = {"rmsnorm1p_fwd", "n c", 0, NULL, rms_fwd_build, rms1p_fwd_ref, rms1p_fwd_launch,
-                                    rms_fwd_derive, NULL, 0, 0, 0};
-
-static void rms1p_bwd_ref(op_run *r) {
-    float *dw = T(r, "dw") ? REF(r, "dw") : op_alloc(S(1));
-    if (!T(r, "dw")) memset(dw, 0, (size_t)S(1) * sizeof *dw);
-    qt_ref_rmsnorm1p_bwd(REF(r, "dx"), dw, H(r, "dy"), H(r, "res"), H(r, "w"), H(r, "rstd"), S(0), (int)S(1));
-    if (!T(r, "dw")) free(dw);
-}
-static void rms1p_bwd_launch(op_run *r, int pass) {
-    (void)pass;
-    qt_rmsnorm1p_bwd(D(r, "dx"), r->c->dt, D(r, "dx_bf16"), D(r, "amax"), D(r, "dw"), r->c->dt2, D(r, "dy"), D(r, "res"),
-                     D(r, "w"), D(r, "rstd"), S(0), (int)S(1), D(r, "ws"), 0);
-}
-static const op_def OP_RMS1P_BWD = {"rmsnorm1p_bwd", "n c", 2, NULL, rms_bwd_build, rms1p_bwd_ref, rms1p_bwd_launch,
-                                    rms_bwd_derive, NULL, 0, 0, 0};
-
-/* ---- scaled embedding (embedding.cu): embedding_fwd / embedding_bwd's tensors and options, scale =
- * qt_ref_embed_scale(c, 1) (bf16 sqrt(c), as transformers casts it). fwd: bf16(wte * scale), exact (the fp32
- * product of two bf16 is exact, one RNE); bwd: fmaf per term on both sides, the plain rows' bounds. ---- */
-static float emb_scale(const op_run *r) { return qt_ref_embed_scale((int)S(1), 1); }
-static void emb_scaled_fwd_ref(op_run *r) {
-    long n = S(0), c = S(1);
-    for (long i = 0; i < n; i++) {
-        long t = (long)H(r, "tok")[i];
-        for (long j = 0; j < c; j++)
-            REF(r, "out")[i * c + j] = tok_ok(t, S(2)) ? op_round(QT_DT_BF16, H(r, "wte")[t * c + j] * emb_scale(r)) : 0.0f;
-    }
-}
-static void emb_scaled_fwd_launch(op_run *r, int pass) {
-    (void)pass;
-    qt_embedding_scaled_fwd(D(r, "out"), D(r, "tok"), D(r, "wte"), S(0), (int)S(1), (int)S(2), emb_scale(r), 0);
-}
-static const op_def OP_EMB_SCALED_FWD = {"embedding_scaled_fwd", "n c v hot", 0, NULL, emb_fwd_build, emb_scaled_fwd_ref,
-                                         emb_scaled_fwd_launch, NULL, NULL, 0, 0, 0};
-
-static void emb_scaled_bwd_ref(op_run *r) {
-    long n = S(0), c = S(1), k = 0;
-    int32_t *tok = op_ints(r, "tok");
-    float *dout = op_alloc(n * c);
-    for (long i = 0; i < n; i++) /* the valid rows only */
-        if (tok_ok(tok[i], S(2))) {
-            memcpy(dout + k * c, H(r, "dout") + i * c, (size_t)c * sizeof(float));
-            tok[k++] = tok[i];
-        }
-    qt_ref_embedding_scaled_bwd(REF(r, "dwte"), dout, tok, k, (int)c, (int)S(2), emb_scale(r));
-    if (OPT(O_G16)) /* the touched rows stored rounded to bf16 */
-        for (long i = 0; i < k; i++)
-            for (long j = 0; j < c; j++) {
-                float *d = &REF(r, "dwte")[(long)tok[i] * c + j];
-                *d = op_round(QT_DT_BF16, *d);
-            }
-    if (T(r, "dwte_full")) memcpy(REF(r, "dwte_full"), REF(r, "dwte"), (size_t)(S(2) * c) * sizeof(float));
-    free(tok);
-    free(dout);
-}
-static void emb_scaled_bwd_launch(op_run *r, int pass) {
-    (void)pass;
-    size_t lo, hi;
-    emb_range(r, &lo, &hi);
-    if (OPT(O_RANGE)) {
-        qt_embedding_scaled_bwd_range(D(r, "dwte"), r->c->dt2, OPT(O_G16) != 0, lo, hi, D(r, "dout"), r->c->dt,
-                                      D(r, "tok"), S(0), (int)S(1), (int)S(2), emb_scale(r), D(r, "ws"), 0);
-        qt_embedding_scaled_bwd_range(D(r, "dwte_full"), r->c->dt2, OPT(O_G16) != 0, 0, (size_t)S(2) * S(1), D(r, "dout"),
-                                      r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), emb_scale(r), D(r, "ws"), 0);
-    } else
-        qt_embedding_scaled_bwd(D(r, "dwte"), r->c->dt2, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2),
-                                emb_scale(r), D(r, "ws"), 0);
-}
-static const op_def OP_EMB_SCALED_BWD = {"embedding_scaled_bwd", "n c v hot", 2, NULL, emb_bwd_build, emb_scaled_bwd_ref,
-                                         emb_scaled_bwd_launch, emb_bwd_derive, emb_bwd_keep, 0, 0, 0};
 
 /* ---- planted formulas (CPU): each must fail its row ---- */
 
