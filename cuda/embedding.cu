@@ -1,8 +1,10 @@
 /* embedding.cu — token embedding gather (fwd) and its deterministic gradient (bwd).
  *
  * fwd: out[n,c] (bf16) = wte[tok[n], :] (bf16), a copy: no rounding. 16-byte vectors when c % 8 == 0.
- * bwd: dwte[v,c] (fp32 or bf16) += dout[n,c] (fp32 or bf16) over the rows n with tok[n] == v, in ascending n,
- *   accumulated in fp32 from dwte's value; a bf16 dwte is rounded once at the end (RNE).
+ *   Scaled (Gemma): out = bf16(wte[tok[n], :] * scale), the fp32 product (exact for a bf16 scale) rounded once.
+ * bwd: dwte[v,c] (fp32 or bf16) += dout[n,c] * scale (fp32 or bf16; scale 1 unless scaled) over the rows n with
+ *   tok[n] == v, in ascending n, accumulated in fp32 from dwte's value, one fmaf per term (fmaf(x, 1, a) is
+ *   a + x: the unscaled sum is the plain one, bit for bit); a bf16 dwte is rounded once at the end (RNE).
  *   No float atomics: tokens are counted per id (integer atomics), an exclusive scan gives each id a
  *   bucket, rows are scattered into their buckets, and one block per touched id sorts its bucket by
  *   row (bitonic sort, so the order does not depend on atomic scheduling) and sums the rows in that
@@ -20,7 +22,8 @@
 #define BUCKET_SHARED 2048 /* buckets up to this many rows are sorted in shared memory */
 
 __global__ void embedding_fwd_kernel(bf16 *out, const int32_t *tok, const bf16 *wte, long n, int c, int v,
-                                     int vec) {
+                                     int vec, float scale) {
+    int scaled = scale != 1.0f;
     long long per_row = vec ? c / 8 : c, total = (long long)n * per_row;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
@@ -32,9 +35,18 @@ __global__ void embedding_fwd_kernel(bf16 *out, const int32_t *tok, const bf16 *
             if (ok) x = *(const bf16x8 *)(wte + (long long)t * c + j * 8);
             else
                 for (int i = 0; i < 8; i++) x.h[i] = __float2bfloat16_rn(0.0f);
-            *(bf16x8 *)(out + r * c + j * 8) = x;
+            if (scaled) {
+                float f[8];
+                ld8(f, x.h);
+#pragma unroll
+                for (int i = 0; i < 8; i++) f[i] *= scale;
+                st8(out + r * c + j * 8, f);
+            } else {
+                *(bf16x8 *)(out + r * c + j * 8) = x;
+            }
         } else {
-            out[r * c + j] = ok ? wte[(long long)t * c + j] : __float2bfloat16_rn(0.0f);
+            bf16 x = ok ? wte[(long long)t * c + j] : __float2bfloat16_rn(0.0f);
+            out[r * c + j] = scaled ? __float2bfloat16_rn(__bfloat162float(x) * scale) : x;
         }
     }
 }
@@ -158,7 +170,7 @@ __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(_
 
 __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, long long hi_el, const void *dout,
                                      int dout_bf16, int *rows, const int *off, const int *touched, const int *meta, int c,
-                                     int vec) {
+                                     int vec, float scale) {
     __shared__ int sh[BUCKET_SHARED];
     if ((int)blockIdx.x >= meta[0]) return;
     int id = touched[blockIdx.x], lo = off[id], m = off[id + 1] - lo;
@@ -195,7 +207,7 @@ __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, l
                     x[4] = b1.x; x[5] = b1.y; x[6] = b1.z; x[7] = b1.w;
                 }
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[i] += x[i];
+                for (int i = 0; i < 8; i++) acc[i] = fmaf(x[i], scale, acc[i]);
             }
             if (dw_bf16 == 1) {
                 st8(dsth + g * 8, acc);
@@ -210,7 +222,7 @@ __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, l
             float acc = dw_bf16 == 1 ? __bfloat162float(dsth[g]) : dst[g];
             for (int k = 0; k < m; k++) {
                 long long i = (long long)r[k] * c + g;
-                acc += dout_bf16 ? __bfloat162float(((const bf16 *)dout)[i]) : ((const float *)dout)[i];
+                acc = fmaf(dout_bf16 ? __bfloat162float(((const bf16 *)dout)[i]) : ((const float *)dout)[i], scale, acc);
             }
             if (dw_bf16 == 1) dsth[g] = __float2bfloat16_rn(acc);
             else dst[g] = dw_bf16 == 2 ? bf16_round(acc) : acc;
@@ -220,11 +232,16 @@ __global__ void embedding_bwd_kernel(void *dwte, int dw_bf16, long long lo_el, l
 
 extern "C" void qt_embedding_fwd(void *out, const int32_t *tok, const void *wte, long n, int c, int v,
                                  cudaStream_t s) {
+    qt_embedding_scaled_fwd(out, tok, wte, n, c, v, 1.0f, s);
+}
+
+extern "C" void qt_embedding_scaled_fwd(void *out, const int32_t *tok, const void *wte, long n, int c, int v,
+                                        float scale, cudaStream_t s) {
     if (n <= 0 || c <= 0) return;
     int vec = c % 8 == 0 && qt_aligned16(out) && qt_aligned16(wte);
     long long work = (long long)n * (vec ? c / 8 : c);
     embedding_fwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)out, tok, (const bf16 *)wte, n, c,
-                                                                 v, vec);
+                                                                 v, vec, scale);
     QT_CUDA(cudaGetLastError());
 }
 
@@ -243,6 +260,18 @@ extern "C" void qt_embedding_bwd(void *dwte, qt_dtype dw_dt, const void *dout, q
 extern "C" void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf16, size_t lo, size_t hi, const void *dout,
                                        qt_dtype dout_dt, const int32_t *tok, long n, int c, int v, void *ws,
                                        cudaStream_t s) {
+    qt_embedding_scaled_bwd_range(dwte, dw_dt, round_bf16, lo, hi, dout, dout_dt, tok, n, c, v, 1.0f, ws, s);
+}
+
+extern "C" void qt_embedding_scaled_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dout_dt,
+                                        const int32_t *tok, long n, int c, int v, float scale, void *ws,
+                                        cudaStream_t s) {
+    qt_embedding_scaled_bwd_range(dwte, dw_dt, 0, 0, (size_t)v * c, dout, dout_dt, tok, n, c, v, scale, ws, s);
+}
+
+extern "C" void qt_embedding_scaled_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf16, size_t lo, size_t hi,
+                                              const void *dout, qt_dtype dout_dt, const int32_t *tok, long n, int c,
+                                              int v, float scale, void *ws, cudaStream_t s) {
     QT_CHECK((dout_dt == QT_DT_F32 || dout_dt == QT_DT_BF16) && (dw_dt == QT_DT_F32 || dw_dt == QT_DT_BF16),
              "embedding bwd: dout dtype %s, dwte dtype %s: expected fp32 or bf16", qt_dtype_name(dout_dt),
              qt_dtype_name(dw_dt));
@@ -268,6 +297,6 @@ extern "C" void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf1
     int mode = dw_dt == QT_DT_BF16 ? 1 : round_bf16 ? 2 : 0;
     embedding_bwd_kernel<<<(unsigned)nblk, 128, 0, s>>>(dwte, mode, (long long)lo, (long long)hi, dout,
                                                         dout_dt == QT_DT_BF16,
-                                                        rows, off, touched, meta, c, vec);
+                                                        rows, off, touched, meta, c, vec, scale);
     QT_CUDA(cudaGetLastError());
 }

@@ -65,6 +65,36 @@ static __device__ __forceinline__ void qt_swiglu_bwd1(float g, float u, float d,
     *du = d * g * sg;
 }
 
+/* GELU with the tanh approximation, torch's gelu(approximate="tanh") (transformers' gelu_pytorch_tanh, Gemma's
+ * MLP activation) in aten's fp32 operation order: t = tanhf(b * (x + k * x^3)), gelu = 0.5 x (1 + t),
+ * gelu' = 0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2), b = sqrt(2/pi), k = 0.044715. IEEE tanhf (no fast
+ * math). QT_MUTANT_GEGLU_ERF (a test build only) computes the erf GELU instead, which the GeGLU rows of
+ * test_ops_gpu must catch. */
+#define QT_GELU_BETA 0.7978845608028654f
+#define QT_GELU_KAPPA 0.044715f
+static __device__ __forceinline__ float qt_gelu_tanh_t(float x) {
+    return tanhf(QT_GELU_BETA * (x + QT_GELU_KAPPA * (x * x * x)));
+}
+static __device__ __forceinline__ float qt_gelu_tanh1t(float x, float t) {
+#ifndef QT_MUTANT_GEGLU_ERF
+    return 0.5f * x * (1.0f + t);
+#else
+    (void)t;
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+#endif
+}
+static __device__ __forceinline__ float qt_gelu_tanh_grad(float x, float t) {
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * (QT_GELU_BETA * (1.0f + 3.0f * QT_GELU_KAPPA * (x * x)));
+}
+/* GeGLU of one gate/up pair, gelu_tanh(g) * u: one definition for swiglu.cu's GeGLU kernels and quant.cu's
+ * fused fp8 variants (the same bits). */
+static __device__ __forceinline__ float qt_geglu1(float g, float u) { return qt_gelu_tanh1t(g, qt_gelu_tanh_t(g)) * u; }
+/* Its gradients for dout d, t = qt_gelu_tanh_t(g) given: dg = d * u * gelu'(g), du = d * gelu(g). */
+static __device__ __forceinline__ void qt_geglu_bwd1(float g, float u, float d, float t, float *dg, float *du) {
+    *du = d * qt_gelu_tanh1t(g, t);
+    *dg = d * u * qt_gelu_tanh_grad(g, t);
+}
+
 static __host__ __device__ __forceinline__ int qt_aligned16(const void *p) {
     return ((uintptr_t)p & 15) == 0;
 }

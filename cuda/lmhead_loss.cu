@@ -17,6 +17,10 @@
  *    exp(x - lse) and the in-place write. 16-byte vectors when v % 8 == 0 and logits is 16-byte aligned.
  * Rows with tgt < 0 are ignored (loss 0, lse 0, dlogits 0); tgt >= v gives loss NaN and dlogits 0 so
  * that the bad target cannot go unnoticed.
+ * Soft-cap (Gemma's final_logit_softcapping, cap > 0; a template parameter, so the uncapped kernels are
+ * unchanged): every kernel reads z = cap * tanhf(x / cap) (fp32) in place of the logit x, lse and the loss are
+ * over z, and dlogits are w.r.t. x: scale * (softmax(z) - onehot) * (1 - tanh^2). z is increasing in x, so
+ * the cluster kernels take the row maximum on the raw bf16 values and cap it.
  * qt_sum_f32: one block, fp64 accumulation in a fixed order. */
 #include <stdlib.h>
 #include <string.h>
@@ -63,18 +67,32 @@ static __device__ void block_ms(float *m, float *s) {
     }
 }
 
-/* dlogit of one element x at column j, from the row's lse; the target's thread also writes the loss. */
-static __device__ __forceinline__ float dlogit(float x, int j, int t, float l, float scale, float *loss) {
-    float p = exp2f((x - l) * L2E);
-    if (j == t) {
-        *loss = l - x;
-        p -= 1.0f;
-    }
-    return scale * p;
+/* The logit the loss reads: x, or (CAP) cap * tanh(x / cap). */
+template <int CAP>
+static __device__ __forceinline__ float softcap(float x, float cap) {
+    return CAP ? cap * tanhf(x / cap) : x;
 }
 
+/* dlogit of one element x at column j, from the row's lse; the target's thread also writes the loss. With CAP
+ * the loss reads z = softcap(x) and the gradient takes the factor dz/dx = 1 - tanh^2. */
+template <int CAP>
+static __device__ __forceinline__ float dlogit(float x, int j, int t, float l, float scale, float cap, float *loss) {
+    float th = CAP ? tanhf(x / cap) : 0.0f, z = CAP ? cap * th : x;
+    float p = exp2f((z - l) * L2E);
+    if (j == t) {
+        *loss = l - z;
+        p -= 1.0f;
+    }
+#ifndef QT_MUTANT_SOFTCAP_NO_DERIV
+    return CAP ? scale * p * (1.0f - th * th) : scale * p;
+#else /* a test build: the tanh derivative left out, which the capped lmhead_loss rows of test_ops_gpu must catch */
+    return scale * p;
+#endif
+}
+
+template <int CAP>
 __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int32_t *tgt, int v,
-                                       float scale, int vec) {
+                                       float scale, float cap, int vec) {
     __shared__ float sh_lse;
     long long row = blockIdx.x;
     bf16 *x = logits + row * v;
@@ -92,6 +110,8 @@ __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out
         for (int j = threadIdx.x * 8; j < v; j += blockDim.x * 8) {
             float a[8];
             ld8(a, x + j);
+#pragma unroll
+            for (int i = 0; i < 8; i++) a[i] = softcap<CAP>(a[i], cap);
             float mx = a[0];
 #pragma unroll
             for (int i = 1; i < 8; i++) mx = fmaxf(mx, a[i]);
@@ -104,7 +124,7 @@ __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out
         }
     } else {
         for (int j = threadIdx.x; j < v; j += blockDim.x) {
-            float a = __bfloat162float(x[j]);
+            float a = softcap<CAP>(__bfloat162float(x[j]), cap);
             if (a > m) {
                 s = m == -INFINITY ? 0.0f : s * exp2f((m - a) * L2E);
                 m = a;
@@ -125,12 +145,12 @@ __global__ void lmhead_loss_fwd_kernel(bf16 *logits, float *loss, float *lse_out
             float a[8];
             ld8(a, x + j);
 #pragma unroll
-            for (int i = 0; i < 8; i++) a[i] = dlogit(a[i], j + i, t, l, scale, &loss[row]);
+            for (int i = 0; i < 8; i++) a[i] = dlogit<CAP>(a[i], j + i, t, l, scale, cap, &loss[row]);
             st8(x + j, a);
         }
     } else {
         for (int j = threadIdx.x; j < v; j += blockDim.x)
-            x[j] = __float2bfloat16_rn(dlogit(__bfloat162float(x[j]), j, t, l, scale, &loss[row]));
+            x[j] = __float2bfloat16_rn(dlogit<CAP>(__bfloat162float(x[j]), j, t, l, scale, cap, &loss[row]));
     }
 }
 
@@ -152,9 +172,11 @@ static __device__ __forceinline__ lmc_geom lmc_slice(const bf16 *x, int v, int c
     return q;
 }
 
-/* This thread's (max, sum of exp(x - max)) over its vectors d[k*stride], k < cnt, and (has_s) xs. */
-static __device__ __forceinline__ void lmc_ms(const bf16x8 *d, int stride, int cnt, float xs, int has_s, float *m,
-                                              float *s) {
+/* This thread's (max, sum of exp(x - max)) over its vectors d[k*stride], k < cnt, and (has_s) xs; x the
+ * soft-capped logits with CAP (the max capped after it is taken on the raw values). */
+template <int CAP>
+static __device__ __forceinline__ void lmc_ms(const bf16x8 *d, int stride, int cnt, float xs, int has_s, float cap,
+                                              float *m, float *s) {
     /* The max in packed bf16 (exact): unpacking to fp32 here would keep 64 floats live. */
     __nv_bfloat162 m2 = __float2bfloat162_rn(-INFINITY);
 #pragma unroll
@@ -163,25 +185,28 @@ static __device__ __forceinline__ void lmc_ms(const bf16x8 *d, int stride, int c
 #pragma unroll
             for (int i = 0; i < 4; i++) m2 = __hmax2(m2, ((const __nv_bfloat162 *)&d[k * stride])[i]);
     *m = fmaxf(xs, fmaxf(__low2float(m2), __high2float(m2)));
-    *s = has_s ? exp2f((xs - *m) * L2E) : 0.0f;
+    if (CAP && *m > -INFINITY) *m = softcap<CAP>(*m, cap);
+    *s = has_s ? exp2f((softcap<CAP>(xs, cap) - *m) * L2E) : 0.0f;
 #pragma unroll
     for (int k = 0; k < LMC_VECS; k++)
         if (k < cnt)
 #pragma unroll
-            for (int i = 0; i < 8; i++) *s += exp2f((__bfloat162float(d[k * stride].h[i]) - *m) * L2E);
+            for (int i = 0; i < 8; i++) *s += exp2f((softcap<CAP>(__bfloat162float(d[k * stride].h[i]), cap) - *m) * L2E);
 }
 
 /* Writes the dlogits of the staged vectors d[k*stride], k < cnt, to p[k*LM_THREADS] (zeros unless ok).
  * tc: the target's column relative to this thread's first vector. */
+template <int CAP>
 static __device__ __forceinline__ void lmc_store(bf16x8 *p, const bf16x8 *d, int stride, int cnt, int tc, float l,
-                                                 float scale, float *loss, int ok) {
+                                                 float scale, float cap, float *loss, int ok) {
 #pragma unroll
     for (int k = 0; k < LMC_VECS; k++)
         if (k < cnt) {
             float a[8];
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                a[i] = ok ? dlogit(__bfloat162float(d[k * stride].h[i]), 8 * k * LM_THREADS + i, tc, l, scale, loss)
+                a[i] = ok ? dlogit<CAP>(__bfloat162float(d[k * stride].h[i]), 8 * k * LM_THREADS + i, tc, l, scale,
+                                        cap, loss)
                           : 0.0f;
             st8((bf16 *)(p + k * LM_THREADS), a);
         }
@@ -239,9 +264,10 @@ static __device__ __forceinline__ void lmp_fetch(bf16x8 *sb, bf16 *logits, long 
 
 /* One cluster of cn CTAs per row (grid = n * cn), the slice (lmc_slice) in registers. The launcher
  * guarantees per <= LM_THREADS * LMC_VECS. */
+template <int CAP>
 __global__ void __launch_bounds__(LM_THREADS, 2)
 lmhead_loss_cluster_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int32_t *tgt, int v,
-                               float scale) {
+                               float scale, float cap) {
 #if __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
@@ -268,12 +294,12 @@ lmhead_loss_cluster_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const 
     for (int k = 0; k < LMC_VECS; k++)
         if (k < q.cnt) d[k] = p[k * LM_THREADS];
     float xs = q.sj >= 0 ? __bfloat162float(x[q.sj]) : -INFINITY, m, s;
-    lmc_ms(d, 1, q.cnt, xs, q.sj >= 0, &m, &s);
+    lmc_ms<CAP>(d, 1, q.cnt, xs, q.sj >= 0, cap, &m, &s);
     float l = cluster_lse(part, m, s);
     cl.barrier_arrive(); /* done reading the other CTAs' shared memory; they may exit after the wait */
     if (cr == 0 && tid == 0 && lse_out) lse_out[row] = l;
-    lmc_store(p, d, 1, q.cnt, t - q.h - 8 * (q.v0 + tid), l, scale, &loss[row], 1);
-    if (q.sj >= 0) x[q.sj] = __float2bfloat16_rn(dlogit(xs, q.sj, t, l, scale, &loss[row]));
+    lmc_store<CAP>(p, d, 1, q.cnt, t - q.h - 8 * (q.v0 + tid), l, scale, cap, &loss[row], 1);
+    if (q.sj >= 0) x[q.sj] = __float2bfloat16_rn(dlogit<CAP>(xs, q.sj, t, l, scale, cap, &loss[row]));
     cl.barrier_wait();
 #elif defined(__CUDA_ARCH__)
     __trap(); /* the launcher picks this kernel on sm_90+ only */
@@ -286,9 +312,10 @@ lmhead_loss_cluster_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const 
  * outstanding through the barrier and the compute, which the one-row-per-cluster kernel cannot (its
  * loads stop from its first exponential to its exit). Dynamic shared memory: 2 * cap * LM_THREADS
  * bf16x8, cap >= every row's cnt. */
+template <int CAP>
 __global__ void __launch_bounds__(LM_THREADS, 2)
 lmhead_loss_pipe_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int32_t *tgt, long long n, int v,
-                            float scale, int cap) {
+                            float scale, float softcap_v, int cap) {
 #if __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     extern __shared__ __align__(16) unsigned char lmp_smem[];
@@ -308,13 +335,13 @@ lmhead_loss_pipe_fwd_kernel(bf16 *logits, float *loss, float *lse_out, const int
         asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* this row's group; the next stays in flight */
         if (ok) {
             float m, s;
-            lmc_ms(sb + tid, LM_THREADS, q.cnt, xs, q.sj >= 0, &m, &s);
+            lmc_ms<CAP>(sb + tid, LM_THREADS, q.cnt, xs, q.sj >= 0, softcap_v, &m, &s);
             l = cluster_lse(part[nb++ & 1], m, s);
         }
-        lmc_store((bf16x8 *)(x + q.h) + q.v0 + tid, sb + tid, LM_THREADS, q.cnt, t - q.h - 8 * (q.v0 + tid), l,
-                  scale, &loss[row], ok);
+        lmc_store<CAP>((bf16x8 *)(x + q.h) + q.v0 + tid, sb + tid, LM_THREADS, q.cnt, t - q.h - 8 * (q.v0 + tid), l,
+                       scale, softcap_v, &loss[row], ok);
         if (q.sj >= 0)
-            x[q.sj] = __float2bfloat16_rn(ok ? dlogit(xs, q.sj, t, l, scale, &loss[row]) : 0.0f);
+            x[q.sj] = __float2bfloat16_rn(ok ? dlogit<CAP>(xs, q.sj, t, l, scale, softcap_v, &loss[row]) : 0.0f);
         if (cr == 0 && tid == 0) {
             if (!ok) loss[row] = t < 0 ? 0.0f : __int_as_float(0x7fc00000);
             if (lse_out) lse_out[row] = l;
@@ -349,8 +376,9 @@ static int lmc_cluster_size(int v) {
 
 /* Launches the cluster (one row per cluster) or the pipelined (persistent clusters) kernel with clusters of
  * cn CTAs; returns 0, launching nothing, where the pipelined one cannot be resident. */
+template <int CAP>
 static int lmc_launch(qt_lmhead_impl impl, bf16 *logits, float *loss, float *lse, const int32_t *tgt, long n,
-                      int v, float scale, int cn, cudaStream_t s) {
+                      int v, float scale, float softcap_v, int cn, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -363,28 +391,32 @@ static int lmc_launch(qt_lmhead_impl impl, bf16 *logits, float *loss, float *lse
     cfg.numAttrs = 1;
     if (impl != QT_LMHEAD_CLUSTER_PIPE) {
         cfg.gridDim = dim3((unsigned)(n * cn));
-        QT_CUDA(cudaLaunchKernelEx(&cfg, lmhead_loss_cluster_fwd_kernel, logits, loss, lse, tgt, v, scale));
+        QT_CUDA(cudaLaunchKernelEx(&cfg, lmhead_loss_cluster_fwd_kernel<CAP>, logits, loss, lse, tgt, v, scale,
+                                   softcap_v));
         return 1;
     }
     /* cap: vectors per thread of the widest slice (h = 0); <= LMC_VECS by lmc_cluster_size */
     int cap = ((v / 8 + cn - 1) / cn + LM_THREADS - 1) / LM_THREADS, g = 0;
     cfg.dynamicSmemBytes = (size_t)2 * cap * LM_THREADS * sizeof(bf16x8);
     /* the largest stage pair any v may ask for: the same value from every thread, so no race */
-    QT_CUDA(cudaFuncSetAttribute(lmhead_loss_pipe_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    QT_CUDA(cudaFuncSetAttribute(lmhead_loss_pipe_fwd_kernel<CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)(2 * LMC_VECS * LM_THREADS * sizeof(bf16x8))));
     cfg.gridDim = dim3((unsigned)cn);
-    QT_CUDA(cudaOccupancyMaxActiveClusters(&g, lmhead_loss_pipe_fwd_kernel, &cfg));
+    QT_CUDA(cudaOccupancyMaxActiveClusters(&g, lmhead_loss_pipe_fwd_kernel<CAP>, &cfg));
     if (g < 1) return 0;
     if (g > n) g = (int)n;
     cfg.gridDim = dim3((unsigned)(g * cn));
-    QT_CUDA(cudaLaunchKernelEx(&cfg, lmhead_loss_pipe_fwd_kernel, logits, loss, lse, tgt, (long long)n, v, scale,
-                               cap));
+    QT_CUDA(cudaLaunchKernelEx(&cfg, lmhead_loss_pipe_fwd_kernel<CAP>, logits, loss, lse, tgt, (long long)n, v, scale,
+                               softcap_v, cap));
     return 1;
 }
 
-extern "C" qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse,
-                                              const int32_t *tgt, long n, int v, float scale, cudaStream_t s) {
+extern "C" qt_lmhead_impl qt_lmhead_loss_softcap(qt_lmhead_impl impl, void *logits, float *loss, float *lse,
+                                                 const int32_t *tgt, long n, int v, float scale, float softcap_v,
+                                                 cudaStream_t s) {
     QT_CHECK(n < 2147483647L, "lmhead loss: chunk of %ld rows: expected fewer than 2^31", n);
+    QT_CHECK(softcap_v >= 0.0f && softcap_v < INFINITY, "lmhead loss: soft-cap %g: expected 0 (none) or a finite value > 0",
+             softcap_v);
     if (n <= 0 || v <= 0) return QT_LMHEAD_TWO_PASS;
     int dev, major, cn = lmc_cluster_size(v);
     QT_CUDA(cudaGetDevice(&dev));
@@ -393,12 +425,19 @@ extern "C" qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits,
      * row buffers per CTA cap residency); kernels_bench and test_kernels call the others by name. */
     if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_CLUSTER;
     if (impl != QT_LMHEAD_TWO_PASS && major >= 9 && cn > 0 && n * cn < 2147483647L &&
-        lmc_launch(impl, (bf16 *)logits, loss, lse, tgt, n, v, scale, cn, s))
+        (softcap_v > 0.0f ? lmc_launch<1> : lmc_launch<0>)(impl, (bf16 *)logits, loss, lse, tgt, n, v, scale, softcap_v,
+                                                           cn, s))
         return impl;
     int vec = v % 8 == 0 && qt_aligned16(logits);
-    lmhead_loss_fwd_kernel<<<(unsigned)n, LM_THREADS, 0, s>>>((bf16 *)logits, loss, lse, tgt, v, scale, vec);
+    (softcap_v > 0.0f ? lmhead_loss_fwd_kernel<1> : lmhead_loss_fwd_kernel<0>)<<<(unsigned)n, LM_THREADS, 0, s>>>(
+        (bf16 *)logits, loss, lse, tgt, v, scale, softcap_v, vec);
     QT_CUDA(cudaGetLastError());
     return QT_LMHEAD_TWO_PASS;
+}
+
+extern "C" qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse,
+                                              const int32_t *tgt, long n, int v, float scale, cudaStream_t s) {
+    return qt_lmhead_loss_softcap(impl, logits, loss, lse, tgt, n, v, scale, 0.0f, s);
 }
 
 extern "C" void qt_lmhead_loss(void *logits, float *loss, float *lse, const int32_t *tgt, long n, int v,

@@ -3,7 +3,8 @@
  *
  * x: bf16 or fp32, [n] or [rows, cols] row-major. y: fp8 [n] / [rows, cols], yT: fp8 [cols, rows]. The
  * SwiGLU variants read gate|up [rows, 2 cols] and quantize its SwiGLU output (the fp8 recompute); one of
- * them is the SwiGLU backward as well (its dgu, in the same pass).
+ * them is the SwiGLU backward as well (its dgu, in the same pass). The GeGLU variants (Gemma) are the same
+ * kernels with gelu_tanh for silu (glu / act 2).
  * Math in fp32: v = fp32(x) * scale (one RNE multiply, never contracted), then one RNE conversion to
  * fp8 with __NV_SATFINITE (cvt.rn.satfinite on sm_89+, cuda_fp8.h's software path on sm_80).
  * abs-max: unsigned max on the bits of |x|, so the result is order-free and NaN-propagating.
@@ -165,9 +166,13 @@ static __device__ __forceinline__ void tile_store_t(const uint8_t *t, uint8_t *_
  * vin: x 16-byte aligned and cols % 8 == 0; vy: y 8-byte aligned and cols % 8 == 0;
  * vt: yT 16-byte aligned and rows % 16 == 0. */
 /* glu (a constant per kernel below): x is gu[R, 2C] (bf16, gate | up halves) and element (r, c) is the
- * SwiGLU output bf16(qt_swiglu1(g, u)), rounded as qt_swiglu_fwd stores it, so the codes equal those of
- * quantizing that kernel's output; vin then means gu 16-byte aligned and C % 8 == 0. Used by
- * qt_swiglu_bwd_quant_transpose_cur's general case (unaligned or C % 8 != 0), before qt_swiglu_bwd. */
+ * SwiGLU output bf16(qt_swiglu1(g, u)) (glu 1) or the GeGLU output bf16(qt_geglu1(g, u)) (glu 2), rounded as
+ * qt_swiglu_fwd / qt_geglu_fwd store it, so the codes equal those of quantizing that kernel's output; vin then
+ * means gu 16-byte aligned and C % 8 == 0. Used by qt_swiglu_bwd_quant_transpose_cur's general case
+ * (unaligned or C % 8 != 0), before qt_swiglu_bwd, and GeGLU's. */
+static __device__ __forceinline__ float glu_src1(int glu, float g, float u) {
+    return glu == 2 ? qt_geglu1(g, u) : qt_swiglu1(g, u);
+}
 static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int glu, long gr, long gc, long C, float v[8]) {
     if (!glu) {
         load8(x, xbf16, (gr * C + gc) / 8, v);
@@ -177,12 +182,12 @@ static __device__ __forceinline__ void load8_src(const void *x, int xbf16, int g
     load8(x, 1, (gr * 2 * C + gc) / 8, v);
     load8(x, 1, (gr * 2 * C + C + gc) / 8, u);
 #pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16_rn(qt_swiglu1(v[k], u[k])));
+    for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16_rn(glu_src1(glu, v[k], u[k])));
 }
 static __device__ __forceinline__ float load1_src(const void *x, int xbf16, int glu, long gr, long gc, long C) {
     if (!glu) return load1(x, xbf16, gr * C + gc);
     float g = load1(x, 1, gr * 2 * C + gc), u = load1(x, 1, gr * 2 * C + C + gc);
-    return __bfloat162float(__float2bfloat16_rn(qt_swiglu1(g, u)));
+    return __bfloat162float(__float2bfloat16_rn(glu_src1(glu, g, u)));
 }
 
 static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
@@ -234,6 +239,9 @@ __global__ void quant_transpose_fwd_kernel(QT_QT_ARGS) {
 __global__ void quant_transpose_swiglu_kernel(QT_QT_ARGS) {
     quant_transpose_body(y, yT, x, R, C, ntc, 1, 1, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
 }
+__global__ void quant_transpose_geglu_kernel(QT_QT_ARGS) {
+    quant_transpose_body(y, yT, x, R, C, ntc, 1, 2, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
+}
 #undef QT_QT_ARGS
 
 /* The SwiGLU backward and down's Xq^T in one pass over gu (qt_swiglu_bwd_quant_transpose_cur), the aligned
@@ -244,11 +252,12 @@ __global__ void quant_transpose_swiglu_kernel(QT_QT_ARGS) {
  * read before its unit is stored and the units are disjoint. Per element: one sigmoid (expf, IEEE
  * division) shared by the output and the gradients; dg, du rounded to bf16 once (=, what qt_swiglu_bwd
  * stores), h = bf16(g * sg * u) (what qt_swiglu_fwd stores) times the scale rounded to fp8 once (=).
- * fold: dgu's abs-max into *amax. */
+ * fold: dgu's abs-max into *amax. act 2 (GeGLU, qt_geglu_bwd_quant_transpose_cur): one tanh shared the same
+ * way, the gradients and h of qt_geglu_bwd / qt_geglu_fwd. */
 static __device__ __forceinline__ void swiglu_bwd_qt_body(bf16 *dgu, const bf16 *dh, const bf16 *gu,
                                                           uint8_t *__restrict__ yT, long R, long C, long ntc, int e5m2,
                                                           float fmax, qt_fp8_scale *sc, int *flag, int tag, float *amax,
-                                                          int vt, int fold) {
+                                                          int vt, int fold, int act) {
     __shared__ __align__(16) uint8_t t[TILE * TILE];
     enum { NU = TILE * TILE / 8 / QUANT_THREADS };
     long r0 = (blockIdx.x / ntc) * TILE, c0 = (blockIdx.x % ntc) * TILE;
@@ -278,6 +287,12 @@ static __device__ __forceinline__ void swiglu_bwd_qt_body(bf16 *dgu, const bf16 
             unpack8(dv[i], d);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
+                if (act == 2) {
+                    float tk = qt_gelu_tanh_t(g[k]);
+                    qt_geglu_bwd1(g[k], u[k], d[k], tk, &dg[k], &du[k]);
+                    h[k] = __bfloat162float(__float2bfloat16_rn(qt_geglu1(g[k], u[k])));
+                    continue;
+                }
                 float sg = qt_sigmoid(g[k]);
                 qt_swiglu_bwd1(g[k], u[k], d[k], sg, &dg[k], &du[k]);
 #ifndef QT_MUTANT_SWIGLU_QT_NO_ROUND
@@ -302,10 +317,16 @@ static __device__ __forceinline__ void swiglu_bwd_qt_body(bf16 *dgu, const bf16 
     bf16 *dgu, const bf16 *dh, const bf16 *gu, uint8_t *__restrict__ yT, long R, long C, long ntc, int e5m2,       \
         float fmax, qt_fp8_scale *sc, int *flag, int tag, float *amax, int vt
 __global__ void swiglu_bwd_qt_kernel(QT_SGQ_ARGS) {
-    swiglu_bwd_qt_body(dgu, dh, gu, yT, R, C, ntc, e5m2, fmax, sc, flag, tag, amax, vt, 1);
+    swiglu_bwd_qt_body(dgu, dh, gu, yT, R, C, ntc, e5m2, fmax, sc, flag, tag, amax, vt, 1, 1);
 }
 __global__ void swiglu_bwd_qt_nofold_kernel(QT_SGQ_ARGS) {
-    swiglu_bwd_qt_body(dgu, dh, gu, yT, R, C, ntc, e5m2, fmax, sc, flag, tag, amax, vt, 0);
+    swiglu_bwd_qt_body(dgu, dh, gu, yT, R, C, ntc, e5m2, fmax, sc, flag, tag, amax, vt, 0, 1);
+}
+__global__ void geglu_bwd_qt_kernel(QT_SGQ_ARGS) {
+    swiglu_bwd_qt_body(dgu, dh, gu, yT, R, C, ntc, e5m2, fmax, sc, flag, tag, amax, vt, 1, 2);
+}
+__global__ void geglu_bwd_qt_nofold_kernel(QT_SGQ_ARGS) {
+    swiglu_bwd_qt_body(dgu, dh, gu, yT, R, C, ntc, e5m2, fmax, sc, flag, tag, amax, vt, 0, 2);
 }
 #undef QT_SGQ_ARGS
 
@@ -428,7 +449,8 @@ static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, cons
     QT_CHECK(nt <= 0x7fffffffL, "qt_quant_fp8_transpose: %ld x %ld needs too many tiles", R, C);
     int vin = aligned(x, 16) && C % 8 == 0, vy = y && aligned(y, 8) && C % 8 == 0;
     int vt = aligned(yT, 16) && R % 16 == 0;
-    (glu ? quant_transpose_swiglu_kernel : quant_transpose_fwd_kernel)<<<(unsigned)nt, QUANT_THREADS, 0, s>>>(
+    (glu == 2 ? quant_transpose_geglu_kernel : glu ? quant_transpose_swiglu_kernel : quant_transpose_fwd_kernel)<<<
+        (unsigned)nt, QUANT_THREADS, 0, s>>>(
         (uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt),
         scale, sc, flag, tag, vin, vy, vt);
     QT_CUDA(cudaGetLastError());
@@ -445,24 +467,41 @@ extern "C" void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_d
     transpose_launch(ydt, y, yT, xdt, x, 0, rows, cols, NULL, sc, nonfinite, tag, s);
 }
 
-extern "C" void qt_swiglu_bwd_quant_transpose_cur(void *dgu, const void *dh, const void *gu, long rows, long cols,
-                                                  float *amax, qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite,
-                                                  int tag, cudaStream_t s) {
+/* qt_swiglu_bwd_quant_transpose_cur (act 1) and qt_geglu_bwd_quant_transpose_cur (act 2). */
+static void glu_bwd_qt_launch(int act, void *dgu, const void *dh, const void *gu, long rows, long cols, float *amax,
+                              qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s) {
+    const char *fn = act == 2 ? "qt_geglu_bwd_quant_transpose_cur" : "qt_swiglu_bwd_quant_transpose_cur";
     check_fp8(ydt);
-    QT_CHECK(rows >= 0 && cols >= 0 && cols <= 0x7fffffffL, "qt_swiglu_bwd_quant_transpose_cur: %ld x %ld", rows, cols);
-    QT_CHECK(tag != 0, "qt_swiglu_bwd_quant_transpose_cur: tag must be nonzero");
+    QT_CHECK(rows >= 0 && cols >= 0 && cols <= 0x7fffffffL, "%s: %ld x %ld", fn, rows, cols);
+    QT_CHECK(tag != 0, "%s: tag must be nonzero", fn);
     long ntr = (rows + TILE - 1) / TILE, ntc = (cols + TILE - 1) / TILE;
     if (!(cols % 8 == 0 && aligned(gu, 16) && aligned(dh, 16) && aligned(dgu, 16)) || ntr * ntc == 0 ||
         ntr * ntc > 0x7fffffffL) {
         /* the general case: the two passes the fused kernel stands for, codes first (dgu may be gu) */
-        transpose_launch(ydt, NULL, yT, QT_DT_BF16, gu, 1, rows, cols, NULL, sc, nonfinite, tag, s);
-        qt_swiglu_bwd(dgu, dh, gu, rows, (int)cols, amax, s);
+        transpose_launch(ydt, NULL, yT, QT_DT_BF16, gu, act, rows, cols, NULL, sc, nonfinite, tag, s);
+        if (act == 2) qt_geglu_bwd(dgu, dh, gu, rows, (int)cols, amax, s);
+        else qt_swiglu_bwd(dgu, dh, gu, rows, (int)cols, amax, s);
         return;
     }
-    (amax ? swiglu_bwd_qt_kernel : swiglu_bwd_qt_nofold_kernel)<<<(unsigned)(ntr * ntc), QUANT_THREADS, 0, s>>>(
+    void (*k)(bf16 *, const bf16 *, const bf16 *, uint8_t *, long, long, long, int, float, qt_fp8_scale *, int *, int,
+              float *, int) = act == 2 ? (amax ? geglu_bwd_qt_kernel : geglu_bwd_qt_nofold_kernel)
+                                       : (amax ? swiglu_bwd_qt_kernel : swiglu_bwd_qt_nofold_kernel);
+    k<<<(unsigned)(ntr * ntc), QUANT_THREADS, 0, s>>>(
         (bf16 *)dgu, (const bf16 *)dh, (const bf16 *)gu, (uint8_t *)yT, rows, cols, ntc, ydt == QT_DT_E5M2,
         qt_fp8_max(ydt), sc, nonfinite, tag, amax, aligned(yT, 16) && rows % 16 == 0);
     QT_CUDA(cudaGetLastError());
+}
+
+extern "C" void qt_swiglu_bwd_quant_transpose_cur(void *dgu, const void *dh, const void *gu, long rows, long cols,
+                                                  float *amax, qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite,
+                                                  int tag, cudaStream_t s) {
+    glu_bwd_qt_launch(1, dgu, dh, gu, rows, cols, amax, ydt, yT, sc, nonfinite, tag, s);
+}
+
+extern "C" void qt_geglu_bwd_quant_transpose_cur(void *dgu, const void *dh, const void *gu, long rows, long cols,
+                                                 float *amax, qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite,
+                                                 int tag, cudaStream_t s) {
+    glu_bwd_qt_launch(2, dgu, dh, gu, rows, cols, amax, ydt, yT, sc, nonfinite, tag, s);
 }
 
 extern "C" void qt_quant_dequant(qt_dtype ydt, void *y, qt_dtype xdt, const void *x, long n, const float *descale,

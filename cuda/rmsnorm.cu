@@ -1,6 +1,7 @@
 /* rmsnorm.cu — RMSNorm forward/backward fused with the residual add.
  *
- * fwd: res[n,c] = bf16(res + x) (when x is given), then y[n,c] = res * rstd * w[c],
+ * fwd: res[n,c] = bf16(res + x) (when x is given), then y[n,c] = res * rstd * w[c] (the 1p entries, Gemma3RMSNorm:
+ *      res * rstd * (1 + w[c]), the scale formed in fp32, everywhere w appears below),
  *      rstd[n] = 1/sqrt(mean(res^2) + eps) over the rounded res (the value the backward sees).
  * bwd: dx[n,c] += rstd * (dy*w - res * rstd^2 * mean(dy*w*res))   (dx fp32 or bf16: one rounding),
  *      optionally also written as bf16 (RNE of the new dx) for the next matmuls
@@ -19,10 +20,22 @@
 
 #define RN_WARPS 8
 
+/* The scale of column j: w[j], or with wp (Gemma3RMSNorm) 1 + w[j] formed in fp32; the 8 of columns [j, j+8). */
+static __device__ __forceinline__ float wscale(const bf16 *w, int j, int wp) {
+    float g = __bfloat162float(w[j]);
+    return wp ? 1.0f + g : g;
+}
+static __device__ __forceinline__ void ldw8(float *g, const bf16 *w, int wp) {
+    ld8(g, w);
+    if (wp)
+#pragma unroll
+        for (int i = 0; i < 8; i++) g[i] = 1.0f + g[i];
+}
+
 /* Row r by one warp; returns the abs-max bits of the y it wrote when fold (else 0). */
 static __device__ __forceinline__ unsigned rmsnorm_fwd_row(bf16 *y, float *rstd, bf16 *res, const bf16 *x,
-                                                           const bf16 *w, long r, int c, float eps, int vec,
-                                                           int fold) {
+                                                           const bf16 *w, int wp, long r, int c, float eps,
+                                                           int vec, int fold) {
     int lane = threadIdx.x & 31;
     unsigned m = 0;
     bf16 *rr = res + (long long)r * c, *yr = y + (long long)r * c;
@@ -60,24 +73,24 @@ static __device__ __forceinline__ unsigned rmsnorm_fwd_row(bf16 *y, float *rstd,
         for (int j = lane * 8; j < c; j += 256) {
             float a[8], g[8];
             ld8(a, rr + j);
-            ld8(g, w + j);
+            ldw8(g, w + j, wp);
 #pragma unroll
             for (int i = 0; i < 8; i++) a[i] = a[i] * rs * g[i];
             m = st8_fold(yr + j, a, m, fold);
         }
     } else {
         for (int j = lane; j < c; j += 32)
-            m = st1_fold(yr + j, __bfloat162float(rr[j]) * rs * __bfloat162float(w[j]), m, fold);
+            m = st1_fold(yr + j, __bfloat162float(rr[j]) * rs * wscale(w, j, wp), m, fold);
     }
     return m;
 }
 
 /* RN_WARPS rows per block; amax != NULL: max |y| folded in, one atomic per block (no early return:
  * the block reduce needs every thread). */
-__global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *x, const bf16 *w, long n,
+__global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, bf16 *res, const bf16 *x, const bf16 *w, int wp, long n,
                                    int c, float eps, int vec, float *amax) {
     long r = (long)blockIdx.x * RN_WARPS + (threadIdx.x >> 5);
-    unsigned m = r < n ? rmsnorm_fwd_row(y, rstd, res, x, w, r, c, eps, vec, amax != NULL) : 0u;
+    unsigned m = r < n ? rmsnorm_fwd_row(y, rstd, res, x, w, wp, r, c, eps, vec, amax != NULL) : 0u;
     if (amax) qt_amax_block_commit(amax, m);
 }
 
@@ -121,8 +134,8 @@ static __device__ __forceinline__ unsigned rmsnorm_bwd_vec8(void *dx, int dx_bf1
 template <int NV>
 static __device__ __forceinline__ unsigned rmsnorm_bwd_row_regs(void *dx, int dx_bf16, bf16 *dxb, int fold,
                                                                 float *my, const bf16 *dy, const bf16 *res,
-                                                                const bf16 *w, float rs, long long base, int c,
-                                                                unsigned m) {
+                                                                const bf16 *w, int wp, float rs, long long base,
+                                                                int c, unsigned m) {
     int lane = threadIdx.x & 31;
     uint4 dv[NV], av[NV], ov[NV][2]; /* raw bits: converting here would stall on each load in turn */
 #pragma unroll
@@ -145,7 +158,7 @@ static __device__ __forceinline__ unsigned rmsnorm_bwd_row_regs(void *dx, int dx
             float d[8], a[8], g[8];
             ld8(d, (const bf16 *)&dv[t]);
             ld8(a, (const bf16 *)&av[t]);
-            ld8(g, w + j);
+            ldw8(g, w + j, wp);
 #pragma unroll
             for (int i = 0; i < 8; i++) dot += d[i] * g[i] * a[i];
         }
@@ -159,7 +172,7 @@ static __device__ __forceinline__ unsigned rmsnorm_bwd_row_regs(void *dx, int dx
             float d[8], a[8], g[8], o[8];
             ld8(d, (const bf16 *)&dv[t]);
             ld8(a, (const bf16 *)&av[t]);
-            ld8(g, w + j);
+            ldw8(g, w + j, wp);
             if (dx_bf16) ld8(o, (const bf16 *)&ov[t][0]);
             else {
                 const float *f = (const float *)&ov[t][0];
@@ -181,10 +194,11 @@ static __device__ __forceinline__ unsigned rmsnorm_bwd_row_regs(void *dx, int dx
  * NV > 0: vectors with c <= NV * 256, row held in registers, capped at 128 registers so two blocks fit
  * per SM (NV = 6 spills 32 bytes to L1, cheaper than half the warps); NV == 0: the looped path, any c
  * (uncapped: forcing three blocks per SM there spills in the row loop). */
-template <int NV>
+template <int NV, int WP>
 __global__ void __launch_bounds__(RN_WARPS * 32, NV > 0 ? 2 : 1)
 rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, const bf16 *dy, const bf16 *res,
                    const bf16 *w, const float *rstd, long n, int c, long chunk, int vec) {
+    const int wp = WP; /* a constant: plain RMSNorm's kernel carries no (1 + w) code */
     extern __shared__ float4 rn_sh4[];
     float *acc = (float *)rn_sh4;
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -204,7 +218,7 @@ rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, c
     for (long r = r0 + wid; r < r1; r += nw) {
         long long base = (long long)r * c;
         if (NV > 0) {
-            m = rmsnorm_bwd_row_regs<NV ? NV : 1>(dx, dx_bf16, dxb, fold, my, dy, res, w, rstd[r], base, c, m);
+            m = rmsnorm_bwd_row_regs<NV ? NV : 1>(dx, dx_bf16, dxb, fold, my, dy, res, w, wp, rstd[r], base, c, m);
             continue;
         }
         const bf16 *dyr = dy + base, *xr = res + base;
@@ -214,13 +228,13 @@ rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, c
                 float d[8], a[8], g[8];
                 ld8(d, dyr + j);
                 ld8(a, xr + j);
-                ld8(g, w + j);
+                ldw8(g, w + j, wp);
 #pragma unroll
                 for (int i = 0; i < 8; i++) dot += d[i] * g[i] * a[i];
             }
         } else {
             for (int j = lane; j < c; j += 32)
-                dot += __bfloat162float(dyr[j]) * __bfloat162float(w[j]) * __bfloat162float(xr[j]);
+                dot += __bfloat162float(dyr[j]) * wscale(w, j, wp) * __bfloat162float(xr[j]);
         }
         dot = warp_sum(dot);
         float rs = rstd[r], k = rs * rs * dot / (float)c;
@@ -229,7 +243,7 @@ rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, c
                 float d[8], a[8], g[8], o[8];
                 ld8(d, dyr + j);
                 ld8(a, xr + j);
-                ld8(g, w + j);
+                ldw8(g, w + j, wp);
                 if (dx_bf16) ld8(o, (const bf16 *)dx + base + j);
                 else {
                     const float4 *p = (const float4 *)((const float *)dx + base + j);
@@ -242,7 +256,7 @@ rmsnorm_bwd_kernel(void *dx, int dx_bf16, bf16 *dxb, float *amax, float *part, c
         } else {
             for (int j = lane; j < c; j += 32) {
                 float d = __bfloat162float(dyr[j]), a = __bfloat162float(xr[j]);
-                float g = rs * (d * __bfloat162float(w[j]) - a * k);
+                float g = rs * (d * wscale(w, j, wp) - a * k);
                 float o;
                 if (dx_bf16) {
                     bf16 *p = (bf16 *)dx + base + j;
@@ -288,22 +302,21 @@ __global__ void rmsnorm_dw_sum_bwd_kernel(void *dw, int dw_bf16, const float *pa
     }
 }
 
-extern "C" void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
-                               float eps, float *amax, cudaStream_t s) {
+static void fwd_launch(void *y, float *rstd, void *res, const void *x, const void *w, int wp, long n, int c, float eps,
+                       float *amax, cudaStream_t s) {
     if (n <= 0 || c <= 0) return;
     int vec = c % 8 == 0 && qt_aligned16(y) && qt_aligned16(res) && qt_aligned16(w) && (!x || qt_aligned16(x));
     unsigned grid = (unsigned)((n + RN_WARPS - 1) / RN_WARPS);
     rmsnorm_fwd_kernel<<<grid, RN_WARPS * 32, 0, s>>>((bf16 *)y, rstd, (bf16 *)res, (const bf16 *)x,
-                                                      (const bf16 *)w, n, c, eps, vec, amax);
+                                                      (const bf16 *)w, wp, n, c, eps, vec, amax);
     QT_CUDA(cudaGetLastError());
 }
 
 typedef void (*rn_bwd_fn)(void *, int, bf16 *, float *, float *, const bf16 *, const bf16 *, const bf16 *,
                           const float *, long, int, long, int);
 
-extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt,
-                               const void *dy, const void *res, const void *w, const float *rstd, long n, int c,
-                               void *ws, cudaStream_t s) {
+static void bwd_launch(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt, const void *dy,
+                       const void *res, const void *w, int wp, const float *rstd, long n, int c, void *ws, cudaStream_t s) {
     QT_CHECK(!dw || dw_dt == QT_DT_F32 || dw_dt == QT_DT_BF16, "rmsnorm bwd: dw dtype %s: expected fp32 or bf16",
              qt_dtype_name(dw_dt));
     QT_CHECK(dx_dt == QT_DT_F32 || dx_dt == QT_DT_BF16, "dx dtype %s: expected fp32 or bf16",
@@ -329,8 +342,10 @@ extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *a
      * number of instantiations (the extra ones are masked); past 1536 columns the row no longer fits
      * in 128 registers without heavy spills, so the looped path */
     int rv = vec && c <= 1536 ? ((c + 511) / 512) * 2 : 0;
-    rn_bwd_fn k = rv == 2 ? rmsnorm_bwd_kernel<2> : rv == 4 ? rmsnorm_bwd_kernel<4>
-                : rv == 6 ? rmsnorm_bwd_kernel<6> : rmsnorm_bwd_kernel<0>;
+    rn_bwd_fn k = wp ? (rv == 2 ? rmsnorm_bwd_kernel<2, 1> : rv == 4 ? rmsnorm_bwd_kernel<4, 1>
+                        : rv == 6 ? rmsnorm_bwd_kernel<6, 1> : rmsnorm_bwd_kernel<0, 1>)
+                     : (rv == 2 ? rmsnorm_bwd_kernel<2, 0> : rv == 4 ? rmsnorm_bwd_kernel<4, 0>
+                        : rv == 6 ? rmsnorm_bwd_kernel<6, 0> : rmsnorm_bwd_kernel<0, 0>);
     k<<<(unsigned)parts, nw * 32, smem, s>>>(dx, dx_dt == QT_DT_BF16, (bf16 *)dx_bf16, amax,
                                             fused ? (float *)ws : NULL, (const bf16 *)dy, (const bf16 *)res,
                                             (const bf16 *)w, rstd, n, c, chunk, vec);
@@ -342,4 +357,26 @@ extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *a
     } else if (dw) {
         qt_colreduce(dw, dw_dt == QT_DT_BF16, (const bf16 *)dy, (const bf16 *)res, rstd, n, c, ws, s);
     }
+}
+
+extern "C" void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
+                               float eps, float *amax, cudaStream_t s) {
+    fwd_launch(y, rstd, res, x, w, 0, n, c, eps, amax, s);
+}
+
+extern "C" void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt,
+                               const void *dy, const void *res, const void *w, const float *rstd, long n, int c,
+                               void *ws, cudaStream_t s) {
+    bwd_launch(dx, dx_dt, dx_bf16, amax, dw, dw_dt, dy, res, w, 0, rstd, n, c, ws, s);
+}
+
+extern "C" void qt_rmsnorm1p_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
+                                 float eps, float *amax, cudaStream_t s) {
+    fwd_launch(y, rstd, res, x, w, 1, n, c, eps, amax, s);
+}
+
+extern "C" void qt_rmsnorm1p_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt,
+                                 const void *dy, const void *res, const void *w, const float *rstd, long n, int c,
+                                 void *ws, cudaStream_t s) {
+    bwd_launch(dx, dx_dt, dx_bf16, amax, dw, dw_dt, dy, res, w, 1, rstd, n, c, ws, s);
 }

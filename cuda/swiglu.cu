@@ -1,17 +1,47 @@
-/* swiglu.cu — SwiGLU on the fused gate/up matmul output.
+/* swiglu.cu — SwiGLU and GeGLU on the fused gate/up matmul output.
  *
- * fwd: out[n,f] = silu(g) * u,  g = gu[n, j], u = gu[n, f+j],  silu(g) = g * sigmoid(g)
- * bwd: dgu[n, j] = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  dgu[n, f+j] = dout * silu(g)
- * bf16 storage, fp32 math (expf: qt_swiglu1 in kcommon.cuh), one RNE rounding per output ("=" both).
+ * fwd: out[n,f] = act(g) * u,  g = gu[n, j], u = gu[n, f+j]
+ *   SwiGLU: act = silu(g) = g * sigmoid(g)
+ *   GeGLU:  act = gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (Gemma's gelu_pytorch_tanh)
+ * bwd: dgu[n, j] = dout * u * act'(g),  dgu[n, f+j] = dout * act(g)
+ *   silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g)));  gelu_tanh' as in kcommon.cuh (qt_gelu_tanh_grad)
+ * bf16 storage, fp32 math (expf / tanhf: kcommon.cuh), one RNE rounding per output ("=" both). One kernel per
+ * direction, the activation a template parameter (GLU_SILU, GLU_GELU).
  * 8 columns per thread with 16-byte loads when f % 8 == 0 and the pointers are 16-byte aligned; one
  * column otherwise.
  * amax != NULL: max |output| (the bf16 values written) folded into *amax, one atomicMax per block.
- * bwd_h: the backward that also writes h (the forward's output) over dout, for a bf16 backward whose SwiGLU
+ * bwd_h: the backward that also writes h (the forward's output) over dout, for a bf16 backward whose GLU
  * is recomputed: 12 bytes per element moved instead of the 6 + 10 of the forward again and the backward. */
 #include "kcommon.cuh"
 #include "qt_kernels.h"
 
-__global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int vec, float *amax) {
+enum { GLU_SILU = 0, GLU_GELU = 1 };
+
+/* act(g) * u in fp32: qt_swiglu1, or the tanh GELU's product (the same expression the backward's h uses). */
+template <int ACT>
+static __device__ __forceinline__ float glu1(float g, float u) {
+    return ACT == GLU_GELU ? qt_geglu1(g, u) : qt_swiglu1(g, u);
+}
+
+/* One element of the backward: dg, du from dout d, and h = the forward's product (its bits). */
+template <int ACT>
+static __device__ __forceinline__ void glu_bwd1(float g, float u, float d, float *dg, float *du, float *h) {
+    if (ACT == GLU_GELU) {
+        *h = qt_geglu1(g, u);
+        qt_geglu_bwd1(g, u, d, qt_gelu_tanh_t(g), dg, du);
+        return;
+    }
+    float sg = qt_sigmoid(g);
+#ifndef QT_MUTANT_SWIGLU_H_ORDER
+    *h = qt_swiglu1s(g, sg, u);
+#else /* a test build (tools/gpu-check.sh pending22): the product in another order, which test_kernels must catch */
+    *h = g * u * sg;
+#endif
+    qt_swiglu_bwd1(g, u, d, sg, dg, du);
+}
+
+template <int ACT>
+__global__ void glu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int vec, float *amax) {
     long long per_row = vec ? f / 8 : f, total = (long long)n * per_row;
     unsigned m = 0;
     int fold = amax != NULL;
@@ -24,21 +54,22 @@ __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int 
             ld8(g, gr + j * 8);
             ld8(u, gr + f + j * 8);
 #pragma unroll
-            for (int i = 0; i < 8; i++) g[i] = qt_swiglu1(g[i], u[i]);
+            for (int i = 0; i < 8; i++) g[i] = glu1<ACT>(g[i], u[i]);
             m = st8_fold(out + r * f + j * 8, g, m, fold);
         } else {
             float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
-            m = st1_fold(out + r * f + j, qt_swiglu1(g, u), m, fold);
+            m = st1_fold(out + r * f + j, glu1<ACT>(g, u), m, fold);
         }
     }
     if (amax) qt_amax_block_commit(amax, m);
 }
 
-/* write_h (a constant per kernel): dout is dh on entry and takes h, the SwiGLU output (qt_swiglu_fwd's bits:
- * the same sigmoid, product and rounding), element for element where it was read (each thread reads its
+/* write_h (a constant per kernel): dout is dh on entry and takes h, the GLU output (the forward's bits:
+ * the same activation, product and rounding), element for element where it was read (each thread reads its
  * dout unit before storing h there). */
-static __device__ __forceinline__ void swiglu_bwd_body(bf16 *dgu, bf16 *dout, const bf16 *gu, long n, int f, int vec,
-                                                       float *amax, int write_h) {
+template <int ACT>
+static __device__ __forceinline__ void glu_bwd_body(bf16 *dgu, bf16 *dout, const bf16 *gu, long n, int f, int vec,
+                                                    float *amax, int write_h) {
     long long per_row = vec ? f / 8 : f, total = (long long)n * per_row;
     unsigned m = 0;
     int fold = amax != NULL;
@@ -53,58 +84,73 @@ static __device__ __forceinline__ void swiglu_bwd_body(bf16 *dgu, bf16 *dout, co
             ld8(u, gr + f + j * 8);
             ld8(d, dout + r * f + j * 8);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float gi = g[i], ui = u[i], sg = qt_sigmoid(gi);
-#ifndef QT_MUTANT_SWIGLU_H_ORDER
-                h[i] = qt_swiglu1s(gi, sg, ui);
-#else /* a test build (tools/gpu-check.sh pending22): the product in another order, which test_kernels must catch */
-                h[i] = gi * ui * sg;
-#endif
-                qt_swiglu_bwd1(gi, ui, d[i], sg, &g[i], &u[i]);
-            }
+            for (int i = 0; i < 8; i++) glu_bwd1<ACT>(g[i], u[i], d[i], &g[i], &u[i], &h[i]);
             m = st8_fold(dr + j * 8, g, m, fold);
             m = st8_fold(dr + f + j * 8, u, m, fold);
             if (write_h) st8(dout + r * f + j * 8, h);
         } else {
             float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
-            float d = __bfloat162float(dout[r * f + j]), sg = qt_sigmoid(g), dg, du;
-            qt_swiglu_bwd1(g, u, d, sg, &dg, &du);
+            float d = __bfloat162float(dout[r * f + j]), dg, du, h;
+            glu_bwd1<ACT>(g, u, d, &dg, &du, &h);
             m = st1_fold(dr + j, dg, m, fold);
             m = st1_fold(dr + f + j, du, m, fold);
-            if (write_h) dout[r * f + j] = __float2bfloat16_rn(qt_swiglu1s(g, sg, u));
+            if (write_h) dout[r * f + j] = __float2bfloat16_rn(h);
         }
     }
     if (amax) qt_amax_block_commit(amax, m);
 }
-__global__ void swiglu_bwd_kernel(bf16 *dgu, bf16 *dout, const bf16 *gu, long n, int f, int vec, float *amax) {
-    swiglu_bwd_body(dgu, dout, gu, n, f, vec, amax, 0);
+template <int ACT>
+__global__ void glu_bwd_kernel(bf16 *dgu, bf16 *dout, const bf16 *gu, long n, int f, int vec, float *amax) {
+    glu_bwd_body<ACT>(dgu, dout, gu, n, f, vec, amax, 0);
 }
-__global__ void swiglu_bwd_h_kernel(bf16 *dgu, bf16 *dout, const bf16 *gu, long n, int f, int vec, float *amax) {
-    swiglu_bwd_body(dgu, dout, gu, n, f, vec, amax, 1);
+template <int ACT>
+__global__ void glu_bwd_h_kernel(bf16 *dgu, bf16 *dout, const bf16 *gu, long n, int f, int vec, float *amax) {
+    glu_bwd_body<ACT>(dgu, dout, gu, n, f, vec, amax, 1);
 }
 
-extern "C" void qt_swiglu_fwd(void *out, const void *gu, long n, int f, float *amax, cudaStream_t s) {
+static void fwd_launch(int act, void *out, const void *gu, long n, int f, float *amax, cudaStream_t s) {
     if (n <= 0 || f <= 0) return;
     int vec = f % 8 == 0 && qt_aligned16(out) && qt_aligned16(gu);
     long long work = (long long)n * (vec ? f / 8 : f);
-    swiglu_fwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)out, (const bf16 *)gu, n, f, vec, amax);
+    (act == GLU_GELU ? glu_fwd_kernel<GLU_GELU> : glu_fwd_kernel<GLU_SILU>)<<<qt_grid_for(work, 256), 256, 0, s>>>(
+        (bf16 *)out, (const bf16 *)gu, n, f, vec, amax);
     QT_CUDA(cudaGetLastError());
 }
 
-static void bwd_launch(void *dgu, void *dout, const void *gu, long n, int f, float *amax, int write_h, cudaStream_t s) {
+static void bwd_launch(int act, void *dgu, void *dout, const void *gu, long n, int f, float *amax, int write_h,
+                       cudaStream_t s) {
     if (n <= 0 || f <= 0) return;
     int vec = f % 8 == 0 && qt_aligned16(dgu) && qt_aligned16(dout) && qt_aligned16(gu);
     long long work = (long long)n * (vec ? f / 8 : f);
-    (write_h ? swiglu_bwd_h_kernel : swiglu_bwd_kernel)<<<qt_grid_for(work, 256), 256, 0, s>>>(
-        (bf16 *)dgu, (bf16 *)dout, (const bf16 *)gu, n, f, vec, amax);
+    void (*k)(bf16 *, bf16 *, const bf16 *, long, int, int, float *) =
+        act == GLU_GELU ? (write_h ? glu_bwd_h_kernel<GLU_GELU> : glu_bwd_kernel<GLU_GELU>)
+                        : (write_h ? glu_bwd_h_kernel<GLU_SILU> : glu_bwd_kernel<GLU_SILU>);
+    k<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)dgu, (bf16 *)dout, (const bf16 *)gu, n, f, vec, amax);
     QT_CUDA(cudaGetLastError());
+}
+
+extern "C" void qt_swiglu_fwd(void *out, const void *gu, long n, int f, float *amax, cudaStream_t s) {
+    fwd_launch(GLU_SILU, out, gu, n, f, amax, s);
 }
 
 extern "C" void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, float *amax,
                               cudaStream_t s) {
-    bwd_launch(dgu, (void *)dout, gu, n, f, amax, 0, s); /* write_h 0: dout only read */
+    bwd_launch(GLU_SILU, dgu, (void *)dout, gu, n, f, amax, 0, s); /* write_h 0: dout only read */
 }
 
 extern "C" void qt_swiglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float *amax, cudaStream_t s) {
-    bwd_launch(dgu, dh_h, gu, n, f, amax, 1, s);
+    bwd_launch(GLU_SILU, dgu, dh_h, gu, n, f, amax, 1, s);
+}
+
+extern "C" void qt_geglu_fwd(void *out, const void *gu, long n, int f, float *amax, cudaStream_t s) {
+    fwd_launch(GLU_GELU, out, gu, n, f, amax, s);
+}
+
+extern "C" void qt_geglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, float *amax,
+                             cudaStream_t s) {
+    bwd_launch(GLU_GELU, dgu, (void *)dout, gu, n, f, amax, 0, s);
+}
+
+extern "C" void qt_geglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float *amax, cudaStream_t s) {
+    bwd_launch(GLU_GELU, dgu, dh_h, gu, n, f, amax, 1, s);
 }

@@ -1,4 +1,4 @@
-/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, RoPE, SwiGLU,
+/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, RoPE, SwiGLU, GeGLU,
  * bias, LM-head loss, AdamW, gradient norm, casts). Matmul (qt_matmul.h), attention and fp8 quantize
  * live elsewhere.
  *
@@ -54,6 +54,17 @@ void qt_embedding_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dou
  * shard under precision.grad_accum_dtype bf16). */
 void qt_embedding_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf16, size_t lo, size_t hi, const void *dout,
                             qt_dtype dout_dt, const int32_t *tok, long n, int c, int v, void *ws, cudaStream_t s);
+/* Gemma 3's scaled embedding (Gemma3TextScaledWordEmbedding): out = bf16(wte[tok[n]] * scale)   (=), the fp32
+ * product rounded once (exact for a bf16 scale: transformers' `embed_scale.to(weight.dtype)`, from
+ * qt_ref_embed_scale(c, 1)). The backward adds dout * scale (fp32 products) in the same order as the plain
+ * one; scale 1 gives the plain entries' bits. CPU reference: qt_ref_embedding_scaled_fwd / _bwd. */
+void qt_embedding_scaled_fwd(void *out, const int32_t *tok, const void *wte, long n, int c, int v, float scale,
+                             cudaStream_t s);
+void qt_embedding_scaled_bwd(void *dwte, qt_dtype dw_dt, const void *dout, qt_dtype dout_dt, const int32_t *tok,
+                             long n, int c, int v, float scale, void *ws, cudaStream_t s);
+void qt_embedding_scaled_bwd_range(void *dwte, qt_dtype dw_dt, int round_bf16, size_t lo, size_t hi, const void *dout,
+                                   qt_dtype dout_dt, const int32_t *tok, long n, int c, int v, float scale, void *ws,
+                                   cudaStream_t s);
 
 /* ---- column reductions (bias.cu; RMSNorm dw uses the same machinery) ---- */
 /* Bytes of workspace qt_bias_bwd / qt_rmsnorm_bwd need for c columns. */
@@ -78,6 +89,13 @@ void qt_rmsnorm_fwd(void *y, float *rstd, void *res, const void *x, const void *
  * normalised input (bf16), rstd from the forward. */
 void qt_rmsnorm_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt, const void *dy,
                     const void *res, const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
+/* Gemma3RMSNorm's variant: the same two entries with the scale (1 + w[c]) formed in fp32 in place of w[c]
+ * (y = res * rstd * (1 + w); dx through (1 + w)); dw is plain RMSNorm's (d(1 + w)/dw = 1), reduced the same
+ * deterministic way. CPU reference: qt_ref_rmsnorm1p_fwd / qt_ref_rmsnorm1p_bwd. */
+void qt_rmsnorm1p_fwd(void *y, float *rstd, void *res, const void *x, const void *w, long n, int c,
+                      float eps, float *amax, cudaStream_t s);
+void qt_rmsnorm1p_bwd(void *dx, qt_dtype dx_dt, void *dx_bf16, float *amax, void *dw, qt_dtype dw_dt, const void *dy,
+                      const void *res, const void *w, const float *rstd, long n, int c, void *ws, cudaStream_t s);
 
 /* ---- rotary embedding (rope.cu) ---- */
 #define QT_ROPE_MAX_HALF 256 /* the most rotary pairs per head: head_dim <= 512 */
@@ -103,6 +121,14 @@ void qt_swiglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, f
  * recomputed needs, without a pass of its own over gu. */
 void qt_swiglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float *amax, cudaStream_t s);
 
+/* ---- GeGLU with the tanh GELU (swiglu.cu): Gemma's MLP, hidden_activation gelu_pytorch_tanh ---- */
+/* The three SwiGLU entries with silu replaced by gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+ * (torch gelu(approximate="tanh"), fp32, tanhf): the same [n, 2f] gate|up layout, one RNE rounding per output,
+ * aliasing rules and fused abs-max. CPU reference: qt_ref_geglu_fwd / qt_ref_geglu_bwd. */
+void qt_geglu_fwd(void *out, const void *gu, long n, int f, float *amax, cudaStream_t s);
+void qt_geglu_bwd(void *dgu, const void *dout, const void *gu, long n, int f, float *amax, cudaStream_t s);
+void qt_geglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float *amax, cudaStream_t s);
+
 /* ---- fused LM-head loss (lmhead_loss.cu) ---- */
 /* For a chunk of n rows of logits[n,v] (bf16): loss[r] = lse - logits[r, tgt[r]] (fp32, =) and, in
  * place, logits[r] = bf16(scale * (softmax(logits[r]) - onehot(tgt[r]))). Rows with tgt < 0 are
@@ -118,6 +144,12 @@ typedef enum { QT_LMHEAD_AUTO, QT_LMHEAD_TWO_PASS, QT_LMHEAD_CLUSTER, QT_LMHEAD_
  * CLUSTER_PIPE fall back to TWO_PASS where they cannot run. Returns the one launched. */
 qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse, const int32_t *tgt,
                                    long n, int v, float scale, cudaStream_t s);
+/* qt_lmhead_loss_with under Gemma's final-logit soft-cap (final_logit_softcapping): the loss reads
+ * z = cap * tanh(x / cap) (fp32) in place of each logit x, lse[r] is over z, and the dlogits written are
+ * w.r.t. x: bf16(scale * (softmax(z) - onehot) * (1 - tanh^2(x / cap))). cap 0: no cap (qt_lmhead_loss_with).
+ * CPU reference: qt_ref_cross_entropy_capped_fwd / _bwd. */
+qt_lmhead_impl qt_lmhead_loss_softcap(qt_lmhead_impl impl, void *logits, float *loss, float *lse, const int32_t *tgt,
+                                      long n, int v, float scale, float cap, cudaStream_t s);
 /* *sum (fp64 device scalar) += sum of x[0..n) (fp32), in a fixed order (one block)   (+=) */
 void qt_sum_f32(double *sum, const float *x, long n, cudaStream_t s);
 

@@ -95,6 +95,10 @@ void qt_quant_fp8_transpose_cur(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, c
  * is recomputed: its down projection's Xq^T made where gu is read anyway (its wgrad runs after). */
 void qt_swiglu_bwd_quant_transpose_cur(void *dgu, const void *dh, const void *gu, long rows, long cols, float *amax,
                                        qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s);
+/* The same for GeGLU (Gemma): qt_geglu_bwd's dgu and qt_geglu_fwd's output quantized, the bytes of those kernels
+ * and qt_quant_fp8_transpose_cur (=). */
+void qt_geglu_bwd_quant_transpose_cur(void *dgu, const void *dh, const void *gu, long rows, long cols, float *amax,
+                                      qt_dtype ydt, void *yT, qt_fp8_scale *sc, int *nonfinite, int tag, cudaStream_t s);
 
 /* yT[cols, rows] = x[rows, cols] transposed, one byte per element (fp8 codes moved, not re-encoded: the
  * e4m3 weights a ZeRO-3 rank gathered become the dgrad's Wq^T) (=). Through 32 x 32 shared-memory tiles. */

@@ -16,12 +16,28 @@
 void qt_ref_embedding_fwd(float *out, const int32_t *tok, const float *wte, long N, int C);
 /* dwte[V,C] += sum over n with tok[n]==v of dout[n]   (+=) */
 void qt_ref_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, long N, int C, int V);
+/* Gemma 3's scaled embedding (Gemma3TextScaledWordEmbedding): out[N,C] = wte[tok[n]] * scale   (=), fp32
+ * products; scale from qt_ref_embed_scale. */
+void qt_ref_embedding_scaled_fwd(float *out, const int32_t *tok, const float *wte, long N, int C, float scale);
+/* dwte[V,C] += sum over n with tok[n]==v of dout[n] * scale, in row order, each term added with one rounding
+ * (fmaf: the GPU kernel's bits; scale 1 is qt_ref_embedding_bwd)   (+=) */
+void qt_ref_embedding_scaled_bwd(float *dwte, const float *dout, const int32_t *tok, long N, int C, int V,
+                                 float scale);
+/* The embedding scale transformers applies: hidden ** 0.5 as an fp32 tensor, cast to the weights' dtype
+ * (`self.embed_scale.to(self.weight.dtype)`): round_bf16 = 1 for bf16 weights (RNE of the fp32 value),
+ * 0 for fp32. Hidden 2560: 50.596443 (fp32), 50.5 (bf16). */
+float qt_ref_embed_scale(int hidden, int round_bf16);
 
 /* y[N,C] = x / sqrt(mean(x^2) + eps) * w;  rstd[N] = 1/sqrt(mean(x^2)+eps)   (=) */
 void qt_ref_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, long N, int C, float eps);
 /* dx[N,C] += d/dx (the residual stream accumulates);  dw[C] += ...   (+=, both) */
 void qt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
                         const float *rstd, long N, int C);
+/* Gemma3RMSNorm: y = x / sqrt(mean(x^2) + eps) * (1 + w), the scale 1 + w formed in fp32; rstd as above (=) */
+void qt_ref_rmsnorm1p_fwd(float *y, float *rstd, const float *x, const float *w, long N, int C, float eps);
+/* Its backward: dx through (1 + w) (+=); dw[C] += sum_n dy * x * rstd, plain RMSNorm's dw (+=) */
+void qt_ref_rmsnorm1p_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                          const float *rstd, long N, int C);
 
 /* y[N,O] = x[N,I] . w[O,I]^T + b[O] (b may be NULL)   (=) */
 void qt_ref_matmul_fwd(float *y, const float *x, const float *w, const float *b, long N, int I, int O);
@@ -50,12 +66,27 @@ void qt_ref_swiglu_fwd(float *out, const float *gu, long N, int F);
 /* dgu[N,2F] (=) */
 void qt_ref_swiglu_bwd(float *dgu, const float *dout, const float *gu, long N, int F);
 
+/* GeGLU with the tanh-approximate GELU (hidden_activation "gelu_pytorch_tanh", Gemma3MLP), on the same
+ * fused [N, 2F] gate|up layout: out[N,F] = gelu(gu[n, 0:F]) * gu[n, F:2F]   (=), where
+ * gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in torch's fp32 operation order. */
+void qt_ref_geglu_fwd(float *out, const float *gu, long N, int F);
+/* dgu[N,2F] (=): d gate = dout * up * gelu'(gate), d up = dout * gelu(gate) */
+void qt_ref_geglu_bwd(float *dgu, const float *dout, const float *gu, long N, int F);
+
 /* loss[n] = logsumexp(logits[n]) - logits[n, tgt[n]]; rows with tgt[n] < 0 get 0 (ignored)  (=) */
 void qt_ref_cross_entropy_fwd(float *loss, const float *logits, const int32_t *tgt, long N, int V);
 /* dlogits[n] = scale * (softmax(logits[n]) - onehot(tgt[n])), 0 on ignored rows (=).
  * dlogits may be logits (in place). */
 void qt_ref_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t *tgt, long N, int V,
                               float scale);
+
+/* The same with Gemma 3's final-logit soft-cap (final_logit_softcapping): the loss reads
+ * z = cap * tanh(logits / cap) (fp32) in place of the logits, and the gradient is w.r.t. the raw logits:
+ * dlogits = scale * (softmax(z) - onehot) * (1 - (z / cap)^2). cap 0: no cap, the functions above bit for
+ * bit. In place allowed as above. */
+void qt_ref_cross_entropy_capped_fwd(float *loss, const float *logits, const int32_t *tgt, long N, int V, float cap);
+void qt_ref_cross_entropy_capped_bwd(float *dlogits, const float *logits, const int32_t *tgt, long N, int V,
+                                     float scale, float cap);
 
 /* y[n] += x[n]   (+=) */
 void qt_ref_add_inplace(float *y, const float *x, long n);

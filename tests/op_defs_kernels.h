@@ -89,6 +89,14 @@ static void tokens(op_run *r) {
     if (OPT(O_BAD) && n > 1) tok[0] = -1, tok[n - 1] = (float)S(2);
 }
 static int tok_ok(long t, long v) { return t >= 0 && t < v; }
+/* The scaled ops (Gemma, qt_embedding_scaled_*) run the same rows with scale = qt_ref_embed_scale(c, 1), the bf16
+ * sqrt(c) transformers multiplies by; the plain ones with 1. fwd: bf16(wte * scale), exact (the fp32 product of
+ * two bf16 is exact, one RNE); bwd: an fmaf per term on both sides, the plain rows' bounds. */
+static const op_def OP_EMB_SCALED_FWD, OP_EMB_SCALED_BWD;
+static float emb_scale(const op_run *r) {
+    int scaled = r->c->op == &OP_EMB_SCALED_FWD || r->c->op == &OP_EMB_SCALED_BWD;
+    return scaled ? qt_ref_embed_scale((int)S(1), 1) : 1.0f;
+}
 static void emb_fwd_build(op_run *r) {
     tokens(r);
     t_in(r, "wte", QT_DT_BF16, S(2) * S(1), 1.0f);
@@ -98,17 +106,22 @@ static void emb_fwd_ref(op_run *r) {
     long n = S(0), c = S(1);
     int32_t *tok = op_ints(r, "tok");
     for (long i = 0; i < n; i++) tok[i] = tok_ok(tok[i], S(2)) ? tok[i] : 0;
-    qt_ref_embedding_fwd(REF(r, "out"), tok, H(r, "wte"), n, (int)c);
+    qt_ref_embedding_scaled_fwd(REF(r, "out"), tok, H(r, "wte"), n, (int)c, emb_scale(r));
+    for (long i = 0; i < n * c; i++) REF(r, "out")[i] = op_round(QT_DT_BF16, REF(r, "out")[i]);
     for (long i = 0; i < n; i++)
         if (!tok_ok((long)H(r, "tok")[i], S(2))) memset(REF(r, "out") + i * c, 0, (size_t)c * sizeof(float));
     free(tok);
 }
 static void emb_fwd_launch(op_run *r, int pass) {
     (void)pass;
-    qt_embedding_fwd(D(r, "out"), D(r, "tok"), D(r, "wte"), S(0), (int)S(1), (int)S(2), 0);
+    if (r->c->op == &OP_EMB_SCALED_FWD)
+        qt_embedding_scaled_fwd(D(r, "out"), D(r, "tok"), D(r, "wte"), S(0), (int)S(1), (int)S(2), emb_scale(r), 0);
+    else qt_embedding_fwd(D(r, "out"), D(r, "tok"), D(r, "wte"), S(0), (int)S(1), (int)S(2), 0);
 }
 static const op_def OP_EMB_FWD = {"embedding_fwd", "n c v hot", 0, NULL, emb_fwd_build, emb_fwd_ref, emb_fwd_launch,
                                   NULL, NULL, 0, 0, 0};
+static const op_def OP_EMB_SCALED_FWD = {"embedding_scaled_fwd", "n c v hot", 0, NULL, emb_fwd_build, emb_fwd_ref,
+                                         emb_fwd_launch, NULL, NULL, 0, 0, 0};
 
 /* dwte (dt2: fp32, or bf16 = the fp32 sum from its old value rounded once) += rows of dout (dt); +range:
  * only table elements [lo, hi) (a rank's piece). fp32 sums in row order on both sides: 1e-6 absolute for
@@ -136,7 +149,7 @@ static void emb_bwd_ref(op_run *r) {
             memcpy(dout + k * c, H(r, "dout") + i * c, (size_t)c * sizeof(float));
             tok[k++] = tok[i];
         }
-    qt_ref_embedding_bwd(REF(r, "dwte"), dout, tok, k, (int)c, (int)S(2));
+    qt_ref_embedding_scaled_bwd(REF(r, "dwte"), dout, tok, k, (int)c, (int)S(2), emb_scale(r));
     if (OPT(O_G16)) /* the touched rows stored rounded to bf16 */
         for (long i = 0; i < k; i++)
             for (long j = 0; j < c; j++) REF(r, "dwte")[(long)tok[i] * c + j] = op_round(QT_DT_BF16, REF(r, "dwte")[(long)tok[i] * c + j]);
@@ -148,7 +161,17 @@ static void emb_bwd_launch(op_run *r, int pass) {
     (void)pass;
     size_t lo, hi;
     emb_range(r, &lo, &hi);
-    if (OPT(O_RANGE)) {
+    if (r->c->op == &OP_EMB_SCALED_BWD) { /* the plain entries are these with scale 1 */
+        if (OPT(O_RANGE)) {
+            qt_embedding_scaled_bwd_range(D(r, "dwte"), r->c->dt2, OPT(O_G16) != 0, lo, hi, D(r, "dout"), r->c->dt,
+                                          D(r, "tok"), S(0), (int)S(1), (int)S(2), emb_scale(r), D(r, "ws"), 0);
+            qt_embedding_scaled_bwd_range(D(r, "dwte_full"), r->c->dt2, OPT(O_G16) != 0, 0, (size_t)S(2) * S(1),
+                                          D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1), (int)S(2), emb_scale(r),
+                                          D(r, "ws"), 0);
+        } else
+            qt_embedding_scaled_bwd(D(r, "dwte"), r->c->dt2, D(r, "dout"), r->c->dt, D(r, "tok"), S(0), (int)S(1),
+                                    (int)S(2), emb_scale(r), D(r, "ws"), 0);
+    } else if (OPT(O_RANGE)) {
         qt_embedding_bwd_range(D(r, "dwte"), r->c->dt2, OPT(O_G16) != 0, lo, hi, D(r, "dout"), r->c->dt, D(r, "tok"), S(0),
                                (int)S(1), (int)S(2), D(r, "ws"), 0);
         qt_embedding_bwd_range(D(r, "dwte_full"), r->c->dt2, OPT(O_G16) != 0, 0, (size_t)S(2) * S(1), D(r, "dout"), r->c->dt,
@@ -175,6 +198,8 @@ static int emb_bwd_keep(const op_run *r, const op_tensor *t, long i) {
 }
 static const op_def OP_EMB_BWD = {"embedding_bwd", "n c v hot", 2, NULL, emb_bwd_build, emb_bwd_ref, emb_bwd_launch,
                                   emb_bwd_derive, emb_bwd_keep, 0, 0, 0};
+static const op_def OP_EMB_SCALED_BWD = {"embedding_scaled_bwd", "n c v hot", 2, NULL, emb_bwd_build, emb_bwd_ref,
+                                         emb_bwd_launch, emb_bwd_derive, emb_bwd_keep, 0, 0, 0};
 
 /* ---- bias (bias.cu): s = n o ---- */
 static void bias_add_build(op_run *r) {
@@ -205,7 +230,10 @@ static void bias_bwd_launch(op_run *r, int pass) {
 static const op_def OP_BIAS_BWD = {"bias_bwd", "n o", 1, NULL, bias_bwd_build, bias_bwd_ref, bias_bwd_launch, NULL, NULL, 0, 0, 0};
 
 /* ---- RMSNorm (rmsnorm.cu): s = n c; +resid: res = bf16(res + x) first (exact); +amax: fused abs-max of y
- * (dx_bf16 in the backward), NULL in pass 1. ---- */
+ * (dx_bf16 in the backward), NULL in pass 1. The rmsnorm1p ops (Gemma's (1 + w) scale, qt_rmsnorm1p_*) run the
+ * same rows against qt_ref_rmsnorm1p_*. ---- */
+static const op_def OP_RMS1P_FWD, OP_RMS1P_BWD;
+static int rms_1p(const op_run *r) { return r->c->op == &OP_RMS1P_FWD || r->c->op == &OP_RMS1P_BWD; }
 static void rms_fwd_build(op_run *r) {
     long nc = S(0) * S(1);
     t_upd(r, "res", QT_DT_BF16, nc, 1.0f, 0, 0, OPT(O_RES) ? T_ADD : 0);
@@ -219,15 +247,19 @@ static void rms_fwd_ref(op_run *r) {
     float *res = REF(r, "res");
     if (OPT(O_RES))
         for (long i = 0; i < S(0) * S(1); i++) res[i] = op_round(QT_DT_BF16, res[i] + H(r, "x")[i]);
-    qt_ref_rmsnorm_fwd(REF(r, "y"), REF(r, "rstd"), res, H(r, "w"), S(0), (int)S(1), 1e-6f);
+    (rms_1p(r) ? qt_ref_rmsnorm1p_fwd : qt_ref_rmsnorm_fwd)(REF(r, "y"), REF(r, "rstd"), res, H(r, "w"), S(0), (int)S(1),
+                                                          1e-6f);
 }
 static void rms_fwd_launch(op_run *r, int pass) {
     (void)pass;
-    qt_rmsnorm_fwd(D(r, "y"), D(r, "rstd"), D(r, "res"), D(r, "x"), D(r, "w"), S(0), (int)S(1), 1e-6f, D(r, "amax"), 0);
+    (rms_1p(r) ? qt_rmsnorm1p_fwd : qt_rmsnorm_fwd)(D(r, "y"), D(r, "rstd"), D(r, "res"), D(r, "x"), D(r, "w"), S(0),
+                                                    (int)S(1), 1e-6f, D(r, "amax"), 0);
 }
 static void rms_fwd_derive(op_run *r, int pass) { derive_amax_of(r, "y", pass); }
 static const op_def OP_RMS_FWD = {"rmsnorm_fwd", "n c", 0, NULL, rms_fwd_build, rms_fwd_ref, rms_fwd_launch,
                                   rms_fwd_derive, NULL, 0, 0, 0};
+static const op_def OP_RMS1P_FWD = {"rmsnorm1p_fwd", "n c", 0, NULL, rms_fwd_build, rms_fwd_ref, rms_fwd_launch,
+                                    rms_fwd_derive, NULL, 0, 0, 0};
 
 /* dx (dt) += d/dres, dw (fp32) += ...; dx_bf16 = the new dx rounded (exact), amax of it. fp32 dx: a row
  * dot product over c terms in fp32 vs double that cancels two terms ~1: 1e-5 absolute. */
@@ -248,13 +280,15 @@ static void rms_bwd_build(op_run *r) {
 static void rms_bwd_ref(op_run *r) {
     float *dw = T(r, "dw") ? REF(r, "dw") : op_alloc(S(1));
     if (!T(r, "dw")) memset(dw, 0, (size_t)S(1) * sizeof *dw);
-    qt_ref_rmsnorm_bwd(REF(r, "dx"), dw, H(r, "dy"), H(r, "res"), H(r, "w"), H(r, "rstd"), S(0), (int)S(1));
+    (rms_1p(r) ? qt_ref_rmsnorm1p_bwd : qt_ref_rmsnorm_bwd)(REF(r, "dx"), dw, H(r, "dy"), H(r, "res"), H(r, "w"),
+                                                          H(r, "rstd"), S(0), (int)S(1));
     if (!T(r, "dw")) free(dw);
 }
 static void rms_bwd_launch(op_run *r, int pass) {
     (void)pass;
-    qt_rmsnorm_bwd(D(r, "dx"), r->c->dt, D(r, "dx_bf16"), D(r, "amax"), D(r, "dw"), r->c->dt2, D(r, "dy"), D(r, "res"), D(r, "w"),
-                   D(r, "rstd"), S(0), (int)S(1), D(r, "ws"), 0);
+    (rms_1p(r) ? qt_rmsnorm1p_bwd : qt_rmsnorm_bwd)(D(r, "dx"), r->c->dt, D(r, "dx_bf16"), D(r, "amax"), D(r, "dw"),
+                                                    r->c->dt2, D(r, "dy"), D(r, "res"), D(r, "w"), D(r, "rstd"), S(0),
+                                                    (int)S(1), D(r, "ws"), 0);
 }
 static void rms_bwd_derive(op_run *r, int pass) {
     if (!T(r, "dx_bf16")) return;
@@ -264,6 +298,8 @@ static void rms_bwd_derive(op_run *r, int pass) {
 }
 static const op_def OP_RMS_BWD = {"rmsnorm_bwd", "n c", 2, NULL, rms_bwd_build, rms_bwd_ref, rms_bwd_launch,
                                   rms_bwd_derive, NULL, 0, 0, 0};
+static const op_def OP_RMS1P_BWD = {"rmsnorm1p_bwd", "n c", 2, NULL, rms_bwd_build, rms_bwd_ref, rms_bwd_launch,
+                                    rms_bwd_derive, NULL, 0, 0, 0};
 
 /* ---- RoPE (rope.cu). table: s = T d, f = theta; cos/sin in double, rounded once on both sides. ---- */
 /* opt >> 16: the qt_rope_type of the row, with parameters under which every band of it shows at the rows'
@@ -389,9 +425,10 @@ static void swiglu_bwd_h_launch(op_run *r, int pass) {
 static const op_def OP_SWIGLU_BWD_H = {"swiglu_bwd_h", "n f", 0, NULL, swiglu_bwd_h_build, swiglu_bwd_h_ref,
                                        swiglu_bwd_h_launch, swiglu_bwd_derive, NULL, 0, 0, 0};
 
-/* ---- fused LM-head loss (lmhead_loss.cu): s = n v impl (0 = qt_lmhead_loss itself, else the
- * qt_lmhead_impl asked of qt_lmhead_loss_with), f = std of the logits. Row 1 is ignored (tgt -1); +bad:
- * row 3 has tgt = v (loss NaN, dlogits and lse 0). lse is NULL in pass 1. ---- */
+/* ---- fused LM-head loss (lmhead_loss.cu): s = n v impl cap (impl 0 = qt_lmhead_loss itself, else the
+ * qt_lmhead_impl asked of qt_lmhead_loss_with; cap > 0: Gemma's final-logit soft-cap, qt_lmhead_loss_softcap),
+ * f = std of the logits. Row 1 is ignored (tgt -1); +bad: row 3 has tgt = v (loss NaN, dlogits and lse 0).
+ * lse is NULL in pass 1. ---- */
 static float lm_scale(op_run *r) {
     long valid = 0;
     for (long i = 0; i < S(0); i++) valid += tok_ok((long)H(r, "tgt")[i], S(1));
@@ -411,10 +448,13 @@ static void lm_ref(op_run *r) {
     long n = S(0), v = S(1);
     int32_t *tgt = op_ints(r, "tgt");
     for (long i = 0; i < n; i++) tgt[i] = tok_ok(tgt[i], v) ? tgt[i] : -1; /* the bad row as ignored ... */
-    qt_ref_cross_entropy_fwd(REF(r, "loss"), H(r, "logits"), tgt, n, (int)v);
-    qt_ref_cross_entropy_bwd(REF(r, "logits"), H(r, "logits"), tgt, n, (int)v, lm_scale(r));
+    float cap = (float)S(3), zt;
+    qt_ref_cross_entropy_capped_fwd(REF(r, "loss"), H(r, "logits"), tgt, n, (int)v, cap);
+    qt_ref_cross_entropy_capped_bwd(REF(r, "logits"), H(r, "logits"), tgt, n, (int)v, lm_scale(r), cap);
     for (long i = 0; i < n; i++) {
-        REF(r, "lse")[i] = tgt[i] < 0 ? 0.0f : REF(r, "loss")[i] + H(r, "logits")[i * v + tgt[i]];
+        zt = tgt[i] < 0 ? 0.0f : H(r, "logits")[i * v + tgt[i]];
+        if (cap != 0.0f) zt = cap * tanhf(zt / cap); /* the capped target logit: lse = loss + z[tgt] */
+        REF(r, "lse")[i] = tgt[i] < 0 ? 0.0f : REF(r, "loss")[i] + zt;
         if ((long)H(r, "tgt")[i] >= v) REF(r, "loss")[i] = NAN; /* ... but its loss NaN */
     }
     free(tgt);
@@ -423,12 +463,15 @@ static void lm_launch(op_run *r, int pass) {
     (void)pass;
     long v = S(1);
     qt_lmhead_impl impl = (qt_lmhead_impl)S(2);
-    if (impl == QT_LMHEAD_AUTO) {
+    if (impl == QT_LMHEAD_AUTO && !S(3)) {
         qt_lmhead_loss(D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"), S(0), (int)v, lm_scale(r), 0);
         return;
     }
-    qt_lmhead_impl ran = qt_lmhead_loss_with(impl, D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"), S(0),
-                                             (int)v, lm_scale(r), 0);
+    qt_lmhead_impl ran = S(3) ? qt_lmhead_loss_softcap(impl, D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"),
+                                                       S(0), (int)v, lm_scale(r), (float)S(3), 0)
+                              : qt_lmhead_loss_with(impl, D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"), S(0),
+                                                    (int)v, lm_scale(r), 0);
+    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_CLUSTER; /* what AUTO runs */
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -436,7 +479,8 @@ static void lm_launch(op_run *r, int pass) {
     qt_lmhead_impl want = impl != QT_LMHEAD_TWO_PASS && major >= 9 && v <= 262144 ? impl : QT_LMHEAD_TWO_PASS;
     if (ran != want) op_fail(r, "  asked for implementation %d on sm_%d, %d ran (expected %d)", impl, major, ran, want);
 }
-static const op_def OP_LMHEAD = {"lmhead_loss", "n v impl", 0, "std", lm_build, lm_ref, lm_launch, NULL, NULL, 0, 0, 1 << 2};
+static const op_def OP_LMHEAD = {"lmhead_loss", "n v impl cap", 0, "std", lm_build, lm_ref, lm_launch, NULL, NULL, 0, 0,
+                                 1 << 2};
 
 /* *sum (fp64) += sum of x (fp32) in a fixed order; compared after rounding to fp32. */
 static void sum_build(op_run *r) {

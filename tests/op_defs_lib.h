@@ -153,9 +153,11 @@ static const op_def OP_QUANT_T = {"quant_fp8_transpose", "rows cols", 2, "scale"
  * and the flag. s = rows cols; dt = fp8 type. The CPU's expf may differ from the GPU's by an ulp, which can
  * move h by one bf16 ulp and so a code by one: yT's bound is one fp8 step (2^-3 relative, 2^-9 near zero).
  * Bitwise equality with the kernels it replaces (what the recompute relies on) is test_kernels'
- * swiglu_bwd_quant_t_bitwise and test_recompute's. */
+ * swiglu_bwd_quant_t_bitwise and test_recompute's. OP_GEGLU_QT: the same for GeGLU (gelu_tanh for silu). */
+static const op_def OP_GEGLU_QT;
 static void swiglu_qt_h(op_run *r, float *h) {
-    qt_ref_swiglu_fwd(h, H(r, "gu"), S(0), (int)S(1));
+    if (r->c->op == &OP_GEGLU_QT) qt_ref_geglu_fwd(h, H(r, "gu"), S(0), (int)S(1));
+    else qt_ref_swiglu_fwd(h, H(r, "gu"), S(0), (int)S(1));
     for (long i = 0; i < S(0) * S(1); i++) h[i] = op_round(QT_DT_BF16, h[i]);
 }
 static void swiglu_qt_build(op_run *r) {
@@ -169,7 +171,8 @@ static void swiglu_qt_build(op_run *r) {
     t_out(r, "yT", r->c->dt, n, 0x1p-9, 0.125, 0);
 }
 static void swiglu_qt_ref(op_run *r) {
-    swiglu_bwd_ref(r);
+    if (r->c->op == &OP_GEGLU_QT) qt_ref_geglu_bwd(REF(r, swiglu_dgu(r)), H(r, "dout"), H(r, "gu"), S(0), (int)S(1));
+    else swiglu_bwd_ref(r);
     scale_ref_of(r, r->c->dt, 5);
     long R = S(0), C = S(1);
     float s = REF(r, "sc")[2], *h = malloc((size_t)(R * C > 0 ? R * C : 1) * sizeof *h);
@@ -181,11 +184,14 @@ static void swiglu_qt_ref(op_run *r) {
 }
 static void swiglu_qt_launch(op_run *r, int pass) {
     (void)pass;
-    qt_swiglu_bwd_quant_transpose_cur(D(r, swiglu_dgu(r)), D(r, "dout"), D(r, "gu"), S(0), S(1), D(r, "amax"), r->c->dt,
-                                      D(r, "yT"), D(r, "sc"), D(r, "flag"), 5, 0);
+    (r->c->op == &OP_GEGLU_QT ? qt_geglu_bwd_quant_transpose_cur : qt_swiglu_bwd_quant_transpose_cur)(
+        D(r, swiglu_dgu(r)), D(r, "dout"), D(r, "gu"), S(0), S(1), D(r, "amax"), r->c->dt, D(r, "yT"), D(r, "sc"),
+        D(r, "flag"), 5, 0);
 }
 static const op_def OP_SWIGLU_QT = {"swiglu_bwd_quant_t", "rows cols", 1, NULL, swiglu_qt_build, swiglu_qt_ref,
                                     swiglu_qt_launch, swiglu_bwd_derive, NULL, 0, 0, 0};
+static const op_def OP_GEGLU_QT = {"geglu_bwd_quant_t", "rows cols", 1, NULL, swiglu_qt_build, swiglu_qt_ref,
+                                   swiglu_qt_launch, swiglu_bwd_derive, NULL, 0, 0, 0};
 
 /* Dequantize: y (dt: fp32 or bf16) = decode(x) * descale, one RNE rounding: bitwise. s = n gen (0 random
  * finite codes, 1 all 256); dt2 = fp8 type; f = descale (0: NULL). */

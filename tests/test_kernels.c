@@ -86,9 +86,11 @@ static float *g_f32(const void *d, long n) {
 /* ---- SwiGLU backward that also writes h ---- */
 /* qt_swiglu_bwd_h must give qt_swiglu_bwd's dgu and abs-max and, over dh, qt_swiglu_fwd's h: a bf16 backward
  * with the SwiGLU recomputed swaps the two for it (down's wgrad reads that h) and claims the same bits. dgu
- * over gu as the model writes it; vector and scalar shapes. */
-static void test_swiglu_bwd_h_bitwise(void) {
-    NEED_GPU();
+ * over gu as the model writes it; vector and scalar shapes. The same for GeGLU's three entries. */
+typedef void (*glu_fwd_fn)(void *, const void *, long, int, float *, cudaStream_t);
+typedef void (*glu_bwd_fn)(void *, const void *, const void *, long, int, float *, cudaStream_t);
+typedef void (*glu_bwd_h_fn)(void *, void *, const void *, long, int, float *, cudaStream_t);
+static void glu_bwd_h_bitwise(glu_fwd_fn fwd, glu_bwd_fn bwd, glu_bwd_h_fn bwd_h) {
     static const long SH[][2] = {{1024, 4864}, {2048, 18944}, {33, 13}, {7, 24}};
     for (int c = 0; c < 4; c++) {
         long R = SH[c][0], C = SH[c][1], n = R * C;
@@ -97,9 +99,9 @@ static void test_swiglu_bwd_h_bitwise(void) {
         void *h1 = d_poison((size_t)n * 2);
         QT_CUDA(cudaMalloc((void **)&am, 2 * sizeof *am));
         QT_CUDA(cudaMemset(am, 0, 2 * sizeof *am));
-        qt_swiglu_fwd(h1, gu1, R, (int)C, NULL, 0);
-        qt_swiglu_bwd(gu1, dh1, gu1, R, (int)C, &am[0], 0);
-        qt_swiglu_bwd_h(gu2, dh2, gu2, R, (int)C, &am[1], 0);
+        fwd(h1, gu1, R, (int)C, NULL, 0);
+        bwd(gu1, dh1, gu1, R, (int)C, &am[0], 0);
+        bwd_h(gu2, dh2, gu2, R, (int)C, &am[1], 0);
         uint16_t *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
         float a2[2];
         QT_CHECK(a && b, "out of memory");
@@ -120,15 +122,24 @@ static void test_swiglu_bwd_h_bitwise(void) {
         cudaFree(gu1), cudaFree(gu2), cudaFree(dh1), cudaFree(dh2), cudaFree(h1), cudaFree(am);
     }
 }
+static void test_swiglu_bwd_h_bitwise(void) {
+    NEED_GPU();
+    glu_bwd_h_bitwise(qt_swiglu_fwd, qt_swiglu_bwd, qt_swiglu_bwd_h);
+}
+static void test_geglu_bwd_h_bitwise(void) {
+    NEED_GPU();
+    glu_bwd_h_bitwise(qt_geglu_fwd, qt_geglu_bwd, qt_geglu_bwd_h);
+}
 
 /* ---- SwiGLU backward + quantize-transpose ---- */
 /* qt_swiglu_bwd_quant_transpose_cur must give the bytes of qt_swiglu_bwd (dgu and its abs-max) and of
  * qt_swiglu_fwd followed by qt_quant_fp8_transpose_cur over its bf16 output with the same scale record:
  * the fp8 recompute swaps the three kernels for it and claims the same training bits. dgu is written over
  * gu as the model does (one case out of place), vector and scalar shapes, gate values wide enough for
- * silu's saturation, both fp8 types. */
-static void test_swiglu_bwd_quant_t_bitwise(void) {
-    NEED_GPU();
+ * silu's saturation, both fp8 types. The same for GeGLU's (qt_geglu_*). */
+typedef void (*glu_qt_fn)(void *, const void *, const void *, long, long, float *, qt_dtype, void *, qt_fp8_scale *,
+                          int *, int, cudaStream_t);
+static void glu_bwd_quant_t_bitwise(glu_fwd_fn fwd, glu_bwd_fn bwd, glu_qt_fn fused) {
     static const long SH[][2] = {{1024, 4864}, {2048, 18944}, {130, 72}, {33, 13}, {16, 8}};
     for (int c = 0; c < 5; c++)
         for (int e = 0; e < 2; e++) {
@@ -149,11 +160,11 @@ static void test_swiglu_bwd_quant_t_bitwise(void) {
             QT_CUDA(cudaMemset(am, 0, 2 * sizeof *am));
             QT_CUDA(cudaMemset(flag, 0, sizeof *flag));
             /* the three kernels: the forward's h and its abs-max, its codes, then the backward in place */
-            qt_swiglu_fwd(h, dgu_ref, R, (int)C, &sc[0].amax, 0);
+            fwd(h, dgu_ref, R, (int)C, &sc[0].amax, 0);
             qt_quant_fp8_transpose_cur(dt, NULL, yt1, QT_DT_BF16, h, R, C, &sc[0], flag, 1, 0);
             QT_CUDA(cudaMemcpy(&sc[1], &sc[0], sizeof *sc, cudaMemcpyDeviceToDevice));
-            qt_swiglu_bwd(dgu_ref, ddh, dgu_ref, R, (int)C, &am[0], 0);
-            qt_swiglu_bwd_quant_transpose_cur(dgu2, ddh, gu2, R, C, &am[1], dt, yt2, &sc[1], flag, 1, 0);
+            bwd(dgu_ref, ddh, dgu_ref, R, (int)C, &am[0], 0);
+            fused(dgu2, ddh, gu2, R, C, &am[1], dt, yt2, &sc[1], flag, 1, 0);
             uint8_t *a = malloc((size_t)n), *b = malloc((size_t)n);
             uint16_t *ga = malloc((size_t)n * 4), *gb = malloc((size_t)n * 4);
             qt_fp8_scale s2[2];
@@ -183,6 +194,14 @@ static void test_swiglu_bwd_quant_t_bitwise(void) {
             cudaFree(am), cudaFree(flag);
             if (!inplace) cudaFree(dgu2);
         }
+}
+static void test_swiglu_bwd_quant_t_bitwise(void) {
+    NEED_GPU();
+    glu_bwd_quant_t_bitwise(qt_swiglu_fwd, qt_swiglu_bwd, qt_swiglu_bwd_quant_transpose_cur);
+}
+static void test_geglu_bwd_quant_t_bitwise(void) {
+    NEED_GPU();
+    glu_bwd_quant_t_bitwise(qt_geglu_fwd, qt_geglu_bwd, qt_geglu_bwd_quant_transpose_cur);
 }
 
 /* ---- AdamW ---- */
@@ -703,7 +722,9 @@ static void test_adamw_bf16_master_cuts(void) {
 int main(void) {
     qt_rng_seed(&R, 20261121);
     QT_RUN(test_swiglu_bwd_quant_t_bitwise);
+    QT_RUN(test_geglu_bwd_quant_t_bitwise);
     QT_RUN(test_swiglu_bwd_h_bitwise);
+    QT_RUN(test_geglu_bwd_h_bitwise);
     QT_RUN(test_adamw_sharded);
     QT_RUN(test_adamw_counts_nonfinite);
     QT_RUN(test_adamw_offload);

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "op_defs_gemma.h"
 #include "op_defs_lib.h"
 
 #define F32 QT_DT_F32
@@ -31,6 +32,11 @@
     {&OP_LMHEAD, {n, v, QT_LMHEAD_TWO_PASS}, 0, 0, opt, std, off},                                                 \
         {&OP_LMHEAD, {n, v, QT_LMHEAD_CLUSTER}, 0, 0, opt, std, off},                                              \
         {&OP_LMHEAD, {n, v, QT_LMHEAD_CLUSTER_PIPE}, 0, 0, opt, std, off}
+/* The same under Gemma's final-logit soft-cap (s[3] = cap; std / cap ~ 1: tanh well inside its bend). */
+#define LMC(n, v, std, off, opt, cap)                                                                              \
+    {&OP_LMHEAD, {n, v, QT_LMHEAD_TWO_PASS, cap}, 0, 0, opt, std, off},                                            \
+        {&OP_LMHEAD, {n, v, QT_LMHEAD_CLUSTER, cap}, 0, 0, opt, std, off},                                         \
+        {&OP_LMHEAD, {n, v, QT_LMHEAD_CLUSTER_PIPE, cap}, 0, 0, opt, std, off}
 /* The four forward GEMM variants of one shape. */
 #define MMF(N, I, O)                                                                                               \
     {&OP_MM_FWD, {N, I, O}, BF16, 0, O_BIAS, 0, 0}, {&OP_MM_FWD, {N, I, O}, F32, 0, 0, 0, 0},                      \
@@ -130,6 +136,38 @@ static const op_case CASES[] = {
     LM(2, 300007, 1.0f, 0, 0),                             /* past the cluster's registers: falls back */
     {&OP_LMHEAD, {13, 151936, QT_LMHEAD_AUTO}, 0, 0, O_BAD, 2.0f, 0},
     {&OP_SUM, {1}, 0, 0, 0, 0, 0}, {&OP_SUM, {13}, 0, 0, 0, 0, 0}, {&OP_SUM, {100003}, 0, 0, 0, 0, 0},
+    /* Gemma 3 (op_defs_gemma.h). GeGLU: n f (6912: Gemma 3 1B's intermediate size) */
+    {&OP_GEGLU_FWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_GEGLU_FWD, {7, 24}, 0, 0, O_AMAX, 0, 1},
+    {&OP_GEGLU_FWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_GEGLU_FWD, {64, 6912}, 0, 0, O_AMAX, 0, 0},
+    {&OP_GEGLU_FWD, {5, 13}, 0, 0, 0, 0, 0},
+    {&OP_GEGLU_BWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_GEGLU_BWD, {7, 24}, 0, 0, O_AMAX, 0, 1},
+    {&OP_GEGLU_BWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_GEGLU_BWD, {64, 6912}, 0, 0, O_AMAX | O_INPLACE, 0, 0},
+    {&OP_GEGLU_BWD, {33, 13}, 0, 0, O_INPLACE, 0, 0},
+    {&OP_GEGLU_BWD_H, {64, 6912}, 0, 0, O_AMAX | O_INPLACE, 0, 0}, {&OP_GEGLU_BWD_H, {7, 24}, 0, 0, O_AMAX, 0, 0},
+    {&OP_GEGLU_BWD_H, {33, 13}, 0, 0, O_INPLACE, 0, 0},
+    /* RMSNorm with (1 + w): n c (1152 / 2560: Gemma 3 1B / 4B hidden; 256: its q/k-norm head_dim) */
+    {&OP_RMS1P_FWD, {1, 1152}, 0, 0, O_RES | O_AMAX, 0, 0}, {&OP_RMS1P_FWD, {7, 24}, 0, 0, O_RES | O_AMAX, 0, 0},
+    {&OP_RMS1P_FWD, {300, 2560}, 0, 0, O_AMAX, 0, 0}, {&OP_RMS1P_FWD, {33, 100}, 0, 0, O_RES | O_AMAX, 0, 0},
+    {&OP_RMS1P_FWD, {1, 24}, 0, 0, 0, 0, 0}, {&OP_RMS1P_FWD, {512, 256}, 0, 0, 0, 0, 0},
+    {&OP_RMS1P_BWD, {1, 1152}, F32, 0, O_AMAX, 0, 0}, {&OP_RMS1P_BWD, {7, 24}, BF16, 0, O_AMAX, 0, 0},
+    {&OP_RMS1P_BWD, {1000, 896}, F32, 0, O_AMAX, 0, 0}, {&OP_RMS1P_BWD, {65, 100}, F32, 0, O_AMAX, 0, 0},
+    {&OP_RMS1P_BWD, {300, 1536}, F32, 0, O_AMAX, 0, 0}, {&OP_RMS1P_BWD, {40, 1544}, BF16, 0, O_AMAX, 0, 0},
+    {&OP_RMS1P_BWD, {3, 12296}, F32, 0, O_AMAX, 0, 0}, {&OP_RMS1P_BWD, {129, 2560}, BF16, 0, O_AMAX, 0, 0},
+    {&OP_RMS1P_BWD, {512, 256}, F32, 0, 0, 0, 0}, {&OP_RMS1P_BWD, {7, 24}, F32, 0, O_NODW, 0, 0},
+    {&OP_RMS1P_BWD, {1000, 896}, F32, BF16, O_AMAX, 0, 0}, {&OP_RMS1P_BWD, {3, 12296}, F32, BF16, 0, 0, 0},
+    /* scaled embedding: n c v hot (262208: Gemma 3's vocabulary) */
+    {&OP_EMB_SCALED_FWD, {1, 24, 50, 0}, 0, 0, 0, 0, 0}, {&OP_EMB_SCALED_FWD, {7, 896, 1000, 30}, 0, 0, 0, 0, 0},
+    {&OP_EMB_SCALED_FWD, {777, 20, 300, 10}, 0, 0, O_BAD, 0, 0}, {&OP_EMB_SCALED_FWD, {64, 1152, 262208, 5}, 0, 0, 0, 0, 0},
+    {&OP_EMB_SCALED_BWD, {1, 24, 50, 0}, BF16, 0, 0, 0, 0}, {&OP_EMB_SCALED_BWD, {7, 896, 1000, 30}, BF16, 0, O_RANGE, 0, 0},
+    {&OP_EMB_SCALED_BWD, {5000, 24, 1000, 60}, BF16, 0, 0, 0, 0}, {&OP_EMB_SCALED_BWD, {777, 20, 300, 10}, F32, 0, O_BAD, 0, 0},
+    {&OP_EMB_SCALED_BWD, {2048, 64, 262208, 5}, F32, 0, O_RANGE, 0, 0},
+    {&OP_EMB_SCALED_BWD, {7, 896, 1000, 30}, F32, 0, O_RANGE | O_G16, 0, 0},
+    {&OP_EMB_SCALED_BWD, {7, 896, 1000, 30}, BF16, BF16, O_RANGE, 0, 0},
+    /* LM-head loss under the soft-cap: n v impl cap */
+    LMC(3, 151936, 15.0f, 0, 0, 15), LMC(13, 262208, 15.0f, 3, O_BAD, 15), /* Gemma's v: past the clusters */
+    LMC(11, 50257, 15.0f, 0, O_BAD, 15), LMC(300, 32000, 30.0f, 0, 0, 30), LMC(70, 151936, 15.0f, 3, O_BAD, 15),
+    LMC(7, 1000, 15.0f, 0, 0, 15), LMC(5, 1003, 15.0f, 0, O_BAD, 15), LMC(5, 3, 15.0f, 5, 0, 15),
+    {&OP_LMHEAD, {13, 151936, QT_LMHEAD_AUTO, 15}, 0, 0, O_BAD, 15.0f, 0},
     /* AdamW (adamw.cu): steps sr; dt = m/v, dt2 = weights (fp32: master + bf16 copy); f = grad scale */
     {&OP_ADAMW, {3, 0}, F32, F32, 0, 0.5f, 0}, {&OP_ADAMW, {1, 0}, BF16, F32, 0, 0, 0},
     {&OP_ADAMW, {1, 1}, BF16, BF16, 0, 0, 0}, {&OP_ADAMW, {1, 0}, F32, BF16, 0, 1.0f, 0},
@@ -173,6 +211,9 @@ static const op_case CASES[] = {
     {&OP_SWIGLU_QT, {1024, 4864}, E4M3, 0, O_AMAX | O_INPLACE, 0, 0}, {&OP_SWIGLU_QT, {130, 72}, E4M3, 0, O_AMAX, 0, 1},
     {&OP_SWIGLU_QT, {33, 13}, E5M2, 0, O_INPLACE, 0, 0}, {&OP_SWIGLU_QT, {1, 1}, E4M3, 0, O_AMAX, 0, 0},
     {&OP_SWIGLU_QT, {256, 1024}, E4M3, 0, O_INPLACE, 0, 0}, /* the fused kernel without the abs-max fold */
+    /* the same for GeGLU (Gemma) */
+    {&OP_GEGLU_QT, {1024, 4864}, E4M3, 0, O_AMAX | O_INPLACE, 0, 0}, {&OP_GEGLU_QT, {130, 72}, E4M3, 0, O_AMAX, 0, 1},
+    {&OP_GEGLU_QT, {33, 13}, E5M2, 0, O_INPLACE, 0, 0}, {&OP_GEGLU_QT, {256, 1024}, E4M3, 0, O_INPLACE, 0, 0},
     /* dequantize: n gen (0 random finite codes, 1 all codes); dt <- dt2; f = descale (0: NULL) */
     {&OP_DEQUANT, {10007, 0}, F32, E4M3, 0, 0.0123f, 0}, {&OP_DEQUANT, {10007, 0}, BF16, E4M3, 0, 0.0123f, 0},
     {&OP_DEQUANT, {10007, 0}, F32, E5M2, 0, 0.0123f, 1}, {&OP_DEQUANT, {10007, 0}, BF16, E5M2, 0, 0.0123f, 0},
@@ -351,6 +392,7 @@ int main(int argc, char **argv) {
     printf("  seed %#llx, %d rows\n", (unsigned long long)g_seed, NCASES);
     QT_RUN(test_selfcheck_guards);
     QT_RUN(test_selfcheck);
+    QT_RUN(test_gemma_planted);
     if (have_gpu()) run_gpu_rows();
     else if (selected_rows()) {
         printf("SKIP test_ops_gpu: no CUDA device (%d rows selected; test_selfcheck runs every row on the CPU)\n", selected_rows());

@@ -1,5 +1,6 @@
-/* ref_ops.c — CPU fp32 reference ops (embedding, RMSNorm, matmul, RoPE, SwiGLU, cross-entropy),
- * forward and backward; attention lives in ref_attention.c.
+/* ref_ops.c — CPU fp32 reference ops (embedding, RMSNorm, matmul, RoPE, SwiGLU, GeGLU, cross-entropy), forward and
+ * backward, with Gemma 3's variants (scaled embedding, (1 + w) RMSNorm, logit soft-cap); attention lives in
+ * ref_attention.c.
  *
  * Determinism: every output element is reduced by exactly one thread in a fixed order; parallel
  * loops split outputs, never a sum. Matmuls accumulate in fp32 in k order (vectorised across output
@@ -120,7 +121,28 @@ void qt_ref_embedding_fwd(float *out, const int32_t *tok, const float *wte, long
     for (long n = 0; n < N; n++) memcpy(out + n * C, wte + (long)tok[n] * C, (size_t)C * sizeof *out);
 }
 
+float qt_ref_embed_scale(int hidden, int round_bf16) {
+    float s = (float)sqrt((double)hidden); /* torch.tensor(hidden ** 0.5): fp32 */
+    if (!round_bf16) return s;
+    uint32_t u;
+    memcpy(&u, &s, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* .to(bf16): RNE (s is finite and positive) */
+    memcpy(&s, &u, 4);
+    return s;
+}
+
+void qt_ref_embedding_scaled_fwd(float *out, const int32_t *tok, const float *wte, long N, int C, float scale) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) out[n * C + c] = wte[(long)tok[n] * C + c] * scale;
+}
+
 void qt_ref_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, long N, int C, int V) {
+    qt_ref_embedding_scaled_bwd(dwte, dout, tok, N, C, V, 1.0f);
+}
+
+void qt_ref_embedding_scaled_bwd(float *dwte, const float *dout, const int32_t *tok, long N, int C, int V,
+                                 float scale) {
     /* bucket the rows by token (counting sort, stable) so each vocab row sums its rows in order */
     long *start = calloc((size_t)V + 1, sizeof *start), *rows = malloc((size_t)(N ? N : 1) * sizeof *rows);
     QT_CHECK(start && rows, "out of memory for the embedding backward (V=%d, N=%ld)", V, N);
@@ -138,7 +160,10 @@ void qt_ref_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, lo
         float *d = dwte + (long)v * C;
         for (long k = start[v]; k < start[v + 1]; k++) {
             const float *g = dout + rows[k] * C;
-            for (int c = 0; c < C; c++) d[c] += g[c];
+            if (scale == 1.0f)
+                for (int c = 0; c < C; c++) d[c] += g[c];
+            else /* one rounding per term, as the GPU kernel's fmaf: the same bits */
+                for (int c = 0; c < C; c++) d[c] = fmaf(g[c], scale, d[c]);
         }
     }
     free(start);
@@ -148,7 +173,8 @@ void qt_ref_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, lo
 
 /* ---- RMSNorm ---- */
 
-void qt_ref_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, long N, int C, float eps) {
+/* one_plus: the scale is (1 + w[c]) in fp32 (Gemma), else w[c]. */
+static void rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, long N, int C, float eps, int one_plus) {
 #pragma omp parallel for schedule(static)
     for (long n = 0; n < N; n++) {
         const float *xr = x + n * C;
@@ -156,21 +182,30 @@ void qt_ref_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, l
         for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
         float r = (float)(1.0 / sqrt(ss / C + eps));
         rstd[n] = r;
-        for (int c = 0; c < C; c++) y[n * C + c] = xr[c] * r * w[c];
+        for (int c = 0; c < C; c++) y[n * C + c] = xr[c] * r * (one_plus ? 1.0f + w[c] : w[c]);
     }
+}
+
+void qt_ref_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, long N, int C, float eps) {
+    rmsnorm_fwd(y, rstd, x, w, N, C, eps, 0);
+}
+
+void qt_ref_rmsnorm1p_fwd(float *y, float *rstd, const float *x, const float *w, long N, int C, float eps) {
+    rmsnorm_fwd(y, rstd, x, w, N, C, eps, 1);
 }
 
 #define COLS 32 /* dw columns per task: rows of x are read in 128-byte pieces */
 
-void qt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
-                        const float *rstd, long N, int C) {
+/* dx through the scale s[c] = w[c] or 1 + w[c] (one_plus); dw is the same for both (d(1 + w)/dw = 1). */
+static void rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
+                        long N, int C, int one_plus) {
 #pragma omp parallel for schedule(static)
     for (long n = 0; n < N; n++) {
         const float *xr = x + n * C, *g = dy + n * C;
-        double dot = 0; /* sum_c dy*w*x */
-        for (int c = 0; c < C; c++) dot += (double)g[c] * w[c] * xr[c];
+        double dot = 0; /* sum_c dy*s*x */
+        for (int c = 0; c < C; c++) dot += (double)g[c] * (one_plus ? 1.0f + w[c] : w[c]) * xr[c];
         float r = rstd[n], k = (float)(dot * r * r * r / C);
-        for (int c = 0; c < C; c++) dx[n * C + c] += g[c] * w[c] * r - xr[c] * k;
+        for (int c = 0; c < C; c++) dx[n * C + c] += g[c] * (one_plus ? 1.0f + w[c] : w[c]) * r - xr[c] * k;
     }
     int nb = (C + COLS - 1) / COLS;
 #pragma omp parallel for schedule(static)
@@ -183,6 +218,16 @@ void qt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, c
         }
         for (int c = 0; c < nc; c++) dw[c0 + c] += (float)acc[c];
     }
+}
+
+void qt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                        const float *rstd, long N, int C) {
+    rmsnorm_bwd(dx, dw, dy, x, w, rstd, N, C, 0);
+}
+
+void qt_ref_rmsnorm1p_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                          const float *rstd, long N, int C) {
+    rmsnorm_bwd(dx, dw, dy, x, w, rstd, N, C, 1);
 }
 
 /* ---- matmul ---- */
@@ -288,7 +333,47 @@ void qt_ref_swiglu_bwd(float *dgu, const float *dout, const float *gu, long N, i
     }
 }
 
-/* ---- cross-entropy ---- */
+/* ---- GeGLU with the tanh-approximate GELU (transformers' gelu_pytorch_tanh = torch gelu(approximate="tanh")) ---- */
+
+/* gelu(x) = 0.5 x (1 + tanh(b (x + k x^3))), b = sqrt(2/pi), k = 0.044715, in torch's fp32 operation order
+ * (aten GeluCUDAKernelImpl, tanh branch); *t receives the tanh. */
+#define GELU_BETA 0.7978845608028654f /* M_SQRT2 * M_2_SQRTPI * 0.5 */
+#define GELU_KAPPA 0.044715f
+static float gelu_tanh(float x, float *t) {
+    float x_cube = x * x * x, inner = GELU_BETA * (x + GELU_KAPPA * x_cube);
+    *t = tanhf(inner);
+    return 0.5f * x * (1.0f + *t);
+}
+/* d gelu / dx, the same way (aten GeluBackwardCUDAKernelImpl, tanh branch). */
+static float gelu_tanh_grad(float x) {
+    float x_sq = x * x, t = tanhf(GELU_BETA * (x + GELU_KAPPA * (x_sq * x)));
+    float left = 0.5f * x, right = 1.0f + t;
+    return 0.5f * right + left * (1.0f - t * t) * (GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * x_sq));
+}
+
+void qt_ref_geglu_fwd(float *out, const float *gu, long N, int F) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        const float *g = gu + n * 2 * F, *u = g + F;
+        float t;
+        for (int f = 0; f < F; f++) out[n * F + f] = gelu_tanh(g[f], &t) * u[f];
+    }
+}
+
+void qt_ref_geglu_bwd(float *dgu, const float *dout, const float *gu, long N, int F) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n++) {
+        const float *g = gu + n * 2 * F, *u = g + F, *d = dout + n * F;
+        float *dg = dgu + n * 2 * F, *du = dg + F, t;
+        for (int f = 0; f < F; f++) {
+            float a = gelu_tanh(g[f], &t), da = gelu_tanh_grad(g[f]);
+            du[f] = d[f] * a;
+            dg[f] = d[f] * u[f] * da;
+        }
+    }
+}
+
+/* ---- cross-entropy (with the optional final-logit soft-cap) ---- */
 
 /* max and log-sum-exp of one row, in double. */
 static double row_lse(const float *l, int V) {
@@ -299,31 +384,66 @@ static double row_lse(const float *l, int V) {
     return m + log(s);
 }
 
-void qt_ref_cross_entropy_fwd(float *loss, const float *logits, const int32_t *tgt, long N, int V) {
-#pragma omp parallel for schedule(static)
-    for (long n = 0; n < N; n++) {
-        if (tgt[n] < 0) { loss[n] = 0; continue; }
-        QT_CHECK(tgt[n] < V, "target %d at row %ld outside the vocabulary [0, %d)", tgt[n], n, V);
-        const float *l = logits + n * V;
-        loss[n] = (float)(row_lse(l, V) - l[tgt[n]]);
+/* The row the loss reads: l itself (cap 0), else z = cap * tanh(l / cap) in fp32 into buf (Gemma 3's
+ * final_logit_softcapping: logits / cap, tanh, * cap). */
+static const float *capped_row(const float *l, int V, float cap, float *buf) {
+    if (cap == 0.0f) return l;
+    for (int v = 0; v < V; v++) buf[v] = cap * tanhf(l[v] / cap);
+    return buf;
+}
+
+void qt_ref_cross_entropy_capped_fwd(float *loss, const float *logits, const int32_t *tgt, long N, int V, float cap) {
+#pragma omp parallel
+    {
+        float *buf = cap != 0.0f ? malloc((size_t)V * sizeof *buf) : NULL;
+        QT_CHECK(cap == 0.0f || buf, "out of memory for a soft-capped row (V=%d)", V);
+#pragma omp for schedule(static)
+        for (long n = 0; n < N; n++) {
+            if (tgt[n] < 0) { loss[n] = 0; continue; }
+            QT_CHECK(tgt[n] < V, "target %d at row %ld outside the vocabulary [0, %d)", tgt[n], n, V);
+            const float *z = capped_row(logits + n * V, V, cap, buf);
+            loss[n] = (float)(row_lse(z, V) - z[tgt[n]]);
+        }
+        free(buf);
     }
+}
+
+void qt_ref_cross_entropy_capped_bwd(float *dlogits, const float *logits, const int32_t *tgt, long N, int V,
+                                     float scale, float cap) {
+#pragma omp parallel
+    {
+        float *buf = cap != 0.0f ? malloc((size_t)V * sizeof *buf) : NULL;
+        QT_CHECK(cap == 0.0f || buf, "out of memory for a soft-capped row (V=%d)", V);
+#pragma omp for schedule(static)
+        for (long n = 0; n < N; n++) {
+            const float *l = logits + n * V;
+            float *d = dlogits + n * V;
+            if (tgt[n] < 0) {
+                memset(d, 0, (size_t)V * sizeof *d);
+                continue;
+            }
+            QT_CHECK(tgt[n] < V, "target %d at row %ld outside the vocabulary [0, %d)", tgt[n], n, V);
+            const float *z = capped_row(l, V, cap, buf); /* the whole row is read before d overwrites it */
+            double lse = row_lse(z, V);
+            for (int v = 0; v < V; v++) d[v] = (float)(scale * exp((double)z[v] - lse));
+            d[tgt[n]] -= scale;
+            if (cap != 0.0f) /* d/dl cap tanh(l / cap) = 1 - tanh^2 = 1 - (z / cap)^2 */
+                for (int v = 0; v < V; v++) {
+                    float t = z[v] / cap;
+                    d[v] *= 1.0f - t * t;
+                }
+        }
+        free(buf);
+    }
+}
+
+void qt_ref_cross_entropy_fwd(float *loss, const float *logits, const int32_t *tgt, long N, int V) {
+    qt_ref_cross_entropy_capped_fwd(loss, logits, tgt, N, V, 0.0f);
 }
 
 void qt_ref_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t *tgt, long N, int V,
                               float scale) {
-#pragma omp parallel for schedule(static)
-    for (long n = 0; n < N; n++) {
-        const float *l = logits + n * V;
-        float *d = dlogits + n * V;
-        if (tgt[n] < 0) {
-            memset(d, 0, (size_t)V * sizeof *d);
-            continue;
-        }
-        QT_CHECK(tgt[n] < V, "target %d at row %ld outside the vocabulary [0, %d)", tgt[n], n, V);
-        double lse = row_lse(l, V); /* read the whole row before overwriting it (in place) */
-        for (int v = 0; v < V; v++) d[v] = (float)(scale * exp((double)l[v] - lse));
-        d[tgt[n]] -= scale;
-    }
+    qt_ref_cross_entropy_capped_bwd(dlogits, logits, tgt, N, V, scale, 0.0f);
 }
 
 void qt_ref_add_inplace(float *y, const float *x, long n) {
