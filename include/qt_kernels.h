@@ -1,4 +1,4 @@
-/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, RoPE, SwiGLU,
+/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, q/k norm, RoPE, SwiGLU,
  * bias, LM-head loss, AdamW, gradient norm, casts). Matmul (qt_matmul.h), attention and fp8 quantize
  * live elsewhere.
  *
