@@ -39,7 +39,8 @@ __global__ void qknorm_fwd_kernel(bf16 *qkv, bf16 *save, float *rstd, const bf16
         float rs = 1.0f / sqrtf(ss / (float)D + eps);
         if (lane == 0) rstd[k] = rs;
         /* each lane rewrites only the elements it read itself */
-        for (int j = lane; j < D; j += 32) x[j] = __float2bfloat16_rn(__bfloat162float(x[j]) * rs * __bfloat162float(wh[j]));
+        for (int j = lane; j < D; j += 32)
+            x[j] = __float2bfloat16_rn(__bfloat162float(x[j]) * rs * __bfloat162float(wh[j]));
     }
 }
 

@@ -1,5 +1,5 @@
-/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, q/k norm, RoPE, SwiGLU,
- * bias, LM-head loss, AdamW, gradient norm, casts). Matmul (qt_matmul.h), attention and fp8 quantize
+/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, q/k norm, RoPE,
+ * SwiGLU, bias, LM-head loss, AdamW, gradient norm, casts). Matmul (qt_matmul.h), attention and fp8 quantize
  * live elsewhere.
  *
  * Conventions: "bf16" buffers are passed as void* and hold __nv_bfloat16; math is fp32 and each output

@@ -390,7 +390,8 @@ static dims dims_of(const qt_model_cfg *c) {
  * memory.recompute parts; before the layer's backward) runs, in the same order, the same kernels on
  * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
  *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add); with an fp8
- *         backward ln1 goes with qkv and ln2 with ffn instead (nothing else reads them)   qkv: qkv (+ q/k norm) + RoPE
+ *         backward ln1 goes with qkv and ln2 with ffn instead (nothing else reads them)   qkv: qkv + RoPE
+ *                                      (qk_norm: the q/k norm between them, which rewrites its saved input, rstd)
  *   att: attention output and lse      block: o_proj into res_mid, then ln2 with the fused add again
  *   ffn: gate|up                       swiglu: nothing here: block_backward's SwiGLU backward makes h
  *                                      (fp8: down's Xq^T) from gate|up
@@ -543,11 +544,12 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     attention_bwd(g, a, d);
     qt_gpu_model_mark(g, "rope");
     /* the abs-max of qkv's output gradient: from the last kernel that writes it (the q/k norm's, when there) */
-    qt_rope_bwd(as->dqkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : fp8_amax(g, l, QT_FP8_QKV, 1), s);
+    float *qkv_amax = fp8_amax(g, l, QT_FP8_QKV, 1);
+    qt_rope_bwd(as->dqkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : qkv_amax, s);
     if (c->qk_norm) {
         qt_gpu_model_mark(g, "qk norm bwd");
         qt_qknorm_bwd(as->dqkv, Gp(g, o->qknorm), Gdt(g), a->qk, Wp(g, o->qknorm), a->qk_rstd, N, d.H, d.Hkv, d.D,
-                      fp8_amax(g, l, QT_FP8_QKV, 1), g->ws, s);
+                      qkv_amax, g->ws, s);
     }
     qt_gpu_model_mark(g, "bias grad");
     if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), Gdt(g), as->dqkv, N, d.QKV, g->ws, s);

@@ -130,7 +130,8 @@ static void block_fwd(qt_cpu_model *m, const float *w, int l, float *out) {
     int C = c->hidden_size, H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim, F = c->intermediate_size;
     int HD = H * D, QKV = (H + 2 * Hkv) * D;
     qt_ref_rmsnorm_fwd(a->ln1, a->rstd1, a->x, w + o->ln1, N, C, c->rms_norm_eps);
-    qt_ref_matmul_fwd(a->qkx ? a->qkx : a->qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
+    float *qkv = a->qkx ? a->qkx : a->qkv; /* with qk_norm, the norm writes a->qkv from the kept matmul output */
+    qt_ref_matmul_fwd(qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
     if (a->qkx) qt_ref_qknorm_fwd(a->qkv, a->qkrstd, a->qkx, w + o->qknorm, N, H, Hkv, D, c->rms_norm_eps);
     qt_ref_rope_fwd(a->qkv, m->B, m->T, H, Hkv, D, c->rope_theta);
     qt_ref_attention_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D);
