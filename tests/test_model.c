@@ -189,11 +189,8 @@ static void test_loss_and_accumulation(void) {
 }
 
 /* Loss, logits and gradients are bit-identical with 1 and with 2 threads. */
-static void test_thread_determinism(void) {
+static void thread_determinism(qt_model_cfg c) {
     char err[256];
-    qt_model_cfg c = {.arch = QT_ARCH_QWEN2, .vocab_size = 70, .hidden_size = 48, .num_layers = 2, .num_heads = 6,
-                      .num_kv_heads = 3, .intermediate_size = 72, .max_seq_len = 64, .rope_theta = 1e6f,
-                      .rms_norm_eps = 1e-6f, .tie_embeddings = 1, .qkv_bias = 1};
     qt_layout L;
     QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
     int B = 3, T = 37;
@@ -222,6 +219,15 @@ static void test_thread_determinism(void) {
     free(tok);
     free(tgt);
     qt_layout_free(&L);
+}
+static void test_thread_determinism(void) {
+    qt_model_cfg c = {.arch = QT_ARCH_QWEN2, .vocab_size = 70, .hidden_size = 48, .num_layers = 2, .num_heads = 6,
+                      .num_kv_heads = 3, .intermediate_size = 72, .max_seq_len = 64, .rope_theta = 1e6f,
+                      .rms_norm_eps = 1e-6f, .tie_embeddings = 1, .qkv_bias = 1};
+    thread_determinism(c);
+    c = cfg_qwen3(); /* the q/k norm's dw: one thread per column */
+    c.max_seq_len = 64;
+    thread_determinism(c);
 }
 
 static double now_s(void) {
