@@ -54,6 +54,8 @@ typedef struct {
     float *rstd2;   /* [N] */
     void *gu;       /* [N,2F] gate|up */
     void *h;        /* [N,F] SwiGLU output */
+    void *qk;       /* qk_norm: [N,(H+Hkv)D] the q and k heads before their norm (the qkv matmul's output) */
+    float *qk_rstd; /* qk_norm: [N,H+Hkv]; both NULL without qk_norm, rebuilt with qkv when that is recomputed */
 } qt_gpu_layer;
 
 typedef struct {

@@ -1,6 +1,7 @@
 /* qt_cpu_model.h — the Llama/Qwen2 forward and backward on the CPU in fp32, built from qt_ref ops.
  *
- * Per block: x -> RMSNorm -> QKV (+bias) -> RoPE -> causal GQA attention -> O -> +residual
+ * Per block: x -> RMSNorm -> QKV (+bias) -> (qk_norm: RMSNorm per q and k head) -> RoPE -> causal GQA attention
+ *              -> O -> +residual
  *              -> RMSNorm -> gate|up -> SiLU(gate)*up -> down -> +residual;
  * then final RMSNorm, LM head (tied or not), mean cross-entropy over the non-ignored targets. */
 #ifndef QT_CPU_MODEL_H

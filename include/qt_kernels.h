@@ -1,5 +1,5 @@
-/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, RoPE, SwiGLU, GeGLU,
- * bias, LM-head loss, AdamW, gradient norm, casts). Matmul (qt_matmul.h), attention and fp8 quantize
+/* qt_kernels.h — launchers of the bf16 training kernels in cuda/ (embedding, RMSNorm, q/k norm, RoPE,
+ * SwiGLU, GeGLU, bias, LM-head loss, AdamW, gradient norm, casts). Matmul (qt_matmul.h), attention and fp8 quantize
  * live elsewhere.
  *
  * Conventions: "bf16" buffers are passed as void* and hold __nv_bfloat16; math is fp32 and each output
@@ -109,6 +109,21 @@ void qt_rope_fwd(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D
 /* The inverse rotation (the transpose), in place on dqkv's q and k heads. amax: of the whole dqkv
  * afterwards, v heads included (read for it; may be NULL). */
 void qt_rope_bwd(void *dqkv, const float *cs, int B, int T, int H, int Hkv, int D, float *amax, cudaStream_t s);
+
+/* ---- per-head q/k RMSNorm (qknorm.cu; Qwen3's q_norm / k_norm, between the qkv matmul and RoPE) ---- */
+/* In place on the q and k heads of qkv[n,(H+2*Hkv)*D] (bf16; v heads untouched): each head's D values x become
+ * x * rstd * w, with w[0:D] for q heads and w[D:2D] for k heads (bf16), rstd[n,H+Hkv] = 1/sqrt(mean(x^2)+eps)
+ * (fp32) (=). save[n,(H+Hkv)*D] (bf16, =): the pre-norm q|k heads, bit-exact, for the backward (may be NULL). */
+void qt_qknorm_fwd(void *qkv, void *save, float *rstd, const void *w, long n, int H, int Hkv, int D, float eps,
+                   cudaStream_t s);
+/* Bytes of workspace qt_qknorm_bwd needs for head dim D. */
+size_t qt_qknorm_ws_bytes(int D);
+/* In place on dqkv's q and k heads (bf16, v heads untouched): the norm's input gradient from the saved pre-norm
+ * heads save, w and rstd (=). dw[2D] (dw_dt: fp32, or bf16 = one RNE of dw + the fp32 sum) += sum over rows and
+ * heads of dy * x * rstd, deterministic two-pass (ws: qt_qknorm_ws_bytes(D)); dw may be NULL (skipped).
+ * amax: of the whole dqkv afterwards, v heads included (may be NULL). D <= 512. */
+void qt_qknorm_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *save, const void *w, const float *rstd, long n,
+                   int H, int Hkv, int D, float *amax, void *ws, cudaStream_t s);
 
 /* ---- SwiGLU (swiglu.cu) ---- */
 /* out[n,f] = silu(gu[n, 0:f]) * gu[n, f:2f]   (=), bf16. amax: of out (may be NULL). */

@@ -15,7 +15,7 @@
 
 #define QT_LAYOUT_ALIGN 64
 
-typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1 } qt_arch;
+typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1, QT_ARCH_QWEN3 = 2 } qt_arch;
 
 /* RoPE frequency schemes, as transformers' ROPE_INIT_FUNCTIONS names them (rope_type). */
 typedef enum {
@@ -41,7 +41,7 @@ typedef struct {
 } qt_rope_cfg;
 
 typedef struct {
-    qt_arch arch;          /* naming in config.json; the maths is the same but for qkv_bias */
+    qt_arch arch;          /* naming in config.json; the maths differs by qkv_bias and qk_norm */
     int vocab_size;
     int hidden_size;       /* C */
     int num_layers;        /* L */
@@ -55,6 +55,8 @@ typedef struct {
     int tie_embeddings;    /* lm_head shares the embedding matrix */
     int qkv_bias;          /* Qwen2: q/k/v projections carry a bias */
     qt_rope_cfg rope;      /* RoPE scaling; all zero = the default RoPE */
+    int qk_norm;           /* Qwen3: RMSNorm over each q and k head (weight [D] each) after the qkv matmul,
+                            * before RoPE; qt_model_cfg_finish sets it for qwen3 */
 } qt_model_cfg;
 
 /* A checkpoint's model_cfg blob is this struct's bytes. Members from `rope` on came after the format
@@ -64,7 +66,7 @@ typedef struct {
 
 typedef enum {
     QT_T_EMBED, QT_T_NORM, QT_T_Q, QT_T_K, QT_T_V, QT_T_QB, QT_T_KB, QT_T_VB, QT_T_O,
-    QT_T_GATE, QT_T_UP, QT_T_DOWN, QT_T_FINAL_NORM, QT_T_LM_HEAD
+    QT_T_GATE, QT_T_UP, QT_T_DOWN, QT_T_FINAL_NORM, QT_T_LM_HEAD, QT_T_QNORM, QT_T_KNORM
 } qt_tensor_kind;
 
 typedef struct {
@@ -80,6 +82,7 @@ typedef struct {
 
 typedef struct {
     size_t ln1, wqkv, bqkv, wo, ln2, wgu, wdown; /* offsets; bqkv == SIZE_MAX without qkv bias */
+    size_t qknorm; /* q_norm [D] then k_norm [D], adjacent, after down; SIZE_MAX without qk_norm */
 } qt_layer_offsets;
 
 typedef struct {
@@ -107,7 +110,8 @@ int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
  * it does not fit 64 bits). cfg's int fields must be >= 0. */
 uint64_t qt_model_cfg_numel(const qt_model_cfg *cfg);
 /* Fills head_dim (when 0 and H divides C: C/H), num_kv_heads (when 0: H), the family's rope_theta and
- * rms_norm_eps when 0 (qwen2 1e6, 1e-6; llama 1e4, 1e-5), and the RoPE defaults (qt_rope_finish). */
+ * rms_norm_eps when 0 (qwen2 and qwen3 1e6, 1e-6; llama 1e4, 1e-5), the RoPE defaults (qt_rope_finish);
+ * qwen3 gets qk_norm. */
 void qt_model_cfg_finish(qt_model_cfg *cfg);
 /* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);

@@ -53,6 +53,16 @@ void qt_ref_rope_fwd(float *qkv, int B, int T, int H, int Hkv, int D, const doub
 /* The transpose, in place on dqkv's q and k heads (c, -s). */
 void qt_ref_rope_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn);
 
+/* Per-head RMSNorm of the q and k heads of x[N,(H+2*Hkv)*D] (Qwen3's q_norm / k_norm, before RoPE):
+ * q head: y = x / sqrt(mean(x^2) + eps) * w[0:D];  k head: the same with w[D:2D];  v heads copied.
+ * y[N,(H+2*Hkv)*D] (=, may be x);  rstd[N,H+Hkv] (=) */
+void qt_ref_qknorm_fwd(float *y, float *rstd, const float *x, const float *w, long N, int H, int Hkv, int D,
+                       float eps);
+/* dx[N,(H+2*Hkv)*D] (=: q/k heads the norm's backward, v heads dy's; may be dy) from the forward's input
+ * x and rstd;  dw[2D] += (q part, then k part) */
+void qt_ref_qknorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
+                       long N, int H, int Hkv, int D);
+
 /* Causal grouped-query attention on qkv[B,T,(H+2*Hkv)*D] (q heads, then k heads, then v heads).
  * Query head h uses kv head h / (H/Hkv); scale 1/sqrt(D).
  * out[B,T,H*D] (=);  lse[B,H,T] = log sum_j exp(scale q.k_j) (natural log)   (=) */

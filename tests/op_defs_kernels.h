@@ -370,6 +370,70 @@ static const op_def OP_ROPE_FWD = {"rope_fwd", "B T H Hkv D", 0, "theta", rope_b
 static const op_def OP_ROPE_BWD = {"rope_bwd", "B T H Hkv D", 0, "theta", rope_build, rope_ref, rope_launch,
                                    rope_derive, rope_keep, 0, 0, 0};
 
+/* ---- q/k norm (qknorm.cu): s = n H Hkv D. fwd in place on qkv's q and k heads, the pre-norm heads copied to
+ * save (exact; T_PASS0: pass 1 passes NULL), rstd (fp32, 1e-5). bwd in place on dqkv from the saved heads,
+ * dw (dt: fp32 or bf16; +nodw: NULL) +=, +amax: of the whole dqkv (the last v element is the largest).
+ * The v heads keep their bits. ---- */
+static const op_def OP_QKN_BWD;
+static long qkn_row(const op_run *r) { return (S(1) + 2 * S(2)) * S(3); }
+static long qkn_heads(const op_run *r) { return S(1) + S(2); }
+static int qkn_keep(const op_run *r, const op_tensor *t, long i) {
+    return (!strcmp(t->name, "qkv") || !strcmp(t->name, "dqkv")) && (i % qkn_row(r)) / S(3) >= qkn_heads(r);
+}
+static void qkn_fwd_build(op_run *r) {
+    long n = S(0), nh = qkn_heads(r);
+    t_upd(r, "qkv", QT_DT_BF16, n * qkn_row(r), 1.0f, 1e-2, 1e-2, 0);
+    t_in(r, "w", QT_DT_BF16, 2 * S(3), 0.5f);
+    t_out(r, "save", QT_DT_BF16, n * nh * S(3), 0, 0, T_PASS0);
+    t_out(r, "rstd", QT_DT_F32, n * nh, 0, 1e-5, 0);
+}
+static void qkn_fwd_ref(op_run *r) {
+    long n = S(0), nhd = qkn_heads(r) * S(3);
+    const float *x = H(r, "qkv");
+    qt_ref_qknorm_fwd(REF(r, "qkv"), REF(r, "rstd"), x, H(r, "w"), n, (int)S(1), (int)S(2), (int)S(3), 1e-6f);
+    for (long k = 0; k < n; k++) memcpy(REF(r, "save") + k * nhd, x + k * qkn_row(r), (size_t)nhd * sizeof(float));
+}
+static void qkn_fwd_launch(op_run *r, int pass) {
+    (void)pass;
+    qt_qknorm_fwd(D(r, "qkv"), D(r, "save"), D(r, "rstd"), D(r, "w"), S(0), (int)S(1), (int)S(2), (int)S(3), 1e-6f, 0);
+}
+static const op_def OP_QKN_FWD = {"qknorm_fwd", "n H Hkv D", 0, NULL, qkn_fwd_build, qkn_fwd_ref, qkn_fwd_launch,
+                                  NULL, qkn_keep, 0, 0, 0};
+
+static void qkn_bwd_build(op_run *r) {
+    long n = S(0), nh = qkn_heads(r), D = S(3), all = n * qkn_row(r);
+    float *x = t_in(r, "save", QT_DT_BF16, n * nh * D, 1.0f);
+    t_in(r, "w", QT_DT_BF16, 2 * D, 0.5f);
+    float *rstd = t_in(r, "rstd", QT_DT_F32, n * nh, 0);
+    for (long k = 0; k < n * nh; k++) { /* the forward's rstd of the saved heads */
+        double ss = 0;
+        for (long i = 0; i < D; i++) ss += (double)x[k * D + i] * x[k * D + i];
+        rstd[k] = (float)(1.0 / sqrt(ss / D + 1e-6));
+    }
+    float *dy = t_upd(r, "dqkv", QT_DT_BF16, all, 1.0f, 1e-2, 1e-2, 0);
+    if (OPT(O_AMAX) && all > 0) dy[all - 1] = -9.0f;
+    if (!OPT(O_NODW)) t_upd(r, "dw", r->c->dt, 2 * D, 1.0f, 1e-4, r->c->dt == QT_DT_BF16 ? 1e-2 : 1e-4, T_ADD);
+    t_amax(r);
+    t_ws(r, "ws", qt_qknorm_ws_bytes((int)D));
+}
+static void qkn_bwd_ref(op_run *r) {
+    long n = S(0), nhd = qkn_heads(r) * S(3), row = qkn_row(r);
+    float *xf = op_alloc(n * row), *dw = T(r, "dw") ? REF(r, "dw") : op_alloc(2 * S(3));
+    memset(xf, 0, (size_t)(n * row) * sizeof *xf);
+    for (long k = 0; k < n; k++) memcpy(xf + k * row, H(r, "save") + k * nhd, (size_t)nhd * sizeof *xf);
+    qt_ref_qknorm_bwd(REF(r, "dqkv"), dw, H(r, "dqkv"), xf, H(r, "w"), H(r, "rstd"), n, (int)S(1), (int)S(2), (int)S(3));
+    free(xf);
+    if (!T(r, "dw")) free(dw);
+}
+static void qkn_bwd_launch(op_run *r, int pass) {
+    (void)pass;
+    qt_qknorm_bwd(D(r, "dqkv"), D(r, "dw"), r->c->dt, D(r, "save"), D(r, "w"), D(r, "rstd"), S(0), (int)S(1), (int)S(2),
+                  (int)S(3), D(r, "amax"), D(r, "ws"), 0);
+}
+static void qkn_bwd_derive(op_run *r, int pass) { derive_amax_of(r, "dqkv", pass); }
+static const op_def OP_QKN_BWD = {"qknorm_bwd", "n H Hkv D", 1, NULL, qkn_bwd_build, qkn_bwd_ref, qkn_bwd_launch,
+                                  qkn_bwd_derive, qkn_keep, 0, 0, 0};
+
 /* ---- SwiGLU (swiglu.cu): s = n f; +inplace: dgu written over gu. ---- */
 static void swiglu_fwd_build(op_run *r) {
     t_in(r, "gu", QT_DT_BF16, S(0) * 2 * S(1), 2.0f);

@@ -121,6 +121,19 @@ static void test_examples_load(void) {
     QT_EXPECT(named == 5, "found %d of the 5 named example configs", named);
 }
 
+/* The Qwen3-8B example: arch qwen3 (q/k norms per head), head_dim 128 given, no q/k/v bias, untied. */
+static void test_qwen3_example(void) {
+    int rc = qt_config_load(&cfg, "configs/qwen3-8b-fp8.yaml", NULL, 0, err, sizeof err);
+    QT_REQUIRE(rc == 0, "configs/qwen3-8b-fp8.yaml: %s", err);
+    const qt_model_cfg *m = &cfg.model;
+    QT_EXPECT(m->arch == QT_ARCH_QWEN3 && m->hidden_size == 4096 && m->num_layers == 36 && m->num_heads == 32 &&
+                  m->num_kv_heads == 8 && m->head_dim == 128 && m->intermediate_size == 12288 && m->vocab_size == 151936 &&
+                  !m->tie_embeddings && !m->qkv_bias && m->rope_theta == 1e6f && cfg.precision.matmul_dtype == QT_DT_E4M3,
+              "qwen3-8b model: arch %d C %d L %d H %d/%d D %d", m->arch, m->hidden_size, m->num_layers, m->num_heads,
+              m->num_kv_heads, m->head_dim);
+    EXPECT_ERR("model:\n  arch: qwen4\n", "t.yaml:2:3: model.arch: expected one of qwen2|llama|qwen3, got \"qwen4\"");
+}
+
 static void test_error_unknown_key(void) {
     EXPECT_ERR("optim:\n  lrr: 1\n", "t.yaml:2:3: optim.lrr: expected a known key (did you mean \"optim.lr\"?), got \"optim.lrr\"");
     EXPECT_ERR("data:\n  micro_bacth: 4\n",
@@ -745,6 +758,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_rope_keys);
     QT_RUN(test_run_dir);
     QT_RUN(test_examples_load);
+    QT_RUN(test_qwen3_example);
     QT_RUN(test_error_unknown_key);
     QT_RUN(test_error_type_and_range);
     QT_RUN(test_error_structure);

@@ -151,7 +151,7 @@ static void test_config_read_hf(void) {
     QT_EXPECT(c.arch == QT_ARCH_LLAMA && c.rope_theta == 50000.0f && c.num_kv_heads == 4 && c.qkv_bias == 0 &&
               c.tie_embeddings == 0, "v5 fields");
     struct { const char *text, *want; } bad[] = {
-        {"{\"model_type\": \"gpt2\"}", "model_type: expected \"qwen2\" or \"llama\", got \"gpt2\""},
+        {"{\"model_type\": \"gpt2\"}", "model_type: expected \"qwen2\", \"llama\" or \"qwen3\", got \"gpt2\""},
         {"{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1}", "hidden_size: missing"},
         {"{\"model_type\": \"qwen2\", \"hidden_size\": 64.5}", "hidden_size: expected an integer"},
         {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
@@ -282,9 +282,10 @@ static float *random_weights(const qt_layout *L, uint64_t seed) {
 
 static void test_export_import_roundtrip(void) {
     char dir[512], err[512];
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 8; k++) {
         int bf16 = k % 2, tied = (k / 2) % 2;
-        qt_model_cfg c = small_cfg(k >= 4 ? QT_ARCH_LLAMA : QT_ARCH_QWEN2, tied);
+        qt_model_cfg c = small_cfg(k >= 6 ? QT_ARCH_QWEN3 : k >= 4 ? QT_ARCH_LLAMA : QT_ARCH_QWEN2, tied);
+        if (c.arch == QT_ARCH_QWEN3) c.head_dim = 16; /* != 48 / 6; q_norm / k_norm [16] */
         qt_layout L;
         QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
         float *w = random_weights(&L, 100 + k), *back = malloc(L.numel * sizeof *back);
@@ -303,7 +304,7 @@ static void test_export_import_roundtrip(void) {
         char cpath[600];
         qt_model_cfg back_cfg;
         snprintf(cpath, sizeof cpath, "%s/config.json", dir);
-        QT_EXPECT(qt_hf_read_config(cpath, &back_cfg, err, sizeof err) == 0 && memcmp(&back_cfg, &c, sizeof c) == 0,
+        QT_EXPECT(qt_hf_read_config(cpath, &back_cfg, err, sizeof err) == 0 && memcmp(&back_cfg, &L.cfg, sizeof c) == 0,
                   "case %d: config.json: %s", k, err);
         /* A tied model omits lm_head; an untied one carries it. File size = 8 + header + data. */
         char spath[600];
@@ -604,6 +605,80 @@ static void test_init_from_paths(void) {
 }
 
 /* Another reader (the safetensors package) opens our fp32 export: names, shapes, dtypes, values. */
+/* Qwen3: a Qwen3-4B config.json (head_dim 128 with hidden 2560 / 32 heads), the config keys transformers reads
+ * back, and the combinations HF has no model for refused. */
+static void test_qwen3(void) {
+    char path[512], err[512];
+    path_in(path, sizeof path, "qwen3_config.json");
+    QT_REQUIRE(write_text(path,
+        "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,\n"
+        " \"bos_token_id\": 151643, \"eos_token_id\": 151645, \"head_dim\": 128, \"hidden_act\": \"silu\",\n"
+        " \"hidden_size\": 2560, \"initializer_range\": 0.02, \"intermediate_size\": 9728,\n"
+        " \"max_position_embeddings\": 40960, \"max_window_layers\": 36, \"model_type\": \"qwen3\",\n"
+        " \"num_attention_heads\": 32, \"num_hidden_layers\": 36, \"num_key_value_heads\": 8,\n"
+        " \"rms_norm_eps\": 1e-06, \"rope_scaling\": null, \"rope_theta\": 1000000, \"sliding_window\": null,\n"
+        " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.51.0\",\n"
+        " \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}\n") == 0, "write");
+    qt_model_cfg c;
+    QT_REQUIRE(qt_hf_read_config(path, &c, err, sizeof err) == 0, "read: %s", err);
+    QT_EXPECT(c.arch == QT_ARCH_QWEN3 && c.hidden_size == 2560 && c.num_heads == 32 && c.num_kv_heads == 8 &&
+              c.head_dim == 128 && c.qk_norm == 1 && c.qkv_bias == 0 && c.tie_embeddings == 1 && c.rope_theta == 1e6f,
+              "Qwen3-4B fields: arch %d head_dim %d qk_norm %d qkv_bias %d", c.arch, c.head_dim, c.qk_norm, c.qkv_bias);
+    QT_REQUIRE(write_text(path, "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"num_hidden_layers\": 1,"
+                                " \"num_attention_heads\": 4, \"intermediate_size\": 96, \"vocab_size\": 100,"
+                                " \"attention_bias\": true}") == 0, "write");
+    QT_EXPECT(qt_hf_read_config(path, &c, err, sizeof err) == -1 && strstr(err, "attention_bias") && strstr(err, "qwen3"),
+              "attention_bias: %s", err);
+    /* the config transformers reads back (the tensors: test_export_import_roundtrip) */
+    c = small_cfg(QT_ARCH_QWEN3, 0);
+    c.head_dim = 16;
+    qt_model_cfg_finish(&c);
+    char text[4096];
+    path_in(path, sizeof path, "qwen3_out.json");
+    QT_REQUIRE(qt_hf_write_config(path, &c, 0, err, sizeof err) == 0, "write: %s", err);
+    FILE *f = fopen(path, "rb");
+    QT_REQUIRE(f, "reopen");
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    QT_EXPECT(strstr(text, "\"Qwen3ForCausalLM\"") && strstr(text, "\"model_type\": \"qwen3\"") &&
+              strstr(text, "\"head_dim\": 16") && strstr(text, "\"attention_bias\": false"), "%.900s", text);
+    /* No HF model has q/k norms without qwen3's name, or qwen3 without them, or qwen3 with q/k/v biases only. */
+    c = small_cfg(QT_ARCH_LLAMA, 0);
+    c.qk_norm = 1;
+    path_in(path, sizeof path, "qwen3_bad.json");
+    QT_EXPECT(qt_hf_write_config(path, &c, 0, err, sizeof err) == -1 && strstr(err, "qk_norm"), "llama + qk_norm: %s", err);
+    c = small_cfg(QT_ARCH_QWEN3, 0);
+    QT_EXPECT(qt_hf_write_config(path, &c, 0, err, sizeof err) == -1 && strstr(err, "qk_norm"), "qwen3 without: %s", err);
+    c.qk_norm = 1;
+    c.qkv_bias = 1;
+    QT_EXPECT(qt_hf_write_config(path, &c, 0, err, sizeof err) == -1 && strstr(err, "qkv_bias"), "qwen3 + bias: %s", err);
+}
+
+/* transformers loads a qwen3 export as Qwen3ForCausalLM with our q_norm / k_norm values. */
+static void test_transformers_reads_qwen3_export(void) {
+    if (system("python3 -c 'import torch, transformers' >/dev/null 2>&1") != 0)
+        QT_SKIP("python3 with torch and transformers not available");
+    char dir[512], cmd[2048], err[512];
+    path_in(dir, sizeof dir, "qwen3_tf");
+    qt_model_cfg c = small_cfg(QT_ARCH_QWEN3, 0);
+    c.head_dim = 16;
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "layout: %s", err);
+    float *w = random_weights(&L, 91);
+    QT_REQUIRE(qt_hf_export(dir, &L, w, 0, err, sizeof err) == 0, "export: %s", err);
+    const qt_tensor *kn = qt_layout_find(&L, "model.layers.1.self_attn.k_norm.weight");
+    snprintf(cmd, sizeof cmd,
+             "python3 -c \"import torch, transformers as t; m = t.AutoModelForCausalLM.from_pretrained('%s'); "
+             "assert type(m).__name__ == 'Qwen3ForCausalLM', type(m).__name__; "
+             "k = m.model.layers[1].self_attn.k_norm.weight.detach(); "
+             "assert k.shape == (16,) and k[0] == torch.tensor(%.9g) and k[15] == torch.tensor(%.9g), (k.shape, k); "
+             "assert m.model.layers[0].self_attn.q_proj.weight.shape == (96, 48); print('ok')\"",
+             dir, w[kn->offset], w[kn->offset + 15]);
+    QT_EXPECT(system(cmd) == 0, "transformers rejected the qwen3 export (see output above)");
+    free(w);
+    qt_layout_free(&L);
+}
+
 static void test_python_reads_export(void) {
     if (system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0)
         QT_SKIP("python3 with safetensors and numpy not available");
@@ -654,6 +729,8 @@ int main(void) {
     QT_RUN(test_import_header_and_values);
     QT_RUN(test_init_from_paths);
     QT_RUN(test_python_reads_export);
+    QT_RUN(test_qwen3);
+    QT_RUN(test_transformers_reads_qwen3_export);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
     if (system(cmd) != 0) fprintf(stderr, "warning: cleanup of %s failed\n", g_root);

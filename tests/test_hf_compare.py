@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_hf_compare.py — qtrain's model against transformers: logits, loss and every gradient.
 
-Builds random tiny Qwen2 and Llama models (GQA; tied and untied) with transformers (no hub), saves
+Builds random tiny Qwen2, Llama and Qwen3 models (GQA; tied and untied; Qwen3 with head_dim != hidden/heads) with transformers (no hub), saves
 them as safetensors, runs one micro-batch through build/tests/tool_hf_dump (our engine: cpu, and
 cuda when QT_DEVICES includes it) and through torch in fp32, and prints the relative L2 error of
 each tensor; the same with RoPE scaling (llama3, yarn, linear) on a sequence past the scaled bands.
@@ -32,6 +32,10 @@ DIMS = {"cpu": dict(hidden_size=48, intermediate_size=80, num_attention_heads=6,
         "cuda": dict(hidden_size=256, intermediate_size=200, num_attention_heads=4, num_key_value_heads=2)}
 
 
+# Qwen3: q/k norms per head, and a head_dim that is not hidden / heads (cuDNN: 128 on the GPU).
+QWEN3_HEAD_DIM = {"cpu": 16, "cuda": 128}
+
+
 # fp32 is checked in a sharp regime (large weights); bf16 at a realistic init, where bf16 rounding
 # is not amplified by saturated softmaxes (torch's own bf16 is off by 20% there).
 INIT_STD = {"cpu": 0.2, "cuda": 0.02}
@@ -58,6 +62,10 @@ def build_model(kind, tied, device, path, rope=None):
     if kind == "qwen2":
         cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
         model = transformers.Qwen2ForCausalLM(cfg)
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=QWEN3_HEAD_DIM[device], attention_bias=False,
+                                       use_sliding_window=False)
+        model = transformers.Qwen3ForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
         model = transformers.LlamaForCausalLM(cfg)
@@ -82,7 +90,8 @@ def check(kind, tied, device, tmp, rope=None):
     mdir = os.path.join(tmp, f"{kind}_{tied}_{device}_{rope}")
     if not os.path.exists(os.path.join(mdir, "config.json")):
         build_model(kind, tied, device, mdir, rope)
-    model = (transformers.Qwen2ForCausalLM if kind == "qwen2" else transformers.LlamaForCausalLM).from_pretrained(
+    cls = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}.get(kind, transformers.LlamaForCausalLM)
+    model = cls.from_pretrained(
         mdir, torch_dtype=torch.float32, attn_implementation="eager").float()
     if rope:  # the model transformers runs is the scaled one (a silently dropped rope_scaling would pass)
         assert model.model.rotary_emb.rope_type == ROPE[rope]["rope_type"], model.model.rotary_emb.rope_type
@@ -211,7 +220,7 @@ def main():
     devices = os.environ.get("QT_DEVICES", "cpu").split(",")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("qwen2", "llama"):
+        for kind in ("qwen2", "llama", "qwen3"):
             for tied in (True, False):
                 for dev in devices:
                     ok &= check(kind, tied, dev, tmp)

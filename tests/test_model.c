@@ -26,6 +26,13 @@ static qt_model_cfg cfg_llama(void) { /* GQA 4:2, no bias, untied, head_dim from
     return c;
 }
 
+static qt_model_cfg cfg_qwen3(void) { /* q/k norm per head, GQA 4:2, no bias, untied, head_dim 12, C/H = 5 */
+    qt_model_cfg c = {.arch = QT_ARCH_QWEN3, .vocab_size = 43, .hidden_size = 20, .num_layers = 2, .num_heads = 4,
+                      .num_kv_heads = 2, .head_dim = 12, .intermediate_size = 36, .max_seq_len = 16,
+                      .rope_theta = 1000.0f, .rms_norm_eps = 1e-6f, .tie_embeddings = 0};
+    return c;
+}
+
 static qt_model_cfg cfg_tiny_cpu(void) {
     qt_model_cfg c = {.arch = QT_ARCH_LLAMA, .vocab_size = 256, .hidden_size = 128, .num_layers = 4, .num_heads = 4,
                       .num_kv_heads = 2, .intermediate_size = 384, .max_seq_len = 128, .rope_theta = 10000.0f,
@@ -186,6 +193,8 @@ static void test_rope_validate(void) {
               "yarn without original_max_position_embeddings takes max_seq_len: %s (%d)", err, c.rope.original_max_pos);
 }
 
+static void test_fd_qwen3_qknorm(void) { fd_model(cfg_qwen3(), "qwen3"); }
+
 /* The model's loss is the mean of qt_ref_cross_entropy_fwd over its logits; backward is "+=" and scales. */
 static void test_loss_and_accumulation(void) {
     char err[256];
@@ -232,11 +241,8 @@ static void test_loss_and_accumulation(void) {
 }
 
 /* Loss, logits and gradients are bit-identical with 1 and with 2 threads. */
-static void test_thread_determinism(void) {
+static void thread_determinism(qt_model_cfg c) {
     char err[256];
-    qt_model_cfg c = {.arch = QT_ARCH_QWEN2, .vocab_size = 70, .hidden_size = 48, .num_layers = 2, .num_heads = 6,
-                      .num_kv_heads = 3, .intermediate_size = 72, .max_seq_len = 64, .rope_theta = 1e6f,
-                      .rms_norm_eps = 1e-6f, .tie_embeddings = 1, .qkv_bias = 1};
     qt_layout L;
     QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
     int B = 3, T = 37;
@@ -265,6 +271,15 @@ static void test_thread_determinism(void) {
     free(tok);
     free(tgt);
     qt_layout_free(&L);
+}
+static void test_thread_determinism(void) {
+    qt_model_cfg c = {.arch = QT_ARCH_QWEN2, .vocab_size = 70, .hidden_size = 48, .num_layers = 2, .num_heads = 6,
+                      .num_kv_heads = 3, .intermediate_size = 72, .max_seq_len = 64, .rope_theta = 1e6f,
+                      .rms_norm_eps = 1e-6f, .tie_embeddings = 1, .qkv_bias = 1};
+    thread_determinism(c);
+    c = cfg_qwen3(); /* the q/k norm's dw: one thread per column */
+    c.max_seq_len = 64;
+    thread_determinism(c);
 }
 
 static double now_s(void) {
@@ -322,7 +337,7 @@ static void check_layout_shape(const qt_layout *L) {
         const qt_tensor *ts = &L->tensors[t];
         QT_EXPECT(ts->offset >= end, "%s at %zu overlaps the previous tensor (ends %zu)", ts->name, ts->offset, end);
         int follows = ts->kind == QT_T_K || ts->kind == QT_T_V || ts->kind == QT_T_KB || ts->kind == QT_T_VB ||
-                      ts->kind == QT_T_UP;
+                      ts->kind == QT_T_UP || ts->kind == QT_T_KNORM;
         if (follows) QT_EXPECT(ts->offset == end, "%s at %zu not adjacent to its group (%zu)", ts->name, ts->offset, end);
         else QT_EXPECT(ts->offset % QT_LAYOUT_ALIGN == 0, "%s at %zu not aligned", ts->name, ts->offset);
         end = ts->offset + ts->numel;
@@ -372,6 +387,44 @@ static void test_layout_untied_llama(void) {
     size_t want = 41 * 32 * 2 + 32 + 2 * (2 * 32 + 32 * 32 * 2 + 16 * 32 * 2 + 3 * 32 * 56);
     QT_EXPECT(L.n_params == want, "n_params %zu, want %zu", L.n_params, want);
     check_layout_shape(&L);
+    qt_layout_free(&L);
+}
+
+/* Qwen3-4B: head_dim 128 with hidden 2560 and 32 heads; q_norm / k_norm [128] per layer, the last group
+ * of the layer (the other offsets as without them), norms (init 1, no decay); HF's parameter count. */
+static void test_layout_qwen3_4b(void) {
+    qt_model_cfg c = {.arch = QT_ARCH_QWEN3, .vocab_size = 151936, .hidden_size = 2560, .num_layers = 36,
+                      .num_heads = 32, .num_kv_heads = 8, .head_dim = 128, .intermediate_size = 9728,
+                      .max_seq_len = 40960, .tie_embeddings = 1};
+    char err[256];
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &c, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(L.cfg.qk_norm == 1 && L.cfg.rope_theta == 1e6f && L.cfg.rms_norm_eps == 1e-6f, "finish: qk_norm %d",
+              L.cfg.qk_norm);
+    QT_EXPECT(L.n_params == 4022468096u, "Qwen3-4B has 4022468096 parameters, got %zu", L.n_params);
+    QT_EXPECT(L.n_tensors == 1 + 36 * 11 + 1, "%d tensors", L.n_tensors);
+    const qt_tensor *qn = qt_layout_find(&L, "model.layers.5.self_attn.q_norm.weight");
+    const qt_tensor *kn = qt_layout_find(&L, "model.layers.5.self_attn.k_norm.weight");
+    QT_REQUIRE(qn && kn, "missing q_norm / k_norm");
+    QT_EXPECT(qn->ndim == 1 && qn->shape[0] == 128 && !qn->is_matrix && qn->layer == 5 && kn->shape[0] == 128 &&
+                  !kn->is_matrix, "q_norm / k_norm shapes");
+    QT_EXPECT(qn->offset == L.layers[5].qknorm && kn->offset == qn->offset + 128, "q_norm at %zu, k_norm at %zu",
+              qn->offset, kn->offset);
+    QT_EXPECT(L.layers[5].qknorm > L.layers[5].wdown && kn->offset + 128 <= qt_layer_end(&L, 5), "not in layer 5");
+    const qt_tensor *q = qt_layout_find(&L, "model.layers.5.self_attn.q_proj.weight");
+    QT_EXPECT(q && q->shape[0] == 4096 && q->shape[1] == 2560 && L.layers[5].bqkv == SIZE_MAX, "q_proj [4096, 2560]");
+    check_layout_shape(&L);
+    QT_EXPECT(qt_model_cfg_numel(&L.cfg) >= L.numel, "cfg_numel %llu < numel %zu",
+              (unsigned long long)qt_model_cfg_numel(&L.cfg), L.numel);
+    float *w = malloc(L.numel * sizeof *w);
+    qt_layout_init_range(&L, qn->offset, 256, w, 7, 0.02f);
+    for (int i = 0; i < 256; i++) QT_EXPECT(w[i] == 1.0f, "q/k norm init [%d] = %g", i, w[i]);
+    free(w);
+    /* FLOPs: D = 128, not C/H = 80 */
+    double per_layer = 2560.0 * (32 + 16) * 128 + 32 * 128 * 2560.0 + 3 * 2560.0 * 9728;
+    double want = 6 * (36 * per_layer + 151936.0 * 2560) + 6.0 * 36 * 32 * 128 * 4096;
+    QT_EXPECT(fabs(qt_model_flops_per_token(&L.cfg, 4096) - want) < 1e-9 * want, "flops %.6g, want %.6g",
+              qt_model_flops_per_token(&L.cfg, 4096), want);
     qt_layout_free(&L);
 }
 
@@ -528,6 +581,7 @@ static void test_partition(void) {
 int main(void) {
     QT_RUN(test_layout_qwen05b);
     QT_RUN(test_layout_untied_llama);
+    QT_RUN(test_layout_qwen3_4b);
     QT_RUN(test_partition);
     QT_RUN(test_cfg_validate);
     QT_RUN(test_flops);
@@ -536,6 +590,7 @@ int main(void) {
     QT_RUN(test_fd_llama_gqa_untied);
     QT_RUN(test_fd_rope_scaled);
     QT_RUN(test_rope_validate);
+    QT_RUN(test_fd_qwen3_qknorm);
     QT_RUN(test_loss_and_accumulation);
     QT_RUN(test_thread_determinism);
     QT_RUN(test_tiny_cpu_speed);

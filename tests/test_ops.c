@@ -75,6 +75,55 @@ static void test_rmsnorm(void) {
     rmsnorm_case(1, 37);
 }
 
+/* ---- q/k norm: per-head RMSNorm of the q and k heads of qkv rows; v passes through ---- */
+
+typedef struct { float *x, *w, *y, *rstd, *u; long N; int H, Hkv, D; float eps; } qkn_ctx;
+static double qkn_obj(void *p) {
+    qkn_ctx *c = p;
+    qt_ref_qknorm_fwd(c->y, c->rstd, c->x, c->w, c->N, c->H, c->Hkv, c->D, c->eps);
+    return dotd(c->u, c->y, c->N * (c->H + 2 * c->Hkv) * c->D);
+}
+
+static void qknorm_case(long N, int H, int Hkv, int D) {
+    int QKV = (H + 2 * Hkv) * D, NH = H + Hkv;
+    long n_all = N * QKV;
+    qkn_ctx c = {rnd(n_all, 1), rnd(2 * D, 1), nans(n_all), nans(N * NH), rnd(n_all, 1), N, H, Hkv, D, 1e-6f};
+    for (int i = 0; i < D; i++) c.x[H * D + i] += 3; /* a k head with a large mean */
+    qkn_obj(&c);
+    float *ref = malloc(n_all * sizeof *ref), *rref = malloc(N * NH * sizeof *rref);
+    for (long n = 0; n < N; n++)
+        for (int h = 0; h < H + 2 * Hkv; h++) {
+            const float *xh = c.x + n * QKV + (long)h * D;
+            double ss = 0;
+            for (int i = 0; i < D; i++) ss += (double)xh[i] * xh[i];
+            double r = h < NH ? 1 / sqrt(ss / D + c.eps) : 1;
+            if (h < NH) rref[n * NH + h] = (float)r;
+            for (int i = 0; i < D; i++)
+                ref[n * QKV + (long)h * D + i] = h < NH ? (float)(xh[i] * r * c.w[(h < H ? 0 : D) + i]) : xh[i];
+        }
+    QT_EXPECT(qt_t_close("qknorm y", c.y, ref, n_all, 1e-6, 1e-5) && qt_t_close("rstd", c.rstd, rref, N * NH, 0, 1e-6),
+              "qknorm forward N=%ld H=%d Hkv=%d D=%d", N, H, Hkv, D);
+    float *inpl = copy(c.x, n_all), *rs2 = nans(N * NH); /* in place: the same bits */
+    qt_ref_qknorm_fwd(inpl, rs2, inpl, c.w, N, H, Hkv, D, c.eps);
+    QT_EXPECT(!memcmp(inpl, c.y, n_all * sizeof *inpl), "qknorm forward in place differs");
+    float *dx = nans(n_all), *dw = zeros(2 * D), *bw = rnd(2 * D, 1), *aw = copy(bw, 2 * D), *dxa = copy(c.u, n_all);
+    qt_ref_qknorm_bwd(dx, dw, c.u, c.x, c.w, c.rstd, N, H, Hkv, D);
+    QT_EXPECT(all_finite(dx, n_all), "qknorm dx not fully written");
+    qt_ref_qknorm_bwd(dxa, aw, dxa, c.x, c.w, c.rstd, N, H, Hkv, D); /* in place over dy */
+    QT_EXPECT(!memcmp(dxa, dx, n_all * sizeof *dx), "qknorm backward in place differs");
+    QT_EXPECT(accumulates("dw +=", aw, bw, dw, 2 * D), "qknorm_bwd dw +=");
+    fd_in in[] = {{c.x, dx, n_all, "x"}, {c.w, dw, 2 * D, "w"}};
+    double e = fd_check("qknorm", qkn_obj, &c, in, 2);
+    printf("  qknorm N=%ld H=%d Hkv=%d D=%d: max rel err %.2e\n", N, H, Hkv, D, e);
+    free(c.x), free(c.w), free(c.y), free(c.rstd), free(c.u), free(ref), free(rref), free(inpl), free(rs2);
+    free(dx), free(dw), free(bw), free(aw), free(dxa);
+}
+static void test_qknorm(void) {
+    qknorm_case(5, 6, 2, 8);
+    qknorm_case(1, 2, 2, 6);
+    qknorm_case(3, 4, 1, 34);
+}
+
 /* ---- matmul ---- */
 
 typedef struct { float *x, *w, *b, *y, *u; long N; int I, O; } mm_ctx;
@@ -424,5 +473,6 @@ int main(void) {
     QT_RUN(test_swiglu);
     QT_RUN(test_cross_entropy);
     QT_RUN(test_add_inplace);
+    QT_RUN(test_qknorm); /* last: the other tests keep their random draws */
     return qt_test_end();
 }

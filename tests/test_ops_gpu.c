@@ -114,6 +114,13 @@ static const op_case CASES[] = {
     {&OP_ROPE_FWD, {1, 37, 4, 2, 24}, 0, 0, ROPE_TYPE(QT_ROPE_YARN), 1e4f, 0},
     {&OP_ROPE_BWD, {2, 70, 4, 2, 64}, 0, 0, O_AMAX | ROPE_TYPE(QT_ROPE_YARN), 1e6f, 0},
     {&OP_ROPE_BWD, {2, 70, 4, 2, 64}, 0, 0, O_AMAX | ROPE_TYPE(QT_ROPE_LLAMA3), 5e5f, 0},
+    /* q/k norm (qknorm.cu): n H Hkv D */
+    {&OP_QKN_FWD, {1, 2, 1, 64}, 0, 0, 0, 0, 0}, {&OP_QKN_FWD, {37, 8, 2, 128}, 0, 0, 0, 0, 0},
+    {&OP_QKN_FWD, {7, 6, 2, 24}, 0, 0, 0, 0, 1}, /* D not a multiple of 32, one-off pointers */
+    {&OP_QKN_BWD, {1, 2, 1, 64}, F32, 0, O_AMAX, 0, 0}, {&OP_QKN_BWD, {37, 8, 2, 128}, F32, 0, O_AMAX, 0, 0},
+    {&OP_QKN_BWD, {1000, 4, 2, 128}, F32, 0, O_AMAX, 0, 0}, /* several rows per dw part, an uneven last part */
+    {&OP_QKN_BWD, {7, 6, 2, 24}, BF16, 0, 0, 0, 1}, {&OP_QKN_BWD, {33, 4, 4, 64}, F32, 0, O_NODW, 0, 0},
+    {&OP_QKN_BWD, {129, 16, 4, 128}, BF16, 0, O_AMAX, 0, 0},
     /* SwiGLU (swiglu.cu): n f */
     {&OP_SWIGLU_FWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_FWD, {7, 24}, 0, 0, O_AMAX, 0, 0},
     {&OP_SWIGLU_FWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_FWD, {64, 4864}, 0, 0, O_AMAX, 0, 0},

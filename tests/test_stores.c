@@ -276,6 +276,64 @@ static size_t rows_from(const qt_mem_plan *p, const char *prefix) {
     return s;
 }
 
+/* qk_norm (Qwen3): each layer also keeps the pre-norm q|k heads [N,(H+Hkv)D] bf16 and their rstd [N,H+Hkv] in
+ * the "activations: qkv" row; they go with qkv (one buffer for all layers when qkv is recomputed). The
+ * Qwen3-8B example's whole plan on one GPU is printed, and its activations exceed those of the same shape
+ * without q/k norms by exactly those two tensors per layer. */
+static void test_act_store_qknorm(void) {
+    qt_config cfg;
+    char err[512];
+    QT_REQUIRE(qt_config_load(&cfg, "configs/qwen3-8b-fp8.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    const int sets[] = {0, QT_RC_QKV, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK};
+    for (int k = 0; k < 4; k++) {
+        qt_mem_plan p[2];
+        size_t nl = cfg.model.num_layers, NH = cfg.model.num_heads + cfg.model.num_kv_heads, D = 128;
+        size_t N = (size_t)cfg.data.micro_batch * cfg.data.seq_len, shared = qt_act_recompute_resolve(sets[k]) & QT_RC_QKV;
+        for (int qk = 0; qk < 2; qk++) {
+            qt_model_cfg mc = cfg.model;
+            if (!qk) mc.arch = QT_ARCH_LLAMA; /* the same shape without q/k norms */
+            qt_layout L;
+            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+            QT_REQUIRE(L.cfg.qk_norm == qk, "qk_norm %d", L.cfg.qk_norm);
+            qt_shard one;
+            qt_shard_init(&one, &L, 1, 0, 0);
+            qt_plan pl;
+            cfg.memory.recompute = sets[k];
+            QT_REQUIRE(qt_plan_resolve(&cfg, &L, 0, &pl, err, sizeof err) == 0, "%s", err);
+            QT_REQUIRE(qt_gpu_model_plan(&L, &pl, &one, &p[qk], err, sizeof err) == 0, "%s", err);
+            QT_EXPECT(rows_sum(&p[qk]) == p[qk].off, "rows %zu != total %zu", rows_sum(&p[qk]), p[qk].off);
+            qt_act_store *as = qt_act_store_create(&L.cfg, 16, pl.acts, err, sizeof err); /* who shares: 16 tokens */
+            QT_REQUIRE(as, "%s", err);
+            qt_mem_plan ap;
+            qt_mem_plan_begin(&ap, NULL);
+            qt_act_store_carve(as, &ap);
+            char *base = malloc(ap.off);
+            QT_REQUIRE(base, "malloc %zu", ap.off);
+            qt_mem_plan_begin(&ap, base);
+            qt_act_store_carve(as, &ap);
+            for (int l = 0; l < (int)nl; l++) {
+                const qt_gpu_layer *a = &as->layers[l];
+                QT_EXPECT(!qk == !a->qk && !qk == !a->qk_rstd, "layer %d: qk buffers %p %p with qk_norm %d", l, a->qk,
+                          (void *)a->qk_rstd, qk);
+                if (qk && l > 0)
+                    QT_EXPECT((a->qk == as->layers[0].qk && a->qk_rstd == as->layers[0].qk_rstd) == !!shared,
+                              "set %d layer %d: q/k buffers shared %d, expected %d", sets[k], l, a->qk == as->layers[0].qk,
+                              !!shared);
+            }
+            free(base);
+            qt_act_store_free(as);
+            qt_layout_free(&L);
+        }
+        size_t per = al(N * NH * D * 2) + al(N * NH * 4), want = (shared ? 1 : nl) * per;
+        QT_EXPECT(row(&p[1], "activations: qkv") - row(&p[0], "activations: qkv") == want &&
+                      rows_from(&p[1], "activations:") - rows_from(&p[0], "activations:") == want,
+                  "set %d: qk_norm adds %zu to the qkv row, expected %zu", sets[k],
+                  row(&p[1], "activations: qkv") - row(&p[0], "activations: qkv"), want);
+        printf("  qwen3-8b-fp8 mb %d recompute %d: GPU plan %.2f GiB (q/k norm activations %.2f GiB)\n", cfg.data.micro_batch,
+               sets[k], p[1].off / 1073741824.0, want / 1073741824.0);
+    }
+}
+
 /* The GPU plan of the Qwen2.5-7B configs (configs/qwen2.5-7b-*.yaml: hidden 3584, 28 layers, 28/4 heads,
  * ffn 18944, vocab 152064, untied) at micro-batch 1/4/8/16 with each recompute set, sized by
  * qt_gpu_model_plan (the allocator's own code, no GPU). Prints the table (GiB): activations = the
@@ -435,6 +493,7 @@ int main(void) {
     QT_RUN(test_mem_plan);
     QT_RUN(test_param_store_rows);
     QT_RUN(test_act_store_rows);
+    QT_RUN(test_act_store_qknorm);
     QT_RUN(test_step_plan);
     QT_RUN(test_parallel_devices_key);
     QT_RUN(test_plan_7b);

@@ -20,7 +20,8 @@ _Static_assert(sizeof(qt_sched_kind) == sizeof(int) && sizeof(qt_device_kind) ==
                    sizeof(qt_rope_type) == sizeof(int),
                "enum keys are stored as int");
 
-static const qt_key_enum arch_names[] = {{"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {NULL, 0}};
+static const qt_key_enum arch_names[] = {
+    {"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {"qwen3", QT_ARCH_QWEN3}, {NULL, 0}};
 static const qt_key_enum rope_names[] = {{"default", QT_ROPE_DEFAULT}, {"linear", QT_ROPE_LINEAR},
                                          {"dynamic", QT_ROPE_DYNAMIC}, {"yarn", QT_ROPE_YARN},
                                          {"llama3", QT_ROPE_LLAMA3},    {NULL, 0}};
@@ -80,7 +81,8 @@ static const qt_config_key keys[] = {
     S("model.hf_config", hf_config, "", "all",
       "an HF config.json to take the model from; exclusive with the inline model keys below"),
     E("model.arch", model.arch, arch_names, "qwen2", "all", 1,
-      "architecture name written on export (the maths differs only by qkv_bias)"),
+      "architecture name written on export; qwen3 adds an RMSNorm over each q and k head before RoPE (the other "
+      "maths differs only by qkv_bias)"),
     I("model.vocab_size", model.vocab_size, 1, INT_MAX, "256", "all", 1, "vocabulary size"),
     I("model.hidden_size", model.hidden_size, 1, INT_MAX, "128", "all", 1, "model width C"),
     I("model.num_layers", model.num_layers, 1, INT_MAX, "4", "all", 1, "transformer blocks"),

@@ -21,8 +21,10 @@ void qt_model_cfg_finish(qt_model_cfg *cfg) {
     if (cfg->head_dim == 0 && cfg->num_heads > 0 && cfg->hidden_size % cfg->num_heads == 0)
         cfg->head_dim = cfg->hidden_size / cfg->num_heads;
     /* the transformers defaults of each family */
-    if (cfg->rope_theta == 0) cfg->rope_theta = cfg->arch == QT_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
-    if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = cfg->arch == QT_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+    int qwen = cfg->arch == QT_ARCH_QWEN2 || cfg->arch == QT_ARCH_QWEN3;
+    if (cfg->rope_theta == 0) cfg->rope_theta = qwen ? 1000000.0f : 10000.0f;
+    if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = qwen ? 1e-6f : 1e-5f;
+    if (cfg->arch == QT_ARCH_QWEN3) cfg->qk_norm = 1; /* every Qwen3 attention norms its q and k heads */
     qt_rope_finish(cfg);
 }
 
@@ -45,6 +47,7 @@ uint64_t qt_model_cfg_numel(const qt_model_cfg *c) {
     uint64_t layer = add_sat(mul_sat(qkv, C), mul_sat(Hq, C));              /* q, k, v, o */
     layer = add_sat(layer, mul_sat(mul_sat(3, F), C));                       /* gate, up, down */
     layer = add_sat(layer, add_sat(mul_sat(2, C), c->qkv_bias ? qkv : 0));  /* norms, biases */
+    layer = add_sat(layer, c->qk_norm ? add_sat(mul_sat(2, D), QT_LAYOUT_ALIGN) : 0); /* q/k norms, padding */
     layer = add_sat(layer, 7 * QT_LAYOUT_ALIGN);                             /* padding of 7 groups */
     uint64_t n = mul_sat(layer, (uint64_t)c->num_layers);
     n = add_sat(n, mul_sat(mul_sat(V, C), c->tie_embeddings ? 1 : 2));       /* embedding, lm_head */
@@ -53,8 +56,8 @@ uint64_t qt_model_cfg_numel(const qt_model_cfg *c) {
 
 int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
     static const char *pos = "expected an integer > 0, got";
-    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA)
-        return qt_errf(err, errlen, "model.arch: expected qwen2 or llama, got %d", (int)c->arch);
+    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA && c->arch != QT_ARCH_QWEN3)
+        return qt_errf(err, errlen, "model.arch: expected qwen2, llama or qwen3, got %d", (int)c->arch);
     if (c->vocab_size <= 0) return qt_errf(err, errlen, "model.vocab_size: %s %d", pos, c->vocab_size);
     if (c->hidden_size <= 0) return qt_errf(err, errlen, "model.hidden_size: %s %d", pos, c->hidden_size);
     if (c->num_layers <= 0) return qt_errf(err, errlen, "model.num_layers: %s %d", pos, c->num_layers);
@@ -85,6 +88,8 @@ int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
         return qt_errf(err, errlen, "model.tie_embeddings: expected 0 or 1, got %d", c->tie_embeddings);
     if (c->qkv_bias != 0 && c->qkv_bias != 1)
         return qt_errf(err, errlen, "model.qkv_bias: expected 0 or 1, got %d", c->qkv_bias);
+    if (c->qk_norm != 0 && c->qk_norm != 1)
+        return qt_errf(err, errlen, "model.qk_norm: expected 0 or 1, got %d", c->qk_norm);
     /* Sizes: the trainers index rows of the fused q|k|v and gate|up matrices and the attention
      * heads with int, and the whole model must be a plausible allocation. */
     uint64_t qkv_rows = mul_sat((uint64_t)c->num_heads + 2 * (uint64_t)c->num_kv_heads, (uint64_t)D);
@@ -137,7 +142,7 @@ int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg_in, char *err, size_t e
     L->cfg = c;
     int64_t V = c.vocab_size, C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
     int64_t Hq = (int64_t)c.num_heads * D, Hk = (int64_t)c.num_kv_heads * D;
-    int per_layer = 9 + (c.qkv_bias ? 3 : 0);
+    int per_layer = 9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0);
     L->tensors = calloc((size_t)c.num_layers * per_layer + 3, sizeof *L->tensors);
     L->layers = calloc((size_t)c.num_layers, sizeof *L->layers);
     if (!L->tensors || !L->layers) {
@@ -170,6 +175,12 @@ int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg_in, char *err, size_t e
         add(L, &cur, QT_T_UP, i, "mlp.up_proj.weight", F, C);
         cur = align_up(cur);
         o->wdown = add(L, &cur, QT_T_DOWN, i, "mlp.down_proj.weight", C, F);
+        o->qknorm = SIZE_MAX;
+        if (c.qk_norm) { /* last in the layer: the other groups' offsets are those of a model without */
+            cur = align_up(cur);
+            o->qknorm = add(L, &cur, QT_T_QNORM, i, "self_attn.q_norm.weight", D, 0);
+            add(L, &cur, QT_T_KNORM, i, "self_attn.k_norm.weight", D, 0);
+        }
     }
     cur = align_up(cur);
     L->final_norm = add(L, &cur, QT_T_FINAL_NORM, -1, "model.norm.weight", C, 0);
@@ -219,7 +230,7 @@ void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, u
         if (a >= e) continue;
         float *p = dst + (a - lo);
         long m = (long)(e - a);
-        if (t->kind == QT_T_NORM || t->kind == QT_T_FINAL_NORM) {
+        if (t->kind == QT_T_NORM || t->kind == QT_T_FINAL_NORM || t->kind == QT_T_QNORM || t->kind == QT_T_KNORM) {
             for (long i = 0; i < m; i++) p[i] = 1.0f;
         } else if (t->ndim == 2) {
 #pragma omp parallel for schedule(static) if (m >= INIT_PAR_MIN)

@@ -238,6 +238,11 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     /* the elementwise and fp8 quantize passes of every step, as bf16 [tokens, C + F] passes per layer */
     int passes = QT_PLAN_ELEM_PASSES + (cfg->precision.matmul_dtype == QT_DT_E4M3 ? QT_PLAN_ELEM_PASSES_FP8 : 0);
     elem += nl * (C + F) * 2 * passes;
+    /* qk_norm: bf16 passes over the q|k heads [(H + Hkv) D] per layer: the forward reads them and writes them and
+     * their saved copy (3, again with a recomputed qkv), the backward's dw pass reads dy and x, its dx pass dy, x
+     * and writes dx (5) */
+    if (c->qk_norm)
+        elem += nl * (double)(c->num_heads + c->num_kv_heads) * c->head_dim * 2 * (8 + (rc & QT_RC_QKV ? 3 : 0));
     double elem_bps = pr->hbm_bps < QT_PLAN_ELEM_BPS ? pr->hbm_bps : QT_PLAN_ELEM_BPS;
     k.compute += tok * elem / elem_bps;
     if (cfg->memory.offload & QT_OFF_OPTIMIZER) {

@@ -118,6 +118,11 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
         a->rstd2 = qt_mem_plan_carve(p, "activations: norms", N * 4);
         a->gu = take(p, l, r & QT_RC_FFN, a0->gu, "activations: gate|up", N * 2 * F * 2);
         a->h = take(p, l, sh_h, a0->h, "activations: swiglu", N * F * 2);
+        if (c->qk_norm) {
+            size_t NH = (size_t)c->num_heads + c->num_kv_heads;
+            a->qk = take(p, l, r & QT_RC_QKV, a0->qk, "activations: qkv", N * NH * c->head_dim * 2);
+            a->qk_rstd = take(p, l, r & QT_RC_QKV, a0->qk_rstd, "activations: qkv", N * NH * 4);
+        }
     }
     as->res_final = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
     as->lnf = qt_mem_plan_carve(p, "activations: norms", N * C * 2);

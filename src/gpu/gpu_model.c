@@ -94,6 +94,7 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     size_t ws = qt_embedding_bwd_ws_bytes(N, (int)V);
     size_t cr = qt_colreduce_ws_bytes((int)(QKV > C ? QKV : C));
     if (cr > ws) ws = cr;
+    if (c->qk_norm && qt_qknorm_ws_bytes(c->head_dim) > ws) ws = qt_qknorm_ws_bytes(c->head_dim);
     if (qt_grad_norm_ws_bytes() > ws) ws = qt_grad_norm_ws_bytes();
     g->ws_bytes = ws;
     g->ws = qt_mem_plan_carve(p, "kernel workspace", ws);
@@ -395,6 +396,7 @@ static dims dims_of(const qt_model_cfg *c) {
  * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
  *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add); with an fp8
  *         backward ln1 goes with qkv and ln2 with ffn instead (nothing else reads them)   qkv: qkv + RoPE
+ *                                      (qk_norm: the q/k norm between them, which rewrites its saved input, rstd)
  *   att: attention output and lse      block: o_proj into res_mid, then ln2 with the fused add again
  *   ffn: gate|up                       swiglu: nothing here: block_backward's SwiGLU backward makes h
  *                                      (fp8: down's Xq^T) from gate|up
@@ -429,6 +431,10 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     if (fwd || redo & QT_RC_QKV) {
         lin_fwd(g, LABEL("matmul fwd: qkv"), l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C,
                 d.QKV, redo);
+        if (c->qk_norm) {
+            qt_gpu_model_mark(g, LABEL("qk norm fwd"));
+            qt_qknorm_fwd(a->qkv, a->qk, a->qk_rstd, Wp(g, o->qknorm), N, d.H, d.Hkv, d.D, eps, s);
+        }
         qt_gpu_model_mark(g, LABEL("rope"));
         qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, s);
     }
@@ -542,7 +548,14 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     qt_gpu_model_mark(g, "attention bwd");
     attention_bwd(g, a, d);
     qt_gpu_model_mark(g, "rope");
-    qt_rope_bwd(as->dqkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, fp8_amax(g, l, QT_FP8_QKV, 1), s);
+    /* the abs-max of qkv's output gradient: from the last kernel that writes it (the q/k norm's, when there) */
+    float *qkv_amax = fp8_amax(g, l, QT_FP8_QKV, 1);
+    qt_rope_bwd(as->dqkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : qkv_amax, s);
+    if (c->qk_norm) {
+        qt_gpu_model_mark(g, "qk norm bwd");
+        qt_qknorm_bwd(as->dqkv, Gp(g, o->qknorm), Gdt(g), a->qk, Wp(g, o->qknorm), a->qk_rstd, N, d.H, d.Hkv, d.D,
+                      qkv_amax, g->ws, s);
+    }
     qt_gpu_model_mark(g, "bias grad");
     if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), Gdt(g), as->dqkv, N, d.QKV, g->ws, s);
     lin_bwd(g, "matmul bwd: qkv", l, QT_FP8_QKV, as->dln, as->dqkv, a->ln1, o->wqkv, d.C, d.QKV);

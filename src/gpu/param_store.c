@@ -229,6 +229,7 @@ static int write_units(const qt_layout *L, size_t *s, size_t *e, int cap) {
         UNIT(o->ln2, C);
         UNIT(o->wgu, 2 * F * C);
         UNIT(o->wdown, C * F);
+        if (c->qk_norm) UNIT(o->qknorm, 2 * D);
     }
 #undef UNIT
     return n;

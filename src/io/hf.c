@@ -103,6 +103,18 @@ static int check_unsupported(const char *path, const qt_json_node *r, char *err,
     return 0;
 }
 
+/* model_type in config.json of each arch (qt_arch's order). */
+static const char *const arch_type[] = {"qwen2", "llama", "qwen3"};
+static const char *const arch_class[] = {"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM"};
+#define N_ARCH (int)(sizeof arch_type / sizeof *arch_type)
+
+/* The arch whose model_type is mt, or -1. */
+static int arch_of(const char *mt) {
+    for (int i = 0; i < N_ARCH; i++)
+        if (!strcmp(mt, arch_type[i])) return i;
+    return -1;
+}
+
 static int read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, char *err, size_t errlen) {
     const int big = 1 << 30;
     if (get_int(path, r, "hidden_size", -1, 1, big, &c->hidden_size, err, errlen) ||
@@ -143,19 +155,20 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
     memset(&c, 0, sizeof c);
     int rc = -1;
     if (r->type != QT_JSON_OBJ) qt_errf(err, errlen, "%s: expected a JSON object, got %s", path, type_name(r));
-    else if (!mt || mt->type != QT_JSON_STR || (strcmp(mt->str, "qwen2") && strcmp(mt->str, "llama")))
-        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\" or \"llama\", got %s%s%s", path,
+    else if (!mt || mt->type != QT_JSON_STR || arch_of(mt->str) < 0)
+        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\", \"llama\" or \"qwen3\", got %s%s%s", path,
              mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : type_name(mt),
              mt && mt->type == QT_JSON_STR ? "\"" : "");
     else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen) &&
              !qt_hf_read_rope(path, r, &c.rope, err, errlen)) {
-        c.arch = strcmp(mt->str, "qwen2") == 0 ? QT_ARCH_QWEN2 : QT_ARCH_LLAMA;
+        c.arch = (qt_arch)arch_of(mt->str);
         int bias = 0;
         rc = 0;
         if (c.arch == QT_ARCH_QWEN2) c.qkv_bias = 1; /* Qwen2 always carries q/k/v biases */
         else if (get_bool(path, r, "attention_bias", 0, &bias, err, errlen)) rc = -1;
-        else if (bias) /* HF Llama's attention_bias also puts a bias on o_proj, which we do not have */
-            rc = qt_errf(err, errlen, "%s: attention_bias: true is not supported for llama (it adds an o_proj bias)", path);
+        else if (bias) /* HF Llama's and Qwen3's attention_bias also puts a bias on o_proj, which we do not have */
+            rc = qt_errf(err, errlen, "%s: attention_bias: true is not supported for %s (it adds an o_proj bias)", path,
+                         mt->str);
     }
     qt_json_free(j);
     if (rc) return -1;
@@ -180,7 +193,11 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
     if (qt_model_cfg_validate(c, verr, sizeof verr)) return qt_errf(err, errlen, "%s: %s", path, verr);
     if (qwen && !c->qkv_bias) return qt_errf(err, errlen, "%s: a qwen2 model must have qkv_bias (use arch llama)", path);
     if (!qwen && c->qkv_bias)
-        return qt_errf(err, errlen, "%s: a llama model with qkv_bias has no HF equivalent (use arch qwen2)", path);
+        return qt_errf(err, errlen, "%s: a %s model with qkv_bias has no HF equivalent (use arch qwen2)", path,
+                       arch_type[c->arch]);
+    if (c->qk_norm != (c->arch == QT_ARCH_QWEN3))
+        return qt_errf(err, errlen, "%s: a %s model %s qk_norm has no HF equivalent (qk_norm is qwen3's)", path,
+                       arch_type[c->arch], c->qk_norm ? "with" : "without");
     char eps[32], theta[32], buf[4096], rope[512], scaling[600] = "";
     if (qt_hf_rope_json(rope, sizeof rope, &c->rope) < 0) return qt_errf(err, errlen, "%s: rope parameters text too long", path);
     if (c->rope.type != QT_ROPE_DEFAULT) /* the hub's form (transformers 4); transformers 5 reads rope_parameters */
@@ -198,10 +215,10 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
         "  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": %s,\n"
         "  \"attention_dropout\": 0.0,\n  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n%s"
         "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n",
-        qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", qwen ? "qwen2" : "llama", c->hidden_size,
+        arch_class[c->arch], arch_type[c->arch], c->hidden_size,
         c->intermediate_size, c->num_layers, c->num_heads, c->num_kv_heads, head_dim, c->vocab_size, c->max_seq_len,
         eps, theta, scaling, theta, rope, c->tie_embeddings ? "true" : "false", c->qkv_bias && !qwen ? "true" : "false",
-        qwen ? "  \"use_sliding_window\": false,\n" : "  \"mlp_bias\": false,\n", dt, dt);
+        c->arch != QT_ARCH_LLAMA ? "  \"use_sliding_window\": false,\n" : "  \"mlp_bias\": false,\n", dt, dt);
     if (k < 0 || (size_t)k >= sizeof buf) return qt_errf(err, errlen, "%s: config text too long", path);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -410,7 +427,7 @@ static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e
     out->t = t;
     if (!t && !(strcmp(name, "lm_head.weight") == 0 && L->cfg.tie_embeddings) && !ends_with(name, ".rotary_emb.inv_freq"))
         return qt_errf(err, errlen, "%s: %s: unexpected tensor (not in a %s model of this config)", fp, name,
-                    L->cfg.arch == QT_ARCH_QWEN2 ? "qwen2" : "llama");
+                    arch_type[L->cfg.arch]);
     if (e->type != QT_JSON_OBJ || !dt || dt->type != QT_JSON_STR || !sh || sh->type != QT_JSON_ARR || !of ||
         of->type != QT_JSON_ARR)
         return qt_errf(err, errlen, "%s: %s: header entry needs dtype, shape and data_offsets", fp, name);

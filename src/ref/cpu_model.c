@@ -1,7 +1,8 @@
 /* cpu_model.c — the Llama/Qwen2 forward and backward on the CPU in fp32, composed of qt_ref ops.
  *
  * Activations for N = B*T tokens; forward keeps per layer the block input and the mid-block residual
- * (both RMSNorm inputs), the norm outputs and rstd, qkv after RoPE, attention out and lse, gate|up
+ * (both RMSNorm inputs), the norm outputs and rstd, qkv after RoPE (with qk_norm also the matmul's output
+ * and the heads' rstd), attention out and lse, gate|up
  * and the SwiGLU output; then the final norm and the logits. Backward writes dlogits over the logits
  * and accumulates weight gradients straight into grad (the CE scale is grad_scale, the weight of one
  * target; the caller divides by the target count it averages over). */
@@ -21,6 +22,7 @@ typedef struct {
     float *qkv;            /* [N,(H+2Hkv)D] after rope */
     float *att, *lse;      /* [N,H*D], [B,H,T] */
     float *gu, *sw;        /* [N,2F], [N,F] */
+    float *qkx, *qkrstd;   /* qk_norm: [N,(H+2Hkv)D] qkv matmul output (the norm's input), [N,H+Hkv]; else NULL */
 } layer_acts;
 
 struct qt_cpu_model {
@@ -52,6 +54,7 @@ size_t qt_cpu_model_bytes(const qt_layout *L, int B, int T) {
     size_t N = (size_t)B * T, C = c->hidden_size, HD = (size_t)c->num_heads * c->head_dim, F = c->intermediate_size;
     size_t QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
     size_t layer = 4 * N * C + 2 * N + N * QKV + N * HD + (size_t)B * c->num_heads * T + 3 * N * F;
+    if (c->qk_norm) layer += N * QKV + N * (size_t)(c->num_heads + c->num_kv_heads);
     size_t rest = 2 * N * C + 2 * N + N * c->vocab_size + 2 * N * C + N * HD + N * QKV + 3 * N * F;
     return 4 * (c->num_layers * layer + rest) + 2 * N * sizeof(int32_t); /* floats, then tokens and targets */
 }
@@ -85,6 +88,10 @@ qt_cpu_model *qt_cpu_model_create(const qt_layout *L, int B, int T) {
         a->lse = falloc((long)B * c->num_heads * T);
         a->gu = falloc(N * 2 * F);
         a->sw = falloc(N * F);
+        if (c->qk_norm) {
+            a->qkx = falloc(N * QKV);
+            a->qkrstd = falloc(N * (c->num_heads + c->num_kv_heads));
+        }
     }
     m->xf = falloc(N * C);
     m->lnf = falloc(N * C);
@@ -107,7 +114,8 @@ void qt_cpu_model_free(qt_cpu_model *m) {
     if (!m) return;
     for (int l = 0; l < m->L->cfg.num_layers; l++) {
         layer_acts *a = &m->la[l];
-        float *p[] = {a->x, a->mid, a->ln1, a->ln2, a->rstd1, a->rstd2, a->qkv, a->att, a->lse, a->gu, a->sw};
+        float *p[] = {a->x,   a->mid, a->ln1, a->ln2, a->rstd1, a->rstd2, a->qkv,
+                      a->att, a->lse, a->gu,  a->sw,  a->qkx,   a->qkrstd};
         for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
     }
     free(m->la);
@@ -129,7 +137,9 @@ static void block_fwd(qt_cpu_model *m, const float *w, int l, float *out) {
     int C = c->hidden_size, H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim, F = c->intermediate_size;
     int HD = H * D, QKV = (H + 2 * Hkv) * D;
     qt_ref_rmsnorm_fwd(a->ln1, a->rstd1, a->x, w + o->ln1, N, C, c->rms_norm_eps);
-    qt_ref_matmul_fwd(a->qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
+    float *qkv = a->qkx ? a->qkx : a->qkv; /* with qk_norm, the norm writes a->qkv from the kept matmul output */
+    qt_ref_matmul_fwd(qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
+    if (a->qkx) qt_ref_qknorm_fwd(a->qkv, a->qkrstd, a->qkx, w + o->qknorm, N, H, Hkv, D, c->rms_norm_eps);
     qt_ref_rope_fwd(a->qkv, m->B, m->T, H, Hkv, D, m->rope_inv_freq, m->rope_attn);
     qt_ref_attention_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D);
     qt_ref_matmul_fwd(a->mid, a->att, w + o->wo, NULL, N, HD, C);
@@ -183,6 +193,7 @@ static void block_bwd(qt_cpu_model *m, const float *w, float *grad, int l) {
     qt_ref_matmul_bwd(m->datt, grad + o->wo, NULL, m->dres, a->att, w + o->wo, N, HD, C);
     qt_ref_attention_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D);
     qt_ref_rope_bwd(m->dqkv, m->B, m->T, H, Hkv, D, m->rope_inv_freq, m->rope_attn);
+    if (a->qkx) qt_ref_qknorm_bwd(m->dqkv, grad + o->qknorm, m->dqkv, a->qkx, w + o->qknorm, a->qkrstd, N, H, Hkv, D);
     qt_ref_matmul_bwd(m->dln, grad + o->wqkv, o->bqkv == SIZE_MAX ? NULL : grad + o->bqkv, m->dqkv, a->ln1,
                       w + o->wqkv, N, C, QKV);
     qt_ref_rmsnorm_bwd(m->dres, grad + o->ln1, m->dln, a->x, w + o->ln1, a->rstd1, N, C);

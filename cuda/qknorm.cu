@@ -1,0 +1,137 @@
+/* qknorm.cu — per-head RMSNorm of the q and k heads of the fused qkv rows (Qwen3's q_norm / k_norm),
+ * forward and backward.
+ *
+ * qkv[n, (H + 2*Hkv)*D] bf16: H q heads, Hkv k heads, Hkv v heads. w[2D] bf16: wq = w[0:D], wk = w[D:2D].
+ * fwd (in place on the q and k heads; v untouched): x = the head's D values,
+ *      y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps)  -> rstd[n, H+Hkv] (fp32); the pre-norm q|k heads
+ *      are copied (bit-exact) to save[n, (H+Hkv)*D] for the backward.
+ * bwd (in place on dqkv's q and k heads; v untouched):
+ *      dx = rstd * (dy*w - x * rstd^2 * mean(dy*w*x)),  dw[i] += sum over rows and heads of dy * x * rstd.
+ * fp32 math, one RNE rounding per bf16 output. One warp per (row, head); the row sums over the lanes in a
+ * fixed shuffle tree. dw is deterministic: pass 1 sums fixed row chunks per column into ws (each thread one
+ * column, rows then heads in order), pass 2 adds the chunk sums per column in a fixed block tree, then that
+ * fp32 sum to dw (fp32, or bf16: one RNE). No float atomics. Optional fused fp8 abs-max of the whole dqkv
+ * after the backward, v heads included (read for it): one atomicMax per block. */
+#include "colreduce.cuh"
+#include "qt_kernels.h"
+
+#define QKN_PARTS 512  /* row chunks of dw's first pass (fewer when n is smaller) */
+#define QKN_THREADS 256
+#define QKN_MAX_D 512  /* 2D threads per block in the dw passes */
+
+/* One warp per (row, head) of the H + Hkv normed heads. */
+__global__ void qknorm_fwd_kernel(bf16 *qkv, bf16 *save, float *rstd, const bf16 *w, long long rows, int H, int Hkv,
+                                  int D, float eps) {
+    int lane = threadIdx.x & 31, NH = H + Hkv, stride = (H + 2 * Hkv) * D;
+    long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long k = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < rows * NH; k += warps) {
+        long long row = k / NH;
+        int h = (int)(k - row * NH);
+        bf16 *x = qkv + row * stride + (long long)h * D;
+        const bf16 *wh = w + (h < H ? 0 : D);
+        float ss = 0.0f;
+        for (int j = lane; j < D; j += 32) {
+            float a = __bfloat162float(x[j]);
+            ss += a * a;
+            if (save) save[row * NH * D + (long long)h * D + j] = x[j];
+        }
+        ss = warp_sum(ss);
+        float rs = 1.0f / sqrtf(ss / (float)D + eps);
+        if (lane == 0) rstd[k] = rs;
+        /* each lane rewrites only the elements it read itself */
+        for (int j = lane; j < D; j += 32)
+            x[j] = __float2bfloat16_rn(__bfloat162float(x[j]) * rs * __bfloat162float(wh[j]));
+    }
+}
+
+/* dw pass 1: block b sums rows [b*chunk, (b+1)*chunk) of column t (t < D: q heads, else k heads) into ws[b, t]. */
+__global__ void qknorm_dw_part_kernel(float *ws, const bf16 *dqkv, const bf16 *save, const float *rstd, long long rows,
+                                      int H, int Hkv, int D, long long chunk) {
+    int t = threadIdx.x;
+    if (t >= 2 * D) return;
+    int NH = H + Hkv, stride = (H + 2 * Hkv) * D, i = t < D ? t : t - D, h0 = t < D ? 0 : H, h1 = t < D ? H : NH;
+    long long r0 = blockIdx.x * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    float acc = 0.0f;
+    for (long long r = r0; r < r1; r++)
+        for (int h = h0; h < h1; h++)
+            acc += __bfloat162float(dqkv[r * stride + (long long)h * D + i]) *
+                   __bfloat162float(save[r * NH * D + (long long)h * D + i]) * rstd[r * NH + h];
+    ws[blockIdx.x * 2LL * D + t] = acc;
+}
+
+/* dw pass 2: block t adds the parts of column t (each thread a fixed strided subset, then a block tree). */
+__global__ void qknorm_dw_sum_kernel(void *dw, int dw_bf16, const float *ws, int parts, int D) {
+    __shared__ float sh[32];
+    int t = blockIdx.x;
+    float s = 0.0f;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) s += ws[(long long)p * 2 * D + t];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) acc_store(dw, dw_bf16, t, s);
+}
+
+/* dx in place over dy, one warp per (row, head); with amax the v heads are visited for the abs-max too. */
+__global__ void qknorm_bwd_kernel(bf16 *dqkv, const bf16 *save, const bf16 *w, const float *rstd, long long rows, int H,
+                                  int Hkv, int D, float *amax) {
+    int lane = threadIdx.x & 31, NH = H + Hkv, nh = NH + (amax ? Hkv : 0), stride = (H + 2 * Hkv) * D;
+    int fold = amax != NULL;
+    unsigned m = 0;
+    long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long k = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < rows * nh; k += warps) {
+        long long row = k / nh;
+        int h = (int)(k - row * nh);
+        bf16 *g = dqkv + row * stride + (long long)h * D;
+        if (h >= NH) { /* a v head: read for the abs-max only */
+            for (int j = lane; j < D; j += 32) m = qt_amax_fold(m, __bfloat162float(g[j]));
+            continue;
+        }
+        const bf16 *x = save + row * NH * D + (long long)h * D, *wh = w + (h < H ? 0 : D);
+        float dot = 0.0f;
+        for (int j = lane; j < D; j += 32)
+            dot += __bfloat162float(g[j]) * __bfloat162float(wh[j]) * __bfloat162float(x[j]);
+        dot = warp_sum(dot);
+        float r = rstd[row * NH + h], kk = dot * r * r * r / (float)D;
+        for (int j = lane; j < D; j += 32) {
+            float d = __bfloat162float(g[j]) * __bfloat162float(wh[j]) * r - __bfloat162float(x[j]) * kk;
+            m = st1_fold(g + j, d, m, fold);
+        }
+    }
+    if (amax) qt_amax_block_commit(amax, m);
+}
+
+static unsigned qkn_blocks(long long warps) {
+    long long b = (warps + QKN_THREADS / 32 - 1) / (QKN_THREADS / 32);
+    return (unsigned)(b < 1 ? 1 : b > 65535LL * 16 ? 65535LL * 16 : b);
+}
+
+extern "C" size_t qt_qknorm_ws_bytes(int D) { return (size_t)QKN_PARTS * 2 * (size_t)D * sizeof(float); }
+
+extern "C" void qt_qknorm_fwd(void *qkv, void *save, float *rstd, const void *w, long n, int H, int Hkv, int D,
+                              float eps, cudaStream_t s) {
+    QT_CHECK(D > 0 && H > 0 && Hkv > 0, "qk norm: H %d, Hkv %d, D %d: expected positive sizes", H, Hkv, D);
+    if (n <= 0) return;
+    qknorm_fwd_kernel<<<qkn_blocks((long long)n * (H + Hkv)), QKN_THREADS, 0, s>>>(
+        (bf16 *)qkv, (bf16 *)save, rstd, (const bf16 *)w, n, H, Hkv, D, eps);
+    QT_CUDA(cudaGetLastError());
+}
+
+extern "C" void qt_qknorm_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *save, const void *w, const float *rstd,
+                              long n, int H, int Hkv, int D, float *amax, void *ws, cudaStream_t s) {
+    QT_CHECK(D > 0 && D <= QKN_MAX_D && H > 0 && Hkv > 0, "qk norm bwd: H %d, Hkv %d, D %d: expected positive sizes, "
+             "D <= %d", H, Hkv, D, QKN_MAX_D);
+    QT_CHECK(!dw || dw_dt == QT_DT_F32 || dw_dt == QT_DT_BF16, "qk norm bwd: dw dtype %s: expected fp32 or bf16",
+             qt_dtype_name(dw_dt));
+    if (n <= 0) return;
+    if (dw) { /* first: dx overwrites dy */
+        long long parts = n < QKN_PARTS ? n : QKN_PARTS, chunk = (n + parts - 1) / parts;
+        parts = (n + chunk - 1) / chunk;
+        qknorm_dw_part_kernel<<<(unsigned)parts, (2 * D + 31) / 32 * 32, 0, s>>>(
+            (float *)ws, (const bf16 *)dqkv, (const bf16 *)save, rstd, n, H, Hkv, D, chunk);
+        QT_CUDA(cudaGetLastError());
+        qknorm_dw_sum_kernel<<<(unsigned)(2 * D), QKN_THREADS, 0, s>>>(dw, dw_dt == QT_DT_BF16, (const float *)ws,
+                                                                      (int)parts, D);
+        QT_CUDA(cudaGetLastError());
+    }
+    qknorm_bwd_kernel<<<qkn_blocks((long long)n * (H + Hkv + (amax ? Hkv : 0))), QKN_THREADS, 0, s>>>(
+        (bf16 *)dqkv, (const bf16 *)save, (const bf16 *)w, rstd, n, H, Hkv, D, amax);
+    QT_CUDA(cudaGetLastError());
+}
