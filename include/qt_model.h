@@ -15,7 +15,7 @@
 
 #define QT_LAYOUT_ALIGN 64
 
-typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1 } qt_arch;
+typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1, QT_ARCH_MISTRAL = 2 } qt_arch;
 
 /* RoPE frequency schemes, as transformers' ROPE_INIT_FUNCTIONS names them (rope_type). */
 typedef enum {
@@ -55,6 +55,9 @@ typedef struct {
     int tie_embeddings;    /* lm_head shares the embedding matrix */
     int qkv_bias;          /* Qwen2: q/k/v projections carry a bias */
     qt_rope_cfg rope;      /* RoPE scaling; all zero = the default RoPE */
+    int sliding_window;    /* W > 0: the windowed layers' queries see the last W keys (their own included);
+                            * 0 = every layer causal over the whole sequence */
+    int window_layers_from; /* the first windowed layer (Qwen2's max_window_layers); 0 = all (Mistral) */
 } qt_model_cfg;
 
 /* A checkpoint's model_cfg blob is this struct's bytes. Members from `rope` on came after the format
@@ -106,8 +109,12 @@ int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
 /* The flat array's length for cfg, padding included, computed without overflow (UINT64_MAX when
  * it does not fit 64 bits). cfg's int fields must be >= 0. */
 uint64_t qt_model_cfg_numel(const qt_model_cfg *cfg);
+/* Layer l's attention window: sliding_window when the layer is windowed, else 0 (causal). The one
+ * rule every trainer and the export read. */
+int qt_model_layer_window(const qt_model_cfg *cfg, int l);
 /* Fills head_dim (when 0 and H divides C: C/H), num_kv_heads (when 0: H), the family's rope_theta and
- * rms_norm_eps when 0 (qwen2 1e6, 1e-6; llama 1e4, 1e-5), and the RoPE defaults (qt_rope_finish). */
+ * rms_norm_eps when 0 (qwen2 1e6, 1e-6; llama 1e4, 1e-5; mistral 1e4, 1e-6), and the RoPE defaults
+ * (qt_rope_finish). */
 void qt_model_cfg_finish(qt_model_cfg *cfg);
 /* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);

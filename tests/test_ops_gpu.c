@@ -50,6 +50,8 @@
         {&OP_MM_FP8, {64, 192, 128}, BF16, be, fast, 0, 0}, {&OP_MM_FP8, {192, 128, 64}, F32, be, 0, 0, 0}
 /* Attention forward and backward at one shape, B = 2. */
 #define ATT(T, H, Hkv, D) {&OP_ATT_FWD, {2, T, H, Hkv, D}, 0, 0, 0, 0, 0}, {&OP_ATT_BWD, {2, T, H, Hkv, D}, 0, 0, 0, 0, 0}
+/* The same with a sliding window W (op_case.f): query t sees keys t - W < j <= t. */
+#define ATTW(T, H, Hkv, D, W) {&OP_ATT_FWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}, {&OP_ATT_BWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}
 
 static const op_case CASES[] = {
     /* casts, fill, zero, add (cast.cu): exact; off=1 takes the scalar path */
@@ -236,6 +238,10 @@ static const op_case CASES[] = {
     ATT(1, 4, 4, 64), ATT(7, 4, 4, 64), ATT(64, 4, 4, 64), ATT(100, 4, 4, 64),
     ATT(1, 6, 2, 128), ATT(7, 6, 2, 128), ATT(64, 6, 2, 128), ATT(100, 6, 2, 128),
     ATT(1, 4, 4, 128), ATT(7, 4, 4, 128), ATT(64, 4, 4, 128), ATT(100, 4, 4, 128),
+    /* sliding window: W = 1 (each query only itself), W < T at odd and tile-sized T, W = T - 1, and W >= T
+     * (the causal plan) */
+    ATTW(7, 6, 2, 64, 1), ATTW(7, 6, 2, 64, 3), ATTW(100, 6, 2, 64, 17), ATTW(100, 4, 4, 128, 64),
+    ATTW(200, 8, 2, 128, 199), ATTW(256, 8, 2, 128, 64), ATTW(64, 6, 2, 64, 64), ATTW(100, 6, 2, 128, 4096),
 };
 #define NCASES (int)(sizeof CASES / sizeof CASES[0])
 
@@ -362,13 +368,13 @@ static void test_attention_plan_cache(void) {
     qt_attention_ctx *c = qt_attention_create();
     char err[600];
     QT_REQUIRE(qt_attention_plan_count(c) == 0, "fresh context has %ld plans", qt_attention_plan_count(c));
-    int rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, err, sizeof err);
+    int rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, 0, err, sizeof err);
     QT_REQUIRE(rc == 0, "%.600s", err);
     long n1 = qt_attention_plan_count(c);
-    rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, err, sizeof err);
+    rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, 0, err, sizeof err);
     long n2 = qt_attention_plan_count(c);
     QT_EXPECT(rc == 0 && n1 == 2 && n2 == 2, "plans: %ld after the first prepare (fwd+bwd), %ld after the second", n1, n2);
-    rc = qt_attention_prepare(c, 1, 32, 4, 2, 60, err, sizeof err); /* D % 8 != 0: a clean error */
+    rc = qt_attention_prepare(c, 1, 32, 4, 2, 60, 0, err, sizeof err); /* D % 8 != 0: a clean error */
     QT_EXPECT(rc == -1 && strstr(err, "D=60"), "bad head dim: rc %d, message \"%s\"", rc, err);
     qt_attention_free(c);
 }

@@ -22,8 +22,32 @@ void qt_model_cfg_finish(qt_model_cfg *cfg) {
         cfg->head_dim = cfg->hidden_size / cfg->num_heads;
     /* the transformers defaults of each family */
     if (cfg->rope_theta == 0) cfg->rope_theta = cfg->arch == QT_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
-    if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = cfg->arch == QT_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+    if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = cfg->arch == QT_ARCH_LLAMA ? 1e-5f : 1e-6f;
     qt_rope_finish(cfg);
+}
+
+int qt_model_layer_window(const qt_model_cfg *cfg, int l) {
+    return cfg->sliding_window > 0 && l >= cfg->window_layers_from ? cfg->sliding_window : 0;
+}
+
+/* The sliding-window fields: each family's HF config holds only its own rule (Mistral windows every
+ * layer, Qwen2 the layers from max_window_layers on, Llama none), so a config no family can say is
+ * refused rather than exported as another model. */
+static int validate_window(const qt_model_cfg *c, char *err, size_t errlen) {
+    if (c->sliding_window < 0)
+        return qt_errf(err, errlen, "model.sliding_window: expected an integer >= 0 (0 = none), got %d", c->sliding_window);
+    if (c->window_layers_from < 0)
+        return qt_errf(err, errlen, "model.window_layers_from: expected an integer >= 0, got %d", c->window_layers_from);
+    if (c->sliding_window > 0 && c->arch == QT_ARCH_LLAMA)
+        return qt_errf(err, errlen,
+                       "model.sliding_window: expected 0 for llama (transformers' Llama has no sliding window), got %d; "
+                       "use arch mistral or qwen2",
+                       c->sliding_window);
+    if (c->sliding_window > 0 && c->arch == QT_ARCH_MISTRAL && c->window_layers_from != 0)
+        return qt_errf(err, errlen,
+                       "model.window_layers_from: expected 0 for mistral (every layer has the window), got %d; use arch qwen2",
+                       c->window_layers_from);
+    return 0;
 }
 
 /* a * b and a + b in uint64, saturating at UINT64_MAX: the size checks below compare the result
@@ -53,8 +77,8 @@ uint64_t qt_model_cfg_numel(const qt_model_cfg *c) {
 
 int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
     static const char *pos = "expected an integer > 0, got";
-    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA)
-        return qt_errf(err, errlen, "model.arch: expected qwen2 or llama, got %d", (int)c->arch);
+    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA && c->arch != QT_ARCH_MISTRAL)
+        return qt_errf(err, errlen, "model.arch: expected qwen2, llama or mistral, got %d", (int)c->arch);
     if (c->vocab_size <= 0) return qt_errf(err, errlen, "model.vocab_size: %s %d", pos, c->vocab_size);
     if (c->hidden_size <= 0) return qt_errf(err, errlen, "model.hidden_size: %s %d", pos, c->hidden_size);
     if (c->num_layers <= 0) return qt_errf(err, errlen, "model.num_layers: %s %d", pos, c->num_layers);
@@ -85,6 +109,7 @@ int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
         return qt_errf(err, errlen, "model.tie_embeddings: expected 0 or 1, got %d", c->tie_embeddings);
     if (c->qkv_bias != 0 && c->qkv_bias != 1)
         return qt_errf(err, errlen, "model.qkv_bias: expected 0 or 1, got %d", c->qkv_bias);
+    if (validate_window(c, err, errlen)) return -1;
     /* Sizes: the trainers index rows of the fused q|k|v and gate|up matrices and the attention
      * heads with int, and the whole model must be a plausible allocation. */
     uint64_t qkv_rows = mul_sat((uint64_t)c->num_heads + 2 * (uint64_t)c->num_kv_heads, (uint64_t)D);
