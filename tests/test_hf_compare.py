@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """test_hf_compare.py — qtrain's model against transformers: logits, loss and every gradient.
 
-Builds random tiny Qwen2 and Llama models (GQA; tied and untied) with transformers (no hub), saves
+Builds random tiny Qwen2, Llama and Mistral models (GQA; tied and untied; Mistral with a sliding window
+shorter than the sequence and without one; Qwen2 with use_sliding_window on its upper layers) with
+transformers (no hub), saves
 them as safetensors, runs one micro-batch through build/tests/tool_hf_dump (our engine: cpu, and
 cuda when QT_DEVICES includes it) and through torch in fp32, and prints the relative L2 error of
 each tensor; the same with RoPE scaling (llama3, yarn, linear) on a sequence past the scaled bands.
@@ -37,6 +39,9 @@ DIMS = {"cpu": dict(hidden_size=48, intermediate_size=80, num_attention_heads=6,
 INIT_STD = {"cpu": 0.2, "cuda": 0.02}
 
 
+# Sliding window shorter than the test's sequence (T = 11): the band mask changes the result.
+WINDOW = 4
+
 TOOL_FREQ = os.path.join(BUILD, "tests", "tool_rope_freq")
 
 # RoPE scaling on the small models: head_dim 8 (cpu) has wavelengths 2 pi 10000^(i/4) = 6.3, 63, 628, 6283
@@ -58,6 +63,14 @@ def build_model(kind, tied, device, path, rope=None):
     if kind == "qwen2":
         cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
         model = transformers.Qwen2ForCausalLM(cfg)
+    elif kind == "qwen2_swa":  # layer 0 full, layer 1 windowed (max_window_layers)
+        cfg = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    elif kind in ("mistral", "mistral_nowin"):  # head_dim set, twice hidden / heads
+        head_dim = 2 * DIMS[device]["hidden_size"] // DIMS[device]["num_attention_heads"]
+        cfg = transformers.MistralConfig(**common, head_dim=head_dim,
+                                         sliding_window=WINDOW if kind == "mistral" else None)
+        model = transformers.MistralForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
         model = transformers.LlamaForCausalLM(cfg)
@@ -82,7 +95,7 @@ def check(kind, tied, device, tmp, rope=None):
     mdir = os.path.join(tmp, f"{kind}_{tied}_{device}_{rope}")
     if not os.path.exists(os.path.join(mdir, "config.json")):
         build_model(kind, tied, device, mdir, rope)
-    model = (transformers.Qwen2ForCausalLM if kind == "qwen2" else transformers.LlamaForCausalLM).from_pretrained(
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         mdir, torch_dtype=torch.float32, attn_implementation="eager").float()
     if rope:  # the model transformers runs is the scaled one (a silently dropped rope_scaling would pass)
         assert model.model.rotary_emb.rope_type == ROPE[rope]["rope_type"], model.model.rotary_emb.rope_type
@@ -205,14 +218,19 @@ def check_freqs(tmp):
     return ok
 
 
+# Each family and the ties it is checked with.
+KINDS = (("qwen2", (True, False)), ("llama", (True, False)), ("mistral", (False, True)), ("mistral_nowin", (False,)),
+         ("qwen2_swa", (True,)))
+
+
 def main():
     if not os.path.exists(TOOL):
         print(f"FAIL hf_compare: {TOOL} is missing (run make first)"); return 1
     devices = os.environ.get("QT_DEVICES", "cpu").split(",")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("qwen2", "llama"):
-            for tied in (True, False):
+        for kind, ties in KINDS:
+            for tied in ties:
                 for dev in devices:
                     ok &= check(kind, tied, dev, tmp)
         for kind, tied, rope in (("llama", False, "llama3"), ("qwen2", True, "yarn"), ("llama", True, "linear")):

@@ -89,15 +89,13 @@ static int get_bool(const char *path, const qt_json_node *o, const char *key, in
     return 0;
 }
 
-/* Rejects configs whose maths we do not implement (sliding window, other activations, MLP biases). */
+/* Rejects configs whose maths we do not implement (other activations, MLP biases). */
 static int check_unsupported(const char *path, const qt_json_node *r, char *err, size_t errlen) {
     const qt_json_node *x = qt_json_get(r, "hidden_act");
     if (x && (x->type != QT_JSON_STR || strcmp(x->str, "silu") != 0))
         return qt_errf(err, errlen, "%s: hidden_act: expected \"silu\", got %s%s", path, x->type == QT_JSON_STR ? x->str : "",
                     x->type == QT_JSON_STR ? "" : type_name(x));
     int flag = 0;
-    if (get_bool(path, r, "use_sliding_window", 0, &flag, err, errlen)) return -1;
-    if (flag) return qt_errf(err, errlen, "%s: use_sliding_window: sliding-window attention is not supported", path);
     if (get_bool(path, r, "mlp_bias", 0, &flag, err, errlen)) return -1;
     if (flag) return qt_errf(err, errlen, "%s: mlp_bias: MLP biases are not supported", path);
     return 0;
@@ -130,6 +128,58 @@ static int read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, 
     return 0;
 }
 
+/* sliding_window: absent -> def, null -> 0 (none), else an integer >= 1. */
+static int get_window(const char *path, const qt_json_node *r, int def, int *out, char *err, size_t errlen) {
+    const qt_json_node *x = qt_json_get(r, "sliding_window");
+    if (x && x->type == QT_JSON_NULL) { *out = 0; return 0; }
+    return get_int(path, r, "sliding_window", def, 1, 1 << 30, out, err, errlen);
+}
+
+/* Qwen2's layer_types (transformers writes it from max_window_layers): *from = the number of leading
+ * "full_attention" layers, all after them "sliding_attention"; any other pattern is refused. */
+static int read_layer_types(const char *path, const qt_json_node *lt, int layers, int *from, char *err, size_t errlen) {
+    int n = 0, k = -1;
+    if (lt->type != QT_JSON_ARR) return qt_errf(err, errlen, "%s: layer_types: expected an array, got %s", path, type_name(lt));
+    for (const qt_json_node *x = lt->child; x; x = x->next, n++) {
+        int full = x->type == QT_JSON_STR && !strcmp(x->str, "full_attention");
+        int slide = x->type == QT_JSON_STR && !strcmp(x->str, "sliding_attention");
+        if (!full && !slide)
+            return qt_errf(err, errlen, "%s: layer_types[%d]: expected \"full_attention\" or \"sliding_attention\", got %s%s%s",
+                           path, n, x->type == QT_JSON_STR ? "\"" : "", x->type == QT_JSON_STR ? x->str : type_name(x),
+                           x->type == QT_JSON_STR ? "\"" : "");
+        if (slide && k < 0) k = n;
+        if (full && k >= 0)
+            return qt_errf(err, errlen,
+                           "%s: layer_types[%d]: expected \"sliding_attention\" (full_attention layers first, then "
+                           "sliding_attention ones, as max_window_layers gives), got \"full_attention\" after layer %d's "
+                           "sliding window", path, n, k);
+    }
+    if (n != layers)
+        return qt_errf(err, errlen, "%s: layer_types: expected %d entries (num_hidden_layers), got %d", path, layers, n);
+    *from = k < 0 ? n : k;
+    return 0;
+}
+
+/* The sliding window as transformers reads it: Mistral windows every layer (sliding_window absent:
+ * MistralConfig's 4096; null: none); Qwen2 only with use_sliding_window, the layers from
+ * max_window_layers on (default 28) or as layer_types lists them; Llama has none. */
+static int read_window(const char *path, const qt_json_node *r, qt_model_cfg *c, char *err, size_t errlen) {
+    int use = 0;
+    if (c->arch == QT_ARCH_MISTRAL) return get_window(path, r, 4096, &c->sliding_window, err, errlen);
+    if (c->arch != QT_ARCH_QWEN2) return 0;
+    if (get_bool(path, r, "use_sliding_window", 0, &use, err, errlen)) return -1;
+    if (!use) return 0;
+    if (get_window(path, r, 4096, &c->sliding_window, err, errlen) ||
+        get_int(path, r, "max_window_layers", 28, 0, 1 << 30, &c->window_layers_from, err, errlen))
+        return -1;
+    const qt_json_node *lt = qt_json_get(r, "layer_types");
+    if (lt && lt->type != QT_JSON_NULL && read_layer_types(path, lt, c->num_layers, &c->window_layers_from, err, errlen))
+        return -1;
+    return 0;
+}
+
+static const char *arch_name(qt_arch a) { return a == QT_ARCH_QWEN2 ? "qwen2" : a == QT_ARCH_MISTRAL ? "mistral" : "llama"; }
+
 int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t errlen) {
     size_t n;
     char *text = slurp(path, &n, err, errlen);
@@ -143,19 +193,21 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
     memset(&c, 0, sizeof c);
     int rc = -1;
     if (r->type != QT_JSON_OBJ) qt_errf(err, errlen, "%s: expected a JSON object, got %s", path, type_name(r));
-    else if (!mt || mt->type != QT_JSON_STR || (strcmp(mt->str, "qwen2") && strcmp(mt->str, "llama")))
-        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\" or \"llama\", got %s%s%s", path,
+    else if (!mt || mt->type != QT_JSON_STR || (strcmp(mt->str, "qwen2") && strcmp(mt->str, "llama") && strcmp(mt->str, "mistral")))
+        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\", \"llama\" or \"mistral\", got %s%s%s", path,
              mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : type_name(mt),
              mt && mt->type == QT_JSON_STR ? "\"" : "");
     else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen) &&
              !qt_hf_read_rope(path, r, &c.rope, err, errlen)) {
-        c.arch = strcmp(mt->str, "qwen2") == 0 ? QT_ARCH_QWEN2 : QT_ARCH_LLAMA;
+        c.arch = !strcmp(mt->str, "qwen2") ? QT_ARCH_QWEN2 : !strcmp(mt->str, "mistral") ? QT_ARCH_MISTRAL : QT_ARCH_LLAMA;
         int bias = 0;
         rc = 0;
         if (c.arch == QT_ARCH_QWEN2) c.qkv_bias = 1; /* Qwen2 always carries q/k/v biases */
+        else if (c.arch == QT_ARCH_MISTRAL) c.qkv_bias = 0; /* Mistral never does */
         else if (get_bool(path, r, "attention_bias", 0, &bias, err, errlen)) rc = -1;
         else if (bias) /* HF Llama's attention_bias also puts a bias on o_proj, which we do not have */
             rc = qt_errf(err, errlen, "%s: attention_bias: true is not supported for llama (it adds an o_proj bias)", path);
+        if (!rc) rc = read_window(path, r, &c, err, errlen);
     }
     qt_json_free(j);
     if (rc) return -1;
@@ -174,14 +226,32 @@ static void fmt_float(char *out, size_t cap, float x) {
     }
 }
 
+/* The family's own keys after the common ones: Qwen2's window switch and rule, Mistral's window, Llama's
+ * mlp_bias. */
+static void family_keys(char *out, size_t cap, const qt_model_cfg *c) {
+    if (c->arch == QT_ARCH_QWEN2 && c->sliding_window > 0)
+        snprintf(out, cap, "  \"use_sliding_window\": true,\n  \"sliding_window\": %d,\n  \"max_window_layers\": %d,\n",
+                 c->sliding_window, c->window_layers_from);
+    else if (c->arch == QT_ARCH_QWEN2)
+        snprintf(out, cap, "  \"use_sliding_window\": false,\n");
+    else if (c->arch == QT_ARCH_MISTRAL && c->sliding_window > 0)
+        snprintf(out, cap, "  \"sliding_window\": %d,\n", c->sliding_window);
+    else if (c->arch == QT_ARCH_MISTRAL)
+        snprintf(out, cap, "  \"sliding_window\": null,\n");
+    else
+        snprintf(out, cap, "  \"mlp_bias\": false,\n");
+}
+
 int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *err, size_t errlen) {
-    const int qwen = c->arch == QT_ARCH_QWEN2;
+    const int qwen = c->arch == QT_ARCH_QWEN2, mistral = c->arch == QT_ARCH_MISTRAL;
     char verr[256]; /* every number written must be one JSON can hold: no inf or nan */
     if (qt_model_cfg_validate(c, verr, sizeof verr)) return qt_errf(err, errlen, "%s: %s", path, verr);
     if (qwen && !c->qkv_bias) return qt_errf(err, errlen, "%s: a qwen2 model must have qkv_bias (use arch llama)", path);
     if (!qwen && c->qkv_bias)
-        return qt_errf(err, errlen, "%s: a llama model with qkv_bias has no HF equivalent (use arch qwen2)", path);
-    char eps[32], theta[32], buf[4096], rope[512], scaling[600] = "";
+        return qt_errf(err, errlen, "%s: a %s model with qkv_bias has no HF equivalent (use arch qwen2)", path,
+                       arch_name(c->arch));
+    char eps[32], theta[32], buf[4096], rope[512], scaling[600] = "", fam[160];
+    family_keys(fam, sizeof fam, c);
     if (qt_hf_rope_json(rope, sizeof rope, &c->rope) < 0) return qt_errf(err, errlen, "%s: rope parameters text too long", path);
     if (c->rope.type != QT_ROPE_DEFAULT) /* the hub's form (transformers 4); transformers 5 reads rope_parameters */
         snprintf(scaling, sizeof scaling, "  \"rope_scaling\": {%s},\n", rope);
@@ -198,10 +268,10 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
         "  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": %s,\n"
         "  \"attention_dropout\": 0.0,\n  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n%s"
         "  \"torch_dtype\": \"%s\",\n  \"dtype\": \"%s\"\n}\n",
-        qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", qwen ? "qwen2" : "llama", c->hidden_size,
+        qwen ? "Qwen2ForCausalLM" : mistral ? "MistralForCausalLM" : "LlamaForCausalLM", arch_name(c->arch), c->hidden_size,
         c->intermediate_size, c->num_layers, c->num_heads, c->num_kv_heads, head_dim, c->vocab_size, c->max_seq_len,
         eps, theta, scaling, theta, rope, c->tie_embeddings ? "true" : "false", c->qkv_bias && !qwen ? "true" : "false",
-        qwen ? "  \"use_sliding_window\": false,\n" : "  \"mlp_bias\": false,\n", dt, dt);
+        fam, dt, dt);
     if (k < 0 || (size_t)k >= sizeof buf) return qt_errf(err, errlen, "%s: config text too long", path);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -410,7 +480,7 @@ static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e
     out->t = t;
     if (!t && !(strcmp(name, "lm_head.weight") == 0 && L->cfg.tie_embeddings) && !ends_with(name, ".rotary_emb.inv_freq"))
         return qt_errf(err, errlen, "%s: %s: unexpected tensor (not in a %s model of this config)", fp, name,
-                    L->cfg.arch == QT_ARCH_QWEN2 ? "qwen2" : "llama");
+                    arch_name(L->cfg.arch));
     if (e->type != QT_JSON_OBJ || !dt || dt->type != QT_JSON_STR || !sh || sh->type != QT_JSON_ARR || !of ||
         of->type != QT_JSON_ARR)
         return qt_errf(err, errlen, "%s: %s: header entry needs dtype, shape and data_offsets", fp, name);
