@@ -134,7 +134,8 @@ void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, u
 /* Matmul FLOPs per token of one training step (forward + backward), T = sequence length:
  *   6 * (L * (C*(H+2*Hkv)*D + H*D*C + 3*C*F) + V*C)   every matmul weight, the LM head even when tied
  * + 6 * L * H * D * T                                 causal attention: QK^T and PV take 2*2*H*D*T/2
- *                                                     forward per token per layer, x3 for fwd + bwd */
+ *                                                     forward per token per layer, x3 for fwd + bwd
+ * where a layer with a sliding window W < T counts W - W^2/(2T) keys per query instead of T/2. */
 double qt_model_flops_per_token(const qt_model_cfg *cfg, int T);
 
 #endif

@@ -262,5 +262,10 @@ double qt_model_flops_per_token(const qt_model_cfg *c, int T) {
     double H = c->num_heads, Hkv = c->num_kv_heads, F = c->intermediate_size, V = c->vocab_size;
     double per_layer = C * (H + 2 * Hkv) * D + H * D * C + 3 * C * F;
     double matmul = c->num_layers * per_layer + V * C; /* LM head counted even when tied */
-    return 6 * matmul + 6.0 * c->num_layers * H * D * T;
+    double keys = 0; /* keys per query summed over the layers: T/2 causal, W - W^2/(2T) in a window W < T */
+    for (int l = 0; l < c->num_layers; l++) {
+        double W = qt_model_layer_window(c, l);
+        keys += W > 0 && W < T ? W - W * W / (2.0 * T) : T / 2.0;
+    }
+    return 6 * matmul + 12.0 * H * D * keys;
 }
