@@ -1,4 +1,4 @@
-/* hf.c — Hugging Face config.json and safetensors export/import for the Qwen2/Llama layout.
+/* hf.c — Hugging Face config.json and safetensors export/import for the Qwen2/Llama/Mistral layout.
  *
  * safetensors: u64 little-endian header length N, N bytes of JSON {"name": {"dtype", "shape",
  * "data_offsets": [b, e]}, "__metadata__": {...}} padded with spaces to a multiple of 8, then the
