@@ -211,13 +211,16 @@ typedef struct {
  *   gqa64   Qwen2.5-0.5B's: hidden 896, 14 / 2 heads (head_dim 64)
  *   gqa128  Qwen2.5-7B's:  hidden 3584, 28 / 4 heads (head_dim 128)
  *   llama   a held-out Llama-like one: hidden 1024, 16 / 4 heads (head_dim 64) at seq 512 x 2
+ *   swa     the same with a sliding window of 128 on every layer (cuDNN's band mask)
  * (the MLP at 1024: the attention and its sums are what the shape is for). Returns the shape's name. */
 static inline const char *qt_t_shape_yaml(char *yaml, size_t cap) {
     static const struct {
         const char *name, *hidden, *heads, *batch;
     } shapes[] = {{"gqa64", "hidden_size: 896,", "num_heads: 14, num_kv_heads: 2", "seq_len: 1024, micro_batch: 1"},
                   {"gqa128", "hidden_size: 3584,", "num_heads: 28, num_kv_heads: 4", "seq_len: 1024, micro_batch: 1"},
-                  {"llama", "hidden_size: 1024,", "num_heads: 16, num_kv_heads: 4", "seq_len: 512, micro_batch: 2"}};
+                  {"llama", "hidden_size: 1024,", "num_heads: 16, num_kv_heads: 4", "seq_len: 512, micro_batch: 2"},
+                  {"swa", "hidden_size: 1024,", "num_heads: 16, num_kv_heads: 4, sliding_window: 128",
+                   "seq_len: 512, micro_batch: 2"}};
     const char *want = getenv("QT_TEST_SHAPE");
     for (size_t k = 0; want && k < sizeof shapes / sizeof shapes[0]; k++) {
         if (strcmp(want, shapes[k].name)) continue;

@@ -379,6 +379,28 @@ static void test_attention_plan_cache(void) {
     qt_attention_free(c);
 }
 
+/* The window is part of a plan's key: W < T builds its own fwd and bwd plans, W >= T shares the causal
+ * ones (the band would mask nothing), and a negative window is a clean error. */
+static void test_attention_window_plans(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    qt_attention_ctx *c = qt_attention_create();
+    char err[600];
+    int rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, 0, err, sizeof err);
+    QT_REQUIRE(rc == 0, "%.600s", err);
+    long causal = qt_attention_plan_count(c);
+    int covers = !qt_attention_prepare(c, 1, 32, 4, 2, 64, 32, err, sizeof err) &&
+                 !qt_attention_prepare(c, 1, 32, 4, 2, 64, 4096, err, sizeof err);
+    long shared = qt_attention_plan_count(c);
+    rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, 8, err, sizeof err);
+    QT_REQUIRE(rc == 0, "window 8: %.600s", err);
+    long banded = qt_attention_plan_count(c);
+    QT_EXPECT(covers && causal == 2 && shared == 2 && banded == 4,
+              "plans: %ld causal, %ld after windows 32 and 4096 (T = 32), %ld after window 8", causal, shared, banded);
+    rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, -1, err, sizeof err);
+    QT_EXPECT(rc == -1 && strstr(err, "W=-1") && strstr(err, "window W >= 0"), "window -1: rc %d, message \"%s\"", rc, err);
+    qt_attention_free(c);
+}
+
 int main(int argc, char **argv) {
     for (int a = 1; a < argc; a++) {
         char label[256];
@@ -406,6 +428,7 @@ int main(int argc, char **argv) {
     }
     QT_RUN(test_matmul_plan_cache);
     QT_RUN(test_attention_plan_cache);
+    QT_RUN(test_attention_window_plans);
     if (g_mm) qt_matmul_free(g_mm);
     if (g_att) qt_attention_free(g_att);
     return qt_test_end();
