@@ -56,7 +56,7 @@ typedef struct {
     int nondet;      /* cuDNN notes that engine as nondeterministic */
     size_t ws;       /* all workspace bytes: plan_ws, then (bwd) the softmax sums and the fp32 dQ */
     int ok;
-    char shape[96];
+    char shape[128];
     float scale, neg, one; /* host values of the by-value scalars (the variant pack points at them) */
     float win;             /* the window as the float scalar the band mask adds to the column index */
 } att_plan;
@@ -443,16 +443,16 @@ static att_plan *get_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int
     p->scale = 1.0f / sqrtf((float)D);
     p->neg = -FLT_MAX; /* what cudnn-frontend's causal mask writes: exp() of it minus anything is 0 */
     p->one = 1.0f;
-    p->win = (float)window; /* exact: window < T < 2^24 */
+    p->win = (float)window; /* exact: window < 2^24 (checked below) */
     snprintf(p->shape, sizeof p->shape, "%s%s B=%d T=%d H=%d Hkv=%d D=%d W=%d", bwd ? "bwd" : "fwd",
              det ? " (deterministic)" : "", B, T, H, Hkv, D, window);
     gb *g = &p->g;
     g->h = c->h;
     g->next_uid = VIRTUAL_UID;
     g->shape = p->shape;
-    if (B < 1 || T < 1 || Hkv < 1 || H % Hkv || D % 8 || window < 0 || T >= (1 << 24)) {
+    if (B < 1 || T < 1 || Hkv < 1 || H % Hkv || D % 8 || window < 0 || window >= (1 << 24)) {
         snprintf(g->err, sizeof g->err,
-                 "attention %s: expected B, T >= 1, T < 2^24, H %% Hkv == 0, D %% 8 == 0 and a window W >= 0", p->shape);
+                 "attention %s: expected B, T >= 1, H %% Hkv == 0, D %% 8 == 0 and a window 0 <= W < 2^24", p->shape);
         g->failed = 1;
     } else {
         att_shapes a;

@@ -41,7 +41,7 @@ typedef struct {
 } qt_rope_cfg;
 
 typedef struct {
-    qt_arch arch;          /* naming in config.json; the maths is the same but for qkv_bias */
+    qt_arch arch;          /* naming in config.json; the maths is the same but for qkv_bias and the window */
     int vocab_size;
     int hidden_size;       /* C */
     int num_layers;        /* L */

@@ -175,6 +175,7 @@ static int read_window(const char *path, const qt_json_node *r, qt_model_cfg *c,
     const qt_json_node *lt = qt_json_get(r, "layer_types");
     if (lt && lt->type != QT_JSON_NULL && read_layer_types(path, lt, c->num_layers, &c->window_layers_from, err, errlen))
         return -1;
+    if (!c->sliding_window) c->window_layers_from = 0; /* sliding_window null: no layer has a window */
     return 0;
 }
 
