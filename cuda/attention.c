@@ -216,14 +216,17 @@ static void shapes_of(att_shapes *a, int64_t B, int64_t T, int64_t H, int64_t Hk
     memcpy(a->full_str, full_str, sizeof full_str);
 }
 
+/* The int32 row (axis 2: query) or column (axis 3: key) index of every score of s. */
+static desc_t gen_index(gb *g, const att_shapes *a, const char *name, int64_t axis, desc_t s) {
+    desc_t idx = virt(g, name, CUDNN_DATA_INT32, a->s_dim, a->s_str);
+    return pw(g, name, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, axis, s, NULL, NULL, idx);
+}
+
 /* Keeps s where row >= col, -FLT_MAX elsewhere (the causal mask as GEN_INDEX / CMP_GE / BINARY_SELECT). */
 static desc_t causal(gb *g, const att_shapes *a, desc_t s, desc_t neg) {
-    desc_t row = virt(g, "gen_row_index", CUDNN_DATA_INT32, a->s_dim, a->s_str);
-    desc_t col = virt(g, "gen_col_index", CUDNN_DATA_INT32, a->s_dim, a->s_str);
+    desc_t row = gen_index(g, a, "gen_row_index", 2, s), col = gen_index(g, a, "gen_col_index", 3, s);
     desc_t keep = virt(g, "row_ge_col", CUDNN_DATA_BOOLEAN, a->s_dim, a->s_str);
     desc_t out = virt(g, "causal_select", CUDNN_DATA_FLOAT, a->s_dim, a->s_str);
-    pw(g, "gen_row_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, s, NULL, NULL, row);
-    pw(g, "gen_col_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, s, NULL, NULL, col);
     pw(g, "row_ge_col", CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, -1, row, col, NULL, keep);
     return pw(g, "causal_select", CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, -1, s, neg, keep, out);
 }
@@ -232,13 +235,10 @@ static desc_t causal(gb *g, const att_shapes *a, desc_t s, desc_t neg) {
  * top-left aligned left-bound diagonal band (GEN_INDEX / ADD of the fp32 window / CMP_GT / BINARY_SELECT),
  * applied after the causal mask. win is the by-value fp32 scalar W. */
 static desc_t band(gb *g, const att_shapes *a, desc_t s, desc_t neg, desc_t win) {
-    desc_t row = virt(g, "band_row_index", CUDNN_DATA_INT32, a->s_dim, a->s_str);
-    desc_t col = virt(g, "band_col_index", CUDNN_DATA_INT32, a->s_dim, a->s_str);
+    desc_t row = gen_index(g, a, "band_row_index", 2, s), col = gen_index(g, a, "band_col_index", 3, s);
     desc_t colw = virt(g, "col+window", CUDNN_DATA_FLOAT, a->s_dim, a->s_str);
     desc_t keep = virt(g, "col+window>row", CUDNN_DATA_BOOLEAN, a->s_dim, a->s_str);
     desc_t out = virt(g, "band_select", CUDNN_DATA_FLOAT, a->s_dim, a->s_str);
-    pw(g, "band_row_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, s, NULL, NULL, row);
-    pw(g, "band_col_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, s, NULL, NULL, col);
     pw(g, "col+window", CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, 3, col, win, NULL, colw);
     pw(g, "col+window>row", CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, -1, colw, row, NULL, keep);
     return pw(g, "band_select", CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, -1, s, neg, keep, out);
