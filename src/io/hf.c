@@ -151,8 +151,8 @@ static int read_layer_types(const char *path, const qt_json_node *lt, int layers
         if (full && k >= 0)
             return qt_errf(err, errlen,
                            "%s: layer_types[%d]: expected \"sliding_attention\" (full_attention layers first, then "
-                           "sliding_attention ones, as max_window_layers gives), got \"full_attention\" after layer %d's "
-                           "sliding window", path, n, k);
+                           "sliding_attention ones, as max_window_layers gives), got \"full_attention\" after the "
+                           "sliding_attention layer %d", path, n, k);
     }
     if (n != layers)
         return qt_errf(err, errlen, "%s: layer_types: expected %d entries (num_hidden_layers), got %d", path, layers, n);
