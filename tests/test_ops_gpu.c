@@ -13,7 +13,9 @@
  *
  * Without a GPU the rows skip ("no CUDA device") and the CPU self-check still runs: every row's reference
  * rounded to the output dtype must pass, and planted bugs must be caught (op_harness.h). Kept beside the
- * table, as special tests: the matmul and attention plan caches (a count of plans, not a value). */
+ * table, as special tests: the matmul and attention plan caches (a count of plans, not a value; the window is
+ * part of an attention plan's key), and, on the CPU, that each sliding-window row fails an attention without
+ * the band (the mutant a graph that dropped the mask would be). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -325,6 +327,33 @@ static void test_selfcheck(void) {
     printf("  self-check: %d rows, %d planted bugs\n", rows, planted);
 }
 
+/* Each sliding-window forward row catches a graph that leaves out the band: the causal attention (what
+ * such a graph computes), put where the device's result goes, fails the row's check. Runs on the CPU. */
+static void test_window_rows_catch_no_band(void) {
+    char label[256];
+    int rows = 0;
+    for (int i = 0; i < NCASES; i++) {
+        const op_case *c = &CASES[i];
+        if (c->op != &OP_ATT_FWD || c->f <= 0 || c->f >= c->s[1]) continue;
+        op_label(c, label, sizeof label);
+        op_run *r = calloc(1, sizeof *r);
+        QT_CHECK(r, "out of host memory");
+        op_start(r, c, row_seed(i));
+        op_emulate(r, 0);
+        float *out = GOT(r, "out", 0), *lse = GOT(r, "lse", 0);
+        qt_ref_attention_fwd(out, lse, H(r, "qkv"), (int)c->s[0], (int)c->s[1], (int)c->s[2], (int)c->s[3], (int)c->s[4], 0);
+        for (long j = 0; j < T(r, "out")->n; j++) out[j] = op_round(QT_DT_BF16, out[j]);
+        r->nfail = 0;
+        op_verify(r, 0, NULL);
+        QT_EXPECT(r->nfail > 0, "%s (row %d): the causal attention passes the windowed row", label, i);
+        rows++;
+        op_finish(r);
+        free(r);
+    }
+    printf("  %d windowed attention rows, each failing the causal attention\n", rows);
+    QT_EXPECT(rows > 0, "no windowed attention row in the table");
+}
+
 /* The guard check on its own: a byte written before or after a buffer is found, the poison is not. */
 static void test_selfcheck_guards(void) {
     uint8_t raw[64];
@@ -421,6 +450,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_selfcheck_guards);
     QT_RUN(test_selfcheck);
     QT_RUN(test_gemma_planted);
+    QT_RUN(test_window_rows_catch_no_band);
     if (have_gpu()) run_gpu_rows();
     else if (selected_rows()) {
         printf("SKIP test_ops_gpu: no CUDA device (%d rows selected; test_selfcheck runs every row on the CPU)\n", selected_rows());
