@@ -8,7 +8,11 @@
  * Hkv heads (cuDNN sums the query-head group). Softmax in fp32; P and dS are rounded to bf16 before
  * the second matmuls (cuDNN's flash kernels), outputs rounded once to bf16.
  *
- * A context holds a cuDNN handle, the plans (execution plan per (B,T,H,Hkv,D) and direction, built on
+ * window: 0 = causal (query t sees keys j <= t); W > 0 = sliding window, query t sees keys
+ * t - W < j <= t (transformers' sliding_window_overlay: kv_idx > q_idx - W), W keys with its own. A
+ * window >= T is the causal attention (same plan); W < T adds cuDNN's diagonal-band mask to both graphs.
+ *
+ * A context holds a cuDNN handle, the plans (execution plan per (B,T,H,Hkv,D,window) and direction, built on
  * first use and cached) and a workspace that grows to the largest plan's need. One thread, one stream
  * at a time. Needs D % 8 == 0, D <= 128 (256 on Hopper), H % Hkv == 0. */
 #ifndef QT_ATTENTION_H
@@ -29,17 +33,18 @@ void qt_attention_free(qt_attention_ctx *c);
 /* Builds (and caches) the forward and backward plans of this shape. Returns 0, or -1 with a message in
  * err naming the shape, the failing step, cuDNN's version and its error string. The fwd/bwd calls
  * below fail hard with that message instead. */
-int qt_attention_prepare(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, char *err, size_t errlen);
+int qt_attention_prepare(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, char *err,
+                         size_t errlen);
 /* out (=) and lse (=) from qkv. */
 void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
-                      int D, cudaStream_t s);
-/* dqkv (=, every element) from dout[B,T,H*D], qkv and the forward's out and lse. */
+                      int D, int window, cudaStream_t s);
+/* dqkv (=, every element) from dout[B,T,H*D], qkv and the forward's out and lse (same window). */
 void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
-                      const float *lse, int B, int T, int H, int Hkv, int D, cudaStream_t s);
+                      const float *lse, int B, int T, int H, int Hkv, int D, int window, cudaStream_t s);
 /* Workspace bytes of this shape's plan (built and cached; bwd 0 forward, 1 backward): cuDNN's own
  * plan workspace, then for the backward the fp32 softmax sums and dQ accumulator. 0 when the plan
  * cannot be built (the fwd/bwd call then fails with the message). */
-size_t qt_attention_ws_bytes(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd);
+size_t qt_attention_ws_bytes(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int bwd);
 /* The backward's fp32 parts alone (sums [B,H,T], dQ [B,H,T,D], 256-aligned), without a GPU. */
 size_t qt_attention_bwd_fixed_ws(int B, int T, int H, int D);
 /* The backward's whole workspace without a GPU (the planner's figure before cuDNN is asked): the fp32
@@ -57,7 +62,7 @@ void qt_attention_set_deterministic(qt_attention_ctx *c, int on);
 /* This shape's plan (built and cached, in the context's current mode): *engine = cuDNN's global engine
  * index (-1 when no plan); returns 1 when cuDNN notes that engine nondeterministic, 0 when not, -1 when
  * the plan cannot be built. */
-int qt_attention_engine(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int bwd, long *engine);
+int qt_attention_engine(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int bwd, long *engine);
 /* Number of plans built so far (a shape's fwd and bwd count one each). */
 long qt_attention_plan_count(const qt_attention_ctx *c);
 

@@ -1,8 +1,9 @@
-/* qt_hf.h — Hugging Face interchange: config.json and model.safetensors (Qwen2 or Llama naming).
+/* qt_hf.h — Hugging Face interchange: config.json and model.safetensors (Qwen2, Llama or Mistral naming).
  *
  * Export writes <dir>/model.safetensors (fp32 or bf16, HF tensor names, the tied lm_head omitted)
- * and <dir>/config.json (model_type qwen2 or llama) that transformers loads. Import reads F32, BF16
- * or F16 tensors into the fp32 flat array, checking every name, shape and that nothing is missing. */
+ * and <dir>/config.json (model_type qwen2, llama or mistral, with the family's sliding-window keys) that
+ * transformers loads. Import reads F32, BF16 or F16 tensors into the fp32 flat array, checking every
+ * name, shape and that nothing is missing. */
 #ifndef QT_HF_H
 #define QT_HF_H
 

@@ -15,7 +15,7 @@
 
 #define QT_LAYOUT_ALIGN 64
 
-typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1, QT_ARCH_QWEN3 = 2 } qt_arch;
+typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1, QT_ARCH_QWEN3 = 2, QT_ARCH_MISTRAL = 3 } qt_arch;
 
 /* RoPE frequency schemes, as transformers' ROPE_INIT_FUNCTIONS names them (rope_type). */
 typedef enum {
@@ -41,7 +41,7 @@ typedef struct {
 } qt_rope_cfg;
 
 typedef struct {
-    qt_arch arch;          /* naming in config.json; the maths differs by qkv_bias and qk_norm */
+    qt_arch arch;          /* naming in config.json; the maths differs by qkv_bias, qk_norm and the window */
     int vocab_size;
     int hidden_size;       /* C */
     int num_layers;        /* L */
@@ -57,6 +57,9 @@ typedef struct {
     qt_rope_cfg rope;      /* RoPE scaling; all zero = the default RoPE */
     int qk_norm;           /* Qwen3: RMSNorm over each q and k head (weight [D] each) after the qkv matmul,
                             * before RoPE; qt_model_cfg_finish sets it for qwen3 */
+    int sliding_window;    /* W > 0: the windowed layers' queries see the last W keys (their own included);
+                            * 0 = every layer causal over the whole sequence */
+    int window_layers_from; /* the first windowed layer (Qwen2's max_window_layers); 0 = all (Mistral) */
 } qt_model_cfg;
 
 /* A checkpoint's model_cfg blob is this struct's bytes. Members from `rope` on came after the format
@@ -109,9 +112,12 @@ int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
 /* The flat array's length for cfg, padding included, computed without overflow (UINT64_MAX when
  * it does not fit 64 bits). cfg's int fields must be >= 0. */
 uint64_t qt_model_cfg_numel(const qt_model_cfg *cfg);
+/* Layer l's attention window: sliding_window when the layer is windowed, else 0 (causal). The one
+ * rule every trainer and the export read. */
+int qt_model_layer_window(const qt_model_cfg *cfg, int l);
 /* Fills head_dim (when 0 and H divides C: C/H), num_kv_heads (when 0: H), the family's rope_theta and
- * rms_norm_eps when 0 (qwen2 and qwen3 1e6, 1e-6; llama 1e4, 1e-5), the RoPE defaults (qt_rope_finish);
- * qwen3 gets qk_norm. */
+ * rms_norm_eps when 0 (qwen2 and qwen3 1e6, 1e-6; llama 1e4, 1e-5; mistral 1e4, 1e-6), the RoPE defaults
+ * (qt_rope_finish); qwen3 gets qk_norm. */
 void qt_model_cfg_finish(qt_model_cfg *cfg);
 /* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);
@@ -131,7 +137,8 @@ void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, u
 /* Matmul FLOPs per token of one training step (forward + backward), T = sequence length:
  *   6 * (L * (C*(H+2*Hkv)*D + H*D*C + 3*C*F) + V*C)   every matmul weight, the LM head even when tied
  * + 6 * L * H * D * T                                 causal attention: QK^T and PV take 2*2*H*D*T/2
- *                                                     forward per token per layer, x3 for fwd + bwd */
+ *                                                     forward per token per layer, x3 for fwd + bwd
+ * where a layer with a sliding window W < T counts W - W^2/(2T) keys per query instead of T/2. */
 double qt_model_flops_per_token(const qt_model_cfg *cfg, int T);
 
 #endif

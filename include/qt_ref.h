@@ -64,12 +64,13 @@ void qt_ref_qknorm_bwd(float *dx, float *dw, const float *dy, const float *x, co
                        long N, int H, int Hkv, int D);
 
 /* Causal grouped-query attention on qkv[B,T,(H+2*Hkv)*D] (q heads, then k heads, then v heads).
- * Query head h uses kv head h / (H/Hkv); scale 1/sqrt(D).
+ * Query head h uses kv head h / (H/Hkv); scale 1/sqrt(D). W > 0: sliding window, query t sees keys
+ * t - W < j <= t (transformers' convention); W = 0: all keys j <= t.
  * out[B,T,H*D] (=);  lse[B,H,T] = log sum_j exp(scale q.k_j) (natural log)   (=) */
-void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D);
+void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W);
 /* dqkv[B,T,(H+2*Hkv)*D] (=) from dout, the saved out and lse. */
 void qt_ref_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
-                          const float *lse, int B, int T, int H, int Hkv, int D);
+                          const float *lse, int B, int T, int H, int Hkv, int D, int W);
 
 /* out[N,F] = silu(gu[n, 0:F]) * gu[n, F:2F]   (=) */
 void qt_ref_swiglu_fwd(float *out, const float *gu, long N, int F);

@@ -353,15 +353,17 @@ static void mm_fp8_launch(op_run *r, int pass) {
 static const op_def OP_MM_FP8 = {"matmul_fp8", "M N K", 2, NULL, mm_fp8_build, mm_fp8_ref, mm_fp8_launch, NULL, NULL,
                                  0, 89, 0};
 
-/* ---- attention (attention.c, cuDNN): s = B T H Hkv D. The backward takes the reference forward's out
+/* ---- attention (attention.c, cuDNN): s = B T H Hkv D, f = the sliding window (0: causal). The backward takes the reference forward's out
  * (rounded to bf16) and lse, so it is checked on its own; cuDNN's dQ accumulation is not bitwise
  * reproducible, so the two passes are compared to the reference only (OP_NONDET). P and dS are bf16
  * matmul operands in cuDNN's flash kernels: out 1e-2, lse 1e-3, dqkv 2e-2. ---- */
 static qt_attention_ctx *g_att;
+#define ATT_W(r) ((int)(r)->c->f)
 static int att_prepare(op_run *r) {
     char err[1024];
     if (!g_att) g_att = qt_attention_create();
-    if (!qt_attention_prepare(g_att, (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), err, sizeof err)) return 1;
+    if (!qt_attention_prepare(g_att, (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), ATT_W(r), err, sizeof err))
+        return 1;
     op_fail(r, "  cuDNN rejected the graph: %s", err);
     return 0;
 }
@@ -372,37 +374,38 @@ static void att_fwd_build(op_run *r) {
     t_out(r, "lse", QT_DT_F32, S(0) * S(2) * S(1), 1e-3, 1e-3, 0);
 }
 static void att_fwd_ref(op_run *r) {
-    qt_ref_attention_fwd(REF(r, "out"), REF(r, "lse"), H(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4));
+    qt_ref_attention_fwd(REF(r, "out"), REF(r, "lse"), H(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4),
+                         ATT_W(r));
 }
 static void att_fwd_launch(op_run *r, int pass) {
     (void)pass;
     if (att_prepare(r))
         qt_attention_fwd(g_att, D(r, "out"), D(r, "lse"), D(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3),
-                         (int)S(4), 0);
+                         (int)S(4), ATT_W(r), 0);
 }
-static const op_def OP_ATT_FWD = {"attention_fwd", "B T H Hkv D", 0, NULL, att_fwd_build, att_fwd_ref, att_fwd_launch,
+static const op_def OP_ATT_FWD = {"attention_fwd", "B T H Hkv D", 0, "window", att_fwd_build, att_fwd_ref, att_fwd_launch,
                                   NULL, NULL, 0, 0, 0};
 
 static void att_bwd_build(op_run *r) {
     long nqkv = att_rows(r) * (S(2) + 2 * S(3)) * S(4), nout = att_rows(r) * S(2) * S(4);
     float *qkv = t_in(r, "qkv", QT_DT_BF16, nqkv, 1.0f);
     float *out = t_in(r, "out", QT_DT_BF16, nout, 0), *lse = t_in(r, "lse", QT_DT_F32, S(0) * S(2) * S(1), 0);
-    qt_ref_attention_fwd(out, lse, qkv, (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4));
+    qt_ref_attention_fwd(out, lse, qkv, (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), ATT_W(r));
     for (long i = 0; i < nout; i++) out[i] = op_round(QT_DT_BF16, out[i]);
     t_in(r, "dout", QT_DT_BF16, nout, 1.0f);
     t_out(r, "dqkv", QT_DT_BF16, nqkv, 2e-2, 2e-2, 0);
 }
 static void att_bwd_ref(op_run *r) {
     qt_ref_attention_bwd(REF(r, "dqkv"), H(r, "dout"), H(r, "qkv"), H(r, "out"), H(r, "lse"), (int)S(0), (int)S(1),
-                         (int)S(2), (int)S(3), (int)S(4));
+                         (int)S(2), (int)S(3), (int)S(4), ATT_W(r));
 }
 static void att_bwd_launch(op_run *r, int pass) {
     (void)pass;
     if (att_prepare(r))
         qt_attention_bwd(g_att, D(r, "dqkv"), D(r, "dout"), D(r, "qkv"), D(r, "out"), D(r, "lse"), (int)S(0), (int)S(1),
-                         (int)S(2), (int)S(3), (int)S(4), 0);
+                         (int)S(2), (int)S(3), (int)S(4), ATT_W(r), 0);
 }
-static const op_def OP_ATT_BWD = {"attention_bwd", "B T H Hkv D", 0, NULL, att_bwd_build, att_bwd_ref, att_bwd_launch,
+static const op_def OP_ATT_BWD = {"attention_bwd", "B T H Hkv D", 0, "window", att_bwd_build, att_bwd_ref, att_bwd_launch,
                                   NULL, NULL, OP_NONDET, 0, 0};
 
 #endif

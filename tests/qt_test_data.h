@@ -213,6 +213,7 @@ typedef struct {
  *   llama   a held-out Llama-like one: hidden 1024, 16 / 4 heads (head_dim 64) at seq 512 x 2
  *   qwen3   Qwen3-0.6B's: hidden 1024, 16 / 8 heads of head_dim 128 (not hidden / heads), q/k norms, no
  *           q/k/v bias, at seq 512 x 2
+ *   swa     the same with a sliding window of 128 on every layer (cuDNN's band mask)
  * (the MLP at 1024: the attention and its sums are what the shape is for). Returns the shape's name. */
 static inline const char *qt_t_shape_yaml(char *yaml, size_t cap) {
     static const struct {
@@ -221,6 +222,8 @@ static inline const char *qt_t_shape_yaml(char *yaml, size_t cap) {
                   {"gqa128", "hidden_size: 3584,", "num_heads: 28, num_kv_heads: 4", "seq_len: 1024, micro_batch: 1"},
                   {"llama", "hidden_size: 1024,", "num_heads: 16, num_kv_heads: 4", "seq_len: 512, micro_batch: 2"},
                   {"qwen3", "hidden_size: 1024,", "num_heads: 16, num_kv_heads: 8, head_dim: 128, arch: qwen3, qkv_bias: false",
+                   "seq_len: 512, micro_batch: 2"},
+                  {"swa", "hidden_size: 1024,", "num_heads: 16, num_kv_heads: 4, sliding_window: 128",
                    "seq_len: 512, micro_batch: 2"}};
     const char *want = getenv("QT_TEST_SHAPE");
     for (size_t k = 0; want && k < sizeof shapes / sizeof shapes[0]; k++) {

@@ -131,7 +131,7 @@ static void test_qwen3_example(void) {
                   !m->tie_embeddings && !m->qkv_bias && m->rope_theta == 1e6f && cfg.precision.matmul_dtype == QT_DT_E4M3,
               "qwen3-8b model: arch %d C %d L %d H %d/%d D %d", m->arch, m->hidden_size, m->num_layers, m->num_heads,
               m->num_kv_heads, m->head_dim);
-    EXPECT_ERR("model:\n  arch: qwen4\n", "t.yaml:2:3: model.arch: expected one of qwen2|llama|qwen3, got \"qwen4\"");
+    EXPECT_ERR("model:\n  arch: qwen4\n", "t.yaml:2:3: model.arch: expected one of qwen2|llama|qwen3|mistral, got \"qwen4\"");
 }
 
 static void test_error_unknown_key(void) {
@@ -297,6 +297,29 @@ static void test_model_shape(void) {
 }
 
 /* precision.model_dtype: fp32 was parsed and documented but the GPU trained bf16 anyway. */
+/* Sliding window: the keys load, the per-layer rule follows them, and a rule the family's HF config
+ * cannot say is refused at the key that breaks it. */
+static void test_model_window(void) {
+    QT_REQUIRE(load("model:\n  arch: mistral\n  qkv_bias: false\n  sliding_window: 16\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(cfg.model.arch == QT_ARCH_MISTRAL && cfg.model.sliding_window == 16 &&
+                  qt_model_layer_window(&cfg.model, 0) == 16 && qt_model_layer_window(&cfg.model, 3) == 16,
+              "mistral: window %d, layers %d %d", cfg.model.sliding_window, qt_model_layer_window(&cfg.model, 0),
+              qt_model_layer_window(&cfg.model, 3));
+    QT_REQUIRE(load("model:\n  sliding_window: 8\n  window_layers_from: 2\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(qt_model_layer_window(&cfg.model, 1) == 0 && qt_model_layer_window(&cfg.model, 2) == 8 &&
+                  qt_model_layer_window(&cfg.model, 3) == 8,
+              "qwen2 from layer 2: %d %d %d", qt_model_layer_window(&cfg.model, 1), qt_model_layer_window(&cfg.model, 2),
+              qt_model_layer_window(&cfg.model, 3));
+    QT_REQUIRE(load("model:\n  window_layers_from: 2\n", NULL, 0) == 0, "%s", err);
+    QT_EXPECT(qt_model_layer_window(&cfg.model, 3) == 0, "no window: layer 3 has %d", qt_model_layer_window(&cfg.model, 3));
+    EXPECT_ERR("model:\n  arch: llama\n  qkv_bias: false\n  sliding_window: 8\n",
+               "t.yaml:4:3: model.sliding_window: expected 0 for llama (transformers' Llama has no sliding window), got 8; "
+               "use arch mistral or qwen2");
+    EXPECT_ERR("model:\n  arch: mistral\n  qkv_bias: false\n  sliding_window: 8\n  window_layers_from: 1\n",
+               "t.yaml:5:3: model.window_layers_from: expected 0 for mistral (every layer has the window), got 1; use arch qwen2");
+    EXPECT_ERR("model:\n  sliding_window: -1\n", "t.yaml:2:3: model.sliding_window: expected an integer >= 0, got \"-1\"");
+}
+
 static void test_model_dtype(void) {
     EXPECT_ERR("precision:\n  model_dtype: fp32\n", "t.yaml:2:3: precision.model_dtype: expected one of bf16, got \"fp32\"");
     QT_EXPECT(load("precision:\n  model_dtype: bf16\n", NULL, 0) == 0 && cfg.precision.model_dtype == QT_DT_BF16, "%s", err);
@@ -596,6 +619,9 @@ static void randomize(uint64_t *s) {
     if (rp->type == QT_ROPE_DYNAMIC && (cfg.model.head_dim ? cfg.model.head_dim : cfg.model.hidden_size / cfg.model.num_heads) <= 2)
         rp->type = QT_ROPE_LINEAR;
     cfg.optim.warmup = cfg.optim.cooldown = 0;
+    /* The window rule the family can say: none for llama, every layer for mistral. */
+    if (cfg.model.arch == QT_ARCH_LLAMA) cfg.model.sliding_window = 0;
+    if (cfg.model.arch == QT_ARCH_MISTRAL) cfg.model.window_layers_from = 0;
     cfg.parallel.shard_optimizer = cfg.parallel.zero >= 1; /* as loading leaves them (the older spelling) */
     if (cfg.parallel.zero >= 3) { /* ZeRO-3: no CUDA graphs; fp8 quantizes at use (qt_config_zero3_check) */
         cfg.perf.cuda_graphs = 0;
@@ -766,6 +792,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_error_files);
     QT_RUN(test_cross_checks);
     QT_RUN(test_model_shape);
+    QT_RUN(test_model_window);
     QT_RUN(test_model_dtype);
     QT_RUN(test_overrides);
     QT_RUN(test_plan_keys_auto);

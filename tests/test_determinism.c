@@ -43,6 +43,7 @@
 
 typedef struct {
     int B, T, H, Hkv, D;
+    int W; /* sliding window; 0 = causal */
 } att_shape;
 
 static uint16_t bf16_of(float f) {
@@ -70,7 +71,7 @@ static int bwd_repeats(qt_attention_ctx *c, const att_shape *s, void *dqkv, cons
     int differ = 0;
     for (int i = 0; i < CALLS; i++) {
         cudaMemset(dqkv, i & 1 ? 0xff : 0x7f, nqkv * 2);
-        qt_attention_bwd(c, dqkv, dout, qkv, out, lse, s->B, s->T, s->H, s->Hkv, s->D, 0);
+        qt_attention_bwd(c, dqkv, dout, qkv, out, lse, s->B, s->T, s->H, s->Hkv, s->D, s->W, 0);
         cudaMemcpy(i ? again : first, dqkv, nqkv * 2, cudaMemcpyDeviceToHost);
         if (i && memcmp(first, again, nqkv * 2)) differ++;
     }
@@ -80,7 +81,7 @@ static int bwd_repeats(qt_attention_ctx *c, const att_shape *s, void *dqkv, cons
     float t[TIMED];
     for (int i = 0; i < TIMED; i++) {
         cudaEventRecord(e0, 0);
-        qt_attention_bwd(c, dqkv, dout, qkv, out, lse, s->B, s->T, s->H, s->Hkv, s->D, 0);
+        qt_attention_bwd(c, dqkv, dout, qkv, out, lse, s->B, s->T, s->H, s->Hkv, s->D, s->W, 0);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
         cudaEventElapsedTime(&t[i], e0, e1);
@@ -111,19 +112,19 @@ static void attention_case(const att_shape *s) {
     qt_attention_ctx *det = qt_attention_create(), *fast = qt_attention_create();
     qt_attention_set_deterministic(det, 1);
     char err[1024];
-    QT_REQUIRE(!qt_attention_prepare(det, s->B, s->T, s->H, s->Hkv, s->D, err, sizeof err), "%s", err);
-    QT_REQUIRE(!qt_attention_prepare(fast, s->B, s->T, s->H, s->Hkv, s->D, err, sizeof err), "%s", err);
-    qt_attention_fwd(fast, out, lse, qkv, s->B, s->T, s->H, s->Hkv, s->D, 0);
+    QT_REQUIRE(!qt_attention_prepare(det, s->B, s->T, s->H, s->Hkv, s->D, s->W, err, sizeof err), "%s", err);
+    QT_REQUIRE(!qt_attention_prepare(fast, s->B, s->T, s->H, s->Hkv, s->D, s->W, err, sizeof err), "%s", err);
+    qt_attention_fwd(fast, out, lse, qkv, s->B, s->T, s->H, s->Hkv, s->D, s->W, 0);
     long eng_det = -1, eng_fast = -1;
-    int note_det = qt_attention_engine(det, s->B, s->T, s->H, s->Hkv, s->D, 1, &eng_det);
-    int note_fast = qt_attention_engine(fast, s->B, s->T, s->H, s->Hkv, s->D, 1, &eng_fast);
+    int note_det = qt_attention_engine(det, s->B, s->T, s->H, s->Hkv, s->D, s->W, 1, &eng_det);
+    int note_fast = qt_attention_engine(fast, s->B, s->T, s->H, s->Hkv, s->D, s->W, 1, &eng_fast);
     float ms_det = 0, ms_fast = 0;
     int d_det = bwd_repeats(det, s, dqkv, dout, qkv, out, lse, nqkv, &ms_det);
     int d_fast = bwd_repeats(fast, s, dqkv, dout, qkv, out, lse, nqkv, &ms_fast);
     QT_EXPECT(cudaDeviceSynchronize() == cudaSuccess, "CUDA error");
-    printf("INFO attention bwd B=%d T=%d H=%d Hkv=%d D=%d: deterministic engine %ld (noted nondet %d) %d/%d calls "
+    printf("INFO attention bwd B=%d T=%d H=%d Hkv=%d D=%d W=%d: deterministic engine %ld (noted nondet %d) %d/%d calls "
            "differ, %.3f ms; default engine %ld (noted nondet %d) %d/%d calls differ, %.3f ms; cost %+.1f%%\n",
-           s->B, s->T, s->H, s->Hkv, s->D, eng_det, note_det, d_det, CALLS - 1, ms_det, eng_fast, note_fast, d_fast,
+           s->B, s->T, s->H, s->Hkv, s->D, s->W, eng_det, note_det, d_det, CALLS - 1, ms_det, eng_fast, note_fast, d_fast,
            CALLS - 1, ms_fast, 100.0 * (ms_det / ms_fast - 1));
     QT_EXPECT(d_det == 0, "%d of %d deterministic backward calls differ from the first", d_det, CALLS - 1);
     QT_EXPECT(note_det == 0, "the deterministic plan's engine %ld is noted nondeterministic", eng_det);
@@ -133,11 +134,13 @@ static void attention_case(const att_shape *s) {
 }
 
 /* The shipped configs' attention shapes at their micro-batches, and two held-out ones. */
-static void attention_bwd_det_q05b(void) { attention_case(&(att_shape){4, 1024, 14, 2, 64}); }
-static void attention_bwd_det_q7b(void) { attention_case(&(att_shape){2, 1024, 28, 4, 128}); }
-static void attention_bwd_det_q14b(void) { attention_case(&(att_shape){1, 1024, 40, 8, 128}); }
-static void attention_bwd_det_llama_like(void) { attention_case(&(att_shape){4, 512, 16, 4, 64}); }
-static void attention_bwd_det_mha(void) { attention_case(&(att_shape){4, 512, 8, 8, 64}); }
+static void attention_bwd_det_q05b(void) { attention_case(&(att_shape){4, 1024, 14, 2, 64, 0}); }
+static void attention_bwd_det_q7b(void) { attention_case(&(att_shape){2, 1024, 28, 4, 128, 0}); }
+static void attention_bwd_det_q14b(void) { attention_case(&(att_shape){1, 1024, 40, 8, 128, 0}); }
+static void attention_bwd_det_llama_like(void) { attention_case(&(att_shape){4, 512, 16, 4, 64, 0}); }
+static void attention_bwd_det_mha(void) { attention_case(&(att_shape){4, 512, 8, 8, 64, 0}); }
+/* Mistral-7B's heads with a sliding window shorter than the sequence (the band mask in the graph). */
+static void attention_bwd_det_swa(void) { attention_case(&(att_shape){2, 1024, 32, 8, 128, 256}); }
 
 /* ---- whole runs ---- */
 
@@ -343,6 +346,7 @@ int main(int argc, char **argv) {
     QT_RUN(attention_bwd_det_q14b);
     QT_RUN(attention_bwd_det_llama_like);
     QT_RUN(attention_bwd_det_mha);
+    QT_RUN(attention_bwd_det_swa);
     QT_RUN(two_runs_q05b_bf16);
     QT_RUN(two_runs_q05b_fp8);
     QT_RUN(two_runs_q15b_fp8);

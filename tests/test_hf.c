@@ -151,7 +151,7 @@ static void test_config_read_hf(void) {
     QT_EXPECT(c.arch == QT_ARCH_LLAMA && c.rope_theta == 50000.0f && c.num_kv_heads == 4 && c.qkv_bias == 0 &&
               c.tie_embeddings == 0, "v5 fields");
     struct { const char *text, *want; } bad[] = {
-        {"{\"model_type\": \"gpt2\"}", "model_type: expected \"qwen2\", \"llama\" or \"qwen3\", got \"gpt2\""},
+        {"{\"model_type\": \"gpt2\"}", "model_type: expected \"qwen2\", \"llama\", \"qwen3\" or \"mistral\", got \"gpt2\""},
         {"{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1}", "hidden_size: missing"},
         {"{\"model_type\": \"qwen2\", \"hidden_size\": 64.5}", "hidden_size: expected an integer"},
         {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
@@ -265,6 +265,74 @@ static void test_config_rope(void) {
         err[0] = 0;
         QT_EXPECT(qt_hf_read_config(path, &c, err, sizeof err) == -1, "accepted %s", doc);
         QT_EXPECT(strstr(err, bad[i].want) && strstr(err, path), "rope case %zu: '%s'", i, err);
+    }
+}
+
+/* Sliding window: Mistral's and Qwen2's config keys read as transformers reads them, written back in
+ * the family's own keys, and the patterns neither can say refused. */
+static void test_config_window(void) {
+    char path[512], err[512];
+    path_in(path, sizeof path, "window.json");
+    const char *shape = "\"hidden_size\": 64, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                        " \"intermediate_size\": 96, \"vocab_size\": 100, ";
+    struct { const char *keys; qt_arch arch; int window, from, bias; } ok[] = {
+        {"\"model_type\": \"mistral\", \"sliding_window\": 4096", QT_ARCH_MISTRAL, 4096, 0, 0}, /* v0.1 */
+        {"\"model_type\": \"mistral\", \"sliding_window\": null", QT_ARCH_MISTRAL, 0, 0, 0},    /* v0.3 */
+        {"\"model_type\": \"mistral\"", QT_ARCH_MISTRAL, 4096, 0, 0}, /* MistralConfig's default */
+        {"\"model_type\": \"qwen2\", \"use_sliding_window\": false, \"sliding_window\": 32", QT_ARCH_QWEN2, 0, 0, 1},
+        {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 2",
+         QT_ARCH_QWEN2, 32, 2, 1},
+        {"\"model_type\": \"qwen2\", \"use_sliding_window\": true", QT_ARCH_QWEN2, 4096, 28, 1},
+        {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"sliding_window\": 8, \"max_window_layers\": 2,"
+         " \"layer_types\": [\"full_attention\", \"sliding_attention\", \"sliding_attention\", \"sliding_attention\"]",
+         QT_ARCH_QWEN2, 8, 1, 1}, /* layer_types wins, as in transformers */
+        {"\"model_type\": \"llama\", \"sliding_window\": 16", QT_ARCH_LLAMA, 0, 0, 0}, /* Llama ignores it */
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "{%s%s}", shape, ok[i].keys);
+        QT_REQUIRE(write_text(path, text) == 0, "write");
+        qt_model_cfg c, back;
+        QT_REQUIRE(qt_hf_read_config(path, &c, err, sizeof err) == 0, "case %zu: %s", i, err);
+        QT_EXPECT(c.arch == ok[i].arch && c.sliding_window == ok[i].window && c.window_layers_from == ok[i].from &&
+                      c.qkv_bias == ok[i].bias,
+                  "case %zu: arch %d window %d from %d bias %d", i, c.arch, c.sliding_window, c.window_layers_from, c.qkv_bias);
+        QT_REQUIRE(qt_hf_write_config(path, &c, 0, err, sizeof err) == 0, "case %zu write: %s", i, err);
+        memset(&back, 0x5a, sizeof back);
+        QT_REQUIRE(qt_hf_read_config(path, &back, err, sizeof err) == 0, "case %zu read back: %s", i, err);
+        QT_EXPECT(memcmp(&c, &back, sizeof c) == 0, "case %zu: differs after export (window %d/%d from %d/%d)", i,
+                  c.sliding_window, back.sliding_window, c.window_layers_from, back.window_layers_from);
+    }
+    qt_model_cfg m = small_cfg(QT_ARCH_MISTRAL, 0);
+    m.sliding_window = 4096;
+    QT_REQUIRE(qt_hf_write_config(path, &m, 1, err, sizeof err) == 0, "%s", err);
+    char text[4096];
+    FILE *f = fopen(path, "rb");
+    QT_REQUIRE(f, "reopen");
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    QT_EXPECT(strstr(text, "\"MistralForCausalLM\"") && strstr(text, "\"model_type\": \"mistral\"") &&
+                  strstr(text, "\"sliding_window\": 4096"), "%.800s", text);
+    m.qkv_bias = 1;
+    QT_EXPECT(qt_hf_write_config(path, &m, 0, err, sizeof err) == -1 && strstr(err, "a mistral model with qkv_bias"), "%s", err);
+    struct { const char *keys, *want; } bad[] = {
+        {"\"model_type\": \"mistral\", \"sliding_window\": 0", "sliding_window: expected an integer in [1, 1073741824], got 0"},
+        {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"layer_types\": [\"sliding_attention\","
+         " \"full_attention\", \"full_attention\", \"full_attention\"]",
+         "layer_types[1]: expected \"sliding_attention\" (full_attention layers first"},
+        {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"layer_types\": [\"chunked_attention\"]",
+         "layer_types[0]: expected \"full_attention\" or \"sliding_attention\", got \"chunked_attention\""},
+        {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"layer_types\": [\"full_attention\"]",
+         "layer_types: expected 4 entries (num_hidden_layers), got 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char t[1024];
+        snprintf(t, sizeof t, "{%s%s}", shape, bad[i].keys);
+        QT_REQUIRE(write_text(path, t) == 0, "write");
+        qt_model_cfg c;
+        err[0] = 0;
+        QT_EXPECT(qt_hf_read_config(path, &c, err, sizeof err) == -1 && strstr(err, bad[i].want) && strstr(err, path),
+                  "bad case %zu: '%s'", i, err);
     }
 }
 
@@ -722,6 +790,7 @@ int main(void) {
     QT_RUN(test_config_roundtrip);
     QT_RUN(test_config_read_hf);
     QT_RUN(test_config_rope);
+    QT_RUN(test_config_window);
     QT_RUN(test_export_import_roundtrip);
     QT_RUN(test_import_f16_and_tied_mix);
     QT_RUN(test_import_errors);

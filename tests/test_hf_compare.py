@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """test_hf_compare.py — qtrain's model against transformers: logits, loss and every gradient.
 
-Builds random tiny Qwen2, Llama and Qwen3 models (GQA; tied and untied; Qwen3 with head_dim != hidden/heads) with transformers (no hub), saves
+Builds random tiny Qwen2, Llama, Qwen3 and Mistral models (GQA; tied and untied; Qwen3 with head_dim !=
+hidden/heads; Mistral with a sliding window shorter than the sequence and without one; Qwen2 with
+use_sliding_window on its upper layers) with transformers (no hub), saves
 them as safetensors, runs one micro-batch through build/tests/tool_hf_dump (our engine: cpu, and
 cuda when QT_DEVICES includes it) and through torch in fp32, and prints the relative L2 error of
 each tensor; the same with RoPE scaling (llama3, yarn, linear) on a sequence past the scaled bands.
@@ -14,6 +16,7 @@ import json, os, subprocess, sys, tempfile
 
 BUILD = os.environ.get("BUILD", "build")
 TOOL = os.path.join(BUILD, "tests", "tool_hf_dump")
+QTRAIN = os.path.join(BUILD, "qtrain")
 # fp32 CPU engine: agreement to float rounding. bf16 GPU engine: bf16 activations and weights.
 TOL = {"cpu": {"logits": 1e-4, "loss": 1e-5, "grad": 1e-3}, "cuda": {"logits": 3e-2, "loss": 1e-2, "grad": 3e-2}}
 
@@ -41,6 +44,9 @@ QWEN3_HEAD_DIM = {"cpu": 16, "cuda": 128}
 INIT_STD = {"cpu": 0.2, "cuda": 0.02}
 
 
+# Sliding window shorter than the test's sequence (T = 11): the band mask changes the result.
+WINDOW = 4
+
 TOOL_FREQ = os.path.join(BUILD, "tests", "tool_rope_freq")
 
 # RoPE scaling on the small models: head_dim 8 (cpu) has wavelengths 2 pi 10000^(i/4) = 6.3, 63, 628, 6283
@@ -66,6 +72,14 @@ def build_model(kind, tied, device, path, rope=None):
         cfg = transformers.Qwen3Config(**common, head_dim=QWEN3_HEAD_DIM[device], attention_bias=False,
                                        use_sliding_window=False)
         model = transformers.Qwen3ForCausalLM(cfg)
+    elif kind == "qwen2_swa":  # layer 0 full, layer 1 windowed (max_window_layers)
+        cfg = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    elif kind in ("mistral", "mistral_nowin"):  # head_dim set, twice hidden / heads
+        head_dim = 2 * DIMS[device]["hidden_size"] // DIMS[device]["num_attention_heads"]
+        cfg = transformers.MistralConfig(**common, head_dim=head_dim,
+                                         sliding_window=WINDOW if kind == "mistral" else None)
+        model = transformers.MistralForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
         model = transformers.LlamaForCausalLM(cfg)
@@ -90,8 +104,7 @@ def check(kind, tied, device, tmp, rope=None):
     mdir = os.path.join(tmp, f"{kind}_{tied}_{device}_{rope}")
     if not os.path.exists(os.path.join(mdir, "config.json")):
         build_model(kind, tied, device, mdir, rope)
-    cls = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}.get(kind, transformers.LlamaForCausalLM)
-    model = cls.from_pretrained(
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         mdir, torch_dtype=torch.float32, attn_implementation="eager").float()
     if rope:  # the model transformers runs is the scaled one (a silently dropped rope_scaling would pass)
         assert model.model.rotary_emb.rope_type == ROPE[rope]["rope_type"], model.model.rotary_emb.rope_type
@@ -214,20 +227,60 @@ def check_freqs(tmp):
     return ok
 
 
+def layer_windows(c):
+    """Each layer's window as transformers applies it: Qwen2 per layer_types, Mistral on every layer."""
+    types = getattr(c, "layer_types", None) or ["sliding_attention"] * c.num_hidden_layers
+    return [c.sliding_window if t == "sliding_attention" else None for t in types]
+
+
+def check_export(kind, tmp):
+    """qtrain imports the model and exports it (--export): transformers reads back the same window rule
+    (every layer's sliding_window) and gives the same logits."""
+    name = f"export_{kind}"
+    mdir = os.path.join(tmp, f"{kind}_False_cpu_None")
+    rdir = os.path.join(tmp, name)
+    cfg = os.path.join(tmp, f"{name}.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"device: cpu\nrun:\n  dir: {rdir}\ninit:\n  from: {mdir}\ndata:\n  seq_len: 16\n  micro_batch: 1\n")
+    r = subprocess.run([QTRAIN, cfg, "--export"], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"FAIL hf_compare_{name}: qtrain --export exited {r.returncode}: {r.stderr.strip()}")
+        return False
+    a = transformers.AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32, attn_implementation="eager")
+    b = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(rdir, "ckpt", "export"), dtype=torch.float32,
+                                                          attn_implementation="eager")
+    wa, wb = layer_windows(a.config), layer_windows(b.config)
+    ids = torch.tensor(np.random.default_rng(3).integers(0, 96, size=(1, 11)), dtype=torch.long)
+    with torch.no_grad():
+        err = rel(b(input_ids=ids).logits.numpy(), a(input_ids=ids).logits.numpy())
+    ok = type(a) is type(b) and wa == wb and err <= 1e-6
+    print(f"{'PASS' if ok else 'FAIL'} hf_compare_{name}: {type(b).__name__}, layer windows {wb} (original {wa}), "
+          f"logits rel err {err:.2e}")
+    return ok
+
+
+# Each family and the ties it is checked with.
+KINDS = (("qwen2", (True, False)), ("llama", (True, False)), ("mistral", (False, True)), ("mistral_nowin", (False,)),
+         ("qwen2_swa", (False,)), ("qwen3", (True, False)))
+
+
 def main():
     if not os.path.exists(TOOL):
         print(f"FAIL hf_compare: {TOOL} is missing (run make first)"); return 1
     devices = os.environ.get("QT_DEVICES", "cpu").split(",")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("qwen2", "llama", "qwen3"):
-            for tied in (True, False):
+        for kind, ties in KINDS:
+            for tied in ties:
                 for dev in devices:
                     ok &= check(kind, tied, dev, tmp)
         for kind, tied, rope in (("llama", False, "llama3"), ("qwen2", True, "yarn"), ("llama", True, "linear")):
             for dev in devices:
                 ok &= check(kind, tied, dev, tmp, rope)
         ok &= check_freqs(tmp)
+        if "cpu" in devices:  # the export of the windowed families (their untied cpu models, built above)
+            for kind in ("mistral", "mistral_nowin", "qwen2_swa"):
+                ok &= check_export(kind, tmp)
     return 0 if ok else 1
 
 

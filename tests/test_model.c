@@ -454,6 +454,16 @@ static void test_flops(void) {
     double per_layer = 24.0 * 10 * 8 + 48 * 24 + 3 * 24 * 40, want = 6 * (2 * per_layer + 37 * 24) + 6.0 * 2 * 6 * 8 * 11;
     double got = qt_model_flops_per_token(&c, 11);
     QT_EXPECT(fabs(got - want) < 1e-6 * want, "flops %.1f, want %.1f", got, want);
+    /* a window of 4 on layer 1 only: that layer's attention counts 4 - 16/22 keys per query, not 11/2 */
+    c.sliding_window = 4;
+    c.window_layers_from = 1;
+    want += 12.0 * 6 * 8 * (4 - 16.0 / 22 - 5.5);
+    got = qt_model_flops_per_token(&c, 11);
+    QT_EXPECT(fabs(got - want) < 1e-6 * want, "windowed flops %.1f, want %.1f", got, want);
+    qt_model_cfg causal = c;
+    causal.sliding_window = 0;
+    c.sliding_window = 11; /* a window as long as the sequence: the causal count */
+    QT_EXPECT(qt_model_flops_per_token(&c, 11) == qt_model_flops_per_token(&causal, 11), "window = T differs from causal");
 }
 
 static void test_init_weights(void) {

@@ -313,23 +313,23 @@ static void attn_naive(float *out, float *lse, const float *qkv, int B, int T, i
         }
 }
 
-typedef struct { float *qkv, *out, *lse, *u; int B, T, H, Hkv, D; } att_ctx;
+typedef struct { float *qkv, *out, *lse, *u; int B, T, H, Hkv, D, W; } att_ctx;
 static double att_obj(void *p) {
     att_ctx *c = p;
-    qt_ref_attention_fwd(c->out, c->lse, c->qkv, c->B, c->T, c->H, c->Hkv, c->D);
+    qt_ref_attention_fwd(c->out, c->lse, c->qkv, c->B, c->T, c->H, c->Hkv, c->D, c->W);
     return dotd(c->u, c->out, (long)c->B * c->T * c->H * c->D);
 }
 
 static void attention_case(int B, int T, int H, int Hkv, int D) {
     long nq = (long)B * T * (H + 2 * Hkv) * D, no = (long)B * T * H * D, nl = (long)B * H * T;
-    att_ctx c = {rnd(nq, 1), nans(no), nans(nl), rnd(no, 1), B, T, H, Hkv, D};
+    att_ctx c = {rnd(nq, 1), nans(no), nans(nl), rnd(no, 1), B, T, H, Hkv, D, 0};
     att_obj(&c);
     float *ref = malloc(no * sizeof *ref), *lref = malloc(nl * sizeof *lref);
     attn_naive(ref, lref, c.qkv, B, T, H, Hkv, D);
     QT_EXPECT(qt_t_close("attention out", c.out, ref, no, 1e-6, 1e-5) && qt_t_close("lse", c.lse, lref, nl, 1e-6, 1e-6),
               "attention forward B=%d T=%d H=%d Hkv=%d D=%d", B, T, H, Hkv, D);
     float *g = nans(nq);
-    qt_ref_attention_bwd(g, c.u, c.qkv, c.out, c.lse, B, T, H, Hkv, D);
+    qt_ref_attention_bwd(g, c.u, c.qkv, c.out, c.lse, B, T, H, Hkv, D, 0);
     QT_EXPECT(all_finite(g, nq), "dqkv not fully written");
     fd_in in[] = {{c.qkv, g, nq, "qkv"}};
     double e = fd_check("attention", att_obj, &c, in, 1);
@@ -348,10 +348,10 @@ static void test_attention_causal_gqa(void) {
     int B = 2, T = 9, H = 6, Hkv = 3, D = 8, t0 = 4;
     long row = (long)(H + 2 * Hkv) * D, no = (long)B * T * H * D;
     float *qkv = rnd(B * T * row, 1), *o1 = nans(no), *o2 = nans(no), *l1 = nans(B * H * T), *l2 = nans(B * H * T);
-    qt_ref_attention_fwd(o1, l1, qkv, B, T, H, Hkv, D);
+    qt_ref_attention_fwd(o1, l1, qkv, B, T, H, Hkv, D, 0);
     for (int b = 0; b < B; b++)
         for (long i = (long)(b * T + t0 + 1) * row; i < (long)(b + 1) * T * row; i++) qkv[i] = 5 * qt_rng_normal(&R);
-    qt_ref_attention_fwd(o2, l2, qkv, B, T, H, Hkv, D);
+    qt_ref_attention_fwd(o2, l2, qkv, B, T, H, Hkv, D, 0);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             int same = !memcmp(o1 + ((long)b * T + t) * H * D, o2 + ((long)b * T + t) * H * D, H * D * sizeof(float));
@@ -364,7 +364,7 @@ static void test_attention_causal_gqa(void) {
             qkv[bt * row + (H + 1) * D + i] += 1;
             qkv[bt * row + (H + Hkv + 1) * D + i] += 1;
         }
-    qt_ref_attention_fwd(o1, l1, qkv, B, T, H, Hkv, D);
+    qt_ref_attention_fwd(o1, l1, qkv, B, T, H, Hkv, D, 0);
     for (int h = 0; h < H; h++) {
         int changed = 0;
         for (long bt = 0; bt < (long)B * T; bt++)
@@ -372,6 +372,70 @@ static void test_attention_causal_gqa(void) {
         QT_EXPECT(changed == (h / (H / Hkv) == 1), "head %d %s when kv head 1 changed", h, changed ? "changed" : "did not change");
     }
     free(qkv), free(o1), free(o2), free(l1), free(l2);
+}
+
+/* Naive masked softmax over all T keys: score -inf where the key is in the future or, with a window
+ * W > 0, at or before t - W (transformers: kv_idx <= q_idx and kv_idx > q_idx - W). */
+static void attn_naive_masked(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W) {
+    long row = (long)(H + 2 * Hkv) * D;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((long)b * T + t) * row + h * D;
+                int g = h / (H / Hkv);
+                double s[64], m = -INFINITY, z = 0;
+                for (int j = 0; j < T; j++) {
+                    int seen = j <= t && (W == 0 || j > t - W);
+                    s[j] = seen ? dotd(q, qkv + ((long)b * T + j) * row + (H + g) * D, D) / sqrt((double)D) : -INFINITY;
+                    m = fmax(m, s[j]);
+                }
+                for (int j = 0; j < T; j++) z += exp(s[j] - m);
+                for (int i = 0; i < D; i++) {
+                    double o = 0;
+                    for (int j = 0; j < T; j++) o += exp(s[j] - m) / z * qkv[((long)b * T + j) * row + (H + Hkv + g) * D + i];
+                    out[((long)b * T + t) * H * D + h * D + i] = (float)o;
+                }
+                lse[((long)b * H + h) * T + t] = (float)(m + log(z));
+            }
+}
+
+/* Sliding-window attention: the forward against the naive masked softmax, the backward against finite
+ * differences, and a window >= T gives the causal attention's bits. */
+static void attention_window_case(int B, int T, int H, int Hkv, int D, int W) {
+    long nq = (long)B * T * (H + 2 * Hkv) * D, no = (long)B * T * H * D, nl = (long)B * H * T;
+    att_ctx c = {rnd(nq, 1), nans(no), nans(nl), rnd(no, 1), B, T, H, Hkv, D, W};
+    att_obj(&c);
+    float *ref = malloc(no * sizeof *ref), *lref = malloc(nl * sizeof *lref);
+    attn_naive_masked(ref, lref, c.qkv, B, T, H, Hkv, D, W);
+    QT_EXPECT(qt_t_close("window out", c.out, ref, no, 1e-6, 1e-5) && qt_t_close("window lse", c.lse, lref, nl, 1e-6, 1e-6),
+              "attention forward B=%d T=%d H=%d Hkv=%d D=%d W=%d", B, T, H, Hkv, D, W);
+    float *g = nans(nq);
+    qt_ref_attention_bwd(g, c.u, c.qkv, c.out, c.lse, B, T, H, Hkv, D, W);
+    QT_EXPECT(all_finite(g, nq), "dqkv not fully written");
+    fd_in in[] = {{c.qkv, g, nq, "qkv"}};
+    double e = fd_check("attention window", att_obj, &c, in, 1);
+    printf("  attention B=%d T=%d H=%d Hkv=%d D=%d W=%d: max rel err %.2e\n", B, T, H, Hkv, D, W, e);
+    free(c.qkv), free(c.out), free(c.lse), free(c.u), free(ref), free(lref), free(g);
+}
+static void test_attention_window(void) {
+    attention_window_case(2, 9, 6, 2, 8, 3);
+    attention_window_case(1, 7, 4, 4, 8, 1); /* each query sees only itself: out = v of its own token */
+    attention_window_case(2, 13, 2, 1, 8, 12);
+    attention_window_case(1, 11, 6, 3, 16, 4);
+    /* W >= T changes nothing: the same bits as W = 0, forward and backward */
+    int B = 2, T = 7, H = 4, Hkv = 2, D = 8;
+    long nq = (long)B * T * (H + 2 * Hkv) * D, no = (long)B * T * H * D, nl = (long)B * H * T;
+    float *qkv = rnd(nq, 1), *u = rnd(no, 1), *o[2], *l[2], *d[2];
+    for (int k = 0; k < 2; k++) {
+        o[k] = nans(no), l[k] = nans(nl), d[k] = nans(nq);
+        qt_ref_attention_fwd(o[k], l[k], qkv, B, T, H, Hkv, D, k ? T : 0);
+        qt_ref_attention_bwd(d[k], u, qkv, o[k], l[k], B, T, H, Hkv, D, k ? T : 0);
+    }
+    QT_EXPECT(!memcmp(o[0], o[1], no * sizeof(float)) && !memcmp(l[0], l[1], nl * sizeof(float)) &&
+                  !memcmp(d[0], d[1], nq * sizeof(float)),
+              "window W = T differs from the causal attention");
+    free(qkv), free(u);
+    for (int k = 0; k < 2; k++) free(o[k]), free(l[k]), free(d[k]);
 }
 
 /* ---- swiglu ---- */
@@ -470,6 +534,7 @@ int main(void) {
     QT_RUN(test_rope_inv_freq);
     QT_RUN(test_attention);
     QT_RUN(test_attention_causal_gqa);
+    QT_RUN(test_attention_window);
     QT_RUN(test_swiglu);
     QT_RUN(test_cross_entropy);
     QT_RUN(test_add_inplace);

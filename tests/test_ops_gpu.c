@@ -13,7 +13,9 @@
  *
  * Without a GPU the rows skip ("no CUDA device") and the CPU self-check still runs: every row's reference
  * rounded to the output dtype must pass, and planted bugs must be caught (op_harness.h). Kept beside the
- * table, as special tests: the matmul and attention plan caches (a count of plans, not a value). */
+ * table, as special tests: the matmul and attention plan caches (a count of plans, not a value; the window is
+ * part of an attention plan's key), and, on the CPU, that each sliding-window row fails an attention without
+ * the band (the mutant a graph that dropped the mask would be). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -50,6 +52,8 @@
         {&OP_MM_FP8, {64, 192, 128}, BF16, be, fast, 0, 0}, {&OP_MM_FP8, {192, 128, 64}, F32, be, 0, 0, 0}
 /* Attention forward and backward at one shape, B = 2. */
 #define ATT(T, H, Hkv, D) {&OP_ATT_FWD, {2, T, H, Hkv, D}, 0, 0, 0, 0, 0}, {&OP_ATT_BWD, {2, T, H, Hkv, D}, 0, 0, 0, 0, 0}
+/* The same with a sliding window W (op_case.f): query t sees keys t - W < j <= t. */
+#define ATTW(T, H, Hkv, D, W) {&OP_ATT_FWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}, {&OP_ATT_BWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}
 
 static const op_case CASES[] = {
     /* casts, fill, zero, add (cast.cu): exact; off=1 takes the scalar path */
@@ -243,6 +247,10 @@ static const op_case CASES[] = {
     ATT(1, 4, 4, 64), ATT(7, 4, 4, 64), ATT(64, 4, 4, 64), ATT(100, 4, 4, 64),
     ATT(1, 6, 2, 128), ATT(7, 6, 2, 128), ATT(64, 6, 2, 128), ATT(100, 6, 2, 128),
     ATT(1, 4, 4, 128), ATT(7, 4, 4, 128), ATT(64, 4, 4, 128), ATT(100, 4, 4, 128),
+    /* sliding window: W = 1 (each query only itself), W < T at odd and tile-sized T, W = T - 1, and W >= T
+     * (the causal plan) */
+    ATTW(7, 6, 2, 64, 1), ATTW(7, 6, 2, 64, 3), ATTW(100, 6, 2, 64, 17), ATTW(100, 4, 4, 128, 64),
+    ATTW(200, 8, 2, 128, 199), ATTW(256, 8, 2, 128, 64), ATTW(64, 6, 2, 64, 64), ATTW(100, 6, 2, 128, 4096),
 };
 #define NCASES (int)(sizeof CASES / sizeof CASES[0])
 
@@ -326,6 +334,33 @@ static void test_selfcheck(void) {
     printf("  self-check: %d rows, %d planted bugs\n", rows, planted);
 }
 
+/* Each sliding-window forward row catches a graph that leaves out the band: the causal attention (what
+ * such a graph computes), put where the device's result goes, fails the row's check. Runs on the CPU. */
+static void test_window_rows_catch_no_band(void) {
+    char label[256];
+    int rows = 0;
+    for (int i = 0; i < NCASES; i++) {
+        const op_case *c = &CASES[i];
+        if (c->op != &OP_ATT_FWD || c->f <= 0 || c->f >= c->s[1]) continue;
+        op_label(c, label, sizeof label);
+        op_run *r = calloc(1, sizeof *r);
+        QT_CHECK(r, "out of host memory");
+        op_start(r, c, row_seed(i));
+        op_emulate(r, 0);
+        float *out = GOT(r, "out", 0), *lse = GOT(r, "lse", 0);
+        qt_ref_attention_fwd(out, lse, H(r, "qkv"), (int)c->s[0], (int)c->s[1], (int)c->s[2], (int)c->s[3], (int)c->s[4], 0);
+        for (long j = 0; j < T(r, "out")->n; j++) out[j] = op_round(QT_DT_BF16, out[j]);
+        r->nfail = 0;
+        op_verify(r, 0, NULL);
+        QT_EXPECT(r->nfail > 0, "%s (row %d): the causal attention passes the windowed row", label, i);
+        rows++;
+        op_finish(r);
+        free(r);
+    }
+    printf("  %d windowed attention rows, each failing the causal attention\n", rows);
+    QT_EXPECT(rows > 0, "no windowed attention row in the table");
+}
+
 /* The guard check on its own: a byte written before or after a buffer is found, the poison is not. */
 static void test_selfcheck_guards(void) {
     uint8_t raw[64];
@@ -369,14 +404,36 @@ static void test_attention_plan_cache(void) {
     qt_attention_ctx *c = qt_attention_create();
     char err[600];
     QT_REQUIRE(qt_attention_plan_count(c) == 0, "fresh context has %ld plans", qt_attention_plan_count(c));
-    int rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, err, sizeof err);
+    int rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, 0, err, sizeof err);
     QT_REQUIRE(rc == 0, "%.600s", err);
     long n1 = qt_attention_plan_count(c);
-    rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, err, sizeof err);
+    rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, 0, err, sizeof err);
     long n2 = qt_attention_plan_count(c);
     QT_EXPECT(rc == 0 && n1 == 2 && n2 == 2, "plans: %ld after the first prepare (fwd+bwd), %ld after the second", n1, n2);
-    rc = qt_attention_prepare(c, 1, 32, 4, 2, 60, err, sizeof err); /* D % 8 != 0: a clean error */
+    rc = qt_attention_prepare(c, 1, 32, 4, 2, 60, 0, err, sizeof err); /* D % 8 != 0: a clean error */
     QT_EXPECT(rc == -1 && strstr(err, "D=60"), "bad head dim: rc %d, message \"%s\"", rc, err);
+    qt_attention_free(c);
+}
+
+/* The window is part of a plan's key: W < T builds its own fwd and bwd plans, W >= T shares the causal
+ * ones (the band would mask nothing), and a negative window is a clean error. */
+static void test_attention_window_plans(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    qt_attention_ctx *c = qt_attention_create();
+    char err[600];
+    int rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, 0, err, sizeof err);
+    QT_REQUIRE(rc == 0, "%.600s", err);
+    long causal = qt_attention_plan_count(c);
+    int covers = !qt_attention_prepare(c, 1, 32, 4, 2, 64, 32, err, sizeof err) &&
+                 !qt_attention_prepare(c, 1, 32, 4, 2, 64, 4096, err, sizeof err);
+    long shared = qt_attention_plan_count(c);
+    rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, 8, err, sizeof err);
+    QT_REQUIRE(rc == 0, "window 8: %.600s", err);
+    long banded = qt_attention_plan_count(c);
+    QT_EXPECT(covers && causal == 2 && shared == 2 && banded == 4,
+              "plans: %ld causal, %ld after windows 32 and 4096 (T = 32), %ld after window 8", causal, shared, banded);
+    rc = qt_attention_prepare(c, 1, 32, 4, 2, 64, -1, err, sizeof err);
+    QT_EXPECT(rc == -1 && strstr(err, "W=-1") && strstr(err, "window 0 <= W < 2^24"), "window -1: rc %d, message \"%s\"", rc, err);
     qt_attention_free(c);
 }
 
@@ -400,6 +457,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_selfcheck_guards);
     QT_RUN(test_selfcheck);
     QT_RUN(test_gemma_planted);
+    QT_RUN(test_window_rows_catch_no_band);
     if (have_gpu()) run_gpu_rows();
     else if (selected_rows()) {
         printf("SKIP test_ops_gpu: no CUDA device (%d rows selected; test_selfcheck runs every row on the CPU)\n", selected_rows());
@@ -407,6 +465,7 @@ int main(int argc, char **argv) {
     }
     QT_RUN(test_matmul_plan_cache);
     QT_RUN(test_attention_plan_cache);
+    QT_RUN(test_attention_window_plans);
     if (g_mm) qt_matmul_free(g_mm);
     if (g_att) qt_attention_free(g_att);
     return qt_test_end();

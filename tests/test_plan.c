@@ -718,8 +718,8 @@ static void test_attention_ws_estimate(void) {
     for (int h = 0; h < 3; h++)
         for (int B = 1; B <= 64; B *= 2) {
             int H = heads[h][0], Hkv = heads[h][1], T = 1024, D = 128;
-            size_t est = qt_attention_bwd_est_ws(B, T, H, D), bwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 1);
-            size_t fwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 0);
+            size_t est = qt_attention_bwd_est_ws(B, T, H, D), bwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 0, 1);
+            size_t fwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 0, 0);
             printf("  H %2d Hkv %d B %2d: backward %8.1f MiB measured, %8.1f estimated; forward %8.1f MiB\n", H, Hkv, B,
                    bwd / 1048576.0, est / 1048576.0, fwd / 1048576.0);
             QT_EXPECT(bwd > 0 && est >= bwd && est <= 2 * bwd, "H %d B %d: backward workspace %zu measured, %zu estimated", H,

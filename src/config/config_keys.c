@@ -21,7 +21,7 @@ _Static_assert(sizeof(qt_sched_kind) == sizeof(int) && sizeof(qt_device_kind) ==
                "enum keys are stored as int");
 
 static const qt_key_enum arch_names[] = {
-    {"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {"qwen3", QT_ARCH_QWEN3}, {NULL, 0}};
+    {"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {"qwen3", QT_ARCH_QWEN3}, {"mistral", QT_ARCH_MISTRAL}, {NULL, 0}};
 static const qt_key_enum rope_names[] = {{"default", QT_ROPE_DEFAULT}, {"linear", QT_ROPE_LINEAR},
                                          {"dynamic", QT_ROPE_DYNAMIC}, {"yarn", QT_ROPE_YARN},
                                          {"llama3", QT_ROPE_LLAMA3},    {NULL, 0}};
@@ -82,7 +82,7 @@ static const qt_config_key keys[] = {
       "an HF config.json to take the model from; exclusive with the inline model keys below"),
     E("model.arch", model.arch, arch_names, "qwen2", "all", 1,
       "architecture name written on export; qwen3 adds an RMSNorm over each q and k head before RoPE (the other "
-      "maths differs only by qkv_bias)"),
+      "maths differs only by qkv_bias and the sliding window)"),
     I("model.vocab_size", model.vocab_size, 1, INT_MAX, "256", "all", 1, "vocabulary size"),
     I("model.hidden_size", model.hidden_size, 1, INT_MAX, "128", "all", 1, "model width C"),
     I("model.num_layers", model.num_layers, 1, INT_MAX, "4", "all", 1, "transformer blocks"),
@@ -120,6 +120,11 @@ static const qt_config_key keys[] = {
       "yarn: the factor on cos and sin; 0 = 0.1 ln(rope_factor) + 1 (1 when rope_factor <= 1)"),
     B("model.rope_truncate", model.rope.truncate, "true", "all", 1,
       "yarn: round the ramp's ends to whole pairs (floor, ceil), as transformers does by default"),
+    I("model.sliding_window", model.sliding_window, 0, INT_MAX, "0", "all", 1,
+      "sliding-window attention: a windowed layer's query sees the last W keys, its own included; 0 = none "
+      "(llama: must be 0)"),
+    I("model.window_layers_from", model.window_layers_from, 0, INT_MAX, "0", "all", 1,
+      "the first layer with the sliding window (qwen2's max_window_layers); 0 = every layer (mistral: must be 0)"),
 
     S("init.from", init.from, "", "all",
       "HF model to start from: its directory (config.json + model.safetensors), that .safetensors file or its model.safetensors.index.json; \"\" = from scratch"),

@@ -23,9 +23,33 @@ void qt_model_cfg_finish(qt_model_cfg *cfg) {
     /* the transformers defaults of each family */
     int qwen = cfg->arch == QT_ARCH_QWEN2 || cfg->arch == QT_ARCH_QWEN3;
     if (cfg->rope_theta == 0) cfg->rope_theta = qwen ? 1000000.0f : 10000.0f;
-    if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = qwen ? 1e-6f : 1e-5f;
+    if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = cfg->arch == QT_ARCH_LLAMA ? 1e-5f : 1e-6f;
     if (cfg->arch == QT_ARCH_QWEN3) cfg->qk_norm = 1; /* every Qwen3 attention norms its q and k heads */
     qt_rope_finish(cfg);
+}
+
+int qt_model_layer_window(const qt_model_cfg *cfg, int l) {
+    return cfg->sliding_window > 0 && l >= cfg->window_layers_from ? cfg->sliding_window : 0;
+}
+
+/* The sliding-window fields: each family's HF config holds only its own rule (Mistral windows every
+ * layer, Qwen2 the layers from max_window_layers on, Llama none), so a config no family can say is
+ * refused rather than exported as another model. */
+static int validate_window(const qt_model_cfg *c, char *err, size_t errlen) {
+    if (c->sliding_window < 0)
+        return qt_errf(err, errlen, "model.sliding_window: expected an integer >= 0 (0 = none), got %d", c->sliding_window);
+    if (c->window_layers_from < 0)
+        return qt_errf(err, errlen, "model.window_layers_from: expected an integer >= 0, got %d", c->window_layers_from);
+    if (c->sliding_window > 0 && c->arch == QT_ARCH_LLAMA)
+        return qt_errf(err, errlen,
+                       "model.sliding_window: expected 0 for llama (transformers' Llama has no sliding window), got %d; "
+                       "use arch mistral or qwen2",
+                       c->sliding_window);
+    if (c->sliding_window > 0 && c->arch == QT_ARCH_MISTRAL && c->window_layers_from != 0)
+        return qt_errf(err, errlen,
+                       "model.window_layers_from: expected 0 for mistral (every layer has the window), got %d; use arch qwen2",
+                       c->window_layers_from);
+    return 0;
 }
 
 /* a * b and a + b in uint64, saturating at UINT64_MAX: the size checks below compare the result
@@ -56,8 +80,8 @@ uint64_t qt_model_cfg_numel(const qt_model_cfg *c) {
 
 int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
     static const char *pos = "expected an integer > 0, got";
-    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA && c->arch != QT_ARCH_QWEN3)
-        return qt_errf(err, errlen, "model.arch: expected qwen2, llama or qwen3, got %d", (int)c->arch);
+    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA && c->arch != QT_ARCH_QWEN3 && c->arch != QT_ARCH_MISTRAL)
+        return qt_errf(err, errlen, "model.arch: expected qwen2, llama, qwen3 or mistral, got %d", (int)c->arch);
     if (c->vocab_size <= 0) return qt_errf(err, errlen, "model.vocab_size: %s %d", pos, c->vocab_size);
     if (c->hidden_size <= 0) return qt_errf(err, errlen, "model.hidden_size: %s %d", pos, c->hidden_size);
     if (c->num_layers <= 0) return qt_errf(err, errlen, "model.num_layers: %s %d", pos, c->num_layers);
@@ -90,6 +114,7 @@ int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
         return qt_errf(err, errlen, "model.qkv_bias: expected 0 or 1, got %d", c->qkv_bias);
     if (c->qk_norm != 0 && c->qk_norm != 1)
         return qt_errf(err, errlen, "model.qk_norm: expected 0 or 1, got %d", c->qk_norm);
+    if (validate_window(c, err, errlen)) return -1;
     /* Sizes: the trainers index rows of the fused q|k|v and gate|up matrices and the attention
      * heads with int, and the whole model must be a plausible allocation. */
     uint64_t qkv_rows = mul_sat((uint64_t)c->num_heads + 2 * (uint64_t)c->num_kv_heads, (uint64_t)D);
@@ -248,5 +273,10 @@ double qt_model_flops_per_token(const qt_model_cfg *c, int T) {
     double H = c->num_heads, Hkv = c->num_kv_heads, F = c->intermediate_size, V = c->vocab_size;
     double per_layer = C * (H + 2 * Hkv) * D + H * D * C + 3 * C * F;
     double matmul = c->num_layers * per_layer + V * C; /* LM head counted even when tied */
-    return 6 * matmul + 6.0 * c->num_layers * H * D * T;
+    double keys = 0; /* keys per query summed over the layers: T/2 causal, W - W^2/(2T) in a window W < T */
+    for (int l = 0; l < c->num_layers; l++) {
+        double W = qt_model_layer_window(c, l);
+        keys += W > 0 && W < T ? W - W * W / (2.0 * T) : T / 2.0;
+    }
+    return 6 * matmul + 12.0 * H * D * keys;
 }

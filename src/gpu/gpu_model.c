@@ -125,16 +125,26 @@ static void free_host(qt_gpu_model *g) {
 }
 
 /* The attention workspace: the forward over the micro-batch, the backward over its slices (the last
- * may be shorter). measure: from cuDNN's plans (builds and caches them); else the estimate (the fp32
- * parts and cuDNN's plan workspace as one more of them: qt_attention_bwd_est_ws). */
+ * may be shorter), for each window the layers use. measure: from cuDNN's plans (builds and caches them);
+ * else the estimate (the fp32 parts and cuDNN's plan workspace as one more of them:
+ * qt_attention_bwd_est_ws). */
 static size_t attn_ws_of(qt_gpu_model *g, int measure) {
     const qt_model_cfg *c = &g->L->cfg;
     int per = (g->B + g->attn_chunks - 1) / g->attn_chunks, last = g->B - (g->attn_chunks - 1) * per;
     int H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     if (!measure) return qt_attention_bwd_est_ws(per, g->T, H, D);
-    size_t ws = qt_attention_ws_bytes(g->attn, g->B, g->T, H, Hkv, D, 0), b;
-    if ((b = qt_attention_ws_bytes(g->attn, per, g->T, H, Hkv, D, 1)) > ws) ws = b;
-    if (last > 0 && (b = qt_attention_ws_bytes(g->attn, last, g->T, H, Hkv, D, 1)) > ws) ws = b;
+    size_t ws = 0, b;
+    int done[4], nd = 0; /* the distinct windows measured: the layer rule gives at most two (0 and W) */
+    for (int l = 0; l < c->num_layers; l++) {
+        int w = qt_model_layer_window(c, l), seen = 0;
+        for (int k = 0; k < nd; k++) seen |= done[k] == w;
+        if (seen) continue;
+        QT_CHECK(nd < 4, "attention workspace: more than 4 distinct layer windows");
+        done[nd++] = w;
+        if ((b = qt_attention_ws_bytes(g->attn, g->B, g->T, H, Hkv, D, w, 0)) > ws) ws = b;
+        if ((b = qt_attention_ws_bytes(g->attn, per, g->T, H, Hkv, D, w, 1)) > ws) ws = b;
+        if (last > 0 && (b = qt_attention_ws_bytes(g->attn, last, g->T, H, Hkv, D, w, 1)) > ws) ws = b;
+    }
     return ws;
 }
 
@@ -440,7 +450,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     }
     if (fwd || redo & QT_RC_ATT) {
         qt_gpu_model_mark(g, LABEL("attention fwd"));
-        qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, d.H, d.Hkv, d.D, s);
+        qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, d.H, d.Hkv, d.D, qt_model_layer_window(c, l), s);
     }
     if (fwd || redo & QT_RC_BLOCK) {
         lin_fwd(g, LABEL("matmul fwd: o"), l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
@@ -481,7 +491,7 @@ static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
 /* The attention backward of layer a, over g->attn_chunks slices of whole sequences (the last may be
  * shorter): each sequence's gradient depends on that sequence only, so the slices compute what one call
  * would (the test checks the bits); cuDNN's workspace and fp32 dQ accumulator are sized by the slice. */
-static void attention_bwd(qt_gpu_model *g, const qt_gpu_layer *a, dims d) {
+static void attention_bwd(qt_gpu_model *g, const qt_gpu_layer *a, dims d, int window) {
     qt_act_store *as = g->as;
     int per = (g->B + g->attn_chunks - 1) / g->attn_chunks;
     for (int b0 = 0; b0 < g->B; b0 += per) {
@@ -489,7 +499,7 @@ static void attention_bwd(qt_gpu_model *g, const qt_gpu_layer *a, dims d) {
         size_t r = (size_t)b0 * g->T; /* first token of the slice */
         qt_attention_bwd(g->attn, (char *)as->dqkv + r * d.QKV * 2, (const char *)as->datt + r * d.HD * 2,
                          (const char *)a->qkv + r * d.QKV * 2, (const char *)a->att + r * d.HD * 2,
-                         a->lse + (size_t)b0 * d.H * g->T, nb, g->T, d.H, d.Hkv, d.D, g->stream);
+                         a->lse + (size_t)b0 * d.H * g->T, nb, g->T, d.H, d.Hkv, d.D, window, g->stream);
     }
 }
 
@@ -546,7 +556,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     /* attention */
     lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, as->datt, as->dres_bf, a->att, o->wo, d.HD, d.C);
     qt_gpu_model_mark(g, "attention bwd");
-    attention_bwd(g, a, d);
+    attention_bwd(g, a, d, qt_model_layer_window(c, l));
     qt_gpu_model_mark(g, "rope");
     /* the abs-max of qkv's output gradient: from the last kernel that writes it (the q/k norm's, when there) */
     float *qkv_amax = fp8_amax(g, l, QT_FP8_QKV, 1);

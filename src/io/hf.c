@@ -1,4 +1,4 @@
-/* hf.c — Hugging Face config.json and safetensors export/import for the Qwen2/Llama layout.
+/* hf.c — Hugging Face config.json and safetensors export/import for the Qwen2/Llama/Mistral layout.
  *
  * safetensors: u64 little-endian header length N, N bytes of JSON {"name": {"dtype", "shape",
  * "data_offsets": [b, e]}, "__metadata__": {...}} padded with spaces to a multiple of 8, then the
@@ -89,23 +89,21 @@ static int get_bool(const char *path, const qt_json_node *o, const char *key, in
     return 0;
 }
 
-/* Rejects configs whose maths we do not implement (sliding window, other activations, MLP biases). */
+/* Rejects configs whose maths we do not implement (other activations, MLP biases). */
 static int check_unsupported(const char *path, const qt_json_node *r, char *err, size_t errlen) {
     const qt_json_node *x = qt_json_get(r, "hidden_act");
     if (x && (x->type != QT_JSON_STR || strcmp(x->str, "silu") != 0))
         return qt_errf(err, errlen, "%s: hidden_act: expected \"silu\", got %s%s", path, x->type == QT_JSON_STR ? x->str : "",
                     x->type == QT_JSON_STR ? "" : type_name(x));
     int flag = 0;
-    if (get_bool(path, r, "use_sliding_window", 0, &flag, err, errlen)) return -1;
-    if (flag) return qt_errf(err, errlen, "%s: use_sliding_window: sliding-window attention is not supported", path);
     if (get_bool(path, r, "mlp_bias", 0, &flag, err, errlen)) return -1;
     if (flag) return qt_errf(err, errlen, "%s: mlp_bias: MLP biases are not supported", path);
     return 0;
 }
 
 /* model_type in config.json of each arch (qt_arch's order). */
-static const char *const arch_type[] = {"qwen2", "llama", "qwen3"};
-static const char *const arch_class[] = {"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM"};
+static const char *const arch_type[] = {"qwen2", "llama", "qwen3", "mistral"};
+static const char *const arch_class[] = {"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"};
 #define N_ARCH (int)(sizeof arch_type / sizeof *arch_type)
 
 /* The arch whose model_type is mt, or -1. */
@@ -142,6 +140,58 @@ static int read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, 
     return 0;
 }
 
+/* sliding_window: absent -> def, null -> 0 (none), else an integer >= 1. */
+static int get_window(const char *path, const qt_json_node *r, int def, int *out, char *err, size_t errlen) {
+    const qt_json_node *x = qt_json_get(r, "sliding_window");
+    if (x && x->type == QT_JSON_NULL) { *out = 0; return 0; }
+    return get_int(path, r, "sliding_window", def, 1, 1 << 30, out, err, errlen);
+}
+
+/* Qwen2's layer_types (transformers writes it from max_window_layers): *from = the number of leading
+ * "full_attention" layers, all after them "sliding_attention"; any other pattern is refused. */
+static int read_layer_types(const char *path, const qt_json_node *lt, int layers, int *from, char *err, size_t errlen) {
+    int n = 0, k = -1;
+    if (lt->type != QT_JSON_ARR) return qt_errf(err, errlen, "%s: layer_types: expected an array, got %s", path, type_name(lt));
+    for (const qt_json_node *x = lt->child; x; x = x->next, n++) {
+        int full = x->type == QT_JSON_STR && !strcmp(x->str, "full_attention");
+        int slide = x->type == QT_JSON_STR && !strcmp(x->str, "sliding_attention");
+        if (!full && !slide)
+            return qt_errf(err, errlen, "%s: layer_types[%d]: expected \"full_attention\" or \"sliding_attention\", got %s%s%s",
+                           path, n, x->type == QT_JSON_STR ? "\"" : "", x->type == QT_JSON_STR ? x->str : type_name(x),
+                           x->type == QT_JSON_STR ? "\"" : "");
+        if (slide && k < 0) k = n;
+        if (full && k >= 0)
+            return qt_errf(err, errlen,
+                           "%s: layer_types[%d]: expected \"sliding_attention\" (full_attention layers first, then "
+                           "sliding_attention ones, as max_window_layers gives), got \"full_attention\" after the "
+                           "sliding_attention layer %d", path, n, k);
+    }
+    if (n != layers)
+        return qt_errf(err, errlen, "%s: layer_types: expected %d entries (num_hidden_layers), got %d", path, layers, n);
+    *from = k < 0 ? n : k;
+    return 0;
+}
+
+/* The sliding window as transformers reads it: Mistral windows every layer (sliding_window absent:
+ * MistralConfig's 4096; null: none); Qwen2 only with use_sliding_window, the layers from
+ * max_window_layers on (default 28) or as layer_types lists them; Llama has none. */
+static int read_window(const char *path, const qt_json_node *r, qt_model_cfg *c, char *err, size_t errlen) {
+    int use = 0;
+    if (c->arch == QT_ARCH_MISTRAL) return get_window(path, r, 4096, &c->sliding_window, err, errlen);
+    if (c->arch != QT_ARCH_QWEN2) return 0;
+    if (get_bool(path, r, "use_sliding_window", 0, &use, err, errlen)) return -1;
+    if (!use) return 0;
+    if (get_window(path, r, 4096, &c->sliding_window, err, errlen) ||
+        get_int(path, r, "max_window_layers", 28, 0, 1 << 30, &c->window_layers_from, err, errlen))
+        return -1;
+    const qt_json_node *lt = qt_json_get(r, "layer_types");
+    if (lt && lt->type != QT_JSON_NULL && read_layer_types(path, lt, c->num_layers, &c->window_layers_from, err, errlen))
+        return -1;
+    if (!c->sliding_window) c->window_layers_from = 0; /* sliding_window null: no layer has a window */
+    return 0;
+}
+
+
 int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t errlen) {
     size_t n;
     char *text = slurp(path, &n, err, errlen);
@@ -156,7 +206,7 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
     int rc = -1;
     if (r->type != QT_JSON_OBJ) qt_errf(err, errlen, "%s: expected a JSON object, got %s", path, type_name(r));
     else if (!mt || mt->type != QT_JSON_STR || arch_of(mt->str) < 0)
-        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\", \"llama\" or \"qwen3\", got %s%s%s", path,
+        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\", \"llama\", \"qwen3\" or \"mistral\", got %s%s%s", path,
              mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : type_name(mt),
              mt && mt->type == QT_JSON_STR ? "\"" : "");
     else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen) &&
@@ -165,10 +215,12 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
         int bias = 0;
         rc = 0;
         if (c.arch == QT_ARCH_QWEN2) c.qkv_bias = 1; /* Qwen2 always carries q/k/v biases */
+        else if (c.arch == QT_ARCH_MISTRAL) c.qkv_bias = 0; /* Mistral never does */
         else if (get_bool(path, r, "attention_bias", 0, &bias, err, errlen)) rc = -1;
         else if (bias) /* HF Llama's and Qwen3's attention_bias also puts a bias on o_proj, which we do not have */
             rc = qt_errf(err, errlen, "%s: attention_bias: true is not supported for %s (it adds an o_proj bias)", path,
                          mt->str);
+        if (!rc) rc = read_window(path, r, &c, err, errlen);
     }
     qt_json_free(j);
     if (rc) return -1;
@@ -187,6 +239,23 @@ static void fmt_float(char *out, size_t cap, float x) {
     }
 }
 
+/* The family's own keys after the common ones: Qwen2's window switch and rule, Mistral's window, Llama's
+ * mlp_bias. */
+static void family_keys(char *out, size_t cap, const qt_model_cfg *c) {
+    int qwen = c->arch == QT_ARCH_QWEN2 || c->arch == QT_ARCH_QWEN3; /* Qwen3's window keys are Qwen2's */
+    if (qwen && c->sliding_window > 0)
+        snprintf(out, cap, "  \"use_sliding_window\": true,\n  \"sliding_window\": %d,\n  \"max_window_layers\": %d,\n",
+                 c->sliding_window, c->window_layers_from);
+    else if (qwen)
+        snprintf(out, cap, "  \"use_sliding_window\": false,\n");
+    else if (c->arch == QT_ARCH_MISTRAL && c->sliding_window > 0)
+        snprintf(out, cap, "  \"sliding_window\": %d,\n", c->sliding_window);
+    else if (c->arch == QT_ARCH_MISTRAL)
+        snprintf(out, cap, "  \"sliding_window\": null,\n");
+    else
+        snprintf(out, cap, "  \"mlp_bias\": false,\n");
+}
+
 int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *err, size_t errlen) {
     const int qwen = c->arch == QT_ARCH_QWEN2;
     char verr[256]; /* every number written must be one JSON can hold: no inf or nan */
@@ -198,7 +267,8 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
     if (c->qk_norm != (c->arch == QT_ARCH_QWEN3))
         return qt_errf(err, errlen, "%s: a %s model %s qk_norm has no HF equivalent (qk_norm is qwen3's)", path,
                        arch_type[c->arch], c->qk_norm ? "with" : "without");
-    char eps[32], theta[32], buf[4096], rope[512], scaling[600] = "";
+    char eps[32], theta[32], buf[4096], rope[512], scaling[600] = "", fam[160];
+    family_keys(fam, sizeof fam, c);
     if (qt_hf_rope_json(rope, sizeof rope, &c->rope) < 0) return qt_errf(err, errlen, "%s: rope parameters text too long", path);
     if (c->rope.type != QT_ROPE_DEFAULT) /* the hub's form (transformers 4); transformers 5 reads rope_parameters */
         snprintf(scaling, sizeof scaling, "  \"rope_scaling\": {%s},\n", rope);
@@ -218,7 +288,7 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
         arch_class[c->arch], arch_type[c->arch], c->hidden_size,
         c->intermediate_size, c->num_layers, c->num_heads, c->num_kv_heads, head_dim, c->vocab_size, c->max_seq_len,
         eps, theta, scaling, theta, rope, c->tie_embeddings ? "true" : "false", c->qkv_bias && !qwen ? "true" : "false",
-        c->arch != QT_ARCH_LLAMA ? "  \"use_sliding_window\": false,\n" : "  \"mlp_bias\": false,\n", dt, dt);
+        fam, dt, dt);
     if (k < 0 || (size_t)k >= sizeof buf) return qt_errf(err, errlen, "%s: config text too long", path);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);

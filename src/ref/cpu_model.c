@@ -141,7 +141,7 @@ static void block_fwd(qt_cpu_model *m, const float *w, int l, float *out) {
     qt_ref_matmul_fwd(qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
     if (a->qkx) qt_ref_qknorm_fwd(a->qkv, a->qkrstd, a->qkx, w + o->qknorm, N, H, Hkv, D, c->rms_norm_eps);
     qt_ref_rope_fwd(a->qkv, m->B, m->T, H, Hkv, D, m->rope_inv_freq, m->rope_attn);
-    qt_ref_attention_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D);
+    qt_ref_attention_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D, qt_model_layer_window(c, l));
     qt_ref_matmul_fwd(a->mid, a->att, w + o->wo, NULL, N, HD, C);
     qt_ref_add_inplace(a->mid, a->x, N * C);
     qt_ref_rmsnorm_fwd(a->ln2, a->rstd2, a->mid, w + o->ln2, N, C, c->rms_norm_eps);
@@ -191,7 +191,8 @@ static void block_bwd(qt_cpu_model *m, const float *w, float *grad, int l) {
     qt_ref_rmsnorm_bwd(m->dres, grad + o->ln2, m->dln, a->mid, w + o->ln2, a->rstd2, N, C);
     /* attention: mid = x + o_proj(attn(rope(qkv(norm1(x))))) */
     qt_ref_matmul_bwd(m->datt, grad + o->wo, NULL, m->dres, a->att, w + o->wo, N, HD, C);
-    qt_ref_attention_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D);
+    qt_ref_attention_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D,
+                         qt_model_layer_window(c, l));
     qt_ref_rope_bwd(m->dqkv, m->B, m->T, H, Hkv, D, m->rope_inv_freq, m->rope_attn);
     if (a->qkx) qt_ref_qknorm_bwd(m->dqkv, grad + o->qknorm, m->dqkv, a->qkx, w + o->qknorm, a->qkrstd, N, H, Hkv, D);
     qt_ref_matmul_bwd(m->dln, grad + o->wqkv, o->bqkv == SIZE_MAX ? NULL : grad + o->bqkv, m->dqkv, a->ln1,
