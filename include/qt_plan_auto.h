@@ -23,7 +23,9 @@ typedef struct {
     double fp8_flops;    /* e4m3 rate */
     double hbm_bps;      /* device memory bandwidth, bytes/s */
     double pcie_bps;     /* pinned host <-> device copy bandwidth, bytes/s (the slower direction) */
-    size_t gpu_bytes;    /* the GPU's memory (the cap when memory.gpu_limit_gib is 0) */
+    size_t gpu_bytes;    /* the GPU's memory (the budget when no free memory was measured) */
+    size_t gpu_free;     /* free on the run's GPUs as it starts (qt_cuda_mem_free; 0: not measured: no GPU
+                          * visible, or --plan --gpu-mem); set by the caller, never cached */
 } qt_probe;
 
 /* e4m3 over bf16 matmul rate: gemm_bench's 8192^3 on the H100 (1519.9 / 805.9 TFLOP/s, bench/RESULTS.md). */
@@ -73,10 +75,20 @@ typedef struct {
  * 14B run at 24 GiB by 21%; 0.5 holds all 24 measured rows within 15%. */
 #define QT_PLAN_DUPLEX 0.5
 
+/* Held back from the GPU's free memory: the library handles and modules loaded after the query (cuDNN,
+ * cuBLASLt: about 0.5 GiB) and the small allocations the plan does not count. */
+#define QT_PLAN_GPU_MARGIN ((size_t)1 << 30)
+/* The GPU budget per GPU that memory.plan: auto plans for: pr->gpu_free less QT_PLAN_GPU_MARGIN, capped by
+ * memory.gpu_limit_gib; without a measured free memory the limit, else pr->gpu_bytes less the margin. *what
+ * names where it came from ("memory.gpu_limit_gib = 24", "free on the GPU (cudaMemGetInfo: 23.48 GiB) less
+ * the 1 GiB margin", ...). */
+size_t qt_plan_gpu_budget(const qt_config *cfg, const qt_probe *pr, char *what, size_t cap);
+
 /* Every candidate that fits, fastest first, in out[cap] (their count in *n); *lossy_out (may be NULL): the
  * fastest plan left out for its numerics (bf16 master weights or gradients where a plan with fewer of them
- * fits; tokens_per_s 0 when there is none). 0, or -1 with err when none fits (naming the smallest
- * candidate's total and the limit) or a plan cannot be made. */
+ * fits; tokens_per_s 0 when there is none). 0, or -1 with err when none fits (*n 0; err names the smallest
+ * candidate's total and the budget) or a plan cannot be made (*n -1). The GPU budget: qt_plan_gpu_budget;
+ * the host's: qt_plan_host_limit. */
 int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
                            int *n, qt_plan_choice *lossy_out, char *err, size_t errlen);
 /* qt_plan_auto prints a NOTE naming the plan left out for its numerics when it predicts more than
@@ -90,6 +102,17 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
 /* The block matmul weights (Wqkv, Wo, the three FFN matrices of every layer): what
  * memory.fp8_weight_cache none quantizes again per pass. */
 double qt_plan_auto_block_params(const qt_model_cfg *c);
+/* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
+const char *qt_plan_auto_describe(const qt_plan_choice *c);
+/* When no plan fits cfg (qt_plan_auto_enumerate's -1 with *n 0): appends to err the constraints that block
+ * it, each with the plan the search finds when it alone is dropped — a planner key the config gives (as
+ * `--set KEY=auto` does: the value kept, the key no longer given), perf.cuda_graphs true (as `--set
+ * perf.cuda_graphs=false`) — with its GPU and host GiB and predicted tokens/s; where no single one frees
+ * a plan, the fewest of them that together do (dropped all at once, then each kept again while a plan
+ * still fits), else that none of them does. Every line is a real search (src/engine/plan_hint.c);
+ * buf[QT_PLAN_AUTO_MAX] is scratch. */
+void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *buf, char *err,
+                        size_t errlen);
 /* Writes choice c into cfg's keys. */
 void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c);
 /* memory.plan: auto: enumerate, print the choice with its prediction and the next two, apply it to cfg.

@@ -250,7 +250,7 @@ static const char B15[] =
  * come fastest first, the tokens per step are kept, a given key is a constraint, the cost model charges
  * recompute FLOPs and the offload's PCIe bytes, and a cap nothing fits is refused naming the smallest. */
 static void test_auto_choice(void) {
-    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30, 0};
     static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
     static qt_run_plan rp;
     char err[1024], yaml[2048];
@@ -337,7 +337,7 @@ static const char B14[] =
 /* memory.plan: auto over model + extra (the data, memory and parallel keys): *best the fastest plan that
  * fits, *n their count; every candidate is checked against the given keys. -1 when none fits. */
 static int auto_pick_lossy(const char *model, const char *extra, qt_plan_choice *best, int *n, qt_plan_choice *lossy) {
-    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30, 0};
     static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
     qt_config c;
     qt_layout L;
@@ -498,7 +498,7 @@ static void test_auto_offload_only_faster(void) {
 /* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes,
  * ZeRO-3's weight gathers, the offloaded weights' copies, gradient sums through host memory. */
 static void test_auto_axes_cost(void) {
-    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30, 0};
     qt_config a, b;
     qt_layout L;
     qt_weight_src src;
@@ -731,7 +731,7 @@ static void test_attention_ws_estimate(void) {
 /* An H200's rates for the measured runs below: the copy rates session 17's probe printed, the bf16 matmul rate
  * of train_bench's random-data ceilings (the probe then multiplied zeros: 810) */
 static const qt_probe H200_RATES = {"H200 (bf16: random-data ceiling)", 690e12, QT_PROBE_FP8_RATIO * 690e12, 4110e9, 55.3e9,
-                                    (size_t)140 << 30};
+                                    (size_t)140 << 30, 0};
 
 /* The cost model's tokens/s (all ranks') for `path` with the --set keys set[0..) (NULL-ended, at most cap) on pr;
  * *c gets the config. -1 when the config or the layout fails (err). */

@@ -210,8 +210,8 @@ static const qt_config_key keys[] = {
       "cap on the GPU memory qtrain plans and allocates per GPU (GiB): the arena, cuBLASLt/cuDNN workspaces, comm buffers and a fixed runtime reserve (kernel modules, library handles, CUDA graphs); the CUDA context (about 0.5 GiB) is not counted. A plan over the cap is refused before allocating, naming its biggest rows; 0 = no cap (the GPU's free memory still applies)"),
     F("memory.host_limit_gib", memory.host_limit_gib, 0, NOHI, 0, 0, "0", "all", 0,
       "host memory the run may plan for (GiB): pinned offloaded state and snapshot buffers, pageable loader and weight buffers. A plan over it is refused before allocating; 0 = MemAvailable from /proc/meminfo at start (set it where a VM reports less at start than it grants later)"),
-    E("memory.plan", memory.plan, plan_names, "manual", "GPU", 0,
-      "auto: before training, choose data.micro_batch (keeping micro_batch x grad_accum), memory.recompute, memory.offload_optimizer, memory.lmhead_chunks, memory.attn_bwd_chunks, memory.offload_residual, memory.fp8_weight_cache, precision.master_dtype, precision.grad_accum_dtype, parallel.zero and memory.offload's gradients and weights items (one GPU, or with several ranks gradients with zero 2/3 and weights with zero 3; ranked by their PCIe bytes like the rest, after keeping fp32 master weights and gradients), among those the config does not give (a key given as auto, e.g. --set data.micro_batch=auto, counts as not given), as the plan that fits memory.gpu_limit_gib (else the GPU) and the host with the highest predicted tokens/s (a FLOP and PCIe cost model against a matmul and copy rate probed once per GPU model and cached in ~/.cache/qtrain); prints the choice, its prediction and the next two, and a NOTE naming the plan with bf16 master weights or gradients where it would predict over 1.2 x the chosen speed. manual: the keys as given"),
+    E("memory.plan", memory.plan, plan_names, "auto", "GPU", 0,
+      "auto (the default for GPU runs; a CPU run plans only when the config gives auto): before training, choose data.micro_batch (keeping micro_batch x grad_accum), memory.recompute, memory.offload_optimizer, memory.lmhead_chunks, memory.attn_bwd_chunks, memory.offload_residual, memory.fp8_weight_cache, precision.master_dtype, precision.grad_accum_dtype, parallel.zero and memory.offload's gradients and weights items (one GPU, or with several ranks gradients with zero 2/3 and weights with zero 3; ranked by their PCIe bytes like the rest, after keeping fp32 master weights and gradients), among those the config does not give (a key given as auto, e.g. --set data.micro_batch=auto, counts as not given), as the plan that fits the GPU budget (its free memory as the run starts, cudaMemGetInfo, less a 1 GiB margin, capped by memory.gpu_limit_gib) and the host's (memory.host_limit_gib, else MemAvailable) with the highest predicted tokens/s (a FLOP and PCIe cost model against a matmul and copy rate probed once per GPU model and cached in ~/.cache/qtrain); prints the choice, its prediction and the next two, and a NOTE naming the plan with bf16 master weights or gradients where it would predict over 1.2 x the chosen speed; when none fits, the refusal names the given keys (and perf.cuda_graphs: true) that block it, each with the plan the search finds without it. manual: the keys as given"),
     E("memory.host_alloc", memory.host_alloc, host_alloc_names, "pinned", "GPU", 0,
       "how memory.offload's items (the optimizer state, weights, gradients, residuals) are allocated in host memory: pinned (mmap, pages touched by all cores, cudaHostRegister: ~5x faster to make than cudaHostAlloc, bench/RESULTS.md, Offload) or write_combined (cudaHostAlloc + cudaHostAllocWriteCombined, pinned at ~2 GiB/s, as LLM.Q's --write-combined: the GPU's transfers may be faster on some hosts, but the CPU reads such memory uncached, which slows a checkpoint written in place; on an H200 no measurable difference at 1.5B, bench/RESULTS.md, Offload)"),
     B("memory.zero_copy", memory.zero_copy, "false", "GPU", 0,
@@ -251,6 +251,12 @@ int qt_config_given(const qt_config *c, const char *path) {
     const qt_config_key *k = qt_config_key_find(path);
     long i = k ? k - keys : -1;
     return i >= 0 && i < (long)sizeof c->given && c->given[i];
+}
+
+void qt_config_ungive(qt_config *c, const char *path) {
+    const qt_config_key *k = qt_config_key_find(path);
+    long i = k ? k - keys : -1;
+    if (i >= 0 && i < (long)sizeof c->given) c->given[i] = 0;
 }
 
 const qt_config_key *qt_config_key_find(const char *path) {

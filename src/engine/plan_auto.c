@@ -83,7 +83,7 @@ static int lossy(const qt_config *c) {
 qt_probe qt_probe_default(void) {
     /* H100 SXM: large-GEMM rates as gemm_bench measures them (bf16 ~ 660 TFLOP/s, e4m3 QT_PROBE_FP8_RATIO x), HBM3
      * copy bandwidth, a PCIe Gen5 x16 pinned copy; 80 GB. */
-    return (qt_probe){"default (H100 SXM figures)", 660e12, QT_PROBE_FP8_RATIO * 660e12, 2.6e12, 50e9, (size_t)80 << 30};
+    return (qt_probe){"default (H100 SXM figures)", 660e12, QT_PROBE_FP8_RATIO * 660e12, 2.6e12, 50e9, (size_t)80 << 30, 0};
 }
 
 static void cache_path(const char *cache_dir, const char *gpu, char *out, size_t cap) {
@@ -205,6 +205,24 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
     printf("qtrain: probed %s: bf16 %.0f TFLOP/s, PCIe %.1f GB/s, HBM %.0f GB/s (cached in %s)\n", p.gpu,
            p.bf16_flops * 1e-12, p.pcie_bps * 1e-9, p.hbm_bps * 1e-9, path);
     return p;
+}
+
+size_t qt_plan_gpu_budget(const qt_config *cfg, const qt_probe *pr, char *what, size_t cap) {
+    size_t lim = cfg->memory.gpu_limit_gib > 0 ? qt_mem_gib(cfg->memory.gpu_limit_gib) : 0, G = (size_t)1 << 30;
+    size_t have = pr->gpu_free ? pr->gpu_free : pr->gpu_bytes, left = have > QT_PLAN_GPU_MARGIN ? have - QT_PLAN_GPU_MARGIN : 0;
+    char src[128];
+    if (pr->gpu_free)
+        snprintf(src, sizeof src, "free on the GPU now (cudaMemGetInfo: %.2f GiB) less a %.0f GiB margin", (double)have / G,
+                 (double)QT_PLAN_GPU_MARGIN / G);
+    else
+        snprintf(src, sizeof src, "the GPU's %.1f GiB (%s; no free memory measured) less a %.0f GiB margin", (double)have / G,
+                 pr->gpu, (double)QT_PLAN_GPU_MARGIN / G);
+    if (lim && (!pr->gpu_free || lim <= left)) {
+        snprintf(what, cap, "memory.gpu_limit_gib = %g", cfg->memory.gpu_limit_gib);
+        return lim;
+    }
+    snprintf(what, cap, "%s%s", src, lim ? ", below memory.gpu_limit_gib" : "");
+    return left;
 }
 
 /* ---- the cost model ---- */
@@ -346,23 +364,25 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     for (int v = 1; v <= 64 && v <= seqs; v *= 2) /* micro-batches that keep the sequences per step */
         if (seqs % v == 0) ax[AX_MB].v[ax[AX_MB].n++] = v;
     static qt_run_plan rp;
+    *n = -1; /* until the candidates are made: a plan that cannot be made */
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
     if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
     if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
     int several = rp.ranks > 1; /* offloaded weights: one GPU or ZeRO-3; gradients: one GPU or ZeRO-2/3 */
     for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
         QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
-        int named = !strcmp(ax[a].key, "memory.offload_optimizer") && (cfg->memory.offload & QT_OFF_OPTIMIZER); /* by the list */
+        int named = !strcmp(ax[a].key, "memory.offload_optimizer") && qt_config_given(cfg, "memory.offload") &&
+                    (cfg->memory.offload & QT_OFF_OPTIMIZER); /* by the list */
         if (qt_config_given(cfg, ax[a].key) || named)
             ax[a].n = 1, ax[a].v[0] = ax[a].get(cfg);
     }
-    size_t gpu_cap = cfg->memory.gpu_limit_gib > 0 ? qt_mem_gib(cfg->memory.gpu_limit_gib) : pr->gpu_bytes - ((size_t)1 << 30);
+    char gwhat[160];
+    size_t gpu_cap = qt_plan_gpu_budget(cfg, pr, gwhat, sizeof gwhat);
     char what[96];
     size_t host_cap = qt_plan_host_limit(cfg, what, sizeof what);
     static qt_config c;
     size_t smallest = (size_t)-1, smallest_host = (size_t)-1; /* the least host memory of a plan the GPU fits */
     int idx[AX_N] = {0}, count = 0;
-    *n = 0;
     for (;;) {
         c = *cfg;
         for (int a = 0; a < AX_N; a++) ax[a].set(&c, ax[a].v[idx[a]], seqs);
@@ -373,6 +393,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                                  ((c.memory.offload & QT_OFF_GRADIENTS) && c.parallel.zero < 2)); /* setup.c refuses */
         if (!redundant) {
             if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
+            *n = 0;
             if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
             if (rp.gpu_bytes <= gpu_cap && rp.host_bytes < smallest_host) smallest_host = rp.host_bytes;
             if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap)) {
@@ -400,7 +421,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     if (!count)
         return qt_errf(err, errlen, "%s: memory.plan: auto: no plan fits: the smallest needs %.2f GiB per GPU but %s allows "
                        "%.2f GiB (the host: %s); give fewer keys as constraints, or see qtrain --plan", cfg->path,
-                       smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
+                       smallest / 1073741824.0, strncmp(gwhat, "memory.", 7) ? gwhat : "memory.gpu_limit_gib",
                        gpu_cap / 1073741824.0, what);
     /* bf16 master / gradients only where no plan with fp32 ones fits (the numerics first: offloading keeps
      * the bits); among those, the fastest, offloaded weights / gradients included: the cost model charges
@@ -437,8 +458,7 @@ static const char *offload_text(const qt_plan_choice *c) {
     return buf;
 }
 
-/* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
-static const char *describe(const qt_plan_choice *c) {
+const char *qt_plan_auto_describe(const qt_plan_choice *c) {
     static char buf[256];
     char rc[64];
     snprintf(buf, sizeof buf, "micro_batch %d x grad_accum %d, recompute [%s]%s", c->micro_batch, c->grad_accum,
@@ -473,6 +493,7 @@ int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
     if (qt_model_layout(cfg, &L, &src, err, errlen)) return -1;
     qt_plan_choice lossy;
     int rc = qt_plan_auto_enumerate(&L, cfg, pr, ch, QT_PLAN_AUTO_MAX, &n, &lossy, err, errlen);
+    if (rc && n == 0) qt_plan_auto_hints(&L, cfg, pr, ch, err, errlen); /* none fits: which constraint blocks */
     qt_layout_free(&L);
     if (rc) return -1;
     printf("qtrain: memory.plan: auto: %d plans fit (rates: %s, bf16 %.0f TFLOP/s, PCIe %.0f GB/s); the config's keys "
@@ -483,7 +504,7 @@ int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
                "with them fits: give precision.master_dtype / precision.grad_accum_dtype bf16 to take it\n",
                lossy.master_dtype == QT_DT_BF16 && lossy.grad_accum_dtype == QT_DT_BF16 ? "master weights and gradients"
                : lossy.master_dtype == QT_DT_BF16 ? "master weights" : "gradients",
-               lossy.tokens_per_s, 100 * (lossy.tokens_per_s / ch[0].tokens_per_s - 1), describe(&lossy));
+               lossy.tokens_per_s, 100 * (lossy.tokens_per_s / ch[0].tokens_per_s - 1), qt_plan_auto_describe(&lossy));
     }
     qt_plan_auto_apply(cfg, &ch[0]);
     return 0;
