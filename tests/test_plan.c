@@ -737,11 +737,28 @@ static const qt_probe H200_RATES = {"H200 (bf16: random-data ceiling)", 690e12, 
  * *c gets the config. -1 when the config or the layout fails (err). */
 static double predicted(const char *path, const char *const *set, int cap, const qt_probe *pr, qt_config *c, char *err,
                         size_t errlen) {
+    /* The micro-batch and memory keys of the plan each shipped config ran when these rows were measured (the
+     * configs leave them to memory.plan: auto): set first, so that a row's own keys override them. */
+    static const struct { const char *path, *set[6]; } measured_plan[] = {
+        {"configs/qwen2.5-0.5b-bf16.yaml", {"data.micro_batch=32", "data.grad_accum=16", "memory.lmhead_chunks=4"}},
+        {"configs/qwen2.5-0.5b-fp8.yaml", {"data.micro_batch=32", "data.grad_accum=16", "memory.lmhead_chunks=4"}},
+        {"configs/qwen2.5-1.5b-fp8.yaml", {"data.micro_batch=16", "data.grad_accum=32", "memory.lmhead_chunks=1"}},
+        {"configs/qwen2.5-3b-bf16.yaml",
+         {"data.micro_batch=16", "data.grad_accum=32", "memory.lmhead_chunks=1", "memory.offload_optimizer=true"}},
+        {"configs/qwen2.5-7b-fp8.yaml", {"data.micro_batch=8", "data.grad_accum=64", "memory.lmhead_chunks=4",
+                                         "memory.offload_optimizer=true", "memory.recompute=[ffn,norm]"}},
+        {"configs/qwen2.5-14b-fp8.yaml", {"data.micro_batch=4", "data.grad_accum=128", "memory.lmhead_chunks=4",
+                                          "memory.offload_optimizer=true", "memory.recompute=[ffn,norm]",
+                                          "memory.fp8_weight_cache=none"}},
+    };
+    const char *all[32];
+    int n = 0;
+    for (size_t i = 0; i < sizeof measured_plan / sizeof *measured_plan; i++)
+        for (int j = 0; !strcmp(measured_plan[i].path, path) && j < 6 && measured_plan[i].set[j]; j++) all[n++] = measured_plan[i].set[j];
+    for (int i = 0; i < cap && set[i] && n < 32; i++) all[n++] = set[i];
     qt_layout L;
     qt_weight_src src;
-    int n = 0;
-    while (n < cap && set[n]) n++;
-    if (qt_config_load(c, path, set, n, err, errlen) || qt_model_layout(c, &L, &src, err, errlen)) return -1;
+    if (qt_config_load(c, path, all, n, err, errlen) || qt_model_layout(c, &L, &src, err, errlen)) return -1;
     int ranks = c->parallel.devices.n ? c->parallel.devices.n : c->parallel.gpus > 0 ? c->parallel.gpus : 1;
     double tok = (double)c->data.micro_batch * c->data.grad_accum * c->data.seq_len * ranks, pred = tok / qt_plan_auto_cost(&L, c, pr);
     qt_layout_free(&L);
