@@ -41,7 +41,8 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 #define QT_PLAN_AUTO_MAX 131072 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 14 (zero x
                                  * grad_accum_dtype x offload items: 2 with zero 1, 2 x 2 with zero 2 (none,
                                  * gradients), 2 x 4 with zero 3) = 94,080 with several ranks; one GPU:
-                                 * 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused */
+                                 * 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused (perf.cuda_graphs
+                                 * adds none: a plan that allows graphs is a candidate with them only) */
 
 typedef struct {
     int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;
@@ -51,6 +52,7 @@ typedef struct {
     int order;  /* enumeration order: at equal speed the plainer plan (the axes' earlier values) first */
     size_t gpu_bytes, host_bytes;
     double step_s, tokens_per_s; /* predicted */
+    int cuda_graphs;     /* perf.cuda_graphs: on wherever the plan allows it (not with offloaded weights, ZeRO-3) */
 } qt_plan_choice;
 
 /* A predicted step's parts, seconds (see the top of this header), and the PCIe bytes behind them. */
@@ -75,6 +77,9 @@ typedef struct {
  * 14B run at 24 GiB by 21%; 0.5 holds all 24 measured rows within 15%. */
 #define QT_PLAN_DUPLEX 0.5
 
+/* Sets pr->gpu_free: the least free memory over the GPUs cfg's ranks run on (qt_plan_rank_devices,
+ * qt_cuda_mem_free); 0 without a visible GPU or with ranks that cannot be placed (the run says why later). */
+void qt_probe_free(qt_probe *pr, const qt_config *cfg);
 /* Held back from the GPU's free memory: the library handles and modules loaded after the query (cuDNN,
  * cuBLASLt: about 0.5 GiB) and the small allocations the plan does not count. */
 #define QT_PLAN_GPU_MARGIN ((size_t)1 << 30)
@@ -105,9 +110,9 @@ double qt_plan_auto_block_params(const qt_model_cfg *c);
 /* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
 const char *qt_plan_auto_describe(const qt_plan_choice *c);
 /* When no plan fits cfg (qt_plan_auto_enumerate's -1 with *n 0): appends to err the constraints that block
- * it, each with the plan the search finds when it alone is dropped — a planner key the config gives (as
- * `--set KEY=auto` does: the value kept, the key no longer given), perf.cuda_graphs true (as `--set
- * perf.cuda_graphs=false`) — with its GPU and host GiB and predicted tokens/s; where no single one frees
+ * it, each with the plan the search finds when it alone is dropped — a planner key the config gives, dropped
+ * as `--set KEY=auto` does (the value kept, the key no longer given) — with its GPU and host GiB and
+ * predicted tokens/s; where no single one frees
  * a plan, the fewest of them that together do (dropped all at once, then each kept again while a plan
  * still fits), else that none of them does. Every line is a real search (src/engine/plan_hint.c);
  * buf[QT_PLAN_AUTO_MAX] is scratch. */

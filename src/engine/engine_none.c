@@ -57,6 +57,11 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
     return p;
 }
 
+void qt_probe_free(qt_probe *pr, const qt_config *cfg) {
+    (void)cfg;
+    pr->gpu_free = 0;
+}
+
 size_t qt_plan_gpu_budget(const qt_config *cfg, const qt_probe *pr, char *what, size_t cap) {
     (void)cfg, (void)pr;
     snprintf(what, cap, "no GPU (%s)", QT_NO_CUDA);

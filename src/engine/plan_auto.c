@@ -48,13 +48,15 @@ static void set_gdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.gr
 #define OFF_WGQ (OFF_WG | QT_OFF_QUANTS)
 static int get_offw(const qt_config *c) { return c->memory.offload & OFF_WGQ; }
 static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~OFF_WGQ) | v; }
+static int get_cg(const qt_config *c) { return c->perf.cuda_graphs; }
+static void set_cg(qt_config *c, int v, int seqs) { (void)seqs, c->perf.cuda_graphs = v; }
 static int get_zero(const qt_config *c) { return c->parallel.zero; }
 static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, qt_config_set_zero(c, v); }
 
 /* Each axis lists its values in order of preference at equal predicted speed (the plainest first): a
  * tie keeps the earlier candidate. fp8_weight_cache is an axis only with fp8 matmuls, parallel.zero only
  * with several ranks (qt_plan_auto_enumerate narrows them). */
-enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_ORES, AX_WC, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_N };
+enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_ORES, AX_WC, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_CG, AX_N };
 static const plan_axis AXES[AX_N] = {
     {"data.micro_batch", 0, {0}, get_mb, set_mb},
     {"memory.recompute", 4, {0, QT_RC_SWIGLU | QT_RC_NORM, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK}, get_rc, set_rc},
@@ -70,6 +72,9 @@ static const plan_axis AXES[AX_N] = {
      * charges it half the copy bytes, but at 1.5B it measures no faster than [weights] (bench/RESULTS.md,
      * offload); a config that gives it keeps it (get_offw reads the bit) */
     {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw},
+    /* CUDA graphs first: the cost model does not charge the launches they save, so at equal predicted speed
+     * the plan with them wins; without them only where the plan refuses them (offloaded weights, ZeRO-3) */
+    {"perf.cuda_graphs", 2, {1, 0}, get_cg, set_cg},
 };
 
 /* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
@@ -205,6 +210,13 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
     printf("qtrain: probed %s: bf16 %.0f TFLOP/s, PCIe %.1f GB/s, HBM %.0f GB/s (cached in %s)\n", p.gpu,
            p.bf16_flops * 1e-12, p.pcie_bps * 1e-9, p.hbm_bps * 1e-9, path);
     return p;
+}
+
+void qt_probe_free(qt_probe *pr, const qt_config *cfg) {
+    int ngpu = qt_cuda_device_count(), devs[QT_COMM_MAX_RANKS];
+    char e[512];
+    int n = ngpu > 0 ? qt_plan_rank_devices(cfg, ngpu, devs, e, sizeof e) : 0;
+    pr->gpu_free = n > 0 ? qt_cuda_mem_free(devs, n) : 0;
 }
 
 size_t qt_plan_gpu_budget(const qt_config *cfg, const qt_probe *pr, char *what, size_t cap) {
@@ -345,6 +357,7 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
     cfg->precision.grad_accum_dtype = c->grad_accum_dtype;
     qt_config_set_zero(cfg, c->zero);
     cfg->memory.offload = (cfg->memory.offload & ~OFF_WGQ) | c->offload_bits;
+    cfg->perf.cuda_graphs = c->cuda_graphs;
     qt_config_set_offload(cfg, QT_OFF_OPTIMIZER, c->offload_optimizer);
     qt_config_set_offload(cfg, QT_OFF_RESIDUAL, c->offload_residual);
 }
@@ -391,6 +404,11 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
         redundant |= qt_config_zero3_check(&c, zerr, sizeof zerr) != 0; /* graphs, fp8 weight cache all: refused */
         redundant |= several && (((c.memory.offload & QT_OFF_WEIGHTS) && c.parallel.zero < 3) ||
                                  ((c.memory.offload & QT_OFF_GRADIENTS) && c.parallel.zero < 2)); /* setup.c refuses */
+        if (!redundant && ax[AX_CG].n == 2 && !c.perf.cuda_graphs) { /* a plan that allows CUDA graphs: with them only */
+            c.perf.cuda_graphs = 1;
+            redundant = qt_config_zero3_check(&c, zerr, sizeof zerr) == 0;
+            c.perf.cuda_graphs = 0;
+        }
         if (!redundant) {
             if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
             *n = 0;
@@ -405,7 +423,8 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                                               get_ores(&c), c.memory.fp8_weight_cache, c.precision.master_dtype,
                                               c.precision.grad_accum_dtype, c.parallel.zero, get_offw(&c), lossy(&c), count,
                                               rp.gpu_bytes, rp.host_bytes, s,
-                                              (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};
+                                              (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s,
+                                              c.perf.cuda_graphs};
                 count++;
             }
         }
@@ -469,12 +488,12 @@ const char *qt_plan_auto_describe(const qt_plan_choice *c) {
 static void print_choice(const char *tag, const qt_plan_choice *c, const qt_config *cfg) {
     char rc[64];
     printf("  %-6s micro_batch %2d x grad_accum %3d, recompute [%s], offload_optimizer %s, offload_residual %s, "
-           "fp8_weight_cache %s, lmhead_chunks %2d, attn_bwd_chunks %d, zero %d%s: %.2f GiB GPU, %.1f GiB host, "
+           "fp8_weight_cache %s, lmhead_chunks %2d, attn_bwd_chunks %d, zero %d, cuda_graphs %s%s: %.2f GiB GPU, %.1f GiB host, "
            "%.0f tokens/s predicted\n",
            tag, c->micro_batch, c->grad_accum, qt_act_recompute_names(qt_act_recompute_resolve(c->recompute), rc, sizeof rc),
            c->offload_optimizer ? "true" : "false", c->offload_residual ? "true" : "false",
            c->fp8_weight_cache == QT_FP8_WCACHE_NONE ? "none" : "all", c->lmhead_chunks, c->attn_bwd_chunks, c->zero,
-           offload_text(c),
+           c->cuda_graphs ? "true" : "false", offload_text(c),
            c->gpu_bytes / 1073741824.0, c->host_bytes / 1073741824.0, c->tokens_per_s);
     int chose = (c->master_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.master_dtype")) ||
                 (c->grad_accum_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.grad_accum_dtype"));

@@ -8,23 +8,19 @@
 
 #define MAX_CONSTRAINTS 16
 
-/* The constraints of cfg a hint may drop: the planner keys it gives, then perf.cuda_graphs when true. */
+/* The constraints of cfg a hint may drop: the planner keys it gives. */
 static int constraints(const qt_config *cfg, const char **keys) {
     int n = 0;
     const qt_config_key *k;
-    for (int i = 0; (k = qt_config_key_at(i)) && n < MAX_CONSTRAINTS - 1; i++)
+    for (int i = 0; (k = qt_config_key_at(i)) && n < MAX_CONSTRAINTS; i++)
         if (qt_config_plan_key(k->path) && qt_config_given(cfg, k->path)) keys[n++] = k->path;
-    if (cfg->perf.cuda_graphs) keys[n++] = "perf.cuda_graphs";
     return n;
 }
 
-/* cfg with the keys of mask dropped, as the --set each hint names does. */
+/* cfg with the keys of mask dropped, as `--set key=auto` does: the value kept, the key no longer given. */
 static void drop(qt_config *c, const char **keys, unsigned mask) {
-    for (int i = 0; keys[i]; i++) {
-        if (!(mask >> i & 1)) continue;
-        if (!strcmp(keys[i], "perf.cuda_graphs")) c->perf.cuda_graphs = 0;
-        else qt_config_ungive(c, keys[i]);
-    }
+    for (int i = 0; keys[i]; i++)
+        if (mask >> i & 1) qt_config_ungive(c, keys[i]);
 }
 
 /* " --set k=auto --set ..." for the keys of mask. */
@@ -33,7 +29,7 @@ static void sets_text(const char **keys, unsigned mask, char *out, size_t cap) {
     out[0] = 0;
     for (int i = 0; keys[i] && u < cap; i++)
         if (mask >> i & 1)
-            u += (size_t)snprintf(out + u, cap - u, " --set %s=%s", keys[i], strcmp(keys[i], "perf.cuda_graphs") ? "auto" : "false");
+            u += (size_t)snprintf(out + u, cap - u, " --set %s=auto", keys[i]);
 }
 
 /* The best plan of cfg with mask's keys dropped into *best: 1 when one fits. */
@@ -64,9 +60,8 @@ void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe
     qt_plan_choice b;
     for (int i = 0; i < n; i++) { /* each constraint alone */
         if (!search(L, cfg, keys, 1u << i, pr, buf, &b)) continue;
-        const qt_config_key *k = qt_config_key_find(keys[i]);
-        char v[128] = "true";
-        if (strcmp(keys[i], "perf.cuda_graphs")) qt_config_key_format(cfg, k, v, sizeof v);
+        char v[128];
+        qt_config_key_format(cfg, qt_config_key_find(keys[i]), v, sizeof v);
         snprintf(what, sizeof what, "%s: %s blocks it", keys[i], v);
         sets_text(keys, 1u << i, sets, sizeof sets);
         append(err, errlen, what, sets, &b);
@@ -76,8 +71,8 @@ void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe
     unsigned all = (1u << n) - 1, need = all;
     if (!n || !search(L, cfg, keys, all, pr, buf, &b)) {
         size_t u = strlen(err);
-        snprintf(err + u, errlen - u, "\n  %s", n ? "no plan fits with all of the config's planner keys and "
-                 "perf.cuda_graphs left to the planner either" : "the config gives none of the planner's keys");
+        snprintf(err + u, errlen - u, "\n  %s", n ? "no plan fits with all of the config's planner keys left "
+                 "to the planner either" : "the config gives none of the planner's keys");
         return;
     }
     for (int i = 0; i < n; i++) /* keep each constraint again while a plan still fits: the fewest to drop */
