@@ -182,5 +182,22 @@ def test_plan_budget(tmp):
     assert m and float(m.group(2)) <= 30, f"auto's plan does not keep to the 30 GiB cap:\n{r.stdout[:3000]}"
 
 
+def test_auto_default(tmp):
+    """memory.plan: auto is the default of a GPU run: a shipped config that leaves the memory keys out gets
+    the planner's choice; a CPU run takes its keys as given (no planner), and memory.plan: manual too."""
+    if cpu_only_build():
+        raise Skip("the CPU-only build plans no GPU run")
+    cfg = "configs/qwen2.5-0.5b-bf16.yaml"
+    r = qtrain("--plan", cfg, "--gpu-mem", "40", "--host-mem", "256")
+    assert r.returncode == 0 and re.search(r"^qtrain: memory.plan: auto: \d+ plans fit", r.stdout, re.M), r.stdout[:2000]
+    m = CHOSEN.search(r.stdout)
+    assert m and float(m.group(2)) <= 40, r.stdout[:2000]
+    assert re.search(rf"micro-batch {m.group(1).split()[1]} x 1024", r.stdout), "the plan printed is not the one chosen"
+    for extra in (("--set", "device=cpu"), ("--set", "memory.plan=manual", "--set", "data.micro_batch=8")):
+        r = qtrain("--plan", cfg, *extra, "--gpu-mem", "40", "--host-mem", "256")
+        assert r.returncode == 0 and "memory.plan: auto" not in r.stdout, f"{extra}: {r.stdout[:1500]}"
+        assert "micro-batch 8 x 1024, grad_accum 64" in r.stdout, f"{extra}: {r.stdout[:600]}"
+
+
 if __name__ == "__main__":
     sys.exit(run_tests(globals()))

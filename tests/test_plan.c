@@ -322,6 +322,41 @@ static void test_auto_choice(void) {
     qt_layout_free(&L);
 }
 
+/* The GPU budget is what is free on the GPU as the run starts less QT_PLAN_GPU_MARGIN, capped by
+ * memory.gpu_limit_gib (qt_plan_gpu_budget): with 24 GiB free (another process holding the rest of an 80 GiB
+ * card) and no limit, every plan auto offers fits 23 GiB; a limit under the free memory is the budget, one over
+ * it is not; unmeasured (no GPU), the limit, else the probe's memory less the margin. */
+static void test_gpu_budget_free(void) {
+    qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30, (size_t)24 << 30};
+    const size_t G = (size_t)1 << 30;
+    char err[1024], yaml[2048], what[192];
+    qt_config c;
+    snprintf(yaml, sizeof yaml, "%sgpu_limit_gib: 0}\n", B15);
+    QT_REQUIRE(load_cfg(&c, yaml, NULL) == 0, "config");
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 23 * G && strstr(what, "cudaMemGetInfo: 24.00 GiB") &&
+                  strstr(what, "1 GiB margin"), "24 GiB free: %s", what);
+    qt_layout L;
+    qt_weight_src src;
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    int n;
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < n; i++) QT_EXPECT(ch[i].gpu_bytes <= 23 * G, "a plan of %.2f GiB with 24 GiB free", ch[i].gpu_bytes / (double)G);
+    pr.gpu_free = 0; /* the same config planned for the card's 80 GiB takes more of it */
+    qt_plan_choice best;
+    QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0, "%s", err);
+    best = ch[0];
+    QT_EXPECT(best.gpu_bytes > 23 * G, "80 GiB: the fastest plan takes %.2f GiB", best.gpu_bytes / (double)G);
+    qt_layout_free(&L);
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 79 * G && strstr(what, "no free memory measured"), "%s", what);
+    c.memory.gpu_limit_gib = 10;
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 10 * G && !strcmp(what, "memory.gpu_limit_gib = 10"), "%s", what);
+    pr.gpu_free = (size_t)24 << 30;
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 10 * G && !strcmp(what, "memory.gpu_limit_gib = 10"), "%s", what);
+    c.memory.gpu_limit_gib = 40; /* the cap does not raise the budget over the free memory */
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 23 * G && strstr(what, "below memory.gpu_limit_gib"), "%s", what);
+}
+
 /* Qwen2.5-7B and -14B shapes, fp8, LLM.Q's setting (512 sequences of 1024 a step). */
 static const char B7[] =
     "model: {vocab_size: 152064, hidden_size: 3584, num_layers: 28, num_heads: 28, num_kv_heads: 4,\n"
@@ -966,6 +1001,7 @@ int main(void) {
     QT_RUN(test_host_limit_refused);
     QT_RUN(test_cpu_alloc_matches_plan);
     QT_RUN(test_auto_choice);
+    QT_RUN(test_gpu_budget_free);
     QT_RUN(test_auto_axes);
     QT_RUN(test_auto_lossy_hint);
     QT_RUN(test_auto_offload_only_faster);
