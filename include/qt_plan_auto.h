@@ -35,7 +35,7 @@ qt_probe qt_probe_default(void);
 /* The probe of GPU 0: read from <cache_dir>/probe-<name>.txt (the CLI passes ~/.cache/qtrain), else
  * (may_measure) measured — a 4096^3 bf16 GEMM, a 256 MiB pinned copy each way, a 256 MiB device copy;
  * fp8 = QT_PROBE_FP8_RATIO x bf16 — and written there (the directory and its parent are made); else, and without a
- * GPU, the defaults. */
+ * GPU or a cache_dir (NULL), the defaults. gpu_free is 0: qt_probe_free sets it. */
 qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
 #define QT_PLAN_AUTO_MAX 131072 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 14 (zero x
@@ -78,8 +78,12 @@ typedef struct {
 #define QT_PLAN_DUPLEX 0.5
 
 /* Sets pr->gpu_free: the least free memory over the GPUs cfg's ranks run on (qt_plan_rank_devices,
- * qt_cuda_mem_free); 0 without a visible GPU or with ranks that cannot be placed (the run says why later). */
+ * qt_cuda_mem_free); 0 on a CPU run, without a visible GPU or with ranks that cannot be placed (the run
+ * says why later). */
 void qt_probe_free(qt_probe *pr, const qt_config *cfg);
+/* 1 when memory.plan: auto plans this run: memory.plan auto (the default) and a GPU run (device: cuda, or
+ * auto with a CUDA device visible); a CPU run takes its keys as given. */
+int qt_plan_auto_wanted(const qt_config *cfg);
 /* Held back from the GPU's free memory: the library handles and modules loaded after the query (cuDNN,
  * cuBLASLt: about 0.5 GiB) and the small allocations the plan does not count. */
 #define QT_PLAN_GPU_MARGIN ((size_t)1 << 30)

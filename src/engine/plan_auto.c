@@ -179,7 +179,7 @@ static qt_probe measure(const char *name) {
 }
 
 qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
-    if (qt_cuda_device_count() == 0) return qt_probe_default();
+    if (qt_cuda_device_count() == 0 || !cache_dir) return qt_probe_default();
     struct cudaDeviceProp prop;
     QT_CUDA(cudaGetDeviceProperties(&prop, 0));
     char path[4200];
@@ -213,7 +213,7 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
 }
 
 void qt_probe_free(qt_probe *pr, const qt_config *cfg) {
-    int ngpu = qt_cuda_device_count(), devs[QT_COMM_MAX_RANKS];
+    int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count(), devs[QT_COMM_MAX_RANKS];
     char e[512];
     int n = ngpu > 0 ? qt_plan_rank_devices(cfg, ngpu, devs, e, sizeof e) : 0;
     pr->gpu_free = n > 0 ? qt_cuda_mem_free(devs, n) : 0;

@@ -182,12 +182,10 @@ int main(int argc, char **argv) {
     if (plan && host_mem > 0) cfg.memory.host_limit_gib = (float)host_mem;
     char cache[QT_PATH_MAX + 32]; /* the user's cache: the CLI's choice, passed to the library */
     snprintf(cache, sizeof cache, "%s/.cache/qtrain", o.home_dir && *o.home_dir ? o.home_dir : ".");
-    /* memory.plan: auto (the default) plans GPU runs; a CPU run takes the keys as given */
-    int gpu_run = cfg.device == QT_DEVICE_CUDA || (cfg.device == QT_DEVICE_AUTO && qt_cuda_device_count() > 0);
-    int auto_plan = cfg.memory.plan && gpu_run;
+    int auto_plan = qt_plan_auto_wanted(&cfg); /* the default on a GPU run */
     qt_probe probe = {0};
     if (auto_plan || plan) probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
-    if (gpu_run && !(plan && gpu_mem > 0)) qt_probe_free(&probe, &cfg); /* the budget: what is free as the run starts */
+    if (!(plan && gpu_mem > 0)) qt_probe_free(&probe, &cfg); /* the budget: what is free as the run starts */
     int no_fit = 0;
     if (auto_plan && qt_plan_auto(&cfg, &probe, err, sizeof err)) {
         fprintf(stderr, "qtrain: %s\n", err);
