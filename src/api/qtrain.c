@@ -90,7 +90,9 @@ qtrain_status qtrain_open(const qtrain_options *o, qtrain_trainer **out, char *e
     char which[QT_PATH_MAX + 64];
     qtrain_status st = load_config(&t->cfg, o, which, sizeof which, err, errlen);
     if (!st && qt_plan_auto_wanted(&t->cfg)) { /* memory.plan: auto on a GPU run, as the qtrain program does */
-        qt_probe pr = qt_probe_get(NULL, 0); /* the default rates: no cache and no probe from a library */
+        char cache[QT_PATH_MAX + 32]; /* the probe the qtrain program cached (nothing is measured here) */
+        snprintf(cache, sizeof cache, "%s/.cache/qtrain", o->home_dir ? o->home_dir : "");
+        qt_probe pr = qt_probe_get(o->home_dir && *o->home_dir ? cache : NULL, 0);
         qt_probe_free(&pr, &t->cfg);
         if (qt_plan_auto(&t->cfg, &pr, err, errlen)) st = QTRAIN_ERR_CONFIG;
     }
