@@ -35,7 +35,7 @@ qt_probe qt_probe_default(void);
 /* The probe of GPU 0: read from <cache_dir>/probe-<name>.txt (the CLI passes ~/.cache/qtrain), else
  * (may_measure) measured — a 4096^3 bf16 GEMM, a 256 MiB pinned copy each way, a 256 MiB device copy;
  * fp8 = QT_PROBE_FP8_RATIO x bf16 — and written there (the directory and its parent are made); else, and without a
- * GPU or a cache_dir (NULL), the defaults. gpu_free is 0: qt_probe_free sets it. */
+ * GPU or a cache_dir (NULL), the defaults. gpu_free is 0: qt_probe_free_memory sets it. */
 qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
 #define QT_PLAN_AUTO_MAX 131072 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 14 (zero x
@@ -80,7 +80,7 @@ typedef struct {
 /* Sets pr->gpu_free: the least free memory over the GPUs cfg's ranks run on (qt_plan_rank_devices,
  * qt_cuda_mem_free); 0 on a CPU run, without a visible GPU or with ranks that cannot be placed (the run
  * says why later). */
-void qt_probe_free(qt_probe *pr, const qt_config *cfg);
+void qt_probe_free_memory(qt_probe *pr, const qt_config *cfg);
 /* 1 when memory.plan: auto plans this run: memory.plan auto (the default) and a GPU run (device: cuda, or
  * auto with a CUDA device visible); a CPU run takes its keys as given. */
 int qt_plan_auto_wanted(const qt_config *cfg);
@@ -89,8 +89,8 @@ int qt_plan_auto_wanted(const qt_config *cfg);
 #define QT_PLAN_GPU_MARGIN ((size_t)1 << 30)
 /* The GPU budget per GPU that memory.plan: auto plans for: pr->gpu_free less QT_PLAN_GPU_MARGIN, capped by
  * memory.gpu_limit_gib; without a measured free memory the limit, else pr->gpu_bytes less the margin. *what
- * names where it came from ("memory.gpu_limit_gib = 24", "free on the GPU (cudaMemGetInfo: 23.48 GiB) less
- * the 1 GiB margin", ...). */
+ * names where it came from ("memory.gpu_limit_gib = 24", "free on the GPU now (cudaMemGetInfo: 23.48 GiB)
+ * less a 1 GiB margin", ...). */
 size_t qt_plan_gpu_budget(const qt_config *cfg, const qt_probe *pr, char *what, size_t cap);
 
 /* Every candidate that fits, fastest first, in out[cap] (their count in *n); *lossy_out (may be NULL): the

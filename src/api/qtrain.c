@@ -93,7 +93,7 @@ qtrain_status qtrain_open(const qtrain_options *o, qtrain_trainer **out, char *e
         char cache[QT_PATH_MAX + 32]; /* the probe the qtrain program cached (nothing is measured here) */
         snprintf(cache, sizeof cache, "%s/.cache/qtrain", o->home_dir ? o->home_dir : "");
         qt_probe pr = qt_probe_get(o->home_dir && *o->home_dir ? cache : NULL, 0);
-        qt_probe_free(&pr, &t->cfg);
+        qt_probe_free_memory(&pr, &t->cfg);
         if (qt_plan_auto(&t->cfg, &pr, err, errlen)) st = QTRAIN_ERR_CONFIG;
     }
     if (st) {

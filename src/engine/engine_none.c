@@ -57,7 +57,7 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
     return p;
 }
 
-void qt_probe_free(qt_probe *pr, const qt_config *cfg) {
+void qt_probe_free_memory(qt_probe *pr, const qt_config *cfg) {
     (void)cfg;
     pr->gpu_free = 0;
 }

@@ -212,7 +212,7 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
     return p;
 }
 
-void qt_probe_free(qt_probe *pr, const qt_config *cfg) {
+void qt_probe_free_memory(qt_probe *pr, const qt_config *cfg) {
     int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count(), devs[QT_COMM_MAX_RANKS];
     char e[512];
     int n = ngpu > 0 ? qt_plan_rank_devices(cfg, ngpu, devs, e, sizeof e) : 0;

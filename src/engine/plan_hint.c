@@ -45,10 +45,11 @@ static int search(const qt_layout *L, const qt_config *cfg, const char **keys, u
     return 1;
 }
 
-static void append(char *err, size_t errlen, const char *fmt_keys, const char *sets, const qt_plan_choice *b) {
+/* Appends "\n  <what>; with <sets>: <the plan>" to err. */
+static void append(char *err, size_t errlen, const char *what, const char *sets, const qt_plan_choice *b) {
     size_t u = strlen(err);
     if (u + 1 >= errlen) return;
-    snprintf(err + u, errlen - u, "\n  %s; with%s: %.2f GiB GPU, %.1f GiB host, %.0f tokens/s predicted (%s)", fmt_keys, sets,
+    snprintf(err + u, errlen - u, "\n  %s; with%s: %.2f GiB GPU, %.1f GiB host, %.0f tokens/s predicted (%s)", what, sets,
              b->gpu_bytes / 1073741824.0, b->host_bytes / 1073741824.0, b->tokens_per_s, qt_plan_auto_describe(b));
 }
 

@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
     int auto_plan = qt_plan_auto_wanted(&cfg); /* the default on a GPU run */
     qt_probe probe = {0};
     if (auto_plan || plan) probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
-    if (!(plan && gpu_mem > 0)) qt_probe_free(&probe, &cfg); /* the budget: what is free as the run starts */
+    if (!(plan && gpu_mem > 0)) qt_probe_free_memory(&probe, &cfg); /* the budget: what is free as the run starts */
     int no_fit = 0;
     if (auto_plan && qt_plan_auto(&cfg, &probe, err, sizeof err)) {
         fprintf(stderr, "qtrain: %s\n", err);
