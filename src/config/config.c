@@ -413,10 +413,10 @@ static int offload_check(ctx *x) {
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
     if (offload_check(x)) return -1;
-    const qt_config_key *k;
-    for (int i = 0; !c->memory.plan && (k = qt_config_key_at(i)); i++) /* a planner key still auto (no later --set value) */
-        if (qt_config_plan_key(k->path) && given(x->at[i]) && i < (int)sizeof c->given && !c->given[i])
-            return fail(x, x->at[i], k->path, "expected a value: auto leaves the key to memory.plan: auto, and memory.plan is manual");
+    const qt_config_key *pk;
+    for (int i = 0; !c->memory.plan && (pk = qt_config_key_at(i)); i++) /* a planner key still auto (no later --set value) */
+        if (qt_config_plan_key(pk->path) && given(x->at[i]) && i < (int)sizeof c->given && !c->given[i])
+            return fail(x, x->at[i], pk->path, "expected a value: auto leaves the key to memory.plan: auto, and memory.plan is manual");
     if ((c->hf_config[0] || c->init.from[0]) && c->model_inline) {
         const qt_config_key *k = qt_config_key_at(x->first_inline);
         char v[QT_KEY_TEXT_MAX];
