@@ -125,6 +125,7 @@ int main(int argc, char **argv) {
     cfg.device = QT_DEVICE_CUDA;
     if (cfg.memory.plan) { /* memory.plan: auto chooses the keys the config leaves open, as the qtrain program does */
         qt_probe probe = qt_probe_get("build/probe-cache", 1);
+        qt_probe_free_memory(&probe, &cfg); /* the budget: the GPU's free memory as the bench starts */
         if (qt_plan_auto(&cfg, &probe, err, sizeof err)) {
             fprintf(stderr, "train_bench: %s\n", err);
             return 1;

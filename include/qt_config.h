@@ -207,6 +207,8 @@ int qt_config_offload_quants(const qt_config *c);
 int qt_config_derived_key(const char *path);
 /* 1 when the config file or a --set gave key path (not its default). */
 int qt_config_given(const qt_config *c, const char *path);
+/* Marks key path as not given, its value kept: what `--set path=auto` does to a planner key. */
+void qt_config_ungive(qt_config *c, const char *path);
 /* Fills every field with its default. */
 void qt_config_defaults(qt_config *c);
 /* Loads path over the defaults, then applies overrides ("optim.lr=3e-4"; the value is parsed as a

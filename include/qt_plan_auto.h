@@ -23,7 +23,9 @@ typedef struct {
     double fp8_flops;    /* e4m3 rate */
     double hbm_bps;      /* device memory bandwidth, bytes/s */
     double pcie_bps;     /* pinned host <-> device copy bandwidth, bytes/s (the slower direction) */
-    size_t gpu_bytes;    /* the GPU's memory (the cap when memory.gpu_limit_gib is 0) */
+    size_t gpu_bytes;    /* the GPU's memory (the budget when no free memory was measured) */
+    size_t gpu_free;     /* free on the run's GPUs as it starts (qt_cuda_mem_free; 0: not measured: no GPU
+                          * visible, or --plan --gpu-mem); set by the caller, never cached */
 } qt_probe;
 
 /* e4m3 over bf16 matmul rate: gemm_bench's 8192^3 on the H100 (1519.9 / 805.9 TFLOP/s, bench/RESULTS.md). */
@@ -33,13 +35,14 @@ qt_probe qt_probe_default(void);
 /* The probe of GPU 0: read from <cache_dir>/probe-<name>.txt (the CLI passes ~/.cache/qtrain), else
  * (may_measure) measured — a 4096^3 bf16 GEMM, a 256 MiB pinned copy each way, a 256 MiB device copy;
  * fp8 = QT_PROBE_FP8_RATIO x bf16 — and written there (the directory and its parent are made); else, and without a
- * GPU, the defaults. */
+ * GPU or a cache_dir (NULL), the defaults. gpu_free is 0: qt_probe_free_memory sets it. */
 qt_probe qt_probe_get(const char *cache_dir, int may_measure);
 
 #define QT_PLAN_AUTO_MAX 131072 /* the candidates that fit: at most 7 x 4 x 2 x 5 x 3 x 2^3 x 14 (zero x
                                  * grad_accum_dtype x offload items: 2 with zero 1, 2 x 2 with zero 2 (none,
                                  * gradients), 2 x 4 with zero 3) = 94,080 with several ranks; one GPU:
-                                 * 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused */
+                                 * 7 x 4 x 2 x 5 x 3 x 2^4 x 4 offload items, less those refused (perf.cuda_graphs
+                                 * adds none: a plan that allows graphs is a candidate with them only) */
 
 typedef struct {
     int micro_batch, grad_accum, recompute, offload_optimizer, lmhead_chunks, attn_bwd_chunks;
@@ -49,6 +52,7 @@ typedef struct {
     int order;  /* enumeration order: at equal speed the plainer plan (the axes' earlier values) first */
     size_t gpu_bytes, host_bytes;
     double step_s, tokens_per_s; /* predicted */
+    int cuda_graphs;     /* perf.cuda_graphs: on wherever the plan allows it (not with offloaded weights, ZeRO-3) */
 } qt_plan_choice;
 
 /* A predicted step's parts, seconds (see the top of this header), and the PCIe bytes behind them. */
@@ -73,10 +77,27 @@ typedef struct {
  * 14B run at 24 GiB by 21%; 0.5 holds all 24 measured rows within 15%. */
 #define QT_PLAN_DUPLEX 0.5
 
+/* Sets pr->gpu_free: the least free memory over the GPUs cfg's ranks run on (qt_plan_rank_devices,
+ * qt_cuda_mem_free); 0 on a CPU run, without a visible GPU or with ranks that cannot be placed (the run
+ * says why later). */
+void qt_probe_free_memory(qt_probe *pr, const qt_config *cfg);
+/* 1 when memory.plan: auto plans this run: memory.plan auto (the default) and a GPU run (device: cuda, or
+ * auto with a CUDA device visible); a CPU run takes its keys as given. */
+int qt_plan_auto_wanted(const qt_config *cfg);
+/* Held back from the GPU's free memory: the library handles and modules loaded after the query (cuDNN,
+ * cuBLASLt: about 0.5 GiB) and the small allocations the plan does not count. */
+#define QT_PLAN_GPU_MARGIN ((size_t)1 << 30)
+/* The GPU budget per GPU that memory.plan: auto plans for: pr->gpu_free less QT_PLAN_GPU_MARGIN, capped by
+ * memory.gpu_limit_gib; without a measured free memory the limit, else pr->gpu_bytes less the margin. *what
+ * names where it came from ("memory.gpu_limit_gib = 24", "free on the GPU now (cudaMemGetInfo: 23.48 GiB)
+ * less a 1 GiB margin", ...). */
+size_t qt_plan_gpu_budget(const qt_config *cfg, const qt_probe *pr, char *what, size_t cap);
+
 /* Every candidate that fits, fastest first, in out[cap] (their count in *n); *lossy_out (may be NULL): the
  * fastest plan left out for its numerics (bf16 master weights or gradients where a plan with fewer of them
- * fits; tokens_per_s 0 when there is none). 0, or -1 with err when none fits (naming the smallest
- * candidate's total and the limit) or a plan cannot be made. */
+ * fits; tokens_per_s 0 when there is none). 0, or -1 with err when none fits (*n 0; err names the smallest
+ * candidate's total and the budget) or a plan cannot be made (*n -1). The GPU budget: qt_plan_gpu_budget;
+ * the host's: qt_plan_host_limit. */
 int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
                            int *n, qt_plan_choice *lossy_out, char *err, size_t errlen);
 /* qt_plan_auto prints a NOTE naming the plan left out for its numerics when it predicts more than
@@ -90,6 +111,17 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
 /* The block matmul weights (Wqkv, Wo, the three FFN matrices of every layer): what
  * memory.fp8_weight_cache none quantizes again per pass. */
 double qt_plan_auto_block_params(const qt_model_cfg *c);
+/* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
+const char *qt_plan_auto_describe(const qt_plan_choice *c);
+/* When no plan fits cfg (qt_plan_auto_enumerate's -1 with *n 0): appends to err the constraints that block
+ * it, each with the plan the search finds when it alone is dropped — a planner key the config gives, dropped
+ * as `--set KEY=auto` does (the value kept, the key no longer given) — with its GPU and host GiB and
+ * predicted tokens/s; where no single one frees
+ * a plan, the fewest of them that together do (dropped all at once, then each kept again while a plan
+ * still fits), else that none of them does. Every line is a real search (src/engine/plan_hint.c);
+ * buf[QT_PLAN_AUTO_MAX] is scratch. */
+void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *buf, char *err,
+                        size_t errlen);
 /* Writes choice c into cfg's keys. */
 void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c);
 /* memory.plan: auto: enumerate, print the choice with its prediction and the next two, apply it to cfg.

@@ -42,7 +42,9 @@ int qt_plan_check(const qt_run_plan *rp, size_t gpu_limit, const char *gpu_what,
 /* Prints the rows and totals (stdout). */
 void qt_plan_print(const qt_run_plan *rp);
 /* `qtrain --plan`: the plan of cfg printed (no GPU needed, nothing allocated) and checked against
- * gpu_gib / host_gib (> 0: --gpu-mem / --host-mem), else the config's limits; on a GPU plan also the cost
+ * gpu_gib / host_gib (> 0: --gpu-mem / --host-mem), else the budgets a run plans for, each printed with
+ * where it came from (qt_plan_gpu_budget: the free memory pr->gpu_free less the margin, capped by
+ * memory.gpu_limit_gib; qt_plan_host_limit: memory.host_limit_gib, else MemAvailable); on a GPU plan also the cost
  * model's step on pr (qt_plan_auto_cost_parts: compute, the PCIe bytes beside it and serial). 0 fits, 1
  * does not (err says why: total, limit, biggest items), -1 the config cannot be planned (err). */
 int qt_plan_report(const qt_config *cfg, const qt_probe *pr, double gpu_gib, double host_gib, char *err, size_t errlen);

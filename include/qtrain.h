@@ -62,7 +62,10 @@ typedef struct {
 } qtrain_options;
 
 /* Creates a trainer. *out is NULL on failure, with the message in err (errlen >= 1024 advised). The
- * trainer's data loader opens data.train when it is set; when it is "", every step needs tokens. */
+ * trainer's data loader opens data.train when it is set; when it is "", every step needs tokens. On a GPU
+ * run memory.plan: auto (the default) chooses the keys the config leaves open, as the qtrain program
+ * does, for the GPU's free memory, ranking plans with the rates the qtrain program probed and cached in
+ * <home_dir>/.cache/qtrain, else the default ones (nothing is measured here). */
 qtrain_status qtrain_open(const qtrain_options *o, qtrain_trainer **out, char *err, size_t errlen);
 /* Waits for a checkpoint write in flight, releases the run directory, frees everything. Returns
  * QTRAIN_ERR_CHECKPOINT with err (may be NULL) when that last write or the log failed; the trainer

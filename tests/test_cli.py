@@ -75,11 +75,16 @@ def total(out, name):
     return float(m.group(1))
 
 
+# The 7B config's rows as a hand-made plan: memory.plan manual, the memory keys of test_stores' 7B table.
+MANUAL_7B = ("--set", "memory.plan=manual", "--set", "data.micro_batch=8", "--set", "memory.offload_optimizer=true",
+             "--set", "memory.recompute=[ffn,norm]", "--set", "memory.lmhead_chunks=4", "--set", "perf.cuda_graphs=true")
+
+
 def test_plan(tmp):
     """--plan without a GPU: every row with its place, totals that are the rows' sums, exit 0 when it fits
     the limits given, 3 with the total, the limit and the biggest items when not; --set applies."""
     cfg = "configs/qwen2.5-7b-fp8.yaml"
-    r = qtrain("--plan", cfg, "--gpu-mem", "80", "--host-mem", "256")
+    r = qtrain("--plan", cfg, *MANUAL_7B, "--gpu-mem", "80", "--host-mem", "256")
     if cpu_only_build():  # the GPU rows are the GPU model's own code, left out of this build
         assert r.returncode == 1 and "built without CUDA: rebuild with the CUDA toolkit" in r.stderr, r.stderr
         raise Skip("the CPU-only build plans no GPU run (and says so)")
@@ -98,21 +103,100 @@ def test_plan(tmp):
     # 7B with the optimizer offloaded: 2 + 4 bytes per parameter of weights and gradients on the GPU
     assert abs(dict((k, b) for k, b, _ in rows)["gradients (fp32)"] - 7615616512 * 4 / 2**20) < 1
     assert "GPU per device" in r.stdout and "--gpu-mem 80: fits" in r.stdout and "--host-mem 256: fits" in r.stdout
-    r = qtrain("--plan", cfg, "--gpu-mem", "24", "--host-mem", "64")
+    r = qtrain("--plan", cfg, *MANUAL_7B, "--gpu-mem", "24", "--host-mem", "64")
     assert r.returncode == 3, f"exit {r.returncode}, expected 3 (does not fit)"
     assert "--gpu-mem 24: does not fit" in r.stdout and "--host-mem 64: does not fit" in r.stdout, r.stdout
     assert re.search(r"the GPU memory plan needs \d+\.\d\d GiB \(the CUDA context not counted\) but --gpu-mem 24 "
                      r"allows 24\.00 GiB; biggest items: gradients \(fp32\)", r.stderr), r.stderr
     # the config's own limit applies without --gpu-mem; --set changes the plan
-    r = qtrain("--plan", cfg, "--set", "memory.gpu_limit_gib=24", "--host-mem", "256")
+    r = qtrain("--plan", cfg, *MANUAL_7B, "--set", "memory.gpu_limit_gib=24", "--host-mem", "256")
     assert r.returncode == 3 and "memory.gpu_limit_gib = 24" in r.stderr, r.stderr
-    r2 = qtrain("--plan", cfg, "--set", "data.micro_batch=1", "--gpu-mem", "80", "--host-mem", "256")
+    r2 = qtrain("--plan", cfg, *MANUAL_7B, "--set", "data.micro_batch=1", "--gpu-mem", "80", "--host-mem", "256")
     assert r2.returncode == 0 and total(r2.stdout, "arena total") < arena - 1000, "micro_batch 1 should shrink the arena"
     r = qtrain("--plan", "configs/tiny-cpu.yaml", "--set", "device=cpu")
     assert r.returncode == 0 and "weights, gradients, m, v (fp32)" in r.stdout and "no GPU used" in r.stdout, r.stdout
     for bad in (["--gpu-mem"], ["--gpu-mem", "0"], ["--host-mem", "x"]):
         r = qtrain("--plan", cfg, *bad)
         assert r.returncode == 2 and "expected a size in GiB" in r.stderr, f"{bad}: exit {r.returncode} {r.stderr}"
+
+
+
+HINT = re.compile(r"^  (.+) blocks? it(?: \(none alone\))?; with((?: --set \S+=auto)+): (\d+\.\d\d) GiB GPU, "
+                  r"(\d+\.\d) GiB host, (\d+) tokens/s predicted \((micro_batch \d+ x grad_accum \d+), ", re.M)
+CHOSEN = re.compile(r"^  chosen (micro_batch +\d+ x grad_accum +\d+), .*: (\d+\.\d\d) GiB GPU, (\d+\.\d) GiB host, "
+                    r"(\d+) tokens/s predicted$", re.M)
+
+
+def test_plan_hints(tmp):
+    """memory.plan: auto (the default) that finds no plan under the config's keys: `--plan` exits 3 and names
+    the keys that block it, each with the plan the search finds without it; every hint equals what a real
+    `--plan` with the hint's --set prints as its chosen plan (micro-batch, GPU and host GiB, tokens/s), and
+    that plan fits. The shipped 7B and 14B configs at 24 / 16 / 12 GiB, with the hand-made 7B plan's keys
+    (and CUDA graphs) as the constraints, and 7B bf16 with CUDA graphs and the optimizer state on the GPU (two keys
+    that block it together at 16 and 12 GiB); budgets given, so no GPU is needed."""
+    if cpu_only_build():
+        raise Skip("the CPU-only build plans no GPU run")
+    cases = [("configs/qwen2.5-7b-fp8.yaml", MANUAL_7B[2:]), ("configs/qwen2.5-14b-fp8.yaml", MANUAL_7B[2:]),
+             ("configs/qwen2.5-7b-bf16.yaml", ("--set", "perf.cuda_graphs=true", "--set", "memory.offload_optimizer=false"))]
+    checked = 0
+    for cfg, keys in cases:
+        for gib in ("24", "16", "12"):
+            budget = ("--gpu-mem", gib, "--host-mem", "256")
+            r = qtrain("--plan", cfg, *keys, *budget)
+            assert r.returncode == 3, f"{cfg} at {gib} GiB: exit {r.returncode}, expected 3 (no plan under the keys)\n{r.stderr}"
+            assert "memory.plan: auto: no plan fits" in r.stderr, r.stderr
+            hints = HINT.findall(r.stderr)
+            assert hints, f"{cfg} at {gib} GiB: no hint in\n{r.stderr}"
+            for names, sets, gpu, host, tps, mb in hints:
+                for key in re.findall(r"--set (\S+)=auto", sets):  # every key a hint drops is one the config gave
+                    assert key in " ".join(keys), f"{cfg}: the hint drops {key}, which the config does not give"
+                r2 = qtrain("--plan", cfg, *keys, *sets.split(), *budget)
+                assert r2.returncode == 0, f"{cfg} at {gib} GiB with{sets}: exit {r2.returncode}\n{r2.stderr[-1500:]}"
+                m = CHOSEN.search(r2.stdout)
+                assert m, f"no chosen plan in\n{r2.stdout[:2000]}"
+                got = (re.sub(r" +", " ", m.group(1)), m.group(2), m.group(3), m.group(4))
+                assert got == (mb, gpu, host, tps), f"{cfg} at {gib} GiB, hint '{names}': {(mb, gpu, host, tps)}, " \
+                    f"--plan with{sets}: {got}"
+                assert float(gpu) <= float(gib), f"{cfg}: the hint's plan {gpu} GiB does not fit {gib} GiB"
+                checked += 1
+    print(f"{checked} hints held to the --plan of their change")
+
+
+def test_plan_budget(tmp):
+    """--plan without --gpu-mem / --host-mem names the budgets it checked against and where they come from:
+    the GPU's (free memory less the margin, or without a GPU the probe's memory less it, capped by
+    memory.gpu_limit_gib) and the host's (memory.host_limit_gib, else MemAvailable)."""
+    if cpu_only_build():
+        raise Skip("the CPU-only build plans no GPU run")
+    r = qtrain("--plan", "configs/qwen2.5-0.5b-bf16.yaml")
+    assert re.search(r"^  GPU budget \d+\.\d\d GiB per GPU: (free on the GPU now \(cudaMemGetInfo: \d+\.\d\d GiB\) less "
+                     r"a 1 GiB margin|the GPU's \d+\.\d GiB \(.*; no free memory measured\) less a 1 GiB margin)$",
+                     r.stdout, re.M), r.stdout[:3000]
+    assert re.search(r"^  host budget \d+\.\d\d GiB: MemAvailable \(/proc/meminfo", r.stdout, re.M), r.stdout[:3000]
+    r = qtrain("--plan", "configs/qwen2.5-0.5b-bf16.yaml", "--set", "memory.gpu_limit_gib=30", "--set",
+               "memory.host_limit_gib=100")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^  GPU budget 30\.00 GiB per GPU: memory\.gpu_limit_gib = 30$", r.stdout, re.M), r.stdout[:3000]
+    assert re.search(r"^  host budget 100\.00 GiB: memory\.host_limit_gib = 100$", r.stdout, re.M), r.stdout[:3000]
+    m = CHOSEN.search(r.stdout)
+    assert m and float(m.group(2)) <= 30, f"auto's plan does not keep to the 30 GiB cap:\n{r.stdout[:3000]}"
+
+
+def test_auto_default(tmp):
+    """memory.plan: auto is the default of a GPU run: a shipped config that leaves the memory keys out gets
+    the planner's choice; a CPU run takes its keys as given (no planner), and memory.plan: manual too."""
+    if cpu_only_build():
+        raise Skip("the CPU-only build plans no GPU run")
+    cfg = "configs/qwen2.5-0.5b-bf16.yaml"
+    r = qtrain("--plan", cfg, "--gpu-mem", "40", "--host-mem", "256")
+    assert r.returncode == 0 and re.search(r"^qtrain: memory.plan: auto: \d+ plans fit", r.stdout, re.M), r.stdout[:2000]
+    m = CHOSEN.search(r.stdout)
+    assert m and float(m.group(2)) <= 40, r.stdout[:2000]
+    assert re.search(rf"micro-batch {m.group(1).split()[1]} x 1024", r.stdout), "the plan printed is not the one chosen"
+    for extra in (("--set", "device=cpu"), ("--set", "memory.plan=manual", "--set", "data.micro_batch=8")):
+        r = qtrain("--plan", cfg, *extra, "--gpu-mem", "40", "--host-mem", "256")
+        assert r.returncode == 0 and "memory.plan: auto" not in r.stdout, f"{extra}: {r.stdout[:1500]}"
+        assert "micro-batch 8 x 1024, grad_accum 64" in r.stdout, f"{extra}: {r.stdout[:600]}"
 
 
 if __name__ == "__main__":

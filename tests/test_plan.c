@@ -250,7 +250,7 @@ static const char B15[] =
  * come fastest first, the tokens per step are kept, a given key is a constraint, the cost model charges
  * recompute FLOPs and the offload's PCIe bytes, and a cap nothing fits is refused naming the smallest. */
 static void test_auto_choice(void) {
-    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30, 0};
     static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
     static qt_run_plan rp;
     char err[1024], yaml[2048];
@@ -322,6 +322,41 @@ static void test_auto_choice(void) {
     qt_layout_free(&L);
 }
 
+/* The GPU budget is what is free on the GPU as the run starts less QT_PLAN_GPU_MARGIN, capped by
+ * memory.gpu_limit_gib (qt_plan_gpu_budget): with 24 GiB free (another process holding the rest of an 80 GiB
+ * card) and no limit, every plan auto offers fits 23 GiB; a limit under the free memory is the budget, one over
+ * it is not; unmeasured (no GPU), the limit, else the probe's memory less the margin. */
+static void test_gpu_budget_free(void) {
+    qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30, (size_t)24 << 30};
+    const size_t G = (size_t)1 << 30;
+    char err[1024], yaml[2048], what[192];
+    qt_config c;
+    snprintf(yaml, sizeof yaml, "%sgpu_limit_gib: 0}\n", B15);
+    QT_REQUIRE(load_cfg(&c, yaml, NULL) == 0, "config");
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 23 * G && strstr(what, "cudaMemGetInfo: 24.00 GiB") &&
+                  strstr(what, "1 GiB margin"), "24 GiB free: %s", what);
+    qt_layout L;
+    qt_weight_src src;
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    int n;
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < n; i++) QT_EXPECT(ch[i].gpu_bytes <= 23 * G, "a plan of %.2f GiB with 24 GiB free", ch[i].gpu_bytes / (double)G);
+    pr.gpu_free = 0; /* the same config planned for the card's 80 GiB takes more of it */
+    qt_plan_choice best;
+    QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &pr, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0, "%s", err);
+    best = ch[0];
+    QT_EXPECT(best.gpu_bytes > 23 * G, "80 GiB: the fastest plan takes %.2f GiB", best.gpu_bytes / (double)G);
+    qt_layout_free(&L);
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 79 * G && strstr(what, "no free memory measured"), "%s", what);
+    c.memory.gpu_limit_gib = 10;
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 10 * G && !strcmp(what, "memory.gpu_limit_gib = 10"), "%s", what);
+    pr.gpu_free = (size_t)24 << 30;
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 10 * G && !strcmp(what, "memory.gpu_limit_gib = 10"), "%s", what);
+    c.memory.gpu_limit_gib = 40; /* the cap does not raise the budget over the free memory */
+    QT_EXPECT(qt_plan_gpu_budget(&c, &pr, what, sizeof what) == 23 * G && strstr(what, "below memory.gpu_limit_gib"), "%s", what);
+}
+
 /* Qwen2.5-7B and -14B shapes, fp8, LLM.Q's setting (512 sequences of 1024 a step). */
 static const char B7[] =
     "model: {vocab_size: 152064, hidden_size: 3584, num_layers: 28, num_heads: 28, num_kv_heads: 4,\n"
@@ -337,7 +372,7 @@ static const char B14[] =
 /* memory.plan: auto over model + extra (the data, memory and parallel keys): *best the fastest plan that
  * fits, *n their count; every candidate is checked against the given keys. -1 when none fits. */
 static int auto_pick_lossy(const char *model, const char *extra, qt_plan_choice *best, int *n, qt_plan_choice *lossy) {
-    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30, 0};
     static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
     qt_config c;
     qt_layout L;
@@ -498,7 +533,7 @@ static void test_auto_offload_only_faster(void) {
 /* The charges of the new axes: residual offload's PCIe bytes, fp8_weight_cache none's quantize passes,
  * ZeRO-3's weight gathers, the offloaded weights' copies, gradient sums through host memory. */
 static void test_auto_axes_cost(void) {
-    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30};
+    const qt_probe pr = {"test", 400e12, 640e12, 2e12, 25e9, (size_t)80 << 30, 0};
     qt_config a, b;
     qt_layout L;
     qt_weight_src src;
@@ -731,17 +766,34 @@ static void test_attention_ws_estimate(void) {
 /* An H200's rates for the measured runs below: the copy rates session 17's probe printed, the bf16 matmul rate
  * of train_bench's random-data ceilings (the probe then multiplied zeros: 810) */
 static const qt_probe H200_RATES = {"H200 (bf16: random-data ceiling)", 690e12, QT_PROBE_FP8_RATIO * 690e12, 4110e9, 55.3e9,
-                                    (size_t)140 << 30};
+                                    (size_t)140 << 30, 0};
 
 /* The cost model's tokens/s (all ranks') for `path` with the --set keys set[0..) (NULL-ended, at most cap) on pr;
  * *c gets the config. -1 when the config or the layout fails (err). */
 static double predicted(const char *path, const char *const *set, int cap, const qt_probe *pr, qt_config *c, char *err,
                         size_t errlen) {
+    /* The micro-batch and memory keys of the plan each shipped config ran when these rows were measured (the
+     * configs leave them to memory.plan: auto): set first, so that a row's own keys override them. */
+    static const struct { const char *path, *set[6]; } measured_plan[] = {
+        {"configs/qwen2.5-0.5b-bf16.yaml", {"data.micro_batch=32", "data.grad_accum=16", "memory.lmhead_chunks=4"}},
+        {"configs/qwen2.5-0.5b-fp8.yaml", {"data.micro_batch=32", "data.grad_accum=16", "memory.lmhead_chunks=4"}},
+        {"configs/qwen2.5-1.5b-fp8.yaml", {"data.micro_batch=16", "data.grad_accum=32", "memory.lmhead_chunks=1"}},
+        {"configs/qwen2.5-3b-bf16.yaml",
+         {"data.micro_batch=16", "data.grad_accum=32", "memory.lmhead_chunks=1", "memory.offload_optimizer=true"}},
+        {"configs/qwen2.5-7b-fp8.yaml", {"data.micro_batch=8", "data.grad_accum=64", "memory.lmhead_chunks=4",
+                                         "memory.offload_optimizer=true", "memory.recompute=[ffn,norm]"}},
+        {"configs/qwen2.5-14b-fp8.yaml", {"data.micro_batch=4", "data.grad_accum=128", "memory.lmhead_chunks=4",
+                                          "memory.offload_optimizer=true", "memory.recompute=[ffn,norm]",
+                                          "memory.fp8_weight_cache=none"}},
+    };
+    const char *all[32];
+    int n = 0;
+    for (size_t i = 0; i < sizeof measured_plan / sizeof *measured_plan; i++)
+        for (int j = 0; !strcmp(measured_plan[i].path, path) && j < 6 && measured_plan[i].set[j]; j++) all[n++] = measured_plan[i].set[j];
+    for (int i = 0; i < cap && set[i] && n < 32; i++) all[n++] = set[i];
     qt_layout L;
     qt_weight_src src;
-    int n = 0;
-    while (n < cap && set[n]) n++;
-    if (qt_config_load(c, path, set, n, err, errlen) || qt_model_layout(c, &L, &src, err, errlen)) return -1;
+    if (qt_config_load(c, path, all, n, err, errlen) || qt_model_layout(c, &L, &src, err, errlen)) return -1;
     int ranks = c->parallel.devices.n ? c->parallel.devices.n : c->parallel.gpus > 0 ? c->parallel.gpus : 1;
     double tok = (double)c->data.micro_batch * c->data.grad_accum * c->data.seq_len * ranks, pred = tok / qt_plan_auto_cost(&L, c, pr);
     qt_layout_free(&L);
@@ -949,6 +1001,7 @@ int main(void) {
     QT_RUN(test_host_limit_refused);
     QT_RUN(test_cpu_alloc_matches_plan);
     QT_RUN(test_auto_choice);
+    QT_RUN(test_gpu_budget_free);
     QT_RUN(test_auto_axes);
     QT_RUN(test_auto_lossy_hint);
     QT_RUN(test_auto_offload_only_faster);

@@ -16,6 +16,7 @@
 #include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_error.h"
+#include "qt_plan_auto.h"
 #include "qt_resume.h"
 #include "qt_train_ckpt.h"
 #include "qt_train_session.h"
@@ -88,6 +89,13 @@ qtrain_status qtrain_open(const qtrain_options *o, qtrain_trainer **out, char *e
     }
     char which[QT_PATH_MAX + 64];
     qtrain_status st = load_config(&t->cfg, o, which, sizeof which, err, errlen);
+    if (!st && qt_plan_auto_wanted(&t->cfg)) { /* memory.plan: auto on a GPU run, as the qtrain program does */
+        char cache[QT_PATH_MAX + 32]; /* the probe the qtrain program cached (nothing is measured here) */
+        snprintf(cache, sizeof cache, "%s/.cache/qtrain", o->home_dir ? o->home_dir : "");
+        qt_probe pr = qt_probe_get(o->home_dir && *o->home_dir ? cache : NULL, 0);
+        qt_probe_free_memory(&pr, &t->cfg);
+        if (qt_plan_auto(&t->cfg, &pr, err, errlen)) st = QTRAIN_ERR_CONFIG;
+    }
     if (st) {
         free(t);
         return st;

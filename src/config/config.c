@@ -41,7 +41,6 @@ typedef struct {
     where section_at[MAX_SECTIONS];
     int n_sections;
     int first_inline;                    /* key index of the first inline model key given, or -1 */
-    int first_auto;                      /* key index of the first planner key given as auto, or -1 */
     char *err;
     size_t errlen;
 } ctx;
@@ -164,7 +163,7 @@ static const char *float_range_note(const qt_config_key *k, const char *text) {
 static const char *const plan_keys[] = {"data.micro_batch", "memory.recompute", "memory.offload_optimizer",
                                         "memory.lmhead_chunks", "memory.attn_bwd_chunks", "memory.offload_residual",
                                         "memory.fp8_weight_cache", "precision.master_dtype",
-                                        "precision.grad_accum_dtype", "parallel.zero", "memory.offload"};
+                                        "precision.grad_accum_dtype", "parallel.zero", "memory.offload", "perf.cuda_graphs"};
 
 int qt_config_plan_key(const char *path) {
     for (size_t i = 0; i < sizeof plan_keys / sizeof plan_keys[0]; i++)
@@ -180,7 +179,6 @@ static int apply(ctx *x, const qt_config_key *k, const char *text, int plain, wh
     if (plain && !strcmp(text, "auto") && qt_config_plan_key(k->path)) {
         x->at[idx] = w;
         if (idx < (int)sizeof x->c->given) x->c->given[idx] = 0;
-        if (x->first_auto < 0) x->first_auto = idx;
         return 0;
     }
     if (k->type == QT_KEY_STRING && plain && (!strcmp(text, "~") || !strcasecmp(text, "null"))) text = "";
@@ -415,9 +413,10 @@ static int offload_check(ctx *x) {
 static int cross_check(ctx *x) {
     qt_config *c = x->c;
     if (offload_check(x)) return -1;
-    if (x->first_auto >= 0 && !c->memory.plan)
-        return fail(x, x->at[x->first_auto], qt_config_key_at(x->first_auto)->path,
-                    "expected a value: auto leaves the key to memory.plan: auto, and memory.plan is manual");
+    const qt_config_key *pk;
+    for (int i = 0; !c->memory.plan && (pk = qt_config_key_at(i)); i++) /* a planner key still auto (no later --set value) */
+        if (qt_config_plan_key(pk->path) && given(x->at[i]) && i < (int)sizeof c->given && !c->given[i])
+            return fail(x, x->at[i], pk->path, "expected a value: auto leaves the key to memory.plan: auto, and memory.plan is manual");
     if ((c->hf_config[0] || c->init.from[0]) && c->model_inline) {
         const qt_config_key *k = qt_config_key_at(x->first_inline);
         char v[QT_KEY_TEXT_MAX];
@@ -518,7 +517,6 @@ static int load(qt_config *c, const char *text, size_t len, FILE *f, const char 
     x.err = err;
     x.errlen = errlen;
     x.first_inline = -1;
-    x.first_auto = -1;
     for (int i = 0; i < MAX_KEYS; i++) x.at[i].ovr = -1;
     if (err && errlen) err[0] = 0;
     qt_config_defaults(c);

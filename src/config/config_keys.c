@@ -168,8 +168,8 @@ static const qt_config_key keys[] = {
     E("checkpoint.offloaded", checkpoint.offloaded, ckpt_offload_names, "auto", "GPU", 0,
       "an offloaded optimizer state (one GPU, or ZeRO ranks' pieces) is checkpointed by copy (fast: training "
       "pauses for the copy, needs host memory for it) or in_place (written where it lives: no memory, the optimizer "
-      "waits for the write, up to the write time); auto = copy when the copy plus 1 GiB + 1/8 fits in MemAvailable "
-      "at start, else in_place. Replicated data-parallel ranks (parallel.zero: 0) always copy"),
+      "waits for the write, up to the write time); auto = copy when the copy plus 1 GiB + 1/8 fits in the host budget "
+      "(memory.host_limit_gib, else MemAvailable at start), else in_place. Replicated data-parallel ranks (parallel.zero: 0) always copy"),
 
     S("export.dir", export.dir, "", "all",
       "HF export (config.json + model.safetensors) at the end; \"\" = checkpoint.dir + \"/export\""),
@@ -217,15 +217,15 @@ static const qt_config_key keys[] = {
       "cap on the GPU memory qtrain plans and allocates per GPU (GiB): the arena, cuBLASLt/cuDNN workspaces, comm buffers and a fixed runtime reserve (kernel modules, library handles, CUDA graphs); the CUDA context (about 0.5 GiB) is not counted. A plan over the cap is refused before allocating, naming its biggest rows; 0 = no cap (the GPU's free memory still applies)"),
     F("memory.host_limit_gib", memory.host_limit_gib, 0, NOHI, 0, 0, "0", "all", 0,
       "host memory the run may plan for (GiB): pinned offloaded state and snapshot buffers, pageable loader and weight buffers. A plan over it is refused before allocating; 0 = MemAvailable from /proc/meminfo at start (set it where a VM reports less at start than it grants later)"),
-    E("memory.plan", memory.plan, plan_names, "manual", "GPU", 0,
-      "auto: before training, choose data.micro_batch (keeping micro_batch x grad_accum), memory.recompute, memory.offload_optimizer, memory.lmhead_chunks, memory.attn_bwd_chunks, memory.offload_residual, memory.fp8_weight_cache, precision.master_dtype, precision.grad_accum_dtype, parallel.zero and memory.offload's gradients and weights items (one GPU, or with several ranks gradients with zero 2/3 and weights with zero 3; ranked by their PCIe bytes like the rest, after keeping fp32 master weights and gradients), among those the config does not give (a key given as auto, e.g. --set data.micro_batch=auto, counts as not given), as the plan that fits memory.gpu_limit_gib (else the GPU) and the host with the highest predicted tokens/s (a FLOP and PCIe cost model against a matmul and copy rate probed once per GPU model and cached in ~/.cache/qtrain); prints the choice, its prediction and the next two, and a NOTE naming the plan with bf16 master weights or gradients where it would predict over 1.2 x the chosen speed. manual: the keys as given"),
+    E("memory.plan", memory.plan, plan_names, "auto", "GPU", 0,
+      "auto (the default; it plans GPU runs, a CPU run takes the keys as given): before training, choose data.micro_batch (keeping micro_batch x grad_accum), memory.recompute, memory.offload_optimizer, memory.lmhead_chunks, memory.attn_bwd_chunks, memory.offload_residual, memory.fp8_weight_cache, precision.master_dtype, precision.grad_accum_dtype, parallel.zero, memory.offload's gradients and weights items (one GPU, or with several ranks gradients with zero 2/3 and weights with zero 3; ranked by their PCIe bytes like the rest, after keeping fp32 master weights and gradients) and perf.cuda_graphs (on wherever the plan allows it), among those the config does not give (a key given as auto, e.g. --set data.micro_batch=auto, counts as not given), as the plan that fits the GPU budget (its free memory as the run starts, cudaMemGetInfo, less a 1 GiB margin, capped by memory.gpu_limit_gib) and the host's (memory.host_limit_gib, else MemAvailable) with the highest predicted tokens/s (a FLOP and PCIe cost model against a matmul and copy rate probed once per GPU model and cached in ~/.cache/qtrain); prints the choice, its prediction and the next two, and a NOTE naming the plan with bf16 master weights or gradients where it would predict over 1.2 x the chosen speed; when none fits, the refusal names the given keys that block it, each with the plan the search finds without it. manual: the keys as given"),
     E("memory.host_alloc", memory.host_alloc, host_alloc_names, "pinned", "GPU", 0,
       "how memory.offload's items (the optimizer state, weights, gradients, residuals) are allocated in host memory: pinned (mmap, pages touched by all cores, cudaHostRegister: ~5x faster to make than cudaHostAlloc, bench/RESULTS.md, Offload) or write_combined (cudaHostAlloc + cudaHostAllocWriteCombined, pinned at ~2 GiB/s, as LLM.Q's --write-combined: the GPU's transfers may be faster on some hosts, but the CPU reads such memory uncached, which slows a checkpoint written in place; on an H200 no measurable difference at 1.5B, bench/RESULTS.md, Offload)"),
     B("memory.zero_copy", memory.zero_copy, "false", "GPU", 0,
       "with the optimizer state offloaded: AdamW reads and writes it where it lives, in host memory (mapped), instead of streaming it through device slots by the copy engines (LLM.Q's --use-zero-copy, much faster on L40S there): no slots on the GPU, the same bytes over PCIe, read by the kernel; checkpoints written in place wait before each group's update; on an H200 (PCIe Gen5) 1.5% slower than the slots at 1.5B (bench/RESULTS.md, Offload)"),
     E("memory.fp8_weight_cache", memory.fp8_weight_cache, fp8_wcache_names, "all", "GPU", 0,
       "with matmul_dtype e4m3, where the fp8 copies of the block weights (Wq and the transposed Wq^T for the backward, 2 bytes per block parameter: 24.6 GiB at 14B) live: all = every layer's stay on the GPU; none = two layer slots (about 2/num_layers of that), each layer quantized into one right before its forward and again before its backward (and its recompute), with the scale the cached copies would have (the weights' abs-max, still taken when persistent_quants says: once per optimizer step or per micro-batch): the same bytes, the same training bit for bit, at the cost of one quantize pass over the block weights per forward and per backward. parallel.zero: 3 implies none (all is refused there: no rank holds every layer's weights)"),
-    B("perf.cuda_graphs", perf.cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph"),
+    B("perf.cuda_graphs", perf.cuda_graphs, "false", "GPU", 0, "capture the training step as a CUDA graph; not given, memory.plan: auto turns it on wherever its plan allows (not with offloaded weights or ZeRO-3)"),
     B("perf.deterministic", perf.deterministic, "true", "GPU", 0,
       "the same config, data and binary on the same GPU model give the same bits, run after run and across resume: the attention backward runs cuDNN's deterministic graph (dQ from one matmul instead of an fp32 accumulator that thread blocks add into in any order) and the autotuned matmul algorithms are kept in each checkpoint and in perf.tuning_cache; its cost is within run-to-run noise on an H200 (bench/RESULTS.md, Determinism); false = cuDNN's default backward, whose dQ sums vary in the last bits run to run at grouped-query shapes"),
     S("perf.tuning_cache", perf.tuning_cache, "~/.cache/qtrain/matmul-picks.bin", "GPU",
@@ -258,6 +258,12 @@ int qt_config_given(const qt_config *c, const char *path) {
     const qt_config_key *k = qt_config_key_find(path);
     long i = k ? k - keys : -1;
     return i >= 0 && i < (long)sizeof c->given && c->given[i];
+}
+
+void qt_config_ungive(qt_config *c, const char *path) {
+    const qt_config_key *k = qt_config_key_find(path);
+    long i = k ? k - keys : -1;
+    if (i >= 0 && i < (long)sizeof c->given) c->given[i] = 0;
 }
 
 const qt_config_key *qt_config_key_find(const char *path) {

@@ -15,6 +15,10 @@
 
 /* No CUDA runtime linked: no device, so device: auto trains on the CPU engine. */
 int qt_cuda_device_count(void) { return 0; }
+size_t qt_cuda_mem_free(const int *devs, int n) {
+    (void)devs, (void)n;
+    return 0;
+}
 
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                 const qt_gpu_rank *rank, char *err, size_t errlen) {
@@ -51,6 +55,17 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
     memset(&p, 0, sizeof p);
     snprintf(p.gpu, sizeof p.gpu, "none (built without CUDA)");
     return p;
+}
+
+void qt_probe_free_memory(qt_probe *pr, const qt_config *cfg) {
+    (void)cfg;
+    pr->gpu_free = 0;
+}
+
+size_t qt_plan_gpu_budget(const qt_config *cfg, const qt_probe *pr, char *what, size_t cap) {
+    (void)cfg, (void)pr;
+    snprintf(what, cap, "no GPU (%s)", QT_NO_CUDA);
+    return 0;
 }
 
 int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {

@@ -48,13 +48,15 @@ static void set_gdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.gr
 #define OFF_WGQ (OFF_WG | QT_OFF_QUANTS)
 static int get_offw(const qt_config *c) { return c->memory.offload & OFF_WGQ; }
 static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~OFF_WGQ) | v; }
+static int get_cg(const qt_config *c) { return c->perf.cuda_graphs; }
+static void set_cg(qt_config *c, int v, int seqs) { (void)seqs, c->perf.cuda_graphs = v; }
 static int get_zero(const qt_config *c) { return c->parallel.zero; }
 static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, qt_config_set_zero(c, v); }
 
 /* Each axis lists its values in order of preference at equal predicted speed (the plainest first): a
  * tie keeps the earlier candidate. fp8_weight_cache is an axis only with fp8 matmuls, parallel.zero only
  * with several ranks (qt_plan_auto_enumerate narrows them). */
-enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_ORES, AX_WC, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_N };
+enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_ORES, AX_WC, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_CG, AX_N };
 static const plan_axis AXES[AX_N] = {
     {"data.micro_batch", 0, {0}, get_mb, set_mb},
     {"memory.recompute", 4, {0, QT_RC_SWIGLU | QT_RC_NORM, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK}, get_rc, set_rc},
@@ -70,6 +72,9 @@ static const plan_axis AXES[AX_N] = {
      * charges it half the copy bytes, but at 1.5B it measures no faster than [weights] (bench/RESULTS.md,
      * offload); a config that gives it keeps it (get_offw reads the bit) */
     {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw},
+    /* CUDA graphs first: the cost model does not charge the launches they save, so at equal predicted speed
+     * the plan with them wins; without them only where the plan refuses them (offloaded weights, ZeRO-3) */
+    {"perf.cuda_graphs", 2, {1, 0}, get_cg, set_cg},
 };
 
 /* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
@@ -83,7 +88,7 @@ static int lossy(const qt_config *c) {
 qt_probe qt_probe_default(void) {
     /* H100 SXM: large-GEMM rates as gemm_bench measures them (bf16 ~ 660 TFLOP/s, e4m3 QT_PROBE_FP8_RATIO x), HBM3
      * copy bandwidth, a PCIe Gen5 x16 pinned copy; 80 GB. */
-    return (qt_probe){"default (H100 SXM figures)", 660e12, QT_PROBE_FP8_RATIO * 660e12, 2.6e12, 50e9, (size_t)80 << 30};
+    return (qt_probe){"default (H100 SXM figures)", 660e12, QT_PROBE_FP8_RATIO * 660e12, 2.6e12, 50e9, (size_t)80 << 30, 0};
 }
 
 static void cache_path(const char *cache_dir, const char *gpu, char *out, size_t cap) {
@@ -174,7 +179,7 @@ static qt_probe measure(const char *name) {
 }
 
 qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
-    if (qt_cuda_device_count() == 0) return qt_probe_default();
+    if (qt_cuda_device_count() == 0 || !cache_dir) return qt_probe_default();
     struct cudaDeviceProp prop;
     QT_CUDA(cudaGetDeviceProperties(&prop, 0));
     char path[4200];
@@ -205,6 +210,31 @@ qt_probe qt_probe_get(const char *cache_dir, int may_measure) {
     printf("qtrain: probed %s: bf16 %.0f TFLOP/s, PCIe %.1f GB/s, HBM %.0f GB/s (cached in %s)\n", p.gpu,
            p.bf16_flops * 1e-12, p.pcie_bps * 1e-9, p.hbm_bps * 1e-9, path);
     return p;
+}
+
+void qt_probe_free_memory(qt_probe *pr, const qt_config *cfg) {
+    int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count(), devs[QT_COMM_MAX_RANKS];
+    char e[512];
+    int n = ngpu > 0 ? qt_plan_rank_devices(cfg, ngpu, devs, e, sizeof e) : 0;
+    pr->gpu_free = n > 0 ? qt_cuda_mem_free(devs, n) : 0;
+}
+
+size_t qt_plan_gpu_budget(const qt_config *cfg, const qt_probe *pr, char *what, size_t cap) {
+    size_t lim = cfg->memory.gpu_limit_gib > 0 ? qt_mem_gib(cfg->memory.gpu_limit_gib) : 0, G = (size_t)1 << 30;
+    size_t have = pr->gpu_free ? pr->gpu_free : pr->gpu_bytes, left = have > QT_PLAN_GPU_MARGIN ? have - QT_PLAN_GPU_MARGIN : 0;
+    char src[128];
+    if (pr->gpu_free)
+        snprintf(src, sizeof src, "free on the GPU now (cudaMemGetInfo: %.2f GiB) less a %.0f GiB margin", (double)have / G,
+                 (double)QT_PLAN_GPU_MARGIN / G);
+    else
+        snprintf(src, sizeof src, "the GPU's %.1f GiB (%s; no free memory measured) less a %.0f GiB margin", (double)have / G,
+                 pr->gpu, (double)QT_PLAN_GPU_MARGIN / G);
+    if (lim && (!pr->gpu_free || lim <= left)) {
+        snprintf(what, cap, "memory.gpu_limit_gib = %g", cfg->memory.gpu_limit_gib);
+        return lim;
+    }
+    snprintf(what, cap, "%s%s", src, lim ? ", below memory.gpu_limit_gib" : "");
+    return left;
 }
 
 /* ---- the cost model ---- */
@@ -332,6 +362,7 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
     cfg->precision.grad_accum_dtype = c->grad_accum_dtype;
     qt_config_set_zero(cfg, c->zero);
     cfg->memory.offload = (cfg->memory.offload & ~OFF_WGQ) | c->offload_bits;
+    cfg->perf.cuda_graphs = c->cuda_graphs;
     qt_config_set_offload(cfg, QT_OFF_OPTIMIZER, c->offload_optimizer);
     qt_config_set_offload(cfg, QT_OFF_RESIDUAL, c->offload_residual);
 }
@@ -351,23 +382,25 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     for (int v = 1; v <= 64 && v <= seqs; v *= 2) /* micro-batches that keep the sequences per step */
         if (seqs % v == 0) ax[AX_MB].v[ax[AX_MB].n++] = v;
     static qt_run_plan rp;
+    *n = -1; /* until the candidates are made: a plan that cannot be made */
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
     if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
     if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
     int several = rp.ranks > 1; /* offloaded weights: one GPU or ZeRO-3; gradients: one GPU or ZeRO-2/3 */
     for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
         QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
-        int named = !strcmp(ax[a].key, "memory.offload_optimizer") && (cfg->memory.offload & QT_OFF_OPTIMIZER); /* by the list */
+        int named = !strcmp(ax[a].key, "memory.offload_optimizer") && qt_config_given(cfg, "memory.offload") &&
+                    (cfg->memory.offload & QT_OFF_OPTIMIZER); /* by the list */
         if (qt_config_given(cfg, ax[a].key) || named)
             ax[a].n = 1, ax[a].v[0] = ax[a].get(cfg);
     }
-    size_t gpu_cap = cfg->memory.gpu_limit_gib > 0 ? qt_mem_gib(cfg->memory.gpu_limit_gib) : pr->gpu_bytes - ((size_t)1 << 30);
+    char gwhat[160];
+    size_t gpu_cap = qt_plan_gpu_budget(cfg, pr, gwhat, sizeof gwhat);
     char what[96];
     size_t host_cap = qt_plan_host_limit(cfg, what, sizeof what);
     static qt_config c;
     size_t smallest = (size_t)-1, smallest_host = (size_t)-1; /* the least host memory of a plan the GPU fits */
     int idx[AX_N] = {0}, count = 0;
-    *n = 0;
     for (;;) {
         c = *cfg;
         for (int a = 0; a < AX_N; a++) ax[a].set(&c, ax[a].v[idx[a]], seqs);
@@ -376,8 +409,14 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
         redundant |= qt_config_zero3_check(&c, zerr, sizeof zerr) != 0; /* graphs, fp8 weight cache all: refused */
         redundant |= several && (((c.memory.offload & QT_OFF_WEIGHTS) && c.parallel.zero < 3) ||
                                  ((c.memory.offload & QT_OFF_GRADIENTS) && c.parallel.zero < 2)); /* setup.c refuses */
+        if (!redundant && ax[AX_CG].n == 2 && !c.perf.cuda_graphs) { /* a plan that allows CUDA graphs: with them only */
+            c.perf.cuda_graphs = 1;
+            redundant = qt_config_zero3_check(&c, zerr, sizeof zerr) == 0;
+            c.perf.cuda_graphs = 0;
+        }
         if (!redundant) {
             if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
+            *n = 0;
             if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
             if (rp.gpu_bytes <= gpu_cap && rp.host_bytes < smallest_host) smallest_host = rp.host_bytes;
             if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap)) {
@@ -389,7 +428,8 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
                                               get_ores(&c), c.memory.fp8_weight_cache, c.precision.master_dtype,
                                               c.precision.grad_accum_dtype, c.parallel.zero, get_offw(&c), lossy(&c), count,
                                               rp.gpu_bytes, rp.host_bytes, s,
-                                              (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s};
+                                              (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s,
+                                              c.perf.cuda_graphs};
                 count++;
             }
         }
@@ -405,7 +445,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     if (!count)
         return qt_errf(err, errlen, "%s: memory.plan: auto: no plan fits: the smallest needs %.2f GiB per GPU but %s allows "
                        "%.2f GiB (the host: %s); give fewer keys as constraints, or see qtrain --plan", cfg->path,
-                       smallest / 1073741824.0, cfg->memory.gpu_limit_gib > 0 ? "memory.gpu_limit_gib" : "the GPU",
+                       smallest / 1073741824.0, strncmp(gwhat, "memory.", 7) ? gwhat : "memory.gpu_limit_gib",
                        gpu_cap / 1073741824.0, what);
     /* bf16 master / gradients only where no plan with fp32 ones fits (the numerics first: offloading keeps
      * the bits); among those, the fastest, offloaded weights / gradients included: the cost model charges
@@ -442,8 +482,7 @@ static const char *offload_text(const qt_plan_choice *c) {
     return buf;
 }
 
-/* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
-static const char *describe(const qt_plan_choice *c) {
+const char *qt_plan_auto_describe(const qt_plan_choice *c) {
     static char buf[256];
     char rc[64];
     snprintf(buf, sizeof buf, "micro_batch %d x grad_accum %d, recompute [%s]%s", c->micro_batch, c->grad_accum,
@@ -454,12 +493,12 @@ static const char *describe(const qt_plan_choice *c) {
 static void print_choice(const char *tag, const qt_plan_choice *c, const qt_config *cfg) {
     char rc[64];
     printf("  %-6s micro_batch %2d x grad_accum %3d, recompute [%s], offload_optimizer %s, offload_residual %s, "
-           "fp8_weight_cache %s, lmhead_chunks %2d, attn_bwd_chunks %d, zero %d%s: %.2f GiB GPU, %.1f GiB host, "
+           "fp8_weight_cache %s, lmhead_chunks %2d, attn_bwd_chunks %d, zero %d, cuda_graphs %s%s: %.2f GiB GPU, %.1f GiB host, "
            "%.0f tokens/s predicted\n",
            tag, c->micro_batch, c->grad_accum, qt_act_recompute_names(qt_act_recompute_resolve(c->recompute), rc, sizeof rc),
            c->offload_optimizer ? "true" : "false", c->offload_residual ? "true" : "false",
            c->fp8_weight_cache == QT_FP8_WCACHE_NONE ? "none" : "all", c->lmhead_chunks, c->attn_bwd_chunks, c->zero,
-           offload_text(c),
+           c->cuda_graphs ? "true" : "false", offload_text(c),
            c->gpu_bytes / 1073741824.0, c->host_bytes / 1073741824.0, c->tokens_per_s);
     int chose = (c->master_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.master_dtype")) ||
                 (c->grad_accum_dtype == QT_DT_BF16 && !qt_config_given(cfg, "precision.grad_accum_dtype"));
@@ -478,6 +517,7 @@ int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
     if (qt_model_layout(cfg, &L, &src, err, errlen)) return -1;
     qt_plan_choice lossy;
     int rc = qt_plan_auto_enumerate(&L, cfg, pr, ch, QT_PLAN_AUTO_MAX, &n, &lossy, err, errlen);
+    if (rc && n == 0) qt_plan_auto_hints(&L, cfg, pr, ch, err, errlen); /* none fits: which constraint blocks */
     qt_layout_free(&L);
     if (rc) return -1;
     printf("qtrain: memory.plan: auto: %d plans fit (rates: %s, bf16 %.0f TFLOP/s, PCIe %.0f GB/s); the config's keys "
@@ -488,7 +528,7 @@ int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
                "with them fits: give precision.master_dtype / precision.grad_accum_dtype bf16 to take it\n",
                lossy.master_dtype == QT_DT_BF16 && lossy.grad_accum_dtype == QT_DT_BF16 ? "master weights and gradients"
                : lossy.master_dtype == QT_DT_BF16 ? "master weights" : "gradients",
-               lossy.tokens_per_s, 100 * (lossy.tokens_per_s / ch[0].tokens_per_s - 1), describe(&lossy));
+               lossy.tokens_per_s, 100 * (lossy.tokens_per_s / ch[0].tokens_per_s - 1), qt_plan_auto_describe(&lossy));
     }
     qt_plan_auto_apply(cfg, &ch[0]);
     return 0;

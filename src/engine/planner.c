@@ -6,6 +6,7 @@
 
 #include "qt_comm.h"
 #include "qt_cpu_model.h"
+#include "qt_device.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
 #include "qt_partition.h"
@@ -94,6 +95,10 @@ int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training
     rp->gpu_bytes = rp->ranks ? rp->ranks_per_gpu * qt_mem_plan_device_total(&rp->mem) : 0;
     rp->host_bytes = qt_mem_plan_host_total(&rp->mem);
     return 0;
+}
+
+int qt_plan_auto_wanted(const qt_config *cfg) {
+    return cfg->memory.plan && (cfg->device == QT_DEVICE_CUDA || (cfg->device == QT_DEVICE_AUTO && qt_cuda_device_count() > 0));
 }
 
 int qt_plan_check(const qt_run_plan *rp, size_t gpu_limit, const char *gpu_what, size_t host_limit,

@@ -37,6 +37,10 @@ static const char *weights_refusal(const qt_config *c, const char **key) {
     return NULL;
 }
 
+/* The rules a config leaves to the planner wait for it only where the config names memory.plan: auto: the
+ * default auto plans GPU runs alone, and the loader cannot tell a GPU run from a CPU one. */
+static int names_auto(const qt_config *c) { return c->memory.plan && qt_config_given(c, "memory.plan"); }
+
 /* The rules needing no rank count; parallel.zero: 3 (or memory.offload: [weights]) last. */
 const char *qt_plan_refusal(const qt_config *c, const char **key) {
     if ((c->memory.offload & QT_OFF_OPTIMIZER) == QT_OFF_MASTER && c->precision.master_dtype == QT_DT_BF16) {
@@ -44,12 +48,12 @@ const char *qt_plan_refusal(const qt_config *c, const char **key) {
         return "expected m or v beside master with precision.master_dtype: bf16 (a bf16 master has no master "
                "array to offload: the bf16 weights are the master), got only master";
     }
-    if (c->memory.zero_copy && !(c->memory.offload & QT_OFF_OPTIMIZER) && !c->memory.plan) {
+    if (c->memory.zero_copy && !(c->memory.offload & QT_OFF_OPTIMIZER) && !names_auto(c)) {
         *key = "memory.zero_copy";
         return "expected false without an offloaded optimizer state (memory.offload_optimizer, or master, m, v in "
                "memory.offload): zero copy is how AdamW reads the offloaded state, got true";
     }
-    int zero_free = c->memory.plan && !qt_config_given(c, "parallel.zero"); /* memory.plan: auto picks it */
+    int zero_free = names_auto(c) && !qt_config_given(c, "parallel.zero"); /* memory.plan: auto picks it */
     if (c->memory.offload & QT_OFF_QUANTS) {
         *key = "memory.offload";
         if (!(c->memory.offload & QT_OFF_WEIGHTS))

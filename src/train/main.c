@@ -30,10 +30,12 @@ static const char USAGE[] =
     "                    data.train, data.seq_len, data.micro_batch, data.grad_accum, seed; or all)\n"
     "  --print-config    print the resolved config and exit\n"
     "  --plan            print the memory plan (GPU and host bytes of every item) without a GPU and exit:\n"
-    "                    0 when it fits the limits, 3 when not\n"
-    "  --gpu-mem G       with --plan only: the GPU limit in GiB (default memory.gpu_limit_gib; a run takes\n"
-    "                    --set memory.gpu_limit_gib=G)\n"
-    "  --host-mem H      with --plan only: the host limit in GiB (default memory.host_limit_gib)\n"
+    "                    0 when it fits the budgets, 3 when not (memory.plan: auto: with the constraints that\n"
+    "                    block a plan and what dropping each gives)\n"
+    "  --gpu-mem G       with --plan only: the GPU budget in GiB (default: what is free on the GPU now less a\n"
+    "                    1 GiB margin, capped by memory.gpu_limit_gib; a run takes --set memory.gpu_limit_gib=G)\n"
+    "  --host-mem H      with --plan only: the host budget in GiB (default memory.host_limit_gib, else\n"
+    "                    MemAvailable)\n"
     "  -h, --help        print this help and exit\n"
     "  --version         print the version (and the git commit it was built from) and exit\n"
     "Config keys: configs/README.md\n";
@@ -159,7 +161,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     static qt_config cfg;
-    char err[2048], ckpt[QT_PATH_MAX + 64];
+    char err[8192], ckpt[QT_PATH_MAX + 64];
     if (load_config(&cfg, path, &o, sets, nsets, ckpt, sizeof ckpt, err, sizeof err)) {
         fprintf(stderr, "qtrain: %s\n", err);
         return 1;
@@ -180,18 +182,20 @@ int main(int argc, char **argv) {
     if (plan && host_mem > 0) cfg.memory.host_limit_gib = (float)host_mem;
     char cache[QT_PATH_MAX + 32]; /* the user's cache: the CLI's choice, passed to the library */
     snprintf(cache, sizeof cache, "%s/.cache/qtrain", o.home_dir && *o.home_dir ? o.home_dir : ".");
+    int auto_plan = qt_plan_auto_wanted(&cfg); /* the default on a GPU run */
     qt_probe probe = {0};
-    if (cfg.memory.plan || plan) probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
-    if (cfg.memory.plan) {
-        if (qt_plan_auto(&cfg, &probe, err, sizeof err)) {
-            fprintf(stderr, "qtrain: %s\n", err);
-            return plan ? QT_EXIT_NO_FIT : 1;
-        }
+    if (auto_plan || plan) probe = qt_probe_get(cache, !plan); /* --plan allocates nothing: the cached probe or the defaults */
+    if (!(plan && gpu_mem > 0)) qt_probe_free_memory(&probe, &cfg); /* the budget: what is free as the run starts */
+    int no_fit = 0;
+    if (auto_plan && qt_plan_auto(&cfg, &probe, err, sizeof err)) {
+        fprintf(stderr, "qtrain: %s\n", err);
+        if (!plan) return 1;
+        no_fit = 1; /* --plan: the config's plan as given follows, with the rows that do not fit */
     }
     if (plan) {
         int fit = qt_plan_report(&cfg, &probe, gpu_mem, host_mem, err, sizeof err);
         if (fit) fprintf(stderr, "qtrain: %s\n", err);
-        return fit < 0 ? 1 : fit ? QT_EXIT_NO_FIT : 0;
+        return fit < 0 ? 1 : fit || no_fit ? QT_EXIT_NO_FIT : 0;
     }
     int rc = qt_train_run(&cfg, &o, NULL, err, sizeof err);
     if (rc == QT_TRAIN_STOPPED) return QT_EXIT_STOPPED;

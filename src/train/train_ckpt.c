@@ -126,15 +126,16 @@ qt_ckpt_offload qt_trainer_offload_mode(qt_ckpt_offload want, size_t bytes, size
 static int choose_offload(qt_trainer *t, size_t bytes, char *buf, size_t cap) {
     static const char *const names[] = {"auto", "copy", "in_place"};
     qt_ckpt_offload want = t->cfg->checkpoint.offloaded;
-    /* The one place the host's free memory is read; the host memory planner (memory.host_limit_gib)
-     * should pass its budget left after the planned host rows here instead. */
-    size_t avail = want == QT_CKPT_OFFLOAD_AUTO ? qt_host_mem_available() : 0;
+    /* the run's host budget (memory.host_limit_gib, else MemAvailable), as the planner's; the budget left
+     * after the planned host rows would be closer */
+    char what[96];
+    size_t avail = want == QT_CKPT_OFFLOAD_AUTO ? qt_plan_host_limit(t->cfg, what, sizeof what) : 0;
     int copy = t->eng->ops->set_state_copy && qt_trainer_offload_mode(want, bytes, avail) == QT_CKPT_OFFLOAD_COPY;
     int n = snprintf(buf, cap, "; offloaded optimizer state (%.1f MiB) %s (checkpoint.offloaded: %s", bytes / 1048576.0,
                      copy ? "copied at each checkpoint" : "written where it lives, the optimizer waiting for the write",
                      names[want]);
     if (want == QT_CKPT_OFFLOAD_AUTO && n > 0 && (size_t)n < cap)
-        snprintf(buf + n, cap - n, ", %.1f GiB of host memory available at start)", avail / 1073741824.0);
+        snprintf(buf + n, cap - n, ", a host budget of %.1f GiB: %s)", avail / 1073741824.0, what);
     else if (n > 0 && (size_t)n < cap) snprintf(buf + n, cap - n, ")");
     if (copy) t->eng->ops->set_state_copy(t->eng, 1);
     return copy;
