@@ -32,7 +32,7 @@ CPU       ?= $(if $(wildcard $(NVCC)),0,1)
 ifeq ($(origin CPU)$(CPU)$(MAKELEVEL),file10)
 $(info make: no nvcc ($(NVCC), none on PATH): the CPU-only build (make CPU=0 insists on CUDA))
 endif
-CPU_ONLY_OUT := $(wildcard cuda/*.c comm/*.c src/gpu/*.c) \
+CPU_ONLY_OUT := $(filter-out comm/rendezvous.c,$(wildcard cuda/*.c comm/*.c src/gpu/*.c)) \
                 $(addprefix src/engine/,engine_gpu.c engine_dp.c dp_sync.c plan_auto.c)
 GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_kernels test_offload test_ops_gpu test_plan \
              test_quant test_recompute test_sft test_stores test_weight_slots test_zero
