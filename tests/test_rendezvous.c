@@ -99,7 +99,7 @@ static void test_node_never_arrives(void) {
     run_all(ns, 3); /* node 3 never starts */
     double dt = now_s() - t0;
     expect_all_fail(ns, 3, "node 3 never arrived");
-    QT_EXPECT(dt < 5.0, "took %.1f s for a 1 s timeout", dt);
+    QT_EXPECT(dt < 8.0, "took %.1f s for a 1 s timeout (and node 0's 2 s linger)", dt);
 }
 
 static void test_two_never_arrive(void) {
