@@ -7,11 +7,8 @@
  * values every node can compute; a node that exits after the rendezvous makes the other stop with a
  * message within 60 s. Needs 2 GPUs (2 nodes x 1) and 4 (2 x 2); skips with fewer.
  * Child mode: test_internode --node RANK NODES PORT GPUS_PER_NODE [die]. */
-#include <arpa/inet.h>
 #include <cuda_runtime.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +17,7 @@
 #include "qt_internode.h"
 #include "qt_rendezvous.h"
 #include "qt_test.h"
+#include "qt_test_port.h"
 
 #define N 1001 /* elements: odd, not a multiple of anything */
 #define PER 333
@@ -135,21 +133,11 @@ static int run_node(int node, int nodes, int port, int gpus, const char *mode) {
     return bad;
 }
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static const char *self_exe;
 
 /* Two nodes of gpus GPUs each as child processes; their exit statuses in st (-1: killed after 120 s). */
 static void run_two(int gpus, const char *mode0, const char *mode1, int st[2]) {
-    int port = free_port();
+    int port = qt_test_free_port();
     pid_t pid[2];
     for (int r = 0; r < 2; r++) {
         if ((pid[r] = fork()) == 0) {
@@ -173,7 +161,7 @@ static void run_two(int gpus, const char *mode0, const char *mode1, int st[2]) {
 
 static void test_one_node(void) {
     if (qt_cuda_device_count() < 1) QT_SKIP("no CUDA device");
-    QT_EXPECT(run_node(0, 1, free_port(), 1, "check") == 0, "one node, one GPU: see stderr");
+    QT_EXPECT(run_node(0, 1, qt_test_free_port(), 1, "check") == 0, "one node, one GPU: see stderr");
 }
 
 static void test_two_nodes_one_gpu(void) {

@@ -10,6 +10,7 @@
 
 #include "qt_rendezvous.h"
 #include "qt_test.h"
+#include "qt_test_port.h"
 
 typedef struct {
     qt_rdzv_opts o;
@@ -30,17 +31,6 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* A port nothing listens on now (the kernel's pick for port 0, released). */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* Sets up nodes [0, k) of nodes on port: 8 GPUs, hash 0xabc, blob of node 0 random, the others poisoned. */
 static void setup(node *ns, int k, int nodes, int port, double timeout_s) {
     for (int r = 0; r < k; r++) {
@@ -58,7 +48,7 @@ static void run_all(node *ns, int k) {
 
 static void meet(int nodes) {
     node ns[4];
-    setup(ns, nodes, nodes, free_port(), 10.0);
+    setup(ns, nodes, nodes, qt_test_free_port(), 10.0);
     run_all(ns, nodes);
     for (int r = 0; r < nodes; r++) {
         QT_EXPECT(ns[r].rc == 0, "%d nodes: node %d: rc %d: %s", nodes, r, ns[r].rc, ns[r].err);
@@ -78,7 +68,7 @@ static void expect_all_fail(node *ns, int k, const char *want) {
 
 static void test_config_hash_differs(void) {
     node ns[3];
-    setup(ns, 3, 3, free_port(), 10.0);
+    setup(ns, 3, 3, qt_test_free_port(), 10.0);
     ns[2].o.config_hash = 0xabd;
     run_all(ns, 3);
     expect_all_fail(ns, 3, "node 2: config hash 0x0000000000000abd differs from node 0's 0x0000000000000abc");
@@ -86,7 +76,7 @@ static void test_config_hash_differs(void) {
 
 static void test_gpu_count_differs(void) {
     node ns[2];
-    setup(ns, 2, 2, free_port(), 10.0);
+    setup(ns, 2, 2, qt_test_free_port(), 10.0);
     ns[1].o.gpus = 4;
     run_all(ns, 2);
     expect_all_fail(ns, 2, "node 1: has 4 GPUs, node 0 has 8");
@@ -94,7 +84,7 @@ static void test_gpu_count_differs(void) {
 
 static void test_node_never_arrives(void) {
     node ns[4];
-    setup(ns, 3, 4, free_port(), 1.0);
+    setup(ns, 3, 4, qt_test_free_port(), 1.0);
     double t0 = now_s();
     run_all(ns, 3); /* node 3 never starts */
     double dt = now_s() - t0;
@@ -104,7 +94,7 @@ static void test_node_never_arrives(void) {
 
 static void test_two_never_arrive(void) {
     node ns[4];
-    setup(ns, 2, 4, free_port(), 0.5);
+    setup(ns, 2, 4, qt_test_free_port(), 0.5);
     run_all(ns, 2);
     expect_all_fail(ns, 2, "node 2, 3 never arrived");
 }
@@ -126,7 +116,7 @@ static void *hello_and_close(void *arg) {
 
 static void test_node_closes_early(void) {
     node ns[3];
-    int port = free_port();
+    int port = qt_test_free_port();
     setup(ns, 2, 3, port, 20.0);
     pthread_t t;
     pthread_create(&t, NULL, hello_and_close, &port);
@@ -152,7 +142,7 @@ static void *connect_and_close(void *arg) {
 
 static void test_anonymous_close_ignored(void) {
     node ns[2];
-    int port = free_port();
+    int port = qt_test_free_port();
     setup(ns, 2, 2, port, 10.0);
     pthread_t t[2];
     pthread_create(&t[0], NULL, connect_and_close, &port);
@@ -165,7 +155,7 @@ static void test_anonymous_close_ignored(void) {
 
 static void test_rank_taken(void) {
     node ns[3];
-    setup(ns, 3, 3, free_port(), 2.0);
+    setup(ns, 3, 3, qt_test_free_port(), 2.0);
     ns[2].o.node_rank = 1; /* two processes claim node 1; node 2 never comes */
     run_all(ns, 3);
     for (int r = 0; r < 3; r++)
