@@ -97,9 +97,11 @@ void qt_internode_abort(qt_internode *c) {
 
 void qt_internode_free(qt_internode *c) {
     if (!c) return;
-    if (!atomic_load(&c->aborted))
-        for (int g = 0; g < c->gpus; g++)
-            if (c->comm[g] && settle(c, c->comm[g], ncclCommDestroy(c->comm[g])) != ncclSuccess) ncclCommAbort(c->comm[g]);
+    for (int g = 0; g < c->gpus && !atomic_load(&c->aborted); g++) { /* finalize (may be in progress), destroy */
+        if (!c->comm[g]) continue;
+        if (settle(c, c->comm[g], ncclCommFinalize(c->comm[g])) == ncclSuccess) ncclCommDestroy(c->comm[g]);
+        else ncclCommAbort(c->comm[g]);
+    }
     free(c);
 }
 
