@@ -32,10 +32,16 @@ CPU       ?= $(if $(wildcard $(NVCC)),0,1)
 ifeq ($(origin CPU)$(CPU)$(MAKELEVEL),file10)
 $(info make: no nvcc ($(NVCC), none on PATH): the CPU-only build (make CPU=0 insists on CUDA))
 endif
-CPU_ONLY_OUT := $(wildcard cuda/*.c comm/*.c src/gpu/*.c) \
+CPU_ONLY_OUT := $(filter-out comm/rendezvous.c,$(wildcard cuda/*.c comm/*.c src/gpu/*.c)) \
                 $(addprefix src/engine/,engine_gpu.c engine_dp.c dp_sync.c plan_auto.c plan_hint.c)
-GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_kernels test_offload test_ops_gpu test_plan \
+GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_internode test_kernels test_offload test_ops_gpu test_plan \
              test_quant test_recompute test_sft test_stores test_weight_slots test_zero
+# NCCL (comm/internode.c, the collectives between nodes; CUDA builds only): where nccl.h and libnccl are
+# in the toolkit or the system's paths. Without it comm/internode.c and test_internode are left out.
+NCCL_FOUND := $(if $(filter 0,$(CPU)),$(and $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),\
+                $(wildcard $(CUDA_HOME)/lib64/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so*)))
+NO_NCCL_OUT := $(if $(NCCL_FOUND),,comm/internode.c tests/test_internode.c)
+NCCL_LDLIBS := -Wl,--push-state,--as-needed -lnccl -Wl,--pop-state # only what calls NCCL needs it
 # CUDA_ARCH, the GPU targets: those of the machine's GPUs (nvidia-smi's compute capability; 9.0 builds
 # sm_90a), else every architecture the project supports (a build for other machines). `make CUDA_ARCH=90a`
 # names them; CI builds all four.
@@ -87,7 +93,8 @@ endif
 # that lack the shared libraries.
 STATIC_LIBS := $(foreach l,yaml zstd,$(if $(wildcard /usr/lib/x86_64-linux-gnu/lib$(l).a),-l:lib$(l).a,-l$(l)))
 CUDA_LIBS := $(if $(CUDNN_DIR),-L$(CUDNN_DIR) -Xlinker -rpath -Xlinker $(CUDNN_DIR)) -Wl,--enable-new-dtags \
-             -L$(CUDA_HOME)/lib64 -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart -lstdc++
+             -L$(CUDA_HOME)/lib64 -l:libcudnn.so.$(or $(word 1,$(CUDNN_FOUND)),9) -lcublasLt -lcudart -lstdc++ \
+             $(if $(NCCL_FOUND),$(NCCL_LDLIBS))
 LDLIBS    := $(if $(filter 0,$(CPU)),$(CUDA_LIBS)) $(STATIC_LIBS) -lpthread -ldl -lm -fopenmp
 
 # Shared objects (libqtrain.so, the Python extension) take zstd's shared library: Debian's libzstd.a
@@ -96,9 +103,9 @@ SO_LDLIBS := $(subst -l:libzstd.a,-l:libzstd.so.1,$(LDLIBS))
 
 ALL_C   := $(filter-out src/train/main.c,$(wildcard src/*/*.c)) $(wildcard cuda/*.c comm/*.c)
 ifeq ($(CPU),0)
-LIB_C   := $(filter-out src/engine/engine_none.c,$(ALL_C))
+LIB_C   := $(filter-out src/engine/engine_none.c $(NO_NCCL_OUT),$(ALL_C))
 LIB_CU  := $(wildcard cuda/*.cu comm/*.cu)
-TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c))
+TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(filter-out $(NO_NCCL_OUT),$(wildcard tests/test_*.c tests/tool_*.c)))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 else
 LIB_C   := $(filter-out $(CPU_ONLY_OUT),$(ALL_C))

@@ -117,6 +117,7 @@ typedef struct {
     int reduce_dtype;             /* qt_dtype the gradients cross between GPUs in (fp32 or bf16) */
     int overlap_comm;             /* sums overlap the backward, the weight all-gather the next forward */
     int gather_dtype;             /* qt_dtype ZeRO-3's layer gathers move (bf16, or e4m3 with fp8 matmuls) */
+    int nodes;                    /* machines, one qtrain process each (qt_launch.h); 1 = this one only */
 } qt_parallel_cfg;
 
 typedef struct qt_config {

@@ -249,6 +249,8 @@ static const qt_config_key keys[] = {
       "what ZeRO-3's layer gathers move: bf16 weights (2 bytes per parameter), or with precision.matmul_dtype e4m3 and an fp8 backward (grad_dtype e4m3 or e5m2) the e4m3 codes of the block matrices (1 byte: each rank quantizes its pieces once per step with the whole tensor's abs-max, all-reduced over the ranks, so the codes are those the bf16 path would make; the norms and biases still travel in bf16) — the same bits, half the bytes (tests/test_zero `zero3_e4m3_gathers`: bitwise the bf16 gathers' training, ranks sharing one H200 and on two)"),
     B("parallel.overlap_comm", parallel.overlap_comm, "true", "multi-GPU", 0,
       "in the last micro-batch of a step, sum each layer's gradients over the GPUs while the backward goes on to the layers below (one bucket per layer), and (sharded) all-gather the updated weights while the next forward runs, each layer waiting for its own; false: one sum after the backward, one all-gather before the next forward"),
+    I("parallel.nodes", parallel.nodes, 1, 64, "1", "multi-node", 0,
+      "machines the run spans, one qtrain process per machine started by torchrun --nproc_per_node=1, srun --ntasks-per-node=1 or mpirun --npernode 1 (their RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_* or OMPI_COMM_WORLD_* variables; docs/multi-node.md); the launcher's process count must equal it. > 1: the nodes meet (node 0's port, the config and GPU count checked equal) and then stop: training across nodes is not built yet"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# gpu-nodes.sh — the multi-node check for one host with 2 or 4 GPUs: two emulated nodes as two processes
+# with disjoint CUDA_VISIBLE_DEVICES, NCCL on its socket transport over the loopback
+# (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo; test_internode sets them in its children).
+# Builds the launch, rendezvous and inter-node tests, runs them and leaves build.log and tests.log under $OUT.
+# Usage (repo root): OUT=/some/dir bash tools/gpu-nodes.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/qtrain-nodes-check}
+mkdir -p "$OUT"
+t0=$(date +%s)
+{ nvidia-smi -L; nvidia-smi topo -m; } > "$OUT/build.log" 2>&1
+if ! make -j16 CUDA_ARCH=90a build/qtrain build/tests/test_launch build/tests/test_rendezvous \
+        build/tests/test_internode >> "$OUT/build.log" 2>&1; then
+    tail -40 "$OUT/build.log"
+    echo "BUILD FAILED (no NCCL here? the Makefile leaves test_internode out without nccl.h and libnccl)"
+    exit 1
+fi
+ldd build/tests/test_internode | grep -q 'libnccl.*not found' && { echo "libnccl.so.2 not found at run time"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+{
+    echo "== test_launch"; timeout 60 build/tests/test_launch; echo "exit $?"
+    echo "== test_rendezvous"; timeout 120 build/tests/test_rendezvous; echo "exit $?"
+    echo "== test_nodes_cli"; BUILD=build timeout 120 python3 tests/test_nodes_cli.py; echo "exit $?"
+    echo "== test_internode"; NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout 400 build/tests/test_internode; echo "exit $?"
+} 2>&1 | tee "$OUT/tests.log"
+echo "total: $(( $(date +%s) - t0 )) s"
