@@ -28,7 +28,7 @@ from test_tokenize import all_tokens, need_tokenizers, run_tool
 TEMPLATES = os.path.join(ROOT, "tests", "chat_templates")
 N_CONVERSATIONS = 24
 
-# family: template file, special tokens (first the ones the tokenizer config names), bos, eos, marked edits
+# family: template file, special tokens, BOS, EOS (as the family's tokenizer_config.json names them)
 FAMILIES = {
     "llama3": ("llama3.jinja", ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                                 "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"], "<|begin_of_text|>", "<|eot_id|>"),
@@ -36,8 +36,12 @@ FAMILIES = {
     "mistral": ("mistral_v03.jinja", ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
                                       "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"],
                 "<s>", "</s>"),
-    "gemma3": ("gemma3.jinja", ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>"),
+    "gemma3": ("gemma3.jinja", ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
+               "<bos>", "<eos>"),
 }
+
+# Mistral's and Gemma's tokenizers are SentencePiece BPEs: "▁" for a space, no pre-tokenizer
+SENTENCEPIECE = ("mistral", "gemma3")
 
 MARKS = {
     "llama3": [("{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
@@ -49,15 +53,17 @@ MARKS = {
     "qwen3": [("'<|im_start|>' + message.role + '\\n<think>\\n'", "'<think>\\n'"),
               ("'<|im_start|>' + message.role + '\\n' + content }}", "content }}"),
               ("{%- if loop.index0 > ns.last_query_index %}",
-               "{{- '<|im_start|>' + message.role + '\\n' }}{% generation %}{%- if loop.index0 > ns.last_query_index %}"),
+               "{{- '<|im_start|>' + message.role + '\\n' }}{% generation %}"
+               "{%- if loop.index0 > ns.last_query_index %}"),
               ("{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}",
                "{{- '<|im_end|>\\n' }}{% endgeneration %}\n    {%- elif message.role == \"tool\" %}")],
     "mistral": [("{{- \" \" + message[\"content\"]|trim + eos_token}}",
-                 "{{- \" \" }}{% generation %}{{- message[\"content\"]|trim + eos_token}}{% endgeneration %}")],
+                 "{% generation %}{{- \" \" + message[\"content\"]|trim + eos_token}}{% endgeneration %}")],
     "gemma3": [("    {%- if message['content'] is string -%}",
                 "{%- if role == 'model' -%}{% generation %}{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
                 "{% endgeneration %}{%- else -%}\n    {%- if message['content'] is string -%}"),
-               ("    {{ '<end_of_turn>\n' }}\n{%- endfor -%}", "    {{ '<end_of_turn>\n' }}\n{%- endif -%}\n{%- endfor -%}")],
+               ("    {{ '<end_of_turn>\n' }}\n{%- endfor -%}",
+                "    {{ '<end_of_turn>\n' }}\n{%- endif -%}\n{%- endfor -%}")],
 }
 
 WORDS = ("the cat sat on a mat and then we went home to see what is new today with you and me "
@@ -115,8 +121,9 @@ def conversations(family, seed):
 
 
 def family_tokenizer(tmp, family, template):
-    """A byte-level BPE trained on the family's renderings of some conversations, with its special tokens;
-    tokenizer_config.json names BOS, EOS and the chat template. Returns (tokenizers.Tokenizer, path)."""
+    """A BPE (byte-level, or SentencePiece-like for SENTENCEPIECE) trained on the family's renderings of
+    some conversations, with its special tokens; tokenizer_config.json names BOS, EOS and the chat
+    template. Returns (tokenizers.Tokenizer, path)."""
     tk = need_tokenizers()
     _, specials, bos, eos = FAMILIES[family]
     from jinja2 import Environment
@@ -125,11 +132,16 @@ def family_tokenizer(tmp, family, template):
     corpus = [env.from_string(official(family)).render(messages=c, bos_token=bos or "", eos_token=eos)
               for c in conversations(family, 1000)]
     tok = tk.Tokenizer(tk.models.BPE())
-    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tk.decoders.ByteLevel()
+    if family in SENTENCEPIECE:  # spaces as "▁" and no pre-tokenizer: merges run across words and newlines
+        tok.normalizer = tk.normalizers.Replace(" ", "\u2581")
+        tok.decoder = tk.decoders.Replace("\u2581", " ")
+        alphabet = [chr(c) for c in range(33, 127)] + ["\u2581", "\n"]
+    else:
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
     tok.train_from_iterator(corpus * 4, tk.trainers.BpeTrainer(
-        vocab_size=500, show_progress=False, special_tokens=specials,
-        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet()))
+        vocab_size=500, show_progress=False, special_tokens=specials, initial_alphabet=alphabet))
     if family == "qwen3":  # Qwen3 has <think> and </think> as added tokens that are not special
         tok.add_tokens(["<think>", "</think>"])
     folder = os.path.join(tmp, "tok-" + family)

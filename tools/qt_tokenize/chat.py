@@ -98,6 +98,7 @@ class Renderer:
             raise ChatError(f"chat template: {e}")
         self.tagged = "generation" in template and "endgeneration" in template
         self.special = special
+        self.head = None  # _turn_head(), computed once
 
     def render(self, msgs, gen_prompt=False):
         self.spans.clear()
@@ -138,7 +139,9 @@ class Renderer:
         second must be the conversation's own; what the conversation has between them is the reply as
         the template renders it (trimmed, its reasoning dropped), found whatever copies of its words the
         rest of the conversation holds. The span runs on over the template's end-of-turn text (what
-        follows the reply when the turn ends the conversation, if it renders the reply once)."""
+        follows the reply when the turn ends the conversation, if it renders the reply once) and starts
+        at the template's text before a reply (_turn_head) where the conversation has it there, as a
+        prefix rendering's span does."""
         def probe(upto):
             ms = [dict(x) for x in msgs[:upto]]
             ms[i]["content"] = MARK_A + MARK_B
@@ -160,4 +163,23 @@ class Renderer:
             raise ChatError(f"message {i}: the template's rendering of the assistant's reply depends on its text "
                             "and the template has no {% generation %} markers; add {% generation %}..."
                             "{% endgeneration %} around the reply (--chat-template FILE)")
+        head = self._turn_head()
+        if head and a - len(head) >= cursor and text[a - len(head):a] == head:
+            a -= len(head)
         return a, end + len(eot) if text.startswith(eot, end) else end
+
+    def _turn_head(self):
+        """The text the template puts between the generation prompt and a reply (Mistral's " ", which
+        the model generates as part of its first token), from a one-turn probe: render([user, reply])
+        less render([user], add_generation_prompt=True), up to the reply; "" where that is no prefix."""
+        if self.head is None:
+            self.head = ""
+            user = [{"role": "user", "content": "x"}]
+            try:
+                p = self.render(user, gen_prompt=True)
+                q = self.render(user + [{"role": "assistant", "content": MARK_A + MARK_B}])
+            except ChatError:
+                return self.head
+            if q.startswith(p) and q.count(MARK_A) == 1:
+                self.head = q[len(p):q.index(MARK_A)]
+        return self.head
