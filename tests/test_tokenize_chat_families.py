@@ -113,8 +113,9 @@ def conversations(family, seed):
         for t in range(rng.randint(1, 4)):
             user = padded(rng, sentence(rng))
             reply = sentence(rng) if rng.random() < 0.8 else user.strip()  # a reply may repeat the user's words
-            if family == "qwen3" and rng.random() < 0.5:
-                reply = f"<think>\n{sentence(rng, 2, 6)}\n</think>\n\n{reply}"
+            if family == "qwen3":  # reasoning, an empty reasoning block, or none
+                think = rng.choice([f"<think>\n{sentence(rng, 2, 6)}\n</think>\n\n", "<think>\n\n</think>\n\n", ""])
+                reply = think + reply
             msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": padded(rng, reply)}]
         out.append(msgs)
     return out
@@ -213,6 +214,9 @@ def check_family(tmp, family):
             text = tok.decode(got_t[max(0, bad - 8):bad + 8], skip_special_tokens=False)
             raise AssertionError(f"{family} {variant}: mask differs from transformers' first at token {bad} "
                                  f"(ours {got_m[bad]}, theirs {want_m[bad]}) in {text!r}")
+        if family == "qwen3":  # the last reply's reasoning stays in the text, as <think> tokens trained on
+            think = tok.token_to_id("<think>")
+            assert any(t == think and m for t, m in zip(got_t, got_m)), "qwen3: no <think> token trained on"
         results[variant] = got_m
     assert by_prefix > 0, f"{family}: no conversation checked against prefix renderings"
     print(f"  {family}: {len(convs)} conversations, {sum(results['official'])} assistant tokens, "
