@@ -107,7 +107,8 @@ typedef struct {
     /* The documents of the following micro_step, eval_loss and forward_logits calls (qt_docs.h: its
      * windows are the ranks x B rows of their inputs; copied): attention per document and RoPE positions
      * restarting at each, as d asks. NULL d: causal over each row, positions t (the default). NULL op:
-     * the engine has only the default (qt_engine_set_docs refuses a d that asks for more). */
+     * the engine has only the default (qt_engine_set_docs refuses a d that asks for more). A failed call
+     * (malformed starts, a graph the GPU library refuses) leaves the engine usable, without documents. */
     void (*set_docs)(qt_engine *e, const qt_docs *d);
 } qt_engine_ops;
 

@@ -20,10 +20,11 @@ typedef struct {
 } qt_train_docs;
 
 /* Resolves data.attention / data.positions (auto: document when a training shard carries document
- * starts and the engine takes them), prints the choice, and allocates room for `windows` windows.
- * train may be NULL (no loader: every batch is given by the caller, causal). Returns 0, or -1 with err:
- * document asked for on an engine that has only causal attention over the window. */
-int qt_train_docs_init(qt_train_docs *d, const qt_config *c, const qt_loader *train, const qt_engine *e,
+ * starts and the engine takes them), tries them on the engine once (it builds what they need: the GPU's
+ * cuDNN plans; auto falls back to causal with a note when that fails), prints the choice, and allocates
+ * room for `windows` windows. train may be NULL (no loader: every batch is given by the caller, causal).
+ * Returns 0, or -1 with err: document asked for on an engine that cannot do it. */
+int qt_train_docs_init(qt_train_docs *d, const qt_config *c, const qt_loader *train, qt_engine *e,
                        size_t windows, char *err, size_t errlen);
 /* The next micro-batch from l into in/tgt, its document starts into window slot w0.. of d. */
 int qt_train_docs_next(qt_train_docs *d, qt_loader *l, size_t w0, int32_t *in, int32_t *tgt, char *err,

@@ -8,7 +8,15 @@
 
 #include "qt_error.h"
 
-int qt_train_docs_init(qt_train_docs *d, const qt_config *c, const qt_loader *train, const qt_engine *e,
+/* Sets documents once before training, so that the engine builds what they need now (the GPU's cuDNN
+ * plans with the document bound): a graph cuDNN refuses shows here. Returns 0, or -1 with err. */
+static int probe(qt_train_docs *d, qt_engine *e, char *err, size_t errlen) {
+    qt_docs none = {d->starts, d->n_starts, d->attention, d->positions}; /* no starts: one document per row */
+    if (qt_engine_set_docs(e, &none, err, errlen)) return -1;
+    return qt_engine_set_docs(e, NULL, err, errlen);
+}
+
+int qt_train_docs_init(qt_train_docs *d, const qt_config *c, const qt_loader *train, qt_engine *e,
                        size_t windows, char *err, size_t errlen) {
     *d = (qt_train_docs){.seq_len = c->data.seq_len, .windows = windows};
     int have = train ? qt_loader_doc_shards(train) : 0, shards = train ? qt_loader_shards(train) : 0;
@@ -28,15 +36,25 @@ int qt_train_docs_init(qt_train_docs *d, const qt_config *c, const qt_loader *tr
                        "the window and positions t only; set data.attention: causal and data.positions: window",
                        c->path, d->attention ? "document" : "causal", d->positions ? "document" : "window",
                        e->ops->name);
+    if (d->attention || d->positions) {
+        d->starts = malloc(windows * (size_t)d->seq_len * sizeof *d->starts);
+        d->n_starts = calloc(windows, sizeof *d->n_starts);
+        if (!d->starts || !d->n_starts)
+            return qt_errf(err, errlen, "out of host memory for %zu windows' document starts", windows);
+        char e2[1024];
+        if (probe(d, e, e2, sizeof e2)) {
+            if (c->data.attention != QT_DOCS_AUTO || c->data.positions != QT_DOCS_AUTO)
+                return qt_errf(err, errlen, "%s: data.attention / data.positions per document: %s", c->path, e2);
+            printf("qtrain: note: attention per document is not available here (%s): causal over the window\n", e2);
+            d->attention = d->positions = 0;
+            why = "not available on this engine";
+            qt_train_docs_free(d);
+        }
+    }
     if (train)
         printf("qtrain: attention %s, RoPE positions %s (%s; %d of %d training shards carry document starts)\n",
                d->attention ? "per document" : "causal over the window",
                d->positions ? "restarting at each document" : "over the window", why, have, shards);
-    if (!d->attention && !d->positions) return 0;
-    d->starts = malloc(windows * (size_t)d->seq_len * sizeof *d->starts);
-    d->n_starts = calloc(windows, sizeof *d->n_starts);
-    if (!d->starts || !d->n_starts) return qt_errf(err, errlen, "out of host memory for %zu windows' document starts",
-                                                   windows);
     return 0;
 }
 
