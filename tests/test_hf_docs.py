@@ -59,6 +59,7 @@ def grads(model, loss_fn):
 
 def check(kind, tied, device, tmp):
     name = f"docs_{kind}_{'tied' if tied else 'untied'}_{device}"
+    torch.manual_seed(11)
     mdir = os.path.join(tmp, name)
     build_model(kind, tied, device, mdir)
     model = transformers.AutoModelForCausalLM.from_pretrained(mdir, torch_dtype=torch.float32,
