@@ -23,12 +23,15 @@ static double dot(const float *a, const float *b, int D) {
 /* The first key query t of row b sees under window W (0: none) and the document bounds kv_lo (NULL: none). */
 static int first_key(int t, int W, const int32_t *kv_lo, int b, int T) {
     int lo = W > 0 && t >= W ? t - W + 1 : 0;
-    if (kv_lo) {
-        int d = kv_lo[(long)b * T + t];
-        QT_CHECK(d >= 0 && d <= t, "attention: query %d of row %d: document start %d: expected [0, %d]", t, b, d, t);
-        if (d > lo) lo = d;
-    }
+    if (kv_lo && kv_lo[(long)b * T + t] > lo) lo = kv_lo[(long)b * T + t];
     return lo;
+}
+
+/* Every document bound lies in [0, t] (checked before the parallel loops, which must not leave early). */
+static void check_kv_lo(const int32_t *kv_lo, int B, int T) {
+    for (long n = 0; kv_lo && n < (long)B * T; n++)
+        QT_CHECK(kv_lo[n] >= 0 && kv_lo[n] <= n % T, "attention: query %ld of row %ld: document start %d: expected "
+                 "[0, %ld]", n % T, n / T, kv_lo[n], n % T);
 }
 
 void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W) {
@@ -39,6 +42,7 @@ void qt_ref_attention_docs_fwd(float *out, float *lse, const float *qkv, int B, 
                                const int32_t *kv_lo) {
     QT_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H=%d is not a multiple of Hkv=%d", H, Hkv);
     QT_CHECK(W >= 0, "attention: sliding window %d: expected >= 0 (0 = none)", W);
+    check_kv_lo(kv_lo, B, T);
     long row = (long)(H + 2 * Hkv) * D;
     int grp = H / Hkv;
     double scale = 1.0 / sqrt((double)D);
@@ -122,6 +126,7 @@ void qt_ref_attention_docs_bwd(float *dqkv, const float *dout, const float *qkv,
                                const float *lse, int B, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo) {
     QT_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H=%d is not a multiple of Hkv=%d", H, Hkv);
     QT_CHECK(W >= 0, "attention: sliding window %d: expected >= 0 (0 = none)", W);
+    check_kv_lo(kv_lo, B, T);
 #pragma omp parallel
     {
         double *dk = malloc((size_t)T * D * sizeof *dk), *dv = malloc((size_t)T * D * sizeof *dv);
@@ -129,7 +134,8 @@ void qt_ref_attention_docs_bwd(float *dqkv, const float *dout, const float *qkv,
         QT_CHECK(dk && dv && dq, "out of memory for attention scratch (T=%d, D=%d)", T, D);
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
-            for (int g = 0; g < Hkv; g++) attn_bwd_group(dqkv, dout, qkv, out, lse, b, g, T, H, Hkv, D, W, kv_lo, dk, dv, dq);
+            for (int g = 0; g < Hkv; g++)
+                attn_bwd_group(dqkv, dout, qkv, out, lse, b, g, T, H, Hkv, D, W, kv_lo, dk, dv, dq);
         free(dk);
         free(dv);
         free(dq);

@@ -285,14 +285,14 @@ static float *rope_table(int T, int D, const double *inv_freq, double attn) {
 static void rope_apply(float *qkv, int B, int T, int H, int Hkv, int D, const int32_t *pos, const double *inv_freq,
                        double attn, float sign) {
     QT_CHECK(D % 2 == 0, "rope: head_dim %d must be even", D);
+    for (long bt = 0; pos && bt < (long)B * T; bt++) /* before the parallel loop, which must not leave early */
+        QT_CHECK(pos[bt] >= 0 && pos[bt] < T, "rope: token %ld has position %d: expected [0, %d)", bt, pos[bt], T);
     float *cs = rope_table(T, D, inv_freq, attn);
     int h = D / 2, nh = H + Hkv;
     long row = (long)(H + 2 * Hkv) * D;
 #pragma omp parallel for schedule(static)
     for (long bt = 0; bt < (long)B * T; bt++) {
-        long p = pos ? pos[bt] : bt % T;
-        QT_CHECK(p >= 0 && p < T, "rope: token %ld has position %ld: expected [0, %d)", bt, p, T);
-        const float *tab = cs + p * h * 2;
+        const float *tab = cs + (pos ? pos[bt] : bt % T) * h * 2;
         for (int k = 0; k < nh; k++) {
             float *v = qkv + bt * row + (long)k * D;
             for (int i = 0; i < h; i++) {
