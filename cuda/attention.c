@@ -540,6 +540,7 @@ int qt_attention_prepare_docs(qt_attention_ctx *c, int B, int T, int H, int Hkv,
             if (err && errlen) snprintf(err, errlen, "%s", p->g.err);
             return -1;
         }
+        if (docs) qt_attention_reserve(c, p->ws); /* now, not at a first call that may be under graph capture */
     }
     return 0;
 }

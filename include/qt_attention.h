@@ -45,7 +45,9 @@ void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qk
 void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
                       const float *lse, int B, int T, int H, int Hkv, int D, int window, cudaStream_t s);
 /* The same with packed documents: kv_lo [B,T] int32 on the device (NULL: as above). The graphs gain a
- * GEN_INDEX / CMP_GE / select against kv_lo broadcast over heads and keys; plans per (shape, docs). */
+ * GEN_INDEX / CMP_GE / select against kv_lo broadcast over heads and keys; plans per (shape, docs).
+ * prepare_docs with docs 1 also grows the workspace to the plans' needs (outside the memory plan, which
+ * counts the causal plans: cuDNN's need for the document graphs is not known without a GPU). */
 int qt_attention_prepare_docs(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int docs,
                               char *err, size_t errlen);
 void qt_attention_docs_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, const int32_t *kv_lo, int B,
