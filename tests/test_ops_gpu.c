@@ -485,6 +485,26 @@ static void test_attention_window_plans(void) {
     qt_attention_free(c);
 }
 
+/* Documents are part of a plan's key: prepare_docs with docs 1 builds its own fwd and bwd plans (cuDNN takes the
+ * graph with the key bound), with docs 0 it shares the causal ones. */
+static void test_attention_docs_plans(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    qt_attention_ctx *c = qt_attention_create();
+    char err[600];
+    int rc = qt_attention_prepare(c, 2, 64, 4, 2, 64, 0, err, sizeof err);
+    QT_REQUIRE(rc == 0, "%.600s", err);
+    long causal = qt_attention_plan_count(c);
+    rc = qt_attention_prepare_docs(c, 2, 64, 4, 2, 64, 0, 0, err, sizeof err);
+    long shared = qt_attention_plan_count(c);
+    QT_REQUIRE(rc == 0, "%.600s", err);
+    rc = qt_attention_prepare_docs(c, 2, 64, 4, 2, 64, 0, 1, err, sizeof err);
+    QT_REQUIRE(rc == 0, "cuDNN refuses the document-masked graph: %.600s", err);
+    long docs = qt_attention_plan_count(c);
+    QT_EXPECT(causal == 2 && shared == 2 && docs == 4, "plans: %ld causal, %ld after docs 0, %ld after docs 1", causal,
+              shared, docs);
+    qt_attention_free(c);
+}
+
 int main(int argc, char **argv) {
     for (int a = 1; a < argc; a++) {
         char label[256];
@@ -515,6 +535,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_matmul_plan_cache);
     QT_RUN(test_attention_plan_cache);
     QT_RUN(test_attention_window_plans);
+    QT_RUN(test_attention_docs_plans);
     if (g_mm) qt_matmul_free(g_mm);
     if (g_att) qt_attention_free(g_att);
     return qt_test_end();
