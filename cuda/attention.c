@@ -114,11 +114,10 @@ static void gb_op(gb *g, desc_t op, const char *what) {
     g->ops[g->nops++] = op;
 }
 
-/* A tensor [4 dims]; uid 0 takes the next virtual id. */
-static desc_t tensor(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
-                     const int64_t str[4], bool virt, bool by_value) {
+/* A tensor [4 dims] whose pointer is a multiple of align bytes; uid 0 takes the next virtual id. */
+static desc_t tensor_aligned(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
+                             const int64_t str[4], bool virt, bool by_value, int64_t align) {
     desc_t d = gb_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, name);
-    int64_t align = 16;
     if (!uid) uid = g->next_uid++;
     gb_set(g, d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, name);
     gb_set(g, d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim, name);
@@ -129,6 +128,12 @@ static desc_t tensor(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, c
     if (by_value) gb_set(g, d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, name);
     gb_fin(g, d, name);
     return d;
+}
+
+/* The same, 16-byte aligned (every tensor but the documents' kv_lo, whose slices start at any row). */
+static desc_t tensor(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
+                     const int64_t str[4], bool virt, bool by_value) {
+    return tensor_aligned(g, name, uid, dt, dim, str, virt, by_value, 16);
 }
 
 static desc_t virt(gb *g, const char *name, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4]) {
@@ -265,11 +270,12 @@ static desc_t mask(gb *g, const att_shapes *a, desc_t s, desc_t neg, desc_t win,
     return kvlo ? doc_mask(g, a, s, neg, kvlo) : s;
 }
 
-/* The graph's kv_lo input [B,1,T,1] int32 (one per query row, broadcast over heads and keys), or NULL. */
+/* The graph's kv_lo input [B,1,T,1] int32 (one per query row, broadcast over heads and keys), or NULL; 4-byte
+ * aligned: the attention backward's slices start it at row b0 * T. */
 static desc_t kvlo_tensor(gb *g, const att_shapes *a, int docs) {
     if (!docs) return NULL;
     const int64_t dim[4] = {a->s_dim[0], 1, a->s_dim[2], 1}, str[4] = {a->s_dim[2], a->s_dim[2], 1, 1};
-    return tensor(g, "kv_lo", U_KVLO, CUDNN_DATA_INT32, dim, str, false, false);
+    return tensor_aligned(g, "kv_lo", U_KVLO, CUDNN_DATA_INT32, dim, str, false, false, 4);
 }
 
 #define F32 CUDNN_DATA_FLOAT
