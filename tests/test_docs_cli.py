@@ -3,7 +3,7 @@
 (document by default when the shards carry document starts, causal otherwise), and attention per document
 trains other numbers than causal attention on the same packed shards. On a GPU (skips without one): the
 document-masked cuDNN graphs are taken (no fallback note), and eager, CUDA-graph and recomputed runs with
-the attention backward in slices give the same bits, in bf16 and fp8."""
+the attention backward in slices give the same bits, in bf16 and fp8; two data-parallel ranks train."""
 import json
 import os
 import shutil
@@ -104,6 +104,9 @@ def test_gpu_document_attention(tmp):
         assert len(got["eager"]) == 4 and got["graphs"] == got["eager"] and got["recompute"] == got["eager"], (prec, got)
         train(tmp, data, f"runs/gpu_{prec}_causal", *gpu, *pset, "--set", "data.attention=causal")
         assert losses(tmp, f"runs/gpu_{prec}_causal")[0] != got["eager"][0], prec
+    # data parallel: two ranks sharing GPU 0, each handed its own windows' documents
+    out = train(tmp, data, "runs/gpu_dp", *gpu, "--set", "parallel.devices=[0,0]", "--set", "data.micro_batch=1")
+    assert "attention per document" in out and len(losses(tmp, "runs/gpu_dp")) == 4, out
 
 
 if __name__ == "__main__":
