@@ -41,6 +41,7 @@ struct qt_cpu_model {
     float *dres, *dln, *datt, *dqkv, *dgu, *dsw;
     double *rope_inv_freq; /* [head_dim/2], and the cos/sin factor: qt_rope_inv_freq at T */
     double rope_attn;
+    int32_t *kv_lo, *pos;  /* [N] per-document key bounds and RoPE positions (qt_cpu_model_set_docs), or NULL */
 };
 
 static float *falloc(long n) {
@@ -125,6 +126,8 @@ void qt_cpu_model_free(qt_cpu_model *m) {
     free(m->tokens);
     free(m->targets);
     free(m->rope_inv_freq);
+    free(m->kv_lo);
+    free(m->pos);
     free(m);
 }
 
@@ -140,8 +143,8 @@ static void block_fwd(qt_cpu_model *m, const float *w, int l, float *out) {
     float *qkv = a->qkx ? a->qkx : a->qkv; /* with qk_norm, the norm writes a->qkv from the kept matmul output */
     qt_ref_matmul_fwd(qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
     if (a->qkx) qt_ref_qknorm_fwd(a->qkv, a->qkrstd, a->qkx, w + o->qknorm, N, H, Hkv, D, c->rms_norm_eps);
-    qt_ref_rope_fwd(a->qkv, m->B, m->T, H, Hkv, D, m->rope_inv_freq, m->rope_attn);
-    qt_ref_attention_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D, qt_model_layer_window(c, l));
+    qt_ref_rope_pos_fwd(a->qkv, m->B, m->T, H, Hkv, D, m->pos, m->rope_inv_freq, m->rope_attn);
+    qt_ref_attention_docs_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D, qt_model_layer_window(c, l), m->kv_lo);
     qt_ref_matmul_fwd(a->mid, a->att, w + o->wo, NULL, N, HD, C);
     qt_ref_add_inplace(a->mid, a->x, N * C);
     qt_ref_rmsnorm_fwd(a->ln2, a->rstd2, a->mid, w + o->ln2, N, C, c->rms_norm_eps);
@@ -191,9 +194,9 @@ static void block_bwd(qt_cpu_model *m, const float *w, float *grad, int l) {
     qt_ref_rmsnorm_bwd(m->dres, grad + o->ln2, m->dln, a->mid, w + o->ln2, a->rstd2, N, C);
     /* attention: mid = x + o_proj(attn(rope(qkv(norm1(x))))) */
     qt_ref_matmul_bwd(m->datt, grad + o->wo, NULL, m->dres, a->att, w + o->wo, N, HD, C);
-    qt_ref_attention_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D,
-                         qt_model_layer_window(c, l));
-    qt_ref_rope_bwd(m->dqkv, m->B, m->T, H, Hkv, D, m->rope_inv_freq, m->rope_attn);
+    qt_ref_attention_docs_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D,
+                              qt_model_layer_window(c, l), m->kv_lo);
+    qt_ref_rope_pos_bwd(m->dqkv, m->B, m->T, H, Hkv, D, m->pos, m->rope_inv_freq, m->rope_attn);
     if (a->qkx) qt_ref_qknorm_bwd(m->dqkv, grad + o->qknorm, m->dqkv, a->qkx, w + o->qknorm, a->qkrstd, N, H, Hkv, D);
     qt_ref_matmul_bwd(m->dln, grad + o->wqkv, o->bqkv == SIZE_MAX ? NULL : grad + o->bqkv, m->dqkv, a->ln1,
                       w + o->wqkv, N, C, QKV);
@@ -213,6 +216,24 @@ void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float g
     qt_ref_rmsnorm_bwd(m->dres, grad + m->L->final_norm, m->dln, m->xf, w + m->L->final_norm, m->rstdf, N, C);
     for (int l = c->num_layers - 1; l >= 0; l--) block_bwd(m, w, grad, l);
     qt_ref_embedding_bwd(grad + m->L->embed, m->dres, m->tokens, N, C, V);
+}
+
+int qt_cpu_model_set_docs(qt_cpu_model *m, const qt_docs *d, char *err, size_t errlen) {
+    free(m->kv_lo);
+    free(m->pos);
+    m->kv_lo = m->pos = NULL;
+    if (!d || (!d->attention && !d->positions)) return 0;
+    size_t bytes = (size_t)m->N * sizeof(int32_t);
+    int rc = 0;
+    if ((d->attention && !(m->kv_lo = malloc(bytes))) || (d->positions && !(m->pos = malloc(bytes))))
+        rc = qt_errf(err, errlen, "out of memory for %ld document positions", m->N);
+    if (rc == 0) rc = qt_docs_expand(d, m->B, m->T, m->kv_lo, m->pos, err, errlen);
+    if (rc) {
+        free(m->kv_lo);
+        free(m->pos);
+        m->kv_lo = m->pos = NULL;
+    }
+    return rc;
 }
 
 const float *qt_cpu_model_logits(const qt_cpu_model *m) { return m->logits; }
