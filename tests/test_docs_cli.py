@@ -94,7 +94,7 @@ def test_gpu_document_attention(tmp):
         raise Skip("no CUDA device")
     data = shards(tmp, "packed", "--doc-sep", r"\n\n", "--seq-len", "32")
     gpu = ["--set", "device=cuda", "--set", "memory.plan=manual", "--set", "perf.matmul_autotune=false",
-           "--set", "optim.steps=4", "--set", "data.grad_accum=2"]
+           "--set", "optim.steps=4", "--set", "data.grad_accum=2", "--set", "data.attention=document"]
     for prec, pset in GPU_PRECISION.items():
         got = {}
         for mode, mset in GPU_MODES.items():

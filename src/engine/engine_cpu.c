@@ -149,6 +149,7 @@ static const qt_engine_ops cpu_ops = {
     .print_memory = NULL,
     .free = cpu_free,
     .set_docs = cpu_set_docs,
+    .docs_by_default = 1,
 };
 
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
