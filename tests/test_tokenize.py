@@ -132,7 +132,7 @@ def test_byte_level_shakespeare(tmp):
     he, te, _ = read_shard(ev[0])
     assert h["vocab"] == 256 and h["token_bytes"] == 2 and m is None, h
     assert h["n"] == len(text) - n_eval and he["n"] == n_eval, (h, he)
-    assert os.path.getsize(tr[0]) == 64 + 2 * h["n"], "train file size"
+    assert os.path.getsize(tr[0]) == 64 + 2 * h["n"] + 8 * len(h["docs"]), "train file size"
     assert bytes(t) == text[:h["n"]] and bytes(te) == text[h["n"]:], "tokens are not the text's bytes"
 
 
@@ -505,7 +505,8 @@ def test_killed_worker_ends_the_run(tmp):
     src = os.path.join(tmp, "big.txt")
     open(src, "w").write(WS_TEXT * 200)
     p = subprocess.Popen([sys.executable, TOOL, "--tokenizer", tj, src, "--out", os.path.join(tmp, "out"),
-                          "--workers", "2", "--chunk-bytes", "65536", "--quiet"], stderr=subprocess.PIPE, text=True)
+                          "--workers", "2", "--chunk-bytes", "65536", "--quiet"], stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)  # its own group: a hung tool is killed with its workers
     victim, t0 = None, time.time()
     while victim is None and time.time() - t0 < 30 and p.poll() is None:
         time.sleep(0.2)
@@ -525,7 +526,8 @@ def test_killed_worker_ends_the_run(tmp):
     try:
         _, err = p.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        p.kill()
+        os.killpg(p.pid, signal.SIGKILL)  # workers left behind would hold the harness's stdout open
+        p.communicate()
         raise AssertionError("the tool hung after a worker was killed")
     assert p.returncode != 0 and "worker process died" in err, (p.returncode, err)
 

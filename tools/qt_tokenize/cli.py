@@ -146,6 +146,11 @@ def setup(ap, a):
     return vocab, pad, opts, src
 
 
+class WorkerDied(worker.WorkError):
+    """The pool broke: main ends the process at once (os._exit), since the interpreter's exit joins the pool's
+    manager thread, which can wait for ever on a worker that was still starting."""
+
+
 def tokenize_all(a, files, opts, src, packer):
     """Runs the tasks on the worker processes, results in input order into the packer. A worker that
     dies (killed, out of memory) breaks the pool and ends the run with an error, never a hang."""
@@ -163,7 +168,7 @@ def tokenize_all(a, files, opts, src, packer):
         for kind, (n, where) in notes.items():
             packer.notes.setdefault(kind, [0, where])[0] += n
         prog.show(done, f", {packer.sink.n:,} tokens")
-    broken = False
+    failed = True
     try:
         for task, done in tasks:
             pending.append((pool.submit(worker.run, task), done))
@@ -171,14 +176,17 @@ def tokenize_all(a, files, opts, src, packer):
                 take()
         while pending:
             take()
+        failed = False
     except BrokenProcessPool:
-        broken = True
-        raise worker.WorkError("a worker process died (killed, or out of memory?)")
+        raise WorkerDied("a worker process died (killed, or out of memory?)")
     finally:
-        if broken:  # the other workers are killed, not waited for: one may be stuck starting (seen in CI)
+        # On any error (a dead worker, an input error raised in a worker, an interrupt) the workers are
+        # killed, not waited for: one may still be starting, and a spawned worker left behind keeps the
+        # caller's stdout open (a test harness reading it then never ends: seen in CI and in make test).
+        if failed:
             for child in multiprocessing.active_children():
                 child.kill()
-        pool.shutdown(wait=not broken, cancel_futures=True)
+        pool.shutdown(wait=not failed, cancel_futures=True)
     packer.finish()
     prog.show(total, f", {packer.sink.n:,} tokens", final=True)
 
@@ -213,6 +221,12 @@ def main(argv=None):
                 index[name] += 1
                 written.append((shard.write(path, tf, mf, docs, start, n, token_bytes, vocab,
                                             a.zstd_level if a.zstd else None), name, n))
+    except WorkerDied as e:
+        for p in (tmp_t, tmp_m):
+            if p and os.path.exists(p):
+                os.remove(p)
+        print(f"tokenize: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
     except (sources.InputError, worker.WorkError, ChatError, shard.ShardError, tok.TokError) as e:
         sys.exit(f"tokenize: {e}")
     except OSError as e:
