@@ -10,7 +10,7 @@
 #   unit         the op table (every kernel against the CPU), test_kernels, test_quant, test_fp8_model,
 #                test_sft, test_comm_gpu (ranks sharing the GPU); the mutant kernel builds that must fail
 #                (MUTANT_BUILD=1 builds the AdamW one; carried ones run as they are)
-#   model        transformers comparison (CPU and GPU), test_train (training, resume, data parallel with
+#   model        transformers comparison (CPU and GPU; packed documents too), test_train (training, resume, data parallel with
 #                ranks sharing the GPU), the export loaded by transformers
 #   memory       one GPU, ranks sharing it: test_zero, test_offload, test_recompute (each part), test_stores,
 #                test_plan (the plan against the device: cap, arena, attention workspace)
@@ -96,7 +96,7 @@ ok='^(PASS|FAIL|SKIP|==)|bitwise|caught|differ|DIFFER|MUTANT|must fail|rror'
 if has build; then step build 600 make -j16 CUDA_ARCH=90a all > "$OUT/build.log" 2>&1; tail -3 "$OUT/build.log"; fi
 
 if has unit; then
-    { for t in test_ops_gpu test_kernels test_quant test_fp8_model test_sft test_comm_gpu; do
+    { for t in test_ops_gpu test_kernels test_quant test_fp8_model test_sft test_comm_gpu test_internode; do
           QT_LOG_DIR=$OUT step "$t" 300 "build/tests/$t"
       done
       # the AdamW stochastic rounding hashed on the state index instead of the element: the cut test must FAIL
@@ -117,6 +117,8 @@ fi
 
 if has model; then
     { step hf_compare 300 env QT_DEVICES=cpu,cuda python3 tests/test_hf_compare.py
+      step hf_docs 300 env QT_DEVICES=cpu,cuda BUILD=build python3 tests/test_hf_docs.py
+      step docs_cli 600 env BUILD=build python3 tests/test_docs_cli.py
       step test_train 900 build/tests/test_train
       # the export carries the run's tokenizer: a byte-level BPE trained here, a short CPU run, then
       # transformers' AutoTokenizer and AutoModelForCausalLM load the export folder
@@ -154,8 +156,8 @@ fi
 # test_recompute runs one part per step (each part bitwise against none in bf16/fp8, graphs, 2 ranks; the
 # plan = the arena, the measured peak within its margin); the mutant build's tests catch every planted bug
 # of ZeRO, the offloads, recompute and the fp8 weight cache. Then the bitwise
-# comparisons at the grouped-query shapes of MEMORY_SHAPES (default gqa64: Qwen2.5-0.5B's 14/2 heads at seq
-# 1024; gqa128: Qwen2.5-7B's 28/4): run-to-run nondeterminism there would break them.
+# comparisons at the shapes of MEMORY_SHAPES (qt_test_data.h; default gqa64: Qwen2.5-0.5B's 14/2 heads at seq
+# 1024; gqa128: Qwen2.5-7B's 28/4; llama: a held-out 16/4; qwen3: q/k norms, head_dim 128; swa: a window of 128).
 if has memory; then
     { step test_zero 1500 build/tests/test_zero
       step test_offload 1800 build/tests/test_offload
