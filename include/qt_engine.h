@@ -103,6 +103,9 @@ typedef struct {
     void (*profile)(qt_engine *e, int on);
     void (*profile_print)(qt_engine *e, int steps);
     void (*free)(qt_engine *e);
+    /* Writes the engine's own export to dir instead of the HF model (LoRA: PEFT's adapter files); NULL:
+     * the HF export of get_weights is the export. */
+    int (*export_adapter)(qt_engine *e, const char *dir, char *err, size_t errlen);
 } qt_engine_ops;
 
 struct qt_engine {
@@ -132,6 +135,10 @@ qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_w
  * cannot be read. */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
                                     size_t errlen);
+/* CPU fp32 engine training the LoRA adapters of plan->lora over a frozen base read from src (qt_lora.h);
+ * NULL with err when the weights cannot be read or the lora settings are invalid. */
+qt_engine *qt_engine_cpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
+                                     size_t errlen);
 /* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when
  * shard->n_ranks > 1; qt_partition.h). */
 struct qt_comm;
@@ -182,6 +189,8 @@ int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err,
  * *step the step that made it. */
 int qt_engine_nonfinite_weight(qt_engine *e, int settle, long *index, long *step, char *err, size_t errlen);
 int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
+/* ops->export_adapter; -1 with err when the engine has none. */
+int qt_engine_export_adapter(qt_engine *e, const char *dir, char *err, size_t errlen);
 void qt_engine_free(qt_engine *e);
 
 /* Per-op timing where the engine supports it (no-op elsewhere). */
