@@ -24,7 +24,15 @@ static void json_escape(char *out, size_t cap, const char *s) {
     out[k] = 0;
 }
 
-/* Writes text to path atomically. */
+/* x in the fewest digits that read back as x (0.1f as 0.1). */
+static void fmt_float(char *out, size_t cap, float x) {
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(out, cap, "%.*g", prec, (double)x);
+        if (strtof(out, NULL) == x) return;
+    }
+}
+
+/* Writes p[0, n) then p2[0, n2) to path atomically. */
 static int write_file(const char *path, const void *p, size_t n, const void *p2, size_t n2, char *err, size_t errlen) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -40,7 +48,9 @@ static int write_file(const char *path, const void *p, size_t n, const void *p2,
 }
 
 static int write_config(const char *path, const qt_lora_layout *A, const char *base, char *err, size_t errlen) {
-    char buf[8192], b[4200] = "null", targets[256] = "";
+    char buf[8192], b[4200] = "null", targets[256] = "", alpha[32], drop[32];
+    fmt_float(alpha, sizeof alpha, A->cfg.alpha);
+    fmt_float(drop, sizeof drop, A->cfg.dropout);
     if (base && base[0]) {
         char e[4096];
         json_escape(e, sizeof e, base);
@@ -51,11 +61,11 @@ static int write_config(const char *path, const qt_lora_layout *A, const char *b
             k += snprintf(targets + k, sizeof targets - (size_t)k, "%s\"%s\"", k ? ", " : "", qt_lora_target_name(t));
     int n = snprintf(buf, sizeof buf,
                      "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
-                     "  \"r\": %d,\n  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"use_rslora\": %s,\n"
+                     "  \"r\": %d,\n  \"lora_alpha\": %s,\n  \"lora_dropout\": %s,\n  \"use_rslora\": %s,\n"
                      "  \"target_modules\": [%s],\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n"
                      "  \"modules_to_save\": null,\n  \"init_lora_weights\": true,\n  \"inference_mode\": true,\n"
                      "  \"use_dora\": false\n}\n",
-                     b, A->cfg.rank, (double)A->cfg.alpha, (double)A->cfg.dropout, A->cfg.rslora ? "true" : "false",
+                     b, A->cfg.rank, alpha, drop, A->cfg.rslora ? "true" : "false",
                      targets);
     return write_file(path, buf, (size_t)n, NULL, 0, err, errlen);
 }
