@@ -131,6 +131,9 @@ int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char
 qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                 size_t errlen);
 
+/* What the GPU engines cannot run in cfg, as a message naming the key ("lora: not yet on the GPU ..."), or NULL. */
+const char *qt_engine_gpu_refusal(const qt_config *cfg);
+
 /* CPU fp32 reference engine, the weights read from src into its own array; NULL with err when they
  * cannot be read. */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,

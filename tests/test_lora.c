@@ -215,11 +215,16 @@ static void test_resume_other_base(void) {
     printf("  refused: %s\n", err);
 }
 
-/* A GPU engine refuses a lora: section until the GPU half exists. */
+/* A GPU engine refuses a lora: section until the GPU half exists (the run itself: with a GPU only). */
 static void test_gpu_refuses(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     static qt_config c;
     char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "gpu", 3, "cuda"), err, sizeof err) == 0, "%s", err);
+    const char *no = qt_engine_gpu_refusal(&c);
+    QT_EXPECT(no && strstr(no, "lora: not yet on the GPU"), "refusal: %s", no ? no : "none");
+    c.lora.rank = 0;
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "full fine-tuning refused on the GPU");
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device for the run");
     QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "gpu", 3, "cuda"), err, sizeof err) == 0, "%s", err);
     QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "lora: not yet on the GPU"), "got: %s", err);
 }

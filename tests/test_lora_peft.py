@@ -37,6 +37,7 @@ V = 96
 
 
 def build_base(kind, path):
+    torch.manual_seed(0)
     common = dict(vocab_size=V, num_hidden_layers=2, hidden_size=48, intermediate_size=80, num_attention_heads=6,
                   num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
                   initializer_range=0.1, attn_implementation="eager", torch_dtype=torch.float32)
