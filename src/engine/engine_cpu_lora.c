@@ -198,6 +198,9 @@ qt_engine *qt_engine_cpu_lora_create(const qt_layout *L, const qt_plan *plan, co
                                  qt_crc32c(0, c->w, L->numel * sizeof *c->w), L->numel);
     snprintf(c->id + c->id_key, sizeof c->id - c->id_key, " from %s", src->kind == QT_WSRC_HF ? src->path : "init");
     qt_lora_init(&c->A, c->a, plan->optimizer.seed);
+    printf("qtrain: LoRA rank %d, alpha %g%s (scale %g), dropout %g: %zu adapter parameters in %d modules over a "
+           "frozen base of %zu\n", c->A.cfg.rank, (double)c->A.cfg.alpha, c->A.cfg.rslora ? ", rsLoRA" : "",
+           (double)c->A.scale, (double)c->A.cfg.dropout, c->A.numel, c->A.n_layers * c->A.per_layer, L->n_params);
     c->model = qt_cpu_model_create(L, plan->run.B, plan->run.T);
     c->lc = qt_lora_cpu_create(&c->A, c->a, c->g, (long)plan->run.B * plan->run.T, plan->optimizer.seed);
     qt_cpu_model_set_adapter(c->model, qt_lora_cpu_adapter(c->lc));
