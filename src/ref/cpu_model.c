@@ -5,7 +5,9 @@
  * and the heads' rstd), attention out and lse, gate|up
  * and the SwiGLU output; then the final norm and the logits. Backward writes dlogits over the logits
  * and accumulates weight gradients straight into grad (the CE scale is grad_scale, the weight of one
- * target; the caller divides by the target count it averages over). */
+ * target; the caller divides by the target count it averages over). An adapter (LoRA) may sit beside the
+ * four block matmuls: it adds into their outputs and into their inputs' gradients; with grad NULL the base
+ * takes no gradient at all. */
 #include "qt_cpu_model.h"
 
 #include <stdlib.h>
