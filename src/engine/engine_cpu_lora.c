@@ -18,6 +18,7 @@
 #include "qt_error.h"
 #include "qt_lora.h"
 #include "qt_optim.h"
+#include "qt_step_loss.h"
 
 typedef struct {
     qt_engine base;
@@ -31,23 +32,15 @@ typedef struct {
     char id[QT_PATH_MAX + 64]; /* "crc32c <hex> numel <n> from <source>": the checkpoint's lora_base */
     size_t id_key;          /* the part of id a resume must match (up to " from ": the base may move) */
     int64_t step_blob;      /* the last opt_step's step, as the checkpoint's lora_step */
-    double loss_sum, tok_sum; /* the micro-steps' mean losses, and their target losses, summed */
-    long valid, valid0;     /* targets >= 0 since the last opt_step; the first micro-step's count */
-    int n_micro, uneven;    /* uneven: the micro-steps' target counts differ (loss masks) */
+    qt_step_loss sl;        /* the micro-steps' losses since the last opt_step */
     long t;                 /* the last opt_step's step */
 } lora_engine;
 
 static void lora_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale) {
     lora_engine *c = (lora_engine *)e;
-    qt_lora_cpu_set_batch(c->lc, c->t + 1, c->n_micro);
+    qt_lora_cpu_set_batch(c->lc, c->t + 1, c->sl.n_micro);
     float l = qt_cpu_model_forward(c->model, c->w, in, tgt);
-    long v = qt_cpu_model_targets(c->model);
-    if (c->n_micro == 0) c->valid0 = v;
-    c->uneven |= v != c->valid0;
-    c->loss_sum += l;
-    c->tok_sum += (double)l * v;
-    c->valid += v;
-    c->n_micro++;
+    qt_step_loss_add(&c->sl, l, qt_cpu_model_targets(c->model));
     qt_cpu_model_backward(c->model, c->w, NULL, grad_scale);
 }
 
@@ -64,12 +57,8 @@ static void lora_opt_step(qt_engine *e, float lr, long t, float *loss, float *gn
         qt_adamw_cpu(c->a + o, c->g + o, c->m + o, c->v + o, c->A.tensors[i].numel, &hp, oc->weight_decay, t, scale);
     }
     memset(c->g, 0, c->A.numel * sizeof *c->g);
-    if (c->uneven) *loss = c->valid ? (float)(c->tok_sum / c->valid) : 0.0f;
-    else *loss = c->n_micro ? (float)(c->loss_sum / c->n_micro) : 0.0f;
+    *loss = qt_step_loss_take(&c->sl);
     *gnorm = (float)norm;
-    c->loss_sum = c->tok_sum = 0;
-    c->valid = 0;
-    c->n_micro = c->uneven = 0;
 }
 
 static float lora_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt) {
