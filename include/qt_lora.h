@@ -1,19 +1,18 @@
-/* qt_lora.h — LoRA adapters over a frozen base: their flat layout, PEFT names, init, dropout masks and the
- * CPU fp32 forward/backward of one adapted matmul.
+/* qt_lora.h — LoRA adapters over a frozen base: their flat layout, PEFT names, init, dropout masks, merge and
+ * PEFT's files.
  *
  * Per layer and target module t (q, k, v, o, gate, up, down), A_t [r, in] and B_t [out, r] live in one
  * flat fp32 array of their own (the base's qt_layout is untouched), A before B, layer by layer in target
  * order. The adapted matmul is y = x W^T + scale * (dropout(x) A^T) B^T, scale = alpha / r (rsLoRA:
  * alpha / sqrt(r)). q|k|v and gate|up share a fused base matmul: each target's output lands in its own
  * rows of the fused output (out_row0). Names are PEFT's saved ones
- * ("base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"). */
+ * ("base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"). The CPU maths: qt_lora_cpu.h. */
 #ifndef QT_LORA_H
 #define QT_LORA_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qt_cpu_model.h"
 #include "qt_model.h"
 #include "qt_rng.h"
 
@@ -88,25 +87,6 @@ static inline float qt_lora_mask(uint64_t mseed, uint64_t i, float p, float keep
 }
 /* base[L->numel] += scale * B A over every adapted module's rows of the fused matrices (the merged model). */
 void qt_lora_merge(const qt_lora_layout *A, const qt_layout *L, const float *a, float *base);
-
-/* CPU fp32 forward of one module: u[N, r] = xd A^T (kept for the backward), y[n, out_row0 + o] +=
- * scale * (u B^T)[n, o] with y's rows out_ld wide; xd = x masked by mseed's mask when p > 0 (x [N, in]). (+=) */
-void qt_lora_fwd_cpu(const qt_lora_layout *A, const qt_lora_module *md, const float *a, const float *x, float *u,
-                     float *y, long N, float p, uint64_t mseed);
-/* Its backward given dy (the fused output's gradient, rows out_ld wide) and the kept u: dB += scale dy^T u,
- * dA += (scale dy B)^T xd, dx[N, in] += mask * ((scale dy B) A). ga is the adapter gradient array. (+=) */
-void qt_lora_bwd_cpu(const qt_lora_layout *A, const qt_lora_module *md, const float *a, float *ga, const float *x,
-                     const float *u, const float *dy, float *dx, long N, float p, uint64_t mseed);
-
-/* The adapters as qt_cpu_model's adapter (qt_cpu_model_set_adapter), for micro-batches of N tokens: the
- * weights a and gradients ga [A->numel] are borrowed (ga +=). seed: the run's, for the dropout masks. */
-typedef struct qt_lora_cpu qt_lora_cpu;
-qt_lora_cpu *qt_lora_cpu_create(const qt_lora_layout *A, const float *a, float *ga, long N, uint64_t seed);
-qt_cpu_adapter *qt_lora_cpu_adapter(qt_lora_cpu *c);
-/* The optimizer step (1-based, the one the gradients are for) and micro-batch index the next forward and
- * backward draw their dropout masks for; step < 0: no dropout (evaluation, logits). */
-void qt_lora_cpu_set_batch(qt_lora_cpu *c, long step, long micro);
-void qt_lora_cpu_free(qt_lora_cpu *c);
 
 /* PEFT's files in dir (created): adapter_model.safetensors (fp32, PEFT names) and adapter_config.json
  * (r, lora_alpha, lora_dropout, use_rslora, target_modules; base_model_name_or_path = base, "" = null),

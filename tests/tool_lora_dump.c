@@ -14,7 +14,7 @@
 #include "qt_config.h"
 #include "qt_cpu_model.h"
 #include "qt_engine.h"
-#include "qt_lora.h"
+#include "qt_lora_cpu.h"
 
 static int die(const char *what, const char *err) {
     fprintf(stderr, "tool_lora_dump: %s: %s\n", what, err);

@@ -16,7 +16,7 @@
 #include "qt_dtype.h"
 #include "qt_engine.h"
 #include "qt_error.h"
-#include "qt_lora.h"
+#include "qt_lora_cpu.h"
 #include "qt_optim.h"
 #include "qt_step_loss.h"
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "qt_error.h"
-#include "qt_lora.h"
+#include "qt_lora_cpu.h"
 
 /* xd[N, in] = x masked by mseed (a copy of x when p is 0); caller frees. */
 static float *dropped(float p, const float *x, long N, int in, uint64_t mseed) {
