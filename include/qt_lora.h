@@ -79,7 +79,9 @@ const qt_lora_tensor *qt_lora_find(const qt_lora_layout *A, const char *name);
 /* PEFT's default init: A ~ U(-1/sqrt(in), 1/sqrt(in)) (torch's kaiming_uniform_ with a = sqrt(5)), each
  * element a hash of (seed, its index); B = 0. a[A->numel]. */
 void qt_lora_init(const qt_lora_layout *A, float *a, uint64_t seed);
-/* The seed of one dropout mask: a hash of (run seed, step, micro-batch, layer, target). */
+/* The seed of one dropout mask: a hash of (run seed, step, micro-batch, layer, target). micro is the
+ * micro-batch's index in the step's global batch (the CPU engine's micro-step; with data parallel it must
+ * count over the ranks, so the masks do not depend on the rank count). */
 uint64_t qt_lora_mask_seed(uint64_t seed, long step, long micro, int layer, int target);
 /* Element i of that mask: 0 with probability p, else keep_scale (= 1 / (1 - p)). */
 static inline float qt_lora_mask(uint64_t mseed, uint64_t i, float p, float keep_scale) {

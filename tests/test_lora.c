@@ -205,7 +205,8 @@ static void test_resume_bit_exact(void) {
     free(fb);
 }
 
-/* A resume over another base (another init seed: other weights) is refused, naming the base. */
+/* A resume over another base (another init seed: other weights) of test_resume_bit_exact's checkpoint is
+ * refused, naming the base. */
 static void test_resume_other_base(void) {
     static qt_config c;
     char yaml[4096], err[1024];
