@@ -26,7 +26,7 @@ typedef enum {
 /* lora.trainable bits: base tensors that train beside the adapters. */
 typedef enum { QT_LORA_X_EMBED = 1, QT_LORA_X_LM_HEAD = 2, QT_LORA_X_NORMS = 4 } qt_lora_extra;
 
-/* The base matmul an adapter adds into: its input and fused output (cpu_model's sites). */
+/* The base matmul an adapter adds into: its input and fused output (the values of qt_cpu_model.h's sites). */
 typedef enum { QT_LORA_SITE_QKV = 0, QT_LORA_SITE_O = 1, QT_LORA_SITE_GU = 2, QT_LORA_SITE_DOWN = 3 } qt_lora_site;
 
 typedef struct {

@@ -90,6 +90,10 @@ void qt_lora_bwd_cpu(const qt_lora_layout *A, const qt_lora_module *md, const fl
 
 /* ---- the adapters beside qt_cpu_model's block matmuls ---- */
 
+_Static_assert((int)QT_LORA_SITE_QKV == (int)QT_CPU_SITE_QKV && (int)QT_LORA_SITE_O == (int)QT_CPU_SITE_O &&
+                   (int)QT_LORA_SITE_GU == (int)QT_CPU_SITE_GU && (int)QT_LORA_SITE_DOWN == (int)QT_CPU_SITE_DOWN,
+               "a module's site is the cpu model's site");
+
 struct qt_lora_cpu {
     qt_cpu_adapter ad;        /* first: the model calls back with this pointer */
     const qt_lora_layout *A;
