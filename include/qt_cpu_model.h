@@ -36,6 +36,11 @@ void qt_cpu_model_free(qt_cpu_model *m);
 float qt_cpu_model_forward(qt_cpu_model *m, const float *w, const int32_t *tokens, const int32_t *targets);
 /* Sets the adapter the following forwards and backwards run (borrowed; NULL: none). */
 void qt_cpu_model_set_adapter(qt_cpu_model *m, qt_cpu_adapter *ad);
+/* Which base tensors the following backwards give gradients (the others stay frozen: their part of grad is
+ * not touched). QT_CPU_GRAD_ALL from qt_cpu_model_create. A tied LM head's gradient is the embedding's:
+ * it lands there when QT_CPU_GRAD_LM_HEAD is set. */
+enum { QT_CPU_GRAD_LINEAR = 1, QT_CPU_GRAD_NORMS = 2, QT_CPU_GRAD_EMBED = 4, QT_CPU_GRAD_LM_HEAD = 8, QT_CPU_GRAD_ALL = 15 };
+void qt_cpu_model_set_grads(qt_cpu_model *m, unsigned kinds);
 /* Backward of the last forward: grad[numel] += grad_scale * d(sum of the losses of the targets >= 0)/dw
  * (+=). grad_scale is the weight of one target: 1/qt_cpu_model_targets(m) gives the gradient of the
  * mean loss; the trainer passes qt_loss_scale() so a step averages over all its targets. grad NULL: no

@@ -87,16 +87,25 @@ uint64_t qt_lora_mask_seed(uint64_t seed, long step, long micro, int layer, int 
 static inline float qt_lora_mask(uint64_t mseed, uint64_t i, float p, float keep_scale) {
     return (double)(qt_hash64(mseed, i) >> 11) * 0x1.0p-53 >= p ? keep_scale : 0.0f;
 }
+/* 1 when base tensor t trains beside the adapters under the lora.trainable bits (norms: every RMSNorm weight,
+ * q/k norms included; embeddings; lm_head: an untied LM head). */
+int qt_lora_trains(const qt_tensor *t, int trainable);
+/* The flat base index of the first weight module m (index into A->mods) adds to: the start of its rows of the
+ * fused matrix (a message naming the HF tensor an adapter belongs to). */
+size_t qt_lora_base_offset(const qt_lora_layout *A, const qt_layout *L, int m);
 /* base[L->numel] += scale * B A over every adapted module's rows of the fused matrices (the merged model). */
 void qt_lora_merge(const qt_lora_layout *A, const qt_layout *L, const float *a, float *base);
 
-/* PEFT's files in dir (created): adapter_model.safetensors (fp32, PEFT names) and adapter_config.json
- * (r, lora_alpha, lora_dropout, use_rslora, target_modules; base_model_name_or_path = base, "" = null),
- * atomically each. */
-int qt_lora_export(const char *dir, const qt_lora_layout *A, const float *a, const char *base, char *err,
+/* PEFT's files in dir (created): adapter_model.safetensors (fp32, PEFT names; the base tensors that train,
+ * qt_lora_trains, from w[L->numel] as "base_model.model." + their name) and adapter_config.json (r,
+ * lora_alpha, lora_dropout, use_rslora, target_modules, modules_to_save; base_model_name_or_path = base,
+ * "" = null), atomically each. */
+int qt_lora_export(const char *dir, const qt_lora_layout *A, const float *a, const qt_layout *L, const float *w,
+                   const char *base, char *err, size_t errlen);
+/* Reads an adapter_model.safetensors (path: the file or its folder) into a[A->numel] and the trained base
+ * tensors into w[L->numel]: every tensor present with its shape, F32, nothing else in the file. -1 with err
+ * naming the file and tensor. */
+int qt_lora_import(const char *path, const qt_lora_layout *A, float *a, const qt_layout *L, float *w, char *err,
                    size_t errlen);
-/* Reads an adapter_model.safetensors (path: the file or its folder) into a[A->numel]: every tensor of A
- * present with its shape, F32, nothing else in the file. -1 with err naming the file and tensor. */
-int qt_lora_import(const char *path, const qt_lora_layout *A, float *a, char *err, size_t errlen);
 
 #endif

@@ -26,5 +26,7 @@ qt_cpu_adapter *qt_lora_cpu_adapter(qt_lora_cpu *c);
  * backward draw their dropout masks for; step < 0: no dropout (evaluation, logits). */
 void qt_lora_cpu_set_batch(qt_lora_cpu *c, long step, long micro);
 void qt_lora_cpu_free(qt_lora_cpu *c);
+/* The qt_cpu_model_set_grads kinds of the lora.trainable bits (qt_lora_extra). */
+unsigned qt_lora_cpu_grads(int trainable);
 
 #endif

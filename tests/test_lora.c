@@ -120,7 +120,7 @@ static void test_config_errors(void) {
         {"lora: {rank: 4, dropout: 1}\n", "lora.dropout"},
         {"lora: {rank: 4, targets: [q, x]}\n", "lora.targets"},
         {"lora: {rank: 4, targets: []}\n", "lora.targets"},
-        {"lora: {rank: 4, trainable: [norms]}\n", "lora.trainable"},
+        {"lora: {rank: 4, trainable: [norms, bias]}\n", "lora.trainable"},
         {"lora: {rank: 4, export: both}\n", "lora.export"},
     };
     static qt_config c;
@@ -138,20 +138,26 @@ static void test_config_errors(void) {
     QT_EXPECT(c.lora.rank == 0 && c.lora.targets == QT_LORA_ALL, "defaults: rank %d, targets %d", c.lora.rank, c.lora.targets);
 }
 
-static const char *run_yaml(char *yaml, size_t cap, const char *tag, int init_seed, const char *device) {
+/* The test run: tied embeddings and no trained base tensors unless extras (lora.trainable's list) is given. */
+static const char *run_yaml_x(char *yaml, size_t cap, const char *tag, int init_seed, const char *device,
+                              const char *extras) {
     snprintf(yaml, cap,
              "model: {vocab_size: 64, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2,\n"
-             "        intermediate_size: 48, max_seq_len: 64, qkv_bias: true, tie_embeddings: true}\n"
+             "        intermediate_size: 48, max_seq_len: 64, qkv_bias: true, tie_embeddings: %s}\n"
              "init: {seed: %d, std: 0.1}\n"
              "data: {train: '%s/syn_train_*.bin.zst', eval: '%s/syn_eval_*.bin', seq_len: 24, micro_batch: 3, grad_accum: 2}\n"
              "optim: {lr: 0.01, warmup: 3, steps: 20, schedule: cosine, grad_clip: 1.0, weight_decay: 0.1}\n"
              "eval: {every: 5, batches: 2}\n"
              "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 2}\n"
              "log: {file: '%s/log_%s.jsonl', every: 5}\n"
-             "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, k, v, o, gate, up, down]}\n"
+             "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, k, v, o, gate, up, down], trainable: [%s]}\n"
              "device: %s\n",
-             init_seed, g_dir, g_dir, g_dir, tag, g_dir, tag, device);
+             extras[0] ? "false" : "true", init_seed, g_dir, g_dir, g_dir, tag, g_dir, tag, extras, device);
     return yaml;
+}
+
+static const char *run_yaml(char *yaml, size_t cap, const char *tag, int init_seed, const char *device) {
+    return run_yaml_x(yaml, cap, tag, init_seed, device, "");
 }
 
 static void write_data(void) {
@@ -164,21 +170,24 @@ static void write_data(void) {
 
 /* 10 steps + resume + 10 steps equal 20 straight steps bit for bit (with dropout: the masks continue), the
  * loss falls, the PEFT exports are byte-identical, and the checkpoint holds the adapters and their AdamW
- * state only (no base weights, no base moments). */
-static void test_resume_bit_exact(void) {
+ * state only (no base weights, no base moments; with extras the trained base tensors as lora_extras). tag: the
+ * runs' folders. */
+static void resume_bit_exact(const char *tag, const char *extras) {
     write_data();
     static qt_config a, b;
-    char yaml[4096], err[1024], path[1024];
+    char yaml[4096], err[1024], path[1024], ta[64], tb[64];
     float la[20], lb[20];
-    QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, "straight", 3, "cpu"), err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "halves", 3, "cpu"), err, sizeof err) == 0, "%s", err);
+    snprintf(ta, sizeof ta, "straight%s", tag);
+    snprintf(tb, sizeof tb, "halves%s", tag);
+    QT_REQUIRE(load(&a, run_yaml_x(yaml, sizeof yaml, ta, 3, "cpu", extras), err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(load(&b, run_yaml_x(yaml, sizeof yaml, tb, 3, "cpu", extras), err, sizeof err) == 0, "%s", err);
     qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 10, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
     qt_train_stats st;
     QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
     QT_REQUIRE(st.steps_done == 20, "steps %ld", st.steps_done);
     QT_REQUIRE(qt_train_run(&b, &ob1, &st, err, sizeof err) == 0, "first half: %s", err);
     QT_REQUIRE(st.steps_done == 10, "stopped at %ld", st.steps_done);
-    snprintf(path, sizeof path, "%s/ckpt_halves", g_dir);
+    snprintf(path, sizeof path, "%s/ckpt_%s", g_dir, tb);
     char ck[1024];
     QT_REQUIRE(qt_ckpt_latest(path, ck, sizeof ck) == 0, "no checkpoint in %s", path);
     qt_ckpt *c = qt_ckpt_open(ck, err, sizeof err);
@@ -190,6 +199,8 @@ static void test_resume_bit_exact(void) {
               "the checkpoint lacks the adapters, their moments or the base's identity");
     QT_EXPECT(!qt_ckpt_get(c, "weights", &bytes, &dt) && !qt_ckpt_get(c, "adam_m", &bytes, &dt),
               "the checkpoint holds base weights or base moments");
+    QT_EXPECT(!extras[0] == !qt_ckpt_get(c, "lora_extras", &bytes, &dt), "lora_extras %s with trainable [%s]",
+              extras[0] ? "missing" : "present", extras);
     qt_ckpt_close(c);
     QT_REQUIRE(qt_train_run(&b, &ob2, &st, err, sizeof err) == 0, "resumed half: %s", err);
     for (int i = 0; i < 20; i++)
@@ -197,12 +208,26 @@ static void test_resume_bit_exact(void) {
     QT_EXPECT(la[19] < la[0] - 0.05f, "loss did not fall: %g -> %g", la[0], la[19]);
     char ea[512], eb[512];
     size_t na = 0, nb = 0;
-    snprintf(ea, sizeof ea, "%s/ckpt_straight/export/adapter_model.safetensors", g_dir);
-    snprintf(eb, sizeof eb, "%s/ckpt_halves/export/adapter_model.safetensors", g_dir);
+    snprintf(ea, sizeof ea, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, ta);
+    snprintf(eb, sizeof eb, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, tb);
     char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
     QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
     free(fa);
     free(fb);
+}
+
+static void test_resume_bit_exact(void) { resume_bit_exact("", ""); }
+
+/* The same with the embedding, LM head and norms training beside the adapters (an untied model). */
+static void test_resume_bit_exact_trainable(void) { resume_bit_exact("_x", "embeddings, lm_head, norms"); }
+
+/* Trained embeddings of a tied model are refused, naming the key (PEFT would untie them). */
+static void test_trainable_tied_refused(void) {
+    static qt_config c;
+    char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml_x(yaml, sizeof yaml, "tied_x", 3, "cpu", "embeddings"), err, sizeof err) == 0, "%s", err);
+    c.model.tie_embeddings = 1;
+    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "lora.trainable"), "got: %s", err);
 }
 
 /* A resume over another base (another init seed: other weights) of test_resume_bit_exact's checkpoint is
@@ -238,6 +263,8 @@ int main(void) {
     QT_RUN(test_config_errors);
     QT_RUN(test_resume_bit_exact);
     QT_RUN(test_resume_other_base);
+    QT_RUN(test_resume_bit_exact_trainable);
+    QT_RUN(test_trainable_tied_refused);
     QT_RUN(test_gpu_refuses);
     qt_t_rmtree(g_dir);
     return qt_test_end();

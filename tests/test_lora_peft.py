@@ -5,9 +5,11 @@
    adapters of random A and B (B non-zero, so every gradient is exercised) over several target sets, rsLoRA
    and not; build/tests/tool_lora_dump runs one micro-batch through qtrain's CPU model with the adapters
    (read from PEFT's own adapter_model.safetensors) and dumps the logits and every lora_A / lora_B gradient
-   of the mean loss, compared with torch's (relative L2 <= 1e-5). With dropout, qtrain's masks (dumped by
-   the tool) replace PEFT's nn.Dropout modules, so both run the same mask.
-2. Export: qtrain trains the adapters a few steps (device: cpu, lora: with dropout) and exports them;
+   of the mean loss, compared with torch's (relative L2 <= 1e-5); also with embeddings, LM head and norms
+   trained beside them (PEFT's modules_to_save, their gradients compared too). With dropout, qtrain's masks
+   (dumped by the tool) replace PEFT's nn.Dropout modules, so both run the same mask.
+2. Export: qtrain trains the adapters a few steps (device: cpu, lora: with dropout; once with trained
+   embeddings, LM head and norms) and exports them;
    peft.PeftModel.from_pretrained loads them over the transformers base and reproduces qtrain's logits of
    the exported adapters (<= 1e-5); `qtrain --export merged` writes a model transformers loads to the same
    logits.
@@ -31,6 +33,7 @@ except Exception as exc:  # noqa: BLE001
     print(f"SKIP lora_peft: torch/transformers/peft not importable ({exc.__class__.__name__}: {exc})")
     sys.exit(0)
 
+EXTRA_BITS = {"embeddings": 1, "lm_head": 2, "norms": 4}
 TARGET_BITS = {"q_proj": 1, "k_proj": 2, "v_proj": 4, "o_proj": 8, "gate_proj": 16, "up_proj": 32, "down_proj": 64}
 ALL = list(TARGET_BITS)
 V = 96
@@ -90,18 +93,34 @@ def lora_modules(pm, targets):
     return out
 
 
-def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp):
-    name = f"{kind}_r{r}_{'rs' if rslora else 'a'}{alpha}_{len(targets)}t_p{dropout}"
+def modules_to_save(kind, extras):
+    """PEFT's modules_to_save for qtrain's lora.trainable names."""
+    out = (["embed_tokens"] if "embeddings" in extras else []) + (["lm_head"] if "lm_head" in extras else [])
+    if "norms" in extras:
+        out += ["input_layernorm", "post_attention_layernorm", "norm"] + (["q_norm", "k_norm"] if kind == "qwen3" else [])
+    return out or None
+
+
+def peft_name(n):
+    """The saved name of a PEFT parameter: no adapter name, no modules_to_save wrapper."""
+    return n.replace(".modules_to_save.default", "").replace(".default", "")
+
+
+def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp, extras=()):
+    name = f"{kind}_r{r}_{'rs' if rslora else 'a'}{alpha}_{len(targets)}t_p{dropout}" + "".join(f"_{x}" for x in extras)
     mdir = os.path.join(tmp, f"base_{kind}")
     if not os.path.exists(os.path.join(mdir, "config.json")):
         build_base(kind, mdir)
     pm = peft.get_peft_model(load_base(mdir), peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
-                                                               use_rslora=rslora, lora_dropout=dropout))
+                                                               use_rslora=rslora, lora_dropout=dropout,
+                                                               modules_to_save=modules_to_save(kind, extras)))
     torch.manual_seed(5)
     with torch.no_grad():
         for n, p in pm.named_parameters():
             if "lora_" in n:
                 p.copy_(0.2 * torch.randn_like(p))
+            elif "modules_to_save" in n:  # trained copies of base tensors: moved off the base's values
+                p.add_(0.1 * torch.randn_like(p))
     adir = os.path.join(tmp, f"adapter_{name}")
     pm.save_pretrained(adir)
     B, T = 2, 11
@@ -109,7 +128,9 @@ def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp):
     tok = os.path.join(tmp, "tokens.i32"); win.tofile(tok)
     out = os.path.join(tmp, f"out_{name}")
     bits = sum(TARGET_BITS[t] for t in targets)
-    args = [TOOL, mdir, adir, tok, str(B), str(T), out, str(r), str(alpha), str(int(rslora)), str(bits), str(dropout), "42"]
+    xbits = sum(EXTRA_BITS[x] for x in extras)
+    args = [TOOL, mdir, adir, tok, str(B), str(T), out, str(r), str(alpha), str(int(rslora)), str(bits), str(dropout), "42",
+            str(xbits)]
     res = subprocess.run(args, capture_output=True, text=True)
     if res.returncode != 0:
         print(f"FAIL lora_peft_{name}: tool_lora_dump exited {res.returncode}: {res.stderr.strip()}")
@@ -135,7 +156,7 @@ def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp):
     errs = {"logits": rel(ours, logits.detach().reshape(B * T, V).numpy()),
             "loss": abs(float(open(os.path.join(out, "loss.txt")).read()) - loss.item()) / abs(loss.item())}
     grads = load_file(os.path.join(out, "adapter_model.safetensors"))
-    ref = {n.replace(".default", ""): p.grad.numpy() for n, p in pm.named_parameters() if "lora_" in n}
+    ref = {peft_name(n): p.grad.numpy() for n, p in pm.named_parameters() if p.requires_grad}
     if set(grads) != set(ref):
         print(f"FAIL lora_peft_{name}: tensor names differ: ours-only {sorted(set(grads) - set(ref))[:3]}, "
               f"PEFT-only {sorted(set(ref) - set(grads))[:3]}")
@@ -144,7 +165,7 @@ def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp):
         errs[n] = rel(grads[n], ref[n])
     worst = max(errs, key=errs.get)
     ok = errs[worst] <= TOL
-    print(f"{'PASS' if ok else 'FAIL'} lora_peft_{name}: {len(ref)} adapter gradients, logits {errs['logits']:.1e}, "
+    print(f"{'PASS' if ok else 'FAIL'} lora_peft_{name}: {len(ref)} gradients, logits {errs['logits']:.1e}, "
           f"loss {errs['loss']:.1e}, worst {worst} {errs[worst]:.1e}")
     return ok
 
@@ -157,9 +178,9 @@ def write_shard(path, tokens, vocab):
         f.write(head + bytes(64 - len(head)) + payload)
 
 
-def check_export(kind, tmp):
+def check_export(kind, tmp, extras=()):
     """qtrain trains adapters, exports them; PEFT over the base gives qtrain's logits; the merged export too."""
-    name = f"export_{kind}"
+    name = f"export_{kind}" + "".join(f"_{x}" for x in extras)
     mdir = os.path.join(tmp, f"base_{kind}")
     if not os.path.exists(os.path.join(mdir, "config.json")):
         build_base(kind, mdir)
@@ -172,7 +193,8 @@ def check_export(kind, tmp):
         f.write(f"device: cpu\nrun:\n  dir: {rdir}\ninit:\n  from: {mdir}\n"
                 f"data:\n  train: '{shard}'\n  seq_len: 16\n  micro_batch: 2\n  grad_accum: 2\n"
                 "optim: {lr: 0.01, warmup: 0, steps: 4, weight_decay: 0.1}\neval: {every: 0}\n"
-                "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, v, o, up, down]}\n")
+                "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, v, o, up, down], "
+                f"trainable: [{', '.join(extras)}]}}\n")
     res = subprocess.run([QTRAIN, cfg], capture_output=True, text=True)
     if res.returncode != 0:
         print(f"FAIL lora_peft_{name}: qtrain exited {res.returncode}: {res.stderr.strip()[-2000:]}")
@@ -189,8 +211,9 @@ def check_export(kind, tmp):
     tok = os.path.join(tmp, "tokens_export.i32"); win.tofile(tok)
     out = os.path.join(tmp, f"out_{name}")
     bits = sum(TARGET_BITS[t] for t in acfg["target_modules"])
+    xbits = sum(EXTRA_BITS[x] for x in extras)
     res = subprocess.run([TOOL, mdir, edir, tok, str(B), str(T), out, str(acfg["r"]), str(acfg["lora_alpha"]), "0",
-                          str(bits), "0", "0"], capture_output=True, text=True)
+                          str(bits), "0", "0", str(xbits)], capture_output=True, text=True)
     if res.returncode != 0:
         print(f"FAIL lora_peft_{name}: tool_lora_dump exited {res.returncode}: {res.stderr.strip()}")
         return False
@@ -223,8 +246,13 @@ def main():
                 ("llama", ["q_proj", "v_proj", "gate_proj", "down_proj"], 4, 8, False, 0.25),
                 ("qwen3", ALL, 4, 8, True, 0.1)):
             ok &= check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp)
+        # trained base tensors beside the adapters (PEFT's modules_to_save)
+        ok &= check_fwd_bwd("llama", ALL, 4, 8, False, 0.0, tmp, ("embeddings", "lm_head", "norms"))
+        ok &= check_fwd_bwd("qwen3", ["q_proj", "down_proj"], 3, 6, False, 0.1, tmp, ("norms",))
+        ok &= check_fwd_bwd("qwen2", ALL, 2, 4, False, 0.0, tmp, ("norms",))
         for kind in ("qwen2", "llama"):
             ok &= check_export(kind, tmp)
+        ok &= check_export("llama", tmp, ("embeddings", "lm_head", "norms"))
     return 0 if ok else 1
 
 

@@ -267,7 +267,7 @@ static const qt_config_key keys[] = {
     NL("lora.targets", lora.targets, lora_target_names, "[q, k, v, o, gate, up, down]", "all",
        "the blocks' linear layers that get adapters (q_proj ... down_proj)"),
     NL("lora.trainable", lora.trainable, lora_extra_names, "[]", "all",
-       "base tensors that train beside the adapters (embeddings, lm_head, norms); not built yet: refused when given"),
+       "base tensors that train beside the adapters, with gradients and AdamW state of their own (PEFT's modules_to_save): embeddings, lm_head (untied models only: PEFT unties them), norms (every RMSNorm weight)"),
     E("lora.export", lora.export_merged, lora_export_names, "adapter", "all", 0,
       "what the export writes with lora.rank > 0: adapter = PEFT's adapter_model.safetensors + adapter_config.json "
       "(peft.PeftModel.from_pretrained loads them over the base), merged = the merged model (base + scale B A) as "

@@ -108,17 +108,31 @@ uint64_t qt_lora_mask_seed(uint64_t seed, long step, long micro, int layer, int 
     return qt_hash64(h, (uint64_t)layer * QT_LORA_N_TARGETS + (uint64_t)target);
 }
 
+int qt_lora_trains(const qt_tensor *t, int trainable) {
+    switch (t->kind) {
+    case QT_T_NORM: case QT_T_FINAL_NORM: case QT_T_QNORM: case QT_T_KNORM: return (trainable & QT_LORA_X_NORMS) != 0;
+    case QT_T_EMBED: return (trainable & QT_LORA_X_EMBED) != 0;
+    case QT_T_LM_HEAD: return (trainable & QT_LORA_X_LM_HEAD) != 0;
+    default: return 0;
+    }
+}
+
 /* The base offset of the fused matrix module md adds into, in layer l. */
 static size_t site_matrix(const qt_layout *L, int l, qt_lora_site s) {
     const qt_layer_offsets *o = &L->layers[l];
     return s == QT_LORA_SITE_QKV ? o->wqkv : s == QT_LORA_SITE_O ? o->wo : s == QT_LORA_SITE_GU ? o->wgu : o->wdown;
 }
 
+size_t qt_lora_base_offset(const qt_lora_layout *A, const qt_layout *L, int m) {
+    const qt_lora_module *md = &A->mods[m];
+    return site_matrix(L, m / A->per_layer, md->site) + (size_t)md->out_row0 * md->in;
+}
+
 void qt_lora_merge(const qt_lora_layout *A, const qt_layout *L, const float *a, float *base) {
     int r = A->cfg.rank;
     for (int m = 0; m < A->n_layers * A->per_layer; m++) {
         const qt_lora_module *md = &A->mods[m];
-        float *W = base + site_matrix(L, m / A->per_layer, md->site) + (size_t)md->out_row0 * md->in;
+        float *W = base + qt_lora_base_offset(A, L, m);
         const float *Am = a + md->a, *Bm = a + md->b;
         for (int o = 0; o < md->out; o++)
             for (int i = 0; i < md->in; i++) {

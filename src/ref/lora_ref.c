@@ -160,3 +160,8 @@ void qt_lora_cpu_free(qt_lora_cpu *c) {
     free(c->u);
     free(c);
 }
+
+unsigned qt_lora_cpu_grads(int trainable) {
+    return (trainable & QT_LORA_X_NORMS ? QT_CPU_GRAD_NORMS : 0u) | (trainable & QT_LORA_X_EMBED ? QT_CPU_GRAD_EMBED : 0u) |
+           (trainable & QT_LORA_X_LM_HEAD ? QT_CPU_GRAD_LM_HEAD : 0u);
+}
