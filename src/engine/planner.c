@@ -73,7 +73,8 @@ static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char 
     return 0;
 }
 
-/* engine_cpu_lora.c: the frozen base, the adapters with their gradients and moments, the model's activations and
+/* engine_cpu_lora.c: the frozen base, the adapters with their gradients and moments (and those of the base tensors
+ * that train), the model's activations and
  * the adapters' kept inputs [N, r] per module; a checkpoint snapshots the adapters, m and v. */
 static int cpu_lora_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, char *err, size_t errlen) {
     qt_lora_layout A;
@@ -83,6 +84,9 @@ static int cpu_lora_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *
     qt_lora_layout_free(&A);
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "base weights (fp32, frozen)", L->numel * sizeof(float));
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "adapters, grads, m, v (fp32)", 4 * an * sizeof(float));
+    size_t xn = 0; /* lora.trainable's base tensors: their gradients and moments (+ a packed copy at a save) */
+    for (int i = 0; i < L->n_tensors; i++) xn += qt_lora_trains(&L->tensors[i], cfg->lora.trainable) ? L->tensors[i].numel : 0;
+    if (xn) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "trained base: grads, m, v", 6 * xn * sizeof(float));
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "activations (CPU)",
                     qt_cpu_model_bytes(L, B, T) + mods * B * T * cfg->lora.rank * sizeof(float));
     if (rp->training) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", 3 * ((an * 4 + 63) / 64 * 64));
