@@ -2,8 +2,8 @@
  *
  * The base lives in one fp32 array with no gradient and no optimizer state; qt_cpu_model runs it with the
  * adapters beside its block matmuls (qt_lora_cpu) and a NULL base gradient. AdamW updates the adapter array
- * only, and the base tensors lora.trainable names (their gradients and moments in base-sized arrays whose other
- * pages are never touched). Checkpoints hold the adapters, the trained base tensors, their m and v, the step
+ * only; with lora.trainable also the base tensors it names (the model then writes their gradients, and only
+ * theirs, into base-sized gradient and moment arrays whose other pages are never touched). Checkpoints hold the adapters, the trained base tensors, their m and v, the step
  * the dropout masks continue from and the base's identity (its source and a CRC-32C of its fp32 bytes as
  * loaded): a resume over another base is refused.
  * get_weights gives the merged model (base + scale B A), which the HF export writes; the engine's own
@@ -26,7 +26,7 @@ typedef struct {
     qt_engine base;
     qt_plan plan;
     qt_cpu_model *model;
-    float *w;               /* the frozen base [L->numel] */
+    float *w;               /* the base [L->numel], frozen but for lora.trainable's tensors */
     qt_lora_layout A;
     float *a, *g, *m, *v;   /* adapters, their gradients and AdamW moments [A.numel] */
     float *xg, *xm, *xv;    /* the trained base tensors' gradients and moments [L->numel] (NULL: none train) */
