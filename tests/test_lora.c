@@ -84,6 +84,43 @@ static void test_init(void) {
     qt_lora_layout_free(&A);
 }
 
+/* PEFT's files read back: the adapters and the trained norms bit for bit; a file of another rank or without
+ * the trained tensors is refused naming the tensor. */
+static void test_export_import(void) {
+    qt_model_cfg m = small_model();
+    qt_lora_cfg c = {.rank = 3, .alpha = 6, .targets = QT_LORA_Q | QT_LORA_DOWN, .trainable = QT_LORA_X_NORMS};
+    qt_lora_layout A, A2;
+    qt_layout L;
+    char err[1024], dir[512];
+    QT_REQUIRE(qt_layout_init(&L, &m, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_lora_layout_init(&A, &c, &m, err, sizeof err) == 0, "%s", err);
+    float *a = malloc(A.numel * 4), *b = calloc(A.numel, 4), *w = malloc(L.numel * 4), *w2 = calloc(L.numel, 4);
+    for (size_t i = 0; i < A.numel; i++) a[i] = (float)qt_hash64(1, i) * 0x1p-64f - 0.5f;
+    for (size_t i = 0; i < L.numel; i++) w[i] = (float)qt_hash64(2, i) * 0x1p-64f;
+    snprintf(dir, sizeof dir, "%s/peft_x", g_dir);
+    QT_REQUIRE(qt_lora_export(dir, &A, a, &L, w, "base/dir", err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_lora_import(dir, &A, b, &L, w2, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(!memcmp(a, b, A.numel * 4), "adapters differ after the round trip");
+    const qt_tensor *n = qt_layout_find(&L, "model.layers.1.post_attention_layernorm.weight");
+    QT_EXPECT(n && !memcmp(w + n->offset, w2 + n->offset, n->numel * 4), "a trained norm differs after the round trip");
+    c.rank = 2;
+    QT_REQUIRE(qt_lora_layout_init(&A2, &c, &m, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_lora_import(dir, &A2, b, &L, w2, err, sizeof err) == -1 && strstr(err, "lora_A.weight: expected shape [2, 32]"),
+              "rank 2 over a rank 3 file: %s", err);
+    c.rank = 3, c.trainable = 0;
+    qt_lora_layout_free(&A2);
+    QT_REQUIRE(qt_lora_layout_init(&A2, &c, &m, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_lora_import(dir, &A2, b, &L, w2, err, sizeof err) == -1 && strstr(err, "norm.weight: not a tensor"),
+              "a file with norms into a run without them: %s", err);
+    QT_REQUIRE(qt_lora_export(dir, &A2, a, &L, w, "", err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_lora_import(dir, &A, b, &L, w2, err, sizeof err) == -1 && strstr(err, "layernorm.weight: missing"),
+              "a file without norms into a run with them: %s", err);
+    free(a), free(b), free(w), free(w2);
+    qt_lora_layout_free(&A);
+    qt_lora_layout_free(&A2);
+    qt_layout_free(&L);
+}
+
 /* The mask drops p of the inputs, scales the rest by 1/(1-p), is a function of (seed, step, micro-batch,
  * layer, module) and differs when any of them does. */
 static void test_dropout_mask(void) {
@@ -259,6 +296,7 @@ int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_lora")) return 1;
     QT_RUN(test_layout);
     QT_RUN(test_init);
+    QT_RUN(test_export_import);
     QT_RUN(test_dropout_mask);
     QT_RUN(test_config_errors);
     QT_RUN(test_resume_bit_exact);

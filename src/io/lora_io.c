@@ -195,8 +195,8 @@ int qt_lora_import(const char *path, const qt_lora_layout *A, float *a, const qt
         qt_errf(err, errlen, "%s: not a readable safetensors file", fp);
         goto out;
     }
-    if (!(j = qt_json_parse(h, hlen, jerr, sizeof jerr))) {
-        qt_errf(err, errlen, "%s: header JSON: %s", fp, jerr);
+    if (!(j = qt_json_parse(h, hlen, jerr, sizeof jerr)) || qt_json_root(j)->type != QT_JSON_OBJ) {
+        qt_errf(err, errlen, "%s: header JSON: %s", fp, j ? "expected an object" : jerr);
         goto out;
     }
     for (const qt_json_node *e = qt_json_root(j)->child; e; e = e->next)
