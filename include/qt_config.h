@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "qt_lora.h"
 #include "qt_model.h"
 #include "qt_modes.h"
 
@@ -146,6 +147,7 @@ typedef struct qt_config {
     qt_memory_cfg memory;
     qt_perf_cfg perf;
     qt_parallel_cfg parallel;
+    qt_lora_cfg lora;             /* lora.rank 0: full fine-tuning; else adapters over a frozen base (qt_lora.h) */
 } qt_config;
 
 /* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,

@@ -15,6 +15,19 @@
 
 typedef struct qt_cpu_model qt_cpu_model;
 
+/* The block matmuls an adapter sits beside: input -> fused output. */
+typedef enum { QT_CPU_SITE_QKV = 0, QT_CPU_SITE_O = 1, QT_CPU_SITE_GU = 2, QT_CPU_SITE_DOWN = 3 } qt_cpu_site;
+
+/* Something beside the block matmuls (LoRA adapters, qt_lora.h): fwd adds into the site's fused output
+ * y[N, out] right after the base matmul wrote it (x its input [N, in]); bwd gets that output's gradient dy
+ * and adds into the input's gradient dx right after the base wrote it, accumulating its own parameters'
+ * gradients where it keeps them. */
+typedef struct qt_cpu_adapter qt_cpu_adapter;
+struct qt_cpu_adapter {
+    void (*fwd)(qt_cpu_adapter *ad, int layer, qt_cpu_site site, const float *x, float *y, long N);
+    void (*bwd)(qt_cpu_adapter *ad, int layer, qt_cpu_site site, const float *x, const float *dy, float *dx, long N);
+};
+
 /* Allocates the activations for B sequences of T tokens (T <= max_seq_len). The layout is borrowed
  * and must outlive the model. Free with qt_cpu_model_free. */
 qt_cpu_model *qt_cpu_model_create(const qt_layout *L, int B, int T);
@@ -25,9 +38,17 @@ void qt_cpu_model_free(qt_cpu_model *m);
 /* Forward over tokens[B*T]; returns the mean loss over targets >= 0 (targets may be NULL: logits
  * only, returns 0). Keeps what backward needs. */
 float qt_cpu_model_forward(qt_cpu_model *m, const float *w, const int32_t *tokens, const int32_t *targets);
+/* Sets the adapter the following forwards and backwards run (borrowed; NULL: none). */
+void qt_cpu_model_set_adapter(qt_cpu_model *m, qt_cpu_adapter *ad);
+/* Which base tensors the following backwards give gradients (the others stay frozen: their part of grad is
+ * not touched). QT_CPU_GRAD_ALL from qt_cpu_model_create. A tied LM head's gradient is the embedding's:
+ * it lands there when QT_CPU_GRAD_LM_HEAD is set. */
+enum { QT_CPU_GRAD_LINEAR = 1, QT_CPU_GRAD_NORMS = 2, QT_CPU_GRAD_EMBED = 4, QT_CPU_GRAD_LM_HEAD = 8, QT_CPU_GRAD_ALL = 15 };
+void qt_cpu_model_set_grads(qt_cpu_model *m, unsigned kinds);
 /* Backward of the last forward: grad[numel] += grad_scale * d(sum of the losses of the targets >= 0)/dw
  * (+=). grad_scale is the weight of one target: 1/qt_cpu_model_targets(m) gives the gradient of the
- * mean loss; the trainer passes qt_loss_scale() so a step averages over all its targets. */
+ * mean loss; the trainer passes qt_loss_scale() so a step averages over all its targets. grad NULL: no
+ * base gradient at all (a frozen base: only the data gradient flows, to the adapter). */
 void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale);
 /* The number of targets >= 0 in the last forward. */
 /* The documents of the following forwards (qt_docs.h; NULL: causal attention over each row, positions t):

@@ -113,6 +113,9 @@ typedef struct {
     /* 1: data.attention: auto picks attention per document here (the path is validated against the CPU
      * reference on this engine's device); 0: auto keeps causal, data.attention: document still asks for it. */
     int docs_by_default;
+    /* Writes the engine's own export to dir instead of the HF model (LoRA: PEFT's adapter files); NULL:
+     * the HF export of get_weights is the export. */
+    int (*export_adapter)(qt_engine *e, const char *dir, char *err, size_t errlen);
 } qt_engine_ops;
 
 struct qt_engine {
@@ -138,10 +141,17 @@ int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char
 qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                 size_t errlen);
 
+/* What the GPU engines cannot run in cfg, as a message naming the key ("lora: not yet on the GPU ..."), or NULL. */
+const char *qt_engine_gpu_refusal(const qt_config *cfg);
+
 /* CPU fp32 reference engine, the weights read from src into its own array; NULL with err when they
  * cannot be read. */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
                                     size_t errlen);
+/* CPU fp32 engine training the LoRA adapters of plan->lora over a frozen base read from src (qt_lora.h);
+ * NULL with err when the weights cannot be read or the lora settings are invalid. */
+qt_engine *qt_engine_cpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
+                                     size_t errlen);
 /* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when
  * shard->n_ranks > 1; qt_partition.h). */
 struct qt_comm;
@@ -192,6 +202,8 @@ int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err,
  * *step the step that made it. */
 int qt_engine_nonfinite_weight(qt_engine *e, int settle, long *index, long *step, char *err, size_t errlen);
 int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
+/* ops->export_adapter; -1 with err when the engine has none. */
+int qt_engine_export_adapter(qt_engine *e, const char *dir, char *err, size_t errlen);
 void qt_engine_free(qt_engine *e);
 /* ops->set_docs; -1 with err when d asks for attention or positions per document and the engine has no
  * set_docs, or its starts are malformed. */

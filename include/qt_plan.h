@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "qt_dtype.h"
+#include "qt_lora.h"
 #include "qt_model.h"
 #include "qt_modes.h"
 
@@ -126,6 +127,7 @@ typedef struct {
     qt_plan_parallel parallel;
     qt_plan_perf perf;
     qt_plan_memory memory;
+    qt_lora_cfg lora;          /* lora.*: rank 0 trains the whole model; else adapters over a frozen base */
 } qt_plan;
 
 /* The plan of cfg for layout L on n_ranks GPU ranks (0: one GPU, no data parallelism). Checks every cross-mode

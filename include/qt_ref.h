@@ -30,7 +30,7 @@ float qt_ref_embed_scale(int hidden, int round_bf16);
 
 /* y[N,C] = x / sqrt(mean(x^2) + eps) * w;  rstd[N] = 1/sqrt(mean(x^2)+eps)   (=) */
 void qt_ref_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, long N, int C, float eps);
-/* dx[N,C] += d/dx (the residual stream accumulates);  dw[C] += ...   (+=, both) */
+/* dx[N,C] += d/dx (the residual stream accumulates);  dw[C] += ...   (+=, both; dw NULL: none) */
 void qt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
                         const float *rstd, long N, int C);
 /* Gemma3RMSNorm: y = x / sqrt(mean(x^2) + eps) * (1 + w), the scale 1 + w formed in fp32; rstd as above (=) */
@@ -65,7 +65,7 @@ void qt_ref_rope_pos_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, const
 void qt_ref_qknorm_fwd(float *y, float *rstd, const float *x, const float *w, long N, int H, int Hkv, int D,
                        float eps);
 /* dx[N,(H+2*Hkv)*D] (=: q/k heads the norm's backward, v heads dy's; may be dy) from the forward's input
- * x and rstd;  dw[2D] += (q part, then k part) */
+ * x and rstd;  dw[2D] += (q part, then k part; dw NULL: none) */
 void qt_ref_qknorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
                        long N, int H, int Hkv, int D);
 

@@ -620,6 +620,7 @@ static void randomize(uint64_t *s) {
     if (rp->type == QT_ROPE_DYNAMIC && (cfg.model.head_dim ? cfg.model.head_dim : cfg.model.hidden_size / cfg.model.num_heads) <= 2)
         rp->type = QT_ROPE_LINEAR;
     cfg.optim.warmup = cfg.optim.cooldown = 0;
+    if (cfg.lora.rank > 0 && !cfg.lora.targets) cfg.lora.targets = QT_LORA_ALL; /* LoRA: some target */
     /* The window rule the family can say: none for llama, every layer for mistral. */
     if (cfg.model.arch == QT_ARCH_LLAMA) cfg.model.sliding_window = 0;
     if (cfg.model.arch == QT_ARCH_MISTRAL) cfg.model.window_layers_from = 0;

@@ -438,6 +438,9 @@ static int cross_check(ctx *x) {
                         c->optim.warmup + c->optim.cooldown, v);
         return fail(x, at_of(x, key), key, "expected warmup + cooldown <= steps (%d), got \"%d\"", c->optim.steps, v);
     }
+    if (c->lora.rank > 0 && !c->lora.targets)
+        return fail(x, at_of(x, "lora.targets"), "lora.targets", "expected at least one of q, k, v, o, gate, up, down "
+                    "with lora.rank %d, got []", c->lora.rank);
     /* parallel.shard_optimizer is the older spelling of parallel.zero 0 / 1: alone it picks the level,
      * with zero it must agree; afterwards it says whether the optimizer state is sharded (zero >= 1). */
     where wz = at_of(x, "parallel.zero"), wso = at_of(x, "parallel.shard_optimizer");

@@ -56,6 +56,12 @@ static const qt_key_enum attention_names[] = {
     {"auto", QT_DOCS_AUTO}, {"document", QT_DOCS_DOCUMENT}, {"causal", QT_DOCS_WINDOW}, {NULL, 0}};
 static const qt_key_enum positions_names[] = {
     {"auto", QT_DOCS_AUTO}, {"document", QT_DOCS_DOCUMENT}, {"window", QT_DOCS_WINDOW}, {NULL, 0}};
+static const qt_key_enum lora_target_names[] = {{"q", QT_LORA_Q},       {"k", QT_LORA_K},   {"v", QT_LORA_V},
+                                                {"o", QT_LORA_O},       {"gate", QT_LORA_GATE},
+                                                {"up", QT_LORA_UP},     {"down", QT_LORA_DOWN}, {NULL, 0}};
+static const qt_key_enum lora_extra_names[] = {
+    {"embeddings", QT_LORA_X_EMBED}, {"lm_head", QT_LORA_X_LM_HEAD}, {"norms", QT_LORA_X_NORMS}, {NULL, 0}};
+static const qt_key_enum lora_export_names[] = {{"adapter", 0}, {"merged", 1}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
                                               {NULL, 0}};
@@ -262,6 +268,21 @@ static const qt_config_key keys[] = {
       "in the last micro-batch of a step, sum each layer's gradients over the GPUs while the backward goes on to the layers below (one bucket per layer), and (sharded) all-gather the updated weights while the next forward runs, each layer waiting for its own; false: one sum after the backward, one all-gather before the next forward"),
     I("parallel.nodes", parallel.nodes, 1, 64, "1", "multi-node", 0,
       "machines the run spans, one qtrain process per machine started by torchrun --nproc_per_node=1, srun --ntasks-per-node=1 or mpirun --npernode 1 (their RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_* or OMPI_COMM_WORLD_* variables; docs/multi-node.md); the launcher's process count must equal it. > 1: the nodes meet (node 0's port, the config and GPU count checked equal) and then stop: training across nodes is not built yet"),
+
+    I("lora.rank", lora.rank, 0, 65536, "0", "all", 0,
+      "LoRA rank r: > 0 trains low-rank adapters (A [r, in], B [out, r] per target module, PEFT's init: A Kaiming-uniform, B zero, from seed) over a frozen base that has no gradients and no optimizer state; checkpoints hold the adapters, their AdamW state and the base's identity; the export is PEFT's adapter_model.safetensors + adapter_config.json (--export merged: the merged model). 0 = full fine-tuning. CPU engine only for now"),
+    F("lora.alpha", lora.alpha, 0, NOHI, 1, 0, "8", "all", 0, "LoRA alpha: the adapters' output is scaled by alpha / r"),
+    B("lora.rslora", lora.rslora, "false", "all", 0, "rank-stabilized LoRA: scale alpha / sqrt(r) instead of alpha / r"),
+    F("lora.dropout", lora.dropout, 0, 1, 0, 1, "0", "all", 0,
+      "dropout on each adapter's input (its own mask per module, a hash of seed, step, micro-batch, layer and module: the same across resume)"),
+    NL("lora.targets", lora.targets, lora_target_names, "[q, k, v, o, gate, up, down]", "all",
+       "the blocks' linear layers that get adapters (q_proj ... down_proj)"),
+    NL("lora.trainable", lora.trainable, lora_extra_names, "[]", "all",
+       "base tensors that train beside the adapters, with gradients and AdamW state of their own (PEFT's modules_to_save): embeddings, lm_head (untied models only: PEFT unties them), norms (every RMSNorm weight)"),
+    E("lora.export", lora.export_merged, lora_export_names, "adapter", "all", 0,
+      "what the export writes with lora.rank > 0: adapter = PEFT's adapter_model.safetensors + adapter_config.json "
+      "(peft.PeftModel.from_pretrained loads them over the base), merged = the merged model (base + scale B A) as "
+      "model.safetensors + config.json in export.dtype; `qtrain run.yaml --export merged` sets it"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

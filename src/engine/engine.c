@@ -98,6 +98,13 @@ int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errl
     return rc;
 }
 
+int qt_engine_export_adapter(qt_engine *e, const char *dir, char *err, size_t errlen) {
+    if (!e->ops->export_adapter) return qt_errf(err, errlen, "the %s engine has no export of its own", e->ops->name);
+    volatile int rc = 0;
+    CAUGHT(err, errlen, rc = e->ops->export_adapter(e, dir, err, errlen));
+    return rc;
+}
+
 void qt_engine_free(qt_engine *e) {
     if (!e) return;
     qt_catch c;

@@ -9,29 +9,21 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_optim.h"
+#include "qt_step_loss.h"
 
 typedef struct {
     qt_engine base;
     qt_plan plan;         /* run and optimizer only (qt_plan_resolve for the CPU) */
     qt_cpu_model *model;
     float *w, *g, *m, *v; /* owned, L->numel each */
-    double loss_sum;      /* the micro-steps' mean losses, summed */
-    double tok_sum;       /* their target losses, summed (mean x count) */
-    long valid, valid0;   /* targets >= 0 since the last opt_step; the first micro-step's count */
-    int n_micro, uneven;  /* uneven: the micro-steps' target counts differ (loss masks) */
+    qt_step_loss sl;      /* the micro-steps' losses since the last opt_step */
     long t;               /* the last opt_step's step */
 } cpu_engine;
 
 static void cpu_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale) {
     cpu_engine *c = (cpu_engine *)e;
     float l = qt_cpu_model_forward(c->model, c->w, in, tgt);
-    long v = qt_cpu_model_targets(c->model);
-    if (c->n_micro == 0) c->valid0 = v;
-    c->uneven |= v != c->valid0;
-    c->loss_sum += l;
-    c->tok_sum += (double)l * v;
-    c->valid += v;
-    c->n_micro++;
+    qt_step_loss_add(&c->sl, l, qt_cpu_model_targets(c->model));
     qt_cpu_model_backward(c->model, c->w, c->g, grad_scale);
 }
 
@@ -52,14 +44,8 @@ static void cpu_opt_step(qt_engine *e, float lr, long t, float *loss, float *gno
                      t, scale);
     }
     memset(c->g, 0, e->L->numel * sizeof(float));
-    /* The mean over all targets of the step. With equal counts it is the mean of the micro-steps'
-     * means, computed that way so that runs without masks log the same bits as before masks. */
-    if (c->uneven) *loss = c->valid ? (float)(c->tok_sum / c->valid) : 0.0f;
-    else *loss = c->n_micro ? (float)(c->loss_sum / c->n_micro) : 0.0f;
+    *loss = qt_step_loss_take(&c->sl);
     *gnorm = (float)norm;
-    c->loss_sum = c->tok_sum = 0;
-    c->valid = 0;
-    c->n_micro = c->uneven = 0;
 }
 
 static float cpu_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt) {

@@ -510,6 +510,8 @@ static void print_choice(const char *tag, const qt_plan_choice *c, const qt_conf
 
 int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
     if (!cfg->memory.plan) return 0;
+    const char *no = qt_engine_gpu_refusal(cfg); /* before a plan for what the GPU engines cannot run is searched */
+    if (no) return qt_errf(err, errlen, "%s: %s", cfg->path, no);
     qt_layout L;
     qt_weight_src src;
     static qt_plan_choice ch[QT_PLAN_AUTO_MAX];

@@ -9,6 +9,7 @@
 #include "qt_device.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
+#include "qt_lora.h"
 #include "qt_partition.h"
 #include "qt_weight_src.h"
 
@@ -72,6 +73,26 @@ static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char 
     return 0;
 }
 
+/* engine_cpu_lora.c: the frozen base, the adapters with their gradients and moments (and those of the base tensors
+ * that train), the model's activations and
+ * the adapters' kept inputs [N, r] per module; a checkpoint snapshots the adapters, m and v. */
+static int cpu_lora_rows(const qt_layout *L, const qt_config *cfg, qt_run_plan *rp, char *err, size_t errlen) {
+    qt_lora_layout A;
+    if (qt_lora_layout_init(&A, &cfg->lora, &L->cfg, err, errlen)) return -1;
+    int B = cfg->data.micro_batch, T = cfg->data.seq_len;
+    size_t mods = (size_t)A.n_layers * A.per_layer, an = A.numel;
+    qt_lora_layout_free(&A);
+    qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "base weights (fp32, frozen)", L->numel * sizeof(float));
+    qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "adapters, grads, m, v (fp32)", 4 * an * sizeof(float));
+    size_t xn = 0; /* lora.trainable's base tensors: their gradients and moments (+ a packed copy at a save) */
+    for (int i = 0; i < L->n_tensors; i++) xn += qt_lora_trains(&L->tensors[i], cfg->lora.trainable) ? L->tensors[i].numel : 0;
+    if (xn) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "trained base: grads, m, v", 6 * xn * sizeof(float));
+    qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "activations (CPU)",
+                    qt_cpu_model_bytes(L, B, T) + mods * B * T * cfg->lora.rank * sizeof(float));
+    if (rp->training) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", 3 * ((an * 4 + 63) / 64 * 64));
+    return 0;
+}
+
 int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training, qt_run_plan *rp, char *err,
                 size_t errlen) {
     memset(rp, 0, sizeof *rp);
@@ -79,7 +100,9 @@ int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training
     if (count_ranks(cfg, gpus, rp, err, errlen)) return -1;
     qt_mem_plan_begin(&rp->mem, NULL);
     int B = cfg->data.micro_batch, T = cfg->data.seq_len;
-    if (rp->ranks == 0) { /* engine_cpu.c: w, g, m, v and the model's activations */
+    if (rp->ranks == 0 && cfg->lora.rank > 0) {
+        if (cpu_lora_rows(L, cfg, rp, err, errlen)) return -1;
+    } else if (rp->ranks == 0) { /* engine_cpu.c: w, g, m, v and the model's activations */
         qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weights, gradients, m, v (fp32)", 4 * L->numel * sizeof(float));
         qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "activations (CPU)", qt_cpu_model_bytes(L, B, T));
         if (training) /* train_ckpt.c's snapshot of weights, m, v at a save (64-byte aligned each) */

@@ -22,12 +22,23 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         if (cfg->device == QT_DEVICE_AUTO)
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
         qt_plan_resolve(cfg, L, -1, &plan, err, errlen);
+        if (plan.lora.rank > 0) return qt_engine_cpu_lora_create(L, &plan, src, err, errlen);
         return qt_engine_cpu_create(L, &plan, src, err, errlen);
+    }
+    const char *no = qt_engine_gpu_refusal(cfg);
+    if (no) {
+        snprintf(err, errlen, "%s: %s", cfg->path, no);
+        return NULL;
     }
     int devs[QT_COMM_MAX_RANKS], n = qt_plan_rank_devices(cfg, ngpu, devs, err, errlen);
     if (n < 0 || qt_plan_resolve(cfg, L, n == 1 ? 0 : n, &plan, err, errlen)) return NULL;
     if (n == 1) return qt_engine_gpu_create(L, &plan, src, devs[0], NULL, err, errlen);
     return qt_engine_dp_create(L, &plan, src, n, devs, err, errlen);
+}
+
+const char *qt_engine_gpu_refusal(const qt_config *cfg) {
+    if (cfg->lora.rank > 0) return "lora: not yet on the GPU (set device: cpu to train the adapters on the CPU fp32 engine)";
+    return NULL;
 }
 
 /* The run's memory plan against the limits, before anything is allocated; prints the host rows. The GPU

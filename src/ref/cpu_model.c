@@ -5,7 +5,9 @@
  * and the heads' rstd), attention out and lse, gate|up
  * and the SwiGLU output; then the final norm and the logits. Backward writes dlogits over the logits
  * and accumulates weight gradients straight into grad (the CE scale is grad_scale, the weight of one
- * target; the caller divides by the target count it averages over). */
+ * target; the caller divides by the target count it averages over). An adapter (LoRA) may sit beside the
+ * four block matmuls: it adds into their outputs and into their inputs' gradients; with grad NULL the base
+ * takes no gradient at all. */
 #include "qt_cpu_model.h"
 
 #include <stdlib.h>
@@ -42,6 +44,8 @@ struct qt_cpu_model {
     double *rope_inv_freq; /* [head_dim/2], and the cos/sin factor: qt_rope_inv_freq at T */
     double rope_attn;
     int32_t *kv_lo, *pos;  /* [N] per-document key bounds and RoPE positions (qt_cpu_model_set_docs), or NULL */
+    qt_cpu_adapter *ad;    /* beside the block matmuls (LoRA), or NULL */
+    unsigned grads;        /* QT_CPU_GRAD_* bits: the base tensors backward writes gradients for */
 };
 
 static float *falloc(long n) {
@@ -68,6 +72,7 @@ qt_cpu_model *qt_cpu_model_create(const qt_layout *L, int B, int T) {
     long N = (long)B * T, C = c->hidden_size, HD = (long)c->num_heads * c->head_dim;
     long QKV = (long)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim, F = c->intermediate_size;
     m->L = L;
+    m->grads = QT_CPU_GRAD_ALL;
     m->B = B;
     m->T = T;
     m->N = N;
@@ -142,15 +147,19 @@ static void block_fwd(qt_cpu_model *m, const float *w, int l, float *out) {
     qt_ref_rmsnorm_fwd(a->ln1, a->rstd1, a->x, w + o->ln1, N, C, c->rms_norm_eps);
     float *qkv = a->qkx ? a->qkx : a->qkv; /* with qk_norm, the norm writes a->qkv from the kept matmul output */
     qt_ref_matmul_fwd(qkv, a->ln1, w + o->wqkv, o->bqkv == SIZE_MAX ? NULL : w + o->bqkv, N, C, QKV);
+    if (m->ad) m->ad->fwd(m->ad, l, QT_CPU_SITE_QKV, a->ln1, qkv, N);
     if (a->qkx) qt_ref_qknorm_fwd(a->qkv, a->qkrstd, a->qkx, w + o->qknorm, N, H, Hkv, D, c->rms_norm_eps);
     qt_ref_rope_pos_fwd(a->qkv, m->B, m->T, H, Hkv, D, m->pos, m->rope_inv_freq, m->rope_attn);
     qt_ref_attention_docs_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D, qt_model_layer_window(c, l), m->kv_lo);
     qt_ref_matmul_fwd(a->mid, a->att, w + o->wo, NULL, N, HD, C);
+    if (m->ad) m->ad->fwd(m->ad, l, QT_CPU_SITE_O, a->att, a->mid, N);
     qt_ref_add_inplace(a->mid, a->x, N * C);
     qt_ref_rmsnorm_fwd(a->ln2, a->rstd2, a->mid, w + o->ln2, N, C, c->rms_norm_eps);
     qt_ref_matmul_fwd(a->gu, a->ln2, w + o->wgu, NULL, N, C, 2 * F);
+    if (m->ad) m->ad->fwd(m->ad, l, QT_CPU_SITE_GU, a->ln2, a->gu, N);
     qt_ref_swiglu_fwd(a->sw, a->gu, N, F);
     qt_ref_matmul_fwd(out, a->sw, w + o->wdown, NULL, N, F, C);
+    if (m->ad) m->ad->fwd(m->ad, l, QT_CPU_SITE_DOWN, a->sw, out, N);
     qt_ref_add_inplace(out, a->mid, N * C);
 }
 
@@ -187,20 +196,29 @@ static void block_bwd(qt_cpu_model *m, const float *w, float *grad, int l) {
     long N = m->N;
     int C = c->hidden_size, H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim, F = c->intermediate_size;
     int HD = H * D, QKV = (H + 2 * Hkv) * D;
+    qt_cpu_adapter *ad = m->ad;
+#define G(off) (grad && (m->grads & QT_CPU_GRAD_LINEAR) ? grad + (off) : NULL)
+#define GN(off) (grad && (m->grads & QT_CPU_GRAD_NORMS) ? grad + (off) : NULL)
     /* MLP: out = mid + down(swiglu(gate|up(norm2(mid)))) */
-    qt_ref_matmul_bwd(m->dsw, grad + o->wdown, NULL, m->dres, a->sw, w + o->wdown, N, F, C);
+    qt_ref_matmul_bwd(m->dsw, G(o->wdown), NULL, m->dres, a->sw, w + o->wdown, N, F, C);
+    if (ad) ad->bwd(ad, l, QT_CPU_SITE_DOWN, a->sw, m->dres, m->dsw, N);
     qt_ref_swiglu_bwd(m->dgu, m->dsw, a->gu, N, F);
-    qt_ref_matmul_bwd(m->dln, grad + o->wgu, NULL, m->dgu, a->ln2, w + o->wgu, N, C, 2 * F);
-    qt_ref_rmsnorm_bwd(m->dres, grad + o->ln2, m->dln, a->mid, w + o->ln2, a->rstd2, N, C);
+    qt_ref_matmul_bwd(m->dln, G(o->wgu), NULL, m->dgu, a->ln2, w + o->wgu, N, C, 2 * F);
+    if (ad) ad->bwd(ad, l, QT_CPU_SITE_GU, a->ln2, m->dgu, m->dln, N);
+    qt_ref_rmsnorm_bwd(m->dres, GN(o->ln2), m->dln, a->mid, w + o->ln2, a->rstd2, N, C);
     /* attention: mid = x + o_proj(attn(rope(qkv(norm1(x))))) */
-    qt_ref_matmul_bwd(m->datt, grad + o->wo, NULL, m->dres, a->att, w + o->wo, N, HD, C);
+    qt_ref_matmul_bwd(m->datt, G(o->wo), NULL, m->dres, a->att, w + o->wo, N, HD, C);
+    if (ad) ad->bwd(ad, l, QT_CPU_SITE_O, a->att, m->dres, m->datt, N);
     qt_ref_attention_docs_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D,
                               qt_model_layer_window(c, l), m->kv_lo);
     qt_ref_rope_pos_bwd(m->dqkv, m->B, m->T, H, Hkv, D, m->pos, m->rope_inv_freq, m->rope_attn);
-    if (a->qkx) qt_ref_qknorm_bwd(m->dqkv, grad + o->qknorm, m->dqkv, a->qkx, w + o->qknorm, a->qkrstd, N, H, Hkv, D);
-    qt_ref_matmul_bwd(m->dln, grad + o->wqkv, o->bqkv == SIZE_MAX ? NULL : grad + o->bqkv, m->dqkv, a->ln1,
+    if (a->qkx) qt_ref_qknorm_bwd(m->dqkv, GN(o->qknorm), m->dqkv, a->qkx, w + o->qknorm, a->qkrstd, N, H, Hkv, D);
+    qt_ref_matmul_bwd(m->dln, G(o->wqkv), o->bqkv == SIZE_MAX ? NULL : G(o->bqkv), m->dqkv, a->ln1,
                       w + o->wqkv, N, C, QKV);
-    qt_ref_rmsnorm_bwd(m->dres, grad + o->ln1, m->dln, a->x, w + o->ln1, a->rstd1, N, C);
+    if (ad) ad->bwd(ad, l, QT_CPU_SITE_QKV, a->ln1, m->dqkv, m->dln, N);
+    qt_ref_rmsnorm_bwd(m->dres, GN(o->ln1), m->dln, a->x, w + o->ln1, a->rstd1, N, C);
+#undef G
+#undef GN
 }
 
 void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale) {
@@ -211,11 +229,14 @@ void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float g
     if (m->n_targets == 0) return; /* no target: the loss is constant 0 */
     qt_ref_cross_entropy_bwd(m->logits, m->logits, m->targets, N, V, grad_scale);
     /* tied: the LM head's dw lands on the embedding rows, which embedding_bwd adds to as well */
-    qt_ref_matmul_bwd(m->dln, grad + m->L->lm_head, NULL, m->logits, m->lnf, w + m->L->lm_head, N, C, V);
+    unsigned k = grad ? m->grads : 0;
+    qt_ref_matmul_bwd(m->dln, k & QT_CPU_GRAD_LM_HEAD ? grad + m->L->lm_head : NULL, NULL, m->logits, m->lnf,
+                      w + m->L->lm_head, N, C, V);
     memset(m->dres, 0, (size_t)N * C * sizeof *m->dres);
-    qt_ref_rmsnorm_bwd(m->dres, grad + m->L->final_norm, m->dln, m->xf, w + m->L->final_norm, m->rstdf, N, C);
+    qt_ref_rmsnorm_bwd(m->dres, k & QT_CPU_GRAD_NORMS ? grad + m->L->final_norm : NULL, m->dln, m->xf,
+                       w + m->L->final_norm, m->rstdf, N, C);
     for (int l = c->num_layers - 1; l >= 0; l--) block_bwd(m, w, grad, l);
-    qt_ref_embedding_bwd(grad + m->L->embed, m->dres, m->tokens, N, C, V);
+    if (k & QT_CPU_GRAD_EMBED) qt_ref_embedding_bwd(grad + m->L->embed, m->dres, m->tokens, N, C, V);
 }
 
 int qt_cpu_model_set_docs(qt_cpu_model *m, const qt_docs *d, char *err, size_t errlen) {
@@ -235,6 +256,10 @@ int qt_cpu_model_set_docs(qt_cpu_model *m, const qt_docs *d, char *err, size_t e
     }
     return rc;
 }
+
+void qt_cpu_model_set_adapter(qt_cpu_model *m, qt_cpu_adapter *ad) { m->ad = ad; }
+
+void qt_cpu_model_set_grads(qt_cpu_model *m, unsigned kinds) { m->grads = kinds; }
 
 const float *qt_cpu_model_logits(const qt_cpu_model *m) { return m->logits; }
 

@@ -207,6 +207,7 @@ static void rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, c
         float r = rstd[n], k = (float)(dot * r * r * r / C);
         for (int c = 0; c < C; c++) dx[n * C + c] += g[c] * (one_plus ? 1.0f + w[c] : w[c]) * r - xr[c] * k;
     }
+    if (!dw) return; /* a frozen norm */
     int nb = (C + COLS - 1) / COLS;
 #pragma omp parallel for schedule(static)
     for (int b = 0; b < nb; b++) {

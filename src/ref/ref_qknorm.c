@@ -32,9 +32,10 @@ void qt_ref_qknorm_fwd(float *y, float *rstd, const float *x, const float *w, lo
 void qt_ref_qknorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
                        long N, int H, int Hkv, int D) {
     int NH = H + Hkv, QKV = (H + 2 * Hkv) * D;
-    /* dw first: dx may be dy */
+    /* dw first: dx may be dy; dw NULL: a frozen norm */
+    int nj = dw ? 2 * D : 0;
 #pragma omp parallel for schedule(static)
-    for (int j = 0; j < 2 * D; j++) {
+    for (int j = 0; j < nj; j++) {
         int h0 = j < D ? 0 : H, h1 = j < D ? H : NH, i = j % D;
         double acc = 0;
         for (long n = 0; n < N; n++)

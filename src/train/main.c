@@ -31,7 +31,8 @@ static const char USAGE[] =
     "  --stop-after N    stop (with a checkpoint) once N steps are done (N >= 1)\n"
     "  --nodes N         span N machines, one qtrain per machine started by torchrun, srun or mpirun\n"
     "                    (the same as --set parallel.nodes=N; docs/multi-node.md)\n"
-    "  --export          write the HF export of the initial or resumed weights, then exit\n"
+    "  --export [merged] write the HF export of the initial or resumed weights, then exit (LoRA: PEFT's\n"
+    "                    adapter files; merged: the merged model)\n"
     "  --allow-changed K with --resume: accept these changed run-identity keys (comma list of\n"
     "                    data.train, data.seq_len, data.micro_batch, data.grad_accum, seed; or all)\n"
     "  --print-config    print the resolved config and exit\n"
@@ -172,6 +173,11 @@ int main(int argc, char **argv) {
                 return usage_error("--stop-after: expected a whole number of steps >= 1, got \"%s\"", argv[i]);
         } else if (!strcmp(a, "--export")) {
             o.export_only = 1;
+            if (i + 1 < argc && !strcmp(argv[i + 1], "merged")) { /* LoRA: the merged model */
+                if (nsets == 256) return usage_error("too many --set options (at most 256), at \"%s\"", a);
+                sets[nsets++] = "lora.export=merged";
+                i++;
+            }
         } else if (!strcmp(a, "--allow-changed")) {
             if (i + 1 == argc) return usage_error("%s needs a comma list of keys (or all)", a);
             o.allow_changed = argv[++i];

@@ -179,6 +179,11 @@ void qt_session_export_dir(const qt_config *cfg, char *buf, size_t cap) {
 
 int qt_session_export(qt_trainer *t, const char *dir, int bf16, char *err, size_t errlen) {
     if (t->broken) return broken(t, err, errlen);
+    if (t->eng->ops->export_adapter && !t->cfg->lora.export_merged) { /* LoRA: PEFT's adapter files */
+        if (qt_engine_export_adapter(t->eng, dir, err, errlen)) return failed(t, QT_TF_IO, -1);
+        printf("qtrain: exported %s/adapter_model.safetensors and adapter_config.json\n", dir);
+        return 0;
+    }
     float *w = malloc(t->eng->L->numel * sizeof(float));
     if (!w) return failed(t, QT_TF_INTERNAL, qt_errf(err, errlen, "out of host memory for the export"));
     if (qt_engine_get_weights(t->eng, w, err, errlen)) {

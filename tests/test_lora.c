@@ -1,0 +1,309 @@
+/* test_lora.c — LoRA on the CPU fp32 engine: the adapter layout and PEFT names, PEFT's init, the dropout
+ * masks (rate, scale, determinism, independence per module / step / micro-batch), the lora: keys' errors,
+ * training end to end with a bit-exact resume whose checkpoint holds the adapters only, a resume over
+ * another base refused, and the GPU refusal. The match with transformers + PEFT is tests/test_lora_peft.py. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_ckpt.h"
+#include "qt_config.h"
+#include "qt_device.h"
+#include "qt_engine.h"
+#include "qt_lora.h"
+#include "qt_test.h"
+#include "qt_test_data.h"
+#include "qt_train.h"
+
+static char g_dir[256];
+
+static qt_model_cfg small_model(void) {
+    qt_model_cfg m = {.arch = QT_ARCH_QWEN2, .vocab_size = 64, .hidden_size = 32, .num_layers = 3, .num_heads = 4,
+                      .num_kv_heads = 2, .intermediate_size = 48, .max_seq_len = 64, .qkv_bias = 1};
+    qt_model_cfg_finish(&m);
+    return m;
+}
+
+/* Every module in layer-major, q..down order, A [r, in] then B [out, r] back to back with PEFT's names, and
+ * each target's rows inside its fused output. */
+static void test_layout(void) {
+    qt_model_cfg m = small_model();
+    qt_lora_cfg c = {.rank = 3, .alpha = 6, .targets = QT_LORA_K | QT_LORA_O | QT_LORA_UP | QT_LORA_DOWN};
+    qt_lora_layout A;
+    char err[256];
+    QT_REQUIRE(qt_lora_layout_init(&A, &c, &m, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(A.per_layer == 4 && A.n_tensors == 3 * 4 * 2 && fabsf(A.scale - 2.0f) < 1e-7f, "per_layer %d, tensors %d, scale %g",
+              A.per_layer, A.n_tensors, A.scale);
+    const qt_lora_tensor *t = qt_lora_find(&A, "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight");
+    QT_EXPECT(t && t->rows == 3 && t->cols == 32, "k_proj lora_A: %s", t ? "wrong shape" : "missing");
+    t = qt_lora_find(&A, "base_model.model.model.layers.2.mlp.down_proj.lora_B.weight");
+    QT_EXPECT(t && t->rows == 32 && t->cols == 3 && t->offset + t->numel == A.numel, "down_proj lora_B last");
+    QT_EXPECT(!qt_lora_find(&A, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), "q is not a target");
+    size_t at = 0;
+    for (int i = 0; i < A.n_tensors; i++) {
+        QT_EXPECT(A.tensors[i].offset == at, "tensor %d at %zu, expected %zu", i, A.tensors[i].offset, at);
+        at += A.tensors[i].numel;
+    }
+    const qt_lora_module *k = &A.mods[0], *up = &A.mods[2];
+    QT_EXPECT(k->out == 16 && k->out_row0 == 32 && k->out_ld == 64, "k rows %d at %d of %d", k->out, k->out_row0, k->out_ld);
+    QT_EXPECT(up->out == 48 && up->out_row0 == 48 && up->out_ld == 96, "up rows %d at %d of %d", up->out, up->out_row0, up->out_ld);
+    c.rslora = 1;
+    qt_lora_layout_free(&A);
+    QT_REQUIRE(qt_lora_layout_init(&A, &c, &m, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(fabsf(A.scale - 6.0f / sqrtf(3.0f)) < 1e-6f, "rslora scale %g", A.scale);
+    qt_lora_layout_free(&A);
+}
+
+/* A ~ U(-1/sqrt(in), 1/sqrt(in)) (its variance bound^2 / 3), B zero, the same for a seed, another for another. */
+static void test_init(void) {
+    qt_model_cfg m = small_model();
+    qt_lora_cfg c = {.rank = 8, .alpha = 16, .targets = QT_LORA_ALL};
+    qt_lora_layout A;
+    char err[256];
+    QT_REQUIRE(qt_lora_layout_init(&A, &c, &m, err, sizeof err) == 0, "%s", err);
+    float *a = malloc(A.numel * 4), *b = malloc(A.numel * 4), *d = malloc(A.numel * 4);
+    qt_lora_init(&A, a, 7);
+    qt_lora_init(&A, b, 7);
+    qt_lora_init(&A, d, 8);
+    QT_EXPECT(!memcmp(a, b, A.numel * 4) && memcmp(a, d, A.numel * 4), "init is not a function of the seed");
+    for (int i = 0; i < A.n_tensors; i++) {
+        const qt_lora_tensor *t = &A.tensors[i];
+        double bound = 1 / sqrt((double)t->cols), s2 = 0, mx = 0;
+        for (size_t j = 0; j < t->numel; j++) {
+            double x = a[t->offset + j];
+            s2 += x * x;
+            mx = fmax(mx, fabs(x));
+        }
+        if (t->is_b) QT_EXPECT(mx == 0, "%s: B not zero", t->name);
+        else
+            QT_EXPECT(mx <= bound && fabs(s2 / t->numel / (bound * bound / 3) - 1) < 0.25,
+                      "%s: max %g (bound %g), variance ratio %g", t->name, mx, bound, s2 / t->numel / (bound * bound / 3));
+    }
+    free(a), free(b), free(d);
+    qt_lora_layout_free(&A);
+}
+
+/* PEFT's files read back: the adapters and the trained norms bit for bit; a file of another rank or without
+ * the trained tensors is refused naming the tensor. */
+static void test_export_import(void) {
+    qt_model_cfg m = small_model();
+    qt_lora_cfg c = {.rank = 3, .alpha = 6, .targets = QT_LORA_Q | QT_LORA_DOWN, .trainable = QT_LORA_X_NORMS};
+    qt_lora_layout A, A2;
+    qt_layout L;
+    char err[1024], dir[512];
+    QT_REQUIRE(qt_layout_init(&L, &m, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_lora_layout_init(&A, &c, &m, err, sizeof err) == 0, "%s", err);
+    float *a = malloc(A.numel * 4), *b = calloc(A.numel, 4), *w = malloc(L.numel * 4), *w2 = calloc(L.numel, 4);
+    for (size_t i = 0; i < A.numel; i++) a[i] = (float)qt_hash64(1, i) * 0x1p-64f - 0.5f;
+    for (size_t i = 0; i < L.numel; i++) w[i] = (float)qt_hash64(2, i) * 0x1p-64f;
+    snprintf(dir, sizeof dir, "%s/peft_x", g_dir);
+    QT_REQUIRE(qt_lora_export(dir, &A, a, &L, w, "base/dir", err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_lora_import(dir, &A, b, &L, w2, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(!memcmp(a, b, A.numel * 4), "adapters differ after the round trip");
+    const qt_tensor *n = qt_layout_find(&L, "model.layers.1.post_attention_layernorm.weight");
+    QT_EXPECT(n && !memcmp(w + n->offset, w2 + n->offset, n->numel * 4), "a trained norm differs after the round trip");
+    c.rank = 2;
+    QT_REQUIRE(qt_lora_layout_init(&A2, &c, &m, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_lora_import(dir, &A2, b, &L, w2, err, sizeof err) == -1 && strstr(err, "lora_A.weight: expected shape [2, 32]"),
+              "rank 2 over a rank 3 file: %s", err);
+    c.rank = 3, c.trainable = 0;
+    qt_lora_layout_free(&A2);
+    QT_REQUIRE(qt_lora_layout_init(&A2, &c, &m, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_lora_import(dir, &A2, b, &L, w2, err, sizeof err) == -1 && strstr(err, "norm.weight: not a tensor"),
+              "a file with norms into a run without them: %s", err);
+    QT_REQUIRE(qt_lora_export(dir, &A2, a, &L, w, "", err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_lora_import(dir, &A, b, &L, w2, err, sizeof err) == -1 && strstr(err, "layernorm.weight: missing"),
+              "a file without norms into a run with them: %s", err);
+    free(a), free(b), free(w), free(w2);
+    qt_lora_layout_free(&A);
+    qt_lora_layout_free(&A2);
+    qt_layout_free(&L);
+}
+
+/* The mask drops p of the inputs, scales the rest by 1/(1-p), is a function of (seed, step, micro-batch,
+ * layer, module) and differs when any of them does. */
+static void test_dropout_mask(void) {
+    const float p = 0.3f, ks = 1 / (1 - p);
+    const size_t n = 200000;
+    uint64_t base = qt_lora_mask_seed(5, 3, 1, 2, 4);
+    uint64_t other[5] = {qt_lora_mask_seed(6, 3, 1, 2, 4), qt_lora_mask_seed(5, 4, 1, 2, 4), qt_lora_mask_seed(5, 3, 0, 2, 4),
+                         qt_lora_mask_seed(5, 3, 1, 1, 4), qt_lora_mask_seed(5, 3, 1, 2, 5)};
+    QT_EXPECT(base == qt_lora_mask_seed(5, 3, 1, 2, 4), "mask seed not deterministic");
+    size_t kept = 0, same[5] = {0};
+    for (size_t i = 0; i < n; i++) {
+        float v = qt_lora_mask(base, i, p, ks);
+        QT_REQUIRE(v == 0.0f || v == ks, "mask value %g", v);
+        kept += v != 0;
+        for (int k = 0; k < 5; k++) same[k] += (qt_lora_mask(other[k], i, p, ks) != 0) == (v != 0);
+    }
+    double rate = (double)kept / n; /* binomial sd 0.001 */
+    QT_EXPECT(fabs(rate - (1 - p)) < 0.005, "kept %g, expected %g", rate, 1 - p);
+    for (int k = 0; k < 5; k++) /* independent masks agree on p^2 + (1-p)^2 = 0.58 of the elements */
+        QT_EXPECT(fabs((double)same[k] / n - 0.58) < 0.01, "mask %d agrees with the base on %g", k, (double)same[k] / n);
+}
+
+static int load(qt_config *c, const char *yaml, char *err, size_t errlen) {
+    return qt_config_load_string(c, yaml, "t.yaml", NULL, 0, err, errlen);
+}
+
+/* Bad lora: values are refused naming the key. */
+static void test_config_errors(void) {
+    static const struct {
+        const char *yaml, *want;
+    } cases[] = {
+        {"lora: {rank: -1}\n", "lora.rank"},
+        {"lora: {rank: 4, alpha: 0}\n", "lora.alpha"},
+        {"lora: {rank: 4, dropout: 1}\n", "lora.dropout"},
+        {"lora: {rank: 4, targets: [q, x]}\n", "lora.targets"},
+        {"lora: {rank: 4, targets: []}\n", "lora.targets"},
+        {"lora: {rank: 4, trainable: [norms, bias]}\n", "lora.trainable"},
+        {"lora: {rank: 4, export: both}\n", "lora.export"},
+    };
+    static qt_config c;
+    char err[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        QT_EXPECT(load(&c, cases[i].yaml, err, sizeof err) == -1 && strstr(err, cases[i].want), "%s: got \"%s\"",
+                  cases[i].yaml, err);
+    QT_REQUIRE(load(&c, "lora: {rank: 8, alpha: 16, rslora: true, dropout: 0.05, targets: [q, v]}\n", err, sizeof err) == 0,
+               "%s", err);
+    QT_EXPECT(c.lora.rank == 8 && c.lora.alpha == 16 && c.lora.rslora && c.lora.dropout == 0.05f &&
+                  c.lora.targets == (QT_LORA_Q | QT_LORA_V),
+              "lora parsed as rank %d alpha %g rslora %d dropout %g targets %d", c.lora.rank, c.lora.alpha, c.lora.rslora,
+              c.lora.dropout, c.lora.targets);
+    QT_REQUIRE(load(&c, "seed: 1\n", err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(c.lora.rank == 0 && c.lora.targets == QT_LORA_ALL, "defaults: rank %d, targets %d", c.lora.rank, c.lora.targets);
+}
+
+/* The test run: tied embeddings and no trained base tensors unless extras (lora.trainable's list) is given. */
+static const char *run_yaml_x(char *yaml, size_t cap, const char *tag, int init_seed, const char *device,
+                              const char *extras) {
+    snprintf(yaml, cap,
+             "model: {vocab_size: 64, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2,\n"
+             "        intermediate_size: 48, max_seq_len: 64, qkv_bias: true, tie_embeddings: %s}\n"
+             "init: {seed: %d, std: 0.1}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', eval: '%s/syn_eval_*.bin', seq_len: 24, micro_batch: 3, grad_accum: 2}\n"
+             "optim: {lr: 0.01, warmup: 3, steps: 20, schedule: cosine, grad_clip: 1.0, weight_decay: 0.1}\n"
+             "eval: {every: 5, batches: 2}\n"
+             "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 2}\n"
+             "log: {file: '%s/log_%s.jsonl', every: 5}\n"
+             "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, k, v, o, gate, up, down], trainable: [%s]}\n"
+             "device: %s\n",
+             extras[0] ? "false" : "true", init_seed, g_dir, g_dir, g_dir, tag, g_dir, tag, extras, device);
+    return yaml;
+}
+
+static const char *run_yaml(char *yaml, size_t cap, const char *tag, int init_seed, const char *device) {
+    return run_yaml_x(yaml, cap, tag, init_seed, device, "");
+}
+
+static void write_data(void) {
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
+    snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
+    qt_t_write_synthetic(p1, 20000, 1);
+    qt_t_write_synthetic(p2, 3000, 2);
+}
+
+/* 10 steps + resume + 10 steps equal 20 straight steps bit for bit (with dropout: the masks continue), the
+ * loss falls, the PEFT exports are byte-identical, and the checkpoint holds the adapters and their AdamW
+ * state only (no base weights, no base moments; with extras the trained base tensors as lora_extras). tag: the
+ * runs' folders. */
+static void resume_bit_exact(const char *tag, const char *extras) {
+    write_data();
+    static qt_config a, b;
+    char yaml[4096], err[1024], path[1024], ta[64], tb[64];
+    float la[20], lb[20];
+    snprintf(ta, sizeof ta, "straight%s", tag);
+    snprintf(tb, sizeof tb, "halves%s", tag);
+    QT_REQUIRE(load(&a, run_yaml_x(yaml, sizeof yaml, ta, 3, "cpu", extras), err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(load(&b, run_yaml_x(yaml, sizeof yaml, tb, 3, "cpu", extras), err, sizeof err) == 0, "%s", err);
+    qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 10, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
+    qt_train_stats st;
+    QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
+    QT_REQUIRE(st.steps_done == 20, "steps %ld", st.steps_done);
+    QT_REQUIRE(qt_train_run(&b, &ob1, &st, err, sizeof err) == 0, "first half: %s", err);
+    QT_REQUIRE(st.steps_done == 10, "stopped at %ld", st.steps_done);
+    snprintf(path, sizeof path, "%s/ckpt_%s", g_dir, tb);
+    char ck[1024];
+    QT_REQUIRE(qt_ckpt_latest(path, ck, sizeof ck) == 0, "no checkpoint in %s", path);
+    qt_ckpt *c = qt_ckpt_open(ck, err, sizeof err);
+    QT_REQUIRE(c, "%s", err);
+    size_t bytes;
+    int dt;
+    QT_EXPECT(qt_ckpt_get(c, "lora_adapters", &bytes, &dt) && qt_ckpt_get(c, "lora_adam_m", &bytes, &dt) &&
+                  qt_ckpt_get(c, "lora_base", &bytes, &dt),
+              "the checkpoint lacks the adapters, their moments or the base's identity");
+    QT_EXPECT(!qt_ckpt_get(c, "weights", &bytes, &dt) && !qt_ckpt_get(c, "adam_m", &bytes, &dt),
+              "the checkpoint holds base weights or base moments");
+    QT_EXPECT(!extras[0] == !qt_ckpt_get(c, "lora_extras", &bytes, &dt), "lora_extras %s with trainable [%s]",
+              extras[0] ? "missing" : "present", extras);
+    qt_ckpt_close(c);
+    QT_REQUIRE(qt_train_run(&b, &ob2, &st, err, sizeof err) == 0, "resumed half: %s", err);
+    for (int i = 0; i < 20; i++)
+        QT_EXPECT(!memcmp(&la[i], &lb[i], 4), "step %d: straight %.9g, resumed %.9g", i + 1, la[i], lb[i]);
+    QT_EXPECT(la[19] < la[0] - 0.05f, "loss did not fall: %g -> %g", la[0], la[19]);
+    char ea[512], eb[512];
+    size_t na = 0, nb = 0;
+    snprintf(ea, sizeof ea, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, ta);
+    snprintf(eb, sizeof eb, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, tb);
+    char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
+    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
+    free(fa);
+    free(fb);
+}
+
+static void test_resume_bit_exact(void) { resume_bit_exact("", ""); }
+
+/* The same with the embedding, LM head and norms training beside the adapters (an untied model). */
+static void test_resume_bit_exact_trainable(void) { resume_bit_exact("_x", "embeddings, lm_head, norms"); }
+
+/* Trained embeddings of a tied model are refused, naming the key (PEFT would untie them). */
+static void test_trainable_tied_refused(void) {
+    static qt_config c;
+    char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml_x(yaml, sizeof yaml, "tied_x", 3, "cpu", "embeddings"), err, sizeof err) == 0, "%s", err);
+    c.model.tie_embeddings = 1;
+    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "lora.trainable"), "got: %s", err);
+}
+
+/* A resume over another base (another init seed: other weights) of test_resume_bit_exact's checkpoint is
+ * refused, naming the base. */
+static void test_resume_other_base(void) {
+    static qt_config c;
+    char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "halves", 4, "cpu"), err, sizeof err) == 0, "%s", err);
+    qt_train_opts o = {"latest", -1, 0, NULL, NULL, "init.seed"};
+    QT_EXPECT(qt_train_run(&c, &o, NULL, err, sizeof err) == -1 && strstr(err, "lora_base"), "got: %s", err);
+    printf("  refused: %s\n", err);
+}
+
+/* A GPU engine refuses a lora: section until the GPU half exists (the run itself: with a GPU only). */
+static void test_gpu_refuses(void) {
+    static qt_config c;
+    char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "gpu", 3, "cuda"), err, sizeof err) == 0, "%s", err);
+    const char *no = qt_engine_gpu_refusal(&c);
+    QT_EXPECT(no && strstr(no, "lora: not yet on the GPU"), "refusal: %s", no ? no : "none");
+    c.lora.rank = 0;
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "full fine-tuning refused on the GPU");
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device for the run");
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "gpu", 3, "cuda"), err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "lora: not yet on the GPU"), "got: %s", err);
+}
+
+int main(void) {
+    if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_lora")) return 1;
+    QT_RUN(test_layout);
+    QT_RUN(test_init);
+    QT_RUN(test_export_import);
+    QT_RUN(test_dropout_mask);
+    QT_RUN(test_config_errors);
+    QT_RUN(test_resume_bit_exact);
+    QT_RUN(test_resume_other_base);
+    QT_RUN(test_resume_bit_exact_trainable);
+    QT_RUN(test_trainable_tied_refused);
+    QT_RUN(test_gpu_refuses);
+    qt_t_rmtree(g_dir);
+    return qt_test_end();
+}

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""test_lora_peft.py — qtrain's LoRA on the CPU fp32 engine against transformers + PEFT.
+
+1. Forward/backward: random tiny Qwen2 (qkv bias, tied), Llama (untied) and Qwen3 (q/k norms) bases with PEFT
+   adapters of random A and B (B non-zero, so every gradient is exercised) over several target sets, rsLoRA
+   and not; build/tests/tool_lora_dump runs one micro-batch through qtrain's CPU model with the adapters
+   (read from PEFT's own adapter_model.safetensors) and dumps the logits and every lora_A / lora_B gradient
+   of the mean loss, compared with torch's (relative L2 <= 1e-5); also with embeddings, LM head and norms
+   trained beside them (PEFT's modules_to_save, their gradients compared too). With dropout, qtrain's masks
+   (dumped by the tool) replace PEFT's nn.Dropout modules, so both run the same mask.
+2. Export: qtrain trains the adapters a few steps (device: cpu, lora: with dropout; once with trained
+   embeddings, LM head and norms) and exports them;
+   peft.PeftModel.from_pretrained loads them over the transformers base and reproduces qtrain's logits of
+   the exported adapters (<= 1e-5); `qtrain --export merged` writes a model transformers loads to the same
+   logits.
+Skips (exit 0) when torch, transformers or peft is missing.
+    python3 tests/test_lora_peft.py
+"""
+import json, os, struct, subprocess, sys, tempfile, zlib
+
+BUILD = os.environ.get("BUILD", "build")
+TOOL = os.path.join(BUILD, "tests", "tool_lora_dump")
+QTRAIN = os.path.join(BUILD, "qtrain")
+TOL = 1e-5
+
+try:
+    import numpy as np
+    import torch
+    import transformers
+    import peft
+    from safetensors.numpy import load_file
+except Exception as exc:  # noqa: BLE001
+    print(f"SKIP lora_peft: torch/transformers/peft not importable ({exc.__class__.__name__}: {exc})")
+    sys.exit(0)
+
+EXTRA_BITS = {"embeddings": 1, "lm_head": 2, "norms": 4}
+TARGET_BITS = {"q_proj": 1, "k_proj": 2, "v_proj": 4, "o_proj": 8, "gate_proj": 16, "up_proj": 32, "down_proj": 64}
+ALL = list(TARGET_BITS)
+V = 96
+
+
+def build_base(kind, path):
+    torch.manual_seed(0)
+    common = dict(vocab_size=V, num_hidden_layers=2, hidden_size=48, intermediate_size=80, num_attention_heads=6,
+                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  initializer_range=0.1, attn_implementation="eager", torch_dtype=torch.float32)
+    if kind == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=True))
+    elif kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=16, attention_bias=False,
+                                                                       tie_word_embeddings=False))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, tie_word_embeddings=False))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+    model.save_pretrained(path, safe_serialization=True)
+
+
+def load_base(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                             attn_implementation="eager").float()
+
+
+def rel(a, b):
+    a = np.asarray(a, dtype=np.float64); b = np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+class FixedMask(torch.nn.Module):
+    """Stands in for PEFT's lora_dropout: multiplies by a given mask (0 or 1/(1-p))."""
+    def __init__(self, mask):
+        super().__init__()
+        self.mask = mask
+
+    def forward(self, x):
+        return x * self.mask.reshape(x.shape)
+
+
+def lora_modules(pm, targets):
+    """PEFT's LoRA layers in qtrain's layout order: layer by layer, targets in q..down order."""
+    mods = dict(pm.named_modules())
+    out = []
+    for l in range(pm.base_model.model.config.num_hidden_layers):
+        for t in ALL:
+            if t in targets:
+                parent = "self_attn" if t in ALL[:4] else "mlp"
+                out.append(mods[f"base_model.model.model.layers.{l}.{parent}.{t}"])
+    return out
+
+
+def modules_to_save(kind, extras):
+    """PEFT's modules_to_save for qtrain's lora.trainable names."""
+    out = (["embed_tokens"] if "embeddings" in extras else []) + (["lm_head"] if "lm_head" in extras else [])
+    if "norms" in extras:
+        out += ["input_layernorm", "post_attention_layernorm", "norm"] + (["q_norm", "k_norm"] if kind == "qwen3" else [])
+    return out or None
+
+
+def peft_name(n):
+    """The saved name of a PEFT parameter: no adapter name, no modules_to_save wrapper."""
+    return n.replace(".modules_to_save.default", "").replace(".default", "")
+
+
+def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp, extras=()):
+    name = f"{kind}_r{r}_{'rs' if rslora else 'a'}{alpha}_{len(targets)}t_p{dropout}" + "".join(f"_{x}" for x in extras)
+    mdir = os.path.join(tmp, f"base_{kind}")
+    if not os.path.exists(os.path.join(mdir, "config.json")):
+        build_base(kind, mdir)
+    pm = peft.get_peft_model(load_base(mdir), peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
+                                                               use_rslora=rslora, lora_dropout=dropout,
+                                                               modules_to_save=modules_to_save(kind, extras)))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(0.2 * torch.randn_like(p))
+            elif "modules_to_save" in n:  # trained copies of base tensors: moved off the base's values
+                p.add_(0.1 * torch.randn_like(p))
+    adir = os.path.join(tmp, f"adapter_{name}")
+    pm.save_pretrained(adir)
+    B, T = 2, 11
+    win = np.random.default_rng(7).integers(0, V, size=(B, T + 1)).astype(np.int32)
+    tok = os.path.join(tmp, "tokens.i32"); win.tofile(tok)
+    out = os.path.join(tmp, f"out_{name}")
+    bits = sum(TARGET_BITS[t] for t in targets)
+    xbits = sum(EXTRA_BITS[x] for x in extras)
+    args = [TOOL, mdir, adir, tok, str(B), str(T), out, str(r), str(alpha), str(int(rslora)), str(bits), str(dropout), "42",
+            str(xbits)]
+    res = subprocess.run(args, capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"FAIL lora_peft_{name}: tool_lora_dump exited {res.returncode}: {res.stderr.strip()}")
+        return False
+    if dropout > 0:  # qtrain's masks in place of PEFT's dropout
+        masks = np.fromfile(os.path.join(out, "masks.f32"), dtype=np.float32)
+        at = 0
+        for m in lora_modules(pm, targets):
+            n = B * T * m.in_features
+            m.lora_dropout["default"] = FixedMask(torch.tensor(masks[at:at + n]))
+            at += n
+        assert at == masks.size, (at, masks.size)
+        keep = float(np.mean(masks > 0))
+        if abs(keep - (1 - dropout)) > 0.03:
+            print(f"FAIL lora_peft_{name}: masks keep {keep:.3f} of the inputs, expected {1 - dropout:.3f}")
+            return False
+    pm.train()
+    ids = torch.tensor(win[:, :T], dtype=torch.long); tgt = torch.tensor(win[:, 1:], dtype=torch.long)
+    logits = pm(input_ids=ids).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
+    loss.backward()
+    ours = np.fromfile(os.path.join(out, "logits.f32"), dtype=np.float32).reshape(B * T, V)
+    errs = {"logits": rel(ours, logits.detach().reshape(B * T, V).numpy()),
+            "loss": abs(float(open(os.path.join(out, "loss.txt")).read()) - loss.item()) / abs(loss.item())}
+    grads = load_file(os.path.join(out, "adapter_model.safetensors"))
+    ref = {peft_name(n): p.grad.numpy() for n, p in pm.named_parameters() if p.requires_grad}
+    if set(grads) != set(ref):
+        print(f"FAIL lora_peft_{name}: tensor names differ: ours-only {sorted(set(grads) - set(ref))[:3]}, "
+              f"PEFT-only {sorted(set(ref) - set(grads))[:3]}")
+        return False
+    for n in ref:
+        errs[n] = rel(grads[n], ref[n])
+    worst = max(errs, key=errs.get)
+    ok = errs[worst] <= TOL
+    print(f"{'PASS' if ok else 'FAIL'} lora_peft_{name}: {len(ref)} gradients, logits {errs['logits']:.1e}, "
+          f"loss {errs['loss']:.1e}, worst {worst} {errs[worst]:.1e}")
+    return ok
+
+
+def write_shard(path, tokens, vocab):
+    """A version 2 token shard (tools/qt_tokenize/shard.py's format), u16 tokens."""
+    payload = struct.pack(f"<{len(tokens)}H", *tokens)
+    head = b"QTTOKENS" + struct.pack("<IIQIIQ", 2, 2, len(tokens), vocab, 0, zlib.crc32(payload))
+    with open(path, "wb") as f:
+        f.write(head + bytes(64 - len(head)) + payload)
+
+
+def check_export(kind, tmp, extras=()):
+    """qtrain trains adapters, exports them; PEFT over the base gives qtrain's logits; the merged export too."""
+    name = f"export_{kind}" + "".join(f"_{x}" for x in extras)
+    mdir = os.path.join(tmp, f"base_{kind}")
+    if not os.path.exists(os.path.join(mdir, "config.json")):
+        build_base(kind, mdir)
+    rdir = os.path.join(tmp, name)
+    os.makedirs(rdir)
+    shard = os.path.join(rdir, "train_0.bin")
+    write_shard(shard, list(np.random.default_rng(11).integers(0, V, size=4000)), V)
+    cfg = os.path.join(rdir, "run.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"device: cpu\nrun:\n  dir: {rdir}\ninit:\n  from: {mdir}\n"
+                f"data:\n  train: '{shard}'\n  seq_len: 16\n  micro_batch: 2\n  grad_accum: 2\n"
+                "optim: {lr: 0.01, warmup: 0, steps: 4, weight_decay: 0.1}\neval: {every: 0}\n"
+                "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, v, o, up, down], "
+                f"trainable: [{', '.join(extras)}]}}\n")
+    res = subprocess.run([QTRAIN, cfg], capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"FAIL lora_peft_{name}: qtrain exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+        return False
+    edir = os.path.join(rdir, "ckpt", "export")
+    acfg = json.load(open(os.path.join(edir, "adapter_config.json")))
+    res = subprocess.run([QTRAIN, "--resume", rdir, "--export", "merged", "--set", f"export.dir={rdir}/merged"],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"FAIL lora_peft_{name}: qtrain --export merged exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+        return False
+    B, T = 2, 11
+    win = np.random.default_rng(3).integers(0, V, size=(B, T + 1)).astype(np.int32)
+    tok = os.path.join(tmp, "tokens_export.i32"); win.tofile(tok)
+    out = os.path.join(tmp, f"out_{name}")
+    bits = sum(TARGET_BITS[t] for t in acfg["target_modules"])
+    xbits = sum(EXTRA_BITS[x] for x in extras)
+    res = subprocess.run([TOOL, mdir, edir, tok, str(B), str(T), out, str(acfg["r"]), str(acfg["lora_alpha"]), "0",
+                          str(bits), "0", "0", str(xbits)], capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"FAIL lora_peft_{name}: tool_lora_dump exited {res.returncode}: {res.stderr.strip()}")
+        return False
+    ours = np.fromfile(os.path.join(out, "logits.f32"), dtype=np.float32).reshape(B, T, V)
+    pm = peft.PeftModel.from_pretrained(load_base(mdir), edir).eval()
+    merged = load_base(os.path.join(rdir, "merged"))
+    ids = torch.tensor(win[:, :T], dtype=torch.long)
+    with torch.no_grad():
+        lp = pm(input_ids=ids).logits.numpy()
+        lm = merged(input_ids=ids).logits.numpy()
+        lb = load_base(mdir)(input_ids=ids).logits.numpy()
+    trained = rel(lp, lb)  # the adapters moved the model: B is no longer zero
+    e_peft, e_merged = rel(ours, lp), rel(lm, lp)
+    ok = e_peft <= TOL and e_merged <= TOL and trained > 1e-4 and acfg["lora_dropout"] == 0.1
+    print(f"{'PASS' if ok else 'FAIL'} lora_peft_{name}: PEFT over the base vs qtrain logits {e_peft:.1e}, merged export "
+          f"vs PEFT {e_merged:.1e}, adapters vs base {trained:.1e}")
+    return ok
+
+
+def main():
+    if not os.path.exists(TOOL) or not os.path.exists(QTRAIN):
+        print(f"FAIL lora_peft: {TOOL} or {QTRAIN} is missing (run make first)"); return 1
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, targets, r, alpha, rslora, dropout in (
+                ("qwen2", ALL, 4, 8, False, 0.0),
+                ("llama", ALL, 3, 5, True, 0.0),
+                ("qwen3", ALL, 2, 16, False, 0.0),
+                ("qwen2", ["k_proj", "o_proj", "up_proj"], 5, 7, False, 0.0),
+                ("llama", ["q_proj", "v_proj", "gate_proj", "down_proj"], 4, 8, False, 0.25),
+                ("qwen3", ALL, 4, 8, True, 0.1)):
+            ok &= check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp)
+        # trained base tensors beside the adapters (PEFT's modules_to_save)
+        ok &= check_fwd_bwd("llama", ALL, 4, 8, False, 0.0, tmp, ("embeddings", "lm_head", "norms"))
+        ok &= check_fwd_bwd("qwen3", ["q_proj", "down_proj"], 3, 6, False, 0.1, tmp, ("norms",))
+        ok &= check_fwd_bwd("qwen2", ALL, 2, 4, False, 0.0, tmp, ("norms",))
+        for kind in ("qwen2", "llama"):
+            ok &= check_export(kind, tmp)
+        ok &= check_export("llama", tmp, ("embeddings", "lm_head", "norms"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
