@@ -60,6 +60,12 @@ def test_document_by_default_with_starts(tmp):
     assert len(a) == 2 and len(b) == 2 and a[0] != b[0], (a, b)  # the first step already differs
     train(tmp, data, "runs/doc2", "--set", "data.attention=document")
     assert losses(tmp, "runs/doc2") == a, (losses(tmp, "runs/doc2"), a)  # auto resolved to document: the same bits
+    # LoRA over the same base: its engine passes the documents to the base model too
+    lora = ["--set", "lora.rank=4", "--set", "lora.alpha=8"]
+    ld = train(tmp, data, "runs/lora_doc", *lora)
+    assert "attention per document" in ld, ld
+    train(tmp, data, "runs/lora_causal", *lora, "--set", "data.attention=causal")
+    assert losses(tmp, "runs/lora_doc")[0] != losses(tmp, "runs/lora_causal")[0]
 
 
 def test_causal_without_starts(tmp):

@@ -201,6 +201,11 @@ static void lora_free(qt_engine *e) {
     free(c);
 }
 
+static void lora_set_docs(qt_engine *e, const qt_docs *d) { /* the base model's attention and positions */
+    char err[256];
+    QT_CHECK(qt_cpu_model_set_docs(((lora_engine *)e)->model, d, err, sizeof err) == 0, "%s", err);
+}
+
 static const qt_engine_ops lora_ops = {
     .name = "cpu-fp32-lora",
     .micro_step = lora_micro_step,
@@ -214,6 +219,8 @@ static const qt_engine_ops lora_ops = {
     .nonfinite_weight = lora_nonfinite_weight,
     .free = lora_free,
     .export_adapter = lora_export_adapter,
+    .set_docs = lora_set_docs,
+    .docs_by_default = 1,
 };
 
 /* The base tensors lora.trainable names, and their gradient and moment arrays. */
