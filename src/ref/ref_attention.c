@@ -3,7 +3,8 @@
  * qkv[B,T,(H+2*Hkv)*D]: q heads, k heads, v heads; query head h reads kv head h / (H/Hkv).
  * Query t attends to keys j with lo(t) <= j <= t: lo = 0 (causal), or t - W + 1 with a sliding window
  * W > 0 (transformers' sliding_window_overlay: kv_idx > q_idx - W; W keys, the query's own included).
- * fwd: out[B,T,H*D], lse[B,H,T] (natural log of the softmax denominator, scale 1/sqrt(D) applied).
+ * fwd: out[B,T,H*D], lse[B,H,T] (natural log of the softmax denominator, the scale applied: 1/sqrt(D),
+ * or the caller's in the _scaled forms).
  * bwd: dS = P * (dP - rowsum(dO * O)) with P recomputed from lse; no T x T matrix is stored.
  * Dot products and sums accumulate in double; results are rounded to fp32 once. */
 #include <math.h>
@@ -22,12 +23,12 @@ static double dot(const float *a, const float *b, int D) {
 /* The first key query t sees under window W (0: none). */
 static int first_key(int t, int W) { return W > 0 && t >= W ? t - W + 1 : 0; }
 
-void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W) {
+void qt_ref_attention_scaled_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W,
+                                 double scale) {
     QT_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H=%d is not a multiple of Hkv=%d", H, Hkv);
     QT_CHECK(W >= 0, "attention: sliding window %d: expected >= 0 (0 = none)", W);
     long row = (long)(H + 2 * Hkv) * D;
     int grp = H / Hkv;
-    double scale = 1.0 / sqrt((double)D);
 #pragma omp parallel
     {
         double *s = malloc((size_t)T * sizeof *s), *acc = malloc((size_t)D * sizeof *acc);
@@ -63,10 +64,10 @@ void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T
 /* Backward of one (batch, kv head): the query heads of the group, then dk and dv of that kv head.
  * dk and dv sum over the group's heads and all later queries: one task owns them, in a fixed order. */
 static void attn_bwd_group(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                           int b, int g, int T, int H, int Hkv, int D, int W, double *dk, double *dv, double *dq) {
+                           int b, int g, int T, int H, int Hkv, int D, int W, double scale, double *dk, double *dv,
+                           double *dq) {
     long row = (long)(H + 2 * Hkv) * D;
     int grp = H / Hkv;
-    double scale = 1.0 / sqrt((double)D);
     const float *base = qkv + (long)b * T * row;
     memset(dk, 0, (size_t)T * D * sizeof *dk);
     memset(dv, 0, (size_t)T * D * sizeof *dv);
@@ -98,8 +99,8 @@ static void attn_bwd_group(float *dqkv, const float *dout, const float *qkv, con
     }
 }
 
-void qt_ref_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
-                          const float *lse, int B, int T, int H, int Hkv, int D, int W) {
+void qt_ref_attention_scaled_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                 const float *lse, int B, int T, int H, int Hkv, int D, int W, double scale) {
     QT_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H=%d is not a multiple of Hkv=%d", H, Hkv);
     QT_CHECK(W >= 0, "attention: sliding window %d: expected >= 0 (0 = none)", W);
 #pragma omp parallel
@@ -109,9 +110,18 @@ void qt_ref_attention_bwd(float *dqkv, const float *dout, const float *qkv, cons
         QT_CHECK(dk && dv && dq, "out of memory for attention scratch (T=%d, D=%d)", T, D);
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
-            for (int g = 0; g < Hkv; g++) attn_bwd_group(dqkv, dout, qkv, out, lse, b, g, T, H, Hkv, D, W, dk, dv, dq);
+            for (int g = 0; g < Hkv; g++) attn_bwd_group(dqkv, dout, qkv, out, lse, b, g, T, H, Hkv, D, W, scale, dk, dv, dq);
         free(dk);
         free(dv);
         free(dq);
     }
+}
+
+void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W) {
+    qt_ref_attention_scaled_fwd(out, lse, qkv, B, T, H, Hkv, D, W, 1.0 / sqrt((double)D));
+}
+
+void qt_ref_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                          const float *lse, int B, int T, int H, int Hkv, int D, int W) {
+    qt_ref_attention_scaled_bwd(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, W, 1.0 / sqrt((double)D));
 }
