@@ -199,7 +199,7 @@ static void test_fd_qwen3_qknorm(void) { fd_model(cfg_qwen3(), "qwen3"); }
  * one, an attention scalar that is not head_dim, the logit cap, tied, GQA 4:2. */
 static qt_model_cfg cfg_gemma3(void) {
     qt_model_cfg c = {.arch = QT_ARCH_GEMMA3, .vocab_size = 39, .hidden_size = 24, .num_layers = 3, .num_heads = 4,
-                      .num_kv_heads = 2, .head_dim = 8, .intermediate_size = 36, .max_seq_len = 16,
+                      .num_kv_heads = 2, .head_dim = 8, .intermediate_size = 36, .max_seq_len = 40,
                       .rope_theta = 1000.0f, .rms_norm_eps = 1e-6f, .tie_embeddings = 1, .sliding_window = 4,
                       .window_pattern = 2, .rope_local_theta = 10.0f, .attn_scalar = 20.0f, .logit_softcap = 2.0f,
                       .rope = {.type = QT_ROPE_LINEAR, .factor = 4.0f}};

@@ -58,8 +58,8 @@ static int read_layer_types(const char *path, const qt_json_node *lt, qt_model_c
         int full = !strcmp(x->str, "full_attention");
         if (full != !qt_model_layer_local(c, n))
             return qt_errf(err, errlen,
-                           "%s: layer_types[%d]: expected \"%s\" (every %d-th layer full_attention, as the first one is), "
-                           "got \"%s\"; other layer orders are not supported",
+                           "%s: layer_types[%d]: expected \"%s\" (full_attention on every layer i with (i + 1) %% %d == 0, "
+                           "as the first one gives), got \"%s\"; other layer orders are not supported",
                            path, n, full ? "sliding_attention" : "full_attention", c->window_pattern, x->str);
     }
     return 0;
