@@ -125,6 +125,10 @@ static const op_case CASES[] = {
     {&OP_QKN_BWD, {1000, 4, 2, 128}, F32, 0, O_AMAX, 0, 0}, /* several rows per dw part, an uneven last part */
     {&OP_QKN_BWD, {7, 6, 2, 24}, BF16, 0, 0, 0, 1}, {&OP_QKN_BWD, {33, 4, 4, 64}, F32, 0, O_NODW, 0, 0},
     {&OP_QKN_BWD, {129, 16, 4, 128}, BF16, 0, O_AMAX, 0, 0},
+    /* the (1 + w) form (Gemma 3): its head_dim 256 and 128 (27B), GQA */
+    {&OP_QKN1P_FWD, {37, 4, 1, 256}, 0, 0, 0, 0, 0}, {&OP_QKN1P_FWD, {7, 6, 2, 24}, 0, 0, 0, 0, 1},
+    {&OP_QKN1P_BWD, {37, 8, 4, 256}, F32, 0, O_AMAX, 0, 0}, {&OP_QKN1P_BWD, {129, 16, 8, 128}, BF16, 0, O_AMAX, 0, 0},
+    {&OP_QKN1P_BWD, {7, 6, 2, 24}, BF16, 0, 0, 0, 1},
     /* SwiGLU (swiglu.cu): n f */
     {&OP_SWIGLU_FWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_FWD, {7, 24}, 0, 0, O_AMAX, 0, 0},
     {&OP_SWIGLU_FWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_FWD, {64, 4864}, 0, 0, O_AMAX, 0, 0},
