@@ -563,19 +563,27 @@ static void execute(qt_attention_ctx *c, att_plan *p, const int64_t *uids, void 
     }
 }
 
-void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
-                      int D, int window, cudaStream_t s) {
+void qt_attention_fwd_scaled(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
+                             int D, int window, float scale, cudaStream_t s) {
     att_plan *p = ready_plan(c, B, T, H, Hkv, D, window, 0);
     const uint16_t *q = qkv;
+    float sc = scale > 0 ? scale : p->scale; /* a by-value scalar: cuDNN copies it at the execute */
     const int64_t uids[8] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG, U_WINDOW};
     void *const ptrs[8] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), out, lse,
-                           &p->scale, &p->neg, &p->win};
+                           &sc, &p->neg, &p->win};
     execute(c, p, uids, ptrs, p->window ? 8 : 7, s); /* the window scalar (last) only where the graph has the band */
 }
 
-void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
-                      const float *lse, int B, int T, int H, int Hkv, int D, int window, cudaStream_t s) {
+void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
+                      int D, int window, cudaStream_t s) {
+    qt_attention_fwd_scaled(c, out, lse, qkv, B, T, H, Hkv, D, window, 0.0f, s);
+}
+
+void qt_attention_bwd_scaled(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                             const float *lse, int B, int T, int H, int Hkv, int D, int window, float scale,
+                             cudaStream_t s) {
     att_plan *p = ready_plan(c, B, T, H, Hkv, D, window, 1);
+    float sc = scale > 0 ? scale : p->scale;
     const uint16_t *q = qkv;
     uint16_t *dq = dqkv;
     char *ssum = (char *)c->ws + align256((size_t)p->plan_ws);
@@ -584,10 +592,15 @@ void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const v
     if (!p->det) QT_CUDA(cudaMemsetAsync(dqacc, 0, (size_t)B * H * T * D * 4, s));
     int64_t uids[15] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_SCALE, U_NEG, U_ONE, U_SSUM};
     void *ptrs[15] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), (void *)out,
-                      (void *)dout, (void *)lse, dq, dq + (size_t)H * D, dq + (size_t)(H + Hkv) * D, &p->scale,
+                      (void *)dout, (void *)lse, dq, dq + (size_t)H * D, dq + (size_t)(H + Hkv) * D, &sc,
                       &p->neg, &p->one, ssum};
     int n = 13;
     if (!p->det) uids[n] = U_DQACC, ptrs[n++] = dqacc; /* the deterministic graph has no dQ accumulator */
     if (p->window) uids[n] = U_WINDOW, ptrs[n++] = &p->win;
     execute(c, p, uids, ptrs, n, s);
+}
+
+void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                      const float *lse, int B, int T, int H, int Hkv, int D, int window, cudaStream_t s) {
+    qt_attention_bwd_scaled(c, dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, window, 0.0f, s);
 }
