@@ -5,7 +5,8 @@
  * stats[B,H,T,1] fp32. The graphs are the op patterns cuDNN's fused flash-attention engines match
  * (the ones cudnn-frontend's SDPA nodes emit):
  *   fwd  S = Q.K^T (fp32) -> *scale -> causal select(row >= col ? S : -FLT_MAX) [-> band select(col + W >
- *        row ? S : -FLT_MAX) with a sliding window W < T] -> max, S-max, exp, sum, log, max+log = Stats
+ *        row ? S : -FLT_MAX) with a sliding window W < T] [-> document select(col >= kv_lo[b,row] ? S : -FLT_MAX)
+ *        with packed documents] -> max, S-max, exp, sum, log, max+log = Stats
  *        (out), exp/sum = P (bf16) -> O = P.V
  *   bwd  Ssum = rowsum(dO*O)*1 (fp32, workspace); P = exp(mask(S*scale - Stats)), mask as in fwd;
  *        dV = P^T.dO; dS = P*(dP*1 - Ssum)*scale with dP = dO.V^T; dK = dS^T.Q; dQacc = dS.K (fp32,
@@ -32,7 +33,7 @@
 
 /* Unique ids of the tensors the caller binds; virtual tensors count up from VIRTUAL_UID. */
 enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG, U_ONE, U_DO, U_DQ, U_DK, U_DV, U_SSUM, U_DQACC, U_WINDOW,
-       VIRTUAL_UID = 100 };
+       U_KVLO, VIRTUAL_UID = 100 };
 
 typedef cudnnBackendDescriptor_t desc_t;
 
@@ -49,6 +50,7 @@ typedef struct { /* a graph under construction; every descriptor it made lives u
 typedef struct {
     int B, T, H, Hkv, D, bwd, det;
     int window;      /* sliding window W (0: plain causal; a window >= T is stored as 0) */
+    int docs;        /* the graph reads kv_lo[B,1,T,1] int32: query row sees no key before its document start */
     gb g;
     desc_t plan;
     int64_t plan_ws; /* bytes the engine needs */
@@ -112,11 +114,10 @@ static void gb_op(gb *g, desc_t op, const char *what) {
     g->ops[g->nops++] = op;
 }
 
-/* A tensor [4 dims]; uid 0 takes the next virtual id. */
-static desc_t tensor(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
-                     const int64_t str[4], bool virt, bool by_value) {
+/* A tensor [4 dims] whose pointer is a multiple of align bytes; uid 0 takes the next virtual id. */
+static desc_t tensor_aligned(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
+                             const int64_t str[4], bool virt, bool by_value, int64_t align) {
     desc_t d = gb_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, name);
-    int64_t align = 16;
     if (!uid) uid = g->next_uid++;
     gb_set(g, d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, name);
     gb_set(g, d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim, name);
@@ -127,6 +128,12 @@ static desc_t tensor(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, c
     if (by_value) gb_set(g, d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, name);
     gb_fin(g, d, name);
     return d;
+}
+
+/* The same, 16-byte aligned (every tensor but the documents' kv_lo, whose slices start at any row). */
+static desc_t tensor(gb *g, const char *name, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
+                     const int64_t str[4], bool virt, bool by_value) {
+    return tensor_aligned(g, name, uid, dt, dim, str, virt, by_value, 16);
 }
 
 static desc_t virt(gb *g, const char *name, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4]) {
@@ -244,10 +251,31 @@ static desc_t band(gb *g, const att_shapes *a, desc_t s, desc_t neg, desc_t win)
     return pw(g, "band_select", CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, -1, s, neg, keep, out);
 }
 
-/* The causal mask, then the window's band when the graph has one (win != NULL). */
-static desc_t mask(gb *g, const att_shapes *a, desc_t s, desc_t neg, desc_t win) {
+/* Keeps s where col >= kv_lo[b, row] (the first key of the query's packed document), -FLT_MAX elsewhere:
+ * GEN_INDEX / CMP_GE against the int32 row-broadcast tensor kv_lo[B,1,T,1] / BINARY_SELECT, the form of
+ * cudnn-frontend's padding mask (GEN_INDEX compared with the per-sequence seq_len tensors). */
+static desc_t doc_mask(gb *g, const att_shapes *a, desc_t s, desc_t neg, desc_t kvlo) {
+    desc_t col = gen_index(g, a, "doc_col_index", 3, s);
+    desc_t keep = virt(g, "col>=kv_lo", CUDNN_DATA_BOOLEAN, a->s_dim, a->s_str);
+    desc_t out = virt(g, "doc_select", CUDNN_DATA_FLOAT, a->s_dim, a->s_str);
+    pw(g, "col>=kv_lo", CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, -1, col, kvlo, NULL, keep);
+    return pw(g, "doc_select", CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, -1, s, neg, keep, out);
+}
+
+/* The causal mask, then the window's band when the graph has one (win != NULL), then the documents'
+ * bound when it has one (kvlo != NULL). */
+static desc_t mask(gb *g, const att_shapes *a, desc_t s, desc_t neg, desc_t win, desc_t kvlo) {
     s = causal(g, a, s, neg);
-    return win ? band(g, a, s, neg, win) : s;
+    s = win ? band(g, a, s, neg, win) : s;
+    return kvlo ? doc_mask(g, a, s, neg, kvlo) : s;
+}
+
+/* The graph's kv_lo input [B,1,T,1] int32 (one per query row, broadcast over heads and keys), or NULL; 4-byte
+ * aligned: the attention backward's slices start it at row b0 * T. */
+static desc_t kvlo_tensor(gb *g, const att_shapes *a, int docs) {
+    if (!docs) return NULL;
+    const int64_t dim[4] = {a->s_dim[0], 1, a->s_dim[2], 1}, str[4] = {a->s_dim[2], a->s_dim[2], 1, 1};
+    return tensor_aligned(g, "kv_lo", U_KVLO, CUDNN_DATA_INT32, dim, str, false, false, 4);
 }
 
 #define F32 CUDNN_DATA_FLOAT
@@ -259,17 +287,17 @@ static desc_t pw2(gb *g, const char *name, cudnnPointwiseMode_t mode, desc_t x, 
     return pw(g, name, mode, F32, -1, x, b, NULL, virt(g, name, F32, dim, str));
 }
 
-static void build_fwd(gb *g, const att_shapes *a, int window) {
+static void build_fwd(gb *g, const att_shapes *a, int window, int docs) {
     desc_t q = tensor(g, "Q", U_Q, BF16, a->q_dim, a->q_str, false, false);
     desc_t kt = tensor(g, "K^T", U_K, BF16, a->kt_dim, a->kt_str, false, false);
     desc_t v = tensor(g, "V", U_V, BF16, a->kv_dim, a->kv_str, false, false);
     desc_t o = tensor(g, "O", U_O, BF16, a->o_dim, a->o_str, false, false);
     desc_t stats = tensor(g, "Stats", U_STATS, F32, a->row_dim, a->row_str, false, false);
     desc_t scale = scalar(g, "attn_scale", U_SCALE), neg = scalar(g, "mask_value", U_NEG);
-    desc_t win = window ? scalar(g, "window", U_WINDOW) : NULL;
+    desc_t win = window ? scalar(g, "window", U_WINDOW) : NULL, kvlo = kvlo_tensor(g, a, docs);
     desc_t s = matmul(g, "bmm1 Q.K^T", q, kt, virt(g, "S", F32, a->s_dim, a->s_str));
     s = pw2(g, "attn_scale", CUDNN_POINTWISE_MUL, s, scale, a->s_dim, a->s_str);
-    s = mask(g, a, s, neg, win);
+    s = mask(g, a, s, neg, win, kvlo);
     desc_t m = reduce(g, "softmax max", CUDNN_REDUCE_TENSOR_MAX, s, virt(g, "M", F32, a->row_dim, a->row_str));
     desc_t e = pw2(g, "softmax sub", CUDNN_POINTWISE_SUB, s, m, a->s_dim, a->s_str);
     e = pw(g, "softmax exp", CUDNN_POINTWISE_EXP, F32, -1, e, NULL, NULL, virt(g, "E", F32, a->s_dim, a->s_str));
@@ -280,7 +308,7 @@ static void build_fwd(gb *g, const att_shapes *a, int window) {
     matmul(g, "bmm2 P.V", p, v, o);
 }
 
-static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv, int det, int window) {
+static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv, int det, int window, int docs) {
     const int64_t *qd = a->q_dim, *sd = a->s_dim, *ss = a->s_str, *rd = a->row_dim, *rs = a->row_str;
     int64_t vt_dim[4] = {a->kt_dim[0], a->kt_dim[1], a->kt_dim[2], a->kt_dim[3]};
     int64_t odd_str[4] = {a->full_str[0], a->full_str[1], a->o_str[2], 1}; /* cudnn-frontend's dO*O layout */
@@ -296,7 +324,7 @@ static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv, int det, int w
     desc_t ssum = tensor(g, "softmax_sum", U_SSUM, F32, rd, rs, false, false);
     desc_t dqacc = det ? NULL : tensor(g, "dQ_accum", U_DQACC, F32, qd, a->full_str, false, false);
     desc_t scale = scalar(g, "attn_scale", U_SCALE), neg = scalar(g, "mask_value", U_NEG), one = scalar(g, "one", U_ONE);
-    desc_t win = window ? scalar(g, "window", U_WINDOW) : NULL;
+    desc_t win = window ? scalar(g, "window", U_WINDOW) : NULL, kvlo = kvlo_tensor(g, a, docs);
 
     desc_t t = pw2(g, "mul dO*O", CUDNN_POINTWISE_MUL, dout, o, qd, odd_str);
     t = reduce(g, "reduce dO*O", CUDNN_REDUCE_TENSOR_ADD, t, virt(g, "rowsum dO*O", F32, rd, rs));
@@ -305,7 +333,7 @@ static void build_bwd(gb *g, const att_shapes *a, int H, int Hkv, int det, int w
     desc_t s = matmul(g, "bmm Q.K^T", q, kt, virt(g, "S", F32, sd, ss));
     s = pw2(g, "attn_scale", CUDNN_POINTWISE_MUL, s, scale, sd, ss);
     s = pw2(g, "sub stats", CUDNN_POINTWISE_SUB, s, stats, sd, ss);
-    s = mask(g, a, s, neg, win);
+    s = mask(g, a, s, neg, win, kvlo);
     desc_t p = pw(g, "exp", CUDNN_POINTWISE_EXP, F32, -1, s, NULL, NULL, virt(g, "P", F32, sd, ss));
 
     desc_t pt = reshape(g, "P^T", p, virt(g, "P^T", BF16, sd, a->st_str));
@@ -428,24 +456,24 @@ static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
  * it shares the plain causal plan (0). A negative one stays, for the build to refuse. */
 static int plan_window(int window, int T) { return window >= T ? 0 : window; }
 
-static att_plan *get_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int bwd) {
+static att_plan *get_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int docs, int bwd) {
     int det = bwd && c->det; /* the forward has no cross-block sums: one graph serves both */
     window = plan_window(window, T);
     for (int i = 0; i < c->nplans; i++) {
         att_plan *p = c->plans[i];
         if (p->B == B && p->T == T && p->H == H && p->Hkv == Hkv && p->D == D && p->window == window &&
-            p->bwd == bwd && p->det == det)
+            p->docs == docs && p->bwd == bwd && p->det == det)
             return p;
     }
     att_plan *p = calloc(1, sizeof *p);
     QT_CHECK(p != NULL, "out of host memory");
-    *p = (att_plan){.B = B, .T = T, .H = H, .Hkv = Hkv, .D = D, .window = window, .bwd = bwd, .det = det};
+    *p = (att_plan){.B = B, .T = T, .H = H, .Hkv = Hkv, .D = D, .window = window, .docs = docs, .bwd = bwd, .det = det};
     p->scale = 1.0f / sqrtf((float)D);
     p->neg = -FLT_MAX; /* what cudnn-frontend's causal mask writes: exp() of it minus anything is 0 */
     p->one = 1.0f;
     p->win = (float)window; /* exact: window < 2^24 (checked below) */
-    snprintf(p->shape, sizeof p->shape, "%s%s B=%d T=%d H=%d Hkv=%d D=%d W=%d", bwd ? "bwd" : "fwd",
-             det ? " (deterministic)" : "", B, T, H, Hkv, D, window);
+    snprintf(p->shape, sizeof p->shape, "%s%s B=%d T=%d H=%d Hkv=%d D=%d W=%d%s", bwd ? "bwd" : "fwd",
+             det ? " (deterministic)" : "", B, T, H, Hkv, D, window, docs ? " per document" : "");
     gb *g = &p->g;
     g->h = c->h;
     g->next_uid = VIRTUAL_UID;
@@ -457,8 +485,8 @@ static att_plan *get_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int
     } else {
         att_shapes a;
         shapes_of(&a, B, T, H, Hkv, D);
-        if (bwd) build_bwd(g, &a, H, Hkv, det, window);
-        else build_fwd(g, &a, window);
+        if (bwd) build_bwd(g, &a, H, Hkv, det, window, docs);
+        else build_fwd(g, &a, window, docs);
         p->plan = make_plan(g, p->det, &p->plan_ws, &p->engine, &p->nondet);
     }
     p->ok = !g->failed;
@@ -500,19 +528,25 @@ long qt_attention_plan_count(const qt_attention_ctx *c) { return c->built; }
 void qt_attention_set_deterministic(qt_attention_ctx *c, int on) { c->det = on != 0; }
 
 int qt_attention_engine(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int bwd, long *engine) {
-    att_plan *p = get_plan(c, B, T, H, Hkv, D, window, bwd);
+    att_plan *p = get_plan(c, B, T, H, Hkv, D, window, 0, bwd);
     if (engine) *engine = p->ok ? (long)p->engine : -1;
     return p->ok ? p->nondet : -1;
 }
 
 int qt_attention_prepare(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, char *err,
                          size_t errlen) {
+    return qt_attention_prepare_docs(c, B, T, H, Hkv, D, window, 0, err, errlen);
+}
+
+int qt_attention_prepare_docs(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int docs,
+                              char *err, size_t errlen) {
     for (int bwd = 0; bwd < 2; bwd++) {
-        att_plan *p = get_plan(c, B, T, H, Hkv, D, window, bwd);
+        att_plan *p = get_plan(c, B, T, H, Hkv, D, window, docs != 0, bwd);
         if (!p->ok) {
             if (err && errlen) snprintf(err, errlen, "%s", p->g.err);
             return -1;
         }
+        if (docs) qt_attention_reserve(c, p->ws); /* now, not at a first call that may be under graph capture */
     }
     return 0;
 }
@@ -524,7 +558,7 @@ size_t qt_attention_bwd_fixed_ws(int B, int T, int H, int D) {
 size_t qt_attention_bwd_est_ws(int B, int T, int H, int D) { return 2 * qt_attention_bwd_fixed_ws(B, T, H, D); }
 
 size_t qt_attention_ws_bytes(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int bwd) {
-    att_plan *p = get_plan(c, B, T, H, Hkv, D, window, bwd);
+    att_plan *p = get_plan(c, B, T, H, Hkv, D, window, 0, bwd);
     return p->ok ? p->ws : 0;
 }
 
@@ -537,8 +571,9 @@ void qt_attention_reserve(qt_attention_ctx *c, size_t bytes) {
 }
 
 /* The plan of this shape, failing hard with its build error; grows the workspace to fit it. */
-static att_plan *ready_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int bwd) {
-    att_plan *p = get_plan(c, B, T, H, Hkv, D, window, bwd);
+static att_plan *ready_plan(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int docs,
+                            int bwd) {
+    att_plan *p = get_plan(c, B, T, H, Hkv, D, window, docs, bwd);
     QT_CHECK(p->ok, "%s", p->g.err);
     qt_attention_reserve(c, p->ws); /* cudaFree synchronises: nothing in flight still uses the old one */
     return p;
@@ -563,26 +598,45 @@ static void execute(qt_attention_ctx *c, att_plan *p, const int64_t *uids, void 
     }
 }
 
-void qt_attention_fwd_scaled(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
-                             int D, int window, float scale, cudaStream_t s) {
-    att_plan *p = ready_plan(c, B, T, H, Hkv, D, window, 0);
-    const uint16_t *q = qkv;
-    float sc = scale > 0 ? scale : p->scale; /* a by-value scalar: cuDNN copies it at the execute */
-    const int64_t uids[8] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG, U_WINDOW};
-    void *const ptrs[8] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), out, lse,
-                           &sc, &p->neg, &p->win};
-    execute(c, p, uids, ptrs, p->window ? 8 : 7, s); /* the window scalar (last) only where the graph has the band */
-}
-
 void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
                       int D, int window, cudaStream_t s) {
-    qt_attention_fwd_scaled(c, out, lse, qkv, B, T, H, Hkv, D, window, 0.0f, s);
+    qt_attention_docs_fwd(c, out, lse, qkv, NULL, B, T, H, Hkv, D, window, s);
+}
+
+void qt_attention_docs_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, const int32_t *kv_lo, int B,
+                           int T, int H, int Hkv, int D, int window, cudaStream_t s) {
+    qt_attention_fwd_scaled(c, out, lse, qkv, kv_lo, B, T, H, Hkv, D, window, 0.0f, s);
+}
+
+void qt_attention_fwd_scaled(qt_attention_ctx *c, void *out, float *lse, const void *qkv, const int32_t *kv_lo, int B,
+                             int T, int H, int Hkv, int D, int window, float scale, cudaStream_t s) {
+    att_plan *p = ready_plan(c, B, T, H, Hkv, D, window, kv_lo != NULL, 0);
+    const uint16_t *q = qkv;
+    float sc = scale > 0 ? scale : p->scale; /* a by-value scalar: cuDNN copies it at the execute */
+    int64_t uids[9] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG};
+    void *ptrs[9] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), out, lse,
+                     &sc, &p->neg};
+    int n = 7; /* the window scalar and kv_lo only where the graph has the band / the documents */
+    if (p->window) uids[n] = U_WINDOW, ptrs[n++] = &p->win;
+    if (p->docs) uids[n] = U_KVLO, ptrs[n++] = (void *)kv_lo;
+    execute(c, p, uids, ptrs, n, s);
+}
+
+void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                      const float *lse, int B, int T, int H, int Hkv, int D, int window, cudaStream_t s) {
+    qt_attention_docs_bwd(c, dqkv, dout, qkv, out, lse, NULL, B, T, H, Hkv, D, window, s);
+}
+
+void qt_attention_docs_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                           const float *lse, const int32_t *kv_lo, int B, int T, int H, int Hkv, int D, int window,
+                           cudaStream_t s) {
+    qt_attention_bwd_scaled(c, dqkv, dout, qkv, out, lse, kv_lo, B, T, H, Hkv, D, window, 0.0f, s);
 }
 
 void qt_attention_bwd_scaled(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
-                             const float *lse, int B, int T, int H, int Hkv, int D, int window, float scale,
-                             cudaStream_t s) {
-    att_plan *p = ready_plan(c, B, T, H, Hkv, D, window, 1);
+                             const float *lse, const int32_t *kv_lo, int B, int T, int H, int Hkv, int D, int window,
+                             float scale, cudaStream_t s) {
+    att_plan *p = ready_plan(c, B, T, H, Hkv, D, window, kv_lo != NULL, 1);
     float sc = scale > 0 ? scale : p->scale;
     const uint16_t *q = qkv;
     uint16_t *dq = dqkv;
@@ -590,17 +644,13 @@ void qt_attention_bwd_scaled(qt_attention_ctx *c, void *dqkv, const void *dout, 
     char *dqacc = ssum + align256((size_t)B * H * T * 4);
     /* cuDNN before 9.6 expects the fp32 dQ accumulator zeroed by the caller; later ones do not mind. */
     if (!p->det) QT_CUDA(cudaMemsetAsync(dqacc, 0, (size_t)B * H * T * D * 4, s));
-    int64_t uids[15] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_SCALE, U_NEG, U_ONE, U_SSUM};
-    void *ptrs[15] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), (void *)out,
+    int64_t uids[16] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_SCALE, U_NEG, U_ONE, U_SSUM};
+    void *ptrs[16] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), (void *)out,
                       (void *)dout, (void *)lse, dq, dq + (size_t)H * D, dq + (size_t)(H + Hkv) * D, &sc,
                       &p->neg, &p->one, ssum};
     int n = 13;
     if (!p->det) uids[n] = U_DQACC, ptrs[n++] = dqacc; /* the deterministic graph has no dQ accumulator */
     if (p->window) uids[n] = U_WINDOW, ptrs[n++] = &p->win;
+    if (p->docs) uids[n] = U_KVLO, ptrs[n++] = (void *)kv_lo;
     execute(c, p, uids, ptrs, n, s);
-}
-
-void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
-                      const float *lse, int B, int T, int H, int Hkv, int D, int window, cudaStream_t s) {
-    qt_attention_bwd_scaled(c, dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, window, 0.0f, s);
 }

@@ -1,7 +1,8 @@
 /* rope.cu — rotary position embedding (HF rotate-half), in place on the fused qkv buffer.
  *
  * qkv[B,T,(H+2*Hkv)*D] bf16: the first H+Hkv heads of each token (q, then k) are rotated; v is left
- * alone. For i < D/2 and position t (the token's index in its sequence), with (c, s) = cs[t, i]:
+ * alone. For i < D/2 and position t (the token's index in its sequence, or pos[row] with packed documents:
+ * the index in its document), with (c, s) = cs[t, i]:
  *   fwd: x[i] = x[i] c - x[i+D/2] s;   x[i+D/2] = x[i+D/2] c + x[i] s
  *   bwd: the transpose (s -> -s).
  * The table cs[T, D/2] of (cos, sin) fp32 pairs, times the attention factor, is computed in double from the
@@ -33,8 +34,8 @@ __global__ void rope_table_fwd_kernel(float *cs, int T, int d, rope_freqs inv, d
 }
 
 /* sg = +1 forward, -1 backward. Heads h < H+Hkv are rotated; with amax the v heads are visited too. */
-__global__ void rope_fwd_kernel(bf16 *qkv, const float *cs, long long rows, int T, int H, int Hkv, int D,
-                                float sg, int vec, float *amax) {
+__global__ void rope_fwd_kernel(bf16 *qkv, const float *cs, const int *pos, long long rows, int T, int H, int Hkv,
+                                int D, float sg, int vec, float *amax) {
     int half = D / 2, nrot = H + Hkv, nh = nrot + (amax ? Hkv : 0), per_head = vec ? half / 8 : half;
     unsigned m = 0;
     int fold = amax != NULL;
@@ -44,7 +45,7 @@ __global__ void rope_fwd_kernel(bf16 *qkv, const float *cs, long long rows, int 
          k += (long long)gridDim.x * blockDim.x) {
         long long row = k / ((long long)nh * per_head);
         int rem = (int)(k - row * nh * per_head), h = rem / per_head, p = rem - h * per_head;
-        int t = (int)(row % T);
+        int t = pos ? pos[row] : (int)(row % T);
         bf16 *x = qkv + row * stride_row + (long long)h * D;
         const float *tab = cs + 2 * ((long long)t * half);
         if (vec) {
@@ -95,21 +96,32 @@ extern "C" void qt_rope_table(float *cs, int T, int d, const double *inv_freq, d
     QT_CUDA(cudaGetLastError());
 }
 
-static void rope(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D, float sg, float *amax,
-                 cudaStream_t s) {
+static void rope(void *qkv, const float *cs, const int32_t *pos, int B, int T, int H, int Hkv, int D, float sg,
+                 float *amax, cudaStream_t s) {
     QT_CHECK(D > 0 && D % 2 == 0, "rope: head dim %d: expected a positive even number", D);
     if (B <= 0 || T <= 0 || H + Hkv <= 0) return;
     int vec = (D / 2) % 8 == 0 && qt_aligned16(qkv) && qt_aligned16(cs);
     long long rows = (long long)B * T, work = rows * (H + Hkv + (amax ? Hkv : 0)) * (vec ? D / 16 : D / 2);
-    rope_fwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)qkv, cs, rows, T, H, Hkv, D, sg, vec, amax);
+    rope_fwd_kernel<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)qkv, cs, (const int *)pos, rows, T, H, Hkv, D, sg,
+                                                                       vec, amax);
     QT_CUDA(cudaGetLastError());
 }
 
 extern "C" void qt_rope_fwd(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D, cudaStream_t s) {
-    rope(qkv, cs, B, T, H, Hkv, D, 1.0f, NULL, s);
+    rope(qkv, cs, NULL, B, T, H, Hkv, D, 1.0f, NULL, s);
+}
+
+extern "C" void qt_rope_pos_fwd(void *qkv, const float *cs, const int32_t *pos, int B, int T, int H, int Hkv, int D,
+                                cudaStream_t s) {
+    rope(qkv, cs, pos, B, T, H, Hkv, D, 1.0f, NULL, s);
+}
+
+extern "C" void qt_rope_pos_bwd(void *dqkv, const float *cs, const int32_t *pos, int B, int T, int H, int Hkv, int D,
+                                float *amax, cudaStream_t s) {
+    rope(dqkv, cs, pos, B, T, H, Hkv, D, -1.0f, amax, s);
 }
 
 extern "C" void qt_rope_bwd(void *dqkv, const float *cs, int B, int T, int H, int Hkv, int D, float *amax,
                             cudaStream_t s) {
-    rope(dqkv, cs, B, T, H, Hkv, D, -1.0f, amax, s);
+    rope(dqkv, cs, NULL, B, T, H, Hkv, D, -1.0f, amax, s);
 }

@@ -11,6 +11,8 @@
  * window: 0 = causal (query t sees keys j <= t); W > 0 = sliding window, query t sees keys
  * t - W < j <= t (transformers' sliding_window_overlay: kv_idx > q_idx - W), W keys with its own. A
  * window >= T is the causal attention (same plan); W < T adds cuDNN's diagonal-band mask to both graphs.
+ * kv_lo (the _docs calls; packed documents, qt_docs.h): int32 [B,T] on the device, the first key query t
+ * of row b may see (its document's start, <= t): keys max(kv_lo, window bound) <= j <= t.
  *
  * A context holds a cuDNN handle, the plans (execution plan per (B,T,H,Hkv,D,window) and direction, built on
  * first use and cached) and a workspace that grows to the largest plan's need. One thread, one stream
@@ -20,6 +22,7 @@
 
 #include "qt_cuda_types.h"
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,13 +44,24 @@ void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qk
 /* dqkv (=, every element) from dout[B,T,H*D], qkv and the forward's out and lse (same window). */
 void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
                       const float *lse, int B, int T, int H, int Hkv, int D, int window, cudaStream_t s);
-/* The same two with the softmax scale given (Gemma's query_pre_attn_scalar^-0.5; 0 = 1/sqrt(D)); lse then holds
- * log sum_j exp(scale * q.k_j). The scale is a by-value scalar of the same plan: no plan per scale. */
-void qt_attention_fwd_scaled(qt_attention_ctx *c, void *out, float *lse, const void *qkv, int B, int T, int H, int Hkv,
-                             int D, int window, float scale, cudaStream_t s);
+/* The same with packed documents: kv_lo [B,T] int32 on the device (NULL: as above). The graphs gain a
+ * GEN_INDEX / CMP_GE / select against kv_lo broadcast over heads and keys; plans per (shape, docs).
+ * prepare_docs with docs 1 also grows the workspace to the plans' needs (outside the memory plan, which
+ * counts the causal plans: cuDNN's need for the document graphs is not known without a GPU). */
+int qt_attention_prepare_docs(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int docs,
+                              char *err, size_t errlen);
+void qt_attention_docs_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, const int32_t *kv_lo, int B,
+                           int T, int H, int Hkv, int D, int window, cudaStream_t s);
+void qt_attention_docs_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                           const float *lse, const int32_t *kv_lo, int B, int T, int H, int Hkv, int D, int window,
+                           cudaStream_t s);
+/* The docs forms with the softmax scale given (Gemma's query_pre_attn_scalar^-0.5; 0 = 1/sqrt(D)); lse then
+ * holds log sum_j exp(scale * q.k_j). The scale is a by-value scalar of the same plan: no plan per scale. */
+void qt_attention_fwd_scaled(qt_attention_ctx *c, void *out, float *lse, const void *qkv, const int32_t *kv_lo, int B,
+                             int T, int H, int Hkv, int D, int window, float scale, cudaStream_t s);
 void qt_attention_bwd_scaled(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
-                             const float *lse, int B, int T, int H, int Hkv, int D, int window, float scale,
-                             cudaStream_t s);
+                             const float *lse, const int32_t *kv_lo, int B, int T, int H, int Hkv, int D, int window,
+                             float scale, cudaStream_t s);
 /* Workspace bytes of this shape's plan (built and cached; bwd 0 forward, 1 backward): cuDNN's own
  * plan workspace, then for the backward the fp32 softmax sums and dQ accumulator. 0 when the plan
  * cannot be built (the fwd/bwd call then fails with the message). */

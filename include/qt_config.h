@@ -36,7 +36,12 @@ typedef struct {
     char train[QT_PATH_MAX], eval[QT_PATH_MAX]; /* shard globs */
     char tokenizer[QT_PATH_MAX];  /* HF tokenizer folder the shards were made with; "" = init.from's */
     int seq_len, micro_batch, grad_accum;
+    int attention;                /* qt_docs_mode: QT_DOCS_AUTO = document when the shards carry document starts */
+    int positions;                /* qt_docs_mode: QT_DOCS_AUTO = document with attention document, else window */
 } qt_data_cfg;
+
+/* data.attention and data.positions: per packed document, over the whole window, or chosen at start. */
+typedef enum { QT_DOCS_AUTO = 0, QT_DOCS_DOCUMENT, QT_DOCS_WINDOW } qt_docs_mode;
 
 typedef struct {
     float lr, final_lr_frac, beta1, beta2, eps, weight_decay, grad_clip;

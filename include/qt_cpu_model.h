@@ -1,12 +1,16 @@
 /* qt_cpu_model.h — the Llama/Qwen2 forward and backward on the CPU in fp32, built from qt_ref ops.
  *
  * Per block: x -> RMSNorm -> QKV (+bias) -> (qk_norm: RMSNorm per q and k head) -> RoPE -> causal GQA attention
+ *              (per packed document with qt_cpu_model_set_docs)
  *              -> O -> +residual
  *              -> RMSNorm -> gate|up -> SiLU(gate)*up -> down -> +residual;
  * then final RMSNorm, LM head (tied or not), mean cross-entropy over the non-ignored targets. */
 #ifndef QT_CPU_MODEL_H
 #define QT_CPU_MODEL_H
 
+#include <stddef.h>
+
+#include "qt_docs.h"
 #include "qt_model.h"
 
 typedef struct qt_cpu_model qt_cpu_model;
@@ -26,6 +30,10 @@ float qt_cpu_model_forward(qt_cpu_model *m, const float *w, const int32_t *token
  * mean loss; the trainer passes qt_loss_scale() so a step averages over all its targets. */
 void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale);
 /* The number of targets >= 0 in the last forward. */
+/* The documents of the following forwards (qt_docs.h; NULL: causal attention over each row, positions t):
+ * expanded into per-token key bounds and positions held by m. Returns 0, or -1 with err (malformed starts:
+ * the forwards then run without documents). */
+int qt_cpu_model_set_docs(qt_cpu_model *m, const qt_docs *d, char *err, size_t errlen);
 long qt_cpu_model_targets(const qt_cpu_model *m);
 /* The last forward's logits [B*T, V] (overwritten by backward). */
 const float *qt_cpu_model_logits(const qt_cpu_model *m);

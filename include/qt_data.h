@@ -134,6 +134,8 @@ void qt_loader_set_pos(qt_loader *l, qt_loader_pos p);
 int qt_loader_check_pos(qt_loader *l, qt_loader_pos p, char *err, size_t errlen);
 void qt_loader_reset(qt_loader *l);             /* back to the start of epoch 0 */
 uint64_t qt_loader_windows(const qt_loader *l); /* windows per epoch, all shards */
+int qt_loader_shards(const qt_loader *l);       /* the shards opened */
+int qt_loader_doc_shards(const qt_loader *l);   /* those carrying document starts (QT_TOKENS_FLAG_DOCS) */
 void qt_loader_free(qt_loader *l);
 
 #endif

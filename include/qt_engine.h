@@ -12,6 +12,7 @@
 
 #include "qt_ckpt.h"
 #include "qt_config.h"
+#include "qt_docs.h"
 #include "qt_model.h"
 #include "qt_plan.h"
 #include "qt_weight_src.h"
@@ -103,6 +104,12 @@ typedef struct {
     void (*profile)(qt_engine *e, int on);
     void (*profile_print)(qt_engine *e, int steps);
     void (*free)(qt_engine *e);
+    /* The documents of the following micro_step, eval_loss and forward_logits calls (qt_docs.h: its
+     * windows are the ranks x B rows of their inputs; copied): attention per document and RoPE positions
+     * restarting at each, as d asks. NULL d: causal over each row, positions t (the default). NULL op:
+     * the engine has only the default (qt_engine_set_docs refuses a d that asks for more). A failed call
+     * (malformed starts, a graph the GPU library refuses) leaves the engine usable, without documents. */
+    void (*set_docs)(qt_engine *e, const qt_docs *d);
 } qt_engine_ops;
 
 struct qt_engine {
@@ -183,6 +190,9 @@ int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err,
 int qt_engine_nonfinite_weight(qt_engine *e, int settle, long *index, long *step, char *err, size_t errlen);
 int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
 void qt_engine_free(qt_engine *e);
+/* ops->set_docs; -1 with err when d asks for attention or positions per document and the engine has no
+ * set_docs, or its starts are malformed. */
+int qt_engine_set_docs(qt_engine *e, const qt_docs *d, char *err, size_t errlen);
 
 /* Per-op timing where the engine supports it (no-op elsewhere). */
 void qt_engine_profile(qt_engine *e, int on);

@@ -15,6 +15,7 @@
 
 #include "qt_act_store.h"
 #include "qt_attention.h"
+#include "qt_docs.h"
 #include "qt_dtype.h"
 #include "qt_gpu_fp8.h"
 #include "qt_kernels.h"
@@ -61,6 +62,12 @@ typedef struct {
     struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
     double start_host_s, start_init_s; /* qt_gpu_model_create's seconds pinning host memory and setting the
                             * weights (printed with the plan: a 14B box rank pins ~50 GiB) */
+    int32_t *doc_kv_lo;    /* device [N]: each query's first key (attention per packed document), or NULL: causal */
+    int32_t *doc_pos;      /* device [N]: each token's RoPE position (restarting per document), or NULL: t */
+    int32_t *doc_buf;      /* device [2N] (owned, allocated by the first qt_gpu_model_set_docs): kv_lo, then pos */
+    int32_t *doc_host[2];  /* pinned [2N] staging, alternated (owned, with doc_buf) */
+    cudaEvent_t doc_free[2]; /* recorded after the copy that read doc_host[k] */
+    int doc_k;
 } qt_gpu_model;
 
 /* One micro-step's arguments. With backward: grads += d(loss_scale * sum of token losses)/dw and the
@@ -91,6 +98,16 @@ int qt_gpu_model_plan(const qt_layout *L, const qt_plan *pl, const qt_shard *sh,
                       size_t errlen);
 void qt_gpu_model_print_plan(const qt_gpu_model *g);
 
+/* The packed documents of the following steps (qt_docs.h; its windows are the B rows of g->tok; NULL: causal
+ * over each row, positions t): expanded on the host, copied to the device on g->stream, and the cuDNN plans
+ * with the document bound built (not under capture: the engine calls it between micro-steps). Returns 0, or
+ * -1 with err (malformed starts). */
+int qt_gpu_model_set_docs(qt_gpu_model *g, const qt_docs *d, char *err, size_t errlen);
+void qt_gpu_model_free_docs(qt_gpu_model *g); /* releases what qt_gpu_model_set_docs allocated (qt_gpu_model_free) */
+/* What the steps' graphs depend on: bit 0 attention per document, bit 1 positions per document. */
+static inline int qt_gpu_model_docs_mode(const qt_gpu_model *g) {
+    return (g->doc_kv_lo != NULL) | (g->doc_pos != NULL) << 1;
+}
 /* Forward (and backward) of the tokens already in g->tok / g->tgt; the token losses are added to
  * *g->loss_sum. Asynchronous on g->stream. */
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a);

@@ -109,6 +109,12 @@ void qt_rope_fwd(void *qkv, const float *cs, int B, int T, int H, int Hkv, int D
 /* The inverse rotation (the transpose), in place on dqkv's q and k heads. amax: of the whole dqkv
  * afterwards, v heads included (read for it; may be NULL). */
 void qt_rope_bwd(void *dqkv, const float *cs, int B, int T, int H, int Hkv, int D, float *amax, cudaStream_t s);
+/* qt_rope_fwd / qt_rope_bwd with token row = b*T + t at position pos[row] in [0, T) (device int32 [B*T]:
+ * RoPE positions restarting at each packed document, qt_docs.h); pos NULL: t. */
+void qt_rope_pos_fwd(void *qkv, const float *cs, const int32_t *pos, int B, int T, int H, int Hkv, int D,
+                     cudaStream_t s);
+void qt_rope_pos_bwd(void *dqkv, const float *cs, const int32_t *pos, int B, int T, int H, int Hkv, int D,
+                     float *amax, cudaStream_t s);
 
 /* ---- per-head q/k RMSNorm (qknorm.cu; Qwen3's q_norm / k_norm, between the qkv matmul and RoPE) ---- */
 /* In place on the q and k heads of qkv[n,(H+2*Hkv)*D] (bf16; v heads untouched): each head's D values x become

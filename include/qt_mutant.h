@@ -46,6 +46,9 @@ typedef enum {
     QT_MUT_NONFINITE_UNCHECKED,      /* the GPU engines skip the per-step finiteness count of the updated weights */
     QT_MUT_CKPT_UNGUARDED,           /* the offloaded optimizer changes host state the checkpoint writer still reads */
     QT_MUT_ATTENTION_NONDET,         /* perf.deterministic does not reach the attention backward (cuDNN's default) */
+    /* packed documents (docs.c) */
+    QT_MUT_DOCS_BOUNDARY_IGNORED,    /* attention per document sees the keys of earlier documents (causal) */
+    QT_MUT_DOCS_POS_NOT_RESTARTED,   /* RoPE positions run on across documents (t, not t - document start) */
     QT_MUT_COUNT
 } qt_mutant;
 

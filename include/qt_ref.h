@@ -52,6 +52,12 @@ void qt_ref_matmul_bwd(float *dx, float *dw, float *db, const float *dy, const f
 void qt_ref_rope_fwd(float *qkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn);
 /* The transpose, in place on dqkv's q and k heads (c, -s). */
 void qt_ref_rope_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn);
+/* The same with token n = b*T + t at position pos[n] in [0, T) instead of t (RoPE positions that
+ * restart at each packed document, qt_docs.h); pos NULL: t. */
+void qt_ref_rope_pos_fwd(float *qkv, int B, int T, int H, int Hkv, int D, const int32_t *pos, const double *inv_freq,
+                         double attn);
+void qt_ref_rope_pos_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                         const double *inv_freq, double attn);
 
 /* Per-head RMSNorm of the q and k heads of x[N,(H+2*Hkv)*D] (Qwen3's q_norm / k_norm, before RoPE):
  * q head: y = x / sqrt(mean(x^2) + eps) * w[0:D];  k head: the same with w[D:2D];  v heads copied.
@@ -76,11 +82,18 @@ void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T
 /* dqkv[B,T,(H+2*Hkv)*D] (=) from dout, the saved out and lse. */
 void qt_ref_attention_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
                           const float *lse, int B, int T, int H, int Hkv, int D, int W);
-/* The same with the softmax scale given (Gemma's query_pre_attn_scalar^-0.5) in place of 1/sqrt(D). */
+/* The same with query n = b*T + t seeing no key before kv_lo[n] (the first token of its packed document,
+ * qt_docs.h; kv_lo[n] <= t): keys j with max(kv_lo[n], lo(t)) <= j <= t. kv_lo NULL: causal over T. */
+void qt_ref_attention_docs_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W,
+                               const int32_t *kv_lo);
+void qt_ref_attention_docs_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo);
+/* The docs forms with the softmax scale given (Gemma's query_pre_attn_scalar^-0.5) in place of 1/sqrt(D). */
 void qt_ref_attention_scaled_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W,
-                                 double scale);
+                                 const int32_t *kv_lo, double scale);
 void qt_ref_attention_scaled_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                 const float *lse, int B, int T, int H, int Hkv, int D, int W, double scale);
+                                 const float *lse, int B, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo,
+                                 double scale);
 
 /* out[N,F] = silu(gu[n, 0:F]) * gu[n, F:2F]   (=) */
 void qt_ref_swiglu_fwd(float *out, const float *gu, long N, int F);

@@ -382,13 +382,13 @@ static void att_fwd_build(op_run *r) {
 }
 static void att_fwd_ref(op_run *r) {
     qt_ref_attention_scaled_fwd(REF(r, "out"), REF(r, "lse"), H(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3),
-                                (int)S(4), ATT_W(r), att_scale(r));
+                                (int)S(4), ATT_W(r), NULL, att_scale(r));
 }
 static void att_fwd_launch(op_run *r, int pass) {
     (void)pass;
     if (!att_prepare(r)) return;
     if (r->c->op == &OP_ATTS_FWD)
-        qt_attention_fwd_scaled(g_att, D(r, "out"), D(r, "lse"), D(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3),
+        qt_attention_fwd_scaled(g_att, D(r, "out"), D(r, "lse"), D(r, "qkv"), NULL, (int)S(0), (int)S(1), (int)S(2), (int)S(3),
                                 (int)S(4), ATT_W(r), (float)att_scale(r), 0);
     else
         qt_attention_fwd(g_att, D(r, "out"), D(r, "lse"), D(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3),
@@ -403,7 +403,7 @@ static void att_bwd_build(op_run *r) {
     long nqkv = att_rows(r) * (S(2) + 2 * S(3)) * S(4), nout = att_rows(r) * S(2) * S(4);
     float *qkv = t_in(r, "qkv", QT_DT_BF16, nqkv, 1.0f);
     float *out = t_in(r, "out", QT_DT_BF16, nout, 0), *lse = t_in(r, "lse", QT_DT_F32, S(0) * S(2) * S(1), 0);
-    qt_ref_attention_scaled_fwd(out, lse, qkv, (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), ATT_W(r),
+    qt_ref_attention_scaled_fwd(out, lse, qkv, (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), ATT_W(r), NULL,
                                 att_scale(r));
     for (long i = 0; i < nout; i++) out[i] = op_round(QT_DT_BF16, out[i]);
     t_in(r, "dout", QT_DT_BF16, nout, 1.0f);
@@ -411,13 +411,13 @@ static void att_bwd_build(op_run *r) {
 }
 static void att_bwd_ref(op_run *r) {
     qt_ref_attention_scaled_bwd(REF(r, "dqkv"), H(r, "dout"), H(r, "qkv"), H(r, "out"), H(r, "lse"), (int)S(0), (int)S(1),
-                                (int)S(2), (int)S(3), (int)S(4), ATT_W(r), att_scale(r));
+                                (int)S(2), (int)S(3), (int)S(4), ATT_W(r), NULL, att_scale(r));
 }
 static void att_bwd_launch(op_run *r, int pass) {
     (void)pass;
     if (!att_prepare(r)) return;
     if (r->c->op == &OP_ATTS_BWD)
-        qt_attention_bwd_scaled(g_att, D(r, "dqkv"), D(r, "dout"), D(r, "qkv"), D(r, "out"), D(r, "lse"), (int)S(0),
+        qt_attention_bwd_scaled(g_att, D(r, "dqkv"), D(r, "dout"), D(r, "qkv"), D(r, "out"), D(r, "lse"), NULL, (int)S(0),
                                 (int)S(1), (int)S(2), (int)S(3), (int)S(4), ATT_W(r), (float)att_scale(r), 0);
     else
         qt_attention_bwd(g_att, D(r, "dqkv"), D(r, "dout"), D(r, "qkv"), D(r, "out"), D(r, "lse"), (int)S(0), (int)S(1),

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "op_defs_docs.h"
 #include "op_defs_gemma.h"
 #include "op_defs_lib.h"
 
@@ -56,6 +57,8 @@
 #define ATTW(T, H, Hkv, D, W) {&OP_ATT_FWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}, {&OP_ATT_BWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}
 /* The same with Gemma's query_pre_attn_scalar scale (op_defs_lib.h's att_scale), window W (0: causal). */
 #define ATTS(T, H, Hkv, D, W) {&OP_ATTS_FWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}, {&OP_ATTS_BWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}
+#define ATTD(T, H, Hkv, D, W)                                                                                 \
+    {&OP_ATT_DOCS_FWD, {3, T, H, Hkv, D}, 0, 0, 0, W, 0}, {&OP_ATT_DOCS_BWD, {3, T, H, Hkv, D}, 0, 0, 0, W, 0}
 
 static const op_case CASES[] = {
     /* casts, fill, zero, add (cast.cu): exact; off=1 takes the scalar path */
@@ -259,6 +262,13 @@ static const op_case CASES[] = {
     ATTW(200, 8, 2, 128, 199), ATTW(256, 8, 2, 128, 64), ATTW(64, 6, 2, 64, 64), ATTW(100, 6, 2, 128, 4096),
     /* Gemma's scale query_pre_attn_scalar^-0.5 != D^-0.5: causal and in a window, D 128 (27B) and 64 */
     ATTS(7, 6, 2, 64, 0), ATTS(100, 8, 4, 128, 0), ATTS(100, 8, 4, 128, 17), ATTS(256, 16, 8, 128, 64),
+    /* packed documents (op_defs_docs.h): attention with a per-document key bound, alone and with a window;
+     * RoPE at the documents' positions (vector and scalar paths, a scaled rope type) */
+    ATTD(7, 6, 2, 64, 0), ATTD(100, 6, 2, 64, 0), ATTD(256, 8, 2, 128, 0), ATTD(100, 4, 4, 128, 0),
+    ATTD(300, 6, 2, 64, 0), ATTD(100, 6, 2, 64, 17), ATTD(256, 8, 2, 128, 64),
+    {&OP_ROPE_POS_FWD, {3, 70, 4, 2, 64}, 0, 0, 0, 1e6f, 0}, {&OP_ROPE_POS_FWD, {2, 37, 4, 2, 24}, 0, 0, 0, 1e6f, 0},
+    {&OP_ROPE_POS_BWD, {3, 70, 4, 2, 64}, 0, 0, O_AMAX, 1e6f, 0}, {&OP_ROPE_POS_BWD, {2, 37, 4, 2, 24}, 0, 0, O_AMAX, 1e6f, 0},
+    {&OP_ROPE_POS_FWD, {2, 70, 4, 2, 64}, 0, 0, ROPE_TYPE(QT_ROPE_LLAMA3), 5e5f, 0},
 };
 #define NCASES (int)(sizeof CASES / sizeof CASES[0])
 
@@ -367,6 +377,44 @@ static void test_window_rows_catch_no_band(void) {
     }
     printf("  %d windowed attention rows, each failing the causal attention\n", rows);
     QT_EXPECT(rows > 0, "no windowed attention row in the table");
+}
+
+/* Each packed-document row catches a kernel that ignores the documents: the attention over the whole window
+ * (causal, with the row's window) or RoPE at positions t, put where the device's result goes, fails the
+ * row's check. Runs on the CPU. */
+static void test_docs_rows_catch_no_docs(void) {
+    char label[256];
+    int rows = 0;
+    for (int i = 0; i < NCASES; i++) {
+        const op_case *c = &CASES[i];
+        if (c->op != &OP_ATT_DOCS_FWD && c->op != &OP_ROPE_POS_FWD) continue;
+        op_label(c, label, sizeof label);
+        op_run *r = calloc(1, sizeof *r);
+        QT_CHECK(r, "out of host memory");
+        op_start(r, c, row_seed(i));
+        op_emulate(r, 0);
+        int B = (int)c->s[0], Tn = (int)c->s[1], Hq = (int)c->s[2], Hkv = (int)c->s[3], Dh = (int)c->s[4];
+        if (c->op == &OP_ATT_DOCS_FWD) {
+            float *out = GOT(r, "out", 0), *lse = GOT(r, "lse", 0);
+            qt_ref_attention_fwd(out, lse, H(r, "qkv"), B, Tn, Hq, Hkv, Dh, (int)c->f);
+            for (long j = 0; j < T(r, "out")->n; j++) out[j] = op_round(QT_DT_BF16, out[j]);
+        } else {
+            double inv[QT_ROPE_MAX_HALF], attn;
+            float *q = GOT(r, "qkv", 0);
+            rope_freqs(r, Tn, Dh, inv, &attn);
+            memcpy(q, H(r, "qkv"), (size_t)T(r, "qkv")->n * sizeof *q);
+            qt_ref_rope_fwd(q, B, Tn, Hq, Hkv, Dh, inv, attn);
+            for (long j = 0; j < T(r, "qkv")->n; j++) q[j] = op_round(QT_DT_BF16, q[j]);
+        }
+        r->nfail = 0;
+        op_verify(r, 0, NULL);
+        QT_EXPECT(r->nfail > 0, "%s (row %d): the computation without documents passes the row", label, i);
+        rows++;
+        op_finish(r);
+        free(r);
+    }
+    printf("  %d packed-document rows, each failing the computation without documents\n", rows);
+    QT_EXPECT(rows > 0, "no packed-document row in the table");
 }
 
 /* Each scaled attention row catches an attention that ignores the scale it is given (1/sqrt(D), what the plain
@@ -478,6 +526,26 @@ static void test_attention_window_plans(void) {
     qt_attention_free(c);
 }
 
+/* Documents are part of a plan's key: prepare_docs with docs 1 builds its own fwd and bwd plans (cuDNN takes the
+ * graph with the key bound), with docs 0 it shares the causal ones. */
+static void test_attention_docs_plans(void) {
+    if (!have_gpu()) QT_SKIP("no CUDA device");
+    qt_attention_ctx *c = qt_attention_create();
+    char err[600];
+    int rc = qt_attention_prepare(c, 2, 64, 4, 2, 64, 0, err, sizeof err);
+    QT_REQUIRE(rc == 0, "%.600s", err);
+    long causal = qt_attention_plan_count(c);
+    rc = qt_attention_prepare_docs(c, 2, 64, 4, 2, 64, 0, 0, err, sizeof err);
+    long shared = qt_attention_plan_count(c);
+    QT_REQUIRE(rc == 0, "%.600s", err);
+    rc = qt_attention_prepare_docs(c, 2, 64, 4, 2, 64, 0, 1, err, sizeof err);
+    QT_REQUIRE(rc == 0, "cuDNN refuses the document-masked graph: %.600s", err);
+    long docs = qt_attention_plan_count(c);
+    QT_EXPECT(causal == 2 && shared == 2 && docs == 4, "plans: %ld causal, %ld after docs 0, %ld after docs 1", causal,
+              shared, docs);
+    qt_attention_free(c);
+}
+
 int main(int argc, char **argv) {
     for (int a = 1; a < argc; a++) {
         char label[256];
@@ -500,6 +568,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_gemma_planted);
     QT_RUN(test_window_rows_catch_no_band);
     QT_RUN(test_scaled_rows_catch_default_scale);
+    QT_RUN(test_docs_rows_catch_no_docs);
     if (have_gpu()) run_gpu_rows();
     else if (selected_rows()) {
         printf("SKIP test_ops_gpu: no CUDA device (%d rows selected; test_selfcheck runs every row on the CPU)\n", selected_rows());
@@ -508,6 +577,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_matmul_plan_cache);
     QT_RUN(test_attention_plan_cache);
     QT_RUN(test_attention_window_plans);
+    QT_RUN(test_attention_docs_plans);
     if (g_mm) qt_matmul_free(g_mm);
     if (g_att) qt_attention_free(g_att);
     return qt_test_end();

@@ -74,6 +74,21 @@ def test_chat_template_copies_the_reply(tmp):
         and "{% generation %}" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_chat_marker_characters_in_text(tmp):
+    """A conversation that holds U+E000, the character that marks a reply in the probe rendering of a
+    template that rewrites earlier turns: refused naming the character and the fix, not taken for a
+    template that renders the reply twice."""
+    tok, tj = mistral_tokenizer(tmp, MISTRAL)
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say \ue000 ok"},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Again"},
+            {"role": "assistant", "content": "no"}]
+    src = os.path.join(tmp, "c.jsonl")
+    open(src, "w").write(json.dumps({"messages": conv}) + "\n")
+    r = run_tool("--tokenizer", tj, "--chat", src, "--out", os.path.join(tmp, "out"), ok=False)
+    assert r.returncode != 0 and "c.jsonl:1: message 2:" in r.stderr and "U+E000" in r.stderr \
+        and "{% generation %}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def need_pyarrow():
     try:
         import pyarrow as pa

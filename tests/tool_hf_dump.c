@@ -1,7 +1,8 @@
 /* tool_hf_dump.c — runs one micro-batch of an HF model through a qtrain engine and dumps what the
  * transformers comparison (tests/test_hf_compare.py) checks:
- *   tool_hf_dump HF_DIR cpu|cuda TOKENS.i32 B T OUT_DIR
- * TOKENS.i32 holds B*(T+1) int32 tokens (B windows). Writes OUT_DIR/logits.f32 [B*T, V] (when the
+ *   tool_hf_dump HF_DIR cpu|cuda TOKENS.i32 B T OUT_DIR [DOCS]
+ * TOKENS.i32 holds B*(T+1) int32 tokens (B windows). DOCS (packed documents, attention and RoPE
+ * positions per document): each window's document starts, the windows separated by ';' ("0,5,11;3,9"). Writes OUT_DIR/logits.f32 [B*T, V] (when the
  * engine can), OUT_DIR/loss.txt, and OUT_DIR/model.safetensors holding the fp32 gradients under the
  * parameter names (the tied embedding's gradient includes the LM head's part). */
 #include <stdio.h>
@@ -14,9 +15,35 @@
 #include "qt_hf.h"
 #include "qt_train.h"
 
+/* Parses DOCS ("0,5,11;3,9": window b's starts before its ';') and hands them to the engine. */
+static int set_docs(qt_engine *e, const char *spec, int B, int T) {
+    int32_t *starts = calloc((size_t)B * T, sizeof *starts), *n = calloc((size_t)B, sizeof *n);
+    char err[512];
+    const char *p = spec;
+    for (int b = 0; b < B && *p; b++) {
+        while (*p && *p != ';') {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || n[b] >= T) {
+                fprintf(stderr, "tool_hf_dump: DOCS %s: expected comma-separated starts, windows split by ';'\n", spec);
+                return -1;
+            }
+            starts[(long)b * T + n[b]++] = (int32_t)v;
+            p = *end == ',' ? end + 1 : end;
+        }
+        if (*p == ';') p++;
+    }
+    qt_docs d = {starts, n, 1, 1};
+    int rc = qt_engine_set_docs(e, &d, err, sizeof err);
+    if (rc) fprintf(stderr, "tool_hf_dump: %s\n", err);
+    free(starts);
+    free(n);
+    return rc;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: tool_hf_dump HF_DIR cpu|cuda TOKENS.i32 B T OUT_DIR\n");
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr, "usage: tool_hf_dump HF_DIR cpu|cuda TOKENS.i32 B T OUT_DIR [DOCS]\n");
         return 2;
     }
     static qt_config cfg;
@@ -53,6 +80,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tool_hf_dump: %s\n", err);
         return 1;
     }
+    if (argc == 8 && set_docs(e, argv[7], B, T)) return 1;
     mkdir(argv[6], 0777);
     size_t nlog = (size_t)B * T * L.cfg.vocab_size;
     if (e->ops->forward_logits) {

@@ -236,7 +236,8 @@ qtrain_status qtrain_eval_tokens(qtrain_trainer *t, const int32_t *tokens, const
         long v = 0;
         for (size_t i = 0; i < ntok; i++) v += s->tgt[i] >= 0;
         float l;
-        if (qt_engine_eval_loss(s->eng, s->in, s->tgt, &l, t->err, sizeof t->err)) {
+        if (qt_train_docs_apply(&s->docs, s->eng, 0, 0, t->err, sizeof t->err) || /* the caller's rows: causal */
+            qt_engine_eval_loss(s->eng, s->in, s->tgt, &l, t->err, sizeof t->err)) {
             s->fail = QT_TF_DEVICE;
             s->broken = 1;
             return QTRAIN_ERR_DEVICE;

@@ -53,6 +53,10 @@ static const qt_key_enum offload_names[] = {{"master", QT_OFF_MASTER},   {"m", Q
                                             {"v", QT_OFF_V},             {"gradients", QT_OFF_GRADIENTS},
                                             {"quants", QT_OFF_QUANTS},   {"weights", QT_OFF_WEIGHTS},
                                             {"residual", QT_OFF_RESIDUAL}, {NULL, 0}};
+static const qt_key_enum attention_names[] = {
+    {"auto", QT_DOCS_AUTO}, {"document", QT_DOCS_DOCUMENT}, {"causal", QT_DOCS_WINDOW}, {NULL, 0}};
+static const qt_key_enum positions_names[] = {
+    {"auto", QT_DOCS_AUTO}, {"document", QT_DOCS_DOCUMENT}, {"window", QT_DOCS_WINDOW}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
                                               {NULL, 0}};
@@ -153,6 +157,13 @@ static const qt_config_key keys[] = {
     I("data.seq_len", data.seq_len, 1, INT_MAX, "256", "all", 0, "tokens per sequence"),
     I("data.micro_batch", data.micro_batch, 1, INT_MAX, "8", "all", 0, "sequences per forward/backward (per GPU)"),
     I("data.grad_accum", data.grad_accum, 1, INT_MAX, "1", "all", 0, "micro-batches per optimizer step"),
+    E("data.attention", data.attention, attention_names, "auto", "all", 0,
+      "document: a packed window's tokens attend only to the earlier tokens of their own document (the shards' "
+      "document starts, tools/tokenize); causal: to every earlier token of the window; auto: document when the "
+      "training shards carry document starts, else causal. The startup line says which is used"),
+    E("data.positions", data.positions, positions_names, "auto", "all", 0,
+      "RoPE positions: document restarts them at 0 at each document's first token, window counts them from the "
+      "window's first token; auto: document with data.attention document, else window"),
 
     F("optim.lr", optim.lr, 0, NOHI, 1, 0, "0.0003", "all", 0, "peak learning rate"),
     I("optim.warmup", optim.warmup, 0, INT_MAX, "0", "all", 0, "linear warmup steps; warmup + cooldown <= steps"),

@@ -24,6 +24,7 @@ typedef struct {
     int n, cap;
     size_t wait;            /* while capturing: what the next segment waits for */
     float scale;            /* the loss scale captured in the graphs */
+    int docs;               /* the packed-document mode captured (qt_gpu_model_docs_mode) */
 } graph_set;
 
 /* Micro-step kinds, the graph_set index: the last of a step, whose bucket sums overlap the backward;
@@ -623,7 +624,8 @@ static void cut_weights(void *ctx, size_t upto) {
     if (upto > d->capture->wait) d->capture->wait = upto;
 }
 
-/* Captures kind's graph set at loss scale `scale` (a new loss scale means new graphs). */
+/* Captures kind's graph set at loss scale `scale` (a new loss scale, or a new packed-document mode, means new
+ * graphs; the documents' bounds and positions are device arrays the graphs read, refilled between replays). */
 static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int kind) {
     qt_gpu_model *g = d->g;
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS);
@@ -641,6 +643,7 @@ static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int
     QT_CUDA(cudaStreamEndCapture(g->stream, &graph));
     add_segment(gs, graph, NO_CUT);
     gs->scale = a->loss_scale;
+    gs->docs = qt_gpu_model_docs_mode(g);
 }
 
 void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
@@ -664,7 +667,7 @@ void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
         return;
     }
     graph_set *gs = &d->graphs[kind];
-    if (!gs->n || gs->scale != scale) capture(d, gs, &a, kind);
+    if (!gs->n || gs->scale != scale || gs->docs != qt_gpu_model_docs_mode(d->g)) capture(d, gs, &a, kind);
     for (int k = 0; k < gs->n; k++) {
         if (gs->seg[k].wait) weights_wait(d, gs->seg[k].wait);
         QT_CUDA(cudaGraphLaunch(gs->seg[k].exec, d->g->stream));

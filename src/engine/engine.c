@@ -33,6 +33,17 @@ int qt_engine_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, fl
     return 0;
 }
 
+int qt_engine_set_docs(qt_engine *e, const qt_docs *d, char *err, size_t errlen) {
+    if (!e->ops->set_docs) {
+        if (!d || (!d->attention && !d->positions)) return 0;
+        return qt_errf(err, errlen, "engine %s: data.attention: %s and data.positions: %s are not implemented here; "
+                       "set data.attention: causal and data.positions: window", e->ops->name,
+                       d->attention ? "document" : "causal", d->positions ? "document" : "window");
+    }
+    CAUGHT(err, errlen, e->ops->set_docs(e, d));
+    return 0;
+}
+
 int qt_engine_opt_step(qt_engine *e, float lr, long t, float *loss, float *gnorm, char *err, size_t errlen) {
     CAUGHT(err, errlen, e->ops->opt_step(e, lr, t, loss, gnorm));
     return 0;

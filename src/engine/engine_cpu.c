@@ -130,6 +130,11 @@ static void cpu_free(qt_engine *e) {
     free(c);
 }
 
+static void cpu_set_docs(qt_engine *e, const qt_docs *d) {
+    char err[256];
+    QT_CHECK(qt_cpu_model_set_docs(((cpu_engine *)e)->model, d, err, sizeof err) == 0, "%s", err);
+}
+
 static const qt_engine_ops cpu_ops = {
     .name = "cpu-fp32",
     .micro_step = cpu_micro_step,
@@ -143,6 +148,7 @@ static const qt_engine_ops cpu_ops = {
     .nonfinite_weight = cpu_nonfinite_weight,
     .print_memory = NULL,
     .free = cpu_free,
+    .set_docs = cpu_set_docs,
 };
 
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,

@@ -86,6 +86,7 @@ struct dp_engine {
     qt_ckpt_gather gather[4];
     void (*guard)(void *ctx, size_t hi); /* the trainer's wait for the checkpoint writer (set_state_guard) */
     void *guard_ctx;
+    const qt_docs *docs;  /* set_docs' documents of all ranks' windows (NULL: none) */
 };
 
 /* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
@@ -177,6 +178,16 @@ static void job_nonfinite(dp_engine *d, int r) {
 static void job_memory(dp_engine *d, int r) { d->rk[r]->ops->print_memory(d->rk[r]); }
 static void job_profile(dp_engine *d, int r) { d->rk[r]->ops->profile(d->rk[r], d->on); }
 static void job_profile_print(dp_engine *d, int r) { d->rk[r]->ops->profile_print(d->rk[r], d->on); }
+/* Rank r's windows of the documents: rows [r*B, (r+1)*B) of the ranks x B. */
+static void job_docs(dp_engine *d, int r) {
+    if (!d->docs) {
+        d->rk[r]->ops->set_docs(d->rk[r], NULL);
+        return;
+    }
+    size_t B = (size_t)d->plan.run.B, T = (size_t)d->plan.run.T;
+    qt_docs mine = {d->docs->starts + r * B * T, d->docs->n_starts + r * B, d->docs->attention, d->docs->positions};
+    d->rk[r]->ops->set_docs(d->rk[r], &mine);
+}
 static void job_free(dp_engine *d, int r) {
     if (d->rk[r]) d->rk[r]->ops->free(d->rk[r]);
     d->rk[r] = NULL;
@@ -430,6 +441,13 @@ static void dp_free(qt_engine *b) {
     free(d);
 }
 
+static void dp_set_docs(qt_engine *b, const qt_docs *docs) {
+    dp_engine *d = (dp_engine *)b;
+    d->docs = docs;
+    run(d, job_docs, -1);
+    d->docs = NULL;
+}
+
 static const qt_engine_ops dp_ops = {
     .micro_step = dp_micro_step,
     .opt_step = dp_opt_step,
@@ -451,6 +469,7 @@ static const qt_engine_ops dp_ops = {
     .profile = dp_profile,
     .profile_print = dp_profile_print,
     .free = dp_free,
+    .set_docs = dp_set_docs,
 };
 
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,

@@ -428,6 +428,11 @@ int qt_engine_gpu_tuning_load(qt_engine *b, const void *buf, size_t n, char *err
     return qt_matmul_choices_load(buf, n, err, errlen);
 }
 
+static void gpu_set_docs(qt_engine *b, const qt_docs *d) {
+    char err[512];
+    QT_CHECK(qt_gpu_model_set_docs(((gpu_engine *)b)->g, d, err, sizeof err) == 0, "%s", err);
+}
+
 /* The same ops under the name the run's log shows. */
 #define GPU_OPS(nm)                                                                                   \
     {.name = nm, .micro_step = gpu_micro_step, .opt_step = gpu_opt_step, .eval_loss = gpu_eval_loss,    \
@@ -438,7 +443,8 @@ int qt_engine_gpu_tuning_load(qt_engine *b, const void *buf, size_t n, char *err
      .set_state_guard = gpu_set_state_guard, .set_state_copy = gpu_set_state_copy,                     \
      .snapshot_bytes = gpu_snapshot_bytes, .tuning_save = qt_engine_gpu_tuning_save,                   \
      .tuning_load = qt_engine_gpu_tuning_load,                                                         \
-     .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1}
+     .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1, \
+     .set_docs = gpu_set_docs}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
 void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {

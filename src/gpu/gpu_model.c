@@ -269,6 +269,7 @@ void qt_gpu_model_free(qt_gpu_model *g) {
     qt_fp8_free(g->fp8);
     qt_attention_free(g->attn);
     qt_matmul_free(g->mm);
+    qt_gpu_model_free_docs(g);
     QT_CUDA(cudaStreamDestroy(g->stream));
     QT_CUDA(cudaFree(g->arena));
     free_host(g);
@@ -447,11 +448,12 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
             qt_qknorm_fwd(a->qkv, a->qk, a->qk_rstd, Wp(g, o->qknorm), N, d.H, d.Hkv, d.D, eps, s);
         }
         qt_gpu_model_mark(g, LABEL("rope"));
-        qt_rope_fwd(a->qkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, s);
+        qt_rope_pos_fwd(a->qkv, g->rope_cs, g->doc_pos, g->B, g->T, d.H, d.Hkv, d.D, s);
     }
     if (fwd || redo & QT_RC_ATT) {
         qt_gpu_model_mark(g, LABEL("attention fwd"));
-        qt_attention_fwd(g->attn, a->att, a->lse, a->qkv, g->B, g->T, d.H, d.Hkv, d.D, qt_model_layer_window(c, l), s);
+        qt_attention_docs_fwd(g->attn, a->att, a->lse, a->qkv, g->doc_kv_lo, g->B, g->T, d.H, d.Hkv, d.D,
+                              qt_model_layer_window(c, l), s);
     }
     if (fwd || redo & QT_RC_BLOCK) {
         lin_fwd(g, LABEL("matmul fwd: o"), l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
@@ -498,9 +500,10 @@ static void attention_bwd(qt_gpu_model *g, const qt_gpu_layer *a, dims d, int wi
     for (int b0 = 0; b0 < g->B; b0 += per) {
         int nb = g->B - b0 < per ? g->B - b0 : per;
         size_t r = (size_t)b0 * g->T; /* first token of the slice */
-        qt_attention_bwd(g->attn, (char *)as->dqkv + r * d.QKV * 2, (const char *)as->datt + r * d.HD * 2,
-                         (const char *)a->qkv + r * d.QKV * 2, (const char *)a->att + r * d.HD * 2,
-                         a->lse + (size_t)b0 * d.H * g->T, nb, g->T, d.H, d.Hkv, d.D, window, g->stream);
+        qt_attention_docs_bwd(g->attn, (char *)as->dqkv + r * d.QKV * 2, (const char *)as->datt + r * d.HD * 2,
+                              (const char *)a->qkv + r * d.QKV * 2, (const char *)a->att + r * d.HD * 2,
+                              a->lse + (size_t)b0 * d.H * g->T, g->doc_kv_lo ? g->doc_kv_lo + r : NULL, nb, g->T,
+                              d.H, d.Hkv, d.D, window, g->stream);
     }
 }
 
@@ -561,7 +564,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     qt_gpu_model_mark(g, "rope");
     /* the abs-max of qkv's output gradient: from the last kernel that writes it (the q/k norm's, when there) */
     float *qkv_amax = fp8_amax(g, l, QT_FP8_QKV, 1);
-    qt_rope_bwd(as->dqkv, g->rope_cs, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : qkv_amax, s);
+    qt_rope_pos_bwd(as->dqkv, g->rope_cs, g->doc_pos, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : qkv_amax, s);
     if (c->qk_norm) {
         qt_gpu_model_mark(g, "qk norm bwd");
         qt_qknorm_bwd(as->dqkv, Gp(g, o->qknorm), Gdt(g), a->qk, Wp(g, o->qknorm), a->qk_rstd, N, d.H, d.Hkv, d.D,

@@ -226,6 +226,14 @@ void qt_loader_reset(qt_loader *l) { qt_loader_set_pos(l, (qt_loader_pos){0, 0, 
 
 uint64_t qt_loader_windows(const qt_loader *l) { return l->total_windows; }
 
+int qt_loader_doc_shards(const qt_loader *l) {
+    int n = 0;
+    for (int i = 0; i < l->n_sh; i++) n += (l->sh[i].h.flags & QT_TOKENS_FLAG_DOCS) != 0;
+    return n;
+}
+
+int qt_loader_shards(const qt_loader *l) { return l->n_sh; }
+
 void qt_loader_free(qt_loader *l) {
     if (!l) return;
     qt_tokens_unload(&l->data);

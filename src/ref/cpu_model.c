@@ -48,6 +48,7 @@ struct qt_cpu_model {
     double rope_attn;
     double *rope_local_inv_freq; /* the local layers' (rope_local_theta > 0), else NULL */
     double rope_local_attn;
+    int32_t *kv_lo, *pos;  /* [N] per-document key bounds and RoPE positions (qt_cpu_model_set_docs), or NULL */
 };
 
 static float *falloc(long n) {
@@ -150,6 +151,8 @@ void qt_cpu_model_free(qt_cpu_model *m) {
     free(m->targets);
     free(m->rope_inv_freq);
     free(m->rope_local_inv_freq);
+    free(m->kv_lo);
+    free(m->pos);
     free(m);
 }
 
@@ -196,8 +199,8 @@ static void block_fwd(qt_cpu_model *m, const float *w, int l, float *out) {
     else if (a->qkx) qt_ref_qknorm_fwd(a->qkv, a->qkrstd, a->qkx, w + o->qknorm, N, H, Hkv, D, c->rms_norm_eps);
     double attn;
     const double *inv_freq = layer_inv_freq(m, l, &attn);
-    qt_ref_rope_fwd(a->qkv, m->B, m->T, H, Hkv, D, inv_freq, attn);
-    qt_ref_attention_scaled_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D, qt_model_layer_window(c, l),
+    qt_ref_rope_pos_fwd(a->qkv, m->B, m->T, H, Hkv, D, m->pos, inv_freq, attn);
+    qt_ref_attention_scaled_fwd(a->att, a->lse, a->qkv, m->B, m->T, H, Hkv, D, qt_model_layer_window(c, l), m->kv_lo,
                                 qt_model_attn_scale(c));
     float *po = gemma ? a->po : a->mid; /* the o_proj output: kept for the post-norm, else summed in place */
     qt_ref_matmul_fwd(po, a->att, w + o->wo, NULL, N, HD, C);
@@ -271,10 +274,10 @@ static void block_bwd(qt_cpu_model *m, const float *w, float *grad, int l) {
     const float *dpo = post_bwd(m, w, grad, o->post_attn, a->po, a->rstd_pa);
     qt_ref_matmul_bwd(m->datt, grad + o->wo, NULL, dpo, a->att, w + o->wo, N, HD, C);
     qt_ref_attention_scaled_bwd(m->dqkv, m->datt, a->qkv, a->att, a->lse, m->B, m->T, H, Hkv, D,
-                                qt_model_layer_window(c, l), qt_model_attn_scale(c));
+                                qt_model_layer_window(c, l), m->kv_lo, qt_model_attn_scale(c));
     double attn;
     const double *inv_freq = layer_inv_freq(m, l, &attn);
-    qt_ref_rope_bwd(m->dqkv, m->B, m->T, H, Hkv, D, inv_freq, attn);
+    qt_ref_rope_pos_bwd(m->dqkv, m->B, m->T, H, Hkv, D, m->pos, inv_freq, attn);
     if (a->qkx && gemma)
         qt_ref_qknorm1p_bwd(m->dqkv, grad + o->qknorm, m->dqkv, a->qkx, w + o->qknorm, a->qkrstd, N, H, Hkv, D);
     else if (a->qkx)
@@ -301,6 +304,24 @@ void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float g
     if (qt_model_is_gemma(c)) /* every row, token 0 (Gemma's pad) included: docs/models-gemma3.md */
         qt_ref_embedding_scaled_bwd(grad + m->L->embed, m->dres, m->tokens, N, C, V, qt_ref_embed_scale(C, 0));
     else qt_ref_embedding_bwd(grad + m->L->embed, m->dres, m->tokens, N, C, V);
+}
+
+int qt_cpu_model_set_docs(qt_cpu_model *m, const qt_docs *d, char *err, size_t errlen) {
+    free(m->kv_lo);
+    free(m->pos);
+    m->kv_lo = m->pos = NULL;
+    if (!d || (!d->attention && !d->positions)) return 0;
+    size_t bytes = (size_t)m->N * sizeof(int32_t);
+    int rc = 0;
+    if ((d->attention && !(m->kv_lo = malloc(bytes))) || (d->positions && !(m->pos = malloc(bytes))))
+        rc = qt_errf(err, errlen, "out of memory for %ld document positions", m->N);
+    if (rc == 0) rc = qt_docs_expand(d, m->B, m->T, m->kv_lo, m->pos, err, errlen);
+    if (rc) {
+        free(m->kv_lo);
+        free(m->pos);
+        m->kv_lo = m->pos = NULL;
+    }
+    return rc;
 }
 
 const float *qt_cpu_model_logits(const qt_cpu_model *m) { return m->logits; }

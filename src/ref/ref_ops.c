@@ -280,16 +280,19 @@ static float *rope_table(int T, int D, const double *inv_freq, double attn) {
     return cs;
 }
 
-/* sign = +1 rotates by +a (forward), -1 by -a (the transpose, for backward). */
-static void rope_apply(float *qkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn,
-                       float sign) {
+/* sign = +1 rotates by +a (forward), -1 by -a (the transpose, for backward). Token bt has position
+ * pos[bt] (each in [0, T)), or bt % T when pos is NULL. */
+static void rope_apply(float *qkv, int B, int T, int H, int Hkv, int D, const int32_t *pos, const double *inv_freq,
+                       double attn, float sign) {
     QT_CHECK(D % 2 == 0, "rope: head_dim %d must be even", D);
+    for (long bt = 0; pos && bt < (long)B * T; bt++) /* before the parallel loop, which must not leave early */
+        QT_CHECK(pos[bt] >= 0 && pos[bt] < T, "rope: token %ld has position %d: expected [0, %d)", bt, pos[bt], T);
     float *cs = rope_table(T, D, inv_freq, attn);
     int h = D / 2, nh = H + Hkv;
     long row = (long)(H + 2 * Hkv) * D;
 #pragma omp parallel for schedule(static)
     for (long bt = 0; bt < (long)B * T; bt++) {
-        const float *tab = cs + (bt % T) * h * 2;
+        const float *tab = cs + (pos ? pos[bt] : bt % T) * h * 2;
         for (int k = 0; k < nh; k++) {
             float *v = qkv + bt * row + (long)k * D;
             for (int i = 0; i < h; i++) {
@@ -303,11 +306,21 @@ static void rope_apply(float *qkv, int B, int T, int H, int Hkv, int D, const do
 }
 
 void qt_ref_rope_fwd(float *qkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn) {
-    rope_apply(qkv, B, T, H, Hkv, D, inv_freq, attn, 1.0f);
+    rope_apply(qkv, B, T, H, Hkv, D, NULL, inv_freq, attn, 1.0f);
+}
+
+void qt_ref_rope_pos_fwd(float *qkv, int B, int T, int H, int Hkv, int D, const int32_t *pos, const double *inv_freq,
+                         double attn) {
+    rope_apply(qkv, B, T, H, Hkv, D, pos, inv_freq, attn, 1.0f);
+}
+
+void qt_ref_rope_pos_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                         const double *inv_freq, double attn) {
+    rope_apply(dqkv, B, T, H, Hkv, D, pos, inv_freq, attn, -1.0f);
 }
 
 void qt_ref_rope_bwd(float *dqkv, int B, int T, int H, int Hkv, int D, const double *inv_freq, double attn) {
-    rope_apply(dqkv, B, T, H, Hkv, D, inv_freq, attn, -1.0f);
+    rope_apply(dqkv, B, T, H, Hkv, D, NULL, inv_freq, attn, -1.0f);
 }
 
 /* ---- SwiGLU ---- */

@@ -129,7 +129,9 @@ static int run_eval(qt_trainer *t, float *out, long *targets, char *err, size_t 
         long first = 0;
         for (int r = 0; r < ranks; r++) {
             if (r < n) {
-                if (qt_loader_next(t->eval, t->in + r * ntok, t->tgt + r * ntok, err, errlen)) return 1;
+                if (qt_train_docs_next(&t->docs, t->eval, (size_t)r * t->cfg->data.micro_batch, t->in + r * ntok,
+                                       t->tgt + r * ntok, err, errlen))
+                    return 1;
                 long v = count_targets(t->tgt + r * ntok, ntok);
                 if (v0 < 0) v0 = v;
                 if (r == 0) first = v;
@@ -139,8 +141,10 @@ static int run_eval(qt_trainer *t, float *out, long *targets, char *err, size_t 
             } else { /* token 0, every target ignored */
                 memset(t->in + r * ntok, 0, ntok * sizeof(int32_t));
                 memset(t->tgt + r * ntok, 0xff, ntok * sizeof(int32_t));
+                qt_train_docs_clear(&t->docs, (size_t)r * t->cfg->data.micro_batch, t->cfg->data.micro_batch);
             }
         }
+        if (qt_train_docs_apply(&t->docs, t->eng, 0, 1, err, errlen)) return -1;
         float l;
         if (same) {
             if (qt_engine_eval_loss(t->eng, t->in, t->tgt, &l, err, errlen)) return -1;
@@ -284,7 +288,8 @@ int qt_session_backward(qt_trainer *t, qt_batch_source src, char *err, size_t er
     size_t ntok = (size_t)c->data.micro_batch * c->data.seq_len;
     long valid = 0;
     for (size_t k = 0; k < (size_t)c->data.grad_accum * ranks; k++) {
-        if (src == QT_BATCH_LOADER && qt_loader_next(t->train, t->in + k * ntok, t->tgt + k * ntok, err, errlen)) {
+        if (src == QT_BATCH_LOADER && qt_train_docs_next(&t->docs, t->train, k * c->data.micro_batch, t->in + k * ntok,
+                                                         t->tgt + k * ntok, err, errlen)) {
             t->fail = QT_TF_DATA; /* the step did not happen: the last one can be saved */
             qt_trainer_save_after_error(t, err, errlen);
             return -1;
@@ -295,7 +300,8 @@ int qt_session_backward(qt_trainer *t, qt_batch_source src, char *err, size_t er
     t->step_targets = valid;
     t->pending = 1;
     for (size_t a = 0; a < (size_t)c->data.grad_accum; a++)
-        if (qt_engine_micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale, err, errlen))
+        if (qt_train_docs_apply(&t->docs, t->eng, a * ranks * c->data.micro_batch, src == QT_BATCH_LOADER, err, errlen) ||
+            qt_engine_micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale, err, errlen))
             return failed(t, QT_TF_DEVICE, -1);
     return 0;
 }
@@ -427,6 +433,8 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
     t->in = malloc(ntok * sizeof(int32_t));
     t->tgt = malloc(ntok * sizeof(int32_t));
     if (!t->in || !t->tgt) return failed(t, QT_TF_INTERNAL, qt_errf(err, errlen, "out of host memory for %zu tokens", ntok));
+    if (training && qt_train_docs_init(&t->docs, cfg, t->train, t->eng, ntok / cfg->data.seq_len, err, errlen))
+        return failed(t, QT_TF_CONFIG, -1);
     const qt_layout *L = &t->layout;
     printf("qtrain: %s | %zu parameters | %d layers, hidden %d, heads %d/%d, vocab %d | %s | %.2f GFLOP/token\n",
            cfg->path, L->n_params, L->cfg.num_layers, L->cfg.hidden_size, L->cfg.num_heads, L->cfg.num_kv_heads,
@@ -476,6 +484,7 @@ int qt_session_close(qt_trainer *t, int rc, char *err, size_t errlen) {
     if (t->eval) qt_loader_free(t->eval);
     free(t->in);
     free(t->tgt);
+    qt_train_docs_free(&t->docs);
     free(t->tuning_cache);
     if (t->layout.tensors) qt_layout_free(&t->layout);
     free(t);

@@ -9,7 +9,7 @@ strings as variables, and the `{% generation %}` tag. Spans:
 - else, for each assistant turn i, render(messages[:i], add_generation_prompt=True) must be a prefix of
   render(messages[:i+1]); the difference (the reply and the template's end-of-turn text, e.g.
   "reply<|im_end|>\\n") is the span. A template that rewrites earlier turns breaks this; the turn is
-  then found by a rendering with its reply between marker characters (Renderer._located), never by
+  then found by a rendering with its reply replaced by marker characters (Renderer._located), never by
   searching for the reply's words, which the user's turns may repeat."""
 import json
 from contextlib import contextmanager
@@ -98,6 +98,7 @@ class Renderer:
             raise ChatError(f"chat template: {e}")
         self.tagged = "generation" in template and "endgeneration" in template
         self.special = special
+        self.head = None  # _turn_head(), computed once
 
     def render(self, msgs, gen_prompt=False):
         self.spans.clear()
@@ -132,16 +133,24 @@ class Renderer:
 
     def _located(self, msgs, i, text, cursor):
         """The span of assistant turn i in `text` when the template rewrites earlier turns (Mistral's puts
-        the system prompt into the last user turn, so a prefix render is no prefix): the turn is rendered
-        once more with its content between two marker characters; the text before the first marker and
-        after the second must be the conversation's own, so the reply's place is known whatever copies of
-        its words the rest of the conversation holds. The span runs on over the template's end-of-turn
-        text (what follows the reply when the turn ends the conversation, if it renders the reply once)."""
-        def marked(upto):
+        the system prompt into the last user turn, so a prefix render is no prefix; Qwen3's drops the
+        <think> reasoning of replies before the last user turn): the conversation is rendered once more
+        with reply i replaced by two marker characters. The text before the first marker and after the
+        second must be the conversation's own; what the conversation has between them is the reply as
+        the template renders it (trimmed, its reasoning dropped), found whatever copies of its words the
+        rest of the conversation holds. The span runs on over the template's end-of-turn text (what
+        follows the reply when the turn ends the conversation, if it renders the reply once) and starts
+        at the template's text before a reply (_turn_head) where the conversation has it there, as a
+        prefix rendering's span does."""
+        def probe(upto):
             ms = [dict(x) for x in msgs[:upto]]
-            ms[i]["content"] = MARK_A + msgs[i]["content"] + MARK_B
+            ms[i]["content"] = MARK_A + MARK_B
             return self.render(ms)
-        whole, last = marked(len(msgs)), marked(i + 1)
+        if MARK_A in text or MARK_B in text:
+            raise ChatError(f"message {i}: the conversation holds U+E000 or U+E001, the private-use characters "
+                            "that mark the reply in a probe rendering; add {% generation %}...{% endgeneration %} "
+                            "around the reply in the template (--chat-template FILE)")
+        whole, last = probe(len(msgs)), probe(i + 1)
         if whole.count(MARK_A) != 1 or whole.count(MARK_B) != 1:
             raise ChatError(f"message {i}: the template renders the assistant's reply {whole.count(MARK_A)} times "
                             "and has no {% generation %} markers, so the trained tokens cannot be told apart; "
@@ -150,8 +159,27 @@ class Renderer:
         tail = whole[b + 1:]
         eot = last[last.index(MARK_B) + 1:] if last.count(MARK_B) == 1 else ""
         end = len(text) - len(tail)
-        if text[:a] != whole[:a] or not text.endswith(tail) or end < a or a < cursor:
+        if b < a or text[:a] != whole[:a] or not text.endswith(tail) or end < a or a < cursor:
             raise ChatError(f"message {i}: the template's rendering of the assistant's reply depends on its text "
                             "and the template has no {% generation %} markers; add {% generation %}..."
                             "{% endgeneration %} around the reply (--chat-template FILE)")
+        head = self._turn_head()
+        if head and a - len(head) >= cursor and text[a - len(head):a] == head:
+            a -= len(head)
         return a, end + len(eot) if text.startswith(eot, end) else end
+
+    def _turn_head(self):
+        """The text the template puts between the generation prompt and a reply (Mistral's " ", which
+        the model generates as part of its first token), from a one-turn probe: render([user, reply])
+        less render([user], add_generation_prompt=True), up to the reply; "" where that is no prefix."""
+        if self.head is None:
+            self.head = ""
+            user = [{"role": "user", "content": "x"}]
+            try:
+                p = self.render(user, gen_prompt=True)
+                q = self.render(user + [{"role": "assistant", "content": MARK_A + MARK_B}])
+            except ChatError:
+                return self.head
+            if q.startswith(p) and q.count(MARK_A) == 1:
+                self.head = q[len(p):q.index(MARK_A)]
+        return self.head
