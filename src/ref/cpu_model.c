@@ -4,7 +4,8 @@
  * (both RMSNorm inputs), the norm outputs and rstd, qkv after RoPE (with qk_norm also the matmul's output
  * and the heads' rstd), attention out and lse, gate|up
  * and the SwiGLU output; then the final norm and the logits. Gemma 3 (docs/models-gemma3.md) also keeps the
- * o_proj and down_proj outputs and the rstd of their post-norms, and its norms scale by 1 + w. Backward writes dlogits over the logits
+ * o_proj and down_proj outputs and the rstd of their post-norms, and its norms scale by 1 + w; with a logit cap
+ * the raw logits are kept beside the capped ones. Backward writes dlogits over the logits
  * and accumulates weight gradients straight into grad (the CE scale is grad_scale, the weight of one
  * target; the caller divides by the target count it averages over). */
 #include "qt_cpu_model.h"
@@ -221,7 +222,8 @@ float qt_cpu_model_forward(qt_cpu_model *m, const float *w, const int32_t *token
     for (long n = 0; n < N; n++)
         QT_CHECK(tokens[n] >= 0 && tokens[n] < V, "token %d at %ld outside the vocabulary [0, %d)", tokens[n], n, V);
     memcpy(m->tokens, tokens, (size_t)N * sizeof *tokens);
-    if (qt_model_is_gemma(c)) qt_ref_embedding_scaled_fwd(m->la[0].x, tokens, w + m->L->embed, N, C, qt_ref_embed_scale(C, 0));
+    if (qt_model_is_gemma(c))
+        qt_ref_embedding_scaled_fwd(m->la[0].x, tokens, w + m->L->embed, N, C, qt_ref_embed_scale(C, 0));
     else qt_ref_embedding_fwd(m->la[0].x, tokens, w + m->L->embed, N, C);
     for (int l = 0; l < nl; l++) block_fwd(m, w, l, l + 1 < nl ? m->la[l + 1].x : m->xf);
     norm_fwd(c, m->lnf, m->rstdf, m->xf, w + m->L->final_norm, N);
