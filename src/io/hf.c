@@ -515,12 +515,13 @@ static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e
     const char *name = e->key;
     const qt_json_node *dt = qt_json_get(e, "dtype"), *sh = qt_json_get(e, "shape"), *of = qt_json_get(e, "data_offsets");
     char text[sizeof L->tensors->name + 32];
-    int vision = 0; /* a Gemma 3 multimodal checkpoint: its text model's names, the vision tensors skipped */
-    if (L->cfg.arch == QT_ARCH_GEMMA3) qt_hf_gemma_text_name(text, sizeof text, name, &vision);
-    const qt_tensor *t = vision ? NULL : qt_layout_find(L, L->cfg.arch == QT_ARCH_GEMMA3 ? text : name);
+    const char *own = name; /* the layout's name: a Gemma 3 multimodal checkpoint's text names, vision skipped */
+    int vision = 0;
+    if (L->cfg.arch == QT_ARCH_GEMMA3) qt_hf_gemma_text_name(text, sizeof text, name, &vision), own = text;
+    const qt_tensor *t = vision ? NULL : qt_layout_find(L, own);
     out->e = e;
     out->t = t;
-    if (!t && !vision && !(strcmp(L->cfg.arch == QT_ARCH_GEMMA3 ? text : name, "lm_head.weight") == 0 && L->cfg.tie_embeddings) &&
+    if (!t && !vision && !(strcmp(own, "lm_head.weight") == 0 && L->cfg.tie_embeddings) &&
         !ends_with(name, ".rotary_emb.inv_freq"))
         return qt_errf(err, errlen, "%s: %s: unexpected tensor (not in a %s model of this config)", fp, name,
                     arch_type[L->cfg.arch]);
