@@ -605,11 +605,17 @@ void qt_attention_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qk
 
 void qt_attention_docs_fwd(qt_attention_ctx *c, void *out, float *lse, const void *qkv, const int32_t *kv_lo, int B,
                            int T, int H, int Hkv, int D, int window, cudaStream_t s) {
+    qt_attention_fwd_scaled(c, out, lse, qkv, kv_lo, B, T, H, Hkv, D, window, 0.0f, s);
+}
+
+void qt_attention_fwd_scaled(qt_attention_ctx *c, void *out, float *lse, const void *qkv, const int32_t *kv_lo, int B,
+                             int T, int H, int Hkv, int D, int window, float scale, cudaStream_t s) {
     att_plan *p = ready_plan(c, B, T, H, Hkv, D, window, kv_lo != NULL, 0);
     const uint16_t *q = qkv;
+    float sc = scale > 0 ? scale : p->scale; /* a by-value scalar: cuDNN copies it at the execute */
     int64_t uids[9] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG};
     void *ptrs[9] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), out, lse,
-                     &p->scale, &p->neg};
+                     &sc, &p->neg};
     int n = 7; /* the window scalar and kv_lo only where the graph has the band / the documents */
     if (p->window) uids[n] = U_WINDOW, ptrs[n++] = &p->win;
     if (p->docs) uids[n] = U_KVLO, ptrs[n++] = (void *)kv_lo;
@@ -624,7 +630,14 @@ void qt_attention_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const v
 void qt_attention_docs_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
                            const float *lse, const int32_t *kv_lo, int B, int T, int H, int Hkv, int D, int window,
                            cudaStream_t s) {
+    qt_attention_bwd_scaled(c, dqkv, dout, qkv, out, lse, kv_lo, B, T, H, Hkv, D, window, 0.0f, s);
+}
+
+void qt_attention_bwd_scaled(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                             const float *lse, const int32_t *kv_lo, int B, int T, int H, int Hkv, int D, int window,
+                             float scale, cudaStream_t s) {
     att_plan *p = ready_plan(c, B, T, H, Hkv, D, window, kv_lo != NULL, 1);
+    float sc = scale > 0 ? scale : p->scale;
     const uint16_t *q = qkv;
     uint16_t *dq = dqkv;
     char *ssum = (char *)c->ws + align256((size_t)p->plan_ws);
@@ -633,7 +646,7 @@ void qt_attention_docs_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, co
     if (!p->det) QT_CUDA(cudaMemsetAsync(dqacc, 0, (size_t)B * H * T * D * 4, s));
     int64_t uids[16] = {U_Q, U_K, U_V, U_O, U_DO, U_STATS, U_DQ, U_DK, U_DV, U_SCALE, U_NEG, U_ONE, U_SSUM};
     void *ptrs[16] = {(void *)q, (void *)(q + (size_t)H * D), (void *)(q + (size_t)(H + Hkv) * D), (void *)out,
-                      (void *)dout, (void *)lse, dq, dq + (size_t)H * D, dq + (size_t)(H + Hkv) * D, &p->scale,
+                      (void *)dout, (void *)lse, dq, dq + (size_t)H * D, dq + (size_t)(H + Hkv) * D, &sc,
                       &p->neg, &p->one, ssum};
     int n = 13;
     if (!p->det) uids[n] = U_DQACC, ptrs[n++] = dqacc; /* the deterministic graph has no dQ accumulator */

@@ -3,10 +3,10 @@
  *
  * qkv[n, (H + 2*Hkv)*D] bf16: H q heads, Hkv k heads, Hkv v heads. w[2D] bf16: wq = w[0:D], wk = w[D:2D].
  * fwd (in place on the q and k heads; v untouched): x = the head's D values,
- *      y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps)  -> rstd[n, H+Hkv] (fp32); the pre-norm q|k heads
+ *      y = x * rstd * s,  s = w (qt_qknorm_*) or 1 + w formed in fp32 (qt_qknorm1p_*, Gemma 3),  rstd = 1/sqrt(mean(x^2) + eps)  -> rstd[n, H+Hkv] (fp32); the pre-norm q|k heads
  *      are copied (bit-exact) to save[n, (H+Hkv)*D] for the backward.
  * bwd (in place on dqkv's q and k heads; v untouched):
- *      dx = rstd * (dy*w - x * rstd^2 * mean(dy*w*x)),  dw[i] += sum over rows and heads of dy * x * rstd.
+ *      dx = rstd * (dy*s - x * rstd^2 * mean(dy*s*x)),  dw[i] += sum over rows and heads of dy * x * rstd.
  * fp32 math, one RNE rounding per bf16 output. One warp per (row, head); the row sums over the lanes in a
  * fixed shuffle tree. dw is deterministic: pass 1 sums fixed row chunks per column into ws (each thread one
  * column, rows then heads in order), pass 2 adds the chunk sums per column in a fixed block tree, then that
@@ -20,8 +20,13 @@
 #define QKN_MAX_D 512  /* 2D threads per block in the dw passes */
 
 /* One warp per (row, head) of the H + Hkv normed heads. */
+/* The scale of weight element wj: w, or 1 + w (one_plus). */
+__device__ __forceinline__ float qkn_scale(bf16 wj, int one_plus) {
+    return one_plus ? 1.0f + __bfloat162float(wj) : __bfloat162float(wj);
+}
+
 __global__ void qknorm_fwd_kernel(bf16 *qkv, bf16 *save, float *rstd, const bf16 *w, long long rows, int H, int Hkv,
-                                  int D, float eps) {
+                                  int D, float eps, int one_plus) {
     int lane = threadIdx.x & 31, NH = H + Hkv, stride = (H + 2 * Hkv) * D;
     long long warps = (long long)gridDim.x * (blockDim.x >> 5);
     for (long long k = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); k < rows * NH; k += warps) {
@@ -40,7 +45,7 @@ __global__ void qknorm_fwd_kernel(bf16 *qkv, bf16 *save, float *rstd, const bf16
         if (lane == 0) rstd[k] = rs;
         /* each lane rewrites only the elements it read itself */
         for (int j = lane; j < D; j += 32)
-            x[j] = __float2bfloat16_rn(__bfloat162float(x[j]) * rs * __bfloat162float(wh[j]));
+            x[j] = __float2bfloat16_rn(__bfloat162float(x[j]) * rs * qkn_scale(wh[j], one_plus));
     }
 }
 
@@ -71,7 +76,7 @@ __global__ void qknorm_dw_sum_kernel(void *dw, int dw_bf16, const float *ws, int
 
 /* dx in place over dy, one warp per (row, head); with amax the v heads are visited for the abs-max too. */
 __global__ void qknorm_bwd_kernel(bf16 *dqkv, const bf16 *save, const bf16 *w, const float *rstd, long long rows, int H,
-                                  int Hkv, int D, float *amax) {
+                                  int Hkv, int D, float *amax, int one_plus) {
     int lane = threadIdx.x & 31, NH = H + Hkv, nh = NH + (amax ? Hkv : 0), stride = (H + 2 * Hkv) * D;
     int fold = amax != NULL;
     unsigned m = 0;
@@ -87,11 +92,11 @@ __global__ void qknorm_bwd_kernel(bf16 *dqkv, const bf16 *save, const bf16 *w, c
         const bf16 *x = save + row * NH * D + (long long)h * D, *wh = w + (h < H ? 0 : D);
         float dot = 0.0f;
         for (int j = lane; j < D; j += 32)
-            dot += __bfloat162float(g[j]) * __bfloat162float(wh[j]) * __bfloat162float(x[j]);
+            dot += __bfloat162float(g[j]) * qkn_scale(wh[j], one_plus) * __bfloat162float(x[j]);
         dot = warp_sum(dot);
         float r = rstd[row * NH + h], kk = dot * r * r * r / (float)D;
         for (int j = lane; j < D; j += 32) {
-            float d = __bfloat162float(g[j]) * __bfloat162float(wh[j]) * r - __bfloat162float(x[j]) * kk;
+            float d = __bfloat162float(g[j]) * qkn_scale(wh[j], one_plus) * r - __bfloat162float(x[j]) * kk;
             m = st1_fold(g + j, d, m, fold);
         }
     }
@@ -105,17 +110,17 @@ static unsigned qkn_blocks(long long warps) {
 
 extern "C" size_t qt_qknorm_ws_bytes(int D) { return (size_t)QKN_PARTS * 2 * (size_t)D * sizeof(float); }
 
-extern "C" void qt_qknorm_fwd(void *qkv, void *save, float *rstd, const void *w, long n, int H, int Hkv, int D,
-                              float eps, cudaStream_t s) {
+static void qknorm_fwd(void *qkv, void *save, float *rstd, const void *w, long n, int H, int Hkv, int D, float eps,
+                       int one_plus, cudaStream_t s) {
     QT_CHECK(D > 0 && H > 0 && Hkv > 0, "qk norm: H %d, Hkv %d, D %d: expected positive sizes", H, Hkv, D);
     if (n <= 0) return;
     qknorm_fwd_kernel<<<qkn_blocks((long long)n * (H + Hkv)), QKN_THREADS, 0, s>>>(
-        (bf16 *)qkv, (bf16 *)save, rstd, (const bf16 *)w, n, H, Hkv, D, eps);
+        (bf16 *)qkv, (bf16 *)save, rstd, (const bf16 *)w, n, H, Hkv, D, eps, one_plus);
     QT_CUDA(cudaGetLastError());
 }
 
-extern "C" void qt_qknorm_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *save, const void *w, const float *rstd,
-                              long n, int H, int Hkv, int D, float *amax, void *ws, cudaStream_t s) {
+static void qknorm_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *save, const void *w, const float *rstd, long n,
+                       int H, int Hkv, int D, float *amax, void *ws, int one_plus, cudaStream_t s) {
     QT_CHECK(D > 0 && D <= QKN_MAX_D && H > 0 && Hkv > 0, "qk norm bwd: H %d, Hkv %d, D %d: expected positive sizes, "
              "D <= %d", H, Hkv, D, QKN_MAX_D);
     QT_CHECK(!dw || dw_dt == QT_DT_F32 || dw_dt == QT_DT_BF16, "qk norm bwd: dw dtype %s: expected fp32 or bf16",
@@ -132,6 +137,26 @@ extern "C" void qt_qknorm_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *
         QT_CUDA(cudaGetLastError());
     }
     qknorm_bwd_kernel<<<qkn_blocks((long long)n * (H + Hkv + (amax ? Hkv : 0))), QKN_THREADS, 0, s>>>(
-        (bf16 *)dqkv, (const bf16 *)save, (const bf16 *)w, rstd, n, H, Hkv, D, amax);
+        (bf16 *)dqkv, (const bf16 *)save, (const bf16 *)w, rstd, n, H, Hkv, D, amax, one_plus);
     QT_CUDA(cudaGetLastError());
+}
+
+extern "C" void qt_qknorm_fwd(void *qkv, void *save, float *rstd, const void *w, long n, int H, int Hkv, int D,
+                              float eps, cudaStream_t s) {
+    qknorm_fwd(qkv, save, rstd, w, n, H, Hkv, D, eps, 0, s);
+}
+
+extern "C" void qt_qknorm1p_fwd(void *qkv, void *save, float *rstd, const void *w, long n, int H, int Hkv, int D,
+                                float eps, cudaStream_t s) {
+    qknorm_fwd(qkv, save, rstd, w, n, H, Hkv, D, eps, 1, s);
+}
+
+extern "C" void qt_qknorm_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *save, const void *w, const float *rstd,
+                              long n, int H, int Hkv, int D, float *amax, void *ws, cudaStream_t s) {
+    qknorm_bwd(dqkv, dw, dw_dt, save, w, rstd, n, H, Hkv, D, amax, ws, 0, s);
+}
+
+extern "C" void qt_qknorm1p_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *save, const void *w, const float *rstd,
+                                long n, int H, int Hkv, int D, float *amax, void *ws, cudaStream_t s) {
+    qknorm_bwd(dqkv, dw, dw_dt, save, w, rstd, n, H, Hkv, D, amax, ws, 1, s);
 }

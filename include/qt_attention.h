@@ -55,6 +55,13 @@ void qt_attention_docs_fwd(qt_attention_ctx *c, void *out, float *lse, const voi
 void qt_attention_docs_bwd(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
                            const float *lse, const int32_t *kv_lo, int B, int T, int H, int Hkv, int D, int window,
                            cudaStream_t s);
+/* The docs forms with the softmax scale given (Gemma's query_pre_attn_scalar^-0.5; 0 = 1/sqrt(D)); lse then
+ * holds log sum_j exp(scale * q.k_j). The scale is a by-value scalar of the same plan: no plan per scale. */
+void qt_attention_fwd_scaled(qt_attention_ctx *c, void *out, float *lse, const void *qkv, const int32_t *kv_lo, int B,
+                             int T, int H, int Hkv, int D, int window, float scale, cudaStream_t s);
+void qt_attention_bwd_scaled(qt_attention_ctx *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                             const float *lse, const int32_t *kv_lo, int B, int T, int H, int Hkv, int D, int window,
+                             float scale, cudaStream_t s);
 /* Workspace bytes of this shape's plan (built and cached; bwd 0 forward, 1 backward): cuDNN's own
  * plan workspace, then for the backward the fp32 softmax sums and dQ accumulator. 0 when the plan
  * cannot be built (the fwd/bwd call then fails with the message). */

@@ -1,10 +1,13 @@
-/* qt_cpu_model.h — the Llama/Qwen2 forward and backward on the CPU in fp32, built from qt_ref ops.
+/* qt_cpu_model.h — the Llama/Qwen2/Gemma 3 forward and backward on the CPU in fp32, built from qt_ref ops.
  *
  * Per block: x -> RMSNorm -> QKV (+bias) -> (qk_norm: RMSNorm per q and k head) -> RoPE -> causal GQA attention
  *              (per packed document with qt_cpu_model_set_docs)
  *              -> O -> +residual
  *              -> RMSNorm -> gate|up -> SiLU(gate)*up -> down -> +residual;
- * then final RMSNorm, LM head (tied or not), mean cross-entropy over the non-ignored targets. */
+ * then final RMSNorm, LM head (tied or not), mean cross-entropy over the non-ignored targets.
+ * Gemma 3 (arch gemma3, docs/models-gemma3.md): embeddings times sqrt(C), every norm scales by 1 + w, a norm on
+ * the attention and the MLP output before each residual add, GeGLU-tanh, per-layer window and RoPE base, the
+ * attention scale query_pre_attn_scalar^-0.5, and the logits soft-capped before the loss when set. */
 #ifndef QT_CPU_MODEL_H
 #define QT_CPU_MODEL_H
 

@@ -14,6 +14,10 @@
  * yarn's mscale / mscale_all_dim become attention_factor as transformers derives it. Returns 0 or -1. */
 int qt_hf_read_rope(const char *path, const qt_json_node *root, qt_rope_cfg *out, char *err, size_t errlen);
 
+/* One rope dict x (the object at key path `dict`, for messages; absent or null: the default), the checks above. */
+int qt_hf_read_rope_dict(const char *path, const char *dict, const qt_json_node *x, qt_rope_cfg *out, char *err,
+                         size_t errlen);
+
 /* The members of r's JSON object without braces ("\"rope_type\": \"llama3\", \"factor\": 8.0, ..."), the
  * parameters r's type uses, with transformers' names. Returns the length, or -1 when cap is too small. */
 int qt_hf_rope_json(char *buf, size_t cap, const qt_rope_cfg *r);

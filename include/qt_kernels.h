@@ -130,6 +130,11 @@ size_t qt_qknorm_ws_bytes(int D);
  * amax: of the whole dqkv afterwards, v heads included (may be NULL). D <= 512. */
 void qt_qknorm_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *save, const void *w, const float *rstd, long n,
                    int H, int Hkv, int D, float *amax, void *ws, cudaStream_t s);
+/* Gemma 3's q_norm / k_norm: the same two with the scale 1 + w (formed in fp32) in place of w; dw as above. */
+void qt_qknorm1p_fwd(void *qkv, void *save, float *rstd, const void *w, long n, int H, int Hkv, int D, float eps,
+                     cudaStream_t s);
+void qt_qknorm1p_bwd(void *dqkv, void *dw, qt_dtype dw_dt, const void *save, const void *w, const float *rstd, long n,
+                     int H, int Hkv, int D, float *amax, void *ws, cudaStream_t s);
 
 /* ---- SwiGLU (swiglu.cu) ---- */
 /* out[n,f] = silu(gu[n, 0:f]) * gu[n, f:2f]   (=), bf16. amax: of out (may be NULL). */

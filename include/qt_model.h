@@ -15,7 +15,8 @@
 
 #define QT_LAYOUT_ALIGN 64
 
-typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1, QT_ARCH_QWEN3 = 2, QT_ARCH_MISTRAL = 3 } qt_arch;
+typedef enum { QT_ARCH_QWEN2 = 0, QT_ARCH_LLAMA = 1, QT_ARCH_QWEN3 = 2, QT_ARCH_MISTRAL = 3,
+               QT_ARCH_GEMMA3 = 4 } qt_arch;
 
 /* RoPE frequency schemes, as transformers' ROPE_INIT_FUNCTIONS names them (rope_type). */
 typedef enum {
@@ -60,6 +61,12 @@ typedef struct {
     int sliding_window;    /* W > 0: the windowed layers' queries see the last W keys (their own included);
                             * 0 = every layer causal over the whole sequence */
     int window_layers_from; /* the first windowed layer (Qwen2's max_window_layers); 0 = all (Mistral) */
+    int window_pattern;    /* N > 0: every Nth layer (l + 1 multiple of N) is global, the others local (Gemma 3's
+                            * sliding_window_pattern, 6); 0 = the rule of window_layers_from alone */
+    float rope_local_theta; /* > 0: the local layers' RoPE base, default RoPE without scaling (Gemma 3's
+                             * rope_local_base_freq); the global layers keep rope_theta and `rope`. 0 = one RoPE */
+    float attn_scalar;     /* > 0: attention scale attn_scalar^-0.5 (Gemma's query_pre_attn_scalar); 0 = head_dim */
+    float logit_softcap;   /* > 0: logits = cap * tanh(logits / cap) before the loss (final_logit_softcapping) */
 } qt_model_cfg;
 
 /* A checkpoint's model_cfg blob is this struct's bytes. Members from `rope` on came after the format
@@ -86,6 +93,8 @@ typedef struct {
 typedef struct {
     size_t ln1, wqkv, bqkv, wo, ln2, wgu, wdown; /* offsets; bqkv == SIZE_MAX without qkv bias */
     size_t qknorm; /* q_norm [D] then k_norm [D], adjacent, after down; SIZE_MAX without qk_norm */
+    size_t post_attn, post_ffn; /* gemma3: the norms of the attention and MLP outputs (each [C], before the
+                                 * residual add), last in the layer; SIZE_MAX otherwise */
 } qt_layer_offsets;
 
 typedef struct {
@@ -112,12 +121,25 @@ int qt_model_cfg_validate(const qt_model_cfg *cfg, char *err, size_t errlen);
 /* The flat array's length for cfg, padding included, computed without overflow (UINT64_MAX when
  * it does not fit 64 bits). cfg's int fields must be >= 0. */
 uint64_t qt_model_cfg_numel(const qt_model_cfg *cfg);
-/* Layer l's attention window: sliding_window when the layer is windowed, else 0 (causal). The one
- * rule every trainer and the export read. */
+/* 1 when layer l is a local (sliding) layer: from window_layers_from on, and not a global layer of
+ * window_pattern. The one rule of the layer types, which the window and the RoPE of a layer follow. */
+int qt_model_layer_local(const qt_model_cfg *cfg, int l);
+/* Layer l's attention window: sliding_window when the layer is local (and sliding_window > 0), else 0
+ * (causal). Every trainer and the export read it. */
 int qt_model_layer_window(const qt_model_cfg *cfg, int l);
+/* Layer l's RoPE config: cfg itself, or for a local layer of a model with rope_local_theta, a copy with
+ * that base and the default RoPE (Gemma 3). */
+qt_model_cfg qt_model_layer_rope(const qt_model_cfg *cfg, int l);
+/* The attention scale: attn_scalar^-0.5 when set, else head_dim^-0.5. */
+double qt_model_attn_scale(const qt_model_cfg *cfg);
+/* 0 when the GPU model trains c's architecture, else -1 with a message naming model.arch and what is missing
+ * (gemma3: the CPU reference only). */
+int qt_model_gpu_check(const qt_model_cfg *c, char *err, size_t errlen);
+/* Gemma 3 maths (the (1 + w) norms, sandwich norms, GeGLU-tanh, scaled embedding): 1 for arch gemma3. */
+static inline int qt_model_is_gemma(const qt_model_cfg *cfg) { return cfg->arch == QT_ARCH_GEMMA3; }
 /* Fills head_dim (when 0 and H divides C: C/H), num_kv_heads (when 0: H), the family's rope_theta and
- * rms_norm_eps when 0 (qwen2 and qwen3 1e6, 1e-6; llama 1e4, 1e-5; mistral 1e4, 1e-6), the RoPE defaults
- * (qt_rope_finish); qwen3 gets qk_norm. */
+ * rms_norm_eps when 0 (qwen2 and qwen3 1e6, 1e-6; llama 1e4, 1e-5; mistral 1e4, 1e-6; gemma3 1e6, 1e-6), the
+ * RoPE defaults (qt_rope_finish); qwen3 and gemma3 get qk_norm. */
 void qt_model_cfg_finish(qt_model_cfg *cfg);
 /* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);
@@ -128,8 +150,8 @@ static inline size_t qt_layer_end(const qt_layout *L, int l) {
 }
 /* The tensor with this HF name, or NULL. */
 const qt_tensor *qt_layout_find(const qt_layout *L, const char *name);
-/* Fills w (L->numel floats): matrices and embeddings ~ N(0, std) from the seed, norms 1, biases and
- * padding 0. Deterministic for a seed whatever the thread count. */
+/* Fills w (L->numel floats): matrices and embeddings ~ N(0, std) from the seed, norms 1 (gemma3's 0: they
+ * scale by 1 + w), biases and padding 0. Deterministic for a seed whatever the thread count. */
 void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float std);
 /* The same values for the flat elements [lo, lo + n) only, into dst[0, n) (each element is a hash of
  * (seed, its flat index): a range is bit-identical to that part of the whole array). */

@@ -68,6 +68,11 @@ void qt_ref_qknorm_fwd(float *y, float *rstd, const float *x, const float *w, lo
  * x and rstd;  dw[2D] += (q part, then k part; dw NULL: none) */
 void qt_ref_qknorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
                        long N, int H, int Hkv, int D);
+/* Gemma 3's form of both (Gemma3RMSNorm as q_norm / k_norm): the scale is 1 + w (formed in fp32); dw as above. */
+void qt_ref_qknorm1p_fwd(float *y, float *rstd, const float *x, const float *w, long N, int H, int Hkv, int D,
+                         float eps);
+void qt_ref_qknorm1p_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
+                         long N, int H, int Hkv, int D);
 
 /* Causal grouped-query attention on qkv[B,T,(H+2*Hkv)*D] (q heads, then k heads, then v heads).
  * Query head h uses kv head h / (H/Hkv); scale 1/sqrt(D). W > 0: sliding window, query t sees keys
@@ -83,6 +88,12 @@ void qt_ref_attention_docs_fwd(float *out, float *lse, const float *qkv, int B, 
                                const int32_t *kv_lo);
 void qt_ref_attention_docs_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo);
+/* The docs forms with the softmax scale given (Gemma's query_pre_attn_scalar^-0.5) in place of 1/sqrt(D). */
+void qt_ref_attention_scaled_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W,
+                                 const int32_t *kv_lo, double scale);
+void qt_ref_attention_scaled_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                 const float *lse, int B, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo,
+                                 double scale);
 
 /* out[N,F] = silu(gu[n, 0:F]) * gu[n, F:2F]   (=) */
 void qt_ref_swiglu_fwd(float *out, const float *gu, long N, int F);

@@ -374,7 +374,9 @@ static const op_def OP_ROPE_BWD = {"rope_bwd", "B T H Hkv D", 0, "theta", rope_b
  * save (exact; T_PASS0: pass 1 passes NULL), rstd (fp32, 1e-5). bwd in place on dqkv from the saved heads,
  * dw (dt: fp32 or bf16; +nodw: NULL) +=, +amax: of the whole dqkv (the last v element is the largest).
  * The v heads keep their bits. ---- */
-static const op_def OP_QKN_BWD;
+static const op_def OP_QKN_BWD, OP_QKN1P_FWD, OP_QKN1P_BWD;
+/* the (1 + w) form (Gemma 3, qt_qknorm1p_*) against qt_ref_qknorm1p_* */
+static int qkn_1p(const op_run *r) { return r->c->op == &OP_QKN1P_FWD || r->c->op == &OP_QKN1P_BWD; }
 static long qkn_row(const op_run *r) { return (S(1) + 2 * S(2)) * S(3); }
 static long qkn_heads(const op_run *r) { return S(1) + S(2); }
 static int qkn_keep(const op_run *r, const op_tensor *t, long i) {
@@ -390,15 +392,19 @@ static void qkn_fwd_build(op_run *r) {
 static void qkn_fwd_ref(op_run *r) {
     long n = S(0), nhd = qkn_heads(r) * S(3);
     const float *x = H(r, "qkv");
-    qt_ref_qknorm_fwd(REF(r, "qkv"), REF(r, "rstd"), x, H(r, "w"), n, (int)S(1), (int)S(2), (int)S(3), 1e-6f);
+    (qkn_1p(r) ? qt_ref_qknorm1p_fwd : qt_ref_qknorm_fwd)(REF(r, "qkv"), REF(r, "rstd"), x, H(r, "w"), n, (int)S(1),
+                                                          (int)S(2), (int)S(3), 1e-6f);
     for (long k = 0; k < n; k++) memcpy(REF(r, "save") + k * nhd, x + k * qkn_row(r), (size_t)nhd * sizeof(float));
 }
 static void qkn_fwd_launch(op_run *r, int pass) {
     (void)pass;
-    qt_qknorm_fwd(D(r, "qkv"), D(r, "save"), D(r, "rstd"), D(r, "w"), S(0), (int)S(1), (int)S(2), (int)S(3), 1e-6f, 0);
+    (qkn_1p(r) ? qt_qknorm1p_fwd : qt_qknorm_fwd)(D(r, "qkv"), D(r, "save"), D(r, "rstd"), D(r, "w"), S(0), (int)S(1),
+                                                  (int)S(2), (int)S(3), 1e-6f, 0);
 }
 static const op_def OP_QKN_FWD = {"qknorm_fwd", "n H Hkv D", 0, NULL, qkn_fwd_build, qkn_fwd_ref, qkn_fwd_launch,
                                   NULL, qkn_keep, 0, 0, 0};
+static const op_def OP_QKN1P_FWD = {"qknorm1p_fwd", "n H Hkv D", 0, NULL, qkn_fwd_build, qkn_fwd_ref, qkn_fwd_launch,
+                                    NULL, qkn_keep, 0, 0, 0};
 
 static void qkn_bwd_build(op_run *r) {
     long n = S(0), nh = qkn_heads(r), D = S(3), all = n * qkn_row(r);
@@ -421,18 +427,21 @@ static void qkn_bwd_ref(op_run *r) {
     float *xf = op_alloc(n * row), *dw = T(r, "dw") ? REF(r, "dw") : op_alloc(2 * S(3));
     memset(xf, 0, (size_t)(n * row) * sizeof *xf);
     for (long k = 0; k < n; k++) memcpy(xf + k * row, H(r, "save") + k * nhd, (size_t)nhd * sizeof *xf);
-    qt_ref_qknorm_bwd(REF(r, "dqkv"), dw, H(r, "dqkv"), xf, H(r, "w"), H(r, "rstd"), n, (int)S(1), (int)S(2), (int)S(3));
+    (qkn_1p(r) ? qt_ref_qknorm1p_bwd : qt_ref_qknorm_bwd)(REF(r, "dqkv"), dw, H(r, "dqkv"), xf, H(r, "w"), H(r, "rstd"), n,
+                                                          (int)S(1), (int)S(2), (int)S(3));
     free(xf);
     if (!T(r, "dw")) free(dw);
 }
 static void qkn_bwd_launch(op_run *r, int pass) {
     (void)pass;
-    qt_qknorm_bwd(D(r, "dqkv"), D(r, "dw"), r->c->dt, D(r, "save"), D(r, "w"), D(r, "rstd"), S(0), (int)S(1), (int)S(2),
-                  (int)S(3), D(r, "amax"), D(r, "ws"), 0);
+    (qkn_1p(r) ? qt_qknorm1p_bwd : qt_qknorm_bwd)(D(r, "dqkv"), D(r, "dw"), r->c->dt, D(r, "save"), D(r, "w"), D(r, "rstd"),
+                                                  S(0), (int)S(1), (int)S(2), (int)S(3), D(r, "amax"), D(r, "ws"), 0);
 }
 static void qkn_bwd_derive(op_run *r, int pass) { derive_amax_of(r, "dqkv", pass); }
 static const op_def OP_QKN_BWD = {"qknorm_bwd", "n H Hkv D", 1, NULL, qkn_bwd_build, qkn_bwd_ref, qkn_bwd_launch,
                                   qkn_bwd_derive, qkn_keep, 0, 0, 0};
+static const op_def OP_QKN1P_BWD = {"qknorm1p_bwd", "n H Hkv D", 1, NULL, qkn_bwd_build, qkn_bwd_ref, qkn_bwd_launch,
+                                    qkn_bwd_derive, qkn_keep, 0, 0, 0};
 
 /* ---- SwiGLU (swiglu.cu): s = n f; +inplace: dgu written over gu. ---- */
 static void swiglu_fwd_build(op_run *r) {

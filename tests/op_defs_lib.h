@@ -359,6 +359,13 @@ static const op_def OP_MM_FP8 = {"matmul_fp8", "M N K", 2, NULL, mm_fp8_build, m
  * matmul operands in cuDNN's flash kernels: out 1e-2, lse 1e-3, dqkv 2e-2. ---- */
 static qt_attention_ctx *g_att;
 #define ATT_W(r) ((int)(r)->c->f)
+/* The scaled ops (qt_attention_*_scaled, Gemma's query_pre_attn_scalar) take scale (1.3125 D)^-0.5: 27B's 168 at
+ * D = 128; the plain ones 1/sqrt(D). */
+static const op_def OP_ATTS_FWD, OP_ATTS_BWD;
+static double att_scale(const op_run *r) {
+    int scaled = r->c->op == &OP_ATTS_FWD || r->c->op == &OP_ATTS_BWD;
+    return 1.0 / sqrt((scaled ? 1.3125 : 1.0) * (double)S(4));
+}
 static int att_prepare(op_run *r) {
     char err[1024];
     if (!g_att) g_att = qt_attention_create();
@@ -374,38 +381,51 @@ static void att_fwd_build(op_run *r) {
     t_out(r, "lse", QT_DT_F32, S(0) * S(2) * S(1), 1e-3, 1e-3, 0);
 }
 static void att_fwd_ref(op_run *r) {
-    qt_ref_attention_fwd(REF(r, "out"), REF(r, "lse"), H(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4),
-                         ATT_W(r));
+    qt_ref_attention_scaled_fwd(REF(r, "out"), REF(r, "lse"), H(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3),
+                                (int)S(4), ATT_W(r), NULL, att_scale(r));
 }
 static void att_fwd_launch(op_run *r, int pass) {
     (void)pass;
-    if (att_prepare(r))
+    if (!att_prepare(r)) return;
+    if (r->c->op == &OP_ATTS_FWD)
+        qt_attention_fwd_scaled(g_att, D(r, "out"), D(r, "lse"), D(r, "qkv"), NULL, (int)S(0), (int)S(1), (int)S(2), (int)S(3),
+                                (int)S(4), ATT_W(r), (float)att_scale(r), 0);
+    else
         qt_attention_fwd(g_att, D(r, "out"), D(r, "lse"), D(r, "qkv"), (int)S(0), (int)S(1), (int)S(2), (int)S(3),
                          (int)S(4), ATT_W(r), 0);
 }
 static const op_def OP_ATT_FWD = {"attention_fwd", "B T H Hkv D", 0, "window", att_fwd_build, att_fwd_ref, att_fwd_launch,
                                   NULL, NULL, 0, 0, 0};
+static const op_def OP_ATTS_FWD = {"attention_scaled_fwd", "B T H Hkv D", 0, "window", att_fwd_build, att_fwd_ref,
+                                   att_fwd_launch, NULL, NULL, 0, 0, 0};
 
 static void att_bwd_build(op_run *r) {
     long nqkv = att_rows(r) * (S(2) + 2 * S(3)) * S(4), nout = att_rows(r) * S(2) * S(4);
     float *qkv = t_in(r, "qkv", QT_DT_BF16, nqkv, 1.0f);
     float *out = t_in(r, "out", QT_DT_BF16, nout, 0), *lse = t_in(r, "lse", QT_DT_F32, S(0) * S(2) * S(1), 0);
-    qt_ref_attention_fwd(out, lse, qkv, (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), ATT_W(r));
+    qt_ref_attention_scaled_fwd(out, lse, qkv, (int)S(0), (int)S(1), (int)S(2), (int)S(3), (int)S(4), ATT_W(r), NULL,
+                                att_scale(r));
     for (long i = 0; i < nout; i++) out[i] = op_round(QT_DT_BF16, out[i]);
     t_in(r, "dout", QT_DT_BF16, nout, 1.0f);
     t_out(r, "dqkv", QT_DT_BF16, nqkv, 2e-2, 2e-2, 0);
 }
 static void att_bwd_ref(op_run *r) {
-    qt_ref_attention_bwd(REF(r, "dqkv"), H(r, "dout"), H(r, "qkv"), H(r, "out"), H(r, "lse"), (int)S(0), (int)S(1),
-                         (int)S(2), (int)S(3), (int)S(4), ATT_W(r));
+    qt_ref_attention_scaled_bwd(REF(r, "dqkv"), H(r, "dout"), H(r, "qkv"), H(r, "out"), H(r, "lse"), (int)S(0), (int)S(1),
+                                (int)S(2), (int)S(3), (int)S(4), ATT_W(r), NULL, att_scale(r));
 }
 static void att_bwd_launch(op_run *r, int pass) {
     (void)pass;
-    if (att_prepare(r))
+    if (!att_prepare(r)) return;
+    if (r->c->op == &OP_ATTS_BWD)
+        qt_attention_bwd_scaled(g_att, D(r, "dqkv"), D(r, "dout"), D(r, "qkv"), D(r, "out"), D(r, "lse"), NULL, (int)S(0),
+                                (int)S(1), (int)S(2), (int)S(3), (int)S(4), ATT_W(r), (float)att_scale(r), 0);
+    else
         qt_attention_bwd(g_att, D(r, "dqkv"), D(r, "dout"), D(r, "qkv"), D(r, "out"), D(r, "lse"), (int)S(0), (int)S(1),
                          (int)S(2), (int)S(3), (int)S(4), ATT_W(r), 0);
 }
 static const op_def OP_ATT_BWD = {"attention_bwd", "B T H Hkv D", 0, "window", att_bwd_build, att_bwd_ref, att_bwd_launch,
                                   NULL, NULL, OP_NONDET, 0, 0};
+static const op_def OP_ATTS_BWD = {"attention_scaled_bwd", "B T H Hkv D", 0, "window", att_bwd_build, att_bwd_ref,
+                                   att_bwd_launch, NULL, NULL, OP_NONDET, 0, 0};
 
 #endif

@@ -132,7 +132,7 @@ static void test_qwen3_example(void) {
                   !m->tie_embeddings && !m->qkv_bias && m->rope_theta == 1e6f && cfg.precision.matmul_dtype == QT_DT_E4M3,
               "qwen3-8b model: arch %d C %d L %d H %d/%d D %d", m->arch, m->hidden_size, m->num_layers, m->num_heads,
               m->num_kv_heads, m->head_dim);
-    EXPECT_ERR("model:\n  arch: qwen4\n", "t.yaml:2:3: model.arch: expected one of qwen2|llama|qwen3|mistral, got \"qwen4\"");
+    EXPECT_ERR("model:\n  arch: qwen4\n", "t.yaml:2:3: model.arch: expected one of qwen2|llama|qwen3|mistral|gemma3, got \"qwen4\"");
 }
 
 static void test_error_unknown_key(void) {
@@ -624,6 +624,11 @@ static void randomize(uint64_t *s) {
     /* The window rule the family can say: none for llama, every layer for mistral. */
     if (cfg.model.arch == QT_ARCH_LLAMA) cfg.model.sliding_window = 0;
     if (cfg.model.arch == QT_ARCH_MISTRAL) cfg.model.window_layers_from = 0;
+    /* Gemma 3's keys are gemma3's alone; gemma3's layer types come from window_pattern */
+    if (cfg.model.arch != QT_ARCH_GEMMA3)
+        cfg.model.window_pattern = 0, cfg.model.rope_local_theta = cfg.model.attn_scalar = cfg.model.logit_softcap = 0;
+    else
+        cfg.model.window_layers_from = 0;
     cfg.parallel.shard_optimizer = cfg.parallel.zero >= 1; /* as loading leaves them (the older spelling) */
     if (cfg.parallel.zero >= 3) { /* ZeRO-3: no CUDA graphs; fp8 quantizes at use (qt_config_zero3_check) */
         cfg.perf.cuda_graphs = 0;

@@ -151,7 +151,7 @@ static void test_config_read_hf(void) {
     QT_EXPECT(c.arch == QT_ARCH_LLAMA && c.rope_theta == 50000.0f && c.num_kv_heads == 4 && c.qkv_bias == 0 &&
               c.tie_embeddings == 0, "v5 fields");
     struct { const char *text, *want; } bad[] = {
-        {"{\"model_type\": \"gpt2\"}", "model_type: expected \"qwen2\", \"llama\", \"qwen3\" or \"mistral\", got \"gpt2\""},
+        {"{\"model_type\": \"gpt2\"}", "model_type: expected \"qwen2\", \"llama\", \"qwen3\", \"mistral\", \"gemma3_text\" or \"gemma3\", got \"gpt2\""},
         {"{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1}", "hidden_size: missing"},
         {"{\"model_type\": \"qwen2\", \"hidden_size\": 64.5}", "hidden_size: expected an integer"},
         {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"

@@ -55,6 +55,8 @@
 #define ATT(T, H, Hkv, D) {&OP_ATT_FWD, {2, T, H, Hkv, D}, 0, 0, 0, 0, 0}, {&OP_ATT_BWD, {2, T, H, Hkv, D}, 0, 0, 0, 0, 0}
 /* The same with a sliding window W (op_case.f): query t sees keys t - W < j <= t. */
 #define ATTW(T, H, Hkv, D, W) {&OP_ATT_FWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}, {&OP_ATT_BWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}
+/* The same with Gemma's query_pre_attn_scalar scale (op_defs_lib.h's att_scale), window W (0: causal). */
+#define ATTS(T, H, Hkv, D, W) {&OP_ATTS_FWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}, {&OP_ATTS_BWD, {2, T, H, Hkv, D}, 0, 0, 0, W, 0}
 #define ATTD(T, H, Hkv, D, W)                                                                                 \
     {&OP_ATT_DOCS_FWD, {3, T, H, Hkv, D}, 0, 0, 0, W, 0}, {&OP_ATT_DOCS_BWD, {3, T, H, Hkv, D}, 0, 0, 0, W, 0}
 
@@ -128,6 +130,10 @@ static const op_case CASES[] = {
     {&OP_QKN_BWD, {1000, 4, 2, 128}, F32, 0, O_AMAX, 0, 0}, /* several rows per dw part, an uneven last part */
     {&OP_QKN_BWD, {7, 6, 2, 24}, BF16, 0, 0, 0, 1}, {&OP_QKN_BWD, {33, 4, 4, 64}, F32, 0, O_NODW, 0, 0},
     {&OP_QKN_BWD, {129, 16, 4, 128}, BF16, 0, O_AMAX, 0, 0},
+    /* the (1 + w) form (Gemma 3): its head_dim 256 and 128 (27B), GQA */
+    {&OP_QKN1P_FWD, {37, 4, 1, 256}, 0, 0, 0, 0, 0}, {&OP_QKN1P_FWD, {7, 6, 2, 24}, 0, 0, 0, 0, 1},
+    {&OP_QKN1P_BWD, {37, 8, 4, 256}, F32, 0, O_AMAX, 0, 0}, {&OP_QKN1P_BWD, {129, 16, 8, 128}, BF16, 0, O_AMAX, 0, 0},
+    {&OP_QKN1P_BWD, {7, 6, 2, 24}, BF16, 0, 0, 0, 1},
     /* SwiGLU (swiglu.cu): n f */
     {&OP_SWIGLU_FWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_FWD, {7, 24}, 0, 0, O_AMAX, 0, 0},
     {&OP_SWIGLU_FWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_SWIGLU_FWD, {64, 4864}, 0, 0, O_AMAX, 0, 0},
@@ -254,6 +260,8 @@ static const op_case CASES[] = {
      * (the causal plan) */
     ATTW(7, 6, 2, 64, 1), ATTW(7, 6, 2, 64, 3), ATTW(100, 6, 2, 64, 17), ATTW(100, 4, 4, 128, 64),
     ATTW(200, 8, 2, 128, 199), ATTW(256, 8, 2, 128, 64), ATTW(64, 6, 2, 64, 64), ATTW(100, 6, 2, 128, 4096),
+    /* Gemma's scale query_pre_attn_scalar^-0.5 != D^-0.5: causal and in a window, D 128 (27B) and 64 */
+    ATTS(7, 6, 2, 64, 0), ATTS(100, 8, 4, 128, 0), ATTS(100, 8, 4, 128, 17), ATTS(256, 16, 8, 128, 64),
     /* packed documents (op_defs_docs.h): attention with a per-document key bound, alone and with a window;
      * RoPE at the documents' positions (vector and scalar paths, a scaled rope type) */
     ATTD(7, 6, 2, 64, 0), ATTD(100, 6, 2, 64, 0), ATTD(256, 8, 2, 128, 0), ATTD(100, 4, 4, 128, 0),
@@ -409,6 +417,39 @@ static void test_docs_rows_catch_no_docs(void) {
     QT_EXPECT(rows > 0, "no packed-document row in the table");
 }
 
+/* Each scaled attention row catches an attention that ignores the scale it is given (1/sqrt(D), what the plain
+ * launcher computes), put where the device's result goes, forward and backward. Runs on the CPU. */
+static void test_scaled_rows_catch_default_scale(void) {
+    char label[256];
+    int rows = 0;
+    for (int i = 0; i < NCASES; i++) {
+        const op_case *c = &CASES[i];
+        int bwd = c->op == &OP_ATTS_BWD;
+        if (c->op != &OP_ATTS_FWD && !bwd) continue;
+        op_label(c, label, sizeof label);
+        op_run *r = calloc(1, sizeof *r);
+        QT_CHECK(r, "out of host memory");
+        op_start(r, c, row_seed(i));
+        op_emulate(r, 0);
+        int B = (int)c->s[0], Tn = (int)c->s[1], Hh = (int)c->s[2], Hk = (int)c->s[3], Dd = (int)c->s[4], W = (int)c->f;
+        const char *name = bwd ? "dqkv" : "out";
+        float *got = GOT(r, name, 0);
+        if (bwd)
+            qt_ref_attention_bwd(got, H(r, "dout"), H(r, "qkv"), H(r, "out"), H(r, "lse"), B, Tn, Hh, Hk, Dd, W);
+        else
+            qt_ref_attention_fwd(got, GOT(r, "lse", 0), H(r, "qkv"), B, Tn, Hh, Hk, Dd, W);
+        for (long j = 0; j < T(r, name)->n; j++) got[j] = op_round(QT_DT_BF16, got[j]);
+        r->nfail = 0;
+        op_verify(r, 0, NULL);
+        QT_EXPECT(r->nfail > 0, "%s (row %d): the attention at 1/sqrt(D) passes the scaled row", label, i);
+        rows++;
+        op_finish(r);
+        free(r);
+    }
+    printf("  %d scaled attention rows, each failing the attention at 1/sqrt(D)\n", rows);
+    QT_EXPECT(rows > 0, "no scaled attention row in the table");
+}
+
 /* The guard check on its own: a byte written before or after a buffer is found, the poison is not. */
 static void test_selfcheck_guards(void) {
     uint8_t raw[64];
@@ -526,6 +567,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_selfcheck);
     QT_RUN(test_gemma_planted);
     QT_RUN(test_window_rows_catch_no_band);
+    QT_RUN(test_scaled_rows_catch_default_scale);
     QT_RUN(test_docs_rows_catch_no_docs);
     if (have_gpu()) run_gpu_rows();
     else if (selected_rows()) {

@@ -21,7 +21,8 @@ _Static_assert(sizeof(qt_sched_kind) == sizeof(int) && sizeof(qt_device_kind) ==
                "enum keys are stored as int");
 
 static const qt_key_enum arch_names[] = {
-    {"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {"qwen3", QT_ARCH_QWEN3}, {"mistral", QT_ARCH_MISTRAL}, {NULL, 0}};
+    {"qwen2", QT_ARCH_QWEN2}, {"llama", QT_ARCH_LLAMA}, {"qwen3", QT_ARCH_QWEN3}, {"mistral", QT_ARCH_MISTRAL},
+    {"gemma3", QT_ARCH_GEMMA3}, {NULL, 0}};
 static const qt_key_enum rope_names[] = {{"default", QT_ROPE_DEFAULT}, {"linear", QT_ROPE_LINEAR},
                                          {"dynamic", QT_ROPE_DYNAMIC}, {"yarn", QT_ROPE_YARN},
                                          {"llama3", QT_ROPE_LLAMA3},    {NULL, 0}};
@@ -92,7 +93,8 @@ static const qt_config_key keys[] = {
       "an HF config.json to take the model from; exclusive with the inline model keys below"),
     E("model.arch", model.arch, arch_names, "qwen2", "all", 1,
       "architecture name written on export; qwen3 adds an RMSNorm over each q and k head before RoPE (the other "
-      "maths differs only by qkv_bias and the sliding window)"),
+      "maths differs only by qkv_bias and the sliding window); gemma3 is Gemma 3's text model: (1 + w) norms, also "
+      "after attention and MLP, q/k norms, GeGLU-tanh, embeddings times sqrt(hidden_size) (docs/models-gemma3.md)"),
     I("model.vocab_size", model.vocab_size, 1, INT_MAX, "256", "all", 1, "vocabulary size"),
     I("model.hidden_size", model.hidden_size, 1, INT_MAX, "128", "all", 1, "model width C"),
     I("model.num_layers", model.num_layers, 1, INT_MAX, "4", "all", 1, "transformer blocks"),
@@ -135,6 +137,16 @@ static const qt_config_key keys[] = {
       "(llama: must be 0)"),
     I("model.window_layers_from", model.window_layers_from, 0, INT_MAX, "0", "all", 1,
       "the first layer with the sliding window (qwen2's max_window_layers); 0 = every layer (mistral: must be 0)"),
+    I("model.window_pattern", model.window_pattern, 0, INT_MAX, "0", "all", 1,
+      "gemma3: every Nth layer (layer index + 1 a multiple of N) is global (no window, rope_theta), the others local "
+      "(HF sliding_window_pattern, 6 in Gemma 3); 0 = none"),
+    F("model.rope_local_theta", model.rope_local_theta, 0, NOHI, 0, 0, "0", "all", 1,
+      "gemma3: the local layers' RoPE base, default RoPE (HF rope_local_base_freq, 10000); the rope_type keys apply "
+      "to the global layers only; 0 = every layer takes rope_theta and the rope_type keys"),
+    F("model.query_pre_attn_scalar", model.attn_scalar, 0, NOHI, 0, 0, "0", "all", 1,
+      "gemma3: attention scale query_pre_attn_scalar^-0.5; 0 = head_dim^-0.5"),
+    F("model.final_logit_softcapping", model.logit_softcap, 0, NOHI, 0, 0, "0", "all", 1,
+      "gemma3: logits = cap * tanh(logits / cap) before the loss; 0 = none (Gemma 3's null)"),
 
     S("init.from", init.from, "", "all",
       "HF model to start from: its directory (config.json + model.safetensors), that .safetensors file or its model.safetensors.index.json; \"\" = from scratch"),

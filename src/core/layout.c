@@ -21,15 +21,42 @@ void qt_model_cfg_finish(qt_model_cfg *cfg) {
     if (cfg->head_dim == 0 && cfg->num_heads > 0 && cfg->hidden_size % cfg->num_heads == 0)
         cfg->head_dim = cfg->hidden_size / cfg->num_heads;
     /* the transformers defaults of each family */
-    int qwen = cfg->arch == QT_ARCH_QWEN2 || cfg->arch == QT_ARCH_QWEN3;
+    int qwen = cfg->arch == QT_ARCH_QWEN2 || cfg->arch == QT_ARCH_QWEN3 || cfg->arch == QT_ARCH_GEMMA3;
     if (cfg->rope_theta == 0) cfg->rope_theta = qwen ? 1000000.0f : 10000.0f;
     if (cfg->rms_norm_eps == 0) cfg->rms_norm_eps = cfg->arch == QT_ARCH_LLAMA ? 1e-5f : 1e-6f;
-    if (cfg->arch == QT_ARCH_QWEN3) cfg->qk_norm = 1; /* every Qwen3 attention norms its q and k heads */
+    /* every Qwen3 and Gemma 3 attention norms its q and k heads */
+    if (cfg->arch == QT_ARCH_QWEN3 || cfg->arch == QT_ARCH_GEMMA3) cfg->qk_norm = 1;
     qt_rope_finish(cfg);
 }
 
+int qt_model_layer_local(const qt_model_cfg *cfg, int l) {
+    if (l < cfg->window_layers_from) return 0;
+    return !(cfg->window_pattern > 0 && (l + 1) % cfg->window_pattern == 0);
+}
+
 int qt_model_layer_window(const qt_model_cfg *cfg, int l) {
-    return cfg->sliding_window > 0 && l >= cfg->window_layers_from ? cfg->sliding_window : 0;
+    return cfg->sliding_window > 0 && qt_model_layer_local(cfg, l) ? cfg->sliding_window : 0;
+}
+
+qt_model_cfg qt_model_layer_rope(const qt_model_cfg *cfg, int l) {
+    qt_model_cfg c = *cfg;
+    if (cfg->rope_local_theta > 0 && qt_model_layer_local(cfg, l)) {
+        c.rope_theta = cfg->rope_local_theta;
+        memset(&c.rope, 0, sizeof c.rope);
+    }
+    return c;
+}
+
+double qt_model_attn_scale(const qt_model_cfg *cfg) {
+    return 1.0 / sqrt(cfg->attn_scalar > 0 ? (double)cfg->attn_scalar : (double)cfg->head_dim);
+}
+
+int qt_model_gpu_check(const qt_model_cfg *c, char *err, size_t errlen) {
+    if (c->arch != QT_ARCH_GEMMA3) return 0;
+    return qt_errf(err, errlen,
+                   "model.arch: gemma3 trains on the CPU reference only (device: cpu): the GPU model does not yet wire "
+                   "its (1 + w) and post-attention/post-MLP norms, GeGLU, scaled embedding, per-layer RoPE base, "
+                   "query_pre_attn_scalar and logit soft-cap (docs/models-gemma3.md)");
 }
 
 /* The sliding-window fields: each family's HF config holds only its own rule (Mistral windows every
@@ -45,10 +72,33 @@ static int validate_window(const qt_model_cfg *c, char *err, size_t errlen) {
                        "model.sliding_window: expected 0 for llama (transformers' Llama has no sliding window), got %d; "
                        "use arch mistral or qwen2",
                        c->sliding_window);
+    if (c->window_pattern < 0)
+        return qt_errf(err, errlen, "model.window_pattern: expected an integer >= 0 (0 = none), got %d", c->window_pattern);
+    if (c->window_pattern > 0 && c->arch != QT_ARCH_GEMMA3)
+        return qt_errf(err, errlen, "model.window_pattern: expected 0 for %s (only gemma3 interleaves global layers), got %d",
+                       c->arch == QT_ARCH_QWEN2 ? "qwen2" : c->arch == QT_ARCH_QWEN3 ? "qwen3" : "mistral",
+                       c->window_pattern);
+    if (c->arch == QT_ARCH_GEMMA3 && c->window_layers_from != 0)
+        return qt_errf(err, errlen, "model.window_layers_from: expected 0 for gemma3 (window_pattern sets the layer types), got %d",
+                       c->window_layers_from);
     if (c->sliding_window > 0 && c->arch == QT_ARCH_MISTRAL && c->window_layers_from != 0)
         return qt_errf(err, errlen,
                        "model.window_layers_from: expected 0 for mistral (every layer has the window), got %d; use arch qwen2",
                        c->window_layers_from);
+    return 0;
+}
+
+/* Gemma 3's fields: finite and >= 0 (0 = unset); the (1 + w) maths has no HF form in another family, so
+ * its local RoPE base, attention scalar and logit cap are gemma3's alone. */
+static int validate_gemma(const qt_model_cfg *c, char *err, size_t errlen) {
+    const char *key[] = {"model.rope_local_theta", "model.query_pre_attn_scalar", "model.final_logit_softcapping"};
+    float v[] = {c->rope_local_theta, c->attn_scalar, c->logit_softcap};
+    for (int i = 0; i < 3; i++) {
+        if (!(v[i] >= 0) || !isfinite(v[i]))
+            return qt_errf(err, errlen, "%s: expected a finite number >= 0 (0 = unset), got %g", key[i], v[i]);
+        if (v[i] > 0 && c->arch != QT_ARCH_GEMMA3)
+            return qt_errf(err, errlen, "%s: expected 0 outside arch gemma3, got %g", key[i], v[i]);
+    }
     return 0;
 }
 
@@ -72,6 +122,7 @@ uint64_t qt_model_cfg_numel(const qt_model_cfg *c) {
     layer = add_sat(layer, mul_sat(mul_sat(3, F), C));                       /* gate, up, down */
     layer = add_sat(layer, add_sat(mul_sat(2, C), c->qkv_bias ? qkv : 0));  /* norms, biases */
     layer = add_sat(layer, c->qk_norm ? add_sat(mul_sat(2, D), QT_LAYOUT_ALIGN) : 0); /* q/k norms, padding */
+    if (c->arch == QT_ARCH_GEMMA3) layer = add_sat(layer, mul_sat(2, add_sat(C, QT_LAYOUT_ALIGN))); /* post norms */
     layer = add_sat(layer, 7 * QT_LAYOUT_ALIGN);                             /* padding of 7 groups */
     uint64_t n = mul_sat(layer, (uint64_t)c->num_layers);
     n = add_sat(n, mul_sat(mul_sat(V, C), c->tie_embeddings ? 1 : 2));       /* embedding, lm_head */
@@ -80,8 +131,9 @@ uint64_t qt_model_cfg_numel(const qt_model_cfg *c) {
 
 int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
     static const char *pos = "expected an integer > 0, got";
-    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA && c->arch != QT_ARCH_QWEN3 && c->arch != QT_ARCH_MISTRAL)
-        return qt_errf(err, errlen, "model.arch: expected qwen2, llama, qwen3 or mistral, got %d", (int)c->arch);
+    if (c->arch != QT_ARCH_QWEN2 && c->arch != QT_ARCH_LLAMA && c->arch != QT_ARCH_QWEN3 && c->arch != QT_ARCH_MISTRAL &&
+        c->arch != QT_ARCH_GEMMA3)
+        return qt_errf(err, errlen, "model.arch: expected qwen2, llama, qwen3, mistral or gemma3, got %d", (int)c->arch);
     if (c->vocab_size <= 0) return qt_errf(err, errlen, "model.vocab_size: %s %d", pos, c->vocab_size);
     if (c->hidden_size <= 0) return qt_errf(err, errlen, "model.hidden_size: %s %d", pos, c->hidden_size);
     if (c->num_layers <= 0) return qt_errf(err, errlen, "model.num_layers: %s %d", pos, c->num_layers);
@@ -115,6 +167,7 @@ int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
     if (c->qk_norm != 0 && c->qk_norm != 1)
         return qt_errf(err, errlen, "model.qk_norm: expected 0 or 1, got %d", c->qk_norm);
     if (validate_window(c, err, errlen)) return -1;
+    if (validate_gemma(c, err, errlen)) return -1;
     /* Sizes: the trainers index rows of the fused q|k|v and gate|up matrices and the attention
      * heads with int, and the whole model must be a plausible allocation. */
     uint64_t qkv_rows = mul_sat((uint64_t)c->num_heads + 2 * (uint64_t)c->num_kv_heads, (uint64_t)D);
@@ -167,7 +220,8 @@ int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg_in, char *err, size_t e
     L->cfg = c;
     int64_t V = c.vocab_size, C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
     int64_t Hq = (int64_t)c.num_heads * D, Hk = (int64_t)c.num_kv_heads * D;
-    int per_layer = 9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0);
+    int gemma = c.arch == QT_ARCH_GEMMA3;
+    int per_layer = 9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0) + (gemma ? 2 : 0);
     L->tensors = calloc((size_t)c.num_layers * per_layer + 3, sizeof *L->tensors);
     L->layers = calloc((size_t)c.num_layers, sizeof *L->layers);
     if (!L->tensors || !L->layers) {
@@ -194,7 +248,9 @@ int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg_in, char *err, size_t e
         cur = align_up(cur);
         o->wo = add(L, &cur, QT_T_O, i, "self_attn.o_proj.weight", C, Hq);
         cur = align_up(cur);
-        o->ln2 = add(L, &cur, QT_T_NORM, i, "post_attention_layernorm.weight", C, 0);
+        /* the pre-MLP norm: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm */
+        o->ln2 = add(L, &cur, QT_T_NORM, i, gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight",
+                     C, 0);
         cur = align_up(cur);
         o->wgu = add(L, &cur, QT_T_GATE, i, "mlp.gate_proj.weight", F, C);
         add(L, &cur, QT_T_UP, i, "mlp.up_proj.weight", F, C);
@@ -205,6 +261,13 @@ int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg_in, char *err, size_t e
             cur = align_up(cur);
             o->qknorm = add(L, &cur, QT_T_QNORM, i, "self_attn.q_norm.weight", D, 0);
             add(L, &cur, QT_T_KNORM, i, "self_attn.k_norm.weight", D, 0);
+        }
+        o->post_attn = o->post_ffn = SIZE_MAX;
+        if (gemma) {
+            cur = align_up(cur);
+            o->post_attn = add(L, &cur, QT_T_NORM, i, "post_attention_layernorm.weight", C, 0);
+            cur = align_up(cur);
+            o->post_ffn = add(L, &cur, QT_T_NORM, i, "post_feedforward_layernorm.weight", C, 0);
         }
     }
     cur = align_up(cur);
@@ -256,7 +319,8 @@ void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, u
         float *p = dst + (a - lo);
         long m = (long)(e - a);
         if (t->kind == QT_T_NORM || t->kind == QT_T_FINAL_NORM || t->kind == QT_T_QNORM || t->kind == QT_T_KNORM) {
-            for (long i = 0; i < m; i++) p[i] = 1.0f;
+            float one = L->cfg.arch == QT_ARCH_GEMMA3 ? 0.0f : 1.0f; /* Gemma's norms scale by 1 + w */
+            for (long i = 0; i < m; i++) p[i] = one;
         } else if (t->ndim == 2) {
 #pragma omp parallel for schedule(static) if (m >= INIT_PAR_MIN)
             for (long i = 0; i < m; i++) p[i] = std * hashed_normal(seed, a + (uint64_t)i);

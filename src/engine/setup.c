@@ -79,7 +79,8 @@ qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_w
         qt_errf(err, errlen, "%s", c.msg);
         return NULL;
     }
-    if (check_plan(L, cfg, err, errlen)) {
+    int gpu = cfg->device != QT_DEVICE_CPU && qt_cuda_device_count() > 0;
+    if ((gpu && qt_model_gpu_check(&L->cfg, err, errlen)) || check_plan(L, cfg, err, errlen)) {
         qt_catch_pop(&c);
         return NULL;
     }

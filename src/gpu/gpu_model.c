@@ -150,6 +150,7 @@ static size_t attn_ws_of(qt_gpu_model *g, int measure) {
 
 /* The host side of a model: its fields, the stores, the plan sized (no device memory yet). NULL with err. */
 static qt_gpu_model *plan_host(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, char *err, size_t errlen) {
+    if (qt_model_gpu_check(&L->cfg, err, errlen)) return NULL;
     qt_gpu_model *g = calloc(1, sizeof *g);
     QT_CHECK(g, "out of host memory");
     g->L = L;

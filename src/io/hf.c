@@ -20,6 +20,7 @@
 
 #include "qt_ckpt.h"
 #include "qt_dtype.h"
+#include "qt_hf_gemma.h"
 #include "qt_hf_rope.h"
 #include "qt_json.h"
 
@@ -102,8 +103,9 @@ static int check_unsupported(const char *path, const qt_json_node *r, char *err,
 }
 
 /* model_type in config.json of each arch (qt_arch's order). */
-static const char *const arch_type[] = {"qwen2", "llama", "qwen3", "mistral"};
-static const char *const arch_class[] = {"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"};
+static const char *const arch_type[] = {"qwen2", "llama", "qwen3", "mistral", "gemma3_text"};
+static const char *const arch_class[] = {"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                                         "Gemma3ForCausalLM"};
 #define N_ARCH (int)(sizeof arch_type / sizeof *arch_type)
 
 /* The arch whose model_type is mt, or -1. */
@@ -204,9 +206,12 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
     qt_model_cfg c;
     memset(&c, 0, sizeof c);
     int rc = -1;
+    int gemma = mt && mt->type == QT_JSON_STR && (!strcmp(mt->str, "gemma3_text") || !strcmp(mt->str, "gemma3"));
     if (r->type != QT_JSON_OBJ) qt_errf(err, errlen, "%s: expected a JSON object, got %s", path, type_name(r));
+    else if (gemma) rc = qt_hf_gemma_read_config(path, r, &c, err, errlen);
     else if (!mt || mt->type != QT_JSON_STR || arch_of(mt->str) < 0)
-        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\", \"llama\", \"qwen3\" or \"mistral\", got %s%s%s", path,
+        qt_errf(err, errlen, "%s: model_type: expected \"qwen2\", \"llama\", \"qwen3\", \"mistral\", \"gemma3_text\" or "
+                "\"gemma3\", got %s%s%s", path,
              mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : type_name(mt),
              mt && mt->type == QT_JSON_STR ? "\"" : "");
     else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen) &&
@@ -256,6 +261,8 @@ static void family_keys(char *out, size_t cap, const qt_model_cfg *c) {
         snprintf(out, cap, "  \"mlp_bias\": false,\n");
 }
 
+static int write_text(const char *path, const char *buf, int k, char *err, size_t errlen);
+
 int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *err, size_t errlen) {
     const int qwen = c->arch == QT_ARCH_QWEN2;
     char verr[256]; /* every number written must be one JSON can hold: no inf or nan */
@@ -264,10 +271,20 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
     if (!qwen && c->qkv_bias)
         return qt_errf(err, errlen, "%s: a %s model with qkv_bias has no HF equivalent (use arch qwen2)", path,
                        arch_type[c->arch]);
+    char buf[4096];
+    int k;
+    if (c->arch == QT_ARCH_GEMMA3) {
+        char *g = malloc(128 * 1024); /* layer_types lists every layer */
+        if (!g) return qt_errf(err, errlen, "%s: out of memory for the config text", path);
+        k = qt_hf_gemma_config_json(g, 128 * 1024, c, bf16);
+        int rc = k < 0 ? qt_errf(err, errlen, "%s: config text too long", path) : write_text(path, g, k, err, errlen);
+        free(g);
+        return rc;
+    }
     if (c->qk_norm != (c->arch == QT_ARCH_QWEN3))
         return qt_errf(err, errlen, "%s: a %s model %s qk_norm has no HF equivalent (qk_norm is qwen3's)", path,
                        arch_type[c->arch], c->qk_norm ? "with" : "without");
-    char eps[32], theta[32], buf[4096], rope[512], scaling[600] = "", fam[160];
+    char eps[32], theta[32], rope[512], scaling[600] = "", fam[160];
     family_keys(fam, sizeof fam, c);
     if (qt_hf_rope_json(rope, sizeof rope, &c->rope) < 0) return qt_errf(err, errlen, "%s: rope parameters text too long", path);
     if (c->rope.type != QT_ROPE_DEFAULT) /* the hub's form (transformers 4); transformers 5 reads rope_parameters */
@@ -276,7 +293,7 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
     fmt_float(theta, sizeof theta, c->rope_theta);
     const char *dt = bf16 ? "bfloat16" : "float32";
     int head_dim = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
-    int k = snprintf(buf, sizeof buf,
+    k = snprintf(buf, sizeof buf,
         "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n  \"hidden_size\": %d,\n"
         "  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
         "  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n  \"vocab_size\": %d,\n"
@@ -290,6 +307,11 @@ int qt_hf_write_config(const char *path, const qt_model_cfg *c, int bf16, char *
         eps, theta, scaling, theta, rope, c->tie_embeddings ? "true" : "false", c->qkv_bias && !qwen ? "true" : "false",
         fam, dt, dt);
     if (k < 0 || (size_t)k >= sizeof buf) return qt_errf(err, errlen, "%s: config text too long", path);
+    return write_text(path, buf, k, err, errlen);
+}
+
+/* Writes text[0:k] to path through a temporary file and an atomic rename. */
+static int write_text(const char *path, const char *buf, int k, char *err, size_t errlen) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
@@ -492,10 +514,15 @@ static int check_entry(const char *fp, const qt_layout *L, const qt_json_node *e
                        char *err, size_t errlen) {
     const char *name = e->key;
     const qt_json_node *dt = qt_json_get(e, "dtype"), *sh = qt_json_get(e, "shape"), *of = qt_json_get(e, "data_offsets");
-    const qt_tensor *t = qt_layout_find(L, name);
+    char text[sizeof L->tensors->name + 32];
+    const char *own = name; /* the layout's name: a Gemma 3 multimodal checkpoint's text names, vision skipped */
+    int vision = 0;
+    if (L->cfg.arch == QT_ARCH_GEMMA3) qt_hf_gemma_text_name(text, sizeof text, name, &vision), own = text;
+    const qt_tensor *t = vision ? NULL : qt_layout_find(L, own);
     out->e = e;
     out->t = t;
-    if (!t && !(strcmp(name, "lm_head.weight") == 0 && L->cfg.tie_embeddings) && !ends_with(name, ".rotary_emb.inv_freq"))
+    if (!t && !vision && !(strcmp(own, "lm_head.weight") == 0 && L->cfg.tie_embeddings) &&
+        !ends_with(name, ".rotary_emb.inv_freq"))
         return qt_errf(err, errlen, "%s: %s: unexpected tensor (not in a %s model of this config)", fp, name,
                     arch_type[L->cfg.arch]);
     if (e->type != QT_JSON_OBJ || !dt || dt->type != QT_JSON_STR || !sh || sh->type != QT_JSON_ARR || !of ||
@@ -737,4 +764,18 @@ int qt_hf_import_range(const char *path, const qt_layout *L, size_t lo, size_t n
 
 int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen) {
     return qt_hf_import_range(path, L, 0, L->numel, w, err, errlen);
+}
+
+int qt_hf_get_int(const char *path, const qt_json_node *o, const char *key, int def, int lo, int hi, int *out,
+                  char *err, size_t errlen) {
+    return get_int(path, o, key, def, lo, hi, out, err, errlen);
+}
+
+int qt_hf_get_bool(const char *path, const qt_json_node *o, const char *key, int def, int *out, char *err,
+                   size_t errlen) {
+    return get_bool(path, o, key, def, out, err, errlen);
+}
+
+int qt_hf_read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, char *err, size_t errlen) {
+    return read_sizes(path, r, c, err, errlen);
 }

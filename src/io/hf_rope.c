@@ -96,6 +96,11 @@ static int read_dict(const char *path, const char *dict, const qt_json_node *x, 
     return ty == QT_ROPE_YARN ? read_yarn(path, dict, x, o, err, errlen) : 0;
 }
 
+int qt_hf_read_rope_dict(const char *path, const char *dict, const qt_json_node *x, qt_rope_cfg *out, char *err,
+                         size_t errlen) {
+    return read_dict(path, dict, x, out, err, errlen);
+}
+
 int qt_hf_read_rope(const char *path, const qt_json_node *root, qt_rope_cfg *out, char *err, size_t errlen) {
     const qt_json_node *s = qt_json_get(root, "rope_scaling"), *p = qt_json_get(root, "rope_parameters");
     qt_rope_cfg a, b;

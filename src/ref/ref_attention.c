@@ -4,7 +4,8 @@
  * Query t attends to keys j with lo(t) <= j <= t: lo = 0 (causal), or t - W + 1 with a sliding window
  * W > 0 (transformers' sliding_window_overlay: kv_idx > q_idx - W; W keys, the query's own included),
  * raised to kv_lo[b*T + t] when a packed batch's attention is per document (the query's document start).
- * fwd: out[B,T,H*D], lse[B,H,T] (natural log of the softmax denominator, scale 1/sqrt(D) applied).
+ * fwd: out[B,T,H*D], lse[B,H,T] (natural log of the softmax denominator, the scale applied: 1/sqrt(D),
+ * or the caller's in the _scaled forms).
  * bwd: dS = P * (dP - rowsum(dO * O)) with P recomputed from lse; no T x T matrix is stored.
  * Dot products and sums accumulate in double; results are rounded to fp32 once. */
 #include <math.h>
@@ -40,12 +41,16 @@ void qt_ref_attention_fwd(float *out, float *lse, const float *qkv, int B, int T
 
 void qt_ref_attention_docs_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W,
                                const int32_t *kv_lo) {
+    qt_ref_attention_scaled_fwd(out, lse, qkv, B, T, H, Hkv, D, W, kv_lo, 1.0 / sqrt((double)D));
+}
+
+void qt_ref_attention_scaled_fwd(float *out, float *lse, const float *qkv, int B, int T, int H, int Hkv, int D, int W,
+                                 const int32_t *kv_lo, double scale) {
     QT_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H=%d is not a multiple of Hkv=%d", H, Hkv);
     QT_CHECK(W >= 0, "attention: sliding window %d: expected >= 0 (0 = none)", W);
     check_kv_lo(kv_lo, B, T);
     long row = (long)(H + 2 * Hkv) * D;
     int grp = H / Hkv;
-    double scale = 1.0 / sqrt((double)D);
 #pragma omp parallel
     {
         double *s = malloc((size_t)T * sizeof *s), *acc = malloc((size_t)D * sizeof *acc);
@@ -81,11 +86,10 @@ void qt_ref_attention_docs_fwd(float *out, float *lse, const float *qkv, int B, 
 /* Backward of one (batch, kv head): the query heads of the group, then dk and dv of that kv head.
  * dk and dv sum over the group's heads and all later queries: one task owns them, in a fixed order. */
 static void attn_bwd_group(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                           int b, int g, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo, double *dk,
-                           double *dv, double *dq) {
+                           int b, int g, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo, double scale,
+                           double *dk, double *dv, double *dq) {
     long row = (long)(H + 2 * Hkv) * D;
     int grp = H / Hkv;
-    double scale = 1.0 / sqrt((double)D);
     const float *base = qkv + (long)b * T * row;
     memset(dk, 0, (size_t)T * D * sizeof *dk);
     memset(dv, 0, (size_t)T * D * sizeof *dv);
@@ -124,6 +128,12 @@ void qt_ref_attention_bwd(float *dqkv, const float *dout, const float *qkv, cons
 
 void qt_ref_attention_docs_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo) {
+    qt_ref_attention_scaled_bwd(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, W, kv_lo, 1.0 / sqrt((double)D));
+}
+
+void qt_ref_attention_scaled_bwd(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                 const float *lse, int B, int T, int H, int Hkv, int D, int W, const int32_t *kv_lo,
+                                 double scale) {
     QT_CHECK(Hkv > 0 && H % Hkv == 0, "attention: H=%d is not a multiple of Hkv=%d", H, Hkv);
     QT_CHECK(W >= 0, "attention: sliding window %d: expected >= 0 (0 = none)", W);
     check_kv_lo(kv_lo, B, T);
@@ -135,7 +145,7 @@ void qt_ref_attention_docs_bwd(float *dqkv, const float *dout, const float *qkv,
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int g = 0; g < Hkv; g++)
-                attn_bwd_group(dqkv, dout, qkv, out, lse, b, g, T, H, Hkv, D, W, kv_lo, dk, dv, dq);
+                attn_bwd_group(dqkv, dout, qkv, out, lse, b, g, T, H, Hkv, D, W, kv_lo, scale, dk, dv, dq);
         free(dk);
         free(dv);
         free(dq);
