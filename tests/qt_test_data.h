@@ -68,17 +68,19 @@ static inline int qt_t_train_yaml(qt_config *c, const char *yaml, qt_train_stats
     return qt_train_run(c, NULL, st, err, errlen);
 }
 
-/* The whole file, malloc'ed (caller frees), or NULL; *n is its length. */
+/* The whole file, malloc'ed (caller frees) with a NUL after its n bytes (text may be searched), or NULL. */
 static inline char *qt_t_read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *buf = malloc(len + 1);
-    if (fread(buf, 1, len, f) != (size_t)len) len = 0;
+    char *buf = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)len, f) != (size_t)len) len = 0;
     fclose(f);
-    *n = len;
+    if (!buf) return NULL;
+    buf[len] = 0;
+    *n = (size_t)len;
     return buf;
 }
 
