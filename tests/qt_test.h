@@ -5,7 +5,9 @@
  *
  * Each QT_RUN prints "PASS name", "FAIL name: first failure" or "SKIP name: why"; tests/run.sh
  * adds them up. QT_REQUIRE returns from the test on failure; QT_SKIP marks it skipped and returns.
- * QT_TEST_ONLY=part runs only the tests whose name contains part (device runs of one test). */
+ * QT_TEST_ONLY=part runs only the tests whose name contains part (device runs of one test);
+ * QT_TEST_CASES=a,b runs only the named cases of a table-driven test that asks qt_t_case_selected
+ * (a long suite split over device calls). */
 #ifndef QT_TEST_H
 #define QT_TEST_H
 
@@ -45,6 +47,14 @@ static char qt_t_msg[1024];
 static inline int qt_t_selected(const char *name) {
     const char *only = getenv("QT_TEST_ONLY");
     return !only || !*only || strstr(name, only) != NULL;
+}
+static inline int qt_t_case_selected(const char *name) {
+    const char *list = getenv("QT_TEST_CASES");
+    size_t n = strlen(name);
+    if (!list || !*list) return 1;
+    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncmp(p, name, n) && (p[n] == ',' || !p[n])) return 1;
+    return 0;
 }
 
 #define QT_RUN(fn)                                                                                  \

@@ -530,12 +530,14 @@ static void test_offload_opt_parts_bitwise(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_out a, b;
         char why[512];
+        if (!qt_t_case_selected(cases[i].name)) continue;
         qt_test_hooks_set(&h);
         int rc = compare(cases[i].name, cases[i].lines, "", cases[i].list, &a, &b, why, sizeof why);
         qt_test_hooks_set(NULL);
         printf("  %-16s %s vs nothing offloaded: %s\n", cases[i].name, cases[i].list, rc == 1 ? "bitwise equal" : why);
         QT_EXPECT(rc == 1, "%s: %s", cases[i].name, why);
     }
+    if (!qt_t_case_selected("o_resume")) return;
     run_out full, part, res;
     char why[512], err[1024];
     qt_test_hooks_set(&h);
@@ -608,6 +610,7 @@ static void test_offload_gradients_bitwise(void) {
         run_out a, b;
         char why[512];
         qt_test_hooks h = {.offload_chunk = 1000};
+        if (!qt_t_case_selected(cases[i].name)) continue;
         qt_test_hooks_set(strstr(cases[i].list, "master") ? &h : NULL);
         g_model = cases[i].model;
         g_graphs = cases[i].graphs;
