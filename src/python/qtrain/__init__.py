@@ -84,6 +84,12 @@ def _callbacks(on_step):
     return fns
 
 
+def _home():
+    """The user's home directory (where the library keeps its tuning cache), or None where it has none."""
+    home = os.path.expanduser("~")
+    return None if home == "~" else home
+
+
 class Trainer(_Trainer):
     """A qtrain run made from one YAML config.
 
@@ -109,7 +115,8 @@ class Trainer(_Trainer):
                  on_step=None):
         self.on_step = _callbacks(on_step)
         super().__init__(config, _override_list(overrides), resume=resume, allow_changed=allow_changed,
-                         export_only=export_only, config_is_text=config is not None and _is_yaml_text(config))
+                         export_only=export_only, config_is_text=config is not None and _is_yaml_text(config),
+                         home=_home())
         self._vocab = self.info()["vocab_size"]
         if log is not None:
             self.set_log_callback(log)

@@ -233,12 +233,13 @@ static PyObject *result_dict(const qtrain_step_result *r) {
 /* ---- Trainer ---- */
 
 static int Trainer_init(TrainerObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"config", "overrides", "resume", "allow_changed", "export_only", "config_is_text", NULL};
+    static char *kwlist[] = {"config", "overrides", "resume", "allow_changed", "export_only", "config_is_text", "home",
+                             NULL};
     PyObject *config = Py_None, *overrides = Py_None;
-    const char *resume = NULL, *allow = NULL;
+    const char *resume = NULL, *allow = NULL, *home = NULL;
     int export_only = 0, is_text = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOzzpp:Trainer", kwlist, &config, &overrides, &resume, &allow,
-                                     &export_only, &is_text))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOzzppz:Trainer", kwlist, &config, &overrides, &resume, &allow,
+                                     &export_only, &is_text, &home))
         return -1;
     if (self->t) {
         PyErr_SetString(PyExc_RuntimeError, "Trainer.__init__ called twice");
@@ -265,7 +266,7 @@ static int Trainer_init(TrainerObject *self, PyObject *args, PyObject *kw) {
             if (!(ov[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(items, i)))) goto out;
     }
     qtrain_options o = {config == Py_None ? NULL : PyUnicode_AsUTF8(config), is_text, ov, (int)n, resume, allow,
-                        export_only, getenv("HOME")}; /* the binding is a front end: it names the user's home */
+                        export_only, home}; /* home: the user's home directory, named by the Python wrapper */
     if (config != Py_None && !o.config) goto out;
     char err[4096];
     qtrain_trainer *t = NULL;
