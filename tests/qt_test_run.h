@@ -69,6 +69,8 @@ static inline pid_t spawn(const char *out, const char *const *args) {
             dup2(fd, 2);
         }
         setenv("OMP_NUM_THREADS", "1", 1);
+        signal(SIGINT, SIG_DFL); /* a shell's background job ignores these; the run under test must not */
+        signal(SIGTERM, SIG_DFL);
         execv(g_qtrain, (char *const *)argv);
         _exit(127);
     }

@@ -241,9 +241,12 @@ static pid_t start_long_run(const char *name, char *cfg, char *out, size_t cap, 
 }
 
 /* SIGINT during training: the step ends, a checkpoint is written, exit 75; SIGTERM after a resume
- * the same. Then two signals at once: the second ends the process at once. */
+ * the same. Then a second SIGINT while the first one's stop is under way ends the process at once: the
+ * run's steps take about a second (a wider model, 16 micro-steps per step), the second signal goes out as
+ * soon as the run says it took the first (two signals pending at once would merge into one). Each run has
+ * its own output file, so each wait reads only its run's lines. */
 static void test_signal_checkpoints_and_exits_75(void) {
-    char cfg[512], out[512];
+    char cfg[512], out[512], out2[512], cfg2[512];
     pid_t pid = start_long_run("sig", cfg, out, sizeof out, "step      2/");
     QT_REQUIRE(pid > 0, "no step 2 (see %s)", out);
     const char *res[] = {cfg, "--resume", NULL};
@@ -252,18 +255,35 @@ static void test_signal_checkpoints_and_exits_75(void) {
     long s = newest_step("sig");
     QT_EXPECT(st == QT_EXIT_STOPPED && s >= 2 && file_has(out, "stopped by SIGINT") && file_has(out, "continue with --resume"),
               "SIGINT: status %d, checkpoint step %ld (see %s)", st, s, out);
-    pid = spawn(out, res);
-    QT_REQUIRE(wait_text(out, "resumed from", pid, 60), "no resume (see %s)", out);
+    snprintf(out2, sizeof out2, "%s/sig_term.out", g_dir);
+    unlink(out2);
+    pid = spawn(out2, res);
+    QT_REQUIRE(wait_text(out2, "resumed from", pid, 60), "no resume (see %s)", out2);
     kill(pid, SIGTERM);
     st = wait_status(pid, 60);
-    QT_EXPECT(st == QT_EXIT_STOPPED && file_has(out, "stopped by SIGTERM") && newest_step("sig") >= s,
-              "SIGTERM: status %d (see %s)", st, out);
-    pid = spawn(out, res);
-    QT_REQUIRE(wait_text(out, "qtrain: run ", pid, 60), "no resume (see %s)", out);
-    kill(pid, SIGINT);
-    kill(pid, SIGINT);
+    QT_EXPECT(st == QT_EXIT_STOPPED && file_has(out2, "stopped by SIGTERM") && newest_step("sig") >= s,
+              "SIGTERM: status %d (see %s)", st, out2);
+    snprintf(cfg2, sizeof cfg2, "%s/sig_two.yaml", g_dir);
+    snprintf(out2, sizeof out2, "%s/sig_two.out", g_dir);
+    unlink(out2);
+    FILE *f = fopen(cfg2, "w");
+    QT_REQUIRE(f, "cannot write %s", cfg2);
+    fprintf(f,
+            "model: {vocab_size: 64, hidden_size: 256, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
+            "        intermediate_size: 1024, max_seq_len: 16}\n"
+            "data: {train: '%s/tr_*.bin', seq_len: 16, micro_batch: 2, grad_accum: 16}\n"
+            "optim: {lr: 0.003, warmup: 3, steps: 1000000}\n"
+            "checkpoint: {dir: '%s/sig_two'}\nlog: {every: 1}\ndevice: cpu\n",
+            g_dir, g_dir);
+    fclose(f);
+    const char *two[] = {cfg2, NULL};
+    pid = spawn(out2, two);
+    int took = wait_text(out2, "step      2/", pid, 120) && !kill(pid, SIGINT) && wait_text(out2, "stop requested", pid, 60);
+    kill(pid, took ? SIGINT : SIGKILL);
     st = wait_status(pid, 60);
-    QT_EXPECT(st == 128 + SIGINT, "two SIGINTs: status %d, expected death by SIGINT (130)", st);
+    QT_REQUIRE(took, "no step 2, or the first SIGINT was not taken (see %s)", out2);
+    QT_EXPECT(st == 128 + SIGINT, "a second SIGINT during the stop: status %d, expected death by SIGINT (130) (see %s)",
+              st, out2);
 }
 
 /* The JSONL log of a killed run: a config line first, then one flushed record per printed step, each
