@@ -8,6 +8,9 @@
  * (median step), model TFLOP/s with the FLOP count of qt_model_flops_per_token, SOL = model FLOP/s /
  * measured GEMM FLOP/s — against the fp8 ceiling for precision.matmul_dtype: e4m3 configs, the bf16
  * one otherwise (both are printed) — and peak device memory.
+ * --docs MEDIAN packs documents into each window (lengths log-normal around MEDIAN tokens, sigma 0.8, clipped
+ * to [50, 2000], a window opening inside a document) and trains with attention and RoPE positions per
+ * document (qt_engine_set_docs before each micro-step, as the training loop does); every target is trained.
  * Ends with a "RESULT {json}" line for bench/run.sh. */
 #include <math.h>
 #include <stdint.h>
@@ -96,19 +99,50 @@ static double gemm_ceiling(int fp8) {
     return 2.0 * n * n * (double)n / (t[10] * 1e-3) * 1e-12;
 }
 
+/* Draws the documents of n windows of T tokens (lengths log-normal around median, sigma 0.8, clipped to
+ * [50, 2000]; the first window opens inside a document) and sets them, attention and positions per
+ * document; adds the documents begun to *count. 0, or -1 with err. */
+static int set_docs(qt_engine *e, qt_rng *r, int median, long n, int T, long *count, char *err, size_t errlen) {
+    static int32_t *starts, *n_starts;
+    static long cap;
+    static double left; /* tokens left of the current document */
+    if (cap < n) {
+        free(starts), free(n_starts);
+        starts = malloc(n * T * sizeof *starts), n_starts = malloc(n * sizeof *n_starts), cap = n;
+        if (!starts || !n_starts) return snprintf(err, errlen, "out of host memory"), -1;
+    }
+    for (long b = 0; b < n; b++) {
+        n_starts[b] = 0;
+        for (int t = 0; t < T;) {
+            if (left <= 0) {
+                double u1 = (qt_rng_below(r, 1u << 30) + 1.0) / (1u << 30), u2 = qt_rng_below(r, 1u << 30) / (double)(1u << 30);
+                double len = median * exp(0.8 * sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
+                left = len < 50 ? 50 : len > 2000 ? 2000 : (int)len;
+                if (t > 0) starts[b * T + n_starts[b]++] = t, (*count)++;
+            }
+            int take = left < T - t ? (int)left : T - t;
+            t += take, left -= take;
+        }
+    }
+    qt_docs d = {starts, n_starts, 1, 1};
+    return qt_engine_set_docs(e, &d, err, errlen);
+}
+
 int main(int argc, char **argv) {
     const char *path = NULL, *sets[64];
-    int nsets = 0, steps = 10, warmup = 3, breakdown = 0, bd_steps = 3;
+    int nsets = 0, steps = 10, warmup = 3, breakdown = 0, bd_steps = 3, doc_median = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--breakdown")) breakdown = 1;
+        else if (!strcmp(argv[i], "--docs") && i + 1 < argc) doc_median = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--breakdown-steps") && i + 1 < argc) breakdown = 1, bd_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < 64) sets[nsets++] = argv[++i];
         else path = argv[i];
     }
     if (!path) {
-        fprintf(stderr, "usage: train_bench config.yaml [--steps N] [--warmup N] [--breakdown] [--breakdown-steps N (3)] [--set k=v ...]\n");
+        fprintf(stderr, "usage: train_bench config.yaml [--steps N] [--warmup N] [--breakdown] [--breakdown-steps N (3)] [--docs MEDIAN] "
+                        "[--set k=v ...]\n");
         return 2;
     }
     if (qt_cuda_device_count() == 0) {
@@ -160,12 +194,17 @@ int main(int argc, char **argv) {
     qt_rng_seed(&r, 1);
     double *t = calloc(steps, sizeof *t);
     float loss = 0, gn = 0, first = 0;
+    long n_docs = 0;
     float scale = qt_loss_scale(cfg.data.grad_accum, e->ranks, N * cfg.data.grad_accum); /* every target valid */
     for (int s = 0; s < warmup + steps; s++) {
         double t0 = now_s();
         for (int a = 0; a < cfg.data.grad_accum; a++) {
             for (long i = 0; i < N; i++) in[i] = (int32_t)qt_rng_below(&r, L.cfg.vocab_size);
             for (long i = 0; i < N; i++) tgt[i] = i + 1 < N ? in[i + 1] : in[0];
+            if (doc_median && set_docs(e, &r, doc_median, N / cfg.data.seq_len, cfg.data.seq_len, &n_docs, err, sizeof err)) {
+                fprintf(stderr, "train_bench: %s\n", err);
+                return 1;
+            }
             e->ops->micro_step(e, in, tgt, scale);
         }
         e->ops->opt_step(e, 1e-4f, s + 1, &loss, &gn);
@@ -192,6 +231,10 @@ int main(int argc, char **argv) {
            "GEMM ceilings bf16 %.1f / fp8 %.1f TFLOP/s, SOL %.1f%% (vs %s), device memory used %.2f GiB\n",
            path, e->ranks, p.name, fp8 ? "e4m3" : "bf16", tok, step_s * 1e3, tflops, flops * 1e-9, ceiling_bf16, ceiling_fp8,
            100 * tflops / ceiling, fp8 ? "fp8" : "bf16", (total - free1) / 1073741824.0);
+    if (doc_median)
+        printf("documents: %.1f starts per window of %d tokens on average (median length %d), attention and positions per "
+               "document, every target trained\n", (double)n_docs / ((double)(warmup + steps) * cfg.data.grad_accum *
+               (N / cfg.data.seq_len)), cfg.data.seq_len, doc_median);
     printf("RESULT {\"config\":\"%s\",\"gpus\":%d,\"device\":\"%s\",\"matmul_dtype\":\"%s\",\"tokens_per_s\":%.0f,"
            "\"step_ms\":%.2f,\"model_tflops\":%.1f,\"gflop_per_token\":%.4f,\"gemm_ceiling_tflops\":%.1f,"
            "\"gemm_ceiling_bf16_tflops\":%.1f,\"gemm_ceiling_fp8_tflops\":%.1f,\"sol\":%.4f,\"mem_used_gib\":%.2f,"
