@@ -18,17 +18,32 @@
 #include "qt_test.h"
 #include "qt_train.h"
 
-/* A learnable synthetic shard of n tokens (vocabulary 64): each token mostly follows from the previous one. */
+/* Whether the GPU suites' runs train packed documents: QT_TEST_DOCS=1 (a test-only variable, like
+ * QT_TEST_SHAPE) gives the synthetic shards document starts and the runs attention and RoPE positions per
+ * document, so the bitwise suites compare their memory features with documents on. */
+static inline int qt_t_docs_on(void) {
+    const char *v = getenv("QT_TEST_DOCS");
+    return v && *v && strcmp(v, "0");
+}
+
+/* A learnable synthetic shard of n tokens (vocabulary 64): each token mostly follows from the previous one.
+ * With qt_t_docs_on, document starts every 2-65 tokens (3 in 4) or 2-601 tokens. */
 static inline void qt_t_write_synthetic(const char *path, uint64_t n, uint64_t seed) {
     uint32_t *t = malloc(n * sizeof *t);
-    uint64_t x = seed;
+    uint64_t *docs = malloc(n * sizeof *docs), nd = 0, next = 0, x = seed;
     t[0] = 1;
     for (uint64_t i = 1; i < n; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         t[i] = (x >> 60) == 0 ? (uint32_t)((x >> 33) % 64) : (t[i - 1] * 7 + 3) % 64;
+        if (i >= next) {
+            if (next) docs[nd++] = i;
+            next = i + 2 + ((x >> 20) & 3 ? (x >> 24) % 64 : (x >> 24) % 600);
+        }
     }
     char err[512];
-    if (qt_tokens_write(path, t, n, 2, 64, 3, err, sizeof err)) printf("  shard: %s\n", err);
+    if (qt_tokens_write_docs(path, t, NULL, n, qt_t_docs_on() ? docs : NULL, nd, 2, 64, 3, err, sizeof err))
+        printf("  shard: %s\n", err);
+    free(docs);
     free(t);
 }
 
@@ -252,6 +267,12 @@ static inline int qt_t_run_yaml(const char *yaml, const char *logp, const char *
     char shaped[8192];
     snprintf(shaped, sizeof shaped, "%s", yaml);
     qt_t_shape_yaml(shaped, sizeof shaped);
+    char *data = strstr(shaped, "data: {");
+    const char *per_doc = "attention: document, positions: document, ";
+    if (qt_t_docs_on() && data && strlen(shaped) + strlen(per_doc) < sizeof shaped) {
+        memmove(data + 7 + strlen(per_doc), data + 7, strlen(data + 7) + 1);
+        memcpy(data + 7, per_doc, strlen(per_doc));
+    }
     if (qt_config_load_string(&c, shaped, "test.yaml", NULL, 0, err, errlen)) return -1;
     float losses[QT_T_STEPS];
     for (int i = 0; i < QT_T_STEPS; i++) losses[i] = NAN;
