@@ -56,6 +56,12 @@ typedef struct {
     void *h;        /* [N,F] SwiGLU output */
     void *qk;       /* qk_norm: [N,(H+Hkv)D] the q and k heads before their norm (the qkv matmul's output) */
     float *qk_rstd; /* qk_norm: [N,H+Hkv]; both NULL without qk_norm, rebuilt with qkv when that is recomputed */
+    /* Gemma's sandwich norms (docs/models-gemma3.md); all NULL for the other families: */
+    void *po;        /* [N,C] o_proj output, the post-attention norm's input (rebuilt with block); res_mid then
+                      * holds the norm's output, and after the fused add the residual after attention */
+    void *pm;        /* [N,C] down_proj output, the post-feedforward norm's input (the next layer's res holds its
+                      * output, then the sum) */
+    float *rstd_pa, *rstd_pf; /* [N] their rstd */
 } qt_gpu_layer;
 
 typedef struct {

@@ -121,6 +121,9 @@ void qt_fp8_requant_input(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *x, 
  * which reads nothing else of the SwiGLU output; down's wgrad then runs after its dgrad). Xq is not written. */
 void qt_fp8_swiglu_bwd_requant(qt_gpu_fp8 *f, int layer, void *dgu, const void *dh, const void *gu, float *amax,
                                cudaStream_t s);
+/* The same with GeGLU (Gemma): qt_geglu_bwd and qt_geglu_fwd + qt_fp8_requant_input's bytes. */
+void qt_fp8_geglu_bwd_requant(qt_gpu_fp8 *f, int layer, void *dgu, const void *dh, const void *gu, float *amax,
+                              cudaStream_t s);
 /* y[N,O] (bf16) = Xq . Wq^T (+ bias, bf16), Xq from qt_fp8_quant_input. */
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
                 cudaStream_t s);

@@ -17,6 +17,7 @@
 #include "qt_attention.h"
 #include "qt_docs.h"
 #include "qt_dtype.h"
+#include "qt_gpu_family.h"
 #include "qt_gpu_fp8.h"
 #include "qt_kernels.h"
 #include "qt_matmul.h"
@@ -68,6 +69,8 @@ typedef struct {
     int32_t *doc_host[2];  /* pinned [2N] staging, alternated (owned, with doc_buf) */
     cudaEvent_t doc_free[2]; /* recorded after the copy that read doc_host[k] */
     int doc_k;
+    qt_gpu_family fam;     /* the family's kernels and scales (qt_gpu_family.h), from L->cfg */
+    float *rope_cs_local;  /* [T, D] the local layers' RoPE table (cfg.rope_local_theta > 0), else NULL */
 } qt_gpu_model;
 
 /* One micro-step's arguments. With backward: grads += d(loss_scale * sum of token losses)/dw and the

@@ -132,8 +132,8 @@ int qt_model_layer_window(const qt_model_cfg *cfg, int l);
 qt_model_cfg qt_model_layer_rope(const qt_model_cfg *cfg, int l);
 /* The attention scale: attn_scalar^-0.5 when set, else head_dim^-0.5. */
 double qt_model_attn_scale(const qt_model_cfg *cfg);
-/* 0 when the GPU model trains c's architecture, else -1 with a message naming model.arch and what is missing
- * (gemma3: the CPU reference only). */
+/* 0 when the GPU model trains c's architecture (every family above: Gemma 3 through qt_gpu_family.h and its
+ * post-norm offsets), else -1 with a message naming model.arch. */
 int qt_model_gpu_check(const qt_model_cfg *c, char *err, size_t errlen);
 /* Gemma 3 maths (the (1 + w) norms, sandwich norms, GeGLU-tanh, scaled embedding): 1 for arch gemma3. */
 static inline int qt_model_is_gemma(const qt_model_cfg *cfg) { return cfg->arch == QT_ARCH_GEMMA3; }

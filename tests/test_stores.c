@@ -334,6 +334,66 @@ static void test_act_store_qknorm(void) {
     }
 }
 
+/* Gemma 3 on the GPU: the plan of a Gemma-3-4B-shaped model (hidden 2560, 8/4 heads of 256, local layers with a
+ * window of 1024 and every 6th global, soft-cap 30) is made (the GPU model takes the family), and its activations
+ * exceed those of the same shape as Qwen3 (q/k norms too, plain norms, no post-norms) by exactly the sandwich
+ * norms' saved tensors: per layer the o_proj output [N,C] bf16 (one buffer for all layers under recompute block),
+ * the down_proj output [N,C] bf16 and the two post-norms' rstd [N] fp32. Every layer holds those buffers. */
+static void test_act_store_gemma(void) {
+    qt_config cfg;
+    char err[512];
+    QT_REQUIRE(qt_config_load(&cfg, "configs/qwen3-8b-fp8.yaml", NULL, 0, err, sizeof err) == 0, "%s", err);
+    cfg.model.vocab_size = 262144, cfg.model.hidden_size = 2560, cfg.model.num_layers = 7, cfg.model.num_heads = 8;
+    cfg.model.num_kv_heads = 4, cfg.model.head_dim = 256, cfg.model.intermediate_size = 10240;
+    const int sets[] = {0, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK};
+    for (int k = 0; k < 3; k++) {
+        qt_mem_plan p[2];
+        size_t nl = cfg.model.num_layers, C = 2560, N = (size_t)cfg.data.micro_batch * cfg.data.seq_len;
+        int block = qt_act_recompute_resolve(sets[k]) & QT_RC_BLOCK;
+        for (int gm = 0; gm < 2; gm++) {
+            qt_model_cfg mc = cfg.model;
+            if (gm) {
+                mc.arch = QT_ARCH_GEMMA3, mc.sliding_window = 1024, mc.window_pattern = 6, mc.rope_local_theta = 10000;
+                mc.attn_scalar = 256, mc.logit_softcap = 30;
+            }
+            qt_layout L;
+            QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+            qt_shard one;
+            qt_shard_init(&one, &L, 1, 0, 0);
+            qt_plan pl;
+            cfg.memory.recompute = sets[k];
+            QT_REQUIRE(qt_plan_resolve(&cfg, &L, 0, &pl, err, sizeof err) == 0, "%s", err);
+            QT_REQUIRE(qt_gpu_model_plan(&L, &pl, &one, &p[gm], err, sizeof err) == 0, "arch %d: %s", gm, err);
+            qt_act_store *as = qt_act_store_create(&L.cfg, 16, pl.acts, err, sizeof err);
+            QT_REQUIRE(as, "%s", err);
+            qt_mem_plan ap;
+            qt_mem_plan_begin(&ap, NULL);
+            qt_act_store_carve(as, &ap);
+            char *base = malloc(ap.off);
+            QT_REQUIRE(base, "malloc %zu", ap.off);
+            qt_mem_plan_begin(&ap, base);
+            qt_act_store_carve(as, &ap);
+            for (int l = 0; l < (int)nl; l++) {
+                const qt_gpu_layer *a = &as->layers[l], *a0 = &as->layers[0];
+                QT_EXPECT(!gm == !a->po && !gm == !a->pm && !gm == !a->rstd_pa && !gm == !a->rstd_pf,
+                          "layer %d: post-norm buffers %p %p with gemma %d", l, a->po, a->pm, gm);
+                if (gm && l > 0)
+                    QT_EXPECT((a->po == a0->po) == !!block && a->pm != a0->pm && a->rstd_pa != a0->rstd_pa,
+                              "set %d layer %d: po shared %d (block %d), pm shared %d", sets[k], l, a->po == a0->po,
+                              block, a->pm == a0->pm);
+            }
+            free(base);
+            qt_act_store_free(as);
+            qt_layout_free(&L);
+        }
+        size_t want = (block ? 1 : nl) * al(N * C * 2) + nl * (al(N * C * 2) + 2 * al(N * 4));
+        size_t got = rows_from(&p[1], "activations:") - rows_from(&p[0], "activations:");
+        QT_EXPECT(got == want, "set %d: gemma's activations exceed qwen3's by %zu, expected %zu", sets[k], got, want);
+        printf("  gemma-3-4b shape, 7 layers, recompute %d: GPU plan %.2f GiB (post-norm activations %.2f GiB)\n",
+               sets[k], p[1].off / 1073741824.0, want / 1073741824.0);
+    }
+}
+
 /* The GPU plan of the Qwen2.5-7B configs (configs/qwen2.5-7b-*.yaml: hidden 3584, 28 layers, 28/4 heads,
  * ffn 18944, vocab 152064, untied) at micro-batch 1/4/8/16 with each recompute set, sized by
  * qt_gpu_model_plan (the allocator's own code, no GPU). Prints the table (GiB): activations = the
@@ -497,6 +557,7 @@ int main(void) {
     QT_RUN(test_param_store_rows);
     QT_RUN(test_act_store_rows);
     QT_RUN(test_act_store_qknorm);
+    QT_RUN(test_act_store_gemma);
     QT_RUN(test_step_plan);
     QT_RUN(test_parallel_devices_key);
     QT_RUN(test_plan_7b);

@@ -52,11 +52,8 @@ double qt_model_attn_scale(const qt_model_cfg *cfg) {
 }
 
 int qt_model_gpu_check(const qt_model_cfg *c, char *err, size_t errlen) {
-    if (c->arch != QT_ARCH_GEMMA3) return 0;
-    return qt_errf(err, errlen,
-                   "model.arch: gemma3 trains on the CPU reference only (device: cpu): the GPU model does not yet wire "
-                   "its (1 + w) and post-attention/post-MLP norms, GeGLU, scaled embedding, per-layer RoPE base, "
-                   "query_pre_attn_scalar and logit soft-cap (docs/models-gemma3.md)");
+    return c->arch >= QT_ARCH_QWEN2 && c->arch <= QT_ARCH_GEMMA3 ? 0 : qt_errf(err, errlen,
+           "model.arch: %d is no family the GPU model knows (qwen2, llama, qwen3, mistral, gemma3)", (int)c->arch);
 }
 
 /* The sliding-window fields: each family's HF config holds only its own rule (Mistral windows every

@@ -246,10 +246,10 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
             /* the table's base as the kernel indexes it: element off at the rank's piece */
             if (off < hi) qt_param_grad_piece_fresh(d->ps, b, cs); /* ZeRO-2 embed_apart: no sum wrote it this step */
             if (off < hi)
-                qt_embedding_bwd_range((char *)qt_param_grad_piece(d->ps, b) - off * qt_dtype_size(d->ps->grad_dt),
-                                       d->ps->grad_dt, d->ps->acc_dt != d->ps->grad_dt, off, hi, dres + j * N * C, QT_DT_F32,
-                                       tok + j * N, (long)N, (int)C,
-                                       c->vocab_size, ws, cs);
+                qt_embedding_scaled_bwd_range((char *)qt_param_grad_piece(d->ps, b) - off * qt_dtype_size(d->ps->grad_dt),
+                                              d->ps->grad_dt, d->ps->acc_dt != d->ps->grad_dt, off, hi, dres + j * N * C,
+                                              QT_DT_F32, tok + j * N, (long)N, (int)C, c->vocab_size, g->fam.embed_scale,
+                                              ws, cs);
         }
 }
 

@@ -123,6 +123,12 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
             a->qk = take(p, l, r & QT_RC_QKV, a0->qk, "activations: qkv", N * NH * c->head_dim * 2);
             a->qk_rstd = take(p, l, r & QT_RC_QKV, a0->qk_rstd, "activations: qkv", N * NH * 4);
         }
+        if (qt_model_is_gemma(c)) { /* the branch outputs before their post-norms, and those norms' rstd */
+            a->po = take(p, l, r & QT_RC_BLOCK, a0->po, "activations: residual", N * C * 2);
+            a->pm = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
+            a->rstd_pa = qt_mem_plan_carve(p, "activations: norms", N * 4);
+            a->rstd_pf = qt_mem_plan_carve(p, "activations: norms", N * 4);
+        }
     }
     as->res_final = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
     as->lnf = qt_mem_plan_carve(p, "activations: norms", N * C * 2);

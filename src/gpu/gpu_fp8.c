@@ -301,6 +301,13 @@ void qt_fp8_swiglu_bwd_requant(qt_gpu_fp8 *f, int layer, void *dgu, const void *
                                       sc_of(f, layer, k, SC_X), f->nonfinite, tag_of(layer, k, SC_X), s);
 }
 
+void qt_fp8_geglu_bwd_requant(qt_gpu_fp8 *f, int layer, void *dgu, const void *dh, const void *gu, float *amax,
+                              cudaStream_t s) {
+    qt_fp8_mm k = QT_FP8_DOWN;
+    qt_geglu_bwd_quant_transpose_cur(dgu, dh, gu, f->N, f->in[k], amax, QT_DT_E4M3, f->xqT[layer * QT_FP8_NMM + k],
+                                     sc_of(f, layer, k, SC_X), f->nonfinite, tag_of(layer, k, SC_X), s);
+}
+
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
                 cudaStream_t s) {
     int I = f->in[k], O = f->out[k];

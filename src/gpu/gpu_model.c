@@ -20,6 +20,7 @@
 #include "qt_gpu_model.h"
 
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,8 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     g->tok = qt_mem_plan_carve(p, "tokens, rope table", N * 4);
     g->tgt = qt_mem_plan_carve(p, "tokens, rope table", N * 4);
     g->rope_cs = qt_mem_plan_carve(p, "tokens, rope table", (size_t)g->T * c->head_dim * 4);
+    g->rope_cs_local = c->rope_local_theta > 0 ? qt_mem_plan_carve(p, "tokens, rope table", (size_t)g->T * c->head_dim * 4)
+                                               : NULL;
     size_t ws = qt_embedding_bwd_ws_bytes(N, (int)V);
     size_t cr = qt_colreduce_ws_bytes((int)(QKV > C ? QKV : C));
     if (cr > ws) ws = cr;
@@ -162,6 +165,7 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_plan *pl, const qt_s
     g->attn_chunks = pl->acts.attn_chunks;
     g->fp8_fwd = pl->precision.fp8;
     g->fp8_bwd = pl->precision.fp8_bwd;
+    g->fam = qt_gpu_family_of(&L->cfg);
     g->ps = qt_param_store_create(L, pl, sh, err, errlen);
     if (g->ps) g->pl = &g->ps->plan;
     qt_act_policy ap = pl->acts;
@@ -208,6 +212,28 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The RoPE tables: the model's (the global layers'), and with rope_local_theta the local layers' (their own base,
+ * the default RoPE: qt_model_layer_rope of a local layer). */
+static void rope_tables(qt_gpu_model *g) {
+    const qt_model_cfg *c = &g->L->cfg;
+    double inv_freq[QT_ROPE_MAX_HALF], rope_attn;
+    QT_CHECK(c->head_dim / 2 <= QT_ROPE_MAX_HALF, "head_dim %d: the GPU RoPE table takes at most %d", c->head_dim,
+             2 * QT_ROPE_MAX_HALF);
+    qt_rope_inv_freq(c, g->T, inv_freq, &rope_attn);
+    qt_rope_table(g->rope_cs, g->T, c->head_dim, inv_freq, rope_attn, g->stream);
+    if (!g->rope_cs_local) return;
+    int l = 0;
+    while (l + 1 < c->num_layers && !qt_model_layer_local(c, l)) l++;
+    qt_model_cfg lc = qt_model_layer_rope(c, l);
+    qt_rope_inv_freq(&lc, g->T, inv_freq, &rope_attn);
+    qt_rope_table(g->rope_cs_local, g->T, c->head_dim, inv_freq, rope_attn, g->stream);
+}
+
+/* Layer l's RoPE table. */
+static const float *layer_cs(const qt_gpu_model *g, int l) {
+    return g->rope_cs_local && qt_model_layer_local(&g->L->cfg, l) ? g->rope_cs_local : g->rope_cs;
+}
+
 qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const qt_weight_src *src, const qt_shard *sh,
                                   char *err, size_t errlen) {
     qt_gpu_model *g = plan_host(L, pl, sh, err, errlen);
@@ -250,11 +276,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
     }
     g->start_init_s = now_s() - t0;
     qt_zero(g->loss_sum, 8, s);
-    double inv_freq[QT_ROPE_MAX_HALF], rope_attn;
-    QT_CHECK(L->cfg.head_dim / 2 <= QT_ROPE_MAX_HALF, "head_dim %d: the GPU RoPE table takes at most %d",
-             L->cfg.head_dim, 2 * QT_ROPE_MAX_HALF);
-    qt_rope_inv_freq(&L->cfg, g->T, inv_freq, &rope_attn);
-    qt_rope_table(g->rope_cs, g->T, L->cfg.head_dim, inv_freq, rope_attn, s);
+    rope_tables(g);
     if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, pl->precision.grad_dt, (qt_fp8_wcache)pl->precision.fp8_cache,
                                g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
@@ -310,7 +332,8 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
         qt_gpu_model_mark(g, "lm head: matmul fwd");
         qt_matmul_fwd(g->mm, g->logits, QT_DT_BF16, x, Wp(g, g->L->lm_head), NULL, n, C, V, 0, s);
         qt_gpu_model_mark(g, "lm head: loss");
-        qt_lmhead_loss(g->logits, g->losses + r0, NULL, g->tgt + r0, n, V, loss_scale, s);
+        qt_lmhead_loss_softcap(QT_LMHEAD_AUTO, g->logits, g->losses + r0, NULL, g->tgt + r0, n, V, loss_scale,
+                               g->fam.logit_cap, s);
         if (!backward) continue;
         qt_gpu_model_mark(g, "lm head: dgrad + wgrad");
         qt_matmul_dgrad(g->mm, (char *)g->as->dlnf + r0 * C * 2, QT_DT_BF16, g->logits, Wp(g, g->L->lm_head), n, C, V, 0, s);
@@ -416,6 +439,16 @@ static dims dims_of(const qt_model_cfg *c) {
  * layer's Xq^T (one buffer for all layers where fp8_xq_shared says so). It folds no abs-max (the
  * forward's stay in the scale records) and writes no block output. The weights and, in fp8, their
  * quants are the forward's: nothing changes them before the optimizer step. */
+/* A branch's post-norm (Gemma's sandwich: post_attention_layernorm, post_feedforward_layernorm; x NULL and post
+ * SIZE_MAX for the other families, a no-op): y = norm(x), the plain form (no add: the next norm fuses the residual
+ * add into y). */
+static void post_norm_fwd(qt_gpu_model *g, const char *label, void *y, float *rstd, void *x, size_t post) {
+    if (post == SIZE_MAX) return;
+    const qt_model_cfg *c = &g->L->cfg;
+    qt_gpu_model_mark(g, label);
+    g->fam.norm_fwd(y, rstd, x, NULL, Wp(g, post), g->N, c->hidden_size, c->rms_norm_eps, NULL, g->stream);
+}
+
 static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out, int redo) {
     const qt_model_cfg *c = &g->L->cfg;
     const qt_layer_offsets *o = &g->L->layers[l];
@@ -436,8 +469,8 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     int ln2_redo = g->fp8_bwd ? redo & QT_RC_FFN && !stale : redo & QT_RC_NORM;
     if (fwd || ln1_redo) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
-        qt_rmsnorm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
-                       fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
+        g->fam.norm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
+                        fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
         if (fwd) qt_act_residual_final(g->as, l); /* res now holds the sum: the backward's copy (offload) */
     }
     if (fwd || redo & QT_RC_QKV) {
@@ -445,32 +478,36 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
                 d.QKV, redo);
         if (c->qk_norm) {
             qt_gpu_model_mark(g, LABEL("qk norm fwd"));
-            qt_qknorm_fwd(a->qkv, a->qk, a->qk_rstd, Wp(g, o->qknorm), N, d.H, d.Hkv, d.D, eps, s);
+            g->fam.qknorm_fwd(a->qkv, a->qk, a->qk_rstd, Wp(g, o->qknorm), N, d.H, d.Hkv, d.D, eps, s);
         }
         qt_gpu_model_mark(g, LABEL("rope"));
-        qt_rope_pos_fwd(a->qkv, g->rope_cs, g->doc_pos, g->B, g->T, d.H, d.Hkv, d.D, s);
+        qt_rope_pos_fwd(a->qkv, layer_cs(g, l), g->doc_pos, g->B, g->T, d.H, d.Hkv, d.D, s);
     }
     if (fwd || redo & QT_RC_ATT) {
         qt_gpu_model_mark(g, LABEL("attention fwd"));
-        qt_attention_docs_fwd(g->attn, a->att, a->lse, a->qkv, g->doc_kv_lo, g->B, g->T, d.H, d.Hkv, d.D,
-                              qt_model_layer_window(c, l), s);
+        qt_attention_fwd_scaled(g->attn, a->att, a->lse, a->qkv, g->doc_kv_lo, g->B, g->T, d.H, d.Hkv, d.D,
+                                qt_model_layer_window(c, l), g->fam.attn_scale, s);
     }
     if (fwd || redo & QT_RC_BLOCK) {
-        lin_fwd(g, LABEL("matmul fwd: o"), l, QT_FP8_O, a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
+        lin_fwd(g, LABEL("matmul fwd: o"), l, QT_FP8_O, a->po ? a->po : a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
+        post_norm_fwd(g, LABEL("rmsnorm fwd"), a->res_mid, a->rstd_pa, a->po, o->post_attn);
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
-        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps,
-                       fwd ? fp8_amax(g, l, QT_FP8_GU, 0) : NULL, s);
+        g->fam.norm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps,
+                        fwd ? fp8_amax(g, l, QT_FP8_GU, 0) : NULL, s);
     } else if (ln2_redo) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
-        qt_rmsnorm_fwd(a->ln2, a->rstd2, a->res_mid, NULL, Wp(g, o->ln2), N, d.C, eps, NULL, s);
+        g->fam.norm_fwd(a->ln2, a->rstd2, a->res_mid, NULL, Wp(g, o->ln2), N, d.C, eps, NULL, s);
     }
     if (fwd || redo & QT_RC_FFN)
         lin_fwd(g, LABEL("matmul fwd: gate|up"), l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F, redo);
     if (fwd) {
         qt_gpu_model_mark(g, "swiglu");
-        qt_swiglu_fwd(a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_DOWN, 0), s);
+        g->fam.glu_fwd(a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_DOWN, 0), s);
     } /* a recomputed SwiGLU: block_backward's SwiGLU backward makes h (or, in fp8, down's Xq^T) from gate|up */
-    if (fwd) lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, out, a->h, o->wdown, NULL, d.F, d.C, 0);
+    if (fwd) {
+        lin_fwd(g, "matmul fwd: down", l, QT_FP8_DOWN, a->pm ? a->pm : out, a->h, o->wdown, NULL, d.F, d.C, 0);
+        post_norm_fwd(g, "rmsnorm fwd", out, a->rstd_pf, a->pm, o->post_ffn);
+    }
 #undef LABEL
 }
 
@@ -482,13 +519,14 @@ static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
     if (g->fp8_fwd) qt_fp8_reset_amax(g->fp8, s); /* a micro-step starts here */
     acquire(g, h, g->L->layers[0].ln1);
     qt_gpu_model_mark(g, "embedding fwd");
-    qt_embedding_fwd(qt_act_forward(as, 0)->res, g->tok, Wp(g, g->L->embed), g->N, c->hidden_size, c->vocab_size, s);
+    qt_embedding_scaled_fwd(qt_act_forward(as, 0)->res, g->tok, Wp(g, g->L->embed), g->N, c->hidden_size, c->vocab_size,
+                            g->fam.embed_scale, s);
     for (int l = 0; l < nl; l++)
         block_run(g, h, l, l ? as->layers[l - 1].res_mid : NULL, l + 1 < nl ? as->layers[l + 1].res : as->res_final, 0);
     acquire(g, h, g->L->numel); /* the final norm and an untied LM head */
     qt_gpu_model_mark(g, "rmsnorm fwd");
-    qt_rmsnorm_fwd(as->lnf, as->rstdf, as->res_final, as->layers[nl - 1].res_mid, Wp(g, g->L->final_norm), g->N,
-                   c->hidden_size, c->rms_norm_eps, NULL, s);
+    g->fam.norm_fwd(as->lnf, as->rstdf, as->res_final, as->layers[nl - 1].res_mid, Wp(g, g->L->final_norm), g->N,
+                    c->hidden_size, c->rms_norm_eps, NULL, s);
 }
 
 /* The attention backward of layer a, over g->attn_chunks slices of whole sequences (the last may be
@@ -500,11 +538,38 @@ static void attention_bwd(qt_gpu_model *g, const qt_gpu_layer *a, dims d, int wi
     for (int b0 = 0; b0 < g->B; b0 += per) {
         int nb = g->B - b0 < per ? g->B - b0 : per;
         size_t r = (size_t)b0 * g->T; /* first token of the slice */
-        qt_attention_docs_bwd(g->attn, (char *)as->dqkv + r * d.QKV * 2, (const char *)as->datt + r * d.HD * 2,
-                              (const char *)a->qkv + r * d.QKV * 2, (const char *)a->att + r * d.HD * 2,
-                              a->lse + (size_t)b0 * d.H * g->T, g->doc_kv_lo ? g->doc_kv_lo + r : NULL, nb, g->T,
-                              d.H, d.Hkv, d.D, window, g->stream);
+        qt_attention_bwd_scaled(g->attn, (char *)as->dqkv + r * d.QKV * 2, (const char *)as->datt + r * d.HD * 2,
+                                (const char *)a->qkv + r * d.QKV * 2, (const char *)a->att + r * d.HD * 2,
+                                a->lse + (size_t)b0 * d.H * g->T, g->doc_kv_lo ? g->doc_kv_lo + r : NULL, nb, g->T,
+                                d.H, d.Hkv, d.D, window, g->fam.attn_scale, g->stream);
     }
+}
+
+/* The abs-max slot of layer l's matmul k output gradient for the norm backward that writes dres_bf (ln2's for o,
+ * the next ln1's or the final norm's for down): NULL where the branch has a post-norm, whose backward makes that
+ * gradient instead (branch_dy). */
+static float *res_amax(qt_gpu_model *g, int l, qt_fp8_mm k) {
+    const qt_layer_offsets *o = &g->L->layers[l];
+    return (k == QT_FP8_O ? o->post_attn : o->post_ffn) == SIZE_MAX ? fp8_amax(g, l, k, 1) : NULL;
+}
+
+/* The output gradient of layer l's branch-ending matmul k (o or down), bf16: dres_bf itself; with the branch's
+ * post-norm (Gemma; x its saved input, po or pm) that norm's backward of dres_bf, written into dln (zeroed first:
+ * the norm's dx accumulates; dln is free until the branch's first matmul dgrad writes it), folding k's abs-max,
+ * and adding the norm's weight gradient. */
+static const void *branch_dy(qt_gpu_model *g, int l, qt_fp8_mm k, const void *x, const float *rstd) {
+    const qt_layer_offsets *o = &g->L->layers[l];
+    size_t post = k == QT_FP8_O ? o->post_attn : o->post_ffn;
+    qt_act_store *as = g->as;
+    if (post == SIZE_MAX) return as->dres_bf;
+    int C = g->L->cfg.hidden_size;
+    float *amax = fp8_amax(g, l, k, 1);
+    qt_gpu_model_mark(g, "rmsnorm bwd");
+    qt_zero(as->dln, (size_t)g->N * C * 2, g->stream);
+    /* dx is bf16 (one rounding of 0 + the gradient); the abs-max is of the bf16 copy, which is dx itself */
+    g->fam.norm_bwd(as->dln, QT_DT_BF16, amax ? as->dln : NULL, amax, Gp(g, post), Gdt(g), as->dres_bf, x, Wp(g, post),
+                    rstd, g->N, C, g->ws, g->stream);
+    return as->dln;
 }
 
 /* Block l's backward: dres (fp32, with its bf16 copy dres_bf) holds the gradient at the block's output;
@@ -530,52 +595,54 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
      * Xq^T (shared by the layers), in bf16 h itself, written over dh in h's buffer. Down's wgrad moves after it
      * (it is independent of the dgrad: the same bits). */
     int stale_h = l > 0 && QT_MUTANT(QT_MUT_RECOMPUTE_STALE_H);
+    const void *dy = branch_dy(g, l, QT_FP8_DOWN, a->pm, a->rstd_pf); /* down's output gradient */
     if (g->fp8_bwd && r & QT_RC_SWIGLU) {
         qt_gpu_model_mark(g, "fp8 quantize: gradients");
-        qt_fp8_quant_grad(g->fp8, l, QT_FP8_DOWN, as->dres_bf, s);
+        qt_fp8_quant_grad(g->fp8, l, QT_FP8_DOWN, dy, s);
         qt_gpu_model_mark(g, "matmul bwd: down");
         qt_fp8_dgrad(g->fp8, g->mm, l, QT_FP8_DOWN, a->h, s);
         qt_gpu_model_mark(g, "swiglu");
-        if (stale_h) qt_swiglu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* Xq^T: the layer above's */
-        else qt_fp8_swiglu_bwd_requant(g->fp8, l, a->gu, a->h, a->gu, fp8_amax(g, l, QT_FP8_GU, 1), s);
+        if (stale_h) g->fam.glu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* Xq^T: the layer above's */
+        else g->fam.fp8_glu_bwd_requant(g->fp8, l, a->gu, a->h, a->gu, fp8_amax(g, l, QT_FP8_GU, 1), s);
         qt_gpu_model_mark(g, "matmul bwd: down");
         qt_fp8_wgrad(g->fp8, g->mm, l, QT_FP8_DOWN, Gp(g, o->wdown), Gdt(g), s);
     } else if (r & QT_RC_SWIGLU) {
         qt_gpu_model_mark(g, "matmul bwd: down");
-        qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, as->dres_bf, Wp(g, o->wdown), N, d.F, d.C, 0, s);
+        qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, dy, Wp(g, o->wdown), N, d.F, d.C, 0, s);
         qt_gpu_model_mark(g, "swiglu");
-        if (stale_h) qt_swiglu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* h's buffer: dh */
-        else qt_swiglu_bwd_h(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
+        if (stale_h) g->fam.glu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* h's buffer: dh */
+        else g->fam.glu_bwd_h(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
         qt_gpu_model_mark(g, "matmul bwd: down");
-        qt_matmul_wgrad(g->mm, Gp(g, o->wdown), Gdt(g), NULL, as->dres_bf, a->h, N, d.F, d.C, 1, s);
+        qt_matmul_wgrad(g->mm, Gp(g, o->wdown), Gdt(g), NULL, dy, a->h, N, d.F, d.C, 1, s);
     } else {
-        lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, as->dres_bf, a->h, o->wdown, d.F, d.C);
+        lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, dy, a->h, o->wdown, d.F, d.C);
         qt_gpu_model_mark(g, "swiglu");
-        qt_swiglu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
+        g->fam.glu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
     }
     lin_bwd(g, "matmul bwd: gate|up", l, QT_FP8_GU, as->dln, a->gu, a->ln2, o->wgu, d.C, 2 * d.F);
     qt_gpu_model_mark(g, "rmsnorm bwd");
-    qt_rmsnorm_bwd(as->dres, QT_DT_F32, as->dres_bf, fp8_amax(g, l, QT_FP8_O, 1), Gp(g, o->ln2), Gdt(g), as->dln, a->res_mid,
-                   Wp(g, o->ln2), a->rstd2, N, d.C, g->ws, s);
+    g->fam.norm_bwd(as->dres, QT_DT_F32, as->dres_bf, res_amax(g, l, QT_FP8_O), Gp(g, o->ln2), Gdt(g), as->dln,
+                    a->res_mid, Wp(g, o->ln2), a->rstd2, N, d.C, g->ws, s);
     /* attention */
-    lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, as->datt, as->dres_bf, a->att, o->wo, d.HD, d.C);
+    dy = branch_dy(g, l, QT_FP8_O, a->po, a->rstd_pa); /* o_proj's output gradient */
+    lin_bwd(g, "matmul bwd: o", l, QT_FP8_O, as->datt, dy, a->att, o->wo, d.HD, d.C);
     qt_gpu_model_mark(g, "attention bwd");
     attention_bwd(g, a, d, qt_model_layer_window(c, l));
     qt_gpu_model_mark(g, "rope");
     /* the abs-max of qkv's output gradient: from the last kernel that writes it (the q/k norm's, when there) */
     float *qkv_amax = fp8_amax(g, l, QT_FP8_QKV, 1);
-    qt_rope_pos_bwd(as->dqkv, g->rope_cs, g->doc_pos, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : qkv_amax, s);
+    qt_rope_pos_bwd(as->dqkv, layer_cs(g, l), g->doc_pos, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : qkv_amax, s);
     if (c->qk_norm) {
         qt_gpu_model_mark(g, "qk norm bwd");
-        qt_qknorm_bwd(as->dqkv, Gp(g, o->qknorm), Gdt(g), a->qk, Wp(g, o->qknorm), a->qk_rstd, N, d.H, d.Hkv, d.D,
+        g->fam.qknorm_bwd(as->dqkv, Gp(g, o->qknorm), Gdt(g), a->qk, Wp(g, o->qknorm), a->qk_rstd, N, d.H, d.Hkv, d.D,
                       qkv_amax, g->ws, s);
     }
     qt_gpu_model_mark(g, "bias grad");
     if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), Gdt(g), as->dqkv, N, d.QKV, g->ws, s);
     lin_bwd(g, "matmul bwd: qkv", l, QT_FP8_QKV, as->dln, as->dqkv, a->ln1, o->wqkv, d.C, d.QKV);
     qt_gpu_model_mark(g, "rmsnorm bwd");
-    qt_rmsnorm_bwd(as->dres, QT_DT_F32, l > 0 ? as->dres_bf : NULL, l > 0 ? fp8_amax(g, l - 1, QT_FP8_DOWN, 1) : NULL,
-                   Gp(g, o->ln1), Gdt(g), as->dln, a->res, Wp(g, o->ln1), a->rstd1, N, d.C, g->ws, s);
+    g->fam.norm_bwd(as->dres, QT_DT_F32, l > 0 ? as->dres_bf : NULL, l > 0 ? res_amax(g, l - 1, QT_FP8_DOWN) : NULL,
+                    Gp(g, o->ln1), Gdt(g), as->dln, a->res, Wp(g, o->ln1), a->rstd1, N, d.C, g->ws, s);
     qt_act_release(as, l);
     qt_param_release_grads(g->ps, h, o->ln1);
 }
@@ -588,13 +655,14 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
     acquire_back(g, sa->hooks, g->L->final_norm);
     qt_gpu_model_mark(g, "rmsnorm bwd");
     qt_zero(as->dres, (size_t)g->N * c->hidden_size * 4, s);
-    qt_rmsnorm_bwd(as->dres, QT_DT_F32, as->dres_bf, fp8_amax(g, nl - 1, QT_FP8_DOWN, 1), Gp(g, g->L->final_norm), Gdt(g),
-                   as->dlnf, as->res_final, Wp(g, g->L->final_norm), as->rstdf, g->N, c->hidden_size, g->ws, s);
+    g->fam.norm_bwd(as->dres, QT_DT_F32, as->dres_bf, res_amax(g, nl - 1, QT_FP8_DOWN), Gp(g, g->L->final_norm), Gdt(g),
+                    as->dlnf, as->res_final, Wp(g, g->L->final_norm), as->rstdf, g->N, c->hidden_size, g->ws, s);
     qt_param_release_grads(g->ps, sa->hooks, g->L->final_norm); /* the untied LM head above it: lm_head() */
     for (int l = nl - 1; l >= 0; l--) block_backward(g, sa->hooks, l);
     if (!sa->skip_lookups) {
         qt_gpu_model_mark(g, "embedding bwd");
-        qt_embedding_bwd(Gp(g, g->L->embed), Gdt(g), as->dres, QT_DT_F32, g->tok, g->N, c->hidden_size, c->vocab_size, g->ws, s);
+        qt_embedding_scaled_bwd(Gp(g, g->L->embed), Gdt(g), as->dres, QT_DT_F32, g->tok, g->N, c->hidden_size,
+                                c->vocab_size, g->fam.embed_scale, g->ws, s);
     }
     qt_param_release_grads(g->ps, sa->hooks, 0);
 }
@@ -693,7 +761,11 @@ void qt_gpu_model_logits(qt_gpu_model *g, const qt_param_hooks *hooks, float *ho
                       NULL, n, c->hidden_size, (int)V, 0, s);
         QT_CUDA(cudaMemcpyAsync(tmp, g->logits, n * V * 2, cudaMemcpyDeviceToHost, s));
         QT_CUDA(cudaStreamSynchronize(s));
-        for (size_t i = 0; i < n * V; i++) host[r0 * V + i] = qt_bf16_to_f32(tmp[i]);
+        float cap = g->fam.logit_cap; /* the loss's logits: cap * tanh(x / cap) in fp32, as the loss kernel forms them */
+        for (size_t i = 0; i < n * V; i++) {
+            float x = qt_bf16_to_f32(tmp[i]);
+            host[r0 * V + i] = cap > 0 ? cap * tanhf(x / cap) : x;
+        }
     }
     free(tmp);
 }
