@@ -127,7 +127,8 @@ void qt_gpu_model_profile_print(qt_gpu_model *g, int steps);
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws);
 
 
-/* Logits [N, V] as fp32 on the host for the tokens in g->tok (synchronises); hooks as in step. host NULL:
+/* Logits [N, V] as fp32 on the host for the tokens in g->tok (synchronises; soft-capped as the loss reads them when
+ * the model caps: cap * tanh(x / cap) in fp32 of the bf16 x); hooks as in step. host NULL:
  * the forward only (a ZeRO-3 rank taking part in rank 0's weight gathers). */
 void qt_gpu_model_logits(qt_gpu_model *g, const qt_param_hooks *hooks, float *host_logits);
 

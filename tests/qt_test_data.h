@@ -231,6 +231,9 @@ typedef struct {
  *   qwen3   Qwen3-0.6B's: hidden 1024, 16 / 8 heads of head_dim 128 (not hidden / heads), q/k norms, no
  *           q/k/v bias, at seq 512 x 2
  *   swa     the same with a sliding window of 128 on every layer (cuDNN's band mask)
+ *   gemma   Gemma-3-like: hidden 1024, 8 / 4 heads of head_dim 128, sandwich (1 + w) norms, GeGLU-tanh, scaled
+ *           embedding, q/k norms, local layers (window 128) between global ones (every 2nd) with their own RoPE
+ *           base, query_pre_attn_scalar 96, logit soft-cap 30, at seq 512 x 2
  * (the MLP at 1024: the attention and its sums are what the shape is for). Returns the shape's name. */
 static inline const char *qt_t_shape_yaml(char *yaml, size_t cap) {
     static const struct {
@@ -241,6 +244,11 @@ static inline const char *qt_t_shape_yaml(char *yaml, size_t cap) {
                   {"qwen3", "hidden_size: 1024,", "num_heads: 16, num_kv_heads: 8, head_dim: 128, arch: qwen3, qkv_bias: false",
                    "seq_len: 512, micro_batch: 2"},
                   {"swa", "hidden_size: 1024,", "num_heads: 16, num_kv_heads: 4, sliding_window: 128",
+                   "seq_len: 512, micro_batch: 2"},
+                  {"gemma", "hidden_size: 1024,",
+                   "num_heads: 8, num_kv_heads: 4, head_dim: 128, arch: gemma3, qkv_bias: false, sliding_window: 128, "
+                   "window_pattern: 2, rope_theta: 1000000, rope_local_theta: 10000, query_pre_attn_scalar: 96, "
+                   "final_logit_softcapping: 30",
                    "seq_len: 512, micro_batch: 2"}};
     const char *want = getenv("QT_TEST_SHAPE");
     for (size_t k = 0; want && k < sizeof shapes / sizeof shapes[0]; k++) {

@@ -46,7 +46,15 @@ static const char *MODEL =
 static const char *QWEN3 =
     "model: {arch: qwen3, vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 4, num_kv_heads: 2,\n"
     "        head_dim: 64, intermediate_size: 384, max_seq_len: 128, qkv_bias: false, tie_embeddings: %s}\n";
-static const char *g_model = NULL; /* the model of the runs below: MODEL, or QWEN3 in the qwen3 tests */
+/* Gemma-3-like: sandwich (1 + w) norms, GeGLU-tanh, scaled embedding, q/k norms, local layers (window 16 < seq_len
+ * 64) between global ones with their own RoPE base, an attention scalar that is not head_dim, a logit soft-cap. */
+static const char *GEMMA3 =
+    "model: {arch: gemma3, vocab_size: 256, hidden_size: 128, num_layers: 3, num_heads: 4, num_kv_heads: 2,\n"
+    "        head_dim: 64, intermediate_size: 384, max_seq_len: 128, qkv_bias: false, tie_embeddings: %s,\n"
+    "        sliding_window: 16, window_pattern: 2, rope_theta: 1000000, rope_local_theta: 10000,\n"
+    "        query_pre_attn_scalar: 48, final_logit_softcapping: 15}\n";
+static const char *g_model = NULL; /* the model of the runs below: MODEL, or QWEN3 / GEMMA3 in their tests */
+static const char *g_tag = "";     /* the curve logs' name prefix: "qwen3_", "gemma3_" */
 
 static int grad_cfg(qt_config *c, const char *matmul, const char *grad, const char *tie) {
     char yaml[2048], model[512];
@@ -277,7 +285,7 @@ static void test_fp8_tinyshakespeare(void) {
     for (int k = 0; k < 2; k++) {
         char yaml[3072], model[512], logp[512], err[1024];
         snprintf(model, sizeof model, g_model ? g_model : MODEL, "true");
-        snprintf(logp, sizeof logp, "%s/fp8_curve_%s%s.jsonl", logdir, g_model ? "qwen3_" : "", prec[k]);
+        snprintf(logp, sizeof logp, "%s/fp8_curve_%s%s.jsonl", logdir, g_tag, prec[k]);
         unlink(logp); /* an earlier run's log kept in $QT_LOG_DIR: a fresh run never writes over one */
         snprintf(yaml, sizeof yaml,
                  "%sdata: {train: '%s/ts_train_*.bin', eval: '%s/ts_eval_*.bin', seq_len: 128, micro_batch: 8}\n"
@@ -306,7 +314,7 @@ static void test_fp8_tinyshakespeare(void) {
 static void test_fp8_qwen3(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
-    g_model = QWEN3;
+    g_model = QWEN3, g_tag = "qwen3_";
     /* e4m3 gradients: cosines 0.986-0.998 per tensor on the H200 (7a4d2de; the worst the q/k norm weights and
      * layer 1's q/k projections), against 0.991 and up for the Qwen2 model above */
     compare_grads("e4m3", "false", 0.985);
@@ -314,7 +322,23 @@ static void test_fp8_qwen3(void) {
     fused_amax_case("e4m3");
     fused_amax_case("bf16");
     test_fp8_tinyshakespeare();
-    g_model = NULL;
+    g_model = NULL, g_tag = "";
+}
+
+/* The same checks on the Gemma-3-like model: every gradient (the four norms per layer, the q/k norms, the tied
+ * scaled embedding) against bf16, the post-norms' backward folding the o / down output gradients' abs-max (the
+ * residual norms then fold none) bitwise against the separate passes, 300 steps within 2% of bf16. */
+static void test_fp8_gemma3(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
+    g_model = GEMMA3, g_tag = "gemma3_";
+    compare_grads("e4m3", "false", 0.98);
+    compare_grads("e4m3", "true", 0.98);
+    compare_grads("bf16", "true", 0.98);
+    fused_amax_case("e4m3");
+    fused_amax_case("bf16");
+    test_fp8_tinyshakespeare();
+    g_model = NULL, g_tag = "";
 }
 
 int main(void) {
@@ -327,6 +351,7 @@ int main(void) {
     QT_RUN(test_fp8_fused_amax_bitwise);
     QT_RUN(test_fp8_tinyshakespeare);
     QT_RUN(test_fp8_qwen3);
+    QT_RUN(test_fp8_gemma3);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }

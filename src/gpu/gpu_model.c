@@ -6,6 +6,10 @@
  * The residual stream needs no copies: the fused RMSNorm adds the branch input into the buffer that
  * holds the branch output (o_proj / down output), which then *is* the next residual and stays saved
  * for the backward. dres, the residual-stream gradient, is fp32 and accumulates across the blocks.
+ * A family's own kernels (norm scale, GLU, embedding and attention scales, logit cap) come through g->fam
+ * (qt_gpu_family.h). Gemma's sandwich norms sit on the branch outputs: o_proj / down write po / pm, the post-norm
+ * writes the buffer the residual add then goes into (res_mid / the next res), and in the backward the post-norm's
+ * backward of dres_bf gives the matmul its dY (branch_dy).
  * With precision.matmul_dtype: e4m3 the blocks' four matmuls go through src/gpu/gpu_fp8.c (lin_fwd/lin_bwd);
  * its buffers are the plan's "fp8 weights (persistent)" and "fp8 activations" rows. The kernels that
  * produce a matmul's input or output gradient (RMSNorm, SwiGLU, RoPE bwd) also fold its abs-max into
@@ -423,22 +427,6 @@ static dims dims_of(const qt_model_cfg *c) {
     return (dims){c->hidden_size, c->intermediate_size, H, Hkv, D, H * D, (H + 2 * Hkv) * D};
 }
 
-/* Block l's ops. The forward (redo 0) runs them all from the residual in res: prev_mid (the previous
- * block's residual after attention) is first added into res by the fused RMSNorm, the kernels fold the
- * fp8 abs-maxes of the next matmuls' inputs, the down projection writes into out (the next block's res,
- * or res_final); it acquires the block's weights first. A recompute (redo = the store's resolved
- * memory.recompute parts; before the layer's backward) runs, in the same order, the same kernels on
- * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
- *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add); with an fp8
- *         backward ln1 goes with qkv and ln2 with ffn instead (nothing else reads them)   qkv: qkv + RoPE
- *                                      (qk_norm: the q/k norm between them, which rewrites its saved input, rstd)
- *   att: attention output and lse      block: o_proj into res_mid, then ln2 with the fused add again
- *   ffn: gate|up                       swiglu: nothing here: block_backward's SwiGLU backward makes h
- *                                      (fp8: down's Xq^T) from gate|up
- * In fp8 each rebuilt matmul input is quantized again with the forward's scale, which also rewrites the
- * layer's Xq^T (one buffer for all layers where fp8_xq_shared says so). It folds no abs-max (the
- * forward's stay in the scale records) and writes no block output. The weights and, in fp8, their
- * quants are the forward's: nothing changes them before the optimizer step. */
 /* A branch's post-norm (Gemma's sandwich: post_attention_layernorm, post_feedforward_layernorm; x NULL and post
  * SIZE_MAX for the other families, a no-op): y = norm(x), the plain form (no add: the next norm fuses the residual
  * add into y). */
@@ -449,6 +437,23 @@ static void post_norm_fwd(qt_gpu_model *g, const char *label, void *y, float *rs
     g->fam.norm_fwd(y, rstd, x, NULL, Wp(g, post), g->N, c->hidden_size, c->rms_norm_eps, NULL, g->stream);
 }
 
+/* Block l's ops. The forward (redo 0) runs them all from the residual in res: prev_mid (the previous
+ * block's residual after attention) is first added into res by the fused RMSNorm, the kernels fold the
+ * fp8 abs-maxes of the next matmuls' inputs, the down projection writes into out (the next block's res,
+ * or res_final); it acquires the block's weights first. A recompute (redo = the store's resolved
+ * memory.recompute parts; before the layer's backward) runs, in the same order, the same kernels on
+ * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
+ *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add); with an fp8
+ *         backward ln1 goes with qkv and ln2 with ffn instead (nothing else reads them)   qkv: qkv + RoPE
+ *                                      (qk_norm: the q/k norm between them, which rewrites its saved input, rstd)
+ *   att: attention output and lse      block: o_proj into res_mid (with a post-norm: into po, the norm into
+ *                                      res_mid), then ln2 with the fused add again
+ *   ffn: gate|up                       swiglu: nothing here: block_backward's SwiGLU backward makes h
+ *                                      (fp8: down's Xq^T) from gate|up
+ * In fp8 each rebuilt matmul input is quantized again with the forward's scale, which also rewrites the
+ * layer's Xq^T (one buffer for all layers where fp8_xq_shared says so). It folds no abs-max (the
+ * forward's stay in the scale records) and writes no block output. The weights and, in fp8, their
+ * quants are the forward's: nothing changes them before the optimizer step. */
 static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out, int redo) {
     const qt_model_cfg *c = &g->L->cfg;
     const qt_layer_offsets *o = &g->L->layers[l];

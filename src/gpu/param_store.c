@@ -210,7 +210,8 @@ static int slotless(const qt_param_store *ps, int b) {
 }
 
 /* The ranges the backward writes with one call at their start (qt_param_g): the tables, each layer's
- * norms, fused q|k|v, its bias, o, fused gate|up and down, the final norm. Returns how many (<= cap). */
+ * norms, fused q|k|v, its bias, o, fused gate|up and down, q|k norms, post-norms, the final norm. Returns how
+ * many (at most 3 + 9 per layer: cap). */
 static int write_units(const qt_layout *L, size_t *s, size_t *e, int cap) {
     const qt_model_cfg *c = &L->cfg;
     size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, D = c->head_dim;
@@ -230,6 +231,8 @@ static int write_units(const qt_layout *L, size_t *s, size_t *e, int cap) {
         UNIT(o->wgu, 2 * F * C);
         UNIT(o->wdown, C * F);
         if (c->qk_norm) UNIT(o->qknorm, 2 * D);
+        if (o->post_attn != SIZE_MAX) UNIT(o->post_attn, C); /* Gemma's post-norms */
+        if (o->post_ffn != SIZE_MAX) UNIT(o->post_ffn, C);
     }
 #undef UNIT
     return n;
@@ -240,7 +243,7 @@ static int write_units(const qt_layout *L, size_t *s, size_t *e, int cap) {
 static int find_crossings(qt_param_store *ps, char *err, size_t errlen) {
     const qt_shard *sh = &ps->shard;
     const qt_layout *L = ps->L;
-    int cap = 3 + 7 * L->cfg.num_layers;
+    int cap = 3 + 9 * L->cfg.num_layers;
     size_t *s = malloc((size_t)cap * 2 * sizeof *s), *e = s + cap, M = ps->grad_margin;
     QT_CHECK(s, "out of host memory");
     int n = write_units(L, s, e, cap), rc = 0;
