@@ -6,6 +6,7 @@
 
 #include "qt_act_store.h"
 #include "qt_config.h"
+#include "qt_error.h"
 #include "qt_gpu_model.h"
 #include "qt_gpu_optim.h"
 #include "qt_partition.h"
@@ -276,6 +277,22 @@ static size_t rows_from(const qt_mem_plan *p, const char *prefix) {
     return s;
 }
 
+/* A store for 16 tokens (who shares what) carved over host memory (*base, the caller frees it), so its layers'
+ * buffer pointers can be compared. */
+static qt_act_store *carved_store(const qt_model_cfg *c, qt_act_policy acts, char **base) {
+    char err[512];
+    qt_act_store *as = qt_act_store_create(c, 16, acts, err, sizeof err);
+    QT_CHECK(as, "%s", err);
+    qt_mem_plan ap;
+    qt_mem_plan_begin(&ap, NULL);
+    qt_act_store_carve(as, &ap);
+    *base = malloc(ap.off);
+    QT_CHECK(*base, "malloc %zu", ap.off);
+    qt_mem_plan_begin(&ap, *base);
+    qt_act_store_carve(as, &ap);
+    return as;
+}
+
 /* qk_norm (Qwen3): each layer also keeps the pre-norm q|k heads [N,(H+Hkv)D] bf16 and their rstd [N,H+Hkv] in
  * the "activations: qkv" row; they go with qkv (one buffer for all layers when qkv is recomputed). The
  * Qwen3-8B example's whole plan on one GPU is printed, and its activations exceed those of the same shape
@@ -302,15 +319,8 @@ static void test_act_store_qknorm(void) {
             QT_REQUIRE(qt_plan_resolve(&cfg, &L, 0, &pl, err, sizeof err) == 0, "%s", err);
             QT_REQUIRE(qt_gpu_model_plan(&L, &pl, &one, &p[qk], err, sizeof err) == 0, "%s", err);
             QT_EXPECT(rows_sum(&p[qk]) == p[qk].off, "rows %zu != total %zu", rows_sum(&p[qk]), p[qk].off);
-            qt_act_store *as = qt_act_store_create(&L.cfg, 16, pl.acts, err, sizeof err); /* who shares: 16 tokens */
-            QT_REQUIRE(as, "%s", err);
-            qt_mem_plan ap;
-            qt_mem_plan_begin(&ap, NULL);
-            qt_act_store_carve(as, &ap);
-            char *base = malloc(ap.off);
-            QT_REQUIRE(base, "malloc %zu", ap.off);
-            qt_mem_plan_begin(&ap, base);
-            qt_act_store_carve(as, &ap);
+            char *base;
+            qt_act_store *as = carved_store(&L.cfg, pl.acts, &base);
             for (int l = 0; l < (int)nl; l++) {
                 const qt_gpu_layer *a = &as->layers[l];
                 QT_EXPECT(!qk == !a->qk && !qk == !a->qk_rstd, "layer %d: qk buffers %p %p with qk_norm %d", l, a->qk,
@@ -364,15 +374,8 @@ static void test_act_store_gemma(void) {
             cfg.memory.recompute = sets[k];
             QT_REQUIRE(qt_plan_resolve(&cfg, &L, 0, &pl, err, sizeof err) == 0, "%s", err);
             QT_REQUIRE(qt_gpu_model_plan(&L, &pl, &one, &p[gm], err, sizeof err) == 0, "arch %d: %s", gm, err);
-            qt_act_store *as = qt_act_store_create(&L.cfg, 16, pl.acts, err, sizeof err);
-            QT_REQUIRE(as, "%s", err);
-            qt_mem_plan ap;
-            qt_mem_plan_begin(&ap, NULL);
-            qt_act_store_carve(as, &ap);
-            char *base = malloc(ap.off);
-            QT_REQUIRE(base, "malloc %zu", ap.off);
-            qt_mem_plan_begin(&ap, base);
-            qt_act_store_carve(as, &ap);
+            char *base;
+            qt_act_store *as = carved_store(&L.cfg, pl.acts, &base);
             for (int l = 0; l < (int)nl; l++) {
                 const qt_gpu_layer *a = &as->layers[l], *a0 = &as->layers[0];
                 QT_EXPECT(!gm == !a->po && !gm == !a->pm && !gm == !a->rstd_pa && !gm == !a->rstd_pf,
