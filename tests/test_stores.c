@@ -348,7 +348,8 @@ static void test_act_store_qknorm(void) {
  * window of 1024 and every 6th global, soft-cap 30) is made (the GPU model takes the family), and its activations
  * exceed those of the same shape as Qwen3 (q/k norms too, plain norms, no post-norms) by exactly the sandwich
  * norms' saved tensors: per layer the o_proj output [N,C] bf16 (one buffer for all layers under recompute block),
- * the down_proj output [N,C] bf16 and the two post-norms' rstd [N] fp32. Every layer holds those buffers. */
+ * the down_proj output [N,C] bf16 and the two post-norms' rstd [N] fp32. Every layer holds those buffers. The
+ * GPU family each arch picks: Gemma's (1 + w) norms, GeGLU, bf16 sqrt(C) embedding scale, attention scalar, cap. */
 static void test_act_store_gemma(void) {
     qt_config cfg;
     char err[512];
@@ -388,6 +389,20 @@ static void test_act_store_gemma(void) {
             free(base);
             qt_act_store_free(as);
             qt_layout_free(&L);
+        }
+        if (k == 0) { /* the family the GPU model runs each with (no GPU needed to pick it) */
+            qt_model_cfg mq = cfg.model, mg = cfg.model;
+            mg.arch = QT_ARCH_GEMMA3, mg.attn_scalar = 256, mg.logit_softcap = 30;
+            qt_gpu_family fq = qt_gpu_family_of(&mq), fg = qt_gpu_family_of(&mg);
+            QT_EXPECT(fq.norm_fwd == qt_rmsnorm_fwd && fq.glu_bwd == qt_swiglu_bwd && fq.qknorm_bwd == qt_qknorm_bwd &&
+                          fq.embed_scale == 1.0f && fq.attn_scale == 0.0f && fq.logit_cap == 0.0f,
+                      "qwen3's family: scales %g %g %g", fq.embed_scale, fq.attn_scale, fq.logit_cap);
+            QT_EXPECT(fg.norm_fwd == qt_rmsnorm1p_fwd && fg.norm_bwd == qt_rmsnorm1p_bwd && fg.qknorm_fwd == qt_qknorm1p_fwd &&
+                          fg.glu_fwd == qt_geglu_fwd && fg.glu_bwd_h == qt_geglu_bwd_h &&
+                          fg.fp8_glu_bwd_requant == qt_fp8_geglu_bwd_requant && fg.embed_scale == 50.5f &&
+                          fg.attn_scale == 0.0625f && fg.logit_cap == 30.0f,
+                      "gemma3's family: embed scale %g (bf16 sqrt(2560) = 50.5), attention %g, cap %g", fg.embed_scale,
+                      fg.attn_scale, fg.logit_cap);
         }
         size_t want = (block ? 1 : nl) * al(N * C * 2) + nl * (al(N * C * 2) + 2 * al(N * 4));
         size_t got = rows_from(&p[1], "activations:") - rows_from(&p[0], "activations:");
