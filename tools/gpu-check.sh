@@ -157,7 +157,8 @@ fi
 # plan = the arena, the measured peak within its margin); the mutant build's tests catch every planted bug
 # of ZeRO, the offloads, recompute and the fp8 weight cache. Then the bitwise
 # comparisons at the shapes of MEMORY_SHAPES (qt_test_data.h; default gqa64: Qwen2.5-0.5B's 14/2 heads at seq
-# 1024; gqa128: Qwen2.5-7B's 28/4; llama: a held-out 16/4; qwen3: q/k norms, head_dim 128; swa: a window of 128).
+# 1024; gqa128: Qwen2.5-7B's 28/4; llama: a held-out 16/4; qwen3: q/k norms, head_dim 128; swa: a window of 128;
+# gemma: Gemma-3-like, sandwich norms, local/global layers, soft-cap).
 if has memory; then
     { step test_zero 1500 build/tests/test_zero
       step test_offload 1800 build/tests/test_offload
