@@ -273,6 +273,9 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
      * and writes dx (5) */
     if (c->qk_norm)
         elem += nl * (double)(c->num_heads + c->num_kv_heads) * c->head_dim * 2 * (8 + (rc & QT_RC_QKV ? 3 : 0));
+    /* post-norms (Gemma's sandwich): two more norms per layer, bf16 [C] passes: each forward reads and writes (2),
+     * each backward zeroes dx, reads dy and x, writes dx (4); recompute block runs the attention one again (2) */
+    if (L->layers[0].post_attn != SIZE_MAX) elem += nl * C * 2 * (12 + (rc & QT_RC_BLOCK ? 2 : 0));
     double elem_bps = pr->hbm_bps < QT_PLAN_ELEM_BPS ? pr->hbm_bps : QT_PLAN_ELEM_BPS;
     k.compute += tok * elem / elem_bps;
     if (cfg->memory.offload & QT_OFF_OPTIMIZER) {
