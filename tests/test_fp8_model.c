@@ -336,9 +336,12 @@ static void test_fp8_qwen3(void) {
 static void test_fp8_gemma3(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
-    family_checks(GEMMA3, "gemma3_", 0.98);
+    /* 0.97: not yet measured on a GPU (Qwen3's worst is 0.986, its q/k norm weights); Gemma has four norms per layer
+     * beside the q/k ones, two of them on fp8 matmul outputs. A wiring bug (a norm's scale, an abs-max from the
+     * wrong tensor) costs far more. */
+    family_checks(GEMMA3, "gemma3_", 0.97);
     g_model = GEMMA3;
-    compare_grads("bf16", "true", 0.98);
+    compare_grads("bf16", "true", 0.97);
     g_model = NULL;
 }
 
