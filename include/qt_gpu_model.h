@@ -68,6 +68,9 @@ typedef struct {
     int32_t *doc_host[2];  /* pinned [2N] staging, alternated (owned, with doc_buf) */
     cudaEvent_t doc_free[2]; /* recorded after the copy that read doc_host[k] */
     int doc_k;
+    struct qt_gpu_base *base; /* LoRA (plan lora.rank > 0): the frozen base's placement (qt_gpu_base.h, owned); ps is
+                            * NULL then and no weight gets a gradient. NULL: ps holds the trained weights */
+    struct qt_gpu_lora *lora; /* with base: the adapters beside the block matmuls (qt_gpu_lora.h, owned) */
 } qt_gpu_model;
 
 /* One micro-step's arguments. With backward: grads += d(loss_scale * sum of token losses)/dw and the

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qt_act_store.h"
 #include "qt_comm.h"
 #include "qt_device.h"
 #include "qt_engine.h"
@@ -31,13 +32,31 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         return NULL;
     }
     int devs[QT_COMM_MAX_RANKS], n = qt_plan_rank_devices(cfg, ngpu, devs, err, errlen);
+    if (n > 1 && cfg->lora.rank > 0) {
+        snprintf(err, errlen, "%s: parallel.gpus: LoRA runs on one GPU (data parallel adapters are not yet on the GPU), "
+                 "got %d ranks: set parallel.gpus: 1", cfg->path, n);
+        return NULL;
+    }
     if (n < 0 || qt_plan_resolve(cfg, L, n == 1 ? 0 : n, &plan, err, errlen)) return NULL;
+    if (n == 1 && plan.lora.rank > 0) return qt_engine_gpu_lora_create(L, &plan, src, devs[0], err, errlen);
     if (n == 1) return qt_engine_gpu_create(L, &plan, src, devs[0], NULL, err, errlen);
     return qt_engine_dp_create(L, &plan, src, n, devs, err, errlen);
 }
 
+/* LoRA on the GPU runs a bf16 base resident on one GPU with fp32 adapters (engine_gpu_lora.c); what else it
+ * would need is refused here, naming the key (device: cpu trains every LoRA setting on the CPU fp32 engine). */
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
-    if (cfg->lora.rank > 0) return "lora: not yet on the GPU (set device: cpu to train the adapters on the CPU fp32 engine)";
+    if (cfg->lora.rank <= 0) return NULL;
+    if (cfg->lora.trainable)
+        return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";
+    if (cfg->precision.matmul_dtype != QT_DT_BF16)
+        return "precision.matmul_dtype: LoRA on the GPU runs a bf16 base (fp8 bases are not yet there): set bf16";
+    if (cfg->memory.offload || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
+        return "memory.offload: LoRA on the GPU keeps the frozen base, adapters and activations on the GPU (nothing "
+               "offloaded yet)";
+    if (qt_act_recompute_resolve(cfg->memory.recompute) & QT_RC_SWIGLU)
+        return "memory.recompute: swiglu (and ffn, block, which imply it) is not yet supported with LoRA on the GPU: "
+               "recompute norm, qkv or att";
     return NULL;
 }
 
