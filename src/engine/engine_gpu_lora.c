@@ -203,9 +203,7 @@ qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, co
     QT_CHECK(e, "out of host memory");
     e->plan = *plan;
     e->base = (qt_engine){&glora_ops, L, &e->plan, 1};
-    qt_shard one;
-    qt_shard_init(&one, L, 1, 0, 0);
-    e->g = qt_gpu_model_create(L, &e->plan, src, &one, err, errlen);
+    e->g = qt_gpu_model_create(L, &e->plan, src, NULL, err, errlen); /* no shard: the frozen base has no store */
     if (!e->g) {
         free(e);
         return NULL;
