@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qt_act_store.h"
 #include "qt_comm.h"
 #include "qt_device.h"
 #include "qt_engine.h"
@@ -54,7 +53,7 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->memory.offload || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
         return "memory.offload: LoRA on the GPU keeps the frozen base, adapters and activations on the GPU (nothing "
                "offloaded yet)";
-    if (qt_act_recompute_resolve(cfg->memory.recompute) & QT_RC_SWIGLU)
+    if (cfg->memory.recompute & (QT_RC_SWIGLU | QT_RC_FFN | QT_RC_BLOCK)) /* ffn and block imply swiglu */
         return "memory.recompute: swiglu (and ffn, block, which imply it) is not yet supported with LoRA on the GPU: "
                "recompute norm, qkv or att";
     return NULL;
