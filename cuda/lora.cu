@@ -134,6 +134,12 @@ extern "C" void qt_lora_bwd_w(float *g, float *dA, float *dB, const void *dy, co
     QT_CUDA(cudaGetLastError());
     lora_db_kernel<<<qt_grid_for((long long)out * r, 128), 128, 0, s>>>(dB, (const bf16 *)dy, u, N, out, r, row0, ld, scale);
     QT_CUDA(cudaGetLastError());
+    if (x) qt_lora_bwd_a(dA, g, x, N, in, r, p, mseed, s);
+}
+
+extern "C" void qt_lora_bwd_a(float *dA, const float *g, const void *x, long N, int in, int r, float p, uint64_t mseed,
+                              cudaStream_t s) {
+    if (N <= 0) return;
     lora_da_kernel<<<qt_grid_for((long long)r * in, 128), 128, 0, s>>>(dA, g, (const bf16 *)x, N, in, r, p,
                                                                          keep_scale(p), mseed);
     QT_CUDA(cudaGetLastError());

@@ -47,8 +47,11 @@ void qt_gpu_lora_set_batch(qt_gpu_lora *gl, long step, long micro);
 /* Layer l's adapters of site (qt_lora_site) on input x [N, in] (bf16) into the site's fused output y (bf16, +=). */
 void qt_gpu_lora_fwd(qt_gpu_lora *gl, int l, int site, const void *x, void *y, cudaStream_t s);
 /* Their gradients (ga +=) from the site's output gradient dy (bf16, the fused rows) and x; keeps g per module
- * for bwd_x, so bwd_x of the same site follows before the next site's bwd_w. */
+ * for bwd_x (and bwd_a), so those of the same site follow before the next site's bwd_w. x NULL: the A gradients
+ * wait for bwd_a. */
 void qt_gpu_lora_bwd_w(qt_gpu_lora *gl, int l, int site, const void *x, const void *dy, cudaStream_t s);
+/* The A gradients (ga +=) of a bwd_w given no x, from x [N, in] (bf16) once it exists. */
+void qt_gpu_lora_bwd_a(qt_gpu_lora *gl, int l, int site, const void *x, cudaStream_t s);
 /* dx [N, in] (bf16, +=) += the site's adapter terms. */
 void qt_gpu_lora_bwd_x(qt_gpu_lora *gl, int l, int site, void *dx, cudaStream_t s);
 

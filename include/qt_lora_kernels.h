@@ -24,9 +24,13 @@ void qt_lora_up_fwd(void *y, const float *u, const float *B, long N, int out, in
                     cudaStream_t s);
 /* The backward's first half, before the base's dgrad may write over x (the down projection's dx is x's
  * buffer): g[N, r] (fp32, =) = scale * dy_m B, dB[out, r] (fp32, +=) += scale * dy_m^T u, dA[r, in] (fp32, +=)
- * += g^T xd; dy_m = dy's rows [row0, row0 + out) of ld. */
+ * += g^T xd; dy_m = dy's rows [row0, row0 + out) of ld. x NULL: dA is left to qt_lora_bwd_a. */
 void qt_lora_bwd_w(float *g, float *dA, float *dB, const void *dy, const float *u, const void *x, const float *B,
                    long N, int in, int out, int r, int row0, int ld, float scale, float p, uint64_t mseed,
+                   cudaStream_t s);
+/* dA[r, in] (fp32, +=) += g^T xd: qt_lora_bwd_w's last part, for an x that exists only later (a recomputed
+ * SwiGLU output, rebuilt over its gradient's buffer). */
+void qt_lora_bwd_a(float *dA, const float *g, const void *x, long N, int in, int r, float p, uint64_t mseed,
                    cudaStream_t s);
 /* The second half, once the base's dgrad wrote dx: dx[N, in] (bf16, +=: one RNE of dx + the fp32 term) += mask *
  * (g A). */

@@ -5,7 +5,8 @@
  * output, whose width is ld = row0 + out + row0 / 2 (rows on both sides that must keep their bits). f: the dropout
  * rate p (the mask's seed is drawn per row); the scale is 1.5. fp32 sums against the CPU's double ones: u and g over
  * in / out terms, dA and dB over N tokens (absolute bounds that grow with the count of terms); the bf16 outputs y
- * and dx take one RNE of (old + fp32 term): 8e-3 relative, two bf16 units. test_lora_planted checks that the
+ * and dx take one RNE of (old + fp32 term): 8e-3 relative, two bf16 units. Backward +cur: the launch order of a
+ * recomputed SwiGLU (dA after dx, from the same g). test_lora_planted checks that the
  * dropout mask, its 1/(1-p) and the scale are each caught when left out. */
 #ifndef OP_DEFS_LORA_H
 #define OP_DEFS_LORA_H
@@ -91,11 +92,14 @@ static void lora_bwd_ref(op_run *r) {
         }
     free(a), free(ga);
 }
+/* +cur: the order of a recomputed SwiGLU (block_backward): g and dB without x, dx, then dA on its own. */
 static void lora_bwd_launch(op_run *r, int pass) {
     (void)pass;
-    qt_lora_bwd_w(D(r, "g"), D(r, "dA"), D(r, "dB"), D(r, "dy"), D(r, "u"), D(r, "x"), D(r, "B"), S(0), (int)S(1),
-                  (int)S(2), (int)S(3), (int)S(4), (int)lora_ld(r), LORA_SCALE, r->c->f, lora_mseed(r), 0);
+    int split = OPT(O_CUR);
+    qt_lora_bwd_w(D(r, "g"), D(r, "dA"), D(r, "dB"), D(r, "dy"), D(r, "u"), split ? NULL : D(r, "x"), D(r, "B"), S(0),
+                  (int)S(1), (int)S(2), (int)S(3), (int)S(4), (int)lora_ld(r), LORA_SCALE, r->c->f, lora_mseed(r), 0);
     qt_lora_bwd_x(D(r, "dx"), D(r, "g"), D(r, "A"), S(0), (int)S(1), (int)S(3), r->c->f, lora_mseed(r), 0);
+    if (split) qt_lora_bwd_a(D(r, "dA"), D(r, "g"), D(r, "x"), S(0), (int)S(1), (int)S(3), r->c->f, lora_mseed(r), 0);
 }
 static const op_def OP_LORA_BWD = {"lora_bwd", "n in out r row0", 0, "p", lora_bwd_build, lora_bwd_ref, lora_bwd_launch,
                                    NULL, NULL, 0, 0, 0};

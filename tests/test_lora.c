@@ -300,15 +300,14 @@ static void test_gpu_refuses(void) {
         {"lora: {rank: 4}\nprecision: {matmul_dtype: e4m3}\n", "precision.matmul_dtype"},
         {"lora: {rank: 4}\nmemory: {offload: [m, v]}\n", "memory.offload"},
         {"lora: {rank: 4}\nmemory: {offload: [residual]}\n", "memory.offload"},
-        {"lora: {rank: 4}\nmemory: {recompute: [ffn]}\n", "memory.recompute"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         QT_REQUIRE(load(&c, cases[i].yaml, err, sizeof err) == 0, "%s: %s", cases[i].yaml, err);
         no = qt_engine_gpu_refusal(&c);
         QT_EXPECT(no && !strncmp(no, cases[i].key, strlen(cases[i].key)), "%s: refusal %s", cases[i].yaml, no ? no : "none");
     }
-    QT_REQUIRE(load(&c, "lora: {rank: 4}\nmemory: {recompute: [norm, qkv, att]}\n", err, sizeof err) == 0, "%s", err);
-    QT_EXPECT(!qt_engine_gpu_refusal(&c), "recompute of norm, qkv, att refused with LoRA");
+    QT_REQUIRE(load(&c, "lora: {rank: 4}\nmemory: {recompute: [block]}\n", err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "recompute refused with LoRA");
     c.lora.rank = 0;
     c.lora.trainable = QT_LORA_X_NORMS;
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "full fine-tuning refused on the GPU");
@@ -442,31 +441,39 @@ static void test_gpu_resume_bit_exact(void) {
     resume_bit_exact_on("_gpu", "", "cuda");
 }
 
-/* On the GPU, memory.recompute [norm, qkv, att] trains the adapters to the same bits as no recompute. */
+/* On the GPU, memory.recompute trains the adapters to the same bits as no recompute: [norm, qkv, att] (the adapters
+ * of qkv run again) and [block] (all parts: o, gate|up again, and the SwiGLU rebuilt after down's dgrad, so down's
+ * A gradient waits for it). */
 static void test_gpu_recompute_bitwise(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     write_data();
     static qt_config c;
-    char yaml[4096], err[1024], tag[32], ex[2][512];
-    float loss[2][8];
-    for (int k = 0; k < 2; k++) {
+    char yaml[4096], err[1024], tag[32], ex[3][512];
+    float loss[3][8];
+    const int rc[3] = {0, QT_RC_NORM | QT_RC_QKV | QT_RC_ATT, QT_RC_BLOCK};
+    for (int k = 0; k < 3; k++) {
         snprintf(tag, sizeof tag, "rc%d", k);
         QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, tag, 3, "cuda"), err, sizeof err) == 0, "%s", err);
         c.optim.steps = 8;
-        c.memory.recompute = k ? QT_RC_NORM | QT_RC_QKV | QT_RC_ATT : 0;
+        c.memory.recompute = rc[k];
         qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
         qt_train_stats st;
         QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", tag, err);
         snprintf(ex[k], sizeof ex[k], "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, tag);
     }
-    for (int s = 0; s < 8; s++)
-        QT_EXPECT(!memcmp(&loss[0][s], &loss[1][s], 4), "step %d: %.9g without recompute, %.9g with", s + 1, loss[0][s],
-                  loss[1][s]);
-    size_t na = 0, nb = 0;
-    char *fa = qt_t_read_file(ex[0], &na), *fb = qt_t_read_file(ex[1], &nb);
-    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
+    size_t na = 0;
+    char *fa = qt_t_read_file(ex[0], &na);
+    for (int k = 1; k < 3; k++) {
+        for (int s = 0; s < 8; s++)
+            QT_EXPECT(!memcmp(&loss[0][s], &loss[k][s], 4), "recompute %d, step %d: %.9g without recompute, %.9g with", rc[k],
+                      s + 1, loss[0][s], loss[k][s]);
+        size_t nb = 0;
+        char *fb = qt_t_read_file(ex[k], &nb);
+        QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "recompute %d: adapter exports differ (%zu vs %zu "
+                  "bytes)", rc[k], na, nb);
+        free(fb);
+    }
     free(fa);
-    free(fb);
 }
 
 int main(void) {

@@ -163,7 +163,7 @@ static const op_case CASES[] = {
     {&OP_LORA_FWD, {1, 64, 40, 16, 64}, 0, 0, 0, 0.25f, 1}, {&OP_LORA_FWD, {257, 896, 128, 64, 896}, 0, 0, 0, 0.05f, 0},
     {&OP_LORA_BWD, {64, 128, 64, 8, 0}, 0, 0, 0, 0, 0}, {&OP_LORA_BWD, {33, 200, 48, 4, 16}, 0, 0, 0, 0.1f, 0},
     {&OP_LORA_BWD, {1, 64, 40, 16, 64}, 0, 0, 0, 0.25f, 1}, {&OP_LORA_BWD, {257, 896, 128, 64, 896}, 0, 0, 0, 0.05f, 0},
-    {&OP_LORA_BWD, {1024, 4864, 896, 16, 0}, 0, 0, 0, 0.1f, 0},
+    {&OP_LORA_BWD, {1024, 4864, 896, 16, 0}, 0, 0, 0, 0.1f, 0}, {&OP_LORA_BWD, {33, 200, 48, 4, 16}, 0, 0, O_CUR, 0.1f, 1},
     /* Gemma 3 (op_defs_gemma.h). GeGLU: n f (6912: Gemma 3 1B's intermediate size) */
     {&OP_GEGLU_FWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_GEGLU_FWD, {7, 24}, 0, 0, O_AMAX, 0, 1},
     {&OP_GEGLU_FWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_GEGLU_FWD, {64, 6912}, 0, 0, O_AMAX, 0, 0},

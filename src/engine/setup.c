@@ -53,9 +53,6 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->memory.offload || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
         return "memory.offload: LoRA on the GPU keeps the frozen base, adapters and activations on the GPU (nothing "
                "offloaded yet)";
-    if (cfg->memory.recompute & (QT_RC_SWIGLU | QT_RC_FFN | QT_RC_BLOCK)) /* ffn and block imply swiglu */
-        return "memory.recompute: swiglu (and ffn, block, which imply it) is not yet supported with LoRA on the GPU: "
-               "recompute norm, qkv or att";
     return NULL;
 }
 

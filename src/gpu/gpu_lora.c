@@ -90,6 +90,15 @@ void qt_gpu_lora_bwd_w(qt_gpu_lora *gl, int l, int site, const void *x, const vo
     }
 }
 
+void qt_gpu_lora_bwd_a(qt_gpu_lora *gl, int l, int site, const void *x, cudaStream_t s) {
+    int r = gl->A.cfg.rank, j = 0;
+    for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
+        const qt_lora_module *md = &gl->A.mods[i];
+        if ((int)md->site != site) continue;
+        qt_lora_bwd_a(gl->ga + md->a, gl->g + (size_t)j++ * gl->N * r, x, gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
+    }
+}
+
 void qt_gpu_lora_bwd_x(qt_gpu_lora *gl, int l, int site, void *dx, cudaStream_t s) {
     int r = gl->A.cfg.rank, j = 0;
     for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {

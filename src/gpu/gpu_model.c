@@ -581,11 +581,20 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     } else if (r & QT_RC_SWIGLU) {
         qt_gpu_model_mark(g, "matmul bwd: down");
         qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, as->dres_bf, Wp(g, o->wdown), N, d.F, d.C, 0, s);
+        if (g->lora) { /* dh complete before the SwiGLU backward reads it; dA once h is back */
+            qt_gpu_model_mark(g, "lora bwd");
+            qt_gpu_lora_bwd_w(g->lora, l, QT_LORA_SITE_DOWN, NULL, as->dres_bf, s);
+            qt_gpu_lora_bwd_x(g->lora, l, QT_LORA_SITE_DOWN, a->h, s);
+        }
         qt_gpu_model_mark(g, "swiglu");
         if (stale_h) qt_swiglu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* h's buffer: dh */
         else qt_swiglu_bwd_h(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
         qt_gpu_model_mark(g, "matmul bwd: down");
-        qt_matmul_wgrad(g->mm, Gp(g, o->wdown), Gdt(g), NULL, as->dres_bf, a->h, N, d.F, d.C, 1, s);
+        if (Gp(g, o->wdown)) qt_matmul_wgrad(g->mm, Gp(g, o->wdown), Gdt(g), NULL, as->dres_bf, a->h, N, d.F, d.C, 1, s);
+        if (g->lora) {
+            qt_gpu_model_mark(g, "lora bwd");
+            qt_gpu_lora_bwd_a(g->lora, l, QT_LORA_SITE_DOWN, a->h, s);
+        }
     } else {
         lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, as->dres_bf, a->h, o->wdown, d.F, d.C);
         qt_gpu_model_mark(g, "swiglu");
