@@ -7,13 +7,11 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
 
-#include "qt_config.h"
 #include "qt_engine.h"
 #include "qt_gpu_lora.h"
 #include "qt_gpu_model.h"
+#include "lora_dump.h"
 
 static int die(const char *what, const char *err) {
     fprintf(stderr, "tool_lora_dump_gpu: %s: %s\n", what, err);
@@ -21,22 +19,15 @@ static int die(const char *what, const char *err) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 14 || atoi(argv[13]) != 0) {
-        fprintf(stderr, "usage: tool_lora_dump_gpu HF_DIR ADAPTER TOKENS.i32 B T OUT_DIR R ALPHA RSLORA TARGETS DROPOUT "
-                "SEED 0\n");
-        return 2;
-    }
     static qt_config cfg;
-    char err[2048], path[2048];
-    qt_config_defaults(&cfg);
-    snprintf(cfg.init.from, sizeof cfg.init.from, "%s", argv[1]);
-    int B = atoi(argv[4]), T = atoi(argv[5]);
+    char err[2048];
+    uint64_t seed;
+    if (lora_dump_args(argc, argv, "tool_lora_dump_gpu", &cfg, &seed)) return 2;
+    if (cfg.lora.trainable) return die("TRAINABLE", "the GPU trains adapters only: expected 0");
+    int B = cfg.data.micro_batch, T = cfg.data.seq_len;
     long N = (long)B * T;
-    cfg.data.micro_batch = B;
-    cfg.data.seq_len = T;
     cfg.device = QT_DEVICE_CUDA;
-    cfg.lora = (qt_lora_cfg){atoi(argv[7]), (float)atof(argv[8]), atoi(argv[9]), (float)atof(argv[11]), atoi(argv[10]), 0, 0};
-    cfg.seed = strtoull(argv[12], NULL, 10); /* the plan's optimizer.seed: the masks' */
+    cfg.seed = seed; /* the plan's optimizer.seed: the masks' */
     qt_layout L;
     qt_weight_src src;
     qt_plan plan;
@@ -48,17 +39,10 @@ int main(int argc, char **argv) {
     size_t n = gl->A.numel;
     float *a = malloc(n * sizeof *a), *ga = malloc(n * sizeof *ga), *w = calloc(L.numel, sizeof *w);
     float *logits = malloc((size_t)N * L.cfg.vocab_size * sizeof *logits);
+    int32_t *in = malloc(sizeof(int32_t) * N), *tgt = malloc(sizeof(int32_t) * N);
     if (qt_lora_import(argv[2], &gl->A, a, &L, w, err, sizeof err)) return die(argv[2], err);
-    if (cudaMemcpy(gl->a, a, n * 4, cudaMemcpyHostToDevice) != cudaSuccess) return die("upload", "cudaMemcpy failed");
-    int32_t *win = malloc(sizeof(int32_t) * B * (T + 1)), *in = malloc(sizeof(int32_t) * N), *tgt = malloc(sizeof(int32_t) * N);
-    FILE *f = fopen(argv[3], "rb");
-    if (!f || fread(win, sizeof(int32_t), (size_t)B * (T + 1), f) != (size_t)B * (T + 1)) return die(argv[3], "short");
-    fclose(f);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            in[b * T + t] = win[b * (T + 1) + t];
-            tgt[b * T + t] = win[b * (T + 1) + t + 1];
-        }
+    if (lora_dump_tokens(argv[3], B, T, in, tgt)) return die(argv[3], "short");
+    cudaMemcpy(gl->a, a, n * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(g->tok, in, N * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(g->tgt, tgt, N * 4, cudaMemcpyHostToDevice);
     qt_gpu_lora_set_batch(gl, 1, 0);
@@ -67,21 +51,12 @@ int main(int argc, char **argv) {
     double sum;
     cudaMemcpy(&sum, g->loss_sum, 8, cudaMemcpyDeviceToHost);
     cudaMemcpy(ga, gl->ga, n * 4, cudaMemcpyDeviceToHost);
-    qt_gpu_model_logits(g, NULL, logits);
+    qt_gpu_model_logits(g, NULL, logits); /* the masks of step 1, micro-batch 0 still */
     if (cudaGetLastError() != cudaSuccess) return die("GPU", "a CUDA call failed");
-    mkdir(argv[6], 0777);
-    snprintf(path, sizeof path, "%s/logits.f32", argv[6]);
-    f = fopen(path, "wb");
-    fwrite(logits, sizeof(float), (size_t)N * L.cfg.vocab_size, f);
-    fclose(f);
+    lora_dump_write(argv[6], logits, (size_t)N * L.cfg.vocab_size, sum / N);
     if (qt_lora_export(argv[6], &gl->A, ga, &L, NULL, "", err, sizeof err)) return die(argv[6], err);
-    snprintf(path, sizeof path, "%s/loss.txt", argv[6]);
-    f = fopen(path, "w");
-    fprintf(f, "%.9g\n", sum / N);
-    fclose(f);
-    printf("loss %.9g\n", sum / N);
     qt_gpu_model_free(g);
     qt_layout_free(&L);
-    free(a), free(ga), free(w), free(logits), free(win), free(in), free(tgt);
+    free(a), free(ga), free(w), free(logits), free(in), free(tgt);
     return 0;
 }
