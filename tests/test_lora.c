@@ -3,7 +3,7 @@
  * training end to end with a bit-exact resume whose checkpoint holds the adapters only, a resume over
  * another base refused; on the GPU: what is refused (naming the key), the memory plan's rows (no base gradient or
  * moments), and with a GPU the engine against the CPU one (losses, adapters, logits within bf16 bounds), a
- * bit-exact resume and recompute bitwise equal to none. The match with transformers + PEFT is
+ * bit-exact resume, recompute bitwise equal to none, and fp8 block matmuls tracking bf16. The match with transformers + PEFT is
  * tests/test_lora_peft.py. */
 #include <math.h>
 #include <stdint.h>
@@ -297,7 +297,7 @@ static void test_gpu_refuses(void) {
     QT_EXPECT(!no, "plain LoRA refused on the GPU: %s", no);
     static const struct { const char *yaml, *key; } cases[] = {
         {"lora: {rank: 4, trainable: [norms]}\n", "lora.trainable"},
-        {"lora: {rank: 4}\nprecision: {matmul_dtype: e4m3}\n", "precision.matmul_dtype"},
+        {"lora: {rank: 4}\nprecision: {matmul_dtype: e4m3, grad_dtype: e5m2}\n", "precision.grad_dtype"},
         {"lora: {rank: 4}\nmemory: {offload: [m, v]}\n", "memory.offload"},
         {"lora: {rank: 4}\nmemory: {offload: [residual]}\n", "memory.offload"},
     };
@@ -306,8 +306,9 @@ static void test_gpu_refuses(void) {
         no = qt_engine_gpu_refusal(&c);
         QT_EXPECT(no && !strncmp(no, cases[i].key, strlen(cases[i].key)), "%s: refusal %s", cases[i].yaml, no ? no : "none");
     }
-    QT_REQUIRE(load(&c, "lora: {rank: 4}\nmemory: {recompute: [block]}\n", err, sizeof err) == 0, "%s", err);
-    QT_EXPECT(!qt_engine_gpu_refusal(&c), "recompute refused with LoRA");
+    QT_REQUIRE(load(&c, "lora: {rank: 4}\nmemory: {recompute: [block]}\nprecision: {matmul_dtype: e4m3}\n", err,
+                    sizeof err) == 0, "%s", err);
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "recompute or fp8 matmuls with a bf16 backward refused with LoRA");
     c.lora.rank = 0;
     c.lora.trainable = QT_LORA_X_NORMS;
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "full fine-tuning refused on the GPU");
@@ -435,6 +436,43 @@ static void test_gpu_tracks_cpu(void) {
     qt_layout_free(&L);
 }
 
+/* LoRA with fp8 (e4m3) block matmuls over the base quantized once, and a bf16 backward: 20 steps track the bf16
+ * run's losses within 3% (fp8's rounding of inputs and weights) and the loss falls; the plan has the fp8 weights
+ * row and still no base gradient. */
+static void test_gpu_fp8(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    write_data();
+    static qt_config c;
+    char yaml[4096], err[1024], tag[32];
+    float loss[2][20];
+    for (int k = 0; k < 2; k++) {
+        snprintf(tag, sizeof tag, "fp8_%d", k);
+        QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, tag, 3, "cuda"), err, sizeof err) == 0, "%s", err);
+        c.data.micro_batch = 4; /* fp8 GEMMs: 96 tokens and 256 features, multiples of 16 */
+        c.model.intermediate_size = 256;
+        c.precision.matmul_dtype = k ? QT_DT_E4M3 : QT_DT_BF16;
+        qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
+        qt_train_stats st;
+        QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", tag, err);
+    }
+    for (int s = 0; s < 20; s++)
+        QT_EXPECT(fabs(loss[1][s] - loss[0][s]) <= 0.03 * loss[0][s], "step %d: fp8 %g, bf16 %g", s + 1, loss[1][s], loss[0][s]);
+    printf("  loss bf16 %.4f -> %.4f, fp8 %.4f -> %.4f\n", loss[0][0], loss[0][19], loss[1][0], loss[1][19]);
+    QT_EXPECT(loss[1][19] < loss[1][0] - 0.05f, "fp8: the loss did not fall: %g -> %g", loss[1][0], loss[1][19]);
+    qt_layout L;
+    qt_weight_src src;
+    static qt_run_plan rp;
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    int fp8w = 0, grads = 0;
+    for (int i = 0; i < rp.mem.n; i++) {
+        fp8w |= !strcmp(rp.mem.row[i].kind, "fp8 weights (persistent)");
+        grads |= !strcmp(rp.mem.row[i].kind, "gradients (fp32)");
+    }
+    QT_EXPECT(fp8w && !grads, "fp8 LoRA plan: fp8 weights row %d, base gradients row %d", fp8w, grads);
+    qt_layout_free(&L);
+}
+
 /* On the GPU: 10 steps + resume + 10 steps equal 20 straight steps bit for bit, as on the CPU. */
 static void test_gpu_resume_bit_exact(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
@@ -492,6 +530,7 @@ int main(void) {
     QT_RUN(test_gpu_tracks_cpu);
     QT_RUN(test_gpu_resume_bit_exact);
     QT_RUN(test_gpu_recompute_bitwise);
+    QT_RUN(test_gpu_fp8);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }

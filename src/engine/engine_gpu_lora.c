@@ -4,7 +4,9 @@
  * The base has no gradient and no optimizer state; the adapters, their gradients and AdamW moments are fp32 on
  * the device. A micro-step uploads the tokens, names the dropout masks' step and micro-batch (the CPU LoRA
  * engine's rule, so the two engines draw the same masks) and runs the forward and backward eagerly (no CUDA
- * graphs). opt_step: the adapters' gradient norm, clip, AdamW, gradients zeroed, one host read of loss and norm.
+ * graphs); with precision.matmul_dtype e4m3 the block matmuls' forward runs in fp8 from the base quantized once, at
+ * creation (it never changes), and the backward in bf16. opt_step: the adapters' gradient norm, clip, AdamW,
+ * gradients zeroed, one host read of loss and norm.
  * Checkpoints hold the CPU LoRA engine's blobs (qt_lora_ckpt.h), copied to the host; the export is PEFT's adapter
  * files (qt_lora_export); get_weights gives the merged model (the bf16 base widened + scale B A). */
 #include <cuda_runtime.h>
@@ -174,35 +176,30 @@ static void glora_set_docs(qt_engine *b, const qt_docs *d) {
 static void glora_profile(qt_engine *b, int on) { qt_gpu_model_profile(((glora_engine *)b)->g, on); }
 static void glora_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_print(((glora_engine *)b)->g, steps); }
 
-static const qt_engine_ops glora_ops = {
-    .name = "cuda-bf16-lora",
-    .micro_step = glora_micro_step,
-    .opt_step = glora_opt_step,
-    .eval_loss = glora_eval_loss,
-    .get_weights = glora_get_weights,
-    .get_grads = glora_get_grads,
-    .forward_logits = glora_forward_logits,
-    .state_items = glora_state_items,
-    .load_state = glora_load_state,
-    .nonfinite_weight = glora_nonfinite_weight,
-    .tuning_save = qt_engine_gpu_tuning_save,
-    .tuning_load = qt_engine_gpu_tuning_load,
-    .print_memory = glora_print_memory,
-    .profile = glora_profile,
-    .profile_print = glora_profile_print,
-    .free = glora_free,
-    .set_docs = glora_set_docs,
-    .docs_by_default = 0,
-    .export_adapter = glora_export_adapter,
-};
+/* The same ops under the name the run's log shows. */
+#define GLORA_OPS(nm)                                                                                              \
+    {.name = nm, .micro_step = glora_micro_step, .opt_step = glora_opt_step, .eval_loss = glora_eval_loss,         \
+     .get_weights = glora_get_weights, .get_grads = glora_get_grads, .forward_logits = glora_forward_logits,       \
+     .state_items = glora_state_items, .load_state = glora_load_state, .nonfinite_weight = glora_nonfinite_weight, \
+     .tuning_save = qt_engine_gpu_tuning_save, .tuning_load = qt_engine_gpu_tuning_load,                           \
+     .print_memory = glora_print_memory, .profile = glora_profile, .profile_print = glora_profile_print,           \
+     .free = glora_free, .set_docs = glora_set_docs, .docs_by_default = 0, .export_adapter = glora_export_adapter}
+static const qt_engine_ops glora_ops = GLORA_OPS("cuda-bf16-lora"),
+                           glora_fp8_ops = GLORA_OPS("cuda-fp8-lora (e4m3 block matmuls, bf16 backward)");
 
 qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                      char *err, size_t errlen) {
     QT_CUDA(cudaSetDevice(device));
+    if (plan->precision.fp8) {
+        struct cudaDeviceProp p;
+        QT_CUDA(cudaGetDeviceProperties(&p, device));
+        if (qt_fp8_check(&L->cfg, plan->run.path, (long)plan->run.B * plan->run.T, p.major * 10 + p.minor, err, errlen))
+            return NULL;
+    }
     glora_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
     e->plan = *plan;
-    e->base = (qt_engine){&glora_ops, L, &e->plan, 1};
+    e->base = (qt_engine){plan->precision.fp8 ? &glora_fp8_ops : &glora_ops, L, &e->plan, 1};
     e->g = qt_gpu_model_create(L, &e->plan, src, NULL, err, errlen); /* no shard: the frozen base has no store */
     if (!e->g) {
         free(e);

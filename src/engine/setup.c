@@ -48,8 +48,9 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->lora.rank <= 0) return NULL;
     if (cfg->lora.trainable)
         return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";
-    if (cfg->precision.matmul_dtype != QT_DT_BF16)
-        return "precision.matmul_dtype: LoRA on the GPU runs a bf16 base (fp8 bases are not yet there): set bf16";
+    if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.grad_dtype != QT_DT_BF16)
+        return "precision.grad_dtype: LoRA with fp8 matmuls runs the backward in bf16 (the adapters' gradients read the "
+               "blocks' bf16 inputs, which an fp8 backward does not keep): set bf16";
     if (cfg->memory.offload || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
         return "memory.offload: LoRA on the GPU keeps the frozen base, adapters and activations on the GPU (nothing "
                "offloaded yet)";

@@ -279,7 +279,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
     if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, pl->precision.grad_dt, (qt_fp8_wcache)pl->precision.fp8_cache,
                                g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
-        if (!from_slots(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
+        if (!from_slots(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps ? g->ps->w : Wp(g, 0), 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
     return g;
@@ -354,7 +354,7 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
 static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT, int amax) {
     const qt_layer_offsets *o = &g->L->layers[l];
     const qt_param_store *ps = g->ps;
-    if (ps->plan.weights.e4m3 && ps->small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
+    if (ps && ps->plan.weights.e4m3 && ps->small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
         const void *w8[QT_FP8_NMM] = {qt_wslots_addr8(ps->wslots, o->wqkv), qt_wslots_addr8(ps->wslots, o->wo),
                                       qt_wslots_addr8(ps->wslots, o->wgu), qt_wslots_addr8(ps->wslots, o->wdown)};
         qt_gpu_model_mark(g, "fp8 quantize: weights");
@@ -648,8 +648,8 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
 
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a) {
     /* without persistent quants the fp8 weights are rebuilt for every micro-batch (ZeRO-3: their abs-max
-     * is taken at each layer's forward anyway) */
-    if (g->fp8_fwd && !g->pl->precision.persistent_quants && !from_slots(g)) {
+     * is taken at each layer's forward anyway); a frozen base's were made once, at creation */
+    if (g->fp8_fwd && !g->pl->precision.persistent_quants && !from_slots(g) && g->ps) {
         qt_param_acquire_weights(g->ps, a->hooks, g->L->numel);
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, g->L, g->ps->w, 0, g->L->cfg.num_layers, g->stream);
