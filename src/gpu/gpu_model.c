@@ -69,7 +69,7 @@ static void outside_rows(const qt_gpu_model *g, qt_mem_plan *p) {
     size_t C = c->hidden_size, F = c->intermediate_size, HD = (size_t)c->num_heads * c->head_dim;
     size_t QKV = HD + (size_t)2 * c->num_kv_heads * c->head_dim, tune = 0;
     size_t out[5] = {QKV * C, C * HD, 2 * F * C, C * F, (size_t)c->vocab_size * C}; /* the wgrad outputs */
-    for (int i = 0; i < 5 && g->pl->perf.autotune; i++)
+    for (int i = 0; i < 5 && g->pl->perf.autotune && g->ps; i++) /* a frozen base (LoRA) has no weight gradient */
         if (qt_matmul_tune_scratch_bytes(out[i] * 4) > tune) tune = qt_matmul_tune_scratch_bytes(out[i] * 4);
     qt_mem_plan_add(p, QT_MEM_DEVICE, "cuBLASLt workspace", QT_MATMUL_WS_DEFAULT);
     if (tune) qt_mem_plan_add(p, QT_MEM_DEVICE, "matmul autotune scratch", tune);
