@@ -3,7 +3,8 @@
  * training end to end with a bit-exact resume whose checkpoint holds the adapters only, a resume over
  * another base refused; on the GPU: what is refused (naming the key), the memory plan's rows (no base gradient or
  * moments), and with a GPU the engine against the CPU one (losses, adapters, logits within bf16 bounds), a
- * bit-exact resume, recompute bitwise equal to none, and fp8 block matmuls tracking bf16. The match with transformers + PEFT is
+ * bit-exact resume, recompute bitwise equal to none, fp8 block matmuls tracking bf16, and two data-parallel ranks
+ * equal to one GPU bit for bit. The match with transformers + PEFT is
  * tests/test_lora_peft.py. */
 #include <math.h>
 #include <stdint.h>
@@ -300,6 +301,7 @@ static void test_gpu_refuses(void) {
         {"lora: {rank: 4}\nprecision: {matmul_dtype: e4m3, grad_dtype: e5m2}\n", "precision.grad_dtype"},
         {"lora: {rank: 4}\nmemory: {offload: [m, v]}\n", "memory.offload"},
         {"lora: {rank: 4}\nmemory: {offload: [residual]}\n", "memory.offload"},
+        {"lora: {rank: 4}\nparallel: {devices: [0, 0], zero: 1}\n", "parallel.zero"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         QT_REQUIRE(load(&c, cases[i].yaml, err, sizeof err) == 0, "%s: %s", cases[i].yaml, err);
@@ -473,6 +475,37 @@ static void test_gpu_fp8(void) {
     qt_layout_free(&L);
 }
 
+/* Two data-parallel ranks sharing GPU 0 (grad_accum 1) train the adapters to the same bits as one GPU accumulating
+ * the same two micro-batches (grad_accum 2): the same masks (the step's global micro-batch index), the gradients
+ * summed in the same order. */
+static void test_gpu_data_parallel(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    write_data();
+    static qt_config c;
+    char yaml[4096], err[1024], tag[32], ex[2][512];
+    float loss[2][8];
+    for (int k = 0; k < 2; k++) {
+        snprintf(tag, sizeof tag, "dp%d", k);
+        QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, tag, 3, "cuda"), err, sizeof err) == 0, "%s", err);
+        c.optim.steps = 8;
+        if (k) {
+            c.data.grad_accum = 1;
+            c.parallel.devices.n = 2; /* both on GPU 0 */
+        }
+        qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
+        qt_train_stats st;
+        QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", tag, err);
+        snprintf(ex[k], sizeof ex[k], "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, tag);
+    }
+    for (int s = 0; s < 8; s++)
+        QT_EXPECT(!memcmp(&loss[0][s], &loss[1][s], 4), "step %d: one GPU %.9g, two ranks %.9g", s + 1, loss[0][s], loss[1][s]);
+    size_t na = 0, nb = 0;
+    char *fa = qt_t_read_file(ex[0], &na), *fb = qt_t_read_file(ex[1], &nb);
+    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
+    free(fa);
+    free(fb);
+}
+
 /* On the GPU: 10 steps + resume + 10 steps equal 20 straight steps bit for bit, as on the CPU. */
 static void test_gpu_resume_bit_exact(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
@@ -531,6 +564,7 @@ int main(void) {
     QT_RUN(test_gpu_resume_bit_exact);
     QT_RUN(test_gpu_recompute_bitwise);
     QT_RUN(test_gpu_fp8);
+    QT_RUN(test_gpu_data_parallel);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }
