@@ -183,7 +183,7 @@ static void test_config_errors(void) {
 }
 
 /* The test run: tied embeddings and no trained base tensors unless extras (lora.trainable's list) is given. On
- * cuda the model's heads are 64 wide (cuDNN's attention). */
+ * cuda the model's heads are 64 wide (cuDNN's attention), on one GPU. */
 static const char *run_yaml_x(char *yaml, size_t cap, const char *tag, int init_seed, const char *device,
                               const char *extras) {
     int gpu = !strcmp(device, "cuda");
@@ -197,8 +197,9 @@ static const char *run_yaml_x(char *yaml, size_t cap, const char *tag, int init_
              "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 2}\n"
              "log: {file: '%s/log_%s.jsonl', every: 5}\n"
              "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, k, v, o, gate, up, down], trainable: [%s]}\n"
-             "device: %s\n",
-             gpu ? "128" : "32", gpu ? "2" : "4", gpu ? "1" : "2", gpu ? "200" : "48", extras[0] ? "false" : "true", init_seed, g_dir, g_dir, g_dir, tag, g_dir, tag, extras, device);
+             "device: %s\n%s",
+             gpu ? "128" : "32", gpu ? "2" : "4", gpu ? "1" : "2", gpu ? "200" : "48", extras[0] ? "false" : "true", init_seed, g_dir, g_dir, g_dir, tag, g_dir, tag, extras, device,
+             gpu ? "parallel: {gpus: 1}\n" : "");
     return yaml;
 }
 
