@@ -152,6 +152,17 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const q
  * NULL with err when the weights cannot be read or the lora settings are invalid. */
 qt_engine *qt_engine_cpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
                                      size_t errlen);
+/* One GPU's engine training the LoRA adapters of plan->lora over a frozen bf16 base read from src, on CUDA device
+ * `device` (qt_gpu_base.h, qt_gpu_lora.h); NULL with err when CUDA, the memory plan or the weights cannot be
+ * served. The plan is one GPU's (qt_engine_gpu_refusal lists what LoRA on the GPU does not run). */
+qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
+                                     char *err, size_t errlen);
+/* LoRA on n GPU ranks (devices[0..n), a device may repeat), each such an engine with plan (one GPU's) and the
+ * adapters replicated: their gradients summed over the ranks in rank order before each rank's same AdamW, the
+ * dropout masks those of the step's global micro-batch index. NULL with err. */
+#define QT_LORA_DP_MAX 16
+qt_engine *qt_engine_gpu_lora_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
+                                        const int *devices, char *err, size_t errlen);
 /* A data-parallel rank's place: its comm (borrowed), its rank and its slice of the buckets (ZeRO-1 when
  * shard->n_ranks > 1; qt_partition.h). */
 struct qt_comm;

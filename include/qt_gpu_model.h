@@ -71,6 +71,9 @@ typedef struct {
     int doc_k;
     qt_gpu_family fam;     /* the family's kernels and scales (qt_gpu_family.h), from L->cfg */
     float *rope_cs_local;  /* [T, D] the local layers' RoPE table (cfg.rope_local_theta > 0), else NULL */
+    struct qt_gpu_base *base; /* LoRA (plan lora.rank > 0): the frozen base's placement (qt_gpu_base.h, owned); ps is
+                            * NULL then and no weight gets a gradient. NULL: ps holds the trained weights */
+    struct qt_gpu_lora *lora; /* with base: the adapters beside the block matmuls (qt_gpu_lora.h, owned) */
 } qt_gpu_model;
 
 /* One micro-step's arguments. With backward: grads += d(loss_scale * sum of token losses)/dw and the

@@ -25,6 +25,7 @@
 #include "op_defs_docs.h"
 #include "op_defs_gemma.h"
 #include "op_defs_lib.h"
+#include "op_defs_lora.h"
 
 #define F32 QT_DT_F32
 #define BF16 QT_DT_BF16
@@ -156,6 +157,13 @@ static const op_case CASES[] = {
     LM(2, 300007, 1.0f, 0, 0),                             /* past the cluster's registers: falls back */
     {&OP_LMHEAD, {13, 151936, QT_LMHEAD_AUTO}, 0, 0, O_BAD, 2.0f, 0},
     {&OP_SUM, {1}, 0, 0, 0, 0, 0}, {&OP_SUM, {13}, 0, 0, 0, 0, 0}, {&OP_SUM, {100003}, 0, 0, 0, 0, 0},
+    /* LoRA modules (op_defs_lora.h): n in out r row0; f = dropout p. T = 1, odd widths, a module inside a fused
+     * output (row0 > 0), rank 64, misaligned pointers, Qwen2.5-0.5B's k (896 -> 128 of 1152) */
+    {&OP_LORA_FWD, {64, 128, 64, 8, 0}, 0, 0, 0, 0, 0}, {&OP_LORA_FWD, {33, 200, 48, 4, 16}, 0, 0, 0, 0.1f, 0},
+    {&OP_LORA_FWD, {1, 64, 40, 16, 64}, 0, 0, 0, 0.25f, 1}, {&OP_LORA_FWD, {257, 896, 128, 64, 896}, 0, 0, 0, 0.05f, 0},
+    {&OP_LORA_BWD, {64, 128, 64, 8, 0}, 0, 0, 0, 0, 0}, {&OP_LORA_BWD, {33, 200, 48, 4, 16}, 0, 0, 0, 0.1f, 0},
+    {&OP_LORA_BWD, {1, 64, 40, 16, 64}, 0, 0, 0, 0.25f, 1}, {&OP_LORA_BWD, {257, 896, 128, 64, 896}, 0, 0, 0, 0.05f, 0},
+    {&OP_LORA_BWD, {1024, 4864, 896, 16, 0}, 0, 0, 0, 0.1f, 0}, {&OP_LORA_BWD, {33, 200, 48, 4, 16}, 0, 0, O_CUR, 0.1f, 1},
     /* Gemma 3 (op_defs_gemma.h). GeGLU: n f (6912: Gemma 3 1B's intermediate size) */
     {&OP_GEGLU_FWD, {1, 4864}, 0, 0, O_AMAX, 0, 0}, {&OP_GEGLU_FWD, {7, 24}, 0, 0, O_AMAX, 0, 1},
     {&OP_GEGLU_FWD, {33, 13}, 0, 0, O_AMAX, 0, 0}, {&OP_GEGLU_FWD, {64, 6912}, 0, 0, O_AMAX, 0, 0},
@@ -566,6 +574,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_selfcheck_guards);
     QT_RUN(test_selfcheck);
     QT_RUN(test_gemma_planted);
+    QT_RUN(test_lora_planted);
     QT_RUN(test_window_rows_catch_no_band);
     QT_RUN(test_scaled_rows_catch_default_scale);
     QT_RUN(test_docs_rows_catch_no_docs);

@@ -18,6 +18,7 @@
 #include "qt_dtype.h"
 #include "qt_engine.h"
 #include "qt_error.h"
+#include "qt_lora_ckpt.h"
 #include "qt_lora_cpu.h"
 #include "qt_optim.h"
 #include "qt_step_loss.h"
@@ -123,14 +124,9 @@ static const char *const extra_items[3] = {"lora_extras", "lora_extras_m", "lora
 
 static int lora_state_items(qt_engine *e, qt_ckpt_item *items, int cap) {
     lora_engine *c = (lora_engine *)e;
-    size_t bytes = c->A.numel * sizeof(float);
     QT_CHECK(cap >= 8, "need room for 8 checkpoint items, got %d", cap);
     c->step_blob = c->t;
-    items[0] = (qt_ckpt_item){"lora_adapters", QT_DT_F32, c->a, bytes, 0};
-    items[1] = (qt_ckpt_item){"lora_adam_m", QT_DT_F32, c->m, bytes, 0};
-    items[2] = (qt_ckpt_item){"lora_adam_v", QT_DT_F32, c->v, bytes, 0};
-    items[3] = (qt_ckpt_item){"lora_base", -1, c->id, strlen(c->id), 0};
-    items[4] = (qt_ckpt_item){"lora_step", -1, &c->step_blob, sizeof c->step_blob, 0};
+    qt_lora_ckpt_items(items, c->a, c->m, c->v, c->A.numel, c->id, &c->step_blob);
     if (!c->nxt) return 5;
     extras_pack(c, 1);
     for (int k = 0; k < 3; k++) items[5 + k] = (qt_ckpt_item){extra_items[k], QT_DT_F32, c->xpack[k], c->xn * sizeof(float), 0};
@@ -141,23 +137,8 @@ static int lora_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t er
     lora_engine *c = (lora_engine *)e;
     size_t bytes;
     int dt;
-    const char *id = qt_ckpt_get(ck, "lora_base", &bytes, &dt);
-    if (!id) return qt_errf(err, errlen, "checkpoint: no lora_base blob (not a LoRA checkpoint: resume it without lora:)");
-    if (bytes < c->id_key || memcmp(id, c->id, c->id_key) || (bytes > c->id_key && id[c->id_key] != ' '))
-        return qt_errf(err, errlen, "checkpoint blob lora_base: the adapters were trained over the base \"%.*s\", this run's "
-                       "base is \"%s\": resume over the same base weights", (int)bytes, id, c->id);
-    const int64_t *st = qt_ckpt_get(ck, "lora_step", &bytes, &dt);
-    if (!st || bytes != sizeof *st) return qt_errf(err, errlen, "checkpoint blob lora_step: expected 8 bytes");
-    const char *names[3] = {"lora_adapters", "lora_adam_m", "lora_adam_v"};
-    float *dst[3] = {c->a, c->m, c->v};
-    size_t want = c->A.numel * sizeof(float);
-    for (int i = 0; i < 3; i++) {
-        const void *p = qt_ckpt_get(ck, names[i], &bytes, &dt);
-        if (!p || bytes != want || dt != QT_DT_F32)
-            return qt_errf(err, errlen, "checkpoint blob %s: expected %zu bytes of fp32 (rank %d adapters), got %s",
-                           names[i], want, c->A.cfg.rank, p ? "a different size or dtype" : "none");
-        memcpy(dst[i], p, want);
-    }
+    long t;
+    if (qt_lora_ckpt_load(ck, c->a, c->m, c->v, c->A.numel, c->A.cfg.rank, c->id, c->id_key, &t, err, errlen)) return -1;
     for (int k = 0; k < 3 && c->nxt; k++) {
         const void *p = qt_ckpt_get(ck, extra_items[k], &bytes, &dt);
         if (!p || bytes != c->xn * sizeof(float) || dt != QT_DT_F32)
@@ -166,7 +147,7 @@ static int lora_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t er
         memcpy(c->xpack[k], p, bytes);
     }
     if (c->nxt) extras_pack(c, 0);
-    c->t = (long)*st;
+    c->t = t;
     return 0;
 }
 

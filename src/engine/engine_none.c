@@ -34,6 +34,20 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt
     return NULL;
 }
 
+qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
+                                     char *err, size_t errlen) {
+    (void)L, (void)src, (void)device;
+    qt_errf(err, errlen, "%s: device: cuda: %s", plan->run.path, QT_NO_CUDA);
+    return NULL;
+}
+
+qt_engine *qt_engine_gpu_lora_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
+                                        const int *devices, char *err, size_t errlen) {
+    (void)L, (void)src, (void)n, (void)devices;
+    qt_errf(err, errlen, "%s: parallel: %s", plan->run.path, QT_NO_CUDA);
+    return NULL;
+}
+
 /* The planner's GPU rows (qt_plan_run of a GPU run: device: cuda, `qtrain --plan` of a GPU config). */
 int qt_gpu_model_plan(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, qt_mem_plan *plan, char *err,
                       size_t errlen) {

@@ -513,6 +513,10 @@ static void print_choice(const char *tag, const qt_plan_choice *c, const qt_conf
 
 int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
     if (!cfg->memory.plan) return 0;
+    if (cfg->lora.rank > 0) { /* the search's costs are full fine-tuning's */
+        printf("qtrain: memory.plan: auto does not plan LoRA runs yet: the memory keys as given\n");
+        return 0;
+    }
     const char *no = qt_engine_gpu_refusal(cfg); /* before a plan for what the GPU engines cannot run is searched */
     if (no) return qt_errf(err, errlen, "%s: %s", cfg->path, no);
     qt_layout L;

@@ -29,6 +29,19 @@ static int count_ranks(const qt_config *cfg, int gpus, qt_run_plan *rp, char *er
     return 0;
 }
 
+/* engine_gpu_lora.c's host rows, every rank's: the base's load buffer and, training, the adapters, m and v copied at
+ * a save (and with ranks the gradients' sum and one rank's). */
+static int gpu_lora_host_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
+    qt_lora_layout A;
+    if (qt_lora_layout_init(&A, &p->lora, &L->cfg, err, errlen)) return -1;
+    size_t an = A.numel, n = (size_t)rp->ranks;
+    qt_lora_layout_free(&A);
+    qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);
+    if (rp->training) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", n * 3 * an * sizeof(float));
+    if (n > 1) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "LoRA gradient sum (fp32)", 2 * an * sizeof(float));
+    return 0;
+}
+
 /* Rank 0's device rows (the same code as qt_gpu_model_create) and the pinned rows that come with them,
  * times the ranks. */
 static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
@@ -43,6 +56,7 @@ static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char 
         qt_mem_plan_add(&rp->mem, r->where, r->kind, host ? r->bytes * n : r->bytes);
     }
     rp->mem.off = one.off;
+    if (p->lora.rank > 0) return gpu_lora_host_rows(L, p, rp, err, errlen);
     size_t N = (size_t)p->run.B * p->run.T, numel = L->numel, ns = sh.len;
     size_t bf16 = (p->parallel.zero >= 3 ? ns : numel) * 2; /* a rank's bf16 weights: ZeRO-3 its pieces */
     size_t es_m = qt_dtype_size(p->precision.m_dt), es_v = qt_dtype_size(p->precision.v_dt);

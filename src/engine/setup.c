@@ -31,13 +31,30 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         return NULL;
     }
     int devs[QT_COMM_MAX_RANKS], n = qt_plan_rank_devices(cfg, ngpu, devs, err, errlen);
+    if (n > 1 && cfg->lora.rank > 0) /* every rank one GPU's LoRA engine, the adapters replicated */
+        return qt_plan_resolve(cfg, L, 0, &plan, err, errlen) ? NULL : qt_engine_gpu_lora_dp_create(L, &plan, src, n, devs, err, errlen);
     if (n < 0 || qt_plan_resolve(cfg, L, n == 1 ? 0 : n, &plan, err, errlen)) return NULL;
+    if (n == 1 && plan.lora.rank > 0) return qt_engine_gpu_lora_create(L, &plan, src, devs[0], err, errlen);
     if (n == 1) return qt_engine_gpu_create(L, &plan, src, devs[0], NULL, err, errlen);
     return qt_engine_dp_create(L, &plan, src, n, devs, err, errlen);
 }
 
+/* LoRA on the GPU runs a bf16 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or ranks
+ * with the adapters replicated, whatever parallel.zero's default); what else it would need is refused here, naming the key (device: cpu trains every LoRA setting on the CPU fp32 engine). */
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
-    if (cfg->lora.rank > 0) return "lora: not yet on the GPU (set device: cpu to train the adapters on the CPU fp32 engine)";
+    if (cfg->lora.rank <= 0) return NULL;
+    if (cfg->lora.trainable)
+        return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";
+    if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.grad_dtype != QT_DT_BF16)
+        return "precision.grad_dtype: LoRA with fp8 matmuls runs the backward in bf16 (the adapters' gradients read the "
+               "blocks' bf16 inputs, which an fp8 backward does not keep): set bf16";
+    if ((qt_config_given(cfg, "parallel.zero") || qt_config_given(cfg, "parallel.shard_optimizer")) && cfg->parallel.zero)
+        return "parallel.zero: LoRA's data parallel replicates the adapters and the base (ZeRO is not yet there): set 0 "
+               "or leave it out";
+    if (cfg->parallel.nodes > 1) return "parallel.nodes: LoRA on the GPU trains on one machine: set 1";
+    if (cfg->memory.offload || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
+        return "memory.offload: LoRA on the GPU keeps the frozen base, adapters and activations on the GPU (nothing "
+               "offloaded yet)";
     return NULL;
 }
 

@@ -20,7 +20,10 @@
  * block_run rebuilds them (the forward's ops again) before each layer's backward. With
  * memory.offload_residual the store keeps each layer's input residual in host memory between the
  * forward and the backward: the model only says when res is final (qt_act_residual_final, after the
- * first norm's add); qt_act_forward/backward/release order the copies (qt_act_store.h). */
+ * first norm's add); qt_act_forward/backward/release order the copies (qt_act_store.h). With LoRA
+ * (plan lora.rank > 0) the weights come from a frozen base's placement (qt_gpu_base.h) in place of the
+ * parameter store, no weight gradient is written (Gp is NULL), and each block matmul calls the adapters
+ * beside it (qt_gpu_lora.h: lin_fwd, lin_bwd). */
 #include "qt_gpu_model.h"
 
 #include <cuda_runtime.h>
@@ -31,12 +34,17 @@
 #include <time.h>
 
 #include "qt_error.h"
+#include "qt_gpu_base.h"
+#include "qt_gpu_lora.h"
 #include "qt_mutant.h"
 #include "qt_rope.h"
 #include "qt_test_hooks.h"
 
+/* The data-parallel ranks of the store's shard (a frozen base: one). */
+static int n_ranks(const qt_gpu_model *g) { return g->ps ? g->ps->shard.n_ranks : 1; }
+
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws) {
-    size_t n = (size_t)g->ps->shard.n_ranks * g->N, a = qt_mem_aligned(n * 4);
+    size_t n = (size_t)n_ranks(g) * g->N, a = qt_mem_aligned(n * 4);
     size_t d = qt_mem_aligned(n * g->L->cfg.hidden_size * 4);
     if (base) {
         *tok = base;
@@ -66,7 +74,7 @@ static void outside_rows(const qt_gpu_model *g, qt_mem_plan *p) {
     size_t C = c->hidden_size, F = c->intermediate_size, HD = (size_t)c->num_heads * c->head_dim;
     size_t QKV = HD + (size_t)2 * c->num_kv_heads * c->head_dim, tune = 0;
     size_t out[5] = {QKV * C, C * HD, 2 * F * C, C * F, (size_t)c->vocab_size * C}; /* the wgrad outputs */
-    for (int i = 0; i < 5 && g->pl->perf.autotune; i++)
+    for (int i = 0; i < 5 && g->pl->perf.autotune && g->ps; i++) /* a frozen base (LoRA) has no weight gradient */
         if (qt_matmul_tune_scratch_bytes(out[i] * 4) > tune) tune = qt_matmul_tune_scratch_bytes(out[i] * 4);
     qt_mem_plan_add(p, QT_MEM_DEVICE, "cuBLASLt workspace", QT_MATMUL_WS_DEFAULT);
     if (tune) qt_mem_plan_add(p, QT_MEM_DEVICE, "matmul autotune scratch", tune);
@@ -83,11 +91,16 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     size_t QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
     size_t chunk = (N + g->lm_chunks - 1) / g->lm_chunks;
     qt_mem_plan_begin(p, base);
-    qt_param_store_carve(g->ps, p);
+    if (g->base) { /* LoRA: the frozen base and the adapters in place of the store */
+        g->base->ops->carve(g->base, p);
+        qt_gpu_lora_carve(g->lora, p);
+    } else {
+        qt_param_store_carve(g->ps, p);
+    }
     qt_act_store_carve(g->as, p);
     /* Every rank's lookups instead of the table's gradient, where they are the fewer bytes (2 ranks of
      * 16 x 1024 tokens at V = 151936, not 8 ranks of 32 x 1024). */
-    int pay = qt_plan_lookups_pay(g->L, g->N, g->ps->shard.n_ranks);
+    int pay = qt_plan_lookups_pay(g->L, g->N, n_ranks(g));
     size_t lk = pay ? qt_gpu_model_lookups(g, NULL, NULL, NULL, NULL) : 0;
     g->logits = qt_mem_plan_carve(p, "lm-head logits chunk", chunk * V * 2 > lk ? chunk * V * 2 : lk);
     g->lookups = lk ? g->logits : NULL; /* dead from the LM head's end to the next micro-step's */
@@ -115,18 +128,23 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
     return p->off;
 }
 
-static void *Wp(const qt_gpu_model *g, size_t off) { return qt_param_w(g->ps, off); }
+static void *Wp(const qt_gpu_model *g, size_t off) {
+    return g->base ? g->base->ops->w(g->base, off) : qt_param_w(g->ps, off);
+}
 /* ZeRO-3: the rank keeps only its pieces of the bf16 weights; offloaded weights (w_host): they live in
  * host memory. Either way a layer's come whole into a weight slot when it is acquired (forward and
  * backward), and fp8 quantizes them from there (weight cache none). */
-static int from_slots(const qt_gpu_model *g) { return g->ps->plan.parallel.zero >= 3 || g->ps->plan.weights.host; }
+static int from_slots(const qt_gpu_model *g) { return g->ps && (g->ps->plan.parallel.zero >= 3 || g->ps->plan.weights.host); }
 /* Weight gradients: every writer below accumulates ("+=") into them in the store's acc_dt (fp32, or bf16
- * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums). */
-static void *Gp(const qt_gpu_model *g, size_t off) { return qt_param_g(g->ps, off); }
-static qt_dtype Gdt(const qt_gpu_model *g) { return g->ps->acc_dt; }
+ * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums).
+ * A frozen base has none: NULL, and the writers skip it (the norms' kernels take a NULL dw). */
+static void *Gp(const qt_gpu_model *g, size_t off) { return g->ps ? qt_param_g(g->ps, off) : NULL; }
+static qt_dtype Gdt(const qt_gpu_model *g) { return g->ps ? g->ps->acc_dt : QT_DT_F32; }
 
 static void free_host(qt_gpu_model *g) {
     qt_act_store_free(g->as);
+    if (g->base) g->base->ops->free(g->base);
+    qt_gpu_lora_free(g->lora);
     qt_param_store_free(g->ps);
     free(g);
 }
@@ -170,11 +188,13 @@ static qt_gpu_model *plan_host(const qt_layout *L, const qt_plan *pl, const qt_s
     g->fp8_fwd = pl->precision.fp8;
     g->fp8_bwd = pl->precision.fp8_bwd;
     g->fam = qt_gpu_family_of(&L->cfg);
-    g->ps = qt_param_store_create(L, pl, sh, err, errlen);
+    g->base = qt_gpu_base_create(L, pl); /* LoRA: a frozen base, and the adapters */
+    if (g->base) g->lora = qt_gpu_lora_create(L, pl, g->N, err, errlen);
+    else g->ps = qt_param_store_create(L, pl, sh, err, errlen);
     if (g->ps) g->pl = &g->ps->plan;
     qt_act_policy ap = pl->acts;
     ap.fp8_bwd = ap.fp8_bwd && !qt_test_hooks_get()->act_own_inputs;
-    g->as = g->ps ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
+    g->as = g->ps || g->lora ? qt_act_store_create(&L->cfg, g->N, ap, err, errlen) : NULL;
     if (!g->as) {
         free_host(g);
         return NULL;
@@ -247,7 +267,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
     g->attn_ws = attn_ws_of(g, 1);
     size_t bytes = carve_all(g, NULL); /* again, with the measured attention workspace */
     double t0 = now_s();
-    if (check_fits(g, err, errlen) || qt_param_store_alloc_host(g->ps, err, errlen)) {
+    if (check_fits(g, err, errlen) || (g->ps && qt_param_store_alloc_host(g->ps, err, errlen))) {
         qt_attention_free(g->attn);
         free_host(g);
         return NULL;
@@ -274,17 +294,18 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
     qt_matmul_set_autotune(g->mm, pl->perf.autotune);
     cudaStream_t s = g->stream;
     t0 = now_s();
-    if (qt_param_store_init(g->ps, src, s, err, errlen)) {
+    if (g->base ? g->base->ops->init(g->base, src, s, err, errlen) : qt_param_store_init(g->ps, src, s, err, errlen)) {
         qt_gpu_model_free(g);
         return NULL;
     }
+    if (g->lora) qt_gpu_lora_init(g->lora, s);
     g->start_init_s = now_s() - t0;
     qt_zero(g->loss_sum, 8, s);
     rope_tables(g);
     if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, pl->precision.grad_dt, (qt_fp8_wcache)pl->precision.fp8_cache,
                                g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
-        if (!from_slots(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps->w, 0, L->cfg.num_layers, s);
+        if (!from_slots(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps ? g->ps->w : Wp(g, 0), 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
     return g;
@@ -341,7 +362,7 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
         if (!backward) continue;
         qt_gpu_model_mark(g, "lm head: dgrad + wgrad");
         qt_matmul_dgrad(g->mm, (char *)g->as->dlnf + r0 * C * 2, QT_DT_BF16, g->logits, Wp(g, g->L->lm_head), n, C, V, 0, s);
-        qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), Gdt(g), NULL, g->logits, x, n, C, V, 1, s);
+        if (Gp(g, g->L->lm_head)) qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), Gdt(g), NULL, g->logits, x, n, C, V, 1, s);
     }
     qt_gpu_model_mark(g, "lm head: loss");
     qt_sum_f32(g->loss_sum, g->losses, g->N, s);
@@ -360,7 +381,7 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
 static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT, int amax) {
     const qt_layer_offsets *o = &g->L->layers[l];
     const qt_param_store *ps = g->ps;
-    if (ps->plan.weights.e4m3 && ps->small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
+    if (ps && ps->plan.weights.e4m3 && ps->small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
         const void *w8[QT_FP8_NMM] = {qt_wslots_addr8(ps->wslots, o->wqkv), qt_wslots_addr8(ps->wslots, o->wo),
                                       qt_wslots_addr8(ps->wslots, o->wgu), qt_wslots_addr8(ps->wslots, o->wdown)};
         qt_gpu_model_mark(g, "fp8 quantize: weights");
@@ -399,6 +420,10 @@ static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void
         qt_gpu_model_mark(g, label);
         qt_matmul_fwd(g->mm, y, QT_DT_BF16, x, Wp(g, w), bias, g->N, I, O, 0, g->stream);
     }
+    if (g->lora) {
+        qt_gpu_model_mark(g, "lora fwd");
+        qt_gpu_lora_fwd(g->lora, l, (int)k, x, y, g->stream);
+    }
 }
 
 /* One block matmul backward, weight gradient first (dx may overwrite x's buffer): dW += dY^T X, dX = dY W. */
@@ -414,9 +439,22 @@ static void lin_bwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void
         return;
     }
     qt_gpu_model_mark(g, label);
-    qt_matmul_wgrad(g->mm, Gp(g, w), Gdt(g), NULL, dy, x, g->N, I, O, 1, s);
+    if (Gp(g, w)) qt_matmul_wgrad(g->mm, Gp(g, w), Gdt(g), NULL, dy, x, g->N, I, O, 1, s);
+    if (g->lora) { /* the adapters read x before the dgrad may write dx over it */
+        qt_gpu_model_mark(g, "lora bwd");
+        qt_gpu_lora_bwd_w(g->lora, l, (int)k, x, dy, s);
+    }
+    qt_gpu_model_mark(g, label);
     qt_matmul_dgrad(g->mm, dx, QT_DT_BF16, dy, Wp(g, w), g->N, I, O, 0, s);
+    if (g->lora) {
+        qt_gpu_model_mark(g, "lora bwd");
+        qt_gpu_lora_bwd_x(g->lora, l, (int)k, dx, s);
+    }
 }
+
+_Static_assert((int)QT_FP8_QKV == (int)QT_LORA_SITE_QKV && (int)QT_FP8_O == (int)QT_LORA_SITE_O &&
+                   (int)QT_FP8_GU == (int)QT_LORA_SITE_GU && (int)QT_FP8_DOWN == (int)QT_LORA_SITE_DOWN,
+               "a block matmul's index is its LoRA site");
 
 /* Shapes of a block, from the model config. */
 typedef struct {
@@ -614,11 +652,20 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     } else if (r & QT_RC_SWIGLU) {
         qt_gpu_model_mark(g, "matmul bwd: down");
         qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, dy, Wp(g, o->wdown), N, d.F, d.C, 0, s);
+        if (g->lora) { /* dh complete before the SwiGLU backward reads it; dA once h is back */
+            qt_gpu_model_mark(g, "lora bwd");
+            qt_gpu_lora_bwd_w(g->lora, l, QT_LORA_SITE_DOWN, NULL, dy, s);
+            qt_gpu_lora_bwd_x(g->lora, l, QT_LORA_SITE_DOWN, a->h, s);
+        }
         qt_gpu_model_mark(g, "swiglu");
         if (stale_h) g->fam.glu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* h's buffer: dh */
         else g->fam.glu_bwd_h(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s);
         qt_gpu_model_mark(g, "matmul bwd: down");
-        qt_matmul_wgrad(g->mm, Gp(g, o->wdown), Gdt(g), NULL, dy, a->h, N, d.F, d.C, 1, s);
+        if (Gp(g, o->wdown)) qt_matmul_wgrad(g->mm, Gp(g, o->wdown), Gdt(g), NULL, dy, a->h, N, d.F, d.C, 1, s);
+        if (g->lora) {
+            qt_gpu_model_mark(g, "lora bwd");
+            qt_gpu_lora_bwd_a(g->lora, l, QT_LORA_SITE_DOWN, a->h, s);
+        }
     } else {
         lin_bwd(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, dy, a->h, o->wdown, d.F, d.C);
         qt_gpu_model_mark(g, "swiglu");
@@ -643,7 +690,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
                       qkv_amax, g->ws, s);
     }
     qt_gpu_model_mark(g, "bias grad");
-    if (c->qkv_bias) qt_bias_bwd(Gp(g, o->bqkv), Gdt(g), as->dqkv, N, d.QKV, g->ws, s);
+    if (c->qkv_bias && Gp(g, o->bqkv)) qt_bias_bwd(Gp(g, o->bqkv), Gdt(g), as->dqkv, N, d.QKV, g->ws, s);
     lin_bwd(g, "matmul bwd: qkv", l, QT_FP8_QKV, as->dln, as->dqkv, a->ln1, o->wqkv, d.C, d.QKV);
     qt_gpu_model_mark(g, "rmsnorm bwd");
     g->fam.norm_bwd(as->dres, QT_DT_F32, l > 0 ? as->dres_bf : NULL, l > 0 ? res_amax(g, l - 1, QT_FP8_DOWN) : NULL,
@@ -664,7 +711,7 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
                     as->dlnf, as->res_final, Wp(g, g->L->final_norm), as->rstdf, g->N, c->hidden_size, g->ws, s);
     qt_param_release_grads(g->ps, sa->hooks, g->L->final_norm); /* the untied LM head above it: lm_head() */
     for (int l = nl - 1; l >= 0; l--) block_backward(g, sa->hooks, l);
-    if (!sa->skip_lookups) {
+    if (!sa->skip_lookups && Gp(g, g->L->embed)) {
         qt_gpu_model_mark(g, "embedding bwd");
         qt_embedding_scaled_bwd(Gp(g, g->L->embed), Gdt(g), as->dres, QT_DT_F32, g->tok, g->N, c->hidden_size,
                                 c->vocab_size, g->fam.embed_scale, g->ws, s);
@@ -674,8 +721,8 @@ static void backward(qt_gpu_model *g, const qt_gpu_step_args *sa) {
 
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a) {
     /* without persistent quants the fp8 weights are rebuilt for every micro-batch (ZeRO-3: their abs-max
-     * is taken at each layer's forward anyway) */
-    if (g->fp8_fwd && !g->pl->precision.persistent_quants && !from_slots(g)) {
+     * is taken at each layer's forward anyway); a frozen base's were made once, at creation */
+    if (g->fp8_fwd && !g->pl->precision.persistent_quants && !from_slots(g) && g->ps) {
         qt_param_acquire_weights(g->ps, a->hooks, g->L->numel);
         qt_gpu_model_mark(g, "fp8 quantize: weights");
         qt_fp8_quantize_weights(g->fp8, g->L, g->ps->w, 0, g->L->cfg.num_layers, g->stream);

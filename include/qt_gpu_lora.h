@@ -1,0 +1,62 @@
+/* qt_gpu_lora.h — LoRA adapters on one GPU (qt_lora.h's layout): their fp32 weights, gradients and AdamW
+ * moments, the kept u = xd A^T of every module, and the calls the model makes beside its block matmuls.
+ *
+ * The model (qt_gpu_model) runs each block matmul on the frozen base, then: forward qt_gpu_lora_fwd (y += the
+ * site's adapter terms), backward qt_gpu_lora_bwd_w before the base's dgrad (the adapter gradients, which read
+ * the matmul's input: the down projection's dgrad writes over it) and qt_gpu_lora_bwd_x after it (dx += the
+ * adapter term). The dropout masks are the CPU engine's (qt_lora_mask_seed of the step and micro-batch that
+ * qt_gpu_lora_set_batch names). Its device rows: "LoRA adapters (fp32)", "LoRA gradients (fp32)",
+ * "LoRA adam m, v (fp32)", "LoRA activations (fp32)". */
+#ifndef QT_GPU_LORA_H
+#define QT_GPU_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qt_cuda_types.h"
+#include "qt_lora.h"
+#include "qt_mem_plan.h"
+#include "qt_plan.h"
+
+typedef struct qt_gpu_lora {
+    qt_lora_layout A;   /* owned */
+    long N;             /* tokens per micro-batch */
+    float *a, *ga, *m, *v; /* device [A.numel] each: adapters, their gradients (+=), AdamW moments */
+    float *u;           /* device [modules][N][r]: xd A^T of the last forward (the backward's input) */
+    float *g;           /* device [3][N][r]: scale * dy B of each module of the site in the backward (q, k, v at most) */
+    float *norm, *clip; /* device scalars: the adapters' gradient norm and clip scale */
+    void *ws;           /* device: qt_grad_norm's workspace */
+    struct qt_adamw_plan *opt; /* one entry per adapter tensor, all decayed */
+    uint64_t seed;      /* the run's (optimizer.seed): init and dropout masks */
+    long step, micro;   /* the masks' step (< 0: no dropout) and micro-batch */
+} qt_gpu_lora;
+
+/* The adapters of plan pl over layout L for micro-batches of N tokens, sized (nothing allocated); NULL when
+ * pl->lora.rank is 0, or with err (invalid lora settings). */
+qt_gpu_lora *qt_gpu_lora_create(const qt_layout *L, const qt_plan *pl, long N, char *err, size_t errlen);
+/* Adds its rows to p (sizing pass) or takes its buffers (second pass). */
+void qt_gpu_lora_carve(qt_gpu_lora *gl, qt_mem_plan *p);
+/* Once the arena exists: PEFT's init (qt_lora_init of seed), gradients and moments zeroed; on s,
+ * synchronised. */
+void qt_gpu_lora_init(qt_gpu_lora *gl, cudaStream_t s);
+void qt_gpu_lora_free(qt_gpu_lora *gl);
+/* The 1-based optimizer step and micro-batch index the next forward and backward draw their masks for; step < 0:
+ * no dropout (evaluation, logits). */
+void qt_gpu_lora_set_batch(qt_gpu_lora *gl, long step, long micro);
+
+/* Layer l's adapters of site (qt_lora_site) on input x [N, in] (bf16) into the site's fused output y (bf16, +=). */
+void qt_gpu_lora_fwd(qt_gpu_lora *gl, int l, int site, const void *x, void *y, cudaStream_t s);
+/* Their gradients (ga +=) from the site's output gradient dy (bf16, the fused rows) and x; keeps g per module
+ * for bwd_x (and bwd_a), so those of the same site follow before the next site's bwd_w. x NULL: the A gradients
+ * wait for bwd_a. */
+void qt_gpu_lora_bwd_w(qt_gpu_lora *gl, int l, int site, const void *x, const void *dy, cudaStream_t s);
+/* The A gradients (ga +=) of a bwd_w given no x, from x [N, in] (bf16) once it exists. */
+void qt_gpu_lora_bwd_a(qt_gpu_lora *gl, int l, int site, const void *x, cudaStream_t s);
+/* dx [N, in] (bf16, +=) += the site's adapter terms. */
+void qt_gpu_lora_bwd_x(qt_gpu_lora *gl, int l, int site, void *dx, cudaStream_t s);
+
+/* The norm of the adapter gradients, clipped to grad_clip, AdamW at step t (weight decay on every adapter, as
+ * torch over PEFT's parameters), gradients zeroed; on s. The norm stays in gl->norm. */
+void qt_gpu_lora_opt_step(qt_gpu_lora *gl, const qt_plan_optimizer *o, float lr, long t, cudaStream_t s);
+
+#endif

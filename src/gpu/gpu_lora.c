@@ -1,0 +1,126 @@
+/* gpu_lora.c — LoRA adapters on one GPU (qt_gpu_lora.h): their buffers in the model's memory plan, the module
+ * kernels (cuda/lora.cu) called per site beside the base matmuls, and AdamW over the adapter array. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "qt_error.h"
+#include "qt_gpu_lora.h"
+#include "qt_kernels.h"
+#include "qt_lora_kernels.h"
+
+qt_gpu_lora *qt_gpu_lora_create(const qt_layout *L, const qt_plan *pl, long N, char *err, size_t errlen) {
+    if (pl->lora.rank <= 0) return NULL;
+    qt_gpu_lora *gl = calloc(1, sizeof *gl);
+    QT_CHECK(gl, "out of host memory");
+    if (qt_lora_layout_init(&gl->A, &pl->lora, &L->cfg, err, errlen)) {
+        free(gl);
+        return NULL;
+    }
+    gl->N = N;
+    gl->seed = pl->optimizer.seed;
+    gl->step = -1;
+    return gl;
+}
+
+void qt_gpu_lora_carve(qt_gpu_lora *gl, qt_mem_plan *p) {
+    size_t n = gl->A.numel, nm = (size_t)gl->A.n_layers * gl->A.per_layer, r = (size_t)gl->A.cfg.rank;
+    gl->a = qt_mem_plan_carve(p, "LoRA adapters (fp32)", n * 4);
+    gl->ga = qt_mem_plan_carve(p, "LoRA gradients (fp32)", n * 4);
+    gl->m = qt_mem_plan_carve(p, "LoRA adam m, v (fp32)", n * 4);
+    gl->v = qt_mem_plan_carve(p, "LoRA adam m, v (fp32)", n * 4);
+    gl->u = qt_mem_plan_carve(p, "LoRA activations (fp32)", nm * gl->N * r * 4);
+    gl->g = qt_mem_plan_carve(p, "LoRA activations (fp32)", 3 * gl->N * r * 4);
+    gl->norm = qt_mem_plan_carve(p, "scratch: gradients", 4);
+    gl->clip = qt_mem_plan_carve(p, "scratch: gradients", 4);
+    gl->ws = qt_mem_plan_carve(p, "scratch: gradients", qt_grad_norm_ws_bytes());
+}
+
+void qt_gpu_lora_init(qt_gpu_lora *gl, cudaStream_t s) {
+    size_t n = gl->A.numel;
+    float *h = malloc(n * sizeof *h);
+    QT_CHECK(h, "out of host memory for %zu adapter parameters", n);
+    qt_lora_init(&gl->A, h, gl->seed);
+    QT_CUDA(cudaMemcpyAsync(gl->a, h, n * 4, cudaMemcpyHostToDevice, s));
+    qt_zero(gl->ga, n * 4, s);
+    qt_zero(gl->m, n * 4, s);
+    qt_zero(gl->v, n * 4, s);
+    QT_CUDA(cudaStreamSynchronize(s));
+    free(h);
+}
+
+void qt_gpu_lora_free(qt_gpu_lora *gl) {
+    if (!gl) return;
+    qt_adamw_plan_free(gl->opt);
+    qt_lora_layout_free(&gl->A);
+    free(gl);
+}
+
+void qt_gpu_lora_set_batch(qt_gpu_lora *gl, long step, long micro) {
+    gl->step = step;
+    gl->micro = micro;
+}
+
+/* p and the mask seed of module md of layer l at the current batch (p 0 when evaluating). */
+static float drop_p(const qt_gpu_lora *gl) { return gl->step < 0 ? 0.0f : gl->A.cfg.dropout; }
+static uint64_t mseed(const qt_gpu_lora *gl, int l, const qt_lora_module *md) {
+    return qt_lora_mask_seed(gl->seed, gl->step, gl->micro, l, md->target);
+}
+
+void qt_gpu_lora_fwd(qt_gpu_lora *gl, int l, int site, const void *x, void *y, cudaStream_t s) {
+    int r = gl->A.cfg.rank;
+    for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
+        const qt_lora_module *md = &gl->A.mods[i];
+        if ((int)md->site != site) continue;
+        float *u = gl->u + (size_t)i * gl->N * r;
+        qt_lora_down_fwd(u, x, gl->a + md->a, gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
+        qt_lora_up_fwd(y, u, gl->a + md->b, gl->N, md->out, r, md->out_row0, md->out_ld, gl->A.scale, s);
+    }
+}
+
+void qt_gpu_lora_bwd_w(qt_gpu_lora *gl, int l, int site, const void *x, const void *dy, cudaStream_t s) {
+    int r = gl->A.cfg.rank, j = 0;
+    for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
+        const qt_lora_module *md = &gl->A.mods[i];
+        if ((int)md->site != site) continue;
+        float *g = gl->g + (size_t)j++ * gl->N * r;
+        qt_lora_bwd_w(g, gl->ga + md->a, gl->ga + md->b, dy, gl->u + (size_t)i * gl->N * r, x, gl->a + md->b, gl->N,
+                      md->in, md->out, r, md->out_row0, md->out_ld, gl->A.scale, drop_p(gl), mseed(gl, l, md), s);
+    }
+}
+
+void qt_gpu_lora_bwd_a(qt_gpu_lora *gl, int l, int site, const void *x, cudaStream_t s) {
+    int r = gl->A.cfg.rank, j = 0;
+    for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
+        const qt_lora_module *md = &gl->A.mods[i];
+        if ((int)md->site != site) continue;
+        qt_lora_bwd_a(gl->ga + md->a, gl->g + (size_t)j++ * gl->N * r, x, gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
+    }
+}
+
+void qt_gpu_lora_bwd_x(qt_gpu_lora *gl, int l, int site, void *dx, cudaStream_t s) {
+    int r = gl->A.cfg.rank, j = 0;
+    for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
+        const qt_lora_module *md = &gl->A.mods[i];
+        if ((int)md->site != site) continue;
+        qt_lora_bwd_x(dx, gl->g + (size_t)j++ * gl->N * r, gl->a + md->a, gl->N, md->in, r, drop_p(gl),
+                      mseed(gl, l, md), s);
+    }
+}
+
+void qt_gpu_lora_opt_step(qt_gpu_lora *gl, const qt_plan_optimizer *o, float lr, long t, cudaStream_t s) {
+    if (!gl->opt) { /* the table once: every adapter decays by weight_decay */
+        qt_adamw_tensor *tt = malloc((size_t)gl->A.n_tensors * sizeof *tt);
+        QT_CHECK(tt, "out of host memory");
+        for (int i = 0; i < gl->A.n_tensors; i++)
+            tt[i] = (qt_adamw_tensor){gl->A.tensors[i].offset, gl->A.tensors[i].numel, o->weight_decay,
+                                      gl->A.tensors[i].offset};
+        gl->opt = qt_adamw_plan_create(tt, gl->A.n_tensors);
+        free(tt);
+    }
+    qt_grad_norm(gl->norm, gl->clip, gl->ga, QT_DT_F32, gl->A.numel, o->grad_clip, gl->ws, s);
+    qt_adamw_args a = {lr, o->beta1, o->beta2, o->eps, t, o->seed, 0, 0, 0, NULL};
+    qt_adamw_step(gl->opt, NULL, gl->a, gl->ga, QT_DT_F32, gl->m, QT_DT_F32, gl->v, QT_DT_F32, gl->clip, NULL, &a, s);
+    qt_zero(gl->ga, gl->A.numel * 4, s);
+}
