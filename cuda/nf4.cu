@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <float.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "qt_error.h"
 #include "qt_nf4.h"
@@ -59,6 +60,14 @@ template <typename T> static __device__ __forceinline__ float ld1(const T *x, lo
 template <> __device__ __forceinline__ float ld1<float>(const float *x, long i) { return x[i]; }
 template <> __device__ __forceinline__ float ld1<__nv_bfloat16>(const __nv_bfloat16 *x, long i) {
     return __bfloat162float(x[i]);
+}
+
+/* Two values rounded to bf16 (RNE), a in the low half (the lower address). */
+static __device__ __forceinline__ unsigned bf16x2(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    unsigned u;
+    memcpy(&u, &h, sizeof u);
+    return u;
 }
 
 static __device__ __forceinline__ float warp_max(float m) {
@@ -159,10 +168,7 @@ __global__ void nf4_dequant_vec_kernel(Y *y, const uint8_t *codes, const float *
             v[2 * j + 1] = __fmul_rn(lut[byte & 15u], a);
         }
         if (sizeof(Y) == 2) {
-            __nv_bfloat162 h[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-            ((uint4 *)y)[u] = *(const uint4 *)h;
+            ((uint4 *)y)[u] = make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]), bf16x2(v[6], v[7]));
         } else {
             float4 *p = (float4 *)y + 2 * u;
             p[0] = make_float4(v[0], v[1], v[2], v[3]);
