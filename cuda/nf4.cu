@@ -33,29 +33,6 @@ static __constant__ float DYN_V[256] = QT_NF4_DYNAMIC_MAP_INIT;
 
 /* ---- device helpers ---- */
 
-/* The NF4 code of s: how many thresholds lie below it (every lane reads the same threshold: a broadcast). */
-static __device__ __forceinline__ unsigned nf4_encode(float s) {
-    unsigned c = 0;
-#pragma unroll
-    for (int k = 0; k < 15; k++) c += s > NF4_T[k];
-    return c;
-}
-
-/* bitsandbytes' dQuantize<0> on the dynamic map in shared memory (see nf4_ref.c's qt_nf4_dyn_encode). */
-static __device__ unsigned dyn_encode(const float *dyn, float x) {
-    int p = 127, hi = 255, lo = 0;
-    float vhi = 1.0f, vlo = -1.0f, v = dyn[p];
-    for (int step = 64; step > 0; step >>= 1) {
-        if (x > v) lo = p, vlo = v, p += step;
-        else hi = p, vhi = v, p -= step;
-        v = dyn[p];
-    }
-    if (hi == 255) vhi = dyn[255];
-    if (lo == 0) vlo = dyn[0];
-    if (x > v) return x > __fmul_rn(__fadd_rn(vhi, v), 0.5f) ? hi : p;
-    return x < __fmul_rn(__fadd_rn(vlo, v), 0.5f) ? lo : p;
-}
-
 template <typename T> static __device__ __forceinline__ float ld1(const T *x, long i);
 template <> __device__ __forceinline__ float ld1<float>(const float *x, long i) { return x[i]; }
 template <> __device__ __forceinline__ float ld1<__nv_bfloat16>(const __nv_bfloat16 *x, long i) {
@@ -88,6 +65,9 @@ static __device__ __forceinline__ float block_scale(long b, const float *absmax,
 
 /* One warp per block of 64 (grid-stride): lane l codes values 2l and 2l+1 into one byte. */
 template <typename T> __global__ void nf4_quant_kernel(const T *x, long n, uint8_t *codes, float *absmax) {
+    __shared__ float thr[15];
+    if (threadIdx.x < 15) thr[threadIdx.x] = NF4_T[threadIdx.x];
+    __syncthreads();
     int lane = threadIdx.x & 31;
     long nb = (n + QT_NF4_BLOCK - 1) / QT_NF4_BLOCK, nw = (long)gridDim.x * blockDim.x / 32;
     for (long b = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32; b < nb; b += nw) {
@@ -96,7 +76,7 @@ template <typename T> __global__ void nf4_quant_kernel(const T *x, long n, uint8
         float m = warp_max(fmaxf(fabsf(v0), fabsf(v1)));
         if (lane == 0) absmax[b] = m;
         float inv = __fdiv_rn(1.0f, m);
-        if (i < n) codes[i / 2] = (uint8_t)(nf4_encode(__fmul_rn(v0, inv)) << 4 | nf4_encode(__fmul_rn(v1, inv)));
+        if (i < n) codes[i / 2] = (uint8_t)(qt_nf4_search(thr, __fmul_rn(v0, inv)) << 4 | qt_nf4_search(thr, __fmul_rn(v1, inv)));
     }
 }
 
@@ -128,7 +108,7 @@ __global__ void nf4_dq_kernel(const float *absmax, long nb, const float *offset,
     m = wm[0];
     for (int w = 1; w < NF4_THREADS / 32; w++) m = fmaxf(m, wm[w]);
     if (t == 0) absmax2[blockIdx.x] = m;
-    if (i < nb) qabsmax[i] = (uint8_t)dyn_encode(dyn, __fmul_rn(v, __fdiv_rn(1.0f, m)));
+    if (i < nb) qabsmax[i] = (uint8_t)qt_nf4_dyn_search(dyn, __fmul_rn(v, __fdiv_rn(1.0f, m)));
 }
 
 /* ---- dequantize ---- */

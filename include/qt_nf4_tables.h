@@ -1,7 +1,8 @@
 /* qt_nf4_tables.h — the constant tables of bitsandbytes' NF4 format, as initializers: the 16 NF4 values,
  * the 15 decision thresholds between them and the 256-value dynamic map of the double-quantized block
- * scales. Shared by the CPU reference (src/ref/nf4_ref.c) and the kernels (cuda/nf4.cu), each of which
- * defines its own array from them (no data lives in a header).
+ * scales; and the two code searches over them. Shared by the CPU reference (src/ref/nf4_ref.c) and the
+ * kernels (cuda/nf4.cu), each of which defines its own arrays from the initializers (no data lives in a
+ * header) and calls the same searches (inline, host and device).
  *
  * Values, as fp32 bits:
  *   codebook   = bitsandbytes' get_4bit_type('nf4'): the QLoRA paper's NormalFloat4, ascending; code k
@@ -14,6 +15,12 @@
  *                checks all three against an installed bitsandbytes. */
 #ifndef QT_NF4_TABLES_H
 #define QT_NF4_TABLES_H
+
+#ifdef __CUDACC__
+#define QT_NF4_FN static __host__ __device__ __forceinline__
+#else
+#define QT_NF4_FN static inline
+#endif
 
 #define QT_NF4_CODEBOOK_INIT { \
     -0x1p+0f, -0x1.647362p-1f, -0x1.0cd66p-1f, -0x1.94654p-2f, \
@@ -68,5 +75,31 @@
     0x1.97999ap-1f, 0x1.9eccccp-1f, 0x1.a6p-1f, 0x1.ad3334p-1f, 0x1.b46666p-1f, 0x1.bb999ap-1f, \
     0x1.c2ccccp-1f, 0x1.cap-1f, 0x1.d13334p-1f, 0x1.d86666p-1f, 0x1.df999ap-1f, 0x1.e6ccccp-1f, \
     0x1.eep-1f, 0x1.f53334p-1f, 0x1.fc6666p-1f, 0x1p+0f, }
+
+/* The NF4 code of a scaled value s: how many of the thresholds t[15] lie below it (bitsandbytes'
+ * dQuantizeNF4; NaN gives 0). */
+QT_NF4_FN int qt_nf4_search(const float *t, float s) {
+    int c = 0;
+    for (int k = 0; k < 15; k++) c += s > t[k];
+    return c;
+}
+
+/* The dynamic map's code of a scaled value x (bitsandbytes' dQuantize<0>; NaN gives 0): a 7-step bisection
+ * from code 127 leaves code p with its neighbours as the last codes seen on either side (255 and 0 at the
+ * ends: their values are looked up afterwards); the nearer of p and the neighbour on x's side by the fp32
+ * midpoint wins, p on a tie. (a + b) * 0.5f is two roundings wherever it runs: no FMA can form. */
+QT_NF4_FN int qt_nf4_dyn_search(const float *dyn, float x) {
+    int p = 127, hi = 255, lo = 0;
+    float vhi = 1.0f, vlo = -1.0f, v = dyn[p];
+    for (int step = 64; step > 0; step >>= 1) {
+        if (x > v) lo = p, vlo = v, p += step;
+        else hi = p, vhi = v, p -= step;
+        v = dyn[p];
+    }
+    if (hi == 255) vhi = dyn[255];
+    if (lo == 0) vlo = dyn[0];
+    if (x > v) return x > (vhi + v) * 0.5f ? hi : p;
+    return x < (vlo + v) * 0.5f ? lo : p;
+}
 
 #endif

@@ -18,28 +18,8 @@ static const float DYN[256] = QT_NF4_DYNAMIC_MAP_INIT;
 float qt_nf4_value(int c) { return NF4[c & 15]; }
 float qt_nf4_dyn_value(int c) { return DYN[c & 255]; }
 
-int qt_nf4_encode(float s) {
-    int c = 0;
-    for (int k = 0; k < 15; k++) c += s > NF4_T[k];
-    return c;
-}
-
-/* bitsandbytes' dQuantize<0>: a 7-step bisection from code 127 leaves code p with its neighbours as the
- * last codes seen on either side (255 and 0 at the ends: their values are looked up afterwards); the
- * nearer of p and the neighbour on x's side by the fp32 midpoint wins, p on a tie. */
-int qt_nf4_dyn_encode(float x) {
-    int p = 127, hi = 255, lo = 0;
-    float vhi = 1.0f, vlo = -1.0f, v = DYN[p];
-    for (int step = 64; step > 0; step >>= 1) {
-        if (x > v) lo = p, vlo = v, p += step;
-        else hi = p, vhi = v, p -= step;
-        v = DYN[p];
-    }
-    if (hi == 255) vhi = DYN[255];
-    if (lo == 0) vlo = DYN[0];
-    if (x > v) return x > (vhi + v) * 0.5f ? hi : p;
-    return x < (vlo + v) * 0.5f ? lo : p;
-}
+int qt_nf4_encode(float s) { return qt_nf4_search(NF4_T, s); }
+int qt_nf4_dyn_encode(float x) { return qt_nf4_dyn_search(DYN, x); }
 
 static float load(qt_dtype dt, const void *x, long i) {
     return dt == QT_DT_BF16 ? qt_bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
