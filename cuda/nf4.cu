@@ -76,7 +76,8 @@ template <typename T> __global__ void nf4_quant_kernel(const T *x, long n, uint8
         float m = warp_max(fmaxf(fabsf(v0), fabsf(v1)));
         if (lane == 0) absmax[b] = m;
         float inv = __fdiv_rn(1.0f, m);
-        if (i < n) codes[i / 2] = (uint8_t)(qt_nf4_search(thr, __fmul_rn(v0, inv)) << 4 | qt_nf4_search(thr, __fmul_rn(v1, inv)));
+        int hi = qt_nf4_search(thr, __fmul_rn(v0, inv)), lo = qt_nf4_search(thr, __fmul_rn(v1, inv));
+        if (i < n) codes[i / 2] = (uint8_t)(hi << 4 | lo);
     }
 }
 
@@ -166,7 +167,8 @@ __global__ void nf4_dequant_scalar_kernel(Y *y, const uint8_t *codes, const floa
     long i = i0 + (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     unsigned byte = codes[i / 2], c = i & 1 ? byte & 15u : byte >> 4;
-    float v = __fmul_rn(lut[c], block_scale<DQ>(i / QT_NF4_BLOCK, absmax, qabsmax, absmax2, DQ ? *offset : 0.0f, dyn));
+    float a = block_scale<DQ>(i / QT_NF4_BLOCK, absmax, qabsmax, absmax2, DQ ? *offset : 0.0f, dyn);
+    float v = __fmul_rn(lut[c], a);
     if (sizeof(Y) == 2) ((__nv_bfloat16 *)y)[i] = __float2bfloat16_rn(v);
     else ((float *)y)[i] = v;
 }
@@ -189,8 +191,8 @@ static void dequant_launch(void *y, const uint8_t *codes, const float *absmax, c
 /* ---- launchers ---- */
 
 static long nf4_count(long rows, long cols, const char *who) {
-    QT_CHECK(rows >= 1 && cols >= 1 && rows <= (1L << 40) / cols, "%s: rows %ld x cols %ld: need 1 <= rows, cols", who,
-             rows, cols);
+    QT_CHECK(rows >= 1 && cols >= 1 && rows <= (1L << 40) / cols,
+             "%s: rows %ld x cols %ld: need rows, cols >= 1 and rows * cols <= 2^40", who, rows, cols);
     return rows * cols;
 }
 

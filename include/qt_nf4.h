@@ -18,8 +18,8 @@
  *               binary search with fp32 midpoints (8-bit, dQuantize<0>).
  *               A block of zeros has absmax 0 and s = 0 * inf = NaN: code 0 (as on the GPU).
  *   mean        sum in fp64 in a fixed order (256 strided partial sums, then a tree), / nb, rounded to fp32:
- *               the correctly rounded mean in practice; torch's mean (bitsandbytes' offset) follows
- *               torch's own reduction order, which differs between its CPU and CUDA builds, by an ulp at times.
+ *               the correctly rounded mean in practice; torch's mean (bitsandbytes' offset) sums in fp32
+ *               in an order of its own (not the same in its CPU and CUDA builds): a few ulps away at times.
  *   dequantize  a = dyn[qabsmax[b]] * absmax2[b / 256] + offset  (a product, then a sum: two roundings);
  *               y = nf4[code] * a, rounded once to the output dtype (bf16: RNE).
  * Where bitsandbytes' CPU backend differs from its CUDA kernels (tests/test_nf4_bnb.py shows each): it
@@ -77,7 +77,7 @@ void qt_nf4_quantize(qt_dtype xdt, const void *x, long rows, long cols, uint8_t 
                      uint8_t *qabsmax, float *absmax2, float *offset, cudaStream_t s);
 /* y[rows, cols] (ydt bf16 or fp32) = the dequantized matrix. Scales: qabsmax[nb], absmax2[nb2] and
  * offset[1] (double-quantized) when qabsmax is set, else absmax[nb] (fp32). Writes (=) every element of y.
- * One pass, memory-bound: 32 values (16 code bytes) per thread when codes and y are 16-byte aligned. */
+ * One pass, memory-bound: vector loads and stores when codes are 4-byte and y 16-byte aligned. */
 void qt_nf4_dequant(qt_dtype ydt, void *y, const uint8_t *codes, const float *absmax, const uint8_t *qabsmax,
                     const float *absmax2, const float *offset, long rows, long cols, cudaStream_t s);
 

@@ -24,7 +24,8 @@ static void t_bytes(op_run *r, const char *name, long n) {
 /* Positive block scales spread over 1e-3..1e2. */
 static void t_scales(op_run *r, const char *name, long n) {
     float *h = t_in(r, name, QT_DT_F32, n, 0);
-    for (long i = 0; i < n; i++) h[i] = (float)pow(10.0, -3.0 + 5.0 * qt_rng_uniform(&r->rng)) * (0.5f + (float)qt_rng_uniform(&r->rng));
+    for (long i = 0; i < n; i++)
+        h[i] = (float)(pow(10.0, -3.0 + 5.0 * qt_rng_uniform(&r->rng)) * (0.5 + qt_rng_uniform(&r->rng)));
 }
 
 /* ---- dequant: y[rows, cols] (dt) from codes and the scales ---- */

@@ -44,12 +44,14 @@ static float *random_values(long n, uint64_t seed) {
 
 static void test_codebook(void) {
     for (int c = 0; c < 16; c++)
-        QT_EXPECT(qt_nf4_value(c) == (float)PAPER_NF4[c], "code %d: %.9g, the paper's %.17g", c, qt_nf4_value(c), PAPER_NF4[c]);
-    for (int c = 0; c < 16; c++) QT_EXPECT(qt_nf4_encode(qt_nf4_value(c)) == c, "value of code %d encodes to %d", c, qt_nf4_encode(qt_nf4_value(c)));
+        QT_EXPECT(qt_nf4_value(c) == (float)PAPER_NF4[c], "code %d: %.9g, the paper's %.17g", c, qt_nf4_value(c),
+                  PAPER_NF4[c]);
+    for (int c = 0; c < 16; c++)
+        QT_EXPECT(qt_nf4_encode(qt_nf4_value(c)) == c, "value of code %d encodes to %d", c, qt_nf4_encode(qt_nf4_value(c)));
     for (int c = 0; c < 15; c++) { /* the fp32 midpoint goes down, the next float up */
         float t = (qt_nf4_value(c) + qt_nf4_value(c + 1)) / 2;
         QT_EXPECT(qt_nf4_encode(t) == c && qt_nf4_encode(nextafterf(t, 2.0f)) == c + 1,
-                  "threshold %d (%.9g): %d below, %d above", c, t, qt_nf4_encode(t), qt_nf4_encode(nextafterf(t, 2.0f)));
+                  "threshold %d (%.9g): %d at it, %d above", c, t, qt_nf4_encode(t), qt_nf4_encode(nextafterf(t, 2.0f)));
     }
     QT_EXPECT(qt_nf4_encode(NAN) == 0 && qt_nf4_encode(-2.0f) == 0 && qt_nf4_encode(2.0f) == 15,
               "NaN -> %d, -2 -> %d, 2 -> %d", qt_nf4_encode(NAN), qt_nf4_encode(-2.0f), qt_nf4_encode(2.0f));
@@ -156,8 +158,9 @@ static void round_trip(long n, qt_dtype dt, uint64_t seed) {
             if (fabs(s - qt_nf4_value(k)) < d - 1e-6) far = i;
         if (fabs(y[i] - x[i]) > half * absmax[i / QT_NF4_BLOCK] * (1 + 1e-6)) far = i;
     }
-    QT_EXPECT(far < 0, "n %ld %s: value %ld (%.9g, block absmax %.9g) is not coded by its nearest NF4 value (got %.9g)",
-              n, qt_dtype_name(dt), far, x[far < 0 ? 0 : far], absmax[far < 0 ? 0 : far / QT_NF4_BLOCK], y[far < 0 ? 0 : far]);
+    long w = far < 0 ? 0 : far;
+    QT_EXPECT(far < 0, "n %ld %s: value %ld (%.9g, block absmax %.9g) has a code other than its nearest or comes back "
+              "farther than half the widest gap: %.9g", n, qt_dtype_name(dt), w, x[w], absmax[w / QT_NF4_BLOCK], y[w]);
     if (n & 1) QT_EXPECT((codes[n / 2] & 15) == 7, "n %ld: padding nibble %d, expected 7 (0.0)", n, codes[n / 2] & 15);
     double e = double_quant_error(absmax, qt_nf4_blocks(n));
     QT_EXPECT(e <= 1, "n %ld: a double-quantized scale is %.3g x the 8-bit resolution away", n, e);

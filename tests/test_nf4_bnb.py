@@ -6,10 +6,11 @@ on the CPU, bit for bit, on random tensors of several shapes (odd sizes, a short
    create_dynamic_map() to the bit.
 2. 4-bit codes and block absmax equal quantize_4bit(blocksize=64, quant_type='nf4').
 3. double quantization: the offset is the correctly rounded mean of the absmax, within 4 fp32 ulps of torch's
-   (torch sums in fp32 in an order of its own); given the same offset, absmax2 equals quantize_blockwise(absmax - offset, blocksize=256)'s
-   and the 8-bit codes equal a numpy transcription of bitsandbytes' CUDA dQuantize<0> (the CPU backend's
-   65536-entry table picks a farther code now and then: each such place is shown to be the table's, ours
-   being the nearer code).
+   (torch sums in fp32 in an order of its own); given the same offset, absmax2 equals
+   quantize_blockwise(absmax - offset, blocksize=256)'s and the 8-bit codes equal a numpy transcription of
+   bitsandbytes' CUDA dQuantize<0> (the CPU backend's 65536-entry table picks a farther code now and then:
+   at each such place ours is shown to be the nearer code). The dynamic-map search alone: against the same
+   transcription on every code, every midpoint and its neighbours, and random values.
 4. dequantization: our state dequantized by bitsandbytes (dequantize_4bit with a nested QuantState) and by
    us are the same bits, bf16 and fp32; bitsandbytes' own state dequantized by us equals its dequantize_4bit.
 5. a block of zeros: codes 0x00 as bitsandbytes' CUDA kernel writes them (its CPU backend writes 0x77);
