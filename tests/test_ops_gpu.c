@@ -272,7 +272,7 @@ static const op_case CASES[] = {
     {&OP_ROPE_POS_FWD, {2, 70, 4, 2, 64}, 0, 0, ROPE_TYPE(QT_ROPE_LLAMA3), 5e5f, 0},
     /* NF4 (op_defs_nf4.h): rows cols dq. One value; odd n (a padding nibble, a short block); n % 8 != 0 (the
      * vector path's scalar tail); one-off pointers (the scalar path); 256+1 blocks (a second-level block of one);
-     * Llama-8B's down_proj rows at 520 columns; fp32 scales */
+     * 2.1M values (130 second-level blocks); fp32 scales (dq 0) */
     {&OP_NF4_DEQUANT, {1, 1, 1}, BF16, 0, 0, 0, 0}, {&OP_NF4_DEQUANT, {7, 13, 1}, BF16, 0, 0, 0, 0},
     {&OP_NF4_DEQUANT, {64, 64, 1}, BF16, 0, 0, 0, 0}, {&OP_NF4_DEQUANT, {33, 1000, 1}, F32, 0, 0, 0, 0},
     {&OP_NF4_DEQUANT, {130, 72, 1}, BF16, 0, 0, 0, 1}, {&OP_NF4_DEQUANT, {130, 72, 0}, BF16, 0, 0, 0, 0},

@@ -1,10 +1,7 @@
 /* nf4_ref.c — CPU NF4 codec in bitsandbytes' layout (include/qt_nf4.h): blockwise quantization, double
  * quantization of the block scales, dequantization. The reference for cuda/nf4.cu and for a CPU base
  * placement. Every fp32 step is one IEEE operation (ISO C: no FMA contraction), as in the kernels. */
-#include <float.h>
 #include <math.h>
-#include <stdio.h>
-#include <string.h>
 
 #include "qt_error.h"
 #include "qt_mutant.h"
