@@ -49,6 +49,9 @@ typedef enum {
     /* packed documents (docs.c) */
     QT_MUT_DOCS_BOUNDARY_IGNORED,    /* attention per document sees the keys of earlier documents (causal) */
     QT_MUT_DOCS_POS_NOT_RESTARTED,   /* RoPE positions run on across documents (t, not t - document start) */
+    /* NF4 codec (nf4_ref.c) */
+    QT_MUT_NF4_NIBBLE_SWAP,          /* the CPU quantizer packs value 2k in the low nibble, 2k+1 in the high one */
+    QT_MUT_NF4_NO_OFFSET,            /* the CPU absmax dequantization leaves out the double quantization's offset */
     QT_MUT_COUNT
 } qt_mutant;
 

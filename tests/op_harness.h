@@ -37,10 +37,11 @@
 #include "qt_rng.h"
 #include "qt_test.h"
 
-/* Storage types beyond qt_dtype: int32 (token ids, flags) and fp64 (sums); both kept as float on the host
- * (ids < 2^24; fp64 results are compared after rounding to fp32). */
+/* Storage types beyond qt_dtype: int32 (token ids, flags), fp64 (sums) and uint8 (packed codes such as NF4's);
+ * all kept as float on the host (ids < 2^24; fp64 results are compared after rounding to fp32). */
 #define DT_I32 ((qt_dtype)16)
 #define DT_F64 ((qt_dtype)17)
+#define DT_U8 ((qt_dtype)18)
 
 enum { T_IN, T_OUT, T_UPD, T_WS };                /* role: input, "=" output, "+=" or in place, workspace */
 enum { T_ADD = 1, T_PASS0 = 2, T_DERIVED = 4 };   /* T_ADD: accumulates (+=); T_DERIVED: ref set by derive */
@@ -106,9 +107,11 @@ struct op_run {
 
 /* ---- small helpers ---- */
 
-static int op_es(qt_dtype dt) { return dt == DT_F64 ? 8 : dt == DT_I32 ? 4 : qt_dtype_size(dt); }
+static int op_es(qt_dtype dt) { return dt == DT_F64 ? 8 : dt == DT_I32 ? 4 : dt == DT_U8 ? 1 : qt_dtype_size(dt); }
 static int op_is_fp8(qt_dtype dt) { return dt == QT_DT_E4M3 || dt == QT_DT_E5M2; }
-static const char *op_dt_name(qt_dtype dt) { return dt == DT_I32 ? "i32" : dt == DT_F64 ? "fp64" : qt_dtype_name(dt); }
+static const char *op_dt_name(qt_dtype dt) {
+    return dt == DT_I32 ? "i32" : dt == DT_F64 ? "fp64" : dt == DT_U8 ? "u8" : qt_dtype_name(dt);
+}
 static uint32_t op_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 /* qt_fp8_decode of every code, by table (the self-check decodes tens of millions). */
@@ -125,18 +128,19 @@ static float op_fp8_value(qt_dtype dt, uint8_t code) {
     return tab[dt == QT_DT_E5M2][code];
 }
 /* The value the device stores for x (bf16 RNE; fp8 RNE without saturation, so Inf and NaN codes survive;
- * int32 by truncation). */
+ * int32 by truncation, uint8 modulo 256). */
 static float op_round(qt_dtype dt, float x) {
     if (dt == QT_DT_BF16) return qt_bf16_to_f32(qt_f32_to_bf16(x));
     if (op_is_fp8(dt)) return op_fp8_value(dt, qt_fp8_encode(dt, x, 0));
     if (dt == DT_I32) return (float)(int32_t)x;
+    if (dt == DT_U8) return (float)((int)x & 255);
     return x;
 }
 /* About one unit in the last place of dt at v. */
 static double op_ulp(qt_dtype dt, float v) {
     double a = fmax(fabs((double)v), 1e-30);
     int mant = dt == QT_DT_BF16 ? 7 : dt == QT_DT_E4M3 ? 3 : dt == QT_DT_E5M2 ? 2 : 23;
-    if (dt == DT_I32) return 1;
+    if (dt == DT_I32 || dt == DT_U8) return 1;
     if (op_is_fp8(dt)) a = fmax(a, qt_fp8_decode(dt, 1) * 8);
     return ldexp(a, -mant);
 }
@@ -147,6 +151,7 @@ static void op_encode(qt_dtype dt, const float *x, long n, void *raw) {
         else if (dt == QT_DT_BF16) ((uint16_t *)raw)[i] = qt_f32_to_bf16(x[i]);
         else if (op_is_fp8(dt)) ((uint8_t *)raw)[i] = qt_fp8_encode(dt, x[i], 0);
         else if (dt == DT_I32) ((int32_t *)raw)[i] = (int32_t)x[i];
+        else if (dt == DT_U8) ((uint8_t *)raw)[i] = (uint8_t)((int)x[i] & 255);
         else ((double *)raw)[i] = x[i];
     }
 }
@@ -156,6 +161,7 @@ static void op_decode(qt_dtype dt, const void *raw, long n, float *x) {
         else if (dt == QT_DT_BF16) x[i] = qt_bf16_to_f32(((const uint16_t *)raw)[i]);
         else if (op_is_fp8(dt)) x[i] = op_fp8_value(dt, ((const uint8_t *)raw)[i]);
         else if (dt == DT_I32) x[i] = (float)((const int32_t *)raw)[i];
+        else if (dt == DT_U8) x[i] = (float)((const uint8_t *)raw)[i];
         else x[i] = (float)((const double *)raw)[i];
     }
 }
@@ -561,9 +567,9 @@ static int op_selfcheck_row(op_run *r, int *planted) {
         float *g = t->got[0], *save = op_alloc(t->n);
         memcpy(save, g, (size_t)t->n * sizeof *g);
         long i = -1, kept = -1;
-        for (int tries = 0; tries < 64 && i < 0; tries++) { /* a free element with a finite ref */
+        for (int tries = 0; tries < 64 && i < 0; tries++) { /* a free element with a finite ref, not the poison */
             long j = (long)qt_rng_below(&r->rng, (uint64_t)t->n);
-            if (!op_kept(t, j) && isfinite(t->ref[j])) i = j;
+            if (!op_kept(t, j) && isfinite(t->ref[j]) && op_round(t->dt, t->ref[j]) != op_poison(t->dt, 0)) i = j;
         }
         for (long j = 0; j < t->n && kept < 0; j++)
             if (op_kept(t, j)) kept = j;

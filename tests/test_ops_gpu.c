@@ -26,6 +26,7 @@
 #include "op_defs_gemma.h"
 #include "op_defs_lib.h"
 #include "op_defs_lora.h"
+#include "op_defs_nf4.h"
 
 #define F32 QT_DT_F32
 #define BF16 QT_DT_BF16
@@ -277,6 +278,18 @@ static const op_case CASES[] = {
     {&OP_ROPE_POS_FWD, {3, 70, 4, 2, 64}, 0, 0, 0, 1e6f, 0}, {&OP_ROPE_POS_FWD, {2, 37, 4, 2, 24}, 0, 0, 0, 1e6f, 0},
     {&OP_ROPE_POS_BWD, {3, 70, 4, 2, 64}, 0, 0, O_AMAX, 1e6f, 0}, {&OP_ROPE_POS_BWD, {2, 37, 4, 2, 24}, 0, 0, O_AMAX, 1e6f, 0},
     {&OP_ROPE_POS_FWD, {2, 70, 4, 2, 64}, 0, 0, ROPE_TYPE(QT_ROPE_LLAMA3), 5e5f, 0},
+    /* NF4 (op_defs_nf4.h): rows cols dq. One value; odd n (a padding nibble, a short block); n % 8 != 0 (the
+     * vector path's scalar tail); one-off pointers (the scalar path); 256+1 blocks (a second-level block of one);
+     * 2.1M values (130 second-level blocks); fp32 scales (dq 0) */
+    {&OP_NF4_DEQUANT, {1, 1, 1}, BF16, 0, 0, 0, 0}, {&OP_NF4_DEQUANT, {7, 13, 1}, BF16, 0, 0, 0, 0},
+    {&OP_NF4_DEQUANT, {64, 64, 1}, BF16, 0, 0, 0, 0}, {&OP_NF4_DEQUANT, {33, 1000, 1}, F32, 0, 0, 0, 0},
+    {&OP_NF4_DEQUANT, {130, 72, 1}, BF16, 0, 0, 0, 1}, {&OP_NF4_DEQUANT, {130, 72, 0}, BF16, 0, 0, 0, 0},
+    {&OP_NF4_DEQUANT, {3, 4097, 0}, F32, 0, 0, 0, 1}, {&OP_NF4_DEQUANT, {1, 64 * 256 + 1, 1}, BF16, 0, 0, 0, 0},
+    {&OP_NF4_DEQUANT, {4096, 520, 1}, BF16, 0, 0, 0, 0}, {&OP_NF4_DEQUANT, {1, 1000003, 1}, F32, 0, 0, 0, 1},
+    {&OP_NF4_QUANT, {1, 1, 1}, F32, 0, 0, 0, 0}, {&OP_NF4_QUANT, {7, 13, 1}, BF16, 0, 0, 0, 0},
+    {&OP_NF4_QUANT, {64, 64, 0}, F32, 0, 0, 0, 0}, {&OP_NF4_QUANT, {33, 1000, 1}, BF16, 0, 0, 0, 0},
+    {&OP_NF4_QUANT, {130, 72, 1}, F32, 0, 0, 0, 1}, {&OP_NF4_QUANT, {1, 64 * 256 + 1, 1}, F32, 0, 0, 0, 0},
+    {&OP_NF4_QUANT, {3, 4097, 1}, BF16, 0, 0, 0, 1}, {&OP_NF4_QUANT, {4096, 520, 1}, BF16, 0, 0, 0, 0},
 };
 #define NCASES (int)(sizeof CASES / sizeof CASES[0])
 
@@ -575,6 +588,7 @@ int main(int argc, char **argv) {
     QT_RUN(test_selfcheck);
     QT_RUN(test_gemma_planted);
     QT_RUN(test_lora_planted);
+    QT_RUN(test_nf4_planted);
     QT_RUN(test_window_rows_catch_no_band);
     QT_RUN(test_scaled_rows_catch_default_scale);
     QT_RUN(test_docs_rows_catch_no_docs);
