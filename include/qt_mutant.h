@@ -49,6 +49,9 @@ typedef enum {
     /* packed documents (docs.c) */
     QT_MUT_DOCS_BOUNDARY_IGNORED,    /* attention per document sees the keys of earlier documents (causal) */
     QT_MUT_DOCS_POS_NOT_RESTARTED,   /* RoPE positions run on across documents (t, not t - document start) */
+    /* preference tuning (dpo.c, dpo_cpu.c) */
+    QT_MUT_DPO_SWAPPED,              /* the chosen and rejected rows of each pair are read the other way round */
+    QT_MUT_DPO_REF_ADAPTED,          /* the reference log-probs are taken with the adapters on (the policy's) */
     QT_MUT_COUNT
 } qt_mutant;
 

@@ -140,6 +140,10 @@ static const qt_engine_ops cpu_ops = {
 
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
                                     size_t errlen) {
+    if (plan->dpo) { /* the config refuses it first; a plan made by hand is refused here */
+        qt_errf(err, errlen, "objective: dpo needs lora.rank > 0 (the reference model is the frozen base under the adapters)");
+        return NULL;
+    }
     cpu_engine *c = calloc(1, sizeof *c);
     QT_CHECK(c, "out of host memory");
     c->plan = *plan;

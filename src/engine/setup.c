@@ -37,6 +37,8 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
 }
 
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
+    if (cfg->objective == QT_OBJ_DPO)
+        return "objective: dpo is not yet on the GPU (set device: cpu to train it on the CPU fp32 LoRA engine)";
     if (cfg->lora.rank > 0) return "lora: not yet on the GPU (set device: cpu to train the adapters on the CPU fp32 engine)";
     return NULL;
 }
