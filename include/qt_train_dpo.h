@@ -9,9 +9,10 @@
 #include "qt_data.h"
 #include "qt_engine.h"
 
-/* 0 when loader l's shards fit c's objective (pair shards for objective: dpo, none otherwise), else -1 with err
- * naming key (data.train or data.eval). */
-int qt_train_dpo_check_data(const qt_config *c, const qt_loader *l, const char *key, char *err, size_t errlen);
+/* 0 when loader l's shards (of glob, given by key: data.train or data.eval) fit c's objective (pair shards for
+ * objective: dpo, none otherwise), else -1 with err naming the key. */
+int qt_train_dpo_check_data(const qt_config *c, const qt_loader *l, const char *key, const char *glob, char *err,
+                            size_t errlen);
 /* The count a step's gradient is averaged over: its pairs (objective: dpo, rows / 2) or its unmasked targets. */
 long qt_train_dpo_units(const qt_config *c, long rows, long targets);
 /* The DPO means of the engine's last step (eval 0) or last evaluation (eval 1) as a console suffix

@@ -266,12 +266,12 @@ static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t err
     t->train = qt_loader_open(c->data.train, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 1,
                               (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
     if (!t->train) return qt_errf(err, errlen, "data.train: %s", e2);
-    if (qt_train_dpo_check_data(c, t->train, "data.train", err, errlen)) return -1;
+    if (qt_train_dpo_check_data(c, t->train, "data.train", c->data.train, err, errlen)) return -1;
     if (c->data.eval[0] && c->eval.every > 0 && (qt_config_given(c, "data.eval") || matches(c->data.eval))) {
         t->eval = qt_loader_open(c->data.eval, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 0,
                                  (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
         if (!t->eval) return qt_errf(err, errlen, "data.eval: %s", e2);
-        if (qt_train_dpo_check_data(c, t->eval, "data.eval", err, errlen)) return -1;
+        if (qt_train_dpo_check_data(c, t->eval, "data.eval", c->data.eval, err, errlen)) return -1;
         uint64_t have = qt_loader_windows(t->eval) / (uint64_t)c->data.micro_batch; /* more would read it twice */
         if ((uint64_t)c->eval.batches > have)
             return qt_errf(err, errlen, "eval.batches: %d, but data.eval (%s) holds %llu batches of data.micro_batch %d "

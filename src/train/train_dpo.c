@@ -5,15 +5,15 @@
 
 #include "qt_error.h"
 
-int qt_train_dpo_check_data(const qt_config *c, const qt_loader *l, const char *key, char *err, size_t errlen) {
+int qt_train_dpo_check_data(const qt_config *c, const qt_loader *l, const char *key, const char *glob, char *err,
+                            size_t errlen) {
     int dpo = c->objective == QT_OBJ_DPO, pairs = qt_loader_pairs(l);
     if (dpo && !pairs)
         return qt_errf(err, errlen, "%s: %s holds no preference pairs, but objective is dpo: make the shards with "
-                       "tools/tokenize --pairs (rows of prompt, chosen, rejected)", key,
-                       key[5] == 't' ? c->data.train : c->data.eval);
+                       "tools/tokenize --pairs (rows of prompt, chosen, rejected)", key, glob);
     if (!dpo && pairs)
         return qt_errf(err, errlen, "%s: %s holds preference pairs (tools/tokenize --pairs): train them with "
-                       "objective: dpo (and lora.rank > 0)", key, key[5] == 't' ? c->data.train : c->data.eval);
+                       "objective: dpo (and lora.rank > 0)", key, glob);
     return 0;
 }
 

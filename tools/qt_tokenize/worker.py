@@ -115,19 +115,21 @@ def _conversation(msgs, where, last=None):
 
 def _chat(rows, where):
     from .chat import ChatError, messages_of
-    toks, masks, lens = [], [], []
+    seqs = []
     for k, row in enumerate(rows):
         try:
             msgs = messages_of(row, S["messages_field"])
         except ChatError as e:
             raise WorkError(f"{where(k)}: {e}")
-        ids, m = _conversation(msgs, where(k))
-        toks.append(ids)
-        masks.append(m)
-        lens.append(len(ids))
+        seqs.append(_conversation(msgs, where(k)))
+    return _segments(seqs)
+
+
+def _segments(seqs):
+    """[(tokens, mask)] of whole documents -> run()'s arrays."""
     cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
-    return (cat(toks, np.uint32), cat(masks, np.uint8), np.array(lens, dtype=np.int64),
-            np.ones(len(lens), dtype=bool))
+    return (cat([t for t, _ in seqs], np.uint32), cat([m for _, m in seqs], np.uint8),
+            np.array([len(t) for t, _ in seqs], dtype=np.int64), np.ones(len(seqs), dtype=bool))
 
 
 def _pair_turns(row, key, where):
@@ -152,7 +154,7 @@ def _pairs(rows, where, notes):
     """Preference rows {prompt, chosen, rejected} -> the chosen and the rejected conversation of each pair, back to
     back (two segments per pair, each a document), the mask on the response's turns only. A pair whose sequence
     is longer than seq_len tokens is dropped (counted; an error with --strict)."""
-    toks, masks, lens = [], [], []
+    seqs = []
     for k, row in enumerate(rows):
         if not isinstance(row, dict):
             raise WorkError(f"{where(k)}: expected an object with prompt, chosen and rejected, got {type(row).__name__}")
@@ -167,13 +169,8 @@ def _pairs(rows, where, notes):
         if max(len(ids) for ids, _ in pair) > S["seq_len"]:
             note(notes, "long", where(k))
             continue
-        for ids, m in pair:
-            toks.append(ids)
-            masks.append(m)
-            lens.append(len(ids))
-    cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
-    return (cat(toks, np.uint32), cat(masks, np.uint8), np.array(lens, dtype=np.int64),
-            np.ones(len(lens), dtype=bool))
+        seqs += pair
+    return _segments(seqs)
 
 
 def _text_of(v, where):
