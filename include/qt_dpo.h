@@ -1,10 +1,11 @@
-/* qt_dpo.h — sigmoid DPO (Rafailov et al. 2023) with TRL's label smoothing, over summed response log-probs.
+/* qt_dpo.h — sigmoid DPO (Rafailov et al. 2023) with label smoothing (conservative DPO), over summed response
+ * log-probs.
  *
  * A micro-batch of objective: dpo holds pairs: rows 2p and 2p+1 are pair p's chosen and rejected sequences
  * (prompt + response, the loss mask keeping the response's tokens only; tools/tokenize --pairs). With
  * pi_c, pi_r the policy's summed log-probs of the chosen and rejected responses and ref_c, ref_r the
  * reference model's (LoRA: the frozen base, the adapters off), h = (pi_c - pi_r) - (ref_c - ref_r) and
- *   loss = -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)         (TRL's loss_type "sigmoid")
+ *   loss = -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)     (TRL 0.x's loss_type "sigmoid")
  * rewards: beta (pi_c - ref_c) and beta (pi_r - ref_r); margin: their difference; accuracy: margin > 0.
  * Everything here is double; the log-probs are sums of the fp32 token losses. */
 #ifndef QT_DPO_H

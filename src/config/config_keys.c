@@ -305,7 +305,7 @@ static const qt_config_key keys[] = {
     F("dpo.beta", dpo.beta, 0, NOHI, 1, 0, "0.1", "all", 0,
       "objective: dpo: beta, the implicit reward's scale: loss = -log sigmoid(beta ((pi_c - pi_r) - (ref_c - ref_r)))"),
     F("dpo.label_smoothing", dpo.label_smoothing, 0, 0.5, 0, 1, "0", "all", 0,
-      "objective: dpo: eps, the assumed rate of flipped preference labels (TRL's sigmoid loss): loss = -(1 - eps) "
+      "objective: dpo: eps, the assumed rate of flipped preference labels (conservative DPO): loss = -(1 - eps) "
       "log sigmoid(beta h) - eps log sigmoid(-beta h)"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
