@@ -40,13 +40,24 @@ double qt_dpo_batch(const qt_dpo_cfg *c, const double *pi, const double *ref, in
 
 struct qt_cpu_model;
 struct qt_cpu_adapter;
-/* One DPO micro-batch of B rows (B/2 pairs) of T tokens on the CPU model m over weights w: the reference
- * forward with the adapter off (the frozen base), then the policy forward with `policy` on; grad != NULL: the
- * backward too, grad += pair_weight * d(sum of the pairs' losses)/dw (the adapter takes its own gradients; grad
- * NULL and backward 1: the adapter's only). Returns the mean loss of the pairs; adds them to st (may be NULL). */
-double qt_dpo_cpu_step(struct qt_cpu_model *m, const float *w, struct qt_cpu_adapter *policy, const int32_t *in,
-                       const int32_t *tgt, int B, int T, const qt_dpo_cfg *c, int backward, float *grad,
-                       float pair_weight, qt_dpo_stats *st);
+/* One DPO micro-batch of B rows (B/2 pairs) of T tokens on the CPU model m: the reference forward over weights
+ * w_ref with no adapter (LoRA: w_ref = w, the frozen base; full fine-tuning: the initial weights), then the
+ * policy forward over w with `policy` beside it (NULL: none); backward 1: the backward too, grad += pair_weight
+ * * d(sum of the pairs' losses)/dw (the adapter takes its own gradients; grad NULL: the adapter's only). Returns
+ * the mean loss of the pairs; adds them to st (may be NULL). */
+double qt_dpo_cpu_step(struct qt_cpu_model *m, const float *w, struct qt_cpu_adapter *policy, const float *w_ref,
+                       const int32_t *in, const int32_t *tgt, int B, int T, const qt_dpo_cfg *c, int backward,
+                       float *grad, float pair_weight, qt_dpo_stats *st);
+
+/* What a CPU engine keeps for the log: the pairs of the micro-steps since the last optimizer step, of the
+ * last step, of the evaluations since the last look (qt_engine_ops.dpo_stats). */
+typedef struct {
+    qt_dpo_stats acc, last, eval;
+} qt_dpo_log;
+/* At an optimizer step: acc becomes last. */
+void qt_dpo_log_step(qt_dpo_log *l);
+/* last (eval 0), or eval (eval 1, then cleared), into s. */
+void qt_dpo_log_take(qt_dpo_log *l, int eval, qt_dpo_stats *s);
 
 /* Adds b into a. */
 void qt_dpo_stats_add(qt_dpo_stats *a, const qt_dpo_stats *b);

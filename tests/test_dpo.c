@@ -1,10 +1,11 @@
 /* test_dpo.c — objective: dpo on the CPU LoRA engine: the DPO loss of a micro-batch equals one written here from
  * the model's own forwards (policy: adapters on, reference: off), its row weights equal a finite difference of the
  * loss; the loader serves pair shards as whole pairs (shuffled by pair, never split) and refuses an odd
- * micro_batch, another seq_len or a mix with other shards; the config refuses dpo without LoRA, the GPU refuses it;
- * a synthetic preference task ("a+b=" with the right sum chosen and a wrong one rejected, LoRA over a random base)
- * whose logged reward accuracy climbs above 90%; a resume bit for bit; the planted bugs (chosen and rejected
- * swapped, the reference taken with the adapters on) caught in the mutant build. The match with torch and TRL is
+ * micro_batch, another seq_len or a mix with other shards; the config refuses an odd micro_batch, the GPU refuses
+ * dpo; a synthetic preference task ("a+b=" with the right sum chosen and a wrong one rejected, LoRA over a random
+ * base, and full fine-tuning) whose logged reward accuracy climbs above 90%; a resume bit for bit (LoRA and full),
+ * one over other initial weights refused; the planted bugs (chosen and rejected swapped, the reference taken as
+ * the policy) caught in the mutant build. The match with torch and TRL is
  * tests/test_dpo_torch.py. */
 #include <math.h>
 #include <stdint.h>
@@ -145,31 +146,41 @@ static double row_logp(const fixture *f, int b) {
     return s;
 }
 
-/* qt_dpo_cpu_step's loss minus the loss written here: -(1-e) log sig(bh) - e log sig(-bh), mean over pairs. */
-static double loss_error(double *got) {
+/* qt_dpo_cpu_step's loss minus the loss written here: -(1-e) log sig(bh) - e log sig(-bh), mean over pairs. LoRA
+ * (full 0): the policy is the base with the adapters, the reference the base; full fine-tuning (full 1): the policy
+ * is the weights, the reference other weights, no adapter. */
+static double loss_error(int full, double *got) {
     fixture f;
     fixture_init(&f);
     qt_dpo_cfg c = {0.5f, 0.2f};
     double pol[6], ref[6];
-    qt_cpu_model_set_adapter(f.m, qt_lora_cpu_adapter(f.lc));
+    float *wr = malloc(f.L.numel * 4);
+    qt_rng r;
+    qt_rng_seed(&r, 12);
+    for (size_t i = 0; i < f.L.numel; i++) wr[i] = full ? f.w[i] + 0.05f * qt_rng_normal(&r) : f.w[i];
+    qt_cpu_adapter *pa = full ? NULL : qt_lora_cpu_adapter(f.lc);
+    qt_cpu_model_set_adapter(f.m, pa);
     qt_cpu_model_forward(f.m, f.w, f.in, f.tg);
     for (int b = 0; b < 6; b++) pol[b] = row_logp(&f, b);
     qt_cpu_model_set_adapter(f.m, NULL);
-    qt_cpu_model_forward(f.m, f.w, f.in, f.tg);
+    qt_cpu_model_forward(f.m, wr, f.in, f.tg);
     for (int b = 0; b < 6; b++) ref[b] = row_logp(&f, b);
     double want = 0, beta = c.beta, e = c.label_smoothing;
     for (int p = 0; p < 3; p++) {
         double z = beta * ((pol[2 * p] - pol[2 * p + 1]) - (ref[2 * p] - ref[2 * p + 1]));
         want += ((1 - e) * log1p(exp(-z)) + e * log1p(exp(z))) / 3;
     }
-    *got = qt_dpo_cpu_step(f.m, f.w, qt_lora_cpu_adapter(f.lc), f.in, f.tg, 6, S, &c, 0, NULL, 0, NULL);
+    *got = qt_dpo_cpu_step(f.m, f.w, pa, wr, f.in, f.tg, 6, S, &c, 0, NULL, 0, NULL);
     fixture_free(&f);
+    free(wr);
     return fabs(*got - want) / want;
 }
 
 static void test_loss_matches_written(void) {
-    double got, e = loss_error(&got);
-    QT_EXPECT(e < 1e-12, "loss %.12g is %.3g off the written DPO", got, e);
+    for (int full = 0; full < 2; full++) {
+        double got, e = loss_error(full, &got);
+        QT_EXPECT(e < 1e-12, "%s: loss %.12g is %.3g off the written DPO", full ? "full" : "lora", got, e);
+    }
 }
 
 /* The row weights are the loss's derivative: d loss / d (row b's token loss) against a central difference of
@@ -238,13 +249,11 @@ static void test_loader_pairs(void) {
                   strstr(err, "2 P x seq_len + 1"), "a pair shard of the wrong length: %s", err);
 }
 
-/* objective: dpo needs LoRA and an even micro_batch; pair shards need objective: dpo; the GPU refuses it. */
+/* objective: dpo needs an even micro_batch; pair shards need objective: dpo; the GPU refuses it. */
 static void test_refusals(void) {
     static qt_config c;
     char y[4096], err[1024];
-    const char *no_lora[] = {"lora.rank=0"}, *odd[] = {"data.micro_batch=3"};
-    QT_EXPECT(qt_config_load_string(&c, yaml_of(y, sizeof y, "r0", 10, ""), "t.yaml", no_lora, 1, err, sizeof err) == -1 &&
-                  strstr(err, "objective: expected lora.rank > 0"), "got: %s", err);
+    const char *odd[] = {"data.micro_batch=3"};
     QT_EXPECT(qt_config_load_string(&c, yaml_of(y, sizeof y, "r1", 10, ""), "t.yaml", odd, 1, err, sizeof err) == -1 &&
                   strstr(err, "data.micro_batch: expected an even count"), "got: %s", err);
     QT_EXPECT(load(&c, "dpo: {beta: 0}\n", err, sizeof err) == -1 && strstr(err, "dpo.beta"), "got: %s", err);
@@ -261,27 +270,41 @@ static void test_refusals(void) {
 /* "a+b=": LoRA over a random base learns to prefer the right sum: the logged reward accuracy of the last 40 of
  * 200 steps (8 pairs each: 16 passes over the 100 pairs) is above 0.9, starting at 0 (adapters B = 0: policy =
  * reference). */
-static void test_arith_accuracy(void) {
+static void arith_accuracy(const char *tag, const char *const *set, int n_set) {
     static qt_config c;
     char y[4096], err[1024], log[512];
-    snprintf(log, sizeof log, "%s/log_arith.jsonl", g_dir);
-    QT_REQUIRE(load(&c, yaml_of(y, sizeof y, "arith", 200, ""), err, sizeof err) == 0, "%s", err);
+    snprintf(log, sizeof log, "%s/log_%s.jsonl", g_dir, tag);
+    QT_REQUIRE(qt_config_load_string(&c, yaml_of(y, sizeof y, tag, 200, ""), "t.yaml", set, n_set, err, sizeof err) == 0,
+               "%s", err);
     qt_train_stats st;
     QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s", err);
     double first = log_mean(log, "dpo_accuracy", 1) * 200 - log_mean(log, "dpo_accuracy", 2) * 199;
     double acc = log_mean(log, "dpo_accuracy", 161), margin = log_mean(log, "dpo_margin", 161);
-    printf("  reward accuracy: step 1 %.3f, steps 161-200 %.3f (margin %.3f)\n", first, acc, margin);
+    printf("  %s: reward accuracy: step 1 %.3f, steps 161-200 %.3f (margin %.3f)\n", tag, first, acc, margin);
     QT_EXPECT(fabs(first) < 1e-6, "step 1's accuracy %g (policy = reference: every margin 0)", first);
     QT_EXPECT(acc > 0.9 && margin > 0, "reward accuracy %.3f, margin %.3f at the end (expected > 0.9, > 0)", acc, margin);
 }
 
-/* 12 steps + resume + 12 steps equal 24 straight steps bit for bit (losses and the adapter export). */
-static void test_resume_bit_exact(void) {
+static void test_arith_accuracy(void) { arith_accuracy("arith", NULL, 0); }
+
+/* The same with full fine-tuning: the reference is a frozen copy of the initial weights. */
+static void test_arith_accuracy_full(void) {
+    const char *full[] = {"lora.rank=0", "optim.lr=0.003"};
+    arith_accuracy("arith_full", full, 2);
+}
+
+/* 12 steps + resume + 12 steps equal 24 straight steps bit for bit (losses and the export: the adapters, or with
+ * lora.rank 0 the model). */
+static void resume_bit_exact(const char *tag, const char *const *set, int n_set, const char *export_file) {
     static qt_config a, b;
-    char y[4096], err[1024];
+    char y[4096], err[1024], ta[64], tb[64];
     float la[24], lb[24];
-    QT_REQUIRE(load(&a, yaml_of(y, sizeof y, "straight", 24, ""), err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(load(&b, yaml_of(y, sizeof y, "halves", 24, ""), err, sizeof err) == 0, "%s", err);
+    snprintf(ta, sizeof ta, "straight%s", tag);
+    snprintf(tb, sizeof tb, "halves%s", tag);
+    QT_REQUIRE(qt_config_load_string(&a, yaml_of(y, sizeof y, ta, 24, ""), "t.yaml", set, n_set, err, sizeof err) == 0,
+               "%s", err);
+    QT_REQUIRE(qt_config_load_string(&b, yaml_of(y, sizeof y, tb, 24, ""), "t.yaml", set, n_set, err, sizeof err) == 0,
+               "%s", err);
     qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 12, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
     QT_REQUIRE(qt_train_run(&a, &oa, NULL, err, sizeof err) == 0, "straight: %s", err);
     QT_REQUIRE(qt_train_run(&b, &ob1, NULL, err, sizeof err) == 0, "first half: %s", err);
@@ -289,26 +312,45 @@ static void test_resume_bit_exact(void) {
     for (int i = 0; i < 24; i++) QT_EXPECT(!memcmp(&la[i], &lb[i], 4), "step %d: straight %.9g, resumed %.9g", i + 1, la[i], lb[i]);
     char ea[512], eb[512];
     size_t na = 0, nb = 0;
-    snprintf(ea, sizeof ea, "%s/ckpt_straight/export/adapter_model.safetensors", g_dir);
-    snprintf(eb, sizeof eb, "%s/ckpt_halves/export/adapter_model.safetensors", g_dir);
+    snprintf(ea, sizeof ea, "%s/ckpt_%s/export/%s", g_dir, ta, export_file);
+    snprintf(eb, sizeof eb, "%s/ckpt_%s/export/%s", g_dir, tb, export_file);
     char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
-    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
+    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "exports differ (%zu vs %zu bytes)", na, nb);
     free(fa);
     free(fb);
+}
+
+static void test_resume_bit_exact(void) { resume_bit_exact("", NULL, 0, "adapter_model.safetensors"); }
+
+/* Full fine-tuning: the same, and a resume whose initial weights (the reference) differ is refused. */
+static void test_resume_bit_exact_full(void) {
+    const char *full[] = {"lora.rank=0"}, *other[] = {"lora.rank=0", "init.seed=4"};
+    resume_bit_exact("_full", full, 1, "model.safetensors");
+    static qt_config c;
+    char y[4096], err[1024];
+    QT_REQUIRE(qt_config_load_string(&c, yaml_of(y, sizeof y, "halves_full", 30, ""), "t.yaml", other, 2, err, sizeof err) == 0,
+               "%s", err);
+    qt_train_opts o = {"latest", -1, 0, NULL, NULL, "init.seed,optim.steps"};
+    QT_EXPECT(qt_train_run(&c, &o, NULL, err, sizeof err) == -1 && strstr(err, "dpo_reference"), "got: %s", err);
 }
 
 /* The planted bugs of dpo.c: each makes the loss differ from the written one. */
 static void test_mutants_caught(void) {
     QT_MUTANT_BUILD_ONLY();
-    double got, e[2];
+    double got, e[2][2];
     qt_mutant m[2] = {QT_MUT_DPO_SWAPPED, QT_MUT_DPO_REF_ADAPTED};
-    for (int i = 0; i < 2; i++) {
-        qt_t_hooks(NULL, m[i]);
-        e[i] = loss_error(&got);
-    }
+    for (int i = 0; i < 2; i++)
+        for (int full = 0; full < 2; full++) {
+            qt_t_hooks(NULL, m[i]);
+            e[i][full] = loss_error(full, &got);
+        }
     qt_t_hooks(NULL, QT_MUT_NONE);
-    QT_EXPECT(e[0] > 1e-3, "chosen and rejected swapped: loss %.3g off (not caught)", e[0]);
-    QT_EXPECT(e[1] > 1e-3, "reference with the adapters on: loss %.3g off (not caught)", e[1]);
+    for (int full = 0; full < 2; full++) {
+        QT_EXPECT(e[0][full] > 1e-3, "%s: chosen and rejected swapped: loss %.3g off (not caught)", full ? "full" : "lora",
+                  e[0][full]);
+        QT_EXPECT(e[1][full] > 1e-3, "%s: the reference taken as the policy: loss %.3g off (not caught)",
+                  full ? "full" : "lora", e[1][full]);
+    }
 }
 
 int main(void) {
@@ -321,7 +363,9 @@ int main(void) {
     QT_RUN(test_loader_pairs);
     QT_RUN(test_refusals);
     QT_RUN(test_resume_bit_exact);
+    QT_RUN(test_resume_bit_exact_full);
     QT_RUN(test_arith_accuracy);
+    QT_RUN(test_arith_accuracy_full);
     QT_RUN(test_mutants_caught);
     return qt_test_end();
 }

@@ -11,7 +11,8 @@ tool_dpo_dump runs one DPO micro-batch (qt_dpo_cpu_step, as the engine does) and
 3. the loss and the adapter gradients of the whole model equal torch autograd of the written DPO loss through the
    PEFT model in float64: relative L2 <= 1e-6 for the loss and for all the gradients together, <= 5e-6 for each
    tensor (qtrain runs in fp32: the worst tensor, a lora_A, is about 1.5e-6 off; it is printed);
-for beta 0.1 and 0.5, label smoothing 0 and 0.2. Skips (exit 0) when torch, transformers or peft is missing.
+for beta 0.1 and 0.5, label smoothing 0 and 0.2; and the same for full fine-tuning (the policy a noisy copy of the
+base, the reference the base: every weight's gradient, 2. and 3.'s bounds). Skips (exit 0) when torch, transformers or peft is missing.
     BUILD=build python3 tests/test_dpo_torch.py"""
 import os, subprocess, sys, tempfile, types
 
@@ -79,6 +80,58 @@ def pairs(rng):
         a = int(rng.integers(1, 5))
         mask[b, a:a + int(rng.integers(2, T - a))] = 1
     return win, mask
+
+
+def check_full(kind, beta, eps, tmp):
+    """Full fine-tuning: the policy is the base moved by noise, the reference the base; every weight's gradient."""
+    name = f"full_{kind}_beta{beta}_eps{eps}"
+    mdir, pdir = os.path.join(tmp, f"base_{kind}"), os.path.join(tmp, f"policy_{kind}")
+    if not os.path.exists(os.path.join(mdir, "config.json")):
+        build_base(kind, mdir)
+    pol_m = load_base(mdir)
+    torch.manual_seed(6)
+    with torch.no_grad():
+        for p in pol_m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    pol_m.save_pretrained(pdir, safe_serialization=True)
+    win, mask = pairs(np.random.default_rng(19))
+    tok, msk, out = os.path.join(tmp, "tokens.i32"), os.path.join(tmp, "mask.u8"), os.path.join(tmp, f"out_{name}")
+    win.tofile(tok)
+    mask.tofile(msk)
+    beta, eps = float(np.float32(beta)), float(np.float32(eps))
+    res = subprocess.run([TOOL, pdir, mdir, tok, msk, str(2 * P), str(T), out, "0", "0", "0", str(beta), str(eps)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"FAIL dpo_torch_{name}: tool_dpo_dump exited {res.returncode}: {res.stderr.strip()}")
+        return False
+    ours_loss = float(open(os.path.join(out, "loss.txt")).read())
+    lp = np.fromfile(os.path.join(out, "logps.f64"), dtype=np.float64)
+    pol_m, ref_m = load_base(pdir).double().train(), load_base(mdir).double()
+    ids, tgt = torch.tensor(win[:, :T], dtype=torch.long), torch.tensor(win[:, 1:], dtype=torch.long)
+    m = torch.tensor(mask, dtype=torch.float64)
+
+    def row_logps(logits):
+        return (torch.log_softmax(logits, -1).gather(-1, tgt[..., None])[..., 0] * m).sum(-1)
+    with torch.no_grad():
+        ref_t = row_logps(ref_m(input_ids=ids).logits)
+    pol_t = row_logps(pol_m(input_ids=ids).logits)
+    loss = dpo_torch(pol_t[0::2], pol_t[1::2], ref_t[0::2], ref_t[1::2], beta, eps)
+    loss.backward()
+    grads = load_file(os.path.join(out, "model.safetensors"))
+    gref = {n: p.grad.numpy() for n, p in pol_m.named_parameters()}
+    common = sorted(set(grads) & set(gref))
+    errs = {"logps_policy": rel(lp[:2 * P], pol_t.detach().numpy()), "logps_ref": rel(lp[2 * P:], ref_t.numpy()),
+            "loss": abs(loss.item() - ours_loss) / abs(loss.item()),
+            "grads": rel(np.concatenate([grads[n].ravel() for n in common]), np.concatenate([gref[n].ravel() for n in common]))}
+    gerr = {n: rel(grads[n], gref[n]) for n in common}
+    gworst = max(gerr, key=gerr.get)
+    bad = [k for k in errs if errs[k] > 1e-6] + ([gworst] if gerr[gworst] > 5e-6 else [])
+    if len(common) != len(gref):
+        bad.append(f"tensors missing from qtrain's gradients: {sorted(set(gref) - set(grads))[:3]}")
+    print(f"{'FAIL' if bad else 'PASS'} dpo_torch_{name}: loss {ours_loss:.6f}, " +
+          ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f", {len(common)} gradients worst {gworst} {gerr[gworst]:.1e}" +
+          (f"; over the bound: {bad}" if bad else ""))
+    return not bad
 
 
 def check(kind, beta, eps, tmp):
@@ -164,6 +217,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for kind, beta, eps in (("qwen2", 0.1, 0.0), ("qwen2", 0.5, 0.2), ("llama", 0.5, 0.0), ("llama", 0.1, 0.2)):
             ok &= check(kind, beta, eps, tmp)
+        for kind, beta, eps in (("qwen2", 0.5, 0.1), ("llama", 0.1, 0.0)):
+            ok &= check_full(kind, beta, eps, tmp)
     return 0 if ok else 1
 
 

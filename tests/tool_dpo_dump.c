@@ -1,6 +1,8 @@
 /* tool_dpo_dump.c — one DPO micro-batch of an HF model with LoRA adapters through the CPU fp32 model
- * (qt_dpo_cpu_step, as the LoRA engine runs it), dumped for the torch / TRL comparison (tests/test_dpo_torch.py):
+ * (qt_dpo_cpu_step, as the CPU engines run it), dumped for the torch / TRL comparison (tests/test_dpo_torch.py):
  *   tool_dpo_dump HF_DIR ADAPTER TOKENS.i32 MASK.u8 B T OUT_DIR R ALPHA TARGETS BETA EPS
+ * R = 0: full fine-tuning, ADAPTER being the reference model's HF folder (the policy is HF_DIR) and the gradients
+ * those of every weight, written as OUT_DIR/model.safetensors (the HF export of the gradient array).
  * TOKENS.i32: B*(T+1) int32 tokens (B windows; rows 2p, 2p+1 pair p's chosen and rejected); MASK.u8: B*T bytes,
  * 1 where the target counts (the response). Writes OUT_DIR/loss.txt (the mean over the pairs), OUT_DIR/logps.f64
  * (the policy's B row log-probs, then the reference's B), OUT_DIR/scale.f32 (qt_dpo_batch's row weights from those:
@@ -15,6 +17,7 @@
 #include "qt_cpu_model.h"
 #include "qt_dpo.h"
 #include "qt_engine.h"
+#include "qt_hf.h"
 #include "qt_lora_cpu.h"
 
 static int die(const char *what, const char *err) {
@@ -48,9 +51,22 @@ int main(int argc, char **argv) {
     qt_lora_layout A;
     float *w;
     if (qt_model_setup(&cfg, &L, &w, err, sizeof err)) return die(argv[1], err);
-    if (qt_lora_layout_init(&A, &lc, &L.cfg, err, sizeof err)) return die("lora", err);
-    float *a = malloc(A.numel * sizeof *a), *ga = calloc(A.numel, sizeof *ga);
-    if (qt_lora_import(argv[2], &A, a, &L, w, err, sizeof err)) return die(argv[2], err);
+    int full = lc.rank == 0;
+    float *a = NULL, *ga = NULL, *ref = w, *gw = NULL;
+    if (full) { /* the reference: another HF folder of the same shape */
+        static qt_config rc;
+        qt_layout L2;
+        rc = cfg;
+        snprintf(rc.init.from, sizeof rc.init.from, "%s", argv[2]);
+        if (qt_model_setup(&rc, &L2, &ref, err, sizeof err)) return die(argv[2], err);
+        if (L2.numel != L.numel) return die(argv[2], "the reference's shape differs from the policy's");
+        qt_layout_free(&L2);
+        gw = calloc(L.numel, sizeof *gw);
+    } else {
+        if (qt_lora_layout_init(&A, &lc, &L.cfg, err, sizeof err)) return die("lora", err);
+        a = malloc(A.numel * sizeof *a), ga = calloc(A.numel, sizeof *ga);
+        if (qt_lora_import(argv[2], &A, a, &L, w, err, sizeof err)) return die(argv[2], err);
+    }
     int32_t *win = malloc(sizeof(int32_t) * B * (T + 1)), *in = malloc(sizeof(int32_t) * N), *tgt = malloc(sizeof(int32_t) * N);
     uint8_t *mask = malloc((size_t)N);
     if (read_all(argv[3], win, sizeof(int32_t), (size_t)B * (T + 1))) return die(argv[3], "short");
@@ -61,20 +77,24 @@ int main(int argc, char **argv) {
             tgt[b * T + t] = mask[b * T + t] ? win[b * (T + 1) + t + 1] : -1;
         }
     qt_cpu_model *m = qt_cpu_model_create(&L, B, T);
-    qt_lora_cpu *ad = qt_lora_cpu_create(&A, a, ga, N, 1);
-    qt_cpu_model_set_grads(m, 0);
-    qt_lora_cpu_set_batch(ad, 1, 0);
+    qt_lora_cpu *ad = full ? NULL : qt_lora_cpu_create(&A, a, ga, N, 1);
+    qt_cpu_adapter *pol = full ? NULL : qt_lora_cpu_adapter(ad);
+    if (!full) {
+        qt_cpu_model_set_grads(m, 0);
+        qt_lora_cpu_set_batch(ad, 1, 0);
+    }
     qt_dpo_stats st = {0};
-    double loss = qt_dpo_cpu_step(m, w, qt_lora_cpu_adapter(ad), in, tgt, B, T, &dc, 1, NULL, 2.0f / B, &st);
+    double loss = qt_dpo_cpu_step(m, w, pol, ref, in, tgt, B, T, &dc, 1, gw, 2.0f / B, &st);
     /* the row log-probs again, for the comparison: the policy's (adapters on), then the reference's (off) */
     double *lp = malloc(2 * (size_t)B * sizeof *lp);
     qt_cpu_model_forward(m, w, in, tgt);
     qt_dpo_row_logps(lp, qt_cpu_model_token_losses(m), tgt, B, T);
     qt_cpu_model_set_adapter(m, NULL);
-    qt_cpu_model_forward(m, w, in, tgt);
+    qt_cpu_model_forward(m, ref, in, tgt);
     qt_dpo_row_logps(lp + B, qt_cpu_model_token_losses(m), tgt, B, T);
     mkdir(argv[7], 0777);
-    if (qt_lora_export(argv[7], &A, ga, &L, w, "", err, sizeof err)) return die(argv[7], err);
+    if (full ? qt_hf_export(argv[7], &L, gw, 0, err, sizeof err) : qt_lora_export(argv[7], &A, ga, &L, w, "", err, sizeof err))
+        return die(argv[7], err);
     snprintf(path, sizeof path, "%s/loss.txt", argv[7]);
     FILE *f = fopen(path, "w");
     fprintf(f, "%.17g\n", loss);
@@ -91,10 +111,10 @@ int main(int argc, char **argv) {
     fclose(f);
     free(scale);
     printf("loss %.9g, accuracy %.3f over %ld pairs\n", loss, st.accuracy / st.pairs, st.pairs);
-    qt_lora_cpu_free(ad);
+    if (!full) qt_lora_cpu_free(ad), qt_lora_layout_free(&A);
     qt_cpu_model_free(m);
-    qt_lora_layout_free(&A);
     qt_layout_free(&L);
-    free(w), free(a), free(ga), free(win), free(in), free(tgt), free(mask), free(lp);
+    if (ref != w) free(ref);
+    free(w), free(a), free(ga), free(gw), free(win), free(in), free(tgt), free(mask), free(lp);
     return 0;
 }

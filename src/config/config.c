@@ -441,10 +441,6 @@ static int cross_check(ctx *x) {
     if (c->lora.rank > 0 && !c->lora.targets)
         return fail(x, at_of(x, "lora.targets"), "lora.targets", "expected at least one of q, k, v, o, gate, up, down "
                     "with lora.rank %d, got []", c->lora.rank);
-    if (c->objective == QT_OBJ_DPO && c->lora.rank == 0)
-        return fail(x, at_of(x, "objective"), "objective", "expected lora.rank > 0 with objective: dpo (the reference "
-                    "model is the frozen base under the adapters; DPO over the whole model, whose reference log-probs "
-                    "need a second copy of the model, is not built yet), got lora.rank 0");
     if (c->objective == QT_OBJ_DPO && c->data.micro_batch % 2)
         return fail(x, at_of(x, "data.micro_batch"), "data.micro_batch", "expected an even count with objective: dpo "
                     "(a micro-batch holds pairs: the chosen and the rejected sequence of micro_batch / 2 pairs), got %d",

@@ -43,7 +43,7 @@ typedef struct {
     int64_t step_blob;      /* the last opt_step's step, as the checkpoint's lora_step */
     qt_step_loss sl;        /* the micro-steps' losses since the last opt_step */
     long t;                 /* the last opt_step's step */
-    qt_dpo_stats dpo_acc, dpo_last, dpo_eval; /* objective: dpo: this step's pairs, the last step's, the evals' */
+    qt_dpo_log dpo;         /* objective: dpo: the pairs' sums for the log */
 } lora_engine;
 
 static void lora_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale) {
@@ -51,10 +51,10 @@ static void lora_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt,
     qt_lora_cpu_set_batch(c->lc, c->t + 1, c->sl.n_micro);
     if (c->plan.dpo) { /* grad_scale: the weight of one pair */
         qt_dpo_stats st = {0};
-        double l = qt_dpo_cpu_step(c->model, c->w, qt_lora_cpu_adapter(c->lc), in, tgt, c->plan.run.B, c->plan.run.T,
-                                   &c->plan.dpo_cfg, 1, c->xg, grad_scale, &st);
+        double l = qt_dpo_cpu_step(c->model, c->w, qt_lora_cpu_adapter(c->lc), c->w, in, tgt, c->plan.run.B,
+                                   c->plan.run.T, &c->plan.dpo_cfg, 1, c->xg, grad_scale, &st);
         qt_step_loss_add(&c->sl, (float)l, st.pairs);
-        qt_dpo_stats_add(&c->dpo_acc, &st);
+        qt_dpo_stats_add(&c->dpo.acc, &st);
         return;
     }
     float l = qt_cpu_model_forward(c->model, c->w, in, tgt);
@@ -91,22 +91,17 @@ static void lora_opt_step(qt_engine *e, float lr, long t, float *loss, float *gn
     }
     *loss = qt_step_loss_take(&c->sl);
     *gnorm = (float)norm;
-    c->dpo_last = c->dpo_acc;
-    c->dpo_acc = (qt_dpo_stats){0};
+    qt_dpo_log_step(&c->dpo);
 }
 
-static void lora_dpo_stats(qt_engine *e, int eval, qt_dpo_stats *s) {
-    lora_engine *c = (lora_engine *)e;
-    *s = eval ? c->dpo_eval : c->dpo_last;
-    if (eval) c->dpo_eval = (qt_dpo_stats){0};
-}
+static void lora_dpo_stats(qt_engine *e, int eval, qt_dpo_stats *s) { qt_dpo_log_take(&((lora_engine *)e)->dpo, eval, s); }
 
 static float lora_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt) {
     lora_engine *c = (lora_engine *)e;
     qt_lora_cpu_set_batch(c->lc, -1, 0);
     if (c->plan.dpo)
-        return (float)qt_dpo_cpu_step(c->model, c->w, qt_lora_cpu_adapter(c->lc), in, tgt, c->plan.run.B, c->plan.run.T,
-                                      &c->plan.dpo_cfg, 0, NULL, 0.0f, &c->dpo_eval);
+        return (float)qt_dpo_cpu_step(c->model, c->w, qt_lora_cpu_adapter(c->lc), c->w, in, tgt, c->plan.run.B,
+                                      c->plan.run.T, &c->plan.dpo_cfg, 0, NULL, 0.0f, &c->dpo.eval);
     return qt_cpu_model_forward(c->model, c->w, in, tgt);
 }
 

@@ -64,15 +64,16 @@ void qt_dpo_stats_add(qt_dpo_stats *a, const qt_dpo_stats *b) {
     a->pairs += b->pairs;
 }
 
-double qt_dpo_cpu_step(qt_cpu_model *m, const float *w, qt_cpu_adapter *policy, const int32_t *in, const int32_t *tgt,
-                       int B, int T, const qt_dpo_cfg *c, int backward, float *grad, float pair_weight, qt_dpo_stats *st) {
+double qt_dpo_cpu_step(qt_cpu_model *m, const float *w, qt_cpu_adapter *policy, const float *w_ref, const int32_t *in,
+                       const int32_t *tgt, int B, int T, const qt_dpo_cfg *c, int backward, float *grad, float pair_weight,
+                       qt_dpo_stats *st) {
     QT_CHECK(B >= 2 && B % 2 == 0, "objective: dpo: a micro-batch of %d rows (expected pairs: an even count)", B);
     double *lp = malloc(2 * (size_t)B * sizeof *lp);
     float *scale = malloc((size_t)B * sizeof *scale);
     QT_CHECK(lp && scale, "out of host memory");
-    /* planted: the reference forward keeps the adapters on */
-    qt_cpu_model_set_adapter(m, QT_MUTANT(QT_MUT_DPO_REF_ADAPTED) ? policy : NULL);
-    qt_cpu_model_forward(m, w, in, tgt);
+    int planted = QT_MUTANT(QT_MUT_DPO_REF_ADAPTED); /* planted: the reference forward is the policy's */
+    qt_cpu_model_set_adapter(m, planted ? policy : NULL);
+    qt_cpu_model_forward(m, planted ? w : w_ref, in, tgt);
     qt_dpo_row_logps(lp + B, qt_cpu_model_token_losses(m), tgt, B, T);
     qt_cpu_model_set_adapter(m, policy);
     qt_cpu_model_forward(m, w, in, tgt);
@@ -82,4 +83,14 @@ double qt_dpo_cpu_step(qt_cpu_model *m, const float *w, qt_cpu_adapter *policy, 
     free(lp);
     free(scale);
     return loss;
+}
+
+void qt_dpo_log_step(qt_dpo_log *l) {
+    l->last = l->acc;
+    l->acc = (qt_dpo_stats){0};
+}
+
+void qt_dpo_log_take(qt_dpo_log *l, int eval, qt_dpo_stats *s) {
+    *s = eval ? l->eval : l->last;
+    if (eval) l->eval = (qt_dpo_stats){0};
 }

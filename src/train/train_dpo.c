@@ -13,7 +13,7 @@ int qt_train_dpo_check_data(const qt_config *c, const qt_loader *l, const char *
                        "tools/tokenize --pairs (rows of prompt, chosen, rejected)", key, glob);
     if (!dpo && pairs)
         return qt_errf(err, errlen, "%s: %s holds preference pairs (tools/tokenize --pairs): train them with "
-                       "objective: dpo (and lora.rank > 0)", key, glob);
+                       "objective: dpo", key, glob);
     return 0;
 }
 
