@@ -94,7 +94,7 @@ static void cpu_forward_logits(qt_engine *e, const int32_t *in, float *logits) {
 static int cpu_state_items(qt_engine *e, qt_ckpt_item *items, int cap) {
     cpu_engine *c = (cpu_engine *)e;
     size_t bytes = e->L->numel * sizeof(float);
-    QT_CHECK(cap >= 4, "need room for 4 checkpoint items, got %d", cap);
+    QT_CHECK(cap >= (c->ref ? 4 : 3), "need room for %d checkpoint items, got %d", c->ref ? 4 : 3, cap);
     items[0] = (qt_ckpt_item){"weights", QT_DT_F32, c->w, bytes, 0};
     items[1] = (qt_ckpt_item){"adam_m", QT_DT_F32, c->m, bytes, 0};
     items[2] = (qt_ckpt_item){"adam_v", QT_DT_F32, c->v, bytes, 0};
