@@ -15,6 +15,7 @@
 #include "qt_config.h"
 #include "qt_cpu_model.h"
 #include "qt_data.h"
+#include "qt_device.h"
 #include "qt_dpo.h"
 #include "qt_engine.h"
 #include "qt_error.h"
@@ -267,6 +268,17 @@ static void test_refusals(void) {
               "pairs without dpo: %s", err);
 }
 
+/* A GPU run of objective: dpo is refused with the message (the GPU engines have no DPO yet). */
+static void test_gpu_refuses(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    static qt_config c;
+    char y[4096], err[1024];
+    const char *gpu[] = {"device=cuda", "lora.rank=0"};
+    QT_REQUIRE(qt_config_load_string(&c, yaml_of(y, sizeof y, "r3", 10, ""), "t.yaml", gpu, 2, err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "objective: dpo is not yet on the GPU"),
+              "GPU run: %s", err);
+}
+
 /* "a+b=": LoRA over a random base learns to prefer the right sum: the logged reward accuracy of the last 40 of
  * 200 steps (8 pairs each: 16 passes over the 100 pairs) is above 0.9, starting at 0 (adapters B = 0: policy =
  * reference). */
@@ -362,6 +374,7 @@ int main(void) {
     QT_RUN(test_row_weights);
     QT_RUN(test_loader_pairs);
     QT_RUN(test_refusals);
+    QT_RUN(test_gpu_refuses);
     QT_RUN(test_resume_bit_exact);
     QT_RUN(test_resume_bit_exact_full);
     QT_RUN(test_arith_accuracy);

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """test_tokenize_pairs.py — tools/tokenize --pairs: preference rows (prompt, chosen, rejected) from JSON lines and
 Parquet into version 4 pair shards (each sequence in a window of its own, the mask on the response only, whole
-pairs per shard), checked token by token against a hand rendering; the bad rows' errors naming file:line.
+pairs per shard), checked token by token against a hand rendering; the bad rows' errors naming file:line; the
+shards trained by qtrain with objective: dpo, its console and JSONL log carrying the DPO means.
     BUILD=build python3 tests/test_tokenize_pairs.py"""
 import json
 import os
 import struct
+import subprocess
 import sys
 import zlib
 
@@ -119,6 +121,43 @@ def test_pairs_errors(tmp):
     assert r.returncode != 0 and "long.jsonl:1: a sequence of the pair is longer than --seq-len" in r.stderr, r.stderr
     r = run_tool("--tokenizer", tj, "--pairs", src, "--out", os.path.join(tmp, "ox"), ok=False)
     assert r.returncode != 0 and "--pairs needs --seq-len" in r.stderr, r.stderr
+
+
+def test_pairs_train_cli(tmp):
+    """tokenize --pairs -> qtrain objective: dpo (LoRA) with eval: the console lines and the JSONL records carry the
+    loss, rewards, margin and accuracy (step 1: loss log 2, margin 0, the adapters' B being 0); the same shards
+    under objective: lm are refused naming data.train."""
+    qtrain = os.path.join(ROOT, os.environ.get("BUILD", "build"), "qtrain")
+    if not os.path.exists(qtrain):
+        raise AssertionError(f"{qtrain} not built")
+    _, tj = chat_tokenizer(tmp, CHATML)
+    src = os.path.join(tmp, "p.jsonl")
+    rows = [{"prompt": f"question {i}?", "chosen": f"answer {i} is yes", "rejected": "no"} for i in range(40)]
+    open(src, "w").write("".join(json.dumps(r) + "\n" for r in rows))
+    data = os.path.join(tmp, "data")
+    run_tool("--tokenizer", tj, "--pairs", "--seq-len", str(S), src, "--out", data, "--eval-frac", "0.2", "--quiet")
+    cfg = os.path.join(tmp, "run.yaml")
+    open(cfg, "w").write(
+        "device: cpu\nmodel: {vocab_size: 400, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, "
+        "intermediate_size: 64, max_seq_len: 64}\n"
+        f"data: {{train: '{data}/train_*.bin', seq_len: {S}, micro_batch: 4}}\n"
+        "optim: {lr: 0.003, steps: 6, warmup: 1}\neval: {every: 3, batches: 2}\nlog: {every: 1}\n"
+        f"run: {{dir: '{tmp}/run'}}\nlora: {{rank: 4}}\nobjective: dpo\ndpo: {{beta: 0.2}}\n")
+    r = subprocess.run([qtrain, cfg], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-2000:] + r.stdout[-2000:]
+    assert "step      1/6 | loss 0.6931 | margin 0.0000 | acc 0.000 | rewards 0.0000/0.0000 |" in r.stdout, r.stdout[-1500:]
+    assert "eval      6/6 | loss " in r.stdout and "ppl" not in r.stdout.split("eval      6/6")[1].split("\n")[0], r.stdout
+    recs = [json.loads(x) for x in open(os.path.join(tmp, "run", "log.jsonl"))]
+    train = [x for x in recs if x["type"] == "train"]
+    evals = [x for x in recs if x["type"] == "eval"]
+    assert len(train) == 6 and len(evals) == 2, [x["type"] for x in recs]
+    for x in train + evals:
+        assert {"dpo_reward_chosen", "dpo_reward_rejected", "dpo_margin", "dpo_accuracy"} <= set(x), x
+        assert abs(x["dpo_margin"] - (x["dpo_reward_chosen"] - x["dpo_reward_rejected"])) < 1e-5, x
+    assert train[0]["dpo_pairs"] == 2 and evals[0]["dpo_pairs"] == 4, (train[0], evals[0])
+    r = subprocess.run([qtrain, cfg, "--set", "objective=lm", "--set", f"run.dir={tmp}/run_lm"], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "data.train:" in r.stderr and "train them with objective: dpo" in r.stderr, r.stderr
 
 
 def main():
