@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "qt_dpo.h"
 #include "qt_lora.h"
 #include "qt_model.h"
 #include "qt_modes.h"
@@ -42,6 +43,9 @@ typedef struct {
 } qt_data_cfg;
 
 /* data.attention and data.positions: per packed document, over the whole window, or chosen at start. */
+/* objective: lm = next-token cross-entropy over the unmasked targets; dpo = the sigmoid DPO loss over pairs of
+ * sequences (qt_dpo.h, shards of tools/tokenize --pairs). */
+typedef enum { QT_OBJ_LM = 0, QT_OBJ_DPO = 1 } qt_objective;
 typedef enum { QT_DOCS_AUTO = 0, QT_DOCS_DOCUMENT, QT_DOCS_WINDOW } qt_docs_mode;
 
 typedef struct {
@@ -148,6 +152,8 @@ typedef struct qt_config {
     qt_perf_cfg perf;
     qt_parallel_cfg parallel;
     qt_lora_cfg lora;             /* lora.rank 0: full fine-tuning; else adapters over a frozen base (qt_lora.h) */
+    int objective;                /* qt_objective: what a step's loss is */
+    qt_dpo_cfg dpo;               /* dpo.*: the DPO loss's settings (objective: dpo; qt_dpo.h) */
 } qt_config;
 
 /* The key table: one row per YAML key, the single source of truth for parsing, validation, defaults,

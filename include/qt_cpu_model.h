@@ -53,12 +53,17 @@ void qt_cpu_model_set_grads(qt_cpu_model *m, unsigned kinds);
  * mean loss; the trainer passes qt_loss_scale() so a step averages over all its targets. grad NULL: no
  * base gradient at all (a frozen base: only the data gradient flows, to the adapter). */
 void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale);
-/* The number of targets >= 0 in the last forward. */
+/* qt_cpu_model_backward with a weight per row (sequence) b of the batch: grad += d(sum over b of row_scale[b] *
+ * (the sum of row b's target losses))/dw. The DPO objective (qt_dpo.h) gives each sequence its own weight. */
+void qt_cpu_model_backward_rows(qt_cpu_model *m, const float *w, float *grad, const float *row_scale);
 /* The documents of the following forwards (qt_docs.h; NULL: causal attention over each row, positions t):
  * expanded into per-token key bounds and positions held by m. Returns 0, or -1 with err (malformed starts:
  * the forwards then run without documents). */
 int qt_cpu_model_set_docs(qt_cpu_model *m, const qt_docs *d, char *err, size_t errlen);
+/* The number of targets >= 0 in the last forward. */
 long qt_cpu_model_targets(const qt_cpu_model *m);
+/* The last forward's token losses [B*T] (-log p of each target; meaningful where the target is >= 0). */
+const float *qt_cpu_model_token_losses(const qt_cpu_model *m);
 /* The last forward's logits [B*T, V] (overwritten by backward). */
 const float *qt_cpu_model_logits(const qt_cpu_model *m);
 

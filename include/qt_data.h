@@ -12,6 +12,10 @@
  *   a document begins there (a shard may open inside a document that an earlier shard began).
  *   checksum: versions 2 and 3: CRC-32 (IEEE, = Python's zlib.crc32) of all payload bytes,
  *   zero-extended; version 1: FNV-1a 64 of the payload bytes.
+ *   version 4 adds QT_TOKENS_FLAG_PAIRS (preference pairs, tools/tokenize --pairs): u32 pair_seq_len S at byte 48;
+ *   the shard is 2 P windows of S + 1 tokens at stride S (n_tokens = 2 P S + 1), window 2p holding pair p's chosen
+ *   sequence and window 2p + 1 its rejected one (prompt + response from the window's first token, then padding),
+ *   the mask (required) keeping the response tokens only.
  * A ".zst" suffix means the whole file (header + payload) is one zstd stream; it is read by
  * streaming decompression.
  *
@@ -30,15 +34,17 @@
 #include <stdint.h>
 
 #define QT_TOKENS_MAGIC "QTTOKENS"
-#define QT_TOKENS_VERSION 3 /* the newest version read; written when a shard carries document starts */
+#define QT_TOKENS_VERSION 4 /* the newest version read; 3 is written when a shard carries document starts, 4 for pairs */
 #define QT_TOKENS_HEADER_BYTES 64
 #define QT_TOKENS_FLAG_MASK 1u /* a loss mask follows the tokens */
 #define QT_TOKENS_FLAG_DOCS 2u /* document starts follow the tokens and mask (version 3) */
+#define QT_TOKENS_FLAG_PAIRS 4u /* the windows are preference pairs of pair_seq_len (version 4) */
 
 typedef struct {
     uint32_t version, token_bytes, vocab_size, flags;
     uint64_t n_tokens, checksum;
     uint64_t n_docs; /* document starts in the payload (flags & QT_TOKENS_FLAG_DOCS), else 0 */
+    uint32_t pair_seq_len; /* flags & QT_TOKENS_FLAG_PAIRS: the windows' seq_len S, else 0 */
 } qt_tokens_header;
 
 /* Payload bytes after the header: the tokens, plus the mask when flags has QT_TOKENS_FLAG_MASK, plus
@@ -58,6 +64,11 @@ int qt_tokens_write_masked(const char *path, const uint32_t *tokens, const uint8
 int qt_tokens_write_docs(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
                          const uint64_t *docs, uint64_t n_docs, int token_bytes, uint32_t vocab_size,
                          int zstd_level, char *err, size_t errlen);
+/* qt_tokens_write_docs as a version 4 pair shard (QT_TOKENS_FLAG_PAIRS, qt_data.h's layout) of pair_seq_len S:
+ * n = 2 P S + 1 tokens, P >= 1, and a mask. */
+int qt_tokens_write_pairs(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n, const uint64_t *docs,
+                          uint64_t n_docs, uint32_t pair_seq_len, int token_bytes, uint32_t vocab_size, int zstd_level,
+                          char *err, size_t errlen);
 /* qt_tokens_write_masked without a mask. */
 int qt_tokens_write(const char *path, const uint32_t *tokens, uint64_t n, int token_bytes,
                    uint32_t vocab_size, int zstd_level, char *err, size_t errlen);
@@ -136,6 +147,10 @@ void qt_loader_reset(qt_loader *l);             /* back to the start of epoch 0 
 uint64_t qt_loader_windows(const qt_loader *l); /* windows per epoch, all shards */
 int qt_loader_shards(const qt_loader *l);       /* the shards opened */
 int qt_loader_doc_shards(const qt_loader *l);   /* those carrying document starts (QT_TOKENS_FLAG_DOCS) */
+/* 1 when the shards are pair shards (QT_TOKENS_FLAG_PAIRS; qt_loader_open refuses a mix): a micro-batch is then
+ * micro_batch / 2 pairs, rows 2p and 2p + 1 pair p's chosen and rejected sequences, and the seeded order shuffles
+ * pairs, never splitting one; qt_loader_windows counts sequences. */
+int qt_loader_pairs(const qt_loader *l);
 void qt_loader_free(qt_loader *l);
 
 #endif

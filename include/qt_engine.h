@@ -13,6 +13,7 @@
 #include "qt_ckpt.h"
 #include "qt_config.h"
 #include "qt_docs.h"
+#include "qt_dpo.h"
 #include "qt_model.h"
 #include "qt_plan.h"
 #include "qt_weight_src.h"
@@ -116,6 +117,9 @@ typedef struct {
     /* Writes the engine's own export to dir instead of the HF model (LoRA: PEFT's adapter files); NULL:
      * the HF export of get_weights is the export. */
     int (*export_adapter)(qt_engine *e, const char *dir, char *err, size_t errlen);
+    /* objective: dpo (plan->dpo): the pairs' sums (qt_dpo.h) of the last opt_step's micro-steps (eval 0), or of the
+     * eval_loss calls since the last call with eval 1 (then cleared). NULL: the engine has no DPO objective. */
+    void (*dpo_stats)(qt_engine *e, int eval, qt_dpo_stats *s);
 } qt_engine_ops;
 
 struct qt_engine {

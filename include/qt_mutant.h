@@ -52,6 +52,9 @@ typedef enum {
     /* NF4 codec (nf4_ref.c) */
     QT_MUT_NF4_NIBBLE_SWAP,          /* the CPU quantizer packs value 2k in the low nibble, 2k+1 in the high one */
     QT_MUT_NF4_NO_OFFSET,            /* the CPU absmax dequantization leaves out the double quantization's offset */
+    /* preference tuning (dpo.c, dpo_cpu.c) */
+    QT_MUT_DPO_SWAPPED,              /* the chosen and rejected rows of each pair are read the other way round */
+    QT_MUT_DPO_REF_ADAPTED,          /* the reference log-probs are taken with the adapters on (the policy's) */
     QT_MUT_COUNT
 } qt_mutant;
 

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "qt_dtype.h"
+#include "qt_dpo.h"
 #include "qt_lora.h"
 #include "qt_model.h"
 #include "qt_modes.h"
@@ -128,6 +129,8 @@ typedef struct {
     qt_plan_perf perf;
     qt_plan_memory memory;
     qt_lora_cfg lora;          /* lora.*: rank 0 trains the whole model; else adapters over a frozen base */
+    int dpo;                   /* objective: dpo: a micro-batch is pairs of rows, the loss sigmoid DPO (qt_dpo.h) */
+    qt_dpo_cfg dpo_cfg;        /* its beta and label smoothing */
 } qt_plan;
 
 /* The plan of cfg for layout L on n_ranks GPU ranks (0: one GPU, no data parallelism). Checks every cross-mode

@@ -621,6 +621,8 @@ static void randomize(uint64_t *s) {
         rp->type = QT_ROPE_LINEAR;
     cfg.optim.warmup = cfg.optim.cooldown = 0;
     if (cfg.lora.rank > 0 && !cfg.lora.targets) cfg.lora.targets = QT_LORA_ALL; /* LoRA: some target */
+    if (cfg.objective == QT_OBJ_DPO) /* DPO: pairs in a micro-batch */
+        cfg.data.micro_batch = cfg.data.micro_batch > 1 ? cfg.data.micro_batch & ~1 : 2;
     /* The window rule the family can say: none for llama, every layer for mistral. */
     if (cfg.model.arch == QT_ARCH_LLAMA) cfg.model.sliding_window = 0;
     if (cfg.model.arch == QT_ARCH_MISTRAL) cfg.model.window_layers_from = 0;

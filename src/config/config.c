@@ -441,6 +441,10 @@ static int cross_check(ctx *x) {
     if (c->lora.rank > 0 && !c->lora.targets)
         return fail(x, at_of(x, "lora.targets"), "lora.targets", "expected at least one of q, k, v, o, gate, up, down "
                     "with lora.rank %d, got []", c->lora.rank);
+    if (c->objective == QT_OBJ_DPO && c->data.micro_batch % 2)
+        return fail(x, at_of(x, "data.micro_batch"), "data.micro_batch", "expected an even count with objective: dpo "
+                    "(a micro-batch holds pairs: the chosen and the rejected sequence of micro_batch / 2 pairs), got %d",
+                    c->data.micro_batch);
     /* parallel.shard_optimizer is the older spelling of parallel.zero 0 / 1: alone it picks the level,
      * with zero it must agree; afterwards it says whether the optimizer state is sharded (zero >= 1). */
     where wz = at_of(x, "parallel.zero"), wso = at_of(x, "parallel.shard_optimizer");

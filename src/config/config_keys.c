@@ -63,6 +63,7 @@ static const qt_key_enum lora_target_names[] = {{"q", QT_LORA_Q},       {"k", QT
 static const qt_key_enum lora_extra_names[] = {
     {"embeddings", QT_LORA_X_EMBED}, {"lm_head", QT_LORA_X_LM_HEAD}, {"norms", QT_LORA_X_NORMS}, {NULL, 0}};
 static const qt_key_enum lora_export_names[] = {{"adapter", 0}, {"merged", 1}, {NULL, 0}};
+static const qt_key_enum objective_names[] = {{"lm", QT_OBJ_LM}, {"dpo", QT_OBJ_DPO}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
                                               {NULL, 0}};
@@ -295,6 +296,17 @@ static const qt_config_key keys[] = {
       "what the export writes with lora.rank > 0: adapter = PEFT's adapter_model.safetensors + adapter_config.json "
       "(peft.PeftModel.from_pretrained loads them over the base), merged = the merged model (base + scale B A) as "
       "model.safetensors + config.json in export.dtype; `qtrain run.yaml --export merged` sets it"),
+
+    E("objective", objective, objective_names, "lm", "all", 0,
+      "the loss: lm = next-token cross-entropy over the unmasked targets; dpo = sigmoid DPO over preference pairs "
+      "(shards of tools/tokenize --pairs: a micro-batch holds micro_batch / 2 pairs, chosen and rejected), the "
+      "reference log-probs from the frozen base under the LoRA adapters, or without LoRA from a frozen copy of the "
+      "initial weights (CPU engines only for now); docs/preference-tuning.md"),
+    F("dpo.beta", dpo.beta, 0, NOHI, 1, 0, "0.1", "all", 0,
+      "objective: dpo: beta, the implicit reward's scale: loss = -log sigmoid(beta ((pi_c - pi_r) - (ref_c - ref_r)))"),
+    F("dpo.label_smoothing", dpo.label_smoothing, 0, 0.5, 0, 1, "0", "all", 0,
+      "objective: dpo: eps, the assumed rate of flipped preference labels (conservative DPO): loss = -(1 - eps) "
+      "log sigmoid(beta h) - eps log sigmoid(-beta h)"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

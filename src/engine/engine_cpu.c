@@ -1,10 +1,16 @@
-/* engine_cpu.c — the CPU fp32 reference engine: qt_cpu_model + AdamW on host arrays. */
+/* engine_cpu.c — the CPU fp32 reference engine: qt_cpu_model + AdamW on host arrays.
+ *
+ * objective: dpo keeps a frozen copy of the initial weights (init.from, or the seeded init) as the reference model:
+ * a micro-step is qt_dpo_cpu_step over the two. A checkpoint holds the reference's identity (a CRC-32C of its
+ * bytes), so a resume whose initial weights differ is refused. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "qt_cpu_model.h"
+#include "qt_crc32c.h"
+#include "qt_dpo.h"
 #include "qt_dtype.h"
 #include "qt_engine.h"
 #include "qt_error.h"
@@ -18,10 +24,21 @@ typedef struct {
     float *w, *g, *m, *v; /* owned, L->numel each */
     qt_step_loss sl;      /* the micro-steps' losses since the last opt_step */
     long t;               /* the last opt_step's step */
+    float *ref;           /* objective: dpo: the reference weights [L->numel], a frozen copy of the initial ones */
+    char ref_id[64];      /* "crc32c <hex> numel <n>" of ref: the checkpoint's dpo_reference */
+    qt_dpo_log dpo;       /* the pairs' sums for the log */
 } cpu_engine;
 
 static void cpu_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale) {
     cpu_engine *c = (cpu_engine *)e;
+    if (c->ref) { /* grad_scale: the weight of one pair */
+        qt_dpo_stats st = {0};
+        double l = qt_dpo_cpu_step(c->model, c->w, NULL, c->ref, in, tgt, c->plan.run.B, c->plan.run.T, &c->plan.dpo_cfg,
+                                   1, c->g, grad_scale, &st);
+        qt_step_loss_add(&c->sl, (float)l, st.pairs);
+        qt_dpo_stats_add(&c->dpo.acc, &st);
+        return;
+    }
     float l = qt_cpu_model_forward(c->model, c->w, in, tgt);
     qt_step_loss_add(&c->sl, l, qt_cpu_model_targets(c->model));
     qt_cpu_model_backward(c->model, c->w, c->g, grad_scale);
@@ -46,12 +63,18 @@ static void cpu_opt_step(qt_engine *e, float lr, long t, float *loss, float *gno
     memset(c->g, 0, e->L->numel * sizeof(float));
     *loss = qt_step_loss_take(&c->sl);
     *gnorm = (float)norm;
+    qt_dpo_log_step(&c->dpo);
 }
 
 static float cpu_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt) {
     cpu_engine *c = (cpu_engine *)e;
+    if (c->ref)
+        return (float)qt_dpo_cpu_step(c->model, c->w, NULL, c->ref, in, tgt, c->plan.run.B, c->plan.run.T,
+                                      &c->plan.dpo_cfg, 0, NULL, 0.0f, &c->dpo.eval);
     return qt_cpu_model_forward(c->model, c->w, in, tgt);
 }
+
+static void cpu_dpo_stats(qt_engine *e, int eval, qt_dpo_stats *s) { qt_dpo_log_take(&((cpu_engine *)e)->dpo, eval, s); }
 
 static void cpu_get_weights(qt_engine *e, float *w) {
     memcpy(w, ((cpu_engine *)e)->w, e->L->numel * sizeof(float));
@@ -71,11 +94,27 @@ static void cpu_forward_logits(qt_engine *e, const int32_t *in, float *logits) {
 static int cpu_state_items(qt_engine *e, qt_ckpt_item *items, int cap) {
     cpu_engine *c = (cpu_engine *)e;
     size_t bytes = e->L->numel * sizeof(float);
-    QT_CHECK(cap >= 3, "need room for 3 checkpoint items, got %d", cap);
+    QT_CHECK(cap >= (c->ref ? 4 : 3), "need room for %d checkpoint items, got %d", c->ref ? 4 : 3, cap);
     items[0] = (qt_ckpt_item){"weights", QT_DT_F32, c->w, bytes, 0};
     items[1] = (qt_ckpt_item){"adam_m", QT_DT_F32, c->m, bytes, 0};
     items[2] = (qt_ckpt_item){"adam_v", QT_DT_F32, c->v, bytes, 0};
-    return 3;
+    if (!c->ref) return 3;
+    items[3] = (qt_ckpt_item){"dpo_reference", -1, c->ref_id, strlen(c->ref_id), 0};
+    return 4;
+}
+
+/* objective: dpo: the checkpoint's reference is this run's (the same initial weights). */
+static int check_reference(const cpu_engine *c, const qt_ckpt *ck, char *err, size_t errlen) {
+    size_t bytes;
+    int dt;
+    const char *id = qt_ckpt_get(ck, "dpo_reference", &bytes, &dt);
+    if (!id)
+        return qt_errf(err, errlen, "checkpoint: no dpo_reference blob (not an objective: dpo checkpoint): resume it with "
+                       "its own objective");
+    if (bytes != strlen(c->ref_id) || memcmp(id, c->ref_id, bytes))
+        return qt_errf(err, errlen, "checkpoint blob dpo_reference: the run's reference (its initial weights) was \"%.*s\", "
+                       "this run's is \"%s\": resume from the same init.from (or init.seed)", (int)bytes, id, c->ref_id);
+    return 0;
 }
 
 static int cpu_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen) {
@@ -94,7 +133,7 @@ static int cpu_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t err
         }
         memcpy(dst[i], p, want);
     }
-    return 0;
+    return c->ref ? check_reference(c, ck, err, errlen) : 0;
 }
 
 static long cpu_nonfinite_weight(qt_engine *e, int settle, long *step) {
@@ -113,6 +152,7 @@ static void cpu_free(qt_engine *e) {
     free(c->g);
     free(c->m);
     free(c->v);
+    free(c->ref);
     free(c);
 }
 
@@ -136,6 +176,7 @@ static const qt_engine_ops cpu_ops = {
     .free = cpu_free,
     .set_docs = cpu_set_docs,
     .docs_by_default = 1,
+    .dpo_stats = cpu_dpo_stats,
 };
 
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
@@ -155,5 +196,12 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const q
         return NULL;
     }
     c->model = qt_cpu_model_create(L, plan->run.B, plan->run.T);
+    if (plan->dpo) {
+        QT_CHECK(c->ref = malloc(bytes), "out of host memory for the DPO reference (%zu parameters)", L->numel);
+        memcpy(c->ref, c->w, bytes);
+        snprintf(c->ref_id, sizeof c->ref_id, "crc32c %08x numel %zu", qt_crc32c(0, c->ref, bytes), L->numel);
+        printf("qtrain: objective: dpo: the reference model is a frozen copy of the initial weights (%.1f MiB)\n",
+               bytes / 1048576.0);
+    }
     return &c->base;
 }

@@ -7,7 +7,9 @@
  * the dropout masks continue from and the base's identity (its source and a CRC-32C of its fp32 bytes as
  * loaded): a resume over another base is refused.
  * get_weights gives the merged model (base + scale B A), which the HF export writes; the engine's own
- * export is PEFT's adapter files. */
+ * export is PEFT's adapter files. With objective: dpo a micro-step is qt_dpo_cpu_step: the reference log-probs
+ * come from the same base with the adapters switched off, so the reference model costs one forward and no
+ * memory. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 
 #include "qt_cpu_model.h"
 #include "qt_crc32c.h"
+#include "qt_dpo.h"
 #include "qt_dtype.h"
 #include "qt_engine.h"
 #include "qt_error.h"
@@ -41,11 +44,20 @@ typedef struct {
     int64_t step_blob;      /* the last opt_step's step, as the checkpoint's lora_step */
     qt_step_loss sl;        /* the micro-steps' losses since the last opt_step */
     long t;                 /* the last opt_step's step */
+    qt_dpo_log dpo;         /* objective: dpo: the pairs' sums for the log */
 } lora_engine;
 
 static void lora_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale) {
     lora_engine *c = (lora_engine *)e;
     qt_lora_cpu_set_batch(c->lc, c->t + 1, c->sl.n_micro);
+    if (c->plan.dpo) { /* grad_scale: the weight of one pair */
+        qt_dpo_stats st = {0};
+        double l = qt_dpo_cpu_step(c->model, c->w, qt_lora_cpu_adapter(c->lc), c->w, in, tgt, c->plan.run.B,
+                                   c->plan.run.T, &c->plan.dpo_cfg, 1, c->xg, grad_scale, &st);
+        qt_step_loss_add(&c->sl, (float)l, st.pairs);
+        qt_dpo_stats_add(&c->dpo.acc, &st);
+        return;
+    }
     float l = qt_cpu_model_forward(c->model, c->w, in, tgt);
     qt_step_loss_add(&c->sl, l, qt_cpu_model_targets(c->model));
     qt_cpu_model_backward(c->model, c->w, c->xg, grad_scale);
@@ -80,11 +92,17 @@ static void lora_opt_step(qt_engine *e, float lr, long t, float *loss, float *gn
     }
     *loss = qt_step_loss_take(&c->sl);
     *gnorm = (float)norm;
+    qt_dpo_log_step(&c->dpo);
 }
+
+static void lora_dpo_stats(qt_engine *e, int eval, qt_dpo_stats *s) { qt_dpo_log_take(&((lora_engine *)e)->dpo, eval, s); }
 
 static float lora_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt) {
     lora_engine *c = (lora_engine *)e;
     qt_lora_cpu_set_batch(c->lc, -1, 0);
+    if (c->plan.dpo)
+        return (float)qt_dpo_cpu_step(c->model, c->w, qt_lora_cpu_adapter(c->lc), c->w, in, tgt, c->plan.run.B,
+                                      c->plan.run.T, &c->plan.dpo_cfg, 0, NULL, 0.0f, &c->dpo.eval);
     return qt_cpu_model_forward(c->model, c->w, in, tgt);
 }
 
@@ -202,6 +220,7 @@ static const qt_engine_ops lora_ops = {
     .export_adapter = lora_export_adapter,
     .set_docs = lora_set_docs,
     .docs_by_default = 1,
+    .dpo_stats = lora_dpo_stats,
 };
 
 /* The base tensors lora.trainable names, and their gradient and moment arrays. */

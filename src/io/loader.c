@@ -9,7 +9,9 @@
  * t of a window is -1 when the mask byte of its token (start + t + 1) is 0; a masked shard whose windows
  * hold no unmasked target is an error naming it (nothing to train or evaluate on). A window's document
  * starts are the shard's starts in [start, start + seq_len), found by binary search. Read errors come
- * back to the caller (the training loop saves a checkpoint before it stops), never exit the process. */
+ * back to the caller (the training loop saves a checkpoint before it stops), never exit the process.
+ * Pair shards (QT_TOKENS_FLAG_PAIRS) are read in units of two windows (a pair: chosen, rejected): the cursors,
+ * the shuffles and a shard's window count are in pairs, and a micro-batch is micro_batch / 2 of them. */
 #include "qt_data.h"
 
 #include <glob.h>
@@ -41,6 +43,7 @@ struct qt_loader {
     int wperm_file;
     qt_tokens_data data; /* the shard being read (data_file), or nothing (-1) */
     int data_file;
+    int unit;            /* windows per cursor step: 2 for pair shards, else 1 */
 };
 
 /* Distinct stream tags keep the shard-order and window-order generators independent. */
@@ -111,11 +114,12 @@ static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
             snprintf(err, errlen, "%s: shard changed on disk since the loader opened it", l->sh[f].path);
             return -1;
         }
-        if (no_targets(&l->data, l->sh[f].n_windows * (uint64_t)l->seq_len)) {
+        uint64_t last = l->sh[f].n_windows * (uint64_t)l->unit * (uint64_t)l->seq_len;
+        if (no_targets(&l->data, last)) {
             qt_tokens_unload(&l->data);
             snprintf(err, errlen, "%s: every target is masked out (mask bytes 1 to %llu are all 0): the shard has "
                      "nothing to train on; tokenize it again (tools/tokenize --chat keeps the assistant's turns) or "
-                     "leave it out of the glob", l->sh[f].path, (unsigned long long)(l->sh[f].n_windows * l->seq_len));
+                     "leave it out of the glob", l->sh[f].path, (unsigned long long)last);
             return -1;
         }
         l->data_file = f;
@@ -156,10 +160,8 @@ static int32_t window_docs(const qt_tokens_data *d, uint64_t start, int seq_len,
     return n;
 }
 
-static int read_window(qt_loader *l, int32_t *in, int32_t *tg, int32_t *starts, int32_t *n_starts, char *err,
-                       size_t errlen) {
-    if (ensure_shard(l, err, errlen) != 0) return -1;
-    uint64_t w = l->shuffle ? l->wperm[l->pos.window_cursor] : l->pos.window_cursor;
+/* Window w of the loaded shard into in, tg (and starts, n_starts). */
+static void copy_window(qt_loader *l, uint64_t w, int32_t *in, int32_t *tg, int32_t *starts, int32_t *n_starts) {
     uint64_t start = w * (uint64_t)l->seq_len;
     const uint8_t *mask = l->data.mask;
     uint32_t prev = qt_tokens_token(&l->data, start);
@@ -171,6 +173,15 @@ static int read_window(qt_loader *l, int32_t *in, int32_t *tg, int32_t *starts, 
         prev = next;
     }
     if (n_starts) *n_starts = window_docs(&l->data, start, l->seq_len, starts);
+}
+
+/* The unit under the cursor (one window, or a pair's two) into rows of in, tg, starts, n_starts. */
+static int read_window(qt_loader *l, int32_t *in, int32_t *tg, int32_t *starts, int32_t *n_starts, char *err,
+                       size_t errlen) {
+    if (ensure_shard(l, err, errlen) != 0) return -1;
+    uint64_t u = l->shuffle ? l->wperm[l->pos.window_cursor] : l->pos.window_cursor, S = (uint64_t)l->seq_len;
+    for (int j = 0; j < l->unit; j++)
+        copy_window(l, u * l->unit + j, in + j * S, tg + j * S, starts ? starts + j * S : NULL, n_starts ? n_starts + j : NULL);
     advance(l, 1);
     return 0;
 }
@@ -182,10 +193,10 @@ int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, s
 int qt_loader_next_docs(qt_loader *l, int32_t *inputs, int32_t *targets, int32_t *starts, int32_t *n_starts,
                         char *err, size_t errlen) {
     qt_loader_pos start = l->pos;
-    uint64_t mb = (uint64_t)l->micro_batch, S = (uint64_t)l->seq_len;
+    uint64_t mb = (uint64_t)(l->micro_batch / l->unit), S = (uint64_t)l->seq_len * l->unit, k = (uint64_t)l->unit;
     advance(l, (uint64_t)l->rank * mb);
     for (uint64_t i = 0; i < mb; i++)
-        if (read_window(l, inputs + i * S, targets + i * S, starts ? starts + i * S : NULL, n_starts ? n_starts + i : NULL,
+        if (read_window(l, inputs + i * S, targets + i * S, starts ? starts + i * S : NULL, n_starts ? n_starts + i * k : NULL,
                         err, errlen)) {
             l->pos = start;
             return -1;
@@ -224,7 +235,9 @@ void qt_loader_set_pos(qt_loader *l, qt_loader_pos p) {
 
 void qt_loader_reset(qt_loader *l) { qt_loader_set_pos(l, (qt_loader_pos){0, 0, 0}); }
 
-uint64_t qt_loader_windows(const qt_loader *l) { return l->total_windows; }
+uint64_t qt_loader_windows(const qt_loader *l) { return l->total_windows * (uint64_t)l->unit; }
+
+int qt_loader_pairs(const qt_loader *l) { return l->unit == 2; }
 
 int qt_loader_doc_shards(const qt_loader *l) {
     int n = 0;
@@ -279,6 +292,26 @@ static int add_pattern(qt_loader *l, const char *pat, char *err, size_t errlen) 
     return 0;
 }
 
+/* Shard i's pairs flag against shard 0's (l->unit), its pair_seq_len against seq_len and, with pairs, an even
+ * micro_batch. */
+static int check_pairs(qt_loader *l, const shard_info *s, int i, char *err, size_t errlen) {
+    int pairs = (s->h.flags & QT_TOKENS_FLAG_PAIRS) != 0;
+    if (i == 0) l->unit = pairs ? 2 : 1;
+    if (pairs != (l->unit == 2))
+        return qt_errf(err, errlen, "%s is %s pair shard but %s is %s: the shards of one run are all preference pairs "
+                       "(tools/tokenize --pairs) or none", s->path, pairs ? "a" : "not a", l->sh[0].path,
+                       pairs ? "not" : "one");
+    if (!pairs) return 0;
+    if (s->h.pair_seq_len != (uint32_t)l->seq_len)
+        return qt_errf(err, errlen, "%s: a pair shard of seq_len %u (tools/tokenize --pairs --seq-len %u), but data.seq_len "
+                       "is %d: set data.seq_len: %u", s->path, s->h.pair_seq_len, s->h.pair_seq_len, l->seq_len,
+                       s->h.pair_seq_len);
+    if (l->micro_batch % 2)
+        return qt_errf(err, errlen, "%s: a pair shard, but data.micro_batch is %d: expected an even count (a micro-batch "
+                       "holds micro_batch / 2 pairs of chosen and rejected sequences)", s->path, l->micro_batch);
+    return 0;
+}
+
 /* Reads every header; checks vocab against vocab_limit and that each shard holds a window. */
 static int scan_shards(qt_loader *l, char *err, size_t errlen) {
     uint64_t need = (uint64_t)l->seq_len + 1;
@@ -296,6 +329,8 @@ static int scan_shards(qt_loader *l, char *err, size_t errlen) {
             return -1;
         }
         s->n_windows = (s->h.n_tokens - 1) / (uint64_t)l->seq_len;
+        if (check_pairs(l, s, i, err, errlen)) return -1;
+        s->n_windows /= (uint64_t)l->unit;
         l->total_windows += s->n_windows;
     }
     return 0;
@@ -319,7 +354,7 @@ qt_loader *qt_loader_open(const char *glob_list, int seq_len, int micro_batch, i
     }
     *l = (qt_loader){.seq_len = seq_len, .micro_batch = micro_batch, .rank = rank, .world = world,
                      .shuffle = shuffle != 0, .seed = seed, .vocab_limit = vocab_limit, .wperm_file = -1,
-                     .data_file = -1};
+                     .data_file = -1, .unit = 1};
     int rc = 0, any = 0;
     for (char *save = NULL, *p = strtok_r(pats, ",", &save); p && rc == 0; p = strtok_r(NULL, ",", &save)) {
         while (*p == ' ') p++;

@@ -8,7 +8,8 @@
  * Version 2 checksums with CRC-32 (qt_crc32.h, 2.5x faster than the byte-serial FNV-1a of version 1,
  * which is still read) and may carry a loss mask after the tokens; version 3 adds the document starts
  * after the mask (their count in the header, so the payload size is known before it is read). A shard
- * without document starts is written as version 2, which every reader takes. */
+ * without document starts is written as version 2, which every reader takes; version 4 marks a shard of preference
+ * pairs (QT_TOKENS_FLAG_PAIRS and their window length in the header). */
 #include "qt_data.h"
 
 #include <errno.h>
@@ -72,6 +73,23 @@ static void encode_header(uint8_t *b, const qt_tokens_header *h) {
     put32(b + 28, h->flags);
     put64(b + 32, h->checksum);
     if (h->version >= 3) put64(b + 40, h->n_docs);
+    if (h->version >= 4) put32(b + 48, h->pair_seq_len);
+}
+
+/* Version 4's pair layout: pair_seq_len S with QT_TOKENS_FLAG_PAIRS (0 without), a mask, n_tokens = 2 P S + 1. */
+static int decode_pairs(const uint8_t *b, qt_tokens_header *h, const char *path, char *err, size_t errlen) {
+    h->pair_seq_len = get32(b + 48);
+    uint64_t S = h->pair_seq_len;
+    if (!(h->flags & QT_TOKENS_FLAG_PAIRS))
+        return S ? fail(err, errlen, path, "pair_seq_len %u without the pairs flag 0x%x", h->pair_seq_len,
+                        QT_TOKENS_FLAG_PAIRS) : 0;
+    if (!(h->flags & QT_TOKENS_FLAG_MASK))
+        return fail(err, errlen, path, "a pair shard (flag 0x%x) without a loss mask (flag 0x%x): nothing says which "
+                    "tokens are the responses", QT_TOKENS_FLAG_PAIRS, QT_TOKENS_FLAG_MASK);
+    if (S == 0 || h->n_tokens < 2 * S + 1 || (h->n_tokens - 1) % (2 * S))
+        return fail(err, errlen, path, "a pair shard of %llu tokens with pair_seq_len %u (expected 2 P x seq_len + 1 "
+                    "tokens, P >= 1 pairs)", (unsigned long long)h->n_tokens, h->pair_seq_len);
+    return 0;
 }
 
 /* Decodes and checks the fields that do not need the payload. */
@@ -84,11 +102,13 @@ static int decode_header(const uint8_t *b, qt_tokens_header *h, const char *path
     h->flags = get32(b + 28);
     h->checksum = get64(b + 32);
     h->n_docs = 0;
+    h->pair_seq_len = 0;
     if (h->version < 1 || h->version > QT_TOKENS_VERSION)
         return fail(err, errlen, path, "unsupported version %u (expected 1 to %d)", h->version, QT_TOKENS_VERSION);
     uint32_t known = h->version == 1   ? 0 /* version 1: the field is reserved, 0 */
                      : h->version == 2 ? QT_TOKENS_FLAG_MASK
-                                       : QT_TOKENS_FLAG_MASK | QT_TOKENS_FLAG_DOCS;
+                     : h->version == 3 ? QT_TOKENS_FLAG_MASK | QT_TOKENS_FLAG_DOCS
+                                       : QT_TOKENS_FLAG_MASK | QT_TOKENS_FLAG_DOCS | QT_TOKENS_FLAG_PAIRS;
     if (h->flags & ~known)
         return fail(err, errlen, path, "unknown flags 0x%x in a version %u header (expected 0x%x or less)",
                     h->flags, h->version, known);
@@ -106,7 +126,7 @@ static int decode_header(const uint8_t *b, qt_tokens_header *h, const char *path
     if (h->n_docs > h->n_tokens)
         return fail(err, errlen, path, "n_docs %llu > n_tokens %llu (at most one document starts at each token)",
                     (unsigned long long)h->n_docs, (unsigned long long)h->n_tokens);
-    return 0;
+    return h->version >= 4 ? decode_pairs(b, h, path, err, errlen) : 0;
 }
 
 static void encode_tokens(uint8_t *out, const uint32_t *t, size_t n, int tb) {
@@ -190,6 +210,16 @@ int qt_tokens_write_masked(const char *path, const uint32_t *tokens, const uint8
 int qt_tokens_write_docs(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
                          const uint64_t *docs, uint64_t n_docs, int token_bytes, uint32_t vocab_size,
                          int zstd_level, char *err, size_t errlen) {
+    return qt_tokens_write_pairs(path, tokens, mask, n, docs, n_docs, 0, token_bytes, vocab_size, zstd_level, err, errlen);
+}
+
+int qt_tokens_write_pairs(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n, const uint64_t *docs,
+                          uint64_t n_docs, uint32_t pair_seq_len, int token_bytes, uint32_t vocab_size, int zstd_level,
+                          char *err, size_t errlen) {
+    uint64_t S = pair_seq_len;
+    if (S && (!mask || n < 2 * S + 1 || (n - 1) % (2 * S)))
+        return fail(err, errlen, path, "pairs of seq_len %u: expected a mask and 2 P x seq_len + 1 tokens, got %llu%s",
+                    pair_seq_len, (unsigned long long)n, mask ? "" : " and no mask");
     if (token_bytes != 2 && token_bytes != 4)
         return fail(err, errlen, path, "token_bytes %d (expected 2 or 4)", token_bytes);
     if (vocab_size == 0 || (token_bytes == 2 && vocab_size > 65536))
@@ -219,9 +249,10 @@ int qt_tokens_write_docs(const char *path, const uint32_t *tokens, const uint8_t
         encode_docs(buf, docs + i, 1);
         sum = qt_crc32(sum, buf, 8);
     }
-    qt_tokens_header h = {.version = docs ? 3 : 2, .token_bytes = (uint32_t)token_bytes, .vocab_size = vocab_size,
-                         .flags = (mask ? QT_TOKENS_FLAG_MASK : 0) | (docs ? QT_TOKENS_FLAG_DOCS : 0), .n_tokens = n,
-                         .checksum = sum, .n_docs = docs ? n_docs : 0};
+    qt_tokens_header h = {.version = S ? 4 : docs ? 3 : 2, .token_bytes = (uint32_t)token_bytes, .vocab_size = vocab_size,
+                         .flags = (mask ? QT_TOKENS_FLAG_MASK : 0) | (docs ? QT_TOKENS_FLAG_DOCS : 0) |
+                                  (S ? QT_TOKENS_FLAG_PAIRS : 0),
+                         .n_tokens = n, .checksum = sum, .n_docs = docs ? n_docs : 0, .pair_seq_len = pair_seq_len};
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
     if (!tmp) return fail(err, errlen, path, "out of memory");

@@ -155,6 +155,8 @@ void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan
     p->memory = (qt_plan_memory){.host_wc = mem->host_alloc == QT_HOST_WRITE_COMBINED, .gpu_limit_gib = mem->gpu_limit_gib,
                                  .host_limit_gib = mem->host_limit_gib, .ckpt_offloaded = cfg->checkpoint.offloaded};
     p->lora = cfg->lora;
+    p->dpo = cfg->objective == QT_OBJ_DPO;
+    p->dpo_cfg = cfg->dpo;
     if (n_ranks < 0) return; /* no GPU ranks: nothing placed */
     qt_plan_parallel *pp = &p->parallel;
     pp->dp = n_ranks == 0 ? QT_DP_ONE : cfg->parallel.zero >= 1 && n_ranks > 1 ? QT_DP_SHARDED : QT_DP_REPLICATED;

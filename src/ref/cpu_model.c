@@ -308,15 +308,11 @@ static void block_bwd(qt_cpu_model *m, const float *w, float *grad, int l) {
 #undef GN
 }
 
-void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale) {
-    QT_CHECK(m->has_targets, "qt_cpu_model_backward: the last forward had no targets");
+/* The backward from dlogits (written over m->logits) down to the embedding. */
+static void backward_from_dlogits(qt_cpu_model *m, const float *w, float *grad) {
     const qt_model_cfg *c = &m->L->cfg;
     long N = m->N;
     int C = c->hidden_size, V = c->vocab_size;
-    if (m->n_targets == 0) return; /* no target: the loss is constant 0 */
-    /* d w.r.t. the raw logits (through the cap when there is one) */
-    qt_ref_cross_entropy_capped_bwd(m->logits, m->raw ? m->raw : m->logits, m->targets, N, V, grad_scale,
-                                    c->logit_softcap);
     /* tied: the LM head's dw lands on the embedding rows, which embedding_bwd adds to as well */
     unsigned k = grad ? m->grads : 0;
     qt_ref_matmul_bwd(m->dln, k & QT_CPU_GRAD_LM_HEAD ? grad + m->L->lm_head : NULL, NULL, m->logits, m->lnf,
@@ -330,6 +326,27 @@ void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float g
             qt_ref_embedding_scaled_bwd(grad + m->L->embed, m->dres, m->tokens, N, C, V, qt_ref_embed_scale(C, 0));
         else qt_ref_embedding_bwd(grad + m->L->embed, m->dres, m->tokens, N, C, V);
     }
+}
+
+void qt_cpu_model_backward(qt_cpu_model *m, const float *w, float *grad, float grad_scale) {
+    QT_CHECK(m->has_targets, "qt_cpu_model_backward: the last forward had no targets");
+    const qt_model_cfg *c = &m->L->cfg;
+    if (m->n_targets == 0) return; /* no target: the loss is constant 0 */
+    /* d w.r.t. the raw logits (through the cap when there is one) */
+    qt_ref_cross_entropy_capped_bwd(m->logits, m->raw ? m->raw : m->logits, m->targets, m->N, c->vocab_size, grad_scale,
+                                    c->logit_softcap);
+    backward_from_dlogits(m, w, grad);
+}
+
+void qt_cpu_model_backward_rows(qt_cpu_model *m, const float *w, float *grad, const float *row_scale) {
+    QT_CHECK(m->has_targets, "qt_cpu_model_backward_rows: the last forward had no targets");
+    const qt_model_cfg *c = &m->L->cfg;
+    long TV = (long)m->T * c->vocab_size;
+    if (m->n_targets == 0) return;
+    for (int b = 0; b < m->B; b++)
+        qt_ref_cross_entropy_capped_bwd(m->logits + b * TV, (m->raw ? m->raw : m->logits) + b * TV, m->targets + (long)b * m->T,
+                                        m->T, c->vocab_size, row_scale[b], c->logit_softcap);
+    backward_from_dlogits(m, w, grad);
 }
 
 int qt_cpu_model_set_docs(qt_cpu_model *m, const qt_docs *d, char *err, size_t errlen) {
@@ -357,3 +374,5 @@ void qt_cpu_model_set_grads(qt_cpu_model *m, unsigned kinds) { m->grads = kinds;
 const float *qt_cpu_model_logits(const qt_cpu_model *m) { return m->logits; }
 
 long qt_cpu_model_targets(const qt_cpu_model *m) { return m->n_targets; }
+
+const float *qt_cpu_model_token_losses(const qt_cpu_model *m) { return m->losses; }

@@ -30,6 +30,7 @@
 #include "qt_hf.h"
 #include "qt_optim.h"
 #include "qt_train_ckpt.h"
+#include "qt_train_dpo.h"
 #include "qt_train_session.h"
 #include "qt_tuning_cache.h"
 
@@ -132,7 +133,7 @@ static int run_eval(qt_trainer *t, float *out, long *targets, char *err, size_t 
                 if (qt_train_docs_next(&t->docs, t->eval, (size_t)r * t->cfg->data.micro_batch, t->in + r * ntok,
                                        t->tgt + r * ntok, err, errlen))
                     return 1;
-                long v = count_targets(t->tgt + r * ntok, ntok);
+                long v = qt_train_dpo_units(t->cfg, t->cfg->data.micro_batch, count_targets(t->tgt + r * ntok, ntok));
                 if (v0 < 0) v0 = v;
                 if (r == 0) first = v;
                 same &= v == first;
@@ -215,30 +216,33 @@ int qt_session_export(qt_trainer *t, const char *dir, int bf16, char *err, size_
 static int log_train(qt_trainer *t, float loss, float gnorm, float lr, double tok_s, double eta_s, char *err,
                      size_t errlen) {
     const qt_config *c = t->cfg;
-    char eta[32], f[256], l[32] = "null";
+    char eta[32], f[512], l[32] = "null", dl[128], dj[256];
     fmt_duration(eta, sizeof eta, eta_s);
+    qt_train_dpo_format(t->eng, c, 0, dl, sizeof dl, dj, sizeof dj);
     if (t->step_targets) snprintf(l, sizeof l, "%.6f", loss);
     if (t->step_targets)
-        printf("step %6ld/%d | loss %.4f | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->optim.steps,
-               loss, gnorm, lr, tok_s, eta);
+        printf("step %6ld/%d | loss %.4f%s | gnorm %7.3f | lr %.3e | %8.0f tok/s | ETA %s\n", t->step, c->optim.steps,
+               loss, dl, gnorm, lr, tok_s, eta);
     else
         printf("step %6ld/%d | no unmasked targets (every target of the step is masked out) | lr %.3e | %8.0f tok/s "
                "| ETA %s\n", t->step, c->optim.steps, lr, tok_s, eta);
     fflush(stdout);
     struct rusage ru; /* the process's peak resident host memory (ru_maxrss: KiB) */
     double mem = getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1048576.0 : 0;
-    snprintf(f, sizeof f, "\"loss\":%s,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f,\"host_mem_gib\":%.3f", l,
-             gnorm, lr, tok_s, mem);
+    snprintf(f, sizeof f, "\"loss\":%s,\"grad_norm\":%.6f,\"lr\":%.6e,\"tokens_per_s\":%.1f,\"host_mem_gib\":%.3f%s", l,
+             gnorm, lr, tok_s, mem, dj);
     return qt_train_log_write(&t->log, "train", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
 
 static int log_eval(qt_trainer *t, float loss, long targets, char *err, size_t errlen) {
-    char f[64];
-    if (targets) printf("eval %6ld/%d | loss %.4f | ppl %.2f\n", t->step, t->cfg->optim.steps, loss, exp(loss));
+    char f[320], dl[128], dj[256];
+    qt_train_dpo_format(t->eng, t->cfg, 1, dl, sizeof dl, dj, sizeof dj);
+    if (targets && t->cfg->objective == QT_OBJ_DPO) printf("eval %6ld/%d | loss %.4f%s\n", t->step, t->cfg->optim.steps, loss, dl);
+    else if (targets) printf("eval %6ld/%d | loss %.4f | ppl %.2f\n", t->step, t->cfg->optim.steps, loss, exp(loss));
     else printf("eval %6ld/%d | no unmasked targets (every target of the eval batches is masked out)\n", t->step,
                 t->cfg->optim.steps);
     fflush(stdout);
-    if (targets) snprintf(f, sizeof f, "\"loss\":%.6f", loss);
+    if (targets) snprintf(f, sizeof f, "\"loss\":%.6f%s", loss, dj);
     else snprintf(f, sizeof f, "\"loss\":null");
     return qt_train_log_write(&t->log, "eval", t->step, t->step * t->tok_per_step, f, err, errlen);
 }
@@ -262,10 +266,12 @@ static int open_loaders(qt_trainer *t, const qt_layout *L, char *err, size_t err
     t->train = qt_loader_open(c->data.train, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 1,
                               (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
     if (!t->train) return qt_errf(err, errlen, "data.train: %s", e2);
+    if (qt_train_dpo_check_data(c, t->train, "data.train", c->data.train, err, errlen)) return -1;
     if (c->data.eval[0] && c->eval.every > 0 && (qt_config_given(c, "data.eval") || matches(c->data.eval))) {
         t->eval = qt_loader_open(c->data.eval, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 0,
                                  (uint32_t)L->cfg.vocab_size, e2, sizeof e2);
         if (!t->eval) return qt_errf(err, errlen, "data.eval: %s", e2);
+        if (qt_train_dpo_check_data(c, t->eval, "data.eval", c->data.eval, err, errlen)) return -1;
         uint64_t have = qt_loader_windows(t->eval) / (uint64_t)c->data.micro_batch; /* more would read it twice */
         if ((uint64_t)c->eval.batches > have)
             return qt_errf(err, errlen, "eval.batches: %d, but data.eval (%s) holds %llu batches of data.micro_batch %d "
@@ -301,7 +307,8 @@ int qt_session_backward(qt_trainer *t, qt_batch_source src, char *err, size_t er
         }
         valid += count_targets(t->tgt + k * ntok, ntok);
     }
-    float scale = qt_loss_scale(c->data.grad_accum, ranks, valid);
+    long rows = (long)c->data.grad_accum * ranks * c->data.micro_batch;
+    float scale = qt_loss_scale(c->data.grad_accum, ranks, qt_train_dpo_units(c, rows, valid));
     t->step_targets = valid;
     t->pending = 1;
     for (size_t a = 0; a < (size_t)c->data.grad_accum; a++)

@@ -66,6 +66,10 @@ def parse_args(argv):
     ap.add_argument("--no-eos", action="store_true", help="no EOS between documents")
     ap.add_argument("--chat", action="store_true", help="inputs are conversations: render them with the "
                     "chat template and write a loss mask that keeps only the assistant's tokens")
+    ap.add_argument("--pairs", action="store_true", help="inputs are preference pairs (rows of prompt, chosen, "
+                    "rejected: strings or message lists) for objective: dpo; each rendered with the chat template "
+                    "(prompt as the user turn, the response as the assistant's reply) into a window of its own, "
+                    "the mask on the response; needs --seq-len (a pair longer is dropped, counted)")
     ap.add_argument("--messages-field", default="messages", help="--chat: field of the message list")
     ap.add_argument("--chat-template", metavar="FILE", help="--chat: a Jinja template file instead of the tokenizer's")
     ap.add_argument("--tokenizer-config", metavar="JSON", help="tokenizer_config.json if not next to tokenizer.json")
@@ -95,8 +99,10 @@ def parse_args(argv):
         ap.error(f"--shard-tokens must be >= 2 and >= seq_len+1, got {a.shard_tokens}")
     if a.seq_len < 0:
         ap.error(f"--seq-len must be >= 0, got {a.seq_len}")
-    if a.chat and a.byte_level:
-        ap.error("--chat needs --tokenizer (a chat template and its tokens)")
+    if (a.chat or a.pairs) and a.byte_level:
+        ap.error(f"--{'pairs' if a.pairs else 'chat'} needs --tokenizer (a chat template and its tokens)")
+    if a.pairs and (a.chat or a.seq_len < 1):
+        ap.error("--pairs needs --seq-len N (each sequence gets a window of N tokens) and no --chat")
     if a.doc_sep is not None:
         # escapes such as \n or \x00 are decoded; other characters are kept as they are
         a.doc_sep = a.doc_sep.encode("latin-1", "backslashreplace").decode("unicode_escape").encode("utf-8")
@@ -133,14 +139,14 @@ def setup(ap, a):
     pad = a.pad_id if a.pad_id is not None else (eos if eos is not None else 0)
     if not 0 <= pad < vocab:
         ap.error(f"--pad-id {pad} is outside the vocab (size {vocab})")
-    if a.chat:  # checked here: a worker that fails to start would only break the pool
+    if a.chat or a.pairs:  # checked here: a worker that fails to start would only break the pool
         try:
             Renderer(spec["chat_template"], spec["special"])
         except ChatError as e:
             sys.exit(f"tokenize: {a.chat_template or a.tokenizer}: {e}")
-    opts = {"spec": spec, "chat": a.chat, "field": a.field, "messages_field": a.messages_field, "strict": a.strict,
+    opts = {"spec": spec, "chat": a.chat, "pairs": a.pairs, "seq_len": a.seq_len, "field": a.field, "messages_field": a.messages_field, "strict": a.strict,
             "eos_id": eos, "bos_id": bos, "chat_template": spec["chat_template"] if spec else None}
-    src = {"chunk": a.chunk_bytes, "doc_sep": a.doc_sep, "field": a.field, "chat": a.chat,
+    src = {"chunk": a.chunk_bytes, "doc_sep": a.doc_sep, "field": a.field, "chat": a.chat, "pairs": a.pairs,
            "messages_field": a.messages_field, "split": a.split,
            "cut": "any" if a.byte_level else spec["cut"]}
     return vocab, pad, opts, src
@@ -199,14 +205,14 @@ def main(argv=None):
         ap.error(str(e))
     vocab, pad, opts, src = setup(ap, a)
     token_bytes = 2 if vocab <= 65536 else 4
-    with_mask = a.chat or a.seq_len > 0
+    with_mask = a.chat or a.pairs or a.seq_len > 0
     os.makedirs(a.out, exist_ok=True)
     tmp_t = os.path.join(a.out, f".tokens.{os.getpid()}.tmp")
     tmp_m = os.path.join(a.out, f".mask.{os.getpid()}.tmp") if with_mask else None
     written = []
     try:
         sink = pack.Sink(tmp_t, tmp_m, token_bytes, vocab)
-        packer = pack.Packer(sink, a.seq_len, a.long, pad)
+        packer = pack.PairPacker(sink, a.seq_len, pad) if a.pairs else pack.Packer(sink, a.seq_len, a.long, pad)
         try:
             tokenize_all(a, files, opts, src, packer)
         finally:
@@ -216,11 +222,12 @@ def main(argv=None):
             mf = files_open.enter_context(open(tmp_m, "rb")) if tmp_m else None
             index = {"train": 0, "eval": 0}
             docs = np.frombuffer(sink.docs, dtype=np.int64)
-            for name, start, n in shard.plan(sink.n, a.eval_frac, a.shard_tokens, a.seq_len):
+            plan = shard.plan_pairs if a.pairs else shard.plan
+            for name, start, n in plan(sink.n, a.eval_frac, a.shard_tokens, a.seq_len):
                 path = os.path.join(a.out, f"{name}_{index[name]:06d}.bin")
                 index[name] += 1
                 written.append((shard.write(path, tf, mf, docs, start, n, token_bytes, vocab,
-                                            a.zstd_level if a.zstd else None), name, n))
+                                            a.zstd_level if a.zstd else None, a.seq_len if a.pairs else 0), name, n))
     except WorkerDied as e:
         for p in (tmp_t, tmp_m):
             if p and os.path.exists(p):
@@ -241,8 +248,8 @@ def main(argv=None):
     n_eval = sum(n for _, name, n in written if name == "eval")
     print(f"vocab_size {vocab}, token_bytes {token_bytes}, {n_train:,} train + {n_eval:,} eval tokens"
           + (f" (windows of {a.seq_len + 1}, neighbouring shards share one token)" if a.seq_len else ""))
-    line = f"documents {packer.docs:,}, tokens {sink.n:,}"
-    if a.seq_len:
+    line = (f"pairs {packer.pairs:,}" if a.pairs else f"documents {packer.docs:,}") + f", tokens {sink.n:,}"
+    if a.seq_len and not a.pairs:
         line += (f", padding {packer.pad_tokens:,}, split {packer.split_docs:,}, dropped "
                  f"{packer.dropped_docs:,} ({packer.dropped_tokens:,} tokens)")
     if with_mask:

@@ -142,3 +142,38 @@ class Packer:
         if self.S and self.sink.n:
             w = max(1, -(-(self.sink.n - 1) // self.S))
             self._pad_to(w * self.S + 1)
+
+
+class PairPacker:
+    """--pairs: each sequence (the segments come as chosen, rejected, chosen, ...) starts a window of its own and
+    is padded to seq_len tokens (its last target is then padding, mask 0, and the window's extra last token is the
+    next sequence's first, a prompt token of mask 0); the stream ends with one pad token: 2 P seq_len + 1 tokens,
+    the layout of a version 4 pair shard (shard.py)."""
+
+    def __init__(self, sink, seq_len, pad_id):
+        self.sink, self.S, self.pad = sink, seq_len, pad_id
+        self.docs = self.pad_tokens = self.dropped_docs = self.dropped_tokens = self.split_docs = 0
+        self.notes = {}
+
+    def add(self, toks, mask, lens, ends):
+        off = 0
+        for n in lens.tolist():
+            if n > self.S:
+                raise ShardError(f"a pair sequence of {n} tokens > --seq-len {self.S} reached the packer")
+            self.sink.write(toks[off:off + n], mask[off:off + n], starts_doc=True)
+            self._pad(self.S - n)
+            off += n
+            self.docs += 1
+
+    def _pad(self, k):
+        if k > 0:
+            self.sink.write(np.full(k, self.pad, np.uint32), np.zeros(k, np.uint8))
+            self.pad_tokens += k
+
+    @property
+    def pairs(self):
+        return self.docs // 2
+
+    def finish(self):
+        if self.sink.n:
+            self._pad(1)

@@ -13,7 +13,7 @@ A task is a tuple the worker understands (worker.run):
                                                           where tok.find_cut allows; line: of its
                                                           first byte
   ("jsonl", (path, first_line), bytes)                     whole lines
-  ("rows", (path, first_row), [value, ...])                one column's values, or row dicts (--chat)"""
+  ("rows", (path, first_row), [value, ...])                one column's values, or row dicts (--chat, --pairs)"""
 import glob
 import gzip
 import io
@@ -30,6 +30,7 @@ KNOWN_EXT = TEXT_EXT | JSONL_EXT | {".parquet", ".arrow"}
 COMPRESSED = (".gz", ".zst", ".zstd")
 CHAT_COLUMNS = ("messages", "conversations", "prompt", "completion", "instruction", "input", "output",
                 "system")
+PAIR_COLUMNS = ("prompt", "chosen", "rejected")  # --pairs: a preference row
 
 
 class InputError(Exception):
@@ -203,9 +204,9 @@ class Tasks:
         pieces, size = [], 0   # text pieces are batched across small files
         for path, fmt in self.files:
             if fmt == "text":
-                if self.o["chat"]:
-                    raise InputError(f"{path}: --chat reads JSON lines, Parquet or `datasets` folders, "
-                                     "not text (use --format to force one)")
+                if self.o["chat"] or self.o["pairs"]:
+                    raise InputError(f"{path}: --{'pairs' if self.o['pairs'] else 'chat'} reads JSON lines, Parquet "
+                                     "or `datasets` folders, not text (use --format to force one)")
                 for piece in reading(path, self._text(path)):
                     pieces.append(piece)
                     size += len(piece[0])
@@ -272,6 +273,12 @@ class Tasks:
                 return
 
     def _columns(self, names, path):
+        if self.o["pairs"]:
+            missing = [c for c in PAIR_COLUMNS if c not in names]
+            if missing:
+                raise InputError(f"{path}: no column {missing[0]!r}: --pairs reads prompt, chosen and rejected "
+                                 f"(has {', '.join(names)})")
+            return list(PAIR_COLUMNS)
         if self.o["chat"]:
             cols = [c for c in names if c in CHAT_COLUMNS or c == self.o["messages_field"]]
             if not cols:
@@ -289,7 +296,7 @@ class Tasks:
         rows, size, first = [], 0, 0
         for b in reading(lambda: f"{path}: row {first + len(rows)}", batches):
             b = b.select(cols)
-            vals = b.to_pylist() if self.o["chat"] else b.column(0).to_pylist()
+            vals = b.to_pylist() if self.o["chat"] or self.o["pairs"] else b.column(0).to_pylist()
             rows += vals
             size += b.nbytes
             if size >= self.o["chunk"]:
