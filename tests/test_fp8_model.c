@@ -336,9 +336,10 @@ static void test_fp8_qwen3(void) {
 static void test_fp8_gemma3(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
-    /* 0.97: not yet measured on a GPU (Qwen3's worst is 0.986, its q/k norm weights); Gemma has four norms per layer
-     * beside the q/k ones, two of them on fp8 matmul outputs. A wiring bug (a norm's scale, an abs-max from the
-     * wrong tensor) costs far more. */
+    /* 0.97, Qwen3's bound less its margin (its worst is 0.986, its q/k norm weights). Measured on an H200 (e4m3
+     * backward, this shape): 0.944 (layer 2's q_norm) to 0.991, every tensor near rel L2 0.2, the loss within
+     * 0.009%: below the bound, an open finding (the post-norms' gradient quantization is the first suspect). A
+     * wiring bug (a norm's scale, an abs-max from the wrong tensor) costs far more. */
     family_checks(GEMMA3, "gemma3_", 0.97);
     g_model = GEMMA3;
     compare_grads("bf16", "true", 0.97);

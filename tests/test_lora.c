@@ -302,7 +302,7 @@ static void test_gpu_refuses(void) {
         {"lora: {rank: 4}\nprecision: {matmul_dtype: e4m3, grad_dtype: e5m2}\n", "precision.grad_dtype"},
         {"lora: {rank: 4}\nmemory: {offload: [m, v]}\n", "memory.offload"},
         {"lora: {rank: 4}\nmemory: {offload: [residual]}\n", "memory.offload"},
-        {"lora: {rank: 4}\nparallel: {devices: [0, 0], zero: 1}\n", "parallel.zero"},
+        {"lora: {rank: 4}\nparallel: {devices: [0, 0], zero: 2}\n", "parallel.zero"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         QT_REQUIRE(load(&c, cases[i].yaml, err, sizeof err) == 0, "%s: %s", cases[i].yaml, err);
@@ -312,6 +312,10 @@ static void test_gpu_refuses(void) {
     QT_REQUIRE(load(&c, "lora: {rank: 4}\nmemory: {recompute: [block]}\nprecision: {matmul_dtype: e4m3}\n", err,
                     sizeof err) == 0, "%s", err);
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "recompute or fp8 matmuls with a bf16 backward refused with LoRA");
+    /* a checkpoint's resolved config names every key (parallel.zero: 1 among them): --export and --resume of a
+     * GPU LoRA run read it */
+    QT_REQUIRE(load(&c, "lora: {rank: 4}\nparallel: {zero: 1}\n", err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "parallel.zero: 1 refused with LoRA: %s", qt_engine_gpu_refusal(&c));
     c.lora.rank = 0;
     c.lora.trainable = QT_LORA_X_NORMS;
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "full fine-tuning refused on the GPU");

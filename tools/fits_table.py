@@ -1,10 +1,13 @@
 """The README's "What fits where" rows: `qtrain --plan` of the shipped 1.5B/3B/7B/14B configs without their
 memory keys and step shape (micro-batch free, 64 x 8 = 512 sequences per step), memory.plan: auto, at
 12/16/24/48/80 GiB per GPU and 1 TiB of host, no GPU needed. Run from the repository root after `make`:
-    python3 tools/fits_table.py > /tmp/rows.md
+    python3 tools/fits_table.py [NAME ...] > /tmp/rows.md     (NAME: rows whose label contains it)
 Predictions use the default (H100) rates; measured rows are in bench/RESULTS.md."""
 import os, re, subprocess, tempfile
-cfgs=[("1.5B fp8","configs/qwen2.5-1.5b-fp8.yaml"),("3B bf16","configs/qwen2.5-3b-bf16.yaml"),("7B fp8","configs/qwen2.5-7b-fp8.yaml"),("14B fp8","configs/qwen2.5-14b-fp8.yaml")]
+cfgs=[("1.5B fp8","configs/qwen2.5-1.5b-fp8.yaml"),("3B bf16","configs/qwen2.5-3b-bf16.yaml"),("7B fp8","configs/qwen2.5-7b-fp8.yaml"),("14B fp8","configs/qwen2.5-14b-fp8.yaml"),
+      ("Mistral-7B fp8","configs/mistral-7b-v0.3-fp8.yaml"),("Llama-3.1-8B fp8","configs/llama-3.1-8b-fp8.yaml"),("Qwen3-8B fp8","configs/qwen3-8b-fp8.yaml"),("Qwen3-14B fp8","configs/qwen3-14b-fp8.yaml"),("Gemma-3-4B fp8","configs/gemma-3-4b-fp8.yaml")]
+import sys
+if len(sys.argv)>1: cfgs=[c for c in cfgs if any(a in c[0] for a in sys.argv[1:])]
 def strip(path):
     out=[]; skip=False
     for line in open(path):
@@ -31,11 +34,12 @@ for name,path in cfgs:
         if wc=="none": parts.append("wcache none")
         if lm!="1": parts.append("lm "+lm)
         if off:
-            o=off.strip(", ").replace(" offloaded","")
+            o=off.strip(", ").replace("cuda_graphs false, ","").replace("cuda_graphs false","").replace(" offloaded","")
             parts.append("**"+o.replace(" and "," + ")+" offloaded**")
         n=re.search(r'NOTE: precision.master_dtype (\w+), precision.grad_accum_dtype (\w+)', r.stdout.split("chosen")[1].split("next")[0])
         lossy=[w for w,dt in zip(("master","gradients"),n.groups() if n else ()) if dt=="bf16"]
         note=" (bf16 %s)"%" and ".join(lossy) if lossy else ""
-        cells.append("%s: %s / %.0f GiB, ~%dk tok/s%s"%(", ".join(parts),gpu,float(host),round(int(tps)/1000),note))
+        rate="~%dk"%round(int(tps)/1000) if int(tps)>=1000 else "~%d"%(round(int(tps),-1))
+        cells.append("%s: %s / %.0f GiB, %s tok/s%s"%(", ".join(parts),gpu,float(host),rate,note))
     rows.append("| %s | %s |"%(name," | ".join(cells)))
 print("\n".join(rows))

@@ -50,9 +50,9 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.grad_dtype != QT_DT_BF16)
         return "precision.grad_dtype: LoRA with fp8 matmuls runs the backward in bf16 (the adapters' gradients read the "
                "blocks' bf16 inputs, which an fp8 backward does not keep): set bf16";
-    if ((qt_config_given(cfg, "parallel.zero") || qt_config_given(cfg, "parallel.shard_optimizer")) && cfg->parallel.zero)
-        return "parallel.zero: LoRA's data parallel replicates the adapters and the base (ZeRO is not yet there): set 0 "
-               "or leave it out";
+    if (cfg->parallel.zero >= 2) /* zero 0 or 1 (the default): the adapters' AdamW state is replicated (it is small) */
+        return "parallel.zero: LoRA's data parallel replicates the adapters and the base (ZeRO-2/3 is not yet there): "
+               "set 0 or 1";
     if (cfg->parallel.nodes > 1) return "parallel.nodes: LoRA on the GPU trains on one machine: set 1";
     if (cfg->memory.offload || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
         return "memory.offload: LoRA on the GPU keeps the frozen base, adapters and activations on the GPU (nothing "
