@@ -35,7 +35,7 @@ for name,path in cfgs:
         if lm!="1": parts.append("lm "+lm)
         if off:
             o=off.strip(", ").replace("cuda_graphs false, ","").replace("cuda_graphs false","").replace(" offloaded","")
-            parts.append("**"+o.replace(" and "," + ")+" offloaded**")
+            if o: parts.append("**"+o.replace(" and "," + ")+" offloaded**")
         n=re.search(r'NOTE: precision.master_dtype (\w+), precision.grad_accum_dtype (\w+)', r.stdout.split("chosen")[1].split("next")[0])
         lossy=[w for w,dt in zip(("master","gradients"),n.groups() if n else ()) if dt=="bf16"]
         note=" (bf16 %s)"%" and ".join(lossy) if lossy else ""
