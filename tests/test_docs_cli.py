@@ -99,8 +99,9 @@ def test_gpu_document_attention(tmp):
     if not shutil.which("nvidia-smi") or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
         raise Skip("no CUDA device")
     data = shards(tmp, "packed", "--doc-sep", r"\n\n", "--seq-len", "32")
-    gpu = ["--set", "device=cuda", "--set", "memory.plan=manual", "--set", "perf.matmul_autotune=false",
-           "--set", "optim.steps=4", "--set", "data.grad_accum=2", "--set", "data.attention=document"]
+    base = ["--set", "device=cuda", "--set", "memory.plan=manual", "--set", "perf.matmul_autotune=false",
+            "--set", "optim.steps=4", "--set", "data.grad_accum=2"]
+    gpu = base + ["--set", "data.attention=document"]
     for prec, pset in GPU_PRECISION.items():
         got = {}
         for mode, mset in GPU_MODES.items():
@@ -110,6 +111,10 @@ def test_gpu_document_attention(tmp):
         assert len(got["eager"]) == 4 and got["graphs"] == got["eager"] and got["recompute"] == got["eager"], (prec, got)
         train(tmp, data, f"runs/gpu_{prec}_causal", *gpu, *pset, "--set", "data.attention=causal")
         assert losses(tmp, f"runs/gpu_{prec}_causal")[0] != got["eager"][0], prec
+    # data.attention left to auto: per document on the GPU too (the shards carry starts), the same bits
+    out = train(tmp, data, "runs/gpu_auto", *base, *GPU_MODES["eager"])
+    assert "attention per document, RoPE positions restarting at each document (the shards carry" in out, out
+    assert losses(tmp, "runs/gpu_auto") == losses(tmp, "runs/gpu_bf16_eager")
     # data parallel: two ranks sharing GPU 0, each handed its own windows' documents
     out = train(tmp, data, "runs/gpu_dp", *gpu, "--set", "parallel.devices=[0,0]", "--set", "data.micro_batch=1")
     assert "attention per document" in out and len(losses(tmp, "runs/gpu_dp")) == 4, out

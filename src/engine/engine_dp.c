@@ -470,6 +470,7 @@ static const qt_engine_ops dp_ops = {
     .profile_print = dp_profile_print,
     .free = dp_free,
     .set_docs = dp_set_docs,
+    .docs_by_default = 1,
 };
 
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,

@@ -444,8 +444,7 @@ static void gpu_set_docs(qt_engine *b, const qt_docs *d) {
      .snapshot_bytes = gpu_snapshot_bytes, .tuning_save = qt_engine_gpu_tuning_save,                   \
      .tuning_load = qt_engine_gpu_tuning_load,                                                         \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1, \
-     .set_docs = gpu_set_docs, .docs_by_default = 0}
-/* docs_by_default 0: the cuDNN graphs' document bound awaits its device run (test_ops_gpu attention_docs_*) */
+     .set_docs = gpu_set_docs, .docs_by_default = 1}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
 void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
