@@ -30,6 +30,16 @@
  * tensor table. A fixed row of the plan, checked on the GPU by test_plan. */
 #define QT_GPU_RUNTIME_RESERVE ((size_t)512 << 20)
 
+/* The documents of the micro-batch (qt_gpu_model_set_docs): device arrays the attention and RoPE read. */
+typedef struct {
+    int32_t *kv_lo;        /* device [N]: each query's first key (attention per packed document), or NULL: causal */
+    int32_t *pos;          /* device [N]: each token's RoPE position (restarting per document), or NULL: t */
+    int32_t *buf;          /* device [2N] (owned, allocated by the first qt_gpu_model_set_docs): kv_lo, then pos */
+    int32_t *host[2];      /* pinned [2N] staging, alternated (owned, with buf) */
+    cudaEvent_t free[2];   /* recorded after the copy that read host[k] */
+    int k;
+} qt_gpu_docs;
+
 typedef struct {
     const qt_layout *L;    /* borrowed */
     const qt_plan *pl;     /* the store's copy of the plan (ps->plan) */
@@ -63,12 +73,7 @@ typedef struct {
     struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
     double start_host_s, start_init_s; /* qt_gpu_model_create's seconds pinning host memory and setting the
                             * weights (printed with the plan: a 14B box rank pins ~50 GiB) */
-    int32_t *doc_kv_lo;    /* device [N]: each query's first key (attention per packed document), or NULL: causal */
-    int32_t *doc_pos;      /* device [N]: each token's RoPE position (restarting per document), or NULL: t */
-    int32_t *doc_buf;      /* device [2N] (owned, allocated by the first qt_gpu_model_set_docs): kv_lo, then pos */
-    int32_t *doc_host[2];  /* pinned [2N] staging, alternated (owned, with doc_buf) */
-    cudaEvent_t doc_free[2]; /* recorded after the copy that read doc_host[k] */
-    int doc_k;
+    qt_gpu_docs docs;      /* packed documents' per-token bounds and positions (qt_gpu_model_set_docs) */
     qt_gpu_family fam;     /* the family's kernels and scales (qt_gpu_family.h), from L->cfg */
     float *rope_cs_local;  /* [T, D] the local layers' RoPE table (cfg.rope_local_theta > 0), else NULL */
     struct qt_gpu_base *base; /* LoRA (plan lora.rank > 0): the frozen base's placement (qt_gpu_base.h, owned); ps is
@@ -112,7 +117,7 @@ int qt_gpu_model_set_docs(qt_gpu_model *g, const qt_docs *d, char *err, size_t e
 void qt_gpu_model_free_docs(qt_gpu_model *g); /* releases what qt_gpu_model_set_docs allocated (qt_gpu_model_free) */
 /* What the steps' graphs depend on: bit 0 attention per document, bit 1 positions per document. */
 static inline int qt_gpu_model_docs_mode(const qt_gpu_model *g) {
-    return (g->doc_kv_lo != NULL) | (g->doc_pos != NULL) << 1;
+    return (g->docs.kv_lo != NULL) | (g->docs.pos != NULL) << 1;
 }
 /* Forward (and backward) of the tokens already in g->tok / g->tgt; the token losses are added to
  * *g->loss_sum. Asynchronous on g->stream. */

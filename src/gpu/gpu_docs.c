@@ -28,44 +28,44 @@ static int prepare_plans(qt_gpu_model *g, char *err, size_t errlen) {
 /* The device array and the pinned staging, on first use (the memory plan does not count these 16 x N bytes). */
 static int alloc_docs(qt_gpu_model *g, char *err, size_t errlen) {
     size_t bytes = 2 * (size_t)g->N * sizeof(int32_t);
-    if (g->doc_buf) return 0;
-    if (cudaMalloc((void **)&g->doc_buf, bytes) != cudaSuccess) {
+    if (g->docs.buf) return 0;
+    if (cudaMalloc((void **)&g->docs.buf, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
-        g->doc_buf = NULL;
+        g->docs.buf = NULL;
         return qt_errf(err, errlen, "out of GPU memory for %ld tokens' document bounds and positions", g->N);
     }
     for (int k = 0; k < 2; k++) {
-        QT_CUDA(cudaMallocHost((void **)&g->doc_host[k], bytes));
-        QT_CUDA(cudaEventCreateWithFlags(&g->doc_free[k], cudaEventDisableTiming));
-        QT_CUDA(cudaEventRecord(g->doc_free[k], g->stream));
+        QT_CUDA(cudaMallocHost((void **)&g->docs.host[k], bytes));
+        QT_CUDA(cudaEventCreateWithFlags(&g->docs.free[k], cudaEventDisableTiming));
+        QT_CUDA(cudaEventRecord(g->docs.free[k], g->stream));
     }
     return 0;
 }
 
 int qt_gpu_model_set_docs(qt_gpu_model *g, const qt_docs *d, char *err, size_t errlen) {
-    int had_attention = g->doc_kv_lo != NULL;
-    g->doc_kv_lo = g->doc_pos = NULL;
+    int had_attention = g->docs.kv_lo != NULL;
+    g->docs.kv_lo = g->docs.pos = NULL;
     if (!d || (!d->attention && !d->positions)) return 0;
     if (alloc_docs(g, err, errlen)) return -1;
     size_t n = (size_t)g->N;
-    int k = g->doc_k ^= 1;
-    QT_CUDA(cudaEventSynchronize(g->doc_free[k])); /* the copy that last read this buffer is done */
-    int32_t *h = g->doc_host[k];
+    int k = g->docs.k ^= 1;
+    QT_CUDA(cudaEventSynchronize(g->docs.free[k])); /* the copy that last read this buffer is done */
+    int32_t *h = g->docs.host[k];
     if (qt_docs_expand(d, g->B, g->T, h, h + n, err, errlen)) return -1;
-    QT_CUDA(cudaMemcpyAsync(g->doc_buf, h, 2 * n * sizeof *h, cudaMemcpyHostToDevice, g->stream));
-    QT_CUDA(cudaEventRecord(g->doc_free[k], g->stream));
+    QT_CUDA(cudaMemcpyAsync(g->docs.buf, h, 2 * n * sizeof *h, cudaMemcpyHostToDevice, g->stream));
+    QT_CUDA(cudaEventRecord(g->docs.free[k], g->stream));
     if (d->attention && !had_attention && prepare_plans(g, err, errlen)) return -1;
-    g->doc_kv_lo = d->attention ? g->doc_buf : NULL;
-    g->doc_pos = d->positions ? g->doc_buf + n : NULL;
+    g->docs.kv_lo = d->attention ? g->docs.buf : NULL;
+    g->docs.pos = d->positions ? g->docs.buf + n : NULL;
     return 0;
 }
 
 void qt_gpu_model_free_docs(qt_gpu_model *g) {
-    if (!g->doc_buf) return;
-    QT_CUDA(cudaFree(g->doc_buf));
+    if (!g->docs.buf) return;
+    QT_CUDA(cudaFree(g->docs.buf));
     for (int k = 0; k < 2; k++) {
-        QT_CUDA(cudaFreeHost(g->doc_host[k]));
-        QT_CUDA(cudaEventDestroy(g->doc_free[k]));
+        QT_CUDA(cudaFreeHost(g->docs.host[k]));
+        QT_CUDA(cudaEventDestroy(g->docs.free[k]));
     }
-    g->doc_buf = NULL;
+    g->docs.buf = NULL;
 }

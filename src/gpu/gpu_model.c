@@ -524,11 +524,11 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
             g->fam.qknorm_fwd(a->qkv, a->qk, a->qk_rstd, Wp(g, o->qknorm), N, d.H, d.Hkv, d.D, eps, s);
         }
         qt_gpu_model_mark(g, LABEL("rope"));
-        qt_rope_pos_fwd(a->qkv, layer_cs(g, l), g->doc_pos, g->B, g->T, d.H, d.Hkv, d.D, s);
+        qt_rope_pos_fwd(a->qkv, layer_cs(g, l), g->docs.pos, g->B, g->T, d.H, d.Hkv, d.D, s);
     }
     if (fwd || redo & QT_RC_ATT) {
         qt_gpu_model_mark(g, LABEL("attention fwd"));
-        qt_attention_fwd_scaled(g->attn, a->att, a->lse, a->qkv, g->doc_kv_lo, g->B, g->T, d.H, d.Hkv, d.D,
+        qt_attention_fwd_scaled(g->attn, a->att, a->lse, a->qkv, g->docs.kv_lo, g->B, g->T, d.H, d.Hkv, d.D,
                                 qt_model_layer_window(c, l), g->fam.attn_scale, s);
     }
     if (fwd || redo & QT_RC_BLOCK) {
@@ -583,7 +583,7 @@ static void attention_bwd(qt_gpu_model *g, const qt_gpu_layer *a, dims d, int wi
         size_t r = (size_t)b0 * g->T; /* first token of the slice */
         qt_attention_bwd_scaled(g->attn, (char *)as->dqkv + r * d.QKV * 2, (const char *)as->datt + r * d.HD * 2,
                                 (const char *)a->qkv + r * d.QKV * 2, (const char *)a->att + r * d.HD * 2,
-                                a->lse + (size_t)b0 * d.H * g->T, g->doc_kv_lo ? g->doc_kv_lo + r : NULL, nb, g->T,
+                                a->lse + (size_t)b0 * d.H * g->T, g->docs.kv_lo ? g->docs.kv_lo + r : NULL, nb, g->T,
                                 d.H, d.Hkv, d.D, window, g->fam.attn_scale, g->stream);
     }
 }
@@ -683,7 +683,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     qt_gpu_model_mark(g, "rope");
     /* the abs-max of qkv's output gradient: from the last kernel that writes it (the q/k norm's, when there) */
     float *qkv_amax = fp8_amax(g, l, QT_FP8_QKV, 1);
-    qt_rope_pos_bwd(as->dqkv, layer_cs(g, l), g->doc_pos, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : qkv_amax, s);
+    qt_rope_pos_bwd(as->dqkv, layer_cs(g, l), g->docs.pos, g->B, g->T, d.H, d.Hkv, d.D, c->qk_norm ? NULL : qkv_amax, s);
     if (c->qk_norm) {
         qt_gpu_model_mark(g, "qk norm bwd");
         g->fam.qknorm_bwd(as->dqkv, Gp(g, o->qknorm), Gdt(g), a->qk, Wp(g, o->qknorm), a->qk_rstd, N, d.H, d.Hkv, d.D,
