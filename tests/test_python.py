@@ -452,7 +452,8 @@ def test_ctrl_c_after_step(tmp):
         t0 = time.perf_counter()
         tr.step()
         dt = time.perf_counter() - t0
-        fire = threading.Timer(dt / 3, os.kill, (os.getpid(), signal.SIGINT))
+        # the signal goes out a tenth into the step: a loaded machine varies step times, but not tenfold
+        fire = threading.Timer(dt / 10, os.kill, (os.getpid(), signal.SIGINT))
         fire.start()
         t0 = time.perf_counter()
         try:
@@ -461,7 +462,7 @@ def test_ctrl_c_after_step(tmp):
         except KeyboardInterrupt:
             took = time.perf_counter() - t0
         fire.join()
-        assert took >= dt / 3, f"interrupted after {took:.3f} s: the signal fired at {dt / 3:.3f} s"
+        assert took >= dt / 10, f"interrupted after {took:.3f} s: the signal fired at {dt / 10:.3f} s"
         assert tr.info()["step"] == 3, f"steps done {tr.info()['step']}: the interrupted step did not finish"
         r = tr.step()
         assert r["step"] == 4 and np.isfinite(r["loss"])
