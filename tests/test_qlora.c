@@ -1,9 +1,9 @@
 /* test_qlora.c — QLoRA: LoRA over a frozen base whose block matrices the GPU holds in NF4 (lora.base_dtype: nf4,
  * src/gpu/base_nf4.c). Without a GPU: the key's errors, the memory plan's rows (codes at half a byte per weight,
- * the double-quantized scales, the bf16 rest and the layer slot) and an 8B shape's bits per weight. With a GPU:
+ * the double-quantized scales, the bf16 rest and the two layer slots) and an 8B shape's bits per weight. With a GPU:
  * the NF4 base trains to the same bits as a bf16 base loaded with the weights the CPU reference codec dequantizes
  * (losses, logits, the merged weights), a bit-exact resume whose loss falls, and recompute bitwise equal to none;
- * in the mutant build a slot left stale for the next block is caught. */
+ * in the mutant build a slot filled with the block before's weights (not refreshed for its block) is caught. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,7 +31,7 @@ static int load(qt_config *c, const char *yaml, char *err, size_t errlen) {
     return qt_config_load_string(c, yaml, "t.yaml", NULL, 0, err, errlen);
 }
 
-/* The test run: 3 layers (the slot moves over more than two blocks), heads 64 wide (cuDNN's attention), one GPU.
+/* The test run: 3 layers (slot 0 holds blocks 0 and 2 in turn), heads 64 wide (cuDNN's attention), one GPU.
  * extra: more YAML lines. */
 static const char *run_yaml(char *yaml, size_t cap, const char *tag, const char *base, const char *extra) {
     snprintf(yaml, cap,
@@ -81,6 +81,23 @@ static void test_config_errors(void) {
     QT_EXPECT(c.lora.base_nf4 == 1, "base_dtype nf4 parsed as %d", c.lora.base_nf4);
 }
 
+/* device: auto without a GPU: the NF4 base is refused naming the key (the CPU engine's base is fp32). */
+static void test_no_gpu_refused(void) {
+    if (qt_cuda_device_count() > 0) QT_SKIP("a CUDA device is visible");
+    static qt_config c;
+    char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "cpu", "nf4", ""), err, sizeof err) == 0, "%s", err);
+    c.device = QT_DEVICE_AUTO;
+    qt_layout L;
+    qt_weight_src src;
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
+    QT_EXPECT(!e && strstr(err, "lora.base_dtype: nf4") && strstr(err, "no CUDA device"), "engine %s: %s",
+              e ? e->ops->name : "none", err);
+    if (e) qt_engine_free(e);
+    qt_layout_free(&L);
+}
+
 /* The block matrices of L: their elements, NF4 code bytes and double-quantized scale bytes (8-bit codes, an fp32
  * scale per 256 blocks and the offset), and the largest block's elements. */
 typedef struct {
@@ -120,8 +137,8 @@ static int gpu_plan(const qt_config *c, qt_layout *L, qt_run_plan *rp) {
     return 0;
 }
 
-/* The NF4 plan's rows: codes of (n + 1) / 2 bytes per matrix, the scales, the rest of the base in bf16 and one
- * block's bf16 slot, each within its alignment (16 bytes per matrix, 256 per row); no bf16 copy of the whole base. */
+/* The NF4 plan's rows: codes of (n + 1) / 2 bytes per matrix, the scales, the rest of the base in bf16 and two
+ * blocks' bf16 slots, each within its alignment (16 bytes per matrix, 256 per row); no bf16 copy of the whole base. */
 static void test_plan_rows(void) {
     static qt_config c;
     char yaml[4096], err[1024];
@@ -135,14 +152,15 @@ static void test_plan_rows(void) {
     mats m = block_mats(&L);
     size_t nmat = 7 * (size_t)L.cfg.num_layers, codes = row_bytes(&rp, "frozen base: NF4 codes"),
            scales = row_bytes(&rp, "frozen base: NF4 scales"), rest = row_bytes(&rp, "frozen base (bf16 rest)"),
-           slot = row_bytes(&rp, "NF4 layer slot (bf16)");
-    printf("  codes %zu (want %zu), scales %zu (want %zu), rest %zu (want %zu), slot %zu (want %zu)\n", codes, m.codes,
-           scales, m.scales, rest, (L.numel - m.numel) * 2, slot, m.layer_max * 2);
+           slot = row_bytes(&rp, "NF4 layer slots (bf16, 2)");
+    printf("  codes %zu (want %zu), scales %zu (want %zu), rest %zu (want %zu), slots %zu (want %zu)\n", codes, m.codes,
+           scales, m.scales, rest, (L.numel - m.numel) * 2, slot, m.layer_max * 4);
     QT_EXPECT(codes >= m.codes && codes <= m.codes + 16 * nmat + 256, "codes row %zu bytes, expected ~%zu", codes, m.codes);
     QT_EXPECT(scales >= m.scales && scales <= m.scales + 32 * nmat + 512, "scales row %zu, expected ~%zu", scales, m.scales);
     QT_EXPECT(rest >= (L.numel - m.numel) * 2 && rest < (L.numel - m.numel) * 2 + 256, "bf16 rest row %zu, expected %zu",
               rest, (L.numel - m.numel) * 2);
-    QT_EXPECT(slot >= m.layer_max * 2 && slot < m.layer_max * 2 + 256, "slot row %zu, expected %zu", slot, m.layer_max * 2);
+    QT_EXPECT(slot >= m.layer_max * 4 && slot < m.layer_max * 4 + 256, "slots row %zu, expected two blocks' bf16 %zu", slot,
+              m.layer_max * 4);
     QT_EXPECT(!row_bytes(&rp, "frozen base (bf16)"), "the NF4 plan holds the whole bf16 base");
     qt_layout_free(&L);
 }
@@ -172,9 +190,9 @@ static void test_plan_8b(void) {
     c.lora.base_nf4 = 0;
     QT_REQUIRE(gpu_plan(&c, &L, &rb) == 0, "bf16 plan");
     printf("  8B: block matrices %.4f bits per weight (%.2f GiB), the base %.3f bits per weight (%.2f GiB; bf16 %.2f "
-           "GiB), slot %.0f MiB; device total nf4 %.2f GiB, bf16 %.2f GiB\n", bits, q / 1073741824.0, all,
+           "GiB), slots %.0f MiB; device total nf4 %.2f GiB, bf16 %.2f GiB\n", bits, q / 1073741824.0, all,
            base / 1073741824.0, row_bytes(&rb, "frozen base (bf16)") / 1073741824.0,
-           row_bytes(&rp, "NF4 layer slot (bf16)") / 1048576.0, qt_mem_plan_device_total(&rp.mem) / 1073741824.0,
+           row_bytes(&rp, "NF4 layer slots (bf16, 2)") / 1048576.0, qt_mem_plan_device_total(&rp.mem) / 1073741824.0,
            qt_mem_plan_device_total(&rb.mem) / 1073741824.0);
     QT_EXPECT(bits > 4.125 && bits < 4.13, "block matrices at %.4f bits per weight, expected 4.127", bits);
     QT_EXPECT(all < 6.0 && base < row_bytes(&rb, "frozen base (bf16)") * 0.36, "the NF4 base at %.3f bits per weight", all);
@@ -279,7 +297,7 @@ static void test_gpu_equals_dequantized_bf16(void) {
               "weights");
 }
 
-/* The mutant build: layer() of blocks 1.. leaves the slot as the block before left it; the comparison must see it. */
+/* The mutant build: the slot of blocks 1.. gets the block before's weights; the comparison must see it. */
 static void test_gpu_mutant_stale_slot(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
@@ -358,6 +376,7 @@ static void test_gpu_recompute_bitwise(void) {
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_qlora")) return 1;
     QT_RUN(test_config_errors);
+    QT_RUN(test_no_gpu_refused);
     QT_RUN(test_plan_rows);
     QT_RUN(test_plan_8b);
     QT_RUN(test_gpu_equals_dequantized_bf16);

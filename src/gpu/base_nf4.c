@@ -5,14 +5,16 @@
  * 256, an fp32 scale per 256 and the mean as offset): 0.5 + 1/64 + ~1/4096 bytes per weight, ~4.13 bits. The input
  * is the bf16 rounding of the weights as read, the dtype a user loads the model in before quantizing. Everything
  * else (embeddings, norms, biases, the LM head) stays bf16, as PEFT's QLoRA keeps it.
- * One bf16 slot holds one block's matrices, packed in flat order (q|k|v and gate|up adjacent, as the fused matmuls
- * read them); layer(l) dequantizes block l into it on the model's stream (a no-op when it holds l already: the
- * last block's forward is followed by its backward). One slot, no overlap: the dequantize runs between the
- * previous block's last op and this block's first.
+ * Two bf16 slots hold one block's matrices each, packed in flat order (q|k|v and gate|up adjacent, as the fused
+ * matmuls read them); block l lives in slot l % 2. layer(l) makes the model's stream wait until slot l % 2 holds
+ * block l (dequantized on the base's own stream: already, when the previous call guessed it) and then dequantizes
+ * the block that comes next (l + 1 in a forward, l - 1 in a backward: the direction of the last two calls) into the
+ * other slot, once the model's stream is past its reads of the block there, so it overlaps block l's ops. The
+ * forward's last two blocks stay in the slots for the backward's first two.
  * A flat offset maps to its place through a table of regions sorted by offset: bf16 runs (the rest array) and
  * matrices (the slot); w() of a matrix of another block than the slot holds is an error.
- * Plan rows: "frozen base: NF4 codes", "frozen base: NF4 scales", "frozen base (bf16 rest)", "NF4 layer slot
- * (bf16)" and "load staging (fp32)" (with the quantizer's fp32 block scales). */
+ * Plan rows: "frozen base: NF4 codes", "frozen base: NF4 scales", "frozen base (bf16 rest)", "NF4 layer slots
+ * (bf16, 2)" and "load staging (fp32)" (with the quantizer's fp32 block scales). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,13 +53,17 @@ typedef struct {
     int *first;   /* [num_layers + 1]: block l's matrices are mat[first[l] .. first[l + 1]) */
     size_t rest_n, slot_n, code_bytes, qabs_bytes, fsc_n, max_nb, stage_n;
     void *rest;       /* bf16 [rest_n], device (arena) */
-    void *slot;       /* bf16 [slot_n] */
+    void *slot;       /* bf16 [2][slot_n]: block l in slot l % 2 */
     uint8_t *codes;   /* [code_bytes] */
     uint8_t *qabs;    /* [qabs_bytes]: the 8-bit codes of the block scales */
     float *fsc;       /* [fsc_n]: per matrix its offset and second-level scales */
     float *staging;   /* fp32 [stage_n]: the load's chunks */
     float *absmax;    /* fp32 [max_nb]: the quantizer's first-level scales (load only) */
-    int cur;          /* the block the slot holds, -1 none */
+    int cur;          /* the block of the last layer() call, whose matrices w() hands out; -1 none */
+    int held[2];      /* the block each slot holds (or is being filled with), -1 none */
+    cudaStream_t side;      /* the dequantizes; NULL until init */
+    cudaEvent_t ready[2];   /* slot k's last fill done (side) */
+    cudaEvent_t past;       /* the model's stream at a layer() call: every read of an earlier block queued before */
 } base_nf4;
 
 static size_t up16(size_t x) { return (x + 15) & ~(size_t)15; }
@@ -78,7 +84,7 @@ static void nf4_carve(qt_gpu_base *b, qt_mem_plan *p) {
     s->qabs = qt_mem_plan_carve(p, "frozen base: NF4 scales", s->qabs_bytes);
     s->fsc = qt_mem_plan_carve(p, "frozen base: NF4 scales", s->fsc_n * 4);
     s->rest = qt_mem_plan_carve(p, "frozen base (bf16 rest)", s->rest_n * 2);
-    s->slot = qt_mem_plan_carve(p, "NF4 layer slot (bf16)", s->slot_n * 2);
+    s->slot = qt_mem_plan_carve(p, "NF4 layer slots (bf16, 2)", 2 * s->slot_n * 2);
     s->staging = qt_mem_plan_carve(p, "load staging (fp32)", s->stage_n * 4);
     s->absmax = qt_mem_plan_carve(p, "load staging (fp32)", s->max_nb * 4);
 }
@@ -111,6 +117,9 @@ static void place_chunk(base_nf4 *s, size_t lo, size_t c, int *r, cudaStream_t s
 
 static int nf4_init(qt_gpu_base *b, const qt_weight_src *src, cudaStream_t st, char *err, size_t errlen) {
     base_nf4 *s = (base_nf4 *)b;
+    QT_CUDA(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
+    for (int k = 0; k < 2; k++) QT_CUDA(cudaEventCreateWithFlags(&s->ready[k], cudaEventDisableTiming));
+    QT_CUDA(cudaEventCreateWithFlags(&s->past, cudaEventDisableTiming));
     size_t n = b->L->numel;
     float *host = malloc(s->stage_n * sizeof *host);
     QT_CHECK(host, "out of host memory for the weights' load buffer (%zu floats)", s->stage_n);
@@ -129,24 +138,37 @@ static int nf4_init(qt_gpu_base *b, const qt_weight_src *src, cudaStream_t st, c
         QT_CUDA(cudaStreamSynchronize(st)); /* host is refilled next */
     }
     if (s->cur >= 0) quantize_layer(s, s->cur, st);
-    s->cur = -1; /* the slot holds the last block as read, not dequantized */
+    s->cur = -1; /* slot 0 holds the last block as read, not dequantized */
     QT_CUDA(cudaStreamSynchronize(st));
     free(host);
     snprintf(b->id, sizeof b->id, "crc32c %08x numel %zu", crc, n);
     return 0;
 }
 
+/* Block l's matrices into slot l % 2 on the side stream (which waits for s->past first), ready[l % 2] after. */
+static void fill(base_nf4 *s, int l) {
+    int k = l % 2, from = l > 0 && QT_MUTANT(QT_MUT_NF4_SLOT_STALE) ? l - 1 : l;
+    char *slot = (char *)s->slot + (size_t)k * s->slot_n * 2;
+    QT_CUDA(cudaStreamWaitEvent(s->side, s->past, 0));
+    for (int i = s->first[from]; i < s->first[from + 1]; i++) {
+        const nf4_mat *m = &s->mat[i];
+        qt_nf4_dequant(QT_DT_BF16, slot + s->mat[i - s->first[from] + s->first[l]].slot * 2, s->codes + m->codes, NULL,
+                       s->qabs + m->qabs, s->fsc + m->fsc + 1, s->fsc + m->fsc, m->rows, m->cols, s->side);
+    }
+    QT_CUDA(cudaEventRecord(s->ready[k], s->side));
+    s->held[k] = l;
+}
+
 static void nf4_layer(qt_gpu_base *b, int l, cudaStream_t st) {
     base_nf4 *s = (base_nf4 *)b;
-    QT_CHECK(l >= 0 && l < b->L->cfg.num_layers, "NF4 base: block %d of %d", l, b->L->cfg.num_layers);
-    if (s->cur == l) return;
+    int nl = b->L->cfg.num_layers, prev = s->cur;
+    QT_CHECK(l >= 0 && l < nl, "NF4 base: block %d of %d", l, nl);
+    QT_CUDA(cudaEventRecord(s->past, st)); /* the reads of every block before l are queued before this */
+    if (s->held[l % 2] != l) fill(s, l);
+    QT_CUDA(cudaStreamWaitEvent(st, s->ready[l % 2], 0));
     s->cur = l;
-    if (l > 0 && QT_MUTANT(QT_MUT_NF4_SLOT_STALE)) return;
-    for (int i = s->first[l]; i < s->first[l + 1]; i++) {
-        const nf4_mat *m = &s->mat[i];
-        qt_nf4_dequant(QT_DT_BF16, (char *)s->slot + m->slot * 2, s->codes + m->codes, NULL, s->qabs + m->qabs,
-                       s->fsc + m->fsc + 1, s->fsc + m->fsc, m->rows, m->cols, st);
-    }
+    int next = l == prev - 1 ? l - 1 : l + 1; /* a backward goes down, a forward (or a new step's) up */
+    if (next >= 0 && next < nl && s->held[next % 2] != next) fill(s, next);
 }
 
 static const region *region_of(const base_nf4 *s, size_t off) {
@@ -164,9 +186,8 @@ static void *nf4_w(const qt_gpu_base *b, size_t off) {
     const base_nf4 *s = (const base_nf4 *)b;
     const region *g = region_of(s, off);
     if (g->layer < 0) return (char *)s->rest + (g->dst + off - g->lo) * 2;
-    QT_CHECK(g->layer == s->cur, "NF4 base: block %d's matrix at %zu read while the slot holds block %d", g->layer, off,
-             s->cur);
-    return (char *)s->slot + (g->dst + off - g->lo) * 2;
+    QT_CHECK(g->layer == s->cur, "NF4 base: block %d's matrix at %zu read after layer(%d)", g->layer, off, s->cur);
+    return (char *)s->slot + ((size_t)(g->layer % 2) * s->slot_n + g->dst + off - g->lo) * 2;
 }
 
 /* The weights the model computes with: the rest widened, each matrix dequantized by the CPU reference (bit for bit
@@ -198,6 +219,12 @@ static void nf4_get(const qt_gpu_base *b, float *w) {
 
 static void nf4_free(qt_gpu_base *b) {
     base_nf4 *s = (base_nf4 *)b;
+    if (s->side) {
+        QT_CUDA(cudaStreamSynchronize(s->side));
+        QT_CUDA(cudaStreamDestroy(s->side));
+        for (int k = 0; k < 2; k++) QT_CUDA(cudaEventDestroy(s->ready[k]));
+        QT_CUDA(cudaEventDestroy(s->past));
+    }
     free(s->reg), free(s->mat), free(s->first);
     free(s);
 }
@@ -247,7 +274,7 @@ qt_gpu_base *qt_gpu_base_nf4_create(const qt_layout *L) {
     base_nf4 *s = calloc(1, sizeof *s);
     QT_CHECK(s, "out of host memory");
     s->base = (qt_gpu_base){&nf4_ops, L, ""};
-    s->cur = -1;
+    s->cur = s->held[0] = s->held[1] = -1;
     build_tables(s, L);
     s->stage_n = qt_weight_src_chunk(L);
     if (s->stage_n > L->numel) s->stage_n = L->numel;
