@@ -307,8 +307,9 @@ static void test_gpu_mutant_stale_slot(void) {
     QT_EXPECT(!same, "a stale NF4 slot trains the same bits: the comparison cannot fail");
 }
 
-/* 10 steps + resume + 10 steps of QLoRA equal 20 straight steps bit for bit, the loss falls, the PEFT exports are
- * byte-identical and the checkpoint holds no base weights. */
+/* 10 steps + resume + 10 steps of QLoRA equal 20 straight steps bit for bit, the loss falls and the PEFT exports are
+ * byte-identical; the checkpoint's base identity (the weights as read) lets a bf16 base of the same weights resume
+ * it and refuses an NF4 base of other weights. */
 static void test_gpu_resume_bit_exact(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     write_data();
@@ -339,6 +340,11 @@ static void test_gpu_resume_bit_exact(void) {
     b.optim.steps = 21;
     qt_train_opts ob3 = {"latest", -1, 0, NULL, NULL, NULL};
     QT_EXPECT(qt_train_run(&b, &ob3, &st, err, sizeof err) == 0, "resume over the bf16 base of the same weights: %s", err);
+    /* and over an NF4 base of other weights (another init seed) it is refused, naming the base */
+    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "halves", "nf4", ""), err, sizeof err) == 0, "%s", err);
+    b.optim.steps = 22;
+    b.init.seed = 4;
+    QT_EXPECT(qt_train_run(&b, &ob3, &st, err, sizeof err) == -1 && strstr(err, "lora_base"), "other weights: %s", err);
 }
 
 /* memory.recompute [block] and [norm, qkv, att] train QLoRA's adapters to the bits of no recompute: the recompute
