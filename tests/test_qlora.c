@@ -31,8 +31,8 @@ static int load(qt_config *c, const char *yaml, char *err, size_t errlen) {
     return qt_config_load_string(c, yaml, "t.yaml", NULL, 0, err, errlen);
 }
 
-/* The test run: 3 layers (slot 0 holds blocks 0 and 2 in turn), heads 64 wide (cuDNN's attention), one GPU.
- * extra: more YAML lines. */
+/* The test run: 3 layers (slot 0 holds blocks 0 and 2 in turn), heads 64 wide (cuDNN's attention), one GPU, the
+ * matmuls' heuristic algorithms (two engines compared bit for bit pick the same ones). extra: more YAML lines. */
 static const char *run_yaml(char *yaml, size_t cap, const char *tag, const char *base, const char *extra) {
     snprintf(yaml, cap,
              "model: {vocab_size: 64, hidden_size: 128, num_layers: 3, num_heads: 2, num_kv_heads: 1,\n"
@@ -44,7 +44,7 @@ static const char *run_yaml(char *yaml, size_t cap, const char *tag, const char 
              "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 2}\n"
              "log: {file: '%s/log_%s.jsonl', every: 5}\n"
              "lora: {rank: 4, alpha: 8, dropout: 0.1, base_dtype: %s}\n"
-             "device: cuda\nparallel: {gpus: 1}\n%s",
+             "device: cuda\nparallel: {gpus: 1}\nperf: {matmul_autotune: false}\n%s",
              g_dir, g_dir, g_dir, tag, g_dir, tag, base, extra);
     return yaml;
 }
@@ -98,6 +98,13 @@ static void test_no_gpu_refused(void) {
     qt_layout_free(&L);
 }
 
+/* The tensors an NF4 base quantizes: the blocks' q, k, v, o, gate, up and down. */
+static int nf4_matrix(const qt_tensor *t) {
+    qt_tensor_kind k = t->kind;
+    return t->layer >= 0 && (k == QT_T_Q || k == QT_T_K || k == QT_T_V || k == QT_T_O || k == QT_T_GATE || k == QT_T_UP ||
+                             k == QT_T_DOWN);
+}
+
 /* The block matrices of L: their elements, NF4 code bytes and double-quantized scale bytes (8-bit codes, an fp32
  * scale per 256 blocks and the offset), and the largest block's elements. */
 typedef struct {
@@ -108,10 +115,7 @@ static mats block_mats(const qt_layout *L) {
     size_t per_layer[64] = {0};
     for (int i = 0; i < L->n_tensors; i++) {
         const qt_tensor *t = &L->tensors[i];
-        qt_tensor_kind k = t->kind;
-        if (t->layer < 0 || !(k == QT_T_Q || k == QT_T_K || k == QT_T_V || k == QT_T_O || k == QT_T_GATE || k == QT_T_UP ||
-                              k == QT_T_DOWN))
-            continue;
+        if (!nf4_matrix(t)) continue;
         m.numel += t->numel;
         m.codes += qt_nf4_code_bytes((long)t->numel);
         m.scales += qt_nf4_blocks((long)t->numel) + 4 * (1 + qt_nf4_blocks2((long)t->numel));
@@ -226,10 +230,7 @@ static void nf4_roundtrip_ref(const qt_layout *L, float *w) {
     char err[256];
     for (int i = 0; i < L->n_tensors; i++) {
         const qt_tensor *t = &L->tensors[i];
-        qt_tensor_kind k = t->kind;
-        if (t->layer < 0 || !(k == QT_T_Q || k == QT_T_K || k == QT_T_V || k == QT_T_O || k == QT_T_GATE || k == QT_T_UP ||
-                              k == QT_T_DOWN))
-            continue;
+        if (!nf4_matrix(t)) continue;
         long n = (long)t->numel, nb = qt_nf4_blocks(n);
         uint16_t *x = malloc(n * 2);
         uint8_t *codes = malloc(qt_nf4_code_bytes(n)), *qabs = malloc(nb);
