@@ -77,6 +77,10 @@ static void test_config_errors(void) {
     }
     QT_REQUIRE(load(&c, "lora: {rank: 4}\n", err, sizeof err) == 0, "%s", err);
     QT_EXPECT(!c.lora.base_nf4, "the default base is not bf16");
+    c.lora.base_nf4 = 1; /* set past the config's rules: the GPU engines refuse it too */
+    c.precision.matmul_dtype = QT_DT_E4M3;
+    const char *no = qt_engine_gpu_refusal(&c);
+    QT_EXPECT(no && !strncmp(no, "lora.base_dtype", 15), "nf4 with fp8 matmuls: refusal %s", no ? no : "none");
     QT_REQUIRE(load(&c, "lora: {rank: 4, base_dtype: nf4}\n", err, sizeof err) == 0, "%s", err);
     QT_EXPECT(c.lora.base_nf4 == 1, "base_dtype nf4 parsed as %d", c.lora.base_nf4);
 }
