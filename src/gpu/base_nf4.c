@@ -12,7 +12,8 @@
  * other slot, once the model's stream is past its reads of the block there, so it overlaps block l's ops. The
  * forward's last two blocks stay in the slots for the backward's first two.
  * A flat offset maps to its place through a table of regions sorted by offset: bf16 runs (the rest array) and
- * matrices (the slot); w() of a matrix of another block than the slot holds is an error.
+ * matrices (their block's slot); w() of a matrix of another block than the last layer() call's is an error. At
+ * load, slot 0 takes each block's bf16 weights before they are quantized.
  * Plan rows: "frozen base: NF4 codes", "frozen base: NF4 scales", "frozen base (bf16 rest)", "NF4 layer slots
  * (bf16, 2)" and "load staging (fp32)" (with the quantizer's fp32 block scales). */
 #include <stdio.h>
