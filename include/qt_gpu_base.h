@@ -3,9 +3,10 @@
  * A frozen base has no gradient, no master copy and no optimizer state: only the weights, in whatever form the
  * placement keeps them. The model asks for the weight at a flat qt_layout index (a bf16 pointer its matmuls and
  * norms read) and never for a gradient. The placement is picked once from the plan (qt_gpu_base_create); one
- * file per implementation: bf16 resident (base_bf16.c). An fp8 or NF4 base is another implementation whose w()
- * hands out its dequantized (or fp8) copy; the trainable parameters (the adapters) live elsewhere
- * (qt_gpu_lora.h). */
+ * file per implementation: bf16 resident (base_bf16.c), NF4 block matrices with a per-layer bf16 slot (base_nf4.c:
+ * QLoRA). The model calls layer() before a block's forward and before its backward (the recompute included), and
+ * reads that block's matrices through w() until the next layer() call; the trainable parameters (the adapters) live
+ * elsewhere (qt_gpu_lora.h). */
 #ifndef QT_GPU_BASE_H
 #define QT_GPU_BASE_H
 
@@ -31,6 +32,9 @@ typedef struct {
     /* w[0, L->numel) (host fp32) = the weights as the model computes with them (synchronous). */
     void (*get)(const qt_gpu_base *b, float *w);
     void (*free)(qt_gpu_base *b);
+    /* Makes block l's matrices readable through w() (work queued on s); the other blocks' matrices are not until
+     * their own call. NULL: every weight is always readable (bf16 resident). */
+    void (*layer)(qt_gpu_base *b, int l, cudaStream_t s);
 } qt_gpu_base_ops;
 
 struct qt_gpu_base {
@@ -40,10 +44,12 @@ struct qt_gpu_base {
                             * identity a LoRA checkpoint records (the CPU LoRA engine's, bit for bit) */
 };
 
-/* The frozen base the plan asks for (plan->lora.rank > 0: bf16, resident), sized, nothing allocated; NULL
- * when the plan trains the whole model (the parameter store holds the weights then). */
+/* The frozen base the plan asks for (plan->lora.rank > 0: lora.base_dtype bf16 or nf4), sized, nothing allocated;
+ * NULL when the plan trains the whole model (the parameter store holds the weights then). */
 qt_gpu_base *qt_gpu_base_create(const qt_layout *L, const qt_plan *pl);
 /* The resident bf16 placement (base_bf16.c). */
 qt_gpu_base *qt_gpu_base_bf16_create(const qt_layout *L);
+/* The NF4 placement (base_nf4.c): the blocks' q, k, v, o, gate, up, down in NF4, the rest in bf16. */
+qt_gpu_base *qt_gpu_base_nf4_create(const qt_layout *L);
 
 #endif

@@ -37,6 +37,7 @@ typedef struct {
     int targets;     /* qt_lora_target bits, != 0 */
     int trainable;   /* qt_lora_extra bits */
     int export_merged; /* lora.export: 1 = the merged model in the family's HF format; 0 = PEFT's adapter files */
+    int base_nf4;    /* lora.base_dtype: 1 = the block matrices of the frozen base in NF4 on the GPU (QLoRA); 0 = bf16 */
 } qt_lora_cfg;
 
 typedef struct {

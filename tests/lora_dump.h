@@ -23,7 +23,7 @@ static int lora_dump_args(int argc, char **argv, const char *tool, qt_config *cf
     cfg->data.micro_batch = atoi(argv[4]);
     cfg->data.seq_len = atoi(argv[5]);
     cfg->lora = (qt_lora_cfg){atoi(argv[7]), (float)atof(argv[8]), atoi(argv[9]), (float)atof(argv[11]), atoi(argv[10]),
-                              atoi(argv[13]), 0};
+                              atoi(argv[13]), 0, 0};
     *seed = strtoull(argv[12], NULL, 10);
     return 0;
 }

@@ -621,6 +621,8 @@ static void randomize(uint64_t *s) {
         rp->type = QT_ROPE_LINEAR;
     cfg.optim.warmup = cfg.optim.cooldown = 0;
     if (cfg.lora.rank > 0 && !cfg.lora.targets) cfg.lora.targets = QT_LORA_ALL; /* LoRA: some target */
+    if (cfg.lora.rank <= 0 || cfg.precision.matmul_dtype != QT_DT_BF16 || cfg.device == QT_DEVICE_CPU)
+        cfg.lora.base_nf4 = 0; /* an NF4 base: adapters, bf16 matmuls, a GPU */
     if (cfg.objective == QT_OBJ_DPO) /* DPO: pairs in a micro-batch */
         cfg.data.micro_batch = cfg.data.micro_batch > 1 ? cfg.data.micro_batch & ~1 : 2;
     /* The window rule the family can say: none for llama, every layer for mistral. */

@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
     long N = (long)B * T;
     cfg.data.micro_batch = B;
     cfg.data.seq_len = T;
-    qt_lora_cfg lc = {atoi(argv[8]), (float)atof(argv[9]), 0, 0.0f, atoi(argv[10]), 0, 0};
+    qt_lora_cfg lc = {atoi(argv[8]), (float)atof(argv[9]), 0, 0.0f, atoi(argv[10]), 0, 0, 0};
     qt_dpo_cfg dc = {(float)atof(argv[11]), (float)atof(argv[12])};
     qt_layout L;
     qt_lora_layout A;

@@ -441,6 +441,16 @@ static int cross_check(ctx *x) {
     if (c->lora.rank > 0 && !c->lora.targets)
         return fail(x, at_of(x, "lora.targets"), "lora.targets", "expected at least one of q, k, v, o, gate, up, down "
                     "with lora.rank %d, got []", c->lora.rank);
+    if (c->lora.base_nf4 && c->lora.rank <= 0)
+        return fail(x, at_of(x, "lora.base_dtype"), "lora.base_dtype", "nf4 quantizes the frozen base of LoRA: expected "
+                    "lora.rank > 0 with it, got rank %d (full fine-tuning trains the bf16 weights)", c->lora.rank);
+    if (c->lora.base_nf4 && c->precision.matmul_dtype != QT_DT_BF16)
+        return fail(x, at_of(x, "lora.base_dtype"), "lora.base_dtype", "nf4 feeds the block matmuls bf16 weights "
+                    "dequantized per layer: expected precision.matmul_dtype bf16 with it, got %s",
+                    qt_dtype_name(c->precision.matmul_dtype));
+    if (c->lora.base_nf4 && c->device == QT_DEVICE_CPU)
+        return fail(x, at_of(x, "lora.base_dtype"), "lora.base_dtype", "nf4 holds the base on the GPU: expected device "
+                    "cuda or auto with it, got cpu (the CPU engine's base is fp32: set bf16)");
     if (c->objective == QT_OBJ_DPO && c->data.micro_batch % 2)
         return fail(x, at_of(x, "data.micro_batch"), "data.micro_batch", "expected an even count with objective: dpo "
                     "(a micro-batch holds pairs: the chosen and the rejected sequence of micro_batch / 2 pairs), got %d",

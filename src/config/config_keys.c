@@ -63,6 +63,7 @@ static const qt_key_enum lora_target_names[] = {{"q", QT_LORA_Q},       {"k", QT
 static const qt_key_enum lora_extra_names[] = {
     {"embeddings", QT_LORA_X_EMBED}, {"lm_head", QT_LORA_X_LM_HEAD}, {"norms", QT_LORA_X_NORMS}, {NULL, 0}};
 static const qt_key_enum lora_export_names[] = {{"adapter", 0}, {"merged", 1}, {NULL, 0}};
+static const qt_key_enum lora_base_names[] = {{"bf16", 0}, {"nf4", 1}, {NULL, 0}};
 static const qt_key_enum objective_names[] = {{"lm", QT_OBJ_LM}, {"dpo", QT_OBJ_DPO}, {NULL, 0}};
 static const qt_key_enum recompute_names[] = {{"swiglu", QT_RC_SWIGLU}, {"norm", QT_RC_NORM}, {"qkv", QT_RC_QKV},
                                               {"att", QT_RC_ATT},       {"ffn", QT_RC_FFN},   {"block", QT_RC_BLOCK},
@@ -296,6 +297,12 @@ static const qt_config_key keys[] = {
       "what the export writes with lora.rank > 0: adapter = PEFT's adapter_model.safetensors + adapter_config.json "
       "(peft.PeftModel.from_pretrained loads them over the base), merged = the merged model (base + scale B A) as "
       "model.safetensors + config.json in export.dtype; `qtrain run.yaml --export merged` sets it"),
+    E("lora.base_dtype", lora.base_nf4, lora_base_names, "bf16", "GPU", 0,
+      "how the GPU holds the frozen base: bf16, or nf4 (QLoRA): the blocks' q, k, v, o, gate, up and down matrices "
+      "quantized once at load to 4-bit NormalFloat with double-quantized block scales (bitsandbytes' layout, about "
+      "4.13 bits per weight), each layer's dequantized into a bf16 slot before its forward and its backward; the "
+      "embeddings, norms and LM head stay bf16. Checkpoints record the weights as read, so a resume finds the same "
+      "base; the merged export writes the dequantized weights. Needs lora.rank > 0, a GPU and bf16 matmuls"),
 
     E("objective", objective, objective_names, "lm", "all", 0,
       "the loss: lm = next-token cross-entropy over the unmasked targets; dpo = sigmoid DPO over preference pairs "

@@ -22,6 +22,11 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         if (cfg->device == QT_DEVICE_AUTO)
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
         qt_plan_resolve(cfg, L, -1, &plan, err, errlen);
+        if (plan.lora.base_nf4) {
+            snprintf(err, errlen, "%s: lora.base_dtype: nf4 holds the base on the GPU and no CUDA device is visible (the "
+                     "CPU engine's base is fp32: set bf16)", cfg->path);
+            return NULL;
+        }
         if (plan.lora.rank > 0) return qt_engine_cpu_lora_create(L, &plan, src, err, errlen);
         return qt_engine_cpu_create(L, &plan, src, err, errlen);
     }
@@ -50,6 +55,9 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.grad_dtype != QT_DT_BF16)
         return "precision.grad_dtype: LoRA with fp8 matmuls runs the backward in bf16 (the adapters' gradients read the "
                "blocks' bf16 inputs, which an fp8 backward does not keep): set bf16";
+    if (cfg->lora.base_nf4 && cfg->precision.matmul_dtype != QT_DT_BF16) /* the fp8 weights are made from a bf16 base */
+        return "lora.base_dtype: nf4 feeds the block matmuls bf16 weights dequantized per layer: set "
+               "precision.matmul_dtype bf16";
     if (cfg->parallel.zero >= 2) /* zero 0 or 1 (the default): the adapters' AdamW state is replicated (it is small) */
         return "parallel.zero: LoRA's data parallel replicates the adapters and the base (ZeRO-2/3 is not yet there): "
                "set 0 or 1";

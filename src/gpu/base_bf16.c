@@ -61,7 +61,8 @@ static void bf16_get(const qt_gpu_base *b, float *w) {
 
 static void bf16_free(qt_gpu_base *b) { free(b); }
 
-static const qt_gpu_base_ops bf16_ops = {"bf16 resident", bf16_carve, bf16_init, bf16_w, bf16_get, bf16_free};
+static const qt_gpu_base_ops bf16_ops = {"bf16 resident", bf16_carve, bf16_init, bf16_w, bf16_get, bf16_free,
+                                         NULL}; /* no layer hook: every weight is resident */
 
 qt_gpu_base *qt_gpu_base_bf16_create(const qt_layout *L) {
     base_bf16 *s = calloc(1, sizeof *s);
@@ -73,5 +74,6 @@ qt_gpu_base *qt_gpu_base_bf16_create(const qt_layout *L) {
 }
 
 qt_gpu_base *qt_gpu_base_create(const qt_layout *L, const qt_plan *pl) {
-    return pl->lora.rank > 0 ? qt_gpu_base_bf16_create(L) : NULL;
+    if (pl->lora.rank <= 0) return NULL;
+    return pl->lora.base_nf4 ? qt_gpu_base_nf4_create(L) : qt_gpu_base_bf16_create(L);
 }

@@ -22,8 +22,8 @@
  * forward and the backward: the model only says when res is final (qt_act_residual_final, after the
  * first norm's add); qt_act_forward/backward/release order the copies (qt_act_store.h). With LoRA
  * (plan lora.rank > 0) the weights come from a frozen base's placement (qt_gpu_base.h) in place of the
- * parameter store, no weight gradient is written (Gp is NULL), and each block matmul calls the adapters
- * beside it (qt_gpu_lora.h: lin_fwd, lin_bwd). */
+ * parameter store (its layer hook runs before each block's forward and backward: base_layer), no weight gradient
+ * is written (Gp is NULL), and each block matmul calls the adapters beside it (qt_gpu_lora.h: lin_fwd, lin_bwd). */
 #include "qt_gpu_model.h"
 
 #include <cuda_runtime.h>
@@ -406,6 +406,14 @@ static void acquire_back(qt_gpu_model *g, const qt_param_hooks *h, size_t from) 
     qt_param_acquire_weights_back(g->ps, h, from);
 }
 
+/* A frozen base's block l readable through Wp (an NF4 base dequantizes it into its slot): before the block's
+ * forward and before its backward (and so its recompute). */
+static void base_layer(qt_gpu_model *g, int l) {
+    if (!g->base || !g->base->ops->layer) return;
+    qt_gpu_model_mark(g, "base: dequantize");
+    g->base->ops->layer(g->base, l, g->stream);
+}
+
 /* One block matmul forward: fp8 when configured, else bf16. redo: a recompute in the backward, which
  * quantizes x again with the forward's scale (qt_fp8_requant_input) and so multiplies the same bytes. */
 static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *y, const void *x, size_t w,
@@ -503,6 +511,7 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
 #define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
     if (fwd) acquire(g, h, qt_layer_end(g->L, l));
+    if (fwd) base_layer(g, l);
     if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0, from_slots(g));
     /* A bf16 backward's wgrads read ln1 / ln2: the norm part rebuilds them. An fp8 backward's read the kept
      * (or requantized) Xq^T, and ln1 / ln2 / h have one buffer for all layers (qt_act_policy.fp8_bwd): ln1
@@ -628,6 +637,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     long N = g->N;
     int r = as->policy.recompute; /* the recompute's Wq (the matmuls block_run redoes), the fp8 dgrad's Wq^T */
     acquire_back(g, h, o->ln1);
+    base_layer(g, l);
     if (g->fp8_fwd)
         fp8_use_weights(g, l, (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
                                   (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0), g->fp8_bwd, 0);

@@ -1,0 +1,399 @@
+/* test_qlora.c — QLoRA: LoRA over a frozen base whose block matrices the GPU holds in NF4 (lora.base_dtype: nf4,
+ * src/gpu/base_nf4.c). Without a GPU: the key's errors, the memory plan's rows (codes at half a byte per weight,
+ * the double-quantized scales, the bf16 rest and the two layer slots) and an 8B shape's bits per weight. With a GPU:
+ * the NF4 base trains to the same bits as a bf16 base loaded with the weights the CPU reference codec dequantizes
+ * (losses, logits, the merged weights), a bit-exact resume whose loss falls, and recompute bitwise equal to none;
+ * in the mutant build a slot filled with the block before's weights (not refreshed for its block) is caught. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qt_ckpt.h"
+#include "qt_config.h"
+#include "qt_device.h"
+#include "qt_dtype.h"
+#include "qt_engine.h"
+#include "qt_error.h"
+#include "qt_hf.h"
+#include "qt_lora.h"
+#include "qt_modes.h"
+#include "qt_nf4.h"
+#include "qt_planner.h"
+#include "qt_rng.h"
+#include "qt_test.h"
+#include "qt_test_data.h"
+#include "qt_train.h"
+
+static char g_dir[256];
+
+static int load(qt_config *c, const char *yaml, char *err, size_t errlen) {
+    return qt_config_load_string(c, yaml, "t.yaml", NULL, 0, err, errlen);
+}
+
+/* The test run: 3 layers (slot 0 holds blocks 0 and 2 in turn), heads 64 wide (cuDNN's attention), one GPU, the
+ * matmuls' heuristic algorithms (two engines compared bit for bit pick the same ones). extra: more YAML lines. */
+static const char *run_yaml(char *yaml, size_t cap, const char *tag, const char *base, const char *extra) {
+    snprintf(yaml, cap,
+             "model: {vocab_size: 64, hidden_size: 128, num_layers: 3, num_heads: 2, num_kv_heads: 1,\n"
+             "        intermediate_size: 200, max_seq_len: 64, qkv_bias: true, tie_embeddings: true}\n"
+             "init: {seed: 3, std: 0.1}\n"
+             "data: {train: '%s/syn_train_*.bin.zst', eval: '%s/syn_eval_*.bin', seq_len: 24, micro_batch: 3, grad_accum: 2}\n"
+             "optim: {lr: 0.01, warmup: 3, steps: 20, schedule: cosine, grad_clip: 1.0, weight_decay: 0.1}\n"
+             "eval: {every: 5, batches: 2}\n"
+             "checkpoint: {dir: '%s/ckpt_%s', every: 0, keep: 2}\n"
+             "log: {file: '%s/log_%s.jsonl', every: 5}\n"
+             "lora: {rank: 4, alpha: 8, dropout: 0.1, base_dtype: %s}\n"
+             "device: cuda\nparallel: {gpus: 1}\nperf: {matmul_autotune: false}\n%s",
+             g_dir, g_dir, g_dir, tag, g_dir, tag, base, extra);
+    return yaml;
+}
+
+static void write_data(void) {
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/syn_train_0.bin.zst", g_dir);
+    snprintf(p2, sizeof p2, "%s/syn_eval_0.bin", g_dir);
+    qt_t_write_synthetic(p1, 20000, 1);
+    qt_t_write_synthetic(p2, 3000, 2);
+}
+
+/* lora.base_dtype: an unknown value, nf4 without adapters, with fp8 matmuls or on the CPU are refused naming the
+ * key and the file; bf16 is the default. */
+static void test_config_errors(void) {
+    static const struct {
+        const char *yaml, *want;
+    } cases[] = {
+        {"lora: {rank: 4, base_dtype: nf8}\n", "lora.base_dtype"},
+        {"lora: {base_dtype: nf4}\n", "lora.rank > 0"},
+        {"lora: {rank: 4, base_dtype: nf4}\nprecision: {matmul_dtype: e4m3}\n", "precision.matmul_dtype bf16"},
+        {"lora: {rank: 4, base_dtype: nf4}\ndevice: cpu\n", "got cpu"},
+    };
+    static qt_config c;
+    char err[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rc = load(&c, cases[i].yaml, err, sizeof err);
+        QT_EXPECT(rc == -1 && strstr(err, "t.yaml:") && strstr(err, "lora.base_dtype") && strstr(err, cases[i].want),
+                  "%s: got \"%s\"", cases[i].yaml, rc ? err : "accepted");
+    }
+    QT_REQUIRE(load(&c, "lora: {rank: 4}\n", err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(!c.lora.base_nf4, "the default base is not bf16");
+    c.lora.base_nf4 = 1; /* set past the config's rules: the GPU engines refuse it too */
+    c.precision.matmul_dtype = QT_DT_E4M3;
+    const char *no = qt_engine_gpu_refusal(&c);
+    QT_EXPECT(no && !strncmp(no, "lora.base_dtype", 15), "nf4 with fp8 matmuls: refusal %s", no ? no : "none");
+    QT_REQUIRE(load(&c, "lora: {rank: 4, base_dtype: nf4}\n", err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(c.lora.base_nf4 == 1, "base_dtype nf4 parsed as %d", c.lora.base_nf4);
+}
+
+/* device: auto without a GPU: the NF4 base is refused naming the key (the CPU engine's base is fp32). */
+static void test_no_gpu_refused(void) {
+    if (qt_cuda_device_count() > 0) QT_SKIP("a CUDA device is visible");
+    static qt_config c;
+    char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "cpu", "nf4", ""), err, sizeof err) == 0, "%s", err);
+    c.device = QT_DEVICE_AUTO;
+    qt_layout L;
+    qt_weight_src src;
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
+    QT_EXPECT(!e && strstr(err, "lora.base_dtype: nf4") && strstr(err, "no CUDA device"), "engine %s: %s",
+              e ? e->ops->name : "none", err);
+    if (e) qt_engine_free(e);
+    qt_layout_free(&L);
+}
+
+/* The tensors an NF4 base quantizes: the blocks' q, k, v, o, gate, up and down. */
+static int nf4_matrix(const qt_tensor *t) {
+    qt_tensor_kind k = t->kind;
+    return t->layer >= 0 && (k == QT_T_Q || k == QT_T_K || k == QT_T_V || k == QT_T_O || k == QT_T_GATE || k == QT_T_UP ||
+                             k == QT_T_DOWN);
+}
+
+/* The block matrices of L: their elements, NF4 code bytes and double-quantized scale bytes (8-bit codes, an fp32
+ * scale per 256 blocks and the offset), and the largest block's elements. */
+typedef struct {
+    size_t numel, codes, scales, layer_max;
+} mats;
+static mats block_mats(const qt_layout *L) {
+    mats m = {0, 0, 0, 0};
+    size_t per_layer[64] = {0};
+    for (int i = 0; i < L->n_tensors; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        if (!nf4_matrix(t)) continue;
+        m.numel += t->numel;
+        m.codes += qt_nf4_code_bytes((long)t->numel);
+        m.scales += qt_nf4_blocks((long)t->numel) + 4 * (1 + qt_nf4_blocks2((long)t->numel));
+        if (t->layer < 64) per_layer[t->layer] += t->numel;
+    }
+    for (int l = 0; l < 64; l++) m.layer_max = per_layer[l] > m.layer_max ? per_layer[l] : m.layer_max;
+    return m;
+}
+
+static size_t row_bytes(const qt_run_plan *rp, const char *kind) {
+    size_t b = 0;
+    for (int i = 0; i < rp->mem.n; i++) b += strcmp(rp->mem.row[i].kind, kind) ? 0 : rp->mem.row[i].bytes;
+    return b;
+}
+
+/* The plan of cfg c on one GPU (no GPU needed); 0, or 1 when the build has no GPU planner. */
+static int gpu_plan(const qt_config *c, qt_layout *L, qt_run_plan *rp) {
+    qt_weight_src src;
+    char err[1024];
+    QT_CHECK(qt_model_layout(c, L, &src, err, sizeof err) == 0, "%s", err);
+    if (qt_plan_run(L, c, 1, 1, rp, err, sizeof err) && strstr(err, "built without CUDA")) return 1;
+    QT_CHECK(qt_plan_run(L, c, 1, 1, rp, err, sizeof err) == 0, "%s", err);
+    return 0;
+}
+
+/* The NF4 plan's rows: codes of (n + 1) / 2 bytes per matrix, the scales, the rest of the base in bf16 and two
+ * blocks' bf16 slots, each within its alignment (16 bytes per matrix, 256 per row); no bf16 copy of the whole base. */
+static void test_plan_rows(void) {
+    static qt_config c;
+    char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "plan", "nf4", ""), err, sizeof err) == 0, "%s", err);
+    qt_layout L;
+    static qt_run_plan rp;
+    if (gpu_plan(&c, &L, &rp)) {
+        qt_layout_free(&L);
+        QT_SKIP("a CPU-only build has no GPU planner");
+    }
+    mats m = block_mats(&L);
+    size_t nmat = 7 * (size_t)L.cfg.num_layers, codes = row_bytes(&rp, "frozen base: NF4 codes"),
+           scales = row_bytes(&rp, "frozen base: NF4 scales"), rest = row_bytes(&rp, "frozen base (bf16 rest)"),
+           slot = row_bytes(&rp, "NF4 layer slots (bf16, 2)");
+    printf("  codes %zu (want %zu), scales %zu (want %zu), rest %zu (want %zu), slots %zu (want %zu)\n", codes, m.codes,
+           scales, m.scales, rest, (L.numel - m.numel) * 2, slot, m.layer_max * 4);
+    QT_EXPECT(codes >= m.codes && codes <= m.codes + 16 * nmat + 256, "codes row %zu bytes, expected ~%zu", codes, m.codes);
+    QT_EXPECT(scales >= m.scales && scales <= m.scales + 32 * nmat + 512, "scales row %zu, expected ~%zu", scales, m.scales);
+    QT_EXPECT(rest >= (L.numel - m.numel) * 2 && rest < (L.numel - m.numel) * 2 + 256, "bf16 rest row %zu, expected %zu",
+              rest, (L.numel - m.numel) * 2);
+    QT_EXPECT(slot >= m.layer_max * 4 && slot < m.layer_max * 4 + 256, "slots row %zu, expected two blocks' bf16 %zu", slot,
+              m.layer_max * 4);
+    QT_EXPECT(!row_bytes(&rp, "frozen base (bf16)"), "the NF4 plan holds the whole bf16 base");
+    qt_layout_free(&L);
+}
+
+/* Llama-3.1-8B's shape: the block matrices at ~4.13 bits per weight (4 + 8/64 + 32/16384), the whole base with its
+ * bf16 embeddings and LM head printed beside the bf16 base's. */
+static void test_plan_8b(void) {
+    static qt_config c;
+    char err[1024];
+    QT_REQUIRE(load(&c,
+                    "model: {arch: llama, vocab_size: 128256, hidden_size: 4096, num_layers: 32, num_heads: 32, "
+                    "num_kv_heads: 8, intermediate_size: 14336, max_seq_len: 8192, tie_embeddings: false}\n"
+                    "data: {train: x.bin, seq_len: 1024, micro_batch: 1}\nmemory: {recompute: [block]}\n"
+                    "lora: {rank: 16, alpha: 32, base_dtype: nf4}\ndevice: cuda\n",
+                    err, sizeof err) == 0, "%s", err);
+    qt_layout L;
+    static qt_run_plan rp, rb;
+    if (gpu_plan(&c, &L, &rp)) {
+        qt_layout_free(&L);
+        QT_SKIP("a CPU-only build has no GPU planner");
+    }
+    mats m = block_mats(&L);
+    size_t q = row_bytes(&rp, "frozen base: NF4 codes") + row_bytes(&rp, "frozen base: NF4 scales");
+    size_t base = q + row_bytes(&rp, "frozen base (bf16 rest)");
+    double bits = 8.0 * q / m.numel, all = 8.0 * base / L.n_params;
+    qt_layout_free(&L);
+    c.lora.base_nf4 = 0;
+    QT_REQUIRE(gpu_plan(&c, &L, &rb) == 0, "bf16 plan");
+    printf("  8B: block matrices %.4f bits per weight (%.2f GiB), the base %.3f bits per weight (%.2f GiB; bf16 %.2f "
+           "GiB), slots %.0f MiB; device total nf4 %.2f GiB, bf16 %.2f GiB\n", bits, q / 1073741824.0, all,
+           base / 1073741824.0, row_bytes(&rb, "frozen base (bf16)") / 1073741824.0,
+           row_bytes(&rp, "NF4 layer slots (bf16, 2)") / 1048576.0, qt_mem_plan_device_total(&rp.mem) / 1073741824.0,
+           qt_mem_plan_device_total(&rb.mem) / 1073741824.0);
+    QT_EXPECT(bits > 4.125 && bits < 4.13, "block matrices at %.4f bits per weight, expected 4.127", bits);
+    QT_EXPECT(all < 6.0 && base < row_bytes(&rb, "frozen base (bf16)") * 0.36, "the NF4 base at %.3f bits per weight", all);
+    qt_layout_free(&L);
+}
+
+/* steps optimizer steps of 2 micro-batches of fixed tokens on e: losses into loss[steps], the first micro-batch's
+ * logits into logits, the merged weights into w. */
+static void run_engine(qt_engine *e, int steps, float *loss, float *logits, float *w) {
+    long N = (long)e->plan->run.B * e->plan->run.T;
+    int32_t *in = malloc(2 * N * sizeof *in), *tg = malloc(2 * N * sizeof *tg);
+    qt_rng r;
+    qt_rng_seed(&r, 11);
+    char err[1024];
+    for (int s = 0; s < steps; s++) {
+        for (long i = 0; i < 2 * N; i++) in[i] = (int32_t)qt_rng_below(&r, 64), tg[i] = (int32_t)qt_rng_below(&r, 64);
+        for (int k = 0; k < 2; k++)
+            QT_CHECK(qt_engine_micro_step(e, in + k * N, tg + k * N, qt_loss_scale(2, 1, 2 * N), err, sizeof err) == 0,
+                     "%s", err);
+        float gn;
+        QT_CHECK(qt_engine_opt_step(e, 0.01f, s + 1, &loss[s], &gn, err, sizeof err) == 0, "%s", err);
+    }
+    QT_CHECK(qt_engine_forward_logits(e, in, logits, err, sizeof err) == 0, "%s", err);
+    QT_CHECK(qt_engine_get_weights(e, w, err, sizeof err) == 0, "%s", err);
+    free(in), free(tg);
+}
+
+/* w's block matrices (each on its own, from its bf16 rounding) through the CPU reference codec: NF4 with
+ * double-quantized scales, dequantized; the other tensors as they are. */
+static void nf4_roundtrip_ref(const qt_layout *L, float *w) {
+    char err[256];
+    for (int i = 0; i < L->n_tensors; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        if (!nf4_matrix(t)) continue;
+        long n = (long)t->numel, nb = qt_nf4_blocks(n);
+        uint16_t *x = malloc(n * 2);
+        uint8_t *codes = malloc(qt_nf4_code_bytes(n)), *qabs = malloc(nb);
+        float *absmax = malloc(nb * 4), *absmax2 = malloc(qt_nf4_blocks2(n) * 4), off;
+        for (long j = 0; j < n; j++) x[j] = qt_f32_to_bf16(w[t->offset + j]);
+        QT_CHECK(qt_nf4_quantize_ref(QT_DT_BF16, x, n, codes, absmax, t->name, err, sizeof err) == 0, "%s", err);
+        qt_nf4_double_quant_ref(absmax, nb, qabs, absmax2, &off);
+        qt_nf4_absmax_ref(absmax, qabs, absmax2, off, nb);
+        qt_nf4_dequant_ref(QT_DT_F32, w + t->offset, codes, absmax, n);
+        free(x), free(codes), free(qabs), free(absmax), free(absmax2);
+    }
+}
+
+/* The NF4 base against a bf16 base loaded (init.from, fp32 safetensors) with the weights nf4_roundtrip_ref makes
+ * of the same init: the same bf16 weights in every matmul, so the same bits: 4 steps' losses, the logits and the
+ * merged weights (the NF4 base's get()). Returns 1 when every bit agrees; prints the first difference. */
+static int nf4_equals_dequantized_bf16(const char *tag) {
+    write_data();
+    enum { STEPS = 4 };
+    static qt_config c[2];
+    char yaml[4096], err[1024], dir[600];
+    qt_layout L[2];
+    qt_weight_src src[2];
+    float loss[2][STEPS], *logits[2], *w[2];
+    QT_CHECK(load(&c[0], run_yaml(yaml, sizeof yaml, tag, "nf4", ""), err, sizeof err) == 0, "%s", err);
+    QT_CHECK(load(&c[1], run_yaml(yaml, sizeof yaml, tag, "bf16", ""), err, sizeof err) == 0, "%s", err);
+    QT_CHECK(qt_model_layout(&c[0], &L[0], &src[0], err, sizeof err) == 0, "%s", err);
+    float *ref = malloc(L[0].numel * 4);
+    QT_CHECK(qt_weight_src_fill(&src[0], 0, L[0].numel, ref, err, sizeof err) == 0, "%s", err);
+    nf4_roundtrip_ref(&L[0], ref);
+    snprintf(dir, sizeof dir, "%s/dequant_%s", g_dir, tag);
+    QT_CHECK(qt_hf_export(dir, &L[0], ref, 0, err, sizeof err) == 0, "%s", err);
+    snprintf(c[1].init.from, sizeof c[1].init.from, "%s", dir);
+    QT_CHECK(qt_model_layout(&c[1], &L[1], &src[1], err, sizeof err) == 0, "%s", err);
+    QT_CHECK(L[1].numel == L[0].numel, "layouts differ");
+    long NV = (long)c[0].data.micro_batch * c[0].data.seq_len * L[0].cfg.vocab_size;
+    for (int k = 0; k < 2; k++) {
+        qt_engine *e = qt_engine_create(&L[k], &c[k], &src[k], err, sizeof err);
+        QT_CHECK(e, "%s engine: %s", k ? "bf16" : "nf4", err);
+        logits[k] = malloc(NV * 4), w[k] = malloc(L[k].numel * 4);
+        run_engine(e, STEPS, loss[k], logits[k], w[k]);
+        qt_engine_free(e);
+    }
+    int same = 1;
+    for (int s = 0; s < STEPS; s++) {
+        printf("  step %d: loss nf4 %.9g, bf16 over the dequantized weights %.9g\n", s + 1, loss[0][s], loss[1][s]);
+        same &= !memcmp(&loss[0][s], &loss[1][s], 4);
+    }
+    long i = 0;
+    while (i < NV && !memcmp(&logits[0][i], &logits[1][i], 4)) i++;
+    if (i < NV) printf("  logit %ld: nf4 %.9g, bf16 %.9g\n", i, logits[0][i], logits[1][i]);
+    size_t j = 0;
+    while (j < L[0].numel && !memcmp(&w[0][j], &w[1][j], 4)) j++;
+    if (j < L[0].numel) printf("  merged weight %zu: nf4 %.9g, bf16 %.9g\n", j, w[0][j], w[1][j]);
+    same &= i == NV && j == L[0].numel;
+    free(ref), free(logits[0]), free(logits[1]), free(w[0]), free(w[1]);
+    qt_layout_free(&L[0]);
+    qt_layout_free(&L[1]);
+    return same;
+}
+
+static void test_gpu_equals_dequantized_bf16(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    QT_EXPECT(nf4_equals_dequantized_bf16("eq"), "the NF4 base trains other bits than the bf16 base of its dequantized "
+              "weights");
+}
+
+/* The mutant build: the slot of blocks 1.. gets the block before's weights; the comparison must see it. */
+static void test_gpu_mutant_stale_slot(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
+    qt_t_hooks(NULL, QT_MUT_NF4_SLOT_STALE);
+    int same = nf4_equals_dequantized_bf16("mut");
+    qt_t_hooks(NULL, QT_MUT_NONE);
+    QT_EXPECT(!same, "a stale NF4 slot trains the same bits: the comparison cannot fail");
+}
+
+/* 10 steps + resume + 10 steps of QLoRA equal 20 straight steps bit for bit, the loss falls and the PEFT exports are
+ * byte-identical; the checkpoint's base identity (the weights as read) lets a bf16 base of the same weights resume
+ * it and refuses an NF4 base of other weights. */
+static void test_gpu_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    write_data();
+    static qt_config a, b;
+    char yaml[4096], err[1024], ea[600], eb[600];
+    float la[20], lb[20];
+    QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, "straight", "nf4", ""), err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "halves", "nf4", ""), err, sizeof err) == 0, "%s", err);
+    qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 10, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
+    qt_train_stats st;
+    QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
+    QT_REQUIRE(st.steps_done == 20, "steps %ld", st.steps_done);
+    QT_REQUIRE(qt_train_run(&b, &ob1, &st, err, sizeof err) == 0, "first half: %s", err);
+    QT_REQUIRE(st.steps_done == 10, "stopped at %ld", st.steps_done);
+    QT_REQUIRE(qt_train_run(&b, &ob2, &st, err, sizeof err) == 0, "resumed half: %s", err);
+    for (int i = 0; i < 20; i++)
+        QT_EXPECT(!memcmp(&la[i], &lb[i], 4), "step %d: straight %.9g, resumed %.9g", i + 1, la[i], lb[i]);
+    printf("  loss %.4f -> %.4f\n", la[0], la[19]);
+    QT_EXPECT(la[19] < la[0] - 0.05f, "loss did not fall: %g -> %g", la[0], la[19]);
+    snprintf(ea, sizeof ea, "%s/ckpt_straight/export/adapter_model.safetensors", g_dir);
+    snprintf(eb, sizeof eb, "%s/ckpt_halves/export/adapter_model.safetensors", g_dir);
+    size_t na = 0, nb = 0;
+    char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
+    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
+    free(fa), free(fb);
+    /* a resume over the bf16 base of the same weights finds the same base (the identity is the weights as read) */
+    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "halves", "bf16", ""), err, sizeof err) == 0, "%s", err);
+    b.optim.steps = 21;
+    qt_train_opts ob3 = {"latest", -1, 0, NULL, NULL, NULL};
+    QT_EXPECT(qt_train_run(&b, &ob3, &st, err, sizeof err) == 0, "resume over the bf16 base of the same weights: %s", err);
+    /* and over an NF4 base of other weights (another init seed) it is refused, naming the base */
+    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "halves", "nf4", ""), err, sizeof err) == 0, "%s", err);
+    b.optim.steps = 22;
+    b.init.seed = 4;
+    QT_EXPECT(qt_train_run(&b, &ob3, &st, err, sizeof err) == -1 && strstr(err, "lora_base"), "other weights: %s", err);
+}
+
+/* memory.recompute [block] and [norm, qkv, att] train QLoRA's adapters to the bits of no recompute: the recompute
+ * before a block's backward reads that block's dequantized matrices. */
+static void test_gpu_recompute_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    write_data();
+    static qt_config c;
+    static const char *const rc[3] = {"", "memory: {recompute: [norm, qkv, att]}\n", "memory: {recompute: [block]}\n"};
+    char yaml[4096], err[1024], tag[32], ex[3][600];
+    float loss[3][8];
+    for (int k = 0; k < 3; k++) {
+        snprintf(tag, sizeof tag, "rc%d", k);
+        QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, tag, "nf4", rc[k]), err, sizeof err) == 0, "%s", err);
+        c.optim.steps = 8;
+        qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
+        qt_train_stats st;
+        QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", tag, err);
+        snprintf(ex[k], sizeof ex[k], "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, tag);
+    }
+    size_t na = 0;
+    char *fa = qt_t_read_file(ex[0], &na);
+    for (int k = 1; k < 3; k++) {
+        for (int s = 0; s < 8; s++)
+            QT_EXPECT(!memcmp(&loss[0][s], &loss[k][s], 4), "%sstep %d: %.9g without recompute, %.9g with", rc[k], s + 1,
+                      loss[0][s], loss[k][s]);
+        size_t nb = 0;
+        char *fb = qt_t_read_file(ex[k], &nb);
+        QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "%sadapter exports differ", rc[k]);
+        free(fb);
+    }
+    free(fa);
+}
+
+int main(void) {
+    if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_qlora")) return 1;
+    QT_RUN(test_config_errors);
+    QT_RUN(test_no_gpu_refused);
+    QT_RUN(test_plan_rows);
+    QT_RUN(test_plan_8b);
+    QT_RUN(test_gpu_equals_dequantized_bf16);
+    QT_RUN(test_gpu_mutant_stale_slot);
+    QT_RUN(test_gpu_resume_bit_exact);
+    QT_RUN(test_gpu_recompute_bitwise);
+    qt_t_rmtree(g_dir);
+    return qt_test_end();
+}
