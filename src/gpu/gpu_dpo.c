@@ -7,10 +7,9 @@
 
 #include "qt_error.h"
 #include "qt_gpu_lora.h"
-#include "qt_mutant.h"
 
 struct qt_gpu_dpo {
-    float *losses;  /* pinned [N]: a forward's token losses */
+    float *losses;  /* [N]: a forward's token losses */
     double *lp;     /* [2B]: the policy's row log-probs, then the reference's */
     float *scale;   /* [B]: each row's loss weight in the backward */
 };
@@ -20,17 +19,16 @@ qt_gpu_dpo *qt_gpu_dpo_create(const qt_gpu_model *g) {
     QT_CHECK(g->B >= 2 && g->B % 2 == 0, "objective: dpo: a micro-batch of %d rows (expected pairs: an even count)", g->B);
     qt_gpu_dpo *d = calloc(1, sizeof *d);
     QT_CHECK(d, "out of host memory");
-    QT_CUDA(cudaMallocHost((void **)&d->losses, g->N * sizeof *d->losses));
+    d->losses = malloc(g->N * sizeof *d->losses);
     d->lp = malloc(2 * (size_t)g->B * sizeof *d->lp);
     d->scale = malloc((size_t)g->B * sizeof *d->scale);
-    QT_CHECK(d->lp && d->scale, "out of host memory");
+    QT_CHECK(d->losses && d->lp && d->scale, "out of host memory");
     return d;
 }
 
 void qt_gpu_dpo_free(qt_gpu_dpo *d) {
     if (!d) return;
-    QT_CUDA(cudaFreeHost(d->losses));
-    free(d->lp), free(d->scale);
+    free(d->losses), free(d->lp), free(d->scale);
     free(d);
 }
 
@@ -47,8 +45,8 @@ static void row_logps(qt_gpu_dpo *d, qt_gpu_model *g, int adapters, const int32_
 double qt_gpu_dpo_step(qt_gpu_dpo *d, qt_gpu_model *g, const int32_t *tgt, const qt_dpo_cfg *c, int backward,
                        float pair_weight, qt_dpo_stats *st) {
     int B = g->B;
-    row_logps(d, g, QT_MUTANT(QT_MUT_DPO_REF_ADAPTED), tgt, d->lp + B); /* planted: the reference is the policy */
-    row_logps(d, g, 1, tgt, d->lp);                                     /* last: its activations stay for the backward */
+    row_logps(d, g, 0, tgt, d->lp + B); /* the reference: the frozen base */
+    row_logps(d, g, 1, tgt, d->lp);     /* the policy, last: its activations stay for the backward */
     qt_zero(g->loss_sum, 8, g->stream); /* the token losses' sum means nothing here: the loss is the pairs' */
     double loss = qt_dpo_batch(c, d->lp, d->lp + B, B, pair_weight, d->scale, st);
     if (backward) qt_gpu_model_backward_rows(g, d->scale);
