@@ -523,10 +523,26 @@ static void test_gpu_ranks_recompute_bitwise(void) {
     for (int k = 0; k < 3; k++) free(ex[k]);
 }
 
-/* "a+b=" on the GPU: the reward accuracy of the last 40 of 200 steps above 0.9, as on the CPU. */
+/* "a+b=" on the GPU: the reward accuracy of the last 40 of 200 steps above 0.9, as on the CPU; the evaluations (every
+ * 50 steps, on the same pairs) log the DPO fields, their last accuracy above 0.9 too. */
 static void test_gpu_arith_accuracy(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    arith_accuracy("arith_gpu", GPU_SET, GPU_NSET);
+    const char *set[GPU_NSET + 3];
+    char eval[600], log[512];
+    snprintf(eval, sizeof eval, "data.eval=%s/arith_*.bin", g_dir);
+    memcpy(set, GPU_SET, sizeof GPU_SET);
+    set[GPU_NSET] = eval, set[GPU_NSET + 1] = "eval.every=50", set[GPU_NSET + 2] = "eval.batches=4";
+    arith_accuracy("arith_gpu", set, GPU_NSET + 3);
+    snprintf(log, sizeof log, "%s/log_arith_gpu.jsonl", g_dir);
+    size_t n;
+    char *s = qt_t_read_file(log, &n), *last = NULL;
+    QT_REQUIRE(s, "no log %s", log);
+    for (char *p = strstr(s, "\"eval\""); p; p = strstr(p + 1, "\"eval\"")) last = p;
+    char *f = last ? strstr(last, "\"dpo_accuracy\":") : NULL;
+    double acc = f ? atof(f + 15) : -1;
+    printf("  the last evaluation's reward accuracy: %.3f\n", acc);
+    QT_EXPECT(acc > 0.9, "the last evaluation's dpo_accuracy: %g (expected > 0.9; no field: -1)", acc);
+    free(s);
 }
 
 int main(void) {
