@@ -29,6 +29,7 @@ typedef struct qt_gpu_lora {
     struct qt_adamw_plan *opt; /* one entry per adapter tensor, all decayed */
     uint64_t seed;      /* the run's (optimizer.seed): init and dropout masks */
     long step, micro;   /* the masks' step (< 0: no dropout) and micro-batch */
+    int off;            /* 1: the forward runs the frozen base alone (the DPO reference model); no backward then */
 } qt_gpu_lora;
 
 /* The adapters of plan pl over layout L for micro-batches of N tokens, sized (nothing allocated); NULL when
@@ -43,6 +44,9 @@ void qt_gpu_lora_free(qt_gpu_lora *gl);
 /* The 1-based optimizer step and micro-batch index the next forward and backward draw their masks for; step < 0:
  * no dropout (evaluation, logits). */
 void qt_gpu_lora_set_batch(qt_gpu_lora *gl, long step, long micro);
+
+/* The adapters on (1) or switched off (0: qt_gpu_lora_fwd adds nothing, the model is the frozen base). */
+void qt_gpu_lora_set_on(qt_gpu_lora *gl, int on);
 
 /* Layer l's adapters of site (qt_lora_site) on input x [N, in] (bf16) into the site's fused output y (bf16, +=). */
 void qt_gpu_lora_fwd(qt_gpu_lora *gl, int l, int site, const void *x, void *y, cudaStream_t s);

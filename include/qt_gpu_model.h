@@ -122,6 +122,11 @@ static inline int qt_gpu_model_docs_mode(const qt_gpu_model *g) {
 /* Forward (and backward) of the tokens already in g->tok / g->tgt; the token losses are added to
  * *g->loss_sum. Asynchronous on g->stream. */
 void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a);
+/* The backward of the last step's forward (run with backward 0; its activations are kept) with a loss scale per
+ * sequence: grads += d(sum over b of row_scale[b] * (sequence b's summed token losses))/dw, row_scale on the host
+ * [B]. The LM head runs again over the kept final norm's output (its logits were overwritten). LoRA (a frozen base)
+ * only: the DPO objective's backward (qt_gpu_dpo.h). */
+void qt_gpu_model_backward_rows(qt_gpu_model *g, const float *row_scale);
 /* Per-op timing with CUDA events (train_bench --breakdown). mark() starts an interval named label on
  * the stream (a no-op when profiling is off); collect() waits for the stream and adds the closed
  * intervals to per-label totals; print() prints ms per step over `steps` steps and resets. */

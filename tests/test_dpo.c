@@ -2,10 +2,12 @@
  * the model's own forwards (policy: adapters on, reference: off), its row weights equal a finite difference of the
  * loss; the loader serves pair shards as whole pairs (shuffled by pair, never split) and refuses an odd
  * micro_batch, another seq_len or a mix with other shards; the config refuses an odd micro_batch, the GPU refuses
- * dpo; a synthetic preference task ("a+b=" with the right sum chosen and a wrong one rejected, LoRA over a random
+ * full fine-tuning's dpo; a synthetic preference task ("a+b=" with the right sum chosen and a wrong one rejected, LoRA over a random
  * base, and full fine-tuning) whose logged reward accuracy climbs above 90%; a resume bit for bit (LoRA and full),
  * one over other initial weights refused; the planted bugs (chosen and rejected swapped, the reference taken as
- * the policy) caught in the mutant build. The match with torch and TRL is
+ * the policy) caught in the mutant build. On a GPU (skipped without one) the GPU LoRA engine's DPO: its losses, rewards
+ * and adapters track the CPU LoRA engine's on the same pairs, a resume bit for bit, two data-parallel ranks and
+ * memory.recompute to the same bits, and the synthetic task above 90%. The match with torch and TRL is
  * tests/test_dpo_torch.py. */
 #include <math.h>
 #include <stdint.h>
@@ -250,7 +252,8 @@ static void test_loader_pairs(void) {
                   strstr(err, "2 P x seq_len + 1"), "a pair shard of the wrong length: %s", err);
 }
 
-/* objective: dpo needs an even micro_batch; pair shards need objective: dpo; the GPU refuses it. */
+/* objective: dpo needs an even micro_batch; pair shards need objective: dpo; the GPU refuses it with full fine-tuning
+ * (LoRA's frozen base is its reference there). */
 static void test_refusals(void) {
     static qt_config c;
     char y[4096], err[1024];
@@ -262,21 +265,26 @@ static void test_refusals(void) {
               "got: %s", err);
     QT_REQUIRE(load(&c, yaml_of(y, sizeof y, "r2", 10, ""), err, sizeof err) == 0, "%s", err);
     const char *no = qt_engine_gpu_refusal(&c);
-    QT_EXPECT(no && strstr(no, "objective: dpo is not yet on the GPU"), "GPU refusal: %s", no ? no : "none");
+    QT_EXPECT(!no, "GPU refusal of LoRA's dpo: %s", no ? no : "none");
+    c.lora.rank = 0;
+    no = qt_engine_gpu_refusal(&c);
+    QT_EXPECT(no && strstr(no, "objective: dpo with full fine-tuning (lora.rank 0) is not yet on the GPU"),
+              "GPU refusal of full fine-tuning's dpo: %s", no ? no : "none");
+    c.lora.rank = 8;
     c.objective = QT_OBJ_LM;
     QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "train them with objective: dpo"),
               "pairs without dpo: %s", err);
 }
 
-/* A GPU run of objective: dpo is refused with the message (the GPU engines have no DPO yet). */
+/* A GPU run of objective: dpo with full fine-tuning is refused with the message. */
 static void test_gpu_refuses(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     static qt_config c;
     char y[4096], err[1024];
     const char *gpu[] = {"device=cuda", "lora.rank=0"};
     QT_REQUIRE(qt_config_load_string(&c, yaml_of(y, sizeof y, "r3", 10, ""), "t.yaml", gpu, 2, err, sizeof err) == 0, "%s", err);
-    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "objective: dpo is not yet on the GPU"),
-              "GPU run: %s", err);
+    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 &&
+                  strstr(err, "objective: dpo with full fine-tuning (lora.rank 0) is not yet on the GPU"), "GPU run: %s", err);
 }
 
 /* "a+b=": LoRA over a random base learns to prefer the right sum: the logged reward accuracy of the last 40 of
@@ -365,6 +373,178 @@ static void test_mutants_caught(void) {
     }
 }
 
+/* ---- the GPU LoRA engine ---- */
+
+/* A model shape the GPU kernels take (head_dim 64, widths multiples of 8), on one GPU. */
+static const char *const GPU_SET[] = {"device=cuda", "parallel.gpus=1", "model.hidden_size=128", "model.num_heads=2",
+                                      "model.num_kv_heads=1", "model.intermediate_size=200"};
+enum { GPU_NSET = sizeof GPU_SET / sizeof *GPU_SET };
+
+/* steps optimizer steps of engine e over the arith pairs in the loader's seeded order: the step losses and the
+ * stats of each step's pairs; the adapters after them (the checkpoint blob) into a[numel]. */
+static void dpo_steps(qt_engine *e, const qt_config *c, int steps, float *loss, qt_dpo_stats *st, float *a, size_t numel) {
+    char err[1024];
+    qt_loader *l = qt_loader_open(c->data.train, c->data.seq_len, c->data.micro_batch, 0, 1, c->seed, 1,
+                                  (uint32_t)c->model.vocab_size, err, sizeof err);
+    QT_REQUIRE(l, "%s", err);
+    long N = (long)c->data.micro_batch * c->data.seq_len;
+    int32_t *in = malloc(N * sizeof *in), *tg = malloc(N * sizeof *tg);
+    int acc = c->data.grad_accum;
+    for (int s = 0; s < steps; s++) {
+        for (int k = 0; k < acc; k++) {
+            QT_REQUIRE(qt_loader_next(l, in, tg, err, sizeof err) == 0, "%s", err);
+            QT_REQUIRE(qt_engine_micro_step(e, in, tg, qt_loss_scale(acc, 1, (long)acc * c->data.micro_batch / 2), err,
+                                            sizeof err) == 0, "%s", err);
+        }
+        float gn;
+        QT_REQUIRE(qt_engine_opt_step(e, c->optim.lr, s + 1, &loss[s], &gn, err, sizeof err) == 0, "%s", err);
+        e->ops->dpo_stats(e, 0, &st[s]);
+    }
+    qt_ckpt_item it[8];
+    int n = qt_engine_state_items(e, it, 8, err, sizeof err);
+    QT_REQUIRE(n >= 5 && !strcmp(it[0].name, "lora_adapters") && it[0].bytes == numel * 4, "adapter blob: %s", err);
+    memcpy(a, it[0].data, numel * 4);
+    free(in), free(tg);
+    qt_loader_free(l);
+}
+
+static double rel_l2(const double *x, const double *y, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) d += (x[i] - y[i]) * (x[i] - y[i]), r += y[i] * y[i];
+    return sqrt(d / (r > 0 ? r : 1e-300));
+}
+
+/* The GPU LoRA engine's DPO against the CPU LoRA engine's on the same pairs, seed and dropout masks: the step losses
+ * within 1e-2 relative, the steps' mean rewards (chosen and rejected) and the adapters' change within 3e-2 relative
+ * L2: the bf16 bounds of test_lora's test_gpu_tracks_cpu (optim.eps 1 for the same reason: AdamW's update stays
+ * continuous in a gradient that bf16 moves). Step 1 is log 2 on both (the adapters' B = 0: policy = reference); the
+ * rewards must have moved apart (bf16 rounds an adapter term far below the activations' ulp away, so a comparison of
+ * rewards near 0 would measure that rounding, not the engine). */
+static void test_gpu_tracks_cpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    enum { STEPS = 10 };
+    static qt_config c;
+    char y[4096], err[1024];
+    float loss[2][STEPS], *a[2] = {NULL, NULL};
+    qt_dpo_stats st[2][STEPS];
+    qt_layout L;
+    qt_weight_src src;
+    size_t numel = 0;
+    for (int d = 0; d < 2; d++) {
+        QT_REQUIRE(qt_config_load_string(&c, yaml_of(y, sizeof y, "track", STEPS, ""), "t.yaml", GPU_SET, GPU_NSET, err,
+                                         sizeof err) == 0, "%s", err);
+        c.device = d ? QT_DEVICE_CUDA : QT_DEVICE_CPU;
+        c.optim.eps = 1.0f; /* with it the update is about lr x the gradient: lr 0.25 moves the rewards well off 0 */
+        c.optim.lr = 0.25f;
+        c.optim.warmup = 0;
+        if (!d) QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+        qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
+        QT_REQUIRE(e, "%s engine: %s", d ? "cuda" : "cpu", err);
+        QT_EXPECT(!strcmp(e->ops->name, d ? "cuda-bf16-lora" : "cpu-fp32-lora"), "engine %s", e->ops->name);
+        qt_lora_layout A;
+        QT_REQUIRE(qt_lora_layout_init(&A, &c.lora, &L.cfg, err, sizeof err) == 0, "%s", err);
+        numel = A.numel;
+        qt_lora_layout_free(&A);
+        a[d] = malloc(numel * 4);
+        dpo_steps(e, &c, STEPS, loss[d], st[d], a[d], numel);
+        qt_engine_free(e);
+    }
+    float *a0 = malloc(numel * 4);
+    qt_lora_layout A;
+    QT_REQUIRE(qt_lora_layout_init(&A, &c.lora, &L.cfg, err, sizeof err) == 0, "%s", err);
+    qt_lora_init(&A, a0, c.seed);
+    qt_lora_layout_free(&A);
+    static double rw[2][2 * STEPS], da[2][1 << 16];
+    QT_REQUIRE(numel <= 1 << 16, "%zu adapter parameters", numel);
+    for (int s = 0; s < STEPS; s++) {
+        for (int d = 0; d < 2; d++)
+            rw[d][2 * s] = st[d][s].reward_chosen / st[d][s].pairs, rw[d][2 * s + 1] = st[d][s].reward_rejected / st[d][s].pairs;
+        printf("  step %2d: loss cpu %.6f, cuda %.6f; rewards cpu %+.5f/%+.5f, cuda %+.5f/%+.5f\n", s + 1, loss[0][s],
+               loss[1][s], rw[0][2 * s], rw[0][2 * s + 1], rw[1][2 * s], rw[1][2 * s + 1]);
+        QT_EXPECT(st[1][s].pairs == st[0][s].pairs && st[0][s].pairs == 8, "step %d: pairs cpu %ld, cuda %ld", s + 1,
+                  st[0][s].pairs, st[1][s].pairs);
+        QT_EXPECT(fabs(loss[1][s] - loss[0][s]) <= 1e-2 * fabs(loss[0][s]), "step %d: loss cpu %g, cuda %g", s + 1,
+                  loss[0][s], loss[1][s]);
+    }
+    QT_EXPECT(fabs(loss[1][0] - log(2.0)) < 1e-6, "step 1: cuda loss %.9g, expected log 2 (policy = reference)", loss[1][0]);
+    for (size_t i = 0; i < numel; i++) da[0][i] = (double)a[0][i] - a0[i], da[1][i] = (double)a[1][i] - a0[i];
+    double dr = rel_l2(rw[1], rw[0], 2 * STEPS), dad = rel_l2(da[1], da[0], numel), moved = 0;
+    for (size_t i = 0; i < numel; i++) moved += da[0][i] * da[0][i];
+    printf("  rewards: cuda vs cpu %.3e relative L2; adapters' change %.3e (its norm %.3e)\n", dr, dad, sqrt(moved));
+    QT_EXPECT(moved > 1e-8, "the adapters did not move (%g)", sqrt(moved));
+    QT_EXPECT(fabs(rw[0][2 * STEPS - 2] - rw[0][2 * STEPS - 1]) > 1e-2, "the rewards did not separate: %g / %g",
+              rw[0][2 * STEPS - 2], rw[0][2 * STEPS - 1]);
+    QT_EXPECT(dr <= 3e-2, "the rewards differ by %.3e relative L2 (bound 3e-2)", dr);
+    QT_EXPECT(dad <= 3e-2, "the adapters' change differs by %.3e relative L2 (bound 3e-2)", dad);
+    free(a0), free(a[0]), free(a[1]);
+    qt_layout_free(&L);
+}
+
+/* On the GPU: 12 steps + resume + 12 steps equal 24 straight steps bit for bit. */
+static void test_gpu_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    resume_bit_exact("_gpu", GPU_SET, GPU_NSET, "adapter_model.safetensors");
+}
+
+/* The 8 steps' losses and the adapter export of a GPU run: grad_accum micro-batches a step on each of ranks ranks
+ * (sharing GPU 0), with memory.recompute recompute. */
+static void gpu_run(const char *tag, int grad_accum, int ranks, int recompute, float *loss, char **export, size_t *bytes) {
+    static qt_config c;
+    char y[4096], err[1024], path[512];
+    QT_REQUIRE(qt_config_load_string(&c, yaml_of(y, sizeof y, tag, 8, ""), "t.yaml", GPU_SET, GPU_NSET, err, sizeof err) == 0,
+               "%s", err);
+    c.data.grad_accum = grad_accum;
+    c.parallel.devices.n = ranks; /* [0, 0]: both on GPU 0 */
+    c.memory.recompute = recompute;
+    qt_train_opts o = {NULL, -1, 0, loss, NULL, NULL};
+    QT_REQUIRE(qt_train_run(&c, &o, NULL, err, sizeof err) == 0, "%s: %s", tag, err);
+    snprintf(path, sizeof path, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, tag);
+    *export = qt_t_read_file(path, bytes);
+}
+
+/* On the GPU, the same bits (losses and adapter export) from one GPU accumulating two micro-batches, two data-parallel
+ * ranks sharing GPU 0 with one each (the pairs' losses and stats summed over the ranks), and memory.recompute
+ * [block] (the forward that the backward rebuilds is the policy's: adapters on). */
+static void test_gpu_ranks_recompute_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    const char *tag[3] = {"one_gpu", "two_ranks", "recompute"};
+    const int accum[3] = {2, 1, 2}, ranks[3] = {0, 2, 0}, rc[3] = {0, 0, QT_RC_BLOCK};
+    float loss[3][8];
+    char *ex[3];
+    size_t bytes[3];
+    for (int k = 0; k < 3; k++) gpu_run(tag[k], accum[k], ranks[k], rc[k], loss[k], &ex[k], &bytes[k]);
+    for (int k = 1; k < 3; k++) {
+        for (int s = 0; s < 8; s++)
+            QT_EXPECT(!memcmp(&loss[0][s], &loss[k][s], 4), "%s, step %d: %.9g, one GPU %.9g", tag[k], s + 1, loss[k][s],
+                      loss[0][s]);
+        QT_EXPECT(ex[0] && ex[k] && bytes[0] == bytes[k] && bytes[0] > 0 && !memcmp(ex[0], ex[k], bytes[0]),
+                  "%s: the adapter export differs from one GPU's (%zu vs %zu bytes)", tag[k], bytes[k], bytes[0]);
+    }
+    for (int k = 0; k < 3; k++) free(ex[k]);
+}
+
+/* "a+b=" on the GPU: the reward accuracy of the last 40 of 200 steps above 0.9, as on the CPU; the evaluations (every
+ * 50 steps, on the same pairs) log the DPO fields, their last accuracy above 0.9 too. */
+static void test_gpu_arith_accuracy(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    const char *set[GPU_NSET + 3];
+    char eval[600], log[512];
+    snprintf(eval, sizeof eval, "data.eval=%s/arith_*.bin", g_dir);
+    memcpy(set, GPU_SET, sizeof GPU_SET);
+    set[GPU_NSET] = eval, set[GPU_NSET + 1] = "eval.every=50", set[GPU_NSET + 2] = "eval.batches=4";
+    arith_accuracy("arith_gpu", set, GPU_NSET + 3);
+    snprintf(log, sizeof log, "%s/log_arith_gpu.jsonl", g_dir);
+    size_t n;
+    char *s = qt_t_read_file(log, &n), *last = NULL;
+    QT_REQUIRE(s, "no log %s", log);
+    for (char *p = strstr(s, "\"eval\""); p; p = strstr(p + 1, "\"eval\"")) last = p;
+    char *f = last ? strstr(last, "\"dpo_accuracy\":") : NULL;
+    double acc = f ? atof(f + 15) : -1;
+    printf("  the last evaluation's reward accuracy: %.3f\n", acc);
+    QT_EXPECT(acc > 0.9, "the last evaluation's dpo_accuracy: %g (expected > 0.9; no field: -1)", acc);
+    free(s);
+}
+
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_dpo")) return 1;
     char path[512];
@@ -380,5 +560,9 @@ int main(void) {
     QT_RUN(test_arith_accuracy);
     QT_RUN(test_arith_accuracy_full);
     QT_RUN(test_mutants_caught);
+    QT_RUN(test_gpu_tracks_cpu);
+    QT_RUN(test_gpu_resume_bit_exact);
+    QT_RUN(test_gpu_ranks_recompute_bitwise);
+    QT_RUN(test_gpu_arith_accuracy);
     return qt_test_end();
 }

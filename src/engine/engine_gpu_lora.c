@@ -8,7 +8,9 @@
  * creation (it never changes), and the backward in bf16. opt_step: the adapters' gradient norm, clip, AdamW,
  * gradients zeroed, one host read of loss and norm.
  * Checkpoints hold the CPU LoRA engine's blobs (qt_lora_ckpt.h), copied to the host; the export is PEFT's adapter
- * files (qt_lora_export); get_weights gives the merged model (the bf16 base widened + scale B A). */
+ * files (qt_lora_export); get_weights gives the merged model (the bf16 base widened + scale B A).
+ * With objective: dpo a micro-step is qt_gpu_dpo_step: the reference log-probs come from the same base with the
+ * adapters switched off (one more forward, no memory), the loss and the rows' gradient weights from the host. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_base.h"
+#include "qt_gpu_dpo.h"
 #include "qt_gpu_lora.h"
 #include "qt_gpu_model.h"
 #include "qt_lora_ckpt.h"
@@ -43,6 +46,10 @@ typedef struct {
                                * micro * nranks + rank, the step's global one */
     double last_sum;          /* the last opt_step's token losses and targets (the ranks' mean is sum / sum) */
     long last_valid;
+    qt_gpu_dpo *dpo;          /* objective: dpo: the micro-steps' host buffers (owned), else NULL */
+    qt_dpo_log dlog;          /* objective: dpo: the pairs' sums for the log */
+    double dpo_sum;           /* objective: dpo: the pairs' losses since the last opt_step (valid_total counts the
+                               * pairs; last_sum and last_valid then hold pair losses and pairs) */
 } glora_engine;
 
 /* The engine of b with its device made current. */
@@ -62,10 +69,24 @@ static long upload(glora_engine *e, const int32_t *in, const int32_t *tgt) {
     return valid;
 }
 
+/* objective: dpo: one micro-batch of pairs (backward 1: grad_scale is the weight of one pair) into stats st; the
+ * pairs' mean loss. */
+static double dpo_step(glora_engine *e, const int32_t *tgt, int backward, float grad_scale, qt_dpo_stats *st) {
+    return qt_gpu_dpo_step(e->dpo, e->g, tgt, &e->plan.dpo_cfg, backward, grad_scale, st);
+}
+
 static void glora_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
     glora_engine *e = on(b);
-    e->valid_total += upload(e, in, tgt);
+    long valid = upload(e, in, tgt);
     qt_gpu_lora_set_batch(e->gl, e->t + 1, e->micro++ * e->nranks + e->rank);
+    if (e->dpo) { /* the step's loss: the mean over its pairs */
+        qt_dpo_stats st = {0};
+        e->dpo_sum += dpo_step(e, tgt, 1, grad_scale, &st) * st.pairs;
+        e->valid_total += st.pairs;
+        qt_dpo_stats_add(&e->dlog.acc, &st);
+        return;
+    }
+    e->valid_total += valid;
     qt_gpu_step_args a = {grad_scale, 1, 0, NULL};
     qt_gpu_model_step(e->g, &a);
 }
@@ -81,6 +102,11 @@ static void glora_opt_step(qt_engine *b, float lr, long t, float *loss, float *g
     qt_zero(g->loss_sum, 8, s);
     QT_CUDA(cudaStreamSynchronize(s));
     qt_gpu_model_profile_collect(g);
+    if (e->dpo) { /* the pairs' losses, summed by the micro-steps */
+        sum = e->dpo_sum;
+        e->dpo_sum = 0;
+        qt_dpo_log_step(&e->dlog);
+    }
     *loss = e->valid_total ? (float)(sum / e->valid_total) : 0.0f;
     e->last_sum = sum;
     e->last_valid = e->valid_total;
@@ -96,6 +122,7 @@ static float glora_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt
     double sum;
     long valid = upload(e, in, tgt);
     qt_gpu_lora_set_batch(e->gl, -1, 0);
+    if (e->dpo) return (float)dpo_step(e, tgt, 0, 0.0f, &e->dlog.eval);
     qt_gpu_step_args a = {0.0f, 0, 0, NULL};
     qt_gpu_model_step(g, &a);
     QT_CUDA(cudaMemcpyAsync(&sum, g->loss_sum, 8, cudaMemcpyDeviceToHost, g->stream));
@@ -121,6 +148,8 @@ static void glora_get_weights(qt_engine *b, float *w) {
     e->g->base->ops->get(e->g->base, w);
     qt_lora_merge(&e->gl->A, b->L, e->ha, w);
 }
+
+static void glora_dpo_stats(qt_engine *b, int eval, qt_dpo_stats *s) { qt_dpo_log_take(&((glora_engine *)b)->dlog, eval, s); }
 
 static void glora_get_grads(qt_engine *b, float *g) { memset(g, 0, b->L->numel * sizeof *g); } /* the base has none */
 
@@ -177,6 +206,7 @@ static void glora_print_memory(qt_engine *b) { qt_gpu_model_print_plan(on(b)->g)
 
 static void glora_free(qt_engine *b) {
     glora_engine *e = on(b);
+    qt_gpu_dpo_free(e->dpo);
     qt_gpu_model_free(e->g);
     free(e->ha), free(e->hm), free(e->hv), free(e->none);
     free(e);
@@ -197,7 +227,8 @@ static void glora_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_
      .state_items = glora_state_items, .load_state = glora_load_state, .nonfinite_weight = glora_nonfinite_weight, \
      .tuning_save = qt_engine_gpu_tuning_save, .tuning_load = qt_engine_gpu_tuning_load,                           \
      .print_memory = glora_print_memory, .profile = glora_profile, .profile_print = glora_profile_print,           \
-     .free = glora_free, .set_docs = glora_set_docs, .docs_by_default = 0, .export_adapter = glora_export_adapter}
+     .free = glora_free, .set_docs = glora_set_docs, .docs_by_default = 0, .export_adapter = glora_export_adapter, \
+     .dpo_stats = glora_dpo_stats}
 static const qt_engine_ops glora_ops = GLORA_OPS("cuda-bf16-lora"),
                            glora_fp8_ops = GLORA_OPS("cuda-fp8-lora (e4m3 block matmuls, bf16 backward)");
 
@@ -229,6 +260,7 @@ qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, co
     e->none = malloc(e->g->N * sizeof *e->none);
     QT_CHECK(e->ha && e->hm && e->hv && e->none, "out of host memory for %zu adapter parameters", n);
     memset(e->none, 0xff, e->g->N * sizeof *e->none);
+    if (plan->dpo) e->dpo = qt_gpu_dpo_create(e->g);
     qt_mem_plan_add(&e->g->plan, QT_MEM_PAGEABLE, "checkpoint snapshot", 3 * n * sizeof(float));
     snprintf(e->from, sizeof e->from, "%s", src->kind == QT_WSRC_HF ? src->path : "");
     e->id_key = (size_t)snprintf(e->id, sizeof e->id, "%s", e->g->base->id);
@@ -297,6 +329,17 @@ static float dp_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
     return sum;
 }
 
+/* objective: dpo: the ranks' pairs together. */
+static void dp_dpo_stats(qt_engine *b, int eval, qt_dpo_stats *s) {
+    glora_dp *d = (glora_dp *)b;
+    *s = (qt_dpo_stats){0};
+    for (int r = 0; r < d->n; r++) {
+        qt_dpo_stats one;
+        glora_dpo_stats(&d->rk[r]->base, eval, &one);
+        qt_dpo_stats_add(s, &one);
+    }
+}
+
 static void dp_get_weights(qt_engine *b, float *w) { glora_get_weights(&((glora_dp *)b)->rk[0]->base, w); }
 static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     glora_forward_logits(&((glora_dp *)b)->rk[0]->base, in, logits);
@@ -338,7 +381,7 @@ static const qt_engine_ops glora_dp_ops = {
     .get_grads = glora_get_grads, .forward_logits = dp_forward_logits, .state_items = dp_state_items,
     .load_state = dp_load_state, .nonfinite_weight = dp_nonfinite_weight, .tuning_save = qt_engine_gpu_tuning_save,
     .tuning_load = qt_engine_gpu_tuning_load, .print_memory = dp_print_memory, .free = dp_free,
-    .export_adapter = dp_export_adapter};
+    .export_adapter = dp_export_adapter, .dpo_stats = dp_dpo_stats};
 
 qt_engine *qt_engine_gpu_lora_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
                                         const int *devices, char *err, size_t errlen) {

@@ -45,10 +45,11 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
 }
 
 /* LoRA on the GPU runs a bf16 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or ranks
- * with the adapters replicated, whatever parallel.zero's default); what else it would need is refused here, naming the key (device: cpu trains every LoRA setting on the CPU fp32 engine). */
+ * with the adapters replicated, whatever parallel.zero's default), objective: dpo included; what else it would need is refused here, naming the key (device: cpu trains every LoRA setting on the CPU fp32 engine). */
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
-    if (cfg->objective == QT_OBJ_DPO)
-        return "objective: dpo is not yet on the GPU (set device: cpu to train it on the CPU fp32 engines)";
+    if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0)
+        return "objective: dpo with full fine-tuning (lora.rank 0) is not yet on the GPU: its reference model would be "
+               "a second copy of the weights (set lora.rank > 0, whose frozen base is the reference, or device: cpu)";
     if (cfg->lora.rank <= 0) return NULL;
     if (cfg->lora.trainable)
         return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";

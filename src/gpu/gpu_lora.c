@@ -62,6 +62,8 @@ void qt_gpu_lora_set_batch(qt_gpu_lora *gl, long step, long micro) {
     gl->micro = micro;
 }
 
+void qt_gpu_lora_set_on(qt_gpu_lora *gl, int on) { gl->off = !on; }
+
 /* p and the mask seed of module md of layer l at the current batch (p 0 when evaluating). */
 static float drop_p(const qt_gpu_lora *gl) { return gl->step < 0 ? 0.0f : gl->A.cfg.dropout; }
 static uint64_t mseed(const qt_gpu_lora *gl, int l, const qt_lora_module *md) {
@@ -69,6 +71,7 @@ static uint64_t mseed(const qt_gpu_lora *gl, int l, const qt_lora_module *md) {
 }
 
 void qt_gpu_lora_fwd(qt_gpu_lora *gl, int l, int site, const void *x, void *y, cudaStream_t s) {
+    if (gl->off) return;
     int r = gl->A.cfg.rank;
     for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
         const qt_lora_module *md = &gl->A.mods[i];
@@ -80,6 +83,7 @@ void qt_gpu_lora_fwd(qt_gpu_lora *gl, int l, int site, const void *x, void *y, c
 }
 
 void qt_gpu_lora_bwd_w(qt_gpu_lora *gl, int l, int site, const void *x, const void *dy, cudaStream_t s) {
+    QT_CHECK(!gl->off, "LoRA backward with the adapters switched off (the last forward kept no adapter activations)");
     int r = gl->A.cfg.rank, j = 0;
     for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
         const qt_lora_module *md = &gl->A.mods[i];

@@ -344,9 +344,25 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
            g->start_init_s);
 }
 
+/* The loss and dlogits in place of the logits of tokens [r0, r0 + n) (g->logits holds them from r0 on): with
+ * row_scale (host [B]) the loss scale of each token is its sequence's, one launch per sequence the chunk meets (the
+ * kernel's rows are independent: the same arithmetic as one launch); else loss_scale for all. */
+static void lm_loss(qt_gpu_model *g, long r0, long n, float loss_scale, const float *row_scale) {
+    int V = g->L->cfg.vocab_size;
+    for (long i = r0; i < r0 + n;) {
+        long end = row_scale ? (i / g->T + 1) * g->T : r0 + n;
+        if (end > r0 + n) end = r0 + n;
+        qt_lmhead_loss_softcap(QT_LMHEAD_AUTO, (char *)g->logits + (size_t)(i - r0) * V * 2, g->losses + i, NULL,
+                               g->tgt + i, end - i, V, row_scale ? row_scale[i / g->T] : loss_scale, g->fam.logit_cap,
+                               g->stream);
+        i = end;
+    }
+}
+
 /* The LM head over chunks of tokens: logits, loss and dlogits in place, then (with backward) dlnf and
- * the head's weight gradient, so the full [N, V] logits never exist. */
-static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
+ * the head's weight gradient, so the full [N, V] logits never exist. row_scale (host [B], or NULL): per-sequence
+ * loss scales in place of loss_scale (lm_loss); the losses are then not summed into loss_sum again. */
+static void lm_head(qt_gpu_model *g, float loss_scale, const float *row_scale, int backward) {
     const qt_model_cfg *c = &g->L->cfg;
     cudaStream_t s = g->stream;
     long chunk = (g->N + g->lm_chunks - 1) / g->lm_chunks;
@@ -357,13 +373,13 @@ static void lm_head(qt_gpu_model *g, float loss_scale, int backward) {
         qt_gpu_model_mark(g, "lm head: matmul fwd");
         qt_matmul_fwd(g->mm, g->logits, QT_DT_BF16, x, Wp(g, g->L->lm_head), NULL, n, C, V, 0, s);
         qt_gpu_model_mark(g, "lm head: loss");
-        qt_lmhead_loss_softcap(QT_LMHEAD_AUTO, g->logits, g->losses + r0, NULL, g->tgt + r0, n, V, loss_scale,
-                               g->fam.logit_cap, s);
+        lm_loss(g, r0, n, loss_scale, row_scale);
         if (!backward) continue;
         qt_gpu_model_mark(g, "lm head: dgrad + wgrad");
         qt_matmul_dgrad(g->mm, (char *)g->as->dlnf + r0 * C * 2, QT_DT_BF16, g->logits, Wp(g, g->L->lm_head), n, C, V, 0, s);
         if (Gp(g, g->L->lm_head)) qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), Gdt(g), NULL, g->logits, x, n, C, V, 1, s);
     }
+    if (row_scale) return;
     qt_gpu_model_mark(g, "lm head: loss");
     qt_sum_f32(g->loss_sum, g->losses, g->N, s);
 }
@@ -738,11 +754,19 @@ void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a) {
         qt_fp8_quantize_weights(g->fp8, g->L, g->ps->w, 0, g->L->cfg.num_layers, g->stream);
     }
     forward(g, a->hooks);
-    lm_head(g, a->loss_scale, a->backward);
+    lm_head(g, a->loss_scale, NULL, a->backward);
     if (a->backward) {
         qt_param_release_embed(g->ps, a->hooks);
         backward(g, a);
     }
+    qt_gpu_model_profile_collect(g);
+}
+
+void qt_gpu_model_backward_rows(qt_gpu_model *g, const float *row_scale) {
+    QT_CHECK(g->base, "qt_gpu_model_backward_rows: LoRA (a frozen base) only");
+    qt_gpu_step_args a = {0.0f, 1, 0, NULL};
+    lm_head(g, 0.0f, row_scale, 1);
+    backward(g, &a);
     qt_gpu_model_profile_collect(g);
 }
 
