@@ -183,6 +183,9 @@ typedef struct {
 /* The weights are read from src a chunk at a time (qt_param_store_init). */
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                     const qt_gpu_rank *rank, char *err, size_t errlen);
+/* Makes `device` the thread's CUDA device and, for an fp8 plan, checks that it has fp8 tensor cores and the
+ * model's shapes suit the fp8 matmuls (qt_fp8_check). 0, or -1 with err. */
+int qt_engine_gpu_select(const qt_layout *L, const qt_plan *plan, int device, char *err, size_t errlen);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 /* ops->tuning_save / tuning_load of the GPU engines (the process-wide matmul picks, qt_matmul.h). */

@@ -453,15 +453,17 @@ void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
     *valid = e->last_valid;
 }
 
+int qt_engine_gpu_select(const qt_layout *L, const qt_plan *plan, int device, char *err, size_t errlen) {
+    QT_CUDA(cudaSetDevice(device));
+    if (!plan->precision.fp8) return 0;
+    struct cudaDeviceProp p;
+    QT_CUDA(cudaGetDeviceProperties(&p, device));
+    return qt_fp8_check(&L->cfg, plan->run.path, (long)plan->run.B * plan->run.T, p.major * 10 + p.minor, err, errlen);
+}
+
 qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                     const qt_gpu_rank *rank, char *err, size_t errlen) {
-    QT_CUDA(cudaSetDevice(device));
-    if (plan->precision.fp8) {
-        struct cudaDeviceProp p;
-        QT_CUDA(cudaGetDeviceProperties(&p, device));
-        if (qt_fp8_check(&L->cfg, plan->run.path, (long)plan->run.B * plan->run.T, p.major * 10 + p.minor, err, errlen))
-            return NULL;
-    }
+    if (qt_engine_gpu_select(L, plan, device, err, errlen)) return NULL;
     gpu_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
     e->plan = *plan;

@@ -234,13 +234,7 @@ static const qt_engine_ops glora_ops = GLORA_OPS("cuda-bf16-lora"),
 
 qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                      char *err, size_t errlen) {
-    QT_CUDA(cudaSetDevice(device));
-    if (plan->precision.fp8) {
-        struct cudaDeviceProp p;
-        QT_CUDA(cudaGetDeviceProperties(&p, device));
-        if (qt_fp8_check(&L->cfg, plan->run.path, (long)plan->run.B * plan->run.T, p.major * 10 + p.minor, err, errlen))
-            return NULL;
-    }
+    if (qt_engine_gpu_select(L, plan, device, err, errlen)) return NULL;
     glora_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
     e->plan = *plan;
