@@ -181,6 +181,10 @@ if has memory; then
           step test_offload_$shape 1800 env QT_TEST_SHAPE=$shape QT_TEST_ONLY=bitwise build/tests/test_offload
           step test_recompute_$shape 900 env QT_TEST_SHAPE=$shape QT_TEST_ONLY=bf16 build/tests/test_recompute
       done
+      # and on packed documents (shards with starts, attention and positions per document)
+      step test_recompute_docs 300 env QT_TEST_DOCS=1 QT_TEST_ONLY=bf16 build/tests/test_recompute
+      step test_zero_docs 900 env QT_TEST_DOCS=1 QT_TEST_ONLY=equals build/tests/test_zero
+      step test_offload_docs 900 env QT_TEST_DOCS=1 QT_TEST_ONLY=gradients_bitwise build/tests/test_offload
     } 2>&1 | tee "$OUT/memory.log" | grep -E "$ok|plan .*peak|saving"
 fi
 
