@@ -256,6 +256,10 @@ static void test_config_rope(void) {
         {"\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, \"high_freq_factor\": 1}",
          "model.rope_high_freq_factor: expected a finite number > rope_low_freq_factor (4), got 1"},
         {"\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2, \"truncate\": 1}", "rope_scaling.truncate: expected true or false"},
+        /* the other maths a config may ask for: experts, a vision tower */
+        {"\"num_local_experts\": 8", "num_local_experts: a mixture-of-experts model is not supported"},
+        {"\"num_experts\": 4, \"num_experts_per_tok\": 2", "num_experts: a mixture-of-experts model is not supported"},
+        {"\"vision_config\": {\"model_type\": \"clip_vision_model\"}", "vision_config: a vision tower is not supported"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char doc[1024];

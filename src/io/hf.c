@@ -90,8 +90,19 @@ static int get_bool(const char *path, const qt_json_node *o, const char *key, in
     return 0;
 }
 
-/* Rejects configs whose maths we do not implement (other activations, MLP biases). */
+/* Rejects configs whose maths we do not implement (other activations, MLP biases, experts, a vision tower). */
 static int check_unsupported(const char *path, const qt_json_node *r, char *err, size_t errlen) {
+    static const char *const moe[] = {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
+                                      "moe_intermediate_size"};
+    for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
+        const qt_json_node *e = qt_json_get(r, moe[i]);
+        if (e && !(e->type == QT_JSON_NULL || (e->type == QT_JSON_NUM && e->num == 0)))
+            return qt_errf(err, errlen, "%s: %s: a mixture-of-experts model is not supported (dense models only)", path,
+                           moe[i]);
+    }
+    if (qt_json_get(r, "vision_config"))
+        return qt_errf(err, errlen, "%s: vision_config: a vision tower is not supported (text models only; Gemma 3's "
+                       "text part is read from its text_config)", path);
     const qt_json_node *x = qt_json_get(r, "hidden_act");
     if (x && (x->type != QT_JSON_STR || strcmp(x->str, "silu") != 0))
         return qt_errf(err, errlen, "%s: hidden_act: expected \"silu\", got %s%s", path, x->type == QT_JSON_STR ? x->str : "",
