@@ -33,6 +33,17 @@
 /* The checkpoint blob of the engine's autotuned kernel choices (engine ops tuning_save/tuning_load). */
 #define QT_CKPT_TUNING "matmul_algos"
 
+/* A trainer's checkpoints: the background writer, the snapshot it writes from, and their timings. */
+typedef struct {
+    qt_ckpt_writer *writer;
+    unsigned char *snap;      /* the copies being written (owned), snap_cap bytes */
+    size_t snap_cap, write_bytes;
+    char *cfgtext;            /* the resolved config as YAML (owned) */
+    long saved_step;          /* newest checkpoint written or being written; -1: none */
+    double pause_s;           /* the write in flight: training stopped for its snapshot, */
+    double guard_s;           /* and the optimizer's waits for the writer (offloaded state written in place) */
+} qt_trainer_ckpt;
+
 typedef struct qt_trainer {
     const qt_config *cfg;
     qt_engine *eng;
@@ -47,14 +58,7 @@ typedef struct qt_trainer {
     qt_loader_pos pos;        /* the train loader's position after the last completed step */
     long step;                /* steps done */
     double tok_per_step;
-    /* checkpoints */
-    qt_ckpt_writer *writer;
-    unsigned char *snap;      /* the copies being written (owned), snap_cap bytes */
-    size_t snap_cap, write_bytes;
-    char *cfgtext;            /* the resolved config as YAML (owned) */
-    long saved_step;          /* newest checkpoint written or being written; -1: none */
-    double pause_s;           /* the write in flight: training stopped for its snapshot, */
-    double guard_s;           /* and the optimizer's waits for the writer (offloaded state written in place) */
+    qt_trainer_ckpt ck;       /* checkpoints: the writer and what it writes */
     /* the session (train.c, qt_train_session.h) */
     qt_sched sched;
     float lr_override;        /* >= 0: every step's lr (qtrain_set_lr); < 0: the schedule's */

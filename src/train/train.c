@@ -376,9 +376,9 @@ int qt_session_eval(qt_trainer *t, float *loss, char *err, size_t errlen) {
 
 int qt_session_save(qt_trainer *t, char *path, size_t cap, char *err, size_t errlen) {
     if (t->broken) return broken(t, err, errlen);
-    if (!t->writer) return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "an export-only session cannot save"));
+    if (!t->ck.writer) return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "an export-only session cannot save"));
     if (t->pending) return failed(t, QT_TF_ARGUMENT, qt_errf(err, errlen, "step %ld: backward ran, update first", t->step + 1));
-    if ((t->step > t->saved_step && qt_trainer_save(t, err, errlen)) || qt_trainer_ckpt_finish(t, 0, err, errlen))
+    if ((t->step > t->ck.saved_step && qt_trainer_save(t, err, errlen)) || qt_trainer_ckpt_finish(t, 0, err, errlen))
         return failed(t, QT_TF_CHECKPOINT, -1);
     snprintf(path, cap, "%s/ckpt_%08ld.qtc", t->cfg->checkpoint.dir, t->step);
     return 0;
@@ -468,7 +468,7 @@ qt_trainer *qt_session_open(const qt_config *cfg, const qt_train_opts *o, int da
         qt_errf(err, errlen, "out of host memory");
         return NULL;
     }
-    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1, .dir_fd = -1}, .log = {.fd = -1}, .st = st, .saved_step = -1, .lr_override = -1};
+    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1, .dir_fd = -1}, .log = {.fd = -1}, .st = st, .ck = {.saved_step = -1}, .lr_override = -1};
     *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0, 0};
     qt_rng_seed(&t->rng, cfg->seed);
     t->sched = (qt_sched){cfg->optim.schedule, cfg->optim.lr, cfg->optim.final_lr_frac, cfg->optim.warmup,
@@ -485,10 +485,10 @@ qt_trainer *qt_session_open(const qt_config *cfg, const qt_train_opts *o, int da
 
 int qt_session_close(qt_trainer *t, int rc, char *err, size_t errlen) {
     if (!t) return rc;
-    if (t->writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
+    if (t->ck.writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
     t->st->steps_done = t->step;
     qt_trainer_ckpt_free(t);
-    int discard = rc < 0 && t->saved_step < 0; /* a run that failed before saving leaves nothing */
+    int discard = rc < 0 && t->ck.saved_step < 0; /* a run that failed before saving leaves nothing */
     qt_rundir_close(&t->dir, discard);
     if (qt_train_log_close(&t->log, discard, rc ? NULL : err, rc ? 0 : errlen) && rc == 0) rc = -1;
     qt_engine_free(t->eng);
@@ -532,7 +532,7 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
         st->tokens_per_s = dt > 0 ? (t->step - t->start) * t->tok_per_step / dt : 0;
         /* a request that comes after the last step lets the run finish (and export) */
         if (rc == 0 && t->step < t->stop) rc = qt_trainer_stop(t, atomic_load(&g_stop), err, errlen);
-        if (t->writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
+        if (t->ck.writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
     }
     if (rc == 0 && (t->step == cfg->optim.steps || o->export_only)) {
         char dir[QT_PATH_MAX + 16];

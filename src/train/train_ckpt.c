@@ -98,14 +98,14 @@ int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *
     char name[128];
     qt_trainer_tensor_name(L, bad, name, sizeof name);
     return qt_errf(err, errlen, "checkpoint of step %ld refused: %s holds NaN/Inf in %s (the run diverged)",
-                   t->saved_step, it->name, name);
+                   t->ck.saved_step, it->name, name);
 }
 
 /* The engine's wait before its optimizer changes offloaded state below element hi (set_state_guard). */
 static void guard_wait(void *ctx, size_t hi) {
     qt_trainer *t = ctx;
-    if (!t->writer || QT_MUTANT(QT_MUT_CKPT_UNGUARDED)) return;
-    t->guard_s += qt_ckpt_writer_wait_mark(t->writer, hi);
+    if (!t->ck.writer || QT_MUTANT(QT_MUT_CKPT_UNGUARDED)) return;
+    t->ck.guard_s += qt_ckpt_writer_wait_mark(t->ck.writer, hi);
 }
 
 /* The engine's live items (written in place), none when it has no such state. */
@@ -142,9 +142,9 @@ static int choose_offload(qt_trainer *t, size_t bytes, char *buf, size_t cap) {
 }
 
 int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
-    t->cfgtext = malloc(CFG_CAP);
-    t->writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
-    if (!t->cfgtext || !t->writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
+    t->ck.cfgtext = malloc(CFG_CAP);
+    t->ck.writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
+    if (!t->ck.cfgtext || !t->ck.writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
     if (t->train) t->pos = qt_loader_get_pos(t->train); /* none: the embedder gives every batch */
     /* The engine's snapshot buffers (pinned host copies on a GPU) are made now, not at the first save:
      * that save then pauses training only for the copy, and a host that cannot hold them fails here,
@@ -184,41 +184,41 @@ static int finish_write(qt_trainer *t, char *err, size_t errlen) {
     long step;
     double sec;
     char e2[2048];
-    int rc = t->writer ? qt_ckpt_writer_wait(t->writer, &step, &sec, e2, sizeof e2) : 1;
+    int rc = t->ck.writer ? qt_ckpt_writer_wait(t->ck.writer, &step, &sec, e2, sizeof e2) : 1;
     if (rc < 0) return qt_errf(err, errlen, "%s", e2);
     if (rc == 0) {
         char p[QT_PATH_MAX + 32];
         ckpt_path(t, step, p, sizeof p);
-        printf("qtrain: saved %s (%.1f MiB, written in %.2f s beside training", p, t->write_bytes / 1048576.0, sec);
-        if (live_items(t).n) printf("; the optimizer waited %.3f s for the offloaded state", t->guard_s);
+        printf("qtrain: saved %s (%.1f MiB, written in %.2f s beside training", p, t->ck.write_bytes / 1048576.0, sec);
+        if (live_items(t).n) printf("; the optimizer waited %.3f s for the offloaded state", t->ck.guard_s);
         printf(")\n");
         fflush(stdout);
-        if (t->pause_s + t->guard_s > t->st->ckpt_stall_max_s) t->st->ckpt_stall_max_s = t->pause_s + t->guard_s;
+        if (t->ck.pause_s + t->ck.guard_s > t->st->ckpt_stall_max_s) t->st->ckpt_stall_max_s = t->ck.pause_s + t->ck.guard_s;
     }
     return 0;
 }
 
 int qt_trainer_poll_write(qt_trainer *t, char *err, size_t errlen) {
-    if (!t->writer || qt_ckpt_writer_running(t->writer)) return 0;
+    if (!t->ck.writer || qt_ckpt_writer_running(t->ck.writer)) return 0;
     return finish_write(t, err, errlen);
 }
 
-/* Copies items[from, n) into t->snap and points them there. */
+/* Copies items[from, n) into t->ck.snap and points them there. */
 static int snapshot(qt_trainer *t, qt_ckpt_item *items, int from, int n, char *err, size_t errlen) {
     size_t need = 0;
     for (int i = from; i < n; i++) need += align64(qt_ckpt_item_data_bytes(&items[i]));
-    if (need > t->snap_cap) {
-        free(t->snap);
-        t->snap_cap = 0;
-        t->snap = malloc(need);
-        if (!t->snap) return qt_errf(err, errlen, "out of host memory for a %.1f MiB checkpoint snapshot", need / 1048576.0);
-        t->snap_cap = need;
+    if (need > t->ck.snap_cap) {
+        free(t->ck.snap);
+        t->ck.snap_cap = 0;
+        t->ck.snap = malloc(need);
+        if (!t->ck.snap) return qt_errf(err, errlen, "out of host memory for a %.1f MiB checkpoint snapshot", need / 1048576.0);
+        t->ck.snap_cap = need;
     }
     size_t off = 0;
     for (int i = from; i < n; i++) {
         size_t nb = qt_ckpt_item_data_bytes(&items[i]);
-        qt_ckpt_item_read(&items[i], 0, nb, t->snap + off);
-        items[i].data = t->snap + off;
+        qt_ckpt_item_read(&items[i], 0, nb, t->ck.snap + off);
+        items[i].data = t->ck.snap + off;
         items[i].flags &= ~QT_CKPT_GATHERED;
         off += align64(nb);
     }
@@ -233,7 +233,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     qt_ckpt_item items[32];
     int ne = qt_engine_state_items(t->eng, items, 16, err, errlen), n = ne;
     if (ne < 0) return -1;
-    qt_ckpt_state cs = {t->step, t->rng, t->pos, t->eng->L->cfg, t->cfgtext, qt_config_dump(t->cfg, t->cfgtext, CFG_CAP),
+    qt_ckpt_state cs = {t->step, t->rng, t->pos, t->eng->L->cfg, t->ck.cfgtext, qt_config_dump(t->cfg, t->ck.cfgtext, CFG_CAP),
                         (int64_t)t->cfg->data.grad_accum * t->eng->ranks};
     n += qt_ckpt_state_items(&cs, items + n); /* copied by snapshot() below */
     void *tuning = NULL; /* the autotuned picks: copied into the snapshot, so a temporary buffer */
@@ -246,23 +246,23 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     int src = snapshot(t, items, t->eng->ops->state_is_snapshot ? ne : 0, n, err, errlen);
     free(tuning);
     if (src) return -1;
-    t->saved_step = t->step; /* read by qt_trainer_check_finite on the writer thread, which starts after this */
-    t->write_bytes = 0;
-    for (int i = 0; i < n; i++) t->write_bytes += items[i].bytes;
+    t->ck.saved_step = t->step; /* read by qt_trainer_check_finite on the writer thread, which starts after this */
+    t->ck.write_bytes = 0;
+    for (int i = 0; i < n; i++) t->ck.write_bytes += items[i].bytes;
     qt_ckpt_live live = live_items(t);
-    t->guard_s = 0;
-    if (qt_ckpt_writer_start_live(t->writer, t->cfg->checkpoint.dir, t->step, t->cfg->checkpoint.keep, items, n, &live,
+    t->ck.guard_s = 0;
+    if (qt_ckpt_writer_start_live(t->ck.writer, t->cfg->checkpoint.dir, t->step, t->cfg->checkpoint.keep, items, n, &live,
                                   err, errlen))
         return -1;
     if (qt_test_hooks_get()->ckpt_sync && finish_write(t, err, errlen)) return -1;
-    double stall = t->pause_s = now_s() - t0;
+    double stall = t->ck.pause_s = now_s() - t0;
     t->st->ckpts++;
     if (stall > t->st->ckpt_stall_max_s) t->st->ckpt_stall_max_s = stall;
     printf("qtrain: checkpoint of step %ld: training paused %.3f s (%.3f s of it for the previous write), "
-           "writing %.1f MiB in the background\n", t->step, stall, waited, t->write_bytes / 1048576.0);
+           "writing %.1f MiB in the background\n", t->step, stall, waited, t->ck.write_bytes / 1048576.0);
     fflush(stdout);
     char f[128], e2[512];
-    snprintf(f, sizeof f, "\"stall_s\":%.6f,\"wait_s\":%.6f,\"bytes\":%zu", stall, waited, t->write_bytes);
+    snprintf(f, sizeof f, "\"stall_s\":%.6f,\"wait_s\":%.6f,\"bytes\":%zu", stall, waited, t->ck.write_bytes);
     /* a failing log is reported by the next train record or the close; the checkpoint is under way */
     qt_train_log_write(&t->log, "ckpt", t->step, t->step * t->tok_per_step, f, e2, sizeof e2);
     return 0;
@@ -271,22 +271,22 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
 /* Saves the last completed step unless it is saved already or no step ran (a step-0 checkpoint holds
  * only the initial weights, and would make the directory refuse a fresh run), and waits. 0 or -1. */
 static int save_now(qt_trainer *t, char *err, size_t errlen) {
-    if (t->step > t->saved_step && t->step > 0 && qt_trainer_save(t, err, errlen)) return -1;
+    if (t->step > t->ck.saved_step && t->step > 0 && qt_trainer_save(t, err, errlen)) return -1;
     return finish_write(t, err, errlen);
 }
 
 int qt_trainer_save_after_error(qt_trainer *t, char *err, size_t errlen) {
     char e2[2048], p[QT_PATH_MAX + 32];
     size_t n = strlen(err);
-    if (!t->writer) return -1;
+    if (!t->ck.writer) return -1;
     if (save_now(t, e2, sizeof e2)) {
         snprintf(err + n, errlen > n ? errlen - n : 0, " (and saving step %ld failed: %s)", t->step, e2);
         return -1;
     }
-    if (t->saved_step >= 0) {
-        ckpt_path(t, t->saved_step, p, sizeof p);
+    if (t->ck.saved_step >= 0) {
+        ckpt_path(t, t->ck.saved_step, p, sizeof p);
         snprintf(err + n, errlen > n ? errlen - n : 0, "\nqtrain: steps up to %ld are saved in %s: fix the problem and "
-                 "continue with --resume", t->saved_step, p);
+                 "continue with --resume", t->ck.saved_step, p);
     }
     return -1;
 }
@@ -295,10 +295,10 @@ int qt_trainer_stop(qt_trainer *t, int sig, char *err, size_t errlen) {
     if (save_now(t, err, errlen)) return -1;
     char why[32], p[QT_PATH_MAX + 32];
     snprintf(why, sizeof why, "%s", sig == 2 ? "SIGINT" : sig == 15 ? "SIGTERM" : sig > 0 ? "a signal" : "request");
-    if (t->saved_step < 0) {
+    if (t->ck.saved_step < 0) {
         printf("qtrain: stopped by %s before the first step: nothing to save\n", why);
     } else {
-        ckpt_path(t, t->saved_step, p, sizeof p);
+        ckpt_path(t, t->ck.saved_step, p, sizeof p);
         printf("qtrain: stopped by %s after step %ld/%d; checkpoint %s; continue with --resume\n", why, t->step,
                t->cfg->optim.steps, p);
     }
@@ -315,12 +315,12 @@ int qt_trainer_ckpt_finish(qt_trainer *t, int rc, char *err, size_t errlen) {
 }
 
 void qt_trainer_ckpt_free(qt_trainer *t) {
-    qt_ckpt_writer_free(t->writer); /* waits for a write still in flight */
-    t->writer = NULL;
-    free(t->snap);
-    free(t->cfgtext);
-    t->snap = NULL;
-    t->cfgtext = NULL;
+    qt_ckpt_writer_free(t->ck.writer); /* waits for a write still in flight */
+    t->ck.writer = NULL;
+    free(t->ck.snap);
+    free(t->ck.cfgtext);
+    t->ck.snap = NULL;
+    t->ck.cfgtext = NULL;
 }
 
 /* Opens the newest valid checkpoint in checkpoint.dir; damaged newer ones are named in a warning and
@@ -406,7 +406,7 @@ int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *e
         qt_engine_load_state(t->eng, ck, err, errlen) == 0) {
         t->rng = cs.rng;
         if (t->train && !data_moved) qt_loader_set_pos(t->train, cs.pos);
-        t->step = t->saved_step = cs.step;
+        t->step = t->ck.saved_step = cs.step;
         load_tuning(t, ck, path);
         printf("qtrain: resumed from %s at step %ld%s\n", path, t->step,
                data_moved ? " (the data changed: reading it from its start)" : "");
