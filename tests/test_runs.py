@@ -6,6 +6,7 @@ a refused start leaves no folder; the CLI's --gpu-mem and --plan on a CPU machin
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -78,6 +79,20 @@ def test_fresh_run_never_overwrites_a_log(tmp):
     assert r.returncode == 0, r.stderr
     after = open(os.path.join(tmp, "runs/a/log.jsonl")).read()
     assert after.startswith(before) and after.count('"type":"config"') == 2, after[len(before):][:300]
+
+
+def test_start_killed_before_its_first_record(tmp):
+    """A start killed between creating its log and completing the config record leaves an empty log or a part
+    of a line: the same command starts again (the log emptied, no warning), and another log is still refused."""
+    for left in ("", '{"type":"config","time":"2026-'):
+        os.makedirs(os.path.join(tmp, "runs/k"), exist_ok=True)
+        with open(os.path.join(tmp, "runs/k/log.jsonl"), "w") as f:
+            f.write(left)
+        r = train(tmp, "runs/k")
+        assert r.returncode == 0 and "warning" not in r.stderr, (left, r.stderr)
+        log = lines(os.path.join(tmp, "runs/k/log.jsonl"))
+        assert log[0].startswith('{"type":"config"') and sum('"type":"config"' in l for l in log) == 1, log[:2]
+        shutil.rmtree(os.path.join(tmp, "runs/k"))
 
 
 def test_running_runs_log_is_locked(tmp):

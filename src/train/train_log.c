@@ -95,6 +95,15 @@ static void put_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* 1 when the file open at fd holds a complete line (a record; a run writes its config record first). */
+static int holds_a_line(int fd) {
+    char buf[4096];
+    ssize_t n;
+    for (off_t off = 0; (n = pread(fd, buf, sizeof buf, off)) > 0; off += n)
+        if (memchr(buf, '\n', (size_t)n)) return 1;
+    return 0;
+}
+
 /* 1 when the last config record of the log open at fd names checkpoint.dir dir: the log of an earlier
  * attempt of this run folder (the run directory then decides whether a fresh run may use it). */
 static int same_run_folder(int fd, const char *dir) {
@@ -133,7 +142,8 @@ static int same_run_folder(int fd, const char *dir) {
 
 /* A fresh run creates the log; a log already there is appended to only when its last config record
  * names this checkpoint.dir (an earlier attempt of this run that the run directory lets a fresh run
- * replace, e.g. one killed before its first checkpoint), else refused. A resumed run appends. */
+ * replace, e.g. one killed before its first checkpoint) or emptied when it holds no complete record (a
+ * start killed before its config record was whole), else refused. A resumed run appends. */
 static int open_file(qt_train_log *lg, const char *path, const char *ckpt_dir, int resume, char *err, size_t errlen) {
     make_parent_dirs(path, lg->made, sizeof lg->made);
     /* O_NONBLOCK: a FIFO given as the log is refused below instead of blocking the open */
@@ -150,6 +160,11 @@ static int open_file(qt_train_log *lg, const char *path, const char *ckpt_dir, i
                        S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory" : "another kind of file");
     fcntl(lg->fd, F_SETFL, O_APPEND);
     if (flock(lg->fd, LOCK_EX | LOCK_NB)) goto busy;
+    if (reuse && !holds_a_line(lg->fd)) { /* a start killed before its first record: nothing of a run to keep */
+        if (ftruncate(lg->fd, 0))
+            return qt_errf(err, errlen, "log.file: %s: cannot empty it: %s", path, strerror(errno));
+        return 0;
+    }
     if (reuse && !same_run_folder(lg->fd, ckpt_dir))
         return qt_errf(err, errlen, "log.file: %s holds another run's log: a fresh run never writes over a log; "
                        "give this run its own (--set run.dir=runs/NAME, or log.file=...) or continue that run "
