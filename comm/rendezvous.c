@@ -208,13 +208,27 @@ static int release(server *s, const qt_rdzv_opts *o, const unsigned char *blob, 
     return 0;
 }
 
+/* Sends the failure verdict on fd and closes it. The node's unread hello or ack is drained first (until it
+ * closes, at most 0.5 s): closing a socket with unread data resets it, and a reset can discard the verdict
+ * before the node reads it. */
+static void tell_and_close(int fd, const char *verdict) {
+    double end = now_s() + 0.5;
+    if (!send_reply(fd, 1, NULL, verdict, end)) {
+        shutdown(fd, SHUT_WR);
+        unsigned char sink[256];
+        while (wait_fd(fd, POLLIN, end) == 1) {
+            ssize_t k = recv(fd, sink, sizeof sink, 0);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) break;
+        }
+    }
+    close(fd);
+}
+
 /* After a failure: for GRACE_S more, every node that connects late gets the verdict, not a refused port. */
 static void linger(int lfd, const char *verdict) {
     for (double end = now_s() + GRACE_S; wait_fd(lfd, POLLIN, end) == 1;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) continue;
-        send_reply(fd, 1, NULL, verdict, now_s() + 0.5);
-        close(fd);
+        if (fd >= 0) tell_and_close(fd, verdict);
     }
 }
 
@@ -227,12 +241,15 @@ static int serve(const qt_rdzv_opts *o, const unsigned char *blob, char *err, si
     double deadline = now_s() + o->timeout_s;
     int rc = gather(&s, lfd, o, deadline, err, errlen);
     if (!rc) rc = release(&s, o, blob, deadline, err, errlen);
-    for (int r = 1; r < o->nodes; r++) /* the verdict to every node still there, then close */
+    for (int r = 1; r < o->nodes; r++) /* the verdict to every node still there, arrived or not, then close */
         if (fds[r] >= 0) {
-            if (rc) send_reply(fds[r], 1, NULL, err, now_s() + 1.0);
-            close(fds[r]);
+            if (rc) tell_and_close(fds[r], err);
+            else close(fds[r]);
         }
-    for (int i = 0; i < s.npend; i++) close(s.pend[i]);
+    for (int i = 0; i < s.npend; i++) {
+        if (rc) tell_and_close(s.pend[i], err);
+        else close(s.pend[i]);
+    }
     if (rc) linger(lfd, err);
     close(lfd);
     return rc;
