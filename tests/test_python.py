@@ -154,6 +154,42 @@ def test_cli_identical(tmp):
     assert out[4]["saved"] and "eval_loss" in out[4] and not out[3]["saved"]
 
 
+def test_lora_equals_cli(tmp):
+    """LoRA (adapters with dropout over the seeded base): 6 Trainer.step() calls and export() write the CLI's
+    checkpoints and PEFT adapter files byte for byte; with lora.export=merged, export() of the resumed run
+    writes what `qtrain --resume --export merged` writes."""
+    qtrain, np = need()
+    cfg = setup_run(tmp, steps=6)
+    with open(cfg, "a") as f:
+        f.write("lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, v, o, down]}\n")
+    r = subprocess.run([os.path.join(BUILD, "qtrain"), cfg], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"qtrain: {r.returncode}\n{r.stderr[-2000:]}"
+    cli_dir = os.path.join(tmp, "ckpt_cli")
+    os.rename(os.path.join(tmp, "ckpt"), cli_dir)
+    r = subprocess.run([os.path.join(BUILD, "qtrain"), "--resume", cli_dir, "--export", "merged", "--set",
+                        f"export.dir={tmp}/merged_cli"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"qtrain --export merged: {r.returncode}\n{r.stderr[-2000:]}"
+    os.rename(os.path.join(tmp, "log.jsonl"), os.path.join(tmp, "log_cli.jsonl"))
+    with qtrain.Trainer(cfg) as tr:
+        for _ in range(6):
+            tr.step()
+        tr.export(os.path.join(tmp, "adapter_py"))
+    py_dir = os.path.join(tmp, "ckpt")
+    cli, py = ckpt_bytes(cli_dir), ckpt_bytes(py_dir)
+    assert sorted(cli) == sorted(py) == ["ckpt_00000005.qtc", "ckpt_00000006.qtc"], f"{sorted(cli)} vs {sorted(py)}"
+    for n in cli:
+        assert cli[n] == py[n], f"{n}: the Python run's LoRA checkpoint differs from the CLI's"
+    for n in ("adapter_model.safetensors", "adapter_config.json"):
+        a = open(os.path.join(cli_dir, "export", n), "rb").read()
+        b = open(os.path.join(tmp, "adapter_py", n), "rb").read()
+        assert a == b, f"{n}: Trainer.export() differs from the CLI's export"
+    with qtrain.Trainer(None, {"lora.export": "merged"}, resume=py_dir, export_only=True) as tr:
+        tr.export(os.path.join(tmp, "merged_py"), dtype="fp32")
+    a = open(os.path.join(tmp, "merged_cli", "model.safetensors"), "rb").read()
+    b = open(os.path.join(tmp, "merged_py", "model.safetensors"), "rb").read()
+    assert a == b, "the merged model from Trainer.export() differs from `qtrain --export merged`"
+
+
 def batches_equal_run(tmp, mask_bytes):
     """Trainer A steps from the loader over a shard (masked when mask_bytes); trainer B over the same
     tokens unmasked, fed from Python: next_batch() rows, with the mask built here from mask_bytes by

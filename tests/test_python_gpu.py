@@ -56,6 +56,8 @@ for _p in ("bf16", "fp8"):
                 base.test_mask_ones_changes_nothing, base.test_parameters_round_trip, base.test_resume):
         _n = f"test_gpu_{_p}_{_fn.__name__[5:]}"
         globals()[_n] = make(_n, _fn, _p)
+_n = "test_gpu_bf16_lora_equals_cli"  # LoRA's GPU backward is bf16 (an fp8 one is refused)
+globals()[_n] = make(_n, base.test_lora_equals_cli, "bf16")
 
 
 def test_gpu_dlpack_gradients(tmp):
