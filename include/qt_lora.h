@@ -91,6 +91,9 @@ static inline float qt_lora_mask(uint64_t mseed, uint64_t i, float p, float keep
 /* 1 when base tensor t trains beside the adapters under the lora.trainable bits (norms: every RMSNorm weight,
  * q/k norms included; embeddings; lm_head: an untied LM head). */
 int qt_lora_trains(const qt_tensor *t, int trainable);
+/* 1 when lora.base_dtype nf4 holds base tensor t in NF4: a block's q, k, v, o, gate, up or down matrix (the
+ * embeddings, norms, biases and LM head stay in the base's own dtype, as PEFT's QLoRA keeps them). */
+int qt_lora_nf4_holds(const qt_tensor *t);
 /* The flat base index of the first weight module m (index into A->mods) adds to: the start of its rows of the
  * fused matrix (a message naming the HF tensor an adapter belongs to). */
 size_t qt_lora_base_offset(const qt_lora_layout *A, const qt_layout *L, int m);

@@ -67,6 +67,9 @@ void qt_nf4_double_quant_ref(const float *absmax, long nb, uint8_t *qabsmax, flo
 void qt_nf4_absmax_ref(float *absmax, const uint8_t *qabsmax, const float *absmax2, float offset, long nb);
 /* y[n] (ydt QT_DT_BF16 or QT_DT_F32) = the values of codes with the block scales absmax[nb]. */
 void qt_nf4_dequant_ref(qt_dtype ydt, void *y, const uint8_t *codes, const float *absmax, long n);
+/* w[n] (fp32) replaced by what QLoRA computes with: its bf16 rounding quantized on its own (codes, block scales
+ * double-quantized), then dequantized to fp32. Returns 0, or -1 (err, naming `what`) as qt_nf4_quantize_ref. */
+int qt_nf4_roundtrip_ref(float *w, long n, const char *what, char *err, size_t errlen);
 
 /* ---- GPU (cuda/nf4.cu): all pointers are device pointers, work is queued on s ---- */
 

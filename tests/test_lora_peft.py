@@ -13,7 +13,10 @@
    peft.PeftModel.from_pretrained loads them over the transformers base and reproduces qtrain's logits of
    the exported adapters (<= 1e-5); `qtrain --export merged` writes a model transformers loads to the same
    logits.
-3. cuda (when QT_DEVICES includes it): part 1 on the GPU model over its frozen bf16 base (tool_lora_dump_gpu, the
+3. QLoRA (lora.base_dtype: nf4) on the CPU engine: its merged export's logits against PEFT over bitsandbytes' 4-bit
+   base (nf4, double quantization, fp32 compute) with qtrain's adapters (<= 5e-3, and 20x closer than the same
+   adapters over the unquantized base); skipped without bitsandbytes.
+4. cuda (when QT_DEVICES includes it): part 1 on the GPU model over its frozen bf16 base (tool_lora_dump_gpu, the
    bases with head_dim 64 for cuDNN's attention), with and without dropout (the CPU tool's masks), logits and
    gradients within test_hf_compare.py's cuda bounds; and part 2 with qtrain training on the GPU (its export
    loaded by PEFT reproduces the CPU model's logits of those adapters, <= 1e-5).
@@ -261,6 +264,61 @@ def check_export(kind, tmp, extras=(), dev="cpu"):
     return ok
 
 
+def check_qlora(kind, tmp):
+    """QLoRA on the CPU engine (lora.base_dtype: nf4) against PEFT over bitsandbytes' 4-bit base (nf4, double
+    quantization, fp32 compute, its CPU backend): qtrain trains adapters over a bf16-stored base and writes them and
+    the merged model; PEFT loads the adapters over the base quantized by bitsandbytes at load. The two codecs agree
+    but for bitsandbytes' CPU backend's known differences (tests/test_nf4_bnb.py: a farther 8-bit scale code now
+    and then, its fp32 mean as the offset), so the logits agree far closer than either does with the bf16 base's."""
+    try:
+        from transformers import BitsAndBytesConfig
+        import bitsandbytes  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        print(f"SKIP lora_peft_qlora_{kind}: bitsandbytes not importable ({exc.__class__.__name__})")
+        return True
+    name = f"qlora_{kind}"
+    mdir = os.path.join(tmp, f"base16_{kind}")
+    if not os.path.exists(os.path.join(mdir, "config.json")):  # stored in bf16: both codecs quantize those values
+        build_base(kind, mdir)
+        load_base(mdir).to(torch.bfloat16).save_pretrained(mdir, safe_serialization=True)
+    rdir = os.path.join(tmp, name)
+    os.makedirs(rdir)
+    shard = os.path.join(rdir, "train_0.bin")
+    write_shard(shard, list(np.random.default_rng(12).integers(0, V, size=4000)), V)
+    cfg = os.path.join(rdir, "run.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"device: cpu\nrun:\n  dir: {rdir}\ninit:\n  from: {mdir}\n"
+                f"data:\n  train: '{shard}'\n  seq_len: 16\n  micro_batch: 2\n  grad_accum: 2\n"
+                "optim: {lr: 0.01, warmup: 0, steps: 4}\neval: {every: 0}\nexport: {dtype: fp32}\n"
+                "lora: {rank: 4, alpha: 8, base_dtype: nf4}\n")
+    res = subprocess.run([QTRAIN, cfg], capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"FAIL lora_peft_{name}: qtrain exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+        return False
+    res = subprocess.run([QTRAIN, "--resume", rdir, "--export", "merged", "--set", f"export.dir={rdir}/merged"],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"FAIL lora_peft_{name}: qtrain --export merged exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+        return False
+    q = transformers.AutoModelForCausalLM.from_pretrained(
+        mdir, dtype=torch.float32, attn_implementation="eager", device_map="cpu",
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                               bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32))
+    edir = os.path.join(rdir, "ckpt", "export")
+    pm = peft.PeftModel.from_pretrained(q, edir).eval()
+    base = peft.PeftModel.from_pretrained(load_base(mdir), edir).eval()  # the same adapters over the bf16 base
+    ids = torch.tensor(np.random.default_rng(4).integers(0, V, size=(2, 11)), dtype=torch.long)
+    with torch.no_grad():
+        lq = pm(input_ids=ids).logits.numpy()
+        lb = base(input_ids=ids).logits.numpy()
+        ours = load_base(os.path.join(rdir, "merged"))(input_ids=ids).logits.numpy()
+    e_q, e_b = rel(ours, lq), rel(lb, lq)
+    ok = e_q <= 5e-3 and e_q * 20 <= e_b  # measured 5e-7 (qwen2) and 1.1e-3 (llama: a scale code apart)
+    print(f"{'PASS' if ok else 'FAIL'} lora_peft_{name}: qtrain's QLoRA (merged) vs PEFT over bitsandbytes' NF4 base "
+          f"{e_q:.1e}; the same adapters over the bf16 base vs that {e_b:.1e}")
+    return ok
+
+
 def main():
     if not os.path.exists(TOOL) or not os.path.exists(QTRAIN):
         print(f"FAIL lora_peft: {TOOL} or {QTRAIN} is missing (run make first)"); return 1
@@ -282,6 +340,8 @@ def main():
             for kind in ("qwen2", "llama"):
                 ok &= check_export(kind, tmp)
             ok &= check_export("llama", tmp, ("embeddings", "lm_head", "norms"))
+            for kind in ("qwen2", "llama"):
+                ok &= check_qlora(kind, tmp)
         if "cuda" in DEVICES:
             if not os.path.exists(TOOL_GPU):
                 print(f"FAIL lora_peft_cuda: {TOOL_GPU} is missing (a CUDA build makes it)"); return 1

@@ -1,6 +1,7 @@
 /* test_qlora.c — QLoRA: LoRA over a frozen base whose block matrices the GPU holds in NF4 (lora.base_dtype: nf4,
- * src/gpu/base_nf4.c). Without a GPU: the key's errors, the memory plan's rows (codes at half a byte per weight,
- * the double-quantized scales, the bf16 rest and the two layer slots) and an 8B shape's bits per weight. With a GPU:
+ * src/gpu/base_nf4.c). Without a GPU: the key's errors, the CPU engine's NF4 base training the bits of the base of its
+ * dequantized weights, the memory plan's rows (codes at half a byte per weight, the double-quantized scales, the
+ * bf16 rest and the two layer slots) and an 8B shape's bits per weight. With a GPU:
  * the NF4 base trains to the same bits as a bf16 base loaded with the weights the CPU reference codec dequantizes
  * (losses, logits, the merged weights), a bit-exact resume whose loss falls, and recompute bitwise equal to none;
  * in the mutant build a slot filled with the block before's weights (not refreshed for its block) is caught. */
@@ -57,8 +58,8 @@ static void write_data(void) {
     qt_t_write_synthetic(p2, 3000, 2);
 }
 
-/* lora.base_dtype: an unknown value, nf4 without adapters, with fp8 matmuls or on the CPU are refused naming the
- * key and the file; bf16 is the default. */
+/* lora.base_dtype: an unknown value, nf4 without adapters or with fp8 matmuls are refused naming the key and the
+ * file; bf16 is the default. */
 static void test_config_errors(void) {
     static const struct {
         const char *yaml, *want;
@@ -66,7 +67,6 @@ static void test_config_errors(void) {
         {"lora: {rank: 4, base_dtype: nf8}\n", "lora.base_dtype"},
         {"lora: {base_dtype: nf4}\n", "lora.rank > 0"},
         {"lora: {rank: 4, base_dtype: nf4}\nprecision: {matmul_dtype: e4m3}\n", "precision.matmul_dtype bf16"},
-        {"lora: {rank: 4, base_dtype: nf4}\ndevice: cpu\n", "got cpu"},
     };
     static qt_config c;
     char err[1024];
@@ -85,30 +85,6 @@ static void test_config_errors(void) {
     QT_EXPECT(c.lora.base_nf4 == 1, "base_dtype nf4 parsed as %d", c.lora.base_nf4);
 }
 
-/* device: auto without a GPU: the NF4 base is refused naming the key (the CPU engine's base is fp32). */
-static void test_no_gpu_refused(void) {
-    if (qt_cuda_device_count() > 0) QT_SKIP("a CUDA device is visible");
-    static qt_config c;
-    char yaml[4096], err[1024];
-    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "cpu", "nf4", ""), err, sizeof err) == 0, "%s", err);
-    c.device = QT_DEVICE_AUTO;
-    qt_layout L;
-    qt_weight_src src;
-    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
-    qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
-    QT_EXPECT(!e && strstr(err, "lora.base_dtype: nf4") && strstr(err, "no CUDA device"), "engine %s: %s",
-              e ? e->ops->name : "none", err);
-    if (e) qt_engine_free(e);
-    qt_layout_free(&L);
-}
-
-/* The tensors an NF4 base quantizes: the blocks' q, k, v, o, gate, up and down. */
-static int nf4_matrix(const qt_tensor *t) {
-    qt_tensor_kind k = t->kind;
-    return t->layer >= 0 && (k == QT_T_Q || k == QT_T_K || k == QT_T_V || k == QT_T_O || k == QT_T_GATE || k == QT_T_UP ||
-                             k == QT_T_DOWN);
-}
-
 /* The block matrices of L: their elements, NF4 code bytes and double-quantized scale bytes (8-bit codes, an fp32
  * scale per 256 blocks and the offset), and the largest block's elements. */
 typedef struct {
@@ -119,7 +95,7 @@ static mats block_mats(const qt_layout *L) {
     size_t per_layer[64] = {0};
     for (int i = 0; i < L->n_tensors; i++) {
         const qt_tensor *t = &L->tensors[i];
-        if (!nf4_matrix(t)) continue;
+        if (!qt_lora_nf4_holds(t)) continue;
         m.numel += t->numel;
         m.codes += qt_nf4_code_bytes((long)t->numel);
         m.scales += qt_nf4_blocks((long)t->numel) + 4 * (1 + qt_nf4_blocks2((long)t->numel));
@@ -228,30 +204,12 @@ static void run_engine(qt_engine *e, int steps, float *loss, float *logits, floa
     free(in), free(tg);
 }
 
-/* w's block matrices (each on its own, from its bf16 rounding) through the CPU reference codec: NF4 with
- * double-quantized scales, dequantized; the other tensors as they are. */
-static void nf4_roundtrip_ref(const qt_layout *L, float *w) {
-    char err[256];
-    for (int i = 0; i < L->n_tensors; i++) {
-        const qt_tensor *t = &L->tensors[i];
-        if (!nf4_matrix(t)) continue;
-        long n = (long)t->numel, nb = qt_nf4_blocks(n);
-        uint16_t *x = malloc(n * 2);
-        uint8_t *codes = malloc(qt_nf4_code_bytes(n)), *qabs = malloc(nb);
-        float *absmax = malloc(nb * 4), *absmax2 = malloc(qt_nf4_blocks2(n) * 4), off;
-        for (long j = 0; j < n; j++) x[j] = qt_f32_to_bf16(w[t->offset + j]);
-        QT_CHECK(qt_nf4_quantize_ref(QT_DT_BF16, x, n, codes, absmax, t->name, err, sizeof err) == 0, "%s", err);
-        qt_nf4_double_quant_ref(absmax, nb, qabs, absmax2, &off);
-        qt_nf4_absmax_ref(absmax, qabs, absmax2, off, nb);
-        qt_nf4_dequant_ref(QT_DT_F32, w + t->offset, codes, absmax, n);
-        free(x), free(codes), free(qabs), free(absmax), free(absmax2);
-    }
-}
-
-/* The NF4 base against a bf16 base loaded (init.from, fp32 safetensors) with the weights nf4_roundtrip_ref makes
- * of the same init: the same bf16 weights in every matmul, so the same bits: 4 steps' losses, the logits and the
- * merged weights (the NF4 base's get()). Returns 1 when every bit agrees; prints the first difference. */
-static int nf4_equals_dequantized_bf16(const char *tag) {
+/* The NF4 base against a bf16 base loaded (init.from, fp32 safetensors) with the block matrices of the same init
+ * through the CPU reference codec (qt_nf4_roundtrip_ref, each on its own from its bf16 rounding): the same weights
+ * in every matmul, so the same bits: 4 steps' losses, the logits and the merged weights (the NF4 base's get()). On
+ * dev (QT_DEVICE_CUDA: the GPU's bf16 base and NF4 slots; QT_DEVICE_CPU: the fp32 engine). Returns 1 when every bit
+ * agrees; prints the first difference. */
+static int nf4_equals_dequantized_bf16(const char *tag, qt_device_kind dev) {
     write_data();
     enum { STEPS = 4 };
     static qt_config c[2];
@@ -264,13 +222,18 @@ static int nf4_equals_dequantized_bf16(const char *tag) {
     QT_CHECK(qt_model_layout(&c[0], &L[0], &src[0], err, sizeof err) == 0, "%s", err);
     float *ref = malloc(L[0].numel * 4);
     QT_CHECK(qt_weight_src_fill(&src[0], 0, L[0].numel, ref, err, sizeof err) == 0, "%s", err);
-    nf4_roundtrip_ref(&L[0], ref);
+    for (int i = 0; i < L[0].n_tensors; i++) {
+        const qt_tensor *t = &L[0].tensors[i];
+        if (qt_lora_nf4_holds(t))
+            QT_CHECK(qt_nf4_roundtrip_ref(ref + t->offset, (long)t->numel, t->name, err, sizeof err) == 0, "%s", err);
+    }
     snprintf(dir, sizeof dir, "%s/dequant_%s", g_dir, tag);
     QT_CHECK(qt_hf_export(dir, &L[0], ref, 0, err, sizeof err) == 0, "%s", err);
     snprintf(c[1].init.from, sizeof c[1].init.from, "%s", dir);
     QT_CHECK(qt_model_layout(&c[1], &L[1], &src[1], err, sizeof err) == 0, "%s", err);
     QT_CHECK(L[1].numel == L[0].numel, "layouts differ");
     long NV = (long)c[0].data.micro_batch * c[0].data.seq_len * L[0].cfg.vocab_size;
+    c[0].device = c[1].device = dev;
     for (int k = 0; k < 2; k++) {
         qt_engine *e = qt_engine_create(&L[k], &c[k], &src[k], err, sizeof err);
         QT_CHECK(e, "%s engine: %s", k ? "bf16" : "nf4", err);
@@ -296,9 +259,16 @@ static int nf4_equals_dequantized_bf16(const char *tag) {
     return same;
 }
 
+/* The CPU engine's NF4 base (its block matrices through the codec at load, held in fp32) trains the bits of the fp32
+ * base loaded with those weights. */
+static void test_cpu_equals_dequantized(void) {
+    QT_EXPECT(nf4_equals_dequantized_bf16("cpu", QT_DEVICE_CPU), "the CPU engine's NF4 base trains other bits than "
+              "the base of its dequantized weights");
+}
+
 static void test_gpu_equals_dequantized_bf16(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    QT_EXPECT(nf4_equals_dequantized_bf16("eq"), "the NF4 base trains other bits than the bf16 base of its dequantized "
+    QT_EXPECT(nf4_equals_dequantized_bf16("eq", QT_DEVICE_CUDA), "the NF4 base trains other bits than the bf16 base of its dequantized "
               "weights");
 }
 
@@ -307,7 +277,7 @@ static void test_gpu_mutant_stale_slot(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
     qt_t_hooks(NULL, QT_MUT_NF4_SLOT_STALE);
-    int same = nf4_equals_dequantized_bf16("mut");
+    int same = nf4_equals_dequantized_bf16("mut", QT_DEVICE_CUDA);
     qt_t_hooks(NULL, QT_MUT_NONE);
     QT_EXPECT(!same, "a stale NF4 slot trains the same bits: the comparison cannot fail");
 }
@@ -387,7 +357,7 @@ static void test_gpu_recompute_bitwise(void) {
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_qlora")) return 1;
     QT_RUN(test_config_errors);
-    QT_RUN(test_no_gpu_refused);
+    QT_RUN(test_cpu_equals_dequantized);
     QT_RUN(test_plan_rows);
     QT_RUN(test_plan_8b);
     QT_RUN(test_gpu_equals_dequantized_bf16);

@@ -448,9 +448,6 @@ static int cross_check(ctx *x) {
         return fail(x, at_of(x, "lora.base_dtype"), "lora.base_dtype", "nf4 feeds the block matmuls bf16 weights "
                     "dequantized per layer: expected precision.matmul_dtype bf16 with it, got %s",
                     qt_dtype_name(c->precision.matmul_dtype));
-    if (c->lora.base_nf4 && c->device == QT_DEVICE_CPU)
-        return fail(x, at_of(x, "lora.base_dtype"), "lora.base_dtype", "nf4 holds the base on the GPU: expected device "
-                    "cuda or auto with it, got cpu (the CPU engine's base is fp32: set bf16)");
     if (c->objective == QT_OBJ_DPO && c->data.micro_batch % 2)
         return fail(x, at_of(x, "data.micro_batch"), "data.micro_batch", "expected an even count with objective: dpo "
                     "(a micro-batch holds pairs: the chosen and the rejected sequence of micro_batch / 2 pairs), got %d",

@@ -297,12 +297,13 @@ static const qt_config_key keys[] = {
       "what the export writes with lora.rank > 0: adapter = PEFT's adapter_model.safetensors + adapter_config.json "
       "(peft.PeftModel.from_pretrained loads them over the base), merged = the merged model (base + scale B A) as "
       "model.safetensors + config.json in export.dtype; `qtrain run.yaml --export merged` sets it"),
-    E("lora.base_dtype", lora.base_nf4, lora_base_names, "bf16", "GPU", 0,
-      "how the GPU holds the frozen base: bf16, or nf4 (QLoRA): the blocks' q, k, v, o, gate, up and down matrices "
+    E("lora.base_dtype", lora.base_nf4, lora_base_names, "bf16", "all", 0,
+      "how the frozen base is held: bf16, or nf4 (QLoRA): the blocks' q, k, v, o, gate, up and down matrices "
       "quantized once at load to 4-bit NormalFloat with double-quantized block scales (bitsandbytes' layout, about "
       "4.13 bits per weight), each layer's dequantized into a bf16 slot before its forward and its backward; the "
       "embeddings, norms and LM head stay bf16. Checkpoints record the weights as read, so a resume finds the same "
-      "base; the merged export writes the dequantized weights. Needs lora.rank > 0, a GPU and bf16 matmuls"),
+      "base; the merged export writes the dequantized weights. Needs lora.rank > 0 and bf16 matmuls. The CPU engine "
+      "computes with the same dequantized values in fp32"),
 
     E("objective", objective, objective_names, "lm", "all", 0,
       "the loss: lm = next-token cross-entropy over the unmasked targets; dpo = sigmoid DPO over preference pairs "

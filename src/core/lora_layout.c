@@ -117,6 +117,11 @@ int qt_lora_trains(const qt_tensor *t, int trainable) {
     }
 }
 
+int qt_lora_nf4_holds(const qt_tensor *t) {
+    return t->layer >= 0 && (t->kind == QT_T_Q || t->kind == QT_T_K || t->kind == QT_T_V || t->kind == QT_T_O ||
+                             t->kind == QT_T_GATE || t->kind == QT_T_UP || t->kind == QT_T_DOWN);
+}
+
 /* The base offset of the fused matrix module md adds into, in layer l. */
 static size_t site_matrix(const qt_layout *L, int l, qt_lora_site s) {
     const qt_layer_offsets *o = &L->layers[l];

@@ -5,7 +5,8 @@
  * only; with lora.trainable also the base tensors it names (the model then writes their gradients, and only
  * theirs, into base-sized gradient and moment arrays whose other pages are never touched). Checkpoints hold the adapters, the trained base tensors, their m and v, the step
  * the dropout masks continue from and the base's identity (its source and a CRC-32C of its fp32 bytes as
- * loaded): a resume over another base is refused.
+ * loaded): a resume over another base is refused. With lora.base_dtype nf4 the block matrices are replaced at load
+ * by their NF4 round trip (nf4_base): the values a QLoRA base computes with, bitsandbytes' layout.
  * get_weights gives the merged model (base + scale B A), which the HF export writes; the engine's own
  * export is PEFT's adapter files. With objective: dpo a micro-step is qt_dpo_cpu_step: the reference log-probs
  * come from the same base with the adapters switched off, so the reference model costs one forward and no
@@ -23,6 +24,7 @@
 #include "qt_error.h"
 #include "qt_lora_ckpt.h"
 #include "qt_lora_cpu.h"
+#include "qt_nf4.h"
 #include "qt_optim.h"
 #include "qt_step_loss.h"
 
@@ -223,6 +225,22 @@ static const qt_engine_ops lora_ops = {
     .dpo_stats = lora_dpo_stats,
 };
 
+/* lora.base_dtype nf4: each block matrix of the base replaced by its NF4 round trip (qt_nf4_roundtrip_ref), the
+ * weights QLoRA computes with; the base stays an fp32 array (the CPU engine is the reference, not a memory saver). */
+static int nf4_base(lora_engine *c, char *err, size_t errlen) {
+    const qt_layout *L = c->base.L;
+    int n = 0;
+    for (int i = 0; i < L->n_tensors; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        if (!qt_lora_nf4_holds(t)) continue;
+        if (qt_nf4_roundtrip_ref(c->w + t->offset, (long)t->numel, t->name, err, errlen)) return -1;
+        n++;
+    }
+    printf("qtrain: lora.base_dtype nf4: the base's %d block matrices quantized to NF4 (double-quantized scales) and "
+           "held dequantized in fp32\n", n);
+    return 0;
+}
+
 /* The base tensors lora.trainable names, and their gradient and moment arrays. */
 static int extras_init(lora_engine *c, char *err, size_t errlen) {
     const qt_layout *L = c->base.L;
@@ -274,7 +292,7 @@ qt_engine *qt_engine_cpu_lora_create(const qt_layout *L, const qt_plan *plan, co
                                  qt_crc32c(0, c->w, L->numel * sizeof *c->w), L->numel);
     snprintf(c->id + c->id_key, sizeof c->id - c->id_key, " from %s", src->kind == QT_WSRC_HF ? src->path : "init");
     qt_lora_init(&c->A, c->a, plan->optimizer.seed);
-    if (extras_init(c, err, errlen)) {
+    if ((plan->lora.base_nf4 && nf4_base(c, err, errlen)) || extras_init(c, err, errlen)) {
         lora_free(&c->base);
         return NULL;
     }

@@ -22,11 +22,6 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         if (cfg->device == QT_DEVICE_AUTO)
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
         qt_plan_resolve(cfg, L, -1, &plan, err, errlen);
-        if (plan.lora.base_nf4) {
-            snprintf(err, errlen, "%s: lora.base_dtype: nf4 holds the base on the GPU and no CUDA device is visible (the "
-                     "CPU engine's base is fp32: set bf16)", cfg->path);
-            return NULL;
-        }
         if (plan.lora.rank > 0) return qt_engine_cpu_lora_create(L, &plan, src, err, errlen);
         return qt_engine_cpu_create(L, &plan, src, err, errlen);
     }

@@ -69,11 +69,6 @@ typedef struct {
 
 static size_t up16(size_t x) { return (x + 15) & ~(size_t)15; }
 
-static int is_block_matrix(const qt_tensor *t) {
-    return t->layer >= 0 && (t->kind == QT_T_Q || t->kind == QT_T_K || t->kind == QT_T_V || t->kind == QT_T_O ||
-                             t->kind == QT_T_GATE || t->kind == QT_T_UP || t->kind == QT_T_DOWN);
-}
-
 static int by_offset(const void *a, const void *b) {
     size_t x = ((const nf4_mat *)a)->lo, y = ((const nf4_mat *)b)->lo;
     return x < y ? -1 : x > y;
@@ -242,7 +237,7 @@ static void build_tables(base_nf4 *s, const qt_layout *L) {
     QT_CHECK(s->mat && s->reg && s->first, "out of host memory");
     for (int i = 0; i < L->n_tensors; i++) {
         const qt_tensor *t = &L->tensors[i];
-        if (is_block_matrix(t)) s->mat[s->nmat++] = (nf4_mat){.lo = t->offset, .rows = t->shape[0], .cols = t->shape[1], .layer = t->layer};
+        if (qt_lora_nf4_holds(t)) s->mat[s->nmat++] = (nf4_mat){.lo = t->offset, .rows = t->shape[0], .cols = t->shape[1], .layer = t->layer};
     }
     qsort(s->mat, s->nmat, sizeof *s->mat, by_offset);
     size_t pos = 0, slot = 0;

@@ -2,6 +2,7 @@
  * quantization of the block scales, dequantization. The reference for cuda/nf4.cu and for a CPU base
  * placement. Every fp32 step is one IEEE operation (ISO C: no FMA contraction), as in the kernels. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "qt_error.h"
 #include "qt_mutant.h"
@@ -80,6 +81,23 @@ void qt_nf4_absmax_ref(float *absmax, const uint8_t *qabsmax, const float *absma
         float a = DYN[qabsmax[b]] * absmax2[b / QT_NF4_BLOCK2];
         absmax[b] = a + offset;
     }
+}
+
+int qt_nf4_roundtrip_ref(float *w, long n, const char *what, char *err, size_t errlen) {
+    long nb = n > 0 ? qt_nf4_blocks(n) : 1, nb2 = n > 0 ? qt_nf4_blocks2(n) : 1;
+    uint16_t *x = malloc((n > 0 ? (size_t)n : 1) * sizeof *x);
+    uint8_t *codes = malloc((size_t)qt_nf4_code_bytes(n > 0 ? n : 1)), *qabs = malloc((size_t)nb);
+    float *absmax = malloc((size_t)nb * sizeof *absmax), *absmax2 = malloc((size_t)nb2 * sizeof *absmax2), offset;
+    QT_CHECK(x && codes && qabs && absmax && absmax2, "out of host memory for the NF4 state of %s", what);
+    for (long i = 0; i < n; i++) x[i] = qt_f32_to_bf16(w[i]);
+    int rc = qt_nf4_quantize_ref(QT_DT_BF16, x, n, codes, absmax, what, err, errlen);
+    if (!rc) {
+        qt_nf4_double_quant_ref(absmax, nb, qabs, absmax2, &offset);
+        qt_nf4_absmax_ref(absmax, qabs, absmax2, offset, nb);
+        qt_nf4_dequant_ref(QT_DT_F32, w, codes, absmax, n);
+    }
+    free(x), free(codes), free(qabs), free(absmax), free(absmax2);
+    return rc;
 }
 
 void qt_nf4_dequant_ref(qt_dtype ydt, void *y, const uint8_t *codes, const float *absmax, long n) {
