@@ -7,7 +7,8 @@
  * candidate's plan is made with qt_plan_run (no GPU, nothing allocated) and kept when it fits. A step's
  * predicted time (qt_plan_cost) is max(compute, pcie_micro) + QT_PLAN_OVERLAP_ALPHA x min(compute,
  * pcie_micro) + once; what each part charges and why the constants below have their values:
- * docs/memory.md ("memory.plan: auto"). */
+ * docs/memory.md ("memory.plan: auto"). A LoRA run (lora.rank > 0) keeps only the axes the GPU LoRA engine runs and
+ * is charged its own step (qt_plan_auto_lora_cost_parts). */
 #ifndef QT_PLAN_AUTO_H
 #define QT_PLAN_AUTO_H
 

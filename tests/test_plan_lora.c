@@ -89,6 +89,7 @@ static void test_fits(void) {
         {"Llama-3.1-8B QLoRA", LLAMA8B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", 24},
         {"Qwen2.5-7B LoRA (bf16 base)", QWEN7B, "lora: {rank: 16, alpha: 32}\n", 24},
         {"Llama-3.1-8B LoRA, fp8 forward", LLAMA8B, "lora: {rank: 16}\nprecision: {matmul_dtype: e4m3, grad_dtype: bf16}\n", 24},
+        {"Qwen2.5-7B QLoRA on 2 GPUs", QWEN7B, "lora: {rank: 16, base_dtype: nf4}\nparallel: {gpus: 2}\n", 12},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         static qt_config c;

@@ -16,8 +16,7 @@
 
 /* A layer's adapter bytes per token (cuda/lora.cu): the forward reads x (2 in) and adds into y's rows (4 out),
  * u [r] fp32 written and read (8 r); the backward's g reads dy (2 out) and writes g (4 r), dB reads dy and u
- * (2 out + 4 r), dA reads x and g (2 in + 4 r), dx reads g and adds into dx (4 in + 4 r). fwd_sites: the sites
- * (1 << qt_lora_site) whose forward runs once more (the recompute's, a DPO reference forward: all). */
+ * (2 out + 4 r), dA reads x and g (2 in + 4 r), dx reads g and adds into dx (4 in + 4 r). */
 typedef struct {
     double fwd[4], bwd; /* forward bytes per site, backward bytes of all sites */
 } adapter_bytes;
@@ -72,11 +71,12 @@ qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *c
         k.compute += ga * ((1 + dpo) * blocks + redo) * 3 / elem_bps;
     /* lora.base_dtype nf4: each block dequantized into its bf16 slot before its forward and its backward (the
      * forward's last two stay for the backward's first two): codes, scales read, bf16 written. On the base's own
-     * stream beside the previous block's ops, the micro-step's first one excepted: the rest costs
+     * stream beside the previous block's ops, each forward's first one excepted: the rest costs
      * QT_PLAN_OVERLAP_ALPHA of itself, as side copies do */
     if (cfg->lora.base_nf4 && nl >= 2) {
         double layer_s = blocks / nl * QT_PLAN_NF4_BYTES / (QT_PLAN_NF4_HBM_FRAC * pr->hbm_bps);
-        k.compute += ga * layer_s * (1 + QT_PLAN_OVERLAP_ALPHA * ((1 + dpo) * nl + nl - 3));
+        double fwds = 1 + dpo, all = fwds * nl + nl - 2;
+        k.compute += ga * layer_s * (fwds + QT_PLAN_OVERLAP_ALPHA * (all - fwds));
     }
     /* once per step: AdamW over the fp32 adapters (a, g, m, v read, a, m, v written, g zeroed), and with ranks the
      * gradients' sum through host memory, rank by rank: each rank's down and the sum up (4 B each way) */
