@@ -1,8 +1,8 @@
 /* test_plan_lora.c — memory.plan: auto for LoRA and QLoRA GPU runs (qt_plan_auto.h; no GPU needed: the planner is
  * pure calculation, the GPU's memory given as memory.gpu_limit_gib):
  *  - QLoRA (nf4 base) at Qwen2.5-7B and Llama-3.1-8B shapes plans under 12 / 16 / 24 GiB, a bf16 base at 7B under
- *    24 GiB; the chosen plan applied to the config is what qt_plan_run computes and nothing the GPU engine refuses;
- *    every candidate's bytes and prediction are its config's;
+ *    24 GiB, QLoRA on two GPUs; the chosen plan applied to the config is what qt_plan_run computes and nothing the
+ *    GPU engine refuses; every candidate's bytes and prediction are its config's; objective: dpo's are even;
  *  - the predicted step is LoRA's: forward + data-gradient backward of the frozen base, the adapters' bytes, the
  *    NF4 dequantizes (held to the formulas restated here);
  *  - when nothing fits, the refusal names the blocking key (and, over a bf16 base, the NF4 base's plan). */
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qt_act_store.h"
 #include "qt_engine.h"
+#include "qt_lora.h"
 #include "qt_planner.h"
 #include "qt_plan_auto.h"
 #include "qt_test.h"
