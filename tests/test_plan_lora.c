@@ -5,16 +5,23 @@
  *    GPU engine refuses; every candidate's bytes and prediction are its config's; objective: dpo's are even;
  *  - the predicted step is LoRA's: forward + data-gradient backward of the frozen base, the adapters' bytes, the
  *    NF4 dequantizes (held to the formulas restated here);
- *  - when nothing fits, the refusal names the blocking key (and, over a bf16 base, the NF4 base's plan). */
+ *  - when nothing fits, the refusal names the blocking key (and, over a bf16 base, the NF4 base's plan);
+ *  - GPU (skipped without one): a QLoRA model under a cap the config as given does not fit trains with auto's plan,
+ *    the device memory it takes within its plan and the margin auto holds back. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime.h>
+
+#include "qt_device.h"
 #include "qt_engine.h"
+#include "qt_error.h"
 #include "qt_lora.h"
 #include "qt_planner.h"
 #include "qt_plan_auto.h"
+#include "qt_rng.h"
 #include "qt_test.h"
 
 /* The default probe's shape with the test's own rates (an H100-like card). */
@@ -219,10 +226,79 @@ static void test_hints(void) {
     qt_layout_free(&L);
 }
 
+/* On the GPU: a small QLoRA model under memory.gpu_limit_gib halfway between the smallest candidate and the config as
+ * given: auto's plan is made, the engine built (its own check against the cap, with the attention workspace
+ * measured), two optimizer steps of random tokens train to finite losses, and the device memory taken from the free
+ * memory before the engine stays within the plan and QT_PLAN_GPU_MARGIN. */
+static void test_gpu_auto_runs(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    static qt_config c;
+    static qt_run_plan rp;
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    qt_layout L;
+    qt_weight_src src;
+    char err[4096];
+    const char *model = "model: {arch: llama, vocab_size: 8192, hidden_size: 1024, num_layers: 8, num_heads: 8, num_kv_heads: 4, "
+                        "intermediate_size: 2816, max_seq_len: 1024, tie_embeddings: false}\n";
+    const char *lora = "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n";
+    QT_REQUIRE(load(&c, model, lora, "", "", 80) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    int n = 0;
+    QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &PR, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0, "%s", err);
+    size_t least = rp.gpu_bytes;
+    for (int i = 0; i < n; i++) least = ch[i].gpu_bytes < least ? ch[i].gpu_bytes : least;
+    size_t given = rp.gpu_bytes;
+    double cap = (least + given) / 2.0 / 1073741824.0;
+    qt_layout_free(&L);
+    QT_REQUIRE(load(&c, model, lora, "", "", cap) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    qt_probe pr = qt_probe_get(NULL, 0); /* no free memory measured: the budget is the cap */
+    QT_REQUIRE(qt_plan_auto(&c, &pr, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    printf("  cap %.3f GiB (the config as given %.3f, the smallest candidate %.3f): plan %.3f GiB\n", cap,
+           given / 1073741824.0, least / 1073741824.0, rp.gpu_bytes / 1073741824.0);
+    QT_EXPECT(rp.gpu_bytes <= qt_mem_gib(cap), "auto's plan %.3f GiB is over the cap", rp.gpu_bytes / 1073741824.0);
+    QT_CUDA(cudaSetDevice(0));
+    QT_CUDA(cudaFree(0));
+    size_t free0, free1, total;
+    QT_CUDA(cudaMemGetInfo(&free0, &total));
+    qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
+    QT_REQUIRE(e, "%s", err);
+    long N = (long)c.data.micro_batch * c.data.seq_len;
+    int32_t *in = malloc(N * sizeof *in), *tg = malloc(N * sizeof *tg);
+    QT_REQUIRE(in && tg, "out of host memory");
+    qt_rng r;
+    qt_rng_seed(&r, 3);
+    for (int s = 0; s < 2; s++) {
+        for (int k = 0; k < c.data.grad_accum; k++) {
+            for (long i = 0; i < N; i++) in[i] = (int32_t)qt_rng_below(&r, 8192), tg[i] = (int32_t)qt_rng_below(&r, 8192);
+            QT_REQUIRE(qt_engine_micro_step(e, in, tg, qt_loss_scale(c.data.grad_accum, 1, N * c.data.grad_accum), err,
+                                            sizeof err) == 0, "%s", err);
+        }
+        float loss, gn;
+        QT_REQUIRE(qt_engine_opt_step(e, 1e-3f, s + 1, &loss, &gn, err, sizeof err) == 0, "%s", err);
+        printf("  step %d: loss %.4f, gradient norm %.4g\n", s + 1, loss, gn);
+        QT_EXPECT(isfinite(loss) && isfinite(gn), "step %d: loss %g, norm %g", s + 1, loss, gn);
+    }
+    QT_CUDA(cudaDeviceSynchronize());
+    QT_CUDA(cudaMemGetInfo(&free1, &total));
+    printf("  device memory taken %.3f GiB, plan %.3f GiB, cap %.3f GiB\n", (double)(free0 - free1) / 1073741824.0,
+           rp.gpu_bytes / 1073741824.0, cap);
+    /* the plan counts what the engine allocates; QT_PLAN_GPU_MARGIN holds what it does not (library modules loaded
+     * with the first calls, small allocations), as a run's budget does */
+    QT_EXPECT(free0 - free1 <= rp.gpu_bytes + QT_PLAN_GPU_MARGIN, "the run took %.3f GiB, over its plan of %.3f GiB + "
+              "the margin", (double)(free0 - free1) / 1073741824.0, rp.gpu_bytes / 1073741824.0);
+    qt_engine_free(e);
+    free(in), free(tg);
+    qt_layout_free(&L);
+}
+
 int main(void) {
     QT_RUN(test_fits);
     QT_RUN(test_cost);
     QT_RUN(test_dpo_pairs);
     QT_RUN(test_hints);
+    QT_RUN(test_gpu_auto_runs);
     return qt_test_end();
 }
