@@ -7,7 +7,8 @@
  * candidate's plan is made with qt_plan_run (no GPU, nothing allocated) and kept when it fits. A step's
  * predicted time (qt_plan_cost) is max(compute, pcie_micro) + QT_PLAN_OVERLAP_ALPHA x min(compute,
  * pcie_micro) + once; what each part charges and why the constants below have their values:
- * docs/memory.md ("memory.plan: auto"). */
+ * docs/memory.md ("memory.plan: auto"). A LoRA run (lora.rank > 0) keeps only the axes the GPU LoRA engine runs and
+ * is charged its own step (qt_plan_auto_lora_cost_parts). */
 #ifndef QT_PLAN_AUTO_H
 #define QT_PLAN_AUTO_H
 
@@ -111,6 +112,19 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
 /* The block matmul weights (Wqkv, Wo, the three FFN matrices of every layer): what
  * memory.fp8_weight_cache none quantizes again per pass. */
 double qt_plan_auto_block_params(const qt_model_cfg *c);
+/* The elementwise passes' bytes per token of cfg (norms, SwiGLU, RoPE, residual adds, fp8 quantizes, what the
+ * recompute re-reads), and the rate they run at: min(pr->hbm_bps, QT_PLAN_ELEM_BPS). */
+double qt_plan_auto_elem_bytes(const qt_layout *L, const qt_config *cfg);
+double qt_plan_auto_elem_bps(const qt_probe *pr);
+/* NF4 dequantize (lora.base_dtype nf4): bytes per block weight (0.5 code + 1/64 scale code read, 2 bf16 written) and
+ * its rate as a fraction of the probed copy rate: nf4_bench on the H200 dequantizes at 2.75-3.39 TB/s, 80-86% of its
+ * copy ceiling, where the probe measures 4.1 TB/s (bench/RESULTS.md section 15). */
+#define QT_PLAN_NF4_BYTES (2.5 + 1.0 / 64)
+#define QT_PLAN_NF4_HBM_FRAC 0.75
+/* The step of a LoRA run (cfg->lora.rank > 0; qt_plan_auto_cost_parts hands it on): the frozen base's forward and
+ * data-gradient backward, no weight gradient or optimizer over it, the adapters' passes, an NF4 base's dequantizes,
+ * AdamW over the adapters and, with ranks, their gradient sum through host memory (src/engine/plan_lora.c). */
+qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 /* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
 const char *qt_plan_auto_describe(const qt_plan_choice *c);
 /* When no plan fits cfg (qt_plan_auto_enumerate's -1 with *n 0): appends to err the constraints that block
@@ -118,7 +132,8 @@ const char *qt_plan_auto_describe(const qt_plan_choice *c);
  * as `--set KEY=auto` does (the value kept, the key no longer given) — with its GPU and host GiB and
  * predicted tokens/s; where no single one frees
  * a plan, the fewest of them that together do (dropped all at once, then each kept again while a plan
- * still fits), else that none of them does. Every line is a real search (src/engine/plan_hint.c);
+ * still fits), else that none of them does; with LoRA over a bf16 base also the plan with lora.base_dtype nf4 (the
+ * keys kept, bf16 matmuls). Every line is a real search (src/engine/plan_hint.c);
  * buf[QT_PLAN_AUTO_MAX] is scratch. */
 void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *buf, char *err,
                         size_t errlen);

@@ -199,5 +199,39 @@ def test_auto_default(tmp):
         assert "micro-batch 8 x 1024, grad_accum 64" in r.stdout, f"{extra}: {r.stdout[:600]}"
 
 
+PREDICTED = re.compile(r"^  GPU per device +(\d+\.\d) MiB .*\n.*\n  predicted on .*: (\d+) tokens/s", re.M)
+
+
+def test_plan_lora(tmp):
+    """memory.plan: auto plans LoRA runs: QLoRA (an NF4 base) over the shipped 7B config at 12 / 16 / 24 GiB and a bf16
+    base at 24 GiB: `--plan` exits 0 with a chosen plan under the budget, and the plan it then prints (the run's
+    rows, the cost model's step) is that plan: its GPU GiB and predicted tokens/s. A bf16 base at 12 GiB fits no plan:
+    exit 3, the hint names lora.base_dtype, and a `--plan` with the hint's --set prints the hint's plan."""
+    if cpu_only_build():
+        raise Skip("the CPU-only build plans no GPU run")
+    cfg, lora = "configs/qwen2.5-7b-bf16.yaml", ("--set", "lora.rank=16", "--set", "lora.alpha=32")
+    nf4 = ("--set", "lora.base_dtype=nf4")
+    for extra, gib in ((nf4, "12"), (nf4, "16"), (nf4, "24"), ((), "24")):
+        r = qtrain("--plan", cfg, *lora, *extra, "--gpu-mem", gib, "--host-mem", "64")
+        assert r.returncode == 0, f"{extra} at {gib} GiB: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-1500:]}"
+        assert re.search(r"^qtrain: memory.plan: auto: \d+ plans fit for LoRA rank 16 over a frozen (nf4|bf16) base", r.stdout,
+                         re.M), r.stdout[:1500]
+        m, p = CHOSEN.search(r.stdout), PREDICTED.search(r.stdout)
+        assert m and p, r.stdout[-3000:]
+        assert float(m.group(2)) <= float(gib), f"{extra} at {gib} GiB: the chosen plan needs {m.group(2)} GiB"
+        assert f"{float(p.group(1)) / 1024:.2f}" == m.group(2) and p.group(2) == m.group(4), \
+            f"{extra} at {gib} GiB: chosen {m.group(2)} GiB, {m.group(4)} tokens/s; --plan printed {p.group(1)} MiB, " \
+            f"{p.group(2)} tokens/s"
+    r = qtrain("--plan", cfg, *lora, "--gpu-mem", "12", "--host-mem", "64")
+    assert r.returncode == 3, f"bf16 base at 12 GiB: exit {r.returncode}\n{r.stderr[-1500:]}"
+    h = re.search(r"^  lora.base_dtype: bf16 blocks it; with((?: --set \S+)+): (\d+\.\d\d) GiB GPU, (\d+\.\d) GiB host, "
+                  r"(\d+) tokens/s predicted", r.stderr, re.M)
+    assert h, r.stderr
+    r2 = qtrain("--plan", cfg, *lora, *h.group(1).split(), "--gpu-mem", "12", "--host-mem", "64")
+    m = CHOSEN.search(r2.stdout)
+    assert r2.returncode == 0 and m and (m.group(2), m.group(3), m.group(4)) == h.group(2, 3, 4), \
+        f"the hint {h.group(0)}\n--plan with{h.group(1)}: {r2.stdout[:1500]}"
+
+
 if __name__ == "__main__":
     sys.exit(run_tests(globals()))

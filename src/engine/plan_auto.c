@@ -245,19 +245,10 @@ double qt_plan_auto_block_params(const qt_model_cfg *c) {
     return (double)c->num_layers * (C * QKV + HD * C + 3 * C * (double)c->intermediate_size);
 }
 
-qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr) {
+double qt_plan_auto_elem_bytes(const qt_layout *L, const qt_config *cfg) {
     const qt_model_cfg *c = &L->cfg;
-    double T = cfg->data.seq_len, n = (double)cfg->data.micro_batch * T, tok = n * cfg->data.grad_accum;
-    double C = c->hidden_size, F = c->intermediate_size, HD = (double)c->num_heads * c->head_dim;
-    double QKV = HD + 2.0 * c->num_kv_heads * c->head_dim, nl = c->num_layers, V = c->vocab_size;
+    double C = c->hidden_size, F = c->intermediate_size, nl = c->num_layers;
     int rc = qt_act_recompute_resolve(cfg->memory.recompute);
-    double lm = 6 * V * C, blocks = qt_model_flops_per_token(c, cfg->data.seq_len) - lm;
-    double redo = nl * ((rc & QT_RC_QKV ? 2 * C * QKV : 0) + (rc & QT_RC_ATT ? 2 * T * HD : 0) +
-                        (rc & QT_RC_BLOCK ? 2 * HD * C : 0) + (rc & QT_RC_FFN ? 4 * C * F : 0));
-    double rate = cfg->precision.matmul_dtype == QT_DT_E4M3 ? pr->fp8_flops : pr->bf16_flops;
-    double eff = n / (n + 512); /* small micro-batches: smaller, less efficient matmuls */
-    qt_plan_cost k = {0};
-    k.compute = tok * ((blocks + redo) / rate + lm / pr->bf16_flops) / eff;
     /* the recompute's elementwise passes, bytes per token: RMSNorm reads and writes [C] bf16 per norm; the
      * SwiGLU backward, which reads gate|up anyway, also writes h (2F) for down's wgrad. An fp8 backward
      * (block_run) rebuilds ln1 / ln2 only as the input of a recomputed qkv / gate|up (norm listed or not),
@@ -276,8 +267,27 @@ qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, c
     /* post-norms (Gemma's sandwich): two more norms per layer, bf16 [C] passes: each forward reads and writes (2),
      * each backward zeroes dx, reads dy and x, writes dx (4); recompute block runs the attention one again (2) */
     if (L->layers[0].post_attn != SIZE_MAX) elem += nl * C * 2 * (12 + (rc & QT_RC_BLOCK ? 2 : 0));
-    double elem_bps = pr->hbm_bps < QT_PLAN_ELEM_BPS ? pr->hbm_bps : QT_PLAN_ELEM_BPS;
-    k.compute += tok * elem / elem_bps;
+    return elem;
+}
+
+double qt_plan_auto_elem_bps(const qt_probe *pr) { return pr->hbm_bps < QT_PLAN_ELEM_BPS ? pr->hbm_bps : QT_PLAN_ELEM_BPS; }
+
+qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr) {
+    if (cfg->lora.rank > 0) return qt_plan_auto_lora_cost_parts(L, cfg, pr); /* a frozen base: its own step */
+    const qt_model_cfg *c = &L->cfg;
+    double T = cfg->data.seq_len, n = (double)cfg->data.micro_batch * T, tok = n * cfg->data.grad_accum;
+    double C = c->hidden_size, F = c->intermediate_size, HD = (double)c->num_heads * c->head_dim;
+    double QKV = HD + 2.0 * c->num_kv_heads * c->head_dim, nl = c->num_layers, V = c->vocab_size;
+    int rc = qt_act_recompute_resolve(cfg->memory.recompute);
+    double lm = 6 * V * C, blocks = qt_model_flops_per_token(c, cfg->data.seq_len) - lm;
+    double redo = nl * ((rc & QT_RC_QKV ? 2 * C * QKV : 0) + (rc & QT_RC_ATT ? 2 * T * HD : 0) +
+                        (rc & QT_RC_BLOCK ? 2 * HD * C : 0) + (rc & QT_RC_FFN ? 4 * C * F : 0));
+    double rate = cfg->precision.matmul_dtype == QT_DT_E4M3 ? pr->fp8_flops : pr->bf16_flops;
+    double eff = n / (n + 512); /* small micro-batches: smaller, less efficient matmuls */
+    qt_plan_cost k = {0};
+    k.compute = tok * ((blocks + redo) / rate + lm / pr->bf16_flops) / eff;
+    double elem_bps = qt_plan_auto_elem_bps(pr);
+    k.compute += tok * qt_plan_auto_elem_bytes(L, cfg) / elem_bps;
     if (cfg->memory.offload & QT_OFF_OPTIMIZER) {
         int off = qt_config_opt_offload_mask(cfg); /* the offloaded arrays of master, m, v */
         double es = (off & QT_OFF_MASTER && cfg->precision.master_dtype != QT_DT_BF16 ? 4 : 0) +
@@ -370,6 +380,20 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
     qt_config_set_offload(cfg, QT_OFF_RESIDUAL, c->offload_residual);
 }
 
+/* LoRA on the GPU (qt_engine_gpu_refusal): nothing offloaded, the adapters' state replicated over ranks (ZeRO 0 or
+ * 1: the same bytes), a run without CUDA graphs; a frozen base has no master weights or gradients. Those axes keep
+ * the config's values; the micro-batch, recompute, chunks and the fp8 weight cache stay axes. objective: dpo takes
+ * micro-batches of pairs (even). */
+static void lora_axes(plan_axis *ax, const qt_config *cfg) {
+    static const int fixed[] = {AX_OFF, AX_ORES, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_CG};
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) ax[fixed[i]].n = 1, ax[fixed[i]].v[0] = ax[fixed[i]].get(cfg);
+    int k = 0;
+    for (int i = 0; i < ax[AX_MB].n; i++)
+        if (cfg->objective != QT_OBJ_DPO || ax[AX_MB].v[i] % 2 == 0) ax[AX_MB].v[k++] = ax[AX_MB].v[i];
+    if (!k) ax[AX_MB].v[k++] = cfg->data.micro_batch; /* no even one keeps the step: the config's (the run says why) */
+    ax[AX_MB].n = k;
+}
+
 static int by_speed(const void *a, const void *b) {
     double x = ((const qt_plan_choice *)a)->tokens_per_s, y = ((const qt_plan_choice *)b)->tokens_per_s;
     if (x != y) return x < y ? 1 : -1;
@@ -389,6 +413,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
     if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
     if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
+    if (cfg->lora.rank > 0) lora_axes(ax, cfg);
     int several = rp.ranks > 1; /* offloaded weights: one GPU or ZeRO-3; gradients: one GPU or ZeRO-2/3 */
     for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
         QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
@@ -513,10 +538,6 @@ static void print_choice(const char *tag, const qt_plan_choice *c, const qt_conf
 
 int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
     if (!cfg->memory.plan) return 0;
-    if (cfg->lora.rank > 0) { /* the search's costs are full fine-tuning's */
-        printf("qtrain: memory.plan: auto does not plan LoRA runs yet: the memory keys as given\n");
-        return 0;
-    }
     const char *no = qt_engine_gpu_refusal(cfg); /* before a plan for what the GPU engines cannot run is searched */
     if (no) return qt_errf(err, errlen, "%s: %s", cfg->path, no);
     qt_layout L;
@@ -529,8 +550,11 @@ int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
     if (rc && n == 0) qt_plan_auto_hints(&L, cfg, pr, ch, err, errlen); /* none fits: which constraint blocks */
     qt_layout_free(&L);
     if (rc) return -1;
-    printf("qtrain: memory.plan: auto: %d plans fit (rates: %s, bf16 %.0f TFLOP/s, PCIe %.0f GB/s); the config's keys "
-           "are kept as constraints\n", n, pr->gpu, pr->bf16_flops * 1e-12, pr->pcie_bps * 1e-9);
+    char lora[96] = "";
+    if (cfg->lora.rank > 0)
+        snprintf(lora, sizeof lora, " for LoRA rank %d over a frozen %s base", cfg->lora.rank, cfg->lora.base_nf4 ? "nf4" : "bf16");
+    printf("qtrain: memory.plan: auto: %d plans fit%s (rates: %s, bf16 %.0f TFLOP/s, PCIe %.0f GB/s); the config's keys "
+           "are kept as constraints\n", n, lora, pr->gpu, pr->bf16_flops * 1e-12, pr->pcie_bps * 1e-9);
     for (int i = 0; i < n && i < 3; i++) print_choice(i ? "next" : "chosen", &ch[i], cfg);
     if (qt_plan_auto_lossy_worth(&ch[0], &lossy)) { /* say what the numerics cost, where they cost much */
         printf("         NOTE: bf16 %s would predict %.0f tokens/s (%+.0f%%) with %s; auto keeps fp32 ones while a plan "

@@ -1,9 +1,11 @@
 /* plan_hint.c — when memory.plan: auto finds no plan: which of the config's constraints blocks it, and the
- * plan each one's drop gives, every hint a real search (qt_plan_auto.h, qt_plan_auto_hints). */
+ * plan each one's drop gives (with LoRA over a bf16 base also the NF4 base's), every hint a real search
+ * (qt_plan_auto.h, qt_plan_auto_hints). */
 #include <stdio.h>
 #include <string.h>
 
 #include "qt_config.h"
+#include "qt_dtype.h"
 #include "qt_plan_auto.h"
 
 #define MAX_CONSTRAINTS 16
@@ -53,6 +55,25 @@ static void append(char *err, size_t errlen, const char *what, const char *sets,
              b->gpu_bytes / 1073741824.0, b->host_bytes / 1073741824.0, b->tokens_per_s, qt_plan_auto_describe(b));
 }
 
+/* LoRA over a bf16 base: the plan with the base's block matrices in NF4 (QLoRA; bf16 matmuls, which it needs), the
+ * config's keys kept. Appends its line and returns 1 when one fits. A hint, not a plan axis: NF4 changes the base
+ * the adapters train over. */
+static int nf4_hint(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *buf, char *err,
+                    size_t errlen) {
+    if (cfg->lora.rank <= 0 || cfg->lora.base_nf4) return 0;
+    static qt_config c;
+    c = *cfg;
+    c.lora.base_nf4 = 1;
+    c.precision.matmul_dtype = QT_DT_BF16;
+    char e[1024];
+    int n = 0;
+    if (qt_plan_auto_enumerate(L, &c, pr, buf, QT_PLAN_AUTO_MAX, &n, NULL, e, sizeof e) || n < 1) return 0;
+    int fp8 = cfg->precision.matmul_dtype != QT_DT_BF16;
+    append(err, errlen, "lora.base_dtype: bf16 blocks it",
+           fp8 ? " --set lora.base_dtype=nf4 --set precision.matmul_dtype=bf16" : " --set lora.base_dtype=nf4", &buf[0]);
+    return 1;
+}
+
 void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *buf, char *err,
                         size_t errlen) {
     const char *keys[MAX_CONSTRAINTS + 1] = {0};
@@ -68,6 +89,7 @@ void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe
         append(err, errlen, what, sets, &b);
         found++;
     }
+    found += nf4_hint(L, cfg, pr, buf, err, errlen);
     if (found) return;
     unsigned all = (1u << n) - 1, need = all;
     if (!n || !search(L, cfg, keys, all, pr, buf, &b)) {

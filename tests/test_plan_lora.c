@@ -1,0 +1,304 @@
+/* test_plan_lora.c — memory.plan: auto for LoRA and QLoRA GPU runs (qt_plan_auto.h; no GPU needed: the planner is
+ * pure calculation, the GPU's memory given as memory.gpu_limit_gib):
+ *  - QLoRA (nf4 base) at Qwen2.5-7B and Llama-3.1-8B shapes plans under 12 / 16 / 24 GiB, a bf16 base at 7B under
+ *    24 GiB, QLoRA on two GPUs; the chosen plan applied to the config is what qt_plan_run computes and nothing the
+ *    GPU engine refuses; every candidate's bytes and prediction are its config's; objective: dpo's are even;
+ *  - the predicted step is LoRA's: forward + data-gradient backward of the frozen base, the adapters' bytes, the
+ *    NF4 dequantizes (held to the formulas restated here);
+ *  - when nothing fits, the refusal names the blocking key (and, over a bf16 base, the NF4 base's plan);
+ *  - GPU (skipped without one): a QLoRA model under a cap the config as given does not fit trains with auto's plan,
+ *    the device memory it takes within its plan and the margin auto holds back. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "qt_device.h"
+#include "qt_engine.h"
+#include "qt_error.h"
+#include "qt_lora.h"
+#include "qt_planner.h"
+#include "qt_plan_auto.h"
+#include "qt_rng.h"
+#include "qt_test.h"
+
+/* The default probe's shape with the test's own rates (an H100-like card). */
+static const qt_probe PR = {"test", 660e12, 1254e12, 2.6e12, 50e9, (size_t)80 << 30, 0};
+
+#define QWEN7B                                                                                                       \
+    "model: {arch: qwen2, vocab_size: 152064, hidden_size: 3584, num_layers: 28, num_heads: 28, num_kv_heads: 4, "   \
+    "intermediate_size: 18944, max_seq_len: 4096, qkv_bias: true, tie_embeddings: false}\n"
+#define LLAMA8B                                                                                                      \
+    "model: {arch: llama, vocab_size: 128256, hidden_size: 4096, num_layers: 32, num_heads: 32, num_kv_heads: 8, "   \
+    "intermediate_size: 14336, max_seq_len: 8192, tie_embeddings: false}\n"
+/* model, then extra (lora:, precision:, objective:) with data: and memory: the test's, data_keys and mem_keys added to
+ * them (", micro_batch: 16"). */
+static int load(qt_config *c, const char *model, const char *extra, const char *data_keys, const char *mem_keys, double gib) {
+    char text[4096], err[1024];
+    snprintf(text, sizeof text,
+             "%sdata: {train: 'none_*.bin', seq_len: 1024, grad_accum: 64%s}\ndevice: cuda\n"
+             "memory: {host_limit_gib: 256, gpu_limit_gib: %g%s}\n%s", model, data_keys, gib, mem_keys, extra);
+    int rc = qt_config_load_string(c, text, "test_plan_lora.yaml", NULL, 0, err, sizeof err);
+    if (rc) printf("  config: %s\n", err);
+    return rc;
+}
+
+/* cfg with choice x applied. */
+static qt_config applied(const qt_config *cfg, const qt_plan_choice *x) {
+    qt_config c = *cfg;
+    qt_plan_auto_apply(&c, x);
+    return c;
+}
+
+/* Every candidate of cfg: its bytes are qt_plan_run's of its config, its prediction qt_plan_auto_cost's, and the GPU
+ * engine runs it (qt_engine_gpu_refusal); the step's sequences kept. Returns the count (0: none fits). */
+static int check_candidates(const qt_layout *L, const qt_config *cfg, const char *what) {
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    static qt_run_plan rp;
+    char err[2048];
+    int n = 0, seqs = cfg->data.micro_batch * cfg->data.grad_accum;
+    if (qt_plan_auto_enumerate(L, cfg, &PR, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err)) {
+        printf("  %s: %s\n", what, err);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        qt_config c = applied(cfg, &ch[i]);
+        const char *no = qt_engine_gpu_refusal(&c);
+        QT_EXPECT(!no, "%s: candidate %d (%s) is refused: %s", what, i, qt_plan_auto_describe(&ch[i]), no);
+        QT_EXPECT(qt_plan_run(L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(rp.gpu_bytes == ch[i].gpu_bytes && rp.host_bytes == ch[i].host_bytes,
+                  "%s: candidate %d: %zu / %zu bytes, qt_plan_run of its config %zu / %zu", what, i, ch[i].gpu_bytes,
+                  ch[i].host_bytes, rp.gpu_bytes, rp.host_bytes);
+        double s = qt_plan_auto_cost(L, &c, &PR);
+        QT_EXPECT(fabs(s - ch[i].step_s) <= 1e-12 * s, "%s: candidate %d predicted %g s, its config %g s", what, i,
+                  ch[i].step_s, s);
+        QT_EXPECT(ch[i].micro_batch * ch[i].grad_accum == seqs, "%s: %d x %d sequences, the config's %d", what,
+                  ch[i].micro_batch, ch[i].grad_accum, seqs);
+        if (qt_t_failed) break;
+    }
+    return n;
+}
+
+/* QLoRA at 7B / 8B shapes fits 12, 16 and 24 GiB and a bf16 base 24 GiB: qt_plan_auto changes the config into a plan
+ * that qt_plan_run puts within the cap, that the GPU engine runs, with the step's tokens kept. */
+static void test_fits(void) {
+    static const struct {
+        const char *name, *model, *lora;
+        double gib;
+    } cases[] = {
+        {"Qwen2.5-7B QLoRA", QWEN7B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", 12},
+        {"Qwen2.5-7B QLoRA", QWEN7B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", 16},
+        {"Qwen2.5-7B QLoRA", QWEN7B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", 24},
+        {"Llama-3.1-8B QLoRA", LLAMA8B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", 12},
+        {"Llama-3.1-8B QLoRA", LLAMA8B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", 16},
+        {"Llama-3.1-8B QLoRA", LLAMA8B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", 24},
+        {"Qwen2.5-7B LoRA (bf16 base)", QWEN7B, "lora: {rank: 16, alpha: 32}\n", 24},
+        {"Llama-3.1-8B LoRA, fp8 forward", LLAMA8B, "lora: {rank: 16}\nprecision: {matmul_dtype: e4m3, grad_dtype: bf16}\n", 24},
+        {"Qwen2.5-7B QLoRA on 2 GPUs", QWEN7B, "lora: {rank: 16, base_dtype: nf4}\nparallel: {gpus: 2}\n", 12},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        static qt_config c;
+        static qt_run_plan rp;
+        qt_layout L;
+        qt_weight_src src;
+        char err[4096], what[96];
+        snprintf(what, sizeof what, "%s at %g GiB", cases[k].name, cases[k].gib);
+        QT_REQUIRE(load(&c, cases[k].model, cases[k].lora, "", "", cases[k].gib) == 0, "%s", what);
+        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+        int seqs = c.data.micro_batch * c.data.grad_accum;
+        QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+        QT_EXPECT(rp.gpu_bytes > qt_mem_gib(cases[k].gib), "%s: the config as given fits (%.2f GiB): the case proves nothing",
+                  what, rp.gpu_bytes / 1073741824.0);
+        int n = check_candidates(&L, &c, what);
+        QT_EXPECT(n > 0, "%s: no candidate fits", what);
+        QT_EXPECT(qt_plan_auto(&c, &PR, err, sizeof err) == 0, "%s: %s", what, err);
+        QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+        const char *no = qt_engine_gpu_refusal(&c);
+        printf("  %s: %d plans; chosen micro_batch %d, recompute %d, lm chunks %d: %.2f GiB%s\n", what, n,
+               c.data.micro_batch, c.memory.recompute, c.memory.lmhead_chunks, rp.gpu_bytes / 1073741824.0,
+               no ? " (refused)" : "");
+        QT_EXPECT(rp.gpu_bytes <= qt_mem_gib(cases[k].gib), "%s: the chosen plan needs %.2f GiB", what,
+                  rp.gpu_bytes / 1073741824.0);
+        QT_EXPECT(!no, "%s: the chosen plan is refused: %s", what, no);
+        QT_EXPECT(c.data.micro_batch * c.data.grad_accum == seqs, "%s: the step's sequences changed", what);
+        qt_layout_free(&L);
+    }
+}
+
+/* A layer's adapter bytes per token for targets [q] only (in C, out H D): the forward reads x, adds into y, writes
+ * and reads u; the backward reads dy twice (g, dB), x (dA), adds into dx, and moves g and u (cuda/lora.cu). */
+static double q_adapter_bytes(const qt_model_cfg *m, int r) {
+    double in = m->hidden_size, out = (double)m->num_heads * m->head_dim;
+    return (2 * in + 4 * out + 8.0 * r) + (2 * out + 4.0 * r) + (2 * out + 4.0 * r) + (2 * in + 4.0 * r) + (4 * in + 4.0 * r);
+}
+
+/* The predicted step is LoRA's, not full fine-tuning's: restated from the step's parts for a bf16 base with q adapters
+ * (forward 2P, data gradients 2P, no weight gradients; the LM head 4VC; attention as full fine-tuning's), the NF4 base's
+ * dequantizes on top (2 x layers - 2 per micro-step, the first exposed, the rest beside the compute), and below full
+ * fine-tuning's step of the same config. */
+static void test_cost(void) {
+    static qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 8, targets: [q]}\n", ", micro_batch: 2", "", 24) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    const qt_model_cfg *m = &L.cfg;
+    double T = 1024, n = 2 * T, tok = n * c.data.grad_accum, nl = m->num_layers, V = m->vocab_size, C = m->hidden_size;
+    double P = qt_plan_auto_block_params(m), attn = qt_model_flops_per_token(m, 1024) - 6 * (P + V * C);
+    double mm = 2 * P + 2 * P + 4 * V * C + attn, eff = n / (n + 512);
+    double want = tok * mm / PR.bf16_flops / eff + tok * (qt_plan_auto_elem_bytes(&L, &c) + nl * q_adapter_bytes(m, 8)) / 2.6e12;
+    qt_plan_cost k = qt_plan_auto_cost_parts(&L, &c, &PR);
+    printf("  7B LoRA [q] r 8, mb 2: compute %.3f s, restated %.3f s\n", k.compute, want);
+    QT_EXPECT(fabs(k.compute - want) <= 1e-9 * want, "LoRA compute %.6f s, expected %.6f s", k.compute, want);
+    QT_EXPECT(k.pcie_micro == 0 && k.pcie_once_bytes == 0, "one GPU, nothing offloaded: PCIe charged");
+    qt_config nf = c;
+    nf.lora.base_nf4 = 1;
+    double layer_s = P / nl * (2.5 + 1.0 / 64) / (0.75 * PR.hbm_bps);
+    double dq = c.data.grad_accum * layer_s * (1 + QT_PLAN_OVERLAP_ALPHA * (2 * nl - 3));
+    double d = qt_plan_auto_cost_parts(&L, &nf, &PR).compute - k.compute;
+    printf("  NF4 base: +%.4f s per step (restated %.4f s)\n", d, dq);
+    QT_EXPECT(fabs(d - dq) <= 1e-9 * dq, "the NF4 dequantizes charged %.6f s, expected %.6f s", d, dq);
+    qt_config full = c;
+    full.lora.rank = 0;
+    double sl = qt_plan_auto_cost(&L, &c, &PR), sf = qt_plan_auto_cost(&L, &full, &PR);
+    printf("  step: LoRA %.2f s, full fine-tuning %.2f s (%.2fx)\n", sl, sf, sf / sl);
+    QT_EXPECT(sf / sl > 1.3 && sf / sl < 1.5, "LoRA's step %.3f s against full fine-tuning's %.3f s: expected 1.3-1.5x "
+              "faster (no weight gradients)", sl, sf);
+    /* two ranks: the adapters' gradient sum through host memory, each rank's down and the sum up */
+    qt_config two = c;
+    two.parallel.gpus = 2;
+    qt_lora_layout A;
+    QT_REQUIRE(qt_lora_layout_init(&A, &c.lora, m, err, sizeof err) == 0, "%s", err);
+    double bytes = qt_plan_auto_cost_parts(&L, &two, &PR).pcie_once_bytes;
+    QT_EXPECT(bytes == 2.0 * 2 * 4 * A.numel, "2 ranks: %.0f bytes over PCIe per step, expected %.0f", bytes,
+              16.0 * A.numel);
+    qt_lora_layout_free(&A);
+    qt_layout_free(&L);
+}
+
+/* objective: dpo takes micro-batches of pairs: every candidate's is even. */
+static void test_dpo_pairs(void) {
+    static qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16, base_dtype: nf4}\nobjective: dpo\n", "", "", 16) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    int n = 0;
+    QT_EXPECT(qt_plan_auto_enumerate(&L, &c, &PR, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0 && n > 0, "%s", err);
+    for (int i = 0; i < n; i++) QT_EXPECT(ch[i].micro_batch % 2 == 0, "DPO candidate %d: micro-batch %d", i, ch[i].micro_batch);
+    qt_layout_free(&L);
+}
+
+/* Nothing fits: the refusal names the key that blocks it (QLoRA 8B at 12 GiB with recompute [] and micro-batch 8
+ * given), and over a bf16 base the NF4 base's plan, which is what qt_plan_auto chooses for that config. */
+static void test_hints(void) {
+    static qt_config c;
+    char err[8192];
+    QT_REQUIRE(load(&c, LLAMA8B, "lora: {rank: 16, base_dtype: nf4}\n", ", micro_batch: 8", ", recompute: []", 12) == 0,
+               "config");
+    QT_EXPECT(qt_plan_auto(&c, &PR, err, sizeof err) == -1, "QLoRA 8B at 12 GiB, micro-batch 8, no recompute: a plan fits");
+    printf("  %s\n", err);
+    QT_EXPECT(strstr(err, "no plan fits") && strstr(err, "memory.recompute: [] blocks it; with --set memory.recompute=auto") &&
+                  strstr(err, "data.micro_batch: 8 blocks it; with --set data.micro_batch=auto"),
+              "the hints do not name memory.recompute and data.micro_batch: %s", err);
+    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16}\n", "", "", 12) == 0, "config");
+    QT_EXPECT(qt_plan_auto(&c, &PR, err, sizeof err) == -1, "7B LoRA over a bf16 base fits 12 GiB");
+    printf("  %s\n", err);
+    const char *h = strstr(err, "lora.base_dtype: bf16 blocks it; with --set lora.base_dtype=nf4: ");
+    QT_EXPECT(h, "no NF4 hint: %s", err);
+    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16, base_dtype: nf4}\n", "", "", 12) == 0, "config");
+    qt_layout L;
+    qt_weight_src src;
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err + 4096, 4096) == 0, "%s", err + 4096);
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    int n = 0;
+    QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &PR, ch, QT_PLAN_AUTO_MAX, &n, NULL, err + 4096, 4096) == 0, "%s", err + 4096);
+    char want[128];
+    snprintf(want, sizeof want, "nf4: %.2f GiB GPU, %.1f GiB host, %.0f tokens/s predicted (%s", ch[0].gpu_bytes / 1073741824.0,
+             ch[0].host_bytes / 1073741824.0, ch[0].tokens_per_s, qt_plan_auto_describe(&ch[0]));
+    QT_EXPECT(h && !strncmp(h + strlen("lora.base_dtype: bf16 blocks it; with --set lora.base_dtype="), want, strlen(want)),
+              "the NF4 hint is not the NF4 config's plan (%s)", want);
+    qt_layout_free(&L);
+}
+
+/* On the GPU: a small QLoRA model under memory.gpu_limit_gib halfway between the smallest candidate and the config as
+ * given: auto's plan is made, the engine built (its own check against the cap, with the attention workspace
+ * measured), two optimizer steps of random tokens train to finite losses, and the device memory taken from the free
+ * memory before the engine stays within the plan and QT_PLAN_GPU_MARGIN. */
+static void test_gpu_auto_runs(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    static qt_config c;
+    static qt_run_plan rp;
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    qt_layout L;
+    qt_weight_src src;
+    char err[4096];
+    const char *model = "model: {arch: llama, vocab_size: 8192, hidden_size: 1024, num_layers: 8, num_heads: 8, num_kv_heads: 4, "
+                        "intermediate_size: 2816, max_seq_len: 1024, tie_embeddings: false}\n";
+    const char *lora = "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n";
+    QT_REQUIRE(load(&c, model, lora, "", "", 80) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    int n = 0;
+    QT_REQUIRE(qt_plan_auto_enumerate(&L, &c, &PR, ch, QT_PLAN_AUTO_MAX, &n, NULL, err, sizeof err) == 0, "%s", err);
+    size_t least = rp.gpu_bytes;
+    for (int i = 0; i < n; i++) least = ch[i].gpu_bytes < least ? ch[i].gpu_bytes : least;
+    size_t given = rp.gpu_bytes;
+    double cap = (least + given) / 2.0 / 1073741824.0;
+    qt_layout_free(&L);
+    QT_REQUIRE(load(&c, model, lora, "", "", cap) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    qt_probe pr = qt_probe_get(NULL, 0); /* no free memory measured: the budget is the cap */
+    QT_REQUIRE(qt_plan_auto(&c, &pr, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, 1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    printf("  cap %.3f GiB (the config as given %.3f, the smallest candidate %.3f): plan %.3f GiB\n", cap,
+           given / 1073741824.0, least / 1073741824.0, rp.gpu_bytes / 1073741824.0);
+    QT_EXPECT(rp.gpu_bytes <= qt_mem_gib(cap), "auto's plan %.3f GiB is over the cap", rp.gpu_bytes / 1073741824.0);
+    QT_CUDA(cudaSetDevice(0));
+    QT_CUDA(cudaFree(0));
+    size_t free0, free1, total;
+    QT_CUDA(cudaMemGetInfo(&free0, &total));
+    qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
+    QT_REQUIRE(e, "%s", err);
+    long N = (long)c.data.micro_batch * c.data.seq_len;
+    int32_t *in = malloc(N * sizeof *in), *tg = malloc(N * sizeof *tg);
+    QT_REQUIRE(in && tg, "out of host memory");
+    qt_rng r;
+    qt_rng_seed(&r, 3);
+    for (int s = 0; s < 2; s++) {
+        for (int k = 0; k < c.data.grad_accum; k++) {
+            for (long i = 0; i < N; i++) in[i] = (int32_t)qt_rng_below(&r, 8192), tg[i] = (int32_t)qt_rng_below(&r, 8192);
+            QT_REQUIRE(qt_engine_micro_step(e, in, tg, qt_loss_scale(c.data.grad_accum, 1, N * c.data.grad_accum), err,
+                                            sizeof err) == 0, "%s", err);
+        }
+        float loss, gn;
+        QT_REQUIRE(qt_engine_opt_step(e, 1e-3f, s + 1, &loss, &gn, err, sizeof err) == 0, "%s", err);
+        printf("  step %d: loss %.4f, gradient norm %.4g\n", s + 1, loss, gn);
+        QT_EXPECT(isfinite(loss) && isfinite(gn), "step %d: loss %g, norm %g", s + 1, loss, gn);
+    }
+    QT_CUDA(cudaDeviceSynchronize());
+    QT_CUDA(cudaMemGetInfo(&free1, &total));
+    printf("  device memory taken %.3f GiB, plan %.3f GiB, cap %.3f GiB\n", (double)(free0 - free1) / 1073741824.0,
+           rp.gpu_bytes / 1073741824.0, cap);
+    /* the plan counts what the engine allocates; QT_PLAN_GPU_MARGIN holds what it does not (library modules loaded
+     * with the first calls, small allocations), as a run's budget does */
+    QT_EXPECT(free0 - free1 <= rp.gpu_bytes + QT_PLAN_GPU_MARGIN, "the run took %.3f GiB, over its plan of %.3f GiB + "
+              "the margin", (double)(free0 - free1) / 1073741824.0, rp.gpu_bytes / 1073741824.0);
+    qt_engine_free(e);
+    free(in), free(tg);
+    qt_layout_free(&L);
+}
+
+int main(void) {
+    QT_RUN(test_fits);
+    QT_RUN(test_cost);
+    QT_RUN(test_dpo_pairs);
+    QT_RUN(test_hints);
+    QT_RUN(test_gpu_auto_runs);
+    return qt_test_end();
+}
