@@ -205,6 +205,26 @@ def write_shard(path, tokens, vocab):
         f.write(head + bytes(64 - len(head)) + payload)
 
 
+def train_and_merge(name, rdir, mdir, seed, lines):
+    """qtrain trains adapters over the base in mdir (the config's other lines given) and writes PEFT's adapter files
+    (rdir/ckpt/export) and, resumed, the merged model (rdir/merged). Returns True, or prints the failure."""
+    os.makedirs(rdir)
+    shard = os.path.join(rdir, "train_0.bin")
+    write_shard(shard, list(np.random.default_rng(seed).integers(0, V, size=4000)), V)
+    cfg = os.path.join(rdir, "run.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"run:\n  dir: {rdir}\ninit:\n  from: {mdir}\n"
+                f"data:\n  train: '{shard}'\n  seq_len: 16\n  micro_batch: 2\n  grad_accum: 2\neval: {{every: 0}}\n{lines}")
+    for what, args in (("qtrain", [QTRAIN, cfg]),
+                       ("qtrain --export merged", [QTRAIN, "--resume", rdir, "--export", "merged", "--set",
+                                                   f"export.dir={rdir}/merged"])):
+        res = subprocess.run(args, capture_output=True, text=True)
+        if res.returncode != 0:
+            print(f"FAIL lora_peft_{name}: {what} exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+            return False
+    return True
+
+
 def check_export(kind, tmp, extras=(), dev="cpu"):
     """qtrain trains adapters, exports them; PEFT over the base gives qtrain's logits; the merged export too."""
     name = f"export_{kind}" + "".join(f"_{x}" for x in extras) + ("_cuda" if dev == "cuda" else "")
@@ -214,27 +234,13 @@ def check_export(kind, tmp, extras=(), dev="cpu"):
     if not os.path.exists(os.path.join(mdir, "config.json")):
         build_base(kind, mdir)
     rdir = os.path.join(tmp, name)
-    os.makedirs(rdir)
-    shard = os.path.join(rdir, "train_0.bin")
-    write_shard(shard, list(np.random.default_rng(11).integers(0, V, size=4000)), V)
-    cfg = os.path.join(rdir, "run.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"device: {dev}\nrun:\n  dir: {rdir}\ninit:\n  from: {mdir}\n"
-                f"data:\n  train: '{shard}'\n  seq_len: 16\n  micro_batch: 2\n  grad_accum: 2\n"
-                "optim: {lr: 0.01, warmup: 0, steps: 4, weight_decay: 0.1}\neval: {every: 0}\n"
-                "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, v, o, up, down], "
-                f"trainable: [{', '.join(extras)}]}}\n")
-    res = subprocess.run([QTRAIN, cfg], capture_output=True, text=True)
-    if res.returncode != 0:
-        print(f"FAIL lora_peft_{name}: qtrain exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+    if not train_and_merge(name, rdir, mdir, 11, f"device: {dev}\n"
+                           "optim: {lr: 0.01, warmup: 0, steps: 4, weight_decay: 0.1}\n"
+                           "lora: {rank: 4, alpha: 8, dropout: 0.1, targets: [q, v, o, up, down], "
+                           f"trainable: [{', '.join(extras)}]}}\n"):
         return False
     edir = os.path.join(rdir, "ckpt", "export")
     acfg = json.load(open(os.path.join(edir, "adapter_config.json")))
-    res = subprocess.run([QTRAIN, "--resume", rdir, "--export", "merged", "--set", f"export.dir={rdir}/merged"],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        print(f"FAIL lora_peft_{name}: qtrain --export merged exited {res.returncode}: {res.stderr.strip()[-2000:]}")
-        return False
     B, T = 2, 11
     win = np.random.default_rng(3).integers(0, V, size=(B, T + 1)).astype(np.int32)
     tok = os.path.join(tmp, "tokens_export.i32"); win.tofile(tok)
@@ -282,23 +288,8 @@ def check_qlora(kind, tmp):
         build_base(kind, mdir)
         load_base(mdir).to(torch.bfloat16).save_pretrained(mdir, safe_serialization=True)
     rdir = os.path.join(tmp, name)
-    os.makedirs(rdir)
-    shard = os.path.join(rdir, "train_0.bin")
-    write_shard(shard, list(np.random.default_rng(12).integers(0, V, size=4000)), V)
-    cfg = os.path.join(rdir, "run.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"device: cpu\nrun:\n  dir: {rdir}\ninit:\n  from: {mdir}\n"
-                f"data:\n  train: '{shard}'\n  seq_len: 16\n  micro_batch: 2\n  grad_accum: 2\n"
-                "optim: {lr: 0.01, warmup: 0, steps: 4}\neval: {every: 0}\nexport: {dtype: fp32}\n"
-                "lora: {rank: 4, alpha: 8, base_dtype: nf4}\n")
-    res = subprocess.run([QTRAIN, cfg], capture_output=True, text=True)
-    if res.returncode != 0:
-        print(f"FAIL lora_peft_{name}: qtrain exited {res.returncode}: {res.stderr.strip()[-2000:]}")
-        return False
-    res = subprocess.run([QTRAIN, "--resume", rdir, "--export", "merged", "--set", f"export.dir={rdir}/merged"],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        print(f"FAIL lora_peft_{name}: qtrain --export merged exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+    if not train_and_merge(name, rdir, mdir, 12, "device: cpu\noptim: {lr: 0.01, warmup: 0, steps: 4}\n"
+                           "export: {dtype: fp32}\nlora: {rank: 4, alpha: 8, base_dtype: nf4}\n"):
         return False
     q = transformers.AutoModelForCausalLM.from_pretrained(
         mdir, dtype=torch.float32, attn_implementation="eager", device_map="cpu",
