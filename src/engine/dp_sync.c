@@ -234,7 +234,7 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
     float *dres;
     void *ws;
     int rank = d->plan.parallel.rank;
-    qt_gpu_model_lookups(g, g->lookups, &tok, &dres, &ws);
+    qt_gpu_model_lookups(g, g->head.lookups, &tok, &dres, &ws);
     QT_CHECK(qt_comm_all_gather(d->comm, rank, tok, g->tok, n * N, QT_DT_F32, cs) == 0 &&
                  qt_comm_all_gather(d->comm, rank, dres, g->as->dres, n * N * C, QT_DT_F32, cs) == 0,
              "rank %d: embedding lookups all-gather aborted (another rank failed)", rank);
@@ -366,7 +366,7 @@ static void weights_wait(void *ctx, size_t upto) {
 /* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
  * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->small_recv. */
 static uint16_t *small_of(const qt_dp_sync *d, int b) {
-    return (uint16_t *)d->ps->small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->small.max_packed;
+    return (uint16_t *)d->ps->e4m3.small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->e4m3.small.max_packed;
 }
 
 /* ZeRO-3 e4m3 gathers: layer bucket b's small params all-gathered on s into small_of(b), once the pieces
@@ -376,15 +376,15 @@ static uint16_t *small_of(const qt_dp_sync *d, int b) {
  * all-gather may run, which uses no staging arena or one-shot kernel; comm.c). */
 static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cudaStream_t s) {
     qt_param_store *ps = d->ps;
-    const qt_small_params *m = &ps->small;
+    const qt_small_params *m = &ps->e4m3.small;
     int rank = d->plan.parallel.rank, n = ps->shard.n_ranks;
     size_t at = 0;
     for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
         qt_flat_range g = m->seg[b * n + rank][i];
-        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
+        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->e4m3.small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
         at += g.len;
     }
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, small_of(d, b), ps->small_send, (size_t)n * m->packed[b], QT_DT_BF16,
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, small_of(d, b), ps->e4m3.small_send, (size_t)n * m->packed[b], QT_DT_BF16,
                                 s) == 0,
              "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
 }
@@ -399,12 +399,12 @@ static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cu
 static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
-    const qt_small_params *m = &ps->small;
+    const qt_small_params *m = &ps->e4m3.small;
     size_t off, len, st, lo = sh->bucket[b], nb = sh->bucket[b + 1] - lo, P = m->packed[b];
     int rank = d->plan.parallel.rank, n = sh->n_ranks;
     qt_shard_piece(sh, b, &off, &len, &st);
     if (d->plan.weights.host_one) { /* one GPU (memory.offload quants): the codes, then the small params, copied up */
-        QT_CUDA(cudaMemcpyAsync(dst8, ps->w8 + st, nb, cudaMemcpyHostToDevice, s));
+        QT_CUDA(cudaMemcpyAsync(dst8, ps->e4m3.w8 + st, nb, cudaMemcpyHostToDevice, s));
         for (int i = 0; i < m->n_seg[b]; i++) {
             qt_flat_range g = m->seg[b][i];
             QT_CUDA(cudaMemcpyAsync((uint16_t *)dst + (g.off - lo), (uint16_t *)ps->w + st + (g.off - off), g.len * 2,
@@ -412,7 +412,7 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
         }
         return;
     }
-    const void *mine8 = ps->w8 + st;
+    const void *mine8 = ps->e4m3.w8 + st;
     int rc = d->plan.weights.host_shard ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s);
     QT_CHECK(rc == 0, "rank %d: e4m3 weight all-gather of bucket %d aborted (another rank failed)", rank, b);
@@ -438,20 +438,20 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
     qt_param_store *ps = d->ps;
     qt_gpu_fp8 *f = d->g->fp8;
     size_t a[QT_FP8_NMM], z[QT_FP8_NMM], p0[64], p1[64];
-    qt_zero(ps->amax8, (size_t)cnt * 4, s);
+    qt_zero(ps->e4m3.amax8, (size_t)cnt * 4, s);
     for (int j = 0; j < cnt; j++) {
         qt_small_matrices(d->L, ml[j], a, z);
         p0[j] = a[mk[j]] > off ? a[mk[j]] : off, p1[j] = z[mk[j]] < off + len ? z[mk[j]] : off + len;
         if (p0[j] < p1[j])
-            qt_quant_amax(QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), ps->amax8 + j, 1, s);
+            qt_quant_amax(QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), ps->e4m3.amax8 + j, 1, s);
     }
     if (!QT_MUTANT(QT_MUT_E4M3_LOCAL_AMAX) && d->ps->shard.n_ranks > 1)
-        QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.parallel.rank, ps->amax8, cnt, QT_COMM_MAX, s) == 0,
+        QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.parallel.rank, ps->e4m3.amax8, cnt, QT_COMM_MAX, s) == 0,
                  "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.parallel.rank);
     for (int j = 0; j < cnt; j++) {
         qt_fp8_scale *sc = qt_fp8_weight_scale(f, ml[j], (qt_fp8_mm)mk[j]);
         int tag = qt_fp8_weight_tag(ml[j], (qt_fp8_mm)mk[j]);
-        QT_CUDA(cudaMemcpyAsync(&sc->amax, ps->amax8 + j, 4, cudaMemcpyDeviceToDevice, s));
+        QT_CUDA(cudaMemcpyAsync(&sc->amax, ps->e4m3.amax8 + j, 4, cudaMemcpyDeviceToDevice, s));
         if (p0[j] < p1[j])
             qt_quant_fp8_cur(QT_DT_E4M3, w8 + (p0[j] - off), QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), sc,
                              f->nonfinite, tag, s);
@@ -473,7 +473,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     int ml[64], mk[64], cnt = 0, staged = d->plan.weights.host_shard || d->plan.weights.host_one;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
     const uint16_t *w = (const uint16_t *)ps->w + st;
-    uint8_t *w8 = ps->w8 + st;
+    uint8_t *w8 = ps->e4m3.w8 + st;
     if (staged && len) {
         size_t room, room8;
         void *c8;
@@ -490,7 +490,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
         if (cnt + QT_FP8_NMM > 64) codes_of(d, ml, mk, cnt, off, len, w, w8, s), cnt = 0;
     }
     if (cnt) codes_of(d, ml, mk, cnt, off, len, w, w8, s);
-    if (staged && len) QT_CUDA(cudaMemcpyAsync(ps->w8 + st, w8, len, cudaMemcpyDeviceToHost, s));
+    if (staged && len) QT_CUDA(cudaMemcpyAsync(ps->e4m3.w8 + st, w8, len, cudaMemcpyDeviceToHost, s));
     if (!d->plan.weights.host_one) small_gather(d, b, w, off, s); /* ZeRO-3 */
 }
 
@@ -500,7 +500,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
  * offloaded weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
 static void fill_bucket(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
-    if (dst8 && d->ps->small.layer_bucket[b]) {
+    if (dst8 && d->ps->e4m3.small.layer_bucket[b]) {
         fill_bucket8(d, b, dst, dst8, s);
         return;
     }
@@ -557,7 +557,7 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
     if (k1 == sh->n_buckets) d->own_due = 0;
     /* e4m3 gathers: the layer buckets' codes from the changed pieces */
     for (int k = k0; d->plan.weights.e4m3 && k < k1 && !(QT_MUTANT(QT_MUT_E4M3_CODES_ONCE) && codes_made(d)); k++)
-        if (d->ps->small.layer_bucket[k]) refresh_codes(d, k, s);
+        if (d->ps->e4m3.small.layer_bucket[k]) refresh_codes(d, k, s);
     if (k1 == sh->n_buckets) mark_codes_made(d);
     for (int k = k0; k < k1; k++) {
         if (!qt_wslots_own(ws, k)) continue;
