@@ -88,7 +88,7 @@ typedef struct {
 /* One micro-step's arguments. With backward: grads += d(loss_scale * sum of token losses)/dw and the
  * LM head's backward runs chunk by chunk inside the forward; without: loss only (logits overwritten).
  * skip_lookups leaves the embedding backward out (the data-parallel sync adds every rank's lookups to
- * its piece itself, from dres and tok, through g->lookups). hooks: the engine's, called as the work is
+ * its piece itself, from dres and tok, through g->head.lookups). hooks: the engine's, called as the work is
  * enqueued (qt_param_store.h); NULL for none. */
 typedef struct {
     float loss_scale;
@@ -139,7 +139,7 @@ void qt_gpu_model_mark(qt_gpu_model *g, const char *label);
 void qt_gpu_model_profile_collect(qt_gpu_model *g);
 void qt_gpu_model_profile_print(qt_gpu_model *g, int steps);
 
-/* g->lookups cut into every rank's tokens [ranks][N], residual gradients at the embeddings [ranks][N][C]
+/* g->head.lookups cut into every rank's tokens [ranks][N], residual gradients at the embeddings [ranks][N][C]
  * and a qt_embedding_bwd workspace; returns its bytes (base NULL: only the size). */
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws);
 

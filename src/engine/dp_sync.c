@@ -368,7 +368,7 @@ static void weights_wait(void *ctx, size_t upto) {
 }
 
 /* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
- * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->small_recv. */
+ * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->e4m3.small_recv. */
 static uint16_t *small_of(const qt_dp_sync *d, int b) {
     return (uint16_t *)d->ps->e4m3.small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->e4m3.small.max_packed;
 }

@@ -273,7 +273,7 @@ static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "
 static int live_state(const gpu_engine *e) { return e->plan.optimizer.host && e->plan.parallel.dp != QT_DP_REPLICATED && !e->ckpt_copy; }
 static int live_w(const gpu_engine *e) { return live_state(e) && e->g->ps->plan.weights.host; }
 /* Item i (weights, weights_bf16, adam_m, adam_v) lives in host memory and is written in place: the state
- * arrays memory.offload names (ps->opt_host), the host weights, and with a bf16 master "weights" (their view). */
+ * arrays memory.offload names (ps->host_opt.opt_host), the host weights, and with a bf16 master "weights" (their view). */
 static int live_item(const gpu_engine *e, int i) {
     const qt_param_store *ps = e->g->ps;
     if (!live_state(e)) return 0;

@@ -344,7 +344,7 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
            g->timing.start_init_s);
 }
 
-/* The loss and dlogits in place of the logits of tokens [r0, r0 + n) (g->logits holds them from r0 on): with
+/* The loss and dlogits in place of the logits of tokens [r0, r0 + n) (g->head.logits holds them from r0 on): with
  * row_scale (host [B]) the loss scale of each token is its sequence's, one launch per sequence the chunk meets (the
  * kernel's rows are independent: the same arithmetic as one launch); else loss_scale for all. */
 static void lm_loss(qt_gpu_model *g, long r0, long n, float loss_scale, const float *row_scale) {
