@@ -68,7 +68,7 @@ typedef struct {
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
     float *staging;       /* [stage_n] fp32: host weights come up through it to be cast to bf16 */
     size_t stage_n;
-    struct {              /* ZeRO-2/3 + g_host: the host gradient shard's device staging */
+    struct {              /* ZeRO-2/3 + g_host: the host gradient shard's adds and their device staging */
         float *shard_stage; /* the device slots (chunks of shard_stage_n fp32) where qt_param_grad_piece_add adds
                              * chunks of the host shard (arena; NULL otherwise) */
         size_t shard_stage_n;
