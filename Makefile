@@ -261,9 +261,11 @@ test-mutants: $(BUILD)/libqtrain.a
 	  $(MUT_TESTS:%=$(MUT_BUILD)/tests/%)
 	@bash tools/mutants.sh $(BUILD) $(MUT_BUILD) $(MUT_TESTS)
 
-# ---- layers: no #include and no call from a lower floor to a higher one (tools/check_layers.py) ----
+# ---- layers: no #include and no call from a lower floor to a higher one (tools/check_layers.py), and no
+# struct of more than 30 members (tools/struct_fields.py) ----
 .PHONY: check-layers
 check-layers: $(LIB_OBJ)
 	@$(PYTHON) tools/check_layers.py $(BUILD)
+	@$(PYTHON) tools/struct_fields.py
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -57,12 +57,14 @@ typedef struct {
     qt_mem_plan plan;
     qt_param_store *ps;    /* owned */
     qt_act_store *as;      /* owned */
-    void *logits;          /* [N/chunks, V] */
-    void *lookups;         /* over logits (sharded data parallel where ranks x N x (C+1) < V x C; else NULL):
+    struct {               /* the LM head's outputs */
+        void *logits;      /* [N/chunks, V] */
+        void *lookups;     /* over logits (sharded data parallel where ranks x N x (C+1) < V x C; else NULL):
                             * [ranks][N] tokens, [ranks][N][C] fp32 dres, an embedding-backward workspace
                             * (qt_gpu_model_lookups) */
-    float *losses;         /* [N] */
-    double *loss_sum;      /* device scalar: sum of losses since the last read */
+        float *losses;     /* [N] */
+        double *loss_sum;  /* device scalar: sum of losses since the last read */
+    } head;
     int32_t *tok, *tgt;    /* [N] device */
     float *rope_cs;        /* [T, D] */
     void *ws;              /* kernel workspace */
@@ -70,9 +72,11 @@ typedef struct {
     qt_gpu_fp8 *fp8;       /* precision.matmul_dtype: e4m3 (owned host state; its device buffers are fp8_w,
                             * fp8_a); NULL in bf16 */
     void *fp8_w, *fp8_a;
-    struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
-    double start_host_s, start_init_s; /* qt_gpu_model_create's seconds pinning host memory and setting the
+    struct {               /* what the model measures of itself */
+        struct qt_gpu_prof *prof; /* per-op event timing, NULL when off */
+        double start_host_s, start_init_s; /* qt_gpu_model_create's seconds pinning host memory and setting the
                             * weights (printed with the plan: a 14B box rank pins ~50 GiB) */
+    } timing;
     qt_gpu_docs docs;      /* packed documents' per-token bounds and positions (qt_gpu_model_set_docs) */
     qt_gpu_family fam;     /* the family's kernels and scales (qt_gpu_family.h), from L->cfg */
     float *rope_cs_local;  /* [T, D] the local layers' RoPE table (cfg.rope_local_theta > 0), else NULL */
@@ -84,7 +88,7 @@ typedef struct {
 /* One micro-step's arguments. With backward: grads += d(loss_scale * sum of token losses)/dw and the
  * LM head's backward runs chunk by chunk inside the forward; without: loss only (logits overwritten).
  * skip_lookups leaves the embedding backward out (the data-parallel sync adds every rank's lookups to
- * its piece itself, from dres and tok, through g->lookups). hooks: the engine's, called as the work is
+ * its piece itself, from dres and tok, through g->head.lookups). hooks: the engine's, called as the work is
  * enqueued (qt_param_store.h); NULL for none. */
 typedef struct {
     float loss_scale;
@@ -135,7 +139,7 @@ void qt_gpu_model_mark(qt_gpu_model *g, const char *label);
 void qt_gpu_model_profile_collect(qt_gpu_model *g);
 void qt_gpu_model_profile_print(qt_gpu_model *g, int steps);
 
-/* g->lookups cut into every rank's tokens [ranks][N], residual gradients at the embeddings [ranks][N][C]
+/* g->head.lookups cut into every rank's tokens [ranks][N], residual gradients at the embeddings [ranks][N][C]
  * and a qt_embedding_bwd workspace; returns its bytes (base NULL: only the size). */
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws);
 

@@ -68,25 +68,31 @@ typedef struct {
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
     float *staging;       /* [stage_n] fp32: host weights come up through it to be cast to bf16 */
     size_t stage_n;
-    float *shard_stage;   /* ZeRO-2/3 + g_host: the device slots (chunks of shard_stage_n fp32) where
-                           * qt_param_grad_piece_add adds chunks of the host shard (arena; NULL otherwise) */
-    size_t shard_stage_n;
-    qt_host_shard *gshard; /* owned, with shard_stage: the host shard's adds and clearing */
-    char *host_state;     /* QT_OPT_STATE_HOST: those of master, m and v in opt_host, back to back (owned, pinned) */
-    int opt_host;         /* QT_OFF_MASTER | QT_OFF_M | QT_OFF_V: which are in host_state (the rest on the device);
+    struct {              /* ZeRO-2/3 + g_host: the host gradient shard's adds and their device staging */
+        float *shard_stage; /* the device slots (chunks of shard_stage_n fp32) where qt_param_grad_piece_add adds
+                             * chunks of the host shard (arena; NULL otherwise) */
+        size_t shard_stage_n;
+        qt_host_shard *gshard; /* owned, with shard_stage: the host shard's adds and clearing */
+    } host_grad;
+    struct {              /* QT_OPT_STATE_HOST: the optimizer state in pinned host memory */
+        char *host_state; /* those of master, m and v in opt_host, back to back (owned, pinned) */
+        int opt_host;     /* QT_OFF_MASTER | QT_OFF_M | QT_OFF_V: which are in host_state (the rest on the device);
                            * no master bit with a bf16 master (there is no master array) */
-    size_t host_state_bytes;
-    void *opt_slots;      /* QT_OPT_STATE_HOST: the device slots the state streams through */
+        size_t host_state_bytes;
+        void *opt_slots;  /* the device slots the state streams through */
+    } host_opt;
     qt_gpu_optim *opt;    /* AdamW of this rank's pieces, in groups (qt_param_opt_groups) */
     /* plan.weights.e4m3: the e4m3 codes of the rank's pieces [shard.len] (device arena, or pinned host with w_host; one GPU:
      * [shard.total], pinned host; only the block matrices' elements of layer buckets are meaningful), the small
      * params' map (owned), ZeRO-3's packed send buffer [small.max_packed] and every layer bucket's all-gather
      * result [n_buckets][n_ranks * small.max_packed] (bf16, made when the pieces change; NULL on one GPU), and
      * 64 fp32 abs-maxes */
-    uint8_t *w8;
-    qt_small_params small;
-    void *small_send, *small_recv;
-    float *amax8;
+    struct {
+        uint8_t *w8;
+        qt_small_params small;
+        void *small_send, *small_recv;
+        float *amax8;
+    } e4m3;
 } qt_param_store;
 
 /* A store for layout L placed and typed as plan pl says, shard sh (this rank's buckets and pieces).

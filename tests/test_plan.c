@@ -732,8 +732,8 @@ static void test_plan_equals_allocation(void) {
                 QT_EXPECT(row(&rp.mem, r->where, r->kind) == r->bytes, "offload %d: %s: allocated %zu, planned %zu", off,
                           r->kind, r->bytes, row(&rp.mem, r->where, r->kind));
         }
-        QT_EXPECT(!off || g->ps->host_state_bytes == row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state"),
-                  "offloaded state %zu", g->ps->host_state_bytes);
+        QT_EXPECT(!off || g->ps->host_opt.host_state_bytes == row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state"),
+                  "offloaded state %zu", g->ps->host_opt.host_state_bytes);
         printf("  offload %d: arena %.1f MiB, attention workspace %.1f MiB measured\n", off, g->plan.off / 1048576.0,
                g->attn_ws / 1048576.0);
         qt_gpu_model_free(g);

@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     qt_gpu_step_args sa = {qt_loss_scale(1, 1, N), 1, 0, NULL};
     qt_gpu_model_step(g, &sa);
     double sum;
-    cudaMemcpy(&sum, g->loss_sum, 8, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&sum, g->head.loss_sum, 8, cudaMemcpyDeviceToHost);
     cudaMemcpy(ga, gl->ga, n * 4, cudaMemcpyDeviceToHost);
     qt_gpu_model_logits(g, NULL, logits); /* the masks of step 1, micro-batch 0 still */
     if (cudaGetLastError() != cudaSuccess) return die("GPU", "a CUDA call failed");

@@ -49,8 +49,6 @@ struct qt_dp_sync {
     cudaEvent_t slot_ev[QT_GRAD_SLOTS]; /* ZeRO-2: shared gradient slot k reduced and zeroed (its last user) */
     cudaEvent_t sums_ev;    /* ZeRO-2 overlapped: a micro-step's last sums done (slots free, shard whole) */
     int gathered;           /* buckets whose gather the model's stream waits for (n_buckets: none pending) */
-    long ag_delay_ms;       /* test hook: the side stream sleeps before each weight gather */
-    long sum_delay_ms;      /* test hook: the side stream sleeps before each ZeRO-2 bucket sum */
 #ifdef QT_MUTANTS
     struct {
         float *sum_buf;     /* QT_MUT_ZERO2_DESC_RANK_SUM: every rank's copy of a bucket (owned) */
@@ -62,25 +60,31 @@ struct qt_dp_sync {
     graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
     graph_set *capture;     /* the set being captured */
     qt_param_hooks wait_hooks;
-    /* ZeRO-3 (plan.parallel.zero 3): the weight slots' gathers (qt_weight_slots.h) */
-    qt_wslots_io io;        /* gathers on gside with the overlap (prefetch), else the model's */
-    cudaStream_t gside;     /* the shared weight slots' gathers (prefetch) on a stream of their own, so the
+    struct {                /* ZeRO-3, offloaded weights (plan.weights.slots): the weight slots' gathers */
+        qt_wslots_io io;    /* gathers on gside with the overlap (prefetch), else the model's */
+        cudaStream_t gside; /* the shared weight slots' gathers (prefetch) on a stream of their own, so the
                              * backward's next gather does not queue behind this layer's gradient sums on the
                              * side stream (a 14B box step would wait 7 of its 24.5 s there; owned;
                              * NULL without prefetch) */
-    cudaEvent_t gside_ev;
-    long read_delay_ms;     /* test hook zero3_read_delay_ms */
-    long gathers;           /* shared-slot gathers issued so far (test hook dp_fail_gather) */
-    int own_due;            /* the own slots wait for their gather at the next forward (after creation or a
+        cudaEvent_t gside_ev;
+        int own_due;        /* the own slots wait for their gather at the next forward (after creation or a
                              * load: collectives only where every rank is sure to come) */
-    int fail_rank;          /* test hook: this rank fails at its fail_gather-th gather (-1: none) */
-    long fail_gather;
-    int grad_micro;         /* offloaded gradients: micro-steps of this step so far, the running one included
-                             * (the first loads nothing: the host gradients and the slots are zero) */
-    cudaStream_t gup;       /* offloaded gradients: the slots' loads (H2D), beside the stores (D2H) on the side
-                             * stream (owned) */
-    cudaEvent_t stored_ev[QT_GRAD_SLOTS], gup_ev; /* shared slot k stored and zeroed; the loads' end */
-    int gup_used;           /* this micro-step issued loads on gup (joined back before sums_ev) */
+    } wslots;
+    struct {                /* test hooks (qt_test_hooks.h) */
+        long ag_delay_ms;   /* the side stream sleeps before each weight gather */
+        long sum_delay_ms;  /* the side stream sleeps before each ZeRO-2 bucket sum */
+        long read_delay_ms; /* zero3_read_delay_ms */
+        long gathers;       /* shared-slot gathers issued so far (dp_fail_gather) */
+        int fail_rank;      /* this rank fails at its fail_gather-th gather (-1: none) */
+        long fail_gather;
+    } test;
+    struct {                /* offloaded gradients (plan.grads.host_one) */
+        int grad_micro;     /* micro-steps of this step so far, the running one included (the first loads
+                             * nothing: the host gradients and the slots are zero) */
+        cudaStream_t gup;   /* the slots' loads (H2D), beside the stores (D2H) on the side stream (owned) */
+        cudaEvent_t stored_ev[QT_GRAD_SLOTS], gup_ev; /* shared slot k stored and zeroed; the loads' end */
+        int gup_used;       /* this micro-step issued loads on gup (joined back before sums_ev) */
+    } host_grads;
 };
 
 static void CUDART_CB sleep_ms(void *ms) {
@@ -155,7 +159,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
     char *buf = half ? (char *)ps->comm_buf : (char *)g;
     int desc = z2 && !half && !g16 && QT_MUTANT(QT_MUT_ZERO2_DESC_RANK_SUM); /* its gather and adds are fp32 */
-    if (z2 && d->sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->sum_delay_ms));
+    if (z2 && d->test.sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->test.sum_delay_ms));
     if (half) qt_cast_f32_to_bf16(buf, g, count, s);
     if (desc) {
         qt_param_grad_piece_fresh(ps, b, s);
@@ -193,7 +197,7 @@ static void side_follows(qt_dp_sync *d) { follow(d->side, d->g->stream, d->side_
 /* Stream s continues after every gather on the gather stream so far (also a prefetch no one acquired,
  * e.g. after an evaluation's forward). */
 static void gathers_join(qt_dp_sync *d, cudaStream_t s) {
-    if (d->gside && s != d->gside) follow(s, d->gside, d->gside_ev);
+    if (d->wslots.gside && s != d->wslots.gside) follow(s, d->wslots.gside, d->wslots.gside_ev);
 }
 
 /* The stream the bucket sums of the backward go to: the side stream, after what the model's stream has
@@ -234,7 +238,7 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
     float *dres;
     void *ws;
     int rank = d->plan.parallel.rank;
-    qt_gpu_model_lookups(g, g->lookups, &tok, &dres, &ws);
+    qt_gpu_model_lookups(g, g->head.lookups, &tok, &dres, &ws);
     QT_CHECK(qt_comm_all_gather(d->comm, rank, tok, g->tok, n * N, QT_DT_F32, cs) == 0 &&
                  qt_comm_all_gather(d->comm, rank, dres, g->as->dres, n * N * C, QT_DT_F32, cs) == 0,
              "rank %d: embedding lookups all-gather aborted (another rank failed)", rank);
@@ -285,25 +289,25 @@ static void host_grads_ready(qt_dp_sync *d, int b) {
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) {
         int k = --d->sent, j = qt_param_grad_slot_shared(ps, k);
-        if (d->sum_delay_ms) QT_CUDA(cudaLaunchHostFunc(cs, sleep_ms, &d->sum_delay_ms));
+        if (d->test.sum_delay_ms) QT_CUDA(cudaLaunchHostFunc(cs, sleep_ms, &d->test.sum_delay_ms));
         qt_param_grad_store(ps, k, j >= 0 && !QT_MUTANT(QT_MUT_GRAD_SLOT_NOT_ZEROED), cs);
         if (j < 0) continue;
-        if (d->grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j) {
-            QT_CUDA(cudaEventRecord(d->stored_ev[j], cs));
-            if (!QT_MUTANT(QT_MUT_GRAD_LOAD_NO_STORE_WAIT)) QT_CUDA(cudaStreamWaitEvent(d->gup, d->stored_ev[j], 0));
-            qt_param_grad_load(ps, k - QT_GRAD_SLOTS, d->gup);
-            QT_CUDA(cudaEventRecord(d->slot_ev[j], d->gup));
-            d->gup_used = 1;
+        if (d->host_grads.grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j) {
+            QT_CUDA(cudaEventRecord(d->host_grads.stored_ev[j], cs));
+            if (!QT_MUTANT(QT_MUT_GRAD_LOAD_NO_STORE_WAIT)) QT_CUDA(cudaStreamWaitEvent(d->host_grads.gup, d->host_grads.stored_ev[j], 0));
+            qt_param_grad_load(ps, k - QT_GRAD_SLOTS, d->host_grads.gup);
+            QT_CUDA(cudaEventRecord(d->slot_ev[j], d->host_grads.gup));
+            d->host_grads.gup_used = 1;
         } else {
             QT_CUDA(cudaEventRecord(d->slot_ev[j], cs));
         }
     }
     if (b == 0) {
         d->sent = ps->shard.n_buckets;
-        if (d->gup_used) { /* a graph's capture: gup joins only where it was forked (used) */
-            QT_CUDA(cudaEventRecord(d->gup_ev, d->gup));
-            QT_CUDA(cudaStreamWaitEvent(cs, d->gup_ev, 0));
-            d->gup_used = 0;
+        if (d->host_grads.gup_used) { /* a graph's capture: gup joins only where it was forked (used) */
+            QT_CUDA(cudaEventRecord(d->host_grads.gup_ev, d->host_grads.gup));
+            QT_CUDA(cudaStreamWaitEvent(cs, d->host_grads.gup_ev, 0));
+            d->host_grads.gup_used = 0;
         }
         QT_CUDA(cudaEventRecord(d->sums_ev, cs));
     }
@@ -315,7 +319,7 @@ static void host_grads_ready(qt_dp_sync *d, int b) {
 static void host_grads_load(qt_dp_sync *d) {
     const qt_param_store *ps = d->ps;
     int seen[QT_GRAD_SLOTS] = {0};
-    if (++d->grad_micro == 1) return;
+    if (++d->host_grads.grad_micro == 1) return;
     for (int b = ps->shard.n_buckets - 1; b >= 0; b--) {
         int j = qt_param_grad_slot_shared(ps, b);
         if (j >= 0 && !seen[j]++) qt_param_grad_load(ps, b, d->g->stream);
@@ -364,9 +368,9 @@ static void weights_wait(void *ctx, size_t upto) {
 }
 
 /* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
- * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->small_recv. */
+ * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->e4m3.small_recv. */
 static uint16_t *small_of(const qt_dp_sync *d, int b) {
-    return (uint16_t *)d->ps->small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->small.max_packed;
+    return (uint16_t *)d->ps->e4m3.small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->e4m3.small.max_packed;
 }
 
 /* ZeRO-3 e4m3 gathers: layer bucket b's small params all-gathered on s into small_of(b), once the pieces
@@ -376,15 +380,15 @@ static uint16_t *small_of(const qt_dp_sync *d, int b) {
  * all-gather may run, which uses no staging arena or one-shot kernel; comm.c). */
 static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cudaStream_t s) {
     qt_param_store *ps = d->ps;
-    const qt_small_params *m = &ps->small;
+    const qt_small_params *m = &ps->e4m3.small;
     int rank = d->plan.parallel.rank, n = ps->shard.n_ranks;
     size_t at = 0;
     for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
         qt_flat_range g = m->seg[b * n + rank][i];
-        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
+        QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->e4m3.small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
         at += g.len;
     }
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, small_of(d, b), ps->small_send, (size_t)n * m->packed[b], QT_DT_BF16,
+    QT_CHECK(qt_comm_all_gather(d->comm, rank, small_of(d, b), ps->e4m3.small_send, (size_t)n * m->packed[b], QT_DT_BF16,
                                 s) == 0,
              "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
 }
@@ -399,12 +403,12 @@ static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cu
 static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
-    const qt_small_params *m = &ps->small;
+    const qt_small_params *m = &ps->e4m3.small;
     size_t off, len, st, lo = sh->bucket[b], nb = sh->bucket[b + 1] - lo, P = m->packed[b];
     int rank = d->plan.parallel.rank, n = sh->n_ranks;
     qt_shard_piece(sh, b, &off, &len, &st);
     if (d->plan.weights.host_one) { /* one GPU (memory.offload quants): the codes, then the small params, copied up */
-        QT_CUDA(cudaMemcpyAsync(dst8, ps->w8 + st, nb, cudaMemcpyHostToDevice, s));
+        QT_CUDA(cudaMemcpyAsync(dst8, ps->e4m3.w8 + st, nb, cudaMemcpyHostToDevice, s));
         for (int i = 0; i < m->n_seg[b]; i++) {
             qt_flat_range g = m->seg[b][i];
             QT_CUDA(cudaMemcpyAsync((uint16_t *)dst + (g.off - lo), (uint16_t *)ps->w + st + (g.off - off), g.len * 2,
@@ -412,7 +416,7 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
         }
         return;
     }
-    const void *mine8 = ps->w8 + st;
+    const void *mine8 = ps->e4m3.w8 + st;
     int rc = d->plan.weights.host_shard ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s);
     QT_CHECK(rc == 0, "rank %d: e4m3 weight all-gather of bucket %d aborted (another rank failed)", rank, b);
@@ -438,20 +442,20 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
     qt_param_store *ps = d->ps;
     qt_gpu_fp8 *f = d->g->fp8;
     size_t a[QT_FP8_NMM], z[QT_FP8_NMM], p0[64], p1[64];
-    qt_zero(ps->amax8, (size_t)cnt * 4, s);
+    qt_zero(ps->e4m3.amax8, (size_t)cnt * 4, s);
     for (int j = 0; j < cnt; j++) {
         qt_small_matrices(d->L, ml[j], a, z);
         p0[j] = a[mk[j]] > off ? a[mk[j]] : off, p1[j] = z[mk[j]] < off + len ? z[mk[j]] : off + len;
         if (p0[j] < p1[j])
-            qt_quant_amax(QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), ps->amax8 + j, 1, s);
+            qt_quant_amax(QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), ps->e4m3.amax8 + j, 1, s);
     }
     if (!QT_MUTANT(QT_MUT_E4M3_LOCAL_AMAX) && d->ps->shard.n_ranks > 1)
-        QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.parallel.rank, ps->amax8, cnt, QT_COMM_MAX, s) == 0,
+        QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.parallel.rank, ps->e4m3.amax8, cnt, QT_COMM_MAX, s) == 0,
                  "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.parallel.rank);
     for (int j = 0; j < cnt; j++) {
         qt_fp8_scale *sc = qt_fp8_weight_scale(f, ml[j], (qt_fp8_mm)mk[j]);
         int tag = qt_fp8_weight_tag(ml[j], (qt_fp8_mm)mk[j]);
-        QT_CUDA(cudaMemcpyAsync(&sc->amax, ps->amax8 + j, 4, cudaMemcpyDeviceToDevice, s));
+        QT_CUDA(cudaMemcpyAsync(&sc->amax, ps->e4m3.amax8 + j, 4, cudaMemcpyDeviceToDevice, s));
         if (p0[j] < p1[j])
             qt_quant_fp8_cur(QT_DT_E4M3, w8 + (p0[j] - off), QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), sc,
                              f->nonfinite, tag, s);
@@ -473,7 +477,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     int ml[64], mk[64], cnt = 0, staged = d->plan.weights.host_shard || d->plan.weights.host_one;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
     const uint16_t *w = (const uint16_t *)ps->w + st;
-    uint8_t *w8 = ps->w8 + st;
+    uint8_t *w8 = ps->e4m3.w8 + st;
     if (staged && len) {
         size_t room, room8;
         void *c8;
@@ -490,7 +494,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
         if (cnt + QT_FP8_NMM > 64) codes_of(d, ml, mk, cnt, off, len, w, w8, s), cnt = 0;
     }
     if (cnt) codes_of(d, ml, mk, cnt, off, len, w, w8, s);
-    if (staged && len) QT_CUDA(cudaMemcpyAsync(ps->w8 + st, w8, len, cudaMemcpyDeviceToHost, s));
+    if (staged && len) QT_CUDA(cudaMemcpyAsync(ps->e4m3.w8 + st, w8, len, cudaMemcpyDeviceToHost, s));
     if (!d->plan.weights.host_one) small_gather(d, b, w, off, s); /* ZeRO-3 */
 }
 
@@ -500,7 +504,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
  * offloaded weights (one GPU) are one H2D copy of the bucket from the pinned host array. */
 static void fill_bucket(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_t s) {
     const qt_shard *sh = &d->ps->shard;
-    if (dst8 && d->ps->small.layer_bucket[b]) {
+    if (dst8 && d->ps->e4m3.small.layer_bucket[b]) {
         fill_bucket8(d, b, dst, dst8, s);
         return;
     }
@@ -520,13 +524,13 @@ static void fill_bucket(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_
     if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights.host_shard) stale_keep(d, b, dst, n, s);
 }
 
-/* ZeRO-3 / offloaded weights: a shared weight slot's fill (io.gather), delayed on the side stream by
+/* ZeRO-3 / offloaded weights: a shared weight slot's fill (wslots.io.gather), delayed on the side stream by
  * the test hook dp_ag_delay_ms. */
 static void z3_gather(void *ctx, int b, void *dst, void *dst8, cudaStream_t s) {
     qt_dp_sync *d = ctx;
-    QT_CHECK(!(d->plan.parallel.rank == d->fail_rank && ++d->gathers == d->fail_gather),
-             "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->fail_gather, b);
-    if (d->ag_delay_ms && s == d->io.side && s != d->io.model) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
+    QT_CHECK(!(d->plan.parallel.rank == d->test.fail_rank && ++d->test.gathers == d->test.fail_gather),
+             "injected failure (test hook dp_fail_gather) instead of weight gather %ld (bucket %d)", d->test.fail_gather, b);
+    if (d->test.ag_delay_ms && s == d->wslots.io.side && s != d->wslots.io.model) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->test.ag_delay_ms));
     fill_bucket(d, b, dst, dst8, s);
 }
 
@@ -535,12 +539,12 @@ static void z3_gather(void *ctx, int b, void *dst, void *dst8, cudaStream_t s) {
 static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s);
 static void z3_forward(void *ctx, size_t upto) {
     qt_dp_sync *d = ctx;
-    if (d->own_due) z3_gather_own(d, 0, d->ps->shard.n_buckets, d->g->stream);
-    qt_wslots_acquire(d->ps->wslots, &d->io, qt_wslots_home(d->ps->wslots, upto ? upto - 1 : 0), +1);
+    if (d->wslots.own_due) z3_gather_own(d, 0, d->ps->shard.n_buckets, d->g->stream);
+    qt_wslots_acquire(d->ps->wslots, &d->wslots.io, qt_wslots_home(d->ps->wslots, upto ? upto - 1 : 0), +1);
 }
 static void z3_backward(void *ctx, size_t from) {
     qt_dp_sync *d = ctx;
-    qt_wslots_acquire(d->ps->wslots, &d->io, qt_wslots_home(d->ps->wslots, from), -1);
+    qt_wslots_acquire(d->ps->wslots, &d->wslots.io, qt_wslots_home(d->ps->wslots, from), -1);
 }
 
 /* ZeRO-3 / offloaded weights: the buckets [k0, k1) with slots of their own gathered (copied up) on s
@@ -554,29 +558,29 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
         gathers_join(d, s);
         qt_wslots_invalidate(ws);
     }
-    if (k1 == sh->n_buckets) d->own_due = 0;
+    if (k1 == sh->n_buckets) d->wslots.own_due = 0;
     /* e4m3 gathers: the layer buckets' codes from the changed pieces */
     for (int k = k0; d->plan.weights.e4m3 && k < k1 && !(QT_MUTANT(QT_MUT_E4M3_CODES_ONCE) && codes_made(d)); k++)
-        if (d->ps->small.layer_bucket[k]) refresh_codes(d, k, s);
+        if (d->ps->e4m3.small.layer_bucket[k]) refresh_codes(d, k, s);
     if (k1 == sh->n_buckets) mark_codes_made(d);
     for (int k = k0; k < k1; k++) {
         if (!qt_wslots_own(ws, k)) continue;
         fill_bucket(d, k, qt_wslots_own_data(ws, k), NULL, s);
         qt_wslots_filled(ws, k, s);
     }
-    if (d->gside) follow(d->gside, s, d->gside_ev);
+    if (d->wslots.gside) follow(d->wslots.gside, s, d->wslots.gside_ev);
 }
 
 void qt_dp_sync_reload(qt_dp_sync *d) {
     if (!d->plan.weights.slots) return;
     qt_wslots_invalidate(d->ps->wslots);
-    d->own_due = 1;
+    d->wslots.own_due = 1;
 }
 
 void qt_dp_sync_inputs(qt_dp_sync *d) { sums_wait(d); }
 
 void qt_dp_sync_join(qt_dp_sync *d) {
-    if (d->plan.weights.slots && d->io.side != d->io.model) { /* the own slots' gathers and the codes on the side stream,
+    if (d->plan.weights.slots && d->wslots.io.side != d->wslots.io.model) { /* the own slots' gathers and the codes on the side stream,
                                                           * the shared slots' on the gather stream */
         follow(d->g->stream, d->side, d->side_ev);
         gathers_join(d, d->g->stream);
@@ -689,7 +693,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
         if (!QT_MUTANT(QT_MUT_ADAMW_NO_STORE_WAIT)) sums_wait(d);
         for (int b = 0; b < sh->n_buckets; b++)
             if (qt_param_grad_slot_shared(ps, b) < 0) qt_param_grad_slot_zero(ps, b, s);
-        d->grad_micro = 0;
+        d->host_grads.grad_micro = 0;
     } else if (d->plan.grads.sharded) {
         sums_wait(d); /* summed into the shard during the micro-steps */
     } else if (d->plan.parallel.dp != QT_DP_ONE) {
@@ -746,7 +750,7 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     if (d->plan.weights.slots) { /* no whole weights to gather into (or none on the GPU): the own slots only */
         if (sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather"); /* and the codes */
         if (ahead) side_follows(d);
-        if (ahead && k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
+        if (ahead && k0 == 0 && d->test.ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->test.ag_delay_ms));
         z3_gather_own(d, k0, k1, s);
         return;
     }
@@ -754,7 +758,7 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     if (sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather"); /* and the codes */
     if (ahead) {
         side_follows(d);
-        if (k0 == 0 && d->ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->ag_delay_ms));
+        if (k0 == 0 && d->test.ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->test.ag_delay_ms));
         if (k0 == 0) d->gathered = 0;
     }
     for (int k = k0; k < k1; k++) {
@@ -777,10 +781,10 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
     const qt_shard *sh = &g->ps->shard;
     int nl = g->L->cfg.num_layers;
     *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = p->optimizer.grad_clip, .comm = comm,
-                      .sent = sh->n_buckets, .gathered = sh->n_buckets, .ag_delay_ms = th->dp_ag_delay_ms,
-                      .sum_delay_ms = th->dp_sum_delay_ms,
-                      .read_delay_ms = th->zero3_read_delay_ms, .fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
-                      .fail_gather = th->dp_fail_gather};
+                      .sent = sh->n_buckets, .gathered = sh->n_buckets, .test.ag_delay_ms = th->dp_ag_delay_ms,
+                      .test.sum_delay_ms = th->dp_sum_delay_ms,
+                      .test.read_delay_ms = th->zero3_read_delay_ms, .test.fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
+                      .test.fail_gather = th->dp_fail_gather};
     d->wait_hooks = (qt_param_hooks){.weights_needed = p->weights.slots ? z3_forward : p->weights.ahead ? weights_wait : NULL,
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
@@ -794,9 +798,9 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
         QT_CUDA(cudaEventCreateWithFlags(&d->sums_ev, cudaEventDisableTiming));
     }
     if (p->grads.host_one) {
-        QT_CUDA(cudaStreamCreateWithFlags(&d->gup, cudaStreamNonBlocking));
-        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->stored_ev[k], cudaEventDisableTiming));
-        QT_CUDA(cudaEventCreateWithFlags(&d->gup_ev, cudaEventDisableTiming));
+        QT_CUDA(cudaStreamCreateWithFlags(&d->host_grads.gup, cudaStreamNonBlocking));
+        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->host_grads.stored_ev[k], cudaEventDisableTiming));
+        QT_CUDA(cudaEventCreateWithFlags(&d->host_grads.gup_ev, cudaEventDisableTiming));
     }
     if (p->weights.ahead) {
         d->ag_ev = calloc((size_t)sh->n_buckets, sizeof *d->ag_ev);
@@ -810,12 +814,12 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
          * another on a second stream (comm.c orders them by the caller's stream). Ranks prefetch only with
          * parallel.overlap_comm. */
         if ((p->weights.host_shard && p->parallel.overlap) || p->weights.host_one) {
-            QT_CUDA(cudaStreamCreateWithFlags(&d->gside, cudaStreamNonBlocking));
-            QT_CUDA(cudaEventCreateWithFlags(&d->gside_ev, cudaEventDisableTiming));
+            QT_CUDA(cudaStreamCreateWithFlags(&d->wslots.gside, cudaStreamNonBlocking));
+            QT_CUDA(cudaEventCreateWithFlags(&d->wslots.gside_ev, cudaEventDisableTiming));
         }
-        d->io = (qt_wslots_io){z3_gather, d, g->stream, d->gside ? d->gside : p->parallel.overlap ? d->side : g->stream,
-                               &d->read_delay_ms};
-        d->own_due = 1;
+        d->wslots.io = (qt_wslots_io){z3_gather, d, g->stream, d->wslots.gside ? d->wslots.gside : p->parallel.overlap ? d->side : g->stream,
+                               &d->test.read_delay_ms};
+        d->wslots.own_due = 1;
     }
     for (int i = 0; i < MS_KINDS; i++) { /* MS_WAITS cuts before the embeddings, each layer and the final
                                           * norm; MS_SUMS after the LM head, final norm, each layer and the embeddings */
@@ -833,20 +837,20 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaStreamDestroy(d->side));
         QT_CUDA(cudaEventDestroy(d->side_ev));
     }
-    if (d->gside) {
-        QT_CUDA(cudaStreamSynchronize(d->gside));
-        QT_CUDA(cudaStreamDestroy(d->gside));
-        QT_CUDA(cudaEventDestroy(d->gside_ev));
+    if (d->wslots.gside) {
+        QT_CUDA(cudaStreamSynchronize(d->wslots.gside));
+        QT_CUDA(cudaStreamDestroy(d->wslots.gside));
+        QT_CUDA(cudaEventDestroy(d->wslots.gside_ev));
     }
     for (int k = 0; d->plan.weights.ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
     int slots = d->plan.grads.sharded || d->plan.grads.host_one;
     for (int k = 0; slots && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
     if (slots) QT_CUDA(cudaEventDestroy(d->sums_ev));
     if (d->plan.grads.host_one) {
-        QT_CUDA(cudaStreamSynchronize(d->gup));
-        QT_CUDA(cudaStreamDestroy(d->gup));
-        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->stored_ev[k]));
-        QT_CUDA(cudaEventDestroy(d->gup_ev));
+        QT_CUDA(cudaStreamSynchronize(d->host_grads.gup));
+        QT_CUDA(cudaStreamDestroy(d->host_grads.gup));
+        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->host_grads.stored_ev[k]));
+        QT_CUDA(cudaEventDestroy(d->host_grads.gup_ev));
     }
     free(d->ag_ev);
     mutants_free(d);

@@ -49,44 +49,48 @@ struct dp_engine {
     qt_plan plan;                     /* every rank's, but for its rank index */
     qt_engine *rk[QT_COMM_MAX_RANKS]; /* owned; made and freed by their rank's thread */
     qt_comm *comm;                    /* owned */
-    pthread_t th[QT_COMM_MAX_RANKS];
-    rank_arg arg[QT_COMM_MAX_RANKS];
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    long gen;      /* job generation: each rank runs every new job once */
-    int pending;   /* ranks still running the current job */
-    int only;      /* the job's single rank, or -1 for all */
-    int quit;
-    dp_job job;
-    /* the current job's arguments and results */
-    const qt_weight_src *src;
-    char err[QT_COMM_MAX_RANKS][512];
-    char fail[QT_COMM_MAX_RANKS][1024]; /* a rank's caught failure ("[rank R] file:line: ...") */
-    int fail_order[QT_COMM_MAX_RANKS];  /* 1 for the first rank that failed, 2 the next, ...; 0: none */
-    int nfail;
-    const int32_t *in, *tgt;
-    float scale, lr;
-    long t;
-    float loss[QT_COMM_MAX_RANKS], gnorm[QT_COMM_MAX_RANKS];
-    float *out;
-    qt_ckpt_item *items;
-    int cap, nitems, on;
-    int settle;
-    long bad[QT_COMM_MAX_RANKS], bad_step[QT_COMM_MAX_RANKS]; /* each rank's nonfinite_weight */
-    const qt_ckpt *ck;
-    int rc[QT_COMM_MAX_RANKS];
+    struct {                          /* the rank threads, the hand-off of a job and the failures they caught (mu) */
+        pthread_t th[QT_COMM_MAX_RANKS];
+        rank_arg arg[QT_COMM_MAX_RANKS];
+        pthread_mutex_t mu;
+        pthread_cond_t go, done;
+        long gen;      /* job generation: each rank runs every new job once */
+        int pending;   /* ranks still running the current job */
+        int only;      /* the job's single rank, or -1 for all */
+        int quit;
+        dp_job job;
+        char fail[QT_COMM_MAX_RANKS][1024]; /* a rank's caught failure ("[rank R] file:line: ...") */
+        int fail_order[QT_COMM_MAX_RANKS];  /* 1 for the first rank that failed, 2 the next, ...; 0: none */
+        int nfail;
+    } pool;
+    struct {                          /* the current job's arguments and results */
+        const qt_weight_src *src;
+        char err[QT_COMM_MAX_RANKS][512];
+        const int32_t *in, *tgt;
+        float scale, lr;
+        long t;
+        float loss[QT_COMM_MAX_RANKS], gnorm[QT_COMM_MAX_RANKS];
+        float *out;
+        qt_ckpt_item *items;
+        int cap, nitems, on;
+        int settle;
+        long bad[QT_COMM_MAX_RANKS], bad_step[QT_COMM_MAX_RANKS]; /* each rank's nonfinite_weight */
+        const qt_ckpt *ck;
+        int rc[QT_COMM_MAX_RANKS];
+        const qt_docs *docs;  /* set_docs' documents of all ranks' windows (NULL: none) */
+    } call;
     int fail_rank; /* test hook (qt_test_hooks): that rank fails just before optimizer step fail_step */
     long fail_step;
     qt_shard shard[QT_COMM_MAX_RANKS];
     int sharded;   /* ZeRO >= 1: each rank holds the optimizer state of its pieces */
     int zero;      /* the ZeRO level (0 when not sharded) */
-    /* sharded: each checkpoint array as the runs of the ranks' pieces in file order (owned: segs[k]) */
-    qt_ckpt_item mine[QT_COMM_MAX_RANKS][8]; /* each rank's own items (its snapshot buffers) */
-    qt_ckpt_seg *segs[4];
-    qt_ckpt_gather gather[4];
-    void (*guard)(void *ctx, size_t hi); /* the trainer's wait for the checkpoint writer (set_state_guard) */
-    void *guard_ctx;
-    const qt_docs *docs;  /* set_docs' documents of all ranks' windows (NULL: none) */
+    struct {       /* sharded: each checkpoint array as the runs of the ranks' pieces in file order (owned: segs[k]) */
+        qt_ckpt_item mine[QT_COMM_MAX_RANKS][8]; /* each rank's own items (its snapshot buffers) */
+        qt_ckpt_seg *segs[4];
+        qt_ckpt_gather gather[4];
+        void (*guard)(void *ctx, size_t hi); /* the trainer's wait for the checkpoint writer (set_state_guard) */
+        void *guard_ctx;
+    } ckpt;
 };
 
 /* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
@@ -96,21 +100,21 @@ static void job_free(dp_engine *d, int r);
  * this thread) with the first failing rank's message when a rank failed, now or in an earlier call
  * (but for job_free, which takes a broken engine down). */
 static void run(dp_engine *d, dp_job job, int only) {
-    pthread_mutex_lock(&d->mu);
-    int broken = d->nfail && job != job_free;
+    pthread_mutex_lock(&d->pool.mu);
+    int broken = d->pool.nfail && job != job_free;
     if (!broken) {
-        d->job = job;
-        d->only = only;
-        d->pending = d->n;
-        d->gen++;
-        pthread_cond_broadcast(&d->go);
-        while (d->pending) pthread_cond_wait(&d->done, &d->mu);
+        d->pool.job = job;
+        d->pool.only = only;
+        d->pool.pending = d->n;
+        d->pool.gen++;
+        pthread_cond_broadcast(&d->pool.go);
+        while (d->pool.pending) pthread_cond_wait(&d->pool.done, &d->pool.mu);
     }
     int first = -1;
     for (int r = 0; r < d->n; r++)
-        if (d->fail_order[r] == 1) first = r;
-    pthread_mutex_unlock(&d->mu);
-    if (first >= 0 && job != job_free) qt_fail(__FILE__, __LINE__, "a rank failed", "%s", d->fail[first]);
+        if (d->pool.fail_order[r] == 1) first = r;
+    pthread_mutex_unlock(&d->pool.mu);
+    if (first >= 0 && job != job_free) qt_fail(__FILE__, __LINE__, "a rank failed", "%s", d->pool.fail[first]);
 }
 
 static void *rank_loop(void *p) {
@@ -120,12 +124,12 @@ static void *rank_loop(void *p) {
     QT_CUDA(cudaSetDevice(d->dev[r]));
     long seen = 0;
     for (;;) {
-        pthread_mutex_lock(&d->mu);
-        while (d->gen == seen) pthread_cond_wait(&d->go, &d->mu);
-        seen = d->gen;
-        dp_job job = d->job;
-        int mine = d->only < 0 || d->only == r, quit = d->quit;
-        pthread_mutex_unlock(&d->mu);
+        pthread_mutex_lock(&d->pool.mu);
+        while (d->pool.gen == seen) pthread_cond_wait(&d->pool.go, &d->pool.mu);
+        seen = d->pool.gen;
+        dp_job job = d->pool.job;
+        int mine = d->pool.only < 0 || d->pool.only == r, quit = d->pool.quit;
+        pthread_mutex_unlock(&d->pool.mu);
         if (quit) return NULL;
         if (mine) {
             qt_catch c;
@@ -134,15 +138,15 @@ static void *rank_loop(void *p) {
                 job(d, r);
                 qt_catch_pop(&c);
             } else {
-                pthread_mutex_lock(&d->mu);
-                d->fail_order[r] = ++d->nfail;
-                snprintf(d->fail[r], sizeof d->fail[r], "%s", c.msg);
-                pthread_mutex_unlock(&d->mu);
+                pthread_mutex_lock(&d->pool.mu);
+                d->pool.fail_order[r] = ++d->pool.nfail;
+                snprintf(d->pool.fail[r], sizeof d->pool.fail[r], "%s", c.msg);
+                pthread_mutex_unlock(&d->pool.mu);
             }
         }
-        pthread_mutex_lock(&d->mu);
-        if (--d->pending == 0) pthread_cond_signal(&d->done);
-        pthread_mutex_unlock(&d->mu);
+        pthread_mutex_lock(&d->pool.mu);
+        if (--d->pool.pending == 0) pthread_cond_signal(&d->pool.done);
+        pthread_mutex_unlock(&d->pool.mu);
     }
 }
 
@@ -150,42 +154,42 @@ static void *rank_loop(void *p) {
 
 static void job_create(dp_engine *d, int r) {
     qt_gpu_rank rank = {d->comm, r, &d->shard[r]};
-    d->rk[r] = qt_engine_gpu_create(d->base.L, &d->plan, d->src, d->dev[r], &rank, d->err[r], sizeof d->err[r]);
+    d->rk[r] = qt_engine_gpu_create(d->base.L, &d->plan, d->call.src, d->dev[r], &rank, d->call.err[r], sizeof d->call.err[r]);
 }
 static void job_micro(dp_engine *d, int r) {
     size_t ntok = (size_t)d->plan.run.B * d->plan.run.T;
-    d->rk[r]->ops->micro_step(d->rk[r], d->in + r * ntok, d->tgt ? d->tgt + r * ntok : NULL, d->scale);
+    d->rk[r]->ops->micro_step(d->rk[r], d->call.in + r * ntok, d->call.tgt ? d->call.tgt + r * ntok : NULL, d->call.scale);
 }
 static void job_opt(dp_engine *d, int r) {
     /* the other ranks are then already waiting in the gradient all-reduce: they must stop too */
-    QT_CHECK(r != d->fail_rank || d->t != d->fail_step, "injected failure (test hook dp_fail_step) before step %ld", d->t);
-    d->rk[r]->ops->opt_step(d->rk[r], d->lr, d->t, &d->loss[r], &d->gnorm[r]);
+    QT_CHECK(r != d->fail_rank || d->call.t != d->fail_step, "injected failure (test hook dp_fail_step) before step %ld", d->call.t);
+    d->rk[r]->ops->opt_step(d->rk[r], d->call.lr, d->call.t, &d->call.loss[r], &d->call.gnorm[r]);
 }
 static void job_eval(dp_engine *d, int r) {
     size_t ntok = (size_t)d->plan.run.B * d->plan.run.T;
-    d->loss[r] = d->rk[r]->ops->eval_loss(d->rk[r], d->in + r * ntok, d->tgt + r * ntok);
+    d->call.loss[r] = d->rk[r]->ops->eval_loss(d->rk[r], d->call.in + r * ntok, d->call.tgt + r * ntok);
 }
-static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->out); }
-static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], d->out); }
+static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->call.out); }
+static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], d->call.out); }
 /* Rank 0's logits; ZeRO-3: every rank runs the forward (its weight gathers are collectives), the others
  * without the LM head's host copy. */
-static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->in, r == 0 ? d->out : NULL); }
-static void job_items(dp_engine *d, int r) { d->nitems = d->rk[r]->ops->state_items(d->rk[r], d->items, d->cap); }
-static void job_load(dp_engine *d, int r) { d->rc[r] = d->rk[r]->ops->load_state(d->rk[r], d->ck, d->err[r], sizeof d->err[r]); }
+static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->call.in, r == 0 ? d->call.out : NULL); }
+static void job_items(dp_engine *d, int r) { d->call.nitems = d->rk[r]->ops->state_items(d->rk[r], d->call.items, d->call.cap); }
+static void job_load(dp_engine *d, int r) { d->call.rc[r] = d->rk[r]->ops->load_state(d->rk[r], d->call.ck, d->call.err[r], sizeof d->call.err[r]); }
 static void job_nonfinite(dp_engine *d, int r) {
-    d->bad[r] = d->rk[r]->ops->nonfinite_weight(d->rk[r], d->settle, &d->bad_step[r]);
+    d->call.bad[r] = d->rk[r]->ops->nonfinite_weight(d->rk[r], d->call.settle, &d->call.bad_step[r]);
 }
 static void job_memory(dp_engine *d, int r) { d->rk[r]->ops->print_memory(d->rk[r]); }
-static void job_profile(dp_engine *d, int r) { d->rk[r]->ops->profile(d->rk[r], d->on); }
-static void job_profile_print(dp_engine *d, int r) { d->rk[r]->ops->profile_print(d->rk[r], d->on); }
+static void job_profile(dp_engine *d, int r) { d->rk[r]->ops->profile(d->rk[r], d->call.on); }
+static void job_profile_print(dp_engine *d, int r) { d->rk[r]->ops->profile_print(d->rk[r], d->call.on); }
 /* Rank r's windows of the documents: rows [r*B, (r+1)*B) of the ranks x B. */
 static void job_docs(dp_engine *d, int r) {
-    if (!d->docs) {
+    if (!d->call.docs) {
         d->rk[r]->ops->set_docs(d->rk[r], NULL);
         return;
     }
     size_t B = (size_t)d->plan.run.B, T = (size_t)d->plan.run.T;
-    qt_docs mine = {d->docs->starts + r * B * T, d->docs->n_starts + r * B, d->docs->attention, d->docs->positions};
+    qt_docs mine = {d->call.docs->starts + r * B * T, d->call.docs->n_starts + r * B, d->call.docs->attention, d->call.docs->positions};
     d->rk[r]->ops->set_docs(d->rk[r], &mine);
 }
 static void job_free(dp_engine *d, int r) {
@@ -197,16 +201,16 @@ static void job_free(dp_engine *d, int r) {
 
 static void dp_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
     dp_engine *d = (dp_engine *)b;
-    d->in = in;
-    d->tgt = tgt;
-    d->scale = grad_scale; /* per target, over all ranks' targets (qt_loss_scale): the sum over ranks is the mean */
+    d->call.in = in;
+    d->call.tgt = tgt;
+    d->call.scale = grad_scale; /* per target, over all ranks' targets (qt_loss_scale): the sum over ranks is the mean */
     run(d, job_micro, -1);
 }
 
 static void dp_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
     dp_engine *d = (dp_engine *)b;
-    d->lr = lr;
-    d->t = t;
+    d->call.lr = lr;
+    d->call.t = t;
     run(d, job_opt, -1);
     double sum = 0;
     long valid = 0;
@@ -216,21 +220,21 @@ static void dp_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnor
         qt_engine_gpu_last_loss(d->rk[r], &s, &v);
         sum += s;
         valid += v;
-        QT_CHECK(memcmp(&d->gnorm[r], &d->gnorm[0], sizeof(float)) == 0,
+        QT_CHECK(memcmp(&d->call.gnorm[r], &d->call.gnorm[0], sizeof(float)) == 0,
                  "step %ld: rank %d's gradient norm %.9g differs from rank 0's %.9g: the replicas diverged", t, r,
-                 d->gnorm[r], d->gnorm[0]);
+                 d->call.gnorm[r], d->call.gnorm[0]);
     }
     *loss = valid ? (float)(sum / valid) : 0.0f;
-    *gnorm = d->gnorm[0];
+    *gnorm = d->call.gnorm[0];
 }
 
 static float dp_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
     dp_engine *d = (dp_engine *)b;
-    d->in = in;
-    d->tgt = tgt;
+    d->call.in = in;
+    d->call.tgt = tgt;
     run(d, job_eval, -1);
     float sum = 0;
-    for (int r = 0; r < d->n; r++) sum += d->loss[r];
+    for (int r = 0; r < d->n; r++) sum += d->call.loss[r];
     return sum;
 }
 
@@ -239,12 +243,12 @@ static float dp_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
 static void dp_get_weights(qt_engine *b, float *w) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
-    d->out = w;
+    d->call.out = w;
     run(d, job_weights, d->sharded ? -1 : 0);
     if (d->n == 1 || d->sharded) return;
     float *tmp = malloc(n * sizeof(float));
     QT_CHECK(tmp, "out of host memory for a replica check of %zu weights", n);
-    d->out = tmp;
+    d->call.out = tmp;
     for (int r = 1; r < d->n; r++) {
         run(d, job_weights, r);
         QT_CHECK(memcmp(tmp, w, n * sizeof(float)) == 0, "rank %d's weights differ from rank 0's: the replicas diverged", r);
@@ -257,12 +261,12 @@ static void dp_get_weights(qt_engine *b, float *w) {
 static void dp_get_grads(qt_engine *b, float *g) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
-    d->out = g;
+    d->call.out = g;
     run(d, job_grads, d->zero >= 2 ? -1 : 0);
     if (d->zero >= 2) return;
     float *tmp = malloc(n * sizeof(float));
     QT_CHECK(tmp, "out of host memory for %zu gradients", n);
-    d->out = tmp;
+    d->call.out = tmp;
     for (int r = 1; r < d->n; r++) {
         run(d, job_grads, r);
         for (size_t i = 0; i < n; i++) g[i] += tmp[i];
@@ -272,8 +276,8 @@ static void dp_get_grads(qt_engine *b, float *g) {
 
 static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     dp_engine *d = (dp_engine *)b;
-    d->in = in;
-    d->out = logits;
+    d->call.in = in;
+    d->call.out = logits;
     run(d, job_logits, d->zero >= 3 ? -1 : 0);
 }
 
@@ -291,15 +295,15 @@ static int by_off(const void *a, const void *b) {
 }
 static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     dp_engine *d = (dp_engine *)b;
-    d->items = items;
-    d->cap = cap;
+    d->call.items = items;
+    d->call.cap = cap;
     run(d, job_items, 0);
-    if (!d->sharded) return d->nitems;
+    if (!d->sharded) return d->call.nitems;
     int whole_bf16 = d->zero < 3; /* the bf16 weights are whole on every rank below ZeRO-3 */
     int widen = items[0].flags & QT_CKPT_WIDEN_BF16;
-    memcpy(d->mine[0], items, (size_t)(d->nitems < 8 ? d->nitems : 8) * sizeof *items);
+    memcpy(d->ckpt.mine[0], items, (size_t)(d->call.nitems < 8 ? d->call.nitems : 8) * sizeof *items);
     for (int r = 1; r < d->n; r++) {
-        d->items = d->mine[r];
+        d->call.items = d->ckpt.mine[r];
         run(d, job_items, r);
     }
     size_t numel = b->L->numel, most = (size_t)d->n * d->shard[0].n_buckets;
@@ -314,22 +318,22 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
                 size_t off, len, st, m;
                 qt_shard_piece(&d->shard[r], i, &off, &len, &st);
                 if ((m = qt_shard_params(off, len, numel)))
-                    pr[np++] = (piece_run){off, m, (const char *)d->mine[r][k].data + st * es};
+                    pr[np++] = (piece_run){off, m, (const char *)d->ckpt.mine[r][k].data + st * es};
             }
         qsort(pr, (size_t)np, sizeof *pr, by_off);
-        if (!d->segs[k]) d->segs[k] = malloc(most * sizeof *d->segs[k]);
-        QT_CHECK(d->segs[k], "out of host memory for the checkpoint's %zu runs", most);
+        if (!d->ckpt.segs[k]) d->ckpt.segs[k] = malloc(most * sizeof *d->ckpt.segs[k]);
+        QT_CHECK(d->ckpt.segs[k], "out of host memory for the checkpoint's %zu runs", most);
         for (int j = 0; j < np; j++) { /* the pieces tile the array: each starts where the one before ends */
             QT_CHECK(pr[j].off == (j ? pr[j - 1].off + pr[j - 1].n : 0) && (j + 1 < np || pr[j].off + pr[j].n == numel),
                      "%s: the ranks' pieces do not tile the %zu elements (piece %d at %zu)", items[k].name, numel, j, pr[j].off);
-            d->segs[k][j] = (qt_ckpt_seg){pr[j].off * es, pr[j].at};
+            d->ckpt.segs[k][j] = (qt_ckpt_seg){pr[j].off * es, pr[j].at};
         }
-        d->gather[k] = (qt_ckpt_gather){d->segs[k], np};
-        items[k] = (qt_ckpt_item){items[k].name, items[k].dtype, &d->gather[k], numel * es, QT_CKPT_GATHERED};
+        d->ckpt.gather[k] = (qt_ckpt_gather){d->ckpt.segs[k], np};
+        items[k] = (qt_ckpt_item){items[k].name, items[k].dtype, &d->ckpt.gather[k], numel * es, QT_CKPT_GATHERED};
     }
     free(pr);
     if (widen) items[0] = (qt_ckpt_item){items[0].name, QT_DT_F32, items[1].data, numel * 4, items[1].flags | QT_CKPT_WIDEN_BF16};
-    return d->nitems;
+    return d->call.nitems;
 }
 
 /* Live items (an offloaded state written where it lives, engine_gpu.c's live_state): ZeRO ranks only
@@ -359,14 +363,14 @@ static void rank_guard(void *ctx, size_t hi) {
         if (hi <= st) break;
         g = off + (hi - st < len ? hi - st : len);
     }
-    d->guard(d->guard_ctx, g < d->base.L->numel ? g : d->base.L->numel);
+    d->ckpt.guard(d->ckpt.guard_ctx, g < d->base.L->numel ? g : d->base.L->numel);
 }
 static void dp_set_state_guard(qt_engine *b, void (*wait)(void *ctx, size_t hi), void *ctx) {
     dp_engine *d = (dp_engine *)b;
-    d->guard = wait;
-    d->guard_ctx = ctx;
+    d->ckpt.guard = wait;
+    d->ckpt.guard_ctx = ctx;
     for (int r = 0; r < d->n; r++)
-        if (d->rk[r]->ops->set_state_guard) d->rk[r]->ops->set_state_guard(d->rk[r], wait ? rank_guard : NULL, &d->arg[r]);
+        if (d->rk[r]->ops->set_state_guard) d->rk[r]->ops->set_state_guard(d->rk[r], wait ? rank_guard : NULL, &d->pool.arg[r]);
 }
 
 /* The ranks' snapshot buffers (the checkpoint reads the pieces there). */
@@ -382,25 +386,25 @@ static size_t dp_snapshot_bytes(const qt_engine *b) {
  * NaN/Inf over the ranks. */
 static long dp_nonfinite_weight(qt_engine *b, int settle, long *step) {
     dp_engine *d = (dp_engine *)b;
-    d->settle = settle;
+    d->call.settle = settle;
     run(d, job_nonfinite, -1);
     long bad = -1;
     *step = -1;
     for (int r = 0; r < d->n; r++)
-        if (d->bad[r] >= 0 && (bad < 0 || d->bad_step[r] < *step || (d->bad_step[r] == *step && d->bad[r] < bad))) {
-            bad = d->bad[r];
-            *step = d->bad_step[r];
+        if (d->call.bad[r] >= 0 && (bad < 0 || d->call.bad_step[r] < *step || (d->call.bad_step[r] == *step && d->call.bad[r] < bad))) {
+            bad = d->call.bad[r];
+            *step = d->call.bad_step[r];
         }
     return bad;
 }
 
 static int dp_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errlen) {
     dp_engine *d = (dp_engine *)b;
-    d->ck = ck;
+    d->call.ck = ck;
     run(d, job_load, -1);
     for (int r = 0; r < d->n; r++)
-        if (d->rc[r]) {
-            snprintf(err, errlen, "%s", d->err[r]);
+        if (d->call.rc[r]) {
+            snprintf(err, errlen, "%s", d->call.err[r]);
             return -1;
         }
     return 0;
@@ -415,37 +419,37 @@ static void dp_print_memory(qt_engine *b) {
 
 static void dp_profile(qt_engine *b, int on) {
     dp_engine *d = (dp_engine *)b;
-    d->on = on;
+    d->call.on = on;
     run(d, job_profile, 0);
 }
 static void dp_profile_print(qt_engine *b, int steps) {
     dp_engine *d = (dp_engine *)b;
-    d->on = steps;
+    d->call.on = steps;
     run(d, job_profile_print, 0);
 }
 
 static void dp_free(qt_engine *b) {
     dp_engine *d = (dp_engine *)b;
     run(d, job_free, -1);
-    pthread_mutex_lock(&d->mu);
-    d->quit = 1;
-    d->gen++;
-    pthread_cond_broadcast(&d->go);
-    pthread_mutex_unlock(&d->mu);
-    for (int r = 0; r < d->n; r++) pthread_join(d->th[r], NULL);
+    pthread_mutex_lock(&d->pool.mu);
+    d->pool.quit = 1;
+    d->pool.gen++;
+    pthread_cond_broadcast(&d->pool.go);
+    pthread_mutex_unlock(&d->pool.mu);
+    for (int r = 0; r < d->n; r++) pthread_join(d->pool.th[r], NULL);
     qt_comm_free(d->comm);
-    for (int k = 0; k < 4; k++) free(d->segs[k]);
-    pthread_mutex_destroy(&d->mu);
-    pthread_cond_destroy(&d->go);
-    pthread_cond_destroy(&d->done);
+    for (int k = 0; k < 4; k++) free(d->ckpt.segs[k]);
+    pthread_mutex_destroy(&d->pool.mu);
+    pthread_cond_destroy(&d->pool.go);
+    pthread_cond_destroy(&d->pool.done);
     free(d);
 }
 
 static void dp_set_docs(qt_engine *b, const qt_docs *docs) {
     dp_engine *d = (dp_engine *)b;
-    d->docs = docs;
+    d->call.docs = docs;
     run(d, job_docs, -1);
-    d->docs = NULL;
+    d->call.docs = NULL;
 }
 
 static const qt_engine_ops dp_ops = {
@@ -497,9 +501,9 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt
     const qt_test_hooks *th = qt_test_hooks_get();
     d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
     d->fail_step = th->dp_fail_step;
-    pthread_mutex_init(&d->mu, NULL);
-    pthread_cond_init(&d->go, NULL);
-    pthread_cond_init(&d->done, NULL);
+    pthread_mutex_init(&d->pool.mu, NULL);
+    pthread_cond_init(&d->pool.go, NULL);
+    pthread_cond_init(&d->pool.done, NULL);
     /* auto: the link probe decides, printed once. Sums that overlap the backward pull with copy engines
      * and reduce locally: reductions that load from peers take SMs from the backward (slower there). */
     int overlap = plan->parallel.overlap && n > 1;
@@ -511,15 +515,15 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt
         printf("qtrain: the gradients cross host memory as fp32; parallel.reduce_dtype: bf16 halves those bytes\n");
     QT_CUDA(cudaSetDevice(devices[0]));
     for (int r = 0; r < n; r++) {
-        d->arg[r].d = d;
-        d->arg[r].r = r;
-        QT_CHECK(pthread_create(&d->th[r], NULL, rank_loop, &d->arg[r]) == 0, "cannot start the thread of rank %d", r);
+        d->pool.arg[r].d = d;
+        d->pool.arg[r].r = r;
+        QT_CHECK(pthread_create(&d->pool.th[r], NULL, rank_loop, &d->pool.arg[r]) == 0, "cannot start the thread of rank %d", r);
     }
-    d->src = src; /* read by every rank's thread at once: fills are pure */
+    d->call.src = src; /* read by every rank's thread at once: fills are pure */
     run(d, job_create, -1); /* in parallel: each rank allocates and initialises its own GPU */
     for (int r = 0; r < n; r++)
         if (!d->rk[r]) {
-            snprintf(err, errlen, "rank %d (GPU %d): %s", r, d->dev[r], d->err[r]);
+            snprintf(err, errlen, "rank %d (GPU %d): %s", r, d->dev[r], d->call.err[r]);
             dp_free(&d->base);
             return NULL;
         }

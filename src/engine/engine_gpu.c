@@ -80,7 +80,7 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
     int last = e->plan.parallel.dp != QT_DP_ONE && ++e->micro_in_step == e->plan.run.grad_accum;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
      * cannot happen under capture. */
-    int eager = !e->plan.perf.graphs || e->micro_done == 0 || e->g->prof;
+    int eager = !e->plan.perf.graphs || e->micro_done == 0 || e->g->timing.prof;
     qt_dp_sync_micro_step(e->sync, grad_scale, last, eager); /* the weight of one target (qt_loss_scale) */
     e->micro_done++;
 }
@@ -190,10 +190,10 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_adamw_args a = {lr, o->beta1, o->beta2, o->eps, t, o->seed, e->plan.precision.stochastic_rounding, 0, 0,
                        QT_MUTANT(QT_MUT_NONFINITE_UNCHECKED) ? NULL : e->bad_dev};
     optimizer(e, &a);
-    QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
+    QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->head.loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));
     if (e->plan.precision.fp8) QT_CUDA(cudaMemcpyAsync(&e->out->nonfinite, g->fp8->nonfinite, 4, cudaMemcpyDeviceToHost, s));
-    qt_zero(g->loss_sum, 8, s);
+    qt_zero(g->head.loss_sum, 8, s);
     QT_CUDA(cudaStreamSynchronize(s));
     /* this step's count when AdamW ran on s; ahead of the next forward, the last step's (that forward
      * waited for every bucket: the copy is done or about to be) */
@@ -217,8 +217,8 @@ static float gpu_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) 
     long valid = upload(e, in, tgt);
     qt_gpu_step_args a = {0.0f, 0, 0, qt_dp_sync_wait_hooks(e->sync)};
     qt_gpu_model_step(g, &a);
-    QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->loss_sum, 8, cudaMemcpyDeviceToHost, g->stream));
-    qt_zero(g->loss_sum, 8, g->stream);
+    QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->head.loss_sum, 8, cudaMemcpyDeviceToHost, g->stream));
+    qt_zero(g->head.loss_sum, 8, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     return valid ? (float)(e->out->loss / valid) : 0.0f;
 }
@@ -273,12 +273,12 @@ static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "
 static int live_state(const gpu_engine *e) { return e->plan.optimizer.host && e->plan.parallel.dp != QT_DP_REPLICATED && !e->ckpt_copy; }
 static int live_w(const gpu_engine *e) { return live_state(e) && e->g->ps->plan.weights.host; }
 /* Item i (weights, weights_bf16, adam_m, adam_v) lives in host memory and is written in place: the state
- * arrays memory.offload names (ps->opt_host), the host weights, and with a bf16 master "weights" (their view). */
+ * arrays memory.offload names (ps->host_opt.opt_host), the host weights, and with a bf16 master "weights" (their view). */
 static int live_item(const gpu_engine *e, int i) {
     const qt_param_store *ps = e->g->ps;
     if (!live_state(e)) return 0;
-    if (i == 0) return ps->master ? (ps->opt_host & QT_OFF_MASTER) != 0 : live_w(e);
-    return i == 1 ? live_w(e) : (ps->opt_host & (i == 2 ? QT_OFF_M : QT_OFF_V)) != 0;
+    if (i == 0) return ps->master ? (ps->host_opt.opt_host & QT_OFF_MASTER) != 0 : live_w(e);
+    return i == 1 ? live_w(e) : (ps->host_opt.opt_host & (i == 2 ? QT_OFF_M : QT_OFF_V)) != 0;
 }
 /* Elements of checkpoint item i (0 master, 1 bf16 weights, 2 m, 3 v): the rank's pieces, but the bf16 weights
  * whole below ZeRO-3. */

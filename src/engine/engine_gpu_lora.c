@@ -97,9 +97,9 @@ static void glora_opt_step(qt_engine *b, float lr, long t, float *loss, float *g
     cudaStream_t s = g->stream;
     double sum;
     qt_gpu_lora_opt_step(e->gl, &e->plan.optimizer, lr, t, s);
-    QT_CUDA(cudaMemcpyAsync(&sum, g->loss_sum, 8, cudaMemcpyDeviceToHost, s));
+    QT_CUDA(cudaMemcpyAsync(&sum, g->head.loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(gnorm, e->gl->norm, 4, cudaMemcpyDeviceToHost, s));
-    qt_zero(g->loss_sum, 8, s);
+    qt_zero(g->head.loss_sum, 8, s);
     QT_CUDA(cudaStreamSynchronize(s));
     qt_gpu_model_profile_collect(g);
     if (e->dpo) { /* the pairs' losses, summed by the micro-steps */
@@ -125,8 +125,8 @@ static float glora_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt
     if (e->dpo) return (float)dpo_step(e, tgt, 0, 0.0f, &e->dlog.eval);
     qt_gpu_step_args a = {0.0f, 0, 0, NULL};
     qt_gpu_model_step(g, &a);
-    QT_CUDA(cudaMemcpyAsync(&sum, g->loss_sum, 8, cudaMemcpyDeviceToHost, g->stream));
-    qt_zero(g->loss_sum, 8, g->stream);
+    QT_CUDA(cudaMemcpyAsync(&sum, g->head.loss_sum, 8, cudaMemcpyDeviceToHost, g->stream));
+    qt_zero(g->head.loss_sum, 8, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     return valid ? (float)(sum / valid) : 0.0f;
 }

@@ -37,7 +37,7 @@ static void row_logps(qt_gpu_dpo *d, qt_gpu_model *g, int adapters, const int32_
     qt_gpu_lora_set_on(g->lora, adapters);
     qt_gpu_step_args a = {0.0f, 0, 0, NULL};
     qt_gpu_model_step(g, &a);
-    QT_CUDA(cudaMemcpyAsync(d->losses, g->losses, g->N * sizeof *d->losses, cudaMemcpyDeviceToHost, g->stream));
+    QT_CUDA(cudaMemcpyAsync(d->losses, g->head.losses, g->N * sizeof *d->losses, cudaMemcpyDeviceToHost, g->stream));
     QT_CUDA(cudaStreamSynchronize(g->stream));
     qt_dpo_row_logps(logp, d->losses, tgt, g->B, g->T);
 }
@@ -47,7 +47,7 @@ double qt_gpu_dpo_step(qt_gpu_dpo *d, qt_gpu_model *g, const int32_t *tgt, const
     int B = g->B;
     row_logps(d, g, 0, tgt, d->lp + B); /* the reference: the frozen base */
     row_logps(d, g, 1, tgt, d->lp);     /* the policy, last: its activations stay for the backward */
-    qt_zero(g->loss_sum, 8, g->stream); /* the token losses' sum means nothing here: the loss is the pairs' */
+    qt_zero(g->head.loss_sum, 8, g->stream); /* the token losses' sum means nothing here: the loss is the pairs' */
     double loss = qt_dpo_batch(c, d->lp, d->lp + B, B, pair_weight, d->scale, st);
     if (backward) qt_gpu_model_backward_rows(g, d->scale);
     return loss;

@@ -102,10 +102,10 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
      * 16 x 1024 tokens at V = 151936, not 8 ranks of 32 x 1024). */
     int pay = qt_plan_lookups_pay(g->L, g->N, n_ranks(g));
     size_t lk = pay ? qt_gpu_model_lookups(g, NULL, NULL, NULL, NULL) : 0;
-    g->logits = qt_mem_plan_carve(p, "lm-head logits chunk", chunk * V * 2 > lk ? chunk * V * 2 : lk);
-    g->lookups = lk ? g->logits : NULL; /* dead from the LM head's end to the next micro-step's */
-    g->losses = qt_mem_plan_carve(p, "lm-head logits chunk", N * 4);
-    g->loss_sum = qt_mem_plan_carve(p, "scratch: gradients", 8);
+    g->head.logits = qt_mem_plan_carve(p, "lm-head logits chunk", chunk * V * 2 > lk ? chunk * V * 2 : lk);
+    g->head.lookups = lk ? g->head.logits : NULL; /* dead from the LM head's end to the next micro-step's */
+    g->head.losses = qt_mem_plan_carve(p, "lm-head logits chunk", N * 4);
+    g->head.loss_sum = qt_mem_plan_carve(p, "scratch: gradients", 8);
     g->tok = qt_mem_plan_carve(p, "tokens, rope table", N * 4);
     g->tgt = qt_mem_plan_carve(p, "tokens, rope table", N * 4);
     g->rope_cs = qt_mem_plan_carve(p, "tokens, rope table", (size_t)g->T * c->head_dim * 4);
@@ -289,7 +289,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
         free_host(g);
         return NULL;
     }
-    g->start_host_s = now_s() - t0; /* with the arena's cudaMalloc (quick beside the pinning) */
+    g->timing.start_host_s = now_s() - t0; /* with the arena's cudaMalloc (quick beside the pinning) */
     g->mm = qt_matmul_create(0);
     qt_matmul_set_autotune(g->mm, pl->perf.autotune);
     cudaStream_t s = g->stream;
@@ -299,8 +299,8 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
         return NULL;
     }
     if (g->lora) qt_gpu_lora_init(g->lora, s);
-    g->start_init_s = now_s() - t0;
-    qt_zero(g->loss_sum, 8, s);
+    g->timing.start_init_s = now_s() - t0;
+    qt_zero(g->head.loss_sum, 8, s);
     rope_tables(g);
     if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, pl->precision.grad_dt, (qt_fp8_wcache)pl->precision.fp8_cache,
@@ -340,11 +340,11 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
     if (g->pl->memory.gpu_limit_gib > 0) printf("  %-30s %10.1f MiB\n", "memory.gpu_limit_gib", g->pl->memory.gpu_limit_gib * 1024.0);
     printf("  %-30s %10.1f MiB of %.1f MiB (the runtime reserve and autotune scratch come out of this)\n", "free now",
            free_b / 1048576.0, total_b / 1048576.0);
-    printf("  start: host memory pinned and the GPU's allocated in %.1f s, the weights set in %.1f s\n", g->start_host_s,
-           g->start_init_s);
+    printf("  start: host memory pinned and the GPU's allocated in %.1f s, the weights set in %.1f s\n", g->timing.start_host_s,
+           g->timing.start_init_s);
 }
 
-/* The loss and dlogits in place of the logits of tokens [r0, r0 + n) (g->logits holds them from r0 on): with
+/* The loss and dlogits in place of the logits of tokens [r0, r0 + n) (g->head.logits holds them from r0 on): with
  * row_scale (host [B]) the loss scale of each token is its sequence's, one launch per sequence the chunk meets (the
  * kernel's rows are independent: the same arithmetic as one launch); else loss_scale for all. */
 static void lm_loss(qt_gpu_model *g, long r0, long n, float loss_scale, const float *row_scale) {
@@ -352,7 +352,7 @@ static void lm_loss(qt_gpu_model *g, long r0, long n, float loss_scale, const fl
     for (long i = r0; i < r0 + n;) {
         long end = row_scale ? (i / g->T + 1) * g->T : r0 + n;
         if (end > r0 + n) end = r0 + n;
-        qt_lmhead_loss_softcap(QT_LMHEAD_AUTO, (char *)g->logits + (size_t)(i - r0) * V * 2, g->losses + i, NULL,
+        qt_lmhead_loss_softcap(QT_LMHEAD_AUTO, (char *)g->head.logits + (size_t)(i - r0) * V * 2, g->head.losses + i, NULL,
                                g->tgt + i, end - i, V, row_scale ? row_scale[i / g->T] : loss_scale, g->fam.logit_cap,
                                g->stream);
         i = end;
@@ -371,17 +371,17 @@ static void lm_head(qt_gpu_model *g, float loss_scale, const float *row_scale, i
         long n = g->N - r0 < chunk ? g->N - r0 : chunk;
         void *x = (char *)g->as->lnf + r0 * C * 2;
         qt_gpu_model_mark(g, "lm head: matmul fwd");
-        qt_matmul_fwd(g->mm, g->logits, QT_DT_BF16, x, Wp(g, g->L->lm_head), NULL, n, C, V, 0, s);
+        qt_matmul_fwd(g->mm, g->head.logits, QT_DT_BF16, x, Wp(g, g->L->lm_head), NULL, n, C, V, 0, s);
         qt_gpu_model_mark(g, "lm head: loss");
         lm_loss(g, r0, n, loss_scale, row_scale);
         if (!backward) continue;
         qt_gpu_model_mark(g, "lm head: dgrad + wgrad");
-        qt_matmul_dgrad(g->mm, (char *)g->as->dlnf + r0 * C * 2, QT_DT_BF16, g->logits, Wp(g, g->L->lm_head), n, C, V, 0, s);
-        if (Gp(g, g->L->lm_head)) qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), Gdt(g), NULL, g->logits, x, n, C, V, 1, s);
+        qt_matmul_dgrad(g->mm, (char *)g->as->dlnf + r0 * C * 2, QT_DT_BF16, g->head.logits, Wp(g, g->L->lm_head), n, C, V, 0, s);
+        if (Gp(g, g->L->lm_head)) qt_matmul_wgrad(g->mm, Gp(g, g->L->lm_head), Gdt(g), NULL, g->head.logits, x, n, C, V, 1, s);
     }
     if (row_scale) return;
     qt_gpu_model_mark(g, "lm head: loss");
-    qt_sum_f32(g->loss_sum, g->losses, g->N, s);
+    qt_sum_f32(g->head.loss_sum, g->head.losses, g->N, s);
 }
 
 /* The abs-max slot the producer of layer l's matmul k input (grad 0) / output gradient (grad 1) fills;
@@ -397,7 +397,7 @@ static float *fp8_amax(qt_gpu_model *g, int l, qt_fp8_mm k, int grad) {
 static void fp8_use_weights(qt_gpu_model *g, int l, unsigned wq, int wqT, int amax) {
     const qt_layer_offsets *o = &g->L->layers[l];
     const qt_param_store *ps = g->ps;
-    if (ps && ps->plan.weights.e4m3 && ps->small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
+    if (ps && ps->plan.weights.e4m3 && ps->e4m3.small.layer_bucket[qt_wslots_home(ps->wslots, o->wqkv)]) { /* gathered as e4m3 codes */
         const void *w8[QT_FP8_NMM] = {qt_wslots_addr8(ps->wslots, o->wqkv), qt_wslots_addr8(ps->wslots, o->wo),
                                       qt_wslots_addr8(ps->wslots, o->wgu), qt_wslots_addr8(ps->wslots, o->wdown)};
         qt_gpu_model_mark(g, "fp8 quantize: weights");
@@ -783,26 +783,26 @@ struct qt_gpu_prof {
 };
 
 void qt_gpu_model_profile(qt_gpu_model *g, int on) {
-    if (on && !g->prof) {
-        g->prof = calloc(1, sizeof *g->prof);
-        QT_CHECK(g->prof, "out of host memory");
-        for (int i = 0; i < PROF_EVENTS; i++) QT_CUDA(cudaEventCreate(&g->prof->ev[i]));
-    } else if (!on && g->prof) {
-        for (int i = 0; i < PROF_EVENTS; i++) QT_CUDA(cudaEventDestroy(g->prof->ev[i]));
-        free(g->prof);
-        g->prof = NULL;
+    if (on && !g->timing.prof) {
+        g->timing.prof = calloc(1, sizeof *g->timing.prof);
+        QT_CHECK(g->timing.prof, "out of host memory");
+        for (int i = 0; i < PROF_EVENTS; i++) QT_CUDA(cudaEventCreate(&g->timing.prof->ev[i]));
+    } else if (!on && g->timing.prof) {
+        for (int i = 0; i < PROF_EVENTS; i++) QT_CUDA(cudaEventDestroy(g->timing.prof->ev[i]));
+        free(g->timing.prof);
+        g->timing.prof = NULL;
     }
 }
 
 void qt_gpu_model_mark(qt_gpu_model *g, const char *label) {
-    struct qt_gpu_prof *p = g->prof;
+    struct qt_gpu_prof *p = g->timing.prof;
     if (!p || p->n == PROF_EVENTS) return;
     QT_CUDA(cudaEventRecord(p->ev[p->n], g->stream));
     p->at[p->n++] = label;
 }
 
 void qt_gpu_model_profile_collect(qt_gpu_model *g) {
-    struct qt_gpu_prof *p = g->prof;
+    struct qt_gpu_prof *p = g->timing.prof;
     if (!p || p->n == 0) return;
     qt_gpu_model_mark(g, NULL); /* closes the last interval */
     QT_CUDA(cudaStreamSynchronize(g->stream));
@@ -818,7 +818,7 @@ void qt_gpu_model_profile_collect(qt_gpu_model *g) {
 }
 
 void qt_gpu_model_profile_print(qt_gpu_model *g, int steps) {
-    struct qt_gpu_prof *p = g->prof;
+    struct qt_gpu_prof *p = g->timing.prof;
     if (!p) return;
     double total = 0;
     for (int k = 0; k < p->nlabels; k++) total += p->ms[k];
@@ -843,9 +843,9 @@ void qt_gpu_model_logits(qt_gpu_model *g, const qt_param_hooks *hooks, float *ho
     QT_CHECK(tmp, "out of host memory");
     for (long r0 = 0; r0 < g->N; r0 += chunk) {
         long n = g->N - r0 < chunk ? g->N - r0 : chunk;
-        qt_matmul_fwd(g->mm, g->logits, QT_DT_BF16, (char *)g->as->lnf + r0 * c->hidden_size * 2, Wp(g, g->L->lm_head),
+        qt_matmul_fwd(g->mm, g->head.logits, QT_DT_BF16, (char *)g->as->lnf + r0 * c->hidden_size * 2, Wp(g, g->L->lm_head),
                       NULL, n, c->hidden_size, (int)V, 0, s);
-        QT_CUDA(cudaMemcpyAsync(tmp, g->logits, n * V * 2, cudaMemcpyDeviceToHost, s));
+        QT_CUDA(cudaMemcpyAsync(tmp, g->head.logits, n * V * 2, cudaMemcpyDeviceToHost, s));
         QT_CUDA(cudaStreamSynchronize(s));
         float cap = g->fam.logit_cap; /* the loss's logits: cap * tanh(x / cap) in fp32, as the loss kernel forms them */
         for (size_t i = 0; i < n * V; i++) {

@@ -27,7 +27,7 @@ static size_t opt_es(const qt_param_store *ps, int k) {
     return k == 0 ? (ps->w_master_dt == QT_DT_F32 ? 4 : 0) : qt_dtype_size(k == 1 ? ps->m_dt : ps->v_dt);
 }
 static size_t host_bytes(const qt_param_store *ps, int k) {
-    return ps->opt_host >> k & 1 ? qt_mem_aligned(ps->shard.len * opt_es(ps, k)) : 0;
+    return ps->host_opt.opt_host >> k & 1 ? qt_mem_aligned(ps->shard.len * opt_es(ps, k)) : 0;
 }
 _Static_assert((int)QT_OPTIM_G == (int)QT_OFF_GRADIENTS && (int)QT_OPTIM_W == (int)QT_OFF_WEIGHTS, "streamed bits");
 /* What the offloaded optimizer streams through its slots (qt_gpu_optim's host_mask): the offloaded state
@@ -35,7 +35,7 @@ _Static_assert((int)QT_OPTIM_G == (int)QT_OFF_GRADIENTS && (int)QT_OPTIM_W == (i
  * AdamW read them through the mapping before). 0: no slots (state on the device, or zero copy). */
 static int streamed(const qt_param_store *ps) {
     if (!ps->plan.optimizer.host || ps->plan.optimizer.zero_copy) return 0;
-    return ps->opt_host | (ps->plan.weights.host ? QT_OPTIM_W : 0) | (ps->plan.grads.host ? QT_OPTIM_G : 0);
+    return ps->host_opt.opt_host | (ps->plan.weights.host ? QT_OPTIM_W : 0) | (ps->plan.grads.host ? QT_OPTIM_G : 0);
 }
 /* Bucket b's slot at element delta from its bucket start (negative: its head margin). */
 static void *slot_at(const qt_param_store *ps, int b, ptrdiff_t delta) { return (char *)ps->grad_slot[b] + delta * (ptrdiff_t)ges(ps); }
@@ -65,7 +65,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, con
     if (pl->weights.e4m3) {
         QT_CHECK(pl->parallel.zero >= 3 || pl->weights.host, "parameter store: e4m3 weight codes without ZeRO-3 or offloaded weights (zero %d)",
                  pl->parallel.zero);
-        if (qt_small_params_init(&ps->small, L, sh, err, errlen)) {
+        if (qt_small_params_init(&ps->e4m3.small, L, sh, err, errlen)) {
             qt_param_store_free(ps);
             return NULL;
         }
@@ -84,9 +84,9 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, con
         }
     }
     if (!pl->optimizer.host) return ps;
-    ps->opt_host = (pl->optimizer.mask ? pl->optimizer.mask : QT_OFF_OPTIMIZER) & (ps->w_master_dt == QT_DT_F32 ? QT_OFF_OPTIMIZER : QT_OFF_M | QT_OFF_V);
-    if (!ps->opt_host) ps->plan.optimizer.host = 0; /* only a master named, and there is none (bf16) */
-    ps->host_state_bytes = host_bytes(ps, 0) + host_bytes(ps, 1) + host_bytes(ps, 2);
+    ps->host_opt.opt_host = (pl->optimizer.mask ? pl->optimizer.mask : QT_OFF_OPTIMIZER) & (ps->w_master_dt == QT_DT_F32 ? QT_OFF_OPTIMIZER : QT_OFF_M | QT_OFF_V);
+    if (!ps->host_opt.opt_host) ps->plan.optimizer.host = 0; /* only a master named, and there is none (bf16) */
+    ps->host_opt.host_state_bytes = host_bytes(ps, 0) + host_bytes(ps, 1) + host_bytes(ps, 2);
     (void)err, (void)errlen;
     return ps;
 }
@@ -117,7 +117,7 @@ int qt_param_store_alloc_host(qt_param_store *ps, char *err, size_t errlen) {
                                      errlen))
         return -1;
     if (ps->plan.weights.host && ps->plan.weights.e4m3 &&
-        pin_host((void **)&ps->w8, zero3(ps) ? ps->shard.len : ps->shard.total, mapped | wc, "memory.offload: [quants]",
+        pin_host((void **)&ps->e4m3.w8, zero3(ps) ? ps->shard.len : ps->shard.total, mapped | wc, "memory.offload: [quants]",
                  "the e4m3 weight codes", "leave quants out", ps, err, errlen))
         return -1;
     /* gradients: one GPU the whole array, ZeRO-2/3 the rank's summed shard; the norm, AdamW and the zeroing
@@ -130,13 +130,13 @@ int qt_param_store_alloc_host(qt_param_store *ps, char *err, size_t errlen) {
     if (!ps->plan.optimizer.host) return 0;
     size_t b0 = host_bytes(ps, 0), b1 = host_bytes(ps, 1);
     /* the optimizer state: streamed through the slots, or (zero copy) read by AdamW's kernel in place */
-    if (pin_host((void **)&ps->host_state, ps->host_state_bytes, (ps->plan.optimizer.zero_copy ? mapped : 0) | wc,
+    if (pin_host((void **)&ps->host_opt.host_state, ps->host_opt.host_state_bytes, (ps->plan.optimizer.zero_copy ? mapped : 0) | wc,
                  "memory.offload_optimizer", "the optimizer state", "train without the offload", ps, err, errlen))
         return -1;
     /* the offloaded arrays here; the others were carved in the arena (bf16 master: none) */
-    if (ps->opt_host & QT_OFF_MASTER) ps->master = (float *)ps->host_state;
-    if (ps->opt_host & QT_OFF_M) ps->m = ps->host_state + b0;
-    if (ps->opt_host & QT_OFF_V) ps->v = ps->host_state + b0 + b1;
+    if (ps->host_opt.opt_host & QT_OFF_MASTER) ps->master = (float *)ps->host_opt.host_state;
+    if (ps->host_opt.opt_host & QT_OFF_M) ps->m = ps->host_opt.host_state + b0;
+    if (ps->host_opt.opt_host & QT_OFF_V) ps->v = ps->host_opt.host_state + b0 + b1;
     return 0;
 }
 
@@ -149,19 +149,19 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
         qt_wslots_carve(ps->wslots, p);
         if (ps->plan.weights.e4m3) { /* e4m3 gathers: the pieces' codes, the small params' buffers, the abs-maxes */
             if (ps->plan.weights.host) qt_mem_plan_host(p, "weights (e4m3 shard, offloaded)", ns);
-            else ps->w8 = qt_mem_plan_carve(p, "weights (e4m3 shard)", ns);
-            size_t P = ps->small.max_packed;
-            ps->small_send = qt_mem_plan_carve(p, "weight slots (e4m3)", P * 2);
+            else ps->e4m3.w8 = qt_mem_plan_carve(p, "weights (e4m3 shard)", ns);
+            size_t P = ps->e4m3.small.max_packed;
+            ps->e4m3.small_send = qt_mem_plan_carve(p, "weight slots (e4m3)", P * 2);
             /* every layer bucket's gathered small params, remade when the pieces change (dp_sync small_gather) */
-            ps->small_recv = qt_mem_plan_carve(p, "weight slots (e4m3)", (size_t)ps->shard.n_buckets * ps->shard.n_ranks * P * 2);
-            ps->amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
+            ps->e4m3.small_recv = qt_mem_plan_carve(p, "weight slots (e4m3)", (size_t)ps->shard.n_buckets * ps->shard.n_ranks * P * 2);
+            ps->e4m3.amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
         }
     } else if (ps->plan.weights.host) { /* w itself: qt_param_store_alloc_host */
         qt_mem_plan_host(p, "weights (bf16, offloaded)", n * 2);
         qt_wslots_carve(ps->wslots, p);
         if (ps->plan.weights.e4m3) { /* quants: the layers' e4m3 codes beside them, what is copied up; their abs-maxes */
             qt_mem_plan_host(p, "weights (e4m3, offloaded)", n);
-            ps->amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
+            ps->e4m3.amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
         }
     } else {
         ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
@@ -169,12 +169,12 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     if (ps->plan.parallel.zero >= 2 || ps->plan.grads.host) carve_grad_slots(ps, p);
     else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
                                       n * qt_dtype_size(ps->grad_dt));
-    int host = ps->plan.optimizer.host ? ps->opt_host : 0; /* the offloaded arrays: alloc_host */
+    int host = ps->plan.optimizer.host ? ps->host_opt.opt_host : 0; /* the offloaded arrays: alloc_host */
     if (host) { /* zero copy: AdamW works on the host arrays, no slots */
         if (!ps->plan.optimizer.zero_copy)
-            ps->opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)", qt_gpu_optim_slot_bytes(ps->plan.optimizer.chunk,
+            ps->host_opt.opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)", qt_gpu_optim_slot_bytes(ps->plan.optimizer.chunk,
                                                                                    streamed(ps), ps->m_dt, ps->v_dt, ps->grad_dt));
-        qt_mem_plan_host(p, "offloaded optimizer state", ps->host_state_bytes);
+        qt_mem_plan_host(p, "offloaded optimizer state", ps->host_opt.host_state_bytes);
     }
     if (ps->w_master_dt == QT_DT_F32 && !(host & QT_OFF_MASTER)) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
     if (!(host & QT_OFF_M))
@@ -199,8 +199,8 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
             big = len > big ? len : big;
         }
         size_t chunk = qt_test_hooks_get()->grad_stage_elems > 0 ? (size_t)qt_test_hooks_get()->grad_stage_elems : SHARD_STAGE_ELEMS;
-        ps->shard_stage_n = big < chunk ? big : chunk;
-        ps->shard_stage = qt_mem_plan_carve(p, "gradient shard staging (fp32)", qt_host_shard_slot_bytes(ps->shard_stage_n));
+        ps->host_grad.shard_stage_n = big < chunk ? big : chunk;
+        ps->host_grad.shard_stage = qt_mem_plan_carve(p, "gradient shard staging (fp32)", qt_host_shard_slot_bytes(ps->host_grad.shard_stage_n));
     }
 }
 
@@ -370,15 +370,15 @@ void *qt_param_grad_piece(const qt_param_store *ps, int b) {
 
 void qt_param_grad_piece_add(const qt_param_store *ps, int b, const void *src, qt_dtype dt, size_t len, cudaStream_t s) {
     float *piece = qt_param_grad_piece(ps, b);
-    if (ps->gshard) qt_host_shard_add(ps->gshard, b, piece, src, dt, len, s);
+    if (ps->host_grad.gshard) qt_host_shard_add(ps->host_grad.gshard, b, piece, src, dt, len, s);
     else qt_add_inplace(piece, QT_DT_F32, src, dt, len, s);
 }
 
 void qt_param_grad_piece_fresh(const qt_param_store *ps, int b, cudaStream_t s) {
     size_t off, len, st;
-    if (!ps->gshard) return;
+    if (!ps->host_grad.gshard) return;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
-    qt_host_shard_fresh(ps->gshard, b, qt_param_grad_piece(ps, b), len, s);
+    qt_host_shard_fresh(ps->host_grad.gshard, b, qt_param_grad_piece(ps, b), len, s);
 }
 
 void qt_param_get_grads(const qt_param_store *ps, float *g) {
@@ -388,7 +388,7 @@ void qt_param_get_grads(const qt_param_store *ps, float *g) {
             size_t off, len, st;
             qt_shard_piece(&ps->shard, k, &off, &len, &st);
             size_t np = qt_shard_params(off, len, n);
-            if (ps->gshard && qt_host_shard_cleared(ps->gshard, k)) memset(g + off, 0, np * 4); /* what the piece reads as */
+            if (ps->host_grad.gshard && qt_host_shard_cleared(ps->host_grad.gshard, k)) memset(g + off, 0, np * 4); /* what the piece reads as */
             else QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, np * 4, cudaMemcpyDefault));
         }
         return;
@@ -458,7 +458,7 @@ static void make_optimizer(qt_param_store *ps) {
     int groups = ps->plan.optimizer.ahead ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
     int host = streamed(ps);
     ps->opt = qt_gpu_optim_create(t, nt, start, groups, ps->master, ps->m, ps->m_dt, ps->v, ps->v_dt, ps->grad_dt,
-                                  host ? ps->opt_slots : NULL, ps->plan.optimizer.chunk, host);
+                                  host ? ps->host_opt.opt_slots : NULL, ps->plan.optimizer.chunk, host);
     free(t);
     free(start);
 }
@@ -466,7 +466,7 @@ static void make_optimizer(qt_param_store *ps) {
 int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream_t s, char *err, size_t errlen) {
     const qt_shard *sp = &ps->shard;
     size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
-    int host = ps->plan.optimizer.host ? ps->opt_host : 0, rc = 0; /* those: zeroed at allocation */
+    int host = ps->plan.optimizer.host ? ps->host_opt.opt_host : 0, rc = 0; /* those: zeroed at allocation */
     if (!ps->plan.weights.host) qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero (w_host:
                                                                                 * zeroed at allocation) */
     if (ps->master && !(host & QT_OFF_MASTER)) qt_zero(ps->master, ns * 4, s);
@@ -508,7 +508,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream
         qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
     }
     make_optimizer(ps);
-    if (ps->shard_stage) ps->gshard = qt_host_shard_create(ps->shard.n_buckets, ps->shard_stage, ps->shard_stage_n);
+    if (ps->host_grad.shard_stage) ps->host_grad.gshard = qt_host_shard_create(ps->shard.n_buckets, ps->host_grad.shard_stage, ps->host_grad.shard_stage_n);
     if (slots(ps)) qt_wslots_start(ps->wslots);
     return 0;
 }
@@ -516,13 +516,13 @@ int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream
 void qt_param_store_free(qt_param_store *ps) {
     if (!ps) return;
     qt_gpu_optim_free(ps->opt);
-    qt_host_shard_free(ps->gshard);
+    qt_host_shard_free(ps->host_grad.gshard);
     qt_wslots_free(ps->wslots);
-    qt_pinned_free(ps->host_state);
+    qt_pinned_free(ps->host_opt.host_state);
     if (ps->plan.weights.host) qt_pinned_free(ps->w);
     if (ps->plan.grads.host) qt_pinned_free(ps->grad);
-    if (ps->plan.weights.host && ps->plan.weights.e4m3) qt_pinned_free(ps->w8);
-    qt_small_params_free(&ps->small);
+    if (ps->plan.weights.host && ps->plan.weights.e4m3) qt_pinned_free(ps->e4m3.w8);
+    qt_small_params_free(&ps->e4m3.small);
     free(ps->grad_slot);
     free(ps->cross_at);
     free(ps);
@@ -589,7 +589,7 @@ void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaSt
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
     size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
-    if (ps->gshard) qt_host_shard_clear(ps->gshard, k0, k1); /* no pass over host memory: marked */
+    if (ps->host_grad.gshard) qt_host_shard_clear(ps->host_grad.gshard, k0, k1); /* no pass over host memory: marked */
     else if (ps->plan.grads.host) qt_fill((char *)ps->grad + lo * ges(ps), ps->grad_dt, 0.0f, hi - lo, s); /* a kernel, not a memset */
     else if (ps->plan.parallel.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
     else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
