@@ -23,12 +23,4 @@ int qt_hf_gemma_config_json(char *buf, size_t cap, const qt_model_cfg *c, int bf
  * "model.language_model.X" become "model.X", others stay; *skip = 1 for the vision tower and projector. */
 void qt_hf_gemma_text_name(char *out, size_t cap, const char *name, int *skip);
 
-/* hf.c's key readers, shared with hf_gemma.c: an integer in [lo, hi] (absent: def, or an error when def < lo),
- * a boolean, and the sizes every family has (hidden_size .. tie_word_embeddings, rope_theta). */
-int qt_hf_get_int(const char *path, const qt_json_node *o, const char *key, int def, int lo, int hi, int *out,
-                  char *err, size_t errlen);
-int qt_hf_get_bool(const char *path, const qt_json_node *o, const char *key, int def, int *out, char *err,
-                   size_t errlen);
-int qt_hf_read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, char *err, size_t errlen);
-
 #endif

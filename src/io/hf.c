@@ -20,6 +20,7 @@
 
 #include "qt_ckpt.h"
 #include "qt_dtype.h"
+#include "qt_hf_fields.h"
 #include "qt_hf_gemma.h"
 #include "qt_hf_rope.h"
 #include "qt_json.h"
@@ -45,51 +46,6 @@ static char *slurp(const char *path, size_t *n, char *err, size_t errlen) {
 
 /* ---- config.json ---- */
 
-static const char *type_name(const qt_json_node *x) {
-    static const char *n[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
-    return x ? n[x->type] : "nothing";
-}
-
-/* Integer member in [lo, hi]; absent (or null) -> def, or an error when def < lo (required). */
-static int get_int(const char *path, const qt_json_node *o, const char *key, int def, int lo, int hi, int *out,
-                   char *err, size_t errlen) {
-    const qt_json_node *x = qt_json_get(o, key);
-    if (!x || x->type == QT_JSON_NULL) {
-        if (def < lo) return qt_errf(err, errlen, "%s: %s: missing (expected an integer >= %d)", path, key, lo);
-        *out = def;
-        return 0;
-    }
-    if (x->type != QT_JSON_NUM)
-        return qt_errf(err, errlen, "%s: %s: expected an integer in [%d, %d], got %s", path, key, lo, hi, type_name(x));
-    if (x->num != floor(x->num) || x->num < lo || x->num > hi)
-        return qt_errf(err, errlen, "%s: %s: expected an integer in [%d, %d], got %.17g", path, key, lo, hi, x->num);
-    *out = (int)x->num;
-    return 0;
-}
-
-static int get_num(const char *path, const qt_json_node *o, const char *key, float def, float *out, char *err,
-                   size_t errlen) {
-    const qt_json_node *x = qt_json_get(o, key);
-    if (!x || x->type == QT_JSON_NULL) { *out = def; return 0; }
-    /* A float field: the value must survive the conversion (1e300 would become inf, 1e-50 zero). */
-    if (x->type != QT_JSON_NUM)
-        return qt_errf(err, errlen, "%s: %s: expected a number > 0, got %s", path, key, type_name(x));
-    if (!(x->num > 0) || x->num > FLT_MAX || (float)x->num == 0)
-        return qt_errf(err, errlen, "%s: %s: expected a number > 0 within the 32-bit float range (1.4e-45 .. 3.4e38), got %.17g",
-                       path, key, x->num);
-    *out = (float)x->num;
-    return 0;
-}
-
-static int get_bool(const char *path, const qt_json_node *o, const char *key, int def, int *out, char *err,
-                    size_t errlen) {
-    const qt_json_node *x = qt_json_get(o, key);
-    if (!x || x->type == QT_JSON_NULL) { *out = def; return 0; }
-    if (x->type != QT_JSON_BOOL) return qt_errf(err, errlen, "%s: %s: expected true or false, got %s", path, key, type_name(x));
-    *out = x->num != 0;
-    return 0;
-}
-
 /* Rejects configs whose maths we do not implement (other activations, MLP biases, experts, a vision tower). */
 static int check_unsupported(const char *path, const qt_json_node *r, char *err, size_t errlen) {
     static const char *const moe[] = {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
@@ -106,9 +62,9 @@ static int check_unsupported(const char *path, const qt_json_node *r, char *err,
     const qt_json_node *x = qt_json_get(r, "hidden_act");
     if (x && (x->type != QT_JSON_STR || strcmp(x->str, "silu") != 0))
         return qt_errf(err, errlen, "%s: hidden_act: expected \"silu\", got %s%s", path, x->type == QT_JSON_STR ? x->str : "",
-                    x->type == QT_JSON_STR ? "" : type_name(x));
+                    x->type == QT_JSON_STR ? "" : qt_hf_type_name(x));
     int flag = 0;
-    if (get_bool(path, r, "mlp_bias", 0, &flag, err, errlen)) return -1;
+    if (qt_hf_get_bool(path, r, "mlp_bias", 0, &flag, err, errlen)) return -1;
     if (flag) return qt_errf(err, errlen, "%s: mlp_bias: MLP biases are not supported", path);
     return 0;
 }
@@ -126,51 +82,24 @@ static int arch_of(const char *mt) {
     return -1;
 }
 
-static int read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, char *err, size_t errlen) {
-    const int big = 1 << 30;
-    if (get_int(path, r, "hidden_size", -1, 1, big, &c->hidden_size, err, errlen) ||
-        get_int(path, r, "num_hidden_layers", -1, 1, big, &c->num_layers, err, errlen) ||
-        get_int(path, r, "num_attention_heads", -1, 1, big, &c->num_heads, err, errlen) ||
-        get_int(path, r, "num_key_value_heads", c->num_heads, 1, big, &c->num_kv_heads, err, errlen) ||
-        get_int(path, r, "intermediate_size", -1, 1, big, &c->intermediate_size, err, errlen) ||
-        get_int(path, r, "vocab_size", -1, 1, big, &c->vocab_size, err, errlen) ||
-        get_int(path, r, "head_dim", 0, 0, big, &c->head_dim, err, errlen) ||
-        get_int(path, r, "max_position_embeddings", 2048, 1, big, &c->max_seq_len, err, errlen) ||
-        get_num(path, r, "rms_norm_eps", 1e-6f, &c->rms_norm_eps, err, errlen) ||
-        get_bool(path, r, "tie_word_embeddings", 0, &c->tie_embeddings, err, errlen))
-        return -1;
-    /* rope_theta at the top level, in rope_parameters (newer transformers) or both: then they must agree */
-    const qt_json_node *rp = qt_json_get(r, "rope_parameters");
-    float top = 10000.0f, inner = 10000.0f;
-    int has_top = qt_json_get(r, "rope_theta") != NULL, has_inner = rp && rp->type == QT_JSON_OBJ && qt_json_get(rp, "rope_theta");
-    if ((has_top && get_num(path, r, "rope_theta", 10000.0f, &top, err, errlen)) ||
-        (has_inner && get_num(path, rp, "rope_theta", 10000.0f, &inner, err, errlen)))
-        return -1;
-    if (has_top && has_inner && top != inner)
-        return qt_errf(err, errlen, "%s: rope_theta %g and rope_parameters.rope_theta %g disagree: expected one value", path,
-                       top, inner);
-    c->rope_theta = has_top ? top : inner;
-    return 0;
-}
-
 /* sliding_window: absent -> def, null -> 0 (none), else an integer >= 1. */
 static int get_window(const char *path, const qt_json_node *r, int def, int *out, char *err, size_t errlen) {
     const qt_json_node *x = qt_json_get(r, "sliding_window");
     if (x && x->type == QT_JSON_NULL) { *out = 0; return 0; }
-    return get_int(path, r, "sliding_window", def, 1, 1 << 30, out, err, errlen);
+    return qt_hf_get_int(path, r, "sliding_window", def, 1, 1 << 30, out, err, errlen);
 }
 
 /* Qwen2's layer_types (transformers writes it from max_window_layers): *from = the number of leading
  * "full_attention" layers, all after them "sliding_attention"; any other pattern is refused. */
 static int read_layer_types(const char *path, const qt_json_node *lt, int layers, int *from, char *err, size_t errlen) {
     int n = 0, k = -1;
-    if (lt->type != QT_JSON_ARR) return qt_errf(err, errlen, "%s: layer_types: expected an array, got %s", path, type_name(lt));
+    if (lt->type != QT_JSON_ARR) return qt_errf(err, errlen, "%s: layer_types: expected an array, got %s", path, qt_hf_type_name(lt));
     for (const qt_json_node *x = lt->child; x; x = x->next, n++) {
         int full = x->type == QT_JSON_STR && !strcmp(x->str, "full_attention");
         int slide = x->type == QT_JSON_STR && !strcmp(x->str, "sliding_attention");
         if (!full && !slide)
             return qt_errf(err, errlen, "%s: layer_types[%d]: expected \"full_attention\" or \"sliding_attention\", got %s%s%s",
-                           path, n, x->type == QT_JSON_STR ? "\"" : "", x->type == QT_JSON_STR ? x->str : type_name(x),
+                           path, n, x->type == QT_JSON_STR ? "\"" : "", x->type == QT_JSON_STR ? x->str : qt_hf_type_name(x),
                            x->type == QT_JSON_STR ? "\"" : "");
         if (slide && k < 0) k = n;
         if (full && k >= 0)
@@ -192,10 +121,10 @@ static int read_window(const char *path, const qt_json_node *r, qt_model_cfg *c,
     int use = 0;
     if (c->arch == QT_ARCH_MISTRAL) return get_window(path, r, 4096, &c->sliding_window, err, errlen);
     if (c->arch != QT_ARCH_QWEN2) return 0;
-    if (get_bool(path, r, "use_sliding_window", 0, &use, err, errlen)) return -1;
+    if (qt_hf_get_bool(path, r, "use_sliding_window", 0, &use, err, errlen)) return -1;
     if (!use) return 0;
     if (get_window(path, r, 4096, &c->sliding_window, err, errlen) ||
-        get_int(path, r, "max_window_layers", 28, 0, 1 << 30, &c->window_layers_from, err, errlen))
+        qt_hf_get_int(path, r, "max_window_layers", 28, 0, 1 << 30, &c->window_layers_from, err, errlen))
         return -1;
     const qt_json_node *lt = qt_json_get(r, "layer_types");
     if (lt && lt->type != QT_JSON_NULL && read_layer_types(path, lt, c->num_layers, &c->window_layers_from, err, errlen))
@@ -218,21 +147,21 @@ int qt_hf_read_config(const char *path, qt_model_cfg *cfg, char *err, size_t err
     memset(&c, 0, sizeof c);
     int rc = -1;
     int gemma = mt && mt->type == QT_JSON_STR && (!strcmp(mt->str, "gemma3_text") || !strcmp(mt->str, "gemma3"));
-    if (r->type != QT_JSON_OBJ) qt_errf(err, errlen, "%s: expected a JSON object, got %s", path, type_name(r));
+    if (r->type != QT_JSON_OBJ) qt_errf(err, errlen, "%s: expected a JSON object, got %s", path, qt_hf_type_name(r));
     else if (gemma) rc = qt_hf_gemma_read_config(path, r, &c, err, errlen);
     else if (!mt || mt->type != QT_JSON_STR || arch_of(mt->str) < 0)
         qt_errf(err, errlen, "%s: model_type: expected \"qwen2\", \"llama\", \"qwen3\", \"mistral\", \"gemma3_text\" or "
                 "\"gemma3\", got %s%s%s", path,
-             mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : type_name(mt),
+             mt && mt->type == QT_JSON_STR ? "\"" : "", mt && mt->type == QT_JSON_STR ? mt->str : qt_hf_type_name(mt),
              mt && mt->type == QT_JSON_STR ? "\"" : "");
-    else if (!check_unsupported(path, r, err, errlen) && !read_sizes(path, r, &c, err, errlen) &&
+    else if (!check_unsupported(path, r, err, errlen) && !qt_hf_read_sizes(path, r, &c, err, errlen) &&
              !qt_hf_read_rope(path, r, &c.rope, err, errlen)) {
         c.arch = (qt_arch)arch_of(mt->str);
         int bias = 0;
         rc = 0;
         if (c.arch == QT_ARCH_QWEN2) c.qkv_bias = 1; /* Qwen2 always carries q/k/v biases */
         else if (c.arch == QT_ARCH_MISTRAL) c.qkv_bias = 0; /* Mistral never does */
-        else if (get_bool(path, r, "attention_bias", 0, &bias, err, errlen)) rc = -1;
+        else if (qt_hf_get_bool(path, r, "attention_bias", 0, &bias, err, errlen)) rc = -1;
         else if (bias) /* HF Llama's and Qwen3's attention_bias also puts a bias on o_proj, which we do not have */
             rc = qt_errf(err, errlen, "%s: attention_bias: true is not supported for %s (it adds an o_proj bias)", path,
                          mt->str);
@@ -775,18 +704,4 @@ int qt_hf_import_range(const char *path, const qt_layout *L, size_t lo, size_t n
 
 int qt_hf_import(const char *path, const qt_layout *L, float *w, char *err, size_t errlen) {
     return qt_hf_import_range(path, L, 0, L->numel, w, err, errlen);
-}
-
-int qt_hf_get_int(const char *path, const qt_json_node *o, const char *key, int def, int lo, int hi, int *out,
-                  char *err, size_t errlen) {
-    return get_int(path, o, key, def, lo, hi, out, err, errlen);
-}
-
-int qt_hf_get_bool(const char *path, const qt_json_node *o, const char *key, int def, int *out, char *err,
-                   size_t errlen) {
-    return get_bool(path, o, key, def, out, err, errlen);
-}
-
-int qt_hf_read_sizes(const char *path, const qt_json_node *r, qt_model_cfg *c, char *err, size_t errlen) {
-    return read_sizes(path, r, c, err, errlen);
 }

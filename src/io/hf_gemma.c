@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "qt_error.h"
+#include "qt_hf_fields.h"
 #include "qt_hf_rope.h"
 #include "qt_rope.h"
 
