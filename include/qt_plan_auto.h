@@ -109,6 +109,8 @@ int qt_plan_auto_lossy_worth(const qt_plan_choice *chosen, const qt_plan_choice 
 /* The predicted seconds per optimizer step of cfg (its memory keys as set) on pr, and its parts. */
 double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
+/* The step of full fine-tuning (src/engine/plan_cost.c). */
+qt_plan_cost qt_plan_auto_full_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 /* The block matmul weights (Wqkv, Wo, the three FFN matrices of every layer): what
  * memory.fp8_weight_cache none quantizes again per pass. */
 double qt_plan_auto_block_params(const qt_model_cfg *c);
@@ -127,13 +129,16 @@ double qt_plan_auto_elem_bps(const qt_probe *pr);
 qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 /* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
 const char *qt_plan_auto_describe(const qt_plan_choice *c);
+/* One line of auto's report: tag ("chosen", "next"), every key of c, its GiB and predicted tokens/s, and a NOTE
+ * where auto changed the numerics (bf16 master weights or gradients the config did not ask for). */
+void qt_plan_auto_print_choice(const char *tag, const qt_plan_choice *c, const qt_config *cfg);
 /* When no plan fits cfg (qt_plan_auto_enumerate's -1 with *n 0): appends to err the constraints that block
  * it, each with the plan the search finds when it alone is dropped — a planner key the config gives, dropped
  * as `--set KEY=auto` does (the value kept, the key no longer given) — with its GPU and host GiB and
  * predicted tokens/s; where no single one frees
  * a plan, the fewest of them that together do (dropped all at once, then each kept again while a plan
  * still fits), else that none of them does; with LoRA over a bf16 base also the plan with lora.base_dtype nf4 (the
- * keys kept, bf16 matmuls). Every line is a real search (src/engine/plan_hint.c);
+ * keys kept, bf16 matmuls). Every line is a real search (src/engine/plan_choose.c);
  * buf[QT_PLAN_AUTO_MAX] is scratch. */
 void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *buf, char *err,
                         size_t errlen);

@@ -1,11 +1,14 @@
-/* plan_hint.c — when memory.plan: auto finds no plan: which of the config's constraints blocks it, and the
- * plan each one's drop gives (with LoRA over a bf16 base also the NF4 base's), every hint a real search
- * (qt_plan_auto.h, qt_plan_auto_hints). */
+/* plan_choose.c — memory.plan: auto's outcome (qt_plan_auto.h): the fastest plan that fits, printed and written
+ * into the config (qt_plan_auto); when none fits, which of the config's constraints blocks it and the plan each
+ * one's drop gives (with LoRA over a bf16 base also the NF4 base's), every hint a real search
+ * (qt_plan_auto_hints). */
 #include <stdio.h>
 #include <string.h>
 
 #include "qt_config.h"
 #include "qt_dtype.h"
+#include "qt_engine.h"
+#include "qt_error.h"
 #include "qt_plan_auto.h"
 
 #define MAX_CONSTRAINTS 16
@@ -107,4 +110,35 @@ void qt_plan_auto_hints(const qt_layout *L, const qt_config *cfg, const qt_probe
     if (u < sizeof what) snprintf(what + u, sizeof what - u, " together block it (none alone)");
     sets_text(keys, need, sets, sizeof sets);
     append(err, errlen, what, sets, &b);
+}
+
+int qt_plan_auto(qt_config *cfg, const qt_probe *pr, char *err, size_t errlen) {
+    if (!cfg->memory.plan) return 0;
+    const char *no = qt_engine_gpu_refusal(cfg); /* before a plan for what the GPU engines cannot run is searched */
+    if (no) return qt_errf(err, errlen, "%s: %s", cfg->path, no);
+    qt_layout L;
+    qt_weight_src src;
+    static qt_plan_choice ch[QT_PLAN_AUTO_MAX];
+    int n;
+    if (qt_model_layout(cfg, &L, &src, err, errlen)) return -1;
+    qt_plan_choice lossy;
+    int rc = qt_plan_auto_enumerate(&L, cfg, pr, ch, QT_PLAN_AUTO_MAX, &n, &lossy, err, errlen);
+    if (rc && n == 0) qt_plan_auto_hints(&L, cfg, pr, ch, err, errlen); /* none fits: which constraint blocks */
+    qt_layout_free(&L);
+    if (rc) return -1;
+    char lora[96] = "";
+    if (cfg->lora.rank > 0)
+        snprintf(lora, sizeof lora, " for LoRA rank %d over a frozen %s base", cfg->lora.rank, cfg->lora.base_nf4 ? "nf4" : "bf16");
+    printf("qtrain: memory.plan: auto: %d plans fit%s (rates: %s, bf16 %.0f TFLOP/s, PCIe %.0f GB/s); the config's keys "
+           "are kept as constraints\n", n, lora, pr->gpu, pr->bf16_flops * 1e-12, pr->pcie_bps * 1e-9);
+    for (int i = 0; i < n && i < 3; i++) qt_plan_auto_print_choice(i ? "next" : "chosen", &ch[i], cfg);
+    if (qt_plan_auto_lossy_worth(&ch[0], &lossy)) { /* say what the numerics cost, where they cost much */
+        printf("         NOTE: bf16 %s would predict %.0f tokens/s (%+.0f%%) with %s; auto keeps fp32 ones while a plan "
+               "with them fits: give precision.master_dtype / precision.grad_accum_dtype bf16 to take it\n",
+               lossy.master_dtype == QT_DT_BF16 && lossy.grad_accum_dtype == QT_DT_BF16 ? "master weights and gradients"
+               : lossy.master_dtype == QT_DT_BF16 ? "master weights" : "gradients",
+               lossy.tokens_per_s, 100 * (lossy.tokens_per_s / ch[0].tokens_per_s - 1), qt_plan_auto_describe(&lossy));
+    }
+    qt_plan_auto_apply(cfg, &ch[0]);
+    return 0;
 }
