@@ -87,6 +87,9 @@ struct dp_engine {
     void (*guard)(void *ctx, size_t hi); /* the trainer's wait for the checkpoint writer (set_state_guard) */
     void *guard_ctx;
     const qt_docs *docs;  /* set_docs' documents of all ranks' windows (NULL: none) */
+    const double *dref;   /* set_dpo_ref's reference log-probs of all ranks' rows (NULL: none) */
+    double *logp;         /* row_logps' output [ranks x B] */
+    qt_dpo_stats dst[QT_COMM_MAX_RANKS]; /* each rank's dpo_stats */
 };
 
 /* Runs job on every rank (only < 0) or on rank `only`, and returns when it is done. */
@@ -188,6 +191,15 @@ static void job_docs(dp_engine *d, int r) {
     qt_docs mine = {d->docs->starts + r * B * T, d->docs->n_starts + r * B, d->docs->attention, d->docs->positions};
     d->rk[r]->ops->set_docs(d->rk[r], &mine);
 }
+/* objective: dpo: rank r's rows [r*B, (r+1)*B) of the ranks x B. */
+static void job_row_logps(dp_engine *d, int r) {
+    size_t B = (size_t)d->plan.run.B, ntok = B * d->plan.run.T;
+    d->rk[r]->ops->row_logps(d->rk[r], d->in + r * ntok, d->tgt + r * ntok, d->logp + r * B);
+}
+static void job_dpo_ref(dp_engine *d, int r) {
+    d->rk[r]->ops->set_dpo_ref(d->rk[r], d->dref ? d->dref + r * (size_t)d->plan.run.B : NULL);
+}
+static void job_dpo_stats(dp_engine *d, int r) { d->rk[r]->ops->dpo_stats(d->rk[r], d->on, &d->dst[r]); }
 static void job_free(dp_engine *d, int r) {
     if (d->rk[r]) d->rk[r]->ops->free(d->rk[r]);
     d->rk[r] = NULL;
@@ -448,6 +460,28 @@ static void dp_set_docs(qt_engine *b, const qt_docs *docs) {
     d->docs = NULL;
 }
 
+static void dp_row_logps(qt_engine *b, const int32_t *in, const int32_t *tgt, double *logp) {
+    dp_engine *d = (dp_engine *)b;
+    d->in = in, d->tgt = tgt, d->logp = logp;
+    run(d, job_row_logps, -1);
+}
+
+static void dp_set_dpo_ref(qt_engine *b, const double *ref) {
+    dp_engine *d = (dp_engine *)b;
+    d->dref = ref;
+    run(d, job_dpo_ref, -1);
+    d->dref = NULL;
+}
+
+/* The ranks' pairs summed in rank order. */
+static void dp_dpo_stats(qt_engine *b, int eval, qt_dpo_stats *s) {
+    dp_engine *d = (dp_engine *)b;
+    d->on = eval;
+    run(d, job_dpo_stats, -1);
+    *s = (qt_dpo_stats){0};
+    for (int r = 0; r < d->n; r++) qt_dpo_stats_add(s, &d->dst[r]);
+}
+
 static const qt_engine_ops dp_ops = {
     .micro_step = dp_micro_step,
     .opt_step = dp_opt_step,
@@ -471,6 +505,9 @@ static const qt_engine_ops dp_ops = {
     .free = dp_free,
     .set_docs = dp_set_docs,
     .docs_by_default = 1,
+    .dpo_stats = dp_dpo_stats,
+    .row_logps = dp_row_logps,
+    .set_dpo_ref = dp_set_dpo_ref,
 };
 
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
