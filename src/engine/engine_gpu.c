@@ -7,8 +7,9 @@
  * sharded, quantized to fp8), the gradients are zeroed, and the one host read per step brings the loss
  * and norm back, with the count of NaN/Inf among the bf16 weights this rank's AdamW just wrote (one
  * read of 2 bytes per parameter on the GPU; with AdamW ahead of the next forward the count is taken at
- * the end of the next step, or before a checkpoint). The rest is checkpoint state and host copies for
- * tests. */
+ * the end of the next step, or before a checkpoint). objective: dpo (full fine-tuning) splits a micro-step
+ * around the host: the forward, the DPO loss against the trainer's stored reference log-probs (set_dpo_ref), the
+ * backward with per-row weights, eagerly. The rest is checkpoint state and host copies for tests. */
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -48,7 +49,7 @@ typedef struct {
     int micro_in_step;      /* micro-steps since the last opt_step */
     double last_loss_sum;   /* the last opt_step's loss sum and target count, for the ranks' mean */
     long last_valid;
-    /* objective: dpo (full fine-tuning; engine_gpu_dpo.c): the stored reference of the next micro-batch's rows */
+    /* objective: dpo (full fine-tuning, dpo_micro_step): the stored reference of the next micro-batch's rows */
     struct gpu_dpo {
         double *ref, *lp;   /* [B] the reference's row log-probs (set_dpo_ref), the policy's */
         float *losses;      /* [N] a forward's token losses on the host */
@@ -59,7 +60,6 @@ typedef struct {
         qt_dpo_log log;
     } dpo;
 } gpu_engine;
-
 
 /* Host -> pinned -> device without racing an upload still in flight from the same pinned buffer. */
 static long upload(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
@@ -124,7 +124,8 @@ static void dpo_micro_step(gpu_engine *e, const int32_t *in, const int32_t *tgt,
     upload(e, in, tgt);
     dpo_forward(e, tgt, d->lp);
     qt_dpo_stats st = {0};
-    d->loss_sum += qt_dpo_batch(&e->plan.dpo_cfg, d->lp, dpo_ref(e), e->g->B, pair_weight, d->scale, &st) * st.pairs;
+    qt_dpo_batch(&e->plan.dpo_cfg, d->lp, dpo_ref(e), e->g->B, pair_weight, d->scale, &st);
+    d->loss_sum += st.loss;
     d->pairs += st.pairs;
     qt_dpo_stats_add(&d->log.acc, &st);
     qt_dp_sync_backward_rows(e->sync, d->scale, last);
@@ -152,13 +153,7 @@ static void gpu_row_logps(qt_engine *b, const int32_t *in, const int32_t *tgt, d
     gpu_engine *e = (gpu_engine *)b;
     QT_CHECK(e->plan.dpo, "row_logps: the run's objective is not dpo");
     upload(e, in, tgt);
-    qt_gpu_step_args a = {0.0f, 0, 0, qt_dp_sync_wait_hooks(e->sync)};
-    qt_gpu_model_step(e->g, &a);
-    QT_CUDA(cudaMemcpyAsync(e->dpo.losses, e->g->losses, e->g->N * sizeof *e->dpo.losses, cudaMemcpyDeviceToHost,
-                            e->g->stream));
-    qt_zero(e->g->loss_sum, 8, e->g->stream);
-    QT_CUDA(cudaStreamSynchronize(e->g->stream));
-    qt_dpo_row_logps(logp, e->dpo.losses, tgt, e->g->B, e->g->T);
+    dpo_forward(e, tgt, logp);
 }
 
 static void gpu_set_dpo_ref(qt_engine *b, const double *ref) {
