@@ -151,6 +151,19 @@ int qt_loader_doc_shards(const qt_loader *l);   /* those carrying document start
  * micro_batch / 2 pairs, rows 2p and 2p + 1 pair p's chosen and rejected sequences, and the seeded order shuffles
  * pairs, never splitting one; qt_loader_windows counts sequences. */
 int qt_loader_pairs(const qt_loader *l);
+/* The data's rows: its windows in glob order, each shard's in file order (a pair shard's pair p: rows 2p, 2p + 1 of
+ * it); the shuffle never changes a window's row. rows[b] for b < micro_batch: the row of window b of the last
+ * successful qt_loader_next / qt_loader_next_docs call (rank r's rows, as it read them). */
+void qt_loader_last_rows(const qt_loader *l, uint64_t *rows);
+/* Rows [row0, row0 + n) into in, tgt [n * seq_len] (and starts, n_starts as qt_loader_next_docs; both may be NULL),
+ * whatever the position, which it leaves as it is; a row past the last is token 0 with every target ignored (-1)
+ * and no document start. 0, or -1 with err when a shard cannot be read. */
+int qt_loader_read_rows(qt_loader *l, uint64_t row0, int n, int32_t *in, int32_t *tgt, int32_t *starts,
+                        int32_t *n_starts, char *err, size_t errlen);
+/* Shard i (< qt_loader_shards, glob order): its path, its header, its row count and its first row (*first). */
+const char *qt_loader_shard_path(const qt_loader *l, int i);
+const qt_tokens_header *qt_loader_shard_header(const qt_loader *l, int i);
+uint64_t qt_loader_shard_rows(const qt_loader *l, int i, uint64_t *first);
 void qt_loader_free(qt_loader *l);
 
 #endif

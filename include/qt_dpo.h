@@ -49,6 +49,17 @@ double qt_dpo_cpu_step(struct qt_cpu_model *m, const float *w, struct qt_cpu_ada
                        const int32_t *in, const int32_t *tgt, int B, int T, const qt_dpo_cfg *c, int backward,
                        float *grad, float pair_weight, qt_dpo_stats *st);
 
+/* The summed log-probs logp[B] of rows [B] of T tokens (qt_dpo_row_logps) of a forward of m over w, no adapter. */
+void qt_dpo_cpu_row_logps(struct qt_cpu_model *m, const float *w, const int32_t *in, const int32_t *tgt, int B, int T,
+                          double *logp);
+/* qt_dpo_cpu_step of full fine-tuning with the reference's row log-probs given (ref[B]: the stored reference of these
+ * rows, qt_train_dpo_ref.h) instead of a reference forward: the policy forward over w, the loss, and with backward
+ * grad += pair_weight * d(sum of the pairs' losses)/dw. The same bits as qt_dpo_cpu_step whose reference forward gave
+ * ref. */
+double qt_dpo_cpu_step_stored(struct qt_cpu_model *m, const float *w, const double *ref, const int32_t *in,
+                              const int32_t *tgt, int B, int T, const qt_dpo_cfg *c, int backward, float *grad,
+                              float pair_weight, qt_dpo_stats *st);
+
 /* What a CPU engine keeps for the log: the pairs of the micro-steps since the last optimizer step, of the
  * last step, of the evaluations since the last look (qt_engine_ops.dpo_stats). */
 typedef struct {

@@ -120,6 +120,13 @@ typedef struct {
     /* objective: dpo (plan->dpo): the pairs' sums (qt_dpo.h) of the last opt_step's micro-steps (eval 0), or of the
      * eval_loss calls since the last call with eval 1 (then cleared). NULL: the engine has no DPO objective. */
     void (*dpo_stats)(qt_engine *e, int eval, qt_dpo_stats *s);
+    /* objective: dpo with full fine-tuning (the stored reference, qt_train_dpo_ref.h): logp[ranks x B] = the summed
+     * log-probs (qt_dpo_row_logps) of each row of a forward of the current weights over the ranks x [B*T] tokens, no
+     * gradients, nothing logged: the reference's first pass. NULL: the engine cannot (LoRA's reference is its base). */
+    void (*row_logps)(qt_engine *e, const int32_t *inputs, const int32_t *targets, double *logp);
+    /* objective: dpo with full fine-tuning: the reference log-probs of the ranks x B rows of the following micro_step
+     * and eval_loss calls (copied), until the next call; NULL: none (those calls then fail, naming it). */
+    void (*set_dpo_ref)(qt_engine *e, const double *ref);
 } qt_engine_ops;
 
 struct qt_engine {
@@ -226,6 +233,10 @@ void qt_engine_free(qt_engine *e);
 /* ops->set_docs; -1 with err when d asks for attention or positions per document and the engine has no
  * set_docs, or its starts are malformed. */
 int qt_engine_set_docs(qt_engine *e, const qt_docs *d, char *err, size_t errlen);
+
+/* ops->row_logps / ops->set_dpo_ref; -1 with err when the engine has none. */
+int qt_engine_row_logps(qt_engine *e, const int32_t *in, const int32_t *tgt, double *logp, char *err, size_t errlen);
+int qt_engine_set_dpo_ref(qt_engine *e, const double *ref, char *err, size_t errlen);
 
 /* Per-op timing where the engine supports it (no-op elsewhere). */
 void qt_engine_profile(qt_engine *e, int on);

@@ -131,6 +131,9 @@ void qt_gpu_model_step(qt_gpu_model *g, const qt_gpu_step_args *a);
  * [B]. The LM head runs again over the kept final norm's output (its logits were overwritten). LoRA (a frozen base)
  * only: the DPO objective's backward (qt_gpu_dpo.h). */
 void qt_gpu_model_backward_rows(qt_gpu_model *g, const float *row_scale);
+/* The same for trained weights too (full fine-tuning's DPO, qt_dp_sync_backward_rows): a's hooks and skip_lookups
+ * as a micro-step's backward takes them (a->backward 1, its loss_scale unused). */
+void qt_gpu_model_backward_rows_with(qt_gpu_model *g, const float *row_scale, const qt_gpu_step_args *a);
 /* Per-op timing with CUDA events (train_bench --breakdown). mark() starts an interval named label on
  * the stream (a no-op when profiling is off); collect() waits for the stream and adds the closed
  * intervals to per-label totals; print() prints ms per step over `steps` steps and resets. */

@@ -55,6 +55,7 @@ typedef enum {
     /* preference tuning (dpo.c, dpo_cpu.c) */
     QT_MUT_DPO_SWAPPED,              /* the chosen and rejected rows of each pair are read the other way round */
     QT_MUT_DPO_REF_ADAPTED,          /* the reference log-probs are taken with the adapters on (the policy's) */
+    QT_MUT_DPO_REF_ROW,              /* the stored reference is read by the row's place in the micro-batch, not its data row */
     /* the NF4 frozen base (base_nf4.c) */
     QT_MUT_NF4_SLOT_STALE,           /* the slot of blocks 1.. is filled with the block before's weights (not refreshed) */
     QT_MUT_COUNT

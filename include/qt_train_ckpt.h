@@ -28,6 +28,7 @@
 #include "qt_rundir.h"
 #include "qt_train.h"
 #include "qt_train_docs.h"
+#include "qt_train_dpo_ref.h"
 #include "qt_train_log.h"
 
 /* The checkpoint blob of the engine's autotuned kernel choices (engine ops tuning_save/tuning_load). */
@@ -71,6 +72,7 @@ typedef struct qt_trainer {
     char *tuning_cache;       /* perf.tuning_cache's file, "~/" expanded (owned); "": none */
     long step_targets;        /* unmasked targets of the last step's batches (0: its loss means nothing) */
     qt_train_docs docs;       /* data.attention / data.positions and the step's document starts */
+    qt_train_dpo_ref dref;    /* objective: dpo with full fine-tuning: the stored reference log-probs */
 } qt_trainer;
 
 /* After qt_trainer_load (or for a fresh run): the writer and the loader position. 0 or -1 with err. */

@@ -2,7 +2,7 @@
  * the model's own forwards (policy: adapters on, reference: off), its row weights equal a finite difference of the
  * loss; the loader serves pair shards as whole pairs (shuffled by pair, never split) and refuses an odd
  * micro_batch, another seq_len or a mix with other shards; the config refuses an odd micro_batch, the GPU refuses
- * full fine-tuning's dpo; a synthetic preference task ("a+b=" with the right sum chosen and a wrong one rejected, LoRA over a random
+ * full fine-tuning's dpo with parallel.zero 2; a synthetic preference task ("a+b=" with the right sum chosen and a wrong one rejected, LoRA over a random
  * base, and full fine-tuning) whose logged reward accuracy climbs above 90%; a resume bit for bit (LoRA and full),
  * one over other initial weights refused; the planted bugs (chosen and rejected swapped, the reference taken as
  * the policy) caught in the mutant build. On a GPU (skipped without one) the GPU LoRA engine's DPO: its losses, rewards
@@ -252,8 +252,8 @@ static void test_loader_pairs(void) {
                   strstr(err, "2 P x seq_len + 1"), "a pair shard of the wrong length: %s", err);
 }
 
-/* objective: dpo needs an even micro_batch; pair shards need objective: dpo; the GPU refuses it with full fine-tuning
- * (LoRA's frozen base is its reference there). */
+/* objective: dpo needs an even micro_batch; pair shards need objective: dpo; the GPU takes it with full fine-tuning
+ * (its stored reference, test_dpo_ref.c) but for parallel.zero 2 and 3. */
 static void test_refusals(void) {
     static qt_config c;
     char y[4096], err[1024];
@@ -268,23 +268,17 @@ static void test_refusals(void) {
     QT_EXPECT(!no, "GPU refusal of LoRA's dpo: %s", no ? no : "none");
     c.lora.rank = 0;
     no = qt_engine_gpu_refusal(&c);
-    QT_EXPECT(no && strstr(no, "objective: dpo with full fine-tuning (lora.rank 0) is not yet on the GPU"),
-              "GPU refusal of full fine-tuning's dpo: %s", no ? no : "none");
+    QT_EXPECT(!no, "GPU refusal of full fine-tuning's dpo: %s", no ? no : "none");
+    int zero = c.parallel.zero;
+    c.parallel.zero = 2;
+    no = qt_engine_gpu_refusal(&c);
+    QT_EXPECT(no && strstr(no, "objective: dpo with full fine-tuning on the GPU: parallel.zero 2 and 3"),
+              "GPU refusal of full fine-tuning's dpo with parallel.zero 2: %s", no ? no : "none");
+    c.parallel.zero = zero;
     c.lora.rank = 8;
     c.objective = QT_OBJ_LM;
     QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 && strstr(err, "train them with objective: dpo"),
               "pairs without dpo: %s", err);
-}
-
-/* A GPU run of objective: dpo with full fine-tuning is refused with the message. */
-static void test_gpu_refuses(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    static qt_config c;
-    char y[4096], err[1024];
-    const char *gpu[] = {"device=cuda", "lora.rank=0"};
-    QT_REQUIRE(qt_config_load_string(&c, yaml_of(y, sizeof y, "r3", 10, ""), "t.yaml", gpu, 2, err, sizeof err) == 0, "%s", err);
-    QT_EXPECT(qt_train_run(&c, NULL, NULL, err, sizeof err) == -1 &&
-                  strstr(err, "objective: dpo with full fine-tuning (lora.rank 0) is not yet on the GPU"), "GPU run: %s", err);
 }
 
 /* "a+b=": LoRA over a random base learns to prefer the right sum: the logged reward accuracy of the last 40 of
@@ -307,7 +301,7 @@ static void arith_accuracy(const char *tag, const char *const *set, int n_set) {
 
 static void test_arith_accuracy(void) { arith_accuracy("arith", NULL, 0); }
 
-/* The same with full fine-tuning: the reference is a frozen copy of the initial weights. */
+/* The same with full fine-tuning: the reference is the initial weights' stored log-probs (<shard>.dporef). */
 static void test_arith_accuracy_full(void) {
     const char *full[] = {"lora.rank=0", "optim.lr=0.003"};
     arith_accuracy("arith_full", full, 2);
@@ -554,7 +548,6 @@ int main(void) {
     QT_RUN(test_row_weights);
     QT_RUN(test_loader_pairs);
     QT_RUN(test_refusals);
-    QT_RUN(test_gpu_refuses);
     QT_RUN(test_resume_bit_exact);
     QT_RUN(test_resume_bit_exact_full);
     QT_RUN(test_arith_accuracy);

@@ -308,8 +308,10 @@ static const qt_config_key keys[] = {
     E("objective", objective, objective_names, "lm", "all", 0,
       "the loss: lm = next-token cross-entropy over the unmasked targets; dpo = sigmoid DPO over preference pairs "
       "(shards of tools/tokenize --pairs: a micro-batch holds micro_batch / 2 pairs, chosen and rejected), the "
-      "reference log-probs from the frozen base under the LoRA adapters, or without LoRA from a frozen copy of the "
-      "initial weights (that one on the CPU engines only for now); docs/preference-tuning.md"),
+      "reference log-probs from the frozen base under the LoRA adapters, or without LoRA those of the initial weights, "
+      "computed in a first pass before step 1 and stored beside each shard as <shard>.dporef (reused by later runs of "
+      "the same initial weights; on the GPU not with parallel.zero 2 or 3 or offloaded weights or gradients); "
+      "docs/preference-tuning.md"),
     F("dpo.beta", dpo.beta, 0, NOHI, 1, 0, "0.1", "all", 0,
       "objective: dpo: beta, the implicit reward's scale: loss = -log sigmoid(beta ((pi_c - pi_r) - (ref_c - ref_r)))"),
     F("dpo.label_smoothing", dpo.label_smoothing, 0, 0.5, 0, 1, "0", "all", 0,

@@ -680,6 +680,32 @@ void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     }
 }
 
+const char *qt_dp_sync_rows_refusal(const qt_plan *p) {
+    if (p->weights.slots) return "parallel.zero 3 and memory.offload: [weights] (their weight slots)";
+    if (p->grads.sharded) return "parallel.zero 2 (sharded gradients)";
+    if (p->grads.host_one) return "memory.offload: [gradients]";
+    return NULL;
+}
+
+void qt_dp_sync_forward_rows(qt_dp_sync *d) {
+    const char *no = qt_dp_sync_rows_refusal(&d->plan);
+    QT_CHECK(!no, "objective: dpo with full fine-tuning on the GPU: %s is not yet supported", no);
+    qt_gpu_step_args a = {0.0f, 0, 0, &d->wait_hooks};
+    qt_gpu_model_step(d->g, &a);
+}
+
+/* As qt_dp_sync_micro_step's eager branch, after the forward: the same hooks, the backward only. */
+void qt_dp_sync_backward_rows(qt_dp_sync *d, const float *row_scale, int last) {
+    const qt_plan *p = &d->plan;
+    int kind = (last && p->parallel.overlap ? MS_SUMS : 0) | (last && p->parallel.lookups ? MS_LOOKUPS : 0);
+    int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS);
+    qt_param_hooks h = {.weights_needed = p->weights.ahead ? weights_wait : NULL, .grads_ready = kind & MS_SUMS ? grads_ready : NULL,
+                        .embed_ready = early ? send_embedding : NULL, .ctx = d};
+    qt_gpu_step_args a = {0.0f, 1, (kind & MS_LOOKUPS) != 0, &h};
+    d->lookups_due = a.skip_lookups;
+    qt_gpu_model_backward_rows_with(d->g, row_scale, &a);
+}
+
 /* Gradients summed over the ranks (data parallel; already on the side stream when the last micro-step
  * handed the buckets over), then the norm and clip scale. Sharded (ZeRO-1): each rank has the sums of
  * its pieces only; the norm adds every rank's pieces' sums of squares in order. */

@@ -105,6 +105,21 @@ int qt_engine_export_adapter(qt_engine *e, const char *dir, char *err, size_t er
     return rc;
 }
 
+int qt_engine_row_logps(qt_engine *e, const int32_t *in, const int32_t *tgt, double *logp, char *err, size_t errlen) {
+    if (!e->ops->row_logps)
+        return qt_errf(err, errlen, "the %s engine has no forward of row log-probs (objective: dpo's stored reference)",
+                       e->ops->name);
+    CAUGHT(err, errlen, e->ops->row_logps(e, in, tgt, logp));
+    return 0;
+}
+
+int qt_engine_set_dpo_ref(qt_engine *e, const double *ref, char *err, size_t errlen) {
+    if (!e->ops->set_dpo_ref)
+        return qt_errf(err, errlen, "the %s engine takes no stored DPO reference (its reference is its own)", e->ops->name);
+    CAUGHT(err, errlen, e->ops->set_dpo_ref(e, ref));
+    return 0;
+}
+
 void qt_engine_free(qt_engine *e) {
     if (!e) return;
     qt_catch c;

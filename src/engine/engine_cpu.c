@@ -1,15 +1,15 @@
 /* engine_cpu.c — the CPU fp32 reference engine: qt_cpu_model + AdamW on host arrays.
  *
- * objective: dpo keeps a frozen copy of the initial weights (init.from, or the seeded init) as the reference model:
- * a micro-step is qt_dpo_cpu_step over the two. A checkpoint holds the reference's identity (a CRC-32C of its
- * bytes), so a resume whose initial weights differ is refused. */
+ * objective: dpo takes the reference's row log-probs from the trainer (set_dpo_ref: the stored reference of the
+ * initial weights, qt_train_dpo_ref.h, which this engine's row_logps computed in a first pass): a micro-step is the
+ * policy forward, the DPO loss against them and the backward (qt_dpo_cpu_step_stored); no second copy of the
+ * weights is kept. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "qt_cpu_model.h"
-#include "qt_crc32c.h"
 #include "qt_dpo.h"
 #include "qt_dtype.h"
 #include "qt_engine.h"
@@ -24,17 +24,25 @@ typedef struct {
     float *w, *g, *m, *v; /* owned, L->numel each */
     qt_step_loss sl;      /* the micro-steps' losses since the last opt_step */
     long t;               /* the last opt_step's step */
-    float *ref;           /* objective: dpo: the reference weights [L->numel], a frozen copy of the initial ones */
-    char ref_id[64];      /* "crc32c <hex> numel <n>" of ref: the checkpoint's dpo_reference */
+    double *ref;          /* objective: dpo: [B] the reference log-probs of the next micro-batch's rows (set_dpo_ref) */
+    int have_ref;         /* ref holds them */
     qt_dpo_log dpo;       /* the pairs' sums for the log */
 } cpu_engine;
+
+/* objective: dpo: the reference log-probs set_dpo_ref gave, else a failure naming what is missing. */
+static const double *dpo_ref(const cpu_engine *c) {
+    QT_CHECK(c->have_ref, "objective: dpo with full fine-tuning: no reference log-probs were given for this micro-batch "
+             "(the trainer reads them from the pair shards' stored reference, <shard>.dporef; batches given by the caller "
+             "have none)");
+    return c->ref;
+}
 
 static void cpu_micro_step(qt_engine *e, const int32_t *in, const int32_t *tgt, float grad_scale) {
     cpu_engine *c = (cpu_engine *)e;
     if (c->ref) { /* grad_scale: the weight of one pair */
         qt_dpo_stats st = {0};
-        double l = qt_dpo_cpu_step(c->model, c->w, NULL, c->ref, in, tgt, c->plan.run.B, c->plan.run.T, &c->plan.dpo_cfg,
-                                   1, c->g, grad_scale, &st);
+        double l = qt_dpo_cpu_step_stored(c->model, c->w, dpo_ref(c), in, tgt, c->plan.run.B, c->plan.run.T,
+                                          &c->plan.dpo_cfg, 1, c->g, grad_scale, &st);
         qt_step_loss_add(&c->sl, (float)l, st.pairs);
         qt_dpo_stats_add(&c->dpo.acc, &st);
         return;
@@ -69,12 +77,24 @@ static void cpu_opt_step(qt_engine *e, float lr, long t, float *loss, float *gno
 static float cpu_eval_loss(qt_engine *e, const int32_t *in, const int32_t *tgt) {
     cpu_engine *c = (cpu_engine *)e;
     if (c->ref)
-        return (float)qt_dpo_cpu_step(c->model, c->w, NULL, c->ref, in, tgt, c->plan.run.B, c->plan.run.T,
-                                      &c->plan.dpo_cfg, 0, NULL, 0.0f, &c->dpo.eval);
+        return (float)qt_dpo_cpu_step_stored(c->model, c->w, dpo_ref(c), in, tgt, c->plan.run.B, c->plan.run.T,
+                                             &c->plan.dpo_cfg, 0, NULL, 0.0f, &c->dpo.eval);
     return qt_cpu_model_forward(c->model, c->w, in, tgt);
 }
 
 static void cpu_dpo_stats(qt_engine *e, int eval, qt_dpo_stats *s) { qt_dpo_log_take(&((cpu_engine *)e)->dpo, eval, s); }
+
+static void cpu_row_logps(qt_engine *e, const int32_t *in, const int32_t *tgt, double *logp) {
+    cpu_engine *c = (cpu_engine *)e;
+    qt_dpo_cpu_row_logps(c->model, c->w, in, tgt, c->plan.run.B, c->plan.run.T, logp);
+}
+
+static void cpu_set_dpo_ref(qt_engine *e, const double *ref) {
+    cpu_engine *c = (cpu_engine *)e;
+    QT_CHECK(c->ref, "set_dpo_ref: the run's objective is not dpo");
+    c->have_ref = ref != NULL;
+    if (ref) memcpy(c->ref, ref, (size_t)c->plan.run.B * sizeof *c->ref);
+}
 
 static void cpu_get_weights(qt_engine *e, float *w) {
     memcpy(w, ((cpu_engine *)e)->w, e->L->numel * sizeof(float));
@@ -94,27 +114,11 @@ static void cpu_forward_logits(qt_engine *e, const int32_t *in, float *logits) {
 static int cpu_state_items(qt_engine *e, qt_ckpt_item *items, int cap) {
     cpu_engine *c = (cpu_engine *)e;
     size_t bytes = e->L->numel * sizeof(float);
-    QT_CHECK(cap >= (c->ref ? 4 : 3), "need room for %d checkpoint items, got %d", c->ref ? 4 : 3, cap);
+    QT_CHECK(cap >= 3, "need room for 3 checkpoint items, got %d", cap);
     items[0] = (qt_ckpt_item){"weights", QT_DT_F32, c->w, bytes, 0};
     items[1] = (qt_ckpt_item){"adam_m", QT_DT_F32, c->m, bytes, 0};
     items[2] = (qt_ckpt_item){"adam_v", QT_DT_F32, c->v, bytes, 0};
-    if (!c->ref) return 3;
-    items[3] = (qt_ckpt_item){"dpo_reference", -1, c->ref_id, strlen(c->ref_id), 0};
-    return 4;
-}
-
-/* objective: dpo: the checkpoint's reference is this run's (the same initial weights). */
-static int check_reference(const cpu_engine *c, const qt_ckpt *ck, char *err, size_t errlen) {
-    size_t bytes;
-    int dt;
-    const char *id = qt_ckpt_get(ck, "dpo_reference", &bytes, &dt);
-    if (!id)
-        return qt_errf(err, errlen, "checkpoint: no dpo_reference blob (not an objective: dpo checkpoint): resume it with "
-                       "its own objective");
-    if (bytes != strlen(c->ref_id) || memcmp(id, c->ref_id, bytes))
-        return qt_errf(err, errlen, "checkpoint blob dpo_reference: the run's reference (its initial weights) was \"%.*s\", "
-                       "this run's is \"%s\": resume from the same init.from (or init.seed)", (int)bytes, id, c->ref_id);
-    return 0;
+    return 3;
 }
 
 static int cpu_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen) {
@@ -133,7 +137,7 @@ static int cpu_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t err
         }
         memcpy(dst[i], p, want);
     }
-    return c->ref ? check_reference(c, ck, err, errlen) : 0;
+    return 0;
 }
 
 static long cpu_nonfinite_weight(qt_engine *e, int settle, long *step) {
@@ -177,6 +181,8 @@ static const qt_engine_ops cpu_ops = {
     .set_docs = cpu_set_docs,
     .docs_by_default = 1,
     .dpo_stats = cpu_dpo_stats,
+    .row_logps = cpu_row_logps,
+    .set_dpo_ref = cpu_set_dpo_ref,
 };
 
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,
@@ -196,12 +202,6 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const q
         return NULL;
     }
     c->model = qt_cpu_model_create(L, plan->run.B, plan->run.T);
-    if (plan->dpo) {
-        QT_CHECK(c->ref = malloc(bytes), "out of host memory for the DPO reference (%zu parameters)", L->numel);
-        memcpy(c->ref, c->w, bytes);
-        snprintf(c->ref_id, sizeof c->ref_id, "crc32c %08x numel %zu", qt_crc32c(0, c->ref, bytes), L->numel);
-        printf("qtrain: objective: dpo: the reference model is a frozen copy of the initial weights (%.1f MiB)\n",
-               bytes / 1048576.0);
-    }
+    if (plan->dpo) QT_CHECK(c->ref = malloc((size_t)plan->run.B * sizeof *c->ref), "out of host memory");
     return &c->base;
 }

@@ -78,6 +78,9 @@ struct dp_engine {
         const qt_ckpt *ck;
         int rc[QT_COMM_MAX_RANKS];
         const qt_docs *docs;  /* set_docs' documents of all ranks' windows (NULL: none) */
+        const double *dref;   /* set_dpo_ref's reference log-probs of all ranks' rows (NULL: none) */
+        double *logp;         /* row_logps' output [ranks x B] */
+        qt_dpo_stats dst[QT_COMM_MAX_RANKS]; /* each rank's dpo_stats */
     } call;
     int fail_rank; /* test hook (qt_test_hooks): that rank fails just before optimizer step fail_step */
     long fail_step;
@@ -192,6 +195,15 @@ static void job_docs(dp_engine *d, int r) {
     qt_docs mine = {d->call.docs->starts + r * B * T, d->call.docs->n_starts + r * B, d->call.docs->attention, d->call.docs->positions};
     d->rk[r]->ops->set_docs(d->rk[r], &mine);
 }
+/* objective: dpo: rank r's rows [r*B, (r+1)*B) of the ranks x B. */
+static void job_row_logps(dp_engine *d, int r) {
+    size_t B = (size_t)d->plan.run.B, ntok = B * d->plan.run.T;
+    d->rk[r]->ops->row_logps(d->rk[r], d->call.in + r * ntok, d->call.tgt + r * ntok, d->call.logp + r * B);
+}
+static void job_dpo_ref(dp_engine *d, int r) {
+    d->rk[r]->ops->set_dpo_ref(d->rk[r], d->call.dref ? d->call.dref + r * (size_t)d->plan.run.B : NULL);
+}
+static void job_dpo_stats(dp_engine *d, int r) { d->rk[r]->ops->dpo_stats(d->rk[r], d->call.on, &d->call.dst[r]); }
 static void job_free(dp_engine *d, int r) {
     if (d->rk[r]) d->rk[r]->ops->free(d->rk[r]);
     d->rk[r] = NULL;
@@ -452,6 +464,28 @@ static void dp_set_docs(qt_engine *b, const qt_docs *docs) {
     d->call.docs = NULL;
 }
 
+static void dp_row_logps(qt_engine *b, const int32_t *in, const int32_t *tgt, double *logp) {
+    dp_engine *d = (dp_engine *)b;
+    d->call.in = in, d->call.tgt = tgt, d->call.logp = logp;
+    run(d, job_row_logps, -1);
+}
+
+static void dp_set_dpo_ref(qt_engine *b, const double *ref) {
+    dp_engine *d = (dp_engine *)b;
+    d->call.dref = ref;
+    run(d, job_dpo_ref, -1);
+    d->call.dref = NULL;
+}
+
+/* The ranks' pairs summed in rank order. */
+static void dp_dpo_stats(qt_engine *b, int eval, qt_dpo_stats *s) {
+    dp_engine *d = (dp_engine *)b;
+    d->call.on = eval;
+    run(d, job_dpo_stats, -1);
+    *s = (qt_dpo_stats){0};
+    for (int r = 0; r < d->n; r++) qt_dpo_stats_add(s, &d->call.dst[r]);
+}
+
 static const qt_engine_ops dp_ops = {
     .micro_step = dp_micro_step,
     .opt_step = dp_opt_step,
@@ -475,6 +509,9 @@ static const qt_engine_ops dp_ops = {
     .free = dp_free,
     .set_docs = dp_set_docs,
     .docs_by_default = 1,
+    .dpo_stats = dp_dpo_stats,
+    .row_logps = dp_row_logps,
+    .set_dpo_ref = dp_set_dpo_ref,
 };
 
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,

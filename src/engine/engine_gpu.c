@@ -7,8 +7,9 @@
  * sharded, quantized to fp8), the gradients are zeroed, and the one host read per step brings the loss
  * and norm back, with the count of NaN/Inf among the bf16 weights this rank's AdamW just wrote (one
  * read of 2 bytes per parameter on the GPU; with AdamW ahead of the next forward the count is taken at
- * the end of the next step, or before a checkpoint). The rest is checkpoint state and host copies for
- * tests. */
+ * the end of the next step, or before a checkpoint). objective: dpo (full fine-tuning) splits a micro-step
+ * around the host: the forward, the DPO loss against the trainer's stored reference log-probs (set_dpo_ref), the
+ * backward with per-row weights, eagerly. The rest is checkpoint state and host copies for tests. */
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -48,6 +49,16 @@ typedef struct {
     int micro_in_step;      /* micro-steps since the last opt_step */
     double last_loss_sum;   /* the last opt_step's loss sum and target count, for the ranks' mean */
     long last_valid;
+    /* objective: dpo (full fine-tuning, dpo_micro_step): the stored reference of the next micro-batch's rows */
+    struct gpu_dpo {
+        double *ref, *lp;   /* [B] the reference's row log-probs (set_dpo_ref), the policy's */
+        float *losses;      /* [N] a forward's token losses on the host */
+        float *scale;       /* [B] each row's loss weight in the backward */
+        int have_ref;
+        double loss_sum;    /* the pairs' losses and count since the last opt_step */
+        long pairs;
+        qt_dpo_log log;
+    } dpo;
 } gpu_engine;
 
 /* Host -> pinned -> device without racing an upload still in flight from the same pinned buffer. */
@@ -71,10 +82,97 @@ static long upload(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
     return valid;
 }
 
+/* ---- objective: dpo with full fine-tuning: the policy forward, the host's DPO arithmetic against the stored
+ * reference (qt_dpo.h, the CPU engine's code), the backward with per-row loss weights; eager, two host syncs ---- */
+
+static void dpo_init(gpu_engine *e) {
+    struct gpu_dpo *d = &e->dpo;
+    if (!e->plan.dpo) return;
+    int B = e->g->B;
+    QT_CHECK(B >= 2 && B % 2 == 0, "objective: dpo: a micro-batch of %d rows (expected pairs: an even count)", B);
+    d->ref = malloc((size_t)B * sizeof *d->ref);
+    d->lp = malloc((size_t)B * sizeof *d->lp);
+    d->scale = malloc((size_t)B * sizeof *d->scale);
+    d->losses = malloc((size_t)e->g->N * sizeof *d->losses);
+    QT_CHECK(d->ref && d->lp && d->scale && d->losses, "out of host memory");
+}
+
+static void dpo_free(gpu_engine *e) {
+    free(e->dpo.ref), free(e->dpo.lp), free(e->dpo.scale), free(e->dpo.losses);
+}
+
+/* The forward (losses only, activations kept) of the tokens upload() sent; the rows' log-probs into lp[B]. */
+static void dpo_forward(gpu_engine *e, const int32_t *tgt, double *lp) {
+    qt_gpu_model *g = e->g;
+    qt_dp_sync_forward_rows(e->sync);
+    QT_CUDA(cudaMemcpyAsync(e->dpo.losses, g->head.losses, g->N * sizeof *e->dpo.losses, cudaMemcpyDeviceToHost, g->stream));
+    qt_zero(g->head.loss_sum, 8, g->stream); /* the token losses' sum means nothing here: the loss is the pairs' */
+    QT_CUDA(cudaStreamSynchronize(g->stream));
+    qt_dpo_row_logps(lp, e->dpo.losses, tgt, g->B, g->T);
+}
+
+static const double *dpo_ref(const gpu_engine *e) {
+    QT_CHECK(e->dpo.have_ref, "objective: dpo with full fine-tuning: no reference log-probs were given for this "
+             "micro-batch (the trainer reads them from the pair shards' stored reference, <shard>.dporef; batches given "
+             "by the caller have none)");
+    return e->dpo.ref;
+}
+
+static void dpo_micro_step(gpu_engine *e, const int32_t *in, const int32_t *tgt, float pair_weight) {
+    struct gpu_dpo *d = &e->dpo;
+    int last = e->plan.parallel.dp != QT_DP_ONE && ++e->micro_in_step == e->plan.run.grad_accum;
+    upload(e, in, tgt);
+    dpo_forward(e, tgt, d->lp);
+    qt_dpo_stats st = {0};
+    qt_dpo_batch(&e->plan.dpo_cfg, d->lp, dpo_ref(e), e->g->B, pair_weight, d->scale, &st);
+    d->loss_sum += st.loss;
+    d->pairs += st.pairs;
+    qt_dpo_stats_add(&d->log.acc, &st);
+    qt_dp_sync_backward_rows(e->sync, d->scale, last);
+    e->micro_done++;
+}
+
+/* After opt_step: the step's loss is the mean over its pairs (the ranks' mean: qt_engine_gpu_last_loss). */
+static void dpo_opt_step(gpu_engine *e, float *loss) {
+    struct gpu_dpo *d = &e->dpo;
+    *loss = d->pairs ? (float)(d->loss_sum / d->pairs) : 0.0f;
+    e->last_loss_sum = d->loss_sum;
+    e->last_valid = d->pairs;
+    d->loss_sum = 0;
+    d->pairs = 0;
+    qt_dpo_log_step(&d->log);
+}
+
+static float dpo_eval_loss(gpu_engine *e, const int32_t *in, const int32_t *tgt) {
+    upload(e, in, tgt);
+    dpo_forward(e, tgt, e->dpo.lp);
+    return (float)qt_dpo_batch(&e->plan.dpo_cfg, e->dpo.lp, dpo_ref(e), e->g->B, 0.0f, NULL, &e->dpo.log.eval);
+}
+
+static void gpu_row_logps(qt_engine *b, const int32_t *in, const int32_t *tgt, double *logp) {
+    gpu_engine *e = (gpu_engine *)b;
+    QT_CHECK(e->plan.dpo, "row_logps: the run's objective is not dpo");
+    upload(e, in, tgt);
+    dpo_forward(e, tgt, logp);
+}
+
+static void gpu_set_dpo_ref(qt_engine *b, const double *ref) {
+    gpu_engine *e = (gpu_engine *)b;
+    QT_CHECK(e->plan.dpo, "set_dpo_ref: the run's objective is not dpo");
+    e->dpo.have_ref = ref != NULL;
+    if (ref) memcpy(e->dpo.ref, ref, (size_t)e->g->B * sizeof *e->dpo.ref);
+}
+
+static void gpu_dpo_stats(qt_engine *b, int eval, qt_dpo_stats *s) { qt_dpo_log_take(&((gpu_engine *)b)->dpo.log, eval, s); }
+
 static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
     gpu_engine *e = (gpu_engine *)b;
     QT_CHECK(qt_dp_sync_idle(e->sync), "rank %d: a micro-step after the last of this step (a step is data.grad_accum = %d "
              "micro-steps)", e->plan.parallel.rank, e->plan.run.grad_accum);
+    if (e->plan.dpo) {
+        dpo_micro_step(e, in, tgt, grad_scale);
+        return;
+    }
     long valid = upload(e, in, tgt);
     e->valid_total += valid;
     int last = e->plan.parallel.dp != QT_DP_ONE && ++e->micro_in_step == e->plan.run.grad_accum;
@@ -209,10 +307,12 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     e->last_loss_sum = e->out->loss;
     e->last_valid = e->valid_total;
     e->valid_total = 0;
+    if (e->plan.dpo) dpo_opt_step(e, loss);
 }
 
 static float gpu_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
     gpu_engine *e = (gpu_engine *)b;
+    if (e->plan.dpo) return dpo_eval_loss(e, in, tgt);
     qt_gpu_model *g = e->g;
     long valid = upload(e, in, tgt);
     qt_gpu_step_args a = {0.0f, 0, 0, qt_dp_sync_wait_hooks(e->sync)};
@@ -412,6 +512,7 @@ static void gpu_free(qt_engine *b) {
     QT_CUDA(cudaFree(e->bad_dev));
     for (int i = 0; i < 2; i++) QT_CUDA(cudaEventDestroy(e->bad_ev[i]));
     qt_gpu_model_free(e->g);
+    dpo_free(e);
     free(e);
 }
 
@@ -444,7 +545,8 @@ static void gpu_set_docs(qt_engine *b, const qt_docs *d) {
      .snapshot_bytes = gpu_snapshot_bytes, .tuning_save = qt_engine_gpu_tuning_save,                   \
      .tuning_load = qt_engine_gpu_tuning_load,                                                         \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1, \
-     .set_docs = gpu_set_docs, .docs_by_default = 1}
+     .set_docs = gpu_set_docs, .docs_by_default = 1, .dpo_stats = gpu_dpo_stats, .row_logps = gpu_row_logps, \
+     .set_dpo_ref = gpu_set_dpo_ref}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 
 void qt_engine_gpu_last_loss(const qt_engine *b, double *sum, long *valid) {
@@ -497,5 +599,6 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const q
     e->first_bad = e->first_bad_step = -1;
     /* a forward that did not wait for its bucket would then read last step's weights (test_train) */
     e->sync = qt_dp_sync_create(e->g, &e->plan, rank ? rank->comm : NULL, qt_test_hooks_get());
+    dpo_init(e);
     return &e->base;
 }

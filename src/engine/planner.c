@@ -118,8 +118,6 @@ int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training
         if (cpu_lora_rows(L, cfg, rp, err, errlen)) return -1;
     } else if (rp->ranks == 0) { /* engine_cpu.c: w, g, m, v and the model's activations */
         qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weights, gradients, m, v (fp32)", 4 * L->numel * sizeof(float));
-        if (cfg->objective == QT_OBJ_DPO)
-            qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "DPO reference weights (fp32, frozen)", L->numel * sizeof(float));
         qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "activations (CPU)", qt_cpu_model_bytes(L, B, T));
         if (training) /* train_ckpt.c's snapshot of weights, m, v at a save (64-byte aligned each) */
             qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", 3 * ((L->numel * 4 + 63) / 64 * 64));

@@ -42,9 +42,12 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
 /* LoRA on the GPU runs a bf16 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or ranks
  * with the adapters replicated, whatever parallel.zero's default), objective: dpo included; what else it would need is refused here, naming the key (device: cpu trains every LoRA setting on the CPU fp32 engine). */
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
-    if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0)
-        return "objective: dpo with full fine-tuning (lora.rank 0) is not yet on the GPU: its reference model would be "
-               "a second copy of the weights (set lora.rank > 0, whose frozen base is the reference, or device: cpu)";
+    /* full fine-tuning's DPO splits a micro-step around the host's DPO arithmetic (qt_dp_sync_forward_rows) */
+    if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0 && cfg->parallel.zero >= 2)
+        return "objective: dpo with full fine-tuning on the GPU: parallel.zero 2 and 3 are not yet supported (set 0 or 1)";
+    if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0 && (cfg->memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)))
+        return "objective: dpo with full fine-tuning on the GPU: memory.offload of weights or gradients is not yet "
+               "supported (the optimizer state may be offloaded)";
     if (cfg->lora.rank <= 0) return NULL;
     if (cfg->lora.trainable)
         return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";

@@ -770,6 +770,13 @@ void qt_gpu_model_backward_rows(qt_gpu_model *g, const float *row_scale) {
     qt_gpu_model_profile_collect(g);
 }
 
+void qt_gpu_model_backward_rows_with(qt_gpu_model *g, const float *row_scale, const qt_gpu_step_args *a) {
+    lm_head(g, 0.0f, row_scale, 1);
+    qt_param_release_embed(g->ps, a->hooks);
+    backward(g, a);
+    qt_gpu_model_profile_collect(g);
+}
+
 /* ---- per-op timing ---- */
 #define PROF_EVENTS 4096
 #define PROF_LABELS 48

@@ -26,6 +26,7 @@ typedef struct {
     char *path;
     qt_tokens_header h;
     uint64_t n_windows;
+    uint64_t first_row; /* the data's rows (windows) in the shards before this one, in glob order */
 } shard_info;
 
 struct qt_loader {
@@ -44,6 +45,8 @@ struct qt_loader {
     qt_tokens_data data; /* the shard being read (data_file), or nothing (-1) */
     int data_file;
     int unit;            /* windows per cursor step: 2 for pair shards, else 1 */
+    uint64_t *rows;      /* [micro_batch] the data rows of the last micro-batch read (qt_loader_last_rows) */
+    int n_rows;
 };
 
 /* Distinct stream tags keep the shard-order and window-order generators independent. */
@@ -99,10 +102,8 @@ static int no_targets(const qt_tokens_data *d, uint64_t last) {
     return 1;
 }
 
-/* Makes the shard under the cursor the loaded one (with its window order). Returns 0 or -1 with err. */
-static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
-    ensure_order(l);
-    int f = (int)l->order[l->pos.shard_cursor];
+/* Makes shard file f the loaded one. Returns 0 or -1 with err. */
+static int load_file(qt_loader *l, int f, char *err, size_t errlen) {
     if (l->data_file != f) {
         const qt_tokens_header *a = &l->sh[f].h, *b = &l->data.h;
         qt_tokens_unload(&l->data);
@@ -124,6 +125,14 @@ static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
         }
         l->data_file = f;
     }
+    return 0;
+}
+
+/* Makes the shard under the cursor the loaded one (with its window order). Returns 0 or -1 with err. */
+static int ensure_shard(qt_loader *l, char *err, size_t errlen) {
+    ensure_order(l);
+    int f = (int)l->order[l->pos.shard_cursor];
+    if (load_file(l, f, err, errlen)) return -1;
     if (l->shuffle && (l->wperm_file != f || l->wperm_epoch != l->pos.epoch)) {
         uint64_t n = l->sh[f].n_windows;
         free(l->wperm);
@@ -180,8 +189,11 @@ static int read_window(qt_loader *l, int32_t *in, int32_t *tg, int32_t *starts, 
                        size_t errlen) {
     if (ensure_shard(l, err, errlen) != 0) return -1;
     uint64_t u = l->shuffle ? l->wperm[l->pos.window_cursor] : l->pos.window_cursor, S = (uint64_t)l->seq_len;
-    for (int j = 0; j < l->unit; j++)
+    const shard_info *s = &l->sh[l->order[l->pos.shard_cursor]];
+    for (int j = 0; j < l->unit; j++) {
         copy_window(l, u * l->unit + j, in + j * S, tg + j * S, starts ? starts + j * S : NULL, n_starts ? n_starts + j : NULL);
+        l->rows[l->n_rows++] = s->first_row + u * l->unit + j;
+    }
     advance(l, 1);
     return 0;
 }
@@ -193,6 +205,7 @@ int qt_loader_next(qt_loader *l, int32_t *inputs, int32_t *targets, char *err, s
 int qt_loader_next_docs(qt_loader *l, int32_t *inputs, int32_t *targets, int32_t *starts, int32_t *n_starts,
                         char *err, size_t errlen) {
     qt_loader_pos start = l->pos;
+    l->n_rows = 0;
     uint64_t mb = (uint64_t)(l->micro_batch / l->unit), S = (uint64_t)l->seq_len * l->unit, k = (uint64_t)l->unit;
     advance(l, (uint64_t)l->rank * mb);
     for (uint64_t i = 0; i < mb; i++)
@@ -203,6 +216,49 @@ int qt_loader_next_docs(qt_loader *l, int32_t *inputs, int32_t *targets, int32_t
         }
     advance(l, (uint64_t)(l->world - 1 - l->rank) * mb);
     return 0;
+}
+
+void qt_loader_last_rows(const qt_loader *l, uint64_t *rows) {
+    memcpy(rows, l->rows, (size_t)l->micro_batch * sizeof *rows);
+}
+
+/* The shard holding data row r (< total rows), by binary search over first_row. */
+static int shard_of_row(const qt_loader *l, uint64_t r) {
+    int lo = 0, hi = l->n_sh - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (l->sh[mid].first_row <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int qt_loader_read_rows(qt_loader *l, uint64_t row0, int n, int32_t *in, int32_t *tg, int32_t *starts, int32_t *n_starts,
+                        char *err, size_t errlen) {
+    uint64_t total = l->total_windows * (uint64_t)l->unit, S = (uint64_t)l->seq_len;
+    for (int b = 0; b < n; b++) {
+        uint64_t r = row0 + (uint64_t)b;
+        if (r >= total) { /* past the data: token 0, every target ignored */
+            memset(in + b * S, 0, S * sizeof *in);
+            memset(tg + b * S, 0xff, S * sizeof *tg);
+            if (n_starts) n_starts[b] = 0;
+            continue;
+        }
+        int f = shard_of_row(l, r);
+        if (load_file(l, f, err, errlen)) return -1;
+        copy_window(l, r - l->sh[f].first_row, in + b * S, tg + b * S, starts ? starts + b * S : NULL,
+                    n_starts ? n_starts + b : NULL);
+    }
+    return 0;
+}
+
+const char *qt_loader_shard_path(const qt_loader *l, int i) { return l->sh[i].path; }
+
+const qt_tokens_header *qt_loader_shard_header(const qt_loader *l, int i) { return &l->sh[i].h; }
+
+uint64_t qt_loader_shard_rows(const qt_loader *l, int i, uint64_t *first) {
+    *first = l->sh[i].first_row;
+    return l->sh[i].n_windows * (uint64_t)l->unit;
 }
 
 qt_loader_pos qt_loader_get_pos(const qt_loader *l) { return l->pos; }
@@ -254,6 +310,7 @@ void qt_loader_free(qt_loader *l) {
     free(l->sh);
     free(l->order);
     free(l->wperm);
+    free(l->rows);
     free(l);
 }
 
@@ -331,6 +388,7 @@ static int scan_shards(qt_loader *l, char *err, size_t errlen) {
         s->n_windows = (s->h.n_tokens - 1) / (uint64_t)l->seq_len;
         if (check_pairs(l, s, i, err, errlen)) return -1;
         s->n_windows /= (uint64_t)l->unit;
+        s->first_row = l->total_windows * (uint64_t)l->unit;
         l->total_windows += s->n_windows;
     }
     return 0;
@@ -365,7 +423,8 @@ qt_loader *qt_loader_open(const char *glob_list, int seq_len, int micro_batch, i
     free(pats);
     if (rc == 0 && !any) rc = -1, snprintf(err, errlen, "no data files given (empty glob \"%s\")", glob_list);
     if (rc == 0) rc = scan_shards(l, err, errlen);
-    if (rc == 0 && !(l->order = malloc((size_t)l->n_sh * sizeof *l->order)))
+    if (rc == 0 && (!(l->order = malloc((size_t)l->n_sh * sizeof *l->order)) ||
+                    !(l->rows = calloc((size_t)micro_batch, sizeof *l->rows))))
         rc = -1, snprintf(err, errlen, "%s: out of memory", glob_list);
     if (rc != 0) {
         qt_loader_free(l);

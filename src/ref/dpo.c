@@ -85,6 +85,28 @@ double qt_dpo_cpu_step(qt_cpu_model *m, const float *w, qt_cpu_adapter *policy, 
     return loss;
 }
 
+void qt_dpo_cpu_row_logps(qt_cpu_model *m, const float *w, const int32_t *in, const int32_t *tgt, int B, int T,
+                          double *logp) {
+    qt_cpu_model_set_adapter(m, NULL);
+    qt_cpu_model_forward(m, w, in, tgt);
+    qt_dpo_row_logps(logp, qt_cpu_model_token_losses(m), tgt, B, T);
+}
+
+double qt_dpo_cpu_step_stored(qt_cpu_model *m, const float *w, const double *ref, const int32_t *in, const int32_t *tgt,
+                              int B, int T, const qt_dpo_cfg *c, int backward, float *grad, float pair_weight,
+                              qt_dpo_stats *st) {
+    QT_CHECK(B >= 2 && B % 2 == 0, "objective: dpo: a micro-batch of %d rows (expected pairs: an even count)", B);
+    double *lp = malloc((size_t)B * sizeof *lp);
+    float *scale = malloc((size_t)B * sizeof *scale);
+    QT_CHECK(lp && scale, "out of host memory");
+    qt_dpo_cpu_row_logps(m, w, in, tgt, B, T, lp);
+    double loss = qt_dpo_batch(c, lp, ref, B, pair_weight, scale, st);
+    if (backward) qt_cpu_model_backward_rows(m, w, grad, scale);
+    free(lp);
+    free(scale);
+    return loss;
+}
+
 void qt_dpo_log_step(qt_dpo_log *l) {
     l->last = l->acc;
     l->acc = (qt_dpo_stats){0};

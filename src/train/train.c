@@ -133,6 +133,7 @@ static int run_eval(qt_trainer *t, float *out, long *targets, char *err, size_t 
                 if (qt_train_docs_next(&t->docs, t->eval, (size_t)r * t->cfg->data.micro_batch, t->in + r * ntok,
                                        t->tgt + r * ntok, err, errlen))
                     return 1;
+                qt_train_dpo_ref_take(&t->dref, t->eval, 1, (size_t)r * t->cfg->data.micro_batch);
                 long v = qt_train_dpo_units(t->cfg, t->cfg->data.micro_batch, count_targets(t->tgt + r * ntok, ntok));
                 if (v0 < 0) v0 = v;
                 if (r == 0) first = v;
@@ -143,9 +144,11 @@ static int run_eval(qt_trainer *t, float *out, long *targets, char *err, size_t 
                 memset(t->in + r * ntok, 0, ntok * sizeof(int32_t));
                 memset(t->tgt + r * ntok, 0xff, ntok * sizeof(int32_t));
                 qt_train_docs_clear(&t->docs, (size_t)r * t->cfg->data.micro_batch, t->cfg->data.micro_batch);
+                qt_train_dpo_ref_clear(&t->dref, (size_t)r * t->cfg->data.micro_batch, t->cfg->data.micro_batch);
             }
         }
-        if (qt_train_docs_apply(&t->docs, t->eng, 0, 1, err, errlen)) return -1;
+        if (qt_train_docs_apply(&t->docs, t->eng, 0, 1, err, errlen) || qt_train_dpo_ref_apply(&t->dref, t->eng, 0, 1, err, errlen))
+            return -1;
         float l;
         if (same) {
             if (qt_engine_eval_loss(t->eng, t->in, t->tgt, &l, err, errlen)) return -1;
@@ -305,6 +308,7 @@ int qt_session_backward(qt_trainer *t, qt_batch_source src, char *err, size_t er
             qt_trainer_save_after_error(t, err, errlen);
             return -1;
         }
+        if (src == QT_BATCH_LOADER) qt_train_dpo_ref_take(&t->dref, t->train, 0, k * c->data.micro_batch);
         valid += count_targets(t->tgt + k * ntok, ntok);
     }
     long rows = (long)c->data.grad_accum * ranks * c->data.micro_batch;
@@ -313,6 +317,7 @@ int qt_session_backward(qt_trainer *t, qt_batch_source src, char *err, size_t er
     t->pending = 1;
     for (size_t a = 0; a < (size_t)c->data.grad_accum; a++)
         if (qt_train_docs_apply(&t->docs, t->eng, a * ranks * c->data.micro_batch, src == QT_BATCH_LOADER, err, errlen) ||
+            qt_train_dpo_ref_apply(&t->dref, t->eng, a * ranks * c->data.micro_batch, src == QT_BATCH_LOADER, err, errlen) ||
             qt_engine_micro_step(t->eng, t->in + a * ranks * ntok, t->tgt + a * ranks * ntok, scale, err, errlen))
             return failed(t, QT_TF_DEVICE, -1);
     return 0;
@@ -447,6 +452,10 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
     if (!t->in || !t->tgt) return failed(t, QT_TF_INTERNAL, qt_errf(err, errlen, "out of host memory for %zu tokens", ntok));
     if (training && qt_train_docs_init(&t->docs, cfg, t->train, t->eng, ntok / cfg->data.seq_len, err, errlen))
         return failed(t, QT_TF_CONFIG, -1);
+    /* before a resume loads the checkpoint's weights: the first pass runs the initial model */
+    if (training && qt_train_dpo_ref_init(&t->dref, cfg, &t->wsrc, t->train, t->eval, t->eng, &t->docs,
+                                          ntok / cfg->data.seq_len, err, errlen))
+        return failed(t, QT_TF_DATA, -1);
     const qt_layout *L = &t->layout;
     printf("qtrain: %s | %zu parameters | %d layers, hidden %d, heads %d/%d, vocab %d | %s | %.2f GFLOP/token\n",
            cfg->path, L->n_params, L->cfg.num_layers, L->cfg.hidden_size, L->cfg.num_heads, L->cfg.num_kv_heads,
@@ -497,6 +506,7 @@ int qt_session_close(qt_trainer *t, int rc, char *err, size_t errlen) {
     free(t->in);
     free(t->tgt);
     qt_train_docs_free(&t->docs);
+    qt_train_dpo_ref_free(&t->dref);
     free(t->tuning_cache);
     if (t->layout.tensors) qt_layout_free(&t->layout);
     free(t);

@@ -236,6 +236,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     qt_ckpt_state cs = {t->step, t->rng, t->pos, t->eng->L->cfg, t->ck.cfgtext, qt_config_dump(t->cfg, t->ck.cfgtext, CFG_CAP),
                         (int64_t)t->cfg->data.grad_accum * t->eng->ranks};
     n += qt_ckpt_state_items(&cs, items + n); /* copied by snapshot() below */
+    n += qt_train_dpo_ref_item(&t->dref, items + n);
     void *tuning = NULL; /* the autotuned picks: copied into the snapshot, so a temporary buffer */
     if (t->cfg->perf.deterministic && t->eng->ops->tuning_save) {
         size_t tb = t->eng->ops->tuning_save(t->eng, NULL, 0);
@@ -403,7 +404,7 @@ int qt_trainer_load(qt_trainer *t, const char *which, const char *allow, char *e
     qt_ckpt_state cs;
     int rc = -1, data_moved = 0;
     if (check_state(t, ck, path, allow, &cs, &data_moved, err, errlen) == 0 &&
-        qt_engine_load_state(t->eng, ck, err, errlen) == 0) {
+        qt_train_dpo_ref_check(&t->dref, ck, path, err, errlen) == 0 && qt_engine_load_state(t->eng, ck, err, errlen) == 0) {
         t->rng = cs.rng;
         if (t->train && !data_moved) qt_loader_set_pos(t->train, cs.pos);
         t->step = t->ck.saved_step = cs.step;
