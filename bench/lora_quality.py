@@ -185,9 +185,9 @@ def evals(run_dir):
     return out
 
 
-def report(a, pre, full, lora, e0, tf, tl, total):
+def report(a, pre, full, lora, base, tf, tl, total):
     """The eval losses of both runs, their ratio and the setting: printed, in results.md; both curves in curves.png."""
-    ef, el = evals(full), evals(lora)
+    ef, el, e0 = evals(full), evals(lora), evals(base)[-1][1]
     lines = [f"model: {a.layers} layers, hidden {a.hidden}, {a.heads}/{a.heads // 2} heads, ffn {a.hidden * 3}, vocab 1024 "
              f"(BPE), seq {a.seq_len}; pretrain {a.pretrain_steps} steps of {a.pretrain_micro_batch} sequences at lr "
              f"{a.pretrain_lr}; fine-tune {a.ft_steps} steps of {a.ft_micro_batch} sequences, cosine, warmup {a.ft_steps // 20}, no weight decay",
@@ -198,14 +198,39 @@ def report(a, pre, full, lora, e0, tf, tl, total):
     ratio = el[-1][1] / ef[-1][1]
     lines += ["", f"pretraining: final eval loss {evals(pre)[-1][1]:.4f} on the corpus' last 5%; the base's assistant-token "
               f"eval loss before fine-tuning: {e0:.4f}", f"final assistant-token eval loss: full {ef[-1][1]:.4f}, LoRA {el[-1][1]:.4f}, ratio {ratio:.3f} "
-              f"({'within' if ratio <= 1.05 else 'NOT within'} 5%); full {tf:.0f} s, LoRA {tl:.0f} s, "
-              f"total {total:.0f} s"]
+              f"({'within' if ratio <= 1.05 else 'NOT within'} 5%)" +
+              (f"; full {tf:.0f} s, LoRA {tl:.0f} s, total {total:.0f} s" if total else "")]
     print("\n".join(lines))
     open(os.path.join(a.dir, "results.md"), "w").write("\n".join(lines) + "\n")
     run([sys.executable, os.path.join(ROOT, "tools", "plot"), os.path.join(full, "log.jsonl"),
          os.path.join(lora, "log.jsonl"), "-o", os.path.join(a.dir, "curves.png"), "--labels",
          f"full FT lr {a.lr_full:g},LoRA r={a.rank} lr {a.lr_lora:g}",
          "--title", "assistant-token loss: full fine-tuning vs LoRA (CPU fp32)"])
+
+
+def prepare(a):
+    """The corpus, the instruction set, the tokenizer and both sets of shards under a.dir; returns the shard folders."""
+    rng = random.Random(1234)
+    shakespeare = open(a.source, encoding="utf-8").read()
+    world = World(rng, common_words(shakespeare))
+    extra = almanac(rng, world, len(shakespeare) * 3 // 7)
+    corpus = os.path.join(a.dir, "corpus.txt")
+    open(corpus, "w").write(shakespeare + "\n" + extra)
+    rows = [conversation(rng, world) for _ in range(a.conversations)]
+    sft = os.path.join(a.dir, "sft.jsonl")
+    with open(sft, "w") as f:
+        for _, u, r in rows:
+            f.write(json.dumps({"messages": [{"role": "user", "content": u},
+                                             {"role": "assistant", "content": r}]}) + "\n")
+    tj = tokenizer(os.path.join(a.dir, "tok"), [shakespeare, extra] + [
+        f"<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>\n" for _, u, r in rows[:200]])
+    tk = [sys.executable, os.path.join(ROOT, "tools", "tokenize"), "--tokenizer", tj, "--quiet"]
+    pre_data, sft_data = os.path.join(a.dir, "pre_data"), os.path.join(a.dir, "sft_data")
+    r, _ = run(tk + [corpus, "--out", pre_data, "--eval-frac", "0.05"])
+    print(r.stdout.strip().splitlines()[-1])
+    r, _ = run(tk + ["--chat", sft, "--seq-len", str(a.seq_len), "--out", sft_data, "--eval-frac", "0.05"])
+    print(r.stdout.strip().splitlines()[-1], flush=True)
+    return pre_data, sft_data
 
 
 def main():
@@ -231,29 +256,14 @@ def main():
     ap.add_argument("--alpha", type=float, default=32)
     ap.add_argument("--skip-pretrain", action="store_true", help="reuse DIR/pretrain's export")
     ap.add_argument("--pretrain-only", action="store_true", help="stop after pretraining")
+    ap.add_argument("--report-only", action="store_true", help="the report of the runs already in DIR")
     a = ap.parse_args()
+    if a.report_only:
+        report(a, *(os.path.join(a.dir, n) for n in ("pretrain", "full", "lora", "base")), None, None, None)
+        return
     os.makedirs(a.dir, exist_ok=True)
     t0 = time.time()
-    rng = random.Random(1234)
-    shakespeare = open(a.source, encoding="utf-8").read()
-    world = World(rng, common_words(shakespeare))
-    extra = almanac(rng, world, len(shakespeare) * 3 // 7)
-    corpus = os.path.join(a.dir, "corpus.txt")
-    open(corpus, "w").write(shakespeare + "\n" + extra)
-    rows = [conversation(rng, world) for _ in range(a.conversations)]
-    sft = os.path.join(a.dir, "sft.jsonl")
-    with open(sft, "w") as f:
-        for _, u, r in rows:
-            f.write(json.dumps({"messages": [{"role": "user", "content": u},
-                                             {"role": "assistant", "content": r}]}) + "\n")
-    tj = tokenizer(os.path.join(a.dir, "tok"), [shakespeare, extra] + [
-        f"<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>\n" for _, u, r in rows[:200]])
-    tk = [sys.executable, os.path.join(ROOT, "tools", "tokenize"), "--tokenizer", tj, "--quiet"]
-    pre_data, sft_data = os.path.join(a.dir, "pre_data"), os.path.join(a.dir, "sft_data")
-    r, _ = run(tk + [corpus, "--out", pre_data, "--eval-frac", "0.05"])
-    print(r.stdout.strip().splitlines()[-1])
-    r, _ = run(tk + ["--chat", sft, "--seq-len", str(a.seq_len), "--out", sft_data, "--eval-frac", "0.05"])
-    print(r.stdout.strip().splitlines()[-1], flush=True)
+    pre_data, sft_data = prepare(a)
     model = model_yaml(a)
     pre = os.path.join(a.dir, "pretrain")
     if not a.skip_pretrain:
@@ -270,8 +280,7 @@ def main():
     # the base's own loss on the eval windows: one step at a learning rate that leaves the weights as they are
     base = start(a, "base", sft_data, init, 1, 1e-12, a.ft_micro_batch, 1, a.eval_batches, 1)
     tf, tl, _ = finish([full, lora, base])
-    full, lora, e0 = full[0], lora[0], evals(base[0])[-1][1]
-    report(a, pre, full, lora, e0, tf, tl, time.time() - t0)
+    report(a, pre, full[0], lora[0], base[0], tf, tl, time.time() - t0)
 
 
 if __name__ == "__main__":
