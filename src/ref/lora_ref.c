@@ -32,6 +32,20 @@ static float *transposed(const float *m, int rows, int cols) {
     return t;
 }
 
+/* s[p, q] = sum_n X[n, p] Y[n, q] for p < np, q < nq (row strides ldx, ldy), each sum over n = 0 .. N-1 in order;
+ * returns s [np, nq], which the caller frees. */
+static double *outer_sums(const float *X, long ldx, int np, const float *Y, long ldy, int nq, long N) {
+    double *acc = calloc((size_t)np * nq, sizeof *acc);
+    QT_CHECK(acc, "out of memory for the LoRA backward (%d x %d)", np, nq);
+    for (long n = 0; n < N; n++)
+        for (int p = 0; p < np; p++) {
+            double xp = X[(size_t)n * ldx + p];
+#pragma omp simd
+            for (int q = 0; q < nq; q++) acc[(size_t)p * nq + q] += xp * Y[(size_t)n * ldy + q];
+        }
+    return acc;
+}
+
 /* xd[N, in] = x masked by mseed (a copy of x when p is 0); caller frees. */
 static float *dropped(float p, const float *x, long N, int in, uint64_t mseed) {
     float ks = 1.0f / (1.0f - p);
@@ -94,14 +108,7 @@ void qt_lora_bwd_cpu(const qt_lora_layout *A, const qt_lora_module *md, const fl
 #pragma omp parallel for schedule(static)
     for (int o0 = 0; o0 < out; o0 += LORA_OB) {
         int no = out - o0 < LORA_OB ? out - o0 : LORA_OB;
-        double *acc = calloc((size_t)no * r, sizeof *acc);
-        QT_CHECK(acc, "out of memory for the LoRA backward (%d x %d)", no, r);
-        for (long n = 0; n < N; n++)
-            for (int oo = 0; oo < no; oo++) {
-                double d = DY(n, o0 + oo);
-#pragma omp simd
-                for (int k = 0; k < r; k++) acc[(size_t)oo * r + k] += d * u[(size_t)n * r + k];
-            }
+        double *acc = outer_sums(dy + md->out_row0 + o0, md->out_ld, no, u, r, r, N);
         for (int oo = 0; oo < no; oo++)
             for (int k = 0; k < r; k++) gB[(size_t)(o0 + oo) * r + k] += s * (float)acc[(size_t)oo * r + k];
         free(acc);
@@ -126,14 +133,7 @@ void qt_lora_bwd_cpu(const qt_lora_layout *A, const qt_lora_module *md, const fl
 #pragma omp parallel for schedule(static)
     for (int i0 = 0; i0 < in; i0 += LORA_IB) {
         int ni = in - i0 < LORA_IB ? in - i0 : LORA_IB;
-        double *acc = calloc((size_t)r * ni, sizeof *acc);
-        QT_CHECK(acc, "out of memory for the LoRA backward (%d x %d)", r, ni);
-        for (long n = 0; n < N; n++)
-            for (int k = 0; k < r; k++) {
-                double gk = g[(size_t)n * r + k];
-#pragma omp simd
-                for (int ii = 0; ii < ni; ii++) acc[(size_t)k * ni + ii] += gk * xd[(size_t)n * in + i0 + ii];
-            }
+        double *acc = outer_sums(g, r, r, xd + i0, in, ni, N);
         for (int k = 0; k < r; k++)
             for (int ii = 0; ii < ni; ii++) gA[(size_t)k * in + i0 + ii] += (float)acc[(size_t)k * ni + ii];
         free(acc);
