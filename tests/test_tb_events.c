@@ -22,6 +22,32 @@ static void test_crc32c_vectors(void) {
     QT_EXPECT(qt_crc32c(0, "", 0) == 0, "empty");
 }
 
+/* The word-at-a-time CRC against the byte-at-a-time definition, over every alignment and length up to 100 and a
+ * few long buffers, chained at every split point of one of them. */
+static uint32_t crc32c_bytewise(uint32_t crc, const unsigned char *p, size_t n) {
+    uint32_t c = ~crc;
+    while (n--) {
+        c ^= *p++;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0x82F63B78u ^ (c >> 1) : c >> 1;
+    }
+    return ~c;
+}
+
+static void test_crc32c_words(void) {
+    static unsigned char buf[4096 + 16];
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < sizeof buf; i++) x ^= x << 13, x ^= x >> 7, x ^= x << 17, buf[i] = (unsigned char)x;
+    for (int off = 0; off < 16; off++)
+        for (size_t n = 0; n <= 100; n++)
+            QT_EXPECT(qt_crc32c(7, buf + off, n) == crc32c_bytewise(7, buf + off, n), "offset %d, %zu bytes", off, n);
+    size_t longs[] = {1000, 4093, 4096};
+    for (int i = 0; i < 3; i++)
+        QT_EXPECT(qt_crc32c(0, buf + 3, longs[i]) == crc32c_bytewise(0, buf + 3, longs[i]), "%zu bytes", longs[i]);
+    uint32_t whole = crc32c_bytewise(0, buf, 257);
+    for (size_t k = 0; k <= 257; k++)
+        QT_EXPECT(qt_crc32c(qt_crc32c(0, buf, k), buf + k, 257 - k) == whole, "chained at %zu", k);
+}
+
 static unsigned le32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | (unsigned)p[3] << 24; }
 
 /* length (u64 LE), masked CRC of the length, data, masked CRC of the data; the masked CRC of
@@ -59,6 +85,7 @@ static void test_event_bytes(void) {
 
 int main(void) {
     QT_RUN(test_crc32c_vectors);
+    QT_RUN(test_crc32c_words);
     QT_RUN(test_frame);
     QT_RUN(test_event_bytes);
     return qt_test_end();
