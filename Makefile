@@ -200,7 +200,7 @@ FUZZ_RUNS  ?= 20000
 FUZZERS    := config json safetensors shard ckpt
 FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -Wall -Wno-unknown-pragmas -Iinclude -Itests/fuzz \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-FUZZ_LIB   := src/core/file.c src/train/ckpt_state.c src/plan/plan_rules.c src/config/config.c src/config/config_keys.c src/core/layout.c src/core/rope.c src/io/hf.c src/io/hf_rope.c src/io/hf_gemma.c src/core/json.c src/io/tokens.c src/io/ckpt.c src/core/rng.c \
+FUZZ_LIB   := src/core/file.c src/train/ckpt_state.c src/plan/plan_rules.c src/config/config.c src/config/config_keys.c src/core/layout.c src/core/rope.c src/io/hf.c src/io/hf_rope.c src/io/hf_gemma.c src/io/hf_fields.c src/core/json.c src/io/tokens.c src/io/ckpt.c src/core/rng.c \
               src/core/crc32.c src/core/error.c
 FUZZ_ENV   := ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
