@@ -21,6 +21,7 @@
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
+#include "qt_test_steps.h"
 #include "qt_train.h"
 
 static char g_dir[256];
@@ -360,25 +361,12 @@ static void test_gpu_plan_rows(void) {
 /* Steps of the engine e on fixed tokens; losses into loss[steps], the adapters after them into a (from the
  * checkpoint blob), the logits of the first micro-batch into logits. */
 static void lora_steps(qt_engine *e, int steps, float *loss, float *a, size_t numel, float *logits) {
-    long N = (long)e->plan->run.B * e->plan->run.T;
-    int32_t *in = malloc(2 * N * sizeof *in), *tg = malloc(2 * N * sizeof *tg);
-    qt_rng r;
-    qt_rng_seed(&r, 11);
     char err[1024];
-    for (int s = 0; s < steps; s++) {
-        for (long i = 0; i < 2 * N; i++) in[i] = (int32_t)qt_rng_below(&r, 64), tg[i] = (int32_t)qt_rng_below(&r, 64);
-        for (int k = 0; k < 2; k++)
-            QT_REQUIRE(qt_engine_micro_step(e, in + k * N, tg + k * N, qt_loss_scale(2, 1, 2 * N), err, sizeof err) == 0,
-                       "%s", err);
-        float gn;
-        QT_REQUIRE(qt_engine_opt_step(e, 0.01f, s + 1, &loss[s], &gn, err, sizeof err) == 0, "%s", err);
-    }
-    QT_REQUIRE(qt_engine_forward_logits(e, in, logits, err, sizeof err) == 0, "%s", err);
+    qt_t_fixed_steps(e, steps, 64, loss, logits);
     qt_ckpt_item it[8];
     int n = qt_engine_state_items(e, it, 8, err, sizeof err);
     QT_REQUIRE(n >= 5 && !strcmp(it[0].name, "lora_adapters") && it[0].bytes == numel * 4, "adapter blob: %s", err);
     memcpy(a, it[0].data, numel * 4);
-    free(in), free(tg);
 }
 
 static double rel_l2(const float *x, const float *y, const float *base, size_t n) {

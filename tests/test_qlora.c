@@ -24,6 +24,7 @@
 #include "qt_rng.h"
 #include "qt_test.h"
 #include "qt_test_data.h"
+#include "qt_test_steps.h"
 #include "qt_train.h"
 
 static char g_dir[256];
@@ -183,25 +184,11 @@ static void test_plan_8b(void) {
     qt_layout_free(&L);
 }
 
-/* steps optimizer steps of 2 micro-batches of fixed tokens on e: losses into loss[steps], the first micro-batch's
- * logits into logits, the merged weights into w. */
+/* qt_t_fixed_steps on e (vocabulary 64), then its merged weights into w. */
 static void run_engine(qt_engine *e, int steps, float *loss, float *logits, float *w) {
-    long N = (long)e->plan->run.B * e->plan->run.T;
-    int32_t *in = malloc(2 * N * sizeof *in), *tg = malloc(2 * N * sizeof *tg);
-    qt_rng r;
-    qt_rng_seed(&r, 11);
     char err[1024];
-    for (int s = 0; s < steps; s++) {
-        for (long i = 0; i < 2 * N; i++) in[i] = (int32_t)qt_rng_below(&r, 64), tg[i] = (int32_t)qt_rng_below(&r, 64);
-        for (int k = 0; k < 2; k++)
-            QT_CHECK(qt_engine_micro_step(e, in + k * N, tg + k * N, qt_loss_scale(2, 1, 2 * N), err, sizeof err) == 0,
-                     "%s", err);
-        float gn;
-        QT_CHECK(qt_engine_opt_step(e, 0.01f, s + 1, &loss[s], &gn, err, sizeof err) == 0, "%s", err);
-    }
-    QT_CHECK(qt_engine_forward_logits(e, in, logits, err, sizeof err) == 0, "%s", err);
+    qt_t_fixed_steps(e, steps, 64, loss, logits);
     QT_CHECK(qt_engine_get_weights(e, w, err, sizeof err) == 0, "%s", err);
-    free(in), free(tg);
 }
 
 /* The NF4 base against a bf16 base loaded (init.from, fp32 safetensors) with the block matrices of the same init
