@@ -11,7 +11,8 @@
 #                test_sft, test_comm_gpu (ranks sharing the GPU); the mutant kernel builds that must fail
 #                (MUTANT_BUILD=1 builds the AdamW one; carried ones run as they are)
 #   model        transformers comparison (CPU and GPU; packed documents too), test_train (training, resume, data parallel with
-#                ranks sharing the GPU), the export loaded by transformers
+#                ranks sharing the GPU), LoRA, QLoRA, auto's LoRA plans and DPO (test_lora, test_qlora, test_plan_lora,
+#                test_dpo, test_dpo_ref, test_lora_peft.py on cuda), the export loaded by transformers
 #   memory       one GPU, ranks sharing it: test_zero, test_offload, test_recompute (each part), test_stores,
 #                test_plan (the plan against the device: cap, arena, attention workspace)
 #   multi        several GPUs, one rank per GPU, the probe's transport then host staging: test_comm_gpu,
@@ -120,6 +121,9 @@ if has model; then
       step hf_docs 300 env QT_DEVICES=cpu,cuda BUILD=build python3 tests/test_hf_docs.py
       step docs_cli 600 env BUILD=build python3 tests/test_docs_cli.py
       step test_train 900 build/tests/test_train
+      # adapters: LoRA over a bf16 base, QLoRA's NF4 base, auto's LoRA plans, DPO (LoRA and full fine-tuning), PEFT
+      for t in test_lora test_qlora test_plan_lora test_dpo test_dpo_ref; do step "$t" 600 "build/tests/$t"; done
+      step lora_peft 600 env QT_DEVICES=cuda BUILD=build python3 tests/test_lora_peft.py
       # the export carries the run's tokenizer: a byte-level BPE trained here, a short CPU run, then
       # transformers' AutoTokenizer and AutoModelForCausalLM load the export folder
       d=$OUT/sft_export; rm -rf "$d" && mkdir -p "$d/tok"
