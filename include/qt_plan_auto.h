@@ -120,7 +120,7 @@ double qt_plan_auto_elem_bytes(const qt_layout *L, const qt_config *cfg);
 double qt_plan_auto_elem_bps(const qt_probe *pr);
 /* NF4 dequantize (lora.base_dtype nf4): bytes per block weight (0.5 code + 1/64 scale code read, 2 bf16 written) and
  * its rate as a fraction of the probed copy rate: nf4_bench on the H200 dequantizes at 2.75-3.39 TB/s, 80-86% of its
- * copy ceiling, where the probe measures 4.1 TB/s (bench/RESULTS.md section 15). */
+ * copy ceiling, where the probe measures 4.1 TB/s (bench/RESULTS.md, the NF4 table). */
 #define QT_PLAN_NF4_BYTES (2.5 + 1.0 / 64)
 #define QT_PLAN_NF4_HBM_FRAC 0.75
 /* The step of a LoRA run (cfg->lora.rank > 0; qt_plan_auto_cost_parts hands it on): the frozen base's forward and
