@@ -555,7 +555,9 @@ size_t qt_attention_bwd_fixed_ws(int B, int T, int H, int D) {
     return align256((size_t)B * H * T * 4) + align256((size_t)B * H * T * D * 4);
 }
 
-size_t qt_attention_bwd_est_ws(int B, int T, int H, int D) { return 2 * qt_attention_bwd_fixed_ws(B, T, H, D); }
+size_t qt_attention_bwd_est_ws(int B, int T, int H, int D, int det) {
+    return 2 * qt_attention_bwd_fixed_ws(B, T, H, D) + (det ? align256((size_t)B * H * T * T * 2) : 0);
+}
 
 size_t qt_attention_ws_bytes(qt_attention_ctx *c, int B, int T, int H, int Hkv, int D, int window, int bwd) {
     att_plan *p = get_plan(c, B, T, H, Hkv, D, window, 0, bwd);

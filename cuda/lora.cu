@@ -6,8 +6,8 @@
  * xd = x * mask: the dropout mask hashed from (mseed, n*in + i) exactly as qt_lora_mask on the CPU.
  * Every sum is fp32 in a fixed order (a warp tree over a row, or one thread's loop over the tokens), so the
  * results are the same bits launch after launch; bf16 outputs take one RNE of (old + fp32 term). Rank r is
- * small (8..64): these are memory-bound passes, one block per token row for the row products and one
- * thread per output element for the token sums. */
+ * small (8..64): these are memory-bound passes, LORA_ROWS token rows per block for the row products; the token sums
+ * (dB, dA) in QT_LORA_CHUNKS chunks of the tokens, then the chunks' partial sums added in order. */
 #include "kcommon.cuh"
 #include "qt_lora_kernels.h"
 
@@ -25,88 +25,147 @@ static __device__ __forceinline__ float lora_mask(uint64_t mseed, uint64_t j, fl
     return (double)(lora_hash64(mseed, j) >> 11) * 0x1.0p-53 >= (double)p ? ks : 0.0f;
 }
 
-/* One block per token row n, one warp per rank index k (strided): u[n,k] = sum_i xd[n,i] A[k,i]. */
+/* The row products run LORA_ROWS token rows per block or thread, so that each element of A or B read from the
+ * cache serves that many rows; every output element keeps its own sum order (one row's). */
+#define LORA_ROWS 8
+
+/* One block per LORA_ROWS token rows, one warp per rank index k (strided): u[n,k] = sum_i xd[n,i] A[k,i], each
+ * row's sum lane-strided over i, then a warp tree. */
 __global__ void lora_down_fwd_kernel(float *u, const bf16 *x, const float *A, long N, int in, int r, float p,
                                      float ks, uint64_t mseed) {
-    long n = blockIdx.x;
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const bf16 *xr = x + (size_t)n * in;
+    long n0 = (long)blockIdx.x * LORA_ROWS;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, rows = N - n0 < LORA_ROWS ? (int)(N - n0) : LORA_ROWS;
     for (int k = wid; k < r; k += nw) {
         const float *Ak = A + (size_t)k * in;
-        float acc = 0.0f;
-        for (int i = lane; i < in; i += 32)
-            acc += __bfloat162float(xr[i]) * lora_mask(mseed, (uint64_t)n * in + i, p, ks) * Ak[i];
-        acc = warp_sum(acc);
-        if (lane == 0) u[(size_t)n * r + k] = acc;
+        float acc[LORA_ROWS] = {0};
+        for (int i = lane; i < in; i += 32) {
+            float a = Ak[i];
+#pragma unroll
+            for (int j = 0; j < LORA_ROWS; j++) {
+                if (j >= rows) break;
+                uint64_t e = (uint64_t)(n0 + j) * in + i;
+                acc[j] += __bfloat162float(x[e]) * lora_mask(mseed, e, p, ks) * a;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < LORA_ROWS; j++) {
+            if (j >= rows) break;
+            float v = warp_sum(acc[j]);
+            if (lane == 0) u[(size_t)(n0 + j) * r + k] = v;
+        }
     }
 }
 
-/* One thread per (n, o). */
+/* One thread per (o, LORA_ROWS rows): y[n, row0+o] += scale * sum_k u[n,k] B[o,k]. */
 __global__ void lora_up_fwd_kernel(bf16 *y, const float *u, const float *B, long N, int out, int r, int row0, int ld,
                                    float scale) {
-    long long total = (long long)N * out;
+    long groups = (N + LORA_ROWS - 1) / LORA_ROWS;
+    long long total = (long long)groups * out;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        long long n = t / out;
-        int o = (int)(t - n * out);
-        const float *un = u + n * r, *Bo = B + (size_t)o * r;
-        float acc = 0.0f;
-        for (int k = 0; k < r; k++) acc += un[k] * Bo[k];
-        bf16 *yp = y + n * ld + row0 + o;
-        *yp = __float2bfloat16_rn(__bfloat162float(*yp) + scale * acc);
+        long n0 = (long)(t / out) * LORA_ROWS;
+        int o = (int)(t % out), rows = N - n0 < LORA_ROWS ? (int)(N - n0) : LORA_ROWS;
+        const float *Bo = B + (size_t)o * r;
+        float acc[LORA_ROWS] = {0};
+        for (int k = 0; k < r; k++) {
+            float b = Bo[k];
+#pragma unroll
+            for (int j = 0; j < LORA_ROWS; j++)
+                if (j < rows) acc[j] += u[(size_t)(n0 + j) * r + k] * b;
+        }
+#pragma unroll
+        for (int j = 0; j < LORA_ROWS; j++) {
+            if (j >= rows) break;
+            bf16 *yp = y + (size_t)(n0 + j) * ld + row0 + o;
+            *yp = __float2bfloat16_rn(__bfloat162float(*yp) + scale * acc[j]);
+        }
     }
 }
 
-/* One block per token row n, one warp per k: g[n,k] = scale * sum_o dy[n, row0+o] B[o,k]. */
+/* One block per LORA_ROWS token rows, one warp per k: g[n,k] = scale * sum_o dy[n, row0+o] B[o,k]. */
 __global__ void lora_g_kernel(float *g, const bf16 *dy, const float *B, long N, int out, int r, int row0, int ld,
                               float scale) {
-    long n = blockIdx.x;
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const bf16 *dr = dy + (size_t)n * ld + row0;
+    long n0 = (long)blockIdx.x * LORA_ROWS;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, rows = N - n0 < LORA_ROWS ? (int)(N - n0) : LORA_ROWS;
     for (int k = wid; k < r; k += nw) {
-        float acc = 0.0f;
-        for (int o = lane; o < out; o += 32) acc += __bfloat162float(dr[o]) * B[(size_t)o * r + k];
-        acc = warp_sum(acc);
-        if (lane == 0) g[(size_t)n * r + k] = scale * acc;
-    }
-}
-
-/* One thread per (o, k), o fastest (dy's row reads coalesce): dB[o,k] += scale * sum_n dy[n, row0+o] u[n,k]. */
-__global__ void lora_db_kernel(float *dB, const bf16 *dy, const float *u, long N, int out, int r, int row0, int ld,
-                               float scale) {
-    long long total = (long long)out * r;
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        int k = (int)(t / out), o = (int)(t - (long long)k * out);
-        float acc = 0.0f;
-        for (long n = 0; n < N; n++) acc += __bfloat162float(dy[(size_t)n * ld + row0 + o]) * u[(size_t)n * r + k];
-        dB[(size_t)o * r + k] += scale * acc;
-    }
-}
-
-/* One thread per (k, i), i fastest: dA[k,i] += sum_n g[n,k] xd[n,i]. */
-__global__ void lora_da_kernel(float *dA, const float *g, const bf16 *x, long N, int in, int r, float p, float ks,
-                               uint64_t mseed) {
-    long long total = (long long)r * in;
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        int k = (int)(t / in), i = (int)(t - (long long)k * in);
-        float acc = 0.0f;
-        for (long n = 0; n < N; n++) {
-            uint64_t j = (uint64_t)n * in + i;
-            acc += g[(size_t)n * r + k] * (__bfloat162float(x[j]) * lora_mask(mseed, j, p, ks));
+        float acc[LORA_ROWS] = {0};
+        for (int o = lane; o < out; o += 32) {
+            float b = B[(size_t)o * r + k];
+#pragma unroll
+            for (int j = 0; j < LORA_ROWS; j++)
+                if (j < rows) acc[j] += __bfloat162float(dy[(size_t)(n0 + j) * ld + row0 + o]) * b;
         }
-        dA[(size_t)k * in + i] += acc;
+#pragma unroll
+        for (int j = 0; j < LORA_ROWS; j++) {
+            if (j >= rows) break;
+            float v = warp_sum(acc[j]);
+            if (lane == 0) g[(size_t)(n0 + j) * r + k] = scale * v;
+        }
     }
 }
 
-/* One thread per (n, i): dx[n,i] += mask * sum_k g[n,k] A[k,i]. */
+/* The token sums dB and dA, in two passes so that no thread walks all N tokens: pass 1, one thread per (chunk c,
+ * k, a), a fastest (P's row reads coalesce): part[c][k][a] = sum over the chunk's tokens n in order of
+ * P[n * ld + a] * mask * Q[n, k], P bf16 (dy's module rows, or x), Q fp32 [N, r] (u, or g), the mask x's dropout
+ * (p 0: none); pass 2, one thread per (k, a): the QT_LORA_CHUNKS partial sums added in chunk order. */
+__global__ void lora_tsum_part_kernel(float *part, const bf16 *P, const float *Q, long N, int dim, int ld, int r,
+                                      long chunk, float p, float ks, uint64_t mseed) {
+    long long total = (long long)dim * r;
+    int c = blockIdx.y;
+    long n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        int k = (int)(t / dim), a = (int)(t - (long long)k * dim);
+        float acc = 0.0f;
+        for (long n = n0; n < n1; n++) {
+            uint64_t j = (uint64_t)n * ld + a;
+            acc += __bfloat162float(P[j]) * lora_mask(mseed, j, p, ks) * Q[(size_t)n * r + k];
+        }
+        part[(size_t)c * total + t] = acc;
+    }
+}
+
+/* dst[k, a] (k_major) or dst[a, k] += scale * sum_c part[c][k][a]. */
+__global__ void lora_tsum_add_kernel(float *dst, const float *part, int dim, int r, int k_major, float scale) {
+    long long total = (long long)dim * r;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        int k = (int)(t / dim), a = (int)(t - (long long)k * dim);
+        float acc = 0.0f;
+        for (int c = 0; c < QT_LORA_CHUNKS; c++) acc += part[(size_t)c * total + t];
+        dst[k_major ? t : (size_t)a * r + k] += scale * acc;
+    }
+}
+
+static void token_sum(float *dst, int k_major, float scale, float *part, const bf16 *P, const float *Q, long N, int dim,
+                      int ld, int r, float p, float ks, uint64_t mseed, cudaStream_t s) {
+    long long total = (long long)dim * r;
+    dim3 grid(qt_grid_for(total, 128), QT_LORA_CHUNKS);
+    lora_tsum_part_kernel<<<grid, 128, 0, s>>>(part, P, Q, N, dim, ld, r, (N + QT_LORA_CHUNKS - 1) / QT_LORA_CHUNKS, p,
+                                               ks, mseed);
+    QT_CUDA(cudaGetLastError());
+    lora_tsum_add_kernel<<<qt_grid_for(total, 256), 256, 0, s>>>(dst, part, dim, r, k_major, scale);
+    QT_CUDA(cudaGetLastError());
+}
+
+/* One thread per (i, LORA_ROWS rows): dx[n,i] += mask * sum_k g[n,k] A[k,i]. */
 __global__ void lora_dx_kernel(bf16 *dx, const float *g, const float *A, long N, int in, int r, float p, float ks,
                                uint64_t mseed) {
-    long long total = (long long)N * in;
+    long groups = (N + LORA_ROWS - 1) / LORA_ROWS;
+    long long total = (long long)groups * in;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        long long n = t / in;
-        int i = (int)(t - n * in);
-        float acc = 0.0f;
-        for (int k = 0; k < r; k++) acc += g[n * r + k] * A[(size_t)k * in + i];
-        dx[t] = __float2bfloat16_rn(__bfloat162float(dx[t]) + lora_mask(mseed, (uint64_t)t, p, ks) * acc);
+        long n0 = (long)(t / in) * LORA_ROWS;
+        int i = (int)(t % in), rows = N - n0 < LORA_ROWS ? (int)(N - n0) : LORA_ROWS;
+        float acc[LORA_ROWS] = {0};
+        for (int k = 0; k < r; k++) {
+            float a = A[(size_t)k * in + i];
+#pragma unroll
+            for (int j = 0; j < LORA_ROWS; j++)
+                if (j < rows) acc[j] += g[(size_t)(n0 + j) * r + k] * a;
+        }
+#pragma unroll
+        for (int j = 0; j < LORA_ROWS; j++) {
+            if (j >= rows) break;
+            size_t e = (size_t)(n0 + j) * in + i;
+            dx[e] = __float2bfloat16_rn(__bfloat162float(dx[e]) + lora_mask(mseed, e, p, ks) * acc[j]);
+        }
     }
 }
 
@@ -115,39 +174,38 @@ static float keep_scale(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }
 extern "C" void qt_lora_down_fwd(float *u, const void *x, const float *A, long N, int in, int r, float p,
                                  uint64_t mseed, cudaStream_t s) {
     if (N <= 0) return;
-    lora_down_fwd_kernel<<<(unsigned)N, 256, 0, s>>>(u, (const bf16 *)x, A, N, in, r, p, keep_scale(p), mseed);
+    lora_down_fwd_kernel<<<(unsigned)((N + LORA_ROWS - 1) / LORA_ROWS), 256, 0, s>>>(u, (const bf16 *)x, A, N, in, r, p, keep_scale(p), mseed);
     QT_CUDA(cudaGetLastError());
 }
 
 extern "C" void qt_lora_up_fwd(void *y, const float *u, const float *B, long N, int out, int r, int row0, int ld,
                                float scale, cudaStream_t s) {
     if (N <= 0) return;
-    lora_up_fwd_kernel<<<qt_grid_for((long long)N * out, 256), 256, 0, s>>>((bf16 *)y, u, B, N, out, r, row0, ld, scale);
+    lora_up_fwd_kernel<<<qt_grid_for((N + LORA_ROWS - 1) / LORA_ROWS * (long long)out, 256), 256, 0, s>>>((bf16 *)y, u, B, N, out, r, row0, ld, scale);
     QT_CUDA(cudaGetLastError());
 }
 
-extern "C" void qt_lora_bwd_w(float *g, float *dA, float *dB, const void *dy, const float *u, const void *x,
+extern "C" size_t qt_lora_part_bytes(int dim, int r) { return (size_t)QT_LORA_CHUNKS * dim * r * sizeof(float); }
+
+extern "C" void qt_lora_bwd_w(float *g, float *dA, float *dB, float *part, const void *dy, const float *u, const void *x,
                               const float *B, long N, int in, int out, int r, int row0, int ld, float scale, float p,
                               uint64_t mseed, cudaStream_t s) {
     if (N <= 0) return;
-    lora_g_kernel<<<(unsigned)N, 256, 0, s>>>(g, (const bf16 *)dy, B, N, out, r, row0, ld, scale);
+    lora_g_kernel<<<(unsigned)((N + LORA_ROWS - 1) / LORA_ROWS), 256, 0, s>>>(g, (const bf16 *)dy, B, N, out, r, row0, ld, scale);
     QT_CUDA(cudaGetLastError());
-    lora_db_kernel<<<qt_grid_for((long long)out * r, 128), 128, 0, s>>>(dB, (const bf16 *)dy, u, N, out, r, row0, ld, scale);
-    QT_CUDA(cudaGetLastError());
-    if (x) qt_lora_bwd_a(dA, g, x, N, in, r, p, mseed, s);
+    token_sum(dB, 0, scale, part, (const bf16 *)dy + row0, u, N, out, ld, r, 0.0f, 1.0f, 0, s);
+    if (x) qt_lora_bwd_a(dA, part, g, x, N, in, r, p, mseed, s);
 }
 
-extern "C" void qt_lora_bwd_a(float *dA, const float *g, const void *x, long N, int in, int r, float p, uint64_t mseed,
-                              cudaStream_t s) {
+extern "C" void qt_lora_bwd_a(float *dA, float *part, const float *g, const void *x, long N, int in, int r, float p,
+                              uint64_t mseed, cudaStream_t s) {
     if (N <= 0) return;
-    lora_da_kernel<<<qt_grid_for((long long)r * in, 128), 128, 0, s>>>(dA, g, (const bf16 *)x, N, in, r, p,
-                                                                         keep_scale(p), mseed);
-    QT_CUDA(cudaGetLastError());
+    token_sum(dA, 1, 1.0f, part, (const bf16 *)x, g, N, in, in, r, p, keep_scale(p), mseed, s);
 }
 
 extern "C" void qt_lora_bwd_x(void *dx, const float *g, const float *A, long N, int in, int r, float p, uint64_t mseed,
                               cudaStream_t s) {
     if (N <= 0) return;
-    lora_dx_kernel<<<qt_grid_for((long long)N * in, 256), 256, 0, s>>>((bf16 *)dx, g, A, N, in, r, p, keep_scale(p), mseed);
+    lora_dx_kernel<<<qt_grid_for((N + LORA_ROWS - 1) / LORA_ROWS * (long long)in, 256), 256, 0, s>>>((bf16 *)dx, g, A, N, in, r, p, keep_scale(p), mseed);
     QT_CUDA(cudaGetLastError());
 }

@@ -70,9 +70,10 @@ size_t qt_attention_ws_bytes(qt_attention_ctx *c, int B, int T, int H, int Hkv, 
 size_t qt_attention_bwd_fixed_ws(int B, int T, int H, int D);
 /* The backward's whole workspace without a GPU (the planner's figure before cuDNN is asked): the fp32
  * parts plus cuDNN's plan workspace, taken as one more fp32 [B,H,T] + [B,H,T,D] (cuDNN 9.19 on sm_90
- * asked for 438-449 MiB at B 32, T 1024, H 28, D 128, where that is 451.5; test_plan checks it on the GPU:
- * never below the measured, at most 2x it). */
-size_t qt_attention_bwd_est_ws(int B, int T, int H, int D);
+ * asked for 438-449 MiB at B 32, T 1024, H 28, D 128, where that is 451.5); det (the deterministic
+ * graph, which forms dQ from one matmul over dS) adds dS itself, bf16 [B,H,T,T]. test_plan checks both
+ * on the GPU: never below the measured, at most 2x it. */
+size_t qt_attention_bwd_est_ws(int B, int T, int H, int D, int det);
 /* Allocates the workspace at bytes now (when larger than the current one), so that no plan within it
  * allocates during training. */
 void qt_attention_reserve(qt_attention_ctx *c, size_t bytes);

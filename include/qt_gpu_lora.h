@@ -24,6 +24,7 @@ typedef struct qt_gpu_lora {
     float *a, *ga, *m, *v; /* device [A.numel] each: adapters, their gradients (+=), AdamW moments */
     float *u;           /* device [modules][N][r]: xd A^T of the last forward (the backward's input) */
     float *g;           /* device [3][N][r]: scale * dy B of each module of the site in the backward (q, k, v at most) */
+    float *part;        /* device: the token sums' partial sums (qt_lora_part_bytes of the widest module) */
     float *norm, *clip; /* device scalars: the adapters' gradient norm and clip scale */
     void *ws;           /* device: qt_grad_norm's workspace */
     struct qt_adamw_plan *opt; /* one entry per adapter tensor, all decayed */

@@ -73,6 +73,7 @@ static void lora_bwd_build(op_run *r) {
     t_upd(r, "dA", QT_DT_F32, S(3) * S(1), 1.0f, 4e-6 * n, 1e-4, T_ADD);
     t_upd(r, "dB", QT_DT_F32, S(2) * S(3), 1.0f, 4e-6 * n, 1e-4, T_ADD);
     t_upd(r, "dx", QT_DT_BF16, n * S(1), 1.0f, 1e-3, 8e-3, T_ADD);
+    t_ws(r, "part", qt_lora_part_bytes((int)(S(1) > S(2) ? S(1) : S(2)), (int)S(3)));
 }
 /* g is what qt_lora_bwd_cpu computes inside: scale * dy_m B, summed in double. */
 static void lora_bwd_ref(op_run *r) {
@@ -96,10 +97,10 @@ static void lora_bwd_ref(op_run *r) {
 static void lora_bwd_launch(op_run *r, int pass) {
     (void)pass;
     int split = OPT(O_CUR);
-    qt_lora_bwd_w(D(r, "g"), D(r, "dA"), D(r, "dB"), D(r, "dy"), D(r, "u"), split ? NULL : D(r, "x"), D(r, "B"), S(0),
+    qt_lora_bwd_w(D(r, "g"), D(r, "dA"), D(r, "dB"), D(r, "part"), D(r, "dy"), D(r, "u"), split ? NULL : D(r, "x"), D(r, "B"), S(0),
                   (int)S(1), (int)S(2), (int)S(3), (int)S(4), (int)lora_ld(r), LORA_SCALE, r->c->f, lora_mseed(r), 0);
     qt_lora_bwd_x(D(r, "dx"), D(r, "g"), D(r, "A"), S(0), (int)S(1), (int)S(3), r->c->f, lora_mseed(r), 0);
-    if (split) qt_lora_bwd_a(D(r, "dA"), D(r, "g"), D(r, "x"), S(0), (int)S(1), (int)S(3), r->c->f, lora_mseed(r), 0);
+    if (split) qt_lora_bwd_a(D(r, "dA"), D(r, "part"), D(r, "g"), D(r, "x"), S(0), (int)S(1), (int)S(3), r->c->f, lora_mseed(r), 0);
 }
 static const op_def OP_LORA_BWD = {"lora_bwd", "n in out r row0", 0, "p", lora_bwd_build, lora_bwd_ref, lora_bwd_launch,
                                    NULL, NULL, 0, 0, 0};

@@ -314,9 +314,12 @@ static double rel_l2(const float *x, const float *x0, const float *y, size_t n) 
     return sqrt(d / (r > 0 ? r : 1e-300));
 }
 
-/* The GPU engine's full fine-tuning DPO against the CPU engine's on the same pairs: the step losses within 1e-2
+/* The GPU engine's full fine-tuning DPO against the CPU engine's on the same pairs: the step losses within 3e-2
  * relative, the weights' change within 3e-2 relative L2 (optim.eps 1: AdamW's update stays continuous in a gradient
- * that bf16 moves, as test_dpo's LoRA comparison); step 1 is log 2 on both (policy = the stored reference). */
+ * that bf16 moves, as test_dpo's LoRA comparison); step 1 is log 2 on both (policy = the stored reference). The
+ * loss is log 2 less beta times the pairs' log-ratio margins, and the GPU's forward reads bf16 weights that round
+ * each step's update: its margins move 0.5-2.5e-2 of the loss from the CPU's on an H200 (fp32 adapters keep
+ * LoRA's within 1e-3). A lost reference (policy = reference each step) leaves log 2, 3.6-4.1% off at steps 5-6. */
 static void test_gpu_tracks_cpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     static qt_config c;
@@ -338,7 +341,7 @@ static void test_gpu_tracks_cpu(void) {
     }
     for (int s = 0; s < STEPS; s++) {
         printf("  step %d: loss cpu %.6f, cuda %.6f\n", s + 1, loss[0][s], loss[1][s]);
-        QT_EXPECT(fabs(loss[1][s] - loss[0][s]) <= 1e-2 * fabs(loss[0][s]), "step %d: cpu %g, cuda %g", s + 1, loss[0][s],
+        QT_EXPECT(fabs(loss[1][s] - loss[0][s]) <= 3e-2 * fabs(loss[0][s]), "step %d: cpu %g, cuda %g", s + 1, loss[0][s],
                   loss[1][s]);
     }
     QT_EXPECT(fabs(loss[1][0] - log(2.0)) < 1e-6 && fabs(loss[0][0] - log(2.0)) < 1e-6,
@@ -350,8 +353,10 @@ static void test_gpu_tracks_cpu(void) {
     qt_layout_free(&L);
 }
 
-/* CUDA graphs on and off; two data-parallel ranks sharing GPU 0 with one micro-batch each and one GPU accumulating
- * two: the same loss and weight bits. parallel.zero 2 is refused naming it. */
+/* CUDA graphs on and off: the same loss and weight bits. Two data-parallel ranks sharing GPU 0 with one micro-batch
+ * each against one GPU accumulating two: the same losses, the weights within 1e-3 relative L2 of their change (the
+ * ranks' weight gradients are summed after their matmuls, one GPU's accumulate inside the second's: other
+ * roundings). parallel.zero 2 is refused naming it. */
 static void test_gpu_bitwise(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     static qt_config c;
@@ -373,11 +378,24 @@ static void test_gpu_bitwise(void) {
         w[k] = malloc(n * 4);
         QT_REQUIRE(session_run(&c, STEPS, loss[k], w[k], err, sizeof err) == 0, "%s: %s", tag[k], err);
     }
-    for (int k = 1; k < 3; k++) {
-        QT_EXPECT(!memcmp(loss[0], loss[k], sizeof loss[0]), "%s: the losses differ from graphs' (step 1: %.9g vs %.9g)",
-                  tag[k], loss[k][0], loss[0][0]);
-        QT_EXPECT(!memcmp(w[0], w[k], n * 4), "%s: the weights differ from graphs'", tag[k]);
-    }
+    QT_EXPECT(!memcmp(loss[0], loss[1], sizeof loss[0]), "eager: the losses differ from graphs' (step 1: %.9g vs %.9g)",
+              loss[1][0], loss[0][0]);
+    QT_EXPECT(!memcmp(w[0], w[1], n * 4), "eager: the weights differ from graphs'");
+    for (int s = 0; s < STEPS; s++)
+        QT_EXPECT(fabs(loss[2][s] - loss[0][s]) <= 1e-4 * fabs(loss[0][s]), "two_ranks, step %d: %.9g, one GPU %.9g", s + 1,
+                  loss[2][s], loss[0][s]);
+    static qt_config c0;
+    qt_layout L;
+    qt_weight_src src;
+    load_cfg(&c0, "initial", GPU_SET, GPU_NSET);
+    QT_REQUIRE(qt_model_layout(&c0, &L, &src, err, sizeof err) == 0, "%s", err);
+    float *w0 = malloc(n * 4);
+    QT_REQUIRE(w0 && qt_weight_src_fill(&src, 0, n, w0, err, sizeof err) == 0, "%s", err);
+    double dw = rel_l2(w[2], w0, w[0], n);
+    printf("  two ranks vs one GPU accumulating two: the weights' change within %.3e relative L2\n", dw);
+    QT_EXPECT(dw <= 1e-3, "two_ranks: the weights' change differs by %.3e relative L2 from one GPU's (bound 1e-3)", dw);
+    free(w0);
+    qt_layout_free(&L);
     for (int k = 0; k < 3; k++) free(w[k]);
     load_cfg(&c, "zero2", GPU_SET, GPU_NSET);
     c.parallel.zero = 2, c.parallel.devices.n = 2;

@@ -194,6 +194,9 @@ def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp, extras=(), dev=
     ok = errs[worst] <= tol[worst]
     print(f"{'PASS' if ok else 'FAIL'} lora_peft_{name}: {len(ref)} gradients, logits {errs['logits']:.1e}, "
           f"loss {errs['loss']:.1e}, worst {worst} {errs[worst]:.1e}")
+    for n in ref if not ok else ():  # every tensor over its bound, with both norms
+        if errs[n] > tol[n]:
+            print(f"    {n}: {errs[n]:.1e} (|ours| {np.linalg.norm(grads[n]):.3e}, |PEFT| {np.linalg.norm(ref[n]):.3e})")
     return ok
 
 

@@ -743,24 +743,28 @@ static void test_plan_equals_allocation(void) {
 
 /* The planner's attention workspace without a GPU (qt_attention_bwd_est_ws) against what cuDNN's plans ask
  * for, at the shapes of the shipped configs (0.5B, 7B, 14B, 32B heads) and the micro-batches auto picks
- * from: never below the backward's measured workspace (a plan auto picks must fit when the model measures
- * it), at most 2x it, and the forward's at the same B printed (the model reserves the larger). */
+ * from, with the deterministic backward (perf.deterministic, the default) and without: never below the
+ * backward's measured workspace (a plan auto picks must fit when the model measures it), at most 2x it, and
+ * the forward's at the same B printed (the model reserves the larger). */
 static void test_attention_ws_estimate(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     QT_CUDA(cudaSetDevice(0));
-    qt_attention_ctx *a = qt_attention_create();
     const int heads[][2] = {{14, 2}, {28, 4}, {40, 8}};
-    for (int h = 0; h < 3; h++)
-        for (int B = 1; B <= 64; B *= 2) {
-            int H = heads[h][0], Hkv = heads[h][1], T = 1024, D = 128;
-            size_t est = qt_attention_bwd_est_ws(B, T, H, D), bwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 0, 1);
-            size_t fwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 0, 0);
-            printf("  H %2d Hkv %d B %2d: backward %8.1f MiB measured, %8.1f estimated; forward %8.1f MiB\n", H, Hkv, B,
-                   bwd / 1048576.0, est / 1048576.0, fwd / 1048576.0);
-            QT_EXPECT(bwd > 0 && est >= bwd && est <= 2 * bwd, "H %d B %d: backward workspace %zu measured, %zu estimated", H,
-                      B, bwd, est);
-        }
-    qt_attention_free(a);
+    for (int det = 0; det < 2; det++) {
+        qt_attention_ctx *a = qt_attention_create();
+        qt_attention_set_deterministic(a, det);
+        for (int h = 0; h < 3; h++)
+            for (int B = 1; B <= 64; B *= 2) {
+                int H = heads[h][0], Hkv = heads[h][1], T = 1024, D = 128;
+                size_t est = qt_attention_bwd_est_ws(B, T, H, D, det), bwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 0, 1);
+                size_t fwd = qt_attention_ws_bytes(a, B, T, H, Hkv, D, 0, 0);
+                printf("  det %d H %2d Hkv %d B %2d: backward %8.1f MiB measured, %8.1f estimated; forward %8.1f MiB\n", det,
+                       H, Hkv, B, bwd / 1048576.0, est / 1048576.0, fwd / 1048576.0);
+                QT_EXPECT(bwd > 0 && est >= bwd && est <= 2 * bwd, "det %d H %d B %d: backward workspace %zu measured, %zu "
+                          "estimated", det, H, B, bwd, est);
+            }
+        qt_attention_free(a);
+    }
 }
 
 /* An H200's rates for the measured runs below: the copy rates session 17's probe printed, the bf16 matmul rate

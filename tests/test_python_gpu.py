@@ -42,6 +42,9 @@ def gpu(precision):
 def make(name, fn, precision):
     def test(tmp):
         gpu(precision)
+        # the CLI's and the Trainer's runs multiply with the same autotuned algorithms: the picks file of this
+        # test alone (the default one in ~/.cache is shared with whatever else runs on the GPU meanwhile)
+        base.ENGINE["extra"] += f"perf:\n  tuning_cache: {tmp}/matmul-picks.bin\n"
         try:
             fn(tmp)
         finally:

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "qt_ckpt.h"
+#include "qt_train_ckpt.h"
 #include "qt_config.h"
 #include "qt_data.h"
 #include "qt_device.h"
@@ -389,9 +390,12 @@ static void test_bf16_master_cuts(void) {
     QT_EXPECT(isfinite(lf[19]) && fabsf(lf[19] - loss[0][19]) < 0.05f * loss[0][19], "resumed from fp32: loss %g at 20", lf[19]);
 }
 
-/* The blobs of a training checkpoint, in the order the trainer writes them (train_ckpt.c). */
-static const char *const ckpt_blobs[9] = {"weights", "weights_bf16", "adam_m", "adam_v", "step", "rng", "loader_pos",
-                                         "model_cfg", "config"};
+/* The blobs of a training checkpoint, in the order the trainer writes them (train_ckpt.c: the engine's, the
+ * trainer's own table of ckpt_state.c, the autotuned picks with perf.deterministic); the first 9 are in every
+ * one. */
+static const char *const ckpt_blobs[] = {"weights", "weights_bf16", "adam_m", "adam_v", "step", "rng", "loader_pos",
+                                        "model_cfg", "config", "micro_batches_per_step", QT_CKPT_TUNING};
+enum { N_CKPT_BLOBS = sizeof ckpt_blobs / sizeof *ckpt_blobs, N_CKPT_ALWAYS = 9 };
 
 /* One checkpoint file of a bf16-master run: "weights" must be weights_bf16 widened (bits << 16, what the
  * fp32 snapshot held before), and the file the one qt_ckpt_save writes from its blobs with "weights" as
@@ -399,13 +403,14 @@ static const char *const ckpt_blobs[9] = {"weights", "weights_bf16", "adam_m", "
 static int widened_file_ok(const char *path, const char *scratch, char *why, size_t cap) {
     qt_ckpt *ck = qt_ckpt_open(path, why, cap); /* every checksum verified */
     if (!ck) return 0;
-    qt_ckpt_item it[9];
+    qt_ckpt_item it[N_CKPT_BLOBS];
     size_t nw = 0, nb = 0;
-    int dw = -2, ok = 1;
-    for (int i = 0; i < 9 && ok; i++) {
-        it[i] = (qt_ckpt_item){ckpt_blobs[i], -2, NULL, 0, 0};
-        it[i].data = qt_ckpt_get(ck, ckpt_blobs[i], &it[i].bytes, &it[i].dtype);
-        if (!it[i].data) ok = 0, snprintf(why, cap, "%s: no blob %s", path, ckpt_blobs[i]);
+    int dw = -2, ok = 1, n_it = 0;
+    for (int i = 0; i < N_CKPT_BLOBS && ok; i++) {
+        it[n_it] = (qt_ckpt_item){ckpt_blobs[i], -2, NULL, 0, 0};
+        it[n_it].data = qt_ckpt_get(ck, ckpt_blobs[i], &it[n_it].bytes, &it[n_it].dtype);
+        if (it[n_it].data) n_it++;
+        else if (i < N_CKPT_ALWAYS) ok = 0, snprintf(why, cap, "%s: no blob %s", path, ckpt_blobs[i]);
     }
     const uint32_t *w = qt_ckpt_get(ck, "weights", &nw, &dw);
     const uint16_t *b = qt_ckpt_get(ck, "weights_bf16", &nb, NULL);
@@ -421,7 +426,7 @@ static int widened_file_ok(const char *path, const char *scratch, char *why, siz
     if (ok) {
         char ref[600], e2[1024];
         it[0].data = wide;
-        ok = qt_ckpt_save(scratch, qt_ckpt_step(ck), 0, it, 9, e2, sizeof e2) == 0 &&
+        ok = qt_ckpt_save(scratch, qt_ckpt_step(ck), 0, it, n_it, e2, sizeof e2) == 0 &&
              qt_ckpt_latest(scratch, ref, sizeof ref) == 0;
         size_t na = 0, nr = 0, at = 0;
         char *fa = ok ? qt_t_read_file(path, &na) : NULL, *fr = ok ? qt_t_read_file(ref, &nr) : NULL;

@@ -684,8 +684,9 @@ static void test_zero2_accumulation(void) {
 }
 
 /* Checkpoints stay whole: ZeRO-2 on 2 ranks stops after 10 steps; ZeRO-1 on 2 ranks resumes it and
- * must end with the bits of the uninterrupted ZeRO-1 run; one rank resumes it too (another batch per
- * step: it must load and keep training). */
+ * must end with the bits of the uninterrupted ZeRO-1 run; one rank resumes it too, accumulating 2
+ * micro-batches for the 2 ranks' (a resume keeps the micro-batches per step): it must load and keep
+ * training. */
 static void test_zero_resume_across_levels(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     setup_data();
@@ -705,7 +706,7 @@ static void test_zero_resume_across_levels(void) {
     /* one rank: from the same 10-step checkpoint (copied: the ZeRO-1 resume moved the folder on) */
     snprintf(extra, sizeof extra, "parallel: {%s, zero: 2}", rk);
     QT_REQUIRE(run("res_z2b", "res_z2b", extra, 1, 0, NULL, 10, &part, err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(run("res_one", "res_z2b", "parallel: {gpus: 1}", 1, 0, "latest", -1, &one, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(run("res_one", "res_z2b", "parallel: {gpus: 1}", 2, 0, "latest", -1, &one, err, sizeof err) == 0, "%s", err);
     printf("  ZeRO-2 2 ranks -> 1 rank: step 11 loss %.4f, step 20 loss %.4f\n", one.loss[10], one.loss[STEPS - 1]);
     QT_EXPECT(isfinite(one.loss[STEPS - 1]) && fabs(one.loss[10] - full.loss[10]) < 0.1 * full.loss[10],
               "one rank resumed at %g (2 ranks: %g)", one.loss[10], full.loss[10]);
@@ -930,15 +931,17 @@ static void test_zero3_resume_across_levels(void) {
         printf("  ZeRO-%d 10 steps, resumed at ZeRO-%d to 20, vs ZeRO-2 20 steps: %s\n", from, 5 - from, same ? "bitwise equal" : why);
         QT_EXPECT(same, "resume ZeRO-%d -> ZeRO-%d: %s", from, 5 - from, why);
     }
+    /* another rank count keeps the micro-batches per step: 2 ranks x 3 = 3 ranks x 2, 2 ranks x 1 = 1 rank x 2 */
     const char *others[2] = {rk3, "gpus: 1"};
+    const int accum_from[2] = {3, 1}, accum_to[2] = {2, 2};
     for (int k = 0; k < 2; k++) {
         char dir[32], tag[32];
         snprintf(dir, sizeof dir, "z3res_other%d", k);
         snprintf(extra, sizeof extra, "parallel: {%s, zero: 3}", rk);
-        QT_REQUIRE(run(dir, dir, extra, 1, 0, NULL, 10, &part, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(run(dir, dir, extra, accum_from[k], 0, NULL, 10, &part, err, sizeof err) == 0, "%s", err);
         snprintf(extra, sizeof extra, k ? "parallel: {%s}" : "parallel: {%s, zero: 3}", others[k]);
         snprintf(tag, sizeof tag, "%s_res", dir);
-        QT_REQUIRE(run(tag, dir, extra, 1, 0, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(run(tag, dir, extra, accum_to[k], 0, "latest", -1, &res, err, sizeof err) == 0, "%s", err);
         printf("  ZeRO-3 2 ranks -> %s: step 11 loss %.4f, step 20 loss %.4f\n", others[k], res.loss[10], res.loss[STEPS - 1]);
         QT_EXPECT(isfinite(res.loss[STEPS - 1]) && fabs(res.loss[10] - full.loss[10]) < 0.1 * full.loss[10],
                   "%s resumed at %g (2 ranks: %g)", others[k], res.loss[10], full.loss[10]);

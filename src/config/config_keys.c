@@ -260,7 +260,7 @@ static const qt_config_key keys[] = {
     B("perf.deterministic", perf.deterministic, "true", "GPU", 0,
       "the same config, data and binary on the same GPU model give the same bits, run after run and across resume: the attention backward runs cuDNN's deterministic graph (dQ from one matmul instead of an fp32 accumulator that thread blocks add into in any order) and the autotuned matmul algorithms are kept in each checkpoint and in perf.tuning_cache; its cost is within run-to-run noise on an H200 (bench/RESULTS.md, Determinism); false = cuDNN's default backward, whose dQ sums vary in the last bits run to run at grouped-query shapes"),
     S("perf.tuning_cache", perf.tuning_cache, "~/.cache/qtrain/matmul-picks.bin", "GPU",
-      "with perf.deterministic and perf.matmul_autotune: the file that keeps the autotuned matmul algorithms per GPU model and shape between runs (read before the first step, written after it), so a repeated run multiplies with the algorithms of the first; \"\" = none (a resumed run still takes them from its checkpoint); \"~/\" is $HOME"),
+      "with perf.deterministic and perf.matmul_autotune: the file that keeps the autotuned matmul algorithms per GPU model and shape between runs (read before the first step, written after it and after each checkpoint), so a repeated run multiplies with the algorithms of the first; \"\" = none (a resumed run still takes them from its checkpoint); \"~/\" is $HOME"),
     B("perf.matmul_autotune", perf.matmul_autotune, "true", "GPU", 0,
       "time cuBLASLt's candidate algorithms on each matmul shape's first use and keep the fastest; false = the heuristic's first choice (the same algorithms on every run, for A/B comparisons)"),
 

@@ -32,6 +32,10 @@ void qt_gpu_lora_carve(qt_gpu_lora *gl, qt_mem_plan *p) {
     gl->v = qt_mem_plan_carve(p, "LoRA adam m, v (fp32)", n * 4);
     gl->u = qt_mem_plan_carve(p, "LoRA activations (fp32)", nm * gl->N * r * 4);
     gl->g = qt_mem_plan_carve(p, "LoRA activations (fp32)", 3 * gl->N * r * 4);
+    int dim = 0;
+    for (int i = 0; i < gl->A.per_layer; i++) /* every layer's modules are layer 0's */
+        dim = gl->A.mods[i].in > dim ? gl->A.mods[i].in : gl->A.mods[i].out > dim ? gl->A.mods[i].out : dim;
+    gl->part = qt_mem_plan_carve(p, "LoRA activations (fp32)", qt_lora_part_bytes(dim, (int)r));
     gl->norm = qt_mem_plan_carve(p, "scratch: gradients", 4);
     gl->clip = qt_mem_plan_carve(p, "scratch: gradients", 4);
     gl->ws = qt_mem_plan_carve(p, "scratch: gradients", qt_grad_norm_ws_bytes());
@@ -89,7 +93,7 @@ void qt_gpu_lora_bwd_w(qt_gpu_lora *gl, int l, int site, const void *x, const vo
         const qt_lora_module *md = &gl->A.mods[i];
         if ((int)md->site != site) continue;
         float *g = gl->g + (size_t)j++ * gl->N * r;
-        qt_lora_bwd_w(g, gl->ga + md->a, gl->ga + md->b, dy, gl->u + (size_t)i * gl->N * r, x, gl->a + md->b, gl->N,
+        qt_lora_bwd_w(g, gl->ga + md->a, gl->ga + md->b, gl->part, dy, gl->u + (size_t)i * gl->N * r, x, gl->a + md->b, gl->N,
                       md->in, md->out, r, md->out_row0, md->out_ld, gl->A.scale, drop_p(gl), mseed(gl, l, md), s);
     }
 }
@@ -99,7 +103,7 @@ void qt_gpu_lora_bwd_a(qt_gpu_lora *gl, int l, int site, const void *x, cudaStre
     for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
         const qt_lora_module *md = &gl->A.mods[i];
         if ((int)md->site != site) continue;
-        qt_lora_bwd_a(gl->ga + md->a, gl->g + (size_t)j++ * gl->N * r, x, gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
+        qt_lora_bwd_a(gl->ga + md->a, gl->part, gl->g + (size_t)j++ * gl->N * r, x, gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
     }
 }
 

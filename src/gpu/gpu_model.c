@@ -157,7 +157,7 @@ static size_t attn_ws_of(qt_gpu_model *g, int measure) {
     const qt_model_cfg *c = &g->L->cfg;
     int per = (g->B + g->attn_chunks - 1) / g->attn_chunks, last = g->B - (g->attn_chunks - 1) * per;
     int H = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
-    if (!measure) return qt_attention_bwd_est_ws(per, g->T, H, D);
+    if (!measure) return qt_attention_bwd_est_ws(per, g->T, H, D, g->pl->perf.deterministic);
     size_t ws = 0, b;
     int done[4], nd = 0; /* the distinct windows measured: the layer rule gives at most two (0 and W) */
     for (int l = 0; l < c->num_layers; l++) {

@@ -2,7 +2,8 @@
  *
  * With perf.deterministic, a fresh run loads the file before its first step (so it multiplies with the
  * algorithms an earlier run of the same shapes on the same GPU model timed and picked) and writes it back
- * after its first step, when every shape has been tuned. The file holds the engine's tuning_save bytes;
+ * after its first step, when the training step's shapes have been tuned, and after each checkpoint, with the
+ * shapes met later (the evaluation's). The file holds the engine's tuning_save bytes;
  * it is replaced whole (a temporary file renamed over it), so a reader never sees half a file. A file
  * that is missing is no error (the run times its own picks); one that cannot be read or was made by
  * another library version is said once and not used. */
