@@ -261,11 +261,13 @@ test-mutants: $(BUILD)/libqtrain.a
 	  $(MUT_TESTS:%=$(MUT_BUILD)/tests/%)
 	@bash tools/mutants.sh $(BUILD) $(MUT_BUILD) $(MUT_TESTS)
 
-# ---- layers: no #include and no call from a lower floor to a higher one (tools/check_layers.py), and no
-# struct of more than 30 members (tools/struct_fields.py) ----
+# ---- layers: no #include and no call from a lower floor to a higher one (tools/check_layers.py), no
+# struct of more than 30 members (tools/struct_fields.py), and no planted bug outside #ifdef QT_MUTANTS
+# (tools/mutant_guard.py) ----
 .PHONY: check-layers
 check-layers: $(LIB_OBJ)
 	@$(PYTHON) tools/check_layers.py $(BUILD)
 	@$(PYTHON) tools/struct_fields.py
+	@$(PYTHON) tools/mutant_guard.py
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,10 +1,27 @@
 /* qt_mutant.h — planted bugs that show a test can fail: compiled only into the mutant build
- * (`make MUTANTS=1`, -DQT_MUTANTS, build-mutants/). A release build has QT_MUTANT(m) == 0, so the
- * compiler drops every planted branch; nothing of them is in its binaries.
+ * (`make MUTANTS=1`, -DQT_MUTANTS, build-mutants/). A release build compiles none of them: nothing of
+ * them is in its binaries.
  *
- * The library checks a planted bug with `if (QT_MUTANT(QT_MUT_X))`; a mutant test (tests/, it SKIPs in a
- * release build) picks one with qt_mutant_set before it creates the engine, runs, and expects other bits
- * (or a failed run) than without it. One mutant at a time, process-wide. */
+ * The library's planted code, every mention of a QT_MUT_ name and every qt_mutant_on call sit inside
+ * `#ifdef QT_MUTANTS ... #endif` (tools/mutant_guard.py, `make check-layers`, checks src/, cuda/, comm/).
+ * The release statement stays as it is; the block either holds the planted alternative:
+ *
+ *     #ifdef QT_MUTANTS
+ *         if (qt_mutant_on(QT_MUT_X)) offset = 0.0f;
+ *     #endif
+ *
+ * or sets a local that the release statement reads (0 in a release build):
+ *
+ *     int no_wait = 0;
+ *     #ifdef QT_MUTANTS
+ *         no_wait = qt_mutant_on(QT_MUT_X);
+ *     #endif
+ *         if (!no_wait) QT_CUDA(cudaStreamWaitEvent(...));
+ *
+ * qt_mutant_on exists only in the mutant build, so a use outside such a block fails a release build. A
+ * mutant test (tests/, it SKIPs in a release build) picks one with qt_mutant_set before it creates the
+ * engine, runs, and expects other bits (or a failed run) than without it. One mutant at a time,
+ * process-wide. The enum is visible to both builds (the tests' case tables name mutants). */
 #ifndef QT_MUTANT_H
 #define QT_MUTANT_H
 
@@ -64,10 +81,8 @@ typedef enum {
 #ifdef QT_MUTANTS
 /* Makes m the planted bug in force (QT_MUT_NONE: none); src/core/test_hooks.c. */
 void qt_mutant_set(qt_mutant m);
-qt_mutant qt_mutant_get(void);
-#define QT_MUTANT(m) (qt_mutant_get() == (m))
-#else
-#define QT_MUTANT(m) 0
+/* 1 when m is the planted bug in force: the library's query, inside #ifdef QT_MUTANTS only. */
+int qt_mutant_on(qt_mutant m);
 #endif
 
 #endif

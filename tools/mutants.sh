@@ -16,7 +16,7 @@ for t in "$@"; do
     pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "[$t] FAIL: exited with status $rc"; fail=$((fail + 1)); fi
 done
-# The planted code names itself: qt_mutant_set/get, the QT_MUT_* enum, dp_sync.c's helpers and their
+# The planted code names itself: qt_mutant_set/on, the QT_MUT_* enum, dp_sync.c's helpers and their
 # messages. Debug info names the build's directory, which may contain the word: those strings are left out.
 found() { # $1: library; prints what names a mutant
     { nm -A --defined-only "$1" 2>/dev/null | grep -iE 'mutant|stale_(fill|keep)'

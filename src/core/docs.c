@@ -18,8 +18,10 @@ int qt_docs_expand(const qt_docs *d, int n, int T, int32_t *kv_lo, int32_t *pos,
             while (k < ns && s[k] <= t) cur = s[k++];
             if (kv_lo) kv_lo[(long)b * T + t] = d->attention ? cur : 0;
             if (pos) pos[(long)b * T + t] = d->positions ? t - cur : t;
-            if (QT_MUTANT(QT_MUT_DOCS_BOUNDARY_IGNORED) && kv_lo) kv_lo[(long)b * T + t] = 0;
-            if (QT_MUTANT(QT_MUT_DOCS_POS_NOT_RESTARTED) && pos) pos[(long)b * T + t] = t;
+#ifdef QT_MUTANTS
+            if (qt_mutant_on(QT_MUT_DOCS_BOUNDARY_IGNORED) && kv_lo) kv_lo[(long)b * T + t] = 0;
+            if (qt_mutant_on(QT_MUT_DOCS_POS_NOT_RESTARTED) && pos) pos[(long)b * T + t] = t;
+#endif
         }
     }
     return 0;

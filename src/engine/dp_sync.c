@@ -131,15 +131,6 @@ static void mutants_free(qt_dp_sync *d) {
     if (d->mut.first_w) QT_CUDA(cudaFree(d->mut.first_w));
     free(d->mut.first_have);
 }
-#define codes_made(d) ((d)->mut.codes_made)
-#define mark_codes_made(d) ((d)->mut.codes_made = 1)
-#else
-#define mutant_sum(d, b, g, piece, s) ((void)0)
-#define stale_fill(d, b, dst, s) 0
-#define stale_keep(d, b, dst, n, s) ((void)0)
-#define mutants_free(d) ((void)0)
-#define codes_made(d) 0
-#define mark_codes_made(d) ((void)0)
 #endif
 
 /* Sums bucket b over the ranks on stream s: all of it (replicated optimizer state) or this rank's piece
@@ -158,13 +149,16 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
     void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
     char *buf = half ? (char *)ps->comm_buf : (char *)g;
-    int desc = z2 && !half && !g16 && QT_MUTANT(QT_MUT_ZERO2_DESC_RANK_SUM); /* its gather and adds are fp32 */
     if (z2 && d->test.sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->test.sum_delay_ms));
     if (half) qt_cast_f32_to_bf16(buf, g, count, s);
+#ifdef QT_MUTANTS
+    int desc = z2 && !half && !g16 && qt_mutant_on(QT_MUT_ZERO2_DESC_RANK_SUM); /* its gather and adds are fp32 */
     if (desc) {
         qt_param_grad_piece_fresh(ps, b, s);
         mutant_sum(d, b, g, qt_param_grad_piece(ps, b), s);
-    } else if (sh->n_ranks == 1) {
+    } else
+#endif
+    if (sh->n_ranks == 1) {
         QT_CHECK(qt_comm_all_reduce(d->comm, rank, buf, buf, count, dt, s) == 0,
                  "rank %d: gradient all-reduce aborted (another rank failed)", rank);
     } else {
@@ -173,10 +167,13 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
                  "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
     if (z2) {
-        if (QT_MUTANT(QT_MUT_HOST_SHARD_ASSIGN) && d->plan.grads.host_shard && dt == QT_DT_F32) { /* = instead of += */
+#ifdef QT_MUTANTS
+        if (qt_mutant_on(QT_MUT_HOST_SHARD_ASSIGN) && d->plan.grads.host_shard && dt == QT_DT_F32) { /* = instead of += */
             qt_param_grad_piece_fresh(ps, b, s);
             QT_CUDA(cudaMemcpyAsync(qt_param_grad_piece(ps, b), buf + (off - lo) * es, len * 4, cudaMemcpyDefault, s));
-        } else if (!desc) qt_param_grad_piece_add(ps, b, buf + (off - lo) * es, dt, len, s);
+        } else if (!desc)
+#endif
+        qt_param_grad_piece_add(ps, b, buf + (off - lo) * es, dt, len, s);
         qt_param_grad_slot_zero(ps, b, s);
         int k = qt_param_grad_slot_shared(ps, b);
         if (k >= 0) QT_CUDA(cudaEventRecord(d->slot_ev[k], s));
@@ -265,7 +262,10 @@ static void slots_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
     for (int k = d->sent - 1; k >= b; k--) {
         int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
-        if (j >= 0 && !QT_MUTANT(QT_MUT_GRAD_SLOT_NO_WAIT)) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+#ifdef QT_MUTANTS
+        if (qt_mutant_on(QT_MUT_GRAD_SLOT_NO_WAIT)) j = -1; /* no wait */
+#endif
+        if (j >= 0) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
         if (k > 0) qt_param_grad_margin(ps, k, d->g->stream);
         if (k <= 1 && !d->tail_done) d->tail_done = qt_param_grad_tail(ps, d->g->stream);
     }
@@ -284,17 +284,28 @@ static void host_grads_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
     for (int k = d->sent - 1; k >= b; k--) {
         int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
-        if (j >= 0 && !QT_MUTANT(QT_MUT_GRAD_SLOT_NO_WAIT)) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+#ifdef QT_MUTANTS
+        if (qt_mutant_on(QT_MUT_GRAD_SLOT_NO_WAIT)) j = -1; /* no wait */
+#endif
+        if (j >= 0) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
     }
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) {
         int k = --d->sent, j = qt_param_grad_slot_shared(ps, k);
         if (d->test.sum_delay_ms) QT_CUDA(cudaLaunchHostFunc(cs, sleep_ms, &d->test.sum_delay_ms));
-        qt_param_grad_store(ps, k, j >= 0 && !QT_MUTANT(QT_MUT_GRAD_SLOT_NOT_ZEROED), cs);
+        int zero = j >= 0; /* a shared slot is zeroed after its store */
+#ifdef QT_MUTANTS
+        zero = zero && !qt_mutant_on(QT_MUT_GRAD_SLOT_NOT_ZEROED);
+#endif
+        qt_param_grad_store(ps, k, zero, cs);
         if (j < 0) continue;
         if (d->host_grads.grad_micro > 1 && k >= QT_GRAD_SLOTS && qt_param_grad_slot_shared(ps, k - QT_GRAD_SLOTS) == j) {
             QT_CUDA(cudaEventRecord(d->host_grads.stored_ev[j], cs));
-            if (!QT_MUTANT(QT_MUT_GRAD_LOAD_NO_STORE_WAIT)) QT_CUDA(cudaStreamWaitEvent(d->host_grads.gup, d->host_grads.stored_ev[j], 0));
+            int no_wait = 0;
+#ifdef QT_MUTANTS
+            no_wait = qt_mutant_on(QT_MUT_GRAD_LOAD_NO_STORE_WAIT);
+#endif
+            if (!no_wait) QT_CUDA(cudaStreamWaitEvent(d->host_grads.gup, d->host_grads.stored_ev[j], 0));
             qt_param_grad_load(ps, k - QT_GRAD_SLOTS, d->host_grads.gup);
             QT_CUDA(cudaEventRecord(d->slot_ev[j], d->host_grads.gup));
             d->host_grads.gup_used = 1;
@@ -355,6 +366,14 @@ static void grads_ready(void *ctx, size_t from) {
 static void sums_wait(qt_dp_sync *d) {
     if ((d->plan.grads.sharded && d->plan.parallel.overlap) || d->plan.grads.host_one)
         QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
+}
+
+/* sums_wait before the norm and AdamW (a planted bug skips it with offloaded gradients). */
+static void adamw_wait(qt_dp_sync *d) {
+#ifdef QT_MUTANTS
+    if (d->plan.grads.host_one && qt_mutant_on(QT_MUT_ADAMW_NO_STORE_WAIT)) return;
+#endif
+    sums_wait(d);
 }
 
 /* weights_needed: the model's stream waits for the gather of every bucket below flat index upto (one
@@ -449,7 +468,11 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
         if (p0[j] < p1[j])
             qt_quant_amax(QT_DT_BF16, w + (p0[j] - off), (long)(p1[j] - p0[j]), ps->e4m3.amax8 + j, 1, s);
     }
-    if (!QT_MUTANT(QT_MUT_E4M3_LOCAL_AMAX) && d->ps->shard.n_ranks > 1)
+    int local = 0; /* 1: each rank's own abs-max (a planted bug) */
+#ifdef QT_MUTANTS
+    local = qt_mutant_on(QT_MUT_E4M3_LOCAL_AMAX);
+#endif
+    if (!local && d->ps->shard.n_ranks > 1)
         QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.parallel.rank, ps->e4m3.amax8, cnt, QT_COMM_MAX, s) == 0,
                  "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.parallel.rank);
     for (int j = 0; j < cnt; j++) {
@@ -484,7 +507,11 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
         uint16_t *up = qt_wslots_scratch(ps->wslots, &room, &c8, &room8);
         QT_CHECK(len * 2 <= room && len <= room8, "rank %d: bucket %d's piece of %zu elements does not fit the weight slot's "
                  "%zu / %zu bytes", d->plan.parallel.rank, b, len, room, room8);
-        if (!QT_MUTANT(QT_MUT_E4M3_PIECE_NOT_UP)) QT_CUDA(cudaMemcpyAsync(up, w, len * 2, cudaMemcpyHostToDevice, s));
+        int not_up = 0;
+#ifdef QT_MUTANTS
+        not_up = qt_mutant_on(QT_MUT_E4M3_PIECE_NOT_UP);
+#endif
+        if (!not_up) QT_CUDA(cudaMemcpyAsync(up, w, len * 2, cudaMemcpyHostToDevice, s));
         QT_CUDA(cudaMemcpyAsync(c8, w8, len, cudaMemcpyHostToDevice, s)); /* what no matrix covers stays as it was */
         w = up, w8 = c8;
     }
@@ -515,13 +542,18 @@ static void fill_bucket(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_
         QT_CUDA(cudaMemcpyAsync(dst, (uint16_t *)d->ps->w + st, n * 2, cudaMemcpyHostToDevice, s));
         return;
     }
-    if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights.host_shard && stale_fill(d, b, dst, s)) return;
+#ifdef QT_MUTANTS
+    int stale = qt_mutant_on(QT_MUT_Z3_STALE_FILL) && d->plan.weights.host_shard;
+    if (stale && stale_fill(d, b, dst, s)) return;
+#endif
     const void *mine = (uint16_t *)d->ps->w + st;
     int rc = d->plan.weights.host_shard ? qt_comm_all_gather_host(d->comm, rank, dst, mine, n, QT_DT_BF16, s)
                                         : qt_comm_all_gather(d->comm, rank, dst, mine, n, QT_DT_BF16, s);
     QT_CHECK(rc == 0,
              "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
-    if (QT_MUTANT(QT_MUT_Z3_STALE_FILL) && d->plan.weights.host_shard) stale_keep(d, b, dst, n, s);
+#ifdef QT_MUTANTS
+    if (stale) stale_keep(d, b, dst, n, s);
+#endif
 }
 
 /* ZeRO-3 / offloaded weights: a shared weight slot's fill (wslots.io.gather), delayed on the side stream by
@@ -560,9 +592,13 @@ static void z3_gather_own(qt_dp_sync *d, int k0, int k1, cudaStream_t s) {
     }
     if (k1 == sh->n_buckets) d->wslots.own_due = 0;
     /* e4m3 gathers: the layer buckets' codes from the changed pieces */
-    for (int k = k0; d->plan.weights.e4m3 && k < k1 && !(QT_MUTANT(QT_MUT_E4M3_CODES_ONCE) && codes_made(d)); k++)
+    int kept = 0; /* 1: the codes made once are kept (a planted bug) */
+#ifdef QT_MUTANTS
+    kept = qt_mutant_on(QT_MUT_E4M3_CODES_ONCE) && d->mut.codes_made;
+    if (k1 == sh->n_buckets) d->mut.codes_made = 1;
+#endif
+    for (int k = k0; d->plan.weights.e4m3 && k < k1 && !kept; k++)
         if (d->ps->e4m3.small.layer_bucket[k]) refresh_codes(d, k, s);
-    if (k1 == sh->n_buckets) mark_codes_made(d);
     for (int k = k0; k < k1; k++) {
         if (!qt_wslots_own(ws, k)) continue;
         fill_bucket(d, k, qt_wslots_own_data(ws, k), NULL, s);
@@ -587,7 +623,7 @@ void qt_dp_sync_join(qt_dp_sync *d) {
     } else if (d->plan.weights.ahead) {
         weights_wait(d, SIZE_MAX);
     }
-    if (!(d->plan.grads.host_one && QT_MUTANT(QT_MUT_ADAMW_NO_STORE_WAIT))) sums_wait(d);
+    adamw_wait(d);
 }
 
 const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d) { return &d->wait_hooks; }
@@ -716,7 +752,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     cudaStream_t s = g->stream;
     int rank = d->plan.parallel.rank;
     if (d->plan.grads.host_one) { /* stored to host during the micro-steps; the own slots zeroed for the next step */
-        if (!QT_MUTANT(QT_MUT_ADAMW_NO_STORE_WAIT)) sums_wait(d);
+        adamw_wait(d);
         for (int b = 0; b < sh->n_buckets; b++)
             if (qt_param_grad_slot_shared(ps, b) < 0) qt_param_grad_slot_zero(ps, b, s);
         d->host_grads.grad_micro = 0;
@@ -879,7 +915,9 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaEventDestroy(d->host_grads.gup_ev));
     }
     free(d->ag_ev);
+#ifdef QT_MUTANTS
     mutants_free(d);
+#endif
     for (int i = 0; i < MS_KINDS; i++) {
         for (int k = 0; k < d->graphs[i].n; k++) QT_CUDA(cudaGraphExecDestroy(d->graphs[i].seg[k].exec));
         free(d->graphs[i].seg);

@@ -286,7 +286,10 @@ static void gpu_opt_step(qt_engine *b, float lr, long t, float *loss, float *gno
     qt_dp_sync_reduce(e->sync);
     e->micro_in_step = 0;
     qt_adamw_args a = {lr, o->beta1, o->beta2, o->eps, t, o->seed, e->plan.precision.stochastic_rounding, 0, 0,
-                       QT_MUTANT(QT_MUT_NONFINITE_UNCHECKED) ? NULL : e->bad_dev};
+                       e->bad_dev};
+#ifdef QT_MUTANTS
+    if (qt_mutant_on(QT_MUT_NONFINITE_UNCHECKED)) a.nonfinite = NULL;
+#endif
     optimizer(e, &a);
     QT_CUDA(cudaMemcpyAsync(&e->out->loss, g->head.loss_sum, 8, cudaMemcpyDeviceToHost, s));
     QT_CUDA(cudaMemcpyAsync(&e->out->norm, g->ps->norm, 4, cudaMemcpyDeviceToHost, s));

@@ -177,7 +177,11 @@ static void copy_join(qt_act_store *as, int l, int no_wait) {
 }
 
 qt_gpu_layer *qt_act_forward(qt_act_store *as, int l) {
-    copy_join(as, l - 1, QT_MUTANT(QT_MUT_RESIDUAL_REUSE_NO_WAIT)); /* this layer's down projection writes the slot of layer l - 1 */
+    int no_wait = 0;
+#ifdef QT_MUTANTS
+    no_wait = qt_mutant_on(QT_MUT_RESIDUAL_REUSE_NO_WAIT);
+#endif
+    copy_join(as, l - 1, no_wait); /* this layer's down projection writes the slot of layer l - 1 */
     return &as->layers[l];
 }
 
@@ -191,5 +195,9 @@ qt_gpu_layer *qt_act_backward(qt_act_store *as, int l) {
 }
 
 void qt_act_release(qt_act_store *as, int l) {
-    copy_join(as, l - 1, QT_MUTANT(QT_MUT_RESIDUAL_READ_NO_WAIT)); /* layer l - 1's backward reads it next */
+    int no_wait = 0;
+#ifdef QT_MUTANTS
+    no_wait = qt_mutant_on(QT_MUT_RESIDUAL_READ_NO_WAIT);
+#endif
+    copy_join(as, l - 1, no_wait); /* layer l - 1's backward reads it next */
 }

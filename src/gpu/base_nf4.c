@@ -143,7 +143,10 @@ static int nf4_init(qt_gpu_base *b, const qt_weight_src *src, cudaStream_t st, c
 
 /* Block l's matrices into slot l % 2 on the side stream (which waits for s->past first), ready[l % 2] after. */
 static void fill(base_nf4 *s, int l) {
-    int k = l % 2, from = l > 0 && QT_MUTANT(QT_MUT_NF4_SLOT_STALE) ? l - 1 : l;
+    int k = l % 2, from = l;
+#ifdef QT_MUTANTS
+    if (l > 0 && qt_mutant_on(QT_MUT_NF4_SLOT_STALE)) from = l - 1;
+#endif
     char *slot = (char *)s->slot + (size_t)k * s->slot_n * 2;
     QT_CUDA(cudaStreamWaitEvent(s->side, s->past, 0));
     for (int i = s->first[from]; i < s->first[from + 1]; i++) {

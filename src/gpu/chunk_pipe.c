@@ -56,7 +56,11 @@ static int current(const qt_chunk_pipe *p) { return (int)((p->next - 1) % QT_CHU
 
 void *qt_chunk_pipe_next(qt_chunk_pipe *p, cudaStream_t *up) {
     int i = (int)(p->next++ % QT_CHUNK_PIPE_SLOTS);
-    if (p->next > QT_CHUNK_PIPE_SLOTS && !QT_MUTANT(QT_MUT_STAGE_REUSE_EARLY)) QT_CUDA(cudaStreamWaitEvent(p->up, p->back[i], 0));
+    int no_wait = 0;
+#ifdef QT_MUTANTS
+    no_wait = qt_mutant_on(QT_MUT_STAGE_REUSE_EARLY);
+#endif
+    if (p->next > QT_CHUNK_PIPE_SLOTS && !no_wait) QT_CUDA(cudaStreamWaitEvent(p->up, p->back[i], 0));
     *up = p->up;
     return p->slots + (size_t)i * p->slot_bytes;
 }

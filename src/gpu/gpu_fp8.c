@@ -229,7 +229,7 @@ void qt_fp8_quantize_weights(qt_gpu_fp8 *f, const qt_layout *L, const void *w_bf
     QT_CHECK(l0 >= 0 && l0 <= l1 && l1 <= f->n_layers, "qt_fp8_quantize_weights: layers [%d, %d) of %d", l0, l1, f->n_layers);
     int transient = f->wcache == QT_FP8_WCACHE_NONE;
 #ifdef QT_MUTANTS
-    if (transient && QT_MUTANT(QT_MUT_FP8_WCACHE_STALE_SCALE) && f->wamax_taken) return;
+    if (transient && qt_mutant_on(QT_MUT_FP8_WCACHE_STALE_SCALE) && f->wamax_taken) return;
     f->wamax_taken = 1;
 #endif
     for (int l = l0; l < l1; l++)
@@ -254,7 +254,9 @@ void qt_fp8_weight_amax(qt_gpu_fp8 *f, int layer, const void *const w[QT_FP8_NMM
 void qt_fp8_use_weights(qt_gpu_fp8 *f, int layer, const void *const wm[QT_FP8_NMM], unsigned wq, int want_wqT,
                         cudaStream_t s) {
     if (f->wcache != QT_FP8_WCACHE_NONE || !(wq || want_wqT)) return;
-    if (want_wqT && layer < f->n_layers - QT_FP8_WSLOTS && QT_MUTANT(QT_MUT_FP8_WSLOT_STALE)) return;
+#ifdef QT_MUTANTS
+    if (want_wqT && layer < f->n_layers - QT_FP8_WSLOTS && qt_mutant_on(QT_MUT_FP8_WSLOT_STALE)) return;
+#endif
     for (int k = 0; k < QT_FP8_NMM; k++) {
         const void *w = wm[k];
         int i = layer * QT_FP8_NMM + k, tag = tag_of(layer, k, SC_W), want_wq = wq >> k & 1;

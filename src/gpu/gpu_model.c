@@ -263,7 +263,11 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
     qt_gpu_model *g = plan_host(L, pl, sh, err, errlen);
     if (!g) return NULL;
     g->attn = qt_attention_create();
-    qt_attention_set_deterministic(g->attn, pl->perf.deterministic && !QT_MUTANT(QT_MUT_ATTENTION_NONDET));
+    int nondet = 0;
+#ifdef QT_MUTANTS
+    nondet = qt_mutant_on(QT_MUT_ATTENTION_NONDET);
+#endif
+    qt_attention_set_deterministic(g->attn, pl->perf.deterministic && !nondet);
     g->attn_ws = attn_ws_of(g, 1);
     size_t bytes = carve_all(g, NULL); /* again, with the measured attention workspace */
     double t0 = now_s();
@@ -532,7 +536,10 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     /* A bf16 backward's wgrads read ln1 / ln2: the norm part rebuilds them. An fp8 backward's read the kept
      * (or requantized) Xq^T, and ln1 / ln2 / h have one buffer for all layers (qt_act_policy.fp8_bwd): ln1
      * is rebuilt for a recomputed qkv, ln2 for a recomputed gate|up, whether norm is listed or not. */
-    int stale = l > 0 && QT_MUTANT(QT_MUT_RECOMPUTE_STALE_LN);
+    int stale = 0; /* 1: a planted bug's stale ln1 / ln2 */
+#ifdef QT_MUTANTS
+    stale = l > 0 && qt_mutant_on(QT_MUT_RECOMPUTE_STALE_LN);
+#endif
     int ln1_redo = g->fp8_bwd ? redo & QT_RC_QKV && !stale : redo & QT_RC_NORM;
     int ln2_redo = g->fp8_bwd ? redo & QT_RC_FFN && !stale : redo & QT_RC_NORM;
     if (fwd || ln1_redo) {
@@ -663,7 +670,10 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
      * recomputed, what down's wgrad reads is made by the SwiGLU backward, which reads gu anyway: in fp8 down's
      * Xq^T (shared by the layers), in bf16 h itself, written over dh in h's buffer. Down's wgrad moves after it
      * (it is independent of the dgrad: the same bits). */
-    int stale_h = l > 0 && QT_MUTANT(QT_MUT_RECOMPUTE_STALE_H);
+    int stale_h = 0; /* 1: a planted bug's stale h */
+#ifdef QT_MUTANTS
+    stale_h = l > 0 && qt_mutant_on(QT_MUT_RECOMPUTE_STALE_H);
+#endif
     const void *dy = branch_dy(g, l, QT_FP8_DOWN, a->pm, a->rstd_pf); /* down's output gradient */
     if (g->fp8_bwd && r & QT_RC_SWIGLU) {
         qt_gpu_model_mark(g, "fp8 quantize: gradients");

@@ -146,9 +146,11 @@ static void slot_arrays(const qt_gpu_optim *o, char *base, char *p[NARR]) {
 static void move(const qt_gpu_optim *o, const opt_chunk *ch, char *const dev[NARR], void *const host[NARR], int up,
                  cudaStream_t s) {
     for (int k = 0; k < NARR; k++) {
-        if (!dev[k] || (!up && k == ARR_G) || (QT_MUTANT(QT_MUT_OPT_W_NOT_DOWN) && !up && k == ARR_W) ||
-            (QT_MUTANT(QT_MUT_OPT_G_NOT_UP) && k == ARR_G))
+        if (!dev[k] || (!up && k == ARR_G)) continue;
+#ifdef QT_MUTANTS
+        if ((qt_mutant_on(QT_MUT_OPT_W_NOT_DOWN) && !up && k == ARR_W) || (qt_mutant_on(QT_MUT_OPT_G_NOT_UP) && k == ARR_G))
             continue;
+#endif
         char *h = (char *)host[k] + ch->lo * o->es[k], *d = dev[k] + (ch->lo - ch->c0) * o->es[k];
         size_t bytes = (ch->hi - ch->lo) * o->es[k];
         QT_CUDA(cudaMemcpyAsync(up ? d : h, up ? h : d, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s));
@@ -165,8 +167,11 @@ void qt_gpu_optim_step(qt_gpu_optim *o, int k, void *w_bf16, const void *g, qt_d
     void *const host[NARR] = {o->master, o->m, o->v, w_bf16, (void *)g};
     /* the copies up of streamed weights / gradients follow what s waited for (others write them: the
      * backward's adds into the host shard, a load) */
-    if (o->slots && o->host & (QT_OPTIM_W | QT_OPTIM_G) && !QT_MUTANT(QT_MUT_OPT_UP_NO_STREAM_WAIT))
-        qt_chunk_pipe_begin(o->pipe, s);
+    int no_wait = 0;
+#ifdef QT_MUTANTS
+    no_wait = qt_mutant_on(QT_MUT_OPT_UP_NO_STREAM_WAIT);
+#endif
+    if (o->slots && o->host & (QT_OPTIM_W | QT_OPTIM_G) && !no_wait) qt_chunk_pipe_begin(o->pipe, s);
     for (int c = k ? o->group_end[k - 1] : 0; c < o->group_end[k]; c++) {
         const opt_chunk *ch = &o->chunk[c];
         if (!o->slots) { /* the state where it is: the device, or host memory read in place (zero copy) */

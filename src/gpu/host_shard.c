@@ -38,13 +38,17 @@ void qt_host_shard_free(qt_host_shard *h) {
 
 void qt_host_shard_add(qt_host_shard *h, int b, float *piece, const void *src, qt_dtype dt, size_t len, cudaStream_t s) {
     QT_CHECK(b >= 0 && b < h->n_buckets, "host gradient shard: bucket %d of %d", b, h->n_buckets);
-    int cleared = h->cleared[b], skip_up = cleared || QT_MUTANT(QT_MUT_SHARD_CHUNK_NOT_UP);
+    int cleared = h->cleared[b], skip_up = cleared, zero = cleared;
+#ifdef QT_MUTANTS
+    skip_up = skip_up || qt_mutant_on(QT_MUT_SHARD_CHUNK_NOT_UP);
+    zero = zero && !qt_mutant_on(QT_MUT_CLEARED_CHUNK_NOT_ZEROED);
+#endif
     size_t es = qt_dtype_size(dt);
     qt_chunk_pipe_begin(h->pipe, s);
     for (size_t i = 0; i < len; i += h->chunk) {
         size_t n = len - i < h->chunk ? len - i : h->chunk;
         float *d = qt_chunk_pipe_up(h->pipe, piece + i, skip_up ? 0 : n * 4, s);
-        if (cleared && !QT_MUTANT(QT_MUT_CLEARED_CHUNK_NOT_ZEROED)) qt_zero(d, n * 4, s); /* +0.0f, what the cleared piece holds: 0 + x as before */
+        if (zero) qt_zero(d, n * 4, s); /* +0.0f, what the cleared piece holds: 0 + x as before */
         qt_add_inplace(d, QT_DT_F32, (const char *)src + i * es, dt, n, s);
         qt_chunk_pipe_down(h->pipe, piece + i, n * 4, s);
     }
@@ -58,7 +62,11 @@ void qt_host_shard_clear(qt_host_shard *h, int k0, int k1) {
 
 void qt_host_shard_fresh(qt_host_shard *h, int b, float *piece, size_t len, cudaStream_t s) {
     if (!h->cleared[b]) return;
-    if (!QT_MUTANT(QT_MUT_CLEARED_PIECE_NOT_ZEROED)) qt_fill(piece, QT_DT_F32, 0.0f, len, s); /* a kernel through the mapping: a few pieces */
+    int no_zero = 0;
+#ifdef QT_MUTANTS
+    no_zero = qt_mutant_on(QT_MUT_CLEARED_PIECE_NOT_ZEROED);
+#endif
+    if (!no_zero) qt_fill(piece, QT_DT_F32, 0.0f, len, s); /* a kernel through the mapping: a few pieces */
     h->cleared[b] = 0;
 }
 

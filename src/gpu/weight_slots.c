@@ -223,7 +223,11 @@ static void CUDART_CB sleep_ms(void *ms) {
 static void gather_into(qt_weight_slots *ws, const qt_wslots_io *io, int i, int b) {
     wslot *w = &ws->slot[i];
     QT_CUDA(cudaEventRecord(w->free, io->model));
-    if (!QT_MUTANT(QT_MUT_WSLOT_NO_FREE_WAIT)) QT_CUDA(cudaStreamWaitEvent(io->side, w->free, 0));
+    int no_wait = 0;
+#ifdef QT_MUTANTS
+    no_wait = qt_mutant_on(QT_MUT_WSLOT_NO_FREE_WAIT);
+#endif
+    if (!no_wait) QT_CUDA(cudaStreamWaitEvent(io->side, w->free, 0));
     io->gather(io->ctx, b, data_of(ws, i, b), ws->slot[i].alloc8, io->side);
     QT_CUDA(cudaEventRecord(w->filled, io->side));
     w->bucket = b;
@@ -235,7 +239,11 @@ static void gather_into(qt_weight_slots *ws, const qt_wslots_io *io, int i, int 
 static void wait_filled(qt_weight_slots *ws, const qt_wslots_io *io, int i) {
     wslot *w = &ws->slot[i];
     if (!w->pending) return;
-    if (!(QT_MUTANT(QT_MUT_WSLOT_NO_FILL_WAIT) && i < QT_WSLOTS)) QT_CUDA(cudaStreamWaitEvent(io->model, w->filled, 0));
+    int no_wait = 0;
+#ifdef QT_MUTANTS
+    no_wait = qt_mutant_on(QT_MUT_WSLOT_NO_FILL_WAIT) && i < QT_WSLOTS;
+#endif
+    if (!no_wait) QT_CUDA(cudaStreamWaitEvent(io->model, w->filled, 0));
     w->pending = 0;
 }
 

@@ -42,7 +42,10 @@ void qt_dpo_row_logps(double *logp, const float *loss, const int32_t *tgt, int B
 double qt_dpo_batch(const qt_dpo_cfg *c, const double *pi, const double *ref, int B, float pair_weight,
                     float *row_scale, qt_dpo_stats *st) {
     double sum = 0;
-    int swap = QT_MUTANT(QT_MUT_DPO_SWAPPED); /* planted: chosen and rejected read the other way round */
+    int swap = 0; /* 1: chosen and rejected read the other way round (a planted bug) */
+#ifdef QT_MUTANTS
+    swap = qt_mutant_on(QT_MUT_DPO_SWAPPED);
+#endif
     for (int p = 0; p < B / 2; p++) {
         int ic = 2 * p + swap, ir = 2 * p + 1 - swap;
         double d;
@@ -71,7 +74,10 @@ double qt_dpo_cpu_step(qt_cpu_model *m, const float *w, qt_cpu_adapter *policy, 
     double *lp = malloc(2 * (size_t)B * sizeof *lp);
     float *scale = malloc((size_t)B * sizeof *scale);
     QT_CHECK(lp && scale, "out of host memory");
-    int planted = QT_MUTANT(QT_MUT_DPO_REF_ADAPTED); /* planted: the reference forward is the policy's */
+    int planted = 0; /* 1: the reference forward is the policy's (a planted bug) */
+#ifdef QT_MUTANTS
+    planted = qt_mutant_on(QT_MUT_DPO_REF_ADAPTED);
+#endif
     qt_cpu_model_set_adapter(m, planted ? policy : NULL);
     qt_cpu_model_forward(m, planted ? w : w_ref, in, tgt);
     qt_dpo_row_logps(lp + B, qt_cpu_model_token_losses(m), tgt, B, T);

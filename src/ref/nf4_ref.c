@@ -42,7 +42,9 @@ int qt_nf4_quantize_ref(qt_dtype xdt, const void *x, long n, uint8_t *codes, flo
         for (long i = i0; i < i1 + (i1 & 1); i += 2) { /* odd n: the last low nibble codes 0.0 */
             int hi = qt_nf4_encode(load(xdt, x, i) * inv);
             int lo = qt_nf4_encode((i + 1 < n ? load(xdt, x, i + 1) : 0.0f) * inv);
-            if (QT_MUTANT(QT_MUT_NF4_NIBBLE_SWAP)) hi ^= lo, lo ^= hi, hi ^= lo;
+#ifdef QT_MUTANTS
+            if (qt_mutant_on(QT_MUT_NF4_NIBBLE_SWAP)) hi ^= lo, lo ^= hi, hi ^= lo;
+#endif
             codes[i / 2] = (uint8_t)(hi << 4 | lo);
         }
     }
@@ -76,7 +78,9 @@ void qt_nf4_double_quant_ref(const float *absmax, long nb, uint8_t *qabsmax, flo
 }
 
 void qt_nf4_absmax_ref(float *absmax, const uint8_t *qabsmax, const float *absmax2, float offset, long nb) {
-    if (QT_MUTANT(QT_MUT_NF4_NO_OFFSET)) offset = 0.0f;
+#ifdef QT_MUTANTS
+    if (qt_mutant_on(QT_MUT_NF4_NO_OFFSET)) offset = 0.0f;
+#endif
     for (long b = 0; b < nb; b++) {
         float a = DYN[qabsmax[b]] * absmax2[b / QT_NF4_BLOCK2];
         absmax[b] = a + offset;

@@ -180,10 +180,11 @@ int qt_train_dpo_ref_init(qt_train_dpo_ref *r, const qt_config *c, const qt_weig
 void qt_train_dpo_ref_take(qt_train_dpo_ref *r, const qt_loader *l, int eval, size_t w0) {
     if (!r->on) return;
     qt_loader_last_rows(l, r->rows);
-    uint64_t n = qt_loader_windows(l);
     for (int b = 0; b < r->micro_batch; b++) {
         uint64_t row = r->rows[b];
-        if (QT_MUTANT(QT_MUT_DPO_REF_ROW)) row = (r->rows[0] + (uint64_t)b) % n; /* planted: the batch's place */
+#ifdef QT_MUTANTS
+        if (qt_mutant_on(QT_MUT_DPO_REF_ROW)) row = (r->rows[0] + (uint64_t)b) % qt_loader_windows(l); /* the batch's place */
+#endif
         r->slots[w0 + b] = r->lp[eval][row];
     }
 }
