@@ -39,8 +39,11 @@ def gpu(precision):
         shutil.rmtree(probe, ignore_errors=True)
 
 
+ONE = {}  # name -> the test's body, run in a process of its own
+
+
 def make(name, fn, precision):
-    def test(tmp):
+    def one(tmp):
         gpu(precision)
         # the CLI's and the Trainer's runs multiply with the same autotuned algorithms: the picks file of this
         # test alone (the default one in ~/.cache is shared with whatever else runs on the GPU meanwhile)
@@ -49,6 +52,16 @@ def make(name, fn, precision):
             fn(tmp)
         finally:
             base.ENGINE.update(device="cpu", hidden=64, inter=128, extra="")
+
+    def test(tmp):
+        # in a process of its own, as a user's run is: the autotuned picks are the process's, and a checkpoint
+        # keeps them all (an earlier test's Trainer in this process would add its picks to this one's files)
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, tmp], capture_output=True,
+                           text=True, timeout=1800)
+        if r.returncode == 77:
+            raise Skip(r.stdout.strip().splitlines()[-1])
+        assert r.returncode == 0, f"{name}: exit {r.returncode}\n{(r.stdout + r.stderr)[-3000:]}"
+    ONE[name] = one
     test.__name__ = name
     test.__doc__ = f"{fn.__doc__} ({precision} on the GPU)"
     return test
@@ -140,4 +153,11 @@ def test_overhead_0_5b(tmp):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--one":  # one test's body (make's test runs it so)
+        try:
+            ONE[sys.argv[2]](sys.argv[3])
+        except Skip as e:
+            print(e)
+            sys.exit(77)
+        sys.exit(0)
     sys.exit(run_pytest(os.path.abspath(__file__), globals()))
