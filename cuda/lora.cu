@@ -27,7 +27,7 @@ static __device__ __forceinline__ float lora_mask(uint64_t mseed, uint64_t j, fl
 
 /* The row products run LORA_ROWS token rows per block or thread, so that each element of A or B read from the
  * cache serves that many rows; every output element keeps its own sum order (one row's). */
-#define LORA_ROWS 16
+#define LORA_ROWS 8
 
 /* One block per LORA_ROWS token rows, one warp per rank index k (strided): u[n,k] = sum_i xd[n,i] A[k,i], each
  * row's sum lane-strided over i, then a warp tree. */
@@ -104,32 +104,22 @@ __global__ void lora_g_kernel(float *g, const bf16 *dy, const float *B, long N, 
 }
 
 /* The token sums dB and dA, in two passes so that no thread walks all N tokens: pass 1, one thread per (chunk c,
- * a, block of LORA_KB rank indices), a fastest (P's row reads coalesce, each P element read once and its mask
- * hashed once): part[c][k][a] = sum over the chunk's tokens n in order of P[n * ld + a] * mask * Q[n, k], P bf16
- * (dy's module rows, or x), Q fp32 [N, r] (u, or g; a warp reads one row of it: a broadcast), the mask x's
- * dropout (p 0: none); pass 2, one thread per (k, a): the QT_LORA_CHUNKS partial sums added in chunk order. */
-#define LORA_KB 16
+ * k, a), a fastest (P's row reads coalesce): part[c][k][a] = sum over the chunk's tokens n in order of
+ * P[n * ld + a] * mask * Q[n, k], P bf16 (dy's module rows, or x), Q fp32 [N, r] (u, or g), the mask x's dropout
+ * (p 0: none); pass 2, one thread per (k, a): the QT_LORA_CHUNKS partial sums added in chunk order. */
 __global__ void lora_tsum_part_kernel(float *part, const bf16 *P, const float *Q, long N, int dim, int ld, int r,
                                       long chunk, float p, float ks, uint64_t mseed) {
-    int kblocks = (r + LORA_KB - 1) / LORA_KB;
-    long long total = (long long)dim * kblocks;
+    long long total = (long long)dim * r;
     int c = blockIdx.y;
     long n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        int kb = (int)(t / dim), a = (int)(t - (long long)kb * dim), k0 = kb * LORA_KB;
-        int nk = r - k0 < LORA_KB ? r - k0 : LORA_KB;
-        float acc[LORA_KB] = {0};
+        int k = (int)(t / dim), a = (int)(t - (long long)k * dim);
+        float acc = 0.0f;
         for (long n = n0; n < n1; n++) {
             uint64_t j = (uint64_t)n * ld + a;
-            float v = __bfloat162float(P[j]) * lora_mask(mseed, j, p, ks);
-            const float *q = Q + (size_t)n * r + k0;
-#pragma unroll
-            for (int k = 0; k < LORA_KB; k++)
-                if (k < nk) acc[k] += v * q[k];
+            acc += __bfloat162float(P[j]) * lora_mask(mseed, j, p, ks) * Q[(size_t)n * r + k];
         }
-#pragma unroll
-        for (int k = 0; k < LORA_KB; k++)
-            if (k < nk) part[((size_t)c * r + k0 + k) * dim + a] = acc[k];
+        part[(size_t)c * total + t] = acc;
     }
 }
 
@@ -147,7 +137,7 @@ __global__ void lora_tsum_add_kernel(float *dst, const float *part, int dim, int
 static void token_sum(float *dst, int k_major, float scale, float *part, const bf16 *P, const float *Q, long N, int dim,
                       int ld, int r, float p, float ks, uint64_t mseed, cudaStream_t s) {
     long long total = (long long)dim * r;
-    dim3 grid(qt_grid_for((long long)dim * ((r + LORA_KB - 1) / LORA_KB), 128), QT_LORA_CHUNKS);
+    dim3 grid(qt_grid_for(total, 128), QT_LORA_CHUNKS);
     lora_tsum_part_kernel<<<grid, 128, 0, s>>>(part, P, Q, N, dim, ld, r, (N + QT_LORA_CHUNKS - 1) / QT_LORA_CHUNKS, p,
                                                ks, mseed);
     QT_CUDA(cudaGetLastError());

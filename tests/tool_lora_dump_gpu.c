@@ -45,9 +45,11 @@ int main(int argc, char **argv) {
     cudaMemcpy(gl->a, a, n * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(g->tok, in, N * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(g->tgt, tgt, N * 4, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize(); /* the model's stream is non-blocking: the legacy stream's copies order nothing on it */
     qt_gpu_lora_set_batch(gl, 1, 0);
     qt_gpu_step_args sa = {qt_loss_scale(1, 1, N), 1, 0, NULL};
     qt_gpu_model_step(g, &sa);
+    cudaStreamSynchronize(g->stream); /* the backward's last kernels (layer 0's) before ga is read */
     double sum;
     cudaMemcpy(&sum, g->head.loss_sum, 8, cudaMemcpyDeviceToHost);
     cudaMemcpy(ga, gl->ga, n * 4, cudaMemcpyDeviceToHost);
