@@ -149,7 +149,8 @@ static void test_cost(void) {
     double T = 1024, n = 2 * T, tok = n * c.data.grad_accum, nl = m->num_layers, V = m->vocab_size, C = m->hidden_size;
     double P = qt_plan_auto_block_params(m), attn = qt_model_flops_per_token(m, 1024) - 6 * (P + V * C);
     double mm = 2 * P + 2 * P + 4 * V * C + attn, eff = n / (n + 512);
-    double want = tok * mm / PR.bf16_flops / eff + tok * (qt_plan_auto_elem_bytes(&L, &c) + nl * q_adapter_bytes(m, 8)) / 2.6e12;
+    double want = tok * mm / PR.bf16_flops / eff +
+                  tok * (qt_plan_auto_elem_bytes(&L, &c) + nl * q_adapter_bytes(m, 8) / QT_PLAN_LORA_ADAPTER_EFF) / 2.6e12;
     qt_plan_cost k = qt_plan_auto_cost_parts(&L, &c, &PR);
     printf("  7B LoRA [q] r 8, mb 2: compute %.3f s, restated %.3f s\n", k.compute, want);
     QT_EXPECT(fabs(k.compute - want) <= 1e-9 * want, "LoRA compute %.6f s, expected %.6f s", k.compute, want);
@@ -165,8 +166,8 @@ static void test_cost(void) {
     full.lora.rank = 0;
     double sl = qt_plan_auto_cost(&L, &c, &PR), sf = qt_plan_auto_cost(&L, &full, &PR);
     printf("  step: LoRA %.2f s, full fine-tuning %.2f s (%.2fx)\n", sl, sf, sf / sl);
-    QT_EXPECT(sf / sl > 1.3 && sf / sl < 1.5, "LoRA's step %.3f s against full fine-tuning's %.3f s: expected 1.3-1.5x "
-              "faster (no weight gradients)", sl, sf);
+    QT_EXPECT(sf / sl > 1.2 && sf / sl < 1.5, "LoRA's step %.3f s against full fine-tuning's %.3f s: expected 1.2-1.5x "
+              "faster (no weight gradients; one small adapter at the adapter kernels' measured rate)", sl, sf);
     /* two ranks: the adapters' gradient sum through host memory, each rank's down and the sum up */
     qt_config two = c;
     two.parallel.gpus = 2;
@@ -296,10 +297,40 @@ static void test_gpu_auto_runs(void) {
     qt_layout_free(&L);
 }
 
+/* The H200's rates as its probe measured them in the runs below (bf16 765 TFLOP/s, HBM 4,186 GB/s, PCIe 53.9 GB/s) */
+static const qt_probe H200 = {"H200", 765e12, QT_PROBE_FP8_RATIO * 765e12, 4186e9, 53.9e9, (size_t)140 << 30, 0};
+
+/* The measured LoRA rows of bench/RESULTS.md section 15 (7B, 65,536 tokens per step, r 16 on all 7 linear layers, the
+ * plans auto chose there): the predicted tokens/s within 15% of the measured. QT_PLAN_LORA_ADAPTER_EFF was fitted on
+ * the bf16 base's row; the NF4 base at 24 GiB is held out. */
+static void test_measured_rows(void) {
+    static qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    const struct { const char *what, *lora, *data, *mem; double measured; } rows[] = {
+        {"bf16 base, mb 16, none (fitted)", "lora: {rank: 16}\n", ", micro_batch: 16", ", recompute: []", 7580},
+        {"NF4 base, mb 4, [swiglu, norm] (held out)", "lora: {rank: 16, base_dtype: nf4}\n", ", micro_batch: 4",
+         ", recompute: [swiglu, norm]", 7002},
+    };
+    for (int i = 0; i < 2; i++) {
+        QT_REQUIRE(load(&c, QWEN7B, rows[i].lora, rows[i].data, rows[i].mem, 24) == 0, "config");
+        c.data.grad_accum = i ? 16 : 4;
+        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+        double tps = 65536.0 / qt_plan_auto_cost(&L, &c, &H200);
+        printf("  7B LoRA r 16, %s: predicted %.0f tokens/s, measured %.0f (%+.1f%%)\n", rows[i].what, tps,
+               rows[i].measured, 100 * (tps / rows[i].measured - 1));
+        QT_EXPECT(fabs(tps / rows[i].measured - 1) <= 0.15, "%s: predicted %.0f tokens/s, measured %.0f", rows[i].what, tps,
+                  rows[i].measured);
+        qt_layout_free(&L);
+    }
+}
+
 int main(void) {
     QT_RUN(test_fits);
     QT_RUN(test_cost);
     QT_RUN(test_dpo_pairs);
+    QT_RUN(test_measured_rows);
     QT_RUN(test_hints);
     QT_RUN(test_gpu_auto_runs);
     return qt_test_end();

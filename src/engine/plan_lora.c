@@ -5,8 +5,9 @@
  * The base has no weight gradient and no optimizer state: per token its block matmuls cost 2 x params in the
  * forward (at the e4m3 rate with fp8 matmuls) and 2 x params in the backward (the dgrad, always bf16: LoRA's
  * backward is), the LM head 4 x V x C (bf16), attention its forward and backward as in full fine-tuning. The
- * adapter kernels (cuda/lora.cu) are memory-bound passes over x, y, dy and dx: charged by their bytes. Rates,
- * efficiency and overlap are the full fine-tuning model's (plan_auto.c). */
+ * adapter kernels (cuda/lora.cu) are memory-bound passes over x, y, dy and dx: charged by their bytes at
+ * QT_PLAN_LORA_ADAPTER_EFF of the elementwise rate (measured). Rates, efficiency and overlap are otherwise the full
+ * fine-tuning model's (plan_auto.c). */
 #include <stdio.h>
 
 #include "qt_act_store.h"
@@ -65,8 +66,8 @@ qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *c
     double adapt = ab.bwd + (1 + dpo) * (ab.fwd[0] + ab.fwd[1] + ab.fwd[2] + ab.fwd[3]) +
                    (rc & QT_RC_QKV ? ab.fwd[QT_LORA_SITE_QKV] : 0) + (rc & QT_RC_BLOCK ? ab.fwd[QT_LORA_SITE_O] : 0) +
                    (rc & QT_RC_FFN ? ab.fwd[QT_LORA_SITE_GU] : 0);
-    double elem_bps = qt_plan_auto_elem_bps(pr), elem = qt_plan_auto_elem_bytes(L, cfg) + nl * adapt;
-    k.compute += tok * elem / elem_bps;
+    double elem_bps = qt_plan_auto_elem_bps(pr);
+    k.compute += tok * (qt_plan_auto_elem_bytes(L, cfg) + nl * adapt / QT_PLAN_LORA_ADAPTER_EFF) / elem_bps;
     if (fp8 && cfg->memory.fp8_weight_cache == QT_FP8_WCACHE_NONE)
         k.compute += ga * ((1 + dpo) * blocks + redo) * 3 / elem_bps;
     /* lora.base_dtype nf4: each block dequantized into its bf16 slot before its forward and its backward (the
