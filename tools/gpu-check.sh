@@ -22,7 +22,7 @@
 #   python       the binding built against this machine's python3, its CPU and GPU tests
 # Measurements (the tables of bench/RESULTS.md, by section; pick rows with ONLY):
 #   bench        one GPU: GEMM and kernel benches (2-4), LLM.Q's setting and the larger configs (1),
-#                recompute costs (5), capped plans and held-out plans (6), offload (7), pin_bench,
+#                recompute costs (5), LoRA / QLoRA speed (15), capped plans and held-out plans (6), offload (7), pin_bench,
 #                python step overhead, tokenizer
 #   scale        several GPUs: collectives against NCCL (10), 0.5B/7B scaling (8), data-parallel options
 #                at one micro-batch (8), host-transport grid for the cost model, the emulated consumer box (9)
@@ -304,6 +304,11 @@ if has bench; then
           step "rc_ab_1.5b_bf16_${rep}_$(rname "$r")" 240 $tb configs/qwen2.5-1.5b-fp8.yaml $one $mm_bf16 --set "memory.recompute=$r"
           [ "$rep" = 3 ] || step "rc_ab_7b_fp8_${rep}_$(rname "$r")" 200 $tb configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 2 $k7 --set "memory.recompute=$r"
       done; done
+      # LoRA and QLoRA against full fine-tuning at 7B, a bf16 base, 65,536 tokens per step (section 15)
+      lo="configs/qwen2.5-7b-bf16.yaml --warmup 1 --steps 3 --set data.grad_accum=8"
+      step lora_7b_full 300 $tb $lo
+      step lora_7b_r16 300 $tb $lo --set lora.rank=16
+      step lora_7b_qlora_24 300 $tb $lo --set lora.rank=16 --set lora.base_dtype=nf4 --set memory.gpu_limit_gib=24
       # one GPU held to a cap, every planner key auto, and hand-picked plans (section 6)
       hand="--set parallel.gpus=1 --set perf.cuda_graphs=false --set memory.offload=[weights,gradients,master,m,v,residual]
             --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set data.micro_batch=8 --set data.grad_accum=8
