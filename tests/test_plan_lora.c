@@ -301,7 +301,7 @@ static void test_gpu_auto_runs(void) {
 static const qt_probe H200 = {"H200", 765e12, QT_PROBE_FP8_RATIO * 765e12, 4186e9, 53.9e9, (size_t)140 << 30, 0};
 
 /* The measured LoRA rows of bench/RESULTS.md section 15 (7B, 65,536 tokens per step, r 16 on all 7 linear layers, the
- * plans auto chose there): the predicted tokens/s within 15% of the measured. QT_PLAN_LORA_ADAPTER_EFF was fitted on
+ * plans auto chose there): the predicted tokens/s within 15% of the measured. QT_PLAN_LORA_ADAPTER_EFF is fitted on
  * the bf16 base's row; the NF4 base at 24 GiB is held out. */
 static void test_measured_rows(void) {
     static qt_config c;

@@ -55,7 +55,7 @@ def make(name, fn, precision):
 
     def test(tmp):
         # in a process of its own, as a user's run is: the autotuned picks are the process's, and a checkpoint
-        # keeps them all (an earlier test's Trainer in this process would add its picks to this one's files)
+        # keeps them all (another test's Trainer in the same process would add its picks to this one's files)
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, tmp], capture_output=True,
                            text=True, timeout=1800)
         if r.returncode == 77:
