@@ -1,29 +1,37 @@
 #!/usr/bin/env python3
-"""lora_quality.py — LoRA r=16 against full fine-tuning on a chat instruction set, CPU engine, end to end.
+"""lora_quality.py — LoRA against full fine-tuning on a chat instruction set, CPU engine, end to end.
 
-  python3 bench/lora_quality.py [--dir DIR] [--pretrain-steps N] [--ft-steps N] [--lr-full X] [--lr-lora X]
+  python3 bench/lora_quality.py [--setup known|skills] [--dir DIR] [--lrs-full X,Y] [--lrs-lora X,Y] [--ranks 16,64]
 
 Needs the built qtrain ($BUILD, default build), python3, numpy, tokenizers, jinja2 and matplotlib (the
 plot). Every input is generated here from fixed seeds (the instruction set, the tokenizer, the corpus
 beside tinyshakespeare), so a rerun on the same binary gives the same figures. Steps, files under
 $OUT/lora_quality (else --dir):
-1. corpus: ../shared/data/tinyshakespeare.txt (or --source) + an almanac of generated text that uses the
-   instruction set's words (people, towns, trades; sums written out; number and word lists), ~30% of it.
+1. corpus: ../shared/data/tinyshakespeare.txt (or --source) + ~30% generated text. known (the default): the
+   towns and trades of 200 generated people, each stated many times. skills: an almanac that uses the
+   instruction set's words (people, towns, trades; sums written out; number and word lists).
 2. tokenizer: a 1,024-token byte-level BPE with ChatML's <|im_start|>, <|im_end|> (the EOS) and a ChatML
    chat template, trained on the corpus and on a few rendered conversations.
 3. pretrain: a small Qwen2-shaped model from scratch on the corpus (`tools/tokenize` shards), exported.
-4. instructions: 4 task kinds, one conversation each row (user turn, assistant reply): look a person's
-   town or trade up in a note given in the prompt, add two numbers, reverse a list of words, sort a list
-   of numbers. `tools/tokenize --chat --seq-len` packs them; only assistant tokens carry loss; the eval
-   split is the last windows (conversations never trained on).
-5. fine-tune from the pretrained export, same steps, batches and schedule: full fine-tuning (every
-   weight) and LoRA r=16, alpha 32 on q, k, v, o, gate, up, down (embeddings, norms frozen), each at its
-   own learning rate (--lr-full, --lr-lora; LoRA's higher, as users set it).
-6. report: the assistant-token eval loss of each run at every eval, the final ratio LoRA / full, a table
-   (results.md) and both curves (curves.png, tools/plot).
---skip-pretrain reuses DIR/pretrain, --report-only redraws the report of the runs in DIR. Cost: the pretraining
-took 10.8 CPU minutes (512k tokens, one thread), each fine-tune about 300k tokens plus 10 evaluations of 16k; on
-this 2-core machine with other jobs holding its load at 6-9 the whole run took about 55 minutes of wall time."""
+4. instructions, one conversation each row (user turn, assistant reply), 95% train and 5% eval rows, each
+   split tokenized on its own (`tools/tokenize --chat --seq-len`: only assistant tokens carry loss).
+   known: questions whose answers the base pretrained on: a person's town, a person's trade, the next line of a
+   speech of the play, the next speaker; the eval rows ask about people (the last 20%) and speeches (the play's
+   last 10%) that no train row asks about, so the eval scores the use of pretrained knowledge through the
+   chat format, not answers memorised in fine-tuning. skills: new skills: look a person's town or trade up in
+   a note given in the prompt, add two numbers, reverse a list of words, sort a list of numbers.
+5. fine-tune from the pretrained export, same steps, batches, data order and schedule: full fine-tuning (every
+   weight) at each of --lrs-full and LoRA (alpha = 2 x rank, on q, k, v, o, gate, up, down; embeddings and
+   norms frozen) at each rank of --ranks and each of --lrs-lora. Each arm's learning rate is the one of the
+   lowest mean training loss over the last 10% of steps: the fine-tune stays under one epoch, so each of those
+   batches is unseen when it is scored, and the eval rows play no part in the choice.
+6. report: the sweep (tail training loss and final eval loss of every run), the chosen runs' assistant-token
+   eval loss at every eval, the final ratio LoRA / full, a table (results.md) and the chosen runs' curves
+   (curves.png, tools/plot).
+--skip-pretrain reuses DIR/pretrain; a run whose folder holds a finished run of the same run.yaml is reused,
+so a rerun with more ranks or rates runs only the new ones. Cost on this 2-core machine: pretraining 800 x 4 x
+256 tokens at 2 threads about 1,650 tokens/s; each fine-tune (one thread, two side by side) 300 x 4 x 256
+tokens plus 10 evaluations of 16 x 4 x 256."""
 import argparse
 import json
 import os
@@ -115,6 +123,56 @@ def conversation(rng, world):
         " ".join(map(str, sorted(xs)))
 
 
+def speeches(text):
+    """The play's speeches in order: [(speaker, [lines])], each a block 'NAME:\\nline...' between blank lines."""
+    out = []
+    for block in text.split("\n\n"):
+        lines = [l for l in block.strip("\n").split("\n") if l.strip()]
+        if len(lines) >= 2 and lines[0].endswith(":"):
+            out.append((lines[0][:-1], lines[1:]))
+    return out
+
+
+def facts(rng, world, nbytes):
+    """Plain text stating every person's town and trade many times over, in two phrasings: the knowledge
+    the 'known' setup's chat questions ask for."""
+    out, size = [], 0
+    while size < nbytes:
+        if rng.random() < 0.6:
+            ps = rng.sample(world.people, rng.randint(3, 6))
+            s = " ".join(f"{n} lives in {t} and works as a {j}." for n, t, j in ps)
+        else:
+            t = rng.choice(world.towns)
+            ps = [p for p in world.people if p[1] == t]
+            ps = rng.sample(ps, min(len(ps), 4))
+            s = f"In {t} there live " + ", ".join(f"{n} the {j}" for n, _, j in ps) + "." if ps else f"{t}."
+        out.append(s + "\n")
+        size += len(s) + 1
+    return "".join(out)
+
+
+def known_conversation(rng, people, play):
+    """One 'known' instruction row over knowledge the base pretrained on: (kind, user turn, assistant reply).
+    people and play are the split's own persons and speeches, so train and eval rows never share an answer."""
+    kind = rng.choice(["town", "trade", "line", "speaker"])
+    if kind == "town":
+        n, t, _ = rng.choice(people)
+        return kind, f"Where does {n} live?", f"{n} lives in {t}."
+    if kind == "trade":
+        n, _, j = rng.choice(people)
+        return kind, f"What is the trade of {n}?", f"{n} works as a {j}."
+    if kind == "line":
+        while True:
+            who, lines = rng.choice(play)
+            if len(lines) >= 2:
+                break
+        k = rng.randint(1, min(3, len(lines) - 1))
+        return kind, "Continue this speech from the play:\n" + "\n".join(lines[:k]), lines[k]
+    i = rng.randrange(len(play) - 1)
+    who, lines = play[i]
+    return kind, f"{who}:\n" + "\n".join(lines) + "\n\nWho speaks next in the play?", play[i + 1][0]
+
+
 def run(cmd, log=None, **kw):
     t = time.time()
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
@@ -147,93 +205,147 @@ def model_yaml(a):
 
 
 def start(a, name, data, extra, steps, lr, micro_batch, every, eval_batches, threads):
-    """Starts one qtrain run on the CPU engine with `threads` OpenMP threads; returns (folder, process)."""
+    """Starts one qtrain run on the CPU engine with `threads` OpenMP threads; returns (folder, process), the
+    process None when the folder already holds a finished run of the same run.yaml (a rerun adds runs)."""
     d = os.path.join(a.dir, name)
+    cfg = os.path.join(d, "run.yaml")
+    text = (f"seed: 1234\ndevice: cpu\nrun: {{dir: '{d}'}}\n" + extra +
+            f"data: {{train: '{data[0]}', eval: '{data[1]}', seq_len: {a.seq_len}, "
+            f"micro_batch: {micro_batch}, grad_accum: 1}}\n"
+            f"optim: {{lr: {lr}, schedule: cosine, warmup: {steps // 20}, final_lr_frac: 0.1, steps: {steps}, "
+            f"weight_decay: {0.1 if name == 'pretrain' else 0.0}, grad_clip: 1.0}}\n"
+            f"eval: {{every: {every}, batches: {eval_batches}}}\ncheckpoint: {{every: 0, keep: 1}}\n"
+            f"export: {{dtype: fp32}}\nlog: {{every: {10 if name == 'pretrain' else 1}}}\n")
+    if os.path.exists(os.path.join(d, "done")) and open(cfg).read() == text:
+        return d, None
     subprocess.run(["rm", "-rf", d])
     os.makedirs(d)
-    cfg = os.path.join(d, "run.yaml")
-    open(cfg, "w").write(
-        f"seed: 1234\ndevice: cpu\nrun: {{dir: '{d}'}}\n" + extra +
-        f"data: {{train: '{data}/train_*.bin', eval: '{data}/eval_*.bin', seq_len: {a.seq_len}, "
-        f"micro_batch: {micro_batch}, grad_accum: 1}}\n"
-        f"optim: {{lr: {lr}, schedule: cosine, warmup: {steps // 20}, final_lr_frac: 0.1, steps: {steps}, "
-        f"weight_decay: {0.1 if name == 'pretrain' else 0.0}, grad_clip: 1.0}}\n"
-        f"eval: {{every: {every}, batches: {eval_batches}}}\ncheckpoint: {{every: 0, keep: 1}}\n"
-        f"export: {{dtype: fp32}}\nlog: {{every: 10}}\n")
+    open(cfg, "w").write(text)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = open(os.path.join(d, "stdout.txt"), "w")
     return d, subprocess.Popen([os.path.join(a.build, "qtrain"), cfg], cwd=ROOT, env=env, stdout=out,
                                stderr=subprocess.STDOUT)
 
 
-def finish(runs):
-    """Waits for the started runs; exits naming the first that failed. Returns their wall seconds."""
-    t, secs = time.time(), []
-    for d, p in runs:
-        if p.wait() != 0:
-            sys.exit(f"lora_quality: qtrain {d}/run.yaml failed ({p.returncode}):\n"
-                     + open(os.path.join(d, "stdout.txt")).read()[-3000:])
-        secs.append(time.time() - t)
-        print(f"{os.path.basename(d)}: done in {secs[-1]:.0f} s", flush=True)
-    return secs
+def finish(d, p):
+    """Waits for a started run; exits naming it if it failed, else marks its folder done."""
+    if p and p.wait() != 0:
+        sys.exit(f"lora_quality: qtrain {d}/run.yaml failed ({p.returncode}):\n"
+                 + open(os.path.join(d, "stdout.txt")).read()[-3000:])
+    open(os.path.join(d, "done"), "w").close()
+    print(f"{os.path.basename(d)}: done", flush=True)
 
 
-def evals(run_dir):
-    """[(step, eval loss)] of a run's log."""
+def run_all(a, jobs):
+    """Runs the (name, data, extra, steps, lr) jobs, a.jobs at a time, one thread each."""
+    live = []
+    for j in jobs:
+        if len(live) == a.jobs:
+            finish(*live.pop(0))
+        live.append(start(a, j[0], j[1], j[2], j[3], j[4], a.ft_micro_batch, max(1, j[3] // 10), a.eval_batches, 1))
+    for r in live:
+        finish(*r)
+
+
+def records(run_dir, kind):
+    """[(step, loss)] of a run's log records of this type ('train' or 'eval')."""
     out = []
     for line in open(os.path.join(run_dir, "log.jsonl")):
         r = json.loads(line)
-        if r.get("type") == "eval" and isinstance(r.get("loss"), (int, float)):
+        if r.get("type") == kind and isinstance(r.get("loss"), (int, float)):
             out.append((r["step"], r["loss"]))
     return out
 
 
-def report(a, pre, full, lora, base, tf, tl, total):
-    """The eval losses of both runs, their ratio and the setting: printed, in results.md; both curves in curves.png."""
-    ef, el, e0 = evals(full), evals(lora), evals(base)[-1][1]
-    lines = [f"model: {a.layers} layers, hidden {a.hidden}, {a.heads}/{a.heads // 2} heads, ffn {a.hidden * 3}, vocab 1024 "
-             f"(BPE), seq {a.seq_len}; pretrain {a.pretrain_steps} steps of {a.pretrain_micro_batch} sequences at lr "
-             f"{a.pretrain_lr}; fine-tune {a.ft_steps} steps of {a.ft_micro_batch} sequences, cosine, warmup {a.ft_steps // 20}, no weight decay",
-             "", "| step | full FT eval (lr %g) | LoRA r=%d alpha %g eval (lr %g) | LoRA / full |" %
-             (a.lr_full, a.rank, a.alpha, a.lr_lora), "|---|---|---|---|"]
-    for (s, f), (_, l) in zip(ef, el):
-        lines.append(f"| {s} | {f:.4f} | {l:.4f} | {l / f:.3f} |")
-    ratio = el[-1][1] / ef[-1][1]
-    lines += ["", f"pretraining: final eval loss {evals(pre)[-1][1]:.4f} on the corpus' last 5%; the base's assistant-token "
-              f"eval loss before fine-tuning: {e0:.4f}", f"final assistant-token eval loss: full {ef[-1][1]:.4f}, LoRA {el[-1][1]:.4f}, ratio {ratio:.3f} "
-              f"({'within' if ratio <= 1.05 else 'NOT within'} 5%)" +
-              (f"; full {tf:.0f} s, LoRA {tl:.0f} s, total {total:.0f} s" if total else "")]
+def tail_loss(run_dir, steps):
+    """The mean training loss of the last tenth of the steps: each of those batches is seen for the first time
+    at its step (the fine-tune stays under one epoch), so it scores the learning rate without the eval split."""
+    xs = [l for s, l in records(run_dir, "train") if s > steps - max(1, steps // 10)]
+    return sum(xs) / len(xs)
+
+
+def report(a, pre, base, sweep):
+    """Per arm (full, LoRA of each rank) the run of the lowest tail training loss; their eval losses, ratios and
+    the sweep: printed, in results.md; the chosen runs' curves in curves.png. sweep: {arm: [(lr, folder)]}."""
+    best, rows = {}, []
+    for arm, runs in sweep.items():
+        scored = [(tail_loss(d, a.ft_steps), lr, d) for lr, d in runs]
+        best[arm] = min(scored)
+        for t, lr, d in scored:
+            mark = "**" if d == best[arm][2] else ""
+            rows.append(f"| {arm} | {mark}{lr:g}{mark} | {t:.4f} | {records(d, 'eval')[-1][1]:.4f} |")
+    arms = list(sweep)
+    ev = {arm: records(best[arm][2], "eval") for arm in arms}
+    lines = [f"setup {a.setup}; model: {a.layers} layers, hidden {a.hidden}, {a.heads}/{a.heads // 2} heads, ffn {a.hidden * 3}, "
+             f"vocab 1024 (BPE), seq {a.seq_len}; pretrain {a.pretrain_steps} steps of {a.pretrain_micro_batch} sequences at "
+             f"lr {a.pretrain_lr}; fine-tune {a.ft_steps} steps of {a.ft_micro_batch} sequences, cosine, warmup "
+             f"{a.ft_steps // 20}, no weight decay; LoRA alpha = 2 x rank, q k v o gate up down", "",
+             "| arm | lr (chosen in bold) | train loss, last 10% of steps | final eval loss |", "|---|---|---|---|", *rows, "",
+             "| step | " + " | ".join(f"{arm} eval (lr {best[arm][1]:g})" for arm in arms) + " | " +
+             " | ".join(f"{arm} / full" for arm in arms[1:]) + " |", "|" + "---|" * (2 * len(arms))]
+    for i, (s, f) in enumerate(ev["full"]):
+        ls = [ev[arm][i][1] for arm in arms[1:]]
+        lines.append(f"| {s} | {f:.4f} | " + " | ".join(f"{l:.4f}" for l in ls) + " | " +
+                     " | ".join(f"{l / f:.3f}" for l in ls) + " |")
+    lines += ["", f"pretraining: final eval loss {records(pre, 'eval')[-1][1]:.4f} on the corpus' last 5%; the base's "
+              f"assistant-token eval loss before fine-tuning: {records(base, 'eval')[-1][1]:.4f}"]
+    for arm in arms[1:]:
+        ratio = ev[arm][-1][1] / ev["full"][-1][1]
+        lines.append(f"final assistant-token eval loss: full {ev['full'][-1][1]:.4f}, {arm} {ev[arm][-1][1]:.4f}, ratio "
+                     f"{ratio:.3f} ({'within' if ratio <= 1.05 else 'NOT within'} 5%)")
     print("\n".join(lines))
     open(os.path.join(a.dir, "results.md"), "w").write("\n".join(lines) + "\n")
-    run([sys.executable, os.path.join(ROOT, "tools", "plot"), os.path.join(full, "log.jsonl"),
-         os.path.join(lora, "log.jsonl"), "-o", os.path.join(a.dir, "curves.png"), "--labels",
-         f"full FT lr {a.lr_full:g},LoRA r={a.rank} lr {a.lr_lora:g}",
-         "--title", "assistant-token loss: full fine-tuning vs LoRA (CPU fp32)"])
+    run([sys.executable, os.path.join(ROOT, "tools", "plot"), *(os.path.join(best[arm][2], "log.jsonl") for arm in arms),
+         "-o", os.path.join(a.dir, "curves.png"), "--labels", ",".join(f"{arm} lr {best[arm][1]:g}" for arm in arms),
+         "--title", f"assistant-token loss ({a.setup} setup): full fine-tuning vs LoRA (CPU fp32)"])
 
 
-def prepare(a):
-    """The corpus, the instruction set, the tokenizer and both sets of shards under a.dir; returns the shard folders."""
-    rng = random.Random(1234)
-    shakespeare = open(a.source, encoding="utf-8").read()
-    world = World(rng, common_words(shakespeare))
-    extra = almanac(rng, world, len(shakespeare) * 3 // 7)
-    corpus = os.path.join(a.dir, "corpus.txt")
-    open(corpus, "w").write(shakespeare + "\n" + extra)
-    rows = [conversation(rng, world) for _ in range(a.conversations)]
-    sft = os.path.join(a.dir, "sft.jsonl")
-    with open(sft, "w") as f:
+def chat_rows(path, rows):
+    with open(path, "w") as f:
         for _, u, r in rows:
             f.write(json.dumps({"messages": [{"role": "user", "content": u},
                                              {"role": "assistant", "content": r}]}) + "\n")
+
+
+def prepare(a):
+    """The corpus, the instruction sets (train, eval), the tokenizer and the shards under a.dir; returns the
+    pretraining and the fine-tuning (train, eval) shard folders. skills: new skills over a note in the prompt;
+    known: questions whose answers the base pretrained on (towns and trades of a world's people, the play's next
+    line or speaker), eval rows over persons and speeches (the play's last 10%) no train row asks about."""
+    rng = random.Random(1234)
+    shakespeare = open(a.source, encoding="utf-8").read()
+    n_eval = a.conversations // 20
+    if a.setup == "skills":
+        world = World(rng, common_words(shakespeare))
+        extra = almanac(rng, world, len(shakespeare) * 3 // 7)
+        rows = [conversation(rng, world) for _ in range(a.conversations)]
+        train_rows, eval_rows = rows[:-n_eval], rows[-n_eval:]
+    else:
+        world, play = World(rng, [], n_people=200, n_towns=24), speeches(shakespeare)
+        extra = facts(rng, world, len(shakespeare) * 3 // 7)
+        cp, cs = len(world.people) * 4 // 5, len(play) * 9 // 10
+        train_rows = [known_conversation(rng, world.people[:cp], play[:cs]) for _ in range(a.conversations - n_eval)]
+        eval_rows = [known_conversation(rng, world.people[cp:], play[cs:]) for _ in range(n_eval)]
+    corpus = os.path.join(a.dir, "corpus.txt")
+    open(corpus, "w").write(shakespeare + "\n" + extra)
+    chat_rows(os.path.join(a.dir, "sft_train.jsonl"), train_rows)
+    chat_rows(os.path.join(a.dir, "sft_eval.jsonl"), eval_rows)
     tj = tokenizer(os.path.join(a.dir, "tok"), [shakespeare, extra] + [
-        f"<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>\n" for _, u, r in rows[:200]])
+        f"<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>\n" for _, u, r in train_rows[:200]])
     tk = [sys.executable, os.path.join(ROOT, "tools", "tokenize"), "--tokenizer", tj, "--quiet"]
-    pre_data, sft_data = os.path.join(a.dir, "pre_data"), os.path.join(a.dir, "sft_data")
+    pre_data = os.path.join(a.dir, "pre_data")
     r, _ = run(tk + [corpus, "--out", pre_data, "--eval-frac", "0.05"])
     print(r.stdout.strip().splitlines()[-1])
-    r, _ = run(tk + ["--chat", sft, "--seq-len", str(a.seq_len), "--out", sft_data, "--eval-frac", "0.05"])
-    print(r.stdout.strip().splitlines()[-1], flush=True)
-    return pre_data, sft_data
+    sft = []
+    for split in ("train", "eval"):
+        sft.append(os.path.join(a.dir, f"sft_{split}"))
+        r, _ = run(tk + ["--chat", sft[-1] + ".jsonl", "--seq-len", str(a.seq_len), "--out", sft[-1], "--eval-frac", "0"])
+        print(f"{split}: " + r.stdout.strip().splitlines()[-1], flush=True)
+    return (pre_data + "/train_*.bin", pre_data + "/eval_*.bin"), (sft[0] + "/train_*.bin", sft[1] + "/train_*.bin")
+
+
+def floats(s):
+    return [float(x) for x in s.split(",") if x]
 
 
 def main():
@@ -241,6 +353,7 @@ def main():
     ap.add_argument("--dir", default=os.path.join(os.environ.get("OUT", os.path.join(ROOT, "out")), "lora_quality"))
     ap.add_argument("--build", default=os.path.join(ROOT, os.environ.get("BUILD", "build")))
     ap.add_argument("--source", default=os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare.txt"))
+    ap.add_argument("--setup", choices=["known", "skills"], default="known")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
@@ -248,42 +361,42 @@ def main():
     ap.add_argument("--pretrain-micro-batch", type=int, default=4)
     ap.add_argument("--ft-micro-batch", type=int, default=4)
     ap.add_argument("--eval-batches", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=1, help="OpenMP threads of the pretraining run")
-    ap.add_argument("--pretrain-steps", type=int, default=500)
+    ap.add_argument("--threads", type=int, default=2, help="OpenMP threads of the pretraining run")
+    ap.add_argument("--jobs", type=int, default=2, help="fine-tunes side by side, one thread each")
+    ap.add_argument("--pretrain-steps", type=int, default=800)
     ap.add_argument("--pretrain-lr", type=float, default=3e-3)
     ap.add_argument("--conversations", type=int, default=12000)
     ap.add_argument("--ft-steps", type=int, default=300)
-    ap.add_argument("--lr-full", type=float, default=1e-3)
-    ap.add_argument("--lr-lora", type=float, default=5e-3)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--alpha", type=float, default=32)
+    ap.add_argument("--lrs-full", type=floats, default="3e-4,1e-3,3e-3", help="full fine-tuning's learning rates")
+    ap.add_argument("--lrs-lora", type=floats, default="1e-3,3e-3,1e-2", help="LoRA's learning rates")
+    ap.add_argument("--ranks", type=lambda s: [int(x) for x in s.split(",")], default="16", help="LoRA ranks (alpha 2 x rank)")
     ap.add_argument("--skip-pretrain", action="store_true", help="reuse DIR/pretrain's export")
     ap.add_argument("--pretrain-only", action="store_true", help="stop after pretraining")
-    ap.add_argument("--report-only", action="store_true", help="the report of the runs already in DIR")
     a = ap.parse_args()
-    if a.report_only:
-        report(a, *(os.path.join(a.dir, n) for n in ("pretrain", "full", "lora", "base")), None, None, None)
-        return
     os.makedirs(a.dir, exist_ok=True)
     t0 = time.time()
-    pre_data, sft_data = prepare(a)
+    pre_data, sft = prepare(a)
     model = model_yaml(a)
     pre = os.path.join(a.dir, "pretrain")
     if not a.skip_pretrain:
-        finish([start(a, "pretrain", pre_data, model + "init: {seed: 1234, std: 0.02}\n", a.pretrain_steps,
-                      a.pretrain_lr, a.pretrain_micro_batch, a.pretrain_steps // 5, 4, a.threads)])
+        d, p = start(a, "pretrain", pre_data, model + "init: {seed: 1234, std: 0.02}\n", a.pretrain_steps,
+                     a.pretrain_lr, a.pretrain_micro_batch, a.pretrain_steps // 5, 4, a.threads)
+        finish(d, p)
+        print(f"pretraining: {time.time() - t0:.0f} s", flush=True)
     if a.pretrain_only:
         return
     init = f"init: {{from: '{os.path.join(pre, 'ckpt', 'export')}'}}\n"
-    every = max(1, a.ft_steps // 10)
-    # the two fine-tunes side by side, one thread each: same work, no OpenMP barriers between cores
-    full = start(a, "full", sft_data, init, a.ft_steps, a.lr_full, a.ft_micro_batch, every, a.eval_batches, 1)
-    lora = start(a, "lora", sft_data, init + f"lora: {{rank: {a.rank}, alpha: {a.alpha}, dropout: 0.0}}\n",
-                 a.ft_steps, a.lr_lora, a.ft_micro_batch, every, a.eval_batches, 1)
-    # the base's own loss on the eval windows: one step at a learning rate that leaves the weights as they are
-    base = start(a, "base", sft_data, init, 1, 1e-12, a.ft_micro_batch, 1, a.eval_batches, 1)
-    tf, tl, _ = finish([full, lora, base])
-    report(a, pre, full[0], lora[0], base[0], tf, tl, time.time() - t0)
+    sweep = {"full": [(lr, ("full_lr%g" % lr, sft, init, a.ft_steps, lr)) for lr in a.lrs_full]}
+    for r in a.ranks:
+        sweep[f"LoRA r={r}"] = [(lr, (f"lora_r{r}_lr%g" % lr, sft, init + f"lora: {{rank: {r}, alpha: {2 * r}, dropout: 0.0}}\n",
+                                      a.ft_steps, lr)) for lr in a.lrs_lora]
+    # the base's own loss on the eval rows: one step at a learning rate that leaves the weights as they are
+    jobs = [j for runs in sweep.values() for _, j in runs] + [("base", sft, init, 1, 1e-12)]
+    t1 = time.time()
+    run_all(a, jobs)
+    print(f"fine-tunes: {time.time() - t1:.0f} s ({len(jobs)} runs, {a.jobs} at a time)", flush=True)
+    report(a, pre, os.path.join(a.dir, "base"),
+           {arm: [(lr, os.path.join(a.dir, j[0])) for lr, j in runs] for arm, runs in sweep.items()})
 
 
 if __name__ == "__main__":
