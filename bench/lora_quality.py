@@ -9,30 +9,31 @@ beside tinyshakespeare), so a rerun on the same binary gives the same figures. S
 $OUT/lora_quality (else --dir):
 1. corpus: ../shared/data/tinyshakespeare.txt (or --source) + ~30% generated text. known (the default): the
    towns and trades of 200 generated people, each stated many times. skills: an almanac that uses the
-   instruction set's words (people, towns, trades; sums written out; number and word lists).
+   instruction set's words (people, towns, trades; sums written out; number and word lists). Documents split at
+   blank lines, each ended by the EOS.
 2. tokenizer: a 1,024-token byte-level BPE with ChatML's <|im_start|>, <|im_end|> (the EOS) and a ChatML
    chat template, trained on the corpus and on a few rendered conversations.
 3. pretrain: a small Qwen2-shaped model from scratch on the corpus (`tools/tokenize` shards), exported.
-4. instructions, one conversation each row (user turn, assistant reply), 95% train and 5% eval rows, each
-   split tokenized on its own (`tools/tokenize --chat --seq-len`: only assistant tokens carry loss).
+4. instructions, one conversation each row (user turn, assistant reply): train, val (5%) and eval (5%) rows,
+   each split tokenized on its own (`tools/tokenize --chat --seq-len`: only assistant tokens carry loss).
    known: questions whose answers the base pretrained on: a person's town, a person's trade, the next line of a
-   speech of the play, the next speaker; the eval rows ask about people (the last 20%) and speeches (the play's
-   last 10%) that no train row asks about, so the eval scores the use of pretrained knowledge through the
-   chat format, not answers memorised in fine-tuning. skills: new skills: look a person's town or trade up in
-   a note given in the prompt, add two numbers, reverse a list of words, sort a list of numbers.
+   speech of the play, the next speaker; val and eval rows each ask about people (10% each) and speeches (5% of
+   the play each, its end) that no other split asks about, so they score the use of pretrained knowledge
+   through the chat format, not answers memorised in fine-tuning. skills: new skills: look a person's town or
+   trade up in a note given in the prompt, add two numbers, reverse a list of words, sort a list of numbers.
 5. fine-tune from the pretrained export, same steps, batches, data order and schedule: full fine-tuning (every
    weight) at each of --lrs-full and LoRA (alpha = 2 x rank, on q, k, v, o, gate, up, down; embeddings and
-   norms frozen) at each rank of --ranks and each of --lrs-lora. Each arm's learning rate is the one of the
-   lowest mean training loss over the last 10% of steps: the fine-tune stays under one epoch, so each of those
-   batches is unseen when it is scored, and the eval rows play no part in the choice.
-6. report: the sweep (tail training loss and final eval loss of every run), the chosen runs' assistant-token
-   eval loss at every eval, the final ratio LoRA / full, a table (results.md) and the chosen runs' curves
-   (curves.png, tools/plot).
+   norms frozen) at each rank of --ranks and each of --lrs-lora, scored on the val rows. Each arm's learning
+   rate is the one of the lowest final val loss; the chosen runs' final weights (LoRA: merged) are then scored
+   on the eval rows, which play no part in the choice.
+6. report: the sweep (final val loss of every run), the chosen runs' val loss at every eval, their final
+   assistant-token eval loss and the ratio LoRA / full, a table (results.md) and the chosen runs' curves (curves.png, tools/plot).
 --skip-pretrain reuses DIR/pretrain; a run whose folder holds a finished run of the same run.yaml is reused,
 so a rerun with more ranks or rates runs only the new ones. Cost on this 2-core machine: pretraining 800 x 4 x
 256 tokens at 2 threads about 1,650 tokens/s; each fine-tune (one thread, two side by side) 300 x 4 x 256
 tokens plus 10 evaluations of 16 x 4 x 256."""
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -97,8 +98,8 @@ def almanac(rng, world, nbytes):
             t = rng.choice(world.towns)
             ps = [p for p in world.people if p[1] == t][:4]
             s = f"In {t} there live " + ", ".join(f"{n} the {j}" for n, _, j in ps) + "." if ps else f"{t}."
-        out.append(s + "\n")
-        size += len(s) + 1
+        out.append(s + "\n\n")
+        size += len(s) + 2
     return "".join(out)
 
 
@@ -146,8 +147,8 @@ def facts(rng, world, nbytes):
             ps = [p for p in world.people if p[1] == t]
             ps = rng.sample(ps, min(len(ps), 4))
             s = f"In {t} there live " + ", ".join(f"{n} the {j}" for n, _, j in ps) + "." if ps else f"{t}."
-        out.append(s + "\n")
-        size += len(s) + 1
+        out.append(s + "\n\n")
+        size += len(s) + 2
     return "".join(out)
 
 
@@ -209,7 +210,7 @@ def start(a, name, data, extra, steps, lr, micro_batch, every, eval_batches, thr
     process None when the folder already holds a finished run of the same run.yaml (a rerun adds runs)."""
     d = os.path.join(a.dir, name)
     cfg = os.path.join(d, "run.yaml")
-    text = (f"seed: 1234\ndevice: cpu\nrun: {{dir: '{d}'}}\n" + extra +
+    text = (f"# inputs {a.inputs}\nseed: 1234\ndevice: cpu\nrun: {{dir: '{d}'}}\n" + extra +
             f"data: {{train: '{data[0]}', eval: '{data[1]}', seq_len: {a.seq_len}, "
             f"micro_batch: {micro_batch}, grad_accum: 1}}\n"
             f"optim: {{lr: {lr}, schedule: cosine, warmup: {steps // 20}, final_lr_frac: 0.1, steps: {steps}, "
@@ -242,7 +243,11 @@ def run_all(a, jobs):
     for j in jobs:
         if len(live) == a.jobs:
             finish(*live.pop(0))
-        live.append(start(a, j[0], j[1], j[2], j[3], j[4], a.ft_micro_batch, max(1, j[3] // 10), a.eval_batches, 1))
+        d, p = start(a, j[0], j[1], j[2], j[3], j[4], a.ft_micro_batch, max(1, j[3] // 10), a.eval_batches, 1)
+        if p:
+            live.append((d, p))
+        else:
+            finish(d, p)
     for r in live:
         finish(*r)
 
@@ -257,31 +262,23 @@ def records(run_dir, kind):
     return out
 
 
-def tail_loss(run_dir, steps):
-    """The mean training loss of the last tenth of the steps: each of those batches is seen for the first time
-    at its step (the fine-tune stays under one epoch), so it scores the learning rate without the eval split."""
-    xs = [l for s, l in records(run_dir, "train") if s > steps - max(1, steps // 10)]
-    return sum(xs) / len(xs)
-
-
-def report(a, pre, base, sweep):
-    """Per arm (full, LoRA of each rank) the run of the lowest tail training loss; their eval losses, ratios and
-    the sweep: printed, in results.md; the chosen runs' curves in curves.png. sweep: {arm: [(lr, folder)]}."""
-    best, rows = {}, []
+def report(a, pre, base, sweep, best, chosen, held):
+    """The sweep, the chosen runs' val curves, their eval losses and the ratios: printed, in results.md; the chosen
+    runs' curves in curves.png. sweep: {arm: [(lr, folder)]}; best: {arm: lr}; chosen: {arm: folder of its
+    run}; held: {arm: folder of the eval rows' run from its weights}."""
+    rows = []
     for arm, runs in sweep.items():
-        scored = [(tail_loss(d, a.ft_steps), lr, d) for lr, d in runs]
-        best[arm] = min(scored)
-        for t, lr, d in scored:
-            mark = "**" if d == best[arm][2] else ""
-            rows.append(f"| {arm} | {mark}{lr:g}{mark} | {t:.4f} | {records(d, 'eval')[-1][1]:.4f} |")
+        for lr, d in runs:
+            mark = "**" if lr == best[arm] else ""
+            rows.append(f"| {arm} | {mark}{lr:g}{mark} | {records(d, 'eval')[-1][1]:.4f} |")
     arms = list(sweep)
-    ev = {arm: records(best[arm][2], "eval") for arm in arms}
+    ev = {arm: records(chosen[arm], "eval") for arm in arms}
     lines = [f"setup {a.setup}; model: {a.layers} layers, hidden {a.hidden}, {a.heads}/{a.heads // 2} heads, ffn {a.hidden * 3}, "
              f"vocab 1024 (BPE), seq {a.seq_len}; pretrain {a.pretrain_steps} steps of {a.pretrain_micro_batch} sequences at "
              f"lr {a.pretrain_lr}; fine-tune {a.ft_steps} steps of {a.ft_micro_batch} sequences, cosine, warmup "
              f"{a.ft_steps // 20}, no weight decay; LoRA alpha = 2 x rank, q k v o gate up down", "",
-             "| arm | lr (chosen in bold) | train loss, last 10% of steps | final eval loss |", "|---|---|---|---|", *rows, "",
-             "| step | " + " | ".join(f"{arm} eval (lr {best[arm][1]:g})" for arm in arms) + " | " +
+             "| arm | lr (chosen in bold) | final val loss |", "|---|---|---|", *rows, "",
+             "| step | " + " | ".join(f"{arm} val (lr {best[arm]:g})" for arm in arms) + " | " +
              " | ".join(f"{arm} / full" for arm in arms[1:]) + " |", "|" + "---|" * (2 * len(arms))]
     for i, (s, f) in enumerate(ev["full"]):
         ls = [ev[arm][i][1] for arm in arms[1:]]
@@ -289,15 +286,16 @@ def report(a, pre, base, sweep):
                      " | ".join(f"{l / f:.3f}" for l in ls) + " |")
     lines += ["", f"pretraining: final eval loss {records(pre, 'eval')[-1][1]:.4f} on the corpus' last 5%; the base's "
               f"assistant-token eval loss before fine-tuning: {records(base, 'eval')[-1][1]:.4f}"]
+    full = records(held["full"], "eval")[-1][1]
     for arm in arms[1:]:
-        ratio = ev[arm][-1][1] / ev["full"][-1][1]
-        lines.append(f"final assistant-token eval loss: full {ev['full'][-1][1]:.4f}, {arm} {ev[arm][-1][1]:.4f}, ratio "
-                     f"{ratio:.3f} ({'within' if ratio <= 1.05 else 'NOT within'} 5%)")
+        lo = records(held[arm], "eval")[-1][1]
+        lines.append(f"final assistant-token eval loss: full {full:.4f}, {arm} {lo:.4f}, ratio {lo / full:.3f} "
+                     f"({'within' if lo / full <= 1.05 else 'NOT within'} 5%)")
     print("\n".join(lines))
     open(os.path.join(a.dir, "results.md"), "w").write("\n".join(lines) + "\n")
-    run([sys.executable, os.path.join(ROOT, "tools", "plot"), *(os.path.join(best[arm][2], "log.jsonl") for arm in arms),
-         "-o", os.path.join(a.dir, "curves.png"), "--labels", ",".join(f"{arm} lr {best[arm][1]:g}" for arm in arms),
-         "--title", f"assistant-token loss ({a.setup} setup): full fine-tuning vs LoRA (CPU fp32)"])
+    run([sys.executable, os.path.join(ROOT, "tools", "plot"), *(os.path.join(chosen[arm], "log.jsonl") for arm in arms),
+         "-o", os.path.join(a.dir, "curves.png"), "--labels", ",".join(f"{arm} lr {best[arm]:g}" for arm in arms),
+         "--title", f"assistant-token loss ({a.setup} setup, eval points: val rows): full fine-tuning vs LoRA (CPU fp32)"])
 
 
 def chat_rows(path, rows):
@@ -308,40 +306,51 @@ def chat_rows(path, rows):
 
 
 def prepare(a):
-    """The corpus, the instruction sets (train, eval), the tokenizer and the shards under a.dir; returns the
-    pretraining and the fine-tuning (train, eval) shard folders. skills: new skills over a note in the prompt;
-    known: questions whose answers the base pretrained on (towns and trades of a world's people, the play's next
-    line or speaker), eval rows over persons and speeches (the play's last 10%) no train row asks about."""
+    """The corpus, the instruction sets (train, val, eval), the tokenizer and the shards under a.dir; returns the
+    pretraining (train, eval) shard globs and the fine-tuning ones by split. skills: new skills over a note in
+    the prompt, every split drawn alike; known: questions whose answers the base pretrained on (towns and trades
+    of a world's people, the play's next line or speaker); val and eval rows each ask about 10% of the people
+    and 5% of the speeches (the play's end) that no other split asks about."""
     rng = random.Random(1234)
     shakespeare = open(a.source, encoding="utf-8").read()
     n_eval = a.conversations // 20
     if a.setup == "skills":
         world = World(rng, common_words(shakespeare))
         extra = almanac(rng, world, len(shakespeare) * 3 // 7)
-        rows = [conversation(rng, world) for _ in range(a.conversations)]
-        train_rows, eval_rows = rows[:-n_eval], rows[-n_eval:]
     else:
         world, play = World(rng, [], n_people=200, n_towns=24), speeches(shakespeare)
         extra = facts(rng, world, len(shakespeare) * 3 // 7)
         cp, cs = len(world.people) * 4 // 5, len(play) * 9 // 10
-        train_rows = [known_conversation(rng, world.people[:cp], play[:cs]) for _ in range(a.conversations - n_eval)]
-        eval_rows = [known_conversation(rng, world.people[cp:], play[cs:]) for _ in range(n_eval)]
+        hp, hs = (len(world.people) - cp) // 2, (len(play) - cs) // 2
+        pick = {"train": (world.people[:cp], play[:cs]), "val": (world.people[cp:cp + hp], play[cs:cs + hs]),
+                "eval": (world.people[cp + hp:], play[cs + hs:])}
+    rows = {}
+    for split, n in (("train", a.conversations - n_eval), ("val", n_eval), ("eval", n_eval)):
+        rows[split] = [conversation(rng, world) if a.setup == "skills" else known_conversation(rng, *pick[split])
+                       for _ in range(n)]
+        chat_rows(os.path.join(a.dir, f"sft_{split}.jsonl"), rows[split])
     corpus = os.path.join(a.dir, "corpus.txt")
     open(corpus, "w").write(shakespeare + "\n" + extra)
-    chat_rows(os.path.join(a.dir, "sft_train.jsonl"), train_rows)
-    chat_rows(os.path.join(a.dir, "sft_eval.jsonl"), eval_rows)
     tj = tokenizer(os.path.join(a.dir, "tok"), [shakespeare, extra] + [
-        f"<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>\n" for _, u, r in train_rows[:200]])
+        f"<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>\n" for _, u, r in rows["train"][:200]])
     tk = [sys.executable, os.path.join(ROOT, "tools", "tokenize"), "--tokenizer", tj, "--quiet"]
     pre_data = os.path.join(a.dir, "pre_data")
-    r, _ = run(tk + [corpus, "--out", pre_data, "--eval-frac", "0.05"])
+    # documents split at blank lines (the play's speeches, the generated paragraphs), each ended by the EOS
+    # <|im_end|> as pretraining data are: the base knows the token that ends each reply
+    r, _ = run(tk + [corpus, "--doc-sep", "\n\n", "--out", pre_data, "--eval-frac", "0.05"])
     print(r.stdout.strip().splitlines()[-1])
-    sft = []
-    for split in ("train", "eval"):
-        sft.append(os.path.join(a.dir, f"sft_{split}"))
-        r, _ = run(tk + ["--chat", sft[-1] + ".jsonl", "--seq-len", str(a.seq_len), "--out", sft[-1], "--eval-frac", "0"])
+    sft = {}
+    for split in rows:
+        sft[split] = os.path.join(a.dir, f"sft_{split}")
+        r, _ = run(tk + ["--chat", sft[split] + ".jsonl", "--seq-len", str(a.seq_len), "--out", sft[split],
+                         "--eval-frac", "0"])
         print(f"{split}: " + r.stdout.strip().splitlines()[-1], flush=True)
-    return (pre_data + "/train_*.bin", pre_data + "/eval_*.bin"), (sft[0] + "/train_*.bin", sft[1] + "/train_*.bin")
+        sft[split] += "/train_*.bin"
+    digest = hashlib.sha256()
+    for f in [tj, corpus] + [os.path.join(a.dir, f"sft_{split}.jsonl") for split in rows]:
+        digest.update(open(f, "rb").read())
+    a.inputs = digest.hexdigest()[:16]  # in each run.yaml: a finished run is reused only over the same inputs
+    return (pre_data + "/train_*.bin", pre_data + "/eval_*.bin"), sft
 
 
 def floats(s):
@@ -386,17 +395,25 @@ def main():
     if a.pretrain_only:
         return
     init = f"init: {{from: '{os.path.join(pre, 'ckpt', 'export')}'}}\n"
-    sweep = {"full": [(lr, ("full_lr%g" % lr, sft, init, a.ft_steps, lr)) for lr in a.lrs_full]}
-    for r in a.ranks:
-        sweep[f"LoRA r={r}"] = [(lr, (f"lora_r{r}_lr%g" % lr, sft, init + f"lora: {{rank: {r}, alpha: {2 * r}, dropout: 0.0}}\n",
-                                      a.ft_steps, lr)) for lr in a.lrs_lora]
-    # the base's own loss on the eval rows: one step at a learning rate that leaves the weights as they are
-    jobs = [j for runs in sweep.values() for _, j in runs] + [("base", sft, init, 1, 1e-12)]
+    arms = {"full": ("full", init)}
+    for r in a.ranks:  # the merged export: a model the eval run below starts from
+        arms[f"LoRA r={r}"] = (f"lora_r{r}", init + f"lora: {{rank: {r}, alpha: {2 * r}, dropout: 0.0, export: merged}}\n")
+    val, held = (sft["train"], sft["val"]), (sft["train"], sft["eval"])
+    sweep = {arm: [(lr, (f"{n}_lr{lr:g}", val, x, a.ft_steps, lr)) for lr in (a.lrs_full if arm == "full" else a.lrs_lora)]
+             for arm, (n, x) in arms.items()}
     t1 = time.time()
-    run_all(a, jobs)
-    print(f"fine-tunes: {time.time() - t1:.0f} s ({len(jobs)} runs, {a.jobs} at a time)", flush=True)
+    run_all(a, [j for runs in sweep.values() for _, j in runs])
+    best = {arm: min((records(os.path.join(a.dir, j[0]), "eval")[-1][1], lr) for lr, j in runs)[1]
+            for arm, runs in sweep.items()}
+    chosen = {arm: os.path.join(a.dir, f"{n}_lr{best[arm]:g}") for arm, (n, _) in arms.items()}
+    # the eval rows' loss of the base and of each chosen run's final weights: one step at a learning rate that
+    # leaves the weights as they are
+    run_all(a, [(f"eval_{n}", held, f"init: {{from: '{chosen[arm]}/ckpt/export'}}\n", 1, 1e-12)
+                for arm, (n, _) in arms.items()] + [("base", held, init, 1, 1e-12)])
+    print(f"fine-tunes: {time.time() - t1:.0f} s", flush=True)
     report(a, pre, os.path.join(a.dir, "base"),
-           {arm: [(lr, os.path.join(a.dir, j[0])) for lr, j in runs] for arm, runs in sweep.items()})
+           {arm: [(lr, os.path.join(a.dir, j[0])) for lr, j in runs] for arm, runs in sweep.items()}, best, chosen,
+           {arm: os.path.join(a.dir, f"eval_{n}") for arm, (n, _) in arms.items()})
 
 
 if __name__ == "__main__":
