@@ -27,11 +27,13 @@ $OUT/lora_quality (else --dir):
    rate is the one of the lowest final val loss; the chosen runs' final weights (LoRA: merged) are then scored
    on the eval rows, which play no part in the choice.
 6. report: the sweep (final val loss of every run), the chosen runs' val loss at every eval, their final
-   assistant-token eval loss and the ratio LoRA / full, a table (results.md) and the chosen runs' curves (curves.png, tools/plot).
+   assistant-token eval loss and the ratio LoRA / full, a table (results.md) and the chosen runs' curves
+   (curves.png, tools/plot).
 --skip-pretrain reuses DIR/pretrain; a run whose folder holds a finished run of the same run.yaml is reused,
-so a rerun with more ranks or rates runs only the new ones. Cost on this 2-core machine: pretraining 800 x 4 x
-256 tokens at 2 threads about 1,650 tokens/s; each fine-tune (one thread, two side by side) 300 x 4 x 256
-tokens plus 10 evaluations of 16 x 4 x 256."""
+so a rerun with more ranks or rates runs only the new ones. Cost on this 2-core machine shared with other jobs
+(load 4-7): pretraining (800 x 4 x 256 tokens, 2 threads) 26 minutes; the 6-run sweep (300 x 4 x 256 tokens
+each plus 10 evaluations of 16 x 4 x 256, one thread each, 3 side by side) about 35 minutes; one pair of runs
+side by side on an idle machine about 5 minutes."""
 import argparse
 import hashlib
 import json
