@@ -38,7 +38,7 @@ void qt_chunk_pipe_back(qt_chunk_pipe *p);
 void qt_chunk_pipe_end(qt_chunk_pipe *p, cudaStream_t s);
 
 /* One buffer each way: the next slot with `up` bytes (<= slot_bytes) copied into it from host, s waiting
- * for them (up 0: nothing copied, a test mutant's slot holds what it held); then `bytes` of the slot back to
+ * for them (up 0: nothing copied, the slot holds what it held); then `bytes` of the slot back to
  * host after s's work. */
 void *qt_chunk_pipe_up(qt_chunk_pipe *p, const void *host, size_t up, cudaStream_t s);
 void qt_chunk_pipe_down(qt_chunk_pipe *p, void *host, size_t bytes, cudaStream_t s);

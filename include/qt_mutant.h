@@ -1,29 +1,9 @@
-/* qt_mutant.h — planted bugs that show a test can fail: compiled only into the mutant build
- * (`make MUTANTS=1`, -DQT_MUTANTS, build-mutants/). A release build compiles none of them: nothing of
- * them is in its binaries.
- *
- * The library's planted code, every mention of a QT_MUT_ name and every qt_mutant_on call sit inside
- * `#ifdef QT_MUTANTS ... #endif` (tools/mutant_guard.py, `make check-layers`, checks src/, cuda/, comm/).
- * The release statement stays as it is; the block either holds the planted alternative:
- *
- *     #ifdef QT_MUTANTS
- *         if (qt_mutant_on(QT_MUT_X)) offset = 0.0f;
- *     #endif
- *
- * or sets a local that the release statement reads (0 in a release build):
- *
- *     int no_wait = 0;
- *     #ifdef QT_MUTANTS
- *         no_wait = qt_mutant_on(QT_MUT_X);
- *     #endif
- *         if (!no_wait) QT_CUDA(cudaStreamWaitEvent(...));
- *
- * qt_mutant_on exists only in the mutant build, so a use outside such a block fails a release build. A
- * mutant test (tests/, it SKIPs in a release build) picks one with qt_mutant_set before it creates the
- * engine, runs, and expects other bits (or a failed run) than without it. One mutant at a time,
- * process-wide. The enum is visible to both builds (the tests' case tables name mutants). */
+/* qt_mutant.h — the planted bugs of the test build (`make MUTANTS=1`, -DQT_MUTANTS, build-mutants/), all of
+ * this header inside #ifdef QT_MUTANTS: a release build sees none of it (tools/mutant_guard.py says how library
+ * code uses it; tests/qt_test.h takes the names for its case tables). */
 #ifndef QT_MUTANT_H
 #define QT_MUTANT_H
+#ifdef QT_MUTANTS
 
 typedef enum {
     QT_MUT_NONE = 0,
@@ -78,11 +58,10 @@ typedef enum {
     QT_MUT_COUNT
 } qt_mutant;
 
-#ifdef QT_MUTANTS
 /* Makes m the planted bug in force (QT_MUT_NONE: none); src/core/test_hooks.c. */
 void qt_mutant_set(qt_mutant m);
 /* 1 when m is the planted bug in force: the library's query, inside #ifdef QT_MUTANTS only. */
 int qt_mutant_on(qt_mutant m);
-#endif
 
+#endif
 #endif

@@ -125,7 +125,7 @@ double qt_plan_auto_elem_bps(const qt_probe *pr);
 #define QT_PLAN_NF4_HBM_FRAC 0.75
 /* The LoRA adapter kernels (cuda/lora.cu) move their bytes at this fraction of the elementwise rate: they re-read A
  * or B from the cache per group of token rows and sum over the tokens in chunks. Fitted on the H200's 7B bf16-base
- * row (7,580 tokens/s, bench/RESULTS.md section 15); the NF4 base's row at 24 GiB, held out, lands within
+ * row (7,580 tokens/s, bench/RESULTS.md's LoRA speed table); the NF4 base's row at 24 GiB, held out, lands within
  * tests/test_plan_lora's bound. */
 #define QT_PLAN_LORA_ADAPTER_EFF 0.089
 /* The step of a LoRA run (cfg->lora.rank > 0; qt_plan_auto_cost_parts hands it on): the frozen base's forward and

@@ -2,7 +2,7 @@
  * small-model overrides that tests and benches set through qt_test_hooks_set. Never read from the
  * environment or a config; a production run leaves them all zero (off). Process-wide: set them before
  * creating the engine they should affect. The planted bugs that show a test can fail are not hooks: they
- * exist in the mutant build only (qt_mutant.h). */
+ * exist in the test build only (qt_mutant.h). */
 #ifndef QT_TEST_HOOKS_H
 #define QT_TEST_HOOKS_H
 

@@ -5,12 +5,28 @@ Reads the C/CUDA sources and headers of src/, cuda/ and comm/ (or the DIRs given
 prints each line that names a mutant (a QT_MUT_ name, qt_mutant_on, qt_mutant_set) outside a block
 compiled only with QT_MUTANTS: `#ifdef QT_MUTANTS`, `#if defined(QT_MUTANTS)` or the #else of
 `#ifndef QT_MUTANTS`, nested #if blocks included (qt_mutant.h). Comments count too: a mutant's name
-belongs to the mutant build. Exits 1 when there is such a line."""
+belongs to the mutant build. Exits 1 when there is such a line.
+
+The library's pattern: the release statement stays as it is; the block either holds the planted alternative
+
+    #ifdef QT_MUTANTS
+        if (qt_mutant_on(QT_MUT_X)) offset = 0.0f;
+    #endif
+
+or sets a local that the release statement reads (0 in a release build):
+
+    int no_wait = 0;
+    #ifdef QT_MUTANTS
+        no_wait = qt_mutant_on(QT_MUT_X);
+    #endif
+        if (!no_wait) QT_CUDA(cudaStreamWaitEvent(...));
+
+qt_mutant.h itself is all inside #ifdef QT_MUTANTS, so any use outside such a block fails a release build."""
 import glob
 import re
 import sys
 
-DIRS = ("src", "cuda", "comm")
+DIRS = ("src", "cuda", "comm", "include")
 EXTS = ("c", "h", "cu", "cuh")
 MENTION = re.compile(r"\bQT_MUT_\w+|\bqt_mutant_(on|set)\b")
 ON = re.compile(r"#\s*(ifdef\s+QT_MUTANTS|if\s+defined\s*\(?\s*QT_MUTANTS\s*\)?)\s*(/[*/].*)?$")

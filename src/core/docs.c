@@ -2,7 +2,9 @@
 #include "qt_docs.h"
 
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 
 int qt_docs_expand(const qt_docs *d, int n, int T, int32_t *kv_lo, int32_t *pos, char *err, size_t errlen) {
     for (int b = 0; b < n; b++) {

@@ -1,10 +1,12 @@
-/* test_hooks.c — the process's test-only switches (see qt_test_hooks.h) and, in the mutant build only, the
- * planted bug in force (qt_mutant.h). */
+/* test_hooks.c — the process's test-only switches (see qt_test_hooks.h) and, in the test build with
+ * QT_MUTANTS only, the planted bug in force (qt_mutant.h). */
 #include "qt_test_hooks.h"
 
 #include <string.h>
 
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 
 static qt_test_hooks g_hooks;
 

@@ -8,7 +8,9 @@
 #include <time.h>
 
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_quant.h"
 #include "qt_small_params.h"
 #include "qt_test_hooks.h"

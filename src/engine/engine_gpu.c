@@ -23,7 +23,9 @@
 #include "qt_error.h"
 #include "qt_gpu_model.h"
 #include "qt_matmul.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_pinned.h"
 #include "qt_test_hooks.h"
 

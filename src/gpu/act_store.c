@@ -8,7 +8,9 @@
 
 #include "qt_error.h"
 #include "qt_pinned.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_test_hooks.h"
 
 /* memory.offload_residual's state once started. One copy is in flight at a time (pending): the forward

@@ -27,7 +27,9 @@
 #include "qt_error.h"
 #include "qt_gpu_base.h"
 #include "qt_kernels.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_nf4.h"
 
 typedef struct {

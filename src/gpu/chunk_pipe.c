@@ -9,7 +9,9 @@
 #include <time.h>
 
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_test_hooks.h"
 
 struct qt_chunk_pipe {

@@ -29,7 +29,9 @@
 
 #include "qt_error.h"
 #include "qt_kernels.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_test_hooks.h"
 
 #define AL 256 /* sub-buffer alignment inside the regions */

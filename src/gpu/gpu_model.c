@@ -36,7 +36,9 @@
 #include "qt_error.h"
 #include "qt_gpu_base.h"
 #include "qt_gpu_lora.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_rope.h"
 #include "qt_test_hooks.h"
 

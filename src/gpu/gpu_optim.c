@@ -15,7 +15,9 @@
 
 #include "qt_chunk_pipe.h"
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 
 
 typedef struct {

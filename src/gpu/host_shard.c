@@ -6,7 +6,9 @@
 #include "qt_chunk_pipe.h"
 #include "qt_error.h"
 #include "qt_kernels.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 
 struct qt_host_shard {
     qt_chunk_pipe *pipe; /* owned */

@@ -9,7 +9,9 @@
 #include <time.h>
 
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 
 typedef struct {
     char *alloc;          /* the slot's allocation (arena) */

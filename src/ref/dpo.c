@@ -6,7 +6,9 @@
 
 #include "qt_cpu_model.h"
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 
 /* log sigmoid(x), stable for large |x|. */
 static double log_sigmoid(double x) { return x < 0 ? x - log1p(exp(x)) : -log1p(exp(-x)); }

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_nf4.h"
 #include "qt_nf4_tables.h"
 

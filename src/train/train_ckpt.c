@@ -11,7 +11,9 @@
 #include "qt_ckpt_state.h"
 #include "qt_dtype.h"
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 #include "qt_planner.h"
 #include "qt_test_hooks.h"
 

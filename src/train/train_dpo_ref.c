@@ -10,7 +10,9 @@
 
 #include "qt_crc32c.h"
 #include "qt_error.h"
+#ifdef QT_MUTANTS
 #include "qt_mutant.h"
+#endif
 
 /* The identity of the initial weights: the CRC-32C of their fp32 bytes, read from src a chunk at a time. */
 static int model_id(const qt_weight_src *src, char *id, size_t cap, char *err, size_t errlen) {
