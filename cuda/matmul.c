@@ -8,7 +8,8 @@
  *   fp8   D^T[N,M]  = B[N,K] (buffer B, op T) . A^T[K,M] (buffer A, op N)     m=N n=M k=K  "TN"
  * Hence the forward/fp8 bias runs along m (EPILOGUE_BIAS adds one value per row of the col-major D =
  * per column of the row-major output) and wgrad's bias gradient reduces B = dY over k (BGRADB).
- * Compute fp32 (CUBLAS_COMPUTE_32F), alpha = 1, beta = 0 or 1 (accumulate into the output). */
+ * Compute fp32 (CUBLAS_COMPUTE_32F), alpha = 1 (the _ld forms: the caller's), beta = 0 or 1 (accumulate into the
+ * output). */
 #include "qt_matmul.h"
 
 #include <cublasLt.h>
@@ -43,6 +44,7 @@ typedef struct { /* the pointers of one call */
     void *d;
     const void *bias;
     const float *sa, *sb;
+    float alpha; /* the product's scale (1 but for the _ld forms) */
     int accumulate;
     cudaStream_t s;
 } mm_call;
@@ -126,8 +128,8 @@ static cublasStatus_t mm_launch(qt_matmul_ctx *c, mm_plan *p, const mm_call *k, 
         set_desc(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &k->sa, sizeof k->sa);
         set_desc(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &k->sb, sizeof k->sb);
     }
-    float one = 1.0f, beta = k->accumulate ? 1.0f : 0.0f;
-    return cublasLtMatmul(c->lt, p->desc, &one, k->a, p->la, k->b, p->lb, &beta, d, p->ld, d, p->ld, algo, c->ws,
+    float beta = k->accumulate ? 1.0f : 0.0f;
+    return cublasLtMatmul(c->lt, p->desc, &k->alpha, k->a, p->la, k->b, p->lb, &beta, d, p->ld, d, p->ld, algo, c->ws,
                           c->ws_bytes, k->s);
 }
 
@@ -427,13 +429,14 @@ static void check_out_type(qt_dtype t, const char *fn) {
     QT_CHECK(t == QT_DT_BF16 || t == QT_DT_F32, "%s: output dtype %s: expected bf16 or fp32", fn, qt_dtype_name(t));
 }
 
-void qt_matmul_fwd(qt_matmul_ctx *c, void *y, qt_dtype ydt, const void *x, const void *w, const void *bias, long N,
-                   int I, int O, int accumulate, cudaStream_t s) {
-    check_out_type(ydt, "qt_matmul_fwd");
-    mm_call k = {.a = w, .b = x, .d = y, .bias = bias, .accumulate = accumulate, .s = s};
+/* The three bf16 products with every operand's row stride and the product's scale alpha (the public forms below
+ * pass dense strides and alpha 1). */
+static void fwd(qt_matmul_ctx *c, void *y, qt_dtype ydt, long ldy, const void *x, long ldx, const void *w,
+                const void *bias, long N, int I, int O, float alpha, int accumulate, cudaStream_t s) {
+    mm_call k = {.a = w, .b = x, .d = y, .bias = bias, .alpha = alpha, .accumulate = accumulate, .s = s};
     mm_key key;
     memset(&key, 0, sizeof key);
-    key_shape(&key, 1, 0, O, N, I, I, I, O, &k);
+    key_shape(&key, 1, 0, O, N, I, I, ldx, ldy, &k);
     key.atype = key.btype = CUDA_R_16BF;
     key.dtype = cuda_type(ydt);
     key.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
@@ -441,26 +444,24 @@ void qt_matmul_fwd(qt_matmul_ctx *c, void *y, qt_dtype ydt, const void *x, const
     run(c, &key, &k);
 }
 
-void qt_matmul_dgrad(qt_matmul_ctx *c, void *dx, qt_dtype dxdt, const void *dy, const void *w, long N, int I, int O,
-                     int accumulate, cudaStream_t s) {
-    check_out_type(dxdt, "qt_matmul_dgrad");
-    mm_call k = {.a = w, .b = dy, .d = dx, .accumulate = accumulate, .s = s};
+static void dgrad(qt_matmul_ctx *c, void *dx, qt_dtype dxdt, long lddx, const void *dy, long lddy, const void *w, long N,
+                  int I, int O, float alpha, int accumulate, cudaStream_t s) {
+    mm_call k = {.a = w, .b = dy, .d = dx, .alpha = alpha, .accumulate = accumulate, .s = s};
     mm_key key;
     memset(&key, 0, sizeof key);
-    key_shape(&key, 0, 0, I, N, O, I, O, I, &k);
+    key_shape(&key, 0, 0, I, N, O, I, lddy, lddx, &k);
     key.atype = key.btype = CUDA_R_16BF;
     key.dtype = cuda_type(dxdt);
     key.epi = CUBLASLT_EPILOGUE_DEFAULT;
     run(c, &key, &k);
 }
 
-int qt_matmul_wgrad(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, void *dbias, const void *dy, const void *x, long N,
-                    int I, int O, int accumulate, cudaStream_t s) {
-    check_out_type(dwdt, "qt_matmul_wgrad");
-    mm_call k = {.a = x, .b = dy, .d = dw, .bias = dbias, .accumulate = accumulate, .s = s};
+static int wgrad(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, void *dbias, const void *dy, long lddy, const void *x,
+                 long ldx, long N, int I, int O, float alpha, int accumulate, cudaStream_t s) {
+    mm_call k = {.a = x, .b = dy, .d = dw, .bias = dbias, .alpha = alpha, .accumulate = accumulate, .s = s};
     mm_key key;
     memset(&key, 0, sizeof key);
-    key_shape(&key, 0, 1, I, O, N, I, O, I, &k);
+    key_shape(&key, 0, 1, I, O, N, ldx, lddy, I, &k);
     key.atype = key.btype = CUDA_R_16BF;
     key.dtype = cuda_type(dwdt);
     key.bias_type = key.dtype;
@@ -473,6 +474,53 @@ int qt_matmul_wgrad(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, void *dbias, cons
     k.bias = NULL;
     run(c, &key, &k);
     return 0;
+}
+
+void qt_matmul_fwd(qt_matmul_ctx *c, void *y, qt_dtype ydt, const void *x, const void *w, const void *bias, long N,
+                   int I, int O, int accumulate, cudaStream_t s) {
+    check_out_type(ydt, "qt_matmul_fwd");
+    fwd(c, y, ydt, O, x, I, w, bias, N, I, O, 1.0f, accumulate, s);
+}
+
+void qt_matmul_dgrad(qt_matmul_ctx *c, void *dx, qt_dtype dxdt, const void *dy, const void *w, long N, int I, int O,
+                     int accumulate, cudaStream_t s) {
+    check_out_type(dxdt, "qt_matmul_dgrad");
+    dgrad(c, dx, dxdt, I, dy, O, w, N, I, O, 1.0f, accumulate, s);
+}
+
+int qt_matmul_wgrad(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, void *dbias, const void *dy, const void *x, long N,
+                    int I, int O, int accumulate, cudaStream_t s) {
+    check_out_type(dwdt, "qt_matmul_wgrad");
+    return wgrad(c, dw, dwdt, dbias, dy, O, x, I, N, I, O, 1.0f, accumulate, s);
+}
+
+/* A row stride below the row's length would overlap the rows. */
+static void check_ld(long ld, int len, const char *fn, const char *what) {
+    QT_CHECK(ld >= len, "%s: %s row stride %ld below its row length %d", fn, what, ld, len);
+}
+
+void qt_matmul_fwd_ld(qt_matmul_ctx *c, void *y, qt_dtype ydt, long ldy, const void *x, long ldx, const void *w, long N,
+                      int I, int O, float alpha, int accumulate, cudaStream_t s) {
+    check_out_type(ydt, "qt_matmul_fwd_ld");
+    check_ld(ldy, O, "qt_matmul_fwd_ld", "y");
+    check_ld(ldx, I, "qt_matmul_fwd_ld", "x");
+    fwd(c, y, ydt, ldy, x, ldx, w, NULL, N, I, O, alpha, accumulate, s);
+}
+
+void qt_matmul_dgrad_ld(qt_matmul_ctx *c, void *dx, qt_dtype dxdt, long lddx, const void *dy, long lddy, const void *w,
+                        long N, int I, int O, float alpha, int accumulate, cudaStream_t s) {
+    check_out_type(dxdt, "qt_matmul_dgrad_ld");
+    check_ld(lddx, I, "qt_matmul_dgrad_ld", "dx");
+    check_ld(lddy, O, "qt_matmul_dgrad_ld", "dy");
+    dgrad(c, dx, dxdt, lddx, dy, lddy, w, N, I, O, alpha, accumulate, s);
+}
+
+void qt_matmul_wgrad_ld(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, const void *dy, long lddy, const void *x, long ldx,
+                        long N, int I, int O, float alpha, int accumulate, cudaStream_t s) {
+    check_out_type(dwdt, "qt_matmul_wgrad_ld");
+    check_ld(lddy, O, "qt_matmul_wgrad_ld", "dy");
+    check_ld(ldx, I, "qt_matmul_wgrad_ld", "x");
+    wgrad(c, dw, dwdt, NULL, dy, lddy, x, ldx, N, I, O, alpha, accumulate, s);
 }
 
 void qt_matmul_fp8(qt_matmul_ctx *c, void *d, qt_dtype ddt, const void *a, qt_dtype adt, const float *a_scale,
@@ -497,7 +545,7 @@ void qt_matmul_fp8(qt_matmul_ctx *c, void *d, qt_dtype ddt, const void *a, qt_dt
              (const void *)b_scale);
     check_out_type(ddt, "qt_matmul_fp8");
     /* cuBLASLt's A is our B (see the mapping at the top), so the scales swap too. */
-    mm_call k = {.a = b, .b = a, .d = d, .bias = bias, .sa = b_scale, .sb = a_scale, .accumulate = accumulate, .s = s};
+    mm_call k = {.a = b, .b = a, .d = d, .bias = bias, .sa = b_scale, .sb = a_scale, .alpha = 1.0f, .accumulate = accumulate, .s = s};
     mm_key key;
     memset(&key, 0, sizeof key);
     key_shape(&key, 1, 0, N, M, K, K, K, N, &k);

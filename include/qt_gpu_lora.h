@@ -1,12 +1,14 @@
 /* qt_gpu_lora.h — LoRA adapters on one GPU (qt_lora.h's layout): their fp32 weights, gradients and AdamW
- * moments, the kept u = xd A^T of every module, and the calls the model makes beside its block matmuls.
+ * moments, their bf16 copy (the GEMMs' operands), the kept u = xd A^T of every module, and the calls the model makes
+ * beside its block matmuls.
  *
  * The model (qt_gpu_model) runs each block matmul on the frozen base, then: forward qt_gpu_lora_fwd (y += the
  * site's adapter terms), backward qt_gpu_lora_bwd_w before the base's dgrad (the adapter gradients, which read
  * the matmul's input: the down projection's dgrad writes over it) and qt_gpu_lora_bwd_x after it (dx += the
  * adapter term). The dropout masks are the CPU engine's (qt_lora_mask_seed of the step and micro-batch that
- * qt_gpu_lora_set_batch names). Its device rows: "LoRA adapters (fp32)", "LoRA gradients (fp32)",
- * "LoRA adam m, v (fp32)", "LoRA activations (fp32)". */
+ * qt_gpu_lora_set_batch names). Whoever writes the fp32 adapters (init, AdamW, a loaded checkpoint, an imported
+ * adapter) calls qt_gpu_lora_refresh before the next forward. Its device rows: "LoRA adapters (fp32)", "LoRA
+ * adapters (bf16 copy)", "LoRA gradients (fp32)", "LoRA adam m, v (fp32)", "LoRA activations (bf16)". */
 #ifndef QT_GPU_LORA_H
 #define QT_GPU_LORA_H
 
@@ -15,6 +17,7 @@
 
 #include "qt_cuda_types.h"
 #include "qt_lora.h"
+#include "qt_matmul.h"
 #include "qt_mem_plan.h"
 #include "qt_plan.h"
 
@@ -22,9 +25,13 @@ typedef struct qt_gpu_lora {
     qt_lora_layout A;   /* owned */
     long N;             /* tokens per micro-batch */
     float *a, *ga, *m, *v; /* device [A.numel] each: adapters, their gradients (+=), AdamW moments */
-    float *u;           /* device [modules][N][r]: xd A^T of the last forward (the backward's input) */
-    float *g;           /* device [3][N][r]: scale * dy B of each module of the site in the backward (q, k, v at most) */
-    float *part;        /* device: the token sums' partial sums (qt_lora_part_bytes of the widest module) */
+    void *ab;           /* device bf16 [A.numel]: RNE of a (qt_gpu_lora_refresh), what the kernels multiply */
+    void *u;            /* device bf16 [modules][N][r]: xd A^T of the last forward (the backward's input) */
+    void *g;            /* device bf16 [3][N][r]: scale * dy B of each module of the site in the backward (q, k, v at
+                         * most) */
+    void *xs;           /* device: the kernels' dropout scratch (qt_lora_ws_bytes of the widest input); NULL when
+                         * lora.dropout is 0 */
+    qt_matmul_ctx *mm;  /* the model's matmul context (not owned): every adapter GEMM goes through it */
     float *norm, *clip; /* device scalars: the adapters' gradient norm and clip scale */
     void *ws;           /* device: qt_grad_norm's workspace */
     struct qt_adamw_plan *opt; /* one entry per adapter tensor, all decayed */
@@ -38,9 +45,11 @@ typedef struct qt_gpu_lora {
 qt_gpu_lora *qt_gpu_lora_create(const qt_layout *L, const qt_plan *pl, long N, char *err, size_t errlen);
 /* Adds its rows to p (sizing pass) or takes its buffers (second pass). */
 void qt_gpu_lora_carve(qt_gpu_lora *gl, qt_mem_plan *p);
-/* Once the arena exists: PEFT's init (qt_lora_init of seed), gradients and moments zeroed; on s,
- * synchronised. */
-void qt_gpu_lora_init(qt_gpu_lora *gl, cudaStream_t s);
+/* Once the arena exists: PEFT's init (qt_lora_init of seed) and its bf16 copy, gradients and moments zeroed; on s,
+ * synchronised. mm: the matmul context the kernels use from then on (the caller's, outliving gl). */
+void qt_gpu_lora_init(qt_gpu_lora *gl, qt_matmul_ctx *mm, cudaStream_t s);
+/* The bf16 copy ab = RNE(a), on s: after every write of a. */
+void qt_gpu_lora_refresh(qt_gpu_lora *gl, cudaStream_t s);
 void qt_gpu_lora_free(qt_gpu_lora *gl);
 /* The 1-based optimizer step and micro-batch index the next forward and backward draw their masks for; step < 0:
  * no dropout (evaluation, logits). */
@@ -61,7 +70,7 @@ void qt_gpu_lora_bwd_a(qt_gpu_lora *gl, int l, int site, const void *x, cudaStre
 void qt_gpu_lora_bwd_x(qt_gpu_lora *gl, int l, int site, void *dx, cudaStream_t s);
 
 /* The norm of the adapter gradients, clipped to grad_clip, AdamW at step t (weight decay on every adapter, as
- * torch over PEFT's parameters), gradients zeroed; on s. The norm stays in gl->norm. */
+ * torch over PEFT's parameters), the bf16 copy refreshed, gradients zeroed; on s. The norm stays in gl->norm. */
 void qt_gpu_lora_opt_step(qt_gpu_lora *gl, const qt_plan_optimizer *o, float lr, long t, cudaStream_t s);
 
 #endif

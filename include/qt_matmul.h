@@ -70,6 +70,20 @@ void qt_matmul_dgrad(qt_matmul_ctx *c, void *dx, qt_dtype dxdt, const void *dy, 
  * for the shape, dbias is untouched and the caller reduces dY itself. Returns 0 when dbias is NULL. */
 int qt_matmul_wgrad(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, void *dbias, const void *dy, const void *x,
                     long N, int I, int O, int accumulate, cudaStream_t s);
+/* The same three products on strided operands, the product scaled by alpha (fp32, before the accumulate):
+ *   fwd_ld    Y[N,O]  (=|+=) alpha * X[N,I] . W[O,I]^T
+ *   dgrad_ld  dX[N,I] (=|+=) alpha * dY[N,O] . W[O,I]
+ *   wgrad_ld  dW[O,I] (=|+=) alpha * dY[N,O]^T . X[N,I]
+ * Row n of a strided operand starts ld elements after row n-1 (ld >= its row length), so a column block of a wider
+ * buffer (rows [row0, row0 + O) of a fused output [N, ld]) is its first element and the buffer's width; the
+ * other columns are neither read nor written. W and dW are dense. Each stride is part of the plan's key (the
+ * pick record's too). Types, rounding and autotuning as the dense forms. */
+void qt_matmul_fwd_ld(qt_matmul_ctx *c, void *y, qt_dtype ydt, long ldy, const void *x, long ldx, const void *w, long N,
+                      int I, int O, float alpha, int accumulate, cudaStream_t s);
+void qt_matmul_dgrad_ld(qt_matmul_ctx *c, void *dx, qt_dtype dxdt, long lddx, const void *dy, long lddy, const void *w,
+                        long N, int I, int O, float alpha, int accumulate, cudaStream_t s);
+void qt_matmul_wgrad_ld(qt_matmul_ctx *c, void *dw, qt_dtype dwdt, const void *dy, long lddy, const void *x, long ldx,
+                        long N, int I, int O, float alpha, int accumulate, cudaStream_t s);
 /* D[M,N] = (sa*A[M,K]) . (sb*B[N,K])^T (+ bias[N], bf16) (+ D when accumulate). a, b e4m3 or e5m2
  * (not both e5m2); a_scale, b_scale: DEVICE pointers to one fp32 each (NULL: 1). d of ddt (bf16 or
  * fp32). fast_accum: Hopper's fp8 fast accumulation (no periodic fp32 promotion). M, N and K % 16 == 0

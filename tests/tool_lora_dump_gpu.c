@@ -46,6 +46,7 @@ int main(int argc, char **argv) {
     cudaMemcpy(g->tok, in, N * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(g->tgt, tgt, N * 4, cudaMemcpyHostToDevice);
     cudaDeviceSynchronize(); /* the model's stream is non-blocking: the legacy stream's copies order nothing on it */
+    qt_gpu_lora_refresh(gl, g->stream); /* the imported adapters into the kernels' bf16 copy */
     qt_gpu_lora_set_batch(gl, 1, 0);
     qt_gpu_step_args sa = {qt_loss_scale(1, 1, N), 1, 0, NULL};
     qt_gpu_model_step(g, &sa);

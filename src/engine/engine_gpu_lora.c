@@ -178,6 +178,7 @@ static int glora_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t e
     QT_CUDA(cudaMemcpy(e->gl->a, e->ha, bytes, cudaMemcpyHostToDevice));
     QT_CUDA(cudaMemcpy(e->gl->m, e->hm, bytes, cudaMemcpyHostToDevice));
     QT_CUDA(cudaMemcpy(e->gl->v, e->hv, bytes, cudaMemcpyHostToDevice));
+    qt_gpu_lora_refresh(e->gl, e->g->stream);
     e->t = t;
     return 0;
 }

@@ -1,5 +1,6 @@
 /* gpu_lora.c — LoRA adapters on one GPU (qt_gpu_lora.h): their buffers in the model's memory plan, the module
- * kernels (cuda/lora.cu) called per site beside the base matmuls, and AdamW over the adapter array. */
+ * kernels (cuda/lora.cu) called per site beside the base matmuls on the adapters' bf16 copy, and AdamW over the
+ * adapter array. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,32 +28,38 @@ qt_gpu_lora *qt_gpu_lora_create(const qt_layout *L, const qt_plan *pl, long N, c
 void qt_gpu_lora_carve(qt_gpu_lora *gl, qt_mem_plan *p) {
     size_t n = gl->A.numel, nm = (size_t)gl->A.n_layers * gl->A.per_layer, r = (size_t)gl->A.cfg.rank;
     gl->a = qt_mem_plan_carve(p, "LoRA adapters (fp32)", n * 4);
+    gl->ab = qt_mem_plan_carve(p, "LoRA adapters (bf16 copy)", n * 2);
     gl->ga = qt_mem_plan_carve(p, "LoRA gradients (fp32)", n * 4);
     gl->m = qt_mem_plan_carve(p, "LoRA adam m, v (fp32)", n * 4);
     gl->v = qt_mem_plan_carve(p, "LoRA adam m, v (fp32)", n * 4);
-    gl->u = qt_mem_plan_carve(p, "LoRA activations (fp32)", nm * gl->N * r * 4);
-    gl->g = qt_mem_plan_carve(p, "LoRA activations (fp32)", 3 * gl->N * r * 4);
-    int dim = 0;
+    gl->u = qt_mem_plan_carve(p, "LoRA activations (bf16)", nm * gl->N * r * 2);
+    gl->g = qt_mem_plan_carve(p, "LoRA activations (bf16)", 3 * gl->N * r * 2);
+    int in = 0;
     for (int i = 0; i < gl->A.per_layer; i++) /* every layer's modules are layer 0's */
-        dim = gl->A.mods[i].in > dim ? gl->A.mods[i].in : gl->A.mods[i].out > dim ? gl->A.mods[i].out : dim;
-    gl->part = qt_mem_plan_carve(p, "LoRA activations (fp32)", qt_lora_part_bytes(dim, (int)r));
+        in = gl->A.mods[i].in > in ? gl->A.mods[i].in : in;
+    size_t xs = qt_lora_ws_bytes(gl->N, in, gl->A.cfg.dropout);
+    gl->xs = xs ? qt_mem_plan_carve(p, "LoRA activations (bf16)", xs) : NULL;
     gl->norm = qt_mem_plan_carve(p, "scratch: gradients", 4);
     gl->clip = qt_mem_plan_carve(p, "scratch: gradients", 4);
     gl->ws = qt_mem_plan_carve(p, "scratch: gradients", qt_grad_norm_ws_bytes());
 }
 
-void qt_gpu_lora_init(qt_gpu_lora *gl, cudaStream_t s) {
+void qt_gpu_lora_init(qt_gpu_lora *gl, qt_matmul_ctx *mm, cudaStream_t s) {
     size_t n = gl->A.numel;
+    gl->mm = mm;
     float *h = malloc(n * sizeof *h);
     QT_CHECK(h, "out of host memory for %zu adapter parameters", n);
     qt_lora_init(&gl->A, h, gl->seed);
     QT_CUDA(cudaMemcpyAsync(gl->a, h, n * 4, cudaMemcpyHostToDevice, s));
+    qt_gpu_lora_refresh(gl, s);
     qt_zero(gl->ga, n * 4, s);
     qt_zero(gl->m, n * 4, s);
     qt_zero(gl->v, n * 4, s);
     QT_CUDA(cudaStreamSynchronize(s));
     free(h);
 }
+
+void qt_gpu_lora_refresh(qt_gpu_lora *gl, cudaStream_t s) { qt_cast_f32_to_bf16(gl->ab, gl->a, gl->A.numel, s); }
 
 void qt_gpu_lora_free(qt_gpu_lora *gl) {
     if (!gl) return;
@@ -74,15 +81,20 @@ static uint64_t mseed(const qt_gpu_lora *gl, int l, const qt_lora_module *md) {
     return qt_lora_mask_seed(gl->seed, gl->step, gl->micro, l, md->target);
 }
 
+/* The bf16 copy of adapter tensor offset off (A or B of a module). */
+static const void *ab(const qt_gpu_lora *gl, size_t off) { return (const char *)gl->ab + off * 2; }
+/* Module i's u [N, r] (bf16), and the site's j-th module's g [N, r] (bf16). */
+static void *u_of(const qt_gpu_lora *gl, int i) { return (char *)gl->u + (size_t)i * gl->N * gl->A.cfg.rank * 2; }
+static void *g_of(const qt_gpu_lora *gl, int j) { return (char *)gl->g + (size_t)j * gl->N * gl->A.cfg.rank * 2; }
+
 void qt_gpu_lora_fwd(qt_gpu_lora *gl, int l, int site, const void *x, void *y, cudaStream_t s) {
     if (gl->off) return;
     int r = gl->A.cfg.rank;
     for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
         const qt_lora_module *md = &gl->A.mods[i];
         if ((int)md->site != site) continue;
-        float *u = gl->u + (size_t)i * gl->N * r;
-        qt_lora_down_fwd(u, x, gl->a + md->a, gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
-        qt_lora_up_fwd(y, u, gl->a + md->b, gl->N, md->out, r, md->out_row0, md->out_ld, gl->A.scale, s);
+        qt_lora_down_fwd(gl->mm, u_of(gl, i), gl->xs, x, ab(gl, md->a), gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
+        qt_lora_up_fwd(gl->mm, y, u_of(gl, i), ab(gl, md->b), gl->N, md->out, r, md->out_row0, md->out_ld, gl->A.scale, s);
     }
 }
 
@@ -92,9 +104,8 @@ void qt_gpu_lora_bwd_w(qt_gpu_lora *gl, int l, int site, const void *x, const vo
     for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
         const qt_lora_module *md = &gl->A.mods[i];
         if ((int)md->site != site) continue;
-        float *g = gl->g + (size_t)j++ * gl->N * r;
-        qt_lora_bwd_w(g, gl->ga + md->a, gl->ga + md->b, gl->part, dy, gl->u + (size_t)i * gl->N * r, x, gl->a + md->b, gl->N,
-                      md->in, md->out, r, md->out_row0, md->out_ld, gl->A.scale, drop_p(gl), mseed(gl, l, md), s);
+        qt_lora_bwd_w(gl->mm, g_of(gl, j++), gl->ga + md->a, gl->ga + md->b, gl->xs, dy, u_of(gl, i), x, ab(gl, md->b),
+                      gl->N, md->in, md->out, r, md->out_row0, md->out_ld, gl->A.scale, drop_p(gl), mseed(gl, l, md), s);
     }
 }
 
@@ -103,7 +114,7 @@ void qt_gpu_lora_bwd_a(qt_gpu_lora *gl, int l, int site, const void *x, cudaStre
     for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
         const qt_lora_module *md = &gl->A.mods[i];
         if ((int)md->site != site) continue;
-        qt_lora_bwd_a(gl->ga + md->a, gl->part, gl->g + (size_t)j++ * gl->N * r, x, gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
+        qt_lora_bwd_a(gl->mm, gl->ga + md->a, gl->xs, g_of(gl, j++), x, gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
     }
 }
 
@@ -112,8 +123,7 @@ void qt_gpu_lora_bwd_x(qt_gpu_lora *gl, int l, int site, void *dx, cudaStream_t 
     for (int i = l * gl->A.per_layer; i < (l + 1) * gl->A.per_layer; i++) {
         const qt_lora_module *md = &gl->A.mods[i];
         if ((int)md->site != site) continue;
-        qt_lora_bwd_x(dx, gl->g + (size_t)j++ * gl->N * r, gl->a + md->a, gl->N, md->in, r, drop_p(gl),
-                      mseed(gl, l, md), s);
+        qt_lora_bwd_x(gl->mm, dx, gl->xs, g_of(gl, j++), ab(gl, md->a), gl->N, md->in, r, drop_p(gl), mseed(gl, l, md), s);
     }
 }
 
@@ -130,5 +140,6 @@ void qt_gpu_lora_opt_step(qt_gpu_lora *gl, const qt_plan_optimizer *o, float lr,
     qt_grad_norm(gl->norm, gl->clip, gl->ga, QT_DT_F32, gl->A.numel, o->grad_clip, gl->ws, s);
     qt_adamw_args a = {lr, o->beta1, o->beta2, o->eps, t, o->seed, 0, 0, 0, NULL};
     qt_adamw_step(gl->opt, NULL, gl->a, gl->ga, QT_DT_F32, gl->m, QT_DT_F32, gl->v, QT_DT_F32, gl->clip, NULL, &a, s);
+    qt_gpu_lora_refresh(gl, s);
     qt_zero(gl->ga, gl->A.numel * 4, s);
 }

@@ -304,7 +304,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
         qt_gpu_model_free(g);
         return NULL;
     }
-    if (g->lora) qt_gpu_lora_init(g->lora, s);
+    if (g->lora) qt_gpu_lora_init(g->lora, g->mm, s);
     g->timing.start_init_s = now_s() - t0;
     qt_zero(g->head.loss_sum, 8, s);
     rope_tables(g);
