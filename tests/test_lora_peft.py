@@ -18,13 +18,13 @@
    adapters over the unquantized base); skipped without bitsandbytes.
 4. cuda (when QT_DEVICES includes it): part 1 on the GPU model over its frozen bf16 base (tool_lora_dump_gpu, the
    bases with head_dim 64 for cuDNN's attention), with and without dropout (the CPU tool's masks), logits and
-   gradients within test_hf_compare.py's cuda bounds; and part 2 with qtrain training on the GPU (its export
+   gradients within test_hf_compare.py's cuda rule (3e-2, or 4x what bf16 costs PEFT itself); and part 2 with qtrain training on the GPU (its export
    loaded by PEFT reproduces the CPU model's logits of those adapters, <= 1e-5).
 Skips (exit 0) when torch, transformers or peft is missing.
     python3 tests/test_lora_peft.py
     QT_DEVICES=cpu,cuda python3 tests/test_lora_peft.py     (QT_DEVICES=cuda: the cuda cases only)
 """
-import json, os, struct, subprocess, sys, tempfile, zlib
+import copy, json, os, struct, subprocess, sys, tempfile, zlib
 
 BUILD = os.environ.get("BUILD", "build")
 TOOL = os.path.join(BUILD, "tests", "tool_lora_dump")
@@ -94,7 +94,7 @@ class FixedMask(torch.nn.Module):
         self.mask = mask
 
     def forward(self, x):
-        return x * self.mask.reshape(x.shape)
+        return x * self.mask.reshape(x.shape).to(x.dtype)
 
 
 def lora_modules(pm, targets):
@@ -120,6 +120,21 @@ def modules_to_save(kind, extras):
 def peft_name(n):
     """The saved name of a PEFT parameter: no adapter name, no modules_to_save wrapper."""
     return n.replace(".modules_to_save.default", "").replace(".default", "")
+
+
+def bf16_errors(pm, ids, tgt, logits, ref):
+    """What bf16 costs PEFT itself on this model (test_hf_compare.py's rule: the GPU within 4x of it): each
+    tensor's relative L2 error of the same model run in bf16 against the fp32 run (logits, loss, gradients)."""
+    m16 = copy.deepcopy(pm).to(torch.bfloat16)
+    m16.zero_grad()
+    lg16 = m16(input_ids=ids).logits.float()
+    l16 = torch.nn.functional.cross_entropy(lg16.reshape(-1, V), tgt.reshape(-1))
+    l16.backward()
+    lf = logits.detach()
+    e = {"logits": rel(lg16.detach().reshape(lf.shape).numpy(), lf.numpy()), "loss": 0.0}
+    e.update({peft_name(n): rel(p.grad.float().numpy(), ref[peft_name(n)]) for n, p in m16.named_parameters()
+              if p.requires_grad})
+    return e
 
 
 def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp, extras=(), dev="cpu"):
@@ -189,7 +204,8 @@ def check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp, extras=(), dev=
     for n in ref:
         errs[n] = rel(grads[n], ref[n])
     tol = {n: TOL for n in errs} if dev == "cpu" else \
-        {n: TOL_CUDA["logits" if n == "logits" else "loss" if n == "loss" else "grad"] for n in errs}
+        {n: max(TOL_CUDA["logits" if n == "logits" else "loss" if n == "loss" else "grad"], 4 * e16)
+         for n, e16 in bf16_errors(pm, ids, tgt, logits, ref).items()}
     worst = max(errs, key=lambda n: errs[n] / tol[n])
     ok = errs[worst] <= tol[worst]
     print(f"{'PASS' if ok else 'FAIL'} lora_peft_{name}: {len(ref)} gradients, logits {errs['logits']:.1e}, "
