@@ -123,11 +123,10 @@ double qt_plan_auto_elem_bps(const qt_probe *pr);
  * copy ceiling, where the probe measures 4.1 TB/s (bench/RESULTS.md, the NF4 table). */
 #define QT_PLAN_NF4_BYTES (2.5 + 1.0 / 64)
 #define QT_PLAN_NF4_HBM_FRAC 0.75
-/* The LoRA adapter kernels (cuda/lora.cu) move their bytes at this fraction of the elementwise rate: they re-read A
- * or B from the cache per group of token rows and sum over the tokens in chunks. Fitted on the H200's 7B bf16-base
- * row (7,580 tokens/s, bench/RESULTS.md's LoRA speed table); the NF4 base's row at 24 GiB, held out, lands within
- * tests/test_plan_lora's bound. */
-#define QT_PLAN_LORA_ADAPTER_EFF 0.089
+/* The LoRA adapter products (cuda/lora.cu: thin cuBLASLt GEMMs, memory-bound at rank 8-64) move their bytes at this
+ * fraction of the elementwise rate. Fitted on the H200's 7B bf16-base row (18,400 tokens/s, bench/RESULTS.md's LoRA
+ * speed table); the NF4 base's row at 24 GiB, held out, lands within tests/test_plan_lora's bound. */
+#define QT_PLAN_LORA_ADAPTER_EFF 0.81
 /* The step of a LoRA run (cfg->lora.rank > 0; qt_plan_auto_cost_parts hands it on): the frozen base's forward and
  * data-gradient backward, no weight gradient or optimizer over it, the adapters' passes, an NF4 base's dequantizes,
  * AdamW over the adapters and, with ranks, their gradient sum through host memory (src/engine/plan_lora.c). */

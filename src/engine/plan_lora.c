@@ -15,9 +15,10 @@
 #include "qt_lora.h"
 #include "qt_plan_auto.h"
 
-/* A layer's adapter bytes per token (cuda/lora.cu): the forward reads x (2 in) and adds into y's rows (4 out),
- * u [r] fp32 written and read (8 r); the backward's g reads dy (2 out) and writes g (4 r), dB reads dy and u
- * (2 out + 4 r), dA reads x and g (2 in + 4 r), dx reads g and adds into dx (4 in + 4 r). */
+/* A layer's adapter bytes per token (cuda/lora.cu's GEMMs, bf16 operands): the forward's down product reads x
+ * (2 in) and writes u (2 r), its up product reads u (2 r) and adds into y's columns (4 out); the backward's g = dy B
+ * reads dy (2 out) and writes g (2 r), dB reads dy and u (2 out + 2 r), dA reads x and g (2 in + 2 r), dx reads g
+ * and adds into dx (4 in + 2 r). */
 typedef struct {
     double fwd[4], bwd; /* forward bytes per site, backward bytes of all sites */
 } adapter_bytes;
@@ -27,8 +28,8 @@ static adapter_bytes layer_bytes(const qt_lora_layout *A) {
     double r = A->cfg.rank;
     for (int i = 0; i < A->per_layer; i++) { /* layer 0's modules: every layer has the same */
         const qt_lora_module *m = &A->mods[i];
-        b.fwd[m->site] += 2.0 * m->in + 4.0 * m->out + 8 * r;
-        b.bwd += 6.0 * m->in + 4.0 * m->out + 16 * r;
+        b.fwd[m->site] += 2.0 * m->in + 4.0 * m->out + 4 * r;
+        b.bwd += 6.0 * m->in + 4.0 * m->out + 8 * r;
     }
     return b;
 }
