@@ -383,8 +383,7 @@ static double rel_l2(const float *x, const float *y, const float *base, size_t n
  * within 1e-2 relative and the adapters' change and the final logits within 3e-2 relative L2, the bf16 bounds of
  * test_hf_compare.py's cuda case. optim.eps 1 keeps AdamW's update continuous in a gradient that bf16 moves
  * (eps 1e-8 makes it lr * sign(g) for every element, which a rounding flips). */
-static void test_gpu_tracks_cpu(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+static void tracks_cpu(const qt_docs *docs, float **cpu_logits) {
     write_data();
     enum { STEPS = 4 };
     static qt_config c;
@@ -407,6 +406,7 @@ static void test_gpu_tracks_cpu(void) {
         qt_lora_layout_free(&A);
         long NV = (long)c.data.micro_batch * c.data.seq_len * L.cfg.vocab_size;
         a[d] = malloc(numel * 4), logits[d] = malloc(NV * 4);
+        if (docs) QT_REQUIRE(qt_engine_set_docs(e, docs, err, sizeof err) == 0, "%s", err);
         lora_steps(e, STEPS, loss[d], a[d], numel, logits[d]);
         qt_engine_free(e);
     }
@@ -427,8 +427,35 @@ static void test_gpu_tracks_cpu(void) {
     QT_EXPECT(moved > 1e-4, "the adapters did not move (%g)", moved);
     QT_EXPECT(da <= 3e-2, "the adapters' change differs by %.3e relative L2 (bound 3e-2)", da);
     QT_EXPECT(dl <= 3e-2, "the logits differ by %.3e relative L2 (bound 3e-2)", dl);
+    if (cpu_logits && *cpu_logits) { /* the causal CPU run's logits: the documents change them more than bf16 does */
+        double dc = rel_l2(*cpu_logits, logits[0], NULL, NV);
+        printf("  per document vs causal (cpu): logits %.3e relative, 10x cuda vs cpu's %.3e\n", dc, dl);
+        QT_EXPECT(dc > 10 * dl, "the documents move the logits by %.3e only (cuda vs cpu %.3e)", dc, dl);
+    }
+    if (cpu_logits && !*cpu_logits) *cpu_logits = logits[0], logits[0] = NULL;
     free(a0), free(a[0]), free(a[1]), free(logits[0]), free(logits[1]);
     qt_layout_free(&L);
+}
+
+static void test_gpu_tracks_cpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    tracks_cpu(NULL, NULL);
+}
+
+/* The same with packed documents (attention and RoPE positions per document) on both engines: the GPU tracks the
+ * CPU reference within the same bounds, and the documents move the CPU's logits far more than that from the causal
+ * run's (a GPU that ignored them would fail). */
+static void test_gpu_docs_track_cpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    enum { T = 24 };
+    static const int32_t n_starts[3] = {2, 0, 3};
+    int32_t starts[3 * T] = {0};
+    starts[0] = 7, starts[1] = 15, starts[2 * T] = 3, starts[2 * T + 1] = 10, starts[2 * T + 2] = 20;
+    qt_docs d = {starts, n_starts, 1, 1};
+    float *causal = NULL;
+    tracks_cpu(NULL, &causal);
+    tracks_cpu(&d, &causal);
+    free(causal);
 }
 
 /* LoRA with fp8 (e4m3) block matmuls over the base quantized once, and a bf16 backward: 20 steps track the bf16
@@ -554,6 +581,7 @@ int main(void) {
     QT_RUN(test_gpu_refuses);
     QT_RUN(test_gpu_plan_rows);
     QT_RUN(test_gpu_tracks_cpu);
+    QT_RUN(test_gpu_docs_track_cpu);
     QT_RUN(test_gpu_resume_bit_exact);
     QT_RUN(test_gpu_recompute_bitwise);
     QT_RUN(test_gpu_fp8);
