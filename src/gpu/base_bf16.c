@@ -75,5 +75,6 @@ qt_gpu_base *qt_gpu_base_bf16_create(const qt_layout *L) {
 
 qt_gpu_base *qt_gpu_base_create(const qt_layout *L, const qt_plan *pl) {
     if (pl->lora.rank <= 0) return NULL;
-    return pl->lora.base_nf4 ? qt_gpu_base_nf4_create(L) : qt_gpu_base_bf16_create(L);
+    if (pl->weights.host) return qt_gpu_base_nf4_create(L, pl->lora.base_nf4, 1, pl->run.path);
+    return pl->lora.base_nf4 ? qt_gpu_base_nf4_create(L, 1, 0, pl->run.path) : qt_gpu_base_bf16_create(L);
 }
