@@ -19,8 +19,8 @@
  * matrices in slot order (bf16), live in pinned host memory; a fill first copies the block's bytes up on the base's
  * stream (NF4: into a packed slot, then dequantized from there; bf16: straight into the bf16 slot, once the model's
  * stream is past the block there). At load each block goes down from slot 0 (quantized there first, for NF4). A bf16
- * slot places each matrix at its flat offset's alignment (mod 128 elements), so the matmuls see the resident base's
- * pointer alignment and pick its algorithms: streamed trains the resident base's bits.
+ * base places each matrix in its slot and each run of the rest at its flat offset's alignment (mod 128 elements), so
+ * the matmuls see the resident base's pointer alignments and pick its algorithms: streamed trains its bits.
  * Plan rows: "frozen base: NF4 codes", "frozen base: NF4 scales" (streamed: "frozen base: NF4 (pinned host)" and
  * "NF4 streamed layers (packed, 2)"; bf16: "frozen base: bf16 blocks (pinned host)"), "frozen base (bf16 rest)",
  * "NF4 layer slots (bf16, 2)" ("base layer slots (bf16, 2)") and "load staging (fp32)" (with the quantizer's fp32
@@ -292,6 +292,13 @@ static const qt_gpu_base_ops nf4_stream_ops = {"nf4 (block matrices, streamed fr
 static const qt_gpu_base_ops bf16_stream_ops = {"bf16 (block matrices streamed from pinned host)", nf4_carve, nf4_init,
                                                 nf4_w, nf4_get, nf4_free, nf4_layer};
 
+/* The rest array's run of flat [lo, hi) as a region; a bf16 base keeps the resident base's alignment (mod 128). */
+static void rest_run(base_nf4 *s, size_t lo, size_t hi) {
+    if (!s->nf4) s->rest_n += (lo - s->rest_n) % 128;
+    s->reg[s->nreg++] = (region){lo, hi, -1, s->rest_n};
+    s->rest_n += hi - lo;
+}
+
 /* The block matrices in flat order with their sizes and places, and the regions over [0, numel). */
 static void build_tables(base_nf4 *s, const qt_layout *L) {
     int nl = L->cfg.num_layers;
@@ -315,7 +322,7 @@ static void build_tables(base_nf4 *s, const qt_layout *L) {
             while (l < m->layer) s->first[++l] = i;
             slot = 0;
         }
-        if (pos < m->lo) s->reg[s->nreg++] = (region){pos, m->lo, -1, s->rest_n}, s->rest_n += m->lo - pos;
+        if (pos < m->lo) rest_run(s, pos, m->lo);
         if (!s->nf4) slot += (m->lo - slot) % 128; /* the resident base's alignment: slot = lo (mod 128) */
         m->slot = slot;
         s->reg[s->nreg++] = (region){m->lo, m->lo + n, m->layer, slot};
@@ -328,7 +335,7 @@ static void build_tables(base_nf4 *s, const qt_layout *L) {
         m->fsc = s->fsc_n, s->fsc_n += up16((1 + qt_nf4_blocks2((long)n)) * 4) / 4;
     }
     while (l < nl) s->first[++l] = s->nmat;
-    if (pos < L->numel) s->reg[s->nreg++] = (region){pos, L->numel, -1, s->rest_n}, s->rest_n += L->numel - pos;
+    if (pos < L->numel) rest_run(s, pos, L->numel);
 }
 
 /* The streamed store's per-layer byte ranges: NF4's codes, block-scale codes and second-level scales (the resident
