@@ -43,7 +43,8 @@ struct qt_gpu_base {
     const qt_gpu_base_ops *ops;
     const qt_layout *L;    /* borrowed */
     char id[160];          /* "crc32c <hex> numel <n>": the CRC-32C of the fp32 weights as read from the source, the
-                            * identity a LoRA checkpoint records (the CPU LoRA engine's, bit for bit) */
+                            * identity a LoRA checkpoint records (the CPU LoRA engine's, bit for bit); a base drawn on
+                            * the GPU (QT_WSRC_INIT_GPU): "init seed <s> std <x> numel <n>" */
 };
 
 /* The frozen base the plan asks for (plan->lora.rank > 0: lora.base_dtype bf16 or nf4; weights.host: streamed),
@@ -55,6 +56,22 @@ qt_gpu_base *qt_gpu_base_bf16_create(const qt_layout *L);
  * 1 only), the rest in bf16 on the GPU; stream: those matrices in pinned host memory, copied up a layer at a time
  * ahead of use (memory.offload: [weights]); path names the config in messages (borrowed). */
 qt_gpu_base *qt_gpu_base_nf4_create(const qt_layout *L, int nf4, int stream, const char *path);
+
+/* The initial weights a chunk at a time into device staging (base_fill.c): host kinds read on the host (their fp32
+ * bytes into the CRC-32C of the base's id) and copied up; QT_WSRC_INIT_GPU drawn on the GPU (id: seed and std). */
+typedef struct {
+    const qt_weight_src *src; /* borrowed */
+    float *host;              /* [chunk] pageable, the host kinds' (owned); NULL: drawn on the GPU */
+    size_t chunk;
+    uint32_t crc;
+} qt_gpu_wsrc;
+/* A reader of src in chunks of at most `chunk` elements. */
+void qt_gpu_wsrc_open(qt_gpu_wsrc *r, const qt_weight_src *src, size_t chunk);
+/* dev[0, n) = the weights [lo, lo + n), queued on s (chunks in order from 0: the CRC runs over them). 0, or -1 with err
+ * (an HF file that cannot be read). */
+int qt_gpu_wsrc_fill(qt_gpu_wsrc *r, size_t lo, size_t n, float *dev, cudaStream_t s, char *err, size_t errlen);
+/* The base's identity into id ("crc32c <hex> numel <n>", or "init seed <s> std <x> numel <n>"); frees the buffer. */
+void qt_gpu_wsrc_close(qt_gpu_wsrc *r, char *id, size_t cap);
 
 /* A streamed base's per-layer store (base_stream.c): n_parts pinned host arrays, layer l's bytes of part p at
  * [lo[p][l], lo[p][l + 1]), and two device slots that each hold one layer's parts at at[p]. */

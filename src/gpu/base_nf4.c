@@ -31,7 +31,6 @@
 
 #include <cuda_runtime.h>
 
-#include "qt_crc32c.h"
 #include "qt_dtype.h"
 #include "qt_error.h"
 #include "qt_gpu_base.h"
@@ -157,27 +156,22 @@ static int nf4_init(qt_gpu_base *b, const qt_weight_src *src, cudaStream_t st, c
     QT_CUDA(cudaEventCreateWithFlags(&s->past, cudaEventDisableTiming));
     size_t n = b->L->numel;
     if (s->stream && qt_base_host_alloc(&s->hb, s->path, err, errlen)) return -1;
-    float *host = malloc(s->stage_n * sizeof *host);
-    QT_CHECK(host, "out of host memory for the weights' load buffer (%zu floats)", s->stage_n);
-    uint32_t crc = 0;
+    qt_gpu_wsrc rd;
+    qt_gpu_wsrc_open(&rd, src, s->stage_n);
     int r = 0;
     s->cur = -1;
     for (size_t lo = 0; lo < n; lo += s->stage_n) {
         size_t c = n - lo < s->stage_n ? n - lo : s->stage_n;
-        if (qt_weight_src_fill(src, lo, c, host, err, errlen)) {
-            free(host);
+        if (qt_gpu_wsrc_fill(&rd, lo, c, s->staging, st, err, errlen)) {
+            qt_gpu_wsrc_close(&rd, b->id, sizeof b->id);
             return -1;
         }
-        crc = qt_crc32c(crc, host, c * sizeof *host);
-        QT_CUDA(cudaMemcpyAsync(s->staging, host, c * 4, cudaMemcpyHostToDevice, st));
         place_chunk(s, lo, c, &r, st);
-        QT_CUDA(cudaStreamSynchronize(st)); /* host is refilled next */
     }
     if (s->cur >= 0) quantize_layer(s, s->cur, st);
     s->cur = -1; /* slot 0 holds the last block as read, not dequantized */
     QT_CUDA(cudaStreamSynchronize(st));
-    free(host);
-    snprintf(b->id, sizeof b->id, "crc32c %08x numel %zu", crc, n);
+    qt_gpu_wsrc_close(&rd, b->id, sizeof b->id);
     return 0;
 }
 
