@@ -34,6 +34,9 @@ void qt_cast_bf16_to_f32(float *dst, const void *src, size_t n, cudaStream_t s);
 void qt_fill(void *dst, qt_dtype dt, float v, size_t n, cudaStream_t s);
 /* Zeroes `bytes` bytes (cudaMemsetAsync). */
 void qt_zero(void *dst, size_t bytes, cudaStream_t s);
+/* dst[i] = std * N(0,1) of flat element first + i under seed: qt_layout_init_range's hashed normals drawn on the GPU
+ * (init.cu: the host's values up to the last bit of CUDA's fp64 log / cos)   (=) */
+void qt_init_normal(float *dst, size_t n, uint64_t seed, uint64_t first, float std, cudaStream_t s);
 /* y[i] += x[i]; y is fp32 or bf16, x is fp32 or bf16   (+=) */
 void qt_add_inplace(void *y, qt_dtype ydt, const void *x, qt_dtype xdt, size_t n, cudaStream_t s);
 

@@ -156,6 +156,10 @@ void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float s
 /* The same values for the flat elements [lo, lo + n) only, into dst[0, n) (each element is a hash of
  * (seed, its flat index): a range is bit-identical to that part of the whole array). */
 void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, uint64_t seed, float std);
+/* How those values fill tensor t: QT_INIT_NORMAL (2-D: N(0, std) by flat index), QT_INIT_CONST (norms: *v, 1 or
+ * gemma3's 0) or QT_INIT_ZERO (biases). */
+enum { QT_INIT_ZERO, QT_INIT_CONST, QT_INIT_NORMAL };
+int qt_layout_init_kind(const qt_layout *L, const qt_tensor *t, float *v);
 /* Matmul FLOPs per token of one training step (forward + backward), T = sequence length:
  *   6 * (L * (C*(H+2*Hkv)*D + H*D*C + 3*C*F) + V*C)   every matmul weight, the LM head even when tied
  * + 6 * L * H * D * T                                 causal attention: QK^T and PV take 2*2*H*D*T/2

@@ -55,6 +55,8 @@ typedef enum {
     QT_MUT_DPO_REF_ROW,              /* the stored reference is read by the row's place in the micro-batch, not its data row */
     /* the NF4 frozen base (base_nf4.c) */
     QT_MUT_NF4_SLOT_STALE,           /* the slot of blocks 1.. is filled with the block before's weights (not refreshed) */
+    /* the streamed frozen base (base_stream.c) */
+    QT_MUT_BASE_STREAM_WRONG_LAYER,  /* blocks 1.. are copied up from the block before's host bytes */
     QT_MUT_COUNT
 } qt_mutant;
 

@@ -123,6 +123,9 @@ double qt_plan_auto_elem_bps(const qt_probe *pr);
  * copy ceiling, where the probe measures 4.1 TB/s (bench/RESULTS.md, the NF4 table). */
 #define QT_PLAN_NF4_BYTES (2.5 + 1.0 / 64)
 #define QT_PLAN_NF4_HBM_FRAC 0.75
+/* A streamed NF4 base's bytes over PCIe per block weight: the code (1/2), the block scale's 8-bit code (1/64) and
+ * the fp32 second-level scale per 256 blocks (4/16384). */
+#define QT_PLAN_NF4_STREAM_BYTES (0.5 + 1.0 / 64 + 4.0 / 16384)
 /* The LoRA adapter products (cuda/lora.cu: thin cuBLASLt GEMMs, memory-bound at rank 8-64) move their bytes at this
  * fraction of the elementwise rate. Fitted on the H200's 7B bf16-base row (18,400 tokens/s, bench/RESULTS.md's LoRA
  * speed table); the NF4 base's row at 24 GiB, held out, lands within tests/test_plan_lora's bound. */

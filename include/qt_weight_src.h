@@ -18,6 +18,9 @@ typedef enum {
     QT_WSRC_INIT,  /* N(0, std) matrices, ones for norms, zero biases (qt_layout_init_range) */
     QT_WSRC_HF,    /* safetensors at path (qt_hf_import_range) */
     QT_WSRC_ARRAY, /* w[L->numel] (borrowed) */
+    QT_WSRC_INIT_GPU, /* INIT, drawn on the GPU where an engine can (a frozen LoRA base: qt_gpu_wsrc_fill), the host's
+                       * values up to a last-bit difference about once in 10^9 (cuda/init.cu); the bench's start-up,
+                       * never a run compared with another; elsewhere it fills as INIT */
 } qt_wsrc_kind;
 
 typedef struct {

@@ -304,6 +304,9 @@ static void test_gpu_refuses(void) {
         {"lora: {rank: 4}\nmemory: {offload: [m, v]}\n", "memory.offload"},
         {"lora: {rank: 4}\nmemory: {offload: [residual]}\n", "memory.offload"},
         {"lora: {rank: 4}\nparallel: {devices: [0, 0], zero: 2}\n", "parallel.zero"},
+        {"lora: {rank: 4}\nmemory: {offload: [weights]}\nprecision: {matmul_dtype: e4m3, grad_dtype: bf16}\n",
+         "precision.matmul_dtype"},
+        {"lora: {rank: 4}\nmemory: {offload: [weights, m, v]}\n", "memory.offload"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         QT_REQUIRE(load(&c, cases[i].yaml, err, sizeof err) == 0, "%s: %s", cases[i].yaml, err);
@@ -313,6 +316,11 @@ static void test_gpu_refuses(void) {
     QT_REQUIRE(load(&c, "lora: {rank: 4}\nmemory: {recompute: [block]}\nprecision: {matmul_dtype: e4m3}\n", err,
                     sizeof err) == 0, "%s", err);
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "recompute or fp8 matmuls with a bf16 backward refused with LoRA");
+    /* the frozen base streamed from pinned host memory, bf16 or NF4 (base_stream.c) */
+    QT_REQUIRE(load(&c, "lora: {rank: 4}\nmemory: {offload: [weights], recompute: [block]}\n", err, sizeof err) == 0, "%s", err);
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "memory.offload: [weights] refused with LoRA: %s", qt_engine_gpu_refusal(&c));
+    c.lora.base_nf4 = 1;
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "memory.offload: [weights] refused with QLoRA: %s", qt_engine_gpu_refusal(&c));
     /* a checkpoint's resolved config names every key (parallel.zero: 1 among them): --export and --resume of a
      * GPU LoRA run read it */
     QT_REQUIRE(load(&c, "lora: {rank: 4}\nparallel: {zero: 1}\n", err, sizeof err) == 0, "%s", err);

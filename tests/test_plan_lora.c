@@ -6,6 +6,9 @@
  *  - the predicted step is LoRA's: forward + data-gradient backward of the frozen base, the adapters' bytes, the
  *    NF4 dequantizes (held to the formulas restated here);
  *  - when nothing fits, the refusal names the blocking key (and, over a bf16 base, the NF4 base's plan);
+ *  - the base streamed from pinned host memory (memory.offload: [weights]): its PCIe bytes in the step, and auto
+ *    choosing it where the resident base does not fit (70B QLoRA at 24 GiB, configs/llama-3.1-70b-qlora-24gb.yaml,
+ *    a 7B bf16 base at 12 GiB);
  *  - GPU (skipped without one): a QLoRA model under a cap the config as given does not fit trains with auto's plan,
  *    the device memory it takes within its plan and the margin auto holds back. */
 #include <math.h>
@@ -208,12 +211,12 @@ static void test_hints(void) {
     QT_EXPECT(strstr(err, "no plan fits") && strstr(err, "memory.recompute: [] blocks it; with --set memory.recompute=auto") &&
                   strstr(err, "data.micro_batch: 8 blocks it; with --set data.micro_batch=auto"),
               "the hints do not name memory.recompute and data.micro_batch: %s", err);
-    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16}\n", "", "", 12) == 0, "config");
-    QT_EXPECT(qt_plan_auto(&c, &PR, err, sizeof err) == -1, "7B LoRA over a bf16 base fits 12 GiB");
+    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16}\n", "", ", offload: []", 12) == 0, "config");
+    QT_EXPECT(qt_plan_auto(&c, &PR, err, sizeof err) == -1, "7B LoRA over a resident bf16 base fits 12 GiB");
     printf("  %s\n", err);
     const char *h = strstr(err, "lora.base_dtype: bf16 blocks it; with --set lora.base_dtype=nf4: ");
     QT_EXPECT(h, "no NF4 hint: %s", err);
-    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16, base_dtype: nf4}\n", "", "", 12) == 0, "config");
+    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16, base_dtype: nf4}\n", "", ", offload: []", 12) == 0, "config");
     qt_layout L;
     qt_weight_src src;
     QT_REQUIRE(qt_model_layout(&c, &L, &src, err + 4096, 4096) == 0, "%s", err + 4096);
@@ -298,6 +301,78 @@ static void test_gpu_auto_runs(void) {
     qt_layout_free(&L);
 }
 
+#define LLAMA70B                                                                                                     \
+    "model: {arch: llama, vocab_size: 128256, hidden_size: 8192, num_layers: 80, num_heads: 64, num_kv_heads: 8, "   \
+    "intermediate_size: 28672, max_seq_len: 8192, tie_embeddings: false}\n"
+
+/* cfg's plan by qt_plan_auto: it fits cap GiB, streams the base (memory.offload: [weights]) and the GPU engine runs
+ * it; host the plan's host bytes. 0 on success. */
+static int auto_streams(qt_config *c, double cap, const char *what, size_t *host) {
+    static qt_run_plan rp;
+    qt_layout L;
+    qt_weight_src src;
+    char err[8192];
+    QT_CHECK(qt_model_layout(c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_CHECK(qt_plan_run(&L, c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    int given = (c->memory.offload & QT_OFF_WEIGHTS) != 0;
+    double as_given = rp.gpu_bytes / 1073741824.0;
+    int n = check_candidates(&L, c, what), rc = qt_plan_auto(c, &PR, err, sizeof err);
+    if (rc) printf("  %s: %s\n", what, err);
+    QT_CHECK(qt_plan_run(&L, c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
+    const char *no = qt_engine_gpu_refusal(c);
+    printf("  %s: %d plans (as given %.2f GiB%s); chosen micro_batch %d, recompute %d, offload %d: %.2f GiB GPU, %.2f GiB "
+           "host%s\n", what, n, as_given, given ? ", streamed" : "", c->data.micro_batch, c->memory.recompute,
+           c->memory.offload, rp.gpu_bytes / 1073741824.0, rp.host_bytes / 1073741824.0, no ? " (refused)" : "");
+    *host = rp.host_bytes;
+    qt_layout_free(&L);
+    return rc || n == 0 || rp.gpu_bytes > qt_mem_gib(cap) || !(c->memory.offload & QT_OFF_WEIGHTS) || no;
+}
+
+/* The streamed base: every layer fill of a micro-step (the forward's and the backward's but the two the forward leaves
+ * in the slots) copies the block's matrices up, NF4 at QT_PLAN_NF4_STREAM_BYTES per weight and bf16 at 2; auto streams
+ * where the resident base does not fit: Llama-3.1-70B QLoRA at 24 GiB (the resident NF4 base alone is ~36 GiB; the
+ * config as given does not fit), the repo's 70B config, a 7B bf16 base at 12 GiB. */
+static void test_streamed(void) {
+    static qt_config c;
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    size_t host = 0;
+    QT_REQUIRE(load(&c, LLAMA70B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", "", "", 24) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    double P = qt_plan_auto_block_params(&L.cfg), nl = L.cfg.num_layers, ga = c.data.grad_accum;
+    qt_plan_cost r = qt_plan_auto_cost_parts(&L, &c, &PR);
+    qt_config st = c;
+    st.memory.offload = QT_OFF_WEIGHTS;
+    qt_plan_cost k = qt_plan_auto_cost_parts(&L, &st, &PR);
+    double want = ga * (2 * nl - 2) * P / nl * QT_PLAN_NF4_STREAM_BYTES; /* P: every layer's block weights */
+    printf("  70B QLoRA streamed: %.1f GB over PCIe per step (restated %.1f GB), %.2f s of copies, compute %.2f s\n",
+           k.pcie_micro_bytes * 1e-9, want * 1e-9, k.pcie_micro, k.compute);
+    QT_EXPECT(r.pcie_micro_bytes == 0 && fabs(k.pcie_micro_bytes - want) <= 1e-9 * want && k.compute == r.compute,
+              "streamed NF4: %.0f bytes over PCIe per step (resident %.0f), expected %.0f", k.pcie_micro_bytes,
+              r.pcie_micro_bytes, want);
+    st.lora.base_nf4 = 0;
+    k = qt_plan_auto_cost_parts(&L, &st, &PR);
+    QT_EXPECT(fabs(k.pcie_micro_bytes - ga * (2 * nl - 2) * P / nl * 2) <= 1e-9 * k.pcie_micro_bytes,
+              "streamed bf16: %.0f bytes over PCIe per step, expected 2 per weight per fill", k.pcie_micro_bytes);
+    qt_layout_free(&L);
+    QT_EXPECT(auto_streams(&c, 24, "Llama-3.1-70B QLoRA at 24 GiB", &host) == 0, "70B QLoRA: auto found no streamed plan "
+              "within 24 GiB");
+    QT_EXPECT(host > (size_t)34 << 30 && host < (size_t)48 << 30, "70B QLoRA: %.1f GiB of host memory planned, expected "
+              "the ~35 GiB NF4 base and little else", host / 1073741824.0);
+    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16}\n", "", "", 12) == 0, "config");
+    QT_EXPECT(auto_streams(&c, 12, "Qwen2.5-7B LoRA (bf16 base) at 12 GiB", &host) == 0, "7B bf16 LoRA: auto found no "
+              "streamed plan within 12 GiB");
+    char e2[1024];
+    int rc = qt_config_load(&c, "configs/llama-3.1-70b-qlora-24gb.yaml", NULL, 0, e2, sizeof e2);
+    QT_REQUIRE(rc == 0, "configs/llama-3.1-70b-qlora-24gb.yaml (run from the repository root): %s", e2);
+    QT_EXPECT(c.memory.gpu_limit_gib == 24 && c.lora.base_nf4 && (c.memory.offload & QT_OFF_WEIGHTS) &&
+                  c.memory.recompute, "the 70B config does not stream an NF4 base with recompute at 24 GiB");
+    c.memory.host_limit_gib = 256; /* the device machine's host, not this one's MemAvailable */
+    QT_EXPECT(auto_streams(&c, 24, "configs/llama-3.1-70b-qlora-24gb.yaml", &host) == 0, "the 70B config's plan does not "
+              "fit 24 GiB");
+}
+
 /* The H200's rates as its probe measured them in the runs below (bf16 765 TFLOP/s, HBM 4,186 GB/s, PCIe 53.9 GB/s) */
 static const qt_probe H200 = {"H200", 765e12, QT_PROBE_FP8_RATIO * 765e12, 4186e9, 53.9e9, (size_t)140 << 30, 0};
 
@@ -333,6 +408,7 @@ int main(void) {
     QT_RUN(test_dpo_pairs);
     QT_RUN(test_measured_rows);
     QT_RUN(test_hints);
+    QT_RUN(test_streamed);
     QT_RUN(test_gpu_auto_runs);
     return qt_test_end();
 }

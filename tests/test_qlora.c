@@ -4,7 +4,12 @@
  * bf16 rest and the two layer slots) and an 8B shape's bits per weight. With a GPU:
  * the NF4 base trains to the same bits as a bf16 base loaded with the weights the CPU reference codec dequantizes
  * (losses, logits, the merged weights), a bit-exact resume whose loss falls, and recompute bitwise equal to none;
- * in the mutant build a slot filled with the block before's weights (not refreshed for its block) is caught. */
+ * in the mutant build a slot filled with the block before's weights (not refreshed for its block) is caught.
+ * The streamed base (memory.offload: [weights], base_stream.c): without a GPU its plan rows (the block matrices in
+ * pinned host memory, two layer slots on the GPU); with one, bf16 and NF4 bases streamed train the resident bases'
+ * bits with and without the block recompute, resume bit-exact, and in the mutant build a block copied up from the
+ * block before's host bytes is caught. The bench's base drawn on the GPU equals the host's draw but for rare last
+ * bits. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -147,6 +152,56 @@ static void test_plan_rows(void) {
     QT_EXPECT(slot >= m.layer_max * 4 && slot < m.layer_max * 4 + 256, "slots row %zu, expected two blocks' bf16 %zu", slot,
               m.layer_max * 4);
     QT_EXPECT(!row_bytes(&rp, "frozen base (bf16)"), "the NF4 plan holds the whole bf16 base");
+    qt_layout_free(&L);
+}
+
+/* The streamed NF4 and bf16 plans: the block matrices in pinned host memory (NF4: the resident codes and scales'
+ * bytes; bf16: 2 bytes per weight), on the GPU only the bf16 rest, two bf16 layer slots and (NF4) two layers' packed
+ * codes and scales; no resident codes, scales or whole bf16 base. */
+static void test_plan_rows_streamed(void) {
+    static qt_config c;
+    char yaml[4096], err[1024];
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "plan", "nf4", "memory: {offload: [weights]}\n"), err, sizeof err) == 0,
+               "%s", err);
+    qt_layout L;
+    static qt_run_plan rp, rr;
+    if (gpu_plan(&c, &L, &rp)) {
+        qt_layout_free(&L);
+        QT_SKIP("a CPU-only build has no GPU planner");
+    }
+    mats m = block_mats(&L);
+    size_t nmat = 7 * (size_t)L.cfg.num_layers, nl = (size_t)L.cfg.num_layers;
+    size_t host = row_bytes(&rp, "frozen base: NF4 (pinned host)"), packed = row_bytes(&rp, "NF4 streamed layers (packed, 2)");
+    size_t slot = row_bytes(&rp, "NF4 layer slots (bf16, 2)"), rest = row_bytes(&rp, "frozen base (bf16 rest)");
+    printf("  NF4 streamed: pinned %zu (want ~%zu), packed slots %zu (want ~%zu), bf16 slots %zu, rest %zu\n", host,
+           m.codes + m.scales, packed, 2 * (m.codes + m.scales) / nl, slot, rest);
+    QT_EXPECT(host >= m.codes + m.scales && host <= m.codes + m.scales + 48 * nmat + 768, "pinned row %zu, expected ~%zu",
+              host, m.codes + m.scales);
+    QT_EXPECT(packed >= 2 * (m.codes + m.scales) / nl && packed <= 2 * (m.codes + m.scales + 48 * nmat) / nl + 4096,
+              "packed slots row %zu, expected two layers' ~%zu", packed, 2 * (m.codes + m.scales) / nl);
+    QT_EXPECT(slot >= m.layer_max * 4 && slot < m.layer_max * 4 + 256, "bf16 slots row %zu, expected %zu", slot, m.layer_max * 4);
+    QT_EXPECT(rest >= (L.numel - m.numel) * 2 && rest < (L.numel - m.numel) * 2 + 256, "rest row %zu", rest);
+    QT_EXPECT(!row_bytes(&rp, "frozen base: NF4 codes") && !row_bytes(&rp, "frozen base: NF4 scales") &&
+                  !row_bytes(&rp, "frozen base (bf16)"), "the streamed NF4 plan holds codes, scales or the bf16 base on the GPU");
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "plan", "nf4", ""), err, sizeof err) == 0, "%s", err);
+    qt_layout_free(&L);
+    QT_REQUIRE(gpu_plan(&c, &L, &rr) == 0, "resident plan");
+    QT_EXPECT(qt_mem_plan_device_total(&rp.mem) < qt_mem_plan_device_total(&rr.mem) &&
+                  qt_mem_plan_host_total(&rp.mem) >= qt_mem_plan_host_total(&rr.mem) + host,
+              "streamed: device %zu, host %zu; resident: device %zu, host %zu", qt_mem_plan_device_total(&rp.mem),
+              qt_mem_plan_host_total(&rp.mem), qt_mem_plan_device_total(&rr.mem), qt_mem_plan_host_total(&rr.mem));
+    QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "plan", "bf16", "memory: {offload: [weights]}\n"), err, sizeof err) == 0,
+               "%s", err);
+    qt_layout_free(&L);
+    QT_REQUIRE(gpu_plan(&c, &L, &rp) == 0, "bf16 streamed plan");
+    host = row_bytes(&rp, "frozen base: bf16 blocks (pinned host)");
+    slot = row_bytes(&rp, "base layer slots (bf16, 2)");
+    printf("  bf16 streamed: pinned %zu (want ~%zu), slots %zu\n", host, m.numel * 2, slot);
+    QT_EXPECT(host >= m.numel * 2 && host <= m.numel * 2 + 256 * nmat, "pinned row %zu, expected ~%zu", host, m.numel * 2);
+    QT_EXPECT(slot >= m.layer_max * 4 && slot <= m.layer_max * 4 + 2 * 256 * 7 + 512, "slots row %zu, expected ~%zu", slot,
+              m.layer_max * 4);
+    QT_EXPECT(!row_bytes(&rp, "frozen base (bf16)") && !row_bytes(&rp, "frozen base: NF4 codes"),
+              "the streamed bf16 plan holds the block matrices on the GPU");
     qt_layout_free(&L);
 }
 
@@ -341,16 +396,145 @@ static void test_gpu_recompute_bitwise(void) {
     free(fa);
 }
 
+/* memory.offload: [weights] (streamed from pinned host memory) against the resident base, base "bf16" or "nf4", with
+ * extra memory keys rc ("" or "recompute: [block], "): 8 steps' losses and the adapter exports, bit for bit. *same = 1
+ * when they agree; prints the first difference. */
+static void streamed_vs_resident(const char *tag, const char *base, const char *rc, int *same) {
+    write_data();
+    static qt_config c;
+    char yaml[4096], err[1024], t[2][64], ex[2][600], mem[256];
+    float loss[2][8];
+    for (int k = 0; k < 2; k++) {
+        snprintf(t[k], sizeof t[k], "%s_%s_%s%s", tag, base, k ? "stream" : "resident", rc[0] ? "_rc" : "");
+        snprintf(mem, sizeof mem, "memory: {plan: manual, %s%s}\n", rc, k ? "offload: [weights]" : "offload: []");
+        QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, t[k], base, mem), err, sizeof err) == 0, "%s: %s", t[k], err);
+        c.optim.steps = 8;
+        qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
+        qt_train_stats st;
+        QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", t[k], err);
+        snprintf(ex[k], sizeof ex[k], "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, t[k]);
+    }
+    *same = 1;
+    for (int s = 0; s < 8 && *same; s++)
+        if (memcmp(&loss[0][s], &loss[1][s], 4))
+            printf("  %s base%s: step %d: loss resident %.9g, streamed %.9g\n", base, rc[0] ? " (recompute)" : "", s + 1,
+                   loss[0][s], loss[1][s]), *same = 0;
+    size_t na = 0, nb = 0;
+    char *fa = qt_t_read_file(ex[0], &na), *fb = qt_t_read_file(ex[1], &nb);
+    QT_REQUIRE(fa && fb && na > 0, "adapter exports %s, %s", ex[0], ex[1]);
+    if (na != nb || memcmp(fa, fb, na)) printf("  %s base: the adapter exports differ\n", base), *same = 0;
+    free(fa), free(fb);
+}
+
+/* The streamed bf16 and NF4 bases train the resident bases' bits, with and without the block recompute (which reads
+ * each block's slot again before its backward). */
+static void test_gpu_streamed_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    static const char *const bases[2] = {"bf16", "nf4"}, *const rcs[2] = {"", "recompute: [block], "};
+    for (int b = 0; b < 2; b++)
+        for (int r = 0; r < 2; r++) {
+            int same = 0;
+            streamed_vs_resident("st", bases[b], rcs[r], &same);
+            QT_EXPECT(same, "the streamed %s base%s trains other bits than the resident one", bases[b],
+                      r ? " with recompute" : "");
+        }
+}
+
+/* The mutant build: blocks 1.. copied up from the block before's host bytes; the comparison must see it. */
+static void test_gpu_mutant_stream_wrong_layer(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
+    qt_t_hooks(NULL, QT_MUT_BASE_STREAM_WRONG_LAYER);
+    int same_nf4 = 1, same_bf16 = 1;
+    streamed_vs_resident("mw", "nf4", "", &same_nf4);
+    streamed_vs_resident("mw", "bf16", "", &same_bf16);
+    qt_t_hooks(NULL, QT_MUT_NONE);
+    QT_EXPECT(!same_nf4 && !same_bf16, "a block streamed from the wrong layer trains the same bits (nf4 %d, bf16 %d): "
+              "the comparison cannot fail", same_nf4, same_bf16);
+}
+
+/* 5 steps + resume + 5 steps over the streamed NF4 base equal 10 straight steps bit for bit, the PEFT exports
+ * byte-identical. */
+static void test_gpu_streamed_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    write_data();
+    static qt_config a, b;
+    static const char *const mem = "memory: {plan: manual, offload: [weights], recompute: [block]}\n";
+    char yaml[4096], err[1024], ea[600], eb[600];
+    float la[10], lb[10];
+    QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, "st_straight", "nf4", mem), err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "st_halves", "nf4", mem), err, sizeof err) == 0, "%s", err);
+    a.optim.steps = b.optim.steps = 10;
+    qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 5, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
+    qt_train_stats st;
+    QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
+    QT_REQUIRE(qt_train_run(&b, &ob1, &st, err, sizeof err) == 0, "first half: %s", err);
+    QT_REQUIRE(st.steps_done == 5, "stopped at %ld", st.steps_done);
+    QT_REQUIRE(qt_train_run(&b, &ob2, &st, err, sizeof err) == 0, "resumed half: %s", err);
+    for (int i = 0; i < 10; i++)
+        QT_EXPECT(!memcmp(&la[i], &lb[i], 4), "step %d: straight %.9g, resumed %.9g", i + 1, la[i], lb[i]);
+    snprintf(ea, sizeof ea, "%s/ckpt_st_straight/export/adapter_model.safetensors", g_dir);
+    snprintf(eb, sizeof eb, "%s/ckpt_st_halves/export/adapter_model.safetensors", g_dir);
+    size_t na = 0, nb = 0;
+    char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
+    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
+    free(fa), free(fb);
+}
+
+/* The bench's base drawn on the GPU (QT_WSRC_INIT_GPU: cuda/init.cu, src/gpu/base_fill.c) against the host's draw of
+ * the same seed: the base's weights (get(), before any step) of a resident bf16 base and a streamed NF4 base agree
+ * element for element but for the rare last-bit difference of CUDA's fp64 log / cos (at most 1 in 10^5 here, each
+ * within a bf16 ulp for the bf16 base); norms, biases and padding exactly. */
+static void test_gpu_base_drawn_on_gpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    write_data();
+    static const char *const bases[2] = {"bf16", "nf4"}, *const mem[2] = {"", "memory: {plan: manual, offload: [weights]}\n"};
+    for (int b = 0; b < 2; b++) {
+        static qt_config c;
+        char yaml[4096], err[1024];
+        qt_layout L;
+        qt_weight_src src;
+        QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "drawn", bases[b], mem[b]), err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+        float *w[2];
+        for (int k = 0; k < 2; k++) {
+            src.kind = k ? QT_WSRC_INIT_GPU : QT_WSRC_INIT;
+            qt_engine *e = qt_engine_create(&L, &c, &src, err, sizeof err);
+            QT_REQUIRE(e, "%s base, %s: %s", bases[b], k ? "drawn on the GPU" : "host init", err);
+            w[k] = malloc(L.numel * 4);
+            QT_REQUIRE(qt_engine_get_weights(e, w[k], err, sizeof err) == 0, "%s", err);
+            qt_engine_free(e);
+        }
+        size_t diff = 0, far = 0;
+        for (size_t i = 0; i < L.numel; i++) {
+            if (!memcmp(&w[0][i], &w[1][i], 4)) continue;
+            diff++;
+            far += fabsf(w[0][i] - w[1][i]) > fabsf(w[0][i]) * 0x1.0p-7f || (b == 0 && w[0][i] == 0);
+            if (diff <= 3) printf("  %s base, weight %zu: host %.9g, GPU %.9g\n", bases[b], i, w[0][i], w[1][i]);
+        }
+        printf("  %s base: %zu of %zu weights differ between the host's and the GPU's draw\n", bases[b], diff, L.numel);
+        QT_EXPECT(diff * 100000 <= L.numel && (b || !far), "%s base drawn on the GPU: %zu of %zu weights differ (%zu by more "
+                  "than a bf16 ulp)", bases[b], diff, L.numel, far);
+        free(w[0]), free(w[1]);
+        qt_layout_free(&L);
+    }
+}
+
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_qlora")) return 1;
     QT_RUN(test_config_errors);
     QT_RUN(test_cpu_equals_dequantized);
     QT_RUN(test_plan_rows);
+    QT_RUN(test_plan_rows_streamed);
     QT_RUN(test_plan_8b);
     QT_RUN(test_gpu_equals_dequantized_bf16);
     QT_RUN(test_gpu_mutant_stale_slot);
     QT_RUN(test_gpu_resume_bit_exact);
     QT_RUN(test_gpu_recompute_bitwise);
+    QT_RUN(test_gpu_streamed_bitwise);
+    QT_RUN(test_gpu_mutant_stream_wrong_layer);
+    QT_RUN(test_gpu_streamed_resume_bit_exact);
+    QT_RUN(test_gpu_base_drawn_on_gpu);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }

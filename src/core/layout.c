@@ -305,6 +305,15 @@ static float hashed_normal(uint64_t seed, uint64_t i) {
  * threads the other processes had. */
 #define INIT_PAR_MIN ((long)1 << 16)
 
+int qt_layout_init_kind(const qt_layout *L, const qt_tensor *t, float *v) {
+    *v = 0.0f;
+    if (t->kind == QT_T_NORM || t->kind == QT_T_FINAL_NORM || t->kind == QT_T_QNORM || t->kind == QT_T_KNORM) {
+        *v = L->cfg.arch == QT_ARCH_GEMMA3 ? 0.0f : 1.0f; /* Gemma's norms scale by 1 + w */
+        return QT_INIT_CONST;
+    }
+    return t->ndim == 2 ? QT_INIT_NORMAL : QT_INIT_ZERO;
+}
+
 void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, uint64_t seed, float std) {
     size_t hi = lo + n;
 #pragma omp parallel for schedule(static) if ((long)n >= INIT_PAR_MIN)
@@ -313,12 +322,12 @@ void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, u
         const qt_tensor *t = &L->tensors[k];
         size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= e) continue;
-        float *p = dst + (a - lo);
+        float *p = dst + (a - lo), one;
         long m = (long)(e - a);
-        if (t->kind == QT_T_NORM || t->kind == QT_T_FINAL_NORM || t->kind == QT_T_QNORM || t->kind == QT_T_KNORM) {
-            float one = L->cfg.arch == QT_ARCH_GEMMA3 ? 0.0f : 1.0f; /* Gemma's norms scale by 1 + w */
+        int kind = qt_layout_init_kind(L, t, &one);
+        if (kind == QT_INIT_CONST) {
             for (long i = 0; i < m; i++) p[i] = one;
-        } else if (t->ndim == 2) {
+        } else if (kind == QT_INIT_NORMAL) {
 #pragma omp parallel for schedule(static) if (m >= INIT_PAR_MIN)
             for (long i = 0; i < m; i++) p[i] = std * hashed_normal(seed, a + (uint64_t)i);
         } /* biases stay 0 */

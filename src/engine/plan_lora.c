@@ -1,6 +1,6 @@
 /* plan_lora.c — memory.plan: auto's predicted step of a LoRA run on the GPU: the frozen base's forward and
- * data-gradient backward, the adapters' thin products, an NF4 base's per-layer dequantizes (qt_plan_auto.h,
- * docs/memory.md "memory.plan: auto").
+ * data-gradient backward, the adapters' thin products, an NF4 base's per-layer dequantizes, a streamed base's
+ * per-layer copies over PCIe (qt_plan_auto.h, docs/memory.md "memory.plan: auto").
  *
  * The base has no weight gradient and no optimizer state: per token its block matmuls cost 2 x params in the
  * forward (at the e4m3 rate with fp8 matmuls) and 2 x params in the backward (the dgrad, always bf16: LoRA's
@@ -75,11 +75,15 @@ qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *c
      * forward's last two stay for the backward's first two): codes, scales read, bf16 written. On the base's own
      * stream beside the previous block's ops, each forward's first one excepted: the rest costs
      * QT_PLAN_OVERLAP_ALPHA of itself, as side copies do */
+    double fwds = 1 + dpo, all = fwds * nl + nl - 2; /* the layer fills of a micro-step */
     if (cfg->lora.base_nf4 && nl >= 2) {
         double layer_s = blocks / nl * QT_PLAN_NF4_BYTES / (QT_PLAN_NF4_HBM_FRAC * pr->hbm_bps);
-        double fwds = 1 + dpo, all = fwds * nl + nl - 2;
         k.compute += ga * layer_s * (fwds + QT_PLAN_OVERLAP_ALPHA * (all - fwds));
     }
+    /* memory.offload: [weights]: every fill first copies its block's matrices up from pinned host memory (NF4: codes
+     * and scales, QT_PLAN_NF4_STREAM_BYTES per weight; bf16: 2), beside the compute */
+    if ((cfg->memory.offload & QT_OFF_WEIGHTS) && nl >= 2)
+        k.pcie_micro_bytes += ga * all * blocks / nl * (cfg->lora.base_nf4 ? QT_PLAN_NF4_STREAM_BYTES : 2.0);
     /* once per step: AdamW over the fp32 adapters (a, g, m, v read, a, m, v written, g zeroed), and with ranks the
      * gradients' sum through host memory, rank by rank: each rank's down and the sum up (4 B each way) */
     int ranks = cfg->parallel.devices.n ? cfg->parallel.devices.n : cfg->parallel.gpus;
@@ -88,5 +92,6 @@ qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *c
     int ac = cfg->memory.attn_bwd_chunks < cfg->data.micro_batch ? cfg->memory.attn_bwd_chunks : cfg->data.micro_batch;
     k.once += ga * 10e-6 * (3.0 * (cfg->memory.lmhead_chunks - 1) + nl * (ac - 1));
     k.once += k.pcie_once_bytes / pr->pcie_bps;
+    k.pcie_micro = k.pcie_micro_bytes / pr->pcie_bps;
     return k;
 }

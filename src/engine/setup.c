@@ -31,6 +31,11 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         return NULL;
     }
     int devs[QT_COMM_MAX_RANKS], n = qt_plan_rank_devices(cfg, ngpu, devs, err, errlen);
+    if (n > 1 && cfg->lora.rank > 0 && (cfg->memory.offload & QT_OFF_WEIGHTS)) {
+        snprintf(err, errlen, "%s: memory.offload: [weights] with LoRA streams the frozen base to one GPU, got %d ranks "
+                 "(parallel.gpus: 0 takes every visible GPU): set parallel.gpus: 1", cfg->path, n);
+        return NULL;
+    }
     if (n > 1 && cfg->lora.rank > 0) /* every rank one GPU's LoRA engine, the adapters replicated */
         return qt_plan_resolve(cfg, L, 0, &plan, err, errlen) ? NULL : qt_engine_gpu_lora_dp_create(L, &plan, src, n, devs, err, errlen);
     if (n < 0 || qt_plan_resolve(cfg, L, n == 1 ? 0 : n, &plan, err, errlen)) return NULL;
@@ -39,8 +44,10 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
     return qt_engine_dp_create(L, &plan, src, n, devs, err, errlen);
 }
 
-/* LoRA on the GPU runs a bf16 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or ranks
- * with the adapters replicated, whatever parallel.zero's default), objective: dpo included; what else it would need is refused here, naming the key (device: cpu trains every LoRA setting on the CPU fp32 engine). */
+/* LoRA on the GPU runs a bf16 or NF4 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or
+ * ranks with the adapters replicated, whatever parallel.zero's default), or on one GPU streamed from pinned host
+ * memory (memory.offload: [weights]), objective: dpo included; what else it would need is refused here, naming the
+ * key (device: cpu trains every LoRA setting on the CPU fp32 engine). */
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     /* full fine-tuning's DPO splits a micro-step around the host's DPO arithmetic (qt_dp_sync_forward_rows) */
     if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0 && cfg->parallel.zero >= 2)
@@ -61,9 +68,19 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
         return "parallel.zero: LoRA's data parallel replicates the adapters and the base (ZeRO-2/3 is not yet there): "
                "set 0 or 1";
     if (cfg->parallel.nodes > 1) return "parallel.nodes: LoRA on the GPU trains on one machine: set 1";
-    if (cfg->memory.offload || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
-        return "memory.offload: LoRA on the GPU keeps the frozen base, adapters and activations on the GPU (nothing "
-               "offloaded yet)";
+    int off = cfg->memory.offload;
+    if ((off & QT_OFF_WEIGHTS) && cfg->precision.matmul_dtype != QT_DT_BF16) /* the fp8 weights are made from a resident base */
+        return "precision.matmul_dtype: LoRA over a base streamed from host memory (memory.offload: [weights]) feeds "
+               "the block matmuls the bf16 weights of its layer slots: set bf16";
+    if ((off & ~QT_OFF_WEIGHTS) || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
+        return off & QT_OFF_RESIDUAL || cfg->memory.offload_residual
+                   ? "memory.offload: [residual] with LoRA on the GPU is not yet supported (the activations stay on the "
+                     "GPU; [weights] streams the frozen base from host memory)"
+                   : off & (QT_OFF_GRADIENTS | QT_OFF_QUANTS)
+                   ? "memory.offload: [gradients] and [quants] name full fine-tuning's arrays: LoRA's frozen base has "
+                     "none (only [weights] streams the base from host memory)"
+                   : "memory.offload: [optimizer] with LoRA on the GPU is not yet supported (the adapters' AdamW "
+                     "state is small and stays on the GPU; [weights] streams the frozen base from host memory)";
     return NULL;
 }
 

@@ -7,7 +7,6 @@
 
 #include <cuda_runtime.h>
 
-#include "qt_crc32c.h"
 #include "qt_dtype.h"
 #include "qt_error.h"
 #include "qt_gpu_base.h"
@@ -29,22 +28,18 @@ static void bf16_carve(qt_gpu_base *b, qt_mem_plan *p) {
 static int bf16_init(qt_gpu_base *b, const qt_weight_src *src, cudaStream_t st, char *err, size_t errlen) {
     base_bf16 *s = (base_bf16 *)b;
     size_t n = b->L->numel;
-    float *host = malloc(s->stage_n * sizeof *host);
-    QT_CHECK(host, "out of host memory for the weights' load buffer (%zu floats)", s->stage_n);
-    uint32_t crc = 0;
+    qt_gpu_wsrc rd;
+    qt_gpu_wsrc_open(&rd, src, s->stage_n);
     for (size_t lo = 0; lo < n; lo += s->stage_n) {
         size_t c = n - lo < s->stage_n ? n - lo : s->stage_n;
-        if (qt_weight_src_fill(src, lo, c, host, err, errlen)) {
-            free(host);
+        if (qt_gpu_wsrc_fill(&rd, lo, c, s->staging, st, err, errlen)) {
+            qt_gpu_wsrc_close(&rd, b->id, sizeof b->id);
             return -1;
         }
-        crc = qt_crc32c(crc, host, c * sizeof *host);
-        QT_CUDA(cudaMemcpyAsync(s->staging, host, c * 4, cudaMemcpyHostToDevice, st));
         qt_cast_f32_to_bf16((char *)s->w + lo * 2, s->staging, c, st);
-        QT_CUDA(cudaStreamSynchronize(st)); /* host is refilled next */
     }
-    free(host);
-    snprintf(b->id, sizeof b->id, "crc32c %08x numel %zu", crc, n);
+    QT_CUDA(cudaStreamSynchronize(st));
+    qt_gpu_wsrc_close(&rd, b->id, sizeof b->id);
     return 0;
 }
 
@@ -75,5 +70,6 @@ qt_gpu_base *qt_gpu_base_bf16_create(const qt_layout *L) {
 
 qt_gpu_base *qt_gpu_base_create(const qt_layout *L, const qt_plan *pl) {
     if (pl->lora.rank <= 0) return NULL;
-    return pl->lora.base_nf4 ? qt_gpu_base_nf4_create(L) : qt_gpu_base_bf16_create(L);
+    if (pl->weights.host) return qt_gpu_base_nf4_create(L, pl->lora.base_nf4, 1, pl->run.path);
+    return pl->lora.base_nf4 ? qt_gpu_base_nf4_create(L, 1, 0, pl->run.path) : qt_gpu_base_bf16_create(L);
 }

@@ -28,7 +28,8 @@ qt_weight_src qt_weight_src_array(const qt_layout *L, const float *w) {
 int qt_weight_src_fill(const qt_weight_src *s, size_t off, size_t n, float *dst, char *err, size_t errlen) {
     QT_CHECK(off + n <= s->L->numel, "weight source: range [%zu, %zu) past %zu parameters", off, off + n, s->L->numel);
     switch (s->kind) {
-    case QT_WSRC_INIT: qt_layout_init_range(s->L, off, n, dst, s->seed, s->std); return 0;
+    case QT_WSRC_INIT:
+    case QT_WSRC_INIT_GPU: qt_layout_init_range(s->L, off, n, dst, s->seed, s->std); return 0;
     case QT_WSRC_HF: return qt_hf_import_range(s->path, s->L, off, n, dst, err, errlen);
     case QT_WSRC_ARRAY: memcpy(dst, s->w + off, n * sizeof *dst); return 0;
     }
