@@ -117,10 +117,12 @@ static void place(const qt_config *cfg, const qt_layout *L, qt_plan *p) {
     g->reduce_dt = (qt_dtype)par->reduce_dtype;
     g->reduce_bf16 = pp->dp != QT_DP_ONE && par->reduce_dtype == QT_DT_BF16 && cfg->precision.grad_accum_dtype != QT_DT_BF16;
     pp->overlap = pp->dp != QT_DP_ONE && par->overlap_comm;
-    pp->lookups = pp->dp == QT_DP_SHARDED && qt_plan_lookups_pay(L, (long)cfg->data.micro_batch * cfg->data.seq_len, pp->n_ranks);
+    /* across nodes the table's gradient crosses in its bucket: the lookups' gathers stay inside a node */
+    pp->lookups = pp->dp == QT_DP_SHARDED && pp->nodes == 1 &&
+                  qt_plan_lookups_pay(L, (long)cfg->data.micro_batch * cfg->data.seq_len, pp->n_ranks);
     g->embed_apart = g->sharded && pp->lookups && L->lm_head != L->embed;
     w->ahead = (pp->dp == QT_DP_SHARDED && pp->overlap) || o->ahead;
-    pp->buckets = pp->dp != QT_DP_ONE ? (pp->overlap || pp->dp == QT_DP_SHARDED) && pp->n_ranks > 1
+    pp->buckets = pp->dp != QT_DP_ONE ? (pp->overlap || pp->dp == QT_DP_SHARDED || pp->world_pieces) && pp->n_ranks * pp->nodes > 1
                                       : o->host || w->host_one || g->host_one;
     p->perf.side_stream = pp->dp != QT_DP_ONE || o->ahead || w->host_one || g->host_one;
 }
@@ -163,6 +165,8 @@ void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan
     pp->n_ranks = n_ranks ? n_ranks : 1;
     pp->zero = pp->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
     pp->comm = cfg->parallel.comm;
+    pp->nodes = n_ranks && cfg->parallel.nodes > 1 ? cfg->parallel.nodes : 1; /* a node of one GPU: a data-parallel rank */
+    pp->world_pieces = pp->nodes > 1 && cfg->parallel.zero >= 1;
     place(cfg, L, p);
 }
 

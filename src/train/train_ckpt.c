@@ -16,6 +16,7 @@
 #endif
 #include "qt_planner.h"
 #include "qt_test_hooks.h"
+#include "qt_train_nodes.h"
 
 #define CFG_CAP QT_CKPT_TEXT_MAX
 
@@ -277,7 +278,7 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
 /* Saves the last completed step unless it is saved already or no step ran (a step-0 checkpoint holds
  * only the initial weights, and would make the directory refuse a fresh run), and waits. 0 or -1. */
 static int save_now(qt_trainer *t, char *err, size_t errlen) {
-    if (t->step > t->ck.saved_step && t->step > 0 && qt_trainer_save(t, err, errlen)) return -1;
+    if (t->step > t->ck.saved_step && t->step > 0 && qt_train_nodes_save(t, err, errlen)) return -1;
     return finish_write(t, err, errlen);
 }
 
