@@ -7,7 +7,8 @@
  * weight gathers and the e4m3 abs-maxes stay inside the node. The host values the step reports (the loss
  * sums, the eval losses) and the trainer's agreements (a checkpoint written, a stop) cross on local GPU
  * 0's communicator. A watchdog thread polls the communicators: a node that fails or vanishes aborts
- * them and the node's comm, and the engine's next call fails with the lost node named.
+ * them and the node's comm, and the engine's next call fails with the lost node named. A failure in this
+ * process (qt_fail's abort hook) aborts them too, so no thread here or on another node waits for it.
  *
  * Built where NCCL is (the Makefile's NCCL_FOUND); elsewhere every entry point fails saying so. */
 #ifndef QT_DP_NODES_H

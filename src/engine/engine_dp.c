@@ -211,7 +211,7 @@ static void job_row_logps(dp_engine *d, int r) {
     d->rk[r]->ops->row_logps(d->rk[r], d->call.in + g * ntok, d->call.tgt + g * ntok, d->call.logp + g * B);
 }
 static void job_dpo_ref(dp_engine *d, int r) {
-    d->rk[r]->ops->set_dpo_ref(d->rk[r], d->call.dref ? d->call.dref + r * (size_t)d->plan.run.B : NULL);
+    d->rk[r]->ops->set_dpo_ref(d->rk[r], d->call.dref ? d->call.dref + (size_t)(d->first + r) * d->plan.run.B : NULL);
 }
 static void job_dpo_stats(dp_engine *d, int r) { d->rk[r]->ops->dpo_stats(d->rk[r], d->call.on, &d->call.dst[r]); }
 static void job_free(dp_engine *d, int r) {
@@ -582,9 +582,9 @@ qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, co
     d->zero = plan->parallel.zero;
     /* Sharded: a bucket per layer with overlap or not, so the norm's per-bucket sums (and so its bits)
      * are the same at every ZeRO level; ZeRO-2 needs them for its slots. */
-    for (int r = 0; r < n; r++) /* across nodes with ZeRO: rounded as one process with every node's GPUs rounds */
-        qt_shard_init_world(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, plan->parallel.buckets,
-                            plan->parallel.world_pieces ? n * nn : d->sharded ? n : 1);
+    int pn = d->sharded ? n : 1; /* across nodes with ZeRO: rounded as one process with every node's GPUs rounds */
+    for (int r = 0; r < n; r++)
+        qt_shard_init_world(&d->shard[r], L, pn, pn > 1 ? r : 0, plan->parallel.buckets, plan->parallel.world_pieces ? n * nn : pn);
     const qt_test_hooks *th = qt_test_hooks_get();
     d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
     d->fail_step = th->dp_fail_step;

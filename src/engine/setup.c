@@ -56,9 +56,6 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
                "supported (the optimizer state may be offloaded)";
     if (cfg->parallel.nodes > 1 && cfg->objective == QT_OBJ_DPO)
         return "objective: dpo trains on one machine (its rows' losses are summed inside a node): set parallel.nodes 1";
-    if (cfg->parallel.nodes > 1 && (cfg->memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)))
-        return "memory.offload: [weights] or [gradients] across nodes is not built yet (the optimizer state may be "
-               "offloaded): set parallel.nodes 1 or drop them";
     if (cfg->lora.rank <= 0) return NULL;
     if (cfg->lora.trainable)
         return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";

@@ -80,6 +80,10 @@ static int check_ranks(const qt_config *cfg, int n_ranks, char *err, size_t errl
                         ">= 2 ranks, got 1 (parallel.devices: [0, 0] puts two ranks on GPU 0; one rank keeps everything: "
                         "zero 0 or 1)", cfg->path, zero, zero == 3 ? " and weights" : ""), -1;
     if (qt_config_zero3_check(cfg, err, errlen)) return -1; /* a config changed after loading (memory.plan: auto) */
+    if ((cfg->memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)) && cfg->parallel.nodes > 1 && n_ranks <= 1)
+        return snprintf(err, errlen, "%s: memory.offload: [weights] or [gradients] on nodes of one GPU is not built (such "
+                        "a node is a data-parallel rank keeping them on its GPU): drop them, or give each node 2 or more "
+                        "GPUs with parallel.zero 3 (weights) or 2 (gradients)", cfg->path), -1;
     int w_off = (cfg->memory.offload & QT_OFF_WEIGHTS) && zero < 3, g_off = (cfg->memory.offload & QT_OFF_GRADIENTS) && zero < 2;
     if ((w_off || g_off) && n_ranks > 1) /* several ranks: the rank's ZeRO-3 pieces / ZeRO-2 gradient shard only */
         return snprintf(err, errlen, "%s: memory.offload: [%s] with parallel.zero: %d is built for one GPU, expected 1 rank, "
