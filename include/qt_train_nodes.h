@@ -18,11 +18,12 @@ int qt_train_nodes_follower(const struct qt_nodes *nodes);
 /* A checkpoint of step t->step: node 0 writes it (qt_trainer_save), the others wait for its start and
  * take its outcome. 0, or -1 with err on every node when node 0's failed. */
 int qt_train_nodes_save(qt_trainer *t, char *err, size_t errlen);
-/* Whether to stop before the next step: 1 when a stop was asked on this node (sig > 0) or any other. 0 or 1;
+/* Whether to stop before the next step: 1 when a stop was asked on this node (sig != 0) or any other. 0 or 1;
  * -1 with err when the nodes cannot agree (a node is gone). */
 int qt_train_nodes_stop(qt_trainer *t, int sig, char *err, size_t errlen);
-/* The end of the run (rc: this node's outcome so far): node 0's last write waited for, then every node
- * waits for every other; rc, or -1 with err when another node failed there. */
+/* The end of the run, after node 0's last write and export (rc: this node's outcome so far): every node
+ * waits for every other (none takes another's leaving for a failure); rc, or -1 with err when another node
+ * failed there. */
 int qt_train_nodes_finish(qt_trainer *t, int rc, char *err, size_t errlen);
 
 #endif

@@ -477,6 +477,10 @@ static void dp_profile_print(qt_engine *b, int steps) {
 
 static void dp_free(qt_engine *b) {
     dp_engine *d = (dp_engine *)b;
+    /* the communicators first (their work is done or aborted): no watchdog then takes another node's
+     * leaving for a failure */
+    qt_dp_nodes_free(d->nodes, d->pool.nfail > 0);
+    d->nodes = NULL;
     run(d, job_free, -1);
     pthread_mutex_lock(&d->pool.mu);
     d->pool.quit = 1;
@@ -484,7 +488,6 @@ static void dp_free(qt_engine *b) {
     pthread_cond_broadcast(&d->pool.go);
     pthread_mutex_unlock(&d->pool.mu);
     for (int r = 0; r < d->n; r++) pthread_join(d->pool.th[r], NULL);
-    qt_dp_nodes_free(d->nodes, d->pool.nfail > 0);
     qt_comm_free(d->comm);
     for (int k = 0; k < 4; k++) free(d->ckpt.segs[k]);
     pthread_mutex_destroy(&d->pool.mu);

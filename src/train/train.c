@@ -569,13 +569,13 @@ int qt_train_run_nodes(const qt_config *cfg, const qt_train_opts *opts, const qt
         if (stop < 0) rc = -1;
         if (rc == 0 && t->step < t->stop) rc = qt_trainer_stop(t, atomic_load(&g_stop), err, errlen);
         if (t->ck.writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
-        rc = qt_train_nodes_finish(t, rc, err, errlen);
     }
     if (rc == 0 && (t->step == cfg->optim.steps || o->export_only) && !t->follower) { /* node 0 exports */
         char dir[QT_PATH_MAX + 16];
         qt_session_export_dir(cfg, dir, sizeof dir);
         rc = qt_session_export(t, dir, cfg->export.bf16, err, errlen);
     }
+    rc = qt_train_nodes_finish(t, rc, err, errlen); /* every node waits for node 0's last write and export */
     rc = qt_session_close(t, rc, err, errlen);
     atomic_store(&g_stop, 0);
     return rc;
