@@ -285,7 +285,7 @@ static int save_now(qt_trainer *t, char *err, size_t errlen) {
 int qt_trainer_save_after_error(qt_trainer *t, char *err, size_t errlen) {
     char e2[2048], p[QT_PATH_MAX + 32];
     size_t n = strlen(err);
-    if (!t->ck.writer) return -1;
+    if (!t->ck.writer && !t->follower) return -1; /* a follower takes part in node 0's save */
     if (save_now(t, e2, sizeof e2)) {
         snprintf(err + n, errlen > n ? errlen - n : 0, " (and saving step %ld failed: %s)", t->step, e2);
         return -1;
