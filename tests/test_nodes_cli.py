@@ -30,7 +30,7 @@ def free_port():
 def start(rank, port, *extra):
     if not os.access(QTRAIN, os.X_OK):
         raise Skip(f"{QTRAIN} not built")
-    return subprocess.Popen([QTRAIN, CONFIG, "--nodes", "2", *extra], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+    return subprocess.Popen([QTRAIN, CONFIG, "--nodes", "2", "--set", "device=cpu", *extra], cwd=ROOT, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env(NODE_RANK=rank, NNODES=2, MASTER_ADDR="127.0.0.1",
                                                             MASTER_PORT=port))
 

@@ -107,7 +107,7 @@ def env(devices, **kv):
 
 def one_process(cwd, *args):
     """qtrain as one process on GPUs 0 and 1; its output."""
-    r = subprocess.run([QTRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env("0,1"))
+    r = subprocess.run([QTRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=180, env=env("0,1"))
     assert r.returncode == 0, f"one process: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     return r.stdout
 
@@ -120,9 +120,20 @@ def start_nodes(cwd, *args):
 
 
 def two_nodes(cwd, *args):
-    """qtrain as 2 nodes of 1 GPU each; node 0's output."""
+    """qtrain as 2 nodes of 1 GPU each; node 0's output. A node still running after 180 s is killed."""
     ps = start_nodes(cwd, *args)
-    outs = [p.communicate(timeout=300) for p in ps]
+    outs = []
+    try:
+        for k, p in enumerate(ps):
+            try:
+                outs.append(p.communicate(timeout=180))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"node {k} still runs after 180 s")
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for k, (p, (out, err)) in enumerate(zip(ps, outs)):
         assert p.returncode == 0, f"node {k}: exit {p.returncode}\n{out[-2000:]}\n{err[-2000:]}"
     return outs[0][0]

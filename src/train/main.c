@@ -111,14 +111,15 @@ static const char *env_get(void *ctx, const char *name) {
 _Static_assert(QT_NODES_IDS == QT_RDZV_BLOB, "the rendezvous hands over the NCCL ids of qt_nodes");
 
 /* parallel.nodes > 1: where this node stands (the launcher's variables), node 0's NCCL ids for the run's
- * GPUs (none without a GPU: the engine then refuses the run), then the nodes' meeting, which checks
- * every node's config and GPU count against node 0's and hands over the ids. 0 with *nodes filled, or -1. */
+ * GPUs, then the nodes' meeting, which checks every node's config and GPU count against node 0's and hands
+ * over the ids; a run without GPUs (device: cpu, none visible) stops there on every node. 0 with *nodes
+ * filled, or -1. */
 static int meet_nodes(const qt_config *cfg, qt_nodes *nodes, char *err, size_t errlen) {
     qt_launch l;
     if (qt_launch_resolve(&l, cfg->parallel.nodes, env_get, NULL, err, errlen)) return -1;
     static char dump[1 << 16];
     size_t n = qt_config_dump(cfg, dump, sizeof dump);
-    int devs[QT_COMM_MAX_RANKS], visible = qt_cuda_device_count();
+    int devs[QT_COMM_MAX_RANKS], visible = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
     int gpus = visible > 0 ? qt_plan_rank_devices(cfg, visible, devs, err, errlen) : 0;
     if (gpus < 0) return -1;
     *nodes = (qt_nodes){.node = l.node_rank, .nodes = l.nodes};
@@ -131,7 +132,7 @@ static int meet_nodes(const qt_config *cfg, qt_nodes *nodes, char *err, size_t e
     fflush(stdout);
     if (gpus == 0) /* every node has node 0's count: every node stops here */
         return qt_errf(err, errlen, "parallel.nodes: %d: training across nodes runs on GPUs (NCCL between them), and "
-                       "no CUDA device is visible here", l.nodes);
+                       "this run has none (device: cpu, or no CUDA device visible)", l.nodes);
     return 0;
 }
 
