@@ -253,7 +253,8 @@ static void dp_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnor
     d->call.lr = lr;
     d->call.t = t;
     run(d, job_opt, -1);
-    double sv[2 * QT_COMM_MAX_RANKS], all[2 * QT_COMM_MAX_RANKS * QT_NODES_MAX], sum = 0;
+    int per = 2 * d->n + 1; /* the ranks' (loss sum, count) pairs, then the norm */
+    double sv[2 * QT_COMM_MAX_RANKS + 1], all[(2 * QT_COMM_MAX_RANKS + 1) * QT_NODES_MAX], sum = 0;
     long valid = 0;
     for (int r = 0; r < d->n; r++) {
         long v;
@@ -263,10 +264,15 @@ static void dp_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnor
                  "step %ld: rank %d's gradient norm %.9g differs from rank 0's %.9g: the replicas diverged", t, r,
                  d->call.gnorm[r], d->call.gnorm[0]);
     }
-    int nv = world_values(d, sv, 2 * d->n, all);
-    for (int i = 0; i < nv; i += 2) { /* every node's ranks in global rank order */
-        sum += all[i];
-        valid += (long)all[i + 1];
+    sv[2 * d->n] = d->call.gnorm[0];
+    int nv = world_values(d, sv, per, all);
+    for (int k = 0; k < nv; k += per) { /* every node's ranks in global rank order */
+        for (int i = 0; i < 2 * d->n; i += 2) {
+            sum += all[k + i];
+            valid += (long)all[k + i + 1];
+        }
+        QT_CHECK(!memcmp(&all[k + 2 * d->n], &all[2 * d->n], sizeof *all), "step %ld: node %d's gradient norm %.9g "
+                 "differs from node 0's %.9g: the nodes' replicas diverged", t, k / per, all[k + 2 * d->n], all[2 * d->n]);
     }
     *loss = valid ? (float)(sum / valid) : 0.0f;
     *gnorm = d->call.gnorm[0];
