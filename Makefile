@@ -33,14 +33,15 @@ ifeq ($(origin CPU)$(CPU)$(MAKELEVEL),file10)
 $(info make: no nvcc ($(NVCC), none on PATH): the CPU-only build (make CPU=0 insists on CUDA))
 endif
 CPU_ONLY_OUT := $(filter-out comm/rendezvous.c,$(wildcard cuda/*.c comm/*.c src/gpu/*.c)) \
-                $(addprefix src/engine/,engine_gpu.c engine_gpu_lora.c engine_dp.c dp_sync.c plan_auto.c plan_choose.c plan_cost.c plan_lora.c)
+                $(addprefix src/engine/,engine_gpu.c engine_gpu_lora.c engine_dp.c dp_sync.c dp_nodes.c dp_nodes_none.c plan_auto.c \
+                  plan_choose.c plan_cost.c plan_lora.c)
 GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_internode test_kernels test_offload test_ops_gpu test_plan test_plan_lora \
              test_quant test_recompute test_sft test_stores test_weight_slots test_zero tool_lora_dump_gpu
 # NCCL (comm/internode.c, the collectives between nodes; CUDA builds only): where nccl.h and libnccl are
 # in the toolkit or the system's paths. Without it comm/internode.c and test_internode are left out.
 NCCL_FOUND := $(if $(filter 0,$(CPU)),$(and $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),\
                 $(wildcard $(CUDA_HOME)/lib64/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so*)))
-NO_NCCL_OUT := $(if $(NCCL_FOUND),,comm/internode.c tests/test_internode.c)
+NO_NCCL_OUT := $(if $(NCCL_FOUND),src/engine/dp_nodes_none.c,comm/internode.c tests/test_internode.c src/engine/dp_nodes.c)
 NCCL_LDLIBS := -Wl,--push-state,--as-needed -lnccl -Wl,--pop-state # only what calls NCCL needs it
 # CUDA_ARCH, the GPU targets: those of the machine's GPUs (nvidia-smi's compute capability; 9.0 builds
 # sm_90a), else every architecture the project supports (a build for other machines). `make CUDA_ARCH=90a`

@@ -17,9 +17,12 @@
 typedef struct qt_dp_sync qt_dp_sync;
 
 /* For model g (borrowed) of a rank on comm (NULL with one GPU) as plan p says; makes the side stream and
- * events on the current device. th: the test hooks in force (dp_ag_delay_ms, dp_sum_delay_ms, the ZeRO-3
- * ones; all zero in a real run). */
-qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, const qt_test_hooks *th);
+ * events on the current device. nodes: the communicators with the other nodes (borrowed; NULL on one
+ * machine): each bucket's piece, summed in the node, is then summed over the nodes (qt_dp_nodes.h). th:
+ * the test hooks in force (dp_ag_delay_ms, dp_sum_delay_ms, the ZeRO-3 ones; all zero in a real run). */
+struct qt_internode;
+qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, struct qt_internode *nodes,
+                              const qt_test_hooks *th);
 void qt_dp_sync_free(qt_dp_sync *d);
 
 /* Before the model's stream overwrites a micro-step's inputs (tokens) or activations: with ZeRO-2

@@ -127,13 +127,17 @@ typedef struct {
     /* objective: dpo with full fine-tuning: the reference log-probs of the ranks x B rows of the following micro_step
      * and eval_loss calls (copied), until the next call; NULL: none (those calls then fail, naming it). */
     void (*set_dpo_ref)(qt_engine *e, const double *ref);
+    /* parallel.nodes > 1: how many nodes pass mine != 0 (every node calls it at the same point: an agreement
+     * and a barrier). NULL: one machine. */
+    int (*nodes_count)(qt_engine *e, int mine);
 } qt_engine_ops;
 
 struct qt_engine {
     const qt_engine_ops *ops;
     const qt_layout *L;  /* borrowed */
     const qt_plan *plan;  /* the engine's own (qt_plan.h): the micro-batch, AdamW's settings, every mode */
-    int ranks;            /* micro-batches per micro_step: inputs/targets hold ranks x [B*T], one per GPU */
+    int ranks;            /* micro-batches per micro_step: inputs/targets hold ranks x [B*T], one per GPU (across
+                           * nodes, every node's GPUs: each node's engine takes its own ones) */
 };
 
 /* Resolves the model (model.hf_config, else init.from's config.json when no inline model keys were
@@ -151,6 +155,13 @@ int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char
  * for and cannot be served. */
 qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                 size_t errlen);
+/* The same for one node of a multi-node run (parallel.nodes > 1): nodes is where it stands and node 0's
+ * NCCL ids (qt_dp_nodes.h; borrowed until it returns). NULL nodes: qt_engine_create. */
+struct qt_nodes;
+qt_engine *qt_engine_create_nodes(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src,
+                                  const struct qt_nodes *nodes, char *err, size_t errlen);
+/* ops->nodes_count in a catch point: *count = the nodes passing mine != 0 (one machine: mine != 0). 0 or -1. */
+int qt_engine_nodes_count(qt_engine *e, int mine, int *count, char *err, size_t errlen);
 
 /* What the GPU engines cannot run in cfg, as a message naming the key ("lora: not yet on the GPU ..."), or NULL. */
 const char *qt_engine_gpu_refusal(const qt_config *cfg);
@@ -182,6 +193,7 @@ typedef struct {
     struct qt_comm *comm;
     int rank;
     const struct qt_shard_s *shard;
+    struct qt_internode *nodes; /* the communicators with the other nodes (borrowed); NULL on one machine */
 } qt_gpu_rank;
 /* One GPU's engine on CUDA device `device` (NULL with err when CUDA or the config cannot be served).
  * rank NULL: one GPU; else a data-parallel rank whose opt_step first sums the gradients over the comm
@@ -207,6 +219,10 @@ int qt_engine_gpu_tuning_load(qt_engine *e, const void *buf, size_t n, char *err
 /* Every rank reads its weights from src (borrowed until it returns). */
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
                                    const int *devices, char *err, size_t errlen);
+/* The same for one node of plan->parallel.nodes (> 1: nodes says which, and holds node 0's NCCL ids): its
+ * n GPUs' ranks also sum with the other nodes' (qt_dp_nodes.h); ranks counts every node's GPUs. */
+qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
+                                     const int *devices, const struct qt_nodes *nodes, char *err, size_t errlen);
 
 /* The engine calls as the training loop and bindings make them (src/engine/engine.c): each runs the op in a
  * catch point and returns 0, or -1 with the failure's message in err (a failed CUDA call, a rank that

@@ -31,6 +31,10 @@ typedef struct qt_shard_s {
  * (consecutive layers share one past QT_SHARD_MAX_BUCKETS - 2 layers; the last one takes the final norm)
  * and one for an untied LM head with the final norm; else one bucket. */
 void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer);
+/* The same, with the total and the bucket boundaries rounded as for `world` ranks (a multiple of n_ranks):
+ * the shard of a node's rank whose buckets are those of one process with all the nodes' GPUs
+ * (qt_dp_nodes_norm). world = n_ranks is qt_shard_init. */
+void qt_shard_init_world(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer, int world);
 
 /* This rank's piece of bucket b: flat elements [*off, *off + *len), at state index *state. */
 void qt_shard_piece(const qt_shard *sh, int b, size_t *off, size_t *len, size_t *state);

@@ -102,6 +102,10 @@ typedef struct {           /* parallel.* */
     int buckets;           /* the parameters cut into per-layer buckets (qt_shard_init): sharded, overlapped or
                             * anything offloaded */
     int comm;              /* qt_comm_kind */
+    int nodes, node;       /* machines of the run (parallel.nodes; 1: this one) and this one's index (set by the
+                            * data-parallel engine); n_ranks counts this node's GPUs */
+    int world_pieces;      /* nodes > 1 with parallel.zero >= 1: the buckets rounded for nodes x n_ranks ranks and
+                            * the gradient norm summed over their pieces, as one process with every GPU sums it */
 } qt_plan_parallel;
 
 typedef struct {           /* perf.* and the streams */

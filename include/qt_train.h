@@ -43,6 +43,11 @@ typedef struct {
  * checkpoint of the last completed step; an engine failure (a CUDA call, a failed rank) comes back as
  * -1 with its message, without a new checkpoint. */
 int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats *st, char *err, size_t errlen);
+/* The same for one node of a run across nodes (parallel.nodes > 1): nodes is where it stands and node 0's
+ * NCCL ids (the CLI's meeting, qt_dp_nodes.h; borrowed for the run). NULL nodes: qt_train_run. */
+struct qt_nodes;
+int qt_train_run_nodes(const qt_config *cfg, const qt_train_opts *opts, const struct qt_nodes *nodes, qt_train_stats *st,
+                       char *err, size_t errlen);
 
 /* Asks the running (or the next) qt_train_run to stop after its current optimizer step — every GPU
  * thread finishes that step — save a checkpoint and return QT_TRAIN_STOPPED. Safe from any thread

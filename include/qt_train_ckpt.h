@@ -73,6 +73,8 @@ typedef struct qt_trainer {
     long step_targets;        /* unmasked targets of the last step's batches (0: its loss means nothing) */
     qt_train_docs docs;       /* data.attention / data.positions and the step's document starts */
     qt_train_dpo_ref dref;    /* objective: dpo with full fine-tuning: the stored reference log-probs */
+    const struct qt_nodes *nodes; /* a run across nodes: where this node stands (borrowed); NULL: one machine */
+    int follower;             /* a node > 0 of a run across nodes: node 0 keeps the run directory, log and checkpoints */
 } qt_trainer;
 
 /* After qt_trainer_load (or for a fresh run): the writer and the loader position. 0 or -1 with err. */

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """test_nodes_cli.py — `qtrain --nodes N` as a launcher starts it: two processes on 127.0.0.1 with
-NODE_RANK/NNODES/MASTER_ADDR/MASTER_PORT meet and stop with the same message; a differing config on one
+NODE_RANK/NNODES/MASTER_ADDR/MASTER_PORT meet, and the CPU config is then refused on both (training across
+nodes runs on GPUs: tools/gpu-nodes.sh trains); a differing config on one
 node, malformed launcher variables and a missing launcher fail naming the node or the variable."""
 import os
 import socket
@@ -29,24 +30,26 @@ def free_port():
 def start(rank, port, *extra):
     if not os.access(QTRAIN, os.X_OK):
         raise Skip(f"{QTRAIN} not built")
-    return subprocess.Popen([QTRAIN, CONFIG, "--nodes", "2", *extra], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+    return subprocess.Popen([QTRAIN, CONFIG, "--nodes", "2", "--set", "device=cpu", *extra], cwd=ROOT, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env(NODE_RANK=rank, NNODES=2, MASTER_ADDR="127.0.0.1",
                                                             MASTER_PORT=port))
 
 
-def finish(p):
+def finish(p, with_out=False):
     out, err = p.communicate(timeout=60)
-    return p.returncode, err
+    return (p.returncode, out, err) if with_out else (p.returncode, err)
 
 
 def test_two_nodes_meet(tmp):
+    """The nodes meet, then the CPU config is refused on every node: training across nodes runs on GPUs."""
     port = free_port()
     ps = [start(r, port) for r in (1, 0)]
     for r, p in zip((1, 0), ps):
-        rc, err = finish(p)
+        rc, out, err = finish(p, True)
         assert rc == 1, f"node {r}: exit {rc}, stderr {err!r}"
         want = f"parallel.nodes 2: node {r} met the others (env launch, node 0 at 127.0.0.1:{port}"
-        assert want in err and "training across nodes is not built yet" in err, f"node {r}: {err!r}"
+        assert want in out, f"node {r}: {out!r}"
+        assert "parallel.nodes: 2: training across nodes runs on GPUs" in err, f"node {r}: {err!r}"
 
 
 def test_config_differs(tmp):

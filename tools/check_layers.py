@@ -77,13 +77,15 @@ def main():
     # leaves out cuda/, comm/, src/gpu/ and the GPU engines (CPU_ONLY_OUT). Their objects may be missing.
     cpu_only = os.path.exists(object_of("src/engine/engine_none.c", build))
     gpu_only = ("cuda/", "comm/", "src/gpu/", "src/engine/engine_gpu.c", "src/engine/engine_dp.c",
-                "src/engine/dp_sync.c", "src/engine/plan_auto.c")
+                "src/engine/dp_sync.c", "src/engine/plan_auto.c", "src/engine/dp_nodes")
+    # NCCL or not (NCCL_FOUND): dp_nodes.c and comm/internode.c, or dp_nodes_none.c in their place
+    nccl_variants = ("src/engine/dp_nodes.c", "src/engine/dp_nodes_none.c", "comm/internode.c")
     for src in sources():
         if src.endswith((".c", ".cu")) and src != "src/train/main.c":
             o = object_of(src, build)
             if os.path.exists(o):
                 objs[src] = o
-            elif folder(src) == "src/python" or src == "src/engine/engine_none.c" or \
+            elif folder(src) == "src/python" or src == "src/engine/engine_none.c" or src in nccl_variants or \
                     (cpu_only and src.startswith(gpu_only)):
                 continue
             else:

@@ -13,10 +13,15 @@ static void cut(qt_shard *sh, size_t at) {
 }
 
 void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer) {
-    QT_CHECK(n_ranks >= 1 && n_ranks <= QT_SHARD_MAX_RANKS && rank >= 0 && rank < n_ranks,
-             "shard: rank %d of %d ranks (expected 1..%d ranks)", rank, n_ranks, QT_SHARD_MAX_RANKS);
+    qt_shard_init_world(sh, L, n_ranks, rank, per_layer, n_ranks);
+}
+
+void qt_shard_init_world(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer, int world) {
+    QT_CHECK(n_ranks >= 1 && n_ranks <= QT_SHARD_MAX_RANKS && rank >= 0 && rank < n_ranks && world % n_ranks == 0,
+             "shard: rank %d of %d ranks, rounded for %d (expected 1..%d ranks dividing it)", rank, n_ranks, world,
+             QT_SHARD_MAX_RANKS);
     memset(sh, 0, sizeof *sh);
-    size_t q = 64 * (size_t)n_ranks; /* aligned vector loads in every piece */
+    size_t q = 64 * (size_t)world; /* aligned vector loads in every piece (of the world's pieces too) */
     sh->rank = rank;
     sh->n_ranks = n_ranks;
     sh->total = round_up(L->numel, q);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "qt_dp_nodes.h"
 #include "qt_error.h"
 #ifdef QT_MUTANTS
 #include "qt_mutant.h"
@@ -41,6 +42,8 @@ struct qt_dp_sync {
     qt_plan plan;
     float grad_clip;
     qt_comm *comm;          /* borrowed; NULL with one GPU */
+    qt_internode *nodes;    /* borrowed; NULL on one machine: after the node's sum each piece is summed over the nodes */
+    double *world_sumsq;    /* plan.parallel.world_pieces: [nodes x n_ranks][n_buckets] (owned; qt_dp_nodes_norm) */
     cudaStream_t side;      /* plan.perf.side_stream: sums, gathers or AdamW beside the model's stream (owned) */
     cudaEvent_t side_ev;
     int sent;               /* lowest bucket handed to the side stream this step (n_buckets: none) */
@@ -168,6 +171,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
         QT_CHECK(qt_comm_reduce_scatter(d->comm, rank, buf + (off - lo) * es, buf, count, dt, s) == 0,
                  "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
+    if (d->nodes) qt_dp_nodes_sum(d->nodes, rank, buf + (off - lo) * es, len, dt, s); /* the node's sum, over the nodes */
     if (z2) {
 #ifdef QT_MUTANTS
         if (qt_mutant_on(QT_MUT_HOST_SHARD_ASSIGN) && d->plan.grads.host_shard && dt == QT_DT_F32) { /* = instead of += */
@@ -776,6 +780,10 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     }
     for (int b = 0; b < sh->n_buckets; b++) qt_param_grad_piece_fresh(ps, b, s); /* a piece no sum wrote: zeros */
     qt_gpu_model_mark(g, "optimizer: gradient norm");
+    if (d->world_sumsq) {
+        qt_dp_nodes_norm(ps, d->comm, rank, d->plan.parallel.nodes, d->world_sumsq, d->grad_clip, g->ws, s);
+        return;
+    }
     if (sh->n_ranks == 1) {
         qt_grad_norm(ps->norm, ps->clip, ps->grad, ps->grad_dt, sh->total, d->grad_clip, g->ws, s);
         return;
@@ -839,12 +847,13 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     }
 }
 
-qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, const qt_test_hooks *th) {
+qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, qt_internode *nodes,
+                              const qt_test_hooks *th) {
     qt_dp_sync *d = calloc(1, sizeof *d);
     QT_CHECK(d, "out of host memory");
     const qt_shard *sh = &g->ps->shard;
     int nl = g->L->cfg.num_layers;
-    *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = p->optimizer.grad_clip, .comm = comm,
+    *d = (qt_dp_sync){.g = g, .ps = g->ps, .L = g->L, .plan = *p, .grad_clip = p->optimizer.grad_clip, .comm = comm, .nodes = nodes,
                       .sent = sh->n_buckets, .gathered = sh->n_buckets, .test.ag_delay_ms = th->dp_ag_delay_ms,
                       .test.sum_delay_ms = th->dp_sum_delay_ms,
                       .test.read_delay_ms = th->zero3_read_delay_ms, .test.fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
@@ -853,6 +862,8 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
      * the backward's, and steps on 2 x H200 are slower. */
+    if (p->parallel.world_pieces)
+        QT_CUDA(cudaMalloc((void **)&d->world_sumsq, (size_t)p->parallel.nodes * sh->n_ranks * sh->n_buckets * sizeof(double)));
     if (p->perf.side_stream) {
         QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
         QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));
@@ -917,6 +928,7 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaEventDestroy(d->host_grads.gup_ev));
     }
     free(d->ag_ev);
+    if (d->world_sumsq) QT_CUDA(cudaFree(d->world_sumsq));
 #ifdef QT_MUTANTS
     mutants_free(d);
 #endif

@@ -120,6 +120,12 @@ int qt_engine_set_dpo_ref(qt_engine *e, const double *ref, char *err, size_t err
     return 0;
 }
 
+int qt_engine_nodes_count(qt_engine *e, int mine, int *count, char *err, size_t errlen) {
+    *count = mine != 0;
+    if (e->ops->nodes_count) CAUGHT(err, errlen, *count = e->ops->nodes_count(e, mine));
+    return 0;
+}
+
 void qt_engine_free(qt_engine *e) {
     if (!e) return;
     qt_catch c;

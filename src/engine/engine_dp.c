@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include "qt_comm.h"
+#include "qt_dp_nodes.h"
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
@@ -49,6 +50,8 @@ struct dp_engine {
     qt_plan plan;                     /* every rank's, but for its rank index */
     qt_engine *rk[QT_COMM_MAX_RANKS]; /* owned; made and freed by their rank's thread */
     qt_comm *comm;                    /* owned */
+    qt_dp_nodes *nodes;               /* owned; NULL on one machine (parallel.nodes 1) */
+    int first;                        /* the global rank of this node's rank 0 (node x n): its micro-batches */
     struct {                          /* the rank threads, the hand-off of a job and the failures they caught (mu) */
         pthread_t th[QT_COMM_MAX_RANKS];
         rank_arg arg[QT_COMM_MAX_RANKS];
@@ -117,6 +120,9 @@ static void run(dp_engine *d, dp_job job, int only) {
     for (int r = 0; r < d->n; r++)
         if (d->pool.fail_order[r] == 1) first = r;
     pthread_mutex_unlock(&d->pool.mu);
+    char lost[1024]; /* another node failed: its message, whatever the ranks here met after the abort */
+    if (d->nodes && job != job_free && qt_dp_nodes_failed(d->nodes, lost, sizeof lost))
+        qt_fail(__FILE__, __LINE__, "a node failed", "%s", lost);
     if (first >= 0 && job != job_free) qt_fail(__FILE__, __LINE__, "a rank failed", "%s", d->pool.fail[first]);
 }
 
@@ -156,12 +162,13 @@ static void *rank_loop(void *p) {
 /* ---- jobs (run in rank r's thread, its device current) ---- */
 
 static void job_create(dp_engine *d, int r) {
-    qt_gpu_rank rank = {d->comm, r, &d->shard[r]};
+    qt_gpu_rank rank = {d->comm, r, &d->shard[r], d->nodes ? qt_dp_nodes_link(d->nodes) : NULL};
     d->rk[r] = qt_engine_gpu_create(d->base.L, &d->plan, d->call.src, d->dev[r], &rank, d->call.err[r], sizeof d->call.err[r]);
 }
 static void job_micro(dp_engine *d, int r) {
     size_t ntok = (size_t)d->plan.run.B * d->plan.run.T;
-    d->rk[r]->ops->micro_step(d->rk[r], d->call.in + r * ntok, d->call.tgt ? d->call.tgt + r * ntok : NULL, d->call.scale);
+    size_t at = (size_t)(d->first + r) * ntok; /* the global rank's micro-batch */
+    d->rk[r]->ops->micro_step(d->rk[r], d->call.in + at, d->call.tgt ? d->call.tgt + at : NULL, d->call.scale);
 }
 static void job_opt(dp_engine *d, int r) {
     /* the other ranks are then already waiting in the gradient all-reduce: they must stop too */
@@ -170,7 +177,8 @@ static void job_opt(dp_engine *d, int r) {
 }
 static void job_eval(dp_engine *d, int r) {
     size_t ntok = (size_t)d->plan.run.B * d->plan.run.T;
-    d->call.loss[r] = d->rk[r]->ops->eval_loss(d->rk[r], d->call.in + r * ntok, d->call.tgt + r * ntok);
+    size_t at = (size_t)(d->first + r) * ntok;
+    d->call.loss[r] = d->rk[r]->ops->eval_loss(d->rk[r], d->call.in + at, d->call.tgt + at);
 }
 static void job_weights(dp_engine *d, int r) { d->rk[r]->ops->get_weights(d->rk[r], d->call.out); }
 static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], d->call.out); }
@@ -192,16 +200,18 @@ static void job_docs(dp_engine *d, int r) {
         return;
     }
     size_t B = (size_t)d->plan.run.B, T = (size_t)d->plan.run.T;
-    qt_docs mine = {d->call.docs->starts + r * B * T, d->call.docs->n_starts + r * B, d->call.docs->attention, d->call.docs->positions};
+    size_t g = (size_t)(d->first + r);
+    qt_docs mine = {d->call.docs->starts + g * B * T, d->call.docs->n_starts + g * B, d->call.docs->attention, d->call.docs->positions};
     d->rk[r]->ops->set_docs(d->rk[r], &mine);
 }
 /* objective: dpo: rank r's rows [r*B, (r+1)*B) of the ranks x B. */
 static void job_row_logps(dp_engine *d, int r) {
     size_t B = (size_t)d->plan.run.B, ntok = B * d->plan.run.T;
-    d->rk[r]->ops->row_logps(d->rk[r], d->call.in + r * ntok, d->call.tgt + r * ntok, d->call.logp + r * B);
+    size_t g = (size_t)(d->first + r);
+    d->rk[r]->ops->row_logps(d->rk[r], d->call.in + g * ntok, d->call.tgt + g * ntok, d->call.logp + g * B);
 }
 static void job_dpo_ref(dp_engine *d, int r) {
-    d->rk[r]->ops->set_dpo_ref(d->rk[r], d->call.dref ? d->call.dref + r * (size_t)d->plan.run.B : NULL);
+    d->rk[r]->ops->set_dpo_ref(d->rk[r], d->call.dref ? d->call.dref + (size_t)(d->first + r) * d->plan.run.B : NULL);
 }
 static void job_dpo_stats(dp_engine *d, int r) { d->rk[r]->ops->dpo_stats(d->rk[r], d->call.on, &d->call.dst[r]); }
 static void job_free(dp_engine *d, int r) {
@@ -210,6 +220,25 @@ static void job_free(dp_engine *d, int r) {
 }
 
 /* ---- the engine ops ---- */
+
+/* The world's values: this node's mine[per] and, across nodes, every node's after it in node order
+ * (qt_dp_nodes_gather), into all; returns how many. */
+static int world_values(dp_engine *d, const double *mine, int per, double *all) {
+    if (!d->nodes) {
+        memcpy(all, mine, (size_t)per * sizeof *mine);
+        return per;
+    }
+    qt_dp_nodes_gather(d->nodes, mine, per, all);
+    return per * d->plan.parallel.nodes;
+}
+
+static int dp_nodes_count(qt_engine *b, int mine) {
+    dp_engine *d = (dp_engine *)b;
+    double v = mine != 0, all[QT_NODES_MAX];
+    int n = world_values(d, &v, 1, all), count = 0;
+    for (int i = 0; i < n; i++) count += all[i] != 0;
+    return count;
+}
 
 static void dp_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, float grad_scale) {
     dp_engine *d = (dp_engine *)b;
@@ -224,17 +253,26 @@ static void dp_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnor
     d->call.lr = lr;
     d->call.t = t;
     run(d, job_opt, -1);
-    double sum = 0;
+    int per = 2 * d->n + 1; /* the ranks' (loss sum, count) pairs, then the norm */
+    double sv[2 * QT_COMM_MAX_RANKS + 1], all[(2 * QT_COMM_MAX_RANKS + 1) * QT_NODES_MAX], sum = 0;
     long valid = 0;
     for (int r = 0; r < d->n; r++) {
-        double s;
         long v;
-        qt_engine_gpu_last_loss(d->rk[r], &s, &v);
-        sum += s;
-        valid += v;
+        qt_engine_gpu_last_loss(d->rk[r], &sv[2 * r], &v);
+        sv[2 * r + 1] = (double)v;
         QT_CHECK(memcmp(&d->call.gnorm[r], &d->call.gnorm[0], sizeof(float)) == 0,
                  "step %ld: rank %d's gradient norm %.9g differs from rank 0's %.9g: the replicas diverged", t, r,
                  d->call.gnorm[r], d->call.gnorm[0]);
+    }
+    sv[2 * d->n] = d->call.gnorm[0];
+    int nv = world_values(d, sv, per, all);
+    for (int k = 0; k < nv; k += per) { /* every node's ranks in global rank order */
+        for (int i = 0; i < 2 * d->n; i += 2) {
+            sum += all[k + i];
+            valid += (long)all[k + i + 1];
+        }
+        QT_CHECK(!memcmp(&all[k + 2 * d->n], &all[2 * d->n], sizeof *all), "step %ld: node %d's gradient norm %.9g "
+                 "differs from node 0's %.9g: the nodes' replicas diverged", t, k / per, all[k + 2 * d->n], all[2 * d->n]);
     }
     *loss = valid ? (float)(sum / valid) : 0.0f;
     *gnorm = d->call.gnorm[0];
@@ -245,8 +283,11 @@ static float dp_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt) {
     d->call.in = in;
     d->call.tgt = tgt;
     run(d, job_eval, -1);
+    double mine[QT_COMM_MAX_RANKS], all[QT_COMM_MAX_RANKS * QT_NODES_MAX];
+    for (int r = 0; r < d->n; r++) mine[r] = d->call.loss[r];
+    int nv = world_values(d, mine, d->n, all);
     float sum = 0;
-    for (int r = 0; r < d->n; r++) sum += d->call.loss[r];
+    for (int i = 0; i < nv; i++) sum += (float)all[i];
     return sum;
 }
 
@@ -442,6 +483,10 @@ static void dp_profile_print(qt_engine *b, int steps) {
 
 static void dp_free(qt_engine *b) {
     dp_engine *d = (dp_engine *)b;
+    /* the communicators first (their work is done or aborted): no watchdog then takes another node's
+     * leaving for a failure */
+    qt_dp_nodes_free(d->nodes, d->pool.nfail > 0);
+    d->nodes = NULL;
     run(d, job_free, -1);
     pthread_mutex_lock(&d->pool.mu);
     d->pool.quit = 1;
@@ -516,6 +561,17 @@ static const qt_engine_ops dp_ops = {
 
 qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
                                    const int *devices, char *err, size_t errlen) {
+    return qt_engine_dp_nodes_create(L, plan, src, n, devices, NULL, err, errlen);
+}
+
+qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
+                                     const int *devices, const qt_nodes *nodes, char *err, size_t errlen) {
+    int nn = plan->parallel.nodes;
+    if (nn > 1 && (!nodes || nodes->nodes != nn || nodes->node < 0 || nodes->node >= nn)) {
+        snprintf(err, errlen, "%s: parallel.nodes: %d: a node's engine needs the nodes' meeting (the qtrain CLI under a "
+                 "launcher: docs/multi-node.md)", plan->run.path, nn);
+        return NULL;
+    }
     if (n < 1 || n > QT_COMM_MAX_RANKS) {
         snprintf(err, errlen, "%s: parallel.gpus: %d ranks, expected 1..%d", plan->run.path, n, QT_COMM_MAX_RANKS);
         return NULL;
@@ -526,15 +582,18 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt
     QT_CHECK(d, "out of host memory");
     d->ops = dp_ops;
     d->plan = *plan;
-    d->base = (qt_engine){&d->ops, L, &d->plan, n};
+    d->base = (qt_engine){&d->ops, L, &d->plan, n * nn};
     d->n = n;
+    d->plan.parallel.node = nn > 1 ? nodes->node : 0;
+    d->first = d->plan.parallel.node * n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
     d->sharded = plan->parallel.dp == QT_DP_SHARDED;
     d->zero = plan->parallel.zero;
     /* Sharded: a bucket per layer with overlap or not, so the norm's per-bucket sums (and so its bits)
      * are the same at every ZeRO level; ZeRO-2 needs them for its slots. */
+    int pn = d->sharded ? n : 1; /* across nodes with ZeRO: rounded as one process with every node's GPUs rounds */
     for (int r = 0; r < n; r++)
-        qt_shard_init(&d->shard[r], L, d->sharded ? n : 1, d->sharded ? r : 0, plan->parallel.buckets);
+        qt_shard_init_world(&d->shard[r], L, pn, pn > 1 ? r : 0, plan->parallel.buckets, plan->parallel.world_pieces ? n * nn : pn);
     const qt_test_hooks *th = qt_test_hooks_get();
     d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
     d->fail_step = th->dp_fail_step;
@@ -551,6 +610,15 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt
         plan->precision.acc_dt != QT_DT_BF16) /* bf16 gradients cross in bf16 */
         printf("qtrain: the gradients cross host memory as fp32; parallel.reduce_dtype: bf16 halves those bytes\n");
     QT_CUDA(cudaSetDevice(devices[0]));
+    if (nn > 1 && !(d->nodes = qt_dp_nodes_create(nodes, n, devices, d->comm, 300.0, err, errlen))) {
+        qt_comm_free(d->comm);
+        pthread_mutex_destroy(&d->pool.mu);
+        pthread_cond_destroy(&d->pool.go);
+        pthread_cond_destroy(&d->pool.done);
+        free(d);
+        return NULL;
+    }
+    if (nn > 1) d->ops.nodes_count = dp_nodes_count;
     for (int r = 0; r < n; r++) {
         d->pool.arg[r].d = d;
         d->pool.arg[r].r = r;
@@ -560,13 +628,15 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt
     run(d, job_create, -1); /* in parallel: each rank allocates and initialises its own GPU */
     for (int r = 0; r < n; r++)
         if (!d->rk[r]) {
-            snprintf(err, errlen, "rank %d (GPU %d): %s", r, d->dev[r], d->call.err[r]);
+            snprintf(err, errlen, "rank %d (GPU %d): %s", d->first + r, d->dev[r], d->call.err[r]);
             dp_free(&d->base);
             return NULL;
         }
     char devs[64] = "";
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
-    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs,
+    char across[96] = "";
+    if (nn > 1) snprintf(across, sizeof across, ", node %d of %d (NCCL between the nodes, the state replicated per node)", d->plan.parallel.node, nn);
+    snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s%s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs, across,
              qt_comm_name(d->comm), d->zero >= 3   ? ", optimizer state, gradients and bf16 weights sharded (ZeRO-3)"
                                     : d->zero >= 2 ? ", optimizer state and gradients sharded (ZeRO-2)"
                                     : d->sharded   ? ", optimizer state sharded" : "",

@@ -603,7 +603,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const q
     for (int i = 0; i < 2; i++) QT_CUDA(cudaEventCreateWithFlags(&e->bad_ev[i], cudaEventDisableTiming));
     e->first_bad = e->first_bad_step = -1;
     /* a forward that did not wait for its bucket would then read last step's weights (test_train) */
-    e->sync = qt_dp_sync_create(e->g, &e->plan, rank ? rank->comm : NULL, qt_test_hooks_get());
+    e->sync = qt_dp_sync_create(e->g, &e->plan, rank ? rank->comm : NULL, rank ? rank->nodes : NULL, qt_test_hooks_get());
     dpo_init(e);
     return &e->base;
 }

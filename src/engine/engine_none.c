@@ -6,6 +6,7 @@
 
 #include "qt_comm.h"
 #include "qt_device.h"
+#include "qt_dp_nodes.h"
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_gpu_model.h"
@@ -32,6 +33,18 @@ qt_engine *qt_engine_dp_create(const qt_layout *L, const qt_plan *plan, const qt
     (void)L, (void)src, (void)n, (void)devices;
     qt_errf(err, errlen, "%s: parallel: %s", plan->run.path, QT_NO_CUDA);
     return NULL;
+}
+
+qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int n,
+                                     const int *devices, const struct qt_nodes *nodes, char *err, size_t errlen) {
+    (void)L, (void)src, (void)n, (void)devices, (void)nodes;
+    qt_errf(err, errlen, "%s: parallel: %s", plan->run.path, QT_NO_CUDA);
+    return NULL;
+}
+
+int qt_dp_nodes_ids(unsigned char *ids, int gpus, char *err, size_t errlen) {
+    (void)ids, (void)gpus;
+    return qt_errf(err, errlen, "parallel.nodes: %s", QT_NO_CUDA);
 }
 
 qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,

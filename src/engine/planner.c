@@ -122,7 +122,7 @@ int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training
         if (training) /* train_ckpt.c's snapshot of weights, m, v at a save (64-byte aligned each) */
             qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", 3 * ((L->numel * 4 + 63) / 64 * 64));
     } else {
-        qt_plan_make(cfg, L, rp->ranks > 1 ? rp->ranks : 0, &rp->plan);
+        qt_plan_make(cfg, L, rp->ranks > 1 || cfg->parallel.nodes > 1 ? rp->ranks : 0, &rp->plan); /* as setup.c */
         if (gpu_rows(L, &rp->plan, rp, err, errlen)) return -1;
     }
     if (training) { /* train.c: a step's inputs and targets, [grad_accum][ranks][B * T] */

@@ -10,14 +10,20 @@
 #include "qt_error.h"
 #include "qt_planner.h"
 
-static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
-                                size_t errlen) {
+static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src,
+                                const struct qt_nodes *nodes, char *err, size_t errlen) {
     int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
     if (cfg->device == QT_DEVICE_CUDA && ngpu == 0) {
         snprintf(err, errlen, "%s: device: cuda was asked for but no CUDA device is visible", cfg->path);
         return NULL;
     }
     qt_plan plan;
+    int across = cfg->parallel.nodes > 1; /* a node of one GPU is a data-parallel rank too */
+    if (ngpu == 0 && across) {
+        snprintf(err, errlen, "%s: parallel.nodes: %d: training across nodes runs on GPUs (NCCL between them), and "
+                 "no CUDA device is visible here", cfg->path, cfg->parallel.nodes);
+        return NULL;
+    }
     if (ngpu == 0) {
         if (cfg->device == QT_DEVICE_AUTO)
             printf("qtrain: no CUDA device found; training on the CPU fp32 reference path\n");
@@ -38,10 +44,10 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
     }
     if (n > 1 && cfg->lora.rank > 0) /* every rank one GPU's LoRA engine, the adapters replicated */
         return qt_plan_resolve(cfg, L, 0, &plan, err, errlen) ? NULL : qt_engine_gpu_lora_dp_create(L, &plan, src, n, devs, err, errlen);
-    if (n < 0 || qt_plan_resolve(cfg, L, n == 1 ? 0 : n, &plan, err, errlen)) return NULL;
+    if (n < 0 || qt_plan_resolve(cfg, L, n == 1 && !across ? 0 : n, &plan, err, errlen)) return NULL;
     if (n == 1 && plan.lora.rank > 0) return qt_engine_gpu_lora_create(L, &plan, src, devs[0], err, errlen);
-    if (n == 1) return qt_engine_gpu_create(L, &plan, src, devs[0], NULL, err, errlen);
-    return qt_engine_dp_create(L, &plan, src, n, devs, err, errlen);
+    if (n == 1 && !across) return qt_engine_gpu_create(L, &plan, src, devs[0], NULL, err, errlen);
+    return qt_engine_dp_nodes_create(L, &plan, src, n, devs, nodes, err, errlen);
 }
 
 /* LoRA on the GPU runs a bf16 or NF4 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or
@@ -55,6 +61,8 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0 && (cfg->memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)))
         return "objective: dpo with full fine-tuning on the GPU: memory.offload of weights or gradients is not yet "
                "supported (the optimizer state may be offloaded)";
+    if (cfg->parallel.nodes > 1 && cfg->objective == QT_OBJ_DPO)
+        return "objective: dpo trains on one machine (its rows' losses are summed inside a node): set parallel.nodes 1";
     if (cfg->lora.rank <= 0) return NULL;
     if (cfg->lora.trainable)
         return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";
@@ -116,6 +124,11 @@ void qt_engine_profile_print(qt_engine *e, int steps) {
  * message; what was allocated before it is not freed (the process is expected to end or retry). */
 qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src, char *err,
                                 size_t errlen) {
+    return qt_engine_create_nodes(L, cfg, src, NULL, err, errlen);
+}
+
+qt_engine *qt_engine_create_nodes(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src,
+                                  const struct qt_nodes *nodes, char *err, size_t errlen) {
     qt_catch c;
     qt_catch_push(&c);
     if (setjmp(c.jb)) {
@@ -127,7 +140,7 @@ qt_engine *qt_engine_create(const qt_layout *L, const qt_config *cfg, const qt_w
         qt_catch_pop(&c);
         return NULL;
     }
-    qt_engine *e = engine_create(L, cfg, src, err, errlen);
+    qt_engine *e = engine_create(L, cfg, src, nodes, err, errlen);
     qt_catch_pop(&c);
     return e;
 }

@@ -80,6 +80,10 @@ static int check_ranks(const qt_config *cfg, int n_ranks, char *err, size_t errl
                         ">= 2 ranks, got 1 (parallel.devices: [0, 0] puts two ranks on GPU 0; one rank keeps everything: "
                         "zero 0 or 1)", cfg->path, zero, zero == 3 ? " and weights" : ""), -1;
     if (qt_config_zero3_check(cfg, err, errlen)) return -1; /* a config changed after loading (memory.plan: auto) */
+    if ((cfg->memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)) && cfg->parallel.nodes > 1 && n_ranks <= 1)
+        return snprintf(err, errlen, "%s: memory.offload: [weights] or [gradients] on nodes of one GPU is not built (such "
+                        "a node is a data-parallel rank keeping them on its GPU): drop them, or give each node 2 or more "
+                        "GPUs with parallel.zero 3 (weights) or 2 (gradients)", cfg->path), -1;
     int w_off = (cfg->memory.offload & QT_OFF_WEIGHTS) && zero < 3, g_off = (cfg->memory.offload & QT_OFF_GRADIENTS) && zero < 2;
     if ((w_off || g_off) && n_ranks > 1) /* several ranks: the rank's ZeRO-3 pieces / ZeRO-2 gradient shard only */
         return snprintf(err, errlen, "%s: memory.offload: [%s] with parallel.zero: %d is built for one GPU, expected 1 rank, "
@@ -117,10 +121,12 @@ static void place(const qt_config *cfg, const qt_layout *L, qt_plan *p) {
     g->reduce_dt = (qt_dtype)par->reduce_dtype;
     g->reduce_bf16 = pp->dp != QT_DP_ONE && par->reduce_dtype == QT_DT_BF16 && cfg->precision.grad_accum_dtype != QT_DT_BF16;
     pp->overlap = pp->dp != QT_DP_ONE && par->overlap_comm;
-    pp->lookups = pp->dp == QT_DP_SHARDED && qt_plan_lookups_pay(L, (long)cfg->data.micro_batch * cfg->data.seq_len, pp->n_ranks);
+    /* across nodes the table's gradient crosses in its bucket: the lookups' gathers stay inside a node */
+    pp->lookups = pp->dp == QT_DP_SHARDED && pp->nodes == 1 &&
+                  qt_plan_lookups_pay(L, (long)cfg->data.micro_batch * cfg->data.seq_len, pp->n_ranks);
     g->embed_apart = g->sharded && pp->lookups && L->lm_head != L->embed;
     w->ahead = (pp->dp == QT_DP_SHARDED && pp->overlap) || o->ahead;
-    pp->buckets = pp->dp != QT_DP_ONE ? (pp->overlap || pp->dp == QT_DP_SHARDED) && pp->n_ranks > 1
+    pp->buckets = pp->dp != QT_DP_ONE ? (pp->overlap || pp->dp == QT_DP_SHARDED || pp->world_pieces) && pp->n_ranks * pp->nodes > 1
                                       : o->host || w->host_one || g->host_one;
     p->perf.side_stream = pp->dp != QT_DP_ONE || o->ahead || w->host_one || g->host_one;
 }
@@ -163,6 +169,8 @@ void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan
     pp->n_ranks = n_ranks ? n_ranks : 1;
     pp->zero = pp->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
     pp->comm = cfg->parallel.comm;
+    pp->nodes = n_ranks && cfg->parallel.nodes > 1 ? cfg->parallel.nodes : 1; /* a node of one GPU: a data-parallel rank */
+    pp->world_pieces = pp->nodes > 1 && cfg->parallel.zero >= 1;
     place(cfg, L, p);
 }
 

@@ -11,9 +11,11 @@
 #include "qt_config.h"
 #include "qt_crc32.h"
 #include "qt_device.h"
+#include "qt_dp_nodes.h"
 #include "qt_error.h"
 #include "qt_launch.h"
 #include "qt_plan_auto.h"
+#include "qt_plan.h"
 #include "qt_planner.h"
 #include "qt_rendezvous.h"
 #include "qt_resume.h"
@@ -106,21 +108,32 @@ static const char *env_get(void *ctx, const char *name) {
     return getenv(name);
 }
 
-/* parallel.nodes > 1: where this node stands (the launcher's variables), then the nodes' meeting, which
- * checks every node's config and GPU count against node 0's. Training across nodes is not built yet:
- * the run stops there with a message on every node. */
-static int meet_nodes(const qt_config *cfg, char *err, size_t errlen) {
+_Static_assert(QT_NODES_IDS == QT_RDZV_BLOB, "the rendezvous hands over the NCCL ids of qt_nodes");
+
+/* parallel.nodes > 1: where this node stands (the launcher's variables), node 0's NCCL ids for the run's
+ * GPUs, then the nodes' meeting, which checks every node's config and GPU count against node 0's and hands
+ * over the ids; a run without GPUs (device: cpu, none visible) stops there on every node. 0 with *nodes
+ * filled, or -1. */
+static int meet_nodes(const qt_config *cfg, qt_nodes *nodes, char *err, size_t errlen) {
     qt_launch l;
     if (qt_launch_resolve(&l, cfg->parallel.nodes, env_get, NULL, err, errlen)) return -1;
     static char dump[1 << 16];
     size_t n = qt_config_dump(cfg, dump, sizeof dump);
-    qt_rdzv_opts o = {l.master_addr, l.master_port, l.node_rank, l.nodes, qt_cuda_device_count(),
+    int devs[QT_COMM_MAX_RANKS], visible = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
+    int gpus = visible > 0 ? qt_plan_rank_devices(cfg, visible, devs, err, errlen) : 0;
+    if (gpus < 0) return -1;
+    *nodes = (qt_nodes){.node = l.node_rank, .nodes = l.nodes};
+    if (l.node_rank == 0 && gpus > 0 && qt_dp_nodes_ids(nodes->ids, gpus, err, errlen)) return -1;
+    qt_rdzv_opts o = {l.master_addr, l.master_port, l.node_rank, l.nodes, gpus,
                       qt_crc32(0, dump, n < sizeof dump ? n : sizeof dump), 300.0};
-    unsigned char blob[QT_RDZV_BLOB] = {0};
-    if (qt_rdzv_run(&o, blob, err, errlen)) return -1;
-    return qt_errf(err, errlen, "parallel.nodes %d: node %d met the others (%s launch, node 0 at %s:%d, %d GPUs "
-                   "each); training across nodes is not built yet (docs/multi-node.md)", l.nodes, l.node_rank,
-                   l.launcher, l.master_addr, l.master_port, o.gpus);
+    if (qt_rdzv_run(&o, nodes->ids, err, errlen)) return -1;
+    printf("qtrain: parallel.nodes %d: node %d met the others (%s launch, node 0 at %s:%d, %d GPUs each)\n", l.nodes,
+           l.node_rank, l.launcher, l.master_addr, l.master_port, gpus);
+    fflush(stdout);
+    if (gpus == 0) /* every node has node 0's count: every node stops here */
+        return qt_errf(err, errlen, "parallel.nodes: %d: training across nodes runs on GPUs (NCCL between them), and "
+                       "this run has none (device: cpu, or no CUDA device visible)", l.nodes);
+    return 0;
 }
 
 /* Runs before every shared library's initializers (cuDNN's and cuBLASLt's take about 0.1 s): from the
@@ -241,11 +254,12 @@ int main(int argc, char **argv) {
         if (fit) fprintf(stderr, "qtrain: %s\n", err);
         return fit < 0 ? 1 : fit || no_fit ? QT_EXIT_NO_FIT : 0;
     }
-    if (cfg.parallel.nodes > 1 && meet_nodes(&cfg, err, sizeof err)) {
+    static qt_nodes nodes;
+    if (cfg.parallel.nodes > 1 && meet_nodes(&cfg, &nodes, err, sizeof err)) {
         fprintf(stderr, "qtrain: %s\n", err);
         return 1;
     }
-    int rc = qt_train_run(&cfg, &o, NULL, err, sizeof err);
+    int rc = qt_train_run_nodes(&cfg, &o, cfg.parallel.nodes > 1 ? &nodes : NULL, NULL, err, sizeof err);
     if (rc == QT_TRAIN_STOPPED) return QT_EXIT_STOPPED;
     if (rc) {
         fprintf(stderr, "qtrain: %s\n", err);

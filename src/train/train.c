@@ -25,12 +25,14 @@
 #include <unistd.h>
 
 #include "qt_data.h"
+#include "qt_dp_nodes.h"
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_hf.h"
 #include "qt_optim.h"
 #include "qt_train_ckpt.h"
 #include "qt_train_dpo.h"
+#include "qt_train_nodes.h"
 #include "qt_train_session.h"
 #include "qt_tuning_cache.h"
 
@@ -359,7 +361,7 @@ int qt_session_update(qt_trainer *t, qt_step_result *r, char *err, size_t errlen
         if (targets) t->st->last_eval = r->eval_loss;
     }
     if ((c->checkpoint.every > 0 && t->step % c->checkpoint.every == 0) || last) {
-        if (qt_trainer_save(t, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
+        if (qt_train_nodes_save(t, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
         r->saved = 1;
         /* the picks of shapes first met after step 1 (the evaluation's, the fp8 path's later ones) too */
         if (c->perf.deterministic) qt_tuning_cache_save(t->eng, t->tuning_cache);
@@ -409,10 +411,15 @@ static int begin_training(qt_trainer *t, const qt_train_opts *o, char *err, size
         return failed(t, QT_TF_CHECKPOINT, qt_errf(err, errlen, "--resume: the checkpoint is at step %ld and the run ends at step %ld (%s): nothing "
                        "to train; raise optim.steps (e.g. --set optim.steps=%ld)", t->step, t->stop,
                        t->stop == c->optim.steps ? "optim.steps" : "--stop-after", t->step + (c->optim.steps > 0 ? c->optim.steps : 1)));
-    if (o->resume && qt_rundir_identity(&t->dir, c, 1, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
-    printf("qtrain: run %s, checkpoints in %s\n", t->dir.run_id, c->checkpoint.dir);
-    if (qt_train_log_config(&t->log, c, t->dir.run_id, o->resume != NULL, err, errlen)) return failed(t, QT_TF_IO, -1);
-    if (qt_trainer_ckpt_init(t, err, errlen)) return failed(t, QT_TF_DEVICE, -1);
+    if (t->follower) {
+        printf("qtrain: node %d of %d: node 0 keeps the run directory, the log and the checkpoints (%s)\n",
+               t->nodes->node, t->nodes->nodes, c->checkpoint.dir);
+    } else {
+        if (o->resume && qt_rundir_identity(&t->dir, c, 1, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
+        printf("qtrain: run %s, checkpoints in %s\n", t->dir.run_id, c->checkpoint.dir);
+        if (qt_train_log_config(&t->log, c, t->dir.run_id, o->resume != NULL, err, errlen)) return failed(t, QT_TF_IO, -1);
+        if (qt_trainer_ckpt_init(t, err, errlen)) return failed(t, QT_TF_DEVICE, -1);
+    }
     t->start = t->last_logged = t->step;
     t->t0 = t->tlast = now_s();
     return 0;
@@ -442,8 +449,8 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
     if (training && (cfg->data.train[0] || !data_optional) && open_loaders(t, &t->layout, err, errlen))
         return failed(t, QT_TF_DATA, -1);
     /* the run's folders only once the config and the data are found good: a refused start makes none */
-    if (stopped_at_start(t, err, errlen) || (training && check_run_needs(t, o, err, errlen))) return -1;
-    t->eng = qt_engine_create(&t->layout, cfg, &t->wsrc, err, errlen);
+    if (stopped_at_start(t, err, errlen) || (training && !t->follower && check_run_needs(t, o, err, errlen))) return -1;
+    t->eng = qt_engine_create_nodes(&t->layout, cfg, &t->wsrc, t->nodes, err, errlen);
     if (!t->eng) return failed(t, QT_TF_DEVICE, -1);
     if (stopped_at_start(t, err, errlen)) return -1;
     /* a step's micro-batches: [grad_accum][ranks][micro_batch * seq_len], read before the step runs */
@@ -471,15 +478,25 @@ static int build(qt_trainer *t, const qt_train_opts *o, int data_optional, char 
     return training ? begin_training(t, o, err, errlen) : 0;
 }
 
+static qt_trainer *session_open(const qt_config *cfg, const qt_train_opts *o, const qt_nodes *nodes, int data_optional,
+                                qt_train_stats *st, qt_train_fail *fail, char *err, size_t errlen);
+
 qt_trainer *qt_session_open(const qt_config *cfg, const qt_train_opts *o, int data_optional, qt_train_stats *st,
                             qt_train_fail *fail, char *err, size_t errlen) {
+    return session_open(cfg, o, NULL, data_optional, st, fail, err, errlen);
+}
+
+/* qt_session_open for one node of a run across nodes (nodes NULL: one machine). */
+static qt_trainer *session_open(const qt_config *cfg, const qt_train_opts *o, const qt_nodes *nodes, int data_optional,
+                                qt_train_stats *st, qt_train_fail *fail, char *err, size_t errlen) {
     qt_trainer *t = calloc(1, sizeof *t);
     *fail = QT_TF_INTERNAL;
     if (!t) {
         qt_errf(err, errlen, "out of host memory");
         return NULL;
     }
-    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1, .dir_fd = -1}, .log = {.fd = -1}, .st = st, .ck = {.saved_step = -1}, .lr_override = -1};
+    *t = (qt_trainer){.cfg = cfg, .dir = {.lock_fd = -1, .dir_fd = -1}, .log = {.fd = -1}, .st = st, .ck = {.saved_step = -1},
+                      .lr_override = -1, .nodes = nodes, .follower = qt_train_nodes_follower(nodes)};
     *st = (qt_train_stats){0, NAN, NAN, 0, 0, 0, 0, 0};
     qt_rng_seed(&t->rng, cfg->seed);
     t->sched = (qt_sched){cfg->optim.schedule, cfg->optim.lr, cfg->optim.final_lr_frac, cfg->optim.warmup,
@@ -516,12 +533,17 @@ int qt_session_close(qt_trainer *t, int rc, char *err, size_t errlen) {
 }
 
 int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats *st, char *err, size_t errlen) {
+    return qt_train_run_nodes(cfg, opts, NULL, st, err, errlen);
+}
+
+int qt_train_run_nodes(const qt_config *cfg, const qt_train_opts *opts, const qt_nodes *nodes, qt_train_stats *st,
+                       char *err, size_t errlen) {
     qt_train_opts dflt = {NULL, -1, 0, NULL, NULL, NULL};
     qt_train_stats dst;
     const qt_train_opts *o = opts ? opts : &dflt;
     if (!st) st = &dst;
     qt_train_fail fail;
-    qt_trainer *t = qt_session_open(cfg, o, 0, st, &fail, err, errlen);
+    qt_trainer *t = session_open(cfg, o, nodes, 0, st, &fail, err, errlen);
     if (!t) {
         atomic_store(&g_stop, 0);
         if (!atomic_exchange(&g_stopped_at_start, 0)) return -1;
@@ -532,7 +554,8 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
     int rc = 0;
     if (!o->export_only) {
         double t0 = now_s();
-        while (t->step < t->stop && !atomic_load(&g_stop)) {
+        int stop = 0;
+        while (t->step < t->stop && !(stop = qt_train_nodes_stop(t, atomic_load(&g_stop), err, errlen))) {
             qt_step_result r;
             if (qt_session_step(t, QT_BATCH_LOADER, &r, err, errlen)) {
                 rc = -1;
@@ -543,14 +566,16 @@ int qt_train_run(const qt_config *cfg, const qt_train_opts *opts, qt_train_stats
         double dt = now_s() - t0;
         st->tokens_per_s = dt > 0 ? (t->step - t->start) * t->tok_per_step / dt : 0;
         /* a request that comes after the last step lets the run finish (and export) */
+        if (stop < 0) rc = -1;
         if (rc == 0 && t->step < t->stop) rc = qt_trainer_stop(t, atomic_load(&g_stop), err, errlen);
         if (t->ck.writer && qt_trainer_ckpt_finish(t, rc, err, errlen)) rc = -1;
     }
-    if (rc == 0 && (t->step == cfg->optim.steps || o->export_only)) {
+    if (rc == 0 && (t->step == cfg->optim.steps || o->export_only) && !t->follower) { /* node 0 exports */
         char dir[QT_PATH_MAX + 16];
         qt_session_export_dir(cfg, dir, sizeof dir);
         rc = qt_session_export(t, dir, cfg->export.bf16, err, errlen);
     }
+    rc = qt_train_nodes_finish(t, rc, err, errlen); /* every node waits for node 0's last write and export */
     rc = qt_session_close(t, rc, err, errlen);
     atomic_store(&g_stop, 0);
     return rc;

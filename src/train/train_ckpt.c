@@ -16,6 +16,7 @@
 #endif
 #include "qt_planner.h"
 #include "qt_test_hooks.h"
+#include "qt_train_nodes.h"
 
 #define CFG_CAP QT_CKPT_TEXT_MAX
 
@@ -277,14 +278,14 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
 /* Saves the last completed step unless it is saved already or no step ran (a step-0 checkpoint holds
  * only the initial weights, and would make the directory refuse a fresh run), and waits. 0 or -1. */
 static int save_now(qt_trainer *t, char *err, size_t errlen) {
-    if (t->step > t->ck.saved_step && t->step > 0 && qt_trainer_save(t, err, errlen)) return -1;
+    if (t->step > t->ck.saved_step && t->step > 0 && qt_train_nodes_save(t, err, errlen)) return -1;
     return finish_write(t, err, errlen);
 }
 
 int qt_trainer_save_after_error(qt_trainer *t, char *err, size_t errlen) {
     char e2[2048], p[QT_PATH_MAX + 32];
     size_t n = strlen(err);
-    if (!t->ck.writer) return -1;
+    if (!t->ck.writer && !t->follower) return -1; /* a follower takes part in node 0's save */
     if (save_now(t, e2, sizeof e2)) {
         snprintf(err + n, errlen > n ? errlen - n : 0, " (and saving step %ld failed: %s)", t->step, e2);
         return -1;

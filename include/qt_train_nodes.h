@@ -1,0 +1,29 @@
+/* qt_train_nodes.h — the trainer's part of a run across nodes (parallel.nodes > 1, docs/multi-node.md).
+ *
+ * Every node reads every micro-batch of a step (the loader's state is the same on every node) and its
+ * engine trains on its own global ranks' ones; the shards are replicated per node, so node 0 alone keeps
+ * the run directory, the log and the checkpoints (a follower, node > 0, keeps none of them). At each
+ * checkpoint and at the end the nodes agree (the engine's nodes_count): node 0's write started (or
+ * finished), or every node stops with node 0's failure named; a stop request (a signal) on any node
+ * stops every node after the same step. On one machine each call is the one-machine call, nothing more. */
+#ifndef QT_TRAIN_NODES_H
+#define QT_TRAIN_NODES_H
+
+#include <stddef.h>
+
+#include "qt_train_ckpt.h"
+
+/* 1 when nodes (NULL: one machine) says this process is a node other than node 0. */
+int qt_train_nodes_follower(const struct qt_nodes *nodes);
+/* A checkpoint of step t->step: node 0 writes it (qt_trainer_save), the others wait for its start and
+ * take its outcome. 0, or -1 with err on every node when node 0's failed. */
+int qt_train_nodes_save(qt_trainer *t, char *err, size_t errlen);
+/* Whether to stop before the next step: 1 when a stop was asked on this node (sig != 0) or any other. 0 or 1;
+ * -1 with err when the nodes cannot agree (a node is gone). */
+int qt_train_nodes_stop(qt_trainer *t, int sig, char *err, size_t errlen);
+/* The end of the run, after node 0's last write and export (rc: this node's outcome so far): every node
+ * waits for every other (none takes another's leaving for a failure); rc, or -1 with err when another node
+ * failed there. */
+int qt_train_nodes_finish(qt_trainer *t, int rc, char *err, size_t errlen);
+
+#endif
