@@ -31,8 +31,8 @@
 #include "qt_model.h"
 #include "qt_plan.h"
 
-/* The plan's activations part (qt_plan.h). fp8_bwd: an fp8 backward, whose wgrads read the e4m3 Xq^T of the
- * matmul inputs, never ln1, ln2, h: those share one buffer over the layers, whatever is recomputed (a
+/* The plan's activations part (qt_plan.h). fp8_bwd: full fine-tuning's fp8 backward, whose wgrads read the e4m3
+ * Xq^T of the matmul inputs, never ln1, ln2, h: those share one buffer over the layers, whatever is recomputed (a
  * recomputed qkv / gate|up rebuilds its norm input first). The store resolves recompute's implied parts. */
 typedef qt_plan_acts qt_act_policy;
 

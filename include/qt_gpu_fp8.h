@@ -48,7 +48,7 @@ typedef struct {
     uint8_t **xqT;              /* [n_layers * 4]; a matmul in xq_shared has one buffer for all layers */
     unsigned xq_shared;         /* bit k: matmul k's Xq^T is shared by the layers (its input is quantized
                                  * again, qt_fp8_requant_input, before each layer's wgrad reads it) */
-    uint8_t *xq, *dyq, *dyqT;   /* scratch */
+    uint8_t *xq, *dyq, *dyqT;   /* scratch; dyqT NULL without a weight gradient (qt_fp8_create's wgrad 0) */
     qt_fp8_scale *sc;           /* [n_layers * 4 * 3]: the weights', then (input, output gradient) pairs */
     int *nonfinite;             /* device int: 0, or the tag of the first tensor whose scale went NaN/Inf */
     int fuse_amax;              /* 1: producers may fold abs-maxes (test hook fp8_unfused_amax turns it off) */
@@ -56,16 +56,17 @@ typedef struct {
 } qt_gpu_fp8;
 
 /* Bytes of the two regions for model c, weight cache wc, N tokens per micro-batch, gradient dtype
- * grad_dt, the Xq^T of the matmuls in xq_shared (bits 1 << qt_fp8_mm) once instead of once per layer. */
+ * grad_dt, the Xq^T of the matmuls in xq_shared (bits 1 << qt_fp8_mm) once instead of once per layer;
+ * wgrad 0: the backward runs the dgrad only (a frozen base, LoRA), which reads no dYq^T. */
 size_t qt_fp8_weight_bytes(const qt_model_cfg *c, qt_fp8_wcache wc);
-size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigned xq_shared);
+size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigned xq_shared, int wgrad);
 /* 0 when fp8 can run model c with N tokens per micro-batch on a device of compute capability cc
  * (major*10+minor); else -1 with err naming the config file (path), the field and what fp8 needs. */
 int qt_fp8_check(const qt_model_cfg *c, const char *path, long N, int cc, char *err, size_t errlen);
 /* Lays the state out in the two regions (sizes as above, 256-byte aligned) and zeroes the flag.
  * Caller frees the returned host struct with qt_fp8_free; the regions stay the caller's. */
 qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, qt_fp8_wcache wc, long N, unsigned xq_shared,
-                          void *wregion, void *aregion, cudaStream_t s);
+                          int wgrad, void *wregion, void *aregion, cudaStream_t s);
 void qt_fp8_free(qt_gpu_fp8 *f);
 
 /* Re-quantizes the block matrices of layers [l0, l1) from the bf16 weights w (the flat array of L):
@@ -127,7 +128,8 @@ void qt_fp8_geglu_bwd_requant(qt_gpu_fp8 *f, int layer, void *dgu, const void *d
 /* y[N,O] (bf16) = Xq . Wq^T (+ bias, bf16), Xq from qt_fp8_quant_input. */
 void qt_fp8_fwd(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *y, const void *bias,
                 cudaStream_t s);
-/* Quantizes dy (bf16 [N,O]) in grad_dt into dYq and dYq^T; call before qt_fp8_dgrad/qt_fp8_wgrad. */
+/* Quantizes dy (bf16 [N,O]) in grad_dt into dYq and dYq^T (dYq only, by the plain quantize, when created
+ * without a weight gradient: the same dYq bytes); call before qt_fp8_dgrad/qt_fp8_wgrad. */
 void qt_fp8_quant_grad(qt_gpu_fp8 *f, int layer, qt_fp8_mm k, const void *dy, cudaStream_t s);
 /* dx[N,I] (bf16, =) = dYq . Wq from the last qt_fp8_quant_grad. */
 void qt_fp8_dgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *dx, cudaStream_t s);

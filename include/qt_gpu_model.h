@@ -48,7 +48,8 @@ typedef struct {
     int lm_chunks;
     int attn_chunks;       /* memory.attn_bwd_chunks, at most B */
     int fp8_fwd;           /* precision.matmul_dtype e4m3: the blocks' matmuls in fp8 (through g->fp8) */
-    int fp8_bwd;           /* and their backward too (precision.grad_dtype e4m3 or e5m2; bf16: backward in bf16) */
+    int fp8_bwd;           /* and their backward too (precision.grad_dtype e4m3 or e5m2; bf16: backward in bf16);
+                            * over a frozen base (LoRA) the data gradient only */
     cudaStream_t stream;
     qt_matmul_ctx *mm;
     qt_attention_ctx *attn;

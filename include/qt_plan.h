@@ -87,7 +87,8 @@ typedef struct {           /* the activations (qt_act_store.h) */
     int recompute;         /* qt_recompute_part bits as given (the act store adds the implied ones) */
     int offload_residual;  /* input residuals in pinned host memory, two device slots */
     int host_wc;           /* that host memory write-combined (memory.host_alloc) */
-    int fp8_bwd;           /* an fp8 backward: ln1, ln2, h share one buffer over the layers */
+    int fp8_bwd;           /* an fp8 backward with weight gradients (full fine-tuning): ln1, ln2, h share one
+                            * buffer over the layers */
     int lm_chunks;         /* the LM head over this many chunks of tokens (1..N) */
     int attn_chunks;       /* the attention backward over this many slices of the micro-batch (1..B) */
 } qt_plan_acts;

@@ -262,10 +262,13 @@ static void test_fp8_plan_and_checks(void) {
               "5 layers: weight bytes %zu (all), %zu (none)", qt_fp8_weight_bytes(&m5, QT_FP8_WCACHE_ALL),
               qt_fp8_weight_bytes(&m5, QT_FP8_WCACHE_NONE));
     size_t a = N * F + nl * N * (C + HD + C + F), ag = a + 2 * N * (2 * F);
-    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16, 0) == a, "act bytes (bf16 grads) %zu, expected %zu",
-              qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16, 0), a);
-    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2, 0) == ag, "act bytes %zu, expected %zu",
-              qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2, 0), ag);
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16, 0, 1) == a, "act bytes (bf16 grads) %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_BF16, 0, 1), a);
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2, 0, 1) == ag, "act bytes %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_E5M2, 0, 1), ag);
+    /* a frozen base's dgrad-only backward (LoRA): dYq without dYq^T */
+    QT_EXPECT(qt_fp8_act_bytes(&m, (long)N, QT_DT_E4M3, 0, 0) == ag - N * (2 * F), "act bytes without a wgrad %zu, expected %zu",
+              qt_fp8_act_bytes(&m, (long)N, QT_DT_E4M3, 0, 0), ag - N * (2 * F));
     char err[512] = "";
     QT_EXPECT(qt_fp8_check(&m, c.path, (long)N, 90, err, sizeof err) == 0, "valid config refused: %s", err);
     QT_EXPECT(qt_fp8_check(&m, c.path, (long)N, 80, err, sizeof err) == -1 && strstr(err, "compute capability") &&

@@ -3,8 +3,9 @@
  *  - QLoRA (nf4 base) at Qwen2.5-7B and Llama-3.1-8B shapes plans under 12 / 16 / 24 GiB, a bf16 base at 7B under
  *    24 GiB, QLoRA on two GPUs; the chosen plan applied to the config is what qt_plan_run computes and nothing the
  *    GPU engine refuses; every candidate's bytes and prediction are its config's; objective: dpo's are even;
- *  - the predicted step is LoRA's: forward + data-gradient backward of the frozen base, the adapters' bytes, the
- *    NF4 dequantizes (held to the formulas restated here);
+ *  - the predicted step is LoRA's: forward + data-gradient backward of the frozen base (in e4m3 with fp8 matmuls and
+ *    grad_dtype e4m3), the adapters' bytes, the NF4 dequantizes (held to the formulas restated here);
+ *  - the memory rows of an e4m3 dgrad: the bf16 inputs kept, dYq added;
  *  - when nothing fits, the refusal names the blocking key (and, over a bf16 base, the NF4 base's plan);
  *  - the base streamed from pinned host memory (memory.offload: [weights]): its PCIe bytes in the step, and auto
  *    choosing it where the resident base does not fit (70B QLoRA at 24 GiB, configs/llama-3.1-70b-qlora-24gb.yaml,
@@ -99,6 +100,7 @@ static void test_fits(void) {
         {"Llama-3.1-8B QLoRA", LLAMA8B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\n", 24},
         {"Qwen2.5-7B LoRA (bf16 base)", QWEN7B, "lora: {rank: 16, alpha: 32}\n", 24},
         {"Llama-3.1-8B LoRA, fp8 forward", LLAMA8B, "lora: {rank: 16}\nprecision: {matmul_dtype: e4m3, grad_dtype: bf16}\n", 24},
+        {"Llama-3.1-8B LoRA, fp8 dgrad", LLAMA8B, "lora: {rank: 16}\nprecision: {matmul_dtype: e4m3, grad_dtype: e4m3}\n", 24},
         {"Qwen2.5-7B QLoRA on 2 GPUs", QWEN7B, "lora: {rank: 16, base_dtype: nf4}\nparallel: {gpus: 2}\n", 12},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
@@ -166,6 +168,22 @@ static void test_cost(void) {
     double d = qt_plan_auto_cost_parts(&L, &nf, &PR).compute - k.compute;
     printf("  NF4 base: +%.4f s per step (restated %.4f s)\n", d, dq);
     QT_EXPECT(fabs(d - dq) <= 1e-9 * dq, "the NF4 dequantizes charged %.6f s, expected %.6f s", d, dq);
+    /* fp8 matmuls: precision.grad_dtype e4m3 moves the base's dgrad (2P) from the bf16 rate to the e4m3 rate and adds
+     * one quantize of each block matmul's output gradient (bf16 read, e4m3 written: 3 B per element of qkv, o,
+     * gate|up, down's outputs); the elementwise passes stay the bf16 backward's (the adapters read the bf16 inputs) */
+    qt_config f8 = c, f8g;
+    f8.precision.matmul_dtype = QT_DT_E4M3, f8.precision.grad_dtype = QT_DT_BF16;
+    f8.memory.recompute = QT_RC_NORM | QT_RC_SWIGLU; /* full fine-tuning's fp8 backward would rebuild other tensors */
+    f8g = f8;
+    f8g.precision.grad_dtype = QT_DT_E4M3;
+    double outs = (m->num_heads + 2.0 * m->num_kv_heads) * m->head_dim + 2 * C + 2.0 * m->intermediate_size;
+    double saved = tok * 2 * P * (1 / PR.bf16_flops - 1 / PR.fp8_flops) / eff - tok * nl * 3 * outs / 2.6e12;
+    double db = qt_plan_auto_cost_parts(&L, &f8, &PR).compute, dg = qt_plan_auto_cost_parts(&L, &f8g, &PR).compute;
+    printf("  fp8 matmuls: dgrad in bf16 %.3f s, in e4m3 %.3f s (restated saving %.4f s)\n", db, dg, saved);
+    QT_EXPECT(fabs(db - dg - saved) <= 1e-9 * db, "the e4m3 dgrad saves %.6f s, expected %.6f s", db - dg, saved);
+    QT_EXPECT(qt_plan_auto_elem_bytes(&L, &f8g) == qt_plan_auto_elem_bytes(&L, &f8),
+              "LoRA's elementwise passes change with grad_dtype e4m3 (%.0f vs %.0f B per token)",
+              qt_plan_auto_elem_bytes(&L, &f8g), qt_plan_auto_elem_bytes(&L, &f8));
     qt_config full = c;
     full.lora.rank = 0;
     double sl = qt_plan_auto_cost(&L, &c, &PR), sf = qt_plan_auto_cost(&L, &full, &PR);
@@ -181,6 +199,44 @@ static void test_cost(void) {
     QT_EXPECT(bytes == 2.0 * 2 * 4 * A.numel, "2 ranks: %.0f bytes over PCIe per step, expected %.0f", bytes,
               16.0 * A.numel);
     qt_lora_layout_free(&A);
+    qt_layout_free(&L);
+}
+
+/* The bytes of plan rows named kind. */
+static size_t row_bytes(const qt_run_plan *rp, const char *kind) {
+    size_t b = 0;
+    for (int i = 0; i < rp->mem.n; i++) b += strcmp(rp->mem.row[i].kind, kind) ? 0 : rp->mem.row[i].bytes;
+    return b;
+}
+
+/* LoRA with fp8 matmuls and precision.grad_dtype e4m3 (the base's dgrad in e4m3): the plan keeps the blocks' bf16
+ * inputs per layer as with a bf16 backward (the adapters read them), and the fp8 activations add dYq [N, 2F] (the
+ * largest output gradient) but no dYq^T (there is no base weight gradient) and no per-layer Xq^T. */
+static void test_fp8_dgrad_rows(void) {
+    static qt_config c;
+    static qt_run_plan rb, re;
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    QT_REQUIRE(load(&c, QWEN7B, "lora: {rank: 16}\nprecision: {matmul_dtype: e4m3, grad_dtype: bf16}\n", ", micro_batch: 4",
+                    ", recompute: [qkv]", 80) == 0, "config");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rb, err, sizeof err) == 0, "%s", err);
+    c.precision.grad_dtype = QT_DT_E4M3;
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &re, err, sizeof err) == 0, "%s", err);
+    size_t N = 4 * 1024, F = L.cfg.intermediate_size;
+    size_t fb = row_bytes(&rb, "fp8 activations"), fe = row_bytes(&re, "fp8 activations");
+    printf("  7B LoRA fp8, mb 4: fp8 activations %.1f MiB (bf16 dgrad), %.1f MiB (e4m3 dgrad); device %.2f / %.2f GiB\n",
+           fb / 1048576.0, fe / 1048576.0, rb.gpu_bytes / 1073741824.0, re.gpu_bytes / 1073741824.0);
+    QT_EXPECT(fb > 0 && fe == fb + N * 2 * F, "fp8 activations %zu bytes with the e4m3 dgrad, expected %zu + dYq's %zu", fe,
+              fb, N * 2 * F);
+    static const char *const kept[] = {"activations: norms", "activations: swiglu", "activations: qkv"};
+    for (int k = 0; k < 3; k++)
+        QT_EXPECT(row_bytes(&re, kept[k]) == row_bytes(&rb, kept[k]) && row_bytes(&rb, kept[k]) > 0,
+                  "\"%s\": %zu bytes with the e4m3 dgrad, %zu with the bf16 one", kept[k], row_bytes(&re, kept[k]),
+                  row_bytes(&rb, kept[k]));
+    QT_EXPECT(re.gpu_bytes == rb.gpu_bytes + N * 2 * F, "device plan %zu bytes, expected %zu", re.gpu_bytes,
+              rb.gpu_bytes + N * 2 * F);
     qt_layout_free(&L);
 }
 
@@ -405,6 +461,7 @@ static void test_measured_rows(void) {
 int main(void) {
     QT_RUN(test_fits);
     QT_RUN(test_cost);
+    QT_RUN(test_fp8_dgrad_rows);
     QT_RUN(test_dpo_pairs);
     QT_RUN(test_measured_rows);
     QT_RUN(test_hints);

@@ -5,7 +5,8 @@
  * the device. A micro-step uploads the tokens, names the dropout masks' step and micro-batch (the CPU LoRA
  * engine's rule, so the two engines draw the same masks) and runs the forward and backward eagerly (no CUDA
  * graphs); with precision.matmul_dtype e4m3 the block matmuls' forward runs in fp8 from the base quantized once, at
- * creation (it never changes), and the backward in bf16. opt_step: the adapters' gradient norm, clip, AdamW,
+ * creation (it never changes), and the base's data gradient in bf16 or, with precision.grad_dtype e4m3 / e5m2, in
+ * fp8 (the adapters' gradients in bf16 either way). opt_step: the adapters' gradient norm, clip, AdamW,
  * gradients zeroed, one host read of loss and norm.
  * Checkpoints hold the CPU LoRA engine's blobs (qt_lora_ckpt.h), copied to the host; the export is PEFT's adapter
  * files (qt_lora_export); get_weights gives the merged model (the bf16 base widened + scale B A).
@@ -231,7 +232,8 @@ static void glora_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_
      .free = glora_free, .set_docs = glora_set_docs, .docs_by_default = 0, .export_adapter = glora_export_adapter, \
      .dpo_stats = glora_dpo_stats}
 static const qt_engine_ops glora_ops = GLORA_OPS("cuda-bf16-lora"),
-                           glora_fp8_ops = GLORA_OPS("cuda-fp8-lora (e4m3 block matmuls, bf16 backward)");
+                           glora_fp8_ops = GLORA_OPS("cuda-fp8-lora (e4m3 block matmuls, bf16 backward)"),
+                           glora_fp8_bwd_ops = GLORA_OPS("cuda-fp8-lora (e4m3 block matmuls, fp8 data gradient)");
 
 qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, int device,
                                      char *err, size_t errlen) {
@@ -239,7 +241,8 @@ qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, co
     glora_engine *e = calloc(1, sizeof *e);
     QT_CHECK(e, "out of host memory");
     e->plan = *plan;
-    e->base = (qt_engine){plan->precision.fp8 ? &glora_fp8_ops : &glora_ops, L, &e->plan, 1};
+    e->base = (qt_engine){plan->precision.fp8_bwd ? &glora_fp8_bwd_ops : plan->precision.fp8 ? &glora_fp8_ops : &glora_ops, L,
+                          &e->plan, 1};
     e->device = device;
     e->nranks = 1;
     e->g = qt_gpu_model_create(L, &e->plan, src, NULL, err, errlen); /* no shard: the frozen base has no store */

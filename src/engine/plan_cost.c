@@ -20,8 +20,9 @@ double qt_plan_auto_elem_bytes(const qt_layout *L, const qt_config *cfg) {
     /* the recompute's elementwise passes, bytes per token: RMSNorm reads and writes [C] bf16 per norm; the
      * SwiGLU backward, which reads gate|up anyway, also writes h (2F) for down's wgrad. An fp8 backward
      * (block_run) rebuilds ln1 / ln2 only as the input of a recomputed qkv / gate|up (norm listed or not),
-     * and its SwiGLU backward writes down's e4m3 Xq^T instead (F). */
-    int fp8_bwd = cfg->precision.matmul_dtype == QT_DT_E4M3 && cfg->precision.grad_dtype != QT_DT_BF16;
+     * and its SwiGLU backward writes down's e4m3 Xq^T instead (F). LoRA's is the bf16 backward's in either case:
+     * its adapters read ln1, ln2 and h. */
+    int fp8_bwd = cfg->precision.matmul_dtype == QT_DT_E4M3 && cfg->precision.grad_dtype != QT_DT_BF16 && cfg->lora.rank <= 0;
     double norm_b = fp8_bwd ? ((rc & QT_RC_QKV ? 4 : 0) + (rc & QT_RC_FFN ? 4 : 0)) * C : (rc & QT_RC_NORM ? 8 * C : 0);
     double elem = nl * (norm_b + (rc & QT_RC_SWIGLU ? (fp8_bwd ? 1 : 2) * F : 0));
     /* the elementwise and fp8 quantize passes of every step, as bf16 [tokens, C + F] passes per layer */

@@ -3,8 +3,9 @@
  * per-layer copies over PCIe (qt_plan_auto.h, docs/memory.md "memory.plan: auto").
  *
  * The base has no weight gradient and no optimizer state: per token its block matmuls cost 2 x params in the
- * forward (at the e4m3 rate with fp8 matmuls) and 2 x params in the backward (the dgrad, always bf16: LoRA's
- * backward is), the LM head 4 x V x C (bf16), attention its forward and backward as in full fine-tuning. The
+ * forward (at the e4m3 rate with fp8 matmuls) and 2 x params in the backward (the dgrad: bf16, or e4m3 with fp8
+ * matmuls and precision.grad_dtype e4m3 / e5m2, whose output gradients are quantized first: one more pass over
+ * each), the LM head 4 x V x C (bf16), attention its forward and backward as in full fine-tuning. The
  * adapter kernels (cuda/lora.cu) are memory-bound passes over x, y, dy and dx: charged by their bytes at
  * QT_PLAN_LORA_ADAPTER_EFF of the elementwise rate (measured). Rates, efficiency and overlap are otherwise the full
  * fine-tuning model's (plan_auto.c). */
@@ -46,18 +47,20 @@ qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *c
     double T = cfg->data.seq_len, n = (double)cfg->data.micro_batch * T, ga = cfg->data.grad_accum, tok = n * ga;
     double C = c->hidden_size, HD = (double)c->num_heads * c->head_dim, nl = c->num_layers, V = c->vocab_size;
     int rc = qt_act_recompute_resolve(cfg->memory.recompute), fp8 = cfg->precision.matmul_dtype == QT_DT_E4M3;
+    int fp8_dgrad = fp8 && cfg->precision.grad_dtype != QT_DT_BF16;
     int dpo = cfg->objective == QT_OBJ_DPO; /* one more forward per micro-step: the reference, adapters off */
     double blocks = qt_plan_auto_block_params(c), lm = V * C;
     double attn = qt_model_flops_per_token(c, cfg->data.seq_len) - 6 * (blocks + lm); /* forward 1/3, backward 2/3 */
     double fwd_rate = fp8 ? pr->fp8_flops : pr->bf16_flops, eff = n / (n + 512);
     double redo = nl * redo_params(c, rc), redo_att = rc & QT_RC_ATT ? nl * 2 * T * HD : 0;
     qt_plan_cost k = {0};
-    /* matmuls: the forward (twice with DPO) and the recomputed parts at the forward's rate, the dgrad in bf16 */
-    double mm_fwd = (1 + dpo) * 2 * blocks + 2 * redo, mm_bf16 = 2 * blocks + (4 + 2 * dpo) * lm + attn * (1 + dpo / 3.0) +
-                                                                   redo_att;
+    /* matmuls: the forward (twice with DPO) and the recomputed parts at the forward's rate, the dgrad at the
+     * gradients' (fp8_dgrad: the forward's), the LM head and attention in bf16 */
+    double dgrad = 2 * blocks, mm_fwd = (1 + dpo) * 2 * blocks + 2 * redo + (fp8_dgrad ? dgrad : 0);
+    double mm_bf16 = (fp8_dgrad ? 0 : dgrad) + (4 + 2 * dpo) * lm + attn * (1 + dpo / 3.0) + redo_att;
     k.compute = tok * (mm_fwd / fwd_rate + mm_bf16 / pr->bf16_flops) / eff;
     /* elementwise passes as full fine-tuning's (a bf16 backward), the adapters' bytes and the fp8 weights' quantize
-     * passes with memory.fp8_weight_cache none (the forward's, and the recomputed matmuls' again), at HBM */
+     * passes with memory.fp8_weight_cache none (the forward's, the recomputed matmuls' again, fp8_dgrad's Wq^T), at HBM */
     char err[256];
     qt_lora_layout A;
     QT_CHECK(qt_lora_layout_init(&A, &cfg->lora, c, err, sizeof err) == 0, "%s", err); /* validated with the config */
@@ -70,7 +73,11 @@ qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *c
     double elem_bps = qt_plan_auto_elem_bps(pr);
     k.compute += tok * (qt_plan_auto_elem_bytes(L, cfg) + nl * adapt / QT_PLAN_LORA_ADAPTER_EFF) / elem_bps;
     if (fp8 && cfg->memory.fp8_weight_cache == QT_FP8_WCACHE_NONE)
-        k.compute += ga * ((1 + dpo) * blocks + redo) * 3 / elem_bps;
+        k.compute += ga * ((1 + dpo) * blocks + (fp8_dgrad ? blocks : 0) + redo) * 3 / elem_bps;
+    /* fp8_dgrad: each block matmul's output gradient quantized (bf16 read, e4m3 written: 3 B per element; its abs-max
+     * comes from the kernel that made it) */
+    double outs = HD + 2.0 * c->num_kv_heads * c->head_dim + 2 * C + 2.0 * c->intermediate_size; /* qkv, o, gate|up, down */
+    if (fp8_dgrad) k.compute += tok * nl * 3 * outs / elem_bps;
     /* lora.base_dtype nf4: each block dequantized into its bf16 slot before its forward and its backward (the
      * forward's last two stay for the backward's first two): codes, scales read, bf16 written. On the base's own
      * stream beside the previous block's ops, each forward's first one excepted: the rest costs

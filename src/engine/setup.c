@@ -52,8 +52,9 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
 
 /* LoRA on the GPU runs a bf16 or NF4 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or
  * ranks with the adapters replicated, whatever parallel.zero's default), or on one GPU streamed from pinned host
- * memory (memory.offload: [weights]), objective: dpo included; what else it would need is refused here, naming the
- * key (device: cpu trains every LoRA setting on the CPU fp32 engine). */
+ * memory (memory.offload: [weights]), objective: dpo included, fp8 matmuls with the base's data gradient in bf16 or
+ * in fp8 (precision.grad_dtype); what else it would need is refused here, naming the key (device: cpu trains every
+ * LoRA setting on the CPU fp32 engine). */
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     /* full fine-tuning's DPO splits a micro-step around the host's DPO arithmetic (qt_dp_sync_forward_rows) */
     if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0 && cfg->parallel.zero >= 2)
@@ -66,9 +67,6 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->lora.rank <= 0) return NULL;
     if (cfg->lora.trainable)
         return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";
-    if (cfg->precision.matmul_dtype != QT_DT_BF16 && cfg->precision.grad_dtype != QT_DT_BF16)
-        return "precision.grad_dtype: LoRA with fp8 matmuls runs the backward in bf16 (the adapters' gradients read the "
-               "blocks' bf16 inputs, which an fp8 backward does not keep): set bf16";
     if (cfg->lora.base_nf4 && cfg->precision.matmul_dtype != QT_DT_BF16) /* the fp8 weights are made from a bf16 base */
         return "lora.base_dtype: nf4 feeds the block matmuls bf16 weights dequantized per layer: set "
                "precision.matmul_dtype bf16";

@@ -10,7 +10,8 @@
  * micro-batches). With memory.fp8_weight_cache: none they live in QT_FP8_WSLOTS layer slots instead:
  * qt_fp8_quantize_weights then takes only the abs-max, and qt_fp8_use_weights quantizes each layer
  * into its slot right before use (Wq for the forward, Wq^T for the backward) from that record. Xq, Xq^T: one quantize-transpose of the bf16 input in the forward; Xq^T stays for the
- * wgrad. dYq, dYq^T: one quantize-transpose of the bf16 output gradient in grad_dt (e4m3 / e5m2).
+ * wgrad. dYq, dYq^T: one quantize-transpose of the bf16 output gradient in grad_dt (e4m3 / e5m2); without
+ * a weight gradient (a frozen base: LoRA's dgrad only) dYq alone, by the plain quantize.
  * Scaling: per-tensor current scaling (qt_quant.h). The abs-max of a block input or output gradient
  * comes from the kernel that produced the tensor (RMSNorm, SwiGLU, RoPE bwd fold it into the slot of
  * qt_fp8_producer_amax, zeroed once per micro-step by qt_fp8_reset_amax) or, where no producer did
@@ -76,12 +77,12 @@ size_t qt_fp8_weight_bytes(const qt_model_cfg *c, qt_fp8_wcache wc) {
     return b;
 }
 
-size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigned xq_shared) {
+size_t qt_fp8_act_bytes(const qt_model_cfg *c, long N, qt_dtype grad_dt, unsigned xq_shared, int wgrad) {
     int in[QT_FP8_NMM], out[QT_FP8_NMM];
     dims(c, in, out);
     size_t b = up((size_t)N * max4(in)); /* Xq scratch */
     for (int k = 0; k < QT_FP8_NMM; k++) b += up((size_t)N * in[k]) * (xq_shared >> k & 1 ? 1 : c->num_layers);
-    if (grad_dt != QT_DT_BF16) b += 2 * up((size_t)N * max4(out));
+    if (grad_dt != QT_DT_BF16) b += (wgrad ? 2 : 1) * up((size_t)N * max4(out)); /* dYq (and dYq^T for the wgrad) */
     return b;
 }
 
@@ -120,7 +121,7 @@ static void *take(char **p, size_t bytes) {
 }
 
 qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, qt_fp8_wcache wc, long N, unsigned xq_shared,
-                          void *wregion, void *aregion, cudaStream_t s) {
+                          int wgrad, void *wregion, void *aregion, cudaStream_t s) {
     qt_gpu_fp8 *f = calloc(1, sizeof *f);
     QT_CHECK(f, "out of host memory");
     int nl = c->num_layers;
@@ -154,9 +155,9 @@ qt_gpu_fp8 *qt_fp8_create(const qt_model_cfg *c, qt_dtype grad_dt, qt_fp8_wcache
             f->xqT[l * QT_FP8_NMM + k] = l && xq_shared >> k & 1 ? f->xqT[k] : take(&a, (size_t)N * f->in[k]);
     if (grad_dt != QT_DT_BF16) {
         f->dyq = take(&a, (size_t)N * max4(f->out));
-        f->dyqT = take(&a, (size_t)N * max4(f->out));
+        f->dyqT = wgrad ? take(&a, (size_t)N * max4(f->out)) : NULL;
     }
-    QT_CHECK((size_t)(a - (char *)aregion) == qt_fp8_act_bytes(c, N, grad_dt, xq_shared),
+    QT_CHECK((size_t)(a - (char *)aregion) == qt_fp8_act_bytes(c, N, grad_dt, xq_shared, wgrad),
              "fp8 activation region layout mismatch");
     qt_quant_scale_reset(f->sc, nl * QT_FP8_NMM * NSC, s);
     qt_zero(f->nonfinite, sizeof(int), s);
@@ -335,6 +336,7 @@ void qt_fp8_dgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void
 void qt_fp8_wgrad(qt_gpu_fp8 *f, qt_matmul_ctx *mm, int layer, qt_fp8_mm k, void *dw, qt_dtype dw_dt, cudaStream_t s) {
     qt_fp8_scale *sd = sc_of(f, layer, k, SC_DY), *sx = sc_of(f, layer, k, SC_X);
     QT_CHECK(f->N <= 0x7fffffffL, "qt_fp8_wgrad: %ld tokens do not fit cuBLASLt's int K", f->N);
+    QT_CHECK(f->dyqT, "qt_fp8_wgrad: the fp8 state was created without a weight gradient (a frozen base's)");
     qt_matmul_fp8(mm, dw, dw_dt, f->dyqT, f->grad_dt, &sd->descale, f->xqT[layer * QT_FP8_NMM + k], QT_DT_E4M3,
                   &sx->descale, NULL, f->out[k], f->in[k], (int)f->N, 0, 1, s);
 }

@@ -56,12 +56,17 @@ size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, fl
     return a + d + qt_embedding_bwd_ws_bytes(g->N, g->L->cfg.vocab_size);
 }
 
-/* The fp8 matmuls whose Xq^T has one buffer for all layers (bit 1 << qt_fp8_mm). With a bf16 backward
- * nothing reads Xq^T after the forward: all four. With an fp8 backward, those whose input the recompute
+/* The fp8 backward's weight gradients (full fine-tuning with grad_dtype e4m3 / e5m2). A frozen base (LoRA) has
+ * none: its fp8 backward is the data gradient only (lin_bwd, base_dgrad), and the adapters read the bf16 inputs
+ * and output gradients, so its activations, recompute and SwiGLU backward are the bf16 backward's. */
+static int fp8_wgrad(const qt_gpu_model *g) { return g->fp8_bwd && !g->base; }
+
+/* The fp8 matmuls whose Xq^T has one buffer for all layers (bit 1 << qt_fp8_mm). Without fp8 weight gradients
+ * nothing reads Xq^T after the forward: all four. With them, those whose input the recompute
  * quantizes again before the layer's wgrad (block_run): qkv (part qkv), o (block), gate|up (ffn), down
  * (swiglu). */
 static unsigned fp8_xq_shared(const qt_gpu_model *g) {
-    if (!g->fp8_bwd) return (1u << QT_FP8_NMM) - 1;
+    if (!fp8_wgrad(g)) return (1u << QT_FP8_NMM) - 1;
     int r = g->as->policy.recompute;
     return (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
            (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0) | (r & QT_RC_SWIGLU ? 1u << QT_FP8_DOWN : 0);
@@ -124,7 +129,8 @@ static size_t carve_all(qt_gpu_model *g, char *base) {
         qt_fp8_wcache wc = (qt_fp8_wcache)g->pl->precision.fp8_cache;
         g->fp8_w = qt_mem_plan_carve(p, wc == QT_FP8_WCACHE_NONE ? "fp8 weights (layer slots)" : "fp8 weights (persistent)",
                                      qt_fp8_weight_bytes(c, wc));
-        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", qt_fp8_act_bytes(c, N, g->pl->precision.grad_dt, fp8_xq_shared(g)));
+        size_t fa = qt_fp8_act_bytes(c, N, g->pl->precision.grad_dt, fp8_xq_shared(g), fp8_wgrad(g));
+        g->fp8_a = qt_mem_plan_carve(p, "fp8 activations", fa);
     }
     outside_rows(g, p);
     return p->off;
@@ -310,7 +316,7 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
     rope_tables(g);
     if (g->fp8_fwd) {
         g->fp8 = qt_fp8_create(&L->cfg, pl->precision.grad_dt, (qt_fp8_wcache)pl->precision.fp8_cache,
-                               g->N, fp8_xq_shared(g), g->fp8_w, g->fp8_a, s);
+                               g->N, fp8_xq_shared(g), fp8_wgrad(g), g->fp8_w, g->fp8_a, s);
         if (!from_slots(g)) qt_fp8_quantize_weights(g->fp8, L, g->ps ? g->ps->w : Wp(g, 0), 0, L->cfg.num_layers, s);
     }
     QT_CUDA(cudaStreamSynchronize(s));
@@ -456,11 +462,37 @@ static void lin_fwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void
     }
 }
 
+/* dX[N,I] (bf16, =) = dY W of block matmul k of layer l: in bf16 from the weights, or with an fp8 backward (a
+ * frozen base's: fp8_wgrad's full fine-tuning quantizes dY in lin_bwd) dY quantized to grad_dtype and multiplied
+ * with the e4m3 Wq^T. */
+static void base_dgrad(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *dx, const void *dy, size_t w, int I,
+                       int O) {
+    if (g->fp8_bwd) {
+        qt_gpu_model_mark(g, "fp8 quantize: gradients");
+        qt_fp8_quant_grad(g->fp8, l, k, dy, g->stream);
+        qt_gpu_model_mark(g, label);
+        qt_fp8_dgrad(g->fp8, g->mm, l, k, dx, g->stream);
+        return;
+    }
+    qt_gpu_model_mark(g, label);
+    qt_matmul_dgrad(g->mm, dx, QT_DT_BF16, dy, Wp(g, w), g->N, I, O, 0, g->stream);
+}
+
+/* The adapters' data gradient of site k of layer l added into dx (after the base's dgrad wrote it). */
+static void lora_bwd_x(qt_gpu_model *g, int l, qt_fp8_mm k, void *dx) {
+    int skip = 0; /* 1: a planted bug's fp8 backward leaves the adapters' part out */
+#ifdef QT_MUTANTS
+    skip = g->fp8_bwd && qt_mutant_on(QT_MUT_LORA_FP8_NO_BWD_X);
+#endif
+    qt_gpu_model_mark(g, "lora bwd");
+    if (!skip) qt_gpu_lora_bwd_x(g->lora, l, (int)k, dx, g->stream);
+}
+
 /* One block matmul backward, weight gradient first (dx may overwrite x's buffer): dW += dY^T X, dX = dY W. */
 static void lin_bwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void *dx, const void *dy, const void *x,
                     size_t w, int I, int O) {
     cudaStream_t s = g->stream;
-    if (g->fp8_bwd) {
+    if (fp8_wgrad(g)) {
         qt_gpu_model_mark(g, "fp8 quantize: gradients");
         qt_fp8_quant_grad(g->fp8, l, k, dy, s);
         qt_gpu_model_mark(g, label);
@@ -474,12 +506,8 @@ static void lin_bwd(qt_gpu_model *g, const char *label, int l, qt_fp8_mm k, void
         qt_gpu_model_mark(g, "lora bwd");
         qt_gpu_lora_bwd_w(g->lora, l, (int)k, x, dy, s);
     }
-    qt_gpu_model_mark(g, label);
-    qt_matmul_dgrad(g->mm, dx, QT_DT_BF16, dy, Wp(g, w), g->N, I, O, 0, s);
-    if (g->lora) {
-        qt_gpu_model_mark(g, "lora bwd");
-        qt_gpu_lora_bwd_x(g->lora, l, (int)k, dx, s);
-    }
+    base_dgrad(g, label, l, k, dx, dy, w, I, O);
+    if (g->lora) lora_bwd_x(g, l, k, dx);
 }
 
 _Static_assert((int)QT_FP8_QKV == (int)QT_LORA_SITE_QKV && (int)QT_FP8_O == (int)QT_LORA_SITE_O &&
@@ -535,15 +563,16 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     if (fwd) acquire(g, h, qt_layer_end(g->L, l));
     if (fwd) base_layer(g, l);
     if (fwd && g->fp8_fwd) fp8_use_weights(g, l, (1u << QT_FP8_NMM) - 1, 0, from_slots(g));
-    /* A bf16 backward's wgrads read ln1 / ln2: the norm part rebuilds them. An fp8 backward's read the kept
-     * (or requantized) Xq^T, and ln1 / ln2 / h have one buffer for all layers (qt_act_policy.fp8_bwd): ln1
-     * is rebuilt for a recomputed qkv, ln2 for a recomputed gate|up, whether norm is listed or not. */
+    /* A bf16 backward's wgrads (and the adapters) read ln1 / ln2: the norm part rebuilds them. An fp8 backward's
+     * wgrads read the kept (or requantized) Xq^T, and ln1 / ln2 / h have one buffer for all layers
+     * (qt_act_policy.fp8_bwd): ln1 is rebuilt for a recomputed qkv, ln2 for a recomputed gate|up, whether norm is
+     * listed or not. */
     int stale = 0; /* 1: a planted bug's stale ln1 / ln2 */
 #ifdef QT_MUTANTS
     stale = l > 0 && qt_mutant_on(QT_MUT_RECOMPUTE_STALE_LN);
 #endif
-    int ln1_redo = g->fp8_bwd ? redo & QT_RC_QKV && !stale : redo & QT_RC_NORM;
-    int ln2_redo = g->fp8_bwd ? redo & QT_RC_FFN && !stale : redo & QT_RC_NORM;
+    int ln1_redo = fp8_wgrad(g) ? redo & QT_RC_QKV && !stale : redo & QT_RC_NORM;
+    int ln2_redo = fp8_wgrad(g) ? redo & QT_RC_FFN && !stale : redo & QT_RC_NORM;
     if (fwd || ln1_redo) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         g->fam.norm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
@@ -677,7 +706,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     stale_h = l > 0 && qt_mutant_on(QT_MUT_RECOMPUTE_STALE_H);
 #endif
     const void *dy = branch_dy(g, l, QT_FP8_DOWN, a->pm, a->rstd_pf); /* down's output gradient */
-    if (g->fp8_bwd && r & QT_RC_SWIGLU) {
+    if (fp8_wgrad(g) && r & QT_RC_SWIGLU) {
         qt_gpu_model_mark(g, "fp8 quantize: gradients");
         qt_fp8_quant_grad(g->fp8, l, QT_FP8_DOWN, dy, s);
         qt_gpu_model_mark(g, "matmul bwd: down");
@@ -687,13 +716,12 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
         else g->fam.fp8_glu_bwd_requant(g->fp8, l, a->gu, a->h, a->gu, fp8_amax(g, l, QT_FP8_GU, 1), s);
         qt_gpu_model_mark(g, "matmul bwd: down");
         qt_fp8_wgrad(g->fp8, g->mm, l, QT_FP8_DOWN, Gp(g, o->wdown), Gdt(g), s);
-    } else if (r & QT_RC_SWIGLU) {
-        qt_gpu_model_mark(g, "matmul bwd: down");
-        qt_matmul_dgrad(g->mm, a->h, QT_DT_BF16, dy, Wp(g, o->wdown), N, d.F, d.C, 0, s);
+    } else if (r & QT_RC_SWIGLU) { /* bf16, or a frozen base's fp8 dgrad */
+        base_dgrad(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, dy, o->wdown, d.F, d.C);
         if (g->lora) { /* dh complete before the SwiGLU backward reads it; dA once h is back */
             qt_gpu_model_mark(g, "lora bwd");
             qt_gpu_lora_bwd_w(g->lora, l, QT_LORA_SITE_DOWN, NULL, dy, s);
-            qt_gpu_lora_bwd_x(g->lora, l, QT_LORA_SITE_DOWN, a->h, s);
+            lora_bwd_x(g, l, QT_FP8_DOWN, a->h);
         }
         qt_gpu_model_mark(g, "swiglu");
         if (stale_h) g->fam.glu_bwd(a->gu, a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_GU, 1), s); /* h's buffer: dh */
