@@ -35,7 +35,7 @@ endif
 CPU_ONLY_OUT := $(filter-out comm/rendezvous.c,$(wildcard cuda/*.c comm/*.c src/gpu/*.c)) \
                 $(addprefix src/engine/,engine_gpu.c engine_gpu_lora.c engine_dp.c dp_sync.c dp_nodes.c dp_nodes_none.c plan_auto.c \
                   plan_choose.c plan_cost.c plan_lora.c)
-GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_internode test_kernels test_offload test_ops_gpu test_plan test_plan_lora \
+GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_internode test_kernels test_lora_fp8 test_offload test_ops_gpu test_plan test_plan_lora \
              test_quant test_recompute test_sft test_stores test_weight_slots test_zero tool_lora_dump_gpu
 # NCCL (comm/internode.c, the collectives between nodes; CUDA builds only): where nccl.h and libnccl are
 # in the toolkit or the system's paths. Without it comm/internode.c and test_internode are left out.
@@ -246,7 +246,7 @@ test-asan: $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 # then checks that the release library holds none of them (tools/mutants.sh).
 REL_BUILD ?= build
 MUT_BUILD ?= build-mutants
-MUT_TESTS := test_determinism test_docs test_dpo test_dpo_ref test_kernels test_nf4 test_offload test_qlora test_recompute test_reliability test_train test_zero
+MUT_TESTS := test_determinism test_docs test_dpo test_dpo_ref test_kernels test_lora_fp8 test_nf4 test_offload test_qlora test_recompute test_reliability test_train test_zero
 ifeq ($(MUTANTS),1)
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell if [ -f $(REL_BUILD)/gen/nvflags ] && cmp -s $(REL_BUILD)/gen/nvflags $(BUILD)/gen/nvflags; then \

@@ -3,8 +3,9 @@
  * training end to end with a bit-exact resume whose checkpoint holds the adapters only, a resume over
  * another base refused; on the GPU: what is refused (naming the key), the memory plan's rows (no base gradient or
  * moments), and with a GPU the engine against the CPU one (losses, adapters, logits within bf16 bounds), a
- * bit-exact resume, recompute bitwise equal to none, fp8 block matmuls tracking bf16, and two data-parallel ranks
- * equal to one GPU bit for bit. The match with transformers + PEFT is
+ * bit-exact resume, recompute bitwise equal to none, fp8 block matmuls tracking bf16, with the base's data gradient in
+ * e4m3 a bit-exact resume and recompute bitwise (its gradients against the bf16 backward's: tests/test_lora_fp8.c),
+ * and two data-parallel ranks equal to one GPU bit for bit. The match with transformers + PEFT is
  * tests/test_lora_peft.py. */
 #include <math.h>
 #include <stdint.h>
@@ -216,11 +217,20 @@ static void write_data(void) {
     qt_t_write_synthetic(p2, 3000, 2);
 }
 
+/* The GPU runs' shapes for fp8 (cuBLASLt's fp8 GEMMs: 96 tokens and 256 features, multiples of 16), e4m3 block
+ * matmuls and the base's data gradient in e4m3 (precision.grad_dtype e4m3). */
+static void fp8_dgrad(qt_config *c) {
+    c->data.micro_batch = 4;
+    c->model.intermediate_size = 256;
+    c->precision.matmul_dtype = QT_DT_E4M3;
+    c->precision.grad_dtype = QT_DT_E4M3;
+}
+
 /* 10 steps + resume + 10 steps equal 20 straight steps bit for bit (with dropout: the masks continue), the
  * loss falls, the PEFT exports are byte-identical, and the checkpoint holds the adapters and their AdamW
  * state only (no base weights, no base moments; with extras the trained base tensors as lora_extras). tag: the
- * runs' folders. */
-static void resume_bit_exact_on(const char *tag, const char *extras, const char *device) {
+ * runs' folders; tweak (or NULL) changes both configs after they are read. */
+static void resume_bit_exact_on(const char *tag, const char *extras, const char *device, void (*tweak)(qt_config *)) {
     write_data();
     static qt_config a, b;
     char yaml[4096], err[1024], path[1024], ta[64], tb[64];
@@ -229,6 +239,7 @@ static void resume_bit_exact_on(const char *tag, const char *extras, const char 
     snprintf(tb, sizeof tb, "halves%s", tag);
     QT_REQUIRE(load(&a, run_yaml_x(yaml, sizeof yaml, ta, 3, device, extras), err, sizeof err) == 0, "%s", err);
     QT_REQUIRE(load(&b, run_yaml_x(yaml, sizeof yaml, tb, 3, device, extras), err, sizeof err) == 0, "%s", err);
+    if (tweak) tweak(&a), tweak(&b);
     qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 10, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
     qt_train_stats st;
     QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
@@ -264,7 +275,7 @@ static void resume_bit_exact_on(const char *tag, const char *extras, const char 
     free(fb);
 }
 
-static void resume_bit_exact(const char *tag, const char *extras) { resume_bit_exact_on(tag, extras, "cpu"); }
+static void resume_bit_exact(const char *tag, const char *extras) { resume_bit_exact_on(tag, extras, "cpu", NULL); }
 
 static void test_resume_bit_exact(void) { resume_bit_exact("", ""); }
 
@@ -300,7 +311,6 @@ static void test_gpu_refuses(void) {
     QT_EXPECT(!no, "plain LoRA refused on the GPU: %s", no);
     static const struct { const char *yaml, *key; } cases[] = {
         {"lora: {rank: 4, trainable: [norms]}\n", "lora.trainable"},
-        {"lora: {rank: 4}\nprecision: {matmul_dtype: e4m3, grad_dtype: e5m2}\n", "precision.grad_dtype"},
         {"lora: {rank: 4}\nmemory: {offload: [m, v]}\n", "memory.offload"},
         {"lora: {rank: 4}\nmemory: {offload: [residual]}\n", "memory.offload"},
         {"lora: {rank: 4}\nparallel: {devices: [0, 0], zero: 2}\n", "parallel.zero"},
@@ -321,6 +331,10 @@ static void test_gpu_refuses(void) {
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "memory.offload: [weights] refused with LoRA: %s", qt_engine_gpu_refusal(&c));
     c.lora.base_nf4 = 1;
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "memory.offload: [weights] refused with QLoRA: %s", qt_engine_gpu_refusal(&c));
+    QT_REQUIRE(load(&c, "lora: {rank: 4}\nprecision: {matmul_dtype: e4m3, grad_dtype: e4m3}\n", err, sizeof err) == 0, "%s",
+               err);
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "fp8 matmuls with an e4m3 data gradient refused with LoRA: %s",
+              qt_engine_gpu_refusal(&c));
     /* a checkpoint's resolved config names every key (parallel.zero: 1 among them): --export and --resume of a
      * GPU LoRA run read it */
     QT_REQUIRE(load(&c, "lora: {rank: 4}\nparallel: {zero: 1}\n", err, sizeof err) == 0, "%s", err);
@@ -537,22 +551,28 @@ static void test_gpu_data_parallel(void) {
 /* On the GPU: 10 steps + resume + 10 steps equal 20 straight steps bit for bit, as on the CPU. */
 static void test_gpu_resume_bit_exact(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    resume_bit_exact_on("_gpu", "", "cuda");
+    resume_bit_exact_on("_gpu", "", "cuda", NULL);
+}
+
+/* The same over an fp8 base with the base's data gradient in e4m3: bit-exact resume, the loss falls. */
+static void test_gpu_fp8_dgrad_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    resume_bit_exact_on("_fp8_dgrad", "", "cuda", fp8_dgrad);
 }
 
 /* On the GPU, memory.recompute trains the adapters to the same bits as no recompute: [norm, qkv, att] (the adapters
  * of qkv run again) and [block] (all parts: o, gate|up again, and the SwiGLU rebuilt after down's dgrad, so down's
- * A gradient waits for it). */
-static void test_gpu_recompute_bitwise(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+ * A gradient waits for it). pre: the runs' folders' prefix; tweak (or NULL) changes the configs after they are read. */
+static void recompute_bitwise(const char *pre, void (*tweak)(qt_config *)) {
     write_data();
     static qt_config c;
     char yaml[4096], err[1024], tag[32], ex[3][512];
     float loss[3][8];
     const int rc[3] = {0, QT_RC_NORM | QT_RC_QKV | QT_RC_ATT, QT_RC_BLOCK};
     for (int k = 0; k < 3; k++) {
-        snprintf(tag, sizeof tag, "rc%d", k);
+        snprintf(tag, sizeof tag, "%src%d", pre, k);
         QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, tag, 3, "cuda"), err, sizeof err) == 0, "%s", err);
+        if (tweak) tweak(&c);
         c.optim.steps = 8;
         c.memory.recompute = rc[k];
         qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
@@ -575,6 +595,18 @@ static void test_gpu_recompute_bitwise(void) {
     free(fa);
 }
 
+static void test_gpu_recompute_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    recompute_bitwise("", NULL);
+}
+
+/* The same with the base's data gradient in e4m3 (the recomputed matmuls quantize their inputs again with the
+ * forward's scales; the SwiGLU rebuilt after down's e4m3 dgrad). */
+static void test_gpu_fp8_dgrad_recompute_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    recompute_bitwise("fp8_dgrad_", fp8_dgrad);
+}
+
 int main(void) {
     if (!qt_t_mkdtemp(g_dir, sizeof g_dir, "qt_lora")) return 1;
     QT_RUN(test_layout);
@@ -593,6 +625,8 @@ int main(void) {
     QT_RUN(test_gpu_resume_bit_exact);
     QT_RUN(test_gpu_recompute_bitwise);
     QT_RUN(test_gpu_fp8);
+    QT_RUN(test_gpu_fp8_dgrad_resume_bit_exact);
+    QT_RUN(test_gpu_fp8_dgrad_recompute_bitwise);
     QT_RUN(test_gpu_data_parallel);
     qt_t_rmtree(g_dir);
     return qt_test_end();
