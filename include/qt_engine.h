@@ -111,9 +111,6 @@ typedef struct {
      * the engine has only the default (qt_engine_set_docs refuses a d that asks for more). A failed call
      * (malformed starts, a graph the GPU library refuses) leaves the engine usable, without documents. */
     void (*set_docs)(qt_engine *e, const qt_docs *d);
-    /* 1: data.attention: auto picks attention per document here (the path is validated against the CPU
-     * reference on this engine's device); 0: auto keeps causal, data.attention: document still asks for it. */
-    int docs_by_default;
     /* Writes the engine's own export to dir instead of the HF model (LoRA: PEFT's adapter files); NULL:
      * the HF export of get_weights is the export. */
     int (*export_adapter)(qt_engine *e, const char *dir, char *err, size_t errlen);

@@ -481,7 +481,9 @@ static void test_gpu_docs_track_cpu(void) {
 }
 
 /* LoRA with fp8 (e4m3) block matmuls over the base quantized once, and a bf16 backward: 20 steps track the bf16
- * run's losses within 3% (fp8's rounding of inputs and weights) and the loss falls; the plan has the fp8 weights
+ * run's losses, each within 5% and the last 5 steps' mean within 2% (fp8's rounding of inputs and weights; one step's
+ * loss is one batch of 4 x 24 tokens: the H200 measured up to 3.3% at a single step, 1.1-1.3% at the end, and the
+ * autotuned algorithms move a run's bits from process to process), and the loss falls; the plan has the fp8 weights
  * row and still no base gradient. */
 static void test_gpu_fp8(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
@@ -499,8 +501,12 @@ static void test_gpu_fp8(void) {
         qt_train_stats st;
         QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", tag, err);
     }
-    for (int s = 0; s < 20; s++)
-        QT_EXPECT(fabs(loss[1][s] - loss[0][s]) <= 0.03 * loss[0][s], "step %d: fp8 %g, bf16 %g", s + 1, loss[1][s], loss[0][s]);
+    double tail[2] = {0, 0};
+    for (int s = 0; s < 20; s++) {
+        QT_EXPECT(fabs(loss[1][s] - loss[0][s]) <= 0.05 * loss[0][s], "step %d: fp8 %g, bf16 %g", s + 1, loss[1][s], loss[0][s]);
+        for (int k = 0; k < 2 && s >= 15; k++) tail[k] += loss[k][s] / 5;
+    }
+    QT_EXPECT(fabs(tail[1] - tail[0]) <= 0.02 * tail[0], "the last 5 steps' mean loss: fp8 %g, bf16 %g", tail[1], tail[0]);
     printf("  loss bf16 %.4f -> %.4f, fp8 %.4f -> %.4f\n", loss[0][0], loss[0][19], loss[1][0], loss[1][19]);
     QT_EXPECT(loss[1][19] < loss[1][0] - 0.05f, "fp8: the loss did not fall: %g -> %g", loss[1][0], loss[1][19]);
     qt_layout L;

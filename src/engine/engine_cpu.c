@@ -179,7 +179,6 @@ static const qt_engine_ops cpu_ops = {
     .print_memory = NULL,
     .free = cpu_free,
     .set_docs = cpu_set_docs,
-    .docs_by_default = 1,
     .dpo_stats = cpu_dpo_stats,
     .row_logps = cpu_row_logps,
     .set_dpo_ref = cpu_set_dpo_ref,

@@ -221,7 +221,6 @@ static const qt_engine_ops lora_ops = {
     .free = lora_free,
     .export_adapter = lora_export_adapter,
     .set_docs = lora_set_docs,
-    .docs_by_default = 1,
     .dpo_stats = lora_dpo_stats,
 };
 

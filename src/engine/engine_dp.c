@@ -553,7 +553,6 @@ static const qt_engine_ops dp_ops = {
     .profile_print = dp_profile_print,
     .free = dp_free,
     .set_docs = dp_set_docs,
-    .docs_by_default = 1,
     .dpo_stats = dp_dpo_stats,
     .row_logps = dp_row_logps,
     .set_dpo_ref = dp_set_dpo_ref,

@@ -550,7 +550,7 @@ static void gpu_set_docs(qt_engine *b, const qt_docs *d) {
      .snapshot_bytes = gpu_snapshot_bytes, .tuning_save = qt_engine_gpu_tuning_save,                   \
      .tuning_load = qt_engine_gpu_tuning_load,                                                         \
      .profile = gpu_profile, .profile_print = gpu_profile_print, .free = gpu_free, .state_is_snapshot = 1, \
-     .set_docs = gpu_set_docs, .docs_by_default = 1, .dpo_stats = gpu_dpo_stats, .row_logps = gpu_row_logps, \
+     .set_docs = gpu_set_docs, .dpo_stats = gpu_dpo_stats, .row_logps = gpu_row_logps, \
      .set_dpo_ref = gpu_set_dpo_ref}
 static const qt_engine_ops gpu_ops = GPU_OPS("cuda-bf16"), fp8_ops = GPU_OPS("cuda-fp8 (e4m3 blocks)");
 

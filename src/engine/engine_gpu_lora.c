@@ -229,7 +229,7 @@ static void glora_profile_print(qt_engine *b, int steps) { qt_gpu_model_profile_
      .state_items = glora_state_items, .load_state = glora_load_state, .nonfinite_weight = glora_nonfinite_weight, \
      .tuning_save = qt_engine_gpu_tuning_save, .tuning_load = qt_engine_gpu_tuning_load,                           \
      .print_memory = glora_print_memory, .profile = glora_profile, .profile_print = glora_profile_print,           \
-     .free = glora_free, .set_docs = glora_set_docs, .docs_by_default = 0, .export_adapter = glora_export_adapter, \
+     .free = glora_free, .set_docs = glora_set_docs, .export_adapter = glora_export_adapter, \
      .dpo_stats = glora_dpo_stats}
 static const qt_engine_ops glora_ops = GLORA_OPS("cuda-bf16-lora"),
                            glora_fp8_ops = GLORA_OPS("cuda-fp8-lora (e4m3 block matmuls, bf16 backward)"),

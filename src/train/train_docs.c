@@ -23,12 +23,9 @@ int qt_train_docs_init(qt_train_docs *d, const qt_config *c, const qt_loader *tr
     int can = e->ops->set_docs != NULL;
     const char *why;
     if (c->data.attention == QT_DOCS_AUTO) {
-        d->attention = have > 0 && can && e->ops->docs_by_default;
+        d->attention = have > 0 && can;
         why = !train ? "no training shards" : !have ? "the shards carry no document starts"
-              : !can ? "the engine has causal attention only"
-              : !e->ops->docs_by_default ? "auto keeps causal on this engine until its document attention is validated "
-                                           "on the device; data.attention: document asks for it"
-                                         : "the shards carry document starts";
+              : !can ? "the engine has causal attention only" : "the shards carry document starts";
     } else {
         d->attention = c->data.attention == QT_DOCS_DOCUMENT;
         why = "data.attention";
