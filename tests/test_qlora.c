@@ -126,6 +126,26 @@ static int gpu_plan(const qt_config *c, qt_layout *L, qt_run_plan *rp) {
     QT_CHECK(qt_plan_run(L, c, 1, 1, rp, err, sizeof err) == 0, "%s", err);
     return 0;
 }
+/* gpu_plan, or the calling test skipped in a CPU-only build. */
+#define GPU_PLAN_OR_SKIP(c, L, rp)                                  \
+    do {                                                             \
+        if (gpu_plan(c, L, rp)) {                                    \
+            qt_layout_free(L);                                       \
+            QT_SKIP("a CPU-only build has no GPU planner");          \
+        }                                                            \
+    } while (0)
+
+/* The adapter exports of runs a and b (their checkpoint folders ckpt_<a>, ckpt_<b>) are byte-identical. */
+static void expect_same_exports(const char *a, const char *b) {
+    char ea[600], eb[600];
+    snprintf(ea, sizeof ea, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, a);
+    snprintf(eb, sizeof eb, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, b);
+    size_t na = 0, nb = 0;
+    char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
+    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports of %s and %s differ (%zu vs %zu bytes)",
+              a, b, na, nb);
+    free(fa), free(fb);
+}
 
 /* The NF4 plan's rows: codes of (n + 1) / 2 bytes per matrix, the scales, the rest of the base in bf16 and two
  * blocks' bf16 slots, each within its alignment (16 bytes per matrix, 256 per row); no bf16 copy of the whole base. */
@@ -135,10 +155,7 @@ static void test_plan_rows(void) {
     QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "plan", "nf4", ""), err, sizeof err) == 0, "%s", err);
     qt_layout L;
     static qt_run_plan rp;
-    if (gpu_plan(&c, &L, &rp)) {
-        qt_layout_free(&L);
-        QT_SKIP("a CPU-only build has no GPU planner");
-    }
+    GPU_PLAN_OR_SKIP(&c, &L, &rp);
     mats m = block_mats(&L);
     size_t nmat = 7 * (size_t)L.cfg.num_layers, codes = row_bytes(&rp, "frozen base: NF4 codes"),
            scales = row_bytes(&rp, "frozen base: NF4 scales"), rest = row_bytes(&rp, "frozen base (bf16 rest)"),
@@ -165,10 +182,7 @@ static void test_plan_rows_streamed(void) {
                "%s", err);
     qt_layout L;
     static qt_run_plan rp, rr;
-    if (gpu_plan(&c, &L, &rp)) {
-        qt_layout_free(&L);
-        QT_SKIP("a CPU-only build has no GPU planner");
-    }
+    GPU_PLAN_OR_SKIP(&c, &L, &rp);
     mats m = block_mats(&L);
     size_t nmat = 7 * (size_t)L.cfg.num_layers, nl = (size_t)L.cfg.num_layers;
     size_t host = row_bytes(&rp, "frozen base: NF4 (pinned host)"), packed = row_bytes(&rp, "NF4 streamed layers (packed, 2)");
@@ -218,10 +232,7 @@ static void test_plan_8b(void) {
                     err, sizeof err) == 0, "%s", err);
     qt_layout L;
     static qt_run_plan rp, rb;
-    if (gpu_plan(&c, &L, &rp)) {
-        qt_layout_free(&L);
-        QT_SKIP("a CPU-only build has no GPU planner");
-    }
+    GPU_PLAN_OR_SKIP(&c, &L, &rp);
     mats m = block_mats(&L);
     size_t q = row_bytes(&rp, "frozen base: NF4 codes") + row_bytes(&rp, "frozen base: NF4 scales");
     size_t base = q + row_bytes(&rp, "frozen base (bf16 rest)");
@@ -331,7 +342,7 @@ static void test_gpu_resume_bit_exact(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     write_data();
     static qt_config a, b;
-    char yaml[4096], err[1024], ea[600], eb[600];
+    char yaml[4096], err[1024];
     float la[20], lb[20];
     QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, "straight", "nf4", ""), err, sizeof err) == 0, "%s", err);
     QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "halves", "nf4", ""), err, sizeof err) == 0, "%s", err);
@@ -346,12 +357,7 @@ static void test_gpu_resume_bit_exact(void) {
         QT_EXPECT(!memcmp(&la[i], &lb[i], 4), "step %d: straight %.9g, resumed %.9g", i + 1, la[i], lb[i]);
     printf("  loss %.4f -> %.4f\n", la[0], la[19]);
     QT_EXPECT(la[19] < la[0] - 0.05f, "loss did not fall: %g -> %g", la[0], la[19]);
-    snprintf(ea, sizeof ea, "%s/ckpt_straight/export/adapter_model.safetensors", g_dir);
-    snprintf(eb, sizeof eb, "%s/ckpt_halves/export/adapter_model.safetensors", g_dir);
-    size_t na = 0, nb = 0;
-    char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
-    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
-    free(fa), free(fb);
+    expect_same_exports("straight", "halves");
     /* a resume over the bf16 base of the same weights finds the same base (the identity is the weights as read) */
     QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "halves", "bf16", ""), err, sizeof err) == 0, "%s", err);
     b.optim.steps = 21;
@@ -460,7 +466,7 @@ static void test_gpu_streamed_resume_bit_exact(void) {
     write_data();
     static qt_config a, b;
     static const char *const mem = "memory: {plan: manual, offload: [weights], recompute: [block]}\n";
-    char yaml[4096], err[1024], ea[600], eb[600];
+    char yaml[4096], err[1024];
     float la[10], lb[10];
     QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, "st_straight", "nf4", mem), err, sizeof err) == 0, "%s", err);
     QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "st_halves", "nf4", mem), err, sizeof err) == 0, "%s", err);
@@ -473,12 +479,7 @@ static void test_gpu_streamed_resume_bit_exact(void) {
     QT_REQUIRE(qt_train_run(&b, &ob2, &st, err, sizeof err) == 0, "resumed half: %s", err);
     for (int i = 0; i < 10; i++)
         QT_EXPECT(!memcmp(&la[i], &lb[i], 4), "step %d: straight %.9g, resumed %.9g", i + 1, la[i], lb[i]);
-    snprintf(ea, sizeof ea, "%s/ckpt_st_straight/export/adapter_model.safetensors", g_dir);
-    snprintf(eb, sizeof eb, "%s/ckpt_st_halves/export/adapter_model.safetensors", g_dir);
-    size_t na = 0, nb = 0;
-    char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
-    QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
-    free(fa), free(fb);
+    expect_same_exports("st_straight", "st_halves");
 }
 
 /* The bench's base drawn on the GPU (QT_WSRC_INIT_GPU: cuda/init.cu, src/gpu/base_fill.c) against the host's draw of
