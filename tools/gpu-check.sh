@@ -11,18 +11,19 @@
 #                test_sft, test_comm_gpu (ranks sharing the GPU); the mutant kernel builds that must fail
 #                (MUTANT_BUILD=1 builds the AdamW one; carried ones run as they are)
 #   model        transformers comparison (CPU and GPU; packed documents too), test_train (training, resume, data parallel with
-#                ranks sharing the GPU), LoRA, QLoRA, auto's LoRA plans and DPO (test_lora, test_qlora, test_plan_lora,
-#                test_dpo, test_dpo_ref, test_lora_peft.py on cuda), the export loaded by transformers
+#                ranks sharing the GPU), LoRA, QLoRA, auto's LoRA plans and DPO (test_lora, test_lora_fp8, test_qlora,
+#                test_plan_lora, test_dpo, test_dpo_ref, test_lora_peft.py on cuda), the export loaded by transformers
 #   memory       one GPU, ranks sharing it: test_zero, test_offload, test_recompute (each part), test_stores,
 #                test_plan (the plan against the device: cap, arena, attention workspace)
 #   multi        several GPUs, one rank per GPU, the probe's transport then host staging: test_comm_gpu,
-#                test_zero, offloaded ranks, recompute and training groups, a failing rank of 4
+#                test_zero, offloaded ranks, recompute and training groups, 2 emulated nodes, a failing rank of 4
 #   reliability  test_reliability's GPU tests (signals, kills, NaN stop, state written in place), the
 #                checkpoint stall at 0.5B (RELIABILITY_BIG=1: 7B too, ~230 GB of disk)
 #   python       the binding built against this machine's python3, its CPU and GPU tests
 # Measurements (the tables of bench/RESULTS.md, by section; pick rows with ONLY):
 #   bench        one GPU: GEMM and kernel benches (2-4), LLM.Q's setting and the larger configs (1),
-#                recompute costs (5), LoRA / QLoRA speed (15), capped plans and held-out plans (6), offload (7), pin_bench,
+#                recompute costs (5), LoRA / QLoRA speed and packed documents (15), the families (14), capped plans,
+#                plans under a second process's hold (tools/gpu_hold.py) and held-out plans (6), offload (7), pin_bench,
 #                python step overhead, tokenizer
 #   scale        several GPUs: collectives against NCCL (10), 0.5B/7B scaling (8), data-parallel options
 #                at one micro-batch (8), host-transport grid for the cost model, the emulated consumer box (9)
@@ -122,7 +123,11 @@ if has model; then
       step docs_cli 600 env BUILD=build python3 tests/test_docs_cli.py
       step test_train 900 build/tests/test_train
       # adapters: LoRA over a bf16 base, QLoRA's NF4 base, auto's LoRA plans, DPO (LoRA and full fine-tuning), PEFT
-      for t in test_lora test_qlora test_plan_lora test_dpo test_dpo_ref; do step "$t" 600 "build/tests/$t"; done
+      for t in test_lora test_lora_fp8 test_qlora test_plan_lora test_dpo test_dpo_ref; do step "$t" 600 "build/tests/$t"; done
+      if [ -d $mut ]; then # the e4m3 dgrad without the adapters' dx; a streamed base's wrong layer
+          step mut_lora_fp8 300 $mut/test_lora_fp8
+          step mut_qlora_stream 300 env QT_TEST_ONLY=stream $mut/test_qlora
+      fi
       step lora_peft 600 env QT_DEVICES=cuda BUILD=build python3 tests/test_lora_peft.py
       # the export carries the run's tokenizer: a byte-level BPE trained here, a short CPU run, then
       # transformers' AutoTokenizer and AutoModelForCausalLM load the export folder
@@ -207,6 +212,8 @@ if has multi; then
           step recompute_dp_$comm 600 env $c QT_TEST_ONLY=dp_offload build/tests/test_recompute
           step train_dp_$comm 600 env $c QT_TEST_ONLY=data_parallel build/tests/test_train
       done
+      # two emulated nodes (processes on disjoint GPUs, NCCL over the loopback) against one process (test_nodes_train.py)
+      [ "$ngpu" -ge 2 ] && step nodes_train 600 env BUILD=build python3 tests/test_nodes_train.py
       if [ "$ngpu" -ge 4 ]; then # a failure injected into rank 3 of 4 before step 3 stops all with its message
           printf 'data: {train: "%s/fail/train_*.bin", seq_len: 64, micro_batch: 2}\nmodel: {vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 256, max_seq_len: 64}\noptim: {steps: 6, warmup: 1}\ncheckpoint: {dir: "%s/fail_ckpt"}\ndevice: cuda\nparallel: {gpus: 4}\n' "$OUT" "$OUT" > "$OUT/fail4.yaml"
           python3 tools/tokenize --byte-level "$QT_DATA_DIR/tinyshakespeare.txt" --out "$OUT/fail" > /dev/null
@@ -309,6 +316,24 @@ if has bench; then
       step lora_7b_full 300 $tb $lo
       step lora_7b_r16 300 $tb $lo --set lora.rank=16
       step lora_7b_qlora_24 300 $tb $lo --set lora.rank=16 --set lora.base_dtype=nf4 --set memory.gpu_limit_gib=24
+      f8="configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 5 --set data.grad_accum=8"
+      step lora_7b_fp8_full 300 $tb $f8
+      step lora_7b_fp8_r16 300 $tb $f8 --set lora.rank=16
+      step lora_70b_qlora_24 400 $tb configs/llama-3.1-70b-qlora-24gb.yaml --warmup 1 --steps 2
+      # packed documents against causal attention (section 15): lengths log-normal around 400 tokens
+      step docs_7b_fp8_causal 300 $tb $f8
+      step docs_7b_fp8_document 300 $tb $f8 --docs 400
+      # the families at LLM.Q's precision, grad_accum 8 (section 14), the 7B fp8 config as the reference
+      for m in qwen2.5-7b-fp8 qwen3-8b-fp8 llama-3.1-8b-fp8 gemma-3-4b-fp8 gemma-3-12b-fp8; do
+          step "family_$m" 400 $tb configs/$m.yaml --warmup 1 --steps 3 --set data.grad_accum=8
+      done
+      # a second process holding all but N GiB, no memory.gpu_limit_gib: auto plans under the free memory (section 6)
+      held() { local gib=$1 name=$2; shift 2; rm -f "$OUT/hold_ready"; python3 tools/gpu_hold.py "$gib" "$OUT/hold_ready" & local hp=$!
+               for i in $(seq 60); do [ -f "$OUT/hold_ready" ] && break; sleep 1; done; cat "$OUT/hold_ready" 2>/dev/null
+               step "$name" 600 "$@"; kill $hp; wait $hp 2>/dev/null; }
+      held 24 held_7b_fp8_24 $tb configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1
+      held 16 held_7b_fp8_16 $tb configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --set data.grad_accum=16
+      held 24 held_70b_qlora_24 $tb configs/llama-3.1-70b-qlora-24gb.yaml --warmup 1 --steps 2 --set memory.gpu_limit_gib=0
       # one GPU held to a cap, every planner key auto, and hand-picked plans (section 6)
       hand="--set parallel.gpus=1 --set perf.cuda_graphs=false --set memory.offload=[weights,gradients,master,m,v,residual]
             --set precision.master_dtype=bf16 --set precision.grad_accum_dtype=bf16 --set data.micro_batch=8 --set data.grad_accum=8
