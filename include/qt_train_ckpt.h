@@ -81,6 +81,10 @@ typedef struct qt_trainer {
 int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen);
 /* Snapshots step t->step and starts writing it (waiting first for the previous write). 0 or -1. */
 int qt_trainer_save(qt_trainer *t, char *err, size_t errlen);
+/* A checkpoint of step t->step across nodes (qt_train_nodes.h): node 0 writes it (qt_trainer_save), the others
+ * wait for its start and take its outcome; on one machine qt_trainer_save. 0, or -1 with err on every node when
+ * node 0's failed. */
+int qt_trainer_save_agreed(qt_trainer *t, char *err, size_t errlen);
 /* When the write in flight has finished: reports it. Returns -1 with err when it failed. */
 int qt_trainer_poll_write(qt_trainer *t, char *err, size_t errlen);
 /* err holds a mid-run error (data, log): saves the last completed step when it is not yet saved,

@@ -15,9 +15,9 @@
 
 /* 1 when nodes (NULL: one machine) says this process is a node other than node 0. */
 int qt_train_nodes_follower(const struct qt_nodes *nodes);
-/* A checkpoint of step t->step: node 0 writes it (qt_trainer_save), the others wait for its start and
- * take its outcome. 0, or -1 with err on every node when node 0's failed. */
-int qt_train_nodes_save(qt_trainer *t, char *err, size_t errlen);
+/* How many nodes pass mine != 0 (a barrier of every node, through the engine's nodes_count, which only an engine
+ * across nodes has): into *count. 0, or -1 with err (the trainer is broken then). */
+int qt_train_nodes_agree(qt_trainer *t, int mine, int *count, char *err, size_t errlen);
 /* Whether to stop before the next step: 1 when a stop was asked on this node (sig != 0) or any other. 0 or 1;
  * -1 with err when the nodes cannot agree (a node is gone). */
 int qt_train_nodes_stop(qt_trainer *t, int sig, char *err, size_t errlen);

@@ -361,7 +361,7 @@ int qt_session_update(qt_trainer *t, qt_step_result *r, char *err, size_t errlen
         if (targets) t->st->last_eval = r->eval_loss;
     }
     if ((c->checkpoint.every > 0 && t->step % c->checkpoint.every == 0) || last) {
-        if (qt_train_nodes_save(t, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
+        if (qt_trainer_save_agreed(t, err, errlen)) return failed(t, QT_TF_CHECKPOINT, -1);
         r->saved = 1;
         /* the picks of shapes first met after step 1 (the evaluation's, the fp8 path's later ones) too */
         if (c->perf.deterministic) qt_tuning_cache_save(t->eng, t->tuning_cache);

@@ -275,10 +275,25 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     return 0;
 }
 
+int qt_trainer_save_agreed(qt_trainer *t, char *err, size_t errlen) {
+    if (!t->eng->ops->nodes_count) return qt_trainer_save(t, err, errlen);
+    int rc = t->follower ? 0 : qt_trainer_save(t, err, errlen), failed = 0;
+    if (qt_train_nodes_agree(t, rc != 0, &failed, err, errlen)) return -1;
+    if (rc == 0 && failed)
+        return qt_errf(err, errlen, "node 0 failed to start the checkpoint of step %ld (its message is on its output): "
+                       "every node stops", t->step);
+    if (rc == 0 && t->follower) {
+        t->ck.saved_step = t->step;
+        printf("qtrain: checkpoint of step %ld: node 0 writes it\n", t->step);
+        fflush(stdout);
+    }
+    return rc;
+}
+
 /* Saves the last completed step unless it is saved already or no step ran (a step-0 checkpoint holds
  * only the initial weights, and would make the directory refuse a fresh run), and waits. 0 or -1. */
 static int save_now(qt_trainer *t, char *err, size_t errlen) {
-    if (t->step > t->ck.saved_step && t->step > 0 && qt_train_nodes_save(t, err, errlen)) return -1;
+    if (t->step > t->ck.saved_step && t->step > 0 && qt_trainer_save_agreed(t, err, errlen)) return -1;
     return finish_write(t, err, errlen);
 }
 
