@@ -205,7 +205,8 @@ PREDICTED = re.compile(r"^  GPU per device +(\d+\.\d) MiB .*\n.*\n  predicted on
 def test_plan_lora(tmp):
     """memory.plan: auto plans LoRA runs: QLoRA (an NF4 base) over the shipped 7B config at 12 / 16 / 24 GiB and a bf16
     base at 24 GiB: `--plan` exits 0 with a chosen plan under the budget, and the plan it then prints (the run's
-    rows, the cost model's step) is that plan: its GPU GiB and predicted tokens/s. A bf16 base at 12 GiB fits no plan:
+    rows, the cost model's step) is that plan: its GPU GiB and predicted tokens/s. A bf16 base at 12 GiB fits by
+    streaming the base from host memory (weights offloaded); kept resident (`memory.offload: []`) it fits no plan:
     exit 3, the hint names lora.base_dtype, and a `--plan` with the hint's --set prints the hint's plan."""
     if cpu_only_build():
         raise Skip("the CPU-only build plans no GPU run")
@@ -223,7 +224,12 @@ def test_plan_lora(tmp):
             f"{extra} at {gib} GiB: chosen {m.group(2)} GiB, {m.group(4)} tokens/s; --plan printed {p.group(1)} MiB, " \
             f"{p.group(2)} tokens/s"
     r = qtrain("--plan", cfg, *lora, "--gpu-mem", "12", "--host-mem", "64")
-    assert r.returncode == 3, f"bf16 base at 12 GiB: exit {r.returncode}\n{r.stderr[-1500:]}"
+    m = CHOSEN.search(r.stdout)
+    assert r.returncode == 0 and m and "weights offloaded" in m.group(0), \
+        f"bf16 base at 12 GiB: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+    lora = lora + ("--set", "memory.offload=[]")
+    r = qtrain("--plan", cfg, *lora, "--gpu-mem", "12", "--host-mem", "64")
+    assert r.returncode == 3, f"bf16 base at 12 GiB, resident: exit {r.returncode}\n{r.stderr[-1500:]}"
     h = re.search(r"^  lora.base_dtype: bf16 blocks it; with((?: --set \S+)+): (\d+\.\d\d) GiB GPU, (\d+\.\d) GiB host, "
                   r"(\d+) tokens/s predicted", r.stderr, re.M)
     assert h, r.stderr
