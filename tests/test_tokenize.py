@@ -497,32 +497,64 @@ def test_packing(tmp):
         assert summary.startswith(expect), f"summary {summary!r}, expected {expect!r}"
 
 
-def test_killed_worker_ends_the_run(tmp):
-    """A worker killed mid-run (as the OOM killer would) ends the run with an error, not a hang."""
+def killed_workers_end_the_run(tmp, mid_write):
+    """Starts the tool on 2 workers, kills them and expects an error naming the cause within 120 s. With
+    mid_write the tool is stopped first (SIGSTOP) until a worker blocks halfway through writing a result
+    larger than the pipe, and that worker is killed there: the pool's manager thread then waits for ever
+    on the rest of the message, so only the tool's own watch on the workers ends the run."""
     import signal
     import time
     tok, tj = bpe_tokenizer(tmp, WS_TEXT, vocab=300)
     src = os.path.join(tmp, "big.txt")
     open(src, "w").write(WS_TEXT * 200)
     p = subprocess.Popen([sys.executable, TOOL, "--tokenizer", tj, src, "--out", os.path.join(tmp, "out"),
-                          "--workers", "2", "--chunk-bytes", "65536", "--quiet"], stderr=subprocess.PIPE, text=True,
+                          "--workers", "2", "--chunk-bytes", "262144" if mid_write else "65536", "--quiet"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)  # its own group: a hung tool is killed with its workers
-    victim, t0 = None, time.time()
-    while victim is None and time.time() - t0 < 30 and p.poll() is None:
-        time.sleep(0.2)
+
+    def workers():
         try:
             kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
         except OSError:
             raise Skip("no /proc children list")
+        found = []
         for k in kids:
             try:
                 if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read():
-                    victim = int(k)
+                    found.append(int(k))
             except OSError:
                 pass
-    assert victim is not None, "no worker process seen"
+        return found
+
+    def wchan(pid):
+        try:
+            return open(f"/proc/{pid}/wchan").read()
+        except OSError:
+            return ""
+    t0 = time.time()
+    while len(workers()) < 2 and time.time() - t0 < 30 and p.poll() is None:
+        time.sleep(0.2)
+    assert workers(), "no worker process seen"
     time.sleep(1.0)
-    os.kill(victim, signal.SIGKILL)
+    if mid_write:
+        os.kill(p.pid, signal.SIGSTOP)
+        t0 = time.time()
+        while not any("pipe_write" in wchan(w) for w in workers()) and time.time() - t0 < 30:
+            time.sleep(0.2)
+        writing = [w for w in workers() if "pipe_write" in wchan(w)]
+        if not writing and not any(wchan(w) for w in workers()):
+            os.kill(p.pid, signal.SIGCONT)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise Skip("no /proc/PID/wchan: a worker blocked in a pipe write cannot be seen")
+        assert writing, "no worker blocked writing its result in 30 s"
+        victims = workers()
+    else:
+        victims = workers()[:1]
+    for w in victims:
+        os.kill(w, signal.SIGKILL)
+    if mid_write:
+        os.kill(p.pid, signal.SIGCONT)
     try:
         _, err = p.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -530,6 +562,16 @@ def test_killed_worker_ends_the_run(tmp):
         p.communicate()
         raise AssertionError("the tool hung after a worker was killed")
     assert p.returncode != 0 and "worker process died" in err, (p.returncode, err)
+
+
+def test_killed_worker_ends_the_run(tmp):
+    """A worker killed mid-run (as the OOM killer would) ends the run with an error, not a hang."""
+    killed_workers_end_the_run(tmp, mid_write=False)
+
+
+def test_worker_killed_mid_write_ends_the_run(tmp):
+    """A worker killed halfway through sending its result ends the run with an error, not a hang."""
+    killed_workers_end_the_run(tmp, mid_write=True)
 
 
 def test_argument_errors(tmp):

@@ -10,7 +10,7 @@ import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
@@ -167,9 +167,23 @@ def tokenize_all(a, files, opts, src, packer):
     pending = collections.deque()
     pool = ProcessPoolExecutor(a.workers, mp_context=ctx, initializer=worker.init, initargs=(opts,))
 
+    workers = {}  # pid -> Process of every worker seen; none exits before the pool shuts down
+
+    def result(fut):
+        # The pool's own check misses a worker killed halfway through sending a result larger than the
+        # pipe (its manager thread then waits for ever on the rest of the message): the workers' exit
+        # codes are read here as well, every half second while a result is awaited.
+        while True:
+            try:
+                return fut.result(timeout=0.5)
+            except FutureTimeout:
+                workers.update((p.pid, p) for p in multiprocessing.active_children())
+                if any(p.exitcode is not None for p in workers.values()):
+                    raise BrokenProcessPool from None
+
     def take():
         fut, done = pending.popleft()
-        *arrays, notes = fut.result()
+        *arrays, notes = result(fut)
         packer.add(*arrays)
         for kind, (n, where) in notes.items():
             packer.notes.setdefault(kind, [0, where])[0] += n
