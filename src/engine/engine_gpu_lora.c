@@ -274,7 +274,9 @@ qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, co
  * The ranks' micro-steps are enqueued from this thread, each on its own device and stream. opt_step sums the
  * adapter gradients over the ranks in rank order (through host memory: fp32 adds, the same bits as one GPU
  * accumulating the ranks' micro-batches one after another), gives every rank the sum, and each runs the same
- * AdamW on the same bits; rank 0's state is the checkpoint's and the export's. */
+ * AdamW on the same bits; rank 0's state is the checkpoint's and the export's. A streamed base (memory.offload:
+ * [weights]) is pinned once, by rank 0; every other rank borrows that copy (qt_weight_src.base_host) and streams its
+ * layers into its own GPU's slots. */
 typedef struct {
     qt_engine base;
     qt_plan plan;
@@ -367,7 +369,7 @@ static void dp_print_memory(qt_engine *b) {
 
 static void dp_free(qt_engine *b) {
     glora_dp *d = (glora_dp *)b;
-    for (int r = 0; r < d->n; r++)
+    for (int r = d->n - 1; r >= 0; r--) /* rank 0 last: a streamed base's pinned copy is its, read by the others */
         if (d->rk[r]) glora_free(&d->rk[r]->base);
     free(d->sum), free(d->part);
     free(d);
@@ -389,8 +391,9 @@ qt_engine *qt_engine_gpu_lora_dp_create(const qt_layout *L, const qt_plan *plan,
     d->plan = *plan;
     d->n = n;
     d->base = (qt_engine){&glora_dp_ops, L, &d->plan, n};
+    qt_weight_src from = *src; /* after rank 0: its streamed base's pinned copy, which the others borrow */
     for (int r = 0; r < n; r++) {
-        qt_engine *e = qt_engine_gpu_lora_create(L, plan, src, devices[r], err, errlen);
+        qt_engine *e = qt_engine_gpu_lora_create(L, plan, &from, devices[r], err, errlen);
         if (!e) {
             dp_free(&d->base);
             return NULL;
@@ -398,6 +401,10 @@ qt_engine *qt_engine_gpu_lora_dp_create(const qt_layout *L, const qt_plan *plan,
         d->rk[r] = (glora_engine *)e;
         d->rk[r]->rank = r;
         d->rk[r]->nranks = n;
+        const qt_gpu_base *base = d->rk[r]->g->base;
+        if (!r && base->ops->host) from.base_host = base->ops->host(base);
+        QT_CHECK(!strcmp(base->id, d->rk[0]->g->base->id), "LoRA data parallel: rank %d read the base as \"%s\", rank 0 "
+                 "as \"%s\"", r, base->id, d->rk[0]->g->base->id);
     }
     size_t numel = d->rk[0]->gl->A.numel;
     d->sum = malloc(numel * sizeof *d->sum);

@@ -50,10 +50,11 @@ static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char 
     qt_shard_init(&sh, L, sharded ? n : 1, 0, p->parallel.buckets);
     qt_mem_plan one;
     if (qt_gpu_model_plan(L, p, &sh, &one, err, errlen)) return -1;
-    for (int i = 0; i < one.n; i++) { /* device rows: one rank's; host rows: every rank's */
+    for (int i = 0; i < one.n; i++) { /* device rows: one rank's; host rows: every rank's, but LoRA's pinned base */
         const qt_mem_row *r = &one.row[i];
         int host = r->where == QT_MEM_PINNED || r->where == QT_MEM_PAGEABLE;
-        qt_mem_plan_add(&rp->mem, r->where, r->kind, host ? r->bytes * n : r->bytes);
+        int shared = p->lora.rank > 0 && r->where == QT_MEM_PINNED; /* a streamed frozen base: one copy (base_stream.c) */
+        qt_mem_plan_add(&rp->mem, r->where, r->kind, host && !shared ? r->bytes * n : r->bytes);
     }
     rp->mem.off = one.off;
     if (p->lora.rank > 0) return gpu_lora_host_rows(L, p, rp, err, errlen);
@@ -122,7 +123,8 @@ int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training
         if (training) /* train_ckpt.c's snapshot of weights, m, v at a save (64-byte aligned each) */
             qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", 3 * ((L->numel * 4 + 63) / 64 * 64));
     } else {
-        qt_plan_make(cfg, L, rp->ranks > 1 || cfg->parallel.nodes > 1 ? rp->ranks : 0, &rp->plan); /* as setup.c */
+        int dp = cfg->lora.rank <= 0 && (rp->ranks > 1 || cfg->parallel.nodes > 1); /* LoRA's ranks: one GPU's plan */
+        qt_plan_make(cfg, L, dp ? rp->ranks : 0, &rp->plan); /* as setup.c */
         if (gpu_rows(L, &rp->plan, rp, err, errlen)) return -1;
     }
     if (training) { /* train.c: a step's inputs and targets, [grad_accum][ranks][B * T] */
