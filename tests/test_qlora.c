@@ -8,7 +8,9 @@
  * The streamed base (memory.offload: [weights], base_stream.c): without a GPU its plan rows (the block matrices in
  * pinned host memory, two layer slots on the GPU); with one, bf16 and NF4 bases streamed train the resident bases'
  * bits with and without the block recompute, resume bit-exact, and in the mutant build a block copied up from the
- * block before's host bytes is caught. The bench's base drawn on the GPU equals the host's draw but for rare last
+ * block before's host bytes is caught; two ranks on one GPU sharing one pinned copy of the streamed base train what one
+ * GPU accumulating their micro-batches trains over the resident base, bit for bit (bf16 and NF4), and resume bit-exact
+ * (the mutant build: a borrowing rank streaming the wrong layers is caught). The bench's base drawn on the GPU equals the host's draw but for rare last
  * bits. */
 #include <math.h>
 #include <stdint.h>
@@ -453,18 +455,26 @@ static void test_gpu_mutant_stream_wrong_layer(void) {
               "the comparison cannot fail", same_nf4, same_bf16);
 }
 
+/* Two data-parallel ranks on GPU 0 (grad_accum 1) sharing one pinned copy of the streamed base: c's ranks. */
+static void two_ranks(qt_config *c) {
+    c->data.grad_accum = 1;
+    c->parallel.devices.n = 2; /* both on GPU 0 */
+}
+
 /* 5 steps + resume + 5 steps over the streamed NF4 base equal 10 straight steps bit for bit, the PEFT exports
- * byte-identical. */
-static void test_gpu_streamed_resume_bit_exact(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+ * byte-identical; tweak (or NULL) changes both configs after they are read, pre prefixes the runs' folders. */
+static void streamed_resume(const char *pre, void (*tweak)(qt_config *)) {
     write_data();
     static qt_config a, b;
     static const char *const mem = "memory: {plan: manual, offload: [weights], recompute: [block]}\n";
-    char yaml[4096], err[1024], ea[600], eb[600];
+    char yaml[4096], err[1024], ta[64], tb[64], ea[600], eb[600];
     float la[10], lb[10];
-    QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, "st_straight", "nf4", mem), err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "st_halves", "nf4", mem), err, sizeof err) == 0, "%s", err);
+    snprintf(ta, sizeof ta, "%sst_straight", pre);
+    snprintf(tb, sizeof tb, "%sst_halves", pre);
+    QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, ta, "nf4", mem), err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, tb, "nf4", mem), err, sizeof err) == 0, "%s", err);
     a.optim.steps = b.optim.steps = 10;
+    if (tweak) tweak(&a), tweak(&b);
     qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 5, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
     qt_train_stats st;
     QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
@@ -473,12 +483,76 @@ static void test_gpu_streamed_resume_bit_exact(void) {
     QT_REQUIRE(qt_train_run(&b, &ob2, &st, err, sizeof err) == 0, "resumed half: %s", err);
     for (int i = 0; i < 10; i++)
         QT_EXPECT(!memcmp(&la[i], &lb[i], 4), "step %d: straight %.9g, resumed %.9g", i + 1, la[i], lb[i]);
-    snprintf(ea, sizeof ea, "%s/ckpt_st_straight/export/adapter_model.safetensors", g_dir);
-    snprintf(eb, sizeof eb, "%s/ckpt_st_halves/export/adapter_model.safetensors", g_dir);
+    snprintf(ea, sizeof ea, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, ta);
+    snprintf(eb, sizeof eb, "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, tb);
     size_t na = 0, nb = 0;
     char *fa = qt_t_read_file(ea, &na), *fb = qt_t_read_file(eb, &nb);
     QT_EXPECT(fa && fb && na == nb && na > 0 && !memcmp(fa, fb, na), "adapter exports differ (%zu vs %zu bytes)", na, nb);
     free(fa), free(fb);
+}
+
+static void test_gpu_streamed_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    streamed_resume("", NULL);
+}
+
+/* The same with two ranks sharing the streamed base's pinned copy. */
+static void test_gpu_streamed_ranks_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    streamed_resume("r2", two_ranks);
+}
+
+/* Two ranks on GPU 0 sharing one pinned copy of the base streamed (memory.offload: [weights], grad_accum 1) against one
+ * GPU accumulating the same two micro-batches over the resident base (grad_accum 2), base "bf16" or "nf4": 8 steps'
+ * losses and the adapter exports, bit for bit. *same = 1 when they agree; prints the first difference. */
+static void ranks_vs_one(const char *tag, const char *base, int *same) {
+    write_data();
+    static qt_config c;
+    char yaml[4096], err[1024], t[2][64], ex[2][600];
+    float loss[2][8];
+    for (int k = 0; k < 2; k++) {
+        snprintf(t[k], sizeof t[k], "%s_%s_%s", tag, base, k ? "ranks" : "one");
+        const char *mem = k ? "memory: {plan: manual, offload: [weights]}\n" : "memory: {plan: manual, offload: []}\n";
+        QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, t[k], base, mem), err, sizeof err) == 0, "%s: %s", t[k], err);
+        c.optim.steps = 8;
+        if (k) two_ranks(&c);
+        qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
+        qt_train_stats st;
+        QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", t[k], err);
+        snprintf(ex[k], sizeof ex[k], "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, t[k]);
+    }
+    *same = 1;
+    for (int s = 0; s < 8 && *same; s++)
+        if (memcmp(&loss[0][s], &loss[1][s], 4))
+            printf("  %s base: step %d: loss one GPU %.9g, two ranks streamed %.9g\n", base, s + 1, loss[0][s], loss[1][s]),
+                *same = 0;
+    size_t na = 0, nb = 0;
+    char *fa = qt_t_read_file(ex[0], &na), *fb = qt_t_read_file(ex[1], &nb);
+    QT_REQUIRE(fa && fb && na > 0, "adapter exports %s, %s", ex[0], ex[1]);
+    if (na != nb || memcmp(fa, fb, na)) printf("  %s base: the adapter exports differ\n", base), *same = 0;
+    free(fa), free(fb);
+}
+
+static void test_gpu_streamed_ranks_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    static const char *const bases[2] = {"bf16", "nf4"};
+    for (int b = 0; b < 2; b++) {
+        int same = 0;
+        ranks_vs_one("sr", bases[b], &same);
+        QT_EXPECT(same, "two ranks sharing the streamed %s base train other bits than one GPU over the resident one",
+                  bases[b]);
+    }
+}
+
+/* The mutant build: the rank that borrows the pinned base copies blocks 1.. from the block before's bytes. */
+static void test_gpu_mutant_share_wrong_layer(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
+    qt_t_hooks(NULL, QT_MUT_BASE_SHARE_WRONG_LAYER);
+    int same = 1;
+    ranks_vs_one("ms", "nf4", &same);
+    qt_t_hooks(NULL, QT_MUT_NONE);
+    QT_EXPECT(!same, "a borrowing rank streaming the wrong layers trains the same bits: the comparison cannot fail");
 }
 
 /* The bench's base drawn on the GPU (QT_WSRC_INIT_GPU: cuda/init.cu, src/gpu/base_fill.c) against the host's draw of
@@ -534,6 +608,9 @@ int main(void) {
     QT_RUN(test_gpu_streamed_bitwise);
     QT_RUN(test_gpu_mutant_stream_wrong_layer);
     QT_RUN(test_gpu_streamed_resume_bit_exact);
+    QT_RUN(test_gpu_streamed_ranks_bitwise);
+    QT_RUN(test_gpu_mutant_share_wrong_layer);
+    QT_RUN(test_gpu_streamed_ranks_resume_bit_exact);
     QT_RUN(test_gpu_base_drawn_on_gpu);
     qt_t_rmtree(g_dir);
     return qt_test_end();

@@ -98,6 +98,7 @@ void qt_base_host_fetch(const qt_base_host *h, int l, int k, cudaStream_t s) {
     int from = l;
 #ifdef QT_MUTANTS
     if (l > 0 && qt_mutant_on(QT_MUT_BASE_STREAM_WRONG_LAYER)) from = l - 1; /* the layers' parts are equal in size */
+    if (l > 0 && h->borrowed && qt_mutant_on(QT_MUT_BASE_SHARE_WRONG_LAYER)) from = l - 1;
 #endif
     for (int p = 0; p < h->n_parts; p++)
         QT_CUDA(cudaMemcpyAsync(h->slot[k] + h->at[p], h->host[p] + h->lo[p][from], h->lo[p][l + 1] - h->lo[p][l],
