@@ -48,7 +48,7 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
 
 /* LoRA on the GPU runs a bf16 or NF4 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or
  * ranks with the adapters replicated, whatever parallel.zero's default), or streamed from one pinned host copy
- * to each rank's GPU (memory.offload: [weights]), objective: dpo included, fp8 matmuls with the base's data gradient in bf16 or
+ * to each rank's GPU (memory.offload: [weights]), lora.trainable's base tensors (not with dpo), objective: dpo included, fp8 matmuls with the base's data gradient in bf16 or
  * in fp8 (precision.grad_dtype); what else it would need is refused here, naming the key (device: cpu trains every
  * LoRA setting on the CPU fp32 engine). */
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
@@ -61,8 +61,9 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->parallel.nodes > 1 && cfg->objective == QT_OBJ_DPO)
         return "objective: dpo trains on one machine (its rows' losses are summed inside a node): set parallel.nodes 1";
     if (cfg->lora.rank <= 0) return NULL;
-    if (cfg->lora.trainable)
-        return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";
+    if (cfg->lora.trainable && cfg->objective == QT_OBJ_DPO) /* the reference is the base with the adapters off */
+        return "lora.trainable with objective: dpo on the GPU: the reference model is the frozen base, which trained "
+               "base tensors would change; train the adapters only (or device: cpu)";
     if (cfg->lora.base_nf4 && cfg->precision.matmul_dtype != QT_DT_BF16) /* the fp8 weights are made from a bf16 base */
         return "lora.base_dtype: nf4 feeds the block matmuls bf16 weights dequantized per layer: set "
                "precision.matmul_dtype bf16";
