@@ -29,13 +29,15 @@ static int count_ranks(const qt_config *cfg, int gpus, qt_run_plan *rp, char *er
     return 0;
 }
 
-/* engine_gpu_lora.c's host rows, every rank's: the base's load buffer and, training, the adapters, m and v copied at
- * a save (and with ranks the gradients' sum and one rank's). */
+/* engine_gpu_lora.c's host rows, every rank's: the base's load buffer and, training, the adapters, m and v (and the
+ * trained base tensors') copied at a save (and with ranks the gradients' sum and one rank's). */
 static int gpu_lora_host_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
     qt_lora_layout A;
     if (qt_lora_layout_init(&A, &p->lora, &L->cfg, err, errlen)) return -1;
     size_t an = A.numel, n = (size_t)rp->ranks;
     qt_lora_layout_free(&A);
+    for (int i = 0; i < L->n_tensors; i++) /* lora.trainable's base tensors: saved beside the adapters */
+        an += qt_lora_trains(&L->tensors[i], p->lora.trainable) ? L->tensors[i].numel : 0;
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);
     if (rp->training) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", n * 3 * an * sizeof(float));
     if (n > 1) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "LoRA gradient sum (fp32)", 2 * an * sizeof(float));
