@@ -398,19 +398,27 @@ static void test_gpu_recompute_bitwise(void) {
     free(fa);
 }
 
+/* Two data-parallel ranks on GPU 0 (grad_accum 1) sharing one pinned copy of the streamed base: c's ranks. */
+static void two_ranks(qt_config *c) {
+    c->data.grad_accum = 1;
+    c->parallel.devices.n = 2; /* both on GPU 0 */
+}
+
 /* memory.offload: [weights] (streamed from pinned host memory) against the resident base, base "bf16" or "nf4", with
- * extra memory keys rc ("" or "recompute: [block], "): 8 steps' losses and the adapter exports, bit for bit. *same = 1
- * when they agree; prints the first difference. */
-static void streamed_vs_resident(const char *tag, const char *base, const char *rc, int *same) {
+ * extra memory keys rc ("" or "recompute: [block], "); ranks 1: the streamed run on two ranks sharing the base
+ * (two_ranks) against one GPU accumulating their micro-batches. 8 steps' losses and the adapter exports, bit for bit.
+ * *same = 1 when they agree; prints the first difference. */
+static void streamed_vs_resident(const char *tag, const char *base, const char *rc, int ranks, int *same) {
     write_data();
     static qt_config c;
     char yaml[4096], err[1024], t[2][64], ex[2][600], mem[256];
     float loss[2][8];
     for (int k = 0; k < 2; k++) {
-        snprintf(t[k], sizeof t[k], "%s_%s_%s%s", tag, base, k ? "stream" : "resident", rc[0] ? "_rc" : "");
+        snprintf(t[k], sizeof t[k], "%s_%s_%s%s", tag, base, k ? ranks ? "ranks" : "stream" : "resident", rc[0] ? "_rc" : "");
         snprintf(mem, sizeof mem, "memory: {plan: manual, %s%s}\n", rc, k ? "offload: [weights]" : "offload: []");
         QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, t[k], base, mem), err, sizeof err) == 0, "%s: %s", t[k], err);
         c.optim.steps = 8;
+        if (k && ranks) two_ranks(&c);
         qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
         qt_train_stats st;
         QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", t[k], err);
@@ -419,8 +427,8 @@ static void streamed_vs_resident(const char *tag, const char *base, const char *
     *same = 1;
     for (int s = 0; s < 8 && *same; s++)
         if (memcmp(&loss[0][s], &loss[1][s], 4))
-            printf("  %s base%s: step %d: loss resident %.9g, streamed %.9g\n", base, rc[0] ? " (recompute)" : "", s + 1,
-                   loss[0][s], loss[1][s]), *same = 0;
+            printf("  %s base%s: step %d: loss resident %.9g, streamed%s %.9g\n", base, rc[0] ? " (recompute)" : "", s + 1,
+                   loss[0][s], ranks ? " on two ranks" : "", loss[1][s]), *same = 0;
     size_t na = 0, nb = 0;
     char *fa = qt_t_read_file(ex[0], &na), *fb = qt_t_read_file(ex[1], &nb);
     QT_REQUIRE(fa && fb && na > 0, "adapter exports %s, %s", ex[0], ex[1]);
@@ -436,7 +444,7 @@ static void test_gpu_streamed_bitwise(void) {
     for (int b = 0; b < 2; b++)
         for (int r = 0; r < 2; r++) {
             int same = 0;
-            streamed_vs_resident("st", bases[b], rcs[r], &same);
+            streamed_vs_resident("st", bases[b], rcs[r], 0, &same);
             QT_EXPECT(same, "the streamed %s base%s trains other bits than the resident one", bases[b],
                       r ? " with recompute" : "");
         }
@@ -448,17 +456,11 @@ static void test_gpu_mutant_stream_wrong_layer(void) {
     if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
     qt_t_hooks(NULL, QT_MUT_BASE_STREAM_WRONG_LAYER);
     int same_nf4 = 1, same_bf16 = 1;
-    streamed_vs_resident("mw", "nf4", "", &same_nf4);
-    streamed_vs_resident("mw", "bf16", "", &same_bf16);
+    streamed_vs_resident("mw", "nf4", "", 0, &same_nf4);
+    streamed_vs_resident("mw", "bf16", "", 0, &same_bf16);
     qt_t_hooks(NULL, QT_MUT_NONE);
     QT_EXPECT(!same_nf4 && !same_bf16, "a block streamed from the wrong layer trains the same bits (nf4 %d, bf16 %d): "
               "the comparison cannot fail", same_nf4, same_bf16);
-}
-
-/* Two data-parallel ranks on GPU 0 (grad_accum 1) sharing one pinned copy of the streamed base: c's ranks. */
-static void two_ranks(qt_config *c) {
-    c->data.grad_accum = 1;
-    c->parallel.devices.n = 2; /* both on GPU 0 */
 }
 
 /* 5 steps + resume + 5 steps over the streamed NF4 base equal 10 straight steps bit for bit, the PEFT exports
@@ -502,43 +504,13 @@ static void test_gpu_streamed_ranks_resume_bit_exact(void) {
     streamed_resume("r2", two_ranks);
 }
 
-/* Two ranks on GPU 0 sharing one pinned copy of the base streamed (memory.offload: [weights], grad_accum 1) against one
- * GPU accumulating the same two micro-batches over the resident base (grad_accum 2), base "bf16" or "nf4": 8 steps'
- * losses and the adapter exports, bit for bit. *same = 1 when they agree; prints the first difference. */
-static void ranks_vs_one(const char *tag, const char *base, int *same) {
-    write_data();
-    static qt_config c;
-    char yaml[4096], err[1024], t[2][64], ex[2][600];
-    float loss[2][8];
-    for (int k = 0; k < 2; k++) {
-        snprintf(t[k], sizeof t[k], "%s_%s_%s", tag, base, k ? "ranks" : "one");
-        const char *mem = k ? "memory: {plan: manual, offload: [weights]}\n" : "memory: {plan: manual, offload: []}\n";
-        QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, t[k], base, mem), err, sizeof err) == 0, "%s: %s", t[k], err);
-        c.optim.steps = 8;
-        if (k) two_ranks(&c);
-        qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
-        qt_train_stats st;
-        QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", t[k], err);
-        snprintf(ex[k], sizeof ex[k], "%s/ckpt_%s/export/adapter_model.safetensors", g_dir, t[k]);
-    }
-    *same = 1;
-    for (int s = 0; s < 8 && *same; s++)
-        if (memcmp(&loss[0][s], &loss[1][s], 4))
-            printf("  %s base: step %d: loss one GPU %.9g, two ranks streamed %.9g\n", base, s + 1, loss[0][s], loss[1][s]),
-                *same = 0;
-    size_t na = 0, nb = 0;
-    char *fa = qt_t_read_file(ex[0], &na), *fb = qt_t_read_file(ex[1], &nb);
-    QT_REQUIRE(fa && fb && na > 0, "adapter exports %s, %s", ex[0], ex[1]);
-    if (na != nb || memcmp(fa, fb, na)) printf("  %s base: the adapter exports differ\n", base), *same = 0;
-    free(fa), free(fb);
-}
-
+/* Two ranks on GPU 0 sharing the streamed bf16 and NF4 bases train one GPU's bits over the resident base. */
 static void test_gpu_streamed_ranks_bitwise(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     static const char *const bases[2] = {"bf16", "nf4"};
     for (int b = 0; b < 2; b++) {
         int same = 0;
-        ranks_vs_one("sr", bases[b], &same);
+        streamed_vs_resident("sr", bases[b], "", 1, &same);
         QT_EXPECT(same, "two ranks sharing the streamed %s base train other bits than one GPU over the resident one",
                   bases[b]);
     }
@@ -550,7 +522,7 @@ static void test_gpu_mutant_share_wrong_layer(void) {
     if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
     qt_t_hooks(NULL, QT_MUT_BASE_SHARE_WRONG_LAYER);
     int same = 1;
-    ranks_vs_one("ms", "nf4", &same);
+    streamed_vs_resident("ms", "nf4", "", 1, &same);
     qt_t_hooks(NULL, QT_MUT_NONE);
     QT_EXPECT(!same, "a borrowing rank streaming the wrong layers trains the same bits: the comparison cannot fail");
 }
