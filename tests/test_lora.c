@@ -5,8 +5,9 @@
  * moments), and with a GPU the engine against the CPU one (losses, adapters, logits within bf16 bounds), a
  * bit-exact resume, recompute bitwise equal to none, fp8 block matmuls tracking bf16, with the base's data gradient in
  * e4m3 a bit-exact resume and recompute bitwise (its gradients against the bf16 backward's: tests/test_lora_fp8.c),
- * and two data-parallel ranks equal to one GPU bit for bit. The match with transformers + PEFT is
- * tests/test_lora_peft.py. */
+ * and two data-parallel ranks equal to one GPU bit for bit; with lora.trainable's embeddings, LM head and norms the
+ * engine against the CPU one (their change too), a bit-exact resume (a resume losing their moments caught in the
+ * mutant build) and recompute bitwise. The match with transformers + PEFT is tests/test_lora_peft.py. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
