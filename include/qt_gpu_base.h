@@ -37,6 +37,9 @@ typedef struct {
     /* Makes block l's matrices readable through w() (work queued on s); the other blocks' matrices are not until
      * their own call. NULL: every weight is always readable (bf16 resident). */
     void (*layer)(qt_gpu_base *b, int l, cudaStream_t s);
+    /* A streamed base's pinned host store (after init), which another rank's base of the same source may borrow
+     * (qt_weight_src.base_host). NULL: the base is not streamed. */
+    const struct qt_base_host *(*host)(const qt_gpu_base *b);
 } qt_gpu_base_ops;
 
 struct qt_gpu_base {
@@ -76,7 +79,7 @@ void qt_gpu_wsrc_close(qt_gpu_wsrc *r, char *id, size_t cap);
 /* A streamed base's per-layer store (base_stream.c): n_parts pinned host arrays, layer l's bytes of part p at
  * [lo[p][l], lo[p][l + 1]), and two device slots that each hold one layer's parts at at[p]. */
 #define QT_BASE_HOST_PARTS 3
-typedef struct {
+typedef struct qt_base_host {
     int n_parts, n_layers;
     size_t *lo[QT_BASE_HOST_PARTS];   /* [n_layers + 1] byte offsets, set by the owner before carve (owned) */
     size_t cap[QT_BASE_HOST_PARTS];   /* the largest layer's bytes of each part */
@@ -84,7 +87,8 @@ typedef struct {
     size_t slot_bytes;                /* one slot */
     uint8_t *host[QT_BASE_HOST_PARTS]; /* pinned (in mem) */
     uint8_t *slot[2];                 /* device: carved here, or the owner's own (carve with slot_kind NULL) */
-    void *mem;                        /* the one pinned allocation (owned) */
+    void *mem;                        /* the one pinned allocation (owned; NULL when borrowed) */
+    int borrowed;                     /* host[] are another store's arrays (qt_base_host_share): put() stores nothing */
 } qt_base_host;
 
 /* Empty offsets for n_parts parts of n_layers layers. */
@@ -93,9 +97,14 @@ void qt_base_host_init(qt_base_host *h, int n_parts, int n_layers);
 void qt_base_host_carve(qt_base_host *h, qt_mem_plan *p, const char *host_kind, const char *slot_kind);
 /* The pinned arrays (once the plan fits): 0, or -1 with err naming the config (path) and the way out. */
 int qt_base_host_alloc(qt_base_host *h, const char *path, char *err, size_t errlen);
+/* Instead of qt_base_host_alloc: host[] point at `from`'s arrays (another rank's store of the same layout and
+ * source, filled), which outlive h and which h only reads: one pinned copy of the base for every data-parallel rank,
+ * each copying its own layers into its own slots. 0, or -1 with err when the layouts differ. */
+int qt_base_host_share(qt_base_host *h, const qt_base_host *from, char *err, size_t errlen);
 /* The device address in slot k of byte off of part `part` (off within layer l's range). */
 void *qt_base_host_slot(const qt_base_host *h, int k, int part, int l, size_t off);
-/* Layer l's parts from slot 0 down into the host arrays (queued on s: the load, which synchronises). */
+/* Layer l's parts from slot 0 down into the host arrays (queued on s: the load, which synchronises); borrowed:
+ * nothing (the owner stored them). */
 void qt_base_host_put(qt_base_host *h, int l, cudaStream_t s);
 /* Layer l's parts up into slot k (queued on s; the caller orders the slot's reuse). */
 void qt_base_host_fetch(const qt_base_host *h, int l, int k, cudaStream_t s);

@@ -106,6 +106,9 @@ void qt_lora_merge(const qt_lora_layout *A, const qt_layout *L, const float *a, 
  * "" = null), atomically each. */
 int qt_lora_export(const char *dir, const qt_lora_layout *A, const float *a, const qt_layout *L, const float *w,
                    const char *base, char *err, size_t errlen);
+/* The same with the trained base tensors packed back to back in layout order at x (the GPU engine's copy). */
+int qt_lora_export_packed(const char *dir, const qt_lora_layout *A, const float *a, const qt_layout *L, const float *x,
+                          const char *base, char *err, size_t errlen);
 /* Reads an adapter_model.safetensors (path: the file or its folder) into a[A->numel] and the trained base
  * tensors into w[L->numel]: every tensor present with its shape, F32, nothing else in the file. -1 with err
  * naming the file and tensor. */

@@ -57,8 +57,11 @@ typedef enum {
     QT_MUT_NF4_SLOT_STALE,           /* the slot of blocks 1.. is filled with the block before's weights (not refreshed) */
     /* the streamed frozen base (base_stream.c) */
     QT_MUT_BASE_STREAM_WRONG_LAYER,  /* blocks 1.. are copied up from the block before's host bytes */
+    QT_MUT_BASE_SHARE_WRONG_LAYER,   /* a rank borrowing another's pinned base copies blocks 1.. from the block before's */
     /* LoRA with an fp8 backward (gpu_model.c) */
     QT_MUT_LORA_FP8_NO_BWD_X,        /* the adapters' data gradient is left out of dx after the base's e4m3 dgrad */
+    /* lora.trainable's base tensors on the GPU (engine_gpu_lora.c) */
+    QT_MUT_LORA_X_RESUME_MOMENTS,    /* a resume leaves the trained base tensors' AdamW moments at zero */
     QT_MUT_COUNT
 } qt_mutant;
 

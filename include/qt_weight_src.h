@@ -30,6 +30,9 @@ typedef struct {
     float std;           /* INIT */
     char path[QT_PATH_MAX]; /* HF */
     const float *w;      /* ARRAY */
+    const struct qt_base_host *base_host; /* a streamed frozen base's pinned copy already made from this source by
+                                           * another data-parallel rank (qt_gpu_base.h), which a LoRA rank's streamed
+                                           * base borrows instead of pinning its own; NULL: none */
 } qt_weight_src;
 
 /* The source a config names: init.from's safetensors, else the seeded init. */

@@ -5,8 +5,9 @@
  * moments), and with a GPU the engine against the CPU one (losses, adapters, logits within bf16 bounds), a
  * bit-exact resume, recompute bitwise equal to none, fp8 block matmuls tracking bf16, with the base's data gradient in
  * e4m3 a bit-exact resume and recompute bitwise (its gradients against the bf16 backward's: tests/test_lora_fp8.c),
- * and two data-parallel ranks equal to one GPU bit for bit. The match with transformers + PEFT is
- * tests/test_lora_peft.py. */
+ * and two data-parallel ranks equal to one GPU bit for bit; with lora.trainable's embeddings, LM head and norms the
+ * engine against the CPU one (their change too), a bit-exact resume (a resume losing their moments caught in the
+ * mutant build) and recompute bitwise. The match with transformers + PEFT is tests/test_lora_peft.py. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -310,7 +311,7 @@ static void test_gpu_refuses(void) {
     const char *no = qt_engine_gpu_refusal(&c);
     QT_EXPECT(!no, "plain LoRA refused on the GPU: %s", no);
     static const struct { const char *yaml, *key; } cases[] = {
-        {"lora: {rank: 4, trainable: [norms]}\n", "lora.trainable"},
+        {"lora: {rank: 4, trainable: [norms]}\nobjective: dpo\n", "lora.trainable"},
         {"lora: {rank: 4}\nmemory: {offload: [m, v]}\n", "memory.offload"},
         {"lora: {rank: 4}\nmemory: {offload: [residual]}\n", "memory.offload"},
         {"lora: {rank: 4}\nparallel: {devices: [0, 0], zero: 2}\n", "parallel.zero"},
@@ -339,6 +340,8 @@ static void test_gpu_refuses(void) {
      * GPU LoRA run read it */
     QT_REQUIRE(load(&c, "lora: {rank: 4}\nparallel: {zero: 1}\n", err, sizeof err) == 0, "%s", err);
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "parallel.zero: 1 refused with LoRA: %s", qt_engine_gpu_refusal(&c));
+    c.lora.trainable = QT_LORA_X_NORMS | QT_LORA_X_EMBED | QT_LORA_X_LM_HEAD; /* base tensors beside the adapters */
+    QT_EXPECT(!qt_engine_gpu_refusal(&c), "lora.trainable refused on the GPU: %s", qt_engine_gpu_refusal(&c));
     c.lora.rank = 0;
     c.lora.trainable = QT_LORA_X_NORMS;
     QT_EXPECT(!qt_engine_gpu_refusal(&c), "full fine-tuning refused on the GPU");
@@ -381,14 +384,32 @@ static void test_gpu_plan_rows(void) {
 }
 
 /* Steps of the engine e on fixed tokens; losses into loss[steps], the adapters after them into a (from the
- * checkpoint blob), the logits of the first micro-batch into logits. */
-static void lora_steps(qt_engine *e, int steps, float *loss, float *a, size_t numel, float *logits) {
+ * checkpoint blob) and the trained base tensors into x[xn] (the lora_extras blob; xn 0: none), the logits of the
+ * first micro-batch into logits. */
+static void lora_steps(qt_engine *e, int steps, float *loss, float *a, size_t numel, float *x, size_t xn, float *logits) {
     char err[1024];
     qt_t_fixed_steps(e, steps, 64, loss, logits);
     qt_ckpt_item it[8];
     int n = qt_engine_state_items(e, it, 8, err, sizeof err);
     QT_REQUIRE(n >= 5 && !strcmp(it[0].name, "lora_adapters") && it[0].bytes == numel * 4, "adapter blob: %s", err);
     memcpy(a, it[0].data, numel * 4);
+    QT_REQUIRE(!xn || (n == 8 && !strcmp(it[5].name, "lora_extras") && it[5].bytes == xn * 4), "%s: %d items, lora_extras "
+               "of %zu floats expected", e->ops->name, n, xn);
+    if (xn) memcpy(x, it[5].data, xn * 4);
+}
+
+/* The trained base tensors' initial weights, packed in layout order (the lora_extras blob's), into x; returns their
+ * count (x NULL: only counts). */
+static size_t extras_init(const qt_layout *L, const qt_weight_src *src, int trainable, float *x) {
+    size_t n = 0;
+    char err[256];
+    for (int i = 0; i < L->n_tensors; i++) {
+        const qt_tensor *t = &L->tensors[i];
+        if (!qt_lora_trains(t, trainable)) continue;
+        if (x) QT_CHECK(qt_weight_src_fill(src, t->offset, t->numel, x + n, err, sizeof err) == 0, "%s", err);
+        n += t->numel;
+    }
+    return n;
 }
 
 static double rel_l2(const float *x, const float *y, const float *base, size_t n) {
@@ -405,17 +426,17 @@ static double rel_l2(const float *x, const float *y, const float *base, size_t n
  * within 1e-2 relative and the adapters' change and the final logits within 3e-2 relative L2, the bf16 bounds of
  * test_hf_compare.py's cuda case. optim.eps 1 keeps AdamW's update continuous in a gradient that bf16 moves
  * (eps 1e-8 makes it lr * sign(g) for every element, which a rounding flips). */
-static void tracks_cpu(const qt_docs *docs, float **cpu_logits) {
+static void tracks_cpu(const qt_docs *docs, float **cpu_logits, const char *extras) {
     write_data();
     enum { STEPS = 4 };
     static qt_config c;
     char yaml[4096], err[1024];
-    float loss[2][STEPS], *a[2] = {NULL, NULL}, *logits[2] = {NULL, NULL};
+    float loss[2][STEPS], *a[2] = {NULL, NULL}, *x[2] = {NULL, NULL}, *logits[2] = {NULL, NULL};
     qt_layout L;
     qt_weight_src src;
-    size_t numel = 0;
+    size_t numel = 0, xn = 0;
     for (int d = 0; d < 2; d++) {
-        QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, "track", 3, "cuda"), err, sizeof err) == 0, "%s", err);
+        QT_REQUIRE(load(&c, run_yaml_x(yaml, sizeof yaml, "track", 3, "cuda", extras), err, sizeof err) == 0, "%s", err);
         c.device = d ? QT_DEVICE_CUDA : QT_DEVICE_CPU;
         c.optim.eps = 1.0f;
         if (!d) QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
@@ -427,9 +448,10 @@ static void tracks_cpu(const qt_docs *docs, float **cpu_logits) {
         numel = A.numel;
         qt_lora_layout_free(&A);
         long NV = (long)c.data.micro_batch * c.data.seq_len * L.cfg.vocab_size;
-        a[d] = malloc(numel * 4), logits[d] = malloc(NV * 4);
+        xn = extras_init(&L, &src, c.lora.trainable, NULL);
+        a[d] = malloc(numel * 4), x[d] = malloc(xn * 4 + 4), logits[d] = malloc(NV * 4);
         if (docs) QT_REQUIRE(qt_engine_set_docs(e, docs, err, sizeof err) == 0, "%s", err);
-        lora_steps(e, STEPS, loss[d], a[d], numel, logits[d]);
+        lora_steps(e, STEPS, loss[d], a[d], numel, x[d], xn, logits[d]);
         qt_engine_free(e);
     }
     float *a0 = malloc(numel * 4);
@@ -449,19 +471,35 @@ static void tracks_cpu(const qt_docs *docs, float **cpu_logits) {
     QT_EXPECT(moved > 1e-4, "the adapters did not move (%g)", moved);
     QT_EXPECT(da <= 3e-2, "the adapters' change differs by %.3e relative L2 (bound 3e-2)", da);
     QT_EXPECT(dl <= 3e-2, "the logits differ by %.3e relative L2 (bound 3e-2)", dl);
+    if (xn) { /* lora.trainable's base tensors: their change too */
+        float *x0 = malloc(xn * 4);
+        extras_init(&L, &src, c.lora.trainable, x0);
+        double dx = rel_l2(x[1], x[0], x0, xn), xmoved = rel_l2(x[0], x0, NULL, xn);
+        printf("  trained base tensors' change: cuda vs cpu %.3e relative (the change is %.3e of them)\n", dx, xmoved);
+        QT_EXPECT(xmoved > 1e-5, "the trained base tensors did not move (%g)", xmoved);
+        QT_EXPECT(dx <= 3e-2, "the trained base tensors' change differs by %.3e relative L2 (bound 3e-2)", dx);
+        free(x0);
+    }
     if (cpu_logits && *cpu_logits) { /* the causal CPU run's logits: the documents change them more than bf16 does */
         double dc = rel_l2(*cpu_logits, logits[0], NULL, NV);
         printf("  per document vs causal (cpu): logits %.3e relative, 10x cuda vs cpu's %.3e\n", dc, dl);
         QT_EXPECT(dc > 10 * dl, "the documents move the logits by %.3e only (cuda vs cpu %.3e)", dc, dl);
     }
     if (cpu_logits && !*cpu_logits) *cpu_logits = logits[0], logits[0] = NULL;
-    free(a0), free(a[0]), free(a[1]), free(logits[0]), free(logits[1]);
+    free(a0), free(a[0]), free(a[1]), free(x[0]), free(x[1]), free(logits[0]), free(logits[1]);
     qt_layout_free(&L);
 }
 
 static void test_gpu_tracks_cpu(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
-    tracks_cpu(NULL, NULL);
+    tracks_cpu(NULL, NULL, "");
+}
+
+/* The same with lora.trainable's embeddings, LM head and norms trained beside the adapters (an untied model): the
+ * losses, the adapters' change and the trained tensors' change within the same bounds. */
+static void test_gpu_trainable_tracks_cpu(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    tracks_cpu(NULL, NULL, "embeddings, lm_head, norms");
 }
 
 /* The same with packed documents (attention and RoPE positions per document) on both engines: the GPU tracks the
@@ -475,8 +513,8 @@ static void test_gpu_docs_track_cpu(void) {
     starts[0] = 7, starts[1] = 15, starts[2 * T] = 3, starts[2 * T + 1] = 10, starts[2 * T + 2] = 20;
     qt_docs d = {starts, n_starts, 1, 1};
     float *causal = NULL;
-    tracks_cpu(NULL, &causal);
-    tracks_cpu(&d, &causal);
+    tracks_cpu(NULL, &causal, "");
+    tracks_cpu(&d, &causal, "");
     free(causal);
 }
 
@@ -606,6 +644,38 @@ static void test_gpu_recompute_bitwise(void) {
     recompute_bitwise("", NULL);
 }
 
+/* lora.trainable's embeddings, LM head and norms beside the adapters (the model untied). */
+static void trainable_all(qt_config *c) {
+    c->lora.trainable = QT_LORA_X_EMBED | QT_LORA_X_LM_HEAD | QT_LORA_X_NORMS;
+    c->model.tie_embeddings = 0;
+}
+
+/* With trained base tensors: recompute trains the same bits as none (the norms' gradients from recomputed inputs). */
+static void test_gpu_trainable_recompute_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    recompute_bitwise("x_", trainable_all);
+}
+
+/* With trained base tensors: 10 steps + resume + 10 equal 20 straight bit for bit, the checkpoint holds them as
+ * lora_extras (the CPU engine's blobs) and the PEFT exports (modules_to_save) are byte-identical. */
+static void test_gpu_trainable_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    resume_bit_exact_on("_gpu_x", "embeddings, lm_head, norms", "cuda", NULL);
+}
+
+/* The mutant build: a resume that leaves the trained base tensors' AdamW moments at zero; the resume test must see it. */
+static void test_gpu_mutant_trainable_resume(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
+    qt_t_hooks(NULL, QT_MUT_LORA_X_RESUME_MOMENTS);
+    resume_bit_exact_on("_gpu_xm", "embeddings, lm_head, norms", "cuda", NULL);
+    qt_t_hooks(NULL, QT_MUT_NONE);
+    int caught = qt_t_failed && strstr(qt_t_msg, "resumed"); /* the losses after the resume differ, as they must */
+    printf("  the mutant: %s\n", qt_t_failed ? qt_t_msg : "not caught");
+    qt_t_failed = 0;
+    QT_EXPECT(caught, "a resume without the trained base tensors' moments passes the bit-exact resume test");
+}
+
 /* The same with the base's data gradient in e4m3 (the recomputed matmuls quantize their inputs again with the
  * forward's scales; the SwiGLU rebuilt after down's e4m3 dgrad). */
 static void test_gpu_fp8_dgrad_recompute_bitwise(void) {
@@ -634,6 +704,10 @@ int main(void) {
     QT_RUN(test_gpu_fp8_dgrad_resume_bit_exact);
     QT_RUN(test_gpu_fp8_dgrad_recompute_bitwise);
     QT_RUN(test_gpu_data_parallel);
+    QT_RUN(test_gpu_trainable_tracks_cpu);
+    QT_RUN(test_gpu_trainable_recompute_bitwise);
+    QT_RUN(test_gpu_trainable_resume_bit_exact);
+    QT_RUN(test_gpu_mutant_trainable_resume);
     qt_t_rmtree(g_dir);
     return qt_test_end();
 }

@@ -17,9 +17,11 @@
    base (nf4, double quantization, fp32 compute) with qtrain's adapters (<= 5e-3, and 20x closer than the same
    adapters over the unquantized base); skipped without bitsandbytes.
 4. cuda (when QT_DEVICES includes it): part 1 on the GPU model over its frozen bf16 base (tool_lora_dump_gpu, the
-   bases with head_dim 64 for cuDNN's attention), with and without dropout (the CPU tool's masks), logits and
+   bases with head_dim 64 for cuDNN's attention), with and without dropout (the CPU tool's masks) and with trained base
+   tensors (modules_to_save), logits and
    gradients within test_hf_compare.py's cuda rule (3e-2, or 4x what bf16 costs PEFT itself); and part 2 with qtrain training on the GPU (its export
-   loaded by PEFT reproduces the CPU model's logits of those adapters, <= 1e-5).
+   loaded by PEFT reproduces the CPU model's logits of those adapters, <= 1e-5), also with embeddings, LM head and
+   norms trained.
 Skips (exit 0) when torch, transformers or peft is missing.
     python3 tests/test_lora_peft.py
     QT_DEVICES=cpu,cuda python3 tests/test_lora_peft.py     (QT_DEVICES=cuda: the cuda cases only)
@@ -360,7 +362,11 @@ def main():
                     ("llama", ["q_proj", "v_proj", "gate_proj", "down_proj"], 4, 8, False, 0.25),
                     ("qwen3", ALL, 4, 8, True, 0.1)):
                 ok &= check_fwd_bwd(kind, targets, r, alpha, rslora, dropout, tmp, dev="cuda")
+            # trained base tensors beside the adapters on the GPU (PEFT's modules_to_save)
+            ok &= check_fwd_bwd("llama", ALL, 4, 8, False, 0.0, tmp, ("embeddings", "lm_head", "norms"), dev="cuda")
+            ok &= check_fwd_bwd("qwen3", ["q_proj", "down_proj"], 3, 6, False, 0.1, tmp, ("norms",), dev="cuda")
             ok &= check_export("qwen2", tmp, dev="cuda")
+            ok &= check_export("llama", tmp, ("embeddings", "lm_head", "norms"), dev="cuda")
     return 0 if ok else 1
 
 

@@ -9,7 +9,7 @@
  *  - when nothing fits, the refusal names the blocking key (and, over a bf16 base, the NF4 base's plan);
  *  - the base streamed from pinned host memory (memory.offload: [weights]): its PCIe bytes in the step, and auto
  *    choosing it where the resident base does not fit (70B QLoRA at 24 GiB, configs/llama-3.1-70b-qlora-24gb.yaml,
- *    a 7B bf16 base at 12 GiB);
+ *    a 7B bf16 base at 12 GiB), and on 2 GPUs with one pinned copy of the base for both ranks;
  *  - GPU (skipped without one): a QLoRA model under a cap the config as given does not fit trains with auto's plan,
  *    the device memory it takes within its plan and the margin auto holds back. */
 #include <math.h>
@@ -429,6 +429,36 @@ static void test_streamed(void) {
               "fit 24 GiB");
 }
 
+/* LoRA's data-parallel ranks share one pinned copy of a streamed base: 70B QLoRA on 2 GPUs held to 24 GiB each plans
+ * the streamed base (auto), and the plan's host rows hold the NF4 base once (the 2-rank pinned row is the 1-rank one,
+ * the host total under one base more than the 1-rank plan's) while each rank's own rows count twice. */
+static void test_streamed_ranks(void) {
+    static qt_config c;
+    static qt_run_plan one, two;
+    qt_layout L;
+    qt_weight_src src;
+    char err[1024];
+    size_t host = 0;
+    QT_REQUIRE(load(&c, LLAMA70B, "lora: {rank: 16, alpha: 32, base_dtype: nf4}\nparallel: {gpus: 2}\n", "", "", 24) == 0,
+               "config");
+    QT_EXPECT(auto_streams(&c, 24, "Llama-3.1-70B QLoRA on 2 GPUs at 24 GiB each", &host) == 0, "70B QLoRA on 2 GPUs: "
+              "auto found no streamed plan within 24 GiB per GPU");
+    QT_REQUIRE(qt_model_layout(&c, &L, &src, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &two, err, sizeof err) == 0, "%s", err);
+    c.parallel.gpus = 1;
+    QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &one, err, sizeof err) == 0, "%s", err);
+    size_t base1 = row_bytes(&one, "frozen base: NF4 (pinned host)"), base2 = row_bytes(&two, "frozen base: NF4 (pinned host)");
+    size_t snap1 = row_bytes(&one, "checkpoint snapshot"), snap2 = row_bytes(&two, "checkpoint snapshot");
+    printf("  pinned base: 1 rank %.2f GiB, 2 ranks %.2f GiB; host 1 rank %.2f GiB, 2 ranks %.2f GiB\n", base1 / 1073741824.0,
+           base2 / 1073741824.0, one.host_bytes / 1073741824.0, two.host_bytes / 1073741824.0);
+    QT_EXPECT(two.ranks == 2 && base1 > (size_t)30 << 30 && base2 == base1, "2 ranks (%d): pinned base %zu bytes, 1 rank %zu",
+              two.ranks, base2, base1);
+    QT_EXPECT(snap2 == 2 * snap1 && snap1 > 0, "checkpoint snapshot rows: 2 ranks %zu, 1 rank %zu", snap2, snap1);
+    QT_EXPECT(two.host_bytes > one.host_bytes && two.host_bytes < one.host_bytes + base1, "host: 2 ranks %zu, 1 rank %zu "
+              "(the base %zu)", two.host_bytes, one.host_bytes, base1);
+    qt_layout_free(&L);
+}
+
 /* The H200's rates as its probe measured them in the runs below (bf16 765 TFLOP/s, HBM 4,186 GB/s, PCIe 53.9 GB/s) */
 static const qt_probe H200 = {"H200", 765e12, QT_PROBE_FP8_RATIO * 765e12, 4186e9, 53.9e9, (size_t)140 << 30, 0};
 
@@ -474,6 +504,7 @@ int main(void) {
     QT_RUN(test_measured_rows);
     QT_RUN(test_hints);
     QT_RUN(test_streamed);
+    QT_RUN(test_streamed_ranks);
     QT_RUN(test_gpu_auto_runs);
     return qt_test_end();
 }

@@ -8,7 +8,9 @@
  * The streamed base (memory.offload: [weights], base_stream.c): without a GPU its plan rows (the block matrices in
  * pinned host memory, two layer slots on the GPU); with one, bf16 and NF4 bases streamed train the resident bases'
  * bits with and without the block recompute, resume bit-exact, and in the mutant build a block copied up from the
- * block before's host bytes is caught. The bench's base drawn on the GPU equals the host's draw but for rare last
+ * block before's host bytes is caught; two ranks on one GPU sharing one pinned copy of the streamed base train what one
+ * GPU accumulating their micro-batches trains over the resident base, bit for bit (bf16 and NF4), and resume bit-exact
+ * (the mutant build: a borrowing rank streaming the wrong layers is caught). The bench's base drawn on the GPU equals the host's draw but for rare last
  * bits. */
 #include <math.h>
 #include <stdint.h>
@@ -402,19 +404,27 @@ static void test_gpu_recompute_bitwise(void) {
     free(fa);
 }
 
+/* Two data-parallel ranks on GPU 0 (grad_accum 1) sharing one pinned copy of the streamed base: c's ranks. */
+static void two_ranks(qt_config *c) {
+    c->data.grad_accum = 1;
+    c->parallel.devices.n = 2; /* both on GPU 0 */
+}
+
 /* memory.offload: [weights] (streamed from pinned host memory) against the resident base, base "bf16" or "nf4", with
- * extra memory keys rc ("" or "recompute: [block], "): 8 steps' losses and the adapter exports, bit for bit. *same = 1
- * when they agree; prints the first difference. */
-static void streamed_vs_resident(const char *tag, const char *base, const char *rc, int *same) {
+ * extra memory keys rc ("" or "recompute: [block], "); ranks 1: the streamed run on two ranks sharing the base
+ * (two_ranks) against one GPU accumulating their micro-batches. 8 steps' losses and the adapter exports, bit for bit.
+ * *same = 1 when they agree; prints the first difference. */
+static void streamed_vs_resident(const char *tag, const char *base, const char *rc, int ranks, int *same) {
     write_data();
     static qt_config c;
     char yaml[4096], err[1024], t[2][64], ex[2][600], mem[256];
     float loss[2][8];
     for (int k = 0; k < 2; k++) {
-        snprintf(t[k], sizeof t[k], "%s_%s_%s%s", tag, base, k ? "stream" : "resident", rc[0] ? "_rc" : "");
+        snprintf(t[k], sizeof t[k], "%s_%s_%s%s", tag, base, k ? ranks ? "ranks" : "stream" : "resident", rc[0] ? "_rc" : "");
         snprintf(mem, sizeof mem, "memory: {plan: manual, %s%s}\n", rc, k ? "offload: [weights]" : "offload: []");
         QT_REQUIRE(load(&c, run_yaml(yaml, sizeof yaml, t[k], base, mem), err, sizeof err) == 0, "%s: %s", t[k], err);
         c.optim.steps = 8;
+        if (k && ranks) two_ranks(&c);
         qt_train_opts o = {NULL, -1, 0, loss[k], NULL, NULL};
         qt_train_stats st;
         QT_REQUIRE(qt_train_run(&c, &o, &st, err, sizeof err) == 0, "%s: %s", t[k], err);
@@ -423,8 +433,8 @@ static void streamed_vs_resident(const char *tag, const char *base, const char *
     *same = 1;
     for (int s = 0; s < 8 && *same; s++)
         if (memcmp(&loss[0][s], &loss[1][s], 4))
-            printf("  %s base%s: step %d: loss resident %.9g, streamed %.9g\n", base, rc[0] ? " (recompute)" : "", s + 1,
-                   loss[0][s], loss[1][s]), *same = 0;
+            printf("  %s base%s: step %d: loss resident %.9g, streamed%s %.9g\n", base, rc[0] ? " (recompute)" : "", s + 1,
+                   loss[0][s], ranks ? " on two ranks" : "", loss[1][s]), *same = 0;
     size_t na = 0, nb = 0;
     char *fa = qt_t_read_file(ex[0], &na), *fb = qt_t_read_file(ex[1], &nb);
     QT_REQUIRE(fa && fb && na > 0, "adapter exports %s, %s", ex[0], ex[1]);
@@ -440,7 +450,7 @@ static void test_gpu_streamed_bitwise(void) {
     for (int b = 0; b < 2; b++)
         for (int r = 0; r < 2; r++) {
             int same = 0;
-            streamed_vs_resident("st", bases[b], rcs[r], &same);
+            streamed_vs_resident("st", bases[b], rcs[r], 0, &same);
             QT_EXPECT(same, "the streamed %s base%s trains other bits than the resident one", bases[b],
                       r ? " with recompute" : "");
         }
@@ -452,25 +462,27 @@ static void test_gpu_mutant_stream_wrong_layer(void) {
     if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
     qt_t_hooks(NULL, QT_MUT_BASE_STREAM_WRONG_LAYER);
     int same_nf4 = 1, same_bf16 = 1;
-    streamed_vs_resident("mw", "nf4", "", &same_nf4);
-    streamed_vs_resident("mw", "bf16", "", &same_bf16);
+    streamed_vs_resident("mw", "nf4", "", 0, &same_nf4);
+    streamed_vs_resident("mw", "bf16", "", 0, &same_bf16);
     qt_t_hooks(NULL, QT_MUT_NONE);
     QT_EXPECT(!same_nf4 && !same_bf16, "a block streamed from the wrong layer trains the same bits (nf4 %d, bf16 %d): "
               "the comparison cannot fail", same_nf4, same_bf16);
 }
 
 /* 5 steps + resume + 5 steps over the streamed NF4 base equal 10 straight steps bit for bit, the PEFT exports
- * byte-identical. */
-static void test_gpu_streamed_resume_bit_exact(void) {
-    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+ * byte-identical; tweak (or NULL) changes both configs after they are read, pre prefixes the runs' folders. */
+static void streamed_resume(const char *pre, void (*tweak)(qt_config *)) {
     write_data();
     static qt_config a, b;
     static const char *const mem = "memory: {plan: manual, offload: [weights], recompute: [block]}\n";
-    char yaml[4096], err[1024];
+    char yaml[4096], err[1024], ta[64], tb[64];
     float la[10], lb[10];
-    QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, "st_straight", "nf4", mem), err, sizeof err) == 0, "%s", err);
-    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, "st_halves", "nf4", mem), err, sizeof err) == 0, "%s", err);
+    snprintf(ta, sizeof ta, "%sst_straight", pre);
+    snprintf(tb, sizeof tb, "%sst_halves", pre);
+    QT_REQUIRE(load(&a, run_yaml(yaml, sizeof yaml, ta, "nf4", mem), err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(load(&b, run_yaml(yaml, sizeof yaml, tb, "nf4", mem), err, sizeof err) == 0, "%s", err);
     a.optim.steps = b.optim.steps = 10;
+    if (tweak) tweak(&a), tweak(&b);
     qt_train_opts oa = {NULL, -1, 0, la, NULL, NULL}, ob1 = {NULL, 5, 0, lb, NULL, NULL}, ob2 = {"latest", -1, 0, lb, NULL, NULL};
     qt_train_stats st;
     QT_REQUIRE(qt_train_run(&a, &oa, &st, err, sizeof err) == 0, "straight run: %s", err);
@@ -479,7 +491,41 @@ static void test_gpu_streamed_resume_bit_exact(void) {
     QT_REQUIRE(qt_train_run(&b, &ob2, &st, err, sizeof err) == 0, "resumed half: %s", err);
     for (int i = 0; i < 10; i++)
         QT_EXPECT(!memcmp(&la[i], &lb[i], 4), "step %d: straight %.9g, resumed %.9g", i + 1, la[i], lb[i]);
-    expect_same_exports("st_straight", "st_halves");
+    expect_same_exports(ta, tb);
+}
+
+static void test_gpu_streamed_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    streamed_resume("", NULL);
+}
+
+/* The same with two ranks sharing the streamed base's pinned copy. */
+static void test_gpu_streamed_ranks_resume_bit_exact(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    streamed_resume("r2", two_ranks);
+}
+
+/* Two ranks on GPU 0 sharing the streamed bf16 and NF4 bases train one GPU's bits over the resident base. */
+static void test_gpu_streamed_ranks_bitwise(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    static const char *const bases[2] = {"bf16", "nf4"};
+    for (int b = 0; b < 2; b++) {
+        int same = 0;
+        streamed_vs_resident("sr", bases[b], "", 1, &same);
+        QT_EXPECT(same, "two ranks sharing the streamed %s base train other bits than one GPU over the resident one",
+                  bases[b]);
+    }
+}
+
+/* The mutant build: the rank that borrows the pinned base copies blocks 1.. from the block before's bytes. */
+static void test_gpu_mutant_share_wrong_layer(void) {
+    if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
+    if (!QT_T_MUTANTS) QT_SKIP(QT_T_MUTANTS_ONLY);
+    qt_t_hooks(NULL, QT_MUT_BASE_SHARE_WRONG_LAYER);
+    int same = 1;
+    streamed_vs_resident("ms", "nf4", "", 1, &same);
+    qt_t_hooks(NULL, QT_MUT_NONE);
+    QT_EXPECT(!same, "a borrowing rank streaming the wrong layers trains the same bits: the comparison cannot fail");
 }
 
 /* The bench's base drawn on the GPU (QT_WSRC_INIT_GPU: cuda/init.cu, src/gpu/base_fill.c) against the host's draw of
@@ -535,6 +581,9 @@ int main(void) {
     QT_RUN(test_gpu_streamed_bitwise);
     QT_RUN(test_gpu_mutant_stream_wrong_layer);
     QT_RUN(test_gpu_streamed_resume_bit_exact);
+    QT_RUN(test_gpu_streamed_ranks_bitwise);
+    QT_RUN(test_gpu_mutant_share_wrong_layer);
+    QT_RUN(test_gpu_streamed_ranks_resume_bit_exact);
     QT_RUN(test_gpu_base_drawn_on_gpu);
     qt_t_rmtree(g_dir);
     return qt_test_end();

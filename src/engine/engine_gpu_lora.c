@@ -8,8 +8,11 @@
  * creation (it never changes), and the base's data gradient in bf16 or, with precision.grad_dtype e4m3 / e5m2, in
  * fp8 (the adapters' gradients in bf16 either way). opt_step: the adapters' gradient norm, clip, AdamW,
  * gradients zeroed, one host read of loss and norm.
- * Checkpoints hold the CPU LoRA engine's blobs (qt_lora_ckpt.h), copied to the host; the export is PEFT's adapter
- * files (qt_lora_export); get_weights gives the merged model (the bf16 base widened + scale B A).
+ * lora.trainable's base tensors (embeddings, LM head, norms) train beside the adapters, fp32 in the same arrays
+ * (qt_gpu_lora.h), their bf16 rounding written into the base the model reads.
+ * Checkpoints hold the CPU LoRA engine's blobs (qt_lora_ckpt.h, lora_extras), copied to the host; the export is
+ * PEFT's adapter files with the trained base tensors as modules_to_save (qt_lora_export_packed); get_weights gives
+ * the merged model (the bf16 base widened, the trained tensors' fp32, + scale B A).
  * With objective: dpo a micro-step is qt_gpu_dpo_step: the reference log-probs come from the same base with the
  * adapters switched off (one more forward, no memory), the loss and the rows' gradient weights from the host. */
 #include <cuda_runtime.h>
@@ -26,13 +29,17 @@
 #include "qt_gpu_model.h"
 #include "qt_lora_ckpt.h"
 #include "qt_matmul.h"
+#ifdef QT_MUTANTS
+#include "qt_mutant.h"
+#endif
 
 typedef struct {
     qt_engine base;
     qt_plan plan;
     qt_gpu_model *g;
     qt_gpu_lora *gl;          /* g->lora */
-    float *ha, *hm, *hv;      /* host copies of the adapters and moments [A.numel] (checkpoints, export) */
+    float *ha, *hm, *hv;      /* host copies of the adapters and moments, the trained base tensors' after them [gl->n]
+                               * (checkpoints, export) */
     int32_t *none;            /* [N] of -1: the targets of a forward without loss */
     char from[QT_PATH_MAX];   /* the base's source path ("" for the seeded init) */
     char id[QT_PATH_MAX + 200]; /* the base's identity (qt_gpu_base.id) + " from <source>" */
@@ -134,7 +141,7 @@ static float glora_eval_loss(qt_engine *b, const int32_t *in, const int32_t *tgt
 
 /* The adapters (and with moments 1 m and v) into the host copies. */
 static void download(glora_engine *e, int moments) {
-    size_t bytes = e->gl->A.numel * sizeof(float);
+    size_t bytes = e->gl->n * sizeof(float);
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
     QT_CUDA(cudaMemcpy(e->ha, e->gl->a, bytes, cudaMemcpyDeviceToHost));
     if (!moments) return;
@@ -142,12 +149,18 @@ static void download(glora_engine *e, int moments) {
     QT_CUDA(cudaMemcpy(e->hv, e->gl->v, bytes, cudaMemcpyDeviceToHost));
 }
 
-/* The merged model: the base as the GPU holds it + scale B A on the adapted rows. */
+/* The merged model: the base as the GPU holds it (the trained base tensors' fp32 master) + scale B A on the adapted
+ * rows. */
 static void glora_get_weights(qt_engine *b, float *w) {
     glora_engine *e = on(b);
+    const qt_gpu_lora *gl = e->gl;
     download(e, 0);
     e->g->base->ops->get(e->g->base, w);
-    qt_lora_merge(&e->gl->A, b->L, e->ha, w);
+    for (int i = 0; i < gl->nxt; i++) {
+        const qt_tensor *t = &b->L->tensors[gl->xt[i]];
+        memcpy(w + t->offset, e->ha + gl->xat[i], t->numel * sizeof *w);
+    }
+    qt_lora_merge(&gl->A, b->L, e->ha, w);
 }
 
 static void glora_dpo_stats(qt_engine *b, int eval, qt_dpo_stats *s) { qt_dpo_log_take(&((glora_engine *)b)->dlog, eval, s); }
@@ -161,20 +174,40 @@ static void glora_forward_logits(qt_engine *b, const int32_t *in, float *logits)
     qt_gpu_model_logits(e->g, NULL, logits);
 }
 
+/* The trained base tensors' blobs (the CPU LoRA engine's: their weights, m and v packed in layout order). */
+static const char *const extra_items[3] = {"lora_extras", "lora_extras_m", "lora_extras_v"};
+
 static int glora_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     glora_engine *e = on(b);
-    QT_CHECK(cap >= 5, "need room for 5 checkpoint items, got %d", cap);
+    const qt_gpu_lora *gl = e->gl;
+    QT_CHECK(cap >= 8, "need room for 8 checkpoint items, got %d", cap);
     download(e, 1);
     e->step_blob = e->t;
-    return qt_lora_ckpt_items(items, e->ha, e->hm, e->hv, e->gl->A.numel, e->id, &e->step_blob);
+    int n = qt_lora_ckpt_items(items, e->ha, e->hm, e->hv, gl->A.numel, e->id, &e->step_blob);
+    float *x[3] = {e->ha, e->hm, e->hv};
+    for (int k = 0; k < 3 && gl->nxt; k++)
+        items[n++] = (qt_ckpt_item){extra_items[k], QT_DT_F32, x[k] + gl->A.numel, gl->xn * sizeof(float), 0};
+    return n;
 }
 
 static int glora_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errlen) {
     glora_engine *e = on(b);
     const qt_lora_layout *A = &e->gl->A;
-    size_t bytes = A->numel * sizeof(float);
+    size_t bytes = e->gl->n * sizeof(float), xb = e->gl->xn * sizeof(float), got;
     long t;
+    int dt;
     if (qt_lora_ckpt_load(ck, e->ha, e->hm, e->hv, A->numel, A->cfg.rank, e->id, e->id_key, &t, err, errlen)) return -1;
+    float *x[3] = {e->ha, e->hm, e->hv};
+    for (int k = 0; k < 3 && e->gl->nxt; k++) {
+        const void *p = qt_ckpt_get(ck, extra_items[k], &got, &dt);
+        if (!p || got != xb || dt != QT_DT_F32)
+            return qt_errf(err, errlen, "checkpoint blob %s: expected %zu bytes of fp32 (the base tensors lora.trainable "
+                           "names), got %s", extra_items[k], xb, p ? "a different size or dtype" : "none");
+        memcpy(x[k] + A->numel, p, xb);
+#ifdef QT_MUTANTS
+        if (k && qt_mutant_on(QT_MUT_LORA_X_RESUME_MOMENTS)) memset(x[k] + A->numel, 0, xb);
+#endif
+    }
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
     QT_CUDA(cudaMemcpy(e->gl->a, e->ha, bytes, cudaMemcpyHostToDevice));
     QT_CUDA(cudaMemcpy(e->gl->m, e->hm, bytes, cudaMemcpyHostToDevice));
@@ -195,13 +228,18 @@ static long glora_nonfinite_weight(qt_engine *b, int settle, long *step) {
     for (int i = 0; i < A->n_tensors; i++)
         for (size_t j = 0; j < A->tensors[i].numel; j++)
             if (!isfinite(e->ha[A->tensors[i].offset + j])) return (long)qt_lora_base_offset(A, b->L, i / 2);
+    for (int i = 0; i < e->gl->nxt; i++) { /* a trained base tensor: its own index */
+        const qt_tensor *t = &b->L->tensors[e->gl->xt[i]];
+        for (size_t j = 0; j < t->numel; j++)
+            if (!isfinite(e->ha[e->gl->xat[i] + j])) return (long)(t->offset + j);
+    }
     return -1;
 }
 
 static int glora_export_adapter(qt_engine *b, const char *dir, char *err, size_t errlen) {
     glora_engine *e = on(b);
     download(e, 0);
-    return qt_lora_export(dir, &e->gl->A, e->ha, b->L, NULL, e->from, err, errlen);
+    return qt_lora_export_packed(dir, &e->gl->A, e->ha, b->L, e->ha + e->gl->A.numel, e->from, err, errlen);
 }
 
 static void glora_print_memory(qt_engine *b) { qt_gpu_model_print_plan(on(b)->g); }
@@ -251,7 +289,7 @@ qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, co
         return NULL;
     }
     e->gl = e->g->lora;
-    size_t n = e->gl->A.numel;
+    size_t n = e->gl->n;
     e->ha = malloc(n * sizeof *e->ha);
     e->hm = malloc(n * sizeof *e->hm);
     e->hv = malloc(n * sizeof *e->hv);
@@ -266,7 +304,9 @@ qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, co
     const qt_lora_layout *A = &e->gl->A;
     printf("qtrain: LoRA rank %d, alpha %g%s (scale %g), dropout %g: %zu adapter parameters in %d modules over a "
            "frozen %s base of %zu on the GPU\n", A->cfg.rank, (double)A->cfg.alpha, A->cfg.rslora ? ", rsLoRA" : "",
-           (double)A->scale, (double)A->cfg.dropout, n, A->n_layers * A->per_layer, e->g->base->ops->name, L->n_params);
+           (double)A->scale, (double)A->cfg.dropout, A->numel, A->n_layers * A->per_layer, e->g->base->ops->name, L->n_params);
+    if (e->gl->nxt)
+        printf("qtrain: LoRA trains %zu base parameters in %d tensors beside the adapters\n", e->gl->xn, e->gl->nxt);
     return &e->base;
 }
 
@@ -274,13 +314,15 @@ qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, co
  * The ranks' micro-steps are enqueued from this thread, each on its own device and stream. opt_step sums the
  * adapter gradients over the ranks in rank order (through host memory: fp32 adds, the same bits as one GPU
  * accumulating the ranks' micro-batches one after another), gives every rank the sum, and each runs the same
- * AdamW on the same bits; rank 0's state is the checkpoint's and the export's. */
+ * AdamW on the same bits; rank 0's state is the checkpoint's and the export's. A streamed base (memory.offload:
+ * [weights]) is pinned once, by rank 0; every other rank borrows that copy (qt_weight_src.base_host) and streams its
+ * layers into its own GPU's slots. */
 typedef struct {
     qt_engine base;
     qt_plan plan;
     int n;
     glora_engine *rk[QT_LORA_DP_MAX];
-    float *sum, *part;        /* host [A.numel]: the gradients' sum and one rank's */
+    float *sum, *part;        /* host [gl->n]: the gradients' sum and one rank's */
 } glora_dp;
 
 static long dp_tokens(const glora_dp *d) { return d->rk[0]->g->N; }
@@ -293,7 +335,7 @@ static void dp_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, f
 
 static void dp_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnorm) {
     glora_dp *d = (glora_dp *)b;
-    size_t n = d->rk[0]->gl->A.numel;
+    size_t n = d->rk[0]->gl->n;
     for (int r = 0; r < d->n; r++) {
         glora_engine *e = on(&d->rk[r]->base);
         QT_CUDA(cudaStreamSynchronize(e->g->stream));
@@ -367,7 +409,7 @@ static void dp_print_memory(qt_engine *b) {
 
 static void dp_free(qt_engine *b) {
     glora_dp *d = (glora_dp *)b;
-    for (int r = 0; r < d->n; r++)
+    for (int r = d->n - 1; r >= 0; r--) /* rank 0 last: a streamed base's pinned copy is its, read by the others */
         if (d->rk[r]) glora_free(&d->rk[r]->base);
     free(d->sum), free(d->part);
     free(d);
@@ -389,8 +431,9 @@ qt_engine *qt_engine_gpu_lora_dp_create(const qt_layout *L, const qt_plan *plan,
     d->plan = *plan;
     d->n = n;
     d->base = (qt_engine){&glora_dp_ops, L, &d->plan, n};
+    qt_weight_src from = *src; /* after rank 0: its streamed base's pinned copy, which the others borrow */
     for (int r = 0; r < n; r++) {
-        qt_engine *e = qt_engine_gpu_lora_create(L, plan, src, devices[r], err, errlen);
+        qt_engine *e = qt_engine_gpu_lora_create(L, plan, &from, devices[r], err, errlen);
         if (!e) {
             dp_free(&d->base);
             return NULL;
@@ -398,8 +441,12 @@ qt_engine *qt_engine_gpu_lora_dp_create(const qt_layout *L, const qt_plan *plan,
         d->rk[r] = (glora_engine *)e;
         d->rk[r]->rank = r;
         d->rk[r]->nranks = n;
+        const qt_gpu_base *base = d->rk[r]->g->base;
+        if (!r && base->ops->host) from.base_host = base->ops->host(base);
+        QT_CHECK(!strcmp(base->id, d->rk[0]->g->base->id), "LoRA data parallel: rank %d read the base as \"%s\", rank 0 "
+                 "as \"%s\"", r, base->id, d->rk[0]->g->base->id);
     }
-    size_t numel = d->rk[0]->gl->A.numel;
+    size_t numel = d->rk[0]->gl->n;
     d->sum = malloc(numel * sizeof *d->sum);
     d->part = malloc(numel * sizeof *d->part);
     QT_CHECK(d->sum && d->part, "out of host memory for the adapters' gradient sum (%zu floats)", numel);

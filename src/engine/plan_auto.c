@@ -267,14 +267,14 @@ void qt_plan_auto_apply(qt_config *cfg, const qt_plan_choice *c) {
 }
 
 /* LoRA on the GPU (qt_engine_gpu_refusal): only the frozen base offloaded (memory.offload: [weights], streamed to
- * one GPU with bf16 matmuls: an axis there), the adapters' state replicated over ranks (ZeRO 0 or 1: the same bytes),
+ * every rank's GPU from one host copy with bf16 matmuls: an axis there), the adapters' state replicated over ranks (ZeRO 0 or 1: the same bytes),
  * a run without CUDA graphs; a frozen base has no master weights or gradients. Those axes keep the config's values;
  * the micro-batch, recompute, chunks and the fp8 weight cache stay axes. objective: dpo takes micro-batches of pairs
  * (even). */
-static void lora_axes(plan_axis *ax, const qt_config *cfg, int ranks) {
+static void lora_axes(plan_axis *ax, const qt_config *cfg) {
     static const int fixed[] = {AX_OFF, AX_ORES, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_CG};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) ax[fixed[i]].n = 1, ax[fixed[i]].v[0] = ax[fixed[i]].get(cfg);
-    if (ranks <= 1 && cfg->precision.matmul_dtype == QT_DT_BF16 && !cfg->perf.cuda_graphs && !(cfg->memory.offload & OFF_WG))
+    if (cfg->precision.matmul_dtype == QT_DT_BF16 && !cfg->perf.cuda_graphs && !(cfg->memory.offload & OFF_WG))
         ax[AX_OFFW].n = 2, ax[AX_OFFW].v[0] = 0, ax[AX_OFFW].v[1] = QT_OFF_WEIGHTS; /* the base resident or streamed */
     int k = 0;
     for (int i = 0; i < ax[AX_MB].n; i++)
@@ -302,7 +302,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
     if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
     if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
-    if (cfg->lora.rank > 0) lora_axes(ax, cfg, rp.ranks);
+    if (cfg->lora.rank > 0) lora_axes(ax, cfg);
     int several = rp.ranks > 1; /* offloaded weights: one GPU or ZeRO-3; gradients: one GPU or ZeRO-2/3 */
     for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
         QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
@@ -324,7 +324,7 @@ int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_pr
         int redundant = c.memory.attn_bwd_chunks > c.data.micro_batch; /* clamped to micro_batch: a repeat */
         char zerr[512];
         redundant |= qt_config_zero3_check(&c, zerr, sizeof zerr) != 0; /* graphs, fp8 weight cache all: refused */
-        redundant |= several && (((c.memory.offload & QT_OFF_WEIGHTS) && c.parallel.zero < 3) ||
+        redundant |= several && (((c.memory.offload & QT_OFF_WEIGHTS) && c.parallel.zero < 3 && c.lora.rank <= 0) ||
                                  ((c.memory.offload & QT_OFF_GRADIENTS) && c.parallel.zero < 2)); /* setup.c refuses */
         if (!redundant && ax[AX_CG].n == 2 && !c.perf.cuda_graphs) { /* a plan that allows CUDA graphs: with them only */
             c.perf.cuda_graphs = 1;

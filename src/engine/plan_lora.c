@@ -57,7 +57,8 @@ qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *c
     /* matmuls: the forward (twice with DPO) and the recomputed parts at the forward's rate, the dgrad at the
      * gradients' (fp8_dgrad: the forward's), the LM head and attention in bf16 */
     double dgrad = 2 * blocks, mm_fwd = (1 + dpo) * 2 * blocks + 2 * redo + (fp8_dgrad ? dgrad : 0);
-    double mm_bf16 = (fp8_dgrad ? 0 : dgrad) + (4 + 2 * dpo) * lm + attn * (1 + dpo / 3.0) + redo_att;
+    double mm_bf16 = (fp8_dgrad ? 0 : dgrad) + (4 + 2 * dpo) * lm + attn * (1 + dpo / 3.0) + redo_att +
+                     (cfg->lora.trainable & QT_LORA_X_LM_HEAD ? 2 * lm : 0); /* a trained LM head's weight gradient */
     k.compute = tok * (mm_fwd / fwd_rate + mm_bf16 / pr->bf16_flops) / eff;
     /* elementwise passes as full fine-tuning's (a bf16 backward), the adapters' bytes and the fp8 weights' quantize
      * passes with memory.fp8_weight_cache none (the forward's, the recomputed matmuls' again, fp8_dgrad's Wq^T), at HBM */
@@ -67,6 +68,8 @@ qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *c
     adapter_bytes ab = layer_bytes(&A);
     size_t an = A.numel;
     qt_lora_layout_free(&A);
+    for (int i = 0; i < L->n_tensors; i++) /* lora.trainable's base tensors: AdamW and the ranks' sum like the adapters */
+        an += qt_lora_trains(&L->tensors[i], cfg->lora.trainable) ? L->tensors[i].numel : 0;
     double adapt = ab.bwd + (1 + dpo) * (ab.fwd[0] + ab.fwd[1] + ab.fwd[2] + ab.fwd[3]) +
                    (rc & QT_RC_QKV ? ab.fwd[QT_LORA_SITE_QKV] : 0) + (rc & QT_RC_BLOCK ? ab.fwd[QT_LORA_SITE_O] : 0) +
                    (rc & QT_RC_FFN ? ab.fwd[QT_LORA_SITE_GU] : 0);

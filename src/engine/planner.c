@@ -29,13 +29,15 @@ static int count_ranks(const qt_config *cfg, int gpus, qt_run_plan *rp, char *er
     return 0;
 }
 
-/* engine_gpu_lora.c's host rows, every rank's: the base's load buffer and, training, the adapters, m and v copied at
- * a save (and with ranks the gradients' sum and one rank's). */
+/* engine_gpu_lora.c's host rows, every rank's: the base's load buffer and, training, the adapters, m and v (and the
+ * trained base tensors') copied at a save (and with ranks the gradients' sum and one rank's). */
 static int gpu_lora_host_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
     qt_lora_layout A;
     if (qt_lora_layout_init(&A, &p->lora, &L->cfg, err, errlen)) return -1;
     size_t an = A.numel, n = (size_t)rp->ranks;
     qt_lora_layout_free(&A);
+    for (int i = 0; i < L->n_tensors; i++) /* lora.trainable's base tensors: saved beside the adapters */
+        an += qt_lora_trains(&L->tensors[i], p->lora.trainable) ? L->tensors[i].numel : 0;
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);
     if (rp->training) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", n * 3 * an * sizeof(float));
     if (n > 1) qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "LoRA gradient sum (fp32)", 2 * an * sizeof(float));
@@ -50,10 +52,11 @@ static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char 
     qt_shard_init(&sh, L, sharded ? n : 1, 0, p->parallel.buckets);
     qt_mem_plan one;
     if (qt_gpu_model_plan(L, p, &sh, &one, err, errlen)) return -1;
-    for (int i = 0; i < one.n; i++) { /* device rows: one rank's; host rows: every rank's */
+    for (int i = 0; i < one.n; i++) { /* device rows: one rank's; host rows: every rank's, but LoRA's pinned base */
         const qt_mem_row *r = &one.row[i];
         int host = r->where == QT_MEM_PINNED || r->where == QT_MEM_PAGEABLE;
-        qt_mem_plan_add(&rp->mem, r->where, r->kind, host ? r->bytes * n : r->bytes);
+        int shared = p->lora.rank > 0 && r->where == QT_MEM_PINNED; /* a streamed frozen base: one copy (base_stream.c) */
+        qt_mem_plan_add(&rp->mem, r->where, r->kind, host && !shared ? r->bytes * n : r->bytes);
     }
     rp->mem.off = one.off;
     if (p->lora.rank > 0) return gpu_lora_host_rows(L, p, rp, err, errlen);
@@ -122,7 +125,8 @@ int qt_plan_run(const qt_layout *L, const qt_config *cfg, int gpus, int training
         if (training) /* train_ckpt.c's snapshot of weights, m, v at a save (64-byte aligned each) */
             qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", 3 * ((L->numel * 4 + 63) / 64 * 64));
     } else {
-        qt_plan_make(cfg, L, rp->ranks > 1 || cfg->parallel.nodes > 1 ? rp->ranks : 0, &rp->plan); /* as setup.c */
+        int dp = cfg->lora.rank <= 0 && (rp->ranks > 1 || cfg->parallel.nodes > 1); /* LoRA's ranks: one GPU's plan */
+        qt_plan_make(cfg, L, dp ? rp->ranks : 0, &rp->plan); /* as setup.c */
         if (gpu_rows(L, &rp->plan, rp, err, errlen)) return -1;
     }
     if (training) { /* train.c: a step's inputs and targets, [grad_accum][ranks][B * T] */

@@ -37,12 +37,8 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
         return NULL;
     }
     int devs[QT_COMM_MAX_RANKS], n = qt_plan_rank_devices(cfg, ngpu, devs, err, errlen);
-    if (n > 1 && cfg->lora.rank > 0 && (cfg->memory.offload & QT_OFF_WEIGHTS)) {
-        snprintf(err, errlen, "%s: memory.offload: [weights] with LoRA streams the frozen base to one GPU, got %d ranks "
-                 "(parallel.gpus: 0 takes every visible GPU): set parallel.gpus: 1", cfg->path, n);
-        return NULL;
-    }
-    if (n > 1 && cfg->lora.rank > 0) /* every rank one GPU's LoRA engine, the adapters replicated */
+    if (n > 1 && cfg->lora.rank > 0) /* every rank one GPU's LoRA engine, the adapters replicated (a streamed base:
+                                       * one pinned copy for them all) */
         return qt_plan_resolve(cfg, L, 0, &plan, err, errlen) ? NULL : qt_engine_gpu_lora_dp_create(L, &plan, src, n, devs, err, errlen);
     if (n < 0 || qt_plan_resolve(cfg, L, n == 1 && !across ? 0 : n, &plan, err, errlen)) return NULL;
     if (n == 1 && plan.lora.rank > 0) return qt_engine_gpu_lora_create(L, &plan, src, devs[0], err, errlen);
@@ -51,8 +47,8 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
 }
 
 /* LoRA on the GPU runs a bf16 or NF4 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or
- * ranks with the adapters replicated, whatever parallel.zero's default), or on one GPU streamed from pinned host
- * memory (memory.offload: [weights]), objective: dpo included, fp8 matmuls with the base's data gradient in bf16 or
+ * ranks with the adapters replicated, whatever parallel.zero's default), or streamed from one pinned host copy
+ * to each rank's GPU (memory.offload: [weights]), lora.trainable's base tensors (not with dpo), objective: dpo included, fp8 matmuls with the base's data gradient in bf16 or
  * in fp8 (precision.grad_dtype); what else it would need is refused here, naming the key (device: cpu trains every
  * LoRA setting on the CPU fp32 engine). */
 const char *qt_engine_gpu_refusal(const qt_config *cfg) {
@@ -65,8 +61,9 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
     if (cfg->parallel.nodes > 1 && cfg->objective == QT_OBJ_DPO)
         return "objective: dpo trains on one machine (its rows' losses are summed inside a node): set parallel.nodes 1";
     if (cfg->lora.rank <= 0) return NULL;
-    if (cfg->lora.trainable)
-        return "lora.trainable: base tensors trained beside the adapters are not yet on the GPU (device: cpu trains them)";
+    if (cfg->lora.trainable && cfg->objective == QT_OBJ_DPO) /* the reference is the base with the adapters off */
+        return "lora.trainable with objective: dpo on the GPU: the reference model is the frozen base, which trained "
+               "base tensors would change; train the adapters only (or device: cpu)";
     if (cfg->lora.base_nf4 && cfg->precision.matmul_dtype != QT_DT_BF16) /* the fp8 weights are made from a bf16 base */
         return "lora.base_dtype: nf4 feeds the block matmuls bf16 weights dequantized per layer: set "
                "precision.matmul_dtype bf16";

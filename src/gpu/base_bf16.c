@@ -57,7 +57,7 @@ static void bf16_get(const qt_gpu_base *b, float *w) {
 static void bf16_free(qt_gpu_base *b) { free(b); }
 
 static const qt_gpu_base_ops bf16_ops = {"bf16 resident", bf16_carve, bf16_init, bf16_w, bf16_get, bf16_free,
-                                         NULL}; /* no layer hook: every weight is resident */
+                                         NULL, NULL}; /* no layer hook: every weight is resident; not streamed */
 
 qt_gpu_base *qt_gpu_base_bf16_create(const qt_layout *L) {
     base_bf16 *s = calloc(1, sizeof *s);

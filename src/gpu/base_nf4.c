@@ -18,7 +18,9 @@
  * Streamed (base_stream.c's qt_base_host): the codes, block-scale codes and second-level scales (NF4), or the bf16
  * matrices in slot order (bf16), live in pinned host memory; a fill first copies the block's bytes up on the base's
  * stream (NF4: into a packed slot, then dequantized from there; bf16: straight into the bf16 slot, once the model's
- * stream is past the block there). At load each block goes down from slot 0 (quantized there first, for NF4). A bf16
+ * stream is past the block there). At load each block goes down from slot 0 (quantized there first, for NF4). The
+ * data-parallel LoRA ranks share one host store: a rank given another's (qt_weight_src.base_host) borrows it, reading
+ * the source only for its bf16 rest and the base's identity, and streams its own layers into its own slots. A bf16
  * base places each matrix in its slot and each run of the rest at its flat offset's alignment (mod 128 elements), so
  * the matmuls see the resident base's pointer alignments and pick its algorithms: streamed trains its bits.
  * Plan rows: "frozen base: NF4 codes", "frozen base: NF4 scales" (streamed: "frozen base: NF4 (pinned host)" and
@@ -123,6 +125,7 @@ static nf4_at mat_at(const base_nf4 *s, const nf4_mat *m, int k) {
 /* Block l's matrices, in bf16 in slot 0, into their NF4 codes and scales (streamed: packed slot 0, then down to the
  * host), or (bf16 streamed) down to the host as they are. */
 static void quantize_layer(base_nf4 *s, int l, cudaStream_t st) {
+    if (s->hb.borrowed) return; /* the owner's store holds the layer's bytes */
     for (int i = s->first[l]; i < s->first[l + 1] && s->nf4; i++) {
         const nf4_mat *m = &s->mat[i];
         nf4_at a = mat_at(s, m, 0);
@@ -155,7 +158,9 @@ static int nf4_init(qt_gpu_base *b, const qt_weight_src *src, cudaStream_t st, c
     for (int k = 0; k < 2; k++) QT_CUDA(cudaEventCreateWithFlags(&s->ready[k], cudaEventDisableTiming));
     QT_CUDA(cudaEventCreateWithFlags(&s->past, cudaEventDisableTiming));
     size_t n = b->L->numel;
-    if (s->stream && qt_base_host_alloc(&s->hb, s->path, err, errlen)) return -1;
+    if (s->stream && (src->base_host ? qt_base_host_share(&s->hb, src->base_host, err, errlen)
+                                     : qt_base_host_alloc(&s->hb, s->path, err, errlen)))
+        return -1;
     qt_gpu_wsrc rd;
     qt_gpu_wsrc_open(&rd, src, s->stage_n);
     int r = 0;
@@ -279,12 +284,14 @@ static void nf4_free(qt_gpu_base *b) {
     free(s);
 }
 
+static const qt_base_host *nf4_host(const qt_gpu_base *b) { return &((const base_nf4 *)b)->hb; }
+
 static const qt_gpu_base_ops nf4_ops = {"nf4 (block matrices) + bf16", nf4_carve, nf4_init, nf4_w, nf4_get, nf4_free,
-                                        nf4_layer};
+                                        nf4_layer, NULL};
 static const qt_gpu_base_ops nf4_stream_ops = {"nf4 (block matrices, streamed from pinned host) + bf16", nf4_carve,
-                                               nf4_init, nf4_w, nf4_get, nf4_free, nf4_layer};
+                                               nf4_init, nf4_w, nf4_get, nf4_free, nf4_layer, nf4_host};
 static const qt_gpu_base_ops bf16_stream_ops = {"bf16 (block matrices streamed from pinned host)", nf4_carve, nf4_init,
-                                                nf4_w, nf4_get, nf4_free, nf4_layer};
+                                                nf4_w, nf4_get, nf4_free, nf4_layer, nf4_host};
 
 /* The rest array's run of flat [lo, hi) as a region; a bf16 base keeps the resident base's alignment (mod 128). */
 static void rest_run(base_nf4 *s, size_t lo, size_t hi) {

@@ -6,7 +6,8 @@
  * [lo[l], lo[l + 1]); a device slot holds one layer's parts side by side, each at a 256-byte aligned place of the
  * largest layer's size. put() stores a layer from slot 0 at load (quantized or cast there); fetch() copies a layer up
  * into a slot on the caller's (copy) stream, one cudaMemcpyAsync per part: ~0.53 bytes per weight for NF4, 2 for
- * bf16. The slots are the caller's memory or carved here; the caller orders their reuse (events). */
+ * bf16. The slots are the caller's memory or carved here; the caller orders their reuse (events). Data-parallel LoRA
+ * ranks share one store: rank 0's is filled, the others borrow its arrays (share) and copy into their own slots. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,11 +70,25 @@ int qt_base_host_alloc(qt_base_host *h, const char *path, char *err, size_t errl
     return 0;
 }
 
+int qt_base_host_share(qt_base_host *h, const qt_base_host *from, char *err, size_t errlen) {
+    int same = from->n_parts == h->n_parts && from->n_layers == h->n_layers;
+    for (int p = 0; same && p < h->n_parts; p++)
+        same = !memcmp(from->lo[p], h->lo[p], ((size_t)h->n_layers + 1) * sizeof *h->lo[p]) && from->host[p];
+    if (!same)
+        return qt_errf(err, errlen, "streamed frozen base: another rank's pinned copy has another layout (%d parts of "
+                       "%d layers, expected %d of %d) or is not filled", from->n_parts, from->n_layers, h->n_parts,
+                       h->n_layers);
+    for (int p = 0; p < h->n_parts; p++) h->host[p] = from->host[p];
+    h->borrowed = 1;
+    return 0;
+}
+
 void *qt_base_host_slot(const qt_base_host *h, int k, int part, int l, size_t off) {
     return h->slot[k] + h->at[part] + (off - h->lo[part][l]);
 }
 
 void qt_base_host_put(qt_base_host *h, int l, cudaStream_t s) {
+    if (h->borrowed) return;
     for (int p = 0; p < h->n_parts; p++)
         QT_CUDA(cudaMemcpyAsync(h->host[p] + h->lo[p][l], h->slot[0] + h->at[p], h->lo[p][l + 1] - h->lo[p][l],
                                 cudaMemcpyDeviceToHost, s));
@@ -83,6 +98,7 @@ void qt_base_host_fetch(const qt_base_host *h, int l, int k, cudaStream_t s) {
     int from = l;
 #ifdef QT_MUTANTS
     if (l > 0 && qt_mutant_on(QT_MUT_BASE_STREAM_WRONG_LAYER)) from = l - 1; /* the layers' parts are equal in size */
+    if (l > 0 && h->borrowed && qt_mutant_on(QT_MUT_BASE_SHARE_WRONG_LAYER)) from = l - 1;
 #endif
     for (int p = 0; p < h->n_parts; p++)
         QT_CUDA(cudaMemcpyAsync(h->slot[k] + h->at[p], h->host[p] + h->lo[p][from], h->lo[p][l + 1] - h->lo[p][l],

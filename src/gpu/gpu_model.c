@@ -145,8 +145,11 @@ static void *Wp(const qt_gpu_model *g, size_t off) {
 static int from_slots(const qt_gpu_model *g) { return g->ps && (g->ps->plan.parallel.zero >= 3 || g->ps->plan.weights.host); }
 /* Weight gradients: every writer below accumulates ("+=") into them in the store's acc_dt (fp32, or bf16
  * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums).
- * A frozen base has none: NULL, and the writers skip it (the norms' kernels take a NULL dw). */
-static void *Gp(const qt_gpu_model *g, size_t off) { return g->ps ? qt_param_g(g->ps, off) : NULL; }
+ * A frozen base has none: NULL, and the writers skip it (the norms' kernels take a NULL dw), but for the base
+ * tensors lora.trainable names (fp32, beside the adapters: qt_gpu_lora_xgrad). */
+static void *Gp(const qt_gpu_model *g, size_t off) {
+    return g->ps ? qt_param_g(g->ps, off) : g->lora ? qt_gpu_lora_xgrad(g->lora, off) : NULL;
+}
 static qt_dtype Gdt(const qt_gpu_model *g) { return g->ps ? g->ps->acc_dt : QT_DT_F32; }
 
 static void free_host(qt_gpu_model *g) {
@@ -310,7 +313,10 @@ qt_gpu_model *qt_gpu_model_create(const qt_layout *L, const qt_plan *pl, const q
         qt_gpu_model_free(g);
         return NULL;
     }
-    if (g->lora) qt_gpu_lora_init(g->lora, g->mm, s);
+    if (g->lora && qt_gpu_lora_init(g->lora, g->mm, g->base, src, s, err, errlen)) {
+        qt_gpu_model_free(g);
+        return NULL;
+    }
     g->timing.start_init_s = now_s() - t0;
     qt_zero(g->head.loss_sum, 8, s);
     rope_tables(g);

@@ -85,8 +85,10 @@ static int write_config(const char *path, const qt_lora_layout *A, const qt_layo
     return write_file(path, (const void *[]){buf}, (size_t[]){(size_t)n}, 1, err, errlen);
 }
 
-int qt_lora_export(const char *dir, const qt_lora_layout *A, const float *a, const qt_layout *L, const float *w,
-                   const char *base, char *err, size_t errlen) {
+/* The files of qt_lora_export; the trained base tensors at w + their flat offset, or (packed) back to back in layout
+ * order from w. */
+static int export_files(const char *dir, const qt_lora_layout *A, const float *a, const qt_layout *L, const float *w,
+                        int packed, const char *base, char *err, size_t errlen) {
     char path[4096];
     if (qt_ckpt_mkdirs(dir, err, errlen)) return -1;
     int n = 1; /* pieces: the header, the adapter array, each trained base tensor */
@@ -114,9 +116,9 @@ int qt_lora_export(const char *dir, const qt_lora_layout *A, const float *a, con
                               (long long)t->shape[0]);
         if (t->ndim == 2) k += (size_t)snprintf(h + k, cap - k, ",%lld", (long long)t->shape[1]);
         k += (size_t)snprintf(h + k, cap - k, "],\"data_offsets\":[%zu,%zu]}", at, at + t->numel * 4);
-        at += t->numel * 4;
-        p[np] = w + t->offset;
+        p[np] = packed ? w + (at - A->numel * 4) / 4 : w + t->offset;
         len[np++] = t->numel * 4;
+        at += t->numel * 4;
     }
     k += (size_t)snprintf(h + k, cap - k, "}");
     while ((k - 8) % 8) h[k++] = ' ';
@@ -130,6 +132,16 @@ int qt_lora_export(const char *dir, const qt_lora_layout *A, const float *a, con
     if (rc) return -1;
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     return write_config(path, A, L, base, err, errlen);
+}
+
+int qt_lora_export(const char *dir, const qt_lora_layout *A, const float *a, const qt_layout *L, const float *w,
+                   const char *base, char *err, size_t errlen) {
+    return export_files(dir, A, a, L, w, 0, base, err, errlen);
+}
+
+int qt_lora_export_packed(const char *dir, const qt_lora_layout *A, const float *a, const qt_layout *L, const float *x,
+                          const char *base, char *err, size_t errlen) {
+    return export_files(dir, A, a, L, x, 1, base, err, errlen);
 }
 
 /* Where a file's tensor goes: into a (an adapter tensor) or into w (a trained base tensor). */

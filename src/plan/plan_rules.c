@@ -5,7 +5,8 @@
 #include "qt_plan.h"
 
 /* What memory.offload: [weights] cannot run with (one GPU or ZeRO-3, no CUDA graphs, no persistent fp8
- * weight cache) and [gradients] (one GPU, fp32 or bf16, or ZeRO-2/3, fp32), NULL when nothing: *key names the
+ * weight cache; with LoRA any rank count: the frozen base is streamed to every rank from one host copy) and
+ * [gradients] (one GPU, fp32 or bf16, or ZeRO-2/3, fp32), NULL when nothing: *key names the
  * key to blame. Called below ZeRO-3 only (qt_plan_refusal): ZeRO-3 takes both offloads, its own refusals
  * covering the weights'. */
 static const char *weights_refusal(const qt_config *c, const char **key) {
@@ -18,7 +19,7 @@ static const char *weights_refusal(const qt_config *c, const char **key) {
         }
     }
     if (!(c->memory.offload & QT_OFF_WEIGHTS)) return NULL;
-    if (c->parallel.zero == 2 || ranks) {
+    if (c->lora.rank <= 0 && (c->parallel.zero == 2 || ranks)) { /* LoRA's ranks share one streamed frozen base */
         *key = c->parallel.zero == 2 ? "parallel.zero" : c->parallel.devices.n > 1 ? "parallel.devices" : "parallel.gpus";
         return "expected one GPU (parallel.gpus: 1, parallel.zero 0 or 1) or parallel.zero: 3 with memory.offload: "
                "[weights]: with several ranks the offloaded bf16 weights are the rank's ZeRO-3 pieces";
