@@ -36,11 +36,6 @@
  * recomputed qkv / gate|up rebuilds its norm input first). The store resolves recompute's implied parts. */
 typedef qt_plan_acts qt_act_policy;
 
-/* The parts memory.recompute implies: block => att, ffn, norm; att => qkv; ffn => swiglu. */
-int qt_act_recompute_resolve(int parts);
-/* "swiglu, norm" (or "none"): the parts in bits, in the key's order. */
-const char *qt_act_recompute_names(int parts, char *buf, size_t cap);
-
 /* One layer's saved activations (bf16 unless noted), N = B*T tokens. */
 typedef struct {
     void *res;      /* [N,C] residual stream entering the layer (input of ln1) */

@@ -3,7 +3,7 @@
 #ifndef QT_MODES_H
 #define QT_MODES_H
 
-/* memory.recompute parts (bits), as given; qt_act_recompute_resolve (qt_act_store.h) adds the implied ones */
+/* memory.recompute parts (bits), as given; qt_act_recompute_resolve (qt_plan.h) adds the implied ones */
 typedef enum {
     QT_RC_SWIGLU = 1, QT_RC_NORM = 2, QT_RC_QKV = 4, QT_RC_ATT = 8, QT_RC_FFN = 16, QT_RC_BLOCK = 32
 } qt_recompute_part;

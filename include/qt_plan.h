@@ -84,7 +84,7 @@ typedef struct {           /* AdamW and its state */
 } qt_plan_optimizer;
 
 typedef struct {           /* the activations (qt_act_store.h) */
-    int recompute;         /* qt_recompute_part bits as given (the act store adds the implied ones) */
+    int recompute;         /* qt_recompute_part bits as given (qt_act_recompute_resolve adds the implied ones) */
     int offload_residual;  /* input residuals in pinned host memory, two device slots */
     int host_wc;           /* that host memory write-combined (memory.host_alloc) */
     int fp8_bwd;           /* an fp8 backward with weight gradients (full fine-tuning): ln1, ln2, h share one
@@ -167,5 +167,10 @@ int qt_plan_lookups_pay(const qt_layout *L, long tokens, int n_ranks);
 /* parallel.zero: 3's limits and memory.offload: [weights]'s (qt_plan_refusal): 0, or -1 with err
  * ("<path>: <key>: expected ..., got ..."). */
 int qt_config_zero3_check(const struct qt_config *c, char *err, size_t errlen);
+
+/* The parts memory.recompute implies: block => att, ffn, norm; att => qkv; ffn => swiglu. */
+int qt_act_recompute_resolve(int parts);
+/* "swiglu, norm" (or "none"): the parts in bits, in the key's order. */
+const char *qt_act_recompute_names(int parts, char *buf, size_t cap);
 
 #endif

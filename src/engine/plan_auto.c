@@ -9,7 +9,6 @@
 
 #include <cuda_runtime.h>
 
-#include "qt_act_store.h"
 #include "qt_comm.h"
 #include "qt_device.h"
 #include "qt_engine.h"

@@ -3,9 +3,8 @@
  * (plan_lora.c) shares. */
 #include "qt_plan_auto.h"
 
-#include "qt_act_store.h"
 #include "qt_comm.h"
-#include "qt_planner.h"
+#include "qt_plan.h"
 
 double qt_plan_auto_block_params(const qt_model_cfg *c) {
     double C = c->hidden_size, HD = (double)c->num_heads * c->head_dim;

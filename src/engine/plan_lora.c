@@ -11,9 +11,9 @@
  * fine-tuning model's (plan_auto.c). */
 #include <stdio.h>
 
-#include "qt_act_store.h"
 #include "qt_error.h"
 #include "qt_lora.h"
+#include "qt_plan.h"
 #include "qt_plan_auto.h"
 
 /* A layer's adapter bytes per token (cuda/lora.cu's GEMMs, bf16 operands): the forward's down product reads x

@@ -23,23 +23,6 @@ struct qt_res_offload {
     long delay_ms;           /* test hook offload_residual_delay_ms, read at start */
 };
 
-int qt_act_recompute_resolve(int parts) {
-    if (parts & QT_RC_BLOCK) parts |= QT_RC_ATT | QT_RC_FFN | QT_RC_NORM;
-    if (parts & QT_RC_ATT) parts |= QT_RC_QKV;
-    if (parts & QT_RC_FFN) parts |= QT_RC_SWIGLU;
-    return parts;
-}
-
-const char *qt_act_recompute_names(int parts, char *buf, size_t cap) {
-    static const char *const name[] = {"swiglu", "norm", "qkv", "att", "ffn", "block"};
-    size_t n = 0;
-    buf[0] = 0;
-    for (int i = 0; i < 6; i++)
-        if (parts & (1 << i) && n < cap) n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", name[i]);
-    if (!parts) snprintf(buf, cap, "none");
-    return buf;
-}
-
 qt_act_store *qt_act_store_create(const qt_model_cfg *c, long N, qt_act_policy policy, char *err, size_t errlen) {
     (void)err, (void)errlen;
     policy.recompute = qt_act_recompute_resolve(policy.recompute);
