@@ -109,7 +109,7 @@ int qt_plan_auto_lossy_worth(const qt_plan_choice *chosen, const qt_plan_choice 
 /* The predicted seconds per optimizer step of cfg (its memory keys as set) on pr, and its parts. */
 double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 qt_plan_cost qt_plan_auto_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
-/* The step of full fine-tuning (src/engine/plan_cost.c). */
+/* The step of full fine-tuning (src/plan/plan_cost.c). */
 qt_plan_cost qt_plan_auto_full_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 /* The block matmul weights (Wqkv, Wo, the three FFN matrices of every layer): what
  * memory.fp8_weight_cache none quantizes again per pass. */
@@ -132,7 +132,7 @@ double qt_plan_auto_elem_bps(const qt_probe *pr);
 #define QT_PLAN_LORA_ADAPTER_EFF 0.81
 /* The step of a LoRA run (cfg->lora.rank > 0; qt_plan_auto_cost_parts hands it on): the frozen base's forward and
  * data-gradient backward, no weight gradient or optimizer over it, the adapters' passes, an NF4 base's dequantizes,
- * AdamW over the adapters and, with ranks, their gradient sum through host memory (src/engine/plan_lora.c). */
+ * AdamW over the adapters and, with ranks, their gradient sum through host memory (src/plan/plan_lora.c). */
 qt_plan_cost qt_plan_auto_lora_cost_parts(const qt_layout *L, const qt_config *cfg, const qt_probe *pr);
 /* "micro_batch 16 x grad_accum 4, recompute [...], weights and gradients offloaded" (a static buffer). */
 const char *qt_plan_auto_describe(const qt_plan_choice *c);

@@ -8,7 +8,7 @@ import os, re, subprocess, tempfile
 cfgs=[("1.5B fp8","configs/qwen2.5-1.5b-fp8.yaml"),("3B bf16","configs/qwen2.5-3b-bf16.yaml"),("7B fp8","configs/qwen2.5-7b-fp8.yaml"),("14B fp8","configs/qwen2.5-14b-fp8.yaml"),
       ("Mistral-7B fp8","configs/mistral-7b-v0.3-fp8.yaml"),("Llama-3.1-8B fp8","configs/llama-3.1-8b-fp8.yaml"),("Qwen3-8B fp8","configs/qwen3-8b-fp8.yaml"),("Qwen3-14B fp8","configs/qwen3-14b-fp8.yaml"),("Gemma-3-4B fp8","configs/gemma-3-4b-fp8.yaml"),("Gemma-3-12B fp8","configs/gemma-3-12b-fp8.yaml")]
 # --lora: LoRA r16 (alpha 32, all linear layers) over the same configs, the base in bf16 or NF4 (QLoRA), bf16 matmuls
-# and backward (NF4 needs them), one GPU; predicted with the LoRA step of src/engine/plan_lora.c
+# and backward (NF4 needs them), one GPU; predicted with the LoRA step of src/plan/plan_lora.c
 R16=["--set","lora.rank=16","--set","lora.alpha=32","--set","precision.matmul_dtype=bf16","--set","precision.grad_dtype=bf16"]
 NF4=R16+["--set","lora.base_dtype=nf4"]
 ONE=["--set","parallel.gpus=1","--set","parallel.zero=1","--set","parallel.gather_dtype=bf16"]
