@@ -151,6 +151,9 @@ void qt_plan_make(const struct qt_config *cfg, const qt_layout *L, int n_ranks, 
  * passes, else why (the text after "<key>: ") with *key the key to blame. The config loader reports it at
  * the key's place in the file; qt_plan_resolve again, for a config changed after loading (memory.plan: auto). */
 const char *qt_plan_refusal(const struct qt_config *cfg, const char **key);
+/* memory.fp8_weight_cache's default where the weights live in slots (parallel.zero: 3, memory.offload: [weights])
+ * under fp8 matmuls: none, unless the config gives the key. The config loader applies it before qt_plan_refusal. */
+void qt_plan_fp8_cache_default(struct qt_config *cfg);
 
 /* The GPU of each data-parallel rank (parallel.devices, else parallel.gpus, else every visible GPU up
  * to QT_COMM_MAX_RANKS) into devs[QT_COMM_MAX_RANKS]: the rank count, or -1 with err naming the key.

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """mode_flags.py [--list] [--max N] [--exclude PATH]... — counts the code lines that read a memory-mode flag
-outside the plan (src/plan/), the config's key table (src/config/config_keys.c: the names of the values) and
-the placement implementations (PLACEMENTS below, and each --exclude).
+outside the plan (src/plan/), the config's key table (src/config/config_keys.c: the names of the values), the
+config loader (src/config/config.c: it maps the older spellings memory.offload_optimizer, memory.offload_residual
+and parallel.shard_optimizer onto memory.offload and parallel.zero, and places an error at the key to blame; the
+cross-mode rules and defaults it applies live in src/plan/plan_rules.c) and the placement implementations
+(PLACEMENTS below, and each --exclude).
 
 A memory-mode flag is what decides where an item lives or how it is rebuilt: the ZeRO level and data-parallel
 mode, the offloaded items, the host / weight-slot / e4m3-code placements, zero-copy, recompute and the fp8
@@ -22,7 +25,7 @@ import sys
 
 DIRS = ("src", "cuda", "comm", "include")
 EXTS = ("c", "h", "cu", "cuh")
-PLAN = ("src/plan/", "src/config/config_keys.c")
+PLAN = ("src/plan/", "src/config/config_keys.c", "src/config/config.c")
 # Files implementing a placement (one per weights / gradients / optimizer-state strategy): they are where the
 # modes are meant to be read. None exists yet.
 PLACEMENTS = ()

@@ -360,12 +360,6 @@ static where model_key_at(const ctx *x, const char *msg) {
     return x->first_inline >= 0 ? x->at[x->first_inline] : (where){0, 0, -1};
 }
 
-int qt_config_offload_quants(const qt_config *c) {
-    return (c->memory.offload & (QT_OFF_QUANTS | QT_OFF_WEIGHTS)) == (QT_OFF_QUANTS | QT_OFF_WEIGHTS);
-}
-
-int qt_config_opt_offload_mask(const qt_config *c) { return c->memory.offload & QT_OFF_OPTIMIZER; }
-
 void qt_config_set_offload(qt_config *c, int items, int on) {
     if (!on) c->memory.offload &= ~items;
     else if (!(c->memory.offload & items)) c->memory.offload |= items;
@@ -461,11 +455,7 @@ static int cross_check(ctx *x) {
                     "optimizer state), got \"%s\"; give only parallel.zero", c->parallel.zero >= 1 ? "true" : "false",
                     c->parallel.zero, c->parallel.shard_optimizer ? "true" : "false");
     c->parallel.shard_optimizer = c->parallel.zero >= 1;
-    /* ZeRO-3 with fp8 matmuls quantizes each layer from its weight slot at use: the weight cache none
-     * path, taken when the config does not say otherwise */
-    int wslots = c->parallel.zero >= 3 || (c->memory.offload & QT_OFF_WEIGHTS); /* offloaded weights: the same */
-    if (wslots && c->precision.matmul_dtype == QT_DT_E4M3 && !qt_config_given(c, "memory.fp8_weight_cache"))
-        c->memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
+    qt_plan_fp8_cache_default(c);
     const char *zkey = NULL, *zwhy = qt_plan_refusal(c, &zkey);
     if (zwhy) return fail(x, given(at_of(x, zkey)) ? at_of(x, zkey) : c->parallel.zero >= 3 ? wz : at_of(x, "memory.offload"),
                           zkey, "%s", zwhy);

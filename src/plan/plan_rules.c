@@ -100,3 +100,17 @@ int qt_config_zero3_check(const qt_config *c, char *err, size_t errlen) {
     snprintf(err, errlen, "%s: %s: %s", c->path, key, why);
     return -1;
 }
+
+int qt_config_offload_quants(const qt_config *c) {
+    return (c->memory.offload & (QT_OFF_QUANTS | QT_OFF_WEIGHTS)) == (QT_OFF_QUANTS | QT_OFF_WEIGHTS);
+}
+
+int qt_config_opt_offload_mask(const qt_config *c) { return c->memory.offload & QT_OFF_OPTIMIZER; }
+
+/* ZeRO-3 with fp8 matmuls quantizes each layer from its weight slot at use: the weight cache none path, taken
+ * when the config does not say otherwise (offloaded weights: the same). */
+void qt_plan_fp8_cache_default(qt_config *c) {
+    int wslots = c->parallel.zero >= 3 || (c->memory.offload & QT_OFF_WEIGHTS);
+    if (wslots && c->precision.matmul_dtype == QT_DT_E4M3 && !qt_config_given(c, "memory.fp8_weight_cache"))
+        c->memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
+}
