@@ -160,9 +160,6 @@ qt_engine *qt_engine_create_nodes(const qt_layout *L, const qt_config *cfg, cons
 /* ops->nodes_count in a catch point: *count = the nodes passing mine != 0 (one machine: mine != 0). 0 or -1. */
 int qt_engine_nodes_count(qt_engine *e, int mine, int *count, char *err, size_t errlen);
 
-/* What the GPU engines cannot run in cfg, as a message naming the key ("lora: not yet on the GPU ..."), or NULL. */
-const char *qt_engine_gpu_refusal(const qt_config *cfg);
-
 /* CPU fp32 reference engine, the weights read from src into its own array; NULL with err when they
  * cannot be read. */
 qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const qt_weight_src *src, char *err,

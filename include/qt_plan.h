@@ -154,6 +154,8 @@ const char *qt_plan_refusal(const struct qt_config *cfg, const char **key);
 /* memory.fp8_weight_cache's default where the weights live in slots (parallel.zero: 3, memory.offload: [weights])
  * under fp8 matmuls: none, unless the config gives the key. The config loader applies it before qt_plan_refusal. */
 void qt_plan_fp8_cache_default(struct qt_config *cfg);
+/* What the GPU engines cannot run in cfg, as a message naming the key ("lora: not yet on the GPU ..."), or NULL. */
+const char *qt_engine_gpu_refusal(const struct qt_config *cfg);
 
 /* The GPU of each data-parallel rank (parallel.devices, else parallel.gpus, else every visible GPU up
  * to QT_COMM_MAX_RANKS) into devs[QT_COMM_MAX_RANKS]: the rank count, or -1 with err naming the key.

@@ -114,3 +114,44 @@ void qt_plan_fp8_cache_default(qt_config *c) {
     if (wslots && c->precision.matmul_dtype == QT_DT_E4M3 && !qt_config_given(c, "memory.fp8_weight_cache"))
         c->memory.fp8_weight_cache = QT_FP8_WCACHE_NONE;
 }
+
+/* LoRA on the GPU runs a bf16 or NF4 base resident on each GPU with fp32 adapters (engine_gpu_lora.c: one GPU, or
+ * ranks with the adapters replicated, whatever parallel.zero's default), or streamed from one pinned host copy
+ * to each rank's GPU (memory.offload: [weights]), lora.trainable's base tensors (not with dpo), objective: dpo included, fp8 matmuls with the base's data gradient in bf16 or
+ * in fp8 (precision.grad_dtype); what else it would need is refused here, naming the key (device: cpu trains every
+ * LoRA setting on the CPU fp32 engine). */
+const char *qt_engine_gpu_refusal(const qt_config *cfg) {
+    /* full fine-tuning's DPO splits a micro-step around the host's DPO arithmetic (qt_dp_sync_forward_rows) */
+    if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0 && cfg->parallel.zero >= 2)
+        return "objective: dpo with full fine-tuning on the GPU: parallel.zero 2 and 3 are not yet supported (set 0 or 1)";
+    if (cfg->objective == QT_OBJ_DPO && cfg->lora.rank <= 0 && (cfg->memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)))
+        return "objective: dpo with full fine-tuning on the GPU: memory.offload of weights or gradients is not yet "
+               "supported (the optimizer state may be offloaded)";
+    if (cfg->parallel.nodes > 1 && cfg->objective == QT_OBJ_DPO)
+        return "objective: dpo trains on one machine (its rows' losses are summed inside a node): set parallel.nodes 1";
+    if (cfg->lora.rank <= 0) return NULL;
+    if (cfg->lora.trainable && cfg->objective == QT_OBJ_DPO) /* the reference is the base with the adapters off */
+        return "lora.trainable with objective: dpo on the GPU: the reference model is the frozen base, which trained "
+               "base tensors would change; train the adapters only (or device: cpu)";
+    if (cfg->lora.base_nf4 && cfg->precision.matmul_dtype != QT_DT_BF16) /* the fp8 weights are made from a bf16 base */
+        return "lora.base_dtype: nf4 feeds the block matmuls bf16 weights dequantized per layer: set "
+               "precision.matmul_dtype bf16";
+    if (cfg->parallel.zero >= 2) /* zero 0 or 1 (the default): the adapters' AdamW state is replicated (it is small) */
+        return "parallel.zero: LoRA's data parallel replicates the adapters and the base (ZeRO-2/3 is not yet there): "
+               "set 0 or 1";
+    if (cfg->parallel.nodes > 1) return "parallel.nodes: LoRA on the GPU trains on one machine: set 1";
+    int off = cfg->memory.offload;
+    if ((off & QT_OFF_WEIGHTS) && cfg->precision.matmul_dtype != QT_DT_BF16) /* the fp8 weights are made from a resident base */
+        return "precision.matmul_dtype: LoRA over a base streamed from host memory (memory.offload: [weights]) feeds "
+               "the block matmuls the bf16 weights of its layer slots: set bf16";
+    if ((off & ~QT_OFF_WEIGHTS) || cfg->memory.offload_optimizer || cfg->memory.offload_residual)
+        return off & QT_OFF_RESIDUAL || cfg->memory.offload_residual
+                   ? "memory.offload: [residual] with LoRA on the GPU is not yet supported (the activations stay on the "
+                     "GPU; [weights] streams the frozen base from host memory)"
+                   : off & (QT_OFF_GRADIENTS | QT_OFF_QUANTS)
+                   ? "memory.offload: [gradients] and [quants] name full fine-tuning's arrays: LoRA's frozen base has "
+                     "none (only [weights] streams the base from host memory)"
+                   : "memory.offload: [optimizer] with LoRA on the GPU is not yet supported (the adapters' AdamW "
+                     "state is small and stays on the GPU; [weights] streams the frozen base from host memory)";
+    return NULL;
+}
