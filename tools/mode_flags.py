@@ -4,7 +4,7 @@ outside the plan (src/plan/), the config's key table (src/config/config_keys.c: 
 config loader (src/config/config.c: it maps the older spellings memory.offload_optimizer, memory.offload_residual
 and parallel.shard_optimizer onto memory.offload and parallel.zero, and places an error at the key to blame; the
 cross-mode rules and defaults it applies live in src/plan/plan_rules.c) and the placement implementations
-(PLACEMENTS below, and each --exclude).
+(src/gpu/place_*.c: PLACEMENTS below, and each --exclude: a path, a folder or a glob).
 
 A memory-mode flag is what decides where an item lives or how it is rebuilt: the ZeRO level and data-parallel
 mode, the offloaded items, the host / weight-slot / e4m3-code placements, zero-copy, recompute and the fp8
@@ -19,6 +19,7 @@ in the C/CUDA sources and headers of src/, cuda/, comm/ and include/ (comments a
 counts once however many flags it reads; a line that only assigns a flag or defines a value does not count.
 Prints the total and the count per file (--list: every line); exits 1 when --max N is given and the total is
 over N."""
+import fnmatch
 import glob
 import re
 import sys
@@ -26,9 +27,9 @@ import sys
 DIRS = ("src", "cuda", "comm", "include")
 EXTS = ("c", "h", "cu", "cuh")
 PLAN = ("src/plan/", "src/config/config_keys.c", "src/config/config.c")
-# Files implementing a placement (one per weights / gradients / optimizer-state strategy): they are where the
-# modes are meant to be read. None exists yet.
-PLACEMENTS = ()
+# Files implementing a placement (one per weights / gradients / optimizer-state strategy, named
+# src/gpu/place_<item>_<placement>.c, e.g. place_weights_host.c): they are where the modes are meant to be read.
+PLACEMENTS = ("src/gpu/place_*.c",)
 
 PARTS = {
     "weights": "host|host_one|host_shard|slots|e4m3|ahead",
@@ -80,7 +81,7 @@ def main():
     for d in DIRS:
         for ext in EXTS:
             for path in sorted(glob.glob(d + "/**/*." + ext, recursive=True)):
-                if any(path == e or path.startswith(e.rstrip("/") + "/") for e in exclude):
+                if any(path == e or path.startswith(e.rstrip("/") + "/") or fnmatch.fnmatch(path, e) for e in exclude):
                     continue
                 src = None
                 for n, line in code_lines(path):
