@@ -38,6 +38,7 @@ typedef struct {
 
 typedef struct {
     const qt_layout *L;   /* borrowed */
+    const struct qt_weights_place *weights_place; /* where the weights live (qt_place.h), from the plan */
     qt_plan plan;         /* where each item lives (weights, grads, optimizer), the dtypes, AdamW's settings */
     qt_shard shard;
     /* w [shard.total] (L->numel, padded for the ranks' equal pieces), ZeRO-3 [shard.len]; master, m, v

@@ -10,6 +10,7 @@
 
 #include "qt_error.h"
 #include "qt_pinned.h"
+#include "qt_place.h"
 #include "qt_test_hooks.h"
 
 #define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
@@ -55,6 +56,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, con
     ps->L = L;
     ps->plan = *pl;
     ps->shard = *sh;
+    ps->weights_place = qt_place_weights_of(pl);
     ps->m_dt = pl->precision.m_dt;
     ps->v_dt = pl->precision.v_dt;
     ps->w_master_dt = pl->precision.master_dt;
@@ -91,47 +93,21 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, con
     return ps;
 }
 
-/* *p = `bytes` of zeroed pinned host memory (flags: QT_PIN_*; mapped: kernels use the host address itself,
- * which unified addressing makes the device's; m, v start at zero, padding stays zero and defined). 0, or -1
- * with err naming key, what and the way out. */
-static int pin_host(void **p, size_t bytes, unsigned flags, const char *key, const char *what, const char *instead,
-                    const qt_param_store *ps, char *err, size_t errlen) {
-    if (qt_pinned_alloc(p, bytes, flags))
-        return qt_errf(err, errlen, "%s: %s: %.2f GiB of pinned host memory for %s could not be allocated (the host plan "
-                       "printed above counts it): lower memory.host_limit_gib to what the host can pin, or %s",
-                       ps->plan.run.path, key, bytes / 1073741824.0, what, instead);
-    if (flags & QT_PIN_MAPPED) {
-        void *dev = NULL;
-        QT_CUDA(cudaHostGetDevicePointer(&dev, *p, 0));
-        QT_CHECK(dev == *p, "%s needs unified addressing (the device address %p of the pinned %s differs from its host "
-                 "address %p)", key, dev, what, *p);
-    }
-    return 0;
-}
-
 int qt_param_store_alloc_host(qt_param_store *ps, char *err, size_t errlen) {
     unsigned wc = ps->plan.memory.host_wc ? QT_PIN_WC : 0, mapped = QT_PIN_MAPPED;
-    /* weights: one GPU the whole array, ZeRO-3 the rank's pieces; AdamW and the upload's cast write them in place */
-    if (ps->plan.weights.host && pin_host(&ps->w, (zero3(ps) ? ps->shard.len : ps->shard.total) * 2, mapped | wc,
-                                     "memory.offload: [weights]", "the bf16 weights", "keep the weights on the GPU", ps, err,
-                                     errlen))
-        return -1;
-    if (ps->plan.weights.host && ps->plan.weights.e4m3 &&
-        pin_host((void **)&ps->e4m3.w8, zero3(ps) ? ps->shard.len : ps->shard.total, mapped | wc, "memory.offload: [quants]",
-                 "the e4m3 weight codes", "leave quants out", ps, err, errlen))
-        return -1;
+    if (ps->weights_place->alloc_host(ps, mapped | wc, err, errlen)) return -1;
     /* gradients: one GPU the whole array, ZeRO-2/3 the rank's summed shard; the norm, AdamW and the zeroing
      * kernels read and write them in place */
     if (ps->plan.grads.host &&
-        pin_host(&ps->grad, (ps->plan.parallel.zero >= 2 ? ps->shard.len : ps->shard.total) * qt_dtype_size(ps->grad_dt), mapped | wc,
-                 "memory.offload: [gradients]", ps->grad_dt == QT_DT_BF16 ? "the bf16 gradients" : "the fp32 gradients",
-                 "keep the gradients on the GPU", ps, err, errlen))
+        qt_place_pin(&ps->grad, (ps->plan.parallel.zero >= 2 ? ps->shard.len : ps->shard.total) * qt_dtype_size(ps->grad_dt), mapped | wc,
+                     "memory.offload: [gradients]", ps->grad_dt == QT_DT_BF16 ? "the bf16 gradients" : "the fp32 gradients",
+                     "keep the gradients on the GPU", ps, err, errlen))
         return -1;
     if (!ps->plan.optimizer.host) return 0;
     size_t b0 = host_bytes(ps, 0), b1 = host_bytes(ps, 1);
     /* the optimizer state: streamed through the slots, or (zero copy) read by AdamW's kernel in place */
-    if (pin_host((void **)&ps->host_opt.host_state, ps->host_opt.host_state_bytes, (ps->plan.optimizer.zero_copy ? mapped : 0) | wc,
-                 "memory.offload_optimizer", "the optimizer state", "train without the offload", ps, err, errlen))
+    if (qt_place_pin((void **)&ps->host_opt.host_state, ps->host_opt.host_state_bytes, (ps->plan.optimizer.zero_copy ? mapped : 0) | wc,
+                     "memory.offload_optimizer", "the optimizer state", "train without the offload", ps, err, errlen))
         return -1;
     /* the offloaded arrays here; the others were carved in the arena (bf16 master: none) */
     if (ps->host_opt.opt_host & QT_OFF_MASTER) ps->master = (float *)ps->host_opt.host_state;
@@ -142,30 +118,7 @@ int qt_param_store_alloc_host(qt_param_store *ps, char *err, size_t errlen) {
 
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
     size_t n = ps->shard.total, ns = ps->shard.len;
-    if (zero3(ps)) { /* ZeRO-3: the rank's pieces (w_host: pinned host, qt_param_store_alloc_host), and the slots
-                      * the model reads whole buckets from */
-        if (ps->plan.weights.host) qt_mem_plan_host(p, "weights (bf16 shard, offloaded)", ns * 2);
-        else ps->w = qt_mem_plan_carve(p, "weights (bf16 shard)", ns * 2);
-        qt_wslots_carve(ps->wslots, p);
-        if (ps->plan.weights.e4m3) { /* e4m3 gathers: the pieces' codes, the small params' buffers, the abs-maxes */
-            if (ps->plan.weights.host) qt_mem_plan_host(p, "weights (e4m3 shard, offloaded)", ns);
-            else ps->e4m3.w8 = qt_mem_plan_carve(p, "weights (e4m3 shard)", ns);
-            size_t P = ps->e4m3.small.max_packed;
-            ps->e4m3.small_send = qt_mem_plan_carve(p, "weight slots (e4m3)", P * 2);
-            /* every layer bucket's gathered small params, remade when the pieces change (dp_sync small_gather) */
-            ps->e4m3.small_recv = qt_mem_plan_carve(p, "weight slots (e4m3)", (size_t)ps->shard.n_buckets * ps->shard.n_ranks * P * 2);
-            ps->e4m3.amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
-        }
-    } else if (ps->plan.weights.host) { /* w itself: qt_param_store_alloc_host */
-        qt_mem_plan_host(p, "weights (bf16, offloaded)", n * 2);
-        qt_wslots_carve(ps->wslots, p);
-        if (ps->plan.weights.e4m3) { /* quants: the layers' e4m3 codes beside them, what is copied up; their abs-maxes */
-            qt_mem_plan_host(p, "weights (e4m3, offloaded)", n);
-            ps->e4m3.amax8 = qt_mem_plan_carve(p, "scratch: gradients", 64 * 4);
-        }
-    } else {
-        ps->w = qt_mem_plan_carve(p, "weights (bf16)", n * 2);
-    }
+    ps->weights_place->carve(ps, p);
     if (ps->plan.parallel.zero >= 2 || ps->plan.grads.host) carve_grad_slots(ps, p);
     else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
                                       n * qt_dtype_size(ps->grad_dt));
@@ -467,8 +420,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream
     const qt_shard *sp = &ps->shard;
     size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
     int host = ps->plan.optimizer.host ? ps->host_opt.opt_host : 0, rc = 0; /* those: zeroed at allocation */
-    if (!ps->plan.weights.host) qt_zero(ps->w, (zero3(ps) ? ns : sp->total) * 2, s); /* the padding stays zero (w_host:
-                                                                                * zeroed at allocation) */
+    ps->weights_place->zero(ps, s); /* the padding stays zero */
     if (ps->master && !(host & QT_OFF_MASTER)) qt_zero(ps->master, ns * 4, s);
     if (!(host & QT_OFF_M)) qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
     if (!(host & QT_OFF_V)) qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
@@ -519,9 +471,8 @@ void qt_param_store_free(qt_param_store *ps) {
     qt_host_shard_free(ps->host_grad.gshard);
     qt_wslots_free(ps->wslots);
     qt_pinned_free(ps->host_opt.host_state);
-    if (ps->plan.weights.host) qt_pinned_free(ps->w);
+    ps->weights_place->free_host(ps);
     if (ps->plan.grads.host) qt_pinned_free(ps->grad);
-    if (ps->plan.weights.host && ps->plan.weights.e4m3) qt_pinned_free(ps->e4m3.w8);
     qt_small_params_free(&ps->e4m3.small);
     free(ps->grad_slot);
     free(ps->cross_at);
