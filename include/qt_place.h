@@ -18,6 +18,8 @@ typedef struct qt_weights_place {
     void (*carve)(qt_param_store *ps, qt_mem_plan *p); /* the arena's and the host plan's rows */
     void (*zero)(qt_param_store *ps, cudaStream_t s);  /* before the load: the device array, padding included */
     void (*free_host)(qt_param_store *ps);
+    int pieces; /* the rank holds ZeRO-3's pieces of the weights, not the whole array */
+    int slots;  /* the model reads the weights from weight slots (gathered, or copied up from the host) */
 } qt_weights_place;
 
 extern const qt_weights_place qt_place_weights_resident, qt_place_weights_host, qt_place_weights_zero3,

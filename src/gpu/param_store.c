@@ -17,7 +17,8 @@
 #define SHARD_STAGE_ELEMS ((size_t)1 << 22) /* 16 MiB: a host gradient shard's chunk (copies of ~0.1-0.5 ms at PCIe rates) */
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
-static int zero3(const qt_param_store *ps) { return ps->plan.parallel.zero >= 3; }
+/* The rank holds ZeRO-3's pieces of the weights, not the whole array. */
+static int zero3(const qt_param_store *ps) { return ps->weights_place->pieces; }
 /* Bytes per gradient element in the slots and the host array (ZeRO-2/3: fp32, config.c refuses bf16). */
 static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->acc_dt); } /* a gradient slot's element */
 _Static_assert((int)QT_OPTIM_MASTER == (int)QT_OFF_MASTER && (int)QT_OPTIM_M == (int)QT_OFF_M && (int)QT_OPTIM_V == (int)QT_OFF_V,
@@ -41,7 +42,7 @@ static int streamed(const qt_param_store *ps) {
 /* Bucket b's slot at element delta from its bucket start (negative: its head margin). */
 static void *slot_at(const qt_param_store *ps, int b, ptrdiff_t delta) { return (char *)ps->grad_slot[b] + delta * (ptrdiff_t)ges(ps); }
 /* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
-static int slots(const qt_param_store *ps) { return ps->plan.parallel.zero >= 3 || ps->plan.weights.host; }
+static int slots(const qt_param_store *ps) { return ps->weights_place->slots; }
 static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
 
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, char *err, size_t errlen) {
@@ -63,7 +64,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, con
     ps->acc_dt = pl->precision.acc_dt;
     ps->grad_dt = pl->parallel.zero >= 2 ? QT_DT_F32 : ps->acc_dt;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
-    if (pl->parallel.zero >= 3 || pl->weights.host) ps->wslots = qt_wslots_create(L, sh);
+    if (slots(ps)) ps->wslots = qt_wslots_create(L, sh);
     if (pl->weights.e4m3) {
         QT_CHECK(pl->parallel.zero >= 3 || pl->weights.host, "parameter store: e4m3 weight codes without ZeRO-3 or offloaded weights (zero %d)",
                  pl->parallel.zero);
@@ -533,7 +534,7 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
     qt_adamw_args b = *a;
     b.g_at_state = ps->plan.parallel.zero >= 2; /* the gradient shard, indexed like m and v */
-    b.w_at_state = ps->plan.parallel.zero >= 3; /* ZeRO-3: the rank's bf16 pieces, too */
+    b.w_at_state = zero3(ps); /* ZeRO-3: the rank's bf16 pieces, too */
     b.stochastic |= ps->w_master_dt == QT_DT_BF16;
     qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->grad_dt, ps->clip, &b, s);
 }

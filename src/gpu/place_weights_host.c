@@ -40,5 +40,5 @@ static void free_host(qt_param_store *ps) {
     if (ps->plan.weights.e4m3) qt_pinned_free(ps->e4m3.w8);
 }
 
-const qt_weights_place qt_place_weights_host = {alloc_whole, carve_whole, zero, free_host};
-const qt_weights_place qt_place_weights_zero3_host = {alloc_pieces, carve_pieces, zero, free_host};
+const qt_weights_place qt_place_weights_host = {alloc_whole, carve_whole, zero, free_host, 0, 1};
+const qt_weights_place qt_place_weights_zero3_host = {alloc_pieces, carve_pieces, zero, free_host, 1, 1};

@@ -23,4 +23,4 @@ static void zero(qt_param_store *ps, cudaStream_t s) { qt_zero(ps->w, ps->shard.
 
 static void free_host(qt_param_store *ps) { (void)ps; }
 
-const qt_weights_place qt_place_weights_zero3 = {alloc_host, carve, zero, free_host};
+const qt_weights_place qt_place_weights_zero3 = {alloc_host, carve, zero, free_host, 1, 1};
