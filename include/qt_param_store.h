@@ -39,6 +39,8 @@ typedef struct {
 typedef struct {
     const qt_layout *L;   /* borrowed */
     const struct qt_weights_place *weights_place; /* where the weights live (qt_place.h), from the plan */
+    const struct qt_grads_place *grads_place;     /* where the gradients live */
+    const struct qt_opt_place *opt_place;         /* where the optimizer state lives */
     qt_plan plan;         /* where each item lives (weights, grads, optimizer), the dtypes, AdamW's settings */
     qt_shard shard;
     /* w [shard.total] (L->numel, padded for the ranks' equal pieces), ZeRO-3 [shard.len]; master, m, v

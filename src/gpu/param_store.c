@@ -11,34 +11,16 @@
 #include "qt_error.h"
 #include "qt_pinned.h"
 #include "qt_place.h"
-#include "qt_test_hooks.h"
 
 #define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
-#define SHARD_STAGE_ELEMS ((size_t)1 << 22) /* 16 MiB: a host gradient shard's chunk (copies of ~0.1-0.5 ms at PCIe rates) */
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 /* The rank holds ZeRO-3's pieces of the weights, not the whole array. */
 static int zero3(const qt_param_store *ps) { return ps->weights_place->pieces; }
 /* Bytes per gradient element in the slots and the host array (ZeRO-2/3: fp32, config.c refuses bf16). */
 static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->acc_dt); } /* a gradient slot's element */
-_Static_assert((int)QT_OPTIM_MASTER == (int)QT_OFF_MASTER && (int)QT_OPTIM_M == (int)QT_OFF_M && (int)QT_OPTIM_V == (int)QT_OFF_V,
-               "opt_host (memory.offload bits) is handed to qt_gpu_optim as its host_mask");
-/* Optimizer array k (0 master, 1 m, 2 v): its bytes per element (0: no master array), and its aligned bytes in
- * host_state (0 when it is not offloaded). */
-static size_t opt_es(const qt_param_store *ps, int k) {
-    return k == 0 ? (ps->w_master_dt == QT_DT_F32 ? 4 : 0) : qt_dtype_size(k == 1 ? ps->m_dt : ps->v_dt);
-}
-static size_t host_bytes(const qt_param_store *ps, int k) {
-    return ps->host_opt.opt_host >> k & 1 ? qt_mem_aligned(ps->shard.len * opt_es(ps, k)) : 0;
-}
-_Static_assert((int)QT_OPTIM_G == (int)QT_OFF_GRADIENTS && (int)QT_OPTIM_W == (int)QT_OFF_WEIGHTS, "streamed bits");
-/* What the offloaded optimizer streams through its slots (qt_gpu_optim's host_mask): the offloaded state
- * arrays, and the weights and gradients where they live in host memory too (the copy engines move them;
- * AdamW read them through the mapping before). 0: no slots (state on the device, or zero copy). */
-static int streamed(const qt_param_store *ps) {
-    if (!ps->plan.optimizer.host || ps->plan.optimizer.zero_copy) return 0;
-    return ps->host_opt.opt_host | (ps->plan.weights.host ? QT_OPTIM_W : 0) | (ps->plan.grads.host ? QT_OPTIM_G : 0);
-}
+/* The backward writes gradient slots (ZeRO-2/3, offloaded gradients), not the whole array. */
+static int grad_slots(const qt_param_store *ps) { return ps->grads_place->slots; }
 /* Bucket b's slot at element delta from its bucket start (negative: its head margin). */
 static void *slot_at(const qt_param_store *ps, int b, ptrdiff_t delta) { return (char *)ps->grad_slot[b] + delta * (ptrdiff_t)ges(ps); }
 /* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
@@ -48,93 +30,55 @@ static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, char *err, size_t errlen) {
     QT_CHECK((pl->parallel.zero >= 1) == (sh->n_ranks > 1) && pl->parallel.zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
              pl->parallel.zero, sh->n_ranks);
-    QT_CHECK(!pl->weights.host || sh->n_ranks == 1 || pl->parallel.zero >= 3, "parameter store: offloaded weights on a ZeRO-%d shard of %d "
-             "ranks (expected ZeRO-3: the rank's pieces)", pl->parallel.zero, sh->n_ranks);
-    QT_CHECK(!pl->grads.host || sh->n_ranks == 1 || pl->parallel.zero >= 2, "parameter store: offloaded gradients on a ZeRO-%d shard of %d "
-             "ranks (expected ZeRO-2 or 3: the rank's gradient shard)", pl->parallel.zero, sh->n_ranks);
     qt_param_store *ps = calloc(1, sizeof *ps);
     QT_CHECK(ps, "out of host memory");
     ps->L = L;
     ps->plan = *pl;
     ps->shard = *sh;
-    ps->weights_place = qt_place_weights_of(pl);
+    ps->weights_place = qt_place_weights_of(pl, sh->n_ranks);
+    ps->grads_place = qt_place_grads_of(pl, sh->n_ranks);
     ps->m_dt = pl->precision.m_dt;
     ps->v_dt = pl->precision.v_dt;
     ps->w_master_dt = pl->precision.master_dt;
     ps->acc_dt = pl->precision.acc_dt;
-    ps->grad_dt = pl->parallel.zero >= 2 ? QT_DT_F32 : ps->acc_dt;
+    ps->grad_dt = ps->grads_place->shard ? QT_DT_F32 : ps->acc_dt;
     ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
     if (slots(ps)) ps->wslots = qt_wslots_create(L, sh);
     if (pl->weights.e4m3) {
-        QT_CHECK(pl->parallel.zero >= 3 || pl->weights.host, "parameter store: e4m3 weight codes without ZeRO-3 or offloaded weights (zero %d)",
-                 pl->parallel.zero);
+        QT_CHECK(slots(ps), "parameter store: e4m3 weight codes without weight slots (ZeRO-3 or offloaded weights)");
         if (qt_small_params_init(&ps->e4m3.small, L, sh, err, errlen)) {
             qt_param_store_free(ps);
             return NULL;
         }
         qt_wslots_use_e4m3(ps->wslots);
     }
-    if (pl->parallel.zero >= 2 || pl->grads.host) {
+    if (grad_slots(ps)) {
         ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
         ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
         QT_CHECK(ps->grad_slot && ps->cross_at, "out of host memory");
         ps->grad_margin = 64 * (size_t)sh->n_ranks;
         if (find_crossings(ps, err, errlen)) {
-            snprintf(err + strlen(err), errlen - strlen(err), " (%s: %s)", pl->run.path,
-                     pl->grads.host ? "memory.offload: [gradients]" : pl->parallel.zero == 2 ? "parallel.zero: 2" : "parallel.zero: 3");
+            snprintf(err + strlen(err), errlen - strlen(err), " (%s: %s)", pl->run.path, ps->grads_place->key);
             qt_param_store_free(ps);
             return NULL;
         }
     }
-    if (!pl->optimizer.host) return ps;
-    ps->host_opt.opt_host = (pl->optimizer.mask ? pl->optimizer.mask : QT_OFF_OPTIMIZER) & (ps->w_master_dt == QT_DT_F32 ? QT_OFF_OPTIMIZER : QT_OFF_M | QT_OFF_V);
-    if (!ps->host_opt.opt_host) ps->plan.optimizer.host = 0; /* only a master named, and there is none (bf16) */
-    ps->host_opt.host_state_bytes = host_bytes(ps, 0) + host_bytes(ps, 1) + host_bytes(ps, 2);
-    (void)err, (void)errlen;
+    ps->opt_place = qt_place_opt_init(ps);
     return ps;
 }
 
 int qt_param_store_alloc_host(qt_param_store *ps, char *err, size_t errlen) {
     unsigned wc = ps->plan.memory.host_wc ? QT_PIN_WC : 0, mapped = QT_PIN_MAPPED;
-    if (ps->weights_place->alloc_host(ps, mapped | wc, err, errlen)) return -1;
-    /* gradients: one GPU the whole array, ZeRO-2/3 the rank's summed shard; the norm, AdamW and the zeroing
-     * kernels read and write them in place */
-    if (ps->plan.grads.host &&
-        qt_place_pin(&ps->grad, (ps->plan.parallel.zero >= 2 ? ps->shard.len : ps->shard.total) * qt_dtype_size(ps->grad_dt), mapped | wc,
-                     "memory.offload: [gradients]", ps->grad_dt == QT_DT_BF16 ? "the bf16 gradients" : "the fp32 gradients",
-                     "keep the gradients on the GPU", ps, err, errlen))
+    if (ps->weights_place->alloc_host(ps, mapped | wc, err, errlen) || ps->grads_place->alloc_host(ps, mapped | wc, err, errlen))
         return -1;
-    if (!ps->plan.optimizer.host) return 0;
-    size_t b0 = host_bytes(ps, 0), b1 = host_bytes(ps, 1);
-    /* the optimizer state: streamed through the slots, or (zero copy) read by AdamW's kernel in place */
-    if (qt_place_pin((void **)&ps->host_opt.host_state, ps->host_opt.host_state_bytes, (ps->plan.optimizer.zero_copy ? mapped : 0) | wc,
-                     "memory.offload_optimizer", "the optimizer state", "train without the offload", ps, err, errlen))
-        return -1;
-    /* the offloaded arrays here; the others were carved in the arena (bf16 master: none) */
-    if (ps->host_opt.opt_host & QT_OFF_MASTER) ps->master = (float *)ps->host_opt.host_state;
-    if (ps->host_opt.opt_host & QT_OFF_M) ps->m = ps->host_opt.host_state + b0;
-    if (ps->host_opt.opt_host & QT_OFF_V) ps->v = ps->host_opt.host_state + b0 + b1;
-    return 0;
+    return ps->opt_place->alloc_host(ps, mapped | wc, err, errlen);
 }
 
 void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
-    size_t n = ps->shard.total, ns = ps->shard.len;
     ps->weights_place->carve(ps, p);
-    if (ps->plan.parallel.zero >= 2 || ps->plan.grads.host) carve_grad_slots(ps, p);
-    else ps->grad = qt_mem_plan_carve(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16)" : "gradients (fp32)",
-                                      n * qt_dtype_size(ps->grad_dt));
-    int host = ps->plan.optimizer.host ? ps->host_opt.opt_host : 0; /* the offloaded arrays: alloc_host */
-    if (host) { /* zero copy: AdamW works on the host arrays, no slots */
-        if (!ps->plan.optimizer.zero_copy)
-            ps->host_opt.opt_slots = qt_mem_plan_carve(p, "optimizer slots (offload)", qt_gpu_optim_slot_bytes(ps->plan.optimizer.chunk,
-                                                                                   streamed(ps), ps->m_dt, ps->v_dt, ps->grad_dt));
-        qt_mem_plan_host(p, "offloaded optimizer state", ps->host_opt.host_state_bytes);
-    }
-    if (ps->w_master_dt == QT_DT_F32 && !(host & QT_OFF_MASTER)) ps->master = qt_mem_plan_carve(p, "master weights (fp32)", ns * 4);
-    if (!(host & QT_OFF_M))
-        ps->m = qt_mem_plan_carve(p, ps->m_dt == QT_DT_BF16 ? "adam m (bf16)" : "adam m (fp32)", ns * qt_dtype_size(ps->m_dt));
-    if (!(host & QT_OFF_V))
-        ps->v = qt_mem_plan_carve(p, ps->v_dt == QT_DT_BF16 ? "adam v (bf16)" : "adam v (fp32)", ns * qt_dtype_size(ps->v_dt));
+    ps->grads_place->carve(ps, p);
+    if (grad_slots(ps)) carve_grad_slots(ps, p);
+    ps->opt_place->carve(ps, p);
     ps->sumsq = qt_mem_plan_carve(p, "scratch: gradients", (size_t)ps->shard.n_ranks * ps->shard.n_buckets * 8);
     ps->norm = qt_mem_plan_carve(p, "scratch: gradients", 4);
     ps->clip = qt_mem_plan_carve(p, "scratch: gradients", 4);
@@ -145,17 +89,7 @@ void qt_param_store_carve(qt_param_store *ps, qt_mem_plan *p) {
         ps->comm_buf = qt_mem_plan_carve(p, "gradient comm buffer (bf16)", big * 2);
     }
     ps->staging = qt_mem_plan_carve(p, "load staging (fp32)", ps->stage_n * 4);
-    if (ps->plan.parallel.zero >= 2 && ps->plan.grads.host) {
-        size_t big = 0; /* the largest piece, at most a chunk */
-        for (int b = 0; b < ps->shard.n_buckets; b++) {
-            size_t off, len, st;
-            qt_shard_piece(&ps->shard, b, &off, &len, &st);
-            big = len > big ? len : big;
-        }
-        size_t chunk = qt_test_hooks_get()->grad_stage_elems > 0 ? (size_t)qt_test_hooks_get()->grad_stage_elems : SHARD_STAGE_ELEMS;
-        ps->host_grad.shard_stage_n = big < chunk ? big : chunk;
-        ps->host_grad.shard_stage = qt_mem_plan_carve(p, "gradient shard staging (fp32)", qt_host_shard_slot_bytes(ps->host_grad.shard_stage_n));
-    }
+    ps->grads_place->carve_stage(ps, p);
 }
 
 /* ZeRO-2, embed_apart: the buckets of embeddings only, which nothing writes (no slot). */
@@ -219,16 +153,11 @@ static int find_crossings(qt_param_store *ps, char *err, size_t errlen) {
     return rc;
 }
 
-/* ZeRO-2: the rank's gradient shard, the slots of the buckets with embedding or LM-head elements and
- * QT_GRAD_SLOTS shared slots of the largest other bucket, each between margins (see qt_param_store.h). */
+/* The gradient slots: those of the buckets with embedding or LM-head elements and QT_GRAD_SLOTS shared slots of
+ * the largest other bucket, each between margins (see qt_param_store.h). */
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
     const qt_shard *sh = &ps->shard;
     size_t M = ps->grad_margin, big = 0;
-    if (ps->plan.grads.host && ps->plan.parallel.zero >= 2) qt_mem_plan_host(p, "gradients (fp32 shard, offloaded)", sh->len * 4);
-    else if (ps->plan.grads.host) /* alloc_host */
-        qt_mem_plan_host(p, ps->grad_dt == QT_DT_BF16 ? "gradients (bf16, offloaded)" : "gradients (fp32, offloaded)",
-                         sh->total * ges(ps));
-    else ps->grad = qt_mem_plan_carve(p, "gradients (fp32 shard)", sh->len * 4);
     for (int b = 0; b < sh->n_buckets; b++)
         if (qt_param_grad_slot_shared(ps, b) >= 0 && sh->bucket[b + 1] - sh->bucket[b] > big)
             big = sh->bucket[b + 1] - sh->bucket[b];
@@ -302,7 +231,7 @@ int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
 void *qt_param_grad_slot(const qt_param_store *ps, int b) { return ps->grad_slot[b]; }
 
 void *qt_param_g(const qt_param_store *ps, size_t off) {
-    if (ps->plan.parallel.zero < 2 && !ps->plan.grads.host) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
+    if (!grad_slots(ps)) return (char *)ps->grad + off * qt_dtype_size(ps->grad_dt);
     const size_t *bk = ps->shard.bucket;
     int lo = 0, hi = ps->shard.n_buckets - 1; /* the last bucket with bk[b] <= off */
     while (lo < hi) {
@@ -319,7 +248,7 @@ void *qt_param_g(const qt_param_store *ps, size_t off) {
 void *qt_param_grad_piece(const qt_param_store *ps, int b) {
     size_t off, len, st;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
-    return (char *)ps->grad + (ps->plan.parallel.zero >= 2 ? st : off) * qt_dtype_size(ps->grad_dt);
+    return (char *)ps->grad + (ps->grads_place->shard ? st : off) * qt_dtype_size(ps->grad_dt);
 }
 
 void qt_param_grad_piece_add(const qt_param_store *ps, int b, const void *src, qt_dtype dt, size_t len, cudaStream_t s) {
@@ -335,28 +264,7 @@ void qt_param_grad_piece_fresh(const qt_param_store *ps, int b, cudaStream_t s) 
     qt_host_shard_fresh(ps->host_grad.gshard, b, qt_param_grad_piece(ps, b), len, s);
 }
 
-void qt_param_get_grads(const qt_param_store *ps, float *g) {
-    size_t n = ps->L->numel;
-    if (ps->plan.parallel.zero >= 2 || (ps->plan.grads.host && ps->grad_dt == QT_DT_F32)) { /* fp32 shard, or offloaded fp32 */
-        for (int k = 0; k < ps->shard.n_buckets; k++) {
-            size_t off, len, st;
-            qt_shard_piece(&ps->shard, k, &off, &len, &st);
-            size_t np = qt_shard_params(off, len, n);
-            if (ps->host_grad.gshard && qt_host_shard_cleared(ps->host_grad.gshard, k)) memset(g + off, 0, np * 4); /* what the piece reads as */
-            else QT_CUDA(cudaMemcpy(g + off, (float *)ps->grad + st, np * 4, cudaMemcpyDefault));
-        }
-        return;
-    }
-    if (ps->grad_dt == QT_DT_F32) {
-        QT_CUDA(cudaMemcpy(g, ps->grad, n * 4, cudaMemcpyDefault));
-        return;
-    }
-    uint16_t *h = malloc(n * 2 + 1); /* bf16 gradients: their exact fp32 values */
-    QT_CHECK(h, "out of host memory (%zu bf16 gradients)", n);
-    QT_CUDA(cudaMemcpy(h, ps->grad, n * 2, cudaMemcpyDefault));
-    for (size_t i = 0; i < n; i++) g[i] = qt_bf16_to_f32(h[i]);
-    free(h);
-}
+void qt_param_get_grads(const qt_param_store *ps, float *g) { ps->grads_place->get(ps, g); }
 
 /* dst[0, n) (bf16, device) = RNE(host[0, n)), through the staging buffer. */
 static void upload_run(qt_param_store *ps, const float *host, void *dst, size_t n, cudaStream_t s) {
@@ -410,7 +318,7 @@ static void make_optimizer(qt_param_store *ps) {
         }
     }
     int groups = ps->plan.optimizer.ahead ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
-    int host = streamed(ps);
+    int host = ps->opt_place->streamed(ps);
     ps->opt = qt_gpu_optim_create(t, nt, start, groups, ps->master, ps->m, ps->m_dt, ps->v, ps->v_dt, ps->grad_dt,
                                   host ? ps->host_opt.opt_slots : NULL, ps->plan.optimizer.chunk, host);
     free(t);
@@ -419,12 +327,10 @@ static void make_optimizer(qt_param_store *ps) {
 
 int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream_t s, char *err, size_t errlen) {
     const qt_shard *sp = &ps->shard;
-    size_t n = ps->L->numel, ns = sp->len, chunk = qt_weight_src_chunk(ps->L);
-    int host = ps->plan.optimizer.host ? ps->host_opt.opt_host : 0, rc = 0; /* those: zeroed at allocation */
+    size_t n = ps->L->numel, chunk = qt_weight_src_chunk(ps->L);
+    int rc = 0;
     ps->weights_place->zero(ps, s); /* the padding stays zero */
-    if (ps->master && !(host & QT_OFF_MASTER)) qt_zero(ps->master, ns * 4, s);
-    if (!(host & QT_OFF_M)) qt_zero(ps->m, ns * qt_dtype_size(ps->m_dt), s);
-    if (!(host & QT_OFF_V)) qt_zero(ps->v, ns * qt_dtype_size(ps->v_dt), s);
+    ps->opt_place->zero(ps, s);     /* the offloaded arrays: zeroed at allocation */
     float *buf = malloc((chunk ? chunk : 1) * sizeof *buf); /* the plan's "weight init buffer" row */
     if (!buf) return qt_errf(err, errlen, "out of host memory for the %.1f MiB weight init buffer", chunk * 4 / 1048576.0);
     /* the source's ranges this rank keeps: ZeRO-3 its pieces only (a range of the hashed init, or of a file,
@@ -453,13 +359,9 @@ int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream
     QT_CUDA(cudaStreamSynchronize(s));
     free(buf);
     if (rc) return -1;
-    if (ps->plan.parallel.zero >= 2 || ps->plan.grads.host) {
-        if (!ps->plan.grads.host) qt_zero(ps->grad, ns * 4, s); /* fp32 (offloaded: zeroed at allocation) */
-        for (int b = 0; b < sp->n_buckets; b++)
-            if (ps->grad_slot[b]) qt_param_grad_slot_zero(ps, b, s);
-    } else {
-        qt_zero(ps->grad, sp->total * qt_dtype_size(ps->grad_dt), s);
-    }
+    ps->grads_place->zero(ps, s);
+    for (int b = 0; grad_slots(ps) && b < sp->n_buckets; b++)
+        if (ps->grad_slot[b]) qt_param_grad_slot_zero(ps, b, s);
     make_optimizer(ps);
     if (ps->host_grad.shard_stage) ps->host_grad.gshard = qt_host_shard_create(ps->shard.n_buckets, ps->host_grad.shard_stage, ps->host_grad.shard_stage_n);
     if (slots(ps)) qt_wslots_start(ps->wslots);
@@ -473,7 +375,7 @@ void qt_param_store_free(qt_param_store *ps) {
     qt_wslots_free(ps->wslots);
     qt_pinned_free(ps->host_opt.host_state);
     ps->weights_place->free_host(ps);
-    if (ps->plan.grads.host) qt_pinned_free(ps->grad);
+    ps->grads_place->free_host(ps);
     qt_small_params_free(&ps->e4m3.small);
     free(ps->grad_slot);
     free(ps->cross_at);
@@ -533,18 +435,14 @@ void qt_param_opt_buckets(const qt_param_store *ps, int i, int *k0, int *k1) {
 /* A bf16 master always rounds stochastically: with RNE an update below half a bf16 ulp would be lost. */
 void qt_param_opt_step(qt_param_store *ps, int i, const qt_adamw_args *a, cudaStream_t s) {
     qt_adamw_args b = *a;
-    b.g_at_state = ps->plan.parallel.zero >= 2; /* the gradient shard, indexed like m and v */
+    b.g_at_state = ps->grads_place->shard; /* the gradient shard, indexed like m and v */
     b.w_at_state = zero3(ps); /* ZeRO-3: the rank's bf16 pieces, too */
     b.stochastic |= ps->w_master_dt == QT_DT_BF16;
     qt_gpu_optim_step(ps->opt, i, ps->w, ps->grad, ps->grad_dt, ps->clip, &b, s);
 }
 
 void qt_param_zero_grads(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
-    size_t lo = ps->shard.bucket[k0], hi = ps->shard.bucket[k1], n = (size_t)ps->shard.n_ranks;
-    if (ps->host_grad.gshard) qt_host_shard_clear(ps->host_grad.gshard, k0, k1); /* no pass over host memory: marked */
-    else if (ps->plan.grads.host) qt_fill((char *)ps->grad + lo * ges(ps), ps->grad_dt, 0.0f, hi - lo, s); /* a kernel, not a memset */
-    else if (ps->plan.parallel.zero >= 2) qt_zero((float *)ps->grad + lo / n, (hi - lo) / n * 4, s); /* the slots are zero already */
-    else qt_zero(qt_param_g(ps, lo), (hi - lo) * qt_dtype_size(ps->grad_dt), s);
+    ps->grads_place->clear(ps, k0, k1, s);
 }
 
 /* n fp32 values from the master (fp32) or the bf16 weights at flat index off (the exact value of each). */
