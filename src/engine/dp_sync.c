@@ -35,11 +35,28 @@ typedef struct {
  * last of a sharded step, which leaves its embedding lookups out (add_lookups adds every rank's). */
 enum { MS_SUMS = 1, MS_WAITS = 2, MS_LOOKUPS = 4, MS_KINDS = 8 };
 
+/* How the gradients' sums are made, chosen once from the gradients' placement: the whole array (one GPU: no sum;
+ * ranks: all-reduced or reduce-scattered at the step's end or overlapped with the last backward), ZeRO-2/3's slots
+ * summed into the rank's shard every micro-step, or one GPU's offloaded slots stored to host every micro-step. */
+typedef struct grad_sync {
+    /* grads_ready: the buckets [b, sent) became final (lookups: and the lookups are due; from: grads_ready's) */
+    void (*ready)(struct qt_dp_sync *d, int b, int lookups, size_t from);
+    void (*before)(struct qt_dp_sync *d); /* before each micro-step (NULL: nothing) */
+    void (*reduce)(struct qt_dp_sync *d); /* qt_dp_sync_reduce, before the norm: the sums not made yet */
+    void (*wait)(struct qt_dp_sync *d);   /* the model's stream waits for the last micro-step's sums (stores) */
+    void (*init)(struct qt_dp_sync *d);   /* its events and streams (NULL: none) */
+    void (*fini)(struct qt_dp_sync *d);
+    int every_micro; /* every micro-step sums (stores) its buckets as the backward releases them */
+    int margins;     /* the slots' margin and table-tail adds come before their sums */
+    int aside;       /* the sums (stores) always run on the side stream */
+} grad_sync;
+
 struct qt_dp_sync {
     qt_gpu_model *g;        /* borrowed */
     qt_param_store *ps;     /* g's */
     const qt_layout *L;
     qt_plan plan;
+    const grad_sync *gsync; /* how the gradients are summed (from the plan) */
     float grad_clip;
     qt_comm *comm;          /* borrowed; NULL with one GPU */
     qt_internode *nodes;    /* borrowed; NULL on one machine: after the node's sum each piece is summed over the nodes */
@@ -207,7 +224,7 @@ static void gathers_join(qt_dp_sync *d, cudaStream_t s) {
  * enqueued so far (overlap, offloaded gradients' stores), else the model's (ZeRO-2 without overlap: in
  * the backward's order). */
 static cudaStream_t sums_stream(qt_dp_sync *d) {
-    if (!d->plan.parallel.overlap && !d->plan.grads.host_one) return d->g->stream;
+    if (!d->plan.parallel.overlap && !d->gsync->aside) return d->g->stream;
     side_follows(d);
     return d->side;
 }
@@ -223,7 +240,7 @@ static void send_embedding(void *ctx) {
     if (!k) return;
     d->early = k;
     if (d->ps->plan.grads.embed_apart) return; /* ZeRO-2: no gradient there but the lookups (+= 0 changes no bit) */
-    if (d->plan.grads.sharded && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
+    if (d->gsync->margins && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
     cudaStream_t cs = sums_stream(d);
     for (int b = 0; b < k; b++) reduce_bucket(d, b, cs);
 }
@@ -352,32 +369,56 @@ static void grads_ready(void *ctx, size_t from) {
     int b = qt_shard_final_from(&d->ps->shard, from), lookups = from == 0 && d->lookups_due;
     if (b < d->early) b = d->early;
     if (b >= d->sent && !lookups) return;
-    if (d->plan.grads.host_one) {
-        host_grads_ready(d, b);
-        return;
-    }
-    if (d->plan.grads.sharded) slots_ready(d, b);
+    d->gsync->ready(d, b, lookups, from);
+}
+
+/* The whole array's sums: the buckets [b, sent) summed on the sums stream (descending), then the lookups when
+ * due; the step's end (from 0) owes nothing more. Returns the sums stream. */
+static cudaStream_t whole_ready_on(qt_dp_sync *d, int b, int lookups, size_t from) {
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) reduce_bucket(d, --d->sent, cs);
     if (lookups) add_lookups(d, cs);
     if (from == 0) d->sent = d->early = d->lookups_due = d->tail_done = 0;
-    if (from == 0 && d->plan.grads.sharded) {
+    return cs;
+}
+
+static void whole_ready(qt_dp_sync *d, int b, int lookups, size_t from) { whole_ready_on(d, b, lookups, from); }
+
+/* ZeRO-2/3: the slots made ready, summed into the shard; every micro-step owes nothing afterwards (sent back to
+ * n_buckets), the shard whole once sums_ev is reached (overlapped). */
+static void shard_ready(qt_dp_sync *d, int b, int lookups, size_t from) {
+    slots_ready(d, b);
+    cudaStream_t cs = whole_ready_on(d, b, lookups, from);
+    if (from == 0) {
         d->sent = d->ps->shard.n_buckets;
         if (d->plan.parallel.overlap) QT_CUDA(cudaEventRecord(d->sums_ev, cs));
     }
 }
 
-/* ZeRO-2 overlapped: the model's stream waits for the last micro-step's sums (its slots and shard);
- * offloaded gradients: for the last micro-step's stores (its slots and the host gradients). */
-static void sums_wait(qt_dp_sync *d) {
-    if ((d->plan.grads.sharded && d->plan.parallel.overlap) || d->plan.grads.host_one)
-        QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
+static void host_ready(qt_dp_sync *d, int b, int lookups, size_t from) {
+    (void)lookups, (void)from;
+    host_grads_ready(d, b);
 }
+
+static void no_wait(qt_dp_sync *d) { (void)d; }
+
+/* ZeRO-2 overlapped: the model's stream waits for the last micro-step's sums (its slots and shard). */
+static void shard_wait(qt_dp_sync *d) {
+    if (d->plan.parallel.overlap) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0));
+}
+
+/* Offloaded gradients: the model's stream waits for the last micro-step's stores (its slots and the host
+ * gradients). */
+static void host_wait(qt_dp_sync *d) { QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->sums_ev, 0)); }
+
+static void sums_wait(qt_dp_sync *d) { d->gsync->wait(d); }
+
+static const grad_sync host_sync;
 
 /* sums_wait before the norm and AdamW (a planted bug skips it with offloaded gradients). */
 static void adamw_wait(qt_dp_sync *d) {
 #ifdef QT_MUTANTS
-    if (d->plan.grads.host_one && qt_mutant_on(QT_MUT_ADAMW_NO_STORE_WAIT)) return;
+    if (d->gsync == &host_sync && qt_mutant_on(QT_MUT_ADAMW_NO_STORE_WAIT)) return;
 #endif
     sums_wait(d);
 }
@@ -694,10 +735,9 @@ static void capture(qt_dp_sync *d, graph_set *gs, const qt_gpu_step_args *a, int
 
 void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     const qt_plan *p = &d->plan;
-    if (p->grads.sharded || p->grads.host_one) last = 1; /* every micro-step sums (stores) its buckets as the backward
-                                                      * releases them */
-    if (p->grads.host_one) host_grads_load(d);
-    int kind = (last && (p->parallel.overlap || p->grads.sharded || p->grads.host_one) ? MS_SUMS : 0) | (last && p->parallel.lookups ? MS_LOOKUPS : 0) |
+    if (d->gsync->every_micro) last = 1;
+    if (d->gsync->before) d->gsync->before(d);
+    int kind = (last && (p->parallel.overlap || d->gsync->every_micro) ? MS_SUMS : 0) | (last && p->parallel.lookups ? MS_LOOKUPS : 0) |
                (d->gathered < d->ps->shard.n_buckets ? MS_WAITS : 0);
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
@@ -748,6 +788,69 @@ void qt_dp_sync_backward_rows(qt_dp_sync *d, const float *row_scale, int last) {
     qt_gpu_model_backward_rows_with(d->g, row_scale, &a);
 }
 
+/* Offloaded gradients: stored to host during the micro-steps; the own slots zeroed for the next step. */
+static void host_reduce(qt_dp_sync *d) {
+    qt_param_store *ps = d->ps;
+    adamw_wait(d);
+    for (int b = 0; b < ps->shard.n_buckets; b++)
+        if (qt_param_grad_slot_shared(ps, b) < 0) qt_param_grad_slot_zero(ps, b, d->g->stream);
+    d->host_grads.grad_micro = 0;
+}
+
+/* ZeRO-2/3: summed into the shard during the micro-steps. */
+static void shard_reduce(qt_dp_sync *d) { sums_wait(d); }
+
+/* Ranks with the whole array: the sums handed to the side stream by the last backward, or all of them now. */
+static void whole_reduce(qt_dp_sync *d) {
+    const qt_shard *sh = &d->ps->shard;
+    cudaStream_t s = d->g->stream;
+    if (d->sent < sh->n_buckets) {
+        QT_CHECK(d->sent == 0, "rank %d: the backward handed over buckets %d.. of %d only", d->plan.parallel.rank, d->sent,
+                 sh->n_buckets);
+        QT_CUDA(cudaEventRecord(d->side_ev, d->side));
+        QT_CUDA(cudaStreamWaitEvent(s, d->side_ev, 0));
+    } else {
+        qt_gpu_model_mark(d->g, "optimizer: gradient sum");
+        for (int b = sh->n_buckets - 1; b >= 0; b--) reduce_bucket(d, b, s);
+        if (d->lookups_due) add_lookups(d, s); /* as the overlapped sums do: the same bits */
+        d->lookups_due = 0;
+    }
+    d->sent = sh->n_buckets;
+}
+
+/* One GPU: nothing to sum. */
+static void one_reduce(qt_dp_sync *d) { (void)d; }
+
+static void slot_events_init(qt_dp_sync *d) {
+    for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->slot_ev[k], cudaEventDisableTiming));
+    QT_CUDA(cudaEventCreateWithFlags(&d->sums_ev, cudaEventDisableTiming));
+}
+
+static void slot_events_fini(qt_dp_sync *d) {
+    for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
+    QT_CUDA(cudaEventDestroy(d->sums_ev));
+}
+
+static void host_init(qt_dp_sync *d) {
+    slot_events_init(d);
+    QT_CUDA(cudaStreamCreateWithFlags(&d->host_grads.gup, cudaStreamNonBlocking));
+    for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->host_grads.stored_ev[k], cudaEventDisableTiming));
+    QT_CUDA(cudaEventCreateWithFlags(&d->host_grads.gup_ev, cudaEventDisableTiming));
+}
+
+static void host_fini(qt_dp_sync *d) {
+    slot_events_fini(d);
+    QT_CUDA(cudaStreamSynchronize(d->host_grads.gup));
+    QT_CUDA(cudaStreamDestroy(d->host_grads.gup));
+    for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->host_grads.stored_ev[k]));
+    QT_CUDA(cudaEventDestroy(d->host_grads.gup_ev));
+}
+
+static const grad_sync one_sync = {whole_ready, NULL, one_reduce, no_wait, NULL, NULL, 0, 0, 0};
+static const grad_sync whole_sync = {whole_ready, NULL, whole_reduce, no_wait, NULL, NULL, 0, 0, 0};
+static const grad_sync shard_sync = {shard_ready, NULL, shard_reduce, shard_wait, slot_events_init, slot_events_fini, 1, 1, 0};
+static const grad_sync host_sync = {host_ready, host_grads_load, host_reduce, host_wait, host_init, host_fini, 1, 0, 1};
+
 /* Gradients summed over the ranks (data parallel; already on the side stream when the last micro-step
  * handed the buckets over), then the norm and clip scale. Sharded (ZeRO-1): each rank has the sums of
  * its pieces only; the norm adds every rank's pieces' sums of squares in order. */
@@ -757,27 +860,7 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     const qt_shard *sh = &ps->shard;
     cudaStream_t s = g->stream;
     int rank = d->plan.parallel.rank;
-    if (d->plan.grads.host_one) { /* stored to host during the micro-steps; the own slots zeroed for the next step */
-        adamw_wait(d);
-        for (int b = 0; b < sh->n_buckets; b++)
-            if (qt_param_grad_slot_shared(ps, b) < 0) qt_param_grad_slot_zero(ps, b, s);
-        d->host_grads.grad_micro = 0;
-    } else if (d->plan.grads.sharded) {
-        sums_wait(d); /* summed into the shard during the micro-steps */
-    } else if (d->plan.parallel.dp != QT_DP_ONE) {
-        if (d->sent < sh->n_buckets) {
-            QT_CHECK(d->sent == 0, "rank %d: the backward handed over buckets %d.. of %d only", rank, d->sent,
-                     sh->n_buckets);
-            QT_CUDA(cudaEventRecord(d->side_ev, d->side));
-            QT_CUDA(cudaStreamWaitEvent(s, d->side_ev, 0));
-        } else {
-            qt_gpu_model_mark(g, "optimizer: gradient sum");
-            for (int b = sh->n_buckets - 1; b >= 0; b--) reduce_bucket(d, b, s);
-            if (d->lookups_due) add_lookups(d, s); /* as the overlapped sums do: the same bits */
-            d->lookups_due = 0;
-        }
-        d->sent = sh->n_buckets;
-    }
+    d->gsync->reduce(d);
     for (int b = 0; b < sh->n_buckets; b++) qt_param_grad_piece_fresh(ps, b, s); /* a piece no sum wrote: zeros */
     qt_gpu_model_mark(g, "optimizer: gradient norm");
     if (d->world_sumsq) {
@@ -858,6 +941,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
                       .test.sum_delay_ms = th->dp_sum_delay_ms,
                       .test.read_delay_ms = th->zero3_read_delay_ms, .test.fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
                       .test.fail_gather = th->dp_fail_gather};
+    d->gsync = p->grads.host_one ? &host_sync : p->grads.sharded ? &shard_sync : p->parallel.dp != QT_DP_ONE ? &whole_sync : &one_sync;
     d->wait_hooks = (qt_param_hooks){.weights_needed = p->weights.slots ? z3_forward : p->weights.ahead ? weights_wait : NULL,
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
@@ -868,15 +952,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
         QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
         QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));
     }
-    if (p->grads.sharded || p->grads.host_one) {
-        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->slot_ev[k], cudaEventDisableTiming));
-        QT_CUDA(cudaEventCreateWithFlags(&d->sums_ev, cudaEventDisableTiming));
-    }
-    if (p->grads.host_one) {
-        QT_CUDA(cudaStreamCreateWithFlags(&d->host_grads.gup, cudaStreamNonBlocking));
-        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventCreateWithFlags(&d->host_grads.stored_ev[k], cudaEventDisableTiming));
-        QT_CUDA(cudaEventCreateWithFlags(&d->host_grads.gup_ev, cudaEventDisableTiming));
-    }
+    if (d->gsync->init) d->gsync->init(d);
     if (p->weights.ahead) {
         d->ag_ev = calloc((size_t)sh->n_buckets, sizeof *d->ag_ev);
         QT_CHECK(d->ag_ev, "out of host memory");
@@ -918,15 +994,7 @@ void qt_dp_sync_free(qt_dp_sync *d) {
         QT_CUDA(cudaEventDestroy(d->wslots.gside_ev));
     }
     for (int k = 0; d->plan.weights.ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
-    int slots = d->plan.grads.sharded || d->plan.grads.host_one;
-    for (int k = 0; slots && k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->slot_ev[k]));
-    if (slots) QT_CUDA(cudaEventDestroy(d->sums_ev));
-    if (d->plan.grads.host_one) {
-        QT_CUDA(cudaStreamSynchronize(d->host_grads.gup));
-        QT_CUDA(cudaStreamDestroy(d->host_grads.gup));
-        for (int k = 0; k < QT_GRAD_SLOTS; k++) QT_CUDA(cudaEventDestroy(d->host_grads.stored_ev[k]));
-        QT_CUDA(cudaEventDestroy(d->host_grads.gup_ev));
-    }
+    if (d->gsync->fini) d->gsync->fini(d);
     free(d->ag_ev);
     if (d->world_sumsq) QT_CUDA(cudaFree(d->world_sumsq));
 #ifdef QT_MUTANTS
