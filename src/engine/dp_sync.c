@@ -51,12 +51,24 @@ typedef struct grad_sync {
     int aside;       /* the sums (stores) always run on the side stream */
 } grad_sync;
 
+/* How the weight slots are filled, chosen once from the weights' placement (plan.weights.slots; NULL otherwise):
+ * one GPU copies a bucket up from the pinned host array; ZeRO-3 all-gathers the ranks' pieces from their GPUs, or
+ * (offloaded pieces) from their pinned host memory. */
+typedef struct slot_fill {
+    /* every rank's n bf16 elements at mine gathered into dst on s: 0, or nonzero when the collective aborted;
+     * NULL: one GPU, the bucket is copied up */
+    int (*gather)(struct qt_dp_sync *d, void *dst, const void *mine, size_t n, cudaStream_t s);
+    int staged; /* the pieces live in host memory: their e4m3 codes are made in a slot on the GPU */
+    int gside;  /* the shared slots' fills on a stream of their own: 1 always, 2 with parallel.overlap_comm */
+} slot_fill;
+
 struct qt_dp_sync {
     qt_gpu_model *g;        /* borrowed */
     qt_param_store *ps;     /* g's */
     const qt_layout *L;
     qt_plan plan;
     const grad_sync *gsync; /* how the gradients are summed (from the plan) */
+    const slot_fill *wfill; /* how the weight slots are filled (from the plan; NULL: no weight slots) */
     float grad_clip;
     qt_comm *comm;          /* borrowed; NULL with one GPU */
     qt_internode *nodes;    /* borrowed; NULL on one machine: after the node's sum each piece is summed over the nodes */
@@ -459,6 +471,19 @@ static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cu
              "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
 }
 
+/* ZeRO-3: the pieces from the ranks' GPUs. */
+static int gather_device(qt_dp_sync *d, void *dst, const void *mine, size_t n, cudaStream_t s) {
+    return qt_comm_all_gather(d->comm, d->plan.parallel.rank, dst, mine, n, QT_DT_BF16, s);
+}
+
+/* ZeRO-3 with the pieces offloaded: every rank's copy engines pull them from the ranks' pinned host memory
+ * (qt_comm_all_gather_host, the same for every transport: no peer kernel or host staging reads them). */
+static int gather_host(qt_dp_sync *d, void *dst, const void *mine, size_t n, cudaStream_t s) {
+    return qt_comm_all_gather_host(d->comm, d->plan.parallel.rank, dst, mine, n, QT_DT_BF16, s);
+}
+
+static const slot_fill fill_copy_up = {NULL, 1, 1}, fill_zero3 = {gather_device, 0, 0}, fill_zero3_host = {gather_host, 1, 2};
+
 /* e4m3 weight codes (parallel.gather_dtype e4m3, memory.offload quants), a layer bucket b into a shared slot on
  * s. ZeRO-3: the block matrices' e4m3 codes into
  * dst8 (every rank's piece of the bucket's codes, two per bf16 element: pieces are multiples of 64), the
@@ -473,7 +498,7 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
     size_t off, len, st, lo = sh->bucket[b], nb = sh->bucket[b + 1] - lo, P = m->packed[b];
     int rank = d->plan.parallel.rank, n = sh->n_ranks;
     qt_shard_piece(sh, b, &off, &len, &st);
-    if (d->plan.weights.host_one) { /* one GPU (memory.offload quants): the codes, then the small params, copied up */
+    if (!d->wfill->gather) { /* one GPU (memory.offload quants): the codes, then the small params, copied up */
         QT_CUDA(cudaMemcpyAsync(dst8, ps->e4m3.w8 + st, nb, cudaMemcpyHostToDevice, s));
         for (int i = 0; i < m->n_seg[b]; i++) {
             qt_flat_range g = m->seg[b][i];
@@ -483,8 +508,7 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
         return;
     }
     const void *mine8 = ps->e4m3.w8 + st;
-    int rc = d->plan.weights.host_shard ? qt_comm_all_gather_host(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s)
-                                        : qt_comm_all_gather(d->comm, rank, dst8, mine8, nb / 2, QT_DT_BF16, s);
+    int rc = d->wfill->gather(d, dst8, mine8, nb / 2, s);
     QT_CHECK(rc == 0, "rank %d: e4m3 weight all-gather of bucket %d aborted (another rank failed)", rank, b);
     const uint16_t *got = small_of(d, b);
     for (int r = 0; r < n; r++) {
@@ -544,7 +568,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     const qt_layout *L = d->L;
     qt_param_store *ps = d->ps;
     size_t off, len, st, lo = ps->shard.bucket[b], hi = ps->shard.bucket[b + 1];
-    int ml[64], mk[64], cnt = 0, staged = d->plan.weights.host_shard || d->plan.weights.host_one;
+    int ml[64], mk[64], cnt = 0, staged = d->wfill->staged;
     qt_shard_piece(&ps->shard, b, &off, &len, &st);
     const uint16_t *w = (const uint16_t *)ps->w + st;
     uint8_t *w8 = ps->e4m3.w8 + st;
@@ -569,7 +593,7 @@ static void refresh_codes(qt_dp_sync *d, int b, cudaStream_t s) {
     }
     if (cnt) codes_of(d, ml, mk, cnt, off, len, w, w8, s);
     if (staged && len) QT_CUDA(cudaMemcpyAsync(ps->e4m3.w8 + st, w8, len, cudaMemcpyDeviceToHost, s));
-    if (!d->plan.weights.host_one) small_gather(d, b, w, off, s); /* ZeRO-3 */
+    if (d->wfill->gather) small_gather(d, b, w, off, s); /* ZeRO-3 */
 }
 
 /* Bucket b's whole bf16 weights into dst on s: ZeRO-3 all-gathers every rank's piece of it (offloaded
@@ -585,17 +609,16 @@ static void fill_bucket(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream_
     size_t off, len, st, n = sh->bucket[b + 1] - sh->bucket[b];
     int rank = d->plan.parallel.rank;
     qt_shard_piece(sh, b, &off, &len, &st);
-    if (d->plan.weights.host_one) {
+    if (!d->wfill->gather) {
         QT_CUDA(cudaMemcpyAsync(dst, (uint16_t *)d->ps->w + st, n * 2, cudaMemcpyHostToDevice, s));
         return;
     }
 #ifdef QT_MUTANTS
-    int stale = qt_mutant_on(QT_MUT_Z3_STALE_FILL) && d->plan.weights.host_shard;
+    int stale = qt_mutant_on(QT_MUT_Z3_STALE_FILL) && d->wfill->staged;
     if (stale && stale_fill(d, b, dst, s)) return;
 #endif
     const void *mine = (uint16_t *)d->ps->w + st;
-    int rc = d->plan.weights.host_shard ? qt_comm_all_gather_host(d->comm, rank, dst, mine, n, QT_DT_BF16, s)
-                                        : qt_comm_all_gather(d->comm, rank, dst, mine, n, QT_DT_BF16, s);
+    int rc = d->wfill->gather(d, dst, mine, n, s);
     QT_CHECK(rc == 0,
              "rank %d: weight all-gather of bucket %d aborted (another rank failed)", rank, b);
 #ifdef QT_MUTANTS
@@ -942,6 +965,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
                       .test.read_delay_ms = th->zero3_read_delay_ms, .test.fail_rank = th->dp_fail_gather > 0 ? th->dp_fail_rank : -1,
                       .test.fail_gather = th->dp_fail_gather};
     d->gsync = p->grads.host_one ? &host_sync : p->grads.sharded ? &shard_sync : p->parallel.dp != QT_DP_ONE ? &whole_sync : &one_sync;
+    d->wfill = !p->weights.slots ? NULL : p->weights.host_one ? &fill_copy_up : p->weights.host_shard ? &fill_zero3_host : &fill_zero3;
     d->wait_hooks = (qt_param_hooks){.weights_needed = p->weights.slots ? z3_forward : p->weights.ahead ? weights_wait : NULL,
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
@@ -964,7 +988,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
          * qt_comm_all_gather_host; one GPU: H2D copies): a staged or one-shot collective must not run beside
          * another on a second stream (comm.c orders them by the caller's stream). Ranks prefetch only with
          * parallel.overlap_comm. */
-        if ((p->weights.host_shard && p->parallel.overlap) || p->weights.host_one) {
+        if (d->wfill->gside == 1 || (d->wfill->gside == 2 && p->parallel.overlap)) {
             QT_CUDA(cudaStreamCreateWithFlags(&d->wslots.gside, cudaStreamNonBlocking));
             QT_CUDA(cudaEventCreateWithFlags(&d->wslots.gside_ev, cudaEventDisableTiming));
         }
