@@ -35,10 +35,9 @@ void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager);
 /* objective: dpo with full fine-tuning: a micro-step in two halves, eagerly (the host computes the rows' loss weights
  * between them, qt_dpo.h): the forward (losses only, its activations kept; the weight waits of a forward outside a
  * micro-step), then the backward with row_scale[B] on the host and the micro-step's hooks (last: the last of a
- * step). What the plan must not have for it: qt_dp_sync_rows_refusal names it (NULL: none). */
+ * step). What the plan must not have for it: qt_plan_rows_refusal names it (NULL: none). */
 void qt_dp_sync_forward_rows(qt_dp_sync *d);
 void qt_dp_sync_backward_rows(qt_dp_sync *d, const float *row_scale, int last);
-const char *qt_dp_sync_rows_refusal(const qt_plan *p);
 /* 1 when no bucket of this step is still owed to the sums (a micro-step or get_grads may come). */
 int qt_dp_sync_idle(const qt_dp_sync *d);
 /* The hooks of a forward outside a micro-step (eval, logits): waits for pending weight gathers. */

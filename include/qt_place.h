@@ -16,7 +16,7 @@ typedef struct qt_weights_place {
     /* the pinned host arrays (qt_param_store_alloc_host): 0, or -1 with err */
     int (*alloc_host)(qt_param_store *ps, unsigned pin_flags, char *err, size_t errlen);
     void (*carve)(qt_param_store *ps, qt_mem_plan *p); /* the arena's and the host plan's rows */
-    void (*zero)(qt_param_store *ps, cudaStream_t s);  /* before the load: the device array, padding included */
+    void (*init_zero)(qt_param_store *ps, cudaStream_t s); /* before the load: the device array, padding included */
     void (*free_host)(qt_param_store *ps);
     int pieces; /* the rank holds ZeRO-3's pieces of the weights, not the whole array */
     int slots;  /* the model reads the weights from weight slots (gathered, or copied up from the host) */
@@ -33,7 +33,7 @@ typedef struct qt_grads_place {
     int (*alloc_host)(qt_param_store *ps, unsigned pin_flags, char *err, size_t errlen);
     void (*carve)(qt_param_store *ps, qt_mem_plan *p);       /* the array's row (arena or host) */
     void (*carve_stage)(qt_param_store *ps, qt_mem_plan *p); /* after the load staging: a host shard's add chunks */
-    void (*zero)(qt_param_store *ps, cudaStream_t s);        /* before training: the device array */
+    void (*init_zero)(qt_param_store *ps, cudaStream_t s);       /* before training: the device array */
     /* qt_param_zero_grads: the gradients of buckets [k0, k1), on s */
     void (*clear)(qt_param_store *ps, int k0, int k1, cudaStream_t s);
     void (*get)(const qt_param_store *ps, float *g); /* qt_param_get_grads */
@@ -52,7 +52,7 @@ typedef struct qt_opt_place {
     /* the pinned host state and the offloaded arrays' pointers into it: 0, or -1 with err */
     int (*alloc_host)(qt_param_store *ps, unsigned pin_flags, char *err, size_t errlen);
     void (*carve)(qt_param_store *ps, qt_mem_plan *p); /* the slots, the host row, the arrays left on the device */
-    void (*zero)(qt_param_store *ps, cudaStream_t s);  /* before the load: the device arrays */
+    void (*init_zero)(qt_param_store *ps, cudaStream_t s); /* before the load: the device arrays */
     int (*streamed)(const qt_param_store *ps);         /* qt_gpu_optim's host_mask: what streams through the slots */
 } qt_opt_place;
 

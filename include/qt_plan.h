@@ -156,6 +156,9 @@ const char *qt_plan_refusal(const struct qt_config *cfg, const char **key);
 void qt_plan_fp8_cache_default(struct qt_config *cfg);
 /* What the GPU engines cannot run in cfg, as a message naming the key ("lora: not yet on the GPU ..."), or NULL. */
 const char *qt_engine_gpu_refusal(const struct qt_config *cfg);
+/* What a micro-step split around the host's rows (objective: dpo with full fine-tuning) cannot run with in p: the
+ * weight slots, sharded or offloaded gradients, as a phrase naming the keys; NULL: none. */
+const char *qt_plan_rows_refusal(const qt_plan *p);
 
 /* The GPU of each data-parallel rank (parallel.devices, else parallel.gpus, else every visible GPU up
  * to QT_COMM_MAX_RANKS) into devs[QT_COMM_MAX_RANKS]: the rank count, or -1 with err naming the key.

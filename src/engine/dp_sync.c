@@ -785,15 +785,8 @@ void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     }
 }
 
-const char *qt_dp_sync_rows_refusal(const qt_plan *p) {
-    if (p->weights.slots) return "parallel.zero 3 and memory.offload: [weights] (their weight slots)";
-    if (p->grads.sharded) return "parallel.zero 2 (sharded gradients)";
-    if (p->grads.host_one) return "memory.offload: [gradients]";
-    return NULL;
-}
-
 void qt_dp_sync_forward_rows(qt_dp_sync *d) {
-    const char *no = qt_dp_sync_rows_refusal(&d->plan);
+    const char *no = qt_plan_rows_refusal(&d->plan);
     QT_CHECK(!no, "objective: dpo with full fine-tuning on the GPU: %s is not yet supported", no);
     qt_gpu_step_args a = {0.0f, 0, 0, &d->wait_hooks};
     qt_gpu_model_step(d->g, &a);

@@ -329,8 +329,8 @@ int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream
     const qt_shard *sp = &ps->shard;
     size_t n = ps->L->numel, chunk = qt_weight_src_chunk(ps->L);
     int rc = 0;
-    ps->weights_place->zero(ps, s); /* the padding stays zero */
-    ps->opt_place->zero(ps, s);     /* the offloaded arrays: zeroed at allocation */
+    ps->weights_place->init_zero(ps, s); /* the padding stays zero */
+    ps->opt_place->init_zero(ps, s); /* the offloaded arrays: zeroed at allocation */
     float *buf = malloc((chunk ? chunk : 1) * sizeof *buf); /* the plan's "weight init buffer" row */
     if (!buf) return qt_errf(err, errlen, "out of host memory for the %.1f MiB weight init buffer", chunk * 4 / 1048576.0);
     /* the source's ranges this rank keeps: ZeRO-3 its pieces only (a range of the hashed init, or of a file,
@@ -359,7 +359,7 @@ int qt_param_store_init(qt_param_store *ps, const qt_weight_src *src, cudaStream
     QT_CUDA(cudaStreamSynchronize(s));
     free(buf);
     if (rc) return -1;
-    ps->grads_place->zero(ps, s);
+    ps->grads_place->init_zero(ps, s);
     for (int b = 0; grad_slots(ps) && b < sp->n_buckets; b++)
         if (ps->grad_slot[b]) qt_param_grad_slot_zero(ps, b, s);
     make_optimizer(ps);

@@ -155,3 +155,10 @@ const char *qt_engine_gpu_refusal(const qt_config *cfg) {
                      "state is small and stays on the GPU; [weights] streams the frozen base from host memory)";
     return NULL;
 }
+
+const char *qt_plan_rows_refusal(const qt_plan *p) {
+    if (p->weights.slots) return "parallel.zero 3 and memory.offload: [weights] (their weight slots)";
+    if (p->grads.sharded) return "parallel.zero 2 (sharded gradients)";
+    if (p->grads.host_one) return "memory.offload: [gradients]";
+    return NULL;
+}
