@@ -72,6 +72,8 @@ void qt_place_grads_get_whole(const qt_param_store *ps, float *g);
 /* The optimizer arrays not in host_mask (QT_OFF_MASTER | QT_OFF_M | QT_OFF_V) carved in the arena / zeroed on s. */
 void qt_place_opt_carve_device(qt_param_store *ps, qt_mem_plan *p, int host_mask);
 void qt_place_opt_zero_device(qt_param_store *ps, int host_mask, cudaStream_t s);
+/* The offloaded arrays: host_opt.opt_host = mask (QT_OFF_MASTER | QT_OFF_M | QT_OFF_V) and their host_state_bytes. */
+void qt_place_opt_set_host(qt_param_store *ps, int mask);
 /* The offloaded arrays (host_opt.opt_host) in zeroed pinned host memory (QT_PIN_* flags), back to back in
  * host_state: 0, or -1 with err. */
 int qt_place_opt_pin(qt_param_store *ps, unsigned pin_flags, char *err, size_t errlen);
