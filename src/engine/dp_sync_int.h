@@ -34,7 +34,7 @@ enum { MS_SUMS = 1, MS_WAITS = 2, MS_LOOKUPS = 4, MS_KINDS = 8 };
  * ranks: all-reduced or reduce-scattered at the step's end or overlapped with the last backward), ZeRO-2/3's slots
  * summed into the rank's shard every micro-step, or one GPU's offloaded slots stored to host every micro-step. */
 typedef struct grad_sync {
-    /* qt_dp_grads_ready: the buckets [b, sent) became final (lookups: and the lookups are due; from: qt_dp_grads_ready's) */
+    /* the buckets [b, sent) became final (lookups: and the lookups are due; from: qt_dp_grads_ready's flat index) */
     void (*ready)(struct qt_dp_sync *d, int b, int lookups, size_t from);
     void (*before)(struct qt_dp_sync *d); /* before each micro-step (NULL: nothing) */
     void (*reduce)(struct qt_dp_sync *d); /* qt_dp_sync_reduce, before the norm: the sums not made yet */
