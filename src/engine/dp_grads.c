@@ -127,6 +127,16 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
         }
 }
 
+/* The model's stream waits until the shared gradient slot of bucket k - 1 (the backward writes it next) is free:
+ * its last user reduced (stored) and zeroed. */
+static void slot_below_wait(qt_dp_sync *d, int k) {
+    int j = k > 0 ? qt_param_grad_slot_shared(d->ps, k - 1) : -1;
+#ifdef QT_MUTANTS
+    if (qt_mutant_on(QT_MUT_GRAD_SLOT_NO_WAIT)) j = -1; /* no wait */
+#endif
+    if (j >= 0) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+}
+
 /* ZeRO-2, on the model's stream, for the buckets [b, sent) that became final: each one's slot below
  * (the backward writes it next, and the head margin goes there) waits until its shared slot's last
  * user is reduced and zeroed; the margin is added; the embedding table's tail moves to bucket 1 before
@@ -134,11 +144,7 @@ static void add_lookups(qt_dp_sync *d, cudaStream_t cs) {
 static void slots_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
     for (int k = d->sent - 1; k >= b; k--) {
-        int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
-#ifdef QT_MUTANTS
-        if (qt_mutant_on(QT_MUT_GRAD_SLOT_NO_WAIT)) j = -1; /* no wait */
-#endif
-        if (j >= 0) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
+        slot_below_wait(d, k);
         if (k > 0) qt_param_grad_margin(ps, k, d->g->stream);
         if (k <= 1 && !d->tail_done) d->tail_done = qt_param_grad_tail(ps, d->g->stream);
     }
@@ -155,13 +161,7 @@ static void slots_ready(qt_dp_sync *d, int b) {
  * The slots need no margin or tail adds: each element has one home (qt_param_grad_home). */
 static void host_grads_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
-    for (int k = d->sent - 1; k >= b; k--) {
-        int j = k > 0 ? qt_param_grad_slot_shared(ps, k - 1) : -1;
-#ifdef QT_MUTANTS
-        if (qt_mutant_on(QT_MUT_GRAD_SLOT_NO_WAIT)) j = -1; /* no wait */
-#endif
-        if (j >= 0) QT_CUDA(cudaStreamWaitEvent(d->g->stream, d->slot_ev[j], 0));
-    }
+    for (int k = d->sent - 1; k >= b; k--) slot_below_wait(d, k);
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) {
         int k = --d->sent, j = qt_param_grad_slot_shared(ps, k);
