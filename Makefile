@@ -246,7 +246,7 @@ test-asan: $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 # then checks that the release library holds none of them (tools/mutants.sh).
 REL_BUILD ?= build
 MUT_BUILD ?= build-mutants
-MUT_TESTS := test_determinism test_docs test_dpo test_dpo_ref test_kernels test_lora_fp8 test_nf4 test_offload test_qlora test_recompute test_reliability test_train test_zero
+MUT_TESTS := test_determinism test_docs test_dpo test_dpo_ref test_kernels test_lora test_lora_fp8 test_nf4 test_offload test_qlora test_recompute test_reliability test_train test_zero
 ifeq ($(MUTANTS),1)
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell if [ -f $(REL_BUILD)/gen/nvflags ] && cmp -s $(REL_BUILD)/gen/nvflags $(BUILD)/gen/nvflags; then \

@@ -124,9 +124,12 @@ if has model; then
       step test_train 900 build/tests/test_train
       # adapters: LoRA over a bf16 base, QLoRA's NF4 base, auto's LoRA plans, DPO (LoRA and full fine-tuning), PEFT
       for t in test_lora test_lora_fp8 test_qlora test_plan_lora test_dpo test_dpo_ref; do step "$t" 600 "build/tests/$t"; done
-      if [ -d $mut ]; then # the e4m3 dgrad without the adapters' dx; a streamed base's wrong layer
+      if [ -d $mut ]; then # the e4m3 dgrad without the adapters' dx; a streamed base's wrong layer, a borrowing
+          # rank's wrong layer; a resume of the trained base tensors without their moments
           step mut_lora_fp8 300 $mut/test_lora_fp8
           step mut_qlora_stream 300 env QT_TEST_ONLY=stream $mut/test_qlora
+          step mut_qlora_share 300 env QT_TEST_ONLY=share $mut/test_qlora
+          step mut_lora_trainable 300 env QT_TEST_ONLY=mutant $mut/test_lora
       fi
       step lora_peft 600 env QT_DEVICES=cuda BUILD=build python3 tests/test_lora_peft.py
       # the export carries the run's tokenizer: a byte-level BPE trained here, a short CPU run, then
