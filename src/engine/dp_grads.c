@@ -31,7 +31,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
     int g16 = ps->acc_dt == QT_DT_BF16, half = d->plan.grads.reduce_bf16 && !g16, rank = d->plan.parallel.rank;
-    int z2 = d->plan.grads.sharded;
+    int z2 = d->gsync->into_shard;
     qt_dtype dt = half || g16 ? QT_DT_BF16 : QT_DT_F32;
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
     void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
@@ -90,7 +90,7 @@ void qt_dp_grads_send_embedding(void *ctx) {
     if (!k) return;
     d->early = k;
     if (d->ps->plan.grads.embed_apart) return; /* ZeRO-2: no gradient there but the lookups (+= 0 changes no bit) */
-    if (d->gsync->margins && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
+    if (d->gsync->into_shard && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
     cudaStream_t cs = sums_stream(d);
     for (int b = 0; b < k; b++) reduce_bucket(d, b, cs);
 }

@@ -42,7 +42,8 @@ typedef struct grad_sync {
     void (*init)(struct qt_dp_sync *d);   /* its events and streams (NULL: none) */
     void (*fini)(struct qt_dp_sync *d);
     int every_micro; /* every micro-step sums (stores) its buckets as the backward releases them */
-    int margins;     /* the slots' margin and table-tail adds come before their sums */
+    int into_shard;  /* the sums read the gradient slots (their margin and table-tail adds first) and are added into
+                      * the rank's shard (ZeRO-2/3) */
     int aside;       /* the sums (stores) always run on the side stream */
 } grad_sync;
 
