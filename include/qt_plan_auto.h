@@ -56,6 +56,26 @@ typedef struct {
     int cuda_graphs;     /* perf.cuda_graphs: on wherever the plan allows it (not with offloaded weights, ZeRO-3) */
 } qt_plan_choice;
 
+/* The search's axes (src/plan/plan_axes.c): one row per config key memory.plan: auto may choose, each with its
+ * candidate values in order of preference (a key the config gives keeps its value), and the combination the
+ * search is at (an odometer over the rows). */
+#define QT_PLAN_AXES 12
+typedef struct {
+    int n[QT_PLAN_AXES], v[QT_PLAN_AXES][8]; /* each row's candidate values */
+    int idx[QT_PLAN_AXES];                   /* the combination: each row's value index */
+    int seqs;                                /* sequences per optimizer step per rank, kept by every candidate */
+    int several;                             /* several ranks */
+} qt_plan_axes;
+/* The axes of cfg's search over `ranks` ranks (qt_plan_run's count), at the first combination. */
+void qt_plan_axes_init(qt_plan_axes *ax, const qt_config *cfg, int ranks);
+/* *c = cfg with the combination's values set; 1 when that candidate is a repeat of another or a plan refused
+ * (by the cross-mode rules, or one that allows CUDA graphs without them). */
+int qt_plan_axes_config(const qt_plan_axes *ax, const qt_config *cfg, qt_config *c);
+/* Steps to the next combination: 0 after the last. */
+int qt_plan_axes_next(qt_plan_axes *ax);
+/* The choice of candidate c: its keys' values and lossy (order, bytes and speed are the caller's). */
+qt_plan_choice qt_plan_choice_of(const qt_config *c);
+
 /* A predicted step's parts, seconds (see the top of this header), and the PCIe bytes behind them. */
 typedef struct {
     double compute, pcie_micro, once;

@@ -16,72 +16,6 @@
 #include "qt_matmul.h"
 #include "qt_planner.h"
 
-/* ---- the axes: one row per config key the planner may choose ---- */
-
-typedef struct {
-    const char *key;                          /* a constraint when the config gives it */
-    int n, v[8];                              /* candidate values (micro_batch: filled per config) */
-    int (*get)(const qt_config *c);
-    void (*set)(qt_config *c, int v, int seqs); /* seqs: sequences per optimizer step per rank */
-} plan_axis;
-
-static int get_mb(const qt_config *c) { return c->data.micro_batch; }
-static void set_mb(qt_config *c, int v, int seqs) { c->data.micro_batch = v, c->data.grad_accum = seqs / v; }
-static int get_rc(const qt_config *c) { return c->memory.recompute; }
-static void set_rc(qt_config *c, int v, int seqs) { (void)seqs, c->memory.recompute = v; }
-static int get_off(const qt_config *c) { return (c->memory.offload & QT_OFF_OPTIMIZER) != 0; }
-static void set_off(qt_config *c, int v, int seqs) { (void)seqs, qt_config_set_offload(c, QT_OFF_OPTIMIZER, v); }
-static int get_lm(const qt_config *c) { return c->memory.lmhead_chunks; }
-static void set_lm(qt_config *c, int v, int seqs) { (void)seqs, c->memory.lmhead_chunks = v; }
-static int get_att(const qt_config *c) { return c->memory.attn_bwd_chunks; }
-static void set_att(qt_config *c, int v, int seqs) { (void)seqs, c->memory.attn_bwd_chunks = v; }
-static int get_ores(const qt_config *c) { return (c->memory.offload & QT_OFF_RESIDUAL) != 0; }
-static void set_ores(qt_config *c, int v, int seqs) { (void)seqs, qt_config_set_offload(c, QT_OFF_RESIDUAL, v); }
-static int get_wc(const qt_config *c) { return c->memory.fp8_weight_cache; }
-static void set_wc(qt_config *c, int v, int seqs) { (void)seqs, c->memory.fp8_weight_cache = v; }
-static int get_mdt(const qt_config *c) { return c->precision.master_dtype; }
-static void set_mdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.master_dtype = v; }
-static int get_gdt(const qt_config *c) { return c->precision.grad_accum_dtype; }
-static void set_gdt(qt_config *c, int v, int seqs) { (void)seqs, c->precision.grad_accum_dtype = v; }
-#define OFF_WG (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)
-#define OFF_WGQ (OFF_WG | QT_OFF_QUANTS)
-static int get_offw(const qt_config *c) { return c->memory.offload & OFF_WGQ; }
-static void set_offw(qt_config *c, int v, int seqs) { (void)seqs, c->memory.offload = (c->memory.offload & ~OFF_WGQ) | v; }
-static int get_cg(const qt_config *c) { return c->perf.cuda_graphs; }
-static void set_cg(qt_config *c, int v, int seqs) { (void)seqs, c->perf.cuda_graphs = v; }
-static int get_zero(const qt_config *c) { return c->parallel.zero; }
-static void set_zero(qt_config *c, int v, int seqs) { (void)seqs, qt_config_set_zero(c, v); }
-
-/* Each axis lists its values in order of preference at equal predicted speed (the plainest first): a
- * tie keeps the earlier candidate. fp8_weight_cache is an axis only with fp8 matmuls, parallel.zero only
- * with several ranks (qt_plan_auto_enumerate narrows them). */
-enum { AX_MB, AX_RC, AX_OFF, AX_LM, AX_ATT, AX_ORES, AX_WC, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_CG, AX_N };
-static const plan_axis AXES[AX_N] = {
-    {"data.micro_batch", 0, {0}, get_mb, set_mb},
-    {"memory.recompute", 4, {0, QT_RC_SWIGLU | QT_RC_NORM, QT_RC_FFN | QT_RC_NORM, QT_RC_BLOCK}, get_rc, set_rc},
-    {"memory.offload_optimizer", 2, {0, 1}, get_off, set_off},
-    {"memory.lmhead_chunks", 5, {1, 2, 4, 8, 16}, get_lm, set_lm},
-    {"memory.attn_bwd_chunks", 3, {1, 2, 4}, get_att, set_att},
-    {"memory.offload_residual", 2, {0, 1}, get_ores, set_ores},
-    {"memory.fp8_weight_cache", 2, {QT_FP8_WCACHE_ALL, QT_FP8_WCACHE_NONE}, get_wc, set_wc},
-    {"precision.master_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_mdt, set_mdt},
-    {"precision.grad_accum_dtype", 2, {QT_DT_F32, QT_DT_BF16}, get_gdt, set_gdt},
-    {"parallel.zero", 3, {1, 2, 3}, get_zero, set_zero},
-    /* gradients: one GPU or ZeRO-2/3; weights: one GPU or ZeRO-3. quants is not a candidate: the cost model
-     * charges it half the copy bytes, but at 1.5B it measures no faster than [weights] (bench/RESULTS.md,
-     * offload); a config that gives it keeps it (get_offw reads the bit) */
-    {"memory.offload", 4, {0, QT_OFF_GRADIENTS, QT_OFF_WEIGHTS, OFF_WG}, get_offw, set_offw},
-    /* CUDA graphs first: the cost model does not charge the launches they save, so at equal predicted speed
-     * the plan with them wins; without them only where the plan refuses them (offloaded weights, ZeRO-3) */
-    {"perf.cuda_graphs", 2, {1, 0}, get_cg, set_cg},
-};
-
-/* bf16 master weights or gradients change the numerics, not only the speed: such a plan is a candidate
- * only when no plan with fp32 ones fits (see qt_plan_auto_enumerate). 0: fp32 both. */
-static int lossy(const qt_config *c) {
-    return (c->precision.master_dtype == QT_DT_BF16) + (c->precision.grad_accum_dtype == QT_DT_BF16);
-}
-
 /* ---- the probe ---- */
 
 qt_probe qt_probe_default(void) {
@@ -249,23 +183,6 @@ double qt_plan_auto_cost(const qt_layout *L, const qt_config *cfg, const qt_prob
     return hi + QT_PLAN_OVERLAP_ALPHA * lo + k.once;
 }
 
-/* LoRA on the GPU (qt_engine_gpu_refusal): only the frozen base offloaded (memory.offload: [weights], streamed to
- * every rank's GPU from one host copy with bf16 matmuls: an axis there), the adapters' state replicated over ranks (ZeRO 0 or 1: the same bytes),
- * a run without CUDA graphs; a frozen base has no master weights or gradients. Those axes keep the config's values;
- * the micro-batch, recompute, chunks and the fp8 weight cache stay axes. objective: dpo takes micro-batches of pairs
- * (even). */
-static void lora_axes(plan_axis *ax, const qt_config *cfg) {
-    static const int fixed[] = {AX_OFF, AX_ORES, AX_MDT, AX_GDT, AX_ZERO, AX_OFFW, AX_CG};
-    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) ax[fixed[i]].n = 1, ax[fixed[i]].v[0] = ax[fixed[i]].get(cfg);
-    if (cfg->precision.matmul_dtype == QT_DT_BF16 && !cfg->perf.cuda_graphs && !(cfg->memory.offload & OFF_WG))
-        ax[AX_OFFW].n = 2, ax[AX_OFFW].v[0] = 0, ax[AX_OFFW].v[1] = QT_OFF_WEIGHTS; /* the base resident or streamed */
-    int k = 0;
-    for (int i = 0; i < ax[AX_MB].n; i++)
-        if (cfg->objective != QT_OBJ_DPO || ax[AX_MB].v[i] % 2 == 0) ax[AX_MB].v[k++] = ax[AX_MB].v[i];
-    if (!k) ax[AX_MB].v[k++] = cfg->data.micro_batch; /* no even one keeps the step: the config's (the run says why) */
-    ax[AX_MB].n = k;
-}
-
 static int by_speed(const void *a, const void *b) {
     double x = ((const qt_plan_choice *)a)->tokens_per_s, y = ((const qt_plan_choice *)b)->tokens_per_s;
     if (x != y) return x < y ? 1 : -1;
@@ -275,68 +192,34 @@ static int by_speed(const void *a, const void *b) {
 
 int qt_plan_auto_enumerate(const qt_layout *L, const qt_config *cfg, const qt_probe *pr, qt_plan_choice *out, int cap,
                            int *n, qt_plan_choice *lossy_out, char *err, size_t errlen) {
-    plan_axis ax[AX_N];
-    memcpy(ax, AXES, sizeof ax);
-    int seqs = cfg->data.micro_batch * cfg->data.grad_accum;
-    for (int v = 1; v <= 64 && v <= seqs; v *= 2) /* micro-batches that keep the sequences per step */
-        if (seqs % v == 0) ax[AX_MB].v[ax[AX_MB].n++] = v;
     static qt_run_plan rp;
     *n = -1; /* until the candidates are made: a plan that cannot be made */
     if (qt_plan_run(L, cfg, -1, 1, &rp, err, errlen)) return -1;
-    if (cfg->precision.matmul_dtype != QT_DT_E4M3) ax[AX_WC].n = 1, ax[AX_WC].v[0] = cfg->memory.fp8_weight_cache;
-    if (rp.ranks <= 1) ax[AX_ZERO].n = 1, ax[AX_ZERO].v[0] = cfg->parallel.zero;
-    if (cfg->lora.rank > 0) lora_axes(ax, cfg);
-    int several = rp.ranks > 1; /* offloaded weights: one GPU or ZeRO-3; gradients: one GPU or ZeRO-2/3 */
-    for (int a = 0; a < AX_N; a++) { /* a key the config gives keeps its value */
-        QT_CHECK(qt_config_plan_key(ax[a].key), "%s is an axis of memory.plan: auto but not in config.c's plan_keys", ax[a].key);
-        int named = !strcmp(ax[a].key, "memory.offload_optimizer") && qt_config_given(cfg, "memory.offload") &&
-                    (cfg->memory.offload & QT_OFF_OPTIMIZER); /* by the list */
-        if (qt_config_given(cfg, ax[a].key) || named)
-            ax[a].n = 1, ax[a].v[0] = ax[a].get(cfg);
-    }
+    qt_plan_axes ax;
+    qt_plan_axes_init(&ax, cfg, rp.ranks);
     char gwhat[160];
     size_t gpu_cap = qt_plan_gpu_budget(cfg, pr, gwhat, sizeof gwhat);
     char what[96];
     size_t host_cap = qt_plan_host_limit(cfg, what, sizeof what);
     static qt_config c;
     size_t smallest = (size_t)-1, smallest_host = (size_t)-1; /* the least host memory of a plan the GPU fits */
-    int idx[AX_N] = {0}, count = 0;
-    for (;;) {
-        c = *cfg;
-        for (int a = 0; a < AX_N; a++) ax[a].set(&c, ax[a].v[idx[a]], seqs);
-        int redundant = c.memory.attn_bwd_chunks > c.data.micro_batch; /* clamped to micro_batch: a repeat */
-        char zerr[512];
-        redundant |= qt_config_zero3_check(&c, zerr, sizeof zerr) != 0; /* graphs, fp8 weight cache all: refused */
-        redundant |= several && (((c.memory.offload & QT_OFF_WEIGHTS) && c.parallel.zero < 3 && c.lora.rank <= 0) ||
-                                 ((c.memory.offload & QT_OFF_GRADIENTS) && c.parallel.zero < 2)); /* setup.c refuses */
-        if (!redundant && ax[AX_CG].n == 2 && !c.perf.cuda_graphs) { /* a plan that allows CUDA graphs: with them only */
-            c.perf.cuda_graphs = 1;
-            redundant = qt_config_zero3_check(&c, zerr, sizeof zerr) == 0;
-            c.perf.cuda_graphs = 0;
-        }
-        if (!redundant) {
-            if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
-            *n = 0;
-            if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
-            if (rp.gpu_bytes <= gpu_cap && rp.host_bytes < smallest_host) smallest_host = rp.host_bytes;
-            if (rp.gpu_bytes <= gpu_cap && (!host_cap || rp.host_bytes <= host_cap)) {
-                QT_CHECK(count < cap, "memory.plan: auto: more than %d plans fit (QT_PLAN_AUTO_MAX: the axes grew)", cap);
-                if (!c.parallel.gpus && !c.parallel.devices.n) c.parallel.gpus = rp.ranks; /* the cost's rank count */
-                double s = qt_plan_auto_cost(L, &c, pr);
-                out[count] = (qt_plan_choice){c.data.micro_batch, c.data.grad_accum, c.memory.recompute,
-                                              get_off(&c), c.memory.lmhead_chunks, c.memory.attn_bwd_chunks,
-                                              get_ores(&c), c.memory.fp8_weight_cache, c.precision.master_dtype,
-                                              c.precision.grad_accum_dtype, c.parallel.zero, get_offw(&c), lossy(&c), count,
-                                              rp.gpu_bytes, rp.host_bytes, s,
-                                              (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s,
-                                              c.perf.cuda_graphs};
-                count++;
-            }
-        }
-        int a = 0; /* the next combination: an odometer over the axes */
-        while (a < AX_N && ++idx[a] == ax[a].n) idx[a++] = 0;
-        if (a == AX_N) break;
-    }
+    int count = 0;
+    do {
+        if (qt_plan_axes_config(&ax, cfg, &c)) continue; /* a repeat, or a plan refused */
+        if (qt_plan_run(L, &c, -1, 1, &rp, err, errlen)) return -1;
+        *n = 0;
+        if (rp.gpu_bytes < smallest) smallest = rp.gpu_bytes;
+        if (rp.gpu_bytes <= gpu_cap && rp.host_bytes < smallest_host) smallest_host = rp.host_bytes;
+        if (rp.gpu_bytes > gpu_cap || (host_cap && rp.host_bytes > host_cap)) continue;
+        QT_CHECK(count < cap, "memory.plan: auto: more than %d plans fit (QT_PLAN_AUTO_MAX: the axes grew)", cap);
+        if (!c.parallel.gpus && !c.parallel.devices.n) c.parallel.gpus = rp.ranks; /* the cost's rank count */
+        double s = qt_plan_auto_cost(L, &c, pr);
+        qt_plan_choice *o = &out[count];
+        *o = qt_plan_choice_of(&c);
+        o->order = count++;
+        o->gpu_bytes = rp.gpu_bytes, o->host_bytes = rp.host_bytes, o->step_s = s;
+        o->tokens_per_s = (double)c.data.micro_batch * c.data.seq_len * c.data.grad_accum * (rp.ranks ? rp.ranks : 1) / s;
+    } while (qt_plan_axes_next(&ax));
     if (!count && smallest_host != (size_t)-1)
         return qt_errf(err, errlen, "%s: memory.plan: auto: no plan fits: the GPU fits plans from %.2f GiB per GPU, but the "
                        "smallest of them needs %.1f GiB of host memory and %s allows %.1f GiB; give fewer keys as constraints, "
