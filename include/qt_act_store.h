@@ -63,6 +63,7 @@ typedef struct {
     const qt_model_cfg *c; /* borrowed */
     long N;
     qt_act_policy policy;
+    qt_act_redo redo;      /* the parts rebuilt before each layer's backward (policy.recompute resolved) */
     qt_gpu_layer *layers;  /* [num_layers] (owned host array); a recomputed tensor's pointer (and with
                             * policy.fp8_bwd, ln1 / ln2 / h's) is the same (shared) buffer in every layer */
     void *res_final;       /* [N,C] down output of the last layer, then the final residual */

@@ -93,10 +93,17 @@ typedef struct {           /* the activations (qt_act_store.h) */
     int attn_chunks;       /* the attention backward over this many slices of the micro-batch (1..B) */
 } qt_plan_acts;
 
+typedef struct {           /* what a data-parallel rank holds in pieces (its shard) rather than whole: the ZeRO level */
+    int state;             /* the optimizer state and an fp32 master (ZeRO >= 1) */
+    int grads;             /* the summed gradients (ZeRO >= 2) */
+    int weights;           /* the bf16 weights (ZeRO-3) */
+} qt_plan_split;
+
 typedef struct {           /* parallel.* */
     qt_dp_mode dp;
     int n_ranks, rank;     /* n_ranks 1 with one GPU; rank: set by each rank's engine */
     int zero;              /* ZeRO level of a sharded rank (1, 2 or 3), else 0 */
+    qt_plan_split split;   /* the items that level splits */
     int overlap;           /* the last micro-step's bucket sums overlap its backward */
     int lookups;           /* sharded: the last micro-step leaves its embedding lookups out (fewer bytes than the
                             * table's gradient), added to the sums afterwards */
@@ -180,5 +187,15 @@ int qt_config_zero3_check(const struct qt_config *c, char *err, size_t errlen);
 int qt_act_recompute_resolve(int parts);
 /* "swiglu, norm" (or "none"): the parts in bits, in the key's order. */
 const char *qt_act_recompute_names(int parts, char *buf, size_t cap);
+
+/* The activations' placement decided once from memory.recompute: the tensor groups the backward rebuilds (the
+ * implied parts included), each with one buffer for all layers (qt_act_store.h, gpu_model.c's block_run). */
+typedef struct {
+    int norm, qkv, att, block, ffn, swiglu;
+    int any;               /* one of them: the backward rebuilds before each layer */
+} qt_act_redo;
+qt_act_redo qt_act_redo_of(int parts);
+/* Prints what the activations' plan keeps elsewhere: the recomputed parts, the offloaded residuals. */
+void qt_plan_acts_print(const qt_plan_acts *a);
 
 #endif

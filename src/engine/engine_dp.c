@@ -88,8 +88,7 @@ struct dp_engine {
     int fail_rank; /* test hook (qt_test_hooks): that rank fails just before optimizer step fail_step */
     long fail_step;
     qt_shard shard[QT_COMM_MAX_RANKS];
-    int sharded;   /* ZeRO >= 1: each rank holds the optimizer state of its pieces */
-    int zero;      /* the ZeRO level (0 when not sharded) */
+    qt_plan_split split; /* the plan's: what each rank holds in pieces (ZeRO), the rest whole */
     struct {       /* sharded: each checkpoint array as the runs of the ranks' pieces in file order (owned: segs[k]) */
         qt_ckpt_item mine[QT_COMM_MAX_RANKS][8]; /* each rank's own items (its snapshot buffers) */
         qt_ckpt_seg *segs[4];
@@ -297,8 +296,8 @@ static void dp_get_weights(qt_engine *b, float *w) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
     d->call.out = w;
-    run(d, job_weights, d->sharded ? -1 : 0);
-    if (d->n == 1 || d->sharded) return;
+    run(d, job_weights, d->split.state ? -1 : 0);
+    if (d->n == 1 || d->split.state) return;
     float *tmp = malloc(n * sizeof(float));
     QT_CHECK(tmp, "out of host memory for a replica check of %zu weights", n);
     d->call.out = tmp;
@@ -315,8 +314,8 @@ static void dp_get_grads(qt_engine *b, float *g) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
     d->call.out = g;
-    run(d, job_grads, d->zero >= 2 ? -1 : 0);
-    if (d->zero >= 2) return;
+    run(d, job_grads, d->split.grads ? -1 : 0);
+    if (d->split.grads) return;
     float *tmp = malloc(n * sizeof(float));
     QT_CHECK(tmp, "out of host memory for %zu gradients", n);
     d->call.out = tmp;
@@ -331,7 +330,7 @@ static void dp_forward_logits(qt_engine *b, const int32_t *in, float *logits) {
     dp_engine *d = (dp_engine *)b;
     d->call.in = in;
     d->call.out = logits;
-    run(d, job_logits, d->zero >= 3 ? -1 : 0);
+    run(d, job_logits, d->split.weights ? -1 : 0);
 }
 
 /* Rank 0's blobs; sharded, the pieces of weights, adam_m and adam_v (ZeRO-3: and weights_bf16) of every
@@ -351,8 +350,8 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
     d->call.items = items;
     d->call.cap = cap;
     run(d, job_items, 0);
-    if (!d->sharded) return d->call.nitems;
-    int whole_bf16 = d->zero < 3; /* the bf16 weights are whole on every rank below ZeRO-3 */
+    if (!d->split.state) return d->call.nitems;
+    int whole_bf16 = !d->split.weights; /* the bf16 weights are whole on every rank below ZeRO-3 */
     int widen = items[0].flags & QT_CKPT_WIDEN_BF16;
     memcpy(d->ckpt.mine[0], items, (size_t)(d->call.nitems < 8 ? d->call.nitems : 8) * sizeof *items);
     for (int r = 1; r < d->n; r++) {
@@ -394,7 +393,7 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
 static int dp_state_live(qt_engine *b, qt_ckpt_live *live) {
     dp_engine *d = (dp_engine *)b;
     live->n = 0;
-    if (!d->sharded || !d->rk[0]->ops->state_live || !d->rk[0]->ops->state_live(d->rk[0], live)) return live->n = 0;
+    if (!d->split.state || !d->rk[0]->ops->state_live || !d->rk[0]->ops->state_live(d->rk[0], live)) return live->n = 0;
     live->elems = b->L->numel; /* the writer's mark: elements of the whole array */
     return live->n;
 }
@@ -466,7 +465,7 @@ static int dp_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t errl
 static void dp_print_memory(qt_engine *b) {
     dp_engine *d = (dp_engine *)b;
     printf("qtrain: data parallel over %d ranks (comm %s, ZeRO-%d), each with the plan below\n", d->n,
-           qt_comm_name(d->comm), d->zero);
+           qt_comm_name(d->comm), d->plan.parallel.zero);
     run(d, job_memory, 0);
 }
 
@@ -586,11 +585,10 @@ qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, co
     d->plan.parallel.node = nn > 1 ? nodes->node : 0;
     d->first = d->plan.parallel.node * n;
     memcpy(d->dev, devices, (size_t)n * sizeof(int));
-    d->sharded = plan->parallel.dp == QT_DP_SHARDED;
-    d->zero = plan->parallel.zero;
+    d->split = plan->parallel.split;
     /* Sharded: a bucket per layer with overlap or not, so the norm's per-bucket sums (and so its bits)
      * are the same at every ZeRO level; ZeRO-2 needs them for its slots. */
-    int pn = d->sharded ? n : 1; /* across nodes with ZeRO: rounded as one process with every node's GPUs rounds */
+    int pn = d->split.state ? n : 1; /* across nodes with ZeRO: rounded as one process with every node's GPUs rounds */
     for (int r = 0; r < n; r++)
         qt_shard_init_world(&d->shard[r], L, pn, pn > 1 ? r : 0, plan->parallel.buckets, plan->parallel.world_pieces ? n * nn : pn);
     const qt_test_hooks *th = qt_test_hooks_get();
@@ -636,9 +634,9 @@ qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, co
     char across[96] = "";
     if (nn > 1) snprintf(across, sizeof across, ", node %d of %d (NCCL between the nodes, the state replicated per node)", d->plan.parallel.node, nn);
     snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s%s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs, across,
-             qt_comm_name(d->comm), d->zero >= 3   ? ", optimizer state, gradients and bf16 weights sharded (ZeRO-3)"
-                                    : d->zero >= 2 ? ", optimizer state and gradients sharded (ZeRO-2)"
-                                    : d->sharded   ? ", optimizer state sharded" : "",
+             qt_comm_name(d->comm), d->split.weights ? ", optimizer state, gradients and bf16 weights sharded (ZeRO-3)"
+                                    : d->split.grads ? ", optimizer state and gradients sharded (ZeRO-2)"
+                                    : d->split.state ? ", optimizer state sharded" : "",
              plan->grads.reduce_dt == QT_DT_BF16 ? ", gradients summed in bf16" : "",
              overlap ? ", sums overlapped with the backward" : "");
     d->ops.name = d->name;

@@ -49,6 +49,7 @@ typedef struct {
     int ckpt_copy;          /* 1: an offloaded optimizer state is copied for checkpoints (set_state_copy) */
     int micro_done;         /* micro-steps since creation (the first runs eagerly) */
     int micro_in_step;      /* micro-steps since the last opt_step */
+    int dp_rank;            /* a data-parallel rank's engine: its step's last micro-step starts the sums */
     double last_loss_sum;   /* the last opt_step's loss sum and target count, for the ranks' mean */
     long last_valid;
     /* objective: dpo (full fine-tuning, dpo_micro_step): the stored reference of the next micro-batch's rows */
@@ -122,7 +123,7 @@ static const double *dpo_ref(const gpu_engine *e) {
 
 static void dpo_micro_step(gpu_engine *e, const int32_t *in, const int32_t *tgt, float pair_weight) {
     struct gpu_dpo *d = &e->dpo;
-    int last = e->plan.parallel.dp != QT_DP_ONE && ++e->micro_in_step == e->plan.run.grad_accum;
+    int last = e->dp_rank && ++e->micro_in_step == e->plan.run.grad_accum;
     upload(e, in, tgt);
     dpo_forward(e, tgt, d->lp);
     qt_dpo_stats st = {0};
@@ -177,7 +178,7 @@ static void gpu_micro_step(qt_engine *b, const int32_t *in, const int32_t *tgt, 
     }
     long valid = upload(e, in, tgt);
     e->valid_total += valid;
-    int last = e->plan.parallel.dp != QT_DP_ONE && ++e->micro_in_step == e->plan.run.grad_accum;
+    int last = e->dp_rank && ++e->micro_in_step == e->plan.run.grad_accum;
     /* The first micro-step runs eagerly: it autotunes the matmuls and builds the cuDNN plans, which
      * cannot happen under capture. */
     int eager = !e->plan.perf.graphs || e->micro_done == 0 || e->g->timing.prof;
@@ -388,7 +389,7 @@ static int live_item(const gpu_engine *e, int i) {
 /* Elements of checkpoint item i (0 master, 1 bf16 weights, 2 m, 3 v): the rank's pieces, but the bf16 weights
  * whole below ZeRO-3. */
 static size_t item_elems(const gpu_engine *e, int i) {
-    return i == 1 && e->plan.parallel.zero < 3 ? e->base.L->numel : e->g->ps->shard.len;
+    return i == 1 && !e->plan.parallel.split.weights ? e->base.L->numel : e->g->ps->shard.len;
 }
 
 /* The bytes of those items when they are live (a widened "weights" is the host weights' view: no bytes). */
@@ -482,7 +483,7 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                      item_names[i], want, qt_dtype_name(want_dt), p ? "another size or dtype" : "none");
             return -1;
         }
-        if (i == 1 && e->plan.parallel.zero < 3) { /* whole; offloaded weights: host to host */
+        if (i == 1 && !e->plan.parallel.split.weights) { /* whole; offloaded weights: host to host */
             QT_CUDA(cudaMemcpyAsync(dst, p, want, cudaMemcpyDefault, g->stream));
             continue;
         }
@@ -575,6 +576,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const q
     QT_CHECK(e, "out of host memory");
     e->plan = *plan;
     if (rank) e->plan.parallel.rank = rank->rank;
+    e->dp_rank = rank != NULL;
     e->base = (qt_engine){plan->precision.fp8 ? &fp8_ops : &gpu_ops, L, &e->plan, 1};
     qt_shard one;
     QT_CHECK((rank != NULL) == (plan->parallel.dp != QT_DP_ONE), "a %s engine on a plan for %d rank(s)",

@@ -47,7 +47,7 @@ static int gpu_lora_host_rows(const qt_layout *L, const qt_plan *p, qt_run_plan 
 /* Rank 0's device rows (the same code as qt_gpu_model_create) and the pinned rows that come with them,
  * times the ranks. */
 static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
-    int n = rp->ranks, sharded = p->parallel.dp == QT_DP_SHARDED;
+    int n = rp->ranks, sharded = p->parallel.split.state;
     qt_shard sh;
     qt_shard_init(&sh, L, sharded ? n : 1, 0, p->parallel.buckets);
     qt_mem_plan one;
@@ -61,7 +61,7 @@ static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char 
     rp->mem.off = one.off;
     if (p->lora.rank > 0) return gpu_lora_host_rows(L, p, rp, err, errlen);
     size_t N = (size_t)p->run.B * p->run.T, numel = L->numel, ns = sh.len;
-    size_t bf16 = (p->parallel.zero >= 3 ? ns : numel) * 2; /* a rank's bf16 weights: ZeRO-3 its pieces */
+    size_t bf16 = (p->parallel.split.weights ? ns : numel) * 2; /* a rank's bf16 weights: ZeRO-3 its pieces */
     size_t es_m = qt_dtype_size(p->precision.m_dt), es_v = qt_dtype_size(p->precision.v_dt);
     /* engine_gpu.c: two pinned token buffers [tok | tgt] and the one read per step */
     qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "token staging", n * (2 * 2 * N * sizeof(int32_t) + 16));

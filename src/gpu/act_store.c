@@ -28,7 +28,8 @@ qt_act_store *qt_act_store_create(const qt_model_cfg *c, long N, qt_act_policy p
     policy.recompute = qt_act_recompute_resolve(policy.recompute);
     qt_act_store *as = calloc(1, sizeof *as);
     QT_CHECK(as, "out of host memory");
-    *as = (qt_act_store){.c = c, .N = N, .policy = policy, .layers = calloc((size_t)c->num_layers, sizeof *as->layers)};
+    *as = (qt_act_store){.c = c, .N = N, .policy = policy, .redo = qt_act_redo_of(policy.recompute),
+                         .layers = calloc((size_t)c->num_layers, sizeof *as->layers)};
     QT_CHECK(as->layers, "out of host memory");
     if (policy.offload_residual && c->num_layers > 2)
         as->host_bytes = (size_t)(c->num_layers - 2) * qt_mem_aligned((size_t)N * c->hidden_size * 2);
@@ -81,10 +82,11 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
     size_t N = (size_t)as->N, C = c->hidden_size, F = c->intermediate_size;
     size_t HD = (size_t)c->num_heads * c->head_dim, QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
     const qt_gpu_layer *a0 = &as->layers[0];
-    int r = as->policy.recompute, f8 = as->policy.fp8_bwd;
+    const qt_act_redo *r = &as->redo;
+    int f8 = as->policy.fp8_bwd;
     /* ln1, ln2, h: recomputed, or (fp8 backward) read by no backward (a recomputed qkv / gate|up rebuilds
      * its norm input first: block_run) */
-    int sh_ln = r & QT_RC_NORM || f8, sh_h = r & QT_RC_SWIGLU || f8;
+    int sh_ln = r->norm || f8, sh_h = r->swiglu || f8;
     void *slot[2] = {NULL, NULL};
     if (as->policy.offload_residual) {
         for (int i = 0; i < 2 && i < c->num_layers; i++) slot[i] = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
@@ -95,21 +97,21 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
         a->res = as->policy.offload_residual ? slot[l % 2] : qt_mem_plan_carve(p, "activations: residual", N * C * 2);
         a->ln1 = take(p, l, sh_ln, a0->ln1, "activations: norms", N * C * 2);
         a->rstd1 = qt_mem_plan_carve(p, "activations: norms", N * 4);
-        a->qkv = take(p, l, r & QT_RC_QKV, a0->qkv, "activations: qkv", N * QKV * 2);
-        a->att = take(p, l, r & QT_RC_ATT, a0->att, "activations: attention", N * HD * 2);
-        a->lse = take(p, l, r & QT_RC_ATT, a0->lse, "activations: attention", N * c->num_heads * 4);
-        a->res_mid = take(p, l, r & QT_RC_BLOCK, a0->res_mid, "activations: residual", N * C * 2);
+        a->qkv = take(p, l, r->qkv, a0->qkv, "activations: qkv", N * QKV * 2);
+        a->att = take(p, l, r->att, a0->att, "activations: attention", N * HD * 2);
+        a->lse = take(p, l, r->att, a0->lse, "activations: attention", N * c->num_heads * 4);
+        a->res_mid = take(p, l, r->block, a0->res_mid, "activations: residual", N * C * 2);
         a->ln2 = take(p, l, sh_ln, a0->ln2, "activations: norms", N * C * 2);
         a->rstd2 = qt_mem_plan_carve(p, "activations: norms", N * 4);
-        a->gu = take(p, l, r & QT_RC_FFN, a0->gu, "activations: gate|up", N * 2 * F * 2);
+        a->gu = take(p, l, r->ffn, a0->gu, "activations: gate|up", N * 2 * F * 2);
         a->h = take(p, l, sh_h, a0->h, "activations: swiglu", N * F * 2);
         if (c->qk_norm) {
             size_t NH = (size_t)c->num_heads + c->num_kv_heads;
-            a->qk = take(p, l, r & QT_RC_QKV, a0->qk, "activations: qkv", N * NH * c->head_dim * 2);
-            a->qk_rstd = take(p, l, r & QT_RC_QKV, a0->qk_rstd, "activations: qkv", N * NH * 4);
+            a->qk = take(p, l, r->qkv, a0->qk, "activations: qkv", N * NH * c->head_dim * 2);
+            a->qk_rstd = take(p, l, r->qkv, a0->qk_rstd, "activations: qkv", N * NH * 4);
         }
         if (qt_model_is_gemma(c)) { /* the branch outputs before their post-norms, and those norms' rstd */
-            a->po = take(p, l, r & QT_RC_BLOCK, a0->po, "activations: residual", N * C * 2);
+            a->po = take(p, l, r->block, a0->po, "activations: residual", N * C * 2);
             a->pm = qt_mem_plan_carve(p, "activations: residual", N * C * 2);
             a->rstd_pa = qt_mem_plan_carve(p, "activations: norms", N * 4);
             a->rstd_pf = qt_mem_plan_carve(p, "activations: norms", N * 4);

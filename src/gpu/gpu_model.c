@@ -39,6 +39,7 @@
 #ifdef QT_MUTANTS
 #include "qt_mutant.h"
 #endif
+#include "qt_place.h"
 #include "qt_rope.h"
 #include "qt_test_hooks.h"
 
@@ -61,15 +62,18 @@ size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, fl
  * and output gradients, so its activations, recompute and SwiGLU backward are the bf16 backward's. */
 static int fp8_wgrad(const qt_gpu_model *g) { return g->fp8_bwd && !g->base; }
 
+/* The fp8 matmuls whose input the recompute rebuilds (bit 1 << qt_fp8_mm): qkv (part qkv), o (block), gate|up
+ * (ffn), down (swiglu: block_backward's SwiGLU backward makes down's input). */
+static unsigned fp8_redone(const qt_act_redo *r) {
+    return (r->qkv ? 1u << QT_FP8_QKV : 0) | (r->block ? 1u << QT_FP8_O : 0) | (r->ffn ? 1u << QT_FP8_GU : 0) |
+           (r->swiglu ? 1u << QT_FP8_DOWN : 0);
+}
+
 /* The fp8 matmuls whose Xq^T has one buffer for all layers (bit 1 << qt_fp8_mm). Without fp8 weight gradients
  * nothing reads Xq^T after the forward: all four. With them, those whose input the recompute
- * quantizes again before the layer's wgrad (block_run): qkv (part qkv), o (block), gate|up (ffn), down
- * (swiglu). */
+ * quantizes again before the layer's wgrad (block_run, fp8_redone). */
 static unsigned fp8_xq_shared(const qt_gpu_model *g) {
-    if (!fp8_wgrad(g)) return (1u << QT_FP8_NMM) - 1;
-    int r = g->as->policy.recompute;
-    return (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
-           (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0) | (r & QT_RC_SWIGLU ? 1u << QT_FP8_DOWN : 0);
+    return fp8_wgrad(g) ? fp8_redone(&g->as->redo) : (1u << QT_FP8_NMM) - 1;
 }
 
 /* Device memory this model allocates outside the arena: the cuBLASLt workspace, the autotuner's
@@ -142,7 +146,7 @@ static void *Wp(const qt_gpu_model *g, size_t off) {
 /* ZeRO-3: the rank keeps only its pieces of the bf16 weights; offloaded weights (w_host): they live in
  * host memory. Either way a layer's come whole into a weight slot when it is acquired (forward and
  * backward), and fp8 quantizes them from there (weight cache none). */
-static int from_slots(const qt_gpu_model *g) { return g->ps && (g->ps->plan.parallel.zero >= 3 || g->ps->plan.weights.host); }
+static int from_slots(const qt_gpu_model *g) { return g->ps && g->ps->weights_place->slots; }
 /* Weight gradients: every writer below accumulates ("+=") into them in the store's acc_dt (fp32, or bf16
  * rounded once per accumulation from its fp32 result: cuBLASLt beta = 1 epilogue, column/embedding sums).
  * A frozen base has none: NULL, and the writers skip it (the norms' kernels take a NULL dw), but for the base
@@ -349,11 +353,7 @@ void qt_gpu_model_print_plan(const qt_gpu_model *g) {
     QT_CUDA(cudaMemGetInfo(&free_b, &total_b));
     printf("qtrain: GPU %d %s (sm_%d%d), memory plan for micro-batch %d x %d tokens:\n", dev, p.name, p.major,
            p.minor, g->B, g->T);
-    char rc[64];
-    printf("  memory.recompute: %s (one buffer for all layers, rebuilt before each layer's backward)\n",
-           qt_act_recompute_names(g->as->policy.recompute, rc, sizeof rc));
-    if (g->as->policy.offload_residual)
-        printf("  memory.offload_residual: layers' input residuals in host memory, 2 on the GPU\n");
+    qt_plan_acts_print(&g->as->policy);
     qt_mem_plan_print(&g->plan);
     if (g->pl->memory.gpu_limit_gib > 0) printf("  %-30s %10.1f MiB\n", "memory.gpu_limit_gib", g->pl->memory.gpu_limit_gib * 1024.0);
     printf("  %-30s %10.1f MiB of %.1f MiB (the runtime reserve and autotune scratch come out of this)\n", "free now",
@@ -539,10 +539,10 @@ static void post_norm_fwd(qt_gpu_model *g, const char *label, void *y, float *rs
     g->fam.norm_fwd(y, rstd, x, NULL, Wp(g, post), g->N, c->hidden_size, c->rms_norm_eps, NULL, g->stream);
 }
 
-/* Block l's ops. The forward (redo 0) runs them all from the residual in res: prev_mid (the previous
+/* Block l's ops. The forward (redo NULL) runs them all from the residual in res: prev_mid (the previous
  * block's residual after attention) is first added into res by the fused RMSNorm, the kernels fold the
  * fp8 abs-maxes of the next matmuls' inputs, the down projection writes into out (the next block's res,
- * or res_final); it acquires the block's weights first. A recompute (redo = the store's resolved
+ * or res_final); it acquires the block's weights first. A recompute (redo = the store's redo, the resolved
  * memory.recompute parts; before the layer's backward) runs, in the same order, the same kernels on
  * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
  *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add); with an fp8
@@ -556,7 +556,8 @@ static void post_norm_fwd(qt_gpu_model *g, const char *label, void *y, float *rs
  * layer's Xq^T (one buffer for all layers where fp8_xq_shared says so). It folds no abs-max (the
  * forward's stay in the scale records) and writes no block output. The weights and, in fp8, their
  * quants are the forward's: nothing changes them before the optimizer step. */
-static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out, int redo) {
+static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const void *prev_mid, void *out,
+                      const qt_act_redo *redo) {
     const qt_model_cfg *c = &g->L->cfg;
     const qt_layer_offsets *o = &g->L->layers[l];
     dims d = dims_of(c);
@@ -564,6 +565,8 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
     long N = g->N;
     float eps = c->rms_norm_eps;
     int fwd = !redo;
+    static const qt_act_redo none;
+    const qt_act_redo *r = redo ? redo : &none;
 #define LABEL(x) (redo ? "recompute: " x : x) /* the per-op breakdown shows the recompute's cost apart */
     qt_gpu_layer *a = fwd ? qt_act_forward(g->as, l) : qt_act_backward(g->as, l);
     if (fwd) acquire(g, h, qt_layer_end(g->L, l));
@@ -577,17 +580,17 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
 #ifdef QT_MUTANTS
     stale = l > 0 && qt_mutant_on(QT_MUT_RECOMPUTE_STALE_LN);
 #endif
-    int ln1_redo = fp8_wgrad(g) ? redo & QT_RC_QKV && !stale : redo & QT_RC_NORM;
-    int ln2_redo = fp8_wgrad(g) ? redo & QT_RC_FFN && !stale : redo & QT_RC_NORM;
+    int ln1_redo = fp8_wgrad(g) ? r->qkv && !stale : r->norm;
+    int ln2_redo = fp8_wgrad(g) ? r->ffn && !stale : r->norm;
     if (fwd || ln1_redo) {
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         g->fam.norm_fwd(a->ln1, a->rstd1, a->res, fwd ? prev_mid : NULL, Wp(g, o->ln1), N, d.C, eps,
                         fwd ? fp8_amax(g, l, QT_FP8_QKV, 0) : NULL, s);
         if (fwd) qt_act_residual_final(g->as, l); /* res now holds the sum: the backward's copy (offload) */
     }
-    if (fwd || redo & QT_RC_QKV) {
+    if (fwd || r->qkv) {
         lin_fwd(g, LABEL("matmul fwd: qkv"), l, QT_FP8_QKV, a->qkv, a->ln1, o->wqkv, c->qkv_bias ? Wp(g, o->bqkv) : NULL, d.C,
-                d.QKV, redo);
+                d.QKV, !fwd);
         if (c->qk_norm) {
             qt_gpu_model_mark(g, LABEL("qk norm fwd"));
             g->fam.qknorm_fwd(a->qkv, a->qk, a->qk_rstd, Wp(g, o->qknorm), N, d.H, d.Hkv, d.D, eps, s);
@@ -595,13 +598,13 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
         qt_gpu_model_mark(g, LABEL("rope"));
         qt_rope_pos_fwd(a->qkv, layer_cs(g, l), g->docs.pos, g->B, g->T, d.H, d.Hkv, d.D, s);
     }
-    if (fwd || redo & QT_RC_ATT) {
+    if (fwd || r->att) {
         qt_gpu_model_mark(g, LABEL("attention fwd"));
         qt_attention_fwd_scaled(g->attn, a->att, a->lse, a->qkv, g->docs.kv_lo, g->B, g->T, d.H, d.Hkv, d.D,
                                 qt_model_layer_window(c, l), g->fam.attn_scale, s);
     }
-    if (fwd || redo & QT_RC_BLOCK) {
-        lin_fwd(g, LABEL("matmul fwd: o"), l, QT_FP8_O, a->po ? a->po : a->res_mid, a->att, o->wo, NULL, d.HD, d.C, redo);
+    if (fwd || r->block) {
+        lin_fwd(g, LABEL("matmul fwd: o"), l, QT_FP8_O, a->po ? a->po : a->res_mid, a->att, o->wo, NULL, d.HD, d.C, !fwd);
         post_norm_fwd(g, LABEL("rmsnorm fwd"), a->res_mid, a->rstd_pa, a->po, o->post_attn);
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         g->fam.norm_fwd(a->ln2, a->rstd2, a->res_mid, a->res, Wp(g, o->ln2), N, d.C, eps,
@@ -610,8 +613,8 @@ static void block_run(qt_gpu_model *g, const qt_param_hooks *h, int l, const voi
         qt_gpu_model_mark(g, LABEL("rmsnorm fwd"));
         g->fam.norm_fwd(a->ln2, a->rstd2, a->res_mid, NULL, Wp(g, o->ln2), N, d.C, eps, NULL, s);
     }
-    if (fwd || redo & QT_RC_FFN)
-        lin_fwd(g, LABEL("matmul fwd: gate|up"), l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F, redo);
+    if (fwd || r->ffn)
+        lin_fwd(g, LABEL("matmul fwd: gate|up"), l, QT_FP8_GU, a->gu, a->ln2, o->wgu, NULL, d.C, 2 * d.F, !fwd);
     if (fwd) {
         qt_gpu_model_mark(g, "swiglu");
         g->fam.glu_fwd(a->h, a->gu, N, d.F, fp8_amax(g, l, QT_FP8_DOWN, 0), s);
@@ -634,7 +637,7 @@ static void forward(qt_gpu_model *g, const qt_param_hooks *h) {
     qt_embedding_scaled_fwd(qt_act_forward(as, 0)->res, g->tok, Wp(g, g->L->embed), g->N, c->hidden_size, c->vocab_size,
                             g->fam.embed_scale, s);
     for (int l = 0; l < nl; l++)
-        block_run(g, h, l, l ? as->layers[l - 1].res_mid : NULL, l + 1 < nl ? as->layers[l + 1].res : as->res_final, 0);
+        block_run(g, h, l, l ? as->layers[l - 1].res_mid : NULL, l + 1 < nl ? as->layers[l + 1].res : as->res_final, NULL);
     acquire(g, h, g->L->numel); /* the final norm and an untied LM head */
     qt_gpu_model_mark(g, "rmsnorm fwd");
     g->fam.norm_fwd(as->lnf, as->rstdf, as->res_final, as->layers[nl - 1].res_mid, Wp(g, g->L->final_norm), g->N,
@@ -695,13 +698,13 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     dims d = dims_of(c);
     cudaStream_t s = g->stream;
     long N = g->N;
-    int r = as->policy.recompute; /* the recompute's Wq (the matmuls block_run redoes), the fp8 dgrad's Wq^T */
+    const qt_act_redo *r = &as->redo;
     acquire_back(g, h, o->ln1);
     base_layer(g, l);
-    if (g->fp8_fwd)
-        fp8_use_weights(g, l, (r & QT_RC_QKV ? 1u << QT_FP8_QKV : 0) | (r & QT_RC_BLOCK ? 1u << QT_FP8_O : 0) |
-                                  (r & QT_RC_FFN ? 1u << QT_FP8_GU : 0), g->fp8_bwd, 0);
-    if (as->policy.recompute) block_run(g, h, l, NULL, NULL, as->policy.recompute);
+    if (g->fp8_fwd) /* the recompute's Wq (the matmuls block_run redoes: down's input is the SwiGLU backward's), the
+                     * fp8 dgrad's Wq^T */
+        fp8_use_weights(g, l, fp8_redone(r) & ~(1u << QT_FP8_DOWN), g->fp8_bwd, 0);
+    if (r->any) block_run(g, h, l, NULL, NULL, r);
     qt_gpu_layer *a = qt_act_backward(as, l);
     /* MLP: h's buffer takes dh once down's weight gradient has read h; gu's takes dgu. With the SwiGLU
      * recomputed, what down's wgrad reads is made by the SwiGLU backward, which reads gu anyway: in fp8 down's
@@ -712,7 +715,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     stale_h = l > 0 && qt_mutant_on(QT_MUT_RECOMPUTE_STALE_H);
 #endif
     const void *dy = branch_dy(g, l, QT_FP8_DOWN, a->pm, a->rstd_pf); /* down's output gradient */
-    if (fp8_wgrad(g) && r & QT_RC_SWIGLU) {
+    if (fp8_wgrad(g) && r->swiglu) {
         qt_gpu_model_mark(g, "fp8 quantize: gradients");
         qt_fp8_quant_grad(g->fp8, l, QT_FP8_DOWN, dy, s);
         qt_gpu_model_mark(g, "matmul bwd: down");
@@ -722,7 +725,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
         else g->fam.fp8_glu_bwd_requant(g->fp8, l, a->gu, a->h, a->gu, fp8_amax(g, l, QT_FP8_GU, 1), s);
         qt_gpu_model_mark(g, "matmul bwd: down");
         qt_fp8_wgrad(g->fp8, g->mm, l, QT_FP8_DOWN, Gp(g, o->wdown), Gdt(g), s);
-    } else if (r & QT_RC_SWIGLU) { /* bf16, or a frozen base's fp8 dgrad */
+    } else if (r->swiglu) { /* bf16, or a frozen base's fp8 dgrad */
         base_dgrad(g, "matmul bwd: down", l, QT_FP8_DOWN, a->h, dy, o->wdown, d.F, d.C);
         if (g->lora) { /* dh complete before the SwiGLU backward reads it; dA once h is back */
             qt_gpu_model_mark(g, "lora bwd");

@@ -169,6 +169,7 @@ void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan
     pp->dp = n_ranks == 0 ? QT_DP_ONE : cfg->parallel.zero >= 1 && n_ranks > 1 ? QT_DP_SHARDED : QT_DP_REPLICATED;
     pp->n_ranks = n_ranks ? n_ranks : 1;
     pp->zero = pp->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
+    pp->split = (qt_plan_split){.state = pp->zero >= 1, .grads = pp->zero >= 2, .weights = pp->zero >= 3};
     pp->comm = cfg->parallel.comm;
     pp->nodes = n_ranks && cfg->parallel.nodes > 1 ? cfg->parallel.nodes : 1; /* a node of one GPU: a data-parallel rank */
     pp->world_pieces = pp->nodes > 1 && cfg->parallel.zero >= 1;
@@ -186,6 +187,19 @@ int qt_act_recompute_resolve(int parts) {
     if (parts & QT_RC_ATT) parts |= QT_RC_QKV;
     if (parts & QT_RC_FFN) parts |= QT_RC_SWIGLU;
     return parts;
+}
+
+qt_act_redo qt_act_redo_of(int parts) {
+    int r = qt_act_recompute_resolve(parts);
+    return (qt_act_redo){.norm = !!(r & QT_RC_NORM), .qkv = !!(r & QT_RC_QKV), .att = !!(r & QT_RC_ATT),
+                         .block = !!(r & QT_RC_BLOCK), .ffn = !!(r & QT_RC_FFN), .swiglu = !!(r & QT_RC_SWIGLU), .any = r != 0};
+}
+
+void qt_plan_acts_print(const qt_plan_acts *a) {
+    char rc[64];
+    printf("  memory.recompute: %s (one buffer for all layers, rebuilt before each layer's backward)\n",
+           qt_act_recompute_names(qt_act_recompute_resolve(a->recompute), rc, sizeof rc));
+    if (a->offload_residual) printf("  memory.offload_residual: layers' input residuals in host memory, 2 on the GPU\n");
 }
 
 const char *qt_act_recompute_names(int parts, char *buf, size_t cap) {
