@@ -47,8 +47,8 @@ const qt_param_hooks *qt_dp_sync_wait_hooks(qt_dp_sync *d);
 void qt_dp_sync_join(qt_dp_sync *d);
 /* ZeRO-3: the rank's pieces of the bf16 weights changed outside AdamW (a load): the weight slots
  * forget what they hold and the embedding / LM-head slots are gathered again before the next forward
- * (no collective here: a rank whose load fails must not leave the others waiting). Nothing otherwise. */
-void qt_dp_sync_reload(qt_dp_sync *d);
+ * (no collective here: a rank whose load fails must not leave the others waiting): 1. Nothing otherwise: 0. */
+int qt_dp_sync_reload(qt_dp_sync *d);
 
 /* Optimizer step, in order: reduce (the gradients summed over the ranks where they were not during the
  * backward; then norm and clip scale into the store's scalars), then per AdamW group its stream

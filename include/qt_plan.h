@@ -163,6 +163,14 @@ const char *qt_plan_refusal(const struct qt_config *cfg, const char **key);
 void qt_plan_fp8_cache_default(struct qt_config *cfg);
 /* What the GPU engines cannot run in cfg, as a message naming the key ("lora: not yet on the GPU ..."), or NULL. */
 const char *qt_engine_gpu_refusal(const struct qt_config *cfg);
+/* The checkpoint items an offloaded run's writer reads where they live (pinned host memory) instead of a copy:
+ * one GPU or ZeRO ranks (a replicated rank's are copied: the data-parallel engine hands rank 0's on), the optimizer
+ * arrays memory.offload names and the bf16 weights in host memory; all 0 without offloaded optimizer state.
+ * checkpoint.offloaded: copy (or the trainer's choice) copies them still. */
+typedef struct {
+    int master, weights, m, v;
+} qt_plan_ckpt_live;
+qt_plan_ckpt_live qt_plan_ckpt_in_place(const qt_plan *p);
 /* What a micro-step split around the host's rows (objective: dpo with full fine-tuning) cannot run with in p: the
  * weight slots, sharded or offloaded gradients, as a phrase naming the keys; NULL: none. */
 const char *qt_plan_rows_refusal(const qt_plan *p);

@@ -16,16 +16,17 @@ static void mutants_free(qt_dp_sync *d) {
 }
 #endif
 
-void qt_dp_sync_reload(qt_dp_sync *d) {
-    if (!d->plan.weights.slots) return;
+int qt_dp_sync_reload(qt_dp_sync *d) {
+    if (!d->wfill) return 0;
     qt_wslots_invalidate(d->ps->wslots);
     d->wslots.own_due = 1;
+    return 1;
 }
 
 void qt_dp_sync_inputs(qt_dp_sync *d) { qt_dp_grads_wait(d); }
 
 void qt_dp_sync_join(qt_dp_sync *d) {
-    if (d->plan.weights.slots && d->wslots.io.side != d->wslots.io.model) { /* the own slots' gathers and the codes on the side stream,
+    if (d->wfill && d->wslots.io.side != d->wslots.io.model) { /* the own slots' gathers and the codes on the side stream,
                                                           * the shared slots' on the gather stream */
         follow(d->g->stream, d->side, d->side_ev);
         gathers_join(d, d->g->stream);
@@ -104,12 +105,12 @@ void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS); /* the embeddings' bucket summed early */
     qt_gpu_step_args a = {scale, 1, (kind & MS_LOOKUPS) != 0, NULL};
     d->lookups_due = a.skip_lookups;
-    QT_CHECK(eager || !p->weights.slots, "ZeRO-3 and offloaded-weight micro-steps run eagerly (perf.cuda_graphs is refused with "
+    QT_CHECK(eager || !d->wfill, "ZeRO-3 and offloaded-weight micro-steps run eagerly (perf.cuda_graphs is refused with "
              "parallel.zero: 3 and memory.offload: [weights])");
     if (eager) {
-        qt_param_hooks h = {.weights_needed = p->weights.slots ? qt_dp_fill_forward : p->weights.ahead ? qt_dp_fill_wait : NULL,
-                            .grads_ready = kind & MS_SUMS ? qt_dp_grads_ready : NULL, .embed_ready = early ? qt_dp_grads_send_embedding : NULL,
-                            .ctx = d, .weights_back = p->weights.slots ? qt_dp_fill_backward : NULL};
+        qt_param_hooks h = {.weights_needed = d->wait_hooks.weights_needed, .grads_ready = kind & MS_SUMS ? qt_dp_grads_ready : NULL,
+                            .embed_ready = early ? qt_dp_grads_send_embedding : NULL, .ctx = d,
+                            .weights_back = d->wfill ? qt_dp_fill_backward : NULL};
         a.hooks = &h;
         qt_gpu_model_step(d->g, &a);
         return;
@@ -136,7 +137,7 @@ void qt_dp_sync_backward_rows(qt_dp_sync *d, const float *row_scale, int last) {
     const qt_plan *p = &d->plan;
     int kind = (last && p->parallel.overlap ? MS_SUMS : 0) | (last && p->parallel.lookups ? MS_LOOKUPS : 0);
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS);
-    qt_param_hooks h = {.weights_needed = p->weights.ahead ? qt_dp_fill_wait : NULL, .grads_ready = kind & MS_SUMS ? qt_dp_grads_ready : NULL,
+    qt_param_hooks h = {.weights_needed = d->wait_hooks.weights_needed, .grads_ready = kind & MS_SUMS ? qt_dp_grads_ready : NULL,
                         .embed_ready = early ? qt_dp_grads_send_embedding : NULL, .ctx = d};
     qt_gpu_step_args a = {0.0f, 1, (kind & MS_LOOKUPS) != 0, &h};
     d->lookups_due = a.skip_lookups;
@@ -192,9 +193,9 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     const qt_shard *sh = &d->ps->shard;
     const qt_layout *L = d->L;
     int ahead = d->plan.weights.ahead, nl = L->cfg.num_layers, ql = 0, rank = d->plan.parallel.rank;
-    if (sh->n_ranks == 1 && !d->plan.optimizer.ahead && !d->plan.weights.slots) return;
+    if (sh->n_ranks == 1 && !d->plan.optimizer.ahead && !d->wfill) return;
     cudaStream_t s = ahead ? d->side : g->stream;
-    if (d->plan.weights.slots) { /* no whole weights to gather into (or none on the GPU): the own slots only */
+    if (d->wfill) { /* no whole weights to gather into (or none on the GPU): the own slots only */
         if (sh->n_ranks > 1) qt_gpu_model_mark(g, "optimizer: weight all-gather"); /* and the codes */
         if (ahead) side_follows(d);
         if (ahead && k0 == 0 && d->test.ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->test.ag_delay_ms));
@@ -235,7 +236,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
                       .test.fail_gather = th->dp_fail_gather};
     d->gsync = qt_dp_grads_of(p);
     d->wfill = qt_dp_fill_of(p);
-    d->wait_hooks = (qt_param_hooks){.weights_needed = p->weights.slots ? qt_dp_fill_forward : p->weights.ahead ? qt_dp_fill_wait : NULL,
+    d->wait_hooks = (qt_param_hooks){.weights_needed = d->wfill ? qt_dp_fill_forward : p->weights.ahead ? qt_dp_fill_wait : NULL,
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
      * the backward's, and steps on 2 x H200 are slower. */
@@ -251,7 +252,7 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
         QT_CHECK(d->ag_ev, "out of host memory");
         for (int k = 0; k < sh->n_buckets; k++) QT_CUDA(cudaEventCreateWithFlags(&d->ag_ev[k], cudaEventDisableTiming));
     }
-    if (p->weights.slots) { /* the own slots are filled from the initial pieces at the first forward; offloaded
+    if (d->wfill) { /* the own slots are filled from the initial pieces at the first forward; offloaded
                       * weights always prefetch (copy up) on the gather stream */
         /* a stream of their own only where a gather is copies from pinned host memory (offloaded pieces:
          * qt_comm_all_gather_host; one GPU: H2D copies): a staged or one-shot collective must not run beside

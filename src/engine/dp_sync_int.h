@@ -89,7 +89,8 @@ struct qt_dp_sync {
 #endif
     graph_set graphs[MS_KINDS]; /* by micro-step kind (MS_*) */
     graph_set *capture;     /* the set being captured */
-    qt_param_hooks wait_hooks;
+    qt_param_hooks wait_hooks; /* weights_needed: every forward's, chosen once (the weight slots' fill, the wait for
+                                * the weights updated ahead, or none) */
     struct {                /* ZeRO-3, offloaded weights (plan.weights.slots): the weight slots' gathers */
         qt_wslots_io io;    /* gathers on gside with the overlap (prefetch), else the model's */
         cudaStream_t gside; /* the shared weight slots' gathers (prefetch) on a stream of their own, so the

@@ -376,15 +376,14 @@ static const char *const item_names[4] = {"weights", "weights_bf16", "adam_m", "
  * memory (AdamW writes them in the same chunks; with a bf16 master the widened "weights" is their view,
  * live as well); otherwise they are the device weights and their copy is the checkpoint's. A replicated
  * rank's are copied: the data-parallel engine hands rank 0's blobs on as snapshots. */
-static int live_state(const gpu_engine *e) { return e->plan.optimizer.host && e->plan.parallel.dp != QT_DP_REPLICATED && !e->ckpt_copy; }
-static int live_w(const gpu_engine *e) { return live_state(e) && e->g->ps->plan.weights.host; }
-/* Item i (weights, weights_bf16, adam_m, adam_v) lives in host memory and is written in place: the state
- * arrays memory.offload names (ps->host_opt.opt_host), the host weights, and with a bf16 master "weights" (their view). */
+/* Item i (weights, weights_bf16, adam_m, adam_v) lives in host memory and is written in place (the plan's
+ * qt_plan_ckpt_in_place): the state arrays memory.offload names, the host weights, and with a bf16 master
+ * "weights" (their view). */
 static int live_item(const gpu_engine *e, int i) {
-    const qt_param_store *ps = e->g->ps;
-    if (!live_state(e)) return 0;
-    if (i == 0) return ps->master ? (ps->host_opt.opt_host & QT_OFF_MASTER) != 0 : live_w(e);
-    return i == 1 ? live_w(e) : (ps->host_opt.opt_host & (i == 2 ? QT_OFF_M : QT_OFF_V)) != 0;
+    if (e->ckpt_copy) return 0;
+    qt_plan_ckpt_live lv = qt_plan_ckpt_in_place(&e->plan);
+    if (i == 0) return e->g->ps->master ? lv.master : lv.weights;
+    return i == 1 ? lv.weights : i == 2 ? lv.m : lv.v;
 }
 /* Elements of checkpoint item i (0 master, 1 bf16 weights, 2 m, 3 v): the rank's pieces, but the bf16 weights
  * whole below ZeRO-3. */
@@ -439,7 +438,6 @@ static size_t gpu_snapshot_bytes(const qt_engine *b) { return ((const gpu_engine
 
 static int gpu_state_live(qt_engine *b, qt_ckpt_live *live) {
     gpu_engine *e = (gpu_engine *)b;
-    if (!live_state(e)) return live->n = 0;
     *live = (qt_ckpt_live){0, {0}, e->g->ps->shard.len, e->g->ps->plan.optimizer.chunk}; /* the weights: numel <= shard.len */
     for (int i = 0; i < 4; i++)
         if (live_item(e, i)) live->idx[live->n++] = i;
@@ -496,8 +494,9 @@ static int gpu_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t err
                                         cudaMemcpyDefault, g->stream));
         }
     }
-    if (e->plan.weights.slots) qt_dp_sync_reload(e->sync); /* the fp8 abs-maxes come at each layer's forward */
-    else if (e->plan.precision.fp8) qt_fp8_quantize_weights(g->fp8, b->L, ps->w, 0, b->L->cfg.num_layers, g->stream);
+    /* the weight slots' fp8 abs-maxes come at each layer's forward; whole weights are quantized here */
+    if (!qt_dp_sync_reload(e->sync) && e->plan.precision.fp8)
+        qt_fp8_quantize_weights(g->fp8, b->L, ps->w, 0, b->L->cfg.num_layers, g->stream);
     QT_CUDA(cudaStreamSynchronize(g->stream));
     return 0;
 }

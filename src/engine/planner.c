@@ -71,12 +71,11 @@ static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char 
                          * them). A bf16 master has no fp32 copy: its
                          * "weights" is the bf16 weights widened as they are written. Replicated, only rank 0's
                          * (engine_dp.c); sharded, every rank's. */
-        int live = p->optimizer.host && (n == 1 || sharded) && p->memory.ckpt_offloaded != QT_CKPT_OFFLOAD_COPY;
-        int in_place = live ? p->optimizer.mask : 0; /* the offloaded state arrays, written where they are */
+        qt_plan_ckpt_live lv = {0}; /* the offloaded arrays, written where they are */
+        if (p->memory.ckpt_offloaded != QT_CKPT_OFFLOAD_COPY) lv = qt_plan_ckpt_in_place(p);
         size_t master = p->precision.master_dt == QT_DT_BF16 ? 0 : 4;
-        size_t state = ns * ((in_place & QT_OFF_MASTER ? 0 : master) + (in_place & QT_OFF_M ? 0 : es_m) +
-                             (in_place & QT_OFF_V ? 0 : es_v));
-        if (live && p->weights.host) bf16 = 0; /* offloaded weights (a ZeRO-3 rank's pieces): in place too */
+        size_t state = ns * ((lv.master ? 0 : master) + (lv.m ? 0 : es_m) + (lv.v ? 0 : es_v));
+        if (lv.weights) bf16 = 0; /* offloaded weights (a ZeRO-3 rank's pieces): in place too */
         /* sharded, the writer reads the ranks' pieces where they are (engine_dp.c: gathered items) */
         qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", (sharded ? n : 1) * (bf16 + state));
     }

@@ -162,3 +162,10 @@ const char *qt_plan_rows_refusal(const qt_plan *p) {
     if (p->grads.host_one) return "memory.offload: [gradients]";
     return NULL;
 }
+
+qt_plan_ckpt_live qt_plan_ckpt_in_place(const qt_plan *p) {
+    if (!p->optimizer.host || p->parallel.dp == QT_DP_REPLICATED) return (qt_plan_ckpt_live){0};
+    int mask = p->optimizer.mask ? p->optimizer.mask : QT_OFF_OPTIMIZER; /* as the store's placement (place_opt.c) */
+    return (qt_plan_ckpt_live){.master = (mask & QT_OFF_MASTER) != 0, .weights = p->weights.host,
+                               .m = (mask & QT_OFF_M) != 0, .v = (mask & QT_OFF_V) != 0};
+}
