@@ -2,13 +2,13 @@
  * layer, and the backward's activation-gradient scratch.
  *
  * Policy (chosen at creation, one for all layers): a tensor of a recomputed part (memory.recompute,
- * resolved by qt_act_recompute_resolve) has ONE buffer shared by all layers instead of one per layer:
+ * policy.redo: the parts with the implied ones) has ONE buffer shared by all layers instead of one per layer:
  * the forward of layer l overwrites it, and before layer l's backward the model rebuilds it from what
  * the layer kept (its input residual always; rstd1/rstd2 always) with the same kernels on the same
  * inputs, so the backward reads the same bits (gpu_model.c: block_run). Everything else stays
  * per layer from the forward to the backward. The forward takes layer l's buffers with
  * qt_act_forward(l); the backward with qt_act_backward(l), whose shared tensors the caller must rebuild
- * before reading them (policy.recompute says which), and gives them back with qt_act_release(l) once
+ * before reading them (policy.redo says which), and gives them back with qt_act_release(l) once
  * that layer's backward is enqueued.
  *
  * Residual offload (policy.offload_residual, memory.offload_residual): layer l's input residual res
@@ -33,7 +33,7 @@
 
 /* The plan's activations part (qt_plan.h). fp8_bwd: full fine-tuning's fp8 backward, whose wgrads read the e4m3
  * Xq^T of the matmul inputs, never ln1, ln2, h: those share one buffer over the layers, whatever is recomputed (a
- * recomputed qkv / gate|up rebuilds its norm input first). The store resolves recompute's implied parts. */
+ * recomputed qkv / gate|up rebuilds its norm input first). */
 typedef qt_plan_acts qt_act_policy;
 
 /* One layer's saved activations (bf16 unless noted), N = B*T tokens. */
@@ -63,7 +63,6 @@ typedef struct {
     const qt_model_cfg *c; /* borrowed */
     long N;
     qt_act_policy policy;
-    qt_act_redo redo;      /* the parts rebuilt before each layer's backward (policy.recompute resolved) */
     qt_gpu_layer *layers;  /* [num_layers] (owned host array); a recomputed tensor's pointer (and with
                             * policy.fp8_bwd, ln1 / ln2 / h's) is the same (shared) buffer in every layer */
     void *res_final;       /* [N,C] down output of the last layer, then the final residual */
@@ -80,7 +79,7 @@ typedef struct {
     struct qt_res_offload *off; /* offload_residual: host buffer, copy stream, events (qt_act_store_start) */
 } qt_act_store;
 
-/* A store for N tokens of model c (policy.recompute resolved here); host side only (no CUDA call). */
+/* A store for N tokens of model c; host side only (no CUDA call). */
 qt_act_store *qt_act_store_create(const qt_model_cfg *c, long N, qt_act_policy policy, char *err, size_t errlen);
 /* Frees what create and start made (the pinned host buffer, the copy stream and events included). */
 void qt_act_store_free(qt_act_store *as);

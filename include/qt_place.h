@@ -41,6 +41,7 @@ typedef struct qt_grads_place {
     const char *key; /* the config key that places them (errors) */
     int shard;       /* the rank keeps the fp32 sums of its pieces [shard.len], indexed like m and v */
     int slots;       /* the backward writes gradient slots (qt_param_g), not the array */
+    int host;        /* the array lives in pinned host memory */
 } qt_grads_place;
 
 extern const qt_grads_place qt_place_grads_whole, qt_place_grads_zero2, qt_place_grads_zero3, qt_place_grads_host,

@@ -83,8 +83,16 @@ typedef struct {           /* AdamW and its state */
     uint64_t seed;         /* the stochastic rounding's */
 } qt_plan_optimizer;
 
+/* The activations' placement decided once from memory.recompute (qt_act_redo_of): the tensor groups the backward rebuilds (the
+ * implied parts included), each with one buffer for all layers (qt_act_store.h, gpu_model.c's block_run). */
+typedef struct {
+    int norm, qkv, att, block, ffn, swiglu;
+    int any;               /* one of them: the backward rebuilds before each layer */
+} qt_act_redo;
+
 typedef struct {           /* the activations (qt_act_store.h) */
     int recompute;         /* qt_recompute_part bits as given (qt_act_recompute_resolve adds the implied ones) */
+    qt_act_redo redo;      /* what the store and the model read: the parts rebuilt, the implied ones included */
     int offload_residual;  /* input residuals in pinned host memory, two device slots */
     int host_wc;           /* that host memory write-combined (memory.host_alloc) */
     int fp8_bwd;           /* an fp8 backward with weight gradients (full fine-tuning): ln1, ln2, h share one
@@ -196,12 +204,6 @@ int qt_act_recompute_resolve(int parts);
 /* "swiglu, norm" (or "none"): the parts in bits, in the key's order. */
 const char *qt_act_recompute_names(int parts, char *buf, size_t cap);
 
-/* The activations' placement decided once from memory.recompute: the tensor groups the backward rebuilds (the
- * implied parts included), each with one buffer for all layers (qt_act_store.h, gpu_model.c's block_run). */
-typedef struct {
-    int norm, qkv, att, block, ffn, swiglu;
-    int any;               /* one of them: the backward rebuilds before each layer */
-} qt_act_redo;
 qt_act_redo qt_act_redo_of(int parts);
 /* Prints what the activations' plan keeps elsewhere: the recomputed parts, the offloaded residuals. */
 void qt_plan_acts_print(const qt_plan_acts *a);

@@ -149,11 +149,15 @@ static void test_act_store_rows(void) {
     /* k: set k / 4, offload_residual k & 1, an fp8 backward k & 2 (ln1 / ln2 / h shared whatever the set) */
     for (int k = 0; k < 4 * (int)(sizeof sets / sizeof sets[0]); k++) {
         int off = k & 1, f8 = k >> 1 & 1, set = sets[k / 4];
-        qt_act_policy pol = {.recompute = set, .offload_residual = off, .fp8_bwd = f8};
+        qt_act_policy pol = {.recompute = set, .redo = qt_act_redo_of(set), .offload_residual = off, .fp8_bwd = f8};
         qt_act_store *as = qt_act_store_create(c, N, pol, err, sizeof err);
         QT_REQUIRE(as, "%s", err);
-        int r = as->policy.recompute;
-        QT_EXPECT(r == qt_act_recompute_resolve(set), "set %d: resolved %d", set, r);
+        int r = qt_act_recompute_resolve(set);
+        const qt_act_redo *rd = &as->policy.redo; /* the decisions: the resolved parts */
+        QT_EXPECT(rd->norm == !!(r & QT_RC_NORM) && rd->qkv == !!(r & QT_RC_QKV) && rd->att == !!(r & QT_RC_ATT) &&
+                      rd->block == !!(r & QT_RC_BLOCK) && rd->ffn == !!(r & QT_RC_FFN) &&
+                      rd->swiglu == !!(r & QT_RC_SWIGLU) && rd->any == (r != 0),
+                  "set %d: the parts rebuilt", set);
         /* layers holding a buffer of the part's tensors: 1 when recomputed */
 #define NL_(part) ((r & (part)) ? 1 : nl)
         int sh[3] = {r & QT_RC_NORM || f8, r & QT_RC_NORM || f8, r & QT_RC_SWIGLU || f8}; /* ln1, ln2, h */

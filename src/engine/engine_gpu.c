@@ -27,6 +27,7 @@
 #include "qt_mutant.h"
 #endif
 #include "qt_pinned.h"
+#include "qt_place.h"
 #include "qt_test_hooks.h"
 
 typedef struct {
@@ -351,10 +352,10 @@ static void gpu_get_grads(qt_engine *b, float *gr) {
 static float *gpu_grads_device(qt_engine *b, int *device) {
     gpu_engine *e = (gpu_engine *)b;
     const qt_param_store *ps = e->g->ps;
-    QT_CHECK(!ps->plan.grads.host && ps->grad_dt == QT_DT_F32,
+    QT_CHECK(!ps->grads_place->host && ps->grad_dt == QT_DT_F32,
              "device gradients: expected fp32 gradients on the GPU, got %s (memory.offload: [gradients] keeps them in "
              "host memory; precision.grad_accum_dtype bf16 is not fp32): read them with qtrain_get_gradients",
-             ps->plan.grads.host ? "gradients in host memory" : "bf16 gradients");
+             ps->grads_place->host ? "gradients in host memory" : "bf16 gradients");
     qt_dp_sync_join(e->sync);
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
     QT_CUDA(cudaGetDevice(device));

@@ -25,11 +25,9 @@ struct qt_res_offload {
 
 qt_act_store *qt_act_store_create(const qt_model_cfg *c, long N, qt_act_policy policy, char *err, size_t errlen) {
     (void)err, (void)errlen;
-    policy.recompute = qt_act_recompute_resolve(policy.recompute);
     qt_act_store *as = calloc(1, sizeof *as);
     QT_CHECK(as, "out of host memory");
-    *as = (qt_act_store){.c = c, .N = N, .policy = policy, .redo = qt_act_redo_of(policy.recompute),
-                         .layers = calloc((size_t)c->num_layers, sizeof *as->layers)};
+    *as = (qt_act_store){.c = c, .N = N, .policy = policy, .layers = calloc((size_t)c->num_layers, sizeof *as->layers)};
     QT_CHECK(as->layers, "out of host memory");
     if (policy.offload_residual && c->num_layers > 2)
         as->host_bytes = (size_t)(c->num_layers - 2) * qt_mem_aligned((size_t)N * c->hidden_size * 2);
@@ -82,7 +80,7 @@ void qt_act_store_carve(qt_act_store *as, qt_mem_plan *p) {
     size_t N = (size_t)as->N, C = c->hidden_size, F = c->intermediate_size;
     size_t HD = (size_t)c->num_heads * c->head_dim, QKV = (size_t)(c->num_heads + 2 * c->num_kv_heads) * c->head_dim;
     const qt_gpu_layer *a0 = &as->layers[0];
-    const qt_act_redo *r = &as->redo;
+    const qt_act_redo *r = &as->policy.redo;
     int f8 = as->policy.fp8_bwd;
     /* ln1, ln2, h: recomputed, or (fp8 backward) read by no backward (a recomputed qkv / gate|up rebuilds
      * its norm input first: block_run) */

@@ -73,7 +73,7 @@ static unsigned fp8_redone(const qt_act_redo *r) {
  * nothing reads Xq^T after the forward: all four. With them, those whose input the recompute
  * quantizes again before the layer's wgrad (block_run, fp8_redone). */
 static unsigned fp8_xq_shared(const qt_gpu_model *g) {
-    return fp8_wgrad(g) ? fp8_redone(&g->as->redo) : (1u << QT_FP8_NMM) - 1;
+    return fp8_wgrad(g) ? fp8_redone(&g->as->policy.redo) : (1u << QT_FP8_NMM) - 1;
 }
 
 /* Device memory this model allocates outside the arena: the cuBLASLt workspace, the autotuner's
@@ -542,7 +542,7 @@ static void post_norm_fwd(qt_gpu_model *g, const char *label, void *y, float *rs
 /* Block l's ops. The forward (redo NULL) runs them all from the residual in res: prev_mid (the previous
  * block's residual after attention) is first added into res by the fused RMSNorm, the kernels fold the
  * fp8 abs-maxes of the next matmuls' inputs, the down projection writes into out (the next block's res,
- * or res_final); it acquires the block's weights first. A recompute (redo = the store's redo, the resolved
+ * or res_final); it acquires the block's weights first. A recompute (redo = the store's policy.redo, the resolved
  * memory.recompute parts; before the layer's backward) runs, in the same order, the same kernels on
  * the same inputs (the ones the layer kept, or rebuilt just before) for the shared tensors only:
  *   norm: ln1 (and ln2 from the kept res_mid, which holds the sum already: no add); with an fp8
@@ -698,7 +698,7 @@ static void block_backward(qt_gpu_model *g, const qt_param_hooks *h, int l) {
     dims d = dims_of(c);
     cudaStream_t s = g->stream;
     long N = g->N;
-    const qt_act_redo *r = &as->redo;
+    const qt_act_redo *r = &as->policy.redo;
     acquire_back(g, h, o->ln1);
     base_layer(g, l);
     if (g->fp8_fwd) /* the recompute's Wq (the matmuls block_run redoes: down's input is the SwiGLU backward's), the

@@ -24,6 +24,6 @@ static void clear(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
 static void free_host(qt_param_store *ps) { (void)ps; }
 
 const qt_grads_place qt_place_grads_zero2 = {alloc_host, carve, carve_stage, zero, clear, qt_place_grads_get_pieces,
-                                             free_host, "parallel.zero: 2", 1, 1};
+                                             free_host, "parallel.zero: 2", 1, 1, 0};
 const qt_grads_place qt_place_grads_zero3 = {alloc_host, carve, carve_stage, zero, clear, qt_place_grads_get_pieces,
-                                             free_host, "parallel.zero: 3", 1, 1};
+                                             free_host, "parallel.zero: 3", 1, 1, 0};

@@ -26,4 +26,4 @@ static void clear(qt_param_store *ps, int k0, int k1, cudaStream_t s) {
 static void free_host(qt_param_store *ps) { (void)ps; }
 
 const qt_grads_place qt_place_grads_whole = {alloc_host, carve, carve_stage, zero, clear, qt_place_grads_get_whole,
-                                             free_host, "the gradients", 0, 0};
+                                             free_host, "the gradients", 0, 0, 0};

@@ -150,7 +150,7 @@ void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan
     p->precision.fp8_cache = mem->fp8_weight_cache;
     int B = cfg->data.micro_batch;
     long N = (long)B * cfg->data.seq_len;
-    p->acts = (qt_plan_acts){.recompute = mem->recompute, .offload_residual = (mem->offload & QT_OFF_RESIDUAL) != 0,
+    p->acts = (qt_plan_acts){.recompute = mem->recompute, .redo = qt_act_redo_of(mem->recompute), .offload_residual = (mem->offload & QT_OFF_RESIDUAL) != 0,
                              .host_wc = mem->host_alloc == QT_HOST_WRITE_COMBINED,
                              .fp8_bwd = p->precision.fp8_bwd && cfg->lora.rank <= 0, /* LoRA: the adapters read ln1, ln2, h */
                              .lm_chunks = mem->lmhead_chunks > 0 ? mem->lmhead_chunks : 1,
