@@ -263,12 +263,14 @@ test-mutants: $(BUILD)/libqtrain.a
 	@bash tools/mutants.sh $(BUILD) $(MUT_BUILD) $(MUT_TESTS)
 
 # ---- layers: no #include and no call from a lower floor to a higher one (tools/check_layers.py), no
-# struct of more than 30 members (tools/struct_fields.py), and no planted bug outside #ifdef QT_MUTANTS
-# (tools/mutant_guard.py) ----
+# struct of more than 30 members (tools/struct_fields.py), no planted bug outside #ifdef QT_MUTANTS
+# (tools/mutant_guard.py), at most 40 lines reading a memory-mode flag outside the plan and the placements
+# (tools/mode_flags.py) ----
 .PHONY: check-layers
 check-layers: $(LIB_OBJ)
 	@$(PYTHON) tools/check_layers.py $(BUILD)
 	@$(PYTHON) tools/struct_fields.py
 	@$(PYTHON) tools/mutant_guard.py
+	@$(PYTHON) tools/mode_flags.py --max 40 >/dev/null || { $(PYTHON) tools/mode_flags.py; exit 1; }
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -83,8 +83,9 @@ typedef struct {           /* AdamW and its state */
     uint64_t seed;         /* the stochastic rounding's */
 } qt_plan_optimizer;
 
-/* The activations' placement decided once from memory.recompute (qt_act_redo_of): the tensor groups the backward rebuilds (the
- * implied parts included), each with one buffer for all layers (qt_act_store.h, gpu_model.c's block_run). */
+/* The activations' placement decided once from memory.recompute (qt_act_redo_of): the tensor groups the backward
+ * rebuilds (the implied parts included), each with one buffer for all layers (qt_act_store.h, gpu_model.c's
+ * block_run). */
 typedef struct {
     int norm, qkv, att, block, ffn, swiglu;
     int any;               /* one of them: the backward rebuilds before each layer */

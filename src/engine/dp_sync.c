@@ -108,7 +108,8 @@ void qt_dp_sync_micro_step(qt_dp_sync *d, float scale, int last, int eager) {
     QT_CHECK(eager || !d->wfill, "ZeRO-3 and offloaded-weight micro-steps run eagerly (perf.cuda_graphs is refused with "
              "parallel.zero: 3 and memory.offload: [weights])");
     if (eager) {
-        qt_param_hooks h = {.weights_needed = d->wait_hooks.weights_needed, .grads_ready = kind & MS_SUMS ? qt_dp_grads_ready : NULL,
+        qt_param_hooks h = {.weights_needed = d->wait_hooks.weights_needed,
+                            .grads_ready = kind & MS_SUMS ? qt_dp_grads_ready : NULL,
                             .embed_ready = early ? qt_dp_grads_send_embedding : NULL, .ctx = d,
                             .weights_back = d->wfill ? qt_dp_fill_backward : NULL};
         a.hooks = &h;
@@ -137,7 +138,8 @@ void qt_dp_sync_backward_rows(qt_dp_sync *d, const float *row_scale, int last) {
     const qt_plan *p = &d->plan;
     int kind = (last && p->parallel.overlap ? MS_SUMS : 0) | (last && p->parallel.lookups ? MS_LOOKUPS : 0);
     int early = (kind & (MS_SUMS | MS_LOOKUPS)) == (MS_SUMS | MS_LOOKUPS);
-    qt_param_hooks h = {.weights_needed = d->wait_hooks.weights_needed, .grads_ready = kind & MS_SUMS ? qt_dp_grads_ready : NULL,
+    qt_param_hooks h = {.weights_needed = d->wait_hooks.weights_needed,
+                        .grads_ready = kind & MS_SUMS ? qt_dp_grads_ready : NULL,
                         .embed_ready = early ? qt_dp_grads_send_embedding : NULL, .ctx = d};
     qt_gpu_step_args a = {0.0f, 1, (kind & MS_LOOKUPS) != 0, &h};
     d->lookups_due = a.skip_lookups;
@@ -236,7 +238,8 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
                       .test.fail_gather = th->dp_fail_gather};
     d->gsync = qt_dp_grads_of(p);
     d->wfill = qt_dp_fill_of(p);
-    d->wait_hooks = (qt_param_hooks){.weights_needed = d->wfill ? qt_dp_fill_forward : p->weights.ahead ? qt_dp_fill_wait : NULL,
+    d->wait_hooks = (qt_param_hooks){.weights_needed = d->wfill            ? qt_dp_fill_forward
+                                                       : p->weights.ahead ? qt_dp_fill_wait : NULL,
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
      * the backward's, and steps on 2 x H200 are slower. */

@@ -75,4 +75,5 @@ static void free_host(qt_param_store *ps) { qt_pinned_free(ps->grad); }
 const qt_grads_place qt_place_grads_host = {alloc_whole, carve_whole, no_stage, zero, clear_whole, get_whole, free_host,
                                             "memory.offload: [gradients]", 0, 1, 1};
 const qt_grads_place qt_place_grads_host_shard = {alloc_shard, carve_shard, carve_stage, zero, clear_shard,
-                                                  qt_place_grads_get_pieces, free_host, "memory.offload: [gradients]", 1, 1, 1};
+                                                  qt_place_grads_get_pieces, free_host, "memory.offload: [gradients]",
+                                                  1, 1, 1};

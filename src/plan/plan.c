@@ -150,7 +150,8 @@ void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan
     p->precision.fp8_cache = mem->fp8_weight_cache;
     int B = cfg->data.micro_batch;
     long N = (long)B * cfg->data.seq_len;
-    p->acts = (qt_plan_acts){.recompute = mem->recompute, .redo = qt_act_redo_of(mem->recompute), .offload_residual = (mem->offload & QT_OFF_RESIDUAL) != 0,
+    p->acts = (qt_plan_acts){.recompute = mem->recompute, .redo = qt_act_redo_of(mem->recompute),
+                             .offload_residual = (mem->offload & QT_OFF_RESIDUAL) != 0,
                              .host_wc = mem->host_alloc == QT_HOST_WRITE_COMBINED,
                              .fp8_bwd = p->precision.fp8_bwd && cfg->lora.rank <= 0, /* LoRA: the adapters read ln1, ln2, h */
                              .lm_chunks = mem->lmhead_chunks > 0 ? mem->lmhead_chunks : 1,
@@ -192,7 +193,8 @@ int qt_act_recompute_resolve(int parts) {
 qt_act_redo qt_act_redo_of(int parts) {
     int r = qt_act_recompute_resolve(parts);
     return (qt_act_redo){.norm = !!(r & QT_RC_NORM), .qkv = !!(r & QT_RC_QKV), .att = !!(r & QT_RC_ATT),
-                         .block = !!(r & QT_RC_BLOCK), .ffn = !!(r & QT_RC_FFN), .swiglu = !!(r & QT_RC_SWIGLU), .any = r != 0};
+                         .block = !!(r & QT_RC_BLOCK), .ffn = !!(r & QT_RC_FFN), .swiglu = !!(r & QT_RC_SWIGLU),
+                         .any = r != 0};
 }
 
 void qt_plan_acts_print(const qt_plan_acts *a) {
