@@ -33,7 +33,7 @@ ifeq ($(origin CPU)$(CPU)$(MAKELEVEL),file10)
 $(info make: no nvcc ($(NVCC), none on PATH): the CPU-only build (make CPU=0 insists on CUDA))
 endif
 CPU_ONLY_OUT := $(filter-out comm/rendezvous.c,$(wildcard cuda/*.c comm/*.c src/gpu/*.c)) \
-                $(addprefix src/engine/,engine_gpu.c engine_gpu_lora.c engine_dp.c dp_sync.c dp_nodes.c dp_nodes_none.c plan_auto.c \
+                $(addprefix src/engine/,engine_gpu.c engine_gpu_lora.c engine_dp.c dp_sync.c dp_grads.c dp_fill.c dp_nodes.c dp_nodes_none.c plan_auto.c \
                   plan_choose.c) src/plan/plan_axes.c src/plan/plan_choice.c src/plan/plan_cost.c src/plan/plan_lora.c
 GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_internode test_kernels test_lora_fp8 test_offload test_ops_gpu test_plan test_plan_lora \
              test_quant test_recompute test_sft test_stores test_weight_slots test_zero tool_lora_dump_gpu

@@ -77,7 +77,7 @@ def main():
     # leaves out cuda/, comm/, src/gpu/ and the GPU engines (CPU_ONLY_OUT). Their objects may be missing.
     cpu_only = os.path.exists(object_of("src/engine/engine_none.c", build))
     gpu_only = ("cuda/", "comm/", "src/gpu/", "src/engine/engine_gpu.c", "src/engine/engine_dp.c",
-                "src/engine/dp_sync.c", "src/engine/plan_auto.c", "src/engine/plan_choose.c", "src/engine/dp_nodes",
+                "src/engine/dp_sync.c", "src/engine/dp_grads.c", "src/engine/dp_fill.c", "src/engine/plan_auto.c", "src/engine/plan_choose.c", "src/engine/dp_nodes",
                 "src/plan/plan_axes.c", "src/plan/plan_choice.c", "src/plan/plan_cost.c", "src/plan/plan_lora.c")
     # NCCL or not (NCCL_FOUND): dp_nodes.c and comm/internode.c, or dp_nodes_none.c in their place
     nccl_variants = ("src/engine/dp_nodes.c", "src/engine/dp_nodes_none.c", "comm/internode.c")
