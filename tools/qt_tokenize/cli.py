@@ -169,6 +169,9 @@ def tokenize_all(a, files, opts, src, packer):
 
     workers = {}  # pid -> Process of every worker seen; none exits before the pool shuts down
 
+    def note_workers():  # after each submit too: the pool starts its workers there, so each is seen alive
+        workers.update((p.pid, p) for p in multiprocessing.active_children())
+
     def result(fut):
         # The pool's own check misses a worker killed halfway through sending a result larger than the
         # pipe (its manager thread then waits for ever on the rest of the message): the workers' exit
@@ -177,7 +180,7 @@ def tokenize_all(a, files, opts, src, packer):
             try:
                 return fut.result(timeout=0.5)
             except FutureTimeout:
-                workers.update((p.pid, p) for p in multiprocessing.active_children())
+                note_workers()
                 if any(p.exitcode is not None for p in workers.values()):
                     raise BrokenProcessPool from None
 
@@ -192,6 +195,7 @@ def tokenize_all(a, files, opts, src, packer):
     try:
         for task, done in tasks:
             pending.append((pool.submit(worker.run, task), done))
+            note_workers()
             while len(pending) >= 2 * a.workers:
                 take()
         while pending:
