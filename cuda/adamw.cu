@@ -256,6 +256,7 @@ extern "C" qt_adamw_plan *qt_adamw_plan_create(const qt_adamw_tensor *t, int n_t
     QT_CHECK(blocks < 0x7fffffffull, "adamw plan: %llu blocks exceed the grid limit", blocks);
     QT_CUDA(cudaMalloc((void **)&p->table, sizeof(adam_entry) * (size_t)n_tensors));
     QT_CUDA(cudaMemcpy(p->table, h, sizeof(adam_entry) * (size_t)n_tensors, cudaMemcpyHostToDevice));
+    QT_CUDA(cudaDeviceSynchronize()); /* the DMA from pageable memory landed before any stream's AdamW reads it */
     free(h);
     p->n = n_tensors;
     p->blocks = blocks;

@@ -97,6 +97,12 @@ def test_gpu_dlpack_gradients(tmp):
                 assert t.data_ptr() == tr._grad_device_ptr(name), "torch copied the gradients"
                 assert torch.equal(t.cpu(), torch.from_numpy(host[name])), f"{name}: device != host copy"
             tr.update()
+            try:  # a live view is memory of the trainer: close() refuses and the trainer stays open
+                tr.close()
+                raise AssertionError("close() ran while DLPack gradient views were alive")
+            except RuntimeError as e:
+                assert "DLPack gradient view" in str(e) and not tr.closed, e
+            del t, caps  # the views die; the with block's close() then runs
     finally:
         base.ENGINE.update(device="cpu", hidden=64, inter=128, extra="")
 

@@ -209,9 +209,11 @@ static int glora_load_state(qt_engine *b, const qt_ckpt *ck, char *err, size_t e
 #endif
     }
     QT_CUDA(cudaStreamSynchronize(e->g->stream));
-    QT_CUDA(cudaMemcpy(e->gl->a, e->ha, bytes, cudaMemcpyHostToDevice));
-    QT_CUDA(cudaMemcpy(e->gl->m, e->hm, bytes, cudaMemcpyHostToDevice));
-    QT_CUDA(cudaMemcpy(e->gl->v, e->hv, bytes, cudaMemcpyHostToDevice));
+    /* on the model's stream: a synchronous copy from pageable memory may return before its DMA lands, and the
+     * (non-blocking) stream's next kernels would not wait for it */
+    QT_CUDA(cudaMemcpyAsync(e->gl->a, e->ha, bytes, cudaMemcpyHostToDevice, e->g->stream));
+    QT_CUDA(cudaMemcpyAsync(e->gl->m, e->hm, bytes, cudaMemcpyHostToDevice, e->g->stream));
+    QT_CUDA(cudaMemcpyAsync(e->gl->v, e->hv, bytes, cudaMemcpyHostToDevice, e->g->stream));
     qt_gpu_lora_refresh(e->gl, e->g->stream);
     e->t = t;
     return 0;
@@ -347,7 +349,9 @@ static void dp_opt_step(qt_engine *b, float lr, long t, float *loss, float *gnor
     float g0 = 0;
     for (int r = 0; r < d->n; r++) {
         glora_engine *e = on(&d->rk[r]->base);
-        QT_CUDA(cudaMemcpy(e->gl->ga, d->sum, n * 4, cudaMemcpyHostToDevice));
+        /* ordered before the optimizer's kernels on the rank's non-blocking stream (a synchronous copy from pageable
+         * memory may return before its DMA lands) */
+        QT_CUDA(cudaMemcpyAsync(e->gl->ga, d->sum, n * 4, cudaMemcpyHostToDevice, e->g->stream));
         float l, g;
         glora_opt_step(&e->base, lr, t, &l, &g);
         QT_CHECK(r == 0 || !memcmp(&g, &g0, 4), "step %ld: rank %d's gradient norm %.9g differs from rank 0's %.9g: the "
