@@ -434,6 +434,7 @@ static void test_offload_weights_bitwise(void) {
          "offload: [weights, quants, gradients, m, v]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (!qt_t_case_selected(cases[i].name)) continue;
         run_out a, b;
         char why[512];
         qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of the offloaded optimizer state */
