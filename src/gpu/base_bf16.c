@@ -49,6 +49,7 @@ static void bf16_get(const qt_gpu_base *b, float *w) {
     size_t n = b->L->numel;
     uint16_t *h = malloc(n * 2);
     QT_CHECK(h, "out of host memory (%zu bf16 weights)", n);
+    QT_CUDA(cudaDeviceSynchronize()); /* a synchronous copy does not wait for the non-blocking streams that wrote them */
     QT_CUDA(cudaMemcpy(h, ((const base_bf16 *)b)->w, n * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) w[i] = qt_bf16_to_f32(h[i]);
     free(h);
