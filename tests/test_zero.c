@@ -671,16 +671,22 @@ static void test_zero2_accumulation(void) {
     int same = qt_t_same_bits(&z2, &z2n, 0, why, sizeof why);
     printf("  grad_accum 2, ZeRO-2 overlap on vs off (graphs): %s\n", same ? "bitwise equal" : why);
     QT_EXPECT(same, "ZeRO-2 with accumulation, overlap on vs off: %s", why);
+    /* At a QT_TEST_SHAPE shape lr 3e-3 drives the run through loss spikes (qwen3: 4.71 -> 8.16 at step 5,
+     * gradient norm 73; H200), after which ulp-level differences grow without bound: there the losses are
+     * compared over the 4 steps before the first spike (measured: within 2e-5 relative), not the weights. */
+    char none[1] = "";
+    int shaped = strcmp(qt_t_shape_yaml(none, sizeof none), "tiny") != 0, upto = shaped ? 4 : STEPS;
     double dl = 0;
-    for (int i = 0; i < STEPS; i++) dl = fmax(dl, fabs((double)z2.loss[i] - z1.loss[i]) / fabs((double)z1.loss[i]));
+    for (int i = 0; i < upto; i++) dl = fmax(dl, fabs((double)z2.loss[i] - z1.loss[i]) / fabs((double)z1.loss[i]));
     double dw = rel_diff(&z1, &z2, "weights");
-    printf("  grad_accum 2, ZeRO-2 vs ZeRO-1 (sums per micro-step vs once): losses within %.3g relative, "
-           "final weights within %.3g (relative L2)%s\n", dl, dw, rc == 1 ? " (bitwise equal)" : "");
+    printf("  grad_accum 2, ZeRO-2 vs ZeRO-1 (sums per micro-step vs once): losses of %d steps within %.3g relative, "
+           "final weights within %.3g (relative L2)%s\n", upto, dl, dw, rc == 1 ? " (bitwise equal)" : "");
     /* Adding per micro-step rounds differently from summing the accumulated gradients once, and 20 steps
      * at lr 3e-3 on this tiny model amplify it: measured on an H100, losses within 0.0112 relative and
      * final weights within 0.00619 (relative L2). The bound holds that with room, and a real bug (a lost
      * or doubled micro-step) lands far outside it. */
-    QT_EXPECT(dl <= 0.03 && dw <= 0.02, "ZeRO-2 vs ZeRO-1 with accumulation: losses %.3g, weights %.3g", dl, dw);
+    if (shaped) QT_EXPECT(dl <= 1e-3, "ZeRO-2 vs ZeRO-1 with accumulation: losses of the first 4 steps %.3g", dl);
+    else QT_EXPECT(dl <= 0.03 && dw <= 0.02, "ZeRO-2 vs ZeRO-1 with accumulation: losses %.3g, weights %.3g", dl, dw);
     QT_EXPECT(z2.loss[STEPS - 1] < z2.loss[0], "loss did not fall");
 }
 
