@@ -269,6 +269,18 @@ static inline const char *qt_t_shape_yaml(char *yaml, size_t cap) {
     return "tiny";
 }
 
+/* 1 when QT_TEST_SHAPE names one of qt_t_shape_yaml's shapes (the runs are shaped), else 0 (the tiny default). */
+static inline int qt_t_shaped(void) {
+    char none[1] = "";
+    return strcmp(qt_t_shape_yaml(none, sizeof none), "tiny") != 0;
+}
+
+/* State elements per chunk of an offloaded optimizer in the bitwise suites: hundreds of chunks, their boundaries
+ * inside tensors. 1000 at the tiny default; at a shaped run's 23-40M parameters 1000 would mean 23-40k chunk
+ * copies per state array and step (a case's run outlasting a device call), so 63,000 (a multiple of 8 and of no
+ * row length). */
+static inline size_t qt_t_offload_chunk(void) { return qt_t_shaped() ? 63000 : 1000; }
+
 static inline int qt_t_run_yaml(const char *yaml, const char *logp, const char *ckpt_dir, const char *resume, long stop,
                                 qt_t_run_out *o, char *err, size_t errlen) {
     qt_config c;

@@ -437,7 +437,7 @@ static void test_offload_weights_bitwise(void) {
         if (!qt_t_case_selected(cases[i].name)) continue;
         run_out a, b;
         char why[512];
-        qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of the offloaded optimizer state */
+        qt_test_hooks h = {.offload_chunk = qt_t_offload_chunk()}; /* many chunks of the offloaded optimizer state */
         qt_test_hooks_set(strstr(cases[i].list, "master") ? &h : NULL);
         int rc = compare(cases[i].name, cases[i].lines, cases[i].mem, cases[i].list, &a, &b, why, sizeof why);
         qt_test_hooks_set(NULL);
@@ -527,7 +527,7 @@ static void test_offload_opt_parts_bitwise(void) {
         {"o_all_zc_wc_bf16master", "precision: {master_dtype: bf16}\n",
          "offload: [weights, master, m, v], zero_copy: true, host_alloc: write_combined"},
     };
-    qt_test_hooks h = {.offload_chunk = 1000};
+    qt_test_hooks h = {.offload_chunk = qt_t_offload_chunk()};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_out a, b;
         char why[512];
@@ -610,7 +610,7 @@ static void test_offload_gradients_bitwise(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_out a, b;
         char why[512];
-        qt_test_hooks h = {.offload_chunk = 1000};
+        qt_test_hooks h = {.offload_chunk = qt_t_offload_chunk()};
         if (!qt_t_case_selected(cases[i].name)) continue;
         qt_test_hooks_set(strstr(cases[i].list, "master") ? &h : NULL);
         g_model = cases[i].model;
@@ -777,7 +777,7 @@ static void ranks_bitwise(const rank_case *cases, size_t n) {
         for (size_t i = 0; i < n; i++) {
             run_out a, b;
             char why[512] = "", err[1024], tag[160], mem[256];
-            qt_test_hooks h = {.offload_chunk = 1000}; /* many chunks of an offloaded optimizer state */
+            qt_test_hooks h = {.offload_chunk = qt_t_offload_chunk()}; /* many chunks of an offloaded optimizer state */
             g_model = cases[i].model;
             int rc = 0;
             for (int k = 0; k < 2 && !rc; k++) {
