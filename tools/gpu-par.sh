@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 root=${OUT:-out/gpu-check}
 mkdir -p "$root"
 # the carried binaries in place once, not by every list at once (tools/gpu-check.sh does it for one list)
-if [ -d build/dev ]; then cp -a -u build/dev/. build/; fi
+if [ -f build/dev/bins.tar.xz ]; then t=$(mktemp -d) && tar -C "$t" -xJf build/dev/bins.tar.xz && cp -a -u "$t"/. . && rm -rf "$t"; fi
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
 i=0
 for list in "$@"; do
