@@ -163,6 +163,7 @@ def test_tables(tmp):
 
 
 def test_codes_absmax(tmp):
+    lib()  # skips without bitsandbytes or torch
     for i, shape in enumerate(SHAPES):
         for dtype in ("bf16", "fp32"):
             x = data(shape, dtype, 100 + i)
@@ -174,6 +175,7 @@ def test_codes_absmax(tmp):
 
 
 def test_double_quant(tmp):
+    lib()  # skips without bitsandbytes or torch
     code = dyn_map()
     ulps = farther = total = 0
     for i, shape in enumerate(SHAPES):
@@ -222,6 +224,7 @@ def state_of(q, a2, off, shape, dtype):
 
 
 def test_dequant(tmp):
+    lib()  # skips without bitsandbytes or torch
     for i, shape in enumerate(SHAPES):
         n = int(np.prod(shape))
         x = data(shape, "bf16", 300 + i)
@@ -240,6 +243,7 @@ def test_dequant(tmp):
 
 
 def test_zero_block(tmp):
+    lib()  # skips without bitsandbytes or torch
     x = torch.randn(200)
     x[64:128] = 0
     codes, absmax, _, _, _ = ours_quant(x, "fp32")
