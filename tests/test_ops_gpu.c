@@ -129,9 +129,13 @@ static const op_case CASES[] = {
     {&OP_QKN_FWD, {1, 2, 1, 64}, 0, 0, 0, 0, 0}, {&OP_QKN_FWD, {37, 8, 2, 128}, 0, 0, 0, 0, 0},
     {&OP_QKN_FWD, {7, 6, 2, 24}, 0, 0, 0, 0, 1}, /* D not a multiple of 32, one-off pointers */
     {&OP_QKN_BWD, {1, 2, 1, 64}, F32, 0, O_AMAX, 0, 0}, {&OP_QKN_BWD, {37, 8, 2, 128}, F32, 0, O_AMAX, 0, 0},
-    {&OP_QKN_BWD, {1000, 4, 2, 128}, F32, 0, O_AMAX, 0, 0}, /* several rows per dw part, an uneven last part */
+    {&OP_QKN_BWD, {1000, 4, 2, 128}, F32, 0, O_AMAX, 0, 0},
     {&OP_QKN_BWD, {7, 6, 2, 24}, BF16, 0, 0, 0, 1}, {&OP_QKN_BWD, {33, 4, 4, 64}, F32, 0, O_NODW, 0, 0},
     {&OP_QKN_BWD, {129, 16, 4, 128}, BF16, 0, O_AMAX, 0, 0},
+    /* several rows per dw part, an uneven last part: the vector layout, and one-off pointers (the strided one) */
+    {&OP_QKN_BWD, {5000, 4, 2, 64}, F32, 0, O_AMAX, 0, 0}, {&OP_QKN_BWD, {5000, 4, 2, 64}, BF16, 0, O_AMAX, 0, 1},
+    {&OP_QKN_BWD, {37, 8, 2, 128}, BF16, 0, O_AMAX, 0, 1}, {&OP_QKN_FWD, {37, 8, 2, 128}, 0, 0, 0, 0, 1},
+    {&OP_QKN_FWD, {3000, 8, 2, 128}, 0, 0, 0, 0, 0},
     /* the (1 + w) form (Gemma 3): its head_dim 256 and 128 (27B), GQA */
     {&OP_QKN1P_FWD, {37, 4, 1, 256}, 0, 0, 0, 0, 0}, {&OP_QKN1P_FWD, {7, 6, 2, 24}, 0, 0, 0, 0, 1},
     {&OP_QKN1P_BWD, {37, 8, 4, 256}, F32, 0, O_AMAX, 0, 0}, {&OP_QKN1P_BWD, {129, 16, 8, 128}, BF16, 0, O_AMAX, 0, 0},
