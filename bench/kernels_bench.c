@@ -160,6 +160,7 @@ int main(int argc, char **argv) {
         t[k].numel = k == b.n_tensors - 1 ? NPARAM - t[k].offset : per;
         t[k].wd = k % 2 ? 0.1f : 0.0f;
         t[k].state = t[k].offset;
+        t[k].sr_shift = 0;
     }
     b.plan = qt_adamw_plan_create(t, b.n_tensors);
     free(t);

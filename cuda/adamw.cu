@@ -23,7 +23,8 @@
  * Sharded state (ZeRO-1): master, m and v may hold only a rank's pieces of the array (the plan then
  * covers only those), each table entry saying where its elements sit (index i - shift); w_bf16 and g
  * stay whole arrays and the stochastic-rounding hash keeps the flat index, so a shard updates exactly
- * as the whole would. With qt_adamw_args.g_at_state (ZeRO-2) g too holds only the pieces, indexed like
+ * as the whole would; each entry's sr_shift moves that index to the compact layout's (qt_model.h), so a padded
+ * layout rounds as the compact one. With qt_adamw_args.g_at_state (ZeRO-2) g too holds only the pieces, indexed like
  * m and v; with w_at_state (ZeRO-3) w_bf16 too (the hash keeps the flat index). */
 #include <math.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@
 typedef struct {
     unsigned long long offset, numel, block0;
     unsigned long long shift; /* flat index - state index of this entry's elements */
+    unsigned long long sr_shift; /* flat index - the stochastic rounding's hash index */
     float wd;
 } adam_entry;
 
@@ -130,7 +132,8 @@ static __device__ __forceinline__ void st_mv(void *p, int is_bf16, unsigned long
 }
 
 /* One scalar element (chunk head/tail, or every element when the arrays are not aligned). */
-static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, unsigned long long j, bf16 *wb,
+static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, unsigned long long j,
+                                                        unsigned long long sr_shift, bf16 *wb,
                                                         float *master, const void *g, void *m, void *v, float gs,
                                                         float wd, const adam_params *p) {
     float mi = ld_mv(m, p->m_bf16, j), vi = ld_mv(v, p->v_bf16, j);
@@ -142,7 +145,7 @@ static __device__ __forceinline__ unsigned int adam_one(unsigned long long i, un
     float wa = w;
     if (master) master[j] = w;
     if (wb) {
-        bf16 h = adam_round(w, SR_INDEX(i, j), p);
+        bf16 h = adam_round(w, SR_INDEX(i - sr_shift, j), p);
         wb[wi] = h;
         wa = __bfloat162float(h);
     }
@@ -196,7 +199,7 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
                 bf16 hb[4];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    hb[k] = adam_round(w[k], SR_INDEX(i + k, j + k), &p);
+                    hb[k] = adam_round(w[k], SR_INDEX(i + k - e.sr_shift, j + k), &p);
                     w[k] = __bfloat162float(hb[k]);
                 }
                 uint2 u;
@@ -209,9 +212,9 @@ adamw_fwd_kernel(const adam_entry *tab, int ntab, bf16 *wb, float *master, const
         }
     }
     for (unsigned long long i = a0 + threadIdx.x; i < h; i += ADAM_THREADS)
-        tally(adam_one(i, i - e.shift, wb, master, g, m, v, gs, wd, &p), &amax, &nbad);
+        tally(adam_one(i, i - e.shift, e.sr_shift, wb, master, g, m, v, gs, wd, &p), &amax, &nbad);
     for (unsigned long long i = t + threadIdx.x; i < a1; i += ADAM_THREADS)
-        tally(adam_one(i, i - e.shift, wb, master, g, m, v, gs, wd, &p), &amax, &nbad);
+        tally(adam_one(i, i - e.shift, e.sr_shift, wb, master, g, m, v, gs, wd, &p), &amax, &nbad);
     if (absmax) {
         unsigned int u = amax;
         for (int o = 16; o > 0; o >>= 1) u = max(u, __shfl_xor_sync(0xffffffffu, u, o));
@@ -246,6 +249,9 @@ extern "C" qt_adamw_plan *qt_adamw_plan_create(const qt_adamw_tensor *t, int n_t
                  t[k].offset, t[k].state);
         h[k].shift = t[k].offset - t[k].state;
         p->shift4 &= h[k].shift % 4 == 0;
+        QT_CHECK(t[k].sr_shift <= t[k].offset, "adamw plan: tensor %d at %zu has a rounding shift of %zu", k,
+                 t[k].offset, t[k].sr_shift);
+        h[k].sr_shift = t[k].sr_shift;
         h[k].offset = t[k].offset;
         h[k].numel = t[k].numel;
         h[k].wd = t[k].wd;

@@ -186,11 +186,13 @@ void qt_sum_f32(double *sum, const float *x, long n, cudaStream_t s);
 /* One tensor of the flat array: elements [offset, offset+numel) take weight decay wd; their master
  * weights and moments sit at master/m/v[state ..] (state = offset for whole arrays; a ZeRO-1 rank keeps
  * only its pieces, back to back). offset - state must be a multiple of 4 for the vector path. Elements
- * that no entry covers (alignment padding) are left untouched. */
+ * that no entry covers (alignment padding) are left untouched. The stochastic rounding hashes element
+ * i as i - sr_shift (a padded layout's tensor offset minus its compact offset: qt_model.h; 0 = i). */
 typedef struct {
     size_t offset, numel;
     float wd;
     size_t state;
+    size_t sr_shift;
 } qt_adamw_tensor;
 typedef struct qt_adamw_plan qt_adamw_plan;
 /* Uploads the tensor table to the current device. Caller frees with qt_adamw_plan_free. */
@@ -203,7 +205,8 @@ typedef struct {
     uint64_t seed;     /* stochastic rounding: hash of (seed, t, index) */
     int stochastic;    /* 1: bf16 weights rounded stochastically; 0: RNE */
     int g_at_state;    /* 1: g holds only the state's pieces, at the state index like m and v (ZeRO-2) */
-    int w_at_state;    /* 1: so does w_bf16 (ZeRO-3); the stochastic rounding still hashes the flat index */
+    int w_at_state;    /* 1: so does w_bf16 (ZeRO-3); the stochastic rounding still hashes the flat index
+                        * (less the entry's sr_shift) */
     unsigned *nonfinite; /* device uint32 += the number of new weights that are NaN/Inf (the bf16 value when
                           * w_bf16 is given, else the master), saturating at 2^32 - 1; NULL: not counted */
 } qt_adamw_args;

@@ -5,7 +5,11 @@
  *   q_proj, k_proj, v_proj  -> one [(H + 2*Hkv) * D, C] matrix  (and their biases -> one vector)
  *   gate_proj, up_proj      -> one [2F, C] matrix (gate rows first)
  * Every tensor group starts at a multiple of QT_LAYOUT_ALIGN elements; the padding is zero and stays
- * zero (its gradient is zero and it takes no weight decay). Names are the HF ones
+ * zero (its gradient is zero and it takes no weight decay). A sharded run also starts each shard unit (the
+ * embedding, each layer, the final norm with the LM head) at a multiple of its unit alignment
+ * (qt_layout_init_units), so that no tensor straddles two ranks; a tensor's compact offset is its offset in
+ * the layout of alignment QT_LAYOUT_ALIGN, which the seeded init, the stochastic rounding and the
+ * checkpoint files use, so that a run's bits do not depend on its unit alignment. Names are the HF ones
  * ("model.layers.3.self_attn.q_proj.weight"), so checkpoints and safetensors use them as they are. */
 #ifndef QT_MODEL_H
 #define QT_MODEL_H
@@ -86,6 +90,7 @@ typedef struct {
     int ndim;            /* 1 or 2 */
     int64_t shape[2];    /* [rows, cols] for matrices, [n] for vectors */
     size_t offset;       /* into the flat array, elements */
+    size_t compact;      /* offset in the layout of unit alignment QT_LAYOUT_ALIGN (== offset there) */
     size_t numel;
     int is_matrix;       /* projection matrices: the ones AdamW decays by default */
 } qt_tensor;
@@ -105,6 +110,11 @@ typedef struct {
     size_t embed, final_norm, lm_head; /* lm_head == embed when tied */
     size_t numel;              /* length of the flat array, padding included */
     size_t n_params;           /* real parameters (tied embedding counted once) */
+    size_t unit_align;         /* every shard unit starts at a multiple of it (QT_LAYOUT_ALIGN: the compact layout) */
+    size_t compact_numel;      /* numel of the compact layout: a checkpoint blob's elements */
+    int n_units;               /* the embedding, each layer, the final norm with the LM head */
+    size_t *unit_at;           /* owned, n_units + 1 entries: each unit's first element, then numel */
+    size_t *unit_compact;      /* owned, n_units + 1 entries: the same in the compact layout, then compact_numel */
 } qt_layout;
 
 /* The most elements a model may have (2^40: 4 TiB of fp32 weights), so that every size derived
@@ -141,9 +151,17 @@ static inline int qt_model_is_gemma(const qt_model_cfg *cfg) { return cfg->arch 
  * rms_norm_eps when 0 (qwen2 and qwen3 1e6, 1e-6; llama 1e4, 1e-5; mistral 1e4, 1e-6; gemma3 1e6, 1e-6), the
  * RoPE defaults (qt_rope_finish); qwen3 and gemma3 get qk_norm. */
 void qt_model_cfg_finish(qt_model_cfg *cfg);
-/* Builds the tensor table. Caller frees with qt_layout_free. Returns 0 or -1 (invalid cfg). */
+/* Builds the tensor table of the compact layout (unit alignment QT_LAYOUT_ALIGN). Caller frees with
+ * qt_layout_free. Returns 0 or -1 (invalid cfg). */
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg, char *err, size_t errlen);
+/* The same with every unit (the embedding at 0, each layer's ln1, the final norm) and the end at a multiple of
+ * unit_align (a multiple of QT_LAYOUT_ALIGN; the padding between is zero). -1 with err for a bad unit_align. */
+int qt_layout_init_units(qt_layout *L, const qt_model_cfg *cfg, size_t unit_align, char *err, size_t errlen);
 void qt_layout_free(qt_layout *L);
+/* The compact index of flat element i (i in a unit's padding: where that unit's compact part ends). */
+size_t qt_layout_compact(const qt_layout *L, size_t i);
+/* The flat index of compact element c (< compact_numel). */
+size_t qt_layout_flat(const qt_layout *L, size_t c);
 /* One past layer l's last element in the flat array: the next layer's first (ln1), or the final norm. */
 static inline size_t qt_layer_end(const qt_layout *L, int l) {
     return l + 1 < L->cfg.num_layers ? L->layers[l + 1].ln1 : L->final_norm;
@@ -154,7 +172,8 @@ const qt_tensor *qt_layout_find(const qt_layout *L, const char *name);
  * scale by 1 + w), biases and padding 0. Deterministic for a seed whatever the thread count. */
 void qt_layout_init_weights(const qt_layout *L, float *w, uint64_t seed, float std);
 /* The same values for the flat elements [lo, lo + n) only, into dst[0, n) (each element is a hash of
- * (seed, its flat index): a range is bit-identical to that part of the whole array). */
+ * (seed, its compact index): a range is bit-identical to that part of the whole array, and a tensor's values
+ * are the same at every unit alignment). */
 void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, uint64_t seed, float std);
 /* How those values fill tensor t: QT_INIT_NORMAL (2-D: N(0, std) by flat index), QT_INIT_CONST (norms: *v, 1 or
  * gemma3's 0) or QT_INIT_ZERO (biases). */

@@ -577,8 +577,8 @@ static const op_def OP_SUM = {"sum_f32", "n", 0, NULL, sum_build, sum_ref, sum_l
  * Elements outside ATAB (alignment padding) keep their bits. The last tensor starts off a multiple of 4:
  * scalar head, groups of 4, scalar tail. fp32 paths: the CPU's operations in order: 1e-6 relative. ---- */
 #define NT 5
-static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f, 0}, {5056, 7, 0.0f, 5056}, {5120, 10000, 0.1f, 5120},
-                                         {15168, 1, 0.0f, 15168}, {15171, 14, 0.1f, 15171}};
+static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f, 0, 0}, {5056, 7, 0.0f, 5056, 0}, {5120, 10000, 0.1f, 5120, 0},
+                                         {15168, 1, 0.0f, 15168, 0}, {15171, 14, 0.1f, 15171, 0}};
 #define ATOT 15232L
 static const qt_adamw_args ADAM_ARGS = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 1234, 0, 0, 0, NULL};
 static int adam_pad(long i) {

@@ -207,8 +207,8 @@ static void test_geglu_bwd_quant_t_bitwise(void) {
 /* ---- AdamW ---- */
 #define NT 5
 /* the last tensor starts off a multiple of 4: scalar head, groups of 4, scalar tail */
-static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f, 0}, {5056, 7, 0.0f, 5056}, {5120, 10000, 0.1f, 5120},
-                                         {15168, 1, 0.0f, 15168}, {15171, 14, 0.1f, 15171}};
+static const qt_adamw_tensor ATAB[NT] = {{0, 5000, 0.1f, 0, 0}, {5056, 7, 0.0f, 5056, 0}, {5120, 10000, 0.1f, 5120, 0},
+                                         {15168, 1, 0.0f, 15168, 0}, {15171, 14, 0.1f, 15171, 0}};
 #define ATOT 15232
 
 /* ZeRO-1: two ranks, two buckets (as qt_partition cuts them): each rank's master, m, v hold its piece of
@@ -232,7 +232,7 @@ static void test_adamw_sharded(void) {
             for (int k = 0; k < NT; k++) {
                 size_t a = ATAB[k].offset > lo ? ATAB[k].offset : lo;
                 size_t b = ATAB[k].offset + ATAB[k].numel < hi ? ATAB[k].offset + ATAB[k].numel : hi;
-                if (a < b) t[nt++] = (qt_adamw_tensor){a, b - a, ATAB[k].wd, st + (a - lo)};
+                if (a < b) t[nt++] = (qt_adamw_tensor){a, b - a, ATAB[k].wd, st + (a - lo), 0};
             }
         }
         part[r] = qt_adamw_plan_create(t, nt);
@@ -325,8 +325,8 @@ static void test_adamw_counts_nonfinite(void) {
  * ahead of the updates if a slot were refilled before its chunk went back down; the last chunk's state
  * is copied on the host right after the stream syncs, so it must be back by then. */
 #define OT 5
-static const qt_adamw_tensor OTAB[OT] = {{0, 400000, 0.1f, 0}, {400032, 7, 0.0f, 400032}, {400096, 1, 0.0f, 400096},
-                                         {400099, 14, 0.1f, 400099}, {400128, 1100000, 0.1f, 400128}};
+static const qt_adamw_tensor OTAB[OT] = {{0, 400000, 0.1f, 0, 0}, {400032, 7, 0.0f, 400032, 0}, {400096, 1, 0.0f, 400096, 0},
+                                         {400099, 14, 0.1f, 400099, 0}, {400128, 1100000, 0.1f, 400128, 0}};
 #define OTOT 1500128
 #define OCHUNK 160002
 static void CUDART_CB sleep_5ms(void *unused) {
@@ -607,7 +607,7 @@ static void test_adamw_bf16_master_cuts(void) {
                 for (int k = 0; k < NT; k++) {
                     size_t a = ATAB[k].offset > lo ? ATAB[k].offset : lo;
                     size_t e = ATAB[k].offset + ATAB[k].numel < hi ? ATAB[k].offset + ATAB[k].numel : hi;
-                    if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, ATAB[k].wd, st + (a - lo)};
+                    if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, ATAB[k].wd, st + (a - lo), 0};
                 }
             }
             rank[r] = qt_adamw_plan_create(t, nt);
@@ -640,7 +640,7 @@ static void test_adamw_bf16_master_cuts(void) {
             for (int k = 0; k < NT; k++) {
                 size_t a = ATAB[k].offset > lo ? ATAB[k].offset : lo, hi = lo + PIECE;
                 size_t e = ATAB[k].offset + ATAB[k].numel < hi ? ATAB[k].offset + ATAB[k].numel : hi;
-                if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, ATAB[k].wd, a};
+                if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, ATAB[k].wd, a, 0};
             }
             if (nt) pieces[np++] = qt_adamw_plan_create(t, nt);
         }

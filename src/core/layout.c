@@ -1,5 +1,6 @@
 /* layout.c — model config checks, the flat parameter layout (HF tensor order, fused groups aligned
- * to QT_LAYOUT_ALIGN elements), weight initialisation and the FLOPs-per-token count. */
+ * to QT_LAYOUT_ALIGN elements, shard units to the unit alignment), weight initialisation and the
+ * FLOPs-per-token count. */
 #include "qt_model.h"
 
 #include <limits.h>
@@ -186,10 +187,29 @@ int qt_model_cfg_validate(const qt_model_cfg *c, char *err, size_t errlen) {
     return 0;
 }
 
-static size_t align_up(size_t x) { return (x + QT_LAYOUT_ALIGN - 1) / QT_LAYOUT_ALIGN * QT_LAYOUT_ALIGN; }
+static size_t round_to(size_t x, size_t q) { return (x + q - 1) / q * q; }
+
+/* Where the next tensor goes: in the layout being built and in the compact one. */
+typedef struct {
+    size_t at, compact;
+} cursor;
+
+/* Aligns both for the first tensor of a group. */
+static void group(cursor *c) {
+    c->at = round_to(c->at, QT_LAYOUT_ALIGN);
+    c->compact = round_to(c->compact, QT_LAYOUT_ALIGN);
+}
+
+/* Aligns for the first tensor of a unit and records the unit's start. */
+static void unit(qt_layout *L, cursor *c) {
+    group(c);
+    c->at = round_to(c->at, L->unit_align);
+    L->unit_at[L->n_units] = c->at;
+    L->unit_compact[L->n_units++] = c->compact;
+}
 
 /* Appends one tensor at *cur (which the caller aligned for the first tensor of a group). */
-static size_t add(qt_layout *L, size_t *cur, qt_tensor_kind kind, int layer, const char *name, int64_t rows,
+static size_t add(qt_layout *L, cursor *cur, qt_tensor_kind kind, int layer, const char *name, int64_t rows,
                   int64_t cols) {
     qt_tensor *t = &L->tensors[L->n_tensors++];
     memset(t, 0, sizeof *t);
@@ -201,90 +221,132 @@ static size_t add(qt_layout *L, size_t *cur, qt_tensor_kind kind, int layer, con
     t->shape[0] = rows;
     t->shape[1] = cols;
     t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
-    t->offset = *cur;
+    t->offset = cur->at;
+    t->compact = cur->compact;
     t->is_matrix = kind == QT_T_Q || kind == QT_T_K || kind == QT_T_V || kind == QT_T_O || kind == QT_T_GATE ||
                    kind == QT_T_UP || kind == QT_T_DOWN;
-    *cur += t->numel;
+    cur->at += t->numel;
+    cur->compact += t->numel;
     L->n_params += t->numel;
     return t->offset;
 }
 
 int qt_layout_init(qt_layout *L, const qt_model_cfg *cfg_in, char *err, size_t errlen) {
+    return qt_layout_init_units(L, cfg_in, QT_LAYOUT_ALIGN, err, errlen);
+}
+
+int qt_layout_init_units(qt_layout *L, const qt_model_cfg *cfg_in, size_t unit_align, char *err, size_t errlen) {
     memset(L, 0, sizeof *L);
+    if (unit_align < QT_LAYOUT_ALIGN || unit_align % QT_LAYOUT_ALIGN || unit_align > ((size_t)1 << 24))
+        return qt_errf(err, errlen, "layout: unit alignment %zu: expected a multiple of %d up to 2^24", unit_align,
+                       QT_LAYOUT_ALIGN);
     qt_model_cfg c = *cfg_in;
     qt_model_cfg_finish(&c);
     if (qt_model_cfg_validate(&c, err, errlen)) return -1;
     L->cfg = c;
+    L->unit_align = unit_align;
     int64_t V = c.vocab_size, C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
     int64_t Hq = (int64_t)c.num_heads * D, Hk = (int64_t)c.num_kv_heads * D;
     int gemma = c.arch == QT_ARCH_GEMMA3;
     int per_layer = 9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0) + (gemma ? 2 : 0);
     L->tensors = calloc((size_t)c.num_layers * per_layer + 3, sizeof *L->tensors);
     L->layers = calloc((size_t)c.num_layers, sizeof *L->layers);
-    if (!L->tensors || !L->layers) {
+    L->unit_at = calloc((size_t)c.num_layers + 3, sizeof *L->unit_at);
+    L->unit_compact = calloc((size_t)c.num_layers + 3, sizeof *L->unit_compact);
+    if (!L->tensors || !L->layers || !L->unit_at || !L->unit_compact) {
         qt_layout_free(L);
         return qt_errf(err, errlen, "model.num_layers: out of memory for the tensor table of %d layers", c.num_layers);
     }
-    size_t cur = 0;
+    cursor cur = {0, 0};
+    unit(L, &cur);
     L->embed = add(L, &cur, QT_T_EMBED, -1, "model.embed_tokens.weight", V, C);
     for (int i = 0; i < c.num_layers; i++) {
         qt_layer_offsets *o = &L->layers[i];
-        cur = align_up(cur);
+        unit(L, &cur);
         o->ln1 = add(L, &cur, QT_T_NORM, i, "input_layernorm.weight", C, 0);
-        cur = align_up(cur);
+        group(&cur);
         o->wqkv = add(L, &cur, QT_T_Q, i, "self_attn.q_proj.weight", Hq, C);
         add(L, &cur, QT_T_K, i, "self_attn.k_proj.weight", Hk, C);
         add(L, &cur, QT_T_V, i, "self_attn.v_proj.weight", Hk, C);
         o->bqkv = SIZE_MAX;
         if (c.qkv_bias) {
-            cur = align_up(cur);
+            group(&cur);
             o->bqkv = add(L, &cur, QT_T_QB, i, "self_attn.q_proj.bias", Hq, 0);
             add(L, &cur, QT_T_KB, i, "self_attn.k_proj.bias", Hk, 0);
             add(L, &cur, QT_T_VB, i, "self_attn.v_proj.bias", Hk, 0);
         }
-        cur = align_up(cur);
+        group(&cur);
         o->wo = add(L, &cur, QT_T_O, i, "self_attn.o_proj.weight", C, Hq);
-        cur = align_up(cur);
+        group(&cur);
         /* the pre-MLP norm: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm */
         o->ln2 = add(L, &cur, QT_T_NORM, i, gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight",
                      C, 0);
-        cur = align_up(cur);
+        group(&cur);
         o->wgu = add(L, &cur, QT_T_GATE, i, "mlp.gate_proj.weight", F, C);
         add(L, &cur, QT_T_UP, i, "mlp.up_proj.weight", F, C);
-        cur = align_up(cur);
+        group(&cur);
         o->wdown = add(L, &cur, QT_T_DOWN, i, "mlp.down_proj.weight", C, F);
         o->qknorm = SIZE_MAX;
         if (c.qk_norm) { /* last in the layer: the other groups' offsets are those of a model without */
-            cur = align_up(cur);
+            group(&cur);
             o->qknorm = add(L, &cur, QT_T_QNORM, i, "self_attn.q_norm.weight", D, 0);
             add(L, &cur, QT_T_KNORM, i, "self_attn.k_norm.weight", D, 0);
         }
         o->post_attn = o->post_ffn = SIZE_MAX;
         if (gemma) {
-            cur = align_up(cur);
+            group(&cur);
             o->post_attn = add(L, &cur, QT_T_NORM, i, "post_attention_layernorm.weight", C, 0);
-            cur = align_up(cur);
+            group(&cur);
             o->post_ffn = add(L, &cur, QT_T_NORM, i, "post_feedforward_layernorm.weight", C, 0);
         }
     }
-    cur = align_up(cur);
+    unit(L, &cur);
     L->final_norm = add(L, &cur, QT_T_FINAL_NORM, -1, "model.norm.weight", C, 0);
     if (c.tie_embeddings) {
         L->lm_head = L->embed;
     } else {
-        cur = align_up(cur);
+        group(&cur);
         L->lm_head = add(L, &cur, QT_T_LM_HEAD, -1, "lm_head.weight", V, C);
     }
-    L->numel = align_up(cur);
+    group(&cur);
+    L->numel = round_to(cur.at, unit_align);
+    L->compact_numel = cur.compact;
+    L->unit_at[L->n_units] = L->numel;
+    L->unit_compact[L->n_units] = L->compact_numel;
     return 0;
 }
 
 void qt_layout_free(qt_layout *L) {
     free(L->tensors);
     free(L->layers);
+    free(L->unit_at);
+    free(L->unit_compact);
     L->tensors = NULL;
     L->layers = NULL;
-    L->n_tensors = 0;
+    L->unit_at = L->unit_compact = NULL;
+    L->n_tensors = L->n_units = 0;
+}
+
+/* The last unit whose start in pos (unit_at or unit_compact) is <= x. */
+static int unit_of(const qt_layout *L, const size_t *pos, size_t x) {
+    int lo = 0, hi = L->n_units - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (pos[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+size_t qt_layout_compact(const qt_layout *L, size_t i) {
+    int u = unit_of(L, L->unit_at, i);
+    size_t c = L->unit_compact[u] + (i - L->unit_at[u]);
+    return c < L->unit_compact[u + 1] ? c : L->unit_compact[u + 1];
+}
+
+size_t qt_layout_flat(const qt_layout *L, size_t c) {
+    int u = unit_of(L, L->unit_compact, c);
+    return L->unit_at[u] + (c - L->unit_compact[u]);
 }
 
 const qt_tensor *qt_layout_find(const qt_layout *L, const char *name) {
@@ -293,7 +355,7 @@ const qt_tensor *qt_layout_find(const qt_layout *L, const char *name) {
     return NULL;
 }
 
-/* N(0,1) for flat index i: Box-Muller on two hashed uniforms, so any thread can draw any element. */
+/* N(0,1) for compact index i: Box-Muller on two hashed uniforms, so any thread can draw any element. */
 static float hashed_normal(uint64_t seed, uint64_t i) {
     double u1 = ((qt_hash64(seed, 2 * i) >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
     double u2 = (qt_hash64(seed, 2 * i + 1) >> 11) * 0x1.0p-53;
@@ -329,7 +391,7 @@ void qt_layout_init_range(const qt_layout *L, size_t lo, size_t n, float *dst, u
             for (long i = 0; i < m; i++) p[i] = one;
         } else if (kind == QT_INIT_NORMAL) {
 #pragma omp parallel for schedule(static) if (m >= INIT_PAR_MIN)
-            for (long i = 0; i < m; i++) p[i] = std * hashed_normal(seed, a + (uint64_t)i);
+            for (long i = 0; i < m; i++) p[i] = std * hashed_normal(seed, t->compact + (a - t->offset) + (uint64_t)i);
         } /* biases stay 0 */
     }
 }

@@ -21,7 +21,7 @@ void qt_gpu_wsrc_open(qt_gpu_wsrc *r, const qt_weight_src *src, size_t chunk) {
     QT_CHECK(r->host, "out of host memory for the weights' load buffer (%zu floats)", chunk);
 }
 
-/* dev[0, n) = the init of flat [lo, lo + n), tensor by tensor, on s. */
+/* dev[0, n) = the init of flat [lo, lo + n), tensor by tensor (each drawn by compact index), on s. */
 static void draw(const qt_weight_src *src, size_t lo, size_t n, float *dev, cudaStream_t s) {
     const qt_layout *L = src->L;
     qt_zero(dev, n * sizeof *dev, s); /* biases and padding */
@@ -31,7 +31,7 @@ static void draw(const qt_weight_src *src, size_t lo, size_t n, float *dev, cuda
         float v;
         int kind = a < e ? qt_layout_init_kind(L, t, &v) : QT_INIT_ZERO;
         if (kind == QT_INIT_CONST) qt_fill(dev + (a - lo), QT_DT_F32, v, e - a, s);
-        if (kind == QT_INIT_NORMAL) qt_init_normal(dev + (a - lo), e - a, src->seed, a, src->std, s);
+        if (kind == QT_INIT_NORMAL) qt_init_normal(dev + (a - lo), e - a, src->seed, t->compact + (a - t->offset), src->std, s);
     }
 }
 

@@ -193,11 +193,11 @@ void qt_gpu_lora_opt_step(qt_gpu_lora *gl, const qt_plan_optimizer *o, float lr,
         QT_CHECK(tt, "out of host memory");
         for (int i = 0; i < gl->A.n_tensors; i++)
             tt[i] = (qt_adamw_tensor){gl->A.tensors[i].offset, gl->A.tensors[i].numel, o->weight_decay,
-                                      gl->A.tensors[i].offset};
+                                      gl->A.tensors[i].offset, 0};
         for (int i = 0; i < gl->nxt; i++) {
             const qt_tensor *x = &gl->L->tensors[gl->xt[i]];
             int decay = o->decay_embeddings && (x->kind == QT_T_EMBED || x->kind == QT_T_LM_HEAD);
-            tt[gl->A.n_tensors + i] = (qt_adamw_tensor){gl->xat[i], x->numel, decay ? o->weight_decay : 0.0f, gl->xat[i]};
+            tt[gl->A.n_tensors + i] = (qt_adamw_tensor){gl->xat[i], x->numel, decay ? o->weight_decay : 0.0f, gl->xat[i], 0};
         }
         gl->opt = qt_adamw_plan_create(tt, nt);
         free(tt);

@@ -68,7 +68,7 @@ static void add_chunk(qt_gpu_optim *o, const qt_adamw_tensor *t, int j0, int j1,
     int n = 0;
     for (int j = j0; j < j1; j++) {
         size_t a = t[j].state > lo ? t[j].state : lo, e = t[j].state + t[j].numel < hi ? t[j].state + t[j].numel : hi;
-        if (a < e) p[n++] = (qt_adamw_tensor){t[j].offset + (a - t[j].state), e - a, t[j].wd, a - c0};
+        if (a < e) p[n++] = (qt_adamw_tensor){t[j].offset + (a - t[j].state), e - a, t[j].wd, a - c0, t[j].sr_shift};
     }
     if (n) o->chunk[o->n_chunks++] = (opt_chunk){qt_adamw_plan_create(p, n), lo, hi, c0};
     free(p);

@@ -314,7 +314,7 @@ static void make_optimizer(qt_param_store *ps) {
             int decay = tt->is_matrix || (o->decay_embeddings && (tt->kind == QT_T_EMBED || tt->kind == QT_T_LM_HEAD));
             size_t a = tt->offset > lo ? tt->offset : lo;
             size_t e = tt->offset + tt->numel < lo + len ? tt->offset + tt->numel : lo + len;
-            if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? o->weight_decay : 0.0f, st + (a - lo)};
+            if (a < e) t[nt++] = (qt_adamw_tensor){a, e - a, decay ? o->weight_decay : 0.0f, st + (a - lo), tt->offset - tt->compact};
         }
     }
     int groups = ps->plan.optimizer.ahead ? sp->n_buckets : sp->n_buckets > 1 && start[1] > 0 && start[1] < nt ? 2 : 1;
