@@ -49,6 +49,22 @@ const void *qt_ckpt_item_at(const qt_ckpt_item *it, size_t off, size_t *run);
 /* Copies bytes [off, off + n) of the bytes the item reads to dst, run by run. */
 void qt_ckpt_item_read(const qt_ckpt_item *it, size_t off, size_t n, void *dst);
 
+/* A padded flat array's units (a sharded layout, qt_model.h): unit u's elements [at[u], at[u] + compact[u + 1] -
+ * compact[u]) are the compact array's [compact[u], compact[u + 1]); the rest up to at[u + 1] is padding. at[n] and
+ * compact[n] are the two lengths. A checkpoint holds the compact array. */
+typedef struct {
+    int n;
+    const size_t *at, *compact;
+} qt_ckpt_units;
+/* The compact view of item `it` (an array of u->at[n] elements): *out gathers its units' runs, at most
+ * qt_ckpt_units_segs(it, u) of them into segs, and views `it`'s own memory (borrowed, as `it` is); g holds the
+ * runs' table. */
+int qt_ckpt_units_segs(const qt_ckpt_item *it, const qt_ckpt_units *u);
+void qt_ckpt_units_view(const qt_ckpt_item *it, const qt_ckpt_units *u, qt_ckpt_seg *segs, qt_ckpt_gather *g,
+                        qt_ckpt_item *out);
+/* 1 when `it` is such an array: fp32 or bf16 of u->at[n] elements (a widened item counts its fp32 values). */
+int qt_ckpt_units_is_array(const qt_ckpt_item *it, const qt_ckpt_units *u);
+
 /* Creates dir if needed. Returns 0 or -1 with err; on failure no ckpt_*.qtc is created or changed.
  * keep <= 0 keeps every file; the file just written is never deleted, even when older by step. */
 int qt_ckpt_save(const char *dir, long step, int keep, const qt_ckpt_item *items, int n, char *err,
@@ -88,6 +104,9 @@ qt_ckpt *qt_ckpt_load(const char *path, qt_ckpt_status *why, char *err, size_t e
 qt_ckpt *qt_ckpt_open(const char *path, char *err, size_t errlen);
 /* The blob's bytes (owned by ck) or NULL when absent; *bytes and *dtype set when non-NULL. */
 const void *qt_ckpt_get(const qt_ckpt *ck, const char *name, size_t *bytes, int *dtype);
+/* Puts every fp32 or bf16 blob of u->compact[n] elements (a compact array) into the padded layout of u: the
+ * units at their places, the padding zero (memory owned by ck). 0, or -1 with err when out of memory. */
+int qt_ckpt_pad_units(qt_ckpt *ck, const qt_ckpt_units *u, char *err, size_t errlen);
 long qt_ckpt_step(const qt_ckpt *ck);
 void qt_ckpt_close(qt_ckpt *ck);
 /* Path of the newest ckpt_*.qtc in dir. Returns 0, or -1 when there is none. */

@@ -129,12 +129,16 @@ typedef struct {
     int (*nodes_count)(qt_engine *e, int mine);
 } qt_engine_ops;
 
+#define QT_ENGINE_MAX_ITEMS 16 /* state_items' blobs at most */
+
 struct qt_engine {
     const qt_engine_ops *ops;
     const qt_layout *L;  /* borrowed */
     const qt_plan *plan;  /* the engine's own (qt_plan.h): the micro-batch, AdamW's settings, every mode */
     int ranks;            /* micro-batches per micro_step: inputs/targets hold ranks x [B*T], one per GPU (across
                            * nodes, every node's GPUs: each node's engine takes its own ones) */
+    struct qt_engine_compact *compact; /* qt_engine_state_items' compact views of a padded layout's arrays (owned;
+                                        * NULL: none made) */
 };
 
 /* Resolves the model (model.hf_config, else init.from's config.json when no inline model keys were
@@ -232,11 +236,16 @@ int qt_engine_get_grads(qt_engine *e, float *g, char *err, size_t errlen);
 /* ops->grads_device; -1 with err when the engine has none. */
 int qt_engine_grads_device(qt_engine *e, float **g, int *device, char *err, size_t errlen);
 int qt_engine_forward_logits(qt_engine *e, const int32_t *in, float *logits, char *err, size_t errlen);
+/* A padded layout's flat arrays (weights, m, v: L->numel elements) come back as views of their compact layout
+ * (qt_model.h), which the checkpoint files hold at every unit alignment; valid until the next call. */
 int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err, size_t errlen);
 /* ops->nonfinite_weight: *index the first NaN/Inf weight found (-1: none, or the engine has no check),
  * *step the step that made it. */
 int qt_engine_nonfinite_weight(qt_engine *e, int settle, long *index, long *step, char *err, size_t errlen);
-int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen);
+/* Puts a padded layout's compact arrays in ck into that layout first (qt_ckpt_pad_units). */
+int qt_engine_load_state(qt_engine *e, qt_ckpt *ck, char *err, size_t errlen);
+/* The unit maps of e's layout for qt_ckpt_units_view and qt_ckpt_pad_units. */
+qt_ckpt_units qt_engine_units(const qt_engine *e);
 /* ops->export_adapter; -1 with err when the engine has none. */
 int qt_engine_export_adapter(qt_engine *e, const char *dir, char *err, size_t errlen);
 void qt_engine_free(qt_engine *e);

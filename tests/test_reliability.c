@@ -177,7 +177,7 @@ static void test_writer_refuses_nonfinite_blob(void) {
     qt_layout L;
     char err[1024], dir[512];
     QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
-    qt_engine eng = {NULL, &L, NULL, 1};
+    qt_engine eng = {NULL, &L, NULL, 1, NULL};
     qt_trainer t = {.eng = &eng, .ck = {.saved_step = 5}};
     qt_ckpt_writer *w = qt_ckpt_writer_create(qt_trainer_check_finite, &t);
     float *wf = calloc(L.numel, sizeof(float));

@@ -370,12 +370,12 @@ qtrain_status qtrain_set_parameter(qtrain_trainer *t, const char *name, const fl
     if (ni < 0) return engine_failed(t);
     for (int i = 0; i < ni; i++) { /* the fp32 weights (master) and the model-dtype copy */
         qt_ckpt_item *it = &items[i];
-        if (strncmp(it->name, "weights", 7) || it->bytes != s->layout.numel * (size_t)qt_dtype_size(it->dtype)) continue;
+        if (strncmp(it->name, "weights", 7) || it->bytes != s->layout.compact_numel * (size_t)qt_dtype_size(it->dtype)) continue;
         if (it->flags & QT_CKPT_WIDEN_BF16) continue; /* a bf16 master's "weights": the bf16 blob's view, set there */
         if (it->dtype == QT_DT_F32 || it->dtype == QT_DT_BF16) /* run by run: a gathered item's pieces are the ranks' */
             for (size_t j = 0, run; j < n; j += run / qt_dtype_size(it->dtype)) {
                 size_t es = qt_dtype_size(it->dtype);
-                void *p = (void *)qt_ckpt_item_at(it, (tt->offset + j) * es, &run);
+                void *p = (void *)qt_ckpt_item_at(it, (tt->compact + j) * es, &run); /* the items' compact layout */
                 if (run / es > n - j) run = (n - j) * es;
                 for (size_t k = 0; k < run / es; k++)
                     if (es == 4) ((float *)p)[k] = src[j + k];

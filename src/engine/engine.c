@@ -3,6 +3,7 @@
  * rank of the data-parallel engine — comes back as -1 with its message instead of ending the process.
  * After a failed call the engine is broken and may only be freed. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "qt_engine.h"
@@ -78,9 +79,40 @@ int qt_engine_forward_logits(qt_engine *e, const int32_t *in, float *logits, cha
     return 0;
 }
 
+/* The compact views' tables: per item, its runs and their gather. */
+struct qt_engine_compact {
+    qt_ckpt_seg *segs[QT_ENGINE_MAX_ITEMS];
+    int cap[QT_ENGINE_MAX_ITEMS];
+    qt_ckpt_gather gather[QT_ENGINE_MAX_ITEMS];
+};
+
+qt_ckpt_units qt_engine_units(const qt_engine *e) {
+    return (qt_ckpt_units){e->L->n_units, e->L->unit_at, e->L->unit_compact};
+}
+
+/* Replaces a padded layout's flat arrays among items[0, n) by their compact views. */
+static void compact_items(qt_engine *e, qt_ckpt_item *items, int n) {
+    if (e->L->numel == e->L->compact_numel) return;
+    qt_ckpt_units u = qt_engine_units(e);
+    if (!e->compact) QT_CHECK(e->compact = calloc(1, sizeof *e->compact), "out of host memory");
+    QT_CHECK(n <= QT_ENGINE_MAX_ITEMS, "%d checkpoint items, at most %d", n, QT_ENGINE_MAX_ITEMS);
+    struct qt_engine_compact *c = e->compact;
+    for (int i = 0; i < n; i++) {
+        if (!qt_ckpt_units_is_array(&items[i], &u)) continue;
+        int need = qt_ckpt_units_segs(&items[i], &u);
+        if (need > c->cap[i]) {
+            free(c->segs[i]);
+            QT_CHECK(c->segs[i] = malloc((size_t)need * sizeof *c->segs[i]), "out of host memory");
+            c->cap[i] = need;
+        }
+        qt_ckpt_item in = items[i];
+        qt_ckpt_units_view(&in, &u, c->segs[i], &c->gather[i], &items[i]);
+    }
+}
+
 int qt_engine_state_items(qt_engine *e, qt_ckpt_item *items, int cap, char *err, size_t errlen) {
     volatile int n = 0;
-    CAUGHT(err, errlen, n = e->ops->state_items(e, items, cap));
+    CAUGHT(err, errlen, n = e->ops->state_items(e, items, cap); compact_items(e, items, n));
     return n;
 }
 
@@ -92,7 +124,9 @@ int qt_engine_nonfinite_weight(qt_engine *e, int settle, long *index, long *step
     return 0;
 }
 
-int qt_engine_load_state(qt_engine *e, const qt_ckpt *ck, char *err, size_t errlen) {
+int qt_engine_load_state(qt_engine *e, qt_ckpt *ck, char *err, size_t errlen) {
+    qt_ckpt_units u = qt_engine_units(e);
+    if (e->L->numel != e->L->compact_numel && qt_ckpt_pad_units(ck, &u, err, errlen)) return -1;
     volatile int rc = 0;
     CAUGHT(err, errlen, rc = e->ops->load_state(e, ck, err, errlen));
     return rc;
@@ -134,6 +168,10 @@ void qt_engine_free(qt_engine *e) {
         fprintf(stderr, "qtrain: while freeing the engine: %s\n", c.msg);
         return;
     }
+    if (e->compact)
+        for (int i = 0; i < QT_ENGINE_MAX_ITEMS; i++) free(e->compact->segs[i]);
+    free(e->compact);
+    e->compact = NULL;
     e->ops->free(e);
     qt_catch_pop(&c);
 }

@@ -189,7 +189,7 @@ qt_engine *qt_engine_cpu_create(const qt_layout *L, const qt_plan *plan, const q
     cpu_engine *c = calloc(1, sizeof *c);
     QT_CHECK(c, "out of host memory");
     c->plan = *plan;
-    c->base = (qt_engine){&cpu_ops, L, &c->plan, 1};
+    c->base = (qt_engine){&cpu_ops, L, &c->plan, 1, NULL};
     size_t bytes = L->numel * sizeof(float);
     c->w = malloc(bytes);
     c->g = calloc(L->numel, sizeof(float));

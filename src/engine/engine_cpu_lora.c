@@ -270,7 +270,7 @@ qt_engine *qt_engine_cpu_lora_create(const qt_layout *L, const qt_plan *plan, co
     lora_engine *c = calloc(1, sizeof *c);
     QT_CHECK(c, "out of host memory");
     c->plan = *plan;
-    c->base = (qt_engine){&lora_ops, L, &c->plan, 1};
+    c->base = (qt_engine){&lora_ops, L, &c->plan, 1, NULL};
     if (qt_lora_layout_init(&c->A, &plan->lora, &L->cfg, err, errlen)) {
         free(c);
         return NULL;

@@ -580,7 +580,7 @@ qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, co
     QT_CHECK(d, "out of host memory");
     d->ops = dp_ops;
     d->plan = *plan;
-    d->base = (qt_engine){&d->ops, L, &d->plan, n * nn};
+    d->base = (qt_engine){&d->ops, L, &d->plan, n * nn, NULL};
     d->n = n;
     d->plan.parallel.node = nn > 1 ? nodes->node : 0;
     d->first = d->plan.parallel.node * n;

@@ -577,7 +577,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const q
     e->plan = *plan;
     if (rank) e->plan.parallel.rank = rank->rank;
     e->dp_rank = rank != NULL;
-    e->base = (qt_engine){plan->precision.fp8 ? &fp8_ops : &gpu_ops, L, &e->plan, 1};
+    e->base = (qt_engine){plan->precision.fp8 ? &fp8_ops : &gpu_ops, L, &e->plan, 1, NULL};
     qt_shard one;
     QT_CHECK((rank != NULL) == (plan->parallel.dp != QT_DP_ONE), "a %s engine on a plan for %d rank(s)",
              rank ? "data-parallel rank's" : "one GPU's", plan->parallel.n_ranks);

@@ -282,7 +282,7 @@ qt_engine *qt_engine_gpu_lora_create(const qt_layout *L, const qt_plan *plan, co
     QT_CHECK(e, "out of host memory");
     e->plan = *plan;
     e->base = (qt_engine){plan->precision.fp8_bwd ? &glora_fp8_bwd_ops : plan->precision.fp8 ? &glora_fp8_ops : &glora_ops, L,
-                          &e->plan, 1};
+                          &e->plan, 1, NULL};
     e->device = device;
     e->nranks = 1;
     e->g = qt_gpu_model_create(L, &e->plan, src, NULL, err, errlen); /* no shard: the frozen base has no store */
@@ -434,7 +434,7 @@ qt_engine *qt_engine_gpu_lora_dp_create(const qt_layout *L, const qt_plan *plan,
     QT_CHECK(d, "out of host memory");
     d->plan = *plan;
     d->n = n;
-    d->base = (qt_engine){&glora_dp_ops, L, &d->plan, n};
+    d->base = (qt_engine){&glora_dp_ops, L, &d->plan, n, NULL};
     qt_weight_src from = *src; /* after rank 0: its streamed base's pinned copy, which the others borrow */
     for (int r = 0; r < n; r++) {
         qt_engine *e = qt_engine_gpu_lora_create(L, plan, &from, devices[r], err, errlen);

@@ -317,6 +317,33 @@ const void *qt_ckpt_item_at(const qt_ckpt_item *it, size_t off, size_t *run) {
     return (const char *)g->segs[lo].data + (off - g->segs[lo].lo);
 }
 
+/* An fp32 or bf16 array of elems elements in `bytes`. */
+static int units_array_dtype(int dtype, size_t bytes, size_t elems) {
+    return (dtype == QT_DT_F32 && bytes == elems * 4) || (dtype == QT_DT_BF16 && bytes == elems * 2);
+}
+
+int qt_ckpt_units_is_array(const qt_ckpt_item *it, const qt_ckpt_units *u) {
+    return units_array_dtype(it->dtype, it->bytes, u->at[u->n]);
+}
+
+int qt_ckpt_units_segs(const qt_ckpt_item *it, const qt_ckpt_units *u) {
+    return u->n + (it->flags & QT_CKPT_GATHERED ? ((const qt_ckpt_gather *)it->data)->n : 0);
+}
+
+void qt_ckpt_units_view(const qt_ckpt_item *it, const qt_ckpt_units *u, qt_ckpt_seg *segs, qt_ckpt_gather *g,
+                        qt_ckpt_item *out) {
+    size_t fe = (size_t)qt_dtype_size((qt_dtype)it->dtype), de = it->flags & QT_CKPT_WIDEN_BF16 ? 2 : fe; /* file, data */
+    int n = 0;
+    for (int k = 0; k < u->n; k++) /* each unit run by run of `it` */
+        for (size_t off = 0, len = (u->compact[k + 1] - u->compact[k]) * de, run; off < len; off += run) {
+            const void *p = qt_ckpt_item_at(it, u->at[k] * de + off, &run);
+            segs[n++] = (qt_ckpt_seg){u->compact[k] * de + off, p};
+            if (run > len - off) run = len - off;
+        }
+    *g = (qt_ckpt_gather){segs, n};
+    *out = (qt_ckpt_item){it->name, it->dtype, g, u->compact[u->n] * fe, it->flags | QT_CKPT_GATHERED};
+}
+
 void qt_ckpt_item_read(const qt_ckpt_item *it, size_t off, size_t n, void *dst) {
     while (n) {
         size_t run;
@@ -455,13 +482,38 @@ struct qt_ckpt {
     long step;
     int count;
     ck_blob *blobs;
+    unsigned char *padded; /* qt_ckpt_pad_units' blobs, back to back (NULL: none) */
 };
 
 void qt_ckpt_close(qt_ckpt *ck) {
     if (!ck) return;
     free(ck->buf);
     free(ck->blobs);
+    free(ck->padded);
     free(ck);
+}
+
+int qt_ckpt_pad_units(qt_ckpt *ck, const qt_ckpt_units *u, char *err, size_t errlen) {
+    size_t need = 0, cn = u->compact[u->n];
+    for (int i = 0; i < ck->count; i++)
+        if (units_array_dtype(ck->blobs[i].dtype, ck->blobs[i].bytes, cn))
+            need += u->at[u->n] * (size_t)qt_dtype_size((qt_dtype)ck->blobs[i].dtype);
+    if (!need || ck->padded) return 0;
+    if (!(ck->padded = calloc(need, 1)))
+        return qt_errf(err, errlen, "out of host memory for the checkpoint's arrays in the padded layout (%zu bytes)", need);
+    unsigned char *at = ck->padded;
+    for (int i = 0; i < ck->count; i++) {
+        ck_blob *b = &ck->blobs[i];
+        if (!units_array_dtype(b->dtype, b->bytes, cn)) continue;
+        size_t es = (size_t)qt_dtype_size((qt_dtype)b->dtype);
+        for (int k = 0; k < u->n; k++)
+            memcpy(at + u->at[k] * es, (const unsigned char *)b->data + u->compact[k] * es,
+                   (u->compact[k + 1] - u->compact[k]) * es);
+        b->data = at;
+        b->bytes = u->at[u->n] * es;
+        at += b->bytes;
+    }
+    return 0;
 }
 
 /* Reads path whole into *size bytes. NULL with err on failure, then *io set: 1 when the file could not be

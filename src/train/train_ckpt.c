@@ -36,7 +36,7 @@ void qt_trainer_tensor_name(const qt_layout *L, size_t i, char *buf, size_t cap)
             return;
         }
     }
-    snprintf(buf, cap, "padding element %zu", i);
+    snprintf(buf, cap, "padding element %zu", qt_layout_compact(L, i));
 }
 
 static void ckpt_path(const qt_trainer *t, long step, char *buf, size_t cap) {
@@ -86,7 +86,7 @@ FIRST_NONFINITE(first_nonfinite32, uint32_t)
 int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *ctx, char *err, size_t errlen) {
     const qt_trainer *t = ctx;
     const qt_layout *L = t->eng->L;
-    size_t n = L->numel, bad = (size_t)-1;
+    size_t n = L->compact_numel, bad = (size_t)-1; /* the items hold the compact layout (qt_engine_state_items) */
     int wide = (it->flags & QT_CKPT_WIDEN_BF16) && it->bytes == n * 4, f32 = !wide && it->dtype == QT_DT_F32 && it->bytes == n * 4;
     size_t es = wide || (it->dtype == QT_DT_BF16 && it->bytes == n * 2) ? 2 : f32 ? 4 : 0; /* bytes per value read */
     if (!es) return 0; /* not a weight array */
@@ -99,7 +99,7 @@ int qt_trainer_check_finite(const qt_ckpt_item *it, size_t lo, size_t hi, void *
     }
     if (bad == (size_t)-1) return 0;
     char name[128];
-    qt_trainer_tensor_name(L, bad, name, sizeof name);
+    qt_trainer_tensor_name(L, qt_layout_flat(L, bad), name, sizeof name);
     return qt_errf(err, errlen, "checkpoint of step %ld refused: %s holds NaN/Inf in %s (the run diverged)",
                    t->ck.saved_step, it->name, name);
 }
@@ -111,13 +111,14 @@ static void guard_wait(void *ctx, size_t hi) {
 #ifdef QT_MUTANTS
     if (qt_mutant_on(QT_MUT_CKPT_UNGUARDED)) return;
 #endif
-    t->ck.guard_s += qt_ckpt_writer_wait_mark(t->ck.writer, hi);
+    t->ck.guard_s += qt_ckpt_writer_wait_mark(t->ck.writer, qt_layout_compact(t->eng->L, hi)); /* the file's element */
 }
 
 /* The engine's live items (written in place), none when it has no such state. */
 static qt_ckpt_live live_items(qt_trainer *t) {
     qt_ckpt_live live = {0};
     if (t->eng->ops->state_live) t->eng->ops->state_live(t->eng, &live);
+    if (live.elems == t->eng->L->numel) live.elems = t->eng->L->compact_numel; /* items of the compact layout */
     return live;
 }
 

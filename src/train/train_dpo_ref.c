@@ -14,22 +14,25 @@
 #include "qt_mutant.h"
 #endif
 
-/* The identity of the initial weights: the CRC-32C of their fp32 bytes, read from src a chunk at a time. */
+/* The identity of the initial weights: the CRC-32C of their fp32 bytes in the compact layout (each unit without
+ * its padding: the same at every unit alignment), read from src a chunk at a time. */
 static int model_id(const qt_weight_src *src, char *id, size_t cap, char *err, size_t errlen) {
-    size_t n = src->L->numel, chunk = qt_weight_src_chunk(src->L);
+    const qt_layout *L = src->L;
+    size_t chunk = qt_weight_src_chunk(L);
     float *buf = malloc(chunk * sizeof *buf);
     if (!buf) return qt_errf(err, errlen, "out of host memory for %zu weights", chunk);
     uint32_t crc = 0;
-    for (size_t off = 0; off < n; off += chunk) {
-        size_t k = n - off < chunk ? n - off : chunk;
-        if (qt_weight_src_fill(src, off, k, buf, err, errlen)) {
-            free(buf);
-            return -1;
+    for (int u = 0; u < L->n_units; u++)
+        for (size_t off = L->unit_at[u], end = off + (L->unit_compact[u + 1] - L->unit_compact[u]); off < end; off += chunk) {
+            size_t k = end - off < chunk ? end - off : chunk;
+            if (qt_weight_src_fill(src, off, k, buf, err, errlen)) {
+                free(buf);
+                return -1;
+            }
+            crc = qt_crc32c(crc, buf, k * sizeof *buf);
         }
-        crc = qt_crc32c(crc, buf, k * sizeof *buf);
-    }
     free(buf);
-    snprintf(id, cap, "crc32c %08x numel %zu", crc, n);
+    snprintf(id, cap, "crc32c %08x numel %zu", crc, L->compact_numel);
     return 0;
 }
 
