@@ -58,7 +58,7 @@ void qt_dp_nodes_gather(qt_dp_nodes *x, const double *mine, int per, double *all
 void qt_dp_nodes_sum(qt_internode *x, int g, void *buf, size_t count, qt_dtype dt, cudaStream_t s);
 /* plan.parallel.world_pieces: the gradient norm and clip scale of local rank `rank` of the node's comm
  * into ps->norm / ps->clip, as one process with all nodes x n_ranks GPUs computes them: each local piece
- * of a bucket cut into `nodes` world pieces (the shard is rounded for the world: qt_shard_init_world), a
+ * of a bucket cut into `nodes` world pieces (the shard is cut for the world: qt_shard_init_world), a
  * sum of squares per world piece into sumsq[nodes x n_ranks][n_buckets] (device, in world-piece order),
  * gathered over the node's ranks, then qt_clip_from_sumsq over them in that order: the one process's bits. */
 void qt_dp_nodes_norm(const qt_param_store *ps, qt_comm *comm, int rank, int nodes, double *sumsq,

@@ -149,6 +149,9 @@ int qt_model_setup(const qt_config *cfg, qt_layout *L, float **w, char *err, siz
 /* The same without the weights: L and the source they are read from (src->L = L; init.from's files
  * are opened and their headers checked now, so a missing tensor fails before anything is allocated). */
 int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char *err, size_t errlen);
+/* The unit alignment of the layout cfg's engine runs on (qt_engine_create's rank count, qt_plan_unit_align): 64 x the
+ * ranks of every node when they shard, else QT_LAYOUT_ALIGN. qt_model_layout builds the layout with it. */
+size_t qt_engine_unit_align(const qt_config *cfg);
 /* The engine device.auto|cpu|cuda picks (prints a one-line notice when auto falls back to the CPU),
  * its weights read from src (borrowed until it returns; qt_weight_src_array for a host array), after the
  * run's memory plan (qt_planner.h) was checked against the host's and GPU's limits: refused with the

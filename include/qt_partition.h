@@ -1,10 +1,11 @@
 /* qt_partition.h — how the flat parameter array is cut between data-parallel ranks.
  *
- * The array (padded to `total`) is cut into buckets at whole-layer boundaries, in the layout's order
- * (embeddings, layer 0 .. L-1, final norm and LM head). The backward finishes the gradients from the
+ * The array is cut into buckets at its units' starts (qt_model.h: the embeddings, each layer, the final norm
+ * with the LM head), in the layout's order. The backward finishes the gradients from the
  * top of the array down, so a bucket's gradients are final as soon as the backward has passed its
  * first layer: it can be summed over the ranks while the backward goes on (parallel.overlap_comm).
- * Every bucket is a multiple of 64 x n_ranks elements; rank r holds the r-th of the n_ranks equal
+ * The layout pads every unit to a multiple of 64 x the world's ranks (qt_layout_init_units), so every bucket is
+ * one too and no tensor straddles two ranks' pieces; rank r holds the r-th of the n_ranks equal
  * pieces of every bucket (ZeRO-1): its optimizer state (master, m, v) keeps those pieces back to back,
  * so the piece of bucket b sits at state index bucket[b] / n_ranks. One bucket is one contiguous slice
  * per rank. */
@@ -19,19 +20,19 @@
 #define QT_SHARD_MAX_BUCKETS 256
 
 typedef struct qt_shard_s {
-    size_t total;   /* padded flat elements: numel rounded up to a multiple of 64 x n_ranks */
+    size_t total;   /* the layout's numel: a multiple of 64 x the world's ranks */
     size_t len;     /* elements of optimizer state this rank holds: total / n_ranks */
     int rank, n_ranks;
     int n_buckets;
     size_t bucket[QT_SHARD_MAX_BUCKETS + 1]; /* 0 = bucket[0] < ... < bucket[n_buckets] = total */
 } qt_shard;
 
-/* Rank `rank` of n_ranks (1..QT_SHARD_MAX_RANKS). per_layer: a bucket of embeddings only (none when
- * they are fewer than 64 x n_ranks elements), one per layer
+/* Rank `rank` of n_ranks (1..QT_SHARD_MAX_RANKS) on a layout of unit alignment 64 x n_ranks (a multiple of it;
+ * else a failed QT_CHECK). per_layer: a bucket of embeddings only, one per layer
  * (consecutive layers share one past QT_SHARD_MAX_BUCKETS - 2 layers; the last one takes the final norm)
  * and one for an untied LM head with the final norm; else one bucket. */
 void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer);
-/* The same, with the total and the bucket boundaries rounded as for `world` ranks (a multiple of n_ranks):
+/* The same, the layout padded for `world` ranks (a multiple of n_ranks; its unit alignment 64 x world):
  * the shard of a node's rank whose buckets are those of one process with all the nodes' GPUs
  * (qt_dp_nodes_norm). world = n_ranks is qt_shard_init. */
 void qt_shard_init_world(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer, int world);

@@ -121,7 +121,7 @@ typedef struct {           /* parallel.* */
     int comm;              /* qt_comm_kind */
     int nodes, node;       /* machines of the run (parallel.nodes; 1: this one) and this one's index (set by the
                             * data-parallel engine); n_ranks counts this node's GPUs */
-    int world_pieces;      /* nodes > 1 with parallel.zero >= 1: the buckets rounded for nodes x n_ranks ranks and
+    int world_pieces;      /* nodes > 1 with parallel.zero >= 1: the buckets cut for nodes x n_ranks ranks and
                             * the gradient norm summed over their pieces, as one process with every GPU sums it */
 } qt_plan_parallel;
 
@@ -162,6 +162,12 @@ int qt_plan_resolve(const struct qt_config *cfg, const qt_layout *L, int n_ranks
 /* The same plan without the rules: what cfg would run as, for the memory planner (`qtrain --plan` prints the
  * rows of a config the engine then refuses, with the rule's message). */
 void qt_plan_make(const struct qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan *p);
+/* The unit alignment (qt_layout_init_units) p's shards cut at: 64 x the world's ranks (every node's GPUs) when the
+ * optimizer state is sharded or the buckets are cut for the nodes' pieces, else QT_LAYOUT_ALIGN (one GPU, the CPU,
+ * replicated ranks: the compact layout). */
+size_t qt_plan_unit_align(const qt_plan *p);
+/* The same for the plan of cfg on n_ranks GPU ranks (qt_plan_make's n_ranks), before any layout exists. */
+size_t qt_plan_unit_align_for(const struct qt_config *cfg, int n_ranks);
 
 /* The cross-mode rules of the memory / parallel / precision keys that need no rank count: NULL when cfg
  * passes, else why (the text after "<key>: ") with *key the key to blame. The config loader reports it at

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "qt_cpu_model.h"
+#include "qt_error.h"
 #include "qt_model.h"
 #include "qt_partition.h"
 #include "qt_ref.h"
@@ -556,11 +557,11 @@ static void check_partition(const qt_layout *L, int n, int per_layer) {
     for (int r = 0; r < n; r++) {
         qt_shard sh;
         qt_shard_init(&sh, L, n, r, per_layer);
-        QT_EXPECT(sh.total >= L->numel && sh.total < L->numel + q && sh.total % q == 0 && sh.len * n == sh.total,
+        QT_EXPECT(sh.total == L->numel && sh.total % q == 0 && sh.len * n == sh.total,
                   "n=%d: total %zu, len %zu for %zu parameters", n, sh.total, sh.len, L->numel);
         QT_EXPECT(sh.bucket[0] == 0 && sh.bucket[sh.n_buckets] == sh.total && sh.n_buckets <= QT_SHARD_MAX_BUCKETS,
                   "n=%d: %d buckets from %zu to %zu", n, sh.n_buckets, sh.bucket[0], sh.bucket[sh.n_buckets]);
-        /* per layer: embeddings, the layers, the final norm (and untied head) unless it rounds into the last layer's */
+        /* per layer: embeddings, the layers, the final norm with an untied head */
         int lo = per_layer ? (nl > QT_SHARD_MAX_BUCKETS - 2 ? QT_SHARD_MAX_BUCKETS / 2 : nl + 1) : 1;
         int hi = per_layer ? (nl > QT_SHARD_MAX_BUCKETS - 2 ? QT_SHARD_MAX_BUCKETS : nl + 2) : 1;
         QT_EXPECT(sh.n_buckets >= lo && sh.n_buckets <= hi, "n=%d per_layer=%d: %d buckets, expected %d..%d", n, per_layer,
@@ -569,7 +570,9 @@ static void check_partition(const qt_layout *L, int n, int per_layer) {
         for (int b = 0; b < sh.n_buckets; b++) {
             size_t off, len, st;
             qt_shard_piece(&sh, b, &off, &len, &st);
-            QT_EXPECT(sh.bucket[b + 1] > sh.bucket[b] && (sh.bucket[b + 1] - sh.bucket[b]) % q == 0,
+            int unit = 0; /* every bucket starts at a unit */
+            for (int u = 0; u < L->n_units; u++) unit |= L->unit_at[u] == sh.bucket[b];
+            QT_EXPECT(unit && sh.bucket[b + 1] > sh.bucket[b] && (sh.bucket[b + 1] - sh.bucket[b]) % q == 0,
                       "n=%d bucket %d: [%zu, %zu)", n, b, sh.bucket[b], sh.bucket[b + 1]);
             QT_EXPECT(off == sh.bucket[b] + r * len && len * n == sh.bucket[b + 1] - sh.bucket[b] && len % 64 == 0 &&
                           st == next_state,
@@ -580,19 +583,23 @@ static void check_partition(const qt_layout *L, int n, int per_layer) {
             next_state += len;
         }
         state_end[r] = next_state;
+        /* no tensor straddles two buckets */
+        for (int k = 0; k < L->n_tensors; k++) {
+            const qt_tensor *t = &L->tensors[k];
+            QT_EXPECT(qt_shard_needed(&sh, t->offset + 1) == qt_shard_needed(&sh, t->offset + t->numel),
+                      "n=%d: %s at [%zu, +%zu) straddles a bucket bound", n, t->name, t->offset, t->numel);
+        }
         /* after layer l's backward (every gradient from its first element up is final) */
         for (int l = 0; l < nl; l++) {
             int b = qt_shard_final_from(&sh, L->layers[l].ln1);
             QT_EXPECT(b == sh.n_buckets || sh.bucket[b] >= L->layers[l].ln1, "layer %d: bucket %d starts below it", l, b);
             QT_EXPECT(b == 0 || sh.bucket[b - 1] < L->layers[l].ln1, "layer %d: bucket %d held back", l, b - 1);
-            /* layer 0's bucket starts below it (the embeddings' tail): final with the embeddings */
-            int want = l + 1 + (l == 0 && sh.bucket[1] < L->layers[0].ln1);
             if (per_layer && nl <= QT_SHARD_MAX_BUCKETS - 2)
-                QT_EXPECT(b == want, "layer %d done: buckets from %d final, expected %d", l, b, want);
+                QT_EXPECT(b == l + 1, "layer %d done: buckets from %d final, expected %d", l, b, l + 1);
         }
         if (per_layer) /* the embeddings' bucket holds nothing else (summed before the layers' are final) */
-            QT_EXPECT(sh.bucket[1] <= L->layers[0].ln1 && sh.bucket[1] + q > L->layers[0].ln1,
-                      "n=%d: bucket 0 is [0, %zu), the embeddings [0, %zu)", n, sh.bucket[1], L->layers[0].ln1);
+            QT_EXPECT(sh.bucket[1] == L->layers[0].ln1, "n=%d: bucket 0 is [0, %zu), the embeddings [0, %zu)", n,
+                      sh.bucket[1], L->layers[0].ln1);
         QT_EXPECT(qt_shard_final_from(&sh, 0) == 0 && qt_shard_final_from(&sh, sh.total + 1) == sh.n_buckets,
                   "the ends");
         /* before layer l's forward (every weight below its end is read next): exactly the buckets that
@@ -607,9 +614,11 @@ static void check_partition(const qt_layout *L, int n, int per_layer) {
         }
         QT_EXPECT(qt_shard_needed(&sh, 0) == 0 && qt_shard_needed(&sh, SIZE_MAX) == sh.n_buckets, "the ends (needed)");
     }
-    for (int r = 0; r < n; r++) QT_EXPECT(state_end[r] == state_end[0] && state_end[0] * n >= L->numel, "state lengths");
+    for (int r = 0; r < n; r++) QT_EXPECT(state_end[r] == state_end[0] && state_end[0] * n == L->numel, "state lengths");
 }
 
+/* The shards of layouts padded for n ranks (qt_layout_init_units): buckets at units' starts; a compact layout cut
+ * for 2 ranks fails its check, naming the unit alignment. */
 static void test_partition(void) {
     char err[256];
     qt_model_cfg tiny = {.arch = QT_ARCH_QWEN2, .vocab_size = 64, .hidden_size = 128, .num_layers = 2, .num_heads = 2,
@@ -622,13 +631,26 @@ static void test_partition(void) {
     small.hidden_size = 8, small.num_heads = 1, small.intermediate_size = 8, small.tie_embeddings = 0;
     qt_model_cfg llama = cfg_llama();
     const qt_model_cfg *cs[5] = {&tiny, &q05, &deep, &small, &llama};
-    for (int k = 0; k < 5; k++) {
-        qt_layout L;
-        QT_REQUIRE(qt_layout_init(&L, cs[k], err, sizeof err) == 0, "%s", err);
-        for (int n = 1; n <= QT_SHARD_MAX_RANKS; n++)
+    for (int k = 0; k < 5; k++)
+        for (int n = 1; n <= QT_SHARD_MAX_RANKS; n++) {
+            qt_layout L;
+            QT_REQUIRE(qt_layout_init_units(&L, cs[k], 64 * (size_t)n, err, sizeof err) == 0, "%s", err);
             for (int per_layer = 0; per_layer < 2; per_layer++) check_partition(&L, n, per_layer);
-        qt_layout_free(&L);
+            qt_layout_free(&L);
+        }
+    qt_layout L;
+    QT_REQUIRE(qt_layout_init(&L, &llama, err, sizeof err) == 0, "%s", err);
+    qt_catch c;
+    qt_catch_push(&c);
+    if (setjmp(c.jb) == 0) {
+        qt_shard sh;
+        qt_shard_init(&sh, &L, 2, 0, 1);
+        qt_catch_pop(&c);
+        QT_EXPECT(0, "a compact layout cut for 2 ranks");
+    } else {
+        QT_EXPECT(strstr(c.msg, "not a multiple of 128") && strstr(c.msg, "unit alignment is 64"), "%s", c.msg);
     }
+    qt_layout_free(&L);
 }
 
 /* Gemma-3-4B's text model: HF's parameter count, the four norms per layer under their HF names, initialised

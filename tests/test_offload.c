@@ -678,7 +678,10 @@ static void test_plan_7b_ranks(void) {
             if (k == 0) qt_layout_free(&L);
         }
         qt_shard sh;
-        qt_shard_init(&sh, &L, N, 0, 1); /* as the planner: sharded */
+        qt_layout P; /* as the planner: sharded, on the layout of the plan's ranks */
+        QT_REQUIRE(qt_layout_init_units(&P, &L.cfg, qt_plan_unit_align(&rp[0].plan), err, sizeof err) == 0, "%s", err);
+        qt_shard_init(&sh, &P, N, 0, 1);
+        qt_layout_free(&P);
         size_t wd = row(&rp[0].mem, "weights (bf16 shard)"), gd = row(&rp[0].mem, "gradients (fp32 shard)");
         size_t wh = row(&rp[1].mem, "weights (bf16 shard, offloaded)"), gh = row(&rp[1].mem, "gradients (fp32 shard, offloaded)");
         size_t wd1 = row(&rp[1].mem, "weights (bf16 shard)"), gd1 = row(&rp[1].mem, "gradients (fp32 shard)");

@@ -120,17 +120,21 @@ static void test_host_plan_sums(void) {
                "config");
     QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
     qt_shard sh;
-    qt_shard_init(&sh, &L, 3, 0, c.parallel.overlap_comm);
+    qt_layout P; /* the layout of the plan's ranks (the planner's, qt_plan_unit_align) */
+    QT_REQUIRE(qt_layout_init_units(&P, &L.cfg, qt_plan_unit_align(&rp.plan), err, sizeof err) == 0, "%s", err);
+    qt_shard_init(&sh, &P, 3, 0, c.parallel.overlap_comm);
+    size_t n3 = P.numel; /* the padded layout's elements */
+    qt_layout_free(&P);
     size_t ns = sh.len, st = qt_mem_aligned(ns * 4) * 3; /* master, m, v fp32, each aligned */
     QT_EXPECT(rp.ranks == 3 && rp.ranks_per_gpu == 2, "ranks %d, per GPU %d", rp.ranks, rp.ranks_per_gpu);
     QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state") == 3 * st, "offloaded %zu, expected %zu",
               row(&rp.mem, QT_MEM_PINNED, "offloaded optimizer state"), 3 * st);
     /* the ranks' offloaded pieces written where they are, the writer gathering them: the bf16 weights only */
-    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == 3 * 2 * n &&
+    QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == 3 * 2 * n3 &&
                   row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)") == 0,
               "snapshot rows: %zu", row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot"));
     QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "token staging") == 3 * (16 * 96 + 16) &&
-                  row(&rp.mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)") == 3 * 4 * n &&
+                  row(&rp.mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)") == 3 * 4 * n3 &&
                   row(&rp.mem, QT_MEM_PAGEABLE, "step tokens") == 3 * 8 * ntok,
               "staging, init buffer, tokens");
     size_t cdev, cpin;
@@ -166,7 +170,8 @@ static void test_host_plan_sums(void) {
         snprintf(extra, sizeof extra, "device: cuda\nprecision: {master_dtype: bf16}\n%s", bm[k].extra);
         QT_REQUIRE(load_cfg(&c, SMALL, extra) == 0, "config %d", k);
         QT_REQUIRE(qt_plan_run(&L, &c, -1, 1, &rp, err, sizeof err) == 0, "%s", err);
-        size_t snap = k == 3 || k == 5 ? 3 * (2 * n + 8 * ns) : bm[k].snap * n; /* fp32 m, v */
+        size_t nk = k == 3 || k >= 5 ? n3 : n; /* 3 ranks sharded: the padded layout's elements */
+        size_t snap = k == 3 || k == 5 ? 3 * (2 * nk + 8 * ns) : bm[k].snap * nk; /* fp32 m, v */
         QT_EXPECT(row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot") == snap &&
                       row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot (assembled)") == bm[k].assembled * n,
                   "bf16 master, case %d: snapshot %zu (expected %zu), assembled %zu", k,

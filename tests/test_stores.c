@@ -43,14 +43,15 @@ static size_t rows_sum(const qt_mem_plan *p) {
     return s;
 }
 
-/* A small Qwen2-shaped layout with an odd width (C = 96: rows are not multiples of 256 bytes). */
+/* A small Qwen2-shaped layout with an odd width (C = 96: rows are not multiples of 256 bytes), its units padded for
+ * 2 ranks (a layout one GPU runs as well). */
 static void small_layout(qt_layout *L, int tie) {
     qt_model_cfg c = {.vocab_size = 300, .hidden_size = 96, .num_layers = 3, .num_heads = 3, .num_kv_heads = 1,
                       .head_dim = 32, .intermediate_size = 160, .rope_theta = 10000, .rms_norm_eps = 1e-6f,
                       .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
     qt_model_cfg_finish(&c);
     char err[256];
-    QT_REQUIRE(qt_layout_init(L, &c, err, sizeof err) == 0, "%s", err);
+    QT_REQUIRE(qt_layout_init_units(L, &c, 2 * QT_LAYOUT_ALIGN, err, sizeof err) == 0, "%s", err);
 }
 
 /* Carving: sizes align to 256, rows of one kind merge, the second pass hands out the addresses the

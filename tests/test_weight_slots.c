@@ -118,7 +118,7 @@ static void test_acquire_sequences(void) {
                 qt_model_cfg_finish(&mc);
                 char err[256];
                 qt_layout L;
-                QT_REQUIRE(qt_layout_init(&L, &mc, err, sizeof err) == 0, "%s", err);
+                QT_REQUIRE(qt_layout_init_units(&L, &mc, (size_t)n * QT_LAYOUT_ALIGN, err, sizeof err) == 0, "%s", err);
                 qt_shard sh;
                 qt_shard_init(&sh, &L, n, 0, 1);
                 qt_weight_slots *ws = qt_wslots_create(&L, &sh);

@@ -66,12 +66,12 @@ static size_t row(const qt_mem_plan *p, const char *kind) {
     return 0;
 }
 
-/* configs/qwen2.5-7b-bf16.yaml's config, layout and rank 1's shard of 2 ranks: 0, or -1 with err. */
+/* configs/qwen2.5-7b-bf16.yaml's config, layout (padded for 2 ranks) and rank 1's shard of 2 ranks: 0, or -1 with err. */
 static int load_7b_two_ranks(qt_config *cfg, qt_layout *L, qt_shard *sh, char *err, size_t errlen) {
     if (qt_config_load(cfg, "configs/qwen2.5-7b-bf16.yaml", NULL, 0, err, errlen)) return -1;
     qt_model_cfg mc = cfg->model;
     qt_model_cfg_finish(&mc);
-    if (qt_layout_init(L, &mc, err, errlen)) return -1;
+    if (qt_layout_init_units(L, &mc, 2 * QT_LAYOUT_ALIGN, err, errlen)) return -1;
     qt_shard_init(sh, L, 2, 1, 1);
     return 0;
 }
@@ -135,23 +135,20 @@ static void test_plan_7b_two_ranks(void) {
     qt_layout_free(&L);
 }
 
-/* Whether a write unit [s, e) of the backward lands inside one slot allocation: the slot's bucket b
- * holds s, or the unit crosses bucket[b] from below within the head margin; only the embedding table
- * (table: 1) may run into its slot's tail margin. */
-static int unit_fits(const qt_param_store *ps, size_t s, size_t e, int table) {
+/* Whether a write unit [s, e) of the backward lands inside one slot: the slot of the bucket holding s, at s's
+ * place there, the bucket holding e - 1 too (no unit crosses a bucket's bounds in the padded layout). */
+static int unit_fits(const qt_param_store *ps, size_t s, size_t e) {
     const qt_shard *sh = &ps->shard;
-    size_t M = ps->grad_margin;
     float *p = qt_param_g(ps, s);
-    for (int b = 0; b < sh->n_buckets; b++) { /* s's bucket, or one starting at most M above s */
+    for (int b = 0; b < sh->n_buckets; b++) {
         float *lo = qt_param_grad_slot(ps, b);
         size_t B = sh->bucket[b], len = sh->bucket[b + 1] - B;
-        if (!lo || !((s >= B && s < B + len) || (s < B && B - s <= M))) continue;
-        if (p == lo - ((ptrdiff_t)B - (ptrdiff_t)s) && p >= lo - M && p + (e - s) <= lo + len + (table ? M : 0)) return 1;
+        if (lo && s >= B && s < B + len) return p == lo + (s - B) && e <= B + len;
     }
     return 0;
 }
 
-/* The 7-layer model of the slot-map tests (tied or not) cut for rank n-1 of n ranks, and its store at
+/* The 7-layer model of the slot-map tests (tied or not, padded for n ranks) cut for rank n-1 of n ranks, and its store at
  * ZeRO level zero (sizes only: nothing is allocated on a GPU). */
 static int small_layout(int tie, int n, qt_model_cfg *mc, qt_layout *L, qt_shard *sh) {
     *mc = (qt_model_cfg){.vocab_size = 301, .hidden_size = 96, .num_layers = 7, .num_heads = 3, .num_kv_heads = 1,
@@ -159,7 +156,7 @@ static int small_layout(int tie, int n, qt_model_cfg *mc, qt_layout *L, qt_shard
                          .tie_embeddings = tie, .qkv_bias = 1, .max_seq_len = 64};
     qt_model_cfg_finish(mc);
     char err[256];
-    if (qt_layout_init(L, mc, err, sizeof err)) return printf("  layout: %s\n", err), -1;
+    if (qt_layout_init_units(L, mc, (size_t)n * QT_LAYOUT_ALIGN, err, sizeof err)) return printf("  layout: %s\n", err), -1;
     qt_shard_init(sh, L, n, n - 1, 1);
     return 0;
 }
@@ -210,24 +207,21 @@ static void test_grad_slot_map(void) {
                 bad += k >= 0 && k != b % QT_GRAD_SLOTS;
             }
             /* the backward's write units (layout.c's groups) */
-            size_t C = mc.hidden_size, V = mc.vocab_size, F = mc.intermediate_size, Hq = 3 * 32, Hk = 32, cross = 0;
-            bad += (tie && !unit_fits(ps, L.embed, L.embed + V * C, 1)) || !unit_fits(ps, L.final_norm, L.final_norm + C, 0) ||
-                   (!tie && !unit_fits(ps, L.lm_head, L.lm_head + V * C, 0));
+            size_t C = mc.hidden_size, V = mc.vocab_size, F = mc.intermediate_size, Hq = 3 * 32, Hk = 32;
+            bad += (tie && !unit_fits(ps, L.embed, L.embed + V * C)) || !unit_fits(ps, L.final_norm, L.final_norm + C) ||
+                   (!tie && !unit_fits(ps, L.lm_head, L.lm_head + V * C));
             for (int l = 0; l < mc.num_layers; l++) {
                 const qt_layer_offsets *o = &L.layers[l];
                 size_t u[7][2] = {{o->ln1, C}, {o->wqkv, (Hq + 2 * Hk) * C}, {o->bqkv, Hq + 2 * Hk}, {o->wo, C * Hq},
                                   {o->ln2, C}, {o->wgu, 2 * F * C}, {o->wdown, C * F}};
                 for (int i = 0; i < 7; i++) {
-                    int ok = unit_fits(ps, u[i][0], u[i][0] + u[i][1], 0);
+                    int ok = unit_fits(ps, u[i][0], u[i][0] + u[i][1]);
                     if (!ok) printf("  tie %d, %d ranks: layer %d unit %d at %zu (+%zu) misplaced\n", tie, n, l, i, u[i][0], u[i][1]);
                     bad += !ok;
                 }
             }
-            for (int b = 0; b < sh.n_buckets; b++) cross += ps->cross_at[b] != SIZE_MAX;
-            printf("  tie %d, %d ranks: %d buckets, %zu tensors cross a boundary, table tail %zu\n", tie, n, sh.n_buckets,
-                   cross, ps->tail_n);
+            printf("  tie %d, %d ranks: %d buckets\n", tie, n, sh.n_buckets);
             QT_EXPECT(bad == 0, "tie %d, %d ranks: %d wrong slot entries", tie, n, bad);
-            QT_EXPECT(cross > 0, "tie %d, %d ranks: no tensor crosses a boundary: the margins go untested", tie, n);
             free(base);
             QT_EXPECT(row(&p, "gradients (fp32 shard)") == qt_mem_aligned(sh.len * 4) && row(&p, "gradients (fp32)") == 0,
                       "tie %d, %d ranks: shard row", tie, n);
@@ -441,7 +435,6 @@ static void test_zero3_slot_map(void) {
             }
             int h0 = qt_wslots_home(ws, 0), hl = qt_wslots_home(ws, L.numel - 1);
             bad += h0 != 0 || !qt_wslots_own(ws, 0) || hl != nb - 1 || qt_wslots_own(ws, hl) != !tie;
-            for (int b = 0; b < nb; b++) bad += qt_wslots_head(ws, b) > M || qt_wslots_tail(ws, b) > M || (b > 0 && qt_wslots_tail(ws, b));
             /* the plan rows, and the own slots' alignment at a fake base */
             qt_mem_plan p;
             qt_mem_plan_begin(&p, NULL);
@@ -463,8 +456,8 @@ static void test_zero3_slot_map(void) {
             printf("  tie %d, %d ranks: %d buckets, %zu tensors read through a head margin, table tail %zu\n", tie, n, nb,
                    heads, qt_wslots_tail(ws, 0));
             QT_EXPECT(bad == 0, "tie %d, %d ranks: %d wrong slot entries", tie, n, bad);
-            QT_EXPECT(heads > 0, "tie %d, %d ranks: no tensor below its home bucket: the margins go untested", tie, n);
-            if (n == 3) QT_EXPECT(qt_wslots_tail(ws, 0) > 0, "tie %d: the table has no tail past its bucket", tie);
+            QT_EXPECT(heads == 0 && qt_wslots_tail(ws, 0) == 0, "tie %d, %d ranks: %zu tensors below their home bucket, "
+                      "table tail %zu in the padded layout", tie, n, heads, qt_wslots_tail(ws, 0));
             qt_param_store_free(ps);
             qt_layout_free(&L);
         }

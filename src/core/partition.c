@@ -5,10 +5,10 @@
 
 #include "qt_error.h"
 
-static size_t round_up(size_t x, size_t q) { return (x + q - 1) / q * q; }
-
-/* Appends a boundary unless it adds an empty bucket (tiny layers rounded to the same multiple). */
-static void cut(qt_shard *sh, size_t at) {
+/* Appends a boundary at a unit's start, which must be a multiple of q (the layout padded for this world). */
+static void cut(qt_shard *sh, const qt_layout *L, size_t at, size_t q) {
+    QT_CHECK(at % q == 0, "shard: a unit starts at element %zu, not a multiple of %zu (64 x the world's ranks): the layout's "
+             "unit alignment is %zu (qt_layout_init_units with 64 x the ranks)", at, q, L->unit_align);
     if (at > sh->bucket[sh->n_buckets]) sh->bucket[++sh->n_buckets] = at;
 }
 
@@ -18,25 +18,23 @@ void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int 
 
 void qt_shard_init_world(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer, int world) {
     QT_CHECK(n_ranks >= 1 && n_ranks <= QT_SHARD_MAX_RANKS && rank >= 0 && rank < n_ranks && world % n_ranks == 0,
-             "shard: rank %d of %d ranks, rounded for %d (expected 1..%d ranks dividing it)", rank, n_ranks, world,
+             "shard: rank %d of %d ranks, cut for %d (expected 1..%d ranks dividing it)", rank, n_ranks, world,
              QT_SHARD_MAX_RANKS);
     memset(sh, 0, sizeof *sh);
     size_t q = 64 * (size_t)world; /* aligned vector loads in every piece (of the world's pieces too) */
     sh->rank = rank;
     sh->n_ranks = n_ranks;
-    sh->total = round_up(L->numel, q);
+    sh->total = L->numel;
     sh->len = sh->total / (size_t)n_ranks;
-    /* A boundary rounded up past a layer's first element leaves that layer's head in the bucket below,
-     * which the backward finishes later still: a bucket stays final once its first layer is done. The
-     * embeddings' bucket is rounded down instead, so that it holds embeddings only (its tail joins layer
-     * 0's): a sharded step sums it as soon as the LM head's backward is done (qt_param_release_embed,
-     * qt_dp_sync.h). */
+    /* Cuts at units' starts only: a bucket holds whole units, so it is final once the backward is done with its
+     * first layer. The embeddings' bucket holds the embeddings alone: a sharded step sums it as soon as the LM
+     * head's backward is done (qt_param_release_embed, qt_dp_sync.h). */
     if (per_layer) {
         int nl = L->cfg.num_layers, group = (nl + QT_SHARD_MAX_BUCKETS - 3) / (QT_SHARD_MAX_BUCKETS - 2);
-        for (int l = 0; l < nl; l += group) cut(sh, l ? round_up(L->layers[l].ln1, q) : L->layers[0].ln1 / q * q);
-        if (L->lm_head != L->embed) cut(sh, round_up(L->final_norm, q)); /* a final norm alone is too small */
+        for (int l = 0; l < nl; l += group) cut(sh, L, L->layers[l].ln1, q);
+        if (L->lm_head != L->embed) cut(sh, L, L->final_norm, q); /* a final norm alone is too small */
     }
-    cut(sh, sh->total);
+    cut(sh, L, sh->total, q);
 }
 
 void qt_shard_piece(const qt_shard *sh, int b, size_t *off, size_t *len, size_t *state) {

@@ -192,7 +192,7 @@ void qt_dp_nodes_norm(const qt_param_store *ps, qt_comm *comm, int rank, int nod
         size_t off, len, st;
         qt_shard_piece(sh, b, &off, &len, &st);
         QT_CHECK(len % (size_t)nodes == 0, "bucket %d: a piece of %zu elements is no whole number of %d world pieces "
-                 "(the shard is not rounded for the world)", b, len, nodes);
+                 "(the shard is not cut for the world)", b, len, nodes);
         size_t w = len / (size_t)nodes;
         for (int j = 0; j < nodes; j++) /* world piece rank * nodes + j */
             qt_grad_sumsq(sumsq + (size_t)(rank * nodes + j) * nb + b, (const char *)qt_param_grad_piece(ps, b) + j * w * es,

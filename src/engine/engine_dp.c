@@ -588,7 +588,7 @@ qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, co
     d->split = plan->parallel.split;
     /* Sharded: a bucket per layer with overlap or not, so the norm's per-bucket sums (and so its bits)
      * are the same at every ZeRO level; ZeRO-2 needs them for its slots. */
-    int pn = d->split.state ? n : 1; /* across nodes with ZeRO: rounded as one process with every node's GPUs rounds */
+    int pn = d->split.state ? n : 1; /* across nodes with ZeRO: cut as one process with every node's GPUs cuts (the layout padded for them) */
     for (int r = 0; r < n; r++)
         qt_shard_init_world(&d->shard[r], L, pn, pn > 1 ? r : 0, plan->parallel.buckets, plan->parallel.world_pieces ? n * nn : pn);
     const qt_test_hooks *th = qt_test_hooks_get();

@@ -20,7 +20,7 @@ int qt_model_layout(const qt_config *cfg, qt_layout *L, qt_weight_src *src, char
                  mc.max_seq_len, cfg->data.seq_len);
         return -1;
     }
-    if (qt_layout_init(L, &mc, err, errlen)) return -1;
+    if (qt_layout_init_units(L, &mc, qt_engine_unit_align(cfg), err, errlen)) return -1;
     qt_weight_src_of_config(src, L, cfg);
     float none;
     if (src->kind == QT_WSRC_HF && qt_weight_src_fill(src, 0, 0, &none, err, errlen)) { /* headers only */

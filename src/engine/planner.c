@@ -46,7 +46,7 @@ static int gpu_lora_host_rows(const qt_layout *L, const qt_plan *p, qt_run_plan 
 
 /* Rank 0's device rows (the same code as qt_gpu_model_create) and the pinned rows that come with them,
  * times the ranks. */
-static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
+static int gpu_rows_of(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
     int n = rp->ranks, sharded = p->parallel.split.state;
     qt_shard sh;
     qt_shard_init(&sh, L, sharded ? n : 1, 0, p->parallel.buckets);
@@ -87,6 +87,17 @@ static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char 
         qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "comm host arena", pin);
     }
     return 0;
+}
+
+/* gpu_rows on L, or for a plan of other ranks than L was built for (--plan without the GPUs, a candidate of
+ * memory.plan: auto) on the layout of the plan's unit alignment. */
+static int gpu_rows(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
+    if (L->unit_align % qt_plan_unit_align(p) == 0) return gpu_rows_of(L, p, rp, err, errlen);
+    qt_layout padded;
+    if (qt_layout_init_units(&padded, &L->cfg, qt_plan_unit_align(p), err, errlen)) return -1;
+    int rc = gpu_rows_of(&padded, p, rp, err, errlen);
+    qt_layout_free(&padded);
+    return rc;
 }
 
 /* engine_cpu_lora.c: the frozen base, the adapters with their gradients and moments (and those of the base tensors

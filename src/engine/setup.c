@@ -10,6 +10,14 @@
 #include "qt_error.h"
 #include "qt_planner.h"
 
+size_t qt_engine_unit_align(const qt_config *cfg) {
+    int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count(), devs[QT_COMM_MAX_RANKS];
+    if ((ngpu == 0 && cfg->parallel.nodes <= 1) || cfg->lora.rank > 0) return QT_LAYOUT_ALIGN; /* as engine_create */
+    char e[512]; /* a bad rank count: engine_create says so */
+    int n = qt_plan_rank_devices(cfg, ngpu, devs, e, sizeof e);
+    return n < 0 ? QT_LAYOUT_ALIGN : qt_plan_unit_align_for(cfg, n == 1 && cfg->parallel.nodes <= 1 ? 0 : n);
+}
+
 static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const qt_weight_src *src,
                                 const struct qt_nodes *nodes, char *err, size_t errlen) {
     int ngpu = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
@@ -41,6 +49,12 @@ static qt_engine *engine_create(const qt_layout *L, const qt_config *cfg, const 
                                        * one pinned copy for them all) */
         return qt_plan_resolve(cfg, L, 0, &plan, err, errlen) ? NULL : qt_engine_gpu_lora_dp_create(L, &plan, src, n, devs, err, errlen);
     if (n < 0 || qt_plan_resolve(cfg, L, n == 1 && !across ? 0 : n, &plan, err, errlen)) return NULL;
+    if (L->unit_align % qt_plan_unit_align(&plan)) {
+        snprintf(err, errlen, "%s: a layout of unit alignment %zu for a plan that shards over %zu ranks (expected a multiple of "
+                 "%zu: qt_engine_unit_align)", cfg->path, L->unit_align, qt_plan_unit_align(&plan) / QT_LAYOUT_ALIGN,
+                 qt_plan_unit_align(&plan));
+        return NULL;
+    }
     if (n == 1 && plan.lora.rank > 0) return qt_engine_gpu_lora_create(L, &plan, src, devs[0], err, errlen);
     if (n == 1 && !across) return qt_engine_gpu_create(L, &plan, src, devs[0], NULL, err, errlen);
     return qt_engine_dp_nodes_create(L, &plan, src, n, devs, nodes, err, errlen);

@@ -131,6 +131,17 @@ static void place(const qt_config *cfg, const qt_layout *L, qt_plan *p) {
     p->perf.side_stream = pp->dp != QT_DP_ONE || o->ahead || w->host_one || g->host_one;
 }
 
+/* The data-parallel part of the plan for n_ranks >= 0 GPU ranks (0: one GPU). */
+static void ranks_of(const qt_config *cfg, int n_ranks, qt_plan_parallel *pp) {
+    pp->dp = n_ranks == 0 ? QT_DP_ONE : cfg->parallel.zero >= 1 && n_ranks > 1 ? QT_DP_SHARDED : QT_DP_REPLICATED;
+    pp->n_ranks = n_ranks ? n_ranks : 1;
+    pp->zero = pp->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
+    pp->split = (qt_plan_split){.state = pp->zero >= 1, .grads = pp->zero >= 2, .weights = pp->zero >= 3};
+    pp->comm = cfg->parallel.comm;
+    pp->nodes = n_ranks && cfg->parallel.nodes > 1 ? cfg->parallel.nodes : 1; /* a node of one GPU: a data-parallel rank */
+    pp->world_pieces = pp->nodes > 1 && cfg->parallel.zero >= 1;
+}
+
 void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan *p) {
     memset(p, 0, sizeof *p);
     const qt_precision_cfg *pr = &cfg->precision;
@@ -166,15 +177,21 @@ void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan
     p->dpo = cfg->objective == QT_OBJ_DPO;
     p->dpo_cfg = cfg->dpo;
     if (n_ranks < 0) return; /* no GPU ranks: nothing placed */
-    qt_plan_parallel *pp = &p->parallel;
-    pp->dp = n_ranks == 0 ? QT_DP_ONE : cfg->parallel.zero >= 1 && n_ranks > 1 ? QT_DP_SHARDED : QT_DP_REPLICATED;
-    pp->n_ranks = n_ranks ? n_ranks : 1;
-    pp->zero = pp->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
-    pp->split = (qt_plan_split){.state = pp->zero >= 1, .grads = pp->zero >= 2, .weights = pp->zero >= 3};
-    pp->comm = cfg->parallel.comm;
-    pp->nodes = n_ranks && cfg->parallel.nodes > 1 ? cfg->parallel.nodes : 1; /* a node of one GPU: a data-parallel rank */
-    pp->world_pieces = pp->nodes > 1 && cfg->parallel.zero >= 1;
+    ranks_of(cfg, n_ranks, &p->parallel);
     place(cfg, L, p);
+}
+
+size_t qt_plan_unit_align(const qt_plan *p) {
+    const qt_plan_parallel *pp = &p->parallel;
+    size_t world = pp->world_pieces ? (size_t)pp->n_ranks * (size_t)pp->nodes : pp->split.state ? (size_t)pp->n_ranks : 1;
+    return QT_LAYOUT_ALIGN * world;
+}
+
+size_t qt_plan_unit_align_for(const qt_config *cfg, int n_ranks) {
+    qt_plan p;
+    memset(&p, 0, sizeof p);
+    if (n_ranks >= 0) ranks_of(cfg, n_ranks, &p.parallel);
+    return qt_plan_unit_align(&p);
 }
 
 int qt_plan_resolve(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan *p, char *err, size_t errlen) {
