@@ -6,7 +6,7 @@
  * Where each item lives is chosen once, at creation (the plan's weights, grads and optimizer parts:
  * qt_plan.h); the store adds its own rows to the memory plan. Access is per bucket (qt_partition.h) through the acquire/release calls below, which
  * the forward, the backward and the optimizer make as they enqueue work and which forward to the step's
- * hooks (qt_param_hooks). Each placement, ZeRO-2's gradient slots and their margins, and the offloaded
+ * hooks (qt_param_hooks). Each placement, ZeRO-2's gradient slots and the offloaded
  * items are drawn and explained in docs/memory.md. */
 #ifndef QT_PARAM_STORE_H
 #define QT_PARAM_STORE_H
@@ -52,12 +52,7 @@ typedef struct {
                            * ZeRO-2 fp32 [shard.len] (this rank's summed pieces); g_host: grad_dt [shard.total] (ZeRO-2/3:
                            * fp32 [shard.len]) in pinned host memory (owned, mapped: the norm and AdamW read it directly) */
     void **grad_slot;     /* ZeRO-2, g_host: [n_buckets] the device slot holding bucket b's whole gradient (acc_dt)
-                           * while the backward writes it, between head and tail margins of grad_margin elements
-                           * (owned array; the slots are in the arena) */
-    size_t *cross_at;     /* ZeRO-2: [n_buckets] start of the tensor that crosses bucket[b] from below
-                           * (written into b's head margin), SIZE_MAX: none (owned) */
-    size_t grad_margin;   /* ZeRO-2: 64 x n_ranks, the most a boundary is rounded past a tensor's start */
-    size_t tail_n;        /* ZeRO-2: elements of the embedding table past its bucket (in its tail margin) */
+                           * while the backward writes it (owned array; the slots are in the arena) */
     float *master;        /* device, or host_state; NULL when w_master_dt is bf16 (AdamW updates w in place) */
     void *m, *v;
     qt_dtype m_dt, v_dt;
@@ -130,23 +125,13 @@ void *qt_param_g(const qt_param_store *ps, size_t off);
 /* ZeRO-2: bucket b's slot [bucket[b+1] - bucket[b]] and its shared slot number (-1: a slot of its own). */
 void *qt_param_grad_slot(const qt_param_store *ps, int b);
 int qt_param_grad_slot_shared(const qt_param_store *ps, int b);
-/* ZeRO-2, before bucket b's sum, on s: the part below the bucket of the tensor crossing its start (in its
- * slot's head margin) += into bucket b-1's slot (whose writers s must have waited for). */
-void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s);
-/* ZeRO-2, once per micro-step before bucket 0 or 1 is summed, after the table's last write: the
- * embedding table's tail (bucket 0's tail margin) += into bucket 1's slot. 0 when there is none. */
-int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s);
-/* Offloaded gradients (g_host): slot b's home is the flat range the backward writes into it (its bucket
- * less the part of a tensor crossing its end, plus the part below its start of one crossing its start, in
- * the head margin; bucket 0 with the embedding table's tail, in its tail margin): the homes cut
- * [0, total) without overlap, so each gradient element has one place in one slot. load: the slot's home
- * = the host gradients there (H2D, before the backward writes the slot: its writers then add exactly
- * what they would add to a whole array); store: the host gradients there = the slot's home (D2H), then
- * (zero) the slot is zeroed, margins included. Both on s. */
-void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi);
+/* Offloaded gradients (g_host): slot b holds bucket b, which the backward writes whole (no tensor crosses a
+ * bucket's bounds), so each gradient element has one place in one slot. load: the slot = the host gradients of
+ * its bucket (H2D, before the backward writes the slot: its writers then add exactly what they would add to a
+ * whole array); store: the host gradients there = the slot (D2H), then (zero) the slot is zeroed. Both on s. */
 void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s);
 void qt_param_grad_store(const qt_param_store *ps, int b, int zero, cudaStream_t s);
-/* ZeRO-2: zeroes bucket b's slot, margins included, on s. */
+/* ZeRO-2: zeroes bucket b's slot, on s. */
 void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s);
 /* This rank's summed gradients of bucket b (its piece, qt_shard_piece; grad_dt): in the whole array, or
  * ZeRO-2 in the shard. */

@@ -5,10 +5,9 @@
  * layer) must still arrive as bf16. They lie in every rank's piece in pieces of their own, so each rank
  * packs its piece's small elements back to back (its segments, in flat order) into a buffer of P_b
  * elements (the most any rank has in bucket b), the buffers are all-gathered, and each rank's segments
- * are copied from its part of the result into the bucket's bf16 slot. Only a layer bucket's own range
- * is covered: a unit starts at most 64 x n_ranks elements below its bucket, and those elements are
- * its input norm's when hidden_size >= that margin, which the slot's head margin brings; a bucket that a
- * block matrix crosses (small models) stays bf16, as do the buckets with table or final-norm elements. */
+ * are copied from its part of the result into the bucket's bf16 slot. A layer bucket holds whole layers
+ * (the buckets are cut at units' starts, qt_partition.h); a bucket that a block matrix crosses stays bf16, as
+ * do the buckets with table or final-norm elements. */
 #ifndef QT_SMALL_PARAMS_H
 #define QT_SMALL_PARAMS_H
 

@@ -4,9 +4,8 @@
  *
  * CPU (no GPU needed): the memory plan of Qwen2.5-7B on 2 ranks: ZeRO-2's gradient rows are the rank's
  * half of numel x 4 bytes plus the slots (3 of the largest layer bucket, one per bucket holding LM-head
- * elements; the embeddings' own bucket none, its lookups go to the shard; each with 2 x 128 elements of
- * margins); the slot map of every tensor the backward writes (margins for those crossing a bucket
- * boundary); the config keys.
+ * elements; the embeddings' own bucket none, its lookups go to the shard); the slot map of every tensor the
+ * backward writes (each whole in its bucket's slot: the layout padded for the ranks); the config keys.
  * GPU (ranks sharing GPU 0, or separate GPUs; skips without one): a 5-layer model (5 layer buckets: the
  * 3 shared gradient slots are reused within a backward) trains 20 steps;
  * every logged loss and gradient norm and the final checkpoint's weights, bf16 weights, m and v must be
@@ -19,8 +18,7 @@
  * (test hooks) must differ: the backward not waiting for its gradient slots (sums delayed), the shard
  * summed in descending rank order (3 ranks). A rank failing before an optimizer step stops all ranks
  * with its message (tool_train_fault). ZeRO-3 — CPU: the 7B plan rows (the shard, the layer and
- * emb/head slots), the slot map (every tensor inside its home slot or its margins, the own slots'
- * alignment), the config refusals (CUDA graphs, fp8 weight cache all, bf16 gradients); GPU: ZeRO-3 =
+ * emb/head slots), the slot map (every tensor inside its home slot, the own slots' alignment), the config refusals (CUDA graphs, fp8 weight cache all, bf16 gradients); GPU: ZeRO-3 =
  * ZeRO-2 bitwise over bf16/fp8, overlap, accumulation, offload, bf16 master, bf16 sums, recompute, a tied
  * model, 2 and 3 ranks; resume 2 <-> 3 bitwise, and on 3 ranks and one GPU; mutants (a slot reused before
  * its last reader, a prefetch read without waiting for it) caught; a rank failing instead of a gather
@@ -100,15 +98,15 @@ static void test_plan_7b_two_ranks(void) {
     /* the expected slots: 3 of the largest bucket without table elements, each other bucket with some
      * but the embeddings' own (nothing writes there: the lookups go to the shard) */
     QT_EXPECT(qt_plan_lookups_pay(&L, (long)cfg.data.micro_batch * cfg.data.seq_len, 2), "7B on 2 ranks gathers its lookups");
-    size_t vc = (size_t)L.cfg.vocab_size * L.cfg.hidden_size, big = 0, own = 0, M2 = 2 * 64 * 2; /* margins, 2 ranks */
+    size_t vc = (size_t)L.cfg.vocab_size * L.cfg.hidden_size, big = 0, own = 0;
     for (int b = 0; b < sh.n_buckets; b++) {
         size_t lo = sh.bucket[b], hi = sh.bucket[b + 1], len = hi - lo;
         int table = (lo < L.embed + vc && L.embed < hi) || (lo < L.lm_head + vc && L.lm_head < hi);
         if (table && hi <= L.layers[0].ln1) continue;
-        if (table) own += qt_mem_aligned((len + M2) * 4);
+        if (table) own += qt_mem_aligned(len * 4);
         else if (len > big) big = len;
     }
-    size_t want_shard = qt_mem_aligned(sh.len * 4), want = want_shard + 3 * qt_mem_aligned((big + M2) * 4) + own;
+    size_t want_shard = qt_mem_aligned(sh.len * 4), want = want_shard + 3 * qt_mem_aligned(big * 4) + own;
     QT_EXPECT(grad[2] == want, "ZeRO-2 gradients %zu bytes, expected %zu (shard %zu + 3 x %zu + %zu)", grad[2], want,
               want_shard, big * 4, own);
     QT_EXPECT(want_shard == qt_mem_aligned(sh.total * 2), "the shard is half the gradients");
@@ -128,9 +126,9 @@ static void test_plan_7b_two_ranks(void) {
                row(&p, "gradients (bf16)") / G, row(&p, "gradients (fp32 shard)") / G, slots / G);
         if (z == 1) QT_EXPECT(row(&p, "gradients (bf16)") == qt_mem_aligned(sh.total * 2), "ZeRO-1 bf16 gradients");
         else QT_EXPECT(row(&p, "gradients (fp32 shard)") == want_shard && row(&p, "gradients (bf16)") == 0 &&
-                           slots == 3 * qt_mem_aligned((big + M2) * 2) + own / 2,
+                           slots == 3 * qt_mem_aligned(big * 2) + own / 2,
                        "ZeRO-2 bf16: shard %zu (want %zu), slots %zu (want %zu)", row(&p, "gradients (fp32 shard)"), want_shard,
-                       slots, 3 * qt_mem_aligned((big + M2) * 2) + own / 2);
+                       slots, 3 * qt_mem_aligned(big * 2) + own / 2);
     }
     qt_layout_free(&L);
 }
@@ -173,8 +171,7 @@ static qt_param_store *small_store(int tie, int n, int zero, qt_model_cfg *mc, q
 }
 
 /* The slot map without a GPU (the store carved at a fake base): every write unit of the backward (a
- * tensor or fused group, qt_param_g of its start) lands at its flat place in one slot, a unit crossing
- * a bucket boundary in the upper slot's head margin (the embedding table's tail in its tail margin);
+ * tensor or fused group, qt_param_g of its start) lands at its flat place in its bucket's slot, whole;
  * buckets with table rows have slots of their own (none for the embeddings' own bucket with
  * embed_apart); the layers' buckets take the 3 shared slots in turn, so buckets less than 3 apart
  * never share one. */
@@ -347,8 +344,8 @@ static void test_small_params_map(void) {
 /* ---- CPU: ZeRO-3's weight slots ---- */
 
 /* Qwen2.5-7B on 2 ranks, ZeRO-3 against ZeRO-2: the bf16 weights shrink to the rank's pieces (half of
- * numel x 2 bytes); two shared slots of the largest layer bucket (with 2 x 128 elements of margins, a
- * 256-byte alignment pad and the head-margin cache) and the embedding / LM-head buckets' own slots
+ * numel x 2 bytes); two shared slots of the largest layer bucket (with a 256-byte alignment pad) and the
+ * embedding / LM-head buckets' own slots
  * appear; everything else stays. The whole-run plan (qtrain --plan's) shows the same rows, its checkpoint
  * snapshot keeps the rank's bf16 pieces only and assembles weights_bf16. */
 static void test_zero3_plan_7b(void) {
@@ -363,15 +360,15 @@ static void test_zero3_plan_7b(void) {
         qt_plan pl = {.parallel.zero = z, .optimizer.chunk = QT_GPU_OPTIM_CHUNK, .grads.embed_apart = 1}, tp;
         QT_REQUIRE(qt_gpu_model_plan(&L, qt_t_placed(&tp, &cfg, &L, &pl), &sh, &p[z], err, sizeof err) == 0, "%s", err);
     }
-    size_t M = 64 * 2, big = 0, own = 0, nb = (size_t)sh.n_buckets;
+    size_t big = 0, own = 0;
     for (int b = 0; b < sh.n_buckets; b++) {
         size_t len = sh.bucket[b + 1] - sh.bucket[b];
         int table = sh.bucket[b] <= L.embed || sh.bucket[b + 1] > L.final_norm; /* the embeddings', the LM head's */
-        size_t bytes = qt_mem_aligned(qt_mem_aligned(M * 2) + 256 + (len + M) * 2);
+        size_t bytes = qt_mem_aligned(256 + len * 2);
         if (table) own += bytes;
         else if (len > big) big = len;
     }
-    size_t slots = 2 * qt_mem_aligned(qt_mem_aligned(M * 2) + 256 + (big + M) * 2) + qt_mem_aligned(nb * M * 2);
+    size_t slots = 2 * qt_mem_aligned(256 + big * 2);
     printf("  7B, 2 ranks: ZeRO-2 weights %.2f GiB; ZeRO-3 shard %.2f GiB + layer slots %.3f GiB + emb/head slots %.2f GiB; "
            "device %.2f -> %.2f GiB\n", row(&p[2], "weights (bf16)") / G, row(&p[3], "weights (bf16 shard)") / G,
            row(&p[3], "weight slots (layers)") / G, row(&p[3], "weight slots (emb/head)") / G, p[2].off / G, p[3].off / G);
@@ -400,12 +397,10 @@ static void test_zero3_plan_7b(void) {
     qt_layout_free(&L);
 }
 
-/* The weight slots' map without a GPU: every tensor of the model lies in its unit's home bucket or the
- * margins of its slot (a head below of at most 64 x n_ranks elements, a tail past it only for the
- * embedding table); the homes are the buckets in order (each layer bucket holds whole layers plus a head);
- * the embedding and untied LM-head buckets have slots of their own, whose data sit at their bucket's
- * address modulo 256 bytes (as in a whole array: the same cuBLASLt alignments). Tied and untied, 2 and
- * 3 ranks; some tensors must cross a boundary (head margins used), and with 3 ranks the table's tail. */
+/* The weight slots' map without a GPU: every tensor of the model lies in its unit's home bucket (the layout
+ * padded for the ranks); the homes are the buckets in order (each layer bucket holds whole layers); the
+ * embedding and untied LM-head buckets have slots of their own, whose data sit at their bucket's address
+ * modulo 256 bytes (as in a whole array: the same cuBLASLt alignments). Tied and untied, 2 and 3 ranks. */
 static void test_zero3_slot_map(void) {
     for (int tie = 0; tie < 2; tie++)
         for (int n = 2; n <= 3; n++) {
@@ -415,17 +410,15 @@ static void test_zero3_slot_map(void) {
             qt_param_store *ps = small_store(tie, n, 3, &mc, &L, &sh);
             QT_REQUIRE(ps, "the ZeRO-3 store");
             const qt_weight_slots *ws = ps->wslots;
-            size_t M = 64 * (size_t)n, heads = 0;
             int bad = 0, nb = sh.n_buckets;
-            for (int i = 0; i < L.n_tensors; i++) {
+            for (int i = 0; i < L.n_tensors; i++) { /* each tensor in its home bucket (the padded layout's units) */
                 const qt_tensor *t = &L.tensors[i];
                 int h = qt_wslots_home(ws, t->offset), he = qt_wslots_home(ws, t->offset + t->numel - 1);
-                size_t lo = sh.bucket[h] - qt_wslots_head(ws, h), hi = sh.bucket[h + 1] + qt_wslots_tail(ws, h);
+                size_t lo = sh.bucket[h], hi = sh.bucket[h + 1];
                 int ok = h == he && t->offset >= lo && t->offset + t->numel <= hi;
-                if (!ok) printf("  tie %d, %d ranks: %s [%zu, %zu) outside bucket %d's slot [%zu, %zu)\n", tie, n, t->name,
+                if (!ok) printf("  tie %d, %d ranks: %s [%zu, %zu) outside bucket %d [%zu, %zu)\n", tie, n, t->name,
                                 t->offset, t->offset + t->numel, h, lo, hi);
                 bad += !ok;
-                heads += t->offset < sh.bucket[h];
             }
             int prev = -1;
             for (int l = 0; l < mc.num_layers; l++) { /* homes ascend by at most one bucket per layer */
@@ -450,14 +443,11 @@ static void test_zero3_slot_map(void) {
                 bad += ((uintptr_t)qt_wslots_own_data(ws, b) - (uintptr_t)b256) % 256 != sh.bucket[b] * 2 % 256;
             }
             bad += row(&p, "weight slots (emb/head)") != own_bytes ||
-                   row(&p, "weight slots (layers)") != 2 * qt_mem_aligned(qt_wslots_slot_bytes(ws, -1)) + qt_mem_aligned(nb * M * 2) ||
+                   row(&p, "weight slots (layers)") != 2 * qt_mem_aligned(qt_wslots_slot_bytes(ws, -1)) ||
                    row(&p, "weights (bf16 shard)") != qt_mem_aligned(sh.len * 2) || row(&p, "weights (bf16)") != 0;
             free(base);
-            printf("  tie %d, %d ranks: %d buckets, %zu tensors read through a head margin, table tail %zu\n", tie, n, nb,
-                   heads, qt_wslots_tail(ws, 0));
+            printf("  tie %d, %d ranks: %d buckets\n", tie, n, nb);
             QT_EXPECT(bad == 0, "tie %d, %d ranks: %d wrong slot entries", tie, n, bad);
-            QT_EXPECT(heads == 0 && qt_wslots_tail(ws, 0) == 0, "tie %d, %d ranks: %zu tensors below their home bucket, "
-                      "table tail %zu in the padded layout", tie, n, heads, qt_wslots_tail(ws, 0));
             qt_param_store_free(ps);
             qt_layout_free(&L);
         }

@@ -90,7 +90,6 @@ void qt_dp_grads_send_embedding(void *ctx) {
     if (!k) return;
     d->early = k;
     if (d->ps->plan.grads.embed_apart) return; /* ZeRO-2: no gradient there but the lookups (+= 0 changes no bit) */
-    if (d->gsync->into_shard && !d->tail_done) d->tail_done = qt_param_grad_tail(d->ps, d->g->stream);
     cudaStream_t cs = sums_stream(d);
     for (int b = 0; b < k; b++) reduce_bucket(d, b, cs);
 }
@@ -138,16 +137,10 @@ static void slot_below_wait(qt_dp_sync *d, int k) {
 }
 
 /* ZeRO-2, on the model's stream, for the buckets [b, sent) that became final: each one's slot below
- * (the backward writes it next, and the head margin goes there) waits until its shared slot's last
- * user is reduced and zeroed; the margin is added; the embedding table's tail moves to bucket 1 before
- * bucket 1 (or 0) is summed. Then the sums may read the slots (qt_param_store.h). */
+ * (the backward writes it next) waits until its shared slot's last user is reduced and zeroed. Then the
+ * sums may read the slots (qt_param_store.h). */
 static void slots_ready(qt_dp_sync *d, int b) {
-    qt_param_store *ps = d->ps;
-    for (int k = d->sent - 1; k >= b; k--) {
-        slot_below_wait(d, k);
-        if (k > 0) qt_param_grad_margin(ps, k, d->g->stream);
-        if (k <= 1 && !d->tail_done) d->tail_done = qt_param_grad_tail(ps, d->g->stream);
-    }
+    for (int k = d->sent - 1; k >= b; k--) slot_below_wait(d, k);
 }
 
 /* Offloaded gradients, for the buckets [b, sent) that became final: each one's slot below (the backward
@@ -158,7 +151,7 @@ static void slots_ready(qt_dp_sync *d, int b) {
  * so one slot's load (H2D) runs beside the next slot's store (D2H); the slot's event is recorded after
  * its load (or store); at the end the side stream waits for the loads. A slot of its own keeps what it
  * stored, which is what the next micro-step would load (zeroed at the step's end, qt_dp_sync_reduce).
- * The slots need no margin or tail adds: each element has one home (qt_param_grad_home). */
+ * A slot holds its bucket exactly: no tensor crosses a bucket's bounds (qt_partition.h). */
 static void host_grads_ready(qt_dp_sync *d, int b) {
     qt_param_store *ps = d->ps;
     for (int k = d->sent - 1; k >= b; k--) slot_below_wait(d, k);
@@ -228,7 +221,7 @@ static cudaStream_t whole_ready_on(qt_dp_sync *d, int b, int lookups, size_t fro
     cudaStream_t cs = sums_stream(d);
     while (d->sent > b) reduce_bucket(d, --d->sent, cs);
     if (lookups) add_lookups(d, cs);
-    if (from == 0) d->sent = d->early = d->lookups_due = d->tail_done = 0;
+    if (from == 0) d->sent = d->early = d->lookups_due = 0;
     return cs;
 }
 

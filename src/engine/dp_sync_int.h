@@ -42,8 +42,7 @@ typedef struct grad_sync {
     void (*init)(struct qt_dp_sync *d);   /* its events and streams (NULL: none) */
     void (*fini)(struct qt_dp_sync *d);
     int every_micro; /* every micro-step sums (stores) its buckets as the backward releases them */
-    int into_shard;  /* the sums read the gradient slots (their margin and table-tail adds first) and are added into
-                      * the rank's shard (ZeRO-2/3) */
+    int into_shard;  /* the sums read the gradient slots and are added into the rank's shard (ZeRO-2/3) */
     int aside;       /* the sums (stores) always run on the side stream */
 } grad_sync;
 
@@ -74,7 +73,6 @@ struct qt_dp_sync {
     int sent;               /* lowest bucket handed to the side stream this step (n_buckets: none) */
     int early;              /* buckets [0, early) handed over right after the LM head (embeddings only) */
     int lookups_due;        /* the last micro-step left its lookups out: add_lookups before the norm */
-    int tail_done;          /* ZeRO-2: this micro-step's embedding table tail is in bucket 1's slot */
     cudaEvent_t *ag_ev;     /* plan.weights.ahead: [n_buckets] bucket k's weights ready on the side stream */
     cudaEvent_t slot_ev[QT_GRAD_SLOTS]; /* ZeRO-2: shared gradient slot k reduced and zeroed (its last user) */
     cudaEvent_t sums_ev;    /* ZeRO-2 overlapped: a micro-step's last sums done (slots free, shard whole) */

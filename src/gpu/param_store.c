@@ -21,11 +21,10 @@ static int zero3(const qt_param_store *ps) { return ps->weights_place->pieces; }
 static size_t ges(const qt_param_store *ps) { return qt_dtype_size(ps->acc_dt); } /* a gradient slot's element */
 /* The backward writes gradient slots (ZeRO-2/3, offloaded gradients), not the whole array. */
 static int grad_slots(const qt_param_store *ps) { return ps->grads_place->slots; }
-/* Bucket b's slot at element delta from its bucket start (negative: its head margin). */
+/* Bucket b's slot at element delta from its bucket start. */
 static void *slot_at(const qt_param_store *ps, int b, ptrdiff_t delta) { return (char *)ps->grad_slot[b] + delta * (ptrdiff_t)ges(ps); }
 /* The model reads the weights from weight slots: ZeRO-3 (gathered) or w_host (copied up from host). */
 static int slots(const qt_param_store *ps) { return ps->weights_place->slots; }
-static int find_crossings(qt_param_store *ps, char *err, size_t errlen);
 
 qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, const qt_shard *sh, char *err, size_t errlen) {
     QT_CHECK((pl->parallel.zero >= 1) == (sh->n_ranks > 1) && pl->parallel.zero <= 3, "parameter store: ZeRO-%d placement on a shard of %d ranks",
@@ -52,17 +51,7 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, con
         }
         qt_wslots_use_e4m3(ps->wslots);
     }
-    if (grad_slots(ps)) {
-        ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot);
-        ps->cross_at = calloc((size_t)sh->n_buckets, sizeof *ps->cross_at);
-        QT_CHECK(ps->grad_slot && ps->cross_at, "out of host memory");
-        ps->grad_margin = 64 * (size_t)sh->n_ranks;
-        if (find_crossings(ps, err, errlen)) {
-            snprintf(err + strlen(err), errlen - strlen(err), " (%s: %s)", pl->run.path, ps->grads_place->key);
-            qt_param_store_free(ps);
-            return NULL;
-        }
-    }
+    if (grad_slots(ps)) QT_CHECK(ps->grad_slot = calloc((size_t)sh->n_buckets, sizeof *ps->grad_slot), "out of host memory");
     ps->opt_place = qt_place_opt_init(ps);
     return ps;
 }
@@ -97,129 +86,42 @@ static int slotless(const qt_param_store *ps, int b) {
     return ps->plan.grads.embed_apart && ps->shard.bucket[b + 1] <= ps->L->layers[0].ln1;
 }
 
-/* The ranges the backward writes with one call at their start (qt_param_g): the tables, each layer's
- * norms, fused q|k|v, its bias, o, fused gate|up and down, q|k norms, post-norms, the final norm. Returns how
- * many (at most 3 + 9 per layer: cap). */
-static int write_units(const qt_layout *L, size_t *s, size_t *e, int cap) {
-    const qt_model_cfg *c = &L->cfg;
-    size_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size, D = c->head_dim;
-    size_t Hq = (size_t)c->num_heads * D, Hk = (size_t)c->num_kv_heads * D;
-    int n = 0;
-#define UNIT(at, len) do { if (n < cap) { s[n] = (at); e[n] = (at) + (len); } n++; } while (0)
-    UNIT(L->embed, V * C);
-    if (L->lm_head != L->embed) UNIT(L->lm_head, V * C);
-    UNIT(L->final_norm, C);
-    for (int l = 0; l < c->num_layers; l++) {
-        const qt_layer_offsets *o = &L->layers[l];
-        UNIT(o->ln1, C);
-        UNIT(o->wqkv, (Hq + 2 * Hk) * C);
-        if (c->qkv_bias) UNIT(o->bqkv, Hq + 2 * Hk);
-        UNIT(o->wo, C * Hq);
-        UNIT(o->ln2, C);
-        UNIT(o->wgu, 2 * F * C);
-        UNIT(o->wdown, C * F);
-        if (c->qk_norm) UNIT(o->qknorm, 2 * D);
-        if (o->post_attn != SIZE_MAX) UNIT(o->post_attn, C); /* Gemma's post-norms */
-        if (o->post_ffn != SIZE_MAX) UNIT(o->post_ffn, C);
-    }
-#undef UNIT
-    return n;
-}
-
-/* Which write unit crosses each bucket boundary, and how (see qt_param_store.h); -1 with err for a
- * crossing the margins cannot hold. */
-static int find_crossings(qt_param_store *ps, char *err, size_t errlen) {
-    const qt_shard *sh = &ps->shard;
-    const qt_layout *L = ps->L;
-    int cap = 3 + 9 * L->cfg.num_layers;
-    size_t *s = malloc((size_t)cap * 2 * sizeof *s), *e = s + cap, M = ps->grad_margin;
-    QT_CHECK(s, "out of host memory");
-    int n = write_units(L, s, e, cap), rc = 0;
-    for (int b = 0; b < sh->n_buckets; b++) ps->cross_at[b] = SIZE_MAX;
-    for (int i = 0; i < n && !rc; i++)
-        for (int k = 1; k < sh->n_buckets && !rc; k++) {
-            size_t B = sh->bucket[k];
-            if (!(s[i] < B && B < e[i])) continue;
-            int table = s[i] == L->embed && k == 1;
-            if (table && slotless(ps, 0)) continue; /* never written */
-            if (table && e[i] - B <= M && e[i] <= sh->bucket[k + 1] && !ps->tail_n) ps->tail_n = e[i] - B;
-            else if (!table && B - s[i] <= M && e[i] <= sh->bucket[k + 1] && ps->cross_at[k] == SIZE_MAX && !slotless(ps, k - 1))
-                ps->cross_at[k] = s[i];
-            else rc = -1;
-            if (rc) snprintf(err, errlen, "the tensor at flat elements [%zu, %zu) crosses the gradient bucket boundary %zu "
-                             "further than the slots' margins of %zu elements", s[i], e[i], B, M);
-        }
-    free(s);
-    return rc;
-}
-
 /* The gradient slots: those of the buckets with embedding or LM-head elements and QT_GRAD_SLOTS shared slots of
- * the largest other bucket, each between margins (see qt_param_store.h). */
+ * the largest other bucket (see qt_param_store.h). */
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p) {
     const qt_shard *sh = &ps->shard;
-    size_t M = ps->grad_margin, big = 0;
+    size_t big = 0;
     for (int b = 0; b < sh->n_buckets; b++)
         if (qt_param_grad_slot_shared(ps, b) >= 0 && sh->bucket[b + 1] - sh->bucket[b] > big)
             big = sh->bucket[b + 1] - sh->bucket[b];
     char *shared[QT_GRAD_SLOTS];
     for (int k = 0; k < QT_GRAD_SLOTS; k++)
-        shared[k] = big ? qt_mem_plan_carve(p, "gradient slots (layers)", (big + 2 * M) * ges(ps)) : NULL;
+        shared[k] = big ? qt_mem_plan_carve(p, "gradient slots (layers)", big * ges(ps)) : NULL;
     for (int b = 0; b < sh->n_buckets; b++) {
         int k = qt_param_grad_slot_shared(ps, b);
         size_t len = sh->bucket[b + 1] - sh->bucket[b];
-        char *base = slotless(ps, b) ? NULL : k >= 0 ? shared[k]
-                   : qt_mem_plan_carve(p, "gradient slots (emb/head)", (len + 2 * M) * ges(ps));
-        ps->grad_slot[b] = base ? base + M * ges(ps) : NULL;
+        ps->grad_slot[b] = slotless(ps, b) ? NULL : k >= 0 ? shared[k]
+                         : qt_mem_plan_carve(p, "gradient slots (emb/head)", len * ges(ps));
     }
 }
 
-void qt_param_grad_margin(const qt_param_store *ps, int b, cudaStream_t s) {
-    size_t at = ps->cross_at[b], B = ps->shard.bucket[b];
-    if (at == SIZE_MAX) return;
-    /* nothing else writes those elements: the lower slot holds 0 there, so the add is exact in bf16 too */
-    qt_add_inplace(slot_at(ps, b - 1, (ptrdiff_t)(at - ps->shard.bucket[b - 1])), ps->acc_dt, slot_at(ps, b, -(ptrdiff_t)(B - at)),
-                   ps->acc_dt, B - at, s);
-}
-
-void qt_param_grad_home(const qt_param_store *ps, int b, size_t *lo, size_t *hi) {
-    const qt_shard *sh = &ps->shard;
-    *lo = ps->cross_at[b] != SIZE_MAX ? ps->cross_at[b] : sh->bucket[b];
-    *hi = b + 1 < sh->n_buckets && ps->cross_at[b + 1] != SIZE_MAX ? ps->cross_at[b + 1] : sh->bucket[b + 1];
-    if (b == 0) *hi += ps->tail_n; /* the table's tail: bucket 0's tail margin */
-    if (b == 1) *lo += ps->tail_n;
-}
-
-/* Where flat element x sits in bucket b's slot (x in its home). */
-static void *home_at(const qt_param_store *ps, int b, size_t x) {
-    return slot_at(ps, b, (ptrdiff_t)x - (ptrdiff_t)ps->shard.bucket[b]);
+/* Bucket b's bytes in the slot and in the host array (elements [bucket[b], bucket[b + 1])). */
+static size_t bucket_bytes(const qt_param_store *ps, int b) {
+    return (ps->shard.bucket[b + 1] - ps->shard.bucket[b]) * ges(ps);
 }
 
 void qt_param_grad_load(const qt_param_store *ps, int b, cudaStream_t s) {
-    size_t lo, hi;
-    qt_param_grad_home(ps, b, &lo, &hi);
-    if (hi > lo)
-        QT_CUDA(cudaMemcpyAsync(home_at(ps, b, lo), (char *)ps->grad + lo * ges(ps), (hi - lo) * ges(ps), cudaMemcpyHostToDevice, s));
+    QT_CUDA(cudaMemcpyAsync(ps->grad_slot[b], (char *)ps->grad + ps->shard.bucket[b] * ges(ps), bucket_bytes(ps, b),
+                            cudaMemcpyHostToDevice, s));
 }
 
 void qt_param_grad_store(const qt_param_store *ps, int b, int zero, cudaStream_t s) {
-    size_t lo, hi;
-    qt_param_grad_home(ps, b, &lo, &hi);
-    if (hi > lo)
-        QT_CUDA(cudaMemcpyAsync((char *)ps->grad + lo * ges(ps), home_at(ps, b, lo), (hi - lo) * ges(ps), cudaMemcpyDeviceToHost, s));
+    QT_CUDA(cudaMemcpyAsync((char *)ps->grad + ps->shard.bucket[b] * ges(ps), ps->grad_slot[b], bucket_bytes(ps, b),
+                            cudaMemcpyDeviceToHost, s));
     if (zero) qt_param_grad_slot_zero(ps, b, s);
 }
 
-int qt_param_grad_tail(const qt_param_store *ps, cudaStream_t s) {
-    if (!ps->tail_n) return 0;
-    qt_add_inplace(ps->grad_slot[1], ps->acc_dt, slot_at(ps, 0, (ptrdiff_t)(ps->shard.bucket[1] - ps->shard.bucket[0])),
-                   ps->acc_dt, ps->tail_n, s); /* the table's own elements: 0 in slot 1 before, exact in bf16 too */
-    return 1;
-}
-
-void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s) {
-    size_t M = ps->grad_margin;
-    qt_zero(slot_at(ps, b, -(ptrdiff_t)M), (ps->shard.bucket[b + 1] - ps->shard.bucket[b] + 2 * M) * ges(ps), s);
-}
+void qt_param_grad_slot_zero(const qt_param_store *ps, int b, cudaStream_t s) { qt_zero(ps->grad_slot[b], bucket_bytes(ps, b), s); }
 
 int qt_param_grad_slot_shared(const qt_param_store *ps, int b) {
     const qt_layout *L = ps->L;
@@ -239,8 +141,6 @@ void *qt_param_g(const qt_param_store *ps, size_t off) {
         if (bk[mid] <= off) lo = mid;
         else hi = mid - 1;
     }
-    if (lo + 1 < ps->shard.n_buckets && ps->cross_at[lo + 1] == off) /* in the next slot's head margin */
-        return slot_at(ps, lo + 1, -(ptrdiff_t)(bk[lo + 1] - off));
     QT_CHECK(ps->grad_slot[lo], "gradient of flat element %zu: its bucket %d has no slot (placement.embed_apart)", off, lo);
     return slot_at(ps, lo, (ptrdiff_t)(off - bk[lo]));
 }
@@ -378,7 +278,6 @@ void qt_param_store_free(qt_param_store *ps) {
     ps->grads_place->free_host(ps);
     qt_small_params_free(&ps->e4m3.small);
     free(ps->grad_slot);
-    free(ps->cross_at);
     free(ps);
 }
 

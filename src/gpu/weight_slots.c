@@ -1,5 +1,5 @@
 /* weight_slots.c — ZeRO-3's weight slots: units and their home buckets, the slot layout, and the
- * gather / wait / margin protocol of an acquire (qt_weight_slots.h, docs/memory.md). */
+ * gather / wait protocol of an acquire (qt_weight_slots.h, docs/memory.md). */
 #include "qt_weight_slots.h"
 
 #include <cuda_runtime.h>
@@ -19,24 +19,19 @@ typedef struct {
     size_t cap;           /* data elements it holds */
     int bucket;           /* the bucket it holds, -1: none (a shared slot's data is stale) */
     int pending;          /* its gather's event is not yet waited for by the model stream */
-    int margins;          /* its margins hold the neighbours' elements */
     cudaEvent_t filled, free;
 } wslot;
 
 struct qt_weight_slots {
     qt_shard sh;
-    size_t M;             /* margin elements each side: 64 x n_ranks */
     size_t numel;
     int n_units;
     size_t *ustart;       /* [n_units] ascending, ustart[0] = 0 (owned) */
-    int *uhome;           /* [n_units] home bucket (owned) */
-    size_t *head, *tail;  /* [n_buckets] margins each bucket's units need (owned) */
+    int *uhome;           /* [n_units] home bucket: the one holding the whole unit (owned) */
     int *own;             /* [n_buckets] its own slot's index (>= QT_WSLOTS), -1: a shared one (owned) */
     int n_slots;
     wslot *slot;          /* [n_slots]: QT_WSLOTS shared, then the own ones (owned) */
     size_t big;           /* the largest bucket without an own slot */
-    uint16_t *edge;       /* [n_buckets][M] device: bucket b's head margin as the forward filled it */
-    unsigned char *edge_ok; /* [n_buckets] host (owned) */
     int cur;              /* the shared slot the model read last (-1: none) */
     int started;
     int with8;            /* the shared slots have e4m3 halves (qt_wslots_use_e4m3) */
@@ -60,28 +55,22 @@ qt_weight_slots *qt_wslots_create(const qt_layout *L, const qt_shard *sh) {
     QT_CHECK(ws, "out of host memory");
     int nl = L->cfg.num_layers, nb = sh->n_buckets, untied = L->lm_head != L->embed;
     ws->sh = *sh;
-    ws->M = 64 * (size_t)sh->n_ranks;
     ws->numel = L->numel;
     ws->n_units = nl + 2;
     ws->ustart = calloc((size_t)ws->n_units, sizeof *ws->ustart);
     ws->uhome = calloc((size_t)ws->n_units, sizeof *ws->uhome);
-    ws->head = calloc((size_t)nb, sizeof *ws->head);
-    ws->tail = calloc((size_t)nb, sizeof *ws->tail);
     ws->own = calloc((size_t)nb, sizeof *ws->own);
-    ws->edge_ok = calloc((size_t)nb, 1);
-    QT_CHECK(ws->ustart && ws->uhome && ws->head && ws->tail && ws->own && ws->edge_ok, "out of host memory");
-    /* units: the table [0, layer 0), each layer, the final norm (+ untied LM head) up to numel */
+    QT_CHECK(ws->ustart && ws->uhome && ws->own, "out of host memory");
+    /* units: the table [0, layer 0), each layer, the final norm (+ untied LM head) up to numel; the buckets are
+     * cut at units' starts (qt_partition.h), so each lies in one */
     for (int u = 0; u < ws->n_units; u++) {
         size_t s = u == 0 ? 0 : u <= nl ? L->layers[u - 1].ln1 : L->final_norm;
         size_t e = u == 0 ? L->layers[0].ln1 : u <= nl ? qt_layer_end(L, u - 1) : L->numel;
-        int h = bucket_of(sh, u == 0 ? s : e - 1);
+        int h = bucket_of(sh, s);
         ws->ustart[u] = s;
         ws->uhome[u] = h;
-        if (s < sh->bucket[h] && sh->bucket[h] - s > ws->head[h]) ws->head[h] = sh->bucket[h] - s;
-        if (e > sh->bucket[h + 1] && e - sh->bucket[h + 1] > ws->tail[h]) ws->tail[h] = e - sh->bucket[h + 1];
-        QT_CHECK(ws->head[h] <= ws->M && ws->tail[h] <= ws->M && (ws->tail[h] == 0 || h + 1 < nb),
-                 "ZeRO-3: unit %d [%zu, %zu) runs further past its home bucket %d [%zu, %zu) than the margins of %zu "
-                 "elements", u, s, e, h, sh->bucket[h], sh->bucket[h + 1], ws->M);
+        QT_CHECK(e <= sh->bucket[h + 1], "ZeRO-3: unit %d [%zu, %zu) runs past its bucket %d [%zu, %zu)", u, s, e, h,
+                 sh->bucket[h], sh->bucket[h + 1]);
     }
     for (int b = 0; b < nb; b++) ws->own[b] = -1;
     ws->n_slots = QT_WSLOTS;
@@ -107,22 +96,16 @@ void qt_wslots_free(qt_weight_slots *ws) {
     }
     free(ws->ustart);
     free(ws->uhome);
-    free(ws->head);
-    free(ws->tail);
     free(ws->own);
-    free(ws->edge_ok);
     free(ws->slot);
     free(ws);
 }
 
-/* A slot of cap elements: a head margin rounded to 256 bytes, a 256-byte pad that puts the data at its
- * bucket's address modulo 256, the data, the tail margin. */
-static size_t slot_bytes(const qt_weight_slots *ws, size_t cap) {
-    return qt_mem_aligned(ws->M * 2) + 256 + (cap + ws->M) * 2;
-}
+/* A slot of cap elements: a 256-byte pad that puts the data at its bucket's address modulo 256, the data. */
+static size_t slot_bytes(size_t cap) { return 256 + cap * 2; }
 
 size_t qt_wslots_slot_bytes(const qt_weight_slots *ws, int b) {
-    return slot_bytes(ws, b < 0 || ws->own[b] < 0 ? ws->big : blen(ws, b));
+    return slot_bytes(b < 0 || ws->own[b] < 0 ? ws->big : blen(ws, b));
 }
 
 void qt_wslots_use_e4m3(qt_weight_slots *ws) { ws->with8 = 1; }
@@ -131,10 +114,9 @@ void qt_wslots_carve(qt_weight_slots *ws, qt_mem_plan *p) {
     for (int i = 0; i < ws->n_slots; i++)
         if (ws->slot[i].cap)
             ws->slot[i].alloc = qt_mem_plan_carve(p, i < QT_WSLOTS ? "weight slots (layers)" : "weight slots (emb/head)",
-                                                  slot_bytes(ws, ws->slot[i].cap));
+                                                  slot_bytes(ws->slot[i].cap));
     for (int i = 0; ws->with8 && i < QT_WSLOTS; i++)
         ws->slot[i].alloc8 = qt_mem_plan_carve(p, "weight slots (e4m3)", ws->big);
-    ws->edge = qt_mem_plan_carve(p, "weight slots (layers)", (size_t)ws->sh.n_buckets * ws->M * 2);
 }
 
 void qt_wslots_start(qt_weight_slots *ws) {
@@ -156,12 +138,10 @@ int qt_wslots_home(const qt_weight_slots *ws, size_t off) {
 }
 
 int qt_wslots_own(const qt_weight_slots *ws, int b) { return ws->own[b] >= 0; }
-size_t qt_wslots_head(const qt_weight_slots *ws, int b) { return ws->head[b]; }
-size_t qt_wslots_tail(const qt_weight_slots *ws, int b) { return ws->tail[b]; }
 
 /* Where slot i's data starts when it holds bucket b (its address modulo 256 = bucket[b] x 2's). */
 static char *data_of(const qt_weight_slots *ws, int i, int b) {
-    return ws->slot[i].alloc + qt_mem_aligned(ws->M * 2) + (ws->sh.bucket[b] * 2) % 256;
+    return ws->slot[i].alloc + (ws->sh.bucket[b] * 2) % 256;
 }
 
 /* The slot holding bucket b, -1: none. */
@@ -196,20 +176,17 @@ void qt_wslots_filled(qt_weight_slots *ws, int b, cudaStream_t s) {
     QT_CUDA(cudaEventRecord(w->filled, s));
     w->bucket = b;
     w->pending = 1;
-    w->margins = 0;
 }
 
 void qt_wslots_invalidate(qt_weight_slots *ws) {
     for (int i = 0; i < QT_WSLOTS; i++) ws->slot[i].bucket = -1;
-    for (int i = 0; i < ws->n_slots; i++) ws->slot[i].margins = 0;
-    memset(ws->edge_ok, 0, (size_t)ws->sh.n_buckets);
     ws->cur = -1;
 }
 
 void *qt_wslots_scratch(const qt_weight_slots *ws, size_t *bytes, void **codes, size_t *codes_bytes) {
     QT_CHECK(ws->slot[0].bucket < 0 && ws->slot[0].alloc, "ZeRO-3: shared slot 0 used as scratch while it holds bucket %d",
              ws->slot[0].bucket);
-    *bytes = slot_bytes(ws, ws->big);
+    *bytes = slot_bytes(ws->big);
     *codes = ws->slot[0].alloc8;
     *codes_bytes = ws->slot[0].alloc8 ? ws->big : 0;
     return ws->slot[0].alloc;
@@ -234,7 +211,6 @@ static void gather_into(qt_weight_slots *ws, const qt_wslots_io *io, int i, int 
     QT_CUDA(cudaEventRecord(w->filled, io->side));
     w->bucket = b;
     w->pending = 1;
-    w->margins = 0;
 }
 
 /* The model stream waits for slot i's gather (once). */
@@ -249,37 +225,6 @@ static void wait_filled(qt_weight_slots *ws, const qt_wslots_io *io, int i) {
     w->pending = 0;
 }
 
-static void copy(void *dst, const void *src, size_t n, cudaStream_t s) {
-    if (n) QT_CUDA(cudaMemcpyAsync(dst, src, n * 2, cudaMemcpyDeviceToDevice, s));
-}
-
-/* Slot i (holding b)'s margins on the model stream: the head from the slot holding b-1 (and into the
- * cache), else from the cache; the tail from the slot holding b+1, which is acquired first if none does. */
-static void fill_margins(qt_weight_slots *ws, const qt_wslots_io *io, int i, int b) {
-    size_t h = ws->head[b], t = ws->tail[b];
-    char *d = data_of(ws, i, b);
-    if (h) {
-        int j = slot_of(ws, b - 1);
-        uint16_t *cache = ws->edge + (size_t)b * ws->M;
-        if (j >= 0) {
-            wait_filled(ws, io, j);
-            copy(d - h * 2, data_of(ws, j, b - 1) + (blen(ws, b - 1) - h) * 2, h, io->model);
-            copy(cache, d - h * 2, h, io->model);
-            ws->edge_ok[b] = 1;
-        } else {
-            QT_CHECK(ws->edge_ok[b], "ZeRO-3: bucket %d's head margin: bucket %d is in no slot and not cached", b, b - 1);
-            copy(d - h * 2, cache, h, io->model);
-        }
-    }
-    if (t) {
-        if (slot_of(ws, b + 1) < 0) qt_wslots_acquire(ws, io, b + 1, +1);
-        int j = slot_of(ws, b + 1);
-        wait_filled(ws, io, j);
-        copy(d + blen(ws, b) * 2, data_of(ws, j, b + 1), t, io->model);
-    }
-    ws->slot[i].margins = 1;
-}
-
 void qt_wslots_acquire(qt_weight_slots *ws, const qt_wslots_io *io, int b, int dir) {
     QT_CHECK(b >= 0 && b < ws->sh.n_buckets, "ZeRO-3: acquire of bucket %d of %d", b, ws->sh.n_buckets);
     int i = slot_of(ws, b), own = ws->own[b] >= 0;
@@ -287,7 +232,6 @@ void qt_wslots_acquire(qt_weight_slots *ws, const qt_wslots_io *io, int b, int d
     if (i < 0) gather_into(ws, io, i = ws->cur == 0 ? 1 : 0, b); /* not the slot just read */
     wait_filled(ws, io, i);
     if (*io->read_delay_ms) QT_CUDA(cudaLaunchHostFunc(io->model, sleep_ms, io->read_delay_ms));
-    if (!ws->slot[i].margins) fill_margins(ws, io, i, b);
     if (!own) ws->cur = i;
     int nb = b + dir; /* the prefetch: the next bucket in dir into the shared slot not read now */
     if (io->side != io->model && nb >= 0 && nb < ws->sh.n_buckets && ws->own[nb] < 0 && slot_of(ws, nb) < 0)
