@@ -271,6 +271,66 @@ static void test_adamw_sharded(void) {
     cudaFree(dmaster); cudaFree(dm); cudaFree(dv); cudaFree(dg); cudaFree(wb); cudaFree(wb2);
 }
 
+/* A layout padded between its units (qt_layout_init_units) rounds as the compact one: the same tensors, each PAD x k
+ * elements further on with sr_shift = PAD x k, give the same master, m, v and stochastically rounded bf16 weights
+ * bit for bit; the padding is left untouched. With sr_shift 0 the rounding hashes other indices and the bf16
+ * weights differ (what the test would catch if the shift were lost). */
+#define PAD 256
+static void adamw_padded_run(const qt_adamw_tensor *t, const float *w, const float *g3, long n, float **master,
+                             float **wbf) {
+    float *zero = calloc((size_t)n, 4), *dmaster = d_f32(w, n), *dm = d_f32(zero, n), *dv = d_f32(zero, n);
+    float *dg = d_f32(g3, n);
+    void *wb = d_bf16(w, n);
+    qt_adamw_plan *p = qt_adamw_plan_create(t, NT);
+    qt_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 1, 123, 1, 0, 0, NULL};
+    for (long k = 1; k <= 3; k++) {
+        QT_CUDA(cudaMemcpy(dg, g3 + (k - 1) * n, (size_t)n * 4, cudaMemcpyHostToDevice));
+        a.t = k;
+        qt_adamw_step(p, wb, dmaster, dg, QT_DT_F32, dm, QT_DT_F32, dv, QT_DT_F32, NULL, NULL, &a, 0);
+    }
+    *master = g_f32(dmaster, n);
+    *wbf = g_bf16(wb, n);
+    qt_adamw_plan_free(p);
+    free(zero);
+    cudaFree(dmaster); cudaFree(dm); cudaFree(dv); cudaFree(dg); cudaFree(wb);
+}
+static void test_adamw_padded_layout(void) {
+    NEED_GPU();
+    const long np = ATOT + PAD * NT;
+    qt_adamw_tensor pad[NT], lost[NT];
+    float *w = h_rand(ATOT, 0.5f), *wp = h_rand(np, 0.5f), *g = malloc(3 * ATOT * 4), *gp = calloc(3 * (size_t)np, 4);
+    for (int k = 0; k < NT; k++) {
+        size_t at = ATAB[k].offset + (size_t)PAD * k;
+        pad[k] = (qt_adamw_tensor){at, ATAB[k].numel, ATAB[k].wd, at, (size_t)PAD * k};
+        lost[k] = pad[k], lost[k].sr_shift = 0;
+        memcpy(wp + at, w + ATAB[k].offset, ATAB[k].numel * 4);
+    }
+    for (int s = 0; s < 3; s++) {
+        float *gs = h_rand(ATOT, 1.0f);
+        memcpy(g + s * ATOT, gs, ATOT * 4);
+        for (int k = 0; k < NT; k++)
+            memcpy(gp + s * np + pad[k].offset, gs + ATAB[k].offset, ATAB[k].numel * 4);
+        free(gs);
+    }
+    float *cm, *cb, *pm, *pb, *lm, *lb;
+    adamw_padded_run(ATAB, w, g, ATOT, &cm, &cb);
+    adamw_padded_run(pad, wp, gp, np, &pm, &pb);
+    adamw_padded_run(lost, wp, gp, np, &lm, &lb);
+    int diff_lost = 0;
+    for (int k = 0; k < NT; k++) {
+        size_t c = ATAB[k].offset, q = pad[k].offset, n = ATAB[k].numel;
+        QT_EXPECT(memcmp(cm + c, pm + q, n * 4) == 0 && memcmp(cb + c, pb + q, n * 4) == 0,
+                  "tensor %d: the padded layout's master or bf16 weights differ from the compact layout's", k);
+        diff_lost |= memcmp(cb + c, lb + q, n * 4) != 0;
+    }
+    for (int k = 0; k < NT; k++) { /* the padding before tensor k keeps its uploaded bf16 bits */
+        size_t lo = k ? pad[k - 1].offset + pad[k - 1].numel : 0, hi = pad[k].offset;
+        for (size_t i = lo; i < hi; i++) QT_EXPECT(pb[i] == qt_bf16_to_f32(qt_f32_to_bf16(wp[i])), "padding element %zu changed", i);
+    }
+    QT_EXPECT(diff_lost, "with sr_shift 0 the stochastic rounding gives the same bits: the test cannot see a lost shift");
+    free(w); free(wp); free(g); free(gp); free(cm); free(cb); free(pm); free(pb); free(lm); free(lb);
+}
+
 /* AdamW's NaN/Inf count (qt_adamw_args.nonfinite: the engine's per-step finiteness check, made as the weights
  * are written): gradients with NaN / +Inf / -Inf at elements on the vector path, in the scalar head and tails
  * (tensors 1 and 4), a one-element tensor, and in alignment padding (not updated, so not counted); with an fp32
@@ -726,6 +786,7 @@ int main(void) {
     QT_RUN(test_swiglu_bwd_h_bitwise);
     QT_RUN(test_geglu_bwd_h_bitwise);
     QT_RUN(test_adamw_sharded);
+    QT_RUN(test_adamw_padded_layout);
     QT_RUN(test_adamw_counts_nonfinite);
     QT_RUN(test_adamw_offload);
     QT_RUN(test_adamw_offload_parts);
