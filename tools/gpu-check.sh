@@ -28,7 +28,8 @@
 #   scale        several GPUs: collectives against NCCL (10), 0.5B/7B scaling (8), data-parallel options
 #                at one micro-batch (8), host-transport grid for the cost model, the emulated consumer box (9)
 #   perf         build-base/train_bench (the previous commit, carried) against this one, alternated row by
-#                row at LLM.Q's setting (0.5B, 1.5B, shipped 7B and 14B fp8), then per-op breakdowns
+#                row at LLM.Q's setting (0.5B, 1.5B, shipped 7B and 14B fp8); then each LLM.Q row's ceiling as
+#                shipped (section 2: a breakdown step per row, tools/step_ceiling.py) and the 7B fp8 plan against 8 x 64
 # Data: tinyshakespeare from $QT_DATA_DIR (default ../shared/data, or out/data when carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +70,7 @@ moments="--set precision.opt_m_dtype=bf16 --set precision.opt_v_dtype=bf16"
 llmq="--warmup 1 --steps 3 $moments --set parallel.gpus=1"
 one="--steps 10 --set data.micro_batch=16 --set data.grad_accum=1 --set parallel.gpus=1"
 mm_bf16="--set precision.matmul_dtype=bf16 --set precision.grad_dtype=bf16"
+mm_fp8="--set precision.matmul_dtype=e4m3 --set precision.grad_dtype=e4m3"
 auto_keys="--set memory.plan=auto --set perf.cuda_graphs=false --set parallel.gpus=1"
 for k in data.micro_batch memory.recompute memory.offload_optimizer memory.lmhead_chunks memory.offload \
     precision.grad_accum_dtype precision.master_dtype; do auto_keys="$auto_keys --set $k=auto"; done
@@ -464,14 +466,23 @@ if has perf; then
               step compare_${name}_$b 600 $bin "$@"
           done
       done
-      # --breakdown: a CUDA event around every op; 7B/14B with the plans the planner chose at an H100's memory
-      brk="--set memory.plan=manual $h100_keys --set data.grad_accum=8 --set memory.offload_optimizer=true"
-      step brk_0.5b_bf16 300 $tb configs/qwen2.5-0.5b-bf16.yaml $one --breakdown
-      step brk_0.5b_fp8 300 $tb configs/qwen2.5-0.5b-fp8.yaml $one --breakdown
-      step brk_7b_fp8 400 $tb configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk --set data.micro_batch=8 \
-          --set "memory.recompute=[]" --set memory.fp8_weight_cache=all --set memory.lmhead_chunks=1
-      step brk_14b_fp8 400 $tb configs/qwen2.5-14b-fp8.yaml --warmup 1 --steps 1 --breakdown $brk --set data.micro_batch=4 \
-          --set "memory.recompute=[swiglu,norm]" --set memory.offload_residual=true --set memory.fp8_weight_cache=none \
-          --set memory.lmhead_chunks=1
-    } 2>&1 | tee "$OUT/perf.log" | grep -E '^(==|FAIL)|RESULT|tokens/s|rror|total'
+      # each row's ceiling (bench/RESULTS.md section 2): the configs as shipped, one more step with a CUDA event
+      # around every op (a log per row), then tools/step_ceiling.py: the matmuls' share and rate, the other ops
+      big="--warmup 1 --steps 1 --set parallel.gpus=1"
+      for row in "0.5b_bf16 configs/qwen2.5-0.5b-bf16.yaml $llmq" "0.5b_fp8 configs/qwen2.5-0.5b-fp8.yaml $llmq" \
+                 "1.5b_bf16 configs/qwen2.5-1.5b-fp8.yaml $llmq $mm_bf16" "1.5b_fp8 configs/qwen2.5-1.5b-fp8.yaml $llmq" \
+                 "3b_bf16 configs/qwen2.5-3b-bf16.yaml $llmq" "3b_fp8 configs/qwen2.5-3b-bf16.yaml $llmq $mm_fp8" \
+                 "7b_bf16 configs/qwen2.5-7b-bf16.yaml $big" "7b_fp8 configs/qwen2.5-7b-fp8.yaml $big" \
+                 "14b_bf16 configs/qwen2.5-14b-fp8.yaml $big $mm_bf16" "14b_fp8 configs/qwen2.5-14b-fp8.yaml $big"; do
+          set -- $row; name=$1; shift
+          step ceil_$name 600 bash -c '"${@:2}" > "$1" 2>&1' _ "$OUT/ceil_$name.log" $tb "$@" --breakdown-steps 1
+      done
+      logs=$(find "$OUT" -maxdepth 1 -name 'ceil_*.log' | sort)
+      [ -n "$logs" ] && python3 tools/step_ceiling.py $logs
+      # the shipped 7B fp8 plan (auto's micro-batch) against 8 x 64, the micro-batch auto picks at an H100's memory
+      for rep in 1 2; do
+          step plan_7b_fp8_shipped_$rep 600 $tb configs/qwen2.5-7b-fp8.yaml $big
+          step plan_7b_fp8_mb8_$rep 600 $tb configs/qwen2.5-7b-fp8.yaml $big --set data.micro_batch=8 --set data.grad_accum=64
+      done
+    } 2>&1 | tee "$OUT/perf.log" | grep -E '^(==|FAIL)|RESULT|tokens/s|rror|ceiling'
 fi
