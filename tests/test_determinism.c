@@ -13,8 +13,8 @@
  * first's picks from perf.tuning_cache) exports the same bytes; so do two runs of 2 data-parallel ranks
  * sharing the GPU (ZeRO-1 bf16, ZeRO-3 fp8), and of the held-out Llama-like shape (16 / 4 heads, head_dim 64,
  * seq 512, untied, 6 layers, 8 steps). resume_* / sigint_resume_*: a run stopped by --stop-after or
- * by a SIGINT after its second step and resumed (from its checkpoint: the same picks) exports the bytes
- * of the uninterrupted run.
+ * by a SIGINT after its second step (a 64-step run) and resumed (from its checkpoint: the same picks)
+ * exports the bytes of the uninterrupted run.
  * nondet_mutant_caught (the mutant build only): with the attention's deterministic graph switched off
  * (QT_MUT_ATTENTION_NONDET), two in-process runs of the 0.5B shape export different bytes: the comparison
  * can fail.
