@@ -1,6 +1,7 @@
 /* kernels_bench.c — micro-benchmark of the qt_kernels.h kernels at the Qwen2.5-0.5B shapes.
  *
- * N=16384 tokens, C=896, F=4864, V=151936 (loss in chunks of 1024 rows), H=14, Hkv=2, D=64,
+ * N=16384 tokens, C=896, F=4864, V=151936 (loss over chunks of 1024 rows and of N rows, a micro-step's
+ * logits as the LM head makes them in one chunk), H=14, Hkv=2, D=64,
  * 494M parameters for AdamW / norm / casts. Each kernel: 3 warm-up runs, then 20 runs timed one by one
  * with CUDA events; prints the median time, the bytes each run must move at least (the HBM traffic the
  * kernel cannot avoid), GB/s and the fraction of the 3.0 TB/s HBM copy ceiling measured on the H100
@@ -35,6 +36,7 @@ typedef struct {
     void *ws_emb, *ws_col, *ws_norm;
     qt_adamw_plan *plan;
     int n_tensors;
+    long loss_rows; /* the lmhead loss's chunk */
 } bufs;
 
 static void *dalloc(size_t bytes) {
@@ -94,7 +96,7 @@ static void k_swiglu_fwd_amax(bufs *b) { qt_swiglu_fwd(b->fout, b->gu, N, F, b->
 static void k_swiglu_bwd_amax(bufs *b) { qt_swiglu_bwd(b->dgu, b->fout, b->gu, N, F, b->absmax, 0); }
 static void k_bias_bwd(bufs *b) { qt_bias_bwd(b->db, QT_DT_F32, b->qkv, N, (H + 2 * HKV) * D, b->ws_col, 0); }
 static void loss_with(bufs *b, qt_lmhead_impl impl) {
-    qt_lmhead_impl ran = qt_lmhead_loss_with(impl, b->logits, b->loss, NULL, b->tgt, CHUNK, V, 1.0f / N, 0);
+    qt_lmhead_impl ran = qt_lmhead_loss_with(impl, b->logits, b->loss, NULL, b->tgt, b->loss_rows, V, 1.0f / N, 0);
     QT_CHECK(ran == impl, "lmhead loss: implementation %d is not available on this GPU", impl);
 }
 static void k_loss_2pass(bufs *b) { loss_with(b, QT_LMHEAD_TWO_PASS); }
@@ -127,13 +129,13 @@ int main(int argc, char **argv) {
     b.dx = dalloc(nc * 2); b.w = dalloc(C * 2); b.rstd = dalloc(N * 4); b.db = dalloc(4096 * 4);
     b.gu = dalloc(nf * 4); b.dgu = dalloc(nf * 4); b.fout = dalloc(nf * 2); b.qkv = dalloc(nq * 2);
     b.cs = dalloc((size_t)1024 * D * 4); b.wte = dalloc((size_t)V * C * 2); b.dwte = dalloc((size_t)V * C * 4);
-    b.logits = dalloc((size_t)CHUNK * V * 2); b.loss = dalloc(CHUNK * 4);
+    b.logits = dalloc((size_t)N * V * 2); b.loss = dalloc(N * 4);
     b.ws_emb = dalloc(qt_embedding_bwd_ws_bytes(N, V)); b.ws_col = dalloc(qt_colreduce_ws_bytes(4096));
     b.ws_norm = dalloc(qt_grad_norm_ws_bytes());
     qt_fill(b.x, QT_DT_BF16, 0.01f, nc, 0);
     qt_fill(b.w, QT_DT_BF16, 1.0f, C, 0);
     qt_fill(b.res, QT_DT_BF16, 0.5f, nc, 0);
-    qt_fill(b.logits, QT_DT_BF16, 0.1f, (size_t)CHUNK * V, 0);
+    qt_fill(b.logits, QT_DT_BF16, 0.1f, (size_t)N * V, 0);
     double inv_freq[QT_ROPE_MAX_HALF];
     for (int i = 0; i < D / 2; i++) inv_freq[i] = pow(1e6, -2.0 * i / D);
     qt_rope_table(b.cs, 1024, D, inv_freq, 1.0, 0);
@@ -144,9 +146,9 @@ int main(int argc, char **argv) {
         tok[i] = (int32_t)(s % V);
     }
     b.tok = dalloc(N * 4);
-    b.tgt = dalloc(CHUNK * 4);
+    b.tgt = dalloc(N * 4);
     QT_CUDA(cudaMemcpy(b.tok, tok, N * 4, cudaMemcpyHostToDevice));
-    QT_CUDA(cudaMemcpy(b.tgt, tok, CHUNK * 4, cudaMemcpyHostToDevice));
+    QT_CUDA(cudaMemcpy(b.tgt, tok, N * 4, cudaMemcpyHostToDevice));
     free(tok);
     /* optimizer state for the whole model: 4 fp32 arrays + bf16 weights (~8.9 GB) */
     b.master = dalloc(NPARAM * 4); b.g = dalloc(NPARAM * 4); b.m = dalloc(NPARAM * 4); b.v = dalloc(NPARAM * 4);
@@ -184,10 +186,13 @@ int main(int argc, char **argv) {
     run(filter, "swiglu_bwd+amax", shp, 5.0 * nf * 2, k_swiglu_bwd_amax, &b);
     snprintf(shp, sizeof shp, "N=%ld O=%d", N, (H + 2 * HKV) * D);
     run(filter, "bias_bwd", shp, (double)nq * 2, k_bias_bwd, &b);
-    snprintf(shp, sizeof shp, "n=%ld V=%d", CHUNK, V);
-    run(filter, "lmhead_loss_2pass", shp, 2.0 * CHUNK * V * 2, k_loss_2pass, &b);
-    if (prop.major >= 9) run(filter, "lmhead_loss_cluster", shp, 2.0 * CHUNK * V * 2, k_loss_cluster, &b);
-    if (prop.major >= 9) run(filter, "lmhead_loss_pipe", shp, 2.0 * CHUNK * V * 2, k_loss_pipe, &b);
+    for (b.loss_rows = CHUNK; b.loss_rows <= N; b.loss_rows *= N / CHUNK) {
+        double bytes = 2.0 * b.loss_rows * V * 2;
+        snprintf(shp, sizeof shp, "n=%ld V=%d", b.loss_rows, V);
+        run(filter, "lmhead_loss_2pass", shp, bytes, k_loss_2pass, &b);
+        if (prop.major >= 9) run(filter, "lmhead_loss_cluster", shp, bytes, k_loss_cluster, &b);
+        if (prop.major >= 9) run(filter, "lmhead_loss_pipe", shp, bytes, k_loss_pipe, &b);
+    }
     snprintf(shp, sizeof shp, "%ld params", NPARAM);
     run(filter, "adamw_fp32_mv", shp, 30.0 * NPARAM, k_adamw, &b);
     run(filter, "grad_norm", shp, 4.0 * NPARAM, k_norm, &b);
