@@ -153,8 +153,29 @@ def setup(ap, a):
 
 
 class WorkerDied(worker.WorkError):
-    """The pool broke: main ends the process at once (os._exit), since the interpreter's exit joins the pool's
-    manager thread, which can wait for ever on a worker that was still starting."""
+    """The pool broke (a worker killed, or out of memory): fail ends the process at once."""
+
+
+_failed_pools = []  # the pools tokenize_all shut down without waiting
+
+
+def fail(msg, tmps, at_once=False):
+    """Ends the run with one line, msg, on stderr, the temporary files removed. Each pool shut down without
+    waiting gets 10 s for its manager thread to end first: the interpreter's exit runs concurrent.futures'
+    hook, which writes to that thread's wake-up pipe and can race its closing (a traceback after the message).
+    at_once, or a thread still running then (it can wait for ever on a worker killed halfway through sending
+    a result, or still starting), ends the process with os._exit."""
+    for p in tmps:
+        if p and os.path.exists(p):
+            os.remove(p)
+    print(f"tokenize: {msg}", file=sys.stderr, flush=True)
+    threads = [t for t in (getattr(p, "_executor_manager_thread", None) for p in _failed_pools) if t is not None]
+    for t in threads if not at_once else ():
+        t.join(timeout=10)
+    if at_once or any(t.is_alive() for t in threads):
+        sys.stdout.flush()
+        os._exit(1)
+    sys.exit(1)
 
 
 def tokenize_all(a, files, opts, src, packer):
@@ -210,6 +231,7 @@ def tokenize_all(a, files, opts, src, packer):
         if failed:
             for child in multiprocessing.active_children():
                 child.kill()
+            _failed_pools.append(pool)
         pool.shutdown(wait=not failed, cancel_futures=True)
     packer.finish()
     prog.show(total, f", {packer.sink.n:,} tokens", final=True)
@@ -247,15 +269,11 @@ def main(argv=None):
                 written.append((shard.write(path, tf, mf, docs, start, n, token_bytes, vocab,
                                             a.zstd_level if a.zstd else None, a.seq_len if a.pairs else 0), name, n))
     except WorkerDied as e:
-        for p in (tmp_t, tmp_m):
-            if p and os.path.exists(p):
-                os.remove(p)
-        print(f"tokenize: {e}", file=sys.stderr, flush=True)
-        os._exit(1)
+        fail(e, (tmp_t, tmp_m), at_once=True)
     except (sources.InputError, worker.WorkError, ChatError, shard.ShardError, tok.TokError) as e:
-        sys.exit(f"tokenize: {e}")
+        fail(e, (tmp_t, tmp_m))
     except OSError as e:
-        sys.exit(f"tokenize: {e.filename or a.out}: {e.strerror or e}")
+        fail(f"{e.filename or a.out}: {e.strerror or e}", (tmp_t, tmp_m))
     finally:
         for p in (tmp_t, tmp_m):
             if p and os.path.exists(p):
