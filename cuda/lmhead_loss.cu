@@ -2,19 +2,19 @@
  *
  * logits[n,v] bf16, tgt[n] int32 -> loss[n] fp32 (=), lse[n] fp32 (=, optional) and, over the logits,
  * dlogits[n,v] = bf16(scale * (softmax - onehot(tgt)))  (one RNE rounding).
- * Two kernels, the same arithmetic (fp32; exponentials via exp2f on prescaled arguments; per-thread
+ * Three kernels, the same arithmetic (fp32; exponentials via exp2f on prescaled arguments; per-thread
  * partials merged as (max, sum of exp(x - max)) pairs in fixed trees, so each is deterministic):
+ *  - two-pass (any GPU, any v; what qt_lmhead_loss runs): one block per row; (1) an online max / sum per
+ *    thread, (2) p = exp(x - lse) and the in-place write; the second read of the row mostly hits L2.
+ *    16-byte vectors when v % 8 == 0 and logits is 16-byte aligned.
  *  - cluster (sm_90+, v <= LMC_MAX_V): a thread-block cluster of up to 8 CTAs per row. Each CTA loads
  *    its slice of the row into registers once, the CTAs swap their (max, sum) partials through
  *    distributed shared memory, and each writes dlogits from the values it holds: one read and one
- *    write of the row, where the two-pass kernel reads it twice (the second read mostly misses L2:
- *    the rows in flight exceed it). 16-byte vectors on any alignment: a scalar head up to the first
- *    16-byte boundary of the row and a scalar tail, held by the last CTA.
+ *    write of the row. 16-byte vectors on any alignment: a scalar head up to the first 16-byte boundary
+ *    of the row and a scalar tail, held by the last CTA.
  *  - pipelined (sm_90+, the same v): the cluster kernel's arithmetic in persistent clusters that stage
  *    two rows in shared memory (cp.async), so that the next row's loads are in flight while a CTA
  *    reduces, waits at the cluster barrier and writes back. Still one read and one write.
- *  - two-pass (any GPU, any v): one block per row; (1) an online max / sum per thread, (2) p =
- *    exp(x - lse) and the in-place write. 16-byte vectors when v % 8 == 0 and logits is 16-byte aligned.
  * Rows with tgt < 0 are ignored (loss 0, lse 0, dlogits 0); tgt >= v gives loss NaN and dlogits 0 so
  * that the bad target cannot go unnoticed.
  * Soft-cap (Gemma's final_logit_softcapping, cap > 0; a template parameter, so the uncapped kernels are
@@ -421,9 +421,11 @@ extern "C" qt_lmhead_impl qt_lmhead_loss_softcap(qt_lmhead_impl impl, void *logi
     int dev, major, cn = lmc_cluster_size(v);
     QT_CUDA(cudaGetDevice(&dev));
     QT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    /* The pipelined variant measured slower on H100 (360.8 vs 317.2 us at 1024 x 151936: two 40 KB
-     * row buffers per CTA cap residency); kernels_bench and test_kernels call the others by name. */
-    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_CLUSTER;
+    /* AUTO is the two-pass kernel: on an H200 (kernels_bench lmhead, V = 151936) it runs 2,777 GB/s at 16,384
+     * rows (the chunk a micro-step makes) and 2,512 at 1,024, against the cluster kernel's 2,232 / 2,171 and
+     * the pipelined one's 1,850 / 1,800: its second read of a row mostly hits L2. kernels_bench and
+     * test_kernels call the cluster kernels by name. */
+    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_TWO_PASS;
     if (impl != QT_LMHEAD_TWO_PASS && major >= 9 && cn > 0 && n * cn < 2147483647L &&
         (softcap_v > 0.0f ? lmc_launch<1> : lmc_launch<0>)(impl, (bf16 *)logits, loss, lse, tgt, n, v, scale, softcap_v,
                                                            cn, s))

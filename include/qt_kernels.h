@@ -162,14 +162,14 @@ void qt_geglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float 
 /* For a chunk of n rows of logits[n,v] (bf16): loss[r] = lse - logits[r, tgt[r]] (fp32, =) and, in
  * place, logits[r] = bf16(scale * (softmax(logits[r]) - onehot(tgt[r]))). Rows with tgt < 0 are
  * ignored (loss 0, dlogits 0); tgt >= v gives loss NaN (a data bug made visible) and dlogits 0.
- * lse[r] (fp32, =) may be NULL; 0 on ignored rows. On sm_90+ with v <= 262144 one thread-block cluster
- * per row reads the row once; otherwise one block per row reads it twice. */
+ * lse[r] (fp32, =) may be NULL; 0 on ignored rows. One block per row reads the row twice (the second
+ * read mostly from L2), the fastest of the three kernels on an H200 (bench/RESULTS.md section 3). */
 void qt_lmhead_loss(void *logits, float *loss, float *lse, const int32_t *tgt, long n, int v, float scale,
                     cudaStream_t s);
 /* The implementations, for tests and benchmarks: CLUSTER one cluster per row, holding it in registers;
  * CLUSTER_PIPE persistent clusters with the next row's loads in flight (shared memory). */
 typedef enum { QT_LMHEAD_AUTO, QT_LMHEAD_TWO_PASS, QT_LMHEAD_CLUSTER, QT_LMHEAD_CLUSTER_PIPE } qt_lmhead_impl;
-/* qt_lmhead_loss with the implementation chosen: AUTO is what qt_lmhead_loss runs (CLUSTER), CLUSTER and
+/* qt_lmhead_loss with the implementation chosen: AUTO is what qt_lmhead_loss runs (TWO_PASS), CLUSTER and
  * CLUSTER_PIPE fall back to TWO_PASS where they cannot run. Returns the one launched. */
 qt_lmhead_impl qt_lmhead_loss_with(qt_lmhead_impl impl, void *logits, float *loss, float *lse, const int32_t *tgt,
                                    long n, int v, float scale, cudaStream_t s);

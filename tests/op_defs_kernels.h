@@ -544,7 +544,7 @@ static void lm_launch(op_run *r, int pass) {
                                                        S(0), (int)v, lm_scale(r), (float)S(3), 0)
                               : qt_lmhead_loss_with(impl, D(r, "logits"), D(r, "loss"), D(r, "lse"), D(r, "tgt"), S(0),
                                                     (int)v, lm_scale(r), 0);
-    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_CLUSTER; /* what AUTO runs */
+    if (impl == QT_LMHEAD_AUTO) impl = QT_LMHEAD_TWO_PASS; /* what AUTO runs */
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
