@@ -51,8 +51,10 @@ qt_plan_cost qt_plan_auto_full_cost_parts(const qt_layout *L, const qt_config *c
                         (rc & QT_RC_BLOCK ? 2 * HD * C : 0) + (rc & QT_RC_FFN ? 4 * C * F : 0));
     double rate = cfg->precision.matmul_dtype == QT_DT_E4M3 ? pr->fp8_flops : pr->bf16_flops;
     double eff = n / (n + 512); /* small micro-batches: smaller, less efficient matmuls */
+    double lm_rows = n / (cfg->memory.lmhead_chunks > 1 ? cfg->memory.lmhead_chunks : 1);
+    double lm_eff = lm_rows / (lm_rows + QT_PLAN_LM_ROWS); /* the LM head's dgrad + wgrad per chunk */
     qt_plan_cost k = {0};
-    k.compute = tok * ((blocks + redo) / rate + lm / pr->bf16_flops) / eff;
+    k.compute = tok * ((blocks + redo) / rate + lm / 3 / pr->bf16_flops) / eff + tok * lm * 2 / 3 / pr->bf16_flops / lm_eff;
     double elem_bps = qt_plan_auto_elem_bps(pr);
     k.compute += tok * qt_plan_auto_elem_bytes(L, cfg) / elem_bps;
     if (cfg->memory.offload & QT_OFF_OPTIMIZER) {
