@@ -468,7 +468,7 @@ if has perf; then
       done
       # each row's ceiling (bench/RESULTS.md section 2): the configs as shipped, one more step with a CUDA event
       # around every op (a log per row), then tools/step_ceiling.py: the matmuls' share and rate, the other ops
-      big="--warmup 1 --steps 1 --set parallel.gpus=1"
+      big="--warmup 1 --steps 1 $moments --set parallel.gpus=1"
       for row in "0.5b_bf16 configs/qwen2.5-0.5b-bf16.yaml $llmq" "0.5b_fp8 configs/qwen2.5-0.5b-fp8.yaml $llmq" \
                  "1.5b_bf16 configs/qwen2.5-1.5b-fp8.yaml $llmq $mm_bf16" "1.5b_fp8 configs/qwen2.5-1.5b-fp8.yaml $llmq" \
                  "3b_bf16 configs/qwen2.5-3b-bf16.yaml $llmq" "3b_fp8 configs/qwen2.5-3b-bf16.yaml $llmq $mm_fp8" \
@@ -479,10 +479,13 @@ if has perf; then
       done
       logs=$(find "$OUT" -maxdepth 1 -name 'ceil_*.log' | sort)
       [ -n "$logs" ] && python3 tools/step_ceiling.py $logs
-      # the shipped 7B fp8 plan (auto's micro-batch) against 8 x 64, the micro-batch auto picks at an H100's memory
+      # the shipped 7B fp8 plan against the one auto took before it charged the LM head's chunks (QT_PLAN_LM_ROWS)
+      lm16="--set data.micro_batch=8 --set data.grad_accum=64 --set memory.recompute=[swiglu,norm] --set memory.lmhead_chunks=16
+            --set memory.offload_optimizer=false --set memory.offload_residual=true --set memory.fp8_weight_cache=all
+            --set memory.attn_bwd_chunks=4"
       for rep in 1 2; do
           step plan_7b_fp8_shipped_$rep 600 $tb configs/qwen2.5-7b-fp8.yaml $big
-          step plan_7b_fp8_mb8_$rep 600 $tb configs/qwen2.5-7b-fp8.yaml $big --set data.micro_batch=8 --set data.grad_accum=64
+          step plan_7b_fp8_lm16_$rep 600 $tb configs/qwen2.5-7b-fp8.yaml $big $lm16
       done
     } 2>&1 | tee "$OUT/perf.log" | grep -E '^(==|FAIL)|RESULT|tokens/s|rror|ceiling'
 fi
