@@ -156,7 +156,7 @@ class WorkerDied(worker.WorkError):
     """The pool broke (a worker killed, or out of memory): fail ends the process at once."""
 
 
-_failed_pools = []  # the pools tokenize_all shut down without waiting
+_failed_threads = []  # the manager threads of the pools tokenize_all shut down without waiting
 
 
 def fail(msg, tmps, at_once=False):
@@ -169,7 +169,7 @@ def fail(msg, tmps, at_once=False):
         if p and os.path.exists(p):
             os.remove(p)
     print(f"tokenize: {msg}", file=sys.stderr, flush=True)
-    threads = [t for t in (getattr(p, "_executor_manager_thread", None) for p in _failed_pools) if t is not None]
+    threads = [t for t in _failed_threads if t is not None]
     for t in threads if not at_once else ():
         t.join(timeout=10)
     if at_once or any(t.is_alive() for t in threads):
@@ -231,7 +231,7 @@ def tokenize_all(a, files, opts, src, packer):
         if failed:
             for child in multiprocessing.active_children():
                 child.kill()
-            _failed_pools.append(pool)
+            _failed_threads.append(getattr(pool, "_executor_manager_thread", None))  # shutdown drops the pool's reference
         pool.shutdown(wait=not failed, cancel_futures=True)
     packer.finish()
     prog.show(total, f", {packer.sink.n:,} tokens", final=True)
