@@ -928,9 +928,9 @@ static void test_cost_grid(void) {
  * h100_14b_*; bench/RESULTS.md section 9), predicted as above: within 15% (issue 25). Not here: the
  * 4-GPU box runs (host bandwidth shared by four GPUs is not modelled; RESULTS section 9 says by how much). */
 /* The LM head's chunks (QT_PLAN_LM_ROWS): two 7B fp8 plans at LLM.Q's setting, alternated in one call on an H200
- * (bench/RESULTS.md section 2): auto's plan without the chunk cost (the LM head in 16 chunks of 512 rows, whose
- * wgrads read and write the [V, C] gradient 1,024 times a step) ran 3.2% below the plan auto takes with it. Both
- * within 15%, and the measured faster plan predicted faster. */
+ * (bench/RESULTS.md section 1): auto's pick without the chunk cost (the LM head in 16 chunks of 512 rows, whose
+ * wgrads read and write the [V, C] gradient 1,024 times a step) runs 3.2% below auto's pick with it. Both within
+ * 15%, and the measured faster plan predicted faster. */
 static void test_cost_lm_chunks(void) {
 #define L7 "parallel.gpus=1", "precision.opt_m_dtype=bf16", "precision.opt_v_dtype=bf16", "data.micro_batch=8", \
            "data.grad_accum=64", "memory.offload_optimizer=false"

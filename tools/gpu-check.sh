@@ -479,7 +479,7 @@ if has perf; then
       done
       logs=$(find "$OUT" -maxdepth 1 -name 'ceil_*.log' | sort)
       [ -n "$logs" ] && python3 tools/step_ceiling.py $logs
-      # the shipped 7B fp8 plan against the one auto took before it charged the LM head's chunks (QT_PLAN_LM_ROWS)
+      # the shipped 7B fp8 plan against mb 8 x 64 with the LM head in 16 chunks of 512 rows (auto's pick without QT_PLAN_LM_ROWS)
       lm16="--set data.micro_batch=8 --set data.grad_accum=64 --set memory.recompute=[swiglu,norm] --set memory.lmhead_chunks=16
             --set memory.offload_optimizer=false --set memory.offload_residual=true --set memory.fp8_weight_cache=all
             --set memory.attn_bwd_chunks=4"
