@@ -163,7 +163,7 @@ void qt_geglu_bwd_h(void *dgu, void *dh_h, const void *gu, long n, int f, float 
  * place, logits[r] = bf16(scale * (softmax(logits[r]) - onehot(tgt[r]))). Rows with tgt < 0 are
  * ignored (loss 0, dlogits 0); tgt >= v gives loss NaN (a data bug made visible) and dlogits 0.
  * lse[r] (fp32, =) may be NULL; 0 on ignored rows. One block per row reads the row twice (the second
- * read mostly from L2), the fastest of the three kernels on an H200 (bench/RESULTS.md section 4). */
+ * read mostly from L2), the fastest of the three kernels on an H200 (bench/RESULTS.md, memory-bound kernels). */
 void qt_lmhead_loss(void *logits, float *loss, float *lse, const int32_t *tgt, long n, int v, float scale,
                     cudaStream_t s);
 /* The implementations, for tests and benchmarks: CLUSTER one cluster per row, holding it in registers;

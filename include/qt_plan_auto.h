@@ -84,8 +84,8 @@ typedef struct {
 #define QT_PLAN_OVERLAP_ALPHA 0.2
 /* The LM head's dgrad and wgrad run per chunk of r = micro_batch x seq / lmhead_chunks rows at
  * r / (r + QT_PLAN_LM_ROWS) of the bf16 rate: each chunk's wgrad reads and writes the whole [V, C] fp32
- * gradient for a K of only r. Fitted on 7B fp8 on an H200 (train_bench --breakdown-steps, bench/RESULTS.md
- * section 2): 2.85 ms per 512-row chunk (391 rows fit), 52.7 ms per 16,384-row chunk (297), against the
+ * gradient for a K of only r. Fitted on 7B fp8 on an H200 (train_bench --breakdown-steps; bench/RESULTS.md, where a
+ * step goes): 2.85 ms per 512-row chunk (391 rows fit), 52.7 ms per 16,384-row chunk (297), against the
  * 1.62 / 51.7 ms of their FLOPs at 690 TFLOP/s. */
 #define QT_PLAN_LM_ROWS 384.0
 /* Fitted on the H100 rows at LLM.Q's setting (0.5B-14B, bf16 and fp8): with these passes every
