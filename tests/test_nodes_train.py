@@ -4,10 +4,12 @@
 Two emulated nodes are two qtrain processes with CUDA_VISIBLE_DEVICES 0 and 1, NCCL forced onto its socket
 transport over the loopback (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo), launched by
 NODE_RANK/NNODES/MASTER_ADDR/MASTER_PORT: the path real nodes take over Ethernet.
-- 2 nodes x 1 GPU train bitwise as one process with 2 GPUs, bf16 and fp8, parallel.zero 0..3: every
-  logged loss and gradient norm, and the final checkpoint's weights, bf16 weights, Adam m and v, loader
-  position and step. The sum of two gradients is order-free, the gradient norm is summed over the pieces
-  one process's ranks would hold (qt_dp_nodes_norm), the data are the same global micro-batches.
+- 2 nodes x 1 GPU train bitwise as one process with 2 GPUs, bf16 and fp8, parallel.zero 0..3 (and ZeRO-2
+  over 2 micro-steps): every logged loss and gradient norm, and the final checkpoint's weights, bf16
+  weights, Adam m and v, loader position and step. With ZeRO the state is sharded over the nodes, each
+  node's shard one process's rank's (the checkpoint gathers them on node 0); the sum of two gradients is
+  order-free, the gradient norm adds the same pieces' sums in the same order, the data are the same global
+  micro-batches.
 - A run of 2 nodes stopped half way (--stop-after) resumes as one process with 2 GPUs and ends with the
   bits of the uninterrupted one-process run.
 - A node killed with SIGKILL mid-run stops the other within 30 s, its message naming the lost node.
@@ -34,7 +36,7 @@ LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "NODE_RAN
 # table's gradient (qt_plan_lookups_pay) and one process sums the table in its bucket, as the nodes do
 CONFIG = """model: {vocab_size: 256, hidden_size: 128, num_layers: 3, num_heads: 2, num_kv_heads: 1,
         intermediate_size: 96, max_seq_len: 64, tie_embeddings: false}
-data: {train: '%(data)s/train_*.bin', seq_len: 64, micro_batch: 4, grad_accum: 1}
+data: {train: '%(data)s/train_*.bin', seq_len: 64, micro_batch: 4, grad_accum: %(accum)d}
 optim: {lr: 0.003, warmup: 2, steps: %(steps)d, schedule: cosine, grad_clip: 1.0}
 eval: {every: 0}
 checkpoint: {dir: '%(run)s/ckpt', every: 0, keep: 2}
@@ -82,13 +84,13 @@ def data_dir(tmp):
     return d
 
 
-def write_config(tmp, name, gpus, zero, fp8, steps=STEPS):
+def write_config(tmp, name, gpus, zero, fp8, steps=STEPS, accum=1):
     run = os.path.join(tmp, name)
     os.makedirs(run, exist_ok=True)
     path = os.path.join(run, "run.yaml")
     with open(path, "w") as f:
         f.write(CONFIG % {"data": data_dir(tmp), "run": run, "steps": steps, "gpus": gpus, "zero": zero,
-                          "precision": FP8 if fp8 else ""})
+                          "accum": accum, "precision": FP8 if fp8 else ""})
     return run, path
 
 
@@ -180,30 +182,33 @@ def same_state(a, b):
 
 
 def test_nodes_match_one_process(tmp):
-    """2 nodes x 1 GPU = 1 process x 2 GPUs, bitwise: bf16 and fp8, ZeRO 0..3."""
+    """2 nodes x 1 GPU = 1 process x 2 GPUs, bitwise: bf16 and fp8, ZeRO 0..3 (with ZeRO the optimizer state is
+    sharded over the two nodes, each node's shard that of one process's rank), ZeRO-2 with 2 micro-steps."""
     need_two_gpus()
     bad = []
-    for fp8 in (0, 1):
-        for zero in range(4):
-            tag = f"{'fp8' if fp8 else 'bf16'}_z{zero}"
-            ra, ca = write_config(tmp, "one_" + tag, 2, zero, fp8)
-            rb, cb = write_config(tmp, "nodes_" + tag, 1, zero, fp8)
-            t0 = time.time()
-            one_process(tmp, ca)
-            t1 = time.time()
-            two_nodes(tmp, cb)
-            t2 = time.time()
-            why = same_state(last_ckpt(ra), last_ckpt(rb))
-            la, lb = records(ra), records(rb)
-            if not why and la != lb:
-                why = f"logged (step, loss, grad norm) differ: {la} vs {lb}"
-            print(f"  {tag}: 1 process x 2 GPUs {t1 - t0:.1f} s, 2 nodes x 1 GPU {t2 - t1:.1f} s: "
-                  f"{'bitwise equal' if not why else why}")
-            sys.stdout.flush()
-            if why:
-                bad.append(f"{tag}: {why}")
-            shutil.rmtree(ra, ignore_errors=True)
-            shutil.rmtree(rb, ignore_errors=True)
+    cases = [(fp8, zero, 1) for fp8 in (0, 1) for zero in range(4)] + [(0, 2, 2)]
+    for fp8, zero, accum in cases:
+        tag = f"{'fp8' if fp8 else 'bf16'}_z{zero}" + (f"_accum{accum}" if accum > 1 else "")
+        ra, ca = write_config(tmp, "one_" + tag, 2, zero, fp8, accum=accum)
+        rb, cb = write_config(tmp, "nodes_" + tag, 1, zero, fp8, accum=accum)
+        t0 = time.time()
+        one_process(tmp, ca)
+        t1 = time.time()
+        out = two_nodes(tmp, cb)
+        t2 = time.time()
+        why = same_state(last_ckpt(ra), last_ckpt(rb))
+        la, lb = records(ra), records(rb)
+        if not why and la != lb:
+            why = f"logged (step, loss, grad norm) differ: {la} vs {lb}"
+        if not why and zero and "ZeRO over every node's GPUs" not in out:
+            why = "node 0's engine does not shard the state over the nodes"
+        print(f"  {tag}: 1 process x 2 GPUs {t1 - t0:.1f} s, 2 nodes x 1 GPU {t2 - t1:.1f} s: "
+              f"{'bitwise equal' if not why else why}")
+        sys.stdout.flush()
+        if why:
+            bad.append(f"{tag}: {why}")
+        shutil.rmtree(ra, ignore_errors=True)
+        shutil.rmtree(rb, ignore_errors=True)
     assert not bad, "; ".join(bad)
 
 

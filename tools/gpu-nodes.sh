@@ -4,7 +4,9 @@
 # (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo; test_internode sets them in its children).
 # Builds the launch, rendezvous and inter-node tests and qtrain, runs them, then trains across 2 emulated
 # nodes of 1 GPU (tests/test_nodes_train.py: bitwise against one process with 2 GPUs, bf16 / fp8, ZeRO 0-3;
-# resume 2 nodes -> 1; a node killed mid-run), and leaves build.log and tests.log under $OUT.
+# resume 2 nodes -> 1; a node killed mid-run) and, when build-mutants/ is there (carried; its qtrain and
+# test_nodes_mutants), sees ZeRO over the nodes' planted bugs break those bits; leaves build.log and tests.log
+# under $OUT.
 # Usage (repo root): OUT=/some/dir [QT_DATA_DIR=out/data] [ONLY=train] bash tools/gpu-nodes.sh
 # (ONLY=train: the training test alone, about 3 minutes on 2 H200s.)
 set -uo pipefail
@@ -30,5 +32,9 @@ echo "build: $(( $(date +%s) - t0 )) s"
     fi
     echo "== test_nodes_train"; NCCL_DEBUG=${NCCL_DEBUG:-WARN} BUILD=build timeout 540 python3 tests/test_nodes_train.py
     echo "exit $?"
+    if [ -x build-mutants/tests/test_nodes_mutants ] && [ -x build-mutants/qtrain ]; then
+        echo "== test_nodes_mutants (mutant build)"; NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout 400 build-mutants/tests/test_nodes_mutants
+        echo "exit $?"
+    fi
 } 2>&1 | tee "$OUT/tests.log"
 echo "total: $(( $(date +%s) - t0 )) s"

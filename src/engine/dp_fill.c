@@ -71,9 +71,17 @@ static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cu
              "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
 }
 
-/* ZeRO-3: the pieces from the ranks' GPUs. */
+/* ZeRO-3: the pieces from the ranks' GPUs; across nodes this GPU's local piece first, from the world pieces
+ * of the same GPU of every node (NCCL), then the node's local pieces (comm/, in place). */
 static int gather_device(qt_dp_sync *d, void *dst, const void *mine, size_t n, cudaStream_t s) {
-    return qt_comm_all_gather(d->comm, d->plan.parallel.rank, dst, mine, n, QT_DT_BF16, s);
+    const qt_shard *sh = &d->ps->shard;
+    int rank = d->plan.parallel.rank, local = qt_shard_local_ranks(sh);
+    if (sh->nodes > 1) {
+        void *at = (uint16_t *)dst + (size_t)rank * (n / (size_t)local);
+        qt_dp_nodes_all_gather(d->nodes, rank, at, mine, n / (size_t)sh->n_ranks, QT_DT_BF16, s);
+        mine = at;
+    }
+    return local == 1 ? 0 : qt_comm_all_gather(d->comm, rank, dst, mine, n, QT_DT_BF16, s);
 }
 
 /* ZeRO-3 with the pieces offloaded: every rank's copy engines pull them from the ranks' pinned host memory

@@ -66,8 +66,7 @@ struct qt_dp_sync {
     const slot_fill *wfill; /* how the weight slots are filled (from the plan; NULL: no weight slots) */
     float grad_clip;
     qt_comm *comm;          /* borrowed; NULL with one GPU */
-    qt_internode *nodes;    /* borrowed; NULL on one machine: after the node's sum each piece is summed over the nodes */
-    double *world_sumsq;    /* plan.parallel.world_pieces: [nodes x n_ranks][n_buckets] (owned; qt_dp_nodes_norm) */
+    qt_internode *nodes;    /* borrowed; NULL on one machine: the legs between the nodes (qt_dp_nodes.h) */
     cudaStream_t side;      /* plan.perf.side_stream: sums, gathers or AdamW beside the model's stream (owned) */
     cudaEvent_t side_ev;
     int sent;               /* lowest bucket handed to the side stream this step (n_buckets: none) */

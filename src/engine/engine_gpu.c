@@ -339,6 +339,31 @@ static void gpu_get_weights(qt_engine *b, float *w) {
     qt_param_get_master(e->g->ps, w);
 }
 
+void qt_engine_gpu_node_widen(qt_engine *b, const void *pieces, size_t es, void *out) {
+    qt_dp_sync_node_widen(((gpu_engine *)b)->sync, pieces, es, out);
+}
+
+void qt_engine_gpu_weights_nodes(qt_engine *b, float *w) {
+    gpu_engine *e = (gpu_engine *)b;
+    const qt_param_store *ps = e->g->ps;
+    const qt_shard *sh = &ps->shard;
+    size_t nodes = (size_t)sh->nodes, numel = b->L->numel;
+    float *mine = malloc(sh->len * 4), *wide = w ? malloc(sh->len * nodes * 4) : NULL;
+    QT_CHECK(mine && (wide || !w), "out of host memory for %.1f MiB of master pieces", sh->len * (nodes + 1) * 4 / 1048576.0);
+    qt_dp_sync_join(e->sync);
+    QT_CUDA(cudaStreamSynchronize(e->g->stream));
+    qt_param_get_master_pieces(ps, mine);
+    qt_dp_sync_node_widen(e->sync, mine, 4, wide);
+    for (int k = 0; w && k < sh->n_buckets; k++) { /* the local piece's values to their flat places */
+        size_t off, len;
+        qt_shard_local_piece(sh, k, &off, &len);
+        size_t np = qt_shard_params(off, len, numel);
+        if (np) memcpy(w + off, wide + sh->bucket[k] / (size_t)qt_shard_local_ranks(sh), np * 4);
+    }
+    free(mine);
+    free(wide);
+}
+
 static void gpu_get_grads(qt_engine *b, float *gr) {
     gpu_engine *e = (gpu_engine *)b;
     QT_CHECK(qt_dp_sync_idle(e->sync),

@@ -49,7 +49,8 @@ static int gpu_lora_host_rows(const qt_layout *L, const qt_plan *p, qt_run_plan 
 static int gpu_rows_of(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
     int n = rp->ranks, sharded = p->parallel.split.state;
     qt_shard sh;
-    qt_shard_init(&sh, L, sharded ? n : 1, 0, p->parallel.buckets);
+    int nodes = p->parallel.world_pieces ? p->parallel.nodes : 1; /* ZeRO over the world: a rank's pieces are the world's */
+    qt_shard_init_nodes(&sh, L, sharded ? n : 1, 0, p->parallel.buckets, nodes, 0);
     qt_mem_plan one;
     if (qt_gpu_model_plan(L, p, &sh, &one, err, errlen)) return -1;
     for (int i = 0; i < one.n; i++) { /* device rows: one rank's; host rows: every rank's, but LoRA's pinned base */
@@ -78,6 +79,9 @@ static int gpu_rows_of(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, ch
         if (lv.weights) bf16 = 0; /* offloaded weights (a ZeRO-3 rank's pieces): in place too */
         /* sharded, the writer reads the ranks' pieces where they are (engine_dp.c: gathered items) */
         qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", (sharded ? n : 1) * (bf16 + state));
+        if (nodes > 1) /* node 0: every node's pieces of its ranks' local pieces (engine_dp.c's node exchange) */
+            qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", n * (size_t)nodes *
+                            ((p->parallel.split.weights ? ns * 2 : 0) + state));
     }
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);
     if (n > 1) { /* engine_dp.c's comm: staging on every GPU, the host kinds' pinned arena */
