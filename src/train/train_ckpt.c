@@ -153,6 +153,12 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     t->ck.writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
     if (!t->ck.cfgtext || !t->ck.writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
     if (t->train) t->pos = qt_loader_get_pos(t->train); /* none: the embedder gives every batch */
+    if (t->eng->plan->parallel.world_pieces) { /* a snapshot gathers every node's pieces: every node takes part, so
+                                                * it is made at each save only (save_world) */
+        printf("qtrain: checkpoint snapshot: made at each save, every node's pieces gathered on node 0 (ZeRO over "
+               "the nodes)\n");
+        return 0;
+    }
     /* The engine's snapshot buffers (pinned host copies on a GPU) are made now, not at the first save:
      * that save then pauses training only for the copy, and a host that cannot hold them fails here,
      * not hours into the run. The first state_items makes all but those of an offloaded state; a
