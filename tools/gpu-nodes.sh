@@ -7,7 +7,10 @@
 # resume 2 nodes -> 1; a node killed mid-run) and, when build-mutants/ is there (carried; its qtrain and
 # test_nodes_mutants), sees ZeRO over the nodes' planted bugs break those bits; leaves build.log and tests.log
 # under $OUT.
-# Usage (repo root): OUT=/some/dir [QT_DATA_DIR=out/data] [ONLY=train] bash tools/gpu-nodes.sh
+# ONLY=scale instead measures scaling: 0.5B and 7B fp8 as shipped (train_bench, 6 steps after 2) as one process on
+# all 2 x G GPUs and as 2 emulated nodes of G (G = half the host's GPUs), the fraction of the one process's
+# tokens/s the nodes reach, and bench/nodes_bench's collectives between the nodes beside it.
+# Usage (repo root): OUT=/some/dir [QT_DATA_DIR=out/data] [ONLY=train|scale] bash tools/gpu-nodes.sh
 # (ONLY=train: the training test alone, about 3 minutes on 2 H200s.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,13 +19,47 @@ mkdir -p "$OUT"
 t0=$(date +%s)
 { nvidia-smi -L; nvidia-smi topo -m; } > "$OUT/build.log" 2>&1
 if ! make -j16 CUDA_ARCH=90a build/qtrain build/tests/test_launch build/tests/test_rendezvous \
-        build/tests/test_internode >> "$OUT/build.log" 2>&1; then
+        build/tests/test_internode build/bench/train_bench build/bench/nodes_bench >> "$OUT/build.log" 2>&1; then
     tail -40 "$OUT/build.log"
     echo "BUILD FAILED (no NCCL here? the Makefile leaves test_internode out without nccl.h and libnccl)"
     exit 1
 fi
 ldd build/tests/test_internode | grep -q 'libnccl.*not found' && { echo "libnccl.so.2 not found at run time"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
+export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0
+# scale CFG: train_bench's RESULT as one process on 2G GPUs, then as 2 nodes of G, and the fraction
+scale() {
+    local cfg=$1 name; name=$(basename "$cfg" .yaml)
+    local one=$OUT/scale_${name}_1x$((2 * G)).log port=$((29600 + RANDOM % 1000)) devs0 devs1
+    timeout 300 build/bench/train_bench "$cfg" --steps 6 --warmup 2 --set parallel.gpus=$((2 * G)) > "$one" 2>&1
+    devs0=$(seq -s, 0 $((G - 1))) devs1=$(seq -s, "$G" $((2 * G - 1)))
+    for k in 0 1; do
+        local devs=$devs0; [ "$k" = 1 ] && devs=$devs1
+        CUDA_VISIBLE_DEVICES=$devs NODE_RANK=$k NNODES=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 \
+            build/bench/train_bench "$cfg" --steps 6 --warmup 2 --set parallel.gpus="$G" --set parallel.nodes=2 \
+            > "$OUT/scale_${name}_2x${G}.node$k.log" 2>&1 &
+    done
+    wait
+    python3 - "$one" "$OUT/scale_${name}_2x${G}.node0.log" <<'PY'
+import json, sys
+def res(p):
+    for line in open(p):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    sys.exit(f"{p}: no RESULT line (see the log)")
+a, b = res(sys.argv[1]), res(sys.argv[2])
+print(f"{a['config']}: 1 process x {a['gpus']} GPUs {a['tokens_per_s']:.0f} tokens/s, 2 nodes x {b['gpus'] // 2} "
+      f"{b['tokens_per_s']:.0f} tokens/s ({b['model_tflops']:.1f} model TFLOP/s per GPU): {b['tokens_per_s'] / a['tokens_per_s']:.3f}")
+PY
+}
+G=$(( $(nvidia-smi -L | grep -c '^GPU') / 2 ))
+if [ "${ONLY:-}" = scale ] && [ "$G" -lt 1 ]; then echo "scale: needs 2 or more GPUs"; exit 1; fi
+if [ "${ONLY:-}" = scale ]; then
+    { for c in configs/qwen2.5-0.5b-fp8.yaml configs/qwen2.5-7b-fp8.yaml; do scale "$c"; done
+      echo "== nodes_bench"; timeout 600 build/bench/nodes_bench --md "$OUT/nodes.md"; echo "exit $?"; } 2>&1 | tee "$OUT/scale.log"
+    echo "total: $(( $(date +%s) - t0 )) s"
+    exit 0
+fi
 {
     if [ "${ONLY:-}" != train ]; then
         echo "== test_launch"; timeout 60 build/tests/test_launch; echo "exit $?"
