@@ -89,11 +89,11 @@ static void plan_of(const char *extra, int n_ranks, qt_plan *p, size_t align) {
               qt_plan_unit_align_for(&c, n_ranks), align);
 }
 
-/* The bytes of p's rows of that kind, wherever they are. */
-static size_t row(const qt_mem_plan *p, const char *kind) {
+/* The bytes of p's rows of that kind in w. */
+static size_t row(const qt_mem_plan *p, qt_mem_where w, const char *kind) {
     size_t n = 0;
     for (int i = 0; i < p->n; i++)
-        if (!strcmp(p->row[i].kind, kind)) n += p->row[i].bytes;
+        if (p->row[i].where == w && !strcmp(p->row[i].kind, kind)) n += p->row[i].bytes;
     return n;
 }
 
@@ -153,12 +153,13 @@ static void test_node_plans(void) {
 }
 
 /* The memory plan of a node: the optimizer state a 1 / (nodes x GPUs) share, as one process with every
- * node's GPUs holds it; node 0's copies of every node's pieces for a checkpoint. */
+ * node's GPUs holds it; a checkpoint's snapshot: the whole bf16 weights pinned, and node 0's copies of every
+ * node's pieces (fp32 master, m, v: 12 bytes a parameter) in pageable memory, which one GPU pins whole. */
 static void test_node_memory(void) {
     const char *base = "model: {vocab_size: 259, hidden_size: 72, num_layers: 5, num_heads: 2, num_kv_heads: 1, "
                        "intermediate_size: 100, max_seq_len: 64}\ndata: {seq_len: 8, micro_batch: 1}\ndevice: cuda\n"
                        "memory: {plan: manual}\nparallel: {zero: 1, gpus: 1, nodes: %d}\n";
-    size_t master[2], snap[2];
+    size_t master[2], pinned[2], paged[2], numel = 0;
     for (int i = 0; i < 2; i++) {
         char yaml[512], err[512];
         snprintf(yaml, sizeof yaml, base, i ? 2 : 1);
@@ -174,13 +175,18 @@ static void test_node_memory(void) {
             QT_SKIP("%s", err);
         }
         QT_REQUIRE(rc == 0, "%s", err);
-        master[i] = row(&rp.mem, "master weights (fp32)");
-        snap[i] = row(&rp.mem, "checkpoint snapshot");
-        QT_EXPECT(master[i] == Lw.numel * 4 / (i ? 2 : 1), "nodes %d: master weights %zu bytes, expected %zu", i + 1,
-                  master[i], Lw.numel * 4 / (i ? 2 : 1));
+        master[i] = row(&rp.mem, QT_MEM_ARENA, "master weights (fp32)");
+        pinned[i] = row(&rp.mem, QT_MEM_PINNED, "checkpoint snapshot");
+        paged[i] = row(&rp.mem, QT_MEM_PAGEABLE, "checkpoint snapshot");
+        numel = Lw.numel;
+        QT_EXPECT(master[i] == numel * 4 / (i ? 2 : 1), "nodes %d: master weights %zu bytes, expected %zu", i + 1, master[i],
+                  numel * 4 / (i ? 2 : 1));
         qt_layout_free(&Lw);
     }
-    QT_EXPECT(snap[1] > snap[0], "node 0's checkpoint rows %zu bytes, one machine's %zu: the nodes' pieces not counted", snap[1], snap[0]);
+    QT_EXPECT(pinned[0] == numel * 14 && paged[0] == 0, "one GPU's snapshot: %zu pinned, %zu pageable bytes, expected "
+              "%zu pinned", pinned[0], paged[0], numel * 14);
+    QT_EXPECT(pinned[1] == numel * 2 && paged[1] == numel * 12, "2 nodes' snapshot: %zu pinned, %zu pageable bytes, "
+              "expected %zu and %zu", pinned[1], paged[1], numel * 2, numel * 12);
 }
 
 int main(void) {

@@ -187,8 +187,9 @@ static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], 
 static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->call.in, r == 0 ? d->call.out : NULL); }
 static void job_items(dp_engine *d, int r) { d->call.nitems = d->rk[r]->ops->state_items(d->rk[r], d->call.items, d->call.cap); }
 /* Across nodes with ZeRO over the world: rank r's items that hold its world pieces (weights unless widened from
- * the bf16 ones, ZeRO-3's weights_bf16, adam_m, adam_v) gathered over the nodes; node 0 keeps them in wide[r]
- * and its items point there, as the rank's local pieces of one node holding the state. */
+ * the bf16 ones, ZeRO-3's weights_bf16, adam_m, adam_v; handed over where they live, engine_gpu.c's node_item)
+ * gathered over the nodes; node 0 keeps them in wide[r] and its items point there, as the rank's local pieces
+ * of one node holding the state. */
 static void job_widen(dp_engine *d, int r) {
     qt_ckpt_item *it = d->ckpt.mine[r];
     size_t nodes = (size_t)d->shard[r].nodes;

@@ -411,6 +411,12 @@ static int live_item(const gpu_engine *e, int i) {
     if (i == 0) return e->g->ps->master ? lv.master : lv.weights;
     return i == 1 ? lv.weights : i == 2 ? lv.m : lv.v;
 }
+/* Across nodes with ZeRO over the world, item i holds the rank's world pieces (all but the whole bf16 weights below
+ * ZeRO-3): it is handed over where it lives, device or host, and the data-parallel engine gathers every node's
+ * pieces of it into node 0's host memory (engine_dp.c's job_widen): no snapshot of its own. */
+static int node_item(const gpu_engine *e, int i) {
+    return e->plan.parallel.world_pieces && (i != 1 || e->plan.parallel.split.weights);
+}
 /* Elements of checkpoint item i (0 master, 1 bf16 weights, 2 m, 3 v): the rank's pieces, but the bf16 weights
  * whole below ZeRO-3. */
 static size_t item_elems(const gpu_engine *e, int i) {
@@ -442,7 +448,7 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         qt_dtype dt;
         const void *src = qt_param_item(ps, i, &dt);
         size_t bytes = item_elems(e, i) * qt_dtype_size(dt);
-        if (live_item(e, i)) {
+        if (live_item(e, i) || node_item(e, i)) {
             items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes, 0};
             continue;
         }
@@ -624,6 +630,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const q
     const qt_param_store *ps = e->g->ps;
     size_t snap = item_elems(e, 1) * 2 +
                   ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) - live_bytes(e);
+    if (e->plan.parallel.world_pieces) snap = node_item(e, 1) ? 0 : item_elems(e, 1) * 2; /* the whole bf16 weights only */
     qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", snap);
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     QT_CUDA(cudaMalloc((void **)&e->bad_dev, sizeof *e->bad_dev));

@@ -78,10 +78,14 @@ static int gpu_rows_of(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, ch
         size_t state = ns * ((lv.master ? 0 : master) + (lv.m ? 0 : es_m) + (lv.v ? 0 : es_v));
         if (lv.weights) bf16 = 0; /* offloaded weights (a ZeRO-3 rank's pieces): in place too */
         /* sharded, the writer reads the ranks' pieces where they are (engine_dp.c: gathered items) */
-        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", (sharded ? n : 1) * (bf16 + state));
-        if (nodes > 1) /* node 0: every node's pieces of its ranks' local pieces (engine_dp.c's node exchange) */
+        if (nodes > 1) { /* the world pieces gathered from where they live into node 0's host memory, the local
+                          * pieces of its ranks for every node (engine_dp.c's node exchange); the whole bf16 weights
+                          * pinned below ZeRO-3 */
             qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", n * (size_t)nodes *
                             ((p->parallel.split.weights ? ns * 2 : 0) + state));
+            bf16 = p->parallel.split.weights ? 0 : bf16, state = 0;
+        }
+        qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", (sharded ? n : 1) * (bf16 + state));
     }
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);
     if (n > 1) { /* engine_dp.c's comm: staging on every GPU, the host kinds' pinned arena */
