@@ -1,7 +1,7 @@
 /* test_nodes_mutants.c — the planted bugs of ZeRO over the nodes (qt_mutant.h: QT_MUT_NODES_*) are seen.
  *
- * A tiny model (vocab 64, 2 layers) trains 4 steps as one qtrain process with 2 GPUs (the mutant build's qtrain,
- * no bug planted) and as 2 emulated nodes x 1 GPU, ZeRO-1 over the nodes: each node a child process of this
+ * qt_test_run.h's tiny model (vocab 64) trains 4 steps as one qtrain process with 2 GPUs (the mutant build's
+ * qtrain, no bug planted) and as 2 emulated nodes x 1 GPU, ZeRO-1 over the nodes: each node a child process of this
  * binary with its own GPU (CUDA_VISIBLE_DEVICES 0 and 1), NCCL on its socket transport over the loopback
  * (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo), the launcher's variables handed to
  * qt_train_meet_nodes directly. Without a planted bug the nodes' final checkpoint holds the one process's
@@ -44,30 +44,13 @@ static int node_main(char **argv) {
     static qt_nodes nodes;
     char err[2048];
     qt_train_opts o = {NULL, -1, 0, NULL, NULL, NULL};
-    if (qt_config_load(&cfg, argv[5], NULL, 0, err, sizeof err) || qt_train_meet_nodes(&cfg, node_var, &v, &nodes, err, sizeof err) ||
+    const char *sets[] = {"parallel.nodes=2"};
+    if (qt_config_load(&cfg, argv[5], sets, 1, err, sizeof err) || qt_train_meet_nodes(&cfg, node_var, &v, &nodes, err, sizeof err) ||
         qt_train_run_nodes(&cfg, &o, &nodes, NULL, err, sizeof err)) {
         fprintf(stderr, "node %s: %s\n", argv[2], err);
         return 1;
     }
     return 0;
-}
-
-/* g_dir/NAME.yaml: STEPS steps of ZeRO-1 on gpus GPUs per node, nodes nodes, the last step checkpointed. */
-static void config(char *path, size_t cap, const char *name, int gpus, int nodes) {
-    snprintf(path, cap, "%s/%s.yaml", g_dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f) return;
-    fprintf(f,
-            "model: {vocab_size: 64, hidden_size: 128, num_layers: 2, num_heads: 2, num_kv_heads: 1,\n"
-            "        intermediate_size: 96, max_seq_len: 16}\n"
-            "data: {train: '%s/tr_*.bin', seq_len: 16, micro_batch: 2}\n"
-            "optim: {lr: 0.003, warmup: 2, steps: %d, grad_clip: 1.0}\n"
-            "eval: {every: 0}\n"
-            "checkpoint: {dir: '%s/%s', every: 0, keep: 1}\n"
-            "device: cuda\nmemory: {plan: manual}\nperf: {matmul_autotune: false, cuda_graphs: false}\n"
-            "parallel: {gpus: %d, zero: 1, nodes: %d, overlap_comm: true}\n",
-            g_dir, STEPS, g_dir, name, gpus, nodes);
-    fclose(f);
 }
 
 /* Starts this binary as node k of 2 (port, planted bug m) on GPU k, its output in g_dir/NAME.node<k>. */
@@ -88,10 +71,11 @@ static pid_t start_node(const char *self, const char *name, int k, int port, int
     return pid;
 }
 
-/* Two nodes of run NAME with planted bug m: 0 when both ended with status 0, else the first other status. */
+/* Two nodes of run NAME (qt_test_run.h's tiny model on one GPU each, ZeRO-1 by default, the last step
+ * checkpointed) with planted bug m: 0 when both ended with status 0, else the first other status. */
 static int two_nodes(const char *self, const char *name, int m) {
     char cfg[512];
-    config(cfg, sizeof cfg, name, 1, 2);
+    write_cfg(cfg, sizeof cfg, name, STEPS, 0, 1, NULL);
     int port = qt_test_free_port();
     pid_t p0 = start_node(self, name, 0, port, m, cfg), p1 = start_node(self, name, 1, port, m, cfg);
     int s0 = wait_status(p0, 180), s1 = wait_status(p1, 180);
@@ -104,9 +88,9 @@ static void test_planted_bugs_seen(void) {
     QT_MUTANT_BUILD_ONLY();
     if (qt_cuda_device_count() < 2) QT_SKIP("needs 2 GPUs (2 emulated nodes x 1 GPU)");
     char cfg[512], out[512], why[256];
-    config(cfg, sizeof cfg, "one", 2, 1);
+    write_cfg(cfg, sizeof cfg, "one", STEPS, 0, 1, NULL);
     snprintf(out, sizeof out, "%s/one.out", g_dir);
-    const char *args[] = {cfg, NULL};
+    const char *args[] = {cfg, "--set", "parallel.gpus=2", NULL};
     setenv("CUDA_VISIBLE_DEVICES", "0,1", 1);
     QT_REQUIRE(run_qtrain(out, args) == 0, "one process x 2 GPUs failed (%s)", out);
     int rc = two_nodes(g_self, "control", 0);
@@ -130,6 +114,7 @@ static void test_planted_bugs_seen(void) {
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "--node")) return node_main(argv);
     g_self = argv[0];
+    g_gpu = 1;
     if (qt_t_run_setup(1, argv, "qt_nodes_mut")) return 1;
     QT_RUN(test_planted_bugs_seen);
     return qt_test_end();
