@@ -66,6 +66,8 @@ void qt_dp_nodes_sum(qt_internode *x, int g, void *local, void *mine, size_t n_l
  * the world pieces of GPU g's local piece, or its world pieces' values (the norm's sums). */
 void qt_dp_nodes_all_gather(qt_internode *x, int g, void *local, const void *mine, size_t per, qt_dtype dt,
                             cudaStream_t s);
+/* vals[n] (fp32, device, in place) = the max over the nodes (ZeRO-3's e4m3 gathers: the weights' abs-maxes). */
+void qt_dp_nodes_max(qt_internode *x, int g, float *vals, int n, cudaStream_t s);
 /* ZeRO over the world, a checkpoint's or the weights' item: GPU g's world pieces of every bucket (sh's state
  * order, es bytes each, pieces[sh->len] in host or device memory) gathered over the nodes into out, the local
  * pieces back to back [sh->len x nodes] in host memory as one node's GPU g holds them with the state per node

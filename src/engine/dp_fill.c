@@ -46,7 +46,7 @@ void qt_dp_fill_wait(void *ctx, size_t upto) {
 }
 
 /* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
- * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->e4m3.small_recv. */
+ * [n_ranks][small.packed[b]] (rank r's segments packed; across nodes the world's ranks), in ps->e4m3.small_recv. */
 static uint16_t *small_of(const qt_dp_sync *d, int b) {
     return (uint16_t *)d->ps->e4m3.small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->e4m3.small.max_packed;
 }
@@ -58,16 +58,21 @@ static uint16_t *small_of(const qt_dp_sync *d, int b) {
  * all-gather may run, which uses no staging arena or one-shot kernel; comm.c). */
 static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cudaStream_t s) {
     qt_param_store *ps = d->ps;
+    const qt_shard *sh = &ps->shard;
     const qt_small_params *m = &ps->e4m3.small;
-    int rank = d->plan.parallel.rank, n = ps->shard.n_ranks;
-    size_t at = 0;
-    for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
-        qt_flat_range g = m->seg[b * n + rank][i];
+    int rank = d->plan.parallel.rank, n = sh->n_ranks, me = sh->rank, nodes = sh->nodes;
+    size_t at = 0, P = m->packed[b];
+    for (int i = 0; i < m->n_seg[b * n + me]; i++) {
+        qt_flat_range g = m->seg[b * n + me][i];
         QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->e4m3.small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
         at += g.len;
     }
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, small_of(d, b), ps->e4m3.small_send, (size_t)n * m->packed[b], QT_DT_BF16,
-                                s) == 0,
+    /* across nodes this GPU's world ranks first (rank x nodes + k, back to back), then the node's GPUs in place */
+    uint16_t *local = small_of(d, b) + (size_t)rank * nodes * P;
+    if (nodes > 1) qt_dp_nodes_all_gather(d->nodes, rank, local, ps->e4m3.small_send, P, QT_DT_BF16, s);
+    QT_CHECK(qt_shard_local_ranks(sh) == 1 ||
+                 qt_comm_all_gather(d->comm, rank, small_of(d, b), nodes > 1 ? (const void *)local : ps->e4m3.small_send,
+                                    (size_t)n * P, QT_DT_BF16, s) == 0,
              "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
 }
 
@@ -132,9 +137,9 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
 /* parallel.gather_dtype e4m3: cnt block matrices (layer ml[j], matrix mk[j]) of layer bucket b, whose
  * piece this rank holds at flat [off, off + len), read from w[len] (bf16, device) and coded into w8[len]:
  * the rank's abs-maxes, their max over the ranks (the whole tensor's, exactly) into each weight scale
- * record, then the rank's codes of them (qt_quant_fp8_cur with that record: the scale and bytes the bf16
- * path's quantize of the whole matrix gives). Every rank makes the same calls (the same matrices: the
- * layout's). */
+ * record (across nodes the max over the node's GPUs, then over the nodes), then the rank's codes of them
+ * (qt_quant_fp8_cur with that record: the scale and bytes the bf16 path's quantize of the whole matrix gives).
+ * Every rank makes the same calls (the same matrices: the layout's). */
 static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_t off, size_t len, const uint16_t *w,
                      uint8_t *w8, cudaStream_t s) {
     qt_param_store *ps = d->ps;
@@ -151,9 +156,10 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
 #ifdef QT_MUTANTS
     local = qt_mutant_on(QT_MUT_E4M3_LOCAL_AMAX);
 #endif
-    if (!local && d->ps->shard.n_ranks > 1)
+    if (!local && qt_shard_local_ranks(&ps->shard) > 1)
         QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.parallel.rank, ps->e4m3.amax8, cnt, QT_COMM_MAX, s) == 0,
                  "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.parallel.rank);
+    if (!local && ps->shard.nodes > 1) qt_dp_nodes_max(d->nodes, d->plan.parallel.rank, ps->e4m3.amax8, cnt, s);
     for (int j = 0; j < cnt; j++) {
         qt_fp8_scale *sc = qt_fp8_weight_scale(f, ml[j], (qt_fp8_mm)mk[j]);
         int tag = qt_fp8_weight_tag(ml[j], (qt_fp8_mm)mk[j]);

@@ -191,6 +191,11 @@ void qt_dp_nodes_all_gather(qt_internode *x, int g, void *local, const void *min
              "GPU %d: an all-gather between the nodes aborted (a node failed)", g);
 }
 
+void qt_dp_nodes_max(qt_internode *x, int g, float *vals, int n, cudaStream_t s) {
+    QT_CHECK(qt_internode_all_reduce_max(x, g, vals, (size_t)n, s) == 0,
+             "GPU %d: the abs-max between the nodes aborted (a node failed)", g);
+}
+
 /* Every bucket's world piece goes in chunks of at most c elements: a chunk of each node's piece lands in
  * stage[node][c] (NCCL's all-gather of bytes as bf16 pairs: es is 2 or 4), then node k's chunk goes to
  * out at the local piece's state index + k x the piece's length. */

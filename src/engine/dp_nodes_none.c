@@ -48,6 +48,11 @@ void qt_dp_nodes_all_gather(qt_internode *x, int g, void *local, const void *min
     qt_fail(__FILE__, __LINE__, "qt_dp_nodes_all_gather", "%s", QT_NO_NCCL);
 }
 
+void qt_dp_nodes_max(qt_internode *x, int g, float *vals, int n, cudaStream_t s) {
+    (void)x, (void)g, (void)vals, (void)n, (void)s;
+    qt_fail(__FILE__, __LINE__, "qt_dp_nodes_max", "%s", QT_NO_NCCL);
+}
+
 void qt_dp_nodes_widen(qt_internode *x, int g, const qt_shard *sh, const void *pieces, size_t es, void *out, void *stage,
                        size_t stage_bytes, cudaStream_t s) {
     (void)x, (void)g, (void)sh, (void)pieces, (void)es, (void)out, (void)stage, (void)stage_bytes, (void)s;

@@ -84,9 +84,6 @@ static int check_ranks(const qt_config *cfg, int n_ranks, char *err, size_t errl
     if (across && (cfg->memory.offload & QT_OFF_WEIGHTS))
         return snprintf(err, errlen, "%s: memory.offload: [weights] across nodes is not built (ZeRO-3's pieces are the "
                         "world's, gathered between the nodes by NCCL from GPU memory): drop it", cfg->path), -1;
-    if (across && zero >= 3 && cfg->parallel.gather_dtype == QT_DT_E4M3)
-        return snprintf(err, errlen, "%s: parallel.gather_dtype: e4m3 across nodes is not built (the weights' abs-max "
-                        "would need a max between the nodes): drop it (bf16 gathers)", cfg->path), -1;
     if ((cfg->memory.offload & QT_OFF_GRADIENTS) && across && n_ranks == 1)
         return snprintf(err, errlen, "%s: memory.offload: [gradients] on nodes of one GPU is not built: drop it, or give "
                         "each node 2 or more GPUs with parallel.zero 2 or 3", cfg->path), -1;
