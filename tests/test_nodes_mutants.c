@@ -1,12 +1,13 @@
 /* test_nodes_mutants.c — the planted bugs of ZeRO over the nodes (qt_mutant.h: QT_MUT_NODES_*) are seen.
  *
  * qt_test_run.h's tiny model (vocab 64) trains 4 steps as one qtrain process with 2 GPUs (the mutant build's
- * qtrain, no bug planted) and as 2 emulated nodes x 1 GPU, ZeRO-1 over the nodes: each node a child process of this
- * binary with its own GPU (CUDA_VISIBLE_DEVICES 0 and 1), NCCL on its socket transport over the loopback
+ * qtrain, no bug planted) and as 2 emulated nodes x 1 GPU, ZeRO-1 over the nodes: each node a child process of
+ * this binary with its own GPU (CUDA_VISIBLE_DEVICES 0 and 1), NCCL on its socket transport over the loopback
  * (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo), the launcher's variables handed to
- * qt_train_meet_nodes directly. Without a planted bug the nodes' final checkpoint holds the one process's
- * bits (the control: tests/test_nodes_train.py holds the release build to it at every ZeRO level); with each
- * planted bug a node fails or the bits differ. Mutant build and 2 GPUs; skips otherwise.
+ * qt_train_meet_nodes directly; memory.plan manual everywhere (the config's keys as written, no CUDA graphs).
+ * Without a planted bug the nodes' final checkpoint holds the one process's bits (the control:
+ * tests/test_nodes_train.py holds the release build to it at every ZeRO level); with each planted bug a node
+ * fails or the bits differ. Mutant build and 2 GPUs; skips otherwise.
  * Child mode: test_nodes_mutants --node RANK PORT MUTANT CONFIG. */
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -44,8 +45,8 @@ static int node_main(char **argv) {
     static qt_nodes nodes;
     char err[2048];
     qt_train_opts o = {NULL, -1, 0, NULL, NULL, NULL};
-    const char *sets[] = {"parallel.nodes=2"};
-    if (qt_config_load(&cfg, argv[5], sets, 1, err, sizeof err) || qt_train_meet_nodes(&cfg, node_var, &v, &nodes, err, sizeof err) ||
+    const char *sets[] = {"parallel.nodes=2", "memory.plan=manual"};
+    if (qt_config_load(&cfg, argv[5], sets, 2, err, sizeof err) || qt_train_meet_nodes(&cfg, node_var, &v, &nodes, err, sizeof err) ||
         qt_train_run_nodes(&cfg, &o, &nodes, NULL, err, sizeof err)) {
         fprintf(stderr, "node %s: %s\n", argv[2], err);
         return 1;
@@ -90,7 +91,7 @@ static void test_planted_bugs_seen(void) {
     char cfg[512], out[512], why[256];
     write_cfg(cfg, sizeof cfg, "one", STEPS, 0, 1, NULL);
     snprintf(out, sizeof out, "%s/one.out", g_dir);
-    const char *args[] = {cfg, "--set", "parallel.gpus=2", NULL};
+    const char *args[] = {cfg, "--set", "parallel.gpus=2", "--set", "memory.plan=manual", NULL};
     setenv("CUDA_VISIBLE_DEVICES", "0,1", 1);
     QT_REQUIRE(run_qtrain(out, args) == 0, "one process x 2 GPUs failed (%s)", out);
     int rc = two_nodes(g_self, "control", 0);
