@@ -5,11 +5,11 @@ Two emulated nodes are two qtrain processes with CUDA_VISIBLE_DEVICES 0 and 1, N
 transport over the loopback (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo), launched by
 NODE_RANK/NNODES/MASTER_ADDR/MASTER_PORT: the path real nodes take over Ethernet.
 - 2 nodes x 1 GPU train bitwise as one process with 2 GPUs, bf16 and fp8, parallel.zero 0..3 (and ZeRO-2
-  over 2 micro-steps, fp8 ZeRO-3 with e4m3 gathers): every logged loss and gradient norm, and the final
-  checkpoint's weights, bf16 weights, Adam m and v, loader position and step. With ZeRO the state is
-  sharded over the nodes, each node's shard one process's rank's (the checkpoint gathers them on node 0);
-  the sum of two gradients is order-free, the gradient norm adds the same pieces' sums in the same order,
-  the data are the same global micro-batches.
+  over 2 micro-steps, fp8 ZeRO-3 with e4m3 gathers, ZeRO-1 with CUDA graphs): every logged loss and gradient
+  norm, and the final checkpoint's weights, bf16 weights, Adam m and v, loader position and step. With ZeRO
+  the state is sharded over the nodes, each node's shard one process's rank's (the checkpoint gathers them
+  on node 0); the sum of two gradients is order-free, the gradient norm adds the same pieces' sums in the
+  same order, the data are the same global micro-batches.
 - With 4 GPUs, 2 nodes x 2 GPUs stay within a stated bound of one process with 4 (the sums' orders differ).
 - A run of 2 nodes stopped half way (--stop-after) resumes as one process with 2 GPUs and ends with the
   bits of the uninterrupted one-process run.
@@ -44,7 +44,7 @@ checkpoint: {dir: '%(run)s/ckpt', every: 0, keep: 2}
 log: {file: '%(run)s/log.jsonl', every: 1}
 device: cuda
 memory: {plan: manual}
-perf: {matmul_autotune: false, cuda_graphs: false}
+perf: {matmul_autotune: false, cuda_graphs: %(graphs)s}
 parallel: {gpus: %(gpus)d, zero: %(zero)d, overlap_comm: true, gather_dtype: %(gather)s}
 %(precision)s
 """
@@ -85,13 +85,14 @@ def data_dir(tmp):
     return d
 
 
-def write_config(tmp, name, gpus, zero, fp8, steps=STEPS, accum=1, gather="bf16"):
+def write_config(tmp, name, gpus, zero, fp8, steps=STEPS, accum=1, gather="bf16", graphs=False):
     run = os.path.join(tmp, name)
     os.makedirs(run, exist_ok=True)
     path = os.path.join(run, "run.yaml")
     with open(path, "w") as f:
         f.write(CONFIG % {"data": data_dir(tmp), "run": run, "steps": steps, "gpus": gpus, "zero": zero,
-                          "accum": accum, "gather": gather, "precision": FP8 if fp8 else ""})
+                          "accum": accum, "gather": gather, "graphs": "true" if graphs else "false",
+                          "precision": FP8 if fp8 else ""})
     return run, path
 
 
@@ -185,15 +186,17 @@ def same_state(a, b):
 def test_nodes_match_one_process(tmp):
     """2 nodes x 1 GPU = 1 process x 2 GPUs, bitwise: bf16 and fp8, ZeRO 0..3 (with ZeRO the optimizer state is
     sharded over the two nodes, each node's shard that of one process's rank), ZeRO-2 with 2 micro-steps, fp8
-    ZeRO-3 with e4m3 gathers (the abs-max a max over the nodes)."""
+    ZeRO-3 with e4m3 gathers (the abs-max a max over the nodes), ZeRO-1 with CUDA graphs (NCCL's calls
+    captured in the micro-steps' graph segments)."""
     need_two_gpus()
     bad = []
-    cases = [(fp8, zero, 1, "bf16") for fp8 in (0, 1) for zero in range(4)] + [(0, 2, 2, "bf16"), (1, 3, 1, "e4m3")]
-    for fp8, zero, accum, gather in cases:
+    cases = [(fp8, zero, 1, "bf16", False) for fp8 in (0, 1) for zero in range(4)] + \
+        [(0, 2, 2, "bf16", False), (1, 3, 1, "e4m3", False), (0, 1, 2, "bf16", True)]
+    for fp8, zero, accum, gather, graphs in cases:
         tag = f"{'fp8' if fp8 else 'bf16'}_z{zero}" + (f"_accum{accum}" if accum > 1 else "") + \
-            ("_e4m3_gathers" if gather != "bf16" else "")
-        ra, ca = write_config(tmp, "one_" + tag, 2, zero, fp8, accum=accum, gather=gather)
-        rb, cb = write_config(tmp, "nodes_" + tag, 1, zero, fp8, accum=accum, gather=gather)
+            ("_e4m3_gathers" if gather != "bf16" else "") + ("_graphs" if graphs else "")
+        ra, ca = write_config(tmp, "one_" + tag, 2, zero, fp8, accum=accum, gather=gather, graphs=graphs)
+        rb, cb = write_config(tmp, "nodes_" + tag, 1, zero, fp8, accum=accum, gather=gather, graphs=graphs)
         t0 = time.time()
         one_process(tmp, ca)
         t1 = time.time()
