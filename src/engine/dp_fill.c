@@ -45,6 +45,16 @@ void qt_dp_fill_wait(void *ctx, size_t upto) {
     d->gathered = k;
 }
 
+int qt_dp_world_gather(qt_dp_sync *d, void *dst, const void *mine, size_t per, qt_dtype dt, int nodes_leg, cudaStream_t s) {
+    const qt_shard *sh = &d->ps->shard;
+    int rank = d->plan.parallel.rank, nodes = sh->nodes;
+    size_t es = qt_dtype_size(dt);
+    char *local = (char *)dst + (size_t)rank * nodes * per * es; /* this GPU's slot of the node: its world ranks */
+    if (nodes > 1 && nodes_leg) qt_dp_nodes_all_gather(d->nodes, rank, local, mine, per, dt, s);
+    if (qt_shard_local_ranks(sh) == 1) return 0;
+    return qt_comm_all_gather(d->comm, rank, dst, nodes > 1 ? local : mine, (size_t)sh->n_ranks * per, dt, s);
+}
+
 /* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
  * [n_ranks][small.packed[b]] (rank r's segments packed; across nodes the world's ranks), in ps->e4m3.small_recv. */
 static uint16_t *small_of(const qt_dp_sync *d, int b) {
@@ -60,33 +70,20 @@ static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cu
     qt_param_store *ps = d->ps;
     const qt_shard *sh = &ps->shard;
     const qt_small_params *m = &ps->e4m3.small;
-    int rank = d->plan.parallel.rank, n = sh->n_ranks, me = sh->rank, nodes = sh->nodes;
+    int rank = d->plan.parallel.rank, n = sh->n_ranks, me = sh->rank;
     size_t at = 0, P = m->packed[b];
     for (int i = 0; i < m->n_seg[b * n + me]; i++) {
         qt_flat_range g = m->seg[b * n + me][i];
         QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->e4m3.small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
         at += g.len;
     }
-    /* across nodes this GPU's world ranks first (rank x nodes + k, back to back), then the node's GPUs in place */
-    uint16_t *local = small_of(d, b) + (size_t)rank * nodes * P;
-    if (nodes > 1) qt_dp_nodes_all_gather(d->nodes, rank, local, ps->e4m3.small_send, P, QT_DT_BF16, s);
-    QT_CHECK(qt_shard_local_ranks(sh) == 1 ||
-                 qt_comm_all_gather(d->comm, rank, small_of(d, b), nodes > 1 ? (const void *)local : ps->e4m3.small_send,
-                                    (size_t)n * P, QT_DT_BF16, s) == 0,
+    QT_CHECK(qt_dp_world_gather(d, small_of(d, b), ps->e4m3.small_send, P, QT_DT_BF16, 1, s) == 0,
              "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
 }
 
-/* ZeRO-3: the pieces from the ranks' GPUs; across nodes this GPU's local piece first, from the world pieces
- * of the same GPU of every node (NCCL), then the node's local pieces (comm/, in place). */
+/* ZeRO-3: the pieces from the ranks' GPUs (across nodes, over the nodes first: qt_dp_world_gather). */
 static int gather_device(qt_dp_sync *d, void *dst, const void *mine, size_t n, cudaStream_t s) {
-    const qt_shard *sh = &d->ps->shard;
-    int rank = d->plan.parallel.rank, local = qt_shard_local_ranks(sh);
-    if (sh->nodes > 1) {
-        void *at = (uint16_t *)dst + (size_t)rank * (n / (size_t)local);
-        qt_dp_nodes_all_gather(d->nodes, rank, at, mine, n / (size_t)sh->n_ranks, QT_DT_BF16, s);
-        mine = at;
-    }
-    return local == 1 ? 0 : qt_comm_all_gather(d->comm, rank, dst, mine, n, QT_DT_BF16, s);
+    return qt_dp_world_gather(d, dst, mine, n / (size_t)d->ps->shard.n_ranks, QT_DT_BF16, 1, s);
 }
 
 /* ZeRO-3 with the pieces offloaded: every rank's copy engines pull them from the ranks' pinned host memory

@@ -166,25 +166,24 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
         qt_grad_norm(ps->norm, ps->clip, ps->grad, ps->grad_dt, sh->total, d->grad_clip, g->ws, s);
         return;
     }
-    size_t nb = (size_t)sh->n_buckets, nodes = (size_t)sh->nodes;
-    double *mine = ps->sumsq + (size_t)sh->rank * nb, *local = ps->sumsq + (size_t)rank * nodes * nb;
+    size_t nb = (size_t)sh->n_buckets;
+    double *mine = ps->sumsq + (size_t)sh->rank * nb;
     for (int b = 0; b < sh->n_buckets; b++) {
         size_t off, len, st;
         qt_shard_piece(sh, b, &off, &len, &st);
         qt_grad_sumsq(mine + b, qt_param_grad_piece(ps, b), ps->grad_dt, len, g->ws, s);
     }
-    /* every world piece's fp64 sums (two fp32 words each), gathered in place: the nodes' pieces of this GPU's
-     * local piece first (back to back there), then the node's GPUs */
+    /* every world piece's fp64 sums (two fp32 words each), gathered in place in world-piece order */
     int mine_only = 0; /* 1: the other nodes' sums left zero, not gathered (a planted bug) */
 #ifdef QT_MUTANTS
+    size_t nodes = (size_t)sh->nodes;
     mine_only = nodes > 1 && qt_mutant_on(QT_MUT_NODES_NORM_MINE);
+    double *local = ps->sumsq + (size_t)rank * nodes * nb; /* this GPU's world ranks */
     for (size_t j = 0; mine_only && j < nodes; j++)
         if (local + j * nb != mine) qt_zero(local + j * nb, nb * sizeof *local, s);
 #endif
-    if (nodes > 1 && !mine_only) qt_dp_nodes_all_gather(d->nodes, rank, local, mine, 2 * nb, QT_DT_F32, s);
-    if (qt_shard_local_ranks(sh) > 1)
-        QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->sumsq, local, 2 * nb * sh->n_ranks, QT_DT_F32, s) == 0,
-                 "rank %d: gradient norm all-gather aborted (another rank failed)", rank);
+    QT_CHECK(qt_dp_world_gather(d, ps->sumsq, mine, 2 * nb, QT_DT_F32, !mine_only, s) == 0,
+             "rank %d: gradient norm all-gather aborted (another rank failed)", rank);
     qt_clip_from_sumsq(ps->norm, ps->clip, ps->sumsq, sh->n_ranks * (int)nb, d->grad_clip, s);
 }
 
@@ -222,15 +221,13 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
     }
     uint16_t *w = d->ps->w;
     for (int k = k0; k < k1; k++) {
-        size_t lo = sh->bucket[k], hi = sh->bucket[k + 1], off, len, st, loff, llen;
+        size_t lo = sh->bucket[k], hi = sh->bucket[k + 1], off, len, st;
         qt_shard_piece(sh, k, &off, &len, &st);
-        qt_shard_local_piece(sh, k, &loff, &llen);
         int stale = 0; /* 1: the other nodes' pieces left as they were (a planted bug) */
 #ifdef QT_MUTANTS
         stale = qt_mutant_on(QT_MUT_NODES_WEIGHTS_NOT_GATHERED);
 #endif
-        if (sh->nodes > 1 && !stale) qt_dp_nodes_all_gather(d->nodes, rank, w + loff, w + off, len, QT_DT_BF16, s); /* over the nodes */
-        QT_CHECK(qt_shard_local_ranks(sh) == 1 || qt_comm_all_gather(d->comm, rank, w + lo, w + loff, hi - lo, QT_DT_BF16, s) == 0,
+        QT_CHECK(sh->n_ranks == 1 || qt_dp_world_gather(d, w + lo, w + off, len, QT_DT_BF16, !stale, s) == 0,
                  "rank %d: weight all-gather aborted (another rank failed)", rank);
         int l1 = ql; /* the layers now whole */
         while (l1 < nl && qt_layer_end(L, l1) <= hi) l1++;

@@ -135,6 +135,13 @@ static inline void gathers_join(qt_dp_sync *d, cudaStream_t s) {
     if (d->wslots.gside && s != d->wslots.gside) follow(s, d->wslots.gside, d->wslots.gside_ev);
 }
 
+/* dst[n_ranks x per] (dt) = every world rank's per elements in world-rank order (rank x nodes + node,
+ * qt_partition.h), this rank's at mine: across nodes first over the nodes into this GPU's slot of the node
+ * (NCCL; in place when mine sits there), then over the node's GPUs in place (comm/); each leg only where there
+ * is more than one. nodes_leg 0 leaves the first leg out (a planted bug). 0, or nonzero when the comm aborted.
+ * dp_fill.c. */
+int qt_dp_world_gather(qt_dp_sync *d, void *dst, const void *mine, size_t per, qt_dtype dt, int nodes_leg, cudaStream_t s);
+
 /* The gradients' sums of plan p (dp_grads.c). */
 const grad_sync *qt_dp_grads_of(const qt_plan *p);
 /* The hooks and waits of the gradients' sums: grads_ready, embed_ready (qt_param_hooks); the model's stream waits for
