@@ -10,16 +10,24 @@
 # ONLY=scale instead measures scaling: 0.5B and 7B fp8 as shipped (train_bench, 6 steps after 2) as one process on
 # all 2 x G GPUs and as 2 emulated nodes of G (G = half the host's GPUs), the fraction of the one process's
 # tokens/s the nodes reach, and bench/nodes_bench's collectives between the nodes beside it.
-# Usage (repo root): OUT=/some/dir [QT_DATA_DIR=out/data] [ONLY=train|scale] bash tools/gpu-nodes.sh
-# (ONLY=train: the training test alone, about 3 minutes on 2 H200s.)
+# Usage (repo root): OUT=/some/dir [QT_DATA_DIR=out/data] [ONLY=train|scale] [CONFIGS='a.yaml b.yaml' (scale's)]
+#     bash tools/gpu-nodes.sh
+# (ONLY=train: the training tests alone, 107 s on 2 H200s.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qtrain-nodes-check}
 mkdir -p "$OUT"
 t0=$(date +%s)
 { nvidia-smi -L; nvidia-smi topo -m; } > "$OUT/build.log" 2>&1
-if ! make -j16 CUDA_ARCH=90a build/qtrain build/tests/test_launch build/tests/test_rendezvous \
-        build/tests/test_internode build/bench/train_bench build/bench/nodes_bench >> "$OUT/build.log" 2>&1; then
+# the system cuDNN (9.14) is older than the headers (9.19): python3's wheel has 9.19 (see gpu-check.sh)
+cudnn_lib=$(bash tools/prereqs.sh cudnn-wheel)
+if [ -d "$cudnn_lib" ]; then export LD_LIBRARY_PATH=$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
+# the carried binaries (tools/gpu-pack.sh) are used as they are; make builds only when they are absent
+if [ -f build/dev/bins.tar.xz ]; then t=$(mktemp -d) && tar -C "$t" -xJf build/dev/bins.tar.xz && cp -a -u "$t"/. . && rm -rf "$t"; fi
+need=(build/qtrain build/tests/test_launch build/tests/test_rendezvous build/tests/test_internode
+      build/bench/train_bench build/bench/nodes_bench)
+missing=0; for b in "${need[@]}"; do [ -x "$b" ] || missing=1; done
+if [ "$missing" = 1 ] && ! make -j16 CUDA_ARCH=90a "${need[@]}" >> "$OUT/build.log" 2>&1; then
     tail -40 "$OUT/build.log"
     echo "BUILD FAILED (no NCCL here? the Makefile leaves test_internode out without nccl.h and libnccl)"
     exit 1
@@ -55,7 +63,7 @@ PY
 G=$(( $(nvidia-smi -L | grep -c '^GPU') / 2 ))
 if [ "${ONLY:-}" = scale ] && [ "$G" -lt 1 ]; then echo "scale: needs 2 or more GPUs"; exit 1; fi
 if [ "${ONLY:-}" = scale ]; then
-    { for c in configs/qwen2.5-0.5b-fp8.yaml configs/qwen2.5-7b-fp8.yaml; do scale "$c"; done
+    { for c in ${CONFIGS:-configs/qwen2.5-0.5b-fp8.yaml configs/qwen2.5-7b-fp8.yaml}; do scale "$c"; done
       echo "== nodes_bench"; timeout 600 build/bench/nodes_bench --md "$OUT/nodes.md"; echo "exit $?"; } 2>&1 | tee "$OUT/scale.log"
     echo "total: $(( $(date +%s) - t0 )) s"
     exit 0
