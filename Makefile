@@ -35,13 +35,14 @@ endif
 CPU_ONLY_OUT := $(filter-out comm/rendezvous.c,$(wildcard cuda/*.c comm/*.c src/gpu/*.c)) \
                 $(addprefix src/engine/,engine_gpu.c engine_gpu_lora.c engine_dp.c dp_sync.c dp_grads.c dp_fill.c dp_nodes.c dp_nodes_none.c plan_auto.c \
                   plan_choose.c) src/plan/plan_axes.c src/plan/plan_choice.c src/plan/plan_cost.c src/plan/plan_lora.c
-GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_internode test_kernels test_lora_fp8 test_offload test_ops_gpu test_plan test_plan_lora \
+GPU_TESTS := test_comm_cpu test_comm_gpu test_determinism test_error test_fp8_model test_internode test_nodes_mutants test_kernels test_lora_fp8 test_offload test_ops_gpu test_plan test_plan_lora \
              test_quant test_recompute test_sft test_stores test_weight_slots test_zero tool_lora_dump_gpu
 # NCCL (comm/internode.c, the collectives between nodes; CUDA builds only): where nccl.h and libnccl are
-# in the toolkit or the system's paths. Without it comm/internode.c and test_internode are left out.
+# in the toolkit or the system's paths. Without it comm/internode.c, what tests it and bench/nodes_bench are left out.
 NCCL_FOUND := $(if $(filter 0,$(CPU)),$(and $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),\
                 $(wildcard $(CUDA_HOME)/lib64/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so*)))
-NO_NCCL_OUT := $(if $(NCCL_FOUND),src/engine/dp_nodes_none.c,comm/internode.c tests/test_internode.c src/engine/dp_nodes.c)
+NO_NCCL_OUT := $(if $(NCCL_FOUND),src/engine/dp_nodes_none.c,comm/internode.c tests/test_internode.c tests/test_nodes_mutants.c \
+                src/engine/dp_nodes.c bench/nodes_bench.c)
 NCCL_LDLIBS := -Wl,--push-state,--as-needed -lnccl -Wl,--pop-state # only what calls NCCL needs it
 # CUDA_ARCH, the GPU targets: those of the machine's GPUs (nvidia-smi's compute capability; 9.0 builds
 # sm_90a), else every architecture the project supports (a build for other machines). `make CUDA_ARCH=90a`
@@ -107,7 +108,7 @@ ifeq ($(CPU),0)
 LIB_C   := $(filter-out src/engine/engine_none.c $(NO_NCCL_OUT),$(ALL_C))
 LIB_CU  := $(wildcard cuda/*.cu comm/*.cu)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(filter-out $(NO_NCCL_OUT),$(wildcard tests/test_*.c tests/tool_*.c)))
-BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out $(NO_NCCL_OUT),$(wildcard bench/*.c)))
 else
 LIB_C   := $(filter-out $(CPU_ONLY_OUT),$(ALL_C))
 LIB_CU  :=
@@ -246,7 +247,9 @@ test-asan: $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 # then checks that the release library holds none of them (tools/mutants.sh).
 REL_BUILD ?= build
 MUT_BUILD ?= build-mutants
-MUT_TESTS := test_determinism test_docs test_dpo test_dpo_ref test_kernels test_lora test_lora_fp8 test_nf4 test_offload test_qlora test_recompute test_reliability test_train test_zero
+MUT_TESTS := test_determinism test_docs test_dpo test_dpo_ref test_kernels test_lora test_lora_fp8 test_nf4 test_nodes_mutants test_offload test_qlora \
+             test_recompute test_reliability test_train test_zero
+MUT_TESTS := $(filter-out $(patsubst tests/%.c,%,$(filter tests/%,$(NO_NCCL_OUT))),$(MUT_TESTS))
 ifeq ($(MUTANTS),1)
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell if [ -f $(REL_BUILD)/gen/nvflags ] && cmp -s $(REL_BUILD)/gen/nvflags $(BUILD)/gen/nvflags; then \

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 OUT_DIR=${BENCH_OUT:-$BUILD/bench-out}
 
 # Every section needs a GPU: without one (or in the CPU-only build) say so and what was skipped.
-sections="comm (bench/comm_bench: our collectives against NCCL), nf4 (bench/nf4_bench: NF4 dequantize GB/s)"
+sections="comm (bench/comm_bench: our collectives against NCCL), nodes (bench/nodes_bench: between 2 emulated nodes),"\
+" nf4 (bench/nf4_bench: NF4 dequantize GB/s)"
 if ! ls "$BUILD"/bench/*_bench >/dev/null 2>&1; then
     echo "make bench: no benchmark binaries in $BUILD/bench (a CPU-only build: built without CUDA);" \
          "skipped: $sections; nothing written"
@@ -38,6 +39,15 @@ if [ -x "$BUILD/bench/comm_bench" ]; then
         python3 tools/plot_comm.py "$OUT_DIR/comm.tsv" "$OUT_DIR/comm.png" "$OUT_DIR/comm.md" || echo "plot skipped"
     fi
     echo "comm section: $(( $(date +%s) - t0 )) s; outputs in $OUT_DIR (comm.tsv, comm.md, comm.png)"
+fi
+
+# ---- nodes: the hierarchical collectives between 2 emulated nodes (half the GPUs each, NCCL sockets over the
+# loopback) against NCCL alone over every GPU (docs/multi-node.md)
+if [ -x "$BUILD/bench/nodes_bench" ]; then
+    rm -f "$OUT_DIR/nodes.md"
+    t0=$(date +%s)
+    "$BUILD/bench/nodes_bench" --md "$OUT_DIR/nodes.md" || echo "nodes_bench failed ($?)"
+    echo "nodes section: $(( $(date +%s) - t0 )) s; outputs in $OUT_DIR (nodes.md)"
 fi
 
 # ---- nf4: the NF4 dequantize (QLoRA's base weights) at 4096 x 4096 and 14336 x 4096, beside a copy

@@ -2,6 +2,10 @@
  *
  *   build/bench/train_bench configs/qwen2.5-0.5b-bf16.yaml [--steps 10] [--warmup 3] [--set k=v ...]
  *
+ * With parallel.nodes > 1 it is one node of a run across nodes, started as qtrain is (the launcher's variables,
+ * docs/multi-node.md): the nodes meet, every node trains the same global micro-batches, and each prints the
+ * run's tokens/s (all nodes' GPUs); model TFLOP/s and SOL are per GPU of the whole run.
+ *
  * Trains on random tokens (the data's content does not change the speed), times each optimizer step
  * (host wall clock between the per-step syncs), and measures the bf16 cuBLASLt GEMM rate at 8192^3 in
  * the same process, and the fp8 e4m3 rate (TN, bf16 output, qt_matmul_fp8) at 8192^3. Prints tokens/s
@@ -24,6 +28,7 @@
 #include "qt_config.h"
 #include "qt_dtype.h"
 #include "qt_device.h"
+#include "qt_dp_nodes.h"
 #include "qt_engine.h"
 #include "qt_error.h"
 #include "qt_kernels.h"
@@ -31,6 +36,7 @@
 #include "qt_plan_auto.h"
 #include "qt_rng.h"
 #include "qt_train.h"
+#include "qt_train_nodes.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -128,6 +134,12 @@ static int set_docs(qt_engine *e, qt_rng *r, int median, long n, int T, long *co
     return qt_engine_set_docs(e, &d, err, errlen);
 }
 
+/* The launcher's variables (qt_launch.h): the environment is the program's to read. */
+static const char *env_get(void *ctx, const char *name) {
+    (void)ctx;
+    return getenv(name);
+}
+
 int main(int argc, char **argv) {
     const char *path = NULL, *sets[64];
     int nsets = 0, steps = 10, warmup = 3, breakdown = 0, bd_steps = 3, doc_median = 0;
@@ -185,7 +197,12 @@ int main(int argc, char **argv) {
     size_t free0, total;
     QT_CUDA(cudaMemGetInfo(&free0, &total));
     double t_create = now_s();
-    qt_engine *e = qt_engine_create(&L, &cfg, &src, err, sizeof err);
+    static qt_nodes nodes; /* parallel.nodes > 1: where this node stands, from the launcher's variables */
+    if (cfg.parallel.nodes > 1 && qt_train_meet_nodes(&cfg, env_get, NULL, &nodes, err, sizeof err)) {
+        fprintf(stderr, "train_bench: %s\n", err);
+        return 1;
+    }
+    qt_engine *e = qt_engine_create_nodes(&L, &cfg, &src, cfg.parallel.nodes > 1 ? &nodes : NULL, err, sizeof err);
     if (!e) {
         fprintf(stderr, "train_bench: %s\n", err);
         return 1;

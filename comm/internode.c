@@ -150,3 +150,8 @@ int qt_internode_all_gather(qt_internode *c, int g, qt_dtype dt, const void *src
     if (atomic_load(&c->aborted)) return -1;
     return done(c, g, ncclAllGather(src, dst, per_node, nccl_type(dt), c->comm[g], s), "ncclAllGather");
 }
+
+int qt_internode_all_reduce_max(qt_internode *c, int g, float *vals, size_t count, cudaStream_t s) {
+    if (atomic_load(&c->aborted)) return -1;
+    return done(c, g, ncclAllReduce(vals, vals, count, ncclFloat32, ncclMax, c->comm[g], s), "ncclAllReduce (max)");
+}

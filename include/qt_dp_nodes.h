@@ -1,14 +1,16 @@
 /* qt_dp_nodes.h — the legs between nodes of a data-parallel step (docs/multi-node.md).
  *
- * One qtrain process per node; its GPU threads sum between themselves with comm/ as on one machine, and
- * the optimizer state (ZeRO-1/2/3 over the node's GPUs) is replicated per node. After the in-node sum
- * each GPU thread all-reduces its own piece with the same piece of the other nodes (local GPU g's NCCL
- * communicator, qt_internode.h), so every node holds the same summed gradients, and the norm, AdamW, the
- * weight gathers and the e4m3 abs-maxes stay inside the node. The host values the step reports (the loss
- * sums, the eval losses) and the trainer's agreements (a checkpoint written, a stop) cross on local GPU
- * 0's communicator. A watchdog thread polls the communicators: a node that fails or vanishes aborts
- * them and the node's comm, and the engine's next call fails with the lost node named. A failure in this
- * process (qt_fail's abort hook) aborts them too, so no thread here or on another node waits for it.
+ * One qtrain process per node; its GPU threads sum between themselves with comm/ as on one machine. With
+ * parallel.zero >= 1 the optimizer state is sharded over the world (qt_partition.h: GPU g of node k holds world
+ * piece g x nodes + k): after the in-node reduce-scatter each GPU thread reduce-scatters its local piece with
+ * the same GPU of the other nodes (local GPU g's NCCL communicator, qt_internode.h), AdamW updates the world
+ * piece, and the new bf16 weights are all-gathered back over the nodes, then inside the node (ZeRO-3: at each
+ * gather of a bucket). With parallel.zero 0 the state is replicated per node: the in-node sum is all-reduced
+ * over the nodes. The host values the step reports (the loss sums, the eval losses) and the trainer's
+ * agreements (a checkpoint written, a stop) cross on local GPU 0's communicator. A watchdog thread polls
+ * the communicators: a node that fails or vanishes aborts them and the node's comm, and the engine's next
+ * call fails with the lost node named. A failure in this process (qt_fail's abort hook) aborts them too, so
+ * no thread here or on another node waits for it.
  *
  * Built where NCCL is (the Makefile's NCCL_FOUND); elsewhere every entry point fails saying so. */
 #ifndef QT_DP_NODES_H
@@ -20,7 +22,7 @@
 #include "qt_cuda_types.h"
 #include "qt_dtype.h"
 #include "qt_internode.h"
-#include "qt_param_store.h"
+#include "qt_partition.h"
 
 #define QT_NODES_MAX 64   /* parallel.nodes at most */
 #define QT_NODES_IDS 1024 /* node 0's NCCL unique ids, one per local GPU (qt_internode_make_ids; = QT_RDZV_BLOB) */
@@ -53,15 +55,24 @@ int qt_dp_nodes_failed(qt_dp_nodes *x, char *msg, size_t cap);
  * (qt_fail) when a node is gone. */
 void qt_dp_nodes_gather(qt_dp_nodes *x, const double *mine, int per, double *all);
 
-/* Rank threads (GPU g of the node, its device current, stream s). */
-/* buf[count] in dt summed over the nodes in place (NCCL's sum: with two nodes x + y, the order-free one). */
-void qt_dp_nodes_sum(qt_internode *x, int g, void *buf, size_t count, qt_dtype dt, cudaStream_t s);
-/* plan.parallel.world_pieces: the gradient norm and clip scale of local rank `rank` of the node's comm
- * into ps->norm / ps->clip, as one process with all nodes x n_ranks GPUs computes them: each local piece
- * of a bucket cut into `nodes` world pieces (the shard is cut for the world: qt_shard_init_world), a
- * sum of squares per world piece into sumsq[nodes x n_ranks][n_buckets] (device, in world-piece order),
- * gathered over the node's ranks, then qt_clip_from_sumsq over them in that order: the one process's bits. */
-void qt_dp_nodes_norm(const qt_param_store *ps, qt_comm *comm, int rank, int nodes, double *sumsq,
-                      float max_norm, void *ws, cudaStream_t s);
+/* Rank threads (GPU g of the node, its device current, stream s; each fails through qt_fail when a node is gone). */
+/* The node's sum of a bucket over the nodes: local[n_local] (the whole bucket, or GPU g's local piece) summed
+ * into mine[n_mine]. n_mine = n_local: all-reduced in place (the state replicated per node, parallel.zero 0);
+ * else reduce-scattered, mine the node's world piece of it (in place: mine = local + node x n_mine). NCCL's
+ * sum: with two nodes x + y, the order-free one. */
+void qt_dp_nodes_sum(qt_internode *x, int g, void *local, void *mine, size_t n_local, size_t n_mine, qt_dtype dt,
+                     cudaStream_t s);
+/* local[nodes x per] = every node's mine[per] in node order (bits kept; in place: mine = local + node x per):
+ * the world pieces of GPU g's local piece, or its world pieces' values (the norm's sums). */
+void qt_dp_nodes_all_gather(qt_internode *x, int g, void *local, const void *mine, size_t per, qt_dtype dt,
+                            cudaStream_t s);
+/* vals[n] (fp32, device, in place) = the max over the nodes (ZeRO-3's e4m3 gathers: the weights' abs-maxes). */
+void qt_dp_nodes_max(qt_internode *x, int g, float *vals, int n, cudaStream_t s);
+/* ZeRO over the world, a checkpoint's or the weights' item: GPU g's world pieces of every bucket (sh's state
+ * order, es bytes each, pieces[sh->len] in host or device memory) gathered over the nodes into out, the local
+ * pieces back to back [sh->len x nodes] in host memory as one node's GPU g holds them with the state per node
+ * (NULL: this node takes part only), through stage (device, stage_bytes) a chunk at a time. Synchronous on s. */
+void qt_dp_nodes_widen(qt_internode *x, int g, const qt_shard *sh, const void *pieces, size_t es, void *out, void *stage,
+                       size_t stage_bytes, cudaStream_t s);
 
 #endif

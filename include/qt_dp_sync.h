@@ -58,5 +58,10 @@ int qt_dp_sync_reload(qt_dp_sync *d);
 void qt_dp_sync_reduce(qt_dp_sync *d);
 cudaStream_t qt_dp_sync_opt_stream(qt_dp_sync *d);
 void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1);
+/* Across nodes with ZeRO over the world (plan.parallel.world_pieces): this rank's world pieces (the store's
+ * state order, es bytes each, host or device) gathered over the nodes into out[shard.len x nodes] (host: the
+ * rank's local pieces, back to back; NULL: take part only), through the store's staging buffer on the model's
+ * stream (qt_dp_nodes_widen; synchronous). The same GPU of every node calls it at the same point. */
+void qt_dp_sync_node_widen(qt_dp_sync *d, const void *pieces, size_t es, void *out);
 
 #endif

@@ -49,7 +49,9 @@ typedef struct {
      * in rank order; a micro-batch whose targets are all < 0 adds 0. */
     float (*eval_loss)(qt_engine *e, const int32_t *inputs, const int32_t *targets);
     /* Host fp32 copies of the weights [L->numel] / the accumulated gradients (before opt_step; data
-     * parallel with parallel.overlap_comm, not after a step's last micro-step, which sums them). */
+     * parallel with parallel.overlap_comm, not after a step's last micro-step, which sums them). Across
+     * nodes with ZeRO every node calls get_weights at the same point (its pieces cross to the others);
+     * w NULL on a node that takes part only. */
     void (*get_weights)(qt_engine *e, float *w);
     void (*get_grads)(qt_engine *e, float *g);
     /* The accumulated fp32 gradients [L->numel] in device memory, once the device has written them
@@ -206,6 +208,13 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const q
 /* Makes `device` the thread's CUDA device and, for an fp8 plan, checks that it has fp8 tensor cores and the
  * model's shapes suit the fp8 matmuls (qt_fp8_check). 0, or -1 with err. */
 int qt_engine_gpu_select(const qt_layout *L, const qt_plan *plan, int device, char *err, size_t errlen);
+/* Across nodes with ZeRO over the world (plan.parallel.world_pieces; a rank engine's thread, every node's same
+ * GPU at the same point): node_widen gathers the rank's world pieces of a checkpoint item (es bytes each, its
+ * shard's state order) into out, the rank's local pieces for every node, back to back (NULL: take part only;
+ * qt_dp_sync_node_widen); weights_nodes writes the master values of the rank's local pieces into w[numel]
+ * (flat; NULL: take part only). */
+void qt_engine_gpu_node_widen(qt_engine *e, const void *pieces, size_t es, void *out);
+void qt_engine_gpu_weights_nodes(qt_engine *e, float *w);
 /* The last opt_step's summed token losses and target count (the ranks' mean is sum/sum). */
 void qt_engine_gpu_last_loss(const qt_engine *e, double *sum, long *valid);
 /* ops->tuning_save / tuning_load of the GPU engines (the process-wide matmul picks, qt_matmul.h). */

@@ -51,5 +51,8 @@ int qt_internode_reduce_scatter(qt_internode *c, int g, qt_dtype dt, const void 
                                 cudaStream_t s);
 int qt_internode_all_gather(qt_internode *c, int g, qt_dtype dt, const void *src, void *dst, size_t per_node,
                             cudaStream_t s);
+/* vals[count] (fp32, in place) = the max over nodes of every node's vals (ncclMax): the e4m3 weights' abs-maxes.
+ * A NaN is NCCL's to order; a NaN weight is its own node's AdamW's finiteness failure first. */
+int qt_internode_all_reduce_max(qt_internode *c, int g, float *vals, size_t count, cudaStream_t s);
 
 #endif

@@ -62,6 +62,9 @@ typedef enum {
     QT_MUT_LORA_FP8_NO_BWD_X,        /* the adapters' data gradient is left out of dx after the base's e4m3 dgrad */
     /* lora.trainable's base tensors on the GPU (engine_gpu_lora.c) */
     QT_MUT_LORA_X_RESUME_MOMENTS,    /* a resume leaves the trained base tensors' AdamW moments at zero */
+    /* ZeRO over the nodes (dp_sync.c) */
+    QT_MUT_NODES_WEIGHTS_NOT_GATHERED, /* the updated bf16 world pieces are not all-gathered over the nodes */
+    QT_MUT_NODES_NORM_MINE,          /* the norm adds this node's world pieces' sums only (no gather over the nodes) */
     QT_MUT_COUNT
 } qt_mutant;
 

@@ -64,7 +64,8 @@ typedef struct {
     double *sumsq;        /* [ranks][buckets] every rank's pieces' gradient sums of squares (sharded norm) */
     float *norm, *clip;   /* device scalars */
     void *comm_buf;       /* reduce_bf16: [largest bucket] bf16, the gradients' sums travel in it */
-    float *staging;       /* [stage_n] fp32: host weights come up through it to be cast to bf16 */
+    float *staging;       /* [stage_n] fp32: host weights come up through it to be cast to bf16; across nodes the
+                           * node exchange (qt_dp_nodes_widen) goes through it */
     size_t stage_n;
     struct {              /* ZeRO-2/3 + g_host: the host gradient shard's adds and their device staging */
         float *shard_stage; /* the device slots (chunks of shard_stage_n fp32) where qt_param_grad_piece_add adds

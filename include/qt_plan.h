@@ -121,8 +121,8 @@ typedef struct {           /* parallel.* */
     int comm;              /* qt_comm_kind */
     int nodes, node;       /* machines of the run (parallel.nodes; 1: this one) and this one's index (set by the
                             * data-parallel engine); n_ranks counts this node's GPUs */
-    int world_pieces;      /* nodes > 1 with parallel.zero >= 1: the buckets cut for nodes x n_ranks ranks and
-                            * the gradient norm summed over their pieces, as one process with every GPU sums it */
+    int world_pieces;      /* nodes > 1 with parallel.zero >= 1: ZeRO over the world, the shard cut for nodes x
+                            * n_ranks ranks as one process with every GPU cuts it (qt_shard_init_nodes) */
 } qt_plan_parallel;
 
 typedef struct {           /* perf.* and the streams */

@@ -3,7 +3,7 @@
  * One node of one GPU runs in this process (any GPU machine). Two nodes are two child processes of this
  * binary on one host with disjoint CUDA_VISIBLE_DEVICES, NCCL forced onto its socket transport over the
  * loopback (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo): exactly the inter-node path.
- * Each node checks all-reduce (fp32, bf16), reduce-scatter and all-gather against the exact sums of
+ * Each node checks all-reduce (fp32, bf16), reduce-scatter, all-gather and the max all-reduce against the exact
  * values every node can compute; a node that exits after the rendezvous makes the other stop with a
  * message within 60 s. Needs 2 GPUs (2 nodes x 1) and 4 (2 x 2); skips with fewer.
  * Child mode: test_internode --node RANK NODES PORT GPUS_PER_NODE [die]. */
@@ -91,6 +91,14 @@ static int check_gpu(qt_internode *ic, int g, int node, int nodes) {
     for (int i = 0; i < nodes * PER && !bad; i++)
         if (s32[i] != val32(i / PER, g, i % PER))
             bad = fprintf(stderr, "node %d GPU %d: all_gather[%d] = %g, expected %g\n", node, g, i, s32[i], val32(i / PER, g, i % PER));
+    /* max over nodes of PER fp32 values, in place: the largest node's */
+    CK(cudaMemcpy(d32, h32, PER * 4, cudaMemcpyHostToDevice));
+    if (qt_internode_all_reduce_max(ic, g, d32, PER, s)) return 1;
+    CK(cudaMemcpyAsync(s32, d32, PER * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    for (int i = 0; i < PER && !bad; i++)
+        if (s32[i] != val32(nodes - 1, g, i))
+            bad = fprintf(stderr, "node %d GPU %d: all_reduce_max[%d] = %g, expected %g\n", node, g, i, s32[i], val32(nodes - 1, g, i));
     cudaFree(d32), cudaFree(d16), cudaFree(o32), cudaStreamDestroy(s);
     return bad ? 1 : 0;
 }

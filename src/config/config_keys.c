@@ -200,7 +200,7 @@ static const qt_config_key keys[] = {
       "an offloaded optimizer state (one GPU, or ZeRO ranks' pieces) is checkpointed by copy (fast: training "
       "pauses for the copy, needs host memory for it) or in_place (written where it lives: no memory, the optimizer "
       "waits for the write, up to the write time); auto = copy when the copy plus 1 GiB + 1/8 fits in the host budget "
-      "(memory.host_limit_gib, else MemAvailable at start), else in_place. Replicated data-parallel ranks (parallel.zero: 0) always copy"),
+      "(memory.host_limit_gib, else MemAvailable at start), else in_place. Replicated data-parallel ranks (parallel.zero: 0) and runs across nodes always copy"),
 
     S("export.dir", export.dir, "", "all",
       "HF export (config.json + model.safetensors) at the end; \"\" = checkpoint.dir + \"/export\""),
@@ -281,7 +281,7 @@ static const qt_config_key keys[] = {
     B("parallel.overlap_comm", parallel.overlap_comm, "true", "multi-GPU", 0,
       "in the last micro-batch of a step, sum each layer's gradients over the GPUs while the backward goes on to the layers below (one bucket per layer), and (sharded) all-gather the updated weights while the next forward runs, each layer waiting for its own; false: one sum after the backward, one all-gather before the next forward"),
     I("parallel.nodes", parallel.nodes, 1, 64, "1", "multi-node", 0,
-      "machines the run spans, one qtrain process per machine started by torchrun --nproc_per_node=1, srun --ntasks-per-node=1 or mpirun --npernode 1 (their RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_* or OMPI_COMM_WORLD_* variables; docs/multi-node.md); the launcher's process count must equal it. > 1: the nodes meet (node 0's port, the config and GPU count checked equal), then train data parallel over every node's GPUs (NCCL between the nodes, the optimizer state replicated per node; node 0 writes the checkpoints)"),
+      "machines the run spans, one qtrain process per machine started by torchrun --nproc_per_node=1, srun --ntasks-per-node=1 or mpirun --npernode 1 (their RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_* or OMPI_COMM_WORLD_* variables; docs/multi-node.md); the launcher's process count must equal it. > 1: the nodes meet (node 0's port, the config and GPU count checked equal), then train data parallel over every node's GPUs (NCCL between the nodes; parallel.zero >= 1 shards the optimizer state over every node's GPUs; node 0 writes the checkpoints)"),
 
     I("lora.rank", lora.rank, 0, 65536, "0", "all", 0,
       "LoRA rank r: > 0 trains low-rank adapters (A [r, in], B [out, r] per target module, PEFT's init: A Kaiming-uniform, B zero, from seed) over a frozen base that has no gradients and no optimizer state; checkpoints hold the adapters, their AdamW state and the base's identity; the export is PEFT's adapter_model.safetensors + adapter_config.json (--export merged: the merged model). 0 = full fine-tuning. The CPU and the GPU engines train it (docs/fine-tuning.md)"),

@@ -13,19 +13,20 @@ static void cut(qt_shard *sh, const qt_layout *L, size_t at, size_t q) {
 }
 
 void qt_shard_init(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer) {
-    qt_shard_init_world(sh, L, n_ranks, rank, per_layer, n_ranks);
+    qt_shard_init_nodes(sh, L, n_ranks, rank, per_layer, 1, 0);
 }
 
-void qt_shard_init_world(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer, int world) {
-    QT_CHECK(n_ranks >= 1 && n_ranks <= QT_SHARD_MAX_RANKS && rank >= 0 && rank < n_ranks && world % n_ranks == 0,
-             "shard: rank %d of %d ranks, cut for %d (expected 1..%d ranks dividing it)", rank, n_ranks, world,
-             QT_SHARD_MAX_RANKS);
+void qt_shard_init_nodes(qt_shard *sh, const qt_layout *L, int n_ranks, int rank, int per_layer, int nodes, int node) {
+    QT_CHECK(n_ranks >= 1 && n_ranks <= QT_SHARD_MAX_RANKS && rank >= 0 && rank < n_ranks && nodes >= 1 && node >= 0 &&
+                 node < nodes, "shard: rank %d of %d ranks on node %d of %d (expected 1..%d ranks)", rank, n_ranks, node,
+             nodes, QT_SHARD_MAX_RANKS);
     memset(sh, 0, sizeof *sh);
-    size_t q = 64 * (size_t)world; /* aligned vector loads in every piece (of the world's pieces too) */
-    sh->rank = rank;
-    sh->n_ranks = n_ranks;
+    size_t world = (size_t)n_ranks * (size_t)nodes, q = 64 * world; /* aligned vector loads in every world piece */
+    sh->rank = rank * nodes + node;
+    sh->n_ranks = (int)world;
+    sh->nodes = nodes;
     sh->total = L->numel;
-    sh->len = sh->total / (size_t)n_ranks;
+    sh->len = sh->total / world;
     /* Cuts at units' starts only: a bucket holds whole units, so it is final once the backward is done with its
      * first layer. The embeddings' bucket holds the embeddings alone: a sharded step sums it as soon as the LM
      * head's backward is done (qt_param_release_embed, qt_dp_sync.h). */
@@ -42,6 +43,14 @@ void qt_shard_piece(const qt_shard *sh, int b, size_t *off, size_t *len, size_t 
     *off = sh->bucket[b] + (size_t)sh->rank * w;
     *len = w;
     *state = sh->bucket[b] / (size_t)sh->n_ranks;
+}
+
+int qt_shard_local_ranks(const qt_shard *sh) { return sh->n_ranks / sh->nodes; }
+
+void qt_shard_local_piece(const qt_shard *sh, int b, size_t *off, size_t *len) {
+    size_t w = (sh->bucket[b + 1] - sh->bucket[b]) / (size_t)qt_shard_local_ranks(sh);
+    *off = sh->bucket[b] + (size_t)(sh->rank / sh->nodes) * w;
+    *len = w;
 }
 
 size_t qt_shard_params(size_t off, size_t len, size_t numel) {

@@ -45,8 +45,18 @@ void qt_dp_fill_wait(void *ctx, size_t upto) {
     d->gathered = k;
 }
 
+int qt_dp_world_gather(qt_dp_sync *d, void *dst, const void *mine, size_t per, qt_dtype dt, int nodes_leg, cudaStream_t s) {
+    const qt_shard *sh = &d->ps->shard;
+    int rank = d->plan.parallel.rank, nodes = sh->nodes;
+    size_t es = qt_dtype_size(dt);
+    char *local = (char *)dst + (size_t)rank * nodes * per * es; /* this GPU's slot of the node: its world ranks */
+    if (nodes > 1 && nodes_leg) qt_dp_nodes_all_gather(d->nodes, rank, local, mine, per, dt, s);
+    if (qt_shard_local_ranks(sh) == 1) return 0;
+    return qt_comm_all_gather(d->comm, rank, dst, nodes > 1 ? local : mine, (size_t)sh->n_ranks * per, dt, s);
+}
+
 /* Layer bucket b's small params (qt_small_params.h: norms and biases, bf16) as gathered over the ranks,
- * [n_ranks][small.packed[b]] (rank r's segments packed), in ps->e4m3.small_recv. */
+ * [n_ranks][small.packed[b]] (rank r's segments packed; across nodes the world's ranks), in ps->e4m3.small_recv. */
 static uint16_t *small_of(const qt_dp_sync *d, int b) {
     return (uint16_t *)d->ps->e4m3.small_recv + (size_t)b * d->ps->shard.n_ranks * d->ps->e4m3.small.max_packed;
 }
@@ -58,22 +68,22 @@ static uint16_t *small_of(const qt_dp_sync *d, int b) {
  * all-gather may run, which uses no staging arena or one-shot kernel; comm.c). */
 static void small_gather(qt_dp_sync *d, int b, const uint16_t *w, size_t off, cudaStream_t s) {
     qt_param_store *ps = d->ps;
+    const qt_shard *sh = &ps->shard;
     const qt_small_params *m = &ps->e4m3.small;
-    int rank = d->plan.parallel.rank, n = ps->shard.n_ranks;
-    size_t at = 0;
-    for (int i = 0; i < m->n_seg[b * n + rank]; i++) {
-        qt_flat_range g = m->seg[b * n + rank][i];
+    int rank = d->plan.parallel.rank, n = sh->n_ranks, me = sh->rank;
+    size_t at = 0, P = m->packed[b];
+    for (int i = 0; i < m->n_seg[b * n + me]; i++) {
+        qt_flat_range g = m->seg[b * n + me][i];
         QT_CUDA(cudaMemcpyAsync((uint16_t *)ps->e4m3.small_send + at, w + (g.off - off), g.len * 2, cudaMemcpyDeviceToDevice, s));
         at += g.len;
     }
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, small_of(d, b), ps->e4m3.small_send, (size_t)n * m->packed[b], QT_DT_BF16,
-                                s) == 0,
+    QT_CHECK(qt_dp_world_gather(d, small_of(d, b), ps->e4m3.small_send, P, QT_DT_BF16, 1, s) == 0,
              "rank %d: the small weights' all-gather of bucket %d aborted (another rank failed)", rank, b);
 }
 
-/* ZeRO-3: the pieces from the ranks' GPUs. */
+/* ZeRO-3: the pieces from the ranks' GPUs (across nodes, over the nodes first: qt_dp_world_gather). */
 static int gather_device(qt_dp_sync *d, void *dst, const void *mine, size_t n, cudaStream_t s) {
-    return qt_comm_all_gather(d->comm, d->plan.parallel.rank, dst, mine, n, QT_DT_BF16, s);
+    return qt_dp_world_gather(d, dst, mine, n / (size_t)d->ps->shard.n_ranks, QT_DT_BF16, 1, s);
 }
 
 /* ZeRO-3 with the pieces offloaded: every rank's copy engines pull them from the ranks' pinned host memory
@@ -124,9 +134,9 @@ static void fill_bucket8(qt_dp_sync *d, int b, void *dst, void *dst8, cudaStream
 /* parallel.gather_dtype e4m3: cnt block matrices (layer ml[j], matrix mk[j]) of layer bucket b, whose
  * piece this rank holds at flat [off, off + len), read from w[len] (bf16, device) and coded into w8[len]:
  * the rank's abs-maxes, their max over the ranks (the whole tensor's, exactly) into each weight scale
- * record, then the rank's codes of them (qt_quant_fp8_cur with that record: the scale and bytes the bf16
- * path's quantize of the whole matrix gives). Every rank makes the same calls (the same matrices: the
- * layout's). */
+ * record (across nodes the max over the node's GPUs, then over the nodes), then the rank's codes of them
+ * (qt_quant_fp8_cur with that record: the scale and bytes the bf16 path's quantize of the whole matrix gives).
+ * Every rank makes the same calls (the same matrices: the layout's). */
 static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_t off, size_t len, const uint16_t *w,
                      uint8_t *w8, cudaStream_t s) {
     qt_param_store *ps = d->ps;
@@ -143,9 +153,10 @@ static void codes_of(qt_dp_sync *d, const int *ml, const int *mk, int cnt, size_
 #ifdef QT_MUTANTS
     local = qt_mutant_on(QT_MUT_E4M3_LOCAL_AMAX);
 #endif
-    if (!local && d->ps->shard.n_ranks > 1)
+    if (!local && qt_shard_local_ranks(&ps->shard) > 1)
         QT_CHECK(qt_comm_all_reduce_scalars(d->comm, d->plan.parallel.rank, ps->e4m3.amax8, cnt, QT_COMM_MAX, s) == 0,
                  "rank %d: the weights' abs-max all-reduce aborted (another rank failed)", d->plan.parallel.rank);
+    if (!local && ps->shard.nodes > 1) qt_dp_nodes_max(d->nodes, d->plan.parallel.rank, ps->e4m3.amax8, cnt, s);
     for (int j = 0; j < cnt; j++) {
         qt_fp8_scale *sc = qt_fp8_weight_scale(f, ml[j], (qt_fp8_mm)mk[j]);
         int tag = qt_fp8_weight_tag(ml[j], (qt_fp8_mm)mk[j]);

@@ -34,6 +34,7 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
     int z2 = d->gsync->into_shard;
     qt_dtype dt = half || g16 ? QT_DT_BF16 : QT_DT_F32;
     size_t es = qt_dtype_size(dt), lo = sh->bucket[b], count = sh->bucket[b + 1] - lo, off = lo, len = count, st;
+    size_t loff = lo, llen = count; /* the node's sum: the whole bucket, or this rank's local piece */
     void *g = z2 ? (void *)qt_param_grad_slot(ps, b) : qt_param_g(ps, lo); /* the bucket's gradients, whole */
     char *buf = half ? (char *)ps->comm_buf : (char *)g;
     if (z2 && d->test.sum_delay_ms && s == d->side) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->test.sum_delay_ms));
@@ -50,10 +51,14 @@ static void reduce_bucket(qt_dp_sync *d, int b, cudaStream_t s) {
                  "rank %d: gradient all-reduce aborted (another rank failed)", rank);
     } else {
         qt_shard_piece(sh, b, &off, &len, &st);
-        QT_CHECK(qt_comm_reduce_scatter(d->comm, rank, buf + (off - lo) * es, buf, count, dt, s) == 0,
-                 "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
+        qt_shard_local_piece(sh, b, &loff, &llen);
+        if (qt_shard_local_ranks(sh) > 1)
+            QT_CHECK(qt_comm_reduce_scatter(d->comm, rank, buf + (loff - lo) * es, buf, count, dt, s) == 0,
+                     "rank %d: gradient reduce-scatter aborted (another rank failed)", rank);
     }
-    if (d->nodes) qt_dp_nodes_sum(d->nodes, rank, buf + (off - lo) * es, len, dt, s); /* the node's sum, over the nodes */
+    /* over the nodes: the whole bucket all-reduced (state replicated per node), or the local piece
+     * reduce-scattered into this rank's world piece (in place: it sits at node x len in the local piece) */
+    if (d->nodes) qt_dp_nodes_sum(d->nodes, rank, buf + (loff - lo) * es, buf + (off - lo) * es, llen, len, dt, s);
     if (z2) {
 #ifdef QT_MUTANTS
         if (qt_mutant_on(QT_MUT_HOST_SHARD_ASSIGN) && d->plan.grads.host_shard && dt == QT_DT_F32) { /* = instead of += */

@@ -178,29 +178,43 @@ void qt_dp_nodes_gather(qt_dp_nodes *x, const double *mine, int per, double *all
     QT_CUDA(e);
 }
 
-void qt_dp_nodes_sum(qt_internode *x, int g, void *buf, size_t count, qt_dtype dt, cudaStream_t s) {
-    QT_CHECK(qt_internode_all_reduce(x, g, dt, buf, buf, count, s) == 0,
-             "GPU %d: the gradient sum between the nodes aborted (a node failed)", g);
+void qt_dp_nodes_sum(qt_internode *x, int g, void *local, void *mine, size_t n_local, size_t n_mine, qt_dtype dt,
+                     cudaStream_t s) {
+    int rc = n_mine == n_local ? qt_internode_all_reduce(x, g, dt, local, local, n_local, s)
+                               : qt_internode_reduce_scatter(x, g, dt, local, mine, n_mine, s);
+    QT_CHECK(rc == 0, "GPU %d: the gradient sum between the nodes aborted (a node failed)", g);
 }
 
-void qt_dp_nodes_norm(const qt_param_store *ps, qt_comm *comm, int rank, int nodes, double *sumsq, float max_norm,
-                      void *ws, cudaStream_t s) {
-    const qt_shard *sh = &ps->shard;
-    int nb = sh->n_buckets, n = sh->n_ranks;
-    size_t es = qt_dtype_size(ps->grad_dt);
-    for (int b = 0; b < nb; b++) {
-        size_t off, len, st;
+void qt_dp_nodes_all_gather(qt_internode *x, int g, void *local, const void *mine, size_t per, qt_dtype dt,
+                            cudaStream_t s) {
+    QT_CHECK(qt_internode_all_gather(x, g, dt, mine, local, per, s) == 0,
+             "GPU %d: an all-gather between the nodes aborted (a node failed)", g);
+}
+
+void qt_dp_nodes_max(qt_internode *x, int g, float *vals, int n, cudaStream_t s) {
+    QT_CHECK(qt_internode_all_reduce_max(x, g, vals, (size_t)n, s) == 0,
+             "GPU %d: the abs-max between the nodes aborted (a node failed)", g);
+}
+
+/* Every bucket's world piece goes in chunks of at most c elements: a chunk of each node's piece lands in
+ * stage[node][c] (NCCL's all-gather of bytes as bf16 pairs: es is 2 or 4), then node k's chunk goes to
+ * out at the local piece's state index + k x the piece's length. */
+void qt_dp_nodes_widen(qt_internode *x, int g, const qt_shard *sh, const void *pieces, size_t es, void *out, void *stage,
+                       size_t stage_bytes, cudaStream_t s) {
+    size_t nodes = (size_t)sh->nodes, node = (size_t)(sh->rank % sh->nodes), c = stage_bytes / nodes / es / 64 * 64;
+    QT_CHECK(c > 0 && es % 2 == 0, "node exchange: %zu bytes of staging for %zu nodes of %zu-byte elements", stage_bytes,
+             nodes, es);
+    char *st8 = stage;
+    for (int b = 0; b < sh->n_buckets; b++) {
+        size_t off, len, st, lst = sh->bucket[b] / (size_t)qt_shard_local_ranks(sh);
         qt_shard_piece(sh, b, &off, &len, &st);
-        QT_CHECK(len % (size_t)nodes == 0, "bucket %d: a piece of %zu elements is no whole number of %d world pieces "
-                 "(the shard is not cut for the world)", b, len, nodes);
-        size_t w = len / (size_t)nodes;
-        for (int j = 0; j < nodes; j++) /* world piece rank * nodes + j */
-            qt_grad_sumsq(sumsq + (size_t)(rank * nodes + j) * nb + b, (const char *)qt_param_grad_piece(ps, b) + j * w * es,
-                          ps->grad_dt, w, ws, s);
+        for (size_t i = 0; i < len; i += c) {
+            size_t k = len - i < c ? len - i : c;
+            QT_CUDA(cudaMemcpyAsync(st8 + node * k * es, (const char *)pieces + (st + i) * es, k * es, cudaMemcpyDefault, s));
+            qt_dp_nodes_all_gather(x, g, st8, st8 + node * k * es, k * es / 2, QT_DT_BF16, s);
+            for (size_t j = 0; out && j < nodes; j++)
+                QT_CUDA(cudaMemcpyAsync((char *)out + (lst + j * len + i) * es, st8 + j * k * es, k * es, cudaMemcpyDeviceToHost, s));
+            QT_CUDA(cudaStreamSynchronize(s)); /* the stage is refilled next */
+        }
     }
-    if (n > 1) /* every local rank's world pieces (fp64 sums: two fp32 words each), gathered in place */
-        QT_CHECK(qt_comm_all_gather(comm, rank, sumsq, sumsq + (size_t)rank * nodes * nb, 2 * (size_t)nb * nodes * n, QT_DT_F32,
-                                    s) == 0,
-                 "rank %d: gradient norm all-gather aborted (another rank failed)", rank);
-    qt_clip_from_sumsq(ps->norm, ps->clip, sumsq, n * nodes * nb, max_norm, s);
 }

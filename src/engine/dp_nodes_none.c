@@ -36,13 +36,25 @@ void qt_dp_nodes_gather(qt_dp_nodes *x, const double *mine, int per, double *all
     qt_fail(__FILE__, __LINE__, "qt_dp_nodes_gather", "%s", QT_NO_NCCL);
 }
 
-void qt_dp_nodes_sum(qt_internode *x, int g, void *buf, size_t count, qt_dtype dt, cudaStream_t s) {
-    (void)x, (void)g, (void)buf, (void)count, (void)dt, (void)s;
+void qt_dp_nodes_sum(qt_internode *x, int g, void *local, void *mine, size_t n_local, size_t n_mine, qt_dtype dt,
+                     cudaStream_t s) {
+    (void)x, (void)g, (void)local, (void)mine, (void)n_local, (void)n_mine, (void)dt, (void)s;
     qt_fail(__FILE__, __LINE__, "qt_dp_nodes_sum", "%s", QT_NO_NCCL);
 }
 
-void qt_dp_nodes_norm(const qt_param_store *ps, qt_comm *comm, int rank, int nodes, double *sumsq, float max_norm,
-                      void *ws, cudaStream_t s) {
-    (void)ps, (void)comm, (void)rank, (void)nodes, (void)sumsq, (void)max_norm, (void)ws, (void)s;
-    qt_fail(__FILE__, __LINE__, "qt_dp_nodes_norm", "%s", QT_NO_NCCL);
+void qt_dp_nodes_all_gather(qt_internode *x, int g, void *local, const void *mine, size_t per, qt_dtype dt,
+                            cudaStream_t s) {
+    (void)x, (void)g, (void)local, (void)mine, (void)per, (void)dt, (void)s;
+    qt_fail(__FILE__, __LINE__, "qt_dp_nodes_all_gather", "%s", QT_NO_NCCL);
+}
+
+void qt_dp_nodes_max(qt_internode *x, int g, float *vals, int n, cudaStream_t s) {
+    (void)x, (void)g, (void)vals, (void)n, (void)s;
+    qt_fail(__FILE__, __LINE__, "qt_dp_nodes_max", "%s", QT_NO_NCCL);
+}
+
+void qt_dp_nodes_widen(qt_internode *x, int g, const qt_shard *sh, const void *pieces, size_t es, void *out, void *stage,
+                       size_t stage_bytes, cudaStream_t s) {
+    (void)x, (void)g, (void)sh, (void)pieces, (void)es, (void)out, (void)stage, (void)stage_bytes, (void)s;
+    qt_fail(__FILE__, __LINE__, "qt_dp_nodes_widen", "%s", QT_NO_NCCL);
 }

@@ -7,6 +7,9 @@
 
 #include "dp_sync_int.h"
 #include "qt_test_hooks.h"
+#ifdef QT_MUTANTS
+#include "qt_mutant.h"
+#endif
 
 #ifdef QT_MUTANTS
 static void mutants_free(qt_dp_sync *d) {
@@ -148,7 +151,8 @@ void qt_dp_sync_backward_rows(qt_dp_sync *d, const float *row_scale, int last) {
 
 /* Gradients summed over the ranks (data parallel; already on the side stream when the last micro-step
  * handed the buckets over), then the norm and clip scale. Sharded (ZeRO-1): each rank has the sums of
- * its pieces only; the norm adds every rank's pieces' sums of squares in order. */
+ * its pieces only; the norm adds every rank's pieces' sums of squares in piece order, so over the world
+ * (across nodes) too it has the bits of one process with every GPU. */
 void qt_dp_sync_reduce(qt_dp_sync *d) {
     qt_gpu_model *g = d->g;
     qt_param_store *ps = d->ps;
@@ -158,25 +162,29 @@ void qt_dp_sync_reduce(qt_dp_sync *d) {
     d->gsync->reduce(d);
     for (int b = 0; b < sh->n_buckets; b++) qt_param_grad_piece_fresh(ps, b, s); /* a piece no sum wrote: zeros */
     qt_gpu_model_mark(g, "optimizer: gradient norm");
-    if (d->world_sumsq) {
-        qt_dp_nodes_norm(ps, d->comm, rank, d->plan.parallel.nodes, d->world_sumsq, d->grad_clip, g->ws, s);
-        return;
-    }
     if (sh->n_ranks == 1) {
         qt_grad_norm(ps->norm, ps->clip, ps->grad, ps->grad_dt, sh->total, d->grad_clip, g->ws, s);
         return;
     }
-    int nb = sh->n_buckets;
+    size_t nb = (size_t)sh->n_buckets;
     double *mine = ps->sumsq + (size_t)sh->rank * nb;
-    for (int b = 0; b < nb; b++) {
+    for (int b = 0; b < sh->n_buckets; b++) {
         size_t off, len, st;
         qt_shard_piece(sh, b, &off, &len, &st);
         qt_grad_sumsq(mine + b, qt_param_grad_piece(ps, b), ps->grad_dt, len, g->ws, s);
     }
-    /* every rank's fp64 sums (two fp32 words each), gathered in place */
-    QT_CHECK(qt_comm_all_gather(d->comm, rank, ps->sumsq, mine, 2 * (size_t)nb * sh->n_ranks, QT_DT_F32, s) == 0,
+    /* every world piece's fp64 sums (two fp32 words each), gathered in place in world-piece order */
+    int mine_only = 0; /* 1: the other nodes' sums left zero, not gathered (a planted bug) */
+#ifdef QT_MUTANTS
+    size_t nodes = (size_t)sh->nodes;
+    mine_only = nodes > 1 && qt_mutant_on(QT_MUT_NODES_NORM_MINE);
+    double *local = ps->sumsq + (size_t)rank * nodes * nb; /* this GPU's world ranks */
+    for (size_t j = 0; mine_only && j < nodes; j++)
+        if (local + j * nb != mine) qt_zero(local + j * nb, nb * sizeof *local, s);
+#endif
+    QT_CHECK(qt_dp_world_gather(d, ps->sumsq, mine, 2 * nb, QT_DT_F32, !mine_only, s) == 0,
              "rank %d: gradient norm all-gather aborted (another rank failed)", rank);
-    qt_clip_from_sumsq(ps->norm, ps->clip, ps->sumsq, sh->n_ranks * nb, d->grad_clip, s);
+    qt_clip_from_sumsq(ps->norm, ps->clip, ps->sumsq, sh->n_ranks * (int)nb, d->grad_clip, s);
 }
 
 cudaStream_t qt_dp_sync_opt_stream(qt_dp_sync *d) {
@@ -211,11 +219,15 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
         if (k0 == 0 && d->test.ag_delay_ms) QT_CUDA(cudaLaunchHostFunc(s, sleep_ms, &d->test.ag_delay_ms));
         if (k0 == 0) d->gathered = 0;
     }
+    uint16_t *w = d->ps->w;
     for (int k = k0; k < k1; k++) {
         size_t lo = sh->bucket[k], hi = sh->bucket[k + 1], off, len, st;
         qt_shard_piece(sh, k, &off, &len, &st);
-        QT_CHECK(sh->n_ranks == 1 || qt_comm_all_gather(d->comm, rank, (uint16_t *)d->ps->w + lo,
-                                                        (uint16_t *)d->ps->w + off, hi - lo, QT_DT_BF16, s) == 0,
+        int stale = 0; /* 1: the other nodes' pieces left as they were (a planted bug) */
+#ifdef QT_MUTANTS
+        stale = qt_mutant_on(QT_MUT_NODES_WEIGHTS_NOT_GATHERED);
+#endif
+        QT_CHECK(sh->n_ranks == 1 || qt_dp_world_gather(d, w + lo, w + off, len, QT_DT_BF16, !stale, s) == 0,
                  "rank %d: weight all-gather aborted (another rank failed)", rank);
         int l1 = ql; /* the layers now whole */
         while (l1 < nl && qt_layer_end(L, l1) <= hi) l1++;
@@ -223,6 +235,12 @@ void qt_dp_sync_release(qt_dp_sync *d, int k0, int k1) {
         ql = l1;
         if (ahead) QT_CUDA(cudaEventRecord(d->ag_ev[k], s));
     }
+}
+
+void qt_dp_sync_node_widen(qt_dp_sync *d, const void *pieces, size_t es, void *out) {
+    QT_CHECK(d->nodes && d->ps->shard.nodes > 1, "rank %d: a node exchange without ZeRO over the nodes", d->plan.parallel.rank);
+    qt_dp_nodes_widen(d->nodes, d->plan.parallel.rank, &d->ps->shard, pieces, es, out, d->ps->staging, d->ps->stage_n * 4,
+                      d->g->stream);
 }
 
 qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, qt_internode *nodes,
@@ -243,8 +261,6 @@ qt_dp_sync *qt_dp_sync_create(qt_gpu_model *g, const qt_plan *p, qt_comm *comm, 
                                      .ctx = d};
     /* The side stream has default priority: with a high one the bucket sums' kernels take SMs ahead of
      * the backward's, and steps on 2 x H200 are slower. */
-    if (p->parallel.world_pieces)
-        QT_CUDA(cudaMalloc((void **)&d->world_sumsq, (size_t)p->parallel.nodes * sh->n_ranks * sh->n_buckets * sizeof(double)));
     if (p->perf.side_stream) {
         QT_CUDA(cudaStreamCreateWithFlags(&d->side, cudaStreamNonBlocking));
         QT_CUDA(cudaEventCreateWithFlags(&d->side_ev, cudaEventDisableTiming));
@@ -293,7 +309,6 @@ void qt_dp_sync_free(qt_dp_sync *d) {
     for (int k = 0; d->plan.weights.ahead && k < d->ps->shard.n_buckets; k++) QT_CUDA(cudaEventDestroy(d->ag_ev[k]));
     if (d->gsync->fini) d->gsync->fini(d);
     free(d->ag_ev);
-    if (d->world_sumsq) QT_CUDA(cudaFree(d->world_sumsq));
 #ifdef QT_MUTANTS
     mutants_free(d);
 #endif

@@ -66,8 +66,7 @@ struct qt_dp_sync {
     const slot_fill *wfill; /* how the weight slots are filled (from the plan; NULL: no weight slots) */
     float grad_clip;
     qt_comm *comm;          /* borrowed; NULL with one GPU */
-    qt_internode *nodes;    /* borrowed; NULL on one machine: after the node's sum each piece is summed over the nodes */
-    double *world_sumsq;    /* plan.parallel.world_pieces: [nodes x n_ranks][n_buckets] (owned; qt_dp_nodes_norm) */
+    qt_internode *nodes;    /* borrowed; NULL on one machine: the legs between the nodes (qt_dp_nodes.h) */
     cudaStream_t side;      /* plan.perf.side_stream: sums, gathers or AdamW beside the model's stream (owned) */
     cudaEvent_t side_ev;
     int sent;               /* lowest bucket handed to the side stream this step (n_buckets: none) */
@@ -135,6 +134,13 @@ static inline void side_follows(qt_dp_sync *d) { follow(d->side, d->g->stream, d
 static inline void gathers_join(qt_dp_sync *d, cudaStream_t s) {
     if (d->wslots.gside && s != d->wslots.gside) follow(s, d->wslots.gside, d->wslots.gside_ev);
 }
+
+/* dst[n_ranks x per] (dt) = every world rank's per elements in world-rank order (rank x nodes + node,
+ * qt_partition.h), this rank's at mine: across nodes first over the nodes into this GPU's slot of the node
+ * (NCCL; in place when mine sits there), then over the node's GPUs in place (comm/); each leg only where there
+ * is more than one. nodes_leg 0 leaves the first leg out (a planted bug). 0, or nonzero when the comm aborted.
+ * dp_fill.c. */
+int qt_dp_world_gather(qt_dp_sync *d, void *dst, const void *mine, size_t per, qt_dtype dt, int nodes_leg, cudaStream_t s);
 
 /* The gradients' sums of plan p (dp_grads.c). */
 const grad_sync *qt_dp_grads_of(const qt_plan *p);

@@ -91,6 +91,7 @@ struct dp_engine {
     qt_plan_split split; /* the plan's: what each rank holds in pieces (ZeRO), the rest whole */
     struct {       /* sharded: each checkpoint array as the runs of the ranks' pieces in file order (owned: segs[k]) */
         qt_ckpt_item mine[QT_COMM_MAX_RANKS][8]; /* each rank's own items (its snapshot buffers) */
+        void *wide[QT_COMM_MAX_RANKS][4]; /* across nodes, node 0: every node's pieces of a rank's local pieces (owned) */
         qt_ckpt_seg *segs[4];
         qt_ckpt_gather gather[4];
         void (*guard)(void *ctx, size_t hi); /* the trainer's wait for the checkpoint writer (set_state_guard) */
@@ -185,6 +186,25 @@ static void job_grads(dp_engine *d, int r) { d->rk[r]->ops->get_grads(d->rk[r], 
  * without the LM head's host copy. */
 static void job_logits(dp_engine *d, int r) { d->rk[r]->ops->forward_logits(d->rk[r], d->call.in, r == 0 ? d->call.out : NULL); }
 static void job_items(dp_engine *d, int r) { d->call.nitems = d->rk[r]->ops->state_items(d->rk[r], d->call.items, d->call.cap); }
+/* Across nodes with ZeRO over the world: rank r's items that hold its world pieces (weights unless widened from
+ * the bf16 ones, ZeRO-3's weights_bf16, adam_m, adam_v; handed over where they live, engine_gpu.c's node_item)
+ * gathered over the nodes; node 0 keeps them in wide[r] and its items point there, as the rank's local pieces
+ * of one node holding the state. */
+static void job_widen(dp_engine *d, int r) {
+    qt_ckpt_item *it = d->ckpt.mine[r];
+    size_t nodes = (size_t)d->shard[r].nodes;
+    for (int k = 0; k < 4; k++) {
+        if ((k == 1 && !d->split.weights) || (k == 0 && (it[0].flags & QT_CKPT_WIDEN_BF16))) continue;
+        size_t es = qt_dtype_size((qt_dtype)it[k].dtype), bytes = d->shard[r].len * es * nodes;
+        if (d->plan.parallel.node == 0 && !d->ckpt.wide[r][k]) {
+            d->ckpt.wide[r][k] = malloc(bytes);
+            QT_CHECK(d->ckpt.wide[r][k], "out of host memory for %.1f MiB of the nodes' %s pieces", bytes / 1048576.0, it[k].name);
+        }
+        qt_engine_gpu_node_widen(d->rk[r], it[k].data, es, d->ckpt.wide[r][k]);
+        if (d->ckpt.wide[r][k]) it[k] = (qt_ckpt_item){it[k].name, it[k].dtype, d->ckpt.wide[r][k], bytes, it[k].flags};
+    }
+}
+static void job_weights_nodes(dp_engine *d, int r) { qt_engine_gpu_weights_nodes(d->rk[r], d->call.out); }
 static void job_load(dp_engine *d, int r) { d->call.rc[r] = d->rk[r]->ops->load_state(d->rk[r], d->call.ck, d->call.err[r], sizeof d->call.err[r]); }
 static void job_nonfinite(dp_engine *d, int r) {
     d->call.bad[r] = d->rk[r]->ops->nonfinite_weight(d->rk[r], d->call.settle, &d->call.bad_step[r]);
@@ -296,6 +316,10 @@ static void dp_get_weights(qt_engine *b, float *w) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
     d->call.out = w;
+    if (d->plan.parallel.world_pieces) { /* every node takes part; w NULL on a node that only does */
+        run(d, job_weights_nodes, -1);
+        return;
+    }
     run(d, job_weights, d->split.state ? -1 : 0);
     if (d->n == 1 || d->split.state) return;
     float *tmp = malloc(n * sizeof(float));
@@ -314,6 +338,8 @@ static void dp_get_grads(qt_engine *b, float *g) {
     dp_engine *d = (dp_engine *)b;
     size_t n = b->L->numel;
     d->call.out = g;
+    QT_CHECK(!(d->split.grads && d->plan.parallel.world_pieces), "get_grads across nodes with parallel.zero 2 or 3: the "
+             "summed gradients are sharded over the nodes (read them with parallel.zero 0 or 1)");
     run(d, job_grads, d->split.grads ? -1 : 0);
     if (d->split.grads) return;
     float *tmp = malloc(n * sizeof(float));
@@ -358,6 +384,9 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         d->call.items = d->ckpt.mine[r];
         run(d, job_items, r);
     }
+    int world = d->plan.parallel.world_pieces; /* the node exchange; then the local pieces tile the array */
+    if (world) run(d, job_widen, -1);
+    if (world && d->plan.parallel.node > 0) return 0; /* node 0 writes */
     size_t numel = b->L->numel, most = (size_t)d->n * d->shard[0].n_buckets;
     piece_run *pr = malloc(most * sizeof *pr);
     QT_CHECK(pr, "out of host memory for the checkpoint's %zu runs", most);
@@ -369,6 +398,10 @@ static int dp_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
             for (int i = 0; i < d->shard[r].n_buckets; i++) {
                 size_t off, len, st, m;
                 qt_shard_piece(&d->shard[r], i, &off, &len, &st);
+                if (world) { /* the local piece, in wide[r] */
+                    qt_shard_local_piece(&d->shard[r], i, &off, &len);
+                    st = d->shard[r].bucket[i] / (size_t)qt_shard_local_ranks(&d->shard[r]);
+                }
                 if ((m = qt_shard_params(off, len, numel)))
                     pr[np++] = (piece_run){off, m, (const char *)d->ckpt.mine[r][k].data + st * es};
             }
@@ -494,7 +527,10 @@ static void dp_free(qt_engine *b) {
     pthread_mutex_unlock(&d->pool.mu);
     for (int r = 0; r < d->n; r++) pthread_join(d->pool.th[r], NULL);
     qt_comm_free(d->comm);
-    for (int k = 0; k < 4; k++) free(d->ckpt.segs[k]);
+    for (int k = 0; k < 4; k++) {
+        free(d->ckpt.segs[k]);
+        for (int r = 0; r < d->n; r++) free(d->ckpt.wide[r][k]);
+    }
     pthread_mutex_destroy(&d->pool.mu);
     pthread_cond_destroy(&d->pool.go);
     pthread_cond_destroy(&d->pool.done);
@@ -588,9 +624,9 @@ qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, co
     d->split = plan->parallel.split;
     /* Sharded: a bucket per layer with overlap or not, so the norm's per-bucket sums (and so its bits)
      * are the same at every ZeRO level; ZeRO-2 needs them for its slots. */
-    int pn = d->split.state ? n : 1; /* across nodes with ZeRO: cut as one process with every node's GPUs cuts (the layout padded for them) */
+    int pn = d->split.state ? n : 1, sn = plan->parallel.world_pieces ? nn : 1; /* across nodes with ZeRO: the world's shard */
     for (int r = 0; r < n; r++)
-        qt_shard_init_world(&d->shard[r], L, pn, pn > 1 ? r : 0, plan->parallel.buckets, plan->parallel.world_pieces ? n * nn : pn);
+        qt_shard_init_nodes(&d->shard[r], L, pn, pn > 1 ? r : 0, plan->parallel.buckets, sn, sn > 1 ? d->plan.parallel.node : 0);
     const qt_test_hooks *th = qt_test_hooks_get();
     d->fail_rank = th->dp_fail_step > 0 ? th->dp_fail_rank : -1;
     d->fail_step = th->dp_fail_step;
@@ -632,7 +668,9 @@ qt_engine *qt_engine_dp_nodes_create(const qt_layout *L, const qt_plan *plan, co
     char devs[64] = "";
     for (int r = 0, o = 0; r < n && o < (int)sizeof devs - 4; r++) o += snprintf(devs + o, sizeof devs - o, r ? ",%d" : "%d", d->dev[r]);
     char across[96] = "";
-    if (nn > 1) snprintf(across, sizeof across, ", node %d of %d (NCCL between the nodes, the state replicated per node)", d->plan.parallel.node, nn);
+    if (nn > 1)
+        snprintf(across, sizeof across, ", node %d of %d (NCCL between the nodes, %s)", d->plan.parallel.node, nn,
+                 plan->parallel.world_pieces ? "ZeRO over every node's GPUs" : "the state replicated per node");
     snprintf(d->name, sizeof d->name, "%s x %d (data parallel on GPUs %s%s, comm %s%s%s%s)", d->rk[0]->ops->name, n, devs, across,
              qt_comm_name(d->comm), d->split.weights ? ", optimizer state, gradients and bf16 weights sharded (ZeRO-3)"
                                     : d->split.grads ? ", optimizer state and gradients sharded (ZeRO-2)"

@@ -339,6 +339,31 @@ static void gpu_get_weights(qt_engine *b, float *w) {
     qt_param_get_master(e->g->ps, w);
 }
 
+void qt_engine_gpu_node_widen(qt_engine *b, const void *pieces, size_t es, void *out) {
+    qt_dp_sync_node_widen(((gpu_engine *)b)->sync, pieces, es, out);
+}
+
+void qt_engine_gpu_weights_nodes(qt_engine *b, float *w) {
+    gpu_engine *e = (gpu_engine *)b;
+    const qt_param_store *ps = e->g->ps;
+    const qt_shard *sh = &ps->shard;
+    size_t nodes = (size_t)sh->nodes, numel = b->L->numel;
+    float *mine = malloc(sh->len * 4), *wide = w ? malloc(sh->len * nodes * 4) : NULL;
+    QT_CHECK(mine && (wide || !w), "out of host memory for %.1f MiB of master pieces", sh->len * (nodes + 1) * 4 / 1048576.0);
+    qt_dp_sync_join(e->sync);
+    QT_CUDA(cudaStreamSynchronize(e->g->stream));
+    qt_param_get_master_pieces(ps, mine);
+    qt_dp_sync_node_widen(e->sync, mine, 4, wide);
+    for (int k = 0; w && k < sh->n_buckets; k++) { /* the local piece's values to their flat places */
+        size_t off, len;
+        qt_shard_local_piece(sh, k, &off, &len);
+        size_t np = qt_shard_params(off, len, numel);
+        if (np) memcpy(w + off, wide + sh->bucket[k] / (size_t)qt_shard_local_ranks(sh), np * 4);
+    }
+    free(mine);
+    free(wide);
+}
+
 static void gpu_get_grads(qt_engine *b, float *gr) {
     gpu_engine *e = (gpu_engine *)b;
     QT_CHECK(qt_dp_sync_idle(e->sync),
@@ -386,6 +411,12 @@ static int live_item(const gpu_engine *e, int i) {
     if (i == 0) return e->g->ps->master ? lv.master : lv.weights;
     return i == 1 ? lv.weights : i == 2 ? lv.m : lv.v;
 }
+/* Across nodes with ZeRO over the world, item i holds the rank's world pieces (all but the whole bf16 weights below
+ * ZeRO-3): it is handed over where it lives, device or host, and the data-parallel engine gathers every node's
+ * pieces of it into node 0's host memory (engine_dp.c's job_widen): no snapshot of its own. */
+static int node_item(const gpu_engine *e, int i) {
+    return e->plan.parallel.world_pieces && (i != 1 || e->plan.parallel.split.weights);
+}
 /* Elements of checkpoint item i (0 master, 1 bf16 weights, 2 m, 3 v): the rank's pieces, but the bf16 weights
  * whole below ZeRO-3. */
 static size_t item_elems(const gpu_engine *e, int i) {
@@ -417,7 +448,7 @@ static int gpu_state_items(qt_engine *b, qt_ckpt_item *items, int cap) {
         qt_dtype dt;
         const void *src = qt_param_item(ps, i, &dt);
         size_t bytes = item_elems(e, i) * qt_dtype_size(dt);
-        if (live_item(e, i)) {
+        if (live_item(e, i) || node_item(e, i)) {
             items[i] = (qt_ckpt_item){item_names[i], dt, src, bytes, 0};
             continue;
         }
@@ -599,6 +630,7 @@ qt_engine *qt_engine_gpu_create(const qt_layout *L, const qt_plan *plan, const q
     const qt_param_store *ps = e->g->ps;
     size_t snap = item_elems(e, 1) * 2 +
                   ps->shard.len * ((ps->master ? 4 : 0) + qt_dtype_size(ps->m_dt) + qt_dtype_size(ps->v_dt)) - live_bytes(e);
+    if (e->plan.parallel.world_pieces) snap = node_item(e, 1) ? 0 : item_elems(e, 1) * 2; /* the whole bf16 weights only */
     qt_mem_plan_host(&e->g->plan, "checkpoint snapshot", snap);
     QT_CUDA(cudaMallocHost((void **)&e->out, sizeof *e->out));
     QT_CUDA(cudaMalloc((void **)&e->bad_dev, sizeof *e->bad_dev));

@@ -49,7 +49,8 @@ static int gpu_lora_host_rows(const qt_layout *L, const qt_plan *p, qt_run_plan 
 static int gpu_rows_of(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, char *err, size_t errlen) {
     int n = rp->ranks, sharded = p->parallel.split.state;
     qt_shard sh;
-    qt_shard_init(&sh, L, sharded ? n : 1, 0, p->parallel.buckets);
+    int nodes = p->parallel.world_pieces ? p->parallel.nodes : 1; /* ZeRO over the world: a rank's pieces are the world's */
+    qt_shard_init_nodes(&sh, L, sharded ? n : 1, 0, p->parallel.buckets, nodes, 0);
     qt_mem_plan one;
     if (qt_gpu_model_plan(L, p, &sh, &one, err, errlen)) return -1;
     for (int i = 0; i < one.n; i++) { /* device rows: one rank's; host rows: every rank's, but LoRA's pinned base */
@@ -77,6 +78,13 @@ static int gpu_rows_of(const qt_layout *L, const qt_plan *p, qt_run_plan *rp, ch
         size_t state = ns * ((lv.master ? 0 : master) + (lv.m ? 0 : es_m) + (lv.v ? 0 : es_v));
         if (lv.weights) bf16 = 0; /* offloaded weights (a ZeRO-3 rank's pieces): in place too */
         /* sharded, the writer reads the ranks' pieces where they are (engine_dp.c: gathered items) */
+        if (nodes > 1) { /* the world pieces gathered from where they live into node 0's host memory, the local
+                          * pieces of its ranks for every node (engine_dp.c's node exchange); the whole bf16 weights
+                          * pinned below ZeRO-3 */
+            qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "checkpoint snapshot", n * (size_t)nodes *
+                            ((p->parallel.split.weights ? ns * 2 : 0) + state));
+            bf16 = p->parallel.split.weights ? 0 : bf16, state = 0;
+        }
         qt_mem_plan_add(&rp->mem, QT_MEM_PINNED, "checkpoint snapshot", (sharded ? n : 1) * (bf16 + state));
     }
     qt_mem_plan_add(&rp->mem, QT_MEM_PAGEABLE, "weight init buffer (fp32)", n * qt_weight_src_chunk(L) * 4);

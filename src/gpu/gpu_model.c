@@ -43,8 +43,8 @@
 #include "qt_rope.h"
 #include "qt_test_hooks.h"
 
-/* The data-parallel ranks of the store's shard (a frozen base: one). */
-static int n_ranks(const qt_gpu_model *g) { return g->ps ? g->ps->shard.n_ranks : 1; }
+/* The node's data-parallel ranks of the store's shard (a frozen base: one), whose lookups a rank gathers. */
+static int n_ranks(const qt_gpu_model *g) { return g->ps ? qt_shard_local_ranks(&g->ps->shard) : 1; }
 
 size_t qt_gpu_model_lookups(const qt_gpu_model *g, void *base, int32_t **tok, float **dres, void **ws) {
     size_t n = (size_t)n_ranks(g) * g->N, a = qt_mem_aligned(n * 4);

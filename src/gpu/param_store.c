@@ -12,7 +12,8 @@
 #include "qt_pinned.h"
 #include "qt_place.h"
 
-#define STAGE_ELEMS ((size_t)1 << 20) /* 4 MiB of fp32 staging */
+#define STAGE_ELEMS ((size_t)1 << 20)      /* 4 MiB of fp32 staging */
+#define NODES_STAGE_ELEMS ((size_t)1 << 24) /* across nodes with ZeRO: 64 MiB, the node exchange's chunks too */
 
 static void carve_grad_slots(qt_param_store *ps, qt_mem_plan *p);
 /* The rank holds ZeRO-3's pieces of the weights, not the whole array. */
@@ -41,7 +42,8 @@ qt_param_store *qt_param_store_create(const qt_layout *L, const qt_plan *pl, con
     ps->w_master_dt = pl->precision.master_dt;
     ps->acc_dt = pl->precision.acc_dt;
     ps->grad_dt = ps->grads_place->shard ? QT_DT_F32 : ps->acc_dt;
-    ps->stage_n = sh->total < STAGE_ELEMS ? sh->total : STAGE_ELEMS;
+    size_t stage = pl->parallel.world_pieces ? NODES_STAGE_ELEMS : STAGE_ELEMS;
+    ps->stage_n = sh->total < stage ? sh->total : stage;
     if (slots(ps)) ps->wslots = qt_wslots_create(L, sh);
     if (pl->weights.e4m3) {
         QT_CHECK(slots(ps), "parameter store: e4m3 weight codes without weight slots (ZeRO-3 or offloaded weights)");

@@ -80,10 +80,13 @@ static int check_ranks(const qt_config *cfg, int n_ranks, char *err, size_t errl
                         ">= 2 ranks, got 1 (parallel.devices: [0, 0] puts two ranks on GPU 0; one rank keeps everything: "
                         "zero 0 or 1)", cfg->path, zero, zero == 3 ? " and weights" : ""), -1;
     if (qt_config_zero3_check(cfg, err, errlen)) return -1; /* a config changed after loading (memory.plan: auto) */
-    if ((cfg->memory.offload & (QT_OFF_WEIGHTS | QT_OFF_GRADIENTS)) && cfg->parallel.nodes > 1 && n_ranks <= 1)
-        return snprintf(err, errlen, "%s: memory.offload: [weights] or [gradients] on nodes of one GPU is not built (such "
-                        "a node is a data-parallel rank keeping them on its GPU): drop them, or give each node 2 or more "
-                        "GPUs with parallel.zero 3 (weights) or 2 (gradients)", cfg->path), -1;
+    int across = cfg->parallel.nodes > 1 && n_ranks >= 1;
+    if (across && (cfg->memory.offload & QT_OFF_WEIGHTS))
+        return snprintf(err, errlen, "%s: memory.offload: [weights] across nodes is not built (ZeRO-3's pieces are the "
+                        "world's, gathered between the nodes by NCCL from GPU memory): drop it", cfg->path), -1;
+    if ((cfg->memory.offload & QT_OFF_GRADIENTS) && across && n_ranks == 1)
+        return snprintf(err, errlen, "%s: memory.offload: [gradients] on nodes of one GPU is not built: drop it, or give "
+                        "each node 2 or more GPUs with parallel.zero 2 or 3", cfg->path), -1;
     int w_off = (cfg->memory.offload & QT_OFF_WEIGHTS) && zero < 3, g_off = (cfg->memory.offload & QT_OFF_GRADIENTS) && zero < 2;
     if ((w_off || g_off) && n_ranks > 1) /* several ranks: the rank's ZeRO-3 pieces / ZeRO-2 gradient shard only */
         return snprintf(err, errlen, "%s: memory.offload: [%s] with parallel.zero: %d is built for one GPU, expected 1 rank, "
@@ -133,13 +136,13 @@ static void place(const qt_config *cfg, const qt_layout *L, qt_plan *p) {
 
 /* The data-parallel part of the plan for n_ranks >= 0 GPU ranks (0: one GPU). */
 static void ranks_of(const qt_config *cfg, int n_ranks, qt_plan_parallel *pp) {
-    pp->dp = n_ranks == 0 ? QT_DP_ONE : cfg->parallel.zero >= 1 && n_ranks > 1 ? QT_DP_SHARDED : QT_DP_REPLICATED;
+    pp->nodes = n_ranks && cfg->parallel.nodes > 1 ? cfg->parallel.nodes : 1; /* a node of one GPU: a data-parallel rank */
+    pp->dp = n_ranks == 0 ? QT_DP_ONE : cfg->parallel.zero >= 1 && n_ranks * pp->nodes > 1 ? QT_DP_SHARDED : QT_DP_REPLICATED;
     pp->n_ranks = n_ranks ? n_ranks : 1;
     pp->zero = pp->dp == QT_DP_SHARDED ? cfg->parallel.zero : 0;
     pp->split = (qt_plan_split){.state = pp->zero >= 1, .grads = pp->zero >= 2, .weights = pp->zero >= 3};
     pp->comm = cfg->parallel.comm;
-    pp->nodes = n_ranks && cfg->parallel.nodes > 1 ? cfg->parallel.nodes : 1; /* a node of one GPU: a data-parallel rank */
-    pp->world_pieces = pp->nodes > 1 && cfg->parallel.zero >= 1;
+    pp->world_pieces = pp->nodes > 1 && pp->zero >= 1; /* the shard is the world's (qt_shard_init_nodes) */
 }
 
 void qt_plan_make(const qt_config *cfg, const qt_layout *L, int n_ranks, qt_plan *p) {

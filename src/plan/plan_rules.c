@@ -164,7 +164,8 @@ const char *qt_plan_rows_refusal(const qt_plan *p) {
 }
 
 qt_plan_ckpt_live qt_plan_ckpt_in_place(const qt_plan *p) {
-    if (!p->optimizer.host || p->parallel.dp == QT_DP_REPLICATED) return (qt_plan_ckpt_live){0};
+    /* replicated ranks copy rank 0's; across nodes node 0 writes every node's pieces, gathered into copies */
+    if (!p->optimizer.host || p->parallel.dp == QT_DP_REPLICATED || p->parallel.world_pieces) return (qt_plan_ckpt_live){0};
     int mask = p->optimizer.mask ? p->optimizer.mask : QT_OFF_OPTIMIZER; /* as the store's placement (place_opt.c) */
     return (qt_plan_ckpt_live){.master = (mask & QT_OFF_MASTER) != 0, .weights = p->weights.host,
                                .m = (mask & QT_OFF_M) != 0, .v = (mask & QT_OFF_V) != 0};

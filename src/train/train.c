@@ -574,6 +574,9 @@ int qt_train_run_nodes(const qt_config *cfg, const qt_train_opts *opts, const qt
         char dir[QT_PATH_MAX + 16];
         qt_session_export_dir(cfg, dir, sizeof dir);
         rc = qt_session_export(t, dir, cfg->export.bf16, err, errlen);
+    } else if (rc == 0 && (t->step == cfg->optim.steps || o->export_only) && t->eng->plan->parallel.world_pieces &&
+               qt_engine_get_weights(t->eng, NULL, err, errlen)) { /* ZeRO over the nodes: the weights cross to node 0 */
+        rc = -1;
     }
     rc = qt_train_nodes_finish(t, rc, err, errlen); /* every node waits for node 0's last write and export */
     rc = qt_session_close(t, rc, err, errlen);

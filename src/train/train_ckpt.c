@@ -153,6 +153,12 @@ int qt_trainer_ckpt_init(qt_trainer *t, char *err, size_t errlen) {
     t->ck.writer = qt_ckpt_writer_create(qt_trainer_check_finite, t);
     if (!t->ck.cfgtext || !t->ck.writer) return qt_errf(err, errlen, "out of host memory for the checkpoint writer");
     if (t->train) t->pos = qt_loader_get_pos(t->train); /* none: the embedder gives every batch */
+    if (t->eng->plan->parallel.world_pieces) { /* a snapshot gathers every node's pieces: every node takes part, so
+                                                * it is made at each save only (save_world) */
+        printf("qtrain: checkpoint snapshot: made at each save, every node's pieces gathered on node 0 (ZeRO over "
+               "the nodes)\n");
+        return 0;
+    }
     /* The engine's snapshot buffers (pinned host copies on a GPU) are made now, not at the first save:
      * that save then pauses training only for the copy, and a host that cannot hold them fails here,
      * not hours into the run. The first state_items makes all but those of an offloaded state; a
@@ -232,11 +238,17 @@ static int snapshot(qt_trainer *t, qt_ckpt_item *items, int from, int n, char *e
     return 0;
 }
 
-int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
+/* Before a snapshot: the write in flight done (*waited: the seconds that took) and the weights finite (never a
+ * non-finite checkpoint). 0 or -1. */
+static int save_ready(qt_trainer *t, double *waited, char *err, size_t errlen) {
     double t0 = now_s();
     if (finish_write(t, err, errlen)) return -1;
-    double waited = now_s() - t0;
-    if (qt_trainer_check_weights(t, 1, err, errlen)) return -1; /* never a non-finite checkpoint */
+    *waited = now_s() - t0;
+    return qt_trainer_check_weights(t, 1, err, errlen);
+}
+
+/* The snapshot of step t->step and its write started; t0 when the save began. */
+static int save_items(qt_trainer *t, double t0, double waited, char *err, size_t errlen) {
     qt_ckpt_item items[32];
     int ne = qt_engine_state_items(t->eng, items, 16, err, errlen), n = ne;
     if (ne < 0) return -1;
@@ -276,9 +288,31 @@ int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
     return 0;
 }
 
+int qt_trainer_save(qt_trainer *t, char *err, size_t errlen) {
+    double t0 = now_s(), waited = 0;
+    return save_ready(t, &waited, err, errlen) ? -1 : save_items(t, t0, waited, err, errlen);
+}
+
+/* Across nodes with ZeRO over the world (plan.parallel.world_pieces) the snapshot gathers every node's pieces
+ * (engine_dp.c), so every node takes part in it: each checks its own pieces are finite, the nodes agree, then
+ * every node snapshots and node 0 writes. */
+static int save_world(qt_trainer *t, char *err, size_t errlen) {
+    double t0 = now_s(), waited = 0;
+    int rc = t->follower ? qt_trainer_check_weights(t, 1, err, errlen) : save_ready(t, &waited, err, errlen), failed = 0;
+    if (qt_train_nodes_agree(t, rc != 0, &failed, err, errlen)) return -1;
+    if (rc) return -1;
+    if (failed)
+        return qt_errf(err, errlen, "a node could not checkpoint step %ld (its message is on its output): every node stops",
+                       t->step);
+    if (!t->follower) return save_items(t, t0, waited, err, errlen);
+    qt_ckpt_item items[16];
+    return qt_engine_state_items(t->eng, items, 16, err, errlen) < 0 ? -1 : 0;
+}
+
 int qt_trainer_save_agreed(qt_trainer *t, char *err, size_t errlen) {
     if (!t->eng->ops->nodes_count) return qt_trainer_save(t, err, errlen);
-    int rc = t->follower ? 0 : qt_trainer_save(t, err, errlen), failed = 0;
+    int rc = t->eng->plan->parallel.world_pieces ? save_world(t, err, errlen) : t->follower ? 0 : qt_trainer_save(t, err, errlen);
+    int failed = 0;
     if (qt_train_nodes_agree(t, rc != 0, &failed, err, errlen)) return -1;
     if (rc == 0 && failed)
         return qt_errf(err, errlen, "node 0 failed to start the checkpoint of step %ld (its message is on its output): "

@@ -3,8 +3,37 @@
 
 #include <stdio.h>
 
+#include "qt_config.h"
+#include "qt_crc32.h"
+#include "qt_device.h"
 #include "qt_dp_nodes.h"
 #include "qt_error.h"
+#include "qt_plan.h"
+#include "qt_rendezvous.h"
+
+_Static_assert(QT_NODES_IDS == QT_RDZV_BLOB, "the rendezvous hands over the NCCL ids of qt_nodes");
+
+int qt_train_meet_nodes(const qt_config *cfg, qt_launch_getter get, void *ctx, qt_nodes *nodes, char *err, size_t errlen) {
+    qt_launch l;
+    if (qt_launch_resolve(&l, cfg->parallel.nodes, get, ctx, err, errlen)) return -1;
+    static char dump[1 << 16];
+    size_t n = qt_config_dump(cfg, dump, sizeof dump);
+    int devs[QT_COMM_MAX_RANKS], visible = cfg->device == QT_DEVICE_CPU ? 0 : qt_cuda_device_count();
+    int gpus = visible > 0 ? qt_plan_rank_devices(cfg, visible, devs, err, errlen) : 0;
+    if (gpus < 0) return -1;
+    *nodes = (qt_nodes){.node = l.node_rank, .nodes = l.nodes};
+    if (l.node_rank == 0 && gpus > 0 && qt_dp_nodes_ids(nodes->ids, gpus, err, errlen)) return -1;
+    qt_rdzv_opts o = {l.master_addr, l.master_port, l.node_rank, l.nodes, gpus,
+                      qt_crc32(0, dump, n < sizeof dump ? n : sizeof dump), 300.0};
+    if (qt_rdzv_run(&o, nodes->ids, err, errlen)) return -1;
+    printf("qtrain: parallel.nodes %d: node %d met the others (%s launch, node 0 at %s:%d, %d GPUs each)\n", l.nodes,
+           l.node_rank, l.launcher, l.master_addr, l.master_port, gpus);
+    fflush(stdout);
+    if (gpus == 0) /* every node has node 0's count: every node stops here */
+        return qt_errf(err, errlen, "parallel.nodes: %d: training across nodes runs on GPUs (NCCL between them), and "
+                       "this run has none (device: cpu, or no CUDA device visible)", l.nodes);
+    return 0;
+}
 
 int qt_train_nodes_follower(const qt_nodes *nodes) { return nodes && nodes->nodes > 1 && nodes->node > 0; }
 
