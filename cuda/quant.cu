@@ -249,8 +249,8 @@ __global__ void quant_transpose_geglu_kernel(QT_QT_ARGS) {
  * units of 8 features per thread (rows lr and lr + 32). Both units' gate, up and dh (6 x 16 bytes) are loaded
  * before anything is stored, so that a thread keeps that much in flight: the kernel is bound by HBM (10
  * bytes moved per element plus the code) and by the latency of those loads. dgu may be gu: each element is
- * read before its unit is stored and the units are disjoint. Per element: one sigmoid (expf, IEEE
- * division) shared by the output and the gradients; dg, du rounded to bf16 once (=, what qt_swiglu_bwd
+ * read before its unit is stored and the units are disjoint. Per element: one sigmoid (qt_sigmoid) shared
+ * by the output and the gradients; dg, du rounded to bf16 once (=, what qt_swiglu_bwd
  * stores), h = bf16(g * sg * u) (what qt_swiglu_fwd stores) times the scale rounded to fp8 once (=).
  * fold: dgu's abs-max into *amax. act 2 (GeGLU, qt_geglu_bwd_quant_transpose_cur): one tanh shared the same
  * way, the gradients and h of qt_geglu_bwd / qt_geglu_fwd. */

@@ -5,10 +5,12 @@
  *   GeGLU:  act = gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (Gemma's gelu_pytorch_tanh)
  * bwd: dgu[n, j] = dout * u * act'(g),  dgu[n, f+j] = dout * act(g)
  *   silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g)));  gelu_tanh' as in kcommon.cuh (qt_gelu_tanh_grad)
- * bf16 storage, fp32 math (expf / tanhf: kcommon.cuh), one RNE rounding per output ("=" both). One kernel per
- * direction, the activation a template parameter (GLU_SILU, GLU_GELU).
- * 8 columns per thread with 16-byte loads when f % 8 == 0 and the pointers are 16-byte aligned; one
- * column otherwise.
+ * bf16 storage, fp32 math (qt_sigmoid's ex2 / reciprocal, tanhf: kcommon.cuh), one RNE rounding per output
+ * ("=" both). One kernel per direction, the activation a template parameter (GLU_SILU, GLU_GELU).
+ * Units of 8 columns per thread with 16-byte loads when f % 8 == 0 and the pointers are 16-byte aligned; of
+ * one column otherwise. A grid of at most GLU_BLOCKS blocks strides over the units; each thread divides
+ * its first unit and the stride into (row, unit) once and steps by adds (a 64-bit division per unit costs
+ * as much as the unit's math).
  * amax != NULL: max |output| (the bf16 values written) folded into *amax, one atomicMax per block.
  * bwd_h: the backward that also writes h (the forward's output) over dout, for a bf16 backward whose GLU
  * is recomputed: 12 bytes per element moved instead of the 6 + 10 of the forward again and the backward. */
@@ -40,25 +42,48 @@ static __device__ __forceinline__ void glu_bwd1(float g, float u, float d, float
     qt_swiglu_bwd1(g, u, d, sg, dg, du);
 }
 
+enum { GLU_THREADS = 256, GLU_BLOCKS = 4096 };
+
+/* The grid-stride walk over n rows of `per_row` units: (r, j) of this thread's first unit, then
+ * glu_step's adds of the stride's (rows, units). */
+struct glu_walk {
+    long long r, j, sr, sj, per_row;
+};
+static __device__ __forceinline__ glu_walk glu_walk_start(long long per_row) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x, st = (long long)gridDim.x * blockDim.x;
+    glu_walk w;
+    w.per_row = per_row;
+    w.r = k / per_row;
+    w.j = k - w.r * per_row;
+    w.sr = st / per_row;
+    w.sj = st - w.sr * per_row;
+    return w;
+}
+static __device__ __forceinline__ void glu_step(glu_walk *w) {
+    w->j += w->sj;
+    w->r += w->sr;
+    if (w->j >= w->per_row) {
+        w->j -= w->per_row;
+        w->r++;
+    }
+}
+
 template <int ACT>
 __global__ void glu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int vec, float *amax) {
-    long long per_row = vec ? f / 8 : f, total = (long long)n * per_row;
     unsigned m = 0;
     int fold = amax != NULL;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total;
-         k += (long long)gridDim.x * blockDim.x) {
-        long long r = k / per_row, j = k - r * per_row;
-        const bf16 *gr = gu + r * 2 * f;
+    for (glu_walk w = glu_walk_start(vec ? f / 8 : f); w.r < n; glu_step(&w)) {
+        const bf16 *gr = gu + w.r * 2 * f;
         if (vec) {
             float g[8], u[8];
-            ld8(g, gr + j * 8);
-            ld8(u, gr + f + j * 8);
+            ld8(g, gr + w.j * 8);
+            ld8(u, gr + f + w.j * 8);
 #pragma unroll
             for (int i = 0; i < 8; i++) g[i] = glu1<ACT>(g[i], u[i]);
-            m = st8_fold(out + r * f + j * 8, g, m, fold);
+            m = st8_fold(out + w.r * f + w.j * 8, g, m, fold);
         } else {
-            float g = __bfloat162float(gr[j]), u = __bfloat162float(gr[f + j]);
-            m = st1_fold(out + r * f + j, glu1<ACT>(g, u), m, fold);
+            float g = __bfloat162float(gr[w.j]), u = __bfloat162float(gr[f + w.j]);
+            m = st1_fold(out + w.r * f + w.j, glu1<ACT>(g, u), m, fold);
         }
     }
     if (amax) qt_amax_block_commit(amax, m);
@@ -70,12 +95,10 @@ __global__ void glu_fwd_kernel(bf16 *out, const bf16 *gu, long n, int f, int vec
 template <int ACT>
 static __device__ __forceinline__ void glu_bwd_body(bf16 *dgu, bf16 *dout, const bf16 *gu, long n, int f, int vec,
                                                     float *amax, int write_h) {
-    long long per_row = vec ? f / 8 : f, total = (long long)n * per_row;
     unsigned m = 0;
     int fold = amax != NULL;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total;
-         k += (long long)gridDim.x * blockDim.x) {
-        long long r = k / per_row, j = k - r * per_row;
+    for (glu_walk w = glu_walk_start(vec ? f / 8 : f); w.r < n; glu_step(&w)) {
+        long long r = w.r, j = w.j;
         const bf16 *gr = gu + r * 2 * f;
         bf16 *dr = dgu + r * 2 * f;
         if (vec) {
@@ -108,11 +131,16 @@ __global__ void glu_bwd_h_kernel(bf16 *dgu, bf16 *dout, const bf16 *gu, long n, 
     glu_bwd_body<ACT>(dgu, dout, gu, n, f, vec, amax, 1);
 }
 
+static unsigned glu_grid(long long units) {
+    unsigned b = qt_grid_for(units, GLU_THREADS);
+    return b < GLU_BLOCKS ? b : GLU_BLOCKS;
+}
+
 static void fwd_launch(int act, void *out, const void *gu, long n, int f, float *amax, cudaStream_t s) {
     if (n <= 0 || f <= 0) return;
     int vec = f % 8 == 0 && qt_aligned16(out) && qt_aligned16(gu);
     long long work = (long long)n * (vec ? f / 8 : f);
-    (act == GLU_GELU ? glu_fwd_kernel<GLU_GELU> : glu_fwd_kernel<GLU_SILU>)<<<qt_grid_for(work, 256), 256, 0, s>>>(
+    (act == GLU_GELU ? glu_fwd_kernel<GLU_GELU> : glu_fwd_kernel<GLU_SILU>)<<<glu_grid(work), GLU_THREADS, 0, s>>>(
         (bf16 *)out, (const bf16 *)gu, n, f, vec, amax);
     QT_CUDA(cudaGetLastError());
 }
@@ -125,7 +153,7 @@ static void bwd_launch(int act, void *dgu, void *dout, const void *gu, long n, i
     void (*k)(bf16 *, bf16 *, const bf16 *, long, int, int, float *) =
         act == GLU_GELU ? (write_h ? glu_bwd_h_kernel<GLU_GELU> : glu_bwd_kernel<GLU_GELU>)
                         : (write_h ? glu_bwd_h_kernel<GLU_SILU> : glu_bwd_kernel<GLU_SILU>);
-    k<<<qt_grid_for(work, 256), 256, 0, s>>>((bf16 *)dgu, (bf16 *)dout, (const bf16 *)gu, n, f, vec, amax);
+    k<<<glu_grid(work), GLU_THREADS, 0, s>>>((bf16 *)dgu, (bf16 *)dout, (const bf16 *)gu, n, f, vec, amax);
     QT_CUDA(cudaGetLastError());
 }
 
