@@ -223,9 +223,9 @@ def test_two_by_two_bounded(tmp):
     """2 nodes x 2 GPUs against 1 process x 4 GPUs, bf16 ZeRO 0..3 and fp8 ZeRO-1: the nodes sum
     (x0 + x1) + (x2 + x3) where the process sums ((x0 + x1) + x2) + x3, one fp32 rounding per gradient element
     apart, so the bound: every logged loss and gradient norm within 1e-3 (relative) of the process's over 6
-    steps. With ZeRO each node's local piece is two world pieces, so this is where the node's piece layout
-    (GPU g's in-node piece is world pieces [2g, 2g + 2)) differs from 2 x 1's. On a host of 2 GPUs the 4 ranks share them
-    (parallel.devices: the process [0, 0, 1, 1], each node [0, 0] on its own GPU)."""
+    steps. With ZeRO GPU g's in-node piece is world pieces [2g, 2g + 2), the layout 2 x 1 never has. On a
+    host of 2 GPUs the 4 ranks share them (parallel.devices: the process [0, 0, 1, 1], each node [0, 0] on its
+    own GPU)."""
     need_two_gpus()
     shared = gpu_count() < 4
     one_devs = ("0,1", ["--set", "parallel.devices=[0,0,1,1]"]) if shared else ("0,1,2,3", [])

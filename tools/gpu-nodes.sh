@@ -7,9 +7,10 @@
 # resume 2 nodes -> 1; a node killed mid-run) and, when build-mutants/ is there (carried; its qtrain and
 # test_nodes_mutants), sees ZeRO over the nodes' planted bugs break those bits; leaves build.log and tests.log
 # under $OUT.
-# ONLY=scale instead measures scaling: 0.5B and 7B fp8 as shipped (train_bench, 6 steps after 2) as one process on
+# ONLY=scale instead measures scaling: 0.5B and 7B fp8 as shipped (train_bench, 3 steps after 1) as one process on
 # all 2 x G GPUs and as 2 emulated nodes of G (G = half the host's GPUs), the fraction of the one process's
-# tokens/s the nodes reach, and bench/nodes_bench's collectives between the nodes beside it.
+# tokens/s the nodes reach, and bench/nodes_bench's collectives between the nodes beside it (7B on 2 x H200: ~5.5
+# minutes by its step times, so CONFIGS picks the rows of one call).
 # Usage (repo root): OUT=/some/dir [QT_DATA_DIR=out/data] [ONLY=train|scale] [CONFIGS='a.yaml b.yaml' (scale's)]
 #     bash tools/gpu-nodes.sh
 # (ONLY=train: the training tests alone, 107 s on 2 H200s.)
@@ -39,12 +40,12 @@ export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENA
 scale() {
     local cfg=$1 name; name=$(basename "$cfg" .yaml)
     local one=$OUT/scale_${name}_1x$((2 * G)).log port=$((29600 + RANDOM % 1000)) devs0 devs1
-    timeout 300 build/bench/train_bench "$cfg" --steps 6 --warmup 2 --set parallel.gpus=$((2 * G)) > "$one" 2>&1
+    timeout 420 stdbuf -oL build/bench/train_bench "$cfg" --steps 3 --warmup 1 --set parallel.gpus=$((2 * G)) > "$one" 2>&1
     devs0=$(seq -s, 0 $((G - 1))) devs1=$(seq -s, "$G" $((2 * G - 1)))
     for k in 0 1; do
         local devs=$devs0; [ "$k" = 1 ] && devs=$devs1
-        CUDA_VISIBLE_DEVICES=$devs NODE_RANK=$k NNODES=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 \
-            build/bench/train_bench "$cfg" --steps 6 --warmup 2 --set parallel.gpus="$G" --set parallel.nodes=2 \
+        CUDA_VISIBLE_DEVICES=$devs NODE_RANK=$k NNODES=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 420 \
+            stdbuf -oL build/bench/train_bench "$cfg" --steps 3 --warmup 1 --set parallel.gpus="$G" --set parallel.nodes=2 \
             > "$OUT/scale_${name}_2x${G}.node$k.log" 2>&1 &
     done
     wait
