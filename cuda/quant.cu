@@ -102,7 +102,17 @@ __global__ void amax_fwd_kernel(float *amax, const void *x, long n, int xbf16, i
     long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, nth = (long)gridDim.x * blockDim.x;
     long nv = vec ? n / 8 : 0;
     unsigned m = 0;
-    for (long u = tid; u < nv; u += nth) {
+    long u = tid;
+    for (; u + 3 * nth < nv; u += 4 * nth) { /* four units' loads in flight before the first fold */
+        float v[4][8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) load8(x, xbf16, u + j * nth, v[j]);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int k = 0; k < 8; k++) m = qt_amax_fold(m, v[j][k]);
+    }
+    for (; u < nv; u += nth) {
         float v[8];
         load8(x, xbf16, u, v);
 #pragma unroll
@@ -134,12 +144,14 @@ __global__ void quant_fwd_kernel(uint8_t *__restrict__ y, const void *__restrict
 }
 
 /* Phase 2 of a quantize-transpose tile (after the block's __syncthreads): the tile's columns, from the
- * shared tile t (8-byte chunks XOR-swizzled by row / 16: quant_transpose_body), as 16-byte pieces of
- * rows of yT[C, R]; vt: yT 16-byte aligned and R % 16 == 0. */
+ * shared tile t (tr rows of TILE bytes, tr 64 or 128; 8-byte chunks XOR-swizzled by row / 16:
+ * quant_transpose_body), as 16-byte pieces of rows of yT[C, R]; vt: yT 16-byte aligned and R % 16 == 0.
+ * A warp reads 32 / (tr / 16) columns x tr / 16 row groups: 8 distinct chunks, no bank conflict. */
 static __device__ __forceinline__ void tile_store_t(const uint8_t *t, uint8_t *__restrict__ yT, long r0, long c0,
-                                                    long R, long C, int vt) {
-    for (int p = threadIdx.x; p < TILE * TILE / 16; p += QUANT_THREADS) {
-        int lc = p >> 2, j = p & 3; /* yT row c0+lc, columns r0+16j .. r0+16j+15 */
+                                                    long R, long C, int vt, int tr) {
+    const int groups = tr / 16; /* a constant after inlining: the / and % below are shifts and masks */
+    for (int p = threadIdx.x; p < TILE * tr / 16; p += QUANT_THREADS) {
+        int lc = p / groups, j = p % groups; /* yT row c0+lc, columns r0+16j .. r0+16j+15 */
         long gc = c0 + lc, gr = r0 + 16 * j;
         if (gc >= C || gr >= R) continue;
         const uint8_t *col = t + 8 * ((lc >> 3) ^ j) + (lc & 7);
@@ -226,7 +238,7 @@ static __device__ __forceinline__ void quant_transpose_body(uint8_t *__restrict_
         *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
     }
     __syncthreads();
-    tile_store_t(t, yT, r0, c0, R, C, vt);
+    tile_store_t(t, yT, r0, c0, R, C, vt, TILE);
 }
 
 #define QT_QT_ARGS                                                                                          \
@@ -243,6 +255,49 @@ __global__ void quant_transpose_geglu_kernel(QT_QT_ARGS) {
     quant_transpose_body(y, yT, x, R, C, ntc, 1, 2, e5m2, fmax, scale, sc, flag, tag, vin, vy, vt);
 }
 #undef QT_QT_ARGS
+
+/* The quantize-transpose of a bf16 x[R, C] with C % 8 == 0 and x 16-byte aligned (every gradient and
+ * activation of the fp8 matmuls): one TILE_R x TILE tile (128 rows x 64 columns) per block, four units of
+ * 8 elements a thread, all four 16-byte loads issued before the scale, the math and any store: a block keeps
+ * 16 KiB in flight, where a 64-row tile's 8 KiB is too little to cover the H200's HBM latency (quant_bench,
+ * bench/RESULTS.md section 4). The codes are quant_transpose_body's: fp32(x) * scale, one RNE conversion.
+ * vy: y 8-byte aligned; vt: yT 16-byte aligned and R % 16 == 0. */
+#define TILE_R 128
+__global__ void quant_transpose_bf16_kernel(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
+                                            const bf16 *__restrict__ x, long R, long C, long ntc, int e5m2,
+                                            float fmax, const float *scale, qt_fp8_scale *sc, int *flag, int tag,
+                                            int vy, int vt) {
+    __shared__ __align__(16) uint8_t t[TILE_R * TILE];
+    enum { NU = TILE_R * TILE / 8 / QUANT_THREADS };
+    long r0 = (blockIdx.x / ntc) * TILE_R, c0 = (blockIdx.x % ntc) * TILE;
+    uint4 xv[NU];
+#pragma unroll
+    for (int i = 0; i < NU; i++) {
+        int u = threadIdx.x + i * QUANT_THREADS, lr = u >> 3, cc = u & 7;
+        long gr = r0 + lr, gc = c0 + cc * 8;
+        xv[i] = gr < R && gc < C ? *(const uint4 *)(x + gr * C + gc) : make_uint4(0u, 0u, 0u, 0u); /* C % 8 == 0 */
+    }
+    float s = kernel_scale(scale, sc, fmax, flag, tag);
+#pragma unroll
+    for (int i = 0; i < NU; i++) {
+        int u = threadIdx.x + i * QUANT_THREADS, lr = u >> 3, cc = u & 7;
+        long gr = r0 + lr, gc = c0 + cc * 8;
+        float v[8];
+        unpack8(xv[i], v);
+        uint2 q = quant8(v, s, e5m2);
+        if (y && gr < R && gc < C) {
+            long off = gr * C + gc;
+            if (vy) *(uint2 *)(y + off) = q;
+            else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) y[off + k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
+            }
+        }
+        *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
+    }
+    __syncthreads();
+    tile_store_t(t, yT, r0, c0, R, C, vt, TILE_R);
+}
 
 /* The SwiGLU backward and down's Xq^T in one pass over gu (qt_swiglu_bwd_quant_transpose_cur), the aligned
  * case: gu, dh, dgu 16-byte aligned, C % 8 == 0. One TILE x TILE tile of (rows, features) per block, two
@@ -309,7 +364,7 @@ static __device__ __forceinline__ void swiglu_bwd_qt_body(bf16 *dgu, const bf16 
         *(uint2 *)(t + lr * TILE + 8 * (cc ^ (lr >> 4))) = q;
     }
     __syncthreads();
-    tile_store_t(t, yT, r0, c0, R, C, vt);
+    tile_store_t(t, yT, r0, c0, R, C, vt, TILE);
     if (fold) qt_amax_block_commit(amax, m); /* every thread: it synchronizes the block */
 }
 /* fold a constant per kernel: tested at run time inside the loop it cost a third of the bandwidth (H200) */
@@ -396,7 +451,7 @@ extern "C" void qt_quant_amax(qt_dtype xdt, const void *x, long n, float *amax, 
     if (!accumulate) QT_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), s));
     if (n == 0) return;
     int vec = aligned(x, 16);
-    amax_fwd_kernel<<<grid_for(vec ? n / 8 + 1 : n), QUANT_THREADS, 0, s>>>(amax, x, n, xdt == QT_DT_BF16, vec);
+    amax_fwd_kernel<<<grid_for(vec ? n / 32 + 1 : n), QUANT_THREADS, 0, s>>>(amax, x, n, xdt == QT_DT_BF16, vec);
     QT_CUDA(cudaGetLastError());
 }
 
@@ -449,6 +504,14 @@ static void transpose_launch(qt_dtype ydt, void *y, void *yT, qt_dtype xdt, cons
     QT_CHECK(nt <= 0x7fffffffL, "qt_quant_fp8_transpose: %ld x %ld needs too many tiles", R, C);
     int vin = aligned(x, 16) && C % 8 == 0, vy = y && aligned(y, 8) && C % 8 == 0;
     int vt = aligned(yT, 16) && R % 16 == 0;
+    long ntr128 = (R + TILE_R - 1) / TILE_R;
+    if (!glu && vin && xdt == QT_DT_BF16 && ntr128 * ntc <= 0x7fffffffL) {
+        quant_transpose_bf16_kernel<<<(unsigned)(ntr128 * ntc), QUANT_THREADS, 0, s>>>(
+            (uint8_t *)y, (uint8_t *)yT, (const bf16 *)x, R, C, ntc, ydt == QT_DT_E5M2, qt_fp8_max(ydt), scale, sc,
+            flag, tag, vy, vt);
+        QT_CUDA(cudaGetLastError());
+        return;
+    }
     (glu == 2 ? quant_transpose_geglu_kernel : glu ? quant_transpose_swiglu_kernel : quant_transpose_fwd_kernel)<<<
         (unsigned)nt, QUANT_THREADS, 0, s>>>(
         (uint8_t *)y, (uint8_t *)yT, x, R, C, ntc, xdt == QT_DT_BF16, ydt == QT_DT_E5M2, qt_fp8_max(ydt),

@@ -287,7 +287,12 @@ static void test_fp8_plan_and_checks(void) {
               "tag: %s", name);
 }
 
-/* 300 steps, same seed and data: fp8 final eval loss within 2% of bf16. Logs kept in $QT_LOG_DIR. */
+/* 300 steps on tinyshakespeare, bf16 and fp8 from the same seeds and data: the mean final eval loss of three
+ * seeds, fp8's within 2% of bf16's. One run's final eval is chaotic at this length: the CPU fp32 engine moves
+ * it by 1.5% when rms_norm_eps goes from 1e-6 to 1.1e-6 (1.9888 / 1.9906 / 1.9777 / 1.9600 for 1e-6, 1.001e-6,
+ * 1.01e-6, 1.1e-6), the size of the bound; the mean of three halves that spread. Curve logs of the first seed
+ * (bench/RESULTS.md's plot) kept in $QT_LOG_DIR. */
+#define FP8_CURVE_SEEDS 3
 static void test_fp8_tinyshakespeare(void) {
     if (qt_cuda_device_count() == 0) QT_SKIP("no CUDA device");
     if (!need_fp8()) QT_SKIP("no fp8 tensor cores");
@@ -295,32 +300,45 @@ static void test_fp8_tinyshakespeare(void) {
     const char *logdir = getenv("QT_LOG_DIR") ? getenv("QT_LOG_DIR") : g_dir;
     const char *prec[2] = {"bf16", "fp8"};
     const char *pyaml[2] = {"{matmul_dtype: bf16}", "{matmul_dtype: e4m3, grad_dtype: e4m3, persistent_quants: true}"};
-    float last[2], first[2];
+    double mean[2] = {0, 0};
+    float last[2][FP8_CURVE_SEEDS], worst_first = 0;
     for (int k = 0; k < 2; k++) {
-        char yaml[3072], model[512], logp[512], err[1024];
-        snprintf(model, sizeof model, g_model ? g_model : MODEL, "true");
-        snprintf(logp, sizeof logp, "%s/fp8_curve_%s%s.jsonl", logdir, g_tag, prec[k]);
-        unlink(logp); /* an earlier run's log kept in $QT_LOG_DIR: a fresh run never writes over one */
-        snprintf(yaml, sizeof yaml,
-                 "%sdata: {train: '%s/ts_train_*.bin', eval: '%s/ts_eval_*.bin', seq_len: 128, micro_batch: 8}\n"
-                 "optim: {lr: 0.003, warmup: 20, steps: 300, schedule: cosine, final_lr_frac: 0.1}\n"
-                 "precision: %s\n"
-                 "eval: {every: 50, batches: 8}\ncheckpoint: {dir: '%s/ckpt_fp8_%s'}\nlog: {file: '%s', every: 10}\n"
-                 "device: cuda\n",
-                 model, g_dir, g_dir, pyaml[k], g_dir, prec[k], logp);
-        qt_config c;
-        QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
-        qt_train_stats st;
-        QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s: %s", prec[k], err);
-        first[k] = st.first_eval, last[k] = st.last_eval;
-        printf("  %s: eval loss %.4f -> %.4f, %.0f tokens/s, log %s\n", prec[k], st.first_eval, st.last_eval,
-               st.tokens_per_s, logp);
+        for (int i = 0; i < FP8_CURVE_SEEDS; i++) {
+            char yaml[3072], model[512], logp[512], err[1024];
+            snprintf(model, sizeof model, g_model ? g_model : MODEL, "true");
+            char sfx[16] = ""; /* the first seed's logs keep the plot's names */
+            if (i) snprintf(sfx, sizeof sfx, "_seed%d", 1234 + i);
+            snprintf(logp, sizeof logp, "%s/fp8_curve_%s%s%s.jsonl", logdir, g_tag, prec[k], sfx);
+            unlink(logp); /* an earlier run's log kept in $QT_LOG_DIR: a fresh run never writes over one */
+            snprintf(yaml, sizeof yaml,
+                     "%sseed: %d\ninit: {seed: %d}\n"
+                     "data: {train: '%s/ts_train_*.bin', eval: '%s/ts_eval_*.bin', seq_len: 128, micro_batch: 8}\n"
+                     "optim: {lr: 0.003, warmup: 20, steps: 300, schedule: cosine, final_lr_frac: 0.1}\n"
+                     "precision: %s\n"
+                     "eval: {every: 50, batches: 8}\ncheckpoint: {dir: '%s/ckpt_fp8_%s%s_%d'}\n"
+                     "log: {file: '%s', every: 10}\ndevice: cuda\n",
+                     model, 1234 + i, 1234 + i, g_dir, g_dir, pyaml[k], g_dir, g_tag, prec[k], i, logp);
+            qt_config c;
+            QT_REQUIRE(load_cfg(&c, yaml) == 0, "config");
+            qt_train_stats st;
+            QT_REQUIRE(qt_train_run(&c, NULL, &st, err, sizeof err) == 0, "%s seed %d: %s", prec[k], 1234 + i, err);
+            last[k][i] = st.last_eval;
+            mean[k] += st.last_eval / FP8_CURVE_SEEDS;
+            if (st.first_eval > worst_first) worst_first = st.first_eval;
+            printf("  %s seed %d: eval loss %.4f -> %.4f, %.0f tokens/s, log %s\n", prec[k], 1234 + i, st.first_eval,
+                   st.last_eval, st.tokens_per_s, logp);
+        }
     }
-    double rel = fabs(last[1] - last[0]) / last[0];
-    printf("  final eval: bf16 %.4f fp8 %.4f, rel diff %.2f%%\n", last[0], last[1], 100 * rel);
+    double rel = fabs(mean[1] - mean[0]) / mean[0];
+    printf("  final eval, mean of %d seeds: bf16 %.4f fp8 %.4f, rel diff %.2f%%\n", FP8_CURVE_SEEDS, mean[0], mean[1],
+           100 * rel);
     /* the first eval comes after 50 steps; learning is judged against the uniform loss ln(256) = 5.545 */
-    QT_EXPECT(last[0] < logf(256.0f) - 2.0f, "bf16 did not learn: eval %.3f (first %.3f)", last[0], first[0]);
-    QT_EXPECT(isfinite(last[1]) && rel < 0.02, "fp8 final eval %.4f vs bf16 %.4f (%.2f%%)", last[1], last[0], 100 * rel);
+    for (int i = 0; i < FP8_CURVE_SEEDS; i++)
+        QT_EXPECT(last[0][i] < logf(256.0f) - 2.0f && isfinite(last[1][i]),
+                  "seed %d: bf16 did not learn (eval %.3f, the worst first eval %.3f) or fp8's is not finite (%.3f)",
+                  1234 + i, last[0][i], worst_first, last[1][i]);
+    QT_EXPECT(isfinite(mean[1]) && rel < 0.02, "fp8 mean final eval %.4f vs bf16 %.4f (%.2f%%)", mean[1], mean[0],
+              100 * rel);
 }
 
 /* A family's model (its YAML, the curve logs' prefix): e4m3 gradients against bf16 (untied and tied, cosine >=

@@ -239,6 +239,9 @@ static const op_case CASES[] = {
     {&OP_QUANT_T, {4864, 896}, E4M3, BF16, O_CUR, 0, 0}, {&OP_QUANT_T, {33, 1000}, E5M2, F32, 0, 0, 0},
     {&OP_QUANT_T, {64, 64}, E4M3, F32, O_CUR, 0, 0}, {&OP_QUANT_T, {130, 72}, E5M2, BF16, 0, 0, 1},
     {&OP_QUANT_T, {16, 9}, E4M3, BF16, 0, 0, 0}, {&OP_QUANT_T, {130, 72}, E4M3, F32, O_CUR, 0, 0},
+    /* bf16, C % 8 == 0, aligned: the 128-row tiles; a part tile (208), R % 16 != 0 (1000: scalar yT stores), C = 8 */
+    {&OP_QUANT_T, {208, 136}, E4M3, BF16, O_CUR, 0, 0}, {&OP_QUANT_T, {1000, 64}, E5M2, BF16, 0, 0, 0},
+    {&OP_QUANT_T, {257, 8}, E4M3, BF16, O_CUR, 0, 0},
     /* SwiGLU backward + quantize-transpose: rows cols (cols % 8 != 0: the two passes it stands for; rows % 16 != 0:
      * scalar yT stores) */
     {&OP_SWIGLU_QT, {1024, 4864}, E4M3, 0, O_AMAX | O_INPLACE, 0, 0}, {&OP_SWIGLU_QT, {130, 72}, E4M3, 0, O_AMAX, 0, 1},
