@@ -444,7 +444,7 @@ static void test_auto_lossy_hint(void) {
 #undef M7S
 }
 
-/* The axes of this session's memory features: each is chosen where it is the only way to fit, not where
+/* The planner's memory-feature axes (offloaded items, bf16 state, ZeRO level): each is chosen where it is the only way to fit, not where
  * a plainer plan fits or the config fixes the key; their costs are the documented ones. */
 static void test_auto_axes(void) {
     qt_plan_choice b;
@@ -772,7 +772,7 @@ static void test_attention_ws_estimate(void) {
     }
 }
 
-/* An H200's rates for the measured runs below: the copy rates session 17's probe printed, the bf16 matmul rate
+/* An H200's rates for the measured runs below: the copy rates an H200's probe prints, the bf16 matmul rate
  * of train_bench's random-data ceilings (the probe then multiplied zeros: 810) */
 static const qt_probe H200_RATES = {"H200 (bf16: random-data ceiling)", 690e12, QT_PROBE_FP8_RATIO * 690e12, 4110e9, 55.3e9,
                                     (size_t)140 << 30, 0};
@@ -884,7 +884,7 @@ static void check_rows(const cost_row *rows, size_t n, double *pred_out) {
     QT_EXPECT(!bad[0], "a prediction more than 15%% off: %s", bad);
 }
 
-/* Issue 25's grid, measured in session 18 on an H200 (bench/RESULTS.md section 8), after the fit above:
+/* Issue 25's grid, measured on an H200, after the fit above:
  * 1.5B fp8 on 128 sequences per step and 7B fp8 on 64 (one GPU, no cap), auto's and the config's plans at
  * 80 GiB, auto's plans at 24 GiB (7B with bf16 gradients, 14B with bf16 master and gradients), each
  * predicted with an H200's rates (the matmul rate of train_bench's random-data ceilings): within 15% (issue 25).
@@ -925,9 +925,9 @@ static void test_cost_grid(void) {
     check_rows(rows, sizeof rows / sizeof *rows, NULL);
 }
 
-/* Held out: plans none of the constants were chosen on, measured after they were fixed (session 19, one
+/* Held out: plans none of the constants were chosen on, measured after they were fixed (one
  * H200 each, beside other runs on the host's other GPUs; gpu-check.sh grid2, auto_vs_hand, avh_bf16,
- * h100_14b_*; bench/RESULTS.md section 9), predicted as above: within 15% (issue 25). Not here: the
+ * h100_14b_*; docs/memory-planning.md), predicted as above: within 15% (issue 25). Not here: the
  * 4-GPU box runs (host bandwidth shared by four GPUs is not modelled; RESULTS section 9 says by how much). */
 /* The LM head's chunks (QT_PLAN_LM_ROWS): two 7B fp8 plans at LLM.Q's setting, alternated in one call on an H200
  * (bench/RESULTS.md, one GPU at LLM.Q's setting): auto's pick without the chunk cost (the LM head in 16 chunks of 512 rows, whose
@@ -984,7 +984,7 @@ static void test_cost_held_out(void) {
         {"14b bf16 79 GiB auto", "configs/qwen2.5-14b-fp8.yaml",
          {CAP79, "precision.matmul_dtype=bf16", "precision.grad_dtype=bf16", "data.micro_batch=64", "data.grad_accum=8",
           "memory.lmhead_chunks=16", "memory.attn_bwd_chunks=2"}, 5512},
-        /* session 20 (section 10): LLM.Q's precision at 79 GiB, the fp8 recompute's fused SwiGLU quantize */
+        /* LLM.Q's precision at 79 GiB, the fp8 recompute's fused SwiGLU quantize */
         {"7b fp8 79 GiB llmq", "configs/qwen2.5-7b-fp8.yaml", {LQ, "data.micro_batch=8", "data.grad_accum=64",
          "memory.recompute=[]", "memory.fp8_weight_cache=all", "memory.lmhead_chunks=1"}, 20858},
         {"7b bf16 79 GiB llmq", "configs/qwen2.5-7b-fp8.yaml", {LQ, "precision.matmul_dtype=bf16", "precision.grad_dtype=bf16",
@@ -994,7 +994,7 @@ static void test_cost_held_out(void) {
          "memory.recompute=[swiglu,norm]", "memory.offload_residual=true", "memory.lmhead_chunks=1"}, 9972},
         {"14b bf16 79 GiB llmq", "configs/qwen2.5-14b-fp8.yaml", {LQ, "precision.matmul_dtype=bf16", "precision.grad_dtype=bf16",
          "data.micro_batch=4", "data.grad_accum=128", "memory.recompute=[swiglu,norm]", "memory.lmhead_chunks=1"}, 6772},
-        /* session 22 (section 12): 7B fp8 at micro-batch 8 with and without [swiglu, norm] (the fused SwiGLU
+        /* 7B fp8 at micro-batch 8 with and without [swiglu, norm] (the fused SwiGLU
          * backward), 16 micro-steps, the mean of two runs each; 14B at LLM.Q's precision again */
         {"7b fp8 79 GiB mb8 ga16 none", "configs/qwen2.5-7b-fp8.yaml", {LQ, "data.micro_batch=8", "data.grad_accum=16",
          "memory.recompute=[]", "memory.fp8_weight_cache=all"}, 19697},
