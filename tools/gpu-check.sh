@@ -335,7 +335,7 @@ if has bench; then
                for i in $(seq 60); do [ -f "$OUT/hold_ready" ] && break; sleep 1; done; cat "$OUT/hold_ready" 2>/dev/null
                step "$name" 600 "$@"; kill $hp; wait $hp 2>/dev/null; }
       held 24 held_7b_fp8_24 $tb configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1
-      held 16 held_7b_fp8_16 $tb configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1 --set data.grad_accum=16
+      held 16 held_7b_fp8_16 $tb configs/qwen2.5-7b-fp8.yaml --warmup 1 --steps 1
       held 24 held_70b_qlora_24 $tb configs/llama-3.1-70b-qlora-24gb.yaml --warmup 1 --steps 2 --set memory.gpu_limit_gib=0
       # one GPU held to a cap, every planner key auto, and hand-picked plans (section 6)
       hand="--set parallel.gpus=1 --set perf.cuda_graphs=false --set memory.offload=[weights,gradients,master,m,v,residual]
