@@ -259,8 +259,8 @@ __global__ void quant_transpose_geglu_kernel(QT_QT_ARGS) {
 /* The quantize-transpose of a bf16 x[R, C] with C % 8 == 0 and x 16-byte aligned (every gradient and
  * activation of the fp8 matmuls): one TILE_R x TILE tile (128 rows x 64 columns) per block, four units of
  * 8 elements a thread, all four 16-byte loads issued before the scale, the math and any store: a block keeps
- * 16 KiB in flight, where a 64-row tile's 8 KiB is too little to cover the H200's HBM latency (quant_bench,
- * bench/RESULTS.md section 4). The codes are quant_transpose_body's: fp32(x) * scale, one RNE conversion.
+ * 16 KiB in flight, where a 64-row tile's 8 KiB is too little to cover the H200's HBM latency (quant_bench
+ * measures both). The codes are quant_transpose_body's: fp32(x) * scale, one RNE conversion.
  * vy: y 8-byte aligned; vt: yT 16-byte aligned and R % 16 == 0. */
 #define TILE_R 128
 __global__ void quant_transpose_bf16_kernel(uint8_t *__restrict__ y, uint8_t *__restrict__ yT,
